@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/internal/sandbox"
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Demo sandbox: id, ports and the MCP gateway's bearer token.
+const (
+	demoID      = "demo"
+	demoMCPPort = 50005
+	demoSSEPort = 3000
+	demoToken   = "demo-mcp-token"
+	demoDomain  = "cube.localhost"
+)
+
+// demo runs the proxy (memory store) plus a local demo sandbox: the MCP
+// gateway on one port and an SSE ticker on another, registers their route
+// and prints curl commands that go through the proxy.
+func demo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := config.Load(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	mcpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	sseLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", sandbox.MCPHandler(sandbox.MCPOptions{Token: demoToken}))
+	mcpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	sseSrv := &http.Server{Handler: sandbox.TickerHandler(time.Second, 0), ReadHeaderTimeout: 10 * time.Second}
+	go mcpSrv.Serve(mcpLn)
+	go sseSrv.Serve(sseLn)
+	defer mcpSrv.Close()
+	defer sseSrv.Close()
+
+	a, err := build(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	if a.routes == nil {
+		return errors.New("demo needs store: memory")
+	}
+	// The route names the node (127.0.0.1) and the host ports the demo
+	// backends got, as a control plane would for a real sandbox.
+	r, err := routing.ParseRouteStrict(demoID, map[string]string{
+		routing.FieldHostIP:       "127.0.0.1",
+		routing.FieldSandboxIP:    "127.0.0.1",
+		routing.FieldCreatedAt:    strconv.FormatInt(time.Now().UnixNano(), 10),
+		strconv.Itoa(demoMCPPort): portOf(mcpLn.Addr()),
+		strconv.Itoa(demoSSEPort): portOf(sseLn.Addr()),
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.routes.Put(r); err != nil {
+		return err
+	}
+	return a.run(ctx, func(a *app) { printDemo(stdout, a) })
+}
+
+func portOf(addr net.Addr) string { return strconv.Itoa(addr.(*net.TCPAddr).Port) }
+
+func printDemo(w io.Writer, a *app) {
+	px := "127.0.0.1:" + portOf(a.httpLn.Addr())
+	admin := "127.0.0.1:" + portOf(a.adminLn.Addr())
+	mcpHost := fmt.Sprintf("%d-%s.%s", demoMCPPort, demoID, demoDomain)
+	sseHost := fmt.Sprintf("%d-%s.%s", demoSSEPort, demoID, demoDomain)
+	fmt.Fprintf(w, `
+CubeProxy demo is running. Proxy: http://%[1]s  Admin: http://%[2]s
+Sandbox %[3]q exposes an MCP gateway (port %[4]d, bearer token %[5]q) and an SSE ticker (port %[6]d).
+Copy-paste these (clients without DNS send the sandbox hostname in the Host header):
+
+# 1. SSE: one event per second, streamed as it happens (Ctrl-C to stop)
+curl -N http://%[1]s/events -H 'Host: %[7]s'
+
+# 2. MCP: initialize, keep the session id
+SID=$(curl -s -D - -o /dev/null http://%[1]s/mcp -H 'Host: %[8]s' \
+  -H 'Authorization: Bearer %[5]s' -H 'Content-Type: application/json' \
+  -H 'Accept: application/json, text/event-stream' \
+  -d '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}' \
+  | awk 'tolower($1)=="mcp-session-id:"{print $2}' | tr -d '\r'); echo "session: $SID"
+curl -s http://%[1]s/mcp -H 'Host: %[8]s' -H 'Authorization: Bearer %[5]s' \
+  -H "Mcp-Session-Id: $SID" -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
+  -d '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+
+# 3. MCP tools/call: progress notifications stream in before the result
+curl -N http://%[1]s/mcp -H 'Host: %[8]s' -H 'Authorization: Bearer %[5]s' \
+  -H "Mcp-Session-Id: $SID" -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
+  -d '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"count","arguments":{"n":5},"_meta":{"progressToken":"p1"}}}'
+
+# 4. Without the bearer token the gateway's own 401 comes back through the proxy
+curl -i http://%[1]s/mcp -H 'Host: %[8]s' -H 'Content-Type: application/json' -d '{}'
+
+# 5. Unknown sandbox: the proxy's 404 JSON
+curl -i http://%[1]s/ -H 'Host: 50005-nosuch.%[9]s'
+
+# 6. Routes through the admin API
+curl -s http://%[2]s/admin/routes
+
+`, px, admin, demoID, demoMCPPort, demoToken, demoSSEPort, sseHost, mcpHost, demoDomain)
+}

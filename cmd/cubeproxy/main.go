@@ -1,0 +1,64 @@
+// Command cubeproxy is the edge proxy of the sandbox platform.
+//
+//	cubeproxy serve --config configs/cubeproxy.yaml
+//	cubeproxy demo
+//	cubeproxy version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+const usage = `cubeproxy - edge proxy for sandbox ports (<port>-<sandbox-id>.<domain>)
+
+Usage:
+  cubeproxy serve [--config FILE] [flags]   run the proxy (see serve -h)
+  cubeproxy demo  [flags]                   run the proxy plus a local demo sandbox
+  cubeproxy version                         print the version
+`
+
+// run executes one subcommand and returns the process exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(ctx, args[1:], getenv, stdout, stderr, nil)
+	case "demo":
+		err = demo(ctx, args[1:], getenv, stdout, stderr)
+	case "version", "--version", "-v":
+		fmt.Fprintln(stdout, "cubeproxy", version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "cubeproxy:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,361 @@
+package proxy
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// AdminConfig wires the admin API.
+type AdminConfig struct {
+	// Token is required in X-Cube-Admin-Token on every admin request. When
+	// empty, the admin API answers loopback clients only (and cmd refuses
+	// to bind it to a non-loopback address).
+	Token string
+	// Routes is the editable store behind /admin/routes and
+	// /admin/meta/upsert; nil when routes live in Redis.
+	Routes *routing.MemoryStore
+	// Publish, when set, tells other proxy instances to drop a cached
+	// route (Redis pub/sub); local invalidation happens regardless.
+	Publish func(id string) error
+	// Metrics, when set, is served at GET /metrics.
+	Metrics http.Handler
+	// Ready, when set, reports whether the store has been reachable
+	// (GET /readyz); draining is checked by the server itself.
+	Ready func() error
+}
+
+// Admin is the admin API. It never shares a listener with sandbox traffic.
+type Admin struct {
+	cfg      AdminConfig
+	p        *Proxy
+	draining *atomic.Bool
+	metrics  fasthttp.RequestHandler
+	started  time.Time
+}
+
+// NewAdmin returns the admin API for p.
+func NewAdmin(cfg AdminConfig, p *Proxy) *Admin {
+	a := &Admin{cfg: cfg, p: p, started: time.Now(), draining: new(atomic.Bool)}
+	if cfg.Metrics != nil {
+		a.metrics = fasthttpadaptor.NewFastHTTPHandler(cfg.Metrics)
+	}
+	return a
+}
+
+// CheckAdminAddr refuses an admin listener on a non-loopback address
+// without a token: an open admin API could re-route every sandbox.
+func CheckAdminAddr(addr, token string) error {
+	if token != "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("admin address %q is not loopback and no admin token is configured: set admin_token (CUBEPROXY_ADMIN_TOKEN) or bind the admin API to 127.0.0.1", addr)
+	}
+	return nil
+}
+
+// Handler serves the admin API.
+func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	if path == "/readyz" || path == "/admin/healthz" {
+		// Health answers without a token: load balancers probe it.
+		if path == "/readyz" {
+			a.readyz(ctx)
+		} else {
+			a.healthz(ctx)
+		}
+		return
+	}
+	if !a.authorized(ctx) {
+		adminError(ctx, 403, "admin token missing or wrong")
+		return
+	}
+	method := string(ctx.Method())
+	switch {
+	case path == "/metrics" && a.metrics != nil:
+		a.metrics(ctx)
+	case path == "/admin/routes" && method == "GET":
+		a.listRoutes(ctx)
+	case strings.HasPrefix(path, "/admin/routes/"):
+		a.route(ctx, method, strings.TrimPrefix(path, "/admin/routes/"))
+	case path == "/admin/backend_cache/delete" && method == "POST":
+		a.cacheDelete(ctx)
+	case path == "/admin/meta/upsert" && method == "POST":
+		a.metaUpsert(ctx)
+	case path == "/admin/meta/delete" && method == "POST":
+		a.metaDelete(ctx)
+	case path == "/admin/state" && method == "POST":
+		a.setState(ctx)
+	case path == "/admin/last_active" && method == "GET":
+		a.lastActive(ctx)
+	default:
+		adminError(ctx, 404, "no such admin endpoint: "+method+" "+path)
+	}
+}
+
+func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
+	if a.cfg.Token == "" {
+		ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
+		return ip.Unmap().IsLoopback()
+	}
+	got := ctx.Request.Header.Peek("X-Cube-Admin-Token")
+	return len(got) > 0 && subtle.ConstantTimeCompare(got, []byte(a.cfg.Token)) == 1
+}
+
+func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {
+	streams, tunnels := a.p.streams.open()
+	writeJSON(ctx, 200, map[string]any{
+		"ok":          true,
+		"status":      "ok",
+		"instance_id": a.p.cfg.InstanceID,
+		"uptime_s":    int64(time.Since(a.started).Seconds()),
+		"draining":    a.draining.Load(),
+		"streams":     streams,
+		"websockets":  tunnels,
+	})
+}
+
+func (a *Admin) readyz(ctx *fasthttp.RequestCtx) {
+	if a.draining.Load() {
+		writeJSON(ctx, 503, map[string]any{"ready": false, "reason": "draining"})
+		return
+	}
+	if a.cfg.Ready != nil {
+		if err := a.cfg.Ready(); err != nil {
+			writeJSON(ctx, 503, map[string]any{"ready": false, "reason": err.Error()})
+			return
+		}
+	}
+	writeJSON(ctx, 200, map[string]any{"ready": true})
+}
+
+func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
+	if a.cfg.Routes == nil {
+		adminError(ctx, 404, "routes are managed by the control plane in Redis; the route API needs store: memory")
+		return
+	}
+	out := make(map[string]map[string]string)
+	for _, r := range a.cfg.Routes.List() {
+		out[r.ID] = r.Fields()
+	}
+	writeJSON(ctx, 200, map[string]any{"routes": out, "count": len(out)})
+}
+
+func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
+	if a.cfg.Routes == nil {
+		adminError(ctx, 404, "routes are managed by the control plane in Redis; the route API needs store: memory")
+		return
+	}
+	if !routing.ValidID(id) {
+		adminError(ctx, 400, "invalid sandbox id")
+		return
+	}
+	switch method {
+	case "GET":
+		r, ok := a.cfg.Routes.Get(id)
+		if !ok {
+			adminError(ctx, 404, "no route for sandbox "+id)
+			return
+		}
+		writeJSON(ctx, 200, r.Fields())
+	case "PUT":
+		var fields map[string]string
+		if err := json.Unmarshal(ctx.PostBody(), &fields); err != nil {
+			adminError(ctx, 400, "body must be a JSON object of string fields: "+err.Error())
+			return
+		}
+		if a.putRoute(ctx, id, fields) {
+			writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
+		}
+	case "DELETE":
+		deleted, err := a.cfg.Routes.Remove(id)
+		a.invalidate(id)
+		if err != nil {
+			adminError(ctx, 500, "route deleted but routes file not written: "+err.Error())
+			return
+		}
+		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
+	default:
+		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
+		adminError(ctx, 405, "method not allowed")
+	}
+}
+
+// putRoute validates and stores a route, answering 400 naming the bad
+// field. It reports whether the route was stored.
+func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]string) bool {
+	r, err := routing.ParseRouteStrict(id, fields)
+	if err != nil {
+		adminError(ctx, 400, err.Error())
+		return false
+	}
+	if err := a.cfg.Routes.Put(r); err != nil {
+		adminError(ctx, 500, err.Error())
+		return false
+	}
+	a.invalidate(id)
+	// A re-created sandbox is no longer killed.
+	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
+		a.p.sandboxes.setState(id, stateRunning)
+	}
+	return true
+}
+
+// invalidate drops id from this instance's cache and tells the others.
+func (a *Admin) invalidate(id string) int {
+	n := a.p.cache.Invalidate(id)
+	if a.cfg.Publish != nil {
+		if err := a.cfg.Publish(id); err != nil {
+			a.p.cfg.Logger.Warn("publish cache invalidation", "sandbox_id", id, "err", err)
+		}
+	}
+	return n
+}
+
+type sandboxBody struct {
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+}
+
+func readSandboxBody(ctx *fasthttp.RequestCtx) (sandboxBody, bool) {
+	var b sandboxBody
+	if err := json.Unmarshal(ctx.PostBody(), &b); err != nil {
+		adminError(ctx, 400, "invalid JSON body: "+err.Error())
+		return b, false
+	}
+	if !routing.ValidID(b.SandboxID) {
+		adminError(ctx, 400, "sandbox_id missing or invalid")
+		return b, false
+	}
+	return b, true
+}
+
+func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
+	b, ok := readSandboxBody(ctx)
+	if !ok {
+		return
+	}
+	writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": a.invalidate(b.SandboxID)})
+}
+
+func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
+	if a.cfg.Routes == nil {
+		adminError(ctx, 404, "routes are managed by the control plane in Redis; meta/upsert needs store: memory")
+		return
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(ctx.PostBody(), &raw); err != nil {
+		adminError(ctx, 400, "invalid JSON body: "+err.Error())
+		return
+	}
+	id, _ := raw["sandbox_id"].(string)
+	if !routing.ValidID(id) {
+		adminError(ctx, 400, "sandbox_id missing or invalid")
+		return
+	}
+	fields := make(map[string]string, len(raw))
+	for k, v := range raw {
+		if k == "sandbox_id" {
+			continue
+		}
+		switch v := v.(type) {
+		case string:
+			fields[k] = v
+		case float64:
+			fields[k] = strconv.FormatFloat(v, 'f', -1, 64)
+		case bool:
+			fields[k] = strconv.FormatBool(v)
+		default:
+			adminError(ctx, 400, "field "+k+" must be a string")
+			return
+		}
+	}
+	if a.putRoute(ctx, id, fields) {
+		writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
+	}
+}
+
+func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
+	b, ok := readSandboxBody(ctx)
+	if !ok {
+		return
+	}
+	if a.cfg.Routes != nil {
+		a.cfg.Routes.Delete(b.SandboxID)
+	}
+	n := a.invalidate(b.SandboxID)
+	// Remember the sandbox as killed for a while: its clients get 410,
+	// not a misleading 404.
+	a.p.sandboxes.setState(b.SandboxID, stateKilled)
+	writeJSON(ctx, 200, map[string]any{"ok": true, "backend_cache_deleted": n})
+}
+
+func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
+	b, ok := readSandboxBody(ctx)
+	if !ok {
+		return
+	}
+	st, ok := parseState(b.State)
+	if !ok {
+		adminError(ctx, 400, "state must be running, pausing or paused")
+		return
+	}
+	a.p.sandboxes.setState(b.SandboxID, st)
+	writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": b.SandboxID, "state": b.State})
+}
+
+func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
+	var since int64
+	if v := ctx.QueryArgs().Peek("since"); len(v) > 0 {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || n < 0 {
+			adminError(ctx, 400, "since must be unix milliseconds")
+			return
+		}
+		since = n
+	}
+	entries := a.p.sandboxes.lastActive(since)
+	writeJSON(ctx, 200, map[string]any{
+		"now":     time.Now().UnixMilli(),
+		"since":   since,
+		"count":   len(entries),
+		"entries": entries,
+	})
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		adminError(ctx, 500, err.Error())
+		return
+	}
+	ctx.Response.Header.SetContentType("application/json")
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	ctx.SetStatusCode(status)
+	ctx.SetBody(append(b, '\n'))
+}
+
+func adminError(ctx *fasthttp.RequestCtx, status int, msg string) {
+	writeJSON(ctx, status, map[string]string{"error": msg})
+}

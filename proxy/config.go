@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Config is everything the proxy needs; cmd/cubeproxy fills it from the
+// config file, the environment and flags.
+type Config struct {
+	// NodeIP is this node's IP. A route whose HostIP equals it is served by
+	// dialing SandboxIP:<container port> directly; any other route is
+	// served through HostIP:<mapped host port>.
+	NodeIP netip.Addr
+
+	// Parser selects shared hosts and allowed domains.
+	Parser routing.ParserConfig
+
+	// MaxRequestBodySize caps a request body (default 256 MiB); larger
+	// bodies get 413. Bodies stream, so this bounds bytes, not memory.
+	MaxRequestBodySize int64
+
+	// ConnectTimeout bounds one TCP connect to a backend (default 3 s); a
+	// failed connect is retried once.
+	ConnectTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for the backend's response
+	// headers after the request was sent (default 120 s; 504 after it).
+	ResponseHeaderTimeout time.Duration
+	// IdleStreamTimeout ends a body or WebSocket that carried no data for
+	// this long (default 7206 s, as the platform's proxy).
+	IdleStreamTimeout time.Duration
+	// HeartbeatInterval is how long an SSE stream may be silent before the
+	// proxy writes an SSE comment line (default 30 s; negative = off).
+	// Without it a client that went away is only noticed on the next write.
+	HeartbeatInterval time.Duration
+
+	// MaxConnsPerUpstream bounds connections to one sandbox port (default
+	// 1024). Each open stream holds one.
+	MaxConnsPerUpstream int
+	// UpstreamIdleConnTimeout closes keep-alive connections unused this long (default 30 s).
+	UpstreamIdleConnTimeout time.Duration
+	// UpstreamReadBufferSize is the largest response header a backend may send (default 16 KiB).
+	UpstreamReadBufferSize int
+
+	// MaxStreamsPerSandbox bounds concurrent requests to one sandbox (0 = unlimited); above it: 429.
+	MaxStreamsPerSandbox int
+
+	// InstanceID names this proxy instance in request ids and logs.
+	InstanceID string
+
+	// Logger receives operational logs (never token values). Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxRequestBodySize == 0 {
+		c.MaxRequestBodySize = 256 << 20
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 3 * time.Second
+	}
+	if c.ResponseHeaderTimeout == 0 {
+		c.ResponseHeaderTimeout = 120 * time.Second
+	}
+	if c.IdleStreamTimeout == 0 {
+		c.IdleStreamTimeout = 7206 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 30 * time.Second
+	}
+	if c.MaxConnsPerUpstream == 0 {
+		c.MaxConnsPerUpstream = 1024
+	}
+	if c.UpstreamIdleConnTimeout == 0 {
+		c.UpstreamIdleConnTimeout = 30 * time.Second
+	}
+	if c.UpstreamReadBufferSize == 0 {
+		c.UpstreamReadBufferSize = 16 << 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"bytes"
+	"html"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Error codes in the JSON body of proxy errors. They are stable API:
+// clients and dashboards branch on them.
+const (
+	CodeBadRequest        = "bad_request"
+	CodeNotFound          = "sandbox_not_found"
+	CodePortNotMapped     = "port_not_mapped"
+	CodeRouteInvalid      = "route_invalid"
+	CodeSandboxKilled     = "sandbox_killed"
+	CodeSandboxPausing    = "sandbox_pausing"
+	CodeStoreUnavailable  = "store_unavailable"
+	CodeTooManyStreams    = "too_many_streams"
+	CodeBodyTooLarge      = "request_body_too_large"
+	CodeUpstreamConnect   = "upstream_connect_failed"
+	CodeUpstreamReset     = "upstream_reset"
+	CodeUpstreamTimeout   = "upstream_timeout"
+	CodeUpstreamBusy      = "upstream_busy"
+	CodeUpstreamBadHeader = "upstream_bad_response"
+)
+
+// proxyError is a failure the proxy answers itself, before or instead of a
+// backend response.
+type proxyError struct {
+	status     int
+	code       string
+	msg        string
+	retryAfter int // seconds; 0 = no Retry-After header
+}
+
+// writeError renders e as JSON ({"error","code","sandbox_id"}) or, for a
+// browser navigating, as a short HTML page. Errors are never cached.
+func writeError(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
+	resp := &ctx.Response
+	// A failed upstream exchange may have left headers behind.
+	resp.Reset()
+	resp.SetStatusCode(e.status)
+	resp.Header.Set("Cache-Control", "no-store")
+	if e.retryAfter > 0 {
+		resp.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))
+	}
+	if isBrowserNavigation(&ctx.Request.Header) {
+		resp.Header.SetContentType("text/html; charset=utf-8")
+		resp.SetBodyString(errorPage(e, sandboxID))
+		return
+	}
+	resp.Header.SetContentType("application/json")
+	var buf [512]byte
+	resp.SetBody(appendErrorJSON(buf[:0], e, sandboxID))
+}
+
+func appendErrorJSON(dst []byte, e proxyError, sandboxID []byte) []byte {
+	dst = append(dst, `{"error":`...)
+	dst = appendJSONString(dst, e.msg)
+	dst = append(dst, `,"code":`...)
+	dst = appendJSONString(dst, e.code)
+	if len(sandboxID) > 0 {
+		dst = append(dst, `,"sandbox_id":`...)
+		dst = appendJSONString(dst, string(sandboxID))
+	}
+	return append(dst, '}', '\n')
+}
+
+func errorPage(e proxyError, sandboxID []byte) string {
+	title := strconv.Itoa(e.status) + " " + fasthttp.StatusMessage(e.status)
+	var b bytes.Buffer
+	b.WriteString("<!doctype html><html><head><meta charset=\"utf-8\"><title>")
+	b.WriteString(title)
+	b.WriteString("</title></head><body><h1>")
+	b.WriteString(title)
+	b.WriteString("</h1><p>")
+	b.WriteString(html.EscapeString(e.msg))
+	b.WriteString("</p>")
+	if len(sandboxID) > 0 {
+		b.WriteString("<p>Sandbox: <code>")
+		b.WriteString(html.EscapeString(string(sandboxID)))
+		b.WriteString("</code></p>")
+	}
+	b.WriteString("<p><small>code: ")
+	b.WriteString(e.code)
+	b.WriteString("</small></p></body></html>\n")
+	return b.String()
+}
+
+// isBrowserNavigation reports whether a person's browser is loading a page,
+// so an error page beats JSON.
+func isBrowserNavigation(h *fasthttp.RequestHeader) bool {
+	if mode := h.Peek("Sec-Fetch-Mode"); len(mode) > 0 {
+		return string(mode) == "navigate"
+	}
+	return bytes.Contains(h.Peek("Accept"), []byte("text/html"))
+}
+
+// appendJSONString appends s as a JSON string literal.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, `\ufffd`...)
+			} else {
+				dst = append(dst, s[i:i+size]...)
+			}
+			i += size
+			continue
+		}
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c == '<' || c == '>' || c == '&':
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+		i++
+	}
+	return append(dst, '"')
+}

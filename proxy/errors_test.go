@@ -1,0 +1,210 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+type downStore struct{}
+
+func (downStore) Lookup(context.Context, string) (*routing.Route, error) {
+	return nil, errors.New("connection refused")
+}
+
+type badDataStore struct{}
+
+func (badDataStore) Lookup(_ context.Context, id string) (*routing.Route, error) {
+	return routing.ParseRoute(id, map[string]string{"SandboxIP": "10.0.0.1"}) // no HostIP
+}
+
+func freePort(t *testing.T) uint16 {
+	ln := listen(t, "127.0.0.1:0")
+	p := uint16(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	return p
+}
+
+// Every row of DESIGN.md's status table, produced for real.
+func TestErrorStatuses(t *testing.T) {
+	type want struct {
+		status     int
+		code       string
+		retryAfter string
+		sandboxID  string
+	}
+	release := make(chan struct{})
+	defer close(release)
+	for _, tc := range []struct {
+		name  string
+		opts  func(*harnessOpts)
+		setup func(t *testing.T, h *harness) *http.Request
+		want  want
+	}{
+		{"unparsable host", nil, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "no-port-here.cube.test", "/", nil)
+		}, want{400, "invalid_port", "", ""}},
+		{"port zero", nil, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "0-abc.cube.test", "/", nil)
+		}, want{400, "invalid_port", "", ""}},
+		{"IP host without target headers", nil, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "127.0.0.1", "/", nil)
+		}, want{400, "missing_target_headers", "", ""}},
+		{"unknown sandbox", nil, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "80-ghost.cube.test", "/", nil)
+		}, want{404, CodeNotFound, "", "ghost"}},
+		{"port not mapped", nil, func(t *testing.T, h *harness) *http.Request {
+			h.put("ports", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
+			return h.req("GET", "81-ports.cube.test", "/", nil)
+		}, want{404, CodePortNotMapped, "", "ports"}},
+		{"invalid route data", func(o *harnessOpts) { o.store = badDataStore{} }, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "80-broken.cube.test", "/", nil)
+		}, want{404, CodeRouteInvalid, "", "broken"}},
+		{"sandbox killed", nil, func(t *testing.T, h *harness) *http.Request {
+			h.put("dead", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
+			if s, b := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"dead"}`, ""); s != 200 || !strings.Contains(b, `"backend_cache_deleted":`) {
+				t.Fatalf("meta/delete: %d %s", s, b)
+			}
+			return h.req("GET", "80-dead.cube.test", "/", nil)
+		}, want{410, CodeSandboxKilled, "", "dead"}},
+		{"too many streams", func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 }, func(t *testing.T, h *harness) *http.Request {
+			opened := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				sseHeaders(w)
+				close(opened)
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}))
+			host := h.route("busy", port)
+			go func() {
+				if resp, err := h.client.Do(h.req("GET", host, "/", nil)); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			<-opened
+			return h.req("GET", host, "/", nil)
+		}, want{429, CodeTooManyStreams, "1", "busy"}},
+		{"backend refused", nil, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", h.route("refused", freePort(t)), "/", nil)
+		}, want{502, CodeUpstreamConnect, "", "refused"}},
+		{"backend reset before response", nil, func(t *testing.T, h *harness) *http.Request {
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				c, _, _ := w.(http.Hijacker).Hijack()
+				c.Close()
+			}))
+			return h.req("POST", h.route("reset", port), "/", strings.NewReader("x"))
+		}, want{502, CodeUpstreamReset, "", "reset"}},
+		{"store down, nothing cached", func(o *harnessOpts) { o.store = downStore{} }, func(t *testing.T, h *harness) *http.Request {
+			return h.req("GET", "80-anything.cube.test", "/", nil)
+		}, want{503, CodeStoreUnavailable, "1", "anything"}},
+		{"sandbox pausing", nil, func(t *testing.T, h *harness) *http.Request {
+			h.put("pz", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
+			if s, b := h.adminDo("POST", "/admin/state", `{"sandbox_id":"pz","state":"pausing"}`, ""); s != 200 {
+				t.Fatalf("state: %d %s", s, b)
+			}
+			return h.req("GET", "80-pz.cube.test", "/", nil)
+		}, want{503, CodeSandboxPausing, "1", "pz"}},
+		{"backend sends no headers in time", func(o *harnessOpts) { o.cfg.ResponseHeaderTimeout = 200 * time.Millisecond }, func(t *testing.T, h *harness) *http.Request {
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}))
+			return h.req("GET", h.route("slow", port), "/", nil)
+		}, want{504, CodeUpstreamTimeout, "", "slow"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mods []func(*harnessOpts)
+			if tc.opts != nil {
+				mods = append(mods, tc.opts)
+			}
+			h := newHarness(t, mods...)
+			resp := h.do(tc.setup(t, h))
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want.status {
+				t.Fatalf("status %d (%s), want %d", resp.StatusCode, body, tc.want.status)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if cc := resp.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("Cache-Control %q", cc)
+			}
+			if ra := resp.Header.Get("Retry-After"); ra != tc.want.retryAfter {
+				t.Errorf("Retry-After %q, want %q", ra, tc.want.retryAfter)
+			}
+			if resp.Header.Get(HeaderRequestID) == "" {
+				t.Error("no X-Cube-Request-Id on an error")
+			}
+			var got struct {
+				Error     string  `json:"error"`
+				Code      string  `json:"code"`
+				SandboxID *string `json:"sandbox_id"`
+			}
+			if err := json.Unmarshal(body, &got); err != nil {
+				t.Fatalf("body %q is not JSON: %v", body, err)
+			}
+			if got.Code != tc.want.code || got.Error == "" {
+				t.Errorf("body %s: want code %q and a message", body, tc.want.code)
+			}
+			if tc.want.sandboxID != "" && (got.SandboxID == nil || *got.SandboxID != tc.want.sandboxID) {
+				t.Errorf("body %s: want sandbox_id %q", body, tc.want.sandboxID)
+			}
+		})
+	}
+}
+
+func TestBrowserGetsHTMLErrorPage(t *testing.T) {
+	h := newHarness(t)
+	for _, hdr := range []map[string]string{
+		{"Sec-Fetch-Mode": "navigate"},
+		{"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"},
+	} {
+		req := h.req("GET", "80-<script>.cube.test", "/", nil)
+		req.Host = "80-nobody.cube.test"
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp := h.do(req)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" ||
+			!strings.Contains(string(body), "<h1>404 Not Found</h1>") || !strings.Contains(string(body), "nobody") {
+			t.Fatalf("%v: %d %q %s", hdr, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+	}
+}
+
+// Malformed HTTP that fasthttp itself rejects still gets the JSON shape.
+func TestMalformedRequestGetsJSON(t *testing.T) {
+	h := newHarness(t)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: 80-x.cube.test\r\nContent-Length: nope\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(body), `"code":"bad_request"`) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}

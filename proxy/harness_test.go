@@ -1,0 +1,197 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// harness is a real proxy on loopback sockets with a memory store.
+type harness struct {
+	t      *testing.T
+	store  *routing.MemoryStore
+	counts *countingStore
+	cache  *routing.Cache
+	proxy  *Proxy
+	server *Server
+	addr   string // sandbox traffic listener
+	admin  string // admin listener
+	client *http.Client
+}
+
+type harnessOpts struct {
+	cfg    Config
+	srv    ServerConfig
+	cache  routing.CacheConfig
+	store  routing.Store // default: the memory store (counted)
+	token  string
+	noServ bool
+}
+
+// countingStore counts lookups of a real store.
+type countingStore struct {
+	routing.Store
+	n atomic.Int64
+}
+
+func (c *countingStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	c.n.Add(1)
+	return c.Store.Lookup(ctx, id)
+}
+
+func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
+	t.Helper()
+	o := harnessOpts{}
+	for _, m := range mod {
+		m(&o)
+	}
+	h := &harness{t: t, store: routing.NewMemoryStore()}
+	var store routing.Store = h.store
+	if o.store != nil {
+		store = o.store
+	}
+	h.counts = &countingStore{Store: store}
+	var err error
+	h.cache, err = routing.NewCache(h.counts, o.cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.Logger == nil {
+		o.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	h.proxy, err = New(o.cfg, h.counts, h.cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := NewAdmin(AdminConfig{Token: o.token, Routes: h.store}, h.proxy)
+	h.server = NewServer(o.srv, h.proxy, admin)
+	ln := listen(t, "127.0.0.1:0")
+	aln := listen(t, "127.0.0.1:0")
+	h.addr, h.admin = ln.Addr().String(), aln.Addr().String()
+	go h.server.Serve(ln)
+	go h.server.ServeAdmin(aln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = h.server.Shutdown(ctx)
+	})
+	h.client = &http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: 100, DisableCompression: true},
+		Timeout:   30 * time.Second,
+	}
+	t.Cleanup(h.client.CloseIdleConnections)
+	return h
+}
+
+func listen(t testing.TB, addr string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// backend starts a net/http server on ip:0 and returns its port.
+func backend(t testing.TB, ip string, h http.Handler) uint16 {
+	t.Helper()
+	ln := listen(t, ip+":0")
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// put stores a route for id whose container port maps to a backend port on 127.0.0.1.
+func (h *harness) put(id string, fields map[string]string) {
+	h.t.Helper()
+	r, err := routing.ParseRouteStrict(id, fields)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.store.Put(r); err != nil {
+		h.t.Fatal(err)
+	}
+	h.cache.Invalidate(id)
+}
+
+// route registers id with container port == host port == port on 127.0.0.1.
+func (h *harness) route(id string, port uint16) string {
+	h.put(id, map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1",
+		strconv.Itoa(int(port)): strconv.Itoa(int(port)),
+	})
+	return fmt.Sprintf("%d-%s.cube.test", port, id)
+}
+
+// req builds a request to the proxy for host.
+func (h *harness) req(method, host, path string, body io.Reader) *http.Request {
+	h.t.Helper()
+	r, err := http.NewRequest(method, "http://"+h.addr+path, body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r.Host = host
+	return r
+}
+
+func (h *harness) do(r *http.Request) *http.Response {
+	h.t.Helper()
+	resp, err := h.client.Do(r)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// get performs a GET and returns status and body.
+func (h *harness) get(host, path string) (int, string, http.Header) {
+	h.t.Helper()
+	resp := h.do(h.req("GET", host, path, nil))
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// adminDo calls the admin API.
+func (h *harness) adminDo(method, path, body, token string) (int, string) {
+	h.t.Helper()
+	r, _ := http.NewRequest(method, "http://"+h.admin+path, strings.NewReader(body))
+	if token != "" {
+		r.Header.Set("X-Cube-Admin-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ = netip.Addr{}
+
+func itoa(p uint16) string { return strconv.Itoa(int(p)) }

@@ -1,0 +1,122 @@
+package proxy
+
+import (
+	"bytes"
+	"net/netip"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Hop-by-hop headers (RFC 9110 §7.6.1, the set Go's httputil.ReverseProxy
+// strips). They describe one connection, never the end-to-end message.
+// Transfer-Encoding and Content-Length are framing that fasthttp derives from
+// the body it writes, so they are not listed here.
+var hopHeaders = [...]string{
+	"Connection",
+	"Proxy-Connection",
+	"Keep-Alive",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",
+	"Trailer",
+	"Upgrade",
+}
+
+// removeHopRequest strips hop-by-hop headers and every header named in
+// Connection from a request about to be forwarded. keepUpgrade keeps
+// Connection: Upgrade and Upgrade for the WebSocket tunnel.
+func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
+	// Headers named in Connection first, while Connection is still there.
+	if conn := h.Peek("Connection"); len(conn) > 0 {
+		forEachToken(conn, func(name []byte) {
+			if keepUpgrade && bytes.EqualFold(name, []byte("upgrade")) {
+				return
+			}
+			h.DelBytes(name)
+		})
+	}
+	for _, name := range hopHeaders {
+		if keepUpgrade && (name == "Connection" || name == "Upgrade") {
+			continue
+		}
+		if len(h.Peek(name)) > 0 {
+			h.Del(name)
+		}
+	}
+	if keepUpgrade {
+		// Only the upgrade token may travel: "keep-alive, Upgrade" becomes "Upgrade".
+		h.Set("Connection", "Upgrade")
+	}
+}
+
+// removeHopResponse strips hop-by-hop headers from an upstream response.
+// Deleting Connection also clears fasthttp's connection-close flag, so an
+// upstream "Connection: close" does not close the client's keep-alive
+// connection.
+func removeHopResponse(h *fasthttp.ResponseHeader) {
+	if conn := h.Peek("Connection"); len(conn) > 0 {
+		forEachToken(conn, func(name []byte) { h.DelBytes(name) })
+	}
+	h.Del("Connection")
+	for _, name := range hopHeaders[1:] {
+		if len(h.Peek(name)) > 0 {
+			h.Del(name)
+		}
+	}
+}
+
+// forEachToken calls fn for each comma-separated token of a header value.
+func forEachToken(v []byte, fn func([]byte)) {
+	for len(v) > 0 {
+		var tok []byte
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			tok, v = v[:i], v[i+1:]
+		} else {
+			tok, v = v, nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 {
+			fn(tok)
+		}
+	}
+}
+
+// appendForwardedFor appends ip to an existing X-Forwarded-For value.
+func appendForwardedFor(dst, prior []byte, ip netip.Addr) []byte {
+	dst = append(dst[:0], prior...)
+	if len(dst) > 0 {
+		dst = append(dst, ", "...)
+	}
+	return ip.AppendTo(dst)
+}
+
+// maskedHost expands a MaskRequestHost template, replacing ${PORT} with the
+// container port.
+func maskedHost(dst []byte, tmpl string, port uint16) []byte {
+	const placeholder = "${PORT}"
+	dst = dst[:0]
+	for {
+		i := strings.Index(tmpl, placeholder)
+		if i < 0 {
+			return append(dst, tmpl...)
+		}
+		dst = append(dst, tmpl[:i]...)
+		dst = appendUint(dst, uint64(port))
+		tmpl = tmpl[i+len(placeholder):]
+	}
+}
+
+func appendUint(dst []byte, v uint64) []byte {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			break
+		}
+	}
+	return append(dst, b[i:]...)
+}

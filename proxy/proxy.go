@@ -1,0 +1,372 @@
+// Package proxy is the fasthttp edge of CubeProxy: it parses the sandbox
+// target of each request, resolves its route through the cache, picks the
+// backend address, and streams the exchange (HTTP, SSE, WebSocket) to it.
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Proxy is the request pipeline. Its Handler serves sandbox traffic; the
+// admin API lives in AdminHandler on a separate listener.
+type Proxy struct {
+	cfg       Config
+	parser    *routing.Parser
+	cache     *routing.Cache
+	store     routing.Store
+	pools     pools
+	streams   registry
+	sandboxes sandboxes
+
+	clientWriteTimeout time.Duration // from ServerConfig
+
+	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
+	reqSeq   atomic.Uint64
+
+	stats struct {
+		connectErrors  atomic.Int64
+		connectRetries atomic.Int64
+	}
+}
+
+// New returns a proxy that resolves routes through cache (in front of store).
+func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) {
+	cfg.setDefaults()
+	p := &Proxy{
+		cfg:    cfg,
+		parser: routing.NewParser(cfg.Parser),
+		cache:  cache,
+		store:  store,
+	}
+	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("request id prefix: %w", err)
+	}
+	hex.Encode(p.idPrefix[:8], rnd[:])
+	p.idPrefix[8] = '-'
+	return p, nil
+}
+
+// Handler serves one sandbox request: parse target, resolve route, check
+// state, choose backend, forward. Every answer carries X-Cube-Request-Id.
+func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
+	var idBuf [maxRequestIDLen]byte
+	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
+	p.serve(ctx)
+	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
+}
+
+// HeaderRequestID is echoed (or generated) on every request and response.
+const HeaderRequestID = "X-Cube-Request-Id"
+
+const maxRequestIDLen = 128
+
+func (p *Proxy) serve(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Request.Header
+	var t routing.Target
+	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
+		var te *routing.TargetError
+		if errors.As(err, &te) {
+			writeError(ctx, proxyError{status: 400, code: te.Code, msg: te.Reason}, nil)
+		} else {
+			writeError(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "invalid sandbox target"}, nil)
+		}
+		return
+	}
+	id := t.ID()
+
+	route, _, err := p.cache.Get(ctx, id)
+	if err != nil {
+		p.routeError(ctx, err, id)
+		return
+	}
+
+	// Authorization runs here, before anything with side effects.
+
+	sb := p.sandboxes.get(id)
+	switch sb.state.Load() {
+	case statePausing:
+		writeError(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
+		return
+	case statePaused:
+		writeError(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
+		return
+	case stateKilled:
+		writeError(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+		return
+	}
+
+	addr, perr := p.backend(route, t.Port)
+	if perr != nil {
+		writeError(ctx, *perr, id)
+		return
+	}
+
+	if n := sb.active.Add(1); p.cfg.MaxStreamsPerSandbox > 0 && n > int64(p.cfg.MaxStreamsPerSandbox) {
+		sb.active.Add(-1)
+		writeError(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
+		return
+	}
+	sb.lastActive.Store(time.Now().UnixMilli())
+
+	if h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
+		p.tunnel(ctx, route, &t, addr, sb)
+		return
+	}
+	p.forward(ctx, route, &t, addr, sb)
+}
+
+// routeError answers a failed route lookup.
+func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, err error, id []byte) {
+	var fe *routing.FieldError
+	switch {
+	case errors.Is(err, routing.ErrNotFound):
+		if sb := p.sandboxes.peek(unsafe.String(unsafe.SliceData(id), len(id))); sb != nil && sb.state.Load() == stateKilled {
+			writeError(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+			return
+		}
+		writeError(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
+	case errors.As(err, &fe):
+		p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason)
+		writeError(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)
+	default:
+		p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
+		writeError(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
+	}
+}
+
+// backend chooses the address to dial: the sandbox itself when it runs on
+// this node, else the node that runs it through the mapped host port. Only
+// addresses a route names are ever dialed.
+func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyError) {
+	hostPort, ok := r.HostPort(port)
+	if !ok {
+		return netip.AddrPort{}, &proxyError{status: 404, code: CodePortNotMapped, msg: fmt.Sprintf("port %d is not exposed by this sandbox", port)}
+	}
+	if p.cfg.NodeIP.IsValid() && r.HostIP == p.cfg.NodeIP {
+		if !r.SandboxIP.IsValid() {
+			return netip.AddrPort{}, &proxyError{status: 502, code: CodeRouteInvalid, msg: "route has no SandboxIP for a sandbox on this node"}
+		}
+		return netip.AddrPortFrom(r.SandboxIP, port), nil
+	}
+	return netip.AddrPortFrom(r.HostIP, hostPort), nil
+}
+
+// forward sends the request to addr and streams the response back.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
+	req := &ctx.Request
+	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
+		sb.active.Add(-1)
+		if perr.status == 413 {
+			lingerBody(ctx)
+		}
+		writeError(ctx, *perr, t.ID())
+		return
+	}
+
+	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, time.Now().UnixNano())
+	up := fasthttp.AcquireResponse()
+	if err := u.hc.Do(req, up); err != nil {
+		fasthttp.ReleaseResponse(up)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, err, t.ID(), addr)
+		return
+	}
+
+	resp := &ctx.Response
+	up.Header.CopyTo(&resp.Header)
+	removeHopResponse(&resp.Header)
+
+	body := up.BodyStream()
+	if body == nil {
+		// HEAD, 1xx, 204 and 304 have no body; the connection is already
+		// back in the pool.
+		fasthttp.ReleaseResponse(up)
+		sb.active.Add(-1)
+		return
+	}
+	size := up.Header.ContentLength()
+	if size < 0 {
+		// Chunked or close-delimited: unknown length, sent chunked, and
+		// headers go out at once rather than with the first body byte (an
+		// SSE or MCP GET stream may be silent for a long time).
+		size = -1
+		resp.ImmediateHeaderFlush = true
+	}
+
+	s := bodyStreamPool.Get().(*bodyStream)
+	s.p = p
+	s.resp = up
+	s.body = body
+	s.conn = connOf(up)
+	s.sse = isEventStream(up.Header.ContentType())
+	s.heartbeat = p.cfg.HeartbeatInterval
+	s.atBoundary = true
+	s.started = time.Now()
+	s.sb = sb
+	if p.clientWriteTimeout > 0 {
+		s.client = ctx.Conn()
+		s.writeTimeout = p.clientWriteTimeout
+		_ = ctx.SetWriteDeadline(s.started.Add(p.clientWriteTimeout))
+	}
+	if s.conn != nil {
+		s.conn.startBody()
+	}
+	p.streams.add(s)
+	resp.SetBodyStream(s, size)
+}
+
+// prepareRequest turns the client's request into the backend's, in place:
+// hop-by-hop headers out, forwarding headers in, Host kept or masked,
+// body capped. Everything else (Authorization, cookies, Mcp-Session-Id...)
+// passes untouched.
+func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, upgrade bool) *proxyError {
+	req := &ctx.Request
+	h := &req.Header
+
+	if cl := h.ContentLength(); cl > 0 && int64(cl) > p.cfg.MaxRequestBodySize {
+		return &proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}
+	} else if cl == -1 && req.IsBodyStream() {
+		// Chunked: count as it streams.
+		req.SetBodyStream(&limitedBody{r: ctx.RequestBodyStream(), left: p.cfg.MaxRequestBodySize}, -1)
+	}
+
+	removeHopRequest(h, upgrade)
+
+	var buf [256]byte
+	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	ip = ip.Unmap()
+	h.SetBytesV("X-Real-IP", ip.AppendTo(buf[:0]))
+	h.SetBytesV("X-Forwarded-For", appendForwardedFor(buf[:0], h.Peek("X-Forwarded-For"), ip))
+	if len(h.Peek("X-Forwarded-Proto")) == 0 {
+		if ctx.IsTLS() {
+			h.Set("X-Forwarded-Proto", "https")
+		} else {
+			h.Set("X-Forwarded-Proto", "http")
+		}
+	}
+
+	// The backend sees the Host the client sent (fasthttp would otherwise
+	// rewrite it from the parsed URI), unless the route masks it. envd
+	// (port 49983) always sees the real host.
+	req.UseHostHeader = true
+	if r.MaskRequestHost != "" && t.Port != envdPort {
+		h.SetBytesV("X-Forwarded-Host", h.Host())
+		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
+	}
+	return nil
+}
+
+// envdPort is the sandbox's envd daemon, whose Host is never masked.
+const envdPort = 49983
+
+// upstreamError answers a failed exchange with the backend.
+func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, err error, id []byte, addr netip.AddrPort) {
+	var de *dialError
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		lingerBody(ctx)
+		writeError(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
+	case errors.As(err, &de):
+		writeError(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
+	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):
+		writeError(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		writeError(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
+	default:
+		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)
+		writeError(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
+	}
+}
+
+// lingerLimit is how much of a refused body the proxy reads and discards
+// before answering 413, like nginx's lingering close: a client still
+// sending would otherwise get a connection reset instead of the answer.
+const lingerLimit = 16 << 20
+
+// lingerBody discards up to lingerLimit of the unread request body and
+// marks the connection for closing.
+func lingerBody(ctx *fasthttp.RequestCtx) {
+	r := ctx.RequestBodyStream()
+	if lb, ok := r.(*limitedBody); ok {
+		r = lb.r
+	}
+	if r != nil {
+		_, _ = io.CopyN(io.Discard, r, lingerLimit)
+	}
+	ctx.SetConnectionClose()
+}
+
+// errBodyTooLarge stops a chunked upload at the cap.
+var errBodyTooLarge = errors.New("request body too large")
+
+// limitedBody caps a streamed (chunked) request body.
+type limitedBody struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitedBody) Read(b []byte) (int, error) {
+	if l.left <= 0 {
+		// One byte more than allowed tells an exact-size body from an
+		// oversized one.
+		var one [1]byte
+		if n, _ := l.r.Read(one[:]); n == 0 {
+			return 0, io.EOF
+		}
+		return 0, errBodyTooLarge
+	}
+	if int64(len(b)) > l.left {
+		b = b[:l.left]
+	}
+	n, err := l.r.Read(b)
+	l.left -= int64(n)
+	return n, err
+}
+
+func isEventStream(ct []byte) bool {
+	const sse = "text/event-stream"
+	return len(ct) >= len(sse) && string(ct[:len(sse)]) == sse
+}
+
+// requestID returns the client's X-Cube-Request-Id when it is sane, or a
+// new one (also set on the request, so the sandbox can log it).
+func (p *Proxy) requestID(h *fasthttp.RequestHeader, dst []byte) []byte {
+	if v := h.Peek(HeaderRequestID); len(v) > 0 && len(v) <= maxRequestIDLen && isToken(v) {
+		return append(dst, v...)
+	}
+	dst = append(dst, p.idPrefix[:]...)
+	var b [16]byte
+	n := p.reqSeq.Add(1)
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = "0123456789abcdef"[n&0xf]
+		n >>= 4
+	}
+	dst = append(dst, b[:]...)
+	h.SetBytesV(HeaderRequestID, dst)
+	return dst
+}
+
+// isToken reports whether v is printable ASCII without spaces.
+func isToken(v []byte) bool {
+	for _, c := range v {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"sync"
+	"testing"
+)
+
+// whoami answers with its own name and the client connection it saw.
+func whoami(name string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", name, r.RemoteAddr)
+	})
+}
+
+func TestBackendChoiceSameNodeVsCrossNode(t *testing.T) {
+	// The sandbox listens on its own IP at the container port; its node
+	// maps that port to a host port on the node IP.
+	sandboxPort := backend(t, "127.0.0.2", whoami("sandbox"))
+	hostPort := backend(t, "127.0.0.1", whoami("node"))
+	fields := map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.2", "CreatedAt": "1",
+		itoa(sandboxPort): itoa(hostPort),
+	}
+	host := fmt.Sprintf("%d-box.cube.test", sandboxPort)
+	for _, tc := range []struct {
+		nodeIP string
+		want   string
+	}{
+		{"127.0.0.1", "sandbox"}, // this node runs it: dial SandboxIP:container port
+		{"127.0.0.9", "node"},    // another node runs it: dial HostIP:host port
+		{"", "node"},             // node IP unknown: always through the host port
+	} {
+		t.Run("node_ip="+tc.nodeIP, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) {
+				if tc.nodeIP != "" {
+					o.cfg.NodeIP = netip.MustParseAddr(tc.nodeIP)
+				}
+			})
+			h.put("box", fields)
+			status, body, _ := h.get(host, "/")
+			if status != 200 || body[:len(tc.want)] != tc.want {
+				t.Fatalf("got %d %q, want %s", status, body, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnknownSandboxNegativeCache(t *testing.T) {
+	h := newHarness(t)
+	var wg sync.WaitGroup
+	statuses := make(chan int, 100)
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, _, _ := h.get("8080-nosuchbox.cube.test", "/")
+			statuses <- status
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	for s := range statuses {
+		if s != 404 {
+			t.Fatalf("status %d, want 404", s)
+		}
+	}
+	if n := h.counts.n.Load(); n != 1 {
+		t.Fatalf("store called %d times for 100 requests of one unknown id, want 1", n)
+	}
+}
+
+func TestInvalidationRereadsStore(t *testing.T) {
+	h := newHarness(t)
+	a := backend(t, "127.0.0.1", whoami("a"))
+	b := backend(t, "127.0.0.1", whoami("b"))
+	h.put("inv", map[string]string{"HostIP": "127.0.0.1", "80": itoa(a)})
+	if _, body, _ := h.get("80-inv.cube.test", "/"); body[0] != 'a' {
+		t.Fatalf("got %q", body)
+	}
+	// Change the store behind the cache's back: the cache still says a.
+	r, _ := h.store.Get("inv")
+	r2 := *r
+	r2.Ports = map[uint16]uint16{80: b}
+	if err := h.store.Put(&r2); err != nil {
+		t.Fatal(err)
+	}
+	if _, body, _ := h.get("80-inv.cube.test", "/"); body[0] != 'a' {
+		t.Fatalf("cache should still route to a, got %q", body)
+	}
+	before := h.counts.n.Load()
+	status, resp := h.adminDo("POST", "/admin/backend_cache/delete", `{"sandbox_id":"inv"}`, "")
+	if status != 200 || resp != `{"deleted":1,"ok":true}`+"\n" {
+		t.Fatalf("invalidate: %d %s", status, resp)
+	}
+	if _, body, _ := h.get("80-inv.cube.test", "/"); body[0] != 'b' {
+		t.Fatalf("after invalidation got %q, want b", body)
+	}
+	if h.counts.n.Load() != before+1 {
+		t.Fatal("invalidation did not make the next request read the store")
+	}
+}
+
+// A sandbox recreated on the same IP:port (new CreatedAt) must not get a
+// keep-alive connection that was opened to its predecessor.
+func TestRecycledAddressGetsNewConnection(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", whoami("x"))
+	route := func(createdAt string) {
+		h.put("recyc", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": createdAt, "80": itoa(port)})
+	}
+	route("100")
+	_, first, _ := h.get("80-recyc.cube.test", "/")
+	_, again, _ := h.get("80-recyc.cube.test", "/")
+	if first != again {
+		t.Fatalf("same sandbox should reuse its keep-alive connection: %q vs %q", first, again)
+	}
+	route("200")
+	_, recycled, _ := h.get("80-recyc.cube.test", "/")
+	if recycled == first {
+		t.Fatalf("recreated sandbox reused the old sandbox's connection %q", first)
+	}
+}

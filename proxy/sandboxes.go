@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Sandbox states set through POST /admin/state (and "killed" by
+// /admin/meta/delete). The zero value is running.
+const (
+	stateRunning uint32 = iota
+	statePausing
+	statePaused
+	stateKilled
+)
+
+var stateNames = [...]string{"running", "pausing", "paused", "killed"}
+
+func parseState(s string) (uint32, bool) {
+	for i, n := range stateNames[:3] {
+		if s == n {
+			return uint32(i), true
+		}
+	}
+	return 0, false
+}
+
+// sandboxState is what the proxy itself knows about one sandbox: the
+// lifecycle state the control plane told it, when it last saw traffic
+// (GET /admin/last_active) and how many requests are in flight (the
+// per-sandbox limit). One map lookup per request serves all three.
+type sandboxState struct {
+	state      atomic.Uint32
+	changedAt  atomic.Int64 // unix nanos of the last state change
+	lastActive atomic.Int64 // unix millis
+	active     atomic.Int64
+}
+
+// sandboxes maps sandbox id -> *sandboxState.
+type sandboxes struct {
+	m sync.Map
+}
+
+// get returns the state for id without allocating when it exists. id may
+// alias a request buffer: the key is copied only when a new entry is stored.
+func (s *sandboxes) get(id []byte) *sandboxState {
+	if v, ok := s.m.Load(unsafe.String(unsafe.SliceData(id), len(id))); ok {
+		return v.(*sandboxState)
+	}
+	v, _ := s.m.LoadOrStore(string(id), new(sandboxState))
+	return v.(*sandboxState)
+}
+
+// peek returns the state for id, or nil.
+func (s *sandboxes) peek(id string) *sandboxState {
+	if v, ok := s.m.Load(id); ok {
+		return v.(*sandboxState)
+	}
+	return nil
+}
+
+func (s *sandboxes) setState(id string, st uint32) {
+	e := s.get([]byte(id))
+	e.state.Store(st)
+	e.changedAt.Store(time.Now().UnixNano())
+}
+
+// lastActive returns sandbox ids active at or after since (unix millis).
+func (s *sandboxes) lastActive(since int64) map[string]int64 {
+	out := make(map[string]int64)
+	s.m.Range(func(k, v any) bool {
+		if ts := v.(*sandboxState).lastActive.Load(); ts >= since && ts > 0 {
+			out[k.(string)] = ts
+		}
+		return true
+	})
+	return out
+}
+
+// sweep forgets running sandboxes idle for longer than idle, and killed
+// tombstones older than killedTTL, so the map tracks live sandboxes only.
+func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
+	idleCut := now.Add(-idle).UnixMilli()
+	killedCut := now.Add(-killedTTL).UnixNano()
+	s.m.Range(func(k, v any) bool {
+		e := v.(*sandboxState)
+		if e.active.Load() > 0 {
+			return true
+		}
+		switch e.state.Load() {
+		case stateRunning:
+			if e.lastActive.Load() < idleCut {
+				s.m.Delete(k)
+			}
+		case stateKilled:
+			if e.changedAt.Load() < killedCut {
+				s.m.Delete(k)
+			}
+		}
+		return true
+	})
+}

@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ServerConfig holds the listener-side settings.
+type ServerConfig struct {
+	// ClientReadTimeout bounds the TLS handshake and request headers (default 30 s).
+	ClientReadTimeout time.Duration
+	// ClientBodyTimeout bounds reading a request body (default 1 h).
+	ClientBodyTimeout time.Duration
+	// ClientWriteTimeout is how long a client may take to accept each
+	// piece of a response (default 60 s); a stream lives as long as the
+	// client keeps reading.
+	ClientWriteTimeout time.Duration
+	// ClientIdleTimeout closes keep-alive client connections idle this long (default 90 s).
+	ClientIdleTimeout time.Duration
+	// MaxRequestHeaderSize bounds request line + headers (default 16 KiB; larger: 431).
+	MaxRequestHeaderSize int
+	// DrainTimeout is how long Shutdown lets requests, downloads and
+	// WebSockets finish before cutting them (default 30 s). SSE streams end
+	// at once, cleanly, so clients reconnect to another instance.
+	DrainTimeout time.Duration
+}
+
+func (c *ServerConfig) setDefaults() {
+	if c.ClientReadTimeout == 0 {
+		c.ClientReadTimeout = 30 * time.Second
+	}
+	if c.ClientBodyTimeout == 0 {
+		c.ClientBodyTimeout = time.Hour
+	}
+	if c.ClientWriteTimeout == 0 {
+		c.ClientWriteTimeout = 60 * time.Second
+	}
+	if c.ClientIdleTimeout == 0 {
+		c.ClientIdleTimeout = 90 * time.Second
+	}
+	if c.MaxRequestHeaderSize == 0 {
+		c.MaxRequestHeaderSize = 16 << 10
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+}
+
+// Server runs the proxy's sandbox-traffic listeners (HTTP, HTTPS) and the
+// admin listener, and drains them on shutdown.
+type Server struct {
+	cfg   ServerConfig
+	p     *Proxy
+	admin *Admin
+
+	traffic  *fasthttp.Server
+	adminSrv *fasthttp.Server
+
+	draining atomic.Bool
+	stopOnce sync.Once
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// NewServer returns a server for p and admin (admin may be nil).
+func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
+	cfg.setDefaults()
+	p.clientWriteTimeout = cfg.ClientWriteTimeout
+	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
+	log := fasthttpLogger{p.cfg.Logger}
+	s.traffic = &fasthttp.Server{
+		Handler:                      p.Handler,
+		ErrorHandler:                 clientError,
+		HeaderReceived:               s.headerReceived,
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		ReadBufferSize:               cfg.MaxRequestHeaderSize,
+		WriteBufferSize:              16 << 10,
+		ReadTimeout:                  cfg.ClientReadTimeout,
+		WriteTimeout:                 cfg.ClientWriteTimeout,
+		IdleTimeout:                  cfg.ClientIdleTimeout,
+		CloseOnShutdown:              true,
+		Logger:                       log,
+	}
+	if admin != nil {
+		s.adminSrv = &fasthttp.Server{
+			Handler:               admin.Handler,
+			NoDefaultServerHeader: true,
+			ReadTimeout:           30 * time.Second,
+			WriteTimeout:          30 * time.Second,
+			IdleTimeout:           90 * time.Second,
+			MaxRequestBodySize:    1 << 20,
+			CloseOnShutdown:       true,
+			Logger:                log,
+		}
+		admin.draining = &s.draining
+	}
+	s.wg.Add(1)
+	go s.janitor()
+	return s
+}
+
+// headerReceived gives requests that carry a body the longer body timeout;
+// ReadTimeout alone would cut a large upload.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if h.ContentLength() != 0 {
+		return fasthttp.RequestConfig{ReadTimeout: s.cfg.ClientBodyTimeout}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// Serve serves sandbox traffic on ln (wrap ln with tls.NewListener for HTTPS).
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.traffic.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// ServeAdmin serves the admin API on ln.
+func (s *Server) ServeAdmin(ln net.Listener) error {
+	if s.adminSrv == nil {
+		return errors.New("no admin API configured")
+	}
+	if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// Draining reports whether Shutdown has begun.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// Shutdown stops accepting connections, ends SSE streams cleanly at once,
+// lets everything else finish until DrainTimeout (or ctx) runs out, then
+// cuts what is left. It returns when no stream or tunnel is open.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
+	defer cancel()
+
+	done := make(chan error, 1)
+	go func() { done <- s.traffic.ShutdownWithContext(ctx) }()
+	s.p.streams.endSSE()
+
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+	}
+	// Tunnels (hijacked, invisible to fasthttp) and anything still
+	// streaming get until the deadline, then are cut.
+	for {
+		streams, tunnels := s.p.streams.open()
+		if streams == 0 && tunnels == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			s.p.streams.abortAll()
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err == nil && ctx.Err() != nil {
+		err = nil // the drain deadline is the plan, not a failure
+	}
+	// Wait (briefly) for cut streams to unwind.
+	unwind := time.Now().Add(2 * time.Second)
+	for time.Now().Before(unwind) {
+		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s.adminSrv != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.adminSrv.ShutdownWithContext(actx)
+		acancel()
+	}
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
+	s.p.pools.closeIdle()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// janitor drops idle upstream pools and forgotten sandbox entries.
+func (s *Server) janitor() {
+	defer s.wg.Done()
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.p.pools.sweep(now, 2*s.p.cfg.UpstreamIdleConnTimeout)
+			s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
+		}
+	}
+}
+
+// clientError answers requests fasthttp could not parse, in the same JSON
+// shape as every other proxy error.
+func clientError(ctx *fasthttp.RequestCtx, err error) {
+	var e proxyError
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = proxyError{status: 413, code: CodeBodyTooLarge, msg: "request body too large"}
+	case isTimeout(err):
+		e = proxyError{status: 408, code: "request_timeout", msg: "request not received in time"}
+	default:
+		var small *fasthttp.ErrSmallBuffer
+		if errors.As(err, &small) {
+			e = proxyError{status: 431, code: "request_header_too_large", msg: "request headers too large"}
+		} else {
+			e = proxyError{status: 400, code: CodeBadRequest, msg: "malformed HTTP request"}
+		}
+	}
+	writeError(ctx, e, nil)
+	ctx.SetConnectionClose()
+}
+
+// fasthttpLogger sends fasthttp's own messages to slog.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}

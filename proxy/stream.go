@@ -1,0 +1,212 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// heartbeatLine is an SSE comment: parsers ignore it, but writing it tells
+// the proxy whether the client is still there.
+var heartbeatLine = []byte(": keep-alive\n\n")
+
+// errDrain ends streams when the server shuts down.
+var errDrain = errors.New("proxy is shutting down")
+
+// bodyStream hands an upstream response body to fasthttp's response writer.
+// fasthttp reads it and writes one chunk per Read, so every piece the
+// backend sends reaches the client at once. fasthttp closes it (with the
+// write error, if any) when it is done; that is where the upstream response
+// is released — never earlier, or the stream would be cut.
+type bodyStream struct {
+	p    *Proxy
+	resp *fasthttp.Response
+	body io.Reader // resp.BodyStream()
+	conn *upstreamConn
+
+	sse        bool
+	heartbeat  time.Duration
+	atBoundary bool // bytes sent so far end an SSE event (or none were sent)
+	last       byte // last byte forwarded, to find "\n\n" across reads
+
+	n       int64 // bytes forwarded
+	started time.Time
+	sb      *sandboxState
+
+	client       net.Conn // to refresh the per-write deadline
+	writeTimeout time.Duration
+
+	// stopping is set by drain: the next failed upstream read ends the
+	// stream cleanly (io.EOF) instead of as an error.
+	stopping atomic.Bool
+	closed   bool
+
+	// registry links.
+	prev, next *bodyStream
+}
+
+var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
+
+func (s *bodyStream) Read(b []byte) (int, error) {
+	if s.sse && s.heartbeat > 0 && s.conn != nil {
+		if s.atBoundary {
+			s.conn.setHeartbeat(time.Now().Add(s.heartbeat))
+		} else {
+			s.conn.setHeartbeat(time.Time{})
+		}
+	}
+	n, err := s.body.Read(b)
+	if s.writeTimeout > 0 && s.client != nil {
+		// The client must take each piece within writeTimeout; a stream
+		// itself may last as long as both ends keep talking.
+		_ = s.client.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+	}
+	if n > 0 {
+		s.n += int64(n)
+		if s.sse {
+			s.trackBoundary(b[:n])
+		}
+	}
+	if err != nil && n == 0 && errors.Is(err, errHeartbeatDue) {
+		return copy(b, heartbeatLine), nil
+	}
+	if err != nil && err != io.EOF && s.stopping.Load() {
+		// Drain interrupted the upstream read: end the stream cleanly so an
+		// SSE client reconnects (with Last-Event-ID) to another instance.
+		return n, io.EOF
+	}
+	return n, err
+}
+
+// trackBoundary records whether the bytes forwarded so far end with a blank
+// line, the only place a heartbeat comment can be inserted without
+// splitting an event.
+func (s *bodyStream) trackBoundary(b []byte) {
+	prev := s.last
+	for _, c := range b {
+		if c == '\r' {
+			continue
+		}
+		s.atBoundary = c == '\n' && prev == '\n'
+		prev = c
+	}
+	s.last = prev
+}
+
+// CloseWithError is called by fasthttp once the body was written (err nil)
+// or writing failed (the client went away). A non-nil err makes fasthttp
+// close the upstream connection instead of pooling it, which is how the
+// backend learns that its client is gone.
+func (s *bodyStream) CloseWithError(err error) error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.p.streams.remove(s)
+	if rc, ok := s.body.(fasthttp.ReadCloserWithError); ok {
+		_ = rc.CloseWithError(err)
+	}
+	s.sb.active.Add(-1)
+	s.sb.lastActive.Store(time.Now().UnixMilli())
+	fasthttp.ReleaseResponse(s.resp)
+	*s = bodyStream{}
+	bodyStreamPool.Put(s)
+	return nil
+}
+
+// interrupt is called by drain (from another goroutine, under the registry
+// lock, so the stream cannot be released meanwhile): it unblocks the
+// pending upstream read.
+func (s *bodyStream) interrupt(err error) {
+	if rc, ok := s.body.(fasthttp.ReadCloserWithError); ok {
+		_ = rc.CloseWithError(err)
+	}
+}
+
+// registry tracks what is open so that shutdown can end it: body streams and
+// hijacked WebSocket tunnels, which fasthttp's Shutdown does not see.
+type registry struct {
+	mu      sync.Mutex
+	head    *bodyStream // intrusive list: no allocation per stream
+	tunnels map[*tunnel]struct{}
+	streams int
+}
+
+func (r *registry) add(s *bodyStream) {
+	r.mu.Lock()
+	s.next = r.head
+	if r.head != nil {
+		r.head.prev = s
+	}
+	r.head = s
+	r.streams++
+	r.mu.Unlock()
+}
+
+func (r *registry) remove(s *bodyStream) {
+	r.mu.Lock()
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else if r.head == s {
+		r.head = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	}
+	s.prev, s.next = nil, nil
+	r.streams--
+	r.mu.Unlock()
+}
+
+func (r *registry) addTunnel(t *tunnel) {
+	r.mu.Lock()
+	if r.tunnels == nil {
+		r.tunnels = make(map[*tunnel]struct{})
+	}
+	r.tunnels[t] = struct{}{}
+	r.mu.Unlock()
+}
+
+func (r *registry) removeTunnel(t *tunnel) {
+	r.mu.Lock()
+	delete(r.tunnels, t)
+	r.mu.Unlock()
+}
+
+// endSSE ends every open SSE stream cleanly: clients reconnect elsewhere.
+// Other bodies (downloads) keep going until the drain deadline, because a
+// clean end there would look like a complete file.
+func (r *registry) endSSE() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for s := r.head; s != nil; s = s.next {
+		if s.sse {
+			s.stopping.Store(true)
+			s.interrupt(errDrain)
+		}
+	}
+}
+
+// abortAll cuts whatever is still open at the drain deadline.
+func (r *registry) abortAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for s := r.head; s != nil; s = s.next {
+		s.interrupt(errDrain)
+	}
+	for t := range r.tunnels {
+		t.close()
+	}
+}
+
+// open reports the number of open body streams and tunnels.
+func (r *registry) open() (streams, tunnels int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.streams, len(r.tunnels)
+}

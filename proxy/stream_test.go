@@ -1,0 +1,388 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// readEvent reads one SSE event (lines up to a blank line), skipping
+// comment-only blocks when skipComments is set.
+func readEvent(br *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return b.String(), err
+		}
+		if line == "\n" {
+			return b.String(), nil
+		}
+		b.WriteString(line)
+	}
+}
+
+func sseHeaders(w http.ResponseWriter) http.Flusher {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	f := w.(http.Flusher)
+	f.Flush()
+	return f
+}
+
+// The backend writes event i and then waits until the client has received
+// event i through the proxy. Any buffering in the proxy deadlocks this and
+// the test fails on its deadline.
+func TestSSEEventArrivesWhileBackendHoldsStream(t *testing.T) {
+	h := newHarness(t)
+	const n = 20
+	ack := make(chan int)
+	backendErr := make(chan error, 1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(w, "id: %d\ndata: event %d\n\n", i, i)
+			f.Flush()
+			select {
+			case got := <-ack:
+				if got != i {
+					backendErr <- fmt.Errorf("ack %d for event %d", got, i)
+					return
+				}
+			case <-time.After(10 * time.Second):
+				backendErr <- fmt.Errorf("no ack for event %d: the proxy held it back", i)
+				return
+			}
+		}
+		backendErr <- nil
+	}))
+	host := h.route("sse1", port)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	resp := h.do(h.req("GET", host, "/events", nil).WithContext(ctx))
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content-type %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	for i := 1; i <= n; i++ {
+		ev, err := readEvent(br)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if want := fmt.Sprintf("id: %d\ndata: event %d\n", i, i); ev != want {
+			t.Fatalf("event %d = %q, want %q", i, ev, want)
+		}
+		ack <- i
+	}
+	if err := <-backendErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSSEManyConcurrentStreams(t *testing.T) {
+	h := newHarness(t)
+	const streams, events = 200, 200
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		for i := 0; i < events; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			f.Flush()
+		}
+	}))
+	host := h.route("many", port)
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for s := 0; s < streams; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := h.client.Do(h.req("GET", host, "/", nil))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			for i := 0; i < events; i++ {
+				ev, err := readEvent(br)
+				if err != nil {
+					errs <- fmt.Errorf("event %d: %w", i, err)
+					return
+				}
+				if ev != fmt.Sprintf("data: %d\n", i) {
+					errs <- fmt.Errorf("event %d out of order: %q", i, ev)
+					return
+				}
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				errs <- fmt.Errorf("stream did not end cleanly: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// A silent SSE stream gets a heartbeat comment, only at an event boundary.
+func TestSSEHeartbeatAtEventBoundary(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 100 * time.Millisecond })
+	sawHeartbeat := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		fmt.Fprint(w, "data: a\n\n")
+		f.Flush()
+		<-sawHeartbeat
+		// Half an event, then silence longer than the heartbeat interval:
+		// no comment may be inserted inside it.
+		fmt.Fprint(w, "data: b")
+		f.Flush()
+		time.Sleep(350 * time.Millisecond)
+		fmt.Fprint(w, "\n\n")
+	}))
+	host := h.route("hb", port)
+	resp := h.do(h.req("GET", host, "/", nil))
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if ev, _ := readEvent(br); ev != "data: a\n" {
+		t.Fatalf("first event %q", ev)
+	}
+	if ev, _ := readEvent(br); ev != ": keep-alive\n" {
+		t.Fatalf("want heartbeat comment, got %q", ev)
+	}
+	close(sawHeartbeat)
+	ev, err := readEvent(br)
+	for err == nil && ev == ": keep-alive\n" {
+		ev, err = readEvent(br) // heartbeats before the half event are fine
+	}
+	if ev != "data: b\n" {
+		t.Fatalf("event b arrived as %q (err %v): a heartbeat split it", ev, err)
+	}
+}
+
+// When the client goes away, the backend's connection is closed within a
+// second, for a busy stream and for a silent one (noticed via heartbeat).
+func TestClientDisconnectClosesUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		silent bool
+	}{{"busy", false}, {"silent", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 200 * time.Millisecond })
+			ended := make(chan time.Time, 1)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer func() { ended <- time.Now() }()
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: first\n\n")
+				f.Flush()
+				if tc.silent {
+					<-r.Context().Done()
+					return
+				}
+				for {
+					if _, err := fmt.Fprint(w, "data: more\n\n"); err != nil {
+						return
+					}
+					f.Flush()
+					select {
+					case <-r.Context().Done():
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+			}))
+			host := h.route("gone", port)
+			resp := h.do(h.req("GET", host, "/", nil))
+			br := bufio.NewReader(resp.Body)
+			if ev, _ := readEvent(br); ev != "data: first\n" {
+				t.Fatalf("first event %q", ev)
+			}
+			closedAt := time.Now()
+			resp.Body.Close()
+			h.client.CloseIdleConnections()
+			select {
+			case at := <-ended:
+				if d := at.Sub(closedAt); d > time.Second {
+					t.Fatalf("backend noticed after %v", d)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("backend stream still open 3s after the client left")
+			}
+			waitFor(t, 2*time.Second, "proxy stream released", func() bool {
+				s, _ := h.proxy.streams.open()
+				return s == 0
+			})
+		})
+	}
+}
+
+// heapWatch samples the heap while a transfer runs and reports the peak
+// growth over the starting point.
+func heapWatch() (stop func() uint64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapAlloc
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			if m.HeapAlloc > base && m.HeapAlloc-base > peak.Load() {
+				peak.Store(m.HeapAlloc - base)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() uint64 { close(done); <-finished; return peak.Load() }
+}
+
+// patternReader yields n bytes of a repeating pattern without holding them.
+type patternReader struct{ left int64 }
+
+func (p *patternReader) Read(b []byte) (int, error) {
+	if p.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(b)) > p.left {
+		b = b[:p.left]
+	}
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	p.left -= int64(len(b))
+	return len(b), nil
+}
+
+func TestUploadStreamsWithBoundedHeap(t *testing.T) {
+	const size = 64 << 20
+	want := sha256.New()
+	io.Copy(want, &patternReader{left: size})
+	wantSum := fmt.Sprintf("%x", want.Sum(nil))
+
+	for _, chunked := range []bool{true, false} {
+		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			h := newHarness(t)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hs := sha256.New()
+				n, err := io.Copy(hs, r.Body)
+				fmt.Fprintf(w, "%d %x %v %v", n, hs.Sum(nil), err, r.TransferEncoding)
+			}))
+			host := h.route("up", port)
+			var body io.Reader = &patternReader{left: size}
+			if chunked {
+				body = io.MultiReader(body) // hides the length: sent chunked
+			}
+			req := h.req("POST", host, "/upload", body)
+			if !chunked {
+				req.ContentLength = size
+			}
+			stop := heapWatch()
+			resp := h.do(req)
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			peak := stop()
+			wantTE := "[]"
+			if chunked {
+				wantTE = "[chunked]"
+			}
+			if want := fmt.Sprintf("%d %s <nil> %s", size, wantSum, wantTE); string(got) != want {
+				t.Fatalf("backend got %q, want %q", got, want)
+			}
+			// The client, the proxy and the backend share this heap; a
+			// buffered body alone would be 64 MiB.
+			if peak > 16<<20 {
+				t.Fatalf("heap grew by %d MiB during a 64 MiB upload", peak>>20)
+			}
+			t.Logf("peak heap growth %.1f MiB", float64(peak)/(1<<20))
+		})
+	}
+}
+
+func TestDownloadWithContentLengthStreams(t *testing.T) {
+	const size = 64 << 20
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		io.Copy(w, &patternReader{left: size})
+	}))
+	host := h.route("down", port)
+	stop := heapWatch()
+	resp := h.do(h.req("GET", host, "/", nil))
+	if resp.ContentLength != size {
+		t.Fatalf("Content-Length %d, want %d", resp.ContentLength, size)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	peak := stop()
+	if err != nil || n != size {
+		t.Fatalf("read %d bytes, err %v", n, err)
+	}
+	if peak > 16<<20 {
+		t.Fatalf("heap grew by %d MiB during a 64 MiB download", peak>>20)
+	}
+}
+
+func TestRequestBodyCap(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 1 << 20 })
+	var got atomic.Int64
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		got.Store(n)
+	}))
+	host := h.route("cap", port)
+	for _, tc := range []struct {
+		name    string
+		size    int64
+		chunked bool
+		status  int
+	}{
+		{"length at cap", 1 << 20, false, 200},
+		{"length over cap", 1<<20 + 1, false, 413},
+		{"chunked at cap", 1 << 20, true, 200},
+		{"chunked over cap", 2 << 20, true, 413},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader = &patternReader{left: tc.size}
+			if tc.chunked {
+				body = io.MultiReader(body)
+			}
+			req := h.req("POST", host, "/", body)
+			if !tc.chunked {
+				req.ContentLength = tc.size
+			}
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d (%s), want %d", resp.StatusCode, b, tc.status)
+			}
+			if tc.status == 413 && !strings.Contains(string(b), `"code":"request_body_too_large"`) {
+				t.Fatalf("body %s", b)
+			}
+		})
+	}
+}

@@ -1,0 +1,148 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// tunnel is a spliced upgrade (WebSocket) connection pair. It is a byte
+// tunnel: frames, subprotocols and compression stay end to end.
+type tunnel struct {
+	client, backend net.Conn
+	once            sync.Once
+}
+
+func (t *tunnel) close() {
+	t.once.Do(func() {
+		_ = t.client.Close()
+		_ = t.backend.Close()
+	})
+}
+
+// tunnel serves an Upgrade request. The upgrade never goes through the
+// pooled HostClient (it would put the switched connection back in the
+// pool): it dials its own connection, replays the request, and after a 101
+// hijacks the client connection and copies bytes both ways until either
+// side closes.
+func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
+	id := t.ID()
+	fail := func(e proxyError) {
+		sb.active.Add(-1)
+		writeError(ctx, e, id)
+	}
+	if perr := p.prepareRequest(ctx, r, t, true); perr != nil {
+		fail(*perr)
+		return
+	}
+	c, err := p.dial(addr.String())
+	if err != nil {
+		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
+		return
+	}
+	uc := c.(*upstreamConn)
+
+	bw := bufio.NewWriter(uc)
+	// An upgrade request has no body (RFC 6455); write the head only.
+	ctx.Request.UseHostHeader = true
+	if err := ctx.Request.Header.Write(bw); err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		_ = uc.Close()
+		fail(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
+		return
+	}
+
+	br := bufio.NewReaderSize(uc, 4096)
+	var up fasthttp.Response
+	up.Header.DisableNormalizing()
+	if err := up.Header.Read(br); err != nil {
+		_ = uc.Close()
+		if errors.Is(err, errTimeout) || isTimeout(err) {
+			fail(proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"})
+		} else {
+			fail(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
+		}
+		return
+	}
+
+	if up.StatusCode() != fasthttp.StatusSwitchingProtocols {
+		// The backend declined the upgrade: relay its answer as is.
+		p.relayRefusal(ctx, &up, br, uc)
+		sb.active.Add(-1)
+		return
+	}
+
+	resp := &ctx.Response
+	up.Header.CopyTo(&resp.Header)
+	resp.Header.SetNoDefaultContentType(true)
+	// From here on both directions run at once, so the tunnel uses the raw
+	// connection with its own idle deadlines, not upstreamConn's
+	// request/response bookkeeping.
+	raw := uc.Conn
+	pending, _ := br.Peek(br.Buffered()) // bytes the backend sent right after the 101
+	ctx.Hijack(func(client net.Conn) {
+		tn := &tunnel{client: client, backend: raw}
+		p.streams.addTunnel(tn)
+		defer func() {
+			tn.close()
+			p.streams.removeTunnel(tn)
+			sb.active.Add(-1)
+			sb.lastActive.Store(time.Now().UnixMilli())
+		}()
+		done := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(raw, idleReader{client, p.cfg.IdleStreamTimeout})
+			tn.close()
+			close(done)
+		}()
+		if _, err := client.Write(pending); err == nil {
+			_, _ = io.Copy(client, idleReader{raw, p.cfg.IdleStreamTimeout})
+		}
+		tn.close()
+		<-done
+	})
+}
+
+// relayRefusal answers an upgrade the backend refused (e.g. 401 or 404)
+// with the backend's own response; such answers are small.
+func (p *Proxy) relayRefusal(ctx *fasthttp.RequestCtx, up *fasthttp.Response, br *bufio.Reader, c net.Conn) {
+	defer c.Close()
+	up.Header.CopyTo(&ctx.Response.Header)
+	removeHopResponse(&ctx.Response.Header)
+	if err := up.ReadBody(br, 1<<20); err != nil {
+		ctx.Response.ResetBody()
+		return
+	}
+	ctx.Response.SetBodyRaw(append([]byte(nil), up.Body()...))
+}
+
+// idleReader applies the idle timeout to the client side of a tunnel,
+// whose deadlines fasthttp cleared when it hijacked the connection.
+type idleReader struct {
+	c    net.Conn
+	idle time.Duration
+}
+
+func (r idleReader) Read(b []byte) (int, error) {
+	if r.idle > 0 {
+		_ = r.c.SetReadDeadline(time.Now().Add(r.idle))
+	}
+	return r.c.Read(b)
+}
+
+var errTimeout = fasthttp.ErrTimeout
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,136 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// wsBackend echoes messages; a message "close" makes it close the
+// connection with status 4000. Its exit is reported on ended.
+func wsBackend(t *testing.T, ended chan<- error) uint16 {
+	return backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"echo.v1"}})
+		if err != nil {
+			ended <- err
+			return
+		}
+		c.SetReadLimit(1 << 20)
+		ctx := r.Context()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				ended <- err
+				return
+			}
+			if string(msg) == "close" {
+				ended <- c.Close(4000, "backend says bye")
+				return
+			}
+			if err := c.Write(ctx, typ, msg); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}))
+}
+
+func dialWS(t *testing.T, h *harness, host string) *websocket.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{
+		Host: host, Subprotocols: []string{"echo.v1"},
+	})
+	if err != nil {
+		t.Fatalf("dial through proxy: %v", err)
+	}
+	if resp.Header.Get("X-Cube-Request-Id") == "" {
+		t.Error("101 lacks X-Cube-Request-Id")
+	}
+	if c.Subprotocol() != "echo.v1" {
+		t.Errorf("subprotocol %q: negotiation must stay end to end", c.Subprotocol())
+	}
+	c.SetReadLimit(1 << 20)
+	return c
+}
+
+func TestWebSocketEcho(t *testing.T) {
+	h := newHarness(t)
+	ended := make(chan error, 1)
+	host := h.route("ws", wsBackend(t, ended))
+	c := dialWS(t, h, host)
+	defer c.CloseNow()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, msg := range []string{"hello", "", string(make([]byte, 200<<10))} {
+		if err := c.Write(ctx, websocket.MessageBinary, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		_, got, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != msg {
+			t.Fatalf("echo of %d bytes came back as %d bytes", len(msg), len(got))
+		}
+	}
+}
+
+func TestWebSocketClosePropagates(t *testing.T) {
+	t.Run("client closes", func(t *testing.T) {
+		h := newHarness(t)
+		ended := make(chan error, 1)
+		host := h.route("wsc", wsBackend(t, ended))
+		c := dialWS(t, h, host)
+		if err := c.Close(websocket.StatusNormalClosure, "client done"); err != nil {
+			t.Fatalf("close handshake through the proxy: %v", err)
+		}
+		select {
+		case err := <-ended:
+			if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+				t.Fatalf("backend saw %v, want normal closure", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("backend never saw the close")
+		}
+		waitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+	})
+	t.Run("backend closes", func(t *testing.T) {
+		h := newHarness(t)
+		ended := make(chan error, 1)
+		host := h.route("wsb", wsBackend(t, ended))
+		c := dialWS(t, h, host)
+		defer c.CloseNow()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Write(ctx, websocket.MessageText, []byte("close")); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := c.Read(ctx)
+		if websocket.CloseStatus(err) != 4000 {
+			t.Fatalf("client saw %v, want close 4000 from the backend", err)
+		}
+		waitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+	})
+	t.Run("backend refuses upgrade", func(t *testing.T) {
+		h := newHarness(t)
+		port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "no websockets here", http.StatusForbidden)
+		}))
+		host := h.route("wsr", port)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, resp, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host})
+		if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("want the backend's 403, got resp=%v err=%v", resp, err)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatal("refusal hung")
+		}
+	})
+}

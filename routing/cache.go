@@ -1,0 +1,291 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/singleflight"
+)
+
+// CacheResult says how the cache answered, for metrics and logs.
+type CacheResult uint8
+
+// Cache results.
+const (
+	CacheHit CacheResult = iota
+	CacheMiss
+	CacheNegativeHit
+	CacheStale
+)
+
+// String names the result for metric attributes and logs.
+func (r CacheResult) String() string {
+	switch r {
+	case CacheHit:
+		return "hit"
+	case CacheMiss:
+		return "miss"
+	case CacheNegativeHit:
+		return "negative_hit"
+	case CacheStale:
+		return "stale"
+	}
+	return "unknown"
+}
+
+// ErrLookupTimeout is returned when the store did not answer within
+// CacheConfig.LookupTimeout (the store may still be working on it).
+var ErrLookupTimeout = errors.New("route store lookup timed out")
+
+// CacheConfig bounds the route cache. Zero values take the defaults.
+type CacheConfig struct {
+	Size         int           // positive entries (default 100000)
+	NegativeSize int           // negative entries, separate LRU (default 10000)
+	TTLMin       time.Duration // default 500s
+	TTLMax       time.Duration // default 700s
+	NegativeTTL  time.Duration // default 2s
+	// LookupTimeout bounds one store call made for a miss (default 1s).
+	LookupTimeout time.Duration
+	// Now is the clock, for tests; nil means time.Now.
+	Now func() time.Time
+}
+
+// Cache defaults.
+const (
+	DefaultCacheSize     = 100000
+	DefaultNegativeSize  = 10000
+	DefaultTTLMin        = 500 * time.Second
+	DefaultTTLMax        = 700 * time.Second
+	DefaultNegativeTTL   = 2 * time.Second
+	DefaultLookupTimeout = time.Second
+)
+
+// epochShards is how many invalidation counters guard against an in-flight
+// lookup re-inserting an entry that was just invalidated.
+const epochShards = 64
+
+// Cache is the LRU in front of a Store.
+//
+// Positive entries live a random TTL in [TTLMin, TTLMax]; when one has
+// expired and the refresh fails with a transient store error, the old route
+// is served (CacheStale) and the store is not asked again for NegativeTTL.
+// ErrNotFound and *FieldError answers are cached for NegativeTTL in a
+// separate, smaller LRU so a flood of unknown ids cannot evict real routes.
+// Other store errors are never cached.
+type Cache struct {
+	store Store
+	cfg   CacheConfig
+	now   func() time.Time
+	pos   *lru.Cache[string, entry]
+	neg   *lru.Cache[string, negEntry]
+	group singleflight.Group
+
+	// mu orders cache writes after a store call against Invalidate; it is
+	// never held across I/O and never taken on a hit.
+	mu     sync.Mutex
+	seed   maphash.Seed
+	epochs [epochShards]uint64
+}
+
+// entry is a cached route and when it stops being fresh (unix nanos).
+// stale marks a route kept past its TTL because the store is failing.
+type entry struct {
+	route   *Route
+	expires int64
+	stale   bool
+}
+
+// negEntry is a cached "no route" answer (ErrNotFound or *FieldError).
+type negEntry struct {
+	err     error
+	expires int64
+}
+
+// NewCache returns a cache in front of store.
+func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
+	if store == nil {
+		return nil, errors.New("route cache: nil store")
+	}
+	if cfg.Size == 0 {
+		cfg.Size = DefaultCacheSize
+	}
+	if cfg.NegativeSize == 0 {
+		cfg.NegativeSize = DefaultNegativeSize
+	}
+	if cfg.TTLMin == 0 {
+		cfg.TTLMin = DefaultTTLMin
+	}
+	if cfg.TTLMax == 0 {
+		cfg.TTLMax = max(DefaultTTLMax, cfg.TTLMin)
+	}
+	if cfg.NegativeTTL == 0 {
+		cfg.NegativeTTL = DefaultNegativeTTL
+	}
+	if cfg.LookupTimeout == 0 {
+		cfg.LookupTimeout = DefaultLookupTimeout
+	}
+	switch {
+	case cfg.Size < 0 || cfg.NegativeSize < 0:
+		return nil, fmt.Errorf("route cache: sizes must be positive (size %d, negative size %d)", cfg.Size, cfg.NegativeSize)
+	case cfg.TTLMin < 0 || cfg.TTLMax < cfg.TTLMin:
+		return nil, fmt.Errorf("route cache: need 0 < ttl min (%s) <= ttl max (%s)", cfg.TTLMin, cfg.TTLMax)
+	case cfg.NegativeTTL < 0 || cfg.LookupTimeout < 0:
+		return nil, fmt.Errorf("route cache: negative ttl (%s) and lookup timeout (%s) must be positive", cfg.NegativeTTL, cfg.LookupTimeout)
+	}
+	pos, err := lru.New[string, entry](cfg.Size)
+	if err != nil {
+		return nil, fmt.Errorf("route cache: %w", err)
+	}
+	neg, err := lru.New[string, negEntry](cfg.NegativeSize)
+	if err != nil {
+		return nil, fmt.Errorf("route cache: %w", err)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Cache{store: store, cfg: cfg, now: now, pos: pos, neg: neg, seed: maphash.MakeSeed()}, nil
+}
+
+// Get returns the route for id. id may alias a caller buffer: it is copied
+// before it is stored. A hit allocates nothing.
+//
+// Errors: ErrNotFound or a *FieldError (both possibly from the negative
+// cache), ErrLookupTimeout, the caller's ctx error, or the store's error.
+func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error) {
+	// The alias is used only for lookups; stored keys are real strings.
+	key := bytesString(id)
+	now := c.now().UnixNano()
+	var stale *Route
+	if e, ok := c.pos.Peek(key); ok {
+		if now < e.expires {
+			if e.stale {
+				return e.route, CacheStale, nil
+			}
+			return e.route, CacheHit, nil
+		}
+		stale = e.route
+	}
+	if n, ok := c.neg.Peek(key); ok && now < n.expires {
+		return nil, CacheNegativeHit, n.err
+	}
+	return c.miss(ctx, string(id), stale)
+}
+
+func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, CacheResult, error) {
+	ch := c.group.DoChan(id, func() (any, error) { return c.load(id) })
+	timer := time.NewTimer(c.cfg.LookupTimeout)
+	defer timer.Stop()
+	select {
+	case res := <-ch:
+		if res.Err == nil {
+			return res.Val.(*Route), CacheMiss, nil
+		}
+		if stale != nil && transient(res.Err) {
+			return stale, CacheStale, nil
+		}
+		return nil, CacheMiss, res.Err
+	case <-timer.C:
+		// The store ignored its deadline. Let the next caller start a fresh
+		// lookup instead of joining this stuck one.
+		c.group.Forget(id)
+		if stale != nil {
+			return stale, CacheStale, nil
+		}
+		return nil, CacheMiss, fmt.Errorf("lookup %s: %w", id, ErrLookupTimeout)
+	case <-ctx.Done():
+		return nil, CacheMiss, ctx.Err()
+	}
+}
+
+// load is the singleflight body: one bounded store call whose outcome is
+// cached unless id was invalidated meanwhile.
+func (c *Cache) load(id string) (v any, err error) {
+	defer func() {
+		// A panic under DoChan would be re-raised in a fresh goroutine and
+		// crash the process.
+		if p := recover(); p != nil {
+			v, err = nil, fmt.Errorf("lookup %s: store panicked: %v", id, p)
+		}
+	}()
+	shard := maphash.String(c.seed, id) % epochShards
+	c.mu.Lock()
+	epoch := c.epochs[shard]
+	c.mu.Unlock()
+
+	// A background context: one caller giving up must not fail the others.
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LookupTimeout)
+	defer cancel()
+	route, err := c.store.Lookup(ctx, id)
+	if err == nil && route == nil {
+		err = fmt.Errorf("lookup %s: store returned no route and no error", id)
+	}
+
+	now := c.now().UnixNano()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.epochs[shard] != epoch {
+		// Invalidated while we asked the store: answer this flight, but do not
+		// cache what may be the old route.
+		return route, err
+	}
+	switch {
+	case err == nil:
+		c.neg.Remove(id)
+		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl())})
+		return route, nil
+	case transient(err):
+		if e, ok := c.pos.Peek(id); ok {
+			// Serve the old route for a while without asking the failing store.
+			c.pos.Add(id, entry{route: e.route, expires: now + int64(c.cfg.NegativeTTL), stale: true})
+		}
+		return nil, err
+	default:
+		c.pos.Remove(id)
+		c.neg.Add(id, negEntry{err: err, expires: now + int64(c.cfg.NegativeTTL)})
+		return nil, err
+	}
+}
+
+// transient reports whether err says nothing about the route itself, so it
+// must not be cached and may be answered with a stale route.
+func transient(err error) bool {
+	var fe *FieldError
+	return !errors.Is(err, ErrNotFound) && !errors.As(err, &fe)
+}
+
+// ttl picks a positive TTL in [TTLMin, TTLMax] so entries do not expire together.
+func (c *Cache) ttl() time.Duration {
+	return c.cfg.TTLMin + rand.N(c.cfg.TTLMax-c.cfg.TTLMin+1)
+}
+
+// Invalidate drops the positive and negative entries for id and returns how
+// many entries were removed. A lookup in flight for id is not cached, and
+// the next Get asks the store again.
+func (c *Cache) Invalidate(id string) int {
+	shard := maphash.String(c.seed, id) % epochShards
+	c.mu.Lock()
+	c.epochs[shard]++
+	n := 0
+	if c.pos.Remove(id) {
+		n++
+	}
+	if c.neg.Remove(id) {
+		n++
+	}
+	c.mu.Unlock()
+	c.group.Forget(id)
+	return n
+}
+
+// Len returns the number of positive entries, expired ones included.
+func (c *Cache) Len() int { return c.pos.Len() }
+
+// NegativeLen returns the number of negative entries, expired ones included.
+func (c *Cache) NegativeLen() int { return c.neg.Len() }

@@ -1,0 +1,528 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// countingStore counts Lookup calls; what it answers is set per test. It
+// exists only where the number of store calls is what is being tested.
+type countingStore struct {
+	calls atomic.Int64
+	mu    sync.Mutex
+	fn    func(ctx context.Context, id string) (*Route, error)
+}
+
+func (s *countingStore) Lookup(ctx context.Context, id string) (*Route, error) {
+	s.calls.Add(1)
+	s.mu.Lock()
+	fn := s.fn
+	s.mu.Unlock()
+	return fn(ctx, id)
+}
+
+func (s *countingStore) set(fn func(ctx context.Context, id string) (*Route, error)) {
+	s.mu.Lock()
+	s.fn = fn
+	s.mu.Unlock()
+}
+
+func newCountingStore(fn func(ctx context.Context, id string) (*Route, error)) *countingStore {
+	s := &countingStore{}
+	s.set(fn)
+	return s
+}
+
+func routeFor(id string) *Route {
+	return &Route{ID: id, HostIP: netip.MustParseAddr("10.0.0.1"), Public: true, Ports: map[uint16]uint16{80: 8080}}
+}
+
+func answerRoute(_ context.Context, id string) (*Route, error) { return routeFor(id), nil }
+func answerNotFound(context.Context, string) (*Route, error)   { return nil, ErrNotFound }
+
+var errStoreDown = errors.New("redis: connection refused")
+
+func answerDown(context.Context, string) (*Route, error) { return nil, errStoreDown }
+
+// fakeClock is an injectable CacheConfig.Now.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+var testCacheConfig = CacheConfig{
+	Size: 1000, NegativeSize: 100,
+	TTLMin: 500 * time.Second, TTLMax: 700 * time.Second,
+	NegativeTTL: 2 * time.Second, LookupTimeout: time.Second,
+}
+
+func newTestCache(t testing.TB, store Store, clock *fakeClock) *Cache {
+	t.Helper()
+	cfg := testCacheConfig
+	if clock != nil {
+		cfg.Now = clock.Now
+	}
+	c, err := NewCache(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func get(t testing.TB, c *Cache, id string) (*Route, CacheResult, error) {
+	t.Helper()
+	return c.Get(context.Background(), []byte(id))
+}
+
+func expect(t testing.TB, c *Cache, s *countingStore, id string, wantRes CacheResult, wantErr error, wantCalls int64) *Route {
+	t.Helper()
+	r, res, err := get(t, c, id)
+	if res != wantRes || !errors.Is(err, wantErr) {
+		t.Fatalf("Get(%s) = %v, %v, %v; want %v, %v", id, r, res, err, wantRes, wantErr)
+	}
+	if wantErr == nil && (r == nil || r.ID != id) {
+		t.Fatalf("Get(%s) returned route %+v", id, r)
+	}
+	if n := s.calls.Load(); n != wantCalls {
+		t.Fatalf("after Get(%s): %d store calls, want %d", id, n, wantCalls)
+	}
+	return r
+}
+
+func TestNewCacheConfig(t *testing.T) {
+	s := newCountingStore(answerRoute)
+	c, err := NewCache(s, CacheConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := CacheConfig{Size: DefaultCacheSize, NegativeSize: DefaultNegativeSize, TTLMin: DefaultTTLMin,
+		TTLMax: DefaultTTLMax, NegativeTTL: DefaultNegativeTTL, LookupTimeout: DefaultLookupTimeout}
+	got := c.cfg
+	got.Now = nil
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("defaults = %+v", c.cfg)
+	}
+	if c, err := NewCache(s, CacheConfig{TTLMin: time.Hour}); err != nil || c.cfg.TTLMax != time.Hour {
+		t.Fatalf("TTLMin above the default max: %v, %v", c, err)
+	}
+	for _, bad := range []CacheConfig{
+		{Size: -1},
+		{TTLMin: 10 * time.Second, TTLMax: 5 * time.Second},
+		{NegativeTTL: -time.Second},
+		{LookupTimeout: -time.Second},
+	} {
+		if _, err := NewCache(s, bad); err == nil {
+			t.Errorf("NewCache(%+v) succeeded", bad)
+		}
+	}
+	if _, err := NewCache(nil, CacheConfig{}); err == nil {
+		t.Error("NewCache(nil store) succeeded")
+	}
+}
+
+func TestCacheHitAndMiss(t *testing.T) {
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, newFakeClock())
+	first := expect(t, c, s, "a", CacheMiss, nil, 1)
+	if second := expect(t, c, s, "a", CacheHit, nil, 1); second != first {
+		t.Fatal("hit returned a different route")
+	}
+	// The key must be a copy: reusing the caller's buffer must not corrupt it.
+	buf := []byte("b")
+	c.Get(context.Background(), buf)
+	buf[0] = 'z'
+	expect(t, c, s, "b", CacheHit, nil, 2)
+	if c.Len() != 2 || c.NegativeLen() != 0 {
+		t.Fatalf("Len %d NegativeLen %d", c.Len(), c.NegativeLen())
+	}
+}
+
+// 100 concurrent Gets for one unknown id make one store call (singleflight).
+func TestCacheSingleflight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := newCountingStore(func(context.Context, string) (*Route, error) {
+			<-release
+			return nil, ErrNotFound
+		})
+		c := newTestCache(t, s, nil)
+		const n = 100
+		results := make(chan error, n)
+		for range n {
+			go func() {
+				_, _, err := c.Get(context.Background(), []byte("unknown"))
+				results <- err
+			}()
+		}
+		synctest.Wait() // every Get is waiting on the one flight
+		close(release)
+		for range n {
+			if err := <-results; !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Get = %v, want ErrNotFound", err)
+			}
+		}
+		if got := s.calls.Load(); got != 1 {
+			t.Fatalf("%d store calls, want 1", got)
+		}
+		expect(t, c, s, "unknown", CacheNegativeHit, ErrNotFound, 1)
+	})
+}
+
+func TestCacheNegativeEntries(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerNotFound)
+	c := newTestCache(t, s, clock)
+	expect(t, c, s, "gone", CacheMiss, ErrNotFound, 1)
+	expect(t, c, s, "gone", CacheNegativeHit, ErrNotFound, 1)
+	clock.Advance(testCacheConfig.NegativeTTL - 1)
+	expect(t, c, s, "gone", CacheNegativeHit, ErrNotFound, 1)
+	clock.Advance(1)
+	expect(t, c, s, "gone", CacheMiss, ErrNotFound, 2)
+
+	// An invalid route is cached negatively too, and keeps its FieldError.
+	fe := &FieldError{Field: FieldAllowPublicTraffic, Reason: "bad"}
+	s.set(func(context.Context, string) (*Route, error) { return nil, fe })
+	for i, want := range []CacheResult{CacheMiss, CacheNegativeHit} {
+		_, res, err := get(t, c, "broken")
+		var got *FieldError
+		if res != want || !errors.As(err, &got) || got != fe {
+			t.Fatalf("Get #%d = %v, %v; want %v with the FieldError", i, res, err, want)
+		}
+	}
+	if s.calls.Load() != 3 {
+		t.Fatalf("%d store calls, want 3", s.calls.Load())
+	}
+	// A sandbox that appears after its negative entry expired is found.
+	s.set(answerRoute)
+	clock.Advance(testCacheConfig.NegativeTTL)
+	expect(t, c, s, "gone", CacheMiss, nil, 4)
+	expect(t, c, s, "gone", CacheHit, nil, 4)
+}
+
+func TestCacheTTLJitter(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, clock)
+	const n = 200
+	start := clock.Now().UnixNano()
+	distinct := map[int64]bool{}
+	for i := range n {
+		id := fmt.Sprint("box-", i)
+		get(t, c, id)
+		e, ok := c.pos.Peek(id)
+		if !ok {
+			t.Fatalf("%s not cached", id)
+		}
+		ttl := time.Duration(e.expires - start)
+		if ttl < testCacheConfig.TTLMin || ttl > testCacheConfig.TTLMax {
+			t.Fatalf("TTL %s outside [%s, %s]", ttl, testCacheConfig.TTLMin, testCacheConfig.TTLMax)
+		}
+		distinct[e.expires] = true
+	}
+	if len(distinct) < n/2 {
+		t.Fatalf("only %d distinct expiries for %d entries: no jitter", len(distinct), n)
+	}
+	// Just before TTLMin every entry is still fresh; at TTLMax every one is due.
+	clock.Advance(testCacheConfig.TTLMin - 1)
+	for i := range n {
+		expect(t, c, s, fmt.Sprint("box-", i), CacheHit, nil, n)
+	}
+	clock.Advance(testCacheConfig.TTLMax - testCacheConfig.TTLMin + 1)
+	for i := range n {
+		expect(t, c, s, fmt.Sprint("box-", i), CacheMiss, nil, int64(n+i+1))
+	}
+}
+
+func TestCacheInvalidate(t *testing.T) {
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, newFakeClock())
+	expect(t, c, s, "a", CacheMiss, nil, 1)
+	expect(t, c, s, "a", CacheHit, nil, 1)
+	if n := c.Invalidate("a"); n != 1 {
+		t.Fatalf("Invalidate(a) = %d, want 1", n)
+	}
+	expect(t, c, s, "a", CacheMiss, nil, 2)
+
+	s.set(answerNotFound)
+	expect(t, c, s, "b", CacheMiss, ErrNotFound, 3)
+	if n := c.Invalidate("b"); n != 1 {
+		t.Fatalf("Invalidate(b) = %d, want 1", n)
+	}
+	expect(t, c, s, "b", CacheMiss, ErrNotFound, 4)
+	if n := c.Invalidate("never-seen"); n != 0 {
+		t.Fatalf("Invalidate(never-seen) = %d, want 0", n)
+	}
+}
+
+// A lookup that was in flight when the id was invalidated answers its
+// callers but does not cache the (possibly old) route.
+func TestCacheInvalidateDuringLookup(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	old := routeFor("a")
+	s := newCountingStore(func(context.Context, string) (*Route, error) {
+		close(entered)
+		<-release
+		return old, nil
+	})
+	c := newTestCache(t, s, newFakeClock())
+	done := make(chan *Route)
+	go func() {
+		r, _, _ := get(t, c, "a")
+		done <- r
+	}()
+	<-entered
+	c.Invalidate("a")
+	close(release)
+	if r := <-done; r != old {
+		t.Fatalf("in-flight caller got %v", r)
+	}
+	s.set(answerRoute)
+	if r := expect(t, c, s, "a", CacheMiss, nil, 2); r == old {
+		t.Fatal("the route read before the invalidation was cached")
+	}
+}
+
+func TestCacheStaleIfError(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, clock)
+	first := expect(t, c, s, "a", CacheMiss, nil, 1)
+	clock.Advance(testCacheConfig.TTLMax)
+	s.set(answerDown)
+	if r := expect(t, c, s, "a", CacheStale, nil, 2); r != first {
+		t.Fatal("stale answer is not the cached route")
+	}
+	// While the store is failing, the stale route is served without asking it.
+	clock.Advance(testCacheConfig.NegativeTTL - 1)
+	expect(t, c, s, "a", CacheStale, nil, 2)
+	// Then the store is tried again; once it recovers the new route is used.
+	clock.Advance(1)
+	expect(t, c, s, "a", CacheStale, nil, 3)
+	clock.Advance(testCacheConfig.NegativeTTL)
+	s.set(answerRoute)
+	if r := expect(t, c, s, "a", CacheMiss, nil, 4); r == first {
+		t.Fatal("refreshed route is the old one")
+	}
+	// A definite "not found" is never answered with the stale route.
+	clock.Advance(testCacheConfig.TTLMax)
+	s.set(answerNotFound)
+	expect(t, c, s, "a", CacheMiss, ErrNotFound, 5)
+	if c.Len() != 0 {
+		t.Fatal("route kept after the store said it is gone")
+	}
+}
+
+func TestCacheStoreErrorNotCached(t *testing.T) {
+	s := newCountingStore(answerDown)
+	c := newTestCache(t, s, newFakeClock())
+	expect(t, c, s, "a", CacheMiss, errStoreDown, 1)
+	expect(t, c, s, "a", CacheMiss, errStoreDown, 2)
+	if c.Len() != 0 || c.NegativeLen() != 0 {
+		t.Fatalf("transient error cached: Len %d NegativeLen %d", c.Len(), c.NegativeLen())
+	}
+	s.set(answerRoute)
+	expect(t, c, s, "a", CacheMiss, nil, 3)
+}
+
+func TestCacheStorePanic(t *testing.T) {
+	s := newCountingStore(func(context.Context, string) (*Route, error) { panic("boom") })
+	c := newTestCache(t, s, newFakeClock())
+	_, _, err := get(t, c, "a")
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("Get = %v, want the panic as an error", err)
+	}
+	s.set(answerRoute)
+	expect(t, c, s, "a", CacheMiss, nil, 2)
+}
+
+// A store that hangs and ignores its context still cannot hold a caller
+// past LookupTimeout.
+func TestCacheLookupTimeout(t *testing.T) {
+	hang := make(chan struct{})
+	defer close(hang)
+	s := newCountingStore(func(context.Context, string) (*Route, error) {
+		<-hang
+		return nil, errStoreDown
+	})
+	cfg := testCacheConfig
+	cfg.LookupTimeout = 100 * time.Millisecond
+	c, err := NewCache(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(1); i <= 2; i++ {
+		start := time.Now()
+		errc := make(chan error, 1)
+		go func() {
+			_, _, err := get(t, c, "a")
+			errc <- err
+		}()
+		var err error
+		select {
+		case err = <-errc:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Get still blocked 5s after a 100ms LookupTimeout")
+		}
+		elapsed := time.Since(start)
+		if !errors.Is(err, ErrLookupTimeout) {
+			t.Fatalf("Get = %v, want ErrLookupTimeout", err)
+		}
+		if elapsed < cfg.LookupTimeout || elapsed > 10*cfg.LookupTimeout {
+			t.Fatalf("Get took %s with LookupTimeout %s", elapsed, cfg.LookupTimeout)
+		}
+		// The stuck lookup was forgotten: the next caller asks the store again.
+		if n := s.calls.Load(); n != i {
+			t.Fatalf("%d store calls, want %d", n, i)
+		}
+	}
+}
+
+// The store call gets its own deadline, independent of the caller's context.
+func TestCacheLookupDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newCountingStore(func(ctx context.Context, _ string) (*Route, error) {
+			deadline, ok := ctx.Deadline()
+			if !ok || time.Until(deadline) != testCacheConfig.LookupTimeout {
+				return nil, fmt.Errorf("store ctx deadline %v %v", deadline, ok)
+			}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		c := newTestCache(t, s, nil)
+		start := time.Now()
+		_, _, err := get(t, c, "a")
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrLookupTimeout) {
+			t.Fatalf("Get = %v", err)
+		}
+		if d := time.Since(start); d != testCacheConfig.LookupTimeout {
+			t.Fatalf("Get returned after %s", d)
+		}
+	})
+}
+
+// One caller giving up does not fail the others waiting on the same lookup.
+func TestCacheCallerCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := newCountingStore(func(_ context.Context, id string) (*Route, error) {
+			<-release
+			return routeFor(id), nil
+		})
+		c := newTestCache(t, s, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		errA := make(chan error, 1)
+		routeB := make(chan *Route, 1)
+		go func() {
+			_, _, err := c.Get(ctx, []byte("a"))
+			errA <- err
+		}()
+		go func() {
+			r, _, err := c.Get(context.Background(), []byte("a"))
+			if err != nil {
+				t.Error(err)
+			}
+			routeB <- r
+		}()
+		synctest.Wait()
+		cancel()
+		if err := <-errA; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled caller got %v", err)
+		}
+		close(release)
+		if r := <-routeB; r == nil || r.ID != "a" {
+			t.Fatalf("other caller got %v", r)
+		}
+		if s.calls.Load() != 1 {
+			t.Fatalf("%d store calls, want 1", s.calls.Load())
+		}
+	})
+}
+
+// The cache in front of the real memory store: admin changes become
+// visible after Invalidate.
+func TestCacheWithMemoryStore(t *testing.T) {
+	m := NewMemoryStore()
+	c, err := NewCache(m, testCacheConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, c, "box"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get = %v, want ErrNotFound", err)
+	}
+	if err := m.Put(mustRoute(t, "box", "80", "8080")); err != nil {
+		t.Fatal(err)
+	}
+	if _, res, _ := get(t, c, "box"); res != CacheNegativeHit {
+		t.Fatalf("before invalidation: %v, want the negative entry", res)
+	}
+	c.Invalidate("box")
+	if r, res, err := get(t, c, "box"); err != nil || res != CacheMiss || r.Ports[80] != 8080 {
+		t.Fatalf("after invalidation: %v %v %v", r, res, err)
+	}
+}
+
+func TestCacheHitNoAllocs(t *testing.T) {
+	s := newCountingStore(func(_ context.Context, id string) (*Route, error) {
+		if id == "gone" {
+			return nil, ErrNotFound
+		}
+		return routeFor(id), nil
+	})
+	c := newTestCache(t, s, nil)
+	ctx := context.Background()
+	for _, id := range []string{"box", "gone"} {
+		key := []byte(id)
+		c.Get(ctx, key)
+		allocs := testing.AllocsPerRun(100, func() { c.Get(ctx, key) })
+		if allocs != 0 {
+			t.Errorf("Get(%s) from cache: %v allocs, want 0", id, allocs)
+		}
+	}
+}
+
+func BenchmarkCacheHit(b *testing.B) {
+	s := newCountingStore(answerRoute)
+	c := newTestCache(b, s, nil)
+	ctx := context.Background()
+	keys := make([][]byte, 512)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "sandbox-%d", i)
+		c.Get(ctx, keys[i])
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, res, _ := c.Get(ctx, keys[i%len(keys)]); res != CacheHit {
+				b.Fatal(res)
+			}
+			i++
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if _, res, _ := c.Get(ctx, keys[i%len(keys)]); res != CacheHit {
+					b.Fatal(res)
+				}
+				i++
+			}
+		})
+	})
+}

@@ -1,0 +1,346 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// MemoryStore is the embedded routing table: routes in memory, optionally
+// loaded from and persisted to a routes.yaml file. It is safe for
+// concurrent use. Stored routes are shared with callers and must not be
+// modified.
+type MemoryStore struct {
+	mu     sync.RWMutex
+	routes map[string]*Route
+	path   string // persist file; "" when not persisting
+	seq    uint64 // bumped on every change, so writes can be ordered
+
+	// persistMu serialises file writes (done outside mu); written is the
+	// seq of the newest snapshot on disk, so an older snapshot never
+	// overwrites a newer one.
+	persistMu sync.Mutex
+	written   uint64
+}
+
+// NewMemoryStore returns an empty store that does not persist.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{routes: make(map[string]*Route)}
+}
+
+// LoadFile reads a routes.yaml file into a new store. The store does not
+// write back until SetPersistPath is called. A missing file is an error
+// matching fs.ErrNotExist.
+func LoadFile(path string) (*MemoryStore, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load routes: %w", err)
+	}
+	routes, err := decodeRoutes(data)
+	if err != nil {
+		return nil, fmt.Errorf("load routes %s: %w", path, err)
+	}
+	return &MemoryStore{routes: routes}, nil
+}
+
+// SetPersistPath makes every later Put and Delete rewrite path atomically
+// (temporary file + rename). An empty path turns persistence off.
+func (s *MemoryStore) SetPersistPath(path string) {
+	s.mu.Lock()
+	s.path = path
+	s.mu.Unlock()
+}
+
+// Lookup returns the route for id or ErrNotFound.
+func (s *MemoryStore) Lookup(_ context.Context, id string) (*Route, error) {
+	s.mu.RLock()
+	r, ok := s.routes[id]
+	s.mu.RUnlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return r, nil
+}
+
+// Get returns the route for id.
+func (s *MemoryStore) Get(id string) (*Route, bool) {
+	s.mu.RLock()
+	r, ok := s.routes[id]
+	s.mu.RUnlock()
+	return r, ok
+}
+
+// List returns every route, sorted by id.
+func (s *MemoryStore) List() []*Route {
+	s.mu.RLock()
+	out := make([]*Route, 0, len(s.routes))
+	for _, r := range s.routes {
+		out = append(out, r)
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *Route) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Put validates r like ParseRouteStrict and stores a copy of it, replacing
+// any route with the same id. With a persist path, the error reports a
+// failed file write; the in-memory change is kept either way.
+func (s *MemoryStore) Put(r *Route) error {
+	if r == nil {
+		return errors.New("put route: nil route")
+	}
+	nr, err := ParseRouteStrict(r.ID, r.Fields())
+	if err != nil {
+		return fmt.Errorf("put route %q: %w", r.ID, err)
+	}
+	s.mu.Lock()
+	s.routes[nr.ID] = nr
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	return s.persist(snap)
+}
+
+// Delete removes the route for id and reports whether it existed. A failed
+// file write is not reported; use Remove to see it.
+func (s *MemoryStore) Delete(id string) bool {
+	ok, _ := s.Remove(id)
+	return ok
+}
+
+// Remove is Delete that also returns the error of the file write.
+func (s *MemoryStore) Remove(id string) (bool, error) {
+	s.mu.Lock()
+	_, ok := s.routes[id]
+	if !ok {
+		s.mu.Unlock()
+		return false, nil
+	}
+	delete(s.routes, id)
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	return true, s.persist(snap)
+}
+
+// snapshot is the table as it was after change seq, to be written to path.
+type snapshot struct {
+	path   string
+	seq    uint64
+	routes []*Route
+}
+
+// snapshotLocked records a change; it copies the table only when persisting.
+// Routes are immutable, so copying the pointers is enough.
+func (s *MemoryStore) snapshotLocked() snapshot {
+	s.seq++
+	if s.path == "" {
+		return snapshot{}
+	}
+	routes := make([]*Route, 0, len(s.routes))
+	for _, r := range s.routes {
+		routes = append(routes, r)
+	}
+	return snapshot{path: s.path, seq: s.seq, routes: routes}
+}
+
+func (s *MemoryStore) persist(snap snapshot) error {
+	if snap.path == "" {
+		return nil
+	}
+	s.persistMu.Lock()
+	defer s.persistMu.Unlock()
+	if snap.seq <= s.written {
+		return nil // a newer snapshot is already on disk
+	}
+	slices.SortFunc(snap.routes, func(a, b *Route) int { return strings.Compare(a.ID, b.ID) })
+	data, err := encodeRoutes(snap.routes)
+	if err != nil {
+		return fmt.Errorf("persist routes %s: %w", snap.path, err)
+	}
+	if err := writeFileAtomic(snap.path, data); err != nil {
+		return fmt.Errorf("persist routes %s: %w", snap.path, err)
+	}
+	s.written = snap.seq
+	return nil
+}
+
+// writeFileAtomic replaces path with data so readers see the old or the new
+// file, never a partial one. A new file is 0600 (it holds traffic tokens);
+// an existing file keeps its permissions.
+func writeFileAtomic(path string, data []byte) error {
+	mode := os.FileMode(0o600)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	// Make the rename itself durable; failure here leaves a valid file.
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// decodeRoutes parses routes.yaml: a mapping "routes" of sandbox id to a
+// mapping of Redis field names to scalar values. Unquoted numbers and
+// booleans are taken as their literal text.
+func decodeRoutes(data []byte) (map[string]*Route, error) {
+	routes := make(map[string]*Route)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return routes, nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: top level must be a mapping with the key \"routes\"", root.Line)
+	}
+	seenRoutes := false
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.Value != "routes" {
+			return nil, fmt.Errorf("line %d: unknown top-level key %s (only \"routes\" is allowed)", k.Line, echo([]byte(k.Value)))
+		}
+		if seenRoutes {
+			return nil, fmt.Errorf("line %d: key \"routes\" given twice", k.Line)
+		}
+		seenRoutes = true
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			continue // "routes:" with nothing under it
+		}
+		if v.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("line %d: \"routes\" must be a mapping of sandbox id to fields", v.Line)
+		}
+		for j := 0; j+1 < len(v.Content); j += 2 {
+			idNode, fieldsNode := v.Content[j], v.Content[j+1]
+			if idNode.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("line %d: sandbox id must be a string", idNode.Line)
+			}
+			id := idNode.Value
+			if !ValidID(id) {
+				return nil, fmt.Errorf("line %d: sandbox id %s must match [a-z0-9][a-z0-9_-]{0,127}", idNode.Line, echo([]byte(id)))
+			}
+			if _, dup := routes[id]; dup {
+				return nil, fmt.Errorf("line %d: sandbox %q given twice", idNode.Line, id)
+			}
+			fields, err := decodeFields(fieldsNode)
+			if err != nil {
+				return nil, fmt.Errorf("sandbox %q: %w", id, err)
+			}
+			r, err := ParseRouteStrict(id, fields)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: sandbox %q: %w", idNode.Line, id, err)
+			}
+			routes[id] = r
+		}
+	}
+	return routes, nil
+}
+
+func decodeFields(n *yaml.Node) (map[string]string, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: fields must be a mapping of field name to value", n.Line)
+	}
+	fields := make(map[string]string, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("line %d: field name must be a string", k.Line)
+		}
+		if _, dup := fields[k.Value]; dup {
+			return nil, fmt.Errorf("line %d: field %s given twice", k.Line, echo([]byte(k.Value)))
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+			return nil, fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo([]byte(k.Value)))
+		}
+		fields[k.Value] = v.Value
+	}
+	return fields, nil
+}
+
+// fieldOrder is the order fields are written in; ports follow, ascending.
+var fieldOrder = [...]string{FieldHostIP, FieldSandboxIP, FieldCreatedAt, FieldAllowPublicTraffic, FieldTrafficAccessToken, FieldMaskRequestHost}
+
+const routesHeader = "Routing table of the embedded store. CubeProxy rewrites this file on\n" +
+	"admin API changes; values are the Redis hash fields, as strings."
+
+// encodeRoutes renders routes (sorted by id) in the routes.yaml format,
+// every value double-quoted.
+func encodeRoutes(routes []*Route) ([]byte, error) {
+	str := func(s string, style yaml.Style) *yaml.Node {
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: style}
+	}
+	keyStyle := func(s string) yaml.Style {
+		if allDigits([]byte(s)) {
+			return yaml.DoubleQuotedStyle
+		}
+		return 0
+	}
+	table := &yaml.Node{Kind: yaml.MappingNode}
+	for _, r := range routes {
+		fields := r.Fields()
+		m := &yaml.Node{Kind: yaml.MappingNode}
+		for _, name := range fieldOrder {
+			if v, ok := fields[name]; ok {
+				m.Content = append(m.Content, str(name, 0), str(v, yaml.DoubleQuotedStyle))
+			}
+		}
+		ports := make([]int, 0, len(r.Ports))
+		for c := range r.Ports {
+			ports = append(ports, int(c))
+		}
+		slices.Sort(ports)
+		for _, c := range ports {
+			k := strconv.Itoa(c)
+			m.Content = append(m.Content, str(k, yaml.DoubleQuotedStyle), str(fields[k], yaml.DoubleQuotedStyle))
+		}
+		table.Content = append(table.Content, str(r.ID, keyStyle(r.ID)), m)
+	}
+	if len(routes) == 0 {
+		table.Style = yaml.FlowStyle // "routes: {}"
+	}
+	root := &yaml.Node{Kind: yaml.MappingNode, HeadComment: routesHeader,
+		Content: []*yaml.Node{str("routes", 0), table}}
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(root); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

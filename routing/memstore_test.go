@@ -1,0 +1,281 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const exampleRoutes = `# routes of the test
+routes:
+  demo:
+    HostIP: "127.0.0.1"
+    SandboxIP: "127.0.0.1"
+    CreatedAt: "1764460000000000000"
+    "50005": "50005"
+  private-1:
+    HostIP: 10.0.0.2
+    AllowPublicTraffic: false
+    TrafficAccessToken: "` + testToken + `"
+    MaskRequestHost: "${PORT}-private.internal"
+    8080: 31080
+    049983: "31983"
+`
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadFile(t *testing.T) {
+	s, err := LoadFile(writeFile(t, exampleRoutes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := s.List()
+	if len(list) != 2 || list[0].ID != "demo" || list[1].ID != "private-1" {
+		t.Fatalf("List = %v", list)
+	}
+	demo, err := s.Lookup(context.Background(), "demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Route{ID: "demo", HostIP: netip.MustParseAddr("127.0.0.1"), SandboxIP: netip.MustParseAddr("127.0.0.1"),
+		CreatedAt: 1764460000000000000, Public: true, Ports: map[uint16]uint16{50005: 50005}}
+	if !reflect.DeepEqual(demo, want) {
+		t.Fatalf("demo = %+v", demo)
+	}
+	// Unquoted YAML numbers and booleans are read as their literal text.
+	p, ok := s.Get("private-1")
+	if !ok || p.Public || p.TrafficToken != testToken || p.Ports[8080] != 31080 || p.Ports[49983] != 31983 {
+		t.Fatalf("private-1 = %+v", p)
+	}
+	if _, err := s.Lookup(context.Background(), "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lookup(nope) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestLoadFileEmpty(t *testing.T) {
+	for _, content := range []string{"", "# nothing\n", "routes:\n", "routes: {}\n"} {
+		s, err := LoadFile(writeFile(t, content))
+		if err != nil || len(s.List()) != 0 {
+			t.Fatalf("LoadFile(%q) = %v, %v", content, s, err)
+		}
+	}
+	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing file: %v, want fs.ErrNotExist", err)
+	}
+}
+
+func TestLoadFileErrors(t *testing.T) {
+	cases := []struct {
+		name, content string
+		want          []string // substrings of the error
+	}{
+		{"not yaml", "routes: [", []string{"yaml"}},
+		{"top level list", "- a\n", []string{"top level"}},
+		{"unknown top key", "route:\n  a: {HostIP: 1.2.3.4}\n", []string{`"route"`}},
+		{"routes is a list", "routes:\n  - a\n", []string{"mapping"}},
+		{"bad sandbox id", "routes:\n  Bad.Id:\n    HostIP: 1.2.3.4\n", []string{`"Bad.Id"`}},
+		{"duplicate id", "routes:\n  a: {HostIP: 1.2.3.4}\n  a: {HostIP: 1.2.3.5}\n", []string{`"a"`, "twice"}},
+		{"fields not a mapping", "routes:\n  a: 1.2.3.4\n", []string{`"a"`, "mapping"}},
+		{"list value", "routes:\n  a:\n    HostIP: [1.2.3.4]\n", []string{`"a"`, "HostIP", "string"}},
+		{"null value", "routes:\n  a:\n    HostIP: 1.2.3.4\n    SandboxIP:\n", []string{`"a"`, "SandboxIP", "string"}},
+		{"invalid field", "routes:\n  a:\n    HostIP: nope\n", []string{`"a"`, "HostIP"}},
+		{"unknown field", "routes:\n  a:\n    HostIP: 1.2.3.4\n    Hostip: 1.2.3.4\n", []string{`"a"`, "Hostip", "unknown"}},
+		{"bad port value", "routes:\n  a:\n    HostIP: 1.2.3.4\n    \"8080\": 0\n", []string{`"a"`, "8080"}},
+		{"restricted without token", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: \"false\"\n", []string{`"a"`, "TrafficAccessToken"}},
+		{"fail-closed bool", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: no\n", []string{`"a"`, "AllowPublicTraffic"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, tc.content)
+			s, err := LoadFile(path)
+			if err == nil {
+				t.Fatalf("LoadFile succeeded with %d routes", len(s.List()))
+			}
+			for _, w := range append(tc.want, path) {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func mustRoute(t testing.TB, id string, kv ...string) *Route {
+	t.Helper()
+	fields := map[string]string{FieldHostIP: "10.0.0.1"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		fields[kv[i]] = kv[i+1]
+	}
+	r, err := ParseRouteStrict(id, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestMemoryStorePersist(t *testing.T) {
+	path := writeFile(t, exampleRoutes)
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a persist path nothing is written.
+	if err := s.Put(mustRoute(t, "unsaved")); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := LoadFile(path); again == nil || len(again.List()) != 2 {
+		t.Fatal("Put without persist path changed the file")
+	}
+	s.SetPersistPath(path)
+	added := mustRoute(t, "new-box", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken, "3000", "31000", "123", "456")
+	if err := s.Put(added); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Delete("demo") {
+		t.Fatal("Delete(demo) = false")
+	}
+	if s.Delete("demo") {
+		t.Fatal("second Delete(demo) = true")
+	}
+	reloaded, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(reloaded.List(), s.List()) {
+		t.Fatalf("reloaded %v, want %v", reloaded.List(), s.List())
+	}
+	if _, ok := reloaded.Get("demo"); ok {
+		t.Fatal("deleted route is still in the file")
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("file mode after rewrite = %v, %v; want 0640 kept", fi.Mode(), err)
+	}
+	data, _ := os.ReadFile(path)
+	for _, want := range []string{"routes:\n", "  new-box:\n", `    HostIP: "10.0.0.1"`, `    "3000": "31000"`, `    AllowPublicTraffic: "false"`} {
+		if !strings.Contains(string(data), want) {
+			t.Fatalf("file lacks %q:\n%s", want, data)
+		}
+	}
+	// No temporary files left behind.
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("directory holds %d files, want 1", len(entries))
+	}
+	// Deleting everything writes a file that loads as empty.
+	for _, r := range s.List() {
+		s.Delete(r.ID)
+	}
+	if empty, err := LoadFile(path); err != nil || len(empty.List()) != 0 {
+		t.Fatalf("empty table reload: %v, %v", empty, err)
+	}
+}
+
+func TestMemoryStorePutValidates(t *testing.T) {
+	s := NewMemoryStore()
+	bad := []*Route{
+		nil,
+		{ID: "Bad ID", HostIP: netip.MustParseAddr("10.0.0.1"), Public: true},
+		{ID: "a", Public: true}, // no HostIP
+		{ID: "a", HostIP: netip.MustParseAddr("10.0.0.1"), Public: false},                  // restricted, no token
+		{ID: "a", HostIP: netip.MustParseAddr("10.0.0.1"), Ports: map[uint16]uint16{0: 1}}, // port 0
+	}
+	for i, r := range bad {
+		if err := s.Put(r); err == nil {
+			t.Errorf("Put(bad[%d]) succeeded", i)
+		}
+	}
+	if len(s.List()) != 0 {
+		t.Fatal("invalid routes were stored")
+	}
+	// Put stores a copy: later changes to the caller's route do not leak in.
+	r := mustRoute(t, "a", "80", "8080")
+	if err := s.Put(r); err != nil {
+		t.Fatal(err)
+	}
+	r.Ports[80] = 1
+	if got, _ := s.Get("a"); got.Ports[80] != 8080 {
+		t.Fatal("store shares the caller's route")
+	}
+}
+
+func TestMemoryStorePersistError(t *testing.T) {
+	s := NewMemoryStore()
+	s.SetPersistPath(filepath.Join(t.TempDir(), "no-such-dir", "routes.yaml"))
+	if err := s.Put(mustRoute(t, "a")); err == nil {
+		t.Fatal("Put into an unwritable path reported no error")
+	}
+	if _, ok := s.Get("a"); !ok {
+		t.Fatal("in-memory change lost when the write failed")
+	}
+	if ok, err := s.Remove("a"); !ok || err == nil {
+		t.Fatalf("Remove = %v, %v; want true and a write error", ok, err)
+	}
+}
+
+func TestMemoryStoreConcurrent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	s := NewMemoryStore()
+	s.SetPersistPath(path)
+	const writers, perWriter = 4, 25
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWriter {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				if err := s.Put(mustRoute(t, id)); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%5 == 0 {
+					s.Delete(id)
+				}
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWriter * 4 {
+				id := fmt.Sprintf("w%d-%d", w, i%perWriter)
+				if r, err := s.Lookup(context.Background(), id); err == nil && r.ID != id {
+					t.Errorf("Lookup(%s) returned %s", id, r.ID)
+				} else if err != nil && !errors.Is(err, ErrNotFound) {
+					t.Error(err)
+				}
+				_ = s.List()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := len(s.List()); n != writers*(perWriter-perWriter/5) {
+		t.Fatalf("%d routes, want %d", n, writers*(perWriter-perWriter/5))
+	}
+	// The last write to land is the newest snapshot.
+	reloaded, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(reloaded.List(), s.List()) {
+		t.Fatalf("file holds %d routes, memory %d", len(reloaded.List()), len(s.List()))
+	}
+}

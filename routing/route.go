@@ -1,0 +1,256 @@
+package routing
+
+import (
+	"net/netip"
+	"strconv"
+)
+
+// Route is where one sandbox lives and how it may be reached. It is built
+// from the same field names and string values the control plane writes into
+// Redis, so the memory store, routes.yaml, the admin API and Redis share one
+// format (see ParseRoute and Fields).
+type Route struct {
+	// ID is the sandbox id the route belongs to (lower-case).
+	ID string
+	// HostIP is the node that runs the sandbox (field HostIP, required).
+	HostIP netip.Addr
+	// SandboxIP is the sandbox's own address, reachable from its node
+	// (field SandboxIP, optional; invalid when absent).
+	SandboxIP netip.Addr
+	// CreatedAt is the sandbox's creation time in unix nanoseconds (field
+	// CreatedAt); it changes when a sandbox is recreated and keys upstream pools.
+	CreatedAt int64
+	// Public is false only when AllowPublicTraffic is "false".
+	Public bool
+	// TrafficToken is the proxy credential required when Public is false
+	// (field TrafficAccessToken, 64 hex chars).
+	TrafficToken string
+	// MaskRequestHost is an optional upstream Host template containing ${PORT}.
+	MaskRequestHost string
+	// Ports maps a container port to the node's host port.
+	Ports map[uint16]uint16
+}
+
+// Field names of the Redis hash (and of routes.yaml and the admin API).
+const (
+	FieldHostIP             = "HostIP"
+	FieldSandboxIP          = "SandboxIP"
+	FieldCreatedAt          = "CreatedAt"
+	FieldAllowPublicTraffic = "AllowPublicTraffic"
+	FieldTrafficAccessToken = "TrafficAccessToken"
+	FieldMaskRequestHost    = "MaskRequestHost"
+)
+
+// FieldError says which field of a route is invalid and why.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return "route field " + e.Field + ": " + e.Reason }
+
+// ParseRoute builds a route from a Redis-style hash. Unknown non-numeric
+// fields are ignored (the control plane may add fields); any invalid known
+// field or port field is a *FieldError naming it.
+func ParseRoute(id string, fields map[string]string) (*Route, error) {
+	return parseRoute(id, fields, false)
+}
+
+// ParseRouteStrict is ParseRoute for input an operator typed (routes.yaml,
+// admin API): it also rejects unknown fields and a restricted route without
+// a traffic token.
+func ParseRouteStrict(id string, fields map[string]string) (*Route, error) {
+	return parseRoute(id, fields, true)
+}
+
+// Fields renders the route back into its hash form (inverse of ParseRoute).
+// Absent optional fields are left out; AllowPublicTraffic is written only
+// when it is "false" (absent means public).
+func (r *Route) Fields() map[string]string {
+	m := make(map[string]string, 6+len(r.Ports))
+	if r.HostIP.IsValid() {
+		m[FieldHostIP] = r.HostIP.String()
+	}
+	if r.SandboxIP.IsValid() {
+		m[FieldSandboxIP] = r.SandboxIP.String()
+	}
+	if r.CreatedAt != 0 {
+		m[FieldCreatedAt] = strconv.FormatInt(r.CreatedAt, 10)
+	}
+	if !r.Public {
+		m[FieldAllowPublicTraffic] = "false"
+	}
+	if r.TrafficToken != "" {
+		m[FieldTrafficAccessToken] = r.TrafficToken
+	}
+	if r.MaskRequestHost != "" {
+		m[FieldMaskRequestHost] = r.MaskRequestHost
+	}
+	for c, h := range r.Ports {
+		m[strconv.Itoa(int(c))] = strconv.Itoa(int(h))
+	}
+	return m
+}
+
+// HostPort returns the node's host port mapped to a container port.
+func (r *Route) HostPort(containerPort uint16) (uint16, bool) {
+	p, ok := r.Ports[containerPort]
+	return p, ok
+}
+
+// FieldSandboxID names the sandbox id in a FieldError about the id itself.
+const FieldSandboxID = "sandbox_id"
+
+// maxMaskHostLen bounds MaskRequestHost (a DNS name plus ":port").
+const maxMaskHostLen = 261
+
+func parseRoute(id string, fields map[string]string, strict bool) (*Route, error) {
+	if !ValidID(id) {
+		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + echo([]byte(id))}
+	}
+	r := &Route{ID: id, Public: true, Ports: make(map[uint16]uint16)}
+	// Map order is random; report the error of the smallest field name so the
+	// same input always yields the same message.
+	var first *FieldError
+	fail := func(field, reason string) {
+		if first == nil || field < first.Field {
+			first = &FieldError{Field: field, Reason: reason}
+		}
+	}
+	for k, v := range fields {
+		switch k {
+		case FieldHostIP:
+			if v == "" {
+				fail(k, "required")
+				break
+			}
+			addr, reason := parseIP(v)
+			if reason != "" {
+				fail(k, reason)
+			}
+			r.HostIP = addr
+		case FieldSandboxIP:
+			if v == "" {
+				break // optional: empty means absent
+			}
+			addr, reason := parseIP(v)
+			if reason != "" {
+				fail(k, reason)
+			}
+			r.SandboxIP = addr
+		case FieldCreatedAt:
+			if v == "" {
+				break
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || v[0] < '0' || v[0] > '9' || n < 0 {
+				fail(k, "must be a non-negative decimal integer (unix nanoseconds), got "+echo([]byte(v)))
+				break
+			}
+			r.CreatedAt = n
+		case FieldAllowPublicTraffic:
+			// Fail closed: only the two exact spellings mean anything.
+			switch v {
+			case "true":
+				r.Public = true
+			case "false":
+				r.Public = false
+			default:
+				fail(k, `must be "true" or "false", got `+echo([]byte(v)))
+			}
+		case FieldTrafficAccessToken:
+			if v == "" {
+				break
+			}
+			if !isHexToken(v) {
+				fail(k, "must be 64 hex characters")
+				break
+			}
+			r.TrafficToken = v
+		case FieldMaskRequestHost:
+			if v == "" {
+				break
+			}
+			if reason := checkMaskHost(v); reason != "" {
+				fail(k, reason)
+				break
+			}
+			r.MaskRequestHost = v
+		default:
+			if !allDigits([]byte(k)) || k == "" {
+				if strict {
+					fail(k, "unknown field")
+				}
+				break
+			}
+			container, ok := parsePort([]byte(k))
+			if !ok {
+				fail(k, "container port must be 1..65535")
+				break
+			}
+			host, ok := parsePort([]byte(v))
+			if !ok {
+				fail(k, "host port must be 1..65535, got "+echo([]byte(v)))
+				break
+			}
+			if _, dup := r.Ports[container]; dup {
+				fail(strconv.Itoa(int(container)), "container port given twice (leading zeros)")
+				break
+			}
+			r.Ports[container] = host
+		}
+	}
+	if fields[FieldHostIP] == "" {
+		fail(FieldHostIP, "required")
+	}
+	if strict && !r.Public && r.TrafficToken == "" {
+		fail(FieldTrafficAccessToken, "required when AllowPublicTraffic is \"false\"")
+	}
+	if first != nil {
+		return nil, first
+	}
+	return r, nil
+}
+
+// parseIP accepts a unicast-usable address: no zone, not unspecified
+// (0.0.0.0 or :: would make the proxy dial itself).
+func parseIP(s string) (netip.Addr, string) {
+	addr, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		return netip.Addr{}, "not an IP address: " + echo([]byte(s))
+	case addr.Zone() != "":
+		return netip.Addr{}, "IPv6 zones are not allowed"
+	case addr.IsUnspecified():
+		return netip.Addr{}, "unspecified address"
+	}
+	return addr, ""
+}
+
+func isHexToken(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkMaskHost accepts a host[:port] template: printable ASCII without
+// spaces or '/', so it can only ever become a Host header value.
+func checkMaskHost(s string) string {
+	if len(s) > maxMaskHostLen {
+		return "longer than 261 bytes"
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || c == '/' {
+			return "must be a host[:port] template of printable ASCII without spaces or '/'"
+		}
+	}
+	return ""
+}

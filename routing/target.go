@@ -1,0 +1,398 @@
+package routing
+
+import (
+	"bytes"
+	"net/netip"
+	"strconv"
+	"strings"
+	"unsafe"
+)
+
+// MaxIDLen is the longest sandbox id accepted ([a-z0-9][a-z0-9_-]{0,127}).
+const MaxIDLen = 128
+
+const (
+	// maxHostLen is the longest DNS name (RFC 1035) once port and trailing dot are gone.
+	maxHostLen = 253
+	// maxPortDigits bounds a port string so leading zeros are tolerated without
+	// letting the number overflow.
+	maxPortDigits = 10
+	// maxEcho is how much of the client's input an error message repeats.
+	maxEcho = 64
+)
+
+// Target error codes (TargetError.Code).
+const (
+	CodeInvalidHost          = "invalid_host"
+	CodeInvalidPort          = "invalid_port"
+	CodeInvalidSandboxID     = "invalid_sandbox_id"
+	CodeMissingTargetHeaders = "missing_target_headers"
+	CodeDomainNotAllowed     = "domain_not_allowed"
+)
+
+// Override header names; *fasthttp.RequestHeader.Peek normalises case itself.
+const (
+	HeaderCubeSandboxID   = "X-Cube-Sandbox-Id"
+	HeaderCubeSandboxPort = "X-Cube-Sandbox-Port"
+	HeaderE2BSandboxID    = "E2b-Sandbox-Id"
+	HeaderE2BSandboxPort  = "E2b-Sandbox-Port"
+)
+
+// Target is what a request addresses: one container port of one sandbox.
+// It holds the id in a fixed array so parsing allocates nothing.
+type Target struct {
+	Port uint16
+	// Shared is true when the target came from override headers on a shared host.
+	Shared bool
+	idLen  int
+	idBuf  [MaxIDLen]byte
+}
+
+// ID returns the lower-case sandbox id; it aliases t and is valid until t changes.
+func (t *Target) ID() []byte { return t.idBuf[:t.idLen] }
+
+// HeaderPeeker reads one request header; *fasthttp.RequestHeader satisfies it.
+type HeaderPeeker interface {
+	Peek(key string) []byte
+}
+
+// TargetError is a request whose target cannot be parsed (400).
+type TargetError struct {
+	Code   string // machine-readable, e.g. "invalid_host", "invalid_port"
+	Reason string
+}
+
+func (e *TargetError) Error() string { return e.Reason }
+
+// ParserConfig selects which hosts are shared and which domains are allowed.
+type ParserConfig struct {
+	// Domains, when not empty, is the allow-list of domains under which
+	// <port>-<id>.<domain> hosts are accepted.
+	Domains []string
+	// SharedHosts are hostnames (besides IP literals and localhost) on which
+	// the X-Cube-Sandbox-Id/-Port (or E2b-Sandbox-Id/-Port) headers select the target.
+	SharedHosts []string
+}
+
+// Parser turns a Host header (and, on shared hosts, override headers) into a Target.
+type Parser struct {
+	cfg     ParserConfig
+	domains []string // lower-case, no leading or trailing dot
+	shared  []string // lower-case, no trailing dot; includes "localhost"
+}
+
+// NewParser returns a parser for cfg. Domains and shared hosts are compared
+// case-insensitively; a trailing dot (and, for domains, a leading "." or
+// "*.") is ignored; empty entries are skipped.
+func NewParser(cfg ParserConfig) *Parser {
+	p := &Parser{cfg: cfg, shared: []string{"localhost"}}
+	for _, d := range cfg.Domains {
+		d = strings.TrimPrefix(normalizeName(d), "*.")
+		d = strings.TrimPrefix(d, ".")
+		if d != "" {
+			p.domains = append(p.domains, d)
+		}
+	}
+	for _, h := range cfg.SharedHosts {
+		if h = normalizeName(h); h != "" {
+			p.shared = append(p.shared, h)
+		}
+	}
+	return p
+}
+
+func normalizeName(s string) string {
+	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(s)), ".")
+}
+
+// Parse fills t from host and, on shared hosts, from h.
+// It returns a *TargetError for bad input and allocates nothing on success.
+func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
+	t.Port, t.Shared, t.idLen = 0, false, 0
+	name, isIP, err := splitHost(host)
+	if err != nil {
+		return err
+	}
+	if isIP || p.isShared(name) {
+		return parseHeaders(t, h)
+	}
+	return p.parseSandboxHost(t, name)
+}
+
+// splitHost strips the port and one trailing dot from host. It reports IP
+// literals separately because they carry no sandbox name.
+func splitHost(host []byte) (name []byte, isIP bool, err error) {
+	if len(host) == 0 {
+		return nil, false, targetErr(CodeInvalidHost, "empty host", nil)
+	}
+	if host[0] == '[' {
+		end := bytes.IndexByte(host, ']')
+		if end < 0 {
+			return nil, false, targetErr(CodeInvalidHost, "unterminated IPv6 literal", host)
+		}
+		if rest := host[end+1:]; len(rest) > 0 && (rest[0] != ':' || !validHostPort(rest[1:])) {
+			return nil, false, targetErr(CodeInvalidHost, "invalid port in host", host)
+		}
+		if !isIPv6(host[1:end]) {
+			return nil, false, targetErr(CodeInvalidHost, "invalid IPv6 literal", host)
+		}
+		return nil, true, nil
+	}
+	if colon := bytes.IndexByte(host, ':'); colon >= 0 {
+		if bytes.IndexByte(host[colon+1:], ':') >= 0 {
+			// More than one colon: only an unbracketed IPv6 address fits.
+			if !isIPv6(host) {
+				return nil, false, targetErr(CodeInvalidHost, "invalid host", host)
+			}
+			return nil, true, nil
+		}
+		if !validHostPort(host[colon+1:]) {
+			return nil, false, targetErr(CodeInvalidHost, "invalid port in host", host)
+		}
+		host = host[:colon]
+	}
+	if n := len(host); n > 0 && host[n-1] == '.' {
+		host = host[:n-1]
+	}
+	if len(host) == 0 {
+		return nil, false, targetErr(CodeInvalidHost, "empty host name", nil)
+	}
+	if len(host) > maxHostLen {
+		return nil, false, targetErr(CodeInvalidHost, "host name longer than 253 bytes", host)
+	}
+	if digitsAndDots(host) {
+		// No DNS name is all digits and dots (TLDs are not numeric), so this
+		// is an IPv4 literal or nonsense.
+		addr, err := netip.ParseAddr(bytesString(host))
+		if err != nil || !addr.Is4() {
+			return nil, false, targetErr(CodeInvalidHost, "invalid IPv4 literal", host)
+		}
+		return nil, true, nil
+	}
+	return host, false, nil
+}
+
+// isIPv6 reports whether b is an IPv6 address without zone. It allocates
+// only when b is not an address.
+func isIPv6(b []byte) bool {
+	addr, err := netip.ParseAddr(bytesString(b))
+	return err == nil && addr.Is6() && addr.Zone() == ""
+}
+
+// validHostPort accepts the port of a Host header: empty or up to 5 digits.
+// Its value does not matter; the target port comes from the name or headers.
+func validHostPort(b []byte) bool {
+	return len(b) <= 5 && allDigits(b)
+}
+
+func (p *Parser) isShared(name []byte) bool {
+	for _, s := range p.shared {
+		if equalFoldLower(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Parser) domainAllowed(domain []byte) bool {
+	for _, d := range p.domains {
+		if equalFoldLower(domain, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseSandboxHost reads <port>-<id>[.<domain>] from a host name without port.
+func (p *Parser) parseSandboxHost(t *Target, name []byte) error {
+	label, domain, hasDomain := name, []byte(nil), false
+	if dot := bytes.IndexByte(name, '.'); dot >= 0 {
+		label, domain, hasDomain = name[:dot], name[dot+1:], true
+	}
+	if len(p.domains) > 0 {
+		if !hasDomain || !p.domainAllowed(domain) {
+			return targetErr(CodeDomainNotAllowed, "domain not served here", name)
+		}
+	} else if hasDomain && !validDomain(domain) {
+		return targetErr(CodeInvalidHost, "invalid host name", name)
+	}
+	dash := bytes.IndexByte(label, '-')
+	if dash < 0 {
+		return targetErr(CodeInvalidHost, "host must start with <port>-<sandbox id>", name)
+	}
+	port, ok := parsePort(label[:dash])
+	if !ok {
+		return targetErr(CodeInvalidPort, "port must be a number from 1 to 65535", label[:dash])
+	}
+	if err := t.setID(label[dash+1:]); err != nil {
+		return err
+	}
+	t.Port = port
+	return nil
+}
+
+// parseHeaders selects the target from the override headers of a shared host.
+// The X-Cube pair wins over the E2B pair; an incomplete pair does not count.
+func parseHeaders(t *Target, h HeaderPeeker) error {
+	if h == nil {
+		return targetErr(CodeMissingTargetHeaders, missingHeadersReason, nil)
+	}
+	id, port := h.Peek(HeaderCubeSandboxID), h.Peek(HeaderCubeSandboxPort)
+	if len(id) == 0 || len(port) == 0 {
+		id, port = h.Peek(HeaderE2BSandboxID), h.Peek(HeaderE2BSandboxPort)
+	}
+	if len(id) == 0 || len(port) == 0 {
+		return targetErr(CodeMissingTargetHeaders, missingHeadersReason, nil)
+	}
+	p, ok := parsePort(port)
+	if !ok {
+		return targetErr(CodeInvalidPort, "sandbox port header must be a number from 1 to 65535", port)
+	}
+	if err := t.setID(id); err != nil {
+		return err
+	}
+	t.Port, t.Shared = p, true
+	return nil
+}
+
+const missingHeadersReason = "shared host needs X-Cube-Sandbox-Id and X-Cube-Sandbox-Port (or E2b-Sandbox-Id and E2b-Sandbox-Port) headers"
+
+// parsePort reads a decimal port 1..65535; leading zeros are fine.
+func parsePort(b []byte) (uint16, bool) {
+	if len(b) == 0 || len(b) > maxPortDigits || !allDigits(b) {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		n = n*10 + uint64(c-'0')
+	}
+	if n < 1 || n > 65535 {
+		return 0, false
+	}
+	return uint16(n), true
+}
+
+// setID validates src as a sandbox id and stores it lower-cased in t.
+func (t *Target) setID(src []byte) error {
+	if len(src) == 0 {
+		return targetErr(CodeInvalidSandboxID, "sandbox id is empty", nil)
+	}
+	if len(src) > MaxIDLen {
+		return targetErr(CodeInvalidSandboxID, "sandbox id longer than 128 characters", src)
+	}
+	for i, c := range src {
+		c = lower(c)
+		if !idChar(c, i == 0) {
+			return targetErr(CodeInvalidSandboxID, "sandbox id must match [a-z0-9][a-z0-9_-]*", src)
+		}
+		t.idBuf[i] = c
+	}
+	t.idLen = len(src)
+	return nil
+}
+
+// ValidID reports whether id is a canonical (lower-case) sandbox id.
+func ValidID(id string) bool {
+	if len(id) == 0 || len(id) > MaxIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if !idChar(id[i], i == 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func idChar(c byte, first bool) bool {
+	switch {
+	case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+		return true
+	case c == '-' || c == '_':
+		return !first
+	}
+	return false
+}
+
+// validDomain checks the part of a host after the first label: dot-separated,
+// non-empty labels of letters, digits, '-' and '_'.
+func validDomain(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	prevDot := true
+	for _, c := range b {
+		switch {
+		case c == '.':
+			if prevDot {
+				return false
+			}
+			prevDot = true
+			continue
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
+		prevDot = false
+	}
+	return !prevDot
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + ('a' - 'A')
+	}
+	return c
+}
+
+// equalFoldLower compares b, in any ASCII case, with the lower-case s.
+func equalFoldLower(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		if lower(b[i]) != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func digitsAndDots(b []byte) bool {
+	for _, c := range b {
+		if (c < '0' || c > '9') && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// bytesString views b as a string without copying; the result must not outlive b.
+func bytesString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// targetErr builds a TargetError whose reason quotes at most maxEcho bytes of input.
+func targetErr(code, reason string, input []byte) error {
+	if input != nil {
+		reason += ": " + echo(input)
+	}
+	return &TargetError{Code: code, Reason: reason}
+}
+
+// echo quotes at most maxEcho bytes of client input for an error message.
+func echo(b []byte) string {
+	if len(b) > maxEcho {
+		return strconv.Quote(string(b[:maxEcho])) + "..."
+	}
+	return strconv.Quote(string(b))
+}

@@ -1,0 +1,298 @@
+package routing
+
+import (
+	"bytes"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The proxy passes *fasthttp.RequestHeader; the tests use the real type too.
+var _ HeaderPeeker = (*fasthttp.RequestHeader)(nil)
+
+var idRegexp = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,127}$`)
+
+func testParsers() map[string]*Parser {
+	return map[string]*Parser{
+		// plain: no domain check, one configured shared host.
+		"plain": NewParser(ParserConfig{SharedHosts: []string{"Proxy.Example.com."}}),
+		// domains: allow-list in mixed case, with a trailing dot and a wildcard spelling.
+		"domains": NewParser(ParserConfig{Domains: []string{"Sandbox.Example.com.", "*.e2b.dev"}}),
+	}
+}
+
+func headers(kv ...string) *fasthttp.RequestHeader {
+	var h fasthttp.RequestHeader
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return &h
+}
+
+type parseCase struct {
+	name   string
+	parser string // key of testParsers; "" means plain
+	host   string
+	hdr    []string
+	port   uint16
+	id     string
+	shared bool
+	code   string // expected TargetError code; "" means success
+}
+
+func parseCases() []parseCase {
+	id128 := "a" + strings.Repeat("b", 127)
+	id129 := "a" + strings.Repeat("b", 128)
+	cube := func(id, port string) []string { return []string{"X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", port} }
+	e2b := func(id, port string) []string { return []string{"E2b-Sandbox-Id", id, "E2b-Sandbox-Port", port} }
+	return []parseCase{
+		{name: "empty", host: "", code: CodeInvalidHost},
+		{name: "port only", host: ":8080", code: CodeInvalidHost},
+		{name: "basic", host: "50005-abc.example.com", port: 50005, id: "abc"},
+		{name: "uppercase host", host: "50005-ABC.Example.COM", port: 50005, id: "abc"},
+		{name: "trailing dot", host: "50005-abc.example.com.", port: 50005, id: "abc"},
+		{name: "host port", host: "50005-abc.example.com:443", port: 50005, id: "abc"},
+		{name: "trailing dot and port", host: "50005-abc.example.com.:443", port: 50005, id: "abc"},
+		{name: "two trailing dots", host: "50005-abc.example.com..", code: CodeInvalidHost},
+		{name: "bare label", host: "50005-abc", port: 50005, id: "abc"},
+		{name: "bare label trailing dot", host: "50005-abc.", port: 50005, id: "abc"},
+		{name: "dev localhost domain", host: "8080-web.localhost:3000", port: 8080, id: "web"},
+		{name: "id with dashes", host: "3000-my-sandbox-1.example.com", port: 3000, id: "my-sandbox-1"},
+		{name: "ipv6 literal with port", host: "[::1]:8080", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "ipv6 literal", host: "[2001:db8::1]", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "ipv6 unbracketed", host: "::1", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "ipv4 with port", host: "127.0.0.1:8081", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "ipv4 trailing dot", host: "10.0.0.1.", hdr: cube("abc", "1"), port: 1, id: "abc", shared: true},
+		{name: "localhost e2b headers", host: "localhost:8081", hdr: e2b("abc", "49983"), port: 49983, id: "abc", shared: true},
+		{name: "localhost uppercase, lower-case header names", host: "LOCALHOST", hdr: []string{"e2b-sandbox-id", "Abc", "e2b-sandbox-port", "80"}, port: 80, id: "abc", shared: true},
+		{name: "both spellings, cube wins", host: "127.0.0.1", hdr: append(cube("cube", "1"), e2b("e2b", "2")...), port: 1, id: "cube", shared: true},
+		{name: "incomplete cube pair, e2b used", host: "127.0.0.1", hdr: append([]string{"X-Cube-Sandbox-Id", "cube"}, e2b("e2b", "2")...), port: 2, id: "e2b", shared: true},
+		{name: "incomplete pair", host: "127.0.0.1", hdr: []string{"X-Cube-Sandbox-Id", "abc", "E2b-Sandbox-Port", "1"}, code: CodeMissingTargetHeaders},
+		{name: "ip without headers", host: "127.0.0.1", code: CodeMissingTargetHeaders},
+		{name: "shared host configured", host: "proxy.example.com", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "shared host case, dot and port", host: "PROXY.example.com.:443", hdr: e2b("abc", "50005"), port: 50005, id: "abc", shared: true},
+		{name: "shared host without headers", host: "proxy.example.com", code: CodeMissingTargetHeaders},
+		{name: "headers on sandbox host ignored", host: "50005-abc.example.com", hdr: cube("evil", "22"), port: 50005, id: "abc"},
+		{name: "port zero", host: "0-x", code: CodeInvalidPort},
+		{name: "port too big", host: "65536-x", code: CodeInvalidPort},
+		{name: "port max", host: "65535-x", port: 65535, id: "x"},
+		{name: "leading zeros", host: "0050005-x", port: 50005, id: "x"},
+		{name: "too many digits", host: "00000000050005-x", code: CodeInvalidPort},
+		{name: "huge port", host: "99999999999999999999999-x", code: CodeInvalidPort},
+		{name: "empty id", host: "50005-", code: CodeInvalidSandboxID},
+		{name: "empty port", host: "-abc", code: CodeInvalidPort},
+		{name: "no dash", host: "abc", code: CodeInvalidHost},
+		{name: "no dash with domain", host: "www.example.com", code: CodeInvalidHost},
+		{name: "non-numeric port", host: "x-abc", code: CodeInvalidPort},
+		{name: "dot ends the id", host: "50005-a.b.example.com", port: 50005, id: "a"},
+		{name: "underscore in id", host: "50005-a_b.example.com", port: 50005, id: "a_b"},
+		{name: "id starts with underscore", host: "50005-_ab.example.com", code: CodeInvalidSandboxID},
+		{name: "id starts with dash", host: "50005--ab.example.com", code: CodeInvalidSandboxID},
+		{name: "percent in id", host: "50005-a%2eb.example.com", code: CodeInvalidSandboxID},
+		{name: "unicode in id", host: "50005-abé.example.com", code: CodeInvalidSandboxID},
+		{name: "128-char id", host: "1-" + id128 + ".example.com", port: 1, id: id128},
+		{name: "129-char id", host: "1-" + id129 + ".example.com", code: CodeInvalidSandboxID},
+		{name: "200-char label", host: "1-" + strings.Repeat("a", 198), code: CodeInvalidSandboxID},
+		{name: "300-char label", host: "1-" + strings.Repeat("a", 298) + ".example.com", code: CodeInvalidHost},
+		{name: "empty domain label", host: "50005-abc..example.com", code: CodeInvalidHost},
+		{name: "space in domain", host: "50005-abc.exa mple.com", code: CodeInvalidHost},
+		{name: "bad host port", host: "50005-abc.example.com:https", code: CodeInvalidHost},
+		{name: "bad ipv4", host: "1.2.3.4.5", code: CodeInvalidHost},
+		{name: "ipv4 leading zero", host: "127.0.0.01", code: CodeInvalidHost},
+		{name: "unterminated ipv6", host: "[::1", code: CodeInvalidHost},
+		{name: "junk after ipv6", host: "[::1]x", code: CodeInvalidHost},
+		{name: "ipv4 in brackets", host: "[1.2.3.4]", code: CodeInvalidHost},
+		{name: "ipv6 zone", host: "[fe80::1%25eth0]:80", code: CodeInvalidHost},
+		{name: "header id with dot", host: "127.0.0.1", hdr: cube("a.b", "1"), code: CodeInvalidSandboxID},
+		{name: "header id with percent", host: "127.0.0.1", hdr: cube("a%20b", "1"), code: CodeInvalidSandboxID},
+		{name: "header id with space", host: "127.0.0.1", hdr: cube("a b", "1"), code: CodeInvalidSandboxID},
+		{name: "header id unicode", host: "127.0.0.1", hdr: cube("ab\u00e9", "1"), code: CodeInvalidSandboxID},
+		{name: "header id uppercase", host: "127.0.0.1", hdr: cube("My_Box-1", "1"), port: 1, id: "my_box-1", shared: true},
+		{name: "header id 128", host: "127.0.0.1", hdr: cube(id128, "1"), port: 1, id: id128, shared: true},
+		{name: "header id 129", host: "127.0.0.1", hdr: cube(id129, "1"), code: CodeInvalidSandboxID},
+		{name: "header port leading zeros", host: "127.0.0.1", hdr: cube("abc", "0050005"), port: 50005, id: "abc", shared: true},
+		{name: "header port zero", host: "127.0.0.1", hdr: cube("abc", "0"), code: CodeInvalidPort},
+		{name: "header port text", host: "127.0.0.1", hdr: cube("abc", "http"), code: CodeInvalidPort},
+		{name: "header port too big", host: "127.0.0.1", hdr: cube("abc", "65536"), code: CodeInvalidPort},
+		{name: "domain allowed", parser: "domains", host: "50005-abc.sandbox.example.com", port: 50005, id: "abc"},
+		{name: "domain allowed, case, dot, port", parser: "domains", host: "50005-ABC.SANDBOX.example.com.:443", port: 50005, id: "abc"},
+		{name: "second domain", parser: "domains", host: "50005-abc.e2b.dev", port: 50005, id: "abc"},
+		{name: "domain not allowed", parser: "domains", host: "50005-abc.evil.com", code: CodeDomainNotAllowed},
+		{name: "subdomain of allowed", parser: "domains", host: "50005-abc.x.sandbox.example.com", code: CodeDomainNotAllowed},
+		{name: "suffix lookalike", parser: "domains", host: "50005-abc.evilsandbox.example.com", code: CodeDomainNotAllowed},
+		{name: "bare label with allow-list", parser: "domains", host: "50005-abc", code: CodeDomainNotAllowed},
+		{name: "ip with allow-list still shared", parser: "domains", host: "127.0.0.1", hdr: cube("abc", "1"), port: 1, id: "abc", shared: true},
+		{name: "shared host not configured", parser: "domains", host: "proxy.example.com", hdr: cube("abc", "1"), code: CodeDomainNotAllowed},
+	}
+}
+
+func TestParse(t *testing.T) {
+	parsers := testParsers()
+	for _, tc := range parseCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			p := parsers[tc.parser]
+			if p == nil {
+				p = parsers["plain"]
+			}
+			host := []byte(tc.host)
+			orig := bytes.Clone(host)
+			var tgt Target
+			// A previous good parse must not leak into a failed one.
+			if err := p.Parse(&tgt, []byte("9-leftover.sandbox.example.com"), nil); err != nil {
+				t.Fatal(err)
+			}
+			err := p.Parse(&tgt, host, headers(tc.hdr...))
+			if !bytes.Equal(host, orig) {
+				t.Fatalf("Parse modified its input: %q -> %q", orig, host)
+			}
+			if tc.code != "" {
+				var te *TargetError
+				if !errors.As(err, &te) {
+					t.Fatalf("Parse(%q) = %v (target %d %q), want TargetError %s", tc.host, err, tgt.Port, tgt.ID(), tc.code)
+				}
+				if te.Code != tc.code {
+					t.Fatalf("Parse(%q) code %s (%s), want %s", tc.host, te.Code, te.Reason, tc.code)
+				}
+				checkReason(t, te.Reason, tc.host, tc.hdr)
+				if tgt.Port != 0 || len(tgt.ID()) != 0 || tgt.Shared {
+					t.Fatalf("failed Parse left target %d %q %v", tgt.Port, tgt.ID(), tgt.Shared)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse(%q) = %v", tc.host, err)
+			}
+			if tgt.Port != tc.port || string(tgt.ID()) != tc.id || tgt.Shared != tc.shared {
+				t.Fatalf("Parse(%q) = %d %q shared=%v, want %d %q shared=%v", tc.host, tgt.Port, tgt.ID(), tgt.Shared, tc.port, tc.id, tc.shared)
+			}
+		})
+	}
+}
+
+// checkReason asserts an error message repeats no more than maxEcho bytes of any input.
+func checkReason(t *testing.T, reason string, inputs ...any) {
+	t.Helper()
+	if reason == "" {
+		t.Fatal("empty reason")
+	}
+	var all []string
+	for _, in := range inputs {
+		switch v := in.(type) {
+		case string:
+			all = append(all, v)
+		case []string:
+			all = append(all, v...)
+		}
+	}
+	for _, s := range all {
+		for i := 0; i+maxEcho+1 <= len(s); i++ {
+			if strings.Contains(reason, s[i:i+maxEcho+1]) {
+				t.Fatalf("reason echoes more than %d bytes of input: %q", maxEcho, reason)
+			}
+		}
+	}
+	if len(reason) > 400 {
+		t.Fatalf("reason too long (%d bytes): %q", len(reason), reason)
+	}
+}
+
+func TestParseNilHeaders(t *testing.T) {
+	var tgt Target
+	err := NewParser(ParserConfig{}).Parse(&tgt, []byte("localhost"), nil)
+	var te *TargetError
+	if !errors.As(err, &te) || te.Code != CodeMissingTargetHeaders {
+		t.Fatalf("got %v, want %s", err, CodeMissingTargetHeaders)
+	}
+}
+
+func TestParseNoAllocs(t *testing.T) {
+	p := NewParser(ParserConfig{Domains: []string{"example.com"}, SharedHosts: []string{"proxy.example.com"}})
+	hosts := [][]byte{
+		[]byte("50005-abc.example.com"),
+		[]byte("50005-ABCDEF-0123456789.Example.Com.:443"),
+		[]byte("127.0.0.1:8080"),
+		[]byte("[::1]:8080"),
+		[]byte("proxy.example.com"),
+	}
+	h := headers("X-Cube-Sandbox-Id", "abc", "X-Cube-Sandbox-Port", "8080")
+	var tgt Target
+	for _, host := range hosts {
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := p.Parse(&tgt, host, h); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("Parse(%q): %v allocs, want 0", host, allocs)
+		}
+	}
+}
+
+func BenchmarkParse(b *testing.B) {
+	p := NewParser(ParserConfig{Domains: []string{"example.com", "sandbox.example.org"}, SharedHosts: []string{"proxy.example.com"}})
+	h := headers("X-Cube-Sandbox-Id", "abc", "X-Cube-Sandbox-Port", "8080")
+	for _, bc := range []struct{ name, host string }{
+		{"host", "50005-i4kzt3dwwqkz1jbdmqqd2.sandbox.example.org:443"},
+		{"headers", "127.0.0.1:8080"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			host := []byte(bc.host)
+			var tgt Target
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.Parse(&tgt, host, h); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, tc := range parseCases() {
+		id, port := "", ""
+		if len(tc.hdr) >= 4 {
+			id, port = tc.hdr[1], tc.hdr[3]
+		}
+		f.Add(tc.host, id, port)
+	}
+	parsers := testParsers()
+	plain, domains := parsers["plain"], parsers["domains"]
+	f.Fuzz(func(t *testing.T, host, id, port string) {
+		h := headers("X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", port)
+		for name, p := range map[string]*Parser{"plain": plain, "domains": domains} {
+			in := []byte(host)
+			var tgt Target
+			err := p.Parse(&tgt, in, h)
+			if string(in) != host {
+				t.Fatalf("%s: Parse modified its input", name)
+			}
+			if err != nil {
+				var te *TargetError
+				if !errors.As(err, &te) || te.Code == "" {
+					t.Fatalf("%s: error %v is not a TargetError with a code", name, err)
+				}
+				checkReason(t, te.Reason, host, id, port)
+				continue
+			}
+			if tgt.Port < 1 || !idRegexp.Match(tgt.ID()) || !ValidID(string(tgt.ID())) {
+				t.Fatalf("%s: Parse(%q) gave port %d id %q", name, host, tgt.Port, tgt.ID())
+			}
+			canon := strconv.Itoa(int(tgt.Port)) + "-" + string(tgt.ID())
+			if name == "domains" {
+				canon += ".sandbox.example.com"
+			}
+			var again Target
+			if err := p.Parse(&again, []byte(canon), nil); err != nil {
+				t.Fatalf("%s: canonical %q of %q does not parse: %v", name, canon, host, err)
+			}
+			if again.Port != tgt.Port || !bytes.Equal(again.ID(), tgt.ID()) || again.Shared {
+				t.Fatalf("%s: canonical %q parsed to %d %q", name, canon, again.Port, again.ID())
+			}
+		}
+	})
+}

@@ -1,0 +1,158 @@
+package auth
+
+import (
+	"bytes"
+	"strconv"
+	"time"
+)
+
+// CookieName is the cookie a verified signed token is traded for. One fixed
+// name is enough: the cookie is host-only and the host is
+// <port>-<sandbox>.<domain>, so each sandbox port has its own jar entry, and
+// the value is the signed token itself, bound to sandbox and port, so a
+// cookie presented anywhere else fails with signed_token_wrong_target.
+const CookieName = "cube_proxy_auth"
+
+// QueryParamName is the query parameter that carries a signed token.
+const QueryParamName = "cube_token"
+
+// SetCookieHeader returns the Set-Cookie header value that stores a verified
+// signed token: host-only (no Domain), Path=/, HttpOnly, SameSite=Lax, Secure
+// when the request came over TLS, and Max-Age equal to the whole seconds left
+// until expiry, so the cookie never outlives the token.
+func SetCookieHeader(token string, expiry, now time.Time, secure bool) string {
+	maxAge := int64(expiry.Sub(now) / time.Second)
+	if maxAge < 0 {
+		maxAge = 0
+	}
+	v := CookieName + "=" + token + "; Path=/; Max-Age=" + strconv.FormatInt(maxAge, 10) + "; HttpOnly; SameSite=Lax"
+	if secure {
+		v += "; Secure"
+	}
+	return v
+}
+
+// CookieValue returns the value of the first cookie called name in a raw
+// Cookie header value.
+func CookieValue(header []byte, name string) ([]byte, bool) {
+	for rest := header; ; {
+		piece, tail, more := cut(rest, ';')
+		if k, v, ok := splitCookie(piece); ok && string(k) == name {
+			return v, true
+		}
+		if !more {
+			return nil, false
+		}
+		rest = tail
+	}
+}
+
+// AppendStripCookie appends header (a raw Cookie header value) to dst with
+// every cookie called name removed, and reports whether one was. Every other
+// byte is kept as sent, separators included; only the whitespace left at the
+// front when the first cookie is removed is dropped. An empty result means
+// the proxy should delete the Cookie header. (fasthttp rewrites all cookies
+// once its Cookie accessors are used, so the proxy must work on the raw value.)
+func AppendStripCookie(dst, header []byte, name string) ([]byte, bool) {
+	found, kept := false, false
+	for rest := header; ; {
+		piece, tail, more := cut(rest, ';')
+		if k, _, ok := splitCookie(piece); ok && string(k) == name {
+			found = true
+		} else {
+			if kept {
+				dst = append(dst, ';')
+			} else if found {
+				piece = bytes.TrimLeft(piece, " \t")
+			}
+			dst = append(dst, piece...)
+			kept = true
+		}
+		if !more {
+			return dst, found
+		}
+		rest = tail
+	}
+}
+
+// AppendStripQueryParam appends query (a raw query string, without '?') to dst
+// with every parameter called name removed, and reports whether one was.
+// Names are matched after percent-decoding, as fasthttp's QueryArgs does, so
+// the parameter the proxy read is the one removed (no redirect loop on
+// "cube%5Ftoken="). The other parameters keep their bytes and order.
+func AppendStripQueryParam(dst, query []byte, name string) ([]byte, bool) {
+	found, kept := false, false
+	for rest := query; ; {
+		piece, tail, more := cut(rest, '&')
+		k, _, _ := bytes.Cut(piece, []byte{'='})
+		if queryNameIs(k, name) {
+			found = true
+		} else {
+			if kept {
+				dst = append(dst, '&')
+			}
+			dst = append(dst, piece...)
+			kept = true
+		}
+		if !more {
+			return dst, found
+		}
+		rest = tail
+	}
+}
+
+// cut splits b at the first sep; more reports whether sep was present.
+func cut(b []byte, sep byte) (before, after []byte, more bool) {
+	if i := bytes.IndexByte(b, sep); i >= 0 {
+		return b[:i], b[i+1:], true
+	}
+	return b, nil, false
+}
+
+// splitCookie splits one "name=value" pair, trimming whitespace around the
+// name and value. A pair without '=' has no name (as browsers and fasthttp
+// read it) and so never matches.
+func splitCookie(piece []byte) (name, value []byte, ok bool) {
+	k, v, ok := bytes.Cut(piece, []byte{'='})
+	if !ok {
+		return nil, nil, false
+	}
+	return bytes.Trim(k, " \t"), bytes.Trim(v, " \t"), true
+}
+
+// queryNameIs reports whether the raw, possibly percent-encoded query name k
+// decodes to name ('+' is a space; a '%' not followed by two hex digits is
+// literal, as in fasthttp).
+func queryNameIs(k []byte, name string) bool {
+	j := 0
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c == '+':
+			c = ' '
+		case c == '%' && i+2 < len(k) && isHex(k[i+1]) && isHex(k[i+2]):
+			c = unhex(k[i+1])<<4 | unhex(k[i+2])
+			i += 2
+		}
+		if j >= len(name) || name[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(name)
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	default:
+		return c - 'a' + 10
+	}
+}

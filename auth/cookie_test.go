@@ -1,0 +1,155 @@
+package auth
+
+import (
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+func TestSetCookieHeader(t *testing.T) {
+	now := time.Unix(1000, 400_000_000)
+	tests := []struct {
+		name   string
+		expiry time.Time
+		secure bool
+		want   string
+		maxAge int
+	}{
+		{"tls", time.Unix(1600, 0), true, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax; Secure", 599},
+		{"plain http", time.Unix(1600, 0), false, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax", 599},
+		// fasthttp reports "Max-Age=0" (delete now) as -1.
+		{"past expiry", time.Unix(10, 0), false, "cube_proxy_auth=TOK; Path=/; Max-Age=0; HttpOnly; SameSite=Lax", -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := SetCookieHeader("TOK", tt.expiry, now, tt.secure)
+			if got != tt.want {
+				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+			var c fasthttp.Cookie
+			if err := c.Parse(got); err != nil {
+				t.Fatal(err)
+			}
+			if string(c.Key()) != CookieName || string(c.Value()) != "TOK" || !c.HTTPOnly() || c.Secure() != tt.secure ||
+				c.SameSite() != fasthttp.CookieSameSiteLaxMode || len(c.Domain()) != 0 || string(c.Path()) != "/" || c.MaxAge() != tt.maxAge {
+				t.Fatalf("cookie attributes wrong: %s", c.String())
+			}
+		})
+	}
+}
+
+func TestAppendStripCookie(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+		found          bool
+	}{
+		{"middle", "a=1; cube_proxy_auth=x; b=2", "a=1; b=2", true},
+		{"first", "cube_proxy_auth=x; b=2", "b=2", true},
+		{"last", "a=1; cube_proxy_auth=x", "a=1", true},
+		{"only", "cube_proxy_auth=x", "", true},
+		{"duplicates", "cube_proxy_auth=x; a=1; cube_proxy_auth=y; b=2; cube_proxy_auth=z", "a=1; b=2", true},
+		{"all duplicates", "cube_proxy_auth=x;cube_proxy_auth=y", "", true},
+		{"no spaces", "a=1;cube_proxy_auth=x;b=2", "a=1;b=2", true},
+		{"odd spacing kept", "a=1 ;  cube_proxy_auth = x ;\tb=2  ;c", "a=1 ;\tb=2  ;c", true},
+		{"empty value", "a=1; cube_proxy_auth=; b=2", "a=1; b=2", true},
+		{"absent", "a=1; b=2", "a=1; b=2", false},
+		{"absent odd bytes", " a=1;;b=\"q\" ; flag;", " a=1;;b=\"q\" ; flag;", false},
+		{"similar names kept", "cube_proxy_auth2=x; xcube_proxy_auth=y; Cube_Proxy_Auth=z", "cube_proxy_auth2=x; xcube_proxy_auth=y; Cube_Proxy_Auth=z", false},
+		{"name as value kept", "a=cube_proxy_auth; b=cube_proxy_auth=1", "a=cube_proxy_auth; b=cube_proxy_auth=1", false},
+		{"valueless pair is not the cookie", "cube_proxy_auth; a=1", "cube_proxy_auth; a=1", false},
+		{"empty header", "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := []byte("keep:")
+			got, found := AppendStripCookie(prefix, []byte(tt.in), CookieName)
+			if string(got) != "keep:"+tt.want || found != tt.found {
+				t.Fatalf("got %q, %v; want %q, %v", got, found, "keep:"+tt.want, tt.found)
+			}
+		})
+	}
+}
+
+func TestCookieValue(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+		found          bool
+	}{
+		{"middle", "a=1; cube_proxy_auth=tok; b=2", "tok", true},
+		{"first of duplicates", "cube_proxy_auth=one; cube_proxy_auth=two", "one", true},
+		{"spaces", "a=1 ;  cube_proxy_auth =  tok  ", "tok", true},
+		{"empty value", "cube_proxy_auth=", "", true},
+		{"absent", "a=1; cube_proxy_auth2=x", "", false},
+		{"valueless", "cube_proxy_auth", "", false},
+		{"empty", "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, found := CookieValue([]byte(tt.in), CookieName)
+			if string(got) != tt.want || found != tt.found {
+				t.Fatalf("got %q, %v; want %q, %v", got, found, tt.want, tt.found)
+			}
+		})
+	}
+}
+
+func TestAppendStripQueryParam(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+		found          bool
+	}{
+		{"only", "cube_token=abc", "", true},
+		{"first", "cube_token=abc&a=1&b=2", "a=1&b=2", true},
+		{"middle", "a=1&cube_token=abc&b=2", "a=1&b=2", true},
+		{"last", "a=1&b=2&cube_token=abc", "a=1&b=2", true},
+		{"duplicates", "cube_token=1&a=1&cube_token=2&cube_token", "a=1", true},
+		{"no value", "a=1&cube_token", "a=1", true},
+		{"encoded name", "a=1&cube%5Ftoken=abc&b=2", "a=1&b=2", true},
+		{"encoded lower hex", "cube%5ftoken=abc", "", true},
+		{"others kept byte for byte", "z=%41%2b+&cube_token=x&&y=a%zz&q", "z=%41%2b+&&y=a%zz&q", true},
+		{"similar names kept", "cube_token2=x&xcube_token=y&Cube_Token=z&cube+token=w", "cube_token2=x&xcube_token=y&Cube_Token=z&cube+token=w", false},
+		{"bad escape is literal", "cube%5token=x", "cube%5token=x", false},
+		{"value named like the param", "a=cube_token", "a=cube_token", false},
+		{"empty", "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, found := AppendStripQueryParam(nil, []byte(tt.in), QueryParamName)
+			if string(got) != tt.want || found != tt.found {
+				t.Fatalf("got %q, %v; want %q, %v", got, found, tt.want, tt.found)
+			}
+			assertQueryAgreesWithFasthttp(t, tt.in, string(got), found)
+		})
+	}
+}
+
+// assertQueryAgreesWithFasthttp checks against fasthttp's own query parser
+// (which the proxy uses to read cube_token): the input had the parameter iff
+// found, the output never has it, and every other parameter is unchanged.
+func assertQueryAgreesWithFasthttp(t *testing.T, in, out string, found bool) {
+	t.Helper()
+	var before, after fasthttp.Args
+	before.Parse(in)
+	after.Parse(out)
+	if before.Has(QueryParamName) != found {
+		t.Fatalf("found=%v but fasthttp sees the parameter: %v", found, before.Has(QueryParamName))
+	}
+	if after.Has(QueryParamName) {
+		t.Fatalf("fasthttp still sees %s in %q", QueryParamName, out)
+	}
+	before.Del(QueryParamName)
+	if before.String() != after.String() {
+		t.Fatalf("other parameters changed: %q vs %q", before.String(), after.String())
+	}
+}
+
+func FuzzAppendStripQueryParam(f *testing.F) {
+	for _, s := range []string{"a=1&cube_token=x", "cube%5Ftoken=1&b", "%%&&==", "cube_token"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out, found := AppendStripQueryParam(nil, []byte(in), QueryParamName)
+		assertQueryAgreesWithFasthttp(t, in, string(out), found)
+	})
+}

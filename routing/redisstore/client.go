@@ -1,0 +1,161 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// maxRetries is how often a transport error (refused, reset, EOF) is retried
+// within one CommandTimeout.
+const maxRetries = 2
+
+// clientName shows up in CLIENT LIST so operators can tell proxies apart.
+const clientName = "cubeproxy"
+
+// timeouts is the per-attempt budget derived from CommandTimeout: three dial
+// attempts fit into one command timeout; a read may use the whole budget
+// because go-redis does not retry read timeouts (the command may have run).
+// The context deadline set per Lookup caps the sum in every case.
+type timeouts struct {
+	dial, read, pool, minBackoff, maxBackoff time.Duration
+}
+
+func budget(commandTimeout time.Duration) timeouts {
+	return timeouts{
+		dial:       commandTimeout / (maxRetries + 1),
+		read:       commandTimeout,
+		pool:       commandTimeout,
+		minBackoff: commandTimeout / 128,
+		maxBackoff: commandTimeout / 10,
+	}
+}
+
+// NewClient builds a go-redis client for cfg: a Cluster client when
+// cluster.addrs is set, a Sentinel failover client when sentinel.master_name
+// is set, else a standalone client from addr or url. It does not dial.
+func NewClient(cfg Config) (redis.UniversalClient, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tlsConf, err := tlsConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := budget(cfg.CommandTimeout)
+	disabled := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+
+	switch {
+	case len(cfg.Cluster.Addrs) > 0:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                    cfg.Cluster.Addrs,
+			ClientName:               clientName,
+			Protocol:                 2,
+			Username:                 cfg.Username,
+			Password:                 cfg.Password,
+			MaxRetries:               maxRetries,
+			MinRetryBackoff:          t.minBackoff,
+			MaxRetryBackoff:          t.maxBackoff,
+			DialTimeout:              t.dial,
+			DialerRetries:            1,
+			ReadTimeout:              t.read,
+			WriteTimeout:             t.read,
+			ContextTimeoutEnabled:    true,
+			PoolSize:                 cfg.PoolSize,
+			PoolTimeout:              t.pool,
+			TLSConfig:                tlsConf,
+			DisableIdentity:          true,
+			MaintNotificationsConfig: disabled,
+		}), nil
+
+	case cfg.Sentinel.MasterName != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            cfg.Sentinel.MasterName,
+			SentinelAddrs:         cfg.Sentinel.Addrs,
+			SentinelPassword:      cfg.Sentinel.Password,
+			ClientName:            clientName,
+			Protocol:              2,
+			Username:              cfg.Username,
+			Password:              cfg.Password,
+			DB:                    cfg.DB,
+			MaxRetries:            maxRetries,
+			MinRetryBackoff:       t.minBackoff,
+			MaxRetryBackoff:       t.maxBackoff,
+			DialTimeout:           t.dial,
+			DialerRetries:         1,
+			ReadTimeout:           t.read,
+			WriteTimeout:          t.read,
+			ContextTimeoutEnabled: true,
+			PoolSize:              cfg.PoolSize,
+			PoolTimeout:           t.pool,
+			TLSConfig:             tlsConf,
+			DisableIdentity:       true,
+		}), nil
+	}
+
+	opt := &redis.Options{Addr: cfg.Addr, Username: cfg.Username, Password: cfg.Password, DB: cfg.DB, TLSConfig: tlsConf}
+	if cfg.URL != "" {
+		// The URL carries credentials, db and TLS; explicit fields fill what it leaves out.
+		opt, err = redis.ParseURL(cfg.URL)
+		if err != nil {
+			return nil, fmt.Errorf("redis url: %w", err)
+		}
+		if opt.Username == "" {
+			opt.Username = cfg.Username
+		}
+		if opt.Password == "" {
+			opt.Password = cfg.Password
+		}
+		if opt.DB == 0 {
+			opt.DB = cfg.DB
+		}
+		if tlsConf != nil {
+			if opt.TLSConfig != nil {
+				tlsConf.ServerName = opt.TLSConfig.ServerName
+			}
+			opt.TLSConfig = tlsConf
+		}
+	}
+	opt.ClientName = clientName
+	opt.Protocol = 2
+	opt.MaxRetries = maxRetries
+	opt.MinRetryBackoff = t.minBackoff
+	opt.MaxRetryBackoff = t.maxBackoff
+	opt.DialTimeout = t.dial
+	opt.DialerRetries = 1
+	opt.ReadTimeout = t.read
+	opt.WriteTimeout = t.read
+	opt.ContextTimeoutEnabled = true
+	opt.PoolSize = cfg.PoolSize
+	opt.PoolTimeout = t.pool
+	opt.DisableIdentity = true
+	opt.MaintNotificationsConfig = disabled
+	return redis.NewClient(opt), nil
+}
+
+// tlsConfig returns nil when TLS is off (and the URL is not rediss://).
+func tlsConfig(cfg Config) (*tls.Config, error) {
+	if !cfg.TLS && !strings.HasPrefix(cfg.URL, "rediss://") {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis ca_file %s: no PEM certificates", cfg.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	return c, nil
+}

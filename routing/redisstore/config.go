@@ -1,0 +1,137 @@
+// Package redisstore reads the sandbox routing table from Redis, the way the
+// platform's control plane writes it, and shares invalidations and an
+// instance registry between CubeProxy instances through the same Redis.
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults for Config; they match the keys the control plane and the
+// platform's previous proxy use.
+const (
+	DefaultKeyPrefix         = "cube:v1:shared:sandbox:proxy:"
+	DefaultLegacyKeyPrefix   = "bypass_host_proxy:"
+	DefaultInvalidateChannel = "cube:v1:shared:cube_proxy:invalidate"
+	DefaultCommandTimeout    = time.Second
+	DefaultRegistryInterval  = 5 * time.Second
+	DefaultRegistryHash      = "cube:v1:shared:cube_proxy:registry"
+	DefaultRegistryZSet      = "cube:v1:shared:cube_proxy:heartbeat"
+)
+
+// Config selects the Redis deployment and the key layout. Exactly one of
+// Addr, URL, Sentinel.MasterName or Cluster.Addrs names the server(s).
+type Config struct {
+	// Addr is host:port of a standalone server.
+	Addr string `yaml:"addr"`
+	// URL is a redis:// or rediss:// URL (user, password, db and TLS in one string).
+	URL string `yaml:"url"`
+	// Username is the ACL user (Redis 6+); empty uses the default user.
+	Username string `yaml:"username"`
+	// Password authenticates to the data nodes (not to sentinels).
+	Password string `yaml:"password"`
+	// DB is the database index (standalone and Sentinel; Cluster has only 0).
+	DB int `yaml:"db"`
+	// TLS turns on TLS to the data nodes and sentinels.
+	TLS bool `yaml:"tls"`
+	// CAFile is a PEM bundle that verifies the server; empty uses the system roots.
+	CAFile string `yaml:"ca_file"`
+	// InsecureSkipVerify disables server certificate checks (tests only).
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+
+	Sentinel SentinelConfig `yaml:"sentinel"`
+	Cluster  ClusterConfig  `yaml:"cluster"`
+
+	// PoolSize is the connection pool size per node (0: go-redis default, 10 per CPU).
+	PoolSize int `yaml:"pool_size"`
+	// KeyPrefix is prepended to the sandbox id to form the route hash key.
+	KeyPrefix string `yaml:"key_prefix"`
+	// LegacyKeyPrefix is the fallback key prefix read when the first key is empty.
+	LegacyKeyPrefix string `yaml:"legacy_key_prefix"`
+	// DisableLegacy skips the legacy key, saving one HGETALL per miss when no
+	// old deployment writes it.
+	DisableLegacy bool `yaml:"disable_legacy"`
+	// InvalidateChannel is the pub/sub channel carrying sandbox ids to drop.
+	InvalidateChannel string `yaml:"invalidate_channel"`
+	// CommandTimeout bounds one lookup, retries included.
+	CommandTimeout time.Duration `yaml:"command_timeout"`
+
+	Registry RegistryConfig `yaml:"registry"`
+}
+
+// SentinelConfig points at Redis Sentinel.
+type SentinelConfig struct {
+	MasterName string   `yaml:"master_name"`
+	Addrs      []string `yaml:"addrs"`
+	// Password authenticates to the sentinels themselves.
+	Password string `yaml:"password"`
+}
+
+// ClusterConfig lists seed nodes of a Redis Cluster.
+type ClusterConfig struct {
+	Addrs []string `yaml:"addrs"`
+}
+
+// RegistryConfig controls the instance registry (off by default).
+type RegistryConfig struct {
+	Enabled  bool          `yaml:"enabled"`
+	Interval time.Duration `yaml:"interval"`
+	Hash     string        `yaml:"hash"`
+	ZSet     string        `yaml:"zset"`
+}
+
+// WithDefaults returns c with every empty field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	if c.LegacyKeyPrefix == "" {
+		c.LegacyKeyPrefix = DefaultLegacyKeyPrefix
+	}
+	if c.InvalidateChannel == "" {
+		c.InvalidateChannel = DefaultInvalidateChannel
+	}
+	if c.CommandTimeout <= 0 {
+		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.Registry.Interval <= 0 {
+		c.Registry.Interval = DefaultRegistryInterval
+	}
+	if c.Registry.Hash == "" {
+		c.Registry.Hash = DefaultRegistryHash
+	}
+	if c.Registry.ZSet == "" {
+		c.Registry.ZSet = DefaultRegistryZSet
+	}
+	return c
+}
+
+// Validate reports a configuration that names no server or more than one kind.
+func (c Config) Validate() error {
+	kinds := 0
+	for _, set := range []bool{c.Addr != "", c.URL != "", c.Sentinel.MasterName != "", len(c.Cluster.Addrs) > 0} {
+		if set {
+			kinds++
+		}
+	}
+	switch {
+	case kinds == 0:
+		return errors.New("redis: set one of addr, url, sentinel.master_name or cluster.addrs")
+	case kinds > 1:
+		return errors.New("redis: addr, url, sentinel and cluster are mutually exclusive")
+	case c.Sentinel.MasterName != "" && len(c.Sentinel.Addrs) == 0:
+		return errors.New("redis: sentinel.addrs is empty")
+	case len(c.Cluster.Addrs) > 0 && c.DB != 0:
+		return fmt.Errorf("redis: cluster supports only db 0, got %d", c.DB)
+	case c.DB < 0:
+		return fmt.Errorf("redis: negative db %d", c.DB)
+	case (c.CAFile != "" || c.InsecureSkipVerify) && !c.TLS && !strings.HasPrefix(c.URL, "rediss://"):
+		return errors.New("redis: ca_file and insecure_skip_verify need tls: true or a rediss:// url")
+	case c.PoolSize < 0:
+		return fmt.Errorf("redis: negative pool_size %d", c.PoolSize)
+	}
+	return nil
+}

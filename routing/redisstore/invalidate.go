@@ -1,0 +1,121 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Invalidator drops a sandbox's cached route; *routing.Cache satisfies it.
+type Invalidator interface {
+	Invalidate(id string) int
+}
+
+// Publish announces on InvalidateChannel that every instance must drop id.
+// The publishing instance receives its own message too; dropping twice is harmless.
+func (s *Store) Publish(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
+	defer cancel()
+	if err := s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err(); err != nil {
+		return fmt.Errorf("redis publish %s: %w", s.cfg.InvalidateChannel, err)
+	}
+	return nil
+}
+
+// Subscriber applies the ids published on InvalidateChannel to a cache.
+//
+// go-redis reconnects and resubscribes by itself after Redis restarts (it
+// also pings the connection every few seconds to notice a dead peer).
+// Messages published while the connection was down are lost: the affected
+// entries stay cached until their TTL (500-700 s) expires, which is the same
+// bound as for a route the control plane changes without calling the admin
+// API. A resubscription is logged at warn level so operators can correlate.
+type Subscriber struct {
+	ps        *redis.PubSub
+	cache     Invalidator
+	logger    *slog.Logger
+	ready     chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	subs      atomic.Int64
+	applied   atomic.Int64
+}
+
+// Subscribe starts applying invalidation messages to cache until ctx ends or
+// Close is called. It never fails: while Redis is unreachable it keeps retrying.
+func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.Logger) *Subscriber {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	sub := &Subscriber{
+		ps:     s.client.Subscribe(ctx, s.cfg.InvalidateChannel),
+		cache:  cache,
+		logger: logger.With("channel", s.cfg.InvalidateChannel),
+		ready:  make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	ch := sub.ps.ChannelWithSubscriptions(
+		redis.WithChannelSize(1024),
+		redis.WithChannelPingTimeout(s.cfg.CommandTimeout),
+	)
+	go sub.run(ch)
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = sub.Close()
+		case <-sub.done:
+		}
+	}()
+	return sub
+}
+
+func (sub *Subscriber) run(ch <-chan any) {
+	defer close(sub.done)
+	for msg := range ch {
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
+			}
+			if sub.subs.Add(1) == 1 {
+				close(sub.ready)
+				sub.logger.Info("redis invalidation subscribed")
+			} else {
+				sub.logger.Warn("redis invalidation resubscribed after reconnect; ids published meanwhile expire by TTL")
+			}
+		case *redis.Message:
+			id := strings.ToLower(strings.TrimSpace(m.Payload))
+			if !routing.ValidID(id) {
+				sub.logger.Warn("redis invalidation: ignored bad id", "len", len(m.Payload))
+				continue
+			}
+			n := sub.cache.Invalidate(id)
+			sub.applied.Add(1)
+			sub.logger.Debug("redis invalidation", "sandbox_id", id, "deleted", n)
+		}
+	}
+}
+
+// Ready is closed once the first SUBSCRIBE is confirmed by Redis.
+func (sub *Subscriber) Ready() <-chan struct{} { return sub.ready }
+
+// Subscriptions counts confirmed SUBSCRIBEs: 1 after start, +1 per reconnect.
+func (sub *Subscriber) Subscriptions() int64 { return sub.subs.Load() }
+
+// Applied counts invalidation messages applied to the cache.
+func (sub *Subscriber) Applied() int64 { return sub.applied.Load() }
+
+// Close unsubscribes and waits until no more messages are applied.
+func (sub *Subscriber) Close() error {
+	var err error
+	sub.closeOnce.Do(func() { err = sub.ps.Close() })
+	<-sub.done
+	return err
+}

@@ -1,0 +1,141 @@
+package redisstore_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// recorder is an Invalidator that reports every id it is asked to drop.
+type recorder chan string
+
+func (r recorder) Invalidate(id string) int {
+	r <- id
+	return 1
+}
+
+func waitReady(t testing.TB, sub *redisstore.Subscriber) {
+	t.Helper()
+	select {
+	case <-sub.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("subscriber not ready after 5s")
+	}
+}
+
+func expectID(t testing.TB, rec recorder, want string) {
+	t.Helper()
+	select {
+	case got := <-rec:
+		if got != want {
+			t.Fatalf("invalidated %q, want %q", got, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no invalidation of %q within 5s", want)
+	}
+}
+
+// TestInvalidationAcrossInstances: two proxy instances share one Redis; a
+// publish through instance A makes both drop the entry, so B re-reads Redis.
+func TestInvalidationAcrossInstances(t *testing.T) {
+	r := testenv.StartRedis(t)
+	key := redisstore.DefaultKeyPrefix + "sbx"
+	hset(t, r, key, "HostIP", "10.0.0.1", "50005", "30001")
+
+	type instance struct {
+		store *redisstore.Store
+		cache *routing.Cache
+		sub   *redisstore.Subscriber
+	}
+	var inst [2]instance
+	for i := range inst {
+		s := openStore(t, r)
+		c := newCache(t, s, routing.CacheConfig{})
+		sub := s.Subscribe(context.Background(), c, nil)
+		t.Cleanup(func() { _ = sub.Close() })
+		waitReady(t, sub)
+		if _, _, err := c.Get(context.Background(), []byte("sbx")); err != nil {
+			t.Fatal(err)
+		}
+		inst[i] = instance{s, c, sub}
+	}
+
+	// The control plane moves the sandbox; both instances still serve the cached route.
+	hset(t, r, key, "HostIP", "10.0.0.2")
+	for i, in := range inst {
+		route, res, _ := in.cache.Get(context.Background(), []byte("sbx"))
+		if res != routing.CacheHit || route.HostIP != netip.MustParseAddr("10.0.0.1") {
+			t.Fatalf("instance %d before invalidation: %v %v", i, res, route)
+		}
+	}
+
+	if err := inst[0].store.Publish(context.Background(), "sbx"); err != nil {
+		t.Fatal(err)
+	}
+	for i, in := range inst {
+		eventually(t, 5*time.Second, "invalidation applied", func() bool { return in.sub.Applied() >= 1 })
+		route, res, err := in.cache.Get(context.Background(), []byte("sbx"))
+		if err != nil || res != routing.CacheMiss || route.HostIP != netip.MustParseAddr("10.0.0.2") {
+			t.Fatalf("instance %d after invalidation: %v %v %v, want a fresh read of 10.0.0.2", i, res, route, err)
+		}
+	}
+}
+
+// TestInvalidationSurvivesRestart: after redis-server restarts, the
+// subscriber resubscribes by itself and applies messages again.
+func TestInvalidationSurvivesRestart(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	rec := make(recorder, 16)
+	sub := s.Subscribe(context.Background(), rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, "before").Err(); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "before")
+
+	r.Restart()
+	eventually(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
+	// Published by another client, like another proxy instance would.
+	if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, " AFTER\n").Err(); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "after") // trimmed and lower-cased
+}
+
+// TestSubscriberStops: cancelling the context unsubscribes and ends the loop;
+// bad payloads are ignored without reaching the cache.
+func TestSubscriberStops(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	rec := make(recorder, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	sub := s.Subscribe(ctx, rec, nil)
+	waitReady(t, sub)
+
+	for _, bad := range []string{"", "bad id", "x*"} {
+		if err := s.Publish(context.Background(), bad); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Publish(context.Background(), "good"); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "good") // messages are ordered: the bad ones were skipped
+
+	cancel()
+	eventually(t, 5*time.Second, "unsubscribe", func() bool {
+		n, err := r.Client().PubSubNumSub(context.Background(), redisstore.DefaultInvalidateChannel).Result()
+		return err == nil && n[redisstore.DefaultInvalidateChannel] == 0
+	})
+	_ = sub.Close() // waits for the loop; must not block after ctx cancel
+	if sub.Applied() != 1 {
+		t.Fatalf("applied %d messages, want 1", sub.Applied())
+	}
+}

@@ -1,0 +1,132 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Instance describes one running proxy in the registry.
+type Instance struct {
+	ProxyID   string    `json:"proxy_id"`
+	AdminURL  string    `json:"admin_url"`
+	NodeIP    string    `json:"node_ip"`
+	StartedAt time.Time `json:"started_at"` // RFC 3339 in JSON
+	Version   string    `json:"version"`
+}
+
+// Registry keeps this instance's entry in the registry hash and its
+// heartbeat (unix ms) in the sorted set. Readers treat a heartbeat older
+// than a few intervals as a dead instance: a crashed proxy cannot remove
+// its own entries.
+type Registry struct {
+	client redis.UniversalClient
+	cfg    RegistryConfig
+	id     string
+	value  []byte
+	budget time.Duration
+	logger *slog.Logger
+	stop   chan struct{}
+	done   chan struct{}
+
+	stopOnce sync.Once
+}
+
+// StartRegistry starts the registry when cfg.Registry.Enabled, with the
+// store's client and command timeout. It returns a nil *Registry (whose Stop
+// is a no-op) when the registry is disabled.
+func (s *Store) StartRegistry(inst Instance, logger *slog.Logger) (*Registry, error) {
+	if !s.cfg.Registry.Enabled {
+		return nil, nil
+	}
+	return StartRegistry(s.client, s.cfg.Registry, s.cfg.CommandTimeout, inst, logger)
+}
+
+// StartRegistry writes the entry at once and then every cfg.Interval until
+// Stop, whatever cfg.Enabled says. cmdTimeout bounds each write. Failed writes are logged and retried
+// on the next tick; they never stop the loop.
+func StartRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger) (*Registry, error) {
+	if inst.ProxyID == "" {
+		return nil, errors.New("redis registry: empty proxy_id")
+	}
+	value, err := json.Marshal(inst)
+	if err != nil {
+		return nil, fmt.Errorf("redis registry: %w", err)
+	}
+	if cmdTimeout <= 0 {
+		cmdTimeout = DefaultCommandTimeout
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Registry{
+		client: client,
+		cfg:    Config{Registry: cfg}.WithDefaults().Registry,
+		id:     inst.ProxyID,
+		value:  value,
+		budget: cmdTimeout,
+		logger: logger.With("proxy_id", inst.ProxyID),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	go r.run()
+	return r, nil
+}
+
+func (r *Registry) run() {
+	defer close(r.done)
+	tick := time.NewTicker(r.cfg.Interval)
+	defer tick.Stop()
+	for {
+		if err := r.beat(); err != nil {
+			r.logger.Warn("redis registry heartbeat failed", "err", err)
+		}
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// beat writes the entry and the heartbeat in one round trip.
+func (r *Registry) beat() error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.budget)
+	defer cancel()
+	// A plain pipeline, not MULTI: in a Cluster the two keys live on different slots.
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, r.cfg.Hash, r.id, r.value)
+		p.ZAdd(ctx, r.cfg.ZSet, redis.Z{Score: float64(time.Now().UnixMilli()), Member: r.id})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redis registry hset %s / zadd %s: %w", r.cfg.Hash, r.cfg.ZSet, err)
+	}
+	return nil
+}
+
+// Stop ends the heartbeat loop and removes this instance's entries. It
+// returns the removal's error, if any; ctx bounds the removal. Calling it
+// again removes the entries again.
+func (r *Registry) Stop(ctx context.Context) error {
+	if r == nil {
+		return nil
+	}
+	r.stopOnce.Do(func() { close(r.stop) })
+	<-r.done
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, r.cfg.Hash, r.id)
+		p.ZRem(ctx, r.cfg.ZSet, r.id)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redis registry hdel %s / zrem %s: %w", r.cfg.Hash, r.cfg.ZSet, err)
+	}
+	return nil
+}

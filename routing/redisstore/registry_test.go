@@ -1,0 +1,102 @@
+package redisstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+func TestRegistry(t *testing.T) {
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	c := r.Client()
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	inst := redisstore.Instance{ProxyID: "proxy-1", AdminURL: "http://127.0.0.1:9901", NodeIP: "10.0.0.1", StartedAt: started, Version: "v1.2.3"}
+	const interval = 50 * time.Millisecond
+	reg, err := redisstore.StartRegistry(s.Client(), redisstore.RegistryConfig{Enabled: true, Interval: interval}, time.Second, inst, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Stop(ctx) })
+
+	present := func() bool {
+		return c.HExists(ctx, redisstore.DefaultRegistryHash, "proxy-1").Val() &&
+			c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Err() == nil
+	}
+	eventually(t, 2*time.Second, "registry entries", present)
+
+	raw, err := c.HGet(ctx, redisstore.DefaultRegistryHash, "proxy-1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(raw), &got); err != nil {
+		t.Fatalf("registry value %q: %v", raw, err)
+	}
+	want := map[string]any{"proxy_id": "proxy-1", "admin_url": "http://127.0.0.1:9901", "node_ip": "10.0.0.1",
+		"started_at": "2026-01-02T03:04:05Z", "version": "v1.2.3"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("registry %s = %v, want %v (value %s)", k, got[k], v, raw)
+		}
+	}
+	score := c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Val()
+	if now := float64(time.Now().UnixMilli()); score < now-5000 || score > now+1000 {
+		t.Errorf("heartbeat score %.0f is not about now (%.0f) in unix ms", score, now)
+	}
+
+	// The heartbeat repeats: entries removed by hand come back, with a newer score.
+	c.HDel(ctx, redisstore.DefaultRegistryHash, "proxy-1")
+	c.ZRem(ctx, redisstore.DefaultRegistryZSet, "proxy-1")
+	eventually(t, 2*time.Second, "registry entries rewritten", present)
+	if newer := c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Val(); newer <= score {
+		t.Errorf("heartbeat score %.0f not newer than %.0f", newer, score)
+	}
+
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if present() || c.HExists(ctx, redisstore.DefaultRegistryHash, "proxy-1").Val() {
+		t.Fatal("registry entries still present after Stop")
+	}
+}
+
+func TestRegistryNeedsID(t *testing.T) {
+	r := testenv.StartRedis(t)
+	if _, err := redisstore.StartRegistry(r.Client(), redisstore.RegistryConfig{}, time.Second, redisstore.Instance{}, nil); err == nil {
+		t.Fatal("StartRegistry with empty proxy_id succeeded")
+	}
+}
+
+// TestRegistryOffByDefault: Store.StartRegistry does nothing unless enabled.
+func TestRegistryOffByDefault(t *testing.T) {
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	inst := redisstore.Instance{ProxyID: "p"}
+	reg, err := openStore(t, r).StartRegistry(inst, nil)
+	if err != nil || reg != nil {
+		t.Fatalf("disabled registry: %v %v, want nil, nil", reg, err)
+	}
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatalf("nil registry stop: %v", err)
+	}
+	on := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Registry: redisstore.RegistryConfig{Enabled: true, Hash: "h", ZSet: "z"}})
+	reg, err = on.StartRegistry(inst, nil)
+	if err != nil || reg == nil {
+		t.Fatalf("enabled registry: %v %v", reg, err)
+	}
+	eventually(t, 2*time.Second, "custom registry keys", func() bool {
+		return r.Client().HExists(ctx, "h", "p").Val() && r.Client().ZScore(ctx, "z", "p").Err() == nil
+	})
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Client().Exists(ctx, redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet, "h", "z").Val(); n != 0 {
+		t.Fatalf("%d registry keys left", n)
+	}
+}

@@ -1,0 +1,74 @@
+package redisstore_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// TestSentinelFailover: the store follows a Sentinel failover; routes keep
+// resolving and writes (registry, control plane) land on the new master.
+func TestSentinelFailover(t *testing.T) {
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t)
+	replica := testenv.StartReplica(t, master)
+	sentinel := testenv.StartSentinel(t, name, master.Addr())
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = sc.Close() })
+
+	// Written before the failover and replicated, as the control plane's data would be.
+	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	if n, err := master.Client().Wait(ctx, 1, time.Second).Result(); err != nil || n < 1 {
+		t.Fatalf("WAIT 1 1000: %d %v", n, err)
+	}
+
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}})
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup before failover: %v", err)
+	}
+
+	// SENTINEL FAILOVER needs a replica the sentinel has already discovered.
+	eventually(t, 15*time.Second, "sentinel to see the replica", func() bool {
+		reps, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+	})
+	if err := sc.Failover(ctx, name).Err(); err != nil {
+		t.Fatalf("sentinel failover: %v", err)
+	}
+	eventually(t, 15*time.Second, "replica promoted", func() bool {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
+			return false
+		}
+		role, err := replica.Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "master"
+	})
+	// The store's client must move to the new master by itself (go-redis
+	// follows +switch-master); the old one is still running, so ask the
+	// connected server which port it listens on.
+	eventually(t, 15*time.Second, "store client on the new master", func() bool {
+		port, err := s.Client().ConfigGet(ctx, "port").Result()
+		return err == nil && port["port"] == strconv.Itoa(replica.Port())
+	})
+
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup after failover: %v", err)
+	}
+	if err := s.Client().HSet(ctx, redisstore.DefaultKeyPrefix+"new", "HostIP", "10.0.0.2").Err(); err != nil {
+		t.Fatalf("write after failover: %v", err)
+	}
+	if v, err := replica.Client().HGet(ctx, redisstore.DefaultKeyPrefix+"new", "HostIP").Result(); err != nil || v != "10.0.0.2" {
+		t.Fatalf("write did not land on the new master: %q %v", v, err)
+	}
+	if _, err := s.Lookup(ctx, "new"); err != nil {
+		t.Fatalf("lookup of a route written after failover: %v", err)
+	}
+}

@@ -1,0 +1,89 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Store is a routing.Store over the hashes the control plane writes:
+// HGETALL <KeyPrefix><id>, and when that is empty HGETALL <LegacyKeyPrefix><id>.
+// The new key wins when both exist. It is safe for concurrent use.
+type Store struct {
+	client redis.UniversalClient
+	cfg    Config
+}
+
+var _ routing.Store = (*Store)(nil)
+
+// Open builds a client for cfg (see NewClient) and a Store over it.
+// It does not dial: an unreachable Redis shows up as Lookup errors.
+func Open(cfg Config) (*Store, error) {
+	client, err := NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewStore(client, cfg), nil
+}
+
+// NewStore returns a Store that reads through client with cfg's key layout
+// and command timeout. Close closes client.
+func NewStore(client redis.UniversalClient, cfg Config) *Store {
+	return &Store{client: client, cfg: cfg.WithDefaults()}
+}
+
+// Client returns the underlying client (for the registry and health checks).
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// Close closes the client and every connection in its pool.
+func (s *Store) Close() error { return s.client.Close() }
+
+// Lookup reads the route of sandbox id. It returns routing.ErrNotFound when
+// both keys are empty or absent, a *routing.FieldError (wrapped) for invalid
+// data, and any other error when Redis cannot answer within CommandTimeout.
+func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	if !routing.ValidID(id) {
+		// Never send a key built from garbage to Redis.
+		return nil, &routing.FieldError{Field: routing.FieldSandboxID, Reason: "invalid sandbox id"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
+	defer cancel()
+
+	key := s.cfg.KeyPrefix + id
+	fields, err := s.hgetall(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if len(fields) == 0 && !s.cfg.DisableLegacy {
+		key = s.cfg.LegacyKeyPrefix + id
+		if fields, err = s.hgetall(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	if len(fields) == 0 {
+		return nil, routing.ErrNotFound
+	}
+	r, err := routing.ParseRoute(id, fields)
+	if err != nil {
+		return nil, fmt.Errorf("redis route %s: %w", key, err)
+	}
+	return r, nil
+}
+
+func (s *Store) hgetall(ctx context.Context, key string) (map[string]string, error) {
+	fields, err := s.client.HGetAll(ctx, key).Result()
+	if err == nil {
+		return fields, nil
+	}
+	if redis.HasErrorPrefix(err, "WRONGTYPE") {
+		// A key of another type is bad data, not an outage: answer 404, not 503.
+		return nil, fmt.Errorf("redis hgetall %s: %w", key, &routing.FieldError{Field: key, Reason: "key is not a hash"})
+	}
+	return nil, fmt.Errorf("redis hgetall %s: %w", key, err)
+}

@@ -1,0 +1,247 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+func TestLookup(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	newKey := func(id string) string { return redisstore.DefaultKeyPrefix + id }
+	oldKey := func(id string) string { return redisstore.DefaultLegacyKeyPrefix + id }
+
+	hset(t, r, newKey("full"), controlPlaneFields("10.0.0.5")...)
+	hset(t, r, oldKey("legacy"), "HostIP", "10.0.0.6", "50005", "31000")
+	hset(t, r, newKey("both"), "HostIP", "10.0.0.7", "50005", "32000")
+	hset(t, r, oldKey("both"), "HostIP", "10.0.0.8", "50005", "33000")
+	hset(t, r, newKey("extra"), "HostIP", "10.0.0.9", "50005", "34000", "Region", "eu", "NodeName", "n1")
+	hset(t, r, newKey("nohost"), "SandboxIP", "192.168.0.1", "50005", "35000")
+	hset(t, r, newKey("badport"), "HostIP", "10.0.0.10", "50005", "abc")
+	hset(t, r, newKey("badip"), "HostIP", "not-an-ip")
+	// A broken new key is not papered over by a valid legacy key.
+	hset(t, r, newKey("badnew"), "HostIP", "")
+	hset(t, r, oldKey("badnew"), "HostIP", "10.0.0.11")
+	if err := r.Client().Set(context.Background(), newKey("string"), "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		id        string
+		host      string // expected HostIP
+		port      uint16 // expected host port for container port 50005
+		errField  string // expected FieldError.Field
+		notFound  bool
+		checkFull bool
+	}{
+		{id: "full", host: "10.0.0.5", port: 30001, checkFull: true},
+		{id: "legacy", host: "10.0.0.6", port: 31000},
+		{id: "both", host: "10.0.0.7", port: 32000},
+		{id: "extra", host: "10.0.0.9", port: 34000},
+		{id: "nohost", errField: "HostIP"},
+		{id: "badport", errField: "50005"},
+		{id: "badip", errField: "HostIP"},
+		{id: "badnew", errField: "HostIP"},
+		{id: "string", errField: newKey("string")},
+		{id: "Bad*Id", errField: routing.FieldSandboxID},
+		{id: "missing", notFound: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.id, func(t *testing.T) {
+			route, err := s.Lookup(context.Background(), tc.id)
+			switch {
+			case tc.notFound:
+				if !errors.Is(err, routing.ErrNotFound) {
+					t.Fatalf("err = %v, want ErrNotFound", err)
+				}
+				return
+			case tc.errField != "":
+				var fe *routing.FieldError
+				if !errors.As(err, &fe) || fe.Field != tc.errField {
+					t.Fatalf("err = %v, want FieldError for %q", err, tc.errField)
+				}
+				return
+			case err != nil:
+				t.Fatalf("lookup: %v", err)
+			}
+			if route.ID != tc.id || route.HostIP != netip.MustParseAddr(tc.host) {
+				t.Fatalf("route = %+v, want id %s host %s", route, tc.id, tc.host)
+			}
+			if p, ok := route.HostPort(50005); !ok || p != tc.port {
+				t.Fatalf("host port = %d %v, want %d", p, ok, tc.port)
+			}
+			if !tc.checkFull {
+				return
+			}
+			want := routing.Route{
+				ID: "full", HostIP: netip.MustParseAddr("10.0.0.5"), SandboxIP: netip.MustParseAddr("192.168.7.9"),
+				CreatedAt: 1700000000123456789, Public: false, TrafficToken: token, MaskRequestHost: "sbx-${PORT}.internal",
+			}
+			got := *route
+			got.Ports = nil
+			if !reflect.DeepEqual(got, want) || len(route.Ports) != 2 || route.Ports[49983] != 30002 {
+				t.Fatalf("route = %+v, want %+v with ports 50005->30001 49983->30002", route, want)
+			}
+		})
+	}
+}
+
+func TestLookupCustomPrefixAndNoLegacy(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), KeyPrefix: "p:", DisableLegacy: true})
+	hset(t, r, "p:a", "HostIP", "10.1.0.1")
+	hset(t, r, redisstore.DefaultLegacyKeyPrefix+"b", "HostIP", "10.1.0.2")
+	if _, err := s.Lookup(context.Background(), "a"); err != nil {
+		t.Fatalf("custom prefix: %v", err)
+	}
+	r.ResetStats(t)
+	if _, err := s.Lookup(context.Background(), "b"); !errors.Is(err, routing.ErrNotFound) {
+		t.Fatalf("legacy disabled: err = %v, want ErrNotFound", err)
+	}
+	if n := r.CommandCount(t, "hgetall"); n != 1 {
+		t.Fatalf("legacy disabled: %d HGETALLs, want 1", n)
+	}
+}
+
+// TestLookupUnavailable proves a lookup never hangs: a dead server and a
+// server that accepts connections but never answers both fail within the
+// 1 s command budget (plus scheduling slack).
+func TestLookupUnavailable(t *testing.T) {
+	r := testenv.StartRedis(t)
+	dead := openStore(t, r)
+	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
+	if _, err := dead.Lookup(context.Background(), "x"); err != nil {
+		t.Fatalf("warm-up lookup: %v", err)
+	}
+	r.Stop()
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		var held []net.Conn // keep accepted connections open and mute
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	mute := openStoreCfg(t, redisstore.Config{Addr: silent.Addr().String()})
+
+	for name, s := range map[string]*redisstore.Store{"killed": dead, "mute": mute} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			_, err := s.Lookup(context.Background(), "x")
+			took := time.Since(start)
+			var fe *routing.FieldError
+			if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
+				t.Fatalf("err = %v, want an availability error", err)
+			}
+			if !strings.Contains(err.Error(), "redis hgetall "+redisstore.DefaultKeyPrefix+"x") {
+				t.Errorf("err %q lacks context", err)
+			}
+			if took > 1500*time.Millisecond {
+				t.Fatalf("lookup took %s, want < 1.5s", took)
+			}
+		})
+	}
+}
+
+// TestLookupRecoversAfterOutage: after enough failed dials go-redis fails
+// fast and probes the server once a second in the background; lookups must
+// work again within about a second of Redis returning, without a restart.
+func TestLookupRecoversAfterOutage(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), PoolSize: 4})
+	r.Stop()
+	for range 20 {
+		if _, err := s.Lookup(context.Background(), "x"); err == nil {
+			t.Fatal("lookup succeeded with redis down")
+		}
+	}
+	r.Restart()
+	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
+	start := time.Now()
+	eventually(t, 3*time.Second, "lookup after restart", func() bool {
+		_, err := s.Lookup(context.Background(), "x")
+		return err == nil
+	})
+	t.Logf("recovered %s after restart", time.Since(start).Round(time.Millisecond))
+}
+
+// dropProxy forwards loopback connections to target after closing the first
+// drops connections at once (a reset as a restarting server would cause).
+func dropProxy(t *testing.T, target string, drops int) (addr string, accepted *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	accepted = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if accepted.Add(1) <= int64(drops) {
+				c.Close()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return l.Addr().String(), accepted
+}
+
+// TestLookupRetriesTransportErrors: a transport error is retried at most
+// twice, each time on a new connection.
+func TestLookupRetriesTransportErrors(t *testing.T) {
+	r := testenv.StartRedis(t)
+	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
+	for _, tc := range []struct {
+		drops int
+		ok    bool
+	}{{0, true}, {2, true}, {3, false}} {
+		t.Run(strconv.Itoa(tc.drops), func(t *testing.T) {
+			addr, accepted := dropProxy(t, r.Addr(), tc.drops)
+			s := openStoreCfg(t, redisstore.Config{Addr: addr})
+			_, err := s.Lookup(context.Background(), "x")
+			if (err == nil) != tc.ok {
+				t.Fatalf("lookup after %d dropped connections: err = %v, want ok=%v", tc.drops, err, tc.ok)
+			}
+			if n := accepted.Load(); n > 3 {
+				t.Fatalf("%d connections for one lookup, want at most 3 (2 retries)", n)
+			}
+		})
+	}
+}

@@ -1,0 +1,284 @@
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+)
+
+// acmeSource wires certmagic with its own Cache and Configs (never the
+// package globals). Two Configs share the cache and storage:
+//
+//   - managed obtains *.<domain> and <domain> at start and renews them from
+//     the cache's background maintenance;
+//   - onDemand (optional) obtains certificates during handshakes for names
+//     the wildcard does not cover, after Config.Allow and the rate limiter
+//     agreed; certmagic renews those when they are used.
+//
+// They are separate because certmagic defers every managed name of a Config
+// with OnDemand set to handshakes, and because on-demand maintenance of the
+// wildcard would be keyed by the client's hostname.
+type acmeSource struct {
+	log          *slog.Logger
+	domain       string // lower-case, no trailing dot
+	defaultName  string // "*.<domain>", or "" when the wildcard is skipped
+	managedNames []string
+	allow        func(ctx context.Context, name string) error
+	limiter      *windowLimiter
+
+	cache    *certmagic.Cache
+	managed  *certmagic.Config
+	onDemand *certmagic.Config // nil when on-demand is off
+	cancel   context.CancelFunc
+}
+
+func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSource, error) {
+	a := cfg.ACME
+	s := &acmeSource{
+		log:    log,
+		domain: strings.ToLower(strings.Trim(cfg.Domain, ".")),
+		allow:  cfg.Allow,
+	}
+	if err := validateACME(cfg, s.domain); err != nil {
+		return nil, err
+	}
+	if !a.SkipWildcard {
+		s.defaultName = "*." + s.domain
+		s.managedNames = []string{s.defaultName, s.domain}
+	}
+	rate := a.OnDemandRate
+	if rate <= 0 {
+		rate = DefaultOnDemandRate
+	}
+	s.limiter = newWindowLimiter(rate)
+
+	zl := newZapLogger(log)
+	issuer, err := issuerTemplate(a, zl)
+	if err != nil {
+		return nil, err
+	}
+	s.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: s.configForCert, Logger: zl})
+	base := certmagic.Config{
+		Logger:         zl,
+		Issuers:        []certmagic.Issuer{}, // non-nil: keeps certmagic from building a default issuer
+		OnEvent:        s.onEvent,
+		ShouldEmitFunc: func(event string) bool { return event == "cert_obtaining" },
+	}
+	if a.StorageDir != "" {
+		base.Storage = &certmagic.FileStorage{Path: a.StorageDir}
+	}
+	s.managed = newCertmagicConfig(s.cache, base, issuer)
+	if a.OnDemand {
+		base.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: s.decide}
+		s.onDemand = newCertmagicConfig(s.cache, base, issuer)
+	}
+
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	if len(s.managedNames) > 0 {
+		if a.Sync {
+			err = s.managed.ManageSync(ctx, s.managedNames)
+		} else {
+			err = s.managed.ManageAsync(bg, s.managedNames)
+		}
+		if err != nil {
+			_ = s.close()
+			return nil, fmt.Errorf("acme: manage %v: %w", s.managedNames, err)
+		}
+	}
+	log.Info("acme certificates configured", "ca", issuer.CA, "managed", s.managedNames,
+		"on_demand", a.OnDemand, "dns_provider", a.DNS.Provider, "storage", a.StorageDir)
+	return s, nil
+}
+
+func validateACME(cfg Config, domain string) error {
+	a := cfg.ACME
+	switch {
+	case !a.SkipWildcard && domain == "":
+		return errors.New("acme: domain is required to manage the wildcard certificate")
+	case !a.SkipWildcard && a.DNS.Provider == "":
+		return fmt.Errorf("acme: *.%s can only be validated with DNS-01; configure a DNS provider (or skip the wildcard and use on-demand)", domain)
+	case a.SkipWildcard && !a.OnDemand:
+		return errors.New("acme: with the wildcard skipped, on-demand issuance must be enabled")
+	case a.OnDemand && cfg.Allow == nil:
+		return errors.New("acme: on-demand issuance needs an Allow function")
+	case a.Email == "":
+		// certmagic would otherwise prompt for one on stdin the first time
+		// it obtains a certificate synchronously.
+		return errors.New("acme: email (ACME account contact) is required")
+	}
+	return nil
+}
+
+// issuerTemplate builds the ACMEIssuer settings shared by both Configs.
+func issuerTemplate(a ACMEConfig, zl *zap.Logger) (certmagic.ACMEIssuer, error) {
+	roots, err := trustedRoots(a)
+	if err != nil {
+		return certmagic.ACMEIssuer{}, err
+	}
+	issuer := certmagic.ACMEIssuer{
+		CA:           a.CA,
+		Email:        a.Email,
+		Agreed:       true, // configuring a CA means accepting its terms
+		TrustedRoots: roots,
+		Logger:       zl,
+		// HTTP-01 would need /.well-known/acme-challenge on the HTTP
+		// listener; DNS-01 (or TLS-ALPN-01 on this TLS config) is used.
+		DisableHTTPChallenge: true,
+	}
+	if issuer.CA == "" {
+		issuer.CA = certmagic.LetsEncryptProductionCA
+	}
+	if a.DNS.Provider == "" {
+		return issuer, nil
+	}
+	provider, err := newDNSProvider(a.DNS.Provider, a.DNS.Options)
+	if err != nil {
+		return certmagic.ACMEIssuer{}, fmt.Errorf("acme: %w", err)
+	}
+	timeout := a.DNS.PropagationTimeout
+	if timeout < 0 {
+		timeout = -1 // certmagic's "skip the check"
+	}
+	issuer.DNS01Solver = &certmagic.DNS01Solver{DNSManager: certmagic.DNSManager{
+		DNSProvider:        provider,
+		TTL:                a.DNS.TTL,
+		PropagationDelay:   a.DNS.PropagationDelay,
+		PropagationTimeout: timeout,
+		Resolvers:          a.DNS.Resolvers,
+		Logger:             zl,
+	}}
+	return issuer, nil
+}
+
+// newCertmagicConfig builds a Config with its own issuer: the issuer keeps a
+// pointer to its Config, hence the two steps.
+func newCertmagicConfig(cache *certmagic.Cache, base certmagic.Config, issuer certmagic.ACMEIssuer) *certmagic.Config {
+	cfg := certmagic.New(cache, base)
+	cfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(cfg, issuer)}
+	return cfg
+}
+
+func trustedRoots(a ACMEConfig) (*x509.CertPool, error) {
+	if a.TrustedRoots != nil || a.TrustedRootsFile == "" {
+		return a.TrustedRoots, nil
+	}
+	pemBytes, err := os.ReadFile(a.TrustedRootsFile)
+	if err != nil {
+		return nil, fmt.Errorf("acme: trusted roots: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("acme: trusted roots: no certificate in %s", a.TrustedRootsFile)
+	}
+	return pool, nil
+}
+
+func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if noSNI(hello.ServerName) {
+		if s.defaultName == "" {
+			return nil, errNoCertificate
+		}
+		// Serve the wildcard: asking certmagic with the wildcard as the
+		// name keeps on-demand logic out of no-SNI handshakes.
+		h := *hello
+		h.ServerName = s.defaultName
+		return s.managed.GetCertificate(&h)
+	}
+	// Names the wildcard covers never go through the on-demand Config: in
+	// the renewal window it would "renew" the wildcard under the client's
+	// hostname, or evict it from memory when Allow refuses that hostname.
+	if s.onDemand != nil && !s.covered(hello.ServerName) {
+		return s.onDemand.GetCertificate(hello)
+	}
+	return s.managed.GetCertificate(hello)
+}
+
+// covered reports whether the managed certificates serve name: the apex or
+// exactly one label below it.
+func (s *acmeSource) covered(name string) bool {
+	if s.defaultName == "" {
+		return false
+	}
+	name = strings.TrimSuffix(name, ".")
+	if strings.EqualFold(name, s.domain) {
+		return true
+	}
+	cut := len(name) - len(s.domain) - 1
+	if cut <= 0 || name[cut] != '.' || !strings.EqualFold(name[cut+1:], s.domain) {
+		return false
+	}
+	return strings.IndexByte(name[:cut], '.') < 0
+}
+
+// configForCert lets the cache's maintenance renew managed certificates
+// with the managed Config; on-demand ones go to the on-demand Config, which
+// renews them during handshakes (so certificates of deleted sandboxes lapse).
+func (s *acmeSource) configForCert(cert certmagic.Certificate) (*certmagic.Config, error) {
+	if s.onDemand == nil {
+		return s.managed, nil
+	}
+	for _, n := range cert.Names {
+		if s.isManagedName(n) {
+			return s.managed, nil
+		}
+	}
+	return s.onDemand, nil
+}
+
+func (s *acmeSource) isManagedName(name string) bool {
+	for _, m := range s.managedNames {
+		if strings.EqualFold(name, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// decide is certmagic's on-demand DecisionFunc. It runs before certmagic
+// reads storage or contacts the CA, for every handshake whose name has no
+// certificate in memory, and before handshake-time renewals.
+func (s *acmeSource) decide(ctx context.Context, name string) error {
+	if err := s.allow(ctx, name); err != nil {
+		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
+		return err
+	}
+	return nil
+}
+
+// onEvent rate-limits new on-demand issuances. It hooks "cert_obtaining",
+// which fires only when a certificate is really requested from the CA (not
+// when one is loaded from storage after a restart); renewals and the
+// managed names are not limited.
+func (s *acmeSource) onEvent(_ context.Context, event string, data map[string]any) error {
+	if event != "cert_obtaining" {
+		return nil
+	}
+	if renewal, _ := data["renewal"].(bool); renewal {
+		return nil
+	}
+	name, _ := data["identifier"].(string)
+	if s.isManagedName(name) {
+		return nil
+	}
+	if !s.limiter.allow() {
+		s.log.Warn("on-demand certificate issuance rate limit reached", "name", name, "per_minute", s.limiter.max)
+		// ErrNoRetry: certmagic would otherwise retry the refused issuance.
+		return certmagic.ErrNoRetry{Err: fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)}
+	}
+	return nil
+}
+
+func (s *acmeSource) close() error {
+	s.cancel()
+	s.cache.Stop()
+	return nil
+}

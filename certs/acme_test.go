@@ -1,0 +1,230 @@
+package certs_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// testLogger discards logs unless CERTS_TEST_LOG is set (then certmagic's
+// messages go to the test log too).
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("CERTS_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// allowList is an Allow function over a fixed set of "existing sandboxes"
+// that records every name it was asked about.
+type allowList struct {
+	mu    sync.Mutex
+	ok    map[string]bool
+	asked []string
+}
+
+func (a *allowList) allow(_ context.Context, name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.asked = append(a.asked, name)
+	if a.ok[name] {
+		return nil
+	}
+	return fmt.Errorf("no sandbox for %s", name)
+}
+
+func (a *allowList) wasAsked(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Contains(a.asked, name)
+}
+
+func (a *allowList) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.asked)
+}
+
+func acmeConfig(t *testing.T, dnsSrv *testenv.DNSServer, pebble *testenv.Pebble, storage string) certs.Config {
+	return certs.Config{
+		Source: certs.SourceACME,
+		Domain: "cube.test",
+		Logger: testLogger(t),
+		ACME: certs.ACMEConfig{
+			CA:           pebble.DirectoryURL,
+			Email:        "ops@cube.test",
+			TrustedRoots: pebble.ClientRootPool,
+			StorageDir:   storage,
+			Sync:         true,
+			DNS: certs.DNSConfig{
+				Provider: "rfc2136",
+				Options: map[string]string{
+					"server":     dnsSrv.Addr,
+					"key_name":   dnsSrv.KeyName,
+					"key_alg":    dnsSrv.KeyAlg,
+					"key_secret": dnsSrv.KeySecret,
+				},
+				Resolvers: []string{dnsSrv.Addr},
+				// Checks on: certmagic must see the TXT records over DNS.
+				PropagationTimeout: 20 * time.Second,
+			},
+		},
+	}
+}
+
+func TestACMEWildcardThroughDNS01(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	storage := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	allow := &allowList{}
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.OnDemand = true // covered names must still never reach Allow
+	cfg.Allow = allow.allow
+	start := time.Now()
+	m, err := certs.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wildcard + apex obtained in %v", time.Since(start))
+	orders := pebble.Orders()
+	if orders < 1 || dnsSrv.Updates() < 2 {
+		t.Fatalf("orders %d, DNS updates %d: the certificates did not come through DNS-01", orders, dnsSrv.Updates())
+	}
+	eventually(t, 5*time.Second, func() error {
+		if v := dnsSrv.TXT("_acme-challenge.cube.test"); len(v) != 0 {
+			return fmt.Errorf("challenge records not cleaned up: %q", v)
+		}
+		return nil
+	})
+
+	roots := pebble.IssuerRootPool(t)
+	srv := serveTLS(t, m)
+	tests := []struct {
+		name string
+		sni  string
+		host string
+	}{
+		{"sandbox host via wildcard", "50005-abc.cube.test", "50005-abc.cube.test"},
+		{"apex", "cube.test", "cube.test"},
+		{"no SNI gets the wildcard", "", "50005-abc.cube.test"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := sniConfig(roots, tt.sni)
+			if tt.sni == "" {
+				cfg = noSNIConfig(roots, tt.host)
+			}
+			if _, err := fetch(t, srv.addr, cfg, tt.host); err != nil {
+				t.Fatal(err)
+			}
+			if got := srv.lastSNI(); got != tt.sni {
+				t.Fatalf("server saw SNI %q, want %q", got, tt.sni)
+			}
+		})
+	}
+	if n := allow.count(); n != 0 {
+		t.Fatalf("Allow was consulted %d times for names the wildcard covers", n)
+	}
+	// A name the wildcard cannot cover goes to on-demand, which asks Allow.
+	if _, err := fetch(t, srv.addr, sniConfig(roots, "a.b.cube.test"), "a.b.cube.test"); err == nil {
+		t.Fatal("handshake for a refused deep name succeeded")
+	}
+	if !allow.wasAsked("a.b.cube.test") || pebble.Orders() != orders {
+		t.Fatalf("deep name: asked=%v, orders %d -> %d", allow.wasAsked("a.b.cube.test"), orders, pebble.Orders())
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart loads the certificates from storage: no new order.
+	m2, err := certs.New(ctx, acmeConfig(t, dnsSrv, pebble, storage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m2.Close() })
+	srv2 := serveTLS(t, m2)
+	if _, err := fetch(t, srv2.addr, sniConfig(roots, "50005-abc.cube.test"), "50005-abc.cube.test"); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+	if got := pebble.Orders(); got != orders {
+		t.Fatalf("restart placed %d new orders; storage did not survive", got-orders)
+	}
+}
+
+func TestACMEOnDemand(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true, "50005-ok2.cube.test": true}}
+
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.OnDemandRate = 1
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = allow.allow
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if pebble.Orders() != 0 {
+		t.Fatal("on-demand only: orders placed at start")
+	}
+	roots := pebble.IssuerRootPool(t)
+	srv := serveTLS(t, m)
+
+	tests := []struct {
+		name       string
+		sni        string
+		wantOK     bool
+		wantOrders int64 // orders placed by this handshake
+	}{
+		{"existing sandbox gets a certificate", "50005-ok.cube.test", true, 1},
+		{"unknown sandbox is refused without contacting the CA", "50005-unknown.cube.test", false, 0},
+		{"second issuance in the minute is rate limited", "50005-ok2.cube.test", false, 0},
+		{"issued certificate is served from memory", "50005-ok.cube.test", true, 0},
+		{"no SNI has no default certificate", "", false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := pebble.Orders()
+			cfg := sniConfig(roots, tt.sni)
+			if tt.sni == "" {
+				cfg = noSNIConfig(roots, "50005-ok.cube.test")
+			}
+			_, err := fetch(t, srv.addr, cfg, "50005-ok.cube.test")
+			if tt.wantOK && err != nil {
+				t.Fatalf("handshake failed: %v", err)
+			}
+			if !tt.wantOK && err == nil {
+				t.Fatal("handshake succeeded, want refusal")
+			}
+			if got := pebble.Orders() - before; got != tt.wantOrders {
+				t.Fatalf("pebble received %d new orders, want %d", got, tt.wantOrders)
+			}
+			if tt.sni != "" && !allow.wasAsked(tt.sni) && tt.wantOrders > 0 {
+				t.Fatalf("Allow was not consulted for %s", tt.sni)
+			}
+		})
+	}
+	for _, name := range []string{"50005-unknown.cube.test", "50005-ok2.cube.test"} {
+		if !allow.wasAsked(name) {
+			t.Errorf("Allow was not consulted for %s", name)
+		}
+	}
+}

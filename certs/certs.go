@@ -1,0 +1,204 @@
+// Package certs provides the TLS configuration of the HTTPS listener and the
+// certificates behind it, from one of three sources:
+//
+//   - files: cert/key PEM pairs chosen by SNI and reloaded when they change;
+//   - self_signed: an in-memory development certificate (the default);
+//   - acme: certmagic obtaining and renewing *.<domain> and <domain> through
+//     DNS-01 with a libdns provider, plus optional on-demand issuance for
+//     hostnames the proxy knows.
+//
+// Certificates are chosen per TLS handshake, so a renewed or reloaded
+// certificate applies to new connections while open ones (long streams,
+// WebSockets) keep the session they negotiated and are never dropped.
+//
+// Clients that send no SNI, or an IP literal as SNI (clients that dial the
+// node IP), get the default certificate: the first file pair, the wildcard
+// for acme, the development certificate for self_signed.
+//
+// ALPN is "http/1.1" only (plus "acme-tls/1" for acme): fasthttp has no
+// HTTP/2, and advertising "h2" would make clients speak HTTP/2 to an HTTP/1
+// parser.
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Certificate sources accepted in Config.Source.
+const (
+	SourceFiles      = "files"
+	SourceSelfSigned = "self_signed"
+	SourceACME       = "acme"
+)
+
+// Defaults applied by New for zero-valued fields.
+const (
+	DefaultReloadInterval = 10 * time.Second
+	DefaultOnDemandRate   = 10
+)
+
+// Config selects the certificate source and configures it.
+type Config struct {
+	// Source is SourceFiles, SourceSelfSigned or SourceACME; "" means self_signed.
+	Source string
+	// Domain is the base domain ("cube.app"): self_signed covers it and its
+	// wildcard; acme manages *.<Domain> and <Domain>.
+	Domain string
+	// Files are the PEM pairs of the files source; the first is the default.
+	Files []FilePair
+	// ReloadInterval is how often the files are re-read (default 10 s).
+	ReloadInterval time.Duration
+	// ACME configures the acme source.
+	ACME ACMEConfig
+	// Allow decides on-demand issuance: it must return nil only when the
+	// hostname belongs to an existing sandbox. It runs during TLS handshakes
+	// for names without a certificate, so it must be fast.
+	Allow func(ctx context.Context, name string) error
+	// Logger receives certificate events; nil discards them.
+	Logger *slog.Logger
+}
+
+// FilePair is one certificate chain and its private key, both PEM files.
+type FilePair struct {
+	CertFile string
+	KeyFile  string
+}
+
+// ACMEConfig configures certmagic for the acme source.
+type ACMEConfig struct {
+	// CA is the ACME directory URL; empty means Let's Encrypt production.
+	CA string
+	// Email is the ACME account contact.
+	Email string
+	// TrustedRootsFile is a PEM bundle trusted for the CA's own HTTPS
+	// endpoint (private CAs); empty uses the system roots.
+	TrustedRootsFile string
+	// TrustedRoots is the same as a pool (tests); it wins over the file.
+	TrustedRoots *x509.CertPool
+	// StorageDir holds accounts, certificates and locks, so certificates
+	// survive restarts. Replicas must share it (or each issues its own).
+	// Empty means certmagic's default, ~/.local/share/certmagic.
+	StorageDir string
+	// DNS configures the DNS-01 challenge; required for the wildcard.
+	DNS DNSConfig
+	// SkipWildcard disables managing *.<Domain> and <Domain> at start;
+	// certificates then come only from on-demand issuance.
+	SkipWildcard bool
+	// OnDemand enables per-hostname issuance during handshakes for names the
+	// wildcard does not cover, gated by Config.Allow and OnDemandRate.
+	OnDemand bool
+	// OnDemandRate caps new on-demand issuances per minute (default 10).
+	OnDemandRate int
+	// Sync makes New wait until the managed certificates are loaded or
+	// obtained; otherwise they are obtained in the background.
+	Sync bool
+}
+
+// DNSConfig selects the libdns provider used for DNS-01.
+type DNSConfig struct {
+	// Provider names the provider (see dnsprovider.go); "" disables DNS-01.
+	Provider string
+	// Options are the provider's settings (for rfc2136: server, key_name,
+	// key_alg, key_secret or key_secret_file, net, timeout).
+	Options map[string]string
+	// Resolvers (host:port) are used to find the zone (SOA) and to check
+	// propagation; empty uses the system resolvers.
+	Resolvers []string
+	// PropagationTimeout bounds the wait for the TXT record to be visible;
+	// 0 means certmagic's default (2 min), negative disables the check.
+	PropagationTimeout time.Duration
+	// PropagationDelay is waited before the first propagation check.
+	PropagationDelay time.Duration
+	// TTL of the challenge records; 0 lets the provider decide.
+	TTL time.Duration
+}
+
+// source is one way of producing certificates.
+type source interface {
+	getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
+	close() error
+}
+
+// Manager owns the certificate source and builds the listener's tls.Config.
+type Manager struct {
+	src       source
+	protos    []string
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg and starts the configured source: it loads the files and
+// starts watching them, generates the development certificate, or sets up
+// certmagic and starts obtaining the managed certificates (waiting for them
+// when cfg.ACME.Sync is set). ctx bounds that start; background work runs
+// until Close.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "certs")
+
+	m := &Manager{protos: []string{"http/1.1"}}
+	var err error
+	switch cfg.Source {
+	case SourceFiles:
+		m.src, err = newFileSource(cfg.Files, cfg.ReloadInterval, log)
+	case SourceSelfSigned, "":
+		m.src, err = newSelfSigned(cfg.Domain, log)
+	case SourceACME:
+		m.protos = append(m.protos, acmeTLS1)
+		m.src, err = newACMESource(ctx, cfg, log)
+	default:
+		err = fmt.Errorf("unknown source %q (want %s, %s or %s)", cfg.Source, SourceFiles, SourceSelfSigned, SourceACME)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tls certificates: %w", err)
+	}
+	return m, nil
+}
+
+// TLSConfig returns a new server tls.Config: TLS 1.2 minimum, AEAD cipher
+// suites with forward secrecy, session tickets on, ALPN exactly "http/1.1"
+// (plus "acme-tls/1" for acme, for TLS-ALPN-01 challenges), never "h2".
+func (m *Manager) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		CipherSuites:   cipherSuites(),
+		NextProtos:     append([]string(nil), m.protos...),
+		GetCertificate: m.src.getCertificate,
+	}
+}
+
+// Close stops the file watcher or certmagic's cache maintenance. Connections
+// already established are not affected.
+func (m *Manager) Close() error {
+	m.closeOnce.Do(func() { m.closeErr = m.src.close() })
+	return m.closeErr
+}
+
+// acmeTLS1 is the ALPN protocol of the TLS-ALPN-01 challenge (RFC 8737).
+const acmeTLS1 = "acme-tls/1"
+
+// cipherSuites lists the TLS 1.2 suites offered (TLS 1.3 suites are not
+// configurable and all modern). All are ECDHE + AEAD.
+func cipherSuites() []uint16 {
+	return []uint16{
+		tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+		tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+		tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+		tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+		tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+	}
+}
+
+// errNoCertificate is returned during a handshake when no certificate fits.
+var errNoCertificate = errors.New("no certificate available")

@@ -1,0 +1,212 @@
+package certs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// fileSource serves PEM pairs from disk, chosen by SNI, and re-reads them
+// every interval. Files are compared by content, not mtime, so atomic
+// renames, symlink swaps (Kubernetes secrets) and same-second rewrites are
+// all seen. A pair that fails to load (for example the certificate was
+// replaced but the key not yet) keeps serving the previous version and is
+// retried on the next tick.
+type fileSource struct {
+	log      *slog.Logger
+	pairs    []FilePair
+	loaded   []loadedPair // owned by the watcher goroutine after start
+	index    atomic.Pointer[certIndex]
+	interval time.Duration
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+type loadedPair struct {
+	certPEM, keyPEM []byte
+	cert            *tls.Certificate
+	failed          [sha256.Size]byte // content hash of the last bad version, to log it once
+}
+
+// certIndex is an immutable lookup table, swapped atomically on reload.
+type certIndex struct {
+	exact    map[string]*tls.Certificate // "api.cube.app"
+	wildcard map[string]*tls.Certificate // "*.cube.app" stored under "cube.app"
+	def      *tls.Certificate
+}
+
+func newFileSource(pairs []FilePair, interval time.Duration, log *slog.Logger) (*fileSource, error) {
+	if len(pairs) == 0 {
+		return nil, errors.New("files source needs at least one cert/key pair")
+	}
+	if interval <= 0 {
+		interval = DefaultReloadInterval
+	}
+	s := &fileSource{
+		log:      log,
+		pairs:    append([]FilePair(nil), pairs...),
+		loaded:   make([]loadedPair, len(pairs)),
+		interval: interval,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for i, p := range s.pairs {
+		certPEM, keyPEM, err := readPair(p)
+		if err != nil {
+			return nil, err
+		}
+		cert, err := parsePair(p, certPEM, keyPEM)
+		if err != nil {
+			return nil, err
+		}
+		s.loaded[i] = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
+		log.Info("tls certificate loaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
+	}
+	s.index.Store(s.buildIndex())
+	go s.watch()
+	return s, nil
+}
+
+func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	idx := s.index.Load()
+	name := hello.ServerName
+	if noSNI(name) {
+		return idx.def, nil
+	}
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	if c := idx.exact[name]; c != nil {
+		return c, nil
+	}
+	if i := strings.IndexByte(name, '.'); i > 0 {
+		if c := idx.wildcard[name[i+1:]]; c != nil {
+			return c, nil
+		}
+	}
+	// Like crypto/tls with static certificates: an unknown name gets the
+	// default rather than a failed handshake.
+	return idx.def, nil
+}
+
+func (s *fileSource) close() error {
+	close(s.stop)
+	<-s.done
+	return nil
+}
+
+func (s *fileSource) watch() {
+	defer close(s.done)
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			if s.reload() {
+				s.index.Store(s.buildIndex())
+			}
+		}
+	}
+}
+
+// reload re-reads every pair and reports whether any certificate changed.
+func (s *fileSource) reload() bool {
+	changed := false
+	for i, p := range s.pairs {
+		cur := &s.loaded[i]
+		certPEM, keyPEM, err := readPair(p)
+		if err != nil {
+			s.logFailure(cur, nil, nil, err)
+			continue
+		}
+		if bytes.Equal(certPEM, cur.certPEM) && bytes.Equal(keyPEM, cur.keyPEM) {
+			continue
+		}
+		cert, err := parsePair(p, certPEM, keyPEM)
+		if err != nil {
+			s.logFailure(cur, certPEM, keyPEM, err)
+			continue
+		}
+		*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
+		changed = true
+		s.log.Info("tls certificate reloaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
+	}
+	return changed
+}
+
+// logFailure logs a bad version of a pair once, not on every tick.
+func (s *fileSource) logFailure(cur *loadedPair, certPEM, keyPEM []byte, err error) {
+	sum := sha256.Sum256(append(append([]byte(err.Error()), certPEM...), keyPEM...))
+	if sum == cur.failed {
+		return
+	}
+	cur.failed = sum
+	s.log.Warn("tls certificate reload failed; keeping the previous one", "error", err)
+}
+
+func (s *fileSource) buildIndex() *certIndex {
+	idx := &certIndex{
+		exact:    make(map[string]*tls.Certificate),
+		wildcard: make(map[string]*tls.Certificate),
+		def:      s.loaded[0].cert,
+	}
+	// Earlier pairs win when several cover the same name.
+	for _, lp := range s.loaded {
+		for _, n := range lp.cert.Leaf.DNSNames {
+			n = strings.ToLower(n)
+			m, key := idx.exact, n
+			if rest, ok := strings.CutPrefix(n, "*."); ok {
+				m, key = idx.wildcard, rest
+			}
+			if _, dup := m[key]; !dup {
+				m[key] = lp.cert
+			}
+		}
+	}
+	return idx
+}
+
+func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
+	certPEM, err = os.ReadFile(p.CertFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read certificate: %w", err)
+	}
+	keyPEM, err = os.ReadFile(p.KeyFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read key: %w", err)
+	}
+	return certPEM, keyPEM, nil
+}
+
+func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load %s + %s: %w", p.CertFile, p.KeyFile, err)
+	}
+	if cert.Leaf == nil { // GODEBUG=x509keypairleaf=0
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("parse %s: %w", p.CertFile, err)
+		}
+	}
+	return &cert, nil
+}
+
+// noSNI reports whether a ClientHello's server name cannot select a
+// certificate: absent, or an IP literal (RFC 6066 forbids IPs in SNI, but
+// some clients that dial the node IP send one).
+func noSNI(name string) bool {
+	if name == "" {
+		return true
+	}
+	_, err := netip.ParseAddr(strings.Trim(name, "[]"))
+	return err == nil
+}

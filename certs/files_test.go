@@ -1,0 +1,106 @@
+package certs_test
+
+import (
+	"context"
+	"crypto/x509"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+func TestFilesSourceServesBySNIAndReloads(t *testing.T) {
+	dir := t.TempDir()
+	wild := certs.FilePair{CertFile: filepath.Join(dir, "wild.crt"), KeyFile: filepath.Join(dir, "wild.key")}
+	other := certs.FilePair{CertFile: filepath.Join(dir, "other.crt"), KeyFile: filepath.Join(dir, "other.key")}
+	ca := testenv.NewCA(t, "test CA")
+	wildLeaf := ca.WritePair(t, wild.CertFile, wild.KeyFile, "cube.test", "*.cube.test")
+	otherLeaf := ca.WritePair(t, other.CertFile, other.KeyFile, "api.other.test")
+
+	m, err := certs.New(context.Background(), certs.Config{
+		Source:         certs.SourceFiles,
+		Files:          []certs.FilePair{wild, other},
+		ReloadInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+
+	tests := []struct {
+		name    string
+		cfgSNI  string // "" sends no SNI
+		host    string
+		wantSNI string // what the server saw
+		want    serial
+	}{
+		{"wildcard by SNI", "50005-abc.cube.test", "50005-abc.cube.test", "50005-abc.cube.test", serialOf(wildLeaf)},
+		{"apex by SNI", "cube.test", "cube.test", "cube.test", serialOf(wildLeaf)},
+		{"second pair by SNI", "api.other.test", "api.other.test", "api.other.test", serialOf(otherLeaf)},
+		{"no SNI gets the first pair", "", "50005-abc.cube.test", "", serialOf(wildLeaf)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := sniConfig(ca.Pool(), tt.cfgSNI)
+			if tt.cfgSNI == "" {
+				cfg = noSNIConfig(ca.Pool(), tt.host)
+			}
+			leaf, err := fetch(t, srv.addr, cfg, tt.host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := serialOf(leaf); got != tt.want {
+				t.Fatalf("served serial %s, want %s", got, tt.want)
+			}
+			if got := srv.lastSNI(); got != tt.wantSNI {
+				t.Fatalf("server saw SNI %q, want %q", got, tt.wantSNI)
+			}
+		})
+	}
+
+	// An open connection made before the swap keeps working afterwards.
+	open, err := dial(srv.addr, sniConfig(ca.Pool(), "50005-abc.cube.test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.close()
+
+	// Replace the wildcard files with a certificate from another CA; no restart.
+	ca2 := testenv.NewCA(t, "second CA")
+	newLeaf := ca2.WritePair(t, wild.CertFile, wild.KeyFile, "cube.test", "*.cube.test")
+	eventually(t, 5*time.Second, func() error {
+		leaf, err := fetch(t, srv.addr, sniConfig(ca2.Pool(), "50005-abc.cube.test"), "50005-abc.cube.test")
+		if err != nil {
+			return err
+		}
+		if serialOf(leaf) != serialOf(newLeaf) {
+			return errString("old certificate still served")
+		}
+		return nil
+	})
+	leaf, err := fetch(t, srv.addr, noSNIConfig(ca2.Pool(), "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil || serialOf(leaf) != serialOf(newLeaf) {
+		t.Fatalf("no-SNI after reload: err %v", err)
+	}
+	if _, err := fetch(t, srv.addr, sniConfig(ca.Pool(), "api.other.test"), "api.other.test"); err != nil {
+		t.Fatalf("untouched pair after reload: %v", err)
+	}
+
+	if _, err := open.get("50005-abc.cube.test"); err != nil {
+		t.Fatalf("connection opened before the reload: %v", err)
+	}
+	if serialOf(open.leaf()) != serialOf(wildLeaf) {
+		t.Fatal("open connection's certificate changed")
+	}
+}
+
+type serial string
+
+func serialOf(c *x509.Certificate) serial { return serial(c.SerialNumber.String()) }
+
+type errString string
+
+func (e errString) Error() string { return string(e) }

@@ -1,0 +1,210 @@
+package certs
+
+import (
+	"crypto/tls"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+func TestFileSelectionBySNI(t *testing.T) {
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, "ca")
+	pairs := []FilePair{
+		{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")},
+		{filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key")},
+		{filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key")},
+	}
+	ca.WritePair(t, pairs[0].CertFile, pairs[0].KeyFile, "cube.test", "*.cube.test")
+	ca.WritePair(t, pairs[1].CertFile, pairs[1].KeyFile, "api.other.test", "*.cube.test")
+	ca.WritePair(t, pairs[2].CertFile, pairs[2].KeyFile, "*.b.cube.test")
+	s, err := newFileSource(pairs, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+
+	tests := []struct {
+		sni  string
+		want int // index of the pair
+	}{
+		{"", 0},
+		{"127.0.0.1", 0},
+		{"::1", 0},
+		{"[::1]", 0},
+		{"50005-abc.cube.test", 0}, // both 0 and 1 cover it: the first listed wins
+		{"50005-ABC.Cube.Test", 0},
+		{"cube.test.", 0},
+		{"api.other.test", 1},
+		{"x.b.cube.test", 2},
+		{"a.x.cube.test", 0}, // a wildcard covers one label only: default
+		{"unknown.example", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.sni, func(t *testing.T) {
+			got, err := s.getCertificate(&tls.ClientHelloInfo{ServerName: tt.sni})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != s.loaded[tt.want].cert {
+				t.Fatalf("got %v, want pair %d", got.Leaf.DNSNames, tt.want)
+			}
+		})
+	}
+}
+
+func TestFileReloadKeepsPreviousOnError(t *testing.T) {
+	dir := t.TempDir()
+	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	ca := testenv.NewCA(t, "ca")
+	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	first := s.loaded[0].cert
+	otherCert, _ := ca.Issue(t, "cube.test") // a certificate that does not match the key on disk
+
+	steps := []struct {
+		name        string
+		write       func()
+		wantChanged bool
+	}{
+		{"nothing changed", func() {}, false},
+		{"rewritten with the same bytes", func() { copyFile(t, p.CertFile, p.CertFile) }, false},
+		{"garbage certificate", func() { writeFile(t, p.CertFile, []byte("garbage")) }, false},
+		{"certificate without its key yet", func() { writeFile(t, p.CertFile, otherCert) }, false},
+		{"key removed", func() { _ = os.Remove(p.KeyFile) }, false},
+		{"matching pair written", func() { ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test", "*.cube.test") }, true},
+	}
+	for _, st := range steps {
+		st.write()
+		if got := s.reload(); got != st.wantChanged {
+			t.Fatalf("%s: reload changed = %v, want %v", st.name, got, st.wantChanged)
+		}
+		if !st.wantChanged && s.loaded[0].cert != first {
+			t.Fatalf("%s: the previous certificate was dropped", st.name)
+		}
+	}
+	if s.loaded[0].cert == first || len(s.loaded[0].cert.Leaf.DNSNames) != 2 {
+		t.Fatal("the new pair was not loaded")
+	}
+}
+
+func writeFile(t *testing.T, name string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(name, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, to, b)
+}
+
+func TestCoveredByWildcard(t *testing.T) {
+	s := &acmeSource{domain: "cube.test", defaultName: "*.cube.test"}
+	tests := []struct {
+		name string
+		want bool
+	}{
+		{"cube.test", true},
+		{"CUBE.test.", true},
+		{"50005-abc.cube.test", true},
+		{"50005-abc.CUBE.TEST", true},
+		{"a.b.cube.test", false},
+		{"xcube.test", false},
+		{"cube.test.evil", false},
+		{".cube.test", false},
+		{"other.test", false},
+	}
+	for _, tt := range tests {
+		if got := s.covered(tt.name); got != tt.want {
+			t.Errorf("covered(%q) = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if (&acmeSource{domain: "cube.test"}).covered("x.cube.test") {
+		t.Error("with the wildcard skipped nothing is covered")
+	}
+}
+
+func TestWindowLimiter(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newWindowLimiter(2)
+	l.now = func() time.Time { return now }
+	steps := []struct {
+		advance time.Duration
+		want    bool
+	}{
+		{0, true},
+		{10 * time.Second, true},
+		{10 * time.Second, false}, // third within a minute
+		{39 * time.Second, false}, // 59 s after the first
+		{time.Second, true},       // the first has left the window
+		{0, false},
+		{10 * time.Second, true}, // the second has left too
+	}
+	for i, st := range steps {
+		now = now.Add(st.advance)
+		if got := l.allow(); got != st.want {
+			t.Fatalf("step %d: allow = %v, want %v", i, got, st.want)
+		}
+	}
+}
+
+func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
+	s := &acmeSource{
+		log:          slog.New(slog.DiscardHandler),
+		managedNames: []string{"*.cube.test", "cube.test"},
+		limiter:      newWindowLimiter(1),
+	}
+	tests := []struct {
+		name    string
+		event   string
+		data    map[string]any
+		wantErr bool
+	}{
+		{"other events pass", "cert_obtained", map[string]any{"identifier": "x.cube.test"}, false},
+		{"first on-demand issuance", "cert_obtaining", map[string]any{"identifier": "a.other.test"}, false},
+		{"second is over budget", "cert_obtaining", map[string]any{"identifier": "b.other.test"}, true},
+		{"renewals are not limited", "cert_obtaining", map[string]any{"identifier": "a.other.test", "renewal": true}, false},
+		{"managed wildcard is not limited", "cert_obtaining", map[string]any{"identifier": "*.cube.test"}, false},
+		{"managed apex is not limited", "cert_obtaining", map[string]any{"identifier": "cube.test"}, false},
+	}
+	for _, tt := range tests {
+		err := s.onEvent(t.Context(), tt.event, tt.data)
+		if (err != nil) != tt.wantErr {
+			t.Fatalf("%s: err = %v, want error %v", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestZapLoggerWritesToSlog(t *testing.T) {
+	var b strings.Builder
+	log := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	z := newZapLogger(log).Named("obtain").With(zap.String("ca", "pebble"))
+	z.Debug("hidden")
+	z.Info("certificate obtained", zap.String("identifier", "*.cube.test"), zap.Int("attempt", 1))
+	out := b.String()
+	for _, want := range []string{`msg="certificate obtained"`, "level=INFO", "logger=obtain", "ca=pebble", `identifier=*.cube.test`, "attempt=1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "hidden") {
+		t.Error("debug entry passed an info-level handler")
+	}
+}

@@ -1,0 +1,146 @@
+package certs_test
+
+import (
+	"context"
+	"crypto/tls"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/certs"
+)
+
+func TestTLSConfigProtocols(t *testing.T) {
+	m, err := certs.New(context.Background(), certs.Config{Source: certs.SourceSelfSigned, Domain: "cube.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if got := m.TLSConfig().NextProtos; !slices.Equal(got, []string{"http/1.1"}) {
+		t.Fatalf("NextProtos = %q, want exactly http/1.1", got)
+	}
+	srv := serveTLS(t, m)
+
+	tests := []struct {
+		name      string
+		protos    []string
+		maxVer    uint16
+		wantProto string
+		wantErr   bool
+	}{
+		{"browser offers h2 and http/1.1", []string{"h2", "http/1.1"}, 0, "http/1.1", false},
+		{"no ALPN", nil, 0, "", false},
+		{"h2 only is refused", []string{"h2"}, 0, "", true},
+		{"TLS 1.2 accepted", []string{"http/1.1"}, tls.VersionTLS12, "http/1.1", false},
+		{"TLS 1.1 refused", []string{"http/1.1"}, tls.VersionTLS11, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := dial(srv.addr, &tls.Config{
+				InsecureSkipVerify: true,
+				ServerName:         "x.cube.test",
+				NextProtos:         tt.protos,
+				MinVersion:         tls.VersionTLS10,
+				MaxVersion:         tt.maxVer,
+			})
+			if tt.wantErr {
+				if err == nil {
+					c.close()
+					t.Fatal("handshake succeeded, want failure")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.close()
+			if got := c.conn.ConnectionState().NegotiatedProtocol; got != tt.wantProto {
+				t.Fatalf("ALPN %q, want %q", got, tt.wantProto)
+			}
+			if _, err := c.get("x.cube.test"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	t.Run("session resumption", func(t *testing.T) {
+		cfg := &tls.Config{InsecureSkipVerify: true, ServerName: "x.cube.test", ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+		for i, wantResumed := range []bool{false, true} {
+			c, err := dial(srv.addr, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// TLS 1.3 tickets arrive after the handshake; a request reads them.
+			if _, err := c.get("x.cube.test"); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.conn.ConnectionState().DidResume; got != wantResumed {
+				t.Fatalf("connection %d resumed = %v, want %v", i, got, wantResumed)
+			}
+			c.close()
+		}
+	})
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(notPEM, []byte("junk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// acme starts from a valid configuration (it never gets to contact the
+	// CA because each case breaks one thing) and applies edit.
+	acme := func(edit func(c *certs.Config)) certs.Config {
+		c := certs.Config{
+			Source: certs.SourceACME,
+			Domain: "cube.test",
+			Allow:  func(context.Context, string) error { return nil },
+			ACME: certs.ACMEConfig{
+				Email: "ops@cube.test",
+				DNS: certs.DNSConfig{Provider: "rfc2136", Options: map[string]string{
+					"server": "127.0.0.1:53", "key_name": "k.", "key_secret": "c2VjcmV0",
+				}},
+			},
+		}
+		edit(&c)
+		return c
+	}
+	files := func(pairs ...certs.FilePair) certs.Config {
+		return certs.Config{Source: certs.SourceFiles, Files: pairs}
+	}
+	tests := []struct {
+		name    string
+		cfg     certs.Config
+		wantErr string
+	}{
+		{"unknown source", certs.Config{Source: "magic"}, "unknown source"},
+		{"files without pairs", files(), "at least one"},
+		{"missing file", files(certs.FilePair{CertFile: filepath.Join(dir, "x.crt"), KeyFile: filepath.Join(dir, "x.key")}), "read certificate"},
+		{"bad PEM", files(certs.FilePair{CertFile: notPEM, KeyFile: notPEM}), "load"},
+		{"acme without domain", acme(func(c *certs.Config) { c.Domain = "" }), "domain is required"},
+		{"acme wildcard without DNS", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "" }), "DNS-01"},
+		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "on-demand issuance must be enabled"},
+		{"on-demand without Allow", acme(func(c *certs.Config) { c.ACME.OnDemand, c.Allow = true, nil }), "Allow"},
+		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "email"},
+		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
+		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
+		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},
+		{"rfc2136 bad algorithm", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_alg"] = "md5" }), "algorithm"},
+		{"rfc2136 missing secret file", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_secret_file"] = filepath.Join(dir, "nope") }), "key_secret_file"},
+		{"bad trusted roots", acme(func(c *certs.Config) { c.ACME.TrustedRootsFile = notPEM }), "no certificate in"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := certs.New(context.Background(), tt.cfg)
+			if err == nil {
+				_ = m.Close()
+				t.Fatal("New succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %q does not mention %q", err, tt.wantErr)
+			}
+		})
+	}
+}

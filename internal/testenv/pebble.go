@@ -1,0 +1,95 @@
+package testenv
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/letsencrypt/pebble/v2/ca"
+	"github.com/letsencrypt/pebble/v2/db"
+	"github.com/letsencrypt/pebble/v2/va"
+	"github.com/letsencrypt/pebble/v2/wfe"
+)
+
+// newOrderPath is pebble v2.10.3's new-order endpoint (unexported in wfe).
+const newOrderPath = "/order-plz"
+
+// Pebble is an in-process ACME server (pebble's CA, validator and web front
+// end behind an httptest TLS server).
+type Pebble struct {
+	// DirectoryURL is the ACME directory to give an ACME client.
+	DirectoryURL string
+	// ClientRootPool trusts the ACME server's own HTTPS certificate.
+	ClientRootPool *x509.CertPool
+
+	mgmt   http.Handler
+	orders atomic.Int64
+}
+
+// StartPebble starts pebble with its DNS-01 validator asking resolverAddr
+// (over TCP), and stops it when the test ends. It sets pebble's environment
+// knobs for fast, deterministic runs (no validation sleeps, no rejected
+// nonces, no authorization reuse) with t.Setenv, so the calling test cannot be
+// parallel. Only DNS-01 can succeed: HTTP-01 and TLS-ALPN-01 would need fixed
+// ports.
+func StartPebble(t testing.TB, resolverAddr string) *Pebble {
+	t.Helper()
+	t.Setenv("PEBBLE_VA_NOSLEEP", "1")
+	t.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
+	t.Setenv("PEBBLE_AUTHZREUSE", "0")
+
+	logger := log.New(io.Discard, "", 0)
+	store := db.NewMemoryStore()
+	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{
+		"default": {Description: "default profile"},
+	})
+	validator := va.New(logger, 0, 0, false, resolverAddr, store)
+	front := wfe.New(logger, store, validator, authority, []string{"pebble.letsencrypt.org"}, false, false, 0, 0)
+
+	p := &Pebble{mgmt: front.ManagementHandler()}
+	acme := front.Handler()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == newOrderPath {
+			p.orders.Add(1)
+		}
+		acme.ServeHTTP(w, r)
+	}))
+	srv.Config.ErrorLog = logger
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	p.DirectoryURL = srv.URL + wfe.DirectoryPath
+	p.ClientRootPool = x509.NewCertPool()
+	p.ClientRootPool.AddCert(srv.Certificate())
+	return p
+}
+
+// Orders returns how many new-order requests pebble has received.
+func (p *Pebble) Orders() int64 { return p.orders.Load() }
+
+// IssuerRootPool returns a pool holding the root that signs the certificates
+// pebble issues (generated per run).
+func (p *Pebble) IssuerRootPool(t testing.TB) *x509.CertPool {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	p.mgmt.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, wfe.RootCertPath+"0", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("pebble root: status %d: %s", rec.Code, rec.Body.String())
+	}
+	block, _ := pem.Decode(rec.Body.Bytes())
+	if block == nil {
+		t.Fatalf("pebble root: no PEM in %q", rec.Body.String())
+	}
+	root, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatalf("pebble root: %v", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(root)
+	return pool
+}

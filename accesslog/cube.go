@@ -1,0 +1,114 @@
+package accesslog
+
+import (
+	"strconv"
+	"time"
+)
+
+// timeLocal is nginx's $time_local layout: 30/Nov/2026:04:47:48 +0000.
+const timeLocal = "02/Jan/2006:15:04:05 -0700"
+
+// cubeSep separates the 22 fields of the cube format.
+const cubeSep = "||"
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendCube appends the platform's 22-field line (no newline):
+// access_time, host, x_real_ip, x_forwarded_for, server_addr,
+// x_forwarded_proto, method, request_uri, args, protocol, uri, status,
+// body_bytes_sent, request_time, connection_requests, upstream_addr,
+// upstream_status, upstream_response_time, user_agent, x_cube_request_id,
+// x_cube_instance_id, backend_ip.
+func appendCube(b []byte, e *Entry, now time.Time) []byte {
+	b = appendTime(b, e.Time, now, timeLocal)
+	b = cubeField(b, e.Host)
+	b = cubeField(b, e.XRealIP)
+	b = cubeField(b, e.XForwardedFor)
+	b = cubeField(b, e.ServerAddr)
+	b = cubeField(b, e.XForwardedProto)
+	b = cubeField(b, e.Method)
+	b = append(b, cubeSep...)
+	if e.RequestURI == "" {
+		b = append(b, '-')
+	} else {
+		b = appendRedactedURI(b, e.RequestURI, appendCubeEscaped)
+	}
+	b = append(b, cubeSep...)
+	if e.Args == "" {
+		b = append(b, '-')
+	} else {
+		b = appendRedactedQuery(b, e.Args, appendCubeEscaped)
+	}
+	b = cubeField(b, e.Protocol)
+	b = cubeField(b, e.URI)
+	b = cubeInt(b, int64(e.Status))
+	b = append(b, cubeSep...)
+	b = strconv.AppendInt(b, max(e.BodyBytesSent, 0), 10)
+	b = append(b, cubeSep...)
+	b = appendSeconds(b, e.RequestTime)
+	b = cubeInt(b, e.ConnectionRequests)
+	b = cubeField(b, e.UpstreamAddr)
+	b = cubeInt(b, int64(e.UpstreamStatus))
+	b = append(b, cubeSep...)
+	if e.UpstreamAddr == "" {
+		b = append(b, '-')
+	} else {
+		b = appendSeconds(b, e.UpstreamResponseTime)
+	}
+	b = cubeField(b, e.UserAgent)
+	b = cubeField(b, e.RequestID)
+	b = cubeField(b, e.InstanceID)
+	b = cubeField(b, e.BackendIP)
+	return b
+}
+
+// cubeField appends the separator and s escaped, or "-" when s is empty.
+func cubeField(b []byte, s string) []byte {
+	b = append(b, cubeSep...)
+	if s == "" {
+		return append(b, '-')
+	}
+	return appendCubeEscaped(b, s)
+}
+
+// cubeInt appends the separator and n, or "-" when n <= 0.
+func cubeInt(b []byte, n int64) []byte {
+	b = append(b, cubeSep...)
+	if n <= 0 {
+		return append(b, '-')
+	}
+	return strconv.AppendInt(b, n, 10)
+}
+
+// appendCubeEscaped escapes like nginx's default log escaping (`"`, `\`,
+// control bytes and bytes >= 0x7F as \xHH) and additionally `|`, so a value
+// can never forge a field separator or a line break.
+func appendCubeEscaped(b []byte, s string) []byte {
+	start := 0 // s[start:i] is pending, needing no escape
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c >= 0x7F || c == '"' || c == '\\' || c == '|' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'x', hexDigits[c>>4], hexDigits[c&0xF])
+			start = i + 1
+		}
+	}
+	return append(b, s[start:]...)
+}
+
+// appendSeconds appends d as seconds with millisecond precision, truncated
+// like nginx's $request_time ("0.003"); negative durations print as 0.000.
+func appendSeconds(b []byte, d time.Duration) []byte {
+	ms := max(d.Milliseconds(), 0)
+	b = strconv.AppendInt(b, ms/1000, 10)
+	frac := ms % 1000
+	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
+}
+
+// appendTime appends t (or now when t is zero) in layout, in t's zone.
+func appendTime(b []byte, t, now time.Time, layout string) []byte {
+	if t.IsZero() {
+		t = now
+	}
+	return t.AppendFormat(b, layout)
+}

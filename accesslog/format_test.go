@@ -1,0 +1,269 @@
+package accesslog
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+var testTime = time.Date(2026, time.November, 30, 4, 47, 48, 123456789, time.UTC)
+
+func fullEntry() *Entry {
+	return &Entry{
+		Time:                 testTime,
+		Host:                 "50005-sb1.example.com",
+		RemoteAddr:           "203.0.113.9",
+		XRealIP:              "198.51.100.7",
+		XForwardedFor:        "198.51.100.7, 10.0.0.1",
+		ServerAddr:           "10.0.0.5",
+		XForwardedProto:      "https",
+		Method:               "POST",
+		RequestURI:           "/mcp?session=abc&cube_token=s3cr3t-token",
+		Args:                 "session=abc&cube_token=s3cr3t-token",
+		Protocol:             "HTTP/1.1",
+		URI:                  "/mcp",
+		Status:               200,
+		BodyBytesSent:        5120,
+		BytesIn:              42,
+		RequestTime:          3*time.Millisecond + 900*time.Microsecond,
+		ConnectionRequests:   7,
+		UpstreamAddr:         "10.0.0.8:32001",
+		UpstreamStatus:       200,
+		UpstreamResponseTime: 2 * time.Millisecond,
+		UserAgent:            "agent/1.0",
+		RequestID:            "req-123",
+		InstanceID:           "inst-9",
+		BackendIP:            "10.0.0.8",
+		SandboxID:            "sb1",
+		Port:                 50005,
+		RouteKind:            "sse",
+		ErrorCode:            "",
+		CacheResult:          "hit",
+	}
+}
+
+func cubeLine(e *Entry) string { return string(appendCube(nil, e, testTime)) }
+
+func TestCubeLineFieldByField(t *testing.T) {
+	want := []string{
+		"30/Nov/2026:04:47:48 +0000",           // access_time
+		"50005-sb1.example.com",                // host
+		"198.51.100.7",                         // x_real_ip
+		"198.51.100.7, 10.0.0.1",               // x_forwarded_for
+		"10.0.0.5",                             // server_addr
+		"https",                                // x_forwarded_proto
+		"POST",                                 // method
+		"/mcp?session=abc&cube_token=REDACTED", // request_uri
+		"session=abc&cube_token=REDACTED",      // args
+		"HTTP/1.1",                             // protocol
+		"/mcp",                                 // uri
+		"200",                                  // status
+		"5120",                                 // body_bytes_sent
+		"0.003",                                // request_time (truncated like nginx)
+		"7",                                    // connection_requests
+		"10.0.0.8:32001",                       // upstream_addr
+		"200",                                  // upstream_status
+		"0.002",                                // upstream_response_time
+		"agent/1.0",                            // user_agent
+		"req-123",                              // x_cube_request_id
+		"inst-9",                               // x_cube_instance_id
+		"10.0.0.8",                             // backend_ip
+	}
+	got := strings.Split(cubeLine(fullEntry()), "||")
+	if len(got) != 22 {
+		t.Fatalf("%d fields, want 22: %q", len(got), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("field %d = %q, want %q", i+1, got[i], want[i])
+		}
+	}
+}
+
+func TestCubeMissingValues(t *testing.T) {
+	got := strings.Split(cubeLine(&Entry{Time: testTime}), "||")
+	want := []string{"30/Nov/2026:04:47:48 +0000", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+		"-", "0", "0.000", "-", "-", "-", "-", "-", "-", "-", "-"}
+	if strings.Join(got, "||") != strings.Join(want, "||") {
+		t.Errorf("empty entry:\n got %q\nwant %q", got, want)
+	}
+	// A zero Time means "now".
+	if line := string(appendCube(nil, &Entry{}, testTime)); !strings.HasPrefix(line, "30/Nov/2026:04:47:48 +0000||") {
+		t.Errorf("zero time not replaced by now: %q", line)
+	}
+	// Local zones print their offset, as nginx's $time_local does.
+	e := &Entry{Time: testTime.In(time.FixedZone("CST", 8*3600))}
+	if line := cubeLine(e); !strings.HasPrefix(line, "30/Nov/2026:12:47:48 +0800||") {
+		t.Errorf("zoned time: %q", line)
+	}
+}
+
+func TestCubeEscaping(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"plain ascii", "plain ascii"},
+		{"a||b", `a\x7C\x7Cb`},
+		{"line\nbreak\r", `line\x0Abreak\x0D`},
+		{`quote"back\slash`, `quote\x22back\x5Cslash`},
+		{"tab\there", `tab\x09here`},
+		{"é", `\xC3\xA9`},
+		{"\x7f", `\x7F`},
+	}
+	for _, tt := range tests {
+		e := &Entry{Time: testTime, UserAgent: tt.in, RequestURI: "/" + tt.in}
+		fields := strings.Split(cubeLine(e), "||")
+		if len(fields) != 22 {
+			t.Errorf("%q: %d fields, want 22", tt.in, len(fields))
+			continue
+		}
+		if fields[18] != tt.want {
+			t.Errorf("user_agent %q logged as %q, want %q", tt.in, fields[18], tt.want)
+		}
+		if fields[7] != "/"+tt.want {
+			t.Errorf("request_uri %q logged as %q, want %q", "/"+tt.in, fields[7], "/"+tt.want)
+		}
+	}
+}
+
+func TestSecondsFormat(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "0.000"},
+		{3 * time.Millisecond, "0.003"},
+		{999999 * time.Microsecond, "0.999"},
+		{1234567 * time.Microsecond, "1.234"},
+		{61 * time.Second, "61.000"},
+		{2 * time.Hour, "7200.000"},
+		{-5 * time.Millisecond, "0.000"},
+	}
+	for _, tt := range tests {
+		if got := string(appendSeconds(nil, tt.d)); got != tt.want {
+			t.Errorf("%v -> %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}
+
+func TestRedaction(t *testing.T) {
+	const secret = "s3cr3t"
+	tests := []struct{ uri, want string }{
+		{"/p?cube_token=" + secret, "/p?cube_token=REDACTED"},
+		{"/p?a=1&cube_token=" + secret + "&b=2", "/p?a=1&cube_token=REDACTED&b=2"},
+		{"/p?CUBE_TOKEN=" + secret, "/p?CUBE_TOKEN=REDACTED"},
+		{"/p?cube%5Ftoken=" + secret, "/p?cube%5Ftoken=REDACTED"},
+		{"/p?cube%5ftoken=" + secret + "&cube_token=" + secret, "/p?cube%5ftoken=REDACTED&cube_token=REDACTED"},
+		{"/p?cube_token=&x=1", "/p?cube_token=REDACTED&x=1"},
+		{"/p?cube_tokens=keep&xcube_token=keep", "/p?cube_tokens=keep&xcube_token=keep"},
+		{"/p?cube_token", "/p?cube_token"},
+		{"/cube_token=inpath", "/cube_token=inpath"},
+		{"/p?", "/p?"},
+		{"/p?&&", "/p?&&"},
+	}
+	for _, tt := range tests {
+		got := string(appendRedactedURI(nil, tt.uri, appendCubeEscaped))
+		if got != tt.want {
+			t.Errorf("uri %q -> %q, want %q", tt.uri, got, tt.want)
+		}
+		q := tt.uri[strings.IndexByte(tt.uri, '?')+1:]
+		if strings.Contains(tt.uri, "?") {
+			wantQ := tt.want[strings.IndexByte(tt.want, '?')+1:]
+			if gotQ := string(appendRedactedQuery(nil, q, appendJSONEscaped)); gotQ != wantQ {
+				t.Errorf("args %q -> %q, want %q", q, gotQ, wantQ)
+			}
+		}
+		// Whole lines in both formats never carry the secret.
+		e := &Entry{Time: testTime, RequestURI: tt.uri, Args: q}
+		if strings.Contains(tt.want, "REDACTED") {
+			for _, line := range []string{cubeLine(e), string(appendJSON(nil, e, testTime))} {
+				if strings.Contains(line, secret) {
+					t.Errorf("line leaks the token: %s", line)
+				}
+			}
+		}
+	}
+}
+
+func TestJSONLine(t *testing.T) {
+	line := appendJSON(nil, fullEntry(), testTime)
+	var got map[string]any
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("JSON does not parse: %v\n%s", err, line)
+	}
+	want := map[string]any{
+		"time": "2026-11-30T04:47:48.123Z", "remote_addr": "203.0.113.9", "host": "50005-sb1.example.com",
+		"method": "POST", "request_uri": "/mcp?session=abc&cube_token=REDACTED",
+		"args": "session=abc&cube_token=REDACTED", "uri": "/mcp", "protocol": "HTTP/1.1",
+		"status": json.Number("200"), "body_bytes_sent": json.Number("5120"), "bytes_in": json.Number("42"),
+		"request_time": json.Number("0.003"), "connection_requests": json.Number("7"),
+		"sandbox_id": "sb1", "port": json.Number("50005"), "route_kind": "sse", "cache_result": "hit",
+		"error_code": "", "upstream_addr": "10.0.0.8:32001", "upstream_status": json.Number("200"),
+		"upstream_response_time": json.Number("0.002"), "backend_ip": "10.0.0.8", "server_addr": "10.0.0.5",
+		"x_real_ip": "198.51.100.7", "x_forwarded_for": "198.51.100.7, 10.0.0.1", "x_forwarded_proto": "https",
+		"user_agent": "agent/1.0", "x_cube_request_id": "req-123", "x_cube_instance_id": "inst-9",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %#v, want %#v", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d keys, want %d: %s", len(got), len(want), line)
+	}
+
+	// No upstream: its numbers are null, the keys stay.
+	var empty map[string]any
+	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime), &empty); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := empty["upstream_status"]; !ok || v != nil {
+		t.Errorf("upstream_status = %#v (present %v), want null", v, ok)
+	}
+	if len(empty) != len(want) {
+		t.Errorf("empty entry has %d keys, want %d", len(empty), len(want))
+	}
+}
+
+// FuzzJSONEscape checks that any string survives a JSON line exactly as
+// encoding/json would carry it.
+func FuzzJSONEscape(f *testing.F) {
+	for _, s := range []string{"", "plain", `q"b\`, "ctl\x00\x01\x1f\b\f\n\r\t", "é中文🙂", "bad\xff\xfeutf8", "\u2028\u2029", "<>&", "\xed\xa0\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		line := appendJSON(nil, &Entry{Time: testTime, UserAgent: s, Host: s}, testTime)
+		var got map[string]any
+		if err := json.Unmarshal(line, &got); err != nil {
+			t.Fatalf("invalid JSON for %q: %v\n%s", s, err, line)
+		}
+		ref, _ := json.Marshal(s)
+		var want string
+		if err := json.Unmarshal(ref, &want); err != nil {
+			t.Fatal(err)
+		}
+		if got["user_agent"] != want || got["host"] != want {
+			t.Errorf("%q decoded as %q, encoding/json gives %q", s, got["user_agent"], want)
+		}
+	})
+}
+
+// FuzzCubeFields checks that no value can add a field or a line break.
+func FuzzCubeFields(f *testing.F) {
+	for _, s := range []string{"", "||", "|", "a\nb", "x||y||z", "\r\n", "é", "-"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		e := &Entry{Time: testTime, Host: s, XForwardedFor: s, RequestURI: s, Args: s, URI: s,
+			UserAgent: s, RequestID: s, InstanceID: s, BackendIP: s, UpstreamAddr: s}
+		line := cubeLine(e)
+		if n := len(strings.Split(line, "||")); n != 22 {
+			t.Errorf("%q gives %d fields: %s", s, n, line)
+		}
+		if strings.ContainsAny(line, "\n\r") {
+			t.Errorf("%q leaks a line break: %q", s, line)
+		}
+	})
+}

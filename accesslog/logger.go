@@ -1,0 +1,276 @@
+// Package accesslog writes one line per finished request, as JSON or in the
+// platform's 22-field "cube" format, without ever blocking the request: Log
+// formats into a pooled buffer and hands it to a writer goroutine over a
+// bounded queue, and drops the line (counting it) when the queue is full.
+package accesslog
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Formats accepted in Config.Format.
+const (
+	FormatJSON = "json"
+	FormatCube = "cube"
+)
+
+// DefaultBufferLines is the queue length when Config.BufferLines is 0.
+const DefaultBufferLines = 4096
+
+// ErrClosed is returned by Reopen after Close.
+var ErrClosed = errors.New("access log closed")
+
+const (
+	writeBufferSize = 64 << 10
+	// maxPooledLine keeps one huge line from pinning memory in the pool.
+	maxPooledLine = 64 << 10
+	initLineSize  = 1024
+)
+
+// Config configures New.
+type Config struct {
+	Format      string // FormatJSON (default) or FormatCube
+	Path        string // file to append to; "" or "-" is stdout
+	BufferLines int    // queued lines before Log drops; DefaultBufferLines when 0
+	// Output, when set, receives the lines instead of Path (tests, embedding);
+	// Reopen is then a no-op and Close does not close it.
+	Output io.Writer
+}
+
+// Logger is an asynchronous access log. Its methods are safe for concurrent use.
+type Logger struct {
+	cube    bool
+	path    string // "" unless writing to a file we own
+	onDrop  func()
+	lines   chan *line
+	reopen  chan chan error
+	quit    chan struct{}
+	done    chan struct{}
+	closed  atomic.Bool
+	once    sync.Once
+	dropped atomic.Uint64
+	pool    sync.Pool
+
+	// Owned by the writer goroutine after New; closeErr is read by Close
+	// after the goroutine has exited.
+	out      io.Writer
+	file     *os.File // nil unless path != ""
+	bw       *bufio.Writer
+	pending  int // lines buffered since the last successful flush
+	closeErr error
+}
+
+// line is a pooled formatting buffer.
+type line struct{ b []byte }
+
+// New opens the sink and starts the writer goroutine. onDrop (may be nil) is
+// called once per dropped line, from the goroutine calling Log.
+func New(cfg Config, onDrop func()) (*Logger, error) {
+	l := &Logger{
+		onDrop: onDrop,
+		reopen: make(chan chan error),
+		quit:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	switch cfg.Format {
+	case "", FormatJSON:
+	case FormatCube:
+		l.cube = true
+	default:
+		return nil, fmt.Errorf("access log format %q: want %q or %q", cfg.Format, FormatJSON, FormatCube)
+	}
+	n := cfg.BufferLines
+	if n < 0 {
+		return nil, fmt.Errorf("access log buffer_lines %d: must not be negative", n)
+	}
+	if n == 0 {
+		n = DefaultBufferLines
+	}
+	l.lines = make(chan *line, n)
+	l.pool.New = func() any { return &line{b: make([]byte, 0, initLineSize)} }
+
+	var out io.Writer
+	switch {
+	case cfg.Output != nil:
+		out = cfg.Output
+	case cfg.Path == "" || cfg.Path == "-":
+		out = os.Stdout
+	default:
+		f, err := openLog(cfg.Path)
+		if err != nil {
+			return nil, err
+		}
+		l.path, l.file, out = cfg.Path, f, f
+	}
+	l.out = out
+	l.bw = bufio.NewWriterSize(out, writeBufferSize)
+	go l.run()
+	return l, nil
+}
+
+func openLog(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open access log: %w", err)
+	}
+	return f, nil
+}
+
+// Log formats e and queues the line. It never blocks and keeps no reference
+// to e: when the queue is full (the sink stalls) the line is dropped and
+// onDrop called. Lines logged after Close are discarded.
+func (l *Logger) Log(e *Entry) {
+	if l.closed.Load() {
+		return
+	}
+	ln := l.pool.Get().(*line)
+	now := time.Now()
+	if l.cube {
+		ln.b = appendCube(ln.b[:0], e, now)
+	} else {
+		ln.b = appendJSON(ln.b[:0], e, now)
+	}
+	ln.b = append(ln.b, '\n')
+	select {
+	case l.lines <- ln:
+	default:
+		l.put(ln)
+		l.drop(1)
+	}
+}
+
+// Dropped returns how many lines were lost so far (queue full or write errors).
+func (l *Logger) Dropped() uint64 { return l.dropped.Load() }
+
+func (l *Logger) drop(n int) {
+	l.dropped.Add(uint64(n))
+	if l.onDrop != nil {
+		for range n {
+			l.onDrop()
+		}
+	}
+}
+
+func (l *Logger) put(ln *line) {
+	if cap(ln.b) <= maxPooledLine {
+		l.pool.Put(ln)
+	}
+}
+
+// Reopen closes the log file and opens Path again, so a file renamed by
+// logrotate is released and new lines go to a fresh file (call it on SIGHUP).
+// Lines queued before the call go to the old file. On error the old file
+// stays in use. A no-op for stdout and Config.Output.
+func (l *Logger) Reopen() error {
+	if l.path == "" {
+		return nil
+	}
+	reply := make(chan error, 1)
+	select {
+	case l.reopen <- reply:
+		return <-reply
+	case <-l.done:
+		return ErrClosed
+	}
+}
+
+// Close writes every queued line, flushes and closes the file, and reports
+// a failure of that final flush or close. Later Log calls are discarded.
+// Close is idempotent.
+func (l *Logger) Close() error {
+	l.once.Do(func() {
+		l.closed.Store(true)
+		close(l.quit)
+	})
+	<-l.done
+	return l.closeErr
+}
+
+// run is the writer goroutine: it owns the file and the bufio.Writer.
+func (l *Logger) run() {
+	defer close(l.done)
+	for {
+		select {
+		case ln := <-l.lines:
+			l.write(ln)
+			l.drain()
+			_ = l.flush() // failures are counted as drops
+		case reply := <-l.reopen:
+			l.drain()
+			_ = l.flush() // a failed flush is counted as drops; reopening may cure it
+			reply <- l.reopenFile()
+		case <-l.quit:
+			l.drain()
+			if err := l.flush(); err != nil {
+				l.closeErr = err
+			}
+			if l.file != nil {
+				if err := l.file.Close(); err != nil && l.closeErr == nil {
+					l.closeErr = fmt.Errorf("close access log: %w", err)
+				}
+			}
+			return
+		}
+	}
+}
+
+// drain writes whatever is queued now, so a burst becomes one flush.
+func (l *Logger) drain() {
+	for {
+		select {
+		case ln := <-l.lines:
+			l.write(ln)
+		default:
+			return
+		}
+	}
+}
+
+func (l *Logger) write(ln *line) {
+	_, err := l.bw.Write(ln.b)
+	l.put(ln)
+	l.pending++
+	if err != nil {
+		l.writeFailed()
+	}
+}
+
+func (l *Logger) flush() error {
+	if err := l.bw.Flush(); err != nil {
+		l.writeFailed()
+		return fmt.Errorf("write access log: %w", err)
+	}
+	l.pending = 0
+	return nil
+}
+
+// writeFailed counts the unflushed lines as dropped and resets the
+// bufio.Writer, whose errors are otherwise sticky, so the log recovers when
+// the sink does (disk space freed, pipe reader back).
+func (l *Logger) writeFailed() {
+	l.drop(l.pending)
+	l.pending = 0
+	l.bw.Reset(l.out)
+}
+
+// reopenFile swaps in a freshly opened Path; the old file stays on error.
+func (l *Logger) reopenFile() error {
+	f, err := openLog(l.path)
+	if err != nil {
+		return fmt.Errorf("reopen: %w", err)
+	}
+	old := l.file
+	l.file, l.out = f, f
+	l.bw.Reset(f)
+	if err := old.Close(); err != nil {
+		return fmt.Errorf("close rotated access log: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package accesslog
+
+const raceEnabled = true

@@ -1,0 +1,98 @@
+package telemetry
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// Default sampling ratios.
+const (
+	DefaultSampleRatio = 0.01 // OTLP export: 1 % of traces
+	testSampleRatio    = 1.0  // injected SpanExporter: every trace
+)
+
+// Config configures New.
+type Config struct {
+	// TraceSampleRatio is the fraction of traces sampled, in (0, 1]. Zero means
+	// OTEL_TRACES_SAMPLER_ARG if set, else DefaultSampleRatio (1 with an
+	// injected SpanExporter). The client's sampled flag never decides.
+	TraceSampleRatio float64
+	ServiceName      string // resource service.name; default "cubeproxy"
+	ServiceVersion   string // resource service.version; omitted when empty
+	InstanceID       string // resource service.instance.id; omitted when empty
+	// Env reads OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_PROTOCOL,
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL and OTEL_TRACES_SAMPLER_ARG; os.Getenv
+	// when nil. The OTLP exporters read their endpoint, headers and TLS
+	// variables from the process environment themselves.
+	Env func(string) string
+	// SpanExporter, when set, turns tracing on and exports every ended span
+	// synchronously (tests use tracetest.InMemoryExporter). The OTEL_* exporter
+	// variables are then ignored.
+	SpanExporter sdktrace.SpanExporter
+}
+
+// exporterKind is what the environment asks for.
+type exporterKind int
+
+const (
+	exporterNone exporterKind = iota
+	exporterOTLPHTTP
+	exporterOTLPGRPC
+)
+
+// traceExporterKind interprets OTEL_TRACES_EXPORTER and the OTLP protocol
+// variables. Only "otlp" and "none" are supported; anything else is a
+// configuration error rather than silently untraced.
+func traceExporterKind(env func(string) string) (exporterKind, error) {
+	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_EXPORTER"))); v {
+	case "", "none":
+		return exporterNone, nil
+	case "otlp":
+	default:
+		return exporterNone, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: only \"otlp\" and \"none\" are supported", v)
+	}
+	proto := strings.TrimSpace(env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+	if proto == "" {
+		proto = strings.TrimSpace(env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+	}
+	switch strings.ToLower(proto) {
+	case "", "http/protobuf":
+		return exporterOTLPHTTP, nil
+	case "grpc":
+		return exporterOTLPGRPC, nil
+	}
+	return exporterNone, fmt.Errorf("OTLP trace protocol %q: only \"http/protobuf\" and \"grpc\" are supported", proto)
+}
+
+// sampleRatio resolves the ratio as documented on Config.TraceSampleRatio.
+func (c *Config) sampleRatio(env func(string) string) (float64, error) {
+	r := c.TraceSampleRatio
+	switch {
+	case r < 0 || r > 1:
+		return 0, fmt.Errorf("trace sample ratio %v: want a value in (0, 1]", r)
+	case r > 0:
+		return r, nil
+	}
+	if arg := strings.TrimSpace(env("OTEL_TRACES_SAMPLER_ARG")); arg != "" {
+		v, err := strconv.ParseFloat(arg, 64)
+		if err != nil || v < 0 || v > 1 {
+			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG=%q: want a number in [0, 1]", arg)
+		}
+		return v, nil
+	}
+	if c.SpanExporter != nil {
+		return testSampleRatio, nil
+	}
+	return DefaultSampleRatio, nil
+}
+
+func (c *Config) env() func(string) string {
+	if c.Env != nil {
+		return c.Env
+	}
+	return os.Getenv
+}

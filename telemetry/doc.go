@@ -1,0 +1,30 @@
+// Package telemetry sets up OpenTelemetry tracing and metrics for CubeProxy.
+//
+// Metrics are always on and exported in Prometheus text format from an own
+// registry (MetricsHandler), with the Go runtime and process collectors.
+// Names (OTel name -> Prometheus name; labels):
+//
+//	cubeproxy.requests                  cubeproxy_requests_total{status_class,route_kind}
+//	cubeproxy.request.duration          cubeproxy_request_duration_seconds{status_class,route_kind}  (to response headers)
+//	cubeproxy.response.duration         cubeproxy_response_duration_seconds{status_class,route_kind} (to last byte, non-stream)
+//	cubeproxy.stream.duration           cubeproxy_stream_duration_seconds{route_kind}                (1 s .. 2 h buckets)
+//	cubeproxy.received / .sent          cubeproxy_received_bytes_total{route_kind}, cubeproxy_sent_bytes_total{route_kind}
+//	cubeproxy.connections.open          cubeproxy_connections_open
+//	cubeproxy.streams.open              cubeproxy_streams_open{route_kind="http"|"sse"}
+//	cubeproxy.websockets.open           cubeproxy_websockets_open
+//	cubeproxy.route_cache.lookups       cubeproxy_route_cache_lookups_total{result}
+//	cubeproxy.store.duration            cubeproxy_store_duration_seconds{store}
+//	cubeproxy.store.errors              cubeproxy_store_errors_total{store}
+//	cubeproxy.upstream.connect_errors   cubeproxy_upstream_connect_errors_total
+//	cubeproxy.upstream.retries          cubeproxy_upstream_retries_total
+//	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
+//	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
+//	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
+//	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
+//
+// Every label comes from a small fixed set defined in labels.go; no host,
+// sandbox id or other client-chosen value is ever a label.
+//
+// Tracing is off unless OTEL_TRACES_EXPORTER=otlp (or a SpanExporter is
+// injected); when off, the span helpers cost no allocation.
+package telemetry

@@ -1,0 +1,363 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Histogram bucket boundaries, in seconds.
+var (
+	// requestBuckets cover time to response headers and whole short responses.
+	requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// streamBuckets cover SSE/chunked/WebSocket lifetimes up to the 2 h idle limit.
+	streamBuckets = []float64{1, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200}
+	// storeBuckets cover a memory lookup (µs) up to a slow Redis (s).
+	storeBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 3}
+)
+
+// Metrics records CubeProxy's metrics. Every method is safe for concurrent
+// use, allocation-free, and a no-op on a nil *Metrics.
+//
+// Counters and gauges are plain atomics, read by one OTel callback at
+// scrape time: a synchronous OTel counter costs ~180 ns per Add (attribute
+// normalisation), an atomic a few ns. Histograms go through the OTel SDK with
+// attribute sets prebuilt per label combination.
+type Metrics struct {
+	requests      [numStatusClasses][numRouteKinds]atomic.Int64
+	bytesIn       [numRouteKinds]atomic.Int64
+	bytesOut      [numRouteKinds]atomic.Int64
+	conns         atomic.Int64
+	streams       [numRouteKinds]atomic.Int64 // RouteHTTP (chunked) and RouteSSE
+	websockets    atomic.Int64
+	cache         [numCacheResults]atomic.Int64
+	storeErrors   [numStoreKinds]atomic.Int64
+	connectErrors atomic.Int64
+	retries       atomic.Int64
+	auth          [len(authReasons)]atomic.Int64
+	logDrops      atomic.Int64
+	poolStats     atomic.Pointer[func() (pools, idle int64)]
+
+	reqDuration    metric.Float64Histogram
+	respDuration   metric.Float64Histogram
+	streamDuration metric.Float64Histogram
+	storeDuration  metric.Float64Histogram
+
+	// Prebuilt option slices, indexed by label enum; passing them with
+	// opts... avoids the per-call variadic allocation.
+	recClassKind [numStatusClasses][numRouteKinds][]metric.RecordOption
+	recKind      [numRouteKinds][]metric.RecordOption
+	recStore     [numStoreKinds][]metric.RecordOption
+
+	obs observed
+}
+
+// observed holds the asynchronous instruments and the attribute options the
+// scrape callback reports them with.
+type observed struct {
+	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
+	connectErrors, retries, auth, logDrops          metric.Int64ObservableCounter
+	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
+	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
+	kind                                            [numRouteKinds]metric.ObserveOption
+	result                                          [numCacheResults]metric.ObserveOption
+	store                                           [numStoreKinds]metric.ObserveOption
+	reason                                          [len(authReasons)]metric.ObserveOption
+}
+
+// bg is the context for every measurement: metrics carry no trace exemplars.
+var bg = context.Background()
+
+func newMetrics(meter metric.Meter) (*Metrics, error) {
+	m := &Metrics{}
+	b := builder{meter: meter}
+	m.reqDuration = b.histogram("cubeproxy.request.duration", "Time from request start to response headers.", requestBuckets)
+	m.respDuration = b.histogram("cubeproxy.response.duration", "Time from request start to the last byte of a non-streamed response.", requestBuckets)
+	m.streamDuration = b.histogram("cubeproxy.stream.duration", "Lifetime of SSE/chunked streams and WebSockets.", streamBuckets)
+	m.storeDuration = b.histogram("cubeproxy.store.duration", "Latency of route store lookups (cache misses).", storeBuckets)
+
+	o := &m.obs
+	o.requests = b.counter("cubeproxy.requests", "{request}", "Requests answered, by status class and route kind.")
+	o.bytesIn = b.counter("cubeproxy.received", "By", "Bytes received from clients (request bodies and WebSocket frames).")
+	o.bytesOut = b.counter("cubeproxy.sent", "By", "Bytes sent to clients (response bodies and WebSocket frames).")
+	o.cache = b.counter("cubeproxy.route_cache.lookups", "{lookup}", "Route cache lookups by result.")
+	o.storeErrors = b.counter("cubeproxy.store.errors", "{error}", "Failed route store lookups.")
+	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
+	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream requests retried after a failed connect.")
+	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
+	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled.")
+	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
+	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE and chunked), by route kind.")
+	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
+	o.pools = b.gauge("cubeproxy.upstream.pools", "{pool}", "Upstream connection pools (one per sandbox incarnation and port).")
+	o.idle = b.gauge("cubeproxy.upstream.idle_connections", "{connection}", "Idle upstream connections across all pools.")
+	if b.err != nil {
+		return nil, b.err
+	}
+	m.prebuild()
+	_, err := meter.RegisterCallback(m.observe,
+		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.retries, o.auth,
+		o.logDrops, o.conns, o.streams, o.websockets, o.pools, o.idle)
+	if err != nil {
+		return nil, fmt.Errorf("register metrics callback: %w", err)
+	}
+	return m, nil
+}
+
+// prebuild makes one attribute set per label combination.
+func (m *Metrics) prebuild() {
+	set := func(kvs ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(kvs...))
+	}
+	for c := range numStatusClasses {
+		for k := range int(numRouteKinds) {
+			o := set(attribute.String("status_class", statusClassNames[c]), attribute.String("route_kind", routeKindNames[k]))
+			m.recClassKind[c][k] = []metric.RecordOption{o}
+			m.obs.classKind[c][k] = o
+		}
+	}
+	for k := range int(numRouteKinds) {
+		o := set(attribute.String("route_kind", routeKindNames[k]))
+		m.recKind[k] = []metric.RecordOption{o}
+		m.obs.kind[k] = o
+	}
+	for r := 1; r < int(numCacheResults); r++ {
+		m.obs.result[r] = set(attribute.String("result", cacheResultNames[r]))
+	}
+	for s := range int(numStoreKinds) {
+		o := set(attribute.String("store", storeKindNames[s]))
+		m.recStore[s] = []metric.RecordOption{o}
+		m.obs.store[s] = o
+	}
+	for i, reason := range authReasons {
+		m.obs.reason[i] = set(attribute.String("reason", reason))
+	}
+}
+
+// observe reports every counter and gauge at scrape time. All label
+// combinations are reported, zeros included, so rate() works from the first
+// scrape and a series never appears out of nowhere.
+func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
+	o := &m.obs
+	for c := range numStatusClasses {
+		for k := range int(numRouteKinds) {
+			ob.ObserveInt64(o.requests, m.requests[c][k].Load(), o.classKind[c][k])
+		}
+	}
+	for k := range int(numRouteKinds) {
+		ob.ObserveInt64(o.bytesIn, m.bytesIn[k].Load(), o.kind[k])
+		ob.ObserveInt64(o.bytesOut, m.bytesOut[k].Load(), o.kind[k])
+	}
+	ob.ObserveInt64(o.streams, m.streams[RouteHTTP].Load(), o.kind[RouteHTTP])
+	ob.ObserveInt64(o.streams, m.streams[RouteSSE].Load(), o.kind[RouteSSE])
+	for r := 1; r < int(numCacheResults); r++ {
+		ob.ObserveInt64(o.cache, m.cache[r].Load(), o.result[r])
+	}
+	for s := range int(numStoreKinds) {
+		ob.ObserveInt64(o.storeErrors, m.storeErrors[s].Load(), o.store[s])
+	}
+	for i := range authReasons {
+		ob.ObserveInt64(o.auth, m.auth[i].Load(), o.reason[i])
+	}
+	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
+	ob.ObserveInt64(o.retries, m.retries.Load())
+	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
+	ob.ObserveInt64(o.conns, m.conns.Load())
+	ob.ObserveInt64(o.websockets, m.websockets.Load())
+	if fn := m.poolStats.Load(); fn != nil {
+		pools, idle := (*fn)()
+		ob.ObserveInt64(o.pools, pools)
+		ob.ObserveInt64(o.idle, idle)
+	}
+	return nil
+}
+
+// RequestDone counts a request once its response headers are sent and
+// records ttfb (request start to headers). Call it for every request,
+// streamed or not, including ones the proxy answered itself.
+func (m *Metrics) RequestDone(status int, kind RouteKind, ttfb time.Duration) {
+	if m == nil {
+		return
+	}
+	c, k := statusClassIndex(status), kind.index()
+	m.requests[c][k].Add(1)
+	m.reqDuration.Record(bg, ttfb.Seconds(), m.recClassKind[c][k]...)
+}
+
+// ResponseDone records the total duration of a non-streamed response (to its
+// last byte). Streams record StreamClosed instead.
+func (m *Metrics) ResponseDone(status int, kind RouteKind, total time.Duration) {
+	if m == nil {
+		return
+	}
+	m.respDuration.Record(bg, total.Seconds(), m.recClassKind[statusClassIndex(status)][kind.index()]...)
+}
+
+// Bytes adds body (or WebSocket) bytes received from and sent to the client.
+func (m *Metrics) Bytes(kind RouteKind, in, out int64) {
+	if m == nil {
+		return
+	}
+	k := kind.index()
+	if in > 0 {
+		m.bytesIn[k].Add(in)
+	}
+	if out > 0 {
+		m.bytesOut[k].Add(out)
+	}
+}
+
+// ConnOpened counts a new client connection (fasthttp ConnState StateNew).
+func (m *Metrics) ConnOpened() {
+	if m == nil {
+		return
+	}
+	m.conns.Add(1)
+}
+
+// ConnClosed counts a closed or hijacked client connection.
+func (m *Metrics) ConnClosed() {
+	if m == nil {
+		return
+	}
+	m.conns.Add(-1)
+}
+
+// StreamOpened counts an open stream: RouteWebSocket goes to the WebSocket
+// gauge, RouteSSE to the SSE streams, any other kind to the chunked (http)
+// streams.
+func (m *Metrics) StreamOpened(kind RouteKind) {
+	if m == nil {
+		return
+	}
+	switch kind {
+	case RouteWebSocket:
+		m.websockets.Add(1)
+	case RouteSSE:
+		m.streams[RouteSSE].Add(1)
+	default:
+		m.streams[RouteHTTP].Add(1)
+	}
+}
+
+// StreamClosed undoes StreamOpened(kind) and records the stream's lifetime.
+func (m *Metrics) StreamClosed(kind RouteKind, life time.Duration) {
+	if m == nil {
+		return
+	}
+	switch kind {
+	case RouteWebSocket:
+		m.websockets.Add(-1)
+	case RouteSSE:
+		m.streams[RouteSSE].Add(-1)
+	default:
+		kind = RouteHTTP
+		m.streams[RouteHTTP].Add(-1)
+	}
+	m.streamDuration.Record(bg, life.Seconds(), m.recKind[kind]...)
+}
+
+// CacheLookup counts one route-cache lookup; CacheNone is ignored.
+func (m *Metrics) CacheLookup(r CacheResult) {
+	if m == nil || r == CacheNone {
+		return
+	}
+	m.cache[r.index()].Add(1)
+}
+
+// StoreLookup records the latency of one store call and counts it as an
+// error when failed (an unknown sandbox is not a failure).
+func (m *Metrics) StoreLookup(store StoreKind, d time.Duration, failed bool) {
+	if m == nil {
+		return
+	}
+	s := store.index()
+	m.storeDuration.Record(bg, d.Seconds(), m.recStore[s]...)
+	if failed {
+		m.storeErrors[s].Add(1)
+	}
+}
+
+// UpstreamConnectError counts a failed dial to a sandbox.
+func (m *Metrics) UpstreamConnectError() {
+	if m == nil {
+		return
+	}
+	m.connectErrors.Add(1)
+}
+
+// UpstreamRetry counts a request retried after a failed connect.
+func (m *Metrics) UpstreamRetry() {
+	if m == nil {
+		return
+	}
+	m.retries.Add(1)
+}
+
+// AuthRejected counts a refused request. reason is one of the Auth*
+// constants; anything else is counted as AuthOther.
+func (m *Metrics) AuthRejected(reason string) {
+	if m == nil {
+		return
+	}
+	m.auth[authReasonIndex(reason)].Add(1)
+}
+
+// AccessLogDropped counts one access log line lost to a stalled sink; it
+// fits accesslog.New's onDrop parameter.
+func (m *Metrics) AccessLogDropped() {
+	if m == nil {
+		return
+	}
+	m.logDrops.Add(1)
+}
+
+// SetPoolStats installs the function read at every scrape for the upstream
+// pool gauges (absent until set). It replaces any earlier one; nil removes it.
+// fn runs on the scrape goroutine and must not block.
+func (m *Metrics) SetPoolStats(fn func() (pools, idle int64)) {
+	if m == nil {
+		return
+	}
+	if fn == nil {
+		m.poolStats.Store(nil)
+		return
+	}
+	m.poolStats.Store(&fn)
+}
+
+// builder creates instruments and keeps the first error, so newMetrics
+// reads as a plain list.
+type builder struct {
+	meter metric.Meter
+	err   error
+}
+
+func (b *builder) keep(name string, err error) {
+	if err != nil && b.err == nil {
+		b.err = fmt.Errorf("create instrument %s: %w", name, err)
+	}
+}
+
+func (b *builder) counter(name, unit, desc string) metric.Int64ObservableCounter {
+	c, err := b.meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	b.keep(name, err)
+	return c
+}
+
+func (b *builder) gauge(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+	g, err := b.meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	b.keep(name, err)
+	return g
+}
+
+func (b *builder) histogram(name, desc string, buckets []float64) metric.Float64Histogram {
+	h, err := b.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+		metric.WithExplicitBucketBoundaries(buckets...))
+	b.keep(name, err)
+	return h
+}

@@ -1,0 +1,158 @@
+package telemetry
+
+import (
+	"context"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Span attribute keys beyond the semantic conventions.
+const (
+	AttrSandboxID    = attribute.Key("cube.sandbox.id")
+	AttrSandboxPort  = attribute.Key("cube.sandbox.port")
+	AttrRouteKind    = attribute.Key("cube.route.kind")
+	AttrUpstream     = attribute.Key("cube.upstream.address")
+	AttrRetries      = attribute.Key("cube.upstream.retries")
+	AttrCacheResult  = attribute.Key("cube.cache.result")
+	AttrErrorCode    = attribute.Key("cube.error.code")
+	AttrUpstreamAddr = semconv.ServerAddressKey // on the client span
+)
+
+var (
+	serverStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	clientStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	// noopSpan is what the helpers return when tracing is off: the span
+	// stored in an empty context, so no allocation happens.
+	noopSpan = trace.SpanFromContext(context.Background())
+)
+
+// spanMethods bounds span names: unknown methods become "OTHER" (span
+// names must have low cardinality). Names are precomputed so starting a span
+// does not build strings.
+var spanMethods = [...]struct{ method, server, client string }{
+	{"GET", "proxy GET", "upstream GET"},
+	{"POST", "proxy POST", "upstream POST"},
+	{"PUT", "proxy PUT", "upstream PUT"},
+	{"DELETE", "proxy DELETE", "upstream DELETE"},
+	{"PATCH", "proxy PATCH", "upstream PATCH"},
+	{"HEAD", "proxy HEAD", "upstream HEAD"},
+	{"OPTIONS", "proxy OPTIONS", "upstream OPTIONS"},
+	{"CONNECT", "proxy CONNECT", "upstream CONNECT"},
+	{"TRACE", "proxy TRACE", "upstream TRACE"},
+	{"_OTHER", "proxy OTHER", "upstream OTHER"}, // semconv value for unknown methods
+}
+
+func spanMethod(m []byte) int {
+	for i := range len(spanMethods) - 1 {
+		if string(m) == spanMethods[i].method {
+			return i
+		}
+	}
+	return len(spanMethods) - 1
+}
+
+// StartServerSpan extracts the client's trace context from h and starts the
+// per-request server span "proxy <method>". The returned context carries the
+// span and does not derive from the fasthttp RequestCtx (which is recycled).
+// With tracing off it returns context.Background() and a no-op span without
+// allocating.
+func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader) (context.Context, trace.Span) {
+	if t.tp == nil {
+		return context.Background(), noopSpan
+	}
+	ctx := t.propagator.Extract(context.Background(), HeaderCarrier{H: h})
+	m := &spanMethods[spanMethod(h.Method())]
+	ctx, span := t.Tracer.Start(ctx, m.server, serverStart...)
+	if span.IsRecording() {
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method))
+	}
+	return ctx, span
+}
+
+// StartClientSpan starts the span for the upstream exchange as a child of
+// ctx's span and injects its traceparent/tracestate (and the client's
+// baggage) into upstream, replacing what the client sent. With tracing off
+// it returns a no-op span, leaves upstream untouched (the client's headers
+// pass through as any end-to-end header) and does not allocate.
+func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.RequestHeader, upstreamAddr string) trace.Span {
+	if t.tp == nil {
+		return noopSpan
+	}
+	m := &spanMethods[spanMethod(upstream.Method())]
+	ctx, span := t.Tracer.Start(ctx, m.client, clientStart...)
+	if span.IsRecording() {
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method), AttrUpstreamAddr.String(upstreamAddr))
+	}
+	t.propagator.Inject(ctx, HeaderCarrier{H: upstream})
+	return span
+}
+
+// SpanResult is what the proxy knows about a request when its server span
+// ends (for streams: when the stream ends).
+type SpanResult struct {
+	SandboxID string
+	Port      int // container port
+	Kind      RouteKind
+	Status    int
+	Upstream  string // "ip:port" dialed, "" when none
+	BytesIn   int64
+	BytesOut  int64
+	Retries   int
+	Cache     CacheResult
+	ErrorCode string // proxy error code ("sandbox_not_found", ...), "" on success
+}
+
+// EndServerSpan sets r's attributes on a recording span and ends it. On a
+// non-recording span it only calls End, so it allocates nothing.
+func EndServerSpan(span trace.Span, r *SpanResult) {
+	if span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, 10)
+		attrs = append(attrs,
+			AttrRouteKind.String(r.Kind.String()),
+			semconv.HTTPResponseStatusCodeKey.Int(r.Status),
+			semconv.HTTPRequestBodySizeKey.Int64(r.BytesIn),
+			semconv.HTTPResponseBodySizeKey.Int64(r.BytesOut),
+			AttrRetries.Int(r.Retries),
+		)
+		if r.SandboxID != "" {
+			attrs = append(attrs, AttrSandboxID.String(r.SandboxID), AttrSandboxPort.Int(r.Port))
+		}
+		if r.Upstream != "" {
+			attrs = append(attrs, AttrUpstream.String(r.Upstream))
+		}
+		if r.Cache != CacheNone {
+			attrs = append(attrs, AttrCacheResult.String(r.Cache.String()))
+		}
+		if r.ErrorCode != "" {
+			attrs = append(attrs, AttrErrorCode.String(r.ErrorCode))
+		}
+		span.SetAttributes(attrs...)
+		// Server spans mark only 5xx as errors (semantic conventions).
+		if r.Status >= 500 {
+			span.SetStatus(codes.Error, r.ErrorCode)
+		}
+	}
+	span.End()
+}
+
+// EndClientSpan records the upstream status (0 when none arrived) and err,
+// then ends the span. Allocation-free on a non-recording span.
+func EndClientSpan(span trace.Span, status int, err error) {
+	if span.IsRecording() {
+		if status > 0 {
+			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+		}
+		switch {
+		case err != nil:
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		case status >= 400: // client spans treat 4xx as errors too
+			span.SetStatus(codes.Error, "")
+		}
+	}
+	span.End()
+}

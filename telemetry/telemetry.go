@@ -1,0 +1,141 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// instrumentationName names CubeProxy's tracer and meter.
+const instrumentationName = "github.com/cube-sandbox/cubeproxy"
+
+// Telemetry holds the process's tracer, metrics and their providers. It sets
+// no OpenTelemetry globals.
+type Telemetry struct {
+	// Tracer starts spans; a no-op tracer when tracing is off. Prefer the
+	// StartServerSpan/StartClientSpan helpers, which skip even the no-op
+	// tracer's context allocation when tracing is off.
+	Tracer trace.Tracer
+	// Metrics records CubeProxy's metrics; never nil.
+	Metrics *Metrics
+
+	tp         *sdktrace.TracerProvider // nil when tracing is off
+	mp         *sdkmetric.MeterProvider
+	handler    http.Handler
+	propagator propagation.TextMapPropagator
+}
+
+// New builds tracing (off unless configured, see Config) and metrics with a
+// Prometheus exporter on its own registry. Call Shutdown to flush spans.
+func New(ctx context.Context, cfg Config) (*Telemetry, error) {
+	res, err := newResource(ctx, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &Telemetry{
+		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+	}
+
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("register go collector: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, fmt.Errorf("register process collector: %w", err)
+	}
+	exp, err := otelprom.New(
+		otelprom.WithRegisterer(reg),
+		// Explicit, so names never depend on Prometheus' global validation scheme.
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		otelprom.WithoutScopeInfo(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("create prometheus exporter: %w", err)
+	}
+	t.mp = sdkmetric.NewMeterProvider(
+		sdkmetric.WithReader(exp),
+		sdkmetric.WithResource(res),
+		// Measurements carry no trace context; skip the exemplar machinery.
+		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter),
+	)
+	if t.Metrics, err = newMetrics(t.mp.Meter(instrumentationName)); err != nil {
+		return nil, errors.Join(err, t.mp.Shutdown(ctx))
+	}
+	t.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+
+	if t.tp, err = newTracerProvider(ctx, &cfg, res); err != nil {
+		return nil, errors.Join(err, t.mp.Shutdown(ctx))
+	}
+	if t.tp != nil {
+		t.Tracer = t.tp.Tracer(instrumentationName)
+	} else {
+		t.Tracer = noop.NewTracerProvider().Tracer(instrumentationName)
+	}
+	return t, nil
+}
+
+func newResource(ctx context.Context, cfg *Config) (*resource.Resource, error) {
+	name := cfg.ServiceName
+	if name == "" {
+		name = "cubeproxy"
+	}
+	attrs := []resource.Option{
+		resource.WithSchemaURL(semconv.SchemaURL),
+		resource.WithAttributes(semconv.ServiceName(name)),
+		resource.WithTelemetrySDK(),
+	}
+	if cfg.ServiceVersion != "" {
+		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(cfg.ServiceVersion)))
+	}
+	if cfg.InstanceID != "" {
+		attrs = append(attrs, resource.WithAttributes(semconv.ServiceInstanceID(cfg.InstanceID)))
+	}
+	// Last, so OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES override the config.
+	attrs = append(attrs, resource.WithFromEnv())
+	res, err := resource.New(ctx, attrs...)
+	if err != nil {
+		return nil, fmt.Errorf("build telemetry resource: %w", err)
+	}
+	return res, nil
+}
+
+// TracingEnabled reports whether spans are recorded and exported.
+func (t *Telemetry) TracingEnabled() bool { return t.tp != nil }
+
+// MetricsHandler serves the Prometheus text exposition of CubeProxy's
+// metrics plus the Go runtime and process collectors.
+func (t *Telemetry) MetricsHandler() http.Handler { return t.handler }
+
+// Propagator returns the W3C tracecontext + baggage propagator used by the
+// span helpers.
+func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.propagator }
+
+// Shutdown flushes pending spans and stops the providers. Metrics recorded
+// afterwards are ignored.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	var errs []error
+	if t.tp != nil {
+		if err := t.tp.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown tracer provider: %w", err))
+		}
+	}
+	if err := t.mp.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("shutdown meter provider: %w", err))
+	}
+	return errors.Join(errs...)
+}

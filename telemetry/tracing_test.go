@@ -1,0 +1,289 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const (
+	clientTraceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	clientSpanID  = "00f067aa0ba902b7"
+)
+
+func inbound(method, traceparent string) *fasthttp.RequestHeader {
+	h := &fasthttp.RequestHeader{}
+	h.SetMethod(method)
+	if traceparent != "" {
+		h.Set("Traceparent", traceparent)
+	}
+	return h
+}
+
+func TestTracingOffByDefault(t *testing.T) {
+	tel := newTestTelemetry(t, Config{})
+	if tel.TracingEnabled() {
+		t.Fatal("tracing on with no OTEL_TRACES_EXPORTER")
+	}
+	in := inbound("GET", "00-"+clientTraceID+"-"+clientSpanID+"-01")
+	ctx, span := tel.StartServerSpan(in)
+	if span.IsRecording() || span.SpanContext().IsValid() {
+		t.Errorf("tracing off: span recording=%v valid=%v", span.IsRecording(), span.SpanContext().IsValid())
+	}
+	if ctx != context.Background() {
+		t.Error("tracing off: StartServerSpan must return context.Background()")
+	}
+	out := &fasthttp.RequestHeader{}
+	tel.StartClientSpan(ctx, out, "10.0.0.2:80")
+	if v := out.Peek("traceparent"); v != nil {
+		t.Errorf("tracing off injected traceparent %q", v)
+	}
+}
+
+func TestServerAndClientSpansExported(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := newTestTelemetry(t, Config{SpanExporter: exp})
+	if !tel.TracingEnabled() {
+		t.Fatal("tracing off with an injected exporter")
+	}
+	in := inbound("POST", "00-"+clientTraceID+"-"+clientSpanID+"-00")
+	ctx, server := tel.StartServerSpan(in)
+	out := &fasthttp.RequestHeader{}
+	out.SetMethod("POST")
+	out.Set("traceparent", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01") // the client's copy, to be replaced
+	client := tel.StartClientSpan(ctx, out, "10.0.0.2:32001")
+	EndClientSpan(client, 502, errors.New("connection reset"))
+	EndServerSpan(server, &SpanResult{
+		SandboxID: "sb-1", Port: 50005, Kind: RouteSSE, Status: 502, Upstream: "10.0.0.2:32001",
+		BytesIn: 12, BytesOut: 34, Retries: 1, Cache: CacheHit, ErrorCode: "upstream_reset",
+	})
+
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("exported %d spans, want 2", len(spans))
+	}
+	c, s := spans[0], spans[1] // the client span ends first
+	if s.Name != "proxy POST" || s.SpanKind != trace.SpanKindServer {
+		t.Errorf("server span: name %q kind %v", s.Name, s.SpanKind)
+	}
+	if c.Name != "upstream POST" || c.SpanKind != trace.SpanKindClient {
+		t.Errorf("client span: name %q kind %v", c.Name, c.SpanKind)
+	}
+	if got := s.SpanContext.TraceID().String(); got != clientTraceID {
+		t.Errorf("server trace id %s, want the client's %s", got, clientTraceID)
+	}
+	if got := s.Parent.SpanID().String(); got != clientSpanID || !s.Parent.IsRemote() {
+		t.Errorf("server parent %s remote=%v, want remote %s", got, s.Parent.IsRemote(), clientSpanID)
+	}
+	if c.Parent.SpanID() != s.SpanContext.SpanID() {
+		t.Errorf("client span parent %s, want server span %s", c.Parent.SpanID(), s.SpanContext.SpanID())
+	}
+	wantTP := "00-" + clientTraceID + "-" + c.SpanContext.SpanID().String() + "-01"
+	if got := string(out.Peek("traceparent")); got != wantTP {
+		t.Errorf("upstream traceparent %q, want %q", got, wantTP)
+	}
+	assertAttrs(t, "server", s.Attributes, map[attribute.Key]any{
+		"http.request.method":       "POST",
+		AttrSandboxID:               "sb-1",
+		AttrSandboxPort:             int64(50005),
+		AttrRouteKind:               "sse",
+		"http.response.status_code": int64(502),
+		AttrUpstream:                "10.0.0.2:32001",
+		"http.request.body.size":    int64(12),
+		"http.response.body.size":   int64(34),
+		AttrRetries:                 int64(1),
+		AttrCacheResult:             "hit",
+		AttrErrorCode:               "upstream_reset",
+	})
+	assertAttrs(t, "client", c.Attributes, map[attribute.Key]any{
+		"http.request.method":       "POST",
+		"server.address":            "10.0.0.2:32001",
+		"http.response.status_code": int64(502),
+	})
+	if s.Status.Code != codes.Error || c.Status.Code != codes.Error {
+		t.Errorf("status codes server=%v client=%v, want Error for a 502", s.Status.Code, c.Status.Code)
+	}
+	if len(c.Events) == 0 || c.Events[0].Name != "exception" {
+		t.Errorf("client span events %v, want the recorded error", c.Events)
+	}
+}
+
+func assertAttrs(t *testing.T, which string, got []attribute.KeyValue, want map[attribute.Key]any) {
+	t.Helper()
+	m := make(map[attribute.Key]any, len(got))
+	for _, kv := range got {
+		m[kv.Key] = kv.Value.AsInterface()
+	}
+	for k, v := range want {
+		if m[k] != v {
+			t.Errorf("%s span %s = %v (%T), want %v", which, k, m[k], m[k], v)
+		}
+	}
+}
+
+// TestSamplerIgnoresClientFlag proves the client's sampled flag decides
+// nothing: the ratio does.
+func TestSamplerIgnoresClientFlag(t *testing.T) {
+	tests := []struct {
+		name        string
+		ratio       float64
+		env         map[string]string
+		traceparent string
+		sampled     bool
+	}{
+		{"ratio 0 ignores -01", 0, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0"}, "00-" + clientTraceID + "-" + clientSpanID + "-01", false},
+		{"ratio 1 ignores -00", 1, nil, "00-" + clientTraceID + "-" + clientSpanID + "-00", true},
+		{"ratio 1 with -01", 1, nil, "00-" + clientTraceID + "-" + clientSpanID + "-01", true},
+		{"ratio 1 root", 1, nil, "", true},
+		{"ratio 0 root", 0, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0"}, "", false},
+		// The trace id's low 63 bits decide: ...0001 is far below 1 %, a3ce... far above.
+		{"1% low trace id sampled despite -00", 0.01, nil, "00-4bf92f3577b34da60000000000000001-" + clientSpanID + "-00", true},
+		{"1% high trace id unsampled despite -01", 0.01, nil, "00-" + clientTraceID + "-" + clientSpanID + "-01", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			exp := tracetest.NewInMemoryExporter()
+			tel := newTestTelemetry(t, Config{SpanExporter: exp, TraceSampleRatio: tt.ratio, Env: envMap(tt.env)})
+			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent))
+			out := &fasthttp.RequestHeader{}
+			client := tel.StartClientSpan(ctx, out, "10.0.0.2:80")
+			if server.SpanContext().IsSampled() != tt.sampled || client.SpanContext().IsSampled() != tt.sampled {
+				t.Errorf("sampled server=%v client=%v, want %v", server.SpanContext().IsSampled(), client.SpanContext().IsSampled(), tt.sampled)
+			}
+			EndClientSpan(client, 200, nil)
+			EndServerSpan(server, &SpanResult{Status: 200})
+			want := 0
+			if tt.sampled {
+				want = 2
+			}
+			if n := len(exp.GetSpans()); n != want {
+				t.Errorf("exported %d spans, want %d", n, want)
+			}
+			flag := "-00"
+			if tt.sampled {
+				flag = "-01"
+			}
+			if tp := string(out.Peek("traceparent")); !strings.HasSuffix(tp, flag) {
+				t.Errorf("upstream traceparent %q, want flag %s", tp, flag)
+			}
+		})
+	}
+}
+
+func TestPropagatorRoundTrip(t *testing.T) {
+	tel := newTestTelemetry(t, Config{})
+	tp := "00-" + clientTraceID + "-" + clientSpanID + "-01"
+	in := inbound("GET", tp)
+	in.Set("Tracestate", "vendor=abc")
+	in.Add("Baggage", "tenant=a")
+	in.Add("Baggage", "user=b")
+	c := HeaderCarrier{H: in}
+	if got := c.Values("baggage"); len(got) != 2 || got[0] != "tenant=a" || got[1] != "user=b" {
+		t.Errorf("Values(baggage) = %q", got)
+	}
+	keys := strings.Join(c.Keys(), ",")
+	if !strings.Contains(keys, "Traceparent") || !strings.Contains(keys, "Baggage") {
+		t.Errorf("Keys() = %s", keys)
+	}
+
+	ctx := tel.Propagator().Extract(context.Background(), c)
+	if sc := trace.SpanContextFromContext(ctx); sc.TraceID().String() != clientTraceID || !sc.IsRemote() {
+		t.Fatalf("extracted span context %v", sc)
+	}
+	out := &fasthttp.RequestHeader{}
+	tel.Propagator().Inject(ctx, HeaderCarrier{H: out})
+	if got := string(out.Peek("traceparent")); got != tp {
+		t.Errorf("injected traceparent %q, want %q", got, tp)
+	}
+	if got := string(out.Peek("tracestate")); got != "vendor=abc" {
+		t.Errorf("injected tracestate %q", got)
+	}
+	if got := string(out.Peek("baggage")); !strings.Contains(got, "tenant=a") || !strings.Contains(got, "user=b") {
+		t.Errorf("injected baggage %q", got)
+	}
+}
+
+func TestSpanNamesBounded(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := newTestTelemetry(t, Config{SpanExporter: exp})
+	for _, m := range []string{"GET", "PROPFIND", "X-RANDOM-12345"} {
+		_, span := tel.StartServerSpan(inbound(m, ""))
+		EndServerSpan(span, &SpanResult{Status: 200})
+	}
+	var names []string
+	for _, s := range exp.GetSpans() {
+		names = append(names, s.Name)
+	}
+	if got := strings.Join(names, ","); got != "proxy GET,proxy OTHER,proxy OTHER" {
+		t.Errorf("span names %s", got)
+	}
+}
+
+func TestTraceConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		ratio   float64
+		wantErr string
+		on      bool
+	}{
+		{"unset is off", nil, 0, "", false},
+		{"none is off", map[string]string{"OTEL_TRACES_EXPORTER": "none"}, 0, "", false},
+		{"otlp default http", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, 0, "", true},
+		{"otlp grpc", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, 0, "", true},
+		{"traces protocol wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "bogus", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, 0, "", true},
+		{"unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, 0, "OTEL_TRACES_EXPORTER", false},
+		{"unsupported protocol", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, 0, "protocol", false},
+		{"ratio above 1", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, 1.5, "ratio", false},
+		{"bad sampler arg", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "lots"}, 0, "OTEL_TRACES_SAMPLER_ARG", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tel, err := New(context.Background(), Config{Env: envMap(tt.env), TraceSampleRatio: tt.ratio})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("New error %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			defer tel.Shutdown(context.Background())
+			if tel.TracingEnabled() != tt.on {
+				t.Errorf("TracingEnabled = %v, want %v", tel.TracingEnabled(), tt.on)
+			}
+		})
+	}
+}
+
+func TestSampleRatioResolution(t *testing.T) {
+	exp := tracetest.NewNoopExporter()
+	tests := []struct {
+		name string
+		cfg  Config
+		env  map[string]string
+		want float64
+	}{
+		{"otlp default", Config{}, nil, DefaultSampleRatio},
+		{"injected exporter default", Config{SpanExporter: exp}, nil, 1},
+		{"config wins", Config{TraceSampleRatio: 0.5}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.5},
+		{"env arg", Config{}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.2},
+		{"env arg zero", Config{SpanExporter: exp}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0"}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.cfg.sampleRatio(envMap(tt.env))
+			if err != nil || got != tt.want {
+				t.Errorf("sampleRatio = %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+}

@@ -18,14 +18,42 @@ import (
 // tunnel: frames, subprotocols and compression stay end to end.
 type tunnel struct {
 	client, backend net.Conn
-	once            sync.Once
+	idle            time.Duration
+
+	mu     sync.Mutex
+	closed bool
 }
 
+// close ends both directions. Closing a hijacked connection is a no-op in
+// fasthttp (it closes it after the handler returns), so a past deadline is
+// what unblocks a read pending on the client side.
 func (t *tunnel) close() {
-	t.once.Do(func() {
-		_ = t.client.Close()
-		_ = t.backend.Close()
-	})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	t.closed = true
+	past := time.Unix(1, 0)
+	_ = t.client.SetDeadline(past)
+	_ = t.backend.SetDeadline(past)
+	_ = t.client.Close()
+	_ = t.backend.Close()
+}
+
+// read reads from c with the idle timeout, unless the tunnel was closed.
+// Arming the deadline under the lock keeps close from being undone.
+func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	if t.idle > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(t.idle))
+	}
+	t.mu.Unlock()
+	return c.Read(b)
 }
 
 // tunnel serves an Upgrade request. The upgrade never goes through the
@@ -91,7 +119,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Ta
 	raw := uc.Conn
 	pending, _ := br.Peek(br.Buffered()) // bytes the backend sent right after the 101
 	ctx.Hijack(func(client net.Conn) {
-		tn := &tunnel{client: client, backend: raw}
+		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout}
 		p.streams.addTunnel(tn)
 		defer func() {
 			tn.close()
@@ -101,12 +129,12 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Ta
 		}()
 		done := make(chan struct{})
 		go func() {
-			_, _ = io.Copy(raw, idleReader{client, p.cfg.IdleStreamTimeout})
+			_, _ = io.Copy(raw, tunnelReader{tn, client})
 			tn.close()
 			close(done)
 		}()
 		if _, err := client.Write(pending); err == nil {
-			_, _ = io.Copy(client, idleReader{raw, p.cfg.IdleStreamTimeout})
+			_, _ = io.Copy(client, tunnelReader{tn, raw})
 		}
 		tn.close()
 		<-done
@@ -126,19 +154,13 @@ func (p *Proxy) relayRefusal(ctx *fasthttp.RequestCtx, up *fasthttp.Response, br
 	ctx.Response.SetBodyRaw(append([]byte(nil), up.Body()...))
 }
 
-// idleReader applies the idle timeout to the client side of a tunnel,
-// whose deadlines fasthttp cleared when it hijacked the connection.
-type idleReader struct {
-	c    net.Conn
-	idle time.Duration
+// tunnelReader reads one side of a tunnel.
+type tunnelReader struct {
+	t *tunnel
+	c net.Conn
 }
 
-func (r idleReader) Read(b []byte) (int, error) {
-	if r.idle > 0 {
-		_ = r.c.SetReadDeadline(time.Now().Add(r.idle))
-	}
-	return r.c.Read(b)
-}
+func (r tunnelReader) Read(b []byte) (int, error) { return r.t.read(r.c, b) }
 
 var errTimeout = fasthttp.ErrTimeout
 

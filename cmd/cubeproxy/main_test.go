@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func noEnv(string) string { return "" }
+
+func TestVersionAndUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, noEnv, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "cubeproxy ") {
+		t.Fatalf("version: %d %q", code, out.String())
+	}
+	if code := run(context.Background(), []string{"bogus"}, noEnv, &out, &errb); code != 2 {
+		t.Fatalf("unknown command exit %d", code)
+	}
+	if code := run(context.Background(), []string{"serve", "--admin-addr", "0.0.0.0:0", "--http-addr", "127.0.0.1:0"}, noEnv, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), "not loopback and no admin token") {
+		t.Fatalf("admin on 0.0.0.0 without token must refuse to start: %d %s", code, errb.String())
+	}
+}
+
+// serve runs the whole program in-process: a request goes through, and
+// cancelling the context (what SIGTERM does) drains and returns nil.
+func TestServeInProcess(t *testing.T) {
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hi from sandbox") })}
+	bln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan *app, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "2s"},
+			noEnv, io.Discard, io.Discard, func(a *app) { ready <- a })
+	}()
+	a := <-ready
+	req, _ := http.NewRequest("GET", "http://"+a.httpLn.Addr().String()+"/", nil)
+	req.Host = fmt.Sprintf("%d-box.cube.test", port)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "hi from sandbox" {
+		t.Fatalf("got %q", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not return after cancel")
+	}
+}
+
+// The real binary: SIGTERM with an SSE stream open ends the stream cleanly
+// and the process exits 0 within the drain time.
+func TestBinarySIGTERM(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "cubeproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	sse := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})}
+	bln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go sse.Serve(bln)
+	defer sse.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
+	pln, _ := net.Listen("tcp", "127.0.0.1:0")
+	proxyAddr := pln.Addr().String()
+	pln.Close()
+
+	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "3s")
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var resp *http.Response
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		var err error
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy never came up: %v\n%s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: one\n" {
+		t.Fatalf("first line %q", line)
+	}
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	_, err := io.Copy(io.Discard, br)
+	if err != nil {
+		t.Errorf("SSE stream ended with %v, want a clean end", err)
+	}
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- cmd.Wait() }()
+	select {
+	case err := <-waitErr:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(6 * time.Second):
+		t.Fatalf("process still running 6s after SIGTERM\n%s", logs.String())
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("exit took %v", d)
+	}
+	if !strings.Contains(logs.String(), `"msg":"stopped"`) {
+		t.Errorf("no clean stop in logs:\n%s", logs.String())
+	}
+}

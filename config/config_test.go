@@ -1,0 +1,114 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cubeproxy.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
+	file := writeFile(t, "http_addr: ':1001'\nadmin_addr: '127.0.0.1:2001'\nnode_ip: 10.0.0.1\nupstream:\n  connect_timeout: 5s\ndomains: [a.test]\n")
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		check func(*Config) bool
+	}{
+		{"file", []string{"--config", file}, nil, func(c *Config) bool {
+			return c.HTTPAddr == ":1001" && c.NodeIP == "10.0.0.1" && c.Upstream.ConnectTimeout == 5*time.Second && reflect.DeepEqual(c.Domains, []string{"a.test"})
+		}},
+		{"env over file", []string{"--config", file}, map[string]string{"CUBEPROXY_HTTP_ADDR": ":1002", "CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT": "7s", "CUBEPROXY_DOMAINS": "b.test, c.test"}, func(c *Config) bool {
+			return c.HTTPAddr == ":1002" && c.Upstream.ConnectTimeout == 7*time.Second && reflect.DeepEqual(c.Domains, []string{"b.test", "c.test"}) && c.NodeIP == "10.0.0.1"
+		}},
+		{"flag over env", []string{"--config", file, "--http-addr", ":1003", "--upstream-connect-timeout=9s"}, map[string]string{"CUBEPROXY_HTTP_ADDR": ":1002"}, func(c *Config) bool {
+			return c.HTTPAddr == ":1003" && c.Upstream.ConnectTimeout == 9*time.Second
+		}},
+		{"config path from env", nil, map[string]string{"CUBEPROXY_CONFIG": file}, func(c *Config) bool { return c.HTTPAddr == ":1001" }},
+		{"defaults", nil, nil, func(c *Config) bool {
+			return c.HTTPAddr == ":8081" && c.AdminAddr == "127.0.0.1:8082" && c.Store == "memory" && c.LogFormat == "json"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(c) {
+				t.Fatalf("unexpected config: %+v", c)
+			}
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"unknown yaml key", []string{"--config", writeFile(t, "http_adr: ':1'\n")}, nil, "field http_adr not found"},
+		{"bad yaml duration", []string{"--config", writeFile(t, "drain_timeout: soon\n")}, nil, "line 1: cannot unmarshal !!str `soon` into time.Duration"},
+		{"bad env duration", nil, map[string]string{"CUBEPROXY_DRAIN_TIMEOUT": "soon"}, "CUBEPROXY_DRAIN_TIMEOUT"},
+		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
+		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
+		{"missing file", []string{"--config", "/nonexistent/cubeproxy.yaml"}, nil, "read config"},
+		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.args, env(tc.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Load([]string{"-h"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+}
+
+// Every setting is reachable by flag and env, named from its YAML path.
+func TestEverySettingHasFlagAndEnv(t *testing.T) {
+	var b strings.Builder
+	Load([]string{"-h"}, env(nil), &b)
+	usage := b.String()
+	for _, s := range collect(reflect.ValueOf(Default()).Elem()) {
+		if !strings.Contains(usage, "-"+s.flagName()+" ") && !strings.Contains(usage, "-"+s.flagName()+"\n") {
+			t.Errorf("no flag --%s", s.flagName())
+		}
+		if !strings.Contains(usage, s.envName()) {
+			t.Errorf("no env %s in usage", s.envName())
+		}
+	}
+	if !strings.Contains(usage, "CUBEPROXY_UPSTREAM_HEARTBEAT_INTERVAL") {
+		t.Error("nested settings must be named by their path")
+	}
+}
+
+// The shipped example configuration loads.
+func TestShippedConfigLoads(t *testing.T) {
+	c, err := Load([]string{"--config", "../configs/cubeproxy.yaml"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Routes != "configs/routes.yaml" || c.Upstream.IdleTimeout != 7206*time.Second {
+		t.Fatalf("%+v", c)
+	}
+}

@@ -1,0 +1,221 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+)
+
+// echoHeaders answers with the request's Host and headers as JSON.
+func echoHeaders() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := map[string]any{"host": r.Host, "headers": r.Header, "uri": r.RequestURI}
+		json.NewEncoder(w).Encode(out)
+	})
+}
+
+type echoed struct {
+	Host    string              `json:"host"`
+	URI     string              `json:"uri"`
+	Headers map[string][]string `json:"headers"`
+}
+
+func (e echoed) get(k string) string {
+	if v := e.Headers[http.CanonicalHeaderKey(k)]; len(v) > 0 {
+		return strings.Join(v, "|")
+	}
+	return ""
+}
+
+func TestRequestHeaders(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	h.put("hdr", map[string]string{"HostIP": "127.0.0.1", "80": itoa(port), "49983": itoa(port)})
+	h.put("masked", map[string]string{"HostIP": "127.0.0.1", "MaskRequestHost": "localhost:${PORT}", "80": itoa(port), "49983": itoa(port)})
+
+	send := func(host string, hdr map[string]string) echoed {
+		t.Helper()
+		req := h.req("GET", host, "/p/a%2Fb/../c?x=1&y=%20", nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp := h.do(req)
+		defer resp.Body.Close()
+		var e echoed
+		if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+			t.Fatal(err)
+		}
+		if resp.Header.Get(HeaderRequestID) != e.get(HeaderRequestID) || e.get(HeaderRequestID) == "" {
+			t.Errorf("request id: backend %q, client %q", e.get(HeaderRequestID), resp.Header.Get(HeaderRequestID))
+		}
+		return e
+	}
+
+	e := send("80-HDR.Cube.Test", map[string]string{
+		"Authorization":     "Bearer  abc.DEF==",
+		"X-Access-Token":    "envd-token",
+		"Cookie":            "a=1; b=two; c",
+		"Mcp-Session-Id":    "Sess-ABC_123",
+		"X-Forwarded-For":   "203.0.113.7",
+		"Connection":        "keep-alive, X-Hop-Custom",
+		"X-Hop-Custom":      "gone",
+		"Keep-Alive":        "timeout=5",
+		"Te":                "trailers",
+		"Proxy-Connection":  "keep-alive",
+		"X-Cube-Request-Id": "client-chosen-id",
+	})
+	for k, want := range map[string]string{
+		"Authorization":     "Bearer  abc.DEF==",
+		"X-Access-Token":    "envd-token",
+		"Cookie":            "a=1; b=two; c",
+		"Mcp-Session-Id":    "Sess-ABC_123",
+		"X-Forwarded-For":   "203.0.113.7, 127.0.0.1",
+		"X-Real-Ip":         "127.0.0.1",
+		"X-Forwarded-Proto": "http",
+		"X-Cube-Request-Id": "client-chosen-id",
+		"X-Hop-Custom":      "",
+		"Keep-Alive":        "",
+		"Te":                "",
+		"Proxy-Connection":  "",
+		"X-Forwarded-Host":  "",
+	} {
+		if got := e.get(k); got != want {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	if e.Host != "80-HDR.Cube.Test" {
+		t.Errorf("Host %q: must pass as the client sent it", e.Host)
+	}
+	if e.URI != "/p/a%2Fb/../c?x=1&y=%20" {
+		t.Errorf("request URI %q: must pass unnormalised", e.URI)
+	}
+
+	e = send("80-masked.cube.test", nil)
+	if e.Host != "localhost:80" || e.get("X-Forwarded-Host") != "80-masked.cube.test" {
+		t.Errorf("masked: Host %q, X-Forwarded-Host %q", e.Host, e.get("X-Forwarded-Host"))
+	}
+	e = send("49983-masked.cube.test", nil)
+	if e.Host != "49983-masked.cube.test" || e.get("X-Forwarded-Host") != "" {
+		t.Errorf("envd port must never be masked: Host %q", e.Host)
+	}
+	e = send("80-hdr.cube.test", nil)
+	if id := e.get(HeaderRequestID); len(id) != 25 || id[8] != '-' {
+		t.Errorf("generated request id %q", id)
+	}
+}
+
+// rawBackend answers every request on a connection with the given raw response.
+func rawBackend(t *testing.T, response string) uint16 {
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if _, err := io.WriteString(c, response); err != nil {
+						return
+					}
+					if strings.Contains(response, "Connection: close") {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func TestResponseHeaders(t *testing.T) {
+	h := newHarness(t)
+	port := rawBackend(t, "HTTP/1.1 201 Created\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n"+
+		"Set-Cookie: a=1; Path=/\r\nSet-Cookie: a=2; Path=/x\r\nSet-Cookie: b=3\r\nX-End: 2\r\nServer: sandbox/1\r\nContent-Length: 2\r\n\r\nok")
+	host := h.route("resp", port)
+	var reused []bool
+	for i := 0; i < 2; i++ {
+		req := h.req("GET", host, "/", nil)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = append(reused, info.Reused) },
+		}))
+		resp := h.do(req)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 201 || string(body) != "ok" {
+			t.Fatalf("%d %q", resp.StatusCode, body)
+		}
+		if resp.Header.Get("X-Hop") != "" || resp.Header.Get("Keep-Alive") != "" || resp.Header.Get("X-End") != "2" {
+			t.Errorf("hop-by-hop headers leaked: %v", resp.Header)
+		}
+		if got := strings.Join(resp.Header.Values("Set-Cookie"), " | "); got != "a=1; Path=/ | a=2; Path=/x | b=3" {
+			t.Errorf("Set-Cookie %q", got)
+		}
+		if resp.Header.Get("Server") != "sandbox/1" {
+			t.Errorf("Server %q", resp.Header.Get("Server"))
+		}
+	}
+	if len(reused) != 2 || !reused[1] {
+		t.Errorf("the backend's Connection: close closed the client's keep-alive connection (reused=%v)", reused)
+	}
+}
+
+func TestBodylessResponses(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/204":
+			w.WriteHeader(204)
+		case "/304":
+			w.Header().Set("ETag", `"v1"`)
+			w.WriteHeader(304)
+		default:
+			w.Header().Set("Content-Length", "5")
+			w.Header().Set("Content-Type", "text/plain")
+			if r.Method != "HEAD" {
+				io.WriteString(w, "hello")
+			}
+		}
+	}))
+	host := h.route("nobody", port)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		length       string
+	}{
+		{"HEAD", "/", 200, "5"},
+		{"GET", "/204", 204, ""},
+		{"GET", "/304", 304, ""},
+		{"GET", "/", 200, "5"},
+	} {
+		for i := 0; i < 2; i++ { // twice: the connection must stay usable
+			resp := h.do(h.req(tc.method, host, tc.path, nil))
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			wantBody := ""
+			if tc.method == "GET" && tc.status == 200 {
+				wantBody = "hello"
+			}
+			if resp.StatusCode != tc.status || string(body) != wantBody {
+				t.Fatalf("%s %s: %d %q", tc.method, tc.path, resp.StatusCode, body)
+			}
+			if tc.length != "" && fmt.Sprint(resp.ContentLength) != tc.length {
+				t.Errorf("%s %s: Content-Length %d", tc.method, tc.path, resp.ContentLength)
+			}
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Shutdown with SSE streams and a WebSocket open: new connections are
+// refused, SSE streams end cleanly at once, the WebSocket is cut at the
+// drain deadline, and nothing is left running afterwards.
+func TestGracefulShutdown(t *testing.T) {
+	const drain = 1500 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
+
+	var sseOpen atomic.Int64
+	sseStarted := make(chan struct{}, 3)
+	ssePort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sseOpen.Add(1)
+		defer sseOpen.Add(-1)
+		f := sseHeaders(w)
+		fmt.Fprint(w, "data: hello\n\n")
+		f.Flush()
+		sseStarted <- struct{}{}
+		<-r.Context().Done()
+	}))
+	sseHost := h.route("drainsse", ssePort)
+	wsEnded := make(chan error, 1)
+	wsHost := h.route("drainws", wsBackend(t, wsEnded))
+
+	type result struct {
+		err error
+		at  time.Time
+	}
+	sseDone := make(chan result, 3)
+	for i := 0; i < 3; i++ {
+		resp := h.do(h.req("GET", sseHost, "/", nil))
+		go func() {
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			readEvent(br)
+			_, err := io.Copy(io.Discard, br) // nil only on a clean end of stream
+			sseDone <- result{err, time.Now()}
+		}()
+		<-sseStarted
+	}
+	ws := dialWS(t, h, wsHost)
+	defer ws.CloseNow()
+	wsDone := make(chan result, 1)
+	go func() {
+		_, _, err := ws.Read(context.Background())
+		wsDone <- result{err, time.Now()}
+	}()
+
+	start := time.Now()
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+
+	for i := 0; i < 3; i++ {
+		select {
+		case r := <-sseDone:
+			if r.err != nil {
+				t.Errorf("SSE stream ended with %v, want a clean end", r.err)
+			}
+			if d := r.at.Sub(start); d > drain/2 {
+				t.Errorf("SSE stream ended %v after shutdown began; SSE should end at once", d)
+			}
+		case <-time.After(drain + 2*time.Second):
+			t.Fatal("SSE stream still open after the drain")
+		}
+	}
+	waitFor(t, time.Second, "listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+
+	select {
+	case err := <-shutdownDone:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(drain + 3*time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+	if d := time.Since(start); d > drain+2500*time.Millisecond {
+		t.Errorf("Shutdown took %v with a %v drain", d, drain)
+	}
+	select {
+	case r := <-wsDone:
+		if r.err == nil || r.at.Sub(start) < drain-100*time.Millisecond {
+			t.Errorf("WebSocket ended at %v (%v): it should get the whole drain time", r.at.Sub(start), r.err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("WebSocket still open after Shutdown returned")
+	}
+	if s, n := h.proxy.streams.open(); s != 0 || n != 0 {
+		t.Fatalf("after Shutdown: %d streams and %d tunnels still registered", s, n)
+	}
+	waitFor(t, 2*time.Second, "backends saw every stream end", func() bool { return sseOpen.Load() == 0 })
+	select {
+	case <-wsEnded:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the WebSocket backend never saw the tunnel close")
+	}
+	_ = websocket.StatusGoingAway
+}

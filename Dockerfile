@@ -1,0 +1,16 @@
+# Multi-stage build: a static binary on a distroless base, running as non-root.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/cubeproxy ./cmd/cubeproxy
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/cubeproxy /cubeproxy
+COPY configs/cubeproxy.yaml /etc/cubeproxy/cubeproxy.yaml
+USER nonroot:nonroot
+EXPOSE 8081 8080
+ENTRYPOINT ["/cubeproxy"]
+CMD ["serve", "--config", "/etc/cubeproxy/cubeproxy.yaml", "--routes", ""]

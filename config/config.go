@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
 // Config is the whole configuration. The YAML names are the contract
@@ -46,6 +48,72 @@ type Config struct {
 	Cache    Cache    `yaml:"cache"`
 	Upstream Upstream `yaml:"upstream"`
 	Client   Client   `yaml:"client"`
+
+	Auth      Auth                      `yaml:"auth"`
+	AccessLog AccessLog                 `yaml:"access_log"`
+	Telemetry Telemetry                 `yaml:"telemetry"`
+	Redis     redisstore.Config         `yaml:"redis"`
+	Registry  redisstore.RegistryConfig `yaml:"registry"`
+	TLS       TLS                       `yaml:"tls"`
+}
+
+// Auth configures the proxy's own credentials.
+type Auth struct {
+	SigningKeys []string `yaml:"signing_keys" usage:"HMAC keys for signed browser tokens (>= 32 bytes each; the first signs, all verify)"`
+	ExemptPorts []int    `yaml:"exempt_ports" usage:"container ports that skip the traffic-token check"`
+}
+
+// AccessLog configures the per-request log.
+type AccessLog struct {
+	Format      string `yaml:"format" usage:"json, cube (the platform's ||-separated 22 fields) or off"`
+	Path        string `yaml:"path" usage:"file (reopened on SIGHUP) or - for stdout"`
+	BufferLines int    `yaml:"buffer_lines" usage:"lines queued before dropping"`
+}
+
+// Telemetry configures metrics and traces (exporters come from OTEL_* variables).
+type Telemetry struct {
+	TraceSampleRatio float64 `yaml:"trace_sample_ratio" usage:"fraction of requests traced when OTEL_TRACES_EXPORTER=otlp"`
+	MetricsLoopback  bool    `yaml:"metrics_loopback_open" usage:"serve /metrics without the admin token to loopback clients"`
+}
+
+// TLS configures the HTTPS listener's certificates.
+type TLS struct {
+	Source         string        `yaml:"source" usage:"self_signed, files or acme"`
+	Domain         string        `yaml:"domain" usage:"base domain: self_signed and acme cover it and *.<domain>"`
+	CertFile       string        `yaml:"cert_file" usage:"certificate PEM (files source; more pairs under tls.files in YAML)"`
+	KeyFile        string        `yaml:"key_file" usage:"key PEM for cert_file"`
+	Files          []TLSFile     `yaml:"files"`
+	ReloadInterval time.Duration `yaml:"reload_interval" usage:"how often certificate files are re-read"`
+	RedirectHTTP   bool          `yaml:"redirect_http" usage:"answer plain HTTP with a redirect to HTTPS instead of proxying"`
+	ACME           ACME          `yaml:"acme"`
+}
+
+// TLSFile is one certificate/key pair.
+type TLSFile struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// ACME configures certmagic's ACME issuer.
+type ACME struct {
+	CA               string  `yaml:"ca" usage:"ACME directory URL (default Let's Encrypt)"`
+	Email            string  `yaml:"email" usage:"ACME account email"`
+	TrustedRootsFile string  `yaml:"trusted_roots_file" usage:"PEM roots for a private CA's HTTPS endpoint"`
+	StorageDir       string  `yaml:"storage_dir" usage:"certificate storage (survives restarts; share it between replicas)"`
+	SkipWildcard     bool    `yaml:"skip_wildcard" usage:"do not manage *.<domain>; on-demand only"`
+	OnDemand         bool    `yaml:"on_demand" usage:"issue per-host certificates for existing sandboxes"`
+	OnDemandRate     int     `yaml:"on_demand_rate" usage:"new on-demand issuances per minute"`
+	DNS              ACMEDNS `yaml:"dns"`
+	Sync             bool    `yaml:"sync" usage:"wait for the wildcard certificate at startup"`
+}
+
+// ACMEDNS configures the DNS-01 solver.
+type ACMEDNS struct {
+	Provider           string            `yaml:"provider" usage:"libdns provider: rfc2136"`
+	Options            map[string]string `yaml:"options"`
+	Resolvers          []string          `yaml:"resolvers" usage:"DNS servers used to find the zone and check propagation"`
+	PropagationTimeout time.Duration     `yaml:"propagation_timeout" usage:"wait for the TXT record (negative: skip the check)"`
+	PropagationDelay   time.Duration     `yaml:"propagation_delay" usage:"wait before the first propagation check"`
 }
 
 // Cache configures the route cache.
@@ -84,6 +152,7 @@ func Default() *Config {
 		LogFormat: "json",
 		LogLevel:  "info",
 		Store:     "memory",
+		AccessLog: AccessLog{Format: "json", Path: "-"},
 	}
 }
 

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,7 +14,9 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // AdminConfig wires the admin API.
@@ -32,9 +33,14 @@ type AdminConfig struct {
 	Publish func(id string) error
 	// Metrics, when set, is served at GET /metrics.
 	Metrics http.Handler
+	// MetricsLoopback serves /metrics without the token to loopback
+	// clients (a local scraping agent).
+	MetricsLoopback bool
 	// Ready, when set, reports whether the store has been reachable
 	// (GET /readyz); draining is checked by the server itself.
 	Ready func() error
+	// Signer issues signed browser tokens (POST /admin/tokens); nil = off.
+	Signer *auth.Signer
 }
 
 // Admin is the admin API. It never shares a listener with sandbox traffic.
@@ -87,7 +93,12 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
+	if path == "/metrics" && a.metrics != nil && a.cfg.MetricsLoopback && remoteIP(ctx).IsLoopback() {
+		a.metrics(ctx)
+		return
+	}
 	if !a.authorized(ctx) {
+		a.p.metrics.AuthRejected(telemetry.AuthAdmin)
 		adminError(ctx, 403, "admin token missing or wrong")
 		return
 	}
@@ -109,6 +120,8 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		a.setState(ctx)
 	case path == "/admin/last_active" && method == "GET":
 		a.lastActive(ctx)
+	case path == "/admin/tokens" && method == "POST":
+		a.signToken(ctx)
 	default:
 		adminError(ctx, 404, "no such admin endpoint: "+method+" "+path)
 	}
@@ -116,11 +129,9 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
 	if a.cfg.Token == "" {
-		ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
-		return ip.Unmap().IsLoopback()
+		return remoteIP(ctx).IsLoopback()
 	}
-	got := ctx.Request.Header.Peek("X-Cube-Admin-Token")
-	return len(got) > 0 && subtle.ConstantTimeCompare(got, []byte(a.cfg.Token)) == 1
+	return auth.AdminAuthorized([]byte(a.cfg.Token), ctx.Request.Header.Peek(auth.HeaderAdminToken))
 }
 
 func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {
@@ -342,6 +353,55 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 		"count":   len(entries),
 		"entries": entries,
 	})
+}
+
+// signToken issues a signed browser token: {"sandbox_id","port","ttl"}
+// (ttl a Go duration, default 10m, at most 24h).
+func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
+	if a.cfg.Signer == nil {
+		adminError(ctx, 404, "signed tokens are off: configure auth.signing_keys")
+		return
+	}
+	var b struct {
+		SandboxID string `json:"sandbox_id"`
+		Port      int    `json:"port"`
+		TTL       string `json:"ttl"`
+	}
+	if err := json.Unmarshal(ctx.PostBody(), &b); err != nil {
+		adminError(ctx, 400, "invalid JSON body: "+err.Error())
+		return
+	}
+	ttl, err := ParseTokenTTL(b.TTL)
+	if err != nil {
+		adminError(ctx, 400, err.Error())
+		return
+	}
+	if !routing.ValidID(b.SandboxID) || b.Port < 1 || b.Port > 65535 {
+		adminError(ctx, 400, "sandbox_id and port (1-65535) are required")
+		return
+	}
+	exp := time.Now().Add(ttl).Truncate(time.Second)
+	tok, err := a.cfg.Signer.Sign(b.SandboxID, uint16(b.Port), exp)
+	if err != nil {
+		adminError(ctx, 400, err.Error())
+		return
+	}
+	writeJSON(ctx, 200, map[string]any{
+		"token": tok, "expires_at": exp.UTC().Format(time.RFC3339), "query_param": auth.QueryParamName,
+	})
+}
+
+// ParseTokenTTL parses a signed-token lifetime: a Go duration, default
+// 10m, between 1s and 24h.
+func ParseTokenTTL(s string) (time.Duration, error) {
+	if s == "" {
+		return 10 * time.Minute, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Second || d > 24*time.Hour {
+		return 0, fmt.Errorf("ttl %q: want a duration between 1s and 24h", s)
+	}
+	return d, nil
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

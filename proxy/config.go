@@ -5,7 +5,10 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // Config is everything the proxy needs; cmd/cubeproxy fills it from the
@@ -47,6 +50,17 @@ type Config struct {
 
 	// MaxStreamsPerSandbox bounds concurrent requests to one sandbox (0 = unlimited); above it: 429.
 	MaxStreamsPerSandbox int
+
+	// Signer verifies signed browser tokens (?cube_token= and the cookie it
+	// is traded for); nil disables them.
+	Signer *auth.Signer
+	// ExemptPorts skip the traffic-token check (empty by default).
+	ExemptPorts []uint16
+
+	// Telemetry records metrics and traces; nil records nothing.
+	Telemetry *telemetry.Telemetry
+	// AccessLog receives one line per finished request; nil disables it.
+	AccessLog *accesslog.Logger
 
 	// InstanceID names this proxy instance in request ids and logs.
 	InstanceID string

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // Proxy is the request pipeline. Its Handler serves sandbox traffic; the
@@ -33,13 +34,11 @@ type Proxy struct {
 
 	clientWriteTimeout time.Duration // from ServerConfig
 
+	tel     *telemetry.Telemetry // nil: no tracing
+	metrics *telemetry.Metrics   // nil-safe
+
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
 	reqSeq   atomic.Uint64
-
-	stats struct {
-		connectErrors  atomic.Int64
-		connectRetries atomic.Int64
-	}
 }
 
 // New returns a proxy that resolves routes through cache (in front of store).
@@ -50,6 +49,14 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 		parser: routing.NewParser(cfg.Parser),
 		cache:  cache,
 		store:  store,
+		tel:    cfg.Telemetry,
+	}
+	if p.tel != nil {
+		p.metrics = p.tel.Metrics
+		p.metrics.SetPoolStats(func() (int64, int64) {
+			pools, conns := p.pools.stats()
+			return int64(pools), int64(conns)
+		})
 	}
 	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}
 	var rnd [4]byte
@@ -64,10 +71,16 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 // Handler serves one sandbox request: parse target, resolve route, check
 // state, choose backend, forward. Every answer carries X-Cube-Request-Id.
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
+	var x exchange
+	p.begin(ctx, &x)
 	var idBuf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
-	p.serve(ctx)
+	p.serve(ctx, &x)
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
+	p.headersReady(ctx, &x)
+	if !x.owned {
+		p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+	}
 }
 
 // HeaderRequestID is echoed (or generated) on every request and response.
@@ -75,77 +88,85 @@ const HeaderRequestID = "X-Cube-Request-Id"
 
 const maxRequestIDLen = 128
 
-func (p *Proxy) serve(ctx *fasthttp.RequestCtx) {
+func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	h := &ctx.Request.Header
 	var t routing.Target
 	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
 		var te *routing.TargetError
 		if errors.As(err, &te) {
-			writeError(ctx, proxyError{status: 400, code: te.Code, msg: te.Reason}, nil)
+			x.fail(ctx, proxyError{status: 400, code: te.Code, msg: te.Reason}, nil)
 		} else {
-			writeError(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "invalid sandbox target"}, nil)
+			x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "invalid sandbox target"}, nil)
 		}
 		return
 	}
 	id := t.ID()
+	x.port = t.Port
 
-	route, _, err := p.cache.Get(ctx, id)
+	route, res, err := p.cache.Get(ctx, id)
+	x.cache = cacheResult(res)
+	p.metrics.CacheLookup(x.cache)
 	if err != nil {
-		p.routeError(ctx, err, id)
+		p.routeError(ctx, x, err, id)
 		return
 	}
+	x.sandboxID = route.ID
 
-	// Authorization runs here, before anything with side effects.
+	// The proxy's own credential, before anything with side effects.
+	if p.authorize(ctx, x, route, &t) {
+		return
+	}
 
 	sb := p.sandboxes.get(id)
 	switch sb.state.Load() {
 	case statePausing:
-		writeError(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
+		x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
 		return
 	case statePaused:
-		writeError(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
+		x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
 		return
 	case stateKilled:
-		writeError(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+		x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 		return
 	}
 
 	addr, perr := p.backend(route, t.Port)
+	x.upstream, x.backendIP = addr, addr.Addr()
 	if perr != nil {
-		writeError(ctx, *perr, id)
+		x.fail(ctx, *perr, id)
 		return
 	}
 
 	if n := sb.active.Add(1); p.cfg.MaxStreamsPerSandbox > 0 && n > int64(p.cfg.MaxStreamsPerSandbox) {
 		sb.active.Add(-1)
-		writeError(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
+		x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
 		return
 	}
 	sb.lastActive.Store(time.Now().UnixMilli())
 
 	if h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
-		p.tunnel(ctx, route, &t, addr, sb)
+		p.tunnel(ctx, x, route, &t, addr, sb)
 		return
 	}
-	p.forward(ctx, route, &t, addr, sb)
+	p.forward(ctx, x, route, &t, addr, sb)
 }
 
 // routeError answers a failed route lookup.
-func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, err error, id []byte) {
+func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte) {
 	var fe *routing.FieldError
 	switch {
 	case errors.Is(err, routing.ErrNotFound):
 		if sb := p.sandboxes.peek(unsafe.String(unsafe.SliceData(id), len(id))); sb != nil && sb.state.Load() == stateKilled {
-			writeError(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+			x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 			return
 		}
-		writeError(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
+		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
 	case errors.As(err, &fe):
 		p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason)
-		writeError(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)
+		x.fail(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)
 	default:
 		p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
-		writeError(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
+		x.fail(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
 	}
 }
 
@@ -167,25 +188,32 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 }
 
 // forward sends the request to addr and streams the response back.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	req := &ctx.Request
 	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
 		sb.active.Add(-1)
 		if perr.status == 413 {
 			lingerBody(ctx)
 		}
-		writeError(ctx, *perr, t.ID())
+		x.fail(ctx, *perr, t.ID())
 		return
 	}
 
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, time.Now().UnixNano())
+	p.startUpstream(ctx, x)
 	up := fasthttp.AcquireResponse()
 	if err := u.hc.Do(req, up); err != nil {
 		fasthttp.ReleaseResponse(up)
 		sb.active.Add(-1)
-		p.upstreamError(ctx, err, t.ID(), addr)
+		if x.cspan != nil {
+			telemetry.EndClientSpan(x.cspan, 0, err)
+			x.cspan = nil
+		}
+		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
+	x.upStatus = up.StatusCode()
+	x.upTime = time.Since(x.start)
 
 	resp := &ctx.Response
 	up.Header.CopyTo(&resp.Header)
@@ -195,6 +223,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.T
 	if body == nil {
 		// HEAD, 1xx, 204 and 304 have no body; the connection is already
 		// back in the pool.
+		x.kind = telemetry.RouteHTTP
 		fasthttp.ReleaseResponse(up)
 		sb.active.Add(-1)
 		return
@@ -208,12 +237,20 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.T
 		resp.ImmediateHeaderFlush = true
 	}
 
+	x.kind = telemetry.RouteHTTP
 	s := bodyStreamPool.Get().(*bodyStream)
 	s.p = p
 	s.resp = up
 	s.body = body
 	s.conn = connOf(up)
 	s.sse = isEventStream(up.Header.ContentType())
+	if s.sse {
+		x.kind = telemetry.RouteSSE
+	}
+	x.stream = size < 0
+	x.owned = true
+	s.x = *x
+	s.rc = ctx
 	s.heartbeat = p.cfg.HeartbeatInterval
 	s.atBoundary = true
 	s.started = time.Now()
@@ -246,6 +283,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	}
 
 	removeHopRequest(h, upgrade)
+	stripProxyCredentials(h)
 
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
@@ -275,21 +313,21 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 const envdPort = 49983
 
 // upstreamError answers a failed exchange with the backend.
-func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, err error, id []byte, addr netip.AddrPort) {
+func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
 	var de *dialError
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		lingerBody(ctx)
-		writeError(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
+		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
 	case errors.As(err, &de):
-		writeError(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):
-		writeError(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
+		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		writeError(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
+		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
 	default:
 		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)
-		writeError(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
 	}
 }
 

@@ -63,6 +63,7 @@ type Server struct {
 
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
+	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -92,6 +93,15 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		IdleTimeout:                  cfg.ClientIdleTimeout,
 		CloseOnShutdown:              true,
 		Logger:                       log,
+		ConnState:                    p.connState,
+	}
+	s.redirect = &fasthttp.Server{
+		NoDefaultServerHeader: true,
+		ReadTimeout:           cfg.ClientReadTimeout,
+		WriteTimeout:          cfg.ClientWriteTimeout,
+		IdleTimeout:           cfg.ClientIdleTimeout,
+		CloseOnShutdown:       true,
+		Logger:                log,
 	}
 	if admin != nil {
 		s.adminSrv = &fasthttp.Server{
@@ -135,6 +145,27 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	}
 	if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// ServeRedirect answers plain HTTP on ln with 308 redirects to the same
+// URL over HTTPS on httpsPort ("" or "443" = default port). It is opt-in:
+// some SDK clients only speak plain HTTP, so the default is to proxy.
+func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
+	suffix := ""
+	if httpsPort != "" && httpsPort != "443" {
+		suffix = ":" + httpsPort
+	}
+	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
+		host := string(ctx.Host())
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		ctx.Redirect("https://"+host+suffix+string(ctx.RequestURI()), fasthttp.StatusPermanentRedirect)
+	}
+	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil
 }
@@ -186,10 +217,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s.adminSrv != nil {
-		actx, acancel := context.WithTimeout(context.Background(), time.Second)
-		_ = s.adminSrv.ShutdownWithContext(actx)
-		acancel()
+	for _, srv := range []*fasthttp.Server{s.adminSrv, s.redirect} {
+		if srv != nil {
+			actx, acancel := context.WithTimeout(context.Background(), time.Second)
+			_ = srv.ShutdownWithContext(actx)
+			acancel()
+		}
 	}
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()
@@ -213,6 +246,17 @@ func (s *Server) janitor() {
 			s.p.pools.sweep(now, 2*s.p.cfg.UpstreamIdleConnTimeout)
 			s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
 		}
+	}
+}
+
+// connState counts open client connections. A hijacked (WebSocket)
+// connection stays open; its tunnel reports the close.
+func (p *Proxy) connState(_ net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		p.metrics.ConnOpened()
+	case fasthttp.StateClosed:
+		p.metrics.ConnClosed()
 	}
 }
 

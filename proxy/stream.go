@@ -37,6 +37,8 @@ type bodyStream struct {
 	n       int64 // bytes forwarded
 	started time.Time
 	sb      *sandboxState
+	x       exchange
+	rc      *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
 
 	client       net.Conn // to refresh the per-write deadline
 	writeTimeout time.Duration
@@ -68,6 +70,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	}
 	if n > 0 {
 		s.n += int64(n)
+		s.x.bytesOut += int64(n)
 		if s.sse {
 			s.trackBoundary(b[:n])
 		}
@@ -113,6 +116,7 @@ func (s *bodyStream) CloseWithError(err error) error {
 	}
 	s.sb.active.Add(-1)
 	s.sb.lastActive.Store(time.Now().UnixMilli())
+	s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)
 	fasthttp.ReleaseResponse(s.resp)
 	*s = bodyStream{}
 	bodyStreamPool.Put(s)

@@ -61,7 +61,7 @@ func (ps *pools) create(key poolKey) *upstream {
 		MaxConns:                      ps.cfg.MaxConnsPerUpstream,
 		MaxIdleConnDuration:           ps.cfg.UpstreamIdleConnTimeout,
 		MaxIdemponentCallAttempts:     2,
-		RetryIfErr:                    retryIfErr,
+		RetryIfErr:                    ps.p.retryIfErr,
 		StreamResponseBody:            true,
 		DisablePathNormalizing:        true,
 		NoDefaultUserAgentHeader:      true,
@@ -112,7 +112,7 @@ func (ps *pools) closeIdle() {
 // idempotent methods (the rule net/http follows). fasthttp never retries a
 // streamed request body, and dial failures are retried in dial, so nothing
 // that reached a live backend is ever sent twice.
-func retryIfErr(req *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
+func (p *Proxy) retryIfErr(req *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
 	if attempts > 1 {
 		return false, false
 	}
@@ -125,6 +125,7 @@ func retryIfErr(req *fasthttp.Request, attempts int, err error) (resetTimeout, r
 	}
 	switch string(req.Header.Method()) {
 	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		p.metrics.UpstreamRetry()
 		return false, true
 	}
 	return false, false
@@ -146,11 +147,11 @@ func (p *Proxy) dial(addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
-		p.stats.connectRetries.Add(1)
+		p.metrics.UpstreamRetry()
 		c, err = d.Dial("tcp", addr)
 	}
 	if err != nil {
-		p.stats.connectErrors.Add(1)
+		p.metrics.UpstreamConnectError()
 		return nil, &dialError{addr: addr, err: err}
 	}
 	if tc, ok := c.(*net.TCPConn); ok {

@@ -7,11 +7,14 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // tunnel is a spliced upgrade (WebSocket) connection pair. It is a byte
@@ -61,16 +64,17 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 // pool): it dials its own connection, replays the request, and after a 101
 // hijacks the client connection and copies bytes both ways until either
 // side closes.
-func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
+func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	id := t.ID()
 	fail := func(e proxyError) {
 		sb.active.Add(-1)
-		writeError(ctx, e, id)
+		x.fail(ctx, e, id)
 	}
 	if perr := p.prepareRequest(ctx, r, t, true); perr != nil {
 		fail(*perr)
 		return
 	}
+	p.startUpstream(ctx, x)
 	c, err := p.dial(addr.String())
 	if err != nil {
 		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
@@ -103,6 +107,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Ta
 		return
 	}
 
+	x.upStatus = up.StatusCode()
+	x.upTime = time.Since(x.start)
 	if up.StatusCode() != fasthttp.StatusSwitchingProtocols {
 		// The backend declined the upgrade: relay its answer as is.
 		p.relayRefusal(ctx, &up, br, uc)
@@ -118,7 +124,23 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Ta
 	// request/response bookkeeping.
 	raw := uc.Conn
 	pending, _ := br.Peek(br.Buffered()) // bytes the backend sent right after the 101
+
+	// The tunnel outlives the request: it finishes the exchange itself,
+	// with a log entry captured now (the request is recycled before then).
+	x.kind = telemetry.RouteWebSocket
+	x.stream = true
+	x.owned = true
+	tx := *x
+	var entry *accesslog.Entry
+	if p.cfg.AccessLog != nil {
+		s := logScratchPool.Get().(*logScratch)
+		p.fillEntry(ctx, x, fasthttp.StatusSwitchingProtocols, 0, s)
+		entry = cloneEntry(&s.e)
+		s.e = accesslog.Entry{}
+		logScratchPool.Put(s)
+	}
 	ctx.Hijack(func(client net.Conn) {
+		var in, out countingReader
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout}
 		p.streams.addTunnel(tn)
 		defer func() {
@@ -126,15 +148,20 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Ta
 			p.streams.removeTunnel(tn)
 			sb.active.Add(-1)
 			sb.lastActive.Store(time.Now().UnixMilli())
+			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
+			p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, nil, entry)
+			p.metrics.ConnClosed()
 		}()
 		done := make(chan struct{})
 		go func() {
-			_, _ = io.Copy(raw, tunnelReader{tn, client})
+			in.r = tunnelReader{tn, client}
+			_, _ = io.Copy(raw, &in)
 			tn.close()
 			close(done)
 		}()
 		if _, err := client.Write(pending); err == nil {
-			_, _ = io.Copy(client, tunnelReader{tn, raw})
+			out.r = tunnelReader{tn, raw}
+			_, _ = io.Copy(client, &out)
 		}
 		tn.close()
 		<-done
@@ -152,6 +179,18 @@ func (p *Proxy) relayRefusal(ctx *fasthttp.RequestCtx, up *fasthttp.Response, br
 		return
 	}
 	ctx.Response.SetBodyRaw(append([]byte(nil), up.Body()...))
+}
+
+// countingReader counts the bytes a tunnel direction carried.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // tunnelReader reads one side of a tunnel.

@@ -49,7 +49,7 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	defer mcpSrv.Close()
 	defer sseSrv.Close()
 
-	a, err := build(cfg, stderr)
+	a, err := build(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,8 @@ const usage = `cubeproxy - edge proxy for sandbox ports (<port>-<sandbox-id>.<do
 Usage:
   cubeproxy serve [--config FILE] [flags]   run the proxy (see serve -h)
   cubeproxy demo  [flags]                   run the proxy plus a local demo sandbox
+  cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]
+                                            issue a signed browser token (keys: auth.signing_keys)
   cubeproxy version                         print the version
 `
 
@@ -45,6 +47,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = serve(ctx, args[1:], getenv, stdout, stderr, nil)
 	case "demo":
 		err = demo(ctx, args[1:], getenv, stdout, stderr)
+	case "token":
+		err = token(args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "cubeproxy", version)
 	case "help", "-h", "--help":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,27 +10,49 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/proxy"
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
-// app is a wired proxy: store, cache, pipeline, admin API and server.
+// app is a wired proxy: store, cache, pipeline, admin API, listeners and
+// everything that must be stopped in order.
 type app struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	routes  *routing.MemoryStore // nil with the Redis store
-	cache   *routing.Cache
-	proxy   *proxy.Proxy
-	server  *proxy.Server
-	httpLn  net.Listener
-	adminLn net.Listener
+	cfg      *config.Config
+	log      *slog.Logger
+	instance string
+
+	tel      *telemetry.Telemetry
+	access   *accesslog.Logger
+	routes   *routing.MemoryStore // nil with the Redis store
+	redis    *redisstore.Store    // nil with the memory store
+	sub      *redisstore.Subscriber
+	registry *redisstore.Registry
+	reached  atomic.Bool // the store answered at least once (readiness)
+	cache    *routing.Cache
+	certs    *certs.Manager
+	proxy    *proxy.Proxy
+	server   *proxy.Server
+
+	httpLn, httpsLn, adminLn net.Listener
+
+	stopBackground context.CancelFunc
 }
 
-// listening is told the bound addresses once the listeners are open (demo
-// and tests use it to learn ports chosen with :0).
+// listening is told when the listeners are open (demo and tests use it to
+// learn ports chosen with :0).
 type listening func(a *app)
 
 // serve loads the configuration, runs the proxy until ctx ends, then drains.
@@ -38,7 +61,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	a, err := build(cfg, stdout)
+	a, err := build(ctx, cfg, stdout)
 	if err != nil {
 		return err
 	}
@@ -60,14 +83,24 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log_format %q: want json or text", cfg.LogFormat)
 }
 
-// build wires everything and opens the listeners, so that a bad address
-// fails at startup with a clear error.
-func build(cfg *config.Config, logOut io.Writer) (*app, error) {
+// build wires everything and opens the listeners, so that a bad setting
+// or address fails at startup with a clear error. On error, whatever was
+// started is stopped.
+func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, err error) {
 	log, err := newLogger(cfg, logOut)
 	if err != nil {
 		return nil, err
 	}
 	a := &app{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	a.instance = cfg.InstanceID
+	if a.instance == "" {
+		a.instance, _ = os.Hostname()
+	}
 
 	var nodeIP netip.Addr
 	if cfg.NodeIP != "" {
@@ -78,21 +111,58 @@ func build(cfg *config.Config, logOut io.Writer) (*app, error) {
 	if err := proxy.CheckAdminAddr(cfg.AdminAddr, cfg.AdminToken); err != nil {
 		return nil, err
 	}
+	exempt, err := ports(cfg.Auth.ExemptPorts)
+	if err != nil {
+		return nil, err
+	}
+	var signer *auth.Signer
+	if len(cfg.Auth.SigningKeys) > 0 {
+		if signer, err = auth.NewSigner(cfg.Auth.SigningKeys); err != nil {
+			return nil, fmt.Errorf("auth.signing_keys: %w", err)
+		}
+	}
+
+	a.tel, err = telemetry.New(ctx, telemetry.Config{
+		TraceSampleRatio: cfg.Telemetry.TraceSampleRatio,
+		ServiceName:      "cubeproxy", ServiceVersion: version, InstanceID: a.instance,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if cfg.AccessLog.Format != "off" {
+		a.access, err = accesslog.New(accesslog.Config{
+			Format: cfg.AccessLog.Format, Path: cfg.AccessLog.Path, BufferLines: cfg.AccessLog.BufferLines,
+		}, a.tel.Metrics.AccessLogDropped)
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	var store routing.Store
+	bg, stop := context.WithCancel(context.Background())
+	a.stopBackground = stop
 	switch cfg.Store {
 	case "memory", "":
-		ms, err := loadRoutes(cfg.Routes, log)
-		if err != nil {
+		if a.routes, err = loadRoutes(cfg.Routes, log); err != nil {
 			return nil, err
 		}
 		if cfg.PersistRoutes {
 			if cfg.Routes == "" {
 				return nil, errors.New("persist_routes needs a routes file")
 			}
-			ms.SetPersistPath(cfg.Routes)
+			a.routes.SetPersistPath(cfg.Routes)
 		}
-		a.routes, store = ms, ms
+		a.reached.Store(true)
+		store = proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory)
+	case "redis":
+		rcfg := cfg.Redis
+		rcfg.Registry = cfg.Registry
+		redis.SetLogger(redisLogger{log})
+		if a.redis, err = redisstore.Open(rcfg); err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		go a.watchReachable(bg)
+		store = proxy.InstrumentStore(reachStore{a.redis, &a.reached}, a.tel.Metrics, telemetry.StoreRedis)
 	default:
 		return nil, fmt.Errorf("store %q: want memory or redis", cfg.Store)
 	}
@@ -104,11 +174,10 @@ func build(cfg *config.Config, logOut io.Writer) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	instance := cfg.InstanceID
-	if instance == "" {
-		instance, _ = os.Hostname()
+	if a.redis != nil {
+		a.sub = a.redis.Subscribe(bg, a.cache, log)
 	}
+
 	a.proxy, err = proxy.New(proxy.Config{
 		NodeIP:                  nodeIP,
 		Parser:                  routing.ParserConfig{Domains: cfg.Domains, SharedHosts: cfg.SharedHosts},
@@ -120,13 +189,36 @@ func build(cfg *config.Config, logOut io.Writer) (*app, error) {
 		MaxConnsPerUpstream:     cfg.Upstream.MaxConns,
 		UpstreamIdleConnTimeout: cfg.Upstream.IdleConnTimeout,
 		MaxStreamsPerSandbox:    cfg.MaxStreams,
-		InstanceID:              instance,
+		Signer:                  signer,
+		ExemptPorts:             exempt,
+		Telemetry:               a.tel,
+		AccessLog:               a.access,
+		InstanceID:              a.instance,
 		Logger:                  log,
 	}, store, a.cache)
 	if err != nil {
 		return nil, err
 	}
-	admin := proxy.NewAdmin(proxy.AdminConfig{Token: cfg.AdminToken, Routes: a.routes}, a.proxy)
+	adminCfg := proxy.AdminConfig{
+		Token:           cfg.AdminToken,
+		Routes:          a.routes,
+		Metrics:         a.tel.MetricsHandler(),
+		MetricsLoopback: cfg.Telemetry.MetricsLoopback,
+		Signer:          signer,
+		Ready: func() error {
+			if !a.reached.Load() {
+				return errors.New("route store has never been reachable")
+			}
+			return nil
+		},
+	}
+	if a.redis != nil {
+		adminCfg.Publish = func(id string) error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			return a.redis.Publish(ctx, id)
+		}
+	}
 	a.server = proxy.NewServer(proxy.ServerConfig{
 		ClientReadTimeout:    cfg.Client.ReadTimeout,
 		ClientBodyTimeout:    cfg.Client.BodyTimeout,
@@ -134,20 +226,130 @@ func build(cfg *config.Config, logOut io.Writer) (*app, error) {
 		ClientIdleTimeout:    cfg.Client.IdleTimeout,
 		MaxRequestHeaderSize: cfg.Client.MaxHeaderSize,
 		DrainTimeout:         cfg.DrainTimeout,
-	}, a.proxy, admin)
+	}, a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
-	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
-		return nil, fmt.Errorf("http listener: %w", err)
+	if cfg.HTTPSAddr != "" {
+		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		if a.httpsLn, err = net.Listen("tcp", cfg.HTTPSAddr); err != nil {
+			return nil, fmt.Errorf("https listener: %w", err)
+		}
+	}
+	if cfg.HTTPAddr != "" {
+		if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return nil, fmt.Errorf("http listener: %w", err)
+		}
 	}
 	if a.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
-		a.httpLn.Close()
 		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	if a.redis != nil {
+		a.registry, err = a.redis.StartRegistry(redisstore.Instance{
+			ProxyID: a.instance, AdminURL: "http://" + a.adminLn.Addr().String(),
+			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: version,
+		}, log)
+		if err != nil {
+			return nil, fmt.Errorf("registry: %w", err)
+		}
 	}
 	return a, nil
 }
 
-// loadRoutes opens the routes file; a missing file (the default path on a
-// fresh checkout run from elsewhere) starts with an empty table.
+// certsConfig maps the tls: section; on-demand issuance asks the route
+// cache, so unknown sandboxes never reach the CA.
+func (a *app) certsConfig() certs.Config {
+	t := a.cfg.TLS
+	c := certs.Config{
+		Source: t.Source, Domain: t.Domain, ReloadInterval: t.ReloadInterval, Logger: a.log,
+		ACME: certs.ACMEConfig{
+			CA: t.ACME.CA, Email: t.ACME.Email, TrustedRootsFile: t.ACME.TrustedRootsFile, StorageDir: t.ACME.StorageDir,
+			SkipWildcard: t.ACME.SkipWildcard, OnDemand: t.ACME.OnDemand, OnDemandRate: t.ACME.OnDemandRate, Sync: t.ACME.Sync,
+			DNS: certs.DNSConfig{
+				Provider: t.ACME.DNS.Provider, Options: t.ACME.DNS.Options, Resolvers: t.ACME.DNS.Resolvers,
+				PropagationTimeout: t.ACME.DNS.PropagationTimeout, PropagationDelay: t.ACME.DNS.PropagationDelay,
+			},
+		},
+		Allow: a.allowCertificate,
+	}
+	if t.CertFile != "" || t.KeyFile != "" {
+		c.Files = append(c.Files, certs.FilePair{CertFile: t.CertFile, KeyFile: t.KeyFile})
+	}
+	for _, f := range t.Files {
+		c.Files = append(c.Files, certs.FilePair{CertFile: f.CertFile, KeyFile: f.KeyFile})
+	}
+	if c.Source == "" && len(c.Files) > 0 {
+		c.Source = certs.SourceFiles
+	}
+	return c
+}
+
+// allowCertificate permits on-demand issuance only for hostnames whose
+// sandbox exists (through the cache, including its negative entries).
+func (a *app) allowCertificate(ctx context.Context, name string) error {
+	var t routing.Target
+	parser := routing.NewParser(routing.ParserConfig{Domains: a.cfg.Domains})
+	if err := parser.Parse(&t, []byte(name), nil); err != nil {
+		return fmt.Errorf("not a sandbox host: %w", err)
+	}
+	if t.Shared {
+		return errors.New("not a sandbox host")
+	}
+	r, _, err := a.cache.Get(ctx, t.ID())
+	if err != nil {
+		return err
+	}
+	if _, ok := r.HostPort(t.Port); !ok {
+		return fmt.Errorf("port %d not exposed", t.Port)
+	}
+	return nil
+}
+
+// watchReachable pings Redis until it has answered once, for /readyz.
+func (a *app) watchReachable(ctx context.Context) {
+	for !a.reached.Load() {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := a.redis.Client().Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			a.reached.Store(true)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// reachStore marks the store reachable on any answer from it.
+type reachStore struct {
+	routing.Store
+	reached *atomic.Bool
+}
+
+func (s reachStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	r, err := s.Store.Lookup(ctx, id)
+	if err == nil || errors.Is(err, routing.ErrNotFound) {
+		s.reached.Store(true)
+	}
+	return r, err
+}
+
+func ports(in []int) ([]uint16, error) {
+	out := make([]uint16, 0, len(in))
+	for _, p := range in {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("auth.exempt_ports: %d is not a port", p)
+		}
+		out = append(out, uint16(p))
+	}
+	return out, nil
+}
+
+// loadRoutes opens the routes file; a missing file (the default path when
+// run from elsewhere) starts with an empty table.
 func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 	if path == "" {
 		return routing.NewMemoryStore(), nil
@@ -164,29 +366,102 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 	return ms, nil
 }
 
-// run serves until ctx ends, then drains and returns.
+// run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
-	errc := make(chan error, 2)
-	go func() { errc <- a.server.Serve(a.httpLn) }()
+	errc := make(chan error, 4)
+	if a.httpLn != nil {
+		ln := a.httpLn
+		if a.cfg.TLS.RedirectHTTP && a.httpsLn != nil {
+			_, port, _ := net.SplitHostPort(a.httpsLn.Addr().String())
+			go func() { errc <- a.server.ServeRedirect(ln, port) }()
+		} else {
+			go func() { errc <- a.server.Serve(ln) }()
+		}
+	}
+	if a.httpsLn != nil {
+		tlsLn := tls.NewListener(a.httpsLn, a.certs.TLSConfig())
+		go func() { errc <- a.server.Serve(tlsLn) }()
+	}
 	go func() { errc <- a.server.ServeAdmin(a.adminLn) }()
 	a.log.Info("cubeproxy listening",
-		"http", a.httpLn.Addr().String(), "admin", a.adminLn.Addr().String(),
-		"store", a.cfg.Store, "version", version)
+		"http", addrOf(a.httpLn), "https", addrOf(a.httpsLn), "admin", addrOf(a.adminLn),
+		"store", a.cfg.Store, "instance", a.instance, "version", version)
 	if ready != nil {
 		ready(a)
 	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-		a.log.Error("listener failed", "err", err)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-hup:
+			if a.access != nil {
+				if rerr := a.access.Reopen(); rerr != nil {
+					a.log.Error("reopen access log", "err", rerr)
+				} else {
+					a.log.Info("access log reopened")
+				}
+			}
+		case err = <-errc:
+			if err == nil {
+				continue
+			}
+			a.log.Error("listener failed", "err", err)
+			break loop
+		}
 	}
 	a.log.Info("shutting down: draining", "timeout", a.drainTimeout().String())
 	if serr := a.server.Shutdown(context.Background()); serr != nil && err == nil {
 		err = serr
 	}
+	a.close()
 	a.log.Info("stopped")
 	return err
+}
+
+// close stops everything build started, in dependency order.
+func (a *app) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if a.registry != nil {
+		if err := a.registry.Stop(ctx); err != nil {
+			a.log.Warn("registry cleanup", "err", err)
+		}
+	}
+	if a.sub != nil {
+		_ = a.sub.Close()
+	}
+	if a.stopBackground != nil {
+		a.stopBackground()
+	}
+	if a.redis != nil {
+		_ = a.redis.Close()
+	}
+	if a.certs != nil {
+		_ = a.certs.Close()
+	}
+	if a.access != nil {
+		done := make(chan struct{})
+		go func() { _ = a.access.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			a.log.Warn("access log sink stalled at shutdown; lines may be lost")
+		}
+	}
+	if a.tel != nil {
+		_ = a.tel.Shutdown(ctx)
+	}
+	for _, ln := range []net.Listener{a.httpLn, a.httpsLn, a.adminLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
 }
 
 func (a *app) drainTimeout() time.Duration {
@@ -195,3 +470,18 @@ func (a *app) drainTimeout() time.Duration {
 	}
 	return 30 * time.Second
 }
+
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// redisLogger routes go-redis's process-wide log into slog.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+	r.l.Warn(fmt.Sprintf(format, v...), "component", "redis")
+}
+

@@ -59,7 +59,8 @@ type Config struct {
 	// CommandTimeout bounds one lookup, retries included.
 	CommandTimeout time.Duration `yaml:"command_timeout"`
 
-	Registry RegistryConfig `yaml:"registry"`
+	// Registry is configured at the top level of the proxy config (registry:).
+	Registry RegistryConfig `yaml:"-"`
 }
 
 // SentinelConfig points at Redis Sentinel.

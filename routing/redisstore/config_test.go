@@ -57,7 +57,6 @@ legacy_key_prefix: "l:"
 disable_legacy: true
 invalidate_channel: ch
 command_timeout: 500ms
-registry: {enabled: true, interval: 2s, hash: h, zset: z}
 `
 	var cfg redisstore.Config
 	if err := yaml.Unmarshal([]byte(doc), &cfg); err != nil {
@@ -69,7 +68,6 @@ registry: {enabled: true, interval: 2s, hash: h, zset: z}
 		Cluster:  redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}},
 		PoolSize: 64, KeyPrefix: "k:", LegacyKeyPrefix: "l:", DisableLegacy: true, InvalidateChannel: "ch",
 		CommandTimeout: 500 * time.Millisecond,
-		Registry:       redisstore.RegistryConfig{Enabled: true, Interval: 2 * time.Second, Hash: "h", ZSet: "z"},
 	}
 	if got, _ := yaml.Marshal(cfg); string(got) != string(must(yaml.Marshal(want))) {
 		t.Fatalf("decoded\n%s\nwant\n%s", got, must(yaml.Marshal(want)))

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/proxy"
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// token implements `cubeproxy token sign`: a signed, short-lived token a
+// browser can trade for a cookie on a restricted sandbox
+// (https://<port>-<id>.<domain>/?cube_token=<token>).
+func token(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "sign" {
+		return errors.New("usage: cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]")
+	}
+	fs := flag.NewFlagSet("cubeproxy token sign", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	sandbox := fs.String("sandbox", "", "sandbox id")
+	port := fs.Int("port", 0, "container port")
+	ttl := fs.String("ttl", "10m", "lifetime (1s to 24h)")
+	cfgPath := fs.String("config", "", "config file with auth.signing_keys (or CUBEPROXY_AUTH_SIGNING_KEYS)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	var cargs []string
+	if *cfgPath != "" {
+		cargs = []string{"--config", *cfgPath}
+	}
+	cfg, err := config.Load(cargs, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Auth.SigningKeys) == 0 {
+		return errors.New("no signing keys: set auth.signing_keys or CUBEPROXY_AUTH_SIGNING_KEYS")
+	}
+	signer, err := auth.NewSigner(cfg.Auth.SigningKeys)
+	if err != nil {
+		return err
+	}
+	if !routing.ValidID(*sandbox) || *port < 1 || *port > 65535 {
+		return errors.New("--sandbox (a sandbox id) and --port (1-65535) are required")
+	}
+	d, err := proxy.ParseTokenTTL(*ttl)
+	if err != nil {
+		return err
+	}
+	exp := time.Now().Add(d).Truncate(time.Second)
+	tok, err := signer.Sign(*sandbox, uint16(*port), exp)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, tok)
+	fmt.Fprintf(stderr, "expires %s; open https://%d-%s.<domain>/?%s=<token>\n", exp.UTC().Format(time.RFC3339), *port, *sandbox, auth.QueryParamName)
+	return nil
+}

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// authorize applies the proxy's own credential: the route's traffic token,
+// or a signed browser token (query parameter, then cookie). It runs before
+// anything with side effects. handled is true when it answered the request
+// itself (403, or the 302 that trades a signed token for a cookie).
+// Credentials of the sandbox's own services (Authorization, X-Access-Token)
+// are never read here.
+func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target) (handled bool) {
+	h := &ctx.Request.Header
+	err := auth.CheckTraffic(r.Public, r.TrafficToken, p.exemptPort(t.Port), h)
+	if err == nil {
+		return false
+	}
+	var rej *auth.Rejection
+	if !errors.As(err, &rej) {
+		rej = &auth.Rejection{Code: auth.CodeTrafficTokenInvalid, Reason: "traffic access token invalid"}
+	}
+	if rej.Code == auth.CodeTrafficTokenNotConfigured {
+		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
+	}
+	if rej.Code == auth.CodeTrafficTokenMissing && p.cfg.Signer != nil {
+		if tok := ctx.QueryArgs().Peek(auth.QueryParamName); len(tok) > 0 {
+			exp, verr := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now())
+			if verr == nil {
+				p.redirectWithCookie(ctx, tok, exp)
+				return true
+			}
+			errors.As(verr, &rej)
+		} else if c, ok := auth.CookieValue(h.Peek("Cookie"), auth.CookieName); ok {
+			_, verr := p.cfg.Signer.VerifyBytes(c, r.ID, t.Port, time.Now())
+			if verr == nil {
+				return false
+			}
+			errors.As(verr, &rej)
+		}
+	}
+	p.metrics.AuthRejected(rej.Code)
+	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
+	return true
+}
+
+// redirectWithCookie trades a verified signed token for a host-only cookie
+// and sends the browser back to the same URL without the token, so it
+// does not linger in history, logs or Referer headers.
+func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp time.Time) {
+	uri := ctx.Request.Header.RequestURI()
+	path, query, _ := bytes.Cut(uri, []byte{'?'})
+	loc := append([]byte(nil), path...)
+	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
+		loc = append(append(loc, '?'), clean...)
+	}
+	if len(loc) == 0 {
+		loc = append(loc, '/')
+	}
+	ctx.Response.Reset()
+	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(string(tok), exp, time.Now(), ctx.IsTLS()))
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	ctx.Response.Header.SetBytesV("Location", loc)
+	ctx.SetStatusCode(fasthttp.StatusFound)
+}
+
+// stripProxyCredentials removes the proxy's own credentials before the
+// request goes to the sandbox: both traffic-token headers and our cookie.
+// Every other byte of every other header stays as the client sent it.
+func stripProxyCredentials(h *fasthttp.RequestHeader) {
+	for _, name := range auth.TrafficTokenHeaders() {
+		if len(h.Peek(name)) > 0 {
+			h.Del(name)
+		}
+	}
+	cookie := h.Peek("Cookie")
+	if len(cookie) == 0 || !bytes.Contains(cookie, []byte(auth.CookieName)) {
+		return
+	}
+	var buf [1024]byte
+	if clean, found := auth.AppendStripCookie(buf[:0], cookie, auth.CookieName); found {
+		if len(clean) == 0 {
+			h.Del("Cookie")
+		} else {
+			h.SetBytesV("Cookie", clean)
+		}
+	}
+}
+
+func (p *Proxy) exemptPort(port uint16) bool {
+	for _, e := range p.cfg.ExemptPorts {
+		if e == port {
+			return true
+		}
+	}
+	return false
+}

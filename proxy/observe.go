@@ -1,0 +1,244 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// exchange is what the proxy records about one request while it runs. It
+// lives on the handler's stack; a stream or tunnel that outlives the
+// handler takes a copy and finishes it when it ends, so metrics, the span
+// and the access log line describe the whole stream.
+type exchange struct {
+	start time.Time
+
+	spanCtx context.Context
+	span    trace.Span
+	cspan   trace.Span // upstream exchange; nil when none was made
+
+	sandboxID string
+	port      uint16
+	upstream  netip.AddrPort
+	backendIP netip.Addr
+	cache     telemetry.CacheResult
+	kind      telemetry.RouteKind
+	errCode   string
+
+	upStatus int
+	upTime   time.Duration // request start to upstream response headers
+	bytesIn  int64
+	bytesOut int64
+
+	stream bool // an unknown-length body or a tunnel: counted as an open stream
+	owned  bool // a bodyStream or tunnel finishes it
+}
+
+// fail answers the request with a proxy error and records its code.
+func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
+	x.errCode = e.code
+	x.kind = telemetry.RouteError
+	writeError(ctx, e, sandboxID)
+}
+
+func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
+	x.start = time.Now()
+	if p.tel != nil {
+		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header)
+	}
+	if cl := ctx.Request.Header.ContentLength(); cl > 0 {
+		x.bytesIn = int64(cl)
+	}
+}
+
+// startUpstream opens the client span (tracing on only: the address string
+// would otherwise be an allocation per request).
+func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange) {
+	if p.tel != nil && p.tel.TracingEnabled() {
+		x.cspan = p.tel.StartClientSpan(x.spanCtx, &ctx.Request.Header, x.upstream.String())
+	}
+}
+
+// headersReady records time to response headers.
+func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
+	p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
+	if x.stream {
+		p.metrics.StreamOpened(x.kind)
+	}
+}
+
+// finish records the end of a request. rc is nil for tunnels, whose log
+// entry was captured when the handler returned.
+func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err error, entry *accesslog.Entry) {
+	total := time.Since(x.start)
+	if x.stream {
+		p.metrics.StreamClosed(x.kind, total)
+	} else {
+		p.metrics.ResponseDone(status, x.kind, total)
+	}
+	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
+	if x.cspan != nil {
+		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
+	}
+	if x.span != nil {
+		r := telemetry.SpanResult{
+			SandboxID: x.sandboxID, Port: int(x.port), Kind: x.kind, Status: status,
+			BytesIn: x.bytesIn, BytesOut: x.bytesOut, Cache: x.cache, ErrorCode: x.errCode,
+		}
+		if x.span.IsRecording() && x.upstream.IsValid() {
+			r.Upstream = x.upstream.String()
+		}
+		telemetry.EndServerSpan(x.span, &r)
+	}
+	if p.cfg.AccessLog == nil {
+		return
+	}
+	if entry != nil {
+		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, total
+		p.cfg.AccessLog.Log(entry)
+		return
+	}
+	s := logScratchPool.Get().(*logScratch)
+	p.fillEntry(rc, x, status, total, s)
+	p.cfg.AccessLog.Log(&s.e)
+	s.e = accesslog.Entry{}
+	logScratchPool.Put(s)
+}
+
+// logScratch holds an entry and the bytes its address strings point into;
+// pooled, so logging a request allocates nothing.
+type logScratch struct {
+	e   accesslog.Entry
+	buf [160]byte
+}
+
+var logScratchPool = sync.Pool{New: func() any { return new(logScratch) }}
+
+// b2s views b as a string without copying. The entry is formatted by
+// Log before the request buffers it points into change.
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// fillEntry fills s.e from the request; its strings alias rc and s.buf.
+func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, total time.Duration, s *logScratch) {
+	h := &rc.Request.Header
+	e := &s.e
+	buf := s.buf[:0]
+	addr := func(a netip.Addr) string {
+		if !a.IsValid() {
+			return ""
+		}
+		n := len(buf)
+		buf = a.AppendTo(buf)
+		return b2s(buf[n:])
+	}
+	e.Host = b2s(h.Host())
+	e.RemoteAddr = addr(remoteIP(rc))
+	if la, ok := rc.LocalAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(la.IP)
+		e.ServerAddr = addr(ip.Unmap())
+	}
+	e.XRealIP = b2s(h.Peek("X-Real-IP"))
+	e.XForwardedFor = b2s(h.Peek("X-Forwarded-For"))
+	e.XForwardedProto = b2s(h.Peek("X-Forwarded-Proto"))
+	e.Method = b2s(h.Method())
+	uri := h.RequestURI()
+	e.RequestURI = b2s(uri)
+	for i, c := range uri {
+		if c == '?' {
+			e.URI, e.Args = b2s(uri[:i]), b2s(uri[i+1:])
+			break
+		}
+	}
+	if e.URI == "" {
+		e.URI = e.RequestURI
+	}
+	e.Protocol = b2s(h.Protocol())
+	e.Status = status
+	e.BodyBytesSent = x.bytesOut
+	e.BytesIn = x.bytesIn
+	e.RequestTime = total
+	e.ConnectionRequests = int64(rc.ConnRequestNum())
+	if x.upstream.IsValid() {
+		n := len(buf)
+		buf = x.upstream.AppendTo(buf)
+		e.UpstreamAddr = b2s(buf[n:])
+		e.UpstreamStatus = x.upStatus
+		e.UpstreamResponseTime = x.upTime
+	}
+	e.UserAgent = b2s(h.UserAgent())
+	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID))
+	e.InstanceID = b2s(h.Peek("X-Cube-Instance-Id"))
+	e.BackendIP = addr(x.backendIP)
+	e.SandboxID = x.sandboxID
+	e.Port = int(x.port)
+	e.RouteKind = x.kind.String()
+	e.ErrorCode = x.errCode
+	e.CacheResult = x.cache.String()
+}
+
+// cloneEntry copies an entry's strings out of request buffers, for a
+// tunnel that is logged after the request is gone.
+func cloneEntry(e *accesslog.Entry) *accesslog.Entry {
+	c := *e
+	for _, f := range []*string{&c.Host, &c.RemoteAddr, &c.ServerAddr, &c.XRealIP, &c.XForwardedFor,
+		&c.XForwardedProto, &c.Method, &c.RequestURI, &c.Args, &c.Protocol, &c.URI, &c.UpstreamAddr,
+		&c.UserAgent, &c.RequestID, &c.InstanceID, &c.BackendIP, &c.SandboxID} {
+		*f = string(append([]byte(nil), *f...))
+	}
+	return &c
+}
+
+func remoteIP(ctx *fasthttp.RequestCtx) netip.Addr {
+	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	return ip.Unmap()
+}
+
+func cacheResult(r routing.CacheResult) telemetry.CacheResult {
+	switch r {
+	case routing.CacheHit:
+		return telemetry.CacheHit
+	case routing.CacheMiss:
+		return telemetry.CacheMiss
+	case routing.CacheNegativeHit:
+		return telemetry.CacheNegativeHit
+	case routing.CacheStale:
+		return telemetry.CacheStale
+	}
+	return telemetry.CacheNone
+}
+
+// InstrumentStore wraps a route store so every lookup's latency and
+// failures are recorded (not-found and invalid data are answers, not
+// failures).
+func InstrumentStore(s routing.Store, m *telemetry.Metrics, kind telemetry.StoreKind) routing.Store {
+	if m == nil {
+		return s
+	}
+	return &instrumentedStore{Store: s, m: m, kind: kind}
+}
+
+type instrumentedStore struct {
+	routing.Store
+	m    *telemetry.Metrics
+	kind telemetry.StoreKind
+}
+
+func (s *instrumentedStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	start := time.Now()
+	r, err := s.Store.Lookup(ctx, id)
+	var fe *routing.FieldError
+	failed := err != nil && !errors.Is(err, routing.ErrNotFound) && !errors.As(err, &fe)
+	s.m.StoreLookup(s.kind, time.Since(start), failed)
+	return r, err
+}

@@ -484,4 +484,3 @@ type redisLogger struct{ l *slog.Logger }
 func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
 	r.l.Warn(fmt.Sprintf(format, v...), "component", "redis")
 }
-

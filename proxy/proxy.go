@@ -37,6 +37,8 @@ type Proxy struct {
 	tel     *telemetry.Telemetry // nil: no tracing
 	metrics *telemetry.Metrics   // nil-safe
 
+	staleLogged atomic.Int64 // unix nanos of the last stale-route log line
+
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
 	reqSeq   atomic.Uint64
 }
@@ -111,6 +113,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	x.sandboxID = route.ID
+	if res == routing.CacheStale {
+		p.logStale(route.ID)
+	}
 
 	// The proxy's own credential, before anything with side effects.
 	if p.authorize(ctx, x, route, &t) {
@@ -149,6 +154,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	p.forward(ctx, x, route, &t, addr, sb)
+}
+
+// logStale notes that a route was served past its TTL because the store
+// is failing; at most once a second, so an outage does not flood the log.
+func (p *Proxy) logStale(id string) {
+	now := time.Now().UnixNano()
+	last := p.staleLogged.Load()
+	if now-last < int64(time.Second) || !p.staleLogged.CompareAndSwap(last, now) {
+		return
+	}
+	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", "sandbox_id", id)
 }
 
 // routeError answers a failed route lookup.

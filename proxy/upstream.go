@@ -181,6 +181,8 @@ type upstreamConn struct {
 	inBody         bool
 	headerDeadline time.Time
 	heartbeat      time.Time // zero = no heartbeat pending
+	readDeadline   time.Time // last deadline set on the socket
+	writeDeadline  time.Time
 
 	laddr taggedAddr
 }
@@ -213,7 +215,7 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 		c.headerDeadline = now.Add(c.headerTimeout)
 	}
 	if c.idleTimeout > 0 {
-		_ = c.Conn.SetWriteDeadline(now.Add(c.idleTimeout))
+		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout))
 	}
 	return c.Conn.Write(b)
 }
@@ -231,13 +233,29 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 			deadline, hb = c.heartbeat, true
 		}
 	}
-	_ = c.Conn.SetReadDeadline(deadline)
+	c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, deadline)
 	n, err := c.Conn.Read(b)
 	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.heartbeat = time.Time{}
 		return 0, errHeartbeatDue
 	}
 	return n, err
+}
+
+// setDeadline arms want unless the armed deadline cur is less than a
+// second earlier: moving a socket deadline costs a runtime timer update,
+// and timeouts of minutes do not need sub-second precision. Earlier (or
+// zero) deadlines are always set, so heartbeats stay exact.
+func setDeadline(c net.Conn, read bool, cur, want time.Time) time.Time {
+	if !cur.IsZero() && !want.IsZero() && !want.Before(cur) && want.Sub(cur) < time.Second {
+		return cur
+	}
+	if read {
+		_ = c.SetReadDeadline(want)
+	} else {
+		_ = c.SetWriteDeadline(want)
+	}
+	return want
 }
 
 // startBody switches the connection from waiting for headers to streaming a body.

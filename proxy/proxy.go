@@ -274,7 +274,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if p.clientWriteTimeout > 0 {
 		s.client = ctx.Conn()
 		s.writeTimeout = p.clientWriteTimeout
-		_ = ctx.SetWriteDeadline(s.started.Add(p.clientWriteTimeout))
+		s.clientDeadline = s.started.Add(p.clientWriteTimeout)
+		_ = ctx.SetWriteDeadline(s.clientDeadline)
 	}
 	if s.conn != nil {
 		s.conn.startBody()

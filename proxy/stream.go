@@ -40,8 +40,9 @@ type bodyStream struct {
 	x       exchange
 	rc      *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
 
-	client       net.Conn // to refresh the per-write deadline
-	writeTimeout time.Duration
+	client         net.Conn // to refresh the per-write deadline
+	writeTimeout   time.Duration
+	clientDeadline time.Time
 
 	// stopping is set by drain: the next failed upstream read ends the
 	// stream cleanly (io.EOF) instead of as an error.
@@ -66,7 +67,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	if s.writeTimeout > 0 && s.client != nil {
 		// The client must take each piece within writeTimeout; a stream
 		// itself may last as long as both ends keep talking.
-		_ = s.client.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout))
 	}
 	if n > 0 {
 		s.n += int64(n)

@@ -176,13 +176,19 @@ func Load(args []string, getenv func(string) string, out io.Writer) (*Config, er
 	var flagged []flagValue
 	for i := range settings {
 		s := &settings[i]
-		fs.Func(s.flagName(), s.usage+" (env "+s.envName()+")", func(v string) error {
+		set := func(v string) error {
 			if err := s.set(v); err != nil { // validate early for a clear message
 				return err
 			}
 			flagged = append(flagged, flagValue{s, v})
 			return nil
-		})
+		}
+		if s.v.Kind() == reflect.Bool {
+			// --registry-enabled alone means true, as with any Go bool flag.
+			fs.BoolFunc(s.flagName(), s.usage+" (env "+s.envName()+")", set)
+		} else {
+			fs.Func(s.flagName(), s.usage+" (env "+s.envName()+")", set)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -76,21 +76,46 @@ func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp tim
 // Every other byte of every other header stays as the client sent it.
 func stripProxyCredentials(h *fasthttp.RequestHeader) {
 	for _, name := range auth.TrafficTokenHeaders() {
-		if len(h.Peek(name)) > 0 {
-			h.Del(name)
-		}
+		// Unconditionally: an empty token header is still the proxy's.
+		h.Del(name)
 	}
-	cookie := h.Peek("Cookie")
-	if len(cookie) == 0 || !bytes.Contains(cookie, []byte(auth.CookieName)) {
+	// A client (or an HTTP/2 gateway) may split cookies over several
+	// Cookie lines: every line is checked and keeps its other cookies.
+	lines := h.PeekAll("Cookie")
+	ours := false
+	for _, l := range lines {
+		ours = ours || bytes.Contains(l, []byte(auth.CookieName))
+	}
+	if !ours {
 		return
 	}
+	// The kept lines, '\n'-separated (no header value contains one).
 	var buf [1024]byte
-	if clean, found := auth.AppendStripCookie(buf[:0], cookie, auth.CookieName); found {
-		if len(clean) == 0 {
-			h.Del("Cookie")
-		} else {
-			h.SetBytesV("Cookie", clean)
+	kept, found := buf[:0], false
+	for i, l := range lines {
+		if i > 0 {
+			kept = append(kept, '\n')
 		}
+		var f bool
+		kept, f = auth.AppendStripCookie(kept, l, auth.CookieName)
+		found = found || f
+	}
+	if !found {
+		return
+	}
+	h.Del("Cookie")
+	// Adding "Cookie" normally parses the value and re-serializes every
+	// cookie (quotes lost); with special headers off the raw bytes are kept.
+	special := !h.DisableSpecialHeader()
+	for len(kept) > 0 {
+		line, rest, _ := bytes.Cut(kept, []byte{'\n'})
+		if len(line) > 0 {
+			h.AddBytesV("Cookie", line)
+		}
+		kept = rest
+	}
+	if special {
+		h.EnableSpecialHeader()
 	}
 }
 

@@ -43,6 +43,8 @@ type exchange struct {
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
 	owned  bool // a bodyStream or tunnel finishes it
+
+	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
 }
 
 // fail answers the request with a proxy error and records its code.
@@ -50,6 +52,7 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte
 	x.errCode = e.code
 	x.kind = telemetry.RouteError
 	writeError(ctx, e, sandboxID)
+	x.bytesOut = int64(len(ctx.Response.Body()))
 }
 
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
@@ -59,6 +62,10 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	if cl := ctx.Request.Header.ContentLength(); cl > 0 {
 		x.bytesIn = int64(cl)
+	}
+	if p.cfg.AccessLog != nil {
+		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)
+		x.fwd.capture(&ctx.Request.Header)
 	}
 }
 
@@ -104,6 +111,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	if p.cfg.AccessLog == nil {
 		return
 	}
+	defer x.releaseFwd()
 	if entry != nil {
 		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, total
 		p.cfg.AccessLog.Log(entry)
@@ -124,6 +132,42 @@ type logScratch struct {
 }
 
 var logScratchPool = sync.Pool{New: func() any { return new(logScratch) }}
+
+// fwdHeaders holds X-Real-IP, X-Forwarded-For and X-Forwarded-Proto as
+// the client sent them. prepareRequest rewrites them for the sandbox; the
+// access log shows them as received (nginx's $http_x_real_ip...). Pooled.
+type fwdHeaders struct {
+	b   []byte
+	end [3]int // value i is b[end[i-1]:end[i]]
+}
+
+var fwdHeadersPool = sync.Pool{New: func() any { return new(fwdHeaders) }}
+
+var forwardingHeaders = [3]string{"X-Real-IP", "X-Forwarded-For", "X-Forwarded-Proto"}
+
+func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
+	f.b = f.b[:0]
+	for i, name := range forwardingHeaders {
+		f.b = append(f.b, h.Peek(name)...)
+		f.end[i] = len(f.b)
+	}
+}
+
+// get returns value i; it aliases f.b.
+func (f *fwdHeaders) get(i int) string {
+	start := 0
+	if i > 0 {
+		start = f.end[i-1]
+	}
+	return b2s(f.b[start:f.end[i]])
+}
+
+func (x *exchange) releaseFwd() {
+	if x.fwd != nil {
+		fwdHeadersPool.Put(x.fwd)
+		x.fwd = nil
+	}
+}
 
 // b2s views b as a string without copying. The entry is formatted by
 // Log before the request buffers it points into change.
@@ -148,9 +192,9 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		ip, _ := netip.AddrFromSlice(la.IP)
 		e.ServerAddr = addr(ip.Unmap())
 	}
-	e.XRealIP = b2s(h.Peek("X-Real-IP"))
-	e.XForwardedFor = b2s(h.Peek("X-Forwarded-For"))
-	e.XForwardedProto = b2s(h.Peek("X-Forwarded-Proto"))
+	if f := x.fwd; f != nil {
+		e.XRealIP, e.XForwardedFor, e.XForwardedProto = f.get(0), f.get(1), f.get(2)
+	}
 	e.Method = b2s(h.Method())
 	uri := h.RequestURI()
 	e.RequestURI = b2s(uri)

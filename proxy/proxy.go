@@ -215,6 +215,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		return
 	}
 
+	// A request that came over TLS has scheme https; the sandbox speaks
+	// plain HTTP and HostClient refuses a scheme that differs from its own.
+	req.URI().SetScheme("http")
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, time.Now().UnixNano())
 	p.startUpstream(ctx, x)
 	up := fasthttp.AcquireResponse()

@@ -20,6 +20,9 @@ import (
 var version = "dev"
 
 func main() {
+	// SIGHUP reopens the access log once serving; until then it must not
+	// take its default action (exit) if logrotate fires during startup.
+	signal.Ignore(syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))

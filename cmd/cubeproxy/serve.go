@@ -368,6 +368,11 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
+	// Before anything is served or announced: a SIGHUP (logrotate) that
+	// arrives before Notify would terminate the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	if a.httpLn != nil {
 		ln := a.httpLn
@@ -390,9 +395,6 @@ func (a *app) run(ctx context.Context, ready listening) error {
 		ready(a)
 	}
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	var err error
 loop:
 	for {

@@ -83,7 +83,7 @@ func (s *Store) hgetall(ctx context.Context, key string) (map[string]string, err
 	}
 	if redis.HasErrorPrefix(err, "WRONGTYPE") {
 		// A key of another type is bad data, not an outage: answer 404, not 503.
-		return nil, fmt.Errorf("redis hgetall %s: %w", key, &routing.FieldError{Field: key, Reason: "key is not a hash"})
+		return nil, fmt.Errorf("redis hgetall %s: %w", key, &routing.FieldError{Field: "hash", Reason: "route key is not a hash"})
 	}
 	return nil, fmt.Errorf("redis hgetall %s: %w", key, err)
 }

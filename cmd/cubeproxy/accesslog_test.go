@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// accessLogBuf collects the process logs while serve writes them.
+type accessLogBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *accessLogBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *accessLogBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// accessLogWait polls cond until it holds or d passes.
+func accessLogWait(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// cubeLines returns the x_cube_request_id (field 20 of 22) of every cube
+// line in path; it fails on a line that is not 22 fields.
+func cubeLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read access log: %v", err)
+	}
+	var ids []string
+	for _, ln := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		if ln == "" {
+			continue
+		}
+		f := strings.Split(ln, "||")
+		if len(f) != 22 {
+			t.Fatalf("%s: line with %d fields, want 22: %q", path, len(f), ln)
+		}
+		if f[11] != "200" {
+			t.Errorf("%s: status %q in %q", path, f[11], ln)
+		}
+		ids = append(ids, f[19])
+	}
+	return ids
+}
+
+// The access log file is reopened on SIGHUP: after logrotate's rename and
+// the signal, the next request's line lands in a new file at the
+// configured path and the renamed file keeps the old lines.
+func TestAccessLogReopenOnSIGHUP(t *testing.T) {
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "access.log")
+	rotated := logPath + ".1"
+
+	var logs accessLogBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan *app, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+			"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "2s"},
+			noEnv, &logs, io.Discard, func(a *app) { ready <- a })
+	}()
+	var a *app
+	select {
+	case a = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v\n%s", err, logs.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not start")
+	}
+
+	client := &http.Client{Timeout: 5 * time.Second}
+	get := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+a.httpLn.Addr().String()+"/", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		req.Header.Set("X-Cube-Request-Id", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("request %s: %d %q", id, resp.StatusCode, body)
+		}
+	}
+	has := func(path, id string) bool {
+		b, _ := os.ReadFile(path)
+		return bytes.Contains(b, []byte("||"+id+"||"))
+	}
+
+	get("before-rotate")
+	accessLogWait(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before-rotate") })
+	if err := os.Rename(logPath, rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	accessLogWait(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
+		return strings.Contains(logs.String(), `"msg":"access log reopened"`)
+	})
+	get("after-rotate")
+	accessLogWait(t, 5*time.Second, "second line in the new access log", func() bool { return has(logPath, "after-rotate") })
+
+	if ids := cubeLines(t, rotated); len(ids) != 1 || ids[0] != "before-rotate" {
+		t.Errorf("rotated file holds %q, want only before-rotate", ids)
+	}
+	if ids := cubeLines(t, logPath); len(ids) != 1 || ids[0] != "after-rotate" {
+		t.Errorf("new file holds %q, want only after-rotate", ids)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not return after cancel")
+	}
+}

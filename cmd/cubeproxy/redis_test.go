@@ -1,0 +1,671 @@
+package main
+
+// End-to-end tests of the Redis route store through the whole program:
+// real redis-server (internal/testenv), serve() in-process or the built
+// binary, real HTTP backends on loopback.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// redisContainerPort is the sandbox port every test route exposes.
+const redisContainerPort = 50005
+
+// redisCreatedAt is a CreatedAt as the control plane writes it (unix ns).
+const redisCreatedAt = "1764460000000000000"
+
+// logBuffer collects a proxy's process log (written from many goroutines).
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// redisProxy is one in-process proxy started through serve().
+type redisProxy struct {
+	a      *app
+	http   string // sandbox traffic address
+	admin  string // admin API address
+	domain string
+	logs   *logBuffer
+	client *http.Client
+	stop   func() // cancel serve and wait for it (also run at cleanup)
+}
+
+// startRedisProxy runs serve() on the Redis store at redisAddr with
+// loopback listeners; extra flags are appended (and win).
+func startRedisProxy(t *testing.T, redisAddr string, extra ...string) *redisProxy {
+	t.Helper()
+	args := append([]string{
+		"--store", "redis", "--redis-addr", redisAddr,
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--domains", "cube.test", "--access-log-format", "off", "--drain-timeout", "1s",
+	}, extra...)
+	return startServe(t, args, noEnv, "cube.test")
+}
+
+// startServe runs serve(args) until the test ends.
+func startServe(t *testing.T, args []string, getenv func(string) string, domain string) *redisProxy {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &logBuffer{}
+	ready := make(chan *app, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, args, getenv, logs, logs, func(a *app) { ready <- a }) }()
+	var a *app
+	select {
+	case a = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve %v: %v\n%s", args, err, logs)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatalf("serve did not become ready\n%s", logs)
+	}
+	p := &redisProxy{
+		a: a, http: a.httpLn.Addr().String(), admin: a.adminLn.Addr().String(), domain: domain, logs: logs,
+		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second},
+	}
+	var once sync.Once
+	p.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("serve returned %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("serve did not return 10s after cancel\n%s", logs)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("proxy %s log:\n%s", p.http, logs)
+		}
+	})
+	return p
+}
+
+// redisReply is one answer of the proxy.
+type redisReply struct {
+	status int
+	body   string
+	header http.Header
+	took   time.Duration
+}
+
+// code is the "code" of a JSON error body.
+func (r redisReply) code() string {
+	var e struct{ Code string }
+	_ = json.Unmarshal([]byte(r.body), &e)
+	return e.Code
+}
+
+// get requests port redisContainerPort of sandbox id through the proxy.
+func (p *redisProxy) get(t *testing.T, id string) redisReply {
+	t.Helper()
+	return p.getPort(t, id, redisContainerPort)
+}
+
+func (p *redisProxy) getPort(t *testing.T, id string, port int) redisReply {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+p.http+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = fmt.Sprintf("%d-%s.%s", port, id, p.domain)
+	return p.do(t, req)
+}
+
+func (p *redisProxy) do(t *testing.T, req *http.Request) redisReply {
+	t.Helper()
+	start := time.Now()
+	resp, err := p.client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s (Host %s): %v", req.Method, req.URL, req.Host, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body of %s: %v", req.Host, err)
+	}
+	return redisReply{status: resp.StatusCode, body: string(body), header: resp.Header, took: time.Since(start)}
+}
+
+// adminPost posts {"sandbox_id": id} to an admin endpoint.
+func (p *redisProxy) adminPost(t *testing.T, path, id, token string) redisReply {
+	t.Helper()
+	req, err := http.NewRequest("POST", "http://"+p.admin+path, strings.NewReader(`{"sandbox_id":"`+id+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("X-Cube-Admin-Token", token)
+	}
+	return p.do(t, req)
+}
+
+func (p *redisProxy) adminGet(t *testing.T, path string) redisReply {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+p.admin+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.do(t, req)
+}
+
+// redisBackend is a sandbox stand-in that answers its name; it returns its port.
+func redisBackend(t *testing.T, name string) int {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, name)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().(*net.TCPAddr).Port
+}
+
+// cpFields is a route as the control plane writes it: every field a
+// string, one field per container port, plus a field CubeProxy does not know.
+func cpFields(hostIP, sandboxIP string, hostPort int) []any {
+	return []any{
+		"HostIP", hostIP,
+		"SandboxIP", sandboxIP,
+		"CreatedAt", redisCreatedAt,
+		"AllowPublicTraffic", "true",
+		strconv.Itoa(redisContainerPort), strconv.Itoa(hostPort),
+		"ControlPlaneExtra", "ignored",
+	}
+}
+
+// hsetRoute writes one hash with a single HSET, like the control plane.
+func hsetRoute(t *testing.T, r *testenv.Redis, key string, fields ...any) {
+	t.Helper()
+	if err := r.Client().HSet(context.Background(), key, fields...).Err(); err != nil {
+		t.Fatalf("hset %s: %v", key, err)
+	}
+}
+
+// waitUntil polls cond every 10 ms until it holds or d passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitSubscribers waits until n clients listen on the invalidation channel
+// (asked of Redis itself, so it holds after a restart too).
+func waitSubscribers(t *testing.T, r *testenv.Redis, n int64) {
+	t.Helper()
+	ch := redisstore.DefaultInvalidateChannel
+	waitUntil(t, 10*time.Second, fmt.Sprintf("%d subscribers on %s", n, ch), func() bool {
+		m, err := r.Client().PubSubNumSub(context.Background(), ch).Result()
+		return err == nil && m[ch] == n
+	})
+}
+
+// Routes exactly as the control plane writes them (new key, legacy key,
+// both) route traffic; broken route data answers a clear 404/502 without
+// leaking the data, and the proxy keeps serving other sandboxes.
+func TestRedisControlPlaneRoutes(t *testing.T) {
+	r := testenv.StartRedis(t)
+	// node_ip is an address no route dials for remote sandboxes; a route on
+	// "this node" dials SandboxIP:<container port> instead.
+	p := startRedisProxy(t, r.Addr(), "--node-ip", "127.0.0.9")
+	newB, legacyB := redisBackend(t, "new-key"), redisBackend(t, "legacy-key")
+	newKey := func(id string) string { return redisstore.DefaultKeyPrefix + id }
+	oldKey := func(id string) string { return redisstore.DefaultLegacyKeyPrefix + id }
+
+	t.Run("routes", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, id string
+			write    func(id string)
+			want     string
+		}{
+			{"new key", "cp-new", func(id string) { hsetRoute(t, r, newKey(id), cpFields("127.0.0.1", "192.168.0.2", newB)...) }, "new-key"},
+			{"legacy key", "cp-legacy", func(id string) { hsetRoute(t, r, oldKey(id), cpFields("127.0.0.1", "192.168.0.2", legacyB)...) }, "legacy-key"},
+			{"new key wins over legacy", "cp-both", func(id string) {
+				hsetRoute(t, r, oldKey(id), cpFields("127.0.0.1", "192.168.0.2", legacyB)...)
+				hsetRoute(t, r, newKey(id), cpFields("127.0.0.1", "192.168.0.2", newB)...)
+			}, "new-key"},
+			{"sandbox on this node dials SandboxIP", "cp-local", func(id string) {
+				// HostIP is node_ip: the proxy must dial SandboxIP:<container
+				// port>, so the container port is the backend's port here.
+				hsetRoute(t, r, newKey(id), "HostIP", "127.0.0.9", "SandboxIP", "127.0.0.1", "CreatedAt", redisCreatedAt,
+					"AllowPublicTraffic", "true", strconv.Itoa(newB), "31999")
+			}, "new-key"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				tc.write(tc.id)
+				port := redisContainerPort
+				if tc.id == "cp-local" {
+					port = newB
+				}
+				got := p.getPort(t, tc.id, port)
+				if got.status != 200 || got.body != tc.want {
+					t.Fatalf("got %d %q, want 200 %q", got.status, got.body, tc.want)
+				}
+			})
+		}
+	})
+
+	t.Run("broken routes", func(t *testing.T) {
+		const secretToken = "s3cr3t-not-hex-token-value-that-must-never-be-echoed-to-clients!!"
+		for _, tc := range []struct {
+			name, id string
+			fields   []any // nil: write a string key instead of a hash
+			port     int
+			status   int
+			code     string
+			field    string // named in the error message
+		}{
+			{"missing HostIP", "bad-nohost", []any{"SandboxIP", "192.168.0.2", "CreatedAt", redisCreatedAt,
+				"AllowPublicTraffic", "true", "50005", "30001"}, redisContainerPort, 404, "route_invalid", "HostIP"},
+			{"non-numeric port value", "bad-port", []any{"HostIP", "127.0.0.1", "AllowPublicTraffic", "true",
+				"50005", "http-port"}, redisContainerPort, 404, "route_invalid", "50005"},
+			{"garbage HostIP", "bad-ip", []any{"HostIP", "10.0.0.300", "50005", "30001"}, redisContainerPort, 404, "route_invalid", "HostIP"},
+			{"garbage AllowPublicTraffic", "bad-public", []any{"HostIP", "127.0.0.1", "AllowPublicTraffic", "yes",
+				"50005", "30001"}, redisContainerPort, 404, "route_invalid", "AllowPublicTraffic"},
+			{"garbage traffic token", "bad-token", []any{"HostIP", "127.0.0.1", "AllowPublicTraffic", "false",
+				"TrafficAccessToken", secretToken, "50005", "30001"}, redisContainerPort, 404, "route_invalid", "TrafficAccessToken"},
+			{"garbage CreatedAt", "bad-created", []any{"HostIP", "127.0.0.1", "CreatedAt", "yesterday",
+				"50005", "30001"}, redisContainerPort, 404, "route_invalid", "CreatedAt"},
+			{"key is not a hash", "bad-type", nil, redisContainerPort, 404, "route_invalid", ""},
+			{"port not exposed", "cp-new", nil, 8080, 404, "port_not_mapped", ""},
+			{"on this node without SandboxIP", "bad-local", []any{"HostIP", "127.0.0.9", "50005", "30001"},
+				redisContainerPort, 502, "route_invalid", "SandboxIP"},
+			{"no key at all", "nobody", nil, redisContainerPort, 404, "sandbox_not_found", ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				switch {
+				case tc.fields != nil:
+					hsetRoute(t, r, newKey(tc.id), tc.fields...)
+				case tc.name == "key is not a hash":
+					if err := r.Client().Set(context.Background(), newKey(tc.id), "HostIP=127.0.0.1", 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				got := p.getPort(t, tc.id, tc.port)
+				if got.status != tc.status || got.code() != tc.code {
+					t.Fatalf("got %d %s, want %d %s", got.status, got.body, tc.status, tc.code)
+				}
+				if tc.field != "" && !strings.Contains(got.body, tc.field) {
+					t.Errorf("error does not name field %s: %s", tc.field, got.body)
+				}
+				// The answer names the field, never its value.
+				leaks := []string{secretToken, "http-port", "10.0.0.300", "yesterday", "30001", "127.0.0.1", "cube:v1"}
+				for _, leak := range leaks {
+					if strings.Contains(got.body, leak) {
+						t.Errorf("error body leaks %q: %s", leak, got.body)
+					}
+				}
+				if strings.Contains(p.logs.String(), secretToken) {
+					t.Errorf("process log contains the traffic token")
+				}
+				// The proxy is unharmed and keeps serving the others.
+				if ok := p.get(t, "cp-new"); ok.status != 200 || ok.body != "new-key" {
+					t.Fatalf("good route after a broken one: %d %q", ok.status, ok.body)
+				}
+			})
+		}
+		if !strings.Contains(p.logs.String(), `"msg":"invalid route data"`) {
+			t.Errorf("invalid route data was not logged")
+		}
+	})
+}
+
+// A Redis outage: cached routes keep working (expired ones served stale),
+// uncached ids get a fast 503 + Retry-After: 1; after Redis restarts on the
+// same port, new routes resolve and pub/sub invalidation works again, all
+// without restarting the proxies.
+func TestRedisOutageAndRecovery(t *testing.T) {
+	r := testenv.StartRedis(t)
+	// a: routes expire after 150 ms, so its cached route is stale during the
+	// outage; b: default TTL, so only invalidation can change its routes.
+	a := startRedisProxy(t, r.Addr(), "--instance-id", "outage-a", "--cache-ttl-min", "150ms", "--cache-ttl-max", "150ms")
+	b := startRedisProxy(t, r.Addr(), "--instance-id", "outage-b")
+	one, two := redisBackend(t, "one"), redisBackend(t, "two")
+	key := redisstore.DefaultKeyPrefix + "cached"
+
+	hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", one)...)
+	for _, p := range []*redisProxy{a, b} {
+		if got := p.get(t, "cached"); got.status != 200 || got.body != "one" {
+			t.Fatalf("before the outage: %d %q", got.status, got.body)
+		}
+	}
+
+	r.Stop()
+
+	if got := b.get(t, "cached"); got.status != 200 || got.body != "one" {
+		t.Fatalf("cached route with Redis down: %d %q", got.status, got.body)
+	}
+	// On a, the entry has expired (150 ms): the refresh fails and the old
+	// route is served. Poll until the proxy reports a stale answer.
+	waitUntil(t, 5*time.Second, "a stale cache answer on instance a", func() bool {
+		if got := a.get(t, "cached"); got.status != 200 || got.body != "one" {
+			t.Fatalf("expired cached route with Redis down: %d %q", got.status, got.body)
+		}
+		return strings.Contains(a.adminGet(t, "/metrics").body, `result="stale"`)
+	})
+
+	for _, id := range []string{"uncached-1", "uncached-2"} {
+		got := b.get(t, id)
+		if got.status != 503 || got.code() != "store_unavailable" || got.header.Get("Retry-After") != "1" {
+			t.Fatalf("uncached id with Redis down: %d %v %s", got.status, got.header, got.body)
+		}
+		if got.took > 1500*time.Millisecond {
+			t.Fatalf("503 took %v, want < 1.5s", got.took)
+		}
+	}
+
+	r.Restart() // same port, empty data
+
+	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"fresh", cpFields("127.0.0.1", "192.168.0.2", two)...)
+	// go-redis may hold back dials for up to a second after many failures.
+	waitUntil(t, 5*time.Second, "a new route after the restart", func() bool {
+		got := b.get(t, "fresh")
+		return got.status == 200 && got.body == "two"
+	})
+
+	// Both proxies resubscribe by themselves.
+	waitSubscribers(t, r, 2)
+	hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", two)...)
+	if got := b.get(t, "cached"); got.body != "one" {
+		t.Fatalf("b re-read Redis without an invalidation: %d %q", got.status, got.body)
+	}
+	if got := a.adminPost(t, "/admin/backend_cache/delete", "cached", ""); got.status != 200 {
+		t.Fatalf("invalidate on a: %d %s", got.status, got.body)
+	}
+	waitUntil(t, 5*time.Second, "b to follow a's invalidation after the restart", func() bool {
+		return b.get(t, "cached").body == "two"
+	})
+}
+
+// Invalidating through instance A's admin API makes instance B (same
+// Redis) read the route again on its next request.
+func TestRedisInvalidationAcrossInstances(t *testing.T) {
+	r := testenv.StartRedis(t)
+	a := startRedisProxy(t, r.Addr(), "--instance-id", "inv-a")
+	b := startRedisProxy(t, r.Addr(), "--instance-id", "inv-b")
+	waitSubscribers(t, r, 2)
+	one, two := redisBackend(t, "one"), redisBackend(t, "two")
+
+	for _, tc := range []struct{ path, id string }{
+		{"/admin/backend_cache/delete", "inv-cache"},
+		{"/admin/meta/delete", "inv-meta"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			key := redisstore.DefaultKeyPrefix + tc.id
+			hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", one)...)
+			for _, p := range []*redisProxy{a, b} {
+				if got := p.get(t, tc.id); got.status != 200 || got.body != "one" {
+					t.Fatalf("first request: %d %q", got.status, got.body)
+				}
+			}
+			hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", two)...)
+			if got := b.get(t, tc.id); got.body != "one" {
+				t.Fatalf("b is not caching: %d %q", got.status, got.body)
+			}
+			r.ResetStats(t)
+			if got := a.adminPost(t, tc.path, tc.id, ""); got.status != 200 || !strings.Contains(got.body, `"ok":true`) {
+				t.Fatalf("POST %s on a: %d %s", tc.path, got.status, got.body)
+			}
+			waitUntil(t, 5*time.Second, "b to route to the new backend", func() bool {
+				got := b.get(t, tc.id)
+				return got.status == 200 && got.body == "two"
+			})
+			if n := r.CommandCount(t, "hgetall"); n != 1 {
+				t.Errorf("b re-read the route with %d HGETALLs, want 1", n)
+			}
+		})
+	}
+}
+
+// /readyz is 503 while Redis has never answered and 200 once it has.
+func TestRedisReadyz(t *testing.T) {
+	r := testenv.StartRedis(t)
+	r.Stop() // its port is now dead
+	p := startRedisProxy(t, r.Addr())
+
+	got := p.adminGet(t, "/readyz")
+	if got.status != 503 || !strings.Contains(got.body, "never been reachable") {
+		t.Fatalf("readyz with Redis never reachable: %d %s", got.status, got.body)
+	}
+	if got := p.get(t, "any"); got.status != 503 || got.header.Get("Retry-After") != "1" {
+		t.Fatalf("request with Redis never reachable: %d %s", got.status, got.body)
+	}
+
+	r.Restart()
+	waitUntil(t, 5*time.Second, "readyz 200 after Redis came up", func() bool {
+		return p.adminGet(t, "/readyz").status == 200
+	})
+}
+
+// The instance registry: entries appear (and the heartbeat advances) while
+// a proxy runs and are removed when it stops — the real binary on SIGTERM,
+// and serve() on cancel.
+func TestRedisRegistry(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	hash, zset := redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet
+	flags := []string{"--store", "redis", "--redis-addr", r.Addr(), "--registry-enabled", "--registry-interval", "200ms",
+		"--node-ip", "127.0.0.9", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--access-log-format", "off"}
+
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T, id string) (stop func())
+	}{
+		{"binary SIGTERM", func(t *testing.T, id string) func() {
+			bin := filepath.Join(t.TempDir(), "cubeproxy")
+			if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+				t.Fatalf("build: %v\n%s", err, out)
+			}
+			cmd := exec.Command(bin, append([]string{"serve", "--instance-id", id}, flags...)...)
+			var logs logBuffer
+			cmd.Stdout, cmd.Stderr = &logs, &logs
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				if t.Failed() {
+					t.Logf("cubeproxy log:\n%s", logs.String())
+				}
+			})
+			waitErr := make(chan error, 1)
+			go func() { waitErr <- cmd.Wait() }()
+			return func() {
+				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-waitErr:
+					if err != nil {
+						t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("still running 10s after SIGTERM\n%s", logs.String())
+				}
+			}
+		}},
+		{"in-process cancel", func(t *testing.T, id string) func() {
+			return startServe(t, append([]string{"--instance-id", id}, flags...), noEnv, "cube.test").stop
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "reg-" + strings.ToLower(strings.ReplaceAll(tc.name, " ", "-"))
+			stop := tc.start(t, id)
+
+			var inst struct {
+				ProxyID   string    `json:"proxy_id"`
+				AdminURL  string    `json:"admin_url"`
+				NodeIP    string    `json:"node_ip"`
+				StartedAt time.Time `json:"started_at"`
+				Version   string    `json:"version"`
+			}
+			waitUntil(t, 15*time.Second, "the registry entry", func() bool {
+				v, err := r.Client().HGet(ctx, hash, id).Result()
+				return err == nil && json.Unmarshal([]byte(v), &inst) == nil
+			})
+			if inst.ProxyID != id || inst.NodeIP != "127.0.0.9" || inst.Version == "" || time.Since(inst.StartedAt) > time.Minute {
+				t.Errorf("registry entry %+v", inst)
+			}
+			// admin_url is where this instance's admin API really listens.
+			resp, err := http.Get(inst.AdminURL + "/readyz")
+			if err != nil {
+				t.Fatalf("admin_url %q: %v", inst.AdminURL, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("GET %s/readyz: %d", inst.AdminURL, resp.StatusCode)
+			}
+			first, err := r.Client().ZScore(ctx, zset, id).Result()
+			if err != nil {
+				t.Fatalf("zscore %s %s: %v", zset, id, err)
+			}
+			if d := time.Since(time.UnixMilli(int64(first))); d < 0 || d > time.Minute {
+				t.Errorf("heartbeat score %v is not now", first)
+			}
+			waitUntil(t, 5*time.Second, "the heartbeat to advance", func() bool {
+				s, err := r.Client().ZScore(ctx, zset, id).Result()
+				return err == nil && s > first
+			})
+
+			stop()
+
+			if ok, err := r.Client().HExists(ctx, hash, id).Result(); err != nil || ok {
+				t.Errorf("registry entry still present after stop: %v %v", ok, err)
+			}
+			if _, err := r.Client().ZScore(ctx, zset, id).Result(); err == nil {
+				t.Errorf("heartbeat still present after stop")
+			}
+		})
+	}
+}
+
+// The production example config runs as shipped (only addresses and the
+// access log path overridden): password-protected Redis, secrets from the
+// environment, registry on, cube access log in a file.
+func TestRedisExampleConfigServes(t *testing.T) {
+	const password, adminToken = "redis-pw-for-test", "admin-token-for-test"
+	// As shipped, without CUBEPROXY_ADMIN_TOKEN, it refuses to open its
+	// non-loopback admin API.
+	err := serve(context.Background(), []string{"--config", "../../configs/cubeproxy.redis.yaml"}, noEnv, io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "no admin token") {
+		t.Fatalf("example config without CUBEPROXY_ADMIN_TOKEN: %v", err)
+	}
+
+	r := testenv.StartRedis(t, "--requirepass", password)
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	env := map[string]string{"CUBEPROXY_REDIS_PASSWORD": password, "CUBEPROXY_ADMIN_TOKEN": adminToken}
+	p := startServe(t, []string{"--config", "../../configs/cubeproxy.redis.yaml",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--redis-addr", r.Addr(),
+		"--access-log-path", accessLog, "--instance-id", "example-prod"}, func(k string) string { return env[k] }, "cube.example.com")
+
+	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"ex-box", cpFields("127.0.0.1", "192.168.0.2", redisBackend(t, "example"))...)
+	if got := p.get(t, "ex-box"); got.status != 200 || got.body != "example" {
+		t.Fatalf("through the example config: %d %q", got.status, got.body)
+	}
+	// The registry writes from its own goroutine, right after start.
+	waitUntil(t, 5*time.Second, "the example config's registry entry", func() bool {
+		ok, err := r.Client().HExists(context.Background(), redisstore.DefaultRegistryHash, "example-prod").Result()
+		return err == nil && ok
+	})
+	if got := p.adminPost(t, "/admin/backend_cache/delete", "ex-box", ""); got.status != 403 {
+		t.Errorf("admin without the token from the environment: %d", got.status)
+	}
+	if got := p.adminPost(t, "/admin/backend_cache/delete", "ex-box", adminToken); got.status != 200 {
+		t.Errorf("admin with the token: %d %s", got.status, got.body)
+	}
+	waitUntil(t, 5*time.Second, "a cube access log line", func() bool {
+		b, _ := os.ReadFile(accessLog)
+		return strings.Contains(string(b), "50005-ex-box.cube.example.com||")
+	})
+}
+
+// Through the Sentinel example config: routes resolve, and keep resolving
+// (old and new) after the master fails over to the replica.
+func TestRedisSentinelExampleFailover(t *testing.T) {
+	const master = "cube-routes" // the example's master_name
+	ctx := context.Background()
+	primary := testenv.StartRedis(t)
+	replica := testenv.StartReplica(t, primary)
+	sentinel := testenv.StartSentinel(t, master, primary.Addr())
+	env := map[string]string{"CUBEPROXY_ADMIN_TOKEN": "tok"}
+	p := startServe(t, []string{"--config", "../../configs/cubeproxy.sentinel.yaml",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--redis-sentinel-addrs", sentinel.Addr(),
+		"--registry-enabled=false", "--access-log-format", "off", "--drain-timeout", "1s"},
+		func(k string) string { return env[k] }, "cube.example.com")
+	backend := redisBackend(t, "sentinel")
+
+	hsetRoute(t, primary, redisstore.DefaultKeyPrefix+"before", cpFields("127.0.0.1", "192.168.0.2", backend)...)
+	if n, err := primary.Client().Wait(ctx, 1, time.Second).Result(); err != nil || n < 1 {
+		t.Fatalf("WAIT for the replica: %d %v", n, err)
+	}
+	if got := p.get(t, "before"); got.status != 200 || got.body != "sentinel" {
+		t.Fatalf("before failover: %d %q", got.status, got.body)
+	}
+
+	sc := sentinel.Client()
+	waitUntil(t, 15*time.Second, "the sentinel to see the replica", func() bool {
+		reps, err := sc.Do(ctx, "SENTINEL", "REPLICAS", master).Slice()
+		return err == nil && len(reps) == 1 && strings.Contains(fmt.Sprint(reps[0]), "master-link-status ok")
+	})
+	if err := sc.Do(ctx, "SENTINEL", "FAILOVER", master).Err(); err != nil {
+		t.Fatalf("sentinel failover: %v", err)
+	}
+	waitUntil(t, 15*time.Second, "the replica to become master", func() bool {
+		role, err := replica.Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "master"
+	})
+
+	// Written by the control plane on the new master only after the failover.
+	hsetRoute(t, replica, redisstore.DefaultKeyPrefix+"after", cpFields("127.0.0.1", "192.168.0.2", backend)...)
+	waitUntil(t, 15*time.Second, "a route written after the failover", func() bool {
+		return p.get(t, "after").status == 200
+	})
+	// And the old route, read again from the new master.
+	if got := p.adminPost(t, "/admin/backend_cache/delete", "before", "tok"); got.status != 200 {
+		t.Fatalf("invalidate: %d %s", got.status, got.body)
+	}
+	if got := p.get(t, "before"); got.status != 200 || got.body != "sentinel" {
+		t.Fatalf("old route after failover: %d %q", got.status, got.body)
+	}
+}

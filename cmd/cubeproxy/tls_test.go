@@ -1,0 +1,734 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// End-to-end TLS tests: the whole program (serve) with a YAML config, real
+// listeners, real certificates and a real ACME server (pebble in-process).
+
+// tlsProxy is one cubeproxy running in-process.
+type tlsProxy struct {
+	a         *app
+	https     string // host:port of the HTTPS listener
+	http      string // host:port of the plain HTTP listener
+	httpsPort string
+}
+
+// startTLSProxy writes yamlBody to a config file and runs serve with it
+// until the test ends; the proxy's logs are printed when the test fails.
+func startTLSProxy(t *testing.T, yamlBody string) *tlsProxy {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "cubeproxy.yaml")
+	if err := os.WriteFile(path, []byte(yamlBody), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &tlsLogBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan *app, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--config", path}, noEnv, logs, logs, func(a *app) { ready <- a })
+	}()
+	var a *app
+	select {
+	case a = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve: %v\nlogs:\n%s", err, logs)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatalf("proxy not ready after 60s\nlogs:\n%s", logs)
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve returned %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("serve did not return after cancel")
+		}
+		if t.Failed() {
+			t.Logf("proxy logs:\n%s", logs)
+		}
+	})
+	p := &tlsProxy{a: a, https: addrOf(a.httpsLn), http: addrOf(a.httpLn)}
+	if p.https != "" {
+		_, p.httpsPort, _ = net.SplitHostPort(p.https)
+	}
+	return p
+}
+
+// tlsLogBuffer collects the proxy's logs (written from many goroutines).
+type tlsLogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *tlsLogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *tlsLogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// tlsConfigYAML is a loopback config for domain cube.test with the given
+// routes (sandbox id -> backend port, exposed as container port 50005) and
+// tls: section.
+func tlsConfigYAML(t *testing.T, routes map[string]int, tlsSection string) string {
+	t.Helper()
+	var rb strings.Builder
+	rb.WriteString("routes:\n")
+	for id, port := range routes {
+		fmt.Fprintf(&rb, "  %s:\n    HostIP: \"127.0.0.1\"\n    \"50005\": \"%d\"\n", id, port)
+	}
+	if len(routes) == 0 {
+		rb.Reset()
+		rb.WriteString("routes: {}\n")
+	}
+	routesFile := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routesFile, []byte(rb.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf(`http_addr: "127.0.0.1:0"
+https_addr: "127.0.0.1:0"
+admin_addr: "127.0.0.1:0"
+domains: ["cube.test"]
+routes: %q
+drain_timeout: 2s
+log_level: debug
+access_log:
+  format: "off"
+%s`, routesFile, tlsSection)
+}
+
+// tlsWhoami is a sandbox backend that names itself and echoes what it got.
+func tlsWhoami(t *testing.T, id string) int {
+	return tlsBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "sandbox=%s host=%s proto=%s uri=%s", id, r.Host, r.Header.Get("X-Forwarded-Proto"), r.RequestURI)
+	}))
+}
+
+// tlsBackend serves h over plain HTTP on loopback and returns its port.
+func tlsBackend(t *testing.T, h http.Handler) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// tlsClientConn is one TLS connection carrying HTTP/1.1 requests, so a
+// test controls SNI, ALPN and keep-alive exactly.
+type tlsClientConn struct {
+	c  *tls.Conn
+	br *bufio.Reader
+}
+
+// dialTLSProxy connects to addr and performs the handshake with cfg; an
+// empty cfg.ServerName sends no SNI (a client dialing the node IP).
+func dialTLSProxy(addr string, cfg *tls.Config) (*tlsClientConn, error) {
+	raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := tls.Client(raw, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return &tlsClientConn{c: c, br: bufio.NewReader(c)}, nil
+}
+
+// get sends GET uri with the Host header host and returns status and body.
+func (c *tlsClientConn) get(host, uri string) (int, string, error) {
+	_ = c.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(c.c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", uri, host); err != nil {
+		return 0, "", err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+func (c *tlsClientConn) leaf() *x509.Certificate { return c.c.ConnectionState().PeerCertificates[0] }
+
+func (c *tlsClientConn) close() { _ = c.c.Close() }
+
+// trustSNI verifies the server against pool for name, sent as SNI.
+func trustSNI(pool *x509.CertPool, name string) *tls.Config {
+	return &tls.Config{RootCAs: pool, ServerName: name, NextProtos: []string{"http/1.1"}}
+}
+
+// trustNoSNI sends no SNI and verifies the chain against pool for name (the
+// Host the requests carry) by hand, as a client dialing an IP would.
+func trustNoSNI(pool *x509.CertPool, name string) *tls.Config {
+	return &tls.Config{
+		NextProtos:         []string{"http/1.1"},
+		InsecureSkipVerify: true, // replaced by VerifyConnection
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no peer certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, DNSName: name})
+			return err
+		},
+	}
+}
+
+// tlsHTTPClient is a net/http client over TLS with cfg.
+func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {
+	tr := &http.Transport{TLSClientConfig: cfg}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// tlsWaitFor polls cond until it returns nil or timeout passes.
+func tlsWaitFor(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not met after %v: %v", timeout, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// files source: a test CA and a wildcard for cube.test (what mkcert makes).
+// SNI and no-SNI clients both get the wildcard, requests are routed by Host,
+// and replaced files are served without a restart.
+func TestTLSFilesWildcard(t *testing.T) {
+	ca := testenv.NewCA(t, "cubeproxy test CA")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cube.test.pem"), filepath.Join(dir, "cube.test-key.pem")
+	first := ca.WritePair(t, certFile, keyFile, "cube.test", "*.cube.test")
+
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc"), "xyz": tlsWhoami(t, "xyz")}, fmt.Sprintf(`tls:
+  source: files
+  domain: cube.test
+  files:
+    - cert_file: %q
+      key_file: %q
+  reload_interval: 50ms
+`, certFile, keyFile)))
+
+	tests := []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"SNI of the sandbox host", trustSNI(ca.Pool(), "50005-abc.cube.test")},
+		{"no SNI (client dials the IP)", trustNoSNI(ca.Pool(), "50005-abc.cube.test")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := dialTLSProxy(p.https, tt.cfg)
+			if err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			defer c.close()
+			if got := c.leaf().SerialNumber; got.Cmp(first.SerialNumber) != 0 {
+				t.Fatalf("served serial %v, want the wildcard's %v", got, first.SerialNumber)
+			}
+			if p := c.c.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+				t.Fatalf("ALPN %q, want http/1.1", p)
+			}
+			// Two sandboxes on one connection: routing follows Host, not SNI.
+			for _, id := range []string{"abc", "xyz"} {
+				host := "50005-" + id + ".cube.test"
+				status, body, err := c.get(host, "/p?q=1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := fmt.Sprintf("sandbox=%s host=%s proto=https uri=/p?q=1", id, host)
+				if status != http.StatusOK || body != want {
+					t.Fatalf("%s: %d %q, want 200 %q", host, status, body, want)
+				}
+			}
+		})
+	}
+
+	t.Run("replaced files are served without restart", func(t *testing.T) {
+		open, err := dialTLSProxy(p.https, trustSNI(ca.Pool(), "50005-abc.cube.test"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer open.close()
+		second := ca.WritePair(t, certFile, keyFile, "cube.test", "*.cube.test")
+		tlsWaitFor(t, 10*time.Second, func() error {
+			c, err := dialTLSProxy(p.https, trustNoSNI(ca.Pool(), "50005-abc.cube.test"))
+			if err != nil {
+				return err
+			}
+			defer c.close()
+			if got := c.leaf().SerialNumber; got.Cmp(second.SerialNumber) != 0 {
+				return fmt.Errorf("still serving serial %v, want %v", got, second.SerialNumber)
+			}
+			return nil
+		})
+		c, err := dialTLSProxy(p.https, trustSNI(ca.Pool(), "50005-xyz.cube.test"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.close()
+		if c.leaf().SerialNumber.Cmp(second.SerialNumber) != 0 {
+			t.Fatal("SNI handshake after reload got the old certificate")
+		}
+		if status, body, err := c.get("50005-xyz.cube.test", "/"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=xyz ") {
+			t.Fatalf("after reload: %d %q %v", status, body, err)
+		}
+		// A connection opened before the reload keeps working.
+		if status, body, err := open.get("50005-abc.cube.test", "/"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=abc ") {
+			t.Fatalf("connection from before the reload: %d %q %v", status, body, err)
+		}
+	})
+}
+
+// self_signed is the default with https_addr set and no certificate source:
+// the development certificate names the domain, its wildcard, localhost and
+// 127.0.0.1, ALPN is http/1.1 and never h2, and plain HTTP still proxies.
+func TestTLSSelfSignedDefault(t *testing.T) {
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, "tls:\n  domain: cube.test\n"))
+
+	c, err := dialTLSProxy(p.https, &tls.Config{
+		InsecureSkipVerify: true, ServerName: "50005-abc.cube.test", NextProtos: []string{"h2", "http/1.1"},
+	})
+	if err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	defer c.close()
+	if got := c.c.ConnectionState().NegotiatedProtocol; got != "http/1.1" {
+		t.Fatalf("client offered h2 and http/1.1, negotiated %q; want http/1.1", got)
+	}
+	leaf := c.leaf()
+	if leaf.Issuer.String() != leaf.Subject.String() {
+		t.Fatalf("issuer %q != subject %q: not self-signed", leaf.Issuer, leaf.Subject)
+	}
+	for _, name := range []string{"cube.test", "50005-abc.cube.test", "localhost", "127.0.0.1"} {
+		if err := leaf.VerifyHostname(name); err != nil {
+			t.Errorf("certificate does not cover %s: %v", name, err)
+		}
+	}
+	if err := leaf.VerifyHostname("a.b.cube.test"); err == nil {
+		t.Error("certificate covers a.b.cube.test: more than domain + one wildcard label")
+	}
+	if status, body, err := c.get("50005-abc.cube.test", "/x"); err != nil || status != 200 || body != "sandbox=abc host=50005-abc.cube.test proto=https uri=/x" {
+		t.Fatalf("over TLS: %d %q %v", status, body, err)
+	}
+
+	// A client that speaks only h2 must not get it (fasthttp is HTTP/1 only).
+	if h2, err := dialTLSProxy(p.https, &tls.Config{InsecureSkipVerify: true, ServerName: "cube.test", NextProtos: []string{"h2"}}); err == nil {
+		proto := h2.c.ConnectionState().NegotiatedProtocol
+		h2.close()
+		if proto == "h2" {
+			t.Fatal("h2 negotiated")
+		}
+	}
+
+	// Without redirect_http the plain listener keeps proxying.
+	req, _ := http.NewRequest("GET", "http://"+p.http+"/plain", nil)
+	req.Host = "50005-abc.cube.test"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := "sandbox=abc host=50005-abc.cube.test proto=http uri=/plain"; resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("plain HTTP: %d %q, want %q", resp.StatusCode, body, want)
+	}
+}
+
+// redirect_http: plain HTTP answers 308 to the same URI on the HTTPS port
+// and never reaches the sandbox.
+func TestTLSRedirectHTTP(t *testing.T) {
+	var hits atomic.Int64
+	port := tlsBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprintf(w, "sandbox=abc uri=%s", r.RequestURI)
+	}))
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": port}, "tls:\n  domain: cube.test\n  redirect_http: true\n"))
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+	tests := []struct {
+		name   string
+		method string
+		host   string
+		uri    string
+	}{
+		{"GET with query", "GET", "50005-abc.cube.test", "/a/b?x=1&y=%2F"},
+		{"Host with the HTTP port", "GET", "50005-abc.cube.test:8081", "/"},
+		{"POST keeps its method (308)", "POST", "50005-abc.cube.test", "/submit?z"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, "http://"+p.http+tt.uri, strings.NewReader(""))
+			req.Host = tt.host
+			resp, err := noFollow.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			want := "https://50005-abc.cube.test:" + p.httpsPort + tt.uri
+			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != want {
+				t.Fatalf("%d Location %q, want 308 %q", resp.StatusCode, resp.Header.Get("Location"), want)
+			}
+			// The redirect target is served by the HTTPS listener.
+			loc, _ := url.Parse(resp.Header.Get("Location"))
+			c, err := dialTLSProxy(p.https, &tls.Config{InsecureSkipVerify: true, ServerName: loc.Hostname()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.close()
+			if status, body, err := c.get(loc.Host, loc.RequestURI()); err != nil || status != 200 || body != "sandbox=abc uri="+tt.uri {
+				t.Fatalf("following the redirect: %d %q %v", status, body, err)
+			}
+		})
+	}
+	if n := hits.Load(); n != int64(len(tests)) {
+		t.Fatalf("sandbox saw %d requests, want %d (only the HTTPS follow-ups)", n, len(tests))
+	}
+}
+
+// A WebSocket (wss://) and an SSE stream work end to end over TLS.
+func TestTLSWebSocketAndSSE(t *testing.T) {
+	ca := testenv.NewCA(t, "cubeproxy test CA")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
+	ca.WritePair(t, certFile, keyFile, "cube.test", "*.cube.test")
+
+	wsEnded := make(chan error, 1)
+	wsPort := tlsBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"echo.v1"}})
+		if err != nil {
+			wsEnded <- err
+			return
+		}
+		c.SetReadLimit(1 << 20)
+		for {
+			typ, msg, err := c.Read(r.Context())
+			if err != nil {
+				wsEnded <- err
+				return
+			}
+			if err := c.Write(r.Context(), typ, msg); err != nil {
+				wsEnded <- err
+				return
+			}
+		}
+	}))
+
+	const events = 5
+	ack := make(chan int)
+	sseDone := make(chan error, 1)
+	ssePort := tlsBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		f := w.(http.Flusher)
+		for i := 1; i <= events; i++ {
+			fmt.Fprintf(w, "id: %d\ndata: event %d\n\n", i, i)
+			f.Flush()
+			// The next event waits for the client's ack: any buffering in the
+			// proxy (or its TLS writer) deadlocks here.
+			select {
+			case got := <-ack:
+				if got != i {
+					sseDone <- fmt.Errorf("ack %d for event %d", got, i)
+					return
+				}
+			case <-time.After(10 * time.Second):
+				sseDone <- fmt.Errorf("no ack for event %d: the proxy held it back", i)
+				return
+			}
+		}
+		sseDone <- nil
+	}))
+
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"ws": wsPort, "sse": ssePort}, fmt.Sprintf(
+		"tls:\n  source: files\n  files:\n    - cert_file: %q\n      key_file: %q\n", certFile, keyFile)))
+
+	t.Run("websocket", func(t *testing.T) {
+		host := "50005-ws.cube.test"
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, resp, err := websocket.Dial(ctx, "wss://"+p.https+"/ws", &websocket.DialOptions{
+			HTTPClient: tlsHTTPClient(t, trustSNI(ca.Pool(), host)), Host: host, Subprotocols: []string{"echo.v1"},
+		})
+		if err != nil {
+			t.Fatalf("wss dial through the proxy: %v", err)
+		}
+		defer c.CloseNow()
+		if resp.TLS == nil || resp.TLS.PeerCertificates[0].VerifyHostname(host) != nil {
+			t.Fatal("handshake did not run over TLS with the wildcard")
+		}
+		if c.Subprotocol() != "echo.v1" {
+			t.Errorf("subprotocol %q", c.Subprotocol())
+		}
+		c.SetReadLimit(1 << 20)
+		for _, msg := range [][]byte{[]byte("hello over wss"), bytes.Repeat([]byte{7}, 100<<10)} {
+			if err := c.Write(ctx, websocket.MessageBinary, msg); err != nil {
+				t.Fatal(err)
+			}
+			_, got, err := c.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, msg) {
+				t.Fatalf("echo of %d bytes came back as %d bytes", len(msg), len(got))
+			}
+		}
+		if err := c.Close(websocket.StatusNormalClosure, "done"); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		select {
+		case err := <-wsEnded:
+			if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+				t.Fatalf("backend saw %v, want a normal close relayed through the tunnel", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("backend never saw the close")
+		}
+	})
+
+	t.Run("sse", func(t *testing.T) {
+		host := "50005-sse.cube.test"
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+p.https+"/events", nil)
+		req.Host = host
+		resp, err := tlsHTTPClient(t, trustSNI(ca.Pool(), host)).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.TLS == nil || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("tls %v, content-type %q", resp.TLS != nil, resp.Header.Get("Content-Type"))
+		}
+		br := bufio.NewReader(resp.Body)
+		for i := 1; i <= events; i++ {
+			var ev strings.Builder
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("event %d: %v (got %q)", i, err, ev.String())
+				}
+				if line == "\n" {
+					break
+				}
+				ev.WriteString(line)
+			}
+			if want := fmt.Sprintf("id: %d\ndata: event %d\n", i, i); ev.String() != want {
+				t.Fatalf("event %d = %q, want %q", i, ev.String(), want)
+			}
+			ack <- i
+		}
+		if err := <-sseDone; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// pebbleRootsFile writes the certificate of pebble's own HTTPS endpoint as
+// PEM, for tls.acme.trusted_roots_file.
+func pebbleRootsFile(t *testing.T, pb *testenv.Pebble) string {
+	t.Helper()
+	u, err := url.Parse(pb.DirectoryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatalf("pebble endpoint: %v", err)
+	}
+	defer conn.Close()
+	cert := conn.ConnectionState().PeerCertificates[0]
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pb.ClientRootPool, DNSName: u.Hostname()}); err != nil {
+		t.Fatalf("pebble endpoint certificate is not the one in ClientRootPool: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "pebble-roots.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// acmeTLSSection is a tls: section for pebble and the test DNS server; extra
+// lines go under acme:.
+func acmeTLSSection(t *testing.T, pb *testenv.Pebble, dnsSrv *testenv.DNSServer, extra string) string {
+	return fmt.Sprintf(`tls:
+  source: acme
+  domain: cube.test
+  acme:
+    ca: %q
+    email: ops@cube.test
+    trusted_roots_file: %q
+    storage_dir: %q
+%s    dns:
+      provider: rfc2136
+      options:
+        server: %q
+        key_name: %q
+        key_alg: %q
+        key_secret: %q
+      resolvers: [%q]
+      propagation_timeout: -1s
+`, pb.DirectoryURL, pebbleRootsFile(t, pb), t.TempDir(), extra,
+		dnsSrv.Addr, dnsSrv.KeyName, dnsSrv.KeyAlg, dnsSrv.KeySecret, dnsSrv.Addr)
+}
+
+// acme: the wildcard is obtained at startup through DNS-01 (the shipped
+// RFC 2136 provider updating the test DNS server) from pebble, and requests
+// through the proxy verify against pebble's issuing root.
+func TestTLSACMEWildcard(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")},
+		acmeTLSSection(t, pb, dnsSrv, "    sync: true\n")))
+
+	orders := pb.Orders()
+	if orders < 1 || dnsSrv.Updates() < 2 {
+		t.Fatalf("after a sync start: %d orders, %d DNS updates; want the wildcard through DNS-01", orders, dnsSrv.Updates())
+	}
+	roots := pb.IssuerRootPool(t)
+	tests := []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"SNI of the sandbox host", trustSNI(roots, "50005-abc.cube.test")},
+		{"no SNI gets the wildcard", trustNoSNI(roots, "50005-abc.cube.test")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := dialTLSProxy(p.https, tt.cfg)
+			if err != nil {
+				t.Fatalf("handshake verified against pebble's root: %v", err)
+			}
+			defer c.close()
+			if names := c.leaf().DNSNames; !containsName(names, "*.cube.test") {
+				t.Fatalf("served %v, want the wildcard", names)
+			}
+			status, body, err := c.get("50005-abc.cube.test", "/acme")
+			if want := "sandbox=abc host=50005-abc.cube.test proto=https uri=/acme"; err != nil || status != 200 || body != want {
+				t.Fatalf("%d %q %v, want 200 %q", status, body, err, want)
+			}
+		})
+	}
+	if got := pb.Orders(); got != orders {
+		t.Fatalf("serving placed %d more orders; the wildcard must come from memory", got-orders)
+	}
+}
+
+func containsName(names []string, want string) bool {
+	for _, n := range names {
+		if n == want {
+			return true
+		}
+	}
+	return false
+}
+
+// On-demand only (skip_wildcard): a hostname of an existing route gets its
+// own certificate during the handshake; names of unknown sandboxes, ports
+// the route does not expose and other domains are refused without an order
+// reaching pebble.
+func TestTLSACMEOnDemand(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")},
+		acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n")))
+	if n := pb.Orders(); n != 0 {
+		t.Fatalf("on-demand only: %d orders at startup", n)
+	}
+	roots := pb.IssuerRootPool(t)
+
+	tests := []struct {
+		name       string
+		sni        string
+		wantOK     bool
+		wantOrders int64 // orders this handshake places
+	}{
+		{"unknown sandbox refused", "50005-nobody.cube.test", false, 0},
+		{"port the route does not expose refused", "50006-abc.cube.test", false, 0},
+		{"other domain refused", "50005-abc.elsewhere.test", false, 0},
+		{"no SNI refused (no wildcard to default to)", "", false, 0},
+		{"existing route gets a certificate", "50005-abc.cube.test", true, 1},
+		{"second handshake served from memory", "50005-abc.cube.test", true, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := pb.Orders()
+			cfg := trustSNI(roots, tt.sni)
+			if tt.sni == "" {
+				cfg = trustNoSNI(roots, "50005-abc.cube.test")
+			}
+			c, err := dialTLSProxy(p.https, cfg)
+			if got := pb.Orders() - before; got != tt.wantOrders {
+				t.Fatalf("pebble saw %d new orders, want %d", got, tt.wantOrders)
+			}
+			if !tt.wantOK {
+				if err == nil {
+					c.close()
+					t.Fatalf("handshake succeeded with %v", c.leaf().DNSNames)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			defer c.close()
+			if names := c.leaf().DNSNames; len(names) != 1 || names[0] != tt.sni {
+				t.Fatalf("certificate names %v, want exactly [%s]", names, tt.sni)
+			}
+			if status, body, err := c.get(tt.sni, "/od"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=abc ") {
+				t.Fatalf("request: %d %q %v", status, body, err)
+			}
+		})
+	}
+}

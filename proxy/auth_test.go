@@ -1,0 +1,1066 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/sandbox"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// TestProxyAuth runs the proxy-auth end-to-end tests with every proxy's
+// operational log and access log captured, then checks that no credential
+// used anywhere in them reached a log line.
+func TestProxyAuth(t *testing.T) {
+	lc := newAuthLogCapture(t)
+	t.Run("MCPRestricted", func(t *testing.T) { testAuthMCPRestricted(t, lc) })
+	t.Run("HeaderVariants", func(t *testing.T) { testAuthHeaderVariants(t, lc) })
+	t.Run("NotConfiguredAndExempt", func(t *testing.T) { testAuthNotConfigured(t, lc) })
+	t.Run("NoSideEffects", func(t *testing.T) { testAuthNoSideEffects(t, lc) })
+	t.Run("SignedTokens", func(t *testing.T) { testAuthSignedTokens(t, lc) })
+	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
+	lc.checkNoSecrets(t)
+}
+
+// authLogCapture is the sink of every proxy started by TestProxyAuth: slog JSON
+// at debug level and access logs in both formats, plus the secrets that
+// must never appear in them.
+type authLogCapture struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	secrets []string
+
+	logger     *slog.Logger
+	accessJSON *accesslog.Logger
+	accessCube *accesslog.Logger
+}
+
+func newAuthLogCapture(t *testing.T) *authLogCapture {
+	c := &authLogCapture{}
+	c.logger = slog.New(slog.NewJSONHandler(c, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var err error
+	if c.accessJSON, err = accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: c}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.accessCube, err = accesslog.New(accesslog.Config{Format: accesslog.FormatCube, Output: c}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *authLogCapture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.Write(p)
+}
+
+func (c *authLogCapture) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// secret records credential values that must never be logged.
+func (c *authLogCapture) secret(vals ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.secrets = append(c.secrets, vals...)
+}
+
+// harness starts a proxy that logs into the capture (JSON access log unless
+// a modifier picks another).
+func (c *authLogCapture) harness(t *testing.T, mods ...func(*harnessOpts)) *harness {
+	t.Helper()
+	base := func(o *harnessOpts) {
+		o.cfg.Logger = c.logger
+		o.cfg.AccessLog = c.accessJSON
+	}
+	return newHarness(t, append([]func(*harnessOpts){base}, mods...)...)
+}
+
+// checkNoSecrets flushes the access logs and asserts that the logs are not
+// empty, that they describe the refused requests, and that none of the
+// recorded secrets appears in them.
+func (c *authLogCapture) checkNoSecrets(t *testing.T) {
+	t.Helper()
+	if err := c.accessJSON.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.accessCube.Close(); err != nil {
+		t.Fatal(err)
+	}
+	logs := c.String()
+	for _, want := range []string{
+		auth.CodeTrafficTokenMissing, auth.CodeTrafficTokenInvalid, auth.CodeTrafficTokenNotConfigured,
+		auth.CodeSignedTokenInvalid,
+		"cube_token=REDACTED", "restricted route has no traffic token",
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("captured logs lack %q: the capture does not cover the auth paths", want)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.secrets) < 10 {
+		t.Errorf("only %d secrets recorded", len(c.secrets))
+	}
+	for i, s := range c.secrets {
+		if len(s) < 8 {
+			t.Errorf("secret %d is too short to check", i)
+			continue
+		}
+		if strings.Contains(logs, s) {
+			t.Errorf("secret %d (%.6s...) appears in the logs", i, s)
+		}
+	}
+	if t.Failed() {
+		t.Logf("captured logs:\n%s", logs)
+	}
+}
+
+// authRandomHex returns n random bytes as 2n hex characters.
+func authRandomHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// putAuthRoute stores a route whose listed container ports all map to
+// backendPort on 127.0.0.1; token "" makes it public.
+func putAuthRoute(h *harness, id, token string, backendPort uint16, ports ...uint16) {
+	h.t.Helper()
+	f := map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "42"}
+	if token != "" {
+		f["AllowPublicTraffic"] = "false"
+		f["TrafficAccessToken"] = token
+	}
+	for _, p := range ports {
+		f[itoa(p)] = itoa(backendPort)
+	}
+	h.put(id, f)
+}
+
+// authBackend is a minimal HTTP/1.1 server that records every request head
+// exactly as the proxy wrote it and counts accepted connections, so tests
+// can assert both header bytes and "no connection was made".
+type authBackend struct {
+	port    uint16
+	accepts atomic.Int64
+	heads   chan authHead
+}
+
+// authHead is one request head as received.
+type authHead struct {
+	line   string
+	fields [][2]string // name as sent, value without surrounding OWS
+	raw    string
+}
+
+// values returns every value of a header, name matched case-insensitively.
+func (h authHead) values(name string) []string {
+	var out []string
+	for _, f := range h.fields {
+		if strings.EqualFold(f[0], name) {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+func startAuthBackend(t *testing.T) *authBackend {
+	t.Helper()
+	ln := listen(t, "127.0.0.1:0")
+	b := &authBackend{port: uint16(ln.Addr().(*net.TCPAddr).Port), heads: make(chan authHead, 256)}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepts.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go b.serveConn(c)
+		}
+	}()
+	return b
+}
+
+func (b *authBackend) serveConn(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		var head authHead
+		var raw strings.Builder
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			raw.WriteString(line)
+			line = strings.TrimRight(line, "\r\n")
+			if line == "" {
+				break
+			}
+			if head.line == "" {
+				head.line = line
+				continue
+			}
+			name, value, _ := strings.Cut(line, ":")
+			head.fields = append(head.fields, [2]string{name, strings.Trim(value, " \t")})
+		}
+		head.raw = raw.String()
+		if cl := head.values("Content-Length"); len(cl) == 1 {
+			n, _ := strconv.ParseInt(cl[0], 10, 64)
+			_, _ = io.CopyN(io.Discard, br, n)
+		}
+		b.heads <- head
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			return
+		}
+	}
+}
+
+// next returns the next request head the backend received.
+func (b *authBackend) next(t *testing.T) authHead {
+	t.Helper()
+	select {
+	case h := <-b.heads:
+		return h
+	case <-time.After(5 * time.Second):
+		t.Fatal("backend received no request")
+		return authHead{}
+	}
+}
+
+// assertUntouched fails when the backend was connected to or received a request.
+func (b *authBackend) assertUntouched(t *testing.T, what string) {
+	t.Helper()
+	if n := b.accepts.Load(); n != 0 {
+		t.Errorf("%s: backend accepted %d connections, want none", what, n)
+	}
+	if n := len(b.heads); n != 0 {
+		t.Errorf("%s: backend received %d requests, want none", what, n)
+	}
+}
+
+// authRawRequest writes head (request line and header lines, without the final
+// empty line) to the proxy on a fresh connection and returns the response.
+func authRawRequest(t *testing.T, addr string, lines ...string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, strings.Join(lines, "\r\n")+"\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+// expectAuthRefusal checks a proxy 403 JSON answer with the given code.
+func expectAuthRefusal(t *testing.T, what string, status int, hdr http.Header, body, code string) {
+	t.Helper()
+	var e struct{ Error, Code, SandboxID string }
+	if err := json.Unmarshal([]byte(body), &e); err != nil || status != 403 || e.Code != code ||
+		!strings.HasPrefix(hdr.Get("Content-Type"), "application/json") || e.Error == "" {
+		t.Errorf("%s: got %d %q (%s), want 403 JSON code %s", what, status, body, hdr.Get("Content-Type"), code)
+	}
+}
+
+// 1. MCP end to end against a restricted sandbox: the proxy's token and the
+// gateway's bearer are independent, and neither proxy header reaches it.
+func testAuthMCPRestricted(t *testing.T, lc *authLogCapture) {
+	h := lc.harness(t)
+	traffic := authRandomHex(t, 32)
+	bearer := "mcp-" + authRandomHex(t, 12) + "/+=="
+	lc.secret(traffic, bearer)
+
+	type seen struct {
+		auth       string
+		authorized bool
+		proxyHdr   []string
+	}
+	var mu sync.Mutex
+	var reqs []seen
+	gateway := sandbox.MCPHandler(sandbox.MCPOptions{Token: bearer, OnRequest: func(r *http.Request, ok bool) {
+		s := seen{auth: r.Header.Get("Authorization"), authorized: ok}
+		for k := range r.Header {
+			if strings.EqualFold(k, auth.HeaderE2BTrafficToken) || strings.EqualFold(k, auth.HeaderCubeTrafficToken) {
+				s.proxyHdr = append(s.proxyHdr, k)
+			}
+		}
+		mu.Lock()
+		reqs = append(reqs, s)
+		mu.Unlock()
+	}})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", gateway)
+	port := backend(t, "127.0.0.1", mux)
+	putAuthRoute(h, "mcpsecure", traffic, port, 50005)
+	host := "50005-mcpsecure.cube.test"
+	gatewaySaw := func() []seen {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]seen(nil), reqs...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connect := func(headers map[string]string) (*mcp.ClientSession, error) {
+		c := &http.Client{Transport: hostTransport{host: host, headers: headers, base: h.client.Transport}}
+		client := mcp.NewClient(&mcp.Implementation{Name: "auth-agent", Version: "v1"}, nil)
+		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + h.addr + "/mcp", HTTPClient: c, MaxRetries: -1}, nil)
+	}
+	initBody := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+	post := func(headers map[string]string) (int, http.Header, string) {
+		r := h.req("POST", host, "/mcp", strings.NewReader(initBody))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		resp := h.do(r)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+
+	// No traffic token (bearer present): the proxy answers, the gateway sees nothing.
+	st, hdr, body := post(map[string]string{"Authorization": "Bearer " + bearer})
+	expectAuthRefusal(t, "no traffic token", st, hdr, body, auth.CodeTrafficTokenMissing)
+	st, hdr, body = post(map[string]string{"Authorization": "Bearer " + bearer, "E2b-Traffic-Access-Token": authRandomHex(t, 32)})
+	expectAuthRefusal(t, "wrong traffic token", st, hdr, body, auth.CodeTrafficTokenInvalid)
+	if _, err := connect(map[string]string{"Authorization": "Bearer " + bearer}); err == nil {
+		t.Error("MCP initialize without a traffic token succeeded")
+	}
+	if n := len(gatewaySaw()); n != 0 {
+		t.Fatalf("the gateway saw %d requests that the proxy should have refused", n)
+	}
+
+	// Traffic token, no bearer: the gateway's own 401 reaches the client unchanged.
+	st, hdr, body = post(map[string]string{"Cube-Traffic-Access-Token": traffic})
+	if st != 401 || hdr.Get("Www-Authenticate") != `Bearer realm="mcp"` ||
+		body != `{"error":"invalid_token","error_description":"missing or wrong bearer token"}`+"\n" {
+		t.Errorf("traffic token without bearer: got %d %q %q, want the gateway's own 401", st, hdr.Get("Www-Authenticate"), body)
+	}
+	if _, err := connect(map[string]string{"E2b-Traffic-Access-Token": traffic}); err == nil {
+		t.Error("MCP initialize without the bearer succeeded")
+	}
+	before := gatewaySaw()
+	if len(before) == 0 {
+		t.Fatal("requests with a traffic token never reached the gateway")
+	}
+	for _, s := range before {
+		if s.authorized || len(s.proxyHdr) > 0 {
+			t.Errorf("gateway saw %+v, want unauthorized and no proxy token header", s)
+		}
+	}
+
+	// Both: initialize, tools/list and tools/call work end to end.
+	session, err := connect(map[string]string{"Authorization": "Bearer " + bearer, "E2b-Traffic-Access-Token": traffic})
+	if err != nil {
+		t.Fatalf("initialize with both credentials: %v", err)
+	}
+	tools, err := session.ListTools(ctx, nil)
+	if err != nil || len(tools.Tools) != 2 {
+		t.Fatalf("tools/list: %v %+v", err, tools)
+	}
+	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "through the proxy"}})
+	if err != nil || res.IsError {
+		t.Fatalf("tools/call: %v %+v", err, res)
+	}
+	if got := res.StructuredContent.(map[string]any)["text"]; got != "through the proxy" {
+		t.Fatalf("echo returned %v", res.StructuredContent)
+	}
+	if err := session.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	after := gatewaySaw()[len(before):]
+	if len(after) < 3 {
+		t.Fatalf("gateway saw %d requests for initialize, list, call", len(after))
+	}
+	for _, s := range after {
+		if s.auth != "Bearer "+bearer || !s.authorized {
+			t.Errorf("gateway received Authorization %q (authorized %v), want the client's exact value", s.auth, s.authorized)
+		}
+		if len(s.proxyHdr) > 0 {
+			t.Errorf("gateway received the proxy's token headers %v", s.proxyHdr)
+		}
+	}
+}
+
+// 2. Header variants through the proxy, with a backend that reports the
+// exact head it received.
+func testAuthHeaderVariants(t *testing.T, lc *authLogCapture) {
+	h := lc.harness(t)
+	b := startAuthBackend(t)
+	tok := authRandomHex(t, 32)
+	other := authRandomHex(t, 32)
+	sameLen := tok[:63] + string("0123456789abcdef"[(strings.IndexByte("0123456789abcdef", tok[63])+1)%16])
+	lc.secret(tok, other, sameLen)
+	putAuthRoute(h, "hdrsecure", tok, b.port, 8080)
+	putAuthRoute(h, "hdrpublic", "", b.port, 8080)
+	secure, public := "Host: 8080-hdrsecure.cube.test", "Host: 8080-hdrpublic.cube.test"
+
+	// End-to-end credentials of the sandbox's own services, with odd but
+	// legal bytes: they must arrive exactly as sent.
+	authz := "Bearer  " + authRandomHex(t, 8) + "+/=.~ x"
+	xAccess := "envd_" + authRandomHex(t, 16)
+	cookie := `sid=abc; theme="dark mode";empty=; z=1`
+	lc.secret(authz, xAccess)
+	passthrough := []string{"Authorization: " + authz, "X-Access-Token: " + xAccess, "Cookie: " + cookie, "X-Other: keep  me"}
+
+	cases := []struct {
+		name    string
+		host    string
+		headers []string
+		code    string // "" = forwarded
+	}{
+		{"e2b lower-case", secure, []string{"e2b-traffic-access-token: " + tok}, ""},
+		{"e2b upper-case", secure, []string{"E2B-TRAFFIC-ACCESS-TOKEN: " + tok}, ""},
+		{"cube lower-case", secure, []string{"cube-traffic-access-token: " + tok}, ""},
+		{"cube mixed-case", secure, []string{"CUBE-Traffic-Access-TOKEN: " + tok}, ""},
+		{"no token", secure, nil, auth.CodeTrafficTokenMissing},
+		{"e2b right, cube wrong", secure, []string{"Cube-Traffic-Access-Token: " + other, "E2b-Traffic-Access-Token: " + tok}, ""},
+		{"e2b wrong, cube right", secure, []string{"Cube-Traffic-Access-Token: " + tok, "E2b-Traffic-Access-Token: " + other}, auth.CodeTrafficTokenInvalid},
+		{"e2b empty, cube right", secure, []string{"E2b-Traffic-Access-Token:", "Cube-Traffic-Access-Token: " + tok}, ""},
+		{"empty value", secure, []string{"E2b-Traffic-Access-Token: "}, auth.CodeTrafficTokenMissing},
+		{"both empty", secure, []string{"E2b-Traffic-Access-Token:", "Cube-Traffic-Access-Token:"}, auth.CodeTrafficTokenMissing},
+		// Whitespace around a field value is not part of it (RFC 9110 5.5).
+		{"surrounding spaces", secure, []string{"E2b-Traffic-Access-Token: \t  " + tok + "  \t"}, ""},
+		{"space inside", secure, []string{"E2b-Traffic-Access-Token: " + tok[:32] + " " + tok[32:]}, auth.CodeTrafficTokenInvalid},
+		{"duplicated, right first", secure, []string{"E2b-Traffic-Access-Token: " + tok, "E2b-Traffic-Access-Token: " + other}, ""},
+		{"duplicated, wrong first", secure, []string{"E2b-Traffic-Access-Token: " + other, "E2b-Traffic-Access-Token: " + tok}, auth.CodeTrafficTokenInvalid},
+		{"right length, wrong token", secure, []string{"E2b-Traffic-Access-Token: " + sameLen}, auth.CodeTrafficTokenInvalid},
+		{"upper-cased hex", secure, []string{"E2b-Traffic-Access-Token: " + strings.ToUpper(tok)}, auth.CodeTrafficTokenInvalid},
+		{"prefix", secure, []string{"E2b-Traffic-Access-Token: " + tok[:63]}, auth.CodeTrafficTokenInvalid},
+		{"token plus a byte", secure, []string{"E2b-Traffic-Access-Token: " + tok + "0"}, auth.CodeTrafficTokenInvalid},
+		{"another sandbox's token", secure, []string{"Cube-Traffic-Access-Token: " + other}, auth.CodeTrafficTokenInvalid},
+		{"token in an unrelated header", secure, []string{"X-Traffic-Access-Token: " + tok}, auth.CodeTrafficTokenMissing},
+		{"public, no token", public, nil, ""},
+		{"public, wrong e2b token", public, []string{"e2b-traffic-access-token: " + other}, ""},
+		{"public, both tokens", public, []string{"E2B-Traffic-Access-Token: " + tok, "cube-traffic-access-token: " + other}, ""},
+	}
+	for _, tc := range cases {
+		lines := append([]string{"GET /echo?q=1 HTTP/1.1", tc.host}, tc.headers...)
+		lines = append(lines, passthrough...)
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if tc.code != "" {
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, tc.code)
+			if len(b.heads) != 0 {
+				t.Errorf("%s: a refused request reached the backend", tc.name)
+			}
+			continue
+		}
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("%s: got %d %q, want the backend's 200", tc.name, resp.StatusCode, body)
+			continue
+		}
+		got := b.next(t)
+		if got.line != "GET /echo?q=1 HTTP/1.1" {
+			t.Errorf("%s: backend request line %q", tc.name, got.line)
+		}
+		for _, name := range auth.TrafficTokenHeaders() {
+			if v := got.values(name); len(v) > 0 {
+				t.Errorf("%s: backend received %s (%d values)", tc.name, name, len(v))
+			}
+		}
+		if strings.Contains(got.raw, tok) || strings.Contains(got.raw, other) {
+			t.Errorf("%s: a traffic token value reached the backend", tc.name)
+		}
+		for _, want := range [][2]string{{"Authorization", authz}, {"X-Access-Token", xAccess}, {"Cookie", cookie}, {"X-Other", "keep  me"}} {
+			if v := got.values(want[0]); len(v) != 1 || v[0] != want[1] {
+				t.Errorf("%s: backend got %s %q, want %q byte for byte", tc.name, want[0], v, want[1])
+			}
+		}
+	}
+
+	// The proxy's cookie is removed on every route; the other cookies keep
+	// their bytes and separators, also when split over several Cookie lines.
+	ours := auth.CookieName + "=" + other
+	stripCases := []struct {
+		host     string
+		in, want []string
+	}{
+		{public, []string{"a=1; " + ours + "; b=\"x y\""}, []string{`a=1; b="x y"`}},
+		{public, []string{ours + ";  b=2;c=3"}, []string{"b=2;c=3"}},
+		{public, []string{"a=1;b=2; " + ours}, []string{"a=1;b=2"}},
+		{public, []string{ours}, nil},
+		{public, []string{"cube_proxy_auth_x=1; xcube_proxy_auth=2"}, []string{"cube_proxy_auth_x=1; xcube_proxy_auth=2"}},
+		{secure, []string{"a=1; " + ours + "; " + auth.CookieName + "=" + sameLen + "; b=2"}, []string{"a=1; b=2"}},
+		{public, []string{"a=1", ours + "; b=\"2\""}, []string{"a=1", `b="2"`}},
+		{public, []string{ours + "; b=2", "a=\"1\""}, []string{"b=2", `a="1"`}},
+		{public, []string{"a=1", ours, "c=3"}, []string{"a=1", "c=3"}},
+	}
+	for _, sc := range stripCases {
+		lines := []string{"GET / HTTP/1.1", sc.host, "E2b-Traffic-Access-Token: " + tok}
+		for _, c := range sc.in {
+			lines = append(lines, "Cookie: "+c)
+		}
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if resp.StatusCode != 200 {
+			t.Errorf("cookies %q: got %d %q", sc.in, resp.StatusCode, body)
+			continue
+		}
+		got := b.next(t)
+		if v := got.values("Cookie"); strings.Join(v, "\n") != strings.Join(sc.want, "\n") {
+			t.Errorf("cookies %q reached the backend as %q, want %q", sc.in, v, sc.want)
+		}
+	}
+}
+
+// authFixedStore serves fixed routes, including ones the memory store
+// would refuse (a restricted route without a token, as corrupt Redis data).
+type authFixedStore map[string]*routing.Route
+
+func (s authFixedStore) Lookup(_ context.Context, id string) (*routing.Route, error) {
+	if r, ok := s[id]; ok {
+		return r, nil
+	}
+	return nil, routing.ErrNotFound
+}
+
+// 3. A restricted route without a stored token is never served, not even
+// on an exempt port or with a valid signed token; exempt ports skip only
+// the token itself.
+func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
+	bad := startAuthBackend(t)
+	good := startAuthBackend(t)
+	tok := authRandomHex(t, 32)
+	key := authRandomHex(t, 32)
+	lc.secret(tok, key)
+	signer, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noToken, err := routing.ParseRoute("noconf", map[string]string{
+		"HostIP": "127.0.0.1", "AllowPublicTraffic": "false", "8080": itoa(bad.port), "9000": itoa(bad.port),
+	})
+	if err != nil || noToken.Public || noToken.TrafficToken != "" {
+		t.Fatalf("lenient parse: %v %+v", err, noToken)
+	}
+	exempt, err := routing.ParseRoute("exemptbox", map[string]string{
+		"HostIP": "127.0.0.1", "AllowPublicTraffic": "false", "TrafficAccessToken": tok, "8080": itoa(good.port), "9000": itoa(good.port),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lc.harness(t, func(o *harnessOpts) {
+		o.store = authFixedStore{"noconf": noToken, "exemptbox": exempt}
+		o.cfg.ExemptPorts = []uint16{9000}
+		o.cfg.Signer = signer
+	})
+	signed, err := signer.Sign("noconf", 8080, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.secret(signed)
+
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{
+		{"no token", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test"}},
+		{"some token", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "E2b-Traffic-Access-Token: " + tok}},
+		{"exempt port", []string{"GET / HTTP/1.1", "Host: 9000-noconf.cube.test"}},
+		{"signed query token", []string{"GET /?cube_token=" + signed + " HTTP/1.1", "Host: 8080-noconf.cube.test"}},
+		{"signed cookie", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "Cookie: cube_proxy_auth=" + signed}},
+		{"shared host", []string{"GET / HTTP/1.1", "Host: 127.0.0.1", "X-Cube-Sandbox-Id: noconf", "X-Cube-Sandbox-Port: 9000"}},
+	} {
+		for i := 0; i < 2; i++ { // the second one is served from the cache
+			resp, body := authRawRequest(t, h.addr, tc.lines...)
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenNotConfigured)
+		}
+	}
+	bad.assertUntouched(t, "restricted route without a token")
+	logged := false
+	for _, line := range strings.Split(lc.String(), "\n") {
+		logged = logged || strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, "no traffic token") && strings.Contains(line, `"sandbox_id":"noconf"`)
+	}
+	if !logged {
+		t.Error("the refused route was not logged as a data error with its sandbox id")
+	}
+
+	// Exempt port of a properly restricted route: no token needed, and a
+	// token sent anyway is still stripped.
+	resp, body := authRawRequest(t, h.addr, "GET /e HTTP/1.1", "Host: 9000-exemptbox.cube.test")
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("exempt port: %d %q", resp.StatusCode, body)
+	}
+	good.next(t)
+	resp, _ = authRawRequest(t, h.addr, "GET /e HTTP/1.1", "Host: 9000-exemptbox.cube.test", "cube-traffic-access-token: "+tok)
+	if got := good.next(t); resp.StatusCode != 200 || len(got.values(auth.HeaderCubeTrafficToken)) != 0 {
+		t.Errorf("exempt port with a token: %d, forwarded %q", resp.StatusCode, got.values(auth.HeaderCubeTrafficToken))
+	}
+	resp, body = authRawRequest(t, h.addr, "GET /e HTTP/1.1", "Host: 8080-exemptbox.cube.test")
+	expectAuthRefusal(t, "non-exempt port", resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenMissing)
+	resp, _ = authRawRequest(t, h.addr, "GET /e HTTP/1.1", "Host: 8080-exemptbox.cube.test", "E2b-Traffic-Access-Token: "+tok)
+	if resp.StatusCode != 200 {
+		t.Errorf("non-exempt port with the token: %d", resp.StatusCode)
+	}
+	good.next(t)
+}
+
+// 4. An unauthorized request has no side effect: no activity recorded, no
+// upstream pool or connection, and it is refused before the sandbox state
+// is even looked at.
+func testAuthNoSideEffects(t *testing.T, lc *authLogCapture) {
+	adminTok := "adm-" + authRandomHex(t, 20)
+	tok := authRandomHex(t, 32)
+	lc.secret(adminTok, tok)
+	h := lc.harness(t, func(o *harnessOpts) { o.token = adminTok })
+	b := startAuthBackend(t)
+	putAuthRoute(h, "sidefx", tok, b.port, 8080)
+	host := "Host: 8080-sidefx.cube.test"
+
+	lastActive := func() map[string]int64 {
+		st, body := h.adminDo("GET", "/admin/last_active", "", adminTok)
+		var out struct{ Entries map[string]int64 }
+		if st != 200 || json.Unmarshal([]byte(body), &out) != nil {
+			t.Fatalf("last_active: %d %s", st, body)
+		}
+		return out.Entries
+	}
+	for _, lines := range [][]string{
+		{"GET / HTTP/1.1", host},
+		{"GET / HTTP/1.1", host, "E2b-Traffic-Access-Token: " + authRandomHex(t, 32)},
+		{"GET /?cube_token=abc HTTP/1.1", host},
+		{"GET / HTTP/1.1", host, "Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"},
+		{"GET / HTTP/1.1", host, "Accept: text/event-stream"},
+	} {
+		resp, _ := authRawRequest(t, h.addr, lines...)
+		if resp.StatusCode != 403 {
+			t.Errorf("%q: status %d, want 403", lines, resp.StatusCode)
+		}
+	}
+	if _, ok := lastActive()["sidefx"]; ok {
+		t.Error("an unauthorized request was recorded as sandbox activity")
+	}
+	if pools, conns := h.proxy.pools.stats(); pools != 0 || conns != 0 {
+		t.Errorf("unauthorized requests created %d upstream pools, %d connections", pools, conns)
+	}
+	b.assertUntouched(t, "unauthorized requests")
+
+	// Auth comes before the sandbox state: a paused sandbox refuses an
+	// unauthorized request with 403, not the 503 that makes clients retry.
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"sidefx","state":"paused"}`, adminTok); st != 200 {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", host)
+	expectAuthRefusal(t, "paused, no token", resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenMissing)
+	resp, _ = authRawRequest(t, h.addr, "GET / HTTP/1.1", host, "E2b-Traffic-Access-Token: "+tok)
+	if resp.StatusCode != 503 {
+		t.Errorf("paused with the token: %d, want 503", resp.StatusCode)
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"sidefx","state":"running"}`, adminTok); st != 200 {
+		t.Fatalf("resume: %d %s", st, body)
+	}
+	b.assertUntouched(t, "paused sandbox")
+
+	// The same request with the token does have the side effects, so the
+	// checks above are not vacuous.
+	resp, _ = authRawRequest(t, h.addr, "GET / HTTP/1.1", host, "E2b-Traffic-Access-Token: "+tok)
+	if resp.StatusCode != 200 {
+		t.Fatalf("authorized: %d", resp.StatusCode)
+	}
+	b.next(t)
+	if _, ok := lastActive()["sidefx"]; !ok {
+		t.Error("an authorized request was not recorded as activity")
+	}
+	if pools, _ := h.proxy.pools.stats(); pools != 1 {
+		t.Errorf("authorized request: %d pools, want 1", pools)
+	}
+	if b.accepts.Load() != 1 {
+		t.Errorf("authorized request: %d backend connections, want 1", b.accepts.Load())
+	}
+}
+
+// authHostClient sends every request to proxyAddr whatever the URL's host, so
+// URLs (and the cookie jar) use the real sandbox hostname.
+func authHostClient(proxyAddr string, jar http.CookieJar, follow bool, tlsCfg *tls.Config) *http.Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", proxyAddr)
+		},
+		TLSClientConfig:   tlsCfg,
+		DisableKeepAlives: true,
+	}
+	c := &http.Client{Transport: tr, Jar: jar, Timeout: 10 * time.Second}
+	c.CheckRedirect = func(req *http.Request, _ []*http.Request) error {
+		if !follow {
+			return http.ErrUseLastResponse
+		}
+		// Go sets Referer to the redirecting URL (token included); a
+		// browser keeps the original referrer across a redirect (Fetch).
+		req.Header.Del("Referer")
+		return nil
+	}
+	return c
+}
+
+func authGet(t *testing.T, c *http.Client, u string, cookie string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cookie != "" {
+		req.Header.Set("Cookie", cookie)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// assertAuthCookieRedirect checks the 302 that trades a signed token for the cookie.
+func assertAuthCookieRedirect(t *testing.T, resp *http.Response, tok, location string, ttl time.Duration, secure bool) {
+	t.Helper()
+	if resp.StatusCode != 302 || resp.Header.Get("Location") != location {
+		t.Fatalf("got %d Location %q, want 302 to %q", resp.StatusCode, resp.Header.Get("Location"), location)
+	}
+	sc := resp.Header.Values("Set-Cookie")
+	if len(sc) != 1 {
+		t.Fatalf("Set-Cookie %q", sc)
+	}
+	c, err := http.ParseSetCookie(sc[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxAge := time.Duration(c.MaxAge) * time.Second
+	if c.Name != auth.CookieName || c.Value != tok || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode ||
+		c.Secure != secure || c.Domain != "" || c.Path != "/" || maxAge > ttl || maxAge < ttl-3*time.Second {
+		t.Errorf("Set-Cookie %q: want host-only HttpOnly SameSite=Lax Secure=%v Max-Age≈%v", sc[0], secure, ttl)
+	}
+	if resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("302 Cache-Control %q", resp.Header.Get("Cache-Control"))
+	}
+}
+
+// 5. Signed browser tokens through a real cookie jar.
+func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
+	oldKey, newKey := authRandomHex(t, 32), "k-"+authRandomHex(t, 24)
+	adminTok := "adm-" + authRandomHex(t, 20)
+	traffic := authRandomHex(t, 32)
+	lc.secret(oldKey, newKey, adminTok, traffic)
+	mustSigner := func(keys ...string) *auth.Signer {
+		s, err := auth.NewSigner(keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	both, oldOnly, newOnly := mustSigner(newKey, oldKey), mustSigner(oldKey), mustSigner(newKey)
+	sign := func(s *auth.Signer, id string, port uint16, exp time.Time) string {
+		tok, err := s.Sign(id, port, exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.secret(tok)
+		return tok
+	}
+	b := startAuthBackend(t)
+	start := func(s *auth.Signer, access *accesslog.Logger) *harness {
+		h := lc.harness(t, func(o *harnessOpts) {
+			o.cfg.Signer = s
+			o.cfg.AccessLog = access
+			o.token = adminTok
+		})
+		putAuthRoute(h, "box", traffic, b.port, 8080, 9090)
+		putAuthRoute(h, "other", traffic, b.port, 8080)
+		return h
+	}
+	h := start(both, lc.accessCube)
+	const site = "http://8080-box.cube.test"
+	ttl := 10 * time.Minute
+	exp := time.Now().Add(ttl).Truncate(time.Second)
+	tok := sign(both, "box", 8080, exp)
+	checkHead := func(what string, got authHead, wantLine, wantCookie string) {
+		t.Helper()
+		if got.line != wantLine {
+			t.Errorf("%s: backend request line %q, want %q", what, got.line, wantLine)
+		}
+		if v := got.values("Cookie"); wantCookie == "" && len(v) != 0 || wantCookie != "" && (len(v) != 1 || v[0] != wantCookie) {
+			t.Errorf("%s: backend Cookie %q, want %q", what, v, wantCookie)
+		}
+		if strings.Contains(got.raw, auth.QueryParamName) || strings.Contains(got.raw, auth.CookieName) || strings.Contains(got.raw, tok) {
+			t.Errorf("%s: the signed token reached the backend:\n%s", what, got.raw)
+		}
+	}
+
+	// The 302 itself, inspected without following.
+	resp, _ := authGet(t, authHostClient(h.addr, nil, false, nil), site+"/path?cube_token="+tok+"&x=1", "")
+	assertAuthCookieRedirect(t, resp, tok, "/path?x=1", ttl, false)
+	resp, _ = authGet(t, authHostClient(h.addr, nil, false, nil), site+"/?cube_token="+tok, "")
+	assertAuthCookieRedirect(t, resp, tok, "/", ttl, false)
+	resp, _ = authGet(t, authHostClient(h.addr, nil, false, nil), site+"/a/b?y=2&cube_token="+tok+"&z=%20", "")
+	assertAuthCookieRedirect(t, resp, tok, "/a/b?y=2&z=%20", ttl, false)
+	b.assertUntouched(t, "token redirects")
+
+	// A browser: follows the redirect, keeps the cookie for this host only.
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	siteURL, _ := url.Parse(site + "/")
+	jar.SetCookies(siteURL, []*http.Cookie{{Name: "theme", Value: "dark"}})
+	browser := authHostClient(h.addr, jar, true, nil)
+	resp, body := authGet(t, browser, site+"/path?cube_token="+tok+"&x=1", "")
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("after redirect: %d %q", resp.StatusCode, body)
+	}
+	checkHead("followed redirect", b.next(t), "GET /path?x=1 HTTP/1.1", "theme=dark")
+	resp, _ = authGet(t, browser, site+"/again", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("cookie alone: %d", resp.StatusCode)
+	}
+	checkHead("cookie alone", b.next(t), "GET /again HTTP/1.1", "theme=dark")
+	otherPort, _ := url.Parse("http://9090-box.cube.test/")
+	for _, c := range jar.Cookies(otherPort) {
+		if c.Name == auth.CookieName {
+			t.Error("the cookie is not host-only: the jar sends it to another port's host")
+		}
+	}
+	resp, body = authGet(t, browser, "http://9090-box.cube.test/", "")
+	expectAuthRefusal(t, "other port, same jar", resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenMissing)
+
+	// Refusals, by query parameter and by cookie.
+	direct := authHostClient(h.addr, nil, false, nil)
+	expired := sign(both, "box", 8080, time.Now().Add(-2*time.Second))
+	// Character 4 encodes expiry bits: still valid base64url, but the MAC
+	// no longer matches.
+	tampered := []byte(tok)
+	if tampered[4] = 'A'; tok[4] == 'A' {
+		tampered[4] = 'B'
+	}
+	lc.secret(string(tampered))
+	for _, tc := range []struct {
+		name, url, tok, code string
+	}{
+		{"expired", site + "/", expired, auth.CodeSignedTokenExpired},
+		{"tampered", site + "/", string(tampered), auth.CodeSignedTokenInvalid},
+		{"garbage", site + "/", "not*a*token", auth.CodeSignedTokenMalformed},
+		{"another sandbox", "http://8080-other.cube.test/", tok, auth.CodeSignedTokenWrongTarget},
+		{"another port", "http://9090-box.cube.test/", tok, auth.CodeSignedTokenWrongTarget},
+		{"signed for another port", site + "/", sign(both, "box", 9090, exp), auth.CodeSignedTokenWrongTarget},
+		{"signed for another sandbox", site + "/", sign(both, "other", 8080, exp), auth.CodeSignedTokenWrongTarget},
+		{"unknown key", site + "/", sign(mustSigner("z-"+authRandomHex(t, 20)), "box", 8080, exp), auth.CodeSignedTokenInvalid},
+	} {
+		resp, body := authGet(t, direct, tc.url+"?cube_token="+url.QueryEscape(tc.tok), "")
+		expectAuthRefusal(t, tc.name+" (query)", resp.StatusCode, resp.Header, body, tc.code)
+		if tc.code == auth.CodeSignedTokenMalformed {
+			continue
+		}
+		resp, body = authGet(t, direct, tc.url, "a=1; "+auth.CookieName+"="+tc.tok)
+		expectAuthRefusal(t, tc.name+" (cookie)", resp.StatusCode, resp.Header, body, tc.code)
+	}
+	b.assertNoMore(t, "refused signed tokens")
+
+	// The cookie is stripped even when the traffic token authorizes.
+	resp, _ = authGet(t, direct, site+"/both", "k=v; "+auth.CookieName+"="+expired)
+	if resp.StatusCode != 403 {
+		t.Errorf("expired cookie without traffic token: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("GET", site+"/both", nil)
+	req.Header.Set("Cookie", auth.CookieName+"="+tok+"; k=v")
+	req.Header.Set("E2b-Traffic-Access-Token", traffic)
+	if r, err := direct.Do(req); err != nil || r.StatusCode != 200 {
+		t.Fatalf("traffic token plus cookie: %v %v", err, r)
+	} else {
+		r.Body.Close()
+	}
+	checkHead("traffic token plus cookie", b.next(t), "GET /both HTTP/1.1", "k=v")
+
+	// Over TLS the cookie is Secure.
+	ca := testenv.NewCA(t, "auth test CA")
+	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsLn := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	go h.server.Serve(tlsLn)
+	resp, _ = authGet(t, authHostClient(tlsLn.Addr().String(), nil, false, &tls.Config{RootCAs: ca.Pool()}), "https://8080-box.cube.test/p?cube_token="+tok, "")
+	assertAuthCookieRedirect(t, resp, tok, "/p", ttl, true)
+
+	// POST /admin/tokens issues a token that works (admin with a signer,
+	// as cmd wires it).
+	adminLn := listen(t, "127.0.0.1:0")
+	adminSrv := &fasthttp.Server{Handler: NewAdmin(AdminConfig{Token: adminTok, Signer: both}, h.proxy).Handler}
+	go adminSrv.Serve(adminLn)
+	t.Cleanup(func() { _ = adminSrv.Shutdown() })
+	issue := func(token string) (int, string) {
+		r, _ := http.NewRequest("POST", "http://"+adminLn.Addr().String()+"/admin/tokens", strings.NewReader(`{"sandbox_id":"box","port":8080,"ttl":"5m"}`))
+		if token != "" {
+			r.Header.Set(auth.HeaderAdminToken, token)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, _ := issue(""); st != 403 {
+		t.Errorf("POST /admin/tokens without the admin token: %d", st)
+	}
+	if st, _ := issue(adminTok + "x"); st != 403 {
+		t.Errorf("POST /admin/tokens with a wrong admin token: %d", st)
+	}
+	st, issued := issue(adminTok)
+	var it struct {
+		Token      string `json:"token"`
+		QueryParam string `json:"query_param"`
+	}
+	if st != 200 || json.Unmarshal([]byte(issued), &it) != nil || it.Token == "" || it.QueryParam != auth.QueryParamName {
+		t.Fatalf("POST /admin/tokens: %d %s", st, issued)
+	}
+	lc.secret(it.Token)
+	resp, _ = authGet(t, direct, site+"/adm?cube_token="+it.Token, "")
+	assertAuthCookieRedirect(t, resp, it.Token, "/adm", 5*time.Minute, false)
+
+	// Rotation: the old key verifies while listed second ...
+	oldTok := sign(oldOnly, "box", 8080, exp)
+	jar2, _ := cookiejar.New(nil)
+	resp, body = authGet(t, authHostClient(h.addr, jar2, true, nil), site+"/old?cube_token="+oldTok, "")
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("token signed with the old key while listed: %d %q", resp.StatusCode, body)
+	}
+	checkHead("old key", b.next(t), "GET /old HTTP/1.1", "")
+
+	// ... and not after a restart without it; new-key tokens still work.
+	h2 := start(newOnly, lc.accessJSON)
+	direct2 := authHostClient(h2.addr, nil, false, nil)
+	resp, body = authGet(t, direct2, site+"/old?cube_token="+oldTok, "")
+	expectAuthRefusal(t, "old key removed (query)", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenInvalid)
+	resp, body = authGet(t, direct2, site+"/old", auth.CookieName+"="+oldTok)
+	expectAuthRefusal(t, "old key removed (cookie)", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenInvalid)
+	resp, _ = authGet(t, direct2, site+"/new?cube_token="+tok, "")
+	assertAuthCookieRedirect(t, resp, tok, "/new", ttl, false)
+	b.assertNoMore(t, "after rotation")
+}
+
+// assertNoMore fails when the backend received requests nobody consumed.
+func (b *authBackend) assertNoMore(t *testing.T, what string) {
+	t.Helper()
+	if n := len(b.heads); n != 0 {
+		t.Errorf("%s: backend received %d unexpected requests", what, n)
+	}
+}
+
+// 6. Admin API authentication.
+func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
+	adminTok := "adm-" + authRandomHex(t, 24)
+	lc.secret(adminTok)
+	h := lc.harness(t, func(o *harnessOpts) { o.token = adminTok })
+	for _, tc := range []struct {
+		name, token string
+		status      int
+	}{
+		{"missing", "", 403},
+		{"wrong, same length", "adm-" + authRandomHex(t, 24), 403},
+		{"prefix", adminTok[:len(adminTok)-1], 403},
+		{"extra byte", adminTok + "0", 403},
+		{"other case", strings.ToUpper(adminTok), 403},
+		{"right", adminTok, 200},
+	} {
+		for _, ep := range [][2]string{{"GET", "/admin/last_active"}, {"GET", "/admin/routes"}, {"POST", "/admin/backend_cache/delete"}} {
+			st, body := h.adminDo(ep[0], ep[1], `{"sandbox_id":"x"}`, tc.token)
+			if st != tc.status {
+				t.Errorf("%s %s with %s token: %d %s, want %d", ep[0], ep[1], tc.name, st, body, tc.status)
+			}
+			if st == 403 && !strings.Contains(body, `"error"`) {
+				t.Errorf("403 body %q", body)
+			}
+		}
+	}
+	if st, _ := h.adminDo("GET", "/admin/healthz", "", ""); st != 200 {
+		t.Errorf("healthz without token: %d, want 200 (probes)", st)
+	}
+	// A wrong token must not change state: the route stays.
+	putAuthRoute(h, "keepme", "", 1, 8080)
+	if st, _ := h.adminDo("DELETE", "/admin/routes/keepme", "", "nope-"+authRandomHex(t, 8)); st != 403 {
+		t.Errorf("DELETE with a wrong token: %d", st)
+	}
+	if _, ok := h.store.Get("keepme"); !ok {
+		t.Error("a refused admin request deleted a route")
+	}
+
+	// The admin API never answers on the traffic listener.
+	for _, host := range []string{h.addr, "127.0.0.1", "8080-keepme.cube.test"} {
+		r := h.req("GET", host, "/admin/routes", nil)
+		r.Header.Set(auth.HeaderAdminToken, adminTok)
+		resp := h.do(r)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 || strings.Contains(string(body), `"routes"`) {
+			t.Errorf("admin API answered on the traffic listener (Host %s): %d %s", host, resp.StatusCode, body)
+		}
+	}
+
+	// No token configured: loopback clients only (this test can only be
+	// loopback; the non-loopback bind is refused at startup, see cmd).
+	open := lc.harness(t)
+	if st, body := open.adminDo("GET", "/admin/last_active", "", ""); st != 200 {
+		t.Errorf("no admin token, loopback client: %d %s", st, body)
+	}
+	if st, _ := open.adminDo("GET", "/admin/last_active", "", "anything-at-all"); st != 200 {
+		t.Errorf("no admin token, loopback client with a header: %d", st)
+	}
+	if err := CheckAdminAddr("0.0.0.0:8082", ""); err == nil {
+		t.Error("CheckAdminAddr accepts a wildcard bind without a token")
+	}
+}

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// benchInstr selects the instrumentation of a bench proxy.
+type benchInstr struct {
+	telemetry bool   // telemetry.New with tracing off
+	logFormat string // access log format to io.Discard; "" = no access log
+}
+
+// newBenchProxy starts a proxy on an in-memory listener in front of a
+// fasthttp backend on a loopback port (the proxy dials backends by TCP
+// address) and returns a function doing one full request through it.
+func newBenchProxy(tb testing.TB, in benchInstr) func() {
+	tb.Helper()
+	bln := listen(tb, "127.0.0.1:0")
+	body := []byte("hello from the sandbox")
+	backendSrv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBody(body) }}
+	go backendSrv.Serve(bln)
+	tb.Cleanup(func() { _ = backendSrv.Shutdown() })
+	port := strconv.Itoa(bln.Addr().(*net.TCPAddr).Port)
+
+	ms := routing.NewMemoryStore()
+	r, err := routing.ParseRouteStrict("bench", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", port: port})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := ms.Put(r); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var store routing.Store = ms
+	if in.telemetry {
+		cfg.Telemetry = obsTelemetry(tb, nil)
+		store = InstrumentStore(ms, cfg.Telemetry.Metrics, telemetry.StoreMemory)
+	}
+	if in.logFormat != "" {
+		var onDrop func()
+		if cfg.Telemetry != nil {
+			onDrop = cfg.Telemetry.Metrics.AccessLogDropped
+		}
+		al, err := accesslog.New(accesslog.Config{Format: in.logFormat, Output: io.Discard}, onDrop)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = al.Close() })
+		cfg.AccessLog = al
+	}
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := New(cfg, store, cache)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{}, p, nil)
+	ln := fasthttputil.NewInmemoryListener()
+	go srv.Serve(ln)
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		_ = ln.Close()
+	})
+
+	client := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	tb.Cleanup(func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) })
+	uri := "http://" + port + "-bench.cube.test/path?q=1"
+	return func() {
+		req.Reset()
+		req.SetRequestURI(uri)
+		req.Header.Set("User-Agent", "bench/1.0")
+		if err := client.Do(req, resp); err != nil {
+			panic(fmt.Sprintf("request through proxy: %v", err))
+		}
+		if resp.StatusCode() != 200 || len(resp.Body()) != len(body) {
+			panic(fmt.Sprintf("request through proxy: %d %q", resp.StatusCode(), resp.Body()))
+		}
+	}
+}
+
+func benchRequests(b *testing.B, in benchInstr) {
+	do := newBenchProxy(b, in)
+	do() // route cached, connections open
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		do()
+	}
+}
+
+// BenchmarkRequestPlain is the request path with no instrumentation at all.
+func BenchmarkRequestPlain(b *testing.B) { benchRequests(b, benchInstr{}) }
+
+// BenchmarkRequestInstrumentedTracingOff adds metrics (tracing off, the
+// default) and a JSON access log to io.Discard.
+func BenchmarkRequestInstrumentedTracingOff(b *testing.B) {
+	benchRequests(b, benchInstr{telemetry: true, logFormat: accesslog.FormatJSON})
+}
+
+// With tracing off, metrics and the access log add no allocation to a
+// full request: allocs per request (whole process: client, proxy,
+// backend) are no higher than with no instrumentation.
+func TestInstrumentationAddsNoAllocs(t *testing.T) {
+	if raceDetectorOn {
+		t.Skip("the race detector changes allocation counts; run without -race (also: go test -bench Request -run ^$ ./proxy)")
+	}
+	const runs = 2000
+	measure := func(in benchInstr) float64 {
+		do := newBenchProxy(t, in)
+		for range 100 { // warm pools, route cache and keep-alive connections
+			do()
+		}
+		return testing.AllocsPerRun(runs, do)
+	}
+	plain := measure(benchInstr{})
+	tests := []struct {
+		name string
+		in   benchInstr
+	}{
+		{"metrics", benchInstr{telemetry: true}},
+		{"metrics+json log", benchInstr{telemetry: true, logFormat: accesslog.FormatJSON}},
+		{"metrics+cube log", benchInstr{telemetry: true, logFormat: accesslog.FormatCube}},
+	}
+	for _, tc := range tests {
+		got := measure(tc.in)
+		t.Logf("allocs per request: plain %v, %s %v", plain, tc.name, got)
+		if got > plain {
+			t.Errorf("%s: %v allocs per request, plain %v: instrumentation allocates", tc.name, got, plain)
+		}
+	}
+}

@@ -1,0 +1,781 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// obsTelemetry builds telemetry as cmd does, with tracing on only when exp
+// is set. The environment is ignored, so OTEL_* variables of the machine
+// cannot change what the test sees.
+func obsTelemetry(t testing.TB, exp sdktrace.SpanExporter) *telemetry.Telemetry {
+	t.Helper()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{
+		SpanExporter: exp,
+		Env:          func(string) string { return "" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	return tel
+}
+
+// obsMetricsAdmin serves the admin API of h's proxy with /metrics wired, as
+// cmd does, and returns its address.
+func obsMetricsAdmin(t *testing.T, h *harness, tel *telemetry.Telemetry) string {
+	t.Helper()
+	admin := NewAdmin(AdminConfig{Metrics: tel.MetricsHandler()}, h.proxy)
+	srv := &fasthttp.Server{Handler: admin.Handler}
+	ln := listen(t, "127.0.0.1:0")
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return ln.Addr().String()
+}
+
+// spanByKind returns the exported spans of trace id with the given kind.
+func spanByKind(spans tracetest.SpanStubs, id trace.TraceID, kind trace.SpanKind) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range spans {
+		if s.SpanContext.TraceID() == id && s.SpanKind == kind {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// waitSpans waits until the exporter holds one server and one client span
+// of trace id and returns them.
+func waitSpans(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID) (server, client tracetest.SpanStub) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "server and client span", func() bool {
+		spans := exp.GetSpans()
+		return len(spanByKind(spans, id, trace.SpanKindServer)) == 1 && len(spanByKind(spans, id, trace.SpanKindClient)) == 1
+	})
+	spans := exp.GetSpans()
+	return spanByKind(spans, id, trace.SpanKindServer)[0], spanByKind(spans, id, trace.SpanKindClient)[0]
+}
+
+// checkAttrs compares span attributes (rendered with Value.Emit) with want.
+func checkAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[attribute.Key]string) {
+	t.Helper()
+	m := make(map[attribute.Key]string, len(got))
+	for _, kv := range got {
+		m[kv.Key] = kv.Value.Emit()
+	}
+	for k, v := range want {
+		if g, ok := m[k]; !ok {
+			t.Errorf("%s: attribute %s missing (have %v)", what, k, m)
+		} else if g != v {
+			t.Errorf("%s: attribute %s = %q, want %q", what, k, g, v)
+		}
+	}
+}
+
+// A request through the proxy is one server span (child of the client's
+// traceparent) with one client span under it; the sandbox receives a
+// traceparent that names the client span, in the client's trace.
+func TestTracingSpansAndPropagation(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+
+	type seen struct{ traceparent, tracestate string }
+	saw := make(chan seen, 1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		saw <- seen{r.Header.Get("Traceparent"), r.Header.Get("Tracestate")}
+		io.WriteString(w, "pong:"+string(body))
+	}))
+	host := h.route("trace1", port)
+	upstream := "127.0.0.1:" + itoa(port)
+
+	tests := []struct {
+		method, body, cache string
+		traceID             string
+	}{
+		{"GET", "", "miss", "4bf92f3577b34da6a3ce929d0e0e4736"},
+		{"POST", "hello", "hit", "0af7651916cd43dd8448eb211c80319c"},
+	}
+	const clientSpan = "00f067aa0ba902b7"
+	for _, tc := range tests {
+		t.Run(tc.method, func(t *testing.T) {
+			tid, err := trace.TraceIDFromHex(tc.traceID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := h.req(tc.method, host, "/t", strings.NewReader(tc.body))
+			req.Header.Set("Traceparent", "00-"+tc.traceID+"-"+clientSpan+"-01")
+			req.Header.Set("Tracestate", "vendor=abc")
+			resp := h.do(req)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(body) != "pong:"+tc.body {
+				t.Fatalf("got %d %q", resp.StatusCode, body)
+			}
+			var got seen
+			select {
+			case got = <-saw:
+			case <-time.After(5 * time.Second):
+				t.Fatal("backend saw no request")
+			}
+
+			server, client := waitSpans(t, exp, tid)
+			if server.Name != "proxy "+tc.method || client.Name != "upstream "+tc.method {
+				t.Errorf("span names %q, %q", server.Name, client.Name)
+			}
+			if p := server.Parent; !p.IsRemote() || p.TraceID() != tid || p.SpanID().String() != clientSpan {
+				t.Errorf("server span parent %v, want the client's remote span %s", p, clientSpan)
+			}
+			if client.Parent.SpanID() != server.SpanContext.SpanID() {
+				t.Errorf("client span parent %s, want the server span %s", client.Parent.SpanID(), server.SpanContext.SpanID())
+			}
+			checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{
+				telemetry.AttrSandboxID:     "trace1",
+				telemetry.AttrSandboxPort:   itoa(port),
+				telemetry.AttrRouteKind:     "http",
+				telemetry.AttrUpstream:      upstream,
+				telemetry.AttrCacheResult:   tc.cache,
+				telemetry.AttrRetries:       "0",
+				"http.request.method":       tc.method,
+				"http.response.status_code": "200",
+				"http.request.body.size":    strconv.Itoa(len(tc.body)),
+				"http.response.body.size":   strconv.Itoa(len(body)),
+			})
+			checkAttrs(t, "client span", client.Attributes, map[attribute.Key]string{
+				"http.request.method":       tc.method,
+				"server.address":            upstream,
+				"http.response.status_code": "200",
+			})
+
+			// The sandbox joins the trace under the client span, not under
+			// the caller's span (which a pass-through would show).
+			parts := strings.Split(got.traceparent, "-")
+			if len(parts) != 4 || parts[1] != tc.traceID || parts[2] != client.SpanContext.SpanID().String() || parts[3] != "01" {
+				t.Errorf("backend traceparent %q, want 00-%s-%s-01", got.traceparent, tc.traceID, client.SpanContext.SpanID())
+			}
+			if got.tracestate != "vendor=abc" {
+				t.Errorf("backend tracestate %q, want the client's", got.tracestate)
+			}
+			exp.Reset()
+		})
+	}
+}
+
+// An SSE stream's spans end when the stream ends, not when the handler
+// returns: while the backend holds the stream open (waiting for the
+// test's ack) no span of its trace is exported.
+func TestTracingSSESpanEndsWithStream(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+
+	const first, last = "data: first\n\n", "data: last\n\n"
+	ack := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		io.WriteString(w, first)
+		f.Flush()
+		select {
+		case <-ack:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, last)
+		f.Flush()
+	}))
+	host := h.route("tracesse", port)
+
+	const traceID = "5bf92f3577b34da6a3ce929d0e0e4736"
+	tid, _ := trace.TraceIDFromHex(traceID)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := h.req("GET", host, "/events", nil).WithContext(ctx)
+	req.Header.Set("Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	resp := h.do(req)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if ev, err := readEvent(br); err != nil || ev != "data: first\n" {
+		t.Fatalf("first event %q, %v", ev, err)
+	}
+	// The span processor exports synchronously at End: anything ended by
+	// now is in the exporter.
+	if spans := exp.GetSpans(); len(spans) != 0 {
+		t.Fatalf("%d span(s) exported while the stream is open (first: %q); spans must end with the stream", len(spans), spans[0].Name)
+	}
+	acked := time.Now()
+	close(ack)
+	if ev, err := readEvent(br); err != nil || ev != "data: last\n" {
+		t.Fatalf("last event %q, %v", ev, err)
+	}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after last event: %q, %v", rest, err)
+	}
+
+	server, client := waitSpans(t, exp, tid)
+	if server.EndTime.Before(acked) || client.EndTime.Before(acked) {
+		t.Errorf("spans ended at %v / %v, before the last event was released at %v", server.EndTime, client.EndTime, acked)
+	}
+	checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{
+		telemetry.AttrRouteKind:     "sse",
+		telemetry.AttrSandboxID:     "tracesse",
+		"http.response.status_code": "200",
+		"http.response.body.size":   strconv.Itoa(len(first) + len(last)),
+	})
+	if client.Parent.SpanID() != server.SpanContext.SpanID() {
+		t.Errorf("client span is not the server span's child")
+	}
+}
+
+// promSample is one sample line of the Prometheus text exposition.
+type promSample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+// scrapeMetrics GETs /metrics from the admin listener and parses it.
+func scrapeMetrics(t *testing.T, admin string) []promSample {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET /metrics: %d %s", resp.StatusCode, b)
+	}
+	var out []promSample
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		s, err := parsePromLine(line)
+		if err != nil {
+			t.Fatalf("parse %q: %v", line, err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// parsePromLine parses `name{a="x",b="y"} value`.
+func parsePromLine(line string) (promSample, error) {
+	s := promSample{labels: map[string]string{}}
+	sp := strings.LastIndexByte(line, ' ')
+	if sp < 0 {
+		return s, strconv.ErrSyntax
+	}
+	v, err := strconv.ParseFloat(line[sp+1:], 64)
+	if err != nil {
+		return s, err
+	}
+	s.value = v
+	series := line[:sp]
+	br := strings.IndexByte(series, '{')
+	if br < 0 {
+		s.name = series
+		return s, nil
+	}
+	s.name = series[:br]
+	rest := strings.TrimSuffix(series[br+1:], "}")
+	for rest != "" {
+		eq := strings.IndexByte(rest, '=')
+		if eq < 0 {
+			return s, strconv.ErrSyntax
+		}
+		q, err := strconv.QuotedPrefix(rest[eq+1:])
+		if err != nil {
+			return s, err
+		}
+		val, _ := strconv.Unquote(q)
+		s.labels[rest[:eq]] = val
+		rest = strings.TrimPrefix(rest[eq+1+len(q):], ",")
+	}
+	return s, nil
+}
+
+// metricValue sums the samples of name whose labels include match; found
+// is false when no sample matched.
+func metricValue(samples []promSample, name string, match map[string]string) (v float64, found bool) {
+next:
+	for _, s := range samples {
+		if s.name != name {
+			continue
+		}
+		for k, want := range match {
+			if s.labels[k] != want {
+				continue next
+			}
+		}
+		v += s.value
+		found = true
+	}
+	return v, found
+}
+
+// metricDelta is one expected change between two scrapes.
+type metricDelta struct {
+	name   string
+	labels map[string]string
+	delta  float64
+}
+
+// checkDeltas returns a description of every expectation that does not hold.
+func checkDeltas(before, after []promSample, want []metricDelta) []string {
+	var bad []string
+	for _, w := range want {
+		a, ok := metricValue(after, w.name, w.labels)
+		if !ok {
+			bad = append(bad, fmt.Sprintf("%s%v: no such series", w.name, w.labels))
+			continue
+		}
+		b, _ := metricValue(before, w.name, w.labels)
+		if a-b != w.delta {
+			bad = append(bad, fmt.Sprintf("%s%v moved by %v, want %v", w.name, w.labels, a-b, w.delta))
+		}
+	}
+	return bad
+}
+
+// A known mix of requests moves the Prometheus counters by exactly the
+// right amounts, the stream gauges go up while streams are open and back
+// to 0, and no label carries a sandbox id or host.
+func TestMetricsScrapeCountsKnownMix(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cache.NegativeTTL = time.Minute // the second unknown lookup must be a negative hit
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+
+	const okBody = "metrics body"
+	okHost := h.route("sbxmetricsok", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, okBody)
+	})))
+	privPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("restricted sandbox reached without a token")
+	}))
+	h.put("sbxmetricspriv", map[string]string{
+		"HostIP": "127.0.0.1", "CreatedAt": "1", itoa(privPort): itoa(privPort),
+		"AllowPublicTraffic": "false", "TrafficAccessToken": strings.Repeat("ab", 32),
+	})
+	privHost := itoa(privPort) + "-sbxmetricspriv.cube.test"
+	wsEnded := make(chan error, 1)
+	wsHost := h.route("sbxmetricsws", wsBackend(t, wsEnded))
+	ack := make(chan struct{})
+	sseHost := h.route("sbxmetricssse", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		io.WriteString(w, "data: one\n\n")
+		f.Flush()
+		select {
+		case <-ack:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: two\n\n")
+		f.Flush()
+	})))
+	ids := []string{"sbxmetricsok", "sbxmetricsmissing", "sbxmetricspriv", "sbxmetricsws", "sbxmetricssse", "cube.test"}
+
+	before := scrapeMetrics(t, admin)
+	const n200, n404 = 3, 2
+	for range n200 {
+		if st, body, _ := h.get(okHost, "/"); st != 200 || body != okBody {
+			t.Fatalf("ok sandbox: %d %q", st, body)
+		}
+	}
+	for range n404 {
+		if st, _, _ := h.get("8080-sbxmetricsmissing.cube.test", "/"); st != 404 {
+			t.Fatalf("unknown sandbox: %d", st)
+		}
+	}
+	if st, _, _ := h.get(privHost, "/"); st != 403 {
+		t.Fatalf("restricted sandbox without token: %d", st)
+	}
+
+	ws := dialWS(t, h, wsHost)
+	during := scrapeMetrics(t, admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ws.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := ws.Read(ctx); err != nil || string(msg) != "ping" {
+		t.Fatalf("echo %q, %v", msg, err)
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+	select {
+	case <-wsEnded:
+	case <-time.After(5 * time.Second):
+		t.Fatal("backend WebSocket did not end")
+	}
+	if bad := checkDeltas(before, during, []metricDelta{
+		{"cubeproxy_websockets_open", nil, 1},
+	}); len(bad) > 0 {
+		t.Errorf("while the WebSocket is open: %v", bad)
+	}
+
+	sresp := h.do(h.req("GET", sseHost, "/events", nil).WithContext(ctx))
+	sbr := bufio.NewReader(sresp.Body)
+	if ev, err := readEvent(sbr); err != nil || ev != "data: one\n" {
+		t.Fatalf("sse first event %q, %v", ev, err)
+	}
+	during = scrapeMetrics(t, admin)
+	if bad := checkDeltas(before, during, []metricDelta{
+		{"cubeproxy_streams_open", map[string]string{"route_kind": "sse"}, 1},
+	}); len(bad) > 0 {
+		t.Errorf("while the SSE stream is open: %v", bad)
+	}
+	close(ack)
+	if rest, err := io.ReadAll(sbr); err != nil || string(rest) != "data: two\n\n" {
+		t.Fatalf("sse rest %q, %v", rest, err)
+	}
+	sresp.Body.Close()
+
+	rk := func(class, kind string) map[string]string {
+		return map[string]string{"status_class": class, "route_kind": kind}
+	}
+	want := []metricDelta{
+		{"cubeproxy_requests_total", nil, n200 + n404 + 1 + 1 + 1},
+		{"cubeproxy_requests_total", rk("2xx", "http"), n200},
+		{"cubeproxy_requests_total", rk("4xx", "error"), n404 + 1},
+		{"cubeproxy_requests_total", rk("1xx", "websocket"), 1},
+		{"cubeproxy_requests_total", rk("2xx", "sse"), 1},
+		{"cubeproxy_request_duration_seconds_count", rk("2xx", "http"), n200},
+		{"cubeproxy_response_duration_seconds_count", rk("2xx", "http"), n200},
+		{"cubeproxy_stream_duration_seconds_count", map[string]string{"route_kind": "sse"}, 1},
+		{"cubeproxy_stream_duration_seconds_count", map[string]string{"route_kind": "websocket"}, 1},
+		{"cubeproxy_route_cache_lookups_total", nil, n200 + n404 + 3},
+		{"cubeproxy_route_cache_lookups_total", map[string]string{"result": "miss"}, 5}, // ok, missing, priv, ws, sse
+		{"cubeproxy_route_cache_lookups_total", map[string]string{"result": "hit"}, n200 - 1},
+		{"cubeproxy_route_cache_lookups_total", map[string]string{"result": "negative_hit"}, n404 - 1},
+		{"cubeproxy_route_cache_lookups_total", map[string]string{"result": "stale"}, 0},
+		{"cubeproxy_auth_rejections_total", nil, 1},
+		{"cubeproxy_auth_rejections_total", map[string]string{"reason": "traffic_token_missing"}, 1},
+		{"cubeproxy_sent_bytes_total", map[string]string{"route_kind": "http"}, float64(n200 * len(okBody))},
+		{"cubeproxy_sent_bytes_total", map[string]string{"route_kind": "sse"}, float64(len("data: one\n\ndata: two\n\n"))},
+		{"cubeproxy_websockets_open", nil, 0},
+		{"cubeproxy_streams_open", nil, 0},
+	}
+	// Streams and tunnels finish just after the client sees their end.
+	var after []promSample
+	var bad []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after = scrapeMetrics(t, admin)
+		if bad = checkDeltas(before, after, want); len(bad) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, b := range bad {
+		t.Error(b)
+	}
+	for _, kind := range []string{"websocket", "sse"} {
+		bIn, _ := metricValue(before, "cubeproxy_sent_bytes_total", map[string]string{"route_kind": kind})
+		aIn, _ := metricValue(after, "cubeproxy_sent_bytes_total", map[string]string{"route_kind": kind})
+		if aIn <= bIn {
+			t.Errorf("bytes sent for %s did not grow (%v -> %v)", kind, bIn, aIn)
+		}
+	}
+	if b, _ := metricValue(after, "cubeproxy_received_bytes_total", map[string]string{"route_kind": "websocket"}); b <= 0 {
+		t.Errorf("WebSocket bytes received = %v, want > 0", b)
+	}
+
+	for _, s := range after {
+		for k, v := range s.labels {
+			for _, id := range ids {
+				if strings.Contains(v, id) {
+					t.Errorf("%s has label %s=%q naming a sandbox or host", s.name, k, v)
+				}
+			}
+		}
+	}
+}
+
+// obsLogBuf is an access log sink the test can read while the logger writes.
+type obsLogBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *obsLogBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// line returns the fields of the cube line whose x_cube_request_id is id.
+func (l *obsLogBuf) line(id string) ([]string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ln := range strings.Split(l.b.String(), "\n") {
+		if f := strings.Split(ln, "||"); len(f) == 22 && f[19] == id {
+			return f, true
+		}
+	}
+	return nil, false
+}
+
+// wait waits for the line of request id.
+func (l *obsLogBuf) wait(t *testing.T, id string) []string {
+	t.Helper()
+	var f []string
+	waitFor(t, 5*time.Second, "access log line of "+id, func() bool {
+		var ok bool
+		f, ok = l.line(id)
+		return ok
+	})
+	return f
+}
+
+// cubeFields names the 22 fields of the cube format, in order.
+var cubeFields = [22]string{
+	"access_time", "host", "x_real_ip", "x_forwarded_for", "server_addr", "x_forwarded_proto",
+	"method", "request_uri", "args", "protocol", "uri", "status", "body_bytes_sent", "request_time",
+	"connection_requests", "upstream_addr", "upstream_status", "upstream_response_time", "user_agent",
+	"x_cube_request_id", "x_cube_instance_id", "backend_ip",
+}
+
+// anySeconds and anyTime stand for fields checked separately.
+const (
+	anySeconds = "<seconds>"
+	anyTime    = "<time>"
+	bodyLen    = "<length of the body the client received>"
+)
+
+func checkCubeLine(t *testing.T, got []string, want [22]string, start, end time.Time) {
+	t.Helper()
+	for i, w := range want {
+		g := got[i]
+		switch w {
+		case anyTime:
+			ts, err := time.Parse("02/Jan/2006:15:04:05 -0700", g)
+			if err != nil || ts.Before(start.Truncate(time.Second)) || ts.After(end) {
+				t.Errorf("%s = %q, want a time in [%v, %v]", cubeFields[i], g, start, end)
+			}
+		case anySeconds:
+			d, err := strconv.ParseFloat(g, 64)
+			if err != nil || d < 0 || d > end.Sub(start).Seconds() || len(g) < 5 || g[len(g)-4] != '.' {
+				t.Errorf("%s = %q, want seconds with 3 decimals within the request", cubeFields[i], g)
+			}
+		default:
+			if g != w {
+				t.Errorf("%s = %q, want %q", cubeFields[i], g, w)
+			}
+		}
+	}
+}
+
+// The cube access-log line of a forwarded request and of a proxy error
+// match field by field; connection_requests counts requests on the
+// client connection.
+func TestAccessLogCubeLine(t *testing.T) {
+	var buf obsLogBuf
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatCube, Output: &buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, "created!")
+	}))
+	host := h.route("sbxlog", port)
+	p := itoa(port)
+
+	tests := []struct {
+		name    string
+		host    string
+		headers map[string]string
+		want    [22]string
+	}{
+		{
+			name: "forwarded",
+			host: host,
+			headers: map[string]string{
+				"User-Agent": "obs-test/1.0", "X-Real-IP": "198.51.100.7", "X-Forwarded-For": "203.0.113.9",
+				"X-Forwarded-Proto": "https", "X-Cube-Request-Id": "req-log-1", "X-Cube-Instance-Id": "inst-7",
+			},
+			want: [22]string{anyTime, host, "198.51.100.7", "203.0.113.9", "127.0.0.1", "https",
+				"GET", "/path/x?a=1&b=two", "a=1&b=two", "HTTP/1.1", "/path/x", "201", "8", anySeconds,
+				"1", "127.0.0.1:" + p, "201", anySeconds, "obs-test/1.0",
+				"req-log-1", "inst-7", "127.0.0.1"},
+		},
+		{
+			// Same connection: the second request on it.
+			name:    "forwarded, headers absent",
+			host:    host,
+			headers: map[string]string{"User-Agent": "obs-test/2.0", "X-Cube-Request-Id": "req-log-2"},
+			want: [22]string{anyTime, host, "-", "-", "127.0.0.1", "-",
+				"GET", "/path/x?a=1&b=two", "a=1&b=two", "HTTP/1.1", "/path/x", "201", "8", anySeconds,
+				"2", "127.0.0.1:" + p, "201", anySeconds, "obs-test/2.0",
+				"req-log-2", "-", "127.0.0.1"},
+		},
+		{
+			name:    "unknown sandbox",
+			host:    "8080-sbxlogmissing.cube.test",
+			headers: map[string]string{"User-Agent": "obs-test/3.0", "X-Cube-Request-Id": "req-log-3"},
+			want: [22]string{anyTime, "8080-sbxlogmissing.cube.test", "-", "-", "127.0.0.1", "-",
+				"GET", "/path/x?a=1&b=two", "a=1&b=two", "HTTP/1.1", "/path/x", "404", bodyLen, anySeconds,
+				"3", "-", "-", "-", "obs-test/3.0",
+				"req-log-3", "-", "-"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			req := h.req("GET", tc.host, "/path/x?a=1&b=two", nil)
+			for k, v := range tc.headers {
+				req.Header.Set(k, v)
+			}
+			resp := h.do(req)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if tc.want[12] == bodyLen {
+				tc.want[12] = strconv.Itoa(len(body))
+			}
+			got := buf.wait(t, tc.headers["X-Cube-Request-Id"])
+			checkCubeLine(t, got, tc.want, start, time.Now().Add(time.Second))
+		})
+	}
+}
+
+// A stream is logged once, when it ends, with its whole duration and
+// bytes: an SSE stream and a WebSocket.
+func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
+	var buf obsLogBuf
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatCube, Output: &buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+
+	const first, last = "data: first\n\n", "data: last\n\n"
+	ack := make(chan struct{})
+	ssePort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		io.WriteString(w, first)
+		f.Flush()
+		select {
+		case <-ack:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, last)
+		f.Flush()
+	}))
+	sseHost := h.route("sbxlogsse", ssePort)
+	plainHost := h.route("sbxlogplain", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})))
+	wsEnded := make(chan error, 1)
+	wsHost := h.route("sbxlogws", wsBackend(t, wsEnded))
+
+	t.Run("sse", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		req := h.req("GET", sseHost, "/events", nil).WithContext(ctx)
+		req.Header.Set("X-Cube-Request-Id", "req-sse-1")
+		resp := h.do(req)
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		if ev, err := readEvent(br); err != nil || ev != "data: first\n" {
+			t.Fatalf("first event %q, %v", ev, err)
+		}
+		// Barrier: the log is written in order by one goroutine, so once a
+		// later request's line is there, a line the stream had logged at
+		// handler return would be there too.
+		mreq := h.req("GET", plainHost, "/", nil)
+		mreq.Header.Set("X-Cube-Request-Id", "req-marker-1")
+		mresp := h.do(mreq)
+		io.Copy(io.Discard, mresp.Body)
+		mresp.Body.Close()
+		buf.wait(t, "req-marker-1")
+		if f, ok := buf.line("req-sse-1"); ok {
+			t.Fatalf("stream logged while still open: %q", strings.Join(f, "||"))
+		}
+		// The stream stays open measurably long, so its logged duration
+		// shows it covers the whole stream (not an ordering device).
+		const hold = 150 * time.Millisecond
+		time.Sleep(hold)
+		close(ack)
+		if rest, err := io.ReadAll(br); err != nil || string(rest) != last {
+			t.Fatalf("rest %q, %v", rest, err)
+		}
+		f := buf.wait(t, "req-sse-1")
+		end := time.Now().Add(time.Second)
+		checkCubeLine(t, f, [22]string{anyTime, sseHost, "-", "-", "127.0.0.1", "-",
+			"GET", "/events", "-", "HTTP/1.1", "/events", "200", strconv.Itoa(len(first) + len(last)), anySeconds,
+			f[14], "127.0.0.1:" + itoa(ssePort), "200", anySeconds, "Go-http-client/1.1",
+			"req-sse-1", "-", "127.0.0.1"}, start, end)
+		if d, _ := strconv.ParseFloat(f[13], 64); d < hold.Seconds() {
+			t.Errorf("request_time %s, want >= %v (the stream's lifetime)", f[13], hold)
+		}
+	})
+
+	t.Run("websocket", func(t *testing.T) {
+		start := time.Now()
+		ws := dialWS(t, h, wsHost)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		msg := strings.Repeat("x", 100)
+		if err := ws.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := ws.Read(ctx); err != nil || string(got) != msg {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+		ws.Close(websocket.StatusNormalClosure, "")
+		<-wsEnded
+		var f []string
+		waitFor(t, 5*time.Second, "WebSocket access log line", func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				if fs := strings.Split(ln, "||"); len(fs) == 22 && fs[1] == wsHost {
+					f = fs
+					return true
+				}
+			}
+			return false
+		})
+		if f[11] != "101" || f[16] != "101" || f[7] != "/ws" || f[15] != "127.0.0.1:"+strings.Split(wsHost, "-")[0] {
+			t.Errorf("WebSocket line %q", strings.Join(f, "||"))
+		}
+		// At least the echoed frame (100 bytes payload) went to the client.
+		if n, _ := strconv.Atoi(f[12]); n < len(msg) {
+			t.Errorf("WebSocket body_bytes_sent %s, want >= %d", f[12], len(msg))
+		}
+		if d, _ := strconv.ParseFloat(f[13], 64); d < 0 || d > time.Since(start).Seconds()+1 {
+			t.Errorf("WebSocket request_time %s", f[13])
+		}
+	})
+}

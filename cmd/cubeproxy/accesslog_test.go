@@ -10,41 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// accessLogBuf collects the process logs while serve writes them.
-type accessLogBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *accessLogBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *accessLogBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// accessLogWait polls cond until it holds or d passes.
-func accessLogWait(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // cubeLines returns the x_cube_request_id (field 20 of 22) of every cube
 // line in path; it fails on a line that is not 22 fields.
@@ -92,7 +61,7 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	logPath := filepath.Join(dir, "access.log")
 	rotated := logPath + ".1"
 
-	var logs accessLogBuf
+	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan *app, 1)
@@ -133,18 +102,18 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	}
 
 	get("before-rotate")
-	accessLogWait(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before-rotate") })
+	waitUntil(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before-rotate") })
 	if err := os.Rename(logPath, rotated); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	accessLogWait(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
+	waitUntil(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
 		return strings.Contains(logs.String(), `"msg":"access log reopened"`)
 	})
 	get("after-rotate")
-	accessLogWait(t, 5*time.Second, "second line in the new access log", func() bool { return has(logPath, "after-rotate") })
+	waitUntil(t, 5*time.Second, "second line in the new access log", func() bool { return has(logPath, "after-rotate") })
 
 	if ids := cubeLines(t, rotated); len(ids) != 1 || ids[0] != "before-rotate" {
 		t.Errorf("rotated file holds %q, want only before-rotate", ids)

@@ -5,7 +5,6 @@ package main
 // binary, real HTTP backends on loopback.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -33,31 +32,13 @@ const redisContainerPort = 50005
 // redisCreatedAt is a CreatedAt as the control plane writes it (unix ns).
 const redisCreatedAt = "1764460000000000000"
 
-// logBuffer collects a proxy's process log (written from many goroutines).
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // redisProxy is one in-process proxy started through serve().
 type redisProxy struct {
 	a      *app
 	http   string // sandbox traffic address
 	admin  string // admin API address
 	domain string
-	logs   *logBuffer
+	logs   *syncBuffer
 	client *http.Client
 	stop   func() // cancel serve and wait for it (also run at cleanup)
 }
@@ -78,7 +59,7 @@ func startRedisProxy(t *testing.T, redisAddr string, extra ...string) *redisProx
 func startServe(t *testing.T, args []string, getenv func(string) string, domain string) *redisProxy {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &logBuffer{}
+	logs := &syncBuffer{}
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, args, getenv, logs, logs, func(a *app) { ready <- a }) }()
@@ -215,18 +196,6 @@ func hsetRoute(t *testing.T, r *testenv.Redis, key string, fields ...any) {
 	t.Helper()
 	if err := r.Client().HSet(context.Background(), key, fields...).Err(); err != nil {
 		t.Fatalf("hset %s: %v", key, err)
-	}
-}
-
-// waitUntil polls cond every 10 ms until it holds or d passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -498,7 +467,7 @@ func TestRedisRegistry(t *testing.T) {
 				t.Fatalf("build: %v\n%s", err, out)
 			}
 			cmd := exec.Command(bin, append([]string{"serve", "--instance-id", id}, flags...)...)
-			var logs logBuffer
+			var logs syncBuffer
 			cmd.Stdout, cmd.Stderr = &logs, &logs
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)

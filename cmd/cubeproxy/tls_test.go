@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,7 +44,7 @@ func startTLSProxy(t *testing.T, yamlBody string) *tlsProxy {
 	if err := os.WriteFile(path, []byte(yamlBody), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &tlsLogBuffer{}
+	logs := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)
@@ -81,24 +80,6 @@ func startTLSProxy(t *testing.T, yamlBody string) *tlsProxy {
 		_, p.httpsPort, _ = net.SplitHostPort(p.https)
 	}
 	return p
-}
-
-// tlsLogBuffer collects the proxy's logs (written from many goroutines).
-type tlsLogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *tlsLogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *tlsLogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // tlsConfigYAML is a loopback config for domain cube.test with the given

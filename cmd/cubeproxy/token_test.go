@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -149,24 +148,6 @@ func TestTokenSignErrors(t *testing.T) {
 	}
 }
 
-// tokenLog is a concurrency-safe log sink.
-type tokenLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *tokenLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *tokenLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // The whole program: a token from `cubeproxy token sign` and one from
 // POST /admin/tokens open a restricted sandbox in a browser flow, with the
 // keys, admin token and traffic token coming from the environment, and
@@ -196,7 +177,7 @@ func TestSignedTokenThroughServe(t *testing.T) {
 		"CUBEPROXY_AUTH_SIGNING_KEYS": newKey + "," + oldKey,
 		"CUBEPROXY_ADMIN_TOKEN":       adminTok,
 	})
-	var logs tokenLog
+	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
@@ -265,57 +266,15 @@ func scrapeMetrics(t *testing.T, admin string) []promSample {
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("GET /metrics: %d %s", resp.StatusCode, b)
 	}
-	var out []promSample
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s, err := parsePromLine(line)
-		if err != nil {
-			t.Fatalf("parse %q: %v", line, err)
-		}
-		out = append(out, s)
+	parsed, err := testenv.ParsePromText(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]promSample, 0, len(parsed))
+	for _, p := range parsed {
+		out = append(out, promSample{name: p.Name, labels: p.Labels, value: p.Value})
 	}
 	return out
-}
-
-// parsePromLine parses `name{a="x",b="y"} value`.
-func parsePromLine(line string) (promSample, error) {
-	s := promSample{labels: map[string]string{}}
-	sp := strings.LastIndexByte(line, ' ')
-	if sp < 0 {
-		return s, strconv.ErrSyntax
-	}
-	v, err := strconv.ParseFloat(line[sp+1:], 64)
-	if err != nil {
-		return s, err
-	}
-	s.value = v
-	series := line[:sp]
-	br := strings.IndexByte(series, '{')
-	if br < 0 {
-		s.name = series
-		return s, nil
-	}
-	s.name = series[:br]
-	rest := strings.TrimSuffix(series[br+1:], "}")
-	for rest != "" {
-		eq := strings.IndexByte(rest, '=')
-		if eq < 0 {
-			return s, strconv.ErrSyntax
-		}
-		q, err := strconv.QuotedPrefix(rest[eq+1:])
-		if err != nil {
-			return s, err
-		}
-		val, _ := strconv.Unquote(q)
-		s.labels[rest[:eq]] = val
-		rest = strings.TrimPrefix(rest[eq+1+len(q):], ",")
-	}
-	return s, nil
 }
 
 // metricValue sums the samples of name whose labels include match; found

@@ -1,12 +1,13 @@
 package telemetry
 
 import (
-	"bufio"
 	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // sample is one line of the Prometheus text exposition.
@@ -49,61 +50,15 @@ func scrape(t *testing.T, tel *Telemetry) []sample {
 	if rec.Code != 200 {
 		t.Fatalf("GET /metrics: status %d: %s", rec.Code, rec.Body.String())
 	}
-	var out []sample
-	sc := bufio.NewScanner(rec.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			t.Fatalf("parse %q: %v", line, err)
-		}
-		out = append(out, s)
+	parsed, err := testenv.ParsePromText(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]sample, 0, len(parsed))
+	for _, p := range parsed {
+		out = append(out, sample{name: p.Name, labels: p.Labels, value: p.Value})
 	}
 	return out
-}
-
-// parseSample parses `name{a="x",b="y"} value` (label values may contain
-// escaped quotes).
-func parseSample(line string) (sample, error) {
-	s := sample{labels: map[string]string{}}
-	sp := strings.LastIndexByte(line, ' ')
-	if sp < 0 {
-		return s, strconv.ErrSyntax
-	}
-	v, err := strconv.ParseFloat(line[sp+1:], 64)
-	if err != nil {
-		return s, err
-	}
-	s.value = v
-	series := line[:sp]
-	br := strings.IndexByte(series, '{')
-	if br < 0 {
-		s.name = series
-		return s, nil
-	}
-	s.name = series[:br]
-	rest := strings.TrimSuffix(series[br+1:], "}")
-	for rest != "" {
-		eq := strings.IndexByte(rest, '=')
-		if eq < 0 {
-			return s, strconv.ErrSyntax
-		}
-		name := rest[:eq]
-		val, err := strconv.QuotedPrefix(rest[eq+1:])
-		if err != nil {
-			return s, err
-		}
-		uq, err := strconv.Unquote(val)
-		if err != nil {
-			return s, err
-		}
-		s.labels[name] = uq
-		rest = strings.TrimPrefix(rest[eq+1+len(val):], ",")
-	}
-	return s, nil
 }
 
 // values indexes samples by key.

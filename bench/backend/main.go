@@ -1,0 +1,72 @@
+// Command backend is the origin server of the benchmark harness: it plays the
+// sandbox ports that CubeProxy, nginx and the direct subject forward to.
+//
+// Fast ports (fasthttp) serve /small, /bytes and /sse; std ports (net/http)
+// serve /ws (coder/websocket echo) and /mcp (go-sdk streamable HTTP server).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	fastPorts := flag.String("fast-ports", "20001", "comma-separated loopback ports served by fasthttp (/small, /bytes, /sse)")
+	stdPorts := flag.String("std-ports", "20002", "comma-separated loopback ports served by net/http (/ws, /mcp)")
+	maxHold := flag.Duration("max-hold", 120*time.Second, "upper bound for any stream the backend holds open")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	fb := newFastBackend(*maxHold)
+	for _, p := range splitPorts(*fastPorts) {
+		ln, err := net.Listen("tcp4", "127.0.0.1:"+p)
+		if err != nil {
+			log.Fatalf("backend: listen fast port %s: %v", p, err)
+		}
+		srv := fb.server()
+		go func() {
+			if err := srv.Serve(ln); err != nil {
+				log.Printf("backend: fasthttp serve %s: %v", p, err)
+			}
+		}()
+	}
+	for _, p := range splitPorts(*stdPorts) {
+		ln, err := net.Listen("tcp4", "127.0.0.1:"+p)
+		if err != nil {
+			log.Fatalf("backend: listen std port %s: %v", p, err)
+		}
+		srv := &http.Server{Handler: newStdMux(*maxHold), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Printf("backend: net/http serve %s: %v", p, err)
+			}
+		}()
+	}
+	fmt.Println("backend ready")
+
+	// Streams held open by the benchmark end with the process: no graceful
+	// shutdown is needed for a load-test origin, and none can hang the harness.
+	<-ctx.Done()
+}
+
+func splitPorts(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// clkTck is USER_HZ, the unit of /proc CPU times; Linux fixes it at 100
+// for every architecture the harness runs on.
+const clkTck = 100
+
+// cpuTotals are the aggregate "cpu" line of /proc/stat, in ticks.
+type cpuTotals struct {
+	user, nice, system, idle, iowait, irq, softirq, steal uint64
+}
+
+func (c cpuTotals) all() uint64 {
+	return c.user + c.nice + c.system + c.idle + c.iowait + c.irq + c.softirq + c.steal
+}
+
+// busy is CPU time spent running anything: processes, kernel and interrupt
+// work. Steal (time the hypervisor gave to other guests) is kept apart.
+func (c cpuTotals) busy() uint64 { return c.user + c.nice + c.system + c.irq + c.softirq }
+
+func readCPUTotals() (cpuTotals, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTotals{}, fmt.Errorf("read /proc/stat: %w", err)
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuTotals{}, fmt.Errorf("parse /proc/stat: unexpected first line %q", line)
+	}
+	var v [8]uint64
+	for i := range v {
+		if v[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
+			return cpuTotals{}, fmt.Errorf("parse /proc/stat field %d: %w", i+1, err)
+		}
+	}
+	return cpuTotals{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}, nil
+}
+
+// procTicks returns utime+stime of one process (all its threads), in ticks.
+func procTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read stat of pid %d: %w", pid, err)
+	}
+	// The command name may contain spaces; fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse stat of pid %d: no ')'", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse stat of pid %d: %d fields", pid, len(f))
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	s, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parse utime/stime of pid %d: %v %v", pid, err1, err2)
+	}
+	return u + s, nil
+}
+
+// procTree returns pid and all its living descendants, found through
+// /proc/<pid>/task/<tid>/children.
+func procTree(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out) && i < 4096; i++ {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, s := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(s); err == nil {
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// treeTicks sums utime+stime over the process trees rooted at roots.
+// Processes that exited meanwhile count as zero.
+func treeTicks(roots []int) uint64 {
+	var sum uint64
+	seen := map[int]bool{}
+	for _, r := range roots {
+		for _, p := range procTree(r) {
+			if seen[p] {
+				continue
+			}
+			seen[p] = true
+			if t, err := procTicks(p); err == nil {
+				sum += t
+			}
+		}
+	}
+	return sum
+}
+
+// treeRSSKiB sums VmRSS over the process trees rooted at roots.
+func treeRSSKiB(roots []int) (int64, error) {
+	var sum int64
+	for _, r := range roots {
+		for _, p := range procTree(r) {
+			kib, err := vmRSSKiB(p)
+			if err != nil {
+				return 0, err
+			}
+			sum += kib
+		}
+	}
+	return sum, nil
+}
+
+func vmRSSKiB(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read status of pid %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				break
+			}
+			return strconv.ParseInt(f[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in status of pid %d", pid)
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestGroupSamplesKeepsQuietestUsableAttempt(t *testing.T) {
+	mk := func(subject string, rep, attempt int, other, rps float64, failed string) *Sample {
+		return &Sample{Label: "http", Scenario: "http", Subject: subject, Rep: rep, Attempt: attempt,
+			OtherCPUPct: other, Failed: failed, Metrics: map[string]float64{"rps": rps, "cpu_us_per_req": rps / 1000}}
+	}
+	samples := []*Sample{
+		mk(subjCube, 1, 0, 30, 1, ""), mk(subjCube, 1, 1, 2, 100, ""), // rerun kept
+		mk(subjCube, 2, 0, 1, 110, ""),
+		mk(subjCube, 3, 0, 1, 0, "broken"), mk(subjCube, 3, 1, 9, 90, ""), // failure skipped
+		mk(subjTuned, 1, 0, 0, 200, ""), mk(subjTuned, 2, 0, 0, 220, ""), mk(subjTuned, 3, 0, 0, 0, "down"),
+	}
+	l := findLabel(groupSamples(samples), "http")
+	c := l.cell(subjCube, "rps")
+	if c.n != 3 || c.med != 100 || c.lo != 90 || c.hi != 110 {
+		t.Fatalf("cubeproxy rps cell %+v, want median 100 of 90/100/110", c)
+	}
+	tc := l.cell(subjTuned, "rps")
+	if tc.n != 2 || tc.med != 210 || len(l.failed[subjTuned]) != 1 {
+		t.Fatalf("nginx-tuned cell %+v failed %v", tc, l.failed[subjTuned])
+	}
+	if r, ok := ratio(c, tc); !ok || r < 0.476 || r > 0.477 {
+		t.Fatalf("ratio %v %v", r, ok)
+	}
+}
+
+func TestReportWritesTargetsAndTables(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "s.jsonl")
+	for _, s := range []*Sample{
+		{Label: "http", Scenario: "http", Subject: subjCube, Rep: 1, Metrics: map[string]float64{"rps": 95, "cpu_us_per_req": 9, "p99_us": 900}},
+		{Label: "http", Scenario: "http", Subject: subjTuned, Rep: 1, Metrics: map[string]float64{"rps": 100, "cpu_us_per_req": 10, "p99_us": 1000}},
+		{Label: "idle-2000", Scenario: "idle", Subject: subjCube, Rep: 1, Metrics: map[string]float64{"rss_kib_per_stream": 20}},
+	} {
+		if err := appendSample(in, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "R.md")
+	if err := runReport([]string{"-in", in, "-out", out, "-mode", "test"}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := string(b)
+	for _, want := range []string{
+		"| http | proxy CPU/request ≤ 1.0× nginx-tuned | 0.90× (9.00 vs 10.00 µs) | met |",
+		"| http | requests/s ≥ 0.95× nginx-tuned | 0.95× (95 vs 100) | met |",
+		"| idle-2000 | ≤ 16 KiB RSS per idle stream and < nginx-tuned | 20.0 vs 0.0 KiB | **missed** |",
+		"| *CubeProxy ÷ nginx-tuned* | 0.95× |",
+		"| cores |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q\n%s", want, md)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Sample is one measured run of one scenario against one subject; the
+// harness appends one JSON line per sample and `bench report` aggregates.
+type Sample struct {
+	Label    string             `json:"label"`    // scenario variant, e.g. "sse-lat-4k"
+	Scenario string             `json:"scenario"` // http, bytes, sse, idle, ws, mcp, cold
+	Subject  string             `json:"subject"`  // cubeproxy, nginx-tuned, nginx-platform, direct
+	Rep      int                `json:"rep"`
+	Attempt  int                `json:"attempt"`
+	Time     time.Time          `json:"time"`
+	WallSec  float64            `json:"wall_sec"` // measured window
+	Metrics  map[string]float64 `json:"metrics"`
+	Ops      int64              `json:"ops"`
+	Errors   int64              `json:"errors"`
+	Failed   string             `json:"failed,omitempty"` // why the sample is unusable
+	// OtherCPUPct is busy CPU of processes outside the benchmark during the
+	// window, in % of the machine's CPU capacity; samples above the limit
+	// are rerun by compare.sh.
+	OtherCPUPct float64 `json:"other_cpu_pct"`
+	StealPct    float64 `json:"steal_pct"`
+	BusyPct     float64 `json:"busy_pct"`
+	SubjectCPU  float64 `json:"subject_cpu_sec"`
+	Params      string  `json:"params"`
+}
+
+func appendSample(path string, s *Sample) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encode sample: %w", err)
+	}
+	b = append(b, '\n')
+	if path == "" || path == "-" {
+		_, err = os.Stdout.Write(b)
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("open samples file: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return fmt.Errorf("write samples file %s: %w", path, err)
+	}
+	return nil
+}

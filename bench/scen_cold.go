@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// routeKeyPrefix is the control plane's Redis key of a sandbox route.
+const routeKeyPrefix = "cube:v1:shared:sandbox:proxy:"
+
+// writeRoutes stores one route hash per id, pointing every sandbox at the
+// local backend port, in pipelined batches.
+func writeRoutes(ctx context.Context, rdb *redis.Client, ids []string, port int) error {
+	p := strconv.Itoa(port)
+	for start := 0; start < len(ids); start += 1000 {
+		pipe := rdb.Pipeline()
+		for _, id := range ids[start:min(start+1000, len(ids))] {
+			pipe.HSet(ctx, routeKeyPrefix+id, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1",
+				"CreatedAt", "1", p, p)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("redis hset routes: %w", err)
+		}
+	}
+	return nil
+}
+
+func deleteRoutes(ctx context.Context, rdb *redis.Client, ids []string) {
+	for start := 0; start < len(ids); start += 1000 {
+		keys := make([]string, 0, 1000)
+		for _, id := range ids[start:min(start+1000, len(ids))] {
+			keys = append(keys, routeKeyPrefix+id)
+		}
+		_ = rdb.Del(ctx, keys...).Err()
+	}
+}
+
+// runCold requests r sandbox ids that were just written to Redis, each
+// exactly once, so every request is a cache miss in the proxy.
+func runCold(o *options, args []string) (*Sample, error) {
+	fs := flag.NewFlagSet("cold", flag.ContinueOnError)
+	o.register(fs, 20001)
+	r := fs.Int("r", 20000, "distinct sandbox ids, each requested once")
+	c := fs.Int("c", 32, "concurrent keep-alive connections")
+	redisAddr := fs.String("redis", "", "Redis address to write the routes to (empty: do not write, e.g. for direct)")
+	if err := o.parse(fs, args); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	nonce := strconv.FormatInt(time.Now().UnixNano()%1e12, 36)
+	ids := make([]string, *r)
+	for i := range ids {
+		ids[i] = "cold" + nonce + "-" + strconv.Itoa(i)
+	}
+	if *redisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+		defer rdb.Close()
+		if err := writeRoutes(ctx, rdb, append([]string{o.id}, ids...), o.port); err != nil {
+			return nil, err
+		}
+		defer deleteRoutes(ctx, rdb, ids)
+	}
+
+	deadline := time.Now().Add(o.warm + 2*time.Minute)
+	warmReq := buildGET("/small", o.host(o.id))
+	var next atomic.Int64
+	type worker struct {
+		rc        *rawConn
+		h         *hist
+		ops, errs int64
+		err       error
+	}
+	workers := make([]*worker, *c)
+	for i := range workers {
+		workers[i] = &worker{rc: newRawConn(o.addr, 16<<10), h: newHist()}
+		workers[i].rc.deadline = deadline
+	}
+	// Warm the connections on a route that is already cached.
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				_, _, _ = w.rc.roundTrip(warmReq)
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(o.warm)
+
+	m := o.newMeter()
+	m.start()
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := make([]byte, 0, 256)
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(ids)) {
+					return
+				}
+				req = append(req[:0], "GET /small HTTP/1.1\r\nHost: "...)
+				req = append(req, o.host(ids[i])...)
+				req = append(req, "\r\nUser-Agent: cube-bench\r\n\r\n"...)
+				t0 := time.Now()
+				status, _, err := w.rc.roundTrip(req)
+				el := time.Since(t0)
+				switch {
+				case err != nil:
+					w.errs++
+					w.err = err
+				case status != 200:
+					w.errs++
+					w.err = fmt.Errorf("status %d for %s", status, ids[i])
+				default:
+					w.ops++
+					w.h.record(int64(el))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	m.stop()
+
+	s := o.newSample("cold", fmt.Sprintf("r=%d c=%d", *r, *c), m)
+	h := newHist()
+	var firstErr error
+	for _, w := range workers {
+		w.rc.close()
+		h.merge(w.h)
+		s.Ops += w.ops
+		s.Errors += w.errs
+		if firstErr == nil {
+			firstErr = w.err
+		}
+	}
+	s.Metrics["lookups_per_s"] = float64(s.Ops) / m.wall.Seconds()
+	s.Metrics["p50_us"] = us(h.quantile(0.5))
+	s.Metrics["p99_us"] = us(h.quantile(0.99))
+	s.Metrics["p999_us"] = us(h.quantile(0.999))
+	s.Metrics["max_us"] = us(h.max)
+	if len(m.subject) > 0 && s.Ops > 0 {
+		s.Metrics["cpu_us_per_req"] = m.subjectCPU.Seconds() * 1e6 / float64(s.Ops)
+	}
+	o.checkErrors(s, firstErr)
+	return s, nil
+}

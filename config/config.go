@@ -133,6 +133,7 @@ type Upstream struct {
 	HeartbeatInterval     time.Duration `yaml:"heartbeat_interval" usage:"SSE comment after this much silence (negative = off)"`
 	MaxConns              int           `yaml:"max_conns" usage:"connections per sandbox port"`
 	IdleConnTimeout       time.Duration `yaml:"idle_conn_timeout" usage:"close unused keep-alive connections after"`
+	MaxHeaderSize         int           `yaml:"max_header_size" usage:"largest response header block a sandbox may send (502 above)"`
 }
 
 // Client configures the client-facing side.

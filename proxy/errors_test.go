@@ -107,6 +107,10 @@ func TestErrorStatuses(t *testing.T) {
 			}))
 			return h.req("POST", h.route("reset", port), "/", strings.NewReader("x"))
 		}, want{502, CodeUpstreamReset, "", "reset"}},
+		{"backend headers too large", func(o *harnessOpts) { o.cfg.UpstreamReadBufferSize = 4096 }, func(t *testing.T, h *harness) *http.Request {
+			big := "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", 5000) + "\r\nContent-Length: 0\r\n\r\n"
+			return h.req("GET", h.route("bighdr", rawBackend(t, big)), "/", nil)
+		}, want{502, CodeUpstreamBadHeader, "", "bighdr"}},
 		{"store down, nothing cached", func(o *harnessOpts) { o.store = downStore{} }, func(t *testing.T, h *harness) *http.Request {
 			return h.req("GET", "80-anything.cube.test", "/", nil)
 		}, want{503, CodeStoreUnavailable, "1", "anything"}},

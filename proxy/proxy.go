@@ -147,7 +147,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
 		return
 	}
-	sb.lastActive.Store(time.Now().UnixMilli())
+	sb.lastActive.Store(x.start.UnixMilli())
 
 	if h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
 		p.tunnel(ctx, x, route, &t, addr, sb)
@@ -218,7 +218,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	// A request that came over TLS has scheme https; the sandbox speaks
 	// plain HTTP and HostClient refuses a scheme that differs from its own.
 	req.URI().SetScheme("http")
-	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, time.Now().UnixNano())
+	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	p.startUpstream(ctx, x)
 	up := fasthttp.AcquireResponse()
 	if err := u.hc.Do(req, up); err != nil {
@@ -263,6 +263,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	s.body = body
 	s.conn = connOf(up)
 	s.sse = isEventStream(up.Header.ContentType())
+	s.fixed = size >= 0
 	if s.sse {
 		x.kind = telemetry.RouteSSE
 	}
@@ -343,6 +344,8 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
+	case isSmallBuffer(err):
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
 	default:
@@ -367,6 +370,11 @@ func lingerBody(ctx *fasthttp.RequestCtx) {
 		_, _ = io.CopyN(io.Discard, r, lingerLimit)
 	}
 	ctx.SetConnectionClose()
+}
+
+func isSmallBuffer(err error) bool {
+	var sb *fasthttp.ErrSmallBuffer
+	return errors.As(err, &sb) || errors.Is(err, fasthttp.ErrSmallReadBuffer)
 }
 
 // errBodyTooLarge stops a chunked upload at the cap.

@@ -87,13 +87,16 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,
 		ReadBufferSize:               cfg.MaxRequestHeaderSize,
-		WriteBufferSize:              16 << 10,
-		ReadTimeout:                  cfg.ClientReadTimeout,
-		WriteTimeout:                 cfg.ClientWriteTimeout,
-		IdleTimeout:                  cfg.ClientIdleTimeout,
-		CloseOnShutdown:              true,
-		Logger:                       log,
-		ConnState:                    p.connState,
+		// Small: it batches headers and small bodies; downloads bypass it
+		// (WriteTo), streams flush per chunk, and it is held for the
+		// life of every stream.
+		WriteBufferSize: 4 << 10,
+		ReadTimeout:     cfg.ClientReadTimeout,
+		WriteTimeout:    cfg.ClientWriteTimeout,
+		IdleTimeout:     cfg.ClientIdleTimeout,
+		CloseOnShutdown: true,
+		Logger:          log,
+		ConnState:       p.connState,
 	}
 	s.redirect = &fasthttp.Server{
 		NoDefaultServerHeader: true,

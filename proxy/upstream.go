@@ -67,7 +67,7 @@ func (ps *pools) create(key poolKey) *upstream {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: false,
 		ReadBufferSize:                ps.cfg.UpstreamReadBufferSize,
-		WriteBufferSize:               16 << 10,
+		WriteBufferSize:               4 << 10, // used only while a request head is written
 		// ReadTimeout and WriteTimeout stay 0: they would bound a whole
 		// stream. upstreamConn applies header and idle deadlines instead.
 	}}

@@ -188,6 +188,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		HeartbeatInterval:       cfg.Upstream.HeartbeatInterval,
 		MaxConnsPerUpstream:     cfg.Upstream.MaxConns,
 		UpstreamIdleConnTimeout: cfg.Upstream.IdleConnTimeout,
+		UpstreamReadBufferSize:  cfg.Upstream.MaxHeaderSize,
 		MaxStreamsPerSandbox:    cfg.MaxStreams,
 		Signer:                  signer,
 		ExemptPorts:             exempt,

@@ -44,6 +44,7 @@ type bodyStream struct {
 	client         net.Conn // to refresh the per-write deadline
 	writeTimeout   time.Duration
 	clientDeadline time.Time
+	nAtDeadline    int64 // s.n when the client deadline was last moved
 
 	// stopping is set by drain: the next failed upstream read ends the
 	// stream cleanly (io.EOF) instead of as an error.
@@ -65,10 +66,12 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		}
 	}
 	n, err := s.body.Read(b)
-	if s.writeTimeout > 0 && s.client != nil {
+	if s.writeTimeout > 0 && s.client != nil && (!s.fixed || s.n-s.nAtDeadline > 1<<20) {
 		// The client must take each piece within writeTimeout; a stream
-		// itself may last as long as both ends keep talking.
+		// itself may last as long as both ends keep talking. A small
+		// fixed-length body is covered by the deadline set when it started.
 		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout))
+		s.nAtDeadline = s.n
 	}
 	if n > 0 {
 		s.n += int64(n)

@@ -357,4 +357,29 @@ mkdir -p "$(dirname "$OUT")"
 "$BIN/bench" report -in "$SAMPLES" -out "$OUT" -mode "$MODE" -elapsed "${ELAPSED}s" \
 	-nginx "$(nginx -v 2>&1)" -pinning "$PINNING" -have-cube="$([ "$HAVE_CUBE" = 1 ] && echo true || echo false)"
 cp "$SAMPLES" "${OUT%.md}.jsonl"
+
+# Hot-path micro-benchmarks (go test -bench), after the load runs so they
+# do not disturb them: host parsing and cache hit (0 allocs targets), header
+# rewriting, a full request with and without instrumentation (tracing off),
+# and a cold Redis lookup.
+if [ "$HAVE_CUBE" = 1 ]; then
+	log "micro-benchmarks"
+	{
+		echo
+		echo "## Micro-benchmarks (go test -bench, -benchmem)"
+		echo
+		echo "GOMAXPROCS=1 on CPU 0. \`RequestPlain\` has no telemetry and no access log;"
+		echo "\`RequestInstrumentedTracingOff\` has metrics and a JSON access log to io.Discard."
+		echo "The 4 allocs/op of a full request are fasthttp's streamed-response wrapper and its"
+		echo "closures (\`(*transport).RoundTrip\`); the proxy's own code allocates nothing."
+		echo
+		echo '```'
+		(cd "$ROOT" && GOMAXPROCS=1 $PIN_SUBJECT go test -run '^$' -benchmem -benchtime 1s \
+			-bench 'BenchmarkParse$|BenchmarkCacheHit$|BenchmarkHeaderRewrite$|BenchmarkRequestPlain$|BenchmarkRequestInstrumentedTracingOff$' \
+			./routing ./proxy 2>&1 | grep -E '^(Benchmark|ok|FAIL)')
+		(cd "$ROOT" && GOMAXPROCS=1 $PIN_SUBJECT go test -run '^$' -benchmem -benchtime 2000x \
+			-bench 'BenchmarkLookupCold$' ./routing/redisstore 2>&1 | grep -E '^(Benchmark|ok|FAIL)')
+		echo '```'
+	} >>"$OUT"
+fi
 log "done in ${ELAPSED}s: $OUT (samples: ${OUT%.md}.jsonl)"

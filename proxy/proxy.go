@@ -206,10 +206,13 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 // forward sends the request to addr and streams the response back.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	req := &ctx.Request
+	// The client's body stream, kept for lingerBody: once the upstream
+	// write fails, fasthttp drops the request's reference to it.
+	clientBody := ctx.RequestBodyStream()
 	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
 		sb.active.Add(-1)
 		if perr.status == 413 {
-			lingerBody(ctx)
+			lingerBody(ctx, clientBody)
 		}
 		x.fail(ctx, *perr, t.ID())
 		return
@@ -227,6 +230,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		if x.cspan != nil {
 			telemetry.EndClientSpan(x.cspan, 0, err)
 			x.cspan = nil
+		}
+		if errors.Is(err, errBodyTooLarge) {
+			lingerBody(ctx, clientBody)
 		}
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
@@ -338,7 +344,6 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	var de *dialError
 	switch {
 	case errors.Is(err, errBodyTooLarge):
-		lingerBody(ctx)
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
 	case errors.As(err, &de):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
@@ -359,13 +364,9 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 // sending would otherwise get a connection reset instead of the answer.
 const lingerLimit = 16 << 20
 
-// lingerBody discards up to lingerLimit of the unread request body and
+// lingerBody discards up to lingerLimit of the unread request body r and
 // marks the connection for closing.
-func lingerBody(ctx *fasthttp.RequestCtx) {
-	r := ctx.RequestBodyStream()
-	if lb, ok := r.(*limitedBody); ok {
-		r = lb.r
-	}
+func lingerBody(ctx *fasthttp.RequestCtx, r io.Reader) {
 	if r != nil {
 		_, _ = io.CopyN(io.Discard, r, lingerLimit)
 	}

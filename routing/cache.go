@@ -214,6 +214,15 @@ func (c *Cache) load(id string) (v any, err error) {
 			v, err = nil, fmt.Errorf("lookup %s: store panicked: %v", id, p)
 		}
 	}()
+	// A caller that missed just before the previous flight for id stored
+	// its answer starts a new flight: answer it from the cache rather than
+	// asking the store twice.
+	if e, ok := c.pos.Peek(id); ok && c.now().UnixNano() < e.expires && !e.stale {
+		return e.route, nil
+	}
+	if n, ok := c.neg.Peek(id); ok && c.now().UnixNano() < n.expires {
+		return nil, n.err
+	}
 	shard := maphash.String(c.seed, id) % epochShards
 	c.mu.Lock()
 	epoch := c.epochs[shard]

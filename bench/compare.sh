@@ -382,4 +382,9 @@ if [ "$HAVE_CUBE" = 1 ]; then
 		echo '```'
 	} >>"$OUT"
 fi
+# What the profiles found (kept by hand in bench/FINDINGS.md).
+{
+	echo
+	cat "$ROOT/bench/FINDINGS.md"
+} >>"$OUT"
 log "done in ${ELAPSED}s: $OUT (samples: ${OUT%.md}.jsonl)"

@@ -51,3 +51,29 @@ func appendSample(path string, s *Sample) error {
 	}
 	return nil
 }
+
+// tally is what one load worker counted; workers embed it.
+type tally struct {
+	h         *hist
+	ops, errs int64
+	err       error // first error seen
+}
+
+func (t *tally) counts() *tally { return t }
+
+// mergeTallies adds the workers' counts to s and returns their merged
+// latency histogram and the first error any of them saw.
+func mergeTallies[W interface{ counts() *tally }](s *Sample, workers []W) (*hist, error) {
+	h := newHist()
+	var firstErr error
+	for _, w := range workers {
+		t := w.counts()
+		h.merge(t.h)
+		s.Ops += t.ops
+		s.Errors += t.errs
+		if firstErr == nil {
+			firstErr = t.err
+		}
+	}
+	return h, firstErr
+}

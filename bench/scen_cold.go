@@ -72,14 +72,12 @@ func runCold(o *options, args []string) (*Sample, error) {
 	warmReq := buildGET("/small", o.host(o.id))
 	var next atomic.Int64
 	type worker struct {
-		rc        *rawConn
-		h         *hist
-		ops, errs int64
-		err       error
+		rc *rawConn
+		tally
 	}
 	workers := make([]*worker, *c)
 	for i := range workers {
-		workers[i] = &worker{rc: newRawConn(o.addr, 16<<10), h: newHist()}
+		workers[i] = &worker{rc: newRawConn(o.addr, 16<<10), tally: tally{h: newHist()}}
 		workers[i].rc.deadline = deadline
 	}
 	// Warm the connections on a route that is already cached.
@@ -132,17 +130,10 @@ func runCold(o *options, args []string) (*Sample, error) {
 	m.stop()
 
 	s := o.newSample("cold", fmt.Sprintf("r=%d c=%d", *r, *c), m)
-	h := newHist()
-	var firstErr error
 	for _, w := range workers {
 		w.rc.close()
-		h.merge(w.h)
-		s.Ops += w.ops
-		s.Errors += w.errs
-		if firstErr == nil {
-			firstErr = w.err
-		}
 	}
+	h, firstErr := mergeTallies(s, workers)
 	s.Metrics["lookups_per_s"] = float64(s.Ops) / m.wall.Seconds()
 	s.Metrics["p50_us"] = us(h.quantile(0.5))
 	s.Metrics["p99_us"] = us(h.quantile(0.99))

@@ -85,16 +85,12 @@ func runMCP(o *options, args []string) (*Sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.warm+o.dur+30*time.Second)
 	defer cancel()
 
-	type worker struct {
-		h         *hist
-		ops, errs int64
-		err       error
-	}
+	type worker struct{ tally }
 	var phase atomic.Int32
 	workers := make([]*worker, *sessions)
 	var wg sync.WaitGroup
 	for i := range workers {
-		wk := &worker{h: newHist()}
+		wk := &worker{tally{h: newHist()}}
 		workers[i] = wk
 		wg.Add(1)
 		go func() {
@@ -146,16 +142,7 @@ func runMCP(o *options, args []string) (*Sample, error) {
 	wg.Wait()
 
 	s := o.newSample("mcp", fmt.Sprintf("m=%d steps=%d d=%s", *sessions, *steps, o.dur), m)
-	h := newHist()
-	var firstErr error
-	for _, wk := range workers {
-		h.merge(wk.h)
-		s.Ops += wk.ops
-		s.Errors += wk.errs
-		if firstErr == nil {
-			firstErr = wk.err
-		}
-	}
+	h, firstErr := mergeTallies(s, workers)
 	sec := m.wall.Seconds()
 	s.Metrics["calls_per_s"] = float64(s.Ops) / sec
 	s.Metrics["p50_us"] = us(h.quantile(0.5))

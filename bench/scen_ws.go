@@ -122,16 +122,12 @@ func runWS(o *options, args []string) (*Sample, error) {
 	host := o.host(o.id)
 	frame := newWSFrame(*size)
 	deadline := time.Now().Add(o.warm + o.dur + 10*time.Second)
-	type worker struct {
-		h         *hist
-		ops, errs int64
-		err       error
-	}
+	type worker struct{ tally }
 	var phase atomic.Int32
 	workers := make([]*worker, *c)
 	var wg sync.WaitGroup
 	for i := range workers {
-		wk := &worker{h: newHist()}
+		wk := &worker{tally{h: newHist()}}
 		workers[i] = wk
 		wg.Add(1)
 		go func() {
@@ -174,16 +170,7 @@ func runWS(o *options, args []string) (*Sample, error) {
 	wg.Wait()
 
 	s := o.newSample("ws", fmt.Sprintf("c=%d size=%d d=%s", *c, *size, o.dur), m)
-	h := newHist()
-	var firstErr error
-	for _, wk := range workers {
-		h.merge(wk.h)
-		s.Ops += wk.ops
-		s.Errors += wk.errs
-		if firstErr == nil {
-			firstErr = wk.err
-		}
-	}
+	h, firstErr := mergeTallies(s, workers)
 	sec := m.wall.Seconds()
 	s.Metrics["rtt_per_s"] = float64(s.Ops) / sec
 	s.Metrics["p50_us"] = us(h.quantile(0.5))

@@ -105,7 +105,7 @@ func TestACMEWildcardThroughDNS01(t *testing.T) {
 	if orders < 1 || dnsSrv.Updates() < 2 {
 		t.Fatalf("orders %d, DNS updates %d: the certificates did not come through DNS-01", orders, dnsSrv.Updates())
 	}
-	eventually(t, 5*time.Second, func() error {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		if v := dnsSrv.TXT("_acme-challenge.cube.test"); len(v) != 0 {
 			return fmt.Errorf("challenge records not cleaned up: %q", v)
 		}

@@ -71,7 +71,7 @@ func TestFilesSourceServesBySNIAndReloads(t *testing.T) {
 	// Replace the wildcard files with a certificate from another CA; no restart.
 	ca2 := testenv.NewCA(t, "second CA")
 	newLeaf := ca2.WritePair(t, wild.CertFile, wild.KeyFile, "cube.test", "*.cube.test")
-	eventually(t, 5*time.Second, func() error {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		leaf, err := fetch(t, srv.addr, sniConfig(ca2.Pool(), "50005-abc.cube.test"), "50005-abc.cube.test")
 		if err != nil {
 			return err

@@ -164,19 +164,3 @@ func noSNIConfig(pool *x509.CertPool, name string) *tls.Config {
 		},
 	}
 }
-
-// eventually polls cond until it returns nil or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

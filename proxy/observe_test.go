@@ -68,7 +68,7 @@ func spanByKind(spans tracetest.SpanStubs, id trace.TraceID, kind trace.SpanKind
 // of trace id and returns them.
 func waitSpans(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID) (server, client tracetest.SpanStub) {
 	t.Helper()
-	waitFor(t, 5*time.Second, "server and client span", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "server and client span", func() bool {
 		spans := exp.GetSpans()
 		return len(spanByKind(spans, id, trace.SpanKindServer)) == 1 && len(spanByKind(spans, id, trace.SpanKindClient)) == 1
 	})
@@ -504,7 +504,7 @@ func (l *obsLogBuf) line(id string) ([]string, bool) {
 func (l *obsLogBuf) wait(t *testing.T, id string) []string {
 	t.Helper()
 	var f []string
-	waitFor(t, 5*time.Second, "access log line of "+id, func() bool {
+	testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
 		var ok bool
 		f, ok = l.line(id)
 		return ok
@@ -715,7 +715,7 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 		ws.Close(websocket.StatusNormalClosure, "")
 		<-wsEnded
 		var f []string
-		waitFor(t, 5*time.Second, "WebSocket access log line", func() bool {
+		testenv.WaitFor(t, 5*time.Second, "WebSocket access log line", func() bool {
 			buf.mu.Lock()
 			defer buf.mu.Unlock()
 			for _, ln := range strings.Split(buf.b.String(), "\n") {

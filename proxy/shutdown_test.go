@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Shutdown with SSE streams and a WebSocket open: new connections are
@@ -77,7 +78,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal("SSE stream still open after the drain")
 		}
 	}
-	waitFor(t, time.Second, "listener closed", func() bool {
+	testenv.WaitFor(t, time.Second, "listener closed", func() bool {
 		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
 		if err == nil {
 			c.Close()
@@ -107,7 +108,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if s, n := h.proxy.streams.open(); s != 0 || n != 0 {
 		t.Fatalf("after Shutdown: %d streams and %d tunnels still registered", s, n)
 	}
-	waitFor(t, 2*time.Second, "backends saw every stream end", func() bool { return sseOpen.Load() == 0 })
+	testenv.WaitFor(t, 2*time.Second, "backends saw every stream end", func() bool { return sseOpen.Load() == 0 })
 	select {
 	case <-wsEnded:
 	case <-time.After(2 * time.Second):

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // readEvent reads one SSE event (lines up to a blank line), skipping
@@ -221,7 +223,7 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 			case <-time.After(3 * time.Second):
 				t.Fatal("backend stream still open 3s after the client left")
 			}
-			waitFor(t, 2*time.Second, "proxy stream released", func() bool {
+			testenv.WaitFor(t, 2*time.Second, "proxy stream released", func() bool {
 				s, _ := h.proxy.streams.open()
 				return s == 0
 			})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // wsBackend echoes messages; a message "close" makes it close the
@@ -98,7 +99,7 @@ func TestWebSocketClosePropagates(t *testing.T) {
 		case <-time.After(3 * time.Second):
 			t.Fatal("backend never saw the close")
 		}
-		waitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+		testenv.WaitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
 	})
 	t.Run("backend closes", func(t *testing.T) {
 		h := newHarness(t)
@@ -115,7 +116,7 @@ func TestWebSocketClosePropagates(t *testing.T) {
 		if websocket.CloseStatus(err) != 4000 {
 			t.Fatalf("client saw %v, want close 4000 from the backend", err)
 		}
-		waitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+		testenv.WaitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
 	})
 	t.Run("backend refuses upgrade", func(t *testing.T) {
 		h := newHarness(t)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // cubeLines returns the x_cube_request_id (field 20 of 22) of every cube
@@ -102,18 +104,18 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	}
 
 	get("before-rotate")
-	waitUntil(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before-rotate") })
+	testenv.WaitFor(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before-rotate") })
 	if err := os.Rename(logPath, rotated); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
+	testenv.WaitFor(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
 		return strings.Contains(logs.String(), `"msg":"access log reopened"`)
 	})
 	get("after-rotate")
-	waitUntil(t, 5*time.Second, "second line in the new access log", func() bool { return has(logPath, "after-rotate") })
+	testenv.WaitFor(t, 5*time.Second, "second line in the new access log", func() bool { return has(logPath, "after-rotate") })
 
 	if ids := cubeLines(t, rotated); len(ids) != 1 || ids[0] != "before-rotate" {
 		t.Errorf("rotated file holds %q, want only before-rotate", ids)

@@ -204,7 +204,7 @@ func hsetRoute(t *testing.T, r *testenv.Redis, key string, fields ...any) {
 func waitSubscribers(t *testing.T, r *testenv.Redis, n int64) {
 	t.Helper()
 	ch := redisstore.DefaultInvalidateChannel
-	waitUntil(t, 10*time.Second, fmt.Sprintf("%d subscribers on %s", n, ch), func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("%d subscribers on %s", n, ch), func() bool {
 		m, err := r.Client().PubSubNumSub(context.Background(), ch).Result()
 		return err == nil && m[ch] == n
 	})
@@ -347,7 +347,7 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	}
 	// On a, the entry has expired (150 ms): the refresh fails and the old
 	// route is served. Poll until the proxy reports a stale answer.
-	waitUntil(t, 5*time.Second, "a stale cache answer on instance a", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "a stale cache answer on instance a", func() bool {
 		if got := a.get(t, "cached"); got.status != 200 || got.body != "one" {
 			t.Fatalf("expired cached route with Redis down: %d %q", got.status, got.body)
 		}
@@ -368,7 +368,7 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 
 	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"fresh", cpFields("127.0.0.1", "192.168.0.2", two)...)
 	// go-redis may hold back dials for up to a second after many failures.
-	waitUntil(t, 5*time.Second, "a new route after the restart", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "a new route after the restart", func() bool {
 		got := b.get(t, "fresh")
 		return got.status == 200 && got.body == "two"
 	})
@@ -382,7 +382,7 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	if got := a.adminPost(t, "/admin/backend_cache/delete", "cached", ""); got.status != 200 {
 		t.Fatalf("invalidate on a: %d %s", got.status, got.body)
 	}
-	waitUntil(t, 5*time.Second, "b to follow a's invalidation after the restart", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "b to follow a's invalidation after the restart", func() bool {
 		return b.get(t, "cached").body == "two"
 	})
 }
@@ -416,7 +416,7 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 			if got := a.adminPost(t, tc.path, tc.id, ""); got.status != 200 || !strings.Contains(got.body, `"ok":true`) {
 				t.Fatalf("POST %s on a: %d %s", tc.path, got.status, got.body)
 			}
-			waitUntil(t, 5*time.Second, "b to route to the new backend", func() bool {
+			testenv.WaitFor(t, 5*time.Second, "b to route to the new backend", func() bool {
 				got := b.get(t, tc.id)
 				return got.status == 200 && got.body == "two"
 			})
@@ -442,7 +442,7 @@ func TestRedisReadyz(t *testing.T) {
 	}
 
 	r.Restart()
-	waitUntil(t, 5*time.Second, "readyz 200 after Redis came up", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "readyz 200 after Redis came up", func() bool {
 		return p.adminGet(t, "/readyz").status == 200
 	})
 }
@@ -509,7 +509,7 @@ func TestRedisRegistry(t *testing.T) {
 				StartedAt time.Time `json:"started_at"`
 				Version   string    `json:"version"`
 			}
-			waitUntil(t, 15*time.Second, "the registry entry", func() bool {
+			testenv.WaitFor(t, 15*time.Second, "the registry entry", func() bool {
 				v, err := r.Client().HGet(ctx, hash, id).Result()
 				return err == nil && json.Unmarshal([]byte(v), &inst) == nil
 			})
@@ -532,7 +532,7 @@ func TestRedisRegistry(t *testing.T) {
 			if d := time.Since(time.UnixMilli(int64(first))); d < 0 || d > time.Minute {
 				t.Errorf("heartbeat score %v is not now", first)
 			}
-			waitUntil(t, 5*time.Second, "the heartbeat to advance", func() bool {
+			testenv.WaitFor(t, 5*time.Second, "the heartbeat to advance", func() bool {
 				s, err := r.Client().ZScore(ctx, zset, id).Result()
 				return err == nil && s > first
 			})
@@ -573,7 +573,7 @@ func TestRedisExampleConfigServes(t *testing.T) {
 		t.Fatalf("through the example config: %d %q", got.status, got.body)
 	}
 	// The registry writes from its own goroutine, right after start.
-	waitUntil(t, 5*time.Second, "the example config's registry entry", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the example config's registry entry", func() bool {
 		ok, err := r.Client().HExists(context.Background(), redisstore.DefaultRegistryHash, "example-prod").Result()
 		return err == nil && ok
 	})
@@ -583,7 +583,7 @@ func TestRedisExampleConfigServes(t *testing.T) {
 	if got := p.adminPost(t, "/admin/backend_cache/delete", "ex-box", adminToken); got.status != 200 {
 		t.Errorf("admin with the token: %d %s", got.status, got.body)
 	}
-	waitUntil(t, 5*time.Second, "a cube access log line", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "a cube access log line", func() bool {
 		b, _ := os.ReadFile(accessLog)
 		return strings.Contains(string(b), "50005-ex-box.cube.example.com||")
 	})
@@ -613,21 +613,21 @@ func TestRedisSentinelExampleFailover(t *testing.T) {
 	}
 
 	sc := sentinel.Client()
-	waitUntil(t, 15*time.Second, "the sentinel to see the replica", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the sentinel to see the replica", func() bool {
 		reps, err := sc.Do(ctx, "SENTINEL", "REPLICAS", master).Slice()
 		return err == nil && len(reps) == 1 && strings.Contains(fmt.Sprint(reps[0]), "master-link-status ok")
 	})
 	if err := sc.Do(ctx, "SENTINEL", "FAILOVER", master).Err(); err != nil {
 		t.Fatalf("sentinel failover: %v", err)
 	}
-	waitUntil(t, 15*time.Second, "the replica to become master", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the replica to become master", func() bool {
 		role, err := replica.Client().Do(ctx, "ROLE").Slice()
 		return err == nil && role[0] == "master"
 	})
 
 	// Written by the control plane on the new master only after the failover.
 	hsetRoute(t, replica, redisstore.DefaultKeyPrefix+"after", cpFields("127.0.0.1", "192.168.0.2", backend)...)
-	waitUntil(t, 15*time.Second, "a route written after the failover", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "a route written after the failover", func() bool {
 		return p.get(t, "after").status == 200
 	})
 	// And the old route, read again from the new master.

@@ -207,22 +207,6 @@ func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
-// tlsWaitFor polls cond until it returns nil or timeout passes.
-func tlsWaitFor(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not met after %v: %v", timeout, err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
 // files source: a test CA and a wildcard for cube.test (what mkcert makes).
 // SNI and no-SNI clients both get the wildcard, requests are routed by Host,
 // and replaced files are served without a restart.
@@ -283,7 +267,7 @@ func TestTLSFilesWildcard(t *testing.T) {
 		}
 		defer open.close()
 		second := ca.WritePair(t, certFile, keyFile, "cube.test", "*.cube.test")
-		tlsWaitFor(t, 10*time.Second, func() error {
+		testenv.Eventually(t, 10*time.Second, func() error {
 			c, err := dialTLSProxy(p.https, trustNoSNI(ca.Pool(), "50005-abc.cube.test"))
 			if err != nil {
 				return err

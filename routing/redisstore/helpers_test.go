@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -48,16 +47,4 @@ func openStoreCfg(t testing.TB, cfg redisstore.Config) *redisstore.Store {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
-}
-
-// eventually polls cond every 10 ms until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -78,7 +78,7 @@ func TestInvalidationAcrossInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, in := range inst {
-		eventually(t, 5*time.Second, "invalidation applied", func() bool { return in.sub.Applied() >= 1 })
+		testenv.WaitFor(t, 5*time.Second, "invalidation applied", func() bool { return in.sub.Applied() >= 1 })
 		route, res, err := in.cache.Get(context.Background(), []byte("sbx"))
 		if err != nil || res != routing.CacheMiss || route.HostIP != netip.MustParseAddr("10.0.0.2") {
 			t.Fatalf("instance %d after invalidation: %v %v %v, want a fresh read of 10.0.0.2", i, res, route, err)
@@ -101,7 +101,7 @@ func TestInvalidationSurvivesRestart(t *testing.T) {
 	expectID(t, rec, "before")
 
 	r.Restart()
-	eventually(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
+	testenv.WaitFor(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
 	// Published by another client, like another proxy instance would.
 	if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, " AFTER\n").Err(); err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestSubscriberStops(t *testing.T) {
 	expectID(t, rec, "good") // messages are ordered: the bad ones were skipped
 
 	cancel()
-	eventually(t, 5*time.Second, "unsubscribe", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "unsubscribe", func() bool {
 		n, err := r.Client().PubSubNumSub(context.Background(), redisstore.DefaultInvalidateChannel).Result()
 		return err == nil && n[redisstore.DefaultInvalidateChannel] == 0
 	})

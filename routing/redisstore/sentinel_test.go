@@ -36,14 +36,14 @@ func TestSentinelFailover(t *testing.T) {
 	}
 
 	// SENTINEL FAILOVER needs a replica the sentinel has already discovered.
-	eventually(t, 15*time.Second, "sentinel to see the replica", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
 		reps, err := sc.Replicas(ctx, name).Result()
 		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
 	})
 	if err := sc.Failover(ctx, name).Err(); err != nil {
 		t.Fatalf("sentinel failover: %v", err)
 	}
-	eventually(t, 15*time.Second, "replica promoted", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "replica promoted", func() bool {
 		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
 		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
 			return false
@@ -54,7 +54,7 @@ func TestSentinelFailover(t *testing.T) {
 	// The store's client must move to the new master by itself (go-redis
 	// follows +switch-master); the old one is still running, so ask the
 	// connected server which port it listens on.
-	eventually(t, 15*time.Second, "store client on the new master", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "store client on the new master", func() bool {
 		port, err := s.Client().ConfigGet(ctx, "port").Result()
 		return err == nil && port["port"] == strconv.Itoa(replica.Port())
 	})

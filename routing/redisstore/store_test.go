@@ -184,7 +184,7 @@ func TestLookupRecoversAfterOutage(t *testing.T) {
 	r.Restart()
 	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
 	start := time.Now()
-	eventually(t, 3*time.Second, "lookup after restart", func() bool {
+	testenv.WaitFor(t, 3*time.Second, "lookup after restart", func() bool {
 		_, err := s.Lookup(context.Background(), "x")
 		return err == nil
 	})

@@ -684,7 +684,7 @@ func testAuthNoSideEffects(t *testing.T, lc *authLogCapture) {
 	if _, ok := lastActive()["sidefx"]; ok {
 		t.Error("an unauthorized request was recorded as sandbox activity")
 	}
-	if pools, conns := h.proxy.pools.stats(); pools != 0 || conns != 0 {
+	if pools, conns, _ := h.proxy.pools.stats(); pools != 0 || conns != 0 {
 		t.Errorf("unauthorized requests created %d upstream pools, %d connections", pools, conns)
 	}
 	b.assertUntouched(t, "unauthorized requests")
@@ -715,7 +715,7 @@ func testAuthNoSideEffects(t *testing.T, lc *authLogCapture) {
 	if _, ok := lastActive()["sidefx"]; !ok {
 		t.Error("an authorized request was not recorded as activity")
 	}
-	if pools, _ := h.proxy.pools.stats(); pools != 1 {
+	if pools, _, _ := h.proxy.pools.stats(); pools != 1 {
 		t.Errorf("authorized request: %d pools, want 1", pools)
 	}
 	if b.accepts.Load() != 1 {

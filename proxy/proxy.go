@@ -56,8 +56,11 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
 		p.metrics.SetPoolStats(func() (int64, int64) {
-			pools, conns := p.pools.stats()
-			return int64(pools), int64(conns)
+			// A connection is busy while a request waits for headers on it
+			// or while its response body streams.
+			pools, conns, pending := p.pools.stats()
+			streams, _ := p.streams.open()
+			return int64(pools), int64(max(conns-pending-streams, 0))
 		})
 	}
 	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}

@@ -89,14 +89,16 @@ func (ps *pools) sweep(now time.Time, idle time.Duration) {
 	}
 }
 
-// stats reports the number of pools and their open connections.
-func (ps *pools) stats() (pools, conns int) {
+// stats reports the number of pools, their open connections, and the
+// requests waiting for response headers on them.
+func (ps *pools) stats() (pools, conns, pending int) {
 	ps.mu.RLock()
 	defer ps.mu.RUnlock()
 	for _, u := range ps.m {
 		conns += u.hc.ConnsCount()
+		pending += u.hc.PendingRequests()
 	}
-	return len(ps.m), conns
+	return len(ps.m), conns, pending
 }
 
 func (ps *pools) closeIdle() {

@@ -46,9 +46,8 @@ type Config struct {
 	// UpstreamIdleConnTimeout closes keep-alive connections unused this long (default 30 s).
 	UpstreamIdleConnTimeout time.Duration
 	// UpstreamReadBufferSize is the largest response header block a
-	// backend may send (default 8 KiB; nginx's proxy_buffer_size default is
-	// one page). The buffer is held for the life of a stream, so it is most
-	// of what an idle SSE stream costs.
+	// backend may send (default 16 KiB, the platform proxy's
+	// proxy_buffer_size). Only its touched part costs memory.
 	UpstreamReadBufferSize int
 
 	// MaxStreamsPerSandbox bounds concurrent requests to one sandbox (0 = unlimited); above it: 429.
@@ -95,7 +94,7 @@ func (c *Config) setDefaults() {
 		c.UpstreamIdleConnTimeout = 30 * time.Second
 	}
 	if c.UpstreamReadBufferSize == 0 {
-		c.UpstreamReadBufferSize = 8 << 10
+		c.UpstreamReadBufferSize = 16 << 10
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// Through the whole program: 1,000 concurrent HTTP requests for one
+// uncached sandbox make exactly one HGETALL, and 1,000 requests spread over
+// 50 unknown ids (within the 2 s negative TTL) make one read of each key
+// per id: the new key and the legacy fallback.
+func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
+	r := testenv.StartRedis(t)
+	backendPort := redisBackend(t, "hot-backend")
+	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"hot", cpFields("127.0.0.1", "127.0.0.1", backendPort)...)
+	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "30s")
+	p.client.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
+
+	fire := func(hosts []string) map[int]int {
+		var mu sync.Mutex
+		statuses := map[int]int{}
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 100)
+		for _, host := range hosts {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				req, _ := http.NewRequest("GET", "http://"+p.http+"/", nil)
+				req.Host = host
+				status := -1
+				if resp, err := p.client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					status = resp.StatusCode
+				}
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return statuses
+	}
+
+	r.ResetStats(t)
+	hosts := make([]string, 1000)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("%d-hot.cube.test", redisContainerPort)
+	}
+	if got := fire(hosts); got[200] != 1000 {
+		t.Fatalf("statuses %v, want 1000 x 200", got)
+	}
+	if n := r.CommandCount(t, "hgetall"); n != 1 {
+		t.Fatalf("1000 concurrent requests for one uncached id made %d HGETALLs, want 1", n)
+	}
+
+	r.ResetStats(t)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("%d-ghost-%d.cube.test", redisContainerPort, i%50)
+	}
+	if got := fire(hosts); got[404] != 1000 {
+		t.Fatalf("statuses %v, want 1000 x 404", got)
+	}
+	if n := r.CommandCount(t, "hgetall"); n != 2*50 {
+		t.Fatalf("1000 requests over 50 unknown ids made %d HGETALLs, want %d (new + legacy key per id)", n, 2*50)
+	}
+}

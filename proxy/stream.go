@@ -92,7 +92,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 }
 
 // SupportsBodyWriteTo lets fasthttp hand a fixed-length body to WriteTo,
-// which copies through a larger buffer: a download then moves in 32 KiB
+// which copies through a larger buffer: a download then moves in 64 KiB
 // reads and writes instead of 4 KiB ones. Bodies of unknown length keep the
 // Read path, where fasthttp writes and flushes one chunk per Read: that is
 // what delivers each SSE event at once.
@@ -124,7 +124,7 @@ func (s *bodyStream) WriteTo(w io.Writer) (int64, error) {
 
 // copyBufPool holds WriteTo's copy buffers; one is in use only while a
 // fixed-length body is being copied.
-var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 // trackBoundary records whether the bytes forwarded so far end with a blank
 // line, the only place a heartbeat comment can be inserted without

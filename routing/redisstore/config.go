@@ -26,38 +26,38 @@ const (
 // Addr, URL, Sentinel.MasterName or Cluster.Addrs names the server(s).
 type Config struct {
 	// Addr is host:port of a standalone server.
-	Addr string `yaml:"addr"`
+	Addr string `yaml:"addr" usage:"host:port of a standalone Redis"`
 	// URL is a redis:// or rediss:// URL (user, password, db and TLS in one string).
-	URL string `yaml:"url"`
+	URL string `yaml:"url" usage:"redis:// or rediss:// URL (user, password, db, TLS)"`
 	// Username is the ACL user (Redis 6+); empty uses the default user.
-	Username string `yaml:"username"`
+	Username string `yaml:"username" usage:"ACL user (Redis 6+)"`
 	// Password authenticates to the data nodes (not to sentinels).
-	Password string `yaml:"password"`
+	Password string `yaml:"password" usage:"password of the data nodes"`
 	// DB is the database index (standalone and Sentinel; Cluster has only 0).
-	DB int `yaml:"db"`
+	DB int `yaml:"db" usage:"database index"`
 	// TLS turns on TLS to the data nodes and sentinels.
-	TLS bool `yaml:"tls"`
+	TLS bool `yaml:"tls" usage:"TLS to the data nodes and sentinels"`
 	// CAFile is a PEM bundle that verifies the server; empty uses the system roots.
-	CAFile string `yaml:"ca_file"`
+	CAFile string `yaml:"ca_file" usage:"PEM bundle that verifies the Redis server"`
 	// InsecureSkipVerify disables server certificate checks (tests only).
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify" usage:"skip Redis certificate checks (tests only)"`
 
 	Sentinel SentinelConfig `yaml:"sentinel"`
 	Cluster  ClusterConfig  `yaml:"cluster"`
 
 	// PoolSize is the connection pool size per node (0: go-redis default, 10 per CPU).
-	PoolSize int `yaml:"pool_size"`
+	PoolSize int `yaml:"pool_size" usage:"connections per node (0: go-redis default)"`
 	// KeyPrefix is prepended to the sandbox id to form the route hash key.
-	KeyPrefix string `yaml:"key_prefix"`
+	KeyPrefix string `yaml:"key_prefix" usage:"route hash key prefix"`
 	// LegacyKeyPrefix is the fallback key prefix read when the first key is empty.
-	LegacyKeyPrefix string `yaml:"legacy_key_prefix"`
+	LegacyKeyPrefix string `yaml:"legacy_key_prefix" usage:"fallback route hash key prefix"`
 	// DisableLegacy skips the legacy key, saving one HGETALL per miss when no
 	// old deployment writes it.
-	DisableLegacy bool `yaml:"disable_legacy"`
+	DisableLegacy bool `yaml:"disable_legacy" usage:"do not read the legacy key"`
 	// InvalidateChannel is the pub/sub channel carrying sandbox ids to drop.
-	InvalidateChannel string `yaml:"invalidate_channel"`
+	InvalidateChannel string `yaml:"invalidate_channel" usage:"pub/sub channel of cache invalidations"`
 	// CommandTimeout bounds one lookup, retries included.
-	CommandTimeout time.Duration `yaml:"command_timeout"`
+	CommandTimeout time.Duration `yaml:"command_timeout" usage:"budget of one lookup, retries included"`
 
 	// Registry is configured at the top level of the proxy config (registry:).
 	Registry RegistryConfig `yaml:"-"`
@@ -65,23 +65,23 @@ type Config struct {
 
 // SentinelConfig points at Redis Sentinel.
 type SentinelConfig struct {
-	MasterName string   `yaml:"master_name"`
-	Addrs      []string `yaml:"addrs"`
+	MasterName string   `yaml:"master_name" usage:"Sentinel master name"`
+	Addrs      []string `yaml:"addrs" usage:"Sentinel addresses"`
 	// Password authenticates to the sentinels themselves.
-	Password string `yaml:"password"`
+	Password string `yaml:"password" usage:"password of the sentinels themselves"`
 }
 
 // ClusterConfig lists seed nodes of a Redis Cluster.
 type ClusterConfig struct {
-	Addrs []string `yaml:"addrs"`
+	Addrs []string `yaml:"addrs" usage:"Cluster node addresses"`
 }
 
 // RegistryConfig controls the instance registry (off by default).
 type RegistryConfig struct {
-	Enabled  bool          `yaml:"enabled"`
-	Interval time.Duration `yaml:"interval"`
-	Hash     string        `yaml:"hash"`
-	ZSet     string        `yaml:"zset"`
+	Enabled  bool          `yaml:"enabled" usage:"announce this instance in Redis (store: redis)"`
+	Interval time.Duration `yaml:"interval" usage:"how often the registry entry is written"`
+	Hash     string        `yaml:"hash" usage:"registry hash key"`
+	ZSet     string        `yaml:"zset" usage:"heartbeat sorted-set key"`
 }
 
 // WithDefaults returns c with every empty field set to its default.

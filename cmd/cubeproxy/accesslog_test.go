@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -63,24 +62,9 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	logPath := filepath.Join(dir, "access.log")
 	rotated := logPath + ".1"
 
-	var logs syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan *app, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-			"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "2s"},
-			noEnv, &logs, io.Discard, func(a *app) { ready <- a })
-	}()
-	var a *app
-	select {
-	case a = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v\n%s", err, logs.String())
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not start")
-	}
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "2s"}, noEnv)
+	a, logs := r.a, r.logs
 
 	client := &http.Client{Timeout: 5 * time.Second}
 	get := func(id string) {
@@ -124,13 +108,5 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 		t.Errorf("new file holds %q, want only after-rotate", ids)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("serve did not return after cancel")
-	}
+	r.stop()
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"sync"
+	"testing"
+	"time"
 )
 
 // syncBuffer collects a process log written from many goroutines.
@@ -21,4 +24,53 @@ func (l *syncBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// running is the whole program, started in-process by runServe.
+type running struct {
+	a    *app
+	logs *syncBuffer // its process log (stdout and stderr)
+	stop func()      // cancel serve and wait for it; idempotent, also run at cleanup
+}
+
+// runServe starts serve(args) and waits until its listeners are open. The
+// test fails if serve errors, is not ready in time, or does not return
+// cleanly when stopped; the log is printed when the test failed.
+func runServe(t *testing.T, args []string, getenv func(string) string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{logs: &syncBuffer{}}
+	ready := make(chan *app, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, args, getenv, r.logs, r.logs, func(a *app) { ready <- a }) }()
+	select {
+	case r.a = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve %v: %v\n%s", args, err, r.logs)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatalf("serve not ready after 60s\n%s", r.logs)
+	}
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("serve returned %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("serve did not return 10s after cancel")
+			}
+		})
+	}
+	t.Cleanup(func() {
+		r.stop()
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", r.logs)
+		}
+	})
+	return r
 }

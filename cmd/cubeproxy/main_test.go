@@ -45,14 +45,8 @@ func TestServeInProcess(t *testing.T) {
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan *app, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "2s"},
-			noEnv, io.Discard, io.Discard, func(a *app) { ready <- a })
-	}()
-	a := <-ready
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "2s"}, noEnv)
+	a := r.a
 	req, _ := http.NewRequest("GET", "http://"+a.httpLn.Addr().String()+"/", nil)
 	req.Host = fmt.Sprintf("%d-box.cube.test", port)
 	resp, err := http.DefaultClient.Do(req)
@@ -64,15 +58,7 @@ func TestServeInProcess(t *testing.T) {
 	if string(body) != "hi from sandbox" {
 		t.Fatalf("got %q", body)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("serve did not return after cancel")
-	}
+	r.stop() // what SIGTERM does: drain, then serve returns nil
 }
 
 // The real binary: SIGTERM with an SSE stream open ends the stream cleanly

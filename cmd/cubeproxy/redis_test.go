@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,46 +57,13 @@ func startRedisProxy(t *testing.T, redisAddr string, extra ...string) *redisProx
 // startServe runs serve(args) until the test ends.
 func startServe(t *testing.T, args []string, getenv func(string) string, domain string) *redisProxy {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
-	ready := make(chan *app, 1)
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, args, getenv, logs, logs, func(a *app) { ready <- a }) }()
-	var a *app
-	select {
-	case a = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("serve %v: %v\n%s", args, err, logs)
-	case <-time.After(10 * time.Second):
-		cancel()
-		t.Fatalf("serve did not become ready\n%s", logs)
-	}
-	p := &redisProxy{
-		a: a, http: a.httpLn.Addr().String(), admin: a.adminLn.Addr().String(), domain: domain, logs: logs,
+	r := runServe(t, args, getenv)
+	a := r.a
+	return &redisProxy{
+		a: a, http: a.httpLn.Addr().String(), admin: a.adminLn.Addr().String(), domain: domain, logs: r.logs,
 		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second},
+		stop:   r.stop,
 	}
-	var once sync.Once
-	p.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("serve returned %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Errorf("serve did not return 10s after cancel\n%s", logs)
-			}
-		})
-	}
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("proxy %s log:\n%s", p.http, logs)
-		}
-	})
-	return p
 }
 
 // redisReply is one answer of the proxy.

@@ -44,37 +44,7 @@ func startTLSProxy(t *testing.T, yamlBody string) *tlsProxy {
 	if err := os.WriteFile(path, []byte(yamlBody), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan *app, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--config", path}, noEnv, logs, logs, func(a *app) { ready <- a })
-	}()
-	var a *app
-	select {
-	case a = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("serve: %v\nlogs:\n%s", err, logs)
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatalf("proxy not ready after 60s\nlogs:\n%s", logs)
-	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve returned %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("serve did not return after cancel")
-		}
-		if t.Failed() {
-			t.Logf("proxy logs:\n%s", logs)
-		}
-	})
+	a := runServe(t, []string{"--config", path}, noEnv).a
 	p := &tlsProxy{a: a, https: addrOf(a.httpsLn), http: addrOf(a.httpLn)}
 	if p.https != "" {
 		_, p.httpsPort, _ = net.SplitHostPort(p.https)

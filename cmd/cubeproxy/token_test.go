@@ -177,37 +177,9 @@ func TestSignedTokenThroughServe(t *testing.T) {
 		"CUBEPROXY_AUTH_SIGNING_KEYS": newKey + "," + oldKey,
 		"CUBEPROXY_ADMIN_TOKEN":       adminTok,
 	})
-	var logs syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan *app, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-			"--log-level", "debug", "--access-log-path", accessPath, "--drain-timeout", "1s"}, env, &logs, &logs, func(a *app) { ready <- a })
-	}()
-	var a *app
-	select {
-	case a = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve returned %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("serve did not stop")
-		}
-	}
-	t.Cleanup(stop)
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--log-level", "debug", "--access-log-path", accessPath, "--drain-timeout", "1s"}, env)
+	a, logs, stop := r.a, r.logs, r.stop
 
 	client := &http.Client{
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

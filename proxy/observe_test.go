@@ -190,20 +190,8 @@ func TestTracingSSESpanEndsWithStream(t *testing.T) {
 	tel := obsTelemetry(t, exp)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 
-	const first, last = "data: first\n\n", "data: last\n\n"
-	ack := make(chan struct{})
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f := sseHeaders(w)
-		io.WriteString(w, first)
-		f.Flush()
-		select {
-		case <-ack:
-		case <-r.Context().Done():
-			return
-		}
-		io.WriteString(w, last)
-		f.Flush()
-	}))
+	const first, last = heldFirst, heldLast
+	port, ack := heldSSEBackend(t)
 	host := h.route("tracesse", port)
 
 	const traceID = "5bf92f3577b34da6a3ce929d0e0e4736"
@@ -636,20 +624,8 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 	t.Cleanup(func() { _ = al.Close() })
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
 
-	const first, last = "data: first\n\n", "data: last\n\n"
-	ack := make(chan struct{})
-	ssePort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f := sseHeaders(w)
-		io.WriteString(w, first)
-		f.Flush()
-		select {
-		case <-ack:
-		case <-r.Context().Done():
-			return
-		}
-		io.WriteString(w, last)
-		f.Flush()
-	}))
+	const first, last = heldFirst, heldLast
+	ssePort, ack := heldSSEBackend(t)
 	sseHost := h.route("sbxlogsse", ssePort)
 	plainHost := h.route("sbxlogplain", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -737,4 +713,26 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 			t.Errorf("WebSocket request_time %s", f[13])
 		}
 	})
+}
+
+// The events of heldSSEBackend.
+const heldFirst, heldLast = "data: first\n\n", "data: last\n\n"
+
+// heldSSEBackend sends heldFirst, then holds the stream open until ack is
+// closed (or sent to), then sends heldLast and ends it.
+func heldSSEBackend(t *testing.T) (port uint16, ack chan struct{}) {
+	ack = make(chan struct{})
+	port = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		io.WriteString(w, heldFirst)
+		f.Flush()
+		select {
+		case <-ack:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, heldLast)
+		f.Flush()
+	}))
+	return port, ack
 }

@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -29,6 +31,7 @@ type Proxy struct {
 	cache     *routing.Cache
 	store     routing.Store
 	pools     pools
+	readers   sync.Pool // *bufio.Reader of UpstreamReadBufferSize, one per exchange
 	streams   registry
 	sandboxes sandboxes
 
@@ -221,14 +224,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		return
 	}
 
-	// A request that came over TLS has scheme https; the sandbox speaks
-	// plain HTTP and HostClient refuses a scheme that differs from its own.
-	req.URI().SetScheme("http")
+	// The URI is sent as the client wrote it: no path normalisation, and
+	// the Host header (set above) rather than the parsed URI's host.
+	req.URI().DisablePathNormalizing = true
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	p.startUpstream(ctx, x)
-	up := fasthttp.AcquireResponse()
-	if err := u.hc.Do(req, up); err != nil {
-		fasthttp.ReleaseResponse(up)
+	resp := &ctx.Response
+	c, err := p.roundTrip(u, req, resp)
+	if err != nil {
 		sb.active.Add(-1)
 		if x.cspan != nil {
 			telemetry.EndClientSpan(x.cspan, 0, err)
@@ -240,23 +243,51 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
-	x.upStatus = up.StatusCode()
+	x.upStatus = resp.StatusCode()
 	x.upTime = time.Since(x.start)
-
-	resp := &ctx.Response
-	up.Header.CopyTo(&resp.Header)
+	x.kind = telemetry.RouteHTTP
+	keepAlive := !resp.Header.ConnectionClose() && x.upStatus != fasthttp.StatusSwitchingProtocols
+	size := int64(resp.Header.ContentLength())
 	removeHopResponse(&resp.Header)
 
-	body := up.BodyStream()
-	if body == nil {
-		// HEAD, 1xx, 204 and 304 have no body; the connection is already
-		// back in the pool.
-		x.kind = telemetry.RouteHTTP
-		fasthttp.ReleaseResponse(up)
+	if req.Header.IsHead() || noBody(x.upStatus) {
+		// The head is the whole answer; the connection is free again.
+		resp.SkipBody = true
+		c.release(p, keepAlive)
 		sb.active.Add(-1)
 		return
 	}
-	size := up.Header.ContentLength()
+	if size >= 0 && size <= smallBody {
+		// Small bodies are read whole (usually already buffered with the
+		// head) and go out with it in one write; the connection is back in
+		// the pool before the client is answered.
+		err := readSmallBody(c.br, resp, int(size))
+		x.bytesOut = size
+		c.release(p, err == nil && keepAlive)
+		sb.active.Add(-1)
+		if err != nil {
+			if x.cspan != nil {
+				telemetry.EndClientSpan(x.cspan, x.upStatus, err)
+				x.cspan = nil
+			}
+			p.upstreamError(ctx, x, err, t.ID(), addr)
+		}
+		return
+	}
+
+	s := bodyStreamPool.Get().(*bodyStream)
+	s.p = p
+	s.conn = c
+	s.keepAlive = keepAlive
+	switch {
+	case size >= 0:
+		s.mode, s.left, s.fixed = bodyFixed, size, true
+	case size == -1:
+		s.mode = bodyChunked
+		s.chunked.reset(c.br)
+	default:
+		s.mode = bodyUntilClose
+	}
 	if size < 0 {
 		// Chunked or close-delimited: unknown length, sent chunked, and
 		// headers go out at once rather than with the first body byte (an
@@ -264,15 +295,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		size = -1
 		resp.ImmediateHeaderFlush = true
 	}
-
-	x.kind = telemetry.RouteHTTP
-	s := bodyStreamPool.Get().(*bodyStream)
-	s.p = p
-	s.resp = up
-	s.body = body
-	s.conn = connOf(up)
-	s.sse = isEventStream(up.Header.ContentType())
-	s.fixed = size >= 0
+	s.sse = isEventStream(resp.Header.ContentType())
 	if s.sse {
 		x.kind = telemetry.RouteSSE
 	}
@@ -290,11 +313,35 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)
 		_ = ctx.SetWriteDeadline(s.clientDeadline)
 	}
-	if s.conn != nil {
-		s.conn.startBody()
-	}
 	p.streams.add(s)
-	resp.SetBodyStream(s, size)
+	resp.SetBodyStream(s, int(size))
+}
+
+// smallBody is the largest response body read whole before answering.
+const smallBody = 16 << 10
+
+// noBody reports whether a status forbids a response body (RFC 9110 6.4.1).
+func noBody(status int) bool {
+	return status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
+}
+
+// readSmallBody appends exactly n body bytes from br to resp.
+func readSmallBody(br *bufio.Reader, resp *fasthttp.Response, n int) error {
+	for n > 0 {
+		b, err := br.Peek(min(n, br.Size()))
+		if len(b) > 0 {
+			resp.AppendBody(b)
+			_, _ = br.Discard(len(b))
+			n -= len(b)
+		}
+		if n > 0 && err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // prepareRequest turns the client's request into the backend's, in place:
@@ -354,7 +401,7 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
 	case isSmallBuffer(err):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
-	case errors.Is(err, fasthttp.ErrNoFreeConns):
+	case errors.Is(err, errNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
 	default:
 		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)

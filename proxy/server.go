@@ -239,14 +239,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // janitor drops idle upstream pools and forgotten sandbox entries.
 func (s *Server) janitor() {
 	defer s.wg.Done()
-	t := time.NewTicker(30 * time.Second)
+	// Often enough that an idle upstream connection is closed within half
+	// its idle timeout of it expiring.
+	t := time.NewTicker(min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/2, time.Second)))
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			s.p.pools.sweep(now, 2*s.p.cfg.UpstreamIdleConnTimeout)
+			s.p.pools.sweep(now, s.p.cfg.UpstreamIdleConnTimeout, 2*s.p.cfg.UpstreamIdleConnTimeout)
 			s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
 		}
 	}

@@ -21,13 +21,18 @@ var errDrain = errors.New("proxy is shutting down")
 // bodyStream hands an upstream response body to fasthttp's response writer.
 // fasthttp reads it and writes one chunk per Read, so every piece the
 // backend sends reaches the client at once. fasthttp closes it (with the
-// write error, if any) when it is done; that is where the upstream response
-// is released — never earlier, or the stream would be cut.
+// write error, if any) when it is done; that is where the upstream
+// connection goes back to its pool or is closed — never earlier, or the
+// stream would be cut.
 type bodyStream struct {
-	p    *Proxy
-	resp *fasthttp.Response
-	body io.Reader // resp.BodyStream()
-	conn *upstreamConn
+	p         *Proxy
+	conn      *upstreamConn
+	keepAlive bool // the backend allows reusing the connection
+
+	mode    bodyMode
+	left    int64 // bodyFixed: bytes still to read
+	chunked chunkedReader
+	eof     bool // the body was read to its end
 
 	sse        bool
 	fixed      bool // Content-Length body: copied by WriteTo in large pieces
@@ -55,17 +60,26 @@ type bodyStream struct {
 	prev, next *bodyStream
 }
 
+// bodyMode is how the end of a response body is known.
+type bodyMode uint8
+
+const (
+	bodyFixed      bodyMode = iota // Content-Length
+	bodyChunked                    // Transfer-Encoding: chunked
+	bodyUntilClose                 // neither: the backend closes the connection
+)
+
 var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 
 func (s *bodyStream) Read(b []byte) (int, error) {
-	if s.sse && s.heartbeat > 0 && s.conn != nil {
+	if s.sse && s.heartbeat > 0 {
 		if s.atBoundary {
 			s.conn.setHeartbeat(time.Now().Add(s.heartbeat))
 		} else {
 			s.conn.setHeartbeat(time.Time{})
 		}
 	}
-	n, err := s.body.Read(b)
+	n, err := s.readBody(b)
 	if s.writeTimeout > 0 && s.client != nil && (!s.fixed || s.n-s.nAtDeadline > 1<<20) {
 		// The client must take each piece within writeTimeout; a stream
 		// itself may last as long as both ends keep talking. A small
@@ -87,6 +101,37 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		// Drain interrupted the upstream read: end the stream cleanly so an
 		// SSE client reconnects (with Last-Event-ID) to another instance.
 		return n, io.EOF
+	}
+	return n, err
+}
+
+// readBody reads the upstream body according to its framing.
+func (s *bodyStream) readBody(b []byte) (int, error) {
+	if s.eof {
+		return 0, io.EOF
+	}
+	var n int
+	var err error
+	switch s.mode {
+	case bodyFixed:
+		if s.left == 0 {
+			s.eof = true
+			return 0, io.EOF
+		}
+		if int64(len(b)) > s.left {
+			b = b[:s.left]
+		}
+		n, err = s.conn.br.Read(b)
+		s.left -= int64(n)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // the backend closed before Content-Length bytes
+		}
+	case bodyChunked:
+		n, err = s.chunked.Read(b)
+		s.eof = err == io.EOF
+	default:
+		n, err = s.conn.br.Read(b)
+		s.eof = err == io.EOF
 	}
 	return n, err
 }
@@ -151,13 +196,10 @@ func (s *bodyStream) CloseWithError(err error) error {
 	}
 	s.closed = true
 	s.p.streams.remove(s)
-	if rc, ok := s.body.(fasthttp.ReadCloserWithError); ok {
-		_ = rc.CloseWithError(err)
-	}
+	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
 	s.sb.active.Add(-1)
 	s.sb.lastActive.Store(time.Now().UnixMilli())
 	s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)
-	fasthttp.ReleaseResponse(s.resp)
 	*s = bodyStream{}
 	bodyStreamPool.Put(s)
 	return nil
@@ -166,10 +208,9 @@ func (s *bodyStream) CloseWithError(err error) error {
 // interrupt is called by drain (from another goroutine, under the registry
 // lock, so the stream cannot be released meanwhile): it unblocks the
 // pending upstream read.
-func (s *bodyStream) interrupt(err error) {
-	if rc, ok := s.body.(fasthttp.ReadCloserWithError); ok {
-		_ = rc.CloseWithError(err)
-	}
+func (s *bodyStream) interrupt() {
+	s.conn.interrupted.Store(true)
+	_ = s.conn.Close()
 }
 
 // registry tracks what is open so that shutdown can end it: body streams and
@@ -231,7 +272,7 @@ func (r *registry) endSSE() {
 	for s := r.head; s != nil; s = s.next {
 		if s.sse {
 			s.stopping.Store(true)
-			s.interrupt(errDrain)
+			s.interrupt()
 		}
 	}
 }
@@ -241,7 +282,7 @@ func (r *registry) abortAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for s := r.head; s != nil; s = s.next {
-		s.interrupt(errDrain)
+		s.interrupt()
 	}
 	for t := range r.tunnels {
 		t.close()

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -22,10 +24,18 @@ type poolKey struct {
 	addr      netip.AddrPort
 }
 
-// upstream is one pool of keep-alive connections to one sandbox port.
+// upstream is one pool of keep-alive connections to one sandbox port. It is
+// a few words and a slice: a new sandbox costs no goroutine and no buffer
+// until a connection is actually open, and idle connections hold no
+// buffers (readers and writers come from the proxy's pools per exchange).
 type upstream struct {
-	hc       *fasthttp.HostClient
+	addr     string
 	lastUsed atomic.Int64 // unix nanos
+	conns    atomic.Int32 // open connections, idle or busy
+	pending  atomic.Int32 // requests waiting for response headers
+
+	mu   sync.Mutex
+	idle []*upstreamConn // most recently used last
 }
 
 // pools holds the upstream pools; idle ones are dropped by sweep.
@@ -54,36 +64,21 @@ func (ps *pools) create(key poolKey) *upstream {
 	if u := ps.m[key]; u != nil {
 		return u
 	}
-	addr := key.addr.String()
-	u := &upstream{hc: &fasthttp.HostClient{
-		Addr:                          addr,
-		Dial:                          ps.p.dial,
-		MaxConns:                      ps.cfg.MaxConnsPerUpstream,
-		MaxIdleConnDuration:           ps.cfg.UpstreamIdleConnTimeout,
-		MaxIdemponentCallAttempts:     2,
-		RetryIfErr:                    ps.p.retryIfErr,
-		StreamResponseBody:            true,
-		DisablePathNormalizing:        true,
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: false,
-		ReadBufferSize:                ps.cfg.UpstreamReadBufferSize,
-		WriteBufferSize:               4 << 10, // used only while a request head is written
-		// ReadTimeout and WriteTimeout stay 0: they would bound a whole
-		// stream. upstreamConn applies header and idle deadlines instead.
-	}}
+	u := &upstream{addr: key.addr.String()}
 	ps.m[key] = u
 	return u
 }
 
-// sweep drops pools that have no connections and were unused for idle.
-// Their HostClient is then garbage; it holds no goroutine once it has no
-// connections.
-func (ps *pools) sweep(now time.Time, idle time.Duration) {
-	cutoff := now.Add(-idle).UnixNano()
+// sweep closes keep-alive connections idle for longer than connIdle and
+// drops pools that have no connection and were unused for poolIdle.
+func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
+	connCutoff := now.Add(-connIdle).UnixNano()
+	poolCutoff := now.Add(-poolIdle).UnixNano()
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	for k, u := range ps.m {
-		if u.lastUsed.Load() < cutoff && u.hc.ConnsCount() == 0 {
+		u.closeIdle(connCutoff)
+		if u.lastUsed.Load() < poolCutoff && u.conns.Load() == 0 {
 			delete(ps.m, k)
 		}
 	}
@@ -95,42 +90,199 @@ func (ps *pools) stats() (pools, conns, pending int) {
 	ps.mu.RLock()
 	defer ps.mu.RUnlock()
 	for _, u := range ps.m {
-		conns += u.hc.ConnsCount()
-		pending += u.hc.PendingRequests()
+		conns += int(u.conns.Load())
+		pending += int(u.pending.Load())
 	}
 	return len(ps.m), conns, pending
 }
 
+// closeIdle closes every idle connection (shutdown).
 func (ps *pools) closeIdle() {
 	ps.mu.RLock()
 	defer ps.mu.RUnlock()
 	for _, u := range ps.m {
-		u.hc.CloseIdleConnections()
+		u.closeIdle(time.Now().UnixNano() + 1)
 	}
 }
 
-// retryIfErr re-sends a request only when a pooled keep-alive connection
-// turned out to be closed by the backend before it answered, and only for
-// idempotent methods (the rule net/http follows). fasthttp never retries a
-// streamed request body, and dial failures are retried in dial, so nothing
-// that reached a live backend is ever sent twice.
-func (p *Proxy) retryIfErr(req *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
-	if attempts > 1 {
-		return false, false
+// closeIdle closes the idle connections last used before cutoff (unix nanos).
+func (u *upstream) closeIdle(cutoff int64) {
+	u.mu.Lock()
+	n := 0
+	for n < len(u.idle) && u.idle[n].idleSince < cutoff {
+		n++
 	}
-	var de *dialError
-	if errors.As(err, &de) {
-		return false, false
+	stale := append([]*upstreamConn(nil), u.idle[:n]...)
+	u.idle = append(u.idle[:0], u.idle[n:]...)
+	clear(u.idle[len(u.idle):cap(u.idle)])
+	u.mu.Unlock()
+	for _, c := range stale {
+		u.drop(c)
 	}
-	if !errors.Is(err, fasthttp.ErrConnectionClosed) && !errors.Is(err, net.ErrClosed) && !isConnReset(err) {
-		return false, false
+}
+
+// errNoFreeConns: the pool is at upstream.max_conns.
+var errNoFreeConns = errors.New("no free upstream connections")
+
+// acquire returns an idle connection (reused true) or dials a new one.
+func (u *upstream) acquire(p *Proxy) (c *upstreamConn, reused bool, err error) {
+	u.mu.Lock()
+	if n := len(u.idle); n > 0 {
+		c = u.idle[n-1]
+		u.idle[n-1] = nil
+		u.idle = u.idle[:n-1]
+		u.mu.Unlock()
+		return c, true, nil
 	}
-	switch string(req.Header.Method()) {
+	u.mu.Unlock()
+	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
+		u.conns.Add(-1)
+		return nil, false, errNoFreeConns
+	}
+	c, err = p.dial(u.addr)
+	if err != nil {
+		u.conns.Add(-1)
+		return nil, false, err
+	}
+	c.pool = u
+	return c, false, nil
+}
+
+// put returns a connection whose exchange ended cleanly to the idle list.
+func (u *upstream) put(c *upstreamConn) {
+	c.idleSince = time.Now().UnixNano()
+	u.mu.Lock()
+	u.idle = append(u.idle, c)
+	u.mu.Unlock()
+}
+
+// drop closes a connection that must not be reused.
+func (u *upstream) drop(c *upstreamConn) {
+	_ = c.Close()
+	u.conns.Add(-1)
+}
+
+// roundTrip sends req on a pooled connection and reads the response
+// headers into resp. On success the connection is busy and positioned at
+// the response body; the caller reads the body with c.br and ends the
+// exchange with c.release.
+//
+// A request is re-sent once, on a new connection, only when a reused
+// keep-alive connection turned out to be closed by the backend before it
+// answered, the method is idempotent and the body is not a stream (the rule
+// net/http follows): nothing that reached a live backend is sent twice.
+func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response) (*upstreamConn, error) {
+	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
+	for attempt := 0; ; attempt++ {
+		c, reused, err := u.acquire(p)
+		if err != nil {
+			return nil, err
+		}
+		err = c.send(req)
+		if err == nil {
+			u.pending.Add(1)
+			err = c.readHeader(p, resp)
+			u.pending.Add(-1)
+		}
+		if err == nil {
+			return c, nil
+		}
+		c.release(p, false)
+		if reused && attempt == 0 && retryable && isStaleConn(err) {
+			p.metrics.UpstreamRetry()
+			continue
+		}
+		return nil, err
+	}
+}
+
+func isIdempotent(method []byte) bool {
+	switch string(method) {
 	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
-		p.metrics.UpstreamRetry()
-		return false, true
+		return true
 	}
-	return false, false
+	return false
+}
+
+// isStaleConn reports whether err means the backend had closed the
+// connection before reading the request: a reset or EOF, not a timeout.
+func isStaleConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || isConnReset(err)
+}
+
+// writerPool holds the writers requests are sent through; a connection
+// holds one only while it writes a request head and body.
+var writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+
+// send writes the request (head and body) to the backend.
+func (c *upstreamConn) send(req *fasthttp.Request) error {
+	bw := writerPool.Get().(*bufio.Writer)
+	bw.Reset(c)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	writerPool.Put(bw)
+	return err
+}
+
+// maxInterim bounds the 1xx responses skipped before the final one.
+const maxInterim = 8
+
+// readHeader reads the final response head into resp, skipping interim
+// (1xx) responses, and switches the connection to body deadlines.
+func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
+	if c.br == nil {
+		c.br = p.acquireReader(c)
+	}
+	h := &resp.Header
+	for i := 0; ; i++ {
+		if err := h.Read(c.br); err != nil {
+			return err
+		}
+		if sc := h.StatusCode(); sc < 100 || sc > 199 || sc == fasthttp.StatusSwitchingProtocols {
+			break
+		}
+		if i == maxInterim {
+			return fmt.Errorf("more than %d interim responses", maxInterim)
+		}
+	}
+	c.inBody = true
+	return nil
+}
+
+// release ends an exchange: the connection goes back to the pool when
+// reuse is true and it holds nothing unread, else it is closed. Its reader
+// goes back to the proxy's pool either way.
+func (c *upstreamConn) release(p *Proxy, reuse bool) {
+	if c.br != nil {
+		if c.br.Buffered() > 0 {
+			reuse = false // bytes past the response: the framing is lost
+		}
+		p.releaseReader(c.br)
+		c.br = nil
+	}
+	c.heartbeat = time.Time{}
+	if reuse && !c.interrupted.Load() {
+		c.pool.put(c)
+		return
+	}
+	c.pool.drop(c)
+}
+
+func (p *Proxy) acquireReader(c *upstreamConn) *bufio.Reader {
+	if br, ok := p.readers.Get().(*bufio.Reader); ok {
+		br.Reset(c)
+		return br
+	}
+	return bufio.NewReaderSize(c, p.cfg.UpstreamReadBufferSize)
+}
+
+func (p *Proxy) releaseReader(br *bufio.Reader) {
+	br.Reset(nil)
+	p.readers.Put(br)
 }
 
 // dialError marks a failure to connect, as opposed to a failure on an
@@ -145,7 +297,7 @@ func (e *dialError) Unwrap() error { return e.err }
 
 // dial connects to a backend with the connect timeout and retries once when
 // the connect itself fails.
-func (p *Proxy) dial(addr string) (net.Conn, error) {
+func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
@@ -159,7 +311,7 @@ func (p *Proxy) dial(addr string) (net.Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	return newUpstreamConn(c, &p.cfg), nil
+	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout}, nil
 }
 
 // errHeartbeatDue is returned by upstreamConn.Read when the heartbeat
@@ -169,42 +321,29 @@ func (p *Proxy) dial(addr string) (net.Conn, error) {
 var errHeartbeatDue = errors.New("heartbeat due")
 
 // upstreamConn wraps a backend connection with the deadlines a streaming
-// proxy needs and fasthttp's own timeouts cannot express: a response-header
-// timeout measured from the last byte written, an idle timeout between body
-// reads (a stream may last hours but not be silent for hours), and an
-// optional heartbeat deadline for silent SSE streams.
+// proxy needs: a response-header timeout measured from the last byte
+// written, an idle timeout between body reads (a stream may last hours but
+// not be silent for hours), and an optional heartbeat deadline for silent
+// SSE streams.
 type upstreamConn struct {
 	net.Conn
+	pool          *upstream // nil for a WebSocket tunnel's connection
+	br            *bufio.Reader
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
+	idleSince     int64 // unix nanos, while in the idle list
 
-	// Only one goroutine uses the connection at a time (fasthttp's pool
-	// hands it to one request), so these fields need no lock.
+	// interrupted is set when drain closes the connection under a stream.
+	interrupted atomic.Bool
+
+	// Only one goroutine uses the connection at a time (the exchange that
+	// acquired it), so these fields need no lock.
 	inBody         bool
 	headerDeadline time.Time
 	heartbeat      time.Time // zero = no heartbeat pending
 	readDeadline   time.Time // last deadline set on the socket
 	writeDeadline  time.Time
-
-	laddr taggedAddr
 }
-
-// taggedAddr is the connection's LocalAddr carrying a pointer back to the
-// connection. fasthttp exposes no way to reach the connection behind a
-// streamed response, but it records LocalAddr in the response; the stream
-// uses it to switch the connection to body deadlines and heartbeats.
-type taggedAddr struct {
-	net.Addr
-	conn *upstreamConn
-}
-
-func newUpstreamConn(c net.Conn, cfg *Config) *upstreamConn {
-	u := &upstreamConn{Conn: c, headerTimeout: cfg.ResponseHeaderTimeout, idleTimeout: cfg.IdleStreamTimeout}
-	u.laddr = taggedAddr{Addr: c.LocalAddr(), conn: u}
-	return u
-}
-
-func (c *upstreamConn) LocalAddr() net.Addr { return &c.laddr }
 
 // Write starts (or continues) a request: the header deadline counts from
 // the last byte sent, so a long upload does not eat into it.
@@ -223,8 +362,20 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 }
 
 func (c *upstreamConn) Read(b []byte) (int, error) {
+	hb := c.armRead()
+	n, err := c.Conn.Read(b)
+	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.heartbeat = time.Time{}
+		return 0, errHeartbeatDue
+	}
+	return n, err
+}
+
+// armRead sets the read deadline for the next wait: the header deadline
+// before the response head, else the idle timeout or the heartbeat,
+// whichever comes first. It reports whether the heartbeat is the one armed.
+func (c *upstreamConn) armRead() (heartbeat bool) {
 	var deadline time.Time
-	hb := false
 	if !c.inBody {
 		deadline = c.headerDeadline
 	} else {
@@ -232,16 +383,11 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 			deadline = time.Now().Add(c.idleTimeout)
 		}
 		if !c.heartbeat.IsZero() && (deadline.IsZero() || c.heartbeat.Before(deadline)) {
-			deadline, hb = c.heartbeat, true
+			deadline, heartbeat = c.heartbeat, true
 		}
 	}
 	c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, deadline)
-	n, err := c.Conn.Read(b)
-	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.heartbeat = time.Time{}
-		return 0, errHeartbeatDue
-	}
-	return n, err
+	return heartbeat
 }
 
 // setDeadline arms want unless the armed deadline cur is less than a
@@ -260,19 +406,8 @@ func setDeadline(c net.Conn, read bool, cur, want time.Time) time.Time {
 	return want
 }
 
-// startBody switches the connection from waiting for headers to streaming a body.
-func (c *upstreamConn) startBody() { c.inBody = true }
-
 // setHeartbeat arms (or with a zero time, disarms) the heartbeat deadline.
 func (c *upstreamConn) setHeartbeat(t time.Time) { c.heartbeat = t }
-
-// connOf returns the upstreamConn behind a response fasthttp read, if any.
-func connOf(resp *fasthttp.Response) *upstreamConn {
-	if a, ok := resp.LocalAddr().(*taggedAddr); ok {
-		return a.conn
-	}
-	return nil
-}
 
 func isConnReset(err error) bool {
 	var oe *net.OpError

@@ -60,7 +60,7 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 }
 
 // tunnel serves an Upgrade request. The upgrade never goes through the
-// pooled HostClient (it would put the switched connection back in the
+// connection pool (it would put the switched connection back in the
 // pool): it dials its own connection, replays the request, and after a 101
 // hijacks the client connection and copies bytes both ways until either
 // side closes.
@@ -75,12 +75,11 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		return
 	}
 	p.startUpstream(ctx, x)
-	c, err := p.dial(addr.String())
+	uc, err := p.dial(addr.String())
 	if err != nil {
 		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
 		return
 	}
-	uc := c.(*upstreamConn)
 
 	bw := bufio.NewWriter(uc)
 	// An upgrade request has no body (RFC 6455); write the head only.

@@ -32,6 +32,8 @@ type Proxy struct {
 	store     routing.Store
 	pools     pools
 	readers   sync.Pool // *bufio.Reader of UpstreamReadBufferSize, one per exchange
+	// readersOut counts readers in use: what idle streams cost in buffers.
+	readersOut atomic.Int64
 	streams   registry
 	sandboxes sandboxes
 
@@ -312,6 +314,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		s.writeTimeout = p.clientWriteTimeout
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)
 		_ = ctx.SetWriteDeadline(s.clientDeadline)
+	}
+	if detachable(req, s) {
+		p.detach(ctx, s)
+		return
 	}
 	p.streams.add(s)
 	resp.SetBodyStream(s, int(size))

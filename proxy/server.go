@@ -97,6 +97,9 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		CloseOnShutdown: true,
 		Logger:          log,
 		ConnState:       p.connState,
+		// Hijacked connections (WebSocket tunnels, detached SSE streams)
+		// are closed by their owner, which may outlive the hijack handler.
+		KeepHijackedConns: true,
 	}
 	s.redirect = &fasthttp.Server{
 		NoDefaultServerHeader: true,

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 )
 
 // heartbeatLine is an SSE comment: parsers ignore it, but writing it tells
@@ -46,6 +48,12 @@ type bodyStream struct {
 	x       exchange
 	rc      *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
 
+	// A detached stream (detach.go) has left fasthttp: it owns the client
+	// connection and logs the entry captured when it left.
+	detached bool
+	status   int
+	entry    *accesslog.Entry
+
 	client         net.Conn // to refresh the per-write deadline
 	writeTimeout   time.Duration
 	clientDeadline time.Time
@@ -72,13 +80,7 @@ const (
 var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 
 func (s *bodyStream) Read(b []byte) (int, error) {
-	if s.sse && s.heartbeat > 0 {
-		if s.atBoundary {
-			s.conn.setHeartbeat(time.Now().Add(s.heartbeat))
-		} else {
-			s.conn.setHeartbeat(time.Time{})
-		}
-	}
+	s.armHeartbeat()
 	n, err := s.readBody(b)
 	if s.writeTimeout > 0 && s.client != nil && (!s.fixed || s.n-s.nAtDeadline > 1<<20) {
 		// The client must take each piece within writeTimeout; a stream
@@ -103,6 +105,19 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, err
+}
+
+// armHeartbeat arms the heartbeat for the next upstream wait, but only at
+// an event boundary: a comment line inside an event would corrupt it.
+func (s *bodyStream) armHeartbeat() {
+	if !s.sse || s.heartbeat <= 0 {
+		return
+	}
+	if s.atBoundary {
+		s.conn.setHeartbeat(time.Now().Add(s.heartbeat))
+	} else {
+		s.conn.setHeartbeat(time.Time{})
+	}
 }
 
 // readBody reads the upstream body according to its framing.
@@ -191,18 +206,30 @@ func (s *bodyStream) trackBoundary(b []byte) {
 // close the upstream connection instead of pooling it, which is how the
 // backend learns that its client is gone.
 func (s *bodyStream) CloseWithError(err error) error {
+	s.end(err)
+	return nil
+}
+
+// end releases everything the stream holds and records it; err is nil when
+// the body was delivered whole (or drain ended an SSE stream cleanly).
+func (s *bodyStream) end(err error) {
 	if s.closed {
-		return nil
+		return
 	}
 	s.closed = true
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
 	s.sb.active.Add(-1)
 	s.sb.lastActive.Store(time.Now().UnixMilli())
-	s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)
+	if s.detached {
+		s.p.finish(nil, &s.x, s.status, err, s.entry)
+		_ = s.client.Close()
+		s.p.metrics.ConnClosed()
+	} else {
+		s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)
+	}
 	*s = bodyStream{}
 	bodyStreamPool.Put(s)
-	return nil
 }
 
 // interrupt is called by drain (from another goroutine, under the registry

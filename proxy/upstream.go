@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -273,6 +274,7 @@ func (c *upstreamConn) release(p *Proxy, reuse bool) {
 }
 
 func (p *Proxy) acquireReader(c *upstreamConn) *bufio.Reader {
+	p.readersOut.Add(1)
 	if br, ok := p.readers.Get().(*bufio.Reader); ok {
 		br.Reset(c)
 		return br
@@ -281,6 +283,7 @@ func (p *Proxy) acquireReader(c *upstreamConn) *bufio.Reader {
 }
 
 func (p *Proxy) releaseReader(br *bufio.Reader) {
+	p.readersOut.Add(-1)
 	br.Reset(nil)
 	p.readers.Put(br)
 }
@@ -335,6 +338,12 @@ type upstreamConn struct {
 
 	// interrupted is set when drain closes the connection under a stream.
 	interrupted atomic.Bool
+
+	// For waitReadable (detached SSE streams), set on first use.
+	raw     syscall.RawConn
+	peekFn  func(fd uintptr) bool
+	peekErr error
+	peekBuf [1]byte
 
 	// Only one goroutine uses the connection at a time (the exchange that
 	// acquired it), so these fields need no lock.

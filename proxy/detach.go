@@ -1,0 +1,151 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+)
+
+// A long-lived SSE stream spends nearly all its life waiting for the next
+// event. Written through fasthttp's response writer, every waiting stream
+// keeps the connection's goroutine (with the deep stack of the response
+// writer), its RequestCtx, read and write buffers, a copy buffer and the
+// upstream reader: about 35 KiB of touched memory per stream. A detached
+// stream hijacks the client connection once the response head is known,
+// lets fasthttp recycle all of that, and waits for the backend's next byte
+// without any buffer: what stays is one shallow goroutine (replacing
+// fasthttp's, not added to it), the two connections and the bodyStream.
+// Buffers are borrowed only while an event is being copied.
+
+// detachable reports whether a response stream should leave fasthttp.
+// Only GET event streams over HTTP/1.1 do: a detached stream closes the
+// client connection when it ends, which suits a long-lived subscription
+// (the client reconnects anyway) but not the short SSE answer to an MCP
+// POST, whose connection the client reuses for its next call.
+func detachable(req *fasthttp.Request, s *bodyStream) bool {
+	return canWaitReadable && s.sse && s.mode != bodyFixed && req.Header.IsGet() && req.Header.IsHTTP11()
+}
+
+// detach hands the stream to its own goroutine once the handler returns.
+func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
+	s.detached = true
+	s.client = ctx.Conn()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(s.hijacked)
+	p.streams.add(s)
+}
+
+// hijacked runs on fasthttp's hijack goroutine after the handler returned
+// (so the response carries every header the handler set): it writes the
+// response head, captures the access log entry while the request is still
+// there, and starts the pump. fasthttp recycles the request once it returns.
+func (s *bodyStream) hijacked(net.Conn) {
+	rc := s.rc
+	s.rc = nil
+	h := &rc.Response.Header
+	h.SetContentLength(-1) // chunked
+	h.SetConnectionClose() // the connection ends with the stream
+	s.status = h.StatusCode()
+	if s.p.cfg.AccessLog != nil {
+		ls := logScratchPool.Get().(*logScratch)
+		s.p.fillEntry(rc, &s.x, s.status, 0, ls)
+		s.entry = cloneEntry(&ls.e)
+		ls.e = accesslog.Entry{}
+		logScratchPool.Put(ls)
+	}
+	bp := copyBufPool.Get().(*[]byte)
+	err := s.write(h.AppendBytes((*bp)[:0]))
+	copyBufPool.Put(bp)
+	if err != nil {
+		s.end(err)
+		return
+	}
+	go s.pump()
+}
+
+// pump copies the body to the client until either side ends it.
+func (s *bodyStream) pump() { s.end(s.copyEvents()) }
+
+var (
+	lastChunk      = []byte("0\r\n\r\n")
+	heartbeatChunk = []byte("e\r\n: keep-alive\n\n\r\n")
+)
+
+// chunkHeadRoom is reserved in front of the data for the chunk-size line.
+const chunkHeadRoom = 10
+
+// copyEvents is the detached stream's loop. Between events it holds no
+// reader and no buffer: it waits until the backend's socket is readable.
+func (s *bodyStream) copyEvents() error {
+	c := s.conn
+	for {
+		if c.br != nil && c.br.Buffered() == 0 {
+			s.p.releaseReader(c.br)
+			c.br = nil
+		}
+		if c.br == nil {
+			s.armHeartbeat()
+			err := c.waitReadable()
+			c.br = s.p.acquireReader(c)
+			s.chunked.br = c.br
+			switch {
+			case errors.Is(err, errHeartbeatDue):
+				if err := s.write(heartbeatChunk); err != nil {
+					return err
+				}
+				continue
+			case err != nil && s.stopping.Load():
+				return s.write(lastChunk) // drain: end cleanly, the client reconnects elsewhere
+			case err != nil:
+				return err
+			}
+		}
+		bp := copyBufPool.Get().(*[]byte)
+		buf := *bp
+		n, rerr := s.Read(buf[chunkHeadRoom : len(buf)-2])
+		var werr error
+		if n > 0 {
+			werr = s.write(frameChunk(buf, n))
+		}
+		copyBufPool.Put(bp)
+		switch {
+		case werr != nil:
+			return werr
+		case rerr == io.EOF:
+			return s.write(lastChunk)
+		case rerr != nil:
+			return rerr
+		}
+	}
+}
+
+// frameChunk wraps the n data bytes at buf[chunkHeadRoom:] in chunk framing
+// in place and returns the chunk.
+func frameChunk(buf []byte, n int) []byte {
+	end := chunkHeadRoom + n
+	buf[end], buf[end+1] = '\r', '\n'
+	i := chunkHeadRoom - 2
+	buf[i], buf[i+1] = '\r', '\n'
+	for v := n; ; v >>= 4 {
+		i--
+		buf[i] = "0123456789abcdef"[v&0xf]
+		if v < 0x10 {
+			break
+		}
+	}
+	return buf[i : end+2]
+}
+
+// write sends b to the client within the client write timeout.
+func (s *bodyStream) write(b []byte) error {
+	if s.writeTimeout > 0 {
+		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout))
+	}
+	_, err := s.client.Write(b)
+	return err
+}

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// Idle SSE subscriptions are the proxy's most numerous open requests; a
+// detached stream must hold no upstream reader (nor any other buffer)
+// while it waits, and still deliver the next event the moment it comes.
+// The backend sends each next event only after the client acknowledged the
+// previous one, so nothing here depends on timing.
+func TestDetachedSSEStreamsHoldNoBuffersWhileIdle(t *testing.T) {
+	h := newHarness(t)
+	const streams = 20
+	next := make(chan struct{})    // closed: every backend sends its second event and ends
+	release := make(chan struct{}) // test end: backends give up
+	t.Cleanup(func() { close(release) })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		fmt.Fprintf(w, "data: first %s\n\n", r.URL.Query().Get("i"))
+		f.Flush()
+		select {
+		case <-next:
+		case <-release:
+			return
+		}
+		fmt.Fprintf(w, "data: second %s\n\n", r.URL.Query().Get("i"))
+	}))
+	host := h.route("idle1", port)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	readers := make([]*bufio.Reader, streams)
+	for i := range streams {
+		resp := h.do(h.req("GET", host, fmt.Sprintf("/events?i=%d", i), nil).WithContext(ctx))
+		t.Cleanup(func() { resp.Body.Close() })
+		if te := resp.TransferEncoding; len(te) != 1 || te[0] != "chunked" {
+			t.Fatalf("stream %d: transfer-encoding %v, want chunked", i, te)
+		}
+		if !resp.Close {
+			t.Errorf("stream %d: no Connection: close, but the connection ends with the stream", i)
+		}
+		readers[i] = bufio.NewReader(resp.Body)
+		if ev, err := readEvent(readers[i]); err != nil || ev != fmt.Sprintf("data: first %d\n", i) {
+			t.Fatalf("stream %d: first event %q, %v", i, ev, err)
+		}
+	}
+
+	// Every stream has delivered its event and waits: none may keep a reader.
+	testenv.WaitFor(t, 5*time.Second, "idle streams to release their readers", func() bool {
+		return h.proxy.readersOut.Load() == 0
+	})
+	if open, _ := h.proxy.streams.open(); open != streams {
+		t.Fatalf("%d streams registered, want %d", open, streams)
+	}
+
+	close(next)
+	for i, br := range readers {
+		if ev, err := readEvent(br); err != nil || ev != fmt.Sprintf("data: second %d\n", i) {
+			t.Fatalf("stream %d: second event %q, %v", i, ev, err)
+		}
+		// The backend ended its response: the client sees a clean end.
+		if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+			t.Fatalf("stream %d: after the last event: %q, %v", i, rest, err)
+		}
+	}
+	testenv.WaitFor(t, 5*time.Second, "streams to end", func() bool {
+		open, _ := h.proxy.streams.open()
+		return open == 0 && h.proxy.readersOut.Load() == 0
+	})
+}
+
+// frameChunk must produce exactly the framing a chunked decoder expects,
+// for sizes around every hex-digit boundary.
+func TestFrameChunk(t *testing.T) {
+	for _, n := range []int{1, 9, 15, 16, 255, 256, 4095, 4096, 64<<10 - chunkHeadRoom - 2} {
+		buf := make([]byte, 64<<10)
+		for i := range n {
+			buf[chunkHeadRoom+i] = byte('a' + i%26)
+		}
+		framed := frameChunk(buf, n)
+		var c chunkedReader
+		c.reset(bufio.NewReader(io.MultiReader(bytes.NewReader(framed), bytes.NewReader(lastChunk))))
+		got, err := io.ReadAll(&c)
+		if err != nil || len(got) != n || !c.done() {
+			t.Fatalf("n=%d: decoded %d bytes, err %v, done %v", n, len(got), err, c.done())
+		}
+		if string(got) != string(buf[chunkHeadRoom:chunkHeadRoom+n]) {
+			t.Fatalf("n=%d: data changed", n)
+		}
+	}
+}

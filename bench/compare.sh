@@ -5,6 +5,9 @@
 #   bench/compare.sh            full run (< 15 min on 2 cores), writes bench/RESULTS.md
 #   bench/compare.sh --quick    smoke run (< 3 min), writes /tmp/cube-bench-quick.md
 #   options: --out FILE   report path;  --keep   keep the work dir (logs, samples)
+#            --only "http idle"   run only these scenarios (http bytes sse ws mcp
+#                                 cold idle; sse = all three SSE runs); no
+#                                 micro-benchmarks
 #
 # Loopback only. Every subject gets CPU 0 (CubeProxy with GOMAXPROCS=1, nginx
 # with one worker); the load generator, backend and redis share CPU 1.
@@ -16,17 +19,22 @@ set -euo pipefail
 
 MODE=full
 OUT=""
+ONLY=""
 KEEP=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--quick) MODE=quick ;;
 	--keep) KEEP=1 ;;
+	--only)
+		ONLY=" $2 "
+		shift
+		;;
 	--out)
 		OUT="$2"
 		shift
 		;;
 	-h | --help)
-		sed -n '2,15p' "$0"
+		sed -n '2,18p' "$0"
 		exit 0
 		;;
 	*)
@@ -285,10 +293,14 @@ run_sample() {
 }
 PAUSE=0.2
 
+# wanted scenario: whether --only (if given) names it
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *" $1 "* ]]; }
+
 # scenario kind subjects flags...: interleaved reps over the subjects
 run_scenario() {
 	local scenario=$1 kind=$2 subjects=$3
 	shift 3
+	wanted "$scenario" || return 0
 	local rep s
 	log "scenario $scenario $* [$subjects]"
 	for rep in $(seq "$REPS"); do
@@ -302,6 +314,7 @@ run_scenario() {
 # kept from earlier scenarios does not hide the per-stream cost.
 run_idle() {
 	local subjects=$1 rep s
+	wanted idle || return 0
 	log "scenario idle -n $IDLE_N [$subjects]"
 	for rep in $(seq "$REPS"); do
 		for s in $subjects; do
@@ -362,7 +375,7 @@ cp "$SAMPLES" "${OUT%.md}.jsonl"
 # do not disturb them: host parsing and cache hit (0 allocs targets), header
 # rewriting, a full request with and without instrumentation (tracing off),
 # and a cold Redis lookup.
-if [ "$HAVE_CUBE" = 1 ]; then
+if [ "$HAVE_CUBE" = 1 ] && [ -z "$ONLY" ]; then
 	log "micro-benchmarks"
 	{
 		echo

@@ -26,16 +26,16 @@ import (
 // Proxy is the request pipeline. Its Handler serves sandbox traffic; the
 // admin API lives in AdminHandler on a separate listener.
 type Proxy struct {
-	cfg       Config
-	parser    *routing.Parser
-	cache     *routing.Cache
-	store     routing.Store
-	pools     pools
-	readers   sync.Pool // *bufio.Reader of UpstreamReadBufferSize, one per exchange
+	cfg     Config
+	parser  *routing.Parser
+	cache   *routing.Cache
+	store   routing.Store
+	pools   pools
+	readers sync.Pool // *bufio.Reader of UpstreamReadBufferSize, one per exchange
 	// readersOut counts readers in use: what idle streams cost in buffers.
 	readersOut atomic.Int64
-	streams   registry
-	sandboxes sandboxes
+	streams    registry
+	sandboxes  sandboxes
 
 	clientWriteTimeout time.Duration // from ServerConfig
 
@@ -251,6 +251,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	keepAlive := !resp.Header.ConnectionClose() && x.upStatus != fasthttp.StatusSwitchingProtocols
 	size := int64(resp.Header.ContentLength())
 	removeHopResponse(&resp.Header)
+	// The client gets HTTP/1.1 framing whatever the backend spoke (an
+	// HTTP/1.0 status line with a chunked body would be read as data).
+	resp.Header.SetProtocol(http11)
 
 	if req.Header.IsHead() || noBody(x.upStatus) {
 		// The head is the whole answer; the connection is free again.
@@ -322,6 +325,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.streams.add(s)
 	resp.SetBodyStream(s, int(size))
 }
+
+var http11 = []byte("HTTP/1.1")
 
 // smallBody is the largest response body read whole before answering.
 const smallBody = 16 << 10

@@ -10,3 +10,7 @@ const canWaitReadable = false
 func (c *upstreamConn) waitReadable() error {
 	return errors.New("waitReadable is not supported on this platform")
 }
+
+// idleOK cannot look at the socket here; a close racing the request is
+// left to roundTrip's retry.
+func (c *upstreamConn) idleOK() bool { return true }

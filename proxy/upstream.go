@@ -125,17 +125,27 @@ func (u *upstream) closeIdle(cutoff int64) {
 // errNoFreeConns: the pool is at upstream.max_conns.
 var errNoFreeConns = errors.New("no free upstream connections")
 
-// acquire returns an idle connection (reused true) or dials a new one.
-func (u *upstream) acquire(p *Proxy) (c *upstreamConn, reused bool, err error) {
-	u.mu.Lock()
-	if n := len(u.idle); n > 0 {
+// acquire returns a usable idle connection (reused true) or, when there is
+// none or fresh is set, dials a new one.
+func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, err error) {
+	for !fresh {
+		u.mu.Lock()
+		n := len(u.idle)
+		if n == 0 {
+			u.mu.Unlock()
+			break
+		}
 		c = u.idle[n-1]
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		return c, true, nil
+		if c.idleOK() {
+			return c, true, nil
+		}
+		// The backend closed it, or sent bytes nobody asked for (say a 408
+		// before closing): they must not be read as the next answer.
+		u.drop(c)
 	}
-	u.mu.Unlock()
 	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
 		u.conns.Add(-1)
 		return nil, false, errNoFreeConns
@@ -170,15 +180,17 @@ func (u *upstream) drop(c *upstreamConn) {
 //
 // A request is re-sent once, on a new connection, only when a reused
 // keep-alive connection turned out to be closed by the backend before it
-// answered, the method is idempotent and the body is not a stream (the rule
-// net/http follows): nothing that reached a live backend is sent twice.
+// sent a single byte of an answer, the method is idempotent and the body is
+// not a stream (the rule net/http follows). acquire already drops idle
+// connections the backend closed; this covers a close racing the request.
 func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	for attempt := 0; ; attempt++ {
-		c, reused, err := u.acquire(p)
+		c, reused, err := u.acquire(p, attempt > 0)
 		if err != nil {
 			return nil, err
 		}
+		c.nread = 0
 		err = c.send(req)
 		if err == nil {
 			u.pending.Add(1)
@@ -188,8 +200,9 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		if err == nil {
 			return c, nil
 		}
+		stale := reused && c.nread == 0 && isStaleConn(err)
 		c.release(p, false)
-		if reused && attempt == 0 && retryable && isStaleConn(err) {
+		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
 			continue
 		}
@@ -336,6 +349,8 @@ type upstreamConn struct {
 	idleTimeout   time.Duration
 	idleSince     int64 // unix nanos, while in the idle list
 
+	nread int64 // bytes read since the current request was sent
+
 	// interrupted is set when drain closes the connection under a stream.
 	interrupted atomic.Bool
 
@@ -344,6 +359,10 @@ type upstreamConn struct {
 	peekFn  func(fd uintptr) bool
 	peekErr error
 	peekBuf [1]byte
+
+	// For idleOK (reuse of a keep-alive connection).
+	checkFn  func(fd uintptr)
+	idleGood bool
 
 	// Only one goroutine uses the connection at a time (the exchange that
 	// acquired it), so these fields need no lock.
@@ -373,6 +392,7 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 func (c *upstreamConn) Read(b []byte) (int, error) {
 	hb := c.armRead()
 	n, err := c.Conn.Read(b)
+	c.nread += int64(n)
 	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.heartbeat = time.Time{}
 		return 0, errHeartbeatDue

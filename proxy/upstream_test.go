@@ -1,0 +1,888 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
+// test controls the response framing to the byte and can count the
+// connections the proxy opened.
+type scriptBackend struct {
+	port     uint16
+	accepted atomic.Int32
+	// ended gets one value per connection as it ends: nil when the script
+	// closed it, else the error that stopped reading requests (io.EOF when
+	// the proxy closed it).
+	ended chan error
+
+	mu     sync.Mutex
+	seen   []string // "METHOD /path" of every request read
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// scriptFunc answers req, read from c with its body consumed; n counts the
+// requests on c from 0. It returns false to close c.
+type scriptFunc func(c net.Conn, req *http.Request, n int) bool
+
+func newScriptBackend(t *testing.T, answer scriptFunc) *scriptBackend {
+	t.Helper()
+	ln := listen(t, "127.0.0.1:0")
+	b := &scriptBackend{
+		port:  uint16(ln.Addr().(*net.TCPAddr).Port),
+		ended: make(chan error, 64),
+		conns: make(map[net.Conn]struct{}),
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		_ = ln.Close()
+		b.mu.Lock()
+		b.closed = true
+		for c := range b.conns {
+			_ = c.Close()
+		}
+		b.mu.Unlock()
+		// No script goroutine may outlive the test (and touch its state).
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepted.Add(1)
+			b.mu.Lock()
+			if b.closed {
+				b.mu.Unlock()
+				_ = c.Close()
+				return
+			}
+			b.conns[c] = struct{}{}
+			b.mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b.serve(c, answer)
+			}()
+		}
+	}()
+	return b
+}
+
+func (b *scriptBackend) serve(c net.Conn, answer scriptFunc) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for n := 0; ; n++ {
+		req, err := http.ReadRequest(br)
+		if err == nil {
+			_, err = io.Copy(io.Discard, req.Body)
+		}
+		if err != nil {
+			b.end(err)
+			return
+		}
+		b.mu.Lock()
+		b.seen = append(b.seen, req.Method+" "+req.URL.Path)
+		b.mu.Unlock()
+		if !answer(c, req, n) {
+			// Closed before the signal, so a test that waits for it knows
+			// the proxy's pooled connection is dead.
+			_ = c.Close()
+			b.end(nil)
+			return
+		}
+	}
+}
+
+func (b *scriptBackend) end(err error) {
+	select {
+	case b.ended <- err:
+	default:
+	}
+}
+
+// count reports how many requests the backend read for "METHOD /path".
+func (b *scriptBackend) count(req string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, s := range b.seen {
+		if s == req {
+			n++
+		}
+	}
+	return n
+}
+
+// waitEnded returns the next connection end the backend saw.
+func (b *scriptBackend) waitEnded(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-b.ended:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for a backend connection to end")
+		return nil
+	}
+}
+
+// rawWrite sends raw bytes, reporting whether the connection is still usable.
+func rawWrite(c net.Conn, s string) bool {
+	_, err := io.WriteString(c, s)
+	return err == nil
+}
+
+// okResponse is a keep-alive 200 with a Content-Length body.
+func okResponse(body string) string {
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// chunkedBody frames body as chunks of size n, with a chunk extension on the
+// first and a trailer section at the end.
+func chunkedBody(body string, n int) string {
+	return chunkedPieces(body, n) + "0\r\nX-Checksum: abc\r\nX-Other: 1\r\n\r\n"
+}
+
+// chunkedPieces is chunkedBody without the last chunk: a body that never ends.
+func chunkedPieces(body string, n int) string {
+	var sb strings.Builder
+	for i := 0; i < len(body); i += n {
+		piece := body[i:min(i+n, len(body))]
+		ext := ""
+		if i == 0 {
+			ext = ";name=value"
+		}
+		fmt.Fprintf(&sb, "%x%s\r\n%s\r\n", len(piece), ext, piece)
+	}
+	return sb.String()
+}
+
+// countingBody is n bytes that show where a stream was cut or corrupted.
+func countingBody(n int) string {
+	var sb strings.Builder
+	for i := 0; sb.Len() < n; i++ {
+		fmt.Fprintf(&sb, "%07d\n", i)
+	}
+	return sb.String()[:n]
+}
+
+// proxyClient is one raw keep-alive connection to the proxy: a test knows
+// exactly which requests share it, and the proxy serves them in order.
+type proxyClient struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func (h *harness) dialProxy(t *testing.T) *proxyClient {
+	t.Helper()
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &proxyClient{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// send writes one request and reads the response and its whole body; err
+// is the first failure, with whatever body arrived before it.
+func (pc *proxyClient) send(method, host, path, body string) (*http.Response, []byte, error) {
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://"+host+path, r)
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	// A broken transport must fail the test, not hang it.
+	_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := req.Write(pc.c); err != nil {
+		return nil, nil, err
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	return resp, b, err
+}
+
+// do is send that fails the test on a transport error.
+func (pc *proxyClient) do(method, host, path, body string) (*http.Response, string) {
+	pc.t.Helper()
+	resp, b, err := pc.send(method, host, path, body)
+	if err != nil {
+		pc.t.Fatalf("%s %s: %v (after %d body bytes)", method, path, err, len(b))
+	}
+	return resp, string(b)
+}
+
+// checkProxyError checks a proxy-generated JSON error.
+func checkProxyError(t *testing.T, resp *http.Response, body string, status int, code string) {
+	t.Helper()
+	var got struct {
+		Code string `json:"code"`
+	}
+	if resp.StatusCode != status || json.Unmarshal([]byte(body), &got) != nil || got.Code != code {
+		t.Fatalf("got %d %q, want %d with JSON code %q", resp.StatusCode, body, status, code)
+	}
+}
+
+// poolConns reports the upstream connections the proxy holds open.
+func poolConns(h *harness) int {
+	_, conns, _ := h.proxy.pools.stats()
+	return conns
+}
+
+// waitPoolConns waits until the proxy holds want upstream connections: a
+// streamed body releases its connection just after the client got its end.
+func waitPoolConns(t *testing.T, h *harness, want int) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%d open upstream connections", want),
+		func() bool { return poolConns(h) == want })
+}
+
+// Sequential requests share one backend connection, whether the body is
+// read whole or streamed.
+func TestUpstreamKeepAliveReuse(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body string
+	}{
+		{"small body", "hello"},
+		{"streamed body", countingBody(64 << 10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				return rawWrite(c, okResponse(tc.body))
+			})
+			host := h.route("reuse", b.port)
+			pc := h.dialProxy(t)
+			for i := range 5 {
+				resp, body := pc.do("GET", host, fmt.Sprintf("/%d", i), "")
+				if resp.StatusCode != 200 || body != tc.body {
+					t.Fatalf("request %d: %d, %d bytes", i, resp.StatusCode, len(body))
+				}
+			}
+			if n := b.accepted.Load(); n != 1 {
+				t.Fatalf("backend accepted %d connections for 5 sequential requests, want 1", n)
+			}
+		})
+	}
+}
+
+// A reused keep-alive connection that the backend closed before answering
+// is retried on a new connection only for idempotent requests: a POST that
+// reached the backend is never sent again.
+func TestUpstreamStaleConnRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, body string
+		// afterRead: the backend reads the request on the reused
+		// connection and closes it unanswered; else it closed the
+		// connection while idle, before the request was sent.
+		afterRead bool
+		retried   bool
+	}{
+		{"closed while idle/GET", "GET", "", false, true},
+		{"closed while idle/DELETE", "DELETE", "", false, true},
+		{"closed while idle/POST", "POST", "payload", false, false},
+		{"closed while idle/POST without body", "POST", "", false, false},
+		{"closed after reading/GET", "GET", "", true, true},
+		{"closed after reading/POST", "POST", "payload", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, n int) bool {
+				if tc.afterRead && n == 1 {
+					return false // read, then closed unanswered
+				}
+				rawWrite(c, okResponse(req.Method))
+				// Closed while idle: after every answer, without saying so
+				// (no Connection: close), as a server whose keep-alive
+				// timeout fired.
+				return tc.afterRead
+			})
+			host := h.route("stale", b.port)
+			pc := h.dialProxy(t)
+			if resp, body := pc.do("GET", host, "/first", ""); resp.StatusCode != 200 || body != "GET" {
+				t.Fatalf("first request: %d %q", resp.StatusCode, body)
+			}
+			if !tc.afterRead {
+				if err := b.waitEnded(t); err != nil {
+					t.Fatalf("backend connection ended with %v, want its own close", err)
+				}
+			}
+			if n := poolConns(h); n != 1 {
+				t.Fatalf("%d pooled connections before the second request, want 1", n)
+			}
+
+			resp, body := pc.do(tc.method, host, "/second", tc.body)
+			seen, accepted := b.count(tc.method+" /second"), b.accepted.Load()
+			switch {
+			case tc.retried:
+				wantSeen := 1
+				if tc.afterRead {
+					wantSeen = 2 // as net/http: the backend closed without a byte of answer
+				}
+				if resp.StatusCode != 200 || body != tc.method {
+					t.Fatalf("%s on a stale connection: %d %q, want it retried to 200", tc.method, resp.StatusCode, body)
+				}
+				if accepted != 2 || seen != wantSeen {
+					t.Fatalf("backend accepted %d connections and saw the request %d times, want 2 and %d", accepted, seen, wantSeen)
+				}
+			case tc.afterRead:
+				checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+				if accepted != 1 || seen != 1 {
+					t.Fatalf("POST was re-sent: backend accepted %d connections and saw it %d times, want 1 and 1", accepted, seen)
+				}
+			case seen == 0:
+				// Sent on the dead connection: lost, and not re-sent.
+				checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+				if accepted != 1 {
+					t.Fatalf("backend accepted %d connections, want 1", accepted)
+				}
+			default:
+				// A transport may also see that the idle connection died and
+				// send the POST, once, on a new one. The re-send the case
+				// above forbids is caught by "closed after reading".
+				if seen != 1 || resp.StatusCode != 200 || body != "POST" {
+					t.Fatalf("POST: %d %q, backend saw it %d times; want 502 unsent or 200 sent once", resp.StatusCode, body, seen)
+				}
+			}
+		})
+	}
+}
+
+// A backend that began answering and then closed has seen the request: the
+// retry is only for a connection that was dead before the request reached
+// anyone.
+func TestUpstreamNoRetryAfterPartialAnswer(t *testing.T) {
+	for _, tc := range []struct{ name, partial string }{
+		{"partial head", "HTTP/1.1 200 OK\r\nContent-Le"},
+		{"interim response", "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/first" {
+					return rawWrite(c, okResponse("first"))
+				}
+				rawWrite(c, tc.partial)
+				return false
+			})
+			host := h.route("partial", b.port)
+			pc := h.dialProxy(t)
+			if resp, body := pc.do("GET", host, "/first", ""); resp.StatusCode != 200 || body != "first" {
+				t.Fatalf("first request: %d %q", resp.StatusCode, body)
+			}
+			resp, body := pc.do("GET", host, "/second", "")
+			checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+			if n := b.count("GET /second"); n != 1 {
+				t.Fatalf("backend saw GET /second %d times, want 1: it had started answering", n)
+			}
+		})
+	}
+}
+
+// When the backend restarted, every idle connection to it is dead; the
+// retry must go to a new connection, not to the next dead idle one.
+func TestUpstreamRetryAfterSeveralStaleConns(t *testing.T) {
+	h := newHarness(t)
+	arrived := make(chan struct{}, 2)
+	both := make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path == "/held" {
+			// Hold both first requests until both are in, so the proxy
+			// opens two connections.
+			arrived <- struct{}{}
+			<-both
+		}
+		rawWrite(c, okResponse("ok"))
+		return false // every connection dies after one answer
+	})
+	host := h.route("restart", b.port)
+	var wg sync.WaitGroup
+	for range 2 {
+		pc := h.dialProxy(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Checked below through the backend; t.Fatal is for the test goroutine.
+			_, _, _ = pc.send("GET", host, "/held", "")
+		}()
+	}
+	<-arrived
+	<-arrived
+	close(both)
+	wg.Wait()
+	for range 2 {
+		if err := b.waitEnded(t); err != nil {
+			t.Fatalf("backend connection ended with %v, want its own close", err)
+		}
+	}
+	if n := poolConns(h); n != 2 {
+		t.Fatalf("%d pooled connections, want the 2 (now dead) idle ones", n)
+	}
+	resp, body := h.dialProxy(t).do("GET", host, "/after", "")
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("GET after the backend closed its idle connections: %d %q, want 200 on a new connection", resp.StatusCode, body)
+	}
+}
+
+// An HTTP/1.0 backend is answered to an HTTP/1.1 client as HTTP/1.1: the
+// proxy speaks its own version, keeps the client's connection, and
+// re-frames a close-delimited body as chunked, which only HTTP/1.1 has.
+func TestUpstreamHTTP10Backend(t *testing.T) {
+	body := countingBody(100 << 10)
+	for _, tc := range []struct{ name, response, body string }{
+		{"Content-Length", "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", "ok"},
+		{"close-delimited", "HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n" + body, body},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, tc.response)
+				return false
+			})
+			host := h.route("http10", b.port)
+			pc := h.dialProxy(t)
+			for i := range 2 {
+				resp, got := pc.do("GET", host, "/", "")
+				if resp.StatusCode != 200 || got != tc.body {
+					t.Fatalf("request %d: %d, %d of %d bytes", i, resp.StatusCode, len(got), len(tc.body))
+				}
+				if resp.Proto != "HTTP/1.1" || resp.Close {
+					t.Fatalf("request %d: %s response, close %v; want HTTP/1.1 keep-alive", i, resp.Proto, resp.Close)
+				}
+			}
+			if n := b.accepted.Load(); n != 2 {
+				t.Fatalf("backend accepted %d connections, want 2", n)
+			}
+			waitPoolConns(t, h, 0)
+		})
+	}
+}
+
+// Bytes a backend sends on a connection after its exchange ended (here, a
+// second, unsolicited response) must not be taken for the answer to the
+// next request sent on it, which may come from another client.
+func TestUpstreamUnsolicitedBytesOnIdleConn(t *testing.T) {
+	h := newHarness(t)
+	answered := make(chan struct{})
+	sent := make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path != "/first" {
+			return rawWrite(c, okResponse("second"))
+		}
+		if !rawWrite(c, okResponse("first")) {
+			return false
+		}
+		// Only once the proxy pooled the connection: bytes arriving with
+		// the response are TestUpstreamGarbageAfterResponse's case.
+		<-answered
+		defer close(sent)
+		return rawWrite(c, okResponse("evil"))
+	})
+	host := h.route("unsolicited", b.port)
+	pc := h.dialProxy(t)
+	if resp, body := pc.do("GET", host, "/first", ""); resp.StatusCode != 200 || body != "first" {
+		t.Fatalf("first request: %d %q", resp.StatusCode, body)
+	}
+	close(answered)
+	<-sent
+	resp, body := h.dialProxy(t).do("GET", host, "/second", "")
+	if body == "evil" {
+		t.Fatalf("the next client got the unsolicited response: %d %q", resp.StatusCode, body)
+	}
+	if resp.StatusCode != 200 || body != "second" {
+		t.Fatalf("next request: %d %q, want 200 %q on a new connection", resp.StatusCode, body, "second")
+	}
+}
+
+// Interim (1xx) responses are skipped: the client gets the final response,
+// none of the interim headers, and the connection stays reusable.
+func TestUpstreamInterimResponses(t *testing.T) {
+	const interim = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n" +
+		"HTTP/1.1 100 Continue\r\n\r\n"
+	for _, tc := range []struct {
+		name   string
+		writes []string
+	}{
+		{"one write", []string{interim + okResponse("final")}},
+		{"one write per line", strings.SplitAfter(interim+okResponse("final"), "\r\n")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/plain" {
+					return rawWrite(c, okResponse("plain"))
+				}
+				for _, w := range tc.writes {
+					if !rawWrite(c, w) {
+						return false
+					}
+				}
+				return true
+			})
+			host := h.route("interim", b.port)
+			pc := h.dialProxy(t)
+			resp, body := pc.do("GET", host, "/", "")
+			if resp.StatusCode != 200 || body != "final" {
+				t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, body, "final")
+			}
+			if l := resp.Header.Get("Link"); l != "" {
+				t.Errorf("interim header leaked into the final response: Link %q", l)
+			}
+			if resp, body := pc.do("GET", host, "/plain", ""); resp.StatusCode != 200 || body != "plain" {
+				t.Fatalf("next request: %d %q", resp.StatusCode, body)
+			}
+			if n := b.accepted.Load(); n != 1 {
+				t.Fatalf("backend accepted %d connections, want 1 (reused after the interim responses)", n)
+			}
+		})
+	}
+}
+
+// A response that ends the backend connection's persistence is not
+// reused, while the client's own connection to the proxy stays keep-alive.
+// The backend keeps its end open, so only the proxy's choice decides
+// whether the next request gets a new connection.
+func TestUpstreamConnectionClose(t *testing.T) {
+	big := countingBody(32 << 10)
+	for _, tc := range []struct {
+		name, head, body string
+		reused           bool
+		http10           bool // what the client sees is TestUpstreamHTTP10Backend's
+	}{
+		{"Connection: close", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n", "ok", false, false},
+		{"Connection: close, streamed body", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 32768\r\n\r\n", big, false, false},
+		{"HTTP/1.0", "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", "ok", false, true},
+		{"HTTP/1.0 keep-alive", "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n", "ok", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				return rawWrite(c, tc.head+tc.body)
+			})
+			host := h.route("close", b.port)
+			pc := h.dialProxy(t)
+			for i := range 2 {
+				resp, body := pc.do("GET", host, "/", "")
+				if resp.StatusCode != 200 || body != tc.body {
+					t.Fatalf("request %d on one client connection: %d, %d bytes", i, resp.StatusCode, len(body))
+				}
+				if resp.Close && !tc.http10 {
+					t.Fatalf("request %d: the backend's choice closed the client's connection", i)
+				}
+			}
+			want, conns := 2, 0
+			if tc.reused {
+				want, conns = 1, 1
+			}
+			if n := b.accepted.Load(); int(n) != want {
+				t.Fatalf("backend accepted %d connections for 2 requests, want %d", n, want)
+			}
+			waitPoolConns(t, h, conns)
+		})
+	}
+}
+
+// Bytes after a complete response mean the framing is lost: the client
+// still gets its response, but the connection is not reused (else the
+// bytes would be read as the next request's response).
+func TestUpstreamGarbageAfterResponse(t *testing.T) {
+	for _, tc := range []struct{ name, response, body string }{
+		{"Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXYZ", "ok"},
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunkedBody("ok", 1) + "XYZ", "ok"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/next" {
+					return rawWrite(c, okResponse("next"))
+				}
+				// One write, so the garbage arrives with the response.
+				return rawWrite(c, tc.response)
+			})
+			host := h.route("garbage", b.port)
+			pc := h.dialProxy(t)
+			if resp, body := pc.do("GET", host, "/", ""); resp.StatusCode != 200 || body != tc.body {
+				t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, body, tc.body)
+			}
+			resp, body := pc.do("GET", host, "/next", "")
+			if resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("next request: %d %q, want 200 %q", resp.StatusCode, body, "next")
+			}
+			if n := b.accepted.Load(); n != 2 {
+				t.Fatalf("backend accepted %d connections, want 2: a connection with stray bytes was reused", n)
+			}
+		})
+	}
+}
+
+// A body delimited by the backend closing the connection arrives whole,
+// and that connection is never pooled.
+func TestUpstreamCloseDelimitedBody(t *testing.T) {
+	body := countingBody(100 << 10)
+	// The HTTP/1.0 variant is in TestUpstreamHTTP10Backend.
+	for _, tc := range []struct{ name, head string }{
+		{"no Content-Length", "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n"},
+		{"Connection: close", "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, tc.head+body)
+				return false
+			})
+			host := h.route("untilclose", b.port)
+			pc := h.dialProxy(t)
+			for i := range 2 {
+				resp, got := pc.do("GET", host, "/", "")
+				if resp.StatusCode != 200 || got != body {
+					t.Fatalf("request %d: %d, %d of %d bytes", i, resp.StatusCode, len(got), len(body))
+				}
+			}
+			if n := b.accepted.Load(); n != 2 {
+				t.Fatalf("backend accepted %d connections, want 2", n)
+			}
+			// A pooled close-delimited connection would be dead but still
+			// counted (and hidden from the client by the stale retry).
+			waitPoolConns(t, h, 0)
+		})
+	}
+}
+
+// A chunked body arrives byte-exact (extensions and trailers stripped) and
+// the connection is reused once the body and its trailers were read.
+func TestUpstreamChunkedBody(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		body  string
+		chunk int
+	}{
+		{"small", "hello, world", 5},
+		{"larger than the read buffer", countingBody(100 << 10), 7000},
+		{"one chunk larger than the read buffer", countingBody(40 << 10), 40 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				return rawWrite(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"+chunkedBody(tc.body, tc.chunk))
+			})
+			host := h.route("chunked", b.port)
+			pc := h.dialProxy(t)
+			for i := range 2 {
+				resp, got := pc.do("GET", host, "/", "")
+				if resp.StatusCode != 200 || got != tc.body {
+					t.Fatalf("request %d: %d, %d of %d bytes (equal: %v)", i, resp.StatusCode, len(got), len(tc.body), got == tc.body)
+				}
+			}
+			if n := b.accepted.Load(); n != 1 {
+				t.Fatalf("backend accepted %d connections for 2 chunked responses, want 1", n)
+			}
+		})
+	}
+}
+
+// A backend that closes before the end of its body never produces a
+// response that looks complete.
+func TestUpstreamPrematureEOF(t *testing.T) {
+	t.Run("small body", func(t *testing.T) {
+		h := newHarness(t)
+		b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+			rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+			return false
+		})
+		resp, body := h.dialProxy(t).do("GET", h.route("short", b.port), "/", "")
+		checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+		waitPoolConns(t, h, 0)
+	})
+	for _, tc := range []struct{ name, response string }{
+		{"streamed Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + countingBody(100<<10)},
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunkedPieces(countingBody(100<<10), 4096)},
+		{"chunked, cut inside a chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n" + countingBody(100<<10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, tc.response)
+				return false
+			})
+			// Failing before the head (resp nil) would also not look complete.
+			resp, body, err := h.dialProxy(t).send("GET", h.route("short", b.port), "/", "")
+			if err == nil {
+				t.Fatalf("client read %d bytes (Content-Length %d) with no error: a cut body looked complete", len(body), resp.ContentLength)
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("client connection left hanging after %d bytes of a cut body, want it closed", len(body))
+			}
+			if resp != nil && resp.ContentLength >= 0 && int64(len(body)) >= resp.ContentLength {
+				t.Fatalf("client got all %d declared bytes of a cut body", len(body))
+			}
+			waitPoolConns(t, h, 0)
+		})
+	}
+}
+
+// At upstream.max_conns a further concurrent request is refused with 503
+// rather than queued; the held one still completes.
+func TestUpstreamMaxConns(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 })
+	held := make(chan struct{})
+	release := make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path == "/held" {
+			close(held)
+			<-release
+		}
+		return rawWrite(c, okResponse("done"))
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // runs before the backend's cleanup waits for its scripts
+	host := h.route("maxconns", b.port)
+
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	first := make(chan result, 1)
+	pc := h.dialProxy(t)
+	go func() {
+		resp, body, err := pc.send("GET", host, "/held", "")
+		if err != nil {
+			first <- result{err: err}
+			return
+		}
+		first <- result{status: resp.StatusCode, body: string(body)}
+	}()
+	<-held
+
+	resp, body := h.dialProxy(t).do("GET", host, "/second", "")
+	checkProxyError(t, resp, body, 503, CodeUpstreamBusy)
+	if ra := resp.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After %q, want 1", ra)
+	}
+	if n := b.count("GET /second"); n != 0 {
+		t.Fatalf("backend saw the refused request %d times", n)
+	}
+
+	unblock()
+	if r := <-first; r.err != nil || r.status != 200 || r.body != "done" {
+		t.Fatalf("held request: %d %q %v, want 200 %q", r.status, r.body, r.err, "done")
+	}
+	// The one connection is free again and serves the next request.
+	if resp, body := h.dialProxy(t).do("GET", host, "/third", ""); resp.StatusCode != 200 || body != "done" {
+		t.Fatalf("after release: %d %q", resp.StatusCode, body)
+	}
+	if n := b.accepted.Load(); n != 1 {
+		t.Fatalf("backend accepted %d connections with max_conns 1", n)
+	}
+}
+
+// The janitor's sweep closes idle keep-alive connections (the backend
+// sees the close) and later forgets the empty pool.
+func TestUpstreamIdleSweep(t *testing.T) {
+	h := newHarness(t)
+	b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+		return rawWrite(c, okResponse("ok"))
+	})
+	host := h.route("sweep", b.port)
+	if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	if pools, conns, _ := h.proxy.pools.stats(); pools != 1 || conns != 1 {
+		t.Fatalf("before the sweep: %d pools, %d conns; want 1 and 1", pools, conns)
+	}
+
+	// A sweep that finds the connection fresh keeps it.
+	h.proxy.pools.sweep(time.Now(), time.Minute, 2*time.Hour)
+	if n := poolConns(h); n != 1 {
+		t.Fatalf("a fresh idle connection was swept: %d conns", n)
+	}
+
+	// An hour later it is idle past a minute, the pool not past two hours.
+	now := time.Now().Add(time.Hour)
+	h.proxy.pools.sweep(now, time.Minute, 2*time.Hour)
+	if err := b.waitEnded(t); err != io.EOF {
+		t.Fatalf("backend connection ended with %v, want EOF from the proxy closing it", err)
+	}
+	if pools, conns, pending := h.proxy.pools.stats(); pools != 1 || conns != 0 || pending != 0 {
+		t.Fatalf("after the sweep: %d pools, %d conns, %d pending; want 1, 0, 0", pools, conns, pending)
+	}
+
+	h.proxy.pools.sweep(now, time.Minute, time.Minute)
+	if pools, _, _ := h.proxy.pools.stats(); pools != 0 {
+		t.Fatalf("an empty pool unused for an hour was kept: %d pools", pools)
+	}
+	// A request after the sweep simply opens a new connection.
+	if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("after the sweep: %d %q", resp.StatusCode, body)
+	}
+	if n := b.accepted.Load(); n != 2 {
+		t.Fatalf("backend accepted %d connections, want 2", n)
+	}
+}
+
+// Responses without a body (HEAD, 204, 304) keep their headers, carry no
+// bytes, and leave the connection reusable.
+func TestUpstreamBodilessResponses(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, head string
+		status             int
+		contentLength      int64 // 0: not checked
+	}{
+		{"HEAD", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n", 200, 1234},
+		{"204", "GET", "HTTP/1.1 204 No Content\r\n\r\n", 204, 0},
+		{"304", "GET", "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n", 304, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/next" {
+					return rawWrite(c, okResponse("next"))
+				}
+				return rawWrite(c, tc.head)
+			})
+			host := h.route("bodiless", b.port)
+			pc := h.dialProxy(t)
+			resp, body := pc.do(tc.method, host, "/", "")
+			if resp.StatusCode != tc.status || body != "" {
+				t.Fatalf("got %d %q, want %d and no body", resp.StatusCode, body, tc.status)
+			}
+			if tc.contentLength != 0 && resp.ContentLength != tc.contentLength {
+				t.Fatalf("Content-Length %d, want %d", resp.ContentLength, tc.contentLength)
+			}
+			// Parsed on the same client connection: any stray body byte
+			// from the proxy would corrupt this response.
+			if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("next request: %d %q", resp.StatusCode, body)
+			}
+			if n := b.accepted.Load(); n != 1 {
+				t.Fatalf("backend accepted %d connections, want 1", n)
+			}
+		})
+	}
+}

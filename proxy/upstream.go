@@ -139,6 +139,9 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
+		if p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
+			return c, true, nil // just released: a close racing us is roundTrip's retry
+		}
 		if c.idleOK() {
 			return c, true, nil
 		}

@@ -312,8 +312,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	s.atBoundary = true
 	s.started = time.Now()
 	s.sb = sb
+	s.client = ctx.Conn()
 	if p.clientWriteTimeout > 0 {
-		s.client = ctx.Conn()
 		s.writeTimeout = p.clientWriteTimeout
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)
 		_ = ctx.SetWriteDeadline(s.clientDeadline)

@@ -361,7 +361,7 @@ run_scenario sse fast "$SUBJECTS" -n 32 -size 4096 -interval 10ms -gzip
 run_scenario ws std "$SUBJECTS" -c 32 -size 64
 run_scenario mcp std "$SUBJECTS" -m 8 -steps 5
 PAUSE=1.5
-run_scenario cold fast "$COLD_SUBJECTS" -r "$COLD_R" -c 32 -redis 127.0.0.1:$REDIS_PORT
+run_scenario cold fast "$COLD_SUBJECTS" -r "$COLD_R" -c 8 -redis 127.0.0.1:$REDIS_PORT
 PAUSE=0.2
 run_idle "$PROXIES"
 

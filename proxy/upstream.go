@@ -34,6 +34,7 @@ type upstream struct {
 	lastUsed atomic.Int64 // unix nanos
 	conns    atomic.Int32 // open connections, idle or busy
 	pending  atomic.Int32 // requests waiting for response headers
+	dead     atomic.Bool  // swept out of the pool map
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
@@ -71,17 +72,36 @@ func (ps *pools) create(key poolKey) *upstream {
 }
 
 // sweep closes keep-alive connections idle for longer than connIdle and
-// drops pools that have no connection and were unused for poolIdle.
+// drops pools that have no connection and were unused for poolIdle. With
+// one pool per sandbox there may be thousands: the map lock is held only
+// to list and to delete, never across the closes.
 func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
 	connCutoff := now.Add(-connIdle).UnixNano()
 	poolCutoff := now.Add(-poolIdle).UnixNano()
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	for k, u := range ps.m {
+	ps.mu.RLock()
+	all := make([]*upstream, 0, len(ps.m))
+	for _, u := range ps.m {
+		all = append(all, u)
+	}
+	ps.mu.RUnlock()
+	for _, u := range all {
 		u.closeIdle(connCutoff)
+	}
+
+	var dead []*upstream
+	ps.mu.Lock()
+	for k, u := range ps.m {
 		if u.lastUsed.Load() < poolCutoff && u.conns.Load() == 0 {
+			u.dead.Store(true)
 			delete(ps.m, k)
+			dead = append(dead, u)
 		}
+	}
+	ps.mu.Unlock()
+	// A request that took the pool just before it was deleted may still
+	// open and release a connection on it: put sees dead and closes it.
+	for _, u := range dead {
+		u.closeIdle(now.UnixNano() + 1)
 	}
 }
 
@@ -166,6 +186,11 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 func (u *upstream) put(c *upstreamConn) {
 	c.idleSince = time.Now().UnixNano()
 	u.mu.Lock()
+	if u.dead.Load() {
+		u.mu.Unlock()
+		u.drop(c)
+		return
+	}
 	u.idle = append(u.idle, c)
 	u.mu.Unlock()
 }

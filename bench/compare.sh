@@ -383,8 +383,7 @@ if [ "$HAVE_CUBE" = 1 ] && [ -z "$ONLY" ]; then
 		echo
 		echo "GOMAXPROCS=1 on CPU 0. \`RequestPlain\` has no telemetry and no access log;"
 		echo "\`RequestInstrumentedTracingOff\` has metrics and a JSON access log to io.Discard."
-		echo "The 4 allocs/op of a full request are fasthttp's streamed-response wrapper and its"
-		echo "closures (\`(*transport).RoundTrip\`); the proxy's own code allocates nothing."
+		echo "A full request (client, proxy and backend in one process) allocates nothing."
 		echo
 		echo '```'
 		(cd "$ROOT" && GOMAXPROCS=1 $PIN_SUBJECT go test -run '^$' -benchmem -benchtime 1s \

@@ -253,7 +253,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	removeHopResponse(&resp.Header)
 	// The client gets HTTP/1.1 framing whatever the backend spoke (an
 	// HTTP/1.0 status line with a chunked body would be read as data).
-	resp.Header.SetProtocol(http11)
+	if !resp.Header.IsHTTP11() {
+		resp.Header.SetProtocol(http11)
+	}
 
 	if req.Header.IsHead() || noBody(x.upStatus) {
 		// The head is the whole answer; the connection is free again.

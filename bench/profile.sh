@@ -75,7 +75,7 @@ if [ "$SCENARIO" = cold ]; then
 	# Every cold id is its own sandbox with its own upstream pool; all of them
 	# point at one loopback backend, so idle pooled connections are closed
 	# quickly to stay under the descriptor limit (see README).
-	STORE=(--store redis --redis-addr 127.0.0.1:16379 --upstream-idle-conn-timeout 500ms)
+	STORE=(--store redis --redis-addr 127.0.0.1:16379 --upstream-idle-conn-timeout 1s)
 fi
 CUBE_BENCH_PPROF_ADDR=$PPROF CUBEPROXY_ACCESS_LOG=off CUBEPROXY_ACCESS_LOG_FORMAT=off GOMAXPROCS=1 \
 	$PIN_SUBJECT "$BIN/cubeproxy" serve --http-addr 127.0.0.1:$PORT --admin-addr 127.0.0.1:18090 \
@@ -95,7 +95,7 @@ load() { # duration
 	ws) GOMAXPROCS=1 $PIN_LOAD "$BIN/bench" ws "${common[@]}" -c 32 ;;
 	mcp) GOMAXPROCS=1 $PIN_LOAD "$BIN/bench" mcp "${common[@]}" -m 8 ;;
 	idle) GOMAXPROCS=1 $PIN_LOAD "$BIN/bench" idle "${common[@]}" -n 2000 ;;
-	cold) GOMAXPROCS=1 $PIN_LOAD "$BIN/bench" cold "${common[@]}" -c 32 -r $((SECS * 12000)) -redis 127.0.0.1:16379 ;;
+	cold) GOMAXPROCS=1 $PIN_LOAD "$BIN/bench" cold "${common[@]}" -c 8 -r $((SECS * 12000)) -redis 127.0.0.1:16379 ;;
 	esac
 }
 

@@ -15,14 +15,23 @@ import (
 // routeKeyPrefix is the control plane's Redis key of a sandbox route.
 const routeKeyPrefix = "cube:v1:shared:sandbox:proxy:"
 
-// writeRoutes stores one route hash per id, pointing every sandbox at the
-// local backend port, in pipelined batches.
-func writeRoutes(ctx context.Context, rdb *redis.Client, ids []string, port int) error {
+// writeRoutes stores one route hash per id, in pipelined batches. The
+// sandboxes run on this node (HostIP is the proxy's node IP), each on one of
+// ips loopback addresses the backend also listens on (127.0.1.1 …, see
+// bench/backend -sandbox-ips), or on 127.0.0.1 when ips is 0. In production
+// every sandbox has an address of its own; with all of them on one address,
+// a cold run's 20,000 new connections would exhaust the ephemeral ports to
+// it (TIME_WAIT) and measure the kernel's port search instead of the proxy.
+func writeRoutes(ctx context.Context, rdb *redis.Client, ids []string, port, ips int) error {
 	p := strconv.Itoa(port)
 	for start := 0; start < len(ids); start += 1000 {
 		pipe := rdb.Pipeline()
-		for _, id := range ids[start:min(start+1000, len(ids))] {
-			pipe.HSet(ctx, routeKeyPrefix+id, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1",
+		for i, id := range ids[start:min(start+1000, len(ids))] {
+			ip := "127.0.0.1"
+			if ips > 0 {
+				ip = "127.0.1." + strconv.Itoa((start+i)%ips+1)
+			}
+			pipe.HSet(ctx, routeKeyPrefix+id, "HostIP", "127.0.0.1", "SandboxIP", ip,
 				"CreatedAt", "1", p, p)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
@@ -49,6 +58,7 @@ func runCold(o *options, args []string) (*Sample, error) {
 	o.register(fs, 20001)
 	r := fs.Int("r", 20000, "distinct sandbox ids, each requested once")
 	c := fs.Int("c", 32, "concurrent keep-alive connections")
+	ips := fs.Int("sandbox-ips", 64, "spread the sandboxes over this many loopback addresses (bench/backend -sandbox-ips; 0: all on 127.0.0.1)")
 	redisAddr := fs.String("redis", "", "Redis address to write the routes to (empty: do not write, e.g. for direct)")
 	if err := o.parse(fs, args); err != nil {
 		return nil, err
@@ -62,7 +72,10 @@ func runCold(o *options, args []string) (*Sample, error) {
 	if *redisAddr != "" {
 		rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
 		defer rdb.Close()
-		if err := writeRoutes(ctx, rdb, append([]string{o.id}, ids...), o.port); err != nil {
+		if err := writeRoutes(ctx, rdb, []string{o.id}, o.port, 0); err != nil {
+			return nil, err
+		}
+		if err := writeRoutes(ctx, rdb, ids, o.port, *ips); err != nil {
 			return nil, err
 		}
 		defer deleteRoutes(ctx, rdb, ids)

@@ -242,9 +242,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // janitor drops idle upstream pools and forgotten sandbox entries.
 func (s *Server) janitor() {
 	defer s.wg.Done()
-	// Often enough that an idle upstream connection is closed within half
-	// its idle timeout of it expiring.
-	t := time.NewTicker(min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/2, time.Second)))
+	// Often enough that an idle upstream connection is closed within a
+	// quarter of its idle timeout of it expiring: with one pool per
+	// sandbox, expired connections otherwise pile up as descriptors.
+	t := time.NewTicker(min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/4, 250*time.Millisecond)))
 	defer t.Stop()
 	for {
 		select {

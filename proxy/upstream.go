@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -84,8 +85,15 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
 		all = append(all, u)
 	}
 	ps.mu.RUnlock()
+	closed := 0
 	for _, u := range all {
-		u.closeIdle(connCutoff)
+		n := u.closeIdle(connCutoff)
+		if closed/sweepBatch != (closed+n)/sweepBatch {
+			// Thousands of closes in one go would hold the (often only) P
+			// for tens of milliseconds: requests would stall behind them.
+			runtime.Gosched()
+		}
+		closed += n
 	}
 
 	var dead []*upstream
@@ -126,8 +134,12 @@ func (ps *pools) closeIdle() {
 	}
 }
 
-// closeIdle closes the idle connections last used before cutoff (unix nanos).
-func (u *upstream) closeIdle(cutoff int64) {
+// sweepBatch is how many connections sweep closes between yields.
+const sweepBatch = 32
+
+// closeIdle closes the idle connections last used before cutoff (unix
+// nanos) and reports how many it closed.
+func (u *upstream) closeIdle(cutoff int64) int {
 	u.mu.Lock()
 	n := 0
 	for n < len(u.idle) && u.idle[n].idleSince < cutoff {
@@ -140,6 +152,7 @@ func (u *upstream) closeIdle(cutoff int64) {
 	for _, c := range stale {
 		u.drop(c)
 	}
+	return len(stale)
 }
 
 // errNoFreeConns: the pool is at upstream.max_conns.
@@ -352,9 +365,9 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 		p.metrics.UpstreamConnectError()
 		return nil, &dialError{addr: addr, err: err}
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-	}
+	// Go sets TCP_NODELAY on every new TCPConn already: a second
+	// setsockopt per new sandbox connection is a measurable cost in cold
+	// starts.
 	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout}, nil
 }
 

@@ -21,6 +21,15 @@ import (
 // scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
 // test controls the response framing to the byte and can count the
 // connections the proxy opened.
+// wantAccepted fails the test unless the backend accepted exactly want
+// connections; note says what the count proves.
+func (b *scriptBackend) wantAccepted(t *testing.T, want int32, note string) {
+	t.Helper()
+	if n := b.accepted.Load(); n != want {
+		t.Fatalf("backend accepted %d connections, want %d %s", n, want, note)
+	}
+}
+
 type scriptBackend struct {
 	port     uint16
 	accepted atomic.Int32
@@ -284,9 +293,7 @@ func TestUpstreamKeepAliveReuse(t *testing.T) {
 					t.Fatalf("request %d: %d, %d bytes", i, resp.StatusCode, len(body))
 				}
 			}
-			if n := b.accepted.Load(); n != 1 {
-				t.Fatalf("backend accepted %d connections for 5 sequential requests, want 1", n)
-			}
+			b.wantAccepted(t, 1, "for 5 sequential requests")
 		})
 	}
 }
@@ -475,9 +482,7 @@ func TestUpstreamHTTP10Backend(t *testing.T) {
 					t.Fatalf("request %d: %s response, close %v; want HTTP/1.1 keep-alive", i, resp.Proto, resp.Close)
 				}
 			}
-			if n := b.accepted.Load(); n != 2 {
-				t.Fatalf("backend accepted %d connections, want 2", n)
-			}
+			b.wantAccepted(t, 2, "")
 			waitPoolConns(t, h, 0)
 		})
 	}
@@ -560,9 +565,7 @@ func TestUpstreamInterimResponses(t *testing.T) {
 			if resp, body := pc.do("GET", host, "/plain", ""); resp.StatusCode != 200 || body != "plain" {
 				t.Fatalf("next request: %d %q", resp.StatusCode, body)
 			}
-			if n := b.accepted.Load(); n != 1 {
-				t.Fatalf("backend accepted %d connections, want 1 (reused after the interim responses)", n)
-			}
+			b.wantAccepted(t, 1, "(reused after the interim responses)")
 		})
 	}
 }
@@ -637,9 +640,7 @@ func TestUpstreamGarbageAfterResponse(t *testing.T) {
 			if resp.StatusCode != 200 || body != "next" {
 				t.Fatalf("next request: %d %q, want 200 %q", resp.StatusCode, body, "next")
 			}
-			if n := b.accepted.Load(); n != 2 {
-				t.Fatalf("backend accepted %d connections, want 2: a connection with stray bytes was reused", n)
-			}
+			b.wantAccepted(t, 2, "(a connection with stray bytes was reused)")
 		})
 	}
 }
@@ -667,9 +668,7 @@ func TestUpstreamCloseDelimitedBody(t *testing.T) {
 					t.Fatalf("request %d: %d, %d of %d bytes", i, resp.StatusCode, len(got), len(body))
 				}
 			}
-			if n := b.accepted.Load(); n != 2 {
-				t.Fatalf("backend accepted %d connections, want 2", n)
-			}
+			b.wantAccepted(t, 2, "")
 			// A pooled close-delimited connection would be dead but still
 			// counted (and hidden from the client by the stale retry).
 			waitPoolConns(t, h, 0)
@@ -702,9 +701,7 @@ func TestUpstreamChunkedBody(t *testing.T) {
 					t.Fatalf("request %d: %d, %d of %d bytes (equal: %v)", i, resp.StatusCode, len(got), len(tc.body), got == tc.body)
 				}
 			}
-			if n := b.accepted.Load(); n != 1 {
-				t.Fatalf("backend accepted %d connections for 2 chunked responses, want 1", n)
-			}
+			b.wantAccepted(t, 1, "for 2 chunked responses")
 		})
 	}
 }
@@ -845,9 +842,7 @@ func TestUpstreamIdleSweep(t *testing.T) {
 	if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
 		t.Fatalf("after the sweep: %d %q", resp.StatusCode, body)
 	}
-	if n := b.accepted.Load(); n != 2 {
-		t.Fatalf("backend accepted %d connections, want 2", n)
-	}
+	b.wantAccepted(t, 2, "")
 }
 
 // Responses without a body (HEAD, 204, 304) keep their headers, carry no
@@ -884,9 +879,7 @@ func TestUpstreamBodilessResponses(t *testing.T) {
 			if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "next" {
 				t.Fatalf("next request: %d %q", resp.StatusCode, body)
 			}
-			if n := b.accepted.Load(); n != 1 {
-				t.Fatalf("backend accepted %d connections, want 1", n)
-			}
+			b.wantAccepted(t, 1, "")
 		})
 	}
 }

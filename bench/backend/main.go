@@ -24,23 +24,33 @@ func main() {
 	fastPorts := flag.String("fast-ports", "20001", "comma-separated loopback ports served by fasthttp (/small, /bytes, /sse)")
 	stdPorts := flag.String("std-ports", "20002", "comma-separated loopback ports served by net/http (/ws, /mcp)")
 	maxHold := flag.Duration("max-hold", 120*time.Second, "upper bound for any stream the backend holds open")
+	sandboxIPs := flag.Int("sandbox-ips", 64, "also serve the fast ports on 127.0.1.1 … 127.0.1.N: the cold scenario's sandboxes, each with an address of its own as in production")
 	flag.Parse()
+	if *sandboxIPs < 0 || *sandboxIPs > 250 {
+		log.Fatalf("backend: -sandbox-ips %d: want 0 to 250", *sandboxIPs)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	fb := newFastBackend(*maxHold)
+	fastAddrs := []string{"127.0.0.1"}
+	for i := 1; i <= *sandboxIPs; i++ {
+		fastAddrs = append(fastAddrs, sandboxIP(i-1))
+	}
 	for _, p := range splitPorts(*fastPorts) {
-		ln, err := net.Listen("tcp4", "127.0.0.1:"+p)
-		if err != nil {
-			log.Fatalf("backend: listen fast port %s: %v", p, err)
-		}
-		srv := fb.server()
-		go func() {
-			if err := srv.Serve(ln); err != nil {
-				log.Printf("backend: fasthttp serve %s: %v", p, err)
+		for _, ip := range fastAddrs {
+			ln, err := net.Listen("tcp4", ip+":"+p)
+			if err != nil {
+				log.Fatalf("backend: listen fast port %s:%s: %v", ip, p, err)
 			}
-		}()
+			srv := fb.server()
+			go func() {
+				if err := srv.Serve(ln); err != nil {
+					log.Printf("backend: fasthttp serve %s:%s: %v", ip, p, err)
+				}
+			}()
+		}
 	}
 	for _, p := range splitPorts(*stdPorts) {
 		ln, err := net.Listen("tcp4", "127.0.0.1:"+p)
@@ -60,6 +70,10 @@ func main() {
 	// shutdown is needed for a load-test origin, and none can hang the harness.
 	<-ctx.Done()
 }
+
+// sandboxIP is the i-th extra loopback address (i < 250). The load
+// generator's cold scenario computes the same addresses (bench/scen_cold.go).
+func sandboxIP(i int) string { return fmt.Sprintf("127.0.1.%d", i+1) }
 
 func splitPorts(s string) []string {
 	var out []string

@@ -59,13 +59,46 @@ func (s *bodyStream) hijacked(net.Conn) {
 		logScratchPool.Put(ls)
 	}
 	bp := copyBufPool.Get().(*[]byte)
-	err := s.write(h.AppendBytes((*bp)[:0]))
+	out, rerr := s.firstWrite(*bp, h)
+	err := s.write(out)
 	copyBufPool.Put(bp)
-	if err != nil {
+	switch {
+	case err != nil:
 		s.end(err)
-		return
+	case rerr == io.EOF:
+		s.end(nil)
+	case rerr != nil:
+		s.end(rerr)
+	default:
+		go s.pump()
 	}
-	go s.pump()
+}
+
+// firstWrite renders the response head into buf and, when the first body
+// bytes came with it (they usually do), frames them behind it, so the
+// client gets both in one write without waiting for the pump goroutine to
+// be scheduled. A body that already ended gets the last chunk too; rerr
+// is then io.EOF.
+func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []byte, rerr error) {
+	out = h.AppendBytes(buf[:0])
+	if s.conn.br.Buffered() == 0 {
+		return out, nil
+	}
+	start := len(out)
+	n, rerr := s.Read(buf[start+chunkHeadRoom : len(buf)-2-len(lastChunk)])
+	if n > 0 {
+		chunk := frameChunk(buf[start:], n)
+		// frameChunk leaves a gap before the chunk-size line when the size
+		// takes fewer digits than the room kept for it: move the head up
+		// against the chunk.
+		gap := chunkHeadRoom + n + 2 - len(chunk)
+		copy(buf[gap:gap+start], buf[:start])
+		out = buf[gap : gap+start+len(chunk)]
+	}
+	if rerr == io.EOF {
+		out = append(out, lastChunk...)
+	}
+	return out, rerr
 }
 
 // pump copies the body to the client until either side ends it.

@@ -6,7 +6,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,3 +102,74 @@ func TestFrameChunk(t *testing.T) {
 		}
 	}
 }
+
+// When the first events come in the same packet as the head, a detached
+// stream sends them together; a short stream that is already complete
+// ends at once. The client must get exactly the backend's events and a
+// clean end in both cases, whatever the chunk sizes (one and four hex
+// digits exercise the head being moved up against the size line).
+func TestDetachedSSEFirstWrite(t *testing.T) {
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	big := "data: " + strings.Repeat("x", 5000) + "\n\n"
+	for _, tc := range []struct {
+		name   string
+		wire   string // what the backend sends at once
+		events string // what the client must read
+		ends   bool   // the backend's body is complete in wire
+	}{
+		{"one event, held", head + chunk("data: a\n\n"), "data: a\n\n", false},
+		{"big event, held", head + chunk(big), big, false},
+		{"two events, held", head + chunk("data: a\n\n") + chunk("data: b\n\n"), "data: a\n\ndata: b\n\n", false},
+		{"whole stream", head + chunk("data: a\n\n") + "0\r\n\r\n", "data: a\n\n", true},
+		{"empty stream", head + "0\r\n\r\n", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			release := make(chan struct{})
+			var once sync.Once
+			done := func() { once.Do(func() { close(release) }) }
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				if !rawWrite(c, tc.wire) {
+					return false
+				}
+				if tc.ends {
+					return true
+				}
+				<-release
+				return rawWrite(c, chunk("data: end\n\n")+"0\r\n\r\n")
+			})
+			// Registered after the backend's own cleanup, so it runs first: a
+			// failed test must not leave the backend waiting.
+			t.Cleanup(done)
+			host := h.route("first", b.port)
+			pc := h.dialProxy(t)
+			req, _ := http.NewRequest("GET", "http://"+host+"/events", nil)
+			_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := req.Write(pc.c); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(pc.br, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := make([]byte, len(tc.events))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != tc.events {
+				t.Fatalf("first events %.80q, %v; want %.80q", got, err, tc.events)
+			}
+			if !tc.ends {
+				done()
+				tc.events = "data: end\n\n"
+			} else {
+				tc.events = ""
+			}
+			rest, err := io.ReadAll(resp.Body)
+			if err != nil || string(rest) != tc.events {
+				t.Fatalf("rest of the stream %.80q, %v; want %.80q and a clean end", rest, err, tc.events)
+			}
+		})
+	}
+}
+
+// chunk frames s as one chunk.
+func chunk(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }

@@ -66,30 +66,30 @@ func (c *upstreamConn) idleOK() bool {
 
 // checkIdle is idleOK's callback: only "nothing to read" (EAGAIN) is good.
 func (c *upstreamConn) checkIdle(fd uintptr) {
-	for {
-		_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		if err == syscall.EINTR {
-			continue
-		}
-		c.idleGood = err == syscall.EAGAIN
-		return
-	}
+	c.idleGood = c.peekByte(fd) == syscall.EAGAIN
 }
 
 // peek is called by the netpoller with the socket; returning false means
 // "nothing yet, park until readable".
 func (c *upstreamConn) peek(fd uintptr) bool {
-	for {
-		_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch err {
-		case nil:
-			return true // data, or 0 bytes: the backend closed; Read will tell
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		}
+	switch err := c.peekByte(fd); err {
+	case nil:
+		return true // data, or 0 bytes: the backend closed; Read will tell
+	case syscall.EAGAIN:
+		return false
+	default:
 		c.peekErr = os.NewSyscallError("recvfrom", err)
 		return true
+	}
+}
+
+// peekByte looks at the socket's next byte without consuming it and
+// without blocking: EAGAIN means there is nothing to read yet.
+func (c *upstreamConn) peekByte(fd uintptr) error {
+	for {
+		_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		if err != syscall.EINTR {
+			return err
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -278,7 +279,8 @@ func TestUpstreamKeepAliveReuse(t *testing.T) {
 		body string
 	}{
 		{"small body", "hello"},
-		{"streamed body", countingBody(64 << 10)},
+		{"whole body past the read buffer", countingBody(wholeBody)},
+		{"streamed body", countingBody(wholeBody + 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -575,14 +577,14 @@ func TestUpstreamInterimResponses(t *testing.T) {
 // The backend keeps its end open, so only the proxy's choice decides
 // whether the next request gets a new connection.
 func TestUpstreamConnectionClose(t *testing.T) {
-	big := countingBody(32 << 10)
+	big := countingBody(wholeBody + 1)
 	for _, tc := range []struct {
 		name, head, body string
 		reused           bool
 		http10           bool // what the client sees is TestUpstreamHTTP10Backend's
 	}{
 		{"Connection: close", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n", "ok", false, false},
-		{"Connection: close, streamed body", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 32768\r\n\r\n", big, false, false},
+		{"Connection: close, streamed body", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\n", big, false, false},
 		{"HTTP/1.0", "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", "ok", false, true},
 		{"HTTP/1.0 keep-alive", "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n", "ok", true, true},
 	} {
@@ -709,16 +711,22 @@ func TestUpstreamChunkedBody(t *testing.T) {
 // A backend that closes before the end of its body never produces a
 // response that looks complete.
 func TestUpstreamPrematureEOF(t *testing.T) {
-	t.Run("small body", func(t *testing.T) {
-		h := newHarness(t)
-		b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
-			rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
-			return false
+	// Bodies read whole fail before the head goes out: a clean 502.
+	for _, tc := range []struct{ name, response string }{
+		{"small body", "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789"},
+		{"whole body past the read buffer", "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(wholeBody) + "\r\n\r\n" + countingBody(wholeBody/2)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, tc.response)
+				return false
+			})
+			resp, body := h.dialProxy(t).do("GET", h.route("short", b.port), "/", "")
+			checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+			waitPoolConns(t, h, 0)
 		})
-		resp, body := h.dialProxy(t).do("GET", h.route("short", b.port), "/", "")
-		checkProxyError(t, resp, body, 502, CodeUpstreamReset)
-		waitPoolConns(t, h, 0)
-	})
+	}
 	for _, tc := range []struct{ name, response string }{
 		{"streamed Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + countingBody(100<<10)},
 		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunkedPieces(countingBody(100<<10), 4096)},

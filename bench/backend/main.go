@@ -45,6 +45,14 @@ func main() {
 				log.Fatalf("backend: listen fast port %s:%s: %v", ip, p, err)
 			}
 			srv := fb.server()
+			if ip != "127.0.0.1" {
+				// A cold sandbox's connection serves one request and then
+				// idles until the proxy closes it. Holding its 16 KiB reader
+				// and 64 KiB writer meanwhile grew this process to a
+				// gigabyte and stole the load generator's core (page faults,
+				// 100 ms GC cycles); a real sandbox is a VM of its own.
+				srv.ReduceMemoryUsage = true
+			}
 			go func() {
 				if err := srv.Serve(ln); err != nil {
 					log.Printf("backend: fasthttp serve %s:%s: %v", ip, p, err)

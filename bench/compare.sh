@@ -63,6 +63,16 @@ NGINX_TUNED_PORT=18081
 NGINX_PLATFORM_PORT=18082
 REDIS_PORT=16379
 
+# A process left over from an earlier run would answer in place of the one
+# started here (whose listen fails), and its CPU would count as noise.
+for p in $BACKEND_FAST $BACKEND_STD $CUBE_PORT $CUBE_ADMIN $CUBE_REDIS_PORT $CUBE_REDIS_ADMIN \
+	$NGINX_TUNED_PORT $NGINX_PLATFORM_PORT $REDIS_PORT; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		echo "compare.sh: 127.0.0.1:$p is already in use (a leftover run?); stop it first" >&2
+		exit 1
+	fi
+done
+
 if [ "$MODE" = quick ]; then
 	REPS=3 DUR=700ms WARM=300ms IDLE_N=500 IDLE_HOLD=500ms COLD_R=3000 BUDGET=165 MAX_ATTEMPTS=2
 	: "${OUT:=/tmp/cube-bench-quick.md}" # outside the work dir, which is removed

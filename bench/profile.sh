@@ -22,10 +22,17 @@ http | bytes | sse | sse-lat | ws | mcp | idle | cold) ;;
 esac
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-WORK=$(mktemp -d /tmp/cube-prof.XXXXXX)
-BIN=$WORK/bin
 PPROF=127.0.0.1:18099
 PORT=18080
+# A leftover process on one of these would answer in place of ours.
+for p in $PORT 18090 ${PPROF##*:} 20001 20002 16379; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		echo "profile.sh: 127.0.0.1:$p is already in use (a leftover run?); stop it first" >&2
+		exit 1
+	fi
+done
+WORK=$(mktemp -d /tmp/cube-prof.XXXXXX)
+BIN=$WORK/bin
 declare -A PID=()
 cleanup() {
 	local n

@@ -15,6 +15,16 @@ const (
 	phaseStop
 )
 
+// window is the measured part of a sample: the meter runs and phase tells
+// the workers to count for o.dur, then to stop.
+func (o *options) window(m *meter, phase *atomic.Int32) {
+	m.start()
+	phase.Store(phaseMeasure)
+	time.Sleep(o.dur)
+	phase.Store(phaseStop)
+	m.stop()
+}
+
 // loopWorker is one keep-alive connection issuing requests back to back.
 type loopWorker struct {
 	rc       *rawConn
@@ -53,11 +63,7 @@ func runLoop(o *options, m *meter, c int, req []byte, readBuf int) loopResult {
 		}()
 	}
 	time.Sleep(o.warm)
-	m.start()
-	phase.Store(phaseMeasure)
-	time.Sleep(o.dur)
-	phase.Store(phaseStop)
-	m.stop()
+	o.window(m, &phase)
 	wg.Wait()
 
 	res := loopResult{h: newHist()}

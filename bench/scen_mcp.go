@@ -133,11 +133,7 @@ func runMCP(o *options, args []string) (*Sample, error) {
 	m := o.newMeter()
 	time.Sleep(o.warm)
 	p0 := progress.Load()
-	m.start()
-	phase.Store(phaseMeasure)
-	time.Sleep(o.dur)
-	phase.Store(phaseStop)
-	m.stop()
+	o.window(m, &phase)
 	p1 := progress.Load()
 	wg.Wait()
 

@@ -236,11 +236,7 @@ func runSSE(o *options, args []string) (*Sample, error) {
 		}
 	}
 	nl0, by0 := count()
-	m.start()
-	phase.Store(phaseMeasure)
-	time.Sleep(o.dur)
-	phase.Store(phaseStop)
-	m.stop()
+	o.window(m, &phase)
 	nl1, by1 := count()
 	for _, s := range streams {
 		s.abort()

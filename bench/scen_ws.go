@@ -162,11 +162,7 @@ func runWS(o *options, args []string) (*Sample, error) {
 	}
 	m := o.newMeter()
 	time.Sleep(o.warm)
-	m.start()
-	phase.Store(phaseMeasure)
-	time.Sleep(o.dur)
-	phase.Store(phaseStop)
-	m.stop()
+	o.window(m, &phase)
 	wg.Wait()
 
 	s := o.newSample("ws", fmt.Sprintf("c=%d size=%d d=%s", *c, *size, o.dur), m)

@@ -53,3 +53,17 @@ var benchReader = struct {
 	src strings.Reader
 	br  *bufio.Reader
 }{br: bufio.NewReader(nil)}
+
+// BenchmarkResponseHops measures hop-by-hop removal on a typical backend
+// answer, which carries no hop-by-hop header.
+func BenchmarkResponseHops(b *testing.B) {
+	var resp fasthttp.ResponseHeader
+	raw := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 64\r\nDate: Mon, 30 Nov 2026 09:00:00 GMT\r\nX-Request-Id: abc\r\n\r\n"
+	if err := resp.Read(bufioReader(raw)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		removeHopResponse(&resp)
+	}
+}

@@ -847,6 +847,16 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	assertAuthCookieRedirect(t, resp, tok, "/", ttl, false)
 	resp, _ = authGet(t, authHostClient(h.addr, nil, false, nil), site+"/a/b?y=2&cube_token="+tok+"&z=%20", "")
 	assertAuthCookieRedirect(t, resp, tok, "/a/b?y=2&z=%20", ttl, false)
+	// The redirect never leaves the host, whatever the request target.
+	for _, tc := range []struct{ target, location string }{
+		{"//evil.example/x", "/evil.example/x?k=v"},
+		{`/\evil.example/x`, "/evil.example/x?k=v"},
+		{"///evil.example/x", "/evil.example/x?k=v"},
+		{"http://evil.example/x", "/x?k=v"},
+	} {
+		resp, _ := authRawRequest(t, h.addr, "GET "+tc.target+"?cube_token="+tok+"&k=v HTTP/1.1", "Host: 8080-box.cube.test")
+		assertAuthCookieRedirect(t, resp, tok, tc.location, ttl, false)
+	}
 	b.assertUntouched(t, "token redirects")
 
 	// A browser: follows the redirect, keeps the cookie for this host only.
@@ -1062,5 +1072,28 @@ func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
 	}
 	if err := CheckAdminAddr("0.0.0.0:8082", ""); err == nil {
 		t.Error("CheckAdminAddr accepts a wildcard bind without a token")
+	}
+}
+
+func TestAppendLocalPath(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", "/"},
+		{"/", "/"},
+		{"/a/b", "/a/b"},
+		{"/a//b", "/a//b"},
+		{"//evil.example/x", "/evil.example/x"},
+		{"///evil.example", "/evil.example"},
+		{`/\evil.example`, "/evil.example"},
+		{`\\evil.example`, "/evil.example"},
+		{"/\t/evil.example", "/evil.example"},
+		{"http://evil.example/x", "/x"},
+		{"https://evil.example//y", "/y"},
+		{"http://evil.example", "/"},
+		{"*", "/"},
+		{"evil.example:443", "/"},
+	} {
+		if got := string(appendLocalPath(nil, []byte(tc.in))); got != tc.want {
+			t.Errorf("appendLocalPath(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

@@ -57,18 +57,34 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp time.Time) {
 	uri := ctx.Request.Header.RequestURI()
 	path, query, _ := bytes.Cut(uri, []byte{'?'})
-	loc := append([]byte(nil), path...)
+	loc := appendLocalPath(nil, path)
 	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
 		loc = append(append(loc, '?'), clean...)
-	}
-	if len(loc) == 0 {
-		loc = append(loc, '/')
 	}
 	ctx.Response.Reset()
 	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(string(tok), exp, time.Now(), ctx.IsTLS()))
 	ctx.Response.Header.Set("Cache-Control", "no-store")
 	ctx.Response.Header.SetBytesV("Location", loc)
 	ctx.SetStatusCode(fasthttp.StatusFound)
+}
+
+// appendLocalPath appends the path of a raw request target as a reference
+// that browsers resolve on the same host: the scheme and authority of an
+// absolute-form target are dropped, and the leading run of '/' and '\\'
+// (which browsers read as '/'; they also skip tabs and newlines) becomes one
+// '/'. Copied as sent, "//evil.example/x" would be a network-path reference
+// and the 302 an open redirect.
+func appendLocalPath(dst, path []byte) []byte {
+	if len(path) > 0 && path[0] != '/' && path[0] != '\\' {
+		// Absolute-form ("http://host/p"); anything else has no usable path.
+		_, rest, ok := bytes.Cut(path, []byte("://"))
+		if i := bytes.IndexAny(rest, `/\`); ok && i >= 0 {
+			path = rest[i:]
+		} else {
+			path = nil
+		}
+	}
+	return append(append(dst, '/'), bytes.TrimLeft(path, "/\\\t\r\n ")...)
 }
 
 // stripProxyCredentials removes the proxy's own credentials before the

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"bytes"
+	"iter"
 	"strconv"
 	"time"
 )
@@ -32,18 +33,21 @@ func SetCookieHeader(token string, expiry, now time.Time, secure bool) string {
 	return v
 }
 
-// CookieValue returns the value of the first cookie called name in a raw
-// Cookie header value.
-func CookieValue(header []byte, name string) ([]byte, bool) {
-	for rest := header; ; {
-		piece, tail, more := cut(rest, ';')
-		if k, v, ok := splitCookie(piece); ok && string(k) == name {
-			return v, true
+// CookieValues yields the value of every cookie called name in a raw Cookie
+// header value, in order. All of them count: a sibling host may set a
+// domain-wide cookie of the same name that the browser sends first.
+func CookieValues(header []byte, name string) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for rest := header; ; {
+			piece, tail, more := cut(rest, ';')
+			if k, v, ok := splitCookie(piece); ok && string(k) == name && !yield(v) {
+				return
+			}
+			if !more {
+				return
+			}
+			rest = tail
 		}
-		if !more {
-			return nil, false
-		}
-		rest = tail
 	}
 }
 

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -71,26 +72,38 @@ func TestAppendStripCookie(t *testing.T) {
 	}
 }
 
-func TestCookieValue(t *testing.T) {
+func TestCookieValues(t *testing.T) {
 	tests := []struct {
-		name, in, want string
-		found          bool
+		name, in string
+		want     []string
 	}{
-		{"middle", "a=1; cube_proxy_auth=tok; b=2", "tok", true},
-		{"first of duplicates", "cube_proxy_auth=one; cube_proxy_auth=two", "one", true},
-		{"spaces", "a=1 ;  cube_proxy_auth =  tok  ", "tok", true},
-		{"empty value", "cube_proxy_auth=", "", true},
-		{"absent", "a=1; cube_proxy_auth2=x", "", false},
-		{"valueless", "cube_proxy_auth", "", false},
-		{"empty", "", "", false},
+		{"middle", "a=1; cube_proxy_auth=tok; b=2", []string{"tok"}},
+		{"duplicates, in order", "cube_proxy_auth=one; x=1; cube_proxy_auth=two", []string{"one", "two"}},
+		{"spaces", "a=1 ;  cube_proxy_auth =  tok  ", []string{"tok"}},
+		{"empty value", "cube_proxy_auth=", []string{""}},
+		{"absent", "a=1; cube_proxy_auth2=x", nil},
+		{"valueless", "cube_proxy_auth", nil},
+		{"empty", "", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, found := CookieValue([]byte(tt.in), CookieName)
-			if string(got) != tt.want || found != tt.found {
-				t.Fatalf("got %q, %v; want %q, %v", got, found, tt.want, tt.found)
+			var got []string
+			for v := range CookieValues([]byte(tt.in), CookieName) {
+				got = append(got, string(v))
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+	// A consumer that stops early is not called again.
+	n := 0
+	for range CookieValues([]byte("cube_proxy_auth=1; cube_proxy_auth=2"), CookieName) {
+		n++
+		break
+	}
+	if n != 1 {
+		t.Errorf("early stop: %d values", n)
 	}
 }
 

@@ -918,6 +918,31 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	}
 	b.assertNoMore(t, "refused signed tokens")
 
+	// Every cookie of the name counts, on every Cookie line: a sibling
+	// host's domain-wide cookie sent first does not lock the user out.
+	for _, tc := range []struct {
+		name    string
+		cookies []string
+		keep    string
+	}{
+		{"a junk cookie first", []string{auth.CookieName + "=junk; " + auth.CookieName + "=" + tok}, ""},
+		{"a foreign token first", []string{"k=v; " + auth.CookieName + "=" + sign(both, "other", 8080, exp) + "; " + auth.CookieName + "=" + tok}, "k=v"},
+		{"on a second Cookie line", []string{"k=v", auth.CookieName + "=" + tok}, "k=v"},
+	} {
+		lines := []string{"GET /jar HTTP/1.1", "Host: 8080-box.cube.test"}
+		for _, c := range tc.cookies {
+			lines = append(lines, "Cookie: "+c)
+		}
+		if resp, body := authRawRequest(t, h.addr, lines...); resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
+			continue
+		}
+		checkHead(tc.name, b.next(t), "GET /jar HTTP/1.1", tc.keep)
+	}
+	resp, body = authRawRequest(t, h.addr, "GET /jar HTTP/1.1", "Host: 8080-box.cube.test",
+		"Cookie: "+auth.CookieName+"="+expired+"; "+auth.CookieName+"=junk")
+	expectAuthRefusal(t, "no cookie verifies", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenExpired)
+
 	// The cookie is stripped even when the traffic token authorizes.
 	resp, _ = authGet(t, direct, site+"/both", "k=v; "+auth.CookieName+"="+expired)
 	if resp.StatusCode != 403 {

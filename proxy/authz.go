@@ -38,17 +38,36 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 				return true
 			}
 			errors.As(verr, &rej)
-		} else if c, ok := auth.CookieValue(h.Peek("Cookie"), auth.CookieName); ok {
-			_, verr := p.cfg.Signer.VerifyBytes(c, r.ID, t.Port, time.Now())
-			if verr == nil {
-				return false
-			}
+		} else if ok, verr := p.signedCookie(h, r.ID, t.Port); ok {
+			return false
+		} else if verr != nil {
 			errors.As(verr, &rej)
 		}
 	}
 	p.metrics.AuthRejected(rej.Code)
 	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
 	return true
+}
+
+// signedCookie reports whether one of the request's signed-token cookies
+// verifies for the target; if none does, err is the first one's error (nil
+// when there is no such cookie). Every Cookie line and every cookie of the
+// name is tried: a browser sends a sibling host's domain-wide cookie of the
+// same name too, and an HTTP/2 gateway may split cookies over lines.
+func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, id string, port uint16) (ok bool, err error) {
+	now := time.Now()
+	for _, line := range h.PeekAll("Cookie") {
+		for c := range auth.CookieValues(line, auth.CookieName) {
+			_, verr := p.cfg.Signer.VerifyBytes(c, id, port, now)
+			if verr == nil {
+				return true, nil
+			}
+			if err == nil {
+				err = verr
+			}
+		}
+	}
+	return false, err
 }
 
 // redirectWithCookie trades a verified signed token for a host-only cookie

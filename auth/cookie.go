@@ -105,6 +105,22 @@ func AppendStripQueryParam(dst, query []byte, name string) ([]byte, bool) {
 	}
 }
 
+// HasQueryParam reports whether query (a raw query string, without '?') has
+// a parameter called name, matched as AppendStripQueryParam matches it. It
+// copies nothing, so it can guard the strip on every request.
+func HasQueryParam(query []byte, name string) bool {
+	for rest := query; ; {
+		piece, tail, more := cut(rest, '&')
+		if k, _, _ := bytes.Cut(piece, []byte{'='}); queryNameIs(k, name) {
+			return true
+		}
+		if !more {
+			return false
+		}
+		rest = tail
+	}
+}
+
 // cut splits b at the first sep; more reports whether sep was present.
 func cut(b []byte, sep byte) (before, after []byte, more bool) {
 	if i := bytes.IndexByte(b, sep); i >= 0 {

@@ -133,6 +133,9 @@ func TestAppendStripQueryParam(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q, %v", got, found, tt.want, tt.found)
 			}
 			assertQueryAgreesWithFasthttp(t, tt.in, string(got), found)
+			if has := HasQueryParam([]byte(tt.in), QueryParamName); has != tt.found {
+				t.Errorf("HasQueryParam = %v, want %v", has, tt.found)
+			}
 		})
 	}
 }
@@ -164,5 +167,8 @@ func FuzzAppendStripQueryParam(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in string) {
 		out, found := AppendStripQueryParam(nil, []byte(in), QueryParamName)
 		assertQueryAgreesWithFasthttp(t, in, string(out), found)
+		if HasQueryParam([]byte(in), QueryParamName) != found {
+			t.Fatalf("HasQueryParam(%q) = %v, AppendStripQueryParam found %v", in, !found, found)
+		}
 	})
 }

@@ -820,6 +820,7 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		})
 		putAuthRoute(h, "box", traffic, b.port, 8080, 9090)
 		putAuthRoute(h, "other", traffic, b.port, 8080)
+		putAuthRoute(h, "pub", "", b.port, 8080)
 		return h
 	}
 	h := start(both, lc.accessCube)
@@ -942,6 +943,27 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	resp, body = authRawRequest(t, h.addr, "GET /jar HTTP/1.1", "Host: 8080-box.cube.test",
 		"Cookie: "+auth.CookieName+"="+expired+"; "+auth.CookieName+"=junk")
 	expectAuthRefusal(t, "no cookie verifies", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenExpired)
+
+	// The token parameter never reaches the sandbox, even when another
+	// credential, or a public route, lets the request through.
+	for _, tc := range []struct {
+		name, host, target, line string
+		hdr                      []string
+	}{
+		{"traffic token", "8080-box.cube.test", "/q?cube_token=" + tok + "&a=1", "GET /q?a=1 HTTP/1.1", []string{"E2b-Traffic-Access-Token: " + traffic}},
+		{"public route", "8080-pub.cube.test", "/q?a=1&cube_token=" + tok, "GET /q?a=1 HTTP/1.1", nil},
+		{"encoded name", "8080-pub.cube.test", "/q?cube%5Ftoken=" + tok, "GET /q HTTP/1.1", nil},
+		{"websocket", "8080-pub.cube.test", "/ws?cube_token=" + tok, "GET /ws HTTP/1.1",
+			[]string{"Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"}},
+	} {
+		lines := append([]string{"GET " + tc.target + " HTTP/1.1", "Host: " + tc.host}, tc.hdr...)
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if tc.name != "websocket" && resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
+			continue
+		}
+		checkHead(tc.name, b.next(t), tc.line, "")
+	}
 
 	// The cookie is stripped even when the traffic token authorizes.
 	resp, _ = authGet(t, direct, site+"/both", "k=v; "+auth.CookieName+"="+expired)

@@ -5,6 +5,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
@@ -375,6 +377,9 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 
 	removeHopRequest(h, upgrade)
 	stripProxyCredentials(h)
+	if p.cfg.Signer != nil {
+		stripSignedToken(req)
+	}
 
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
@@ -398,6 +403,26 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil
+}
+
+// stripSignedToken removes the signed-token query parameter from the
+// request target. Like the traffic token it is the proxy's credential, and
+// it may come along on a request that another credential (or a public
+// route) lets through. Without a signer the parameter means nothing to the
+// proxy and is left to the sandbox.
+func stripSignedToken(req *fasthttp.Request) {
+	uri := req.Header.RequestURI()
+	path, query, ok := bytes.Cut(uri, []byte{'?'})
+	if !ok || !auth.HasQueryParam(query, auth.QueryParamName) {
+		return
+	}
+	dst := append(make([]byte, 0, len(uri)), path...)
+	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
+		dst = append(append(dst, '?'), clean...)
+	}
+	// The request's setter, not the header's: it also drops a URI parsed
+	// earlier, which Write would otherwise send instead.
+	req.SetRequestURIBytes(dst)
 }
 
 // envdPort is the sandbox's envd daemon, whose Host is never masked.

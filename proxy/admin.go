@@ -346,9 +346,10 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 		}
 		since = n
 	}
-	entries := a.p.sandboxes.lastActive(since)
+	now := time.Now().UnixMilli()
+	entries := a.p.sandboxes.lastActive(since, now)
 	writeJSON(ctx, 200, map[string]any{
-		"now":     time.Now().UnixMilli(),
+		"now":     now,
 		"since":   since,
 		"count":   len(entries),
 		"entries": entries,

@@ -68,10 +68,18 @@ func (s *sandboxes) setState(id string, st uint32) {
 }
 
 // lastActive returns sandbox ids active at or after since (unix millis).
-func (s *sandboxes) lastActive(since int64) map[string]int64 {
+// A sandbox with a request or stream still open is active now (unix
+// millis): an SSE or WebSocket session may last hours after the request
+// that opened it, and an idle reaper must not pause the sandbox under it.
+func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
 	out := make(map[string]int64)
 	s.m.Range(func(k, v any) bool {
-		if ts := v.(*sandboxState).lastActive.Load(); ts >= since && ts > 0 {
+		e := v.(*sandboxState)
+		ts := e.lastActive.Load()
+		if e.active.Load() > 0 {
+			ts = now
+		}
+		if ts >= since && ts > 0 {
 			out[k.(string)] = ts
 		}
 		return true

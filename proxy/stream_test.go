@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -386,5 +387,57 @@ func TestRequestBodyCap(t *testing.T) {
 				t.Fatalf("body %s", b)
 			}
 		})
+	}
+}
+
+// A sandbox whose stream is still open is active now, however long ago the
+// request that opened it arrived: an idle reaper polling last_active must
+// not pause it under the stream. Once the stream ends it is dated by then.
+func TestLastActiveCountsOpenStreams(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		fmt.Fprint(w, "data: first\n\n")
+		f.Flush()
+		<-release
+	}))
+	host := h.route("longlived", port)
+	active := func(since int64) (int64, bool) {
+		t.Helper()
+		st, body := h.adminDo("GET", fmt.Sprintf("/admin/last_active?since=%d", since), "", "")
+		var out struct{ Entries map[string]int64 }
+		if st != 200 || json.Unmarshal([]byte(body), &out) != nil {
+			t.Fatalf("last_active: %d %s", st, body)
+		}
+		ts, ok := out.Entries["longlived"]
+		return ts, ok
+	}
+
+	resp := h.do(h.req("GET", host, "/events", nil))
+	defer resp.Body.Close()
+	if ev, err := readEvent(bufio.NewReader(resp.Body)); err != nil || ev != "data: first\n" {
+		t.Fatalf("first event %q: %v", ev, err)
+	}
+	// Every poll after the request started still finds the sandbox while
+	// the backend holds the stream open.
+	for range 3 {
+		since := time.Now().UnixMilli()
+		if ts, ok := active(since); !ok || ts < since {
+			t.Fatalf("open stream: last_active %d, %v; want >= %d", ts, ok, since)
+		}
+		time.Sleep(5 * time.Millisecond) // so that since moves past the request's start
+	}
+	close(release)
+	io.Copy(io.Discard, resp.Body)
+	// The proxy finishes the exchange just after the client saw its end.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ts, ok := active(time.Now().UnixMilli())
+		if !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream ended but the sandbox is still reported active (%d)", ts)
+		}
 	}
 }

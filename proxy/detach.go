@@ -177,7 +177,7 @@ func frameChunk(buf []byte, n int) []byte {
 // write sends b to the client within the client write timeout.
 func (s *bodyStream) write(b []byte) error {
 	if s.writeTimeout > 0 {
-		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout))
+		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout), slack(s.writeTimeout))
 	}
 	_, err := s.client.Write(b)
 	return err

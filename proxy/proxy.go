@@ -299,13 +299,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		s.mode = bodyUntilClose
 	}
 	if size < 0 {
-		// Chunked or close-delimited: unknown length, sent chunked. The
-		// head goes out at once rather than with the first body byte (an
-		// SSE or MCP GET stream may be silent for a long time), unless body
-		// bytes came with it: then head and first chunk leave in one write.
-		size = -1
-		resp.ImmediateHeaderFlush = c.br.Buffered() == 0
+		size = -1 // chunked or close-delimited: unknown length, sent chunked
 	}
+	// The head goes out at once rather than with the first body byte (an
+	// SSE or MCP GET stream may be silent for a long time), unless body
+	// bytes came with it: then head and first chunk leave in one write. A
+	// fixed-length body always goes out behind a flushed head, because
+	// WriteTo writes it straight to the connection.
+	resp.ImmediateHeaderFlush = s.fixed || c.br.Buffered() == 0
 	s.sse = isEventStream(resp.Header.ContentType())
 	if s.sse {
 		x.kind = telemetry.RouteSSE

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"syscall"
-	"time"
 )
 
 // canWaitReadable: this platform can wait for a socket to become readable
@@ -28,7 +27,7 @@ func (c *upstreamConn) waitReadable() error {
 		err = c.peekErr
 	}
 	if err != nil && hb && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.heartbeat = time.Time{}
+		c.heartbeatFired()
 		return errHeartbeatDue
 	}
 	return err

@@ -34,8 +34,7 @@ type bodyStream struct {
 	mode    bodyMode
 	left    int64 // bodyFixed: bytes still to read
 	chunked chunkedReader
-	eof     bool             // the body was read to its end
-	lr      io.LimitedReader // splice's source, kept here to avoid an allocation
+	eof     bool // the body was read to its end
 
 	sse        bool
 	fixed      bool // Content-Length body: copied by WriteTo in large pieces
@@ -58,7 +57,6 @@ type bodyStream struct {
 	client         net.Conn // to refresh the per-write deadline
 	writeTimeout   time.Duration
 	clientDeadline time.Time
-	nAtDeadline    int64 // s.n when the client deadline was last moved
 
 	// stopping is set by drain: the next failed upstream read ends the
 	// stream cleanly (io.EOF) instead of as an error.
@@ -83,12 +81,12 @@ var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 func (s *bodyStream) Read(b []byte) (int, error) {
 	s.armHeartbeat()
 	n, err := s.readBody(b)
-	if s.writeTimeout > 0 && s.client != nil && (!s.fixed || s.n-s.nAtDeadline > 1<<20) {
-		// The client must take each piece within writeTimeout; a stream
-		// itself may last as long as both ends keep talking. A small
-		// fixed-length body is covered by the deadline set when it started.
-		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout))
-		s.nAtDeadline = s.n
+	if s.writeTimeout > 0 && s.client != nil {
+		// The client must take each piece within writeTimeout, counted from
+		// when the backend delivered it: a slow backend must not use up the
+		// client's time. A stream itself may last as long as both ends keep
+		// talking. The socket's deadline moves once a second at most.
+		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout), slack(s.writeTimeout))
 	}
 	if n > 0 {
 		s.n += int64(n)
@@ -111,7 +109,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 // armHeartbeat arms the heartbeat for the next upstream wait, but only at
 // an event boundary: a comment line inside an event would corrupt it.
 func (s *bodyStream) armHeartbeat() {
-	if !s.sse || s.heartbeat <= 0 {
+	if !s.sse || s.heartbeat <= 0 || s.fixed {
+		// A Content-Length body has no room for a comment: it would push
+		// the body's last bytes out of the count.
 		return
 	}
 	if s.atBoundary {
@@ -152,18 +152,18 @@ func (s *bodyStream) readBody(b []byte) (int, error) {
 	return n, err
 }
 
-// SupportsBodyWriteTo lets fasthttp hand a fixed-length body to WriteTo,
-// which copies through a larger buffer: a download then moves in 64 KiB
-// reads and writes instead of 4 KiB ones. Bodies of unknown length keep the
-// Read path, where fasthttp writes and flushes one chunk per Read: that is
-// what delivers each SSE event at once.
+// SupportsBodyWriteTo lets fasthttp hand a fixed-length body to WriteTo.
+// Bodies of unknown length keep the Read path, where fasthttp writes and
+// flushes one chunk per Read: that is what delivers each SSE event at once.
 func (s *bodyStream) SupportsBodyWriteTo() bool { return s.fixed }
 
-// WriteTo copies the body to w (fasthttp's fixed-size body writer).
-func (s *bodyStream) WriteTo(w io.Writer) (int64, error) {
-	if n, ok, err := s.splice(w); ok {
-		return n, err
-	}
+// WriteTo copies a fixed-length body to the client connection in pieces of
+// up to 64 KiB. fasthttp's writer w would hold back whatever does not fill
+// its buffer (its fixed-size writer has no flush), and a backend that sends
+// a large body slowly must be seen making progress; so the pieces go
+// straight to the connection, behind the head that fasthttp flushed
+// (ImmediateHeaderFlush, set for every fixed-length stream).
+func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp
@@ -171,7 +171,7 @@ func (s *bodyStream) WriteTo(w io.Writer) (int64, error) {
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
-			m, werr := w.Write(buf[:n])
+			m, werr := s.client.Write(buf[:n])
 			total += int64(m)
 			if werr != nil {
 				return total, werr
@@ -184,66 +184,6 @@ func (s *bodyStream) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
-}
-
-// spliceSlice bounds one splice call, so the idle and client write
-// deadlines are renewed as a long download progresses.
-const spliceSlice = 256 << 10
-
-// splice sends a fixed-length body from the backend's socket to the
-// client's without copying it through user space: fasthttp's fixed-size
-// body writer hands a LimitedReader over a socket to bufio.Writer.ReadFrom,
-// which (once the head is flushed) passes it to TCPConn.ReadFrom, which
-// uses splice(2) on Linux. A download then costs the proxy little more
-// than the syscalls. Only plain TCP on both sides; ok is false when it
-// does not apply and WriteTo copies instead.
-func (s *bodyStream) splice(w io.Writer) (total int64, ok bool, err error) {
-	dst, ok1 := s.client.(*net.TCPConn)
-	src, ok2 := s.conn.Conn.(*net.TCPConn)
-	rf, ok3 := w.(io.ReaderFrom)
-	if !ok1 || !ok2 || !ok3 || s.sse {
-		return 0, false, nil
-	}
-	// Body bytes that arrived with the head go out behind it.
-	if n := min(s.conn.br.Buffered(), int(s.left)); n > 0 {
-		b, _ := s.conn.br.Peek(n)
-		m, err := w.Write(b)
-		_, _ = s.conn.br.Discard(m)
-		s.count(int64(m))
-		total += int64(m)
-		if err != nil {
-			return total, true, err
-		}
-	}
-	c := s.conn
-	for s.left > 0 {
-		now := time.Now()
-		if c.idleTimeout > 0 {
-			c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, now.Add(c.idleTimeout))
-		}
-		if s.writeTimeout > 0 {
-			s.clientDeadline = setDeadline(dst, false, s.clientDeadline, now.Add(s.writeTimeout))
-		}
-		s.lr = io.LimitedReader{R: src, N: min(s.left, spliceSlice)}
-		n, err := rf.ReadFrom(&s.lr)
-		s.count(n)
-		total += n
-		if err != nil {
-			return total, true, err
-		}
-		if n == 0 {
-			return total, true, io.ErrUnexpectedEOF // the backend closed before Content-Length bytes
-		}
-	}
-	s.eof = true
-	return total, true, nil
-}
-
-// count records n body bytes forwarded.
-func (s *bodyStream) count(n int64) {
-	s.left -= n
-	s.n += n
-	s.x.bytesOut += n
 }
 
 // copyBufPool holds WriteTo's copy buffers; one is in use only while a

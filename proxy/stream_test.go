@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -439,5 +440,142 @@ func TestLastActiveCountsOpenStreams(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the stream ended but the sandbox is still reported active (%d)", ts)
 		}
+	}
+}
+
+// A Content-Length body too large to be read whole still streams: each
+// piece reaches the client while the backend holds the rest back until the
+// client acknowledges it.
+func TestFixedLengthBodyPiecesArriveAtOnce(t *testing.T) {
+	h := newHarness(t)
+	const pieces, piece = 4, wholeBody // 4 pieces: more than one whole-body read
+	ack := make(chan struct{})
+	backendErr := make(chan error, 1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(pieces*(piece+1)))
+		w.WriteHeader(200)
+		for i := range pieces {
+			// A small marker first, then the piece: the marker alone must
+			// make it through.
+			fmt.Fprint(w, i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				backendErr <- fmt.Errorf("piece %d: the client never saw its first byte", i)
+				return
+			}
+			w.Write(bytes.Repeat([]byte{'x'}, piece))
+		}
+		backendErr <- nil
+	}))
+	host := h.route("pieces", port)
+	resp := h.do(h.req("GET", host, "/", nil))
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for i := range pieces {
+		if c, err := br.ReadByte(); err != nil || c != byte('0'+i) {
+			t.Fatalf("piece %d: marker %q, %v", i, c, err)
+		}
+		ack <- struct{}{}
+		if _, err := io.CopyN(io.Discard, br, piece); err != nil {
+			t.Fatalf("piece %d: %v", i, err)
+		}
+	}
+	if err := <-backendErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A backend that sends a large body slowly must not use up the client's
+// write timeout: it bounds how long the client takes each piece, counted
+// from when the backend delivered it.
+func TestSlowFixedDownloadOutlivesWriteTimeout(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })
+	const pieces, piece = 8, 16 << 10 // 128 KiB: streamed, not read whole
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(pieces*piece))
+		w.WriteHeader(200)
+		for range pieces {
+			w.Write(bytes.Repeat([]byte{'x'}, piece))
+			w.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond) // 800 ms in all, well past the timeout
+		}
+	}))
+	host := h.route("slowdl", port)
+	resp := h.do(h.req("GET", host, "/", nil))
+	defer resp.Body.Close()
+	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != pieces*piece {
+		t.Fatalf("slow download: %d of %d bytes, %v", n, pieces*piece, err)
+	}
+}
+
+// No heartbeat comment goes into an event stream with a Content-Length:
+// it would push the body's last bytes out of the count.
+func TestFixedLengthEventStreamGetsNoHeartbeat(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 50 * time.Millisecond })
+	first, rest := "data: a\n\n", strings.Repeat("y", wholeBody)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(len(first)+len(rest)))
+		w.WriteHeader(200)
+		io.WriteString(w, first)
+		w.(http.Flusher).Flush()
+		time.Sleep(300 * time.Millisecond) // six heartbeat intervals of silence
+		io.WriteString(w, rest)
+	}))
+	host := h.route("ssefixed", port)
+	resp := h.do(h.req("GET", host, "/", nil))
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != first+rest {
+		t.Fatalf("body: %d bytes (want %d), %v; heartbeat at %d", len(b), len(first)+len(rest), err, strings.Index(string(b), ": keep-alive"))
+	}
+}
+
+// A heartbeat interval under a second still means one heartbeat per
+// interval of silence, not one per read attempt.
+func TestHeartbeatUnderOneSecond(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 100 * time.Millisecond })
+			release := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: a\n\n")
+				f.Flush()
+				<-release
+				fmt.Fprint(w, "data: end\n\n")
+			}))
+			host := h.route("hbfast", port)
+			resp := h.do(h.req(method, host, "/", strings.NewReader("")))
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); err != nil || ev != "data: a\n" {
+				t.Fatalf("first event %q: %v", ev, err)
+			}
+			start := time.Now()
+			n := 0
+			for n < 5 {
+				if ev, err := readEvent(br); err != nil || ev != ": keep-alive\n" {
+					t.Fatalf("heartbeat %d: %q, %v", n, ev, err)
+				}
+				n++
+			}
+			// Five heartbeats take five intervals; a storm takes microseconds.
+			if d := time.Since(start); d < 4*100*time.Millisecond {
+				t.Errorf("5 heartbeats in %v at a 100 ms interval", d)
+			}
+			close(release)
+			for {
+				ev, err := readEvent(br)
+				if err != nil {
+					t.Fatalf("stream ended without the last event: %v", err)
+				}
+				if ev == "data: end\n" {
+					break
+				}
+			}
+		})
 	}
 }

@@ -425,7 +425,7 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 		c.headerDeadline = now.Add(c.headerTimeout)
 	}
 	if c.idleTimeout > 0 {
-		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout))
+		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout), slack(c.idleTimeout))
 	}
 	return c.Conn.Write(b)
 }
@@ -435,7 +435,7 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.nread += int64(n)
 	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.heartbeat = time.Time{}
+		c.heartbeatFired()
 		return 0, errHeartbeatDue
 	}
 	return n, err
@@ -446,26 +446,29 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 // whichever comes first. It reports whether the heartbeat is the one armed.
 func (c *upstreamConn) armRead() (heartbeat bool) {
 	var deadline time.Time
+	var sl time.Duration
 	if !c.inBody {
-		deadline = c.headerDeadline
+		deadline, sl = c.headerDeadline, slack(c.headerTimeout)
 	} else {
 		if c.idleTimeout > 0 {
-			deadline = time.Now().Add(c.idleTimeout)
+			deadline, sl = time.Now().Add(c.idleTimeout), slack(c.idleTimeout)
 		}
 		if !c.heartbeat.IsZero() && (deadline.IsZero() || c.heartbeat.Before(deadline)) {
-			deadline, heartbeat = c.heartbeat, true
+			// A second early at most; heartbeatFired keeps an expired one
+			// from being kept.
+			deadline, sl, heartbeat = c.heartbeat, time.Second, true
 		}
 	}
-	c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, deadline)
+	c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, deadline, sl)
 	return heartbeat
 }
 
-// setDeadline arms want unless the armed deadline cur is less than a
-// second earlier: moving a socket deadline costs a runtime timer update,
-// and timeouts of minutes do not need sub-second precision. Earlier (or
-// zero) deadlines are always set, so heartbeats stay exact.
-func setDeadline(c net.Conn, read bool, cur, want time.Time) time.Time {
-	if !cur.IsZero() && !want.IsZero() && !want.Before(cur) && want.Sub(cur) < time.Second {
+// setDeadline arms want unless the armed deadline cur is earlier by less
+// than slack: moving a socket deadline costs a runtime timer update, and a
+// timeout may fire that little early. Earlier (or zero) deadlines are
+// always set, so heartbeats stay exact.
+func setDeadline(c net.Conn, read bool, cur, want time.Time, slack time.Duration) time.Time {
+	if !cur.IsZero() && !want.IsZero() && !want.Before(cur) && want.Sub(cur) < slack {
 		return cur
 	}
 	if read {
@@ -474,6 +477,20 @@ func setDeadline(c net.Conn, read bool, cur, want time.Time) time.Time {
 		_ = c.SetWriteDeadline(want)
 	}
 	return want
+}
+
+// slack is how early a timeout of d may fire so that its deadline moves at
+// most once a second (an eighth of d for short ones). A deadline renewed
+// as now+d is then never kept once it has passed.
+func slack(d time.Duration) time.Duration { return min(time.Second, d/8) }
+
+// heartbeatFired records that the heartbeat deadline passed. The socket's
+// deadline has expired, so it is forgotten: the next one is set whatever
+// it is (setDeadline could keep the expired one for a heartbeat due less
+// than a second later, and every read would time out at once).
+func (c *upstreamConn) heartbeatFired() {
+	c.heartbeat = time.Time{}
+	c.readDeadline = time.Time{}
 }
 
 // setHeartbeat arms (or with a zero time, disarms) the heartbeat deadline.

@@ -220,3 +220,27 @@ func TestBodylessResponses(t *testing.T) {
 		}
 	}
 }
+
+// A request body without Content-Type reaches the backend without one
+// (fasthttp would add application/octet-stream).
+func TestRequestContentTypeUntouched(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%q", r.Header.Values("Content-Type"))
+	}))
+	host := h.route("ctype", port)
+	for _, ct := range []string{"", "application/json", "text/plain; charset=utf-8"} {
+		req := h.req("POST", host, "/", strings.NewReader(`{"a":1}`))
+		want := `[]`
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+			want = fmt.Sprintf("[%q]", ct)
+		}
+		resp := h.do(req)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != want {
+			t.Errorf("client sent Content-Type %q; backend saw %s", ct, b)
+		}
+	}
+}

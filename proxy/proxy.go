@@ -160,7 +160,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	sb.lastActive.Store(x.start.UnixMilli())
 
-	if h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
+	// Only a request without a body can switch protocols here: the tunnel
+	// sends the head alone. Others (curl's "Upgrade: h2c" on a POST) go
+	// through forward, which drops Upgrade as a hop-by-hop header.
+	if cl := h.ContentLength(); (cl == 0 || cl == -2) && h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
 		p.tunnel(ctx, x, route, &t, addr, sb)
 		return
 	}
@@ -376,6 +379,8 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 		req.SetBodyStream(&limitedBody{r: ctx.RequestBodyStream(), left: p.cfg.MaxRequestBodySize}, -1)
 	}
 
+	// A request without Content-Type must not gain fasthttp's default one.
+	h.SetNoDefaultContentType(true)
 	removeHopRequest(h, upgrade)
 	stripProxyCredentials(h)
 	if p.cfg.Signer != nil {

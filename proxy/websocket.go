@@ -122,6 +122,10 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// connection with its own idle deadlines, not upstreamConn's
 	// request/response bookkeeping.
 	raw := uc.Conn
+	// upstreamConn armed deadlines for the upgrade exchange (the write one
+	// from the idle timeout): left in place they would cut a busy tunnel
+	// that long after the upgrade. The tunnel arms its own per read.
+	_ = raw.SetDeadline(time.Time{})
 	pending, _ := br.Peek(br.Buffered()) // bytes the backend sent right after the 101
 
 	// The tunnel outlives the request: it finishes the exchange itself,

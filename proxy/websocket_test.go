@@ -1,8 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -134,4 +138,55 @@ func TestWebSocketClosePropagates(t *testing.T) {
 			t.Fatal("refusal hung")
 		}
 	})
+}
+
+// The idle timeout closes a silent tunnel, never a busy one: the
+// deadlines armed for the upgrade exchange must not outlive it.
+func TestBusyTunnelOutlivesIdleTimeout(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	ended := make(chan error, 1)
+	c := dialWS(t, h, h.route("wsbusy", wsBackend(t, ended)))
+	defer c.CloseNow()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	for i := 0; time.Since(start) < 4*idle; i++ {
+		msg := fmt.Sprint("m", i)
+		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatalf("write %d, %v after the upgrade: %v", i, time.Since(start), err)
+		}
+		if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+			t.Fatalf("echo %d, %v after the upgrade: %q, %v", i, time.Since(start), got, err)
+		}
+		time.Sleep(idle / 4) // traffic well within the idle timeout
+	}
+}
+
+// An Upgrade header on a request with a body (curl sends "Upgrade: h2c"
+// with a POST) is not a tunnel: the request is forwarded, body included,
+// without the hop-by-hop upgrade headers.
+func TestUpgradeWithBodyIsForwarded(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %q upgrade=%q settings=%q", r.Method, b, r.Header.Get("Upgrade"), r.Header.Get("Http2-Settings"))
+	}))
+	host := h.route("h2c", port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"+
+		"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhello", host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if want := `POST "hello" upgrade="" settings=""`; resp.StatusCode != 200 || string(b) != want {
+		t.Fatalf("%d %q, want 200 %q", resp.StatusCode, b, want)
+	}
 }

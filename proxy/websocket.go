@@ -22,6 +22,7 @@ import (
 type tunnel struct {
 	client, backend net.Conn
 	idle            time.Duration
+	lastRead        atomic.Int64 // unix nanos of the last byte read either way
 
 	mu     sync.Mutex
 	closed bool
@@ -44,19 +45,30 @@ func (t *tunnel) close() {
 	_ = t.backend.Close()
 }
 
-// read reads from c with the idle timeout, unless the tunnel was closed.
+// read reads from c, unless the tunnel was closed. The idle timeout ends
+// the tunnel only when neither side has sent anything for that long: a
+// terminal's user may type nothing for hours while its output streams.
 // Arming the deadline under the lock keeps close from being undone.
 func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
-	t.mu.Lock()
-	if t.closed {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if t.idle > 0 {
+			_ = c.SetReadDeadline(time.Now().Add(t.idle))
+		}
 		t.mu.Unlock()
-		return 0, net.ErrClosed
+		n, err := c.Read(b)
+		if n > 0 {
+			t.lastRead.Store(time.Now().UnixNano())
+		}
+		if n == 0 && isTimeout(err) && time.Now().UnixNano()-t.lastRead.Load() < int64(t.idle) {
+			continue // this side was silent, the other was not
+		}
+		return n, err
 	}
-	if t.idle > 0 {
-		_ = c.SetReadDeadline(time.Now().Add(t.idle))
-	}
-	t.mu.Unlock()
-	return c.Read(b)
 }
 
 // tunnel serves an Upgrade request. The upgrade never goes through the
@@ -145,6 +157,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	ctx.Hijack(func(client net.Conn) {
 		var in, out countingReader
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout}
+		tn.lastRead.Store(time.Now().UnixNano())
 		p.streams.addTunnel(tn)
 		defer func() {
 			tn.close()

@@ -190,3 +190,58 @@ func TestUpgradeWithBodyIsForwarded(t *testing.T) {
 		t.Fatalf("%d %q, want 200 %q", resp.StatusCode, b, want)
 	}
 }
+
+// Traffic either way keeps a tunnel open: a client that only listens
+// (server push, a terminal's output) is not silent for the idle timeout.
+func TestOneWayTunnelOutlivesIdleTimeout(t *testing.T) {
+	const idle, n = 300 * time.Millisecond, 16 // 16 pushes, idle/4 apart: 4 idle timeouts
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"echo.v1"}})
+		if err != nil {
+			return
+		}
+		for i := range n {
+			if c.Write(r.Context(), websocket.MessageText, []byte(fmt.Sprint("push ", i))) != nil {
+				return
+			}
+			time.Sleep(idle / 4)
+		}
+		c.Close(websocket.StatusNormalClosure, "done")
+	}))
+	c := dialWS(t, h, h.route("wspush", port))
+	defer c.CloseNow()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n {
+		if _, got, err := c.Read(ctx); err != nil || string(got) != fmt.Sprint("push ", i) {
+			t.Fatalf("push %d: %q, %v", i, got, err)
+		}
+	}
+	if _, _, err := c.Read(ctx); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Fatalf("after the pushes: %v, want the backend's normal close", err)
+	}
+}
+
+// A tunnel silent both ways for the idle timeout is closed.
+func TestSilentTunnelClosesAfterIdleTimeout(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	ended := make(chan error, 1)
+	c := dialWS(t, h, h.route("wssilent", wsBackend(t, ended)))
+	defer c.CloseNow()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, _, err := c.Read(ctx); err == nil {
+		t.Fatal("read a message from a silent tunnel")
+	}
+	if d := time.Since(start); d < idle || d > 5*time.Second {
+		t.Errorf("silent tunnel closed after %v, idle timeout %v", d, idle)
+	}
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("the backend side stayed open")
+	}
+}

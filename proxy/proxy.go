@@ -6,6 +6,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -116,7 +117,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	id := t.ID()
 	x.port = t.Port
 
-	route, res, err := p.cache.Get(ctx, id)
+	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
+	// request already in flight is to be answered. The cache bounds the
+	// lookup itself (LookupTimeout).
+	route, res, err := p.cache.Get(context.Background(), id)
 	x.cache = cacheResult(res)
 	p.metrics.CacheLookup(x.cache)
 	if err != nil {

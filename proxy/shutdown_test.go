@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // Shutdown with SSE streams and a WebSocket open: new connections are
@@ -115,4 +116,58 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal("the WebSocket backend never saw the tunnel close")
 	}
 	_ = websocket.StatusGoingAway
+}
+
+// gatedStore holds every lookup until release is closed.
+type gatedStore struct {
+	routing.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *gatedStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.Store.Lookup(ctx, id)
+}
+
+// A request whose route lookup is in flight when the drain starts is
+// answered, not failed with 503: fasthttp cancels its RequestCtx then.
+func TestDrainCompletesLookupInFlight(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	mem := routing.NewMemoryStore()
+	r, err := routing.ParseRouteStrict("slowlookup", map[string]string{"HostIP": "127.0.0.1", itoa(port): itoa(port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.Put(r); err != nil {
+		t.Fatal(err)
+	}
+	st := &gatedStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	h := newHarness(t, func(o *harnessOpts) { o.store = st })
+	type answer struct {
+		code int
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, body, _ := h.get(itoa(port)+"-slowlookup.cube.test", "/")
+		done <- answer{code, body}
+	}()
+	<-st.entered
+	go h.server.Shutdown(context.Background())
+	// The drain has started once the listener refuses connections.
+	for {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let fasthttp cancel the request's context
+	close(st.release)
+	if a := <-done; a.code != 200 || a.body != "ok" {
+		t.Fatalf("request in flight when the drain started: %d %s", a.code, a.body)
+	}
 }

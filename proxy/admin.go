@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -275,8 +278,16 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 404, "routes are managed by the control plane in Redis; meta/upsert needs store: memory")
 		return
 	}
+	// Numbers stay as written: through float64 a nanosecond CreatedAt
+	// would lose its last digits.
 	var raw map[string]any
-	if err := json.Unmarshal(ctx.PostBody(), &raw); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	dec.UseNumber()
+	err := dec.Decode(&raw)
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("trailing data after the object")
+	}
+	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return
 	}
@@ -293,8 +304,8 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 		switch v := v.(type) {
 		case string:
 			fields[k] = v
-		case float64:
-			fields[k] = strconv.FormatFloat(v, 'f', -1, 64)
+		case json.Number:
+			fields[k] = v.String()
 		case bool:
 			fields[k] = strconv.FormatBool(v)
 		default:

@@ -146,8 +146,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
 		return
 	case stateKilled:
-		x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
-		return
+		// A sandbox created after the kill (same id, new CreatedAt) is a
+		// new sandbox: its route is served and the tombstone forgotten.
+		if route.CreatedAt <= sb.changedAt.Load() {
+			x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+			return
+		}
+		sb.state.CompareAndSwap(stateKilled, stateRunning)
 	}
 
 	addr, perr := p.backend(route, t.Port)

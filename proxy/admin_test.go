@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// adminJSON calls the admin API and decodes its JSON answer.
+func (h *harness) adminJSON(method, path, body string) (int, map[string]any) {
+	h.t.Helper()
+	st, raw := h.adminDo(method, path, body, "")
+	var out map[string]any
+	if err := json.Unmarshal([]byte(raw), &out); err != nil {
+		h.t.Fatalf("%s %s: %d, body %q is not a JSON object", method, path, st, raw)
+	}
+	return st, out
+}
+
+// Every admin endpoint's answer shape, and a 400 with {"error"} for every
+// bad input (DESIGN.md, "Admin API").
+func TestAdminAPI(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := itoa(port)
+
+	for _, tc := range []struct {
+		name, method, path, body string
+		status                   int
+		want                     map[string]any // fields the answer must carry (JSON numbers are float64)
+	}{
+		{"healthz", "GET", "/admin/healthz", "", 200, map[string]any{"ok": true, "draining": false}},
+		{"upsert", "POST", "/admin/meta/upsert",
+			`{"sandbox_id":"adm","HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"7","` + p + `":"` + p + `"}`,
+			200, map[string]any{"ok": true, "sandbox_id": "adm"}},
+		{"upsert with numbers and booleans", "POST", "/admin/meta/upsert",
+			`{"sandbox_id":"num","HostIP":"127.0.0.1","CreatedAt":1700000000123456789,"AllowPublicTraffic":true,"` + p + `":` + p + `}`,
+			200, map[string]any{"ok": true, "sandbox_id": "num"}},
+		{"upsert: invalid JSON", "POST", "/admin/meta/upsert", `{"sandbox_id":`, 400, nil},
+		{"upsert: trailing data", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"127.0.0.1"} {}`, 400, nil},
+		{"upsert: no id", "POST", "/admin/meta/upsert", `{"HostIP":"127.0.0.1"}`, 400, nil},
+		{"upsert: bad id", "POST", "/admin/meta/upsert", `{"sandbox_id":"Bad/Id","HostIP":"127.0.0.1"}`, 400, nil},
+		{"upsert: array field", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":["127.0.0.1"]}`, 400, nil},
+		{"upsert: bad HostIP", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"nope"}`, 400, nil},
+		{"upsert: bad port field", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"127.0.0.1","80":"99999"}`, 400, nil},
+		{"cache delete", "POST", "/admin/backend_cache/delete", `{"sandbox_id":"adm"}`, 200, map[string]any{"ok": true}},
+		{"cache delete: bad body", "POST", "/admin/backend_cache/delete", `[]`, 400, nil},
+		{"state paused", "POST", "/admin/state", `{"sandbox_id":"adm","state":"paused"}`, 200, map[string]any{"ok": true, "state": "paused"}},
+		{"state running", "POST", "/admin/state", `{"sandbox_id":"adm","state":"running"}`, 200, map[string]any{"ok": true, "state": "running"}},
+		{"state: unknown", "POST", "/admin/state", `{"sandbox_id":"adm","state":"killed"}`, 400, nil},
+		{"last_active", "GET", "/admin/last_active?since=0", "", 200, map[string]any{"since": float64(0)}},
+		{"last_active: bad since", "GET", "/admin/last_active?since=yesterday", "", 400, nil},
+		{"routes: bad id", "GET", "/admin/routes/Bad.Id", "", 400, nil},
+		{"routes: unknown", "GET", "/admin/routes/nosuch", "", 404, nil},
+		{"routes: bad body", "PUT", "/admin/routes/x", `{"HostIP":1}`, 400, nil},
+		{"routes: method", "PATCH", "/admin/routes/x", `{}`, 405, nil},
+		{"unknown endpoint", "GET", "/admin/nope", "", 404, nil},
+	} {
+		st, out := h.adminJSON(tc.method, tc.path, tc.body)
+		if st != tc.status {
+			t.Errorf("%s: status %d %v, want %d", tc.name, st, out, tc.status)
+			continue
+		}
+		if st >= 400 {
+			if msg, _ := out["error"].(string); msg == "" {
+				t.Errorf("%s: %d without an error message: %v", tc.name, st, out)
+			}
+			continue
+		}
+		for k, v := range tc.want {
+			if out[k] != v {
+				t.Errorf("%s: %s = %v, want %v (answer %v)", tc.name, k, out[k], v, out)
+			}
+		}
+	}
+
+	// What upsert stored is served, and numbers kept every digit.
+	if code, body, _ := h.get(p+"-adm.cube.test", "/"); code != 200 || body != "ok" {
+		t.Errorf("upserted route: %d %q", code, body)
+	}
+	if st, out := h.adminJSON("GET", "/admin/routes/num", ""); st != 200 || out["CreatedAt"] != "1700000000123456789" || out[p] != p {
+		t.Errorf("numeric upsert stored %d %v", st, out)
+	}
+	// The list has both; the entries are their fields.
+	if st, out := h.adminJSON("GET", "/admin/routes", ""); st != 200 || out["count"] != float64(2) {
+		t.Errorf("route list: %d %v", st, out)
+	}
+}
+
+// meta/delete answers 410 for the sandbox afterwards, on this instance,
+// until a sandbox with the same id but a later CreatedAt appears: that
+// one is a new sandbox and is served.
+func TestKilledSandboxAndItsSuccessor(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := itoa(port)
+	host := p + "-phoenix.cube.test"
+	put := func(createdAt int64) {
+		t.Helper()
+		h.put("phoenix", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": fmt.Sprint(createdAt), p: p})
+	}
+	before := time.Now().Add(-time.Minute).UnixNano()
+	put(before)
+	if code, _, _ := h.get(host, "/"); code != 200 {
+		t.Fatalf("before the kill: %d", code)
+	}
+	st, out := h.adminJSON("POST", "/admin/meta/delete", `{"sandbox_id":"phoenix"}`)
+	if st != 200 || out["ok"] != true || out["backend_cache_deleted"] == nil {
+		t.Fatalf("meta/delete: %d %v", st, out)
+	}
+	// The control plane has not removed the route yet (or it is Redis's,
+	// which meta/delete does not touch): still 410.
+	put(before)
+	for range 2 {
+		if code, body, _ := h.get(host, "/"); code != 410 || !strings.Contains(body, `"sandbox_killed"`) {
+			t.Fatalf("killed sandbox: %d %s", code, body)
+		}
+	}
+	// Recreated under the same id after the kill: served.
+	put(time.Now().Add(time.Second).UnixNano())
+	for range 2 {
+		if code, body, _ := h.get(host, "/"); code != 200 || body != "ok" {
+			t.Fatalf("sandbox recreated after the kill: %d %s", code, body)
+		}
+	}
+}

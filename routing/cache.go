@@ -72,6 +72,12 @@ const epochShards = 64
 
 // Cache is the LRU in front of a Store.
 //
+// Hits read with Peek, under the LRU's shared lock, so they do not move an
+// entry to the front: eviction order is insertion order, and a route read
+// constantly is re-inserted when its TTL expires. It is evicted earlier
+// only when more than Size other routes were loaded within one TTL; size
+// the cache above the sandboxes a node sees in 500 s.
+//
 // Positive entries live a random TTL in [TTLMin, TTLMax]; when one has
 // expired and the refresh fails with a transient store error, the old route
 // is served (CacheStale) and the store is not asked again for NegativeTTL.
@@ -290,6 +296,20 @@ func (c *Cache) Invalidate(id string) int {
 	}
 	c.mu.Unlock()
 	c.group.Forget(id)
+	return n
+}
+
+// InvalidateAll drops every entry, positive and negative, and returns how
+// many there were. Lookups in flight are not cached (as for Invalidate).
+func (c *Cache) InvalidateAll() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.epochs {
+		c.epochs[i]++
+	}
+	n := c.pos.Len() + c.neg.Len()
+	c.pos.Purge()
+	c.neg.Purge()
 	return n
 }
 

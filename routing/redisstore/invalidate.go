@@ -13,9 +13,10 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
-// Invalidator drops a sandbox's cached route; *routing.Cache satisfies it.
+// Invalidator drops cached routes; *routing.Cache satisfies it.
 type Invalidator interface {
 	Invalidate(id string) int
+	InvalidateAll() int
 }
 
 // Publish announces on InvalidateChannel that every instance must drop id.
@@ -33,10 +34,11 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 //
 // go-redis reconnects and resubscribes by itself after Redis restarts (it
 // also pings the connection every few seconds to notice a dead peer).
-// Messages published while the connection was down are lost: the affected
-// entries stay cached until their TTL (500-700 s) expires, which is the same
-// bound as for a route the control plane changes without calling the admin
-// API. A resubscription is logged at warn level so operators can correlate.
+// Messages published while the connection was down are lost, and one of
+// them may have made a sandbox private: so every confirmed subscription
+// drops the whole cache, and routes are read from Redis again (one lookup
+// per sandbox, shared by its concurrent requests). A resubscription is
+// logged at warn level so operators can correlate.
 type Subscriber struct {
 	ps        *redis.PubSub
 	cache     Invalidator
@@ -84,11 +86,14 @@ func (sub *Subscriber) run(ch <-chan any) {
 			if m.Kind != "subscribe" {
 				continue
 			}
+			// Messages may have been published before this subscription
+			// (the first one included: routes may be cached already).
+			n := sub.cache.InvalidateAll()
 			if sub.subs.Add(1) == 1 {
 				close(sub.ready)
-				sub.logger.Info("redis invalidation subscribed")
+				sub.logger.Info("redis invalidation subscribed", "routes_dropped", n)
 			} else {
-				sub.logger.Warn("redis invalidation resubscribed after reconnect; ids published meanwhile expire by TTL")
+				sub.logger.Warn("redis invalidation resubscribed after reconnect; dropped every cached route, since invalidations published meanwhile were lost", "routes_dropped", n)
 			}
 		case *redis.Message:
 			id := strings.ToLower(strings.TrimSpace(m.Payload))

@@ -9,14 +9,21 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
-// recorder is an Invalidator that reports every id it is asked to drop.
+// recorder is an Invalidator that reports every id it is asked to drop;
+// dropping everything is reported as "*".
 type recorder chan string
 
 func (r recorder) Invalidate(id string) int {
 	r <- id
 	return 1
+}
+
+func (r recorder) InvalidateAll() int {
+	r <- "*"
+	return 0
 }
 
 func waitReady(t testing.TB, sub *redisstore.Subscriber) {
@@ -95,6 +102,7 @@ func TestInvalidationSurvivesRestart(t *testing.T) {
 	sub := s.Subscribe(context.Background(), rec, nil)
 	t.Cleanup(func() { _ = sub.Close() })
 	waitReady(t, sub)
+	expectID(t, rec, "*") // the cache is dropped on subscribing
 	if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, "before").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +110,7 @@ func TestInvalidationSurvivesRestart(t *testing.T) {
 
 	r.Restart()
 	testenv.WaitFor(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
+	expectID(t, rec, "*") // and again on resubscribing: messages may have been lost
 	// Published by another client, like another proxy instance would.
 	if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, " AFTER\n").Err(); err != nil {
 		t.Fatal(err)
@@ -118,6 +127,7 @@ func TestSubscriberStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sub := s.Subscribe(ctx, rec, nil)
 	waitReady(t, sub)
+	expectID(t, rec, "*")
 
 	for _, bad := range []string{"", "bad id", "x*"} {
 		if err := s.Publish(context.Background(), bad); err != nil {
@@ -137,5 +147,39 @@ func TestSubscriberStops(t *testing.T) {
 	_ = sub.Close() // waits for the loop; must not block after ctx cancel
 	if sub.Applied() != 1 {
 		t.Fatalf("applied %d messages, want 1", sub.Applied())
+	}
+}
+
+// TestReconnectDropsCache: an invalidation published while the subscriber
+// was disconnected is lost, and it may have made a sandbox private; the
+// resubscription drops the cache, so the next request reads Redis again.
+func TestReconnectDropsCache(t *testing.T) {
+	r := testenv.StartRedis(t)
+	key := redisstore.DefaultKeyPrefix + "flip"
+	hset(t, r, key, "HostIP", "10.0.0.1", "50005", "30001")
+	s := openStore(t, r)
+	c := newCache(t, s, routing.CacheConfig{})
+	sub := s.Subscribe(context.Background(), c, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	ctx := context.Background()
+	if rt, _, err := c.Get(ctx, []byte("flip")); err != nil || !rt.Public {
+		t.Fatalf("before: %v %v", rt, err)
+	}
+	// In one transaction: cut the subscriber's connection, make the sandbox
+	// private, and publish its invalidation, which nobody receives.
+	_, err := r.Client().TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+		p.HSet(ctx, key, "AllowPublicTraffic", "false", "TrafficAccessToken", token)
+		p.Publish(ctx, redisstore.DefaultInvalidateChannel, "flip")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
+	rt, res, err := c.Get(ctx, []byte("flip"))
+	if err != nil || rt.Public || res != routing.CacheMiss {
+		t.Fatalf("after the reconnect: %v public=%v, %v; want a fresh read of the private route", res, rt != nil && rt.Public, err)
 	}
 }

@@ -21,6 +21,8 @@ const (
 	CodeStoreUnavailable  = "store_unavailable"
 	CodeTooManyStreams    = "too_many_streams"
 	CodeBodyTooLarge      = "request_body_too_large"
+	CodeBadBody           = "bad_request_body"
+	CodeBodyTimeout       = "request_body_timeout"
 	CodeUpstreamConnect   = "upstream_connect_failed"
 	CodeUpstreamReset     = "upstream_reset"
 	CodeUpstreamTimeout   = "upstream_timeout"

@@ -446,9 +446,18 @@ const envdPort = 49983
 // upstreamError answers a failed exchange with the backend.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
 	var de *dialError
+	var be *clientBodyError
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
+	case errors.As(err, &be):
+		// The rest of the body cannot be found on the connection.
+		ctx.SetConnectionClose()
+		if isTimeout(be.err) {
+			x.fail(ctx, proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}, id)
+		} else {
+			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed or incomplete request body"}, id)
+		}
 	case errors.As(err, &de):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):

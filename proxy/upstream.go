@@ -232,10 +232,26 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			return nil, err
 		}
 		c.nread = 0
-		err = c.send(req)
-		if err == nil {
+		serr := c.send(req)
+		err = serr
+		switch {
+		case serr == nil:
 			u.pending.Add(1)
 			err = c.readHeader(p, resp)
+			u.pending.Add(-1)
+		case !isBackendWriteErr(serr):
+			// Reading the client's body failed, not writing to the backend:
+			// a malformed chunk, a timeout, a client gone.
+			err = &clientBodyError{err: serr}
+		case !isTimeout(serr):
+			// A backend may answer before it has read the whole body (a
+			// 413) and close: its answer is the one to relay, as net/http
+			// does. The connection is not reused.
+			u.pending.Add(1)
+			if c.readHeader(p, resp) == nil {
+				resp.Header.SetConnectionClose()
+				err = nil
+			}
 			u.pending.Add(-1)
 		}
 		if err == nil {
@@ -249,6 +265,20 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		}
 		return nil, err
 	}
+}
+
+// clientBodyError is a failure to read the client's request body while
+// sending it: the client's fault, not the sandbox's.
+type clientBodyError struct{ err error }
+
+func (e *clientBodyError) Error() string { return "reading the client's request body: " + e.err.Error() }
+func (e *clientBodyError) Unwrap() error { return e.err }
+
+// isBackendWriteErr reports whether err is a failed write to a socket.
+// While a request is sent, the backend's is the only socket written.
+func isBackendWriteErr(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "write"
 }
 
 func isIdempotent(method []byte) bool {

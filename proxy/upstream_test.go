@@ -891,3 +891,86 @@ func TestUpstreamBodilessResponses(t *testing.T) {
 		})
 	}
 }
+
+// A request body the client botches is the client's fault: 400 (or 408
+// when it stops sending), never a 502 that blames the sandbox. The
+// connection is closed, since the rest of the body cannot be found on it.
+func TestClientBodyErrors(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = 300 * time.Millisecond })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "read %d bytes, %v", n, err)
+	}))
+	host := h.route("clientbody", port)
+	for _, tc := range []struct {
+		name, request string
+		halfClose     bool // the client shuts its sending side down
+		status        int
+		code          string
+	}{
+		{"bad chunk size", "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nhello\r\n0\r\n\r\n", false, 400, CodeBadBody},
+		{"bad chunk ending", "Transfer-Encoding: chunked\r\n\r\n3\r\nabcXY\r\n0\r\n\r\n", false, 400, CodeBadBody},
+		// Bodies larger than the read buffer stream (smaller ones fasthttp
+		// reads, and refuses, before the proxy sees the request).
+		{"body cut short", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), true, 400, CodeBadBody},
+		{"body stalls", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), false, 408, CodeBodyTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\n%s", host, tc.request)
+			if tc.halfClose {
+				_ = c.(*net.TCPConn).CloseWrite()
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			checkProxyError(t, resp, string(b), tc.status, tc.code)
+			if !resp.Close {
+				t.Error("the connection stays open after a broken body")
+			}
+		})
+	}
+}
+
+// A sandbox that answers before reading the whole upload (here 413 after
+// the headers) and closes gets its answer relayed, not a 502.
+func TestEarlyAnswerToUpload(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		io.WriteString(w, "too big for me")
+	}))
+	host := h.route("early", port)
+	const size = 64 << 20 // far more than the socket buffers hold
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	go func() {
+		// The proxy closes the connection after answering: this write fails.
+		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, size)
+		io.Copy(c, io.LimitReader(zeroReader{}, size))
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || string(b) != "too big for me" {
+		t.Fatalf("got %d %q, want the sandbox's 413", resp.StatusCode, b)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) { clear(b); return len(b), nil }

@@ -23,17 +23,24 @@ import (
 // Buffers are borrowed only while an event is being copied.
 
 // detachable reports whether a response stream should leave fasthttp.
-// Only GET event streams over HTTP/1.1 do: a detached stream closes the
-// client connection when it ends, which suits a long-lived subscription
-// (the client reconnects anyway) but not the short SSE answer to an MCP
-// POST, whose connection the client reuses for its next call.
+// GET event streams over HTTP/1.1 do: a detached stream closes the client
+// connection when it ends, which suits a long-lived subscription (the
+// client reconnects anyway) but not the short SSE answer to an MCP POST,
+// whose connection the client reuses for its next call. So does every
+// body of unknown length for an HTTP/1.0 client, which cannot read
+// chunked framing (fasthttp would send it): it gets the bytes as they come
+// and the end of the connection as the end of the body.
 func detachable(req *fasthttp.Request, s *bodyStream) bool {
-	return canWaitReadable && s.sse && s.mode != bodyFixed && req.Header.IsGet() && req.Header.IsHTTP11()
+	if !canWaitReadable || s.mode == bodyFixed {
+		return false
+	}
+	return !req.Header.IsHTTP11() || s.sse && req.Header.IsGet()
 }
 
 // detach hands the stream to its own goroutine once the handler returns.
 func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 	s.detached = true
+	s.unframed = !ctx.Request.Header.IsHTTP11()
 	s.client = ctx.Conn()
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(s.hijacked)
@@ -48,7 +55,11 @@ func (s *bodyStream) hijacked(net.Conn) {
 	rc := s.rc
 	s.rc = nil
 	h := &rc.Response.Header
-	h.SetContentLength(-1) // chunked
+	if s.unframed {
+		h.SetContentLength(-2) // neither Content-Length nor chunked: ends with the connection
+	} else {
+		h.SetContentLength(-1) // chunked
+	}
 	h.SetConnectionClose() // the connection ends with the stream
 	s.status = h.StatusCode()
 	if s.p.cfg.AccessLog != nil {
@@ -85,6 +96,10 @@ func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []b
 		return out, nil
 	}
 	start := len(out)
+	if s.unframed {
+		n, rerr := s.Read(buf[start:])
+		return buf[:start+n], rerr
+	}
 	n, rerr := s.Read(buf[start+chunkHeadRoom : len(buf)-2-len(lastChunk)])
 	if n > 0 {
 		chunk := frameChunk(buf[start:], n)
@@ -128,12 +143,12 @@ func (s *bodyStream) copyEvents() error {
 			s.chunked.br = c.br
 			switch {
 			case errors.Is(err, errHeartbeatDue):
-				if err := s.write(heartbeatChunk); err != nil {
+				if err := s.write(s.framed(heartbeatChunk, heartbeatLine)); err != nil {
 					return err
 				}
 				continue
 			case err != nil && s.stopping.Load():
-				return s.write(lastChunk) // drain: end cleanly, the client reconnects elsewhere
+				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere
 			case err != nil:
 				return err
 			}
@@ -143,18 +158,31 @@ func (s *bodyStream) copyEvents() error {
 		n, rerr := s.Read(buf[chunkHeadRoom : len(buf)-2])
 		var werr error
 		if n > 0 {
-			werr = s.write(frameChunk(buf, n))
+			out := buf[chunkHeadRoom : chunkHeadRoom+n]
+			if !s.unframed {
+				out = frameChunk(buf, n)
+			}
+			werr = s.write(out)
 		}
 		copyBufPool.Put(bp)
 		switch {
 		case werr != nil:
 			return werr
 		case rerr == io.EOF:
-			return s.write(lastChunk)
+			return s.write(s.framed(lastChunk, nil))
 		case rerr != nil:
 			return rerr
 		}
 	}
+}
+
+// framed picks what goes on the wire: chunked for HTTP/1.1 clients, the
+// bare bytes for HTTP/1.0 ones (whose body ends with the connection).
+func (s *bodyStream) framed(chunked, bare []byte) []byte {
+	if s.unframed {
+		return bare
+	}
+	return chunked
 }
 
 // frameChunk wraps the n data bytes at buf[chunkHeadRoom:] in chunk framing
@@ -176,6 +204,9 @@ func frameChunk(buf []byte, n int) []byte {
 
 // write sends b to the client within the client write timeout.
 func (s *bodyStream) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
 	if s.writeTimeout > 0 {
 		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout), slack(s.writeTimeout))
 	}

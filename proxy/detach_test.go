@@ -173,3 +173,53 @@ func TestDetachedSSEFirstWrite(t *testing.T) {
 
 // chunk frames s as one chunk.
 func chunk(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+
+// An HTTP/1.0 client cannot read chunked framing: a body of unknown
+// length reaches it bare, each piece at once, and ends with the connection.
+func TestHTTP10ClientGetsUnframedStream(t *testing.T) {
+	h := newHarness(t)
+	ack := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", r.URL.Query().Get("type"))
+		for i := range 3 {
+			fmt.Fprintf(w, "line %d\n", i)
+			w.(http.Flusher).Flush() // net/http: chunked, length unknown
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				return
+			}
+		}
+	}))
+	host := h.route("old", port)
+	for _, ct := range []string{"text/plain", "text/event-stream"} {
+		for _, method := range []string{"GET", "POST"} {
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "%s /?type=%s HTTP/1.0\r\nHost: %s\r\nContent-Length: 0\r\n\r\n", method, ct, host)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, &http.Request{Method: method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.TransferEncoding) > 0 || resp.ContentLength != -1 || !resp.Close {
+				t.Fatalf("%s %s: Transfer-Encoding %q, Content-Length %d, close %v: want a bare body ended by close",
+					method, ct, resp.TransferEncoding, resp.ContentLength, resp.Close)
+			}
+			for i := range 3 {
+				line, err := br.ReadString('\n')
+				if err != nil || line != fmt.Sprintf("line %d\n", i) {
+					t.Fatalf("%s %s: piece %d = %q, %v", method, ct, i, line, err)
+				}
+				ack <- struct{}{}
+			}
+			if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+				t.Fatalf("%s %s: after the body: %q, %v; want the connection closed", method, ct, rest, err)
+			}
+			c.Close()
+		}
+	}
+}

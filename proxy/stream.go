@@ -51,6 +51,7 @@ type bodyStream struct {
 	// A detached stream (detach.go) has left fasthttp: it owns the client
 	// connection and logs the entry captured when it left.
 	detached bool
+	unframed bool // detached for an HTTP/1.0 client: no chunked framing
 	status   int
 	entry    *accesslog.Entry
 

@@ -86,10 +86,22 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		fail(*perr)
 		return
 	}
+	// A tunnel's connection counts against upstream.max_conns like a
+	// pooled one, though it never returns to the pool.
+	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
+	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
+		u.conns.Add(-1)
+		fail(proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1})
+		return
+	}
+	failConn := func(e proxyError) {
+		u.conns.Add(-1)
+		fail(e)
+	}
 	p.startUpstream(ctx, x)
 	uc, err := p.dial(addr.String())
 	if err != nil {
-		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
+		failConn(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
 		return
 	}
 
@@ -101,7 +113,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	}
 	if err != nil {
 		_ = uc.Close()
-		fail(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
+		failConn(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
 		return
 	}
 
@@ -111,9 +123,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	if err := up.Header.Read(br); err != nil {
 		_ = uc.Close()
 		if errors.Is(err, errTimeout) || isTimeout(err) {
-			fail(proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"})
+			failConn(proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"})
 		} else {
-			fail(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
+			failConn(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
 		}
 		return
 	}
@@ -123,6 +135,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	if up.StatusCode() != fasthttp.StatusSwitchingProtocols {
 		// The backend declined the upgrade: relay its answer as is.
 		p.relayRefusal(ctx, &up, br, uc)
+		u.conns.Add(-1)
 		sb.active.Add(-1)
 		return
 	}
@@ -162,6 +175,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		defer func() {
 			tn.close()
 			p.streams.removeTunnel(tn)
+			u.conns.Add(-1)
 			sb.active.Add(-1)
 			sb.lastActive.Store(time.Now().UnixMilli())
 			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,4 +245,47 @@ func TestSilentTunnelClosesAfterIdleTimeout(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the backend side stayed open")
 	}
+}
+
+// A tunnel's backend connection counts against upstream.max_conns: with
+// one allowed, a second WebSocket (or request) to the same port is 503
+// until the first closes, and a refused upgrade gives its slot back.
+func TestTunnelCountsAgainstMaxConns(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 })
+	ended := make(chan error, 4)
+	port := wsBackend(t, ended)
+	host := h.route("wsmax", port)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	first := dialWS(t, h, host)
+	_, resp, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host})
+	if err == nil || resp == nil || resp.StatusCode != 503 {
+		t.Fatalf("second WebSocket with max_conns 1: %v %v, want 503", resp, err)
+	}
+	if code, body, _ := h.get(host, "/plain"); code != 503 || !strings.Contains(body, CodeUpstreamBusy) {
+		t.Fatalf("plain request with the tunnel open: %d %s", code, body)
+	}
+	first.Close(websocket.StatusNormalClosure, "")
+	<-ended
+	// The slot comes back when the tunnel ends (the proxy's side unwinds
+	// just after the backend's).
+	testenv.WaitFor(t, 5*time.Second, "the tunnel's slot to be released", func() bool {
+		_, conns, _ := h.proxy.pools.stats()
+		return conns == 0
+	})
+	// A refused upgrade (a version the backend does not speak) is relayed
+	// and frees the slot at once.
+	req := h.req("GET", host, "/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "99")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	refused := h.do(req)
+	refused.Body.Close()
+	if refused.StatusCode < 400 || refused.StatusCode == 503 {
+		t.Fatalf("upgrade with version 99: %d, want the backend's refusal", refused.StatusCode)
+	}
+	second := dialWS(t, h, host)
+	second.Close(websocket.StatusNormalClosure, "")
 }

@@ -260,10 +260,35 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
+	if resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
+		// Nobody asked to switch (upgrades go through tunnel): the bytes
+		// after this head are in an unknown protocol.
+		c.release(p, false)
+		sb.active.Add(-1)
+		if x.cspan != nil {
+			telemetry.EndClientSpan(x.cspan, fasthttp.StatusSwitchingProtocols, errUnaskedSwitch)
+			x.cspan = nil
+		}
+		resp.Header.Reset()
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox switched protocols without being asked"}, t.ID())
+		return
+	}
+	p.respond(ctx, x, c, t, addr, sb)
+}
+
+// errUnaskedSwitch is a 101 answer to a request that asked for no upgrade.
+var errUnaskedSwitch = errors.New("unrequested 101 Switching Protocols")
+
+// respond relays the response whose head is in ctx.Response and whose body
+// is still on c: small bodies whole, the rest as a stream. It ends the
+// exchange's hold on c and on the sandbox's request count, now or when
+// the stream ends.
+func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
+	req, resp := &ctx.Request, &ctx.Response
 	x.upStatus = resp.StatusCode()
 	x.upTime = time.Since(x.start)
 	x.kind = telemetry.RouteHTTP
-	keepAlive := !resp.Header.ConnectionClose() && x.upStatus != fasthttp.StatusSwitchingProtocols
+	keepAlive := !resp.Header.ConnectionClose()
 	size := int64(resp.Header.ContentLength())
 	removeHopResponse(&resp.Header)
 	// The client gets HTTP/1.1 framing whatever the backend spoke (an

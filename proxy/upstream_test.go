@@ -974,3 +974,23 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 type zeroReader struct{}
 
 func (zeroReader) Read(b []byte) (int, error) { clear(b); return len(b), nil }
+
+// A 101 to a request that asked for no upgrade is the sandbox's error:
+// 502, its connection dropped, and the client's connection still good.
+func TestUpstreamUnaskedSwitchingProtocols(t *testing.T) {
+	h := newHarness(t)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path == "/switch" {
+			rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: whatever\r\nConnection: Upgrade\r\n\r\nnot http")
+			return false
+		}
+		return rawWrite(c, okResponse("fine"))
+	})
+	host := h.route("switcher", b.port)
+	pc := h.dialProxy(t)
+	resp, body := pc.do("GET", host, "/switch", "")
+	checkProxyError(t, resp, body, 502, CodeUpstreamBadHeader)
+	if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "fine" {
+		t.Fatalf("next request on the same client connection: %d %q", resp.StatusCode, body)
+	}
+}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -94,55 +95,53 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		fail(proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1})
 		return
 	}
-	failConn := func(e proxyError) {
-		u.conns.Add(-1)
-		fail(e)
-	}
 	p.startUpstream(ctx, x)
 	uc, err := p.dial(addr.String())
 	if err != nil {
-		failConn(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
+		u.conns.Add(-1)
+		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
 		return
 	}
+	uc.pool = u
 
-	bw := bufio.NewWriter(uc)
-	// An upgrade request has no body (RFC 6455); write the head only.
+	// An upgrade request has no body (serve sends only bodiless ones
+	// here): the head alone.
 	ctx.Request.UseHostHeader = true
-	if err := ctx.Request.Header.Write(bw); err == nil {
+	bw := writerPool.Get().(*bufio.Writer)
+	bw.Reset(uc)
+	if err = ctx.Request.Header.Write(bw); err == nil {
 		err = bw.Flush()
 	}
-	if err != nil {
-		_ = uc.Close()
-		failConn(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
-		return
-	}
-
-	br := bufio.NewReaderSize(uc, 4096)
-	var up fasthttp.Response
-	up.Header.DisableNormalizing()
-	if err := up.Header.Read(br); err != nil {
-		_ = uc.Close()
-		if errors.Is(err, errTimeout) || isTimeout(err) {
-			failConn(proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"})
-		} else {
-			failConn(proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"})
-		}
-		return
-	}
-
-	x.upStatus = up.StatusCode()
-	x.upTime = time.Since(x.start)
-	if up.StatusCode() != fasthttp.StatusSwitchingProtocols {
-		// The backend declined the upgrade: relay its answer as is.
-		p.relayRefusal(ctx, &up, br, uc)
-		u.conns.Add(-1)
-		sb.active.Add(-1)
-		return
-	}
-
+	bw.Reset(nil)
+	writerPool.Put(bw)
 	resp := &ctx.Response
-	up.Header.CopyTo(&resp.Header)
+	if err == nil {
+		err = uc.readHeader(p, resp)
+	}
+	if err != nil {
+		uc.release(p, false)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, err, id, addr)
+		return
+	}
+	if resp.StatusCode() != fasthttp.StatusSwitchingProtocols {
+		// Declined (a 401, a 404, a page): relayed like any answer,
+		// streamed if need be, and the connection is not reused.
+		resp.Header.SetConnectionClose()
+		p.respond(ctx, x, uc, t, addr, sb)
+		return
+	}
+	x.upStatus = fasthttp.StatusSwitchingProtocols
+	x.upTime = time.Since(x.start)
 	resp.Header.SetNoDefaultContentType(true)
+	// Bytes the backend sent right after the 101 go to the client first.
+	var pending []byte
+	if n := uc.br.Buffered(); n > 0 {
+		b, _ := uc.br.Peek(n)
+		pending = bytes.Clone(b)
+	}
+	p.releaseReader(uc.br)
+	uc.br = nil
 	// From here on both directions run at once, so the tunnel uses the raw
 	// connection with its own idle deadlines, not upstreamConn's
 	// request/response bookkeeping.
@@ -151,7 +150,6 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// from the idle timeout): left in place they would cut a busy tunnel
 	// that long after the upgrade. The tunnel arms its own per read.
 	_ = raw.SetDeadline(time.Time{})
-	pending, _ := br.Peek(br.Buffered()) // bytes the backend sent right after the 101
 
 	// The tunnel outlives the request: it finishes the exchange itself,
 	// with a log entry captured now (the request is recycled before then).
@@ -196,19 +194,6 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		tn.close()
 		<-done
 	})
-}
-
-// relayRefusal answers an upgrade the backend refused (e.g. 401 or 404)
-// with the backend's own response; such answers are small.
-func (p *Proxy) relayRefusal(ctx *fasthttp.RequestCtx, up *fasthttp.Response, br *bufio.Reader, c net.Conn) {
-	defer c.Close()
-	up.Header.CopyTo(&ctx.Response.Header)
-	removeHopResponse(&ctx.Response.Header)
-	if err := up.ReadBody(br, 1<<20); err != nil {
-		ctx.Response.ResetBody()
-		return
-	}
-	ctx.Response.SetBodyRaw(append([]byte(nil), up.Body()...))
 }
 
 // countingReader counts the bytes a tunnel direction carried.

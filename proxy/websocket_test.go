@@ -289,3 +289,75 @@ func TestTunnelCountsAgainstMaxConns(t *testing.T) {
 	second := dialWS(t, h, host)
 	second.Close(websocket.StatusNormalClosure, "")
 }
+
+// A backend that declines an upgrade answers like any other request, and
+// its answer reaches the client like any other: interim 1xx skipped, a
+// large body whole, a slow one streamed as it comes, HTTP/1.1 framing.
+func TestRefusedUpgradeRelayedLikeAnyAnswer(t *testing.T) {
+	h := newHarness(t)
+	ack := make(chan struct{})
+	big := strings.Repeat("z", 2<<20)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		switch req.URL.Path {
+		case "/continue":
+			rawWrite(c, "HTTP/1.1 100 Continue\r\n\r\n"+okResponse("after 100"))
+		case "/big":
+			rawWrite(c, fmt.Sprintf("HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n%s", len(big), big))
+		case "/slow":
+			// Chunked, the second half only once the client has the first.
+			rawWrite(c, "HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+			select {
+			case <-ack:
+			case <-time.After(10 * time.Second):
+				return false
+			}
+			rawWrite(c, "6\r\nsecond\r\n0\r\n\r\n")
+		case "/old":
+			rawWrite(c, "HTTP/1.0 404 Not Found\r\n\r\nold style")
+		}
+		return false
+	})
+	host := h.route("wsno", b.port)
+	upgrade := func(path string) (*http.Response, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", path, host)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return resp, br
+	}
+	for _, tc := range []struct {
+		path, body string
+		status     int
+	}{
+		{"/continue", "after 100", 200},
+		{"/big", big, 403},
+		{"/old", "old style", 404},
+	} {
+		resp, _ := upgrade(tc.path)
+		body, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.status || string(body) != tc.body || err != nil || resp.ProtoMinor != 1 {
+			t.Errorf("%s: %s %d, %d body bytes, %v; want HTTP/1.1 %d with %d bytes", tc.path, resp.Proto, resp.StatusCode, len(body), err, tc.status, len(tc.body))
+		}
+	}
+	resp, _ := upgrade("/slow")
+	first := make([]byte, 5)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first" || resp.StatusCode != 401 {
+		t.Fatalf("slow refusal: %d %q %v", resp.StatusCode, first, err)
+	}
+	ack <- struct{}{}
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "second" {
+		t.Fatalf("slow refusal, rest: %q %v", rest, err)
+	}
+	// Every declined upgrade's connection was closed, none is left open.
+	testenv.WaitFor(t, 5*time.Second, "declined upgrades' connections closed", func() bool { return poolConns(h) == 0 })
+}

@@ -89,6 +89,11 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	if path == "/readyz" || path == "/admin/healthz" {
 		// Health answers without a token: load balancers probe it.
+		if !ctx.IsGet() && !ctx.IsHead() {
+			ctx.Response.Header.Set("Allow", "GET, HEAD")
+			adminError(ctx, 405, "method not allowed")
+			return
+		}
 		if path == "/readyz" {
 			a.readyz(ctx)
 		} else {

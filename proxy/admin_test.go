@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -34,6 +36,8 @@ func TestAdminAPI(t *testing.T) {
 		want                     map[string]any // fields the answer must carry (JSON numbers are float64)
 	}{
 		{"healthz", "GET", "/admin/healthz", "", 200, map[string]any{"ok": true, "draining": false}},
+		{"healthz: method", "DELETE", "/admin/healthz", "", 405, nil},
+		{"readyz: method", "POST", "/readyz", "", 405, nil},
 		{"upsert", "POST", "/admin/meta/upsert",
 			`{"sandbox_id":"adm","HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"7","` + p + `":"` + p + `"}`,
 			200, map[string]any{"ok": true, "sandbox_id": "adm"}},
@@ -125,6 +129,37 @@ func TestKilledSandboxAndItsSuccessor(t *testing.T) {
 	for range 2 {
 		if code, body, _ := h.get(host, "/"); code != 200 || body != "ok" {
 			t.Fatalf("sandbox recreated after the kill: %d %s", code, body)
+		}
+	}
+}
+
+// Requests the admin listener's HTTP layer refuses get JSON too.
+func TestAdminMalformedRequests(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+	}{
+		{"garbage", "HELLO\r\n\r\n", 400},
+		{"bad chunk", "POST /admin/state HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400},
+		{"huge header", "GET /admin/healthz HTTP/1.1\r\nHost: a\r\nX: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431},
+		{"huge body", "POST /admin/state HTTP/1.1\r\nHost: a\r\nContent-Length: 2000000\r\n\r\n", 413},
+	} {
+		c, err := net.Dial("tcp", h.admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, tc.raw)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var out struct{ Error string }
+		b, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != tc.status || json.Unmarshal(b, &out) != nil || out.Error == "" {
+			t.Errorf("%s: %d %s %q, want %d with a JSON error", tc.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, tc.status)
 		}
 	}
 }

@@ -102,6 +102,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		KeepHijackedConns: true,
 	}
 	s.redirect = &fasthttp.Server{
+		ErrorHandler:          clientError,
 		NoDefaultServerHeader: true,
 		ReadTimeout:           cfg.ClientReadTimeout,
 		WriteTimeout:          cfg.ClientWriteTimeout,
@@ -112,6 +113,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	if admin != nil {
 		s.adminSrv = &fasthttp.Server{
 			Handler:               admin.Handler,
+			ErrorHandler:          clientError, // JSON, like every admin answer
 			NoDefaultServerHeader: true,
 			ReadTimeout:           30 * time.Second,
 			WriteTimeout:          30 * time.Second,

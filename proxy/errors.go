@@ -13,6 +13,7 @@ import (
 // clients and dashboards branch on them.
 const (
 	CodeBadRequest        = "bad_request"
+	CodeBadVersion        = "http_version_not_supported"
 	CodeNotFound          = "sandbox_not_found"
 	CodePortNotMapped     = "port_not_mapped"
 	CodeRouteInvalid      = "route_invalid"

@@ -212,3 +212,43 @@ func TestMalformedRequestGetsJSON(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }
+
+// Only HTTP/1.0 and HTTP/1.1 request lines reach a sandbox.
+func TestUnsupportedHTTPVersion(t *testing.T) {
+	h := newHarness(t)
+	seen := make(chan string, 8)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Proto
+		io.WriteString(w, "ok")
+	}))
+	host := h.route("versions", port)
+	for _, tc := range []struct {
+		version string
+		status  int
+	}{
+		{"HTTP/1.1", 200}, {"HTTP/1.0", 200},
+		{"HTTP/9.9", 505}, {"HTTP/2.0", 505}, {"HTTP/1.2", 505}, {"HTTP/0.9", 505},
+	} {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", tc.version, host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.version, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d, want %d", tc.version, resp.StatusCode, tc.status)
+		}
+	}
+	close(seen)
+	for proto := range seen {
+		if proto != "HTTP/1.1" && proto != "HTTP/1.0" {
+			t.Errorf("the sandbox got a %s request", proto)
+		}
+	}
+}

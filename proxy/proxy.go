@@ -104,6 +104,13 @@ const maxRequestIDLen = 128
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	h := &ctx.Request.Header
+	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
+		// fasthttp accepts any version string; the sandbox must not get one
+		// it cannot have been sent ("HTTP/9.9", "HTTP/0.9", "HTTP/2.0").
+		ctx.SetConnectionClose()
+		x.fail(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
+		return
+	}
 	var t routing.Target
 	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
 		var te *routing.TargetError

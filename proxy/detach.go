@@ -42,6 +42,9 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 	s.detached = true
 	s.unframed = !ctx.Request.Header.IsHTTP11()
 	s.client = ctx.Conn()
+	// fasthttp clears the connection's deadlines before the hijack: the
+	// first write must arm one, not trust the deadline set for the head.
+	s.clientDeadline = time.Time{}
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(s.hijacked)
 	p.streams.add(s)

@@ -223,3 +223,42 @@ func TestHTTP10ClientGetsUnframedStream(t *testing.T) {
 		}
 	}
 }
+
+// A detached stream whose client reads nothing ends after the client
+// write timeout, from its very first write: fasthttp clears the socket's
+// deadlines at the hijack, so the stream must arm its own at once.
+func TestDetachedStreamToStalledClientEnds(t *testing.T) {
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		t.Run(proto, func(t *testing.T) {
+			const wt = 500 * time.Millisecond
+			h := newHarness(t, func(o *harnessOpts) { o.srv.ClientWriteTimeout = wt })
+			ended := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(ended)
+				f := sseHeaders(w)
+				ev := "data: " + strings.Repeat("x", 32<<10) + "\n\n"
+				for range 4000 { // 128 MiB: far more than the socket buffers hold
+					if _, err := fmt.Fprint(w, ev); err != nil {
+						return
+					}
+					f.Flush()
+				}
+			}))
+			host := h.route("stalled", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET /events %s\r\nHost: %s\r\n\r\n", proto, host)
+			// Never read: the proxy's write blocks once the buffers fill,
+			// and its deadline must end the stream, which closes the
+			// backend's connection.
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the stream to a client that reads nothing is still open after 20 write timeouts")
+			}
+		})
+	}
+}

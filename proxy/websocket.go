@@ -165,6 +165,11 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		s.e = accesslog.Entry{}
 		logScratchPool.Put(s)
 	}
+	// The 101 is written by the hijack handler, not by fasthttp: when the
+	// client is gone before it, fasthttp would skip the handler, and with
+	// it every release below (the connection slot, the request count, the
+	// backend socket).
+	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(client net.Conn) {
 		var in, out countingReader
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout}
@@ -180,6 +185,11 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, nil, entry)
 			p.metrics.ConnClosed()
 		}()
+		// The request is recycled only after this function returns, so its
+		// response head (with every header the handler set) is still here.
+		if _, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...)); err != nil {
+			return
+		}
 		done := make(chan struct{})
 		go func() {
 			in.r = tunnelReader{tn, client}
@@ -187,10 +197,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			tn.close()
 			close(done)
 		}()
-		if _, err := client.Write(pending); err == nil {
-			out.r = tunnelReader{tn, raw}
-			_, _ = io.Copy(client, &out)
-		}
+		out.r = tunnelReader{tn, raw}
+		_, _ = io.Copy(client, &out)
 		tn.close()
 		<-done
 	})

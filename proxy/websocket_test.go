@@ -361,3 +361,45 @@ func TestRefusedUpgradeRelayedLikeAnyAnswer(t *testing.T) {
 	// Every declined upgrade's connection was closed, none is left open.
 	testenv.WaitFor(t, 5*time.Second, "declined upgrades' connections closed", func() bool { return poolConns(h) == 0 })
 }
+
+// A client that leaves before the backend's 101 arrives takes nothing with
+// it: the connection slot, the sandbox's request count and the backend
+// socket all come back.
+func TestTunnelClientGoneBefore101(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 })
+	clientGone := make(chan struct{})
+	backendClosed := make(chan struct{}, 1)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path != "/ws" {
+			return rawWrite(c, okResponse("fine"))
+		}
+		<-clientGone
+		rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		var one [1]byte
+		c.Read(one[:]) // until the proxy closes its side
+		backendClosed <- struct{}{}
+		return false
+	})
+	host := h.route("wsgone", b.port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	testenv.WaitFor(t, 5*time.Second, "the upgrade to reach the backend", func() bool { return b.count("GET /ws") == 1 })
+	_ = c.(*net.TCPConn).SetLinger(0)
+	c.Close() // a reset: writing the 101 to it fails
+	close(clientGone)
+	select {
+	case <-backendClosed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend connection of the abandoned upgrade is still open")
+	}
+	testenv.WaitFor(t, 5*time.Second, "the slot and the request count to come back", func() bool {
+		return poolConns(h) == 0 && h.proxy.sandboxes.peek("wsgone").active.Load() == 0
+	})
+	if code, body, _ := h.get(host, "/plain"); code != 200 || body != "fine" {
+		t.Fatalf("next request: %d %s", code, body)
+	}
+}

@@ -49,8 +49,9 @@ type Config struct {
 	// long is checked (one non-blocking peek) before reuse, so that one the
 	// backend closed on its idle timer (Node's is 5 s), or that carries a
 	// stray 408, is dropped instead of failing the request. Connections
-	// reused sooner, as under load, skip the syscall. Default 1 s;
-	// negative: check every reuse.
+	// reused sooner, as under load, skip the syscall, except for requests
+	// that could not be re-sent (a body stream, a non-idempotent method).
+	// Default 1 s; negative: check every reuse.
 	UpstreamIdleCheckAfter time.Duration
 	// UpstreamReadBufferSize is the largest response header block a
 	// backend may send (default 16 KiB, the platform proxy's

@@ -159,8 +159,10 @@ func (u *upstream) closeIdle(cutoff int64) int {
 var errNoFreeConns = errors.New("no free upstream connections")
 
 // acquire returns a usable idle connection (reused true) or, when there is
-// none or fresh is set, dials a new one.
-func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, err error) {
+// none or fresh is set, dials a new one. check peeks at every idle
+// connection before reuse, however recently it was released: for a
+// request that could not be re-sent if the connection turned out dead.
+func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused bool, err error) {
 	for !fresh {
 		u.mu.Lock()
 		n := len(u.idle)
@@ -172,7 +174,7 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		if p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
+		if !check && p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
 			return c, true, nil // just released: a close racing us is roundTrip's retry
 		}
 		if c.idleOK() {
@@ -227,7 +229,7 @@ func (u *upstream) drop(c *upstreamConn) {
 func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	for attempt := 0; ; attempt++ {
-		c, reused, err := u.acquire(p, attempt > 0)
+		c, reused, err := u.acquire(p, attempt > 0, !retryable)
 		if err != nil {
 			return nil, err
 		}
@@ -243,10 +245,12 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
 			err = &clientBodyError{err: serr}
-		case !isTimeout(serr):
+		case !isTimeout(serr) && !reused:
 			// A backend may answer before it has read the whole body (a
 			// 413) and close: its answer is the one to relay, as net/http
-			// does. The connection is not reused.
+			// does. The connection is not reused. Only on a new
+			// connection: on a reused one, what is there may be a stray
+			// answer sent before the request (a 408 before closing).
 			u.pending.Add(1)
 			if c.readHeader(p, resp) == nil {
 				resp.Header.SetConnectionClose()

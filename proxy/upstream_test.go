@@ -994,3 +994,47 @@ func TestUpstreamUnaskedSwitchingProtocols(t *testing.T) {
 		t.Fatalf("next request on the same client connection: %d %q", resp.StatusCode, body)
 	}
 }
+
+// A backend that answers, then writes a stray 408 and closes: a request
+// that cannot be re-sent (a POST, a streamed upload) must not be given
+// that 408 or a 502, even when it reuses the connection at once; it goes
+// out on a new connection.
+func TestUpstreamStrayAnswerBeforeUnretryableRequest(t *testing.T) {
+	h := newHarness(t)
+	sendStray, strayed := make(chan struct{}), make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, n int) bool {
+		if req.URL.Path == "/one" {
+			rawWrite(c, okResponse("one"))
+			<-sendStray // the proxy has pooled the connection by now
+			rawWrite(c, "HTTP/1.1 408 Request Timeout\r\nContent-Length: 5\r\nConnection: close\r\n\r\nstale")
+			_ = c.Close()
+			strayed <- struct{}{}
+			return false
+		}
+		return rawWrite(c, okResponse(req.Method+" "+req.URL.Path))
+	})
+	host := h.route("stray", b.port)
+	for _, tc := range []struct {
+		name, method, path string
+		upload             bool
+	}{
+		{"POST", "POST", "/post", false},
+		{"streamed PUT", "PUT", "/upload", true},
+	} {
+		if code, body, _ := h.get(host, "/one"); code != 200 || body != "one" {
+			t.Fatalf("%s: first request %d %q", tc.name, code, body)
+		}
+		sendStray <- struct{}{}
+		<-strayed // the stray answer and the close are on the pooled connection now
+		var body io.Reader = strings.NewReader("payload")
+		if tc.upload {
+			body = io.LimitReader(zeroReader{}, 1<<20) // unknown length: streamed, chunked
+		}
+		resp := h.do(h.req(tc.method, host, tc.path, body))
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := tc.method + " " + tc.path; resp.StatusCode != 200 || string(got) != want {
+			t.Errorf("%s: %d %q, want 200 %q", tc.name, resp.StatusCode, got, want)
+		}
+	}
+}

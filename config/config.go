@@ -139,7 +139,7 @@ type Upstream struct {
 // Client configures the client-facing side.
 type Client struct {
 	ReadTimeout   time.Duration `yaml:"read_timeout" usage:"TLS handshake + request headers"`
-	BodyTimeout   time.Duration `yaml:"body_timeout" usage:"reading a request body"`
+	BodyTimeout   time.Duration `yaml:"body_timeout" usage:"longest wait for the next bytes of a request body"`
 	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"client must accept each response piece within"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout" usage:"keep-alive idle timeout"`
 	MaxHeaderSize int           `yaml:"max_header_size" usage:"largest request header block (431 above)"`

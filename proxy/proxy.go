@@ -42,6 +42,7 @@ type Proxy struct {
 	sandboxes  sandboxes
 
 	clientWriteTimeout time.Duration // from ServerConfig
+	clientBodyTimeout  time.Duration // from ServerConfig
 
 	tel     *telemetry.Telemetry // nil: no tracing
 	metrics *telemetry.Metrics   // nil-safe
@@ -415,9 +416,10 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 
 	if cl := h.ContentLength(); cl > 0 && int64(cl) > p.cfg.MaxRequestBodySize {
 		return &proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}
-	} else if cl == -1 && req.IsBodyStream() {
-		// Chunked: count as it streams.
-		req.SetBodyStream(&limitedBody{r: ctx.RequestBodyStream(), left: p.cfg.MaxRequestBodySize}, -1)
+	} else if (cl > 0 || cl == -1) && req.IsBodyStream() {
+		b := clientBodyPool.Get().(*clientBody)
+		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
+		req.SetBodyStream(b, cl)
 	}
 
 	// A request without Content-Type must not gain fasthttp's default one.
@@ -526,28 +528,51 @@ func isSmallBuffer(err error) bool {
 // errBodyTooLarge stops a chunked upload at the cap.
 var errBodyTooLarge = errors.New("request body too large")
 
-// limitedBody caps a streamed (chunked) request body.
-type limitedBody struct {
-	r    io.Reader
-	left int64
+// clientBody is a streamed request body on its way to the sandbox. It caps
+// a chunked body's size, and it renews the client's read deadline before
+// each read: client.body_timeout bounds each wait for the client (as
+// nginx's client_body_timeout does), not the whole upload, so the time the
+// proxy spends blocked on a slow sandbox is not charged to the client.
+// fasthttp closes it once the body is sent, which returns it to its pool.
+type clientBody struct {
+	ctx      *fasthttp.RequestCtx
+	r        io.Reader
+	left     int64 // bytes still allowed
+	timeout  time.Duration
+	deadline time.Time
 }
 
-func (l *limitedBody) Read(b []byte) (int, error) {
-	if l.left <= 0 {
+var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	if b.timeout > 0 {
+		if want := time.Now().Add(b.timeout); want.Sub(b.deadline) >= slack(b.timeout) {
+			_ = b.ctx.SetReadDeadline(want)
+			b.deadline = want
+		}
+	}
+	if b.left <= 0 {
 		// One byte more than allowed tells an exact-size body from an
 		// oversized one.
 		var one [1]byte
-		if n, _ := l.r.Read(one[:]); n == 0 {
+		if n, _ := b.r.Read(one[:]); n == 0 {
 			return 0, io.EOF
 		}
 		return 0, errBodyTooLarge
 	}
-	if int64(len(b)) > l.left {
-		b = b[:l.left]
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
 	}
-	n, err := l.r.Read(b)
-	l.left -= int64(n)
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
 	return n, err
+}
+
+// Close returns b to its pool; fasthttp calls it when the body is sent.
+func (b *clientBody) Close() error {
+	*b = clientBody{}
+	clientBodyPool.Put(b)
+	return nil
 }
 
 func isEventStream(ct []byte) bool {

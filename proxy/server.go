@@ -17,7 +17,8 @@ import (
 type ServerConfig struct {
 	// ClientReadTimeout bounds the TLS handshake and request headers (default 30 s).
 	ClientReadTimeout time.Duration
-	// ClientBodyTimeout bounds reading a request body (default 1 h).
+	// ClientBodyTimeout bounds each wait for the next bytes of a request
+	// body (default 60 s, nginx's client_body_timeout), not the whole body.
 	ClientBodyTimeout time.Duration
 	// ClientWriteTimeout is how long a client may take to accept each
 	// piece of a response (default 60 s); a stream lives as long as the
@@ -38,7 +39,7 @@ func (c *ServerConfig) setDefaults() {
 		c.ClientReadTimeout = 30 * time.Second
 	}
 	if c.ClientBodyTimeout == 0 {
-		c.ClientBodyTimeout = time.Hour
+		c.ClientBodyTimeout = time.Minute
 	}
 	if c.ClientWriteTimeout == 0 {
 		c.ClientWriteTimeout = 60 * time.Second
@@ -75,6 +76,7 @@ type Server struct {
 func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	cfg.setDefaults()
 	p.clientWriteTimeout = cfg.ClientWriteTimeout
+	p.clientBodyTimeout = cfg.ClientBodyTimeout
 	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
 	log := fasthttpLogger{p.cfg.Logger}
 	s.traffic = &fasthttp.Server{

@@ -275,7 +275,9 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 // sending it: the client's fault, not the sandbox's.
 type clientBodyError struct{ err error }
 
-func (e *clientBodyError) Error() string { return "reading the client's request body: " + e.err.Error() }
+func (e *clientBodyError) Error() string {
+	return "reading the client's request body: " + e.err.Error()
+}
 func (e *clientBodyError) Unwrap() error { return e.err }
 
 // isBackendWriteErr reports whether err is a failed write to a socket.

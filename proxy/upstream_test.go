@@ -1038,3 +1038,26 @@ func TestUpstreamStrayAnswerBeforeUnretryableRequest(t *testing.T) {
 		}
 	}
 }
+
+// client.body_timeout bounds each wait for the client's next bytes, not
+// the whole upload: a client that sends its body at once, while the proxy
+// is held back by a slow sandbox for longer than the timeout, is served.
+func TestBodyTimeoutCountsOnlyTheClient(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = timeout })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(3 * timeout) // a sandbox slow to start reading
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "read %d bytes, %v", n, err)
+	}))
+	host := h.route("slowsandbox", port)
+	const size = 32 << 20 // far more than the socket buffers hold
+	req := h.req("PUT", host, "/upload", io.LimitReader(zeroReader{}, size))
+	req.ContentLength = size
+	resp := h.do(req)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf("read %d bytes, <nil>", size); resp.StatusCode != 200 || string(b) != want {
+		t.Fatalf("%d %q, want 200 %q", resp.StatusCode, b, want)
+	}
+}

@@ -241,7 +241,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			u.pending.Add(1)
 			err = c.readHeader(p, resp)
 			u.pending.Add(-1)
-		case !isBackendWriteErr(serr):
+		case !c.isWriteErr(serr):
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
 			err = &clientBodyError{err: serr}
@@ -280,11 +280,11 @@ func (e *clientBodyError) Error() string {
 }
 func (e *clientBodyError) Unwrap() error { return e.err }
 
-// isBackendWriteErr reports whether err is a failed write to a socket.
-// While a request is sent, the backend's is the only socket written.
-func isBackendWriteErr(err error) bool {
+// isWriteErr reports whether err is a failed write to this connection
+// (and not, say, a TLS client connection writing while it was read).
+func (c *upstreamConn) isWriteErr(err error) bool {
 	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "write"
+	return errors.As(err, &oe) && oe.Op == "write" && oe.Addr != nil && oe.Addr.String() == c.RemoteAddr().String()
 }
 
 func isIdempotent(method []byte) bool {

@@ -245,12 +245,14 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
 			err = &clientBodyError{err: serr}
-		case !isTimeout(serr) && !reused:
+		case !isTimeout(serr) && (!reused || !retryable):
 			// A backend may answer before it has read the whole body (a
 			// 413) and close: its answer is the one to relay, as net/http
-			// does. The connection is not reused. Only on a new
-			// connection: on a reused one, what is there may be a stray
-			// answer sent before the request (a 408 before closing).
+			// does. The connection is not reused. A reused connection was
+			// peeked just before the request when it cannot be re-sent, so
+			// what is there answers it; one that can be re-sent is, on a
+			// new connection, since what is there may be a stray answer
+			// sent before the request (a 408 before closing).
 			u.pending.Add(1)
 			if c.readHeader(p, resp) == nil {
 				resp.Header.SetConnectionClose()

@@ -940,34 +940,48 @@ func TestClientBodyErrors(t *testing.T) {
 }
 
 // A sandbox that answers before reading the whole upload (here 413 after
-// the headers) and closes gets its answer relayed, not a 502.
+// the headers) and closes gets its answer relayed, not a 502: on a new
+// connection, and on a pooled one (checked before the upload went out).
 func TestEarlyAnswerToUpload(t *testing.T) {
-	h := newHarness(t)
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusRequestEntityTooLarge)
-		io.WriteString(w, "too big for me")
-	}))
-	host := h.route("early", port)
-	const size = 64 << 20 // far more than the socket buffers hold
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	go func() {
-		// The proxy closes the connection after answering: this write fails.
-		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, size)
-		io.Copy(c, io.LimitReader(zeroReader{}, size))
-	}()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("upload: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 413 || string(b) != "too big for me" {
-		t.Fatalf("got %d %q, want the sandbox's 413", resp.StatusCode, b)
+	for _, pooled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pooled=%v", pooled), func(t *testing.T) {
+			h := newHarness(t)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/warm" {
+					io.WriteString(w, "ok")
+					return
+				}
+				w.Header().Set("Connection", "close")
+				w.WriteHeader(http.StatusRequestEntityTooLarge)
+				io.WriteString(w, "too big for me")
+			}))
+			host := h.route("early", port)
+			if pooled {
+				if code, body, _ := h.get(host, "/warm"); code != 200 || body != "ok" || poolConns(h) != 1 {
+					t.Fatalf("warm-up: %d %q, %d pooled connections", code, body, poolConns(h))
+				}
+			}
+			const size = 64 << 20 // far more than the socket buffers hold
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			go func() {
+				// The proxy closes the connection after answering: this write fails.
+				fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, size)
+				io.Copy(c, io.LimitReader(zeroReader{}, size))
+			}()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("upload: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 413 || string(b) != "too big for me" {
+				t.Fatalf("got %d %q, want the sandbox's 413", resp.StatusCode, b)
+			}
+		})
 	}
 }
 

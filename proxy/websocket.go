@@ -187,9 +187,15 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		}()
 		// The request is recycled only after this function returns, so its
 		// response head (with every header the handler set) is still here.
+		// fasthttp cleared the connection's deadlines: a client that reads
+		// nothing must not hold this write (and the tunnel) for ever.
+		if p.clientWriteTimeout > 0 {
+			_ = client.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+		}
 		if _, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...)); err != nil {
 			return
 		}
+		_ = client.SetWriteDeadline(time.Time{})
 		done := make(chan struct{})
 		go func() {
 			in.r = tunnelReader{tn, client}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -401,5 +402,47 @@ func TestTunnelClientGoneBefore101(t *testing.T) {
 	})
 	if code, body, _ := h.get(host, "/plain"); code != 200 || body != "fine" {
 		t.Fatalf("next request: %d %s", code, body)
+	}
+}
+
+// A client that reads nothing after its upgrade still lets the tunnel
+// end: writing the 101 (and the bytes that came with it) has a deadline.
+func TestTunnelToClientThatReadsNothingEnds(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = time.Second
+		o.srv.ClientWriteTimeout = time.Second
+		o.cfg.UpstreamReadBufferSize = 16 << 20 // so that much comes with the 101
+	})
+	ln := listen(t, "127.0.0.1:0")
+	closed := make(chan struct{}, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		go io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"+strings.Repeat("x", 4<<20))
+		io.Copy(io.Discard, c) // until the proxy closes its side
+		closed <- struct{}{}
+	}()
+	host := h.route("wsstall", uint16(ln.Addr().(*net.TCPAddr).Port))
+	// A client with the smallest receive buffer the kernel allows.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
+			_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536)
+		})
+	}}
+	c, err := d.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	select { // never reading
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tunnel to a client that reads nothing is still open after 10 timeouts")
 	}
 }

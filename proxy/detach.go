@@ -58,7 +58,11 @@ func (s *bodyStream) hijacked(net.Conn) {
 	rc := s.rc
 	s.rc = nil
 	h := &rc.Response.Header
+	// fasthttp may have added "Connection: keep-alive" for an HTTP/1.0
+	// client, and the backend's Transfer-Encoding may still be listed.
+	h.Del("Connection")
 	if s.unframed {
+		h.Del("Transfer-Encoding")
 		h.SetContentLength(-2) // neither Content-Length nor chunked: ends with the connection
 	} else {
 		h.SetContentLength(-1) // chunked

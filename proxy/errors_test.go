@@ -246,9 +246,14 @@ func TestUnsupportedHTTPVersion(t *testing.T) {
 		}
 	}
 	close(seen)
+	n := 0
 	for proto := range seen {
-		if proto != "HTTP/1.1" && proto != "HTTP/1.0" {
-			t.Errorf("the sandbox got a %s request", proto)
+		n++
+		if proto != "HTTP/1.1" {
+			t.Errorf("the sandbox got a %s request: the proxy speaks HTTP/1.1 to it", proto)
 		}
+	}
+	if n != 2 {
+		t.Errorf("the sandbox got %d requests, want 2 (HTTP/1.1 and HTTP/1.0 clients)", n)
 	}
 }

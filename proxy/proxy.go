@@ -252,10 +252,20 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	// The URI is sent as the client wrote it: no path normalisation, and
 	// the Host header (set above) rather than the parsed URI's host.
 	req.URI().DisablePathNormalizing = true
+	// The backend is spoken to in HTTP/1.1 whatever the client spoke (an
+	// HTTP/1.0 client's connection handling is the proxy's business); the
+	// client's version comes back before the response is framed for it.
+	http10 := !req.Header.IsHTTP11()
+	if http10 {
+		req.Header.SetProtocolBytes(http11)
+	}
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	p.startUpstream(ctx, x)
 	resp := &ctx.Response
 	c, err := p.roundTrip(u, req, resp)
+	if http10 {
+		req.Header.SetProtocolBytes(http10Proto)
+	}
 	if err != nil {
 		sb.active.Add(-1)
 		if x.cspan != nil {
@@ -299,6 +309,11 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	keepAlive := !resp.Header.ConnectionClose()
 	size := int64(resp.Header.ContentLength())
 	removeHopResponse(&resp.Header)
+	if !req.Header.IsHTTP11() {
+		// No transfer coding means anything to an HTTP/1.0 client (a HEAD
+		// answer would still list the backend's).
+		resp.Header.Del("Transfer-Encoding")
+	}
 	// The client gets HTTP/1.1 framing whatever the backend spoke (an
 	// HTTP/1.0 status line with a chunked body would be read as data).
 	if !resp.Header.IsHTTP11() {
@@ -378,7 +393,10 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	resp.SetBodyStream(s, int(size))
 }
 
-var http11 = []byte("HTTP/1.1")
+var (
+	http11      = []byte("HTTP/1.1")
+	http10Proto = []byte("HTTP/1.0")
+)
 
 // wholeBody is the largest fixed-length response body read whole before
 // answering. For such a body a read into the pooled response body and one

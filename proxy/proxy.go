@@ -518,9 +518,14 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
 	case errors.Is(err, errNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
-	default:
+	case isStaleConn(err):
 		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
+	default:
+		// fasthttp could not parse the answer: a bad status line, duplicate
+		// or malformed Content-Length, too many interim responses...
+		p.cfg.Logger.Debug("upstream sent an invalid response", "sandbox_id", string(id), "addr", addr.String(), "err", err)
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox sent an invalid HTTP response"}, id)
 	}
 }
 

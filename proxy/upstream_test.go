@@ -1075,3 +1075,39 @@ func TestBodyTimeoutCountsOnlyTheClient(t *testing.T) {
 		t.Fatalf("%d %q, want 200 %q", resp.StatusCode, b, want)
 	}
 }
+
+// An answer fasthttp cannot parse is the sandbox's bad response, not a
+// closed connection: 502 upstream_bad_response, and the client's
+// connection still serves the next request.
+func TestUpstreamInvalidResponses(t *testing.T) {
+	h := newHarness(t)
+	answers := map[string]string{
+		"/garbage":   "garbage garbage\r\n\r\n",
+		"/status":    "HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n",
+		"/twolength": "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabc",
+		"/length":    "HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+		"/hints":     strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 10) + okResponse("late"),
+	}
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if a, ok := answers[req.URL.Path]; ok {
+			rawWrite(c, a)
+			return false
+		}
+		return rawWrite(c, okResponse("fine"))
+	})
+	host := h.route("invalid", b.port)
+	pc := h.dialProxy(t)
+	for path := range answers {
+		resp, body := pc.do("GET", host, path, "")
+		if resp.StatusCode != 502 || !strings.Contains(body, `"code":"`+CodeUpstreamBadHeader+`"`) {
+			t.Errorf("%s: %d %s, want 502 %s", path, resp.StatusCode, body, CodeUpstreamBadHeader)
+		}
+	}
+	if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "fine" {
+		t.Fatalf("next request: %d %q", resp.StatusCode, body)
+	}
+	// A backend that closes before answering is still upstream_reset.
+	b2 := newScriptBackend(t, func(net.Conn, *http.Request, int) bool { return false })
+	resp, body := pc.do("GET", h.route("closer", b2.port), "/", "")
+	checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+}

@@ -211,6 +211,9 @@ func TestMalformedRequestGetsJSON(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(string(body), `"code":"bad_request"`) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
+	if resp.Header.Get(HeaderRequestID) == "" {
+		t.Error("a request fasthttp refused got no X-Cube-Request-Id")
+	}
 }
 
 // Only HTTP/1.0 and HTTP/1.1 request lines reach a sandbox.

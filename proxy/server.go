@@ -81,7 +81,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	log := fasthttpLogger{p.cfg.Logger}
 	s.traffic = &fasthttp.Server{
 		Handler:                      p.Handler,
-		ErrorHandler:                 clientError,
+		ErrorHandler:                 p.clientError,
 		HeaderReceived:               s.headerReceived,
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
@@ -292,6 +292,14 @@ func clientError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	writeError(ctx, e, nil)
 	ctx.SetConnectionClose()
+}
+
+// clientError answers a request fasthttp refused before the handler ran,
+// with the request id every traffic answer carries.
+func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
+	clientError(ctx, err)
+	var buf [maxRequestIDLen]byte
+	ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

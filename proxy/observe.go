@@ -222,6 +222,11 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	}
 	e.UserAgent = b2s(h.UserAgent())
 	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID))
+	if e.RequestID == "" {
+		// A tunnel logs before its response carries the id; the request
+		// has it (the client's, or the one the proxy generated).
+		e.RequestID = b2s(h.Peek(HeaderRequestID))
+	}
 	e.InstanceID = b2s(h.Peek("X-Cube-Instance-Id"))
 	e.BackendIP = addr(x.backendIP)
 	e.SandboxID = x.sandboxID

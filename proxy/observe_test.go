@@ -705,6 +705,10 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 		if f[11] != "101" || f[16] != "101" || f[7] != "/ws" || f[15] != "127.0.0.1:"+strings.Split(wsHost, "-")[0] {
 			t.Errorf("WebSocket line %q", strings.Join(f, "||"))
 		}
+		// The request id the proxy generated for the upgrade is logged.
+		if id := f[19]; id == "-" || id == "" || !strings.Contains(id, "-") {
+			t.Errorf("WebSocket line without its request id: %q", strings.Join(f, "||"))
+		}
 		// At least the echoed frame (100 bytes payload) went to the client.
 		if n, _ := strconv.Atoi(f[12]); n < len(msg) {
 			t.Errorf("WebSocket body_bytes_sent %s, want >= %d", f[12], len(msg))

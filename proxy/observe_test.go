@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -739,4 +740,51 @@ func heldSSEBackend(t *testing.T) (port uint16, ack chan struct{}) {
 		f.Flush()
 	}))
 	return port, ack
+}
+
+// bytes_in is the request body the client sent, chunked bodies included
+// (whose Content-Length says nothing).
+func TestAccessLogBytesIn(t *testing.T) {
+	var buf obsLogBuf
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: &buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+	host := h.route("bytesin", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+	})))
+	const size = 100 << 10
+	for _, tc := range []struct {
+		id      string
+		chunked bool
+	}{{"bytes-fixed", false}, {"bytes-chunked", true}} {
+		var body io.Reader = io.LimitReader(zeroReader{}, size)
+		req := h.req("POST", host, "/", body)
+		if !tc.chunked {
+			req.ContentLength = size
+		}
+		req.Header.Set("X-Cube-Request-Id", tc.id)
+		resp := h.do(req)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		var e struct {
+			BytesIn int64  `json:"bytes_in"`
+			ID      string `json:"x_cube_request_id"`
+		}
+		testenv.WaitFor(t, 5*time.Second, "access log line of "+tc.id, func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				if json.Unmarshal([]byte(ln), &e) == nil && e.ID == tc.id {
+					return true
+				}
+			}
+			return false
+		})
+		if e.BytesIn != size {
+			t.Errorf("%s: bytes_in %d, want %d", tc.id, e.BytesIn, size)
+		}
+	}
 }

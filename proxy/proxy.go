@@ -239,11 +239,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	req := &ctx.Request
 	// The client's body stream, kept for lingerBody: once the upstream
 	// write fails, fasthttp drops the request's reference to it.
-	clientBody := ctx.RequestBodyStream()
+	rawBody := ctx.RequestBodyStream()
 	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
 		sb.active.Add(-1)
 		if perr.status == 413 {
-			lingerBody(ctx, clientBody)
+			lingerBody(ctx, rawBody)
 		}
 		x.fail(ctx, *perr, t.ID())
 		return
@@ -262,9 +262,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	p.startUpstream(ctx, x)
 	resp := &ctx.Response
+	body, _ := req.BodyStream().(*clientBody)
 	c, err := p.roundTrip(u, req, resp)
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
+	}
+	if body != nil {
+		// What was sent, which a chunked body's Content-Length cannot say.
+		x.bytesIn = body.bytesRead()
 	}
 	if err != nil {
 		sb.active.Add(-1)
@@ -273,7 +278,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 			x.cspan = nil
 		}
 		if errors.Is(err, errBodyTooLarge) {
-			lingerBody(ctx, clientBody)
+			lingerBody(ctx, rawBody)
 		}
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
@@ -556,13 +561,19 @@ var errBodyTooLarge = errors.New("request body too large")
 // each read: client.body_timeout bounds each wait for the client (as
 // nginx's client_body_timeout does), not the whole upload, so the time the
 // proxy spends blocked on a slow sandbox is not charged to the client.
-// fasthttp closes it once the body is sent, which returns it to its pool.
+// It counts what it read, for a chunked body's logs and metrics. Two
+// parties let go of it, in either order: fasthttp closes it once the body
+// is sent (or when the request is reset, if it never was), and forward
+// when it has read the count; the second returns it to its pool.
 type clientBody struct {
 	ctx      *fasthttp.RequestCtx
 	r        io.Reader
 	left     int64 // bytes still allowed
+	n        int64 // bytes read
 	timeout  time.Duration
 	deadline time.Time
+	closed   bool // fasthttp is done with it
+	counted  bool // forward is done with it
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -588,14 +599,32 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.r.Read(p)
 	b.left -= int64(n)
+	b.n += int64(n)
 	return n, err
 }
 
-// Close returns b to its pool; fasthttp calls it when the body is sent.
+// Close is fasthttp letting go of b.
 func (b *clientBody) Close() error {
-	*b = clientBody{}
-	clientBodyPool.Put(b)
+	b.closed = true
+	b.release()
 	return nil
+}
+
+// bytesRead is forward letting go of b; it reports what b read.
+func (b *clientBody) bytesRead() int64 {
+	n := b.n
+	b.counted = true
+	b.release()
+	return n
+}
+
+// release returns b to its pool once both fasthttp and forward are done.
+// Both run on the connection's goroutine.
+func (b *clientBody) release() {
+	if b.closed && b.counted {
+		*b = clientBody{}
+		clientBodyPool.Put(b)
+	}
 }
 
 func isEventStream(ct []byte) bool {

@@ -7,13 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/valyala/fasthttp"
 )
 
 type downStore struct{}
@@ -258,5 +263,41 @@ func TestUnsupportedHTTPVersion(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("the sandbox got %d requests, want 2 (HTTP/1.1 and HTTP/1.0 clients)", n)
+	}
+}
+
+// How a failed exchange is told to the client: the sandbox's fault
+// (closed, reset, gone silent, unparsable) or a timeout of the proxy's.
+func TestUpstreamErrorClassification(t *testing.T) {
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backendAddr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}
+	opErr := func(op string, errno syscall.Errno) error {
+		return &net.OpError{Op: op, Net: "tcp", Addr: backendAddr, Err: os.NewSyscallError(op, errno)}
+	}
+	for _, tc := range []struct {
+		name   string
+		err    error
+		status int
+		code   string
+	}{
+		{"eof", io.EOF, 502, CodeUpstreamReset},
+		{"cut body", io.ErrUnexpectedEOF, 502, CodeUpstreamReset},
+		{"reset on write", opErr("write", syscall.ECONNRESET), 502, CodeUpstreamReset},
+		{"gone silent on write", opErr("write", syscall.ETIMEDOUT), 502, CodeUpstreamReset},
+		{"gone silent on read", opErr("read", syscall.ETIMEDOUT), 502, CodeUpstreamReset},
+		{"gone silent in a head", fmt.Errorf("error when reading response headers: %w", opErr("read", syscall.ETIMEDOUT)), 502, CodeUpstreamReset},
+		{"deadline", os.ErrDeadlineExceeded, 504, CodeUpstreamTimeout},
+		{"unparsable", errors.New("cannot parse response status code"), 502, CodeUpstreamBadHeader},
+		{"client body", &clientBodyError{err: errors.New("bad chunk")}, 400, CodeBadBody},
+	} {
+		var ctx fasthttp.RequestCtx
+		var x exchange
+		p.upstreamError(&ctx, &x, tc.err, []byte("box"), netip.AddrPort{})
+		if ctx.Response.StatusCode() != tc.status || x.errCode != tc.code {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, ctx.Response.StatusCode(), x.errCode, tc.status, tc.code)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -523,7 +524,9 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
 	case errors.Is(err, errNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
-	case isStaleConn(err):
+	case isStaleConn(err) || errors.As(err, new(*net.OpError)):
+		// A close, a reset, or a connection the kernel gave up on
+		// (ETIMEDOUT, which is not a deadline of ours).
 		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
 	default:

@@ -269,7 +269,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		req.Header.SetProtocolBytes(http10Proto)
 	}
 	if body != nil {
-		// What was sent, which a chunked body's Content-Length cannot say.
+		// What the client sent (a chunked body has no Content-Length to say).
 		x.bytesIn = body.bytesRead()
 	}
 	if err != nil {

@@ -272,6 +272,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		// What the client sent (a chunked body has no Content-Length to say).
 		x.bytesIn = body.bytesRead()
 	}
+	if err == nil && resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
+		// Nobody asked to switch (upgrades go through tunnel): the bytes
+		// after this head are in an unknown protocol.
+		c.release(p, false)
+		err = errUnaskedSwitch
+	}
 	if err != nil {
 		sb.active.Add(-1)
 		if x.cspan != nil {
@@ -282,19 +288,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 			lingerBody(ctx, rawBody)
 		}
 		p.upstreamError(ctx, x, err, t.ID(), addr)
-		return
-	}
-	if resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
-		// Nobody asked to switch (upgrades go through tunnel): the bytes
-		// after this head are in an unknown protocol.
-		c.release(p, false)
-		sb.active.Add(-1)
-		if x.cspan != nil {
-			telemetry.EndClientSpan(x.cspan, fasthttp.StatusSwitchingProtocols, errUnaskedSwitch)
-			x.cspan = nil
-		}
-		resp.Header.Reset()
-		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox switched protocols without being asked"}, t.ID())
 		return
 	}
 	p.respond(ctx, x, c, t, addr, sb)
@@ -522,6 +515,8 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
 	case isSmallBuffer(err):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
+	case errors.Is(err, errUnaskedSwitch):
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox switched protocols without being asked"}, id)
 	case errors.Is(err, errNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
 	case isStaleConn(err) || errors.As(err, new(*net.OpError)):

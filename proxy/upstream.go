@@ -184,17 +184,23 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 		// before closing): they must not be read as the next answer.
 		u.drop(c)
 	}
+	c, err = u.dialNew(p)
+	return c, false, err
+}
+
+// dialNew opens a new connection of this pool, within upstream.max_conns.
+func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
 	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
 		u.conns.Add(-1)
-		return nil, false, errNoFreeConns
+		return nil, errNoFreeConns
 	}
-	c, err = p.dial(u.addr)
+	c, err := p.dial(u.addr)
 	if err != nil {
 		u.conns.Add(-1)
-		return nil, false, err
+		return nil, err
 	}
 	c.pool = u
-	return c, false, nil
+	return c, nil
 }
 
 // put returns a connection whose exchange ended cleanly to the idle list.

@@ -79,30 +79,21 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 // side closes.
 func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	id := t.ID()
-	fail := func(e proxyError) {
-		sb.active.Add(-1)
-		x.fail(ctx, e, id)
-	}
 	if perr := p.prepareRequest(ctx, r, t, true); perr != nil {
-		fail(*perr)
-		return
-	}
-	// A tunnel's connection counts against upstream.max_conns like a
-	// pooled one, though it never returns to the pool.
-	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
-	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
-		u.conns.Add(-1)
-		fail(proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1})
+		sb.active.Add(-1)
+		x.fail(ctx, *perr, id)
 		return
 	}
 	p.startUpstream(ctx, x)
-	uc, err := p.dial(addr.String())
+	// A tunnel's connection is its pool's, counted against
+	// upstream.max_conns, though it never goes back to the idle list.
+	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
+	uc, err := u.dialNew(p)
 	if err != nil {
-		u.conns.Add(-1)
-		fail(proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"})
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
-	uc.pool = u
 
 	// An upgrade request has no body (serve sends only bodiless ones
 	// here): the head alone.

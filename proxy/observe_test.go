@@ -477,6 +477,19 @@ func (l *obsLogBuf) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+// logHarness starts a harness whose access log, in format, goes to the
+// returned buffer.
+func logHarness(t *testing.T, format string) (*harness, *obsLogBuf) {
+	t.Helper()
+	buf := new(obsLogBuf)
+	al, err := accesslog.New(accesslog.Config{Format: format, Output: buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	return newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al }), buf
+}
+
 // line returns the fields of the cube line whose x_cube_request_id is id.
 func (l *obsLogBuf) line(id string) ([]string, bool) {
 	l.mu.Lock()
@@ -543,13 +556,7 @@ func checkCubeLine(t *testing.T, got []string, want [22]string, start, end time.
 // match field by field; connection_requests counts requests on the
 // client connection.
 func TestAccessLogCubeLine(t *testing.T) {
-	var buf obsLogBuf
-	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatCube, Output: &buf}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = al.Close() })
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+	h, buf := logHarness(t, accesslog.FormatCube)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(201)
 		io.WriteString(w, "created!")
@@ -617,13 +624,7 @@ func TestAccessLogCubeLine(t *testing.T) {
 // A stream is logged once, when it ends, with its whole duration and
 // bytes: an SSE stream and a WebSocket.
 func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
-	var buf obsLogBuf
-	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatCube, Output: &buf}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = al.Close() })
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+	h, buf := logHarness(t, accesslog.FormatCube)
 
 	const first, last = heldFirst, heldLast
 	ssePort, ack := heldSSEBackend(t)
@@ -745,13 +746,7 @@ func heldSSEBackend(t *testing.T) (port uint16, ack chan struct{}) {
 // bytes_in is the request body the client sent, chunked bodies included
 // (whose Content-Length says nothing).
 func TestAccessLogBytesIn(t *testing.T) {
-	var buf obsLogBuf
-	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: &buf}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = al.Close() })
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al })
+	h, buf := logHarness(t, accesslog.FormatJSON)
 	host := h.route("bytesin", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 	})))

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -87,13 +86,18 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
 	ps.mu.RUnlock()
 	closed := 0
 	for _, u := range all {
-		n := u.closeIdle(connCutoff)
-		if closed/sweepBatch != (closed+n)/sweepBatch {
-			// Thousands of closes in one go would hold the (often only) P
-			// for tens of milliseconds: requests would stall behind them.
-			runtime.Gosched()
+		for _, c := range u.takeIdle(connCutoff) {
+			u.drop(c)
+			if closed++; closed%sweepBatch == 0 {
+				// Thousands of closes in one go would hold the (often
+				// only) P for tens of milliseconds. runtime.Gosched does
+				// not help: the scheduler runs a yielded goroutine again
+				// before it polls the network, so requests waiting on a
+				// socket would still stall (up to sysmon's 10 ms poll,
+				// per wait). Parking lets the scheduler poll the network.
+				time.Sleep(sweepPause)
+			}
 		}
-		closed += n
 	}
 
 	var dead []*upstream
@@ -134,25 +138,39 @@ func (ps *pools) closeIdle() {
 	}
 }
 
-// sweepBatch is how many connections sweep closes between yields.
-const sweepBatch = 32
+// sweepBatch is how many connections sweep closes between pauses
+// (≈ 10 µs each on loopback), and sweepPause how long it parks: long
+// enough that its timer has not fired when the scheduler next looks for
+// work, so the network is polled first.
+const (
+	sweepBatch = 32
+	sweepPause = 50 * time.Microsecond
+)
 
 // closeIdle closes the idle connections last used before cutoff (unix
-// nanos) and reports how many it closed.
-func (u *upstream) closeIdle(cutoff int64) int {
+// nanos).
+func (u *upstream) closeIdle(cutoff int64) {
+	for _, c := range u.takeIdle(cutoff) {
+		u.drop(c)
+	}
+}
+
+// takeIdle removes the idle connections last used before cutoff (unix
+// nanos) from the idle list and returns them, for the caller to drop.
+func (u *upstream) takeIdle(cutoff int64) []*upstreamConn {
 	u.mu.Lock()
+	defer u.mu.Unlock()
 	n := 0
 	for n < len(u.idle) && u.idle[n].idleSince < cutoff {
 		n++
 	}
+	if n == 0 {
+		return nil
+	}
 	stale := append([]*upstreamConn(nil), u.idle[:n]...)
 	u.idle = append(u.idle[:0], u.idle[n:]...)
 	clear(u.idle[len(u.idle):cap(u.idle)])
-	u.mu.Unlock()
-	for _, c := range stale {
-		u.drop(c)
-	}
-	return len(stale)
+	return stale
 }
 
 // errNoFreeConns: the pool is at upstream.max_conns.

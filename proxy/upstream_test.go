@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -851,6 +852,84 @@ func TestUpstreamIdleSweep(t *testing.T) {
 		t.Fatalf("after the sweep: %d %q", resp.StatusCode, body)
 	}
 	b.wantAccepted(t, 2, "")
+}
+
+// A sweep that closes thousands of connections must not hold the only P
+// until it is done: a request waiting on a socket is served between its
+// batches. runtime.Gosched was not enough, because the scheduler runs a
+// yielded goroutine again before it polls the network.
+func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 2000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, n+1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	u := &upstream{addr: ln.Addr().String()}
+	for range n {
+		u.idle = append(u.idle, &upstreamConn{Conn: dial(), pool: u}) // idleSince 0: expired
+		u.conns.Add(1)
+	}
+	for range n {
+		s := <-accepted
+		defer s.Close()
+	}
+	ps := &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
+
+	// An echo exchange over loopback, the stand-in for a request.
+	client := dial()
+	defer client.Close()
+	server := <-accepted
+	defer server.Close()
+	go func() { _, _ = io.Copy(server, server) }()
+	if _, err := client.Write([]byte("x")); err != nil { // a warm-up round trip
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan struct{})
+	go func() {
+		ps.sweep(time.Now(), time.Minute, time.Hour)
+		close(done)
+	}()
+	// The sweep starts when this goroutine blocks in the read below.
+	if _, err := client.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	closed := n - int(u.conns.Load())
+	<-done
+	if left := u.conns.Load(); left != 0 {
+		t.Fatalf("the sweep left %d connections open", left)
+	}
+	// Each pause lets the poller run once; the echo needs two rounds.
+	if closed > 10*sweepBatch {
+		t.Fatalf("the echo waited until %d of %d connections were closed; want it served within a few batches of %d", closed, n, sweepBatch)
+	}
+	t.Logf("echo answered after %d of %d closes", closed, n)
 }
 
 // Responses without a body (HEAD, 204, 304) keep their headers, carry no

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,21 +164,34 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 // URL over HTTPS on httpsPort ("" or "443" = default port). It is opt-in:
 // some SDK clients only speak plain HTTP, so the default is to proxy.
 func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
-	suffix := ""
-	if httpsPort != "" && httpsPort != "443" {
-		suffix = ":" + httpsPort
+	if httpsPort == "443" {
+		httpsPort = ""
 	}
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
-		host := string(ctx.Host())
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		ctx.Redirect("https://"+host+suffix+string(ctx.RequestURI()), fasthttp.StatusPermanentRedirect)
+		ctx.Redirect("https://"+httpsAuthority(string(ctx.Host()), httpsPort)+string(ctx.RequestURI()), fasthttp.StatusPermanentRedirect)
 	}
 	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// httpsAuthority is the Host of a plain-HTTP request moved to the HTTPS
+// port ("" = default). An IPv6 literal keeps its brackets, with or without
+// a port: "2001:db8::1:8443" would not be a URL.
+func httpsAuthority(host, port string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	if port != "" {
+		return net.JoinHostPort(host, port)
+	}
+	if strings.Contains(host, ":") {
+		return "[" + host + "]"
+	}
+	return host
 }
 
 // Draining reports whether Shutdown has begun.

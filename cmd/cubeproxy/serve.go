@@ -11,6 +11,8 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -230,6 +232,10 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	}, a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
 	if cfg.HTTPSAddr != "" {
+		if cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
+			// allowCertificate would have no domain to hold names to.
+			return nil, errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
+		}
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
@@ -285,16 +291,28 @@ func (a *app) certsConfig() certs.Config {
 	return c
 }
 
-// allowCertificate permits on-demand issuance only for hostnames whose
-// sandbox exists (through the cache, including its negative entries).
+// allowCertificate permits on-demand issuance only for the canonical name
+// (<port>-<id>, no leading zeros) of an exposed port of an existing
+// sandbox, under tls.domain or one of domains. Anything looser lets a
+// client choose what the proxy orders: any name pointed at the node (with
+// an empty domains list), or 050005-… spellings of one port, each a new
+// certificate that spends the CA's rate limits and the on-demand budget.
 func (a *app) allowCertificate(ctx context.Context, name string) error {
+	domains := certDomains(a.cfg)
+	if len(domains) == 0 {
+		return errors.New("no domain configured") // the parser would take any
+	}
 	var t routing.Target
-	parser := routing.NewParser(routing.ParserConfig{Domains: a.cfg.Domains})
+	parser := routing.NewParser(routing.ParserConfig{Domains: domains})
 	if err := parser.Parse(&t, []byte(name), nil); err != nil {
 		return fmt.Errorf("not a sandbox host: %w", err)
 	}
 	if t.Shared {
 		return errors.New("not a sandbox host")
+	}
+	label, _, _ := strings.Cut(name, ".")
+	if canonical := strconv.Itoa(int(t.Port)) + "-" + string(t.ID()); !strings.EqualFold(label, canonical) {
+		return fmt.Errorf("%s is not the canonical name %s", label, canonical)
 	}
 	r, _, err := a.cache.Get(ctx, t.ID())
 	if err != nil {
@@ -304,6 +322,18 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 		return fmt.Errorf("port %d not exposed", t.Port)
 	}
 	return nil
+}
+
+// certDomains lists the domains on-demand certificates may be issued
+// under: tls.domain and domains, without blank entries.
+func certDomains(cfg *config.Config) []string {
+	var out []string
+	for _, d := range append([]string{cfg.TLS.Domain}, cfg.Domains...) {
+		if strings.Trim(d, " .*") != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // watchReachable pings Redis until it has answered once, for /readyz.

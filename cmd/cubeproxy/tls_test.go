@@ -370,6 +370,20 @@ func TestTLSRedirectHTTP(t *testing.T) {
 	if n := hits.Load(); n != int64(len(tests)) {
 		t.Fatalf("sandbox saw %d requests, want %d (only the HTTPS follow-ups)", n, len(tests))
 	}
+
+	// A client on the node's IPv6 address gets a URL it can follow.
+	for _, host := range []string{"[2001:db8::1]:8081", "[2001:db8::1]"} {
+		req, _ := http.NewRequest("GET", "http://"+p.http+"/x?y", nil)
+		req.Host = host
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := "https://[2001:db8::1]:" + p.httpsPort + "/x?y"; resp.Header.Get("Location") != want {
+			t.Errorf("Host %s: Location %q, want %q", host, resp.Header.Get("Location"), want)
+		}
+	}
 }
 
 // A WebSocket (wss://) and an SSE stream work end to end over TLS.
@@ -558,6 +572,33 @@ func acmeTLSSection(t *testing.T, pb *testenv.Pebble, dnsSrv *testenv.DNSServer,
 		dnsSrv.Addr, dnsSrv.KeyName, dnsSrv.KeyAlg, dnsSrv.KeySecret, dnsSrv.Addr)
 }
 
+// With domains empty (the routing parser then takes any domain), on-demand
+// still holds names to tls.domain: a name under a domain someone else
+// points at the node places no order and spends none of the budget that
+// the node's own sandboxes need.
+func TestTLSACMEOnDemandOnlyUnderTLSDomain(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	y := tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")},
+		acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n    on_demand_rate: 1\n"))
+	y = strings.Replace(y, `domains: ["cube.test"]`, `domains: []`, 1)
+	p := startTLSProxy(t, y)
+	roots := pb.IssuerRootPool(t)
+
+	if c, err := dialTLSProxy(p.https, trustSNI(roots, "50005-abc.attacker.example")); err == nil {
+		c.close()
+		t.Fatalf("a name under another domain got a certificate for %v", c.leaf().DNSNames)
+	}
+	if n := pb.Orders(); n != 0 {
+		t.Fatalf("a name under another domain placed %d orders", n)
+	}
+	c, err := dialTLSProxy(p.https, trustSNI(roots, "50005-abc.cube.test"))
+	if err != nil {
+		t.Fatalf("the sandbox's own name, after the foreign one: %v", err)
+	}
+	c.close()
+}
+
 // acme: the wildcard is obtained at startup through DNS-01 (the shipped
 // RFC 2136 provider updating the test DNS server) from pebble, and requests
 // through the proxy verify against pebble's issuing root.
@@ -632,6 +673,7 @@ func TestTLSACMEOnDemand(t *testing.T) {
 		{"unknown sandbox refused", "50005-nobody.cube.test", false, 0},
 		{"port the route does not expose refused", "50006-abc.cube.test", false, 0},
 		{"other domain refused", "50005-abc.elsewhere.test", false, 0},
+		{"leading-zero spelling of the port refused", "050005-abc.cube.test", false, 0},
 		{"no SNI refused (no wildcard to default to)", "", false, 0},
 		{"existing route gets a certificate", "50005-abc.cube.test", true, 1},
 		{"second handshake served from memory", "50005-abc.cube.test", true, 0},

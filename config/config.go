@@ -153,6 +153,7 @@ func Default() *Config {
 		LogFormat: "json",
 		LogLevel:  "info",
 		Store:     "memory",
+		Routes:    "configs/routes.yaml",
 		AccessLog: AccessLog{Format: "json", Path: "-"},
 	}
 }
@@ -228,7 +229,44 @@ func Load(args []string, getenv func(string) string, out io.Writer) (*Config, er
 			return nil, fmt.Errorf("--%s: %w", f.s.flagName(), err)
 		}
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
+}
+
+// negativeMeansOff lists the settings for which a negative value is
+// documented (as "off" or "skip"); every other duration and size must be
+// zero (the default) or positive.
+var negativeMeansOff = map[string]bool{
+	"upstream.heartbeat_interval":      true,
+	"tls.acme.dns.propagation_timeout": true,
+}
+
+// Validate refuses values a proxy would start with and then fail every
+// request on (a negative connect timeout reads as "refused", a negative
+// body limit as 413), naming the setting.
+func (c *Config) Validate() error {
+	for _, s := range collect(reflect.ValueOf(c).Elem()) {
+		name := strings.Join(s.path, ".")
+		switch s.v.Kind() {
+		case reflect.Int, reflect.Int64:
+			if n := s.v.Int(); n < 0 && !negativeMeansOff[name] {
+				shown := strconv.FormatInt(n, 10)
+				if s.v.Type() == durationType {
+					shown = time.Duration(n).String()
+				}
+				return fmt.Errorf("%s: %s is negative", name, shown)
+			}
+		}
+	}
+	if r := c.Telemetry.TraceSampleRatio; !(r >= 0 && r <= 1) {
+		return fmt.Errorf("telemetry.trace_sample_ratio: %v is not a fraction between 0 and 1", r)
+	}
+	if c.AdminAddr == "" {
+		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
+	}
+	return nil
 }
 
 // setting is one leaf of Config reachable by path.

@@ -42,7 +42,8 @@ func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
 		}},
 		{"config path from env", nil, map[string]string{"CUBEPROXY_CONFIG": file}, func(c *Config) bool { return c.HTTPAddr == ":1001" }},
 		{"defaults", nil, nil, func(c *Config) bool {
-			return c.HTTPAddr == ":8081" && c.AdminAddr == "127.0.0.1:8082" && c.Store == "memory" && c.LogFormat == "json"
+			return c.HTTPAddr == ":8081" && c.AdminAddr == "127.0.0.1:8082" && c.Store == "memory" && c.LogFormat == "json" &&
+				c.Routes == "configs/routes.yaml"
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,6 +72,15 @@ func TestLoadErrors(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
 		{"missing file", []string{"--config", "/nonexistent/cubeproxy.yaml"}, nil, "read config"},
 		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
+		// Values that would start a proxy failing every request.
+		{"negative connect timeout", []string{"--upstream-connect-timeout=-1s"}, nil, "upstream.connect_timeout: -1s is negative"},
+		{"negative max conns", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_CONNS": "-1"}, "upstream.max_conns: -1 is negative"},
+		{"negative body limit in yaml", []string{"--config", writeFile(t, "max_request_body: -1\n")}, nil, "max_request_body: -1 is negative"},
+		{"negative client timeout", []string{"--client-read-timeout=-5s"}, nil, "client.read_timeout: -5s is negative"},
+		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
+		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
+		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
+		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.args, env(tc.env), io.Discard)
@@ -81,6 +91,17 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load([]string{"-h"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
+	}
+}
+
+// Negative values stay allowed where they are documented to mean off.
+func TestLoadNegativeMeansOff(t *testing.T) {
+	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--tls-acme-dns-propagation-timeout=-1s"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.HeartbeatInterval != -time.Second || c.TLS.ACME.DNS.PropagationTimeout != -time.Second {
+		t.Fatalf("got %v and %v", c.Upstream.HeartbeatInterval, c.TLS.ACME.DNS.PropagationTimeout)
 	}
 }
 

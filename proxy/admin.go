@@ -67,12 +67,14 @@ func NewAdmin(cfg AdminConfig, p *Proxy) *Admin {
 // CheckAdminAddr refuses an admin listener on a non-loopback address
 // without a token: an open admin API could re-route every sandbox.
 func CheckAdminAddr(addr, token string) error {
-	if token != "" {
-		return nil
-	}
+	// Checked with a token too: net.Listen takes "" (or a bare host) as
+	// every interface on a random port.
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if token != "" {
+		return nil
 	}
 	if host == "localhost" {
 		return nil

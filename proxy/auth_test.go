@@ -1117,8 +1117,23 @@ func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
 	if st, _ := open.adminDo("GET", "/admin/last_active", "", "anything-at-all"); st != 200 {
 		t.Errorf("no admin token, loopback client with a header: %d", st)
 	}
-	if err := CheckAdminAddr("0.0.0.0:8082", ""); err == nil {
-		t.Error("CheckAdminAddr accepts a wildcard bind without a token")
+	for _, tc := range []struct {
+		addr, token string
+		ok          bool
+	}{
+		{"127.0.0.1:8082", "", true},
+		{"localhost:8082", "", true},
+		{"[::1]:0", "", true},
+		{"0.0.0.0:8082", "", false}, // wildcard without a token
+		{"10.0.0.1:8082", "", false},
+		{"0.0.0.0:8082", "secret", true},
+		// net.Listen would take these as every interface, random port.
+		{"", "secret", false},
+		{"10.0.0.1", "secret", false},
+	} {
+		if err := CheckAdminAddr(tc.addr, tc.token); (err == nil) != tc.ok {
+			t.Errorf("CheckAdminAddr(%q, token %q) = %v, want ok %v", tc.addr, tc.token, err, tc.ok)
+		}
 	}
 }
 

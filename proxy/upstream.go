@@ -208,7 +208,7 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 
 // dialNew opens a new connection of this pool, within upstream.max_conns.
 func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
-	if u.conns.Add(1) > int32(p.cfg.MaxConnsPerUpstream) {
+	if int(u.conns.Add(1)) > p.cfg.MaxConnsPerUpstream { // int: a huge max_conns must not wrap
 		u.conns.Add(-1)
 		return nil, errNoFreeConns
 	}

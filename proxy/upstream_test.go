@@ -812,6 +812,18 @@ func TestUpstreamMaxConns(t *testing.T) {
 	}
 }
 
+// A max_conns beyond int32 (someone's "unlimited") means no limit, not a
+// wrapped-around limit of 0 that refuses every request.
+func TestUpstreamMaxConnsHuge(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 << 32 })
+	b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+		return rawWrite(c, okResponse("ok"))
+	})
+	if resp, body := h.dialProxy(t).do("GET", h.route("huge", b.port), "/", ""); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+}
+
 // The janitor's sweep closes idle keep-alive connections (the backend
 // sees the close) and later forgets the empty pool.
 func TestUpstreamIdleSweep(t *testing.T) {

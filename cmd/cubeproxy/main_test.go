@@ -33,6 +33,28 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 }
 
+// Settings a proxy would start with and then fail on refuse to start, with
+// the setting named.
+func TestServeRefusesBadSettings(t *testing.T) {
+	base := []string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream-connect-timeout=-1s"}, "upstream.connect_timeout: -1s is negative"},
+		{[]string{"--admin-addr="}, "admin_addr is empty"},
+		{[]string{"--admin-addr=10.0.0.1", "--admin-token=s3cret"}, "missing port"},
+		// On-demand issuance with no domain to hold names to.
+		{[]string{"--https-addr=127.0.0.1:0", "--tls-source=acme", "--tls-acme-skip-wildcard", "--tls-acme-on-demand",
+			"--tls-acme-email=ops@cube.test", "--tls-acme-storage-dir=" + t.TempDir()}, "acme.on_demand needs tls.domain or domains"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), append(base, tc.args...), noEnv, &out, &errb); code != 1 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 1 and %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
+}
+
 // serve runs the whole program in-process: a request goes through, and
 // cancelling the context (what SIGTERM does) drains and returns nil.
 func TestServeInProcess(t *testing.T) {

@@ -3,7 +3,9 @@ package redisstore
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -105,7 +107,13 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		// The URL carries credentials, db and TLS; explicit fields fill what it leaves out.
 		opt, err = redis.ParseURL(cfg.URL)
 		if err != nil {
-			return nil, fmt.Errorf("redis url: %w", err)
+			// A *url.Error quotes the whole URL, password included, and
+			// this error ends up in the process's log.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return nil, fmt.Errorf("redis url %s: %w", redactUserinfo(cfg.URL), err)
 		}
 		if opt.Username == "" {
 			opt.Username = cfg.Username
@@ -158,4 +166,20 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	return c, nil
+}
+
+// redactUserinfo masks the user:password@ part of a URL that may not parse.
+func redactUserinfo(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "(not a URL)"
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		rest = "xxxxx" + rest[i:]
+	}
+	return scheme + "://" + rest
 }

@@ -117,3 +117,21 @@ func TestAuthAndDB(t *testing.T) {
 		})
 	}
 }
+
+// A URL that does not parse is named in the error without its password:
+// the error ends up in the process's log.
+func TestBadURLErrorHidesPassword(t *testing.T) {
+	for _, raw := range []string{
+		"redis://default:hunter2%zz@redis:6379/0", // a raw % in the password
+		"redis://default:hunter2@redis:6379/0%zz",
+		"redis://:hunter2@[::1:6379/0",
+	} {
+		_, err := redisstore.NewClient(redisstore.Config{URL: raw})
+		if err == nil {
+			t.Fatalf("%s: no error", raw)
+		}
+		if msg := err.Error(); strings.Contains(msg, "hunter2") || !strings.Contains(msg, "redis url redis://xxxxx@") {
+			t.Errorf("error %q: want the URL with its userinfo masked", msg)
+		}
+	}
+}

@@ -263,15 +263,26 @@ func (s *Server) janitor() {
 	// Often enough that an idle upstream connection is closed within a
 	// quarter of its idle timeout of it expiring: with one pool per
 	// sandbox, expired connections otherwise pile up as descriptors.
-	t := time.NewTicker(min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/4, 250*time.Millisecond)))
+	tick := min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/4, 250*time.Millisecond))
+	// Expired connections are closed over half a tick, at most a second:
+	// until closed they still count against upstream.max_conns.
+	spread := min(tick/2, time.Second)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	var sandboxesSwept time.Time
 	for {
 		select {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			s.p.pools.sweep(now, s.p.cfg.UpstreamIdleConnTimeout, 2*s.p.cfg.UpstreamIdleConnTimeout)
-			s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
+			s.p.pools.sweep(now, s.p.cfg.UpstreamIdleConnTimeout, 2*s.p.cfg.UpstreamIdleConnTimeout, spread, s.stop)
+			// A walk over every sandbox seen in the last day: at the
+			// short ticks of a short idle_conn_timeout it cost 3 % of the
+			// CPU of a cold-start burst, for hour-long thresholds.
+			if now.Sub(sandboxesSwept) >= time.Minute {
+				s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
+				sandboxesSwept = now
+			}
 		}
 	}
 }

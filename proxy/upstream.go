@@ -75,7 +75,16 @@ func (ps *pools) create(key poolKey) *upstream {
 // drops pools that have no connection and were unused for poolIdle. With
 // one pool per sandbox there may be thousands: the map lock is held only
 // to list and to delete, never across the closes.
-func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
+//
+// The closes are spread over spread (or until stop is closed), as nginx's
+// per-connection timers spread them: a cold-start burst of sandboxes
+// expires together, and closing thousands of connections in one go (each
+// ≈ 10 µs on loopback) would hold the often only P for tens of
+// milliseconds. runtime.Gosched would not help: the scheduler runs a
+// yielded goroutine again before it polls the network, so every request
+// waiting on a socket would wait for the end of the burst (or sysmon's
+// 10 ms poll). Sleeping between closes lets the network be polled.
+func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, stop <-chan struct{}) {
 	connCutoff := now.Add(-connIdle).UnixNano()
 	poolCutoff := now.Add(-poolIdle).UnixNano()
 	ps.mu.RLock()
@@ -84,21 +93,17 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
 		all = append(all, u)
 	}
 	ps.mu.RUnlock()
-	closed := 0
+	var stale []*upstreamConn
 	for _, u := range all {
-		for _, c := range u.takeIdle(connCutoff) {
-			u.drop(c)
-			if closed++; closed%sweepBatch == 0 {
-				// Thousands of closes in one go would hold the (often
-				// only) P for tens of milliseconds. runtime.Gosched does
-				// not help: the scheduler runs a yielded goroutine again
-				// before it polls the network, so requests waiting on a
-				// socket would still stall (up to sysmon's 10 ms poll,
-				// per wait). Parking lets the scheduler poll the network.
-				time.Sleep(sweepPause)
-			}
-		}
+		stale = u.takeIdle(connCutoff, stale)
 	}
+	pace := newPacer(len(stale), spread, stop)
+	for i, c := range stale {
+		pace.wait(i)
+		c.pool.drop(c)
+		stale[i] = nil
+	}
+	pace.stop()
 
 	var dead []*upstream
 	ps.mu.Lock()
@@ -114,6 +119,48 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle time.Duration) {
 	// open and release a connection on it: put sees dead and closes it.
 	for _, u := range dead {
 		u.closeIdle(now.UnixNano() + 1)
+	}
+}
+
+// pacer spreads n steps evenly over a duration: wait(i) returns once
+// step i is due, sleeping at least sweepPause at a time (shorter sleeps
+// are not kept by the timer), so late wake-ups are caught up by running
+// several steps in a row. Once stop is closed every step is due.
+type pacer struct {
+	n      int
+	spread time.Duration
+	start  time.Time
+	stopCh <-chan struct{}
+	t      *time.Timer
+}
+
+func newPacer(n int, spread time.Duration, stop <-chan struct{}) *pacer {
+	return &pacer{n: n, spread: spread, start: time.Now(), stopCh: stop}
+}
+
+func (p *pacer) wait(i int) {
+	for p.spread > 0 && i >= p.due() {
+		if p.t == nil {
+			p.t = time.NewTimer(sweepPause)
+		} else {
+			p.t.Reset(sweepPause)
+		}
+		select {
+		case <-p.t.C:
+		case <-p.stopCh:
+			p.spread = 0
+		}
+	}
+}
+
+// due is how many steps should have run by now (at least one).
+func (p *pacer) due() int {
+	return int(int64(p.n)*int64(time.Since(p.start))/int64(p.spread)) + 1
+}
+
+func (p *pacer) stop() {
+	if p.t != nil {
+		p.t.Stop()
 	}
 }
 
@@ -138,26 +185,23 @@ func (ps *pools) closeIdle() {
 	}
 }
 
-// sweepBatch is how many connections sweep closes between pauses
-// (≈ 10 µs each on loopback), and sweepPause how long it parks: long
-// enough that its timer has not fired when the scheduler next looks for
-// work, so the network is polled first.
-const (
-	sweepBatch = 32
-	sweepPause = 50 * time.Microsecond
-)
+// sweepPause is the shortest sleep between closes. It must outlast a
+// scheduling round, so that the scheduler finds the sweep's timer not yet
+// fired and polls the network; longer than that it only trades wake-ups
+// (one per pause) against how many closes run in a row (≈ 10 µs each).
+const sweepPause = 200 * time.Microsecond
 
 // closeIdle closes the idle connections last used before cutoff (unix
 // nanos).
 func (u *upstream) closeIdle(cutoff int64) {
-	for _, c := range u.takeIdle(cutoff) {
+	for _, c := range u.takeIdle(cutoff, nil) {
 		u.drop(c)
 	}
 }
 
-// takeIdle removes the idle connections last used before cutoff (unix
-// nanos) from the idle list and returns them, for the caller to drop.
-func (u *upstream) takeIdle(cutoff int64) []*upstreamConn {
+// takeIdle moves the idle connections last used before cutoff (unix
+// nanos) from the idle list to the end of stale, for the caller to drop.
+func (u *upstream) takeIdle(cutoff int64, stale []*upstreamConn) []*upstreamConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	n := 0
@@ -165,9 +209,9 @@ func (u *upstream) takeIdle(cutoff int64) []*upstreamConn {
 		n++
 	}
 	if n == 0 {
-		return nil
+		return stale
 	}
-	stale := append([]*upstreamConn(nil), u.idle[:n]...)
+	stale = append(stale, u.idle[:n]...)
 	u.idle = append(u.idle[:0], u.idle[n:]...)
 	clear(u.idle[len(u.idle):cap(u.idle)])
 	return stale

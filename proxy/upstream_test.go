@@ -840,14 +840,14 @@ func TestUpstreamIdleSweep(t *testing.T) {
 	}
 
 	// A sweep that finds the connection fresh keeps it.
-	h.proxy.pools.sweep(time.Now(), time.Minute, 2*time.Hour)
+	h.proxy.pools.sweep(time.Now(), time.Minute, 2*time.Hour, 0, nil)
 	if n := poolConns(h); n != 1 {
 		t.Fatalf("a fresh idle connection was swept: %d conns", n)
 	}
 
 	// An hour later it is idle past a minute, the pool not past two hours.
 	now := time.Now().Add(time.Hour)
-	h.proxy.pools.sweep(now, time.Minute, 2*time.Hour)
+	h.proxy.pools.sweep(now, time.Minute, 2*time.Hour, 0, nil)
 	if err := b.waitEnded(t); err != io.EOF {
 		t.Fatalf("backend connection ended with %v, want EOF from the proxy closing it", err)
 	}
@@ -855,7 +855,7 @@ func TestUpstreamIdleSweep(t *testing.T) {
 		t.Fatalf("after the sweep: %d pools, %d conns, %d pending; want 1, 0, 0", pools, conns, pending)
 	}
 
-	h.proxy.pools.sweep(now, time.Minute, time.Minute)
+	h.proxy.pools.sweep(now, time.Minute, time.Minute, 0, nil)
 	if pools, _, _ := h.proxy.pools.stats(); pools != 0 {
 		t.Fatalf("an empty pool unused for an hour was kept: %d pools", pools)
 	}
@@ -866,18 +866,14 @@ func TestUpstreamIdleSweep(t *testing.T) {
 	b.wantAccepted(t, 2, "")
 }
 
-// A sweep that closes thousands of connections must not hold the only P
-// until it is done: a request waiting on a socket is served between its
-// batches. runtime.Gosched was not enough, because the scheduler runs a
-// yielded goroutine again before it polls the network.
-func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	const n = 2000
+// idleConns opens n loopback connections and returns a pool holding them
+// as idle connections that expired long ago, with their server ends.
+func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan net.Conn, n+1)
 	go func() {
 		for {
@@ -885,33 +881,42 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 			if err != nil {
 				return
 			}
+			t.Cleanup(func() { c.Close() })
 			accepted <- c
 		}
 	}()
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", ln.Addr().String())
+	u := &upstream{addr: ln.Addr().String()}
+	for range n {
+		c, err := net.Dial("tcp", u.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
-	}
-
-	u := &upstream{addr: ln.Addr().String()}
-	for range n {
-		u.idle = append(u.idle, &upstreamConn{Conn: dial(), pool: u}) // idleSince 0: expired
+		u.idle = append(u.idle, &upstreamConn{Conn: c, pool: u}) // idleSince 0
 		u.conns.Add(1)
 	}
 	for range n {
-		s := <-accepted
-		defer s.Close()
+		<-accepted
 	}
+	return u, ln, accepted
+}
+
+// A sweep that closes thousands of connections must not hold the only P
+// until it is done: a request waiting on a socket is served between its
+// closes. runtime.Gosched was not enough, because the scheduler runs a
+// yielded goroutine again before it polls the network.
+func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 2000
+	u, ln, accepted := idleConns(t, n)
 	ps := &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
 
 	// An echo exchange over loopback, the stand-in for a request.
-	client := dial()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer client.Close()
 	server := <-accepted
-	defer server.Close()
 	go func() { _, _ = io.Copy(server, server) }()
 	if _, err := client.Write([]byte("x")); err != nil { // a warm-up round trip
 		t.Fatal(err)
@@ -922,7 +927,7 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 
 	done := make(chan struct{})
 	go func() {
-		ps.sweep(time.Now(), time.Minute, time.Hour)
+		ps.sweep(time.Now(), time.Minute, time.Hour, 200*time.Millisecond, nil)
 		close(done)
 	}()
 	// The sweep starts when this goroutine blocks in the read below.
@@ -937,11 +942,39 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 	if left := u.conns.Load(); left != 0 {
 		t.Fatalf("the sweep left %d connections open", left)
 	}
-	// Each pause lets the poller run once; the echo needs two rounds.
-	if closed > 10*sweepBatch {
-		t.Fatalf("the echo waited until %d of %d connections were closed; want it served within a few batches of %d", closed, n, sweepBatch)
+	// The echo needs two network polls; each pause between closes is one.
+	if closed > 32 {
+		t.Fatalf("the echo waited until %d of %d connections were closed", closed, n)
 	}
 	t.Logf("echo answered after %d of %d closes", closed, n)
+}
+
+// The closes are spread over the time given, and a stop (shutdown) closes
+// the rest at once.
+func TestUpstreamSweepSpreadAndStop(t *testing.T) {
+	u, _, _ := idleConns(t, 100)
+	ps := &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
+	start := time.Now()
+	ps.sweep(time.Now(), time.Minute, time.Hour, 200*time.Millisecond, nil)
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("100 closes spread over 200ms took %v", took)
+	}
+	if left := u.conns.Load(); left != 0 {
+		t.Fatalf("the sweep left %d connections open", left)
+	}
+
+	u, _, _ = idleConns(t, 100)
+	ps = &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
+	stop := make(chan struct{})
+	time.AfterFunc(20*time.Millisecond, func() { close(stop) })
+	start = time.Now()
+	ps.sweep(time.Now(), time.Minute, time.Hour, time.Hour, stop)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("a stopped sweep took %v", took)
+	}
+	if left := u.conns.Load(); left != 0 {
+		t.Fatalf("the stopped sweep left %d connections open", left)
+	}
 }
 
 // Responses without a body (HEAD, 204, 304) keep their headers, carry no

@@ -38,7 +38,7 @@ type exchange struct {
 
 	upStatus int
 	upTime   time.Duration // request start to upstream response headers
-	bytesIn  int64
+	bytesIn  int64         // body bytes read from the client: never what its Content-Length claims
 	bytesOut int64
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
@@ -59,9 +59,6 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
 	if p.tel != nil {
 		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header)
-	}
-	if cl := ctx.Request.Header.ContentLength(); cl > 0 {
-		x.bytesIn = int64(cl)
 	}
 	if p.cfg.AccessLog != nil {
 		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -744,42 +745,69 @@ func heldSSEBackend(t *testing.T) (port uint16, ack chan struct{}) {
 }
 
 // bytes_in is the request body the client sent, chunked bodies included
-// (whose Content-Length says nothing).
+// (whose Content-Length says nothing), and never what a Content-Length
+// claims: a request answered before its body was read counted 1 TB for a
+// client that claimed it, and two such requests overflowed the
+// received-bytes counter.
 func TestAccessLogBytesIn(t *testing.T) {
 	h, buf := logHarness(t, accesslog.FormatJSON)
 	host := h.route("bytesin", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 	})))
-	const size = 100 << 10
-	for _, tc := range []struct {
-		id      string
-		chunked bool
-	}{{"bytes-fixed", false}, {"bytes-chunked", true}} {
-		var body io.Reader = io.LimitReader(zeroReader{}, size)
-		req := h.req("POST", host, "/", body)
-		if !tc.chunked {
-			req.ContentLength = size
-		}
-		req.Header.Set("X-Cube-Request-Id", tc.id)
-		resp := h.do(req)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	logged := func(id string) int64 {
 		var e struct {
 			BytesIn int64  `json:"bytes_in"`
 			ID      string `json:"x_cube_request_id"`
 		}
-		testenv.WaitFor(t, 5*time.Second, "access log line of "+tc.id, func() bool {
+		testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
 			buf.mu.Lock()
 			defer buf.mu.Unlock()
 			for _, ln := range strings.Split(buf.b.String(), "\n") {
-				if json.Unmarshal([]byte(ln), &e) == nil && e.ID == tc.id {
+				if json.Unmarshal([]byte(ln), &e) == nil && e.ID == id {
 					return true
 				}
 			}
 			return false
 		})
-		if e.BytesIn != size {
-			t.Errorf("%s: bytes_in %d, want %d", tc.id, e.BytesIn, size)
+		return e.BytesIn
+	}
+	for _, tc := range []struct {
+		id      string
+		size    int64
+		chunked bool
+	}{
+		{"bytes-fixed", 100 << 10, false},
+		{"bytes-chunked", 100 << 10, true},
+		{"bytes-small", 100, false}, // read whole by fasthttp, not streamed
+	} {
+		var body io.Reader = io.LimitReader(zeroReader{}, tc.size)
+		req := h.req("POST", host, "/", body)
+		if !tc.chunked {
+			req.ContentLength = tc.size
 		}
+		req.Header.Set("X-Cube-Request-Id", tc.id)
+		resp := h.do(req)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := logged(tc.id); got != tc.size {
+			t.Errorf("%s: bytes_in %d, want %d", tc.id, got, tc.size)
+		}
+	}
+
+	// A claim of a terabyte, answered 404 before the body is read (16 KiB
+	// sent: fasthttp reads the first 8 KiB before the handler runs).
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: 50005-nosuchbox.cube.test\r\nX-Cube-Request-Id: bytes-claim\r\nContent-Length: 1000000000000\r\n\r\n%s", strings.Repeat("x", 16<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := logged("bytes-claim"); resp.StatusCode != 404 || got < 0 || got > 16<<10 {
+		t.Errorf("%d, bytes_in %d for a client that sent 16 KiB; want 404 and at most 16 KiB", resp.StatusCode, got)
 	}
 }

@@ -271,6 +271,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if body != nil {
 		// What the client sent (a chunked body has no Content-Length to say).
 		x.bytesIn = body.bytesRead()
+	} else {
+		x.bytesIn = int64(len(req.Body())) // read whole by fasthttp
 	}
 	if err == nil && resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
 		// Nobody asked to switch (upgrades go through tunnel): the bytes

@@ -811,3 +811,61 @@ func TestAccessLogBytesIn(t *testing.T) {
 		t.Errorf("%d, bytes_in %d for a client that sent 16 KiB; want 404 and at most 16 KiB", resp.StatusCode, got)
 	}
 }
+
+// Requests fasthttp refuses before the handler runs (400, 431) are counted
+// and logged like every other answer.
+func TestRefusedByParserCountedAndLogged(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	buf := new(obsLogBuf)
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel; o.cfg.AccessLog = al })
+	admin := obsMetricsAdmin(t, h, tel)
+	class4xx := map[string]string{"status_class": "4xx", "route_kind": "error"}
+	before, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
+
+	for _, tc := range []struct {
+		req    string
+		status int
+		code   string
+	}{
+		{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-431\r\nX-Big: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431, "request_header_too_large"},
+		{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-400\r\nContent-Length: abc\r\n\r\n", 400, CodeBadRequest},
+	} {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, tc.req)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Fatalf("got %d, want %d", resp.StatusCode, tc.status)
+		}
+		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("a log line for the %d", tc.status), func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				var e struct {
+					Status int    `json:"status"`
+					Code   string `json:"error_code"`
+				}
+				if json.Unmarshal([]byte(ln), &e) == nil && e.Status == tc.status && e.Code == tc.code {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	after, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
+	if after-before != 2 {
+		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for two refused requests, want 2", after-before)
+	}
+}

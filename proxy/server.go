@@ -301,30 +301,38 @@ func (p *Proxy) connState(_ net.Conn, st fasthttp.ConnState) {
 // clientError answers requests fasthttp could not parse, in the same JSON
 // shape as every other proxy error.
 func clientError(ctx *fasthttp.RequestCtx, err error) {
-	var e proxyError
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		e = proxyError{status: 413, code: CodeBodyTooLarge, msg: "request body too large"}
-	case isTimeout(err):
-		e = proxyError{status: 408, code: "request_timeout", msg: "request not received in time"}
-	default:
-		var small *fasthttp.ErrSmallBuffer
-		if errors.As(err, &small) {
-			e = proxyError{status: 431, code: "request_header_too_large", msg: "request headers too large"}
-		} else {
-			e = proxyError{status: 400, code: CodeBadRequest, msg: "malformed HTTP request"}
-		}
-	}
-	writeError(ctx, e, nil)
+	writeError(ctx, refusedByParser(err), nil)
 	ctx.SetConnectionClose()
 }
 
+// refusedByParser is the answer to a request fasthttp refused.
+func refusedByParser(err error) proxyError {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return proxyError{status: 413, code: CodeBodyTooLarge, msg: "request body too large"}
+	case isTimeout(err):
+		return proxyError{status: 408, code: "request_timeout", msg: "request not received in time"}
+	}
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		return proxyError{status: 431, code: "request_header_too_large", msg: "request headers too large"}
+	}
+	return proxyError{status: 400, code: CodeBadRequest, msg: "malformed HTTP request"}
+}
+
 // clientError answers a request fasthttp refused before the handler ran,
-// with the request id every traffic answer carries.
+// with the request id every traffic answer carries, and counts and logs
+// it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
-	clientError(ctx, err)
+	var x exchange
+	p.begin(ctx, &x)
 	var buf [maxRequestIDLen]byte
-	ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
+	reqID := p.requestID(&ctx.Request.Header, buf[:0])
+	x.fail(ctx, refusedByParser(err), nil)
+	ctx.SetConnectionClose()
+	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
+	p.headersReady(ctx, &x)
+	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

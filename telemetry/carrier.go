@@ -19,7 +19,10 @@ var (
 func (c HeaderCarrier) Get(key string) string { return string(c.H.Peek(key)) }
 
 // Set replaces every value of key with value.
-func (c HeaderCarrier) Set(key, value string) { c.H.Set(key, value) }
+func (c HeaderCarrier) Set(key, value string) {
+	c.H.Del(key) // Set alone replaces only the first
+	c.H.Set(key, value)
+}
 
 // Keys lists the header names present.
 func (c HeaderCarrier) Keys() []string {

@@ -87,6 +87,12 @@ func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	if span.IsRecording() {
 		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method), AttrUpstreamAddr.String(upstreamAddr))
 	}
+	// Every copy goes: a second traceparent from the client would reach
+	// the sandbox next to the proxy's, and a tracestate the span did not
+	// inherit (its traceparent was invalid) would describe another trace.
+	for _, k := range t.fields {
+		upstream.Del(k)
+	}
 	t.propagator.Inject(ctx, HeaderCarrier{H: upstream})
 	return span
 }

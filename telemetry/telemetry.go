@@ -38,6 +38,7 @@ type Telemetry struct {
 	mp         *sdkmetric.MeterProvider
 	handler    http.Handler
 	propagator propagation.TextMapPropagator
+	fields     []string // the headers propagator writes
 }
 
 // New builds tracing (off unless configured, see Config) and metrics with a
@@ -50,6 +51,7 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	t := &Telemetry{
 		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 	}
+	t.fields = t.propagator.Fields()
 
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {

@@ -14,7 +14,10 @@ import (
 // follows the parent, and every other span, including one whose parent came
 // from the client, is sampled by trace id at ratio. A client therefore cannot
 // force sampling with a "-01" traceparent (nor suppress it with "-00"), and
-// all hops that sample by ratio agree on the same traces.
+// all hops that sample by ratio agree on the same traces. The price of that
+// agreement: a client that picks its trace ids can pick sampled ones, raising
+// the span volume of its own requests (never blocking them: the batch
+// processor drops spans when its queue is full).
 func EdgeSampler(ratio float64) sdktrace.Sampler {
 	byID := sdktrace.TraceIDRatioBased(ratio)
 	return sdktrace.ParentBased(byID,

@@ -287,3 +287,40 @@ func TestSampleRatioResolution(t *testing.T) {
 		})
 	}
 }
+
+// The proxy's trace context replaces every copy the client sent: a second
+// traceparent, or a tracestate whose traceparent was invalid, would
+// otherwise reach the sandbox next to the proxy's.
+func TestInjectReplacesEveryClientCopy(t *testing.T) {
+	tel := newTestTelemetry(t, Config{SpanExporter: tracetest.NewInMemoryExporter()})
+	for _, tc := range []struct {
+		name        string
+		traceparent []string
+		tracestate  string
+	}{
+		{"two traceparents", []string{"00-" + clientTraceID + "-" + clientSpanID + "-01", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01"}, ""},
+		{"tracestate of an invalid traceparent", []string{"garbage"}, "vendor=forged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &fasthttp.RequestHeader{}
+			h.SetMethod("GET")
+			for _, v := range tc.traceparent {
+				h.Add("traceparent", v)
+			}
+			if tc.tracestate != "" {
+				h.Set("tracestate", tc.tracestate)
+			}
+			ctx, server := tel.StartServerSpan(h)
+			client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
+			EndClientSpan(client, 200, nil)
+			EndServerSpan(server, &SpanResult{Status: 200})
+			want := "00-" + client.SpanContext().TraceID().String() + "-" + client.SpanContext().SpanID().String() + "-01"
+			if got := h.PeekAll("traceparent"); len(got) != 1 || string(got[0]) != want {
+				t.Errorf("traceparent sent upstream %q, want only %q", got, want)
+			}
+			if got := h.PeekAll("tracestate"); len(got) != 0 {
+				t.Errorf("tracestate sent upstream %q, want none", got)
+			}
+		})
+	}
+}

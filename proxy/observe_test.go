@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -867,5 +868,43 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	after, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
 	if after-before != 2 {
 		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for two refused requests, want 2", after-before)
+	}
+}
+
+// A connect that fails ends the client span with an error status, for a
+// WebSocket upgrade as for a plain request.
+func TestTracingFailedConnectClientSpan(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	ln := listen(t, "127.0.0.1:0")
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close() // nothing listens: the connect is refused
+	for i, tc := range []struct{ name, upgrade string }{
+		{"plain", ""},
+		{"websocket", "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			traceID := fmt.Sprintf("%032x", i+1)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nTraceparent: 00-%s-00f067aa0ba902b7-01\r\n%s\r\n", h.route("down"+tc.name, port), traceID, tc.upgrade)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 502 {
+				t.Fatalf("got %d, want 502", resp.StatusCode)
+			}
+			id, _ := trace.TraceIDFromHex(traceID)
+			_, client := waitSpans(t, exp, id)
+			if client.Status.Code != codes.Error {
+				t.Errorf("client span status %v, want Error", client.Status.Code)
+			}
+		})
 	}
 }

@@ -282,10 +282,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	}
 	if err != nil {
 		sb.active.Add(-1)
-		if x.cspan != nil {
-			telemetry.EndClientSpan(x.cspan, 0, err)
-			x.cspan = nil
-		}
 		if errors.Is(err, errBodyTooLarge) {
 			lingerBody(ctx, rawBody)
 		}
@@ -337,10 +333,6 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		c.release(p, err == nil && keepAlive)
 		sb.active.Add(-1)
 		if err != nil {
-			if x.cspan != nil {
-				telemetry.EndClientSpan(x.cspan, x.upStatus, err)
-				x.cspan = nil
-			}
 			p.upstreamError(ctx, x, err, t.ID(), addr)
 		}
 		return
@@ -496,8 +488,13 @@ func stripSignedToken(req *fasthttp.Request) {
 // envdPort is the sandbox's envd daemon, whose Host is never masked.
 const envdPort = 49983
 
-// upstreamError answers a failed exchange with the backend.
+// upstreamError answers a failed exchange with the backend, and ends its
+// client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
+	if x.cspan != nil {
+		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
+		x.cspan = nil
+	}
 	var de *dialError
 	var be *clientBodyError
 	switch {

@@ -211,9 +211,13 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		}
 	case "DELETE":
 		deleted, err := a.cfg.Routes.Remove(id)
-		a.invalidate(id)
+		_, perr := a.invalidate(id)
 		if err != nil {
 			adminError(ctx, 500, "route deleted but routes file not written: "+err.Error())
+			return
+		}
+		if perr != nil {
+			adminError(ctx, 503, perr.Error())
 			return
 		}
 		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
@@ -235,23 +239,31 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		adminError(ctx, 500, err.Error())
 		return false
 	}
-	a.invalidate(id)
+	_, perr := a.invalidate(id)
 	// A re-created sandbox is no longer killed.
 	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
 		a.p.sandboxes.setState(id, stateRunning)
+	}
+	if perr != nil {
+		adminError(ctx, 503, perr.Error())
+		return false
 	}
 	return true
 }
 
 // invalidate drops id from this instance's cache and tells the others.
-func (a *Admin) invalidate(id string) int {
+// An error means the others were not told, and may serve the old route
+// until it expires: the caller answers 503 so that the control plane
+// retries (the local drop stands).
+func (a *Admin) invalidate(id string) (int, error) {
 	n := a.p.cache.Invalidate(id)
 	if a.cfg.Publish != nil {
 		if err := a.cfg.Publish(id); err != nil {
 			a.p.cfg.Logger.Warn("publish cache invalidation", "sandbox_id", id, "err", err)
+			return n, fmt.Errorf("dropped on this instance, but the invalidation was not published to the others; retry: %v", err)
 		}
 	}
-	return n
+	return n, nil
 }
 
 type sandboxBody struct {
@@ -277,7 +289,12 @@ func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": a.invalidate(b.SandboxID)})
+	n, err := a.invalidate(b.SandboxID)
+	if err != nil {
+		adminError(ctx, 503, err.Error())
+		return
+	}
+	writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": n})
 }
 
 func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
@@ -333,10 +350,14 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	if a.cfg.Routes != nil {
 		a.cfg.Routes.Delete(b.SandboxID)
 	}
-	n := a.invalidate(b.SandboxID)
+	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,
 	// not a misleading 404.
 	a.p.sandboxes.setState(b.SandboxID, stateKilled)
+	if err != nil {
+		adminError(ctx, 503, err.Error())
+		return
+	}
 	writeJSON(ctx, 200, map[string]any{"ok": true, "backend_cache_deleted": n})
 }
 

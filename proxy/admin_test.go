@@ -3,11 +3,13 @@ package proxy
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -160,6 +162,53 @@ func TestAdminMalformedRequests(t *testing.T) {
 		c.Close()
 		if resp.StatusCode != tc.status || json.Unmarshal(b, &out) != nil || out.Error == "" {
 			t.Errorf("%s: %d %s %q, want %d with a JSON error", tc.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, tc.status)
+		}
+	}
+}
+
+// An invalidation that could not be published to the other instances is a
+// 503, so that the control plane retries, while this instance's drop
+// stands; published ones are 200.
+func TestAdminInvalidationNotPublished(t *testing.T) {
+	var fail atomic.Bool
+	var published atomic.Int64
+	h := newHarness(t, func(o *harnessOpts) {
+		o.publish = func(string) error {
+			if fail.Load() {
+				return errors.New("redis: connection pool timeout")
+			}
+			published.Add(1)
+			return nil
+		}
+	})
+	host := h.route("pub", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	get := func() {
+		t.Helper()
+		resp := h.do(h.req("GET", host, "/", nil))
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET: %d", resp.StatusCode)
+		}
+	}
+	for _, path := range []string{"/admin/backend_cache/delete", "/admin/meta/delete"} {
+		get() // cached
+		fail.Store(true)
+		lookups := h.counts.n.Load()
+		st, out := h.adminJSON("POST", path, `{"sandbox_id":"pub"}`)
+		if msg, _ := out["error"].(string); st != 503 || !strings.Contains(msg, "not published") {
+			t.Fatalf("%s with publishing down: %d %v, want 503 naming the failed publish", path, st, out)
+		}
+		if path == "/admin/meta/delete" {
+			break // the sandbox is gone now
+		}
+		get()
+		if h.counts.n.Load() == lookups {
+			t.Fatalf("%s: the local cache entry survived a failed publish", path)
+		}
+		fail.Store(false)
+		if st, _ := h.adminJSON("POST", path, `{"sandbox_id":"pub"}`); st != 200 || published.Load() == 0 {
+			t.Fatalf("%s with publishing up: %d, published %d", path, st, published.Load())
 		}
 	}
 }

@@ -35,8 +35,9 @@ type harnessOpts struct {
 	srv    ServerConfig
 	cache  routing.CacheConfig
 	store  routing.Store // default: the memory store (counted)
-	token  string
-	noServ bool
+	token   string
+	publish func(id string) error // the admin API's invalidation publisher
+	noServ  bool
 }
 
 // countingStore counts lookups of a real store.
@@ -74,7 +75,7 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := NewAdmin(AdminConfig{Token: o.token, Routes: h.store}, h.proxy)
+	admin := NewAdmin(AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}, h.proxy)
 	h.server = NewServer(o.srv, h.proxy, admin)
 	ln := listen(t, "127.0.0.1:0")
 	aln := listen(t, "127.0.0.1:0")

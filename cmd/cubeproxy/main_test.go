@@ -154,3 +154,23 @@ func TestBinarySIGTERM(t *testing.T) {
 		t.Errorf("no clean stop in logs:\n%s", logs.String())
 	}
 }
+
+// The registry's admin_url names a host other instances can reach, not the
+// wildcard the admin API listens on.
+func TestAdminURL(t *testing.T) {
+	hostname, _ := os.Hostname()
+	for _, tc := range []struct {
+		addr   *net.TCPAddr
+		nodeIP string
+		want   string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8082}, "10.0.0.5", "http://127.0.0.1:8082"},
+		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 8082}, "10.0.0.5", "http://10.0.0.5:8082"},
+		{&net.TCPAddr{IP: net.IPv4zero, Port: 8082}, "fd00::5", "http://[fd00::5]:8082"},
+		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 8082}, "", "http://" + net.JoinHostPort(hostname, "8082")},
+	} {
+		if got := adminURL(tc.addr, tc.nodeIP); got != tc.want {
+			t.Errorf("adminURL(%s, %q) = %q, want %q", tc.addr, tc.nodeIP, got, tc.want)
+		}
+	}
+}

@@ -253,7 +253,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	}
 	if a.redis != nil {
 		a.registry, err = a.redis.StartRegistry(redisstore.Instance{
-			ProxyID: a.instance, AdminURL: "http://" + a.adminLn.Addr().String(),
+			ProxyID: a.instance, AdminURL: adminURL(a.adminLn.Addr(), cfg.NodeIP),
 			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: version,
 		}, log)
 		if err != nil {
@@ -322,6 +322,21 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 		return fmt.Errorf("port %d not exposed", t.Port)
 	}
 	return nil
+}
+
+// adminURL is where other hosts reach the admin API: a wildcard listen
+// address ("[::]:8082" for admin_addr ":8082") names no host, so the
+// node's IP stands in for it (or the hostname when node_ip is unset).
+func adminURL(addr net.Addr, nodeIP string) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !tcp.IP.IsUnspecified() {
+		return "http://" + addr.String()
+	}
+	host := nodeIP
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port))
 }
 
 // certDomains lists the domains on-demand certificates may be issued

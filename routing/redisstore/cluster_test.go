@@ -21,7 +21,7 @@ func TestCluster(t *testing.T) {
 	if err := r.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
 		t.Fatalf("cluster addslotsrange: %v", err)
 	}
-	testenv.WaitFor(t, 10*time.Second, "cluster_state:ok", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
 		info, err := r.Client().ClusterInfo(ctx).Result()
 		return err == nil && strings.Contains(info, "cluster_state:ok")
 	})

@@ -184,7 +184,8 @@ func TestLookupRecoversAfterOutage(t *testing.T) {
 	r.Restart()
 	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
 	start := time.Now()
-	testenv.WaitFor(t, 3*time.Second, "lookup after restart", func() bool {
+	// Typically 150-300 ms; the bound is loose for a loaded CI machine.
+	testenv.WaitFor(t, 10*time.Second, "lookup after restart", func() bool {
 		_, err := s.Lookup(context.Background(), "x")
 		return err == nil
 	})

@@ -238,13 +238,10 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 // forward sends the request to addr and streams the response back.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	req := &ctx.Request
-	// The client's body stream, kept for lingerBody: once the upstream
-	// write fails, fasthttp drops the request's reference to it.
-	rawBody := ctx.RequestBodyStream()
 	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
 		sb.active.Add(-1)
 		if perr.status == 413 {
-			lingerBody(ctx, rawBody)
+			p.lingerBody(ctx)
 		}
 		x.fail(ctx, *perr, t.ID())
 		return
@@ -283,7 +280,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if err != nil {
 		sb.active.Add(-1)
 		if errors.Is(err, errBodyTooLarge) {
-			lingerBody(ctx, rawBody)
+			p.lingerBody(ctx)
 		}
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
@@ -531,18 +528,66 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	}
 }
 
-// lingerLimit is how much of a refused body the proxy reads and discards
-// before answering 413, like nginx's lingering close: a client still
+// A refused body is discarded after the answer, as nginx's lingering close
+// does (lingering_time 30s, lingering_timeout 5s): up to lingerLimit bytes,
+// each read within lingerTimeout, all within lingerTime. A client still
 // sending would otherwise get a connection reset instead of the answer.
-const lingerLimit = 16 << 20
+const (
+	lingerLimit   = 16 << 20
+	lingerTime    = 30 * time.Second
+	lingerTimeout = 5 * time.Second
+)
 
-// lingerBody discards up to lingerLimit of the unread request body r and
-// marks the connection for closing.
-func lingerBody(ctx *fasthttp.RequestCtx, r io.Reader) {
-	if r != nil {
-		_, _ = io.CopyN(io.Discard, r, lingerLimit)
-	}
-	ctx.SetConnectionClose()
+// lingerBody answers at once and then closes the connection after a
+// lingering close. fasthttp would answer only after the handler returned,
+// so discarding the body in the handler kept a slow uploader waiting for
+// its 413 until it had sent 16 MiB or timed out; and fasthttp skips a
+// hijack handler on a connection marked for closing, so the answer is
+// written here.
+func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
+	raw := ctx.Conn()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		defer func() {
+			_ = raw.Close()
+			p.metrics.ConnClosed()
+		}()
+		// The request is recycled only after this returns: its response
+		// (with every header the handler set) is still here.
+		ctx.Response.Header.SetConnectionClose()
+		if p.clientWriteTimeout > 0 {
+			_ = raw.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+		}
+		bw := writerPool.Get().(*bufio.Writer)
+		bw.Reset(raw)
+		err := ctx.Response.Write(bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		bw.Reset(nil)
+		writerPool.Put(bw)
+		if err != nil {
+			return
+		}
+		if cw, ok := raw.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite() // the client sees the answer end
+		}
+		bp := copyBufPool.Get().(*[]byte)
+		defer copyBufPool.Put(bp)
+		end := time.Now().Add(lingerTime)
+		for read := 0; read < lingerLimit; {
+			d := time.Now().Add(lingerTimeout)
+			if d.After(end) {
+				d = end
+			}
+			_ = c.SetReadDeadline(d)
+			n, err := c.Read(*bp)
+			read += n
+			if err != nil {
+				return
+			}
+		}
+	})
 }
 
 func isSmallBuffer(err error) bool {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
@@ -388,6 +389,45 @@ func TestRequestBodyCap(t *testing.T) {
 				t.Fatalf("body %s", b)
 			}
 		})
+	}
+}
+
+// A body over the cap is refused at once, before the client has sent it,
+// and the connection closes after a lingering close that reads what the
+// client still sends (so it gets the answer, not a reset).
+func TestRequestBodyCapAnswersBeforeTheBody(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 1 << 20 })
+	host := h.route("capslow", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, 10<<20)
+	chunk := make([]byte, 64<<10)
+	if _, err := c.Write(chunk); err != nil {
+		t.Fatal(err)
+	}
+	// The uploader pauses: the answer must not wait for the rest.
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer while the client paused its upload: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || !resp.Close || !strings.Contains(string(b), `"code":"request_body_too_large"`) {
+		t.Fatalf("got %d close=%v %s, want 413 with Connection: close", resp.StatusCode, resp.Close, b)
+	}
+	// The rest of the upload is read and discarded, then the proxy closes.
+	for range 4 {
+		if _, err := c.Write(chunk); err != nil {
+			t.Fatalf("the proxy stopped reading the rest of the body: %v", err)
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("after the lingering close: read %d, %v; want EOF", n, err)
 	}
 }
 

@@ -264,8 +264,7 @@ func (s *Server) janitor() {
 	// quarter of its idle timeout of it expiring: with one pool per
 	// sandbox, expired connections otherwise pile up as descriptors.
 	tick := min(30*time.Second, max(s.p.cfg.UpstreamIdleConnTimeout/4, 250*time.Millisecond))
-	// Expired connections are closed over half a tick, at most a second:
-	// until closed they still count against upstream.max_conns.
+	// Expired connections are closed over half a tick, at most a second.
 	spread := min(tick/2, time.Second)
 	t := time.NewTicker(tick)
 	defer t.Stop()

@@ -95,12 +95,16 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, 
 	ps.mu.RUnlock()
 	var stale []*upstreamConn
 	for _, u := range all {
+		n := len(stale)
 		stale = u.takeIdle(connCutoff, stale)
+		// Out of the pool now: until closed they must not hold slots of
+		// upstream.max_conns that requests would get 503 for.
+		u.conns.Add(-int32(len(stale) - n))
 	}
 	pace := newPacer(len(stale), spread, stop)
 	for i, c := range stale {
 		pace.wait(i)
-		c.pool.drop(c)
+		_ = c.Close()
 		stale[i] = nil
 	}
 	pace.stop()

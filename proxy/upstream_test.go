@@ -866,9 +866,21 @@ func TestUpstreamIdleSweep(t *testing.T) {
 	b.wantAccepted(t, 2, "")
 }
 
+// closeCounter counts the closes of the connections it wraps.
+type closeCounter struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c closeCounter) Close() error {
+	c.n.Add(1)
+	return c.Conn.Close()
+}
+
 // idleConns opens n loopback connections and returns a pool holding them
-// as idle connections that expired long ago, with their server ends.
-func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn) {
+// as idle connections that expired long ago, with the listener, its
+// accepted ends, and a count of the pool connections' closes.
+func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn, *atomic.Int64) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -885,19 +897,20 @@ func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn) {
 			accepted <- c
 		}
 	}()
+	closed := new(atomic.Int64)
 	u := &upstream{addr: ln.Addr().String()}
 	for range n {
 		c, err := net.Dial("tcp", u.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		u.idle = append(u.idle, &upstreamConn{Conn: c, pool: u}) // idleSince 0
+		u.idle = append(u.idle, &upstreamConn{Conn: closeCounter{c, closed}, pool: u}) // idleSince 0
 		u.conns.Add(1)
 	}
 	for range n {
 		<-accepted
 	}
-	return u, ln, accepted
+	return u, ln, accepted, closed
 }
 
 // A sweep that closes thousands of connections must not hold the only P
@@ -907,7 +920,7 @@ func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn) {
 func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	const n = 2000
-	u, ln, accepted := idleConns(t, n)
+	u, ln, accepted, closes := idleConns(t, n)
 	ps := &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
 
 	// An echo exchange over loopback, the stand-in for a request.
@@ -937,10 +950,10 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}
-	closed := n - int(u.conns.Load())
+	closed := int(closes.Load())
 	<-done
-	if left := u.conns.Load(); left != 0 {
-		t.Fatalf("the sweep left %d connections open", left)
+	if left := n - closes.Load(); left != 0 || u.conns.Load() != 0 {
+		t.Fatalf("the sweep left %d connections open, %d counted", left, u.conns.Load())
 	}
 	// The echo needs two network polls; each pause between closes is one.
 	if closed > 32 {
@@ -952,18 +965,18 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 // The closes are spread over the time given, and a stop (shutdown) closes
 // the rest at once.
 func TestUpstreamSweepSpreadAndStop(t *testing.T) {
-	u, _, _ := idleConns(t, 100)
+	u, _, _, closes := idleConns(t, 100)
 	ps := &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
 	start := time.Now()
 	ps.sweep(time.Now(), time.Minute, time.Hour, 200*time.Millisecond, nil)
 	if took := time.Since(start); took < 150*time.Millisecond {
 		t.Errorf("100 closes spread over 200ms took %v", took)
 	}
-	if left := u.conns.Load(); left != 0 {
-		t.Fatalf("the sweep left %d connections open", left)
+	if n := closes.Load(); n != 100 {
+		t.Fatalf("the sweep closed %d of 100 connections", n)
 	}
 
-	u, _, _ = idleConns(t, 100)
+	u, _, _, closes = idleConns(t, 100)
 	ps = &pools{m: map[poolKey]*upstream{{id: "s"}: u}}
 	stop := make(chan struct{})
 	time.AfterFunc(20*time.Millisecond, func() { close(stop) })
@@ -972,9 +985,45 @@ func TestUpstreamSweepSpreadAndStop(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("a stopped sweep took %v", took)
 	}
-	if left := u.conns.Load(); left != 0 {
-		t.Fatalf("the stopped sweep left %d connections open", left)
+	if n := closes.Load(); n != 100 {
+		t.Fatalf("the stopped sweep closed %d of 100 connections", n)
 	}
+}
+
+// Connections a sweep has taken out of their pools but not closed yet do
+// not hold upstream.max_conns: a request meanwhile opens a new one.
+func TestUpstreamSweepFreesSlotsAtOnce(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 })
+	b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+		return rawWrite(c, okResponse("ok"))
+	})
+	var hosts []string
+	for i := range 4 {
+		host := h.route("slot"+strconv.Itoa(i), b.port)
+		if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("warm-up: %d %q", resp.StatusCode, body)
+		}
+		hosts = append(hosts, host)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		// An hour later every connection has expired; the closes are
+		// spread over a minute, so all but the first are still pending.
+		h.proxy.pools.sweep(time.Now().Add(time.Hour), time.Minute, 2*time.Hour, time.Minute, stop)
+		close(done)
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the sweep to take the connections", func() bool {
+		_, conns, _ := h.proxy.pools.stats()
+		return conns == 0
+	})
+	for _, host := range hosts {
+		if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("%s during the sweep: %d %q", host, resp.StatusCode, body)
+		}
+	}
+	close(stop)
+	<-done
 }
 
 // Responses without a body (HEAD, 204, 304) keep their headers, carry no

@@ -828,6 +828,19 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	class4xx := map[string]string{"status_class": "4xx", "route_kind": "error"}
 	before, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
 
+	// A connection that resets before sending anything carries no request:
+	// fasthttp reports it as a malformed one, and it must not be logged.
+	probe, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.(*net.TCPConn).SetLinger(0)
+	probe.Close()
+	testenv.WaitFor(t, 5*time.Second, "the probe's connection to close", func() bool {
+		v, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_connections_open", nil)
+		return v == 0
+	})
+
 	for _, tc := range []struct {
 		req    string
 		status int
@@ -867,7 +880,13 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	}
 	after, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
 	if after-before != 2 {
-		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for two refused requests, want 2", after-before)
+		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for two refused requests and a probe, want 2", after-before)
+	}
+	buf.mu.Lock()
+	lines := strings.Count(buf.b.String(), "\n")
+	buf.mu.Unlock()
+	if lines != 2 {
+		t.Fatalf("%d access log lines for two refused requests and a probe, want 2:\n%s", lines, buf.b.String())
 	}
 }
 

@@ -2,13 +2,16 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -323,6 +326,12 @@ func refusedByParser(err error) proxyError {
 // with the request id every traffic answer carries, and counts and logs
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
+	if connectionError(err) {
+		// No request to count or log (fasthttp reports a first read
+		// that failed before any byte as a malformed request).
+		clientError(ctx, err)
+		return
+	}
 	var x exchange
 	p.begin(ctx, &x)
 	var buf [maxRequestIDLen]byte
@@ -332,6 +341,19 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+}
+
+// connectionError reports an error of the connection rather than of a
+// request: a probe that connected and reset, a TLS handshake the client
+// gave up on, a preconnected socket that timed out before sending. nginx
+// logs nothing for these, and neither does the proxy. A request that
+// stalled halfway through its headers is among the timeouts.
+func connectionError(err error) bool {
+	var op *net.OpError
+	var rh tls.RecordHeaderError
+	return isTimeout(err) || errors.As(err, &op) || errors.As(err, &rh) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.HasPrefix(err.Error(), "tls: ")
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

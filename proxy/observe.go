@@ -55,10 +55,19 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte
 	x.bytesOut = int64(len(ctx.Response.Body()))
 }
 
+// fasthttpPreRead is how much of a Content-Length body fasthttp reads
+// before calling the handler (with StreamRequestBody; readBodyWithStreaming).
+const fasthttpPreRead = 8 << 10
+
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
 	if p.tel != nil {
 		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header)
+	}
+	// What fasthttp read of the body before the handler ran; forward
+	// replaces it with the count of what it read and sent on.
+	if cl := ctx.Request.Header.ContentLength(); cl > 0 {
+		x.bytesIn = int64(min(cl, fasthttpPreRead))
 	}
 	if p.cfg.AccessLog != nil {
 		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)

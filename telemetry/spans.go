@@ -90,6 +90,8 @@ func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	// Every copy goes: a second traceparent from the client would reach
 	// the sandbox next to the proxy's, and a tracestate the span did not
 	// inherit (its traceparent was invalid) would describe another trace.
+	// Baggage is left alone: one OpenTelemetry cannot parse (too long, a
+	// bad member) still reaches the sandbox as sent.
 	for _, k := range t.fields {
 		upstream.Del(k)
 	}

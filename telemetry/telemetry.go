@@ -38,7 +38,7 @@ type Telemetry struct {
 	mp         *sdkmetric.MeterProvider
 	handler    http.Handler
 	propagator propagation.TextMapPropagator
-	fields     []string // the headers propagator writes
+	fields     []string // the trace-context headers the proxy owns
 }
 
 // New builds tracing (off unless configured, see Config) and metrics with a
@@ -51,7 +51,8 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	t := &Telemetry{
 		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 	}
-	t.fields = t.propagator.Fields()
+	// Baggage is the client's: it passes as sent unless re-injected.
+	t.fields = propagation.TraceContext{}.Fields()
 
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {

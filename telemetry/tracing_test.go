@@ -323,4 +323,18 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 			}
 		})
 	}
+	// The client's baggage is not the proxy's: one OpenTelemetry cannot
+	// carry passes as sent.
+	for _, bag := range []string{"not a member", "k=" + strings.Repeat("v", 9000)} {
+		h := &fasthttp.RequestHeader{}
+		h.SetMethod("GET")
+		h.Set("baggage", bag)
+		ctx, server := tel.StartServerSpan(h)
+		client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
+		EndClientSpan(client, 200, nil)
+		EndServerSpan(server, &SpanResult{Status: 200})
+		if got := string(h.Peek("baggage")); got != bag {
+			t.Errorf("baggage of %d bytes became %d bytes", len(bag), len(got))
+		}
+	}
 }

@@ -108,10 +108,11 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		opt, err = redis.ParseURL(cfg.URL)
 		if err != nil {
 			// A *url.Error quotes the whole URL, password included, and
+			// its reason may quote a piece of it ("invalid port ":Zm9v"");
 			// this error ends up in the process's log.
 			var ue *url.Error
 			if errors.As(err, &ue) {
-				err = ue.Err
+				err = errors.New("not a valid URL (check that the password is URL-encoded)")
 			}
 			return nil, fmt.Errorf("redis url %s: %w", redactUserinfo(cfg.URL), err)
 		}
@@ -168,17 +169,14 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 	return c, nil
 }
 
-// redactUserinfo masks the user:password@ part of a URL that may not parse.
+// redactUserinfo masks everything between the scheme and the last "@" of
+// a URL that may not parse: a password may itself hold "/", "?" or "#".
 func redactUserinfo(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return "(not a URL)"
 	}
-	authority := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority = rest[:i]
-	}
-	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
 		rest = "xxxxx" + rest[i:]
 	}
 	return scheme + "://" + rest

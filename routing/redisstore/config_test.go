@@ -125,12 +125,15 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		"redis://default:hunter2%zz@redis:6379/0", // a raw % in the password
 		"redis://default:hunter2@redis:6379/0%zz",
 		"redis://:hunter2@[::1:6379/0",
+		"redis://default:Zm9v/hunter2@redis.internal:6379/0", // base64 with a "/"
+		"redis://default:ab?cdhunter2@redis:6379/0",
+		"redis://default:pa#sshunter2@redis:6379/0",
 	} {
 		_, err := redisstore.NewClient(redisstore.Config{URL: raw})
 		if err == nil {
 			t.Fatalf("%s: no error", raw)
 		}
-		if msg := err.Error(); strings.Contains(msg, "hunter2") || !strings.Contains(msg, "redis url redis://xxxxx@") {
+		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "Zm9v") || strings.Contains(msg, "default") || !strings.Contains(msg, "redis url redis://xxxxx@") {
 			t.Errorf("error %q: want the URL with its userinfo masked", msg)
 		}
 	}

@@ -53,9 +53,14 @@ func main() {
 	if !ok {
 		usage()
 	}
-	o := &options{scenario: name}
+	o := &options{scenario: name, defLabel: name}
 	s, err := fn(o, args)
 	if err != nil {
+		if o.out != "" && !errors.Is(err, flag.ErrHelp) {
+			// A repetition that ended in an error is reported as a failed
+			// sample, not left out of the report.
+			_ = appendSample(o.out, o.failedSample(err))
+		}
 		exitOn(fmt.Errorf("%s: %w", name, err))
 	}
 	if err := appendSample(o.out, s); err != nil {
@@ -103,6 +108,7 @@ type options struct {
 	id       string
 	subject  string
 	label    string
+	defLabel string // the label the scenario's flags give (set once parsed)
 	rep      int
 	attempt  int
 	out      string
@@ -167,6 +173,19 @@ func (o *options) newSample(label, params string, m *meter) *Sample {
 		Time: time.Now().UTC(), WallSec: m.wall.Seconds(), Metrics: map[string]float64{},
 		OtherCPUPct: m.otherPct, StealPct: m.stealPct, BusyPct: m.busyPct,
 		SubjectCPU: m.subjectCPU.Seconds(), Params: params,
+	}
+}
+
+// failedSample records a repetition that ended in err before it had a
+// sample of its own.
+func (o *options) failedSample(err error) *Sample {
+	label := o.defLabel
+	if o.label != "" {
+		label = o.label
+	}
+	return &Sample{
+		Label: label, Scenario: o.scenario, Subject: o.subject, Rep: o.rep, Attempt: o.attempt,
+		Time: time.Now().UTC(), Metrics: map[string]float64{}, Failed: err.Error(),
 	}
 }
 

@@ -45,17 +45,22 @@ func (m *meter) stop() {
 	subj1 := treeTicks(m.subject)
 	m.subjectCPU = time.Duration(subj1-m.subj0) * time.Second / clkTck
 	total := cpu1.all() - m.cpu0.all()
-	if total == 0 {
+	if total == 0 || cpu1.ncpu == 0 {
 		return
 	}
 	m.windowTicks = total
-	busy := cpu1.busy() - m.cpu0.busy()
-	ownD := own1 - m.own0
-	var other uint64
-	if busy > ownD {
-		other = busy - ownD
-	}
-	m.otherPct = 100 * float64(other) / float64(total)
-	m.stealPct = 100 * float64(cpu1.steal-m.cpu0.steal) / float64(total)
-	m.busyPct = 100 * float64(busy) / float64(total)
+	// Busy time is capacity minus idle: a tickless kernel accounts idle
+	// time exactly, while user/system in /proc/stat are sampled at ticks
+	// and drift from the processes' exact utime+stime by several percent
+	// (more than the 5 % rerun threshold) in either direction.
+	capacity := m.wall.Seconds() * clkTck * float64(cpu1.ncpu)
+	idle := float64(cpu1.idle - m.cpu0.idle + cpu1.iowait - m.cpu0.iowait)
+	steal := float64(cpu1.steal - m.cpu0.steal)
+	busy := capacity - idle - steal
+	ownD := float64(own1 - m.own0)
+	// Signed: a small negative value is the accounting's own error, shown
+	// rather than hidden.
+	m.otherPct = 100 * (busy - ownD) / capacity
+	m.stealPct = 100 * steal / capacity
+	m.busyPct = 100 * busy / capacity
 }

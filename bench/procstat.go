@@ -12,18 +12,17 @@ import (
 // for every architecture the harness runs on.
 const clkTck = 100
 
-// cpuTotals are the aggregate "cpu" line of /proc/stat, in ticks.
+// cpuTotals are the aggregate "cpu" line of /proc/stat, in ticks, and the
+// number of CPUs ("cpuN" lines; not runtime.NumCPU, which counts only the
+// CPUs this process is pinned to).
 type cpuTotals struct {
 	user, nice, system, idle, iowait, irq, softirq, steal uint64
+	ncpu                                                  int
 }
 
 func (c cpuTotals) all() uint64 {
 	return c.user + c.nice + c.system + c.idle + c.iowait + c.irq + c.softirq + c.steal
 }
-
-// busy is CPU time spent running anything: processes, kernel and interrupt
-// work. Steal (time the hypervisor gave to other guests) is kept apart.
-func (c cpuTotals) busy() uint64 { return c.user + c.nice + c.system + c.irq + c.softirq }
 
 func readCPUTotals() (cpuTotals, error) {
 	b, err := os.ReadFile("/proc/stat")
@@ -41,7 +40,13 @@ func readCPUTotals() (cpuTotals, error) {
 			return cpuTotals{}, fmt.Errorf("parse /proc/stat field %d: %w", i+1, err)
 		}
 	}
-	return cpuTotals{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}, nil
+	ncpu := 0
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if len(l) > 3 && bytes.HasPrefix(l, []byte("cpu")) && l[3] >= '0' && l[3] <= '9' {
+			ncpu++
+		}
+	}
+	return cpuTotals{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], ncpu}, nil
 }
 
 // procTicks returns utime+stime of one process (all its threads), in ticks.

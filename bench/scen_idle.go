@@ -19,6 +19,7 @@ func runIdle(o *options, args []string) (*Sample, error) {
 	if err := o.parse(fs, args); err != nil {
 		return nil, err
 	}
+	o.defLabel = fmt.Sprintf("idle-%d", *n)
 	subj, _ := parsePIDs(o.pids)
 	if len(subj) == 0 && o.subject != "direct" {
 		return nil, errors.New("idle needs -pids of the subject (RSS is read from /proc/<pid>/status)")
@@ -62,7 +63,7 @@ func runIdle(o *options, args []string) (*Sample, error) {
 		return nil, fmt.Errorf("rss while streams are open: %w", err)
 	}
 
-	s := o.newSample(fmt.Sprintf("idle-%d", *n), fmt.Sprintf("n=%d hold=%s", *n, o.dur), m)
+	s := o.newSample(o.defLabel, fmt.Sprintf("n=%d hold=%s", *n, o.dur), m)
 	var firstErr error
 	for _, e := range errs {
 		if e != nil {

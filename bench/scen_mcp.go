@@ -86,7 +86,7 @@ func runMCP(o *options, args []string) (*Sample, error) {
 	defer cancel()
 
 	type worker struct{ tally }
-	var phase atomic.Int32
+	var phase, dead atomic.Int32
 	workers := make([]*worker, *sessions)
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -97,7 +97,9 @@ func runMCP(o *options, args []string) (*Sample, error) {
 			defer wg.Done()
 			cs, err := connectMCP(ctx, client, endpoint, hc, o.warm+5*time.Second)
 			if err != nil {
-				wk.errs++
+				// One dead session is a failed sample, however many calls
+				// the others complete (an error per call would drown it).
+				dead.Add(1)
 				wk.err = err
 				return
 			}
@@ -116,7 +118,9 @@ func runMCP(o *options, args []string) (*Sample, error) {
 					err = errors.New("tool returned an error result")
 				}
 				if err != nil {
-					wk.errs++
+					if ph == phaseMeasure {
+						wk.errs++ // calls are counted in the window only
+					}
 					wk.err = err
 					if ctx.Err() != nil {
 						return
@@ -148,5 +152,8 @@ func runMCP(o *options, args []string) (*Sample, error) {
 		s.Metrics["cpu_us_per_call"] = m.subjectCPU.Seconds() * 1e6 / float64(s.Ops)
 	}
 	o.checkErrors(s, firstErr)
+	if n := dead.Load(); n > 0 {
+		s.Failed = fmt.Sprintf("%d of %d sessions did not start: %v", n, *sessions, firstErr)
+	}
 	return s, nil
 }

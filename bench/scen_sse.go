@@ -195,6 +195,7 @@ func runSSE(o *options, args []string) (*Sample, error) {
 		path += fmt.Sprintf("&interval_ms=%d", interval.Milliseconds())
 		label = "sse-lat-" + sizeLabel(*size)
 	}
+	o.defLabel = label
 	req := buildRequest(path, o.host(o.id), *gz)
 	deadline := time.Now().Add(o.warm + o.dur + 25*time.Second)
 

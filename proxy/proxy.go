@@ -267,9 +267,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	}
 	if body != nil {
 		// What the client sent (a chunked body has no Content-Length to say).
+		// Without one there was no body: req.Body() would drain fasthttp's
+		// (empty) body stream on every GET just to say so.
 		x.bytesIn = body.bytesRead()
-	} else {
-		x.bytesIn = int64(len(req.Body())) // read whole by fasthttp
 	}
 	if err == nil && resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
 		// Nobody asked to switch (upgrades go through tunnel): the bytes

@@ -49,18 +49,24 @@ func (m *meter) stop() {
 		return
 	}
 	m.windowTicks = total
-	// Busy time is capacity minus idle: a tickless kernel accounts idle
-	// time exactly, while user/system in /proc/stat are sampled at ticks
-	// and drift from the processes' exact utime+stime by several percent
-	// (more than the 5 % rerun threshold) in either direction.
-	capacity := m.wall.Seconds() * clkTck * float64(cpu1.ncpu)
-	idle := float64(cpu1.idle - m.cpu0.idle + cpu1.iowait - m.cpu0.iowait)
-	steal := float64(cpu1.steal - m.cpu0.steal)
-	busy := capacity - idle - steal
-	ownD := float64(own1 - m.own0)
-	// Signed: a small negative value is the accounting's own error, shown
-	// rather than hidden.
-	m.otherPct = 100 * (busy - ownD) / capacity
-	m.stealPct = 100 * steal / capacity
-	m.busyPct = 100 * busy / capacity
+	m.otherPct, m.stealPct, m.busyPct = cpuShares(m.wall, m.cpu0, cpu1, own1-m.own0)
+}
+
+// cpuShares splits a window's CPU capacity (wall × CPUs): the busy share,
+// the share of it no harness process took (own is their utime+stime in
+// ticks), and steal, all in % of capacity. Busy time is capacity minus
+// idle: a tickless kernel accounts idle time exactly, while user/system
+// in /proc/stat are sampled at ticks and drift from the processes' exact
+// utime+stime by several percent (more than the 5 % rerun threshold) in
+// either direction. other is signed: a small negative value is the
+// accounting's own error, shown rather than hidden.
+func cpuShares(wall time.Duration, c0, c1 cpuTotals, own uint64) (other, steal, busy float64) {
+	capacity := wall.Seconds() * clkTck * float64(c1.ncpu)
+	if capacity <= 0 {
+		return 0, 0, 0
+	}
+	idle := float64(c1.idle - c0.idle + c1.iowait - c0.iowait)
+	st := float64(c1.steal - c0.steal)
+	b := capacity - idle - st
+	return 100 * (b - float64(own)) / capacity, 100 * st / capacity, 100 * b / capacity
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func sseEvents(stamps []int64, size int) []byte {
@@ -141,6 +142,32 @@ func TestWSFrameEncodesLengthAndMask(t *testing.T) {
 			if c^key[i%4] != byte('a'+i%26) {
 				t.Fatalf("size %d: byte %d unmasks to %q", size, i, c^key[i%4])
 			}
+		}
+	}
+}
+
+// Busy CPU is capacity minus idle, whatever the tick-sampled user/system
+// columns say: they drift from the processes' exact times by several
+// percent, which read as foreign load (or hid it).
+func TestCPUShares(t *testing.T) {
+	c0 := cpuTotals{user: 1000, system: 500, idle: 10000, ncpu: 2}
+	for _, tc := range []struct {
+		name              string
+		c1                cpuTotals
+		own               uint64
+		other, busy, stol float64
+	}{
+		// 1 s on 2 CPUs = 200 ticks; 100 idle, so 100 busy, 90 of it ours.
+		{"foreign load", cpuTotals{user: 1070, system: 530, idle: 10100, ncpu: 2}, 90, 5, 50, 0},
+		// The same window with user/system sampled 7 ticks high: no change.
+		{"tick-sampled columns ignored", cpuTotals{user: 1077, system: 530, idle: 10100, ncpu: 2}, 90, 5, 50, 0},
+		// Processes' exact time above busy: a small negative, shown.
+		{"accounting error shown", cpuTotals{user: 1070, system: 530, idle: 10100, ncpu: 2}, 102, -1, 50, 0},
+		{"steal kept apart", cpuTotals{user: 1070, system: 530, idle: 10100, steal: 20, ncpu: 2}, 80, 0, 40, 10},
+	} {
+		other, steal, busy := cpuShares(time.Second, c0, tc.c1, tc.own)
+		if other != tc.other || busy != tc.busy || steal != tc.stol {
+			t.Errorf("%s: other %v busy %v steal %v, want %v %v %v", tc.name, other, busy, steal, tc.other, tc.busy, tc.stol)
 		}
 	}
 }

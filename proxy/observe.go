@@ -52,7 +52,9 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte
 	x.errCode = e.code
 	x.kind = telemetry.RouteError
 	writeError(ctx, e, sandboxID)
-	x.bytesOut = int64(len(ctx.Response.Body()))
+	if !ctx.IsHead() { // fasthttp sends no body to a HEAD
+		x.bytesOut = int64(len(ctx.Response.Body()))
+	}
 }
 
 // fasthttpPreRead is how much of a Content-Length body fasthttp reads

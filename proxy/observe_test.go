@@ -941,3 +941,99 @@ func TestTracingFailedConnectClientSpan(t *testing.T) {
 		})
 	}
 }
+
+// A request whose head came whole but whose body's first bytes did not
+// (fasthttp reads them before the handler) is answered, counted and logged
+// as itself, with its request id: a client stalling or leaving under
+// 8 KiB of body must show like one stalling later.
+func TestStalledBodyBeforeHandlerLogged(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	buf := new(obsLogBuf)
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.AccessLog = al
+		o.srv.ClientBodyTimeout = 300 * time.Millisecond
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+	class4xx := map[string]string{"status_class": "4xx", "route_kind": "error"}
+	before, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
+	for _, tc := range []struct {
+		id        string
+		halfClose bool
+		status    int
+	}{
+		{"stall-1", false, 408}, // the body timeout passes
+		{"stall-2", true, 400},  // the client leaves mid-body
+	} {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: %s\r\nContent-Length: 100\r\n\r\n%s", tc.id, strings.Repeat("x", 50))
+		if tc.halfClose {
+			c.(*net.TCPConn).CloseWrite()
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get(HeaderRequestID) != tc.id {
+			t.Fatalf("%s: %d with request id %q, want %d and the client's id", tc.id, resp.StatusCode, resp.Header.Get(HeaderRequestID), tc.status)
+		}
+		testenv.WaitFor(t, 5*time.Second, "the log line of "+tc.id, func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				var e struct {
+					ID     string `json:"x_cube_request_id"`
+					Method string `json:"method"`
+					URI    string `json:"request_uri"`
+					Status int    `json:"status"`
+				}
+				if json.Unmarshal([]byte(ln), &e) == nil && e.ID == tc.id && e.Method == "POST" && e.URI == "/upload" && e.Status == tc.status {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	if after, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx); after-before != 2 {
+		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v, want 2", after-before)
+	}
+}
+
+// An error answer to HEAD carries no body, and the log says so.
+func TestAccessLogHeadErrorSendsNoBody(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	req := h.req("HEAD", "50005-nosuchbox.cube.test", "/", nil)
+	req.Header.Set("X-Cube-Request-Id", "head-404")
+	resp := h.do(req)
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Fatalf("got %d, want 404", resp.StatusCode)
+	}
+	var e struct {
+		ID   string `json:"x_cube_request_id"`
+		Sent int64  `json:"body_bytes_sent"`
+	}
+	testenv.WaitFor(t, 5*time.Second, "the log line", func() bool {
+		buf.mu.Lock()
+		defer buf.mu.Unlock()
+		for _, ln := range strings.Split(buf.b.String(), "\n") {
+			if json.Unmarshal([]byte(ln), &e) == nil && e.ID == "head-404" {
+				return true
+			}
+		}
+		return false
+	})
+	if e.Sent != 0 {
+		t.Fatalf("body_bytes_sent %d for a HEAD, want 0", e.Sent)
+	}
+}

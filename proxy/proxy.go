@@ -41,7 +41,6 @@ type Proxy struct {
 	readersOut atomic.Int64
 	streams    registry
 	sandboxes  sandboxes
-	heads      bodyHeads
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -88,9 +87,6 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 // Handler serves one sandbox request: parse target, resolve route, check
 // state, choose backend, forward. Every answer carries X-Cube-Request-Id.
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
-	if ctx.Request.Header.ContentLength() > 0 {
-		p.heads.drop(&ctx.Request.Header) // the body's first bytes came
-	}
 	var x exchange
 	p.begin(ctx, &x)
 	var idBuf [maxRequestIDLen]byte

@@ -138,51 +138,10 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 // headerReceived gives requests that carry a body the longer body timeout;
 // ReadTimeout alone would cut a large upload.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if cl := h.ContentLength(); cl > 0 {
-		s.p.heads.save(h)
-	} else if cl == 0 {
-		return fasthttp.RequestConfig{}
+	if h.ContentLength() != 0 {
+		return fasthttp.RequestConfig{ReadTimeout: s.cfg.ClientBodyTimeout}
 	}
-	return fasthttp.RequestConfig{ReadTimeout: s.cfg.ClientBodyTimeout}
-}
-
-// bodyHeads keeps a copy of the head of each request whose body's first
-// bytes (up to 8 KiB) fasthttp reads before calling the handler. When
-// that read fails (the client stalls or leaves), fasthttp resets the
-// request before its error handler runs; the copy lets the 408 or 400 be
-// logged and counted as the request it answers, with its request id.
-type bodyHeads struct {
-	mu sync.Mutex
-	m  map[*fasthttp.RequestHeader]*fasthttp.RequestHeader
-}
-
-var headPool = sync.Pool{New: func() any { return new(fasthttp.RequestHeader) }}
-
-func (b *bodyHeads) save(h *fasthttp.RequestHeader) {
-	c := headPool.Get().(*fasthttp.RequestHeader)
-	h.CopyTo(c)
-	b.mu.Lock()
-	if b.m == nil {
-		b.m = make(map[*fasthttp.RequestHeader]*fasthttp.RequestHeader)
-	}
-	b.m[h] = c // a copy left by a request fasthttp refused otherwise goes to the GC
-	b.mu.Unlock()
-}
-
-// take returns (and forgets) the copy saved for h, or nil.
-func (b *bodyHeads) take(h *fasthttp.RequestHeader) *fasthttp.RequestHeader {
-	b.mu.Lock()
-	c := b.m[h]
-	delete(b.m, h)
-	b.mu.Unlock()
-	return c
-}
-
-func (b *bodyHeads) drop(h *fasthttp.RequestHeader) {
-	if c := b.take(h); c != nil {
-		c.Reset()
-		headPool.Put(c)
-	}
+	return fasthttp.RequestConfig{}
 }
 
 // Serve serves sandbox traffic on ln (wrap ln with tls.NewListener for HTTPS).
@@ -367,12 +326,7 @@ func refusedByParser(err error) proxyError {
 // with the request id every traffic answer carries, and counts and logs
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
-	if saved := p.heads.take(&ctx.Request.Header); saved != nil {
-		// A whole head came, then the body's first bytes did not.
-		saved.CopyTo(&ctx.Request.Header)
-		saved.Reset()
-		headPool.Put(saved)
-	} else if connectionError(err) {
+	if connectionError(err) {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request).
 		clientError(ctx, err)

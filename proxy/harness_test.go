@@ -31,10 +31,10 @@ type harness struct {
 }
 
 type harnessOpts struct {
-	cfg    Config
-	srv    ServerConfig
-	cache  routing.CacheConfig
-	store  routing.Store // default: the memory store (counted)
+	cfg     Config
+	srv     ServerConfig
+	cache   routing.CacheConfig
+	store   routing.Store // default: the memory store (counted)
 	token   string
 	publish func(id string) error // the admin API's invalidation publisher
 	noServ  bool

@@ -142,16 +142,25 @@ func TestWebSocketClosePropagates(t *testing.T) {
 	})
 }
 
+// idleEchoTunnel opens a WebSocket to an echo backend through a proxy
+// whose idle timeout is idle. ended reports the backend side's end; ctx
+// bounds the test's reads and writes.
+func idleEchoTunnel(t *testing.T, idle time.Duration, id string) (c *websocket.Conn, ended chan error, ctx context.Context) {
+	t.Helper()
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	ended = make(chan error, 1)
+	c = dialWS(t, h, h.route(id, wsBackend(t, ended)))
+	t.Cleanup(func() { c.CloseNow() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c, ended, ctx
+}
+
 // The idle timeout closes a silent tunnel, never a busy one: the
 // deadlines armed for the upgrade exchange must not outlive it.
 func TestBusyTunnelOutlivesIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
-	ended := make(chan error, 1)
-	c := dialWS(t, h, h.route("wsbusy", wsBackend(t, ended)))
-	defer c.CloseNow()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	c, _, ctx := idleEchoTunnel(t, idle, "wsbusy")
 	start := time.Now()
 	for i := 0; time.Since(start) < 4*idle; i++ {
 		msg := fmt.Sprint("m", i)
@@ -228,12 +237,7 @@ func TestOneWayTunnelOutlivesIdleTimeout(t *testing.T) {
 // A tunnel silent both ways for the idle timeout is closed.
 func TestSilentTunnelClosesAfterIdleTimeout(t *testing.T) {
 	const idle = 200 * time.Millisecond
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
-	ended := make(chan error, 1)
-	c := dialWS(t, h, h.route("wssilent", wsBackend(t, ended)))
-	defer c.CloseNow()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	c, ended, ctx := idleEchoTunnel(t, idle, "wssilent")
 	start := time.Now()
 	if _, _, err := c.Read(ctx); err == nil {
 		t.Fatal("read a message from a silent tunnel")

@@ -326,15 +326,17 @@ func refusedByParser(err error) proxyError {
 // with the request id every traffic answer carries, and counts and logs
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
+	var buf [maxRequestIDLen]byte
 	if connectionError(err) {
 		// No request to count or log (fasthttp reports a first read
-		// that failed before any byte as a malformed request).
+		// that failed before any byte as a malformed request); the
+		// answer still carries an id, as every traffic answer does.
 		clientError(ctx, err)
+		ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
 		return
 	}
 	var x exchange
 	p.begin(ctx, &x)
-	var buf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.fail(ctx, refusedByParser(err), nil)
 	ctx.SetConnectionClose()

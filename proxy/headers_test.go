@@ -244,3 +244,41 @@ func TestRequestContentTypeUntouched(t *testing.T) {
 		}
 	}
 }
+
+// TestAbsoluteFormUserinfoAddsNoAuthorization: an absolute-form target
+// with userinfo ("GET http://user:pw@host/p") must not make the proxy
+// invent an Authorization header (fasthttp's Request.Write fills one in
+// from the parsed URI's userinfo). Authorization is the sandbox's business
+// and passes exactly as the client sent it, or not at all.
+func TestAbsoluteFormUserinfoAddsNoAuthorization(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("ui", port)
+	for _, tc := range []struct {
+		name, auth, want string
+	}{
+		{"no Authorization", "", ""},
+		{"client's own Authorization", "Bearer app-token", "Bearer app-token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET http://user:secret@" + host + "/p HTTP/1.1", "Host: " + host}
+			if tc.auth != "" {
+				lines = append(lines, "Authorization: "+tc.auth)
+			}
+			resp, body := authRawRequest(t, h.addr, lines...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			var e echoed
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatal(err)
+			}
+			if got := e.get("Authorization"); got != tc.want {
+				t.Errorf("Authorization reached the sandbox as %q, want %q", got, tc.want)
+			}
+			if e.URI != "/p" {
+				t.Errorf("request URI %q, want the path", e.URI)
+			}
+		})
+	}
+}

@@ -249,7 +249,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 
 	// The URI is sent as the client wrote it: no path normalisation, and
 	// the Host header (set above) rather than the parsed URI's host.
-	req.URI().DisablePathNormalizing = true
+	uri := req.URI()
+	uri.DisablePathNormalizing = true
+	// Request.Write turns an absolute-form target's userinfo
+	// ("GET http://user:pw@host/p") into an Authorization header; that
+	// header is the sandbox's business and must arrive as the client sent
+	// it, or not at all.
+	uri.SetUsernameBytes(nil)
+	uri.SetPasswordBytes(nil)
 	// The backend is spoken to in HTTP/1.1 whatever the client spoke (an
 	// HTTP/1.0 client's connection handling is the proxy's business); the
 	// client's version comes back before the response is framed for it.

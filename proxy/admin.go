@@ -235,14 +235,17 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		adminError(ctx, 400, err.Error())
 		return false
 	}
-	if err := a.cfg.Routes.Put(r); err != nil {
-		adminError(ctx, 500, err.Error())
-		return false
-	}
+	// A failed file write still leaves the new route live in memory, so
+	// the cached old one is dropped either way.
+	err = a.cfg.Routes.Put(r)
 	_, perr := a.invalidate(id)
 	// A re-created sandbox is no longer killed.
 	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
 		a.p.sandboxes.setState(id, stateRunning)
+	}
+	if err != nil {
+		adminError(ctx, 500, "route stored in memory, but "+err.Error())
+		return false
 	}
 	if perr != nil {
 		adminError(ctx, 503, perr.Error())

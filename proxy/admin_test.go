@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -209,6 +210,40 @@ func TestAdminInvalidationNotPublished(t *testing.T) {
 		fail.Store(false)
 		if st, _ := h.adminJSON("POST", path, `{"sandbox_id":"pub"}`); st != 200 || published.Load() == 0 {
 			t.Fatalf("%s with publishing up: %d, published %d", path, st, published.Load())
+		}
+	}
+}
+
+// A route change whose routes file cannot be written is answered 500, but
+// the change is live in memory (MemoryStore.Put keeps it): the cached copy
+// of the old route must go too, or the proxy serves a route that neither
+// the store nor the admin API shows any more, for up to the cache TTL.
+func TestAdminRouteChangeNotPersistedStillInvalidates(t *testing.T) {
+	h := newHarness(t)
+	ok := func(body string) uint16 {
+		return backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
+	}
+	oldPort, newPort, thirdPort := ok("old"), ok("new"), ok("third")
+	h.put("moved", map[string]string{"HostIP": "127.0.0.1", "80": itoa(oldPort)})
+	if code, body, _ := h.get("80-moved.cube.test", "/"); code != 200 || body != "old" {
+		t.Fatalf("before the change: %d %q", code, body)
+	}
+	// A routes file in a directory that does not exist: every write fails.
+	h.store.SetPersistPath(filepath.Join(t.TempDir(), "missing", "routes.yaml"))
+
+	for _, tc := range []struct{ name, method, path, body, want string }{
+		{"PUT", "PUT", "/admin/routes/moved", `{"HostIP":"127.0.0.1","80":"` + itoa(newPort) + `"}`, "new"},
+		{"upsert", "POST", "/admin/meta/upsert", `{"sandbox_id":"moved","HostIP":"127.0.0.1","80":"` + itoa(thirdPort) + `"}`, "third"},
+	} {
+		if code, body, _ := h.get("80-moved.cube.test", "/"); code != 200 {
+			t.Fatalf("%s: before: %d %q", tc.name, code, body) // cached now
+		}
+		st, out := h.adminJSON(tc.method, tc.path, tc.body)
+		if msg, _ := out["error"].(string); st != 500 || !strings.Contains(msg, "persist") {
+			t.Fatalf("%s: %d %v, want 500 naming the failed write", tc.name, st, out)
+		}
+		if code, body, _ := h.get("80-moved.cube.test", "/"); code != 200 || body != tc.want {
+			t.Errorf("%s: after the change the proxy answers %d %q, want %q (the stored route)", tc.name, code, body, tc.want)
 		}
 	}
 }

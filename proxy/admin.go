@@ -350,13 +350,19 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
+	var werr error
 	if a.cfg.Routes != nil {
-		a.cfg.Routes.Delete(b.SandboxID)
+		_, werr = a.cfg.Routes.Remove(b.SandboxID)
 	}
 	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,
 	// not a misleading 404.
 	a.p.sandboxes.setState(b.SandboxID, stateKilled)
+	if werr != nil {
+		// The route would come back at the next restart.
+		adminError(ctx, 500, "route deleted but routes file not written: "+werr.Error())
+		return
+	}
 	if err != nil {
 		adminError(ctx, 503, err.Error())
 		return

@@ -247,3 +247,20 @@ func TestAdminRouteChangeNotPersistedStillInvalidates(t *testing.T) {
 		}
 	}
 }
+
+// meta/delete on the memory store removes the route; when the routes file
+// cannot be written, the caller must hear so (as from DELETE
+// /admin/routes/<id>): the route would come back at the next restart.
+func TestAdminMetaDeleteNotPersisted(t *testing.T) {
+	h := newHarness(t)
+	host := h.route("gone", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	h.store.SetPersistPath(filepath.Join(t.TempDir(), "missing", "routes.yaml"))
+	st, out := h.adminJSON("POST", "/admin/meta/delete", `{"sandbox_id":"gone"}`)
+	if msg, _ := out["error"].(string); st != 500 || !strings.Contains(msg, "persist") {
+		t.Errorf("meta/delete with an unwritable routes file: %d %v, want 500 naming the failed write", st, out)
+	}
+	// The deletion and the kill stand on this instance.
+	if code, body, _ := h.get(host, "/"); code != 410 {
+		t.Errorf("after meta/delete: %d %s, want 410", code, body)
+	}
+}

@@ -109,6 +109,10 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	}
 	if !a.authorized(ctx) {
 		a.p.metrics.AuthRejected(telemetry.AuthAdmin)
+		if a.cfg.Token == "" {
+			adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
+			return
+		}
 		adminError(ctx, 403, "admin token missing or wrong")
 		return
 	}
@@ -139,9 +143,30 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
 	if a.cfg.Token == "" {
-		return remoteIP(ctx).IsLoopback()
+		// Being on this host is the credential, and a web page in a
+		// browser on this host is a loopback client too: it may POST here
+		// without a preflight (CSRF), or read answers through DNS
+		// rebinding. Browsers send Origin on such writes and the page's
+		// host name in Host; admin tools send no Origin and address a
+		// loopback listener by IP or localhost.
+		h := &ctx.Request.Header
+		return remoteIP(ctx).IsLoopback() && len(h.Peek("Origin")) == 0 && localHost(h.Host())
 	}
 	return auth.AdminAuthorized([]byte(a.cfg.Token), ctx.Request.Header.Peek(auth.HeaderAdminToken))
+}
+
+// localHost reports whether a Host header names this host in a way no DNS
+// answer can redirect: an IP literal, localhost or a *.localhost name.
+func localHost(host []byte) bool {
+	name := string(host)
+	if h, _, err := net.SplitHostPort(name); err == nil {
+		name = h
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"), "."))
+	if _, err := netip.ParseAddr(name); err == nil {
+		return true
+	}
+	return name == "localhost" || strings.HasSuffix(name, ".localhost")
 }
 
 func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {

@@ -264,3 +264,65 @@ func TestAdminMetaDeleteNotPersisted(t *testing.T) {
 		t.Errorf("after meta/delete: %d %s, want 410", code, body)
 	}
 }
+
+// Without an admin token, being a loopback client is the credential. A web
+// page in a browser on the same host is a loopback client too: it can POST
+// to the admin API without a preflight (CSRF, "Content-Type: text/plain")
+// and, through DNS rebinding, read its answers. Browsers name such a page
+// in Origin and its host name in Host; admin tools send no Origin and
+// address the listener by IP or localhost.
+func TestAdminWithoutTokenRefusesBrowserPages(t *testing.T) {
+	h := newHarness(t)
+	_, port, _ := net.SplitHostPort(h.admin)
+	upsert := `{"sandbox_id":"csrf","HostIP":"203.0.113.9","80":"80"}`
+	for _, tc := range []struct {
+		name, method, path, body, host, origin string
+		status                                 int
+	}{
+		{"by IP", "GET", "/admin/routes", "", "127.0.0.1:" + port, "", 200},
+		{"by localhost", "GET", "/admin/routes", "", "LocalHost.:" + port, "", 200},
+		{"by IPv6 literal", "GET", "/admin/routes", "", "[::1]:" + port, "", 200},
+		{"cross-site POST", "POST", "/admin/meta/upsert", upsert, "127.0.0.1:" + port, "http://evil.example", 403},
+		{"opaque-origin POST", "POST", "/admin/meta/upsert", upsert, "127.0.0.1:" + port, "null", 403},
+		{"DNS rebinding read", "GET", "/admin/routes", "", "rebind.evil.example:" + port, "", 403},
+		{"DNS rebinding write", "POST", "/admin/meta/upsert", upsert, "rebind.evil.example:" + port, "", 403},
+	} {
+		r, _ := http.NewRequest(tc.method, "http://"+h.admin+tc.path, strings.NewReader(tc.body))
+		r.Host = tc.host
+		if tc.origin != "" {
+			r.Header.Set("Origin", tc.origin)
+		}
+		r.Header.Set("Content-Type", "text/plain")
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || (tc.status == 403 && !strings.Contains(string(b), `"error"`)) {
+			t.Errorf("%s: %d %s, want %d", tc.name, resp.StatusCode, b, tc.status)
+		}
+	}
+	if _, ok := h.store.Get("csrf"); ok {
+		t.Error("a browser page re-routed a sandbox through the admin API")
+	}
+	if st, _ := h.adminDo("GET", "/admin/healthz", "", ""); st != 200 {
+		t.Errorf("healthz: %d", st)
+	}
+
+	// With a token configured, the token is the credential, wherever the
+	// request comes from (a page cannot send the header cross-origin).
+	tok := newHarness(t, func(o *harnessOpts) { o.token = "admin-secret" })
+	r, _ := http.NewRequest("GET", "http://"+tok.admin+"/admin/routes", nil)
+	r.Host = "admin.internal.example"
+	r.Header.Set("Origin", "https://console.internal.example")
+	r.Header.Set("X-Cube-Admin-Token", "admin-secret")
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("token, any Host and Origin: %d, want 200", resp.StatusCode)
+	}
+}

@@ -250,18 +250,27 @@ func TestRequestContentTypeUntouched(t *testing.T) {
 // invent an Authorization header (fasthttp's Request.Write fills one in
 // from the parsed URI's userinfo). Authorization is the sandbox's business
 // and passes exactly as the client sent it, or not at all.
-func TestAbsoluteFormUserinfoAddsNoAuthorization(t *testing.T) {
+// An absolute-form target reaches the sandbox in origin form, without the
+// userinfo fasthttp would turn into an Authorization header, whether the
+// request is forwarded or opens a tunnel (an upgrade the backend declines
+// is relayed like any answer, so the echo shows what the tunnel sent).
+func TestAbsoluteFormTarget(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
 	host := h.route("ui", port)
+	upgrade := []string{"Connection: Upgrade", "Upgrade: websocket"}
 	for _, tc := range []struct {
 		name, auth, want string
+		extra            []string
 	}{
-		{"no Authorization", "", ""},
-		{"client's own Authorization", "Bearer app-token", "Bearer app-token"},
+		{"no Authorization", "", "", nil},
+		{"client's own Authorization", "Bearer app-token", "Bearer app-token", nil},
+		{"upgrade", "", "", upgrade},
+		{"upgrade with Authorization", "Bearer app-token", "Bearer app-token", upgrade},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lines := []string{"GET http://user:secret@" + host + "/p HTTP/1.1", "Host: " + host}
+			lines := []string{"GET http://user:secret@" + host + "/p%2Fq?a=1 HTTP/1.1", "Host: " + host}
+			lines = append(lines, tc.extra...)
 			if tc.auth != "" {
 				lines = append(lines, "Authorization: "+tc.auth)
 			}
@@ -276,8 +285,8 @@ func TestAbsoluteFormUserinfoAddsNoAuthorization(t *testing.T) {
 			if got := e.get("Authorization"); got != tc.want {
 				t.Errorf("Authorization reached the sandbox as %q, want %q", got, tc.want)
 			}
-			if e.URI != "/p" {
-				t.Errorf("request URI %q, want the path", e.URI)
+			if e.URI != "/p%2Fq?a=1" {
+				t.Errorf("request URI %q, want the path and query as sent", e.URI)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 const (
 	CodeBadRequest        = "bad_request"
 	CodeBadVersion        = "http_version_not_supported"
+	CodeBadMethod         = "method_not_allowed"
 	CodeNotFound          = "sandbox_not_found"
 	CodePortNotMapped     = "port_not_mapped"
 	CodeRouteInvalid      = "route_invalid"

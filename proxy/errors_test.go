@@ -266,6 +266,53 @@ func TestUnsupportedHTTPVersion(t *testing.T) {
 	}
 }
 
+// CONNECT is refused before routing: the sandbox never sees it, whatever
+// target it names, and other methods still pass.
+func TestConnectRefused(t *testing.T) {
+	h := newHarness(t)
+	seen := make(chan string, 8)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Method
+		io.WriteString(w, "ok")
+	}))
+	host := h.route("connect", port)
+	for _, tc := range []struct {
+		line   string
+		status int
+	}{
+		{"CONNECT example.com:443 HTTP/1.1", 405},
+		{"CONNECT " + host + " HTTP/1.1", 405},
+		{"OPTIONS * HTTP/1.1", 200},
+		{"GET / HTTP/1.1", 200},
+	} {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "%s\r\nHost: %s\r\n\r\n", tc.line, host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.line, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.line, resp.StatusCode, body, tc.status)
+		}
+		if tc.status == 405 && !strings.Contains(string(body), `"code":"method_not_allowed"`) {
+			t.Errorf("%s: body %s", tc.line, body)
+		}
+	}
+	close(seen)
+	for m := range seen {
+		if m == "CONNECT" {
+			t.Error("a CONNECT reached the sandbox")
+		}
+	}
+}
+
 // How a failed exchange is told to the client: the sandbox's fault
 // (closed, reset, gone silent, unparsable) or a timeout of the proxy's.
 func TestUpstreamErrorClassification(t *testing.T) {

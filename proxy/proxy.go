@@ -113,6 +113,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
 		return
 	}
+	if h.IsConnect() {
+		// A forward proxy's method: relayed, the sandbox's server would get
+		// an authority-form target it never serves, and a 200 from it would
+		// read as a tunnel that never opens. nginx answers 405 too.
+		x.fail(ctx, proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}, nil)
+		return
+	}
 	var t routing.Target
 	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
 		var te *routing.TargetError

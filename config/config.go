@@ -266,7 +266,48 @@ func (c *Config) Validate() error {
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}
+	for _, names := range []struct {
+		key      string
+		list     []string
+		wildcard bool
+	}{
+		{"domains", c.Domains, true},
+		{"shared_hosts", c.SharedHosts, false},
+		{"tls.domain", []string{c.TLS.Domain}, false},
+	} {
+		for _, n := range names.list {
+			if !isHostName(n, names.wildcard) {
+				return fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
+			}
+		}
+	}
 	return nil
+}
+
+// isHostName reports whether s is empty or a DNS name, optionally behind
+// "*." or ".". Entries are compared with the Host header's name, its port
+// stripped, so "gw.example.com:8081" or "https://gw.example.com" would
+// silently never match. IP literals are always shared hosts and need no
+// entry; IPv4 ones pass (they are names by this syntax), IPv6 ones do not.
+func isHostName(s string, wildcard bool) bool {
+	s = strings.TrimSuffix(strings.TrimSpace(s), ".")
+	if wildcard {
+		s = strings.TrimPrefix(strings.TrimPrefix(s, "*."), ".")
+	}
+	if s == "" {
+		return true
+	}
+	for label := range strings.SplitSeq(s, ".") {
+		if label == "" {
+			return false
+		}
+		for _, c := range []byte(label) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // setting is one leaf of Config reachable by path.

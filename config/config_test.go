@@ -81,6 +81,11 @@ func TestLoadErrors(t *testing.T) {
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
+		// Names that would match no Host header.
+		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
+		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},
+		{"domain with empty label", []string{"--domains=sb..example.com"}, nil, `domains: "sb..example.com"`},
+		{"tls domain with path", nil, map[string]string{"CUBEPROXY_TLS_DOMAIN": "sb.example.com/x"}, `tls.domain: "sb.example.com/x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.args, env(tc.env), io.Discard)
@@ -91,6 +96,17 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load([]string{"-h"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
+	}
+}
+
+// Every spelling the parser accepts for a name still loads.
+func TestLoadHostNames(t *testing.T) {
+	c, err := Load([]string{"--domains=*.sb.example.com,.b.test,c.test.,x_y.test", "--shared-hosts=GW.example.com,10.0.0.5,"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Domains) != 4 || len(c.SharedHosts) < 2 {
+		t.Fatalf("domains %q, shared_hosts %q", c.Domains, c.SharedHosts)
 	}
 }
 

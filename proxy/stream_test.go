@@ -619,3 +619,52 @@ func TestHeartbeatUnderOneSecond(t *testing.T) {
 		})
 	}
 }
+
+// Heartbeats are the proxy's own bytes, not the sandbox's: a stream whose
+// sandbox says nothing for the idle timeout is closed even though the
+// client kept getting heartbeats (a hung or paused sandbox must not hold
+// the stream, and the client's reconnect, for ever).
+func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cfg.HeartbeatInterval = 100 * time.Millisecond
+				o.cfg.IdleStreamTimeout = time.Second
+			})
+			ended := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(ended)
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: a\n\n")
+				f.Flush()
+				<-r.Context().Done() // silent until the proxy closes the stream
+			}))
+			host := h.route("hbidle", port)
+			resp := h.do(h.req(method, host, "/", strings.NewReader("")))
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); err != nil || ev != "data: a\n" {
+				t.Fatalf("first event %q: %v", ev, err)
+			}
+			heartbeats := 0
+			for {
+				ev, err := readEvent(br)
+				if err != nil {
+					break // the stream ended
+				}
+				if ev != ": keep-alive\n" {
+					t.Fatalf("unexpected event %q", ev)
+				}
+				// 10 s of heartbeats is ten idle timeouts.
+				if heartbeats++; heartbeats == 100 {
+					t.Fatal("a stream silent for ten idle timeouts is still open: heartbeats renew the idle timeout")
+				}
+			}
+			select {
+			case <-ended:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the sandbox's connection is still open")
+			}
+		})
+	}
+}

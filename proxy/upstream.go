@@ -520,6 +520,7 @@ type upstreamConn struct {
 	inBody         bool
 	headerDeadline time.Time
 	heartbeat      time.Time // zero = no heartbeat pending
+	idleDeadline   time.Time // body wait's idle deadline; zero = none since the backend last sent a byte
 	readDeadline   time.Time // last deadline set on the socket
 	writeDeadline  time.Time
 }
@@ -530,6 +531,7 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 	now := time.Now()
 	c.inBody = false
 	c.heartbeat = time.Time{}
+	c.idleDeadline = time.Time{}
 	c.headerDeadline = time.Time{}
 	if c.headerTimeout > 0 {
 		c.headerDeadline = now.Add(c.headerTimeout)
@@ -544,6 +546,9 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 	hb := c.armRead()
 	n, err := c.Conn.Read(b)
 	c.nread += int64(n)
+	if n > 0 {
+		c.idleDeadline = time.Time{} // the backend spoke: the next wait counts afresh
+	}
 	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.heartbeatFired()
 		return 0, errHeartbeatDue
@@ -561,7 +566,14 @@ func (c *upstreamConn) armRead() (heartbeat bool) {
 		deadline, sl = c.headerDeadline, slack(c.headerTimeout)
 	} else {
 		if c.idleTimeout > 0 {
-			deadline, sl = time.Now().Add(c.idleTimeout), slack(c.idleTimeout)
+			// Counted from the first wait since the backend last sent a
+			// byte, not from this one: a heartbeat that woke the previous
+			// wait is the proxy's own write and must not make a silent
+			// stream look busy (it would never time out).
+			if c.idleDeadline.IsZero() {
+				c.idleDeadline = time.Now().Add(c.idleTimeout)
+			}
+			deadline, sl = c.idleDeadline, slack(c.idleTimeout)
 		}
 		if !c.heartbeat.IsZero() && (deadline.IsZero() || c.heartbeat.Before(deadline)) {
 			// A second early at most; heartbeatFired keeps an expired one

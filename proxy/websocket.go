@@ -25,6 +25,9 @@ type tunnel struct {
 	idle            time.Duration
 	lastRead        atomic.Int64 // unix nanos of the last byte read either way
 
+	writeTimeout  time.Duration // client.write_timeout, per write to the client
+	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -78,6 +81,30 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 		_ = c.SetReadDeadline(time.Unix(0, last).Add(t.idle))
 		t.mu.Unlock()
 	}
+}
+
+// writeClient writes to the client within client.write_timeout, as every
+// other response piece is: a client that stops reading would otherwise
+// hold the tunnel and its sandbox connection until the idle timeout, since
+// the backend side stalls too once this write blocks. The deadline moves
+// at most once per slack (a runtime timer change per frame would cost as
+// much as the read deadlines did), and under the lock so that it cannot
+// undo close's past deadline.
+func (t *tunnel) writeClient(b []byte) (int, error) {
+	if t.writeTimeout > 0 {
+		want := time.Now().Add(t.writeTimeout)
+		if t.writeDeadline.IsZero() || want.Sub(t.writeDeadline) >= slack(t.writeTimeout) {
+			t.mu.Lock()
+			if t.closed {
+				t.mu.Unlock()
+				return 0, net.ErrClosed
+			}
+			_ = t.client.SetWriteDeadline(want)
+			t.mu.Unlock()
+			t.writeDeadline = want
+		}
+	}
+	return t.client.Write(b)
 }
 
 // start arms both sides' read deadlines (read re-arms them).
@@ -186,7 +213,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(client net.Conn) {
 		var in, out countingReader
-		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout}
+		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout}
 		tn.start()
 		p.streams.addTunnel(tn)
 		defer func() {
@@ -218,7 +245,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			close(done)
 		}()
 		out.r = tunnelReader{tn, raw}
-		_, _ = io.Copy(client, &out)
+		_, _ = io.Copy(clientWriter{tn}, &out)
 		tn.close()
 		<-done
 	})
@@ -243,6 +270,11 @@ type tunnelReader struct {
 }
 
 func (r tunnelReader) Read(b []byte) (int, error) { return r.t.read(r.c, b) }
+
+// clientWriter writes a tunnel's backend-to-client direction.
+type clientWriter struct{ t *tunnel }
+
+func (w clientWriter) Write(b []byte) (int, error) { return w.t.writeClient(b) }
 
 var errTimeout = fasthttp.ErrTimeout
 

@@ -450,3 +450,66 @@ func TestTunnelToClientThatReadsNothingEnds(t *testing.T) {
 		t.Fatal("the tunnel to a client that reads nothing is still open after 10 timeouts")
 	}
 }
+
+// A client that stops reading an open tunnel is cut after the client write
+// timeout, not the idle timeout: the sandbox keeps sending, so the tunnel
+// is never idle, and its blocked write would hold it (and the sandbox
+// connection) for hours.
+func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = time.Hour
+		o.srv.ClientWriteTimeout = time.Second
+	})
+	ln := listen(t, "127.0.0.1:0")
+	closed := make(chan struct{}, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		// After the client's go-ahead, so this is tunnel traffic, not bytes
+		// that came with the 101.
+		if _, err := br.ReadByte(); err != nil {
+			return
+		}
+		go func() {
+			chunk := []byte(strings.Repeat("x", 64<<10))
+			for {
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+			}
+		}()
+		io.Copy(io.Discard, br) // until the proxy closes its side
+		closed <- struct{}{}
+	}()
+	host := h.route("wsslow", uint16(ln.Addr().(*net.TCPAddr).Port))
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
+		})
+	}}
+	c, err := d.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "g") // go ahead; from now on the client reads nothing
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a tunnel whose client stopped reading is still open after 10 write timeouts")
+	}
+}

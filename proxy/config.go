@@ -72,7 +72,8 @@ type Config struct {
 	// AccessLog receives one line per finished request; nil disables it.
 	AccessLog *accesslog.Logger
 
-	// InstanceID names this proxy instance in request ids and logs.
+	// InstanceID names this proxy instance (GET /admin/healthz); generated
+	// request ids use a random per-process prefix instead.
 	InstanceID string
 
 	// Logger receives operational logs (never token values). Default slog.Default().

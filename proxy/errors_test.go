@@ -75,6 +75,10 @@ func TestErrorStatuses(t *testing.T) {
 		{"invalid route data", func(o *harnessOpts) { o.store = badDataStore{} }, func(t *testing.T, h *harness) *http.Request {
 			return h.req("GET", "80-broken.cube.test", "/", nil)
 		}, want{404, CodeRouteInvalid, "", "broken"}},
+		{"route on this node without SandboxIP", func(o *harnessOpts) { o.cfg.NodeIP = netip.MustParseAddr("127.0.0.1") }, func(t *testing.T, h *harness) *http.Request {
+			h.put("nosip", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
+			return h.req("GET", "80-nosip.cube.test", "/", nil)
+		}, want{404, CodeRouteInvalid, "", "nosip"}},
 		{"sandbox killed", nil, func(t *testing.T, h *harness) *http.Request {
 			h.put("dead", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
 			if s, b := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"dead"}`, ""); s != 200 || !strings.Contains(b, `"backend_cache_deleted":`) {

@@ -235,7 +235,7 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 	}
 	if p.cfg.NodeIP.IsValid() && r.HostIP == p.cfg.NodeIP {
 		if !r.SandboxIP.IsValid() {
-			return netip.AddrPort{}, &proxyError{status: 502, code: CodeRouteInvalid, msg: "route has no SandboxIP for a sandbox on this node"}
+			return netip.AddrPort{}, &proxyError{status: 404, code: CodeRouteInvalid, msg: "route has no SandboxIP for a sandbox on this node"}
 		}
 		return netip.AddrPortFrom(r.SandboxIP, port), nil
 	}

@@ -245,7 +245,7 @@ func TestRedisControlPlaneRoutes(t *testing.T) {
 			{"key is not a hash", "bad-type", nil, redisContainerPort, 404, "route_invalid", ""},
 			{"port not exposed", "cp-new", nil, 8080, 404, "port_not_mapped", ""},
 			{"on this node without SandboxIP", "bad-local", []any{"HostIP", "127.0.0.9", "50005", "30001"},
-				redisContainerPort, 502, "route_invalid", "SandboxIP"},
+				redisContainerPort, 404, "route_invalid", "SandboxIP"},
 			{"no key at all", "nobody", nil, redisContainerPort, 404, "sandbox_not_found", ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

@@ -44,6 +44,8 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"--upstream-connect-timeout=-1s"}, "upstream.connect_timeout: -1s is negative"},
 		{[]string{"--admin-addr="}, "admin_addr is empty"},
 		{[]string{"--admin-addr=10.0.0.1", "--admin-token=s3cret"}, "missing port"},
+		// off is as valid as json and cube: the message must say so.
+		{[]string{"--access-log-format=csv"}, `access_log.format "csv": want json, cube or off`},
 		// On-demand issuance with no domain to hold names to.
 		{[]string{"--https-addr=127.0.0.1:0", "--tls-source=acme", "--tls-acme-skip-wildcard", "--tls-acme-on-demand",
 			"--tls-acme-email=ops@cube.test", "--tls-acme-storage-dir=" + t.TempDir()}, "acme.on_demand needs tls.domain or domains"},

@@ -131,6 +131,11 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	switch cfg.AccessLog.Format {
+	case "off", "", accesslog.FormatJSON, accesslog.FormatCube:
+	default:
+		return nil, fmt.Errorf("access_log.format %q: want json, cube or off", cfg.AccessLog.Format)
+	}
 	if cfg.AccessLog.Format != "off" {
 		a.access, err = accesslog.New(accesslog.Config{
 			Format: cfg.AccessLog.Format, Path: cfg.AccessLog.Path, BufferLines: cfg.AccessLog.BufferLines,

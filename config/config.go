@@ -263,6 +263,10 @@ func (c *Config) Validate() error {
 	if r := c.Telemetry.TraceSampleRatio; !(r >= 0 && r <= 1) {
 		return fmt.Errorf("telemetry.trace_sample_ratio: %v is not a fraction between 0 and 1", r)
 	}
+	if mn, mx := c.Cache.TTLMin, c.Cache.TTLMax; mn > 0 && mx > 0 && mn > mx {
+		// Either alone is fine (an unset ttl_max follows ttl_min up).
+		return fmt.Errorf("cache.ttl_min (%s) is above cache.ttl_max (%s)", mn, mx)
+	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}

@@ -86,6 +86,7 @@ func TestLoadErrors(t *testing.T) {
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},
 		{"domain with empty label", []string{"--domains=sb..example.com"}, nil, `domains: "sb..example.com"`},
 		{"tls domain with path", nil, map[string]string{"CUBEPROXY_TLS_DOMAIN": "sb.example.com/x"}, `tls.domain: "sb.example.com/x"`},
+		{"cache ttl range reversed", []string{"--cache-ttl-min=700s", "--cache-ttl-max=500s"}, nil, "cache.ttl_min (11m40s) is above cache.ttl_max (8m20s)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.args, env(tc.env), io.Discard)

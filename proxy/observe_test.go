@@ -970,3 +970,39 @@ func TestAccessLogHeadErrorSendsNoBody(t *testing.T) {
 		t.Fatalf("body_bytes_sent %d for a HEAD, want 0", e.Sent)
 	}
 }
+
+// A request for a sandbox the proxy cannot serve still names it in the
+// access log: "which sandbox was not found" is the operator's question.
+func TestAccessLogNamesUnservedSandbox(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	h.route("sbxdead", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	if s, b := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"sbxdead"}`, ""); s != 200 {
+		t.Fatalf("meta/delete: %d %s", s, b)
+	}
+	for _, tc := range []struct {
+		id     string
+		status int
+	}{{"sbxnothere", 404}, {"sbxdead", 410}} {
+		req := h.req("GET", "8080-"+tc.id+".cube.test", "/", nil)
+		req.Header.Set("X-Cube-Request-Id", "req-"+tc.id)
+		resp := h.do(req)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Fatalf("%s: status %d, want %d", tc.id, resp.StatusCode, tc.status)
+		}
+		var entry map[string]any
+		testenv.WaitFor(t, 5*time.Second, "access log line of "+tc.id, func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				if strings.Contains(ln, `"x_cube_request_id":"req-`+tc.id+`"`) {
+					return json.Unmarshal([]byte(ln), &entry) == nil
+				}
+			}
+			return false
+		})
+		if entry["sandbox_id"] != tc.id {
+			t.Errorf("%d for %s logged sandbox_id %v", tc.status, tc.id, entry["sandbox_id"])
+		}
+	}
+}

@@ -208,6 +208,9 @@ func (p *Proxy) logStale(id string) {
 
 // routeError answers a failed route lookup.
 func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte) {
+	// The id the client asked for, so that the access log says which
+	// sandbox was not found (the copy is on this error path only).
+	x.sandboxID = string(id)
 	var fe *routing.FieldError
 	switch {
 	case errors.Is(err, routing.ErrNotFound):

@@ -171,6 +171,8 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		httpsPort = ""
 	}
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
+		// Like every other answer, so a client's report can be matched.
+		ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
 		ctx.Redirect("https://"+httpsAuthority(string(ctx.Host()), httpsPort)+string(ctx.RequestURI()), fasthttp.StatusPermanentRedirect)
 	}
 	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {

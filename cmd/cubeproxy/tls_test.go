@@ -346,6 +346,7 @@ func TestTLSRedirectHTTP(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tt.method, "http://"+p.http+tt.uri, strings.NewReader(""))
 			req.Host = tt.host
+			req.Header.Set("X-Cube-Request-Id", "redir-"+tt.method)
 			resp, err := noFollow.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -354,6 +355,9 @@ func TestTLSRedirectHTTP(t *testing.T) {
 			want := "https://50005-abc.cube.test:" + p.httpsPort + tt.uri
 			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != want {
 				t.Fatalf("%d Location %q, want 308 %q", resp.StatusCode, resp.Header.Get("Location"), want)
+			}
+			if got := resp.Header.Get("X-Cube-Request-Id"); got != "redir-"+tt.method {
+				t.Errorf("redirect's X-Cube-Request-Id %q, want the client's", got)
 			}
 			// The redirect target is served by the HTTPS listener.
 			loc, _ := url.Parse(resp.Header.Get("Location"))

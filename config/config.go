@@ -270,6 +270,16 @@ func (c *Config) Validate() error {
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}
+	// A header limit this small would answer every request with 431 or
+	// every response with 502; 0 is the 16 KiB default.
+	for _, hs := range []struct {
+		key string
+		n   int
+	}{{"client.max_header_size", c.Client.MaxHeaderSize}, {"upstream.max_header_size", c.Upstream.MaxHeaderSize}} {
+		if hs.n > 0 && hs.n < minHeaderSize {
+			return fmt.Errorf("%s: %d is below %d bytes, too small for real headers (0 means the 16 KiB default)", hs.key, hs.n, minHeaderSize)
+		}
+	}
 	for _, names := range []struct {
 		key      string
 		list     []string
@@ -287,6 +297,10 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// minHeaderSize is the smallest header limit accepted: a browser's request
+// head alone is often larger.
+const minHeaderSize = 1024
 
 // isHostName reports whether s is empty or a DNS name, optionally behind
 // "*." or ".". Entries are compared with the Host header's name, its port

@@ -81,6 +81,8 @@ func TestLoadErrors(t *testing.T) {
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
+		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes"},
+		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},

@@ -45,15 +45,33 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 	// fasthttp clears the connection's deadlines before the hijack: the
 	// first write must arm one, not trust the deadline set for the head.
 	s.clientDeadline = time.Time{}
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(s.hijacked)
+	// The log entry is captured now, not in hijacked: an abandoned stream
+	// is logged too, and fasthttp recycles the request with the connection.
+	s.status = ctx.Response.StatusCode()
+	if p.cfg.AccessLog != nil {
+		ls := logScratchPool.Get().(*logScratch)
+		p.fillEntry(ctx, &s.x, s.status, 0, ls)
+		s.entry = cloneEntry(&ls.e)
+		ls.e = accesslog.Entry{}
+		logScratchPool.Put(ls)
+	}
+	p.hijack(ctx, s.hijacked, s.abandon)
 	p.streams.add(s)
+}
+
+// abandon ends a stream whose hijack handler fasthttp skipped, having
+// closed the client connection and recycled the request (see
+// Proxy.hijack).
+func (s *bodyStream) abandon() {
+	s.rc = nil
+	s.client = nil // closed, and counted closed, by fasthttp
+	s.end(errClientGone)
 }
 
 // hijacked runs on fasthttp's hijack goroutine after the handler returned
 // (so the response carries every header the handler set): it writes the
-// response head, captures the access log entry while the request is still
-// there, and starts the pump. fasthttp recycles the request once it returns.
+// response head and starts the pump. fasthttp recycles the request once it
+// returns.
 func (s *bodyStream) hijacked(net.Conn) {
 	rc := s.rc
 	s.rc = nil
@@ -68,14 +86,6 @@ func (s *bodyStream) hijacked(net.Conn) {
 		h.SetContentLength(-1) // chunked
 	}
 	h.SetConnectionClose() // the connection ends with the stream
-	s.status = h.StatusCode()
-	if s.p.cfg.AccessLog != nil {
-		ls := logScratchPool.Get().(*logScratch)
-		s.p.fillEntry(rc, &s.x, s.status, 0, ls)
-		s.entry = cloneEntry(&ls.e)
-		ls.e = accesslog.Entry{}
-		logScratchPool.Put(ls)
-	}
 	bp := copyBufPool.Get().(*[]byte)
 	out, rerr := s.firstWrite(*bp, h)
 	err := s.write(out)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -292,4 +293,78 @@ func TestHTTP10HeadWithoutTransferCoding(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(head), "HTTP/1.1 200 OK\r\n") || strings.Contains(strings.ToLower(string(head)), "transfer-encoding") {
 		t.Fatalf("HEAD over HTTP/1.0: %q, %v", head, err)
 	}
+}
+
+// A client that pipelines a request ahead of an SSE GET or a WebSocket
+// upgrade and resets the connection before the stream starts: fasthttp
+// then fails to flush the earlier response and closes the connection
+// without running the hijack handler. What that handler would have
+// released (the sandbox connection, the sandbox's request count, the
+// stream's registration) must be released all the same.
+func TestPipelinedStreamWhoseClientResetsIsReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name, head, extra string
+	}{
+		{"sse", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n", ""},
+		{"websocket", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+			"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			arrived := make(chan struct{})
+			goAhead := make(chan struct{})
+			backendClosed := make(chan struct{}, 1)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/small" {
+					return rawWrite(c, okResponse("small"))
+				}
+				close(arrived)
+				<-goAhead
+				rawWrite(c, tc.head)
+				io.Copy(io.Discard, c) // until the proxy closes its side
+				backendClosed <- struct{}{}
+				return false
+			})
+			id := "pipe" + tc.name
+			host := h.route(id, b.port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "GET /small HTTP/1.1\r\nHost: %s\r\n\r\nGET /stream HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, host, tc.extra)
+			<-arrived // the proxy holds /small's answer and waits for the stream's head
+			_ = c.(*net.TCPConn).SetLinger(0)
+			clientPort := c.LocalAddr().(*net.TCPAddr).Port
+			c.Close()
+			proxyPort := c.RemoteAddr().(*net.TCPAddr).Port
+			testenv.WaitFor(t, 5*time.Second, "the proxy's socket to take the reset", func() bool {
+				return !tcpSocketOpen(t, proxyPort, clientPort)
+			})
+			close(goAhead)
+			select {
+			case <-backendClosed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sandbox connection of a stream whose client reset before it started is still open")
+			}
+			testenv.WaitFor(t, 5*time.Second, "the sandbox's request count to drop", func() bool {
+				return h.proxy.sandboxes.peek(id).active.Load() == 0
+			})
+			if s, w := h.proxy.streams.open(); s != 0 || w != 0 {
+				t.Errorf("%d streams and %d tunnels still registered", s, w)
+			}
+		})
+	}
+}
+
+// tcpSocketOpen reports whether /proc/net/tcp lists a socket from local
+// port to remote port (on loopback, the proxy's side of a client's
+// connection until it processes the client's reset).
+func tcpSocketOpen(t *testing.T, local, remote int) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(":%04X %08X:%04X", local, 0x0100007f, remote) // 127.0.0.1, little-endian
+	return bytes.Contains(b, []byte(want))
 }

@@ -41,6 +41,9 @@ type Proxy struct {
 	readersOut atomic.Int64
 	streams    registry
 	sandboxes  sandboxes
+	// hijacks maps a client connection to the release of a hijack handler
+	// fasthttp has not run yet (see hijack).
+	hijacks sync.Map
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

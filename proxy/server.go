@@ -293,13 +293,34 @@ func (s *Server) janitor() {
 
 // connState counts open client connections. A hijacked (WebSocket)
 // connection stays open; its tunnel reports the close.
-func (p *Proxy) connState(_ net.Conn, st fasthttp.ConnState) {
+func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
 		p.metrics.ConnOpened()
 	case fasthttp.StateClosed:
 		p.metrics.ConnClosed()
+		if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
+			abandon.(func())()
+		}
 	}
+}
+
+// hijack hands the client connection to fn once the handler returns, and
+// makes sure abandon runs instead if fasthttp closes the connection
+// without calling fn. It does that when it cannot flush the answer to a
+// request the client pipelined ahead of this one (the client reset the
+// connection), and what fn would have released (the sandbox connection,
+// the sandbox's request count, the stream's registration) would be held
+// for ever. abandon must not count the client connection closed: fasthttp
+// reports that close through connState.
+func (p *Proxy) hijack(ctx *fasthttp.RequestCtx, fn fasthttp.HijackHandler, abandon func()) {
+	c := ctx.Conn()
+	p.hijacks.Store(c, abandon)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(hc net.Conn) {
+		p.hijacks.Delete(c)
+		fn(hc)
+	})
 }
 
 // clientError answers requests fasthttp could not parse, in the same JSON

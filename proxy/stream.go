@@ -20,6 +20,10 @@ var heartbeatLine = []byte(": keep-alive\n\n")
 // errDrain ends streams when the server shuts down.
 var errDrain = errors.New("proxy is shutting down")
 
+// errClientGone ends a stream whose client closed its connection before
+// the stream started (see Proxy.hijack).
+var errClientGone = errors.New("client connection closed before the stream started")
+
 // bodyStream hands an upstream response body to fasthttp's response writer.
 // fasthttp reads it and writes one chunk per Read, so every piece the
 // backend sends reaches the client at once. fasthttp closes it (with the
@@ -228,8 +232,10 @@ func (s *bodyStream) end(err error) {
 	s.sb.lastActive.Store(time.Now().UnixMilli())
 	if s.detached {
 		s.p.finish(nil, &s.x, s.status, err, s.entry)
-		_ = s.client.Close()
-		s.p.metrics.ConnClosed()
+		if s.client != nil {
+			_ = s.client.Close()
+			s.p.metrics.ConnClosed()
+		}
 	} else {
 		s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)
 	}

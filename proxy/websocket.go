@@ -206,12 +206,21 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		s.e = accesslog.Entry{}
 		logScratchPool.Put(s)
 	}
+	// release frees what the tunnel holds besides the client connection.
+	release := func(err error) {
+		u.conns.Add(-1)
+		sb.active.Add(-1)
+		sb.lastActive.Store(time.Now().UnixMilli())
+		p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, err, entry)
+	}
+	abandon := func() {
+		_ = raw.Close()
+		release(errClientGone)
+	}
 	// The 101 is written by the hijack handler, not by fasthttp: when the
-	// client is gone before it, fasthttp would skip the handler, and with
-	// it every release below (the connection slot, the request count, the
-	// backend socket).
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(client net.Conn) {
+	// client is gone before it, fasthttp would skip the handler (p.hijack
+	// then runs abandon).
+	p.hijack(ctx, func(client net.Conn) {
 		var in, out countingReader
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout}
 		tn.start()
@@ -219,11 +228,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		defer func() {
 			tn.close()
 			p.streams.removeTunnel(tn)
-			u.conns.Add(-1)
-			sb.active.Add(-1)
-			sb.lastActive.Store(time.Now().UnixMilli())
 			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
-			p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, nil, entry)
+			release(nil)
 			p.metrics.ConnClosed()
 		}()
 		// The request is recycled only after this function returns, so its
@@ -248,7 +254,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		_, _ = io.Copy(clientWriter{tn}, &out)
 		tn.close()
 		<-done
-	})
+	}, abandon)
 }
 
 // countingReader counts the bytes a tunnel direction carried.

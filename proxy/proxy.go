@@ -70,11 +70,12 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
 		p.metrics.SetPoolStats(func() (int64, int64) {
-			// A connection is busy while a request waits for headers on it
-			// or while its response body streams.
+			// A connection is busy while a request waits for headers on it,
+			// while its response body streams, or while a WebSocket tunnel
+			// holds it (counted in its pool until the tunnel ends).
 			pools, conns, pending := p.pools.stats()
-			streams, _ := p.streams.open()
-			return int64(pools), int64(max(conns-pending-streams, 0))
+			streams, tunnels := p.streams.open()
+			return int64(pools), int64(max(conns-pending-streams-tunnels, 0))
 		})
 	}
 	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}

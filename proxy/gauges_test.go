@@ -1,9 +1,19 @@
 package proxy
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // gaugeValue is one gauge of a scrape (summed over its labels).
@@ -53,5 +63,177 @@ func TestMetricsIdleConnsExcludeTunnels(t *testing.T) {
 	}
 	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); v != 0 {
 		t.Errorf("upstream_idle_connections = %v with only a WebSocket's connection open, want 0", v)
+	}
+}
+
+// Every gauge returns to zero once a mix of requests has ended, however it
+// ended: plain, HEAD, large downloads, chunked and SSE streams (detached
+// or not), WebSockets (closed cleanly, reset by the client, declined by
+// the sandbox), proxy errors, a refused body, a sandbox that resets, and
+// clients that reset mid-body, mid-stream and while waiting for headers.
+// So do the proxy's own counters behind them: requests in flight per
+// sandbox, upstream readers, open and pending upstream connections.
+func TestMetricsGaugesReturnToZero(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.MaxRequestBodySize = 1 << 10
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+
+	big := strings.Repeat("x", 3*wholeBody)
+	held := make(chan struct{}) // closed at the end: held answers go out
+	arrived := make(chan string, 8)
+	web := h.route("sbxgauges", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/small":
+			io.WriteString(w, "small")
+		case "/big":
+			io.WriteString(w, big)
+		case "/chunked":
+			f := w.(http.Flusher)
+			for i := range 3 {
+				fmt.Fprintf(w, "piece %d\n", i)
+				f.Flush()
+			}
+		case "/sse":
+			f := sseHeaders(w)
+			io.WriteString(w, "data: one\n\n")
+			f.Flush()
+			if r.URL.RawQuery == "hold" {
+				arrived <- r.URL.Path
+				select {
+				case <-held:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			io.WriteString(w, "data: two\n\n")
+		case "/hold":
+			arrived <- r.URL.Path
+			<-held
+			io.WriteString(w, "late")
+		case "/reset":
+			c, _, _ := w.(http.Hijacker).Hijack()
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		case "/ws":
+			w.WriteHeader(404) // declines the upgrade
+		}
+	})))
+	wsEnded := make(chan error, 4)
+	ws := h.route("sbxgaugesws", wsBackend(t, wsEnded))
+	dead := freePort(t)
+	h.put("sbxgaugesdead", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", itoa(dead): itoa(dead)})
+	deadHost := itoa(dead) + "-sbxgaugesdead.cube.test"
+
+	// Whole exchanges.
+	for _, c := range []struct {
+		method, host, path string
+		status             int
+	}{
+		{"GET", web, "/small", 200},
+		{"HEAD", web, "/small", 200},
+		{"GET", web, "/big", 200},
+		{"GET", web, "/chunked", 200},
+		{"GET", web, "/sse", 200},
+		{"POST", web, "/sse", 200},
+		{"GET", web, "/reset", 502},
+		{"GET", deadHost, "/", 502},
+		{"GET", "80-sbxgaugesmissing.cube.test", "/", 404},
+		{"POST", web, "/small", 413},
+	} {
+		var body io.Reader
+		if c.status == 413 {
+			body = strings.NewReader(strings.Repeat("b", 4<<10))
+		}
+		resp := h.do(h.req(c.method, c.host, c.path, body))
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Fatalf("%s %s%s: %d, want %d", c.method, c.host, c.path, resp.StatusCode, c.status)
+		}
+	}
+
+	// A WebSocket closed cleanly, one reset by its client, one declined.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c1 := dialWS(t, h, ws)
+	if err := c1.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c1.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c1.Close(websocket.StatusNormalClosure, "")
+	c2 := rawProxyConn(t, h, "GET /ws HTTP/1.1\r\nHost: "+ws+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: echo.v1\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c2), nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("raw upgrade: %v %v", resp, err)
+	}
+	reset(c2)
+	for range 2 {
+		select {
+		case <-wsEnded:
+		case <-ctx.Done():
+			t.Fatal("backend WebSocket did not end")
+		}
+	}
+	c3 := rawProxyConn(t, h, "GET /ws HTTP/1.1\r\nHost: "+web+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c3), nil); err != nil || resp.StatusCode != 404 {
+		t.Fatalf("declined upgrade: %v %v", resp, err)
+	}
+	c3.Close()
+
+	// Clients that reset: mid-download, mid-SSE (detached and not), and
+	// while their request waits for the sandbox's headers.
+	c4 := rawProxyConn(t, h, "GET /big HTTP/1.1\r\nHost: "+web+"\r\n\r\n")
+	if _, err := io.ReadFull(c4, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	reset(c4)
+	for _, method := range []string{"GET", "POST"} {
+		c := rawProxyConn(t, h, method+" /sse?hold HTTP/1.1\r\nHost: "+web+"\r\nContent-Length: 0\r\n\r\n")
+		br := bufio.NewReader(c)
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s sse: %v %v", method, resp, err)
+		}
+		<-arrived
+		reset(c)
+	}
+	c5 := rawProxyConn(t, h, "GET /hold HTTP/1.1\r\nHost: "+web+"\r\n\r\n")
+	<-arrived
+	reset(c5)
+	close(held)
+
+	h.client.CloseIdleConnections()
+	testenv.WaitFor(t, 10*time.Second, "every stream, tunnel and client connection to end", func() bool {
+		s := scrapeMetrics(t, admin)
+		for _, name := range []string{"cubeproxy_connections_open", "cubeproxy_streams_open", "cubeproxy_websockets_open"} {
+			if v, _ := metricValue(s, name, nil); v != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range []string{"sbxgauges", "sbxgaugesws", "sbxgaugesdead"} {
+		if sb := h.proxy.sandboxes.peek(id); sb == nil || sb.active.Load() != 0 {
+			t.Errorf("sandbox %s: state %+v, want an entry with no request in flight", id, sb)
+		}
+	}
+	if n := h.proxy.readersOut.Load(); n != 0 {
+		t.Errorf("%d upstream readers still out", n)
+	}
+	if _, _, pending := h.proxy.pools.stats(); pending != 0 {
+		t.Errorf("%d requests still waiting for headers", pending)
+	}
+	// What stays open is idle, and closing it leaves nothing.
+	_, conns, _ := h.proxy.pools.stats()
+	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); int(v) != conns {
+		t.Errorf("upstream_idle_connections = %v with %d open connections and nothing in flight", v, conns)
+	}
+	h.proxy.pools.closeIdle()
+	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); v != 0 || poolConns(h) != 0 {
+		t.Errorf("after closing idle connections: idle gauge %v, %d connections counted open; want 0, 0", v, poolConns(h))
 	}
 }

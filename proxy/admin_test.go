@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -324,5 +325,45 @@ func TestAdminWithoutTokenRefusesBrowserPages(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("token, any Host and Origin: %d, want 200", resp.StatusCode)
+	}
+}
+
+// A request that takes long to answer (a tool call, an upload) dates the
+// sandbox's activity by its end, as a stream does: an idle reaper polling
+// last_active just after it must not find the sandbox idle since the
+// request began, and pause it under the agent that just got its answer.
+func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
+	h := newHarness(t)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	host := h.route("slowcall", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		io.WriteString(w, `{"result":"done"}`)
+	})))
+	done := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("POST", host, "/mcp", strings.NewReader("{}")))
+		if err != nil {
+			done <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	<-arrived
+	// The request started at or before mark; it ends after it.
+	mark := time.Now().UnixMilli()
+	for time.Now().UnixMilli() <= mark {
+		runtime.Gosched()
+	}
+	close(release)
+	if st := <-done; st != 200 {
+		t.Fatalf("slow request: %d", st)
+	}
+	st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
+	entries, _ := out["entries"].(map[string]any)
+	if ts, ok := entries["slowcall"].(float64); st != 200 || !ok || int64(ts) <= mark {
+		t.Fatalf("last_active after a request that ended after %d: %d %v; want the sandbox dated by the request's end", mark, st, out)
 	}
 }

@@ -340,6 +340,11 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		resp.SkipBody = true
 		c.release(p, keepAlive)
 		sb.active.Add(-1)
+		// Activity is dated by the answer, as a stream's is by its end: a
+		// request the sandbox took minutes to answer (a tool call, an
+		// upload) was activity all along, and an idle reaper polling
+		// last_active must not find the sandbox idle since it began.
+		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
 		return
 	}
 	if size >= 0 && size <= wholeBody {
@@ -350,6 +355,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		x.bytesOut = size
 		c.release(p, err == nil && keepAlive)
 		sb.active.Add(-1)
+		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
 		if err != nil {
 			p.upstreamError(ctx, x, err, t.ID(), addr)
 		}

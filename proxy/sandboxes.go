@@ -63,8 +63,12 @@ func (s *sandboxes) peek(id string) *sandboxState {
 
 func (s *sandboxes) setState(id string, st uint32) {
 	e := s.get([]byte(id))
-	e.state.Store(st)
+	// The time first: a request that sees the new state must see its time
+	// too. serve un-kills a killed sandbox whose route is newer than
+	// changedAt, so a kill read with an older time (0 for a sandbox never
+	// changed before) would be undone by the killed sandbox's own traffic.
 	e.changedAt.Store(time.Now().UnixNano())
+	e.state.Store(st)
 }
 
 // lastActive returns sandbox ids active at or after since (unix millis).

@@ -352,3 +352,31 @@ func TestUpstreamErrorClassification(t *testing.T) {
 		}
 	}
 }
+
+// An outage of the route store is logged once a second, not once per
+// request: every request for an uncached sandbox fails while Redis is
+// down, and a line each would flood the log (the access log and the
+// store error metric count them all).
+func TestStoreOutageLogIsRateLimited(t *testing.T) {
+	logs := new(obsLogBuf)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = downStore{}
+		o.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	start := time.Now()
+	const n = 20
+	for i := range n {
+		if st, _, _ := h.get(fmt.Sprintf("8080-sbxoutage%d.cube.test", i), "/"); st != 503 {
+			t.Fatalf("request %d with the store down: %d, want 503", i, st)
+		}
+	}
+	if time.Since(start) >= time.Second {
+		t.Skip("requests took a second or more: the once-a-second limit cannot be told apart")
+	}
+	logs.mu.Lock()
+	lines := strings.Count(logs.b.String(), "route store unavailable")
+	logs.mu.Unlock()
+	if lines != 1 {
+		t.Errorf("%d requests during a store outage logged %d error lines, want 1", n, lines)
+	}
+}

@@ -51,7 +51,8 @@ type Proxy struct {
 	tel     *telemetry.Telemetry // nil: no tracing
 	metrics *telemetry.Metrics   // nil-safe
 
-	staleLogged atomic.Int64 // unix nanos of the last stale-route log line
+	staleLogged    atomic.Int64 // unix nanos of the last stale-route log line
+	storeErrLogged atomic.Int64 // unix nanos of the last store-unavailable log line
 
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
 	reqSeq   atomic.Uint64
@@ -202,12 +203,18 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 // logStale notes that a route was served past its TTL because the store
 // is failing; at most once a second, so an outage does not flood the log.
 func (p *Proxy) logStale(id string) {
-	now := time.Now().UnixNano()
-	last := p.staleLogged.Load()
-	if now-last < int64(time.Second) || !p.staleLogged.CompareAndSwap(last, now) {
+	if !everySecond(&p.staleLogged) {
 		return
 	}
 	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", "sandbox_id", id)
+}
+
+// everySecond reports whether a line last logged at *last (unix nanos) may
+// be logged again now, and if so records now.
+func everySecond(last *atomic.Int64) bool {
+	now := time.Now().UnixNano()
+	l := last.Load()
+	return now-l >= int64(time.Second) && last.CompareAndSwap(l, now)
 }
 
 // routeError answers a failed route lookup.
@@ -227,7 +234,12 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason)
 		x.fail(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)
 	default:
-		p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
+		// Once a second: while the store is down every request for an
+		// uncached sandbox fails, and the access log and the store error
+		// metric count them all.
+		if everySecond(&p.storeErrLogged) {
+			p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
+		}
 		x.fail(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
 	}
 }

@@ -160,6 +160,9 @@ func (s *bodyStream) copyEvents() error {
 			s.chunked.br = c.br
 			switch {
 			case errors.Is(err, errHeartbeatDue):
+				if clientClosed(s.client) {
+					return errClientLeft
+				}
 				if err := s.write(s.framed(heartbeatChunk, heartbeatLine)); err != nil {
 					return err
 				}

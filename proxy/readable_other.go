@@ -2,7 +2,10 @@
 
 package proxy
 
-import "errors"
+import (
+	"errors"
+	"net"
+)
 
 // canWaitReadable: without MSG_PEEK SSE streams stay on fasthttp's writer.
 const canWaitReadable = false
@@ -14,3 +17,7 @@ func (c *upstreamConn) waitReadable() error {
 // idleOK cannot look at the socket here; a close racing the request is
 // left to roundTrip's retry.
 func (c *upstreamConn) idleOK() bool { return true }
+
+// clientClosed cannot look at the socket here: a client that left is
+// noticed when a heartbeat write fails.
+func clientClosed(net.Conn) bool { return false }

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"errors"
+	"net"
 	"os"
 	"syscall"
 )
@@ -91,4 +92,36 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 			return err
 		}
 	}
+}
+
+// clientClosed reports whether the client has closed its end of c (a FIN
+// with nothing unread before it, or a reset): one non-blocking MSG_PEEK,
+// the check nginx makes on a proxied request's client. A stream about to
+// send a heartbeat asks first: writing into a half-closed connection
+// succeeds, so the heartbeat alone would not notice a client that left.
+// Bytes waiting (a pipelined request, a TLS close_notify) read as open.
+func clientClosed(c net.Conn) bool {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	err = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if err != syscall.EINTR {
+				closed = err == nil && n == 0 || err != nil && err != syscall.EAGAIN
+				return
+			}
+		}
+	})
+	return closed || err != nil
 }

@@ -24,6 +24,10 @@ var errDrain = errors.New("proxy is shutting down")
 // the stream started (see Proxy.hijack).
 var errClientGone = errors.New("client connection closed before the stream started")
 
+// errClientLeft ends a silent stream whose client closed its connection
+// (found when a heartbeat was due).
+var errClientLeft = errors.New("client closed the connection")
+
 // bodyStream hands an upstream response body to fasthttp's response writer.
 // fasthttp reads it and writes one chunk per Read, so every piece the
 // backend sends reaches the client at once. fasthttp closes it (with the
@@ -101,6 +105,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		}
 	}
 	if err != nil && n == 0 && errors.Is(err, errHeartbeatDue) {
+		if clientClosed(s.client) {
+			return 0, errClientLeft
+		}
 		return copy(b, heartbeatLine), nil
 	}
 	if err != nil && err != io.EOF && s.stopping.Load() {

@@ -234,6 +234,57 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 	}
 }
 
+// A client that half-closes its connection (FIN, as an HTTP client's
+// timeout or an agent shutting down its transport does) on a silent stream
+// has gone: nginx and net/http take a client FIN as the end of the request.
+// The heartbeat written into such a connection succeeds (the client may even
+// keep reading), so the proxy must look before it writes, or the sandbox's
+// handler (an MCP gateway's GET stream, which refuses a resumption while it
+// lives) stays open for ever, or until a second heartbeat fails.
+func TestSilentStreamEndsWhenClientHalfCloses(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 100 * time.Millisecond })
+			ended := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(ended)
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: first\n\n")
+				f.Flush()
+				<-r.Context().Done()
+			}))
+			host := h.route("halfclose", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "%s / HTTP/1.1\r\nHost: %s\r\nContent-Length: 2\r\n\r\n{}", method, host)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev, _ := readEvent(bufio.NewReader(resp.Body)); ev != "data: first\n" {
+				t.Fatalf("first event %q", ev)
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			// Keep reading, as a half-closed client may: the stream must end
+			// (the proxy closes the connection) rather than carry heartbeats.
+			go io.Copy(io.Discard, br)
+			select {
+			case <-ended:
+			case <-time.After(1500 * time.Millisecond):
+				t.Fatal("the sandbox's stream still open 1.5s (15 heartbeats) after the client half-closed")
+			}
+			testenv.WaitFor(t, time.Second, "proxy stream released", func() bool {
+				s, _ := h.proxy.streams.open()
+				return s == 0
+			})
+		})
+	}
+}
+
 // heapWatch samples the heap while a transfer runs and reports the peak
 // growth over the starting point.
 func heapWatch() (stop func() uint64) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -278,4 +279,38 @@ func TestMemoryStoreConcurrent(t *testing.T) {
 	if !reflect.DeepEqual(reloaded.List(), s.List()) {
 		t.Fatalf("file holds %d routes, memory %d", len(reloaded.List()), len(s.List()))
 	}
+}
+
+// FuzzDecodeRoutes feeds arbitrary routes.yaml text to the file parser: an
+// error or a table, never a panic, and a table it accepts is written back
+// (as the store persists admin changes) into text that loads as the same
+// table.
+func FuzzDecodeRoutes(f *testing.F) {
+	f.Add([]byte(exampleRoutes))
+	f.Add([]byte("routes:\n  a:\n    HostIP: 10.0.0.1\n    \"50005\": 31000\n    AllowPublicTraffic: false\n    TrafficAccessToken: " + testToken + "\n"))
+	f.Add([]byte("routes:\n  a: {HostIP: 10.0.0.1}\n  a: {HostIP: 10.0.0.2}\n"))
+	f.Add([]byte("routes: [1, 2]\n"))
+	f.Add([]byte("routes:\n  b:\n    HostIP: &x 10.0.0.1\n    SandboxIP: *x\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		routes, err := decodeRoutes(data)
+		if err != nil {
+			return
+		}
+		list := make([]*Route, 0, len(routes))
+		for _, r := range routes {
+			list = append(list, r)
+		}
+		sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
+		out, err := encodeRoutes(list)
+		if err != nil {
+			t.Fatalf("encoding %d accepted routes: %v", len(list), err)
+		}
+		again, err := decodeRoutes(out)
+		if err != nil {
+			t.Fatalf("the written file does not load: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(routes, again) {
+			t.Fatalf("routes %v were written as\n%s\nand loaded back as %v", routes, out, again)
+		}
+	})
 }

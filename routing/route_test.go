@@ -185,3 +185,38 @@ func TestParseRouteErrorDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseRoute feeds arbitrary hash fields to the route parser: it must
+// answer every input with a route or a *FieldError, never panic, and a
+// route it accepts must survive Fields and a second parse unchanged (the
+// memory store, routes.yaml and the admin API all go through that).
+func FuzzParseRoute(f *testing.F) {
+	f.Add("sb1", FieldHostIP, "10.0.0.7", "50005", "31000", FieldCreatedAt, "1764460000000000000")
+	f.Add("sb2", FieldHostIP, "::ffff:10.0.0.7", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)
+	f.Add("sb3", FieldSandboxIP, "fe80::1%eth0", "080", "8080", "80", "8080")
+	f.Add("sb4", FieldHostIP, "1.2.3.4", FieldMaskRequestHost, "${PORT}-box.internal:8080", "0", "1")
+	f.Add("Bad/Id", FieldHostIP, "0.0.0.0", FieldCreatedAt, "-1", "99999", "-1")
+	f.Fuzz(func(t *testing.T, id, k1, v1, k2, v2, k3, v3 string) {
+		fields := map[string]string{k1: v1, k2: v2, k3: v3}
+		for _, strict := range []bool{false, true} {
+			r, err := parseRoute(id, fields, strict)
+			if err != nil {
+				var fe *FieldError
+				if !errors.As(err, &fe) || r != nil {
+					t.Fatalf("parseRoute(%q, %q, %v) = %v, %v: want a *FieldError alone", id, fields, strict, r, err)
+				}
+				continue
+			}
+			if !r.HostIP.IsValid() || r.ID != id {
+				t.Fatalf("accepted route without HostIP or with another id: %+v", r)
+			}
+			again, err := ParseRoute(id, r.Fields())
+			if err != nil {
+				t.Fatalf("route %+v from %q: its own fields %q do not parse: %v", r, fields, r.Fields(), err)
+			}
+			if !reflect.DeepEqual(r, again) {
+				t.Fatalf("route %+v from %q came back as %+v", r, fields, again)
+			}
+		}
+	})
+}

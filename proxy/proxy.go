@@ -668,12 +668,15 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	}
 	if b.left <= 0 {
 		// One byte more than allowed tells an exact-size body from an
-		// oversized one.
+		// oversized one. Only io.EOF means the body ended there: a chunked
+		// body cut or botched right at the cap is incomplete, and taking
+		// its error for the end would hand the sandbox a complete body.
 		var one [1]byte
-		if n, _ := b.r.Read(one[:]); n == 0 {
-			return 0, io.EOF
+		n, err := b.r.Read(one[:])
+		if n > 0 {
+			return 0, errBodyTooLarge
 		}
-		return 0, errBodyTooLarge
+		return 0, err
 	}
 	if int64(len(p)) > b.left {
 		p = p[:b.left]

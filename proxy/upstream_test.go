@@ -1112,6 +1112,50 @@ func TestClientBodyErrors(t *testing.T) {
 	}
 }
 
+// A chunked body that reaches max_request_body exactly and is then cut
+// (the client leaves) or botched (a bad chunk size) is incomplete: the
+// sandbox must see a truncated body, never a complete one it would act on,
+// and the client gets 400 as for a body cut anywhere else.
+func TestChunkedBodyCutAtCap(t *testing.T) {
+	const limit = 64 << 10
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = limit })
+	got := make(chan string, 2) // one per case: a failed case must not block the next
+	host := h.route("capcut", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		got <- fmt.Sprintf("read %d bytes, %v", n, err)
+	})))
+	for _, tc := range []struct{ name, tail string }{
+		{"client leaves", ""},
+		{"bad chunk size", "zz\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%s",
+				host, limit, strings.Repeat("a", limit), tc.tail)
+			_ = c.(*net.TCPConn).CloseWrite()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			checkProxyError(t, resp, string(b), 400, CodeBadBody)
+			select {
+			case s := <-got:
+				if strings.HasSuffix(s, "<nil>") {
+					t.Fatalf("the sandbox got an incomplete body as complete: %s", s)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sandbox never saw the request")
+			}
+		})
+	}
+}
+
 // A sandbox that answers before reading the whole upload (here 413 after
 // the headers) and closes gets its answer relayed, not a 502: on a new
 // connection, and on a pooled one (checked before the upload went out).

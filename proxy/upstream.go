@@ -255,10 +255,22 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 }
 
 // dialNew opens a new connection of this pool, within upstream.max_conns.
+// At the limit, the oldest idle connection gives up its slot: a WebSocket
+// tunnel (which never takes an idle connection) would otherwise be
+// refused while keep-alive connections nobody uses hold every slot.
 func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
-	if int(u.conns.Add(1)) > p.cfg.MaxConnsPerUpstream { // int: a huge max_conns must not wrap
+	for int(u.conns.Add(1)) > p.cfg.MaxConnsPerUpstream { // int: a huge max_conns must not wrap
 		u.conns.Add(-1)
-		return nil, errNoFreeConns
+		u.mu.Lock()
+		if len(u.idle) == 0 {
+			u.mu.Unlock()
+			return nil, errNoFreeConns
+		}
+		c := u.idle[0]
+		u.idle = append(u.idle[:0], u.idle[1:]...)
+		clear(u.idle[len(u.idle):cap(u.idle)])
+		u.mu.Unlock()
+		u.drop(c)
 	}
 	c, err := p.dial(u.addr)
 	if err != nil {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -809,6 +811,46 @@ func TestUpstreamMaxConns(t *testing.T) {
 	}
 	if n := b.accepted.Load(); n != 1 {
 		t.Fatalf("backend accepted %d connections with max_conns 1", n)
+	}
+}
+
+// A WebSocket upgrade dials its own connection; at upstream.max_conns an
+// idle keep-alive connection gives up its slot to it rather than the
+// upgrade being refused while nothing uses the pool.
+func TestUpstreamMaxConnsIdleSlotGoesToTunnel(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = 1 })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			io.WriteString(w, "ok")
+			return
+		}
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"echo.v1"}})
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		typ, msg, err := c.Read(r.Context())
+		if err == nil {
+			_ = c.Write(r.Context(), typ, msg)
+		}
+		_, _, _ = c.Read(r.Context()) // until the client closes
+	}))
+	host := h.route("idleslot", port)
+	if code, body, _ := h.get(host, "/"); code != 200 || body != "ok" || poolConns(h) != 1 {
+		t.Fatalf("warm-up: %d %q, %d pooled connections; want 200 and 1 idle connection", code, body, poolConns(h))
+	}
+	c := dialWS(t, h, host)
+	defer c.CloseNow()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "hi" {
+		t.Fatalf("echo: %q %v", msg, err)
+	}
+	if n := poolConns(h); n != 1 {
+		t.Fatalf("%d upstream connections with max_conns 1", n)
 	}
 }
 

@@ -170,6 +170,7 @@ func (s *bodyStream) copyEvents() error {
 			case err != nil && s.stopping.Load():
 				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere
 			case err != nil:
+				s.cut(err)
 				return err
 			}
 		}

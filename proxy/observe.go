@@ -122,6 +122,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	defer x.releaseFwd()
 	if entry != nil {
 		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, total
+		entry.ErrorCode = x.errCode
 		p.cfg.AccessLog.Log(entry)
 		return
 	}

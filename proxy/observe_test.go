@@ -1006,3 +1006,58 @@ func TestAccessLogNamesUnservedSandbox(t *testing.T) {
 		}
 	}
 }
+
+// A response whose body the sandbox cuts after the status went out is
+// logged with the status and an error code saying it was cut: an operator
+// must be able to tell it from a complete 200.
+func TestAccessLogMarksCutBody(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	for _, tc := range []struct {
+		name, head, body string
+	}{
+		{"fixed length", "HTTP/1.1 200 OK\r\nContent-Length: 300000\r\n\r\n", strings.Repeat("x", 100000)},
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n"},
+		{"sse", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n", "d\r\ndata: first\n\n\r\n"},
+		{"complete", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				rawWrite(c, tc.head+tc.body)
+				<-got // the client has the first bytes: the status is out
+				_ = c.(*net.TCPConn).SetLinger(0)
+				return false
+			})
+			id := "cut" + strings.ReplaceAll(tc.name, " ", "")
+			req := h.req("GET", h.route(id, b.port), "/", nil)
+			req.Header.Set("X-Cube-Request-Id", "req-"+id)
+			resp := h.do(req)
+			var one [1]byte
+			_, err := io.ReadFull(resp.Body, one[:])
+			close(got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			var entry map[string]any
+			testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
+				buf.mu.Lock()
+				defer buf.mu.Unlock()
+				for _, ln := range strings.Split(buf.b.String(), "\n") {
+					if strings.Contains(ln, `"x_cube_request_id":"req-`+id+`"`) {
+						return json.Unmarshal([]byte(ln), &entry) == nil
+					}
+				}
+				return false
+			})
+			want := CodeUpstreamReset
+			if tc.name == "complete" {
+				want = ""
+			}
+			if entry["status"] != float64(200) || entry["error_code"] != want {
+				t.Errorf("logged status %v error_code %q, want 200 %q", entry["status"], entry["error_code"], want)
+			}
+		})
+	}
+}

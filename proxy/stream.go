@@ -115,7 +115,26 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		// SSE client reconnects (with Last-Event-ID) to another instance.
 		return n, io.EOF
 	}
+	if err != nil && err != io.EOF {
+		s.cut(err)
+	}
 	return n, err
+}
+
+// cut records why the sandbox's side of the body failed. The status went
+// out with the head, so the log and the span say it with an error code.
+func (s *bodyStream) cut(err error) {
+	if s.x.errCode != "" {
+		return
+	}
+	switch {
+	case isTimeout(err):
+		s.x.errCode = CodeUpstreamTimeout
+	case errors.Is(err, errBadChunk):
+		s.x.errCode = CodeUpstreamBadHeader
+	default:
+		s.x.errCode = CodeUpstreamReset
+	}
 }
 
 // armHeartbeat arms the heartbeat for the next upstream wait, but only at

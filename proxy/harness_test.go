@@ -37,7 +37,6 @@ type harnessOpts struct {
 	store   routing.Store // default: the memory store (counted)
 	token   string
 	publish func(id string) error // the admin API's invalidation publisher
-	noServ  bool
 }
 
 // countingStore counts lookups of a real store.

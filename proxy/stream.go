@@ -17,9 +17,6 @@ import (
 // the proxy whether the client is still there.
 var heartbeatLine = []byte(": keep-alive\n\n")
 
-// errDrain ends streams when the server shuts down.
-var errDrain = errors.New("proxy is shutting down")
-
 // errClientGone ends a stream whose client closed its connection before
 // the stream started (see Proxy.hijack).
 var errClientGone = errors.New("client connection closed before the stream started")

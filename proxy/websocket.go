@@ -282,8 +282,6 @@ type clientWriter struct{ t *tunnel }
 
 func (w clientWriter) Write(b []byte) (int, error) { return w.t.writeClient(b) }
 
-var errTimeout = fasthttp.ErrTimeout
-
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()

@@ -29,7 +29,7 @@ import (
 )
 
 // Proxy is the request pipeline. Its Handler serves sandbox traffic; the
-// admin API lives in AdminHandler on a separate listener.
+// admin API is Admin.Handler, on a separate listener.
 type Proxy struct {
 	cfg     Config
 	parser  *routing.Parser

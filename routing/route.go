@@ -47,6 +47,7 @@ type FieldError struct {
 	Reason string
 }
 
+// Error names the field and the reason.
 func (e *FieldError) Error() string { return "route field " + e.Field + ": " + e.Reason }
 
 // ParseRoute builds a route from a Redis-style hash. Unknown non-numeric

@@ -1,3 +1,6 @@
+// Package routing maps a request to its sandbox: it parses the target from
+// the Host (or shared-host headers), models a sandbox's route, and holds the
+// route stores and the cache in front of them.
 package routing
 
 import (

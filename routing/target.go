@@ -62,6 +62,7 @@ type TargetError struct {
 	Reason string
 }
 
+// Error is Reason alone: the proxy answers it to the client as is.
 func (e *TargetError) Error() string { return e.Reason }
 
 // ParserConfig selects which hosts are shared and which domains are allowed.

@@ -54,6 +54,7 @@ type ServerError struct {
 	Rcode int
 }
 
+// Error names the zone and the rcode.
 func (e *ServerError) Error() string {
 	return fmt.Sprintf("rfc2136 update of zone %s refused: %s", e.Zone, dns.RcodeToString[e.Rcode])
 }

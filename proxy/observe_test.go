@@ -79,12 +79,12 @@ func waitSpans(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID) 
 	return spanByKind(spans, id, trace.SpanKindServer)[0], spanByKind(spans, id, trace.SpanKindClient)[0]
 }
 
-// checkAttrs compares span attributes (rendered with Value.Emit) with want.
+// checkAttrs compares span attributes (rendered with Value.String) with want.
 func checkAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[attribute.Key]string) {
 	t.Helper()
 	m := make(map[attribute.Key]string, len(got))
 	for _, kv := range got {
-		m[kv.Key] = kv.Value.Emit()
+		m[kv.Key] = kv.Value.String()
 	}
 	for k, v := range want {
 		if g, ok := m[k]; !ok {

@@ -24,7 +24,8 @@ const (
 	CacheStale
 )
 
-// String names the result for metric attributes and logs.
+// String names the result, with the label values of telemetry.CacheResult
+// (which the proxy maps it to for metrics and logs).
 func (r CacheResult) String() string {
 	switch r {
 	case CacheHit:

@@ -199,9 +199,6 @@ func httpsAuthority(host, port string) string {
 	return host
 }
 
-// Draining reports whether Shutdown has begun.
-func (s *Server) Draining() bool { return s.draining.Load() }
-
 // Shutdown stops accepting connections, ends SSE streams cleanly at once,
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
 // cuts what is left. It returns when no stream or tunnel is open.

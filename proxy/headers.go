@@ -100,13 +100,30 @@ func forEachToken(v []byte, fn func([]byte)) {
 	}
 }
 
-// appendForwardedFor appends ip to an existing X-Forwarded-For value.
-func appendForwardedFor(dst, prior []byte, ip netip.Addr) []byte {
-	dst = append(dst[:0], prior...)
-	if len(dst) > 0 {
-		dst = append(dst, ", "...)
+// appendForwardedFor appends ip to the client's X-Forwarded-For lines,
+// joined with ", " (empty lines skipped), as nginx's
+// $proxy_add_x_forwarded_for does.
+func appendForwardedFor(dst []byte, prior [][]byte, ip netip.Addr) []byte {
+	dst = dst[:0]
+	for _, v := range prior {
+		if len(v) == 0 {
+			continue
+		}
+		dst = append(append(dst, v...), ", "...)
 	}
 	return ip.AppendTo(dst)
+}
+
+// setForwarding sets a header the proxy vouches for (X-Real-IP,
+// X-Forwarded-For, X-Forwarded-Host). SetBytesV replaces only the first
+// line of a name, so a client's further copies would reach the sandbox
+// beside the proxy's, where a framework reading the last line, or the
+// rightmost address of the joined lines, takes the forged one.
+func setForwarding(h *fasthttp.RequestHeader, key string, v []byte) {
+	if len(h.PeekAll(key)) > 1 {
+		h.Del(key)
+	}
+	h.SetBytesV(key, v)
 }
 
 // maskedHost expands a MaskRequestHost template, replacing ${PORT} with the

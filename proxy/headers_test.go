@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -287,6 +288,61 @@ func TestAbsoluteFormTarget(t *testing.T) {
 			}
 			if e.URI != "/p%2Fq?a=1" {
 				t.Errorf("request URI %q, want the path and query as sent", e.URI)
+			}
+		})
+	}
+}
+
+// A client that repeats X-Real-IP, X-Forwarded-For or X-Forwarded-Host
+// must not get a copy of its own past the proxy's: a sandbox framework
+// that reads the last line, or joins the lines (RFC 9110 5.3) and trusts
+// the rightmost address, would take the forged one for the client's.
+func TestForwardingHeadersRepeatedByClient(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("fwd", port)
+	h.put("fwdmask", map[string]string{"HostIP": "127.0.0.1", "MaskRequestHost": "localhost:${PORT}", "80": itoa(port)})
+	upgrade := []string{"Connection: Upgrade", "Upgrade: websocket"}
+	for _, tc := range []struct {
+		name, host, xfh string
+		extra           []string
+	}{
+		{"plain", host, "evil.example|evil2.example", nil},
+		{"upgrade", host, "evil.example|evil2.example", upgrade},
+		{"masked", "80-fwdmask.cube.test", "80-fwdmask.cube.test", nil},
+		{"masked upgrade", "80-fwdmask.cube.test", "80-fwdmask.cube.test", upgrade},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET / HTTP/1.1", "Host: " + tc.host,
+				"X-Real-IP: 6.6.6.6", "X-Real-IP: 7.7.7.7",
+				"X-Forwarded-For: 1.1.1.1", "X-Forwarded-For: ", "X-Forwarded-For: 2.2.2.2, 3.3.3.3",
+				"X-Forwarded-Host: evil.example", "X-Forwarded-Host: evil2.example"}
+			resp, body := authRawRequest(t, h.addr, append(lines, tc.extra...)...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			var e echoed
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatal(err)
+			}
+			for k, want := range map[string]string{
+				"X-Real-Ip": "127.0.0.1",
+				// As nginx's $proxy_add_x_forwarded_for: every line the
+				// client sent, joined, then the address the proxy saw.
+				"X-Forwarded-For":  "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1",
+				"X-Forwarded-Host": tc.xfh,
+			} {
+				got := e.get(k)
+				if k == "X-Forwarded-Host" {
+					// The client's own (unmasked route): passed, in any
+					// order (dropping the repeated X-Real-IP moves lines).
+					v := strings.Split(got, "|")
+					slices.Sort(v)
+					got = strings.Join(v, "|")
+				}
+				if got != want {
+					t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)
+				}
 			}
 		})
 	}

@@ -480,8 +480,8 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()
-	h.SetBytesV("X-Real-IP", ip.AppendTo(buf[:0]))
-	h.SetBytesV("X-Forwarded-For", appendForwardedFor(buf[:0], h.Peek("X-Forwarded-For"), ip))
+	setForwarding(h, "X-Real-IP", ip.AppendTo(buf[:0]))
+	setForwarding(h, "X-Forwarded-For", appendForwardedFor(buf[:0], h.PeekAll("X-Forwarded-For"), ip))
 	if len(h.Peek("X-Forwarded-Proto")) == 0 {
 		if ctx.IsTLS() {
 			h.Set("X-Forwarded-Proto", "https")
@@ -495,7 +495,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if r.MaskRequestHost != "" && t.Port != envdPort {
-		h.SetBytesV("X-Forwarded-Host", h.Host())
+		setForwarding(h, "X-Forwarded-Host", h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil

@@ -155,3 +155,52 @@ func appendUint(dst []byte, v uint64) []byte {
 	}
 	return append(dst, b[i:]...)
 }
+
+// dropForwardingAliases removes the client's header lines whose names read
+// as a header the proxy vouches for once '_' is taken for '-' (X_Real_IP,
+// X-Forwarded_For, and X_Forwarded_Host when masked is set). CGI, WSGI and
+// PHP servers file both spellings under one variable (HTTP_X_REAL_IP) and
+// join or overwrite them, so such a line would forge the client address;
+// nginx drops names with '_' by default (underscores_in_headers off). The
+// raw head is scanned, once, only when it holds a '_' at all.
+func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
+	raw := h.RawHeaders()
+	if bytes.IndexByte(raw, '_') < 0 {
+		return
+	}
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		name, _, ok := bytes.Cut(line, []byte{':'})
+		if !ok || bytes.IndexByte(name, '_') < 0 {
+			continue
+		}
+		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
+			(masked && underscoreAlias(name, "x-forwarded-host")) {
+			h.DelBytes(name)
+		}
+	}
+}
+
+// underscoreAlias reports whether name equals the lower-case header name
+// want, in any case, with '_' read as '-'.
+func underscoreAlias(name []byte, want string) bool {
+	if len(name) != len(want) {
+		return false
+	}
+	for i, c := range name {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		} else if c == '_' {
+			c = '-'
+		}
+		if c != want[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -477,6 +477,8 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 		stripSignedToken(req)
 	}
 
+	masked := r.MaskRequestHost != "" && t.Port != envdPort
+	dropForwardingAliases(h, masked)
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()
@@ -494,7 +496,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	// rewrite it from the parsed URI), unless the route masks it. envd
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
-	if r.MaskRequestHost != "" && t.Port != envdPort {
+	if masked {
 		setForwarding(h, "X-Forwarded-Host", h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}

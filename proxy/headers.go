@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
 )
 
 // Hop-by-hop headers (RFC 9110 §7.6.1, the set Go's httputil.ReverseProxy
@@ -115,15 +117,109 @@ func appendForwardedFor(dst []byte, prior [][]byte, ip netip.Addr) []byte {
 }
 
 // setForwarding sets a header the proxy vouches for (X-Real-IP,
-// X-Forwarded-For, X-Forwarded-Host). SetBytesV replaces only the first
-// line of a name, so a client's further copies would reach the sandbox
-// beside the proxy's, where a framework reading the last line, or the
-// rightmost address of the joined lines, takes the forged one.
-func setForwarding(h *fasthttp.RequestHeader, key string, v []byte) {
-	if len(h.PeekAll(key)) > 1 {
+// X-Forwarded-For, X-Forwarded-Host), given how many lines of it the client
+// sent. SetBytesV replaces only the first line of a name, so a client's
+// further copies would reach the sandbox beside the proxy's, where a
+// framework reading the last line, or the rightmost address of the joined
+// lines, takes the forged one.
+func setForwarding(h *fasthttp.RequestHeader, key string, lines uint8, v []byte) {
+	if lines > 1 {
 		h.Del(key)
 	}
 	h.SetBytesV(key, v)
+}
+
+// headSeen is what one pass over a request's head found among the headers
+// prepareRequest removes or rewrites. A lookup by name normalizes the name
+// first (≈ 30 ns each), and most requests carry none of these, so
+// prepareRequest looks up only what the pass saw (BenchmarkHeaderRewrite,
+// small GET with parsing: 577 → 335 ns).
+type headSeen struct {
+	hop            bool // a hop-by-hop header, or Connection (which may name more)
+	credentials    bool // a traffic-token header or a Cookie line
+	forwardedProto bool
+	underscore     bool // a name with '_': maybe an X_Real_IP-style alias
+
+	// Lines of each (saturating at 2: only "more than one" matters).
+	realIP, forwardedFor, forwardedHost uint8
+}
+
+// seeAll is the answer when the head was not parsed from the wire (no raw
+// copy to scan): look everything up.
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
+
+// headName is a name scanHead looks for, and what seeing it means.
+type headName struct {
+	name string
+	kind uint8
+}
+
+const (
+	seenHop = iota
+	seenCredentials
+	seenForwardedProto
+	seenRealIP
+	seenForwardedFor
+	seenForwardedHost
+)
+
+var headNames = [...]headName{
+	{"Connection", seenHop}, {"Proxy-Connection", seenHop}, {"Keep-Alive", seenHop},
+	{"Proxy-Authenticate", seenHop}, {"Proxy-Authorization", seenHop}, {"Te", seenHop},
+	{"Trailer", seenHop}, {"Upgrade", seenHop},
+	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
+	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
+	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost},
+}
+
+// scanHead finds the names prepareRequest cares about in fasthttp's copy of
+// the head as received (one "Name: value" line each; obs-fold continuation
+// lines begin with a blank and name nothing). Comparing lengths first keeps
+// it at a few nanoseconds a header.
+func scanHead(h *fasthttp.RequestHeader) headSeen {
+	raw := h.RawHeaders()
+	if len(raw) == 0 {
+		return seeAll
+	}
+	var s headSeen
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		i := bytes.IndexByte(line, ':')
+		if i <= 0 || line[0] == ' ' || line[0] == '\t' {
+			continue
+		}
+		name := b2s(line[:i])
+		if strings.IndexByte(name, '_') >= 0 {
+			s.underscore = true
+			continue
+		}
+		for _, n := range headNames {
+			if len(n.name) != len(name) || !strings.EqualFold(n.name, name) {
+				continue
+			}
+			switch n.kind {
+			case seenHop:
+				s.hop = true
+			case seenCredentials:
+				s.credentials = true
+			case seenForwardedProto:
+				s.forwardedProto = true
+			case seenRealIP:
+				s.realIP = min(s.realIP+1, 2)
+			case seenForwardedFor:
+				s.forwardedFor = min(s.forwardedFor+1, 2)
+			case seenForwardedHost:
+				s.forwardedHost = min(s.forwardedHost+1, 2)
+			}
+			break
+		}
+	}
+	return s
 }
 
 // maskedHost expands a MaskRequestHost template, replacing ${PORT} with the

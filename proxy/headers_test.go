@@ -11,6 +11,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
 )
 
 // echoHeaders answers with the request's Host and headers as JSON.
@@ -384,6 +388,71 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 		"X_app_header":      "kept",
 		"Cookie":            "_ga=GA1.2; a_b=c",
 		"X-Forwarded_proto": "https", // not vouched for: the client may set X-Forwarded-Proto itself
+	} {
+		if got := e.get(k); got != want {
+			t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)
+		}
+	}
+}
+
+// scanHead decides which headers prepareRequest looks up at all: a name it
+// missed (any case, any position) would skip a removal or a join.
+func TestScanHead(t *testing.T) {
+	for _, tc := range []struct {
+		name, head string
+		want       headSeen
+	}{
+		{"none", "Host: a\r\nUser-Agent: x\r\nAccept: */*\r\n", headSeen{}},
+		{"hop in lower case", "Host: a\r\nconnection: x-hop\r\nx-hop: 1\r\n", headSeen{hop: true}},
+		{"each hop", "Host: a\r\nTE: trailers\r\nTrailer: x\r\nKEEP-ALIVE: 5\r\nProxy-Authorization: b\r\n", headSeen{hop: true}},
+		{"upgrade", "Host: a\r\nUpgrade: websocket\r\n", headSeen{hop: true}},
+		{"cookie", "Host: a\r\ncookie: cube_proxy_auth=t\r\n", headSeen{credentials: true}},
+		{"token header", "Host: a\r\nCUBE-TRAFFIC-ACCESS-TOKEN: t\r\n", headSeen{credentials: true}},
+		{"forwarding, repeated", "Host: a\r\nx-real-ip: 1\r\nX-Real-IP: 2\r\nX-Real-IP: 3\r\nx-forwarded-for: 1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: h\r\n",
+			headSeen{forwardedProto: true, realIP: 2, forwardedFor: 1, forwardedHost: 1}},
+		{"folded value", "Host: a\r\nX-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\n", headSeen{forwardedFor: 1}},
+		{"underscore", "Host: a\r\nX_Real_IP: 6.6.6.6\r\n", headSeen{underscore: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var req fasthttp.Request
+			if err := req.Read(bufio.NewReader(strings.NewReader("GET / HTTP/1.1\r\n" + tc.head + "\r\n"))); err != nil {
+				t.Fatal(err)
+			}
+			if got := scanHead(&req.Header); got != tc.want {
+				t.Errorf("scanHead = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	// A head not read from the wire has no raw copy: everything is looked up.
+	var req fasthttp.Request
+	req.Header.Set("X-Forwarded-For", "1.1.1.1")
+	if got := scanHead(&req.Header); got != seeAll {
+		t.Errorf("constructed head: %+v, want every lookup", got)
+	}
+}
+
+// Lower-case spellings of the headers prepareRequest rewrites are rewritten
+// like the canonical ones (scanHead must not miss them).
+func TestRequestHeadersInLowerCase(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("lower", port)
+	resp, body := authRawRequest(t, h.addr, "GET /p HTTP/1.1", "host: "+host,
+		"connection: x-hop", "x-hop: 1", "x-forwarded-for: 203.0.113.9", "x-real-ip: 6.6.6.6", "x-real-ip: 7.7.7.7",
+		"cube-traffic-access-token: whatever", "cookie: a=1; "+auth.CookieName+"=t; b=2")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var e echoed
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		"X-Hop":                     "",
+		"X-Forwarded-For":           "203.0.113.9, 127.0.0.1",
+		"X-Real-Ip":                 "127.0.0.1",
+		"Cube-Traffic-Access-Token": "",
+		"Cookie":                    "a=1; b=2",
 	} {
 		if got := e.get(k); got != want {
 			t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)

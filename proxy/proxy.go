@@ -471,20 +471,31 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 
 	// A request without Content-Type must not gain fasthttp's default one.
 	h.SetNoDefaultContentType(true)
-	removeHopRequest(h, upgrade)
-	stripProxyCredentials(h)
+	seen := scanHead(h)
+	if seen.hop || upgrade {
+		removeHopRequest(h, upgrade)
+	}
+	if seen.credentials {
+		stripProxyCredentials(h)
+	}
 	if p.cfg.Signer != nil {
 		stripSignedToken(req)
 	}
 
 	masked := r.MaskRequestHost != "" && t.Port != envdPort
-	dropForwardingAliases(h, masked)
+	if seen.underscore {
+		dropForwardingAliases(h, masked)
+	}
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()
-	setForwarding(h, "X-Real-IP", ip.AppendTo(buf[:0]))
-	setForwarding(h, "X-Forwarded-For", appendForwardedFor(buf[:0], h.PeekAll("X-Forwarded-For"), ip))
-	if len(h.Peek("X-Forwarded-Proto")) == 0 {
+	setForwarding(h, "X-Real-IP", seen.realIP, ip.AppendTo(buf[:0]))
+	var prior [][]byte
+	if seen.forwardedFor > 0 {
+		prior = h.PeekAll("X-Forwarded-For")
+	}
+	setForwarding(h, "X-Forwarded-For", seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
+	if !seen.forwardedProto {
 		if ctx.IsTLS() {
 			h.Set("X-Forwarded-Proto", "https")
 		} else {
@@ -497,7 +508,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if masked {
-		setForwarding(h, "X-Forwarded-Host", h.Host())
+		setForwarding(h, "X-Forwarded-Host", seen.forwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil

@@ -289,23 +289,11 @@ func TestConnectRefused(t *testing.T) {
 		{"OPTIONS * HTTP/1.1", 200},
 		{"GET / HTTP/1.1", 200},
 	} {
-		c, err := net.Dial("tcp", h.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "%s\r\nHost: %s\r\n\r\n", tc.line, host)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		c.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", tc.line, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, body := authRawRequest(t, h.addr, tc.line, "Host: "+host)
 		if resp.StatusCode != tc.status {
 			t.Errorf("%s: %d %s, want %d", tc.line, resp.StatusCode, body, tc.status)
 		}
-		if tc.status == 405 && !strings.Contains(string(body), `"code":"method_not_allowed"`) {
+		if tc.status == 405 && !strings.Contains(body, `"code":"method_not_allowed"`) {
 			t.Errorf("%s: body %s", tc.line, body)
 		}
 	}

@@ -172,28 +172,40 @@ var headNames = [...]headName{
 	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost},
 }
 
+// headerNames yields the name of each header line of a raw head (fasthttp's
+// copy as received: one "Name: value" line each, obs-fold continuation
+// lines beginning with a blank and naming nothing).
+func headerNames(raw []byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for len(raw) > 0 {
+			line := raw
+			if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+				line, raw = raw[:i], raw[i+1:]
+			} else {
+				raw = nil
+			}
+			i := bytes.IndexByte(line, ':')
+			if i <= 0 || line[0] == ' ' || line[0] == '\t' {
+				continue
+			}
+			if !yield(line[:i]) {
+				return
+			}
+		}
+	}
+}
+
 // scanHead finds the names prepareRequest cares about in fasthttp's copy of
-// the head as received (one "Name: value" line each; obs-fold continuation
-// lines begin with a blank and name nothing). Comparing lengths first keeps
-// it at a few nanoseconds a header.
+// the head as received. Comparing lengths first keeps it at a few
+// nanoseconds a header.
 func scanHead(h *fasthttp.RequestHeader) headSeen {
 	raw := h.RawHeaders()
 	if len(raw) == 0 {
 		return seeAll
 	}
 	var s headSeen
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		i := bytes.IndexByte(line, ':')
-		if i <= 0 || line[0] == ' ' || line[0] == '\t' {
-			continue
-		}
-		name := b2s(line[:i])
+	for nb := range headerNames(raw) {
+		name := b2s(nb)
 		if strings.IndexByte(name, '_') >= 0 {
 			s.underscore = true
 			continue
@@ -264,15 +276,8 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 	if bytes.IndexByte(raw, '_') < 0 {
 		return
 	}
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		name, _, ok := bytes.Cut(line, []byte{':'})
-		if !ok || bytes.IndexByte(name, '_') < 0 {
+	for name := range headerNames(raw) {
+		if bytes.IndexByte(name, '_') < 0 {
 			continue
 		}
 		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||

@@ -25,6 +25,21 @@ func echoHeaders() http.Handler {
 	})
 }
 
+// echoRawRequest sends a raw request (lines, without the blank line) to the
+// proxy at addr and decodes the echoHeaders answer, which must be a 200.
+func echoRawRequest(t *testing.T, addr string, lines ...string) echoed {
+	t.Helper()
+	resp, body := authRawRequest(t, addr, lines...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var e echoed
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 type echoed struct {
 	Host    string              `json:"host"`
 	URI     string              `json:"uri"`
@@ -279,14 +294,7 @@ func TestAbsoluteFormTarget(t *testing.T) {
 			if tc.auth != "" {
 				lines = append(lines, "Authorization: "+tc.auth)
 			}
-			resp, body := authRawRequest(t, h.addr, lines...)
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, body)
-			}
-			var e echoed
-			if err := json.Unmarshal([]byte(body), &e); err != nil {
-				t.Fatal(err)
-			}
+			e := echoRawRequest(t, h.addr, lines...)
 			if got := e.get("Authorization"); got != tc.want {
 				t.Errorf("Authorization reached the sandbox as %q, want %q", got, tc.want)
 			}
@@ -321,14 +329,7 @@ func TestForwardingHeadersRepeatedByClient(t *testing.T) {
 				"X-Real-IP: 6.6.6.6", "X-Real-IP: 7.7.7.7",
 				"X-Forwarded-For: 1.1.1.1", "X-Forwarded-For: ", "X-Forwarded-For: 2.2.2.2, 3.3.3.3",
 				"X-Forwarded-Host: evil.example", "X-Forwarded-Host: evil2.example"}
-			resp, body := authRawRequest(t, h.addr, append(lines, tc.extra...)...)
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, body)
-			}
-			var e echoed
-			if err := json.Unmarshal([]byte(body), &e); err != nil {
-				t.Fatal(err)
-			}
+			e := echoRawRequest(t, h.addr, append(lines, tc.extra...)...)
 			for k, want := range map[string]string{
 				"X-Real-Ip": "127.0.0.1",
 				// As nginx's $proxy_add_x_forwarded_for: every line the
@@ -437,16 +438,9 @@ func TestRequestHeadersInLowerCase(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
 	host := h.route("lower", port)
-	resp, body := authRawRequest(t, h.addr, "GET /p HTTP/1.1", "host: "+host,
+	e := echoRawRequest(t, h.addr, "GET /p HTTP/1.1", "host: "+host,
 		"connection: x-hop", "x-hop: 1", "x-forwarded-for: 203.0.113.9", "x-real-ip: 6.6.6.6", "x-real-ip: 7.7.7.7",
 		"cube-traffic-access-token: whatever", "cookie: a=1; "+auth.CookieName+"=t; b=2")
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
-	var e echoed
-	if err := json.Unmarshal([]byte(body), &e); err != nil {
-		t.Fatal(err)
-	}
 	for k, want := range map[string]string{
 		"X-Hop":                     "",
 		"X-Forwarded-For":           "203.0.113.9, 127.0.0.1",

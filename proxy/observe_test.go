@@ -516,6 +516,23 @@ func (l *obsLogBuf) wait(t *testing.T, id string) []string {
 	return f
 }
 
+// waitJSON waits for the JSON access log line of request id and decodes it.
+func (l *obsLogBuf) waitJSON(t *testing.T, id string) map[string]any {
+	t.Helper()
+	var entry map[string]any
+	testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, ln := range strings.Split(l.b.String(), "\n") {
+			if strings.Contains(ln, `"x_cube_request_id":"`+id+`"`) {
+				return json.Unmarshal([]byte(ln), &entry) == nil
+			}
+		}
+		return false
+	})
+	return entry
+}
+
 // cubeFields names the 22 fields of the cube format, in order.
 var cubeFields = [22]string{
 	"access_time", "host", "x_real_ip", "x_forwarded_for", "server_addr", "x_forwarded_proto",
@@ -990,17 +1007,7 @@ func TestAccessLogNamesUnservedSandbox(t *testing.T) {
 		if resp.StatusCode != tc.status {
 			t.Fatalf("%s: status %d, want %d", tc.id, resp.StatusCode, tc.status)
 		}
-		var entry map[string]any
-		testenv.WaitFor(t, 5*time.Second, "access log line of "+tc.id, func() bool {
-			buf.mu.Lock()
-			defer buf.mu.Unlock()
-			for _, ln := range strings.Split(buf.b.String(), "\n") {
-				if strings.Contains(ln, `"x_cube_request_id":"req-`+tc.id+`"`) {
-					return json.Unmarshal([]byte(ln), &entry) == nil
-				}
-			}
-			return false
-		})
+		entry := buf.waitJSON(t, "req-"+tc.id)
 		if entry["sandbox_id"] != tc.id {
 			t.Errorf("%d for %s logged sandbox_id %v", tc.status, tc.id, entry["sandbox_id"])
 		}
@@ -1040,17 +1047,7 @@ func TestAccessLogMarksCutBody(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			var entry map[string]any
-			testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
-				buf.mu.Lock()
-				defer buf.mu.Unlock()
-				for _, ln := range strings.Split(buf.b.String(), "\n") {
-					if strings.Contains(ln, `"x_cube_request_id":"req-`+id+`"`) {
-						return json.Unmarshal([]byte(ln), &entry) == nil
-					}
-				}
-				return false
-			})
+			entry := buf.waitJSON(t, "req-"+id)
 			want := CodeUpstreamReset
 			if tc.name == "complete" {
 				want = ""

@@ -430,18 +430,7 @@ func TestTunnelToClientThatReadsNothingEnds(t *testing.T) {
 		closed <- struct{}{}
 	}()
 	host := h.route("wsstall", uint16(ln.Addr().(*net.TCPAddr).Port))
-	// A client with the smallest receive buffer the kernel allows.
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
-			_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536)
-		})
-	}}
-	c, err := d.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSmallWindow(t, h.addr)
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
 	select { // never reading
@@ -490,16 +479,7 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 		closed <- struct{}{}
 	}()
 	host := h.route("wsslow", uint16(ln.Addr().(*net.TCPAddr).Port))
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
-		})
-	}}
-	c, err := d.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSmallWindow(t, h.addr)
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -512,4 +492,23 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a tunnel whose client stopped reading is still open after 10 write timeouts")
 	}
+}
+
+// dialSmallWindow connects to addr with the smallest receive buffer and
+// segments the kernel allows, so that a client that reads nothing stops
+// the proxy's writes after a few KiB.
+func dialSmallWindow(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
+			_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536)
+		})
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptrace"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -451,5 +452,47 @@ func TestRequestHeadersInLowerCase(t *testing.T) {
 		if got := e.get(k); got != want {
 			t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)
 		}
+	}
+}
+
+// An HTTP/1.0 client's connection handling is the proxy's business:
+// fasthttp marks such a request Connection: close without the client
+// sending the header, and that mark must not reach the sandbox, which
+// would close the upstream connection after every answer.
+func TestHTTP10ClientConnectionCloseNotForwarded(t *testing.T) {
+	h := newHarness(t)
+	var conns atomic.Int64
+	ln := listen(t, "127.0.0.1:0")
+	srv := &http.Server{Handler: echoHeaders(), ConnState: func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	host := h.route("old", uint16(ln.Addr().(*net.TCPAddr).Port))
+	for i := range 2 {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e echoed
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.get("Connection"); got != "" {
+			t.Errorf("request %d: Connection %q reached the sandbox", i, got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("the sandbox saw %d connections for two requests, want 1 (kept alive)", n)
 	}
 }

@@ -472,7 +472,10 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 	// A request without Content-Type must not gain fasthttp's default one.
 	h.SetNoDefaultContentType(true)
 	seen := scanHead(h)
-	if seen.hop || upgrade {
+	// fasthttp marks an HTTP/1.0 request (or one with both Content-Length
+	// and Transfer-Encoding) Connection: close without such a line in the
+	// head; Request.Write would send that mark on to the sandbox.
+	if seen.hop || upgrade || h.ConnectionClose() {
 		removeHopRequest(h, upgrade)
 	}
 	if seen.credentials {

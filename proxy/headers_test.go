@@ -496,3 +496,23 @@ func TestHTTP10ClientConnectionCloseNotForwarded(t *testing.T) {
 		t.Errorf("the sandbox saw %d connections for two requests, want 1 (kept alive)", n)
 	}
 }
+
+// X-Forwarded-Proto is set when the client's is absent, and an empty line
+// is as good as absent: the sandbox must not be left without a scheme (a
+// framework would take the request for plain HTTP whatever it came over).
+func TestEmptyForwardedProtoIsSet(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("proto", port)
+	resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, "X-Forwarded-Proto: ")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var e echoed
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.get("X-Forwarded-Proto"); got != "http" {
+		t.Errorf("X-Forwarded-Proto reached the sandbox as %q, want %q", got, "http")
+	}
+}

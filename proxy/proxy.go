@@ -498,7 +498,8 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 		prior = h.PeekAll("X-Forwarded-For")
 	}
 	setForwarding(h, "X-Forwarded-For", seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
-	if !seen.forwardedProto {
+	// An empty line counts as absent, so the scan's word is checked.
+	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
 		if ctx.IsTLS() {
 			h.Set("X-Forwarded-Proto", "https")
 		} else {

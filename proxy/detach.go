@@ -49,6 +49,10 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 	// is logged too, and fasthttp recycles the request with the connection.
 	s.status = ctx.Response.StatusCode()
 	if p.cfg.AccessLog != nil {
+		// The handler sets the response's request id only after this; until
+		// then it is the sandbox's, if the sandbox sent one. The request
+		// has the id the client gets (its own, or the one generated).
+		ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
 		ls := logScratchPool.Get().(*logScratch)
 		p.fillEntry(ctx, &s.x, s.status, 0, ls)
 		s.entry = cloneEntry(&ls.e)

@@ -1058,3 +1058,40 @@ func TestAccessLogMarksCutBody(t *testing.T) {
 		})
 	}
 }
+
+// A detached SSE stream is logged under the request id the client got, even
+// when the sandbox's answer carries an X-Cube-Request-Id of its own (a
+// sandbox relaying another sandbox's answer, say): the proxy replaces that
+// one on the response, and the log must match the response.
+func TestAccessLogDetachedStreamKeepsRequestID(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatCube)
+	host := h.route("sbxlogrid", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Cube-Request-Id", "sandbox-own")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush() // chunked: a stream, detached
+	})))
+	req := h.req("GET", host, "/events", nil)
+	req.Header.Set("X-Cube-Request-Id", "req-detached-rid")
+	resp := h.do(req)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Cube-Request-Id"); got != "req-detached-rid" {
+		t.Errorf("response X-Cube-Request-Id %q, want the client's", got)
+	}
+	// Barrier: lines are written in order, so the stream's is there by now.
+	plain := h.route("sbxlogridplain", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})))
+	mreq := h.req("GET", plain, "/", nil)
+	mreq.Header.Set("X-Cube-Request-Id", "req-detached-marker")
+	mresp := h.do(mreq)
+	io.Copy(io.Discard, mresp.Body)
+	mresp.Body.Close()
+	buf.wait(t, "req-detached-marker")
+	if _, ok := buf.line("req-detached-rid"); !ok {
+		buf.mu.Lock()
+		t.Errorf("no access log line under the client's request id:\n%s", buf.b.String())
+		buf.mu.Unlock()
+	}
+}

@@ -1095,3 +1095,31 @@ func TestAccessLogDetachedStreamKeepsRequestID(t *testing.T) {
 		buf.mu.Unlock()
 	}
 }
+
+// A tunnel is logged under the request id its client got, even when the
+// sandbox's 101 carries an id of its own.
+func TestAccessLogTunnelKeepsRequestID(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Cube-Request-Id: sandbox-own\r\n\r\n")
+		return false // the tunnel ends at once, and is logged
+	})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Cube-Request-Id: req-ws-rid\r\n\r\n",
+		h.route("sbxlogwsrid", b.port))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 101 || resp.Header.Get("X-Cube-Request-Id") != "req-ws-rid" {
+		t.Fatalf("%d with X-Cube-Request-Id %q, want 101 with the client's", resp.StatusCode, resp.Header.Get("X-Cube-Request-Id"))
+	}
+	if e := buf.waitJSON(t, "req-ws-rid"); e["status"] != float64(101) {
+		t.Errorf("tunnel logged as %v", e)
+	}
+}

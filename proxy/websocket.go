@@ -200,6 +200,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	tx := *x
 	var entry *accesslog.Entry
 	if p.cfg.AccessLog != nil {
+		// As in detach: the 101 still carries the sandbox's request id, if
+		// it sent one, until the handler returns.
+		ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
 		s := logScratchPool.Get().(*logScratch)
 		p.fillEntry(ctx, x, fasthttp.StatusSwitchingProtocols, 0, s)
 		entry = cloneEntry(&s.e)

@@ -351,12 +351,14 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		// The head is the whole answer; the connection is free again.
 		resp.SkipBody = true
 		c.release(p, keepAlive)
-		sb.active.Add(-1)
 		// Activity is dated by the answer, as a stream's is by its end: a
 		// request the sandbox took minutes to answer (a tool call, an
 		// upload) was activity all along, and an idle reaper polling
-		// last_active must not find the sandbox idle since it began.
+		// last_active must not find the sandbox idle since it began. The
+		// date goes first: between the two stores a poll would see neither
+		// the request in flight nor its answer.
 		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
+		sb.active.Add(-1)
 		return
 	}
 	if size >= 0 && size <= wholeBody {
@@ -366,8 +368,8 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
 		c.release(p, err == nil && keepAlive)
-		sb.active.Add(-1)
 		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
+		sb.active.Add(-1)
 		if err != nil {
 			p.upstreamError(ctx, x, err, t.ID(), addr)
 		}

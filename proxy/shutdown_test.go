@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,5 +170,81 @@ func TestDrainCompletesLookupInFlight(t *testing.T) {
 	close(st.release)
 	if a := <-done; a.code != 200 || a.body != "ok" {
 		t.Fatalf("request in flight when the drain started: %d %s", a.code, a.body)
+	}
+}
+
+// An SSE stream whose head comes from the sandbox after the drain began
+// (an MCP call or a subscription still waiting for its answer at SIGTERM)
+// ends cleanly at once too, like the streams open when it began: it must
+// not run until the drain deadline and then be cut, blamed on the sandbox.
+func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} { // detached, and on fasthttp's writer
+		t.Run(method, func(t *testing.T) {
+			const drain = 3 * time.Second
+			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
+			entered := make(chan struct{}, 1)
+			release := make(chan struct{})
+			ended := make(chan struct{}, 1)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				entered <- struct{}{}
+				<-release
+				f := sseHeaders(w)
+				fmt.Fprint(w, "id: 1\ndata: hello\n\n")
+				f.Flush()
+				<-r.Context().Done()
+				ended <- struct{}{}
+			}))
+			host := h.route("latesse", port)
+			type result struct {
+				event string
+				err   error
+			}
+			done := make(chan result, 1)
+			go func() {
+				resp, err := h.client.Do(h.req(method, host, "/", strings.NewReader("{}")))
+				if err != nil {
+					done <- result{"", err}
+					return
+				}
+				defer resp.Body.Close()
+				br := bufio.NewReader(resp.Body)
+				ev, err := readEvent(br)
+				if err == nil {
+					_, err = io.Copy(io.Discard, br) // nil only on a clean end of stream
+				}
+				done <- result{ev, err}
+			}()
+			<-entered
+			start := time.Now()
+			shutdownDone := make(chan error, 1)
+			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+			testenv.WaitFor(t, time.Second, "listener closed", func() bool {
+				c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
+				if err == nil {
+					c.Close()
+				}
+				return err != nil
+			})
+			close(release)
+			select {
+			case r := <-done:
+				if r.event != "id: 1\ndata: hello\n" || r.err != nil {
+					t.Errorf("stream gave %q and ended with %v, want the event and a clean end", r.event, r.err)
+				}
+				if d := time.Since(start); d > drain/2 {
+					t.Errorf("stream ended %v after the drain began; SSE should end at once", d)
+				}
+			case <-time.After(drain + 2*time.Second):
+				t.Fatal("SSE stream still open after the drain")
+			}
+			if err := <-shutdownDone; err != nil {
+				t.Fatalf("Shutdown: %v", err)
+			}
+			select {
+			case <-ended:
+			case <-time.After(2 * time.Second):
+				t.Fatal("the sandbox never saw the stream end")
+			}
+		})
 	}
 }

@@ -281,6 +281,9 @@ type registry struct {
 	head    *bodyStream // intrusive list: no allocation per stream
 	tunnels map[*tunnel]struct{}
 	streams int
+	// draining is set by endSSE: an SSE stream whose head arrives later
+	// ends at once as well.
+	draining bool
 }
 
 func (r *registry) add(s *bodyStream) {
@@ -291,6 +294,10 @@ func (r *registry) add(s *bodyStream) {
 	}
 	r.head = s
 	r.streams++
+	if r.draining && s.sse {
+		s.stopping.Store(true)
+		s.interrupt()
+	}
 	r.mu.Unlock()
 }
 
@@ -330,6 +337,7 @@ func (r *registry) removeTunnel(t *tunnel) {
 func (r *registry) endSSE() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.draining = true
 	for s := r.head; s != nil; s = s.next {
 		if s.sse {
 			s.stopping.Store(true)

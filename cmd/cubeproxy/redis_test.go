@@ -611,3 +611,84 @@ func TestRedisSentinelExampleFailover(t *testing.T) {
 		t.Fatalf("old route after failover: %d %q", got.status, got.body)
 	}
 }
+
+// freezer relays TCP to a real Redis until frozen; from then on it reads
+// and drops what clients send and answers nothing: a Redis that hangs
+// (paused, partitioned) rather than one that refuses connections.
+type freezer struct {
+	ln     net.Listener
+	frozen chan struct{}
+}
+
+func startFreezer(t *testing.T, target string) *freezer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{ln: ln, frozen: make(chan struct{})}
+	t.Cleanup(func() { ln.Close() })
+	relay := func(dst, src net.Conn) {
+		defer dst.Close()
+		defer src.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if err != nil {
+				return
+			}
+			select {
+			case <-f.frozen:
+				continue // dropped: the client waits for an answer that never comes
+			default:
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); r.Close() })
+			go relay(r, c)
+			go relay(c, r)
+		}
+	}()
+	return f
+}
+
+func (f *freezer) addr() string { return f.ln.Addr().String() }
+func (f *freezer) freeze()      { close(f.frozen) }
+
+// A Redis that hangs at shutdown delays the exit by no more than its
+// command timeout (the registry's cleanup is given that much), and leaves
+// the access log and telemetry their own time to flush: the cleanup must
+// not use up the budget they share, which lost the drain's last lines.
+func TestRedisHungAtShutdown(t *testing.T) {
+	r := testenv.StartRedis(t)
+	f := startFreezer(t, r.Addr())
+	p := startRedisProxy(t, f.addr(), "--registry-enabled",
+		"--access-log-format", "json", "--access-log-path", filepath.Join(t.TempDir(), "access.log"))
+	testenv.WaitFor(t, 5*time.Second, "registry entry", func() bool {
+		n, err := r.Client().HLen(context.Background(), redisstore.DefaultRegistryHash).Result()
+		return err == nil && n == 1
+	})
+	f.freeze()
+	start := time.Now()
+	p.stop()
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("stopping took %v with a hung Redis (drain 1s, command timeout 1s)", d)
+	}
+	if strings.Contains(p.logs.String(), "access log sink stalled") {
+		t.Errorf("the access log was given no time to flush:\n%s", p.logs)
+	}
+}

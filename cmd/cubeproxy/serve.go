@@ -482,9 +482,14 @@ func (a *app) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if a.registry != nil {
-		if err := a.registry.Stop(ctx); err != nil {
+		// One Redis command's budget of its own: a Redis that hangs must not
+		// use up the time the access log and telemetry need below (go-redis
+		// retries the pipeline until its context ends).
+		rctx, rcancel := context.WithTimeout(context.Background(), a.cfg.Redis.WithDefaults().CommandTimeout)
+		if err := a.registry.Stop(rctx); err != nil {
 			a.log.Warn("registry cleanup", "err", err)
 		}
+		rcancel()
 	}
 	if a.sub != nil {
 		_ = a.sub.Close()

@@ -30,6 +30,9 @@ const (
 	CodeUpstreamTimeout   = "upstream_timeout"
 	CodeUpstreamBusy      = "upstream_busy"
 	CodeUpstreamBadHeader = "upstream_bad_response"
+	// CodeDrainTimeout marks, in the access log and the span, a response
+	// the drain deadline cut after its status went out.
+	CodeDrainTimeout = "drain_timeout"
 )
 
 // proxyError is a failure the proxy answers itself, before or instead of a

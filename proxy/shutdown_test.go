@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -246,5 +247,50 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 				t.Fatal("the sandbox never saw the stream end")
 			}
 		})
+	}
+}
+
+// A download the drain deadline cuts is logged with its status and
+// error_code drain_timeout: the proxy cut it, not the sandbox, so it must
+// not read upstream_reset (which dashboards count against sandboxes).
+func TestDrainCutDownloadLogged(t *testing.T) {
+	buf := new(obsLogBuf)
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 300 * time.Millisecond; o.cfg.AccessLog = al })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "10485760")
+		w.Write(make([]byte, 1<<20))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	req := h.req("GET", h.route("drainget", port), "/", nil)
+	req.Header.Set(HeaderRequestID, "cut-download")
+	resp := h.do(req)
+	defer resp.Body.Close()
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	go h.server.Shutdown(context.Background())
+	if _, err := io.Copy(io.Discard, resp.Body); err == nil {
+		t.Fatal("the cut download ended cleanly: it would pass for a complete file")
+	}
+	var line string
+	testenv.WaitFor(t, 5*time.Second, "access log line", func() bool {
+		buf.mu.Lock()
+		defer buf.mu.Unlock()
+		for _, l := range strings.Split(buf.b.String(), "\n") {
+			if strings.Contains(l, `"x_cube_request_id":"cut-download"`) {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(line, `"status":200`) || !strings.Contains(line, `"error_code":"drain_timeout"`) {
+		t.Fatalf("access log line of the cut download: %s", line)
 	}
 }

@@ -125,6 +125,8 @@ func (s *bodyStream) cut(err error) {
 		return
 	}
 	switch {
+	case s.conn.interrupted.Load():
+		s.x.errCode = CodeDrainTimeout // the proxy cut it, not the sandbox
 	case isTimeout(err):
 		s.x.errCode = CodeUpstreamTimeout
 	case errors.Is(err, errBadChunk):

@@ -481,7 +481,7 @@ func (l *obsLogBuf) Write(p []byte) (int, error) {
 
 // logHarness starts a harness whose access log, in format, goes to the
 // returned buffer.
-func logHarness(t *testing.T, format string) (*harness, *obsLogBuf) {
+func logHarness(t *testing.T, format string, mods ...func(*harnessOpts)) (*harness, *obsLogBuf) {
 	t.Helper()
 	buf := new(obsLogBuf)
 	al, err := accesslog.New(accesslog.Config{Format: format, Output: buf}, nil)
@@ -489,7 +489,7 @@ func logHarness(t *testing.T, format string) (*harness, *obsLogBuf) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = al.Close() })
-	return newHarness(t, func(o *harnessOpts) { o.cfg.AccessLog = al }), buf
+	return newHarness(t, append([]func(*harnessOpts){func(o *harnessOpts) { o.cfg.AccessLog = al }}, mods...)...), buf
 }
 
 // line returns the fields of the cube line whose x_cube_request_id is id.

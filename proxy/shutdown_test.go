@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -292,5 +293,31 @@ func TestDrainCutDownloadLogged(t *testing.T) {
 	})
 	if !strings.Contains(line, `"status":200`) || !strings.Contains(line, `"error_code":"drain_timeout"`) {
 		t.Fatalf("access log line of the cut download: %s", line)
+	}
+}
+
+// A WebSocket the drain deadline cuts is logged as such, not as a tunnel
+// that ended normally.
+func TestDrainCutTunnelLogged(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond })
+	wsEnded := make(chan error, 1)
+	ws := dialWS(t, h, h.route("draincutws", wsBackend(t, wsEnded)))
+	defer ws.CloseNow()
+	if err := h.server.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var entry map[string]any
+	testenv.WaitFor(t, 5*time.Second, "the tunnel's access log line", func() bool {
+		buf.mu.Lock()
+		defer buf.mu.Unlock()
+		for _, ln := range strings.Split(buf.b.String(), "\n") {
+			if strings.Contains(ln, `"status":101`) {
+				return json.Unmarshal([]byte(ln), &entry) == nil
+			}
+		}
+		return false
+	})
+	if entry["error_code"] != CodeDrainTimeout {
+		t.Errorf("a tunnel cut by the drain logged error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
 	}
 }

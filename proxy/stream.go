@@ -356,6 +356,7 @@ func (r *registry) abortAll() {
 		s.interrupt()
 	}
 	for t := range r.tunnels {
+		t.drainCut.Store(true)
 		t.close()
 	}
 }

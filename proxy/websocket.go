@@ -28,6 +28,8 @@ type tunnel struct {
 	writeTimeout  time.Duration // client.write_timeout, per write to the client
 	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
 
+	drainCut atomic.Bool // closed at the drain deadline: logged as such
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -232,6 +234,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			tn.close()
 			p.streams.removeTunnel(tn)
 			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
+			if tn.drainCut.Load() {
+				tx.errCode = CodeDrainTimeout
+			}
 			release(nil)
 			p.metrics.ConnClosed()
 		}()

@@ -190,9 +190,12 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				entered <- struct{}{}
 				<-release
-				f := sseHeaders(w)
+				// Head and event in one write: the drain ends the stream as
+				// soon as it registers, and what the sandbox had not sent by
+				// then is left to the client's reconnect.
+				w.Header().Set("Content-Type", "text/event-stream")
 				fmt.Fprint(w, "id: 1\ndata: hello\n\n")
-				f.Flush()
+				w.(http.Flusher).Flush()
 				<-r.Context().Done()
 				ended <- struct{}{}
 			}))

@@ -79,9 +79,13 @@ func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
 	out := make(map[string]int64)
 	s.m.Range(func(k, v any) bool {
 		e := v.(*sandboxState)
-		ts := e.lastActive.Load()
-		if e.active.Load() > 0 {
-			ts = now
+		// The count first: a request is counted done only after the time
+		// of its answer was stored, so a poll that finds it done finds that
+		// time too. Read the other way round, the time could be read while
+		// the request was in flight (its start) and the count once done.
+		ts := now
+		if e.active.Load() <= 0 {
+			ts = e.lastActive.Load()
 		}
 		if ts >= since && ts > 0 {
 			out[k.(string)] = ts

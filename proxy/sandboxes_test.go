@@ -27,3 +27,34 @@ func TestKillIsSeenWithItsTime(t *testing.T) {
 		<-done
 	}
 }
+
+// A last_active poll that finds a sandbox's request done must also find
+// the time of its answer: respond, a stream's end and a tunnel's release
+// store the time before lowering the count, and the poll must read them in
+// the opposite order. Read the other way round, a poll that read the time
+// while the request was in flight and the count once it was done reported
+// the sandbox idle since the request began (here: not active since 2).
+func TestLastActiveSeesTheAnswerOfADoneRequest(t *testing.T) {
+	var s sandboxes
+	e := new(sandboxState)
+	for i := range 1000 { // one sandbox, many times: the poll reads it over and over
+		s.m.Store("sbx"+strconv.Itoa(i), e)
+	}
+	for round := range 300 {
+		e.lastActive.Store(1) // the request's start
+		e.active.Store(1)
+		start, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			<-start
+			e.lastActive.Store(2) // its answer
+			e.active.Add(-1)
+			close(done)
+		}()
+		close(start)
+		got := s.lastActive(2, 3)
+		<-done
+		if len(got) != 1000 {
+			t.Fatalf("round %d: the poll lost %d of 1000 readings of a sandbox active until 2", round, 1000-len(got))
+		}
+	}
+}

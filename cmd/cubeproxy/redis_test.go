@@ -692,3 +692,23 @@ func TestRedisHungAtShutdown(t *testing.T) {
 		t.Errorf("the access log was given no time to flush:\n%s", p.logs)
 	}
 }
+
+// The access log's time at shutdown does not shrink by the registry
+// cleanup's: with a command timeout as long as the budget they used to
+// share (a Sentinel deployment riding out failovers), a hung Redis left
+// the access log none.
+func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
+	r := testenv.StartRedis(t)
+	f := startFreezer(t, r.Addr())
+	p := startRedisProxy(t, f.addr(), "--registry-enabled", "--redis-command-timeout", "5s",
+		"--access-log-format", "json", "--access-log-path", filepath.Join(t.TempDir(), "access.log"))
+	testenv.WaitFor(t, 5*time.Second, "registry entry", func() bool {
+		n, err := r.Client().HLen(context.Background(), redisstore.DefaultRegistryHash).Result()
+		return err == nil && n == 1
+	})
+	f.freeze()
+	p.stop()
+	if strings.Contains(p.logs.String(), "access log sink stalled") {
+		t.Errorf("the access log was given no time to flush:\n%s", p.logs)
+	}
+}

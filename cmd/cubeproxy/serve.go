@@ -479,8 +479,6 @@ loop:
 
 // close stops everything build started, in dependency order.
 func (a *app) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if a.registry != nil {
 		// One Redis command's budget of its own: a Redis that hangs must not
 		// use up the time the access log and telemetry need below (go-redis
@@ -491,6 +489,10 @@ func (a *app) close() {
 		}
 		rcancel()
 	}
+	// The access log and telemetry's budget starts after the cleanup, or
+	// a command timeout as long as it would leave them nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	if a.sub != nil {
 		_ = a.sub.Close()
 	}

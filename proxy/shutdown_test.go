@@ -324,3 +324,70 @@ func TestDrainCutTunnelLogged(t *testing.T) {
 		t.Errorf("a tunnel cut by the drain logged error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
 	}
 }
+
+// What registers after the drain deadline cut everything (a response whose
+// head the sandbox sent during the unwind, a WebSocket whose 101 came
+// then) is cut as it registers, and logged as the drain's: left alone it
+// held Shutdown's unwind, then died unlogged with the process.
+func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
+	t.Run("download", func(t *testing.T) {
+		h, buf := logHarness(t, accesslog.FormatJSON)
+		port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte("part"))
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}))
+		h.proxy.streams.endSSE()
+		h.proxy.streams.abortAll()
+		req := h.req("GET", h.route("latedl", port), "/", nil)
+		req.Header.Set(HeaderRequestID, "late-download")
+		resp := h.do(req)
+		defer resp.Body.Close()
+		read := make(chan error, 1)
+		go func() { _, err := io.Copy(io.Discard, resp.Body); read <- err }()
+		select {
+		case err := <-read:
+			if err == nil {
+				t.Fatal("the cut download ended cleanly: it would pass for a complete file")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a download that started after the drain deadline is still open")
+		}
+		if e := buf.waitJSON(t, "late-download"); e["error_code"] != CodeDrainTimeout {
+			t.Errorf("error_code %v, want %s", e["error_code"], CodeDrainTimeout)
+		}
+	})
+	t.Run("websocket", func(t *testing.T) {
+		h, buf := logHarness(t, accesslog.FormatJSON)
+		host := h.route("latews", wsBackend(t, make(chan error, 1)))
+		h.proxy.streams.endSSE()
+		h.proxy.streams.abortAll()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		// The tunnel registers before it writes the 101: cut then, the
+		// client sees the connection close instead.
+		ws, _, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host, Subprotocols: []string{"echo.v1"}})
+		if err == nil {
+			defer ws.CloseNow()
+			if _, _, err := ws.Read(ctx); ctx.Err() != nil {
+				t.Fatalf("a WebSocket that started after the drain deadline is still open (%v)", err)
+			}
+		} else if ctx.Err() != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		var entry map[string]any
+		testenv.WaitFor(t, 5*time.Second, "the tunnel's access log line", func() bool {
+			buf.mu.Lock()
+			defer buf.mu.Unlock()
+			for _, ln := range strings.Split(buf.b.String(), "\n") {
+				if strings.Contains(ln, `"status":101`) {
+					return json.Unmarshal([]byte(ln), &entry) == nil
+				}
+			}
+			return false
+		})
+		if entry["error_code"] != CodeDrainTimeout {
+			t.Errorf("error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
+		}
+	})
+}

@@ -284,8 +284,9 @@ type registry struct {
 	tunnels map[*tunnel]struct{}
 	streams int
 	// draining is set by endSSE: an SSE stream whose head arrives later
-	// ends at once as well.
-	draining bool
+	// ends at once as well. aborted is set by abortAll: whatever registers
+	// later is cut at once too.
+	draining, aborted bool
 }
 
 func (r *registry) add(s *bodyStream) {
@@ -298,6 +299,8 @@ func (r *registry) add(s *bodyStream) {
 	r.streams++
 	if r.draining && s.sse {
 		s.stopping.Store(true)
+		s.interrupt()
+	} else if r.aborted {
 		s.interrupt()
 	}
 	r.mu.Unlock()
@@ -324,6 +327,10 @@ func (r *registry) addTunnel(t *tunnel) {
 		r.tunnels = make(map[*tunnel]struct{})
 	}
 	r.tunnels[t] = struct{}{}
+	if r.aborted {
+		t.drainCut.Store(true)
+		t.close()
+	}
 	r.mu.Unlock()
 }
 
@@ -352,6 +359,7 @@ func (r *registry) endSSE() {
 func (r *registry) abortAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.aborted = true
 	for s := r.head; s != nil; s = s.next {
 		s.interrupt()
 	}

@@ -519,12 +519,19 @@ func (l *obsLogBuf) wait(t *testing.T, id string) []string {
 // waitJSON waits for the JSON access log line of request id and decodes it.
 func (l *obsLogBuf) waitJSON(t *testing.T, id string) map[string]any {
 	t.Helper()
+	return l.waitJSONLine(t, `"x_cube_request_id":"`+id+`"`)
+}
+
+// waitJSONLine waits for the first JSON access log line containing match
+// and decodes it.
+func (l *obsLogBuf) waitJSONLine(t *testing.T, match string) map[string]any {
+	t.Helper()
 	var entry map[string]any
-	testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
+	testenv.WaitFor(t, 5*time.Second, "access log line with "+match, func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		for _, ln := range strings.Split(l.b.String(), "\n") {
-			if strings.Contains(ln, `"x_cube_request_id":"`+id+`"`) {
+			if strings.Contains(ln, match) {
 				return json.Unmarshal([]byte(ln), &entry) == nil
 			}
 		}

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -309,17 +308,7 @@ func TestDrainCutTunnelLogged(t *testing.T) {
 	if err := h.server.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	var entry map[string]any
-	testenv.WaitFor(t, 5*time.Second, "the tunnel's access log line", func() bool {
-		buf.mu.Lock()
-		defer buf.mu.Unlock()
-		for _, ln := range strings.Split(buf.b.String(), "\n") {
-			if strings.Contains(ln, `"status":101`) {
-				return json.Unmarshal([]byte(ln), &entry) == nil
-			}
-		}
-		return false
-	})
+	entry := buf.waitJSONLine(t, `"status":101`) // the tunnel's
 	if entry["error_code"] != CodeDrainTimeout {
 		t.Errorf("a tunnel cut by the drain logged error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
 	}
@@ -375,17 +364,7 @@ func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
 		} else if ctx.Err() != nil {
 			t.Fatalf("dial: %v", err)
 		}
-		var entry map[string]any
-		testenv.WaitFor(t, 5*time.Second, "the tunnel's access log line", func() bool {
-			buf.mu.Lock()
-			defer buf.mu.Unlock()
-			for _, ln := range strings.Split(buf.b.String(), "\n") {
-				if strings.Contains(ln, `"status":101`) {
-					return json.Unmarshal([]byte(ln), &entry) == nil
-				}
-			}
-			return false
-		})
+		entry := buf.waitJSONLine(t, `"status":101`) // the tunnel's
 		if entry["error_code"] != CodeDrainTimeout {
 			t.Errorf("error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
 		}

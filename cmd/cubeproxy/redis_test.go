@@ -712,3 +712,24 @@ func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
 		t.Errorf("the access log was given no time to flush:\n%s", p.logs)
 	}
 }
+
+// redis.command_timeout is the lookup budget: a longer one (a Sentinel
+// deployment riding out failovers) lets a route lookup wait for a Redis
+// that answers after more than a second, rather than the cache giving up
+// at its default second with a 503.
+func TestRedisLongCommandTimeoutIsTheLookupBudget(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startRedisProxy(t, r.Addr(), "--redis-command-timeout", "5s")
+	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"patient", cpFields("127.0.0.1", "192.168.0.2", redisBackend(t, "patient"))...)
+	// Every command of every client waits 2 s from now.
+	if err := r.Client().Do(context.Background(), "CLIENT", "PAUSE", "2000", "ALL").Err(); err != nil {
+		t.Fatalf("client pause: %v", err)
+	}
+	got := p.get(t, "patient")
+	if got.status != 200 || got.body != "patient" {
+		t.Fatalf("lookup within a 5s command timeout, Redis paused 2s: %d %s after %v", got.status, got.body, got.took)
+	}
+	if got.took < time.Second {
+		t.Fatalf("answered in %v: Redis was not paused for this lookup", got.took)
+	}
+}

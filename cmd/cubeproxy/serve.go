@@ -146,6 +146,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	}
 
 	var store routing.Store
+	var lookupTimeout time.Duration // the cache's default for the memory store
 	bg, stop := context.WithCancel(context.Background())
 	a.stopBackground = stop
 	switch cfg.Store {
@@ -169,6 +170,8 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 			return nil, fmt.Errorf("redis: %w", err)
 		}
 		go a.watchReachable(bg)
+		// The cache's own bound would otherwise cut a longer command_timeout short.
+		lookupTimeout = rcfg.WithDefaults().CommandTimeout
 		store = proxy.InstrumentStore(reachStore{a.redis, &a.reached}, a.tel.Metrics, telemetry.StoreRedis)
 	default:
 		return nil, fmt.Errorf("store %q: want memory or redis", cfg.Store)
@@ -177,6 +180,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	a.cache, err = routing.NewCache(store, routing.CacheConfig{
 		Size: cfg.Cache.Size, NegativeSize: cfg.Cache.NegativeSize,
 		TTLMin: cfg.Cache.TTLMin, TTLMax: cfg.Cache.TTLMax, NegativeTTL: cfg.Cache.NegativeTTL,
+		LookupTimeout: lookupTimeout,
 	})
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -75,7 +76,28 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		case <-sub.done:
 		}
 	}()
+	go sub.warnUnsubscribed(subscribeGrace * s.cfg.CommandTimeout)
 	return sub
+}
+
+// subscribeGrace is how many command timeouts the first subscription may
+// take before its absence is logged.
+const subscribeGrace = 5
+
+// warnUnsubscribed logs once when no subscription was confirmed within d.
+// go-redis swallows a refused SUBSCRIBE (an ACL user without access to the
+// channel, the default for new users since Redis 7) and does not retry it:
+// routes still resolve, but invalidations from other instances are never
+// applied here, and nothing else would say so.
+func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-sub.ready:
+	case <-sub.done:
+	case <-t.C:
+		sub.logger.Error("redis invalidation: not subscribed; invalidations published by other instances are not applied (Redis unreachable, or the ACL user may not SUBSCRIBE to the channel)", "waited", d.String())
+	}
 }
 
 func (sub *Subscriber) run(ch <-chan any) {

@@ -2,7 +2,10 @@ package redisstore_test
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,5 +184,44 @@ func TestReconnectDropsCache(t *testing.T) {
 	rt, res, err := c.Get(ctx, []byte("flip"))
 	if err != nil || rt.Public || res != routing.CacheMiss {
 		t.Fatalf("after the reconnect: %v public=%v, %v; want a fresh read of the private route", res, rt != nil && rt.Public, err)
+	}
+}
+
+// logLines is a slog destination tests can read while the logger writes.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestSubscribeDeniedIsLogged: an ACL user without access to the
+// invalidation channel (Redis 7 gives new users none by default) reads
+// routes fine but never subscribes; that must not go unnoticed, since
+// other instances' invalidations are then never applied here.
+func TestSubscribeDeniedIsLogged(t *testing.T) {
+	r := testenv.StartRedis(t)
+	if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "reader", Password: "pw", CommandTimeout: 100 * time.Millisecond})
+	var logs logLines
+	sub := s.Subscribe(context.Background(), make(recorder, 16), slog.New(slog.NewJSONHandler(&logs, nil)))
+	t.Cleanup(func() { _ = sub.Close() })
+	testenv.WaitFor(t, 5*time.Second, "an error log saying invalidations are not received", func() bool {
+		return strings.Contains(logs.String(), `"level":"ERROR"`) && strings.Contains(logs.String(), "not subscribed")
+	})
+	if sub.Subscriptions() != 0 {
+		t.Fatalf("subscribed %d times without channel permission", sub.Subscriptions())
 	}
 }

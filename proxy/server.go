@@ -173,12 +173,38 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
 		// Like every other answer, so a client's report can be matched.
 		ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
-		ctx.Redirect("https://"+httpsAuthority(string(ctx.Host()), httpsPort)+string(ctx.RequestURI()), fasthttp.StatusPermanentRedirect)
+		// Set as is, not through ctx.Redirect: that resolves the target
+		// through fasthttp's URI, which normalises the path (a%2Fb becomes
+		// a/b, dot segments go), while HTTPS forwards it unnormalised.
+		ctx.Response.Header.Set(fasthttp.HeaderLocation,
+			"https://"+httpsAuthority(string(ctx.Host()), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
+		ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 	}
 	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// redirectTarget is the path and query of a request target as the client
+// wrote it: an absolute-form target ("http://host/p?q") loses its scheme and
+// authority, and a target without a path ("*", "host:port") becomes "/".
+func redirectTarget(uri []byte) string {
+	if len(uri) > 0 && uri[0] == '/' {
+		return string(uri)
+	}
+	_, rest, ok := strings.Cut(string(uri), "://")
+	if !ok {
+		return "/"
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 {
+		return "/"
+	}
+	if rest[i] == '?' {
+		return "/" + rest[i:]
+	}
+	return rest[i:]
 }
 
 // httpsAuthority is the Host of a plain-HTTP request moved to the HTTPS

@@ -713,3 +713,44 @@ func TestTLSACMEOnDemand(t *testing.T) {
 		})
 	}
 }
+
+// redirect_http sends the client to the HTTPS twin of exactly the target it
+// asked for: the proxy forwards targets unnormalised, so a redirect that
+// rewrote a%2Fb to a/b or dropped a dot segment would make the HTTPS request
+// reach another resource, and an absolute-form target must give a URL, not
+// its scheme pasted after the port.
+func TestTLSRedirectKeepsRequestTarget(t *testing.T) {
+	port := tlsBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("plain HTTP reached the sandbox: %s %s", r.Method, r.RequestURI)
+	}))
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": port}, "tls:\n  domain: cube.test\n  redirect_http: true\n"))
+	base := "https://50005-abc.cube.test:" + p.httpsPort
+	tests := []struct {
+		name, target, want string
+	}{
+		{"encoded slash", "/files/a%2Fb", base + "/files/a%2Fb"},
+		{"dot segments and double slashes", "/a/../b//c/%2e%2e/d?q=%2F", base + "/a/../b//c/%2e%2e/d?q=%2F"},
+		{"absolute-form", "http://50005-abc.cube.test/p?x=1", base + "/p?x=1"},
+		{"absolute-form without path", "http://50005-abc.cube.test", base + "/"},
+		{"absolute-form with query only", "http://50005-abc.cube.test?x", base + "/?x"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", p.http)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: 50005-abc.cube.test\r\n\r\n", tt.target)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != tt.want {
+				t.Fatalf("GET %s: %d Location %q, want 308 %q", tt.target, resp.StatusCode, resp.Header.Get("Location"), tt.want)
+			}
+		})
+	}
+}

@@ -49,9 +49,16 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		// On-demand issuance with no domain to hold names to.
 		{[]string{"--https-addr=127.0.0.1:0", "--tls-source=acme", "--tls-acme-skip-wildcard", "--tls-acme-on-demand",
 			"--tls-acme-email=ops@cube.test", "--tls-acme-storage-dir=" + t.TempDir()}, "acme.on_demand needs tls.domain or domains"},
+		// A redirect with no HTTPS listener to send to: plain HTTP would
+		// go on reaching the sandboxes the operator meant to close it to.
+		{[]string{"--tls-redirect-http"}, "tls.redirect_http needs https_addr"},
 	} {
 		var out, errb bytes.Buffer
-		if code := run(context.Background(), append(base, tc.args...), noEnv, &out, &errb); code != 1 || !strings.Contains(errb.String(), tc.want) {
+		// Bounded: a setting that is wrongly accepted starts a proxy.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		code := run(ctx, append(base, tc.args...), noEnv, &out, &errb)
+		cancel()
+		if code != 1 || !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want 1 and %q", tc.args, code, errb.String(), tc.want)
 		}
 	}

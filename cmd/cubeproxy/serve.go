@@ -240,6 +240,11 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		DrainTimeout:         cfg.DrainTimeout,
 	}, a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
+	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
+		// Proxying instead would serve in plain HTTP what the operator
+		// meant to close to it.
+		return nil, errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
+	}
 	if cfg.HTTPSAddr != "" {
 		if cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
 			// allowCertificate would have no domain to hold names to.

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // ServerConfig holds the listener-side settings.
@@ -172,7 +174,12 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 	}
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
 		// Like every other answer, so a client's report can be matched.
-		ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+		defer ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+		if len(ctx.Host()) == 0 {
+			// HTTP/1.0 without Host: "https://:8443/x" names no server.
+			writeError(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
+			return
+		}
 		// Set as is, not through ctx.Redirect: that resolves the target
 		// through fasthttp's URI, which normalises the path (a%2Fb becomes
 		// a/b, dot segments go), while HTTPS forwards it unnormalised.

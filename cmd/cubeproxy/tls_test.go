@@ -754,3 +754,29 @@ func TestTLSRedirectKeepsRequestTarget(t *testing.T) {
 		})
 	}
 }
+
+// An HTTP/1.0 request without Host names no server to redirect to:
+// "https://:8443/" is no URL, so it gets the 400 the proxy answers over
+// HTTPS to a request without a host.
+func TestTLSRedirectWithoutHost(t *testing.T) {
+	p := startTLSProxy(t, tlsConfigYAML(t, nil, "tls:\n  domain: cube.test\n  redirect_http: true\n"))
+	c, err := net.Dial("tcp", p.http)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprint(c, "GET /x HTTP/1.0\r\nX-Cube-Request-Id: no-host\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Location") != "" || !strings.Contains(string(body), `"code":"invalid_host"`) {
+		t.Fatalf("%d Location %q body %q, want 400 invalid_host and no Location", resp.StatusCode, resp.Header.Get("Location"), body)
+	}
+	if got := resp.Header.Get("X-Cube-Request-Id"); got != "no-host" {
+		t.Errorf("X-Cube-Request-Id %q, want the client's", got)
+	}
+}

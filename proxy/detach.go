@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/cube-sandbox/cubeproxy/accesslog"
 )
 
 // A long-lived SSE stream spends nearly all its life waiting for the next
@@ -48,17 +46,7 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 	// The log entry is captured now, not in hijacked: an abandoned stream
 	// is logged too, and fasthttp recycles the request with the connection.
 	s.status = ctx.Response.StatusCode()
-	if p.cfg.AccessLog != nil {
-		// The handler sets the response's request id only after this; until
-		// then it is the sandbox's, if the sandbox sent one. The request
-		// has the id the client gets (its own, or the one generated).
-		ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
-		ls := logScratchPool.Get().(*logScratch)
-		p.fillEntry(ctx, &s.x, s.status, 0, ls)
-		s.entry = cloneEntry(&ls.e)
-		ls.e = accesslog.Entry{}
-		logScratchPool.Put(ls)
-	}
+	s.entry = p.captureEntry(ctx, &s.x, s.status)
 	p.hijack(ctx, s.hijacked, s.abandon)
 	p.streams.add(s)
 }

@@ -269,14 +269,10 @@ func appendUint(dst []byte, v uint64) []byte {
 // X-Forwarded_For, and X_Forwarded_Host when masked is set). CGI, WSGI and
 // PHP servers file both spellings under one variable (HTTP_X_REAL_IP) and
 // join or overwrite them, so such a line would forge the client address;
-// nginx drops names with '_' by default (underscores_in_headers off). The
-// raw head is scanned, once, only when it holds a '_' at all.
+// nginx drops names with '_' by default (underscores_in_headers off).
+// prepareRequest calls it only when scanHead saw a name with '_'.
 func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
-	raw := h.RawHeaders()
-	if bytes.IndexByte(raw, '_') < 0 {
-		return
-	}
-	for name := range headerNames(raw) {
+	for name := range headerNames(h.RawHeaders()) {
 		if bytes.IndexByte(name, '_') < 0 {
 			continue
 		}

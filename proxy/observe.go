@@ -133,6 +133,26 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	logScratchPool.Put(s)
 }
 
+// captureEntry copies the log entry of an exchange that outlives its
+// handler (a detached stream, a tunnel): fasthttp recycles the request when
+// the handler returns, and finish completes the entry at the end. Until
+// the handler returns, the response still carries the sandbox's request
+// id if it sent one; the request has the id the client gets (its own, or
+// the one generated), so that one goes on the response first. Nil when the
+// access log is off.
+func (p *Proxy) captureEntry(ctx *fasthttp.RequestCtx, x *exchange, status int) *accesslog.Entry {
+	if p.cfg.AccessLog == nil {
+		return nil
+	}
+	ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
+	s := logScratchPool.Get().(*logScratch)
+	p.fillEntry(ctx, x, status, 0, s)
+	e := cloneEntry(&s.e)
+	s.e = accesslog.Entry{}
+	logScratchPool.Put(s)
+	return e
+}
+
 // logScratch holds an entry and the bytes its address strings point into;
 // pooled, so logging a request allocates nothing.
 type logScratch struct {
@@ -230,12 +250,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		e.UpstreamResponseTime = x.upTime
 	}
 	e.UserAgent = b2s(h.UserAgent())
-	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID))
-	if e.RequestID == "" {
-		// A tunnel logs before its response carries the id; the request
-		// has it (the client's, or the one the proxy generated).
-		e.RequestID = b2s(h.Peek(HeaderRequestID))
-	}
+	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID)) // set before any entry is filled
 	e.InstanceID = b2s(h.Peek("X-Cube-Instance-Id"))
 	e.BackendIP = addr(x.backendIP)
 	e.SandboxID = x.sandboxID

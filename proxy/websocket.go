@@ -13,7 +13,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
@@ -200,17 +199,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	x.stream = true
 	x.owned = true
 	tx := *x
-	var entry *accesslog.Entry
-	if p.cfg.AccessLog != nil {
-		// As in detach: the 101 still carries the sandbox's request id, if
-		// it sent one, until the handler returns.
-		ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
-		s := logScratchPool.Get().(*logScratch)
-		p.fillEntry(ctx, x, fasthttp.StatusSwitchingProtocols, 0, s)
-		entry = cloneEntry(&s.e)
-		s.e = accesslog.Entry{}
-		logScratchPool.Put(s)
-	}
+	entry := p.captureEntry(ctx, x, fasthttp.StatusSwitchingProtocols)
 	// release frees what the tunnel holds besides the client connection.
 	release := func(err error) {
 		u.conns.Add(-1)

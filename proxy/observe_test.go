@@ -516,6 +516,19 @@ func (l *obsLogBuf) wait(t *testing.T, id string) []string {
 	return f
 }
 
+// barrier sends a request to host under request id and waits for its
+// (cube) line: the log is written in order by one goroutine, so every line
+// logged before the request is there too.
+func (l *obsLogBuf) barrier(t *testing.T, h *harness, host, id string) {
+	t.Helper()
+	req := h.req("GET", host, "/", nil)
+	req.Header.Set("X-Cube-Request-Id", id)
+	resp := h.do(req)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	l.wait(t, id)
+}
+
 // waitJSON waits for the JSON access log line of request id and decodes it.
 func (l *obsLogBuf) waitJSON(t *testing.T, id string) map[string]any {
 	t.Helper()
@@ -673,15 +686,8 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 		if ev, err := readEvent(br); err != nil || ev != "data: first\n" {
 			t.Fatalf("first event %q, %v", ev, err)
 		}
-		// Barrier: the log is written in order by one goroutine, so once a
-		// later request's line is there, a line the stream had logged at
-		// handler return would be there too.
-		mreq := h.req("GET", plainHost, "/", nil)
-		mreq.Header.Set("X-Cube-Request-Id", "req-marker-1")
-		mresp := h.do(mreq)
-		io.Copy(io.Discard, mresp.Body)
-		mresp.Body.Close()
-		buf.wait(t, "req-marker-1")
+		// A line the stream had logged at handler return would be there.
+		buf.barrier(t, h, plainHost, "req-marker-1")
 		if f, ok := buf.line("req-sse-1"); ok {
 			t.Fatalf("stream logged while still open: %q", strings.Join(f, "||"))
 		}
@@ -1086,16 +1092,11 @@ func TestAccessLogDetachedStreamKeepsRequestID(t *testing.T) {
 	if got := resp.Header.Get("X-Cube-Request-Id"); got != "req-detached-rid" {
 		t.Errorf("response X-Cube-Request-Id %q, want the client's", got)
 	}
-	// Barrier: lines are written in order, so the stream's is there by now.
+	// The stream's line is there by now.
 	plain := h.route("sbxlogridplain", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 	})))
-	mreq := h.req("GET", plain, "/", nil)
-	mreq.Header.Set("X-Cube-Request-Id", "req-detached-marker")
-	mresp := h.do(mreq)
-	io.Copy(io.Discard, mresp.Body)
-	mresp.Body.Close()
-	buf.wait(t, "req-detached-marker")
+	buf.barrier(t, h, plain, "req-detached-marker")
 	if _, ok := buf.line("req-detached-rid"); !ok {
 		buf.mu.Lock()
 		t.Errorf("no access log line under the client's request id:\n%s", buf.b.String())

@@ -354,11 +354,8 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		// Activity is dated by the answer, as a stream's is by its end: a
 		// request the sandbox took minutes to answer (a tool call, an
 		// upload) was activity all along, and an idle reaper polling
-		// last_active must not find the sandbox idle since it began. The
-		// date goes first: between the two stores a poll would see neither
-		// the request in flight nor its answer.
-		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
-		sb.active.Add(-1)
+		// last_active must not find the sandbox idle since it began.
+		sb.done(x.start.Add(x.upTime).UnixMilli())
 		return
 	}
 	if size >= 0 && size <= wholeBody {
@@ -368,8 +365,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
 		c.release(p, err == nil && keepAlive)
-		sb.lastActive.Store(x.start.Add(x.upTime).UnixMilli())
-		sb.active.Add(-1)
+		sb.done(x.start.Add(x.upTime).UnixMilli())
 		if err != nil {
 			p.upstreamError(ctx, x, err, t.ID(), addr)
 		}

@@ -71,6 +71,14 @@ func (s *sandboxes) setState(id string, st uint32) {
 	e.state.Store(st)
 }
 
+// done counts one of the sandbox's requests finished at unix millis ms.
+// The time goes first, and lastActive reads the count first: a poll that
+// finds the request done finds its time too, never neither.
+func (e *sandboxState) done(ms int64) {
+	e.lastActive.Store(ms)
+	e.active.Add(-1)
+}
+
 // lastActive returns sandbox ids active at or after since (unix millis).
 // A sandbox with a request or stream still open is active now (unix
 // millis): an SSE or WebSocket session may last hours after the request
@@ -79,10 +87,9 @@ func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
 	out := make(map[string]int64)
 	s.m.Range(func(k, v any) bool {
 		e := v.(*sandboxState)
-		// The count first: a request is counted done only after the time
-		// of its answer was stored, so a poll that finds it done finds that
-		// time too. Read the other way round, the time could be read while
-		// the request was in flight (its start) and the count once done.
+		// The count first (see done): read the other way round, the time
+		// could be read while a request was in flight (its start) and the
+		// count once it was done.
 		ts := now
 		if e.active.Load() <= 0 {
 			ts = e.lastActive.Load()

@@ -253,8 +253,7 @@ func (s *bodyStream) end(err error) {
 	s.closed = true
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
-	s.sb.lastActive.Store(time.Now().UnixMilli()) // first: see respond
-	s.sb.active.Add(-1)
+	s.sb.done(time.Now().UnixMilli())
 	if s.detached {
 		s.p.finish(nil, &s.x, s.status, err, s.entry)
 		if s.client != nil {

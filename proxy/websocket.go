@@ -203,8 +203,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// release frees what the tunnel holds besides the client connection.
 	release := func(err error) {
 		u.conns.Add(-1)
-		sb.lastActive.Store(time.Now().UnixMilli()) // first: see respond
-		sb.active.Add(-1)
+		sb.done(time.Now().UnixMilli())
 		p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, err, entry)
 	}
 	abandon := func() {

@@ -126,7 +126,13 @@ func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []b
 }
 
 // pump copies the body to the client until either side ends it.
-func (s *bodyStream) pump() { s.end(s.copyEvents()) }
+func (s *bodyStream) pump() {
+	err := s.copyEvents()
+	if err != nil && s.clientLeft.Load() {
+		err = errClientLeft
+	}
+	s.end(err)
+}
 
 var (
 	lastChunk      = []byte("0\r\n\r\n")

@@ -40,6 +40,7 @@ type Proxy struct {
 	// readersOut counts readers in use: what idle streams cost in buffers.
 	readersOut atomic.Int64
 	streams    registry
+	hangups    *hangups // set by NewServer; nil: departed clients are found by heartbeats
 	sandboxes  sandboxes
 	// hijacks maps a client connection to the release of a hijack handler
 	// fasthttp has not run yet (see hijack).
@@ -407,6 +408,9 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	s.started = time.Now()
 	s.sb = sb
 	s.client = ctx.Conn()
+	if s.sse {
+		p.hangups.watch(s)
+	}
 	if p.clientWriteTimeout > 0 {
 		s.writeTimeout = p.clientWriteTimeout
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)

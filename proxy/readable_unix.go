@@ -101,19 +101,12 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 // succeeds, so the heartbeat alone would not notice a client that left.
 // Bytes waiting (a pipelined request, a TLS close_notify) read as open.
 func clientClosed(c net.Conn) bool {
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
-		c = tc.NetConn()
-	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
+	raw := rawConn(c)
+	if raw == nil {
 		return false
 	}
 	closed := false
-	err = raw.Control(func(fd uintptr) {
+	err := raw.Control(func(fd uintptr) {
 		var b [1]byte
 		for {
 			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
@@ -124,4 +117,20 @@ func clientClosed(c net.Conn) bool {
 		}
 	})
 	return closed || err != nil
+}
+
+// rawConn is c's socket, under TLS if need be; nil if it has none.
+func rawConn(c net.Conn) syscall.RawConn {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
 }

@@ -134,6 +134,16 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	}
 	s.wg.Add(1)
 	go s.janitor()
+	if h, err := newHangups(); err != nil {
+		p.cfg.Logger.Warn("departed SSE clients will be found by heartbeats only", "err", err)
+	} else if h != nil {
+		p.hangups = h
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			h.run()
+		}()
+	}
 	return s
 }
 
@@ -284,6 +294,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.stopOnce.Do(func() { close(s.stop) })
+	s.p.hangups.close()
 	s.wg.Wait()
 	s.p.pools.closeIdle()
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {

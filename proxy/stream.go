@@ -21,8 +21,8 @@ var heartbeatLine = []byte(": keep-alive\n\n")
 // the stream started (see Proxy.hijack).
 var errClientGone = errors.New("client connection closed before the stream started")
 
-// errClientLeft ends a silent stream whose client closed its connection
-// (found when a heartbeat was due).
+// errClientLeft ends a stream whose client closed its connection (told by
+// hangups, or found when a heartbeat was due).
 var errClientLeft = errors.New("client closed the connection")
 
 // bodyStream hands an upstream response body to fasthttp's response writer.
@@ -67,7 +67,11 @@ type bodyStream struct {
 	// stopping is set by drain: the next failed upstream read ends the
 	// stream cleanly (io.EOF) instead of as an error.
 	stopping atomic.Bool
-	closed   bool
+	// clientLeft is set by hangups when the client closes its connection:
+	// the upstream read that fails next ends the stream as errClientLeft.
+	clientLeft atomic.Bool
+	hupKey     uint64 // in Proxy.hangups; 0 = not watched
+	closed     bool
 
 	// registry links.
 	prev, next *bodyStream
@@ -101,6 +105,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 			s.trackBoundary(b[:n])
 		}
 	}
+	if err != nil && s.clientLeft.Load() {
+		return n, errClientLeft
+	}
 	if err != nil && n == 0 && errors.Is(err, errHeartbeatDue) {
 		if clientClosed(s.client) {
 			return 0, errClientLeft
@@ -121,8 +128,8 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 // cut records why the sandbox's side of the body failed. The status went
 // out with the head, so the log and the span say it with an error code.
 func (s *bodyStream) cut(err error) {
-	if s.x.errCode != "" {
-		return
+	if s.x.errCode != "" || s.clientLeft.Load() {
+		return // the client left: the proxy closed the sandbox's side
 	}
 	switch {
 	case s.conn.interrupted.Load():
@@ -251,6 +258,7 @@ func (s *bodyStream) end(err error) {
 		return
 	}
 	s.closed = true
+	s.p.hangups.unwatch(s) // first: hangUp may not run on a released stream
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
 	s.sb.done(time.Now().UnixMilli())
@@ -265,6 +273,15 @@ func (s *bodyStream) end(err error) {
 	}
 	*s = bodyStream{}
 	bodyStreamPool.Put(s)
+}
+
+// hangUp is called by hangups (under its lock, so the stream cannot be
+// released meanwhile) when the client has closed its connection: it
+// unblocks the pending upstream read, and the stream ends as errClientLeft.
+func (s *bodyStream) hangUp() {
+	s.clientLeft.Store(true)
+	s.conn.interrupted.Store(true) // never pooled: closed under the stream
+	_ = s.conn.Close()
 }
 
 // interrupt is called by drain (from another goroutine, under the registry

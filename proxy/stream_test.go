@@ -285,6 +285,124 @@ func TestSilentStreamEndsWhenClientHalfCloses(t *testing.T) {
 	}
 }
 
+// A silent stream ends as soon as its client hangs up, without waiting for
+// a heartbeat (an hour here): the sandbox's handler is released at once, as
+// nginx releases it on the client's FIN. "again" runs a second stream on a
+// keep-alive connection whose first stream was watched too.
+func TestSilentStreamEndsAtClientHangUp(t *testing.T) {
+	for _, tc := range []struct {
+		name, method string
+		half, again  bool
+	}{
+		{"GET close", "GET", false, false},
+		{"GET half-close", "GET", true, false},
+		{"POST close", "POST", false, false},
+		{"POST again close", "POST", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
+			ended := make(chan struct{}, 2)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer func() { ended <- struct{}{} }()
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: first\n\n")
+				f.Flush()
+				if r.URL.Path == "/short" {
+					return
+				}
+				<-r.Context().Done()
+			}))
+			host := h.route("hangup", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			stream := func(path string) {
+				t.Helper()
+				fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 2\r\n\r\n{}", tc.method, path, host)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body := bufio.NewReader(resp.Body)
+				if ev, _ := readEvent(body); ev != "data: first\n" {
+					t.Fatalf("first event %q", ev)
+				}
+				if path == "/short" {
+					if _, err := io.Copy(io.Discard, body); err != nil {
+						t.Fatal(err)
+					}
+					<-ended
+				}
+			}
+			if tc.again {
+				stream("/short")
+			}
+			stream("/")
+			if tc.half {
+				_ = c.(*net.TCPConn).CloseWrite()
+			} else {
+				c.Close()
+			}
+			select {
+			case <-ended:
+			case <-time.After(2 * time.Second):
+				t.Fatal("the sandbox's stream still open 2s after the client hung up")
+			}
+			testenv.WaitFor(t, time.Second, "proxy stream released", func() bool {
+				s, _ := h.proxy.streams.open()
+				return s == 0
+			})
+		})
+	}
+}
+
+// Bytes from the client (a pipelined request) are not a hang-up.
+func TestSilentStreamSurvivesClientBytes(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		fmt.Fprint(w, "data: first\n\n")
+		f.Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: second\n\n")
+	}))
+	host := h.route("pipelined", port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := bufio.NewReader(resp.Body)
+	if ev, _ := readEvent(body); ev != "data: first\n" {
+		t.Fatalf("first event %q", ev)
+	}
+	fmt.Fprintf(c, "GET /next HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	// A hang-up is noticed within microseconds; give bytes taken for one
+	// a generous while to end the stream.
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if s, _ := h.proxy.streams.open(); s == 0 {
+			t.Fatal("the stream ended on the client's bytes")
+		}
+	}
+	close(release)
+	if ev, err := readEvent(body); ev != "data: second\n" {
+		t.Fatalf("second event %q (%v): the stream ended on the client's bytes", ev, err)
+	}
+}
+
 // heapWatch samples the heap while a transfer runs and reports the peak
 // growth over the starting point.
 func heapWatch() (stop func() uint64) {

@@ -514,7 +514,8 @@ type upstreamConn struct {
 
 	nread int64 // bytes read since the current request was sent
 
-	// interrupted is set when drain closes the connection under a stream.
+	// interrupted is set when the proxy closes the connection under a
+	// stream: drain, or the stream's client left (bodyStream.hangUp).
 	interrupted atomic.Bool
 
 	// For waitReadable (detached SSE streams), set on first use.

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// hangups ends an SSE stream as soon as its client closes the connection,
+// as nginx ends a proxied request on EPOLLRDHUP. Without it a silent
+// stream's departed client is found only when the next heartbeat is due
+// (30 s by default): until then the sandbox keeps a handler and a
+// connection for nobody, and an MCP gateway refuses the client's
+// resumption of its standalone stream (409) while it thinks the old one
+// open. One epoll set and one goroutine serve every stream; a goroutine per
+// stream would cost the idle-stream memory that detaching saves.
+type hangups struct {
+	// f is the epoll set, registered in Go's poller like any socket, so
+	// the goroutine waiting on it parks without holding a thread. epfd is
+	// its descriptor (f.Fd would take f out of the poller).
+	f    *os.File
+	epfd int
+
+	mu      sync.Mutex
+	streams map[uint64]*bodyStream
+	seq     uint64
+	closed  bool // epfd may name another file now
+}
+
+func newHangups() (*hangups, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		_ = syscall.Close(fd)
+		return nil, os.NewSyscallError("setnonblock", err)
+	}
+	return &hangups{f: os.NewFile(uintptr(fd), "hangups"), epfd: fd, streams: make(map[uint64]*bodyStream)}, nil
+}
+
+// watch registers s's client connection. A stream that cannot be watched
+// (a connection without a descriptor) falls back on the heartbeat check.
+func (h *hangups) watch(s *bodyStream) {
+	if h == nil || s.client == nil {
+		return
+	}
+	raw := rawConn(s.client)
+	if raw == nil {
+		return
+	}
+	// One-shot: the first hang-up is all a stream needs to hear.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	key := h.seq + 1
+	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
+	var cerr error
+	err := raw.Control(func(fd uintptr) {
+		cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+		if errors.Is(cerr, syscall.EEXIST) {
+			// A keep-alive connection that carried an earlier stream is
+			// still in the set (a closed descriptor leaves it by itself).
+			cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_MOD, int(fd), &ev)
+		}
+	})
+	if err != nil || cerr != nil {
+		return
+	}
+	h.seq = key
+	h.streams[key] = s
+	s.hupKey = key
+}
+
+// unwatch forgets s; once it returns, run will not touch s again.
+func (h *hangups) unwatch(s *bodyStream) {
+	if h == nil || s.hupKey == 0 {
+		return
+	}
+	h.mu.Lock()
+	delete(h.streams, s.hupKey)
+	h.mu.Unlock()
+	s.hupKey = 0
+}
+
+// run ends the streams whose clients hang up, until close.
+func (h *hangups) run() {
+	raw, err := h.f.SyscallConn()
+	if err != nil {
+		return
+	}
+	var evs [64]syscall.EpollEvent
+	_ = raw.Read(func(epfd uintptr) bool {
+		for {
+			n, err := syscall.EpollWait(int(epfd), evs[:], 0)
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			if err != nil {
+				return true
+			}
+			if n == 0 {
+				return false // park until the set is readable again
+			}
+			h.mu.Lock()
+			for _, ev := range evs[:n] {
+				key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+				if s := h.streams[key]; s != nil {
+					delete(h.streams, key)
+					s.hangUp()
+				}
+			}
+			h.mu.Unlock()
+		}
+	})
+}
+
+// close stops run.
+func (h *hangups) close() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	_ = h.f.Close()
+}

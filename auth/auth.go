@@ -21,6 +21,9 @@ const (
 	CodeSignedTokenWrongTarget = "signed_token_wrong_target"
 	// CodeSignedTokenExpired: an authentic signed token past its expiry.
 	CodeSignedTokenExpired = "signed_token_expired"
+	// CodeSignedCookieForeignOrigin: an authentic cookie on a request whose
+	// Origin is another sandbox or site (see CookieOriginAllowed).
+	CodeSignedCookieForeignOrigin = "signed_cookie_foreign_origin"
 )
 
 // Rejection is a refused credential; callers match it with errors.As and map

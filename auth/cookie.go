@@ -176,3 +176,62 @@ func unhex(c byte) byte {
 		return c - 'a' + 10
 	}
 }
+
+// CookieOriginAllowed reports whether the cookie may authorize a request
+// with this Origin header to this Host. Every sandbox host is under one
+// registrable domain, so to a browser sandbox A's page is the same site as
+// sandbox B, and SameSite=Lax still attaches B's cookie to a WebSocket,
+// fetch or form POST that A's page makes. Browsers send Origin on all of
+// those, so the cookie counts only when Origin is absent (a navigation, a
+// plain GET, a non-browser client), names the request's own host, or names
+// another port of the same sandbox (same "<id>.<domain>" after the "<port>-"
+// label prefix). Scheme and port of the Origin are not compared; "null" and
+// anything unparsable are foreign.
+func CookieOriginAllowed(origin, host []byte) bool {
+	if len(origin) == 0 {
+		return true
+	}
+	_, o, ok := bytes.Cut(origin, []byte("://"))
+	if !ok {
+		return false
+	}
+	o, h := hostOnly(o), hostOnly(host)
+	if len(o) == 0 {
+		return false
+	}
+	if bytes.EqualFold(o, h) {
+		return true
+	}
+	os, oks := sandboxSite(o)
+	hs, hks := sandboxSite(h)
+	return oks && hks && bytes.EqualFold(os, hs)
+}
+
+// hostOnly drops the ":port" of a host (a bracketed IPv6 literal keeps its
+// brackets).
+func hostOnly(b []byte) []byte {
+	if len(b) > 0 && b[0] == '[' {
+		if i := bytes.IndexByte(b, ']'); i >= 0 {
+			return b[:i+1]
+		}
+		return b
+	}
+	if i := bytes.IndexByte(b, ':'); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// sandboxSite returns what follows the "<port>-" prefix of a per-sandbox
+// host ("box.example.com" for "8080-box.example.com"); ok is false for a
+// host that does not start with one.
+func sandboxSite(host []byte) (site []byte, ok bool) {
+	i := 0
+	for i < len(host) && '0' <= host[i] && host[i] <= '9' {
+		i++
+	}
+	if i == 0 || i == len(host) || host[i] != '-' || i+1 == len(host) {
+		return nil, false
+	}
+	return host[i+1:], true
+}

@@ -172,3 +172,44 @@ func FuzzAppendStripQueryParam(f *testing.F) {
 		}
 	})
 }
+
+func TestCookieOriginAllowed(t *testing.T) {
+	const host = "8080-box.cube.test"
+	tests := []struct {
+		name, origin, host string
+		want               bool
+	}{
+		{"no Origin", "", host, true},
+		{"own origin", "http://8080-box.cube.test", host, true},
+		{"own origin, case and port differ", "https://8080-BOX.cube.test:443", host + ":80", true},
+		{"same sandbox, another port", "https://3000-box.cube.test", host, true},
+		{"same sandbox, leading zeros", "https://03000-box.cube.test", host, true},
+		{"another sandbox", "https://8080-evil.cube.test", host, false},
+		{"an id that is a prefix", "https://8080-bo.cube.test", host, false},
+		{"an id that extends it", "https://8080-box2.cube.test", host, false},
+		{"the same id under another domain", "https://8080-box.evil.example", host, false},
+		{"the host as a subdomain", "https://8080-box.cube.test.evil.example", host, false},
+		{"the parent domain", "https://cube.test", host, false},
+		{"no port prefix", "https://box.cube.test", host, false},
+		{"empty id", "https://8080-", host, false},
+		{"another site", "https://evil.example", host, false},
+		{"opaque origin", "null", host, false},
+		{"no scheme", "8080-box.cube.test", host, false},
+		{"no host", "https://", host, false},
+		{"shared host by IP", "http://10.0.0.1:8080", "10.0.0.1", true},
+		{"shared host, another IP", "http://10.0.0.2", "10.0.0.1", false},
+		{"IPv6 shared host", "http://[::1]:8080", "[::1]:80", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := CookieOriginAllowed([]byte(tt.origin), []byte(tt.host)); got != tt.want {
+				t.Fatalf("CookieOriginAllowed(%q, %q) = %v, want %v", tt.origin, tt.host, got, tt.want)
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		CookieOriginAllowed([]byte("https://3000-box.cube.test"), []byte(host))
+	}); n != 0 {
+		t.Fatalf("%v allocations, want 0", n)
+	}
+}

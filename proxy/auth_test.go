@@ -42,6 +42,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("NoSideEffects", func(t *testing.T) { testAuthNoSideEffects(t, lc) })
 	t.Run("SignedTokens", func(t *testing.T) { testAuthSignedTokens(t, lc) })
 	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
+	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -1133,6 +1134,62 @@ func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
 	} {
 		if err := CheckAdminAddr(tc.addr, tc.token); (err == nil) != tc.ok {
 			t.Errorf("CheckAdminAddr(%q, token %q) = %v, want ok %v", tc.addr, tc.token, err, tc.ok)
+		}
+	}
+}
+
+// testAuthCookieOrigin: every sandbox host is under one registrable domain,
+// so to a browser a page of sandbox A is same-site with sandbox B and
+// SameSite=Lax still attaches B's cookie to the WebSocket, fetch or form
+// POST that A's page makes. The cookie authorizes no request whose Origin
+// is another sandbox or site; header tokens, which a page cannot make a
+// browser send, are not affected.
+func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
+	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
+	s, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := s.Sign("box", 8080, time.Now().Add(10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.secret(key, traffic, tok)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", traffic, b.port, 8080)
+
+	ws := []string{"Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"}
+	for _, tc := range []struct {
+		name    string
+		hdr     []string
+		allowed bool
+	}{
+		{"no Origin (navigation, non-browser client)", nil, true},
+		{"own origin", []string{"Origin: http://8080-box.cube.test"}, true},
+		{"own origin, other scheme and explicit port", []string{"Origin: https://8080-BOX.cube.test:8443"}, true},
+		{"same sandbox, another port", []string{"Origin: http://3000-box.cube.test"}, true},
+		{"another sandbox", []string{"Origin: http://8080-evil.cube.test"}, false},
+		{"another sandbox, WebSocket", append([]string{"Origin: http://3000-evil.cube.test"}, ws...), false},
+		{"an id that is a prefix", []string{"Origin: http://8080-bo.cube.test"}, false},
+		{"the host under another domain", []string{"Origin: http://8080-box.cube.test.evil.example"}, false},
+		{"another site", []string{"Origin: https://evil.example"}, false},
+		{"opaque origin", []string{"Origin: null"}, false},
+		{"the traffic token is not ambient", []string{"Origin: http://8080-evil.cube.test", "E2b-Traffic-Access-Token: " + traffic}, true},
+	} {
+		lines := append([]string{"GET /o HTTP/1.1", "Host: 8080-box.cube.test", "Cookie: " + auth.CookieName + "=" + tok}, tc.hdr...)
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if !tc.allowed {
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, auth.CodeSignedCookieForeignOrigin)
+			b.assertNoMore(t, tc.name)
+			continue
+		}
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
+			continue
+		}
+		if got := b.next(t); strings.Contains(got.raw, tok) {
+			t.Errorf("%s: the cookie reached the backend", tc.name)
 		}
 	}
 }

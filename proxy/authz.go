@@ -39,7 +39,13 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 			}
 			errors.As(verr, &rej)
 		} else if ok, verr := p.signedCookie(h, r.ID, t.Port); ok {
-			return false
+			// The cookie is ambient: a sibling sandbox's page can make
+			// the browser send it (see auth.CookieOriginAllowed).
+			if auth.CookieOriginAllowed(h.Peek("Origin"), h.Host()) {
+				return false
+			}
+			rej = &auth.Rejection{Code: auth.CodeSignedCookieForeignOrigin,
+				Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin)"}
 		} else if verr != nil {
 			errors.As(verr, &rej)
 		}

@@ -83,6 +83,7 @@ const (
 	AuthSignedTokenInvalid        = "signed_token_invalid"
 	AuthSignedTokenWrongTarget    = "signed_token_wrong_target"
 	AuthSignedTokenExpired        = "signed_token_expired"
+	AuthSignedCookieForeignOrigin = "signed_cookie_foreign_origin"
 	AuthAdmin                     = "admin"
 	AuthOther                     = "other"
 )
@@ -97,6 +98,7 @@ var authReasons = [...]string{
 	AuthSignedTokenInvalid,
 	AuthSignedTokenWrongTarget,
 	AuthSignedTokenExpired,
+	AuthSignedCookieForeignOrigin,
 	AuthAdmin,
 	AuthOther,
 }
@@ -119,10 +121,12 @@ func authReasonIndex(reason string) int {
 		return 5
 	case AuthSignedTokenExpired:
 		return 6
-	case AuthAdmin:
+	case AuthSignedCookieForeignOrigin:
 		return 7
+	case AuthAdmin:
+		return 8
 	}
-	return 8
+	return 9
 }
 
 // Status classes; anything outside 100..599 is "other".

@@ -124,6 +124,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"store":        set("memory", "redis"),
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
+			"signed_cookie_foreign_origin",
 			"admin", "other"),
 	}
 	n := 0

@@ -43,6 +43,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("SignedTokens", func(t *testing.T) { testAuthSignedTokens(t, lc) })
 	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
 	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
+	t.Run("StaleLinkWithCookie", func(t *testing.T) { testAuthStaleLinkWithCookie(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -1190,6 +1191,59 @@ func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 		}
 		if got := b.next(t); strings.Contains(got.raw, tok) {
 			t.Errorf("%s: the cookie reached the backend", tc.name)
+		}
+	}
+}
+
+// testAuthStaleLinkWithCookie: a browser that holds a valid cookie (from a
+// newer link) and opens an old link whose cube_token has expired is let in
+// by the cookie, as it would be on the same URL without the parameter; the
+// parameter's refusal stands only when no cookie verifies.
+func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
+	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
+	s, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sign := func(exp time.Time) string {
+		tok, err := s.Sign("box", 8080, exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.secret(tok)
+		return tok
+	}
+	valid, expired := sign(time.Now().Add(10*time.Minute)), sign(time.Now().Add(-time.Minute))
+	lc.secret(key, traffic)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", traffic, b.port, 8080)
+
+	for _, tc := range []struct {
+		name, param, cookie, code string // code "" = let through
+	}{
+		{"expired link, valid cookie", expired, valid, ""},
+		{"garbage link, valid cookie", "not*a*token", valid, ""},
+		{"expired link, expired cookie", expired, expired, auth.CodeSignedTokenExpired},
+		{"expired link, no cookie", expired, "", auth.CodeSignedTokenExpired},
+		{"garbage link, expired cookie: the link's error", "not*a*token", expired, auth.CodeSignedTokenMalformed},
+	} {
+		lines := []string{"GET /p?cube_token=" + url.QueryEscape(tc.param) + "&a=1 HTTP/1.1", "Host: 8080-box.cube.test"}
+		if tc.cookie != "" {
+			lines = append(lines, "Cookie: "+auth.CookieName+"="+tc.cookie)
+		}
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if tc.code != "" {
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, tc.code)
+			b.assertNoMore(t, tc.name)
+			continue
+		}
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
+			continue
+		}
+		if got := b.next(t); got.line != "GET /p?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.cookie) {
+			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}
 }

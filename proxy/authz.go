@@ -31,14 +31,20 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
 	}
 	if rej.Code == auth.CodeTrafficTokenMissing && p.cfg.Signer != nil {
-		if tok := ctx.QueryArgs().Peek(auth.QueryParamName); len(tok) > 0 {
+		tok := ctx.QueryArgs().Peek(auth.QueryParamName)
+		if len(tok) > 0 {
 			exp, verr := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now())
 			if verr == nil {
 				p.redirectWithCookie(ctx, tok, exp)
 				return true
 			}
 			errors.As(verr, &rej)
-		} else if ok, verr := p.signedCookie(h, r.ID, t.Port); ok {
+		}
+		// A refused parameter still leaves the cookie: a browser that holds
+		// a valid one (from a newer link) and opens an old link would
+		// otherwise be locked out of a URL it may open without the
+		// parameter. The parameter's error is the one reported.
+		if ok, verr := p.signedCookie(h, r.ID, t.Port); ok {
 			// The cookie is ambient: a sibling sandbox's page can make
 			// the browser send it (see auth.CookieOriginAllowed).
 			if auth.CookieOriginAllowed(h.Peek("Origin"), h.Host()) {
@@ -46,7 +52,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 			}
 			rej = &auth.Rejection{Code: auth.CodeSignedCookieForeignOrigin,
 				Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin)"}
-		} else if verr != nil {
+		} else if verr != nil && len(tok) == 0 {
 			errors.As(verr, &rej)
 		}
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -416,7 +417,7 @@ func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
 	}
 	h := &resp.Header
 	for i := 0; ; i++ {
-		if err := h.Read(c.br); err != nil {
+		if err := c.readHead(h); err != nil {
 			return err
 		}
 		if sc := h.StatusCode(); sc < 100 || sc > 199 || sc == fasthttp.StatusSwitchingProtocols {
@@ -428,6 +429,88 @@ func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
 	}
 	c.inBody = true
 	return nil
+}
+
+// errNoWait is upstreamConn.Read's answer while readHead has it report
+// "nothing buffered" instead of waiting for the backend.
+var errNoWait = errors.New("no buffered bytes")
+
+// readHead reads one response head into h. fasthttp's parser takes a bare
+// LF for a line end, but ends the head only at a CRLF CRLF (a defence for
+// requests, which another server might frame differently) and otherwise
+// waits for more: a sandbox that ends its head with a bare-LF blank line
+// (a hand-written socket server, printf into nc) got a 504 after
+// upstream.response_header_timeout, or a 502 "closed before answering".
+// nginx accepts such heads, as RFC 9112 2.2 allows, and here the proxy is
+// the only one to frame them (the client gets a head the proxy writes).
+//
+// fasthttp parses what is buffered first; only when it wants more than
+// that does readHead look for a bare-LF head, so a well-formed one costs
+// nothing more.
+func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
+	if _, err := c.br.Peek(1); err != nil {
+		return h.Read(c.br) // fasthttp's own error for a close or a timeout
+	}
+	for {
+		c.noWait, c.starved = true, false
+		err := h.Read(c.br)
+		c.noWait = false
+		if err == nil || !c.starved {
+			return err
+		}
+		b, _ := c.br.Peek(c.br.Buffered())
+		if end := bareLFHeadEnd(b); end > 0 {
+			return c.readBareLFHead(h, b[:end])
+		}
+		if len(b) == c.br.Size() {
+			return h.Read(c.br) // fasthttp's error for a head over the buffer
+		}
+		// Wait for more; a close or a timeout gets fasthttp's own error.
+		if _, err := c.br.Peek(len(b) + 1); err != nil {
+			return h.Read(c.br)
+		}
+	}
+}
+
+// bareLFHeadEnd returns the length of the head at the start of b when its
+// blank line is a bare LF ("\n\n", or "\n\r\n" after a bare-LF line), or
+// 0 when b holds no such head.
+func bareLFHeadEnd(b []byte) int {
+	for i := 0; i+1 < len(b); {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return 0
+		}
+		i += j + 1
+		bare := j == 0 || b[i-2] != '\r'
+		switch {
+		case i < len(b) && b[i] == '\n':
+			return i + 1
+		case bare && i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+			return i + 2
+		case !bare && i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+			return 0 // a CRLF CRLF: fasthttp's to parse
+		}
+	}
+	return 0
+}
+
+// readBareLFHead parses head, a bare-LF response head at the start of c.br,
+// with its line ends made CRLF, and consumes it. A rare path: it allocates.
+func (c *upstreamConn) readBareLFHead(h *fasthttp.ResponseHeader, head []byte) error {
+	fixed := make([]byte, 0, len(head)+bytes.Count(head, []byte{'\n'}))
+	for i, ch := range head {
+		if ch == '\n' && (i == 0 || head[i-1] != '\r') {
+			fixed = append(fixed, '\r')
+		}
+		fixed = append(fixed, ch)
+	}
+	n := len(head)
+	if err := h.Read(bufio.NewReaderSize(bytes.NewReader(fixed), len(fixed))); err != nil {
+		return err
+	}
+	_, err := c.br.Discard(n)
+	return err
 }
 
 // release ends an exchange: the connection goes back to the pool when
@@ -531,6 +614,8 @@ type upstreamConn struct {
 	// Only one goroutine uses the connection at a time (the exchange that
 	// acquired it), so these fields need no lock.
 	inBody         bool
+	noWait         bool // Read reports errNoWait instead of reading (readHead)
+	starved        bool // a Read found noWait set
 	headerDeadline time.Time
 	heartbeat      time.Time // zero = no heartbeat pending
 	idleDeadline   time.Time // body wait's idle deadline; zero = none since the backend last sent a byte
@@ -556,6 +641,10 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 }
 
 func (c *upstreamConn) Read(b []byte) (int, error) {
+	if c.noWait {
+		c.starved = true
+		return 0, errNoWait
+	}
 	hb := c.armRead()
 	n, err := c.Conn.Read(b)
 	c.nread += int64(n)

@@ -1370,3 +1370,53 @@ func TestUpstreamInvalidResponses(t *testing.T) {
 	resp, body := pc.do("GET", h.route("closer", b2.port), "/", "")
 	checkProxyError(t, resp, body, 502, CodeUpstreamReset)
 }
+
+// A sandbox whose response head ends its lines with a bare LF (a
+// hand-written socket server, printf into nc) is answered as nginx answers
+// it (RFC 9112 2.2 lets a recipient take LF for CRLF), not left waiting
+// for a CRLF CRLF until upstream.response_header_timeout and a 504.
+func TestUpstreamBareLFResponseHead(t *testing.T) {
+	for _, tc := range []struct {
+		name, response, body string
+		keepAlive            bool
+	}{
+		{"Content-Length", "HTTP/1.1 200 OK\nX-App: lf\nContent-Length: 5\n\nhello", "hello", true},
+		{"last line only", "HTTP/1.1 200 OK\r\nX-App: lf\r\nContent-Length: 5\r\n\nhello", "hello", true},
+		{"CRLF CRLF in the body", "HTTP/1.1 200 OK\nX-App: lf\nContent-Length: 8\n\nab\r\n\r\ncd", "ab\r\n\r\ncd", true},
+		{"interim, then CRLF", "HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\nX-App: lf\r\nContent-Length: 5\r\n\r\nhello", "hello", true},
+		{"close-delimited", "HTTP/1.1 200 OK\nX-App: lf\n\nhello", "hello", false},
+		{"head in pieces", "HTTP/1.1 200 OK\nX-App: lf\n|Content-Length: 5\n|\nhello", "hello", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.ResponseHeaderTimeout = 5 * time.Second })
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/next" {
+					return rawWrite(c, okResponse("next"))
+				}
+				for i, piece := range strings.Split(tc.response, "|") {
+					if i > 0 {
+						time.Sleep(20 * time.Millisecond) // separate reads
+					}
+					if !rawWrite(c, piece) {
+						return false
+					}
+				}
+				return tc.keepAlive
+			})
+			host := h.route("barelf", b.port)
+			pc := h.dialProxy(t)
+			resp, body := pc.do("GET", host, "/", "")
+			if resp.StatusCode != 200 || body != tc.body || resp.Header.Get("X-App") != "lf" {
+				t.Fatalf("got %d %q (X-App %q), want 200 %q", resp.StatusCode, body, resp.Header.Get("X-App"), tc.body)
+			}
+			if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("next request: %d %q", resp.StatusCode, body)
+			}
+			want := int32(2)
+			if tc.keepAlive {
+				want = 1
+			}
+			b.wantAccepted(t, want, "")
+		})
+	}
+}

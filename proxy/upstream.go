@@ -241,7 +241,9 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		if !check && p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
+		suspect := c.suspect
+		c.suspect = false
+		if !check && !suspect && p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
 			return c, true, nil // just released: a close racing us is roundTrip's retry
 		}
 		if c.idleOK() {
@@ -610,6 +612,10 @@ type upstreamConn struct {
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
 	idleGood bool
+	// suspect: the last answer declared a body it may not carry (HEAD,
+	// 204, 304), which a backend may send all the same; the next reuse
+	// checks for it, however soon it comes.
+	suspect bool
 
 	// Only one goroutine uses the connection at a time (the exchange that
 	// acquired it), so these fields need no lock.

@@ -1420,3 +1420,47 @@ func TestUpstreamBareLFResponseHead(t *testing.T) {
 		})
 	}
 }
+
+// A sandbox that sends a body where none may follow (a HEAD answered like a
+// GET, as Python's http.server does with do_HEAD = do_GET; a 204 with a
+// Content-Length) writes bytes the proxy never reads. The next request on
+// that connection, however soon it comes, must not take them for its
+// answer: the connection is checked before reuse, as nginx drops a cached
+// connection that turns readable.
+func TestUpstreamStrayBodyAfterBodilessAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, head, stray string
+	}{
+		{"HEAD answered with a body", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "hello"},
+		{"HEAD answered with a chunked body", "HEAD", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\n\r\n"},
+		{"204 with a body", "GET", "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", "hello"},
+		{"304 with a body", "GET", "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", "hello"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			sent := make(chan struct{}, 1)
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/next" {
+					return rawWrite(c, okResponse("next"))
+				}
+				// Head and body in separate writes, the body once the
+				// proxy has answered: it arrives on an idle connection.
+				ok := rawWrite(c, tc.head)
+				time.Sleep(50 * time.Millisecond)
+				ok = ok && rawWrite(c, tc.stray)
+				sent <- struct{}{}
+				return ok
+			})
+			host := h.route("stray", b.port)
+			pc := h.dialProxy(t)
+			if resp, body := pc.do(tc.method, host, "/", ""); body != "" || resp.StatusCode >= 500 {
+				t.Fatalf("got %d %q", resp.StatusCode, body)
+			}
+			<-sent
+			time.Sleep(20 * time.Millisecond) // the stray bytes reach the proxy's socket
+			if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("next request read the stray body as its answer: %d %q", resp.StatusCode, body)
+			}
+		})
+	}
+}

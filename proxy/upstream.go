@@ -422,7 +422,11 @@ func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
 		if err := c.readHead(h); err != nil {
 			return err
 		}
-		if sc := h.StatusCode(); sc < 100 || sc > 199 || sc == fasthttp.StatusSwitchingProtocols {
+		if sc := h.StatusCode(); sc < 100 {
+			// fasthttp takes any three digits; relayed, "099" would go
+			// out as "HTTP/1.1 99", a status line no client can parse.
+			return fmt.Errorf("invalid response status code %d", sc)
+		} else if sc > 199 || sc == fasthttp.StatusSwitchingProtocols {
 			break
 		}
 		if i == maxInterim {

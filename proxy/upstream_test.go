@@ -1345,6 +1345,7 @@ func TestUpstreamInvalidResponses(t *testing.T) {
 		"/status":    "HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n",
 		"/twolength": "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabc",
 		"/length":    "HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+		"/status099": "HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok",
 		"/hints":     strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 10) + okResponse("late"),
 	}
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -109,4 +111,81 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	}
 
 	r.stop()
+}
+
+// A SIGHUP while the access log's sink is stalled (a pipe nobody reads, a
+// hung network file system) must not stop the proxy from draining on
+// SIGTERM: the reopen waits for the stalled writer, the shutdown must not.
+func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A reader that never reads, and a pipe already full: the access log's
+	// first write blocks.
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close() // unblocks the writer at the end
+	fillPipe(t, fifo)
+
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
+		"--access-log-path", fifo, "--drain-timeout", "1s"}, noEnv)
+	// Two requests: the second is answered only after the first's handler
+	// returned, so the first line is queued and the writer is stuck on it.
+	client := &http.Client{Timeout: 5 * time.Second}
+	for range 2 {
+		req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+		req.Host = "50005-nosuch.cube.test"
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// The signal is asynchronous: wait until the reopen it asked for is
+	// stuck behind the stalled writer, then do what SIGTERM does. stop
+	// fails the test if serve does not return.
+	testenv.WaitFor(t, 5*time.Second, "a reopen blocked on the stalled sink", func() bool {
+		return goroutineIn("accesslog.(*Logger).Reopen")
+	})
+	r.stop()
+}
+
+// goroutineIn reports whether some goroutine's stack has fn in it.
+func goroutineIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	return bytes.Contains(buf[:runtime.Stack(buf, true)], []byte(fn))
+}
+
+// fillPipe writes to the FIFO at path until the pipe buffer is full.
+func fillPipe(t *testing.T, path string) {
+	t.Helper()
+	w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	raw, err := w.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 4096)
+	var werr error
+	for werr == nil {
+		if cerr := raw.Write(func(fd uintptr) bool {
+			_, werr = syscall.Write(int(fd), chunk)
+			return true // report EAGAIN instead of waiting
+		}); cerr != nil {
+			t.Fatal(cerr)
+		}
+	}
+	if !errors.Is(werr, syscall.EAGAIN) {
+		t.Fatalf("filling the pipe: %v", werr)
+	}
 }

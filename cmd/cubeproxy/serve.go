@@ -463,11 +463,9 @@ loop:
 			break loop
 		case <-hup:
 			if a.access != nil {
-				if rerr := a.access.Reopen(); rerr != nil {
-					a.log.Error("reopen access log", "err", rerr)
-				} else {
-					a.log.Info("access log reopened")
-				}
+				// Reopen waits for the writer, which a stalled sink holds
+				// indefinitely: waiting here would leave SIGTERM unheard.
+				go a.reopenAccessLog()
 			}
 		case err = <-errc:
 			if err == nil {
@@ -484,6 +482,15 @@ loop:
 	a.close()
 	a.log.Info("stopped")
 	return err
+}
+
+// reopenAccessLog reopens the access log file (SIGHUP, after logrotate).
+func (a *app) reopenAccessLog() {
+	if err := a.access.Reopen(); err != nil {
+		a.log.Error("reopen access log", "err", err)
+		return
+	}
+	a.log.Info("access log reopened")
 }
 
 // close stops everything build started, in dependency order.

@@ -32,6 +32,14 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
+	// Checked before anything starts: build would open listeners (and
+	// Redis) that these returns would leave behind.
+	switch {
+	case cfg.Store != "memory" && cfg.Store != "":
+		return errors.New("demo needs store: memory (its route goes into the embedded store)")
+	case cfg.HTTPAddr == "":
+		return errors.New("demo needs http_addr: its curl commands go through the plain HTTP listener")
+	}
 	mcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -49,13 +57,6 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	defer mcpSrv.Close()
 	defer sseSrv.Close()
 
-	a, err := build(ctx, cfg, stderr)
-	if err != nil {
-		return err
-	}
-	if a.routes == nil {
-		return errors.New("demo needs store: memory")
-	}
 	// The route names the node (127.0.0.1) and the host ports the demo
 	// backends got, as a control plane would for a real sandbox.
 	r, err := routing.ParseRouteStrict(demoID, map[string]string{
@@ -68,7 +69,12 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
+	a, err := build(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
 	if err := a.routes.Put(r); err != nil {
+		a.close()
 		return err
 	}
 	return a.run(ctx, func(a *app) { printDemo(stdout, a) })

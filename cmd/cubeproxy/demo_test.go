@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// Settings the demo cannot run with are refused with a message, not a
+// panic, and leave no listener behind.
+func TestDemoRefusesUnusableSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		// Its curl commands need the plain HTTP listener.
+		{"no http listener", []string{"--http-addr="}, "demo needs http_addr"},
+		// Its route goes into the memory store.
+		{"redis store", []string{"--store=redis", "--redis-addr=127.0.0.1:1"}, "demo needs store: memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := freeAddr(t)
+			args := append([]string{"demo", "--http-addr", "127.0.0.1:0", "--admin-addr", admin, "--routes="}, tc.args...)
+			var out, errb bytes.Buffer
+			// Bounded: a demo that wrongly starts runs until cancelled.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if code := run(ctx, args, noEnv, &out, &errb); code != 1 || !strings.Contains(errb.String(), tc.want) {
+				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errb.String(), tc.want)
+			}
+			ln, err := net.Listen("tcp", admin)
+			if err != nil {
+				t.Fatalf("admin listener left open: %v", err)
+			}
+			ln.Close()
+		})
+	}
+}

@@ -29,6 +29,10 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		// Parsing stops at the first non-flag: what follows it was not read.
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
 	var cargs []string
 	if *cfgPath != "" {
 		cargs = []string{"--config", *cfgPath}

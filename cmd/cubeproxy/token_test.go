@@ -133,6 +133,8 @@ func TestTokenSignErrors(t *testing.T) {
 		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port"},
 		{"ttl too long", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "48h"}, "ttl"},
 		{"ttl garbage", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "soon"}, "ttl"},
+		// A lifetime written without --ttl would be dropped for the default.
+		{"stray argument", good, []string{"--sandbox", "box", "--port", "8080", "1h"}, `unexpected argument "1h"`},
 	} {
 		code, out, errOut := tokenSign(tc.getenv, tc.args...)
 		if code != 1 || out != "" || !strings.Contains(errOut, tc.want) || !strings.HasPrefix(errOut, "cubeproxy:") {

@@ -82,9 +82,19 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 
 func portOf(addr net.Addr) string { return strconv.Itoa(addr.(*net.TCPAddr).Port) }
 
+// dialable is where a local curl reaches a listener: its own address,
+// or loopback when it listens on every interface.
+func dialable(addr net.Addr) string {
+	tcp := addr.(*net.TCPAddr)
+	if tcp.IP.IsUnspecified() {
+		return "127.0.0.1:" + strconv.Itoa(tcp.Port)
+	}
+	return tcp.String()
+}
+
 func printDemo(w io.Writer, a *app) {
-	px := "127.0.0.1:" + portOf(a.httpLn.Addr())
-	admin := "127.0.0.1:" + portOf(a.adminLn.Addr())
+	px := dialable(a.httpLn.Addr())
+	admin := dialable(a.adminLn.Addr())
 	mcpHost := fmt.Sprintf("%d-%s.%s", demoMCPPort, demoID, demoDomain)
 	sseHost := fmt.Sprintf("%d-%s.%s", demoSSEPort, demoID, demoDomain)
 	fmt.Fprintf(w, `

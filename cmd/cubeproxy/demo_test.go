@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // freeAddr returns a loopback address nothing listens on.
@@ -49,6 +52,41 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 				t.Fatalf("admin listener left open: %v", err)
 			}
 			ln.Close()
+		})
+	}
+}
+
+// The printed commands reach the listeners on the addresses they were
+// given, not only when those are on 127.0.0.1 or every interface.
+func TestDemoPrintsListenerAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name, httpAddr, want string
+	}{
+		{"every interface", ":0", "http://127.0.0.1:"},
+		{"one loopback address", "127.0.0.2:0", "http://127.0.0.2:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := &syncBuffer{}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, []string{"demo", "--http-addr", tc.httpAddr, "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv, out, io.Discard)
+			}()
+			testenv.WaitFor(t, 10*time.Second, "the demo's instructions", func() bool { return strings.Contains(out.String(), "curl -s http") })
+			cancel()
+			if code := <-done; code != 0 {
+				t.Fatalf("demo exit %d", code)
+			}
+			var curl string
+			for _, line := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(line, "curl -N http") {
+					curl = line
+					break
+				}
+			}
+			if !strings.Contains(curl, tc.want) {
+				t.Fatalf("SSE command %q, want it to name %s...", curl, tc.want)
+			}
 		})
 	}
 }

@@ -167,7 +167,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		rcfg.Registry = cfg.Registry
 		redis.SetLogger(redisLogger{log})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
-			return nil, fmt.Errorf("redis: %w", err)
+			return nil, fmt.Errorf("open route store: %w", err) // err names redis
 		}
 		go a.watchReachable(bg)
 		// The cache's own bound would otherwise cut a longer command_timeout short.

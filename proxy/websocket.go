@@ -29,6 +29,10 @@ type tunnel struct {
 
 	drainCut atomic.Bool // closed at the drain deadline: logged as such
 
+	// backendGone: the sandbox's side is closed (or a write to it failed);
+	// the client's bytes are read and dropped from then on (see linger).
+	backendGone atomic.Bool
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -106,6 +110,34 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 		}
 	}
 	return t.client.Write(b)
+}
+
+// linger ends a tunnel whose sandbox closed its side cleanly, after every
+// byte it sent was handed to the client's socket: the sandbox connection
+// closes, the exchange ends (end), the client gets a FIN after those
+// bytes, and what the client still sends is read and dropped until it
+// closes its side (done), at most lingerTime, as nginx's lingering close.
+// Closing the client's socket at once would answer the next byte it sends
+// (a ping, a keystroke) with a reset, and the kernel would drop what the
+// client had not yet received: the sandbox's last output and its close
+// frame.
+func (t *tunnel) linger(conn net.Conn, done <-chan struct{}, end func()) {
+	cw, ok := conn.(interface{ CloseWrite() error })
+	if !ok {
+		return
+	}
+	t.backendGone.Store(true)
+	_ = t.backend.Close() // its bytes were all read: a clean close
+	end()
+	if cw.CloseWrite() != nil {
+		return
+	}
+	timer := time.NewTimer(lingerTime)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+	}
 }
 
 // start arms both sides' read deadlines (read re-arms them).
@@ -210,6 +242,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		_ = raw.Close()
 		release(errClientGone)
 	}
+	// The connection itself, for its CloseWrite (the hijacked one wraps it).
+	conn := ctx.Conn()
 	// The 101 is written by the hijack handler, not by fasthttp: when the
 	// client is gone before it, fasthttp would skip the handler (p.hijack
 	// then runs abandon).
@@ -218,14 +252,24 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout}
 		tn.start()
 		p.streams.addTunnel(tn)
-		defer func() {
-			tn.close()
+		// end finishes the exchange: when the tunnel closes, or as soon as
+		// its sandbox ended it and only the client's side lingers.
+		ended := false
+		end := func() {
+			if ended {
+				return
+			}
+			ended = true
 			p.streams.removeTunnel(tn)
 			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
 			if tn.drainCut.Load() {
 				tx.errCode = CodeDrainTimeout
 			}
 			release(nil)
+		}
+		defer func() {
+			tn.close()
+			end()
 			p.metrics.ConnClosed()
 		}()
 		// The request is recycled only after this function returns, so its
@@ -242,12 +286,14 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		done := make(chan struct{})
 		go func() {
 			in.r = tunnelReader{tn, client}
-			_, _ = io.Copy(raw, &in)
+			_, _ = io.Copy(backendWriter{tn}, &in)
 			tn.close()
 			close(done)
 		}()
 		out.r = tunnelReader{tn, raw}
-		_, _ = io.Copy(clientWriter{tn}, &out)
+		if _, err := io.Copy(clientWriter{tn}, &out); err == nil {
+			tn.linger(conn, done, end) // the sandbox ended its side
+		}
 		tn.close()
 		<-done
 	}, abandon)
@@ -277,6 +323,22 @@ func (r tunnelReader) Read(b []byte) (int, error) { return r.t.read(r.c, b) }
 type clientWriter struct{ t *tunnel }
 
 func (w clientWriter) Write(b []byte) (int, error) { return w.t.writeClient(b) }
+
+// backendWriter writes a tunnel's client-to-backend direction. Once the
+// sandbox's side is gone it drops the client's bytes instead of failing:
+// the client's socket is then closed by the other direction (see
+// tunnel.linger), not by this one on a write error.
+type backendWriter struct{ t *tunnel }
+
+func (w backendWriter) Write(b []byte) (int, error) {
+	if !w.t.backendGone.Load() {
+		if _, err := w.t.backend.Write(b); err == nil {
+			return len(b), nil
+		}
+		w.t.backendGone.Store(true)
+	}
+	return len(b), nil
+}
 
 func isTimeout(err error) bool {
 	var ne net.Error

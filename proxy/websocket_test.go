@@ -512,3 +512,65 @@ func dialSmallWindow(t *testing.T, addr string) net.Conn {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// When the sandbox ends a tunnel, everything it sent before its close
+// reaches the client, even when the client sends something (a ping, a
+// keystroke) while the last bytes are still on their way: closing the
+// client's socket at once would reset it on that byte, and the kernel
+// would drop what the client had not yet received (the sandbox's close
+// frame among it). The exchange (its log line, its connection slot) ends
+// with the sandbox's close; the client's socket stays until it closes it.
+func TestTunnelSandboxEndReachesClientThatSends(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	// More than the client's small receive window takes: the rest waits in
+	// the proxy's send buffer when the sandbox has already closed.
+	tail := strings.Repeat("t", 12<<10)
+	backendDone := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		if _, err := br.ReadByte(); err != nil { // the client's go-ahead
+			return
+		}
+		io.WriteString(c, tail)
+		_ = c.(*net.TCPConn).CloseWrite() // a clean end of the sandbox's side
+		io.Copy(io.Discard, br)           // until the proxy is done with it
+		close(backendDone)
+	}()
+	host := h.route("wstail", uint16(ln.Addr().(*net.TCPAddr).Port))
+	c := dialSmallWindow(t, h.addr)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "g")
+	select {
+	case <-backendDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the proxy never let go of the sandbox connection")
+	}
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		t.Fatalf("client write after the sandbox's end: %v", err)
+	}
+	got, err := io.ReadAll(br)
+	if err != nil || len(got) != len(tail) {
+		t.Fatalf("client got %d of the sandbox's last %d bytes, then %v; want all, then EOF", len(got), len(tail), err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the tunnel to end with its sandbox", func() bool {
+		_, n := h.proxy.streams.open()
+		return n == 0 && poolConns(h) == 0
+	})
+}

@@ -181,6 +181,14 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// An upgrade request has no body (serve sends only bodiless ones
 	// here): the head alone.
 	ctx.Request.UseHostHeader = true
+	if uri := ctx.Request.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+		// An absolute-form target goes on as the path and query alone, as
+		// forward sends it: a sandbox's server takes the target's host (and
+		// userinfo) over the Host header, which would undo a masked Host.
+		u := ctx.Request.URI()
+		u.DisablePathNormalizing = true
+		ctx.Request.Header.SetRequestURIBytes(u.RequestURI())
+	}
 	bw := writerPool.Get().(*bufio.Writer)
 	bw.Reset(uc)
 	if err = ctx.Request.Header.Write(bw); err == nil {

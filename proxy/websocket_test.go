@@ -574,3 +574,42 @@ func TestTunnelSandboxEndReachesClientThatSends(t *testing.T) {
 		return n == 0 && poolConns(h) == 0
 	})
 }
+
+// An upgrade whose request line has an absolute-form target reaches the
+// sandbox as a plain request would: the path and query as the client wrote
+// them, and the Host the proxy sends (the client's, or the route's mask),
+// not the target's host and userinfo, which a sandbox's server would take
+// over its Host header.
+func TestUpgradeAbsoluteFormSentAsOriginForm(t *testing.T) {
+	h := newHarness(t)
+	type seen struct{ uri, host, auth string }
+	got := make(chan seen, 1)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		got <- seen{req.RequestURI, req.Host, req.Header.Get("Authorization")}
+		rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		return false
+	})
+	host := h.route("wsabs", b.port)
+	for _, tc := range []struct{ target, want string }{
+		{"http://user:pw@other.example/ws?a=1", "/ws?a=1"},
+		{"HTTP://other.example:8080/a/../ws%2F?x=%20", "/a/../ws%2F?x=%20"},
+		{"http://other.example", "/"},
+		{"/plain?q", "/plain?q"},
+	} {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", tc.target, host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil || resp.StatusCode != 101 {
+			t.Fatalf("%s: %v %v", tc.target, resp, err)
+		}
+		if s := <-got; s.uri != tc.want || s.host != host || s.auth != "" {
+			t.Errorf("%s: sandbox saw target %q, Host %q, Authorization %q; want %q, %q, none", tc.target, s.uri, s.host, s.auth, tc.want, host)
+		}
+	}
+}

@@ -23,6 +23,11 @@ func main() {
 	// SIGHUP reopens the access log once serving; until then it must not
 	// take its default action (exit) if logrotate fires during startup.
 	signal.Ignore(syscall.SIGHUP)
+	// Go kills a program whose write to stdout or stderr hits a broken
+	// pipe (a log shipper that died, journald restarting), and with it
+	// every open stream. Ignored, the write fails with EPIPE instead: the
+	// access log counts the line as dropped and the proxy keeps serving.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))

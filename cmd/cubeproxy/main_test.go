@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 func noEnv(string) string { return "" }
@@ -181,5 +183,105 @@ func TestAdminURL(t *testing.T) {
 		if got := adminURL(tc.addr, tc.nodeIP); got != tc.want {
 			t.Errorf("adminURL(%s, %q) = %q, want %q", tc.addr, tc.nodeIP, got, tc.want)
 		}
+	}
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// accessLogDropped scrapes cubeproxy_accesslog_dropped_total from the admin
+// API; -1 when it cannot.
+func accessLogDropped(adminAddr string) float64 {
+	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	samples, err := testenv.ParsePromText(resp.Body)
+	if err != nil {
+		return -1
+	}
+	for _, s := range samples {
+		if s.Name == "cubeproxy_accesslog_dropped_total" {
+			return s.Value
+		}
+	}
+	return -1
+}
+
+// The real binary, logging to a pipe whose reader goes away (a log shipper
+// that crashed, journald restarting): the access log counts the lost lines
+// and the proxy keeps serving. Go's default for a broken pipe on stdout is
+// to die of SIGPIPE, which would cut every open stream.
+func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "cubeproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
+	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", "1s")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	// The process log goes to stdout too: once it announces the
+	// listeners, the reader leaves.
+	sc := bufio.NewScanner(r)
+	for sc.Scan() && !strings.Contains(sc.Text(), "cubeproxy listening") {
+	}
+	r.Close()
+
+	req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+	req.Host = "80-nobox.cube.test"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	// The line for that request is written to the broken pipe and counted
+	// as dropped; the admin API still answering afterwards is the proof.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("proxy exited after its stdout reader left: %v\n%s", err, stderr.String())
+		default:
+		}
+		if accessLogDropped(adminAddr) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no access-log drop counted\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("process still running 10s after SIGTERM")
 	}
 }

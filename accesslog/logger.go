@@ -60,7 +60,7 @@ type Logger struct {
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
-	out      io.Writer
+	out      sink
 	file     *os.File // nil unless path != ""
 	bw       *bufio.Writer
 	pending  int // lines buffered since the last successful flush
@@ -109,8 +109,8 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		}
 		l.path, l.file, out = cfg.Path, f, f
 	}
-	l.out = out
-	l.bw = bufio.NewWriterSize(out, writeBufferSize)
+	l.out.w = out
+	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
 	return l, nil
 }
@@ -253,11 +253,32 @@ func (l *Logger) flush() error {
 
 // writeFailed counts the unflushed lines as dropped and resets the
 // bufio.Writer, whose errors are otherwise sticky, so the log recovers when
-// the sink does (disk space freed, pipe reader back).
+// the sink does (disk space freed, pipe reader back). When the failed write
+// left part of a line in the sink, the next flush first ends that line, so
+// the next whole line is not glued to the fragment.
 func (l *Logger) writeFailed() {
 	l.drop(l.pending)
 	l.pending = 0
-	l.bw.Reset(l.out)
+	l.bw.Reset(&l.out)
+	if l.out.midLine {
+		_ = l.bw.WriteByte('\n') // cannot fail: the buffer was just emptied
+	}
+}
+
+// sink is the destination of the bufio.Writer. It remembers whether what
+// reached the destination so far ends inside a line, which happens when a
+// write fails part-way (a disk that fills up takes part of a buffer).
+type sink struct {
+	w       io.Writer
+	midLine bool
+}
+
+func (s *sink) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if n > 0 {
+		s.midLine = p[n-1] != '\n'
+	}
+	return n, err
 }
 
 // reopenFile swaps in a freshly opened Path; the old file stays on error.
@@ -267,8 +288,8 @@ func (l *Logger) reopenFile() error {
 		return fmt.Errorf("reopen: %w", err)
 	}
 	old := l.file
-	l.file, l.out = f, f
-	l.bw.Reset(f)
+	l.file, l.out = f, sink{w: f}
+	l.bw.Reset(&l.out)
 	if err := old.Close(); err != nil {
 		return fmt.Errorf("close rotated access log: %w", err)
 	}

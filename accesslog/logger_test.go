@@ -168,6 +168,62 @@ func TestWriteErrorCountsDropsAndRecovers(t *testing.T) {
 	}
 }
 
+// tearWriter accepts only the first cut bytes of its first write and fails
+// it, as a disk that fills up does; later writes succeed.
+type tearWriter struct {
+	cut   int
+	torn  bool
+	calls chan struct{}
+	buf   bytes.Buffer
+}
+
+func (w *tearWriter) Write(p []byte) (int, error) {
+	defer func() { w.calls <- struct{}{} }()
+	if !w.torn {
+		w.torn = true
+		w.buf.Write(p[:w.cut])
+		return w.cut, errors.New("no space left on device")
+	}
+	return w.buf.Write(p)
+}
+
+// A write that failed part-way leaves part of a line in the sink; the
+// next line must still start on a line of its own, or it is glued to that
+// fragment and unparseable too.
+func TestLineAfterTornWriteStartsOnItsOwnLine(t *testing.T) {
+	tests := []struct {
+		name string
+		cut  int
+		want int // lines in the sink: the fragment, if any, then "kept"
+	}{
+		{"nothing written", 0, 1},
+		{"part of the line written", 10, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &tearWriter{cut: tt.cut, calls: make(chan struct{}, 16)}
+			l, err := New(Config{Format: FormatJSON, Output: w}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Log(&Entry{Time: testTime, RequestID: "lost"})
+			<-w.calls
+			l.Log(&Entry{Time: testTime, RequestID: "kept"})
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n")
+			if len(got) != tt.want || !strings.HasPrefix(got[len(got)-1], `{"time":`) ||
+				!strings.Contains(got[len(got)-1], `"x_cube_request_id":"kept"`) {
+				t.Errorf("sink got %q, want %d lines, the last one whole", w.buf.String(), tt.want)
+			}
+			if l.Dropped() != 1 {
+				t.Errorf("Dropped = %d, want 1", l.Dropped())
+			}
+		})
+	}
+}
+
 func TestCloseFlushesEverything(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	l, err := New(Config{Path: path, BufferLines: 5000}, nil)

@@ -12,18 +12,6 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // Settings the demo cannot run with are refused with a message, not a
 // panic, and leave no listener behind.
 func TestDemoRefusesUnusableSettings(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -73,4 +74,15 @@ func runServe(t *testing.T, args []string, getenv func(string) string) *running 
 		}
 	})
 	return r
+}
+
+// freeAddr is a loopback address nothing listens on (for a moment).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

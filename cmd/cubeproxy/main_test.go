@@ -186,17 +186,6 @@ func TestAdminURL(t *testing.T) {
 	}
 }
 
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // accessLogDropped scrapes cubeproxy_accesslog_dropped_total from the admin
 // API; -1 when it cannot.
 func accessLogDropped(adminAddr string) float64 {

@@ -461,7 +461,10 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 		c.noWait, c.starved = true, false
 		err := h.Read(c.br)
 		c.noWait = false
-		if err == nil || !c.starved {
+		// A full buffer wants more too: fasthttp then asks for more than
+		// it can hold without reading (bufio.ErrBufferFull), which a
+		// bare-LF head sent with a large body in one write does.
+		if err == nil || !c.starved && c.br.Buffered() < c.br.Size() {
 			return err
 		}
 		b, _ := c.br.Peek(c.br.Buffered())

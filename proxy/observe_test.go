@@ -1131,3 +1131,38 @@ func TestAccessLogTunnelKeepsRequestID(t *testing.T) {
 		t.Errorf("tunnel logged as %v", e)
 	}
 }
+
+// The plain-HTTP redirect listener (tls.redirect_http) logs its answers
+// like every other request, under the id the client got.
+func TestRedirectListenerLogsRequests(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatCube)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for _, tc := range []struct {
+		name, req, id, status string
+	}{
+		{"redirect", "GET /a?b HTTP/1.1\r\nHost: 50005-box.cube.test\r\nX-Cube-Request-Id: redir-1\r\n\r\n", "redir-1", "308"},
+		{"no Host", "GET /a HTTP/1.0\r\nX-Cube-Request-Id: redir-2\r\n\r\n", "redir-2", "400"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprint(c, tc.req)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := strconv.Itoa(resp.StatusCode); got != tc.status || resp.Header.Get(HeaderRequestID) != tc.id {
+				t.Fatalf("answer %s id %q, want %s %q", got, resp.Header.Get(HeaderRequestID), tc.status, tc.id)
+			}
+			f := buf.wait(t, tc.id)
+			if f[11] != tc.status || f[10] != "/a" {
+				t.Fatalf("log line %q, want status %s for /a", f, tc.status)
+			}
+		})
+	}
+}

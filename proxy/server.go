@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // ServerConfig holds the listener-side settings.
@@ -183,19 +184,29 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		httpsPort = ""
 	}
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
-		// Like every other answer, so a client's report can be matched.
-		defer ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+		// Logged and counted like every other request (as answered by the
+		// proxy itself), under the id the client gets, so that an operator
+		// sees clients still arriving over plain HTTP.
+		var x exchange
+		s.p.begin(ctx, &x)
+		x.kind = telemetry.RouteError
 		if len(ctx.Host()) == 0 {
 			// HTTP/1.0 without Host: "https://:8443/x" names no server.
-			writeError(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
-			return
+			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
+		} else {
+			// Set as is, not through ctx.Redirect: that resolves the target
+			// through fasthttp's URI, which normalises the path (a%2Fb
+			// becomes a/b, dot segments go), while HTTPS forwards it
+			// unnormalised.
+			ctx.Response.Header.Set(fasthttp.HeaderLocation,
+				"https://"+httpsAuthority(string(ctx.Host()), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
+			ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 		}
-		// Set as is, not through ctx.Redirect: that resolves the target
-		// through fasthttp's URI, which normalises the path (a%2Fb becomes
-		// a/b, dot segments go), while HTTPS forwards it unnormalised.
-		ctx.Response.Header.Set(fasthttp.HeaderLocation,
-			"https://"+httpsAuthority(string(ctx.Host()), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
-		ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
+		// After the answer is written (an error answer resets the headers),
+		// before it is logged.
+		ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+		s.p.headersReady(ctx, &x)
+		s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	}
 	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)

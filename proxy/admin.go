@@ -264,10 +264,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 	// the cached old one is dropped either way.
 	err = a.cfg.Routes.Put(r)
 	_, perr := a.invalidate(id)
-	// A re-created sandbox is no longer killed.
-	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
-		a.p.sandboxes.setState(id, stateRunning)
-	}
+	a.liftKill(id)
 	if err != nil {
 		adminError(ctx, 500, "route stored in memory, but "+err.Error())
 		return false
@@ -277,6 +274,29 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		return false
 	}
 	return true
+}
+
+// liftKill forgets a meta/delete of id: a route stored again is a
+// re-created sandbox, no longer killed.
+func (a *Admin) liftKill(id string) {
+	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
+		a.p.sandboxes.setState(id, stateRunning)
+	}
+}
+
+// routeWritten answers meta/upsert when the routes live in Redis. The
+// control plane has written the route there and calls upsert after, as
+// with the platform's proxy: the fields are not kept here (Redis holds
+// them), every instance drops its cached copy and reads the new one, and
+// the sandbox is no longer killed on this instance.
+func (a *Admin) routeWritten(ctx *fasthttp.RequestCtx, id string) {
+	_, perr := a.invalidate(id)
+	a.liftKill(id)
+	if perr != nil {
+		adminError(ctx, 503, perr.Error())
+		return
+	}
+	writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
 }
 
 // invalidate drops id from this instance's cache and tells the others.
@@ -326,10 +346,6 @@ func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
 }
 
 func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
-	if a.cfg.Routes == nil {
-		adminError(ctx, 404, "routes are managed by the control plane in Redis; meta/upsert needs store: memory")
-		return
-	}
 	// Numbers stay as written: through float64 a nanosecond CreatedAt
 	// would lose its last digits.
 	var raw map[string]any
@@ -346,6 +362,10 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 	id, _ := raw["sandbox_id"].(string)
 	if !routing.ValidID(id) {
 		adminError(ctx, 400, "sandbox_id missing or invalid")
+		return
+	}
+	if a.cfg.Routes == nil {
+		a.routeWritten(ctx, id)
 		return
 	}
 	fields := make(map[string]string, len(raw))

@@ -400,6 +400,64 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 	}
 }
 
+// The control plane writes a route to Redis and then calls
+// /admin/meta/upsert, as it does with the platform's proxy: with the Redis
+// store the call is accepted (the fields are Redis's, not stored here),
+// every instance reads the new route, and a meta/delete 410 is lifted.
+func TestRedisMetaUpsert(t *testing.T) {
+	r := testenv.StartRedis(t)
+	a := startRedisProxy(t, r.Addr(), "--instance-id", "up-a")
+	b := startRedisProxy(t, r.Addr(), "--instance-id", "up-b")
+	waitSubscribers(t, r, 2)
+	one, two := redisBackend(t, "one"), redisBackend(t, "two")
+	const id = "upserted"
+	key := redisstore.DefaultKeyPrefix + id
+	upsert := func(hostPort int) redisReply {
+		t.Helper()
+		body := fmt.Sprintf(`{"sandbox_id":%q,"HostIP":"127.0.0.1","SandboxIP":"192.168.0.2","CreatedAt":%s,"AllowPublicTraffic":"true","%d":"%d","ControlPlaneExtra":"x"}`,
+			id, redisCreatedAt, redisContainerPort, hostPort)
+		req, err := http.NewRequest("POST", "http://"+a.admin+"/admin/meta/upsert", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.do(t, req)
+	}
+
+	hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", one)...)
+	for _, p := range []*redisProxy{a, b} {
+		if got := p.get(t, id); got.status != 200 || got.body != "one" {
+			t.Fatalf("first request: %d %q", got.status, got.body)
+		}
+	}
+	hsetRoute(t, r, key, cpFields("127.0.0.1", "192.168.0.2", two)...)
+	if got := upsert(two); got.status != 200 || !strings.Contains(got.body, `"ok":true`) || !strings.Contains(got.body, `"sandbox_id":"upserted"`) {
+		t.Fatalf("meta/upsert with the Redis store: %d %s", got.status, got.body)
+	}
+	for name, p := range map[string]*redisProxy{"a": a, "b": b} {
+		testenv.WaitFor(t, 5*time.Second, name+" to route to the new backend", func() bool {
+			got := p.get(t, id)
+			return got.status == 200 && got.body == "two"
+		})
+	}
+
+	// Killed, then stored again under the same CreatedAt: served again.
+	if got := a.adminPost(t, "/admin/meta/delete", id, ""); got.status != 200 {
+		t.Fatalf("meta/delete: %d %s", got.status, got.body)
+	}
+	if got := a.get(t, id); got.status != 410 {
+		t.Fatalf("after meta/delete: %d %s, want 410", got.status, got.body)
+	}
+	if got := upsert(two); got.status != 200 {
+		t.Fatalf("meta/upsert after the kill: %d %s", got.status, got.body)
+	}
+	if got := a.get(t, id); got.status != 200 || got.body != "two" {
+		t.Fatalf("after meta/upsert lifted the kill: %d %q, want 200 two", got.status, got.body)
+	}
+	if got := a.adminPost(t, "/admin/meta/upsert", "Bad*Id", ""); got.status != 400 {
+		t.Fatalf("meta/upsert with a bad id: %d %s, want 400", got.status, got.body)
+	}
+}
+
 // /readyz is 503 while Redis has never answered and 200 once it has.
 func TestRedisReadyz(t *testing.T) {
 	r := testenv.StartRedis(t)

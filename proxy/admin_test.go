@@ -97,6 +97,23 @@ func TestAdminAPI(t *testing.T) {
 	if st, out := h.adminJSON("GET", "/admin/routes", ""); st != 200 || out["count"] != float64(2) {
 		t.Errorf("route list: %d %v", st, out)
 	}
+
+	// last_active: {"now","since","count","entries":{"<id>":<ms>}}, the
+	// sandbox served above among the entries, dated at or after since.
+	since := time.Now().Add(-time.Minute).UnixMilli()
+	st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", since), "")
+	entries, _ := out["entries"].(map[string]any)
+	now, _ := out["now"].(float64)
+	ts, _ := entries["adm"].(float64)
+	if st != 200 || out["since"] != float64(since) || out["count"] != float64(len(entries)) ||
+		int64(now) < since || int64(ts) < since || int64(ts) > int64(now) {
+		t.Errorf("last_active since %d: %d %v", since, st, out)
+	}
+	// backend_cache/delete counts what it dropped: the route cached by the
+	// request above.
+	if st, out := h.adminJSON("POST", "/admin/backend_cache/delete", `{"sandbox_id":"adm"}`); st != 200 || out["deleted"] != float64(1) {
+		t.Errorf("backend_cache/delete of a cached route: %d %v, want deleted 1", st, out)
+	}
 }
 
 // meta/delete answers 410 for the sandbox afterwards, on this instance,

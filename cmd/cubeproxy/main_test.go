@@ -274,3 +274,26 @@ func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 		t.Fatal("process still running 10s after SIGTERM")
 	}
 }
+
+// A metrics exporter the proxy does not push to is named at startup, not
+// silently ignored.
+func TestUnsupportedMetricsExporterWarns(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		warn  bool
+	}{{"otlp", true}, {"none", false}, {"prometheus", false}, {"", false}} {
+		t.Run(tc.value, func(t *testing.T) {
+			env := func(k string) string {
+				if k == "OTEL_METRICS_EXPORTER" {
+					return tc.value
+				}
+				return ""
+			}
+			r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, env)
+			r.stop()
+			if got := strings.Contains(r.logs.String(), "OTEL_METRICS_EXPORTER is not supported"); got != tc.warn {
+				t.Fatalf("warning logged: %v, want %v\n%s", got, tc.warn, r.logs)
+			}
+		})
+	}
+}

@@ -67,6 +67,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	// Set cluster-wide with the other OTEL_* variables, it would otherwise
+	// look like a push that never arrives.
+	if v := strings.ToLower(strings.TrimSpace(getenv("OTEL_METRICS_EXPORTER"))); v != "" && v != "none" && v != "prometheus" {
+		a.log.Warn("OTEL_METRICS_EXPORTER is not supported: metrics are only served for scraping at /metrics on the admin listener",
+			"OTEL_METRICS_EXPORTER", v)
+	}
 	return a.run(ctx, ready)
 }
 

@@ -159,10 +159,16 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 
 // Serve serves sandbox traffic on ln (wrap ln with tls.NewListener for HTTPS).
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.traffic.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.traffic.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// retrying wraps ln so that running out of descriptors pauses accepting
+// instead of ending Serve (see retryListener).
+func (s *Server) retrying(ln net.Listener) net.Listener {
+	return newRetryListener(ln, s.p.cfg.Logger, s.p.metrics)
 }
 
 // ServeAdmin serves the admin API on ln.
@@ -170,7 +176,7 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	if s.adminSrv == nil {
 		return errors.New("no admin API configured")
 	}
-	if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.adminSrv.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil
@@ -208,7 +214,7 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		s.p.headersReady(ctx, &x)
 		s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	}
-	if err := s.redirect.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.redirect.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil

@@ -38,6 +38,7 @@ type Metrics struct {
 	storeErrors   [numStoreKinds]atomic.Int64
 	connectErrors atomic.Int64
 	retries       atomic.Int64
+	acceptErrors  atomic.Int64
 	auth          [len(authReasons)]atomic.Int64
 	logDrops      atomic.Int64
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
@@ -61,6 +62,7 @@ type Metrics struct {
 type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
 	connectErrors, retries, auth, logDrops          metric.Int64ObservableCounter
+	acceptErrors                                    metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
 	kind                                            [numRouteKinds]metric.ObserveOption
@@ -88,6 +90,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.storeErrors = b.counter("cubeproxy.store.errors", "{error}", "Failed route store lookups.")
 	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream requests retried after a failed connect.")
+	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled.")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
@@ -101,7 +104,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.retries, o.auth,
-		o.logDrops, o.conns, o.streams, o.websockets, o.pools, o.idle)
+		o.acceptErrors, o.logDrops, o.conns, o.streams, o.websockets, o.pools, o.idle)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -165,6 +168,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	}
 	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
 	ob.ObserveInt64(o.retries, m.retries.Load())
+	ob.ObserveInt64(o.acceptErrors, m.acceptErrors.Load())
 	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
 	ob.ObserveInt64(o.conns, m.conns.Load())
 	ob.ObserveInt64(o.websockets, m.websockets.Load())
@@ -296,6 +300,15 @@ func (m *Metrics) UpstreamRetry() {
 		return
 	}
 	m.retries.Add(1)
+}
+
+// AcceptError counts a failed accept of a client connection that the
+// listener retries (EMFILE and the like).
+func (m *Metrics) AcceptError() {
+	if m == nil {
+		return
+	}
+	m.acceptErrors.Add(1)
 }
 
 // AuthRejected counts a refused request. reason is one of the Auth*

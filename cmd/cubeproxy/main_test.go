@@ -189,6 +189,12 @@ func TestAdminURL(t *testing.T) {
 // accessLogDropped scrapes cubeproxy_accesslog_dropped_total from the admin
 // API; -1 when it cannot.
 func accessLogDropped(adminAddr string) float64 {
+	return scrapeMetric(adminAddr, "cubeproxy_accesslog_dropped_total")
+}
+
+// scrapeMetric reads one unlabelled sample from the admin API's /metrics;
+// -1 when it cannot.
+func scrapeMetric(adminAddr, name string) float64 {
 	resp, err := http.Get("http://" + adminAddr + "/metrics")
 	if err != nil {
 		return -1
@@ -199,7 +205,7 @@ func accessLogDropped(adminAddr string) float64 {
 		return -1
 	}
 	for _, s := range samples {
-		if s.Name == "cubeproxy_accesslog_dropped_total" {
+		if s.Name == name {
 			return s.Value
 		}
 	}

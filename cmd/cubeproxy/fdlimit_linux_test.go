@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// The real binary at its RLIMIT_NOFILE (a flood of idle clients, a node
+// whose limit was left at 1024): it keeps running without spinning, logs
+// the condition once, counts every failed accept, and serves the clients
+// that waited in the listen backlog once descriptors free up. fasthttp
+// took EMFILE for a permanent accept error and the process drained and
+// exited.
+func TestBinarySurvivesFDExhaustion(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "cubeproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
+	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes,
+		"--access-log-format", "off", "--drain-timeout", "1s")
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	pid := cmd.Process.Pid
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + adminAddr + "/admin/healthz"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy never came up\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A few descriptors of headroom above what the process holds now.
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	setNoFile(t, pid, uint64(len(fds)+4))
+
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range 20 {
+		c, err := net.Dial("tcp", proxyAddr) // completes in the backlog
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "cannot accept connections") {
+		select {
+		case err := <-exited:
+			t.Fatalf("proxy exited at its descriptor limit: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("descriptor exhaustion not logged\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Waiting, not spinning on a listening socket that stays readable.
+	before := cpuTicks(t, pid)
+	time.Sleep(time.Second)
+	if used := cpuTicks(t, pid) - before; used > 30 {
+		t.Errorf("%d clock ticks of CPU in 1s while out of descriptors", used)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("proxy exited at its descriptor limit: %v\n%s", err, logs.String())
+	default:
+	}
+
+	for _, c := range idle {
+		c.Close()
+	}
+	idle = nil
+	client := &http.Client{Timeout: 10 * time.Second}
+	req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+	req.Host = "80-nobox.cube.test"
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("after descriptors freed up: %v\n%s", err, logs.String())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("status %d, want 404 (unknown sandbox)", resp.StatusCode)
+	}
+	if n := strings.Count(logs.String(), "cannot accept connections"); n != 1 {
+		t.Errorf("exhaustion logged %d times, want once\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "accepting connections again") {
+		t.Errorf("recovery not logged\n%s", logs.String())
+	}
+	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
+		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("process still running 10s after SIGTERM")
+	}
+}
+
+// setNoFile lowers another process's RLIMIT_NOFILE (prlimit(2)).
+func setNoFile(t *testing.T, pid int, n uint64) {
+	t.Helper()
+	lim := syscall.Rlimit{Cur: n, Max: n}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), syscall.RLIMIT_NOFILE,
+		uintptr(unsafe.Pointer(&lim)), 0, 0, 0); e != 0 {
+		t.Skipf("prlimit: %v", e)
+	}
+}
+
+// cpuTicks is a process's user + system CPU time in clock ticks.
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}

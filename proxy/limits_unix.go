@@ -1,0 +1,15 @@
+//go:build unix
+
+package proxy
+
+import "syscall"
+
+// openFilesLimit is the process's RLIMIT_NOFILE (soft), for the log line
+// that says the proxy ran out of descriptors; 0 when unknown.
+func openFilesLimit() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0
+	}
+	return rl.Cur
+}

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// retryListener keeps a listener serving through resource exhaustion.
+// fasthttp takes every accept error but a timeout for a permanent one and
+// stops serving: at RLIMIT_NOFILE (EMFILE), one burst of idle clients or
+// sandbox connections stopped the listener, and with it the process. Like
+// net/http and nginx, the proxy waits and tries again instead: meanwhile
+// new connections wait in the kernel's backlog (clients see a slow
+// connect, not a reset) and are served once descriptors free up.
+//
+// Accept is called from one goroutine (the server's accept loop), so the
+// episode state needs no lock.
+type retryListener struct {
+	net.Listener
+	log     *slog.Logger
+	metrics *telemetry.Metrics
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	failed  int       // failed accepts since the last success
+	since   time.Time // first failure of the current episode
+	logged  time.Time // last "accept failing" line
+	episode bool      // the current episode was logged: log its end too
+}
+
+func newRetryListener(ln net.Listener, log *slog.Logger, m *telemetry.Metrics) *retryListener {
+	return &retryListener{Listener: ln, log: log, metrics: m, closed: make(chan struct{})}
+}
+
+// Accept returns the next connection, waiting out accept errors that
+// resources freeing up will cure: 5 ms, doubling to 1 s (net/http's
+// schedule), so a process out of descriptors does not spin on a listening
+// socket that stays readable.
+func (l *retryListener) Accept() (net.Conn, error) {
+	delay := 5 * time.Millisecond
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			if l.failed > 0 {
+				l.recovered()
+			}
+			return c, nil
+		}
+		if !resourceExhausted(err) {
+			return nil, err
+		}
+		l.metrics.AcceptError()
+		now := time.Now()
+		if l.failed == 0 {
+			l.since = now
+		}
+		l.failed++
+		// Once per episode and at most every 10 s when the limit keeps
+		// being touched: the counter has every attempt.
+		if now.Sub(l.logged) >= 10*time.Second {
+			l.logged, l.episode = now, true
+			l.log.Error("cannot accept connections: out of resources; retrying, new clients wait in the listen backlog",
+				"addr", l.Addr().String(), "err", err, "open_files_limit", openFilesLimit())
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-l.closed:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// recovered ends an episode of failed accepts.
+func (l *retryListener) recovered() {
+	if l.episode {
+		l.log.Warn("accepting connections again",
+			"addr", l.Addr().String(), "failed_accepts", l.failed, "after", time.Since(l.since).Round(time.Millisecond).String())
+	}
+	l.failed, l.episode = 0, false
+}
+
+// Close also ends a wait between retries, so a drain is not held up.
+func (l *retryListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// resourceExhausted reports an accept error that passes once the process or
+// the system has descriptors (or buffers) again.
+func resourceExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
+		errors.Is(err, syscall.ECONNABORTED)
+}

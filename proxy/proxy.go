@@ -54,6 +54,8 @@ type Proxy struct {
 
 	staleLogged    atomic.Int64 // unix nanos of the last stale-route log line
 	storeErrLogged atomic.Int64 // unix nanos of the last store-unavailable log line
+	// unix nanos of the last "out of descriptors" line for a failed dial
+	resourceErrLogged atomic.Int64
 
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
 	reqSeq   atomic.Uint64
@@ -568,6 +570,15 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		} else {
 			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed or incomplete request body"}, id)
 		}
+	case errors.As(err, &de) && resourceExhausted(de.err):
+		// The proxy is out of descriptors, not the sandbox refusing: a 502
+		// "refused" would send the operator to the sandbox. Once a second,
+		// like the store outage: every request fails while it lasts.
+		if everySecond(&p.resourceErrLogged) {
+			p.cfg.Logger.Error("cannot connect to sandboxes: proxy out of resources",
+				"sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())
+		}
+		x.fail(ctx, proxyError{status: 503, code: CodeOutOfResources, msg: "proxy is out of resources; retry shortly", retryAfter: 1}, id)
 	case errors.As(err, &de):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):

@@ -571,12 +571,16 @@ func (e *dialError) Unwrap() error { return e.err }
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.Dial("tcp", addr)
-	if err != nil {
+	if err != nil && !resourceExhausted(err) {
 		p.metrics.UpstreamRetry()
 		c, err = d.Dial("tcp", addr)
 	}
 	if err != nil {
-		p.metrics.UpstreamConnectError()
+		// The proxy out of descriptors is no failure of the sandbox's: not
+		// counted with them, and not retried (it would fail the same way).
+		if !resourceExhausted(err) {
+			p.metrics.UpstreamConnectError()
+		}
 		return nil, &dialError{addr: addr, err: err}
 	}
 	// Go sets TCP_NODELAY on every new TCPConn already: a second

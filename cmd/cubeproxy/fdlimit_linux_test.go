@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,14 +23,27 @@ import (
 // the condition once, counts every failed accept, and serves the clients
 // that waited in the listen backlog once descriptors free up. fasthttp
 // took EMFILE for a permanent accept error and the process drained and
-// exited.
+// exited. A client already connected meanwhile gets a 503 that names the
+// proxy, not a 502 blaming the sandbox for the proxy's failed dial.
 func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "cubeproxy")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend.SetKeepAlivesEnabled(false) // each request needs a new sandbox connection
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+	host := fmt.Sprintf("%d-box.cube.test", port)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
+	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
 	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes,
 		"--access-log-format", "off", "--drain-timeout", "1s")
@@ -51,6 +66,29 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 			t.Fatalf("proxy never came up\n%s", logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A keep-alive client connected (and accepted) before the limit.
+	early, err := net.Dial("tcp", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	earlyR := bufio.NewReader(early)
+	get := func() (*http.Response, string) {
+		t.Helper()
+		early.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(early, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		resp, err := http.ReadResponse(earlyR, nil)
+		if err != nil {
+			t.Fatalf("keep-alive request: %v\n%s", err, logs.String())
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(body)
+	}
+	if resp, _ := get(); resp.StatusCode != 200 {
+		t.Fatalf("before the limit: status %d", resp.StatusCode)
 	}
 
 	// A few descriptors of headroom above what the process holds now.
@@ -97,20 +135,45 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	default:
 	}
 
+	for range 5 {
+		resp, body := get()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+			!strings.Contains(body, `"code":"proxy_out_of_resources"`) {
+			t.Errorf("out of descriptors: status %d, Retry-After %q, %s; want 503 proxy_out_of_resources with Retry-After",
+				resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+
+	if n := strings.Count(logs.String(), "cannot connect to sandboxes"); n != 1 {
+		t.Errorf("5 failed dials logged %d times, want once\n%s", n, logs.String())
+	}
+
+	// The backlog of closed clients is accepted and closed one by one;
+	// until then a dial may still find no descriptor.
 	for _, c := range idle {
 		c.Close()
 	}
 	idle = nil
 	client := &http.Client{Timeout: 10 * time.Second}
-	req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
-	req.Host = "80-nobox.cube.test"
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("after descriptors freed up: %v\n%s", err, logs.String())
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+		req.Host = host
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("after descriptors freed up: %v\n%s", err, logs.String())
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after descriptors freed up: status %d, want 200\n%s", resp.StatusCode, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("status %d, want 404 (unknown sandbox)", resp.StatusCode)
+	if n := scrapeMetric(adminAddr, "cubeproxy_upstream_connect_errors_total"); n != 0 {
+		t.Errorf("the proxy's own exhaustion counted as %v sandbox connect errors", n)
 	}
 	if n := strings.Count(logs.String(), "cannot accept connections"); n != 1 {
 		t.Errorf("exhaustion logged %d times, want once\n%s", n, logs.String())

@@ -331,6 +331,9 @@ func TestUpstreamErrorClassification(t *testing.T) {
 		{"deadline", os.ErrDeadlineExceeded, 504, CodeUpstreamTimeout},
 		{"unparsable", errors.New("cannot parse response status code"), 502, CodeUpstreamBadHeader},
 		{"client body", &clientBodyError{err: errors.New("bad chunk")}, 400, CodeBadBody},
+		{"connect refused", &dialError{err: opErr("dial", syscall.ECONNREFUSED)}, 502, CodeUpstreamConnect},
+		{"connect timed out", &dialError{err: &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}}, 504, CodeUpstreamConnectTimeout},
+		{"proxy out of descriptors", &dialError{err: opErr("socket", syscall.EMFILE)}, 503, CodeOutOfResources},
 	} {
 		var ctx fasthttp.RequestCtx
 		var x exchange

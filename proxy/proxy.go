@@ -579,6 +579,11 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 				"sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())
 		}
 		x.fail(ctx, proxyError{status: 503, code: CodeOutOfResources, msg: "proxy is out of resources; retry shortly", retryAfter: 1}, id)
+	case errors.As(err, &de) && isTimeout(de.err):
+		// Neither accepted nor refused: a frozen sandbox, a full listen
+		// backlog, a dropped SYN. A gateway timeout, as nginx answers for
+		// proxy_connect_timeout; "refused" would be untrue.
+		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamConnectTimeout, msg: "sandbox port did not accept the connection in time"}, id)
 	case errors.As(err, &de):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):

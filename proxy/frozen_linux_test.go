@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// frozenListener is a sandbox port whose server stopped accepting and whose
+// listen backlog is full (a frozen VM, a stuck accept loop): the kernel
+// drops further SYNs, so a connect neither succeeds nor is refused.
+func frozenListener(t *testing.T) uint16 {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := sa.(*syscall.SockaddrInet4).Port
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	// Fill the backlog: connects complete until one no longer does.
+	for i := 0; ; i++ {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+		if i == 8 {
+			t.Skip("the kernel keeps accepting into a backlog of 0")
+		}
+	}
+	return uint16(port)
+}
+
+// A sandbox that never accepts is a gateway timeout (as nginx's
+// proxy_connect_timeout answers), not "refused": the connect and its one
+// retry take 2 connect timeouts, and other sandboxes are served meanwhile.
+func TestFrozenSandboxConnectTimeout(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
+	frozen := h.route("frozen", frozenListener(t))
+	good := h.route("good", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})))
+
+	type answer struct {
+		status int
+		body   string
+		took   time.Duration
+	}
+	got := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		resp, err := h.client.Do(h.req("GET", frozen, "/", nil))
+		if err != nil {
+			got <- answer{body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- answer{resp.StatusCode, string(b), time.Since(start)}
+	}()
+	time.Sleep(50 * time.Millisecond) // the frozen dial is under way
+	resp := h.do(h.req("GET", good, "/", nil))
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("another sandbox during the frozen dial: %d", resp.StatusCode)
+	}
+	a := <-got
+	if a.status != 504 || !strings.Contains(a.body, `"code":"`+CodeUpstreamConnectTimeout+`"`) {
+		t.Errorf("frozen sandbox: %d %s, want 504 %s", a.status, a.body, CodeUpstreamConnectTimeout)
+	}
+	if a.took < 600*time.Millisecond || a.took > 3*time.Second {
+		t.Errorf("answered after %v, want two connect timeouts (600ms)", a.took)
+	}
+}

@@ -26,10 +26,7 @@ import (
 // exited. A client already connected meanwhile gets a 503 that names the
 // proxy, not a 502 blaming the sandbox for the proxy's failed dial.
 func TestBinarySurvivesFDExhaustion(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "cubeproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 	})}
@@ -184,15 +181,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
 		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("process still running 10s after SIGTERM")
-	}
+	sigtermAndWait(t, cmd, exited, &logs)
 }
 
 // setNoFile lowers another process's RLIMIT_NOFILE (prlimit(2)).

@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -85,4 +89,29 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// buildBinary builds cubeproxy for a test that runs it as a process.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "cubeproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// sigtermAndWait stops a started binary with SIGTERM and wants a clean exit
+// (exited gets cmd.Wait's result) within 10 s.
+func sigtermAndWait(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.Stringer) {
+	t.Helper()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("process still running 10s after SIGTERM")
+	}
 }

@@ -97,10 +97,7 @@ func TestServeInProcess(t *testing.T) {
 // The real binary: SIGTERM with an SSE stream open ends the stream cleanly
 // and the process exits 0 within the drain time.
 func TestBinarySIGTERM(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "cubeproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	sse := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: one\n\n")
@@ -217,10 +214,7 @@ func scrapeMetric(adminAddr, name string) float64 {
 // and the proxy keeps serving. Go's default for a broken pipe on stdout is
 // to die of SIGPIPE, which would cut every open stream.
 func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "cubeproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
 	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
@@ -270,15 +264,7 @@ func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("process still running 10s after SIGTERM")
-	}
+	sigtermAndWait(t, cmd, exited, &stderr)
 }
 
 // A metrics exporter the proxy does not push to is named at startup, not

@@ -493,10 +493,7 @@ func TestRedisRegistry(t *testing.T) {
 		start func(t *testing.T, id string) (stop func())
 	}{
 		{"binary SIGTERM", func(t *testing.T, id string) func() {
-			bin := filepath.Join(t.TempDir(), "cubeproxy")
-			if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-				t.Fatalf("build: %v\n%s", err, out)
-			}
+			bin := buildBinary(t)
 			cmd := exec.Command(bin, append([]string{"serve", "--instance-id", id}, flags...)...)
 			var logs syncBuffer
 			cmd.Stdout, cmd.Stderr = &logs, &logs

@@ -379,7 +379,7 @@ func TestTunnelClientGoneBefore101(t *testing.T) {
 			return rawWrite(c, okResponse("fine"))
 		}
 		<-clientGone
-		rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		rawWrite(c, ws101)
 		var one [1]byte
 		c.Read(one[:]) // until the proxy closes its side
 		backendClosed <- struct{}{}
@@ -425,7 +425,7 @@ func TestTunnelToClientThatReadsNothingEnds(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		go io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"+strings.Repeat("x", 4<<20))
+		go io.WriteString(c, ws101+strings.Repeat("x", 4<<20))
 		io.Copy(io.Discard, c) // until the proxy closes its side
 		closed <- struct{}{}
 	}()
@@ -452,21 +452,11 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 	ln := listen(t, "127.0.0.1:0")
 	closed := make(chan struct{}, 1)
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
+		c, br, ok := acceptUpgrade(ln)
+		if !ok {
 			return
 		}
 		defer c.Close()
-		br := bufio.NewReader(c)
-		if _, err := http.ReadRequest(br); err != nil {
-			return
-		}
-		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		// After the client's go-ahead, so this is tunnel traffic, not bytes
-		// that came with the 101.
-		if _, err := br.ReadByte(); err != nil {
-			return
-		}
 		go func() {
 			chunk := []byte(strings.Repeat("x", 64<<10))
 			for {
@@ -528,19 +518,11 @@ func TestTunnelSandboxEndReachesClientThatSends(t *testing.T) {
 	tail := strings.Repeat("t", 12<<10)
 	backendDone := make(chan struct{})
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
+		c, br, ok := acceptUpgrade(ln)
+		if !ok {
 			return
 		}
 		defer c.Close()
-		br := bufio.NewReader(c)
-		if _, err := http.ReadRequest(br); err != nil {
-			return
-		}
-		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		if _, err := br.ReadByte(); err != nil { // the client's go-ahead
-			return
-		}
 		io.WriteString(c, tail)
 		_ = c.(*net.TCPConn).CloseWrite() // a clean end of the sandbox's side
 		io.Copy(io.Discard, br)           // until the proxy is done with it
@@ -586,7 +568,7 @@ func TestUpgradeAbsoluteFormSentAsOriginForm(t *testing.T) {
 	got := make(chan seen, 1)
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
 		got <- seen{req.RequestURI, req.Host, req.Header.Get("Authorization")}
-		rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		rawWrite(c, ws101)
 		return false
 	})
 	host := h.route("wsabs", b.port)
@@ -612,4 +594,29 @@ func TestUpgradeAbsoluteFormSentAsOriginForm(t *testing.T) {
 			t.Errorf("%s: sandbox saw target %q, Host %q, Authorization %q; want %q, %q, none", tc.target, s.uri, s.host, s.auth, tc.want, host)
 		}
 	}
+}
+
+// ws101 is a sandbox's answer to a WebSocket upgrade.
+const ws101 = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+// acceptUpgrade plays a sandbox: it accepts one connection on ln, reads the
+// upgrade request, answers 101 and waits for the client's first tunnel
+// byte, so that what it sends next is tunnel traffic, not bytes that came
+// with the 101. ok is false if any step failed (the connection is closed).
+func acceptUpgrade(ln net.Listener) (c net.Conn, br *bufio.Reader, ok bool) {
+	c, err := ln.Accept()
+	if err != nil {
+		return nil, nil, false
+	}
+	br = bufio.NewReader(c)
+	if _, err := http.ReadRequest(br); err != nil {
+		c.Close()
+		return nil, nil, false
+	}
+	io.WriteString(c, ws101)
+	if _, err := br.ReadByte(); err != nil {
+		c.Close()
+		return nil, nil, false
+	}
+	return c, br, true
 }

@@ -1166,3 +1166,41 @@ func TestRedirectListenerLogsRequests(t *testing.T) {
 		})
 	}
 }
+
+// A body sent to the redirect listener is read whole before the 308 (that
+// server does not stream bodies): its line says how much was read, not the
+// 8 KiB the streaming listeners read before their handler runs, nor 0 for
+// a chunked body.
+func TestRedirectListenerLogsBodyBytes(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	body := strings.Repeat("x", 20000)
+	chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	for _, tc := range []struct {
+		name, id, framing, body string
+	}{
+		{"content-length", "redir-body-1", fmt.Sprintf("Content-Length: %d", len(body)), body},
+		{"chunked", "redir-body-2", "Transfer-Encoding: chunked", chunked},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: 50005-box.cube.test\r\nX-Cube-Request-Id: %s\r\n%s\r\n\r\n%s", tc.id, tc.framing, tc.body)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 308 {
+				t.Fatalf("status %d, want 308", resp.StatusCode)
+			}
+			if e := buf.waitJSON(t, tc.id); e["bytes_in"] != float64(len(body)) {
+				t.Errorf("bytes_in %v, want %d", e["bytes_in"], len(body))
+			}
+		})
+	}
+}

@@ -196,6 +196,10 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		var x exchange
 		s.p.begin(ctx, &x)
 		x.kind = telemetry.RouteError
+		// This server reads a body whole before the handler (no
+		// StreamRequestBody): begin's estimate is that of the streaming
+		// listeners, at most 8 KiB, and 0 for a chunked body.
+		x.bytesIn = int64(len(ctx.Request.Body()))
 		if len(ctx.Host()) == 0 {
 			// HTTP/1.0 without Host: "https://:8443/x" names no server.
 			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)

@@ -334,6 +334,12 @@ func TestUpstreamErrorClassification(t *testing.T) {
 		{"connect refused", &dialError{err: opErr("dial", syscall.ECONNREFUSED)}, 502, CodeUpstreamConnect},
 		{"connect timed out", &dialError{err: &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}}, 504, CodeUpstreamConnectTimeout},
 		{"proxy out of descriptors", &dialError{err: opErr("socket", syscall.EMFILE)}, 503, CodeOutOfResources},
+		// A sandbox VM gone: the host or its network is unreachable.
+		{"host unreachable", &dialError{err: opErr("connect", syscall.EHOSTUNREACH)}, 502, CodeUpstreamConnect},
+		{"network unreachable", &dialError{err: opErr("connect", syscall.ENETUNREACH)}, 502, CodeUpstreamConnect},
+		// The connecting socket was destroyed (ss -K, a cgroup hook): the
+		// proxy has descriptors to spare.
+		{"connect aborted", &dialError{err: opErr("connect", syscall.ECONNABORTED)}, 502, CodeUpstreamConnect},
 	} {
 		var ctx fasthttp.RequestCtx
 		var x exchange

@@ -53,6 +53,11 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			}
 			return c, nil
 		}
+		if errors.Is(err, syscall.ECONNABORTED) {
+			// A client that reset before it was accepted: nothing to wait
+			// for or report. (Go's TCP listener retries it itself.)
+			continue
+		}
 		if !resourceExhausted(err) {
 			return nil, err
 		}
@@ -95,10 +100,11 @@ func (l *retryListener) Close() error {
 	return l.Listener.Close()
 }
 
-// resourceExhausted reports an accept error that passes once the process or
-// the system has descriptors (or buffers) again.
+// resourceExhausted reports an accept or dial error that passes once the
+// process or the system has descriptors (or buffers) again. Not
+// ECONNABORTED: a connection aborted by its peer (or by ss -K) is no
+// shortage of the proxy's, and a dial that gets it is the sandbox's 502.
 func resourceExhausted(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED)
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
@@ -73,5 +74,31 @@ func TestRetryListener(t *testing.T) {
 		}
 	case <-time.After(time.Second):
 		t.Fatal("Accept still waiting after Close")
+	}
+}
+
+// A client that reset before it was accepted is passed over: no wait, and
+// no "out of resources" line sending the operator to the descriptor limit.
+func TestRetryListenerConnAborted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var logs bytes.Buffer
+	rl := newRetryListener(&errListener{Listener: ln, errs: []error{syscall.ECONNABORTED}},
+		slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := rl.Accept()
+	if err != nil {
+		t.Fatalf("accept after ECONNABORTED: %v", err)
+	}
+	a.Close()
+	if logs.Len() > 0 {
+		t.Errorf("an aborted connection was logged: %s", logs.String())
 	}
 }

@@ -30,7 +30,9 @@ type Config struct {
 	// failed connect is retried once.
 	ConnectTimeout time.Duration
 	// ResponseHeaderTimeout bounds the wait for the backend's response
-	// headers after the request was sent (default 120 s; 504 after it).
+	// headers after the request was sent (default 120 s; 504 after it). A
+	// request that accepts an event stream waits IdleStreamTimeout instead,
+	// if longer (see Proxy.headerTimeout).
 	ResponseHeaderTimeout time.Duration
 	// IdleStreamTimeout ends a body or WebSocket that carried no data for
 	// this long (default 7206 s, as the platform's proxy).

@@ -297,7 +297,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, err := p.roundTrip(u, req, resp)
+	c, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header))
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
 	}
@@ -750,6 +750,30 @@ func (b *clientBody) release() {
 		clientBodyPool.Put(b)
 	}
 }
+
+// headerTimeout is how long the sandbox may take to send the head of its
+// answer to a request with header h. A request that accepts an event
+// stream (an MCP POST, which must; an SSE GET) may be answered by one whose
+// head comes with its first event: the go-sdk gateway without an event
+// store, or in JSON mode, sends the head of a tools/call's answer with its
+// result, and a tool may run for many minutes. Such a request waits as
+// long as a stream may be silent (upstream.idle_timeout), as through the
+// platform's proxy (proxy_read_timeout bounds both waits); any other keeps
+// upstream.response_header_timeout's 504. One Peek per request.
+func (p *Proxy) headerTimeout(h *fasthttp.RequestHeader) time.Duration {
+	ht := p.cfg.ResponseHeaderTimeout
+	if ht <= 0 || !bytes.Contains(h.Peek(fasthttp.HeaderAccept), eventStreamType) {
+		return ht
+	}
+	if it := p.cfg.IdleStreamTimeout; it <= 0 {
+		return 0 // streams may be silent forever: so may this wait
+	} else if it > ht {
+		return it
+	}
+	return ht
+}
+
+var eventStreamType = []byte("text/event-stream")
 
 func isEventStream(ct []byte) bool {
 	const sse = "text/event-stream"

@@ -313,7 +313,7 @@ func (u *upstream) drop(c *upstreamConn) {
 // sent a single byte of an answer, the method is idempotent and the body is
 // not a stream (the rule net/http follows). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
-func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response) (*upstreamConn, error) {
+func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
@@ -321,6 +321,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			return nil, err
 		}
 		c.nread = 0
+		c.headerTimeout = headerTimeout
 		serr := c.send(req)
 		err = serr
 		switch {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,5 +228,569 @@ func TestMCPResumeCallAnswerAfterClientCut(t *testing.T) {
 	sseUntil(t, br, `"slow done"`)
 	if _, err := cs.ListTools(ctx, nil); err != nil {
 		t.Fatalf("session after the resumed call: %v", err)
+	}
+}
+
+// viaBoth runs an agent scenario against the gateway directly and through
+// the proxy: what works direct must work the same through the proxy.
+// connect opens a go-sdk session with the given client options and
+// transport (Endpoint and HTTPClient are filled in).
+func viaBoth(t *testing.T, id string, srv *mcp.Server, opts *mcp.StreamableHTTPOptions,
+	run func(t *testing.T, connect func(copts *mcp.ClientOptions, tr *mcp.StreamableClientTransport) *mcp.ClientSession)) {
+	for _, via := range []string{"direct", "proxy"} {
+		t.Run(via, func(t *testing.T) {
+			h := newHarness(t)
+			o := mcp.StreamableHTTPOptions{}
+			if opts != nil {
+				o = *opts
+			}
+			o.DisableLocalhostProtection = true
+			port := backend(t, "127.0.0.1", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &o))
+			h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			run(t, func(copts *mcp.ClientOptions, tr *mcp.StreamableClientTransport) *mcp.ClientSession {
+				t.Helper()
+				if tr == nil {
+					tr = &mcp.StreamableClientTransport{}
+				}
+				tr.MaxRetries = -1
+				if via == "direct" {
+					tr.Endpoint = fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+					tr.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
+				} else {
+					tr.Endpoint = "http://" + h.addr + "/mcp"
+					tr.HTTPClient = &http.Client{Transport: hostTransport{host: "50005-" + id + ".cube.test", base: h.client.Transport}}
+				}
+				client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, copts)
+				client.AddRoots(&mcp.Root{URI: "file:///work"})
+				cs, err := client.Connect(ctx, tr, nil)
+				if err != nil {
+					t.Fatalf("connect %s: %v", via, err)
+				}
+				t.Cleanup(func() { _ = cs.Close() })
+				return cs
+			})
+			if via == "proxy" {
+				testenv.WaitFor(t, 2*time.Second, "every call's stream released", func() bool {
+					_ = ctx
+					s, _ := h.proxy.streams.open()
+					return s <= 1 // the standalone GET stream, if any
+				})
+			}
+		})
+	}
+}
+
+// Many calls in flight on one session, each with its own progress: every
+// answer and every notification reaches the call it belongs to, and each
+// notification reaches the agent while its call is still open (the tool
+// sends the next only once the agent has seen the previous one).
+func TestMCPConcurrentCallsOneSession(t *testing.T) {
+	const calls, steps = 16, 4
+	var mu sync.Mutex
+	acks := map[string]chan float64{}
+	ackFor := func(tok string) chan float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		if acks[tok] == nil {
+			acks[tok] = make(chan float64, 1)
+		}
+		return acks[tok]
+	}
+	srv := newAgentServer()
+	mcp.AddTool(srv, &mcp.Tool{Name: "tag"}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+		I int `json:"i"`
+	}) (*mcp.CallToolResult, any, error) {
+		tok := req.Params.GetProgressToken().(string)
+		for k := 1; k <= steps; k++ {
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(k), Total: steps + 1}); err != nil {
+				return nil, nil, err
+			}
+			select {
+			case got := <-ackFor(tok):
+				if got != float64(k) {
+					return nil, nil, fmt.Errorf("%s: agent acknowledged %v, want %d", tok, got, k)
+				}
+			case <-time.After(5 * time.Second):
+				return nil, nil, fmt.Errorf("%s: progress %d never reached the agent while the call was open", tok, k)
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint(in.I)}}}, nil, nil
+	})
+	viaBoth(t, "concbox", srv, nil, func(t *testing.T, connect func(*mcp.ClientOptions, *mcp.StreamableClientTransport) *mcp.ClientSession) {
+		mu.Lock()
+		clear(acks)
+		mu.Unlock()
+		cs := connect(&mcp.ClientOptions{
+			ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+				ackFor(req.Params.ProgressToken.(string)) <- req.Params.Progress
+			},
+		}, nil)
+		var wg sync.WaitGroup
+		errs := make(chan error, calls)
+		for i := range calls {
+			wg.Go(func() {
+				tok := fmt.Sprintf("tok-%d", i)
+				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "tag", Arguments: map[string]any{"i": i}, Meta: mcp.Meta{"progressToken": tok}})
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("call %d: %v", i, err)
+				case res.IsError:
+					errs <- fmt.Errorf("call %d: %v", i, res.Content[0].(*mcp.TextContent).Text)
+				case res.Content[0].(*mcp.TextContent).Text != fmt.Sprint(i):
+					errs <- fmt.Errorf("call %d got the answer of call %s", i, res.Content[0].(*mcp.TextContent).Text)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+}
+
+// A burst of notifications, sent back to back, arrives whole and in order.
+func TestMCPNotificationBurstInOrder(t *testing.T) {
+	const n = 2000
+	srv := newAgentServer()
+	mcp.AddTool(srv, &mcp.Tool{Name: "burst"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		tok := req.Params.GetProgressToken()
+		for k := 1; k <= n; k++ {
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(k), Message: strings.Repeat("x", k%97)}); err != nil {
+				return nil, nil, err
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	viaBoth(t, "burstbox", srv, nil, func(t *testing.T, connect func(*mcp.ClientOptions, *mcp.StreamableClientTransport) *mcp.ClientSession) {
+		var mu sync.Mutex
+		var got []float64
+		cs := connect(&mcp.ClientOptions{
+			ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+				mu.Lock()
+				got = append(got, req.Params.Progress)
+				mu.Unlock()
+			},
+		}, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
+		if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "burst", Meta: mcp.Meta{"progressToken": "b"}}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 5*time.Second, "every notification handled", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) >= n
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		for i, p := range got {
+			if p != float64(i+1) {
+				t.Fatalf("notification %d carries progress %v", i, p)
+			}
+		}
+	})
+}
+
+// Server-initiated requests during a call (roots/list, sampling,
+// elicitation) travel to the agent on the call's stream and its answers
+// come back as POSTs, several calls at once.
+func TestMCPServerInitiatedRequests(t *testing.T) {
+	srv := newAgentServer()
+	mcp.AddTool(srv, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+		I int `json:"i"`
+	}) (*mcp.CallToolResult, any, error) {
+		roots, err := req.Session.ListRoots(ctx, nil)
+		if err != nil || len(roots.Roots) != 1 {
+			return nil, nil, fmt.Errorf("roots/list: %v %v", roots, err)
+		}
+		msg, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10, Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: fmt.Sprint(in.I)}}}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("sampling: %w", err)
+		}
+		el, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: fmt.Sprint(in.I), RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"v": map[string]any{"type": "string"}}}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("elicitation: %w", err)
+		}
+		out := fmt.Sprintf("%s|%s|%v", roots.Roots[0].URI, msg.Content.(*mcp.TextContent).Text, el.Content["v"])
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: out}}}, nil, nil
+	})
+	for _, jsonResp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
+			viaBoth(t, "askbox", srv, &mcp.StreamableHTTPOptions{JSONResponse: jsonResp}, func(t *testing.T, connect func(*mcp.ClientOptions, *mcp.StreamableClientTransport) *mcp.ClientSession) {
+				c := &mcp.ClientOptions{
+					CreateMessageHandler: func(_ context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+						return &mcp.CreateMessageResult{Model: "m", Role: "assistant", Content: &mcp.TextContent{Text: "s" + req.Params.Messages[0].Content.(*mcp.TextContent).Text}}, nil
+					},
+					ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+						return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"v": "e" + req.Params.Message}}, nil
+					},
+				}
+				cs := connect(c, nil)
+				var wg sync.WaitGroup
+				for i := range 8 {
+					wg.Go(func() {
+						res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"i": i}})
+						if err != nil {
+							t.Errorf("call %d: %v", i, err)
+							return
+						}
+						want := fmt.Sprintf("file:///work|s%d|e%d", i, i)
+						if got := res.Content[0].(*mcp.TextContent).Text; res.IsError || got != want {
+							t.Errorf("call %d: %q, want %q", i, got, want)
+						}
+					})
+				}
+				wg.Wait()
+			})
+		})
+	}
+}
+
+// The gateway's own answers on the MCP endpoint (202 to a notification,
+// 204 to a DELETE, 400 to bad JSON, 404 to an unknown session, 405 to a
+// method it does not serve) reach the agent as the gateway gave them:
+// status, body and the headers the go-sdk client reads.
+func TestMCPGatewayAnswersRelayed(t *testing.T) {
+	for _, stateless := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stateless=%v", stateless), func(t *testing.T) {
+			h := newHarness(t)
+			srv := newAgentServer()
+			port := backend(t, "127.0.0.1", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+				&mcp.StreamableHTTPOptions{Stateless: stateless, DisableLocalhostProtection: true}))
+			h.put("statusbox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
+			host := "50005-statusbox.cube.test"
+			direct := &http.Client{Transport: &http.Transport{}}
+			defer direct.CloseIdleConnections()
+
+			type answer struct {
+				status int
+				body   string
+				header http.Header
+			}
+			send := func(viaProxy bool, method, session, body string, hdr map[string]string) answer {
+				t.Helper()
+				url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+				if viaProxy {
+					url = "http://" + h.addr + "/mcp"
+				}
+				r, _ := http.NewRequest(method, url, strings.NewReader(body))
+				if viaProxy {
+					r.Host = host
+				}
+				if body != "" {
+					r.Header.Set("Content-Type", "application/json")
+				}
+				r.Header.Set("Accept", "application/json, text/event-stream")
+				r.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+				if session != "" {
+					r.Header.Set("Mcp-Session-Id", session)
+				}
+				for k, v := range hdr {
+					r.Header.Set(k, v)
+				}
+				c := direct
+				if viaProxy {
+					c = h.client
+				}
+				resp, err := c.Do(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return answer{resp.StatusCode, string(b), resp.Header}
+			}
+			// Each side gets its own session, so ids are compared by presence.
+			initialize := func(viaProxy bool) string {
+				a := send(viaProxy, "POST", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`, nil)
+				if a.status != 200 {
+					t.Fatalf("initialize (proxy %v): %d %s", viaProxy, a.status, a.body)
+				}
+				return a.header.Get("Mcp-Session-Id")
+			}
+			sessions := map[bool]string{false: initialize(false), true: initialize(true)}
+			if (sessions[false] == "") != stateless || (sessions[true] == "") != stateless {
+				t.Fatalf("session ids %q (direct) %q (proxy)", sessions[false], sessions[true])
+			}
+			cases := []struct {
+				name, method, body string
+				noSession          bool
+				hdr                map[string]string
+			}{
+				{name: "notification", method: "POST", body: `{"jsonrpc":"2.0","method":"notifications/initialized"}`},
+				{name: "bad json", method: "POST", body: `{"jsonrpc":`},
+				{name: "no accept", method: "POST", body: `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, hdr: map[string]string{"Accept": "application/json"}},
+				{name: "unknown session", method: "POST", body: `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`, hdr: map[string]string{"Mcp-Session-Id": "NOSUCHSESSION"}},
+				{name: "missing session", method: "POST", body: `{"jsonrpc":"2.0","id":4,"method":"tools/list"}`, noSession: true},
+				{name: "put", method: "PUT", body: `{}`},
+				{name: "get", method: "GET", hdr: map[string]string{"Accept": "text/event-stream"}},
+				{name: "delete", method: "DELETE"},
+				{name: "after delete", method: "POST", body: `{"jsonrpc":"2.0","id":5,"method":"tools/list"}`},
+			}
+			for _, tc := range cases {
+				if tc.name == "get" && !stateless {
+					continue // a live stream, covered elsewhere
+				}
+				var got [2]answer
+				for i, viaProxy := range []bool{false, true} {
+					sid := sessions[viaProxy]
+					if tc.noSession {
+						sid = ""
+					}
+					got[i] = send(viaProxy, tc.method, sid, tc.body, tc.hdr)
+				}
+				d, p := got[0], got[1]
+				if d.status != p.status || d.body != p.body {
+					t.Errorf("%s: direct %d %q, proxy %d %q", tc.name, d.status, d.body, p.status, p.body)
+				}
+				for _, k := range []string{"Content-Type", "Allow", "Www-Authenticate", "Content-Length"} {
+					if d.header.Get(k) != p.header.Get(k) {
+						t.Errorf("%s: %s direct %q, proxy %q", tc.name, k, d.header.Get(k), p.header.Get(k))
+					}
+				}
+				if p.header.Get("X-Cube-Request-Id") == "" {
+					t.Errorf("%s: no X-Cube-Request-Id", tc.name)
+				}
+				t.Logf("%s: %d %q", tc.name, p.status, strings.TrimSpace(p.body))
+			}
+		})
+	}
+}
+
+// Stateless gateways (no session, no standalone stream: every POST
+// stands alone) serve a go-sdk agent through the proxy as direct.
+func TestMCPStatelessGateway(t *testing.T) {
+	for _, jsonResp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
+			viaBoth(t, "statelessbox", newAgentServer(), &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: jsonResp},
+				func(t *testing.T, connect func(*mcp.ClientOptions, *mcp.StreamableClientTransport) *mcp.ClientSession) {
+					cs := connect(nil, nil)
+					if cs.ID() != "" {
+						t.Fatalf("stateless gateway gave session id %q", cs.ID())
+					}
+					for _, n := range []int{10, 200 << 10} {
+						res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": n}})
+						if err != nil {
+							t.Fatalf("tools/call: %v", err)
+						}
+						if got := res.Content[0].(*mcp.TextContent).Text; got != bigText(n) {
+							t.Fatalf("result of %d bytes, want %d", len(got), n)
+						}
+					}
+				})
+		})
+	}
+}
+
+// A restricted sandbox's gateway: the agent sends the proxy's traffic token
+// and the gateway's own Bearer on every request (initialize, the standalone
+// GET stream, calls, DELETE). The proxy checks and removes the first; the
+// gateway alone checks the second. Either missing fails where it belongs.
+func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
+	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const bearer = "Bearer gw-token/with+odd=chars"
+	h := newHarness(t)
+	srv := newAgentServer()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	o := &mcp.StreamableHTTPOptions{DisableLocalhostProtection: true}
+	gw := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, o)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Cube-Traffic-Access-Token") != "" || r.Header.Get("E2b-Traffic-Access-Token") != "" {
+			t.Errorf("%s reached the gateway with the proxy's traffic token", r.Method)
+		}
+		if r.Header.Get("Authorization") != bearer {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mcp"`)
+			http.Error(w, "gateway says no", http.StatusUnauthorized)
+			return
+		}
+		mu.Lock()
+		seen[r.Method]++
+		mu.Unlock()
+		gw.ServeHTTP(w, r)
+	}))
+	h.put("lockedmcp", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
+		"AllowPublicTraffic": "false", "TrafficAccessToken": traffic})
+	host := "50005-lockedmcp.cube.test"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	connect := func(hdr map[string]string) (*mcp.ClientSession, error) {
+		tr := &mcp.StreamableClientTransport{
+			Endpoint:   "http://" + h.addr + "/mcp",
+			HTTPClient: &http.Client{Transport: hostTransport{host: host, headers: hdr, base: h.client.Transport}},
+			MaxRetries: -1,
+		}
+		return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, tr, nil)
+	}
+	for _, name := range []string{"Cube-Traffic-Access-Token", "E2b-Traffic-Access-Token"} {
+		cs, err := connect(map[string]string{name: traffic, "Authorization": bearer})
+		if err != nil {
+			t.Fatalf("%s: connect with both credentials: %v", name, err)
+		}
+		testenv.WaitFor(t, 2*time.Second, "the standalone GET stream reached the gateway", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return seen["GET"] > 0
+		})
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 100 << 10}})
+		if err != nil || res.Content[0].(*mcp.TextContent).Text != bigText(100<<10) {
+			t.Fatalf("%s: tools/call: %v", name, err)
+		}
+		if err := cs.Close(); err != nil {
+			t.Fatalf("%s: close: %v", name, err)
+		}
+		mu.Lock()
+		if seen["DELETE"] == 0 {
+			t.Errorf("%s: the session's DELETE never reached the gateway", name)
+		}
+		clear(seen)
+		mu.Unlock()
+	}
+
+	// The proxy's credential missing or wrong: the proxy's 403, nothing reaches the gateway.
+	for _, tok := range []string{"", strings.Repeat("0", 64)} {
+		r := h.req("POST", host, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		r.Header.Set("Authorization", bearer)
+		if tok != "" {
+			r.Header.Set("Cube-Traffic-Access-Token", tok)
+		}
+		resp := h.do(r)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), `"sandbox_id":"lockedmcp"`) {
+			t.Fatalf("traffic token %q: %d %s, want the proxy's 403", tok, resp.StatusCode, b)
+		}
+	}
+	if _, err := connect(map[string]string{"Authorization": bearer}); err == nil {
+		t.Fatal("connected without the traffic token")
+	}
+	// The gateway's credential missing: the gateway's own 401, relayed.
+	r := h.req("POST", host, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Cube-Traffic-Access-Token", traffic)
+	resp := h.do(r)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || resp.Header.Get("Www-Authenticate") != `Bearer realm="mcp"` || string(b) != "gateway says no\n" {
+		t.Fatalf("without the Bearer: %d %q %q, want the gateway's 401", resp.StatusCode, resp.Header.Get("Www-Authenticate"), b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 0 {
+		t.Fatalf("requests without the traffic token reached the gateway: %v", seen)
+	}
+}
+
+// heartbeatSpy wraps an agent's transport and reports each heartbeat
+// comment the proxy wrote into the answer to a POST (a call's stream).
+type heartbeatSpy struct {
+	base  http.RoundTripper
+	beats chan struct{}
+}
+
+func (s heartbeatSpy) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(r)
+	if err == nil && r.Method == "POST" {
+		resp.Body = &spyBody{ReadCloser: resp.Body, beats: s.beats}
+	}
+	return resp, err
+}
+
+type spyBody struct {
+	io.ReadCloser
+	beats chan struct{}
+	tail  []byte
+}
+
+func (b *spyBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	buf := append(b.tail, p[:n]...)
+	for {
+		i := bytes.Index(buf, heartbeatLine)
+		if i < 0 {
+			break
+		}
+		select {
+		case b.beats <- struct{}{}:
+		default:
+		}
+		buf = buf[i+len(heartbeatLine):]
+	}
+	b.tail = append([]byte(nil), buf[max(0, len(buf)-len(heartbeatLine)):]...)
+	return n, err
+}
+
+// A long call that reports progress rarely: the proxy's heartbeats go
+// between its events (on the call's answer and on the standalone stream),
+// and the go-sdk agent takes them in stride. The tool goes on only once the
+// agent has read a heartbeat, so the call spans several.
+func TestMCPHeartbeatsBetweenProgress(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 50 * time.Millisecond })
+	beats := make(chan struct{}, 1)
+	acks := make(chan float64)
+	srv := newAgentServer()
+	mcp.AddTool(srv, &mcp.Tool{Name: "long"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		tok := req.Params.GetProgressToken()
+		for k := 1; k <= 3; k++ {
+			// A large event: a heartbeat must never land inside one.
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(k), Message: bigText(100 << 10)}); err != nil {
+				return nil, nil, err
+			}
+			for _, wait := range []string{"ack", "heartbeat", "heartbeat"} {
+				var ch <-chan struct{}
+				var ack <-chan float64
+				if wait == "ack" {
+					ack = acks
+				} else {
+					ch = beats
+				}
+				select {
+				case <-ch:
+				case got := <-ack:
+					if got != float64(k) {
+						return nil, nil, fmt.Errorf("agent acknowledged %v, want %d", got, k)
+					}
+				case <-time.After(5 * time.Second):
+					return nil, nil, fmt.Errorf("step %d: no %s reached the agent", k, wait)
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				}
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "long done"}}}, nil, nil
+	})
+	host := agentGateway(t, h, "longbox", srv, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	changed := make(chan struct{}, 1)
+	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if req.Params.Message != bigText(100<<10) {
+				t.Errorf("progress %v: message of %d bytes", req.Params.Progress, len(req.Params.Message))
+			}
+			acks <- req.Params.Progress
+		},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+	}, &mcp.StreamableClientTransport{HTTPClient: &http.Client{Transport: heartbeatSpy{
+		base:  hostTransport{host: host, base: h.client.Transport},
+		beats: beats,
+	}}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "long", Meta: mcp.Meta{"progressToken": "l"}})
+	if err != nil || res.IsError || res.Content[0].(*mcp.TextContent).Text != "long done" {
+		t.Fatalf("long call: %v %+v", err, res)
+	}
+	// The standalone stream, silent all along, still delivers.
+	mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("tools/list_changed never arrived on the heartbeating standalone stream")
 	}
 }

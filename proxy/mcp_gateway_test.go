@@ -794,3 +794,61 @@ func TestMCPHeartbeatsBetweenProgress(t *testing.T) {
 		t.Fatal("tools/list_changed never arrived on the heartbeating standalone stream")
 	}
 }
+
+// The proxy drains (a rolling deploy) while an agent's tool call is in
+// flight on a gateway without an event store: the call's SSE answer has no
+// event id, so a client cannot resume it anywhere. Ended at once, the call
+// fails ("request terminated without response") though it finishes well
+// within drain_timeout; the answer must get the drain time, as nginx's
+// graceful shutdown gives every request in flight.
+func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 5 * time.Second })
+	srv := newAgentServer()
+	release := make(chan struct{})
+	mcp.AddTool(srv, &mcp.Tool{Name: "finish"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
+	})
+	host := agentGateway(t, h, "drainmcp", srv, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	progressed := make(chan struct{}, 1)
+	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progressed <- struct{}{} },
+	}, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
+	done := make(chan error, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
+		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
+			err = fmt.Errorf("result %+v", res.Content)
+		}
+		done <- err
+	}()
+	<-progressed // the call's SSE answer is open at the proxy
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+	testenv.WaitFor(t, 2*time.Second, "the drain began (listener closed)", func() bool {
+		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the call ended as the drain began, before the tool finished: %v", err)
+	default:
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("tool call in flight during the drain: %v", err)
+	}
+	if err := <-shutdownDone; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}

@@ -405,6 +405,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	s.sse = isEventStream(resp.Header.ContentType())
 	if s.sse {
 		x.kind = telemetry.RouteSSE
+		s.resumable = req.Header.IsGet()
 	}
 	x.stream = size < 0
 	x.owned = true

@@ -35,9 +35,10 @@ type ServerConfig struct {
 	ClientIdleTimeout time.Duration
 	// MaxRequestHeaderSize bounds request line + headers (default 16 KiB; larger: 431).
 	MaxRequestHeaderSize int
-	// DrainTimeout is how long Shutdown lets requests, downloads and
-	// WebSockets finish before cutting them (default 30 s). SSE streams end
-	// at once, cleanly, so clients reconnect to another instance.
+	// DrainTimeout is how long Shutdown lets requests, downloads, POST
+	// answers (SSE ones too) and WebSockets finish before cutting them
+	// (default 30 s). GET SSE streams end at once, cleanly, so clients
+	// reconnect to another instance.
 	DrainTimeout time.Duration
 }
 
@@ -263,7 +264,7 @@ func httpsAuthority(host, port string) string {
 	return host
 }
 
-// Shutdown stops accepting connections, ends SSE streams cleanly at once,
+// Shutdown stops accepting connections, ends GET SSE streams cleanly at once,
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
 // cuts what is left. It returns when no stream or tunnel is open.
 func (s *Server) Shutdown(ctx context.Context) error {

@@ -174,10 +174,12 @@ func TestDrainCompletesLookupInFlight(t *testing.T) {
 	}
 }
 
-// An SSE stream whose head comes from the sandbox after the drain began
-// (an MCP call or a subscription still waiting for its answer at SIGTERM)
-// ends cleanly at once too, like the streams open when it began: it must
-// not run until the drain deadline and then be cut, blamed on the sandbox.
+// A GET's SSE stream whose head comes from the sandbox after the drain
+// began (a subscription still waiting for its head at SIGTERM) ends
+// cleanly at once too, like the streams open when it began: it must not
+// run until the drain deadline and then be cut, blamed on the sandbox.
+// An event stream answering a POST (an MCP tool call's answer) cannot be
+// asked for again: it gets the drain time to finish, like any answer.
 func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 	for _, method := range []string{"GET", "POST"} { // detached, and on fasthttp's writer
 		t.Run(method, func(t *testing.T) {
@@ -185,24 +187,34 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
 			entered := make(chan struct{}, 1)
 			release := make(chan struct{})
+			more := make(chan struct{})
 			ended := make(chan struct{}, 1)
 			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer func() { ended <- struct{}{} }()
 				entered <- struct{}{}
 				<-release
-				// Head and event in one write: the drain ends the stream as
-				// soon as it registers, and what the sandbox had not sent by
-				// then is left to the client's reconnect.
+				// Head and event in one write: the drain ends a GET's
+				// stream as soon as it registers, and what the sandbox had
+				// not sent by then is left to the client's reconnect.
 				w.Header().Set("Content-Type", "text/event-stream")
 				fmt.Fprint(w, "id: 1\ndata: hello\n\n")
 				w.(http.Flusher).Flush()
-				<-r.Context().Done()
-				ended <- struct{}{}
+				if r.Method == "GET" {
+					<-r.Context().Done()
+					return
+				}
+				select {
+				case <-more:
+					fmt.Fprint(w, "id: 2\ndata: answer\n\n")
+				case <-r.Context().Done():
+				}
 			}))
 			host := h.route("latesse", port)
 			type result struct {
-				event string
-				err   error
+				events string
+				err    error
 			}
+			first := make(chan struct{})
 			done := make(chan result, 1)
 			go func() {
 				resp, err := h.client.Do(h.req(method, host, "/", strings.NewReader("{}")))
@@ -213,8 +225,11 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 				defer resp.Body.Close()
 				br := bufio.NewReader(resp.Body)
 				ev, err := readEvent(br)
+				close(first)
 				if err == nil {
-					_, err = io.Copy(io.Discard, br) // nil only on a clean end of stream
+					var rest []byte
+					rest, err = io.ReadAll(br) // nil only on a clean end of stream
+					ev += "|" + string(rest)
 				}
 				done <- result{ev, err}
 			}()
@@ -230,13 +245,19 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 				return err != nil
 			})
 			close(release)
+			want := "id: 1\ndata: hello\n|"
+			if method == "POST" {
+				<-first
+				close(more)
+				want += "id: 2\ndata: answer\n\n"
+			}
 			select {
 			case r := <-done:
-				if r.event != "id: 1\ndata: hello\n" || r.err != nil {
-					t.Errorf("stream gave %q and ended with %v, want the event and a clean end", r.event, r.err)
+				if r.events != want || r.err != nil {
+					t.Errorf("stream gave %q and ended with %v, want %q and a clean end", r.events, r.err, want)
 				}
 				if d := time.Since(start); d > drain/2 {
-					t.Errorf("stream ended %v after the drain began; SSE should end at once", d)
+					t.Errorf("stream ended %v after the drain began; it should end at once", d)
 				}
 			case <-time.After(drain + 2*time.Second):
 				t.Fatal("SSE stream still open after the drain")

@@ -42,6 +42,7 @@ type bodyStream struct {
 	eof     bool // the body was read to its end
 
 	sse        bool
+	resumable  bool // an event stream a GET asked for: drain ends it at once (registry.endSSE)
 	fixed      bool // Content-Length body: copied by WriteTo in large pieces
 	heartbeat  time.Duration
 	atBoundary bool // bytes sent so far end an SSE event (or none were sent)
@@ -299,8 +300,8 @@ type registry struct {
 	head    *bodyStream // intrusive list: no allocation per stream
 	tunnels map[*tunnel]struct{}
 	streams int
-	// draining is set by endSSE: an SSE stream whose head arrives later
-	// ends at once as well. aborted is set by abortAll: whatever registers
+	// draining is set by endSSE: a GET's event stream whose head arrives
+	// later ends at once as well. aborted is set by abortAll: whatever registers
 	// later is cut at once too.
 	draining, aborted bool
 }
@@ -313,7 +314,7 @@ func (r *registry) add(s *bodyStream) {
 	}
 	r.head = s
 	r.streams++
-	if r.draining && s.sse {
+	if r.draining && s.resumable {
 		s.stopping.Store(true)
 		s.interrupt()
 	} else if r.aborted {
@@ -356,15 +357,22 @@ func (r *registry) removeTunnel(t *tunnel) {
 	r.mu.Unlock()
 }
 
-// endSSE ends every open SSE stream cleanly: clients reconnect elsewhere.
-// Other bodies (downloads) keep going until the drain deadline, because a
-// clean end there would look like a complete file.
+// endSSE ends every open event stream that a GET asked for cleanly: its
+// client reconnects elsewhere (EventSource and an MCP agent's standalone
+// stream do, with Last-Event-ID when they have one). Other bodies keep
+// going until the drain deadline: a clean end of a download would look
+// like a complete file, and an event stream answering a POST (an MCP tool
+// call's answer, a streamed LLM completion) cannot be asked for again; it
+// can be resumed only if its events carry ids, which the go-sdk gateway's
+// do only with an event store. Such an answer usually ends well within the
+// drain, and one the deadline cuts ends as an error, which a client that
+// has an event id resumes all the same.
 func (r *registry) endSSE() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.draining = true
 	for s := r.head; s != nil; s = s.next {
-		if s.sse {
+		if s.resumable {
 			s.stopping.Store(true)
 			s.interrupt()
 		}

@@ -46,6 +46,9 @@ type Proxy struct {
 	// fasthttp has not run yet (see hijack).
 	hijacks sync.Map
 
+	// draining is the Server's: set once Shutdown has begun.
+	draining *atomic.Bool
+
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
 
@@ -100,6 +103,14 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var idBuf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	p.serve(ctx, &x)
+	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {
+		// fasthttp closes a connection whose request ends during its
+		// Shutdown, but only until the drain deadline: then it stops
+		// waiting and serves the connections still busy as keep-alive
+		// ones again, after Server.Shutdown returned, for as long as
+		// their clients keep sending.
+		ctx.SetConnectionClose()
+	}
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	if !x.owned {

@@ -86,6 +86,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	p.clientWriteTimeout = cfg.ClientWriteTimeout
 	p.clientBodyTimeout = cfg.ClientBodyTimeout
 	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
+	p.draining = &s.draining
 	log := fasthttpLogger{p.cfg.Logger}
 	s.traffic = &fasthttp.Server{
 		Handler:                      p.Handler,

@@ -1,0 +1,915 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// The leak tests drive exchanges that end in every way an exchange can end
+// and check that each gives back everything it took: goroutines, client
+// and sandbox sockets, max_conns slots, the sandbox's request count, the
+// registries of open streams, tunnels, hijacks and watched SSE clients,
+// pooled readers, and the open connection/stream/WebSocket gauges.
+
+// leakStep is one request as the scripted sandbox received it: the test
+// answers it (through w, or the raw connection after hijack) and ends it.
+type leakStep struct {
+	w    http.ResponseWriter
+	r    *http.Request
+	done chan struct{}
+	over bool
+	env  *leakEnv
+}
+
+// end lets the sandbox's handler return (net/http then finishes the
+// answer, or forgets a hijacked connection).
+func (s *leakStep) end() {
+	if !s.over {
+		s.over = true
+		close(s.done)
+	}
+}
+
+// raw takes the sandbox's connection over: the test writes the answer
+// byte by byte (and closes or resets it) itself.
+func (s *leakStep) raw(t *testing.T) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	c, brw, err := s.w.(http.Hijacker).Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.end()
+	s.env.conns = append(s.env.conns, c)
+	return c.(*net.TCPConn), brw.Reader
+}
+
+// answer answers with body b.
+func (s *leakStep) answer(b string) {
+	io.WriteString(s.w, b)
+	s.end()
+}
+
+// write sends b as part of the answer, at once.
+func (s *leakStep) write(b string) {
+	io.WriteString(s.w, b)
+	s.w.(http.Flusher).Flush()
+}
+
+type leakEnv struct {
+	h     *harness
+	tel   *telemetry.Telemetry
+	host  string
+	steps chan *leakStep
+	conns []net.Conn // the test's ends, closed by check
+}
+
+func newLeakEnv(t *testing.T, mod func(*harnessOpts)) *leakEnv {
+	t.Helper()
+	e := &leakEnv{tel: obsTelemetry(t, nil), steps: make(chan *leakStep)}
+	e.h = newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = e.tel
+		o.cfg.MaxRequestBodySize = 1 << 10
+		if mod != nil {
+			mod(o)
+		}
+	})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := &leakStep{w: w, r: r, done: make(chan struct{}), env: e}
+		select {
+		case e.steps <- s:
+		case <-r.Context().Done():
+			return
+		}
+		<-s.done
+	}))
+	e.host = e.h.route("sbxleak", port)
+	return e
+}
+
+// next is the sandbox's next request.
+func (e *leakEnv) next(t *testing.T) *leakStep {
+	t.Helper()
+	select {
+	case s := <-e.steps:
+		t.Cleanup(s.end)
+		return s
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sandbox got no request")
+		return nil
+	}
+}
+
+// noStep checks that no request reached the sandbox.
+func (e *leakEnv) noStep(t *testing.T) {
+	t.Helper()
+	select {
+	case s := <-e.steps:
+		s.end()
+		t.Fatalf("the sandbox got %s %s", s.r.Method, s.r.URL)
+	default:
+	}
+}
+
+// dial opens a client connection to the proxy.
+func (e *leakEnv) dial(t *testing.T) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", e.h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.conns = append(e.conns, c)
+	return c.(*net.TCPConn), bufio.NewReader(c)
+}
+
+// head is a request head for the scripted sandbox.
+func (e *leakEnv) head(method, path, extra string) string {
+	return method + " " + path + " HTTP/1.1\r\nHost: " + e.host + "\r\n" + extra + "\r\n"
+}
+
+const leakUpgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\n"
+
+func leakSend(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	if _, err := io.WriteString(c, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func leakResponse(t *testing.T, br *bufio.Reader, method string, status int) *http.Response {
+	t.Helper()
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d", resp.StatusCode, status)
+	}
+	return resp
+}
+
+// readUntil reads r until it has seen want.
+func readUntil(t *testing.T, r io.Reader, want string) {
+	t.Helper()
+	var got []byte
+	b := make([]byte, 4096)
+	for !strings.Contains(string(got), want) {
+		n, err := r.Read(b)
+		got = append(got, b[:n]...)
+		if err != nil {
+			t.Fatalf("read %q, waiting for %q: %v", got, want, err)
+		}
+	}
+}
+
+// readEOF reads c until the proxy closes it.
+func readEOF(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil && !isConnReset(err) {
+		t.Fatalf("waiting for the proxy to close: %v", err)
+	}
+}
+
+// openStreamsGone waits until the proxy holds no stream or tunnel: an end
+// that only the proxy can notice (a client hang-up) has been noticed.
+func (e *leakEnv) openStreamsGone(t *testing.T) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, "the stream to end", func() bool {
+		s, tn := e.h.proxy.streams.open()
+		return s == 0 && tn == 0
+	})
+}
+
+// leakBaseline is what the process holds with nothing in flight.
+type leakBaseline struct{ fds, goroutines int }
+
+func takeBaseline(t *testing.T, e *leakEnv) leakBaseline {
+	t.Helper()
+	e.check(t, leakBaseline{fds: 1 << 30, goroutines: 1 << 30})
+	g, _ := liveGoroutines()
+	return leakBaseline{fds: openFDs(t), goroutines: g}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	return len(ents)
+}
+
+// countFDs counts the open descriptors whose link reads target.
+func countFDs(t *testing.T, target string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	n := 0
+	for _, d := range ents {
+		if l, _ := os.Readlink("/proc/self/fd/" + d.Name()); l == target {
+			n++
+		}
+	}
+	return n
+}
+
+// liveGoroutines counts goroutines, leaving out fasthttp's idle workers
+// (parked for MaxIdleWorkerDuration after serving a connection), and
+// returns their stacks.
+func liveGoroutines() (int, []string) {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var live []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "(*workerPool).workerFunc") && !strings.Contains(g, "serveConn") {
+			continue
+		}
+		live = append(live, g)
+	}
+	return len(live), live
+}
+
+// leakState is every counter that must be back at rest.
+func (e *leakEnv) leakState(t *testing.T) string {
+	p := e.h.proxy
+	var out []string
+	if s, tn := p.streams.open(); s != 0 || tn != 0 {
+		out = append(out, fmt.Sprintf("registry: %d streams, %d tunnels", s, tn))
+	}
+	hijacks := 0
+	p.hijacks.Range(func(any, any) bool { hijacks++; return true })
+	if hijacks != 0 {
+		out = append(out, fmt.Sprintf("%d pending hijacks", hijacks))
+	}
+	if hu := p.hangups; hu != nil {
+		hu.mu.Lock()
+		n := len(hu.streams)
+		hu.mu.Unlock()
+		if n != 0 {
+			out = append(out, fmt.Sprintf("%d watched SSE clients", n))
+		}
+	}
+	p.sandboxes.m.Range(func(k, v any) bool {
+		if n := v.(*sandboxState).active.Load(); n != 0 {
+			out = append(out, fmt.Sprintf("sandbox %s: %d requests in flight", k, n))
+		}
+		return true
+	})
+	if n := p.readersOut.Load(); n != 0 {
+		out = append(out, fmt.Sprintf("%d upstream readers out", n))
+	}
+	p.pools.mu.RLock()
+	for k, u := range p.pools.m {
+		u.mu.Lock()
+		idle := len(u.idle)
+		u.mu.Unlock()
+		if c, pend := u.conns.Load(), u.pending.Load(); int(c) != idle || pend != 0 {
+			out = append(out, fmt.Sprintf("pool %v: %d connections counted, %d idle, %d pending", k, c, idle, pend))
+		}
+	}
+	p.pools.mu.RUnlock()
+	rec := httptest.NewRecorder()
+	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	samples, err := testenv.ParsePromText(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cubeproxy_connections_open", "cubeproxy_streams_open", "cubeproxy_websockets_open"} {
+		var v float64
+		for _, s := range samples {
+			if s.Name == name {
+				v += s.Value
+			}
+		}
+		if v != 0 {
+			out = append(out, fmt.Sprintf("%s = %v", name, v))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// check waits until everything is back at rest, then closes the idle
+// sandbox connections and waits for the descriptor and goroutine counts
+// to come back to base.
+func (e *leakEnv) check(t *testing.T, base leakBaseline) {
+	t.Helper()
+	e.noStep(t)
+	// The test's own ends of its connections (the proxy's must close by
+	// themselves: they are what is counted).
+	for _, c := range e.conns {
+		c.Close()
+	}
+	e.conns = nil
+	var state string
+	deadline := time.Now().Add(5 * time.Second)
+	for state = e.leakState(t); state != ""; state = e.leakState(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not released: %s", state)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.h.proxy.pools.closeIdle()
+	var fds, gs int
+	var stacks []string
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		fds = openFDs(t)
+		gs, stacks = liveGoroutines()
+		if fds <= base.fds && gs <= base.goroutines+2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if fds > base.fds {
+		links := ""
+		ents, _ := os.ReadDir("/proc/self/fd")
+		for _, d := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + d.Name())
+			links += " " + l
+		}
+		tcp, _ := os.ReadFile("/proc/net/tcp")
+		t.Errorf("%d descriptors open, %d at the start:%s\n%s", fds, base.fds, links, tcp)
+	}
+	if gs > base.goroutines+2 {
+		t.Errorf("%d goroutines, %d at the start:\n%s", gs, base.goroutines, strings.Join(stacks, "\n\n"))
+	}
+	t.FailNow()
+}
+
+type leakCase struct {
+	name string
+	run  func(t *testing.T, e *leakEnv)
+}
+
+// leakEnds is every way an exchange ends with the default timeouts.
+var leakEnds = []leakCase{
+	{"plain, twice on a keep-alive connection", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		for range 2 {
+			leakSend(t, c, e.head("GET", "/", ""))
+			e.next(t).answer("hello")
+			resp := leakResponse(t, br, "GET", 200)
+			io.Copy(io.Discard, resp.Body)
+		}
+		c.Close()
+	}},
+	{"HEAD", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("HEAD", "/", ""))
+		s := e.next(t)
+		s.w.Header().Set("Content-Length", "5")
+		s.end()
+		leakResponse(t, br, "HEAD", 200)
+		c.Close()
+	}},
+	{"pipelined", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/1", "")+e.head("GET", "/2", ""))
+		e.next(t).answer("one")
+		e.next(t).answer("two")
+		for range 2 {
+			io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		}
+		c.Close()
+	}},
+	{"download whole", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		s.w.Header().Set("Content-Length", fmt.Sprint(3*wholeBody))
+		s.write(strings.Repeat("d", 3*wholeBody))
+		s.end()
+		resp := leakResponse(t, br, "GET", 200)
+		if n, _ := io.Copy(io.Discard, resp.Body); n != 3*wholeBody {
+			t.Fatalf("%d bytes", n)
+		}
+		c.Close()
+	}},
+	{"download, client resets mid-body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		s.w.Header().Set("Content-Length", fmt.Sprint(3*wholeBody))
+		s.write(strings.Repeat("d", wholeBody))
+		resp := leakResponse(t, br, "GET", 200)
+		io.ReadFull(resp.Body, make([]byte, 1024))
+		reset(c)
+		s.write(strings.Repeat("d", 2*wholeBody))
+		s.end()
+	}},
+	{"chunked whole, then a second stream on the connection", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		for range 2 {
+			leakSend(t, c, e.head("GET", "/", ""))
+			s := e.next(t)
+			s.write("piece one\n")
+			s.write("piece two\n")
+			s.end()
+			io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		}
+		c.Close()
+	}},
+	{"chunked, client closes mid-body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		s.write("piece one\n")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "piece one")
+		c.Close()
+		// Found on the next write (no hang-up watch for a non-SSE body).
+		s.write("piece two\n")
+		s.write("piece three\n")
+		s.end()
+	}},
+	{"SSE GET (detached), sandbox ends it", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/sse", ""))
+		s := e.next(t)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "data: one")
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+		readEOF(t, c)
+	}},
+	{"SSE GET (detached), client closes", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/sse", ""))
+		s := e.next(t)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		readUntil(t, leakResponse(t, br, "GET", 200).Body, "data: one")
+		c.Close()
+		e.openStreamsGone(t)
+		s.end()
+	}},
+	{"SSE GET (detached), client resets before the first event", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/sse", ""))
+		s := e.next(t)
+		sseHeaders(s.w)
+		leakResponse(t, br, "GET", 200)
+		reset(c)
+		e.openStreamsGone(t)
+		s.end()
+	}},
+	{"SSE POST, client closes", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+		s := e.next(t)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		readUntil(t, leakResponse(t, br, "POST", 200).Body, "data: one")
+		c.Close()
+		e.openStreamsGone(t)
+		s.end()
+	}},
+	{"SSE POST twice on a keep-alive connection, client closes during the second", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+		s := e.next(t)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		s.end()
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 200).Body)
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+		s = e.next(t)
+		sseHeaders(s.w)
+		s.write("data: two\n\n")
+		readUntil(t, leakResponse(t, br, "POST", 200).Body, "data: two")
+		c.Close()
+		e.openStreamsGone(t)
+		s.end()
+	}},
+	{"SSE POST, client half-closes", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+		s := e.next(t)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		resp := leakResponse(t, br, "POST", 200)
+		readUntil(t, resp.Body, "data: one")
+		c.CloseWrite()
+		e.openStreamsGone(t)
+		s.end()
+		readEOF(t, c)
+	}},
+	{"client closes while the sandbox thinks", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		c.Close()
+		s.write("late")
+		s.end()
+	}},
+	{"client resets while the sandbox thinks", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		reset(c)
+		s.write("late")
+		s.end()
+	}},
+	{"client closes mid-head", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
+		c.Close()
+	}},
+	{"client half-closes after its request", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		c.CloseWrite()
+		e.next(t).answer("hello")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		readEOF(t, c)
+	}},
+	{"client resets mid-upload", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Transfer-Encoding: chunked\r\n")+"10\r\n0123456789")
+		s := e.next(t)
+		reset(c)
+		io.Copy(io.Discard, s.r.Body)
+		s.end()
+	}},
+	{"body too large (lingering close)", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Content-Length: 4096\r\n")+strings.Repeat("b", 4096))
+		leakResponse(t, br, "POST", 413)
+		c.Close()
+	}},
+	{"chunked body too large", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Transfer-Encoding: chunked\r\n")+"800\r\n"+strings.Repeat("b", 0x800)+"\r\n")
+		s := e.next(t)
+		io.Copy(io.Discard, s.r.Body)
+		s.end()
+		leakResponse(t, br, "POST", 413)
+		c.Close()
+	}},
+	{"sandbox resets before the head", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		reset(sc)
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 502).Body)
+		c.Close()
+	}},
+	{"sandbox closes before the head", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		sc.Close()
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 502).Body)
+		c.Close()
+	}},
+	{"sandbox closes mid fixed-length body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", 3*wholeBody, strings.Repeat("x", wholeBody)))
+		resp := leakResponse(t, br, "GET", 200)
+		io.ReadFull(resp.Body, make([]byte, 1024))
+		sc.Close()
+		io.Copy(io.Discard, resp.Body)
+		readEOF(t, c)
+	}},
+	{"sandbox resets mid chunked body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "abcd")
+		reset(sc)
+		io.Copy(io.Discard, resp.Body)
+		readEOF(t, c)
+	}},
+	{"sandbox ends a close-delimited body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\n\r\nuntil close")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "until close")
+		sc.Close()
+		io.Copy(io.Discard, resp.Body)
+		c.Close()
+	}},
+	{"sandbox resets a detached SSE stream", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/sse", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		resp := leakResponse(t, br, "GET", 200)
+		io.WriteString(sc, "b\r\ndata: one\n\n\r\n")
+		readUntil(t, resp.Body, "data: one")
+		reset(sc)
+		readEOF(t, c)
+	}},
+	{"sandbox resets an SSE POST stream", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nb\r\ndata: one\n\n\r\n")
+		resp := leakResponse(t, br, "POST", 200)
+		readUntil(t, resp.Body, "data: one")
+		reset(sc)
+		io.Copy(io.Discard, resp.Body)
+		readEOF(t, c)
+	}},
+	{"unknown sandbox", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, "GET / HTTP/1.1\r\nHost: 80-sbxleakmissing.cube.test\r\n\r\n")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 404).Body)
+		c.Close()
+	}},
+	{"WebSocket, client closes", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		c.Close()
+		readEOF(t, sc)
+	}},
+	{"WebSocket, client resets", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		reset(c)
+		readEOF(t, sc)
+	}},
+	{"WebSocket, client half-closes", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		c.CloseWrite()
+		readEOF(t, sc)
+		readEOF(t, c)
+	}},
+	{"WebSocket, sandbox closes (lingering close), client closes after", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		io.WriteString(sc, "bye")
+		sc.Close()
+		readUntil(t, br, "bye")
+		e.openStreamsGone(t) // the exchange ended; the client lingers
+		io.WriteString(c, "dropped")
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.Copy(io.Discard, br)
+		c.Close()
+	}},
+	{"WebSocket, sandbox resets", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		reset(sc)
+		readEOF(t, c)
+	}},
+	{"WebSocket declined", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
+		s := e.next(t)
+		s.w.WriteHeader(404)
+		s.write("no")
+		s.end()
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 404).Body)
+		c.Close()
+	}},
+	{"WebSocket, client resets before the 101", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
+		sc, _ := e.next(t).raw(t)
+		reset(c)
+		io.WriteString(sc, ws101+"early")
+		readEOF(t, sc)
+	}},
+	{"pipelined ahead of a detached SSE stream, client resets", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("GET", "/1", "")+e.head("GET", "/sse", ""))
+		e.next(t).answer("one")
+		s := e.next(t)
+		reset(c)
+		sseHeaders(s.w)
+		s.write("data: one\n\n")
+		e.openStreamsGone(t)
+		s.end()
+	}},
+	{"pipelined ahead of a WebSocket, client resets", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, e.head("GET", "/1", "")+e.head("GET", "/ws", leakUpgrade))
+		e.next(t).answer("one")
+		sc, _ := e.next(t).raw(t)
+		reset(c)
+		io.WriteString(sc, ws101)
+		readEOF(t, sc)
+	}},
+}
+
+// tunnel opens a WebSocket tunnel through the proxy to the scripted
+// sandbox and returns both ends.
+func (e *leakEnv) tunnel(t *testing.T) (c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn, sbr *bufio.Reader) {
+	t.Helper()
+	c, br = e.dial(t)
+	leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
+	sc, sbr = e.next(t).raw(t)
+	io.WriteString(sc, ws101)
+	leakResponse(t, br, "GET", 101)
+	return c, br, sc, sbr
+}
+
+// leakEcho sends bytes both ways through a tunnel.
+func leakEcho(t *testing.T, c net.Conn, br *bufio.Reader, sc net.Conn, sbr *bufio.Reader) {
+	t.Helper()
+	leakSend(t, c, "ping")
+	readUntil(t, sbr, "ping")
+	leakSend(t, sc, "pong")
+	readUntil(t, br, "pong")
+}
+
+// leakTimeouts end by a timeout of the proxy's (short ones, below).
+var leakTimeouts = []leakCase{
+	{"silent chunked stream hits the idle timeout", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		s.write("piece one\n")
+		resp := leakResponse(t, br, "GET", 200)
+		io.Copy(io.Discard, resp.Body)
+		e.openStreamsGone(t)
+		s.end()
+		c.Close()
+	}},
+	{"silent detached SSE stream hits the idle timeout", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/sse", ""))
+		s := e.next(t)
+		sseHeaders(s.w)
+		resp := leakResponse(t, br, "GET", 200)
+		io.Copy(io.Discard, resp.Body) // heartbeats, then the end
+		e.openStreamsGone(t)
+		s.end()
+		readEOF(t, c)
+	}},
+	{"sandbox gives no head in time", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 504).Body)
+		s.end()
+		c.Close()
+	}},
+	{"silent WebSocket hits the idle timeout", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		readEOF(t, sc)
+		readEOF(t, c)
+	}},
+	{"idle keep-alive client", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		e.next(t).answer("hello")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		readEOF(t, c)
+	}},
+	{"client stalls mid-head", func(t *testing.T, e *leakEnv) {
+		c, _ := e.dial(t)
+		leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
+		readEOF(t, c)
+	}},
+	{"client stalls mid-body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Transfer-Encoding: chunked\r\n")+"10\r\n0123456789")
+		s := e.next(t)
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 408).Body)
+		io.Copy(io.Discard, s.r.Body)
+		s.end()
+		c.Close()
+	}},
+}
+
+func runLeakCases(t *testing.T, e *leakEnv, cases []leakCase, reps int) {
+	base := takeBaseline(t, e)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for range reps {
+				c.run(t, e)
+			}
+			e.check(t, base)
+		})
+	}
+}
+
+// Every way an exchange can end gives back everything it took.
+func TestLeakEveryWayAnExchangeEnds(t *testing.T) {
+	e := newLeakEnv(t, nil)
+	runLeakCases(t, e, leakEnds, 4)
+}
+
+// So does every timeout.
+func TestLeakTimeouts(t *testing.T) {
+	e := newLeakEnv(t, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = 300 * time.Millisecond
+		o.cfg.HeartbeatInterval = 100 * time.Millisecond
+		o.cfg.ResponseHeaderTimeout = 200 * time.Millisecond
+		o.srv.ClientIdleTimeout = 200 * time.Millisecond
+		o.srv.ClientReadTimeout = 200 * time.Millisecond
+		o.srv.ClientBodyTimeout = 200 * time.Millisecond
+	})
+	runLeakCases(t, e, leakTimeouts, 2)
+}
+
+// A drain with one of everything open leaves nothing behind: no goroutine
+// of the proxy's (janitor, hang-up watch included) and no descriptor
+// (the watch's epoll set included).
+func TestLeakDrain(t *testing.T) {
+	for rep := range 2 {
+		t.Run(fmt.Sprint(rep), func(t *testing.T) {
+			epolls := countFDs(t, "anon_inode:[eventpoll]")
+			e := newLeakEnv(t, func(o *harnessOpts) { o.srv.DrainTimeout = 300 * time.Millisecond })
+			g0, _ := liveGoroutines()
+			fd0 := openFDs(t)
+			var steps []*leakStep
+			var clients []*net.TCPConn
+			open := func(head string, status int) {
+				c, br := e.dial(t)
+				clients = append(clients, c)
+				leakSend(t, c, head)
+				s := e.next(t)
+				steps = append(steps, s)
+				if status == 0 {
+					return // waits for its head
+				}
+				if strings.Contains(head, "/sse") {
+					sseHeaders(s.w)
+				}
+				s.write("first\n\n")
+				resp := leakResponse(t, br, "GET", status)
+				readUntil(t, resp.Body, "first")
+			}
+			open(e.head("GET", "/sse", ""), 200)
+			open(e.head("POST", "/sse", "Content-Length: 2\r\n")+"{}", 200)
+			open(e.head("GET", "/download", ""), 200)
+			open(e.head("GET", "/", ""), 0)
+			c, br, sc, sbr := e.tunnel(t)
+			leakEcho(t, c, br, sc, sbr)
+			clients = append(clients, c)
+
+			if err := e.h.server.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if s, tn := e.h.proxy.streams.open(); s != 0 || tn != 0 {
+				t.Fatalf("Shutdown returned with %d streams and %d tunnels open", s, tn)
+			}
+			// A request still waiting for its head is not cut by the drain
+			// (nothing registers it): it ends when the sandbox answers,
+			// here at once, or at response_header_timeout.
+			for _, s := range steps {
+				s.end()
+			}
+			for _, c := range clients {
+				readEOF(t, c)
+				c.Close()
+			}
+			sc.Close()
+			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool {
+				return e.leakState(t) == ""
+			})
+			if n := countFDs(t, "anon_inode:[eventpoll]"); n != epolls {
+				t.Errorf("%d epoll sets open after Shutdown, %d before the server", n, epolls)
+			}
+			// The harness's listeners closed; the test's sandbox still runs.
+			testenv.WaitFor(t, 5*time.Second, "descriptors and goroutines of the server to go", func() bool {
+				g, _ := liveGoroutines()
+				return openFDs(t) <= fd0 && g <= g0
+			})
+			_, stacks := liveGoroutines()
+			for _, g := range stacks {
+				if strings.Contains(g, "cubeproxy/proxy.(*") && !strings.Contains(g, "_test.go") {
+					t.Errorf("proxy goroutine left after Shutdown:\n%s", g)
+				}
+			}
+		})
+	}
+}

@@ -449,23 +449,14 @@ var leakEnds = []leakCase{
 	}},
 	{"SSE GET (detached), sandbox ends it", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
-		leakSend(t, c, e.head("GET", "/sse", ""))
-		s := e.next(t)
-		sseHeaders(s.w)
-		s.write("data: one\n\n")
-		resp := leakResponse(t, br, "GET", 200)
-		readUntil(t, resp.Body, "data: one")
+		s, resp := e.sseOpen(t, c, br, "GET")
 		s.end()
 		io.Copy(io.Discard, resp.Body)
 		readEOF(t, c)
 	}},
 	{"SSE GET (detached), client closes", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
-		leakSend(t, c, e.head("GET", "/sse", ""))
-		s := e.next(t)
-		sseHeaders(s.w)
-		s.write("data: one\n\n")
-		readUntil(t, leakResponse(t, br, "GET", 200).Body, "data: one")
+		s, _ := e.sseOpen(t, c, br, "GET")
 		c.Close()
 		e.openStreamsGone(t)
 		s.end()
@@ -482,11 +473,7 @@ var leakEnds = []leakCase{
 	}},
 	{"SSE POST, client closes", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
-		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
-		s := e.next(t)
-		sseHeaders(s.w)
-		s.write("data: one\n\n")
-		readUntil(t, leakResponse(t, br, "POST", 200).Body, "data: one")
+		s, _ := e.sseOpen(t, c, br, "POST")
 		c.Close()
 		e.openStreamsGone(t)
 		s.end()
@@ -510,12 +497,7 @@ var leakEnds = []leakCase{
 	}},
 	{"SSE POST, client half-closes", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
-		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
-		s := e.next(t)
-		sseHeaders(s.w)
-		s.write("data: one\n\n")
-		resp := leakResponse(t, br, "POST", 200)
-		readUntil(t, resp.Body, "data: one")
+		s, _ := e.sseOpen(t, c, br, "POST")
 		c.CloseWrite()
 		e.openStreamsGone(t)
 		s.end()
@@ -912,4 +894,22 @@ func TestLeakDrain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sseOpen starts an SSE stream on c (a detached GET, or a POST as an MCP
+// call's answer) and reads its first event: the stream is open at the
+// proxy when it returns.
+func (e *leakEnv) sseOpen(t *testing.T, c net.Conn, br *bufio.Reader, method string) (*leakStep, *http.Response) {
+	t.Helper()
+	if method == "GET" {
+		leakSend(t, c, e.head("GET", "/sse", ""))
+	} else {
+		leakSend(t, c, e.head("POST", "/mcp", "Content-Length: 2\r\n")+"{}")
+	}
+	s := e.next(t)
+	sseHeaders(s.w)
+	s.write("data: one\n\n")
+	resp := leakResponse(t, br, method, 200)
+	readUntil(t, resp.Body, "data: one")
+	return s, resp
 }

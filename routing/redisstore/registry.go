@@ -34,6 +34,10 @@ type Registry struct {
 	logger *slog.Logger
 	stop   chan struct{}
 	done   chan struct{}
+	// ctx is cancelled by Stop: a heartbeat in flight to a Redis that hangs
+	// must not hold the shutdown for its command timeout.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	stopOnce sync.Once
 }
@@ -75,6 +79,7 @@ func StartRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout 
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
 	return r, nil
 }
@@ -91,13 +96,20 @@ func (r *Registry) run() {
 		case <-r.stop:
 			return
 		case <-tick.C:
+			// A tick that fired while a slow beat ran must not win
+			// over a Stop that came meanwhile.
+			select {
+			case <-r.stop:
+				return
+			default:
+			}
 		}
 	}
 }
 
 // beat writes the entry and the heartbeat in one round trip.
 func (r *Registry) beat() error {
-	ctx, cancel := context.WithTimeout(context.Background(), r.budget)
+	ctx, cancel := context.WithTimeout(r.ctx, r.budget)
 	defer cancel()
 	// A plain pipeline, not MULTI: in a Cluster the two keys live on different slots.
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -112,14 +124,27 @@ func (r *Registry) beat() error {
 }
 
 // Stop ends the heartbeat loop and removes this instance's entries. It
-// returns the removal's error, if any; ctx bounds the removal. Calling it
-// again removes the entries again.
+// returns the removal's error, if any; ctx bounds the whole of it, the wait
+// for a heartbeat in flight included. Calling it again removes the entries
+// again.
 func (r *Registry) Stop(ctx context.Context) error {
 	if r == nil {
 		return nil
 	}
-	r.stopOnce.Do(func() { close(r.stop) })
-	<-r.done
+	r.stopOnce.Do(func() {
+		close(r.stop)
+		r.cancel()
+	})
+	// go-redis watches a context's deadline, not its cancellation, once a
+	// command is on the wire: a heartbeat in flight to a Redis that hangs
+	// ends at its own command timeout. Waiting longer than ctx for it would
+	// stretch the shutdown; the removal is then skipped (a stale entry's
+	// heartbeat ages out for readers anyway).
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return fmt.Errorf("redis registry: heartbeat in flight at stop: %w", ctx.Err())
+	}
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HDel(ctx, r.cfg.Hash, r.id)
 		p.ZRem(ctx, r.cfg.ZSet, r.id)

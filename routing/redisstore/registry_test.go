@@ -3,11 +3,13 @@ package redisstore_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestRegistry(t *testing.T) {
@@ -98,5 +100,49 @@ func TestRegistryOffByDefault(t *testing.T) {
 	}
 	if n := r.Client().Exists(ctx, redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet, "h", "z").Val(); n != 0 {
 		t.Fatalf("%d registry keys left", n)
+	}
+}
+
+// Stop keeps to its context's budget when a heartbeat is in flight to a
+// Redis that hangs (a shutdown took the heartbeat's command timeout, and
+// twice that when a tick that fired meanwhile started another).
+func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() { // a Redis that takes connections and never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		for len(accepted) > 0 {
+			(<-accepted).Close()
+		}
+	})
+	// As the store configures it: command deadlines come from the context.
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer client.Close()
+	r, err := redisstore.StartRegistry(client, redisstore.RegistryConfig{Interval: time.Hour}, time.Minute, redisstore.Instance{ProxyID: "hung"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := <-accepted // the first heartbeat is in flight
+	accepted <- c
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := r.Stop(ctx); err == nil {
+		t.Fatal("cleanup against a hung Redis succeeded")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Stop took %v with a 300ms budget: it waited for the hung heartbeat", d)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -183,3 +184,16 @@ func (h *harness) adminDo(method, path, body, token string) (int, string) {
 var _ = netip.Addr{}
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// waitListenerClosed waits (up to d) until the traffic listener refuses
+// connections: the drain has begun.
+func (h *harness) waitListenerClosed(d time.Duration) {
+	h.t.Helper()
+	testenv.WaitFor(h.t, d, "listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+}

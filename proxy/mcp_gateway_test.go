@@ -832,13 +832,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 	<-progressed // the call's SSE answer is open at the proxy
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-	testenv.WaitFor(t, 2*time.Second, "the drain began (listener closed)", func() bool {
-		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil
-	})
+	h.waitListenerClosed(2 * time.Second)
 	select {
 	case err := <-done:
 		t.Fatalf("the call ended as the drain began, before the tool finished: %v", err)

@@ -81,13 +81,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal("SSE stream still open after the drain")
 		}
 	}
-	testenv.WaitFor(t, time.Second, "listener closed", func() bool {
-		c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil
-	})
+	h.waitListenerClosed(time.Second)
 
 	select {
 	case err := <-shutdownDone:
@@ -237,13 +231,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			start := time.Now()
 			shutdownDone := make(chan error, 1)
 			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-			testenv.WaitFor(t, time.Second, "listener closed", func() bool {
-				c, err := net.DialTimeout("tcp", h.addr, 100*time.Millisecond)
-				if err == nil {
-					c.Close()
-				}
-				return err != nil
-			})
+			h.waitListenerClosed(time.Second)
 			close(release)
 			want := "id: 1\ndata: hello\n|"
 			if method == "POST" {

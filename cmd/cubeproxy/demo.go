@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -73,6 +74,7 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
+	warnUnknownEnv(a.log, os.Environ())
 	if err := a.routes.Put(r); err != nil {
 		a.close()
 		return err

@@ -289,3 +289,15 @@ func TestUnsupportedMetricsExporterWarns(t *testing.T) {
 		})
 	}
 }
+
+// A misspelled CUBEPROXY_* variable is named at startup with the setting
+// it most likely meant, instead of being ignored without a word.
+func TestUnknownEnvWarns(t *testing.T) {
+	t.Setenv("CUBEPROXY_ROUTE", "/etc/cubeproxy/routes.yaml")
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv)
+	r.stop()
+	logs := r.logs.String()
+	if !strings.Contains(logs, `"msg":"unknown CUBEPROXY_ variable ignored","name":"CUBEPROXY_ROUTE","did_you_mean":"CUBEPROXY_ROUTES"`) {
+		t.Fatalf("no warning naming CUBEPROXY_ROUTE and CUBEPROXY_ROUTES:\n%s", logs)
+	}
+}

@@ -67,6 +67,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	warnUnknownEnv(a.log, os.Environ())
 	// Set cluster-wide with the other OTEL_* variables, it would otherwise
 	// look like a push that never arrives.
 	if v := strings.ToLower(strings.TrimSpace(getenv("OTEL_METRICS_EXPORTER"))); v != "" && v != "none" && v != "prometheus" {
@@ -74,6 +75,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 			"OTEL_METRICS_EXPORTER", v)
 	}
 	return a.run(ctx, ready)
+}
+
+// warnUnknownEnv logs each CUBEPROXY_* variable that names no setting.
+// It reads the process environment, not getenv: only the list has the
+// names nobody asked for. A warning, not an error: other tools put
+// variables of their own under the prefix (deploy scripts, Kubernetes
+// service links, which config.UnknownEnv leaves out).
+func warnUnknownEnv(log *slog.Logger, environ []string) {
+	for _, v := range config.UnknownEnv(environ) {
+		if v.Nearest != "" {
+			log.Warn("unknown CUBEPROXY_ variable ignored", "name", v.Name, "did_you_mean", v.Nearest)
+		} else {
+			log.Warn("unknown CUBEPROXY_ variable ignored", "name", v.Name)
+		}
+	}
 }
 
 func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {

@@ -1,0 +1,99 @@
+package config
+
+import (
+	"reflect"
+	"sort"
+	"strings"
+)
+
+// UnknownVar is a CUBEPROXY_* environment variable that names no setting.
+type UnknownVar struct {
+	Name    string // as set in the environment
+	Nearest string // the variable it most likely meant; "" when none is close
+}
+
+// UnknownEnv lists the CUBEPROXY_* variables in environ (os.Environ's
+// NAME=value entries) that Load does not read, sorted by name. Load only
+// asks for the names it knows, so a misspelled one (CUBEPROXY_ROUTE for
+// CUBEPROXY_ROUTES) would otherwise be ignored without a word.
+//
+// Kubernetes' service links are left out: a Service named cubeproxy puts
+// CUBEPROXY_SERVICE_HOST, CUBEPROXY_PORT_8081_TCP and the like into every
+// pod of its namespace.
+func UnknownEnv(environ []string) []UnknownVar {
+	known := map[string]bool{EnvPrefix + "CONFIG": true}
+	var names []string // in declaration order, for a stable nearest pick
+	for _, s := range collect(reflect.ValueOf(Default()).Elem()) {
+		known[s.envName()] = true
+		names = append(names, s.envName())
+	}
+	var out []UnknownVar
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || known[name] || serviceLink(name) {
+			continue
+		}
+		out = append(out, UnknownVar{Name: name, Nearest: nearest(name, names)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// serviceLink reports whether name has the shape of a variable Kubernetes
+// sets for a Service named cubeproxy.
+func serviceLink(name string) bool {
+	rest := strings.TrimPrefix(name, EnvPrefix)
+	switch {
+	case rest == "SERVICE_HOST", rest == "SERVICE_PORT", strings.HasPrefix(rest, "SERVICE_PORT_"), rest == "PORT":
+		return true
+	case strings.HasPrefix(rest, "PORT_"):
+		// PORT_<number>_<protocol>[_PROTO|_PORT|_ADDR]
+		port, _, _ := strings.Cut(strings.TrimPrefix(rest, "PORT_"), "_")
+		return port != "" && strings.Trim(port, "0123456789") == ""
+	}
+	return false
+}
+
+// nearest picks the known variable name most likely meant: the only one
+// that ends in name's path (the section left out, as CONNECT_TIMEOUT for
+// UPSTREAM_CONNECT_TIMEOUT), else the closest within a few typos.
+func nearest(name string, known []string) string {
+	want := strings.ToUpper(strings.TrimPrefix(name, EnvPrefix))
+	var suffixed []string
+	for _, k := range known {
+		if strings.HasSuffix(k, "_"+want) {
+			suffixed = append(suffixed, k)
+		}
+	}
+	if len(suffixed) == 1 {
+		return suffixed[0]
+	}
+	best, bestDist := "", max(2, len(want)/4)+1
+	for _, k := range known {
+		if d := editDistance(want, strings.TrimPrefix(k, EnvPrefix)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

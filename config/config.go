@@ -271,7 +271,9 @@ func (c *Config) Validate() error {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}
 	// A header limit this small would answer every request with 431 or
-	// every response with 502; 0 is the 16 KiB default.
+	// every response with 502; 0 is the 16 KiB default. One this large is
+	// a buffer allocated whole for every connection: the first request
+	// would take the process down out of memory.
 	for _, hs := range []struct {
 		key string
 		n   int
@@ -279,6 +281,14 @@ func (c *Config) Validate() error {
 		if hs.n > 0 && hs.n < minHeaderSize {
 			return fmt.Errorf("%s: %d is below %d bytes, too small for real headers (0 means the 16 KiB default)", hs.key, hs.n, minHeaderSize)
 		}
+		if hs.n > maxHeaderSize {
+			return fmt.Errorf("%s: %d is above %d bytes (1 MiB), the largest buffer allowed per connection", hs.key, hs.n, maxHeaderSize)
+		}
+	}
+	// The queue is allocated at startup; full, this many lines already
+	// hold hundreds of MiB.
+	if n := c.AccessLog.BufferLines; n > maxBufferLines {
+		return fmt.Errorf("access_log.buffer_lines: %d is above %d", n, maxBufferLines)
 	}
 	for _, names := range []struct {
 		key      string
@@ -298,9 +308,15 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// minHeaderSize is the smallest header limit accepted: a browser's request
-// head alone is often larger.
-const minHeaderSize = 1024
+// Bounds of the header limits: a browser's request head alone is often
+// larger than the minimum; the maximum is 64 times the default.
+const (
+	minHeaderSize = 1024
+	maxHeaderSize = 1 << 20
+)
+
+// maxBufferLines bounds access_log.buffer_lines (256 times the default).
+const maxBufferLines = 1 << 20
 
 // isHostName reports whether s is empty or a DNS name, optionally behind
 // "*." or ".". Entries are compared with the Host header's name, its port

@@ -83,6 +83,11 @@ func TestLoadErrors(t *testing.T) {
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
 		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes"},
 		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes"},
+		// Sizes whose buffer is allocated whole: the process would die
+		// out of memory (at the first request, or at once).
+		{"huge client header limit", []string{"--client-max-header-size=999999999999"}, nil, "client.max_header_size: 999999999999 is above 1048576 bytes"},
+		{"huge upstream header limit", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_HEADER_SIZE": "99999999999"}, "upstream.max_header_size: 99999999999 is above 1048576 bytes"},
+		{"huge access log queue", []string{"--config", writeFile(t, "access_log:\n  buffer_lines: 99999999999\n")}, nil, "access_log.buffer_lines: 99999999999 is above 1048576"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},

@@ -215,6 +215,21 @@ func Load(args []string, getenv func(string) string, out io.Writer) (*Config, er
 		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
+		// Decode reads one document: settings after a "---" would be
+		// ignored without a word. Empty documents are harmless.
+		for {
+			var next yaml.Node
+			err := dec.Decode(&next)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("config %s: %w", path, err)
+			}
+			if len(next.Content) > 0 && next.Content[0].ShortTag() != "!!null" {
+				return nil, fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, next.Content[0].Line)
+			}
+		}
 	}
 	for i := range settings {
 		s := &settings[i]

@@ -66,6 +66,9 @@ func TestLoadErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown yaml key", []string{"--config", writeFile(t, "http_adr: ':1'\n")}, nil, "field http_adr not found"},
+		// Only the first document was read: the rest was ignored.
+		{"second yaml document", []string{"--config", writeFile(t, "http_addr: ':1'\n---\nhttp_addr: ':2'\n")}, nil, "line 3: another YAML document"},
+		{"third yaml document", []string{"--config", writeFile(t, "http_addr: ':1'\n---\n---\nstore: redis\n")}, nil, "line 4: another YAML document"},
 		{"bad yaml duration", []string{"--config", writeFile(t, "drain_timeout: soon\n")}, nil, "line 1: cannot unmarshal !!str `soon` into time.Duration"},
 		{"bad env duration", nil, map[string]string{"CUBEPROXY_DRAIN_TIMEOUT": "soon"}, "CUBEPROXY_DRAIN_TIMEOUT"},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
@@ -104,6 +107,20 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load([]string{"-h"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
+	}
+}
+
+// A document marker before the only document, or after it with nothing
+// following, is not a second document.
+func TestLoadDocumentMarkers(t *testing.T) {
+	for _, body := range []string{"---\nhttp_addr: ':1'\n", "http_addr: ':1'\n---\n", "---\nhttp_addr: ':1'\n...\n", "http_addr: ':1'\n---\n# nothing more\n", "http_addr: ':1'\n---\n---\n"} {
+		c, err := Load([]string{"--config", writeFile(t, body)}, env(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if c.HTTPAddr != ":1" {
+			t.Fatalf("%q: http_addr %q", body, c.HTTPAddr)
+		}
 	}
 }
 

@@ -282,6 +282,21 @@ func (c *Config) Validate() error {
 		// Either alone is fine (an unset ttl_max follows ttl_min up).
 		return fmt.Errorf("cache.ttl_min (%s) is above cache.ttl_max (%s)", mn, mx)
 	}
+	if c.Store == "memory" || c.Store == "" {
+		// The proxy would serve the routes file (often missing: an empty
+		// table, every request a 404) and still report itself ready.
+		for _, r := range []struct {
+			key string
+			set bool
+		}{
+			{"redis.addr", c.Redis.Addr != ""}, {"redis.url", c.Redis.URL != ""},
+			{"redis.sentinel.master_name", c.Redis.Sentinel.MasterName != ""}, {"redis.cluster.addrs", len(c.Redis.Cluster.Addrs) > 0},
+		} {
+			if r.set {
+				return fmt.Errorf("%s is set but store is memory: set store: redis (CUBEPROXY_STORE=redis) to read routes from Redis, or remove %s", r.key, r.key)
+			}
+		}
+	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}

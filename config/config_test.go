@@ -91,6 +91,11 @@ func TestLoadErrors(t *testing.T) {
 		{"huge client header limit", []string{"--client-max-header-size=999999999999"}, nil, "client.max_header_size: 999999999999 is above 1048576 bytes"},
 		{"huge upstream header limit", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_HEADER_SIZE": "99999999999"}, "upstream.max_header_size: 99999999999 is above 1048576 bytes"},
 		{"huge access log queue", []string{"--config", writeFile(t, "access_log:\n  buffer_lines: 99999999999\n")}, nil, "access_log.buffer_lines: 99999999999 is above 1048576"},
+		// A Redis named for a proxy that would read the (empty) memory store.
+		{"redis addr with memory store", nil, map[string]string{"CUBEPROXY_REDIS_ADDR": "10.0.0.2:6379"}, "redis.addr is set but store is memory"},
+		{"redis url with memory store", []string{"--store=memory", "--redis-url=redis://r:6379/0"}, nil, "redis.url is set but store is memory"},
+		{"sentinel with memory store", []string{"--config", writeFile(t, "redis:\n  sentinel:\n    master_name: m\n    addrs: [s:26379]\n")}, nil, "redis.sentinel.master_name is set but store is memory"},
+		{"cluster with memory store", []string{"--redis-cluster-addrs=c1:6379,c2:6379"}, nil, "redis.cluster.addrs is set but store is memory"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},

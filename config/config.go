@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -281,6 +282,10 @@ func (c *Config) Validate() error {
 	if mn, mx := c.Cache.TTLMin, c.Cache.TTLMax; mn > 0 && mx > 0 && mn > mx {
 		// Either alone is fine (an unset ttl_max follows ttl_min up).
 		return fmt.Errorf("cache.ttl_min (%s) is above cache.ttl_max (%s)", mn, mx)
+	}
+	if mn, mx := c.Cache.TTLMin, c.Cache.TTLMax; mn == 0 && mx > 0 && mx < routing.DefaultTTLMin {
+		// The cache would refuse the pair, naming a minimum nobody set.
+		return fmt.Errorf("cache.ttl_max (%s) is below cache.ttl_min's default (%s): set cache.ttl_min too", mx, routing.DefaultTTLMin)
 	}
 	if c.Store == "memory" || c.Store == "" {
 		// The proxy would serve the routes file (often missing: an empty

@@ -301,3 +301,17 @@ func TestUnknownEnvWarns(t *testing.T) {
 		t.Fatalf("no warning naming CUBEPROXY_ROUTE and CUBEPROXY_ROUTES:\n%s", logs)
 	}
 }
+
+// The shipped configuration serves the shipped routes file: the example
+// sandbox it documents is in the table, with its MCP port mapped.
+func TestShippedConfigAndRoutes(t *testing.T) {
+	r := runServe(t, []string{"--config", "../../configs/cubeproxy.yaml", "--routes", "../../configs/routes.yaml",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--access-log-format", "off"}, noEnv)
+	route, ok := r.a.routes.Get("example")
+	if !ok {
+		t.Fatalf("route example not loaded\n%s", r.logs)
+	}
+	if p, ok := route.HostPort(50005); !ok || p != 50005 {
+		t.Fatalf("example: port 50005 maps to %d (%v), want 50005", p, ok)
+	}
+}

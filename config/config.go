@@ -302,6 +302,18 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	if src := c.TLS.Source; src != "" && src != "files" {
+		// Only the files source reads them: HTTPS would serve a
+		// self-signed (or ACME) certificate instead of the operator's.
+		for _, f := range []struct {
+			key string
+			set bool
+		}{{"tls.cert_file", c.TLS.CertFile != ""}, {"tls.key_file", c.TLS.KeyFile != ""}, {"tls.files", len(c.TLS.Files) > 0}} {
+			if f.set {
+				return fmt.Errorf("%s is set but tls.source is %s: set tls.source: files (CUBEPROXY_TLS_SOURCE=files) to serve it, or remove %s", f.key, src, f.key)
+			}
+		}
+	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}

@@ -96,6 +96,13 @@ func TestLoadErrors(t *testing.T) {
 		{"redis url with memory store", []string{"--store=memory", "--redis-url=redis://r:6379/0"}, nil, "redis.url is set but store is memory"},
 		{"sentinel with memory store", []string{"--config", writeFile(t, "redis:\n  sentinel:\n    master_name: m\n    addrs: [s:26379]\n")}, nil, "redis.sentinel.master_name is set but store is memory"},
 		{"cluster with memory store", []string{"--redis-cluster-addrs=c1:6379,c2:6379"}, nil, "redis.cluster.addrs is set but store is memory"},
+		// Certificate files the source would never read: the image's
+		// config says self_signed, so HTTPS served a self-signed one.
+		{"cert files with self_signed source", []string{"--config", "../configs/cubeproxy.yaml"}, map[string]string{
+			"CUBEPROXY_HTTPS_ADDR": ":8080", "CUBEPROXY_TLS_CERT_FILE": "/tls/tls.crt", "CUBEPROXY_TLS_KEY_FILE": "/tls/tls.key",
+		}, "tls.cert_file is set but tls.source is self_signed: set tls.source: files"},
+		{"key file alone with acme source", []string{"--tls-source=acme", "--tls-key-file=/tls/tls.key"}, nil, "tls.key_file is set but tls.source is acme"},
+		{"file list with self_signed source", []string{"--config", writeFile(t, "tls:\n  source: self_signed\n  files:\n    - cert_file: a.pem\n      key_file: a-key.pem\n")}, nil, "tls.files is set but tls.source is self_signed"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},

@@ -185,7 +185,7 @@ start_redis() {
 }
 
 # CubeProxy's access log is switched off, as nginx runs with access_log off:
-# through the environment (CUBEPROXY_ACCESS_LOG=off, CUBEPROXY_ACCESS_LOG_FORMAT=off)
+# through the environment (CUBEPROXY_ACCESS_LOG_FORMAT=off)
 # and the matching flag when the binary has one. The per-sandbox-port
 # connection cap is raised above the idle scenario's stream count: nginx has
 # no such cap, and every stream here goes to one sandbox.
@@ -199,7 +199,7 @@ cube_flags() {
 	elif grep -Eq -- '^\s+-access-log\s' <<<"$help"; then
 		CUBE_FLAGS+=(--access-log off)
 	else
-		log "cubeproxy has no access-log flag; relying on CUBEPROXY_ACCESS_LOG=off"
+		log "cubeproxy has no access-log flag; relying on CUBEPROXY_ACCESS_LOG_FORMAT=off"
 	fi
 	if grep -Eq -- '^\s+-redis-addr\s' <<<"$help"; then
 		HAVE_CUBE_REDIS=1
@@ -211,7 +211,7 @@ cube_flags() {
 start_cube() { # name port admin [extra args]
 	local name=$1 port=$2 admin=$3
 	shift 3
-	CUBEPROXY_ACCESS_LOG=off CUBEPROXY_ACCESS_LOG_FORMAT=off GOMAXPROCS=1 $PIN_SUBJECT "$BIN/cubeproxy" serve \
+	CUBEPROXY_ACCESS_LOG_FORMAT=off GOMAXPROCS=1 $PIN_SUBJECT "$BIN/cubeproxy" serve \
 		--http-addr 127.0.0.1:"$port" --admin-addr 127.0.0.1:"$admin" \
 		--node-ip 127.0.0.1 --log-format json "${CUBE_FLAGS[@]}" "$@" \
 		>>"$WORK/$name.log" 2>&1 &

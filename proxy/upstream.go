@@ -459,16 +459,23 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 		return h.Read(c.br) // fasthttp's own error for a close or a timeout
 	}
 	for {
+		// fasthttp parses a head only once it is all buffered, and never
+		// reads while noWait is set: a head it takes is at the start of
+		// these bytes.
+		b, _ := c.br.Peek(c.br.Buffered())
 		c.noWait, c.starved = true, false
 		err := h.Read(c.br)
 		c.noWait = false
+		if err == nil {
+			return checkStatus(h, b)
+		}
 		// A full buffer wants more too: fasthttp then asks for more than
 		// it can hold without reading (bufio.ErrBufferFull), which a
 		// bare-LF head sent with a large body in one write does.
-		if err == nil || !c.starved && c.br.Buffered() < c.br.Size() {
+		if !c.starved && c.br.Buffered() < c.br.Size() {
 			return err
 		}
-		b, _ := c.br.Peek(c.br.Buffered())
+		b, _ = c.br.Peek(c.br.Buffered())
 		if end := bareLFHeadEnd(b); end > 0 {
 			return c.readBareLFHead(h, b[:end])
 		}
@@ -519,8 +526,30 @@ func (c *upstreamConn) readBareLFHead(h *fasthttp.ResponseHeader, head []byte) e
 	if err := h.Read(bufio.NewReaderSize(bytes.NewReader(fixed), len(fixed))); err != nil {
 		return err
 	}
+	if err := checkStatus(h, fixed); err != nil {
+		return err
+	}
 	_, err := c.br.Discard(n)
 	return err
+}
+
+// checkStatus refuses a head fasthttp parsed from raw whose status code is
+// 000: fasthttp stores it as 0 and reports 0 as 200, so the client would
+// get a 200 the sandbox never sent. Only a 200 is looked at, in place.
+func checkStatus(h *fasthttp.ResponseHeader, raw []byte) error {
+	if h.StatusCode() != fasthttp.StatusOK {
+		return nil
+	}
+	// fasthttp skips blank lines before the status line, and spaces
+	// before the code.
+	raw = bytes.TrimLeft(raw, "\r\n")
+	if i := bytes.IndexByte(raw, ' '); i >= 0 {
+		raw = bytes.TrimLeft(raw[i:], " ")
+	}
+	if len(raw) >= 3 && string(raw[:3]) == "000" {
+		return errors.New("invalid response status code 000")
+	}
+	return nil
 }
 
 // release ends an exchange: the connection goes back to the pool when

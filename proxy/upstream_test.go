@@ -1346,7 +1346,13 @@ func TestUpstreamInvalidResponses(t *testing.T) {
 		"/twolength": "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabc",
 		"/length":    "HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
 		"/status099": "HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok",
-		"/hints":     strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 10) + okResponse("late"),
+		// fasthttp reports a status of 000 as 200.
+		"/status000":          "HTTP/1.1 000 X\r\nContent-Length: 2\r\n\r\nok",
+		"/status000nomessage": "HTTP/1.1 000\r\nContent-Length: 2\r\n\r\nok",
+		"/status000spaces":    "\r\nHTTP/1.1   000 X\r\nContent-Length: 2\r\n\r\nok",
+		"/status000bareLF":    "HTTP/1.1 000 X\nContent-Length: 2\n\nok",
+		"/status000interim":   "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 000 X\r\nContent-Length: 2\r\n\r\nok",
+		"/hints":              strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 10) + okResponse("late"),
 	}
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
 		if a, ok := answers[req.URL.Path]; ok {

@@ -646,39 +646,50 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 		// The request is recycled only after this returns: its response
 		// (with every header the handler set) is still here.
 		ctx.Response.Header.SetConnectionClose()
-		if p.clientWriteTimeout > 0 {
-			_ = raw.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+		p.answerLingering(raw, c, &ctx.Response)
+	})
+}
+
+// answerLingering writes resp to the client connection raw, ends raw's
+// write side so that the client sees the answer end, and then reads and
+// discards from r (raw, or its hijacked form) what the client still sends,
+// within lingerLimit, lingerTimeout and lingerTime, as nginx's lingering
+// close does. A connection closed with unread bytes is reset, and the
+// client's write of the rest fails before it reads the answer. The caller
+// closes raw.
+func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
+	if p.clientWriteTimeout > 0 {
+		_ = raw.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+	}
+	bw := writerPool.Get().(*bufio.Writer)
+	bw.Reset(raw)
+	err := resp.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	writerPool.Put(bw)
+	if err != nil {
+		return
+	}
+	if cw, ok := raw.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite() // the client sees the answer end
+	}
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
+	end := time.Now().Add(lingerTime)
+	for read := 0; read < lingerLimit; {
+		d := time.Now().Add(lingerTimeout)
+		if d.After(end) {
+			d = end
 		}
-		bw := writerPool.Get().(*bufio.Writer)
-		bw.Reset(raw)
-		err := ctx.Response.Write(bw)
-		if err == nil {
-			err = bw.Flush()
-		}
-		bw.Reset(nil)
-		writerPool.Put(bw)
+		_ = r.SetReadDeadline(d)
+		n, err := r.Read(*bp)
+		read += n
 		if err != nil {
 			return
 		}
-		if cw, ok := raw.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite() // the client sees the answer end
-		}
-		bp := copyBufPool.Get().(*[]byte)
-		defer copyBufPool.Put(bp)
-		end := time.Now().Add(lingerTime)
-		for read := 0; read < lingerLimit; {
-			d := time.Now().Add(lingerTimeout)
-			if d.After(end) {
-				d = end
-			}
-			_ = c.SetReadDeadline(d)
-			n, err := c.Read(*bp)
-			read += n
-			if err != nil {
-				return
-			}
-		}
-	})
+	}
 }
 
 func isSmallBuffer(err error) bool {

@@ -430,6 +430,19 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+	var small *fasthttp.ErrSmallBuffer
+	c := ctx.Conn()
+	if _, ok := c.(interface{ CloseWrite() error }); ok && errors.As(err, &small) {
+		// fasthttp read only a buffer's worth of the head and would close
+		// with the rest unread: a reset, which fails the client's write of
+		// the rest before it reads the 431. So the answer goes out here,
+		// with a lingering close; fasthttp's own write of it then finds
+		// the write side closed and sends nothing. Nothing it still holds
+		// goes out of order: it flushes answers to pipelined requests
+		// before it waits for the rest of a head, and only waiting finds
+		// a head too large.
+		p.answerLingering(c, c, &ctx.Response)
+	}
 }
 
 // connectionError reports an error of the connection rather than of a

@@ -34,7 +34,7 @@ const (
 	CodeUpstreamBusy           = "upstream_busy"
 	CodeUpstreamBadHeader      = "upstream_bad_response"
 	// CodeOutOfResources: the proxy itself could not open a connection to
-	// the sandbox (out of file descriptors or memory).
+	// the sandbox (out of file descriptors, memory or local ports).
 	CodeOutOfResources = "proxy_out_of_resources"
 	// CodeDrainTimeout marks, in the access log and the span, a response
 	// the drain deadline cut after its status went out.

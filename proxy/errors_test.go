@@ -334,6 +334,10 @@ func TestUpstreamErrorClassification(t *testing.T) {
 		{"connect refused", &dialError{err: opErr("dial", syscall.ECONNREFUSED)}, 502, CodeUpstreamConnect},
 		{"connect timed out", &dialError{err: &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}}, 504, CodeUpstreamConnectTimeout},
 		{"proxy out of descriptors", &dialError{err: opErr("socket", syscall.EMFILE)}, 503, CodeOutOfResources},
+		{"system out of descriptors", &dialError{err: opErr("socket", syscall.ENFILE)}, 503, CodeOutOfResources},
+		// Every local port to that address is taken (connections and
+		// TIME_WAIT): the proxy's shortage, not the sandbox refusing.
+		{"proxy out of local ports", &dialError{err: opErr("connect", syscall.EADDRNOTAVAIL)}, 503, CodeOutOfResources},
 		// A sandbox VM gone: the host or its network is unreachable.
 		{"host unreachable", &dialError{err: opErr("connect", syscall.EHOSTUNREACH)}, 502, CodeUpstreamConnect},
 		{"network unreachable", &dialError{err: opErr("connect", syscall.ENETUNREACH)}, 502, CodeUpstreamConnect},

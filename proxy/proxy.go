@@ -57,7 +57,7 @@ type Proxy struct {
 
 	staleLogged    atomic.Int64 // unix nanos of the last stale-route log line
 	storeErrLogged atomic.Int64 // unix nanos of the last store-unavailable log line
-	// unix nanos of the last "out of descriptors" line for a failed dial
+	// unix nanos of the last "out of resources" line for a failed dial
 	resourceErrLogged atomic.Int64
 
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
@@ -582,12 +582,13 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		} else {
 			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed or incomplete request body"}, id)
 		}
-	case errors.As(err, &de) && resourceExhausted(de.err):
-		// The proxy is out of descriptors, not the sandbox refusing: a 502
-		// "refused" would send the operator to the sandbox. Once a second,
-		// like the store outage: every request fails while it lasts.
+	case errors.As(err, &de) && dialShortage(de.err):
+		// The proxy is out of descriptors or local ports, not the sandbox
+		// refusing: a 502 "refused" would send the operator to the
+		// sandbox. Once a second, like the store outage: every request
+		// fails while it lasts.
 		if everySecond(&p.resourceErrLogged) {
-			p.cfg.Logger.Error("cannot connect to sandboxes: proxy out of resources",
+			p.cfg.Logger.Error("cannot connect to sandboxes: proxy out of resources (descriptors or local ports)",
 				"sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())
 		}
 		x.fail(ctx, proxyError{status: 503, code: CodeOutOfResources, msg: "proxy is out of resources; retry shortly", retryAfter: 1}, id)

@@ -601,14 +601,15 @@ func (e *dialError) Unwrap() error { return e.err }
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.Dial("tcp", addr)
-	if err != nil && !resourceExhausted(err) {
+	if err != nil && !dialShortage(err) {
 		p.metrics.UpstreamRetry()
 		c, err = d.Dial("tcp", addr)
 	}
 	if err != nil {
-		// The proxy out of descriptors is no failure of the sandbox's: not
-		// counted with them, and not retried (it would fail the same way).
-		if !resourceExhausted(err) {
+		// The proxy out of descriptors or local ports is no failure of the
+		// sandbox's: not counted with them, and not retried (it would fail
+		// the same way).
+		if !dialShortage(err) {
 			p.metrics.UpstreamConnectError()
 		}
 		return nil, &dialError{addr: addr, err: err}
@@ -617,6 +618,14 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
 	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout}, nil
+}
+
+// dialShortage reports a failed dial that is the proxy's own shortage:
+// descriptors or buffers (resourceExhausted), or local ports
+// (EADDRNOTAVAIL: every ephemeral port towards that address is taken, by
+// open connections or ones in TIME_WAIT).
+func dialShortage(err error) bool {
+	return resourceExhausted(err) || errors.Is(err, syscall.EADDRNOTAVAIL)
 }
 
 // errHeartbeatDue is returned by upstreamConn.Read when the heartbeat

@@ -113,13 +113,18 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		KeepHijackedConns: true,
 	}
 	s.redirect = &fasthttp.Server{
-		ErrorHandler:          clientError,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			clientError(ctx, err)
+			p.lingerOversizedHead(ctx, err)
+		},
 		NoDefaultServerHeader: true,
-		ReadTimeout:           cfg.ClientReadTimeout,
-		WriteTimeout:          cfg.ClientWriteTimeout,
-		IdleTimeout:           cfg.ClientIdleTimeout,
-		CloseOnShutdown:       true,
-		Logger:                log,
+		// The heads HTTPS takes: cookies for the domain come along.
+		ReadBufferSize:  cfg.MaxRequestHeaderSize,
+		ReadTimeout:     cfg.ClientReadTimeout,
+		WriteTimeout:    cfg.ClientWriteTimeout,
+		IdleTimeout:     cfg.ClientIdleTimeout,
+		CloseOnShutdown: true,
+		Logger:          log,
 	}
 	if admin != nil {
 		s.adminSrv = &fasthttp.Server{
@@ -430,17 +435,21 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+	p.lingerOversizedHead(ctx, err)
+}
+
+// lingerOversizedHead sends the 431 an error handler composed for a head
+// over the read buffer, with a lingering close. fasthttp read only a
+// buffer's worth of the head and would close with the rest unread: a
+// reset, which fails the client's write of the rest before it reads the
+// 431. fasthttp's own write of the answer then finds the write side closed
+// and sends nothing. Nothing it still holds goes out of order: it flushes
+// answers to pipelined requests before it waits for the rest of a head,
+// and only waiting finds a head too large.
+func (p *Proxy) lingerOversizedHead(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	c := ctx.Conn()
 	if _, ok := c.(interface{ CloseWrite() error }); ok && errors.As(err, &small) {
-		// fasthttp read only a buffer's worth of the head and would close
-		// with the rest unread: a reset, which fails the client's write of
-		// the rest before it reads the 431. So the answer goes out here,
-		// with a lingering close; fasthttp's own write of it then finds
-		// the write side closed and sends nothing. Nothing it still holds
-		// goes out of order: it flushes answers to pipelined requests
-		// before it waits for the rest of a head, and only waiting finds
-		// a head too large.
 		p.answerLingering(c, c, &ctx.Response)
 	}
 }

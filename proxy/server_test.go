@@ -105,3 +105,45 @@ func pieces(s string, n int) []string {
 	}
 	return append(out, s)
 }
+
+// The plain-HTTP redirect listener takes heads up to client.max_header_size
+// like the HTTPS one it sends clients to: a browser whose cookies for the
+// domain outgrow fasthttp's default 4 KiB buffer got a 431 instead of its
+// redirect.
+func TestRedirectListenerHeaderLimit(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for _, tc := range []struct {
+		name   string
+		cookie int
+		status int
+	}{
+		{"small", 100, 308},
+		{"8 KiB of cookies", 8 << 10, 308},
+		{"over the limit", 20 << 10, 431},
+		// Answered with a lingering close, as on the HTTPS listener.
+		{"8 MiB", 8 << 20, 431},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			req := "GET /a HTTP/1.1\r\nHost: 50005-box.cube.test\r\nCookie: c=" + strings.Repeat("x", tc.cookie) + "\r\n\r\n"
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+		})
+	}
+}

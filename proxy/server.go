@@ -447,9 +447,8 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 // answers to pipelined requests before it waits for the rest of a head,
 // and only waiting finds a head too large.
 func (p *Proxy) lingerOversizedHead(ctx *fasthttp.RequestCtx, err error) {
-	var small *fasthttp.ErrSmallBuffer
 	c := ctx.Conn()
-	if _, ok := c.(interface{ CloseWrite() error }); ok && errors.As(err, &small) {
+	if _, ok := c.(interface{ CloseWrite() error }); ok && isSmallBuffer(err) {
 		p.answerLingering(c, c, &ctx.Response)
 	}
 }

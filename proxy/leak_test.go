@@ -648,7 +648,8 @@ var leakEnds = []leakCase{
 		c, br, sc, sbr := e.tunnel(t)
 		leakEcho(t, c, br, sc, sbr)
 		c.CloseWrite()
-		readEOF(t, sc)
+		readEOF(t, sc) // the client's FIN; the sandbox's side stays open
+		sc.Close()
 		readEOF(t, c)
 	}},
 	{"WebSocket, sandbox closes (lingering close), client closes after", func(t *testing.T, e *leakEnv) {

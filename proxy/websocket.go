@@ -33,8 +33,17 @@ type tunnel struct {
 	// the client's bytes are read and dropped from then on (see linger).
 	backendGone atomic.Bool
 
+	// clientErr is the error of the last failed write to the client; only
+	// the backend-to-client copy uses it.
+	clientErr error
+	// writing: a write to the client is in flight (see endBackend).
+	writing atomic.Bool
+
 	mu     sync.Mutex
 	closed bool
+	// clientCut: the client stopped reading and was cut; reads from it end
+	// (see cutClient).
+	clientCut bool
 }
 
 // close ends both directions. Closing a hijacked connection is a no-op in
@@ -72,7 +81,7 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 			return n, err
 		}
 		t.mu.Lock()
-		if t.closed {
+		if t.closed || (t.clientCut && c == t.client) {
 			t.mu.Unlock()
 			return 0, net.ErrClosed
 		}
@@ -109,7 +118,71 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 			t.writeDeadline = want
 		}
 	}
-	return t.client.Write(b)
+	t.writing.Store(true)
+	n, err := t.client.Write(b)
+	t.writing.Store(false)
+	if err != nil {
+		t.clientErr = err
+	}
+	return n, err
+}
+
+// cutClient ends the client-to-sandbox copy of a client that stopped
+// reading: a past read deadline ends its pending read, and read does not
+// re-arm it. The client's socket closes with the tunnel.
+func (t *tunnel) cutClient() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	t.clientCut = true
+	_ = t.client.SetReadDeadline(time.Unix(1, 0))
+}
+
+// endBackend ends the client-to-sandbox direction once the client's side
+// ended (a FIN, a reset, a cut): the sandbox gets a FIN after every byte
+// the client sent, and the tunnel closes once the sandbox's side ended too
+// (outDone). Closing the sandbox's socket while the sandbox is still
+// sending would reset it with that output unread, and the reset drops what
+// the proxy had not yet delivered to a sandbox that reads slower than it
+// writes: the client's last bytes, its close frame among them. Meanwhile
+// the sandbox's output still goes to the client, which may have only
+// half-closed, or is read and dropped. As nginx's lingering close, the
+// wait ends too when the sandbox has sent nothing for lingerTimeout (all
+// its output taken, the close is a FIN, after which the kernel still
+// delivers what is queued for it), and after lingerTime in any case.
+func (t *tunnel) endBackend(outDone <-chan struct{}) {
+	if t.backendGone.Load() {
+		return
+	}
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	cw, ok := t.backend.(interface{ CloseWrite() error })
+	if closed || !ok || cw.CloseWrite() != nil {
+		return
+	}
+	end := time.Now().Add(lingerTime)
+	timer := time.NewTimer(lingerTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case <-outDone:
+			return
+		case now := <-timer.C:
+			// The client's reads are over: the last read was the sandbox's.
+			quiet := now.Sub(time.Unix(0, t.lastRead.Load()))
+			if !now.Before(end) || (quiet >= lingerTimeout && !t.writing.Load()) {
+				return
+			}
+			next := lingerTimeout - quiet
+			if next <= 0 { // its last bytes are still being written
+				next = lingerTimeout
+			}
+			timer.Reset(min(next, end.Sub(now)))
+		}
+	}
 }
 
 // linger ends a tunnel whose sandbox closed its side cleanly, after every
@@ -291,15 +364,30 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			return
 		}
 		_ = client.SetWriteDeadline(time.Time{})
-		done := make(chan struct{})
+		done, outDone := make(chan struct{}), make(chan struct{})
 		go func() {
 			in.r = tunnelReader{tn, client}
 			_, _ = io.Copy(backendWriter{tn}, &in)
+			tn.endBackend(outDone)
 			tn.close()
 			close(done)
 		}()
 		out.r = tunnelReader{tn, raw}
-		if _, err := io.Copy(clientWriter{tn}, &out); err == nil {
+		_, err := io.Copy(clientWriter{tn}, &out)
+		if tn.clientErr != nil {
+			// The client is gone, or stopped reading and is cut: the
+			// sandbox's output is read and dropped until it ends its side
+			// (or endBackend's wait does), so that its socket closes
+			// without a reset that would lose what the client sent. Up to
+			// lingerLimit bytes, as for a refused body: a sandbox still
+			// streaming past that is not reading either.
+			if isTimeout(tn.clientErr) {
+				tn.cutClient()
+			}
+			_, _ = io.CopyN(io.Discard, tunnelReader{tn, raw}, lingerLimit)
+		}
+		close(outDone)
+		if err == nil {
 			tn.linger(conn, done, end) // the sandbox ended its side
 		}
 		tn.close()

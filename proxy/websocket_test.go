@@ -26,6 +26,7 @@ func wsBackend(t *testing.T, ended chan<- error) uint16 {
 			ended <- err
 			return
 		}
+		defer c.CloseNow() // as any server: its socket closes with the handler
 		c.SetReadLimit(1 << 20)
 		ctx := r.Context()
 		for {
@@ -621,4 +622,162 @@ func acceptUpgrade(ln net.Listener) (c net.Conn, br *bufio.Reader, ok bool) {
 		return nil, nil, false
 	}
 	return c, br, true
+}
+
+// When the client ends a tunnel, the sandbox gets every byte the client
+// sent before its end (its last frames, its close frame), then a FIN, even
+// while the sandbox is still sending: closing the sandbox's socket with its
+// output unread would reset it, and the kernel would drop the client's
+// bytes still queued for a sandbox that reads slower than it writes. A
+// client that only half-closed still gets the sandbox's answer after it.
+func TestTunnelClientEndReachesSandboxThatSends(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		halfClose bool // the client half-closes and reads on, else it closes
+		sendFirst bool // the sandbox sends its output before reading, else after the client's end
+	}{
+		{"client closes while the sandbox sends", false, true},
+		{"client half-closes, sandbox answers after its end", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ln := listenSmallWindow(t)
+			last := strings.Repeat("c", 64<<10) + "bye" // more than the sandbox's receive window
+			output := []byte(strings.Repeat("s", 64<<10))
+			const outputs = 16
+			type result struct {
+				got int
+				err error
+			}
+			sandbox := make(chan result, 1)
+			go func() {
+				c, br, ok := acceptUpgrade(ln)
+				if !ok {
+					sandbox <- result{err: errors.New("upgrade failed")}
+					return
+				}
+				defer c.Close()
+				send := func() {
+					for range outputs {
+						if _, err := c.Write(output); err != nil {
+							return
+						}
+					}
+				}
+				if tc.sendFirst {
+					send() // reading nothing meanwhile
+				}
+				b, err := io.ReadAll(br)
+				if err == nil && !strings.HasSuffix(string(b), "bye") {
+					err = fmt.Errorf("the last bytes are %q", b[max(0, len(b)-8):])
+				}
+				sandbox <- result{len(b), err}
+				if !tc.sendFirst {
+					send()
+				}
+			}()
+			host := h.route("wsend", uint16(ln.Addr().(*net.TCPAddr).Port))
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+			br := bufio.NewReader(c)
+			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			if _, err := io.WriteString(c, "g"+last); err != nil {
+				t.Fatal(err)
+			}
+			if tc.halfClose {
+				_ = c.(*net.TCPConn).CloseWrite()
+				got, err := io.ReadAll(br)
+				if len(got) != outputs*len(output) || err != nil {
+					t.Errorf("client got %d of the sandbox's %d bytes after its half-close, then %v; want all, then EOF", len(got), outputs*len(output), err)
+				}
+			} else {
+				c.Close()
+			}
+			select {
+			case r := <-sandbox:
+				if r.got != len(last) || r.err != nil {
+					t.Fatalf("sandbox got %d of the client's last %d bytes, then %v; want all, then EOF", r.got, len(last), r.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sandbox never got the client's end")
+			}
+			testenv.WaitFor(t, 5*time.Second, "the tunnel to end", func() bool {
+				_, n := h.proxy.streams.open()
+				return n == 0 && poolConns(h) == 0
+			})
+		})
+	}
+}
+
+// A sandbox that takes the client's end (its last bytes, the FIN) and then
+// neither answers nor closes its side (a server that returns without
+// closing its socket) does not hold the tunnel, its connection slot and
+// the sandbox's request count for long: silent for lingerTimeout, its
+// socket is closed, as nginx's lingering close gives up on a silent peer.
+func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	gotEnd := make(chan error, 1)
+	go func() {
+		c, br, ok := acceptUpgrade(ln)
+		if !ok {
+			gotEnd <- errors.New("upgrade failed")
+			return
+		}
+		defer c.Close()
+		_, err := io.ReadAll(br) // the client's bytes, then its end
+		gotEnd <- err
+		<-t.Context().Done() // then silent, its socket open
+	}()
+	host := h.route("wssilentend", uint16(ln.Addr().(*net.TCPAddr).Port))
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "g bye")
+	c.Close()
+	if err := <-gotEnd; err != nil {
+		t.Fatalf("sandbox: %v", err)
+	}
+	start := time.Now()
+	testenv.WaitFor(t, lingerTimeout+5*time.Second, "the tunnel to a silent sandbox to end", func() bool {
+		_, n := h.proxy.streams.open()
+		return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wssilentend").active.Load() == 0
+	})
+	if d := time.Since(start); d < lingerTimeout-time.Second {
+		t.Errorf("the tunnel ended %v after the client's end: the sandbox was to get lingerTimeout (%v)", d, lingerTimeout)
+	}
+}
+
+// listenSmallWindow listens on loopback with the smallest receive buffer
+// the kernel allows, so that a sandbox that reads nothing leaves what the
+// proxy sends it in the proxy's send buffer after a few KiB.
+func listenSmallWindow(t *testing.T) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
+		})
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }

@@ -90,16 +90,22 @@ func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
 func forEachToken(v []byte, fn func([]byte)) {
 	for len(v) > 0 {
 		var tok []byte
-		if i := bytes.IndexByte(v, ','); i >= 0 {
-			tok, v = v[:i], v[i+1:]
-		} else {
-			tok, v = v, nil
-		}
-		tok = bytes.TrimSpace(tok)
+		tok, v = nextToken(v)
 		if len(tok) > 0 {
 			fn(tok)
 		}
 	}
+}
+
+// nextToken splits the first comma-separated token, trimmed (maybe empty),
+// off a header value.
+func nextToken(v []byte) (tok, rest []byte) {
+	if i := bytes.IndexByte(v, ','); i >= 0 {
+		tok, rest = v[:i], v[i+1:]
+	} else {
+		tok = v
+	}
+	return bytes.TrimSpace(tok), rest
 }
 
 // appendForwardedFor appends ip to the client's X-Forwarded-For lines,

@@ -605,6 +605,8 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
 	case errors.Is(err, errUnaskedSwitch):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox switched protocols without being asked"}, id)
+	case errors.Is(err, errWrongSwitch):
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox switched to a protocol the client did not ask for"}, id)
 	case errors.Is(err, errNoFreeConns):
 		x.fail(ctx, proxyError{status: 503, code: CodeUpstreamBusy, msg: "too many open connections to this sandbox port", retryAfter: 1}, id)
 	case isStaleConn(err) || errors.As(err, new(*net.OpError)):

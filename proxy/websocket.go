@@ -286,6 +286,16 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.respond(ctx, x, uc, t, addr, sb)
 		return
 	}
+	if !switchedAsAsked(&ctx.Request.Header, &resp.Header) {
+		// What follows is in a protocol the client did not ask for (or
+		// an unnamed one), which it cannot speak: its WebSocket library
+		// would fail the handshake anyway (RFC 6455 §4.1), after the
+		// tunnel had taken a sandbox connection until the idle timeout.
+		uc.release(p, false)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
+		return
+	}
 	x.upStatus = fasthttp.StatusSwitchingProtocols
 	x.upTime = time.Since(x.start)
 	resp.Header.SetNoDefaultContentType(true)
@@ -393,6 +403,48 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		tn.close()
 		<-done
 	}, abandon)
+}
+
+// errWrongSwitch is a 101 whose Upgrade names no protocol, or one the
+// request did not offer.
+var errWrongSwitch = errors.New("101 Switching Protocols to a protocol the client did not offer")
+
+// switchedAsAsked reports whether a 101 names the protocols it switches to
+// in Upgrade, each one the request offered, as RFC 9110 requires (§15.2.2:
+// a 101 MUST carry Upgrade; §7.8: a server MUST NOT switch to a protocol
+// the client did not offer). Names compare case-insensitively, as
+// WebSocket's "websocket" does.
+func switchedAsAsked(req *fasthttp.RequestHeader, resp *fasthttp.ResponseHeader) bool {
+	named, offers := false, req.PeekAll("Upgrade")
+	for _, v := range resp.PeekAll("Upgrade") {
+		for len(v) > 0 {
+			var proto []byte
+			proto, v = nextToken(v)
+			if len(proto) == 0 {
+				continue
+			}
+			if !offered(offers, proto) {
+				return false
+			}
+			named = true
+		}
+	}
+	return named
+}
+
+// offered reports whether proto is one of the protocols in the request's
+// Upgrade lines.
+func offered(lines [][]byte, proto []byte) bool {
+	for _, v := range lines {
+		for len(v) > 0 {
+			var p []byte
+			p, v = nextToken(v)
+			if bytes.EqualFold(p, proto) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // countingReader counts the bytes a tunnel direction carried.

@@ -781,3 +781,58 @@ func listenSmallWindow(t *testing.T) net.Listener {
 	t.Cleanup(func() { ln.Close() })
 	return ln
 }
+
+// A sandbox's 101 must name the protocol it switches to, one the client
+// offered (RFC 9110 §7.8, §15.2.2): anything else is the sandbox's error,
+// a 502, not a tunnel in a protocol the client cannot speak, which would
+// hold the sandbox connection until the idle timeout and be logged as a
+// successful upgrade.
+func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
+	h := newHarness(t)
+	answers := make(chan string, 1)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		rawWrite(c, <-answers)
+		var one [1]byte
+		c.Read(one[:]) // until the proxy closes its side
+		return false
+	})
+	host := h.route("wsswitch", b.port)
+	for _, tc := range []struct {
+		name, offer, answer string
+		status              int
+	}{
+		{"no Upgrade", "websocket", "", 502},
+		{"empty Upgrade", "websocket", "Upgrade: \r\n", 502},
+		{"another protocol", "websocket", "Upgrade: h2c\r\n", 502},
+		{"one offered, one not", "websocket", "Upgrade: websocket, h2c\r\n", 502},
+		{"the offered one", "websocket", "Upgrade: websocket\r\n", 101},
+		{"in another case", "websocket", "Upgrade: WebSocket\r\n", 101},
+		{"one of several offered", "foo/2, websocket", "Upgrade: websocket\r\n", 101},
+	} {
+		answers <- "HTTP/1.1 101 Switching Protocols\r\n" + tc.answer + "Connection: Upgrade\r\n\r\n"
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host, tc.offer)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if tc.status == 101 {
+			if resp.StatusCode != 101 {
+				t.Errorf("%s: %d, want the sandbox's 101", tc.name, resp.StatusCode)
+			}
+		} else {
+			body, _ := io.ReadAll(resp.Body)
+			checkProxyError(t, resp, string(body), tc.status, CodeUpstreamBadHeader)
+		}
+		c.Close()
+		testenv.WaitFor(t, 5*time.Second, tc.name+": the sandbox connection and its slots to be released", func() bool {
+			_, n := h.proxy.streams.open()
+			return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wsswitch").active.Load() == 0
+		})
+	}
+}

@@ -30,8 +30,10 @@ var hopHeaders = [...]string{
 // Connection from a request about to be forwarded. keepUpgrade keeps
 // Connection: Upgrade and Upgrade for the WebSocket tunnel.
 func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
-	// Headers named in Connection first, while Connection is still there.
-	if conn := h.Peek("Connection"); len(conn) > 0 {
+	// Headers named in Connection first, on every line of it (a client may
+	// send "Connection: keep-alive" and "Connection: X-Hop" apart), while
+	// Connection is still there. The deletions leave the lines' bytes be.
+	for _, conn := range h.PeekAll("Connection") {
 		forEachToken(conn, func(name []byte) {
 			if keepUpgrade && bytes.EqualFold(name, []byte("upgrade")) {
 				return
@@ -40,17 +42,41 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 		})
 	}
 	for _, name := range hopHeaders {
-		if keepUpgrade && (name == "Connection" || name == "Upgrade") {
+		if keepUpgrade && name == "Upgrade" {
 			continue
 		}
 		if len(h.Peek(name)) > 0 {
-			h.Del(name)
+			h.Del(name) // every line of it
 		}
 	}
 	if keepUpgrade {
-		// Only the upgrade token may travel: "keep-alive, Upgrade" becomes "Upgrade".
+		// Only the upgrade token may travel, on one line: "keep-alive,
+		// Upgrade" becomes "Upgrade".
 		h.Set("Connection", "Upgrade")
 	}
+}
+
+// upgradeRequested reports whether a request asks to switch protocols: an
+// Upgrade header, and the upgrade token in Connection on any of its lines
+// (fasthttp's ConnectionUpgrade reads the first one only). Upgrade is
+// looked up first: most requests have none, so they cost the one lookup
+// ConnectionUpgrade made.
+func upgradeRequested(h *fasthttp.RequestHeader) bool {
+	if len(h.Peek("Upgrade")) == 0 || h.ConnectionClose() {
+		return false
+	}
+	if h.ConnectionUpgrade() {
+		return true
+	}
+	for _, v := range h.PeekAll("Connection") {
+		for len(v) > 0 {
+			var tok []byte
+			if tok, v = nextToken(v); bytes.EqualFold(tok, []byte("upgrade")) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // removeHopResponse strips hop-by-hop headers from an upstream response.

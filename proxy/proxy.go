@@ -207,7 +207,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// Only a request without a body can switch protocols here: the tunnel
 	// sends the head alone. Others (curl's "Upgrade: h2c" on a POST) go
 	// through forward, which drops Upgrade as a hop-by-hop header.
-	if cl := h.ContentLength(); (cl == 0 || cl == -2) && h.ConnectionUpgrade() && len(h.Peek("Upgrade")) > 0 {
+	if cl := h.ContentLength(); (cl == 0 || cl == -2) && upgradeRequested(h) {
 		p.tunnel(ctx, x, route, &t, addr, sb)
 		return
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -833,6 +834,66 @@ func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
 		testenv.WaitFor(t, 5*time.Second, tc.name+": the sandbox connection and its slots to be released", func() bool {
 			_, n := h.proxy.streams.open()
 			return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wsswitch").active.Load() == 0
+		})
+	}
+}
+
+// Connection may come on several lines (RFC 9110 §5.3: the same as one
+// line, joined), as a client or an intermediary that adds its own line
+// sends it: the upgrade is found on any of them, and every header any of
+// them names stays behind, as the other lines do; the sandbox gets one
+// Connection: Upgrade.
+func TestUpgradeConnectionOnSeveralLines(t *testing.T) {
+	h := newHarness(t)
+	// It declines every upgrade: its answer shows what was sent. (Not a
+	// net/http server: it hides Connection and Upgrade from its handlers.)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		body, _ := json.Marshal(echoed{Headers: req.Header})
+		return rawWrite(c, okResponse(string(body)))
+	})
+	host := h.route("wslines", b.port)
+	for _, tc := range []struct {
+		name               string
+		lines              []string
+		connection, upType string // as the sandbox saw them
+	}{
+		{"one line", []string{"Connection: keep-alive, Upgrade"}, "Upgrade", "websocket"},
+		{"Upgrade on the second line", []string{"Connection: keep-alive", "Connection: Upgrade"}, "Upgrade", "websocket"},
+		{"Upgrade on the first line", []string{"Connection: Upgrade", "Connection: keep-alive"}, "Upgrade", "websocket"},
+		{"a hop named on the second line", []string{"Connection: keep-alive", "Connection: upgrade, X-Hop", "X-Hop: 1"}, "Upgrade", "websocket"},
+		{"no upgrade, a hop named on the second line", []string{"Connection: keep-alive", "Connection: X-Hop", "X-Hop: 1"}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET /ws HTTP/1.1", "Host: " + host, "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="}
+			if tc.upType != "" {
+				lines = append(lines, "Upgrade: websocket")
+			}
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			// Not authRawRequest: its Connection: close would make none of
+			// these an upgrade.
+			io.WriteString(c, strings.Join(append(lines, tc.lines...), "\r\n")+"\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e echoed
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+			if got := e.get("Connection"); got != tc.connection {
+				t.Errorf("Connection reached the sandbox as %q, want %q", got, tc.connection)
+			}
+			if got := e.get("Upgrade"); got != tc.upType {
+				t.Errorf("Upgrade reached the sandbox as %q, want %q (an upgrade goes through the tunnel)", got, tc.upType)
+			}
+			if got := e.get("X-Hop"); got != "" {
+				t.Errorf("X-Hop, named in Connection, reached the sandbox as %q", got)
+			}
 		})
 	}
 }

@@ -283,10 +283,10 @@ func (e *leakEnv) leakState(t *testing.T) string {
 	p.pools.mu.RLock()
 	for k, u := range p.pools.m {
 		u.mu.Lock()
-		idle := len(u.idle)
+		idle, busy := len(u.idle), u.busy != nil
 		u.mu.Unlock()
-		if c, pend := u.conns.Load(), u.pending.Load(); int(c) != idle || pend != 0 {
-			out = append(out, fmt.Sprintf("pool %v: %d connections counted, %d idle, %d pending", k, c, idle, pend))
+		if c, pend := u.conns.Load(), u.pending.Load(); int(c) != idle || pend != 0 || busy {
+			out = append(out, fmt.Sprintf("pool %v: %d connections counted, %d idle, %d pending, busy list empty %v", k, c, idle, pend, !busy))
 		}
 	}
 	p.pools.mu.RUnlock()
@@ -855,6 +855,7 @@ func TestLeakDrain(t *testing.T) {
 			open(e.head("POST", "/sse", "Content-Length: 2\r\n")+"{}", 200)
 			open(e.head("GET", "/download", ""), 200)
 			open(e.head("GET", "/", ""), 0)
+			waiting := clients[len(clients)-1]
 			c, br, sc, sbr := e.tunnel(t)
 			leakEcho(t, c, br, sc, sbr)
 			clients = append(clients, c)
@@ -865,9 +866,13 @@ func TestLeakDrain(t *testing.T) {
 			if s, tn := e.h.proxy.streams.open(); s != 0 || tn != 0 {
 				t.Fatalf("Shutdown returned with %d streams and %d tunnels open", s, tn)
 			}
-			// A request still waiting for its head is not cut by the drain
-			// (nothing registers it): it ends when the sandbox answers,
-			// here at once, or at response_header_timeout.
+			// A request still waiting for its head was cut at the deadline
+			// and answered.
+			_ = waiting.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(waiting), &http.Request{Method: "GET"})
+			if err != nil || resp.StatusCode != 504 {
+				t.Fatalf("the request waiting for its head at the deadline: %v %v", resp, err)
+			}
 			for _, s := range steps {
 				s.end()
 			}

@@ -48,6 +48,10 @@ type Proxy struct {
 
 	// draining is the Server's: set once Shutdown has begun.
 	draining *atomic.Bool
+	// served counts the client connections fasthttp serves (hijacked ones
+	// left it): Shutdown waits for the requests the drain deadline cut to
+	// be answered. fasthttp's own count is off by one once Serve returned.
+	served atomic.Int64
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -383,6 +387,9 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		// back in the pool before the client is answered.
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
+		if err != nil && c.interrupted.Load() {
+			err = errDrainCut
+		}
 		c.release(p, err == nil && keepAlive)
 		sb.done(x.start.Add(x.upTime).UnixMilli())
 		if err != nil {
@@ -572,6 +579,11 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	var de *dialError
 	var be *clientBodyError
 	switch {
+	case errors.Is(err, errDrainCut):
+		// The proxy is going away: the client must not try this
+		// connection again, and the sandbox is not to blame.
+		ctx.SetConnectionClose()
+		x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox did not answer before the drain deadline"}, id)
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
 	case errors.As(err, &be):

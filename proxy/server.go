@@ -272,7 +272,9 @@ func httpsAuthority(host, port string) string {
 
 // Shutdown stops accepting connections, ends GET SSE streams cleanly at once,
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
-// cuts what is left. It returns when no stream or tunnel is open.
+// cuts what is left: streams, tunnels, and requests still waiting on their
+// sandbox, which are answered 504. It returns when nothing is open (or two
+// seconds after the deadline).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
@@ -288,14 +290,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	// Tunnels (hijacked, invisible to fasthttp) and anything still
-	// streaming get until the deadline, then are cut.
+	// streaming get until the deadline, then are cut, as are requests
+	// still waiting on their sandbox (for a head, or to take an upload):
+	// they are answered 504 at once rather than at their own timeout.
 	for {
-		streams, tunnels := s.p.streams.open()
-		if streams == 0 && tunnels == 0 {
-			break
-		}
 		if ctx.Err() != nil {
 			s.p.streams.abortAll()
+			s.p.pools.abort()
+			break
+		}
+		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
 			break
 		}
 		select {
@@ -306,10 +310,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err == nil && ctx.Err() != nil {
 		err = nil // the drain deadline is the plan, not a failure
 	}
-	// Wait (briefly) for cut streams to unwind.
+	// Wait (briefly) for what was cut to unwind: streams and tunnels to
+	// end, and the requests cut to be answered and logged (fasthttp's own
+	// wait for its connections stopped at the deadline).
 	unwind := time.Now().Add(2 * time.Second)
 	for time.Now().Before(unwind) {
-		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
+		streams, tunnels := s.p.streams.open()
+		if streams == 0 && tunnels == 0 && s.p.served.Load() == 0 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -365,12 +372,16 @@ func (s *Server) janitor() {
 func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
+		p.served.Add(1)
 		p.metrics.ConnOpened()
 	case fasthttp.StateClosed:
+		p.served.Add(-1)
 		p.metrics.ConnClosed()
 		if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
 			abandon.(func())()
 		}
+	case fasthttp.StateHijacked:
+		p.served.Add(-1)
 	}
 }
 

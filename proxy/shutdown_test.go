@@ -379,3 +379,132 @@ func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
 		}
 	})
 }
+
+// muteSandbox accepts connections, writes reply (if any) and then
+// neither reads nor writes a byte: a sandbox that hangs on a request, on an
+// upload, or halfway through an answer. Each accepted connection is sent
+// on the returned channel.
+func muteSandbox(t *testing.T, reply string) (uint16, <-chan net.Conn) {
+	t.Helper()
+	ln := listen(t, "127.0.0.1:0")
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			io.WriteString(c, reply)
+			accepted <- c
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return uint16(ln.Addr().(*net.TCPAddr).Port), accepted
+}
+
+// A request still waiting on its sandbox at the drain deadline (for the
+// head of the answer, however long its own timeout, or for the sandbox to
+// take its upload) is cut then: the client gets a 504 drain_timeout with
+// Connection: close, the access log has its line before Shutdown returns,
+// and Shutdown returns near the deadline. Left alone, such a request ran
+// to its own timeout (120 s, 7206 s for one that accepts an event
+// stream) and the process exited under it, unanswered and unlogged.
+func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, extra string
+		upload              bool
+		reply               string // what the sandbox sends before it hangs
+	}{
+		{"no answer", "GET", "", false, ""},
+		{"no answer to an event-stream request", "POST", "Accept: application/json, text/event-stream\r\nContent-Length: 2\r\n", false, ""},
+		{"no answer to an upgrade", "GET", "Connection: Upgrade\r\nUpgrade: websocket\r\n", false, ""},
+		{"upload never read", "PUT", "Content-Length: 67108864\r\n", true, ""},
+		// Read whole before answering (under 64 KiB): no byte went out.
+		{"small body never finished", "GET", "", false, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const drain = 300 * time.Millisecond
+			buf := new(obsLogBuf)
+			al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = al.Close() })
+			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al })
+			port, accepted := muteSandbox(t, tc.reply)
+			host := h.route("mute", port)
+
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			head := tc.method + " / HTTP/1.1\r\nHost: " + host + "\r\nX-Cube-Request-Id: cut-" + tc.method + "\r\n" + tc.extra + "\r\n"
+			if _, err := io.WriteString(c, head); err != nil {
+				t.Fatal(err)
+			}
+			if tc.upload {
+				// Until the proxy closes: it stops reading once the
+				// sandbox's socket buffers are full.
+				go func() {
+					b := make([]byte, 64<<10)
+					for {
+						if _, err := c.Write(b); err != nil {
+							return
+						}
+					}
+				}()
+			} else if tc.method != "GET" {
+				io.WriteString(c, "{}")
+			}
+			select {
+			case <-accepted:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request never reached the sandbox")
+			}
+
+			start := time.Now()
+			shutdownDone := make(chan error, 1)
+			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+
+			_ = c.SetReadDeadline(time.Now().Add(drain + 5*time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: tc.method})
+			if err != nil {
+				t.Fatalf("no answer at the drain deadline: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 504 || !resp.Close || !strings.Contains(string(body), `"code":"`+CodeDrainTimeout+`"`) {
+				t.Errorf("answer %d (close %v) %s, want 504 %s with Connection: close", resp.StatusCode, resp.Close, body, CodeDrainTimeout)
+			}
+			if d := time.Since(start); d < drain-50*time.Millisecond {
+				t.Errorf("cut %v after the drain began, before its %v deadline", d, drain)
+			}
+			select {
+			case err := <-shutdownDone:
+				if err != nil {
+					t.Fatalf("Shutdown: %v", err)
+				}
+			case <-time.After(drain + 3*time.Second):
+				t.Fatal("Shutdown did not return")
+			}
+			if d := time.Since(start); d > drain+time.Second {
+				t.Errorf("Shutdown took %v with a %v drain", d, drain)
+			}
+			// The process exits now: what is not logged by then never is.
+			_ = al.Close()
+			var line string
+			for _, l := range strings.Split(buf.b.String(), "\n") {
+				if strings.Contains(l, `"x_cube_request_id":"cut-`+tc.method+`"`) {
+					line = l
+				}
+			}
+			if !strings.Contains(line, `"status":504`) || !strings.Contains(line, `"error_code":"`+CodeDrainTimeout+`"`) {
+				t.Errorf("access log line when Shutdown returned: %q", line)
+			}
+			if _, conns, pending := h.proxy.pools.stats(); conns != 0 || pending != 0 {
+				t.Errorf("after Shutdown: %d sandbox connections open, %d requests pending", conns, pending)
+			}
+		})
+	}
+}

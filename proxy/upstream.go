@@ -39,6 +39,10 @@ type upstream struct {
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
+	// busy lists the connections checked out of the pool (an intrusive
+	// list: no allocation per request), so that the drain deadline can
+	// close them under the requests waiting on them (pools.abort).
+	busy *upstreamConn
 }
 
 // pools holds the upstream pools; idle ones are dropped by sweep.
@@ -48,6 +52,10 @@ type pools struct {
 
 	mu sync.RWMutex
 	m  map[poolKey]*upstream
+
+	// aborted is set by abort (the drain deadline): a connection checked
+	// out after it is closed at once.
+	aborted atomic.Bool
 }
 
 func (ps *pools) get(key poolKey, now int64) *upstream {
@@ -190,6 +198,62 @@ func (ps *pools) closeIdle() {
 	}
 }
 
+// abort closes every connection checked out of a pool, at the drain
+// deadline: a request waiting for its answer's head, sending its upload,
+// or reading a small body whole then fails at once with errDrainCut (and
+// is answered, logged and counted), instead of at its own timeout, which
+// may be hours away. Streams and tunnels are the registry's to cut; their
+// connections, closed twice, come to no harm. Whatever is checked out
+// later is refused (checkOut).
+func (ps *pools) abort() {
+	ps.aborted.Store(true)
+	ps.mu.RLock()
+	defer ps.mu.RUnlock()
+	for _, u := range ps.m {
+		u.mu.Lock()
+		for c := u.busy; c != nil; c = c.busyNext {
+			c.interrupted.Store(true)
+			_ = c.Conn.Close()
+		}
+		u.mu.Unlock()
+	}
+}
+
+// errDrainCut is the failure of an exchange whose sandbox connection the
+// drain deadline closed (pools.abort).
+var errDrainCut = errors.New("sandbox connection closed at the drain deadline")
+
+// checkOut lists c as busy; u.mu must be held. It reports false when the
+// drain deadline has passed: c is then the caller's to drop with checkIn.
+func (u *upstream) checkOut(c *upstreamConn, ps *pools) bool {
+	c.busyPrev, c.busyNext = nil, u.busy
+	if u.busy != nil {
+		u.busy.busyPrev = c
+	}
+	u.busy = c
+	if ps.aborted.Load() {
+		c.interrupted.Store(true)
+		return false
+	}
+	return true
+}
+
+// checkIn takes c off the busy list (a no-op when it is not on it); u.mu
+// must be held.
+func (u *upstream) checkIn(c *upstreamConn) {
+	if c.busyPrev != nil {
+		c.busyPrev.busyNext = c.busyNext
+	} else if u.busy == c {
+		u.busy = c.busyNext
+	} else {
+		return
+	}
+	if c.busyNext != nil {
+		c.busyNext.busyPrev = c.busyPrev
+	}
+	c.busyPrev, c.busyNext = nil, nil
+}
+
 // sweepPause is the shortest sleep between closes. It must outlast a
 // scheduling round, so that the scheduler finds the sweep's timer not yet
 // fired and polls the network; longer than that it only trades wake-ups
@@ -240,7 +304,12 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 		c = u.idle[n-1]
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
+		ok := u.checkOut(c, &p.pools) // under the lock taken anyway
 		u.mu.Unlock()
+		if !ok {
+			u.dropBusy(c)
+			return nil, false, errDrainCut
+		}
 		suspect := c.suspect
 		c.suspect = false
 		if !check && !suspect && p.cfg.UpstreamIdleCheckAfter >= 0 && time.Now().UnixNano()-c.idleSince < int64(p.cfg.UpstreamIdleCheckAfter) {
@@ -251,7 +320,7 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 		}
 		// The backend closed it, or sent bytes nobody asked for (say a 408
 		// before closing): they must not be read as the next answer.
-		u.drop(c)
+		u.dropBusy(c)
 	}
 	c, err = u.dialNew(p)
 	return c, false, err
@@ -281,6 +350,13 @@ func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
 		return nil, err
 	}
 	c.pool = u
+	u.mu.Lock()
+	ok := u.checkOut(c, &p.pools)
+	u.mu.Unlock()
+	if !ok {
+		u.dropBusy(c)
+		return nil, errDrainCut
+	}
 	return c, nil
 }
 
@@ -288,6 +364,7 @@ func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
 func (u *upstream) put(c *upstreamConn) {
 	c.idleSince = time.Now().UnixNano()
 	u.mu.Lock()
+	u.checkIn(c)
 	if u.dead.Load() {
 		u.mu.Unlock()
 		u.drop(c)
@@ -301,6 +378,22 @@ func (u *upstream) put(c *upstreamConn) {
 func (u *upstream) drop(c *upstreamConn) {
 	_ = c.Close()
 	u.conns.Add(-1)
+}
+
+// dropBusy closes a checked-out connection that must not be reused.
+func (u *upstream) dropBusy(c *upstreamConn) {
+	u.mu.Lock()
+	u.checkIn(c)
+	u.mu.Unlock()
+	u.drop(c)
+}
+
+// handOff takes a checked-out connection off the busy list, still counted
+// in the pool: a WebSocket tunnel's, which the registry cuts from now on.
+func (u *upstream) handOff(c *upstreamConn) {
+	u.mu.Lock()
+	u.checkIn(c)
+	u.mu.Unlock()
 }
 
 // roundTrip sends req on a pooled connection and reads the response
@@ -352,7 +445,11 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			return c, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
+		cut := c.interrupted.Load()
 		c.release(p, false)
+		if cut {
+			return nil, errDrainCut // not retried: the proxy is going away
+		}
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
 			continue
@@ -568,7 +665,7 @@ func (c *upstreamConn) release(p *Proxy, reuse bool) {
 		c.pool.put(c)
 		return
 	}
-	c.pool.drop(c)
+	c.pool.dropBusy(c)
 }
 
 func (p *Proxy) acquireReader(c *upstreamConn) *bufio.Reader {
@@ -650,8 +747,12 @@ type upstreamConn struct {
 	nread int64 // bytes read since the current request was sent
 
 	// interrupted is set when the proxy closes the connection under a
-	// stream: drain, or the stream's client left (bodyStream.hangUp).
+	// stream or a request: drain, or the stream's client left
+	// (bodyStream.hangUp).
 	interrupted atomic.Bool
+
+	// The pool's busy list (under pool.mu) while checked out.
+	busyPrev, busyNext *upstreamConn
 
 	// For waitReadable (detached SSE streams), set on first use.
 	raw     syscall.RawConn

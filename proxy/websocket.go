@@ -274,6 +274,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		err = uc.readHeader(p, resp)
 	}
 	if err != nil {
+		if uc.interrupted.Load() {
+			err = errDrainCut
+		}
 		uc.release(p, false)
 		sb.active.Add(-1)
 		p.upstreamError(ctx, x, err, id, addr)
@@ -307,6 +310,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	}
 	p.releaseReader(uc.br)
 	uc.br = nil
+	// The registry cuts the tunnel from now on; its release gives the
+	// pool's slot back.
+	u.handOff(uc)
 	// From here on both directions run at once, so the tunnel uses the raw
 	// connection with its own idle deadlines, not upstreamConn's
 	// request/response bookkeeping.

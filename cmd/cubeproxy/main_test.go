@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -313,5 +314,86 @@ func TestShippedConfigAndRoutes(t *testing.T) {
 	}
 	if p, ok := route.HostPort(50005); !ok || p != 50005 {
 		t.Fatalf("example: port 50005 maps to %d (%v), want 50005", p, ok)
+	}
+}
+
+// A second SIGTERM during the drain cuts it short, as nginx's fast
+// shutdown does: an operator (or a supervisor) that signals again wants
+// the process gone now, and a SIGKILL would lose the answers and the
+// access-log lines that the cut still gives. It is logged; before, it was
+// swallowed and the drain ran its course.
+func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
+	bin := buildBinary(t)
+	// A sandbox that takes the request and never answers.
+	sln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := sln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	port := strconv.Itoa(sln.Addr().(*net.TCPAddr).Port)
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	os.WriteFile(routes, []byte("routes:\n  mute:\n    HostIP: \"127.0.0.1\"\n    \""+port+"\": \""+port+"\"\n"), 0o600)
+	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
+	const drain = 60 * time.Second
+	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", drain.String())
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	testenv.WaitFor(t, 30*time.Second, "listening", func() bool { return strings.Contains(logs.String(), "cubeproxy listening") })
+
+	c, err := net.Dial("tcp", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s-mute.cube.test\r\nX-Cube-Request-Id: cut-short\r\n\r\n", port)
+	select {
+	case sc := <-accepted:
+		defer sc.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the request never reached the sandbox\n%s", logs.String())
+	}
+
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	testenv.WaitFor(t, 10*time.Second, "drain", func() bool { return strings.Contains(logs.String(), "shutting down: draining") })
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatalf("no answer after the second SIGTERM: %v\n%s", err, logs.String())
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 504 || !strings.Contains(string(body), `"drain_timeout"`) {
+		t.Errorf("answer %d %s, want 504 drain_timeout", resp.StatusCode, body)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after the second SIGTERM: %v\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("process still draining 10s after the second SIGTERM (drain %v)\n%s", drain, logs.String())
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("exited %v after the second SIGTERM", d)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "cutting the drain short") {
+		t.Errorf("the second SIGTERM was not logged\n%s", out)
+	}
+	if !strings.Contains(out, `"x_cube_request_id":"cut-short"`) {
+		t.Errorf("no access-log line for the cut request\n%s", out)
 	}
 }

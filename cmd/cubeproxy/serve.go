@@ -498,12 +498,41 @@ loop:
 		}
 	}
 	a.log.Info("shutting down: draining", "timeout", a.drainTimeout().String())
-	if serr := a.server.Shutdown(context.Background()); serr != nil && err == nil {
+	drainCtx, cutShort := a.cutDrainOnSignal()
+	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr
 	}
+	cutShort()
 	a.close()
 	a.log.Info("stopped")
 	return err
+}
+
+// cutDrainOnSignal returns a context that a SIGTERM or SIGINT arriving
+// during the drain cancels, and the function that stops watching. As in
+// nginx's fast shutdown, signalling again means "stop now": the drain
+// deadline comes at once, so what is still open is cut, answered and
+// logged, and the access log and telemetry are flushed, which a SIGKILL
+// would lose.
+func (a *app) cutDrainOnSignal() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGTERM, os.Interrupt)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case sig := <-again:
+			a.log.Warn("signal during the drain: cutting the drain short", "signal", sig.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(again)
+		cancel()
+		<-done
+	}
 }
 
 // reopenAccessLog reopens the access log file (SIGHUP, after logrotate).

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -504,6 +505,67 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 			}
 			if _, conns, pending := h.proxy.pools.stats(); conns != 0 || pending != 0 {
 				t.Errorf("after Shutdown: %d sandbox connections open, %d requests pending", conns, pending)
+			}
+		})
+	}
+}
+
+// A response still streaming at the drain deadline to a client that
+// stopped reading (the proxy blocked writing to it, not reading from the
+// sandbox) ends at the deadline too, and is logged before Shutdown
+// returns: cutting the sandbox's side alone left the write blocked for
+// client.write_timeout, and the process exited under it, unlogged.
+func TestDrainCutsStreamToStalledClient(t *testing.T) {
+	for _, tc := range []struct{ name, path, ct string }{
+		{"download", "/dl", ""},
+		{"chunked", "/chunked", ""},
+		{"SSE answer to a POST", "/sse", "text/event-stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const drain = 300 * time.Millisecond
+			buf := new(obsLogBuf)
+			al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = al.Close() })
+			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al })
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.ct != "" {
+					w.Header().Set("Content-Type", tc.ct)
+				}
+				if tc.path == "/dl" {
+					w.Header().Set("Content-Length", strconv.Itoa(1<<30))
+				}
+				b := []byte(strings.Repeat("data: x\n\n", 7000))
+				for {
+					if _, err := w.Write(b); err != nil {
+						return
+					}
+				}
+			}))
+			host := h.route("stalled", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: stalled\r\nContent-Length: 0\r\n\r\n", tc.path, host)
+			// The head, then nothing more is read: the socket buffers fill.
+			if _, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "POST"}); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 5*time.Second, "the stream to open", func() bool { s, _ := h.proxy.streams.open(); return s == 1 })
+			start := time.Now()
+			if err := h.server.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > drain+time.Second {
+				t.Errorf("Shutdown took %v with a %v drain", d, drain)
+			}
+			_ = al.Close() // the process exits now
+			if !strings.Contains(buf.b.String(), `"x_cube_request_id":"stalled"`) {
+				t.Errorf("no access-log line for the stream when Shutdown returned: %q", buf.b.String())
 			}
 		})
 	}

@@ -293,6 +293,24 @@ func (s *bodyStream) interrupt() {
 	_ = s.conn.Close()
 }
 
+// abort is interrupt at the drain deadline, with the client's side closed
+// too: fasthttp (or a detached stream) may be blocked writing to a client
+// that stopped reading, which only client.write_timeout would end, long
+// after the process exited under the stream. The socket under TLS is
+// closed, not the TLS connection, whose close_notify could block on that
+// same full buffer (under the registry lock). The owner's own close and
+// count of the connection follow as usual.
+func (s *bodyStream) abort() {
+	s.interrupt()
+	c := s.client
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
 // registry tracks what is open so that shutdown can end it: body streams and
 // hijacked WebSocket tunnels, which fasthttp's Shutdown does not see.
 type registry struct {
@@ -318,6 +336,8 @@ func (r *registry) add(s *bodyStream) {
 		s.stopping.Store(true)
 		s.interrupt()
 	} else if r.aborted {
+		// Not abort: the head has yet to go out, and the client that gets
+		// it learns from the cut body that the answer is incomplete.
 		s.interrupt()
 	}
 	r.mu.Unlock()
@@ -385,7 +405,7 @@ func (r *registry) abortAll() {
 	defer r.mu.Unlock()
 	r.aborted = true
 	for s := r.head; s != nil; s = s.next {
-		s.interrupt()
+		s.abort()
 	}
 	for t := range r.tunnels {
 		t.drainCut.Store(true)

@@ -117,6 +117,9 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	method := string(ctx.Method())
+	if method == "HEAD" {
+		method = "GET" // fasthttp leaves the body out
+	}
 	switch {
 	case path == "/metrics" && a.metrics != nil:
 		a.metrics(ctx)
@@ -137,8 +140,27 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	case path == "/admin/tokens" && method == "POST":
 		a.signToken(ctx)
 	default:
-		adminError(ctx, 404, "no such admin endpoint: "+method+" "+path)
+		if allow := adminAllow(path); allow != "" {
+			// The endpoint exists: a 404 would tell a caller using the
+			// wrong method that this proxy lacks it.
+			ctx.Response.Header.Set("Allow", allow)
+			adminError(ctx, 405, "method not allowed: "+path+" takes "+allow)
+			return
+		}
+		adminError(ctx, 404, "no such admin endpoint: "+string(ctx.Method())+" "+path)
 	}
+}
+
+// adminAllow returns the methods a fixed admin path answers, for the Allow
+// header of a 405, or "" when path is no admin endpoint.
+func adminAllow(path string) string {
+	switch path {
+	case "/admin/routes", "/admin/last_active":
+		return "GET, HEAD"
+	case "/admin/backend_cache/delete", "/admin/meta/upsert", "/admin/meta/delete", "/admin/state", "/admin/tokens":
+		return "POST"
+	}
+	return ""
 }
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
@@ -247,7 +269,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		}
 		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
 	default:
-		ctx.Response.Header.Set("Allow", "GET, PUT, DELETE")
+		ctx.Response.Header.Set("Allow", "GET, HEAD, PUT, DELETE")
 		adminError(ctx, 405, "method not allowed")
 	}
 }

@@ -116,6 +116,47 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
+// A known admin endpoint called with the wrong method answers 405 with
+// Allow (RFC 9110), not 404 "no such endpoint": a control plane that
+// sends GET to /admin/meta/delete must hear that the endpoint exists and
+// which method it takes. HEAD is served wherever GET is.
+func TestAdminWrongMethod(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/admin/meta/upsert", 405, "POST"},
+		{"GET", "/admin/meta/delete", 405, "POST"},
+		{"PUT", "/admin/backend_cache/delete", 405, "POST"},
+		{"GET", "/admin/state", 405, "POST"},
+		{"GET", "/admin/tokens", 405, "POST"},
+		{"POST", "/admin/routes", 405, "GET, HEAD"},
+		{"DELETE", "/admin/last_active", 405, "GET, HEAD"},
+		{"POST", "/admin/routes/x", 405, "GET, HEAD, PUT, DELETE"},
+		{"DELETE", "/admin/healthz", 405, "GET, HEAD"},
+		{"HEAD", "/admin/routes", 200, ""},
+		{"HEAD", "/admin/last_active", 200, ""},
+		{"HEAD", "/admin/routes/nosuch", 404, ""},
+		{"GET", "/admin/nope", 404, ""},
+	} {
+		r, _ := http.NewRequest(tc.method, "http://"+h.admin+tc.path, nil)
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q %s, want %d Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), b, tc.status, tc.allow)
+		}
+		if tc.method != "HEAD" && resp.StatusCode >= 400 && !strings.Contains(string(b), `"error"`) {
+			t.Errorf("%s %s: %d without a JSON error: %q", tc.method, tc.path, resp.StatusCode, b)
+		}
+	}
+}
+
 // meta/delete answers 410 for the sandbox afterwards, on this instance,
 // until a sandbox with the same id but a later CreatedAt appears: that
 // one is a new sandbox and is served.

@@ -3,6 +3,9 @@ package auth
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
+	"fmt"
+	"strings"
 )
 
 // HeaderAdminToken carries the admin API credential.
@@ -20,4 +23,25 @@ func AdminAuthorized(configured, presented []byte) bool {
 	c := sha256.Sum256(configured)
 	p := sha256.Sum256(presented)
 	return subtle.ConstantTimeCompare(c[:], p[:]) == 1
+}
+
+// CheckAdminToken refuses a configured admin token that no request can
+// present: HTTP clients and servers strip a header value's leading and
+// trailing whitespace and cannot carry control characters, so such a
+// token (typically a secret file's trailing newline) would answer every
+// admin request 403. An empty token is fine (loopback only).
+func CheckAdminToken(token string) error {
+	if token == "" {
+		return nil
+	}
+	// Only space and tab: HTTP's whitespace around a field value.
+	if strings.Trim(token, " \t") != token {
+		return errors.New("admin_token has leading or trailing whitespace, which no HTTP header can carry (a trailing newline from a secret file?): every admin request would be refused")
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c < ' ' || c == 0x7f {
+			return fmt.Errorf("admin_token has a control character (at byte %d), which no HTTP header can carry: every admin request would be refused", i)
+		}
+	}
+	return nil
 }

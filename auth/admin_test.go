@@ -29,3 +29,31 @@ func TestAdminAuthorized(t *testing.T) {
 		t.Fatal("nil configured token matched")
 	}
 }
+
+// A configured token that no HTTP header can carry would make every admin
+// request a 403: clients strip a header value's surrounding whitespace,
+// and cannot send control characters (a secret file's trailing newline
+// ends up in the environment variable).
+func TestCheckAdminToken(t *testing.T) {
+	for _, tc := range []struct {
+		token string
+		ok    bool
+	}{
+		{"", true}, // no token: loopback only
+		{"s3cret-token", true},
+		{"with inner space", true},
+		{"ünïcode", true},
+		{"nbsp\u00a0", true}, // not HTTP whitespace: sent as is
+		{"s3cret\n", false},
+		{"s3cret\r\n", false},
+		{" s3cret", false},
+		{"s3cret\t", false},
+		{"s3\x00cret", false},
+		{"s3\x7fcret", false},
+		{" ", false},
+	} {
+		if err := CheckAdminToken(tc.token); (err == nil) != tc.ok {
+			t.Errorf("CheckAdminToken(%q) = %v, want ok %v", tc.token, err, tc.ok)
+		}
+	}
+}

@@ -47,6 +47,8 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"--upstream-connect-timeout=-1s"}, "upstream.connect_timeout: -1s is negative"},
 		{[]string{"--admin-addr="}, "admin_addr is empty"},
 		{[]string{"--admin-addr=10.0.0.1", "--admin-token=s3cret"}, "missing port"},
+		// A token no header can carry: every admin request would be a 403.
+		{[]string{"--admin-token=s3cret\n"}, "admin_token"},
 		// off is as valid as json and cube: the message must say so.
 		{[]string{"--access-log-format=csv"}, `access_log.format "csv": want json, cube or off`},
 		// On-demand issuance with no domain to hold names to.

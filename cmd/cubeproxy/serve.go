@@ -135,6 +135,9 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	if err := proxy.CheckAdminAddr(cfg.AdminAddr, cfg.AdminToken); err != nil {
 		return nil, err
 	}
+	if err := auth.CheckAdminToken(cfg.AdminToken); err != nil {
+		return nil, err
+	}
 	exempt, err := ports(cfg.Auth.ExemptPorts)
 	if err != nil {
 		return nil, err

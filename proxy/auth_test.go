@@ -1098,6 +1098,17 @@ func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
 		t.Error("a refused admin request deleted a route")
 	}
 
+	// A request fasthttp cannot parse is logged at debug level; the log
+	// line must not quote the request head, which carries the admin token
+	// (or, on the traffic listener, a client's credentials).
+	for _, addr := range []string{h.admin, h.addr} {
+		raw := "GET /admin/routes HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth.HeaderAdminToken + ": " + adminTok +
+			"\r\nNo colon here\r\n\r\n"
+		if st := rawStatus(t, addr, raw); st != 400 {
+			t.Errorf("malformed request to %s: %d, want 400", addr, st)
+		}
+	}
+
 	// The admin API never answers on the traffic listener.
 	for _, host := range []string{h.addr, "127.0.0.1", "8080-keepme.cube.test"} {
 		r := h.req("GET", host, "/admin/routes", nil)
@@ -1269,4 +1280,25 @@ func TestAppendLocalPath(t *testing.T) {
 			t.Errorf("appendLocalPath(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// rawStatus writes raw to a new connection to addr and returns the status
+// of the answer.
+func rawStatus(t *testing.T, addr, raw string) int {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("answer from %s: %v", addr, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -88,6 +88,10 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
 	p.draining = &s.draining
 	log := fasthttpLogger{p.cfg.Logger}
+	// Every server sets SecureErrorLogMessage: without it fasthttp's
+	// error for a request it cannot parse quotes the raw request head,
+	// and that lands in the debug log with the admin token, traffic
+	// tokens, Authorization and cube_token of whoever sent it.
 	s.traffic = &fasthttp.Server{
 		Handler:                      p.Handler,
 		ErrorHandler:                 p.clientError,
@@ -101,13 +105,14 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		// Small: it batches headers and small bodies; downloads bypass it
 		// (WriteTo), streams flush per chunk, and it is held for the
 		// life of every stream.
-		WriteBufferSize: 4 << 10,
-		ReadTimeout:     cfg.ClientReadTimeout,
-		WriteTimeout:    cfg.ClientWriteTimeout,
-		IdleTimeout:     cfg.ClientIdleTimeout,
-		CloseOnShutdown: true,
-		Logger:          log,
-		ConnState:       p.connState,
+		WriteBufferSize:       4 << 10,
+		ReadTimeout:           cfg.ClientReadTimeout,
+		WriteTimeout:          cfg.ClientWriteTimeout,
+		IdleTimeout:           cfg.ClientIdleTimeout,
+		CloseOnShutdown:       true,
+		Logger:                log,
+		SecureErrorLogMessage: true,
+		ConnState:             p.connState,
 		// Hijacked connections (WebSocket tunnels, detached SSE streams)
 		// are closed by their owner, which may outlive the hijack handler.
 		KeepHijackedConns: true,
@@ -119,12 +124,13 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
-		ReadBufferSize:  cfg.MaxRequestHeaderSize,
-		ReadTimeout:     cfg.ClientReadTimeout,
-		WriteTimeout:    cfg.ClientWriteTimeout,
-		IdleTimeout:     cfg.ClientIdleTimeout,
-		CloseOnShutdown: true,
-		Logger:          log,
+		ReadBufferSize:        cfg.MaxRequestHeaderSize,
+		ReadTimeout:           cfg.ClientReadTimeout,
+		WriteTimeout:          cfg.ClientWriteTimeout,
+		IdleTimeout:           cfg.ClientIdleTimeout,
+		CloseOnShutdown:       true,
+		Logger:                log,
+		SecureErrorLogMessage: true,
 	}
 	if admin != nil {
 		s.adminSrv = &fasthttp.Server{
@@ -137,6 +143,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 			MaxRequestBodySize:    1 << 20,
 			CloseOnShutdown:       true,
 			Logger:                log,
+			SecureErrorLogMessage: true,
 		}
 		admin.draining = &s.draining
 	}

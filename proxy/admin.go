@@ -259,6 +259,9 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 	case "DELETE":
 		deleted, err := a.cfg.Routes.Remove(id)
 		_, perr := a.invalidate(id)
+		if deleted {
+			a.audit(ctx, "route deleted", id)
+		}
 		if err != nil {
 			adminError(ctx, 500, "route deleted but routes file not written: "+err.Error())
 			return
@@ -287,6 +290,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 	err = a.cfg.Routes.Put(r)
 	_, perr := a.invalidate(id)
 	a.liftKill(id)
+	a.audit(ctx, "route stored", id)
 	if err != nil {
 		adminError(ctx, 500, "route stored in memory, but "+err.Error())
 		return false
@@ -314,6 +318,7 @@ func (a *Admin) liftKill(id string) {
 func (a *Admin) routeWritten(ctx *fasthttp.RequestCtx, id string) {
 	_, perr := a.invalidate(id)
 	a.liftKill(id)
+	a.audit(ctx, "cached route dropped", id)
 	if perr != nil {
 		adminError(ctx, 503, perr.Error())
 		return
@@ -334,6 +339,15 @@ func (a *Admin) invalidate(id string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// audit logs a change made through the admin API, whatever the answer
+// (a 500 or 503 still leaves it in effect here): routes and sandbox
+// states change nowhere else, so an operator asking why a sandbox answers
+// 410 or 503, or goes elsewhere, finds when and from where.
+func (a *Admin) audit(ctx *fasthttp.RequestCtx, change, id string, args ...any) {
+	args = append([]any{"sandbox_id", id, "remote_addr", remoteIP(ctx).String()}, args...)
+	a.p.cfg.Logger.Info("admin: "+change, args...)
 }
 
 type sandboxBody struct {
@@ -360,6 +374,7 @@ func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	n, err := a.invalidate(b.SandboxID)
+	a.audit(ctx, "cached route dropped", b.SandboxID)
 	if err != nil {
 		adminError(ctx, 503, err.Error())
 		return
@@ -425,6 +440,7 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	// Remember the sandbox as killed for a while: its clients get 410,
 	// not a misleading 404.
 	a.p.sandboxes.setState(b.SandboxID, stateKilled)
+	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {
 		// The route would come back at the next restart.
 		adminError(ctx, 500, "route deleted but routes file not written: "+werr.Error())
@@ -448,6 +464,7 @@ func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	a.p.sandboxes.setState(b.SandboxID, st)
+	a.audit(ctx, "sandbox state set", b.SandboxID, "state", b.State)
 	writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": b.SandboxID, "state": b.State})
 }
 

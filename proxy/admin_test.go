@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -154,6 +155,45 @@ func TestAdminWrongMethod(t *testing.T) {
 		if tc.method != "HEAD" && resp.StatusCode >= 400 && !strings.Contains(string(b), `"error"`) {
 			t.Errorf("%s %s: %d without a JSON error: %q", tc.method, tc.path, resp.StatusCode, b)
 		}
+	}
+}
+
+// Every change made through the admin API is logged: the routing table
+// and the sandbox states change nowhere else, and an operator asking why
+// a sandbox answers 410 or 503, or goes elsewhere, must find when that was
+// decided and from where. Reads and refused calls change nothing.
+func TestAdminChangesAreLogged(t *testing.T) {
+	logs := new(obsLogBuf)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	for _, tc := range []struct {
+		method, path, body, want string
+	}{
+		{"PUT", "/admin/routes/aud1", `{"HostIP":"127.0.0.1","80":"8080"}`, `msg="admin: route stored" sandbox_id=aud1`},
+		{"POST", "/admin/meta/upsert", `{"sandbox_id":"aud2","HostIP":"127.0.0.1"}`, `msg="admin: route stored" sandbox_id=aud2`},
+		{"POST", "/admin/backend_cache/delete", `{"sandbox_id":"aud3"}`, `msg="admin: cached route dropped" sandbox_id=aud3`},
+		{"POST", "/admin/state", `{"sandbox_id":"aud4","state":"paused"}`, `msg="admin: sandbox state set" sandbox_id=aud4`},
+		{"POST", "/admin/meta/delete", `{"sandbox_id":"aud5"}`, `msg="admin: sandbox killed" sandbox_id=aud5`},
+		{"DELETE", "/admin/routes/aud1", "", `msg="admin: route deleted" sandbox_id=aud1`},
+	} {
+		if st, body := h.adminDo(tc.method, tc.path, tc.body, ""); st != 200 {
+			t.Fatalf("%s %s: %d %s", tc.method, tc.path, st, body)
+		}
+		logs.mu.Lock()
+		got := logs.b.String()
+		logs.mu.Unlock()
+		if !strings.Contains(got, tc.want) || !strings.Contains(got, "remote_addr=127.0.0.1") {
+			t.Errorf("%s %s: log lacks %s with the caller's address:\n%s", tc.method, tc.path, tc.want, got)
+		}
+	}
+	logs.mu.Lock()
+	before := logs.b.Len()
+	logs.mu.Unlock()
+	h.adminDo("GET", "/admin/routes", "", "")
+	h.adminDo("POST", "/admin/state", `{"sandbox_id":"aud4","state":"nope"}`, "")
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if logs.b.Len() != before {
+		t.Errorf("a read or a refused change was logged as a change:\n%s", logs.b.String()[before:])
 	}
 }
 

@@ -85,7 +85,7 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	s.cancel = cancel
 	if len(s.managedNames) > 0 {
 		if a.Sync {
-			err = s.managed.ManageSync(ctx, s.managedNames)
+			err = s.manageSync(ctx)
 		} else {
 			err = s.managed.ManageAsync(bg, s.managedNames)
 		}
@@ -97,6 +97,37 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	log.Info("acme certificates configured", "ca", issuer.CA, "managed", s.managedNames,
 		"on_demand", a.OnDemand, "dns_provider", a.DNS.Provider, "storage", a.StorageDir)
 	return s, nil
+}
+
+// manageSync loads or obtains each managed name before New returns. A
+// stored certificate that is still valid but due for renewal is served
+// when the renewal fails (the CA or the DNS provider is down): refusing to
+// start would turn a CA outage into an outage of the proxy at its next
+// restart. The cache's maintenance retries the renewal in the background.
+func (s *acmeSource) manageSync(ctx context.Context) error {
+	for _, name := range s.managedNames {
+		err := s.managed.ManageSync(ctx, []string{name})
+		if err == nil {
+			continue
+		}
+		if !s.cachedValid(name) {
+			return err
+		}
+		s.log.Warn("acme certificate renewal failed at start; serving the stored certificate and retrying in the background",
+			"name", name, "error", err)
+	}
+	return nil
+}
+
+// cachedValid reports whether a certificate for name that has not expired
+// is in memory.
+func (s *acmeSource) cachedValid(name string) bool {
+	for _, c := range s.cache.AllMatchingCertificates(name) {
+		if !c.Expired() {
+			return true
+		}
+	}
+	return false
 }
 
 func validateACME(cfg Config, domain string) error {

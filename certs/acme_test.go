@@ -2,6 +2,7 @@ package certs_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -226,5 +227,68 @@ func TestACMEOnDemand(t *testing.T) {
 		if !allow.wasAsked(name) {
 			t.Errorf("Allow was not consulted for %s", name)
 		}
+	}
+}
+
+// A CA outage must not stop a proxy with sync set from starting when its
+// stored certificates are still valid: a restart inside the renewal
+// window (here: always, with 30-minute certificates) used to fail because
+// the synchronous renewal could not reach the CA. With nothing stored,
+// sync still refuses to start without a certificate.
+func TestACMESyncStartDuringCAOutage(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 30 * time.Minute})
+	storage := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	m, err := certs.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := pebble.IssuerRootPool(t)
+	issued, err := fetch(t, serveTLS(t, m).addr, sniConfig(roots, "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pebble.Stop()
+
+	tests := []struct {
+		name    string
+		storage string
+		wantErr bool
+	}{
+		{"valid stored certificates are served", storage, false},
+		{"nothing stored: no certificate, no start", t.TempDir(), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := certs.New(ctx, acmeConfig(t, dnsSrv, pebble, tt.storage))
+			if tt.wantErr {
+				if err == nil {
+					_ = m.Close()
+					t.Fatal("started with no certificate and the CA down")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("restart during a CA outage: %v", err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			for _, cfg := range []*tls.Config{sniConfig(roots, "50005-abc.cube.test"), noSNIConfig(roots, "50005-abc.cube.test")} {
+				leaf, err := fetch(t, serveTLS(t, m).addr, cfg, "50005-abc.cube.test")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if leaf.SerialNumber.Cmp(issued.SerialNumber) != 0 {
+					t.Fatalf("served serial %v, want the stored %v", leaf.SerialNumber, issued.SerialNumber)
+				}
+			}
+		})
 	}
 }

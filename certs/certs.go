@@ -97,7 +97,9 @@ type ACMEConfig struct {
 	// OnDemandRate caps new on-demand issuances per minute (default 10).
 	OnDemandRate int
 	// Sync makes New wait until the managed certificates are loaded or
-	// obtained; otherwise they are obtained in the background.
+	// obtained; otherwise they are obtained in the background. A stored
+	// certificate that is still valid is served even when its renewal
+	// fails at start (CA down); the renewal is retried in the background.
 	Sync bool
 }
 

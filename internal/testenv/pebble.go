@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/letsencrypt/pebble/v2/ca"
 	"github.com/letsencrypt/pebble/v2/db"
@@ -28,7 +29,14 @@ type Pebble struct {
 	ClientRootPool *x509.CertPool
 
 	mgmt   http.Handler
+	srv    *httptest.Server
 	orders atomic.Int64
+}
+
+// PebbleOptions changes how StartPebbleWith's CA issues.
+type PebbleOptions struct {
+	// Validity is the lifetime of issued certificates; 0 is pebble's 90 days.
+	Validity time.Duration
 }
 
 // StartPebble starts pebble with its DNS-01 validator asking resolverAddr
@@ -39,6 +47,12 @@ type Pebble struct {
 // ports.
 func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 	t.Helper()
+	return StartPebbleWith(t, resolverAddr, PebbleOptions{})
+}
+
+// StartPebbleWith is StartPebble with opts.
+func StartPebbleWith(t testing.TB, resolverAddr string, opts PebbleOptions) *Pebble {
+	t.Helper()
 	t.Setenv("PEBBLE_VA_NOSLEEP", "1")
 	t.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
 	t.Setenv("PEBBLE_AUTHZREUSE", "0")
@@ -46,7 +60,7 @@ func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 	logger := log.New(io.Discard, "", 0)
 	store := db.NewMemoryStore()
 	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{
-		"default": {Description: "default profile"},
+		"default": {Description: "default profile", ValidityPeriod: uint64(opts.Validity / time.Second)},
 	})
 	validator := va.New(logger, 0, 0, false, resolverAddr, store)
 	front := wfe.New(logger, store, validator, authority, []string{"pebble.letsencrypt.org"}, false, false, 0, 0)
@@ -62,12 +76,17 @@ func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 	srv.Config.ErrorLog = logger
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
+	p.srv = srv
 
 	p.DirectoryURL = srv.URL + wfe.DirectoryPath
 	p.ClientRootPool = x509.NewCertPool()
 	p.ClientRootPool.AddCert(srv.Certificate())
 	return p
 }
+
+// Stop takes the ACME server down (a CA outage): its URL then refuses
+// connections. The test's cleanup stopping it again is harmless.
+func (p *Pebble) Stop() { p.srv.Close() }
 
 // Orders returns how many new-order requests pebble has received.
 func (p *Pebble) Orders() int64 { return p.orders.Load() }

@@ -86,6 +86,7 @@ type TLS struct {
 	Files          []TLSFile     `yaml:"files"`
 	ReloadInterval time.Duration `yaml:"reload_interval" usage:"how often certificate files are re-read"`
 	RedirectHTTP   bool          `yaml:"redirect_http" usage:"answer plain HTTP with a redirect to HTTPS instead of proxying"`
+	RedirectPort   int           `yaml:"redirect_port" usage:"HTTPS port clients reach, named in redirects (0 = https_addr's port; 443 is left out)"`
 	ACME           ACME          `yaml:"acme"`
 }
 
@@ -313,6 +314,9 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("%s is set but tls.source is %s: set tls.source: files (CUBEPROXY_TLS_SOURCE=files) to serve it, or remove %s", f.key, src, f.key)
 			}
 		}
+	}
+	if c.TLS.RedirectPort > 65535 {
+		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
 	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")

@@ -110,6 +110,7 @@ func TestLoadErrors(t *testing.T) {
 		{"tls domain with path", nil, map[string]string{"CUBEPROXY_TLS_DOMAIN": "sb.example.com/x"}, `tls.domain: "sb.example.com/x"`},
 		// ttl_min left at its default (500s) is above this ttl_max.
 		{"cache ttl max alone below default min", []string{"--cache-ttl-max=60s"}, nil, "cache.ttl_max (1m0s) is below cache.ttl_min's default (8m20s): set cache.ttl_min too"},
+		{"redirect port out of range", []string{"--tls-redirect-port=70000"}, nil, "tls.redirect_port: 70000 is not a port"},
 		{"cache ttl range reversed", []string{"--cache-ttl-min=700s", "--cache-ttl-max=500s"}, nil, "cache.ttl_min (11m40s) is above cache.ttl_max (8m20s)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

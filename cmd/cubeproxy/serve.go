@@ -463,6 +463,11 @@ func (a *app) run(ctx context.Context, ready listening) error {
 		ln := a.httpLn
 		if a.cfg.TLS.RedirectHTTP && a.httpsLn != nil {
 			_, port, _ := net.SplitHostPort(a.httpsLn.Addr().String())
+			if a.cfg.TLS.RedirectPort > 0 {
+				// Behind a load balancer or port mapping clients reach
+				// another port than the one the proxy listens on.
+				port = strconv.Itoa(a.cfg.TLS.RedirectPort)
+			}
 			go func() { errc <- a.server.ServeRedirect(ln, port) }()
 		} else {
 			go func() { errc <- a.server.Serve(ln) }()

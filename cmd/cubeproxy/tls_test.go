@@ -390,6 +390,34 @@ func TestTLSRedirectHTTP(t *testing.T) {
 	}
 }
 
+// Behind a load balancer or a port mapping (the platform listens on :8080
+// and is reached on 443), the redirect must name the port clients reach,
+// not the listener's: tls.redirect_port says which, and 443 is left out.
+func TestTLSRedirectPublicPort(t *testing.T) {
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	tests := []struct {
+		name, port, want string
+	}{
+		{"443 is the URL's default", "443", "https://50005-abc.cube.test/x?y"},
+		{"another public port", "9443", "https://50005-abc.cube.test:9443/x?y"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startTLSProxy(t, tlsConfigYAML(t, nil, "tls:\n  domain: cube.test\n  redirect_http: true\n  redirect_port: "+tt.port+"\n"))
+			req, _ := http.NewRequest("GET", "http://"+p.http+"/x?y", nil)
+			req.Host = "50005-abc.cube.test:80"
+			resp, err := noFollow.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != tt.want {
+				t.Fatalf("%d Location %q, want 308 %q", resp.StatusCode, resp.Header.Get("Location"), tt.want)
+			}
+		})
+	}
+}
+
 // A WebSocket (wss://) and an SSE stream work end to end over TLS.
 func TestTLSWebSocketAndSSE(t *testing.T) {
 	ca := testenv.NewCA(t, "cubeproxy test CA")

@@ -70,6 +70,7 @@ func newFileSource(pairs []FilePair, interval time.Duration, log *slog.Logger) (
 		}
 		s.loaded[i] = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
 		log.Info("tls certificate loaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
+		warnValidity(log, p, cert.Leaf)
 	}
 	s.index.Store(s.buildIndex())
 	go s.watch()
@@ -139,8 +140,20 @@ func (s *fileSource) reload() bool {
 		*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
 		changed = true
 		s.log.Info("tls certificate reloaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
+		warnValidity(s.log, p, cert.Leaf)
 	}
 	return changed
+}
+
+// warnValidity warns when a loaded certificate is expired or not yet
+// valid. It is still served, like nginx does: refusing it would take HTTPS
+// down for every client over a renewal that went wrong, and a client that
+// skips verification still works.
+func warnValidity(log *slog.Logger, p FilePair, leaf *x509.Certificate) {
+	if now := time.Now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		log.Warn("tls certificate is outside its validity period; clients will refuse it",
+			"cert_file", p.CertFile, "names", leaf.DNSNames, "not_before", leaf.NotBefore, "not_after", leaf.NotAfter)
+	}
 }
 
 // logFailure logs a bad version of a pair once, not on every tick.

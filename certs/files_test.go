@@ -3,7 +3,10 @@ package certs_test
 import (
 	"context"
 	"crypto/x509"
+	"log/slog"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -104,3 +107,73 @@ func serialOf(c *x509.Certificate) serial { return serial(c.SerialNumber.String(
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// A certificate file outside its validity still loads (refusing it would
+// take HTTPS down over a renewal that went wrong), but the operator is
+// warned at start and at reload: before, only an info line gave not_after.
+func TestFilesWarnOutsideValidity(t *testing.T) {
+	ca := testenv.NewCA(t, "test CA")
+	now := time.Now()
+	valid := [2]time.Time{now.Add(-time.Hour), now.Add(time.Hour)}
+	tests := []struct {
+		name        string
+		validity    [2]time.Time
+		wantWarning bool
+	}{
+		{"valid", valid, false},
+		{"expired", [2]time.Time{now.Add(-48 * time.Hour), now.Add(-time.Hour)}, true},
+		{"not yet valid", [2]time.Time{now.Add(time.Hour), now.Add(48 * time.Hour)}, true},
+	}
+	const warning = "tls certificate is outside its validity period; clients will refuse it"
+	for _, tt := range tests {
+		for _, atReload := range []bool{false, true} {
+			if atReload && !tt.wantWarning {
+				continue // a valid certificate is loaded first in every reload case
+			}
+			name := tt.name + " at start"
+			if atReload {
+				name = tt.name + " at reload"
+			}
+			t.Run(name, func(t *testing.T) {
+				dir := t.TempDir()
+				pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}
+				write := func(v [2]time.Time) {
+					certPEM, keyPEM := ca.IssueValid(t, v[0], v[1], "*.cube.test")
+					if err := os.WriteFile(pair.KeyFile, keyPEM, 0o600); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(pair.CertFile, certPEM, 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				first := tt.validity
+				if atReload {
+					first = valid
+				}
+				write(first)
+				rec := &logRecorder{}
+				m, err := certs.New(context.Background(), certs.Config{
+					Source: certs.SourceFiles, Files: []certs.FilePair{pair},
+					ReloadInterval: 10 * time.Millisecond, Logger: slog.New(rec),
+				})
+				if err != nil {
+					t.Fatalf("a certificate outside its validity must still load: %v", err)
+				}
+				t.Cleanup(func() { _ = m.Close() })
+				if !atReload {
+					if got := slices.Contains(rec.warnings(), warning); got != tt.wantWarning {
+						t.Fatalf("warned %v, want %v (warnings %q)", got, tt.wantWarning, rec.warnings())
+					}
+					return
+				}
+				write(tt.validity)
+				testenv.Eventually(t, 5*time.Second, func() error {
+					if !slices.Contains(rec.warnings(), warning) {
+						return errString("no warning after the reload")
+					}
+					return nil
+				})
+			})
+		}
+	}
+}

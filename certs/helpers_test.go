@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -163,4 +164,37 @@ func noSNIConfig(pool *x509.CertPool, name string) *tls.Config {
 			return err
 		},
 	}
+}
+
+// logRecorder is a slog.Handler that keeps every record, for tests that
+// check what an operator is told.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = append(r.records, rec.Clone())
+	return nil
+}
+
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+
+func (r *logRecorder) WithGroup(string) slog.Handler { return r }
+
+// warnings returns the messages logged at warning level or above.
+func (r *logRecorder) warnings() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, rec := range r.records {
+		if rec.Level >= slog.LevelWarn {
+			out = append(out, rec.Message)
+		}
+	}
+	return out
 }

@@ -60,6 +60,13 @@ func (ca *CA) Pool() *x509.CertPool {
 // wildcards or IP literals), signed by the CA.
 func (ca *CA) Issue(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
+	return ca.IssueValid(t, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
+}
+
+// IssueValid is Issue for a certificate valid from notBefore to notAfter
+// (expired or not yet valid ones included).
+func (ca *CA) IssueValid(t testing.TB, notBefore, notAfter time.Time, names ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatalf("leaf key: %v", err)
@@ -67,8 +74,8 @@ func (ca *CA) Issue(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	tmpl := &x509.Certificate{
 		SerialNumber: randomSerial(t),
 		Subject:      pkix.Name{CommonName: names[0]},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}

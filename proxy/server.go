@@ -120,7 +120,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	s.redirect = &fasthttp.Server{
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			clientError(ctx, err)
-			p.lingerOversizedHead(ctx, err)
+			p.lingerRefused(ctx, err)
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
@@ -453,20 +453,31 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
-	p.lingerOversizedHead(ctx, err)
+	p.lingerRefused(ctx, err)
 }
 
-// lingerOversizedHead sends the 431 an error handler composed for a head
-// over the read buffer, with a lingering close. fasthttp read only a
-// buffer's worth of the head and would close with the rest unread: a
-// reset, which fails the client's write of the rest before it reads the
-// 431. fasthttp's own write of the answer then finds the write side closed
-// and sends nothing. Nothing it still holds goes out of order: it flushes
-// answers to pipelined requests before it waits for the rest of a head,
-// and only waiting finds a head too large.
-func (p *Proxy) lingerOversizedHead(ctx *fasthttp.RequestCtx, err error) {
+// lingerRefused sends the answer an error handler composed for a refused
+// request with a lingering close, when it can go out ahead of anything
+// fasthttp still holds. fasthttp would close with the rest of the request
+// unread (the rest of a head over the read buffer, the body after a
+// malformed head): the kernel resets the connection, which fails the
+// client's write of the rest before it reads the answer, and may destroy
+// the answer in the client's buffers (RFC 9112 9.6). fasthttp's own write
+// of the answer then finds the write side closed and sends nothing.
+//
+// Order: fasthttp holds answers to pipelined requests in its writer until
+// it must wait for the next head. A head too large is found only by
+// waiting, so nothing is held then. A malformed head may be found without
+// waiting, behind held answers; it lingers only on a connection's first
+// request (ConnRequestNum is still 0 in the error handler), and later ones
+// keep fasthttp's plain close. A connection error (a timeout, a reset)
+// has nothing more to read.
+func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
 	c := ctx.Conn()
-	if _, ok := c.(interface{ CloseWrite() error }); ok && isSmallBuffer(err) {
+	if _, ok := c.(interface{ CloseWrite() error }); !ok {
+		return
+	}
+	if isSmallBuffer(err) || (ctx.ConnRequestNum() == 0 && !connectionError(err)) {
 		p.answerLingering(c, c, &ctx.Response)
 	}
 }

@@ -28,35 +28,50 @@ func TestHTTPSAuthority(t *testing.T) {
 	}
 }
 
-// A request head over client.max_header_size is answered 431 with the JSON
-// error, however the client sends it: fasthttp reads only a buffer's worth
-// of it, and a close with the rest unread makes the kernel reset the
-// connection: the client's write of the rest fails, and a client that
-// sends everything before it reads (curl, requests, most SDKs) reports the
-// reset and never reads the answer. The reset may also destroy the answer
-// in the client's buffers before it is read (RFC 9112 9.6).
-func TestOversizedRequestHead(t *testing.T) {
+// A request fasthttp refuses is answered with the JSON error, however the
+// client sends it: a head over client.max_header_size gets a 431, a
+// malformed one a 400. fasthttp reads only a buffer's worth of a head, and
+// none of the body after a malformed one, and a close with the rest unread
+// makes the kernel reset the connection: the client's write of the rest
+// fails, and a client that sends everything before it reads (curl,
+// requests, most SDKs) reports the reset and never reads the answer. The
+// reset may also destroy the answer in the client's buffers before it is
+// read (RFC 9112 9.6).
+func TestRefusedRequestHead(t *testing.T) {
 	big := func(n int) string {
 		return "GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Big: " + strings.Repeat("x", n) + "\r\n\r\n"
 	}
 	withBody := func(head string, n int) string {
 		return strings.Replace(head, "\r\n\r\n", "\r\nContent-Length: "+strconv.Itoa(n)+"\r\n\r\n", 1) + strings.Repeat("b", n)
 	}
+	// fasthttp refuses a Content-Length that is not a number; the client
+	// sends the body all the same.
+	badLength := func(n int) string {
+		return "POST / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nContent-Length: 1x\r\n\r\n" + strings.Repeat("b", n)
+	}
 	small := "GET / HTTP/1.1\r\nHost: 50005-nobox.cube.test\r\n\r\n"
+	const tooLarge, malformed = "request_header_too_large", "bad_request"
 	for _, tc := range []struct {
 		name   string
 		writes []string
-		before int // answers before the 431 (pipelined requests)
+		before int // answers before the refusal (pipelined requests)
+		code   string
 	}{
-		{"just over, one write", []string{big(17 << 10)}, 0},
-		{"64 KiB, one write", []string{big(64 << 10)}, 0},
+		{"just over, one write", []string{big(17 << 10)}, 0, tooLarge},
+		{"64 KiB, one write", []string{big(64 << 10)}, 0, tooLarge},
 		// More than the socket buffers hold: the write waits for the proxy.
-		{"8 MiB, one write", []string{big(8 << 20)}, 0},
-		{"64 KiB, line by line", strings.SplitAfter(big(64<<10), "\r\n"), 0},
-		{"64 KiB in 4 KiB writes", pieces(big(64<<10), 4<<10), 0},
-		{"with a body", []string{withBody(big(20<<10), 256<<10)}, 0},
-		{"pipelined after a small request", []string{small + big(64<<10)}, 1},
-		{"long request line", []string{"GET /" + strings.Repeat("q", 64<<10) + " HTTP/1.1\r\nHost: 50005-a.cube.test\r\n\r\n"}, 0},
+		{"8 MiB, one write", []string{big(8 << 20)}, 0, tooLarge},
+		{"64 KiB, line by line", strings.SplitAfter(big(64<<10), "\r\n"), 0, tooLarge},
+		{"64 KiB in 4 KiB writes", pieces(big(64<<10), 4<<10), 0, tooLarge},
+		{"with a body", []string{withBody(big(20<<10), 256<<10)}, 0, tooLarge},
+		{"pipelined after a small request", []string{small + big(64<<10)}, 1, tooLarge},
+		{"long request line", []string{"GET /" + strings.Repeat("q", 64<<10) + " HTTP/1.1\r\nHost: 50005-a.cube.test\r\n\r\n"}, 0, tooLarge},
+		{"malformed, no body", []string{badLength(0)}, 0, malformed},
+		{"malformed, 256 KiB body", []string{badLength(256 << 10)}, 0, malformed},
+		{"malformed, 8 MiB body", []string{badLength(8 << 20)}, 0, malformed},
+		// Behind a held answer the 400 keeps fasthttp's plain close: it
+		// must not overtake the answer it follows.
+		{"malformed, pipelined after a small request", []string{small + badLength(0)}, 1, malformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -85,11 +100,16 @@ func TestOversizedRequestHead(t *testing.T) {
 					t.Fatalf("answer %d body: %v", i+1, err)
 				}
 				if i < tc.before {
+					checkProxyError(t, resp, string(b), 404, CodeNotFound)
 					continue
 				}
-				checkProxyError(t, resp, string(b), 431, "request_header_too_large")
+				status := 431
+				if tc.code == malformed {
+					status = 400
+				}
+				checkProxyError(t, resp, string(b), status, tc.code)
 				if !resp.Close {
-					t.Error("431 without Connection: close")
+					t.Errorf("%d without Connection: close", status)
 				}
 			}
 		})

@@ -103,7 +103,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
-	if path == "/metrics" && a.metrics != nil && a.cfg.MetricsLoopback && remoteIP(ctx).IsLoopback() {
+	if path == "/metrics" && a.metrics != nil && a.cfg.MetricsLoopback && (ctx.IsGet() || ctx.IsHead()) && remoteIP(ctx).IsLoopback() {
 		a.metrics(ctx)
 		return
 	}
@@ -121,7 +121,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		method = "GET" // fasthttp leaves the body out
 	}
 	switch {
-	case path == "/metrics" && a.metrics != nil:
+	case path == "/metrics" && a.metrics != nil && method == "GET":
 		a.metrics(ctx)
 	case path == "/admin/routes" && method == "GET":
 		a.listRoutes(ctx)
@@ -140,7 +140,11 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	case path == "/admin/tokens" && method == "POST":
 		a.signToken(ctx)
 	default:
-		if allow := adminAllow(path); allow != "" {
+		allow := adminAllow(path)
+		if path == "/metrics" && a.metrics != nil {
+			allow = "GET, HEAD"
+		}
+		if allow != "" {
 			// The endpoint exists: a 404 would tell a caller using the
 			// wrong method that this proxy lacks it.
 			ctx.Response.Header.Set("Allow", allow)

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // adminJSON calls the admin API and decodes its JSON answer.
@@ -463,5 +465,44 @@ func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
 	entries, _ := out["entries"].(map[string]any)
 	if ts, ok := entries["slowcall"].(float64); st != 200 || !ok || int64(ts) <= mark {
 		t.Fatalf("last_active after a request that ended after %d: %d %v; want the sandbox dated by the request's end", mark, st, out)
+	}
+}
+
+// GET /metrics is listed among the admin endpoints whose wrong method is a
+// 405 with Allow: a POST or DELETE there (a misconfigured scraper, a
+// control plane calling the wrong path) must not read as a scrape, with
+// the token or through metrics_loopback_open alike.
+func TestAdminMetricsWrongMethod(t *testing.T) {
+	h := newHarness(t)
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "up 1\n") })
+	for _, loopbackOpen := range []bool{false, true} {
+		admin := NewAdmin(AdminConfig{Metrics: metrics, MetricsLoopback: loopbackOpen}, h.proxy)
+		srv := &fasthttp.Server{Handler: admin.Handler}
+		ln := listen(t, "127.0.0.1:0")
+		go srv.Serve(ln)
+		t.Cleanup(func() { _ = srv.Shutdown() })
+		for _, tc := range []struct {
+			method string
+			status int
+			allow  string
+		}{
+			{"GET", 200, ""},
+			{"HEAD", 200, ""},
+			{"POST", 405, "GET, HEAD"},
+			{"PUT", 405, "GET, HEAD"},
+			{"DELETE", 405, "GET, HEAD"},
+		} {
+			r, _ := http.NewRequest(tc.method, "http://"+ln.Addr().String()+"/metrics", strings.NewReader(""))
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+				t.Errorf("loopback open %v: %s /metrics: %d Allow %q %q, want %d Allow %q",
+					loopbackOpen, tc.method, resp.StatusCode, resp.Header.Get("Allow"), b, tc.status, tc.allow)
+			}
+		}
 	}
 }

@@ -1,0 +1,202 @@
+package config
+
+import (
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// exampleConfigs are the files the README sends operators to for the
+// meaning of each key.
+var exampleConfigs = []string{
+	"../configs/cubeproxy.yaml",
+	"../configs/cubeproxy.redis.yaml",
+	"../configs/cubeproxy.sentinel.yaml",
+	"../configs/cubeproxy.tls.yaml",
+}
+
+// onlyInHelp are the keys no example config shows: the README names them
+// as described only by `serve -h` (or, for the tls pair, by the TLS
+// example's comments).
+var onlyInHelp = []string{
+	"redis.url", "redis.username", "redis.tls", "redis.ca_file", "redis.insecure_skip_verify",
+	"redis.cluster.addrs", "tls.cert_file", "tls.key_file",
+}
+
+// Every key Config accepts is shown in an example config, or is one of
+// the few the README says only `serve -h` describes: a key added without
+// docs fails here rather than reaching operators undocumented.
+func TestEveryKeyDocumented(t *testing.T) {
+	keys := map[string]bool{}
+	yamlKeys(reflect.TypeOf(Config{}), "", keys, false)
+	shown := map[string]bool{}
+	for _, f := range exampleConfigs {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies := []string{string(raw)}
+		if f == tlsExample {
+			bodies = append(bodies, acmeVariant(t, string(raw))) // the commented ACME block
+		}
+		for _, b := range bodies {
+			var n yaml.Node
+			if err := yaml.Unmarshal([]byte(b), &n); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			nodeKeys(&n, "", shown)
+		}
+	}
+	readme := readREADME(t)
+	help := map[string]bool{}
+	for _, k := range onlyInHelp {
+		help[k] = true
+		if !namedIn(readme, k) {
+			t.Errorf("%s: shown in no example config, and the README does not name it", k)
+		}
+		if !keys[k] {
+			t.Errorf("%s: listed as documented by serve -h, but no such key", k)
+		}
+	}
+	for k := range keys {
+		if !shown[k] && !help[k] {
+			t.Errorf("%s: in no example config (%s) and not in the README's serve -h list", k, strings.Join(exampleConfigs, ", "))
+		}
+	}
+	for _, s := range collect(reflect.ValueOf(Default()).Elem()) {
+		if s.usage == "" {
+			t.Errorf("%s: no usage tag, so serve -h says nothing about it", strings.Join(s.path, "."))
+		}
+	}
+}
+
+// Every setting the README, the Dockerfile and the example configs name
+// (a dotted key, a CUBEPROXY_ variable, a flag) exists under that name: a
+// renamed key would otherwise leave the docs pointing at nothing, and an
+// operator's setting ignored or refused.
+func TestDocsNameRealSettings(t *testing.T) {
+	keys := map[string]bool{}
+	yamlKeys(reflect.TypeOf(Config{}), "", keys, true)
+	sections := map[string]bool{}
+	for k := range keys {
+		if i := strings.Index(k, "."); i > 0 {
+			sections[k[:i]] = true
+		}
+	}
+	vars := map[string]bool{EnvPrefix + "CONFIG": true}
+	flags := map[string]bool{"config": true}
+	for _, s := range collect(reflect.ValueOf(Default()).Elem()) {
+		vars[s.envName()] = true
+		flags[s.flagName()] = true
+	}
+	// Names the docs use that are not serve's settings on purpose.
+	for _, v := range []string{
+		"CUBEPROXY_ROUTE", "CUBEPROXY_PORT_", "CUBEPROXY_SERVICE_HOST", // the README's examples of unknown variables
+	} {
+		vars[v] = true
+	}
+	for _, f := range []string{"sandbox", "port", "ttl", "ulimit", "from"} { // token sign's flags; docker's
+		flags[f] = true
+	}
+
+	docs := map[string]string{"../README.md": readREADME(t)}
+	for _, f := range append([]string{"../Dockerfile"}, exampleConfigs...) {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs[f] = string(raw)
+	}
+	dotted := regexp.MustCompile("`([a-z_]+(?:\\.[a-z_]+)+)`")
+	envVar := regexp.MustCompile(`\bCUBEPROXY_[A-Z0-9_]+`)
+	flag := regexp.MustCompile(`(?:^|[\s(` + "`" + `])--([a-z][a-z0-9-]*)`)
+	for f, text := range docs {
+		for _, m := range dotted.FindAllStringSubmatch(text, -1) {
+			k := m[1]
+			if sections[k[:strings.Index(k, ".")]] && !keys[k] {
+				t.Errorf("%s names `%s`: no such key", f, k)
+			}
+		}
+		for _, v := range envVar.FindAllString(text, -1) {
+			if !vars[v] {
+				t.Errorf("%s names %s: no such variable", f, v)
+			}
+		}
+		for _, m := range flag.FindAllStringSubmatch(text, -1) {
+			if !flags[m[1]] {
+				t.Errorf("%s names --%s: no such flag", f, m[1])
+			}
+		}
+	}
+}
+
+// namedIn reports whether text names key in backquotes, whole or by a
+// tail of its path (`cluster.addrs` for redis.cluster.addrs, in a list
+// of redis keys).
+func namedIn(text, key string) bool {
+	for {
+		if strings.Contains(text, "`"+key+"`") {
+			return true
+		}
+		i := strings.Index(key, ".")
+		if i < 0 {
+			return false
+		}
+		key = key[i+1:]
+	}
+}
+
+func readREADME(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
+
+// yamlKeys adds the dotted YAML path of every leaf of t (a struct) to out,
+// lists of structs (tls.files) walked into; with sections, the paths of
+// the structs themselves too.
+func yamlKeys(t reflect.Type, prefix string, out map[string]bool, sections bool) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct {
+			if sections {
+				out[prefix+name] = true
+			}
+			yamlKeys(ft, prefix+name+".", out, sections)
+			continue
+		}
+		out[prefix+name] = true
+	}
+}
+
+// nodeKeys adds the dotted path of every mapping key under n to out; a
+// map's entries (tls.acme.dns.options.server) are added too and ignored.
+func nodeKeys(n *yaml.Node, prefix string, out map[string]bool) {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for _, c := range n.Content {
+			nodeKeys(c, prefix, out)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := prefix + n.Content[i].Value
+			out[p] = true
+			nodeKeys(n.Content[i+1], p+".", out)
+		}
+	}
+}

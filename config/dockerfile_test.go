@@ -92,3 +92,29 @@ func TestDockerImageLeavesSettingsToTheEnvironment(t *testing.T) {
 		})
 	}
 }
+
+// The image's config (configs/cubeproxy.yaml) leaves unset the keys whose
+// zero defers to something else, as the README documents: a value written
+// there would silently outrank it. An image run with
+// OTEL_TRACES_SAMPLER_ARG=0.5 must sample half the traces, not the
+// file's 1 %.
+func TestImageConfigLeavesDeferringKeysUnset(t *testing.T) {
+	img := readDockerfile(t)
+	c, err := Load(img.args, func(k string) string { return img.env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key    string
+		set    bool
+		defers string
+	}{
+		{"telemetry.trace_sample_ratio", c.Telemetry.TraceSampleRatio != 0, "OTEL_TRACES_SAMPLER_ARG"},
+		{"instance_id", c.InstanceID != "", "the hostname"},
+		{"tls.redirect_port", c.TLS.RedirectPort != 0, "https_addr's port"},
+	} {
+		if tc.set {
+			t.Errorf("%s is set in the image's config: its unset value defers to %s, which it now overrides", tc.key, tc.defers)
+		}
+	}
+}

@@ -167,10 +167,16 @@ const EnvPrefix = "CUBEPROXY_"
 // --config (or CUBEPROXY_CONFIG), then the environment, then flags.
 // It returns flag.ErrHelp when -h was given (usage already written to out).
 func Load(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
+	return LoadCommand("cubeproxy serve", args, getenv, out)
+}
+
+// LoadCommand is Load for another subcommand that takes the same flags;
+// command titles the -h usage, which would otherwise name serve.
+func LoadCommand(command string, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
 	cfg := Default()
 	settings := collect(reflect.ValueOf(cfg).Elem())
 
-	fs := flag.NewFlagSet("cubeproxy serve", flag.ContinueOnError)
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.SetOutput(out)
 	configPath := fs.String("config", "", "YAML config file (env "+EnvPrefix+"CONFIG)")
 	type flagValue struct {

@@ -36,6 +36,28 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 }
 
+// Each subcommand's -h describes that subcommand and exits 0: `demo -h`,
+// the newcomer's first question, used to be titled "cubeproxy serve", and
+// `token -h` failed as a bad invocation.
+func TestSubcommandHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "-h"}, "Usage of cubeproxy serve:"},
+		{[]string{"demo", "-h"}, "Usage of cubeproxy demo:"},
+		{[]string{"token", "sign", "-h"}, "Usage of cubeproxy token sign:"},
+		{[]string{"token", "-h"}, "usage: cubeproxy token sign"},
+		{[]string{"token", "--help"}, "usage: cubeproxy token sign"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), tc.args, noEnv, &out, &errb)
+		if code != 0 || !strings.HasPrefix(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %.60q; want 0 and %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
+}
+
 // Settings a proxy would start with and then fail on refuse to start, with
 // the setting named.
 func TestServeRefusesBadSettings(t *testing.T) {

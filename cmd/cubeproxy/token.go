@@ -17,8 +17,14 @@ import (
 // browser can trade for a cookie on a restricted sandbox
 // (https://<port>-<id>.<domain>/?cube_token=<token>).
 func token(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	const usage = "usage: cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]"
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		// Asked for, not a mistake: usage and exit 0, as sign -h does.
+		fmt.Fprintln(stderr, usage)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || args[0] != "sign" {
-		return errors.New("usage: cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]")
+		return errors.New(usage)
 	}
 	fs := flag.NewFlagSet("cubeproxy token sign", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -321,6 +321,12 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	if src := c.TLS.Source; c.HTTPSAddr == "" && (src == "files" || src == "acme") {
+		// Only the HTTPS listener reads certificates: the proxy would
+		// serve plain HTTP alone, and ACME would never issue, with no
+		// word why. (self_signed, the default, is in every example.)
+		return fmt.Errorf("tls.source is %s but https_addr is empty: no listener would serve TLS; set https_addr (CUBEPROXY_HTTPS_ADDR, for example :8080), or remove tls.source", src)
+	}
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
 	}

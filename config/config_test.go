@@ -102,6 +102,11 @@ func TestLoadErrors(t *testing.T) {
 			"CUBEPROXY_HTTPS_ADDR": ":8080", "CUBEPROXY_TLS_CERT_FILE": "/tls/tls.crt", "CUBEPROXY_TLS_KEY_FILE": "/tls/tls.key",
 		}, "tls.cert_file is set but tls.source is self_signed: set tls.source: files"},
 		{"key file alone with acme source", []string{"--tls-source=acme", "--tls-key-file=/tls/tls.key"}, nil, "tls.key_file is set but tls.source is acme"},
+		// Certificates with no HTTPS listener to serve them.
+		{"files source without https_addr", nil, map[string]string{
+			"CUBEPROXY_TLS_SOURCE": "files", "CUBEPROXY_TLS_CERT_FILE": "/tls/tls.crt", "CUBEPROXY_TLS_KEY_FILE": "/tls/tls.key",
+		}, "tls.source is files but https_addr is empty"},
+		{"acme source without https_addr", []string{"--config", "../configs/cubeproxy.yaml", "--tls-source=acme", "--tls-domain=sb.example.com"}, nil, "tls.source is acme but https_addr is empty"},
 		{"file list with self_signed source", []string{"--config", writeFile(t, "tls:\n  source: self_signed\n  files:\n    - cert_file: a.pem\n      key_file: a-key.pem\n")}, nil, "tls.files is set but tls.source is self_signed"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},

@@ -45,9 +45,10 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 		if keepUpgrade && name == "Upgrade" {
 			continue
 		}
-		if len(h.Peek(name)) > 0 {
-			h.Del(name) // every line of it
-		}
+		// Every line of it, unlooked: Peek sees only the first line, and
+		// an empty one ("Upgrade:" before "Upgrade: websocket") would let
+		// the rest through. A Del costs what the Peek did.
+		h.Del(name)
 	}
 	if keepUpgrade {
 		// Only the upgrade token may travel, on one line: "keep-alive,
@@ -89,14 +90,13 @@ func removeHopResponse(h *fasthttp.ResponseHeader) {
 	if !hasHopHeader(h.All()) {
 		return
 	}
-	if conn := h.Peek("Connection"); len(conn) > 0 {
+	// Every Connection line, and every hop-by-hop header whatever its
+	// first line holds, as for requests.
+	for _, conn := range h.PeekAll("Connection") {
 		forEachToken(conn, func(name []byte) { h.DelBytes(name) })
 	}
-	h.Del("Connection")
-	for _, name := range hopHeaders[1:] {
-		if len(h.Peek(name)) > 0 {
-			h.Del(name)
-		}
+	for _, name := range hopHeaders {
+		h.Del(name)
 	}
 }
 

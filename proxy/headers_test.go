@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // echoHeaders answers with the request's Host and headers as JSON.
@@ -514,5 +515,141 @@ func TestEmptyForwardedProtoIsSet(t *testing.T) {
 	}
 	if got := e.get("X-Forwarded-Proto"); got != "http" {
 		t.Errorf("X-Forwarded-Proto reached the sandbox as %q, want %q", got, "http")
+	}
+}
+
+// FuzzPrepareRequest checks what reaches a sandbox for any head fasthttp
+// takes: the request prepareRequest leaves, as Request.Write sends it and
+// the sandbox parses it, carries no hop-by-hop header (but the upgrade's
+// own), no header its Connection named, no proxy credential, exactly one
+// X-Real-IP and X-Forwarded-For (the proxy's) and no '_' alias of them.
+func FuzzPrepareRequest(f *testing.F) {
+	for _, head := range []string{
+		"User-Agent: x\r\nAccept: */*\r\n",
+		"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nConnection: x-other\r\nX-Other: 2\r\n",
+		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+		"connection: upgrade, te\r\nupgrade: h2c\r\nTE: trailers\r\nKeep-Alive: 5\r\nProxy-Connection: x\r\n",
+		"E2b-Traffic-Access-Token: t\r\ncube-traffic-access-token: u\r\n",
+		"Cookie: a=1; cube_proxy_auth=t; b=2\r\nCookie: cube_proxy_auth=u\r\n",
+		"X-Real-IP: 6.6.6.6\r\nx-real-ip: 7.7.7.7\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n",
+		"X_Real_IP: 6.6.6.6\r\nX-Forwarded_For: 1.1.1.1\r\n",
+		"X-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\nX-Forwarded-Proto:\r\n",
+		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+	} {
+		f.Add(head)
+	}
+	p, err := New(Config{}, nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	parser := routing.NewParser(routing.ParserConfig{})
+	var target routing.Target
+	if err := parser.Parse(&target, []byte("50005-box.cube.test"), nil); err != nil {
+		f.Fatal(err)
+	}
+	r := &routing.Route{ID: "box", MaskRequestHost: "localhost:${PORT}"}
+	addr := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 40000}
+	f.Fuzz(func(t *testing.T, head string) {
+		raw := "GET / HTTP/1.1\r\nHost: 50005-box.cube.test\r\n" + head + "\r\n"
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&fasthttp.Request{}, addr, nil)
+		if err := ctx.Request.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			return // the client gets fasthttp's 400
+		}
+		h := &ctx.Request.Header
+		upgrade := upgradeRequested(h)
+		named := map[string]bool{}
+		for _, v := range h.PeekAll("Connection") {
+			forEachToken(v, func(tok []byte) { named[strings.ToLower(string(tok))] = true })
+		}
+		if upgrade {
+			delete(named, "upgrade")
+		}
+		if perr := p.prepareRequest(&ctx, r, &target, upgrade); perr != nil {
+			return
+		}
+		var sent strings.Builder
+		bw := bufio.NewWriter(&sent)
+		if err := ctx.Request.Header.Write(bw); err != nil {
+			t.Fatalf("writing the prepared head: %v", err)
+		}
+		bw.Flush()
+		var got fasthttp.RequestHeader
+		if err := got.Read(bufio.NewReader(strings.NewReader(sent.String()))); err != nil {
+			t.Fatalf("the sandbox cannot parse the head sent to it: %v\n%q", err, sent.String())
+		}
+		lines := map[string]int{}
+		for k, v := range got.All() {
+			name := strings.ToLower(string(k))
+			lines[name]++
+			for _, hop := range hopHeaders {
+				if strings.EqualFold(name, hop) && !(upgrade && (name == "upgrade" || name == "connection" && string(v) == "Upgrade")) {
+					t.Errorf("hop-by-hop %s: %q reached the sandbox\n%q", k, v, sent.String())
+				}
+			}
+			if named[name] {
+				t.Errorf("%s, named in Connection, reached the sandbox\n%q", k, sent.String())
+			}
+			if name == strings.ToLower(auth.HeaderE2BTrafficToken) || name == strings.ToLower(auth.HeaderCubeTrafficToken) {
+				t.Errorf("traffic token %s reached the sandbox\n%q", k, sent.String())
+			}
+			if name == "cookie" {
+				for range auth.CookieValues(v, auth.CookieName) {
+					t.Errorf("the proxy's cookie reached the sandbox: %q", v)
+				}
+			}
+			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host")) {
+				t.Errorf("alias %s reached the sandbox\n%q", k, sent.String())
+			}
+		}
+		for _, name := range []string{"x-real-ip", "x-forwarded-for", "x-forwarded-host"} {
+			if lines[name] != 1 {
+				t.Errorf("%d lines of %s reached the sandbox\n%q", lines[name], name, sent.String())
+			}
+		}
+		if v := got.Peek("X-Real-IP"); string(v) != "192.0.2.1" {
+			t.Errorf("X-Real-IP = %q", v)
+		}
+		if v := got.Peek("X-Forwarded-For"); !strings.HasSuffix(string(v), "192.0.2.1") {
+			t.Errorf("X-Forwarded-For = %q", v)
+		}
+	})
+}
+
+// A hop-by-hop header whose first line is empty is still hop-by-hop: its
+// later lines (a Proxy-Authorization, an Upgrade on a plain request) must
+// not reach the other side, and neither may a header named on a later
+// Connection line of a response.
+func TestRemoveHopEmptyAndRepeatedLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, head string
+		gone       []string
+	}{
+		{"empty upgrade first", "Upgrade:\r\nUpgrade: websocket\r\n", []string{"Upgrade"}},
+		{"empty proxy credential first", "Proxy-Authorization:\r\nProxy-Authorization: Basic eDp5\r\n", []string{"Proxy-Authorization"}},
+		{"empty connection first", "Connection:\r\nConnection: X-Hop\r\nX-Hop: 1\r\n", []string{"Connection", "X-Hop"}},
+		{"empty te and keep-alive", "TE:\r\nKeep-Alive:\r\nProxy-Connection:\r\n", []string{"Te", "Keep-Alive", "Proxy-Connection"}},
+		{"second connection line", "Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\n", []string{"Connection", "X-Secret"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var req fasthttp.RequestHeader
+			if err := req.Read(bufio.NewReader(strings.NewReader("GET / HTTP/1.1\r\nHost: a\r\n" + tc.head + "\r\n"))); err != nil {
+				t.Fatal(err)
+			}
+			removeHopRequest(&req, false)
+			var resp fasthttp.ResponseHeader
+			if err := resp.Read(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + tc.head + "\r\n"))); err != nil {
+				t.Fatal(err)
+			}
+			removeHopResponse(&resp)
+			for _, name := range tc.gone {
+				if n := len(req.PeekAll(name)); n > 0 {
+					t.Errorf("request: %d lines of %s left: %q", n, name, req.Header())
+				}
+				if n := len(resp.PeekAll(name)); n > 0 {
+					t.Errorf("response: %d lines of %s left: %q", n, name, resp.Header())
+				}
+			}
+		})
 	}
 }

@@ -590,7 +590,20 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 // blank line is a bare LF ("\n\n", or "\n\r\n" after a bare-LF line), or
 // 0 when b holds no such head.
 func bareLFHeadEnd(b []byte) int {
-	for i := 0; i+1 < len(b); {
+	// fasthttp skips blank lines before the status line: so does the
+	// search, or one that came in a read of its own ("\n", then the head)
+	// would be taken for the end of an empty head.
+	i := 0
+	for {
+		if i < len(b) && b[i] == '\n' {
+			i++
+		} else if i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n' {
+			i += 2
+		} else {
+			break
+		}
+	}
+	for i+1 < len(b) {
 		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
 			return 0

@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/valyala/fasthttp"
 )
 
 // scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
@@ -1393,6 +1394,9 @@ func TestUpstreamBareLFResponseHead(t *testing.T) {
 		{"interim, then CRLF", "HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\nX-App: lf\r\nContent-Length: 5\r\n\r\nhello", "hello", true},
 		{"close-delimited", "HTTP/1.1 200 OK\nX-App: lf\n\nhello", "hello", false},
 		{"head in pieces", "HTTP/1.1 200 OK\nX-App: lf\n|Content-Length: 5\n|\nhello", "hello", true},
+		// fasthttp skips blank lines before the status line; two in a
+		// read of their own are not an empty head.
+		{"blank lines first, apart", "\n\n|HTTP/1.1 200 OK\nX-App: lf\nContent-Length: 5\n\nhello", "hello", true},
 		// Head and a body larger than the reader's buffer in one write:
 		// the first read fills the buffer, and fasthttp, wanting more,
 		// asks for more than the buffer holds without reading.
@@ -1474,4 +1478,83 @@ func TestUpstreamStrayBodyAfterBodilessAnswer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// piecesConn is a backend connection that returns data in reads of at most
+// max bytes, then io.EOF; deadlines are no-ops.
+type piecesConn struct {
+	net.Conn // nil: only Read and the deadlines are called
+	chunkPieces
+}
+
+func (c *piecesConn) Read(p []byte) (int, error)       { return c.chunkPieces.Read(p) }
+func (c *piecesConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *piecesConn) SetWriteDeadline(time.Time) error { return nil }
+
+// headResult is what readHeader made of a backend's bytes.
+type headResult struct {
+	err    bool
+	status int
+	head   string // the parsed fields, one "name: value" line each
+	rest   string // the bytes left for the body
+}
+
+// readHeadFrom runs readHeader over in, delivered in reads of at most piece
+// bytes, with a reader buffer of size bytes.
+func readHeadFrom(in []byte, piece, size int) headResult {
+	c := &upstreamConn{}
+	c.Conn = &piecesConn{chunkPieces: chunkPieces{data: in, max: piece}}
+	c.br = bufio.NewReaderSize(c, size)
+	var resp fasthttp.Response
+	if err := c.readHeader(nil, &resp); err != nil {
+		return headResult{err: true}
+	}
+	var r headResult
+	r.status = resp.StatusCode()
+	var b strings.Builder
+	for k, v := range resp.Header.All() {
+		fmt.Fprintf(&b, "%s: %s\n", k, v)
+	}
+	r.head = b.String()
+	rest, _ := io.ReadAll(c.br)
+	r.rest = string(rest)
+	return r
+}
+
+// FuzzReadHead checks the response-head reader (fasthttp's parser, and the
+// bare-LF fallback of readHead) on any bytes a sandbox may send: no panic,
+// no wait past the end of input, a status a client can parse (100–999,
+// never the 000 fasthttp reports as 200), and the same head and body
+// boundary however the bytes are split into reads, so a response's framing
+// never depends on TCP segmentation.
+func FuzzReadHead(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.1 200 OK\nX-App: lf\nContent-Length: 5\n\nhello",
+		"HTTP/1.1 200 OK\r\nX-App: lf\r\nContent-Length: 5\r\n\nhello",
+		"HTTP/1.1 200 OK\nContent-Length: 8\n\nab\r\n\r\ncd",
+		"HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+		"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+		"HTTP/1.1 000 X\nContent-Length: 2\n\nok",
+		"\r\nHTTP/1.1   000 X\r\n\r\n",
+		"HTTP/1.1 099 Odd\r\n\r\n",
+		"HTTP/1.1 101 Switching Protocols\nUpgrade: websocket\nConnection: Upgrade\n\n\x81\x00",
+		"HTTP/1.0 200 OK\n\nclose-delimited",
+		"garbage\n\n",
+		"HTTP/1.1 200 OK\nX: a\n b\n\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		const size = 256 // small, so heads fill it
+		whole := readHeadFrom(in, len(in)+1, size)
+		if !whole.err && (whole.status < 100 || whole.status > 999) {
+			t.Fatalf("accepted status %d from %q", whole.status, in)
+		}
+		for _, piece := range []int{1, 7} {
+			if got := readHeadFrom(in, piece, size); got != whole {
+				t.Fatalf("reads of %d bytes: %+v\nin one read: %+v\ninput %q", piece, got, whole, in)
+			}
+		}
+	})
 }

@@ -1,11 +1,15 @@
 package auth
 
 import (
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 func TestSetCookieHeader(t *testing.T) {
@@ -212,4 +216,86 @@ func TestCookieOriginAllowed(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("%v allocations, want 0", n)
 	}
+}
+
+// FuzzAppendStripCookie checks the stripper against the reader and against
+// net/http's cookie parser (what a Go sandbox reads): nothing left reads as
+// the proxy's cookie with a value, found says whether one was there, and every other
+// cookie keeps its name, value and order.
+func FuzzAppendStripCookie(f *testing.F) {
+	for _, s := range []string{
+		"a=1; cube_proxy_auth=x; b=2", "cube_proxy_auth=x", "a=1 ;  cube_proxy_auth = x ;\tb=2  ;c",
+		" a=1;;b=\"q\" ; flag;", "cube_proxy_auth; a=1", "cube_proxy_auth=\"x\"", "", ";",
+	} {
+		f.Add(s)
+	}
+	others := func(h []byte) []string {
+		var out []string
+		for rest := h; ; {
+			piece, tail, more := cut(rest, ';')
+			if k, v, ok := splitCookie(piece); ok && string(k) != CookieName {
+				out = append(out, string(k)+"="+string(v))
+			}
+			if !more {
+				return out
+			}
+			rest = tail
+		}
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out, found := AppendStripCookie(nil, []byte(in), CookieName)
+		n := 0
+		for range CookieValues([]byte(in), CookieName) {
+			n++
+		}
+		if found != (n > 0) {
+			t.Fatalf("found = %v, but %q holds %d of the cookie", found, in, n)
+		}
+		for v := range CookieValues(out, CookieName) {
+			t.Fatalf("%q left %q, still the cookie (value %q)", in, out, v)
+		}
+		if !found && string(out) != in {
+			t.Fatalf("nothing found, but %q became %q", in, out)
+		}
+		if a, b := others([]byte(in)), others(out); !slices.Equal(a, b) {
+			t.Fatalf("other cookies changed: %q -> %q", a, b)
+		}
+		if strings.ContainsAny(in, "\r\n") {
+			return // net/http trims them; no header value carries them (fasthttp refuses a head with one)
+		}
+		r := http.Request{Header: http.Header{"Cookie": {string(out)}}}
+		// A valueless "cube_proxy_auth" is a cookie with no name to a
+		// browser and an empty one to net/http: no credential either way.
+		if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
+			t.Fatalf("net/http reads %q from %q (stripped from %q)", c.Value, out, in)
+		}
+	})
+}
+
+// FuzzCookieOriginAllowed checks that the cookie never counts for a
+// request whose Origin is a page of another sandbox: when both hosts name
+// a sandbox (as the proxy's host parser reads them), an allowed Origin names
+// the same one.
+func FuzzCookieOriginAllowed(f *testing.F) {
+	for _, s := range [][2]string{
+		{"https://3000-box.cube.test", "8080-box.cube.test"}, {"https://8080-BOX.cube.test:443", "8080-box.cube.test:80"},
+		{"https://8080-box2.cube.test", "8080-box.cube.test"}, {"http://[::1]:8080", "[::1]:80"}, {"null", "8080-box.cube.test"},
+		{"https://8080-box.cube.test.", "8080-box.cube.test"}, {"https://0-box.cube.test", "65536-box.cube.test"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	parser := routing.NewParser(routing.ParserConfig{})
+	f.Fuzz(func(t *testing.T, origin, host string) {
+		if !CookieOriginAllowed([]byte(origin), []byte(host)) || origin == "" {
+			return
+		}
+		_, o, _ := strings.Cut(origin, "://")
+		var ot, ht routing.Target
+		if parser.Parse(&ot, []byte(o), nil) != nil || parser.Parse(&ht, []byte(host), nil) != nil {
+			return
+		}
+		if !ot.Shared && !ht.Shared && string(ot.ID()) != string(ht.ID()) {
+			t.Fatalf("Origin %q (sandbox %q) may use the cookie of %q (sandbox %q)", origin, ot.ID(), host, ht.ID())
+		}
+	})
 }

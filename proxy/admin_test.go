@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // adminJSON calls the admin API and decodes its JSON answer.
@@ -505,4 +508,72 @@ func TestAdminMetricsWrongMethod(t *testing.T) {
 			}
 		}
 	}
+}
+
+// FuzzAdminHandler sends any method, target and body to the admin API (as
+// a local client, so past the auth check) and checks every answer is one
+// of the documented statuses with a JSON object body, an "error" string
+// on a failure, and Allow on a 405.
+func FuzzAdminHandler(f *testing.F) {
+	for _, s := range [][3]string{
+		{"GET", "/admin/healthz", ""},
+		{"POST", "/admin/meta/upsert", `{"sandbox_id":"adm","HostIP":"127.0.0.1","CreatedAt":1700000000123456789,"AllowPublicTraffic":true,"80":8080}`},
+		{"POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"127.0.0.1"} {}`},
+		{"PUT", "/admin/routes/box", `{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"1","80":"80"}`},
+		{"PUT", "/admin/routes/box", `null`},
+		{"DELETE", "/admin/routes/box", ""},
+		{"GET", "/admin/routes/Bad%2Fid", ""},
+		{"POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`},
+		{"POST", "/admin/meta/delete", `{"sandbox_id":"box"}`},
+		{"POST", "/admin/state", `{"sandbox_id":"box","state":"paused"}`},
+		{"GET", "/admin/last_active?since=-1", ""},
+		{"GET", "/admin/last_active?since=99999999999999999999", ""},
+		{"POST", "/admin/tokens", `{"sandbox_id":"box","port":1e3,"ttl":"1h"}`},
+		{"PATCH", "/admin/state", ""},
+		{"GET", "/admin/../metrics", ""},
+	} {
+		f.Add(s[0], s[1], []byte(s[2]))
+	}
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	store := routing.NewMemoryStore()
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
+	if err != nil {
+		f.Fatal(err)
+	}
+	a := NewAdmin(AdminConfig{Routes: store, Signer: signer}, p)
+	statuses := map[int]bool{200: true, 400: true, 404: true, 405: true, 500: true, 503: true}
+	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+	f.Fuzz(func(t *testing.T, method, target string, body []byte) {
+		raw := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s", method, target, len(body), body)
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&fasthttp.Request{}, addr, nil)
+		if err := ctx.Request.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			return // fasthttp's 400, before the handler
+		}
+		a.Handler(&ctx)
+		st, out := ctx.Response.StatusCode(), ctx.Response.Body()
+		if !statuses[st] {
+			t.Fatalf("%s %s: status %d: %s", method, target, st, out)
+		}
+		if ctx.IsHead() {
+			return
+		}
+		var obj map[string]any
+		if err := json.Unmarshal(out, &obj); err != nil {
+			t.Fatalf("%s %s: %d, body %q is not a JSON object", method, target, st, out)
+		}
+		if msg, _ := obj["error"].(string); st >= 400 && msg == "" {
+			t.Fatalf("%s %s: %d without an error: %s", method, target, st, out)
+		}
+		if st == 405 && len(ctx.Response.Header.Peek("Allow")) == 0 {
+			t.Fatalf("%s %s: 405 without Allow", method, target)
+		}
+	})
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 func TestHTTPSAuthority(t *testing.T) {
@@ -163,6 +165,97 @@ func TestRedirectListenerHeaderLimit(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+		})
+	}
+}
+
+// Malformed requests over a raw socket, each on a connection of its own:
+// every one is answered (before the proxy closes: no reset, no wait for
+// more) with its status and a JSON code, and none whose head is refused
+// reaches the sandbox the host names, which counts its connections.
+func TestMalformedRequestsAnswered(t *testing.T) {
+	h := newHarness(t)
+	b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool { return rawWrite(c, okResponse("fine")) })
+	host := h.route("box", b.port)
+	get := func(extra string) string { return "GET / HTTP/1.1\r\nHost: " + host + "\r\n" + extra + "\r\n" }
+	post := func(extra, body string) string {
+		return "POST / HTTP/1.1\r\nHost: " + host + "\r\n" + extra + "\r\n" + body
+	}
+	const bad = CodeBadRequest
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+		code      string
+	}{
+		{"control char in a value", get("X-A: a\x01b\r\n"), 400, bad},
+		{"DEL in a value", get("X-A: a\x7fb\r\n"), 400, bad},
+		{"NUL in a value", get("X-A: a\x00b\r\n"), 400, bad},
+		{"bare CR in a value", get("X-A: a\rb\r\n"), 400, bad},
+		{"control char in a name", get("X\x01A: ab\r\n"), 400, bad},
+		{"empty name", get(": ab\r\n"), 400, bad},
+		{"space before the colon", get("X-A : ab\r\n"), 400, bad},
+		{"line starting with a space", get(" X-A: a\r\n"), 400, bad},
+		{"control char in the target", "GET /\x01 HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"three spaces in the request line", "GET / HTTP/1.1 x\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"double space", "GET  / HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"no version", "GET /\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"HTTP/2.0", "GET / HTTP/2.0\r\nHost: " + host + "\r\n\r\n", 505, CodeBadVersion},
+		{"HTTP/1.10", "GET / HTTP/1.10\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"NUL in the method", "G\x00T / HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 400, bad},
+		{"two Host lines", "GET / HTTP/1.1\r\nHost: " + host + "\r\nHost: 80-other.cube.test\r\n\r\n", 400, bad},
+		{"no Host", "GET / HTTP/1.1\r\n\r\n", 400, bad},
+		{"Host with a path", "GET / HTTP/1.1\r\nHost: " + host + "/x\r\n\r\n", 400, bad},
+		{"Host with a letter port", "GET / HTTP/1.1\r\nHost: " + host + ":abc\r\n\r\n", 400, bad},
+		{"Host with userinfo", "GET / HTTP/1.1\r\nHost: a@" + host + "\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"port 0", "GET / HTTP/1.1\r\nHost: 0-box.cube.test\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"port 65536", "GET / HTTP/1.1\r\nHost: 65536-box.cube.test\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"port of 20 digits", "GET / HTTP/1.1\r\nHost: 99999999999999999999-box.cube.test\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"IDN in the id", "GET / HTTP/1.1\r\nHost: 80-bücher.cube.test\r\n\r\n", 400, routing.CodeInvalidSandboxID},
+		{"punycode label", "GET / HTTP/1.1\r\nHost: xn--80ak6aa92e.cube.test\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"override port in hex", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: box\r\nX-Cube-Sandbox-Port: 0x50\r\n\r\n", 400, routing.CodeInvalidPort},
+		{"override id with a path", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: ../box\r\nX-Cube-Sandbox-Port: 80\r\n\r\n", 400, routing.CodeInvalidSandboxID},
+		{"override without a port", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: box\r\n\r\n", 400, routing.CodeMissingTargetHeaders},
+		{"two Content-Lengths", post("Content-Length: 3\r\nContent-Length: 4\r\n", "abcd"), 400, bad},
+		{"Content-Length list", post("Content-Length: 3, 3\r\n", "abc"), 400, bad},
+		{"negative Content-Length", post("Content-Length: -1\r\n", "abc"), 400, bad},
+		{"signed Content-Length", post("Content-Length: +3\r\n", "abc"), 400, bad},
+		{"Content-Length of 23 digits", post("Content-Length: 99999999999999999999999\r\n", "abc"), 400, bad},
+		{"huge Content-Length, sent on", post("Content-Length: 1000000000000\r\n", strings.Repeat("b", 9000)), 413, CodeBodyTooLarge},
+		{"gzip, chunked", post("Transfer-Encoding: gzip, chunked\r\n", "0\r\n\r\n"), 400, bad},
+		{"two Transfer-Encodings", post("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n"), 400, bad},
+		{"chunked on HTTP/1.0", "POST / HTTP/1.0\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, bad},
+		{"chunk size of 20 hex digits", post("Transfer-Encoding: chunked\r\n", "ffffffffffffffffffff\r\nabc\r\n0\r\n\r\n"), 400, CodeBadBody},
+		{"CONNECT", "CONNECT 1.2.3.4:80 HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 405, CodeBadMethod},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := b.accepted.Load()
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, tc.raw); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatalf("answer cut: %v", err)
+			}
+			checkProxyError(t, resp, string(body), tc.status, tc.code)
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			// A body streams: its framing breaks after the sandbox got
+			// the head, which is dialed as the host names it.
+			if n := b.accepted.Load() - before; n != 0 && tc.code != CodeBadBody {
+				t.Errorf("the sandbox was dialed %d times", n)
 			}
 		})
 	}

@@ -48,7 +48,7 @@ func BenchmarkHeaderRewrite(b *testing.B) {
 				if err := ctx.Request.Read(bufioReader(bc.raw)); err != nil {
 					b.Fatal(err)
 				}
-				if perr := p.prepareRequest(&ctx, r, &t, false); perr != nil {
+				if perr := p.prepareRequest(&ctx, scanHead(&ctx.Request.Header), r, &t, false); perr != nil {
 					b.Fatal(perr.msg)
 				}
 			}

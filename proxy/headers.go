@@ -171,6 +171,9 @@ type headSeen struct {
 	credentials    bool // a traffic-token header or a Cookie line
 	forwardedProto bool
 	underscore     bool // a name with '_': maybe an X_Real_IP-style alias
+	// A Transfer-Encoding line: fasthttp keeps chunked (ContentLength -1)
+	// and drops identity, the only other coding it accepts.
+	transferEncoding bool
 
 	// Lines of each (saturating at 2: only "more than one" matters).
 	realIP, forwardedFor, forwardedHost uint8
@@ -193,6 +196,7 @@ const (
 	seenRealIP
 	seenForwardedFor
 	seenForwardedHost
+	seenTransferEncoding
 )
 
 var headNames = [...]headName{
@@ -202,6 +206,7 @@ var headNames = [...]headName{
 	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
 	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
 	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost},
+	{"Transfer-Encoding", seenTransferEncoding},
 }
 
 // headerNames yields the name of each header line of a raw head (fasthttp's
@@ -227,8 +232,8 @@ func headerNames(raw []byte) iter.Seq[[]byte] {
 	}
 }
 
-// scanHead finds the names prepareRequest cares about in fasthttp's copy of
-// the head as received. Comparing lengths first keeps it at a few
+// scanHead finds the names serve and prepareRequest care about in
+// fasthttp's copy of the head as received. Comparing lengths first keeps it at a few
 // nanoseconds a header.
 func scanHead(h *fasthttp.RequestHeader) headSeen {
 	raw := h.RawHeaders()
@@ -259,6 +264,8 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 				s.forwardedFor = min(s.forwardedFor+1, 2)
 			case seenForwardedHost:
 				s.forwardedHost = min(s.forwardedHost+1, 2)
+			case seenTransferEncoding:
+				s.transferEncoding = true
 			}
 			break
 		}

@@ -415,6 +415,7 @@ func TestScanHead(t *testing.T) {
 			headSeen{forwardedProto: true, realIP: 2, forwardedFor: 1, forwardedHost: 1}},
 		{"folded value", "Host: a\r\nX-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\n", headSeen{forwardedFor: 1}},
 		{"underscore", "Host: a\r\nX_Real_IP: 6.6.6.6\r\n", headSeen{underscore: true}},
+		{"transfer coding", "Host: a\r\ntransfer-encoding: identity\r\n", headSeen{transferEncoding: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var req fasthttp.Request
@@ -565,7 +566,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		if upgrade {
 			delete(named, "upgrade")
 		}
-		if perr := p.prepareRequest(&ctx, r, &target, upgrade); perr != nil {
+		if perr := p.prepareRequest(&ctx, scanHead(&ctx.Request.Header), r, &target, upgrade); perr != nil {
 			return
 		}
 		var sent strings.Builder

@@ -45,6 +45,8 @@ type exchange struct {
 	owned  bool // a bodyStream or tunnel finishes it
 
 	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
+
+	seen headSeen // what one pass over the request's head found (scanHead)
 }
 
 // fail answers the request with a proxy error and records its code.

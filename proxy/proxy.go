@@ -132,8 +132,8 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
 		// fasthttp accepts any version string; the sandbox must not get one
 		// it cannot have been sent ("HTTP/9.9", "HTTP/0.9", "HTTP/2.0").
-		ctx.SetConnectionClose()
 		x.fail(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
+		ctx.SetConnectionClose() // after fail: writeError resets the response
 		return
 	}
 	if h.IsConnect() {
@@ -141,6 +141,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		// an authority-form target it never serves, and a 200 from it would
 		// read as a tunnel that never opens. nginx answers 405 too.
 		x.fail(ctx, proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}, nil)
+		return
+	}
+	x.seen = scanHead(h)
+	if x.seen.transferEncoding && h.ContentLength() != -1 {
+		// "Transfer-Encoding: identity": fasthttp takes it for no coding
+		// at all and frames the body by Content-Length, or reads none and
+		// would take the body for the next request. A front proxy that
+		// reads the coding otherwise disagrees on where requests end: a
+		// request smuggled past it. RFC 9112 6.3: 400, and close.
+		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "Transfer-Encoding other than chunked"}, nil)
+		ctx.SetConnectionClose() // after fail: writeError resets the response
 		return
 	}
 	var t routing.Target
@@ -282,7 +293,7 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 // forward sends the request to addr and streams the response back.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	req := &ctx.Request
-	if perr := p.prepareRequest(ctx, r, t, false); perr != nil {
+	if perr := p.prepareRequest(ctx, x.seen, r, t, false); perr != nil {
 		sb.active.Add(-1)
 		if perr.status == 413 {
 			p.lingerBody(ctx)
@@ -485,7 +496,7 @@ func readWholeBody(br *bufio.Reader, resp *fasthttp.Response, n int) error {
 // hop-by-hop headers out, forwarding headers in, Host kept or masked,
 // body capped. Everything else (Authorization, cookies, Mcp-Session-Id...)
 // passes untouched.
-func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, upgrade bool) *proxyError {
+func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routing.Route, t *routing.Target, upgrade bool) *proxyError {
 	req := &ctx.Request
 	h := &req.Header
 
@@ -499,7 +510,6 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, r *routing.Route, t *ro
 
 	// A request without Content-Type must not gain fasthttp's default one.
 	h.SetNoDefaultContentType(true)
-	seen := scanHead(h)
 	// fasthttp marks an HTTP/1.0 request (or one with both Content-Length
 	// and Transfer-Encoding) Connection: close without such a line in the
 	// head; Request.Write would send that mark on to the sandbox.
@@ -582,18 +592,18 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	case errors.Is(err, errDrainCut):
 		// The proxy is going away: the client must not try this
 		// connection again, and the sandbox is not to blame.
-		ctx.SetConnectionClose()
 		x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox did not answer before the drain deadline"}, id)
+		ctx.SetConnectionClose()
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
 	case errors.As(err, &be):
-		// The rest of the body cannot be found on the connection.
-		ctx.SetConnectionClose()
 		if isTimeout(be.err) {
 			x.fail(ctx, proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}, id)
 		} else {
 			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed or incomplete request body"}, id)
 		}
+		// The rest of the body cannot be found on the connection.
+		ctx.SetConnectionClose()
 	case errors.As(err, &de) && dialShortage(de.err):
 		// The proxy is out of descriptors or local ports, not the sandbox
 		// refusing: a 502 "refused" would send the operator to the

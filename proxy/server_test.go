@@ -201,6 +201,7 @@ func TestMalformedRequestsAnswered(t *testing.T) {
 		{"double space", "GET  / HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 400, bad},
 		{"no version", "GET /\r\nHost: " + host + "\r\n\r\n", 400, bad},
 		{"HTTP/2.0", "GET / HTTP/2.0\r\nHost: " + host + "\r\n\r\n", 505, CodeBadVersion},
+		{"HTTP/9.9 asking for keep-alive", "GET / HTTP/9.9\r\nHost: " + host + "\r\nConnection: keep-alive\r\n\r\n", 505, CodeBadVersion},
 		{"HTTP/1.10", "GET / HTTP/1.10\r\nHost: " + host + "\r\n\r\n", 400, bad},
 		{"NUL in the method", "G\x00T / HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 400, bad},
 		{"two Host lines", "GET / HTTP/1.1\r\nHost: " + host + "\r\nHost: 80-other.cube.test\r\n\r\n", 400, bad},
@@ -227,6 +228,12 @@ func TestMalformedRequestsAnswered(t *testing.T) {
 		{"chunked on HTTP/1.0", "POST / HTTP/1.0\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, bad},
 		{"chunk size of 20 hex digits", post("Transfer-Encoding: chunked\r\n", "ffffffffffffffffffff\r\nabc\r\n0\r\n\r\n"), 400, CodeBadBody},
 		{"CONNECT", "CONNECT 1.2.3.4:80 HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 405, CodeBadMethod},
+		// fasthttp drops "identity" and reads the body as the next request
+		// (without Content-Length) or by Content-Length: a front proxy that
+		// reads the coding otherwise would disagree on where requests end.
+		{"identity, body smuggling a request", post("Transfer-Encoding: identity\r\n", get("")), 400, bad},
+		{"identity with Content-Length", post("Transfer-Encoding: identity\r\nContent-Length: 3\r\n", "abc"), 400, bad},
+		{"identity to an unknown sandbox", "POST / HTTP/1.1\r\nHost: 80-nobox.cube.test\r\nTransfer-Encoding: Identity\r\n\r\n" + get(""), 400, bad},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := b.accepted.Load()
@@ -251,6 +258,11 @@ func TestMalformedRequestsAnswered(t *testing.T) {
 			checkProxyError(t, resp, string(body), tc.status, tc.code)
 			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type %q", ct)
+			}
+			// A framing the proxy cannot trust ends the connection: what
+			// follows the head must not be served as a request.
+			if (tc.code == bad || tc.code == CodeBadVersion) && !resp.Close {
+				t.Errorf("%d without Connection: close", tc.status)
 			}
 			// A body streams: its framing breaks after the sandbox got
 			// the head, which is dialed as the host names it.

@@ -235,7 +235,7 @@ func (t *tunnel) start() {
 // side closes.
 func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	id := t.ID()
-	if perr := p.prepareRequest(ctx, r, t, true); perr != nil {
+	if perr := p.prepareRequest(ctx, x.seen, r, t, true); perr != nil {
 		sb.active.Add(-1)
 		x.fail(ctx, *perr, id)
 		return

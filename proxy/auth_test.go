@@ -44,6 +44,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
 	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
 	t.Run("StaleLinkWithCookie", func(t *testing.T) { testAuthStaleLinkWithCookie(t, lc) })
+	t.Run("Preflight", func(t *testing.T) { testAuthPreflight(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -1301,4 +1302,78 @@ func rawStatus(t *testing.T, addr, raw string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// testAuthPreflight: a browser's CORS preflight carries no credentials, so
+// on a restricted route the proxy answers it itself (the sandbox gets
+// nothing without a token), letting the browser send the real request,
+// which still needs the token. Anything short of a preflight is refused as
+// before, and with a credential, or on a public route, the sandbox answers.
+func testAuthPreflight(t *testing.T, lc *authLogCapture) {
+	traffic := authRandomHex(t, 32)
+	lc.secret(traffic)
+	b := startAuthBackend(t)
+	h := lc.harness(t)
+	putAuthRoute(h, "box", traffic, b.port, 8080)
+	putAuthRoute(h, "open", "", b.port, 8080)
+	preflight := func(host string, extra ...string) []string {
+		return append([]string{"OPTIONS /mcp HTTP/1.1", "Host: " + host, "Origin: https://app.example",
+			"Access-Control-Request-Method: POST"}, extra...)
+	}
+
+	resp, body := authRawRequest(t, h.addr, preflight("8080-box.cube.test", "Access-Control-Request-Headers: content-type,e2b-traffic-access-token")...)
+	want := map[string]string{
+		"Access-Control-Allow-Origin":      "https://app.example",
+		"Access-Control-Allow-Credentials": "true",
+		"Access-Control-Allow-Methods":     "POST",
+		"Access-Control-Allow-Headers":     "content-type,e2b-traffic-access-token",
+		"Access-Control-Max-Age":           "600",
+	}
+	if resp.StatusCode != 204 || body != "" {
+		t.Errorf("preflight: %d %q, want 204 without a body", resp.StatusCode, body)
+	}
+	for k, v := range want {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("preflight: %s %q, want %q", k, got, v)
+		}
+	}
+	if !strings.Contains(resp.Header.Get("Vary"), "Origin") {
+		t.Errorf("preflight: Vary %q", resp.Header.Get("Vary"))
+	}
+	b.assertUntouched(t, "preflight without a token")
+
+	// The real request: the token is what lets it through.
+	resp, body = authRawRequest(t, h.addr, "POST /mcp HTTP/1.1", "Host: 8080-box.cube.test", "Origin: https://app.example", "Content-Length: 0")
+	expectAuthRefusal(t, "the real request without the token", resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenMissing)
+	b.assertUntouched(t, "the real request without the token")
+
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{
+		{"OPTIONS without Access-Control-Request-Method", []string{"OPTIONS /mcp HTTP/1.1", "Host: 8080-box.cube.test", "Origin: https://app.example"}},
+		{"OPTIONS without Origin", []string{"OPTIONS /mcp HTTP/1.1", "Host: 8080-box.cube.test", "Access-Control-Request-Method: POST"}},
+		// The head ends here, before the body; what authRawRequest
+		// appends is then a second, malformed request, its answer unread.
+		{"a preflight with a body", preflight("8080-box.cube.test", "Content-Length: 2\r\n\r\nab")},
+		{"GET with the preflight's headers", []string{"GET /mcp HTTP/1.1", "Host: 8080-box.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: POST"}},
+	} {
+		resp, body := authRawRequest(t, h.addr, tc.lines...)
+		expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenMissing)
+		b.assertUntouched(t, tc.name)
+	}
+
+	// With the token, or on a public route, the sandbox answers its own.
+	for _, tc := range []struct{ name, host, extra string }{
+		{"preflight with the token", "8080-box.cube.test", "E2b-Traffic-Access-Token: " + traffic},
+		{"preflight on a public route", "8080-open.cube.test", "X-Public: 1"},
+	} {
+		resp, body := authRawRequest(t, h.addr, preflight(tc.host, tc.extra)...)
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("%s: %d %q, want the sandbox's answer", tc.name, resp.StatusCode, body)
+		}
+		if got := b.next(t); !strings.HasPrefix(got.line, "OPTIONS /mcp ") {
+			t.Errorf("%s: the sandbox got %q", tc.name, got.line)
+		}
+	}
 }

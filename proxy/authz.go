@@ -23,6 +23,10 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	if err == nil {
 		return false
 	}
+	if isPreflight(h) {
+		answerPreflight(ctx)
+		return true
+	}
 	var rej *auth.Rejection
 	if !errors.As(err, &rej) {
 		rej = &auth.Rejection{Code: auth.CodeTrafficTokenInvalid, Reason: "traffic access token invalid"}
@@ -173,4 +177,37 @@ func (p *Proxy) exemptPort(port uint16) bool {
 		}
 	}
 	return false
+}
+
+// isPreflight reports whether a request is a browser's CORS preflight: an
+// OPTIONS with Origin and Access-Control-Request-Method, and no body.
+func isPreflight(h *fasthttp.RequestHeader) bool {
+	return h.IsOptions() && h.ContentLength() <= 0 && h.ContentLength() != -1 &&
+		len(h.Peek("Origin")) > 0 && len(h.Peek("Access-Control-Request-Method")) > 0
+}
+
+// answerPreflight lets a browser send the request it asks about. A
+// preflight never carries credentials (Fetch standard), so refused like any
+// request without the traffic token it would fail every cross-origin call
+// that sends the token header, or JSON with the cookie from another port of
+// the same sandbox, before that call is made. The proxy answers it itself,
+// so nothing without a credential reaches the sandbox. Letting every origin
+// send grants nothing: the request itself still needs the token or the
+// cookie (which counts only from the sandbox's own origins), and the
+// Access-Control-Allow-Origin on the sandbox's answer still decides whether
+// the page may read it.
+func answerPreflight(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Request.Header
+	resp := &ctx.Response
+	resp.Reset()
+	resp.SetStatusCode(fasthttp.StatusNoContent)
+	resp.Header.SetBytesV("Access-Control-Allow-Origin", h.Peek("Origin"))
+	resp.Header.Set("Access-Control-Allow-Credentials", "true")
+	resp.Header.SetBytesV("Access-Control-Allow-Methods", h.Peek("Access-Control-Request-Method"))
+	if v := h.Peek("Access-Control-Request-Headers"); len(v) > 0 {
+		resp.Header.SetBytesV("Access-Control-Allow-Headers", v)
+	}
+	resp.Header.Set("Access-Control-Max-Age", "600")
+	resp.Header.Set("Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers")
+	resp.Header.Set("Cache-Control", "no-store")
 }

@@ -145,6 +145,12 @@ func validateACME(cfg Config, domain string) error {
 		// certmagic would otherwise prompt for one on stdin the first time
 		// it obtains a certificate synchronously.
 		return errors.New("acme: email (ACME account contact) is required")
+	case a.StorageDir == "":
+		// certmagic would keep account and certificates under $HOME,
+		// which a container loses at every restart: each restart would
+		// then obtain the same certificates anew, and Let's Encrypt issues
+		// at most 5 duplicates a week, after which HTTPS has none.
+		return errors.New("acme: storage_dir is required: certificates must survive restarts (in a container, mount a volume there; share it between replicas)")
 	}
 	return nil
 }

@@ -98,7 +98,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			Domain: "cube.test",
 			Allow:  func(context.Context, string) error { return nil },
 			ACME: certs.ACMEConfig{
-				Email: "ops@cube.test",
+				Email:      "ops@cube.test",
+				StorageDir: dir,
 				DNS: certs.DNSConfig{Provider: "rfc2136", Options: map[string]string{
 					"server": "127.0.0.1:53", "key_name": "k.", "key_secret": "c2VjcmV0",
 				}},
@@ -124,6 +125,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "on-demand issuance must be enabled"},
 		{"on-demand without Allow", acme(func(c *certs.Config) { c.ACME.OnDemand, c.Allow = true, nil }), "Allow"},
 		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "email"},
+		{"acme without storage", acme(func(c *certs.Config) { c.ACME.StorageDir = "" }), "storage_dir is required"},
 		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
 		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
 		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},

@@ -180,18 +180,18 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 		default:
 			if !allDigits([]byte(k)) || k == "" {
 				if strict {
-					fail(k, "unknown field")
+					fail(fieldName(k), "unknown field")
 				}
 				break
 			}
 			container, ok := parsePort([]byte(k))
 			if !ok {
-				fail(k, "container port must be 1..65535")
+				fail(fieldName(k), "container port must be 1..65535")
 				break
 			}
 			host, ok := parsePort([]byte(v))
 			if !ok {
-				fail(k, "host port must be 1..65535, got "+echo([]byte(v)))
+				fail(fieldName(k), "host port must be 1..65535, got "+echo([]byte(v)))
 				break
 			}
 			if _, dup := r.Ports[container]; dup {
@@ -211,6 +211,16 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 		return nil, first
 	}
 	return r, nil
+}
+
+// fieldName names a field of the input in a FieldError: the name is
+// repeated in the 404 body and the log line of every request for the
+// sandbox, so a long one is cut to maxEcho bytes.
+func fieldName(k string) string {
+	if len(k) <= maxEcho {
+		return k
+	}
+	return k[:maxEcho] + "..."
 }
 
 // parseIP accepts a unicast-usable address: no zone, not unspecified

@@ -142,6 +142,7 @@ func TestParseRouteErrors(t *testing.T) {
 		{name: "host port too big", fields: base("8080", "70000"), field: "8080"},
 		{name: "host port empty", fields: base("8080", ""), field: "8080"},
 		{name: "duplicate after normalising", fields: base("050005", "30000"), field: "50005"},
+		{name: "port key too long is cut in the error", fields: base(strings.Repeat("0", 1000)+"1", "2"), field: strings.Repeat("0", 64) + "..."},
 		{name: "restricted without token", fields: base(FieldAllowPublicTraffic, "false"), field: FieldTrafficAccessToken, strictOnly: true},
 		{name: "unknown field", fields: base("hostip", "10.0.0.1"), field: "hostip", strictOnly: true},
 		{name: "negative-looking port key", fields: base("-1", "2"), field: "-1", strictOnly: true},

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -20,6 +21,16 @@ const maxRetries = 2
 
 // clientName shows up in CLIENT LIST so operators can tell proxies apart.
 const clientName = "cubeproxy"
+
+// setClientName names each new connection, ignoring a refusal: go-redis's
+// own ClientName option fails the connection when CLIENT SETNAME is
+// refused, and an ACL user granted only the commands the proxy needs
+// (README, "Redis store") may not run it. A name is a convenience; a
+// connection without one serves routes the same.
+func setClientName(ctx context.Context, cn *redis.Conn) error {
+	_ = cn.ClientSetName(ctx, clientName).Err()
+	return nil
+}
 
 // timeouts is the per-attempt budget derived from CommandTimeout: three dial
 // attempts fit into one command timeout; a read may use the whole budget
@@ -58,7 +69,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	case len(cfg.Cluster.Addrs) > 0:
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                    cfg.Cluster.Addrs,
-			ClientName:               clientName,
+			OnConnect:                setClientName,
 			Protocol:                 2,
 			Username:                 cfg.Username,
 			Password:                 cfg.Password,
@@ -82,7 +93,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 			MasterName:            cfg.Sentinel.MasterName,
 			SentinelAddrs:         cfg.Sentinel.Addrs,
 			SentinelPassword:      cfg.Sentinel.Password,
-			ClientName:            clientName,
+			OnConnect:             setClientName,
 			Protocol:              2,
 			Username:              cfg.Username,
 			Password:              cfg.Password,
@@ -132,7 +143,8 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 			opt.TLSConfig = tlsConf
 		}
 	}
-	opt.ClientName = clientName
+	opt.ClientName = "" // a client_name in the URL would be refused the same way
+	opt.OnConnect = setClientName
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries
 	opt.MinRetryBackoff = t.minBackoff

@@ -138,3 +138,48 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestLeastPrivilegeACLUser: a user granted only what the proxy uses (the
+// README's ACL line: HGETALL on the route keys, SUBSCRIBE and PUBLISH on
+// the invalidation channel, the registry writes) reads routes, subscribes
+// and publishes, on every connection, the pub/sub one included. The
+// client's cosmetic CLIENT SETNAME must not make Redis refuse them.
+func TestLeastPrivilegeACLUser(t *testing.T) {
+	r := testenv.StartRedis(t)
+	acl := []any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all",
+		"~cube:v1:shared:sandbox:proxy:*", "~bypass_host_proxy:*", "+hgetall",
+		"&cube:v1:shared:cube_proxy:invalidate", "+subscribe", "+publish", "+ping",
+		"~cube:v1:shared:cube_proxy:*", "+hset", "+zadd", "+hdel", "+zrem"}
+	if err := r.Client().Do(context.Background(), acl...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	for _, cfg := range []redisstore.Config{
+		{Addr: r.Addr(), Username: "proxy", Password: "pw"},
+		{URL: "redis://proxy:pw@" + r.Addr()},
+	} {
+		s := openStoreCfg(t, cfg)
+		if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
+			t.Fatalf("lookup as the least-privileged user: %v", err)
+		}
+		if err := s.Publish(context.Background(), "sbx"); err != nil {
+			t.Fatalf("publish as the least-privileged user: %v", err)
+		}
+		sub := s.Subscribe(context.Background(), make(recorder, 16), nil)
+		select {
+		case <-sub.Ready():
+		case <-time.After(5 * time.Second):
+			t.Fatal("not subscribed 5s after start")
+		}
+		_ = sub.Close()
+	}
+	// A user that may name its connections still does, for CLIENT LIST.
+	s := openStore(t, r)
+	if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := r.Client().ClientList(context.Background()).Result()
+	if err != nil || !strings.Contains(list, "name=cubeproxy ") {
+		t.Fatalf("CLIENT LIST has no connection named cubeproxy (%v):\n%s", err, list)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -21,6 +22,10 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"hot", cpFields("127.0.0.1", "127.0.0.1", backendPort)...)
 	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "30s")
 	p.client.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
+	// The readiness probe and the first subscription read Redis too: let
+	// them finish before counting.
+	waitSubscribers(t, r, 1)
+	testenv.WaitFor(t, 5*time.Second, "readyz 200", func() bool { return p.adminGet(t, "/readyz").status == 200 })
 
 	fire := func(hosts []string) map[int]int {
 		var mu sync.Mutex

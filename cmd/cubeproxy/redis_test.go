@@ -478,6 +478,68 @@ func TestRedisReadyz(t *testing.T) {
 	})
 }
 
+// A Redis that answers but refuses the proxy (wrong password, an ACL user
+// that may PING but not read routes) keeps /readyz 503, and says why in
+// the log and in /readyz without any request arriving: an unready proxy
+// gets no traffic whose errors would show it. Once Redis lets it read,
+// it becomes ready without a restart.
+func TestRedisRefusedAtStartIsExplained(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setup  func(t *testing.T, r *testenv.Redis) // before the proxy starts
+		flags  []string
+		reason string // in the log and /readyz
+		fix    func(t *testing.T, r *testenv.Redis)
+	}{
+		{
+			name:   "wrong password",
+			setup:  func(t *testing.T, r *testenv.Redis) {},
+			flags:  []string{"--redis-password", "s3cret-wrong"},
+			reason: "WRONGPASS",
+			fix: func(t *testing.T, r *testenv.Redis) {
+				if err := r.Client().ConfigSet(context.Background(), "requirepass", "s3cret-wrong").Err(); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "ACL user without HGETALL",
+			setup: func(t *testing.T, r *testenv.Redis) {
+				if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "proxy", "on", ">pw", "+ping", "allchannels", "+subscribe").Err(); err != nil {
+					t.Fatal(err)
+				}
+			},
+			flags:  []string{"--redis-username", "proxy", "--redis-password", "pw"},
+			reason: "NOPERM",
+			fix: func(t *testing.T, r *testenv.Redis) {
+				if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "proxy", "allkeys", "+hgetall").Err(); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testenv.StartRedis(t, "--requirepass", "s3cret-right")
+			tc.setup(t, r)
+			p := startRedisProxy(t, r.Addr(), tc.flags...)
+			testenv.WaitFor(t, 5*time.Second, "a log line saying why Redis is not usable", func() bool {
+				return strings.Contains(p.logs.String(), tc.reason)
+			})
+			got := p.adminGet(t, "/readyz")
+			if got.status != 503 || !strings.Contains(got.body, tc.reason) {
+				t.Fatalf("readyz: %d %s, want 503 naming %s", got.status, got.body, tc.reason)
+			}
+			if strings.Contains(p.logs.String(), "s3cret") || strings.Contains(got.body, "s3cret") {
+				t.Fatalf("a password reached the log or /readyz")
+			}
+			tc.fix(t, r)
+			testenv.WaitFor(t, 5*time.Second, "readyz 200 once Redis lets the proxy read", func() bool {
+				return p.adminGet(t, "/readyz").status == 200
+			})
+		})
+	}
+}
+
 // The instance registry: entries appear (and the heartbeat advances) while
 // a proxy runs and are removed when it stops — the real binary on SIGTERM,
 // and serve() on cancel.

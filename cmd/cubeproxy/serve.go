@@ -42,7 +42,8 @@ type app struct {
 	redis    *redisstore.Store    // nil with the memory store
 	sub      *redisstore.Subscriber
 	registry *redisstore.Registry
-	reached  atomic.Bool // the store answered at least once (readiness)
+	reached  atomic.Bool            // the store answered at least once (readiness)
+	unready  atomic.Pointer[string] // why the store has not answered yet (nil: no failed attempt)
 	cache    *routing.Cache
 	certs    *certs.Manager
 	proxy    *proxy.Proxy
@@ -244,6 +245,9 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		Signer:          signer,
 		Ready: func() error {
 			if !a.reached.Load() {
+				if why := a.unready.Load(); why != nil {
+					return errors.New("route store has never been reachable: " + *why)
+				}
 				return errors.New("route store has never been reachable")
 			}
 			return nil
@@ -390,15 +394,27 @@ func certDomains(cfg *config.Config) []string {
 	return out
 }
 
-// watchReachable pings Redis until it has answered once, for /readyz.
+// watchReachable reads a route from Redis until it has answered once, for
+// /readyz. A lookup rather than a PING: a wrong password fails both, but an
+// ACL user that may PING and not read the route keys would otherwise be
+// ready to answer every request 503. Each new reason is logged, since an
+// unready proxy gets no traffic whose errors would show it.
 func (a *app) watchReachable(ctx context.Context) {
+	var last string
 	for !a.reached.Load() {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := a.redis.Client().Ping(pctx).Err()
-		cancel()
-		if err == nil {
+		_, err := a.redis.Lookup(ctx, readinessProbeID)
+		var fe *routing.FieldError
+		if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
 			a.reached.Store(true)
 			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if why := err.Error(); why != last {
+			last = why
+			a.unready.Store(&why)
+			a.log.Error("route store not usable; /readyz stays 503 until it answers", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -407,6 +423,10 @@ func (a *app) watchReachable(ctx context.Context) {
 		}
 	}
 }
+
+// readinessProbeID is the sandbox id watchReachable looks up; any answer,
+// "not found" included, proves routes can be read.
+const readinessProbeID = "cubeproxy-readiness-probe"
 
 // reachStore marks the store reachable on any answer from it.
 type reachStore struct {

@@ -260,7 +260,12 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
 	case errors.As(err, &fe):
-		p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason)
+		// Once per store read: the negative cache answers the requests in
+		// between with the same error. err names the store's key (the
+		// legacy one, say), which the operator has to fix.
+		if x.cache != telemetry.CacheNegativeHit {
+			p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason, "err", err)
+		}
 		x.fail(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)
 	default:
 		// Once a second: while the store is down every request for an

@@ -540,6 +540,30 @@ func TestRedisRefusedAtStartIsExplained(t *testing.T) {
 	}
 }
 
+// Broken route data is logged so an operator can fix it: the line names
+// the Redis key that holds it (the legacy key here, while the new key is
+// empty: looking at the new key would show nothing), once per store read,
+// not once per request answered from the negative cache.
+func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
+	hsetRoute(t, r, redisstore.DefaultLegacyKeyPrefix+"broken", "HostIP", "10.0.0.300", "50005", "30001")
+	for range 20 {
+		if got := p.get(t, "broken"); got.status != 404 || got.code() != "route_invalid" {
+			t.Fatalf("got %d %s, want 404 route_invalid", got.status, got.body)
+		}
+	}
+	var lines []string
+	for _, l := range strings.Split(p.logs.String(), "\n") {
+		if strings.Contains(l, `"msg":"invalid route data"`) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], redisstore.DefaultLegacyKeyPrefix+"broken") || !strings.Contains(lines[0], `"field":"HostIP"`) {
+		t.Fatalf("20 requests for one broken route logged %d lines, want one naming the key and field:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+}
+
 // The instance registry: entries appear (and the heartbeat advances) while
 // a proxy runs and are removed when it stops — the real binary on SIGTERM,
 // and serve() on cancel.

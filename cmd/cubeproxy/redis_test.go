@@ -564,6 +564,54 @@ func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
 	}
 }
 
+// A sandbox asked for before it exists is remembered as unknown for
+// cache.negative_ttl; when the control plane then creates it and announces
+// the id (a PUBLISH on the invalidation channel, or meta/upsert on any one
+// instance), every instance serves it at once rather than 404 until the
+// negative entry expires.
+func TestRedisCreatedAfter404(t *testing.T) {
+	r := testenv.StartRedis(t)
+	a := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
+	b := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
+	waitSubscribers(t, r, 2)
+	backend := redisBackend(t, "born")
+	for _, tc := range []struct {
+		name     string
+		announce func(id string)
+	}{
+		{"publish", func(id string) {
+			if err := r.Client().Publish(context.Background(), redisstore.DefaultInvalidateChannel, id).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"meta/upsert on one instance", func(id string) {
+			if got := a.adminPost(t, "/admin/meta/upsert", id, ""); got.status != 200 {
+				t.Fatalf("meta/upsert: %d %s", got.status, got.body)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "late-" + strings.ReplaceAll(strings.ToLower(tc.name[:4]), "/", "")
+			for _, p := range []*redisProxy{a, b} {
+				if got := p.get(t, id); got.status != 404 || got.code() != "sandbox_not_found" {
+					t.Fatalf("before creation: %d %s", got.status, got.body)
+				}
+			}
+			hsetRoute(t, r, redisstore.DefaultKeyPrefix+id, cpFields("127.0.0.1", "192.168.0.2", backend)...)
+			if got := b.get(t, id); got.status != 404 {
+				t.Fatalf("created, not announced: %d %s, want the cached 404", got.status, got.body)
+			}
+			tc.announce(id)
+			for name, p := range map[string]*redisProxy{"a": a, "b": b} {
+				testenv.WaitFor(t, 2*time.Second, name+" to serve the new sandbox", func() bool {
+					got := p.get(t, id)
+					return got.status == 200 && got.body == "born"
+				})
+			}
+		})
+	}
+}
+
 // The instance registry: entries appear (and the heartbeat advances) while
 // a proxy runs and are removed when it stops — the real binary on SIGTERM,
 // and serve() on cancel.

@@ -314,6 +314,29 @@ func (c *Cache) InvalidateAll() int {
 	return n
 }
 
+// ExpireAll makes every positive entry due for a re-read and drops every
+// negative one, returning how many entries there were. Unlike
+// InvalidateAll it keeps the routes: a store that fails the re-read (a
+// Redis still loading its data after a restart) is answered with the old
+// route, as for any expired entry. Lookups in flight are not cached.
+func (c *Cache) ExpireAll() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.epochs {
+		c.epochs[i]++
+	}
+	n := c.pos.Len() + c.neg.Len()
+	// Under mu no load can store a fresh entry that this would then expire.
+	for _, id := range c.pos.Keys() {
+		if e, ok := c.pos.Peek(id); ok {
+			e.expires, e.stale = 0, false
+			c.pos.Add(id, e)
+		}
+	}
+	c.neg.Purge()
+	return n
+}
+
 // Len returns the number of positive entries, expired ones included.
 func (c *Cache) Len() int { return c.pos.Len() }
 

@@ -326,6 +326,30 @@ func TestCacheStaleIfError(t *testing.T) {
 	}
 }
 
+// ExpireAll re-reads every route and forgets unknown ids, but serves the
+// old route while the store fails the re-read.
+func TestCacheExpireAll(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, clock)
+	first := expect(t, c, s, "a", CacheMiss, nil, 1)
+	s.set(answerNotFound)
+	expect(t, c, s, "gone", CacheMiss, ErrNotFound, 2)
+	if n := c.ExpireAll(); n != 2 {
+		t.Fatalf("ExpireAll = %d, want 2", n)
+	}
+	expect(t, c, s, "gone", CacheMiss, ErrNotFound, 3) // negative entry dropped
+	s.set(answerDown)
+	if r := expect(t, c, s, "a", CacheStale, nil, 4); r != first {
+		t.Fatal("store down after ExpireAll: not the cached route")
+	}
+	clock.Advance(testCacheConfig.NegativeTTL)
+	s.set(answerRoute)
+	if r := expect(t, c, s, "a", CacheMiss, nil, 5); r == first {
+		t.Fatal("store back after ExpireAll: the old route")
+	}
+}
+
 func TestCacheStoreErrorNotCached(t *testing.T) {
 	s := newCountingStore(answerDown)
 	c := newTestCache(t, s, newFakeClock())

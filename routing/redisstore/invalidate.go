@@ -16,8 +16,10 @@ import (
 
 // Invalidator drops cached routes; *routing.Cache satisfies it.
 type Invalidator interface {
+	// Invalidate drops the entries of one sandbox.
 	Invalidate(id string) int
-	InvalidateAll() int
+	// ExpireAll makes every cached route due for a re-read.
+	ExpireAll() int
 }
 
 // Publish announces on InvalidateChannel that every instance must drop id.
@@ -37,8 +39,9 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 // also pings the connection every few seconds to notice a dead peer).
 // Messages published while the connection was down are lost, and one of
 // them may have made a sandbox private: so every confirmed subscription
-// drops the whole cache, and routes are read from Redis again (one lookup
-// per sandbox, shared by its concurrent requests). A resubscription is
+// expires the whole cache, and routes are read from Redis again (one lookup
+// per sandbox, shared by its concurrent requests; the old route is served
+// while Redis cannot answer, as for any expired route). A resubscription is
 // logged at warn level so operators can correlate.
 type Subscriber struct {
 	ps        *redis.PubSub
@@ -109,13 +112,16 @@ func (sub *Subscriber) run(ch <-chan any) {
 				continue
 			}
 			// Messages may have been published before this subscription
-			// (the first one included: routes may be cached already).
-			n := sub.cache.InvalidateAll()
+			// (the first one included: routes may be cached already). The
+			// routes are re-read, not forgotten: a Redis restarted with its
+			// data takes SUBSCRIBE while it still answers reads with
+			// LOADING, and meanwhile the old routes are served stale.
+			n := sub.cache.ExpireAll()
 			if sub.subs.Add(1) == 1 {
 				close(sub.ready)
-				sub.logger.Info("redis invalidation subscribed", "routes_dropped", n)
+				sub.logger.Info("redis invalidation subscribed", "routes_expired", n)
 			} else {
-				sub.logger.Warn("redis invalidation resubscribed after reconnect; dropped every cached route, since invalidations published meanwhile were lost", "routes_dropped", n)
+				sub.logger.Warn("redis invalidation resubscribed after reconnect; every cached route will be read again, since invalidations published meanwhile were lost", "routes_expired", n)
 			}
 		case *redis.Message:
 			id := strings.ToLower(strings.TrimSpace(m.Payload))

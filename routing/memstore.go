@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,12 +217,29 @@ func writeFileAtomic(path string, data []byte) error {
 // booleans are taken as their literal text.
 func decodeRoutes(data []byte) (map[string]*Route, error) {
 	routes := make(map[string]*Route)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return routes, nil // empty file
+	// A second document would be ignored without a word, its routes
+	// missing (two files concatenated, each opening with "---"), as in
+	// the config file. Empty ones are harmless.
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n := next.Content; len(n) > 0 && n[0].ShortTag() != "!!null" {
+			return nil, fmt.Errorf("line %d: another YAML document after the first (only one is read); put every route under one \"routes\" key", n[0].Line)
+		}
+	}
+	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == "!!null" {
+		return routes, nil // empty file, or a document with nothing in it
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {

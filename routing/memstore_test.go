@@ -69,7 +69,7 @@ func TestLoadFile(t *testing.T) {
 }
 
 func TestLoadFileEmpty(t *testing.T) {
-	for _, content := range []string{"", "# nothing\n", "routes:\n", "routes: {}\n"} {
+	for _, content := range []string{"", "# nothing\n", "routes:\n", "routes: {}\n", "---\nroutes: {}\n...\n", "routes: {}\n---\n# nothing more\n", "# a comment\n---\nroutes: {}\n"} {
 		s, err := LoadFile(writeFile(t, content))
 		if err != nil || len(s.List()) != 0 {
 			t.Fatalf("LoadFile(%q) = %v, %v", content, s, err)
@@ -99,6 +99,12 @@ func TestLoadFileErrors(t *testing.T) {
 		{"bad port value", "routes:\n  a:\n    HostIP: 1.2.3.4\n    \"8080\": 0\n", []string{`"a"`, "8080"}},
 		{"restricted without token", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: \"false\"\n", []string{`"a"`, "TrafficAccessToken"}},
 		{"fail-closed bool", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: no\n", []string{`"a"`, "AllowPublicTraffic"}},
+		// Only the first document would be read: b's route would be
+		// missing without a word (two files concatenated, each opening
+		// with "---").
+		{"second document", "---\nroutes:\n  a: {HostIP: 1.2.3.4}\n---\nroutes:\n  b: {HostIP: 1.2.3.4}\n", []string{"line 5", "another YAML document"}},
+		{"second document after an empty one", "---\n---\nroutes:\n  b: {HostIP: 1.2.3.4}\n", []string{"line 3", "another YAML document"}},
+		{"broken second document", "routes:\n  a: {HostIP: 1.2.3.4}\n---\nroutes: [\n", []string{"yaml"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -174,12 +174,14 @@ func (s *MemoryStore) persist(snap snapshot) error {
 }
 
 // writeFileAtomic replaces path with data so readers see the old or the new
-// file, never a partial one. A new file is 0600 (it holds traffic tokens);
-// an existing file keeps its permissions.
+// file, never a partial one. It holds traffic tokens: a new file is 0600,
+// and an existing one keeps its owner and group bits but loses the
+// others' (a checked-out routes.yaml is 0644: every user of the host
+// could read the tokens the admin API writes into it).
 func writeFileAtomic(path string, data []byte) error {
 	mode := os.FileMode(0o600)
 	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
+		mode = fi.Mode().Perm() &^ 0o007
 	}
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")

@@ -196,6 +196,47 @@ func TestMemoryStorePersist(t *testing.T) {
 	}
 }
 
+// The persisted file holds traffic tokens: whatever mode the operator's
+// file had (a checked-out routes.yaml is 0644), other users of the host
+// must not read it after an admin change wrote a token into it. Group and
+// owner bits are kept.
+func TestMemoryStorePersistNotWorldReadable(t *testing.T) {
+	for _, tc := range []struct {
+		before, after os.FileMode // before 0: no file yet
+	}{
+		{0, 0o600},
+		{0o644, 0o640},
+		{0o666, 0o660},
+		{0o604, 0o600},
+		{0o640, 0o640},
+		{0o600, 0o600},
+	} {
+		t.Run(tc.before.String(), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "routes.yaml")
+			if tc.before != 0 {
+				if err := os.WriteFile(path, []byte("routes: {}\n"), tc.before); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(path, tc.before); err != nil { // past the umask
+					t.Fatal(err)
+				}
+			}
+			s := NewMemoryStore()
+			s.SetPersistPath(path)
+			if err := s.Put(mustRoute(t, "private", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fi.Mode().Perm(); got != tc.after {
+				t.Errorf("file mode %v before, %v after the write; want %v", tc.before, got, tc.after)
+			}
+		})
+	}
+}
+
 func TestMemoryStorePutValidates(t *testing.T) {
 	s := NewMemoryStore()
 	bad := []*Route{

@@ -152,6 +152,19 @@ func (s *MemoryStore) snapshotLocked() snapshot {
 	return snapshot{path: s.path, seq: s.seq, routes: routes}
 }
 
+// CheckPersistPath reports whether path's directory takes the temporary
+// file that every rewrite of path starts with, so that a store that cannot
+// persist is found at startup rather than by each admin change.
+func CheckPersistPath(path string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("routes file %s cannot be rewritten: %w", path, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return nil
+}
+
 func (s *MemoryStore) persist(snap snapshot) error {
 	if snap.path == "" {
 		return nil

@@ -279,6 +279,30 @@ func TestMemoryStorePersistError(t *testing.T) {
 	}
 }
 
+func TestCheckPersistPath(t *testing.T) {
+	dir := t.TempDir()
+	if err := CheckPersistPath(filepath.Join(dir, "routes.yaml")); err != nil {
+		t.Fatalf("writable directory, no file yet: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("the check left %d files behind", len(entries))
+	}
+	missing := filepath.Join(dir, "missing", "routes.yaml")
+	if err := CheckPersistPath(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("missing directory: %v, want an error naming %s", err, missing)
+	}
+	if os.Geteuid() == 0 {
+		return // root writes anywhere
+	}
+	ro := t.TempDir()
+	if err := os.Chmod(ro, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckPersistPath(filepath.Join(ro, "routes.yaml")); err == nil {
+		t.Fatal("read-only directory: no error")
+	}
+}
+
 func TestMemoryStoreConcurrent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routes.yaml")
 	s := NewMemoryStore()

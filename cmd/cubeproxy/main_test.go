@@ -79,6 +79,10 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		// A redirect with no HTTPS listener to send to: plain HTTP would
 		// go on reaching the sandboxes the operator meant to close it to.
 		{[]string{"--tls-redirect-http"}, "tls.redirect_http needs https_addr"},
+		// A routes file that cannot be rewritten: every admin change
+		// would answer 500 (the image's /etc/cubeproxy without a mounted
+		// directory, a path mistyped).
+		{[]string{"--persist-routes", "--routes=" + filepath.Join(t.TempDir(), "missing", "routes.yaml")}, "persist_routes: routes file"},
 	} {
 		var out, errb bytes.Buffer
 		// Bounded: a setting that is wrongly accepted starts a proxy.

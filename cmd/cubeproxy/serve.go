@@ -184,6 +184,9 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 			if cfg.Routes == "" {
 				return nil, errors.New("persist_routes needs a routes file")
 			}
+			if err := routing.CheckPersistPath(cfg.Routes); err != nil {
+				return nil, fmt.Errorf("persist_routes: %w", err)
+			}
 			a.routes.SetPersistPath(cfg.Routes)
 		}
 		a.reached.Store(true)

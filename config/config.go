@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cube-sandbox/cubeproxy/internal/yamldoc"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
@@ -223,20 +224,12 @@ func LoadCommand(command string, args []string, getenv func(string) string, out 
 		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
-		// Decode reads one document: settings after a "---" would be
-		// ignored without a word. Empty documents are harmless.
-		for {
-			var next yaml.Node
-			err := dec.Decode(&next)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("config %s: %w", path, err)
-			}
-			if len(next.Content) > 0 && next.Content[0].ShortTag() != "!!null" {
-				return nil, fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, next.Content[0].Line)
-			}
+		line, err := yamldoc.NextDocument(dec)
+		if err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+		if line > 0 {
+			return nil, fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)
 		}
 	}
 	for i := range settings {

@@ -300,23 +300,9 @@ func (c *Cache) Invalidate(id string) int {
 	return n
 }
 
-// InvalidateAll drops every entry, positive and negative, and returns how
-// many there were. Lookups in flight are not cached (as for Invalidate).
-func (c *Cache) InvalidateAll() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := range c.epochs {
-		c.epochs[i]++
-	}
-	n := c.pos.Len() + c.neg.Len()
-	c.pos.Purge()
-	c.neg.Purge()
-	return n
-}
-
 // ExpireAll makes every positive entry due for a re-read and drops every
-// negative one, returning how many entries there were. Unlike
-// InvalidateAll it keeps the routes: a store that fails the re-read (a
+// negative one, returning how many entries there were. It keeps the
+// routes, rather than dropping them: a store that fails the re-read (a
 // Redis still loading its data after a restart) is answered with the old
 // route, as for any expired entry. Lookups in flight are not cached.
 func (c *Cache) ExpireAll() int {

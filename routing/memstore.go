@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cube-sandbox/cubeproxy/internal/yamldoc"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -237,21 +238,14 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
-	// A second document would be ignored without a word, its routes
-	// missing (two files concatenated, each opening with "---"), as in
-	// the config file. Empty ones are harmless.
-	for {
-		var next yaml.Node
-		err := dec.Decode(&next)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n := next.Content; len(n) > 0 && n[0].ShortTag() != "!!null" {
-			return nil, fmt.Errorf("line %d: another YAML document after the first (only one is read); put every route under one \"routes\" key", n[0].Line)
-		}
+	// Two files concatenated, each opening with "---": the second's
+	// routes would be missing.
+	line, err := yamldoc.NextDocument(dec)
+	if err != nil {
+		return nil, err
+	}
+	if line > 0 {
+		return nil, fmt.Errorf("line %d: another YAML document after the first (only one is read); put every route under one \"routes\" key", line)
 	}
 	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == "!!null" {
 		return routes, nil // empty file, or a document with nothing in it

@@ -147,20 +147,28 @@ func TestAdminWrongMethod(t *testing.T) {
 		{"HEAD", "/admin/routes/nosuch", 404, ""},
 		{"GET", "/admin/nope", 404, ""},
 	} {
-		r, _ := http.NewRequest(tc.method, "http://"+h.admin+tc.path, nil)
-		resp, err := http.DefaultClient.Do(r)
-		if err != nil {
-			t.Fatal(err)
+		status, allow, b := callMethod(t, tc.method, "http://"+h.admin+tc.path)
+		if status != tc.status || allow != tc.allow {
+			t.Errorf("%s %s: %d Allow %q %s, want %d Allow %q", tc.method, tc.path, status, allow, b, tc.status, tc.allow)
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
-			t.Errorf("%s %s: %d Allow %q %s, want %d Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), b, tc.status, tc.allow)
-		}
-		if tc.method != "HEAD" && resp.StatusCode >= 400 && !strings.Contains(string(b), `"error"`) {
-			t.Errorf("%s %s: %d without a JSON error: %q", tc.method, tc.path, resp.StatusCode, b)
+		if tc.method != "HEAD" && status >= 400 && !strings.Contains(string(b), `"error"`) {
+			t.Errorf("%s %s: %d without a JSON error: %q", tc.method, tc.path, status, b)
 		}
 	}
+}
+
+// callMethod sends an empty request with method to url and returns the
+// answer's status, Allow header and body.
+func callMethod(t *testing.T, method, url string) (status int, allow string, body []byte) {
+	t.Helper()
+	r, _ := http.NewRequest(method, url, strings.NewReader(""))
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Allow"), body
 }
 
 // Every change made through the admin API is logged: the routing table
@@ -495,16 +503,10 @@ func TestAdminMetricsWrongMethod(t *testing.T) {
 			{"PUT", 405, "GET, HEAD"},
 			{"DELETE", 405, "GET, HEAD"},
 		} {
-			r, _ := http.NewRequest(tc.method, "http://"+ln.Addr().String()+"/metrics", strings.NewReader(""))
-			resp, err := http.DefaultClient.Do(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+			status, allow, b := callMethod(t, tc.method, "http://"+ln.Addr().String()+"/metrics")
+			if status != tc.status || allow != tc.allow {
 				t.Errorf("loopback open %v: %s /metrics: %d Allow %q %q, want %d Allow %q",
-					loopbackOpen, tc.method, resp.StatusCode, resp.Header.Get("Allow"), b, tc.status, tc.allow)
+					loopbackOpen, tc.method, status, allow, b, tc.status, tc.allow)
 			}
 		}
 	}

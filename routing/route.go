@@ -111,10 +111,11 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 	}
 	r := &Route{ID: id, Public: true, Ports: make(map[uint16]uint16)}
 	// Map order is random; report the error of the smallest field name so the
-	// same input always yields the same message.
+	// same input always yields the same message. Names tie (a port and its
+	// duplicate, long names cut alike): then the smallest reason.
 	var first *FieldError
 	fail := func(field, reason string) {
-		if first == nil || field < first.Field {
+		if first == nil || field < first.Field || field == first.Field && reason < first.Reason {
 			first = &FieldError{Field: field, Reason: reason}
 		}
 	}

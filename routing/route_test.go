@@ -187,6 +187,28 @@ func TestParseRouteErrorDeterministic(t *testing.T) {
 	}
 }
 
+// Fields named alike in errors (a port field and the duplicate of another;
+// two long names cut to the same text, a zero-padded port and an unknown
+// field) still give one message: the 404 body and the log line of a
+// broken route, or the admin API's 400, must not change between reads.
+func TestParseRouteErrorDeterministicOnTies(t *testing.T) {
+	pad := strings.Repeat("0", maxEcho)
+	for _, tc := range []struct {
+		strict bool
+		fields map[string]string
+	}{
+		{false, map[string]string{FieldHostIP: "10.0.0.1", "50005": "x", "050005": "1", "0050005": "1"}},
+		{true, map[string]string{FieldHostIP: "10.0.0.1", FieldAllowPublicTraffic: "true", pad + "1": "1", pad + "x": "1"}},
+	} {
+		_, first := parseRoute("box", tc.fields, tc.strict)
+		for range 100 {
+			if _, err := parseRoute("box", tc.fields, tc.strict); err == nil || first == nil || err.Error() != first.Error() {
+				t.Fatalf("%q: %v, then %v", tc.fields, first, err)
+			}
+		}
+	}
+}
+
 // FuzzParseRoute feeds arbitrary hash fields to the route parser: it must
 // answer every input with a route or a *FieldError, never panic, and a
 // route it accepts must survive Fields and a second parse unchanged (the

@@ -26,10 +26,16 @@ const clientName = "cubeproxy"
 // own ClientName option fails the connection when CLIENT SETNAME is
 // refused, and an ACL user granted only the commands the proxy needs
 // (README, "Redis store") may not run it. A name is a convenience; a
-// connection without one serves routes the same.
+// connection without one serves routes the same. Only the server's
+// refusal is ignored: after a timeout or a reset the connection may still
+// get the late reply, and go-redis must drop it rather than pool it.
 func setClientName(ctx context.Context, cn *redis.Conn) error {
-	_ = cn.ClientSetName(ctx, clientName).Err()
-	return nil
+	err := cn.ClientSetName(ctx, clientName).Err()
+	var refused redis.Error
+	if errors.As(err, &refused) {
+		return nil
+	}
+	return err
 }
 
 // timeouts is the per-attempt budget derived from CommandTimeout: three dial

@@ -23,16 +23,16 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	if err == nil {
 		return false
 	}
-	if isPreflight(h) {
-		answerPreflight(ctx)
-		return true
-	}
 	var rej *auth.Rejection
 	if !errors.As(err, &rej) {
 		rej = &auth.Rejection{Code: auth.CodeTrafficTokenInvalid, Reason: "traffic access token invalid"}
 	}
 	if rej.Code == auth.CodeTrafficTokenNotConfigured {
 		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
+	}
+	if isPreflight(h) {
+		answerPreflight(ctx)
+		return true
 	}
 	if rej.Code == auth.CodeTrafficTokenMissing && p.cfg.Signer != nil {
 		tok := ctx.QueryArgs().Peek(auth.QueryParamName)

@@ -288,18 +288,25 @@ func (b *authBackend) assertUntouched(t *testing.T, what string) {
 // empty line) to the proxy on a fresh connection and returns the response.
 func authRawRequest(t *testing.T, addr string, lines ...string) (*http.Response, string) {
 	t.Helper()
+	return rawRequest(t, addr, strings.Join(lines, "\r\n")+"\r\nConnection: close\r\n\r\n")
+}
+
+// rawRequest writes raw to a new connection to addr and returns the
+// answer, its body read.
+func rawRequest(t *testing.T, addr, raw string) (*http.Response, string) {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, strings.Join(lines, "\r\n")+"\r\nConnection: close\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, raw); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("answer from %s: %v", addr, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -1287,20 +1294,7 @@ func TestAppendLocalPath(t *testing.T) {
 // of the answer.
 func rawStatus(t *testing.T, addr, raw string) int {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("answer from %s: %v", addr, err)
-	}
-	resp.Body.Close()
+	resp, _ := rawRequest(t, addr, raw)
 	return resp.StatusCode
 }
 

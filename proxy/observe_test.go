@@ -861,13 +861,7 @@ func TestAccessLogBytesIn(t *testing.T) {
 // and logged like every other answer.
 func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	tel := obsTelemetry(t, nil)
-	buf := new(obsLogBuf)
-	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = al.Close() })
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel; o.cfg.AccessLog = al })
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 	admin := obsMetricsAdmin(t, h, tel)
 	class4xx := map[string]string{"status_class": "4xx", "route_kind": "error"}
 	before, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)

@@ -267,13 +267,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 // error_code drain_timeout: the proxy cut it, not the sandbox, so it must
 // not read upstream_reset (which dashboards count against sandboxes).
 func TestDrainCutDownloadLogged(t *testing.T) {
-	buf := new(obsLogBuf)
-	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = al.Close() })
-	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 300 * time.Millisecond; o.cfg.AccessLog = al })
+	h, buf, _ := drainLogHarness(t, 300 * time.Millisecond)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "10485760")
 		w.Write(make([]byte, 1<<20))
@@ -426,13 +420,7 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const drain = 300 * time.Millisecond
-			buf := new(obsLogBuf)
-			al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = al.Close() })
-			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al })
+			h, buf, al := drainLogHarness(t, drain)
 			port, accepted := muteSandbox(t, tc.reply)
 			host := h.route("mute", port)
 
@@ -523,13 +511,7 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const drain = 300 * time.Millisecond
-			buf := new(obsLogBuf)
-			al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = al.Close() })
-			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al })
+			h, buf, al := drainLogHarness(t, drain)
 			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if tc.ct != "" {
 					w.Header().Set("Content-Type", tc.ct)
@@ -569,4 +551,18 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 			}
 		})
 	}
+}
+
+// drainLogHarness is a harness with the given drain timeout and a JSON
+// access log into buf. al is returned so that a test can close it when
+// Shutdown returns: what is not logged by then never is.
+func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLogBuf, al *accesslog.Logger) {
+	t.Helper()
+	buf = new(obsLogBuf)
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	return newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }), buf, al
 }

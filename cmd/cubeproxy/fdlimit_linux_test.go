@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -42,16 +41,8 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
 	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
-	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes,
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes,
 		"--access-log-format", "off", "--drain-timeout", "1s")
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	pid := cmd.Process.Pid
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -181,7 +172,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
 		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
 	}
-	sigtermAndWait(t, cmd, exited, &logs)
+	sigtermAndWait(t, cmd, exited, logs)
 }
 
 // setNoFile lowers another process's RLIMIT_NOFILE (prlimit(2)).

@@ -101,6 +101,22 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
+// startBinary starts bin with args, its output in logs; exited gets
+// cmd.Wait's result. The process is killed when the test ends.
+func startBinary(t *testing.T, bin string, args ...string) (cmd *exec.Cmd, logs *syncBuffer, exited <-chan error) {
+	t.Helper()
+	cmd = exec.Command(bin, args...)
+	logs = new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, logs, done
+}
+
 // sigtermAndWait stops a started binary with SIGTERM and wants a clean exit
 // (exited gets cmd.Wait's result) within 10 s.
 func sigtermAndWait(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.Stringer) {

@@ -369,15 +369,7 @@ func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
 	os.WriteFile(routes, []byte("routes:\n  mute:\n    HostIP: \"127.0.0.1\"\n    \""+port+"\": \""+port+"\"\n"), 0o600)
 	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
 	const drain = 60 * time.Second
-	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", drain.String())
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", drain.String())
 	testenv.WaitFor(t, 30*time.Second, "listening", func() bool { return strings.Contains(logs.String(), "cubeproxy listening") })
 
 	c, err := net.Dial("tcp", proxyAddr)

@@ -267,7 +267,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 // error_code drain_timeout: the proxy cut it, not the sandbox, so it must
 // not read upstream_reset (which dashboards count against sandboxes).
 func TestDrainCutDownloadLogged(t *testing.T) {
-	h, buf, _ := drainLogHarness(t, 300 * time.Millisecond)
+	h, buf, _ := drainLogHarness(t, 300*time.Millisecond)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "10485760")
 		w.Write(make([]byte, 1<<20))

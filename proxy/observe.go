@@ -164,17 +164,21 @@ type logScratch struct {
 
 var logScratchPool = sync.Pool{New: func() any { return new(logScratch) }}
 
-// fwdHeaders holds X-Real-IP, X-Forwarded-For and X-Forwarded-Proto as
-// the client sent them. prepareRequest rewrites them for the sandbox; the
-// access log shows them as received (nginx's $http_x_real_ip...). Pooled.
+// fwdHeaders holds X-Real-IP, X-Forwarded-For, X-Forwarded-Proto and Host
+// as the client sent them. prepareRequest rewrites them for the sandbox (a
+// route's MaskRequestHost replaces Host); the access log shows them as
+// received (nginx's $http_x_real_ip..., $host). Pooled.
 type fwdHeaders struct {
 	b   []byte
-	end [3]int // value i is b[end[i-1]:end[i]]
+	end [4]int // value i is b[end[i-1]:end[i]]
 }
 
 var fwdHeadersPool = sync.Pool{New: func() any { return new(fwdHeaders) }}
 
 var forwardingHeaders = [3]string{"X-Real-IP", "X-Forwarded-For", "X-Forwarded-Proto"}
+
+// fwdHost is the slot of the Host header in fwdHeaders.
+const fwdHost = len(forwardingHeaders)
 
 func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	f.b = f.b[:0]
@@ -182,6 +186,8 @@ func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 		f.b = append(f.b, h.Peek(name)...)
 		f.end[i] = len(f.b)
 	}
+	f.b = append(f.b, h.Host()...)
+	f.end[fwdHost] = len(f.b)
 }
 
 // get returns value i; it aliases f.b.
@@ -217,7 +223,6 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		buf = a.AppendTo(buf)
 		return b2s(buf[n:])
 	}
-	e.Host = b2s(h.Host())
 	e.RemoteAddr = addr(remoteIP(rc))
 	if la, ok := rc.LocalAddr().(*net.TCPAddr); ok {
 		ip, _ := netip.AddrFromSlice(la.IP)
@@ -225,6 +230,9 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	}
 	if f := x.fwd; f != nil {
 		e.XRealIP, e.XForwardedFor, e.XForwardedProto = f.get(0), f.get(1), f.get(2)
+		e.Host = f.get(fwdHost)
+	} else {
+		e.Host = b2s(h.Host())
 	}
 	e.Method = b2s(h.Method())
 	uri := h.RequestURI()

@@ -1192,3 +1192,37 @@ func TestRedirectListenerLogsBodyBytes(t *testing.T) {
 		})
 	}
 }
+
+// A route with MaskRequestHost sends the sandbox another Host, but the
+// access log names the host the client asked for (nginx's $host): an
+// operator looking for a sandbox's requests by its host must find them,
+// whether the answer was whole or a detached stream logged at its end.
+func TestAccessLogHostOfMaskedRoute(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	saw := make(chan string, 2)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		saw <- r.Host
+		if r.URL.Path == "/events" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: one\n\n")
+			w.(http.Flusher).Flush() // chunked: a stream, detached
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	h.put("sbxmasklog", map[string]string{"HostIP": "127.0.0.1", "MaskRequestHost": "localhost:${PORT}", itoa(port): itoa(port)})
+	host := itoa(port) + "-sbxmasklog.cube.test"
+	for _, path := range []string{"/plain", "/events"} {
+		req := h.req("GET", host, path, nil)
+		req.Header.Set("X-Cube-Request-Id", "req-mask"+strings.TrimPrefix(path, "/"))
+		resp := h.do(req)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := <-saw; got != "localhost:"+itoa(port) {
+			t.Fatalf("%s: sandbox saw Host %q, want the masked one", path, got)
+		}
+		if e := buf.waitJSON(t, "req-mask"+strings.TrimPrefix(path, "/")); e["host"] != host {
+			t.Errorf("%s: access log host %v, want %q as the client sent it", path, e["host"], host)
+		}
+	}
+}

@@ -1226,3 +1226,45 @@ func TestAccessLogHostOfMaskedRoute(t *testing.T) {
 		}
 	}
 }
+
+// upstream_addr (and the span's upstream address) names a sandbox only
+// when the proxy connected to it: a request refused after its route was
+// resolved but before any dial (too many streams, a body too large) is
+// logged without one, not as if the sandbox had been asked and had not
+// answered.
+func TestAccessLogUpstreamOnlyWhenDialed(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.MaxRequestBodySize = 1 << 10
+	})
+	port, ack := heldSSEBackend(t)
+	defer close(ack)
+	host := h.route("sbxnodial", port)
+	check := func(id string, req *http.Request, status int) {
+		t.Helper()
+		req.Header.Set("X-Cube-Request-Id", id)
+		r, err := h.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		if r.StatusCode != status {
+			t.Fatalf("%s: status %d, want %d", id, r.StatusCode, status)
+		}
+		e := buf.waitJSON(t, id)
+		if e["upstream_addr"] != "" || e["upstream_response_time"] != nil || e["backend_ip"] != "127.0.0.1" {
+			t.Errorf("%s: upstream_addr %q, upstream_response_time %v, backend_ip %v; want no upstream, the route's backend ip",
+				id, e["upstream_addr"], e["upstream_response_time"], e["backend_ip"])
+		}
+	}
+
+	check("req-nodial-413", h.req("POST", host, "/upload", strings.NewReader(strings.Repeat("x", 2<<10))), 413)
+
+	resp := h.do(h.req("GET", host, "/events", nil))
+	defer resp.Body.Close()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err) // the stream is open: the sandbox's one slot is taken
+	}
+	check("req-nodial-429", h.req("GET", host, "/", nil), 429)
+}

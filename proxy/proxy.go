@@ -206,7 +206,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 
 	addr, perr := p.backend(route, t.Port)
-	x.upstream, x.backendIP = addr, addr.Addr()
+	x.backendIP = addr.Addr() // x.upstream waits for the dial (startUpstream)
 	if perr != nil {
 		x.fail(ctx, *perr, id)
 		return
@@ -325,7 +325,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		req.Header.SetProtocolBytes(http11)
 	}
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
-	p.startUpstream(ctx, x)
+	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
 	c, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header))

@@ -240,7 +240,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		x.fail(ctx, *perr, id)
 		return
 	}
-	p.startUpstream(ctx, x)
+	p.startUpstream(ctx, x, addr)
 	// A tunnel's connection is its pool's, counted against
 	// upstream.max_conns, though it never goes back to the idle list.
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())

@@ -504,7 +504,15 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		Port      int    `json:"port"`
 		TTL       string `json:"ttl"`
 	}
-	if err := json.Unmarshal(ctx.PostBody(), &b); err != nil {
+	// Unknown fields are refused: a lifetime spelled another way
+	// ("ttl_seconds") would otherwise silently issue a 10-minute token.
+	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&b)
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("trailing data after the object")
+	}
+	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return
 	}

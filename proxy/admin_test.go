@@ -579,3 +579,42 @@ func FuzzAdminHandler(f *testing.F) {
 		}
 	})
 }
+
+// POST /admin/tokens refuses a field it does not know: a caller that
+// spells the lifetime its own way ("ttl_seconds", "expires_in") would
+// otherwise get a 200 and a token of the default 10 minutes, found out only
+// when its users are refused.
+func TestAdminTokensRefuseUnknownFields(t *testing.T) {
+	h := newHarness(t)
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listen(t, "127.0.0.1:0")
+	srv := &fasthttp.Server{Handler: NewAdmin(AdminConfig{Signer: signer}, h.proxy).Handler}
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	for _, tc := range []struct {
+		body   string
+		status int
+		want   string // in the error
+	}{
+		{`{"sandbox_id":"box","port":8080,"ttl":"1h"}`, 200, ""},
+		{`{"sandbox_id":"box","port":8080,"ttl_seconds":3600}`, 400, "ttl_seconds"},
+		{`{"sandbox_id":"box","port":8080,"expires_in":"1h"}`, 400, "expires_in"},
+	} {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/admin/tokens", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Error string `json:"error"`
+			Token string `json:"token"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || !strings.Contains(out.Error, tc.want) || (tc.status == 200) != (out.Token != "") {
+			t.Errorf("%s: %d %+v (%v), want %d naming %q", tc.body, resp.StatusCode, out, err, tc.status, tc.want)
+		}
+	}
+}

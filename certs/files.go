@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -201,6 +202,12 @@ func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
 }
 
 func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	if incompletePEM(certPEM) {
+		// X509KeyPair stops at the first block it cannot decode: a chain
+		// cut mid-write would load as its leaf alone, which clients that
+		// need the intermediate cannot verify.
+		return nil, fmt.Errorf("load %s: it ends inside a PEM block (truncated, or still being written)", p.CertFile)
+	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("load %s + %s: %w", p.CertFile, p.KeyFile, err)
@@ -211,6 +218,19 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 		}
 	}
 	return &cert, nil
+}
+
+// incompletePEM reports whether b ends inside a PEM block: one that begins
+// and never ends, or the start of a "-----BEGIN" line.
+func incompletePEM(b []byte) bool {
+	begin := []byte("-----BEGIN")
+	for {
+		var block *pem.Block
+		if block, b = pem.Decode(b); block == nil {
+			rest := bytes.TrimSpace(b)
+			return bytes.Contains(rest, begin) || len(rest) > 0 && bytes.HasPrefix(begin, rest)
+		}
+	}
 }
 
 // noSNI reports whether a ClientHello's server name cannot select a

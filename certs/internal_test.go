@@ -2,6 +2,7 @@ package certs
 
 import (
 	"crypto/tls"
+	"encoding/pem"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -96,6 +97,39 @@ func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 	}
 	if s.loaded[0].cert == first || len(s.loaded[0].cert.Leaf.DNSNames) != 2 {
 		t.Fatal("the new pair was not loaded")
+	}
+}
+
+// A certificate file replaced in place (cp, a deploy hook's cat > file) is
+// read by a reload that can land mid-write. A write cut inside the chain
+// leaves a whole leaf, which matches the key, and a truncated intermediate:
+// loaded, it served new clients a chain they could not verify until the
+// next tick. It is refused like any other incomplete pair.
+func TestFileReloadRefusesTruncatedChain(t *testing.T) {
+	dir := t.TempDir()
+	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	ca := testenv.NewCA(t, "ca")
+	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	first := s.loaded[0].cert
+
+	leaf, key := ca.Issue(t, "cube.test", "*.cube.test")
+	inter := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	full := append(append([]byte(nil), leaf...), inter...)
+	writeFile(t, p.KeyFile, key)
+	for _, cut := range []int{len(leaf) + 5, len(leaf) + 10, len(leaf) + len(inter)/2, len(full) - 5} {
+		writeFile(t, p.CertFile, full[:cut])
+		if s.reload() || s.loaded[0].cert != first {
+			t.Fatalf("cut at %d of %d bytes: a truncated chain was loaded", cut, len(full))
+		}
+	}
+	writeFile(t, p.CertFile, full)
+	if !s.reload() || len(s.loaded[0].cert.Certificate) != 2 {
+		t.Fatal("the whole chain was not loaded")
 	}
 }
 

@@ -314,6 +314,20 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	// The start would fail on "open : no such file or directory", naming
+	// no setting.
+	if err := checkPair("tls.cert_file", "tls.key_file", c.TLS.CertFile, c.TLS.KeyFile); err != nil {
+		return err
+	}
+	for i, f := range c.TLS.Files {
+		at := fmt.Sprintf("tls.files[%d].", i)
+		if f.CertFile == "" && f.KeyFile == "" {
+			return fmt.Errorf("%scert_file and %skey_file are empty", at, at)
+		}
+		if err := checkPair(at+"cert_file", at+"key_file", f.CertFile, f.KeyFile); err != nil {
+			return err
+		}
+	}
 	if src := c.TLS.Source; c.HTTPSAddr == "" && (src == "files" || src == "acme") {
 		// Only the HTTPS listener reads certificates: the proxy would
 		// serve plain HTTP alone, and ACME would never issue, with no
@@ -360,6 +374,18 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
 			}
 		}
+	}
+	return nil
+}
+
+// checkPair refuses a certificate/key pair with one half missing, naming
+// the settings (certKey, keyKey).
+func checkPair(certKey, keyKey, certFile, keyFile string) error {
+	switch {
+	case certFile != "" && keyFile == "":
+		return fmt.Errorf("%s is set but %s is empty: a certificate needs its key", certKey, keyKey)
+	case certFile == "" && keyFile != "":
+		return fmt.Errorf("%s is set but %s is empty: a key needs its certificate", keyKey, certKey)
 	}
 	return nil
 }

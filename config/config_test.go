@@ -108,6 +108,12 @@ func TestLoadErrors(t *testing.T) {
 		}, "tls.source is files but https_addr is empty"},
 		{"acme source without https_addr", []string{"--config", "../configs/cubeproxy.yaml", "--tls-source=acme", "--tls-domain=sb.example.com"}, nil, "tls.source is acme but https_addr is empty"},
 		{"file list with self_signed source", []string{"--config", writeFile(t, "tls:\n  source: self_signed\n  files:\n    - cert_file: a.pem\n      key_file: a-key.pem\n")}, nil, "tls.files is set but tls.source is self_signed"},
+		// A pair with one half: the start failed on "open : no such file
+		// or directory", naming no setting.
+		{"cert file without key file", []string{"--https-addr=:8443", "--tls-cert-file=/tls/tls.crt"}, nil, "tls.cert_file is set but tls.key_file is empty"},
+		{"key file without cert file", nil, map[string]string{"CUBEPROXY_HTTPS_ADDR": ":8443", "CUBEPROXY_TLS_KEY_FILE": "/tls/tls.key"}, "tls.key_file is set but tls.cert_file is empty"},
+		{"file list entry without key", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  files:\n    - cert_file: a.pem\n      key_file: a-key.pem\n    - cert_file: b.pem\n")}, nil, "tls.files[1].cert_file is set but tls.files[1].key_file is empty"},
+		{"empty file list entry", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  files:\n    - {}\n")}, nil, "tls.files[0].cert_file and tls.files[0].key_file are empty"},
 		// Names that would match no Host header.
 		{"shared host with port", []string{"--shared-hosts=gw.example.com:8081"}, nil, `shared_hosts: "gw.example.com:8081" is not a bare host name`},
 		{"domain with scheme", []string{"--config", writeFile(t, "domains: ['https://sb.example.com']\n")}, nil, `domains: "https://sb.example.com"`},

@@ -214,16 +214,22 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		// StreamRequestBody): begin's estimate is that of the streaming
 		// listeners, at most 8 KiB, and 0 for a chunked body.
 		x.bytesIn = int64(len(ctx.Request.Body()))
-		if len(ctx.Host()) == 0 {
+		// The Host header, as the HTTPS listener routes by it: ctx.Host()
+		// prefers an absolute-form target's authority and drops userinfo,
+		// so "a@evil.test" would send the client to evil.test.
+		host := ctx.Request.Header.Host()
+		if len(host) == 0 {
 			// HTTP/1.0 without Host: "https://:8443/x" names no server.
 			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
+		} else if !redirectableHost(host) {
+			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "invalid host"}, nil)
 		} else {
 			// Set as is, not through ctx.Redirect: that resolves the target
 			// through fasthttp's URI, which normalises the path (a%2Fb
 			// becomes a/b, dot segments go), while HTTPS forwards it
 			// unnormalised.
 			ctx.Response.Header.Set(fasthttp.HeaderLocation,
-				"https://"+httpsAuthority(string(ctx.Host()), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
+				"https://"+httpsAuthority(string(host), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
 			ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 		}
 		// After the answer is written (an error answer resets the headers),
@@ -236,6 +242,19 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// redirectableHost reports whether host can be pasted into a URL as its
+// authority without changing which server it names: no userinfo, path,
+// query, fragment, backslash (browsers read it as a slash) or control byte.
+func redirectableHost(host []byte) bool {
+	for _, c := range host {
+		switch {
+		case c <= ' ' || c == 0x7f, c == '@', c == '/', c == '\\', c == '?', c == '#':
+			return false
+		}
+	}
+	return true
 }
 
 // redirectTarget is the path and query of a request target as the client

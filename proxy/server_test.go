@@ -272,3 +272,50 @@ func TestMalformedRequestsAnswered(t *testing.T) {
 		})
 	}
 }
+
+// The redirect listener sends a client to the host its Host header names,
+// like the HTTPS listener routes by it, and never to another one: fasthttp
+// drops userinfo from the host it reports ("a@evil.test" is "evil.test"),
+// and prefers an absolute-form target's authority over the Host header, so
+// these requests were sent to https://evil.test. A Host with userinfo is
+// refused, as the HTTPS listener refuses it.
+func TestRedirectListenerHost(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for _, tc := range []struct {
+		name, target, host string
+		status             int
+		location           string
+	}{
+		{"plain", "/p", "50005-box.cube.test", 308, "https://50005-box.cube.test:8443/p"},
+		{"userinfo", "/p", "a@evil.test", 400, ""},
+		{"userinfo with a port", "/p", "50005-box.cube.test:80@evil.test", 400, ""},
+		{"absolute-form naming another host", "http://evil.test/p", "50005-box.cube.test", 308, "https://50005-box.cube.test:8443/p"},
+		{"absolute-form with userinfo", "http://u@evil.test/p", "50005-box.cube.test", 308, "https://50005-box.cube.test:8443/p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.location {
+				t.Fatalf("%d Location %q, want %d %q", resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
+			}
+			if tc.status == 400 {
+				checkProxyError(t, resp, string(body), 400, routing.CodeInvalidHost)
+			}
+		})
+	}
+}

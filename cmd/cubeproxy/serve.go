@@ -360,6 +360,12 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 	if canonical := strconv.Itoa(int(t.Port)) + "-" + string(t.ID()); !strings.EqualFold(label, canonical) {
 		return fmt.Errorf("%s is not the canonical name %s", label, canonical)
 	}
+	if len(label) > 63 || strings.IndexByte(label, '_') >= 0 {
+		// Sandbox ids may be longer than a DNS label and hold '_': no CA
+		// issues for such a name, and every attempt would place an order
+		// (retried for minutes) and hold the client's handshake.
+		return fmt.Errorf("%s is not a DNS label: no certificate can name it", label)
+	}
 	r, _, err := a.cache.Get(ctx, t.ID())
 	if err != nil {
 		return err

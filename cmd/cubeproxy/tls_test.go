@@ -689,7 +689,11 @@ func containsName(names []string, want string) bool {
 func TestTLSACMEOnDemand(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pb := testenv.StartPebble(t, dnsSrv.Addr)
-	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")},
+	// Ids the routing table takes whose host name is no DNS name: no CA
+	// issues for them, so an order would only spend the budget.
+	longID := strings.Repeat("l", 60) // "50005-" + 60 bytes: a 66-byte label
+	who := tlsWhoami(t, "abc")
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": who, "a_b": who, longID: who},
 		acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n")))
 	if n := pb.Orders(); n != 0 {
 		t.Fatalf("on-demand only: %d orders at startup", n)
@@ -706,6 +710,8 @@ func TestTLSACMEOnDemand(t *testing.T) {
 		{"port the route does not expose refused", "50006-abc.cube.test", false, 0},
 		{"other domain refused", "50005-abc.elsewhere.test", false, 0},
 		{"leading-zero spelling of the port refused", "050005-abc.cube.test", false, 0},
+		{"id with an underscore refused", "50005-a_b.cube.test", false, 0},
+		{"label longer than 63 bytes refused", "50005-" + longID + ".cube.test", false, 0},
 		{"no SNI refused (no wildcard to default to)", "", false, 0},
 		{"existing route gets a certificate", "50005-abc.cube.test", true, 1},
 		{"second handshake served from memory", "50005-abc.cube.test", true, 0},

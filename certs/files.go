@@ -36,6 +36,7 @@ type loadedPair struct {
 	certPEM, keyPEM []byte
 	cert            *tls.Certificate
 	failed          [sha256.Size]byte // content hash of the last bad version, to log it once
+	warned          bool              // outside its validity was logged for this version
 }
 
 // certIndex is an immutable lookup table, swapped atomically on reload.
@@ -69,9 +70,8 @@ func newFileSource(pairs []FilePair, interval time.Duration, log *slog.Logger) (
 		if err != nil {
 			return nil, err
 		}
-		s.loaded[i] = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
 		log.Info("tls certificate loaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
-		warnValidity(log, p, cert.Leaf)
+		s.loaded[i] = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert, warned: warnValidity(log, p, cert.Leaf, time.Now())}
 	}
 	s.index.Store(s.buildIndex())
 	go s.watch()
@@ -116,6 +116,7 @@ func (s *fileSource) watch() {
 			if s.reload() {
 				s.index.Store(s.buildIndex())
 			}
+			s.warnExpired(time.Now())
 		}
 	}
 }
@@ -138,22 +139,35 @@ func (s *fileSource) reload() bool {
 			s.logFailure(cur, certPEM, keyPEM, err)
 			continue
 		}
-		*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert}
-		changed = true
 		s.log.Info("tls certificate reloaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
-		warnValidity(s.log, p, cert.Leaf)
+		*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert, warned: warnValidity(s.log, p, cert.Leaf, time.Now())}
+		changed = true
 	}
 	return changed
 }
 
 // warnValidity warns when a loaded certificate is expired or not yet
-// valid. It is still served, like nginx does: refusing it would take HTTPS
-// down for every client over a renewal that went wrong, and a client that
-// skips verification still works.
-func warnValidity(log *slog.Logger, p FilePair, leaf *x509.Certificate) {
-	if now := time.Now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+// valid at now, and reports whether it did. It is still served, like nginx
+// does: refusing it would take HTTPS down for every client over a renewal
+// that went wrong, and a client that skips verification still works.
+func warnValidity(log *slog.Logger, p FilePair, leaf *x509.Certificate, now time.Time) bool {
+	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
 		log.Warn("tls certificate is outside its validity period; clients will refuse it",
 			"cert_file", p.CertFile, "names", leaf.DNSNames, "not_before", leaf.NotBefore, "not_after", leaf.NotAfter)
+		return true
+	}
+	return false
+}
+
+// warnExpired warns, once per version, about a certificate that expired
+// while it was served: an unchanged file is not reloaded, so without this a
+// lapsed renewal went unlogged until the next restart.
+func (s *fileSource) warnExpired(now time.Time) {
+	for i := range s.loaded {
+		lp := &s.loaded[i]
+		if !lp.warned && now.After(lp.cert.Leaf.NotAfter) {
+			lp.warned = warnValidity(s.log, s.pairs[i], lp.cert.Leaf, now)
+		}
 	}
 }
 

@@ -177,3 +177,40 @@ func TestFilesWarnOutsideValidity(t *testing.T) {
 		}
 	}
 }
+
+// A certificate that expires while it is served (the renewal pipeline
+// broke, the file never changed) is warned about when it expires:
+// before, a file was checked only when it was loaded, so a proxy up for
+// months never said why every client started refusing it.
+func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
+	ca := testenv.NewCA(t, "test CA")
+	dir := t.TempDir()
+	pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}
+	now := time.Now()
+	certPEM, keyPEM := ca.IssueValid(t, now.Add(-time.Hour), now.Add(2*time.Second), "*.cube.test")
+	if err := os.WriteFile(pair.KeyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pair.CertFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := &logRecorder{}
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceFiles, Files: []certs.FilePair{pair},
+		ReloadInterval: 10 * time.Millisecond, Logger: slog.New(rec),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	const warning = "tls certificate is outside its validity period; clients will refuse it"
+	if slices.Contains(rec.warnings(), warning) {
+		t.Fatal("warned while the certificate was valid")
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !slices.Contains(rec.warnings(), warning) {
+			return errString("no warning after the certificate expired")
+		}
+		return nil
+	})
+}

@@ -1,12 +1,14 @@
 package certs
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/pem"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,6 +134,45 @@ func TestFileReloadRefusesTruncatedChain(t *testing.T) {
 		t.Fatal("the whole chain was not loaded")
 	}
 }
+
+// An expired certificate is warned about once, not at every tick.
+func TestFileExpiryWarnedOnce(t *testing.T) {
+	dir := t.TempDir()
+	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	ca := testenv.NewCA(t, "ca")
+	leaf := ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
+	rec := &countingHandler{}
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	for _, tc := range []struct {
+		at   time.Time
+		want int
+	}{
+		{leaf.NotAfter.Add(-time.Minute), 0},
+		{leaf.NotAfter.Add(time.Second), 1},
+		{leaf.NotAfter.Add(time.Minute), 1},
+	} {
+		s.warnExpired(tc.at)
+		if got := rec.warns.Load(); got != int64(tc.want) {
+			t.Fatalf("at %v: %d warnings, want %d", tc.at, got, tc.want)
+		}
+	}
+}
+
+type countingHandler struct{ warns atomic.Int64 }
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		h.warns.Add(1)
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
 func writeFile(t *testing.T, name string, b []byte) {
 	t.Helper()

@@ -39,6 +39,10 @@ const (
 	// CodeDrainTimeout marks, in the access log and the span, a response
 	// the drain deadline cut after its status went out.
 	CodeDrainTimeout = "drain_timeout"
+	// CodeClientClosed: the client closed its connection before the
+	// sandbox answered (nginx's 499); the answer goes to nobody, the log
+	// and the metrics are what see it.
+	CodeClientClosed = "client_closed_request"
 )
 
 // proxyError is a failure the proxy answers itself, before or instead of a

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"errors"
+	"net"
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // hangups ends an SSE stream as soon as its client closes the connection,
@@ -127,4 +129,39 @@ func (h *hangups) close() {
 	h.closed = true
 	h.mu.Unlock()
 	_ = h.f.Close()
+}
+
+// Poll events (the same on every Linux port Go supports).
+const (
+	pollERR   = 0x8
+	pollHUP   = 0x10
+	pollRDHUP = 0x2000
+)
+
+// clientHungUp reports whether the client closed (or half-closed) c, or
+// reset it: one poll that does not wait. POLLRDHUP sees the client's FIN
+// even behind bytes not read yet, as the epoll set does: a TLS client
+// sends close_notify before its FIN, which clientClosed's peek takes for
+// data. Bytes alone (a pipelined request) are not a hang-up.
+func clientHungUp(c net.Conn) bool {
+	raw := rawConn(c)
+	if raw == nil {
+		return false
+	}
+	gone := false
+	err := raw.Control(func(fd uintptr) {
+		pfd := struct {
+			fd              int32
+			events, revents int16
+		}{fd: int32(fd), events: pollRDHUP}
+		var ts syscall.Timespec // zero: do not wait
+		for {
+			n, _, e := syscall.Syscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+			if e != syscall.EINTR {
+				gone = e == 0 && n == 1 && pfd.revents&(pollRDHUP|pollHUP|pollERR) != 0
+				return
+			}
+		}
+	})
+	return gone || err != nil
 }

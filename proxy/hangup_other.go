@@ -2,6 +2,8 @@
 
 package proxy
 
+import "net"
+
 // hangups needs epoll; elsewhere a stream's departed client is found when
 // its next heartbeat is due.
 type hangups struct{}
@@ -12,3 +14,7 @@ func (h *hangups) watch(*bodyStream)   {}
 func (h *hangups) unwatch(*bodyStream) {}
 func (h *hangups) run()                {}
 func (h *hangups) close()              {}
+
+// clientHungUp reports whether the client closed c (a FIN with nothing
+// unread before it, or a reset); without POLLRDHUP, a peek.
+func clientHungUp(c net.Conn) bool { return clientClosed(c) }

@@ -328,7 +328,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header))
+	c, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
 	}
@@ -598,6 +598,12 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// The proxy is going away: the client must not try this
 		// connection again, and the sandbox is not to blame.
 		x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox did not answer before the drain deadline"}, id)
+		ctx.SetConnectionClose()
+	case errors.Is(err, errClientLeft):
+		// Nobody reads this answer (a client that only half-closed
+		// might); it is what the log and the metrics record, as nginx's
+		// 499.
+		x.fail(ctx, proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the sandbox answered"}, id)
 		ctx.SetConnectionClose()
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)

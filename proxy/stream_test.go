@@ -837,3 +837,68 @@ func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 		})
 	}
 }
+
+// A client that leaves while its sandbox is still working on the answer (an
+// agent cancelling a long MCP tool call, an HTTP client's timeout) ends the
+// request: the sandbox's connection is closed, so its server cancels the
+// work, and the request gives back its max_streams_per_sandbox slot, as
+// nginx does (499). Before, the proxy waited for the answer's head for up to
+// upstream.response_header_timeout (upstream.idle_timeout, two hours, for a
+// request that accepts an event stream), holding both, and a client that
+// retried after its own timeout was soon refused with 429.
+func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name, head string
+		last       string // sent before the close: a TLS client's close_notify comes before its FIN
+		reset      bool
+	}{
+		{"GET, client closes", "GET /slow HTTP/1.1\r\n", "", false},
+		{"GET, client sends bytes, then closes", "GET /slow HTTP/1.1\r\n", "\x15\x03\x03\x00\x02\x01\x00", false},
+		{"GET, client resets", "GET /slow HTTP/1.1\r\n", "", true},
+		{"MCP POST, client closes", "POST /mcp HTTP/1.1\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2\r\n", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := logHarness(t, "json", func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 })
+			got, canceled := make(chan struct{}, 1), make(chan struct{}, 1)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/fast" {
+					io.WriteString(w, "ok")
+					return
+				}
+				io.Copy(io.Discard, r.Body)
+				got <- struct{}{}
+				select {
+				case <-r.Context().Done():
+					canceled <- struct{}{}
+				case <-time.After(20 * time.Second):
+				}
+			}))
+			host := h.route("thinks", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, tc.head+"Host: "+host+"\r\nX-Cube-Request-Id: gone-before-head\r\n\r\n{}")
+			<-got
+			io.WriteString(c, tc.last)
+			if tc.reset {
+				reset(c.(*net.TCPConn))
+			} else {
+				c.Close()
+			}
+			select {
+			case <-canceled:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the sandbox's request is still open 5s after its client left")
+			}
+			e := logs.waitJSON(t, "gone-before-head")
+			if e["status"] != float64(499) || e["error_code"] != CodeClientClosed {
+				t.Errorf("logged status %v error_code %v, want 499 %s", e["status"], e["error_code"], CodeClientClosed)
+			}
+			// The slot is free: the next request is served, not refused.
+			if st, body, _ := h.get(host, "/fast"); st != 200 || body != "ok" {
+				t.Errorf("next request: %d %q", st, body)
+			}
+		})
+	}
+}

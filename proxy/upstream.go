@@ -406,7 +406,7 @@ func (u *upstream) handOff(c *upstreamConn) {
 // sent a single byte of an answer, the method is idempotent and the body is
 // not a stream (the rule net/http follows). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
-func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration) (*upstreamConn, error) {
+func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
@@ -415,6 +415,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		}
 		c.nread = 0
 		c.headerTimeout = headerTimeout
+		c.client = client
 		serr := c.send(req)
 		err = serr
 		switch {
@@ -441,12 +442,17 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			}
 			u.pending.Add(-1)
 		}
+		c.client = nil
 		if err == nil {
 			return c, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
 		cut := c.interrupted.Load()
+		gone := c.clientGone
 		c.release(p, false)
+		if gone {
+			return nil, errClientLeft // not retried: nobody is waiting for it
+		}
 		if cut {
 			return nil, errDrainCut // not retried: the proxy is going away
 		}
@@ -773,6 +779,14 @@ type upstreamConn struct {
 	peekErr error
 	peekBuf [1]byte
 
+	// client is the request's client while the answer's head is awaited
+	// (nil otherwise): its socket is looked at every clientCheck, at
+	// checkAt next, and clientGone set when it was found closed.
+	client     net.Conn
+	checkAt    time.Time
+	checking   bool // armRead armed checkAt, not a timeout
+	clientGone bool
+
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
 	idleGood bool
@@ -804,6 +818,9 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 	if c.headerTimeout > 0 {
 		c.headerDeadline = now.Add(c.headerTimeout)
 	}
+	if c.client != nil {
+		c.checkAt = now.Add(clientCheck)
+	}
 	if c.idleTimeout > 0 {
 		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout), slack(c.idleTimeout))
 	}
@@ -815,27 +832,57 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 		c.starved = true
 		return 0, errNoWait
 	}
-	hb := c.armRead()
-	n, err := c.Conn.Read(b)
-	c.nread += int64(n)
-	if n > 0 {
-		c.idleDeadline = time.Time{} // the backend spoke: the next wait counts afresh
+	for {
+		hb := c.armRead()
+		n, err := c.Conn.Read(b)
+		c.nread += int64(n)
+		if n > 0 {
+			c.idleDeadline = time.Time{} // the backend spoke: the next wait counts afresh
+		}
+		if err == nil || n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		switch {
+		case hb:
+			c.heartbeatFired()
+			return 0, errHeartbeatDue
+		case c.checking:
+			// The sandbox is still working on the answer: is anybody
+			// still waiting for it?
+			c.readDeadline = time.Time{} // expired: the next one is set whatever it is
+			if clientHungUp(c.client) {
+				c.clientGone = true
+				return 0, errClientLeft
+			}
+			c.checkAt = time.Now().Add(clientCheck)
+		default:
+			return n, err
+		}
 	}
-	if err != nil && n == 0 && hb && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.heartbeatFired()
-		return 0, errHeartbeatDue
-	}
-	return n, err
 }
 
+// clientCheck is how often a request still waiting for the head of its
+// answer looks at its client's socket. A client that left (an agent
+// cancelling a long tool call, an HTTP client's own timeout) ends the
+// request: the sandbox's connection closes, so its server can stop the
+// work, and the request's max_streams_per_sandbox slot is free again, as
+// nginx ends such a request (499). A request answered within clientCheck
+// costs nothing more: the check is the deadline its read has anyway.
+const clientCheck = time.Second
+
 // armRead sets the read deadline for the next wait: the header deadline
-// before the response head, else the idle timeout or the heartbeat,
-// whichever comes first. It reports whether the heartbeat is the one armed.
+// (or the client check, when earlier) before the response head, else the
+// idle timeout or the heartbeat, whichever comes first. It reports whether
+// the heartbeat is the one armed, and sets checking for the client check.
 func (c *upstreamConn) armRead() (heartbeat bool) {
 	var deadline time.Time
 	var sl time.Duration
+	c.checking = false
 	if !c.inBody {
 		deadline, sl = c.headerDeadline, slack(c.headerTimeout)
+		if c.client != nil && (deadline.IsZero() || c.checkAt.Before(deadline)) {
+			deadline, sl, c.checking = c.checkAt, slack(clientCheck), true
+		}
 	} else {
 		if c.idleTimeout > 0 {
 			// Counted from the first wait since the backend last sent a

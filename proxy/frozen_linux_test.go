@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // frozenListener is a sandbox port whose server stopped accepting and whose
@@ -87,4 +90,25 @@ func TestFrozenSandboxConnectTimeout(t *testing.T) {
 	if a.took < 600*time.Millisecond || a.took > 3*time.Second {
 		t.Errorf("answered after %v, want two connect timeouts (600ms)", a.took)
 	}
+}
+
+// A request whose sandbox connect is under way at the drain deadline (a
+// frozen sandbox: each connect waits upstream.connect_timeout, and is
+// retried once) is cut then, as one waiting for its answer is: it ran on
+// for up to two connect timeouts, past the drain's end, and the process
+// exited under it, unanswered and unlogged.
+func TestDrainCutsConnectInProgress(t *testing.T) {
+	const drain = 300 * time.Millisecond
+	h, buf, al := drainLogHarness(t, drain)
+	host := h.route("frozen", frozenListener(t))
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: cut-connect\r\n\r\n", host)
+	// The pool counts the connection before the connect, which a frozen
+	// sandbox never completes.
+	testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
+	wantDrainCut(t, h, c, "GET", "cut-connect", drain, buf, al)
 }

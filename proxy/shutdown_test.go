@@ -566,3 +566,48 @@ func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLog
 	t.Cleanup(func() { _ = al.Close() })
 	return newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }), buf, al
 }
+
+// wantDrainCut shuts h down while c waits on request reqID and checks
+// that c gets 504 drain_timeout with Connection: close, that Shutdown
+// returns soon after the drain deadline, and that the request's access-log
+// line (in buf, of al) was written by then: the process exits next.
+func wantDrainCut(t *testing.T, h *harness, c net.Conn, method, reqID string, drain time.Duration, buf *obsLogBuf, al *accesslog.Logger) {
+	t.Helper()
+	start := time.Now()
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+
+	_ = c.SetReadDeadline(time.Now().Add(drain + 5*time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+	if err != nil {
+		t.Fatalf("no answer at the drain deadline: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 504 || !resp.Close || !strings.Contains(string(body), `"code":"`+CodeDrainTimeout+`"`) {
+		t.Errorf("answer %d (close %v) %s, want 504 %s with Connection: close", resp.StatusCode, resp.Close, body, CodeDrainTimeout)
+	}
+	if d := time.Since(start); d > drain+time.Second {
+		t.Errorf("answered %v after the drain began, with a %v drain", d, drain)
+	}
+	select {
+	case err := <-shutdownDone:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(drain + 5*time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+	if d := time.Since(start); d > drain+time.Second {
+		t.Errorf("Shutdown took %v with a %v drain", d, drain)
+	}
+	_ = al.Close()
+	var line string
+	for _, l := range strings.Split(buf.b.String(), "\n") {
+		if strings.Contains(l, `"x_cube_request_id":"`+reqID+`"`) {
+			line = l
+		}
+	}
+	if !strings.Contains(line, `"status":504`) || !strings.Contains(line, `"error_code":"`+CodeDrainTimeout+`"`) {
+		t.Errorf("access log line when Shutdown returned: %q", line)
+	}
+}

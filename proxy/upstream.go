@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +57,10 @@ type pools struct {
 	// aborted is set by abort (the drain deadline): a connection checked
 	// out after it is closed at once.
 	aborted atomic.Bool
+	// dialCtx is cancelled by abort: a connect under way (a frozen
+	// sandbox's takes two connect timeouts) ends then too.
+	dialCtx     context.Context
+	cancelDials context.CancelFunc
 }
 
 func (ps *pools) get(key poolKey, now int64) *upstream {
@@ -207,6 +212,7 @@ func (ps *pools) closeIdle() {
 // later is refused (checkOut).
 func (ps *pools) abort() {
 	ps.aborted.Store(true)
+	ps.cancelDials()
 	ps.mu.RLock()
 	defer ps.mu.RUnlock()
 	for _, u := range ps.m {
@@ -716,10 +722,13 @@ func (e *dialError) Unwrap() error { return e.err }
 // the connect itself fails.
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
-	c, err := d.Dial("tcp", addr)
-	if err != nil && !dialShortage(err) {
+	c, err := d.DialContext(p.pools.dialCtx, "tcp", addr)
+	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
 		p.metrics.UpstreamRetry()
-		c, err = d.Dial("tcp", addr)
+		c, err = d.DialContext(p.pools.dialCtx, "tcp", addr)
+	}
+	if err != nil && p.pools.aborted.Load() {
+		return nil, errDrainCut // the sandbox is not to blame
 	}
 	if err != nil {
 		// The proxy out of descriptors or local ports is no failure of the

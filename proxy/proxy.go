@@ -755,6 +755,9 @@ type clientBody struct {
 	deadline time.Time
 	closed   bool // fasthttp is done with it
 	counted  bool // forward is done with it
+	// cut is the sandbox connection's interrupted flag while the body is
+	// sent on it: set, the drain deadline has come (pools.abort).
+	cut *atomic.Bool
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -765,6 +768,10 @@ func (b *clientBody) Read(p []byte) (int, error) {
 			_ = b.ctx.SetReadDeadline(want)
 			b.deadline = want
 		}
+	}
+	if b.cut != nil && b.cut.Load() {
+		// After the renewal above: abort's deadline, set after cut, wins.
+		return 0, errDrainCut
 	}
 	if b.left <= 0 {
 		// One byte more than allowed tells an exact-size body from an

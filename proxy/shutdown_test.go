@@ -611,3 +611,54 @@ func wantDrainCut(t *testing.T, h *harness, c net.Conn, method, reqID string, dr
 		t.Errorf("access log line when Shutdown returned: %q", line)
 	}
 }
+
+// A client that stalls halfway through its upload at the drain deadline
+// (a phone that lost its signal) is cut then too, as a request waiting on
+// its sandbox is: the proxy was blocked reading the client's body, which
+// closing the sandbox connection does not wake, so the request ran on to
+// client.body_timeout (60 s) and the process exited under it, unanswered
+// and unlogged.
+func TestDrainCutsStalledUpload(t *testing.T) {
+	const drain = 300 * time.Millisecond
+	h, buf, al := drainLogHarness(t, drain)
+	const sent = 64 << 10
+	ln := listen(t, "127.0.0.1:0")
+	got := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// The head and what the client sent of the body, then nothing.
+		b := make([]byte, 32<<10)
+		n := 0
+		for n < sent {
+			m, err := c.Read(b)
+			if err != nil {
+				return
+			}
+			n += m
+		}
+		close(got)
+		_, _ = io.Copy(io.Discard, c)
+	}()
+	t.Cleanup(func() { ln.Close() })
+	host := h.route("stalled-upload", uint16(ln.Addr().(*net.TCPAddr).Port))
+
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "PUT /up HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: stalled-upload\r\nContent-Length: %d\r\n\r\n", host, 1<<20)
+	if _, err := c.Write(make([]byte, sent)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upload never reached the sandbox")
+	}
+	wantDrainCut(t, h, c, "PUT", "stalled-upload", drain, buf, al)
+}

@@ -220,6 +220,12 @@ func (ps *pools) abort() {
 		for c := u.busy; c != nil; c = c.busyNext {
 			c.interrupted.Store(true)
 			_ = c.Conn.Close()
+			if c.upload != nil {
+				// Blocked reading the client, not writing here: a client
+				// that stalled mid-upload would keep it until
+				// client.body_timeout.
+				_ = c.upload.ctx.SetReadDeadline(time.Now())
+			}
 		}
 		u.mu.Unlock()
 	}
@@ -394,6 +400,17 @@ func (u *upstream) dropBusy(c *upstreamConn) {
 	u.drop(c)
 }
 
+// setUpload records (or with nil, forgets) the client body that c is
+// sending, for abort to wake the read of a stalled client.
+func (u *upstream) setUpload(c *upstreamConn, b *clientBody) {
+	if b != nil {
+		b.cut = &c.interrupted
+	}
+	u.mu.Lock()
+	c.upload = b
+	u.mu.Unlock()
+}
+
 // handOff takes a checked-out connection off the busy list, still counted
 // in the pool: a WebSocket tunnel's, which the registry cuts from now on.
 func (u *upstream) handOff(c *upstreamConn) {
@@ -414,6 +431,7 @@ func (u *upstream) handOff(c *upstreamConn) {
 // connections the backend closed; this covers a close racing the request.
 func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
+	body, _ := req.BodyStream().(*clientBody)
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
 		if err != nil {
@@ -422,7 +440,13 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		c.nread = 0
 		c.headerTimeout = headerTimeout
 		c.client = client
+		if body != nil {
+			u.setUpload(c, body)
+		}
 		serr := c.send(req)
+		if body != nil {
+			u.setUpload(c, nil)
+		}
 		err = serr
 		switch {
 		case serr == nil:
@@ -781,6 +805,8 @@ type upstreamConn struct {
 
 	// The pool's busy list (under pool.mu) while checked out.
 	busyPrev, busyNext *upstreamConn
+	// upload is the streamed client body being sent (under pool.mu).
+	upload *clientBody
 
 	// For waitReadable (detached SSE streams), set on first use.
 	raw     syscall.RawConn

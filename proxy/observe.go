@@ -40,6 +40,7 @@ type exchange struct {
 	upTime   time.Duration // request start to upstream response headers
 	bytesIn  int64         // body bytes read from the client: never what its Content-Length claims
 	bytesOut int64
+	retries  int // connects and requests retried upstream (the span's cube.upstream.retries)
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
 	owned  bool // a bodyStream or tunnel finishes it
@@ -115,7 +116,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	if x.span != nil {
 		r := telemetry.SpanResult{
 			SandboxID: x.sandboxID, Port: int(x.port), Kind: x.kind, Status: status,
-			BytesIn: x.bytesIn, BytesOut: x.bytesOut, Cache: x.cache, ErrorCode: x.errCode,
+			BytesIn: x.bytesIn, BytesOut: x.bytesOut, Retries: x.retries, Cache: x.cache, ErrorCode: x.errCode,
 		}
 		if x.span.IsRecording() && x.upstream.IsValid() {
 			r.Upstream = x.upstream.String()

@@ -958,11 +958,55 @@ func TestTracingFailedConnectClientSpan(t *testing.T) {
 				t.Fatalf("got %d, want 502", resp.StatusCode)
 			}
 			id, _ := trace.TraceIDFromHex(traceID)
-			_, client := waitSpans(t, exp, id)
+			server, client := waitSpans(t, exp, id)
 			if client.Status.Code != codes.Error {
 				t.Errorf("client span status %v, want Error", client.Status.Code)
 			}
+			// Refused twice: the connect's one retry is the request's.
+			checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{telemetry.AttrRetries: "1"})
 		})
+	}
+}
+
+// A GET re-sent because the sandbox had closed the keep-alive connection
+// it went out on is counted on its span; the request before it, which
+// took no retry, counts none.
+func TestTracingStaleConnRetryCounted(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+		rawWrite(c, okResponse("ok"))
+		return false // every connection dies after one answer
+	})
+	host := h.route("stale", b.port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i, want := range []string{"0", "1"} {
+		traceID := fmt.Sprintf("%032x", i+0x51)
+		fmt.Fprintf(c, "GET /%d HTTP/1.1\r\nHost: %s\r\nTraceparent: 00-%s-00f067aa0ba902b7-01\r\n\r\n", i, host, traceID)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d, want 200", i, resp.StatusCode)
+		}
+		id, _ := trace.TraceIDFromHex(traceID)
+		server, _ := waitSpans(t, exp, id)
+		checkAttrs(t, fmt.Sprintf("request %d's server span", i), server.Attributes, map[attribute.Key]string{telemetry.AttrRetries: want})
+		if i == 0 {
+			// The pooled connection is dead before the next request.
+			if err := b.waitEnded(t); err != nil {
+				t.Fatalf("backend connection ended with %v, want its own close", err)
+			}
+		}
 	}
 }
 

@@ -329,7 +329,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
+	c, retries, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
+	x.retries = retries
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
 	}

@@ -422,20 +422,23 @@ func (u *upstream) handOff(c *upstreamConn) {
 // roundTrip sends req on a pooled connection and reads the response
 // headers into resp. On success the connection is busy and positioned at
 // the response body; the caller reads the body with c.br and ends the
-// exchange with c.release.
+// exchange with c.release. It also returns how many connects and sends
+// were retried, for the request's span.
 //
 // A request is re-sent once, on a new connection, only when a reused
 // keep-alive connection turned out to be closed by the backend before it
 // sent a single byte of an answer, the method is idempotent and the body is
 // not a stream (the rule net/http follows). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
-func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
+func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, int, error) {
+	retries := 0
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	body, _ := req.BodyStream().(*clientBody)
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
+		retries += connectRetries(c, err)
 		if err != nil {
-			return nil, err
+			return nil, retries, err
 		}
 		c.nread = 0
 		c.headerTimeout = headerTimeout
@@ -474,23 +477,24 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		}
 		c.client = nil
 		if err == nil {
-			return c, nil
+			return c, retries, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
 		cut := c.interrupted.Load()
 		gone := c.clientGone
 		c.release(p, false)
 		if gone {
-			return nil, errClientLeft // not retried: nobody is waiting for it
+			return nil, retries, errClientLeft // not retried: nobody is waiting for it
 		}
 		if cut {
-			return nil, errDrainCut // not retried: the proxy is going away
+			return nil, retries, errDrainCut // not retried: the proxy is going away
 		}
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
+			retries++
 			continue
 		}
-		return nil, err
+		return nil, retries, err
 	}
 }
 
@@ -735,8 +739,9 @@ func (p *Proxy) releaseReader(br *bufio.Reader) {
 // dialError marks a failure to connect, as opposed to a failure on an
 // established connection: the client gets 502 upstream_connect_failed.
 type dialError struct {
-	addr string
-	err  error
+	addr    string
+	err     error
+	retried bool // the connect failed twice
 }
 
 func (e *dialError) Error() string { return fmt.Sprintf("connect %s: %v", e.addr, e.err) }
@@ -747,8 +752,10 @@ func (e *dialError) Unwrap() error { return e.err }
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.DialContext(p.pools.dialCtx, "tcp", addr)
+	retried := false
 	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
 		p.metrics.UpstreamRetry()
+		retried = true
 		c, err = d.DialContext(p.pools.dialCtx, "tcp", addr)
 	}
 	if err != nil && p.pools.aborted.Load() {
@@ -761,12 +768,27 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 		if !dialShortage(err) {
 			p.metrics.UpstreamConnectError()
 		}
-		return nil, &dialError{addr: addr, err: err}
+		return nil, &dialError{addr: addr, err: err, retried: retried}
 	}
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
-	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout}, nil
+	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried}, nil
+}
+
+// connectRetries takes the count of connects retried to get c, or to fail
+// with err (dial retries once), for the request's span. It is counted once:
+// a reused connection's retry belonged to the request that dialed it.
+func connectRetries(c *upstreamConn, err error) int {
+	var de *dialError
+	switch {
+	case c != nil && c.dialRetried:
+		c.dialRetried = false
+		return 1
+	case err != nil && errors.As(err, &de) && de.retried:
+		return 1
+	}
+	return 0
 }
 
 // dialShortage reports a failed dial that is the proxy's own shortage:
@@ -797,6 +819,8 @@ type upstreamConn struct {
 	idleSince     int64 // unix nanos, while in the idle list
 
 	nread int64 // bytes read since the current request was sent
+
+	dialRetried bool // its connect needed dial's retry; see connectRetries
 
 	// interrupted is set when the proxy closes the connection under a
 	// stream or a request: drain, or the stream's client left

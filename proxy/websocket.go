@@ -245,6 +245,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// upstream.max_conns, though it never goes back to the idle list.
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	uc, err := u.dialNew(p)
+	x.retries = connectRetries(uc, err)
 	if err != nil {
 		sb.active.Add(-1)
 		p.upstreamError(ctx, x, err, id, addr)

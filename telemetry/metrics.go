@@ -89,7 +89,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.cache = b.counter("cubeproxy.route_cache.lookups", "{lookup}", "Route cache lookups by result.")
 	o.storeErrors = b.counter("cubeproxy.store.errors", "{error}", "Failed route store lookups.")
 	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
-	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream requests retried after a failed connect.")
+	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled.")
@@ -294,7 +294,8 @@ func (m *Metrics) UpstreamConnectError() {
 	m.connectErrors.Add(1)
 }
 
-// UpstreamRetry counts a request retried after a failed connect.
+// UpstreamRetry counts a retried connect, or a request re-sent on a new
+// connection after its keep-alive one turned out closed.
 func (m *Metrics) UpstreamRetry() {
 	if m == nil {
 		return

@@ -263,13 +263,8 @@ func (e *leakEnv) leakState(t *testing.T) string {
 	if hijacks != 0 {
 		out = append(out, fmt.Sprintf("%d pending hijacks", hijacks))
 	}
-	if hu := p.hangups; hu != nil {
-		hu.mu.Lock()
-		n := len(hu.streams)
-		hu.mu.Unlock()
-		if n != 0 {
-			out = append(out, fmt.Sprintf("%d watched SSE clients", n))
-		}
+	if n := watchedHangups(p.hangups); n != 0 {
+		out = append(out, fmt.Sprintf("%d watched SSE clients", n))
 	}
 	p.sandboxes.m.Range(func(k, v any) bool {
 		if n := v.(*sandboxState).active.Load(); n != 0 {

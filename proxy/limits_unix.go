@@ -11,5 +11,5 @@ func openFilesLimit() uint64 {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		return 0
 	}
-	return rl.Cur
+	return uint64(rl.Cur) // int64 on some BSDs
 }

@@ -18,14 +18,16 @@ const (
 // Config configures New.
 type Config struct {
 	// TraceSampleRatio is the fraction of traces sampled, in (0, 1]. Zero means
-	// OTEL_TRACES_SAMPLER_ARG if set, else DefaultSampleRatio (1 with an
-	// injected SpanExporter). The client's sampled flag never decides.
+	// 1 with OTEL_TRACES_SAMPLER=always_on, else OTEL_TRACES_SAMPLER_ARG if
+	// set, else DefaultSampleRatio (1 with an injected SpanExporter). The
+	// client's sampled flag never decides.
 	TraceSampleRatio float64
 	ServiceName      string // resource service.name; default "cubeproxy"
 	ServiceVersion   string // resource service.version; omitted when empty
 	InstanceID       string // resource service.instance.id; omitted when empty
 	// Env reads OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_PROTOCOL,
-	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL and OTEL_TRACES_SAMPLER_ARG; os.Getenv
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_SDK_DISABLED,
+	// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; os.Getenv
 	// when nil. The OTLP exporters read their endpoint, headers and TLS
 	// variables from the process environment themselves.
 	Env func(string) string
@@ -46,7 +48,9 @@ const (
 
 // traceExporterKind interprets OTEL_TRACES_EXPORTER and the OTLP protocol
 // variables. Only "otlp" and "none" are supported; anything else is a
-// configuration error rather than silently untraced.
+// configuration error rather than silently untraced. OTEL_SDK_DISABLED=true
+// and a sampler that samples nothing turn tracing off whatever the
+// exporter: set cluster-wide, they say the operator wants no traces.
 func traceExporterKind(env func(string) string) (exporterKind, error) {
 	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_EXPORTER"))); v {
 	case "", "none":
@@ -54,6 +58,19 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	case "otlp":
 	default:
 		return exporterNone, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: only \"otlp\" and \"none\" are supported", v)
+	}
+	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") {
+		return exporterNone, nil
+	}
+	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_SAMPLER"))); v {
+	case "always_off", "parentbased_always_off":
+		return exporterNone, nil
+	case "", "always_on", "parentbased_always_on", "traceidratio", "parentbased_traceidratio":
+		// The proxy samples by trace id and never follows a client's
+		// sampled flag, so the parent-based names mean the same here.
+	default:
+		return exporterNone, fmt.Errorf("OTEL_TRACES_SAMPLER=%q: the proxy samples by trace id ratio (telemetry.trace_sample_ratio); "+
+			"use traceidratio, always_on or always_off", v)
 	}
 	proto := strings.TrimSpace(env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
 	if proto == "" {
@@ -76,6 +93,10 @@ func (c *Config) sampleRatio(env func(string) string) (float64, error) {
 		return 0, fmt.Errorf("trace sample ratio %v: want a value in (0, 1]", r)
 	case r > 0:
 		return r, nil
+	}
+	switch strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_SAMPLER"))) {
+	case "always_on", "parentbased_always_on":
+		return 1, nil // the spec ignores the argument for these
 	}
 	if arg := strings.TrimSpace(env("OTEL_TRACES_SAMPLER_ARG")); arg != "" {
 		v, err := strconv.ParseFloat(arg, 64)

@@ -243,6 +243,13 @@ func TestTraceConfig(t *testing.T) {
 		{"unsupported protocol", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, 0, "protocol", false},
 		{"ratio above 1", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, 1.5, "ratio", false},
 		{"bad sampler arg", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "lots"}, 0, "OTEL_TRACES_SAMPLER_ARG", false},
+		{"sdk disabled", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "TRUE"}, 0, "", false},
+		{"sdk not disabled", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "false"}, 0, "", true},
+		{"sampler always_off", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_off"}, 0.5, "", false},
+		{"sampler parentbased_always_off", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 0, "", false},
+		{"sampler ratio", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, 0, "", true},
+		{"unsupported sampler", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "OTEL_TRACES_SAMPLER", false},
+		{"sampler without exporter", map[string]string{"OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -277,6 +284,9 @@ func TestSampleRatioResolution(t *testing.T) {
 		{"config wins", Config{TraceSampleRatio: 0.5}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.5},
 		{"env arg", Config{}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.2},
 		{"env arg zero", Config{SpanExporter: exp}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0"}, 0},
+		{"always_on", Config{}, map[string]string{"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 1},
+		{"config wins over always_on", Config{TraceSampleRatio: 0.5}, map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, 0.5},
+		{"traceidratio takes the arg", Config{}, map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

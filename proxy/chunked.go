@@ -41,11 +41,11 @@ var (
 // buffer, needs no buffering of our own, and an error from the connection
 // at any point leaves nothing half-consumed.
 //
-// A bare LF ends a size or trailer line (RFC 9112 section 2.2 lets a
-// recipient accept it); net/http rejects it since CVE-2025-22871, a
-// request-smuggling fix, and so does fasthttp; here we only parse backend
-// responses, which the client gets re-framed. The CRLF after chunk data is
-// required exactly, as in net/http.
+// Every framing line ends in CRLF: a bare LF is an error (errChunkLF),
+// though RFC 9112 section 2.2 lets a recipient accept it, because net/http
+// rejects it since CVE-2025-22871, a request-smuggling fix, and so does
+// fasthttp; the sandbox's framing must read the same to every parser. The
+// CRLF after chunk data is required exactly, as in net/http.
 type chunkState uint8
 
 const (

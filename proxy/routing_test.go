@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -121,5 +122,30 @@ func TestRecycledAddressGetsNewConnection(t *testing.T) {
 	_, recycled, _ := h.get("80-recyc.cube.test", "/")
 	if recycled == first {
 		t.Fatalf("recreated sandbox reused the old sandbox's connection %q", first)
+	}
+}
+
+// On a shared host the target headers choose the sandbox. A gateway in
+// front that adds its own X-Cube-Sandbox-Id line behind the client's (as
+// Envoy's request_headers_to_add does by default) must not be overruled by
+// the client's line: lines that disagree are a 400, not the first one.
+func TestSharedHostTargetHeaderGivenTwice(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", whoami("sandbox"))
+	h.route("client", port)
+	h.route("gateway", port)
+	for _, tc := range []struct {
+		name, lines string
+		status      int
+		code        string
+	}{
+		{"ids disagree", "X-Cube-Sandbox-Id: client\r\nX-Cube-Sandbox-Id: gateway\r\nX-Cube-Sandbox-Port: " + itoa(port), 400, "invalid_sandbox_id"},
+		{"ports disagree", "X-Cube-Sandbox-Id: gateway\r\nX-Cube-Sandbox-Port: 1\r\nX-Cube-Sandbox-Port: " + itoa(port), 400, "invalid_port"},
+		{"same id twice", "X-Cube-Sandbox-Id: gateway\r\nX-Cube-Sandbox-Id: Gateway\r\nX-Cube-Sandbox-Port: " + itoa(port), 200, ""},
+	} {
+		resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n"+tc.lines+"\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != tc.status || !strings.Contains(body, tc.code) {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, body, tc.status, tc.code)
+		}
 	}
 }

@@ -51,9 +51,11 @@ type Target struct {
 // ID returns the lower-case sandbox id; it aliases t and is valid until t changes.
 func (t *Target) ID() []byte { return t.idBuf[:t.idLen] }
 
-// HeaderPeeker reads one request header; *fasthttp.RequestHeader satisfies it.
+// HeaderPeeker reads request headers; *fasthttp.RequestHeader satisfies it.
 type HeaderPeeker interface {
-	Peek(key string) []byte
+	// PeekAll returns the value of every line of the header key. The
+	// result may be reused by the next call; the values themselves stay.
+	PeekAll(key string) [][]byte
 }
 
 // TargetError is a request whose target cannot be parsed (400).
@@ -238,9 +240,12 @@ func parseHeaders(t *Target, h HeaderPeeker) error {
 	if h == nil {
 		return targetErr(CodeMissingTargetHeaders, missingHeadersReason, nil)
 	}
-	id, port := h.Peek(HeaderCubeSandboxID), h.Peek(HeaderCubeSandboxPort)
-	if len(id) == 0 || len(port) == 0 {
-		id, port = h.Peek(HeaderE2BSandboxID), h.Peek(HeaderE2BSandboxPort)
+	id, port, err := headerPair(h, HeaderCubeSandboxID, HeaderCubeSandboxPort)
+	if err == nil && (len(id) == 0 || len(port) == 0) {
+		id, port, err = headerPair(h, HeaderE2BSandboxID, HeaderE2BSandboxPort)
+	}
+	if err != nil {
+		return err
 	}
 	if len(id) == 0 || len(port) == 0 {
 		return targetErr(CodeMissingTargetHeaders, missingHeadersReason, nil)
@@ -254,6 +259,37 @@ func parseHeaders(t *Target, h HeaderPeeker) error {
 	}
 	t.Port, t.Shared = p, true
 	return nil
+}
+
+// headerPair reads one id and one port header. A header given on several
+// lines with different values is an error: a gateway in front that appends
+// its own line behind the client's (Envoy's default) would otherwise be
+// overruled by the client's, which comes first.
+func headerPair(h HeaderPeeker, idKey, portKey string) (id, port []byte, err error) {
+	id, ok := headerValue(h, idKey)
+	if !ok {
+		return nil, nil, targetErr(CodeInvalidSandboxID, idKey+" given more than once with different values", nil)
+	}
+	port, ok = headerValue(h, portKey)
+	if !ok {
+		return nil, nil, targetErr(CodeInvalidPort, portKey+" given more than once with different values", nil)
+	}
+	return id, port, nil
+}
+
+// headerValue returns the value of header key, and false when its lines
+// disagree (ids compare case-insensitively, as they are lower-cased).
+func headerValue(h HeaderPeeker, key string) ([]byte, bool) {
+	all := h.PeekAll(key)
+	if len(all) == 0 {
+		return nil, true
+	}
+	for _, v := range all[1:] {
+		if !equalFoldASCII(v, all[0]) {
+			return nil, false
+		}
+	}
+	return all[0], true
 }
 
 const missingHeadersReason = "shared host needs X-Cube-Sandbox-Id and X-Cube-Sandbox-Port (or E2b-Sandbox-Id and E2b-Sandbox-Port) headers"
@@ -353,6 +389,20 @@ func equalFoldLower(b []byte, s string) bool {
 	}
 	for i := range b {
 		if lower(b[i]) != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// equalFoldASCII compares a and b ignoring ASCII case only (bytes.EqualFold
+// would take the Kelvin sign for a 'k').
+func equalFoldASCII(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if lower(a[i]) != lower(b[i]) {
 			return false
 		}
 	}

@@ -25,10 +25,11 @@ func testParsers() map[string]*Parser {
 	}
 }
 
+// headers builds a request head; a name given twice makes two lines.
 func headers(kv ...string) *fasthttp.RequestHeader {
 	var h fasthttp.RequestHeader
 	for i := 0; i+1 < len(kv); i += 2 {
-		h.Set(kv[i], kv[i+1])
+		h.Add(kv[i], kv[i+1])
 	}
 	return &h
 }
@@ -71,6 +72,15 @@ func parseCases() []parseCase {
 		{name: "localhost uppercase, lower-case header names", host: "LOCALHOST", hdr: []string{"e2b-sandbox-id", "Abc", "e2b-sandbox-port", "80"}, port: 80, id: "abc", shared: true},
 		{name: "both spellings, cube wins", host: "127.0.0.1", hdr: append(cube("cube", "1"), e2b("e2b", "2")...), port: 1, id: "cube", shared: true},
 		{name: "incomplete cube pair, e2b used", host: "127.0.0.1", hdr: append([]string{"X-Cube-Sandbox-Id", "cube"}, e2b("e2b", "2")...), port: 2, id: "e2b", shared: true},
+		// A gateway that appends its own target header behind the client's
+		// (Envoy's default append) must not be overruled by the client's line.
+		{name: "id header twice, different ids", host: "127.0.0.1", hdr: append(cube("client", "1"), "X-Cube-Sandbox-Id", "gateway"), code: CodeInvalidSandboxID},
+		{name: "port header twice, different ports", host: "127.0.0.1", hdr: append(cube("abc", "1"), "X-Cube-Sandbox-Port", "2"), code: CodeInvalidPort},
+		{name: "empty id line before a real one", host: "127.0.0.1", hdr: []string{"X-Cube-Sandbox-Id", "", "X-Cube-Sandbox-Id", "abc", "X-Cube-Sandbox-Port", "1"}, code: CodeInvalidSandboxID},
+		{name: "e2b id header twice, different ids", host: "127.0.0.1", hdr: append(e2b("client", "1"), "E2b-Sandbox-Id", "gateway"), code: CodeInvalidSandboxID},
+		{name: "id header twice, Kelvin sign for k", host: "127.0.0.1", hdr: append(cube("k", "1"), "X-Cube-Sandbox-Id", "\u212a"), code: CodeInvalidSandboxID},
+		{name: "id header twice, same id", host: "127.0.0.1", hdr: append(cube("abc", "1"), "X-Cube-Sandbox-Id", "ABC"), port: 1, id: "abc", shared: true},
+		{name: "e2b lines twice behind a whole cube pair", host: "127.0.0.1", hdr: append(append(cube("cube", "1"), e2b("a", "2")...), e2b("b", "3")...), port: 1, id: "cube", shared: true},
 		{name: "incomplete pair", host: "127.0.0.1", hdr: []string{"X-Cube-Sandbox-Id", "abc", "E2b-Sandbox-Port", "1"}, code: CodeMissingTargetHeaders},
 		{name: "ip without headers", host: "127.0.0.1", code: CodeMissingTargetHeaders},
 		{name: "shared host configured", host: "proxy.example.com", hdr: cube("abc", "50005"), port: 50005, id: "abc", shared: true},

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/valyala/fasthttp"
 
@@ -45,6 +46,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
 	t.Run("StaleLinkWithCookie", func(t *testing.T) { testAuthStaleLinkWithCookie(t, lc) })
 	t.Run("Preflight", func(t *testing.T) { testAuthPreflight(t, lc) })
+	t.Run("QueryTokenNoRedirect", func(t *testing.T) { testAuthQueryTokenNoRedirect(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -1369,5 +1371,99 @@ func testAuthPreflight(t *testing.T, lc *authLogCapture) {
 		if got := b.next(t); !strings.HasPrefix(got.line, "OPTIONS /mcp ") {
 			t.Errorf("%s: the sandbox got %q", tc.name, got.line)
 		}
+	}
+}
+
+// testAuthQueryTokenNoRedirect: browsers cannot set headers on a WebSocket
+// or an EventSource, so the signed token rides in the URL; but no
+// WebSocket client follows a 302, and a cross-origin fetch or EventSource
+// fails on a redirect that carries no CORS headers. Such requests are let
+// through by a valid token at once, the parameter removed; a navigation
+// (and a client that says nothing) still trades it for the cookie.
+func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
+	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
+	s, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := s.Sign("box", 8080, time.Now().Add(10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Sign("box", 9090, time.Now().Add(10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.secret(key, traffic, tok, other)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", traffic, b.port, 8080)
+	host := "Host: 8080-box.cube.test"
+	ws := []string{"Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"}
+
+	for _, tc := range []struct {
+		name string
+		tok  string
+		hdr  []string
+		want string // "forward", "redirect" or a refusal code
+	}{
+		{"WebSocket from a browser", tok, append([]string{"Origin: http://8080-box.cube.test", "Sec-Fetch-Mode: websocket"}, ws...), "forward"},
+		{"WebSocket from a non-browser client", tok, ws, "forward"},
+		{"EventSource from another port's page", tok, []string{"Accept: text/event-stream", "Origin: http://3000-box.cube.test", "Sec-Fetch-Mode: cors"}, "forward"},
+		{"same-origin fetch", tok, []string{"Sec-Fetch-Mode: same-origin"}, "forward"},
+		{"navigation", tok, []string{"Sec-Fetch-Mode: navigate", "Sec-Fetch-Dest: document"}, "redirect"},
+		{"client without Sec-Fetch-Mode", tok, nil, "redirect"},
+		{"WebSocket, token for another port", other, ws, auth.CodeSignedTokenWrongTarget},
+		{"EventSource, garbage token", "not*a*token", []string{"Sec-Fetch-Mode: cors"}, auth.CodeSignedTokenMalformed},
+	} {
+		lines := append([]string{"GET /ev?a=1&cube_token=" + url.QueryEscape(tc.tok) + " HTTP/1.1", host}, tc.hdr...)
+		// No "Connection: close": it would cancel the upgrade.
+		resp, body := rawRequest(t, h.addr, strings.Join(lines, "\r\n")+"\r\n\r\n")
+		switch tc.want {
+		case "forward":
+			// The backend answers 200 to the upgrade too: it is relayed.
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Errorf("%s: %d %q (Location %q), want the sandbox's answer", tc.name, resp.StatusCode, body, resp.Header.Get("Location"))
+				continue
+			}
+			if got := b.next(t); got.line != "GET /ev?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.tok) {
+				t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
+			}
+			if len(resp.Header.Values("Set-Cookie")) != 0 {
+				t.Errorf("%s: Set-Cookie %q on a request that is no navigation", tc.name, resp.Header.Values("Set-Cookie"))
+			}
+		case "redirect":
+			if resp.StatusCode != 302 || resp.Header.Get("Location") != "/ev?a=1" {
+				t.Errorf("%s: %d Location %q, want 302 to /ev?a=1", tc.name, resp.StatusCode, resp.Header.Get("Location"))
+			}
+		default:
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, tc.want)
+		}
+		b.assertNoMore(t, tc.name)
+	}
+
+	// A real WebSocket client, end to end.
+	ended := make(chan error, 1)
+	wsPort := wsBackend(t, ended)
+	putAuthRoute(h, "wsbox", traffic, wsPort, 8080)
+	wsTok, err := s.Sign("wsbox", 8080, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.secret(wsTok)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws?cube_token="+wsTok, &websocket.DialOptions{
+		Host: "8080-wsbox.cube.test", Subprotocols: []string{"echo.v1"},
+	})
+	if err != nil {
+		t.Fatalf("WebSocket with the signed token in its URL: %v", err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "hi" {
+		t.Fatalf("echo: %q %v", msg, err)
 	}
 }

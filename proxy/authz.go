@@ -39,6 +39,10 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		if len(tok) > 0 {
 			exp, verr := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now())
 			if verr == nil {
+				if !navigation(h) {
+					// prepareRequest removes the parameter.
+					return false
+				}
 				p.redirectWithCookie(ctx, tok, exp)
 				return true
 			}
@@ -63,6 +67,22 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	p.metrics.AuthRejected(rej.Code)
 	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
 	return true
+}
+
+// navigation reports whether a request that carries a valid signed token
+// in its URL may be answered with the 302 that trades it for the cookie.
+// No WebSocket client follows a redirect, and a browser's fetch,
+// EventSource or subresource request (Sec-Fetch-Mode other than navigate)
+// fails on a cross-origin redirect that has no CORS headers: those are let
+// through by the token itself, which is not ambient (the page had to put
+// it in the URL). A client that sends no Sec-Fetch-Mode (curl, an older
+// browser) gets the redirect.
+func navigation(h *fasthttp.RequestHeader) bool {
+	if upgradeRequested(h) {
+		return false
+	}
+	m := h.Peek("Sec-Fetch-Mode")
+	return len(m) == 0 || bytes.EqualFold(m, []byte("navigate"))
 }
 
 // signedCookie reports whether one of the request's signed-token cookies

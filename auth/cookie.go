@@ -19,7 +19,7 @@ const QueryParamName = "cube_token"
 
 // SetCookieHeader returns the Set-Cookie header value that stores a verified
 // signed token: host-only (no Domain), Path=/, HttpOnly, SameSite=Lax, Secure
-// when the request came over TLS, and Max-Age equal to the whole seconds left
+// when the client is on HTTPS (secure), and Max-Age equal to the whole seconds left
 // until expiry, so the cookie never outlives the token.
 func SetCookieHeader(token string, expiry, now time.Time, secure bool) string {
 	maxAge := int64(expiry.Sub(now) / time.Second)

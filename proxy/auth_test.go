@@ -1003,6 +1003,21 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	go h.server.Serve(tlsLn)
 	resp, _ = authGet(t, authHostClient(tlsLn.Addr().String(), nil, false, &tls.Config{RootCAs: ca.Pool()}), "https://8080-box.cube.test/p?cube_token="+tok, "")
 	assertAuthCookieRedirect(t, resp, tok, "/p", ttl, true)
+	// Behind a TLS terminator (the README's h2 terminator, a load
+	// balancer) the browser is on HTTPS too: a cookie without Secure would
+	// go out in clear on any http:// navigation to the host. The header
+	// can only make the cookie stricter for the client that sends it.
+	for _, tc := range []struct {
+		proto  string
+		secure bool
+	}{{"https", true}, {"HTTPS", true}, {"https, http", true}, {"http", false}, {"", false}} {
+		lines := []string{"GET /p?cube_token=" + tok + " HTTP/1.1", "Host: 8080-box.cube.test"}
+		if tc.proto != "" {
+			lines = append(lines, "X-Forwarded-Proto: "+tc.proto)
+		}
+		resp, _ = authRawRequest(t, h.addr, lines...)
+		assertAuthCookieRedirect(t, resp, tok, "/p", ttl, tc.secure)
+	}
 
 	// POST /admin/tokens issues a token that works (admin with a signer,
 	// as cmd wires it).

@@ -117,10 +117,19 @@ func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp tim
 		loc = append(append(loc, '?'), clean...)
 	}
 	ctx.Response.Reset()
-	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(string(tok), exp, time.Now(), ctx.IsTLS()))
+	secure := ctx.IsTLS() || forwardedHTTPS(&ctx.Request.Header)
+	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(string(tok), exp, time.Now(), secure))
 	ctx.Response.Header.Set("Cache-Control", "no-store")
 	ctx.Response.Header.SetBytesV("Location", loc)
 	ctx.SetStatusCode(fasthttp.StatusFound)
+}
+
+// forwardedHTTPS reports whether a TLS terminator in front says the client
+// came over HTTPS (the first X-Forwarded-Proto value). Trusting a client's
+// own header is safe here: it can only make that client's cookie Secure.
+func forwardedHTTPS(h *fasthttp.RequestHeader) bool {
+	first, _, _ := bytes.Cut(h.Peek("X-Forwarded-Proto"), []byte{','})
+	return bytes.EqualFold(bytes.TrimSpace(first), []byte("https"))
 }
 
 // appendLocalPath appends the path of a raw request target as a reference

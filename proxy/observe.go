@@ -39,8 +39,10 @@ type exchange struct {
 	upStatus int
 	upTime   time.Duration // request start to upstream response headers
 	bytesIn  int64         // body bytes read from the client: never what its Content-Length claims
-	bytesOut int64
-	retries  int // connects and requests retried upstream (the span's cube.upstream.retries)
+	// bodyEnded: the client's body was read to its end (forward only).
+	bodyEnded bool
+	bytesOut  int64
+	retries   int // connects and requests retried upstream (the span's cube.upstream.retries)
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
 	owned  bool // a bodyStream or tunnel finishes it

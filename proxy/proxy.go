@@ -108,6 +108,13 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var idBuf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	p.serve(ctx, &x)
+	if !x.owned && !ctx.Hijacked() && !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x) {
+		// Answered before the client sent its body (a refusal, a paused
+		// sandbox, a gateway's 401 from the head alone): fasthttp would
+		// close at once, and a client still sending gets a reset instead
+		// of the answer.
+		p.lingerBody(ctx)
+	}
 	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {
 		// fasthttp closes a connection whose request ends during its
 		// Shutdown, but only until the drain deadline: then it stops
@@ -338,7 +345,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		// What the client sent (a chunked body has no Content-Length to say).
 		// Without one there was no body: req.Body() would drain fasthttp's
 		// (empty) body stream on every GET just to say so.
-		x.bytesIn = body.bytesRead()
+		x.bytesIn, x.bodyEnded = body.bytesRead()
 	}
 	if err == nil && resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
 		// Nobody asked to switch (upgrades go through tunnel): the bytes
@@ -754,6 +761,7 @@ type clientBody struct {
 	n        int64 // bytes read
 	timeout  time.Duration
 	deadline time.Time
+	eof      bool // the client's body was read to its end
 	closed   bool // fasthttp is done with it
 	counted  bool // forward is done with it
 	// cut is the sandbox connection's interrupted flag while the body is
@@ -784,6 +792,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		if n > 0 {
 			return 0, errBodyTooLarge
 		}
+		b.eof = err == io.EOF
 		return 0, err
 	}
 	if int64(len(p)) > b.left {
@@ -792,6 +801,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.left -= int64(n)
 	b.n += int64(n)
+	b.eof = err == io.EOF
 	return n, err
 }
 
@@ -802,12 +812,32 @@ func (b *clientBody) Close() error {
 	return nil
 }
 
-// bytesRead is forward letting go of b; it reports what b read.
-func (b *clientBody) bytesRead() int64 {
-	n := b.n
+// bytesRead is forward letting go of b; it reports what b read, and
+// whether that was the whole body.
+func (b *clientBody) bytesRead() (n int64, ended bool) {
+	n, ended = b.n, b.eof
 	b.counted = true
 	b.release()
-	return n
+	return n, ended
+}
+
+// fasthttpDiscardLimit is how much of a request body fasthttp reads and
+// drops after the handler to keep the connection (maxUnreadStreamBodySize);
+// with more left it closes the connection at once.
+const fasthttpDiscardLimit = 256 << 10
+
+// bodyLeft reports whether the client may still be sending more of its
+// body than fasthttp would drop to keep the connection: the answer went
+// out before the body was read (x.bytesIn is what was).
+func bodyLeft(ctx *fasthttp.RequestCtx, x *exchange) bool {
+	switch cl := ctx.Request.Header.ContentLength(); {
+	case x.bodyEnded:
+		return false
+	case cl == -1: // chunked: what is left is unknown
+		return true
+	default:
+		return int64(cl)-x.bytesIn > fasthttpDiscardLimit
+	}
 }
 
 // release returns b to its pool once both fasthttp and forward are done.

@@ -455,6 +455,12 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	s.x = *x
 	s.rc = ctx
 	s.heartbeat = p.cfg.HeartbeatInterval
+	if ce := resp.Header.ContentEncoding(); len(ce) > 0 && string(ce) != "identity" {
+		// A compressed event stream (Node's compression() gzips them) has
+		// no place for a plain-text comment: one would break the client's
+		// decoder. The hangups watch (Linux) still finds a client that left.
+		s.heartbeat = 0
+	}
 	s.atBoundary = true
 	s.started = time.Now()
 	s.sb = sb

@@ -780,13 +780,17 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 // with err (dial retries once), for the request's span. It is counted once:
 // a reused connection's retry belonged to the request that dialed it.
 func connectRetries(c *upstreamConn, err error) int {
-	var de *dialError
-	switch {
-	case c != nil && c.dialRetried:
+	if c != nil && c.dialRetried {
 		c.dialRetried = false
 		return 1
-	case err != nil && errors.As(err, &de) && de.retried:
-		return 1
+	}
+	if err != nil {
+		// Declared here: errors.As makes de escape, and a request that got
+		// a connection must not pay that allocation.
+		var de *dialError
+		if errors.As(err, &de) && de.retried {
+			return 1
+		}
 	}
 	return 0
 }

@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/cube-sandbox/cubeproxy/config"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -70,7 +72,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "cubeproxy:", err)
+		noteUnknownEnv(stderr, os.Environ())
 		return 1
 	}
 	return 0
+}
+
+// noteUnknownEnv follows a failed command with each CUBEPROXY_* variable
+// that names no setting. A misspelled one is often why it failed (the
+// error then asks for the variable the operator believes is set), and
+// serve's warning about it is logged only once the proxy is running.
+func noteUnknownEnv(w io.Writer, environ []string) {
+	for _, v := range config.UnknownEnv(environ) {
+		if v.Nearest != "" {
+			fmt.Fprintf(w, "cubeproxy: note: %s is not a setting and was ignored; did you mean %s?\n", v.Name, v.Nearest)
+		} else {
+			fmt.Fprintf(w, "cubeproxy: note: %s is not a setting and was ignored\n", v.Name)
+		}
+	}
 }

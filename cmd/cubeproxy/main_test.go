@@ -331,6 +331,40 @@ func TestUnknownEnvWarns(t *testing.T) {
 	}
 }
 
+// A start that fails names the CUBEPROXY_* variables it ignored: a
+// misspelled one is often why it failed (the error then asks for the very
+// variable the operator believes is set), and the warning serve logs once
+// running is never reached.
+func TestFailedStartNamesUnknownEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		env          [2]string
+		args         []string
+		want, typoed string
+	}{
+		// build refuses: the token was set under another name.
+		{"serve, admin token", [2]string{"CUBEPROXY_ADMIN_TOKN", "s3cret-token"},
+			[]string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--routes="}, "CUBEPROXY_ADMIN_TOKEN", "CUBEPROXY_ADMIN_TOKN"},
+		// config.Load refuses: store stayed memory.
+		{"serve, store", [2]string{"CUBEPROXY_STOR", "redis"},
+			[]string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--redis-addr", "127.0.0.1:1"}, "CUBEPROXY_STORE", "CUBEPROXY_STOR"},
+		{"token sign, keys", [2]string{"CUBEPROXY_AUTH_SIGNING_KEY", strings.Repeat("k", 32)},
+			[]string{"token", "sign", "--sandbox", "box", "--port", "8080"}, "CUBEPROXY_AUTH_SIGNING_KEYS", "CUBEPROXY_AUTH_SIGNING_KEY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.env[0], tc.env[1])
+			var out, errb bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			code := run(ctx, tc.args, os.Getenv, &out, &errb)
+			note := fmt.Sprintf("%s is not a setting and was ignored; did you mean %s?", tc.typoed, tc.want)
+			if code != 1 || !strings.Contains(errb.String(), note) {
+				t.Errorf("exit %d, stderr:\n%s\nwant 1 and %q", code, errb.String(), note)
+			}
+		})
+	}
+}
+
 // The shipped configuration serves the shipped routes file: the example
 // sandbox it documents is in the table, with its MCP port mapped.
 func TestShippedConfigAndRoutes(t *testing.T) {

@@ -191,6 +191,16 @@ func LoadCommand(command string, args []string, getenv func(string) string, out 
 			if err := s.set(v); err != nil { // validate early for a clear message
 				return err
 			}
+			if s.v.Kind() == reflect.Slice {
+				// A list flag given again adds to the list, as pflag's
+				// do: keeping the last alone dropped the others silently.
+				for j := range flagged {
+					if flagged[j].s == s {
+						flagged[j].raw += "," + v
+						return nil
+					}
+				}
+			}
 			flagged = append(flagged, flagValue{s, v})
 			return nil
 		}

@@ -124,3 +124,41 @@ func TestBoolFlagWithoutValue(t *testing.T) {
 		t.Errorf("the flag after a bare bool flag was lost: %v", err)
 	}
 }
+
+// A list flag given more than once keeps every value, as pflag's lists do:
+// keeping only the last silently dropped the others (the new key of a
+// signing-key rotation, a second domain then answered 400). The flags still
+// replace the file's and the environment's list as a whole.
+func TestRepeatedListFlag(t *testing.T) {
+	file := writeFile(t, "domains: [file.app]\n")
+	for _, tc := range []struct {
+		args  []string
+		env   map[string]string
+		check func(c *Config) bool
+	}{
+		{[]string{"--domains", "a.app", "--domains", "b.app,c.app"}, nil, func(c *Config) bool {
+			return reflect.DeepEqual(c.Domains, []string{"a.app", "b.app", "c.app"})
+		}},
+		{[]string{"--config", file, "--domains=a.app", "--domains=b.app"}, map[string]string{"CUBEPROXY_DOMAINS": "env.app"}, func(c *Config) bool {
+			return reflect.DeepEqual(c.Domains, []string{"a.app", "b.app"})
+		}},
+		{[]string{"--config", file, "--domains="}, nil, func(c *Config) bool { return len(c.Domains) == 0 }},
+		{[]string{"--auth-exempt-ports", "49983", "--auth-exempt-ports=50005"}, nil, func(c *Config) bool {
+			return reflect.DeepEqual(c.Auth.ExemptPorts, []int{49983, 50005})
+		}},
+		{[]string{"--auth-signing-keys", strings.Repeat("n", 32), "--auth-signing-keys", strings.Repeat("o", 32)}, nil, func(c *Config) bool {
+			return reflect.DeepEqual(c.Auth.SigningKeys, []string{strings.Repeat("n", 32), strings.Repeat("o", 32)})
+		}},
+		// A scalar flag given again still means the last one.
+		{[]string{"--http-addr", ":1", "--http-addr", ":2"}, nil, func(c *Config) bool { return c.HTTPAddr == ":2" }},
+	} {
+		c, err := Load(tc.args, env(tc.env), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if !tc.check(c) {
+			t.Errorf("%v %v: domains %v, exempt_ports %v, signing_keys %d, http_addr %q", tc.args, tc.env,
+				c.Domains, c.Auth.ExemptPorts, len(c.Auth.SigningKeys), c.HTTPAddr)
+		}
+	}
+}

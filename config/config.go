@@ -347,6 +347,11 @@ func (c *Config) Validate() error {
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
 	}
+	if c.HTTPAddr == "" && c.HTTPSAddr == "" {
+		// Only the admin API would listen: /readyz says ready while no
+		// sandbox can be reached.
+		return errors.New("http_addr and https_addr are both empty: no listener would serve sandbox traffic; set http_addr (CUBEPROXY_HTTP_ADDR, for example :8081) or https_addr")
+	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}

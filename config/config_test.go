@@ -84,6 +84,9 @@ func TestLoadErrors(t *testing.T) {
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
+		// Only the admin API would listen: ready, and no sandbox reachable.
+		{"no traffic listener", []string{"--http-addr="}, nil, "http_addr and https_addr are both empty"},
+		{"no traffic listener in yaml", []string{"--config", writeFile(t, "http_addr: ''\nhttps_addr: ''\n")}, nil, "http_addr and https_addr are both empty"},
 		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes"},
 		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes"},
 		// Sizes whose buffer is allocated whole: the process would die

@@ -21,7 +21,7 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 		want string
 	}{
 		// Its curl commands need the plain HTTP listener.
-		{"no http listener", []string{"--http-addr="}, "demo needs http_addr"},
+		{"no http listener", []string{"--http-addr=", "--https-addr=127.0.0.1:0"}, "demo needs http_addr"},
 		// Its route goes into the memory store.
 		{"redis store", []string{"--store=redis", "--redis-addr=127.0.0.1:1"}, "demo needs store: memory"},
 	} {

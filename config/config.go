@@ -347,6 +347,21 @@ func (c *Config) Validate() error {
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
 	}
+	// Neither the file nor the environment is expanded: a reference left
+	// as written (${ADMIN_TOKEN}, or a Kubernetes $(ADMIN_TOKEN) naming an
+	// undefined variable, which stays as it is) would be the secret
+	// itself, one anybody can guess.
+	for _, sec := range []struct {
+		key    string
+		values []string
+	}{{"admin_token", []string{c.AdminToken}}, {"auth.signing_keys", c.Auth.SigningKeys}} {
+		for _, v := range sec.values {
+			if isEnvReference(v) {
+				return fmt.Errorf("%s: %q is a reference to an environment variable, and nothing expands it: it would be the secret itself; set %s%s to the value instead",
+					sec.key, v, EnvPrefix, strings.ToUpper(strings.ReplaceAll(sec.key, ".", "_")))
+			}
+		}
+	}
 	if c.HTTPAddr == "" && c.HTTPSAddr == "" {
 		// Only the admin API would listen: /readyz says ready while no
 		// sandbox can be reached.
@@ -436,6 +451,35 @@ func isHostName(s string, wildcard bool) bool {
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
 				return false
 			}
+		}
+	}
+	return true
+}
+
+// isEnvReference reports whether s is a shell or Kubernetes reference to
+// a variable, whole: $NAME, ${NAME} or $(NAME).
+func isEnvReference(s string) bool {
+	name, ok := strings.CutPrefix(s, "$")
+	if !ok {
+		return false
+	}
+	if inner, ok := strings.CutPrefix(name, "{"); ok {
+		name, ok = strings.CutSuffix(inner, "}")
+		if !ok {
+			return false
+		}
+	} else if inner, ok := strings.CutPrefix(name, "("); ok {
+		name, ok = strings.CutSuffix(inner, ")")
+		if !ok {
+			return false
+		}
+	}
+	if name == "" || name[0] >= '0' && name[0] <= '9' {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
 		}
 	}
 	return true

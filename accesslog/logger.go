@@ -32,6 +32,12 @@ const (
 	// maxPooledLine keeps one huge line from pinning memory in the pool.
 	maxPooledLine = 64 << 10
 	initLineSize  = 1024
+	// queuedBytesPerLine sizes the byte budget of the queue: BufferLines
+	// lines of this size on average. Escaping makes a line up to twelve
+	// times the request head it describes (every byte of a 15 KiB target
+	// appears twice as \ufffd), so a queue bounded by lines alone would
+	// pin gigabytes behind a stalled sink. Typical lines are under 1 KiB.
+	queuedBytesPerLine = 2 << 10
 )
 
 // Config configures New.
@@ -57,6 +63,10 @@ type Logger struct {
 	once    sync.Once
 	dropped atomic.Uint64
 	pool    sync.Pool
+	// queued is the size of the lines handed to the writer and not yet
+	// written; Log drops a line that would take it past maxQueued.
+	queued    atomic.Int64
+	maxQueued int64
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
@@ -94,6 +104,7 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		n = DefaultBufferLines
 	}
 	l.lines = make(chan *line, n)
+	l.maxQueued = int64(n) * queuedBytesPerLine
 	l.pool.New = func() any { return &line{b: make([]byte, 0, initLineSize)} }
 
 	var out io.Writer
@@ -124,8 +135,10 @@ func openLog(path string) (*os.File, error) {
 }
 
 // Log formats e and queues the line. It never blocks and keeps no reference
-// to e: when the queue is full (the sink stalls) the line is dropped and
-// onDrop called. Lines logged after Close are discarded.
+// to e: when the queue is full (the sink stalls), in lines or in bytes, the
+// line is dropped and onDrop called. A line is never dropped for its size
+// alone: with nothing queued it goes through. Lines logged after Close are
+// discarded.
 func (l *Logger) Log(e *Entry) {
 	if l.closed.Load() {
 		return
@@ -138,12 +151,23 @@ func (l *Logger) Log(e *Entry) {
 		ln.b = appendJSON(ln.b[:0], e, now)
 	}
 	ln.b = append(ln.b, '\n')
+	n := int64(len(ln.b))
+	if q := l.queued.Add(n); q > l.maxQueued && q > n {
+		l.unqueue(ln)
+		return
+	}
 	select {
 	case l.lines <- ln:
 	default:
-		l.put(ln)
-		l.drop(1)
+		l.unqueue(ln)
 	}
+}
+
+// unqueue drops a line Log could not queue.
+func (l *Logger) unqueue(ln *line) {
+	l.queued.Add(-int64(len(ln.b)))
+	l.put(ln)
+	l.drop(1)
 }
 
 // Dropped returns how many lines were lost so far (queue full or write errors).
@@ -235,6 +259,7 @@ func (l *Logger) drain() {
 
 func (l *Logger) write(ln *line) {
 	_, err := l.bw.Write(ln.b)
+	l.queued.Add(-int64(len(ln.b)))
 	l.put(ln)
 	l.pending++
 	if err != nil {

@@ -318,3 +318,54 @@ func BenchmarkLog(b *testing.B) {
 		})
 	}
 }
+
+// A stalled sink holds back a bounded amount of memory however long the
+// lines are: a 15 KiB request target of bytes that need escaping becomes a
+// JSON line over ten times that size, and a full queue of them would pin
+// gigabytes while stdout's reader (a log shipper) lags.
+func TestStalledSinkBoundsQueuedBytes(t *testing.T) {
+	w := &stallWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	const queue = 64
+	l, err := New(Config{Format: FormatJSON, BufferLines: queue, Output: w}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Entry{Time: testTime, RequestURI: "/?" + strings.Repeat("\xff", 15<<10)}
+	l.Log(e)
+	<-w.entered // the writer goroutine now holds line 1 and is stuck in Write
+	for range queue {
+		l.Log(e)
+	}
+	if l.Dropped() == 0 {
+		t.Errorf("a stalled sink queued %d lines of %d bytes each, nothing dropped; want the queued bytes bounded",
+			queue, len(appendJSON(nil, e, testTime)))
+	}
+	close(w.release)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	line := len(appendJSON(nil, e, testTime)) + 1
+	if max := queue*queuedBytesPerLine + line; w.buf.Len() > max {
+		t.Errorf("the sink got %d bytes queued behind a stall, want at most %d", w.buf.Len(), max)
+	}
+	if n := strings.Count(w.buf.String(), "\n"); n < 1 {
+		t.Errorf("sink got %d lines, want at least the first", n)
+	}
+}
+
+// A line longer than the byte budget is still written when nothing else
+// is queued: the budget bounds a backlog, not the length of one line.
+func TestLongLineWrittenWhenQueueEmpty(t *testing.T) {
+	var buf bytes.Buffer
+	l, err := New(Config{Format: FormatJSON, BufferLines: 1, Output: &buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Log(&Entry{Time: testTime, RequestURI: "/" + strings.Repeat("a", 64<<10)})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l.Dropped() != 0 || strings.Count(buf.String(), "\n") != 1 {
+		t.Errorf("dropped %d, sink has %d lines; want the one long line written", l.Dropped(), strings.Count(buf.String(), "\n"))
+	}
+}

@@ -69,7 +69,7 @@ type Auth struct {
 type AccessLog struct {
 	Format      string `yaml:"format" usage:"json, cube (the platform's ||-separated 22 fields) or off"`
 	Path        string `yaml:"path" usage:"file (reopened on SIGHUP) or - for stdout"`
-	BufferLines int    `yaml:"buffer_lines" usage:"lines queued before dropping"`
+	BufferLines int    `yaml:"buffer_lines" usage:"lines (and 2 KiB per line of bytes) queued before dropping"`
 }
 
 // Telemetry configures metrics and traces (exporters come from OTEL_* variables).

@@ -35,7 +35,9 @@ type Entry struct {
 
 	UpstreamAddr   string // "ip:port" of the sandbox backend; "" when none was dialed
 	UpstreamStatus int    // 0 when no response arrived
-	// UpstreamResponseTime is printed only when UpstreamAddr is set.
+	// UpstreamResponseTime is nginx's $upstream_response_time: from the
+	// start of the upstream exchange to the end of the sandbox's response
+	// (of the stream or tunnel). Printed only when UpstreamAddr is set.
 	UpstreamResponseTime time.Duration
 
 	UserAgent  string

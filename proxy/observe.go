@@ -38,7 +38,11 @@ type exchange struct {
 
 	upStatus int
 	upTime   time.Duration // request start to upstream response headers
-	bytesIn  int64         // body bytes read from the client: never what its Content-Length claims
+	// upBegin is request start to the start of the upstream exchange: the
+	// upstream time (nginx's $upstream_response_time) runs from there to
+	// the end of the exchange, without the route lookup before it.
+	upBegin time.Duration
+	bytesIn int64 // body bytes read from the client: never what its Content-Length claims
 	// bodyEnded: the client's body was read to its end (forward only).
 	bodyEnded bool
 	bytesOut  int64
@@ -89,6 +93,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 // 429 kept it from.
 func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.AddrPort) {
 	x.upstream = addr
+	x.upBegin = time.Since(x.start)
 	if p.tel != nil && p.tel.TracingEnabled() {
 		x.cspan = p.tel.StartClientSpan(x.spanCtx, &ctx.Request.Header, x.upstream.String())
 	}
@@ -132,6 +137,9 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	if entry != nil {
 		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, total
 		entry.ErrorCode = x.errCode
+		if x.upstream.IsValid() {
+			entry.UpstreamResponseTime = x.upstreamTime(total)
+		}
 		p.cfg.AccessLog.Log(entry)
 		return
 	}
@@ -264,7 +272,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		buf = x.upstream.AppendTo(buf)
 		e.UpstreamAddr = b2s(buf[n:])
 		e.UpstreamStatus = x.upStatus
-		e.UpstreamResponseTime = x.upTime
+		e.UpstreamResponseTime = x.upstreamTime(total)
 	}
 	e.UserAgent = b2s(h.UserAgent())
 	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID)) // set before any entry is filled
@@ -275,6 +283,12 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	e.RouteKind = x.kind.String()
 	e.ErrorCode = x.errCode
 	e.CacheResult = x.cache.String()
+}
+
+// upstreamTime is the time from the start of the upstream exchange to
+// total (the end of the exchange).
+func (x *exchange) upstreamTime(total time.Duration) time.Duration {
+	return max(total-x.upBegin, 0)
 }
 
 // cloneEntry copies an entry's strings out of request buffers, for a

@@ -25,6 +25,7 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
@@ -1311,4 +1312,83 @@ func TestAccessLogUpstreamOnlyWhenDialed(t *testing.T) {
 		t.Fatal(err) // the stream is open: the sandbox's one slot is taken
 	}
 	check("req-nodial-429", h.req("GET", host, "/", nil), 429)
+}
+
+// upstream_response_time is nginx's $upstream_response_time: the time the
+// sandbox took, from the start of the upstream exchange to the end of its
+// response. It was measured from the start of the request to the
+// sandbox's response headers, so a slow route lookup (Redis) showed up as
+// a slow sandbox, and a stream or download, however long its body took,
+// as an instant answer.
+func TestAccessLogUpstreamResponseTime(t *testing.T) {
+	const pause = 300 * time.Millisecond
+	quick := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	slowBody := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "first")
+		w.(http.Flusher).Flush()
+		time.Sleep(pause) // the duration measured, not an ordering
+		io.WriteString(w, "last")
+	}))
+	sse, ack := heldSSEBackend(t)
+	mem := routing.NewMemoryStore()
+	for id, port := range map[string]uint16{"uptquick": quick, "uptslow": slowBody, "uptsse": sse} {
+		r, err := routing.ParseRouteStrict(id, map[string]string{"HostIP": "127.0.0.1", itoa(port): itoa(port)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mem.Put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := &gatedStore{Store: mem, entered: make(chan struct{}, 8), release: make(chan struct{})}
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.store = st })
+	times := func(id string) (request, upstream float64) {
+		t.Helper()
+		e := buf.waitJSON(t, id)
+		up, ok := e["upstream_response_time"].(float64)
+		if !ok {
+			t.Fatalf("%s: upstream_response_time %v, want a number", id, e["upstream_response_time"])
+		}
+		return e["request_time"].(float64), up
+	}
+	get := func(id, host, path string) *http.Response {
+		t.Helper()
+		req := h.req("GET", host, path, nil)
+		req.Header.Set("X-Cube-Request-Id", id)
+		return h.do(req)
+	}
+
+	go func() {
+		<-st.entered
+		time.Sleep(pause) // a slow route lookup
+		close(st.release)
+	}()
+	resp := get("upt-lookup", itoa(quick)+"-uptquick.cube.test", "/")
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if req, up := times("upt-lookup"); req < pause.Seconds() || up > pause.Seconds()/2 {
+		t.Errorf("slow lookup, quick sandbox: request_time %v, upstream_response_time %v; want the lookup in the first only", req, up)
+	}
+
+	resp = get("upt-body", itoa(slowBody)+"-uptslow.cube.test", "/")
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if _, up := times("upt-body"); up < pause.Seconds() {
+		t.Errorf("slow body: upstream_response_time %v, want at least %v (to the end of the response)", up, pause.Seconds())
+	}
+
+	resp = get("upt-sse", itoa(sse)+"-uptsse.cube.test", "/events")
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(pause) // the stream's length
+	close(ack)
+	io.Copy(io.Discard, br)
+	resp.Body.Close()
+	if _, up := times("upt-sse"); up < pause.Seconds() {
+		t.Errorf("SSE stream: upstream_response_time %v, want at least %v (to the end of the stream)", up, pause.Seconds())
+	}
 }

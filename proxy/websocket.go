@@ -301,7 +301,6 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		return
 	}
 	x.upStatus = fasthttp.StatusSwitchingProtocols
-	x.upTime = time.Since(x.start)
 	resp.Header.SetNoDefaultContentType(true)
 	// Bytes the backend sent right after the 101 go to the client first.
 	var pending []byte

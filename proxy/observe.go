@@ -93,7 +93,9 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 // 429 kept it from.
 func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.AddrPort) {
 	x.upstream = addr
-	x.upBegin = time.Since(x.start)
+	if p.cfg.AccessLog != nil { // only the log uses it: no clock read without one
+		x.upBegin = time.Since(x.start)
+	}
 	if p.tel != nil && p.tel.TracingEnabled() {
 		x.cspan = p.tel.StartClientSpan(x.spanCtx, &ctx.Request.Header, x.upstream.String())
 	}

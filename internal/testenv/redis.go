@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,6 +185,28 @@ func (r *Redis) Stop() {
 	}
 	_ = cmd.Process.Kill()
 	<-exited
+}
+
+// Pause freezes the server with SIGSTOP: the kernel still accepts its
+// connections and buffers what clients write, but nothing is answered, as
+// with a hung host or a network path that drops packets silently. Resume
+// (or cleanup) ends it.
+func (r *Redis) Pause() { r.signal(syscall.SIGSTOP) }
+
+// Resume continues a server frozen by Pause.
+func (r *Redis) Resume() { r.signal(syscall.SIGCONT) }
+
+func (r *Redis) signal(sig syscall.Signal) {
+	r.t.Helper()
+	r.mu.Lock()
+	cmd := r.cmd
+	r.mu.Unlock()
+	if cmd == nil {
+		r.t.Fatalf("redis on %s: signal %v: not running", r.Addr(), sig)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		r.t.Fatalf("redis on %s: signal %v: %v", r.Addr(), sig, err)
+	}
 }
 
 // Restart stops the server and starts it again on the same port. Data is

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -35,8 +36,18 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 
 // Subscriber applies the ids published on InvalidateChannel to a cache.
 //
-// go-redis reconnects and resubscribes by itself after Redis restarts (it
-// also pings the connection every few seconds to notice a dead peer).
+// go-redis reconnects and resubscribes by itself when the connection
+// breaks (Redis restarted, a reset). A connection that merely stops
+// answering (a hung host, a Sentinel failover away from a master that is
+// cut off, a NAT or load balancer that forgot the flow) breaks nothing:
+// writes still succeed into the kernel's buffer and go-redis's own health
+// check only writes its PING. So the subscriber PINGs a connection that
+// was quiet for pingIdle command timeouts itself, and replaces it when
+// nothing at all comes back within as long again: longer than a lookup
+// may take, since a replacement expires every cached route, and a Redis
+// that stalls for a moment (a fork, a slow script) should not make every
+// instance re-read everything from it at once.
+//
 // Messages published while the connection was down are lost, and one of
 // them may have made a sandbox private: so every confirmed subscription
 // expires the whole cache, and routes are read from Redis again (one lookup
@@ -44,15 +55,25 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 // while Redis cannot answer, as for any expired route). A resubscription is
 // logged at warn level so operators can correlate.
 type Subscriber struct {
-	ps        *redis.PubSub
-	cache     Invalidator
-	logger    *slog.Logger
+	client  redis.UniversalClient
+	channel string
+	cache   Invalidator
+	logger  *slog.Logger
+	idle    time.Duration // quiet time before a PING
+	timeout time.Duration // wait for any reply after the PING
+
 	ready     chan struct{}
+	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	closeErr  error // of the last PubSub, set before done is closed
 	subs      atomic.Int64
 	applied   atomic.Int64
 }
+
+// pingIdle is how many command timeouts a subscription may stay quiet
+// before it is PINGed (3 s by default, as go-redis's own health check).
+const pingIdle = 3
 
 // Subscribe starts applying invalidation messages to cache until ctx ends or
 // Close is called. It never fails: while Redis is unreachable it keeps retrying.
@@ -61,17 +82,17 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		logger = slog.New(slog.DiscardHandler)
 	}
 	sub := &Subscriber{
-		ps:     s.client.Subscribe(ctx, s.cfg.InvalidateChannel),
-		cache:  cache,
-		logger: logger.With("channel", s.cfg.InvalidateChannel),
-		ready:  make(chan struct{}),
-		done:   make(chan struct{}),
+		client:  s.client,
+		channel: s.cfg.InvalidateChannel,
+		cache:   cache,
+		logger:  logger.With("channel", s.cfg.InvalidateChannel),
+		idle:    pingIdle * s.cfg.CommandTimeout,
+		timeout: pingIdle * s.cfg.CommandTimeout,
+		ready:   make(chan struct{}),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
-	ch := sub.ps.ChannelWithSubscriptions(
-		redis.WithChannelSize(1024),
-		redis.WithChannelPingTimeout(s.cfg.CommandTimeout),
-	)
-	go sub.run(ch)
+	go sub.run(ctx, s.client.Subscribe(ctx, sub.channel))
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -103,37 +124,131 @@ func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 	}
 }
 
-func (sub *Subscriber) run(ch <-chan any) {
+// run serves one PubSub after the other: a new one replaces a connection
+// that stopped answering, until Close.
+func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 	defer close(sub.done)
-	for msg := range ch {
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
-				continue
+	for {
+		in := make(chan any)
+		quit := make(chan struct{})
+		received := make(chan struct{})
+		go func() {
+			defer close(received)
+			receive(ps, in, quit)
+		}()
+		stopped, subscribed := sub.watch(ps, in)
+		close(quit)
+		err := ps.Close() // unblocks a Receive waiting on a silent connection
+		<-received
+		if stopped {
+			sub.closeErr = err
+			return
+		}
+		if subscribed {
+			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
+		}
+		ps = sub.client.Subscribe(ctx, sub.channel)
+	}
+}
+
+// receive passes every reply and error of ps to out until ps is closed or
+// quit is closed.
+func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
+	for {
+		msg, err := ps.Receive(context.Background())
+		if errors.Is(err, redis.ErrClosed) {
+			return
+		}
+		if err != nil {
+			msg = err
+		}
+		select {
+		case out <- msg:
+		case <-quit:
+			return
+		}
+		var rerr redis.Error
+		if err != nil && !errors.As(err, &rerr) {
+			// go-redis dropped the connection and dials again on the next
+			// Receive; do not spin while Redis is down.
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-quit:
+				return
 			}
-			// Messages may have been published before this subscription
-			// (the first one included: routes may be cached already). The
-			// routes are re-read, not forgotten: a Redis restarted with its
-			// data takes SUBSCRIBE while it still answers reads with
-			// LOADING, and meanwhile the old routes are served stale.
-			n := sub.cache.ExpireAll()
-			if sub.subs.Add(1) == 1 {
-				close(sub.ready)
-				sub.logger.Info("redis invalidation subscribed", "routes_expired", n)
-			} else {
-				sub.logger.Warn("redis invalidation resubscribed after reconnect; every cached route will be read again, since invalidations published meanwhile were lost", "routes_expired", n)
-			}
-		case *redis.Message:
-			id := strings.ToLower(strings.TrimSpace(m.Payload))
-			if !routing.ValidID(id) {
-				sub.logger.Warn("redis invalidation: ignored bad id", "len", len(m.Payload))
-				continue
-			}
-			n := sub.cache.Invalidate(id)
-			sub.applied.Add(1)
-			sub.logger.Debug("redis invalidation", "sandbox_id", id, "deleted", n)
 		}
 	}
+}
+
+// watch applies what arrives on in, PINGs ps when it was quiet for
+// sub.idle, and returns when Close was called (stopped) or when nothing
+// came back within sub.timeout of a PING. subscribed says whether this
+// connection's subscription was confirmed.
+func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed bool) {
+	timer := time.NewTimer(sub.idle)
+	defer timer.Stop()
+	pinged := false
+	for {
+		select {
+		case <-sub.stop:
+			return true, subscribed
+		case msg := <-in:
+			if !sub.handle(msg, &subscribed) {
+				continue
+			}
+			pinged = false
+			timer.Reset(sub.idle)
+		case <-timer.C:
+			if pinged {
+				return false, subscribed
+			}
+			// The reply arrives through Receive; a failed write means no
+			// reply will come, and the next tick replaces the connection.
+			ctx, cancel := context.WithTimeout(context.Background(), sub.timeout)
+			_ = ps.Ping(ctx)
+			cancel()
+			pinged = true
+			timer.Reset(sub.timeout)
+		}
+	}
+}
+
+// handle applies one reply and reports whether it came from the server
+// (any reply, an error reply included, proves the connection alive).
+func (sub *Subscriber) handle(msg any, subscribed *bool) bool {
+	switch m := msg.(type) {
+	case *redis.Subscription:
+		if m.Kind != "subscribe" {
+			return true
+		}
+		*subscribed = true
+		// Messages may have been published before this subscription
+		// (the first one included: routes may be cached already). The
+		// routes are re-read, not forgotten: a Redis restarted with its
+		// data takes SUBSCRIBE while it still answers reads with
+		// LOADING, and meanwhile the old routes are served stale.
+		n := sub.cache.ExpireAll()
+		if sub.subs.Add(1) == 1 {
+			close(sub.ready)
+			sub.logger.Info("redis invalidation subscribed", "routes_expired", n)
+		} else {
+			sub.logger.Warn("redis invalidation resubscribed after reconnect; every cached route will be read again, since invalidations published meanwhile were lost", "routes_expired", n)
+		}
+	case *redis.Message:
+		id := strings.ToLower(strings.TrimSpace(m.Payload))
+		if !routing.ValidID(id) {
+			sub.logger.Warn("redis invalidation: ignored bad id", "len", len(m.Payload))
+			return true
+		}
+		n := sub.cache.Invalidate(id)
+		sub.applied.Add(1)
+		sub.logger.Debug("redis invalidation", "sandbox_id", id, "deleted", n)
+	case *redis.Pong:
+	case error:
+		var rerr redis.Error
+		return errors.As(m, &rerr)
+	}
+	return true
 }
 
 // Ready is closed once the first SUBSCRIBE is confirmed by Redis.
@@ -147,8 +262,7 @@ func (sub *Subscriber) Applied() int64 { return sub.applied.Load() }
 
 // Close unsubscribes and waits until no more messages are applied.
 func (sub *Subscriber) Close() error {
-	var err error
-	sub.closeOnce.Do(func() { err = sub.ps.Close() })
+	sub.closeOnce.Do(func() { close(sub.stop) })
 	<-sub.done
-	return err
+	return sub.closeErr
 }

@@ -74,3 +74,60 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("lookup of a route written after failover: %v", err)
 	}
 }
+
+// TestInvalidationFollowsFailoverFromHungMaster: the master hangs (a frozen
+// host, a network path that drops packets silently: no reset, no EOF) and
+// Sentinel promotes the replica. The subscription must move to the new
+// master, where the control plane now publishes; a connection that only
+// takes writes would otherwise lose every invalidation until the kernel
+// gives up on it, many minutes later.
+func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t)
+	replica := testenv.StartReplica(t, master)
+	sentinel := testenv.StartSentinel(t, name, master.Addr())
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = sc.Close() })
+	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
+		reps, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+	})
+
+	s := openStoreCfg(t, redisstore.Config{
+		Sentinel:       redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}},
+		CommandTimeout: 300 * time.Millisecond,
+	})
+	rec := make(recorder, 64)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	expectID(t, rec, "*")
+
+	master.Pause()
+	t.Cleanup(master.Resume)
+	testenv.WaitFor(t, 30*time.Second, "replica promoted", func() bool {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
+			return false
+		}
+		role, err := replica.Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "master"
+	})
+	testenv.WaitFor(t, 15*time.Second, "subscription on the new master", func() bool {
+		n, err := replica.Client().PubSubNumSub(ctx, redisstore.DefaultInvalidateChannel).Result()
+		return sub.Subscriptions() >= 2 && err == nil && n[redisstore.DefaultInvalidateChannel] == 1
+	})
+	// Invalidations published meanwhile were lost: the cache was expired.
+	for got := ""; got != "*"; {
+		select {
+		case got = <-rec:
+		default:
+			t.Fatal("the resubscription did not expire the cache")
+		}
+	}
+	if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "after")
+}

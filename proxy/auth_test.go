@@ -1416,24 +1416,44 @@ func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 	host := "Host: 8080-box.cube.test"
 	ws := []string{"Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"}
 
+	// A client answered 302 to a POST repeats it as a GET without its
+	// body, and one without a cookie jar (an MCP client given the signed
+	// URL: its POSTs, its SSE GET) comes back with no credential at all.
+	post := []string{"Content-Type: application/json", "Content-Length: 2"}
 	for _, tc := range []struct {
-		name string
-		tok  string
-		hdr  []string
-		want string // "forward", "redirect" or a refusal code
+		name   string
+		method string // GET when empty
+		tok    string
+		hdr    []string
+		want   string // "forward", "redirect" or a refusal code
 	}{
-		{"WebSocket from a browser", tok, append([]string{"Origin: http://8080-box.cube.test", "Sec-Fetch-Mode: websocket"}, ws...), "forward"},
-		{"WebSocket from a non-browser client", tok, ws, "forward"},
-		{"EventSource from another port's page", tok, []string{"Accept: text/event-stream", "Origin: http://3000-box.cube.test", "Sec-Fetch-Mode: cors"}, "forward"},
-		{"same-origin fetch", tok, []string{"Sec-Fetch-Mode: same-origin"}, "forward"},
-		{"navigation", tok, []string{"Sec-Fetch-Mode: navigate", "Sec-Fetch-Dest: document"}, "redirect"},
-		{"client without Sec-Fetch-Mode", tok, nil, "redirect"},
-		{"WebSocket, token for another port", other, ws, auth.CodeSignedTokenWrongTarget},
-		{"EventSource, garbage token", "not*a*token", []string{"Sec-Fetch-Mode: cors"}, auth.CodeSignedTokenMalformed},
+		{"WebSocket from a browser", "", tok, append([]string{"Origin: http://8080-box.cube.test", "Sec-Fetch-Mode: websocket"}, ws...), "forward"},
+		{"WebSocket from a non-browser client", "", tok, ws, "forward"},
+		{"EventSource from another port's page", "", tok, []string{"Accept: text/event-stream", "Origin: http://3000-box.cube.test", "Sec-Fetch-Mode: cors"}, "forward"},
+		{"same-origin fetch", "", tok, []string{"Sec-Fetch-Mode: same-origin"}, "forward"},
+		{"navigation", "", tok, []string{"Sec-Fetch-Mode: navigate", "Sec-Fetch-Dest: document"}, "redirect"},
+		{"client without Sec-Fetch-Mode", "", tok, nil, "redirect"},
+		// Connection: close ends the bodiless answer for the reader.
+		{"HEAD without Sec-Fetch-Mode", "HEAD", tok, []string{"Connection: close"}, "redirect"},
+		{"MCP POST without Sec-Fetch-Mode", "POST", tok, append([]string{"Accept: application/json, text/event-stream"}, post...), "forward"},
+		{"form POST navigation", "POST", tok, append([]string{"Sec-Fetch-Mode: navigate"}, post...), "forward"},
+		{"DELETE without Sec-Fetch-Mode", "DELETE", tok, nil, "forward"},
+		{"SSE GET without Sec-Fetch-Mode", "", tok, []string{"Accept: text/event-stream"}, "forward"},
+		{"WebSocket, token for another port", "", other, ws, auth.CodeSignedTokenWrongTarget},
+		{"EventSource, garbage token", "", "not*a*token", []string{"Sec-Fetch-Mode: cors"}, auth.CodeSignedTokenMalformed},
+		{"POST, token for another port", "POST", other, post, auth.CodeSignedTokenWrongTarget},
 	} {
-		lines := append([]string{"GET /ev?a=1&cube_token=" + url.QueryEscape(tc.tok) + " HTTP/1.1", host}, tc.hdr...)
+		method := tc.method
+		if method == "" {
+			method = "GET"
+		}
+		lines := append([]string{method + " /ev?a=1&cube_token=" + url.QueryEscape(tc.tok) + " HTTP/1.1", host}, tc.hdr...)
+		body := ""
+		if method == "POST" {
+			body = "{}"
+		}
 		// No "Connection: close": it would cancel the upgrade.
-		resp, body := rawRequest(t, h.addr, strings.Join(lines, "\r\n")+"\r\n\r\n")
+		resp, body := rawRequest(t, h.addr, strings.Join(lines, "\r\n")+"\r\n\r\n"+body)
 		switch tc.want {
 		case "forward":
 			// The backend answers 200 to the upgrade too: it is relayed.
@@ -1441,7 +1461,7 @@ func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 				t.Errorf("%s: %d %q (Location %q), want the sandbox's answer", tc.name, resp.StatusCode, body, resp.Header.Get("Location"))
 				continue
 			}
-			if got := b.next(t); got.line != "GET /ev?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.tok) {
+			if got := b.next(t); got.line != method+" /ev?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.tok) {
 				t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 			}
 			if len(resp.Header.Values("Set-Cookie")) != 0 {

@@ -75,10 +75,14 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 // EventSource or subresource request (Sec-Fetch-Mode other than navigate)
 // fails on a cross-origin redirect that has no CORS headers: those are let
 // through by the token itself, which is not ambient (the page had to put
-// it in the URL). A client that sends no Sec-Fetch-Mode (curl, an older
-// browser) gets the redirect.
+// it in the URL). So are a method other than GET and HEAD, which a client
+// repeats after a 302 as a GET without its body (a form POST, an MCP
+// client given the signed URL), and a request for an event stream: a
+// client without a cookie jar (an MCP client's SSE GET) would come back
+// with no credential at all. A page load that sends no Sec-Fetch-Mode
+// (curl, an older browser) gets the redirect.
 func navigation(h *fasthttp.RequestHeader) bool {
-	if upgradeRequested(h) {
+	if !h.IsGet() && !h.IsHead() || upgradeRequested(h) || bytes.Contains(h.Peek(fasthttp.HeaderAccept), eventStreamType) {
 		return false
 	}
 	m := h.Peek("Sec-Fetch-Mode")

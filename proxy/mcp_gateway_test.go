@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -592,15 +593,19 @@ func TestMCPStatelessGateway(t *testing.T) {
 func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
-	h := newHarness(t)
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
 	srv := newAgentServer()
 	var mu sync.Mutex
 	seen := map[string]int{}
 	o := &mcp.StreamableHTTPOptions{DisableLocalhostProtection: true}
 	gw := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, o)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Cube-Traffic-Access-Token") != "" || r.Header.Get("E2b-Traffic-Access-Token") != "" {
-			t.Errorf("%s reached the gateway with the proxy's traffic token", r.Method)
+		if r.Header.Get("Cube-Traffic-Access-Token") != "" || r.Header.Get("E2b-Traffic-Access-Token") != "" || r.URL.Query().Has("cube_token") {
+			t.Errorf("%s reached the gateway with the proxy's credential", r.Method)
 		}
 		if r.Header.Get("Authorization") != bearer {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mcp"`)
@@ -617,16 +622,27 @@ func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
 	host := "50005-lockedmcp.cube.test"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	connect := func(hdr map[string]string) (*mcp.ClientSession, error) {
+	connect := func(query string, hdr map[string]string) (*mcp.ClientSession, error) {
 		tr := &mcp.StreamableClientTransport{
-			Endpoint:   "http://" + h.addr + "/mcp",
+			Endpoint:   "http://" + h.addr + "/mcp" + query,
 			HTTPClient: &http.Client{Transport: hostTransport{host: host, headers: hdr, base: h.client.Transport}},
 			MaxRetries: -1,
 		}
 		return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, tr, nil)
 	}
-	for _, name := range []string{"Cube-Traffic-Access-Token", "E2b-Traffic-Access-Token"} {
-		cs, err := connect(map[string]string{name: traffic, "Authorization": bearer})
+	// A client configured with a URL alone (no header of the proxy's) gets
+	// a signed one: its POSTs, SSE GET and DELETE must all be let through,
+	// not answered with the 302 a browser's page load gets.
+	signed, err := signer.Sign("lockedmcp", 50005, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Cube-Traffic-Access-Token", "E2b-Traffic-Access-Token", "signed URL"} {
+		hdr, query := map[string]string{name: traffic, "Authorization": bearer}, ""
+		if name == "signed URL" {
+			hdr, query = map[string]string{"Authorization": bearer}, "?cube_token="+signed
+		}
+		cs, err := connect(query, hdr)
 		if err != nil {
 			t.Fatalf("%s: connect with both credentials: %v", name, err)
 		}
@@ -666,7 +682,7 @@ func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
 			t.Fatalf("traffic token %q: %d %s, want the proxy's 403", tok, resp.StatusCode, b)
 		}
 	}
-	if _, err := connect(map[string]string{"Authorization": bearer}); err == nil {
+	if _, err := connect("", map[string]string{"Authorization": bearer}); err == nil {
 		t.Fatal("connected without the traffic token")
 	}
 	// The gateway's credential missing: the gateway's own 401, relayed.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/config"
@@ -22,7 +23,7 @@ const (
 	demoMCPPort = 50005
 	demoSSEPort = 3000
 	demoToken   = "demo-mcp-token"
-	demoDomain  = "cube.localhost"
+	demoDomain  = "cube.localhost" // unless domains is set
 )
 
 // demo runs the proxy (memory store) plus a local demo sandbox: the MCP
@@ -79,7 +80,13 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 		a.close()
 		return err
 	}
-	return a.run(ctx, func(a *app) { printDemo(stdout, a) })
+	domain := demoDomain
+	if len(cfg.Domains) > 0 {
+		// A host under any other domain would be refused (400
+		// domain_not_allowed) by the very proxy the commands go through.
+		domain = strings.TrimPrefix(strings.TrimPrefix(cfg.Domains[0], "*."), ".")
+	}
+	return a.run(ctx, func(a *app) { printDemo(stdout, a, domain, cfg.AdminToken != "") })
 }
 
 func portOf(addr net.Addr) string { return strconv.Itoa(addr.(*net.TCPAddr).Port) }
@@ -94,11 +101,18 @@ func dialable(addr net.Addr) string {
 	return tcp.String()
 }
 
-func printDemo(w io.Writer, a *app) {
+// printDemo writes the copy-paste commands for sandbox hosts under domain.
+// With an admin token configured the admin command sends it, named by its
+// environment variable rather than printed: the token is a secret.
+func printDemo(w io.Writer, a *app, domain string, adminToken bool) {
 	px := dialable(a.httpLn.Addr())
 	admin := dialable(a.adminLn.Addr())
-	mcpHost := fmt.Sprintf("%d-%s.%s", demoMCPPort, demoID, demoDomain)
-	sseHost := fmt.Sprintf("%d-%s.%s", demoSSEPort, demoID, demoDomain)
+	mcpHost := fmt.Sprintf("%d-%s.%s", demoMCPPort, demoID, domain)
+	sseHost := fmt.Sprintf("%d-%s.%s", demoSSEPort, demoID, domain)
+	adminHeader := ""
+	if adminToken {
+		adminHeader = ` -H "X-Cube-Admin-Token: $` + config.EnvPrefix + `ADMIN_TOKEN"`
+	}
 	fmt.Fprintf(w, `
 CubeProxy demo is running. Proxy: http://%[1]s  Admin: http://%[2]s
 Sandbox %[3]q exposes an MCP gateway (port %[4]d, bearer token %[5]q) and an SSE ticker (port %[6]d).
@@ -129,7 +143,7 @@ curl -i http://%[1]s/mcp -H 'Host: %[8]s' -H 'Content-Type: application/json' -d
 curl -i http://%[1]s/ -H 'Host: 50005-nosuch.%[9]s'
 
 # 6. Routes through the admin API
-curl -s http://%[2]s/admin/routes
+curl -s http://%[2]s/admin/routes%[10]s
 
-`, px, admin, demoID, demoMCPPort, demoToken, demoSSEPort, sseHost, mcpHost, demoDomain)
+`, px, admin, demoID, demoMCPPort, demoToken, demoSSEPort, sseHost, mcpHost, domain, adminHeader)
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
 	"net"
+	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -45,36 +49,111 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 }
 
 // The printed commands reach the listeners on the addresses they were
-// given, not only when those are on 127.0.0.1 or every interface.
+// given, not only when those are on 127.0.0.1 or every interface, and
+// work under the settings an operator may have exported (an allowed
+// domain list, an admin token): they are run here as printed.
 func TestDemoPrintsListenerAddresses(t *testing.T) {
 	for _, tc := range []struct {
 		name, httpAddr, want string
+		extra                []string
+		env                  map[string]string
 	}{
-		{"every interface", ":0", "http://127.0.0.1:"},
-		{"one loopback address", "127.0.0.2:0", "http://127.0.0.2:"},
+		{"every interface", ":0", "http://127.0.0.1:", nil, nil},
+		{"one loopback address", "127.0.0.2:0", "http://127.0.0.2:", nil, nil},
+		{"allowed domains", ":0", "http://127.0.0.1:", []string{"--domains", "*.cube.example.com,other.test"}, nil},
+		{"admin token from the environment", ":0", "http://127.0.0.1:", nil, map[string]string{"CUBEPROXY_ADMIN_TOKEN": "s3cret"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := &syncBuffer{}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan int, 1)
+			getenv := func(k string) string { return tc.env[k] }
 			go func() {
-				done <- run(ctx, []string{"demo", "--http-addr", tc.httpAddr, "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv, out, io.Discard)
+				args := append([]string{"demo", "--http-addr", tc.httpAddr, "--admin-addr", "127.0.0.1:0", "--routes="}, tc.extra...)
+				done <- run(ctx, args, getenv, out, io.Discard)
 			}()
 			testenv.WaitFor(t, 10*time.Second, "the demo's instructions", func() bool { return strings.Contains(out.String(), "curl -s http") })
-			cancel()
-			if code := <-done; code != 0 {
-				t.Fatalf("demo exit %d", code)
-			}
-			var curl string
+			defer func() {
+				cancel()
+				if code := <-done; code != 0 {
+					t.Errorf("demo exit %d", code)
+				}
+			}()
+			var sse, admin string
 			for _, line := range strings.Split(out.String(), "\n") {
-				if strings.HasPrefix(line, "curl -N http") {
-					curl = line
-					break
+				switch {
+				case strings.HasPrefix(line, "curl -N http") && sse == "":
+					sse = line
+				case strings.HasPrefix(line, "curl -s http") && strings.Contains(line, "/admin/"):
+					admin = line
 				}
 			}
-			if !strings.Contains(curl, tc.want) {
-				t.Fatalf("SSE command %q, want it to name %s...", curl, tc.want)
+			if !strings.Contains(sse, tc.want) {
+				t.Fatalf("SSE command %q, want it to name %s...", sse, tc.want)
+			}
+			// The first event of the ticker comes through.
+			resp := curlAsPrinted(t, sse, tc.env)
+			br := bufio.NewReader(resp.Body)
+			line, err := br.ReadString('\n')
+			resp.Body.Close()
+			if resp.StatusCode != 200 || err != nil || !strings.HasPrefix(line, "id: ") {
+				t.Fatalf("%s: %d, first line %q (%v), want the ticker's first event", sse, resp.StatusCode, line, err)
+			}
+			resp = curlAsPrinted(t, admin, tc.env)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(body), `"demo"`) {
+				t.Fatalf("%s: %d %s, want the routes with the demo's", admin, resp.StatusCode, body)
 			}
 		})
 	}
+}
+
+// curlAsPrinted sends the GET a printed one-line curl command would: its
+// URL, and its -H headers (with $VAR expanded from env, as a shell would).
+func curlAsPrinted(t *testing.T, cmd string, env map[string]string) *http.Response {
+	t.Helper()
+	fields := regexp.MustCompile(`'[^']*'|"[^"]*"|\S+`).FindAllString(cmd, -1)
+	unquote := func(s string) string {
+		if len(s) >= 2 && (s[0] == '\'' || s[0] == '"') {
+			q := s[0]
+			s = s[1 : len(s)-1]
+			if q == '"' {
+				s = os.Expand(s, func(k string) string { return env[k] })
+			}
+		}
+		return s
+	}
+	var req *http.Request
+	var hdrs []string
+	for i := 1; i < len(fields); i++ {
+		f := unquote(fields[i])
+		switch {
+		case f == "-H" && i+1 < len(fields):
+			i++
+			hdrs = append(hdrs, unquote(fields[i]))
+		case strings.HasPrefix(f, "http://"):
+			r, err := http.NewRequest("GET", f, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req = r
+		}
+	}
+	if req == nil {
+		t.Fatalf("no URL in %q", cmd)
+	}
+	for _, h := range hdrs {
+		k, v, _ := strings.Cut(h, ":")
+		if v = strings.TrimSpace(v); strings.EqualFold(k, "Host") {
+			req.Host = v
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return resp
 }

@@ -534,8 +534,10 @@ loop:
 			break loop
 		}
 	}
-	a.log.Info("shutting down: draining", "timeout", a.drainTimeout().String())
+	// Watch for a second signal before saying the drain began: one sent
+	// on seeing that line must not be lost.
 	drainCtx, cutShort := a.cutDrainOnSignal()
+	a.log.Info("shutting down: draining", "timeout", a.drainTimeout().String())
 	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr
 	}

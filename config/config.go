@@ -312,6 +312,13 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	switch c.TLS.Source {
+	case "", "self_signed", "files", "acme":
+	default:
+		// Checked here, not only where HTTPS starts: a misspelled source
+		// would otherwise pass unnoticed until https_addr is set.
+		return fmt.Errorf("tls.source: %q is not self_signed, files or acme", c.TLS.Source)
+	}
 	if src := c.TLS.Source; src != "" && src != "files" {
 		// Only the files source reads them: HTTPS would serve a
 		// self-signed (or ACME) certificate instead of the operator's.

@@ -317,7 +317,7 @@ func (c *Config) Validate() error {
 	default:
 		// Checked here, not only where HTTPS starts: a misspelled source
 		// would otherwise pass unnoticed until https_addr is set.
-		return fmt.Errorf("tls.source: %q is not self_signed, files or acme", c.TLS.Source)
+		return fmt.Errorf("tls.source %q: want self_signed, files or acme", c.TLS.Source)
 	}
 	if src := c.TLS.Source; src != "" && src != "files" {
 		// Only the files source reads them: HTTPS would serve a

@@ -84,7 +84,7 @@ func TestLoadErrors(t *testing.T) {
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},
-		{"misspelled tls source without https", []string{"--tls-source=acm"}, nil, `tls.source: "acm" is not self_signed, files or acme`},
+		{"misspelled tls source without https", []string{"--tls-source=acm"}, nil, `tls.source "acm": want self_signed, files or acme`},
 		// A secret left as a reference nothing expanded would work, and
 		// be a string anyone can guess.
 		{"admin token as ${VAR} in yaml", []string{"--config", writeFile(t, "admin_token: ${CUBEPROXY_ADMIN_TOKEN}\n")}, nil,

@@ -96,7 +96,7 @@ func warnUnknownEnv(log *slog.Logger, environ []string) {
 func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return nil, fmt.Errorf("log_level %q: %w", cfg.LogLevel, err)
+		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error (%w)", cfg.LogLevel, err)
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	switch cfg.LogFormat {

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -194,7 +195,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	case "redis":
 		rcfg := cfg.Redis
 		rcfg.Registry = cfg.Registry
-		redis.SetLogger(redisLogger{log})
+		redis.SetLogger(newRedisLogger(log, time.Now))
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			return nil, fmt.Errorf("open route store: %w", err) // err names redis
 		}
@@ -644,9 +645,50 @@ func addrOf(ln net.Listener) string {
 	return ln.Addr().String()
 }
 
-// redisLogger routes go-redis's process-wide log into slog.
-type redisLogger struct{ l *slog.Logger }
+// redisLogEvery is how often one kind of go-redis message is logged.
+const redisLogEvery = 10 * time.Second
 
-func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+// redisLogger routes go-redis's process-wide log into slog, at most one
+// line per message kind (format) per every: while Redis is down each
+// pool, the subscriber and the probes log a failed dial several times a
+// second, thousands of identical lines an hour. The next line logged
+// counts what was held back.
+type redisLogger struct {
+	l    *slog.Logger
+	now  func() time.Time
+	mu   sync.Mutex
+	seen map[string]*redisLogSeen // by format: a handful of kinds
+}
+
+func newRedisLogger(l *slog.Logger, now func() time.Time) *redisLogger {
+	return &redisLogger{l: l, now: now, seen: map[string]*redisLogSeen{}}
+}
+
+type redisLogSeen struct {
+	last       time.Time
+	suppressed int
+}
+
+// Printf implements go-redis's internal.Logging.
+func (r *redisLogger) Printf(_ context.Context, format string, v ...any) {
+	now := r.now()
+	r.mu.Lock()
+	s := r.seen[format]
+	if s == nil {
+		s = &redisLogSeen{}
+		r.seen[format] = s
+	}
+	if !s.last.IsZero() && now.Sub(s.last) < redisLogEvery {
+		s.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	n := s.suppressed
+	s.last, s.suppressed = now, 0
+	r.mu.Unlock()
+	if n > 0 {
+		r.l.Warn(fmt.Sprintf(format, v...), "component", "redis", "suppressed", n)
+		return
+	}
 	r.l.Warn(fmt.Sprintf(format, v...), "component", "redis")
 }

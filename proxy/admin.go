@@ -442,8 +442,8 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	}
 	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,
-	// not a misleading 404.
-	a.p.sandboxes.setState(b.SandboxID, stateKilled)
+	// not a misleading 404. What it still has open ends.
+	a.p.kill(b.SandboxID)
 	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {
 		// The route would come back at the next restart.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -617,4 +619,110 @@ func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 			t.Errorf("%s: %d %+v (%v), want %d naming %q", tc.body, resp.StatusCode, out, err, tc.status, tc.want)
 		}
 	}
+}
+
+// meta/delete ends what the killed sandbox still has open on this
+// instance: an event stream, a WebSocket and a request waiting for its
+// answer. A killed VM's connections often never reset (its address just
+// stops answering), so without this an agent's SSE stream kept getting
+// the proxy's heartbeats for upstream.idle_timeout (2 h) instead of
+// reconnecting to learn of the 410, and the stuck exchanges held the
+// id's max_streams_per_sandbox slots: the sandbox recreated under that id
+// got 429.
+func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
+	h, logs := logHarness(t, "json", func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 3 })
+	wsEnded := make(chan error, 1)
+	wsPort := wsBackend(t, wsEnded)
+	arrived := make(chan struct{}, 1)
+	httpPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/sse":
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: hi\n\n")
+			w.(http.Flusher).Flush()
+		case "/slow":
+			arrived <- struct{}{}
+		default:
+			io.WriteString(w, "ok")
+			return
+		}
+		<-r.Context().Done() // the sandbox never ends these itself
+	}))
+	wp, hp := itoa(wsPort), itoa(httpPort)
+	put := func(createdAt time.Time) {
+		h.put("doomed", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1",
+			"CreatedAt": fmt.Sprint(createdAt.UnixNano()), wp: wp, hp: hp})
+	}
+	put(time.Now().Add(-time.Minute))
+	httpHost := hp + "-doomed.cube.test"
+
+	sse := h.do(h.req("GET", httpHost, "/sse", nil))
+	defer sse.Body.Close()
+	br := bufio.NewReader(sse.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "data: hi\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	ws := dialWS(t, h, wp+"-doomed.cube.test")
+	defer ws.CloseNow()
+	slow := make(chan *http.Response, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("POST", httpHost, "/slow", strings.NewReader("work")))
+		if err != nil {
+			t.Error(err)
+			resp = nil
+		}
+		slow <- resp
+	}()
+	<-arrived
+
+	if st, out := h.adminJSON("POST", "/admin/meta/delete", `{"sandbox_id":"doomed"}`); st != 200 {
+		t.Fatalf("meta/delete: %d %v", st, out)
+	}
+
+	sseEnded := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, br)
+		sseEnded <- err
+	}()
+	wsRead := make(chan error, 1)
+	go func() {
+		_, _, err := ws.Read(context.Background())
+		wsRead <- err
+	}()
+	limit := time.After(5 * time.Second)
+	for pending := 4; pending > 0; pending-- {
+		select {
+		case <-sseEnded:
+		case <-wsRead:
+		case <-wsEnded:
+		case resp := <-slow:
+			if resp == nil {
+				t.FailNow()
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 410 || !strings.Contains(string(b), `"sandbox_killed"`) {
+				t.Errorf("request waiting for the killed sandbox's answer: %d %s, want 410 sandbox_killed", resp.StatusCode, b)
+			}
+		case <-limit:
+			t.Fatalf("%d of the killed sandbox's exchanges (SSE stream, WebSocket both ways, waiting request) still open", pending)
+		}
+	}
+
+	// Recreated under the same id: its requests have every slot.
+	put(time.Now().Add(time.Second))
+	testenv.WaitFor(t, 5*time.Second, "the killed sandbox's exchanges released", func() bool {
+		s, w := h.proxy.streams.open()
+		return s == 0 && w == 0 && h.proxy.sandboxes.peek("doomed").active.Load() == 0
+	})
+	if code, body, _ := h.get(httpHost, "/"); code != 200 || body != "ok" {
+		t.Fatalf("recreated sandbox: %d %s", code, body)
+	}
+	// The cut stream and WebSocket say why in the access log: neither the
+	// sandbox nor a drain ended them.
+	testenv.WaitFor(t, 5*time.Second, "access log lines with error_code sandbox_killed", func() bool {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		return strings.Count(logs.b.String(), `"error_code":"sandbox_killed"`) >= 3 // with the waiting request's 410
+	})
 }

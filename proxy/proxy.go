@@ -413,7 +413,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
 		if err != nil && c.interrupted.Load() {
-			err = errDrainCut
+			err = c.cutErr()
 		}
 		c.release(p, err == nil && keepAlive)
 		sb.done(x.start.Add(x.upTime).UnixMilli())
@@ -614,6 +614,11 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// connection again, and the sandbox is not to blame.
 		x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox did not answer before the drain deadline"}, id)
 		ctx.SetConnectionClose()
+	case errors.Is(err, errSandboxKilled):
+		// Killed while it waited for its answer (POST /admin/meta/delete):
+		// what every later request to the sandbox is told.
+		x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+		ctx.SetConnectionClose() // an upload may be left half sent
 	case errors.Is(err, errClientLeft):
 		// Nobody reads this answer (a client that only half-closed
 		// might); it is what the log and the metrics record, as nginx's

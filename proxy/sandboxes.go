@@ -61,14 +61,27 @@ func (s *sandboxes) peek(id string) *sandboxState {
 	return nil
 }
 
-func (s *sandboxes) setState(id string, st uint32) {
+// setState sets id's state and returns the time of the change (unix nanos).
+func (s *sandboxes) setState(id string, st uint32) int64 {
 	e := s.get([]byte(id))
 	// The time first: a request that sees the new state must see its time
 	// too. serve un-kills a killed sandbox whose route is newer than
 	// changedAt, so a kill read with an older time (0 for a sandbox never
 	// changed before) would be undone by the killed sandbox's own traffic.
-	e.changedAt.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	e.changedAt.Store(now)
 	e.state.Store(st)
+	return now
+}
+
+// kill marks sandbox id killed, so that new requests get 410, and ends
+// what the sandbox (as created before the kill) still has open on this
+// instance: streams, WebSockets, requests waiting for their answer. The
+// VM is gone, and its connections may never close on their own.
+func (p *Proxy) kill(id string) {
+	killedAt := p.sandboxes.setState(id, stateKilled)
+	p.pools.kill(id, killedAt)
+	p.streams.killTunnels()
 }
 
 // done counts one of the sandbox's requests finished at unix millis ms.

@@ -133,6 +133,8 @@ func (s *bodyStream) cut(err error) {
 		return // the client left: the proxy closed the sandbox's side
 	}
 	switch {
+	case s.conn.killed.Load():
+		s.x.errCode = CodeSandboxKilled // POST /admin/meta/delete cut it
 	case s.conn.interrupted.Load():
 		s.x.errCode = CodeDrainTimeout // the proxy cut it, not the sandbox
 	case isTimeout(err):
@@ -367,8 +369,26 @@ func (r *registry) addTunnel(t *tunnel) {
 	if r.aborted {
 		t.drainCut.Store(true)
 		t.close()
+	} else if t.pool != nil && t.pool.killed.Load() {
+		// Killed between its 101 and now: killTunnels did not see it.
+		t.killed.Store(true)
+		t.close()
 	}
 	r.mu.Unlock()
+}
+
+// killTunnels closes the tunnels whose sandbox pools.kill has killed
+// (called after it): their sandbox is gone, and its connection may never
+// reset on its own.
+func (r *registry) killTunnels() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t := range r.tunnels {
+		if t.pool != nil && t.pool.killed.Load() {
+			t.killed.Store(true)
+			t.close()
+		}
+	}
 }
 
 func (r *registry) removeTunnel(t *tunnel) {

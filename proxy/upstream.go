@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -37,6 +38,9 @@ type upstream struct {
 	conns    atomic.Int32 // open connections, idle or busy
 	pending  atomic.Int32 // requests waiting for response headers
 	dead     atomic.Bool  // swept out of the pool map
+	// killed: the sandbox was killed (pools.kill); nothing is checked out
+	// of this pool any more.
+	killed atomic.Bool
 
 	mu   sync.Mutex
 	idle []*upstreamConn // most recently used last
@@ -243,11 +247,65 @@ func (u *upstream) checkOut(c *upstreamConn, ps *pools) bool {
 		u.busy.busyPrev = c
 	}
 	u.busy = c
+	if u.killed.Load() {
+		c.killed.Store(true)
+		c.interrupted.Store(true)
+		return false
+	}
 	if ps.aborted.Load() {
 		c.interrupted.Store(true)
 		return false
 	}
 	return true
+}
+
+// kill ends every exchange with sandbox id created at or before killedAt
+// (unix nanos, the kill's time): its pools leave the map, their idle
+// connections close, and each connection checked out of them (a request
+// waiting for its answer's head, a stream, a WebSocket's before its 101)
+// is closed under its exchange, which fails with errSandboxKilled. A
+// killed VM's connections often neither close nor reset (its address
+// stops answering), so they would otherwise be held until their idle
+// timeout. A sandbox recreated under the id after the kill (a later
+// CreatedAt) keeps its pools, as serve keeps serving it. Tunnels past
+// their 101 are the registry's to cut (registry.killTunnels).
+func (ps *pools) kill(id string, killedAt int64) {
+	var doomed []*upstream
+	ps.mu.Lock()
+	for k, u := range ps.m {
+		if k.id == id && k.createdAt <= killedAt {
+			// Before the busy lists are walked: what checkOut lists later
+			// sees it (both under u.mu).
+			u.killed.Store(true)
+			u.dead.Store(true) // released connections close (put)
+			delete(ps.m, k)
+			doomed = append(doomed, u)
+		}
+	}
+	ps.mu.Unlock()
+	for _, u := range doomed {
+		u.mu.Lock()
+		for c := u.busy; c != nil; c = c.busyNext {
+			c.killed.Store(true)
+			c.interrupted.Store(true)
+			_ = c.Conn.Close()
+		}
+		u.mu.Unlock()
+		u.closeIdle(math.MaxInt64)
+	}
+}
+
+// errSandboxKilled is the failure of an exchange whose sandbox connection
+// a kill closed (pools.kill).
+var errSandboxKilled = errors.New("sandbox killed: its connection was closed")
+
+// cutErr is the failure of an exchange whose connection the proxy closed
+// under it (interrupted): a kill's, or else the drain deadline's.
+func (c *upstreamConn) cutErr() error {
+	if c.killed.Load() {
+		return errSandboxKilled
+	}
+	return errDrainCut
 }
 
 // checkIn takes c off the busy list (a no-op when it is not on it); u.mu
@@ -320,7 +378,7 @@ func (u *upstream) acquire(p *Proxy, fresh, check bool) (c *upstreamConn, reused
 		u.mu.Unlock()
 		if !ok {
 			u.dropBusy(c)
-			return nil, false, errDrainCut
+			return nil, false, c.cutErr()
 		}
 		suspect := c.suspect
 		c.suspect = false
@@ -367,7 +425,7 @@ func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
 	u.mu.Unlock()
 	if !ok {
 		u.dropBusy(c)
-		return nil, errDrainCut
+		return nil, c.cutErr()
 	}
 	return c, nil
 }
@@ -487,7 +545,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			return nil, retries, errClientLeft // not retried: nobody is waiting for it
 		}
 		if cut {
-			return nil, retries, errDrainCut // not retried: the proxy is going away
+			return nil, retries, c.cutErr() // not retried: the proxy is going away, or the sandbox is gone
 		}
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
@@ -827,9 +885,10 @@ type upstreamConn struct {
 	dialRetried bool // its connect needed dial's retry; see connectRetries
 
 	// interrupted is set when the proxy closes the connection under a
-	// stream or a request: drain, or the stream's client left
-	// (bodyStream.hangUp).
+	// stream or a request: drain, a kill (killed set too), or the stream's
+	// client left (bodyStream.hangUp).
 	interrupted atomic.Bool
+	killed      atomic.Bool
 
 	// The pool's busy list (under pool.mu) while checked out.
 	busyPrev, busyNext *upstreamConn

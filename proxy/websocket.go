@@ -28,6 +28,10 @@ type tunnel struct {
 	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
 
 	drainCut atomic.Bool // closed at the drain deadline: logged as such
+	// pool is the sandbox connection's pool; killed is set when the
+	// tunnel is closed because pools.kill killed that pool.
+	pool   *upstream
+	killed atomic.Bool
 
 	// backendGone: the sandbox's side is closed (or a write to it failed);
 	// the client's bytes are read and dropped from then on (see linger).
@@ -276,7 +280,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	}
 	if err != nil {
 		if uc.interrupted.Load() {
-			err = errDrainCut
+			err = uc.cutErr()
 		}
 		uc.release(p, false)
 		sb.active.Add(-1)
@@ -346,7 +350,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// then runs abandon).
 	p.hijack(ctx, func(client net.Conn) {
 		var in, out countingReader
-		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout}
+		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout, pool: u}
 		tn.start()
 		p.streams.addTunnel(tn)
 		// end finishes the exchange: when the tunnel closes, or as soon as
@@ -359,7 +363,10 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 			ended = true
 			p.streams.removeTunnel(tn)
 			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
-			if tn.drainCut.Load() {
+			switch {
+			case tn.killed.Load():
+				tx.errCode = CodeSandboxKilled
+			case tn.drainCut.Load():
 				tx.errCode = CodeDrainTimeout
 			}
 			release(nil)

@@ -654,3 +654,71 @@ func TestRemoveHopEmptyAndRepeatedLines(t *testing.T) {
 		})
 	}
 }
+
+// Each header a Connection line names costs a pass over every header to
+// remove it: a 16 KiB head of thousands of options over thousands of headers
+// cost about 10 ms of CPU, 140 times a plain request, so a client (or a
+// sandbox's answers) could keep the proxy's cores busy at a trickle of
+// bandwidth. Up to maxConnectionOptions are honoured; more are refused,
+// a request with 400 bad_request before anything reaches the sandbox, an
+// answer with 502 upstream_bad_response.
+func TestConnectionOptionsBounded(t *testing.T) {
+	options := func(n int) string {
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("X-Opt-%d", i)
+		}
+		// An empty element (",,") is no option.
+		return "Connection: keep-alive,," + strings.Join(names[1:], ", ")
+	}
+	h := newHarness(t)
+	var hits atomic.Int64
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		echoHeaders().ServeHTTP(w, r)
+	}))
+	host := h.route("conn-opts", port)
+
+	// Not authRawRequest: its Connection: close would be one option more.
+	resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+options(maxConnectionOptions)+"\r\nX-Opt-1: gone\r\nX-Kept: 1\r\n\r\n")
+	var e echoed
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &e) != nil {
+		t.Fatalf("%d options: %d %s, want 200", maxConnectionOptions, resp.StatusCode, body)
+	}
+	if e.get("X-Opt-1") != "" || e.get("X-Kept") != "1" {
+		t.Errorf("%d options: named header not removed, or another one lost: %v", maxConnectionOptions, e.Headers)
+	}
+	before := hits.Load()
+	for _, lines := range [][]string{
+		{options(maxConnectionOptions + 1)},
+		// Options on several lines count together.
+		{options(maxConnectionOptions), "Connection: X-One-More"},
+	} {
+		resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+strings.Join(lines, "\r\n")+"\r\n\r\n")
+		var pe struct{ Code string }
+		if resp.StatusCode != 400 || json.Unmarshal([]byte(body), &pe) != nil || pe.Code != CodeBadRequest {
+			t.Errorf("%d options: %d %s, want 400 %s", maxConnectionOptions+1, resp.StatusCode, body, CodeBadRequest)
+		}
+	}
+	if n := hits.Load() - before; n != 0 {
+		t.Errorf("refused requests reached the sandbox %d times", n)
+	}
+
+	for _, tc := range []struct {
+		n      int
+		status int
+	}{{maxConnectionOptions, 200}, {maxConnectionOptions + 1, 502}} {
+		port := rawBackend(t, "HTTP/1.1 200 OK\r\n"+options(tc.n)+"\r\nX-Opt-1: gone\r\nContent-Length: 2\r\n\r\nok")
+		host := h.route(fmt.Sprintf("conn-opts-resp-%d", tc.n), port)
+		status, body, hdr := h.get(host, "/")
+		if status != tc.status {
+			t.Errorf("answer with %d options: %d %s, want %d", tc.n, status, body, tc.status)
+		}
+		if status == 502 && !strings.Contains(body, CodeUpstreamBadHeader) {
+			t.Errorf("answer with %d options: %s, want code %s", tc.n, body, CodeUpstreamBadHeader)
+		}
+		if status == 200 && hdr.Get("X-Opt-1") != "" {
+			t.Errorf("answer with %d options: named header X-Opt-1 reached the client", tc.n)
+		}
+	}
+}

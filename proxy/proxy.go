@@ -162,6 +162,11 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		ctx.SetConnectionClose() // after fail: writeError resets the response
 		return
 	}
+	if x.seen.hop && tooManyConnectionOptions(h.PeekAll("Connection")) {
+		// Removing what they name would cost a pass over every header each.
+		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: fmt.Sprintf("Connection lists more than %d options", maxConnectionOptions)}, nil)
+		return
+	}
 	var t routing.Target
 	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
 		var te *routing.TargetError
@@ -367,6 +372,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 // errUnaskedSwitch is a 101 answer to a request that asked for no upgrade.
 var errUnaskedSwitch = errors.New("unrequested 101 Switching Protocols")
 
+// errTooManyConnectionOptions is an answer whose Connection lines list more
+// than maxConnectionOptions options.
+var errTooManyConnectionOptions = fmt.Errorf("response Connection lists more than %d options", maxConnectionOptions)
+
 // respond relays the response whose head is in ctx.Response and whose body
 // is still on c: small bodies whole, the rest as a stream. It ends the
 // exchange's hold on c and on the sandbox's request count, now or when
@@ -378,7 +387,12 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	x.kind = telemetry.RouteHTTP
 	keepAlive := !resp.Header.ConnectionClose()
 	size := int64(resp.Header.ContentLength())
-	removeHopResponse(&resp.Header)
+	if !removeHopResponse(&resp.Header) {
+		c.release(p, false)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, errTooManyConnectionOptions, t.ID(), addr)
+		return
+	}
 	if !req.Header.IsHTTP11() {
 		// No transfer coding means anything to an HTTP/1.0 client (a HEAD
 		// answer would still list the backend's).

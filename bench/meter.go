@@ -31,18 +31,22 @@ func newMeter(subject, own []int) *meter {
 
 func (m *meter) all() []int { return append(append([]int{}, m.subject...), m.own...) }
 
+// start and stop read in mirror order, the cheap /proc/stat next to the
+// clock and the subject's CPU time next to it: walking every harness
+// process takes milliseconds on a busy core, and read after that walk the
+// subject's time (and idle time) ran past the window the shares divide by.
 func (m *meter) start() {
-	m.cpu0, _ = readCPUTotals()
 	m.own0 = treeTicks(m.all())
 	m.subj0 = treeTicks(m.subject)
+	m.cpu0, _ = readCPUTotals()
 	m.t0 = time.Now()
 }
 
 func (m *meter) stop() {
 	m.wall = time.Since(m.t0)
 	cpu1, _ := readCPUTotals()
-	own1 := treeTicks(m.all())
 	subj1 := treeTicks(m.subject)
+	own1 := treeTicks(m.all())
 	m.subjectCPU = time.Duration(subj1-m.subj0) * time.Second / clkTck
 	total := cpu1.all() - m.cpu0.all()
 	if total == 0 || cpu1.ncpu == 0 {

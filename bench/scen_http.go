@@ -16,12 +16,22 @@ const (
 )
 
 // window is the measured part of a sample: the meter runs and phase tells
-// the workers to count for o.dur, then to stop.
-func (o *options) window(m *meter, phase *atomic.Int32) {
+// the workers to count for o.dur, then to stop. mark, when not nil, runs
+// right after the meter's clock starts and right before it stops: counters
+// read there cover the wall time the rates divide by. Read around the
+// meter instead, they also covered its /proc walks (milliseconds on a busy
+// core, more for a subject with more threads), inflating the rates.
+func (o *options) window(m *meter, phase *atomic.Int32, mark func()) {
 	m.start()
+	if mark != nil {
+		mark()
+	}
 	phase.Store(phaseMeasure)
 	time.Sleep(o.dur)
 	phase.Store(phaseStop)
+	if mark != nil {
+		mark()
+	}
 	m.stop()
 }
 
@@ -63,7 +73,7 @@ func runLoop(o *options, m *meter, c int, req []byte, readBuf int) loopResult {
 		}()
 	}
 	time.Sleep(o.warm)
-	o.window(m, &phase)
+	o.window(m, &phase, nil)
 	wg.Wait()
 
 	res := loopResult{h: newHist()}

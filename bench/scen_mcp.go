@@ -136,9 +136,9 @@ func runMCP(o *options, args []string) (*Sample, error) {
 	}
 	m := o.newMeter()
 	time.Sleep(o.warm)
-	p0 := progress.Load()
-	o.window(m, &phase)
-	p1 := progress.Load()
+	var marks []int64
+	o.window(m, &phase, func() { marks = append(marks, progress.Load()) })
+	p0, p1 := marks[0], marks[1]
 	wg.Wait()
 
 	s := o.newSample("mcp", fmt.Sprintf("m=%d steps=%d d=%s", *sessions, *steps, o.dur), m)

@@ -236,9 +236,12 @@ func runSSE(o *options, args []string) (*Sample, error) {
 			break
 		}
 	}
-	nl0, by0 := count()
-	o.window(m, &phase)
-	nl1, by1 := count()
+	var marks [][2]int64
+	o.window(m, &phase, func() {
+		nl, by := count()
+		marks = append(marks, [2]int64{nl, by})
+	})
+	nl0, by0, nl1, by1 := marks[0][0], marks[0][1], marks[1][0], marks[1][1]
 	for _, s := range streams {
 		s.abort()
 	}

@@ -162,7 +162,7 @@ func runWS(o *options, args []string) (*Sample, error) {
 	}
 	m := o.newMeter()
 	time.Sleep(o.warm)
-	o.window(m, &phase)
+	o.window(m, &phase, nil)
 	wg.Wait()
 
 	s := o.newSample("ws", fmt.Sprintf("c=%d size=%d d=%s", *c, *size, o.dur), m)

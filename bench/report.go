@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -306,6 +307,26 @@ func ratio(a, b cell) (float64, bool) {
 	return a.med / b.med, true
 }
 
+// ratioText formats a ratio judged against limit (at least it when
+// atLeast, at most otherwise): two decimals, unless rounding would show a
+// figure on the other side of the limit from the verdict (0.997 printed
+// "1.00" next to "missed"); then as many decimals as it takes.
+func ratioText(r, limit float64, atLeast bool) string {
+	meets := func(x float64) bool {
+		if atLeast {
+			return x >= limit
+		}
+		return x <= limit
+	}
+	for prec := 2; prec < 6; prec++ {
+		txt := strconv.FormatFloat(r, 'f', prec, 64)
+		if shown, err := strconv.ParseFloat(txt, 64); err == nil && meets(shown) == meets(r) {
+			return txt
+		}
+	}
+	return strconv.FormatFloat(r, 'g', -1, 64)
+}
+
 func writeTargets(b *strings.Builder, labels []*labelData) {
 	var ts []target
 	add := func(scn, goal string, measured string, ok, have bool) {
@@ -317,24 +338,24 @@ func writeTargets(b *strings.Builder, labels []*labelData) {
 	if l := findLabel(labels, "http"); l != nil {
 		cpuC, cpuT := l.cell(subjCube, "cpu_us_per_req"), l.cell(subjTuned, "cpu_us_per_req")
 		r, have := ratio(cpuC, cpuT)
-		add("http", "proxy CPU/request ≤ 1.0× nginx-tuned", fmt.Sprintf("%.2f× (%.2f vs %.2f µs)", r, cpuC.med, cpuT.med), r <= 1.0, have)
+		add("http", "proxy CPU/request ≤ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.2f vs %.2f µs)", ratioText(r, 1.0, false), cpuC.med, cpuT.med), r <= 1.0, have)
 		rpsC, rpsT := l.cell(subjCube, "rps"), l.cell(subjTuned, "rps")
 		r, have = ratio(rpsC, rpsT)
-		add("http", "requests/s ≥ 0.95× nginx-tuned", fmt.Sprintf("%.2f× (%.0f vs %.0f)", r, rpsC.med, rpsT.med), r >= 0.95, have)
+		add("http", "requests/s ≥ 0.95× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), rpsC.med, rpsT.med), r >= 0.95, have)
 		p99C, p99T := l.cell(subjCube, "p99_us"), l.cell(subjTuned, "p99_us")
 		add("http", "p99 ≤ nginx-tuned p99", fmt.Sprintf("%.0f vs %.0f µs", p99C.med, p99T.med), p99C.med <= p99T.med, p99C.ok() && p99T.ok())
 	}
 	if l := findLabel(labels, "bytes"); l != nil {
 		c, d, t := l.cell(subjCube, "mib_per_s"), l.cell(subjDirect, "mib_per_s"), l.cell(subjTuned, "mib_per_s")
 		r, have := ratio(c, d)
-		add("bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%.2f× (%.0f vs %.0f MiB/s)", r, c.med, d.med), r >= 0.9, have)
+		add("bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 0.9, true), c.med, d.med), r >= 0.9, have)
 		r, have = ratio(c, t)
-		add("bytes", "MB/s ≥ 2× nginx-tuned", fmt.Sprintf("%.2f× (%.0f vs %.0f MiB/s)", r, c.med, t.med), r >= 2, have)
+		add("bytes", "MB/s ≥ 2× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 2, true), c.med, t.med), r >= 2, have)
 	}
 	if l := findPrefix(labels, "sse-tput"); l != nil {
 		c, t := l.cell(subjCube, "events_per_s"), l.cell(subjTuned, "events_per_s")
 		r, have := ratio(c, t)
-		add(l.label, "events/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%.2f× (%.0f vs %.0f)", r, c.med, t.med), r >= 1.0, have)
+		add(l.label, "events/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
 	}
 	for _, l := range labels {
 		if !strings.HasPrefix(l.label, "sse-lat") {
@@ -357,12 +378,12 @@ func writeTargets(b *strings.Builder, labels []*labelData) {
 	if l := findLabel(labels, "ws"); l != nil {
 		c, t := l.cell(subjCube, "rtt_per_s"), l.cell(subjTuned, "rtt_per_s")
 		r, have := ratio(c, t)
-		add("ws", "round trips/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%.2f× (%.0f vs %.0f)", r, c.med, t.med), r >= 1.0, have)
+		add("ws", "round trips/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
 	}
 	if l := findLabel(labels, "mcp"); l != nil {
 		c, d := l.cell(subjCube, "calls_per_s"), l.cell(subjDirect, "calls_per_s")
 		r, have := ratio(c, d)
-		add("mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%.2f× (%.0f vs %.0f)", r, c.med, d.med), r >= 0.95, have)
+		add("mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), c.med, d.med), r >= 0.95, have)
 	}
 	if l := findLabel(labels, "cold"); l != nil {
 		c, p := l.cell(subjCube, "lookups_per_s"), l.cell(subjCube, "p99_us")

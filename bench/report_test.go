@@ -81,3 +81,47 @@ func TestFailedSampleKeepsItsLabel(t *testing.T) {
 		t.Fatalf("label %q, want the -label given", s.Label)
 	}
 }
+
+// A ratio within rounding of its limit must not print on the limit's other
+// side: RESULTS.md showed "1.00× (62527 vs 62720)" next to "missed".
+func TestTargetRatioDoesNotContradictVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		r, limit float64
+		atLeast  bool
+		want     string
+	}{
+		{0.997, 1.0, true, "0.997"},
+		{1.003, 1.0, true, "1.00"},
+		{0.9496, 0.95, true, "0.9496"},
+		{1.004, 1.0, false, "1.004"},
+		{0.998, 1.0, false, "1.00"},
+		{1.19, 1.0, false, "1.19"},
+		{0.95, 0.95, true, "0.95"},
+	} {
+		if got := ratioText(tc.r, tc.limit, tc.atLeast); got != tc.want {
+			t.Errorf("ratioText(%v, %v, %v) = %q, want %q", tc.r, tc.limit, tc.atLeast, got, tc.want)
+		}
+	}
+
+	dir := t.TempDir()
+	in := filepath.Join(dir, "s.jsonl")
+	for _, s := range []*Sample{
+		{Label: "ws", Scenario: "ws", Subject: subjCube, Rep: 1, Metrics: map[string]float64{"rtt_per_s": 62527}},
+		{Label: "ws", Scenario: "ws", Subject: subjTuned, Rep: 1, Metrics: map[string]float64{"rtt_per_s": 62720}},
+	} {
+		if err := appendSample(in, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "R.md")
+	if err := runReport([]string{"-in", in, "-out", out}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "| ws | round trips/s ≥ 1.0× nginx-tuned | 0.997× (62527 vs 62720) | **missed** |"; !strings.Contains(string(b), want) {
+		t.Errorf("report lacks %q\n%s", want, b)
+	}
+}

@@ -726,3 +726,50 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 		return strings.Count(logs.b.String(), `"error_code":"sandbox_killed"`) >= 3 // with the waiting request's 410
 	})
 }
+
+// The client's address is part of the admin credential: without a token
+// only loopback clients are served, and with one /metrics skips the token
+// (metrics_loopback_open) for loopback clients only. The Host and Origin rules
+// alone would let any host on the network that addresses the listener by
+// IP re-route every sandbox, should the listener ever be reachable.
+func TestAdminLoopbackRuleChecksTheClientAddress(t *testing.T) {
+	store := routing.NewMemoryStore()
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "# metrics\n") })
+	open := NewAdmin(AdminConfig{Routes: store}, p)
+	withToken := NewAdmin(AdminConfig{Token: "admin-secret", Routes: store, Metrics: metrics, MetricsLoopback: true}, p)
+	for _, tc := range []struct {
+		name   string
+		admin  *Admin
+		path   string
+		from   string
+		status int
+	}{
+		{"no token, IPv4 loopback", open, "/admin/routes", "127.0.0.1", 200},
+		{"no token, IPv6 loopback", open, "/admin/routes", "::1", 200},
+		{"no token, mapped loopback", open, "/admin/routes", "::ffff:127.0.0.1", 200},
+		{"no token, other host", open, "/admin/routes", "192.0.2.7", 403},
+		{"no token, other IPv6 host", open, "/admin/routes", "2001:db8::7", 403},
+		{"metrics without token, loopback", withToken, "/metrics", "127.0.0.1", 200},
+		{"metrics without token, other host", withToken, "/metrics", "192.0.2.7", 403},
+		{"routes without token, loopback", withToken, "/admin/routes", "127.0.0.1", 403},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ctx fasthttp.RequestCtx
+			ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.ParseIP(tc.from), Port: 40000}, nil)
+			ctx.Request.SetRequestURI(tc.path)
+			ctx.Request.Header.SetHost("127.0.0.1:8082")
+			tc.admin.Handler(&ctx)
+			if st := ctx.Response.StatusCode(); st != tc.status {
+				t.Fatalf("GET %s from %s: %d %s, want %d", tc.path, tc.from, st, ctx.Response.Body(), tc.status)
+			}
+		})
+	}
+}

@@ -240,6 +240,26 @@ func (pc *proxyClient) send(method, host, path, body string) (*http.Response, []
 	return resp, b, err
 }
 
+// doRaw writes head (a whole request, as bytes on the wire) and reads the
+// response; it fails the test on a transport error.
+func (pc *proxyClient) doRaw(head string) (*http.Response, string) {
+	pc.t.Helper()
+	_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(pc.c, head); err != nil {
+		pc.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(pc.br, nil)
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
 // do is send that fails the test on a transport error.
 func (pc *proxyClient) do(method, host, path, body string) (*http.Response, string) {
 	pc.t.Helper()
@@ -315,13 +335,18 @@ func TestUpstreamStaleConnRetry(t *testing.T) {
 		// connection while idle, before the request was sent.
 		afterRead bool
 		retried   bool
+		// noLength: sent without Content-Length (a POST without a body
+		// may be), which fasthttp reads as no body stream, so only the
+		// method keeps it from being re-sent.
+		noLength bool
 	}{
-		{"closed while idle/GET", "GET", "", false, true},
-		{"closed while idle/DELETE", "DELETE", "", false, true},
-		{"closed while idle/POST", "POST", "payload", false, false},
-		{"closed while idle/POST without body", "POST", "", false, false},
-		{"closed after reading/GET", "GET", "", true, true},
-		{"closed after reading/POST", "POST", "payload", true, false},
+		{"closed while idle/GET", "GET", "", false, true, false},
+		{"closed while idle/DELETE", "DELETE", "", false, true, false},
+		{"closed while idle/POST", "POST", "payload", false, false, false},
+		{"closed while idle/POST without body", "POST", "", false, false, false},
+		{"closed after reading/GET", "GET", "", true, true, false},
+		{"closed after reading/POST", "POST", "payload", true, false, false},
+		{"closed after reading/POST without Content-Length", "POST", "", true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -349,7 +374,13 @@ func TestUpstreamStaleConnRetry(t *testing.T) {
 				t.Fatalf("%d pooled connections before the second request, want 1", n)
 			}
 
-			resp, body := pc.do(tc.method, host, "/second", tc.body)
+			var resp *http.Response
+			var body string
+			if tc.noLength {
+				resp, body = pc.doRaw("POST /second HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+			} else {
+				resp, body = pc.do(tc.method, host, "/second", tc.body)
+			}
 			seen, accepted := b.count(tc.method+" /second"), b.accepted.Load()
 			switch {
 			case tc.retried:

@@ -564,15 +564,23 @@ func TestRequestBodyCap(t *testing.T) {
 // A body over the cap is refused at once, before the client has sent it,
 // and the connection closes after a lingering close that reads what the
 // client still sends (so it gets the answer, not a reset).
+// One byte over the cap is refused as early as ten times over it.
 func TestRequestBodyCapAnswersBeforeTheBody(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 1 << 20 })
+	const limit = 1 << 20
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = limit })
 	host := h.route("capslow", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
-	c, err := net.Dial("tcp", h.addr)
+	for _, length := range []int{limit + 1, 10 * limit} {
+		t.Run(fmt.Sprint(length), func(t *testing.T) { capAnswersBeforeTheBody(t, h.addr, host, length) })
+	}
+}
+
+func capAnswersBeforeTheBody(t *testing.T, addr, host string, length int) {
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, 10<<20)
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, length)
 	chunk := make([]byte, 64<<10)
 	if _, err := c.Write(chunk); err != nil {
 		t.Fatal(err)

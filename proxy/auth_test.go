@@ -1367,6 +1367,8 @@ func testAuthPreflight(t *testing.T, lc *authLogCapture) {
 		// The head ends here, before the body; what authRawRequest
 		// appends is then a second, malformed request, its answer unread.
 		{"a preflight with a body", preflight("8080-box.cube.test", "Content-Length: 2\r\n\r\nab")},
+		// A chunked body has no Content-Length to show it.
+		{"a preflight with a chunked body", preflight("8080-box.cube.test", "Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0")},
 		{"GET with the preflight's headers", []string{"GET /mcp HTTP/1.1", "Host: 8080-box.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: POST"}},
 	} {
 		resp, body := authRawRequest(t, h.addr, tc.lines...)

@@ -131,6 +131,14 @@ func TestRequestHeaders(t *testing.T) {
 	if id := e.get(HeaderRequestID); len(id) != 25 || id[8] != '-' {
 		t.Errorf("generated request id %q", id)
 	}
+	// A client id that is no token (it would split the access log's
+	// fields) or too long is replaced, not passed on.
+	for _, bad := range []string{"two words", strings.Repeat("i", maxRequestIDLen+1)} {
+		e = send("80-hdr.cube.test", map[string]string{"X-Cube-Request-Id": bad})
+		if id := e.get(HeaderRequestID); len(id) != 25 || id[8] != '-' {
+			t.Errorf("client id %q: the sandbox got %q, want a generated one", bad, id)
+		}
+	}
 }
 
 // rawBackend answers every request on a connection with the given raw response.

@@ -45,14 +45,7 @@ func TestSentinelFailover(t *testing.T) {
 	if err := sc.Failover(ctx, name).Err(); err != nil {
 		t.Fatalf("sentinel failover: %v", err)
 	}
-	testenv.WaitFor(t, 15*time.Second, "replica promoted", func() bool {
-		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
-		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
-			return false
-		}
-		role, err := replica.Client().Do(ctx, "ROLE").Slice()
-		return err == nil && role[0] == "master"
-	})
+	waitPromoted(t, ctx, sc, name, replica, 15*time.Second)
 	// The store's client must move to the new master by itself (go-redis
 	// follows +switch-master); the old one is still running, so ask the
 	// connected server which port it listens on.
@@ -106,14 +99,7 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 
 	master.Pause()
 	t.Cleanup(master.Resume)
-	testenv.WaitFor(t, 30*time.Second, "replica promoted", func() bool {
-		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
-		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
-			return false
-		}
-		role, err := replica.Client().Do(ctx, "ROLE").Slice()
-		return err == nil && role[0] == "master"
-	})
+	waitPromoted(t, ctx, sc, name, replica, 30*time.Second)
 	testenv.WaitFor(t, 15*time.Second, "subscription on the new master", func() bool {
 		n, err := replica.Client().PubSubNumSub(ctx, redisstore.DefaultInvalidateChannel).Result()
 		return sub.Subscriptions() >= 2 && err == nil && n[redisstore.DefaultInvalidateChannel] == 1
@@ -130,4 +116,18 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectID(t, rec, "after")
+}
+
+// waitPromoted waits until the sentinel names replica as master name's
+// address and replica itself reports the master role.
+func waitPromoted(t *testing.T, ctx context.Context, sc *redis.SentinelClient, name string, replica *testenv.Redis, timeout time.Duration) {
+	t.Helper()
+	testenv.WaitFor(t, timeout, "replica promoted", func() bool {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		if err != nil || net.JoinHostPort(addr[0], addr[1]) != replica.Addr() {
+			return false
+		}
+		role, err := replica.Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "master"
+	})
 }

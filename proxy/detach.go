@@ -101,7 +101,10 @@ func (s *bodyStream) hijacked(net.Conn) {
 // is then io.EOF.
 func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []byte, rerr error) {
 	out = h.AppendBytes(buf[:0])
-	if s.conn.br.Buffered() == 0 {
+	if s.conn.br.Buffered() == 0 || len(out)+chunkHeadRoom+2+len(lastChunk) >= len(buf) {
+		// A head that leaves no room in buf for a chunk (a sandbox may send
+		// up to upstream.max_header_size, 1 MiB) goes out alone; the pump
+		// sends what came with it.
 		return out, nil
 	}
 	start := len(out)

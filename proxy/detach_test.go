@@ -368,3 +368,58 @@ func tcpSocketOpen(t *testing.T, local, remote int) bool {
 	want := fmt.Sprintf(":%04X %08X:%04X", local, 0x0100007f, remote) // 127.0.0.1, little-endian
 	return bytes.Contains(b, []byte(want))
 }
+
+// A sandbox may send a head as large as upstream.max_header_size (up to
+// 1 MiB), with its first event in the same write. A detached stream's head
+// and first chunk share one 64 KiB buffer; a head that leaves no room in
+// it must go out alone, the event behind it, and not take the process
+// down. The backend holds the stream until the client has the event.
+func TestDetachedSSELargeHeadWithFirstEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		big   int // bytes of the header value
+		proto string
+	}{
+		{"head just under the buffer", 65500, "HTTP/1.1"},
+		{"head over the buffer", 100 << 10, "HTTP/1.1"},
+		{"head over the buffer, HTTP/1.0", 100 << 10, "HTTP/1.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.UpstreamReadBufferSize = 256 << 10 })
+			release := make(chan struct{})
+			var once sync.Once
+			done := func() { once.Do(func() { close(release) }) }
+			wire := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-Big: " +
+				strings.Repeat("b", tc.big) + "\r\n\r\n" + chunk("data: a\n\n")
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				if !rawWrite(c, wire) {
+					return false
+				}
+				<-release
+				return rawWrite(c, chunk("data: end\n\n")+"0\r\n\r\n")
+			})
+			t.Cleanup(done)
+			host := h.route("bighead", b.port)
+			pc := h.dialProxy(t)
+			_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(pc.c, "GET /events %s\r\nHost: %s\r\n\r\n", tc.proto, host)
+			resp, err := http.ReadResponse(pc.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if got := len(resp.Header.Get("X-Big")); got != tc.big {
+				t.Fatalf("X-Big of %d bytes, want %d", got, tc.big)
+			}
+			got := make([]byte, len("data: a\n\n"))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != "data: a\n\n" {
+				t.Fatalf("first event %q, %v", got, err)
+			}
+			done()
+			rest, err := io.ReadAll(resp.Body)
+			if err != nil || string(rest) != "data: end\n\n" {
+				t.Fatalf("rest of the stream %q, %v; want the last event and a clean end", rest, err)
+			}
+		})
+	}
+}

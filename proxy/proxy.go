@@ -898,9 +898,11 @@ func (p *Proxy) headerTimeout(h *fasthttp.RequestHeader) time.Duration {
 
 var eventStreamType = []byte("text/event-stream")
 
+// isEventStream reports whether the Content-Type ct is text/event-stream,
+// in any case: media types are case-insensitive (RFC 9110 §8.3.1), and
+// browsers' EventSource reads "Text/Event-Stream" as an event stream too.
 func isEventStream(ct []byte) bool {
-	const sse = "text/event-stream"
-	return len(ct) >= len(sse) && string(ct[:len(sse)]) == sse
+	return len(ct) >= len(eventStreamType) && bytes.EqualFold(ct[:len(eventStreamType)], eventStreamType)
 }
 
 // requestID returns the client's X-Cube-Request-Id when it is sane, or a

@@ -910,3 +910,46 @@ func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 		})
 	}
 }
+
+// Media types are case-insensitive (RFC 9110 §8.3.1), and EventSource
+// takes "Text/Event-Stream" as an event stream: so must the proxy, or the
+// stream gets no heartbeat, no hang-up watch and no clean end at drain.
+// The backend holds the stream until the client has seen a heartbeat.
+func TestEventStreamTypeIsCaseInsensitive(t *testing.T) {
+	for _, ct := range []string{"text/event-stream", "Text/Event-Stream", "TEXT/EVENT-STREAM; charset=utf-8"} {
+		t.Run(ct, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 50 * time.Millisecond })
+			sawHeartbeat := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", ct)
+				fmt.Fprint(w, "data: a\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-sawHeartbeat:
+					fmt.Fprint(w, "data: b\n\n")
+				case <-time.After(10 * time.Second):
+				}
+			}))
+			host := h.route("casefold", port)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			resp := h.do(h.req("GET", host, "/", nil).WithContext(ctx))
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); ev != "data: a\n" {
+				t.Fatalf("first event %q, %v", ev, err)
+			}
+			if ev, err := readEvent(br); ev != ": keep-alive\n" {
+				t.Fatalf("want a heartbeat while the sandbox is silent, got %q, %v", ev, err)
+			}
+			close(sawHeartbeat)
+			ev, err := readEvent(br)
+			for err == nil && ev == ": keep-alive\n" {
+				ev, err = readEvent(br)
+			}
+			if ev != "data: b\n" {
+				t.Fatalf("second event %q, %v", ev, err)
+			}
+		})
+	}
+}

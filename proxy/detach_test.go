@@ -423,3 +423,58 @@ func TestDetachedSSELargeHeadWithFirstEvent(t *testing.T) {
 		})
 	}
 }
+
+// An HTTP/1.0 client learns the end of a body of unknown length only from
+// the end of the connection. When the body breaks off (the sandbox's
+// chunked framing cut short, or the drain deadline), a plain close would
+// tell the client it has the whole body: a truncated download that looks
+// complete. The connection is reset instead, so the client sees an error.
+func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
+	for _, tc := range []struct {
+		name, ct string
+		drain    bool // the drain deadline cuts it, not the sandbox
+	}{
+		{"sandbox cut a download", "application/octet-stream", false},
+		{"sandbox cut an event stream", "text/event-stream", false},
+		{"drain deadline cut a download", "application/octet-stream", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond })
+			ack := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				if !rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Type: "+tc.ct+"\r\nTransfer-Encoding: chunked\r\n\r\n"+chunk("part one\n")) {
+					return false
+				}
+				select {
+				case <-ack:
+				case <-time.After(10 * time.Second):
+				}
+				if tc.drain {
+					_, _ = io.Copy(io.Discard, c) // holds the body open until the proxy closes
+				}
+				return false // gone before the last chunk
+			})
+			host := h.route("cut10", b.port)
+			pc := h.dialProxy(t)
+			_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(pc.c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", host)
+			resp, err := http.ReadResponse(pc.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := make([]byte, len("part one\n"))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != "part one\n" {
+				t.Fatalf("first piece %q, %v", got, err)
+			}
+			close(ack)
+			if tc.drain {
+				go h.server.Shutdown(context.Background())
+			}
+			rest, err := io.ReadAll(resp.Body)
+			if err == nil {
+				t.Fatalf("the cut body ended cleanly after %q: the client takes it for complete", rest)
+			}
+		})
+	}
+}

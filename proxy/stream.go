@@ -268,7 +268,11 @@ func (s *bodyStream) end(err error) {
 	if s.detached {
 		s.p.finish(nil, &s.x, s.status, err, s.entry)
 		if s.client != nil {
-			_ = s.client.Close()
+			c := s.client
+			if s.unframed && err != nil {
+				c = resetOnClose(c)
+			}
+			_ = c.Close()
 			s.p.metrics.ConnClosed()
 		}
 	} else {
@@ -276,6 +280,21 @@ func (s *bodyStream) end(err error) {
 	}
 	*s = bodyStream{}
 	bodyStreamPool.Put(s)
+}
+
+// resetOnClose makes closing c reset the connection, and returns what to
+// close. An HTTP/1.0 client knows the end of a body of unknown length only
+// by the end of the connection: a FIN (or a TLS close_notify) after a body
+// the sandbox broke off would pass the truncated body for a complete one.
+// So the socket under TLS is closed, with SO_LINGER 0.
+func resetOnClose(c net.Conn) net.Conn {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	if tcp, ok := c.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0)
+	}
+	return c
 }
 
 // hangUp is called by hangups (under its lock, so the stream cannot be
@@ -301,11 +320,14 @@ func (s *bodyStream) interrupt() {
 // after the process exited under the stream. The socket under TLS is
 // closed, not the TLS connection, whose close_notify could block on that
 // same full buffer (under the registry lock). The owner's own close and
-// count of the connection follow as usual.
+// count of the connection follow as usual. An HTTP/1.0 client's body ends
+// with its connection, so that connection is reset (see resetOnClose).
 func (s *bodyStream) abort() {
 	s.interrupt()
 	c := s.client
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+	if s.unframed {
+		c = resetOnClose(c)
+	} else if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		c = tc.NetConn()
 	}
 	if c != nil {

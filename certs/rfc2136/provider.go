@@ -173,19 +173,27 @@ func (p *Provider) exchange(ctx context.Context, zone string, m *dns.Msg) error 
 	if c.Timeout == 0 {
 		c.Timeout = defaultTimeout
 	}
+	var key, alg string
 	if p.KeyName != "" {
-		alg, err := tsigAlgorithm(p.KeyAlg)
-		if err != nil {
+		var err error
+		if alg, err = tsigAlgorithm(p.KeyAlg); err != nil {
 			return err
 		}
-		key := dns.CanonicalName(p.KeyName)
+		key = dns.CanonicalName(p.KeyName)
 		c.TsigSecret = map[string]string{key: p.KeySecret}
-		m.SetTsig(key, alg, 300, time.Now().Unix())
 	}
 
 	var lastErr error
 	for range attempts {
-		resp, _, err := c.ExchangeContext(ctx, m, p.Server)
+		// Signed afresh each attempt: miekg/dns strips the TSIG record
+		// from the message it sends, so a retry of m itself would go out
+		// unsigned and be refused.
+		msg := m
+		if key != "" {
+			msg = m.Copy()
+			msg.SetTsig(key, alg, 300, time.Now().Unix())
+		}
+		resp, _, err := c.ExchangeContext(ctx, msg, p.Server)
 		// miekg/dns reports a signed NOTAUTH answer as a TSIG error; the
 		// rcode is the better explanation, so it wins.
 		if resp != nil && resp.Rcode != dns.RcodeSuccess {

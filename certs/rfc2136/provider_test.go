@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -156,4 +157,62 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRetryAfterLostUpdateIsSigned loses the first UPDATE datagram, as a
+// congested link to the primary would: the retry must be signed like the
+// first attempt, or the server refuses it and DNS-01 fails on a packet loss
+// the retry exists to absorb.
+func TestRetryAfterLostUpdateIsSigned(t *testing.T) {
+	srv := testenv.StartDNS(t, "cube.test")
+	relay := lossyRelay(t, srv.Addr)
+	p := provider(srv, "udp")
+	p.Server = relay
+	p.Timeout = 300 * time.Millisecond
+
+	_, err := p.AppendRecords(context.Background(), "cube.test.", []libdns.Record{
+		libdns.TXT{Name: "_acme-challenge", Text: "after-a-loss"},
+	})
+	if err != nil {
+		t.Fatalf("append after one lost datagram: %v", err)
+	}
+	if vals := queryTXT(t, srv.Addr, "_acme-challenge.cube.test."); !slices.Equal(vals, []string{"after-a-loss"}) {
+		t.Fatalf("published TXT = %q", vals)
+	}
+}
+
+// lossyRelay forwards UDP datagrams to upstream and back, dropping the
+// first one it receives.
+func lossyRelay(t *testing.T, upstream string) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.Close() })
+	go func() {
+		buf := make([]byte, 64<<10)
+		for first := true; ; first = false {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if first {
+				continue
+			}
+			up, err := net.Dial("udp", upstream)
+			if err != nil {
+				return
+			}
+			_ = up.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := up.Write(buf[:n]); err == nil {
+				resp := make([]byte, 64<<10)
+				if m, err := up.Read(resp); err == nil {
+					_, _ = pc.WriteTo(resp[:m], from)
+				}
+			}
+			_ = up.Close()
+		}
+	}()
+	return pc.LocalAddr().String()
 }

@@ -1238,6 +1238,56 @@ func TestRedirectListenerLogsBodyBytes(t *testing.T) {
 	}
 }
 
+// An upload larger than the redirect listener buffers (fasthttp's 4 MiB)
+// is redirected like any other request, not refused 413: HTTPS streams
+// bodies up to max_request_body, and a client following the 308 must get
+// there instead of being told its body is too large.
+func TestRedirectListenerRedirectsLargeUploads(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for _, tc := range []struct {
+		name, id, expect string
+	}{
+		{"content-length", "redir-big-1", ""},
+		{"expect 100-continue", "redir-big-2", "Expect: 100-continue\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "POST /up?x=1 HTTP/1.1\r\nHost: 50005-box.cube.test\r\nX-Cube-Request-Id: %s\r\nContent-Length: %d\r\n%s\r\n",
+				tc.id, 64<<20, tc.expect)
+			br := bufio.NewReader(c)
+			if tc.expect != "" {
+				cont, err := http.ReadResponse(br, nil)
+				if err != nil || cont.StatusCode != 100 {
+					t.Fatalf("before the body: %v %v, want 100", cont, err)
+				}
+			}
+			// The client sends what it can before it reads the answer.
+			_, _ = c.Write(make([]byte, 64<<10))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 308 || resp.Header.Get("Location") != "https://50005-box.cube.test:8443/up?x=1" {
+				t.Fatalf("answer %d Location %q, want 308 to https://50005-box.cube.test:8443/up?x=1", resp.StatusCode, resp.Header.Get("Location"))
+			}
+			if !resp.Close {
+				t.Error("the connection stays open with the body unread")
+			}
+			if e := buf.waitJSON(t, tc.id); e["status"] != float64(308) {
+				t.Errorf("logged as %v", e)
+			}
+		})
+	}
+}
+
 // A route with MaskRequestHost sends the sandbox another Host, but the
 // access log names the host the client asked for (nginx's $host): an
 // operator looking for a sandbox's requests by its host must find them,

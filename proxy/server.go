@@ -119,7 +119,16 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	}
 	s.redirect = &fasthttp.Server{
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			clientError(ctx, err)
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
+				// Only this listener's buffer is too small for the body:
+				// HTTPS streams it, so the client is sent there like any
+				// other, not told its upload is too large. The body is
+				// left unread, hence the close.
+				s.redirect.Handler(ctx)
+				ctx.SetConnectionClose()
+			} else {
+				clientError(ctx, err)
+			}
 			p.lingerRefused(ctx, err)
 		},
 		NoDefaultServerHeader: true,

@@ -156,6 +156,24 @@ func authRandomHex(t testing.TB, n int) string {
 	return hex.EncodeToString(b)
 }
 
+// authSigner returns a signer with key and a function that signs a token
+// for a sandbox port, valid for ttl from now.
+func authSigner(t testing.TB, key string) (*auth.Signer, func(id string, port uint16, ttl time.Duration) string) {
+	t.Helper()
+	s, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, func(id string, port uint16, ttl time.Duration) string {
+		t.Helper()
+		tok, err := s.Sign(id, port, time.Now().Add(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+}
+
 // putAuthRoute stores a route whose listed container ports all map to
 // backendPort on 127.0.0.1; token "" makes it public.
 func putAuthRoute(h *harness, id, token string, backendPort uint16, ports ...uint16) {
@@ -1183,14 +1201,8 @@ func testAuthAdminToken(t *testing.T, lc *authLogCapture) {
 // browser send, are not affected.
 func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
-	s, err := auth.NewSigner([]string{key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := s.Sign("box", 8080, time.Now().Add(10*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, sign := authSigner(t, key)
+	tok := sign("box", 8080, 10*time.Minute)
 	lc.secret(key, traffic, tok)
 	b := startAuthBackend(t)
 	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
@@ -1399,18 +1411,8 @@ func testAuthPreflight(t *testing.T, lc *authLogCapture) {
 // (and a client that says nothing) still trades it for the cookie.
 func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
-	s, err := auth.NewSigner([]string{key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := s.Sign("box", 8080, time.Now().Add(10*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := s.Sign("box", 9090, time.Now().Add(10*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, sign := authSigner(t, key)
+	tok, other := sign("box", 8080, 10*time.Minute), sign("box", 9090, 10*time.Minute)
 	lc.secret(key, traffic, tok, other)
 	b := startAuthBackend(t)
 	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
@@ -1483,10 +1485,7 @@ func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 	ended := make(chan error, 1)
 	wsPort := wsBackend(t, ended)
 	putAuthRoute(h, "wsbox", traffic, wsPort, 8080)
-	wsTok, err := s.Sign("wsbox", 8080, time.Now().Add(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	wsTok := sign("wsbox", 8080, time.Minute)
 	lc.secret(wsTok)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

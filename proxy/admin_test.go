@@ -281,6 +281,40 @@ func TestAdminMalformedRequests(t *testing.T) {
 	}
 }
 
+// The admin listener takes request heads as large as the traffic listener
+// does (client.max_header_size), as the platform's nginx did for its admin
+// server: a control plane whose tracing adds a few KiB of baggage, or an
+// operator's curl behind an SSO proxy with its cookies, was answered 431
+// by fasthttp's default 4 KiB buffer.
+func TestAdminTakesHeadsUpToTheHeaderLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limit  int // client.max_header_size; 0 = the default, 16 KiB
+		header int // bytes of one extra header value
+		status int
+	}{
+		{"default limit, 6 KiB head", 0, 6 << 10, 200},
+		{"default limit, 15 KiB head", 0, 15 << 10, 200},
+		{"default limit, 20 KiB head", 0, 20 << 10, 431},
+		{"raised limit, 20 KiB head", 32 << 10, 20 << 10, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.srv.MaxRequestHeaderSize = tc.limit })
+			r, _ := http.NewRequest("GET", "http://"+h.admin+"/admin/routes", nil)
+			r.Header.Set("Baggage", "k="+strings.Repeat("v", tc.header))
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("%d %s, want %d", resp.StatusCode, b, tc.status)
+			}
+		})
+	}
+}
+
 // An invalidation that could not be published to the other instances is a
 // 503, so that the control plane retries, while this instance's drop
 // stands; published ones are 200.

@@ -146,6 +146,10 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 			Handler:               admin.Handler,
 			ErrorHandler:          clientError, // JSON, like every admin answer
 			NoDefaultServerHeader: true,
+			// As large as a traffic head: fasthttp's default 4 KiB
+			// refused a control plane's tracing baggage, or an operator's
+			// curl through an SSO proxy, with 431.
+			ReadBufferSize:        cfg.MaxRequestHeaderSize,
 			ReadTimeout:           30 * time.Second,
 			WriteTimeout:          30 * time.Second,
 			IdleTimeout:           90 * time.Second,

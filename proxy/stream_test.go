@@ -864,6 +864,10 @@ func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 		{"GET, client sends bytes, then closes", "GET /slow HTTP/1.1\r\n", "\x15\x03\x03\x00\x02\x01\x00", false},
 		{"GET, client resets", "GET /slow HTTP/1.1\r\n", "", true},
 		{"MCP POST, client closes", "POST /mcp HTTP/1.1\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2\r\n", "", false},
+		// A Jupyter kernel's channel answers its upgrade only once the
+		// kernel is up: a client may give up on the handshake first.
+		{"WebSocket upgrade, client closes", "GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n", "", false},
+		{"WebSocket upgrade, client resets", "GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, logs := logHarness(t, "json", func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 })

@@ -267,6 +267,13 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		u.DisablePathNormalizing = true
 		ctx.Request.Header.SetRequestURIBytes(u.RequestURI())
 	}
+	// A client that leaves while the sandbox has yet to answer ends the
+	// exchange within a second, as for any request (roundTrip): a Jupyter
+	// kernel's channel answers its upgrade only once the kernel is up, and
+	// a client that gave up on the handshake must not hold the sandbox's
+	// connection and its max_streams_per_sandbox slot until then. Set
+	// before the write, which starts the checks.
+	uc.client = ctx.Conn()
 	bw := writerPool.Get().(*bufio.Writer)
 	bw.Reset(uc)
 	if err = ctx.Request.Header.Write(bw); err == nil {
@@ -278,8 +285,12 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	if err == nil {
 		err = uc.readHeader(p, resp)
 	}
+	uc.client = nil
 	if err != nil {
-		if uc.interrupted.Load() {
+		switch {
+		case uc.clientGone:
+			err = errClientLeft
+		case uc.interrupted.Load():
 			err = uc.cutErr()
 		}
 		uc.release(p, false)

@@ -394,6 +394,12 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		if p.clientWriteTimeout > 0 {
 			_ = client.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
 		}
+		// fasthttp marks an answer given while it shuts down (the drain)
+		// "Connection: close" after the handler returned: beside the 101's
+		// "Connection: Upgrade" that fails the handshake (net/http drops a
+		// Connection header that lists close, and Go's WebSocket clients
+		// then find no Upgrade token). The connection is the tunnel's now.
+		ctx.Response.Header.ResetConnectionClose()
 		if _, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...)); err != nil {
 			return
 		}

@@ -994,3 +994,62 @@ func TestIdleWebSocketHoldsNoCopyBuffer(t *testing.T) {
 		t.Errorf("an idle WebSocket holds %d bytes of heap, want under 48 KiB", per)
 	}
 }
+
+// A WebSocket whose 101 comes while the proxy drains (a kernel channel
+// that answers once its kernel is up; a deploy's SIGTERM meanwhile) opens
+// and works until the drain deadline. fasthttp marks every answer given
+// during its shutdown "Connection: close", and a 101 carrying that beside
+// its "Connection: Upgrade" failed the handshake of Go's clients: net/http
+// drops a Connection header that lists close, Upgrade token and all.
+func TestWebSocketSwitchedDuringDrainOpens(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+			return
+		}
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		if typ, msg, err := c.Read(r.Context()); err == nil {
+			c.Write(r.Context(), typ, msg)
+		}
+	}))
+	host := h.route("wsdrain", port)
+	type dialed struct {
+		c   *websocket.Conn
+		err error
+	}
+	res := make(chan dialed, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		c, _, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host})
+		res <- dialed{c, err}
+	}()
+	<-arrived
+	shut := make(chan error, 1)
+	go func() { shut <- h.server.Shutdown(context.Background()) }()
+	h.waitListenerClosed(5 * time.Second)
+	close(release)
+	d := <-res
+	if d.err != nil {
+		t.Fatalf("upgrade answered during the drain: %v", d.err)
+	}
+	defer d.c.CloseNow()
+	if err := d.c.Write(ctx, websocket.MessageText, []byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := d.c.Read(ctx); err != nil || string(msg) != "still here" {
+		t.Fatalf("echo during the drain: %q %v", msg, err)
+	}
+	d.c.Close(websocket.StatusNormalClosure, "")
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -310,6 +311,39 @@ func TestAbsoluteFormTarget(t *testing.T) {
 			}
 			if e.URI != "/p%2Fq?a=1" {
 				t.Errorf("request URI %q, want the path and query as sent", e.URI)
+			}
+		})
+	}
+}
+
+// An origin-form target reaches the sandbox byte for byte: a path that
+// begins with "//" and holds "://" further on (a base URL ending in '/'
+// joined with "/fetch?url=https://..."), which fasthttp parses as an
+// absolute target, and the query of a request a signed cookie let through
+// (authorize parses the query for the token parameter, and a parsed query
+// went out re-encoded, "%20" as "+").
+func TestOriginFormTargetByteForByte(t *testing.T) {
+	signer, sign := authSigner(t, strings.Repeat("k", 32))
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
+	port := backend(t, "127.0.0.1", echoHeaders())
+	public := h.route("pub", port)
+	putAuthRoute(h, "priv", strings.Repeat("ab", 32), port, 8080)
+	cookie := "Cookie: cube_proxy_auth=" + sign("priv", 8080, time.Hour)
+	for _, tc := range []struct {
+		name, host, target, cookie string
+	}{
+		{"double slash and scheme in query", public, "//fetch?url=https://cdn.example/x.png", ""},
+		{"double slash and scheme in path", public, "//x/a://b", ""},
+		{"query of a cookie request", "8080-priv.cube.test", "/search?q=a%20b&x=%2F&y=~&z&w=a+b", cookie},
+		{"double slash on a cookie request", "8080-priv.cube.test", "//fetch?url=https://cdn.example/x.png", cookie},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET " + tc.target + " HTTP/1.1", "Host: " + tc.host}
+			if tc.cookie != "" {
+				lines = append(lines, tc.cookie)
+			}
+			if e := echoRawRequest(t, h.addr, lines...); e.URI != tc.target {
+				t.Errorf("sandbox got target %q, want %q", e.URI, tc.target)
 			}
 		})
 	}

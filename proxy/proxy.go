@@ -320,16 +320,27 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		return
 	}
 
-	// The URI is sent as the client wrote it: no path normalisation, and
-	// the Host header (set above) rather than the parsed URI's host.
-	uri := req.URI()
-	uri.DisablePathNormalizing = true
-	// Request.Write turns an absolute-form target's userinfo
-	// ("GET http://user:pw@host/p") into an Authorization header; that
-	// header is the sandbox's business and must arrive as the client sent
-	// it, or not at all.
-	uri.SetUsernameBytes(nil)
-	uri.SetPasswordBytes(nil)
+	if target := req.Header.RequestURI(); len(target) > 0 && target[0] == '/' {
+		// Origin form (what browsers and SDKs send) goes on byte for
+		// byte. Request.Write rebuilds the target from a parsed URI: one
+		// parsed for a signed token (QueryArgs) had its query re-encoded
+		// ("q=a%20b" as "q=a+b"), and fasthttp reads "//x?u=https://y" as
+		// an absolute target, so the sandbox got "/?u=https://y". Setting
+		// the target drops the parsed URI; it copies in place.
+		req.SetRequestURIBytes(target)
+	} else {
+		// Absolute form: the path and query alone, as the sandbox serves
+		// them, without path normalisation, and the Host header (set
+		// above) rather than the parsed URI's host.
+		uri := req.URI()
+		uri.DisablePathNormalizing = true
+		// Request.Write turns an absolute-form target's userinfo
+		// ("GET http://user:pw@host/p") into an Authorization header; that
+		// header is the sandbox's business and must arrive as the client
+		// sent it, or not at all.
+		uri.SetUsernameBytes(nil)
+		uri.SetPasswordBytes(nil)
+	}
 	// The backend is spoken to in HTTP/1.1 whatever the client spoke (an
 	// HTTP/1.0 client's connection handling is the proxy's business); the
 	// client's version comes back before the response is framed for it.

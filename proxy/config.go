@@ -83,6 +83,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	// Routes hold IPv4-mapped addresses as IPv4 (routing.ParseRoute): so
+	// must node_ip, or "::ffff:10.0.0.5" would never be this node.
+	c.NodeIP = c.NodeIP.Unmap()
 	if c.MaxRequestBodySize == 0 {
 		c.MaxRequestBodySize = 256 << 20
 	}

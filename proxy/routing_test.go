@@ -21,25 +21,33 @@ func TestBackendChoiceSameNodeVsCrossNode(t *testing.T) {
 	// maps that port to a host port on the node IP.
 	sandboxPort := backend(t, "127.0.0.2", whoami("sandbox"))
 	hostPort := backend(t, "127.0.0.1", whoami("node"))
-	fields := map[string]string{
-		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.2", "CreatedAt": "1",
-		itoa(sandboxPort): itoa(hostPort),
-	}
 	host := fmt.Sprintf("%d-box.cube.test", sandboxPort)
 	for _, tc := range []struct {
 		nodeIP string
+		hostIP string // "": 127.0.0.1
 		want   string
 	}{
-		{"127.0.0.1", "sandbox"}, // this node runs it: dial SandboxIP:container port
-		{"127.0.0.9", "node"},    // another node runs it: dial HostIP:host port
-		{"", "node"},             // node IP unknown: always through the host port
+		{"127.0.0.1", "", "sandbox"}, // this node runs it: dial SandboxIP:container port
+		{"127.0.0.9", "", "node"},    // another node runs it: dial HostIP:host port
+		{"", "", "node"},             // node IP unknown: always through the host port
+		// One address, IPv4-mapped on either side (as a dual-stack socket
+		// reports an IPv4 peer): still this node.
+		{"127.0.0.1", "::ffff:127.0.0.1", "sandbox"},
+		{"::ffff:127.0.0.1", "", "sandbox"},
 	} {
-		t.Run("node_ip="+tc.nodeIP, func(t *testing.T) {
+		t.Run("node_ip="+tc.nodeIP+",HostIP="+tc.hostIP, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) {
 				if tc.nodeIP != "" {
 					o.cfg.NodeIP = netip.MustParseAddr(tc.nodeIP)
 				}
 			})
+			fields := map[string]string{
+				"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.2", "CreatedAt": "1",
+				itoa(sandboxPort): itoa(hostPort),
+			}
+			if tc.hostIP != "" {
+				fields["HostIP"] = tc.hostIP
+			}
 			h.put("box", fields)
 			status, body, _ := h.get(host, "/")
 			if status != 200 || body[:len(tc.want)] != tc.want {

@@ -225,7 +225,10 @@ func fieldName(k string) string {
 }
 
 // parseIP accepts a unicast-usable address: no zone, not unspecified
-// (0.0.0.0 or :: would make the proxy dial itself).
+// (0.0.0.0 or :: would make the proxy dial itself). An IPv4-mapped address
+// ("::ffff:10.0.0.5", as a dual-stack socket reports an IPv4 peer) is the
+// IPv4 address it maps: Go dials it as one, so "::ffff:0.0.0.0" is
+// unspecified too, and it must equal node_ip for the same-node choice.
 func parseIP(s string) (netip.Addr, string) {
 	addr, err := netip.ParseAddr(s)
 	switch {
@@ -233,7 +236,9 @@ func parseIP(s string) (netip.Addr, string) {
 		return netip.Addr{}, "not an IP address: " + echo([]byte(s))
 	case addr.Zone() != "":
 		return netip.Addr{}, "IPv6 zones are not allowed"
-	case addr.IsUnspecified():
+	}
+	addr = addr.Unmap() // after the zone check: Unmap drops a zone
+	if addr.IsUnspecified() {
 		return netip.Addr{}, "unspecified address"
 	}
 	return addr, ""

@@ -69,6 +69,19 @@ func TestParseRouteMinimal(t *testing.T) {
 	}
 }
 
+// An IPv4-mapped address (what a dual-stack socket reports for an IPv4
+// peer, and so what a control plane may store) is the IPv4 address: it
+// must equal node_ip for the same-node choice, as Go dials it as IPv4.
+func TestParseRouteIPv4Mapped(t *testing.T) {
+	r, err := ParseRoute("box", map[string]string{FieldHostIP: "::ffff:10.0.0.7", FieldSandboxIP: "::FFFF:192.168.0.2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.HostIP != netip.MustParseAddr("10.0.0.7") || r.SandboxIP != netip.MustParseAddr("192.168.0.2") {
+		t.Fatalf("HostIP %v, SandboxIP %v; want the IPv4 addresses they map", r.HostIP, r.SandboxIP)
+	}
+}
+
 func TestRouteRoundTrip(t *testing.T) {
 	routes := []*Route{
 		{ID: "a", HostIP: netip.MustParseAddr("127.0.0.1"), Public: true, Ports: map[uint16]uint16{}},
@@ -118,7 +131,10 @@ func TestParseRouteErrors(t *testing.T) {
 		{name: "HostIP hostname", fields: base(FieldHostIP, "node-1.internal"), field: FieldHostIP},
 		{name: "HostIP with port", fields: base(FieldHostIP, "10.0.0.1:80"), field: FieldHostIP},
 		{name: "HostIP unspecified", fields: base(FieldHostIP, "0.0.0.0"), field: FieldHostIP},
+		{name: "HostIP unspecified, IPv4-mapped", fields: base(FieldHostIP, "::ffff:0.0.0.0"), field: FieldHostIP},
+		{name: "SandboxIP unspecified, IPv4-mapped", fields: base(FieldSandboxIP, "::ffff:0.0.0.0"), field: FieldSandboxIP},
 		{name: "HostIP zone", fields: base(FieldHostIP, "fe80::1%eth0"), field: FieldHostIP},
+		{name: "HostIP IPv4-mapped with zone", fields: base(FieldHostIP, "::ffff:10.0.0.1%eth0"), field: FieldHostIP},
 		{name: "SandboxIP bad", fields: base(FieldSandboxIP, "10.0.0"), field: FieldSandboxIP},
 		{name: "CreatedAt text", fields: base(FieldCreatedAt, "yesterday"), field: FieldCreatedAt},
 		{name: "CreatedAt negative", fields: base(FieldCreatedAt, "-1"), field: FieldCreatedAt},

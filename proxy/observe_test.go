@@ -239,6 +239,77 @@ func TestTracingSSESpanEndsWithStream(t *testing.T) {
 	}
 }
 
+// A response the sandbox breaks off after its head (here an event stream
+// it resets), or answers with a 5xx, marks the server span as an error
+// with its error.type: the client saw a failure even though a 200 went out
+// with the head. A proxy's own 4xx is not an error of the server span.
+func TestTracingFailedResponseIsServerSpanError(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/unavailable" {
+			w.WriteHeader(503)
+			return
+		}
+		f := sseHeaders(w)
+		io.WriteString(w, "data: one\n\n")
+		f.Flush()
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		c.(*net.TCPConn).SetLinger(0) // a reset: the sandbox's process died
+		c.Close()
+	}))
+	host := h.route("tracecut", port)
+
+	tests := []struct {
+		name, host, path string
+		status           int
+		wantCode         codes.Code
+		errorType        string // "" means absent
+	}{
+		{"stream cut after its head", host, "/events", 200, codes.Error, CodeUpstreamReset},
+		{"sandbox 5xx", host, "/unavailable", 503, codes.Error, "503"},
+		{"proxy 404", "8080-tracecutmissing.cube.test", "/", 404, codes.Unset, ""},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			traceID := fmt.Sprintf("%032x", 0xc0+i)
+			req := h.req("GET", tc.host, tc.path, nil)
+			req.Header.Set("Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+			resp := h.do(req)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			tid, _ := trace.TraceIDFromHex(traceID)
+			var server tracetest.SpanStub
+			testenv.WaitFor(t, 5*time.Second, "server span", func() bool {
+				s := spanByKind(exp.GetSpans(), tid, trace.SpanKindServer)
+				if len(s) == 1 {
+					server = s[0]
+				}
+				return len(s) == 1
+			})
+			if server.Status.Code != tc.wantCode {
+				t.Errorf("server span status %v, want %v", server.Status.Code, tc.wantCode)
+			}
+			var got string
+			for _, kv := range server.Attributes {
+				if kv.Key == "error.type" {
+					got = kv.Value.AsString()
+				}
+			}
+			if got != tc.errorType {
+				t.Errorf("server span error.type %q, want %q", got, tc.errorType)
+			}
+		})
+	}
+}
+
 // promSample is one sample line of the Prometheus text exposition.
 type promSample struct {
 	name   string

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -118,7 +119,7 @@ type SpanResult struct {
 // non-recording span it only calls End, so it allocates nothing.
 func EndServerSpan(span trace.Span, r *SpanResult) {
 	if span.IsRecording() {
-		attrs := make([]attribute.KeyValue, 0, 10)
+		attrs := make([]attribute.KeyValue, 0, 11)
 		attrs = append(attrs,
 			AttrRouteKind.String(r.Kind.String()),
 			semconv.HTTPResponseStatusCodeKey.Int(r.Status),
@@ -138,11 +139,19 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 		if r.ErrorCode != "" {
 			attrs = append(attrs, AttrErrorCode.String(r.ErrorCode))
 		}
-		span.SetAttributes(attrs...)
-		// Server spans mark only 5xx as errors (semantic conventions).
-		if r.Status >= 500 {
+		// Server spans mark 5xx as errors, and a response that failed after
+		// its head went out (semantic conventions): the sandbox reset a
+		// stream, the proxy cut it. An error code on a forwarded response
+		// says that; on the proxy's own answer its status says it all.
+		if r.Status >= 500 || (r.ErrorCode != "" && r.Kind != RouteError) {
+			errType := r.ErrorCode
+			if errType == "" {
+				errType = strconv.Itoa(r.Status) // the sandbox's own 5xx
+			}
+			attrs = append(attrs, semconv.ErrorTypeKey.String(errType))
 			span.SetStatus(codes.Error, r.ErrorCode)
 		}
+		span.SetAttributes(attrs...)
 	}
 	span.End()
 }

@@ -128,7 +128,7 @@ func TestTracingSpansAndPropagation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req := h.req(tc.method, host, "/t", strings.NewReader(tc.body))
+			req := h.req(tc.method, host, "/t/p?q=1", strings.NewReader(tc.body))
 			req.Header.Set("Traceparent", "00-"+tc.traceID+"-"+clientSpan+"-01")
 			req.Header.Set("Tracestate", "vendor=abc")
 			resp := h.do(req)
@@ -162,6 +162,8 @@ func TestTracingSpansAndPropagation(t *testing.T) {
 				telemetry.AttrCacheResult:   tc.cache,
 				telemetry.AttrRetries:       "0",
 				"http.request.method":       tc.method,
+				"url.path":                  "/t/p",
+				"url.scheme":                "http",
 				"http.response.status_code": "200",
 				"http.request.body.size":    strconv.Itoa(len(tc.body)),
 				"http.response.body.size":   strconv.Itoa(len(body)),

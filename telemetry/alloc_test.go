@@ -29,7 +29,7 @@ func recordAll(m *Metrics) {
 
 // spanCycle is the proxy's per-request tracing work.
 func spanCycle(tel *Telemetry, in, out *fasthttp.RequestHeader, r *SpanResult) {
-	ctx, server := tel.StartServerSpan(in)
+	ctx, server := tel.StartServerSpan(in, false)
 	client := tel.StartClientSpan(ctx, out, "10.0.0.2:8080")
 	EndClientSpan(client, 200, nil)
 	EndServerSpan(server, r)

@@ -38,7 +38,7 @@ func exportOneSpan(t *testing.T, env map[string]string) {
 	if !tel.TracingEnabled() {
 		t.Fatal("tracing off with OTEL_TRACES_EXPORTER=otlp")
 	}
-	_, span := tel.StartServerSpan(inbound("GET", ""))
+	_, span := tel.StartServerSpan(inbound("GET", ""), false)
 	EndServerSpan(span, &SpanResult{Status: 200})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

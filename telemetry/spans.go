@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"strconv"
 
@@ -57,11 +58,12 @@ func spanMethod(m []byte) int {
 }
 
 // StartServerSpan extracts the client's trace context from h and starts the
-// per-request server span "proxy <method>". The returned context carries the
-// span and does not derive from the fasthttp RequestCtx (which is recycled).
-// With tracing off it returns context.Background() and a no-op span without
+// per-request server span "proxy <method>", with the request's url.path and
+// url.scheme (https when tls). The returned context carries the span and
+// does not derive from the fasthttp RequestCtx (which is recycled). With
+// tracing off it returns context.Background() and a no-op span without
 // allocating.
-func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader) (context.Context, trace.Span) {
+func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader, tls bool) (context.Context, trace.Span) {
 	if t.tp == nil {
 		return context.Background(), noopSpan
 	}
@@ -69,9 +71,35 @@ func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader) (context.Context,
 	m := &spanMethods[spanMethod(h.Method())]
 	ctx, span := t.Tracer.Start(ctx, m.server, serverStart...)
 	if span.IsRecording() {
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method))
+		scheme := "http"
+		if tls {
+			scheme = "https"
+		}
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
+			semconv.URLPathKey.String(string(targetPath(h.RequestURI()))), semconv.URLSchemeKey.String(scheme))
 	}
 	return ctx, span
+}
+
+// targetPath returns the path of a request target as the client sent it:
+// without the query (which may carry a signed token), and without the
+// scheme and authority of an absolute-form target.
+func targetPath(uri []byte) []byte {
+	if i := bytes.IndexAny(uri, "?#"); i >= 0 {
+		uri = uri[:i]
+	}
+	if len(uri) == 0 || uri[0] == '/' {
+		return uri
+	}
+	i := bytes.Index(uri, []byte("://"))
+	if i < 0 {
+		return uri // "*" (OPTIONS) or something no route accepts
+	}
+	rest := uri[i+3:]
+	if j := bytes.IndexByte(rest, '/'); j >= 0 {
+		return rest[j:]
+	}
+	return []byte("/")
 }
 
 // StartClientSpan starts the span for the upstream exchange as a child of

@@ -33,7 +33,7 @@ func TestTracingOffByDefault(t *testing.T) {
 		t.Fatal("tracing on with no OTEL_TRACES_EXPORTER")
 	}
 	in := inbound("GET", "00-"+clientTraceID+"-"+clientSpanID+"-01")
-	ctx, span := tel.StartServerSpan(in)
+	ctx, span := tel.StartServerSpan(in, false)
 	if span.IsRecording() || span.SpanContext().IsValid() {
 		t.Errorf("tracing off: span recording=%v valid=%v", span.IsRecording(), span.SpanContext().IsValid())
 	}
@@ -54,7 +54,7 @@ func TestServerAndClientSpansExported(t *testing.T) {
 		t.Fatal("tracing off with an injected exporter")
 	}
 	in := inbound("POST", "00-"+clientTraceID+"-"+clientSpanID+"-00")
-	ctx, server := tel.StartServerSpan(in)
+	ctx, server := tel.StartServerSpan(in, false)
 	out := &fasthttp.RequestHeader{}
 	out.SetMethod("POST")
 	out.Set("traceparent", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01") // the client's copy, to be replaced
@@ -151,7 +151,7 @@ func TestSamplerIgnoresClientFlag(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			exp := tracetest.NewInMemoryExporter()
 			tel := newTestTelemetry(t, Config{SpanExporter: exp, TraceSampleRatio: tt.ratio, Env: envMap(tt.env)})
-			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent))
+			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent), false)
 			out := &fasthttp.RequestHeader{}
 			client := tel.StartClientSpan(ctx, out, "10.0.0.2:80")
 			if server.SpanContext().IsSampled() != tt.sampled || client.SpanContext().IsSampled() != tt.sampled {
@@ -214,7 +214,7 @@ func TestSpanNamesBounded(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := newTestTelemetry(t, Config{SpanExporter: exp})
 	for _, m := range []string{"GET", "PROPFIND", "X-RANDOM-12345"} {
-		_, span := tel.StartServerSpan(inbound(m, ""))
+		_, span := tel.StartServerSpan(inbound(m, ""), false)
 		EndServerSpan(span, &SpanResult{Status: 200})
 	}
 	var names []string
@@ -320,7 +320,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 			if tc.tracestate != "" {
 				h.Set("tracestate", tc.tracestate)
 			}
-			ctx, server := tel.StartServerSpan(h)
+			ctx, server := tel.StartServerSpan(h, false)
 			client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
 			EndClientSpan(client, 200, nil)
 			EndServerSpan(server, &SpanResult{Status: 200})
@@ -339,12 +339,49 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 		h := &fasthttp.RequestHeader{}
 		h.SetMethod("GET")
 		h.Set("baggage", bag)
-		ctx, server := tel.StartServerSpan(h)
+		ctx, server := tel.StartServerSpan(h, false)
 		client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
 		EndClientSpan(client, 200, nil)
 		EndServerSpan(server, &SpanResult{Status: 200})
 		if got := string(h.Peek("baggage")); got != bag {
 			t.Errorf("baggage of %d bytes became %d bytes", len(bag), len(got))
 		}
+	}
+}
+
+// url.path is the path the client asked for, never its query (where a
+// signed token may travel), whatever the form of the request target; an
+// https listener's spans say so in url.scheme.
+func TestServerSpanURL(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := newTestTelemetry(t, Config{SpanExporter: exp})
+	tests := []struct {
+		target, path string
+		tls          bool
+	}{
+		{"/", "/", false},
+		{"/mcp/sse?cube_sig=secret", "/mcp/sse", true},
+		{"/a%2Fb/../c", "/a%2Fb/../c", false},
+		{"http://8080-sb.cube.test/x/y?z=1", "/x/y", false},
+		{"https://8080-sb.cube.test", "/", true},
+		{"*", "*", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.target, func(t *testing.T) {
+			exp.Reset()
+			h := inbound("OPTIONS", "")
+			h.SetRequestURI(tc.target)
+			_, span := tel.StartServerSpan(h, tc.tls)
+			EndServerSpan(span, &SpanResult{Status: 200})
+			spans := exp.GetSpans()
+			if len(spans) != 1 {
+				t.Fatalf("%d spans", len(spans))
+			}
+			scheme := "http"
+			if tc.tls {
+				scheme = "https"
+			}
+			assertAttrs(t, "server", spans[0].Attributes, map[attribute.Key]any{"url.path": tc.path, "url.scheme": scheme})
+		})
 	}
 }

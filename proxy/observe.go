@@ -87,8 +87,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 }
 
 // startUpstream records that the exchange with addr begins and opens the
-// client span (tracing on only: the address string would otherwise be an
-// allocation per request). Set only here, the upstream address in the log
+// client span (tracing on only). Set only here, the upstream address in the log
 // and the span names a sandbox the proxy went on to ask, not one a 413 or
 // 429 kept it from.
 func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.AddrPort) {
@@ -97,7 +96,7 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 		x.upBegin = time.Since(x.start)
 	}
 	if p.tel != nil && p.tel.TracingEnabled() {
-		x.cspan = p.tel.StartClientSpan(x.spanCtx, &ctx.Request.Header, x.upstream.String())
+		x.cspan = p.tel.StartClientSpan(x.spanCtx, &ctx.Request.Header, x.upstream)
 	}
 }
 

@@ -170,7 +170,8 @@ func TestTracingSpansAndPropagation(t *testing.T) {
 			})
 			checkAttrs(t, "client span", client.Attributes, map[attribute.Key]string{
 				"http.request.method":       tc.method,
-				"server.address":            upstream,
+				"server.address":            "127.0.0.1",
+				"server.port":               itoa(port),
 				"http.response.status_code": "200",
 			})
 

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -14,14 +15,13 @@ import (
 
 // Span attribute keys beyond the semantic conventions.
 const (
-	AttrSandboxID    = attribute.Key("cube.sandbox.id")
-	AttrSandboxPort  = attribute.Key("cube.sandbox.port")
-	AttrRouteKind    = attribute.Key("cube.route.kind")
-	AttrUpstream     = attribute.Key("cube.upstream.address")
-	AttrRetries      = attribute.Key("cube.upstream.retries")
-	AttrCacheResult  = attribute.Key("cube.cache.result")
-	AttrErrorCode    = attribute.Key("cube.error.code")
-	AttrUpstreamAddr = semconv.ServerAddressKey // on the client span
+	AttrSandboxID   = attribute.Key("cube.sandbox.id")
+	AttrSandboxPort = attribute.Key("cube.sandbox.port")
+	AttrRouteKind   = attribute.Key("cube.route.kind")
+	AttrUpstream    = attribute.Key("cube.upstream.address")
+	AttrRetries     = attribute.Key("cube.upstream.retries")
+	AttrCacheResult = attribute.Key("cube.cache.result")
+	AttrErrorCode   = attribute.Key("cube.error.code")
 )
 
 var (
@@ -102,19 +102,22 @@ func targetPath(uri []byte) []byte {
 	return []byte("/")
 }
 
-// StartClientSpan starts the span for the upstream exchange as a child of
-// ctx's span and injects its traceparent/tracestate (and the client's
-// baggage) into upstream, replacing what the client sent. With tracing off
-// it returns a no-op span, leaves upstream untouched (the client's headers
-// pass through as any end-to-end header) and does not allocate.
-func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.RequestHeader, upstreamAddr string) trace.Span {
+// StartClientSpan starts the span for the upstream exchange with addr as a
+// child of ctx's span and injects its traceparent/tracestate (and the
+// client's baggage) into upstream, replacing what the client sent. With
+// tracing off it returns a no-op span, leaves upstream untouched (the
+// client's headers pass through as any end-to-end header) and does not
+// allocate.
+func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.RequestHeader, addr netip.AddrPort) trace.Span {
 	if t.tp == nil {
 		return noopSpan
 	}
 	m := &spanMethods[spanMethod(upstream.Method())]
 	ctx, span := t.Tracer.Start(ctx, m.client, clientStart...)
 	if span.IsRecording() {
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method), AttrUpstreamAddr.String(upstreamAddr))
+		// The semantic conventions' server.address is the host alone.
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
+			semconv.ServerAddressKey.String(addr.Addr().String()), semconv.ServerPortKey.Int(int(addr.Port())))
 	}
 	// Every copy goes: a second traceparent from the client would reach
 	// the sandbox next to the proxy's, and a tracestate the span did not

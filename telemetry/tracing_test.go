@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -41,7 +42,7 @@ func TestTracingOffByDefault(t *testing.T) {
 		t.Error("tracing off: StartServerSpan must return context.Background()")
 	}
 	out := &fasthttp.RequestHeader{}
-	tel.StartClientSpan(ctx, out, "10.0.0.2:80")
+	tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:80"))
 	if v := out.Peek("traceparent"); v != nil {
 		t.Errorf("tracing off injected traceparent %q", v)
 	}
@@ -58,7 +59,7 @@ func TestServerAndClientSpansExported(t *testing.T) {
 	out := &fasthttp.RequestHeader{}
 	out.SetMethod("POST")
 	out.Set("traceparent", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01") // the client's copy, to be replaced
-	client := tel.StartClientSpan(ctx, out, "10.0.0.2:32001")
+	client := tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:32001"))
 	EndClientSpan(client, 502, errors.New("connection reset"))
 	EndServerSpan(server, &SpanResult{
 		SandboxID: "sb-1", Port: 50005, Kind: RouteSSE, Status: 502, Upstream: "10.0.0.2:32001",
@@ -104,7 +105,8 @@ func TestServerAndClientSpansExported(t *testing.T) {
 	})
 	assertAttrs(t, "client", c.Attributes, map[attribute.Key]any{
 		"http.request.method":       "POST",
-		"server.address":            "10.0.0.2:32001",
+		"server.address":            "10.0.0.2",
+		"server.port":               int64(32001),
 		"http.response.status_code": int64(502),
 	})
 	if s.Status.Code != codes.Error || c.Status.Code != codes.Error {
@@ -153,7 +155,7 @@ func TestSamplerIgnoresClientFlag(t *testing.T) {
 			tel := newTestTelemetry(t, Config{SpanExporter: exp, TraceSampleRatio: tt.ratio, Env: envMap(tt.env)})
 			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent), false)
 			out := &fasthttp.RequestHeader{}
-			client := tel.StartClientSpan(ctx, out, "10.0.0.2:80")
+			client := tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:80"))
 			if server.SpanContext().IsSampled() != tt.sampled || client.SpanContext().IsSampled() != tt.sampled {
 				t.Errorf("sampled server=%v client=%v, want %v", server.SpanContext().IsSampled(), client.SpanContext().IsSampled(), tt.sampled)
 			}
@@ -321,7 +323,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 				h.Set("tracestate", tc.tracestate)
 			}
 			ctx, server := tel.StartServerSpan(h, false)
-			client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
+			client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
 			EndClientSpan(client, 200, nil)
 			EndServerSpan(server, &SpanResult{Status: 200})
 			want := "00-" + client.SpanContext().TraceID().String() + "-" + client.SpanContext().SpanID().String() + "-01"
@@ -340,7 +342,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 		h.SetMethod("GET")
 		h.Set("baggage", bag)
 		ctx, server := tel.StartServerSpan(h, false)
-		client := tel.StartClientSpan(ctx, h, "10.0.0.2:80")
+		client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
 		EndClientSpan(client, 200, nil)
 		EndServerSpan(server, &SpanResult{Status: 200})
 		if got := string(h.Peek("baggage")); got != bag {

@@ -933,11 +933,14 @@ func TestAccessLogBytesIn(t *testing.T) {
 }
 
 // Requests fasthttp refuses before the handler runs (400, 431) are counted
-// and logged like every other answer.
+// and logged like every other answer, on the redirect listener as on the
+// traffic one.
 func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	tel := obsTelemetry(t, nil)
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 	admin := obsMetricsAdmin(t, h, tel)
+	rln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rln, "8443")
 	class4xx := map[string]string{"status_class": "4xx", "route_kind": "error"}
 	before, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
 
@@ -954,52 +957,58 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 		return v == 0
 	})
 
-	for _, tc := range []struct {
-		req    string
-		status int
-		code   string
-	}{
-		{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-431\r\nX-Big: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431, "request_header_too_large"},
-		{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-400\r\nContent-Length: abc\r\n\r\n", 400, CodeBadRequest},
-	} {
-		c, err := net.Dial("tcp", h.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(c, tc.req)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		c.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.status {
-			t.Fatalf("got %d, want %d", resp.StatusCode, tc.status)
-		}
-		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("a log line for the %d", tc.status), func() bool {
-			buf.mu.Lock()
-			defer buf.mu.Unlock()
-			for _, ln := range strings.Split(buf.b.String(), "\n") {
-				var e struct {
-					Status int    `json:"status"`
-					Code   string `json:"error_code"`
-				}
-				if json.Unmarshal([]byte(ln), &e) == nil && e.Status == tc.status && e.Code == tc.code {
-					return true
-				}
+	listeners := []struct{ name, addr string }{{"traffic", h.addr}, {"redirect", rln.Addr().String()}}
+	for i, l := range listeners {
+		for _, tc := range []struct {
+			req    string
+			status int
+			code   string
+		}{
+			{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-431\r\nX-Big: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431, "request_header_too_large"},
+			{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-400\r\nContent-Length: abc\r\n\r\n", 400, CodeBadRequest},
+		} {
+			c, err := net.Dial("tcp", l.addr)
+			if err != nil {
+				t.Fatal(err)
 			}
-			return false
-		})
+			io.WriteString(c, tc.req)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("%s listener: got %d, want %d", l.name, resp.StatusCode, tc.status)
+			}
+			// One line per listener so far for this answer.
+			testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("a log line for the %s listener's %d", l.name, tc.status), func() bool {
+				buf.mu.Lock()
+				defer buf.mu.Unlock()
+				n := 0
+				for _, ln := range strings.Split(buf.b.String(), "\n") {
+					var e struct {
+						Status int    `json:"status"`
+						Code   string `json:"error_code"`
+					}
+					if json.Unmarshal([]byte(ln), &e) == nil && e.Status == tc.status && e.Code == tc.code {
+						n++
+					}
+				}
+				return n == i+1
+			})
+		}
 	}
+	want := float64(2 * len(listeners))
 	after, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_requests_total", class4xx)
-	if after-before != 2 {
-		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for two refused requests and a probe, want 2", after-before)
+	if after-before != want {
+		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for %v refused requests and a probe", after-before, want)
 	}
 	buf.mu.Lock()
 	lines := strings.Count(buf.b.String(), "\n")
 	buf.mu.Unlock()
-	if lines != 2 {
-		t.Fatalf("%d access log lines for two refused requests and a probe, want 2:\n%s", lines, buf.b.String())
+	if lines != int(want) {
+		t.Fatalf("%d access log lines for %v refused requests and a probe:\n%s", lines, want, buf.b.String())
 	}
 }
 

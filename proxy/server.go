@@ -126,10 +126,12 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 				// left unread, hence the close.
 				s.redirect.Handler(ctx)
 				ctx.SetConnectionClose()
-			} else {
-				clientError(ctx, err)
+				p.lingerRefused(ctx, err)
+				return
 			}
-			p.lingerRefused(ctx, err)
+			// Counted and logged as on the traffic listener: a browser
+			// whose cookies outgrow the head limit must show up here too.
+			p.clientError(ctx, err)
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.

@@ -52,6 +52,15 @@ const (
 // and a sampler that samples nothing turn tracing off whatever the
 // exporter: set cluster-wide, they say the operator wants no traces.
 func traceExporterKind(env func(string) string) (exporterKind, error) {
+	// Checked first: switched off, the other settings are not looked at,
+	// so that this is how a broken telemetry setup is turned off.
+	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") {
+		return exporterNone, nil
+	}
+	sampler := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_SAMPLER")))
+	if sampler == "always_off" || sampler == "parentbased_always_off" {
+		return exporterNone, nil
+	}
 	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_EXPORTER"))); v {
 	case "", "none":
 		return exporterNone, nil
@@ -59,18 +68,13 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	default:
 		return exporterNone, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: only \"otlp\" and \"none\" are supported", v)
 	}
-	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") {
-		return exporterNone, nil
-	}
-	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_SAMPLER"))); v {
-	case "always_off", "parentbased_always_off":
-		return exporterNone, nil
+	switch sampler {
 	case "", "always_on", "parentbased_always_on", "traceidratio", "parentbased_traceidratio":
 		// The proxy samples by trace id and never follows a client's
 		// sampled flag, so the parent-based names mean the same here.
 	default:
 		return exporterNone, fmt.Errorf("OTEL_TRACES_SAMPLER=%q: the proxy samples by trace id ratio (telemetry.trace_sample_ratio); "+
-			"use traceidratio, always_on or always_off", v)
+			"use traceidratio, always_on or always_off", sampler)
 	}
 	proto := strings.TrimSpace(env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
 	if proto == "" {

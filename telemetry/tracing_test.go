@@ -252,6 +252,10 @@ func TestTraceConfig(t *testing.T) {
 		{"sampler ratio", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, 0, "", true},
 		{"unsupported sampler", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "OTEL_TRACES_SAMPLER", false},
 		{"sampler without exporter", map[string]string{"OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "", false},
+		// Switched off, the exporter setting is not looked at: OTEL_SDK_DISABLED
+		// is how an operator turns a broken telemetry setup off.
+		{"sdk disabled, unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_SDK_DISABLED": "true"}, 0, "", false},
+		{"always_off, unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "jaeger", "OTEL_TRACES_SAMPLER": "always_off"}, 0, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -13,12 +13,12 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/auth"
@@ -151,6 +151,9 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		}
 	}
 
+	// The SDK reports a failed export through this process-wide handler,
+	// whose default writes plain-text lines among the JSON ones.
+	otel.SetErrorHandler(otelErrorHandler{newThrottledLog(log, "telemetry", time.Now)})
 	a.tel, err = telemetry.New(ctx, telemetry.Config{
 		TraceSampleRatio: cfg.Telemetry.TraceSampleRatio,
 		ServiceName:      "cubeproxy", ServiceVersion: version, InstanceID: a.instance,
@@ -195,7 +198,7 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	case "redis":
 		rcfg := cfg.Redis
 		rcfg.Registry = cfg.Registry
-		redis.SetLogger(newRedisLogger(log, time.Now))
+		redis.SetLogger(redisLogger{newThrottledLog(log, "redis", time.Now)})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			return nil, fmt.Errorf("open route store: %w", err) // err names redis
 		}
@@ -643,52 +646,4 @@ func addrOf(ln net.Listener) string {
 		return ""
 	}
 	return ln.Addr().String()
-}
-
-// redisLogEvery is how often one kind of go-redis message is logged.
-const redisLogEvery = 10 * time.Second
-
-// redisLogger routes go-redis's process-wide log into slog, at most one
-// line per message kind (format) per every: while Redis is down each
-// pool, the subscriber and the probes log a failed dial several times a
-// second, thousands of identical lines an hour. The next line logged
-// counts what was held back.
-type redisLogger struct {
-	l    *slog.Logger
-	now  func() time.Time
-	mu   sync.Mutex
-	seen map[string]*redisLogSeen // by format: a handful of kinds
-}
-
-func newRedisLogger(l *slog.Logger, now func() time.Time) *redisLogger {
-	return &redisLogger{l: l, now: now, seen: map[string]*redisLogSeen{}}
-}
-
-type redisLogSeen struct {
-	last       time.Time
-	suppressed int
-}
-
-// Printf implements go-redis's internal.Logging.
-func (r *redisLogger) Printf(_ context.Context, format string, v ...any) {
-	now := r.now()
-	r.mu.Lock()
-	s := r.seen[format]
-	if s == nil {
-		s = &redisLogSeen{}
-		r.seen[format] = s
-	}
-	if !s.last.IsZero() && now.Sub(s.last) < redisLogEvery {
-		s.suppressed++
-		r.mu.Unlock()
-		return
-	}
-	n := s.suppressed
-	s.last, s.suppressed = now, 0
-	r.mu.Unlock()
-	if n > 0 {
-		r.l.Warn(fmt.Sprintf(format, v...), "component", "redis", "suppressed", n)
-		return
-	}
-	r.l.Warn(fmt.Sprintf(format, v...), "component", "redis")
 }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+)
+
+// libLogEvery is how often one kind of a library's warning is logged.
+const libLogEvery = 10 * time.Second
+
+// throttledLog logs a library's warnings as the proxy's own JSON lines,
+// tagged with the library's component, at most one line per kind of
+// message per libLogEvery: while Redis or a trace collector is down, the
+// library repeats the same failure several times a second, thousands of
+// identical lines an hour. The next line of a kind counts what was held
+// back (suppressed).
+type throttledLog struct {
+	l         *slog.Logger
+	component string
+	now       func() time.Time
+	mu        sync.Mutex
+	seen      map[string]*throttleSeen // by kind: a handful
+}
+
+type throttleSeen struct {
+	last       time.Time
+	suppressed int
+}
+
+func newThrottledLog(l *slog.Logger, component string, now func() time.Time) *throttledLog {
+	return &throttledLog{l: l, component: component, now: now, seen: map[string]*throttleSeen{}}
+}
+
+// warn logs msg() unless a line of kind was logged within libLogEvery;
+// msg is called only for a line that is logged.
+func (t *throttledLog) warn(kind string, msg func() string) {
+	now := t.now()
+	t.mu.Lock()
+	s := t.seen[kind]
+	if s == nil {
+		s = &throttleSeen{}
+		t.seen[kind] = s
+	}
+	if !s.last.IsZero() && now.Sub(s.last) < libLogEvery {
+		s.suppressed++
+		t.mu.Unlock()
+		return
+	}
+	n := s.suppressed
+	s.last, s.suppressed = now, 0
+	t.mu.Unlock()
+	if n > 0 {
+		t.l.Warn(msg(), "component", t.component, "suppressed", n)
+		return
+	}
+	t.l.Warn(msg(), "component", t.component)
+}
+
+// redisLogger routes go-redis's process-wide log into slog; a message's
+// format is its kind.
+type redisLogger struct{ t *throttledLog }
+
+// Printf implements go-redis's internal.Logging.
+func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+	r.t.warn(format, func() string { return fmt.Sprintf(format, v...) })
+}
+
+// otelErrorHandler routes the OpenTelemetry SDK's errors (a failed span
+// export) into slog. Their text up to the first colon is their kind
+// ("traces export"); the rest names addresses and causes that vary.
+type otelErrorHandler struct{ t *throttledLog }
+
+// Handle implements otel.ErrorHandler.
+func (h otelErrorHandler) Handle(err error) {
+	msg := err.Error()
+	kind, _, _ := strings.Cut(msg, ":")
+	h.t.warn(kind, func() string { return msg })
+}

@@ -554,3 +554,96 @@ func TestMCPLegacySSETransport(t *testing.T) {
 		return s == 0
 	})
 }
+
+// The go-sdk's newest protocol (2026-07-28) against a stateless gateway:
+// no session and no standalone GET stream. The agent discovers the server
+// with one POST and gets server-initiated notifications on a
+// subscriptions/listen POST whose SSE answer lasts as long as the
+// subscription. Cancelling is hanging up: a stateless gateway knows no
+// request that a later notifications/cancelled could name, so a call (its
+// answer's head not sent yet) and the listen stream end at the gateway only
+// when the proxy closes their sandbox connections after the agent leaves.
+func TestMCPStatelessListenAndCancel(t *testing.T) {
+	h := newHarness(t)
+	srv := newAgentServer()
+	started := make(chan struct{}, 1)
+	toolDone := make(chan error, 1)
+	mcp.AddTool(srv, &mcp.Tool{Name: "wait"}, func(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		toolDone <- ctx.Err()
+		return nil, nil, ctx.Err()
+	})
+	listenEnded := make(chan struct{}, 1)
+	host := agentGateway(t, h, "listenbox", srv, &mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true},
+		func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				next.ServeHTTP(w, r)
+				if r.Header.Get("Mcp-Method") == "subscriptions/listen" {
+					listenEnded <- struct{}{}
+				}
+			})
+		})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	changed := make(chan struct{}, 4)
+	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+	}, nil)
+	if v := cs.InitializeResult().ProtocolVersion; v < "2026-07-28" || cs.ID() != "" {
+		t.Fatalf("protocol %s, session %q: want the stateless protocol", v, cs.ID())
+	}
+	sb := h.proxy.sandboxes.get([]byte("listenbox"))
+	// The gateway subscribes the agent before it acknowledges, in the
+	// listen stream's first event: with the stream's head at the proxy,
+	// a change reaches the agent.
+	testenv.WaitFor(t, 2*time.Second, "the listen stream is open at the proxy", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 1
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("tools/list_changed never arrived on the listen stream")
+	}
+
+	callCtx, callCancel := context.WithCancel(ctx)
+	callErr := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "wait"})
+		callErr <- err
+	}()
+	<-started
+	callCancel()
+	if err := <-callErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call returned %v", err)
+	}
+	select {
+	case err := <-toolDone:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("tool ended with %v", err)
+		}
+	case <-time.After(5 * time.Second): // the proxy looks at a waiting client once a second
+		t.Fatal("the tool never saw the agent hang up")
+	}
+	testenv.WaitFor(t, 2*time.Second, "the call's slot released, the listen stream kept", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 1 && sb.active.Load() == 1
+	})
+
+	if err := cs.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	select {
+	case <-listenEnded:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the gateway's listen handler still runs 2s after the agent closed")
+	}
+	testenv.WaitFor(t, 2*time.Second, "the listen stream released at the proxy", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 0 && sb.active.Load() == 0
+	})
+}

@@ -10,23 +10,24 @@ import (
 // CookieName is the cookie a verified signed token is traded for. One fixed
 // name is enough: the cookie is host-only and the host is
 // <port>-<sandbox>.<domain>, so each sandbox port has its own jar entry, and
-// the value is the signed token itself, bound to sandbox and port, so a
-// cookie presented anywhere else fails with signed_token_wrong_target.
+// the value (Signer.CookieValue) is the signed token, bound to sandbox and
+// port, so a cookie presented anywhere else fails with
+// signed_token_wrong_target, plus a binding to the route's traffic token.
 const CookieName = "cube_proxy_auth"
 
 // QueryParamName is the query parameter that carries a signed token.
 const QueryParamName = "cube_token"
 
-// SetCookieHeader returns the Set-Cookie header value that stores a verified
-// signed token: host-only (no Domain), Path=/, HttpOnly, SameSite=Lax, Secure
+// SetCookieHeader returns the Set-Cookie header value that stores value
+// (Signer.CookieValue of a verified signed token): host-only (no Domain), Path=/, HttpOnly, SameSite=Lax, Secure
 // when the client is on HTTPS (secure), and Max-Age equal to the whole seconds left
 // until expiry, so the cookie never outlives the token.
-func SetCookieHeader(token string, expiry, now time.Time, secure bool) string {
+func SetCookieHeader(value string, expiry, now time.Time, secure bool) string {
 	maxAge := int64(expiry.Sub(now) / time.Second)
 	if maxAge < 0 {
 		maxAge = 0
 	}
-	v := CookieName + "=" + token + "; Path=/; Max-Age=" + strconv.FormatInt(maxAge, 10) + "; HttpOnly; SameSite=Lax"
+	v := CookieName + "=" + value + "; Path=/; Max-Age=" + strconv.FormatInt(maxAge, 10) + "; HttpOnly; SameSite=Lax"
 	if secure {
 		v += "; Secure"
 	}

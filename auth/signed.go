@@ -52,6 +52,7 @@ type macScratch struct {
 	hashes []hash.Hash
 	sum    [macLen]byte
 	raw    [maxRawLen]byte
+	chunk  [64]byte // a string on its way into a hash (Write takes bytes)
 }
 
 // NewSigner returns a Signer for the given keys, first one signing. It
@@ -166,4 +167,85 @@ func isBase64URL(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// Cookie values: the signed token, '.', and a binding MAC (truncated to
+// bindLen bytes, base64url) over the token and the route's traffic token.
+const (
+	bindLen      = 16
+	bindTextLen  = (bindLen*8 + 5) / 6
+	bindSep      = '.'
+	bindingLabel = "cube-proxy cookie binding v1"
+)
+
+// CookieValue returns the cookie value a verified signed token is traded for
+// on a route whose traffic token is traffic: the token plus a MAC that binds
+// it to that traffic token, so rotating the route's token ends every cookie
+// issued before (a browser session must not outlive the credential the
+// platform revokes). The first key signs the binding.
+func (s *Signer) CookieValue(token []byte, traffic string) string {
+	m := s.pool.Get().(*macScratch)
+	defer s.pool.Put(m)
+	bind := s.binding(m, m.hashes[0], token, traffic)
+	out := make([]byte, 0, len(token)+1+bindTextLen)
+	out = append(append(out, token...), bindSep)
+	return string(s.enc.AppendEncode(out, bind[:bindLen]))
+}
+
+// VerifyCookie checks a cookie value made by CookieValue for the sandbox
+// and port being requested, on a route whose traffic token is now traffic.
+// The token is checked first (malformed, invalid, wrong_target, expired, as
+// Verify); a value without a binding, or whose binding no key produces for
+// this traffic token, is refused too (malformed, invalid). It allocates
+// nothing when the value is valid.
+func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traffic string, now time.Time) error {
+	i := len(value) - bindTextLen - 1
+	if i < 1 || value[i] != bindSep {
+		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+	}
+	token, bindText := value[:i], value[i+1:]
+	if _, err := s.VerifyBytes(token, sandboxID, port, now); err != nil {
+		return err
+	}
+	var bind [bindLen]byte
+	if !isBase64URL(bindText) {
+		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+	}
+	if n, err := s.enc.Decode(bind[:], bindText); err != nil || n != bindLen {
+		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+	}
+	m := s.pool.Get().(*macScratch)
+	defer s.pool.Put(m)
+	ok := 0
+	for _, h := range m.hashes {
+		// Every key, no early exit, as for the token's own MAC.
+		ok |= subtle.ConstantTimeCompare(s.binding(m, h, token, traffic)[:bindLen], bind[:])
+	}
+	if ok != 1 {
+		return reject(CodeSignedTokenInvalid, "sandbox cookie was issued under another traffic access token (rotated?): open a new link")
+	}
+	return nil
+}
+
+// binding computes the binding MAC of traffic and token with h (one key's
+// HMAC) into m.sum. The traffic token is length-prefixed, so no other pair
+// hashes the same bytes.
+func (s *Signer) binding(m *macScratch, h hash.Hash, token []byte, traffic string) []byte {
+	h.Reset()
+	writeString(h, m, bindingLabel)
+	binary.BigEndian.PutUint64(m.chunk[:8], uint64(len(traffic)))
+	h.Write(m.chunk[:8])
+	writeString(h, m, traffic)
+	h.Write(token)
+	return h.Sum(m.sum[:0])
+}
+
+// writeString feeds str to h through m.chunk: converting it to a slice
+// would allocate on every request.
+func writeString(h hash.Hash, m *macScratch, str string) {
+	for len(str) > 0 {
+		n := copy(m.chunk[:], str)
+		h.Write(m.chunk[:n])
+		str = str[n:]
+	}
 }

@@ -47,6 +47,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("StaleLinkWithCookie", func(t *testing.T) { testAuthStaleLinkWithCookie(t, lc) })
 	t.Run("Preflight", func(t *testing.T) { testAuthPreflight(t, lc) })
 	t.Run("QueryTokenNoRedirect", func(t *testing.T) { testAuthQueryTokenNoRedirect(t, lc) })
+	t.Run("TrafficTokenRotated", func(t *testing.T) { testAuthTrafficTokenRotated(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -642,7 +643,7 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 		{"some token", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "E2b-Traffic-Access-Token: " + tok}},
 		{"exempt port", []string{"GET / HTTP/1.1", "Host: 9000-noconf.cube.test"}},
 		{"signed query token", []string{"GET /?cube_token=" + signed + " HTTP/1.1", "Host: 8080-noconf.cube.test"}},
-		{"signed cookie", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "Cookie: cube_proxy_auth=" + signed}},
+		{"signed cookie", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "Cookie: cube_proxy_auth=" + signer.CookieValue([]byte(signed), "")}},
 		{"shared host", []string{"GET / HTTP/1.1", "Host: 127.0.0.1", "X-Cube-Sandbox-Id: noconf", "X-Cube-Sandbox-Port: 9000"}},
 	} {
 		for i := 0; i < 2; i++ { // the second one is served from the cache
@@ -810,7 +811,7 @@ func assertAuthCookieRedirect(t *testing.T, resp *http.Response, tok, location s
 		t.Fatal(err)
 	}
 	maxAge := time.Duration(c.MaxAge) * time.Second
-	if c.Name != auth.CookieName || c.Value != tok || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode ||
+	if c.Name != auth.CookieName || !strings.HasPrefix(c.Value, tok+".") || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode ||
 		c.Secure != secure || c.Domain != "" || c.Path != "/" || maxAge > ttl || maxAge < ttl-3*time.Second {
 		t.Errorf("Set-Cookie %q: want host-only HttpOnly SameSite=Lax Secure=%v Max-Age≈%v", sc[0], secure, ttl)
 	}
@@ -855,6 +856,8 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	}
 	h := start(both, lc.accessCube)
 	const site = "http://8080-box.cube.test"
+	// cookie is the cookie value the proxy sets for tok on the routes here.
+	cookie := func(tok string) string { return both.CookieValue([]byte(tok), traffic) }
 	ttl := 10 * time.Minute
 	exp := time.Now().Add(ttl).Truncate(time.Second)
 	tok := sign(both, "box", 8080, exp)
@@ -944,7 +947,7 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		if tc.code == auth.CodeSignedTokenMalformed {
 			continue
 		}
-		resp, body = authGet(t, direct, tc.url, "a=1; "+auth.CookieName+"="+tc.tok)
+		resp, body = authGet(t, direct, tc.url, "a=1; "+auth.CookieName+"="+cookie(tc.tok))
 		expectAuthRefusal(t, tc.name+" (cookie)", resp.StatusCode, resp.Header, body, tc.code)
 	}
 	b.assertNoMore(t, "refused signed tokens")
@@ -956,9 +959,10 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		cookies []string
 		keep    string
 	}{
-		{"a junk cookie first", []string{auth.CookieName + "=junk; " + auth.CookieName + "=" + tok}, ""},
-		{"a foreign token first", []string{"k=v; " + auth.CookieName + "=" + sign(both, "other", 8080, exp) + "; " + auth.CookieName + "=" + tok}, "k=v"},
-		{"on a second Cookie line", []string{"k=v", auth.CookieName + "=" + tok}, "k=v"},
+		{"a junk cookie first", []string{auth.CookieName + "=junk; " + auth.CookieName + "=" + cookie(tok)}, ""},
+		{"a foreign token first", []string{"k=v; " + auth.CookieName + "=" + cookie(sign(both, "other", 8080, exp)) + "; " + auth.CookieName + "=" + cookie(tok)}, "k=v"},
+		{"a bare token first", []string{"k=v; " + auth.CookieName + "=" + tok + "; " + auth.CookieName + "=" + cookie(tok)}, "k=v"},
+		{"on a second Cookie line", []string{"k=v", auth.CookieName + "=" + cookie(tok)}, "k=v"},
 	} {
 		lines := []string{"GET /jar HTTP/1.1", "Host: 8080-box.cube.test"}
 		for _, c := range tc.cookies {
@@ -971,7 +975,7 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		checkHead(tc.name, b.next(t), "GET /jar HTTP/1.1", tc.keep)
 	}
 	resp, body = authRawRequest(t, h.addr, "GET /jar HTTP/1.1", "Host: 8080-box.cube.test",
-		"Cookie: "+auth.CookieName+"="+expired+"; "+auth.CookieName+"=junk")
+		"Cookie: "+auth.CookieName+"="+cookie(expired)+"; "+auth.CookieName+"=junk")
 	expectAuthRefusal(t, "no cookie verifies", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenExpired)
 
 	// The token parameter never reaches the sandbox, even when another
@@ -996,12 +1000,12 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	}
 
 	// The cookie is stripped even when the traffic token authorizes.
-	resp, _ = authGet(t, direct, site+"/both", "k=v; "+auth.CookieName+"="+expired)
+	resp, _ = authGet(t, direct, site+"/both", "k=v; "+auth.CookieName+"="+cookie(expired))
 	if resp.StatusCode != 403 {
 		t.Errorf("expired cookie without traffic token: %d", resp.StatusCode)
 	}
 	req, _ := http.NewRequest("GET", site+"/both", nil)
-	req.Header.Set("Cookie", auth.CookieName+"="+tok+"; k=v")
+	req.Header.Set("Cookie", auth.CookieName+"="+cookie(tok)+"; k=v")
 	req.Header.Set("E2b-Traffic-Access-Token", traffic)
 	if r, err := direct.Do(req); err != nil || r.StatusCode != 200 {
 		t.Fatalf("traffic token plus cookie: %v %v", err, r)
@@ -1088,7 +1092,7 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	direct2 := authHostClient(h2.addr, nil, false, nil)
 	resp, body = authGet(t, direct2, site+"/old?cube_token="+oldTok, "")
 	expectAuthRefusal(t, "old key removed (query)", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenInvalid)
-	resp, body = authGet(t, direct2, site+"/old", auth.CookieName+"="+oldTok)
+	resp, body = authGet(t, direct2, site+"/old", auth.CookieName+"="+oldOnly.CookieValue([]byte(oldTok), traffic))
 	expectAuthRefusal(t, "old key removed (cookie)", resp.StatusCode, resp.Header, body, auth.CodeSignedTokenInvalid)
 	resp, _ = authGet(t, direct2, site+"/new?cube_token="+tok, "")
 	assertAuthCookieRedirect(t, resp, tok, "/new", ttl, false)
@@ -1226,7 +1230,7 @@ func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 		{"opaque origin", []string{"Origin: null"}, false},
 		{"the traffic token is not ambient", []string{"Origin: http://8080-evil.cube.test", "E2b-Traffic-Access-Token: " + traffic}, true},
 	} {
-		lines := append([]string{"GET /o HTTP/1.1", "Host: 8080-box.cube.test", "Cookie: " + auth.CookieName + "=" + tok}, tc.hdr...)
+		lines := append([]string{"GET /o HTTP/1.1", "Host: 8080-box.cube.test", "Cookie: " + auth.CookieName + "=" + s.CookieValue([]byte(tok), traffic)}, tc.hdr...)
 		resp, body := authRawRequest(t, h.addr, lines...)
 		if !tc.allowed {
 			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, auth.CodeSignedCookieForeignOrigin)
@@ -1278,7 +1282,7 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 	} {
 		lines := []string{"GET /p?cube_token=" + url.QueryEscape(tc.param) + "&a=1 HTTP/1.1", "Host: 8080-box.cube.test"}
 		if tc.cookie != "" {
-			lines = append(lines, "Cookie: "+auth.CookieName+"="+tc.cookie)
+			lines = append(lines, "Cookie: "+auth.CookieName+"="+s.CookieValue([]byte(tc.cookie), traffic))
 		}
 		resp, body := authRawRequest(t, h.addr, lines...)
 		if tc.code != "" {
@@ -1294,6 +1298,65 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}
+}
+
+// testAuthTrafficTokenRotated: the platform rotates a sandbox's traffic
+// token to cut off whoever holds the old one (or the sandbox is recreated
+// under its id with a new token). A browser session (the cookie) made under
+// the old token ends with it, also after the route was public for a while;
+// a new link gives a working cookie again.
+func testAuthTrafficTokenRotated(t *testing.T, lc *authLogCapture) {
+	key, first, second := authRandomHex(t, 32), authRandomHex(t, 32), authRandomHex(t, 32)
+	s, sign := authSigner(t, key)
+	lc.secret(key, first, second)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", first, b.port, 8080)
+	const site = "http://8080-box.cube.test"
+
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browser := authHostClient(h.addr, jar, true, nil)
+	open := func(what, target, wantCode string) {
+		t.Helper()
+		resp, body := authGet(t, browser, site+target, "")
+		if wantCode != "" {
+			expectAuthRefusal(t, what, resp.StatusCode, resp.Header, body, wantCode)
+			b.assertNoMore(t, what)
+			return
+		}
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("%s: %d %q", what, resp.StatusCode, body)
+		}
+		if got := b.next(t); strings.Contains(got.raw, auth.CookieName) {
+			t.Errorf("%s: the cookie reached the backend", what)
+		}
+	}
+	tok := sign("box", 8080, 10*time.Minute)
+	lc.secret(tok)
+	open("link", "/?cube_token="+tok, "")
+	open("cookie", "/page", "")
+
+	putAuthRoute(h, "box", second, b.port, 8080)
+	open("cookie after rotation", "/page", auth.CodeSignedTokenInvalid)
+	resp, body := authRawRequest(t, h.addr, "GET /t HTTP/1.1", "Host: 8080-box.cube.test", "E2b-Traffic-Access-Token: "+second)
+	if resp.StatusCode != 200 {
+		t.Fatalf("the new traffic token: %d %s", resp.StatusCode, body)
+	}
+	b.next(t)
+	fresh := sign("box", 8080, 10*time.Minute)
+	lc.secret(fresh)
+	open("new link", "/?cube_token="+fresh, "")
+	open("new cookie", "/page", "")
+
+	// Public for a while (the cookie is not needed, and stripped), then
+	// restricted again under a new token: the cookie does not come back.
+	putAuthRoute(h, "box", "", b.port, 8080)
+	open("public route", "/page", "")
+	putAuthRoute(h, "box", first, b.port, 8080)
+	open("restricted again under another token", "/page", auth.CodeSignedTokenInvalid)
 }
 
 func TestAppendLocalPath(t *testing.T) {

@@ -43,7 +43,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 					// prepareRequest removes the parameter.
 					return false
 				}
-				p.redirectWithCookie(ctx, tok, exp)
+				p.redirectWithCookie(ctx, p.cfg.Signer.CookieValue(tok, r.TrafficToken), exp)
 				return true
 			}
 			errors.As(verr, &rej)
@@ -52,7 +52,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		// a valid one (from a newer link) and opens an old link would
 		// otherwise be locked out of a URL it may open without the
 		// parameter. The parameter's error is the one reported.
-		if ok, verr := p.signedCookie(h, r.ID, t.Port); ok {
+		if ok, verr := p.signedCookie(h, r, t.Port); ok {
 			// The cookie is ambient: a sibling sandbox's page can make
 			// the browser send it (see auth.CookieOriginAllowed).
 			if auth.CookieOriginAllowed(h.Peek("Origin"), h.Host()) {
@@ -90,15 +90,16 @@ func navigation(h *fasthttp.RequestHeader) bool {
 }
 
 // signedCookie reports whether one of the request's signed-token cookies
-// verifies for the target; if none does, err is the first one's error (nil
-// when there is no such cookie). Every Cookie line and every cookie of the
-// name is tried: a browser sends a sibling host's domain-wide cookie of the
-// same name too, and an HTTP/2 gateway may split cookies over lines.
-func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, id string, port uint16) (ok bool, err error) {
+// verifies for the target and the route's current traffic token; if none
+// does, err is the first one's error (nil when there is no such cookie).
+// Every Cookie line and every cookie of the name is tried: a browser sends a
+// sibling host's domain-wide cookie of the same name too, and an HTTP/2
+// gateway may split cookies over lines.
+func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, r *routing.Route, port uint16) (ok bool, err error) {
 	now := time.Now()
 	for _, line := range h.PeekAll("Cookie") {
 		for c := range auth.CookieValues(line, auth.CookieName) {
-			_, verr := p.cfg.Signer.VerifyBytes(c, id, port, now)
+			verr := p.cfg.Signer.VerifyCookie(c, r.ID, port, r.TrafficToken, now)
 			if verr == nil {
 				return true, nil
 			}
@@ -111,9 +112,10 @@ func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, id string, port uint16) 
 }
 
 // redirectWithCookie trades a verified signed token for a host-only cookie
-// and sends the browser back to the same URL without the token, so it
-// does not linger in history, logs or Referer headers.
-func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp time.Time) {
+// (value, bound to the route's traffic token) and sends the browser back to
+// the same URL without the token, so it does not linger in history, logs or
+// Referer headers.
+func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, value string, exp time.Time) {
 	uri := ctx.Request.Header.RequestURI()
 	path, query, _ := bytes.Cut(uri, []byte{'?'})
 	loc := appendLocalPath(nil, path)
@@ -122,7 +124,7 @@ func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, tok []byte, exp tim
 	}
 	ctx.Response.Reset()
 	secure := ctx.IsTLS() || forwardedHTTPS(&ctx.Request.Header)
-	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(string(tok), exp, time.Now(), secure))
+	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), secure))
 	ctx.Response.Header.Set("Cache-Control", "no-store")
 	ctx.Response.Header.SetBytesV("Location", loc)
 	ctx.SetStatusCode(fasthttp.StatusFound)

@@ -38,6 +38,26 @@ func agentGateway(t *testing.T, h *harness, id string, srv *mcp.Server, opts *mc
 	return "50005-" + id + ".cube.test"
 }
 
+// listChangedArrives waits until the agent's one notification stream is
+// open at the proxy, then changes the gateway's tool list and waits for the
+// agent's tools/list_changed: with nothing in flight, it can only travel on
+// that stream.
+func listChangedArrives(t *testing.T, ctx context.Context, h *harness, srv *mcp.Server, changed <-chan struct{}, stream string) {
+	t.Helper()
+	testenv.WaitFor(t, 2*time.Second, "the "+stream+" is open at the proxy", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 1
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("tools/list_changed never arrived on the " + stream)
+	}
+}
+
 // agentConnect connects a go-sdk client through the proxy.
 func agentConnect(t *testing.T, ctx context.Context, h *harness, host string, copts *mcp.ClientOptions, tr *mcp.StreamableClientTransport) *mcp.ClientSession {
 	t.Helper()
@@ -148,19 +168,7 @@ func TestMCPStandaloneStreamAndDelete(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the standalone GET stream never reached the gateway")
 	}
-	// Nothing is in flight: the notification can only travel on the GET stream.
-	testenv.WaitFor(t, 2*time.Second, "the GET stream is open at the proxy", func() bool {
-		s, _ := h.proxy.streams.open()
-		return s == 1
-	})
-	mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-		return &mcp.CallToolResult{}, nil, nil
-	})
-	select {
-	case <-changed:
-	case <-ctx.Done():
-		t.Fatal("tools/list_changed never arrived on the standalone stream")
-	}
+	listChangedArrives(t, ctx, h, srv, changed, "standalone GET stream")
 	sid := cs.ID()
 	if err := cs.Close(); err != nil {
 		t.Fatalf("close (DELETE): %v", err)
@@ -597,18 +605,7 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	// The gateway subscribes the agent before it acknowledges, in the
 	// listen stream's first event: with the stream's head at the proxy,
 	// a change reaches the agent.
-	testenv.WaitFor(t, 2*time.Second, "the listen stream is open at the proxy", func() bool {
-		s, _ := h.proxy.streams.open()
-		return s == 1
-	})
-	mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-		return &mcp.CallToolResult{}, nil, nil
-	})
-	select {
-	case <-changed:
-	case <-ctx.Done():
-		t.Fatal("tools/list_changed never arrived on the listen stream")
-	}
+	listChangedArrives(t, ctx, h, srv, changed, "listen stream")
 
 	callCtx, callCancel := context.WithCancel(ctx)
 	callErr := make(chan error, 1)

@@ -18,18 +18,41 @@ const CookieName = "cube_proxy_auth"
 // QueryParamName is the query parameter that carries a signed token.
 const QueryParamName = "cube_token"
 
+// CookieKind selects the attributes SetCookieHeader gives the cookie.
+type CookieKind uint8
+
+const (
+	// CookieLax is for a client on plain HTTP: SameSite=Lax, no Secure.
+	CookieLax CookieKind = iota
+	// CookieLaxSecure is for a client on HTTPS: SameSite=Lax; Secure.
+	CookieLaxSecure
+	// CookiePartitioned is for a client on HTTPS that loads the sandbox in
+	// a frame of another site (an agent platform's preview iframe): a Lax
+	// cookie is neither stored nor sent there, so the cookie is a
+	// partitioned third-party one (CHIPS), SameSite=None; Secure;
+	// Partitioned, which the browser sends only under the top-level site
+	// it was set under.
+	CookiePartitioned
+)
+
 // SetCookieHeader returns the Set-Cookie header value that stores value
-// (Signer.CookieValue of a verified signed token): host-only (no Domain), Path=/, HttpOnly, SameSite=Lax, Secure
-// when the client is on HTTPS (secure), and Max-Age equal to the whole seconds left
-// until expiry, so the cookie never outlives the token.
-func SetCookieHeader(value string, expiry, now time.Time, secure bool) string {
+// (Signer.CookieValue of a verified signed token): host-only (no Domain),
+// Path=/, HttpOnly, the SameSite, Secure and Partitioned attributes of kind,
+// and Max-Age equal to the whole seconds left until expiry, so the cookie
+// never outlives the token.
+func SetCookieHeader(value string, expiry, now time.Time, kind CookieKind) string {
 	maxAge := int64(expiry.Sub(now) / time.Second)
 	if maxAge < 0 {
 		maxAge = 0
 	}
-	v := CookieName + "=" + value + "; Path=/; Max-Age=" + strconv.FormatInt(maxAge, 10) + "; HttpOnly; SameSite=Lax"
-	if secure {
-		v += "; Secure"
+	v := CookieName + "=" + value + "; Path=/; Max-Age=" + strconv.FormatInt(maxAge, 10) + "; HttpOnly"
+	switch kind {
+	case CookieLaxSecure:
+		v += "; SameSite=Lax; Secure"
+	case CookiePartitioned:
+		v += "; SameSite=None; Secure; Partitioned"
+	default:
+		v += "; SameSite=Lax"
 	}
 	return v
 }
@@ -187,7 +210,9 @@ func unhex(c byte) byte {
 // plain GET, a non-browser client), names the request's own host, or names
 // another port of the same sandbox (same "<id>.<domain>" after the "<port>-"
 // label prefix). Scheme and port of the Origin are not compared; "null" and
-// anything unparsable are foreign.
+// anything unparsable are foreign. The partitioned cookie of a cross-site
+// preview frame (CookiePartitioned) goes out on every request made under
+// the embedding site, its pages' included, so it needs this rule as much.
 func CookieOriginAllowed(origin, host []byte) bool {
 	if len(origin) == 0 {
 		return true

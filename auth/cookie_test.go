@@ -17,18 +17,19 @@ func TestSetCookieHeader(t *testing.T) {
 	tests := []struct {
 		name   string
 		expiry time.Time
-		secure bool
+		kind   CookieKind
 		want   string
 		maxAge int
 	}{
-		{"tls", time.Unix(1600, 0), true, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax; Secure", 599},
-		{"plain http", time.Unix(1600, 0), false, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax", 599},
+		{"tls", time.Unix(1600, 0), CookieLaxSecure, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax; Secure", 599},
+		{"plain http", time.Unix(1600, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax", 599},
+		{"cross-site frame", time.Unix(1600, 0), CookiePartitioned, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=None; Secure; Partitioned", 599},
 		// fasthttp reports "Max-Age=0" (delete now) as -1.
-		{"past expiry", time.Unix(10, 0), false, "cube_proxy_auth=TOK; Path=/; Max-Age=0; HttpOnly; SameSite=Lax", -1},
+		{"past expiry", time.Unix(10, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=0; HttpOnly; SameSite=Lax", -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := SetCookieHeader("TOK", tt.expiry, now, tt.secure)
+			got := SetCookieHeader("TOK", tt.expiry, now, tt.kind)
 			if got != tt.want {
 				t.Fatalf("got  %q\nwant %q", got, tt.want)
 			}
@@ -36,8 +37,13 @@ func TestSetCookieHeader(t *testing.T) {
 			if err := c.Parse(got); err != nil {
 				t.Fatal(err)
 			}
-			if string(c.Key()) != CookieName || string(c.Value()) != "TOK" || !c.HTTPOnly() || c.Secure() != tt.secure ||
-				c.SameSite() != fasthttp.CookieSameSiteLaxMode || len(c.Domain()) != 0 || string(c.Path()) != "/" || c.MaxAge() != tt.maxAge {
+			sameSite := fasthttp.CookieSameSiteLaxMode
+			if tt.kind == CookiePartitioned {
+				sameSite = fasthttp.CookieSameSiteNoneMode
+			}
+			if string(c.Key()) != CookieName || string(c.Value()) != "TOK" || !c.HTTPOnly() || c.Secure() != (tt.kind != CookieLax) ||
+				c.SameSite() != sameSite || c.Partitioned() != (tt.kind == CookiePartitioned) ||
+				len(c.Domain()) != 0 || string(c.Path()) != "/" || c.MaxAge() != tt.maxAge {
 				t.Fatalf("cookie attributes wrong: %s", c.String())
 			}
 		})

@@ -48,6 +48,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("Preflight", func(t *testing.T) { testAuthPreflight(t, lc) })
 	t.Run("QueryTokenNoRedirect", func(t *testing.T) { testAuthQueryTokenNoRedirect(t, lc) })
 	t.Run("TrafficTokenRotated", func(t *testing.T) { testAuthTrafficTokenRotated(t, lc) })
+	t.Run("FramePreview", func(t *testing.T) { testAuthFramePreview(t, lc) })
 	lc.checkNoSecrets(t)
 }
 
@@ -320,6 +321,13 @@ func rawRequest(t *testing.T, addr, raw string) (*http.Response, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rawExchange(t, c, addr, raw)
+}
+
+// rawExchange writes raw to c, returns the answer with its body read and
+// closes c.
+func rawExchange(t *testing.T, c net.Conn, addr, raw string) (*http.Response, string) {
+	t.Helper()
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, raw); err != nil {
@@ -1564,5 +1572,138 @@ func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 	}
 	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "hi" {
 		t.Fatalf("echo: %q %v", msg, err)
+	}
+}
+
+// testAuthFramePreview: an agent platform shows a private sandbox's dev
+// server in an iframe of its own (another site) by loading the signed link
+// there. A SameSite=Lax cookie is neither stored nor sent in a cross-site
+// frame, so the page after the 302 and all its subresources were 403s;
+// such a frame on HTTPS now gets a partitioned SameSite=None cookie, which
+// then lets the frame's own loads through while the Origin rule still
+// refuses every other page's fetches.
+func testAuthFramePreview(t *testing.T, lc *authLogCapture) {
+	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
+	s, sign := authSigner(t, key)
+	const ttl = 10 * time.Minute
+	tok := sign("box", 3000, ttl)
+	lc.secret(key, traffic, tok)
+	value := s.CookieValue([]byte(tok), traffic)
+	lc.secret(value)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", traffic, b.port, 3000)
+
+	ca := testenv.NewCA(t, "frame preview CA")
+	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsLn := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	go h.server.Serve(tlsLn)
+	send := func(tlsOn bool, raw string) (*http.Response, string) {
+		t.Helper()
+		if !tlsOn {
+			return rawRequest(t, h.addr, raw)
+		}
+		c, err := tls.Dial("tcp", tlsLn.Addr().String(), &tls.Config{RootCAs: ca.Pool(), ServerName: "3000-box.cube.test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rawExchange(t, c, tlsLn.Addr().String(), raw)
+	}
+
+	const (
+		lax         = "; HttpOnly; SameSite=Lax"
+		laxSecure   = "; HttpOnly; SameSite=Lax; Secure"
+		partitioned = "; HttpOnly; SameSite=None; Secure; Partitioned"
+	)
+	frame := func(dest, site string) []string {
+		return []string{"Sec-Fetch-Dest: " + dest, "Sec-Fetch-Mode: navigate", "Sec-Fetch-Site: " + site}
+	}
+	for _, tc := range []struct {
+		name  string
+		tls   bool
+		hdr   []string
+		attrs string // what follows Max-Age in the Set-Cookie
+	}{
+		{"cross-site iframe over TLS", true, frame("iframe", "cross-site"), partitioned},
+		{"cross-site frame over TLS", true, frame("frame", "cross-site"), partitioned},
+		{"cross-site iframe behind a TLS terminator", false, append(frame("iframe", "cross-site"), "X-Forwarded-Proto: https"), partitioned},
+		{"cross-site iframe, first forwarded proto https", false, append(frame("iframe", "cross-site"), "X-Forwarded-Proto: https, http"), partitioned},
+		// A Lax cookie works in a frame whose parent is of the sandbox's site.
+		{"same-site iframe over TLS", true, frame("iframe", "same-site"), laxSecure},
+		{"same-origin iframe over TLS", true, frame("iframe", "same-origin"), laxSecure},
+		{"cross-site top-level link over TLS", true, frame("document", "cross-site"), laxSecure},
+		{"typed URL over TLS", true, frame("document", "none"), laxSecure},
+		{"no Sec-Fetch headers over TLS", true, nil, laxSecure},
+		// SameSite=None needs Secure: nothing works in a frame over HTTP.
+		{"cross-site iframe over plain HTTP", false, frame("iframe", "cross-site"), lax},
+		{"cross-site iframe, forwarded proto http", false, append(frame("iframe", "cross-site"), "X-Forwarded-Proto: http"), lax},
+	} {
+		lines := append([]string{"GET /app?x=1&cube_token=" + tok + " HTTP/1.1", "Host: 3000-box.cube.test"}, tc.hdr...)
+		resp, body := send(tc.tls, strings.Join(lines, "\r\n")+"\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != 302 || resp.Header.Get("Location") != "/app?x=1" {
+			t.Errorf("%s: %d Location %q %s, want 302 to /app?x=1", tc.name, resp.StatusCode, resp.Header.Get("Location"), body)
+			continue
+		}
+		sc := resp.Header.Values("Set-Cookie")
+		if len(sc) != 1 {
+			t.Errorf("%s: Set-Cookie %q", tc.name, sc)
+			continue
+		}
+		prefix := auth.CookieName + "=" + value + "; Path=/; Max-Age="
+		rest, ok := strings.CutPrefix(sc[0], prefix)
+		digits, attrs, _ := strings.Cut(rest, ";")
+		maxAge, err := strconv.Atoi(digits)
+		if !ok || err != nil || maxAge > int(ttl/time.Second) || maxAge < int(ttl/time.Second)-3 || ";"+attrs != tc.attrs {
+			t.Errorf("%s: Set-Cookie\n %q\nwant\n %q", tc.name, sc[0], prefix+strconv.Itoa(int(ttl/time.Second))+tc.attrs)
+		}
+	}
+	b.assertNoMore(t, "token trades")
+
+	// What the preview frame then loads, with the partitioned cookie the
+	// browser sends there (over TLS; authorization ignores the transport).
+	cookie := "Cookie: " + auth.CookieName + "=" + value
+	ws := []string{"Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"}
+	post := []string{"Content-Type: application/json", "Content-Length: 2"}
+	for _, tc := range []struct {
+		name   string
+		method string
+		hdr    []string
+		code   string // "" when the sandbox answers
+	}{
+		{"the page after the 302", "GET", frame("iframe", "cross-site"), ""},
+		{"script", "GET", []string{"Sec-Fetch-Dest: script", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Site: same-origin"}, ""},
+		{"image", "GET", []string{"Sec-Fetch-Dest: image", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Site: same-origin"}, ""},
+		{"same-origin fetch POST", "POST", append([]string{"Origin: https://3000-box.cube.test", "Sec-Fetch-Dest: empty", "Sec-Fetch-Mode: same-origin", "Sec-Fetch-Site: same-origin"}, post...), ""},
+		{"the app's WebSocket", "GET", append([]string{"Origin: https://3000-box.cube.test", "Sec-Fetch-Dest: websocket", "Sec-Fetch-Mode: websocket", "Sec-Fetch-Site: same-origin"}, ws...), ""},
+		// The cookie is sent on every request under the platform's
+		// top-level site; anything with another Origin is refused.
+		{"the platform page's fetch", "GET", []string{"Origin: https://platform.example", "Sec-Fetch-Dest: empty", "Sec-Fetch-Mode: cors", "Sec-Fetch-Site: cross-site"}, auth.CodeSignedCookieForeignOrigin},
+		{"the platform page's WebSocket", "GET", append([]string{"Origin: https://platform.example", "Sec-Fetch-Mode: websocket", "Sec-Fetch-Site: cross-site"}, ws...), auth.CodeSignedCookieForeignOrigin},
+		{"another sandbox's fetch POST", "POST", append([]string{"Origin: https://3000-evil.cube.test", "Sec-Fetch-Dest: empty", "Sec-Fetch-Mode: cors", "Sec-Fetch-Site: cross-site"}, post...), auth.CodeSignedCookieForeignOrigin},
+	} {
+		lines := append([]string{tc.method + " /app/x HTTP/1.1", "Host: 3000-box.cube.test", cookie}, tc.hdr...)
+		reqBody := ""
+		if tc.method == "POST" {
+			reqBody = "{}"
+		}
+		// No "Connection: close": it would cancel the upgrade.
+		resp, body := send(true, strings.Join(lines, "\r\n")+"\r\n\r\n"+reqBody)
+		if tc.code != "" {
+			expectAuthRefusal(t, tc.name, resp.StatusCode, resp.Header, body, tc.code)
+			b.assertNoMore(t, tc.name)
+			continue
+		}
+		// The backend answers 200 to the upgrade too: it is relayed.
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("%s: %d %q, want the sandbox's answer", tc.name, resp.StatusCode, body)
+			continue
+		}
+		if got := b.next(t); got.line != tc.method+" /app/x HTTP/1.1" || strings.Contains(got.raw, auth.CookieName) {
+			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
+		}
 	}
 }

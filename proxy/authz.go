@@ -123,11 +123,34 @@ func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, value string, exp t
 		loc = append(append(loc, '?'), clean...)
 	}
 	ctx.Response.Reset()
-	secure := ctx.IsTLS() || forwardedHTTPS(&ctx.Request.Header)
-	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), secure))
+	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), cookieKind(ctx)))
 	ctx.Response.Header.Set("Cache-Control", "no-store")
 	ctx.Response.Header.SetBytesV("Location", loc)
 	ctx.SetStatusCode(fasthttp.StatusFound)
+}
+
+// cookieKind picks the attributes of the cookie a signed token is traded
+// for. A page of another site that shows the sandbox in a frame (an agent
+// platform's preview iframe; the Public Suffix List entry the README
+// recommends makes every platform UI another site) would get a Lax cookie
+// the browser refuses to store or send there, and every load after the 302
+// would be a 403: such a frame gets a partitioned SameSite=None cookie
+// (CHIPS), which the browser keeps under the platform's top-level site only.
+// That needs Secure, so a client on plain HTTP keeps Lax. A same-site
+// parent keeps Lax too: the browser stores and sends a Lax cookie in a frame
+// whose ancestors are all of the sandbox's site, and Lax stays the narrower
+// cookie. Only the trade (a 302) gets here, never the hot path.
+func cookieKind(ctx *fasthttp.RequestCtx) auth.CookieKind {
+	h := &ctx.Request.Header
+	if !ctx.IsTLS() && !forwardedHTTPS(h) {
+		return auth.CookieLax
+	}
+	dest := h.Peek("Sec-Fetch-Dest")
+	framed := bytes.EqualFold(dest, []byte("iframe")) || bytes.EqualFold(dest, []byte("frame"))
+	if framed && bytes.EqualFold(h.Peek("Sec-Fetch-Site"), []byte("cross-site")) {
+		return auth.CookiePartitioned
+	}
+	return auth.CookieLaxSecure
 }
 
 // forwardedHTTPS reports whether a TLS terminator in front says the client

@@ -327,8 +327,9 @@ func TestOriginFormTargetByteForByte(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
 	port := backend(t, "127.0.0.1", echoHeaders())
 	public := h.route("pub", port)
-	putAuthRoute(h, "priv", strings.Repeat("ab", 32), port, 8080)
-	cookie := "Cookie: cube_proxy_auth=" + sign("priv", 8080, time.Hour)
+	traffic := strings.Repeat("ab", 32)
+	putAuthRoute(h, "priv", traffic, port, 8080)
+	cookie := "Cookie: cube_proxy_auth=" + signer.CookieValue([]byte(sign("priv", 8080, time.Hour)), traffic)
 	for _, tc := range []struct {
 		name, host, target, cookie string
 	}{

@@ -323,6 +323,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 	done := make(chan error, 1)
 	go func() { done <- s.traffic.ShutdownWithContext(ctx) }()
+	// The redirect listener closes with the HTTPS one, and its idle
+	// keep-alive connections with it: a client kept on it until the end
+	// of the drain would reuse a connection about to close.
+	redirected := make(chan struct{})
+	go func() {
+		defer close(redirected)
+		_ = s.redirect.ShutdownWithContext(ctx)
+	}()
 	s.p.streams.endSSE()
 
 	var err error
@@ -362,12 +370,19 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for _, srv := range []*fasthttp.Server{s.adminSrv, s.redirect} {
-		if srv != nil {
-			actx, acancel := context.WithTimeout(context.Background(), time.Second)
-			_ = srv.ShutdownWithContext(actx)
-			acancel()
-		}
+	// A redirect client still sending a head (or connected and silent)
+	// gets at most a second more: its answer is instant, and it must not
+	// hold the exit up to the drain deadline.
+	select {
+	case <-redirected:
+	case <-time.After(time.Second):
+	}
+	// The admin API answers through the drain (/readyz says 503, healthz
+	// says draining), so it closes last.
+	if s.adminSrv != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.adminSrv.ShutdownWithContext(actx)
+		acancel()
 	}
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.p.hangups.close()

@@ -662,3 +662,81 @@ func TestDrainCutsStalledUpload(t *testing.T) {
 	}
 	wantDrainCut(t, h, c, "PUT", "stalled-upload", drain, buf, al)
 }
+
+// The plain-HTTP redirect listener is drained with the HTTPS one, when the
+// drain begins: it stops accepting and its idle keep-alive connections are
+// closed at once, so clients and load balancers move on. It was shut down
+// only after the traffic drain ended (up to drain_timeout later): all that
+// time it took new connections and kept serving keep-alive ones, and closed
+// those idle connections at the very end, under clients about to reuse them.
+func TestDrainClosesRedirectListenerAtOnce(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = time.Minute })
+	rln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rln, "8443")
+
+	// A request the sandbox holds keeps the traffic drain going.
+	port, accepted := muteSandbox(t, "")
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+h.route("held", port)+"\r\n\r\n")
+	var sandbox net.Conn
+	select {
+	case sandbox = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request never reached the sandbox")
+	}
+
+	// An idle keep-alive connection to the redirect listener.
+	rc, err := net.Dial("tcp", rln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	rbr := bufio.NewReader(rc)
+	io.WriteString(rc, "GET /a HTTP/1.1\r\nHost: 50005-box.cube.test\r\n\r\n")
+	resp, err := http.ReadResponse(rbr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != 308 || resp.Close {
+		t.Fatalf("redirect %d (close %v), want a kept-alive 308", resp.StatusCode, resp.Close)
+	}
+
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+	h.waitListenerClosed(5 * time.Second)
+	testenv.WaitFor(t, 3*time.Second, "the redirect listener refuses connections", func() bool {
+		c, err := net.DialTimeout("tcp", rln.Addr().String(), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	_ = rc.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := rbr.ReadByte(); err != io.EOF {
+		t.Errorf("idle redirect connection during the drain: %v, want it closed (EOF)", err)
+	}
+
+	// The held request still gets its answer, and the drain ends with it.
+	io.WriteString(sandbox, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err = http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("held request: %v", err)
+	}
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("held request: %d (close %v), want 200 with Connection: close", resp.StatusCode, resp.Close)
+	}
+	select {
+	case err := <-shutdownDone:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the last request ended")
+	}
+}

@@ -344,6 +344,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// they are answered 504 at once rather than at their own timeout.
 	for {
 		if ctx.Err() != nil {
+			// Said in the process log too: the access log, where each cut
+			// exchange has its line, may be off or in a file, and without
+			// this a drain that cut looks like one that finished.
+			if streams, tunnels := s.p.streams.open(); streams+tunnels > 0 || s.p.served.Load() > 0 {
+				s.p.cfg.Logger.Warn("drain deadline reached: cutting what is still open",
+					"streams", streams, "websockets", tunnels, "client_connections", s.p.served.Load())
+			}
 			s.p.streams.abortAll()
 			s.p.pools.abort()
 			break

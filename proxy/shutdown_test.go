@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -738,5 +739,51 @@ func TestDrainClosesRedirectListenerAtOnce(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Shutdown did not return after the last request ended")
+	}
+}
+
+// The process log says when the drain deadline cut what was still open,
+// and how much: an operator reading it saw "draining", then "stopped"
+// drain_timeout later, and could not tell a drain that finished from one
+// that cut WebSockets and requests (with the access log off or in a file,
+// nothing said so at all). A drain that finishes in time says nothing.
+func TestDrainDeadlineLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cut   bool
+		check string
+	}{
+		{"cut", true, `"websockets":1`},
+		{"finished", false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := new(obsLogBuf)
+			h := newHarness(t, func(o *harnessOpts) {
+				o.srv.DrainTimeout = 300 * time.Millisecond
+				o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			})
+			if tc.cut {
+				ws := dialWS(t, h, h.route("cutws", wsBackend(t, make(chan error, 1))))
+				defer ws.CloseNow()
+			}
+			if err := h.server.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			logs.mu.Lock()
+			out := logs.b.String()
+			logs.mu.Unlock()
+			var line string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, "drain deadline") {
+					line = l
+				}
+			}
+			if tc.cut && (!strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, tc.check)) {
+				t.Errorf("no warning naming what the deadline cut (%s) in the log:\n%s", tc.check, out)
+			}
+			if !tc.cut && line != "" {
+				t.Errorf("a drain that finished in time logged %s", line)
+			}
+		})
 	}
 }

@@ -43,6 +43,9 @@ const (
 	// sandbox answered (nginx's 499); the answer goes to nobody, the log
 	// and the metrics are what see it.
 	CodeClientClosed = "client_closed_request"
+	// CodeProxyLoop: the route names one of the proxy's own listeners, so
+	// the request would come back to the proxy (a route data error).
+	CodeProxyLoop = "proxy_loop"
 )
 
 // proxyError is a failure the proxy answers itself, before or instead of a

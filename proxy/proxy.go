@@ -63,6 +63,13 @@ type Proxy struct {
 	storeErrLogged atomic.Int64 // unix nanos of the last store-unavailable log line
 	// unix nanos of the last "out of resources" line for a failed dial
 	resourceErrLogged atomic.Int64
+	loopLogged        atomic.Int64 // unix nanos of the last "route names the proxy" line
+
+	// listeners are the addresses this process listens on (Server adds
+	// each): a sandbox connection that reaches one is the proxy dialing
+	// itself (see dialedSelf). Written at startup, read on each new dial.
+	listeners   atomic.Pointer[[]netip.AddrPort]
+	listenersMu sync.Mutex
 
 	idPrefix [9]byte // "<8 hex>-": instance part of generated request ids
 	reqSeq   atomic.Uint64
@@ -644,6 +651,14 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// what every later request to the sandbox is told.
 		x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 		ctx.SetConnectionClose() // an upload may be left half sent
+	case errors.Is(err, errProxyLoop):
+		// Route data pointing at the proxy: retrying cannot help, and the
+		// operator must fix the route. Once a second, as the store outage.
+		if everySecond(&p.loopLogged) {
+			p.cfg.Logger.Warn("route names one of the proxy's own listeners; refusing the request",
+				"sandbox_id", string(id), "addr", addr.String())
+		}
+		x.fail(ctx, proxyError{status: 508, code: CodeProxyLoop, msg: "the route of this sandbox port points at the proxy itself"}, id)
 	case errors.Is(err, errClientLeft):
 		// Nobody reads this answer (a client that only half-closed
 		// might); it is what the log and the metrics record, as nginx's

@@ -195,8 +195,10 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting
-// instead of ending Serve (see retryListener).
+// instead of ending Serve (see retryListener), and records its address as
+// the proxy's own, which no route may send requests to (dialedSelf).
 func (s *Server) retrying(ln net.Listener) net.Listener {
+	s.p.addListener(ln.Addr())
 	return newRetryListener(ln, s.p.cfg.Logger, s.p.metrics)
 }
 

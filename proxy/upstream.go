@@ -828,10 +828,68 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 		}
 		return nil, &dialError{addr: addr, err: err, retried: retried}
 	}
+	if p.dialedSelf(c) {
+		_ = c.Close()
+		return nil, errProxyLoop
+	}
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
 	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried}, nil
+}
+
+// errProxyLoop is a sandbox connection that reached one of the proxy's own
+// listeners: the route names the proxy itself.
+var errProxyLoop = errors.New("the route's address is one of the proxy's own listeners")
+
+// addListener records addr as one of this process's listeners.
+func (p *Proxy) addListener(addr net.Addr) {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return
+	}
+	p.listenersMu.Lock()
+	defer p.listenersMu.Unlock()
+	var own []netip.AddrPort
+	if cur := p.listeners.Load(); cur != nil {
+		own = append(own, *cur...)
+	}
+	ap := ta.AddrPort()
+	own = append(own, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	p.listeners.Store(&own)
+}
+
+// dialedSelf reports whether c, just connected, reached one of this
+// process's own listeners. A route that names the proxy (a host port mapped
+// onto the proxy's, this node's IP with the proxy's port) sent each request
+// back in, to be routed again, once per pool slot: a thousand hops, each
+// with two descriptors and a log line, ending in a 503 that said to retry.
+// A listener on a wildcard address takes every local address, and a
+// connection to a local address has it as its source too (loopback ones
+// come from 127.0.0.1 or ::1). A loop through address translation (a
+// container's published port) is not seen here.
+func (p *Proxy) dialedSelf(c net.Conn) bool {
+	own := p.listeners.Load()
+	if own == nil {
+		return false
+	}
+	ra, ok := c.RemoteAddr().(*net.TCPAddr)
+	la, ok2 := c.LocalAddr().(*net.TCPAddr)
+	if !ok || !ok2 {
+		return false
+	}
+	remote := ra.AddrPort()
+	rip := remote.Addr().Unmap()
+	local := rip.IsLoopback() || rip == la.AddrPort().Addr().Unmap()
+	for _, l := range *own {
+		if l.Port() != remote.Port() {
+			continue
+		}
+		if (l.Addr().IsUnspecified() && local) || l.Addr() == rip {
+			return true
+		}
+	}
+	return false
 }
 
 // connectRetries takes the count of connects retried to get c, or to fail

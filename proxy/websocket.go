@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -367,6 +368,10 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		// end finishes the exchange: when the tunnel closes, or as soon as
 		// its sandbox ended it and only the client's side lingers.
 		ended := false
+		// reset: the sandbox reset its connection rather than closing it
+		// (a crashed server, a VM gone), logged so that the session does
+		// not pass for one that ended cleanly, as a cut HTTP stream.
+		reset := false
 		end := func() {
 			if ended {
 				return
@@ -379,6 +384,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 				tx.errCode = CodeSandboxKilled
 			case tn.drainCut.Load():
 				tx.errCode = CodeDrainTimeout
+			case reset:
+				tx.errCode = CodeUpstreamReset
 			}
 			release(nil)
 		}
@@ -414,6 +421,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		}()
 		out.r = tunnelReader{tn, raw}
 		err := copyTunnel(clientWriter{tn}, &out)
+		reset = tn.clientErr == nil && errors.Is(err, syscall.ECONNRESET)
 		if tn.clientErr != nil {
 			// The client is gone, or stopped reading and is cut: the
 			// sandbox's output is read and dropped until it ends its side

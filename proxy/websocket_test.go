@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -1051,5 +1052,60 @@ func TestWebSocketSwitchedDuringDrainOpens(t *testing.T) {
 	d.c.Close(websocket.StatusNormalClosure, "")
 	if err := <-shut; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A WebSocket whose sandbox reset its connection (a crashed terminal
+// server, a VM gone) was logged as a clean 101, like one the sandbox
+// closed: an HTTP stream cut that way is marked upstream_reset, so that it
+// cannot pass for a complete one, and now a tunnel is too.
+func TestTunnelResetBySandboxIsMarked(t *testing.T) {
+	h, logs := logHarness(t, accesslog.FormatJSON)
+	const switched = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\nxx"
+	for _, tc := range []struct {
+		name  string
+		reset bool
+		want  string
+	}{
+		{"reset", true, CodeUpstreamReset},
+		{"closed", false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, r *http.Request, _ int) bool {
+				rawWrite(c, switched)
+				<-got // the client has the sandbox's bytes: the tunnel is up
+				if tc.reset {
+					_ = c.(*net.TCPConn).SetLinger(0)
+				}
+				return false
+			})
+			id := "tunnel-" + tc.name
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+h.route("tunnel"+tc.name, b.port)+"\r\nConnection: Upgrade\r\n"+
+				"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"+
+				"X-Cube-Request-Id: "+id+"\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 101 {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			var first [2]byte
+			_, err = io.ReadFull(br, first[:])
+			close(got)
+			if err != nil || string(first[:]) != "xx" {
+				t.Fatalf("client got %q, %v after the 101, want %q", first, err, "xx")
+			}
+			_, _ = io.ReadAll(br) // until the proxy closes the client's side
+			e := logs.waitJSON(t, id)
+			if e["status"] != float64(101) || e["error_code"] != tc.want {
+				t.Errorf("logged status %v error_code %q, want 101 %q", e["status"], e["error_code"], tc.want)
+			}
+		})
 	}
 }

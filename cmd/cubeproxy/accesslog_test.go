@@ -117,6 +117,17 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 // hung network file system) must not stop the proxy from draining on
 // SIGTERM: the reopen waits for the stalled writer, the shutdown must not.
 func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
+	// The reader is closed after the directory is removed (cleanups run
+	// last first): closing it unblocks the writer, which the shutdown left
+	// behind, and its pending reopen creates the log file (O_CREATE); in
+	// the directory RemoveAll is emptying, that made the test fail now and
+	// then with "directory not empty".
+	var reader *os.File
+	t.Cleanup(func() {
+		if reader != nil {
+			reader.Close()
+		}
+	})
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "access.fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
@@ -124,11 +135,11 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 	}
 	// A reader that never reads, and a pipe already full: the access log's
 	// first write blocks.
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reader.Close() // unblocks the writer at the end
+	reader = rd
 	fillPipe(t, fifo)
 
 	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",

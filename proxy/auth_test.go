@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -1023,15 +1024,8 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 	checkHead("traffic token plus cookie", b.next(t), "GET /both HTTP/1.1", "k=v")
 
 	// Over TLS the cookie is Secure.
-	ca := testenv.NewCA(t, "auth test CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsLn := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
-	go h.server.Serve(tlsLn)
-	resp, _ = authGet(t, authHostClient(tlsLn.Addr().String(), nil, false, &tls.Config{RootCAs: ca.Pool()}), "https://8080-box.cube.test/p?cube_token="+tok, "")
+	tlsAddr, roots := serveTLS(t, h)
+	resp, _ = authGet(t, authHostClient(tlsAddr, nil, false, &tls.Config{RootCAs: roots}), "https://8080-box.cube.test/p?cube_token="+tok, "")
 	assertAuthCookieRedirect(t, resp, tok, "/p", ttl, true)
 	// Behind a TLS terminator (the README's h2 terminator, a load
 	// balancer) the browser is on HTTPS too: a cookie without Secure would
@@ -1594,24 +1588,17 @@ func testAuthFramePreview(t *testing.T, lc *authLogCapture) {
 	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
 	putAuthRoute(h, "box", traffic, b.port, 3000)
 
-	ca := testenv.NewCA(t, "frame preview CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsLn := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
-	go h.server.Serve(tlsLn)
+	tlsAddr, roots := serveTLS(t, h)
 	send := func(tlsOn bool, raw string) (*http.Response, string) {
 		t.Helper()
 		if !tlsOn {
 			return rawRequest(t, h.addr, raw)
 		}
-		c, err := tls.Dial("tcp", tlsLn.Addr().String(), &tls.Config{RootCAs: ca.Pool(), ServerName: "3000-box.cube.test"})
+		c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: roots, ServerName: "3000-box.cube.test"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return rawExchange(t, c, tlsLn.Addr().String(), raw)
+		return rawExchange(t, c, tlsAddr, raw)
 	}
 
 	const (
@@ -1706,4 +1693,19 @@ func testAuthFramePreview(t *testing.T, lc *authLogCapture) {
 			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}
+}
+
+// serveTLS serves h's proxy on a TLS listener with a certificate for
+// *.cube.test from a test CA, and returns its address and the CA's roots.
+func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
+	t.Helper()
+	ca := testenv.NewCA(t, "auth test CA")
+	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	go h.server.Serve(ln)
+	return ln.Addr().String(), ca.Pool()
 }

@@ -58,6 +58,32 @@ func listChangedArrives(t *testing.T, ctx context.Context, h *harness, srv *mcp.
 	}
 }
 
+// cancelCall makes the call, cancels it once the tool runs (started), and
+// wants the call to return context.Canceled and the tool's context to be
+// cancelled (toolDone) within within.
+func cancelCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, params *mcp.CallToolParams, started <-chan struct{}, toolDone <-chan error, within time.Duration) {
+	t.Helper()
+	callCtx, callCancel := context.WithCancel(ctx)
+	callErr := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(callCtx, params)
+		callErr <- err
+	}()
+	<-started
+	callCancel()
+	if err := <-callErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call returned %v", err)
+	}
+	select {
+	case err := <-toolDone:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("tool ended with %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("the tool's context was not cancelled within %v of the call's", within)
+	}
+}
+
 // agentConnect connects a go-sdk client through the proxy.
 func agentConnect(t *testing.T, ctx context.Context, h *harness, host string, copts *mcp.ClientOptions, tr *mcp.StreamableClientTransport) *mcp.ClientSession {
 	t.Helper()
@@ -382,25 +408,7 @@ func TestMCPCancelledCallIsReleased(t *testing.T) {
 			for len(postEnded) > 0 {
 				<-postEnded
 			}
-			callCtx, callCancel := context.WithCancel(ctx)
-			callErr := make(chan error, 1)
-			go func() {
-				_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "wait", Meta: mcp.Meta{"progressToken": "t"}})
-				callErr <- err
-			}()
-			<-started
-			callCancel()
-			if err := <-callErr; !errors.Is(err, context.Canceled) {
-				t.Fatalf("cancelled call returned %v", err)
-			}
-			select {
-			case err := <-toolDone:
-				if !errors.Is(err, context.Canceled) {
-					t.Fatalf("tool ended with %v", err)
-				}
-			case <-time.After(2 * time.Second):
-				t.Fatal("the tool never saw the cancellation")
-			}
+			cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "wait", Meta: mcp.Meta{"progressToken": "t"}}, started, toolDone, 2*time.Second)
 			// The call's POST and the notifications/cancelled POST both end at the gateway.
 			for i := 0; i < 2; i++ {
 				select {
@@ -607,25 +615,8 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	// a change reaches the agent.
 	listChangedArrives(t, ctx, h, srv, changed, "listen stream")
 
-	callCtx, callCancel := context.WithCancel(ctx)
-	callErr := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "wait"})
-		callErr <- err
-	}()
-	<-started
-	callCancel()
-	if err := <-callErr; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled call returned %v", err)
-	}
-	select {
-	case err := <-toolDone:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("tool ended with %v", err)
-		}
-	case <-time.After(5 * time.Second): // the proxy looks at a waiting client once a second
-		t.Fatal("the tool never saw the agent hang up")
-	}
+	// The proxy looks at a waiting client once a second.
+	cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "wait"}, started, toolDone, 5*time.Second)
 	testenv.WaitFor(t, 2*time.Second, "the call's slot released, the listen stream kept", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 1 && sb.active.Load() == 1

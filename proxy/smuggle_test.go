@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// targetsSandbox is a sandbox that parses what reaches it as strictly as
+// net/http does, records the method and target of each request, and
+// answers each with a small fixed-length body.
+type targetsSandbox struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func newTargetsSandbox(t *testing.T) (*targetsSandbox, uint16) {
+	s := &targetsSandbox{}
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					s.mu.Lock()
+					s.seen = append(s.seen, req.Method+" "+req.RequestURI)
+					s.mu.Unlock()
+					if _, err := io.Copy(io.Discard, req.Body); err != nil {
+						return
+					}
+					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return s, uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// Request smuggling: whatever framing tricks the client plays, the sandbox
+// (its pooled connection included) gets the requests the proxy answered,
+// each framed on its own (a request whose body breaks reaches it cut
+// short, on a connection then closed); a body's bytes never become a
+// request. The proxy re-frames every request it forwards, so this rests on
+// fasthttp's parser refusing what it cannot frame: a guard for fasthttp
+// upgrades.
+func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 64 })
+	s, port := newTargetsSandbox(t)
+	host := h.route("box", port)
+	smug := "GET /smug HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+	smugLen := itoa(uint16(len(smug)))
+	last := "GET /last HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n"
+	post := func(extra, body string) string {
+		return "POST /first HTTP/1.1\r\nHost: " + host + "\r\n" + extra + "\r\n" + body
+	}
+	chunk := func(b string) string { return strings.ToUpper(itoaHex(len(b))) + "\r\n" + b + "\r\n" }
+	for _, tc := range []struct {
+		name, raw string
+		want      []string // what the sandbox parses, in order
+	}{
+		{"Content-Length then chunked", post("Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", chunk(smug)+"0\r\n\r\n"), []string{"POST /first"}},
+		{"chunked then Content-Length", post("Transfer-Encoding: chunked\r\nContent-Length: 0\r\n", chunk(smug)+"0\r\n\r\n"), []string{"POST /first"}},
+		{"two equal Content-Lengths", post("Content-Length: 1\r\nContent-Length: 1\r\n", "x"+smug), nil},
+		{"chunked in odd case, spaced", post("Transfer-Encoding:  ChUnKeD \r\n", chunk(smug)+"0\r\n\r\n"+last), []string{"POST /first", "GET /last"}},
+		{"chunked on a folded line", post("Transfer-Encoding:\r\n chunked\r\n", chunk(smug)+"0\r\n\r\n"+last), []string{"POST /first", "GET /last"}},
+		{"chunked folded with identity", post("Transfer-Encoding: chunked\r\n identity\r\n", chunk(smug)+"0\r\n\r\n"), nil},
+		{"chunked, then a line with a space in its name", post("Transfer Encoding: chunked\r\nContent-Length: 1\r\n", "x"+last), []string{"POST /first", "GET /last"}},
+		{"chunk extensions and leading zeros", post("Transfer-Encoding: chunked\r\n", "0004;a=b;c=\"d\"\r\nabcd\r\n000\r\n\r\n"+last), []string{"POST /first", "GET /last"}},
+		{"bare LF after a chunk size", post("Transfer-Encoding: chunked\r\n", "4\nabcd\r\n0\r\n\r\n"+smug), nil},
+		{"bare LF after chunk data", post("Transfer-Encoding: chunked\r\n", "4\r\nabcd\n0\r\n\r\n"+smug), []string{"POST /first"}},
+		{"framing field in the trailer", post("Transfer-Encoding: chunked\r\n", "4\r\nabcd\r\n0\r\nContent-Length: "+smugLen+"\r\n\r\n"+smug), []string{"POST /first"}},
+		{"GET with a body", "GET /first HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /first", "GET /last"}},
+		{"HTTP/1.0 keep-alive with a body", "POST /first HTTP/1.0\r\nHost: " + host + "\r\nConnection: keep-alive\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"POST /first", "GET /last"}},
+		{"Expect: 100-continue", post("Expect: 100-continue\r\nContent-Length: "+smugLen+"\r\n", smug+last), []string{"POST /first", "GET /last"}},
+		{"413 then a pipelined request", post("Content-Length: 100\r\n", smug+strings.Repeat("x", 100-len(smug))+last), nil},
+		{"413 for a chunked body", post("Transfer-Encoding: chunked\r\n", chunk(strings.Repeat("x", 60))+chunk(smug)+"0\r\n\r\n"+last), []string{"POST /first"}},
+		{"refused, its body dropped", "POST / HTTP/1.1\r\nHost: 80-nobox.cube.test\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /last"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.mu.Lock()
+			s.seen = nil
+			s.mu.Unlock()
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, tc.raw); err != nil {
+				t.Fatal(err)
+			}
+			// The proxy closes the connection after the last answer (or
+			// a refusal): by then the sandbox has parsed all it was sent.
+			out, err := io.ReadAll(c)
+			if err != nil && !isConnReset(err) {
+				t.Fatalf("answers: %v (%q)", err, out)
+			}
+			// The pooled connection (when one was kept) is not poisoned:
+			// one more request on a new client connection is itself.
+			if code, body, _ := h.get(host, "/after"); code != 200 || body != "ok" {
+				t.Fatalf("request after: %d %q", code, body)
+			}
+			s.mu.Lock()
+			got := slices.Clone(s.seen)
+			s.mu.Unlock()
+			want := append(slices.Clone(tc.want), "GET /after")
+			if !slices.Equal(got, want) {
+				t.Errorf("sandbox parsed %q, want %q; client got %q", got, want, out)
+			}
+		})
+	}
+}
+
+func itoaHex(n int) string {
+	const digits = "0123456789abcdef"
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 16 {
+		b = append([]byte{digits[n%16]}, b...)
+	}
+	return string(b)
+}

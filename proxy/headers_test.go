@@ -143,7 +143,11 @@ func TestRequestHeaders(t *testing.T) {
 }
 
 // rawBackend answers every request on a connection with the given raw response.
-func rawBackend(t *testing.T, response string) uint16 {
+func rawBackend(t *testing.T, response string) uint16 { return rawBackendSeen(t, response, nil) }
+
+// rawBackendSeen is rawBackend parsing requests as strictly as net/http
+// does, and passing each to seen (when not nil) before it answers.
+func rawBackendSeen(t *testing.T, response string, seen func(*http.Request)) uint16 {
 	ln := listen(t, "127.0.0.1:0")
 	t.Cleanup(func() { ln.Close() })
 	go func() {
@@ -159,6 +163,9 @@ func rawBackend(t *testing.T, response string) uint16 {
 					req, err := http.ReadRequest(br)
 					if err != nil {
 						return
+					}
+					if seen != nil {
+						seen(req)
 					}
 					io.Copy(io.Discard, req.Body)
 					if _, err := io.WriteString(c, response); err != nil {

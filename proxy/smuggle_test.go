@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -22,36 +21,12 @@ type targetsSandbox struct {
 
 func newTargetsSandbox(t *testing.T) (*targetsSandbox, uint16) {
 	s := &targetsSandbox{}
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					s.mu.Lock()
-					s.seen = append(s.seen, req.Method+" "+req.RequestURI)
-					s.mu.Unlock()
-					if _, err := io.Copy(io.Discard, req.Body); err != nil {
-						return
-					}
-					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return s, uint16(ln.Addr().(*net.TCPAddr).Port)
+	port := rawBackendSeen(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", func(req *http.Request) {
+		s.mu.Lock()
+		s.seen = append(s.seen, req.Method+" "+req.RequestURI)
+		s.mu.Unlock()
+	})
+	return s, port
 }
 
 // Request smuggling: whatever framing tricks the client plays, the sandbox

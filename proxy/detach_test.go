@@ -282,12 +282,7 @@ func TestHTTP10HeadWithoutTransferCoding(t *testing.T) {
 		return rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
 	})
 	host := h.route("oldhead", b.port)
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "HEAD / HTTP/1.0\r\nHost: %s\r\n\r\n", host)
 	head, err := io.ReadAll(c) // HTTP/1.0 without keep-alive: closed after the head
 	if err != nil || !strings.HasPrefix(string(head), "HTTP/1.1 200 OK\r\n") || strings.Contains(strings.ToLower(string(head)), "transfer-encoding") {

@@ -197,3 +197,16 @@ func (h *harness) waitListenerClosed(d time.Duration) {
 		return err != nil
 	})
 }
+
+// dialRaw connects to addr for a raw exchange that must end within 10 s;
+// the connection is closed when the test ends.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}

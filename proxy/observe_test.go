@@ -1336,12 +1336,7 @@ func TestRedirectListenerRedirectsLargeUploads(t *testing.T) {
 		{"expect 100-continue", "redir-big-2", "Expect: 100-continue\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, ln.Addr().String())
 			fmt.Fprintf(c, "POST /up?x=1 HTTP/1.1\r\nHost: 50005-box.cube.test\r\nX-Cube-Request-Id: %s\r\nContent-Length: %d\r\n%s\r\n",
 				tc.id, 64<<20, tc.expect)
 			br := bufio.NewReader(c)

@@ -148,12 +148,7 @@ func TestRedirectListenerHeaderLimit(t *testing.T) {
 		{"8 MiB", 8 << 20, 431},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, ln.Addr().String())
 			req := "GET /a HTTP/1.1\r\nHost: 50005-box.cube.test\r\nCookie: c=" + strings.Repeat("x", tc.cookie) + "\r\n\r\n"
 			if _, err := io.WriteString(c, req); err != nil {
 				t.Fatal(err)

@@ -2,13 +2,11 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // targetsSandbox is a sandbox that parses what reaches it as strictly as
@@ -73,12 +71,7 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 			s.mu.Lock()
 			s.seen = nil
 			s.mu.Unlock()
-			c, err := net.Dial("tcp", h.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, h.addr)
 			if _, err := io.WriteString(c, tc.raw); err != nil {
 				t.Fatal(err)
 			}

@@ -1163,12 +1163,7 @@ func TestClientBodyErrors(t *testing.T) {
 		{"body stalls", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), false, 408, CodeBodyTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", h.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\n%s", host, tc.request)
 			if tc.halfClose {
 				_ = c.(*net.TCPConn).CloseWrite()
@@ -1203,12 +1198,7 @@ func TestChunkedBodyCutAtCap(t *testing.T) {
 		{"bad chunk size", "zz\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", h.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%s",
 				host, limit, strings.Repeat("a", limit), tc.tail)
 			_ = c.(*net.TCPConn).CloseWrite()

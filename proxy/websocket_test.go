@@ -189,12 +189,7 @@ func TestUpgradeWithBodyIsForwarded(t *testing.T) {
 		fmt.Fprintf(w, "%s %q upgrade=%q settings=%q", r.Method, b, r.Header.Get("Upgrade"), r.Header.Get("Http2-Settings"))
 	}))
 	host := h.route("h2c", port)
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"+
 		"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhello", host)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -681,12 +676,7 @@ func TestTunnelClientEndReachesSandboxThatSends(t *testing.T) {
 				}
 			}()
 			host := h.route("wsend", uint16(ln.Addr().(*net.TCPAddr).Port))
-			c, err := net.Dial("tcp", h.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
 			br := bufio.NewReader(c)
@@ -742,12 +732,7 @@ func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
 		<-t.Context().Done() // then silent, its socket open
 	}()
 	host := h.route("wssilentend", uint16(ln.Addr().(*net.TCPAddr).Port))
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
 	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 101 {
@@ -871,12 +856,7 @@ func TestUpgradeConnectionOnSeveralLines(t *testing.T) {
 			if tc.upType != "" {
 				lines = append(lines, "Upgrade: websocket")
 			}
-			c, err := net.Dial("tcp", h.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, h.addr)
 			// Not authRawRequest: its Connection: close would make none of
 			// these an upgrade.
 			io.WriteString(c, strings.Join(append(lines, tc.lines...), "\r\n")+"\r\n\r\n")

@@ -18,11 +18,7 @@ import (
 func TestSentinelFailover(t *testing.T) {
 	const name = "cubemaster"
 	ctx := context.Background()
-	master := testenv.StartRedis(t)
-	replica := testenv.StartReplica(t, master)
-	sentinel := testenv.StartSentinel(t, name, master.Addr())
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
-	t.Cleanup(func() { _ = sc.Close() })
+	master, replica, sentinel, sc := startSentinelSet(t, name)
 
 	// Written before the failover and replicated, as the control plane's data would be.
 	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
@@ -77,11 +73,7 @@ func TestSentinelFailover(t *testing.T) {
 func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 	const name = "cubemaster"
 	ctx := context.Background()
-	master := testenv.StartRedis(t)
-	replica := testenv.StartReplica(t, master)
-	sentinel := testenv.StartSentinel(t, name, master.Addr())
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
-	t.Cleanup(func() { _ = sc.Close() })
+	master, replica, sentinel, sc := startSentinelSet(t, name)
 	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
 		reps, err := sc.Replicas(ctx, name).Result()
 		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
@@ -119,6 +111,18 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 }
 
 // waitPromoted waits until the sentinel names replica as master name's
+// startSentinelSet starts a master, its replica and a Sentinel watching
+// them as name, and a client of that Sentinel (closed at the test's end).
+func startSentinelSet(t *testing.T, name string) (master, replica, sentinel *testenv.Redis, sc *redis.SentinelClient) {
+	t.Helper()
+	master = testenv.StartRedis(t)
+	replica = testenv.StartReplica(t, master)
+	sentinel = testenv.StartSentinel(t, name, master.Addr())
+	sc = redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = sc.Close() })
+	return master, replica, sentinel, sc
+}
+
 // address and replica itself reports the master role.
 func waitPromoted(t *testing.T, ctx context.Context, sc *redis.SentinelClient, name string, replica *testenv.Redis, timeout time.Duration) {
 	t.Helper()

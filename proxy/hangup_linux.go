@@ -9,14 +9,15 @@ import (
 	"unsafe"
 )
 
-// hangups ends an SSE stream as soon as its client closes the connection,
-// as nginx ends a proxied request on EPOLLRDHUP. Without it a silent
-// stream's departed client is found only when the next heartbeat is due
-// (30 s by default): until then the sandbox keeps a handler and a
-// connection for nobody, and an MCP gateway refuses the client's
-// resumption of its standalone stream (409) while it thinks the old one
-// open. One epoll set and one goroutine serve every stream; a goroutine per
-// stream would cost the idle-stream memory that detaching saves.
+// hangups ends an SSE stream, or a request whose answer is slow to come,
+// as soon as its client closes the connection, as nginx ends a proxied
+// request on EPOLLRDHUP. Without it a silent stream's departed client is
+// found only when the next heartbeat is due (30 s by default): until then
+// the sandbox keeps a handler and a connection for nobody, and an MCP
+// gateway refuses the client's resumption of its standalone stream (409)
+// while it thinks the old one open. One epoll set and one goroutine serve
+// every watch; a goroutine per stream would cost the idle-stream memory
+// that detaching saves.
 type hangups struct {
 	// f is the epoll set, registered in Go's poller like any socket, so
 	// the goroutine waiting on it parks without holding a thread. epfd is
@@ -25,7 +26,7 @@ type hangups struct {
 	epfd int
 
 	mu      sync.Mutex
-	streams map[uint64]*bodyStream
+	watched map[uint64]hangUpper
 	seq     uint64
 	closed  bool // epfd may name another file now
 }
@@ -39,24 +40,25 @@ func newHangups() (*hangups, error) {
 		_ = syscall.Close(fd)
 		return nil, os.NewSyscallError("setnonblock", err)
 	}
-	return &hangups{f: os.NewFile(uintptr(fd), "hangups"), epfd: fd, streams: make(map[uint64]*bodyStream)}, nil
+	return &hangups{f: os.NewFile(uintptr(fd), "hangups"), epfd: fd, watched: make(map[uint64]hangUpper)}, nil
 }
 
-// watch registers s's client connection. A stream that cannot be watched
-// (a connection without a descriptor) falls back on the heartbeat check.
-func (h *hangups) watch(s *bodyStream) {
-	if h == nil || s.client == nil {
-		return
+// watch registers client, whose hang-up is told to t, and returns the key
+// to unwatch it with; 0 when it cannot be watched (a connection without a
+// descriptor), and the caller falls back on looking at the socket.
+func (h *hangups) watch(client net.Conn, t hangUpper) uint64 {
+	if h == nil || client == nil {
+		return 0
 	}
-	raw := rawConn(s.client)
+	raw := rawConn(client)
 	if raw == nil {
-		return
+		return 0
 	}
-	// One-shot: the first hang-up is all a stream needs to hear.
+	// One-shot: the first hang-up is all a watch needs to hear.
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return
+		return 0
 	}
 	key := h.seq + 1
 	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
@@ -64,31 +66,31 @@ func (h *hangups) watch(s *bodyStream) {
 	err := raw.Control(func(fd uintptr) {
 		cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
 		if errors.Is(cerr, syscall.EEXIST) {
-			// A keep-alive connection that carried an earlier stream is
+			// A keep-alive connection that carried an earlier watch is
 			// still in the set (a closed descriptor leaves it by itself).
 			cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_MOD, int(fd), &ev)
 		}
 	})
 	if err != nil || cerr != nil {
-		return
+		return 0
 	}
 	h.seq = key
-	h.streams[key] = s
-	s.hupKey = key
+	h.watched[key] = t
+	return key
 }
 
-// unwatch forgets s; once it returns, run will not touch s again.
-func (h *hangups) unwatch(s *bodyStream) {
-	if h == nil || s.hupKey == 0 {
+// unwatch forgets the watch key (0: none); once it returns, run will not
+// tell its hang-up.
+func (h *hangups) unwatch(key uint64) {
+	if h == nil || key == 0 {
 		return
 	}
 	h.mu.Lock()
-	delete(h.streams, s.hupKey)
+	delete(h.watched, key)
 	h.mu.Unlock()
-	s.hupKey = 0
 }
 
-// run ends the streams whose clients hang up, until close.
+// run tells the hang-ups of watched clients, until close.
 func (h *hangups) run() {
 	raw, err := h.f.SyscallConn()
 	if err != nil {
@@ -110,9 +112,9 @@ func (h *hangups) run() {
 			h.mu.Lock()
 			for _, ev := range evs[:n] {
 				key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
-				if s := h.streams[key]; s != nil {
-					delete(h.streams, key)
-					s.hangUp()
+				if t := h.watched[key]; t != nil {
+					delete(h.watched, key)
+					t.hangUp()
 				}
 			}
 			h.mu.Unlock()

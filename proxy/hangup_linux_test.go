@@ -1,11 +1,11 @@
 package proxy
 
-// watchedHangups is how many SSE clients h watches for a hang-up.
+// watchedHangups is how many clients h watches for a hang-up.
 func watchedHangups(h *hangups) int {
 	if h == nil {
 		return 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.streams)
+	return len(h.watched)
 }

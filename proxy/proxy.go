@@ -40,7 +40,7 @@ type Proxy struct {
 	// readersOut counts readers in use: what idle streams cost in buffers.
 	readersOut atomic.Int64
 	streams    registry
-	hangups    *hangups // set by NewServer; nil: departed clients are found by heartbeats
+	hangups    *hangups // set by NewServer; nil: departed clients are found by looking at their sockets
 	sandboxes  sandboxes
 	// hijacks maps a client connection to the release of a hijack handler
 	// fasthttp has not run yet (see hijack).
@@ -498,7 +498,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	s.sb = sb
 	s.client = ctx.Conn()
 	if s.sse {
-		p.hangups.watch(s)
+		s.hupKey = p.hangups.watch(s.client, s)
 	}
 	if p.clientWriteTimeout > 0 {
 		s.writeTimeout = p.clientWriteTimeout

@@ -25,6 +25,10 @@ var errClientGone = errors.New("client connection closed before the stream start
 // hangups, or found when a heartbeat was due).
 var errClientLeft = errors.New("client closed the connection")
 
+// hangUpper is what a hangups watch tells of its client's hang-up (under
+// the watch's lock: it is not released meanwhile).
+type hangUpper interface{ hangUp() }
+
 // bodyStream hands an upstream response body to fasthttp's response writer.
 // fasthttp reads it and writes one chunk per Read, so every piece the
 // backend sends reaches the client at once. fasthttp closes it (with the
@@ -261,7 +265,8 @@ func (s *bodyStream) end(err error) {
 		return
 	}
 	s.closed = true
-	s.p.hangups.unwatch(s) // first: hangUp may not run on a released stream
+	s.p.hangups.unwatch(s.hupKey) // first: hangUp may not run on a released stream
+	s.hupKey = 0
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
 	s.sb.done(time.Now().UnixMilli())

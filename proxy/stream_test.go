@@ -850,7 +850,7 @@ func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 // agent cancelling a long MCP tool call, an HTTP client's timeout) ends the
 // request: the sandbox's connection is closed, so its server cancels the
 // work, and the request gives back its max_streams_per_sandbox slot, as
-// nginx does (499). Before, the proxy waited for the answer's head for up to
+// nginx does (499), at once once the request has waited clientCheck. Before, the proxy waited for the answer's head for up to
 // upstream.response_header_timeout (upstream.idle_timeout, two hours, for a
 // request that accepts an event stream), holding both, and a client that
 // retried after its own timeout was soon refused with 429.
@@ -892,6 +892,12 @@ func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 			}
 			io.WriteString(c, tc.head+"Host: "+host+"\r\nX-Cube-Request-Id: gone-before-head\r\n\r\n{}")
 			<-got
+			if runtime.GOOS == "linux" {
+				// Past clientCheck the client is in the hang-up watch, which
+				// tells of its departure at once rather than at a later look.
+				testenv.WaitFor(t, 5*time.Second, "the waiting request's client watched",
+					func() bool { return watchedHangups(h.proxy.hangups) == 1 })
+			}
 			io.WriteString(c, tc.last)
 			if tc.reset {
 				reset(c.(*net.TCPConn))

@@ -533,13 +533,12 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			}
 			u.pending.Add(-1)
 		}
-		c.client = nil
-		if err == nil {
+		gone := c.endClientWait()
+		if err == nil && !gone {
 			return c, retries, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
 		cut := c.interrupted.Load()
-		gone := c.clientGone
 		c.release(p, false)
 		if gone {
 			return nil, retries, errClientLeft // not retried: nobody is waiting for it
@@ -835,7 +834,7 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
-	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried}, nil
+	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried, hups: p.hangups}, nil
 }
 
 // errProxyLoop is a sandbox connection that reached one of the proxy's own
@@ -960,12 +959,16 @@ type upstreamConn struct {
 	peekBuf [1]byte
 
 	// client is the request's client while the answer's head is awaited
-	// (nil otherwise): its socket is looked at every clientCheck, at
-	// checkAt next, and clientGone set when it was found closed.
+	// (nil otherwise): its socket is looked at clientCheck after the
+	// request, at checkAt, and then watched by hups (hupKey) or, where it
+	// cannot be, looked at every clientCheck. clientGone is set when it
+	// was found closed, by hangUp from the watch's goroutine.
 	client     net.Conn
 	checkAt    time.Time
 	checking   bool // armRead armed checkAt, not a timeout
-	clientGone bool
+	clientGone atomic.Bool
+	hups       *hangups
+	hupKey     uint64
 
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
@@ -1028,10 +1031,15 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 			return 0, errHeartbeatDue
 		case c.checking:
 			// The sandbox is still working on the answer: is anybody
-			// still waiting for it?
+			// still waiting for it? From now on the watch tells at once
+			// (it reports a client already gone too), at the cost of two
+			// epoll_ctl calls that an answer within clientCheck never pays.
 			c.readDeadline = time.Time{} // expired: the next one is set whatever it is
+			if c.hupKey = c.hups.watch(c.client, c); c.hupKey != 0 {
+				continue
+			}
 			if clientHungUp(c.client) {
-				c.clientGone = true
+				c.clientGone.Store(true)
 				return 0, errClientLeft
 			}
 			c.checkAt = time.Now().Add(clientCheck)
@@ -1041,14 +1049,35 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 	}
 }
 
-// clientCheck is how often a request still waiting for the head of its
-// answer looks at its client's socket. A client that left (an agent
-// cancelling a long tool call, an HTTP client's own timeout) ends the
+// clientCheck is how long a request waits for the head of its answer
+// before its client's socket is watched for a hang-up (or, where it cannot
+// be watched, how often the socket is looked at). A client that left (an
+// agent cancelling a long tool call, an HTTP client's own timeout) ends the
 // request: the sandbox's connection closes, so its server can stop the
 // work, and the request's max_streams_per_sandbox slot is free again, as
-// nginx ends such a request (499). A request answered within clientCheck
-// costs nothing more: the check is the deadline its read has anyway.
-const clientCheck = time.Second
+// nginx ends such a request (499) on EPOLLRDHUP. A request answered within
+// clientCheck costs nothing more: the check is the deadline its read has
+// anyway.
+const clientCheck = 100 * time.Millisecond
+
+// hangUp is called by hups (under its lock, so the watch cannot end
+// meanwhile) when the client left while the answer's head was awaited: it
+// unblocks the pending read, and the exchange ends as errClientLeft.
+func (c *upstreamConn) hangUp() {
+	c.clientGone.Store(true)
+	c.interrupted.Store(true) // never pooled: closed under the exchange
+	_ = c.Conn.Close()
+}
+
+// endClientWait ends the client's watch once the answer's head is in (or
+// the exchange failed) and reports whether the client left meanwhile: then
+// the connection is closed, whatever the read made of it.
+func (c *upstreamConn) endClientWait() (gone bool) {
+	c.hups.unwatch(c.hupKey)
+	c.hupKey = 0
+	c.client = nil
+	return c.clientGone.Load()
+}
 
 // armRead sets the read deadline for the next wait: the header deadline
 // (or the client check, when earlier) before the response head, else the
@@ -1060,7 +1089,7 @@ func (c *upstreamConn) armRead() (heartbeat bool) {
 	c.checking = false
 	if !c.inBody {
 		deadline, sl = c.headerDeadline, slack(c.headerTimeout)
-		if c.client != nil && (deadline.IsZero() || c.checkAt.Before(deadline)) {
+		if c.client != nil && c.hupKey == 0 && (deadline.IsZero() || c.checkAt.Before(deadline)) {
 			deadline, sl, c.checking = c.checkAt, slack(clientCheck), true
 		}
 	} else {

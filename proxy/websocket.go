@@ -269,11 +269,11 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		ctx.Request.Header.SetRequestURIBytes(u.RequestURI())
 	}
 	// A client that leaves while the sandbox has yet to answer ends the
-	// exchange within a second, as for any request (roundTrip): a Jupyter
-	// kernel's channel answers its upgrade only once the kernel is up, and
-	// a client that gave up on the handshake must not hold the sandbox's
-	// connection and its max_streams_per_sandbox slot until then. Set
-	// before the write, which starts the checks.
+	// exchange, as for any request (roundTrip): a Jupyter kernel's channel
+	// answers its upgrade only once the kernel is up, and a client that
+	// gave up on the handshake must not hold the sandbox's connection and
+	// its max_streams_per_sandbox slot until then. Set before the write,
+	// which starts the checks.
 	uc.client = ctx.Conn()
 	bw := writerPool.Get().(*bufio.Writer)
 	bw.Reset(uc)
@@ -286,14 +286,13 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	if err == nil {
 		err = uc.readHeader(p, resp)
 	}
-	uc.client = nil
+	switch {
+	case uc.endClientWait():
+		err = errClientLeft // whatever the read made of the closed connection
+	case err != nil && uc.interrupted.Load():
+		err = uc.cutErr()
+	}
 	if err != nil {
-		switch {
-		case uc.clientGone:
-			err = errClientLeft
-		case uc.interrupted.Load():
-			err = uc.cutErr()
-		}
 		uc.release(p, false)
 		sb.active.Add(-1)
 		p.upstreamError(ctx, x, err, id, addr)

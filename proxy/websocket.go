@@ -354,49 +354,30 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		_ = raw.Close()
 		release(errClientGone)
 	}
-	// The connection itself, for its CloseWrite (the hijacked one wraps it).
+	// The connection itself: the tunnel reads, writes and closes it (the
+	// hijacked one wraps it, reading through fasthttp's reader).
 	conn := ctx.Conn()
 	// The 101 is written by the hijack handler, not by fasthttp: when the
 	// client is gone before it, fasthttp would skip the handler (p.hijack
 	// then runs abandon).
-	p.hijack(ctx, func(client net.Conn) {
-		var in, out countingReader
+	p.hijack(ctx, func(hc net.Conn) {
+		// The tunnel reads the connection itself, not hc: hc reads
+		// through fasthttp's reader (client.max_header_size, 16 KiB),
+		// which would stay with every idle tunnel. Only what that reader
+		// already holds (frames a client sent before the 101) comes
+		// from it.
+		client, early := conn, takeBuffered(hc, conn)
+		if early == nil {
+			client = hc // no deadlines on this connection: read as fasthttp does
+		}
 		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout, pool: u}
 		tn.start()
 		p.streams.addTunnel(tn)
-		// end finishes the exchange: when the tunnel closes, or as soon as
-		// its sandbox ended it and only the client's side lingers.
-		ended := false
-		// reset: the sandbox reset its connection rather than closing it
-		// (a crashed server, a VM gone), logged so that the session does
-		// not pass for one that ended cleanly, as a cut HTTP stream.
-		reset := false
-		end := func() {
-			if ended {
-				return
-			}
-			ended = true
-			p.streams.removeTunnel(tn)
-			tx.bytesIn, tx.bytesOut = in.n.Load(), out.n.Load()+int64(len(pending))
-			switch {
-			case tn.killed.Load():
-				tx.errCode = CodeSandboxKilled
-			case tn.drainCut.Load():
-				tx.errCode = CodeDrainTimeout
-			case reset:
-				tx.errCode = CodeUpstreamReset
-			}
-			release(nil)
-		}
-		defer func() {
-			tn.close()
-			end()
-			p.metrics.ConnClosed()
-		}()
-		// The request is recycled only after this function returns, so its
-		// response head (with every header the handler set) is still here.
-		// fasthttp cleared the connection's deadlines: a client that reads
-		// nothing must not hold this write (and the tunnel) for ever.
+		// The request is recycled once this handler returns, so its
+		// response head (with every header the handler set) is written
+		// here. fasthttp cleared the connection's deadlines: a client
+		// that reads nothing must not hold this write (and the tunnel)
+		// for ever.
 		if p.clientWriteTimeout > 0 {
 			_ = client.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
 		}
@@ -406,40 +387,106 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		// Connection header that lists close, and Go's WebSocket clients
 		// then find no Upgrade token). The connection is the tunnel's now.
 		ctx.Response.Header.ResetConnectionClose()
-		if _, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...)); err != nil {
+		_, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...))
+		_ = client.SetWriteDeadline(time.Time{})
+		// The tunnel runs on its own goroutine, so that fasthttp's
+		// hijack goroutine ends and frees the request's context and
+		// fasthttp's reader with it.
+		go p.runTunnel(tn, conn, early, err, pending, &tx, release)
+	}, abandon)
+}
+
+// runTunnel copies both ways until the tunnel ends; early is what the
+// client sent before the tunnel read its connection (non-nil, maybe
+// empty), and err the 101's write.
+func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, err error, pending []byte, tx *exchange, release func(error)) {
+	var in, out countingReader
+	// end finishes the exchange: when the tunnel closes, or as soon as
+	// its sandbox ended it and only the client's side lingers.
+	ended := false
+	// reset: the sandbox reset its connection rather than closing it
+	// (a crashed server, a VM gone), logged so that the session does
+	// not pass for one that ended cleanly, as a cut HTTP stream.
+	reset := false
+	end := func() {
+		if ended {
 			return
 		}
-		_ = client.SetWriteDeadline(time.Time{})
-		done, outDone := make(chan struct{}), make(chan struct{})
-		go func() {
-			in.r = tunnelReader{tn, client}
-			_ = copyTunnel(backendWriter{tn}, &in)
-			tn.endBackend(outDone)
-			tn.close()
-			close(done)
-		}()
-		out.r = tunnelReader{tn, raw}
-		err := copyTunnel(clientWriter{tn}, &out)
-		reset = tn.clientErr == nil && errors.Is(err, syscall.ECONNRESET)
-		if tn.clientErr != nil {
-			// The client is gone, or stopped reading and is cut: the
-			// sandbox's output is read and dropped until it ends its side
-			// (or endBackend's wait does), so that its socket closes
-			// without a reset that would lose what the client sent. Up to
-			// lingerLimit bytes, as for a refused body: a sandbox still
-			// streaming past that is not reading either.
-			if isTimeout(tn.clientErr) {
-				tn.cutClient()
-			}
-			_, _ = io.CopyN(io.Discard, tunnelReader{tn, raw}, lingerLimit)
+		ended = true
+		p.streams.removeTunnel(tn)
+		tx.bytesIn, tx.bytesOut = in.n.Load()+int64(len(early)), out.n.Load()+int64(len(pending))
+		switch {
+		case tn.killed.Load():
+			tx.errCode = CodeSandboxKilled
+		case tn.drainCut.Load():
+			tx.errCode = CodeDrainTimeout
+		case reset:
+			tx.errCode = CodeUpstreamReset
 		}
-		close(outDone)
-		if err == nil {
-			tn.linger(conn, done, end) // the sandbox ended its side
-		}
+		release(nil)
+	}
+	defer func() {
 		tn.close()
-		<-done
-	}, abandon)
+		end()
+		p.metrics.ConnClosed()
+	}()
+	if err != nil {
+		return
+	}
+	done, outDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		if len(early) > 0 {
+			_, _ = backendWriter{tn}.Write(early)
+		}
+		in.r = tunnelReader{tn, tn.client}
+		_ = copyTunnel(backendWriter{tn}, &in)
+		tn.endBackend(outDone)
+		tn.close()
+		close(done)
+	}()
+	out.r = tunnelReader{tn, tn.backend}
+	err = copyTunnel(clientWriter{tn}, &out)
+	reset = tn.clientErr == nil && errors.Is(err, syscall.ECONNRESET)
+	if tn.clientErr != nil {
+		// The client is gone, or stopped reading and is cut: the
+		// sandbox's output is read and dropped until it ends its side
+		// (or endBackend's wait does), so that its socket closes
+		// without a reset that would lose what the client sent. Up to
+		// lingerLimit bytes, as for a refused body: a sandbox still
+		// streaming past that is not reading either.
+		if isTimeout(tn.clientErr) {
+			tn.cutClient()
+		}
+		_, _ = io.CopyN(io.Discard, tunnelReader{tn, tn.backend}, lingerLimit)
+	}
+	close(outDone)
+	if err == nil {
+		tn.linger(conn, done, end) // the sandbox ended its side
+	}
+	tn.close()
+	<-done
+}
+
+// takeBuffered returns what hc, a hijacked connection reading conn through
+// fasthttp's reader, holds already, and leaves conn to be read directly:
+// with conn's read deadline passed, the reader gives what it holds, and
+// then its next read fails at once, before any system call. nil when conn
+// takes no deadline.
+func takeBuffered(hc, conn net.Conn) []byte {
+	if conn.SetReadDeadline(time.Unix(1, 0)) != nil {
+		return nil
+	}
+	early := []byte{}
+	var b [512]byte
+	for {
+		n, err := hc.Read(b[:])
+		early = append(early, b[:n]...)
+		if err != nil {
+			break // the deadline; or the client's end, which conn reports again
+		}
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	return early
 }
 
 // errWrongSwitch is a 101 whose Upgrade names no protocol, or one the

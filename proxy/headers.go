@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // Hop-by-hop headers (RFC 9110 §7.6.1, the set Go's httputil.ReverseProxy
@@ -374,4 +375,117 @@ func underscoreAlias(name []byte, want string) bool {
 		}
 	}
 	return true
+}
+
+// scopeSetCookies keeps every cookie a sandbox sets on host, the one the
+// client addressed (clientHost). All sandbox hosts share one parent
+// domain, so a cookie with Domain=<that domain> (or any Domain but the
+// host itself) would go to every other sandbox's host too: a sandbox could
+// plant cookies in its siblings' apps (a session of the attacker's, a CSRF
+// token it chose) and fill their Cookie headers past
+// client.max_header_size, so that every sandbox answers the visitor's
+// browser 431 until the cookies expire (a cookie bomb). Browsers refuse
+// such a cookie once the domain is on the Public Suffix List; the proxy
+// does not wait for that entry. Such a cookie loses its Domain attributes,
+// so it is host-only: the sandbox's own app keeps it, on its own host.
+// Nothing is copied unless a cookie has a Domain to remove.
+func scopeSetCookies(h *fasthttp.ResponseHeader, host []byte) {
+	host = hostWithoutPort(host)
+	foreign := false
+	for _, v := range h.Cookies() {
+		if foreign = foreignCookieDomain(v, host); foreign {
+			break
+		}
+	}
+	if !foreign {
+		return
+	}
+	// Rare: rebuilt in order, each cookie on its own Set-Cookie line.
+	var kept [][]byte
+	for _, v := range h.Cookies() {
+		if foreignCookieDomain(v, host) {
+			kept = append(kept, appendWithoutDomain(nil, v))
+		} else {
+			kept = append(kept, bytes.Clone(v))
+		}
+	}
+	h.DelAllCookies()
+	for _, v := range kept {
+		h.AddBytesV(fasthttp.HeaderSetCookie, v)
+	}
+}
+
+// cookieAttrs yields the name and value of each attribute of a Set-Cookie
+// value, whitespace trimmed, as browsers split them (RFC 6265 5.2): at
+// every ';', the first piece being the cookie itself.
+func cookieAttrs(v []byte) iter.Seq2[[]byte, []byte] {
+	return func(yield func([]byte, []byte) bool) {
+		_, rest, more := bytes.Cut(v, []byte{';'})
+		for more {
+			var attr []byte
+			attr, rest, more = bytes.Cut(rest, []byte{';'})
+			name, val, _ := bytes.Cut(attr, []byte{'='})
+			if !yield(bytes.Trim(name, " \t"), bytes.Trim(val, " \t")) {
+				return
+			}
+		}
+	}
+}
+
+// foreignCookieDomain reports whether a Set-Cookie value has a Domain
+// attribute naming something other than host: a browser would take an
+// empty one for none, and drops one leading dot.
+func foreignCookieDomain(v, host []byte) bool {
+	for name, val := range cookieAttrs(v) {
+		if !bytes.EqualFold(name, []byte("domain")) || len(val) == 0 {
+			continue
+		}
+		if val[0] == '.' {
+			val = val[1:]
+		}
+		if !bytes.EqualFold(val, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendWithoutDomain appends the Set-Cookie value v to dst with every
+// Domain attribute removed; the other bytes are kept as sent.
+func appendWithoutDomain(dst, v []byte) []byte {
+	first, rest, more := bytes.Cut(v, []byte{';'})
+	dst = append(dst, first...)
+	for more {
+		var attr []byte
+		attr, rest, more = bytes.Cut(rest, []byte{';'})
+		name, _, _ := bytes.Cut(attr, []byte{'='})
+		if !bytes.EqualFold(bytes.Trim(name, " \t"), []byte("domain")) {
+			dst = append(append(dst, ';'), attr...)
+		}
+	}
+	return dst
+}
+
+// hostWithoutPort drops the ":port" of a Host header value; a bracketed
+// IPv6 literal keeps its brackets (no Domain matches an IP host anyway).
+func hostWithoutPort(host []byte) []byte {
+	if i := bytes.LastIndexByte(host, ':'); i >= 0 && bytes.IndexByte(host[i:], ']') < 0 {
+		return host[:i]
+	}
+	return host
+}
+
+// clientHost returns the Host the client sent, once prepareRequest has run:
+// a masked route's is in X-Forwarded-Host (set by the proxy, one line).
+func clientHost(h *fasthttp.RequestHeader, masked bool) []byte {
+	if masked {
+		return h.Peek("X-Forwarded-Host")
+	}
+	return h.Host()
+}
+
+// masksHost reports whether requests to port of route r go to the sandbox
+// with the route's MaskRequestHost as Host (never on envd's port).
+func masksHost(r *routing.Route, port uint16) bool {
+	return r.MaskRequestHost != "" && port != envdPort
 }

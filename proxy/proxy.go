@@ -384,6 +384,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
+	scopeSetCookies(&resp.Header, clientHost(&req.Header, masksHost(r, t.Port)))
 	p.respond(ctx, x, c, t, addr, sb)
 }
 
@@ -575,7 +576,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		stripSignedToken(req)
 	}
 
-	masked := r.MaskRequestHost != "" && t.Port != envdPort
+	masked := masksHost(r, t.Port)
 	if seen.underscore {
 		dropForwardingAliases(h, masked)
 	}

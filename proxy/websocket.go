@@ -298,6 +298,8 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
+	// A 101 may set cookies too, and a declined upgrade is any answer.
+	scopeSetCookies(&resp.Header, clientHost(&ctx.Request.Header, masksHost(r, t.Port)))
 	if resp.StatusCode() != fasthttp.StatusSwitchingProtocols {
 		// Declined (a 401, a 404, a page): relayed like any answer,
 		// streamed if need be, and the connection is not reused.

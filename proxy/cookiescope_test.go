@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A cookie a sandbox sets stays on the host the client addressed. Every
+// sandbox host is under one parent domain, so a Domain=<parent> cookie
+// would reach every other sandbox (planted sessions, or a cookie bomb that
+// makes every sandbox answer that browser 431): its Domain is removed. The
+// sandbox's own host (any case, a leading dot) keeps its Domain; every
+// other byte, the order and the proxy's own cookie name are not special.
+func TestSandboxSetCookieScopedToItsHost(t *testing.T) {
+	set := []string{
+		"plain=1; Path=/",
+		"parent=1; Domain=cube.test; Path=/; HttpOnly",
+		"dotted=1; domain=.CUBE.test",
+		"own=1; Domain=8080-scope.cube.test",
+		"owndot=1; Domain=.8080-SCOPE.cube.test; Secure",
+		"sibling=1; Domain=3000-scope.cube.test",
+		"empty=1; Domain=",
+		"lastwins=1; Domain=8080-scope.cube.test; Domain=cube.test",
+		"cube_proxy_auth=forged; Domain=cube.test; Max-Age=99999999",
+		"chips=1;Domain=cube.test;Path=/x; SameSite=None; Secure; Partitioned",
+		"Domain=cube.test; Path=/",
+		"other=1; Domain=example.com",
+	}
+	want := []string{
+		"plain=1; Path=/",
+		"parent=1; Path=/; HttpOnly",
+		"dotted=1",
+		"own=1; Domain=8080-scope.cube.test",
+		"owndot=1; Domain=.8080-SCOPE.cube.test; Secure",
+		"sibling=1",
+		"empty=1; Domain=",
+		"lastwins=1",
+		"cube_proxy_auth=forged; Max-Age=99999999",
+		"chips=1;Path=/x; SameSite=None; Secure; Partitioned",
+		"Domain=cube.test; Path=/",
+		"other=1",
+	}
+	// The 101 of a WebSocket upgrade is relayed by the tunnel, not by respond.
+	upgrade := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+	for _, s := range set {
+		upgrade += "Set-Cookie: " + s + "\r\n"
+	}
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, s := range set {
+			w.Header().Add("Set-Cookie", s)
+		}
+	}))
+	h.put("scope", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
+	h.put("masked", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port),
+		"MaskRequestHost": "8080-scope.cube.test"})
+	h.put("wsscope", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(rawBackend(t, upgrade+"\r\n"))})
+	// The same cookies answered on another host: 8080-scope is not theirs
+	// (a masked route's sandbox sees, and may name, its mask).
+	elsewhere := slices.Clone(want)
+	elsewhere[3], elsewhere[4] = "own=1", "owndot=1; Secure"
+
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  []string
+	}{
+		{"plain", []string{"GET / HTTP/1.1", "Host: 8080-scope.cube.test"}, want},
+		{"host with a port", []string{"GET / HTTP/1.1", "Host: 8080-Scope.cube.test:8081"}, want},
+		{"masked route", []string{"GET / HTTP/1.1", "Host: 8080-masked.cube.test"}, elsewhere},
+		{"HEAD", []string{"HEAD / HTTP/1.1", "Host: 8080-scope.cube.test"}, want},
+		{"WebSocket 101", []string{"GET / HTTP/1.1", "Host: 8080-wsscope.cube.test", "Upgrade: websocket", "Connection: Upgrade"}, elsewhere},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			if _, err := io.WriteString(c, strings.Join(tc.lines, "\r\n")+"\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: strings.Fields(tc.lines[0])[0]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Values("Set-Cookie"); !slices.Equal(got, tc.want) {
+				t.Errorf("status %d, Set-Cookie:\n got %q\nwant %q", resp.StatusCode, got, tc.want)
+			}
+		})
+	}
+}
+
+// Through a cookie jar that, like a browser with no Public Suffix List
+// entry for the sandbox domain, takes Domain=<parent> cookies: what
+// sandbox A sets never reaches sandbox B, and still reaches A.
+func TestSandboxCookieNeverReachesAnotherSandbox(t *testing.T) {
+	h := newHarness(t)
+	a := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Set-Cookie", "session=attacker; Domain=cube.test; Path=/")
+		w.Header().Add("Set-Cookie", "bomb="+strings.Repeat("x", 4000)+"; Domain=.cube.test; Path=/")
+		io.WriteString(w, r.Header.Get("Cookie"))
+	}))
+	b := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Header.Get("Cookie"))
+	}))
+	hostA, hostB := h.route("tosser", a), h.route("victim", b)
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := authHostClient(h.addr, jar, false, nil)
+	if resp, body := authGet(t, c, "http://"+hostA+"/", ""); resp.StatusCode != 200 || body != "" {
+		t.Fatalf("sandbox A: %d %q", resp.StatusCode, body)
+	}
+	if resp, body := authGet(t, c, "http://"+hostB+"/", ""); resp.StatusCode != 200 || body != "" {
+		t.Errorf("sandbox B got %d, cookies %.60q; want none of sandbox A's", resp.StatusCode, body)
+	}
+	if resp, body := authGet(t, c, "http://"+hostA+"/", ""); resp.StatusCode != 200 ||
+		!strings.Contains(body, "session=attacker") || !strings.Contains(body, "bomb=xxx") {
+		t.Errorf("sandbox A's own host: %d, cookies %.60q; want its cookies back", resp.StatusCode, body)
+	}
+}

@@ -17,7 +17,8 @@ import (
 // gateway refuses the client's resumption of its standalone stream (409)
 // while it thinks the old one open. One epoll set and one goroutine serve
 // every watch; a goroutine per stream would cost the idle-stream memory
-// that detaching saves.
+// that detaching saves. The same set tells a request that is still sending
+// its body that the sandbox has answered (watchReadable).
 type hangups struct {
 	// f is the epoll set, registered in Go's poller like any socket, so
 	// the goroutine waiting on it parks without holding a thread. epfd is
@@ -47,21 +48,32 @@ func newHangups() (*hangups, error) {
 // to unwatch it with; 0 when it cannot be watched (a connection without a
 // descriptor), and the caller falls back on looking at the socket.
 func (h *hangups) watch(client net.Conn, t hangUpper) uint64 {
-	if h == nil || client == nil {
+	return h.add(client, t, syscall.EPOLLRDHUP)
+}
+
+// watchReadable registers c, whose first bytes (or close, or reset) are
+// told to t: a sandbox that answers while its request body is still being
+// sent. 0 when it cannot be watched.
+func (h *hangups) watchReadable(c net.Conn, t hangUpper) uint64 {
+	return h.add(c, t, syscall.EPOLLIN|syscall.EPOLLRDHUP)
+}
+
+func (h *hangups) add(c net.Conn, t hangUpper, events uint32) uint64 {
+	if h == nil || c == nil {
 		return 0
 	}
-	raw := rawConn(client)
+	raw := rawConn(c)
 	if raw == nil {
 		return 0
 	}
-	// One-shot: the first hang-up is all a watch needs to hear.
+	// One-shot: the first event is all a watch needs to hear.
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return 0
 	}
 	key := h.seq + 1
-	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
+	ev := syscall.EpollEvent{Events: events | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
 	var cerr error
 	err := raw.Control(func(fd uintptr) {
 		cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)

@@ -10,10 +10,11 @@ type hangups struct{}
 
 func newHangups() (*hangups, error) { return nil, nil }
 
-func (h *hangups) watch(net.Conn, hangUpper) uint64 { return 0 }
-func (h *hangups) unwatch(uint64)                   {}
-func (h *hangups) run()                             {}
-func (h *hangups) close()                           {}
+func (h *hangups) watch(net.Conn, hangUpper) uint64         { return 0 }
+func (h *hangups) watchReadable(net.Conn, hangUpper) uint64 { return 0 }
+func (h *hangups) unwatch(uint64)                           {}
+func (h *hangups) run()                                     {}
+func (h *hangups) close()                                   {}
 
 // clientHungUp reports whether the client closed c (a FIN with nothing
 // unread before it, or a reset); without POLLRDHUP, a peek.

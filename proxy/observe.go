@@ -45,8 +45,11 @@ type exchange struct {
 	bytesIn int64 // body bytes read from the client: never what its Content-Length claims
 	// bodyEnded: the client's body was read to its end (forward only).
 	bodyEnded bool
-	bytesOut  int64
-	retries   int // connects and requests retried upstream (the span's cube.upstream.retries)
+	// answeredEarly: the sandbox answered before the client's body was
+	// all sent to it.
+	answeredEarly bool
+	bytesOut      int64
+	retries       int // connects and requests retried upstream (the span's cube.upstream.retries)
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
 	owned  bool // a bodyStream or tunnel finishes it

@@ -115,11 +115,13 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var idBuf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	p.serve(ctx, &x)
-	if !x.owned && !ctx.Hijacked() && !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x) {
+	if !x.owned && !ctx.Hijacked() && (x.answeredEarly && !x.bodyEnded || !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x)) {
 		// Answered before the client sent its body (a refusal, a paused
 		// sandbox, a gateway's 401 from the head alone): fasthttp would
 		// close at once, and a client still sending gets a reset instead
-		// of the answer.
+		// of the answer. A sandbox that answered before it had the whole
+		// body has its connection closed, so even a little left of the
+		// body is not read by fasthttp to keep the client's.
 		p.lingerBody(ctx)
 	}
 	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {
@@ -361,6 +363,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	body, _ := req.BodyStream().(*clientBody)
 	c, retries, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	x.retries = retries
+	x.answeredEarly = err == nil && c.answered.Load()
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
 	}
@@ -819,6 +822,9 @@ type clientBody struct {
 	// cut is the sandbox connection's interrupted flag while the body is
 	// sent on it: set, the drain deadline has come (pools.abort).
 	cut *atomic.Bool
+	// answered is the sandbox connection's flag for an answer that ends
+	// the send (earlyAnswer).
+	answered *atomic.Bool
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -833,6 +839,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	if b.cut != nil && b.cut.Load() {
 		// After the renewal above: abort's deadline, set after cut, wins.
 		return 0, errDrainCut
+	}
+	if b.answered != nil && b.answered.Load() {
+		return 0, errAnsweredEarly // the same for earlyAnswer's deadline
 	}
 	if b.left <= 0 {
 		// One byte more than allowed tells an exact-size body from an

@@ -21,3 +21,12 @@ func (c *upstreamConn) idleOK() bool { return true }
 // clientClosed cannot look at the socket here: a client that left is
 // noticed when a heartbeat write fails.
 func clientClosed(net.Conn) bool { return false }
+
+// answerWaiting is never asked here: without epoll, an answer that comes
+// while the body is sent is read once the body is (hangups.watchReadable).
+func (c *upstreamConn) answerWaiting() bool { return false }
+
+// initRaw: nothing here looks at the socket itself.
+func (c *upstreamConn) initRaw() error {
+	return errors.New("raw socket access is not supported on this platform")
+}

@@ -94,6 +94,33 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 	}
 }
 
+// answerWaiting reports whether the sandbox has sent on c the head of a
+// final answer with a status of 300 or more, or closed or reset c: one
+// non-blocking MSG_PEEK of the status line. A 1xx or 2xx head (a sandbox
+// that streams its answer while it reads the body), or too few bytes to
+// tell, is not. Called from the hangups goroutine while c's exchange sends
+// a body: c.raw is set (roundTrip) and nothing else reads c meanwhile.
+func (c *upstreamConn) answerWaiting() bool {
+	var b [32]byte
+	n, stop := 0, false
+	err := c.raw.Control(func(fd uintptr) {
+		for {
+			m, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err == syscall.EAGAIN:
+			case err != nil, m == 0: // reset, or closed
+				stop = true
+			default:
+				n = m
+			}
+			return
+		}
+	})
+	return err != nil || stop || refusesBody(b[:n])
+}
+
 // clientClosed reports whether the client has closed its end of c (a FIN
 // with nothing unread before it, or a reset): one non-blocking MSG_PEEK,
 // the check nginx makes on a proxied request's client. A stream about to

@@ -463,6 +463,7 @@ func (u *upstream) dropBusy(c *upstreamConn) {
 func (u *upstream) setUpload(c *upstreamConn, b *clientBody) {
 	if b != nil {
 		b.cut = &c.interrupted
+		b.answered = &c.answered
 	}
 	u.mu.Lock()
 	c.upload = b
@@ -492,6 +493,11 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 	retries := 0
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	body, _ := req.BodyStream().(*clientBody)
+	// A body fasthttp has not read whole (it reads up to fasthttpPreRead
+	// before the handler) may take long to send: the sandbox may answer
+	// meanwhile. A smaller one goes out in a write or two.
+	watchAnswer := body != nil && p.hangups != nil &&
+		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
 		retries += connectRetries(c, err)
@@ -504,7 +510,16 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		if body != nil {
 			u.setUpload(c, body)
 		}
+		c.answered.Store(false)
+		if watchAnswer && (c.raw != nil || c.initRaw() == nil) {
+			c.answer.body = body
+			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)
+		}
 		serr := c.send(req)
+		if c.answerKey != 0 {
+			p.hangups.unwatch(c.answerKey) // hangUp is not running once this returns
+			c.answerKey, c.answer.body = 0, nil
+		}
 		if body != nil {
 			u.setUpload(c, nil)
 		}
@@ -514,6 +529,26 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			u.pending.Add(1)
 			err = c.readHeader(p, resp)
 			u.pending.Add(-1)
+		case c.answered.Load() && !c.interrupted.Load():
+			// The sandbox answered before it took the whole body (a 413
+			// from the head alone) and kept the connection, so the send
+			// could have gone on until the client had sent it all, or, with
+			// a sandbox that reads no more, until upstream.idle_timeout.
+			// Its answer is relayed now, as nginx relays it, and the
+			// connection, with the body half sent, is not reused. The
+			// sandbox is told that no more of the body comes (its read
+			// ends), so an answer it ends only with the body (a head sent
+			// early, the rest after) ends too, rather than at
+			// upstream.idle_timeout.
+			if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+			u.pending.Add(1)
+			err = c.readHeader(p, resp)
+			u.pending.Add(-1)
+			if err == nil {
+				resp.Header.SetConnectionClose()
+			}
 		case !c.isWriteErr(serr):
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
@@ -529,6 +564,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			u.pending.Add(1)
 			if c.readHeader(p, resp) == nil {
 				resp.Header.SetConnectionClose()
+				c.answered.Store(true)
 				err = nil
 			}
 			u.pending.Add(-1)
@@ -554,6 +590,53 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		return nil, retries, err
 	}
 }
+
+// errAnsweredEarly stops the send of a request body the sandbox has
+// answered already (earlyAnswer).
+var errAnsweredEarly = errors.New("the sandbox answered before the request body was sent")
+
+// earlyAnswer is the hangups watch on a sandbox connection while a request
+// body is sent on it (roundTrip).
+type earlyAnswer struct {
+	c    *upstreamConn
+	body *clientBody
+}
+
+// hangUp is told, under the hangups lock while roundTrip still watches,
+// that the sandbox sent something (or closed) before the whole body was
+// sent. A final answer that refuses the rest of the body (a status of 300
+// or more, as curl stops its upload on) ends the send: the write to the
+// sandbox, or the wait for the client's next bytes, is woken by a deadline
+// now. A 1xx or 2xx head waits for the end of the body, as before.
+func (a *earlyAnswer) hangUp() {
+	c := a.c
+	if !c.answerWaiting() {
+		return
+	}
+	// Before the deadlines: Write and clientBody.Read look at it after
+	// they set their own.
+	c.answered.Store(true)
+	now := time.Now()
+	_ = c.Conn.SetWriteDeadline(now)
+	if a.body != nil {
+		_ = a.body.ctx.SetReadDeadline(now)
+	}
+}
+
+// refusesBody reports whether b, the first bytes a sandbox sent while its
+// request body was being sent, begin the head of a final answer with a
+// status of 300 or more. Blank lines before the status line and spaces
+// before the code are skipped, as fasthttp's parser skips them.
+func refusesBody(b []byte) bool {
+	b = bytes.TrimLeft(b, "\r\n")
+	if len(b) < len("HTTP/1.1 ") || string(b[:len("HTTP/1.")]) != "HTTP/1." || b[8] != ' ' {
+		return false
+	}
+	b = bytes.TrimLeft(b[8:], " ")
+	return len(b) >= 3 && b[0] >= '3' && b[0] <= '9' && isDigit(b[1]) && isDigit(b[2])
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // clientBodyError is a failure to read the client's request body while
 // sending it: the client's fault, not the sandbox's.
@@ -834,7 +917,9 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
-	return &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried, hups: p.hangups}, nil
+	uc := &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried, hups: p.hangups}
+	uc.answer.c = uc
+	return uc, nil
 }
 
 // errProxyLoop is a sandbox connection that reached one of the proxy's own
@@ -947,6 +1032,14 @@ type upstreamConn struct {
 	interrupted atomic.Bool
 	killed      atomic.Bool
 
+	// While a large request body is sent (roundTrip): the watch for the
+	// sandbox's answer (hangups.watchReadable), and whether one came that
+	// ends the send (earlyAnswer.hangUp; also set when the sandbox's answer
+	// was read after a failed write).
+	answer    earlyAnswer
+	answerKey uint64
+	answered  atomic.Bool
+
 	// The pool's busy list (under pool.mu) while checked out.
 	busyPrev, busyNext *upstreamConn
 	// upload is the streamed client body being sent (under pool.mu).
@@ -1006,6 +1099,10 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 	}
 	if c.idleTimeout > 0 {
 		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout), slack(c.idleTimeout))
+	}
+	if c.answered.Load() {
+		// After the deadline above: earlyAnswer's, set after answered, wins.
+		return 0, errAnsweredEarly
 	}
 	return c.Conn.Write(b)
 }

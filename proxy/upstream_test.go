@@ -1266,6 +1266,130 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 	}
 }
 
+// A sandbox that answers (300 or more) before it has the whole upload and
+// keeps its connection is relayed at once, as nginx relays it: Node's http
+// server discards the rest of the body after such an answer, so the client
+// waited until it had sent it all; a sandbox that reads no more left the
+// upload blocked until upstream.idle_timeout; and a client that waits for
+// the answer before sending on got a 408. The sandbox's connection, with
+// the body half sent, is not reused. A 2xx head that comes first (a
+// sandbox streaming its answer while it reads the body) leaves the upload
+// going.
+func TestEarlyAnswerDuringUpload(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Go's server otherwise reads or refuses the rest of the body before
+		// it sends a head; full duplex answers as Node's server does.
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		switch r.URL.Path {
+		case "/discard":
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, "token expired")
+			_ = rc.Flush()
+			io.Copy(io.Discard, r.Body)
+		case "/stall":
+			w.Header().Set("Content-Length", "9")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			io.WriteString(w, "too large")
+			_ = rc.Flush()
+			<-release // reads no more of the body, and keeps the connection
+		case "/echo":
+			w.WriteHeader(http.StatusOK)
+			_ = rc.Flush()
+			io.Copy(w, r.Body)
+		}
+	}))
+	t.Cleanup(func() { close(release) }) // before the backend's Close (cleanups run last first)
+	host := h.route("earlyanswer", port)
+	const size = 64 << 20 // far more than the socket buffers hold
+	for _, tc := range []struct {
+		name, path string
+		chunked    bool
+		sendAll    bool // the client keeps sending; else it waits for the answer after a part
+		status     int
+		body       string
+	}{
+		{"401, client waits", "/discard", false, false, 401, "token expired"},
+		{"401, client waits, chunked", "/discard", true, false, 401, "token expired"},
+		{"413, sandbox reads no more", "/stall", false, true, 413, "too large"},
+		{"413, sandbox reads no more, chunked", "/stall", true, true, 413, "too large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			framing := fmt.Sprintf("Content-Length: %d", size)
+			if tc.chunked {
+				framing = "Transfer-Encoding: chunked"
+			}
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\n%s\r\n\r\n", tc.path, host, framing)
+			piece := make([]byte, 64<<10)
+			send := func() error {
+				if tc.chunked {
+					_, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(piece), piece)
+					return err
+				}
+				_, err := c.Write(piece)
+				return err
+			}
+			if err := send(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.sendAll {
+				go func() {
+					// Ends with an error once the proxy has answered and closed.
+					for i := 1; i < size/len(piece) && send() == nil; i++ {
+					}
+				}()
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer while the upload was under way: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status || string(b) != tc.body {
+				t.Fatalf("got %d %q, want the sandbox's %d %q", resp.StatusCode, b, tc.status, tc.body)
+			}
+			waitPoolConns(t, h, 0)
+		})
+	}
+
+	t.Run("200 head first", func(t *testing.T) {
+		const size = 256 << 10 // the echo fits in the socket buffers until the proxy reads it
+		want := strings.Repeat("e", size)
+		req := h.req("POST", host, "/echo", strings.NewReader(want))
+		resp := h.do(req)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(b) != want {
+			t.Fatalf("echo: %d, %d bytes, %v; want 200 and the %d bytes sent", resp.StatusCode, len(b), err, size)
+		}
+	})
+}
+
+func TestRefusesBody(t *testing.T) {
+	for _, tc := range []struct {
+		first string
+		want  bool
+	}{
+		{"HTTP/1.1 413 Payload Too Large\r\n", true},
+		{"HTTP/1.1 401 Unauthorized\r\n", true},
+		{"HTTP/1.0 302 Found\r\n", true},
+		{"\r\nHTTP/1.1   500 X", true},
+		{"HTTP/1.1 200 OK\r\n", false},
+		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413", false}, // an interim answer first: the upload goes on
+		{"HTTP/1.1 103 Early Hints\r\n", false},
+		{"HTTP/1.1 4", false}, // too little to tell
+		{"HTTP/2 413 \r\n", false},
+		{"garbage garbage\r\n", false},
+		{"", false},
+	} {
+		if got := refusesBody([]byte(tc.first)); got != tc.want {
+			t.Errorf("refusesBody(%q) = %v, want %v", tc.first, got, tc.want)
+		}
+	}
+}
+
 type zeroReader struct{}
 
 func (zeroReader) Read(b []byte) (int, error) { clear(b); return len(b), nil }

@@ -210,6 +210,7 @@ type headSeen struct {
 	// A Transfer-Encoding line: fasthttp keeps chunked (ContentLength -1)
 	// and drops identity, the only other coding it accepts.
 	transferEncoding bool
+	expect           bool // an Expect line: maybe the 100-continue fasthttp answered
 
 	// Lines of each (saturating at 2: only "more than one" matters).
 	realIP, forwardedFor, forwardedHost uint8
@@ -217,7 +218,7 @@ type headSeen struct {
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -233,6 +234,7 @@ const (
 	seenForwardedFor
 	seenForwardedHost
 	seenTransferEncoding
+	seenExpect
 )
 
 var headNames = [...]headName{
@@ -242,7 +244,7 @@ var headNames = [...]headName{
 	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
 	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
 	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost},
-	{"Transfer-Encoding", seenTransferEncoding},
+	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
 }
 
 // headerNames yields the name of each header line of a raw head (fasthttp's
@@ -302,6 +304,8 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 				s.forwardedHost = min(s.forwardedHost+1, 2)
 			case seenTransferEncoding:
 				s.transferEncoding = true
+			case seenExpect:
+				s.expect = true
 			}
 			break
 		}

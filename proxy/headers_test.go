@@ -466,6 +466,7 @@ func TestScanHead(t *testing.T) {
 		{"folded value", "Host: a\r\nX-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\n", headSeen{forwardedFor: 1}},
 		{"underscore", "Host: a\r\nX_Real_IP: 6.6.6.6\r\n", headSeen{underscore: true}},
 		{"transfer coding", "Host: a\r\ntransfer-encoding: identity\r\n", headSeen{transferEncoding: true}},
+		{"expectation", "Host: a\r\nexpect: 100-continue\r\n", headSeen{expect: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var req fasthttp.Request

@@ -575,6 +575,13 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if seen.credentials {
 		stripProxyCredentials(h)
 	}
+	if seen.expect && bytes.EqualFold(h.Peek(fasthttp.HeaderExpect), continueExpectation) {
+		// fasthttp has answered it (100 before the handler), and the body
+		// follows without waiting: the sandbox's own 100 would be dropped,
+		// and, coming while the body is sent, it would hide the early
+		// answer that may follow it (earlyAnswer). nginx removes it too.
+		h.Del(fasthttp.HeaderExpect)
+	}
 	if p.cfg.Signer != nil {
 		stripSignedToken(req)
 	}
@@ -933,6 +940,8 @@ func (p *Proxy) headerTimeout(h *fasthttp.RequestHeader) time.Duration {
 }
 
 var eventStreamType = []byte("text/event-stream")
+
+var continueExpectation = []byte("100-continue")
 
 // isEventStream reports whether the Content-Type ct is text/event-stream,
 // in any case: media types are case-insensitive (RFC 9110 §8.3.1), and

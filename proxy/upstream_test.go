@@ -1404,6 +1404,61 @@ func TestRequestTrailersReachSandbox(t *testing.T) {
 	}
 }
 
+// A chunked upload reaches the sandbox in chunks as large as the client's
+// reads bring (up to 64 KiB), not cut into fasthttp's 4 KiB copy buffer,
+// which made a write and a flush per 4 KiB and cost three and a half times
+// nginx's CPU.
+func TestChunkedUploadKeepsLargeChunks(t *testing.T) {
+	h := newHarness(t)
+	sizes := make(chan []int, 1)
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var got []int
+		for inHead := true; ; {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				sizes <- got
+				return
+			}
+			if inHead {
+				inHead = line != "\r\n"
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
+			if err != nil || n == 0 {
+				break
+			}
+			got = append(got, int(n))
+			if _, err := br.Discard(int(n) + 2); err != nil {
+				break
+			}
+		}
+		sizes <- got
+		io.WriteString(c, okResponse("ok"))
+	}()
+	host := h.route("bigchunks", uint16(ln.Addr().(*net.TCPAddr).Port))
+	const size = 1 << 20
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "PUT / HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n",
+		host, size, strings.Repeat("c", size))
+	got := <-sizes
+	total, largest := 0, 0
+	for _, n := range got {
+		total += n
+		largest = max(largest, n)
+	}
+	if total != size || largest <= 4<<10 {
+		t.Fatalf("the sandbox got %d bytes in %d chunks of at most %d bytes; want %d, some over 4 KiB", total, len(got), largest, size)
+	}
+}
+
 func TestRefusesBody(t *testing.T) {
 	for _, tc := range []struct {
 		first string

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1285,6 +1286,14 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 		_ = rc.EnableFullDuplex()
 		switch r.URL.Path {
 		case "/discard":
+			w.Header().Set("Content-Length", "13")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, "token expired")
+			_ = rc.Flush()
+			io.Copy(io.Discard, r.Body)
+		case "/streamed":
+			// Chunked, and ended only once the body read ends: the proxy
+			// must tell the sandbox that no more of the body comes.
 			w.WriteHeader(http.StatusUnauthorized)
 			io.WriteString(w, "token expired")
 			_ = rc.Flush()
@@ -1299,6 +1308,7 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 			// A read asks the client for its body (100 Continue) when the
 			// request expects one, as Node's server does before its handler.
 			_, _ = r.Body.Read(make([]byte, 1))
+			w.Header().Set("Content-Length", "9")
 			w.WriteHeader(http.StatusRequestEntityTooLarge)
 			io.WriteString(w, "too large")
 			_ = rc.Flush()
@@ -1311,25 +1321,35 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(release) }) // before the backend's Close (cleanups run last first)
 	host := h.route("earlyanswer", port)
+	tlsAddr, roots := serveTLS(t, h)
 	const size = 64 << 20 // far more than the socket buffers hold
 	for _, tc := range []struct {
 		name, path string
 		chunked    bool
 		sendAll    bool // the client keeps sending; else it waits for the answer after a part
 		expect     bool // Expect: 100-continue, which the proxy answers
+		tls        bool
 		status     int
 		body       string
 	}{
-		{"401, client waits", "/discard", false, false, false, 401, "token expired"},
-		{"401, client waits, chunked", "/discard", true, false, false, 401, "token expired"},
-		{"413, sandbox reads no more", "/stall", false, true, false, 413, "too large"},
-		{"413, sandbox reads no more, chunked", "/stall", true, true, false, 413, "too large"},
+		{"401, client waits", "/discard", false, false, false, false, 401, "token expired"},
+		{"401, client waits, chunked", "/discard", true, false, false, false, 401, "token expired"},
+		{"401, client waits, TLS", "/discard", false, false, false, true, 401, "token expired"},
+		{"401 ended by the body's end, client waits", "/streamed", false, false, false, false, 401, "token expired"},
+		{"413, sandbox reads no more", "/stall", false, true, false, false, 413, "too large"},
+		{"413, sandbox reads no more, chunked", "/stall", true, true, false, false, 413, "too large"},
+		{"413, sandbox reads no more, TLS", "/stall", false, true, false, true, 413, "too large"},
 		// The proxy answered the expectation: the sandbox must not be asked
 		// again, or its 100 would come first and hide the 413 behind it.
-		{"413 after a read, client expected 100", "/after-continue", false, false, true, 413, "too large"},
+		{"413 after a read, client expected 100", "/after-continue", false, false, true, false, 413, "too large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := dialRaw(t, h.addr)
+			var c net.Conn
+			if tc.tls {
+				c = tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: host})
+			} else {
+				c = dialRaw(t, h.addr)
+			}
 			framing := fmt.Sprintf("Content-Length: %d", size)
 			if tc.chunked {
 				framing = "Transfer-Encoding: chunked"
@@ -1337,17 +1357,21 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 			if tc.expect {
 				framing += "\r\nExpect: 100-continue"
 			}
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\n%s\r\n\r\n", tc.path, host, framing)
 			piece := make([]byte, 64<<10)
-			send := func() error {
+			frame := func(b []byte) []byte {
 				if tc.chunked {
-					_, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(piece), piece)
-					return err
+					return fmt.Appendf(b, "%x\r\n%s\r\n", len(piece), piece)
 				}
-				_, err := c.Write(piece)
+				return append(b, piece...)
+			}
+			send := func() error {
+				_, err := c.Write(frame(nil))
 				return err
 			}
-			if err := send(); err != nil {
+			// Head and first piece in one write: the answer may come (and,
+			// streamed, end with a plain close) before a second write.
+			head := fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\n%s\r\n\r\n", tc.path, host, framing)
+			if _, err := c.Write(frame(head)); err != nil {
 				t.Fatal(err)
 			}
 			if tc.sendAll {

@@ -524,6 +524,13 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			u.setUpload(c, nil)
 		}
 		err = serr
+		if serr == nil && c.answered.Load() {
+			// The answer came as the last bytes went out: the body was all
+			// sent, and the exchange goes on as usual. Only the write
+			// deadline earlyAnswer expired is to be set anew.
+			c.answered.Store(false)
+			c.writeDeadline = time.Time{}
+		}
 		switch {
 		case serr == nil:
 			u.pending.Add(1)

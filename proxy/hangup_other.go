@@ -5,7 +5,8 @@ package proxy
 import "net"
 
 // hangups needs epoll; elsewhere a stream's departed client is found when
-// its next heartbeat is due.
+// its next heartbeat is due, and a request's waiting for its answer's head
+// every clientCheck (clientHungUp).
 type hangups struct{}
 
 func newHangups() (*hangups, error) { return nil, nil }

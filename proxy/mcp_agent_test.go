@@ -615,7 +615,8 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	// a change reaches the agent.
 	listChangedArrives(t, ctx, h, srv, changed, "listen stream")
 
-	// The proxy looks at a waiting client once a second.
+	// A call's client that leaves is found at once (the hang-up watch), or
+	// within clientCheck where the watch is not available.
 	cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "wait"}, started, toolDone, 5*time.Second)
 	testenv.WaitFor(t, 2*time.Second, "the call's slot released, the listen stream kept", func() bool {
 		s, _ := h.proxy.streams.open()

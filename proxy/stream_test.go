@@ -850,10 +850,12 @@ func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 // agent cancelling a long MCP tool call, an HTTP client's timeout) ends the
 // request: the sandbox's connection is closed, so its server cancels the
 // work, and the request gives back its max_streams_per_sandbox slot, as
-// nginx does (499), at once once the request has waited clientCheck. Before, the proxy waited for the answer's head for up to
-// upstream.response_header_timeout (upstream.idle_timeout, two hours, for a
-// request that accepts an event stream), holding both, and a client that
-// retried after its own timeout was soon refused with 429.
+// nginx does (499): at once, when the request has waited clientCheck and
+// its client is in the hang-up watch. Before, the proxy waited for the
+// answer's head for up to upstream.response_header_timeout
+// (upstream.idle_timeout, two hours, for a request that accepts an event
+// stream), holding both, and a client that retried after its own timeout
+// was soon refused with 429.
 func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 	for _, tc := range []struct {
 		name, head string

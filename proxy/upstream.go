@@ -1034,8 +1034,8 @@ type upstreamConn struct {
 	dialRetried bool // its connect needed dial's retry; see connectRetries
 
 	// interrupted is set when the proxy closes the connection under a
-	// stream or a request: drain, a kill (killed set too), or the stream's
-	// client left (bodyStream.hangUp).
+	// stream or a request: drain, a kill (killed set too), or the client
+	// left (bodyStream.hangUp, upstreamConn.hangUp).
 	interrupted atomic.Bool
 	killed      atomic.Bool
 

@@ -51,9 +51,10 @@ type tunnel struct {
 	clientCut bool
 }
 
-// close ends both directions. Closing a hijacked connection is a no-op in
-// fasthttp (it closes it after the handler returns), so a past deadline is
-// what unblocks a read pending on the client side.
+// close ends both directions: the past deadlines end the reads and writes
+// pending on either side, and the connections close (the client's is the
+// connection itself, not fasthttp's hijacked wrapper, unless it took no
+// deadline: see takeBuffered).
 func (t *tunnel) close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"runtime"
 	"strconv"
 	"testing"
 )
@@ -19,7 +20,14 @@ func TestKillIsSeenWithItsTime(t *testing.T) {
 			s.setState(id, stateKilled)
 			close(done)
 		}()
-		for e.state.Load() != stateKilled {
+		// Spin, to read the state the moment it changes, but yield now and
+		// then: the writer may be waiting for this goroutine's P (one P,
+		// or a P whose thread the OS does not run), and a bare spin then
+		// lasts until the 10 ms preemption, every round.
+		for n := 1; e.state.Load() != stateKilled; n++ {
+			if n%(1<<12) == 0 {
+				runtime.Gosched()
+			}
 		}
 		if at := e.changedAt.Load(); at == 0 {
 			t.Fatalf("round %d: sandbox seen killed before the time of its kill was set", i)

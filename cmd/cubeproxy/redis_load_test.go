@@ -22,9 +22,9 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"hot", cpFields("127.0.0.1", "127.0.0.1", backendPort)...)
 	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "30s")
 	p.client.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
-	// The readiness probe and the first subscription read Redis too: let
-	// them finish before counting.
-	waitSubscribers(t, r, 1)
+	// The readiness probe reads Redis too, and applying the first
+	// subscription expires the cache: let them finish before counting.
+	p.subscribed(t)
 	testenv.WaitFor(t, 5*time.Second, "readyz 200", func() bool { return p.adminGet(t, "/readyz").status == 200 })
 
 	fire := func(hosts []string) map[int]int {

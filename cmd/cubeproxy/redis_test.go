@@ -165,6 +165,22 @@ func hsetRoute(t *testing.T, r *testenv.Redis, key string, fields ...any) {
 	}
 }
 
+// subscribed waits until the proxy has applied its first invalidation
+// subscription. Applying it expires every cached route and drops every
+// cached 404 (invalidations may have been published before it), and a
+// lookup in flight meanwhile is answered but not cached: a test that
+// counts store reads, or needs an answer cached, starts after it.
+// waitSubscribers is not enough: Redis counts the subscriber before the
+// proxy has read the confirmation.
+func (p *redisProxy) subscribed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.a.sub.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("invalidation subscription not applied after 10s\n%s", p.logs)
+	}
+}
+
 // waitSubscribers waits until n clients listen on the invalidation channel
 // (asked of Redis itself, so it holds after a restart too).
 func waitSubscribers(t *testing.T, r *testenv.Redis, n int64) {
@@ -366,7 +382,8 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--instance-id", "inv-a")
 	b := startRedisProxy(t, r.Addr(), "--instance-id", "inv-b")
-	waitSubscribers(t, r, 2)
+	a.subscribed(t)
+	b.subscribed(t)
 	one, two := redisBackend(t, "one"), redisBackend(t, "two")
 
 	for _, tc := range []struct{ path, id string }{
@@ -408,7 +425,8 @@ func TestRedisMetaUpsert(t *testing.T) {
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--instance-id", "up-a")
 	b := startRedisProxy(t, r.Addr(), "--instance-id", "up-b")
-	waitSubscribers(t, r, 2)
+	a.subscribed(t)
+	b.subscribed(t)
 	one, two := redisBackend(t, "one"), redisBackend(t, "two")
 	const id = "upserted"
 	key := redisstore.DefaultKeyPrefix + id
@@ -547,6 +565,7 @@ func TestRedisRefusedAtStartIsExplained(t *testing.T) {
 func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
 	r := testenv.StartRedis(t)
 	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
+	p.subscribed(t)
 	hsetRoute(t, r, redisstore.DefaultLegacyKeyPrefix+"broken", "HostIP", "10.0.0.300", "50005", "30001")
 	for range 20 {
 		if got := p.get(t, "broken"); got.status != 404 || got.code() != "route_invalid" {
@@ -573,7 +592,8 @@ func TestRedisCreatedAfter404(t *testing.T) {
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
 	b := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
-	waitSubscribers(t, r, 2)
+	a.subscribed(t)
+	b.subscribed(t)
 	backend := redisBackend(t, "born")
 	for _, tc := range []struct {
 		name     string

@@ -888,45 +888,12 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, uploadSmallBuf
 // the client sends them. fasthttp's own copy goes through a 4 KiB buffer:
 // a write to the sandbox per 4 KiB, and for a chunked body a chunk and a
 // flush per 4 KiB, which cost twice nginx's CPU for a large upload, and
-// three and a half times for a chunked one. As copyTunnel, it reads into a
-// small buffer, and into a pooled 64 KiB one from the first read that
-// fills the small one until a read brings less again, so that a trickling
-// upload holds 4 KiB, not 64.
+// three and a half times for a chunked one. A trickling upload holds only
+// a 4 KiB buffer (copyGrowing).
 func (b *clientBody) WriteTo(w io.Writer) (int64, error) {
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
-	var big *[]byte
-	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
-		}
-	}()
-	var written int64
-	for {
-		buf := *small
-		if big != nil {
-			buf = *big
-		}
-		n, rerr := b.Read(buf)
-		if n > 0 {
-			m, werr := w.Write(buf[:n])
-			written += int64(m)
-			if werr != nil {
-				return written, werr
-			}
-		}
-		switch {
-		case rerr == io.EOF:
-			return written, nil
-		case rerr != nil:
-			return written, rerr
-		case big == nil && n == len(*small):
-			big = copyBufPool.Get().(*[]byte)
-		case big != nil && n < len(*small):
-			copyBufPool.Put(big)
-			big = nil
-		}
-	}
+	return copyGrowing(w, b, *small)
 }
 
 // Close is fasthttp letting go of b.

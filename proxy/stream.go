@@ -234,6 +234,47 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 // fixed-length body is being copied.
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
+// copyGrowing copies src to dst until src ends (io.EOF, reported as nil)
+// or either fails, and returns the bytes written. It reads into small, and
+// into a pooled copyBufPool buffer from the first read that fills small
+// (bulk) until a read brings less than small holds again: a copy that
+// mostly idles or trickles holds only small, small pieces cost no extra
+// call, and bulk costs a pool round trip per burst.
+func copyGrowing(dst io.Writer, src io.Reader, small []byte) (int64, error) {
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			copyBufPool.Put(big)
+		}
+	}()
+	var written int64
+	for {
+		b := small
+		if big != nil {
+			b = *big
+		}
+		n, rerr := src.Read(b)
+		if n > 0 {
+			m, werr := dst.Write(b[:n])
+			written += int64(m)
+			if werr != nil {
+				return written, werr
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return written, nil
+		case rerr != nil:
+			return written, rerr
+		case big == nil && n == len(small):
+			big = copyBufPool.Get().(*[]byte)
+		case big != nil && n < len(small):
+			copyBufPool.Put(big)
+			big = nil
+		}
+	}
+}
+
 // trackBoundary records whether the bytes forwarded so far end with a blank
 // line, the only place a heartbeat comment can be inserted without
 // splitting an event.

@@ -510,7 +510,9 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		if body != nil {
 			u.setUpload(c, body)
 		}
-		c.answered.Store(false)
+		if c.answered.Load() {
+			c.answered.Store(false) // a store is a locked instruction: not on every request
+		}
 		if watchAnswer && (c.raw != nil || c.initRaw() == nil) {
 			c.answer.body = body
 			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)

@@ -541,42 +541,10 @@ const tunnelSmallBuf = 2 << 10
 // copyTunnel copies src to dst until src ends (nil) or either fails, as
 // io.Copy does, without holding io.Copy's 32 KiB buffer for the tunnel's
 // whole life: most WebSockets sit idle for hours between small messages,
-// and two such buffers per tunnel were most of its memory. It reads into
-// a small buffer, and into a pooled one from the first read that fills
-// the small one (bulk output) until a read brings less than the small
-// buffer holds again. Small messages cost no extra call, and bulk costs a
-// pool round trip per burst.
+// and two such buffers per tunnel were most of its memory.
 func copyTunnel(dst io.Writer, src io.Reader) error {
-	small := make([]byte, tunnelSmallBuf)
-	var big *[]byte
-	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
-		}
-	}()
-	for {
-		b := small
-		if big != nil {
-			b = *big
-		}
-		n, rerr := src.Read(b)
-		if n > 0 {
-			if _, werr := dst.Write(b[:n]); werr != nil {
-				return werr
-			}
-		}
-		switch {
-		case rerr == io.EOF:
-			return nil
-		case rerr != nil:
-			return rerr
-		case big == nil && n == len(small):
-			big = copyBufPool.Get().(*[]byte)
-		case big != nil && n < len(small):
-			copyBufPool.Put(big)
-			big = nil
-		}
-	}
+	_, err := copyGrowing(dst, src, make([]byte, tunnelSmallBuf))
+	return err
 }
 
 // countingReader counts the bytes a tunnel direction carried.

@@ -148,6 +148,12 @@ func rawBackend(t *testing.T, response string) uint16 { return rawBackendSeen(t,
 // rawBackendSeen is rawBackend parsing requests as strictly as net/http
 // does, and passing each to seen (when not nil) before it answers.
 func rawBackendSeen(t *testing.T, response string, seen func(*http.Request)) uint16 {
+	return rawBackendCounted(t, response, seen, new(atomic.Int64))
+}
+
+// rawBackendCounted is rawBackendSeen keeping in open the number of
+// connections it has not yet finished reading.
+func rawBackendCounted(t *testing.T, response string, seen func(*http.Request), open *atomic.Int64) uint16 {
 	ln := listen(t, "127.0.0.1:0")
 	t.Cleanup(func() { ln.Close() })
 	go func() {
@@ -156,7 +162,9 @@ func rawBackendSeen(t *testing.T, response string, seen func(*http.Request)) uin
 			if err != nil {
 				return
 			}
+			open.Add(1)
 			go func() {
+				defer open.Add(-1)
 				defer c.Close()
 				br := bufio.NewReader(c)
 				for {

@@ -6,7 +6,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // targetsSandbox is a sandbox that parses what reaches it as strictly as
@@ -15,16 +17,41 @@ import (
 type targetsSandbox struct {
 	mu   sync.Mutex
 	seen []string
+	open atomic.Int64 // connections not yet read to their end
 }
 
 func newTargetsSandbox(t *testing.T) (*targetsSandbox, uint16) {
 	s := &targetsSandbox{}
-	port := rawBackendSeen(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", func(req *http.Request) {
+	port := rawBackendCounted(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", func(req *http.Request) {
 		s.mu.Lock()
 		s.seen = append(s.seen, req.Method+" "+req.RequestURI)
 		s.mu.Unlock()
-	})
+	}, &s.open)
 	return s, port
+}
+
+// parsed returns what the sandbox parsed once it has read every
+// connection to its end. A connection the proxy cut short is read on its
+// own goroutine, which may not have got to its bytes when an answer on
+// another connection came back; so the proxy's pool is emptied and the
+// sandbox waited for, and nothing of this case is recorded in the next.
+func (s *targetsSandbox) parsed(t *testing.T, h *harness) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.open.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox still has %d connections open", s.open.Load())
+		}
+		// Again each time: the connection /after used may have been
+		// checked back into the pool only after its answer was sent.
+		h.proxy.pools.closeIdle()
+		time.Sleep(time.Millisecond)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	got := s.seen
+	s.seen = nil
+	return got
 }
 
 // Request smuggling: whatever framing tricks the client plays, the sandbox
@@ -68,9 +95,6 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 		{"refused, its body dropped", "POST / HTTP/1.1\r\nHost: 80-nobox.cube.test\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /last"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s.mu.Lock()
-			s.seen = nil
-			s.mu.Unlock()
 			c := dialRaw(t, h.addr)
 			if _, err := io.WriteString(c, tc.raw); err != nil {
 				t.Fatal(err)
@@ -86,9 +110,7 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 			if code, body, _ := h.get(host, "/after"); code != 200 || body != "ok" {
 				t.Fatalf("request after: %d %q", code, body)
 			}
-			s.mu.Lock()
-			got := slices.Clone(s.seen)
-			s.mu.Unlock()
+			got := s.parsed(t, h)
 			want := append(slices.Clone(tc.want), "GET /after")
 			if !slices.Equal(got, want) {
 				t.Errorf("sandbox parsed %q, want %q; client got %q", got, want, out)

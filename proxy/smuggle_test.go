@@ -100,7 +100,7 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The proxy closes the connection after the last answer (or
-			// a refusal): by then the sandbox has parsed all it was sent.
+			// a refusal).
 			out, err := io.ReadAll(c)
 			if err != nil && !isConnReset(err) {
 				t.Fatalf("answers: %v (%q)", err, out)
@@ -110,10 +110,17 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 			if code, body, _ := h.get(host, "/after"); code != 200 || body != "ok" {
 				t.Fatalf("request after: %d %q", code, body)
 			}
+			// The client's requests reach the sandbox in their order, one
+			// answered before the next is sent; /after may be parsed
+			// before a request cut short on another connection, so it is
+			// counted apart.
 			got := s.parsed(t, h)
-			want := append(slices.Clone(tc.want), "GET /after")
-			if !slices.Equal(got, want) {
-				t.Errorf("sandbox parsed %q, want %q; client got %q", got, want, out)
+			after := slices.Index(got, "GET /after")
+			if after >= 0 {
+				got = slices.Delete(got, after, after+1)
+			}
+			if after < 0 || !slices.Equal(got, tc.want) {
+				t.Errorf("sandbox parsed %q and /after (%v), want %q and /after; client got %q", got, after >= 0, tc.want, out)
 			}
 		})
 	}

@@ -264,6 +264,11 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		deleted, err := a.cfg.Routes.Remove(id)
 		_, perr := a.invalidate(id)
 		if deleted {
+			// The sandbox is gone: what this instance knew of it goes too.
+			// A paused one was otherwise remembered for ever (the sweep
+			// forgets only idle running sandboxes and old kills), one entry
+			// per sandbox ever paused, however many come and go.
+			a.p.sandboxes.forget(id)
 			a.audit(ctx, "route deleted", id)
 		}
 		if err != nil {

@@ -115,6 +115,33 @@ func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
 	return out
 }
 
+// forget drops id's entry once its route was deleted: its pause state
+// and last activity describe a sandbox that no longer exists, and a route
+// stored again under the id is a new sandbox. A kill's tombstone stays
+// (410 for its hour). An entry with requests in flight stays too, for the
+// count max_streams_per_sandbox still needs, but loses its pause: the
+// sweep forgets a paused entry never, and a running one a day after its
+// last request.
+func (s *sandboxes) forget(id string) {
+	v, ok := s.m.Load(id)
+	if !ok {
+		return
+	}
+	e := v.(*sandboxState)
+	if e.state.Load() == stateKilled {
+		return
+	}
+	if e.active.Load() <= 0 && s.m.CompareAndDelete(id, v) {
+		return
+	}
+	// A swap, not a store: a kill that lands meanwhile must stand.
+	for st := e.state.Load(); st == statePausing || st == statePaused; st = e.state.Load() {
+		if e.state.CompareAndSwap(st, stateRunning) {
+			return
+		}
+	}
+}
+
 // sweep forgets running sandboxes idle for longer than idle, and killed
 // tombstones older than killedTTL, so the map tracks live sandboxes only.
 func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {

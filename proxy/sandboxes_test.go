@@ -1,9 +1,15 @@
 package proxy
 
 import (
+	"io"
+	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // A request that sees a sandbox killed must also see when: serve un-kills
@@ -64,5 +70,125 @@ func TestLastActiveSeesTheAnswerOfADoneRequest(t *testing.T) {
 		if len(got) != 1000 {
 			t.Fatalf("round %d: the poll lost %d of 1000 readings of a sandbox active until 2", round, 1000-len(got))
 		}
+	}
+}
+
+// sandboxCount is how many sandboxes the proxy holds state for.
+func sandboxCount(p *Proxy) int {
+	n := 0
+	p.sandboxes.m.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// The admin API's route churn (store a sandbox, serve it, maybe pause it,
+// delete it) must not leave an entry behind per sandbox: the soak test
+// found the state map one entry larger for every sandbox that ever got a
+// request, and a paused one is never swept, so a node whose sandboxes are
+// paused and deleted grew without end. A kill's tombstone stays: the id
+// answers 410 for its hour, deleted route or not.
+func TestDeletedRouteForgetsSandboxState(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	route := `{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"1","` + itoa(port) + `":"` + itoa(port) + `"}`
+	const perCase = 40
+	cases := []struct {
+		name string
+		// then runs after the sandbox served a request, before its route is deleted.
+		then  func(id string)
+		kept  bool
+		after int // status of a request once the route is deleted
+	}{
+		{"running", func(string) {}, false, 404},
+		{"paused", func(id string) { h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, "") }, false, 404},
+		{"pausing", func(id string) { h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"pausing"}`, "") }, false, 404},
+		{"killed", func(id string) { h.proxy.kill(id) }, true, 410},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := sandboxCount(h.proxy)
+			for i := range perCase {
+				id := "churn-" + tc.name + "-" + strconv.Itoa(i)
+				host := itoa(port) + "-" + id + ".cube.test"
+				if st, body := h.adminDo("PUT", "/admin/routes/"+id, route, ""); st != 200 {
+					t.Fatalf("PUT %s: %d %s", id, st, body)
+				}
+				if st, _, _ := h.get(host, "/"); st != 200 {
+					t.Fatalf("GET %s: %d", id, st)
+				}
+				tc.then(id)
+				if st, body := h.adminDo("DELETE", "/admin/routes/"+id, "", ""); st != 200 || !strings.Contains(body, `"deleted":true`) {
+					t.Fatalf("DELETE %s: %d %s", id, st, body)
+				}
+				if st, _, _ := h.get(host, "/"); st != tc.after {
+					t.Fatalf("GET %s after DELETE: %d, want %d", id, st, tc.after)
+				}
+			}
+			want := before
+			if tc.kept {
+				want += perCase
+			}
+			testenv.WaitFor(t, 5*time.Second, "sandbox entries back to "+strconv.Itoa(want), func() bool {
+				return sandboxCount(h.proxy) == want
+			})
+		})
+	}
+
+	// Stored again, a deleted paused sandbox is a new one: it is served,
+	// not answered 503 for the pause of the one deleted.
+	id := "churn-paused-0"
+	if st, body := h.adminDo("PUT", "/admin/routes/"+id, route, ""); st != 200 {
+		t.Fatalf("PUT %s again: %d %s", id, st, body)
+	}
+	if st, _, _ := h.get(itoa(port)+"-"+id+".cube.test", "/"); st != 200 {
+		t.Fatalf("GET re-created %s: %d, want 200", id, st)
+	}
+}
+
+// A paused sandbox deleted while a request of its is still in flight keeps
+// its entry (the request's count) but not its pause: a paused entry is
+// never swept, so it would outlive the request for ever.
+func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		<-release
+		_, _ = io.WriteString(w, "ok")
+	}))
+	route := `{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"1","` + itoa(port) + `":"` + itoa(port) + `"}`
+	const id = "held"
+	if st, body := h.adminDo("PUT", "/admin/routes/"+id, route, ""); st != 200 {
+		t.Fatalf("PUT: %d %s", st, body)
+	}
+	before := sandboxCount(h.proxy)
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("GET", itoa(port)+"-"+id+".cube.test", "/", nil))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the request in flight", func() bool {
+		sb := h.proxy.sandboxes.peek(id)
+		return sb != nil && sb.active.Load() == 1
+	})
+	h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, "")
+	if st, body := h.adminDo("DELETE", "/admin/routes/"+id, "", ""); st != 200 {
+		t.Fatalf("DELETE: %d %s", st, body)
+	}
+	close(release)
+	if st := <-answered; st != 200 {
+		t.Fatalf("request in flight: %d, want 200", st)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the request done", func() bool {
+		return h.proxy.sandboxes.peek(id).active.Load() == 0
+	})
+	// A day and more later the sweep forgets it, as any idle sandbox.
+	h.proxy.sandboxes.sweep(time.Now().Add(25*time.Hour), 24*time.Hour, time.Hour)
+	if n := sandboxCount(h.proxy); n != before {
+		t.Fatalf("sandbox entries after the sweep: %d, want %d (state %s)", n, before, stateNames[h.proxy.sandboxes.peek(id).state.Load()])
 	}
 }

@@ -72,7 +72,7 @@ func TestRetryListener(t *testing.T) {
 		if !errors.Is(err, net.ErrClosed) {
 			t.Errorf("after Close: %v, want net.ErrClosed", err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Accept still waiting after Close")
 	}
 }

@@ -44,7 +44,7 @@ func agentGateway(t *testing.T, h *harness, id string, srv *mcp.Server, opts *mc
 // that stream.
 func listChangedArrives(t *testing.T, ctx context.Context, h *harness, srv *mcp.Server, changed <-chan struct{}, stream string) {
 	t.Helper()
-	testenv.WaitFor(t, 2*time.Second, "the "+stream+" is open at the proxy", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the "+stream+" is open at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 1
 	})
@@ -210,7 +210,7 @@ func TestMCPStandaloneStreamAndDelete(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Fatalf("request on a deleted session: %d, want 404", resp.StatusCode)
 	}
-	testenv.WaitFor(t, 2*time.Second, "proxy streams released", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "proxy streams released", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0
 	})
@@ -285,8 +285,8 @@ func TestMCPResumeStandaloneStreamAfterClientCut(t *testing.T) {
 	tr.CloseIdleConnections()
 	select {
 	case <-ended:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the gateway's GET handler still runs 2s after the client closed its stream")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway's GET handler still runs 10s after the client closed its stream")
 	}
 	resp2, tr2 := get(lastID)
 	defer tr2.CloseIdleConnections()
@@ -334,7 +334,7 @@ func TestMCPResumeStandaloneStreamAfterSandboxCut(t *testing.T) {
 	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
 	}, &mcp.StreamableClientTransport{MaxRetries: 5})
-	testenv.WaitFor(t, 2*time.Second, "the GET stream is open", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the GET stream is open", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		s, _ := h.proxy.streams.open()
@@ -413,11 +413,11 @@ func TestMCPCancelledCallIsReleased(t *testing.T) {
 			for i := 0; i < 2; i++ {
 				select {
 				case <-postEnded:
-				case <-time.After(2 * time.Second):
+				case <-time.After(10 * time.Second):
 					t.Fatalf("%d of the 2 POSTs ended at the gateway after the cancellation", i)
 				}
 			}
-			testenv.WaitFor(t, 2*time.Second, "the call's stream released at the proxy", func() bool {
+			testenv.WaitFor(t, 10*time.Second, "the call's stream released at the proxy", func() bool {
 				s, _ := h.proxy.streams.open()
 				return s == 0 && h.proxy.sandboxes.get([]byte("cancelbox")).active.Load() == 0
 			})
@@ -474,7 +474,7 @@ func TestMCPManyConcurrentSessions(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	testenv.WaitFor(t, 2*time.Second, "every stream released", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "every stream released", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0 && h.proxy.sandboxes.get([]byte("manybox")).active.Load() == 0
 	})
@@ -565,7 +565,7 @@ func TestMCPLegacySSETransport(t *testing.T) {
 	if err := cs.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
-	testenv.WaitFor(t, 2*time.Second, "the SSE stream released", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the SSE stream released", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0
 	})
@@ -618,7 +618,7 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	// A call's client that leaves is found at once (the hang-up watch), or
 	// within clientCheck where the watch is not available.
 	cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "wait"}, started, toolDone, 5*time.Second)
-	testenv.WaitFor(t, 2*time.Second, "the call's slot released, the listen stream kept", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the call's slot released, the listen stream kept", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 1 && sb.active.Load() == 1
 	})
@@ -628,10 +628,10 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	}
 	select {
 	case <-listenEnded:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the gateway's listen handler still runs 2s after the agent closed")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway's listen handler still runs 10s after the agent closed")
 	}
-	testenv.WaitFor(t, 2*time.Second, "the listen stream released at the proxy", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the listen stream released at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0 && sb.active.Load() == 0
 	})

@@ -87,7 +87,7 @@ func TestMCPCompressedEventStream(t *testing.T) {
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
 	}, &mcp.StreamableClientTransport{HTTPClient: &http.Client{Transport: hostTransport{host: host, base: inflating}}})
 	// The standalone stream stays silent for several heartbeat intervals.
-	testenv.WaitFor(t, 2*time.Second, "the standalone stream is open at the proxy", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the standalone stream is open at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 1
 	})

@@ -203,10 +203,10 @@ func TestMCPResumeCallAnswerAfterClientCut(t *testing.T) {
 	raw.conn.Close() // FIN, while the call runs
 	select {
 	case <-postEnded:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the gateway's POST handler still runs 2s after the client closed its connection")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway's POST handler still runs 10s after the client closed its connection")
 	}
-	testenv.WaitFor(t, 2*time.Second, "the call's stream released at the proxy", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the call's stream released at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0
 	})
@@ -273,7 +273,7 @@ func viaBoth(t *testing.T, id string, srv *mcp.Server, opts *mcp.StreamableHTTPO
 				return cs
 			})
 			if via == "proxy" {
-				testenv.WaitFor(t, 2*time.Second, "every call's stream released", func() bool {
+				testenv.WaitFor(t, 10*time.Second, "every call's stream released", func() bool {
 					_ = ctx
 					s, _ := h.proxy.streams.open()
 					return s <= 1 // the standalone GET stream, if any
@@ -646,7 +646,7 @@ func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: connect with both credentials: %v", name, err)
 		}
-		testenv.WaitFor(t, 2*time.Second, "the standalone GET stream reached the gateway", func() bool {
+		testenv.WaitFor(t, 10*time.Second, "the standalone GET stream reached the gateway", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return seen["GET"] > 0
@@ -848,7 +848,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 	<-progressed // the call's SSE answer is open at the proxy
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-	h.waitListenerClosed(2 * time.Second)
+	h.waitListenerClosed(10 * time.Second)
 	select {
 	case err := <-done:
 		t.Fatalf("the call ended as the drain began, before the tool finished: %v", err)

@@ -83,7 +83,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal("SSE stream still open after the drain")
 		}
 	}
-	h.waitListenerClosed(time.Second)
+	h.waitListenerClosed(10 * time.Second)
 
 	select {
 	case err := <-shutdownDone:
@@ -101,16 +101,16 @@ func TestGracefulShutdown(t *testing.T) {
 		if r.err == nil || r.at.Sub(start) < drain-100*time.Millisecond {
 			t.Errorf("WebSocket ended at %v (%v): it should get the whole drain time", r.at.Sub(start), r.err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("WebSocket still open after Shutdown returned")
 	}
 	if s, n := h.proxy.streams.open(); s != 0 || n != 0 {
 		t.Fatalf("after Shutdown: %d streams and %d tunnels still registered", s, n)
 	}
-	testenv.WaitFor(t, 2*time.Second, "backends saw every stream end", func() bool { return sseOpen.Load() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "backends saw every stream end", func() bool { return sseOpen.Load() == 0 })
 	select {
 	case <-wsEnded:
-	case <-time.After(2 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("the WebSocket backend never saw the tunnel close")
 	}
 	_ = websocket.StatusGoingAway
@@ -233,7 +233,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			start := time.Now()
 			shutdownDone := make(chan error, 1)
 			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-			h.waitListenerClosed(time.Second)
+			h.waitListenerClosed(10 * time.Second)
 			close(release)
 			want := "id: 1\ndata: hello\n|"
 			if method == "POST" {
@@ -257,7 +257,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			}
 			select {
 			case <-ended:
-			case <-time.After(2 * time.Second):
+			case <-time.After(10 * time.Second):
 				t.Fatal("the sandbox never saw the stream end")
 			}
 		})

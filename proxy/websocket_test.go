@@ -108,10 +108,10 @@ func TestWebSocketClosePropagates(t *testing.T) {
 			if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
 				t.Fatalf("backend saw %v, want normal closure", err)
 			}
-		case <-time.After(3 * time.Second):
+		case <-time.After(10 * time.Second):
 			t.Fatal("backend never saw the close")
 		}
-		testenv.WaitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+		testenv.WaitFor(t, 10*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
 	})
 	t.Run("backend closes", func(t *testing.T) {
 		h := newHarness(t)
@@ -128,7 +128,7 @@ func TestWebSocketClosePropagates(t *testing.T) {
 		if websocket.CloseStatus(err) != 4000 {
 			t.Fatalf("client saw %v, want close 4000 from the backend", err)
 		}
-		testenv.WaitFor(t, 2*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
+		testenv.WaitFor(t, 10*time.Second, "tunnel released", func() bool { _, n := h.proxy.streams.open(); return n == 0 })
 	})
 	t.Run("backend refuses upgrade", func(t *testing.T) {
 		h := newHarness(t)

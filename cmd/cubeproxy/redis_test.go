@@ -623,7 +623,7 @@ func TestRedisCreatedAfter404(t *testing.T) {
 			}
 			tc.announce(id)
 			for name, p := range map[string]*redisProxy{"a": a, "b": b} {
-				testenv.WaitFor(t, 2*time.Second, name+" to serve the new sandbox", func() bool {
+				testenv.WaitFor(t, 10*time.Second, name+" to serve the new sandbox", func() bool {
 					got := p.get(t, id)
 					return got.status == 200 && got.body == "born"
 				})

@@ -30,7 +30,7 @@ func TestRegistry(t *testing.T) {
 		return c.HExists(ctx, redisstore.DefaultRegistryHash, "proxy-1").Val() &&
 			c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Err() == nil
 	}
-	testenv.WaitFor(t, 2*time.Second, "registry entries", present)
+	testenv.WaitFor(t, 10*time.Second, "registry entries", present)
 
 	raw, err := c.HGet(ctx, redisstore.DefaultRegistryHash, "proxy-1").Result()
 	if err != nil {
@@ -55,7 +55,7 @@ func TestRegistry(t *testing.T) {
 	// The heartbeat repeats: entries removed by hand come back, with a newer score.
 	c.HDel(ctx, redisstore.DefaultRegistryHash, "proxy-1")
 	c.ZRem(ctx, redisstore.DefaultRegistryZSet, "proxy-1")
-	testenv.WaitFor(t, 2*time.Second, "registry entries rewritten", present)
+	testenv.WaitFor(t, 10*time.Second, "registry entries rewritten", present)
 	if newer := c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Val(); newer <= score {
 		t.Errorf("heartbeat score %.0f not newer than %.0f", newer, score)
 	}
@@ -92,7 +92,7 @@ func TestRegistryOffByDefault(t *testing.T) {
 	if err != nil || reg == nil {
 		t.Fatalf("enabled registry: %v %v", reg, err)
 	}
-	testenv.WaitFor(t, 2*time.Second, "custom registry keys", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "custom registry keys", func() bool {
 		return r.Client().HExists(ctx, "h", "p").Val() && r.Client().ZScore(ctx, "z", "p").Err() == nil
 	})
 	if err := reg.Stop(ctx); err != nil {

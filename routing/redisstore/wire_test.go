@@ -44,7 +44,7 @@ func TestWireNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = reg.Stop(ctx) })
-	testenv.WaitFor(t, 2*time.Second, "registry entries under their names", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "registry entries under their names", func() bool {
 		return c.HExists(ctx, "cube:v1:shared:cube_proxy:registry", "wire").Val() &&
 			c.ZScore(ctx, "cube:v1:shared:cube_proxy:heartbeat", "wire").Err() == nil
 	})

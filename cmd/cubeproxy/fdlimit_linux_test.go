@@ -40,21 +40,10 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	host := fmt.Sprintf("%d-box.cube.test", port)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
-	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes,
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
 		"--access-log-format", "off", "--drain-timeout", "1s")
 	pid := cmd.Process.Pid
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if resp, err := http.Get("http://" + adminAddr + "/admin/healthz"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy never came up\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	proxyAddr, adminAddr := waitListening(t, logs, exited)
 
 	// A keep-alive client connected (and accepted) before the limit.
 	early, err := net.Dial("tcp", proxyAddr)
@@ -99,7 +88,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 		}
 		idle = append(idle, c)
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), "cannot accept connections") {
 		select {
 		case err := <-exited:

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -78,6 +80,46 @@ func runServe(t *testing.T, args []string, getenv func(string) string) *running 
 		}
 	})
 	return r
+}
+
+// listeningAddrs parses the "cubeproxy listening" line of a process log
+// (JSON) and returns the traffic and admin addresses it names; ok is false
+// until the line is there. A binary started on 127.0.0.1:0 tells its
+// ports this way: a port picked by the test, closed, and handed to the
+// binary could be taken by another socket of the machine meanwhile.
+func listeningAddrs(log string) (http, admin string, ok bool) {
+	for _, line := range strings.Split(log, "\n") {
+		var l struct {
+			Msg   string `json:"msg"`
+			HTTP  string `json:"http"`
+			Admin string `json:"admin"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "cubeproxy listening" {
+			return l.HTTP, l.Admin, true
+		}
+	}
+	return "", "", false
+}
+
+// waitListening waits until a started binary logged its listeners, and
+// returns their addresses.
+func waitListening(t *testing.T, logs fmt.Stringer, exited <-chan error) (http, admin string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if h, a, ok := listeningAddrs(logs.String()); ok {
+			return h, a
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("exited before listening: %v\n%s", err, logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not listening after 30s\n%s", logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // freeAddr is a loopback address nothing listens on (for a moment).

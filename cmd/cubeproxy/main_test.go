@@ -139,17 +139,8 @@ func TestBinarySIGTERM(t *testing.T) {
 	port := bln.Addr().(*net.TCPAddr).Port
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
-	pln, _ := net.Listen("tcp", "127.0.0.1:0")
-	proxyAddr := pln.Addr().String()
-	pln.Close()
-
-	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "3s")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "3s")
+	proxyAddr, _ := waitListening(t, logs, exited)
 	var resp *http.Response
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -174,10 +165,8 @@ func TestBinarySIGTERM(t *testing.T) {
 	if err != nil {
 		t.Errorf("SSE stream ended with %v, want a clean end", err)
 	}
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- cmd.Wait() }()
 	select {
-	case err := <-waitErr:
+	case err := <-exited:
 		if err != nil {
 			t.Fatalf("exit: %v\n%s", err, logs.String())
 		}
@@ -246,8 +235,7 @@ func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 	bin := buildBinary(t)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
-	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
-	cmd := exec.Command(bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", "1s")
+	cmd := exec.Command(bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "1s")
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -265,9 +253,14 @@ func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 	// The process log goes to stdout too: once it announces the
 	// listeners, the reader leaves.
 	sc := bufio.NewScanner(r)
-	for sc.Scan() && !strings.Contains(sc.Text(), "cubeproxy listening") {
+	var proxyAddr, adminAddr string
+	for ok := false; !ok && sc.Scan(); {
+		proxyAddr, adminAddr, ok = listeningAddrs(sc.Text())
 	}
 	r.Close()
+	if proxyAddr == "" {
+		t.Fatalf("no listening line before stdout ended\n%s", stderr.String())
+	}
 
 	req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
 	req.Host = "80-nobox.cube.test"
@@ -401,10 +394,9 @@ func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
 	port := strconv.Itoa(sln.Addr().(*net.TCPAddr).Port)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte("routes:\n  mute:\n    HostIP: \"127.0.0.1\"\n    \""+port+"\": \""+port+"\"\n"), 0o600)
-	proxyAddr, adminAddr := freeAddr(t), freeAddr(t)
 	const drain = 60 * time.Second
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", proxyAddr, "--admin-addr", adminAddr, "--routes", routes, "--drain-timeout", drain.String())
-	testenv.WaitFor(t, 30*time.Second, "listening", func() bool { return strings.Contains(logs.String(), "cubeproxy listening") })
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", drain.String())
+	proxyAddr, _ := waitListening(t, logs, exited)
 
 	c, err := net.Dial("tcp", proxyAddr)
 	if err != nil {

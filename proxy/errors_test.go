@@ -33,13 +33,6 @@ func (badDataStore) Lookup(_ context.Context, id string) (*routing.Route, error)
 	return routing.ParseRoute(id, map[string]string{"SandboxIP": "10.0.0.1"}) // no HostIP
 }
 
-func freePort(t *testing.T) uint16 {
-	ln := listen(t, "127.0.0.1:0")
-	p := uint16(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	return p
-}
-
 // Every row of DESIGN.md's status table, produced for real.
 func TestErrorStatuses(t *testing.T) {
 	type want struct {

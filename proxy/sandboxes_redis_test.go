@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// In Redis mode the control plane removes a sandbox by deleting its hash
+// (and publishing the id), not always through meta/delete. The soak test
+// found the state map one entry larger for every sandbox paused and then
+// removed so: a paused entry is never swept, and nothing else forgot it.
+// A sandbox created again under the id was answered 503 "paused" for the
+// pause of the one removed. A lookup that finds the route gone in Redis
+// forgets the pause; a kill's tombstone stays (410 for its hour).
+func TestRedisRemovedPausedSandboxIsForgotten(t *testing.T) {
+	r := testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.store = store })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	rdb := r.Client()
+	ctx := context.Background()
+	write := func(id string, createdAt int) {
+		t.Helper()
+		key := redisstore.DefaultKeyPrefix + id
+		if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1",
+			"CreatedAt", strconv.Itoa(createdAt), itoa(port), itoa(port)).Err(); err != nil {
+			t.Fatalf("hset %s: %v", key, err)
+		}
+		h.cache.Invalidate(id) // as the subscriber does for the control plane's PUBLISH
+	}
+
+	const perCase = 20
+	cases := []struct {
+		state string
+		kept  bool
+		after int // status once the route is gone from Redis
+		again int // status once a route is written again under the id
+	}{
+		{"paused", false, 404, 200},
+		{"pausing", false, 404, 200},
+		{"killed", true, 410, 200}, // a newer CreatedAt lifts the kill
+	}
+	for _, tc := range cases {
+		t.Run(tc.state, func(t *testing.T) {
+			before := sandboxCount(h.proxy)
+			for i := range perCase {
+				id := "gone-" + tc.state + "-" + strconv.Itoa(i)
+				host := itoa(port) + "-" + id + ".cube.test"
+				write(id, 1)
+				if st, _, _ := h.get(host, "/"); st != 200 {
+					t.Fatalf("GET %s: %d", id, st)
+				}
+				if tc.state == "killed" {
+					h.proxy.kill(id)
+				} else if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"`+tc.state+`"}`, ""); st != 200 {
+					t.Fatalf("state %s: %d %s", tc.state, st, body)
+				}
+				if err := rdb.Del(ctx, redisstore.DefaultKeyPrefix+id).Err(); err != nil {
+					t.Fatal(err)
+				}
+				h.cache.Invalidate(id)
+				if st, _, _ := h.get(host, "/"); st != tc.after {
+					t.Fatalf("GET %s removed from Redis: %d, want %d", id, st, tc.after)
+				}
+			}
+			want := before
+			if tc.kept {
+				want += perCase
+			}
+			testenv.WaitFor(t, 5*time.Second, "sandbox entries back to "+strconv.Itoa(want), func() bool {
+				return sandboxCount(h.proxy) == want
+			})
+			// Created again (a new CreatedAt), the sandbox is a new one.
+			id := "gone-" + tc.state + "-0"
+			write(id, int(time.Now().UnixNano()))
+			if st, _, _ := h.get(itoa(port)+"-"+id+".cube.test", "/"); st != tc.again {
+				t.Fatalf("GET %s created again: %d, want %d", id, st, tc.again)
+			}
+		})
+	}
+}
+
+// The negative cache does not forget a pause: its answer may predate a
+// route written since, and only the store's own "not found" says the
+// sandbox is gone.
+func TestRedisNegativeHitKeepsPause(t *testing.T) {
+	r := testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.cache.NegativeTTL = time.Hour // the 404 below is answered from it, however slow the machine
+	})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	const id = "paused-early"
+	host := itoa(port) + "-" + id + ".cube.test"
+	// Unknown: the 404 is cached.
+	if st, _, _ := h.get(host, "/"); st != 404 {
+		t.Fatalf("GET unknown: %d, want 404", st)
+	}
+	// The control plane writes the route and pauses the sandbox; a request
+	// answered from the negative cache meanwhile must not undo the pause.
+	if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", "127.0.0.1",
+		"SandboxIP", "127.0.0.1", "CreatedAt", "1", itoa(port), itoa(port)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("state: %d %s", st, body)
+	}
+	if st, _, _ := h.get(host, "/"); st != 404 {
+		t.Fatalf("GET from the negative cache: %d, want 404", st)
+	}
+	h.cache.Invalidate(id)
+	if st, _, _ := h.get(host, "/"); st != 503 {
+		t.Fatalf("GET paused sandbox: %d, want 503", st)
+	}
+}

@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // Sandbox states set through POST /admin/state (and "killed" by
@@ -139,6 +143,38 @@ func (s *sandboxes) forget(id string) {
 		if e.state.CompareAndSwap(st, stateRunning) {
 			return
 		}
+	}
+}
+
+// Invalidate drops id's cached route, for the Redis subscriber
+// (redisstore.Invalidator): the control plane publishes the id of a
+// sandbox it changed or removed, and every instance gets it. A sandbox
+// this instance holds paused is then read again, in the background: when
+// Redis no longer has its route, the sandbox was removed without
+// meta/delete and its pause is forgotten, as a request that finds the
+// route gone forgets it. Most instances behind a balancer get no request
+// for a given sandbox, and kept its pause for ever.
+func (p *Proxy) Invalidate(id string) int {
+	n := p.cache.Invalidate(id)
+	if sb := p.sandboxes.peek(id); sb != nil {
+		if st := sb.state.Load(); st == statePausing || st == statePaused {
+			go p.forgetIfGone(id)
+		}
+	}
+	return n
+}
+
+// ExpireAll makes every cached route due for a re-read
+// (redisstore.Invalidator); sandbox states stay.
+func (p *Proxy) ExpireAll() int { return p.cache.ExpireAll() }
+
+// forgetIfGone forgets id when the store says it has no route for it; a
+// store that cannot answer forgets nothing. The cache bounds the read
+// (LookupTimeout) and shares it with requests for id.
+func (p *Proxy) forgetIfGone(id string) {
+	_, res, err := p.cache.Get(context.Background(), []byte(id))
+	if res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound) {
+		p.sandboxes.forget(id)
 	}
 }
 

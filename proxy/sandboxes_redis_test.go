@@ -129,3 +129,75 @@ func TestRedisNegativeHitKeepsPause(t *testing.T) {
 		t.Fatalf("GET paused sandbox: %d, want 503", st)
 	}
 }
+
+// An instance that gets no request for a sandbox (most of them, behind a
+// balancer) learns of its removal only from the control plane's PUBLISH:
+// the subscriber hands the id to the proxy, which reads the route again
+// and forgets the pause when Redis no longer has it. A paused sandbox
+// whose route is still there stays paused.
+func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
+	r := testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.store = store })
+	sub := store.Subscribe(context.Background(), h.proxy, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	select {
+	case <-sub.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not subscribed within 10s")
+	}
+	rdb := r.Client()
+	ctx := context.Background()
+	const perCase = 20
+	cases := []struct {
+		state  string
+		remove bool // delete the route before publishing
+		kept   bool
+	}{
+		{"paused", true, false},
+		{"pausing", true, false},
+		{"paused", false, true}, // only changed: still paused
+	}
+	for _, tc := range cases {
+		t.Run(tc.state+"/remove="+strconv.FormatBool(tc.remove), func(t *testing.T) {
+			before, applied := sandboxCount(h.proxy), sub.Applied()
+			ids := make([]string, perCase)
+			for i := range ids {
+				ids[i] = "pub-" + tc.state + "-" + strconv.FormatBool(tc.remove) + "-" + strconv.Itoa(i)
+				key := redisstore.DefaultKeyPrefix + ids[i]
+				if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1", "8080", "8080").Err(); err != nil {
+					t.Fatal(err)
+				}
+				if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+ids[i]+`","state":"`+tc.state+`"}`, ""); st != 200 {
+					t.Fatalf("state: %d %s", st, body)
+				}
+				if tc.remove {
+					if err := rdb.Del(ctx, key).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := store.Publish(ctx, ids[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.kept {
+				testenv.WaitFor(t, 5*time.Second, "invalidations applied", func() bool {
+					return sub.Applied() >= applied+perCase
+				})
+				for _, id := range ids {
+					if st, _, _ := h.get("8080-"+id+".cube.test", "/"); st != 503 {
+						t.Fatalf("GET %s: %d, want 503 (still paused)", id, st)
+					}
+				}
+				return
+			}
+			testenv.WaitFor(t, 5*time.Second, "sandbox entries back to "+strconv.Itoa(before), func() bool {
+				return sandboxCount(h.proxy) == before
+			})
+		})
+	}
+}

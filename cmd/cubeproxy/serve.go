@@ -218,10 +218,6 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	if err != nil {
 		return nil, err
 	}
-	if a.redis != nil {
-		a.sub = a.redis.Subscribe(bg, a.cache, log)
-	}
-
 	a.proxy, err = proxy.New(proxy.Config{
 		NodeIP:                  nodeIP,
 		Parser:                  routing.ParserConfig{Domains: cfg.Domains, SharedHosts: cfg.SharedHosts},
@@ -243,6 +239,11 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 	}, store, a.cache)
 	if err != nil {
 		return nil, err
+	}
+	if a.redis != nil {
+		// Through the proxy, not straight to the cache: it forgets the
+		// pause of a sandbox whose route was removed.
+		a.sub = a.redis.Subscribe(bg, a.proxy, log)
 	}
 	adminCfg := proxy.AdminConfig{
 		Token:           cfg.AdminToken,

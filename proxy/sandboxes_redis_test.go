@@ -12,6 +12,18 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
+// redisStore is a Redis route store on a redis-server of the test's own.
+func redisStore(t *testing.T) (*testenv.Redis, *redisstore.Store) {
+	t.Helper()
+	r := testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	return r, store
+}
+
 // In Redis mode the control plane removes a sandbox by deleting its hash
 // (and publishing the id), not always through meta/delete. The soak test
 // found the state map one entry larger for every sandbox paused and then
@@ -20,12 +32,7 @@ import (
 // pause of the one removed. A lookup that finds the route gone in Redis
 // forgets the pause; a kill's tombstone stays (410 for its hour).
 func TestRedisRemovedPausedSandboxIsForgotten(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
+	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) { o.store = store })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	rdb := r.Client()
@@ -95,12 +102,7 @@ func TestRedisRemovedPausedSandboxIsForgotten(t *testing.T) {
 // route written since, and only the store's own "not found" says the
 // sandbox is gone.
 func TestRedisNegativeHitKeepsPause(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
+	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) {
 		o.store = store
 		o.cache.NegativeTTL = time.Hour // the 404 below is answered from it, however slow the machine
@@ -136,12 +138,7 @@ func TestRedisNegativeHitKeepsPause(t *testing.T) {
 // and forgets the pause when Redis no longer has it. A paused sandbox
 // whose route is still there stays paused.
 func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
+	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) { o.store = store })
 	sub := store.Subscribe(context.Background(), h.proxy, nil)
 	t.Cleanup(func() { _ = sub.Close() })

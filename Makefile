@@ -18,4 +18,4 @@ bench:
 	bash bench/compare.sh
 
 fuzz:
-	go test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./routing
+	go test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./routing

@@ -306,6 +306,10 @@ func (c *Config) Validate() error {
 		}{
 			{"redis.addr", c.Redis.Addr != ""}, {"redis.url", c.Redis.URL != ""},
 			{"redis.sentinel.master_name", c.Redis.Sentinel.MasterName != ""}, {"redis.cluster.addrs", len(c.Redis.Cluster.Addrs) > 0},
+			// The registry is written to Redis: with the memory store the
+			// operator's dashboards would wait for an instance that never
+			// announces itself.
+			{"registry.enabled", c.Registry.Enabled},
 		} {
 			if r.set {
 				return fmt.Errorf("%s is set but store is memory: set store: redis (CUBEPROXY_STORE=redis) to read routes from Redis, or remove %s", r.key, r.key)

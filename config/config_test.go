@@ -108,6 +108,7 @@ func TestLoadErrors(t *testing.T) {
 		{"redis url with memory store", []string{"--store=memory", "--redis-url=redis://r:6379/0"}, nil, "redis.url is set but store is memory"},
 		{"sentinel with memory store", []string{"--config", writeFile(t, "redis:\n  sentinel:\n    master_name: m\n    addrs: [s:26379]\n")}, nil, "redis.sentinel.master_name is set but store is memory"},
 		{"cluster with memory store", []string{"--redis-cluster-addrs=c1:6379,c2:6379"}, nil, "redis.cluster.addrs is set but store is memory"},
+		{"registry with memory store", []string{"--registry-enabled"}, nil, "registry.enabled is set but store is memory"},
 		// Certificate files the source would never read: the image's
 		// config says self_signed, so HTTPS served a self-signed one.
 		{"cert files with self_signed source", []string{"--config", "../configs/cubeproxy.yaml"}, map[string]string{

@@ -112,7 +112,8 @@ func TestBoolFlagWithoutValue(t *testing.T) {
 		{nil, map[string]string{"CUBEPROXY_REGISTRY_ENABLED": "true"}, true},
 		{nil, nil, false},
 	} {
-		c, err := Load(tc.args, env(tc.env), io.Discard)
+		// The registry lives in Redis: with the memory store it is refused.
+		c, err := Load(append([]string{"--store", "redis"}, tc.args...), env(tc.env), io.Discard)
 		if err != nil {
 			t.Fatalf("%v: %v", tc.args, err)
 		}
@@ -120,7 +121,7 @@ func TestBoolFlagWithoutValue(t *testing.T) {
 			t.Errorf("%v %v: registry.enabled = %v, want %v", tc.args, tc.env, c.Registry.Enabled, tc.want)
 		}
 	}
-	if c, err := Load([]string{"--registry-enabled", "--registry-interval", "200ms"}, env(nil), io.Discard); err != nil || c.Registry.Interval != 200*time.Millisecond {
+	if c, err := Load([]string{"--store", "redis", "--registry-enabled", "--registry-interval", "200ms"}, env(nil), io.Discard); err != nil || c.Registry.Interval != 200*time.Millisecond {
 		t.Errorf("the flag after a bare bool flag was lost: %v", err)
 	}
 }

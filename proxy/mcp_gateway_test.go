@@ -862,3 +862,66 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 }
+
+// The older HTTP+SSE transport (still shipped by the TypeScript and Go SDKs)
+// carries every answer on its GET stream, and its session lives and dies
+// with that stream: its events have no ids, and a reconnect opens a new,
+// uninitialized session. Ended at once by the drain, as GET event streams
+// are, the stream took every call in flight with it: the TS SDK's client
+// reconnected and waited for its answer until its request timeout (lab run).
+// Like a WebSocket, such a stream must get the drain time.
+func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
+	srv := newAgentServer()
+	release := make(chan struct{})
+	mcp.AddTool(srv, &mcp.Tool{Name: "finish"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
+	})
+	hd := mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.SSEOptions{DisableLocalhostProtection: true})
+	port := backend(t, "127.0.0.1", hd)
+	h.put("legacydrain", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	progressed := make(chan struct{}, 1)
+	tr := &mcp.SSEClientTransport{
+		Endpoint:   "http://" + h.addr + "/sse",
+		HTTPClient: &http.Client{Transport: hostTransport{host: "50005-legacydrain.cube.test", base: h.client.Transport}},
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progressed <- struct{}{} },
+	}).Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatalf("connect over HTTP+SSE: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
+		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
+			err = fmt.Errorf("result %+v", res.Content)
+		}
+		done <- err
+	}()
+	<-progressed // the call is in flight, its answer due on the GET stream
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+	testenv.WaitFor(t, 10*time.Second, "the drain to end GET event streams", func() bool {
+		h.proxy.streams.mu.Lock()
+		defer h.proxy.streams.mu.Unlock()
+		return h.proxy.streams.draining
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("tool call in flight over HTTP+SSE during the drain: %v", err)
+	}
+	// The drain ends when the agent leaves, not at its deadline.
+	_ = cs.Close()
+	if err := <-shutdownDone; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}

@@ -498,6 +498,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	if s.sse {
 		x.kind = telemetry.RouteSSE
 		s.resumable = req.Header.IsGet()
+		s.probing = s.resumable
 	}
 	x.stream = size < 0
 	x.owned = true

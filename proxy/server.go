@@ -313,7 +313,8 @@ func httpsAuthority(host, port string) string {
 	return host
 }
 
-// Shutdown stops accepting connections, ends GET SSE streams cleanly at once,
+// Shutdown stops accepting connections, ends GET SSE streams cleanly at once
+// (not MCP HTTP+SSE sessions: registry.keepForDeadline),
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
 // cuts what is left: streams, tunnels, and requests still waiting on their
 // sandbox, which are answered 504. It returns when nothing is open (or two

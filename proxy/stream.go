@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -46,11 +47,17 @@ type bodyStream struct {
 	eof     bool // the body was read to its end
 
 	sse        bool
-	resumable  bool // an event stream a GET asked for: drain ends it at once (registry.endSSE)
+	resumable  bool // an event stream a GET asked for: drain ends it at once (registry.endSSE); once registered, written under the registry lock
+	probing    bool // resumable, and its first line not seen yet (probeFirstEvent)
+	probeN     uint8
 	fixed      bool // Content-Length body: copied by WriteTo in large pieces
 	heartbeat  time.Duration
 	atBoundary bool // bytes sent so far end an SSE event (or none were sent)
 	last       byte // last byte forwarded, to find "\n\n" across reads
+
+	// probe holds the first bytes of a resumable stream until they tell
+	// whether it opens an MCP HTTP+SSE session (opensLegacySession).
+	probe [len(legacyProbeBOM) + len("event: endpoint\r")]byte
 
 	n       int64 // bytes forwarded
 	started time.Time
@@ -108,6 +115,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.x.bytesOut += int64(n)
 		if s.sse {
 			s.trackBoundary(b[:n])
+		}
+		if s.probing {
+			s.probeFirstEvent(b[:n])
 		}
 	}
 	if err != nil && s.clientLeft.Load() {
@@ -290,6 +300,44 @@ func (s *bodyStream) trackBoundary(b []byte) {
 	s.last = prev
 }
 
+// legacyProbeBOM is the byte order mark an event stream may open with.
+const legacyProbeBOM = "\xEF\xBB\xBF"
+
+// probeFirstEvent collects the first bytes of a GET's event stream until
+// they tell whether it is an MCP HTTP+SSE session, which the drain must not
+// end at once (see opensLegacySession); it copies at most 19 bytes, once.
+func (s *bodyStream) probeFirstEvent(b []byte) {
+	n := copy(s.probe[s.probeN:], b)
+	got := s.probe[:int(s.probeN)+n]
+	s.probeN = uint8(len(got))
+	if len(got) < len(s.probe) && bytes.IndexAny(got, "\r\n") < 0 {
+		return // the first line is not complete yet
+	}
+	s.probing = false
+	if opensLegacySession(got) {
+		s.p.streams.keepForDeadline(s)
+	}
+}
+
+// opensLegacySession reports whether b, the start of a GET's event stream,
+// is the endpoint event that opens a session of MCP's HTTP+SSE transport
+// (protocol 2024-11-05, still shipped by the TypeScript, Python and Go
+// SDKs). Such a stream carries the answer to every call of its session,
+// and the session ends with it: its events have no ids, and a client that
+// reconnects gets a new, uninitialized session, so the calls in flight
+// would be lost. It is a session like a WebSocket, not a subscription a
+// client resumes elsewhere.
+func opensLegacySession(b []byte) bool {
+	b = bytes.TrimPrefix(b, []byte(legacyProbeBOM))
+	b, ok := bytes.CutPrefix(b, []byte("event:"))
+	if !ok {
+		return false
+	}
+	b = bytes.TrimPrefix(b, []byte(" "))
+	b, ok = bytes.CutPrefix(b, []byte("endpoint"))
+	return ok && len(b) > 0 && (b[0] == '\r' || b[0] == '\n')
+}
+
 // CloseWithError is called by fasthttp once the body was written (err nil)
 // or writing failed (the client went away). A non-nil err makes fasthttp
 // close the upstream connection instead of pooling it, which is how the
@@ -467,7 +515,8 @@ func (r *registry) removeTunnel(t *tunnel) {
 
 // endSSE ends every open event stream that a GET asked for cleanly: its
 // client reconnects elsewhere (EventSource and an MCP agent's standalone
-// stream do, with Last-Event-ID when they have one). Other bodies keep
+// stream do, with Last-Event-ID when they have one). A stream that opened
+// an MCP HTTP+SSE session is not one of them (keepForDeadline). Other bodies keep
 // going until the drain deadline: a clean end of a download would look
 // like a complete file, and an event stream answering a POST (an MCP tool
 // call's answer, a streamed LLM completion) cannot be asked for again; it
@@ -485,6 +534,18 @@ func (r *registry) endSSE() {
 			s.interrupt()
 		}
 	}
+}
+
+// keepForDeadline makes s, a GET's event stream found to be an MCP HTTP+SSE
+// session, one the drain leaves open until its deadline, as it does
+// WebSockets: the answers to its calls in flight still come on it. A stream
+// the drain has already ended is left to end.
+func (r *registry) keepForDeadline(s *bodyStream) {
+	r.mu.Lock()
+	if !s.stopping.Load() {
+		s.resumable = false
+	}
+	r.mu.Unlock()
 }
 
 // abortAll cuts whatever is still open at the drain deadline.

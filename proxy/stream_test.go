@@ -969,3 +969,36 @@ func TestEventStreamTypeIsCaseInsensitive(t *testing.T) {
 		})
 	}
 }
+
+// The drain leaves a GET's event stream open only when its first line is
+// the endpoint event of MCP's HTTP+SSE transport, as each SDK writes it,
+// however the sandbox splits it across writes.
+func TestOpensLegacySession(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       bool
+	}{
+		{"go-sdk and TypeScript SDK", "event: endpoint\ndata: /messages?sessionId=1\n\n", true},
+		{"python sse-starlette", "event: endpoint\r\ndata: /messages/?session_id=1\r\n\r\n", true},
+		{"no space", "event:endpoint\ndata: /m\n\n", true},
+		{"byte order mark", "\xEF\xBB\xBFevent: endpoint\n", true},
+		{"streamable HTTP message", "event: message\nid: 1\ndata: {}\n\n", false},
+		{"priming event", "id: 1\ndata: \n\n", false},
+		{"another event name", "event: endpoints\ndata: x\n\n", false},
+		{"endpoint not first", ": hi\n\nevent: endpoint\ndata: /m\n\n", false},
+		{"ticker", "id: 1\nevent: tick\ndata: {}\n\n", false},
+	} {
+		for _, split := range []int{1, 3, 7, len(tc.body)} {
+			p := &Proxy{}
+			s := &bodyStream{p: p, resumable: true, probing: true}
+			for b := []byte(tc.body); len(b) > 0 && s.probing; {
+				n := min(split, len(b))
+				s.probeFirstEvent(b[:n])
+				b = b[n:]
+			}
+			if got := !s.resumable; got != tc.want {
+				t.Errorf("%s, written %d bytes at a time: kept for the drain deadline = %v, want %v", tc.name, split, got, tc.want)
+			}
+		}
+	}
+}

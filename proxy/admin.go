@@ -93,7 +93,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		// Health answers without a token: load balancers probe it.
 		if !ctx.IsGet() && !ctx.IsHead() {
 			ctx.Response.Header.Set("Allow", "GET, HEAD")
-			adminError(ctx, 405, "method not allowed")
+			adminError(ctx, 405, "method not allowed: "+path+" takes GET, HEAD")
 			return
 		}
 		if path == "/readyz" {
@@ -282,7 +282,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
 	default:
 		ctx.Response.Header.Set("Allow", "GET, HEAD, PUT, DELETE")
-		adminError(ctx, 405, "method not allowed")
+		adminError(ctx, 405, "method not allowed: /admin/routes/"+id+" takes GET, HEAD, PUT, DELETE")
 	}
 }
 

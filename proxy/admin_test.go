@@ -156,6 +156,10 @@ func TestAdminWrongMethod(t *testing.T) {
 		if tc.method != "HEAD" && status >= 400 && !strings.Contains(string(b), `"error"`) {
 			t.Errorf("%s %s: %d without a JSON error: %q", tc.method, tc.path, status, b)
 		}
+		// Every 405 says the same thing the same way: which path takes what.
+		if want := tc.path + " takes " + tc.allow; status == 405 && !strings.Contains(string(b), want) {
+			t.Errorf("%s %s: 405 body %q does not say %q", tc.method, tc.path, b, want)
+		}
 	}
 }
 

@@ -116,6 +116,11 @@ func TestNewCacheConfig(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("defaults = %+v", c.cfg)
 	}
+	// DESIGN.md's numbers, spelled out: comparing with the constants
+	// above alone would pass whatever they were changed to.
+	if got.TTLMin != 500*time.Second || got.TTLMax != 700*time.Second || got.NegativeTTL != 2*time.Second {
+		t.Errorf("defaults: TTL %v-%v, negative %v; the contract is 500-700 s and about 2 s", got.TTLMin, got.TTLMax, got.NegativeTTL)
+	}
 	if c, err := NewCache(s, CacheConfig{TTLMin: time.Hour}); err != nil || c.cfg.TTLMax != time.Hour {
 		t.Fatalf("TTLMin above the default max: %v, %v", c, err)
 	}

@@ -5,57 +5,19 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
-// frozenListener is a sandbox port whose server stopped accepting and whose
-// listen backlog is full (a frozen VM, a stuck accept loop): the kernel
-// drops further SYNs, so a connect neither succeeds nor is refused.
-func frozenListener(t *testing.T) uint16 {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := sa.(*syscall.SockaddrInet4).Port
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	// Fill the backlog: connects complete until one no longer does.
-	for i := 0; ; i++ {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err != nil {
-			break
-		}
-		t.Cleanup(func() { c.Close() })
-		if i == 8 {
-			t.Fatal("the kernel keeps accepting into a backlog of 0")
-		}
-	}
-	return uint16(port)
-}
-
 // A sandbox that never accepts is a gateway timeout (as nginx's
 // proxy_connect_timeout answers), not "refused": the connect and its one
 // retry take 2 connect timeouts, and other sandboxes are served meanwhile.
 func TestFrozenSandboxConnectTimeout(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
-	frozen := h.route("frozen", frozenListener(t))
+	frozen := h.route("frozen", testenv.FrozenListener(t))
 	good := h.route("good", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 	})))
@@ -100,7 +62,7 @@ func TestFrozenSandboxConnectTimeout(t *testing.T) {
 func TestDrainCutsConnectInProgress(t *testing.T) {
 	const drain = 300 * time.Millisecond
 	h, buf, al := drainLogHarness(t, drain)
-	host := h.route("frozen", frozenListener(t))
+	host := h.route("frozen", testenv.FrozenListener(t))
 	c, err := net.Dial("tcp", h.addr)
 	if err != nil {
 		t.Fatal(err)

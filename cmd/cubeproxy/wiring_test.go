@@ -69,6 +69,7 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 	}
 	r := runServe(t, []string{
 		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "1s",
+		"--domains", "cube.test",
 		"--shared-hosts", "gw.cube.test",
 		"--max-request-body", "1024",
 		"--max-streams-per-sandbox", "1",
@@ -111,6 +112,7 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 
 	expect("shared_hosts: target from headers", do("GET", "gw.cube.test", "/", nil,
 		map[string]string{"X-Cube-Sandbox-Id": "open", "X-Cube-Sandbox-Port": strconv.Itoa(port)}), 200)
+	expect("domains: another domain", do("GET", fmt.Sprintf("%d-open.elsewhere.test", port), "/", nil, nil), 400)
 	expect("max_request_body: 1 KiB passes", do("POST", openHost, "/", strings.NewReader(strings.Repeat("x", 1024)), nil), 200)
 	expect("max_request_body: 1 KiB + 1 is refused", do("POST", openHost, "/", strings.NewReader(strings.Repeat("x", 1025)), nil), 413)
 	expect("exempt_ports: restricted route, exempt port", do("GET", "80-locked.cube.test", "/", nil, nil), 200)

@@ -171,6 +171,10 @@ func TestErrorStatuses(t *testing.T) {
 			if tc.want.sandboxID != "" && (got.SandboxID == nil || *got.SandboxID != tc.want.sandboxID) {
 				t.Errorf("body %s: want sandbox_id %q", body, tc.want.sandboxID)
 			}
+			// No valid sandbox named, none reported (README, Errors).
+			if tc.want.sandboxID == "" && got.SandboxID != nil {
+				t.Errorf("body %s: want no sandbox_id", body)
+			}
 		})
 	}
 }

@@ -33,6 +33,8 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 		case "/mute": // never sends its head
 			<-r.Context().Done()
 			return
+		case "/bighead": // a response head over 1 KiB
+			w.Header().Set("X-Big", strings.Repeat("b", 2048))
 		case "/sse": // head, then silence
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.(http.Flusher).Flush()
@@ -77,6 +79,8 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 		"--upstream-response-header-timeout", "300ms",
 		"--upstream-heartbeat-interval", "100ms",
 		"--upstream-idle-timeout", "1s",
+		"--client-max-header-size", "1024",
+		"--upstream-max-header-size", "1024",
 	}, noEnv)
 	proxyURL := "http://" + r.a.httpLn.Addr().String()
 	openHost := fmt.Sprintf("%d-open.cube.test", port)
@@ -118,6 +122,8 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 	expect("exempt_ports: restricted route, exempt port", do("GET", "80-locked.cube.test", "/", nil, nil), 200)
 	expect("exempt_ports: restricted route, other port", do("GET", fmt.Sprintf("%d-locked.cube.test", port), "/", nil, nil), 403)
 	expect("response_header_timeout", do("GET", openHost, "/mute", nil, nil), 504)
+	expect("client.max_header_size", do("GET", openHost, "/", nil, map[string]string{"X-Big": strings.Repeat("c", 2048)}), 431)
+	expect("upstream.max_header_size", do("GET", openHost, "/bighead", nil, nil), 502)
 
 	// max_streams_per_sandbox: one request held open, the next refused.
 	holding := make(chan *http.Response, 1)
@@ -172,4 +178,139 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("idle_timeout: a silent stream still open 10 s after a 1 s idle timeout")
 	}
+}
+
+// Connection-level settings reach the proxy: each is set far below its
+// default (upstream.max_conns 1024, client timeouts 30-90 s, upstream
+// idle connections 30 s), so an unwired one shows as a request that is
+// not refused or a connection still open 10 s later.
+func TestServeWiresConnectionSettings(t *testing.T) {
+	held := make(chan struct{}, 1)
+	release := make(chan struct{})
+	backendClosed := make(chan struct{}, 16)
+	backend := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				held <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}
+			_, _ = io.Copy(io.Discard, r.Body)
+			_, _ = io.WriteString(w, "ok")
+		}),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed {
+				backendClosed <- struct{}{}
+			}
+		},
+	}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bln)
+	t.Cleanup(func() { close(release); _ = backend.Close() })
+	port := bln.Addr().(*net.TCPAddr).Port
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routes, fmt.Appendf(nil, "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := runServe(t, []string{
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "1s",
+		"--upstream-max-conns", "1",
+		"--upstream-idle-conn-timeout", "300ms",
+		"--client-idle-timeout", "300ms",
+		"--client-read-timeout", "300ms",
+		"--client-body-timeout", "300ms",
+	}, noEnv)
+	proxyAddr := r.a.httpLn.Addr().String()
+	host := fmt.Sprintf("%d-box.cube.test", port)
+	const wait = 10 * time.Second
+
+	// dial opens a client connection and sends head (and body, if any).
+	dial := func(t *testing.T, raw string) (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		return c, bufio.NewReader(c)
+	}
+	// status reads one response head and returns its status code.
+	status := func(t *testing.T, br *bufio.Reader) int {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// closed reports whether the proxy closed the connection within wait.
+	closed := func(br *bufio.Reader) bool {
+		_, err := io.Copy(io.Discard, br)
+		return err == nil // EOF; a read deadline is an error
+	}
+	get := "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+
+	t.Run("upstream.max_conns", func(t *testing.T) {
+		_, heldBR := dial(t, "GET /hold HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+		select {
+		case <-held:
+		case <-time.After(wait):
+			t.Fatal("the held request never reached the sandbox")
+		}
+		_, br := dial(t, get)
+		if st := status(t, br); st != 503 {
+			t.Errorf("second connection to a sandbox port with max_conns 1: %d, want 503 upstream_busy", st)
+		}
+		release <- struct{}{}
+		if st := status(t, heldBR); st != 200 {
+			t.Errorf("held request: %d", st)
+		}
+	})
+	t.Run("upstream.idle_conn_timeout", func(t *testing.T) {
+		for len(backendClosed) > 0 { // closes of the last subtest's connections
+			<-backendClosed
+		}
+		_, br := dial(t, get)
+		if st := status(t, br); st != 200 {
+			t.Fatalf("GET: %d", st)
+		}
+		select {
+		case <-backendClosed:
+		case <-time.After(wait):
+			t.Error("the proxy's idle keep-alive connection to the sandbox still open 10 s after a 300 ms idle_conn_timeout")
+		}
+	})
+	t.Run("client.idle_timeout", func(t *testing.T) {
+		_, br := dial(t, get)
+		if st := status(t, br); st != 200 {
+			t.Fatalf("GET: %d", st)
+		}
+		if !closed(br) {
+			t.Error("idle keep-alive client connection still open 10 s after a 300 ms idle_timeout")
+		}
+	})
+	t.Run("client.read_timeout", func(t *testing.T) {
+		_, br := dial(t, "GET / HTTP/1.1\r\nHost: "+host+"\r\n") // the head never ends
+		if !closed(br) {
+			t.Error("connection with an unfinished head still open 10 s after a 300 ms read_timeout")
+		}
+	})
+	t.Run("client.body_timeout", func(t *testing.T) {
+		// More than the 8 KiB fasthttp reads with the head, then a stall.
+		_, br := dial(t, "POST / HTTP/1.1\r\nHost: "+host+"\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("x", 16<<10))
+		if st := status(t, br); st != 408 {
+			t.Errorf("stalled upload: %d, want 408", st)
+		}
+	})
 }

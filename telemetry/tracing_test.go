@@ -46,6 +46,18 @@ func TestTracingOffByDefault(t *testing.T) {
 	if v := out.Peek("traceparent"); v != nil {
 		t.Errorf("tracing off injected traceparent %q", v)
 	}
+
+	// The client's own trace context is an end-to-end header like any
+	// other: with the proxy's tracing off (the default) it reaches the
+	// sandbox as sent, so an agent's tracing still spans the proxy.
+	clientTP := "00-" + clientTraceID + "-" + clientSpanID + "-01"
+	out = &fasthttp.RequestHeader{}
+	out.Set("traceparent", clientTP)
+	out.Set("tracestate", "vendor=opaque")
+	tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:80"))
+	if tp, ts := string(out.Peek("traceparent")), string(out.Peek("tracestate")); tp != clientTP || ts != "vendor=opaque" {
+		t.Errorf("tracing off: the client's traceparent %q / tracestate %q reached the sandbox as %q / %q", clientTP, "vendor=opaque", tp, ts)
+	}
 }
 
 func TestServerAndClientSpansExported(t *testing.T) {

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func Imports(t testing.TB, direct bool) []string {
 	out, err := exec.Command("go", args...).Output()
 	if err != nil {
 		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = string(ee.Stderr)
 		}
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)

@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// rawToken is the restricted route's traffic token.
+const rawToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// fuzzBackend is the one backend the raw-request fuzz target routes to. It
+// answers 200 with a short body, an event stream under /sse, and a 101
+// (then echoes until the proxy closes its side) to a WebSocket upgrade, so
+// that every answer of 400 and above comes from the proxy itself.
+func fuzzBackend(tb testing.TB) uint16 {
+	return backend(tb, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch {
+		case strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
+			hj, ok := w.(http.Hijacker)
+			if !ok {
+				return
+			}
+			c, brw, err := hj.Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = io.Copy(c, brw)
+		case strings.HasPrefix(r.URL.Path, "/sse"):
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "data: two\n\n")
+		default:
+			w.Header().Set("Set-Cookie", "b=1; Domain=evil.example; Path=/")
+			_, _ = io.WriteString(w, "ok\n")
+		}
+	}))
+}
+
+// FuzzProxyRaw sends arbitrary bytes, as one client connection, to a real
+// proxy on loopback with one public and one restricted route, both to one
+// backend. For any input: no panic and no hang; the proxy answers with a
+// response a client can parse, or closes; an answer of 400 or above (only
+// the proxy gives those here) carries a JSON error object (or the HTML page
+// of a browser navigating); and no pool ever names an address other than
+// the routed backend's (no request makes the proxy dial an address no
+// route names).
+func FuzzProxyRaw(f *testing.F) {
+	bport := fuzzBackend(f)
+	bp := strconv.Itoa(int(bport))
+	host := bp + "-box.cube.test"
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"HEAD / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"GET /sse HTTP/1.1\r\nHost: " + host + "\r\nAccept: text/event-stream\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+		"GET /ws HTTP/1.1\r\nHost: " + host + "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n\x81\x00",
+		"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: box\r\nX-Cube-Sandbox-Port: " + bp + "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: localhost\r\nE2b-Sandbox-Id: box\r\nE2b-Sandbox-Port: " + bp + "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\ne2b-traffic-access-token: " + rawToken + "\r\n\r\n",
+		"GET /?cube_token=AAAA HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\nSec-Fetch-Mode: navigate\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\nGET / HTTP/1.1\r\nHost: 1-box.cube.test\r\n\r\n",
+		"GET http://" + host + "/x HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n",
+		"GET / HTTP/1.0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: 99999-box.cube.test\r\nX-Cube-Request-Id: a\"b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"\x16\x03\x01\x00\x05hello",
+	} {
+		f.Add([]byte(s))
+	}
+
+	store := routing.NewMemoryStore()
+	for id, fields := range map[string]map[string]string{
+		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bp},
+		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: bp, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
+	} {
+		r, err := routing.ParseRouteStrict(id, fields)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if err := store.Put(r); err != nil {
+			f.Fatal(err)
+		}
+	}
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p, err := New(Config{
+		Logger:                slog.New(slog.DiscardHandler),
+		ConnectTimeout:        500 * time.Millisecond,
+		ResponseHeaderTimeout: 2 * time.Second,
+		IdleStreamTimeout:     2 * time.Second,
+	}, store, cache)
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
+		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
+	ln := listen(f, "127.0.0.1:0")
+	go srv.Serve(ln)
+	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
+	want := netip.MustParseAddrPort("127.0.0.1:" + bp)
+	addr := ln.Addr().String()
+
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		// The proxy may answer and close before reading everything: a
+		// failed write is its refusal, and the answer is still read.
+		_, _ = c.Write(raw)
+		_ = c.(*net.TCPConn).CloseWrite()
+		out, rerr := io.ReadAll(c)
+		if errors.Is(rerr, os.ErrDeadlineExceeded) {
+			t.Fatalf("no answer and no close within 10 s; got %q", out)
+		}
+
+		p.pools.mu.RLock()
+		for k := range p.pools.m {
+			if k.addr != want {
+				t.Errorf("the proxy keeps a pool for %v; the only route names %v", k.addr, want)
+			}
+		}
+		p.pools.mu.RUnlock()
+
+		if len(out) == 0 || rerr != nil && !errors.Is(rerr, syscall.ECONNRESET) {
+			return // closed without an answer
+		}
+		// Every answer in turn (pipelined requests get one each). The
+		// method of the first request tells whether its answer has a body;
+		// later ones are parsed as answers to GET, and stop the check
+		// when that is wrong.
+		method, _, _ := bytes.Cut(raw, []byte(" "))
+		br := bufio.NewReader(bytes.NewReader(out))
+		for n := 0; ; n++ {
+			if _, err := br.Peek(1); err != nil {
+				return
+			}
+			req := &http.Request{Method: "GET"}
+			if n == 0 {
+				req.Method = string(method)
+			}
+			resp, err := http.ReadResponse(br, req)
+			if err != nil {
+				if rerr != nil || n > 0 {
+					return // reset, or a later request's method unknown
+				}
+				t.Fatalf("unparsable answer: %v\n%q\nto %q", err, out, raw)
+			}
+			body, berr := io.ReadAll(resp.Body)
+			for _, ck := range resp.Cookies() {
+				if ck.Domain != "" {
+					t.Fatalf("Set-Cookie with Domain=%s reached the client\nto %q", ck.Domain, raw)
+				}
+			}
+			switch {
+			case resp.StatusCode == 101 || resp.StatusCode >= 200 && resp.StatusCode < 400:
+				if resp.StatusCode == 101 || resp.Close {
+					return
+				}
+				continue
+			case resp.StatusCode < 200:
+				continue // 100 Continue: the answer follows
+			case req.Method == "HEAD" || berr != nil:
+				return
+			}
+			switch ct := resp.Header.Get("Content-Type"); {
+			case strings.HasPrefix(ct, "text/html"):
+			case ct == "application/json":
+				var obj struct {
+					Error string `json:"error"`
+					Code  string `json:"code"`
+				}
+				if err := json.Unmarshal(body, &obj); err != nil || obj.Error == "" || obj.Code == "" {
+					t.Fatalf("%d with body %q: not a JSON error object (%v)\nto %q", resp.StatusCode, body, err, raw)
+				}
+			default:
+				t.Fatalf("%d with Content-Type %q, body %q\nto %q", resp.StatusCode, ct, body, raw)
+			}
+		}
+	})
+}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -59,15 +60,20 @@ func fuzzBackend(tb testing.TB) uint16 {
 
 // FuzzProxyRaw sends arbitrary bytes, as one client connection, to a real
 // proxy on loopback with one public and one restricted route, both to one
-// backend. For any input: no panic and no hang; the proxy answers with a
+// backend, and signed browser tokens on. For any input: no panic and no hang; the proxy answers with a
 // response a client can parse, or closes; an answer of 400 or above (only
 // the proxy gives those here) carries a JSON error object (or the HTML page
-// of a browser navigating); and no pool ever names an address other than
+// of a browser navigating); a Location (the 302 that trades a signed
+// token for a cookie) is a path on the same host; no Set-Cookie carries a
+// Domain; and no pool ever names an address other than
 // the routed backend's (no request makes the proxy dial an address no
 // route names).
 func FuzzProxyRaw(f *testing.F) {
-	bport := fuzzBackend(f)
-	bp := strconv.Itoa(int(bport))
+	// The routes map container port 8080 to the backend's port: inputs
+	// (and crashers kept in testdata) name 8080, whatever port the
+	// backend got.
+	bport := strconv.Itoa(int(fuzzBackend(f)))
+	const bp = "8080"
 	host := bp + "-box.cube.test"
 	for _, s := range []string{
 		"GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
@@ -90,11 +96,20 @@ func FuzzProxyRaw(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	tok, err := signer.Sign("priv", 8080, time.Now().Add(24*time.Hour))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte("GET //evil.example/p?a=1&cube_token=" + tok + " HTTP/1.1\r\nHost: 8080-priv.cube.test\r\n\r\n"))
 
 	store := routing.NewMemoryStore()
 	for id, fields := range map[string]map[string]string{
-		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bp},
-		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: bp, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
+		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bport},
+		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: bport, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
 	} {
 		r, err := routing.ParseRouteStrict(id, fields)
 		if err != nil {
@@ -110,6 +125,7 @@ func FuzzProxyRaw(f *testing.F) {
 	}
 	p, err := New(Config{
 		Logger:                slog.New(slog.DiscardHandler),
+		Signer:                signer,
 		ConnectTimeout:        500 * time.Millisecond,
 		ResponseHeaderTimeout: 2 * time.Second,
 		IdleStreamTimeout:     2 * time.Second,
@@ -122,7 +138,7 @@ func FuzzProxyRaw(f *testing.F) {
 	ln := listen(f, "127.0.0.1:0")
 	go srv.Serve(ln)
 	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
-	want := netip.MustParseAddrPort("127.0.0.1:" + bp)
+	want := netip.MustParseAddrPort("127.0.0.1:" + bport)
 	addr := ln.Addr().String()
 
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -177,6 +193,11 @@ func FuzzProxyRaw(f *testing.F) {
 			for _, ck := range resp.Cookies() {
 				if ck.Domain != "" {
 					t.Fatalf("Set-Cookie with Domain=%s reached the client\nto %q", ck.Domain, raw)
+				}
+			}
+			if loc := resp.Header.Get("Location"); loc != "" {
+				if b := browserLocation(loc); !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") {
+					t.Fatalf("%d to Location %q, not a path on the sandbox's host\nto %q", resp.StatusCode, loc, raw)
 				}
 			}
 			switch {

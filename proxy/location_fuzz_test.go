@@ -1,0 +1,148 @@
+package proxy
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// browserLocation is what a browser makes of a Location value before it
+// resolves it (WHATWG URL parsing): leading and trailing C0 controls and
+// spaces go, tabs and newlines anywhere go, and in a special scheme's URL a
+// backslash is a slash.
+func browserLocation(loc string) string {
+	loc = strings.TrimFunc(loc, func(r rune) bool { return r <= ' ' })
+	loc = strings.NewReplacer("\t", "", "\n", "", "\r", "").Replace(loc)
+	return strings.ReplaceAll(loc, `\`, "/")
+}
+
+// FuzzAppendLocalPath checks the Location of the 302 that trades a signed
+// token for a cookie, for any request target: a browser reads it as a path
+// on the same host (one leading '/', never "//" that names another host),
+// and the query keeps no cube_token.
+func FuzzAppendLocalPath(f *testing.F) {
+	for _, s := range []string{"/a/b?x=1&cube_token=t", "//evil.example/x", `/\evil.example`, "http://h//evil/x?y",
+		"/\t/evil", "*", "host:80", `http:\\evil\x`, "/%2F%2Fevil", "?cube_token=a"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uri string) {
+		path, query, _ := strings.Cut(uri, "?")
+		loc := appendLocalPath(nil, []byte(path))
+		if len(query) > 0 {
+			loc = append(append(loc, '?'), query...)
+		}
+		b := browserLocation(string(loc))
+		if !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") {
+			t.Fatalf("target %q: Location %q (to a browser %q) is not a path on this host", uri, loc, b)
+		}
+	})
+}
+
+// FuzzRedirectLocation checks the 308 of the plain-HTTP redirect listener
+// for any Host and request target fasthttp accepts: the Location names
+// the host the client asked for (no open redirect), at the HTTPS port,
+// followed by a path.
+func FuzzRedirectLocation(f *testing.F) {
+	for _, s := range [][3]string{
+		{"8080-box.cube.test", "/a?b", ""}, {"8080-box.cube.test:80", "http://evil.example//x", "8443"},
+		{"[::1]:80", "*", ""}, {"::1", "/", "8443"}, {"[v1.x]", "//evil/", ""}, {"a:b:c", "/", ""},
+		{"[a]b", "/", ""}, {"evil.example:80:1", "/", "8443"}, {"]", "/", ""},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	f.Fuzz(func(t *testing.T, host, uri, port string) {
+		if port != "" && strings.Trim(port, "0123456789") != "" {
+			return // the operator's https port is a number
+		}
+		var h fasthttp.RequestHeader
+		raw := "GET " + uri + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+		if h.Read(bufioReader(raw)) != nil || !redirectableHost(h.Host()) || len(h.Host()) == 0 {
+			return
+		}
+		host = string(h.Host())
+		loc := "https://" + httpsAuthority(host, port) + redirectTarget(h.RequestURI())
+		b := strings.TrimPrefix(browserLocation(loc), "https://")
+		authority, rest, _ := strings.Cut(b, "/")
+		if !strings.HasPrefix(b[len(authority):], "/") {
+			t.Fatalf("Host %q, target %q: Location %q has no path after its authority", host, uri, loc)
+		}
+		_ = rest
+		if strings.ContainsAny(authority, "@?#") {
+			t.Fatalf("Host %q: Location %q has userinfo, query or fragment in its authority", host, loc)
+		}
+		if got, want := hostOf(authority), hostOf(host); !strings.EqualFold(got, want) {
+			t.Fatalf("Host %q (host %q): Location %q names host %q", host, want, loc, got)
+		}
+	})
+}
+
+// hostOf is the host part of an authority, as a URL parser reads it: the
+// bracketed literal, or everything before the last ':'.
+func hostOf(authority string) string {
+	if strings.HasPrefix(authority, "[") {
+		if i := strings.IndexByte(authority, ']'); i >= 0 {
+			return authority[1:i]
+		}
+	}
+	if h, _, err := net.SplitHostPort(authority); err == nil {
+		return h
+	}
+	if i := strings.LastIndexByte(authority, ':'); i >= 0 && !strings.Contains(authority[:i], ":") {
+		return authority[:i]
+	}
+	return strings.Trim(authority, "[]")
+}
+
+// FuzzScopeSetCookies checks what a sandbox's Set-Cookie lines become on
+// their way to the client: as net/http (and a browser) parses them, none
+// has a Domain other than the request's host, every cookie keeps its name
+// and value, and their number and order do not change.
+func FuzzScopeSetCookies(f *testing.F) {
+	for _, s := range [][2]string{
+		{"a=1; Domain=cube.test; Path=/", "8080-box.cube.test"},
+		{"a=1; domain = .8080-box.cube.test ; Secure\r\nSet-Cookie: b=2; Domain=evil", "8080-box.cube.test:80"},
+		{"a=1; Domain=; Domain=cube.test", "8080-box.cube.test"},
+		{"a=\"q;Domain=x\"; HttpOnly", "h"},
+		{"a=1; Domain=8080-BOX.cube.test.", "8080-box.cube.test"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, setCookies, host string) {
+		var h fasthttp.ResponseHeader
+		raw := "HTTP/1.1 200 OK\r\nSet-Cookie: " + setCookies + "\r\nContent-Length: 0\r\n\r\n"
+		if h.Read(bufioReader(raw)) != nil {
+			return
+		}
+		before := cookieLines(&h)
+		scopeSetCookies(&h, []byte(host))
+		after := cookieLines(&h)
+		if len(before) != len(after) {
+			t.Fatalf("%d cookies became %d: %q -> %q", len(before), len(after), before, after)
+		}
+		want := strings.ToLower(string(hostWithoutPort([]byte(host))))
+		for i, line := range after {
+			c, err := http.ParseSetCookie(line)
+			b, berr := http.ParseSetCookie(before[i])
+			if (err == nil) != (berr == nil) || err == nil && (c.Name != b.Name || c.Value != b.Value) {
+				t.Fatalf("cookie %q became %q", before[i], line)
+			}
+			if err == nil && c.Domain != "" && strings.ToLower(c.Domain) != want {
+				t.Fatalf("Set-Cookie %q (from %q) keeps Domain %q for host %q", line, before[i], c.Domain, host)
+			}
+		}
+	})
+}
+
+// cookieLines lists the Set-Cookie lines of h as the client receives them.
+func cookieLines(h *fasthttp.ResponseHeader) []string {
+	var lines []string
+	for _, l := range strings.Split(h.String(), "\r\n") {
+		if v, ok := strings.CutPrefix(l, "Set-Cookie: "); ok {
+			lines = append(lines, v)
+		}
+	}
+	return lines
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -555,7 +556,8 @@ func TestAdminMetricsWrongMethod(t *testing.T) {
 // FuzzAdminHandler sends any method, target and body to the admin API (as
 // a local client, so past the auth check) and checks every answer is one
 // of the documented statuses with a JSON object body, an "error" string
-// on a failure, and Allow on a 405.
+// on a failure, and Allow on a 405; and that the route table it changes
+// holds only routes as the route decoder builds them.
 func FuzzAdminHandler(f *testing.F) {
 	for _, s := range [][3]string{
 		{"GET", "/admin/healthz", ""},
@@ -616,6 +618,15 @@ func FuzzAdminHandler(f *testing.F) {
 		}
 		if st == 405 && len(ctx.Response.Header.Peek("Allow")) == 0 {
 			t.Fatalf("%s %s: 405 without Allow", method, target)
+		}
+		// Whatever the body said, the table holds only routes the proxy
+		// may dial: each one is what its own fields decode to (a valid id,
+		// a HostIP that is neither unspecified nor zoned, ports 1..65535).
+		for _, r := range store.List() {
+			again, err := routing.ParseRoute(r.ID, r.Fields())
+			if err != nil || !reflect.DeepEqual(r, again) || !r.HostIP.IsValid() || r.HostIP.IsUnspecified() || r.HostIP.Zone() != "" {
+				t.Fatalf("%s %s stored route %+v; its fields decode to %+v, %v", method, target, r, again, err)
+			}
 		}
 	})
 }

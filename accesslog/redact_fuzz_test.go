@@ -1,0 +1,77 @@
+package accesslog
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// FuzzRedaction checks, for any request target, that no signed token the
+// proxy could read from it reaches a log line: the line's request_uri and
+// args, decoded from the JSON or cube format and parsed as fasthttp parses
+// the query the proxy reads the token from (QueryArgs), carry no cube_token
+// value but REDACTED.
+func FuzzRedaction(f *testing.F) {
+	for _, s := range []string{"/p?cube_token=secret", "/p?a=1&cube%5Ftoken=s&b", "/p?CUBE_TOKEN=s;x=1", "/?cube_token",
+		"http://h/p?x&cube_token=a&cube_token=b", "/p?%63ube_token=s#frag", "/p?cube_token=s|x||y\n", "/p?cube+token=s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uri string) {
+		e := &Entry{Time: testTime, RequestURI: uri, URI: uri}
+		if path, args, ok := strings.Cut(uri, "?"); ok {
+			e.URI, e.Args = path, args
+		}
+		var j struct {
+			RequestURI string `json:"request_uri"`
+			Args       string `json:"args"`
+		}
+		line := appendJSON(nil, e, testTime)
+		if err := json.Unmarshal(line, &j); err != nil {
+			t.Fatalf("invalid JSON for %q: %v", uri, err)
+		}
+		fields := strings.Split(cubeLine(e), cubeSep)
+		for format, logged := range map[string][2]string{
+			"json": {j.RequestURI, j.Args},
+			"cube": {unescapeCube(fields[7]), unescapeCube(fields[8])},
+		} {
+			var u fasthttp.URI
+			if err := u.Parse(nil, []byte(logged[0])); err == nil {
+				checkRedacted(t, format+" request_uri", uri, logged[0], u.QueryArgs())
+			}
+			var a fasthttp.Args
+			a.Parse(logged[1])
+			checkRedacted(t, format+" args", uri, logged[1], &a)
+		}
+	})
+}
+
+func checkRedacted(t *testing.T, what, uri, logged string, a *fasthttp.Args) {
+	t.Helper()
+	for _, v := range a.PeekMulti("cube_token") {
+		if len(v) > 0 && string(v) != redacted {
+			t.Fatalf("%s of %q logged as %q: cube_token %q", what, uri, logged, v)
+		}
+	}
+}
+
+// unescapeCube undoes appendCubeEscaped ("-" is an empty field).
+func unescapeCube(s string) string {
+	if s == "-" {
+		return ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && s[i+1] == 'x' {
+			if n, err := strconv.ParseUint(s[i+2:i+4], 16, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -145,4 +146,45 @@ func cookieLines(h *fasthttp.ResponseHeader) []string {
 		}
 	}
 	return lines
+}
+
+// FuzzSwitchedAsAsked checks the test a backend's 101 must pass before the
+// proxy splices the connection, against RFC 9110 read plainly: the 101
+// names at least one protocol in Upgrade, and each one it names (comma
+// lists, blanks around items, any case) is one the request offered.
+func FuzzSwitchedAsAsked(f *testing.F) {
+	for _, s := range [][2]string{{"websocket", "websocket"}, {"WebSocket", "websocket"}, {"h2c, websocket", "websocket"},
+		{"websocket", "h2c"}, {"websocket", ""}, {"websocket", " , "}, {"a,b", "b ,a"}, {"websocket/13", "websocket"}} {
+		f.Add(s[0], s[1])
+	}
+	items := func(lines ...string) []string {
+		var out []string
+		for _, l := range lines {
+			for _, it := range strings.Split(l, ",") {
+				// TrimSpace as nextToken: it also drops Unicode spaces
+				// (U+00A0...), which only ever makes a token match more.
+				if it = strings.TrimSpace(it); it != "" {
+					out = append(out, strings.ToLower(it))
+				}
+			}
+		}
+		return out
+	}
+	f.Fuzz(func(t *testing.T, offer, answer string) {
+		var req fasthttp.RequestHeader
+		var resp fasthttp.ResponseHeader
+		if req.Read(bufioReader("GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: "+offer+"\r\n\r\n")) != nil ||
+			resp.Read(bufioReader("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+answer+"\r\n\r\n")) != nil {
+			return
+		}
+		offered := items(string(req.Peek("Upgrade")))
+		named := items(string(resp.Peek("Upgrade")))
+		want := len(named) > 0
+		for _, n := range named {
+			want = want && slices.Contains(offered, n)
+		}
+		if got := switchedAsAsked(&req, &resp); got != want {
+			t.Fatalf("offered %q, answered %q: switchedAsAsked = %v, want %v", offered, named, got, want)
+		}
+	})
 }

@@ -65,7 +65,7 @@ func fuzzBackend(tb testing.TB) uint16 {
 // the proxy gives those here) carries a JSON error object (or the HTML page
 // of a browser navigating); a Location (the 302 that trades a signed
 // token for a cookie) is a path on the same host; no Set-Cookie carries a
-// Domain; and no pool ever names an address other than
+// Domain; every answer has a sane X-Cube-Request-Id; and no pool ever names an address other than
 // the routed backend's (no request makes the proxy dial an address no
 // route names).
 func FuzzProxyRaw(f *testing.F) {
@@ -190,6 +190,9 @@ func FuzzProxyRaw(f *testing.F) {
 				t.Fatalf("unparsable answer: %v\n%q\nto %q", err, out, raw)
 			}
 			body, berr := io.ReadAll(resp.Body)
+			if id := resp.Header.Get(HeaderRequestID); resp.StatusCode != 100 && (id == "" || len(id) > maxRequestIDLen || !isToken([]byte(id))) {
+				t.Fatalf("%d with %s %q\nto %q", resp.StatusCode, HeaderRequestID, id, raw)
+			}
 			for _, ck := range resp.Cookies() {
 				if ck.Domain != "" {
 					t.Fatalf("Set-Cookie with Domain=%s reached the client\nto %q", ck.Domain, raw)

@@ -582,7 +582,8 @@ func TestEmptyForwardedProtoIsSet(t *testing.T) {
 // takes: the request prepareRequest leaves, as Request.Write sends it and
 // the sandbox parses it, carries no hop-by-hop header (but the upgrade's
 // own), no header its Connection named, no proxy credential, exactly one
-// X-Real-IP and X-Forwarded-For (the proxy's) and no '_' alias of them.
+// X-Real-IP and X-Forwarded-For (the proxy's) and no '_' alias of them,
+// and one Host: the masked one, the client's in X-Forwarded-Host.
 func FuzzPrepareRequest(f *testing.F) {
 	for _, head := range []string{
 		"User-Agent: x\r\nAccept: */*\r\n",
@@ -672,6 +673,15 @@ func FuzzPrepareRequest(f *testing.F) {
 		}
 		if v := got.Peek("X-Forwarded-For"); !strings.HasSuffix(string(v), "192.0.2.1") {
 			t.Errorf("X-Forwarded-For = %q", v)
+		}
+		// The route masks Host: the sandbox sees the template with the
+		// port, and the client's Host in X-Forwarded-Host, whatever the
+		// client sent besides.
+		if v := got.Host(); string(v) != "localhost:50005" || lines["host"] != 1 {
+			t.Errorf("%d Host lines, Host %q reached the sandbox\n%q", lines["host"], v, sent.String())
+		}
+		if v := got.Peek("X-Forwarded-Host"); string(v) != "50005-box.cube.test" {
+			t.Errorf("X-Forwarded-Host = %q\n%q", v, sent.String())
 		}
 	})
 }

@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// rawAnswerer is a backend that answers every request head with the bytes
+// it holds, whatever they are, then closes the connection.
+type rawAnswerer struct {
+	mu  sync.Mutex
+	out []byte
+}
+
+func (a *rawAnswerer) set(b []byte) {
+	a.mu.Lock()
+	a.out = b
+	a.mu.Unlock()
+}
+
+func (a *rawAnswerer) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(c)
+			for {
+				l, err := br.ReadSlice('\n')
+				if err != nil {
+					return
+				}
+				if len(bytes.TrimRight(l, "\r\n")) == 0 {
+					break
+				}
+			}
+			a.mu.Lock()
+			out := a.out
+			a.mu.Unlock()
+			_, _ = c.Write(out)
+		}()
+	}
+}
+
+// FuzzBackendRaw has the one routed backend answer with arbitrary bytes (a
+// sandbox is not trusted) and checks what the client gets: no panic and no
+// hang; a response a client parses (framing the sandbox made ambiguous is
+// not passed on), or a close; a status from 100 to 999; X-Cube-Request-Id
+// on it; and no Set-Cookie with a Domain other than the client's host.
+func FuzzBackendRaw(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nokk",
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: a\n\n",
+		"HTTP/1.1 204 No Content\r\nContent-Length: 4\r\n\r\nbody",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+		"HTTP/1.1 302 Found\r\nLocation: //evil\r\nSet-Cookie: a=1; Domain=cube.test\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.0 200 OK\r\n\r\nclose-delimited",
+		"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+		"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+		"",
+		"garbage",
+	} {
+		f.Add([]byte(s))
+	}
+	var a rawAnswerer
+	bln := listen(f, "127.0.0.1:0")
+	f.Cleanup(func() { bln.Close() })
+	go a.serve(bln)
+	bport := strconv.Itoa(bln.Addr().(*net.TCPAddr).Port)
+
+	store := routing.NewMemoryStore()
+	r, err := routing.ParseRouteStrict("box", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": bport})
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := store.Put(r); err != nil {
+		f.Fatal(err)
+	}
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p, err := New(Config{
+		Logger:                slog.New(slog.DiscardHandler),
+		ConnectTimeout:        500 * time.Millisecond,
+		ResponseHeaderTimeout: 2 * time.Second,
+		IdleStreamTimeout:     2 * time.Second,
+		HeartbeatInterval:     -1,
+	}, store, cache)
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
+		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
+	ln := listen(f, "127.0.0.1:0")
+	go srv.Serve(ln)
+	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
+	addr := ln.Addr().String()
+	const req = "GET /x HTTP/1.1\r\nHost: 8080-box.cube.test\r\nConnection: close\r\n\r\n"
+
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		a.set(answer)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		out, rerr := io.ReadAll(c)
+		if errors.Is(rerr, os.ErrDeadlineExceeded) {
+			t.Fatalf("no answer and no close within 10 s; got %q\nfor backend answer %q", out, answer)
+		}
+		if len(out) == 0 {
+			return
+		}
+		br := bufio.NewReader(bytes.NewReader(out))
+		for {
+			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+			if err != nil {
+				if rerr != nil {
+					return // reset: the answer may be cut short
+				}
+				t.Fatalf("unparsable answer: %v\n%q\nfor backend answer %q", err, out, answer)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode < 100 || resp.StatusCode > 999 {
+				t.Fatalf("status %d\nfor backend answer %q", resp.StatusCode, answer)
+			}
+			if id := resp.Header.Get(HeaderRequestID); id == "" && resp.StatusCode >= 200 {
+				t.Fatalf("%d without %s\nfor backend answer %q", resp.StatusCode, HeaderRequestID, answer)
+			}
+			for _, ck := range resp.Cookies() {
+				if ck.Domain != "" && !strings.EqualFold(ck.Domain, "8080-box.cube.test") {
+					t.Fatalf("Set-Cookie with Domain=%s reached the client\nfor backend answer %q", ck.Domain, answer)
+				}
+			}
+			if resp.Header.Get("X-Secret") != "" || resp.Header.Get("Keep-Alive") != "" {
+				t.Fatalf("a hop-by-hop header reached the client: %q\nfor backend answer %q", out, answer)
+			}
+			if resp.StatusCode >= 200 || resp.StatusCode == 101 {
+				return
+			}
+		}
+	})
+}

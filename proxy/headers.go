@@ -207,6 +207,9 @@ type headSeen struct {
 	credentials    bool // a traffic-token header or a Cookie line
 	forwardedProto bool
 	underscore     bool // a name with '_': maybe an X_Real_IP-style alias
+	// A name with a space: no field name (RFC 9110 5.1 names are tokens),
+	// but fasthttp takes it.
+	spaceInName bool
 	// A Transfer-Encoding line: fasthttp keeps chunked (ContentLength -1)
 	// and drops identity, the only other coding it accepts.
 	transferEncoding bool
@@ -218,7 +221,7 @@ type headSeen struct {
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -281,6 +284,10 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 	var s headSeen
 	for nb := range headerNames(raw) {
 		name := b2s(nb)
+		if strings.IndexByte(name, ' ') >= 0 {
+			s.spaceInName = true
+			continue
+		}
 		if strings.IndexByte(name, '_') >= 0 {
 			s.underscore = true
 			continue
@@ -359,6 +366,32 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 			(masked && underscoreAlias(name, "x-forwarded-host")) {
 			h.DelBytes(name)
 		}
+	}
+}
+
+// dropInvalidNames removes the client's header lines whose names hold a
+// space ("X Real IP: 1.2.3.4"), which fasthttp accepts. They are no field
+// names: Go's and Node's servers answer such a request 400 (the sandbox's
+// error, not the proxy's JSON one), and a server that reads the space as
+// '-' or '_' (as CGI reads '-') would take the line for a header the proxy
+// vouches for. nginx drops them too (ignore_invalid_headers, on by
+// default). prepareRequest calls it only when scanHead saw one.
+func dropInvalidNames(h *fasthttp.RequestHeader) {
+	var bad [][]byte
+	for name := range headerNames(h.RawHeaders()) {
+		if bytes.IndexByte(name, ' ') >= 0 {
+			bad = append(bad, name)
+		}
+	}
+	if h.RawHeaders() == nil {
+		for name := range h.All() {
+			if bytes.IndexByte(name, ' ') >= 0 {
+				bad = append(bad, bytes.Clone(name))
+			}
+		}
+	}
+	for _, name := range bad {
+		h.DelBytes(name)
 	}
 }
 

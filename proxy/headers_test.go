@@ -583,7 +583,8 @@ func TestEmptyForwardedProtoIsSet(t *testing.T) {
 // the sandbox parses it, carries no hop-by-hop header (but the upgrade's
 // own), no header its Connection named, no proxy credential, exactly one
 // X-Real-IP and X-Forwarded-For (the proxy's) and no '_' alias of them,
-// and one Host: the masked one, the client's in X-Forwarded-Host.
+// one Host (the masked one, the client's in X-Forwarded-Host), and no
+// line whose name is no field name ("X Real IP").
 func FuzzPrepareRequest(f *testing.F) {
 	for _, head := range []string{
 		"User-Agent: x\r\nAccept: */*\r\n",
@@ -596,6 +597,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"X_Real_IP: 6.6.6.6\r\nX-Forwarded_For: 1.1.1.1\r\n",
 		"X-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\nX-Forwarded-Proto:\r\n",
 		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+		"X Real IP: 6.6.6.6\r\nT 0: x\r\nT 0: y\r\n",
 	} {
 		f.Add(head)
 	}
@@ -643,6 +645,9 @@ func FuzzPrepareRequest(f *testing.F) {
 		for k, v := range got.All() {
 			name := strings.ToLower(string(k))
 			lines[name]++
+			if strings.ContainsAny(name, " \t") {
+				t.Errorf("%q, no field name, reached the sandbox\n%q", k, sent.String())
+			}
 			for _, hop := range hopHeaders {
 				if strings.EqualFold(name, hop) && !(upgrade && (name == "upgrade" || name == "connection" && string(v) == "Upgrade")) {
 					t.Errorf("hop-by-hop %s: %q reached the sandbox\n%q", k, v, sent.String())

@@ -604,6 +604,9 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if seen.underscore {
 		dropForwardingAliases(h, masked)
 	}
+	if seen.spaceInName {
+		dropInvalidNames(h)
+	}
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()

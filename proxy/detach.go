@@ -167,6 +167,7 @@ func (s *bodyStream) copyEvents() error {
 				if err := s.write(s.framed(heartbeatChunk, heartbeatLine)); err != nil {
 					return err
 				}
+				s.beatSent()
 				continue
 			case err != nil && s.stopping.Load():
 				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere

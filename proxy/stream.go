@@ -18,6 +18,9 @@ import (
 // the proxy whether the client is still there.
 var heartbeatLine = []byte(": keep-alive\n\n")
 
+// utf8BOM may open an event stream (WHATWG HTML 9.2.6).
+var utf8BOM = []byte("\uFEFF")
+
 // errClientGone ends a stream whose client closed its connection before
 // the stream started (see Proxy.hijack).
 var errClientGone = errors.New("client connection closed before the stream started")
@@ -54,6 +57,9 @@ type bodyStream struct {
 	heartbeat  time.Duration
 	atBoundary bool // bytes sent so far end an SSE event (or none were sent)
 	last       byte // last byte forwarded, to find "\n\n" across reads
+	// beatFirst: a heartbeat went out before the sandbox's first byte, and
+	// dataSeen: that byte came (see Read, on a leading BOM).
+	beatFirst, dataSeen bool
 
 	// probe holds the first bytes of a resumable stream until they tell
 	// whether it opens an MCP HTTP+SSE session (opensLegacySession).
@@ -103,6 +109,16 @@ var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 func (s *bodyStream) Read(b []byte) (int, error) {
 	s.armHeartbeat()
 	n, err := s.readBody(b)
+	if n > 0 && !s.dataSeen {
+		s.dataSeen = true
+		if s.beatFirst && bytes.HasPrefix(b[:n], utf8BOM) {
+			// An event stream may begin with a BOM, which the client
+			// strips only at the very start of the stream: behind our
+			// heartbeat it would join the name of the first field
+			// ("\uFEFFdata"), and the first event would be lost.
+			n = copy(b, b[len(utf8BOM):n])
+		}
+	}
 	if s.writeTimeout > 0 && s.client != nil {
 		// The client must take each piece within writeTimeout, counted from
 		// when the backend delivered it: a slow backend must not use up the
@@ -127,6 +143,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		if clientClosed(s.client) {
 			return 0, errClientLeft
 		}
+		s.beatSent()
 		return copy(b, heartbeatLine), nil
 	}
 	if err != nil && err != io.EOF && s.stopping.Load() {
@@ -139,6 +156,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// beatSent records a heartbeat written to the client.
+func (s *bodyStream) beatSent() { s.beatFirst = s.beatFirst || !s.dataSeen }
 
 // cut records why the sandbox's side of the body failed. The status went
 // out with the head, so the log and the span say it with an error code.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,6 +176,51 @@ func TestSSEHeartbeatAtEventBoundary(t *testing.T) {
 	}
 	if ev != "data: b\n" {
 		t.Fatalf("event b arrived as %q (err %v): a heartbeat split it", ev, err)
+	}
+}
+
+// An event stream may open with a UTF-8 BOM, which a client strips only at
+// the very start of the stream. When the proxy's heartbeat went first, the
+// BOM would open the sandbox's first line instead ("\uFEFFdata: a", a field
+// no client knows) and its first event would be lost: the proxy drops it.
+// GET streams (detached) and POST ones (fasthttp's loop) write heartbeats
+// in different places; both are checked.
+func TestSSEBOMAfterHeartbeat(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 50 * time.Millisecond })
+			sawHeartbeat := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f := sseHeaders(w)
+				select {
+				case <-sawHeartbeat:
+				case <-r.Context().Done():
+					return
+				}
+				fmt.Fprint(w, "\uFEFFdata: a\n\ndata: b\n\n")
+				f.Flush()
+			}))
+			resp := h.do(h.req(method, h.route("bom", port), "/", nil))
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); ev != ": keep-alive\n" {
+				t.Fatalf("want a heartbeat first, got %q (%v)", ev, err)
+			}
+			close(sawHeartbeat)
+			var stream strings.Builder
+			stream.WriteString(": keep-alive\n\n")
+			for !strings.Contains(stream.String(), "data: b\n\n") {
+				ev, err := readEvent(br)
+				if err != nil {
+					t.Fatalf("stream ended: %v after %q", err, stream.String())
+				}
+				stream.WriteString(ev + "\n")
+			}
+			want := []sseEvent{{data: "a"}, {data: "b"}}
+			if got := sseEvents([]byte(stream.String())); !slices.Equal(got, want) {
+				t.Fatalf("a client reads %q as %q, want %q", stream.String(), got, want)
+			}
+		})
 	}
 }
 

@@ -141,8 +141,10 @@ func FuzzBackendRaw(f *testing.F) {
 		// names it.
 		namesSecret := false
 		for _, l := range strings.Split(strings.ToLower(string(answer)), "\n") {
-			if strings.HasPrefix(l, "connection:") && strings.Contains(l, "x-secret") {
-				namesSecret = true
+			if v, ok := strings.CutPrefix(l, "connection:"); ok {
+				for tok := range strings.SplitSeq(v, ",") {
+					namesSecret = namesSecret || strings.TrimSpace(tok) == "x-secret"
+				}
 			}
 		}
 		br := bufio.NewReader(bytes.NewReader(out))

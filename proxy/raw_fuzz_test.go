@@ -26,8 +26,9 @@ const rawToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd
 
 // fuzzBackend is the one backend the raw-request fuzz target routes to. It
 // answers 200 with a short body, an event stream under /sse, and a 101
-// (then echoes until the proxy closes its side) to a WebSocket upgrade, so
-// that every answer of 400 and above comes from the proxy itself.
+// (then echoes until the proxy closes its side) to a WebSocket upgrade: an
+// answer of 400 and above comes from the proxy, or from net/http refusing
+// to parse what the proxy sent.
 func fuzzBackend(tb testing.TB) uint16 {
 	return backend(tb, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -60,14 +61,15 @@ func fuzzBackend(tb testing.TB) uint16 {
 
 // FuzzProxyRaw sends arbitrary bytes, as one client connection, to a real
 // proxy on loopback with one public and one restricted route, both to one
-// backend, and signed browser tokens on. For any input: no panic and no hang; the proxy answers with a
-// response a client can parse, or closes; an answer of 400 or above (only
-// the proxy gives those here) carries a JSON error object (or the HTML page
-// of a browser navigating); a Location (the 302 that trades a signed
-// token for a cookie) is a path on the same host; no Set-Cookie carries a
-// Domain; every answer has a sane X-Cube-Request-Id; and no pool ever names an address other than
-// the routed backend's (no request makes the proxy dial an address no
-// route names).
+// backend, and signed browser tokens on. For any input: no panic and no
+// hang; the proxy answers with a response a client can parse, or closes;
+// an answer of 400 or above (only the proxy gives those here, but for
+// net/http's refusal of a path the proxy passes as sent) carries a JSON
+// error object (or the HTML page of a browser navigating); a Location (the
+// 302 that trades a signed token for a cookie) is a path on the same host;
+// no Set-Cookie carries a Domain; every answer has a sane X-Cube-Request-Id;
+// and no pool ever names an address other than the routed backend's (no
+// request makes the proxy dial an address no route names).
 func FuzzProxyRaw(f *testing.F) {
 	// The routes map container port 8080 to the backend's port: inputs
 	// (and crashers kept in testdata) name 8080, whatever port the
@@ -215,6 +217,12 @@ func FuzzProxyRaw(f *testing.F) {
 				return
 			}
 			switch ct := resp.Header.Get("Content-Type"); {
+			case string(body) == "400 Bad Request" && strings.HasPrefix(ct, "text/plain"):
+				// net/http's answer to a request target it cannot parse
+				// ("/%X0"): the proxy passes paths byte for byte, as
+				// nginx does. Its answers to a bad head give a reason
+				// ("400 Bad Request: invalid header name"), and the
+				// proxy must not send it such a head.
 			case strings.HasPrefix(ct, "text/html"):
 			case ct == "application/json":
 				var obj struct {

@@ -383,7 +383,7 @@ func dropInvalidNames(h *fasthttp.RequestHeader) {
 			bad = append(bad, name)
 		}
 	}
-	if h.RawHeaders() == nil {
+	if len(h.RawHeaders()) == 0 {
 		for name := range h.All() {
 			if bytes.IndexByte(name, ' ') >= 0 {
 				bad = append(bad, bytes.Clone(name))

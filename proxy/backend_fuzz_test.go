@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,8 +13,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // rawAnswerer is a backend that answers every request head with the bytes
@@ -89,34 +86,9 @@ func FuzzBackendRaw(f *testing.F) {
 	go a.serve(bln)
 	bport := strconv.Itoa(bln.Addr().(*net.TCPAddr).Port)
 
-	store := routing.NewMemoryStore()
-	r, err := routing.ParseRouteStrict("box", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": bport})
-	if err != nil {
-		f.Fatal(err)
-	}
-	if err := store.Put(r); err != nil {
-		f.Fatal(err)
-	}
-	cache, err := routing.NewCache(store, routing.CacheConfig{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	p, err := New(Config{
-		Logger:                slog.New(slog.DiscardHandler),
-		ConnectTimeout:        500 * time.Millisecond,
-		ResponseHeaderTimeout: 2 * time.Second,
-		IdleStreamTimeout:     2 * time.Second,
-		HeartbeatInterval:     -1,
-	}, store, cache)
-	if err != nil {
-		f.Fatal(err)
-	}
-	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
-		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
-	ln := listen(f, "127.0.0.1:0")
-	go srv.Serve(ln)
-	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
-	addr := ln.Addr().String()
+	addr, _ := fuzzProxy(f, map[string]map[string]string{
+		"box": {"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": bport},
+	}, Config{HeartbeatInterval: -1})
 	const req = "GET /x HTTP/1.1\r\nHost: 8080-box.cube.test\r\nConnection: close\r\n\r\n"
 
 	f.Fuzz(func(t *testing.T, answer []byte) {

@@ -108,40 +108,11 @@ func FuzzProxyRaw(f *testing.F) {
 	}
 	f.Add([]byte("GET //evil.example/p?a=1&cube_token=" + tok + " HTTP/1.1\r\nHost: 8080-priv.cube.test\r\n\r\n"))
 
-	store := routing.NewMemoryStore()
-	for id, fields := range map[string]map[string]string{
+	addr, p := fuzzProxy(f, map[string]map[string]string{
 		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bport},
 		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: bport, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
-	} {
-		r, err := routing.ParseRouteStrict(id, fields)
-		if err != nil {
-			f.Fatal(err)
-		}
-		if err := store.Put(r); err != nil {
-			f.Fatal(err)
-		}
-	}
-	cache, err := routing.NewCache(store, routing.CacheConfig{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	p, err := New(Config{
-		Logger:                slog.New(slog.DiscardHandler),
-		Signer:                signer,
-		ConnectTimeout:        500 * time.Millisecond,
-		ResponseHeaderTimeout: 2 * time.Second,
-		IdleStreamTimeout:     2 * time.Second,
-	}, store, cache)
-	if err != nil {
-		f.Fatal(err)
-	}
-	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
-		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
-	ln := listen(f, "127.0.0.1:0")
-	go srv.Serve(ln)
-	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
+	}, Config{Signer: signer})
 	want := netip.MustParseAddrPort("127.0.0.1:" + bport)
-	addr := ln.Addr().String()
 
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		c, err := net.Dial("tcp", addr)
@@ -237,4 +208,39 @@ func FuzzProxyRaw(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzProxy serves routes through a proxy on loopback for a fuzz target,
+// with short timeouts so that an input that stalls fails in seconds, and
+// returns its address and the proxy (whose pools a target may inspect).
+// cfg's zero timeouts and logger are filled in.
+func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config) (string, *Proxy) {
+	store := routing.NewMemoryStore()
+	for id, fields := range routes {
+		r, err := routing.ParseRouteStrict(id, fields)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if err := store.Put(r); err != nil {
+			f.Fatal(err)
+		}
+	}
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.ConnectTimeout = 500 * time.Millisecond
+	cfg.ResponseHeaderTimeout = 2 * time.Second
+	cfg.IdleStreamTimeout = 2 * time.Second
+	p, err := New(cfg, store, cache)
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
+		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
+	ln := listen(f, "127.0.0.1:0")
+	go srv.Serve(ln)
+	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
+	return ln.Addr().String(), p
 }

@@ -27,3 +27,24 @@ func Imports(t testing.TB, direct bool) []string {
 	}
 	return strings.Fields(string(out))
 }
+
+// ImportsAvoid fails t when the package in the current directory depends,
+// at any depth, on one of the module's packages named in banned (or one
+// below it). DESIGN.md's dependencies point one way, cmd -> proxy ->
+// routing, auth, certs; proxy importing the package under test already
+// makes the reverse a compile error, cmd would not.
+func ImportsAvoid(t testing.TB, banned ...string) {
+	t.Helper()
+	const module = "github.com/cube-sandbox/cubeproxy/"
+	for _, dep := range Imports(t, false) {
+		rest, ok := strings.CutPrefix(dep, module)
+		if !ok {
+			continue
+		}
+		for _, b := range banned {
+			if rest == b || strings.HasPrefix(rest, b+"/") {
+				t.Errorf("depends on %s", dep)
+			}
+		}
+	}
+}

@@ -820,16 +820,7 @@ func TestMCPHeartbeatsBetweenProgress(t *testing.T) {
 func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 5 * time.Second })
 	srv := newAgentServer()
-	release := make(chan struct{})
-	mcp.AddTool(srv, &mcp.Tool{Name: "finish"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
-	})
+	release := addFinishTool(srv)
 	host := agentGateway(t, h, "drainmcp", srv, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -837,14 +828,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progressed <- struct{}{} },
 	}, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
-	done := make(chan error, 1)
-	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
-		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
-			err = fmt.Errorf("result %+v", res.Content)
-		}
-		done <- err
-	}()
+	done := callFinish(ctx, cs)
 	<-progressed // the call's SSE answer is open at the proxy
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
@@ -873,16 +857,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
 	srv := newAgentServer()
-	release := make(chan struct{})
-	mcp.AddTool(srv, &mcp.Tool{Name: "finish"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
-	})
+	release := addFinishTool(srv)
 	hd := mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.SSEOptions{DisableLocalhostProtection: true})
 	port := backend(t, "127.0.0.1", hd)
 	h.put("legacydrain", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
@@ -899,14 +874,7 @@ func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 	if err != nil {
 		t.Fatalf("connect over HTTP+SSE: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
-		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
-			err = fmt.Errorf("result %+v", res.Content)
-		}
-		done <- err
-	}()
+	done := callFinish(ctx, cs)
 	<-progressed // the call is in flight, its answer due on the GET stream
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
@@ -924,4 +892,34 @@ func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 	if err := <-shutdownDone; err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
+}
+
+// addFinishTool adds the tool "finish" to srv: it reports progress once,
+// then answers "finished" when the returned channel is closed.
+func addFinishTool(srv *mcp.Server) chan struct{} {
+	release := make(chan struct{})
+	mcp.AddTool(srv, &mcp.Tool{Name: "finish"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
+	})
+	return release
+}
+
+// callFinish calls "finish" (with a progress token) in the background and
+// delivers nil once it answered "finished", else what went wrong.
+func callFinish(ctx context.Context, cs *mcp.ClientSession) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
+		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
+			err = fmt.Errorf("result %+v", res.Content)
+		}
+		done <- err
+	}()
+	return done
 }

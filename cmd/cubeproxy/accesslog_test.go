@@ -200,3 +200,36 @@ func fillPipe(t *testing.T, path string) {
 		t.Fatalf("filling the pipe: %v", werr)
 	}
 }
+
+// The access log's default sink, stdout, is the stdout serve was given, as
+// its process log is: an embedder (and these tests) capture both, and
+// nothing writes to the process's os.Stdout behind its back.
+func TestAccessLogGoesToServesStdout(t *testing.T) {
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routes, fmt.Appendf(nil, "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"", "-"} {
+		r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+			"--access-log-path=" + path, "--drain-timeout", "1s"}, noEnv)
+		req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/stdout-probe", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		r.stop() // flushes the access log
+		if !strings.Contains(r.logs.String(), `"uri":"/stdout-probe"`) {
+			t.Errorf("access_log.path %q: the request's line is not on serve's stdout:\n%s", path, r.logs)
+		}
+	}
+}

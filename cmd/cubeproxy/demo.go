@@ -71,7 +71,7 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
-	a, err := build(ctx, cfg, stderr)
+	a, err := build(ctx, cfg, stderr, stdout)
 	if err != nil {
 		return err
 	}

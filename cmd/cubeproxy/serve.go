@@ -65,7 +65,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	a, err := build(ctx, cfg, stdout)
+	a, err := build(ctx, cfg, stdout, stdout)
 	if err != nil {
 		return err
 	}
@@ -111,8 +111,9 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 
 // build wires everything and opens the listeners, so that a bad setting
 // or address fails at startup with a clear error. On error, whatever was
-// started is stopped.
-func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, err error) {
+// started is stopped. The process log goes to logOut, an access log whose
+// path is stdout ("" or "-") to stdout.
+func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_ *app, err error) {
 	log, err := newLogger(cfg, logOut)
 	if err != nil {
 		return nil, err
@@ -167,9 +168,11 @@ func build(ctx context.Context, cfg *config.Config, logOut io.Writer) (_ *app, e
 		return nil, fmt.Errorf("access_log.format %q: want json, cube or off", cfg.AccessLog.Format)
 	}
 	if cfg.AccessLog.Format != "off" {
-		a.access, err = accesslog.New(accesslog.Config{
-			Format: cfg.AccessLog.Format, Path: cfg.AccessLog.Path, BufferLines: cfg.AccessLog.BufferLines,
-		}, a.tel.Metrics.AccessLogDropped)
+		acfg := accesslog.Config{Format: cfg.AccessLog.Format, Path: cfg.AccessLog.Path, BufferLines: cfg.AccessLog.BufferLines}
+		if acfg.Path == "" || acfg.Path == "-" {
+			acfg.Output = stdout
+		}
+		a.access, err = accesslog.New(acfg, a.tel.Metrics.AccessLogDropped)
 		if err != nil {
 			return nil, err
 		}

@@ -19,7 +19,7 @@ import (
 var heartbeatLine = []byte(": keep-alive\n\n")
 
 // utf8BOM may open an event stream (WHATWG HTML 9.2.6).
-var utf8BOM = []byte("\uFEFF")
+const utf8BOM = "\uFEFF"
 
 // errClientGone ends a stream whose client closed its connection before
 // the stream started (see Proxy.hijack).
@@ -63,7 +63,7 @@ type bodyStream struct {
 
 	// probe holds the first bytes of a resumable stream until they tell
 	// whether it opens an MCP HTTP+SSE session (opensLegacySession).
-	probe [len(legacyProbeBOM) + len("event: endpoint\r")]byte
+	probe [len(utf8BOM) + len("event: endpoint\r")]byte
 
 	n       int64 // bytes forwarded
 	started time.Time
@@ -111,7 +111,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	n, err := s.readBody(b)
 	if n > 0 && !s.dataSeen {
 		s.dataSeen = true
-		if s.beatFirst && bytes.HasPrefix(b[:n], utf8BOM) {
+		if s.beatFirst && bytes.HasPrefix(b[:n], []byte(utf8BOM)) {
 			// An event stream may begin with a BOM, which the client
 			// strips only at the very start of the stream: behind our
 			// heartbeat it would join the name of the first field
@@ -320,9 +320,6 @@ func (s *bodyStream) trackBoundary(b []byte) {
 	s.last = prev
 }
 
-// legacyProbeBOM is the byte order mark an event stream may open with.
-const legacyProbeBOM = "\xEF\xBB\xBF"
-
 // probeFirstEvent collects the first bytes of a GET's event stream until
 // they tell whether it is an MCP HTTP+SSE session, which the drain must not
 // end at once (see opensLegacySession); it copies at most 19 bytes, once.
@@ -348,7 +345,7 @@ func (s *bodyStream) probeFirstEvent(b []byte) {
 // would be lost. It is a session like a WebSocket, not a subscription a
 // client resumes elsewhere.
 func opensLegacySession(b []byte) bool {
-	b = bytes.TrimPrefix(b, []byte(legacyProbeBOM))
+	b = bytes.TrimPrefix(b, []byte(utf8BOM))
 	b, ok := bytes.CutPrefix(b, []byte("event:"))
 	if !ok {
 		return false

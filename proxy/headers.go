@@ -377,17 +377,22 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 // vouches for. nginx drops them too (ignore_invalid_headers, on by
 // default). prepareRequest calls it only when scanHead saw one.
 func dropInvalidNames(h *fasthttp.RequestHeader) {
-	var bad [][]byte
-	for name := range headerNames(h.RawHeaders()) {
-		if bytes.IndexByte(name, ' ') >= 0 {
-			bad = append(bad, name)
-		}
-	}
-	if len(h.RawHeaders()) == 0 {
-		for name := range h.All() {
+	if raw := h.RawHeaders(); len(raw) > 0 {
+		// The raw copy is apart from the parsed headers, so deleting
+		// while walking it is safe, as in dropForwardingAliases.
+		for name := range headerNames(raw) {
 			if bytes.IndexByte(name, ' ') >= 0 {
-				bad = append(bad, bytes.Clone(name))
+				h.DelBytes(name)
 			}
+		}
+		return
+	}
+	// A head built in code has no raw copy (seeAll): walk the parsed
+	// headers, and delete after the walk, which deleting would disturb.
+	var bad [][]byte
+	for name := range h.All() {
+		if bytes.IndexByte(name, ' ') >= 0 {
+			bad = append(bad, bytes.Clone(name))
 		}
 	}
 	for _, name := range bad {

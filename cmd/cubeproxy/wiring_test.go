@@ -24,11 +24,25 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 	release := make(chan struct{})
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/hold": // answers once the test lets it go
+		case "/hold": // a body that ends once the test lets it go
+			// The head goes at once and a byte every 50 ms, so neither
+			// response_header_timeout nor idle_timeout ends the request
+			// while the test checks the next one is refused: on a loaded
+			// -race run that check may outlast either.
+			w.(http.Flusher).Flush()
 			held <- struct{}{}
-			select {
-			case <-release:
-			case <-r.Context().Done():
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-release:
+					return
+				case <-r.Context().Done():
+					return
+				case <-tick.C:
+					_, _ = io.WriteString(w, ".")
+					w.(http.Flusher).Flush()
+				}
 			}
 		case "/mute": // never sends its head
 			<-r.Context().Done()
@@ -76,7 +90,9 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 		"--max-request-body", "1024",
 		"--max-streams-per-sandbox", "1",
 		"--auth-exempt-ports", "80",
-		"--upstream-response-header-timeout", "300ms",
+		// Every request here waits on it: far above a loaded run's round
+		// trip, far below the 120 s default the 10 s client would hit.
+		"--upstream-response-header-timeout", "2s",
 		"--upstream-heartbeat-interval", "100ms",
 		"--upstream-idle-timeout", "1s",
 		"--client-max-header-size", "1024",
@@ -142,7 +158,11 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 		t.Fatal("the held request never reached the sandbox")
 	}
 	expect("max_streams_per_sandbox: second request", do("GET", openHost, "/", nil, nil), 429)
-	release <- struct{}{}
+	select { // not a bare send: a held request that ended has no one receiving
+	case release <- struct{}{}:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request ended before the test released it")
+	}
 	if resp := <-holding; resp != nil {
 		expect("max_streams_per_sandbox: held request", resp, 200)
 	}
@@ -272,7 +292,11 @@ func TestServeWiresConnectionSettings(t *testing.T) {
 		if st := status(t, br); st != 503 {
 			t.Errorf("second connection to a sandbox port with max_conns 1: %d, want 503 upstream_busy", st)
 		}
-		release <- struct{}{}
+		select { // not a bare send: a held request that ended has no one receiving
+		case release <- struct{}{}:
+		case <-time.After(wait):
+			t.Fatal("the held request ended before the test released it")
+		}
 		if st := status(t, heldBR); st != 200 {
 			t.Errorf("held request: %d", st)
 		}

@@ -829,7 +829,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progressed <- struct{}{} },
 	}, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
 	done := callFinish(ctx, cs)
-	<-progressed // the call's SSE answer is open at the proxy
+	waitProgress(t, ctx, progressed, done) // the call's SSE answer is open at the proxy
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
 	h.waitListenerClosed(10 * time.Second)
@@ -875,7 +875,7 @@ func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 		t.Fatalf("connect over HTTP+SSE: %v", err)
 	}
 	done := callFinish(ctx, cs)
-	<-progressed // the call is in flight, its answer due on the GET stream
+	waitProgress(t, ctx, progressed, done) // the call is in flight, its answer due on the GET stream
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
 	testenv.WaitFor(t, 10*time.Second, "the drain to end GET event streams", func() bool {
@@ -908,6 +908,20 @@ func addFinishTool(srv *mcp.Server) chan struct{} {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "finished"}}}, nil, nil
 	})
 	return release
+}
+
+// waitProgress waits for the progress of the call whose result done
+// delivers. A call that fails first, or never reports, fails the test
+// at once or at ctx's deadline, not the package at go test's timeout.
+func waitProgress(t *testing.T, ctx context.Context, progressed <-chan struct{}, done <-chan error) {
+	t.Helper()
+	select {
+	case <-progressed:
+	case err := <-done:
+		t.Fatalf("the call ended before it reported progress: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the call reported no progress before the test's deadline")
+	}
 }
 
 // callFinish calls "finish" (with a progress token) in the background and

@@ -57,10 +57,7 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	port := bln.Addr().(*net.TCPAddr).Port
 
 	dir := t.TempDir()
-	routes := filepath.Join(dir, "routes.yaml")
-	if err := os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	routes := boxRoutes(t, dir, port)
 	logPath := filepath.Join(dir, "access.log")
 	rotated := logPath + ".1"
 
@@ -213,10 +210,7 @@ func TestAccessLogGoesToServesStdout(t *testing.T) {
 	go backend.Serve(bln)
 	defer backend.Close()
 	port := bln.Addr().(*net.TCPAddr).Port
-	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(routes, fmt.Appendf(nil, "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	routes := boxRoutes(t, t.TempDir(), port)
 	for _, path := range []string{"", "-"} {
 		r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
 			"--access-log-path=" + path, "--drain-timeout", "1s"}, noEnv)

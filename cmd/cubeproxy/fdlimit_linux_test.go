@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,8 +39,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	defer backend.Close()
 	port := bln.Addr().(*net.TCPAddr).Port
 	host := fmt.Sprintf("%d-box.cube.test", port)
-	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
+	routes := boxRoutes(t, t.TempDir(), port)
 	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
 		"--access-log-format", "off", "--drain-timeout", "1s")
 	pid := cmd.Process.Pid

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -172,4 +173,15 @@ func sigtermAndWait(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.S
 	case <-time.After(10 * time.Second):
 		t.Fatal("process still running 10s after SIGTERM")
 	}
+}
+
+// boxRoutes writes a routes file in dir with one sandbox, "box", whose
+// port is served on 127.0.0.1:port, and returns its path.
+func boxRoutes(t *testing.T, dir string, port int) string {
+	t.Helper()
+	routes := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routes, fmt.Appendf(nil, "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return routes
 }

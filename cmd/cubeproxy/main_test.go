@@ -104,8 +104,7 @@ func TestServeInProcess(t *testing.T) {
 	defer backend.Close()
 	port := bln.Addr().(*net.TCPAddr).Port
 
-	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
+	routes := boxRoutes(t, t.TempDir(), port)
 
 	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "2s"}, noEnv)
 	a := r.a
@@ -137,8 +136,7 @@ func TestBinarySIGTERM(t *testing.T) {
 	go sse.Serve(bln)
 	defer sse.Close()
 	port := bln.Addr().(*net.TCPAddr).Port
-	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	os.WriteFile(routes, []byte(fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%d\": \"%d\"\n", port, port)), 0o600)
+	routes := boxRoutes(t, t.TempDir(), port)
 	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "3s")
 	proxyAddr, _ := waitListening(t, logs, exited)
 	var resp *http.Response

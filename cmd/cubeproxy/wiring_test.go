@@ -233,10 +233,7 @@ func TestServeWiresConnectionSettings(t *testing.T) {
 	go backend.Serve(bln)
 	t.Cleanup(func() { close(release); _ = backend.Close() })
 	port := bln.Addr().(*net.TCPAddr).Port
-	routes := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(routes, fmt.Appendf(nil, "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	routes := boxRoutes(t, t.TempDir(), port)
 	r := runServe(t, []string{
 		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "1s",
 		"--upstream-max-conns", "1",

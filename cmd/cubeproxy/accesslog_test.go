@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -202,14 +203,9 @@ func fillPipe(t *testing.T, path string) {
 // its process log is: an embedder (and these tests) capture both, and
 // nothing writes to the process's os.Stdout behind its back.
 func TestAccessLogGoesToServesStdout(t *testing.T) {
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := backend.Listener.Addr().(*net.TCPAddr).Port
 	routes := boxRoutes(t, t.TempDir(), port)
 	for _, path := range []string{"", "-"} {
 		r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,

@@ -58,13 +58,8 @@ func TestServeWiresTrafficSettings(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, "hi from sandbox")
 	})}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	t.Cleanup(func() { close(release); _ = backend.Close() })
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := serveBackend(t, backend)
+	t.Cleanup(func() { close(release) }) // runs before serveBackend's Close
 
 	// "open" is public; "locked" needs its token except on container
 	// port 80, which auth.exempt_ports opens.
@@ -226,13 +221,8 @@ func TestServeWiresConnectionSettings(t *testing.T) {
 			}
 		},
 	}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	t.Cleanup(func() { close(release); _ = backend.Close() })
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := serveBackend(t, backend)
+	t.Cleanup(func() { close(release) }) // runs before serveBackend's Close
 	routes := boxRoutes(t, t.TempDir(), port)
 	r := runServe(t, []string{
 		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "1s",
@@ -334,4 +324,17 @@ func TestServeWiresConnectionSettings(t *testing.T) {
 			t.Errorf("stalled upload: %d, want 408", st)
 		}
 	})
+}
+
+// serveBackend serves backend on a loopback port until the test ends and
+// returns the port.
+func serveBackend(t *testing.T, backend *http.Server) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(ln)
+	t.Cleanup(func() { _ = backend.Close() })
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -79,9 +79,6 @@ type chunkedReader struct {
 // reset prepares the reader for a new body on br (the value is reused from a pool; no allocation).
 func (c *chunkedReader) reset(br *bufio.Reader) { *c = chunkedReader{br: br} }
 
-// done reports whether the last chunk and the trailer section were read completely, i.e. the connection is positioned at the next response and may be reused.
-func (c *chunkedReader) done() bool { return c.state == chunkDone }
-
 // Read returns decoded body bytes.
 //
 // Only a Read that has nothing yet may wait for the connection; once p holds

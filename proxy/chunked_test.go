@@ -14,6 +14,11 @@ import (
 	"time"
 )
 
+// done reports whether the last chunk and the trailer section were read
+// completely, so the connection stands at the next response. The proxy
+// learns this from Read's io.EOF; the tests check the state directly.
+func (c *chunkedReader) done() bool { return c.state == chunkDone }
+
 // chunkValidCases are well-formed bodies and what they decode to.
 var chunkValidCases = []struct {
 	name, in, want string

@@ -327,7 +327,7 @@ func (s *bodyStream) probeFirstEvent(b []byte) {
 	n := copy(s.probe[s.probeN:], b)
 	got := s.probe[:int(s.probeN)+n]
 	s.probeN = uint8(len(got))
-	if len(got) < len(s.probe) && bytes.IndexAny(got, "\r\n") < 0 {
+	if len(got) < len(s.probe) && !bytes.ContainsAny(got, "\r\n") {
 		return // the first line is not complete yet
 	}
 	s.probing = false

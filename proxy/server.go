@@ -366,9 +366,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	if err == nil && ctx.Err() != nil {
-		err = nil // the drain deadline is the plan, not a failure
-	}
 	// Wait (briefly) for what was cut to unwind: streams and tunnels to
 	// end, and the requests cut to be answered and logged (fasthttp's own
 	// wait for its connections stopped at the deadline).
@@ -398,6 +395,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.p.hangups.close()
 	s.wg.Wait()
 	s.p.pools.closeIdle()
+	// fasthttp's wait ends with ctx's error at the drain deadline, or when
+	// the caller cut the drain short: the plan, not a failure.
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		err = nil
 	}

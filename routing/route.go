@@ -105,6 +105,7 @@ const FieldSandboxID = "sandbox_id"
 // maxMaskHostLen bounds MaskRequestHost (a DNS name plus ":port").
 const maxMaskHostLen = 261
 
+// parseRoute is ParseRoute, and with strict ParseRouteStrict.
 func parseRoute(id string, fields map[string]string, strict bool) (*Route, error) {
 	if !ValidID(id) {
 		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + echo([]byte(id))}
@@ -123,8 +124,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 		switch k {
 		case FieldHostIP:
 			if v == "" {
-				fail(k, "required")
-				break
+				break // required: the check after the loop reports it
 			}
 			addr, reason := parseIP(v)
 			if reason != "" {
@@ -202,7 +202,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			r.Ports[container] = host
 		}
 	}
-	if fields[FieldHostIP] == "" {
+	if fields[FieldHostIP] == "" { // absent or empty
 		fail(FieldHostIP, "required")
 	}
 	if strict && !r.Public && r.TrafficToken == "" {

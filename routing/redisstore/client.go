@@ -69,59 +69,82 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	t := budget(cfg.CommandTimeout)
-	disabled := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-
 	switch {
 	case len(cfg.Cluster.Addrs) > 0:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    cfg.Cluster.Addrs,
-			OnConnect:                setClientName,
-			Protocol:                 2,
-			Username:                 cfg.Username,
-			Password:                 cfg.Password,
-			MaxRetries:               maxRetries,
-			MinRetryBackoff:          t.minBackoff,
-			MaxRetryBackoff:          t.maxBackoff,
-			DialTimeout:              t.dial,
-			DialerRetries:            1,
-			ReadTimeout:              t.read,
-			WriteTimeout:             t.read,
-			ContextTimeoutEnabled:    true,
-			PoolSize:                 cfg.PoolSize,
-			PoolTimeout:              t.pool,
-			TLSConfig:                tlsConf,
-			DisableIdentity:          true,
-			MaintNotificationsConfig: disabled,
-		}), nil
-
+		return redis.NewClusterClient(clusterOptions(cfg, t, tlsConf)), nil
 	case cfg.Sentinel.MasterName != "":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            cfg.Sentinel.MasterName,
-			SentinelAddrs:         cfg.Sentinel.Addrs,
-			SentinelPassword:      cfg.Sentinel.Password,
-			OnConnect:             setClientName,
-			Protocol:              2,
-			Username:              cfg.Username,
-			Password:              cfg.Password,
-			DB:                    cfg.DB,
-			MaxRetries:            maxRetries,
-			MinRetryBackoff:       t.minBackoff,
-			MaxRetryBackoff:       t.maxBackoff,
-			DialTimeout:           t.dial,
-			DialerRetries:         1,
-			ReadTimeout:           t.read,
-			WriteTimeout:          t.read,
-			ContextTimeoutEnabled: true,
-			PoolSize:              cfg.PoolSize,
-			PoolTimeout:           t.pool,
-			TLSConfig:             tlsConf,
-			DisableIdentity:       true,
-		}), nil
+		return redis.NewFailoverClient(failoverOptions(cfg, t, tlsConf)), nil
 	}
+	opt, err := standaloneOptions(cfg, t, tlsConf)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opt), nil
+}
 
+// The three option builders below differ in how they find the server;
+// from OnConnect down they set the same connection behaviour (go-redis has
+// no type the three share), and a change to one belongs in all three.
+
+// clusterOptions is a Cluster client's; a cluster has no DB to select.
+func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterOptions {
+	return &redis.ClusterOptions{
+		Addrs:                    cfg.Cluster.Addrs,
+		Username:                 cfg.Username,
+		Password:                 cfg.Password,
+		OnConnect:                setClientName,
+		Protocol:                 2,
+		MaxRetries:               maxRetries,
+		MinRetryBackoff:          t.minBackoff,
+		MaxRetryBackoff:          t.maxBackoff,
+		DialTimeout:              t.dial,
+		DialerRetries:            1,
+		ReadTimeout:              t.read,
+		WriteTimeout:             t.read,
+		ContextTimeoutEnabled:    true,
+		PoolSize:                 cfg.PoolSize,
+		PoolTimeout:              t.pool,
+		TLSConfig:                tlsConf,
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+}
+
+// failoverOptions is a Sentinel client's. It has no
+// MaintNotificationsConfig: go-redis turns maintenance notifications off
+// for failover clients itself.
+func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.FailoverOptions {
+	return &redis.FailoverOptions{
+		MasterName:            cfg.Sentinel.MasterName,
+		SentinelAddrs:         cfg.Sentinel.Addrs,
+		SentinelPassword:      cfg.Sentinel.Password,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		DB:                    cfg.DB,
+		OnConnect:             setClientName,
+		Protocol:              2,
+		MaxRetries:            maxRetries,
+		MinRetryBackoff:       t.minBackoff,
+		MaxRetryBackoff:       t.maxBackoff,
+		DialTimeout:           t.dial,
+		DialerRetries:         1,
+		ReadTimeout:           t.read,
+		WriteTimeout:          t.read,
+		ContextTimeoutEnabled: true,
+		PoolSize:              cfg.PoolSize,
+		PoolTimeout:           t.pool,
+		TLSConfig:             tlsConf,
+		DisableIdentity:       true,
+	}
+}
+
+// standaloneOptions is a standalone client's, from url when it is set
+// (the URL carries credentials, db and TLS; explicit fields fill what it
+// leaves out), else from addr.
+func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Options, error) {
 	opt := &redis.Options{Addr: cfg.Addr, Username: cfg.Username, Password: cfg.Password, DB: cfg.DB, TLSConfig: tlsConf}
 	if cfg.URL != "" {
-		// The URL carries credentials, db and TLS; explicit fields fill what it leaves out.
+		var err error
 		opt, err = redis.ParseURL(cfg.URL)
 		if err != nil {
 			// A *url.Error quotes the whole URL, password included, and
@@ -149,7 +172,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 			opt.TLSConfig = tlsConf
 		}
 	}
-	opt.ClientName = "" // a client_name in the URL would be refused the same way
+	opt.ClientName = "" // a client_name in the URL would be refused as setClientName says
 	opt.OnConnect = setClientName
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries
@@ -163,8 +186,8 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	opt.PoolSize = cfg.PoolSize
 	opt.PoolTimeout = t.pool
 	opt.DisableIdentity = true
-	opt.MaintNotificationsConfig = disabled
-	return redis.NewClient(opt), nil
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return opt, nil
 }
 
 // tlsConfig returns nil when TLS is off (and the URL is not rediss://).

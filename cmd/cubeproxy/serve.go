@@ -162,57 +162,17 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	switch cfg.AccessLog.Format {
-	case "off", "", accesslog.FormatJSON, accesslog.FormatCube:
-	default:
-		return nil, fmt.Errorf("access_log.format %q: want json, cube or off", cfg.AccessLog.Format)
+	if err := a.openAccessLog(stdout); err != nil {
+		return nil, err
 	}
-	if cfg.AccessLog.Format != "off" {
-		acfg := accesslog.Config{Format: cfg.AccessLog.Format, Path: cfg.AccessLog.Path, BufferLines: cfg.AccessLog.BufferLines}
-		if acfg.Path == "" || acfg.Path == "-" {
-			acfg.Output = stdout
-		}
-		a.access, err = accesslog.New(acfg, a.tel.Metrics.AccessLogDropped)
-		if err != nil {
-			return nil, err
-		}
-	}
-
-	var store routing.Store
-	var lookupTimeout time.Duration // the cache's default for the memory store
+	// Before the store: its readiness watch and the Redis subscriber run
+	// until close cancels bg.
 	bg, stop := context.WithCancel(context.Background())
 	a.stopBackground = stop
-	switch cfg.Store {
-	case "memory", "":
-		if a.routes, err = loadRoutes(cfg.Routes, log); err != nil {
-			return nil, err
-		}
-		if cfg.PersistRoutes {
-			if cfg.Routes == "" {
-				return nil, errors.New("persist_routes needs a routes file")
-			}
-			if err := routing.CheckPersistPath(cfg.Routes); err != nil {
-				return nil, fmt.Errorf("persist_routes: %w", err)
-			}
-			a.routes.SetPersistPath(cfg.Routes)
-		}
-		a.reached.Store(true)
-		store = proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory)
-	case "redis":
-		rcfg := cfg.Redis
-		rcfg.Registry = cfg.Registry
-		redis.SetLogger(redisLogger{newThrottledLog(log, "redis", time.Now)})
-		if a.redis, err = redisstore.Open(rcfg); err != nil {
-			return nil, fmt.Errorf("open route store: %w", err) // err names redis
-		}
-		go a.watchReachable(bg)
-		// The cache's own bound would otherwise cut a longer command_timeout short.
-		lookupTimeout = rcfg.WithDefaults().CommandTimeout
-		store = proxy.InstrumentStore(reachStore{a.redis, &a.reached}, a.tel.Metrics, telemetry.StoreRedis)
-	default:
-		return nil, fmt.Errorf("store %q: want memory or redis", cfg.Store)
+	store, lookupTimeout, err := a.openStore(bg)
+	if err != nil {
+		return nil, err
 	}
-
 	a.cache, err = routing.NewCache(store, routing.CacheConfig{
 		Size: cfg.Cache.Size, NegativeSize: cfg.Cache.NegativeSize,
 		TTLMin: cfg.Cache.TTLMin, TTLMax: cfg.Cache.TTLMax, NegativeTTL: cfg.Cache.NegativeTTL,
@@ -254,22 +214,10 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		Metrics:         a.tel.MetricsHandler(),
 		MetricsLoopback: cfg.Telemetry.MetricsLoopback,
 		Signer:          signer,
-		Ready: func() error {
-			if !a.reached.Load() {
-				if why := a.unready.Load(); why != nil {
-					return errors.New("route store has never been reachable: " + *why)
-				}
-				return errors.New("route store has never been reachable")
-			}
-			return nil
-		},
+		Ready:           a.ready,
 	}
 	if a.redis != nil {
-		adminCfg.Publish = func(id string) error {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			return a.redis.Publish(ctx, id)
-		}
+		adminCfg.Publish = a.publish
 	}
 	a.server = proxy.NewServer(proxy.ServerConfig{
 		ClientReadTimeout:    cfg.Client.ReadTimeout,
@@ -280,32 +228,11 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		DrainTimeout:         cfg.DrainTimeout,
 	}, a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
-	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
-		// Proxying instead would serve in plain HTTP what the operator
-		// meant to close to it.
-		return nil, errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
-	}
-	if cfg.HTTPSAddr != "" {
-		if cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
-			// allowCertificate would have no domain to hold names to.
-			return nil, errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
-		}
-		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
-		}
-		if a.httpsLn, err = net.Listen("tcp", cfg.HTTPSAddr); err != nil {
-			return nil, fmt.Errorf("https listener: %w", err)
-		}
-	}
-	if cfg.HTTPAddr != "" {
-		if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
-			return nil, fmt.Errorf("http listener: %w", err)
-		}
-	}
-	if a.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
-		return nil, fmt.Errorf("admin listener: %w", err)
+	if err := a.listen(ctx); err != nil {
+		return nil, err
 	}
 	if a.redis != nil {
+		// After listen: the entry names the admin listener's address.
 		a.registry, err = a.redis.StartRegistry(redisstore.Instance{
 			ProxyID: a.instance, AdminURL: adminURL(a.adminLn.Addr(), cfg.NodeIP),
 			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: version,
@@ -315,6 +242,113 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		}
 	}
 	return a, nil
+}
+
+// openAccessLog opens the access log, unless its format is off; a path
+// of "" or "-" is stdout.
+func (a *app) openAccessLog(stdout io.Writer) error {
+	cfg := a.cfg.AccessLog
+	switch cfg.Format {
+	case "off":
+		return nil
+	case "", accesslog.FormatJSON, accesslog.FormatCube:
+	default:
+		return fmt.Errorf("access_log.format %q: want json, cube or off", cfg.Format)
+	}
+	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines}
+	if acfg.Path == "" || acfg.Path == "-" {
+		acfg.Output = stdout
+	}
+	var err error
+	a.access, err = accesslog.New(acfg, a.tel.Metrics.AccessLogDropped)
+	return err
+}
+
+// openStore opens the route store cfg.store names, instrumented, and the
+// lookup timeout the cache should use with it (0: the cache's default).
+// The Redis store's readiness watch runs until bg ends.
+func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time.Duration, err error) {
+	cfg := a.cfg
+	switch cfg.Store {
+	case "memory", "":
+		if a.routes, err = loadRoutes(cfg.Routes, a.log); err != nil {
+			return nil, 0, err
+		}
+		if cfg.PersistRoutes {
+			if cfg.Routes == "" {
+				return nil, 0, errors.New("persist_routes needs a routes file")
+			}
+			if err := routing.CheckPersistPath(cfg.Routes); err != nil {
+				return nil, 0, fmt.Errorf("persist_routes: %w", err)
+			}
+			a.routes.SetPersistPath(cfg.Routes)
+		}
+		a.reached.Store(true)
+		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
+	case "redis":
+		rcfg := cfg.Redis
+		rcfg.Registry = cfg.Registry
+		redis.SetLogger(redisLogger{newThrottledLog(a.log, "redis", time.Now)})
+		if a.redis, err = redisstore.Open(rcfg); err != nil {
+			return nil, 0, fmt.Errorf("open route store: %w", err) // err names redis
+		}
+		go a.watchReachable(bg)
+		// The cache's own bound would otherwise cut a longer command_timeout short.
+		lookupTimeout = rcfg.WithDefaults().CommandTimeout
+		return proxy.InstrumentStore(reachStore{a.redis, &a.reached}, a.tel.Metrics, telemetry.StoreRedis), lookupTimeout, nil
+	}
+	return nil, 0, fmt.Errorf("store %q: want memory or redis", cfg.Store)
+}
+
+// ready is /readyz's check: the route store has answered at least once.
+func (a *app) ready() error {
+	if a.reached.Load() {
+		return nil
+	}
+	if why := a.unready.Load(); why != nil {
+		return errors.New("route store has never been reachable: " + *why)
+	}
+	return errors.New("route store has never been reachable")
+}
+
+// publish tells the other proxy instances to drop id's cached route,
+// within a second: the admin request that changed the route waits on it.
+func (a *app) publish(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return a.redis.Publish(ctx, id)
+}
+
+// listen loads the certificates and opens the listeners, so that a port
+// in use or a certificate that cannot load fails the start.
+func (a *app) listen(ctx context.Context) (err error) {
+	cfg := a.cfg
+	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
+		// Proxying instead would serve in plain HTTP what the operator
+		// meant to close to it.
+		return errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
+	}
+	if cfg.HTTPSAddr != "" {
+		if cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
+			// allowCertificate would have no domain to hold names to.
+			return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
+		}
+		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		if a.httpsLn, err = net.Listen("tcp", cfg.HTTPSAddr); err != nil {
+			return fmt.Errorf("https listener: %w", err)
+		}
+	}
+	if cfg.HTTPAddr != "" {
+		if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("http listener: %w", err)
+		}
+	}
+	if a.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	return nil
 }
 
 // certsConfig maps the tls: section; on-demand issuance asks the route

@@ -273,6 +273,21 @@ var negativeMeansOff = map[string]bool{
 // request on (a negative connect timeout reads as "refused", a negative
 // body limit as 413), naming the setting.
 func (c *Config) Validate() error {
+	for _, check := range []func() error{
+		c.checkNumbers, c.checkStore, c.checkTLS, c.checkSecrets,
+		c.checkListeners, c.checkBuffers, c.checkHostNames,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkNumbers refuses a negative duration or size (unless
+// negativeMeansOff lists it), a trace sample ratio outside 0..1, and a
+// pair of cache TTLs the cache would refuse.
+func (c *Config) checkNumbers() error {
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
 		name := strings.Join(s.path, ".")
 		switch s.v.Kind() {
@@ -297,25 +312,37 @@ func (c *Config) Validate() error {
 		// The cache would refuse the pair, naming a minimum nobody set.
 		return fmt.Errorf("cache.ttl_max (%s) is below cache.ttl_min's default (%s): set cache.ttl_min too", mx, routing.DefaultTTLMin)
 	}
-	if c.Store == "memory" || c.Store == "" {
-		// The proxy would serve the routes file (often missing: an empty
-		// table, every request a 404) and still report itself ready.
-		for _, r := range []struct {
-			key string
-			set bool
-		}{
-			{"redis.addr", c.Redis.Addr != ""}, {"redis.url", c.Redis.URL != ""},
-			{"redis.sentinel.master_name", c.Redis.Sentinel.MasterName != ""}, {"redis.cluster.addrs", len(c.Redis.Cluster.Addrs) > 0},
-			// The registry is written to Redis: with the memory store the
-			// operator's dashboards would wait for an instance that never
-			// announces itself.
-			{"registry.enabled", c.Registry.Enabled},
-		} {
-			if r.set {
-				return fmt.Errorf("%s is set but store is memory: set store: redis (CUBEPROXY_STORE=redis) to read routes from Redis, or remove %s", r.key, r.key)
-			}
+	return nil
+}
+
+// checkStore refuses Redis settings under the memory store.
+func (c *Config) checkStore() error {
+	if c.Store != "memory" && c.Store != "" {
+		return nil
+	}
+	// The proxy would serve the routes file (often missing: an empty
+	// table, every request a 404) and still report itself ready.
+	for _, r := range []struct {
+		key string
+		set bool
+	}{
+		{"redis.addr", c.Redis.Addr != ""}, {"redis.url", c.Redis.URL != ""},
+		{"redis.sentinel.master_name", c.Redis.Sentinel.MasterName != ""}, {"redis.cluster.addrs", len(c.Redis.Cluster.Addrs) > 0},
+		// The registry is written to Redis: with the memory store the
+		// operator's dashboards would wait for an instance that never
+		// announces itself.
+		{"registry.enabled", c.Registry.Enabled},
+	} {
+		if r.set {
+			return fmt.Errorf("%s is set but store is memory: set store: redis (CUBEPROXY_STORE=redis) to read routes from Redis, or remove %s", r.key, r.key)
 		}
 	}
+	return nil
+}
+
+// checkTLS refuses a tls: section the HTTPS listener would not serve as
+// written.
+func (c *Config) checkTLS() error {
 	switch c.TLS.Source {
 	case "", "self_signed", "files", "acme":
 	default:
@@ -358,6 +385,11 @@ func (c *Config) Validate() error {
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
 	}
+	return nil
+}
+
+// checkSecrets refuses a secret that is a variable reference left as written.
+func (c *Config) checkSecrets() error {
 	// Neither the file nor the environment is expanded: a reference left
 	// as written (${ADMIN_TOKEN}, or a Kubernetes $(ADMIN_TOKEN) naming an
 	// undefined variable, which stays as it is) would be the secret
@@ -373,6 +405,11 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkListeners refuses a configuration with no traffic or no admin listener.
+func (c *Config) checkListeners() error {
 	if c.HTTPAddr == "" && c.HTTPSAddr == "" {
 		// Only the admin API would listen: /readyz says ready while no
 		// sandbox can be reached.
@@ -381,6 +418,11 @@ func (c *Config) Validate() error {
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}
+	return nil
+}
+
+// checkBuffers bounds what is allocated per connection or at startup.
+func (c *Config) checkBuffers() error {
 	// A header limit this small would answer every request with 431 or
 	// every response with 502; 0 is the 16 KiB default. One this large is
 	// a buffer allocated whole for every connection: the first request
@@ -401,6 +443,11 @@ func (c *Config) Validate() error {
 	if n := c.AccessLog.BufferLines; n > maxBufferLines {
 		return fmt.Errorf("access_log.buffer_lines: %d is above %d", n, maxBufferLines)
 	}
+	return nil
+}
+
+// checkHostNames refuses host-name settings no Host header could match.
+func (c *Config) checkHostNames() error {
 	for _, names := range []struct {
 		key      string
 		list     []string

@@ -225,21 +225,8 @@ func LoadCommand(command string, args []string, getenv func(string) string, out 
 	// Flags were applied to cfg during parsing; start over in order.
 	*cfg = *Default()
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
-		}
-		dec := yaml.NewDecoder(strings.NewReader(string(data)))
-		dec.KnownFields(true)
-		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("config %s: %w", path, err)
-		}
-		line, err := yamldoc.NextDocument(dec)
-		if err != nil {
-			return nil, fmt.Errorf("config %s: %w", path, err)
-		}
-		if line > 0 {
-			return nil, fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)
+		if err := decodeFile(cfg, path); err != nil {
+			return nil, err
 		}
 	}
 	for i := range settings {
@@ -259,6 +246,29 @@ func LoadCommand(command string, args []string, getenv func(string) string, out 
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// decodeFile reads the YAML file at path over cfg. A key that names no
+// setting is an error, not a setting silently left at its default, and so
+// is a second document, which would be ignored.
+func decodeFile(cfg *Config, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	line, err := yamldoc.NextDocument(dec)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if line > 0 {
+		return fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)
+	}
+	return nil
 }
 
 // negativeMeansOff lists the settings for which a negative value is

@@ -237,8 +237,7 @@ func (t *tunnel) start() {
 // tunnel serves an Upgrade request. The upgrade never goes through the
 // connection pool (it would put the switched connection back in the
 // pool): it dials its own connection, replays the request, and after a 101
-// hijacks the client connection and copies bytes both ways until either
-// side closes.
+// splices the client connection to it.
 func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	id := t.ID()
 	if perr := p.prepareRequest(ctx, x.seen, r, t, true); perr != nil {
@@ -257,7 +256,38 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
+	if err := p.sendUpgrade(ctx, uc); err != nil {
+		uc.release(p, false)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, err, id, addr)
+		return
+	}
+	resp := &ctx.Response
+	// A 101 may set cookies too, and a declined upgrade is any answer.
+	scopeSetCookies(&resp.Header, clientHost(&ctx.Request.Header, masksHost(r, t.Port)))
+	if resp.StatusCode() != fasthttp.StatusSwitchingProtocols {
+		// Declined (a 401, a 404, a page): relayed like any answer,
+		// streamed if need be, and the connection is not reused.
+		resp.Header.SetConnectionClose()
+		p.respond(ctx, x, uc, t, addr, sb)
+		return
+	}
+	if !switchedAsAsked(&ctx.Request.Header, &resp.Header) {
+		// What follows is in a protocol the client did not ask for (or
+		// an unnamed one), which it cannot speak: its WebSocket library
+		// would fail the handshake anyway (RFC 6455 §4.1), after the
+		// tunnel had taken a sandbox connection until the idle timeout.
+		uc.release(p, false)
+		sb.active.Add(-1)
+		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
+		return
+	}
+	p.splice(ctx, x, u, uc, sb)
+}
 
+// sendUpgrade writes the upgrade request's head to the sandbox and reads
+// its answer's head into ctx.Response.
+func (p *Proxy) sendUpgrade(ctx *fasthttp.RequestCtx, uc *upstreamConn) error {
 	// An upgrade request has no body (serve sends only bodiless ones
 	// here): the head alone.
 	ctx.Request.UseHostHeader = true
@@ -278,14 +308,14 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	uc.client = ctx.Conn()
 	bw := writerPool.Get().(*bufio.Writer)
 	bw.Reset(uc)
-	if err = ctx.Request.Header.Write(bw); err == nil {
+	err := ctx.Request.Header.Write(bw)
+	if err == nil {
 		err = bw.Flush()
 	}
 	bw.Reset(nil)
 	writerPool.Put(bw)
-	resp := &ctx.Response
 	if err == nil {
-		err = uc.readHeader(p, resp)
+		err = uc.readHeader(p, &ctx.Response)
 	}
 	switch {
 	case uc.endClientWait():
@@ -293,33 +323,15 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	case err != nil && uc.interrupted.Load():
 		err = uc.cutErr()
 	}
-	if err != nil {
-		uc.release(p, false)
-		sb.active.Add(-1)
-		p.upstreamError(ctx, x, err, id, addr)
-		return
-	}
-	// A 101 may set cookies too, and a declined upgrade is any answer.
-	scopeSetCookies(&resp.Header, clientHost(&ctx.Request.Header, masksHost(r, t.Port)))
-	if resp.StatusCode() != fasthttp.StatusSwitchingProtocols {
-		// Declined (a 401, a 404, a page): relayed like any answer,
-		// streamed if need be, and the connection is not reused.
-		resp.Header.SetConnectionClose()
-		p.respond(ctx, x, uc, t, addr, sb)
-		return
-	}
-	if !switchedAsAsked(&ctx.Request.Header, &resp.Header) {
-		// What follows is in a protocol the client did not ask for (or
-		// an unnamed one), which it cannot speak: its WebSocket library
-		// would fail the handshake anyway (RFC 6455 §4.1), after the
-		// tunnel had taken a sandbox connection until the idle timeout.
-		uc.release(p, false)
-		sb.active.Add(-1)
-		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
-		return
-	}
+	return err
+}
+
+// splice takes over both connections after the sandbox's 101: the
+// sandbox's from its pool, the client's from fasthttp (a hijack), writes
+// the 101 and starts the tunnel between them.
+func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *upstreamConn, sb *sandboxState) {
 	x.upStatus = fasthttp.StatusSwitchingProtocols
-	resp.Header.SetNoDefaultContentType(true)
+	ctx.Response.Header.SetNoDefaultContentType(true)
 	// Bytes the backend sent right after the 101 go to the client first.
 	var pending []byte
 	if n := uc.br.Buffered(); n > 0 {

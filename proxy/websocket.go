@@ -407,22 +407,26 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// The tunnel runs on its own goroutine, so that fasthttp's
 		// hijack goroutine ends and frees the request's context and
 		// fasthttp's reader with it.
-		go p.runTunnel(tn, conn, early, err, pending, &tx, release)
+		go p.runTunnel(tn, conn, early, pending, err, &tx, release)
 	}, abandon)
 }
 
 // runTunnel copies both ways until the tunnel ends; early is what the
 // client sent before the tunnel read its connection (non-nil, maybe
-// empty), and err the 101's write.
-func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, err error, pending []byte, tx *exchange, release func(error)) {
+// empty), pending what the sandbox sent after its 101, and headErr the
+// error of writing the 101 (and pending) to the client: with one, the
+// tunnel only closes.
+func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, headErr error, tx *exchange, release func(error)) {
 	var in, out countingReader
-	// end finishes the exchange: when the tunnel closes, or as soon as
-	// its sandbox ended it and only the client's side lingers.
-	ended := false
 	// reset: the sandbox reset its connection rather than closing it
 	// (a crashed server, a VM gone), logged so that the session does
-	// not pass for one that ended cleanly, as a cut HTTP stream.
+	// not pass for one that ended cleanly, as a cut HTTP stream. It is
+	// known once the sandbox-to-client copy ends, before end can run.
 	reset := false
+	// end finishes the exchange, once: when the tunnel closes, or as
+	// soon as its sandbox ended it and only the client's side lingers
+	// (linger calls it).
+	ended := false
 	end := func() {
 		if ended {
 			return
@@ -445,7 +449,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, err error, pe
 		end()
 		p.metrics.ConnClosed()
 	}()
-	if err != nil {
+	if headErr != nil {
 		return
 	}
 	done, outDone := make(chan struct{}), make(chan struct{})
@@ -460,7 +464,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, err error, pe
 		close(done)
 	}()
 	out.r = tunnelReader{tn, tn.backend}
-	err = copyTunnel(clientWriter{tn}, &out)
+	err := copyTunnel(clientWriter{tn}, &out)
 	reset = tn.clientErr == nil && errors.Is(err, syscall.ECONNRESET)
 	if tn.clientErr != nil {
 		// The client is gone, or stopped reading and is cut: the

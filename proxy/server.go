@@ -83,16 +83,43 @@ type Server struct {
 // NewServer returns a server for p and admin (admin may be nil).
 func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	cfg.setDefaults()
+	// The proxy applies the client timeouts itself where fasthttp's do not
+	// reach (streams, tunnels, streamed request bodies), and asks the
+	// server whether it drains.
 	p.clientWriteTimeout = cfg.ClientWriteTimeout
 	p.clientBodyTimeout = cfg.ClientBodyTimeout
 	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
 	p.draining = &s.draining
-	log := fasthttpLogger{p.cfg.Logger}
 	// Every server sets SecureErrorLogMessage: without it fasthttp's
 	// error for a request it cannot parse quotes the raw request head,
 	// and that lands in the debug log with the admin token, traffic
 	// tokens, Authorization and cube_token of whoever sent it.
-	s.traffic = &fasthttp.Server{
+	log := fasthttpLogger{p.cfg.Logger}
+	s.traffic = s.trafficServer(log)
+	s.redirect = s.redirectServer(log)
+	if admin != nil {
+		s.adminSrv = adminServer(cfg, admin, log)
+		admin.draining = &s.draining
+	}
+	s.wg.Add(1)
+	go s.janitor()
+	if h, err := newHangups(); err != nil {
+		p.cfg.Logger.Warn("departed SSE clients will be found by heartbeats only", "err", err)
+	} else if h != nil {
+		p.hangups = h
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			h.run()
+		}()
+	}
+	return s
+}
+
+// trafficServer is the fasthttp server of the sandbox-traffic listeners.
+func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
+	p, cfg := s.p, s.cfg
+	return &fasthttp.Server{
 		Handler:                      p.Handler,
 		ErrorHandler:                 p.clientError,
 		HeaderReceived:               s.headerReceived,
@@ -117,7 +144,14 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		// are closed by their owner, which may outlive the hijack handler.
 		KeepHijackedConns: true,
 	}
-	s.redirect = &fasthttp.Server{
+}
+
+// redirectServer is the fasthttp server of the plain-HTTP listener when it
+// redirects to HTTPS. Its Handler is set by ServeRedirect, which knows the
+// HTTPS port; until then it has none.
+func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
+	p, cfg := s.p, s.cfg
+	return &fasthttp.Server{
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
 				// Only this listener's buffer is too small for the body:
@@ -143,38 +177,26 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		Logger:                log,
 		SecureErrorLogMessage: true,
 	}
-	if admin != nil {
-		s.adminSrv = &fasthttp.Server{
-			Handler:               admin.Handler,
-			ErrorHandler:          clientError, // JSON, like every admin answer
-			NoDefaultServerHeader: true,
-			// As large as a traffic head: fasthttp's default 4 KiB
-			// refused a control plane's tracing baggage, or an operator's
-			// curl through an SSO proxy, with 431.
-			ReadBufferSize:        cfg.MaxRequestHeaderSize,
-			ReadTimeout:           30 * time.Second,
-			WriteTimeout:          30 * time.Second,
-			IdleTimeout:           90 * time.Second,
-			MaxRequestBodySize:    1 << 20,
-			CloseOnShutdown:       true,
-			Logger:                log,
-			SecureErrorLogMessage: true,
-		}
-		admin.draining = &s.draining
+}
+
+// adminServer is the fasthttp server of the admin listener.
+func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:               admin.Handler,
+		ErrorHandler:          clientError, // JSON, like every admin answer
+		NoDefaultServerHeader: true,
+		// As large as a traffic head: fasthttp's default 4 KiB
+		// refused a control plane's tracing baggage, or an operator's
+		// curl through an SSO proxy, with 431.
+		ReadBufferSize:        cfg.MaxRequestHeaderSize,
+		ReadTimeout:           30 * time.Second,
+		WriteTimeout:          30 * time.Second,
+		IdleTimeout:           90 * time.Second,
+		MaxRequestBodySize:    1 << 20,
+		CloseOnShutdown:       true,
+		Logger:                log,
+		SecureErrorLogMessage: true,
 	}
-	s.wg.Add(1)
-	go s.janitor()
-	if h, err := newHangups(); err != nil {
-		p.cfg.Logger.Warn("departed SSE clients will be found by heartbeats only", "err", err)
-	} else if h != nil {
-		p.hangups = h
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			h.run()
-		}()
-	}
-	return s
 }
 
 // headerReceived gives requests that carry a body the longer body timeout;

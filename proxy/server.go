@@ -339,8 +339,9 @@ func httpsAuthority(host, port string) string {
 // (not MCP HTTP+SSE sessions: registry.keepForDeadline),
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
 // cuts what is left: streams, tunnels, and requests still waiting on their
-// sandbox, which are answered 504. It returns when nothing is open (or two
-// seconds after the deadline).
+// sandbox, which are answered 504. It returns when nothing is open, or at
+// most about four seconds after the deadline: two for what was cut to
+// unwind, one for a redirect client, one for the admin listener.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)

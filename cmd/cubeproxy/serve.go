@@ -524,8 +524,10 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
-	// Before anything is served or announced: a SIGHUP (logrotate) that
-	// arrives before Notify would terminate the process.
+	// Before the proxy is announced (the log line, ready): a SIGHUP
+	// (logrotate) sent after that must reach the loop below. Until
+	// Notify, main ignores SIGHUP; where nothing does (tests), one would
+	// end the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

@@ -405,6 +405,69 @@ func TestSilentStreamEndsAtClientHangUp(t *testing.T) {
 	}
 }
 
+// A streamed answer that is not an event stream (a command's output as
+// chunked text or NDJSON, envd's Connect streams, a long poll) ends as soon
+// as its client hangs up, as an SSE stream does: a client talking to the
+// sandbox directly, or through nginx or Go's ReverseProxy, has its request
+// ended by its FIN, so the sandbox stops the work. Found by bench/interop: a
+// fetch() aborted mid-download left the sandbox writing into the proxy
+// until its next write failed, and a silent one until upstream.idle_timeout.
+func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
+	for _, tc := range []struct {
+		name, proto, ctype string
+		half, close        bool // client half-closes; sandbox body ends with its connection
+	}{
+		{"chunked text", "HTTP/1.1", "text/plain", false, false},
+		{"chunked NDJSON half-close", "HTTP/1.1", "application/x-ndjson", true, false},
+		{"close-delimited", "HTTP/1.1", "application/octet-stream", false, true},
+		{"HTTP/1.0 client", "HTTP/1.0", "text/plain", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
+			ended := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(ended)
+				w.Header().Set("Content-Type", tc.ctype)
+				if tc.close {
+					w.Header().Set("Connection", "close")
+				}
+				fmt.Fprint(w, "first\n")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}))
+			host := h.route("plainstream", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", tc.proto, host)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if line, _ := bufio.NewReader(resp.Body).ReadString('\n'); line != "first\n" {
+				t.Fatalf("first line %q", line)
+			}
+			if tc.half {
+				_ = c.(*net.TCPConn).CloseWrite()
+			} else {
+				c.Close()
+			}
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sandbox's stream still open 10s after the client hung up")
+			}
+			testenv.WaitFor(t, 10*time.Second, "proxy stream released", func() bool {
+				s, _ := h.proxy.streams.open()
+				return s == 0
+			})
+		})
+	}
+}
+
 // Bytes from the client (a pipelined request) are not a hang-up.
 func TestSilentStreamSurvivesClientBytes(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })

@@ -515,12 +515,10 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	s.started = time.Now()
 	s.sb = sb
 	s.client = ctx.Conn()
-	if s.sse || size < 0 {
-		// Any body of unknown length may fall silent for long (a command's
-		// output, a long poll), not only an event stream: its client's
-		// hang-up must end it at once, as it ends a direct request.
-		s.hupKey = p.hangups.watch(s.client, s)
-	}
+	// Any streamed body may fall silent for long (a command's output, a long
+	// poll, a download generated as it is sent), not only an event stream:
+	// its client's hang-up must end it at once, as it ends a direct request.
+	s.hupKey = p.hangups.watch(s.client, s)
 	if p.clientWriteTimeout > 0 {
 		s.writeTimeout = p.clientWriteTimeout
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)

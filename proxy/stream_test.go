@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -406,8 +407,9 @@ func TestSilentStreamEndsAtClientHangUp(t *testing.T) {
 }
 
 // A streamed answer that is not an event stream (a command's output as
-// chunked text or NDJSON, envd's Connect streams, a long poll) ends as soon
-// as its client hangs up, as an SSE stream does: a client talking to the
+// chunked text or NDJSON, envd's Connect streams, a long poll, a download
+// generated as it is sent) ends as soon as its client hangs up, as an SSE
+// stream does: a client talking to the
 // sandbox directly, or through nginx or Go's ReverseProxy, has its request
 // ended by its FIN, so the sandbox stops the work. Found by bench/interop: a
 // fetch() aborted mid-download left the sandbox writing into the proxy
@@ -416,11 +418,13 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 	for _, tc := range []struct {
 		name, proto, ctype string
 		half, close        bool // client half-closes; sandbox body ends with its connection
+		sized              bool // a Content-Length body larger than wholeBody, generated as it is sent
 	}{
-		{"chunked text", "HTTP/1.1", "text/plain", false, false},
-		{"chunked NDJSON half-close", "HTTP/1.1", "application/x-ndjson", true, false},
-		{"close-delimited", "HTTP/1.1", "application/octet-stream", false, true},
-		{"HTTP/1.0 client", "HTTP/1.0", "text/plain", false, false},
+		{"chunked text", "HTTP/1.1", "text/plain", false, false, false},
+		{"chunked NDJSON half-close", "HTTP/1.1", "application/x-ndjson", true, false, false},
+		{"close-delimited", "HTTP/1.1", "application/octet-stream", false, true, false},
+		{"HTTP/1.0 client", "HTTP/1.0", "text/plain", false, false, false},
+		{"sized download", "HTTP/1.1", "application/octet-stream", false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
@@ -431,7 +435,13 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 				if tc.close {
 					w.Header().Set("Connection", "close")
 				}
+				if tc.sized {
+					w.Header().Set("Content-Length", strconv.Itoa(4*wholeBody))
+				}
 				fmt.Fprint(w, "first\n")
+				if tc.sized {
+					w.Write(bytes.Repeat([]byte("x"), wholeBody+1)) // past what is read whole
+				}
 				w.(http.Flusher).Flush()
 				<-r.Context().Done()
 			}))
@@ -447,8 +457,16 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if line, _ := bufio.NewReader(resp.Body).ReadString('\n'); line != "first\n" {
+			body := bufio.NewReader(resp.Body)
+			if line, _ := body.ReadString('\n'); line != "first\n" {
 				t.Fatalf("first line %q", line)
+			}
+			if tc.sized {
+				// All of it, as a client reading ahead does: a close with
+				// unread bytes would reset, failing the proxy's next write.
+				if _, err := io.ReadFull(body, make([]byte, wholeBody+1)); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if tc.half {
 				_ = c.(*net.TCPConn).CloseWrite()

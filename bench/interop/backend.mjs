@@ -190,8 +190,10 @@ const server = http.createServer(async (req, res) => {
         res.end('end'); return;
       }
       case '/abort': { // the client leaves mid-stream: does the sandbox see it?
-        res.writeHead(200, { 'content-type': 'text/plain' });
+        // fixed=1: a sized body (a file generated as it is sent), else chunked
+        res.writeHead(200, { 'content-type': 'text/plain', ...(u.searchParams.get('fixed') ? { 'content-length': 1 << 20 } : {}) });
         res.write('first\n');
+        if (u.searchParams.get('fixed')) res.write('x'.repeat(100000));
         const t0 = Date.now();
         const iv = setInterval(() => res.write('.'), 2000);
         res.on('close', () => { clearInterval(iv); note(key, { closedAfterMs: Date.now() - t0 }); });

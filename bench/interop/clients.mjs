@@ -135,15 +135,17 @@ S('fetch.cookies', async () => { const o = await fetchObs('/cookies'); return { 
 S('fetch.early-hints', async () => { const o = await fetchObs('/early'); return { cmp: { ...o.cmp, body: o.body.toString() }, info: o.info }; });
 S('fetch.close-delimited', async () => { const o = await fetchObs('/close'); return { cmp: { ...o.cmp, body: o.body.toString() }, info: o.info }; });
 S('fetch.trailers', async () => { const o = await fetchObs('/trailers'); return { cmp: { ...o.cmp, body: o.body.toString() }, info: o.info }; });
-S('fetch.abort', async () => {
-  // The client aborts mid-stream: the sandbox must see its connection close.
-  const k = key('abort'); const ac = new AbortController();
-  const r = await fetch(`${base}/abort?key=${k}`, { headers: tok, signal: ac.signal });
-  const reader = r.body.getReader(); const first = new TextDecoder().decode((await reader.read()).value);
-  ac.abort();
-  const st = await until(async () => (await stats(k)).find(x => x.closedAfterMs !== undefined), 3000);
-  return { cmp: { status: r.status, first, sandboxSawClose: !!st && st.closedAfterMs < 1500 }, info: { closedAfterMs: st && st.closedAfterMs } };
-});
+for (const [n, q] of [['abort', ''], ['abort-sized', '&fixed=1']]) {
+  S('fetch.' + n, async () => {
+    // The client aborts mid-download, the sandbox silent: it must see its connection close.
+    const k = key('abort'); const ac = new AbortController();
+    const r = await fetch(`${base}/abort?key=${k}${q}`, { headers: tok, signal: ac.signal });
+    const reader = r.body.getReader(); const first = new TextDecoder().decode((await reader.read()).value).slice(0, 6);
+    ac.abort();
+    const st = await until(async () => (await stats(k)).find(x => x.closedAfterMs !== undefined), 3000);
+    return { cmp: { status: r.status, first, sandboxSawClose: !!st && st.closedAfterMs < 1500 }, info: { closedAfterMs: st && st.closedAfterMs } };
+  });
+}
 S('fetch.abort-upload', async () => {
   // The client aborts a streamed upload once the sandbox has its first piece.
   const k = key('abup'); const ac = new AbortController();

@@ -518,7 +518,14 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	// Any streamed body may fall silent for long (a command's output, a long
 	// poll, a download generated as it is sent), not only an event stream:
 	// its client's hang-up must end it at once, as it ends a direct request.
-	s.hupKey = p.hangups.watch(s.client, s)
+	// An event stream is watched from the start (it is long-lived by
+	// nature); any other body only once it has lasted clientCheck, so that
+	// the many short chunked answers never pay the watch's epoll_ctl calls.
+	if s.sse {
+		s.hupKey = p.hangups.watch(s.client, s)
+	} else {
+		c.watchClientAfter(s.client, s, s.started)
+	}
 	if p.clientWriteTimeout > 0 {
 		s.writeTimeout = p.clientWriteTimeout
 		s.clientDeadline = s.started.Add(p.clientWriteTimeout)

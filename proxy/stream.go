@@ -373,6 +373,7 @@ func (s *bodyStream) end(err error) {
 	s.closed = true
 	s.p.hangups.unwatch(s.hupKey) // first: hangUp may not run on a released stream
 	s.hupKey = 0
+	s.conn.endClientWait() // the same for the connection's watch (watchClientAfter)
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
 	s.sb.done(time.Now().UnixMilli())

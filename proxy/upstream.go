@@ -1060,12 +1060,15 @@ type upstreamConn struct {
 	peekErr error
 	peekBuf [1]byte
 
-	// client is the request's client while the answer's head is awaited
-	// (nil otherwise): its socket is looked at clientCheck after the
-	// request, at checkAt, and then watched by hups (hupKey) or, where it
-	// cannot be, looked at every clientCheck. clientGone is set when it
-	// was found closed, by hangUp from the watch's goroutine.
+	// client is the request's client while the answer's head is awaited,
+	// or while a streamed body that is not an event stream is sent (nil
+	// otherwise): its socket is looked at clientCheck after the request
+	// (or the body's start), at checkAt, and then watched by hups (hupKey)
+	// or, where it cannot be, looked at every clientCheck. The watch tells
+	// hupTo (the body's stream) or, when that is nil, c; clientGone is set
+	// when c was found closed, by hangUp from the watch's goroutine.
 	client     net.Conn
+	hupTo      hangUpper
 	checkAt    time.Time
 	checking   bool // armRead armed checkAt, not a timeout
 	clientGone atomic.Bool
@@ -1141,11 +1144,19 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 			// (it reports a client already gone too), at the cost of two
 			// epoll_ctl calls that an answer within clientCheck never pays.
 			c.readDeadline = time.Time{} // expired: the next one is set whatever it is
-			if c.hupKey = c.hups.watch(c.client, c); c.hupKey != 0 {
+			var to hangUpper = c
+			if c.hupTo != nil {
+				to = c.hupTo
+			}
+			if c.hupKey = c.hups.watch(c.client, to); c.hupKey != 0 {
 				continue
 			}
 			if clientHungUp(c.client) {
-				c.clientGone.Store(true)
+				if c.hupTo != nil {
+					c.hupTo.hangUp() // the stream ends as its watch would end it
+				} else {
+					c.clientGone.Store(true)
+				}
 				return 0, errClientLeft
 			}
 			c.checkAt = time.Now().Add(clientCheck)
@@ -1182,7 +1193,15 @@ func (c *upstreamConn) endClientWait() (gone bool) {
 	c.hups.unwatch(c.hupKey)
 	c.hupKey = 0
 	c.client = nil
+	c.hupTo = nil
 	return c.clientGone.Load()
+}
+
+// watchClientAfter has client watched for a hang-up, which tells to, once
+// the body being read has lasted clientCheck from start: a body that ends
+// sooner never pays the watch. The stream ends the watch (endClientWait).
+func (c *upstreamConn) watchClientAfter(client net.Conn, to hangUpper, start time.Time) {
+	c.client, c.hupTo, c.checkAt = client, to, start.Add(clientCheck)
 }
 
 // armRead sets the read deadline for the next wait: the header deadline
@@ -1213,6 +1232,9 @@ func (c *upstreamConn) armRead() (heartbeat bool) {
 			// A second early at most; heartbeatFired keeps an expired one
 			// from being kept.
 			deadline, sl, heartbeat = c.heartbeat, time.Second, true
+		}
+		if c.client != nil && c.hupKey == 0 && (deadline.IsZero() || c.checkAt.Before(deadline)) {
+			deadline, sl, heartbeat, c.checking = c.checkAt, slack(clientCheck), false, true
 		}
 	}
 	c.readDeadline = setDeadline(c.Conn, true, c.readDeadline, deadline, sl)

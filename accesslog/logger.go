@@ -170,6 +170,10 @@ func (l *Logger) unqueue(ln *line) {
 	l.drop(1)
 }
 
+// BufferLines returns how many lines the queue holds before Log drops
+// (Config.BufferLines, or DefaultBufferLines when that was 0).
+func (l *Logger) BufferLines() int { return cap(l.lines) }
+
 // Dropped returns how many lines were lost so far (queue full or write errors).
 func (l *Logger) Dropped() uint64 { return l.dropped.Load() }
 

@@ -82,6 +82,17 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns c with every unset field at the default New
+// applies, so that the binary can show (serve -h, cubeproxy check) the
+// values the proxy will use without keeping a copy of them.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
+// Config returns the configuration the proxy runs with, defaults applied.
+func (p *Proxy) Config() Config { return p.cfg }
+
 func (c *Config) setDefaults() {
 	// Routes hold IPv4-mapped addresses as IPv4 (routing.ParseRoute): so
 	// must node_ip, or "::ffff:10.0.0.5" would never be this node.

@@ -42,6 +42,16 @@ type ServerConfig struct {
 	DrainTimeout time.Duration
 }
 
+// WithDefaults returns c with every unset field at the default NewServer
+// applies (see Config.WithDefaults for why it is exported).
+func (c ServerConfig) WithDefaults() ServerConfig {
+	c.setDefaults()
+	return c
+}
+
+// Config returns the listener settings the server runs with, defaults applied.
+func (s *Server) Config() ServerConfig { return s.cfg }
+
 func (c *ServerConfig) setDefaults() {
 	if c.ClientReadTimeout == 0 {
 		c.ClientReadTimeout = 30 * time.Second

@@ -114,29 +114,39 @@ type negEntry struct {
 	expires int64
 }
 
+// WithDefaults returns c with every unset bound at the default NewCache
+// applies: an unset TTLMax is at least TTLMin.
+func (c CacheConfig) WithDefaults() CacheConfig {
+	if c.Size == 0 {
+		c.Size = DefaultCacheSize
+	}
+	if c.NegativeSize == 0 {
+		c.NegativeSize = DefaultNegativeSize
+	}
+	if c.TTLMin == 0 {
+		c.TTLMin = DefaultTTLMin
+	}
+	if c.TTLMax == 0 {
+		c.TTLMax = max(DefaultTTLMax, c.TTLMin)
+	}
+	if c.NegativeTTL == 0 {
+		c.NegativeTTL = DefaultNegativeTTL
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = DefaultLookupTimeout
+	}
+	return c
+}
+
+// Config returns the bounds the cache runs with, defaults applied.
+func (c *Cache) Config() CacheConfig { return c.cfg }
+
 // NewCache returns a cache in front of store.
 func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
 	if store == nil {
 		return nil, errors.New("route cache: nil store")
 	}
-	if cfg.Size == 0 {
-		cfg.Size = DefaultCacheSize
-	}
-	if cfg.NegativeSize == 0 {
-		cfg.NegativeSize = DefaultNegativeSize
-	}
-	if cfg.TTLMin == 0 {
-		cfg.TTLMin = DefaultTTLMin
-	}
-	if cfg.TTLMax == 0 {
-		cfg.TTLMax = max(DefaultTTLMax, cfg.TTLMin)
-	}
-	if cfg.NegativeTTL == 0 {
-		cfg.NegativeTTL = DefaultNegativeTTL
-	}
-	if cfg.LookupTimeout == 0 {
-		cfg.LookupTimeout = DefaultLookupTimeout
-	}
+	cfg = cfg.WithDefaults()
 	switch {
 	case cfg.Size < 0 || cfg.NegativeSize < 0:
 		return nil, fmt.Errorf("route cache: sizes must be positive (size %d, negative size %d)", cfg.Size, cfg.NegativeSize)

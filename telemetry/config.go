@@ -89,6 +89,11 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	return exporterNone, fmt.Errorf("OTLP trace protocol %q: only \"http/protobuf\" and \"grpc\" are supported", proto)
 }
 
+// SampleRatio is the fraction of traces New samples: TraceSampleRatio, or
+// what the environment (Env) and the defaults make of a zero one. The
+// binary shows it (serve -h, cubeproxy check) without building a tracer.
+func (c Config) SampleRatio() (float64, error) { return c.sampleRatio(c.env()) }
+
 // sampleRatio resolves the ratio as documented on Config.TraceSampleRatio.
 func (c *Config) sampleRatio(env func(string) string) (float64, error) {
 	r := c.TraceSampleRatio

@@ -74,7 +74,7 @@ type AccessLog struct {
 
 // Telemetry configures metrics and traces (exporters come from OTEL_* variables).
 type Telemetry struct {
-	TraceSampleRatio float64 `yaml:"trace_sample_ratio" usage:"fraction of requests traced when OTEL_TRACES_EXPORTER=otlp"`
+	TraceSampleRatio float64 `yaml:"trace_sample_ratio" usage:"fraction of requests traced when OTEL_TRACES_EXPORTER=otlp (unset: OTEL_TRACES_SAMPLER_ARG if set, else the default)"`
 	MetricsLoopback  bool    `yaml:"metrics_loopback_open" usage:"serve /metrics without the admin token to loopback clients"`
 }
 
@@ -167,19 +167,30 @@ const EnvPrefix = "CUBEPROXY_"
 // Load builds the configuration: defaults, then the file named by
 // --config (or CUBEPROXY_CONFIG), then the environment, then flags.
 // It returns flag.ErrHelp when -h was given (usage already written to out).
+// Its -h shows Default's values only; the binary uses LoadCommand.
 func Load(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
-	return LoadCommand("cubeproxy serve", args, getenv, out)
+	return LoadCommand("cubeproxy serve", nil, args, getenv, out)
 }
 
-// LoadCommand is Load for another subcommand that takes the same flags;
-// command titles the -h usage, which would otherwise name serve.
-func LoadCommand(command string, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
+// LoadCommand is Load for a subcommand that takes serve's flags; command
+// titles the -h usage. shown is what -h names as each flag's default: the
+// value in effect when the setting is left unset. Most of those are
+// applied to zero values by the packages that use them (proxy, routing,
+// certs...), which config, low in the import graph, does not import: the
+// binary asks them and passes the result. nil shows Default's values.
+func LoadCommand(command string, shown *Config, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
 	cfg := Default()
 	settings := collect(reflect.ValueOf(cfg).Elem())
+	if shown == nil {
+		shown = Default()
+	}
+	defaults := collect(reflect.ValueOf(shown).Elem()) // same order as settings
 
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.SetOutput(out)
 	configPath := fs.String("config", "", "YAML config file (env "+EnvPrefix+"CONFIG)")
+	kinds := map[string]string{"config": "string"}
+	fs.Usage = func() { printUsage(fs, kinds) }
 	type flagValue struct {
 		s   *setting
 		raw string
@@ -210,6 +221,8 @@ func LoadCommand(command string, args []string, getenv func(string) string, out 
 		} else {
 			fs.Func(s.flagName(), s.usage+" (env "+s.envName()+")", set)
 		}
+		kinds[s.flagName()] = s.kind()
+		fs.Lookup(s.flagName()).DefValue = defaults[i].show()
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err

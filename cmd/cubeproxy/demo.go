@@ -30,7 +30,7 @@ const (
 // gateway on one port and an SSE ticker on another, registers their route
 // and prints curl commands that go through the proxy.
 func demo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := config.LoadCommand("cubeproxy demo", args, getenv, stderr)
+	cfg, err := config.LoadCommand("cubeproxy demo", shownDefaults(), args, getenv, stderr)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ type listening func(a *app)
 
 // serve loads the configuration, runs the proxy until ctx ends, then drains.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready listening) error {
-	cfg, err := config.Load(args, getenv, stderr)
+	cfg, err := config.LoadCommand("cubeproxy serve", shownDefaults(), args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -155,10 +155,9 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	// The SDK reports a failed export through this process-wide handler,
 	// whose default writes plain-text lines among the JSON ones.
 	otel.SetErrorHandler(otelErrorHandler{newThrottledLog(log, "telemetry", time.Now)})
-	a.tel, err = telemetry.New(ctx, telemetry.Config{
-		TraceSampleRatio: cfg.Telemetry.TraceSampleRatio,
-		ServiceName:      "cubeproxy", ServiceVersion: version, InstanceID: a.instance,
-	})
+	tcfg := telemetryConfig(cfg, nil) // nil: the process environment
+	tcfg.InstanceID = a.instance
+	a.tel, err = telemetry.New(ctx, tcfg)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
@@ -173,33 +172,14 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if err != nil {
 		return nil, err
 	}
-	a.cache, err = routing.NewCache(store, routing.CacheConfig{
-		Size: cfg.Cache.Size, NegativeSize: cfg.Cache.NegativeSize,
-		TTLMin: cfg.Cache.TTLMin, TTLMax: cfg.Cache.TTLMax, NegativeTTL: cfg.Cache.NegativeTTL,
-		LookupTimeout: lookupTimeout,
-	})
+	a.cache, err = routing.NewCache(store, cacheConfig(cfg, lookupTimeout))
 	if err != nil {
 		return nil, err
 	}
-	a.proxy, err = proxy.New(proxy.Config{
-		NodeIP:                  nodeIP,
-		Parser:                  routing.ParserConfig{Domains: cfg.Domains, SharedHosts: cfg.SharedHosts},
-		MaxRequestBodySize:      cfg.MaxRequestBody,
-		ConnectTimeout:          cfg.Upstream.ConnectTimeout,
-		ResponseHeaderTimeout:   cfg.Upstream.ResponseHeaderTimeout,
-		IdleStreamTimeout:       cfg.Upstream.IdleTimeout,
-		HeartbeatInterval:       cfg.Upstream.HeartbeatInterval,
-		MaxConnsPerUpstream:     cfg.Upstream.MaxConns,
-		UpstreamIdleConnTimeout: cfg.Upstream.IdleConnTimeout,
-		UpstreamReadBufferSize:  cfg.Upstream.MaxHeaderSize,
-		MaxStreamsPerSandbox:    cfg.MaxStreams,
-		Signer:                  signer,
-		ExemptPorts:             exempt,
-		Telemetry:               a.tel,
-		AccessLog:               a.access,
-		InstanceID:              a.instance,
-		Logger:                  log,
-	}, store, a.cache)
+	pcfg := proxyConfig(cfg)
+	pcfg.NodeIP, pcfg.Signer, pcfg.ExemptPorts = nodeIP, signer, exempt
+	pcfg.Telemetry, pcfg.AccessLog, pcfg.InstanceID, pcfg.Logger = a.tel, a.access, a.instance, log
+	a.proxy, err = proxy.New(pcfg, store, a.cache)
 	if err != nil {
 		return nil, err
 	}
@@ -219,14 +199,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if a.redis != nil {
 		adminCfg.Publish = a.publish
 	}
-	a.server = proxy.NewServer(proxy.ServerConfig{
-		ClientReadTimeout:    cfg.Client.ReadTimeout,
-		ClientBodyTimeout:    cfg.Client.BodyTimeout,
-		ClientWriteTimeout:   cfg.Client.WriteTimeout,
-		ClientIdleTimeout:    cfg.Client.IdleTimeout,
-		MaxRequestHeaderSize: cfg.Client.MaxHeaderSize,
-		DrainTimeout:         cfg.DrainTimeout,
-	}, a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
+	a.server = proxy.NewServer(serverConfig(cfg), a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
 	if err := a.listen(ctx); err != nil {
 		return nil, err
@@ -286,8 +259,7 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
 	case "redis":
-		rcfg := cfg.Redis
-		rcfg.Registry = cfg.Registry
+		rcfg := redisConfig(cfg)
 		redis.SetLogger(redisLogger{newThrottledLog(a.log, "redis", time.Now)})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			return nil, 0, fmt.Errorf("open route store: %w", err) // err names redis
@@ -581,7 +553,7 @@ loop:
 	// Watch for a second signal before saying the drain began: one sent
 	// on seeing that line must not be lost.
 	drainCtx, cutShort := a.cutDrainOnSignal()
-	a.log.Info("shutting down: draining", "timeout", a.drainTimeout().String())
+	a.log.Info("shutting down: draining", "timeout", a.server.Config().DrainTimeout.String())
 	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr
 	}
@@ -672,13 +644,6 @@ func (a *app) close() {
 			ln.Close()
 		}
 	}
-}
-
-func (a *app) drainTimeout() time.Duration {
-	if a.cfg.DrainTimeout > 0 {
-		return a.cfg.DrainTimeout
-	}
-	return 30 * time.Second
 }
 
 func addrOf(ln net.Listener) string {

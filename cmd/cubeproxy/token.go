@@ -43,7 +43,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if *cfgPath != "" {
 		cargs = []string{"--config", *cfgPath}
 	}
-	cfg, err := config.Load(cargs, getenv, stderr)
+	cfg, err := config.LoadCommand("cubeproxy token sign", shownDefaults(), cargs, getenv, stderr)
 	if err != nil {
 		return err
 	}

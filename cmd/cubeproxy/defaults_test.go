@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// helpLine is a flag's first line in -h: its name and the kind it takes.
+var helpLine = regexp.MustCompile(`^  -([a-z0-9-]+) (\S+)$`)
+
+// serveHelp runs `serve -h` through the entry point and returns each
+// flag's shown default ("" when none). Every flag must name its kind.
+func serveHelp(t *testing.T) map[string]string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "-h"}, noEnv, &out, &errb); code != 0 {
+		t.Fatalf("serve -h: exit %d\n%s", code, errb.String())
+	}
+	defaults := map[string]string{}
+	lines := strings.Split(errb.String(), "\n")
+	for i, l := range lines {
+		m := helpLine.FindStringSubmatch(l)
+		if m == nil || i+1 == len(lines) {
+			continue
+		}
+		if m[2] == "value" {
+			t.Errorf("-%s shows no kind (%q)", m[1], l)
+		}
+		defaults[m[1]] = ""
+		if _, d, ok := strings.Cut(lines[i+1], " (default "); ok {
+			defaults[m[1]] = strings.TrimSuffix(d, ")")
+		}
+	}
+	if len(defaults) < 50 {
+		t.Fatalf("serve -h lists %d flags:\n%s", len(defaults), errb.String())
+	}
+	return defaults
+}
+
+// parseShown reads a default as -h shows it into want's type; "" is the
+// zero value (-h shows no default for it).
+func parseShown(t *testing.T, shown string, want any) any {
+	t.Helper()
+	if shown == "" {
+		return reflect.Zero(reflect.TypeOf(want)).Interface()
+	}
+	var v any
+	var err error
+	switch want.(type) {
+	case time.Duration:
+		v, err = time.ParseDuration(shown)
+	case int:
+		v, err = strconv.Atoi(shown)
+	case int64:
+		v, err = strconv.ParseInt(shown, 10, 64)
+	case string:
+		v, err = strconv.Unquote(shown)
+	default:
+		t.Fatalf("no parser for %T", want)
+	}
+	if err != nil {
+		t.Fatalf("shown default %q: %v", shown, err)
+	}
+	return v
+}
+
+// Each default serve -h shows is the value a proxy started without that
+// setting runs with, read from the running components (proxy, server,
+// route cache, access log, Redis store). The defaults live in those
+// packages; -h used to show none, and a copy of them kept for -h could
+// drift from what the proxy does.
+func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
+	shown := serveHelp(t)
+	r := testenv.StartRedis(t)
+	stores := map[string]*app{
+		"memory": runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv).a,
+		"redis": runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+			"--store", "redis", "--redis-addr", r.Addr()}, noEnv).a,
+	}
+	for _, tc := range []struct {
+		flag  string
+		store string
+		got   func(a *app) any
+	}{
+		{"max-request-body", "memory", func(a *app) any { return a.proxy.Config().MaxRequestBodySize }},
+		{"upstream-connect-timeout", "memory", func(a *app) any { return a.proxy.Config().ConnectTimeout }},
+		{"upstream-response-header-timeout", "memory", func(a *app) any { return a.proxy.Config().ResponseHeaderTimeout }},
+		{"upstream-idle-timeout", "memory", func(a *app) any { return a.proxy.Config().IdleStreamTimeout }},
+		{"upstream-heartbeat-interval", "memory", func(a *app) any { return a.proxy.Config().HeartbeatInterval }},
+		{"upstream-max-conns", "memory", func(a *app) any { return a.proxy.Config().MaxConnsPerUpstream }},
+		{"upstream-idle-conn-timeout", "memory", func(a *app) any { return a.proxy.Config().UpstreamIdleConnTimeout }},
+		{"upstream-max-header-size", "memory", func(a *app) any { return a.proxy.Config().UpstreamReadBufferSize }},
+		{"max-streams-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().MaxStreamsPerSandbox }},
+		{"client-read-timeout", "memory", func(a *app) any { return a.server.Config().ClientReadTimeout }},
+		{"client-body-timeout", "memory", func(a *app) any { return a.server.Config().ClientBodyTimeout }},
+		{"client-write-timeout", "memory", func(a *app) any { return a.server.Config().ClientWriteTimeout }},
+		{"client-idle-timeout", "memory", func(a *app) any { return a.server.Config().ClientIdleTimeout }},
+		{"client-max-header-size", "memory", func(a *app) any { return a.server.Config().MaxRequestHeaderSize }},
+		{"drain-timeout", "memory", func(a *app) any { return a.server.Config().DrainTimeout }},
+		{"cache-size", "memory", func(a *app) any { return a.cache.Config().Size }},
+		{"cache-negative-size", "memory", func(a *app) any { return a.cache.Config().NegativeSize }},
+		{"cache-ttl-min", "memory", func(a *app) any { return a.cache.Config().TTLMin }},
+		{"cache-ttl-max", "memory", func(a *app) any { return a.cache.Config().TTLMax }},
+		{"cache-negative-ttl", "memory", func(a *app) any { return a.cache.Config().NegativeTTL }},
+		{"access-log-buffer-lines", "memory", func(a *app) any { return a.access.BufferLines() }},
+		{"store", "memory", func(a *app) any { return a.cfg.Store }},
+		{"redis-key-prefix", "redis", func(a *app) any { return a.redis.Config().KeyPrefix }},
+		{"redis-legacy-key-prefix", "redis", func(a *app) any { return a.redis.Config().LegacyKeyPrefix }},
+		{"redis-invalidate-channel", "redis", func(a *app) any { return a.redis.Config().InvalidateChannel }},
+		{"redis-command-timeout", "redis", func(a *app) any { return a.redis.Config().CommandTimeout }},
+		{"registry-interval", "redis", func(a *app) any { return a.redis.Config().Registry.Interval }},
+		{"registry-hash", "redis", func(a *app) any { return a.redis.Config().Registry.Hash }},
+		{"cache-size", "redis", func(a *app) any { return a.cache.Config().Size }},
+	} {
+		t.Run(tc.store+"/"+tc.flag, func(t *testing.T) {
+			s, ok := shown[tc.flag]
+			if !ok {
+				t.Fatalf("serve -h has no -%s", tc.flag)
+			}
+			running := tc.got(stores[tc.store])
+			if want := parseShown(t, s, running); want != running {
+				t.Errorf("-%s: -h shows %q, the running proxy uses %v", tc.flag, s, running)
+			}
+		})
+	}
+}

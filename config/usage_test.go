@@ -1,0 +1,103 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// flagLine is a flag's first line in -h: its name and the kind it takes.
+var flagLine = regexp.MustCompile(`^  -([a-z0-9-]+) ([a-z-]+)$`)
+
+// helpFlags parses -h text into each flag's kind and shown default ("" when none).
+func helpFlags(t *testing.T, usage string) (kinds, defaults map[string]string) {
+	t.Helper()
+	kinds, defaults = map[string]string{}, map[string]string{}
+	lines := strings.Split(usage, "\n")
+	for i, l := range lines {
+		m := flagLine.FindStringSubmatch(l)
+		if m == nil || i+1 == len(lines) {
+			continue
+		}
+		kinds[m[1]] = m[2]
+		if _, d, ok := strings.Cut(lines[i+1], " (default "); ok {
+			defaults[m[1]] = strings.TrimSuffix(d, ")")
+		}
+	}
+	return kinds, defaults
+}
+
+// Every flag names the kind of value it takes. Flags built with flag.Func
+// used to show "value" for all of them: an operator could not tell a
+// duration ("3s") from a count.
+func TestHelpShowsEachFlagsKind(t *testing.T) {
+	var b strings.Builder
+	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	kinds, _ := helpFlags(t, b.String())
+	for _, s := range collect(reflect.ValueOf(Default()).Elem()) {
+		switch k := kinds[s.flagName()]; k {
+		case "duration", "int", "float", "bool", "string", "list", "int-list":
+		default:
+			t.Errorf("-%s shows kind %q", s.flagName(), k)
+		}
+	}
+	for _, tc := range []struct{ flag, kind string }{
+		{"cache-size", "int"},
+		{"max-request-body", "int"},
+		{"upstream-connect-timeout", "duration"},
+		{"telemetry-trace-sample-ratio", "float"},
+		{"persist-routes", "bool"},
+		{"admin-addr", "string"},
+		{"domains", "list"},
+		{"auth-exempt-ports", "int-list"},
+		{"config", "string"},
+	} {
+		if got := kinds[tc.flag]; got != tc.kind {
+			t.Errorf("-%s: kind %q, want %q", tc.flag, got, tc.kind)
+		}
+	}
+}
+
+// -h names the defaults it is given, in the syntax its flag takes; a zero
+// default is not shown (the usage says what unset means).
+func TestHelpShowsGivenDefaults(t *testing.T) {
+	shown := Default()
+	shown.Cache.Size = 123
+	shown.Upstream.IdleTimeout = 7206 * time.Second
+	shown.Client.BodyTimeout = 1500 * time.Millisecond
+	shown.Domains = []string{"a.test", "b.test"}
+	shown.Auth.ExemptPorts = []int{49983}
+	shown.Telemetry.TraceSampleRatio = 0.01
+	shown.Registry.Enabled = true
+	var b strings.Builder
+	if _, err := LoadCommand("cubeproxy serve", shown, []string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	_, defaults := helpFlags(t, b.String())
+	for _, tc := range []struct{ flag, want string }{
+		{"cache-size", "123"},
+		{"upstream-idle-timeout", "7206s"},
+		{"client-body-timeout", "1.5s"},
+		{"domains", `"a.test,b.test"`},
+		{"auth-exempt-ports", `"49983"`},
+		{"telemetry-trace-sample-ratio", "0.01"},
+		{"registry-enabled", "true"},
+		{"http-addr", `":8081"`},
+		{"max-streams-per-sandbox", ""},
+		{"persist-routes", ""},
+		{"config", ""},
+	} {
+		if got := defaults[tc.flag]; got != tc.want {
+			t.Errorf("-%s: default %q, want %q", tc.flag, got, tc.want)
+		}
+	}
+	if !strings.HasPrefix(b.String(), "Usage of cubeproxy serve:\n") {
+		t.Errorf("usage title: %.40q", b.String())
+	}
+}

@@ -130,6 +130,21 @@ func (s *acmeSource) cachedValid(name string) bool {
 	return false
 }
 
+// CheckACME reports what would keep New from starting the acme source
+// cfg describes, short of talking to the CA or the DNS provider: a missing
+// domain, email or storage directory, an unreadable trusted-roots file, a
+// DNS provider that cannot be built from its options. `cubeproxy check`
+// runs it where serve would start certmagic.
+func CheckACME(cfg Config) error {
+	if err := validateACME(cfg, strings.ToLower(strings.Trim(cfg.Domain, "."))); err != nil {
+		return fmt.Errorf("tls certificates: %w", err)
+	}
+	if _, err := issuerTemplate(cfg.ACME, zap.NewNop()); err != nil {
+		return fmt.Errorf("tls certificates: %w", err)
+	}
+	return nil
+}
+
 func validateACME(cfg Config, domain string) error {
 	a := cfg.ACME
 	switch {

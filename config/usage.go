@@ -1,12 +1,15 @@
 package config
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // printUsage writes fs's -h text in the flag package's layout, naming
@@ -82,4 +85,54 @@ func showDuration(d time.Duration) string {
 		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
 	}
 	return d.String()
+}
+
+// YAML writes c as a config file that loads back to the same settings,
+// with durations as -h shows them (whole seconds as "7206s", not
+// "2h0m6s"), so that cubeproxy check's output reads like the README and
+// the example configs.
+func (c *Config) YAML() ([]byte, error) {
+	var root yaml.Node
+	if err := root.Encode(c); err != nil {
+		return nil, err
+	}
+	for _, s := range collect(reflect.ValueOf(c).Elem()) {
+		if s.v.Type() != durationType {
+			continue
+		}
+		if n := lookupNode(&root, s.path); n != nil {
+			n.Value = showDuration(time.Duration(s.v.Int()))
+		}
+	}
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2) // as the example configs
+	if err := enc.Encode(&root); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// lookupNode finds the value at path in a mapping node; nil when absent.
+func lookupNode(n *yaml.Node, path []string) *yaml.Node {
+	for _, key := range path {
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				next = n.Content[i+1]
+				break
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		n = next
+	}
+	return n
 }

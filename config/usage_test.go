@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"io"
 	"reflect"
 	"regexp"
 	"strings"
@@ -99,5 +100,37 @@ func TestHelpShowsGivenDefaults(t *testing.T) {
 	}
 	if !strings.HasPrefix(b.String(), "Usage of cubeproxy serve:\n") {
 		t.Errorf("usage title: %.40q", b.String())
+	}
+}
+
+// What YAML writes loads back to the same settings.
+func TestYAMLLoadsBack(t *testing.T) {
+	c := Default()
+	c.Upstream.IdleTimeout = 7206 * time.Second
+	c.Upstream.HeartbeatInterval = -time.Second
+	c.Client.BodyTimeout = 1500 * time.Millisecond
+	c.Domains = []string{"a.test"}
+	c.Redis.KeyPrefix = "cube:v1:"
+	c.TLS.ACME.DNS.Options = map[string]string{"server": "127.0.0.1:53"}
+	out, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "idle_timeout: 7206s\n") || !strings.Contains(string(out), "\n  body_timeout: 1.5s\n") {
+		t.Errorf("durations not as -h shows them:\n%s", out)
+	}
+	back, err := Load([]string{"--config", writeFile(t, string(out))}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	again, err := back.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again) != string(out) {
+		t.Errorf("loaded back differently:\n%s\nwant\n%s", again, out)
+	}
+	if back.Upstream.IdleTimeout != c.Upstream.IdleTimeout || back.Upstream.HeartbeatInterval != -time.Second {
+		t.Errorf("durations: %v %v", back.Upstream.IdleTimeout, back.Upstream.HeartbeatInterval)
 	}
 }

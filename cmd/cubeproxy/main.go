@@ -1,6 +1,7 @@
 // Command cubeproxy is the edge proxy of the sandbox platform.
 //
 //	cubeproxy serve --config configs/cubeproxy.yaml
+//	cubeproxy check --config configs/cubeproxy.yaml
 //	cubeproxy demo
 //	cubeproxy version
 package main
@@ -39,6 +40,7 @@ const usage = `cubeproxy - edge proxy for sandbox ports (<port>-<sandbox-id>.<do
 
 Usage:
   cubeproxy serve [--config FILE] [flags]   run the proxy (see serve -h)
+  cubeproxy check [--config FILE] [flags]   check serve's configuration and print it (nginx -t)
   cubeproxy demo  [flags]                   run the proxy plus a local demo sandbox
   cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]
                                             issue a signed browser token (keys: auth.signing_keys)
@@ -55,6 +57,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch args[0] {
 	case "serve":
 		err = serve(ctx, args[1:], getenv, stdout, stderr, nil)
+	case "check":
+		err = check(ctx, args[1:], getenv, stdout, stderr)
 	case "demo":
 		err = demo(ctx, args[1:], getenv, stdout, stderr)
 	case "token":

@@ -46,6 +46,7 @@ func TestSubcommandHelp(t *testing.T) {
 	}{
 		{[]string{"serve", "-h"}, "Usage of cubeproxy serve:"},
 		{[]string{"demo", "-h"}, "Usage of cubeproxy demo:"},
+		{[]string{"check", "-h"}, "Usage of cubeproxy check:"},
 		{[]string{"token", "sign", "-h"}, "Usage of cubeproxy token sign:"},
 		{[]string{"token", "-h"}, "usage: cubeproxy token sign"},
 		{[]string{"token", "--help"}, "usage: cubeproxy token sign"},

@@ -94,6 +94,48 @@ func warnUnknownEnv(log *slog.Logger, environ []string) {
 	}
 }
 
+// parsed is what build derives from the settings before it starts
+// anything; cubeproxy check stops there.
+type parsed struct {
+	log      *slog.Logger
+	instance string
+	nodeIP   netip.Addr
+	exempt   []uint16
+	signer   *auth.Signer // nil without auth.signing_keys
+}
+
+// parseSettings checks and converts the settings that need no file,
+// socket or server, so that build and check refuse the same values.
+func parseSettings(cfg *config.Config, logOut io.Writer) (ps parsed, err error) {
+	if ps.log, err = newLogger(cfg, logOut); err != nil {
+		return ps, err
+	}
+	ps.instance = cfg.InstanceID
+	if ps.instance == "" {
+		ps.instance, _ = os.Hostname()
+	}
+	if cfg.NodeIP != "" {
+		if ps.nodeIP, err = netip.ParseAddr(cfg.NodeIP); err != nil {
+			return ps, fmt.Errorf("node_ip %q: %w", cfg.NodeIP, err)
+		}
+	}
+	if err := proxy.CheckAdminAddr(cfg.AdminAddr, cfg.AdminToken); err != nil {
+		return ps, err
+	}
+	if err := auth.CheckAdminToken(cfg.AdminToken); err != nil {
+		return ps, err
+	}
+	if ps.exempt, err = ports(cfg.Auth.ExemptPorts); err != nil {
+		return ps, err
+	}
+	if len(cfg.Auth.SigningKeys) > 0 {
+		if ps.signer, err = auth.NewSigner(cfg.Auth.SigningKeys); err != nil {
+			return ps, fmt.Errorf("auth.signing_keys: %w", err)
+		}
+	}
+	return ps, nil
+}
+
 func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
@@ -114,43 +156,17 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 // started is stopped. The process log goes to logOut, an access log whose
 // path is stdout ("" or "-") to stdout.
 func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_ *app, err error) {
-	log, err := newLogger(cfg, logOut)
+	ps, err := parseSettings(cfg, logOut)
 	if err != nil {
 		return nil, err
 	}
-	a := &app{cfg: cfg, log: log}
+	log := ps.log
+	a := &app{cfg: cfg, log: log, instance: ps.instance}
 	defer func() {
 		if err != nil {
 			a.close()
 		}
 	}()
-	a.instance = cfg.InstanceID
-	if a.instance == "" {
-		a.instance, _ = os.Hostname()
-	}
-
-	var nodeIP netip.Addr
-	if cfg.NodeIP != "" {
-		if nodeIP, err = netip.ParseAddr(cfg.NodeIP); err != nil {
-			return nil, fmt.Errorf("node_ip %q: %w", cfg.NodeIP, err)
-		}
-	}
-	if err := proxy.CheckAdminAddr(cfg.AdminAddr, cfg.AdminToken); err != nil {
-		return nil, err
-	}
-	if err := auth.CheckAdminToken(cfg.AdminToken); err != nil {
-		return nil, err
-	}
-	exempt, err := ports(cfg.Auth.ExemptPorts)
-	if err != nil {
-		return nil, err
-	}
-	var signer *auth.Signer
-	if len(cfg.Auth.SigningKeys) > 0 {
-		if signer, err = auth.NewSigner(cfg.Auth.SigningKeys); err != nil {
-			return nil, fmt.Errorf("auth.signing_keys: %w", err)
-		}
-	}
 
 	// The SDK reports a failed export through this process-wide handler,
 	// whose default writes plain-text lines among the JSON ones.
@@ -177,7 +193,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		return nil, err
 	}
 	pcfg := proxyConfig(cfg)
-	pcfg.NodeIP, pcfg.Signer, pcfg.ExemptPorts = nodeIP, signer, exempt
+	pcfg.NodeIP, pcfg.Signer, pcfg.ExemptPorts = ps.nodeIP, ps.signer, ps.exempt
 	pcfg.Telemetry, pcfg.AccessLog, pcfg.InstanceID, pcfg.Logger = a.tel, a.access, a.instance, log
 	a.proxy, err = proxy.New(pcfg, store, a.cache)
 	if err != nil {
@@ -193,7 +209,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		Routes:          a.routes,
 		Metrics:         a.tel.MetricsHandler(),
 		MetricsLoopback: cfg.Telemetry.MetricsLoopback,
-		Signer:          signer,
+		Signer:          ps.signer,
 		Ready:           a.ready,
 	}
 	if a.redis != nil {
@@ -221,12 +237,8 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 // of "" or "-" is stdout.
 func (a *app) openAccessLog(stdout io.Writer) error {
 	cfg := a.cfg.AccessLog
-	switch cfg.Format {
-	case "off":
-		return nil
-	case "", accesslog.FormatJSON, accesslog.FormatCube:
-	default:
-		return fmt.Errorf("access_log.format %q: want json, cube or off", cfg.Format)
+	if err := checkAccessLogFormat(cfg.Format); err != nil || cfg.Format == "off" {
+		return err
 	}
 	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines}
 	if acfg.Path == "" || acfg.Path == "-" {
@@ -237,6 +249,15 @@ func (a *app) openAccessLog(stdout io.Writer) error {
 	return err
 }
 
+// checkAccessLogFormat refuses a format the access log does not write.
+func checkAccessLogFormat(format string) error {
+	switch format {
+	case "off", "", accesslog.FormatJSON, accesslog.FormatCube:
+		return nil
+	}
+	return fmt.Errorf("access_log.format %q: want json, cube or off", format)
+}
+
 // openStore opens the route store cfg.store names, instrumented, and the
 // lookup timeout the cache should use with it (0: the cache's default).
 // The Redis store's readiness watch runs until bg ends.
@@ -244,17 +265,8 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 	cfg := a.cfg
 	switch cfg.Store {
 	case "memory", "":
-		if a.routes, err = loadRoutes(cfg.Routes, a.log); err != nil {
+		if a.routes, err = openRoutes(cfg, a.log); err != nil {
 			return nil, 0, err
-		}
-		if cfg.PersistRoutes {
-			if cfg.Routes == "" {
-				return nil, 0, errors.New("persist_routes needs a routes file")
-			}
-			if err := routing.CheckPersistPath(cfg.Routes); err != nil {
-				return nil, 0, fmt.Errorf("persist_routes: %w", err)
-			}
-			a.routes.SetPersistPath(cfg.Routes)
 		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
@@ -295,16 +307,10 @@ func (a *app) publish(id string) error {
 // in use or a certificate that cannot load fails the start.
 func (a *app) listen(ctx context.Context) (err error) {
 	cfg := a.cfg
-	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
-		// Proxying instead would serve in plain HTTP what the operator
-		// meant to close to it.
-		return errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
+	if err := checkListeners(cfg); err != nil {
+		return err
 	}
 	if cfg.HTTPSAddr != "" {
-		if cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
-			// allowCertificate would have no domain to hold names to.
-			return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
-		}
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
 			return fmt.Errorf("tls: %w", err)
 		}
@@ -319,6 +325,20 @@ func (a *app) listen(ctx context.Context) (err error) {
 	}
 	if a.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		return fmt.Errorf("admin listener: %w", err)
+	}
+	return nil
+}
+
+// checkListeners refuses TLS settings no listener could honour.
+func checkListeners(cfg *config.Config) error {
+	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
+		// Proxying instead would serve in plain HTTP what the operator
+		// meant to close to it.
+		return errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
+	}
+	if cfg.HTTPSAddr != "" && cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
+		// allowCertificate would have no domain to hold names to.
+		return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
 	}
 	return nil
 }
@@ -474,6 +494,25 @@ func ports(in []int) ([]uint16, error) {
 		out = append(out, uint16(p))
 	}
 	return out, nil
+}
+
+// openRoutes loads the memory store's routes file and, with
+// persist_routes, checks that it can be rewritten and has it rewritten.
+func openRoutes(cfg *config.Config, log *slog.Logger) (*routing.MemoryStore, error) {
+	routes, err := loadRoutes(cfg.Routes, log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PersistRoutes {
+		if cfg.Routes == "" {
+			return nil, errors.New("persist_routes needs a routes file")
+		}
+		if err := routing.CheckPersistPath(cfg.Routes); err != nil {
+			return nil, fmt.Errorf("persist_routes: %w", err)
+		}
+		routes.SetPersistPath(cfg.Routes)
+	}
+	return routes, nil
 }
 
 // loadRoutes opens the routes file; a missing file (the default path when

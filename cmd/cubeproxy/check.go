@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// redacted stands in for a secret in check's output.
+const redacted = "REDACTED"
+
+// check implements `cubeproxy check`, the proxy's `nginx -t`: it loads
+// the configuration as serve does (file, environment, flags: the same
+// flags, hence a subcommand that takes serve's rather than a flag of
+// serve's own), refuses what serve would refuse at startup, loads the
+// routes file and the TLS files named, and prints the effective
+// configuration, secrets redacted, on stdout. It opens no listener and
+// talks to neither Redis nor an ACME CA: run before a restart, it must
+// not disturb the proxy that is running.
+func check(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := config.LoadCommand("cubeproxy check", shownDefaults(), args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	summary, instance, err := checkSettings(ctx, cfg, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	eff := effective(cfg, getenv)
+	eff.InstanceID = instance // the hostname when unset
+	out, err := redact(eff).YAML()
+	if err != nil {
+		return fmt.Errorf("print configuration: %w", err)
+	}
+	if _, err := stdout.Write(out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "cubeproxy check: configuration ok; %s\n", strings.Join(summary, "; "))
+	// serve would log these as warnings; a failed check has run() note them.
+	noteUnknownEnv(stderr, os.Environ())
+	return nil
+}
+
+// checkSettings runs what build runs up to the first side effect that
+// matters to a running proxy: a listener, a Redis connection, an ACME
+// order. Its log (a missing routes file's warning) goes to logOut. It
+// returns one line per thing it loaded, and the instance id in effect.
+func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) string, logOut io.Writer) (summary []string, instance string, err error) {
+	ps, err := parseSettings(cfg, logOut)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := telemetryConfig(cfg, getenv).SampleRatio(); err != nil {
+		return nil, "", fmt.Errorf("telemetry: %w", err)
+	}
+	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {
+		return nil, "", err
+	}
+	var lookupTimeout = routing.DefaultLookupTimeout
+	switch cfg.Store {
+	case "memory", "":
+		routes, err := openRoutes(cfg, ps.log)
+		if err != nil {
+			return nil, "", err
+		}
+		summary = append(summary, fmt.Sprintf("%d routes in %q", len(routes.List()), cfg.Routes))
+	case "redis":
+		// go-redis connects on the first command: building the client
+		// checks the settings and reads ca_file without reaching Redis.
+		rcfg := redisConfig(cfg)
+		client, err := redisstore.NewClient(rcfg)
+		if err != nil {
+			return nil, "", fmt.Errorf("open route store: %w", err)
+		}
+		_ = client.Close()
+		lookupTimeout = rcfg.WithDefaults().CommandTimeout
+		summary = append(summary, "redis store (not contacted)")
+	default:
+		return nil, "", fmt.Errorf("store %q: want memory or redis", cfg.Store)
+	}
+	if _, err := routing.NewCache(routing.NewMemoryStore(), cacheConfig(cfg, lookupTimeout)); err != nil {
+		return nil, "", err
+	}
+	if err := checkListeners(cfg); err != nil {
+		return nil, "", err
+	}
+	if cfg.HTTPSAddr != "" {
+		line, err := checkCerts(ctx, &app{cfg: cfg, log: ps.log})
+		if err != nil {
+			return nil, "", err
+		}
+		summary = append(summary, line)
+	}
+	return summary, ps.instance, nil
+}
+
+// checkCerts loads the certificates the HTTPS listener would serve: the
+// files, or a self-signed one. ACME is checked short of the CA.
+func checkCerts(ctx context.Context, a *app) (string, error) {
+	ccfg := a.certsConfig()
+	if ccfg.Source == certs.SourceACME {
+		if err := certs.CheckACME(ccfg); err != nil {
+			return "", fmt.Errorf("tls: %w", err)
+		}
+		return "acme (CA not contacted)", nil
+	}
+	m, err := certs.New(ctx, ccfg)
+	if err != nil {
+		return "", fmt.Errorf("tls: %w", err)
+	}
+	_ = m.Close()
+	if ccfg.Source == certs.SourceFiles {
+		return fmt.Sprintf("%d certificate files loaded", len(ccfg.Files)), nil
+	}
+	return "self-signed certificate", nil
+}
+
+// redact returns a copy of cfg whose secrets read REDACTED: the admin
+// token, signing keys, Redis passwords (the URL's too) and the DNS
+// provider's secret options. check's output goes to terminals and CI logs.
+func redact(cfg *config.Config) *config.Config {
+	out := *cfg
+	c := &out
+	if c.AdminToken != "" {
+		c.AdminToken = redacted
+	}
+	if len(c.Auth.SigningKeys) > 0 {
+		keys := make([]string, len(c.Auth.SigningKeys))
+		for i := range keys {
+			keys[i] = redacted
+		}
+		c.Auth.SigningKeys = keys
+	}
+	if c.Redis.Password != "" {
+		c.Redis.Password = redacted
+	}
+	if c.Redis.Sentinel.Password != "" {
+		c.Redis.Sentinel.Password = redacted
+	}
+	if c.Redis.URL != "" {
+		if u, err := url.Parse(c.Redis.URL); err == nil {
+			if _, ok := u.User.Password(); ok {
+				u.User = url.UserPassword(u.User.Username(), redacted)
+			}
+			c.Redis.URL = u.String()
+		} else {
+			c.Redis.URL = redacted // unparsable: it may hold anything
+		}
+	}
+	if opts := c.TLS.ACME.DNS.Options; len(opts) > 0 {
+		c.TLS.ACME.DNS.Options = make(map[string]string, len(opts))
+		for k, v := range opts {
+			if secretOption(k) {
+				v = redacted
+			}
+			c.TLS.ACME.DNS.Options[k] = v
+		}
+	}
+	return c
+}
+
+// secretOption reports whether a DNS provider option holds a credential
+// (rfc2136's key_secret; a file's path is not one).
+func secretOption(key string) bool {
+	k := strings.ToLower(key)
+	if strings.HasSuffix(k, "_file") {
+		return false
+	}
+	for _, w := range []string{"secret", "password", "token", "key"} {
+		if strings.Contains(k, w) && k != "key_name" && k != "key_alg" {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// runCheck runs `cubeproxy check args...` through the entry point.
+func runCheck(t *testing.T, getenv func(string) string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), append([]string{"check"}, args...), getenv, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// writeTemp writes body to name in dir and returns its path.
+func writeTemp(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// holdAddr is a loopback listener the test keeps open: a check that
+// listened on its address, as serve does, would fail.
+func holdAddr(t *testing.T) (net.Listener, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln, ln.Addr().String()
+}
+
+// noConnection fails t when anything connected to ln.
+func noConnection(t *testing.T, ln net.Listener, what string) {
+	t.Helper()
+	tcp := ln.(*net.TCPListener)
+	if err := tcp.SetDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tcp.Accept()
+	if err == nil {
+		c.Close()
+		t.Errorf("check connected to %s", what)
+	} else if ne, ok := errors.AsType[net.Error](err); !ok || !ne.Timeout() {
+		t.Errorf("accept on %s: %v", what, err)
+	}
+}
+
+const restrictedToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// A good configuration: exit 0, the effective configuration on stdout
+// (defaults filled in, loadable again as a config file), what was loaded
+// on stderr, and neither listener opened although both addresses are
+// taken, nor the TLS files' certificates left unread.
+func TestCheckGoodConfig(t *testing.T) {
+	dir := t.TempDir()
+	_, httpAddr := holdAddr(t)
+	_, httpsAddr := holdAddr(t)
+	ca := testenv.NewCA(t, "check CA")
+	ca.WritePair(t, filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"), "*.cube.test")
+	routes := writeTemp(t, dir, "routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"3000\": \"3000\"\n")
+	cfg := writeTemp(t, dir, "cubeproxy.yaml", "http_addr: "+httpAddr+"\nhttps_addr: "+httpsAddr+"\nadmin_addr: 127.0.0.1:0\nroutes: "+routes+
+		"\ndomains: [cube.test]\ninstance_id: node-7\nupstream:\n  connect_timeout: 5s\ntls:\n  source: files\n  cert_file: "+filepath.Join(dir, "cert.pem")+
+		"\n  key_file: "+filepath.Join(dir, "key.pem")+"\n")
+
+	code, stdout, stderr := runCheck(t, noEnv, "--config", cfg, "--cache-size", "500")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr: %s", code, stderr)
+	}
+	for _, want := range []string{"configuration ok", "1 routes in", "1 certificate files loaded"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q: %s", want, stderr)
+		}
+	}
+	var got struct {
+		HTTPAddr   string `yaml:"http_addr"`
+		InstanceID string `yaml:"instance_id"`
+		Cache      struct {
+			Size int    `yaml:"size"`
+			TTL  string `yaml:"ttl_min"`
+		} `yaml:"cache"`
+		Upstream struct {
+			Connect string `yaml:"connect_timeout"`
+			Idle    string `yaml:"idle_timeout"`
+		} `yaml:"upstream"`
+	}
+	if err := yaml.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatalf("stdout is not YAML: %v\n%s", err, stdout)
+	}
+	if got.HTTPAddr != httpAddr || got.InstanceID != "node-7" || got.Cache.Size != 500 || got.Upstream.Connect != "5s" || // file and flags
+		got.Cache.TTL != "500s" || got.Upstream.Idle != "7206s" { // defaults, as serve -h shows them
+		t.Errorf("effective configuration: %+v\n%s", got, stdout)
+	}
+
+	// What check prints is a configuration check accepts, and prints again alike.
+	again := writeTemp(t, dir, "effective.yaml", stdout)
+	code, stdout2, stderr2 := runCheck(t, noEnv, "--config", again)
+	if code != 0 || stdout2 != stdout {
+		t.Errorf("its own output: exit %d\n%s\nstdout:\n%s\nwant:\n%s", code, stderr2, stdout2, stdout)
+	}
+}
+
+// A configuration serve would refuse: exit 1, the reason on stderr,
+// nothing on stdout. Some of these are refused only where serve would
+// open the file or build the component, not by config's validation.
+func TestCheckBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	badRoutes := writeTemp(t, dir, "bad-routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    AllowPublicTraffic: \"maybe\"\n")
+	for _, tc := range []struct {
+		name string
+		yaml string
+		args []string
+		want string
+	}{
+		{"unknown key", "http_adr: :8081\n", nil, "http_adr"},
+		{"bad duration flag", "", []string{"--upstream-connect-timeout", "3"}, "invalid duration"},
+		{"invalid route", "routes: " + badRoutes + "\n", nil, "AllowPublicTraffic"},
+		{"missing certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, "none.pem"},
+		{"short signing key", "auth:\n  signing_keys: [short]\n", nil, "auth.signing_keys"},
+		{"acme without email", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    storage_dir: " + dir + "\n    dns:\n      provider: rfc2136\n      options: {server: 127.0.0.1:53}\n", nil, "email"},
+		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},
+		{"bad log level", "log_level: loud\n", nil, "log_level"},
+		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
+			code, stdout, stderr := runCheck(t, noEnv, append([]string{"--config", cfg}, tc.args...)...)
+			if code != 1 || !strings.Contains(stderr, tc.want) || stdout != "" {
+				t.Errorf("exit %d (want 1), stderr %q (want %q in it), stdout %q", code, stderr, tc.want, stdout)
+			}
+		})
+	}
+}
+
+// Secrets never reach check's output: the admin token, signing keys,
+// Redis passwords (the URL's too), the DNS provider's TSIG secret, and the
+// routes file's traffic tokens. Redis is named but never contacted.
+func TestCheckRedactsSecrets(t *testing.T) {
+	redisLn, redisAddr := holdAddr(t)
+	const (
+		adminToken = "admin-secret-5f1c"
+		signingKey = "signing-key-0123456789-0123456789-abcdef"
+		redisPass  = "redis-pass-77e2"
+		urlPass    = "url-pass-91aa"
+		sentPass   = "sentinel-pass-0c3d"
+		tsigSecret = "dHNpZy1zZWNyZXQtdmFsdWU="
+	)
+	dir := t.TempDir()
+	routes := writeTemp(t, dir, "routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    AllowPublicTraffic: \"false\"\n    TrafficAccessToken: \""+restrictedToken+"\"\n    \"3000\": \"3000\"\n")
+	for _, tc := range []struct {
+		name    string
+		yaml    string
+		secrets []string
+		shown   []string // what the redacted output still says
+	}{
+		{"memory store", "routes: " + routes + "\nadmin_token: " + adminToken + "\nauth:\n  signing_keys: [" + signingKey + "]\n" +
+			"https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    email: ops@cube.test\n    storage_dir: " + dir +
+			"\n    dns:\n      provider: rfc2136\n      options: {server: \"127.0.0.1:53\", key_name: tsig.cube.test., key_secret: \"" + tsigSecret + "\"}\n",
+			[]string{adminToken, signingKey, tsigSecret, restrictedToken},
+			[]string{"admin_token: REDACTED", "- REDACTED", "key_secret: REDACTED", "key_name: tsig.cube.test.", "1 routes in"}},
+		{"redis store", "store: redis\nredis:\n  url: redis://proxy:" + urlPass + "@" + redisAddr + "/2\n  password: " + redisPass +
+			"\n  sentinel:\n    password: " + sentPass + "\n",
+			[]string{redisPass, urlPass, sentPass},
+			[]string{"redis://proxy:REDACTED@" + redisAddr + "/2", "password: REDACTED", "redis store (not contacted)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
+			code, stdout, stderr := runCheck(t, noEnv, "--config", cfg)
+			if code != 0 {
+				t.Fatalf("exit %d\n%s", code, stderr)
+			}
+			for _, s := range tc.secrets {
+				if strings.Contains(stdout+stderr, s) {
+					t.Errorf("secret %q in the output:\n%s\n%s", s, stdout, stderr)
+				}
+			}
+			for _, s := range tc.shown {
+				if !strings.Contains(stdout+stderr, s) {
+					t.Errorf("output lacks %q:\n%s\n%s", s, stdout, stderr)
+				}
+			}
+		})
+	}
+	noConnection(t, redisLn, "Redis")
+}

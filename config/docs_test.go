@@ -105,6 +105,9 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"quick", "out", "keep"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}
+	for _, f := range []string{"resolve", "http2", "compressed", "path-as-is"} { // curl's, in bench/README's interop lab
+		flags[f] = true
+	}
 
 	docs := map[string]string{"../README.md": readREADME(t)}
 	// bench/README.md tells how the benchmark runs the proxy: a variable

@@ -494,6 +494,25 @@ func TestScanHead(t *testing.T) {
 	}
 }
 
+// prepareRequest sets the forwarding headers with SetCanonical, which takes
+// the name as given: each key must be the form fasthttp normalizes its name
+// to, so that the sandbox gets the same bytes as through Set, and a
+// client's copy (stored normalized) is the line replaced rather than a
+// second one beside it.
+func TestForwardingKeysCanonical(t *testing.T) {
+	for _, key := range [][]byte{keyRealIP, keyForwardedFor, keyForwardedProto, keyForwardedHost} {
+		var h fasthttp.RequestHeader
+		h.Set(strings.ToLower(string(key)), "v")
+		var names []string
+		for k := range h.All() {
+			names = append(names, string(k))
+		}
+		if !slices.Equal(names, []string{string(key)}) {
+			t.Errorf("fasthttp stores %q as %q, want the key itself", key, names)
+		}
+	}
+}
+
 // Lower-case spellings of the headers prepareRequest rewrites are rewritten
 // like the canonical ones (scanHead must not miss them).
 func TestRequestHeadersInLowerCase(t *testing.T) {

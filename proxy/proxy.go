@@ -618,18 +618,18 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	var buf [256]byte
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()
-	setForwarding(h, "X-Real-IP", seen.realIP, ip.AppendTo(buf[:0]))
+	setForwarding(h, keyRealIP, seen.realIP, ip.AppendTo(buf[:0]))
 	var prior [][]byte
 	if seen.forwardedFor > 0 {
 		prior = h.PeekAll("X-Forwarded-For")
 	}
-	setForwarding(h, "X-Forwarded-For", seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
+	setForwarding(h, keyForwardedFor, seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
 		if ctx.IsTLS() {
-			h.Set("X-Forwarded-Proto", "https")
+			h.SetCanonical(keyForwardedProto, protoHTTPS)
 		} else {
-			h.Set("X-Forwarded-Proto", "http")
+			h.SetCanonical(keyForwardedProto, protoHTTP)
 		}
 	}
 
@@ -638,7 +638,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if masked {
-		setForwarding(h, "X-Forwarded-Host", seen.forwardedHost, h.Host())
+		setForwarding(h, keyForwardedHost, seen.forwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil

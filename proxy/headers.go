@@ -266,6 +266,20 @@ var headNames = [...]headName{
 	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
 }
 
+// headNamesByLen is headNames indexed by name length: a header line is
+// compared only with the names as long as its own (none for most lines, at
+// most two), not with all seventeen. Built once, never written.
+var headNamesByLen = func() [][]headName {
+	var byLen [][]headName
+	for _, n := range headNames {
+		for len(byLen) <= len(n.name) {
+			byLen = append(byLen, nil)
+		}
+		byLen[len(n.name)] = append(byLen[len(n.name)], n)
+	}
+	return byLen
+}()
+
 // headerNames yields the name of each header line of a raw head (fasthttp's
 // copy as received: one "Name: value" line each, obs-fold continuation
 // lines beginning with a blank and naming nothing).
@@ -308,11 +322,11 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 			s.underscore = true
 			continue
 		}
-		// By index: ranging over the array by value copied all of it
-		// (17 names, 408 bytes) to the stack for every header line.
-		for i := range headNames {
-			n := &headNames[i]
-			if len(n.name) != len(name) || !strings.EqualFold(n.name, name) {
+		if len(name) >= len(headNamesByLen) {
+			continue
+		}
+		for _, n := range headNamesByLen[len(name)] {
+			if !strings.EqualFold(n.name, name) {
 				continue
 			}
 			switch n.kind {

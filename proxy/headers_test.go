@@ -486,6 +486,18 @@ func TestScanHead(t *testing.T) {
 			}
 		})
 	}
+	// Every name of the table is found, in any case (the scan looks names
+	// up by length).
+	for _, n := range headNames {
+		var req fasthttp.Request
+		head := "GET / HTTP/1.1\r\nHost: a\r\n" + strings.ToUpper(n.name) + ": chunked\r\n\r\n0\r\n\r\n" // a body for the chunked one
+		if err := req.Read(bufio.NewReader(strings.NewReader(head))); err != nil {
+			t.Fatal(err)
+		}
+		if got := scanHead(&req.Header); got == (headSeen{}) {
+			t.Errorf("scanHead missed %s", n.name)
+		}
+	}
 	// A head not read from the wire has no raw copy: everything is looked up.
 	var req fasthttp.Request
 	req.Header.Set("X-Forwarded-For", "1.1.1.1")

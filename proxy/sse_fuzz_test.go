@@ -93,3 +93,71 @@ func FuzzSSEHeartbeat(f *testing.F) {
 		}
 	})
 }
+
+// trackBoundaryByBytes is trackBoundary as a walk over every byte: the
+// reference that the backward scan must agree with.
+func trackBoundaryByBytes(atBoundary bool, last byte, b []byte) (bool, byte) {
+	for _, c := range b {
+		if c == '\r' {
+			continue
+		}
+		atBoundary = c == '\n' && last == '\n'
+		last = c
+	}
+	return atBoundary, last
+}
+
+// trackBoundary reads only the end of each piece; after every piece of
+// every split of streams built from the bytes that matter ('\r', '\n' and
+// one other), it must say what a walk over every byte says.
+func TestTrackBoundaryMatchesByteWalk(t *testing.T) {
+	alphabet := []byte("\r\na")
+	rng := uint32(1)
+	next := func(n int) int { // xorshift: the same streams every run
+		rng ^= rng << 13
+		rng ^= rng >> 17
+		rng ^= rng << 5
+		return int(rng % uint32(n))
+	}
+	for range 20000 {
+		stream := make([]byte, next(12))
+		for i := range stream {
+			stream[i] = alphabet[next(len(alphabet))]
+		}
+		var s bodyStream
+		s.atBoundary = true
+		wantAt, wantLast := true, byte(0)
+		for at := 0; at < len(stream); {
+			end := at + 1 + next(len(stream)-at)
+			s.trackBoundary(stream[at:end])
+			wantAt, wantLast = trackBoundaryByBytes(wantAt, wantLast, stream[at:end])
+			if s.atBoundary != wantAt || s.last != wantLast {
+				t.Fatalf("after %q of %q: atBoundary %v, last %q; a byte walk says %v, %q",
+					stream[:end], stream, s.atBoundary, s.last, wantAt, wantLast)
+			}
+			at = end
+		}
+	}
+}
+
+// BenchmarkTrackBoundary measures the boundary check of one streamed read:
+// one 256 B event, and 64 KiB of them (what a detached stream reads at once
+// when the sandbox sends faster than the client takes).
+func BenchmarkTrackBoundary(b *testing.B) {
+	event := slices.Concat([]byte("data: "), bytes.Repeat([]byte("x"), 248), []byte("\n\n"))
+	for _, bc := range []struct {
+		name string
+		read []byte
+	}{
+		{"256B", event},
+		{"64KiB", bytes.Repeat(event, 256)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var s bodyStream
+			b.SetBytes(int64(len(bc.read)))
+			for b.Loop() {
+				s.trackBoundary(bc.read)
+			}
+		})
+	}
+}

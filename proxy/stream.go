@@ -307,17 +307,28 @@ func copyGrowing(dst io.Writer, src io.Reader, small []byte) (int64, error) {
 
 // trackBoundary records whether the bytes forwarded so far end with a blank
 // line, the only place a heartbeat comment can be inserted without
-// splitting an event.
+// splitting an event: whether their last two bytes other than '\r' are both
+// '\n'. Only the end of b can say so, so b is read backwards from its end.
+// A loop over every byte cost more CPU than the stream's syscalls in the
+// sse throughput scenario (46 % of the proxy's profile, 256 B events read
+// many at a time by a detached stream).
 func (s *bodyStream) trackBoundary(b []byte) {
-	prev := s.last
-	for _, c := range b {
-		if c == '\r' {
-			continue
-		}
-		s.atBoundary = c == '\n' && prev == '\n'
-		prev = c
+	i := len(b) - 1
+	for i >= 0 && b[i] == '\r' {
+		i--
 	}
-	s.last = prev
+	if i < 0 {
+		return // nothing but '\r': it changes nothing
+	}
+	c := b[i]
+	for i--; i >= 0 && b[i] == '\r'; i-- {
+	}
+	prev := s.last // the byte before c came in an earlier read
+	if i >= 0 {
+		prev = b[i]
+	}
+	s.atBoundary = c == '\n' && prev == '\n'
+	s.last = c
 }
 
 // probeFirstEvent collects the first bytes of a GET's event stream until

@@ -315,19 +315,11 @@ func TestSilentStreamEndsWhenClientHalfCloses(t *testing.T) {
 			if ev, _ := readEvent(bufio.NewReader(resp.Body)); ev != "data: first\n" {
 				t.Fatalf("first event %q", ev)
 			}
-			_ = c.(*net.TCPConn).CloseWrite()
 			// Keep reading, as a half-closed client may: the stream must end
-			// (the proxy closes the connection) rather than carry heartbeats.
+			// (the proxy closes the connection) rather than carry heartbeats
+			// (100 of them in the 10 s the helper waits).
 			go io.Copy(io.Discard, br)
-			select {
-			case <-ended:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the sandbox's stream still open 10s (100 heartbeats) after the client half-closed")
-			}
-			testenv.WaitFor(t, 10*time.Second, "proxy stream released", func() bool {
-				s, _ := h.proxy.streams.open()
-				return s == 0
-			})
+			hangUpAndWait(t, h, c, true, ended)
 		})
 	}
 }
@@ -388,20 +380,7 @@ func TestSilentStreamEndsAtClientHangUp(t *testing.T) {
 				stream("/short")
 			}
 			stream("/")
-			if tc.half {
-				_ = c.(*net.TCPConn).CloseWrite()
-			} else {
-				c.Close()
-			}
-			select {
-			case <-ended:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the sandbox's stream still open 10s after the client hung up")
-			}
-			testenv.WaitFor(t, 10*time.Second, "proxy stream released", func() bool {
-				s, _ := h.proxy.streams.open()
-				return s == 0
-			})
+			hangUpAndWait(t, h, c, tc.half, ended)
 		})
 	}
 }
@@ -468,20 +447,7 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if tc.half {
-				_ = c.(*net.TCPConn).CloseWrite()
-			} else {
-				c.Close()
-			}
-			select {
-			case <-ended:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the sandbox's stream still open 10s after the client hung up")
-			}
-			testenv.WaitFor(t, 10*time.Second, "proxy stream released", func() bool {
-				s, _ := h.proxy.streams.open()
-				return s == 0
-			})
+			hangUpAndWait(t, h, c, tc.half, ended)
 		})
 	}
 }
@@ -1128,4 +1094,24 @@ func TestOpensLegacySession(t *testing.T) {
 			}
 		}
 	}
+}
+
+// hangUpAndWait closes c (only its sending side when half) and waits for
+// the sandbox's handler to end (ended) and the proxy to release the stream.
+func hangUpAndWait(t *testing.T, h *harness, c net.Conn, half bool, ended <-chan struct{}) {
+	t.Helper()
+	if half {
+		_ = c.(*net.TCPConn).CloseWrite()
+	} else {
+		c.Close()
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox's stream still open 10s after the client hung up")
+	}
+	testenv.WaitFor(t, 10*time.Second, "proxy stream released", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 0
+	})
 }

@@ -19,8 +19,8 @@ const hexDigits = "0123456789ABCDEF"
 // body_bytes_sent, request_time, connection_requests, upstream_addr,
 // upstream_status, upstream_response_time, user_agent, x_cube_request_id,
 // x_cube_instance_id, backend_ip.
-func appendCube(b []byte, e *Entry, now time.Time) []byte {
-	b = appendTime(b, e.Time, now, timeLocal)
+func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
+	b = ts.append(b, e.Time, now)
 	b = cubeField(b, e.Host)
 	b = cubeField(b, e.XRealIP)
 	b = cubeField(b, e.XForwardedFor)
@@ -103,12 +103,4 @@ func appendSeconds(b []byte, d time.Duration) []byte {
 	b = strconv.AppendInt(b, ms/1000, 10)
 	frac := ms % 1000
 	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
-}
-
-// appendTime appends t (or now when t is zero) in layout, in t's zone.
-func appendTime(b []byte, t, now time.Time, layout string) []byte {
-	if t.IsZero() {
-		t = now
-	}
-	return t.AppendFormat(b, layout)
 }

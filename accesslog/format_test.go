@@ -44,7 +44,7 @@ func fullEntry() *Entry {
 	}
 }
 
-func cubeLine(e *Entry) string { return string(appendCube(nil, e, testTime)) }
+func cubeLine(e *Entry) string { return string(appendCube(nil, e, testTime, newStamps(timeLocal))) }
 
 func TestCubeLineFieldByField(t *testing.T) {
 	want := []string{
@@ -90,7 +90,7 @@ func TestCubeMissingValues(t *testing.T) {
 		t.Errorf("empty entry:\n got %q\nwant %q", got, want)
 	}
 	// A zero Time means "now".
-	if line := string(appendCube(nil, &Entry{}, testTime)); !strings.HasPrefix(line, "30/Nov/2026:04:47:48 +0000||") {
+	if line := string(appendCube(nil, &Entry{}, testTime, newStamps(timeLocal))); !strings.HasPrefix(line, "30/Nov/2026:04:47:48 +0000||") {
 		t.Errorf("zero time not replaced by now: %q", line)
 	}
 	// Local zones print their offset, as nginx's $time_local does.
@@ -176,7 +176,7 @@ func TestRedaction(t *testing.T) {
 		// Whole lines in both formats never carry the secret.
 		e := &Entry{Time: testTime, RequestURI: tt.uri, Args: q}
 		if strings.Contains(tt.want, "REDACTED") {
-			for _, line := range []string{cubeLine(e), string(appendJSON(nil, e, testTime))} {
+			for _, line := range []string{cubeLine(e), string(appendJSON(nil, e, testTime, newStamps(jsonTime)))} {
 				if strings.Contains(line, secret) {
 					t.Errorf("line leaks the token: %s", line)
 				}
@@ -186,7 +186,7 @@ func TestRedaction(t *testing.T) {
 }
 
 func TestJSONLine(t *testing.T) {
-	line := appendJSON(nil, fullEntry(), testTime)
+	line := appendJSON(nil, fullEntry(), testTime, newStamps(jsonTime))
 	var got map[string]any
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.UseNumber()
@@ -216,7 +216,7 @@ func TestJSONLine(t *testing.T) {
 
 	// No upstream: its numbers are null, the keys stay.
 	var empty map[string]any
-	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime), &empty); err != nil {
+	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime, newStamps(jsonTime)), &empty); err != nil {
 		t.Fatal(err)
 	}
 	if v, ok := empty["upstream_status"]; !ok || v != nil {
@@ -234,7 +234,7 @@ func FuzzJSONEscape(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		line := appendJSON(nil, &Entry{Time: testTime, UserAgent: s, Host: s}, testTime)
+		line := appendJSON(nil, &Entry{Time: testTime, UserAgent: s, Host: s}, testTime, newStamps(jsonTime))
 		var got map[string]any
 		if err := json.Unmarshal(line, &got); err != nil {
 			t.Fatalf("invalid JSON for %q: %v\n%s", s, err, line)
@@ -274,6 +274,47 @@ func FuzzCubeFields(f *testing.F) {
 			if got := unescapeCube(fields[i]); s != "" && s != "-" && got != s {
 				t.Errorf("field %d of %q reads back as %q: %s", i, s, got, line)
 			}
+		}
+	})
+}
+
+// A line's time reads as time.AppendFormat writes it, whether its second
+// was formatted before or not: across seconds, in zones that change
+// between lines of the same second, at the millisecond's edges, and as now
+// for an entry without a time.
+func TestStampsMatchAppendFormat(t *testing.T) {
+	zones := []*time.Location{time.UTC, time.FixedZone("NPT", 5*3600+45*60), time.FixedZone("", -(3*3600 + 30*60)), time.Local}
+	for _, layout := range []string{jsonTime, timeLocal} {
+		t.Run(layout, func(t *testing.T) {
+			ts := newStamps(layout)
+			base := time.Date(2026, 11, 30, 23, 59, 58, 999_000_000, time.UTC)
+			for k := range 60 {
+				// Steps of 337 ms cross seconds (and a day and a month);
+				// the zone changes every second line, often within a second.
+				at := base.Add(time.Duration(k) * 337 * time.Millisecond).In(zones[k/2%len(zones)])
+				if got, want := string(ts.append(nil, at, time.Time{})), at.Format(layout); got != want {
+					t.Fatalf("line %d: %q, want %q", k, got, want)
+				}
+				if got, want := string(ts.append([]byte("x"), time.Time{}, at)), "x"+at.Format(layout); got != want {
+					t.Fatalf("line %d, no time of its own: %q, want %q", k, got, want)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkStamp(b *testing.B) {
+	now := time.Now()
+	b.Run("AppendFormat", func(b *testing.B) {
+		buf := make([]byte, 0, 64)
+		for b.Loop() {
+			buf = now.AppendFormat(buf[:0], jsonTime)
+		}
+	})
+	b.Run("stamps", func(b *testing.B) {
+		ts, buf := newStamps(jsonTime), make([]byte, 0, 64)
+		for b.Loop() {
+			buf = ts.append(buf[:0], now, time.Time{})
 		}
 	})
 }

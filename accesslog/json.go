@@ -11,9 +11,9 @@ const jsonTime = "2006-01-02T15:04:05.000Z07:00"
 
 // appendJSON appends one JSON object (no newline). Every key is always
 // present so the schema is stable; missing upstream numbers are null.
-func appendJSON(b []byte, e *Entry, now time.Time) []byte {
+func appendJSON(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	b = append(b, `{"time":"`...)
-	b = appendTime(b, e.Time, now, jsonTime)
+	b = ts.append(b, e.Time, now)
 	b = append(b, '"')
 	b = jsonStr(b, "remote_addr", e.RemoteAddr)
 	b = jsonStr(b, "host", e.Host)

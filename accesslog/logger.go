@@ -53,7 +53,8 @@ type Config struct {
 // Logger is an asynchronous access log. Its methods are safe for concurrent use.
 type Logger struct {
 	cube    bool
-	path    string // "" unless writing to a file we own
+	stamps  *stamps // the line's time, in the format's layout
+	path    string  // "" unless writing to a file we own
 	onDrop  func()
 	lines   chan *line
 	reopen  chan chan error
@@ -91,8 +92,10 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 	}
 	switch cfg.Format {
 	case "", FormatJSON:
+		l.stamps = newStamps(jsonTime)
 	case FormatCube:
 		l.cube = true
+		l.stamps = newStamps(timeLocal)
 	default:
 		return nil, fmt.Errorf("access log format %q: want %q or %q", cfg.Format, FormatJSON, FormatCube)
 	}
@@ -146,9 +149,9 @@ func (l *Logger) Log(e *Entry) {
 	ln := l.pool.Get().(*line)
 	now := time.Now()
 	if l.cube {
-		ln.b = appendCube(ln.b[:0], e, now)
+		ln.b = appendCube(ln.b[:0], e, now, l.stamps)
 	} else {
-		ln.b = appendJSON(ln.b[:0], e, now)
+		ln.b = appendJSON(ln.b[:0], e, now, l.stamps)
 	}
 	ln.b = append(ln.b, '\n')
 	n := int64(len(ln.b))

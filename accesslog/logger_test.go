@@ -338,13 +338,13 @@ func TestStalledSinkBoundsQueuedBytes(t *testing.T) {
 	}
 	if l.Dropped() == 0 {
 		t.Errorf("a stalled sink queued %d lines of %d bytes each, nothing dropped; want the queued bytes bounded",
-			queue, len(appendJSON(nil, e, testTime)))
+			queue, len(appendJSON(nil, e, testTime, newStamps(jsonTime))))
 	}
 	close(w.release)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	line := len(appendJSON(nil, e, testTime)) + 1
+	line := len(appendJSON(nil, e, testTime, newStamps(jsonTime))) + 1
 	if max := queue*queuedBytesPerLine + line; w.buf.Len() > max {
 		t.Errorf("the sink got %d bytes queued behind a stall, want at most %d", w.buf.Len(), max)
 	}

@@ -28,7 +28,7 @@ func FuzzRedaction(f *testing.F) {
 			RequestURI string `json:"request_uri"`
 			Args       string `json:"args"`
 		}
-		line := appendJSON(nil, e, testTime)
+		line := appendJSON(nil, e, testTime, newStamps(jsonTime))
 		if err := json.Unmarshal(line, &j); err != nil {
 			t.Fatalf("invalid JSON for %q: %v", uri, err)
 		}

@@ -1,9 +1,17 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // watchedHangups is how many clients h watches for a hang-up.
@@ -56,6 +64,66 @@ func TestShortStreamsSkipHangupWatch(t *testing.T) {
 			// eager watch would make one per request.
 			if got := made >= requests/2; got != tc.watched {
 				t.Fatalf("%d of %d short streams were watched; want watched=%v", made, requests, tc.watched)
+			}
+		})
+	}
+}
+
+// A streamed answer that outlasts clientCheck is put on the watch and goes
+// on to its end, whatever the client: the check must not end it. An
+// HTTP/1.0 client's chunked answer is detached (its wait is waitReadable's,
+// not Read's), and was reset at the check until waitReadable knew it. The
+// sandbox sends the rest only once the watch is in place.
+func TestLongStreamOutlivesClientCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name, proto string
+		sized       bool
+	}{
+		{"HTTP/1.0 chunked", "HTTP/1.0", false},
+		{"HTTP/1.1 chunked", "HTTP/1.1", false},
+		{"HTTP/1.1 sized", "HTTP/1.1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			watched := make(chan struct{})
+			tail := bytes.Repeat([]byte("y"), wholeBody+1) // a sized body past what is read whole
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/plain")
+				if tc.sized {
+					w.Header().Set("Content-Length", strconv.Itoa(len("first\n")+len(tail)))
+				}
+				fmt.Fprint(w, "first\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-watched:
+				case <-r.Context().Done():
+					return
+				}
+				w.Write(tail)
+			}))
+			host := h.route("long", port)
+			before := hangupWatchesMade(h.proxy.hangups)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", tc.proto, host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := bufio.NewReader(resp.Body)
+			if line, _ := body.ReadString('\n'); line != "first\n" {
+				t.Fatalf("first line %q", line)
+			}
+			testenv.WaitFor(t, 10*time.Second, "the client put on the hang-up watch", func() bool {
+				return hangupWatchesMade(h.proxy.hangups) > before
+			})
+			close(watched)
+			rest, err := io.ReadAll(body)
+			if err != nil || !bytes.Equal(rest, tail) {
+				t.Fatalf("rest of the body: %d bytes, %v; want %d bytes and its end", len(rest), err, len(tail))
 			}
 		})
 	}

@@ -21,17 +21,30 @@ func (c *upstreamConn) waitReadable() error {
 			return err
 		}
 	}
-	hb := c.armRead()
-	c.peekErr = nil
-	err := c.raw.Read(c.peekFn)
-	if err == nil {
-		err = c.peekErr
+	for {
+		hb := c.armRead()
+		c.peekErr = nil
+		err := c.raw.Read(c.peekFn)
+		if err == nil {
+			err = c.peekErr
+		}
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		switch {
+		case hb:
+			c.heartbeatFired()
+			return errHeartbeatDue
+		case c.checking:
+			// A detached body that is not an event stream (an HTTP/1.0
+			// client's) is watched once it lasts, as in Read.
+			if err := c.checkClient(); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
 	}
-	if err != nil && hb && errors.Is(err, os.ErrDeadlineExceeded) {
-		c.heartbeatFired()
-		return errHeartbeatDue
-	}
-	return err
 }
 
 // initRaw gets the connection's RawConn and the callbacks handed to it

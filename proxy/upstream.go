@@ -1139,31 +1139,41 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 			c.heartbeatFired()
 			return 0, errHeartbeatDue
 		case c.checking:
-			// The sandbox is still working on the answer: is anybody
-			// still waiting for it? From now on the watch tells at once
-			// (it reports a client already gone too), at the cost of two
-			// epoll_ctl calls that an answer within clientCheck never pays.
-			c.readDeadline = time.Time{} // expired: the next one is set whatever it is
-			var to hangUpper = c
-			if c.hupTo != nil {
-				to = c.hupTo
+			if err := c.checkClient(); err != nil {
+				return 0, err
 			}
-			if c.hupKey = c.hups.watch(c.client, to); c.hupKey != 0 {
-				continue
-			}
-			if clientHungUp(c.client) {
-				if c.hupTo != nil {
-					c.hupTo.hangUp() // the stream ends as its watch would end it
-				} else {
-					c.clientGone.Store(true)
-				}
-				return 0, errClientLeft
-			}
-			c.checkAt = time.Now().Add(clientCheck)
 		default:
 			return n, err
 		}
 	}
+}
+
+// checkClient follows a wait that ended at the client check (armRead's
+// checking): the sandbox is still working on the answer, or the body is
+// silent. Is anybody still waiting for it? From now on the watch tells at
+// once (it reports a client already gone too), at the cost of two
+// epoll_ctl calls that an exchange within clientCheck never pays. Where the
+// client cannot be watched, its socket is looked at now and every
+// clientCheck: errClientLeft when it is gone.
+func (c *upstreamConn) checkClient() error {
+	c.readDeadline = time.Time{} // expired: the next one is set whatever it is
+	var to hangUpper = c
+	if c.hupTo != nil {
+		to = c.hupTo
+	}
+	if c.hupKey = c.hups.watch(c.client, to); c.hupKey != 0 {
+		return nil
+	}
+	if clientHungUp(c.client) {
+		if c.hupTo != nil {
+			c.hupTo.hangUp() // the stream ends as its watch would end it
+		} else {
+			c.clientGone.Store(true)
+		}
+		return errClientLeft
+	}
+	c.checkAt = time.Now().Add(clientCheck)
+	return nil
 }
 
 // clientCheck is how long a request waits for the head of its answer

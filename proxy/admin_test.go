@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -308,6 +309,11 @@ func TestAdminTakesHeadsUpToTheHeaderLimit(t *testing.T) {
 			r, _ := http.NewRequest("GET", "http://"+h.admin+"/admin/routes", nil)
 			r.Header.Set("Baggage", "k="+strings.Repeat("v", tc.header))
 			resp, err := http.DefaultClient.Do(r)
+			if err != nil && tc.status == 431 && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+				// The server answered 431 and closed while the client was
+				// still writing the rest of the head: refused all the same.
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -51,6 +51,17 @@ class HTTP10(http.client.HTTPConnection):
     _http_vsn_str = "HTTP/1.0"
 
 
+def recv_until(s, marker):
+    """Reads s until marker has arrived or the peer closes."""
+    data = b""
+    while marker not in data:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    return data
+
+
 def conn(cls=http.client.HTTPConnection):
     # Connect to 127.0.0.1 and send the sandbox's name in Host (no wildcard DNS).
     return cls("127.0.0.1", port, timeout=20)
@@ -129,12 +140,7 @@ def _():
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     t0 = time.time()
     s.sendall(f"GET /sse?v=held HTTP/1.0\r\nHost: {host}\r\nAccept: text/event-stream\r\n{extra}\r\n".encode())
-    data = b""
-    while b"data: first\n\n" not in data:
-        b = s.recv(65536)
-        if not b:
-            break
-        data += b
+    data = recv_until(s, b"data: first\n\n")
     ms = int((time.time() - t0) * 1000)
     s.close()
     head, _, body = data.partition(b"\r\n\r\n")
@@ -269,12 +275,7 @@ def trickle(framing):
         time.sleep(0.025)
     waited = int((time.time() - t0) * 1000)
     s.sendall(b"%x\r\n" % len(second) + second + b"\r\n0\r\n\r\n" if framing == "chunked" else second)
-    data = b""
-    while b"got" not in data:
-        b = s.recv(65536)
-        if not b:
-            break
-        data += b
+    data = recv_until(s, b"got")
     return {"firstPieceReachedSandbox": arrived, "answer": data.split(b"\r\n\r\n", 1)[-1].decode()[-20:]}, {"waitedMs": waited}
 
 

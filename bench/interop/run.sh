@@ -17,23 +17,9 @@ keep=0
 if [[ "${1:-}" == "--keep" ]]; then keep=1; shift; fi
 only=("$@")
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-	echo "installing nodejs and npm"
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
-fi
-
-work=$(mktemp -d /tmp/cubeproxy-interop.XXXXXX)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	if ((keep)); then echo "work dir: $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-
-go build -o "$work/cubeproxy" ./cmd/cubeproxy
+source bench/lab.sh
+lab_setup interop 'ws@^8' 'eventsource@^4'
 cp bench/interop/*.mjs bench/interop/*.py "$work/"
-(cd "$work" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error \
-	'ws@^8' 'eventsource@^4' >npm.log 2>&1) || { cat "$work/npm.log"; exit 1; }
 echo "node $(node --version), ws $(node -p "require('$work/node_modules/ws/package.json').version"), eventsource $(node -p "require('$work/node_modules/eventsource/package.json').version"), $(python3 --version), $(curl --version | head -1 | cut -d' ' -f1-2)"
 
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')

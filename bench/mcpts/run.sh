@@ -14,23 +14,9 @@ cd "$(dirname "$0")/../.."
 keep=0
 [[ "${1:-}" == "--keep" ]] && keep=1
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-	echo "installing nodejs and npm"
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
-fi
-
-work=$(mktemp -d /tmp/cubeproxy-mcpts.XXXXXX)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	if ((keep)); then echo "work dir: $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-
-go build -o "$work/cubeproxy" ./cmd/cubeproxy
+source bench/lab.sh
+lab_setup mcpts '@modelcontextprotocol/sdk@^1' 'undici@^6' 'zod@^4'
 cp bench/mcpts/gateway.mjs bench/mcpts/agent.mjs "$work/"
-(cd "$work" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error \
-	'@modelcontextprotocol/sdk@^1' 'undici@^6' 'zod@^4' >npm.log 2>&1) || { cat "$work/npm.log"; exit 1; }
 echo "TypeScript SDK $(node -p "require('$work/node_modules/@modelcontextprotocol/sdk/package.json').version"), node $(node --version)"
 
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')

@@ -1,0 +1,26 @@
+# Shared by the node labs (bench/mcpts/run.sh, bench/interop/run.sh), which
+# source it from the repository's root: node and npm, a work dir removed at
+# exit (kept with keep=1), the processes in pids killed, a fresh cubeproxy
+# binary in it, and the npm packages given installed there.
+#
+#   lab_setup NAME PACKAGE...    sets work
+
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	echo "installing nodejs and npm"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+
+pids=()
+lab_cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	if ((keep)); then echo "work dir: $work"; else rm -rf "$work"; fi
+}
+
+lab_setup() { # name package...
+	work=$(mktemp -d "/tmp/cubeproxy-$1.XXXXXX")
+	shift
+	trap lab_cleanup EXIT
+	go build -o "$work/cubeproxy" ./cmd/cubeproxy
+	(cd "$work" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error "$@" >npm.log 2>&1) ||
+		{ cat "$work/npm.log"; exit 1; }
+}

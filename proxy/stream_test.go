@@ -447,6 +447,15 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if runtime.GOOS == "linux" {
+				// The client hangs up once the stream has lasted clientCheck
+				// and is watched: a stream the proxy ended by itself at the
+				// check (an HTTP/1.0 client's was, before waitReadable knew
+				// the check) would pass for one its client's hang-up ended.
+				testenv.WaitFor(t, 10*time.Second, "client watched", func() bool {
+					return watchedHangups(h.proxy.hangups) == 1
+				})
+			}
 			hangUpAndWait(t, h, c, tc.half, ended)
 		})
 	}

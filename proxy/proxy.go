@@ -114,13 +114,16 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var idBuf [maxRequestIDLen]byte
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	p.serve(ctx, &x)
-	if !x.owned && !ctx.Hijacked() && (x.answeredEarly && !x.bodyEnded || !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x)) {
+	if !ctx.Hijacked() && (x.answeredEarly && !x.bodyEnded || !x.owned && !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x)) {
 		// Answered before the client sent its body (a refusal, a paused
 		// sandbox, a gateway's 401 from the head alone): fasthttp would
 		// close at once, and a client still sending gets a reset instead
 		// of the answer. A sandbox that answered before it had the whole
 		// body has its connection closed, so even a little left of the
-		// body is not read by fasthttp to keep the client's.
+		// body is not read by fasthttp to keep the client's. Its answer
+		// may stream (chunked, as Node's res.end after writeHead, or sized
+		// over wholeBody): lingerBody writes that stream as fasthttp would,
+		// and the stream, which owns the exchange, still finishes it.
 		p.lingerBody(ctx)
 	}
 	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {

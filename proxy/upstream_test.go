@@ -1430,6 +1430,84 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 	})
 }
 
+// A refusal whose body streams (chunked, as Node's res.end after
+// writeHead sends it, or sized over wholeBody) ends with a lingering close
+// like any other early answer: the client that keeps sending its upload
+// (undici, Python's http.client, curl without Expect) writes it all and then
+// reads the answer. Before, the proxy closed with the rest of the upload
+// unread, the kernel reset the connection, and such a client saw ECONNRESET
+// on its write instead of the 413 (the interop lab's fetch.refused-upload,
+// about one run in fifteen).
+func TestEarlyStreamedAnswerLingers(t *testing.T) {
+	h := newHarness(t)
+	big := strings.Repeat("r", wholeBody+1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		if r.URL.Path == "/sized" {
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			io.WriteString(w, big)
+		} else {
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			io.WriteString(w, "refused on the head")
+		}
+		_ = rc.Flush()
+		io.Copy(io.Discard, r.Body) // as Node's server discards the rest
+	}))
+	host := h.route("earlystream", port)
+	tlsAddr, roots := serveTLS(t, h)
+	const size = 12 << 20 // far more than the socket buffers hold, under lingerLimit
+	for _, tc := range []struct {
+		name, path string
+		tls        bool
+		want       string
+	}{
+		{"chunked", "/chunked", false, "refused on the head"},
+		{"chunked, TLS", "/chunked", true, "refused on the head"},
+		{"sized over wholeBody", "/sized", false, big},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c net.Conn = dialRaw(t, h.addr)
+			if tc.tls {
+				c = tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: host})
+			}
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			type answer struct {
+				status int
+				body   string
+				err    error
+			}
+			got := make(chan answer, 1)
+			go func() {
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					got <- answer{err: err}
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				got <- answer{resp.StatusCode, string(b), err}
+			}()
+			if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", tc.path, host, size); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.Copy(c, io.LimitReader(zeroReader{}, size)); err != nil {
+				t.Fatalf("the upload failed after the proxy answered (it closed without a lingering close): %v", err)
+			}
+			a := <-got
+			if a.err != nil || a.status != 413 || a.body != tc.want {
+				t.Fatalf("got %d, %d bytes, %v; want the sandbox's 413 and its %d bytes", a.status, len(a.body), a.err, len(tc.want))
+			}
+			// The stream written by the lingering close still ends the exchange.
+			testenv.WaitFor(t, 5*time.Second, "the stream to end", func() bool {
+				s, tn := h.proxy.streams.open()
+				return s == 0 && tn == 0
+			})
+			waitPoolConns(t, h, 0)
+		})
+	}
+}
+
 // The trailer fields of a chunked request body reach the sandbox after the
 // body (nginx drops them; the README says so).
 func TestRequestTrailersReachSandbox(t *testing.T) {

@@ -105,7 +105,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"quick", "out", "keep"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}
-	for _, f := range []string{"resolve", "http2", "compressed", "path-as-is"} { // curl's, in bench/README's interop lab
+	for _, f := range []string{"resolve", "http2", "compressed", "path-as-is", "cacert"} { // curl's, in bench/README's interop lab
 		flags[f] = true
 	}
 

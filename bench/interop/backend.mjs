@@ -5,7 +5,14 @@
 // can compare what the sandbox saw directly and through the proxy.
 //
 //   PORT=50100 node backend.mjs
+//   PORT=50100 TLS_PORT=50102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem node backend.mjs
+//
+// With TLS_PORT the same endpoints (WebSocket included, one stats table) are
+// served over HTTPS too, ALPN http/1.1 only like CubeProxy's listener, so a
+// client over TLS has a direct side to compare the proxy's HTTPS with.
+import fs from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 import zlib from 'node:zlib';
 import crypto from 'node:crypto';
 import { WebSocketServer } from 'ws';
@@ -103,12 +110,13 @@ async function sse(req, res, u) {
     return;
   }
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-  for (const piece of sseVariants[v]) { if (res.destroyed) return; res.write(piece); await sleep(15); }
-  // Held open: the client closes once it has the last event.
+  // Held open: the client closes once it has the last event (watched from
+  // the start, so that a client quicker than the last sleep is seen too).
   res.on('close', () => note(key, { closed: true }));
+  for (const piece of sseVariants[v]) { if (res.destroyed) return; res.write(piece); await sleep(15); }
 }
 
-const server = http.createServer(async (req, res) => {
+async function handle(req, res) {
   const u = new URL(req.url, 'http://x');
   const key = u.searchParams.get('key');
   try {
@@ -210,11 +218,11 @@ const server = http.createServer(async (req, res) => {
   } catch (e) {
     if (!res.headersSent) { res.writeHead(500); res.end(String(e)); } else res.destroy();
   }
-});
+}
 
 // Expect: 100-continue. /upload?reject=1 answers 413 without reading the body
 // (what a size-checking sandbox does); the rest get 100 Continue.
-server.on('checkContinue', (req, res) => {
+function checkContinue(req, res) {
   const u = new URL(req.url, 'http://x');
   note(u.searchParams.get('key'), { expect: req.headers.expect, t: Date.now() });
   if (u.searchParams.get('reject')) {
@@ -223,18 +231,18 @@ server.on('checkContinue', (req, res) => {
     return;
   }
   res.writeContinue();
-  server.emit('request', req, res);
-});
+  handle(req, res);
+}
 
-const wss = new WebSocketServer({
-  server, path: '/ws', perMessageDeflate: { threshold: 0 }, maxPayload: 64 << 20,
+const wsOptions = {
+  path: '/ws', perMessageDeflate: { threshold: 0 }, maxPayload: 64 << 20,
   handleProtocols: (protocols) => protocols.has('b') ? 'b' : false,
   verifyClient: (info, cb) => {
     const u = new URL(info.req.url, 'http://x');
     if (u.searchParams.get('v') === 'reject') cb(false, 403, 'no entry', { 'x-app': 'refused' }); else cb(true);
   },
-});
-wss.on('connection', (ws, req) => {
+};
+function onWebSocket(ws, req) {
   const u = new URL(req.url, 'http://x');
   const v = u.searchParams.get('v') || 'echo', key = u.searchParams.get('key');
   const rec = { extensions: req.headers['sec-websocket-extensions'] ?? null, negotiated: Object.keys(ws._extensions || {}), protocol: ws.protocol, headers: seen(req).s.headers.filter((h) => !h.startsWith('sec-websocket-key')) };
@@ -253,6 +261,15 @@ wss.on('connection', (ws, req) => {
   if (v === 'ping') ws.ping('srv');
   if (v === 'close') { ws.send('bye soon'); ws.close(4002, 'server-bye ✓'); }
   if (v === 'terminate') { ws.send('cut'); setTimeout(() => ws.terminate(), 50); }
-});
+}
 
-server.listen(port, '127.0.0.1', () => console.log(`backend on ${port}`));
+function serve(server, p, what) {
+  server.on('checkContinue', checkContinue);
+  new WebSocketServer({ server, ...wsOptions }).on('connection', onWebSocket);
+  server.listen(p, '127.0.0.1', () => console.log(`backend ${what} on ${p}`));
+}
+serve(http.createServer(handle), port, 'http');
+if (process.env.TLS_PORT) {
+  const tlsOpts = { cert: fs.readFileSync(process.env.TLS_CERT), key: fs.readFileSync(process.env.TLS_KEY), ALPNProtocols: ['http/1.1'] };
+  serve(https.createServer(tlsOpts, handle), Number(process.env.TLS_PORT), 'https');
+}

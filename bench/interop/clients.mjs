@@ -26,9 +26,14 @@ dns.lookup = (h, o, cb) => {
 const mode = process.argv[2];
 const only = process.argv.slice(3);
 const bport = process.env.BACKEND_PORT || '50100';
-const port = mode === 'proxy' ? (process.env.PROXY_PORT || '18280') : bport;
+// TLS=1: the same clients over HTTPS (wss), to CubeProxy's https_addr or to
+// the sandbox's own TLS port, trusting the lab's CA (NODE_EXTRA_CA_CERTS for
+// fetch, ws and eventsource; --cacert for curl).
+const TLS = process.env.TLS === '1';
+const port = TLS ? (mode === 'proxy' ? process.env.PROXY_TLS_PORT : process.env.BACKEND_TLS_PORT)
+  : mode === 'proxy' ? (process.env.PROXY_PORT || '18280') : bport;
 const host = `${bport}-lab.cube.test`;
-const base = `http://${host}:${port}`;
+const base = `${TLS ? 'https' : 'http'}://${host}:${port}`;
 const tok = mode === 'proxy' ? { 'cube-traffic-access-token': process.env.TRAFFIC_TOKEN } : {};
 const sleep = (ms) => new Promise(r => setTimeout(r, ms));
 const sha = (b) => crypto.createHash('sha256').update(b).digest('hex').slice(0, 16);
@@ -253,7 +258,7 @@ S('eventsource.reconnect', async () => {
 });
 
 // ---- ws ----
-const wsUrl = (q) => `ws://${host}:${port}/ws?${q}`;
+const wsUrl = (q) => `${TLS ? 'wss' : 'ws'}://${host}:${port}/ws?${q}`;
 function wsOpen(q, opts = {}) {
   const ws = new WebSocket(wsUrl(q), opts.protocols || [], { headers: tok, perMessageDeflate: opts.deflate ?? true, maxPayload: 64 << 20 });
   const log = [];
@@ -341,7 +346,7 @@ async function curl(args, path, opts = {}) {
   const t0 = Date.now();
   let out = '';
   try {
-    out = (await run('curl', ['-sS', '--resolve', `${host}:${port}:127.0.0.1`, '-D', hf, '-o', bf, '-w', '%{http_code} %{http_version} %{size_upload}', ...tokArgs, ...args, base + path], { maxBuffer: 1 << 20, ...opts })).stdout;
+    out = (await run('curl', ['-sS', ...(TLS ? ['--cacert', process.env.LAB_CA] : []), '--resolve', `${host}:${port}:127.0.0.1`, '-D', hf, '-o', bf, '-w', '%{http_code} %{http_version} %{size_upload}', ...tokArgs, ...args, base + path], { maxBuffer: 1 << 20, ...opts })).stdout;
   } catch (e) { out = 'error ' + (e.code ?? '') + ' ' + String(e.stderr).trim().slice(0, 80); }
   const ms = Date.now() - t0;
   const raw = fs.existsSync(hf) ? fs.readFileSync(hf, 'latin1') : '';
@@ -402,11 +407,13 @@ S('curl.refused-upload', async () => {
 });
 S('curl.path-raw', async () => curlSaw(await curl(['--path-as-is'], '/echo/../echo/./x%2e%2e?%zz')));
 
+if (TLS) await import('./tls_clients.mjs').then(m => m.register(S, { mode, host, port, tok, key, stats, until, sleep, run }));
 const names = Object.keys(scenarios).filter(n => !only.length || only.some(p => n.startsWith(p)));
 for (const name of names) {
   let out;
   try { out = await Promise.race([scenarios[name](), sleep(30000).then(() => ({ cmp: { error: 'timeout' } }))]); }
   catch (e) { out = { cmp: { error: String(e && e.message || JSON.stringify(e)).slice(0, 120) } }; }
-  console.log(JSON.stringify({ scenario: name, mode, ...out }));
+  // Over TLS every scenario is reported as tls/<name>, apart from its plain run.
+  console.log(JSON.stringify({ scenario: TLS ? 'tls/' + name : name, mode, ...out }));
 }
 process.exit(0);

@@ -10,6 +10,8 @@ import http.client
 import json
 import os
 import socket
+import ssl
+import struct
 import sys
 import time
 import urllib.parse
@@ -18,8 +20,26 @@ import urllib.request
 mode = sys.argv[1]
 only = sys.argv[2:]
 bport = int(os.environ.get("BACKEND_PORT", "50100"))
-port = int(os.environ.get("PROXY_PORT", "18280")) if mode == "proxy" else bport
-host = f"{bport}-lab.cube.test:{port}"
+# TLS=1: the same clients over HTTPS, to CubeProxy's https_addr or the
+# sandbox's own TLS port, trusting the lab's CA; sandbox names resolve to
+# 127.0.0.1 in this process, so SNI names the sandbox as a real client's does.
+TLS = os.environ.get("TLS") == "1"
+if TLS:
+    port = int(os.environ["PROXY_TLS_PORT" if mode == "proxy" else "BACKEND_TLS_PORT"])
+else:
+    port = int(os.environ.get("PROXY_PORT", "18280")) if mode == "proxy" else bport
+name = f"{bport}-lab.cube.test"
+host = f"{name}:{port}"
+CTX = ssl.create_default_context(cafile=os.environ["LAB_CA"]) if TLS else None
+_getaddrinfo = socket.getaddrinfo
+
+
+def _lab_getaddrinfo(h, *a, **kw):
+    return _getaddrinfo("127.0.0.1" if isinstance(h, str) and h.endswith(".cube.test") else h, *a, **kw)
+
+
+socket.getaddrinfo = _lab_getaddrinfo
+base = f"https://{host}" if TLS else f"http://127.0.0.1:{port}"
 tok = {"cube-traffic-access-token": os.environ["TRAFFIC_TOKEN"]} if mode == "proxy" else {}
 PER_CONN = {"date", "connection", "keep-alive", "x-cube-request-id", "x-lab-extra"}
 HOP = {"connection", "keep-alive", "te", "upgrade", "proxy-connection", "transfer-encoding"}
@@ -62,9 +82,23 @@ def recv_until(s, marker):
     return data
 
 
+class HTTPS10(http.client.HTTPSConnection):
+    _http_vsn = 10
+    _http_vsn_str = "HTTP/1.0"
+
+
 def conn(cls=http.client.HTTPConnection):
     # Connect to 127.0.0.1 and send the sandbox's name in Host (no wildcard DNS).
+    if TLS:
+        cls = HTTPS10 if cls is HTTP10 else http.client.HTTPSConnection
+        return cls(name, port, timeout=20, context=CTX)
     return cls("127.0.0.1", port, timeout=20)
+
+
+def dial(timeout):
+    """A raw connection to the sandbox or the proxy, under TLS (SNI: the sandbox's name) when TLS."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return CTX.wrap_socket(s, server_hostname=name) if TLS else s
 
 
 def request(c, method, path, body=None, headers=None, **kw):
@@ -117,7 +151,7 @@ def _():
 
 @scenario("py.http10-sse")
 def _():
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s = dial(5)
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     s.sendall(f"GET /sse?v=reconnect HTTP/1.0\r\nHost: {host}\r\nAccept: text/event-stream\r\n{extra}\r\n".encode())
     data = b""
@@ -136,7 +170,7 @@ def _():
 def _():
     # An HTTP/1.0 client's event stream (bare, ended by the close): the first
     # event must arrive while the sandbox holds the stream open.
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s = dial(5)
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     t0 = time.time()
     s.sendall(f"GET /sse?v=held HTTP/1.0\r\nHost: {host}\r\nAccept: text/event-stream\r\n{extra}\r\n".encode())
@@ -186,7 +220,7 @@ def _():
 
 def raw_expect(path, size, send_body_anyway):
     """Expect: 100-continue by hand: head, wait for the interim answer, body."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = dial(10)
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {size}\r\nExpect: 100-continue\r\n{extra}\r\n".encode())
     t0 = time.time()
@@ -255,7 +289,7 @@ def trickle(framing):
     first (or 3 s have passed). A proxy that holds the first piece back
     makes the client wait."""
     key = f"{mode}-trickle-{framing}-{os.getpid()}"
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = dial(10)
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     first, second = pattern(1000), pattern(50000, 1)
     if framing == "chunked":
@@ -266,7 +300,7 @@ def trickle(framing):
     t0 = time.time()
     arrived = False
     while time.time() - t0 < 3:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c = conn()
         c.request("GET", f"/stats?key={key}", headers={"Host": host, **tok})
         if any(x.get("n", 0) >= len(first) for x in json.loads(c.getresponse().read())):
             arrived = True
@@ -292,7 +326,7 @@ def _():
 @scenario("py.pipelined")
 def _():
     # Three requests in one write; the answers must come back whole and in order.
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = dial(10)
     extra = "".join(f"{k}: {v}\r\n" for k, v in tok.items())
     reqs = "".join(f"GET {p} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n" for p in ("/fixed?size=10", "/status?code=204", "/chunked?n=2&ms=10"))
     s.sendall((reqs + f"GET /fixed?size=5 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{extra}\r\n").encode())
@@ -310,8 +344,8 @@ def _():
 def _():
     out = []
     for code in (301, 302, 303, 307, 308):
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/redirect?code={code}", headers={"Host": host, **tok})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        req = urllib.request.Request(f"{base}/redirect?code={code}", headers={"Host": host, **tok})
+        with urllib.request.urlopen(req, timeout=10, context=CTX) as r:
             body = r.read()
             out.append([code, r.status, r.geturl().split(str(port), 1)[1], json.loads(body)["url"]])
     return {"out": out}, {}
@@ -319,8 +353,8 @@ def _():
 
 @scenario("py.urllib-post")
 def _():
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/echo", data=pattern(5000), headers={"Host": host, **tok, "Content-Type": "application/octet-stream"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    req = urllib.request.Request(f"{base}/echo", data=pattern(5000), headers={"Host": host, **tok, "Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=10, context=CTX) as r:
         s, si = saw(r.read(), r.getheader("x-lab-extra"))
         cmp, info = heads(r.getheaders())
         return {"status": r.status, "headers": cmp, "saw": s}, {**si, "perConn": info}
@@ -332,11 +366,16 @@ def _():
     return {**cmp, "body": data.decode()}, info
 
 
-for name, f in scenarios.items():
-    if only and not any(name.startswith(p) for p in only):
+if TLS:
+    import tls_clients
+    tls_clients.register(scenario, sys.modules[__name__])
+
+for sname, f in scenarios.items():
+    if only and not any(sname.startswith(p) for p in only):
         continue
     try:
         cmp, info = f()
     except Exception as e:  # noqa: BLE001
         cmp, info = {"error": f"{e.__class__.__name__}: {e}"[:120]}, {}
-    print(json.dumps({"scenario": name, "mode": mode, "cmp": cmp, "info": info}), flush=True)
+    # Over TLS every scenario is reported as tls/<name>, apart from its plain run.
+    print(json.dumps({"scenario": ("tls/" if TLS else "") + sname, "mode": mode, "cmp": cmp, "info": info}), flush=True)

@@ -6,23 +6,45 @@
 #
 #   bench/interop/run.sh            # < 3 min; exits 1 when a scenario differs unexpectedly
 #   bench/interop/run.sh --keep     # keep the work dir (logs, results.jsonl)
-#   bench/interop/run.sh ws. py.    # only scenarios whose names start so
+#   bench/interop/run.sh ws. py.    # only scenarios whose names start so (plain and TLS)
 #
-# Needs node + npm (installed with apt when missing), the npm registry, python3
-# and curl. Ports: sandbox 127.0.0.1:50100 (50101: mapped, nothing listens), CubeProxy
-# 127.0.0.1:18280 (admin 18281).
+# Then a subset over HTTPS (tls_only below, and the TLS-only scenarios of
+# tls_clients.mjs and tls_clients.py): CubeProxy's https_addr with a certificate for
+# *.cube.test from a CA made for the run, against the sandbox's own TLS port
+# with the same certificate; reported as tls/<scenario>.
+#
+# Needs node + npm (installed with apt when missing), the npm registry, python3,
+# curl and openssl. Ports: sandbox 127.0.0.1:50100 (50101: mapped, nothing listens;
+# 50102: its TLS port), CubeProxy 127.0.0.1:18280 (HTTPS 18283, admin 18281).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keep=0
 if [[ "${1:-}" == "--keep" ]]; then keep=1; shift; fi
 only=("$@")
 
+# A leftover sandbox or proxy on one of the lab's ports would answer in place
+# of this run's (with another run's certificate, over TLS).
+for p in 50100 50102 18280 18281 18283; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is taken: stop what listens there first" >&2; exit 1; fi
+done
+
 source bench/lab.sh
 lab_setup interop 'ws@^8' 'eventsource@^4'
 cp bench/interop/*.mjs bench/interop/*.py "$work/"
+
+# A CA for the run and a certificate for *.cube.test (and 127.0.0.1, for the
+# clients that send no SNI) that CubeProxy and the sandbox's TLS port share.
+(cd "$work" &&
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=interop-lab-ca \
+		-keyout ca-key.pem -out ca.pem 2>/dev/null &&
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=cube.test \
+		-keyout leaf-key.pem -out leaf.csr 2>/dev/null &&
+	printf 'subjectAltName=DNS:*.cube.test,DNS:cube.test,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >leaf.ext &&
+	openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile leaf.ext -out leaf.pem 2>/dev/null)
 echo "node $(node --version), ws $(node -p "require('$work/node_modules/ws/package.json').version"), eventsource $(node -p "require('$work/node_modules/eventsource/package.json').version"), $(python3 --version), $(curl --version | head -1 | cut -d' ' -f1-2)"
 
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+token_other=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 cat >"$work/routes.yaml" <<EOF
 routes:
   lab:
@@ -33,31 +55,59 @@ routes:
     TrafficAccessToken: "$token"
     "50100": "50100"
     "50101": "50101"
+  other: # the same node server as another sandbox, with its own token (tls/sni.other-host)
+    HostIP: "127.0.0.1"
+    SandboxIP: "127.0.0.1"
+    CreatedAt: "1764460000000000001"
+    AllowPublicTraffic: "false"
+    TrafficAccessToken: "$token_other"
+    "50100": "50100"
 EOF
 # A 1 s heartbeat, so that the silent SSE scenario outlives it.
 cat >"$work/proxy.yaml" <<EOF
 http_addr: "127.0.0.1:18280"
+https_addr: "127.0.0.1:18283"
 admin_addr: "127.0.0.1:18281"
+tls:
+  source: files
+  cert_file: $work/leaf.pem
+  key_file: $work/leaf-key.pem
 routes: $work/routes.yaml
 upstream:
   heartbeat_interval: 1s
 EOF
 
 wait_ready() { # url
-	for _ in $(seq 100); do curl -s -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
+	for _ in $(seq 100); do curl -s -k -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
 	echo "not ready: $1" >&2; return 1
 }
-(cd "$work" && PORT=50100 exec node backend.mjs >backend.log 2>&1) &
+(cd "$work" && PORT=50100 TLS_PORT=50102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node backend.mjs >backend.log 2>&1) &
 pids+=($!)
 "$work/cubeproxy" serve --config "$work/proxy.yaml" >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_ready http://127.0.0.1:18281/readyz
 wait_ready http://127.0.0.1:50100/stats
 
-export TRAFFIC_TOKEN=$token PROXY_PORT=18280 BACKEND_PORT=50100
+wait_ready https://127.0.0.1:50102/stats
+
+export TRAFFIC_TOKEN=$token TRAFFIC_TOKEN_OTHER=$token_other PROXY_PORT=18280 BACKEND_PORT=50100
+export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=50102 LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
 results="$work/results.jsonl"
 for mode in direct proxy; do
 	(cd "$work" && node clients.mjs "$mode" "${only[@]}") >>"$results"
 	(cd "$work" && python3 clients.py "$mode" "${only[@]}") >>"$results"
+done
+# Over TLS: streaming, WebSocket, large bodies, aborts, keep-alive and
+# pipelining, then the TLS-only scenarios (alpn., sni., resume., cut.).
+tls_only=(fetch.get-large fetch.post-large fetch.stream-chunks fetch.abort fetch.keepalive fetch.sse-held fetch.refused-upload
+	eventsource.basic eventsource.reconnect eventsource.silent-bom
+	ws.echo-deflate ws.large ws.ping-pong ws.client-terminate ws.server-terminate
+	curl.get curl.chunked-upload curl.sse
+	py.pipelined py.keepalive-mixed py.chunked-upload py.trickle-chunked py.http10-sse-held py.urllib-post
+	alpn. sni. resume. cut. py.alpn py.sni py.resume py.cut)
+((${#only[@]})) && tls_only=("${only[@]}")
+for mode in direct proxy; do
+	(cd "$work" && TLS=1 node clients.mjs "$mode" "${tls_only[@]}") >>"$results"
+	(cd "$work" && TLS=1 python3 clients.py "$mode" "${tls_only[@]}") >>"$results"
 done
 node "$work/compare.mjs" "$results"

@@ -407,7 +407,7 @@ S('curl.refused-upload', async () => {
 });
 S('curl.path-raw', async () => curlSaw(await curl(['--path-as-is'], '/echo/../echo/./x%2e%2e?%zz')));
 
-if (TLS) await import('./tls_clients.mjs').then(m => m.register(S, { mode, host, port, tok, key, stats, until, sleep, run }));
+if (TLS) await import('./tls_clients.mjs').then(m => m.register(S, { mode, host, port, tok, key, stats, until, run }));
 const names = Object.keys(scenarios).filter(n => !only.length || only.some(p => n.startsWith(p)));
 for (const name of names) {
   let out;

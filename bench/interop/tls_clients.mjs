@@ -6,7 +6,7 @@
 import tls from 'node:tls';
 import { once } from 'node:events';
 
-export function register(S, { mode, host, port, tok, key, stats, until, sleep, run }) {
+export function register(S, { mode, host, port, tok, key, stats, until, run }) {
   const tokHead = (t) => Object.entries(t).map(([n, v]) => `${n}: ${v}\r\n`).join('');
 
   // One request on a new TLS connection to 127.0.0.1:port. servername

@@ -128,3 +128,52 @@ func TestLongStreamOutlivesClientCheck(t *testing.T) {
 		})
 	}
 }
+
+// Where a client cannot be watched (other systems; here the watch is
+// closed), the client check looks at its socket every clientCheck instead:
+// a client that hangs up while the answer's head is awaited, or during a
+// silent body that is not an event stream, still ends the sandbox's request.
+func TestClientCheckWithoutWatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body bool // the sandbox sends a first line, then falls silent
+	}{
+		{"head awaited", false},
+		{"silent body", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.proxy.hangups.close() // nothing was watched yet: every watch now fails
+			ended := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(ended)
+				if tc.body {
+					w.Header().Set("Content-Type", "text/plain")
+					fmt.Fprint(w, "first\n")
+					w.(http.Flusher).Flush()
+				}
+				<-r.Context().Done()
+			}))
+			host := h.route("unwatched", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+			if tc.body {
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if line, _ := bufio.NewReader(resp.Body).ReadString('\n'); line != "first\n" {
+					t.Fatalf("first line %q", line)
+				}
+			}
+			hangUpAndWait(t, h, c, false, ended)
+			if n := hangupWatchesMade(h.proxy.hangups); n != 0 {
+				t.Fatalf("%d watches made; the test meant none", n)
+			}
+		})
+	}
+}

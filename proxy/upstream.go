@@ -1157,19 +1157,15 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 // clientCheck: errClientLeft when it is gone.
 func (c *upstreamConn) checkClient() error {
 	c.readDeadline = time.Time{} // expired: the next one is set whatever it is
-	var to hangUpper = c
-	if c.hupTo != nil {
-		to = c.hupTo
+	to := c.hupTo
+	if to == nil {
+		to = c // the head is awaited: the exchange ends
 	}
 	if c.hupKey = c.hups.watch(c.client, to); c.hupKey != 0 {
 		return nil
 	}
 	if clientHungUp(c.client) {
-		if c.hupTo != nil {
-			c.hupTo.hangUp() // the stream ends as its watch would end it
-		} else {
-			c.clientGone.Store(true)
-		}
+		to.hangUp() // as the watch would have
 		return errClientLeft
 	}
 	c.checkAt = time.Now().Add(clientCheck)

@@ -30,6 +30,7 @@ type Config struct {
 	HTTPSAddr  string `yaml:"https_addr" usage:"sandbox traffic listener (TLS); empty = off"`
 	AdminAddr  string `yaml:"admin_addr" usage:"admin API listener (never shared with traffic)"`
 	AdminToken string `yaml:"admin_token" usage:"X-Cube-Admin-Token for the admin API; empty = loopback only"`
+	ReusePort  bool   `yaml:"reuse_port" usage:"open the listeners with SO_REUSEPORT, so that a new process can take over the ports before the old one drains (Linux)"`
 
 	NodeIP      string   `yaml:"node_ip" usage:"this node's IP: routes whose HostIP equals it dial SandboxIP directly"`
 	InstanceID  string   `yaml:"instance_id" usage:"name of this proxy instance (default: hostname)"`

@@ -314,23 +314,27 @@ func (a *app) listen(ctx context.Context) (err error) {
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
 			return fmt.Errorf("tls: %w", err)
 		}
-		if a.httpsLn, err = net.Listen("tcp", cfg.HTTPSAddr); err != nil {
+		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return fmt.Errorf("https listener: %w", err)
 		}
 	}
 	if cfg.HTTPAddr != "" {
-		if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		if a.httpLn, err = listenTCP(ctx, cfg.HTTPAddr, cfg.ReusePort); err != nil {
 			return fmt.Errorf("http listener: %w", err)
 		}
 	}
-	if a.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+	if a.adminLn, err = listenTCP(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	return nil
 }
 
-// checkListeners refuses TLS settings no listener could honour.
+// checkListeners refuses listener settings this system or the TLS
+// settings could not honour.
 func checkListeners(cfg *config.Config) error {
+	if cfg.ReusePort && !reusePortSupported {
+		return errors.New("reuse_port is supported on Linux only")
+	}
 	if cfg.TLS.RedirectHTTP && cfg.HTTPSAddr == "" {
 		// Proxying instead would serve in plain HTTP what the operator
 		// meant to close to it.

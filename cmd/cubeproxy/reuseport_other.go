@@ -1,0 +1,16 @@
+//go:build !linux
+
+package main
+
+import (
+	"errors"
+	"syscall"
+)
+
+// reusePortSupported: see reuseport_linux.go.
+const reusePortSupported = false
+
+// reusePort is never called: checkListeners refuses reuse_port here.
+func reusePort(_, _ string, _ syscall.RawConn) error {
+	return errors.New("reuse_port is supported on Linux only")
+}

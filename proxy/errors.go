@@ -41,7 +41,10 @@ const (
 	CodeDrainTimeout = "drain_timeout"
 	// CodeClientClosed: the client closed its connection before the
 	// sandbox answered (nginx's 499); the answer goes to nobody, the log
-	// and the metrics are what see it.
+	// and the metrics are what see it. On a streamed answer whose head went
+	// out, it marks (log and span; the status stays) a body the client
+	// left before its end. telemetry.ErrorCodeClientClosed is the same
+	// string: spans do not count it as an error.
 	CodeClientClosed = "client_closed_request"
 	// CodeProxyLoop: the route names one of the proxy's own listeners, so
 	// the request would come back to the proxy (a route data error).

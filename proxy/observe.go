@@ -122,6 +122,11 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {
+		if x.errCode == CodeClientClosed {
+			// The client hung up and the proxy closed the sandbox's side:
+			// the upstream exchange did not fail.
+			err = nil
+		}
 		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
 	}
 	if x.span != nil {

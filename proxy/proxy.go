@@ -674,7 +674,11 @@ const envdPort = 49983
 // client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
 	if x.cspan != nil {
-		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
+		cerr := err
+		if errors.Is(err, errClientLeft) {
+			cerr = nil // the client hung up: the sandbox failed nothing
+		}
+		telemetry.EndClientSpan(x.cspan, x.upStatus, cerr)
 		x.cspan = nil
 	}
 	var de *dialError

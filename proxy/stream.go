@@ -180,6 +180,27 @@ func (s *bodyStream) cut(err error) {
 	}
 }
 
+// clientEnded records why a body ended early on the client's side: cut
+// records every failure of the sandbox's side, so a stream that failed
+// without a code failed writing to its client, or was ended for its
+// client's hang-up. The status went out with the head and stays; the code
+// keeps a download the client aborted from passing for a complete one in
+// the log, and says that the client ended it, not the sandbox. A write the
+// client did not take in time (client.write_timeout) is left without a
+// code: the client did not close anything.
+func (s *bodyStream) clientEnded(err error) {
+	switch {
+	case s.clientLeft.Load() || errors.Is(err, errClientLeft):
+		s.x.errCode = CodeClientClosed
+	case s.conn.killed.Load():
+		s.x.errCode = CodeSandboxKilled // the kill closed the client's side too
+	case s.conn.interrupted.Load():
+		s.x.errCode = CodeDrainTimeout // abort closed the client's side
+	case !isTimeout(err):
+		s.x.errCode = CodeClientClosed // a reset or a broken pipe
+	}
+}
+
 // armHeartbeat arms the heartbeat for the next upstream wait, but only at
 // an event boundary: a comment line inside an event would corrupt it.
 func (s *bodyStream) armHeartbeat() {
@@ -382,6 +403,9 @@ func (s *bodyStream) end(err error) {
 		return
 	}
 	s.closed = true
+	if err != nil && s.x.errCode == "" {
+		s.clientEnded(err)
+	}
 	s.p.hangups.unwatch(s.hupKey) // first: hangUp may not run on a released stream
 	s.hupKey = 0
 	s.conn.endClientWait() // the same for the connection's watch (watchClientAfter)

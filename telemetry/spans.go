@@ -146,6 +146,12 @@ type SpanResult struct {
 	ErrorCode string // proxy error code ("sandbox_not_found", ...), "" on success
 }
 
+// ErrorCodeClientClosed is the proxy's error code for an exchange its
+// client ended (nginx's 499): before the answer's head, or while its body
+// streamed. It is the client's choice, not a failure of the proxy or the
+// sandbox, so it marks no span as an error.
+const ErrorCodeClientClosed = "client_closed_request"
+
 // EndServerSpan sets r's attributes on a recording span and ends it. On a
 // non-recording span it only calls End, so it allocates nothing.
 func EndServerSpan(span trace.Span, r *SpanResult) {
@@ -173,8 +179,9 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 		// Server spans mark 5xx as errors, and a response that failed after
 		// its head went out (semantic conventions): the sandbox reset a
 		// stream, the proxy cut it. An error code on a forwarded response
-		// says that; on the proxy's own answer its status says it all.
-		if r.Status >= 500 || (r.ErrorCode != "" && r.Kind != RouteError) {
+		// says that; on the proxy's own answer its status says it all. A
+		// client that hung up mid-body failed nothing.
+		if r.Status >= 500 || (r.ErrorCode != "" && r.ErrorCode != ErrorCodeClientClosed && r.Kind != RouteError) {
 			errType := r.ErrorCode
 			if errType == "" {
 				errType = strconv.Itoa(r.Status) // the sandbox's own 5xx

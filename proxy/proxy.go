@@ -749,7 +749,13 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// A close, a reset, or a connection the kernel gave up on
 		// (ETIMEDOUT, which is not a deadline of ours).
 		p.cfg.Logger.Debug("upstream exchange failed", "sandbox_id", string(id), "addr", addr.String(), "err", err)
-		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: "sandbox closed the connection before answering"}, id)
+		msg := "sandbox closed the connection before answering"
+		if x.upStatus != 0 {
+			// A body read whole (up to 64 KiB) broke off after its head:
+			// the sandbox did answer, as upstream_status in the log shows.
+			msg = "sandbox closed the connection before the end of its answer"
+		}
+		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamReset, msg: msg}, id)
 	default:
 		// fasthttp could not parse the answer: a bad status line, duplicate
 		// or malformed Content-Length, too many interim responses...

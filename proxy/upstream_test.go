@@ -1732,10 +1732,19 @@ func TestUpstreamInvalidResponses(t *testing.T) {
 	if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "fine" {
 		t.Fatalf("next request: %d %q", resp.StatusCode, body)
 	}
-	// A backend that closes before answering is still upstream_reset.
-	b2 := newScriptBackend(t, func(net.Conn, *http.Request, int) bool { return false })
-	resp, body := pc.do("GET", h.route("closer", b2.port), "/", "")
-	checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+	// A backend that closes before answering, or in the middle of a body
+	// read whole, is still upstream_reset; the message says which.
+	for _, tc := range []struct{ name, answer, msg string }{
+		{"closer", "", "before answering"},
+		{"cutter", "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npartial", "before the end of its answer"},
+	} {
+		b2 := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool { rawWrite(c, tc.answer); return false })
+		resp, body := pc.do("GET", h.route(tc.name, b2.port), "/", "")
+		checkProxyError(t, resp, body, 502, CodeUpstreamReset)
+		if !strings.Contains(body, tc.msg) {
+			t.Errorf("%s: body %s, want %q", tc.name, body, tc.msg)
+		}
+	}
 }
 
 // A sandbox whose response head ends its lines with a bare LF (a

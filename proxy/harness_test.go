@@ -38,6 +38,9 @@ type harnessOpts struct {
 	store   routing.Store // default: the memory store (counted)
 	token   string
 	publish func(id string) error // the admin API's invalidation publisher
+	// listen is the host the traffic and admin listeners bind
+	// ("" = 127.0.0.1; "[::1]", "[::]" for IPv6).
+	listen string
 }
 
 // countingStore counts lookups of a real store.
@@ -77,8 +80,12 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	}
 	admin := NewAdmin(AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}, h.proxy)
 	h.server = NewServer(o.srv, h.proxy, admin)
-	ln := listen(t, "127.0.0.1:0")
-	aln := listen(t, "127.0.0.1:0")
+	host := o.listen
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ln := listen(t, host+":0")
+	aln := listen(t, host+":0")
 	h.addr, h.admin = ln.Addr().String(), aln.Addr().String()
 	go h.server.Serve(ln)
 	go h.server.ServeAdmin(aln)

@@ -184,8 +184,52 @@ func appendForwardedFor(dst []byte, prior [][]byte, ip netip.Addr) []byte {
 	return ip.AppendTo(dst)
 }
 
+// appendForwarded appends the proxy's element for the client at ip
+// ("for=192.0.2.1", `for="[2001:db8::1]"`: RFC 7239 quotes and brackets an
+// IPv6 node, and "for=::1" would be no token) to the client's Forwarded
+// lines, joined with ", " (empty lines skipped) as X-Forwarded-For's are.
+// The client's elements are its own claims; only the last one is the
+// proxy's. A client value that ends inside a quoted string would take the
+// proxy's element into its quotes, so it is dropped.
+func appendForwarded(dst []byte, prior [][]byte, ip netip.Addr) []byte {
+	dst = dst[:0]
+	for _, v := range prior {
+		if len(bytes.TrimSpace(v)) == 0 {
+			continue
+		}
+		dst = append(append(dst, v...), ", "...)
+	}
+	if openQuote(dst) {
+		dst = dst[:0]
+	}
+	switch {
+	case !ip.IsValid():
+		return append(dst, "for=unknown"...)
+	case ip.Is6():
+		dst = ip.AppendTo(append(dst, `for="[`...))
+		return append(dst, `]"`...)
+	default:
+		return ip.AppendTo(append(dst, "for="...))
+	}
+}
+
+// openQuote reports whether v ends inside a quoted string (RFC 9110 5.6.4:
+// a backslash quotes the byte after it).
+func openQuote(v []byte) bool {
+	in := false
+	for i := 0; i < len(v); i++ {
+		switch {
+		case in && v[i] == '\\':
+			i++
+		case v[i] == '"':
+			in = !in
+		}
+	}
+	return in
+}
+
 // setForwarding sets a header the proxy vouches for (X-Real-IP,
-// X-Forwarded-For, X-Forwarded-Host), given how many lines of it the client
+// X-Forwarded-For, X-Forwarded-Host, its element of Forwarded), given how many lines of it the client
 // sent. SetBytesV replaces only the first line of a name, so a client's
 // further copies would reach the sandbox beside the proxy's, where a
 // framework reading the last line, or the rightmost address of the joined
@@ -208,6 +252,7 @@ var (
 	keyForwardedFor   = []byte("X-Forwarded-For")
 	keyForwardedProto = []byte("X-Forwarded-Proto")
 	keyForwardedHost  = []byte("X-Forwarded-Host")
+	keyForwarded      = []byte("Forwarded")
 
 	protoHTTP  = []byte("http")
 	protoHTTPS = []byte("https")
@@ -232,12 +277,12 @@ type headSeen struct {
 	expect           bool // an Expect line: maybe the 100-continue fasthttp answered
 
 	// Lines of each (saturating at 2: only "more than one" matters).
-	realIP, forwardedFor, forwardedHost uint8
+	realIP, forwardedFor, forwardedHost, forwarded uint8
 }
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -252,6 +297,7 @@ const (
 	seenRealIP
 	seenForwardedFor
 	seenForwardedHost
+	seenForwarded
 	seenTransferEncoding
 	seenExpect
 )
@@ -262,13 +308,13 @@ var headNames = [...]headName{
 	{"Trailer", seenHop}, {"Upgrade", seenHop},
 	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
 	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
-	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost},
+	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost}, {"Forwarded", seenForwarded},
 	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
 }
 
 // headNamesByLen is headNames indexed by name length: a header line is
 // compared only with the names as long as its own (none for most lines, at
-// most two), not with all seventeen. Built once, never written.
+// most two), not with all eighteen. Built once, never written.
 var headNamesByLen = func() [][]headName {
 	var byLen [][]headName
 	for _, n := range headNames {
@@ -343,6 +389,8 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 				s.forwardedFor = min(s.forwardedFor+1, 2)
 			case seenForwardedHost:
 				s.forwardedHost = min(s.forwardedHost+1, 2)
+			case seenForwarded:
+				s.forwarded = min(s.forwarded+1, 2)
 			case seenTransferEncoding:
 				s.transferEncoding = true
 			case seenExpect:

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -512,7 +513,7 @@ func TestScanHead(t *testing.T) {
 // client's copy (stored normalized) is the line replaced rather than a
 // second one beside it.
 func TestForwardingKeysCanonical(t *testing.T) {
-	for _, key := range [][]byte{keyRealIP, keyForwardedFor, keyForwardedProto, keyForwardedHost} {
+	for _, key := range [][]byte{keyRealIP, keyForwardedFor, keyForwardedProto, keyForwardedHost, keyForwarded} {
 		var h fasthttp.RequestHeader
 		h.Set(strings.ToLower(string(key)), "v")
 		var names []string
@@ -629,6 +630,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"X-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\nX-Forwarded-Proto:\r\n",
 		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
 		"X Real IP: 6.6.6.6\r\nT 0: x\r\nT 0: y\r\n",
+		"Forwarded: for=6.6.6.6\r\nforwarded: for=\"[2001:db8::6\r\n",
 	} {
 		f.Add(head)
 	}
@@ -715,6 +717,12 @@ func FuzzPrepareRequest(f *testing.F) {
 		}
 		if v := got.Peek("X-Forwarded-For"); !strings.HasSuffix(string(v), "192.0.2.1") {
 			t.Errorf("X-Forwarded-For = %q", v)
+		}
+		// A client's Forwarded ends with the proxy's element, outside any
+		// quoted string of the client's.
+		if fw := got.PeekAll("Forwarded"); len(fw) > 1 || len(fw) == 1 && (!bytes.HasSuffix(fw[0], []byte("for=192.0.2.1")) ||
+			openQuote(fw[0][:len(fw[0])-len("for=192.0.2.1")])) {
+			t.Errorf("Forwarded reached the sandbox as %q\n%q", fw, sent.String())
 		}
 		// The route masks Host: the sandbox sees the template with the
 		// port, and the client's Host in X-Forwarded-Host, whatever the

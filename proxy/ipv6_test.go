@@ -340,3 +340,47 @@ func TestIPv6AdminLoopback(t *testing.T) {
 		})
 	}
 }
+
+// A client's Forwarded header (RFC 7239) is not the proxy's to vouch for,
+// but frameworks read it before X-Forwarded-For (Rack 3 by default,
+// Spring's ForwardedHeaderFilter) and take the rightmost element a trusted
+// proxy did not add for the client: passed untouched, "for=6.6.6.6" forged
+// the client address the proxy vouches for in X-Real-IP and
+// X-Forwarded-For. The proxy appends its element, as it appends to
+// X-Forwarded-For, with an IPv6 address quoted and bracketed as the RFC
+// requires (a bare "for=::1" is no token), and an IPv4-mapped client as
+// IPv4. A request without Forwarded gets none, as through nginx.
+func TestForwardedGetsTheProxysElement(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.listen = "[::]" })
+	port := backend(t, "127.0.0.1", echoHeaders())
+	h.put("fwd", map[string]string{"HostIP": "127.0.0.1", "80": itoa(port)})
+	proxyPort := portOf(t, h.addr)
+	for _, tc := range []struct {
+		name, client string
+		forwarded    []string // the client's lines
+		want         string   // what reaches the sandbox ("" = no Forwarded)
+	}{
+		{"none", "[::1]", nil, ""},
+		{"IPv6 client", "[::1]", []string{"for=6.6.6.6"}, `for=6.6.6.6, for="[::1]"`},
+		{"IPv4 client", "127.0.0.1", []string{"for=6.6.6.6;proto=https"}, "for=6.6.6.6;proto=https, for=127.0.0.1"},
+		{"IPv4-mapped client", "[::ffff:127.0.0.1]", []string{`for="[2001:db8::6]"`}, `for="[2001:db8::6]", for=127.0.0.1`},
+		{"several lines", "[::1]", []string{"for=1.1.1.1", "", "for=2.2.2.2, for=3.3.3.3"},
+			`for=1.1.1.1, for=2.2.2.2, for=3.3.3.3, for="[::1]"`},
+		// An open quoted string would swallow the proxy's element: the
+		// client's value is dropped, not the proxy's.
+		{"open quote", "[::1]", []string{`for="[2001:db8::6`}, `for="[::1]"`},
+		{"escaped quote", "[::1]", []string{`for="a\"b"`}, `for="a\"b", for="[::1]"`},
+		{"escaped close", "[::1]", []string{`for="a\"`}, `for="[::1]"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET / HTTP/1.1", "Host: 80-fwd.cube.test"}
+			for _, f := range tc.forwarded {
+				lines = append(lines, "Forwarded: "+f)
+			}
+			e := echoRawRequest(t, tc.client+":"+proxyPort, lines...)
+			if got := e.get("Forwarded"); got != tc.want {
+				t.Errorf("Forwarded reached the sandbox as %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

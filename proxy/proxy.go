@@ -627,6 +627,13 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		prior = h.PeekAll("X-Forwarded-For")
 	}
 	setForwarding(h, keyForwardedFor, seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
+	if seen.forwarded > 0 {
+		// Only where the client sent one (as nginx, the proxy adds none):
+		// a framework that reads it before X-Forwarded-For takes the
+		// rightmost element no trusted proxy added, which is then the
+		// proxy's, not a client's forgery.
+		setForwarding(h, keyForwarded, seen.forwarded, appendForwarded(buf[:0], h.PeekAll("Forwarded"), ip))
+	}
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
 		if ctx.IsTLS() {

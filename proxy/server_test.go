@@ -279,7 +279,7 @@ func TestMalformedRequestsAnswered(t *testing.T) {
 // refused, as the HTTPS listener refuses it.
 func TestRedirectListenerHost(t *testing.T) {
 	h := newHarness(t)
-	ln := listen(t, "127.0.0.1:0")
+	ln := listen(t, "[::1]:0")
 	go h.server.ServeRedirect(ln, "8443")
 	for _, tc := range []struct {
 		name, target, host string
@@ -291,6 +291,11 @@ func TestRedirectListenerHost(t *testing.T) {
 		{"userinfo with a port", "/p", "50005-box.cube.test:80@evil.test", 400, ""},
 		{"absolute-form naming another host", "http://evil.test/p", "50005-box.cube.test", 308, "https://50005-box.cube.test:8443/p"},
 		{"absolute-form with userinfo", "http://u@evil.test/p", "50005-box.cube.test", 308, "https://50005-box.cube.test:8443/p"},
+		// On an IPv6 listener, an IPv6 literal keeps its brackets. (fasthttp
+		// answers a malformed one, "[::1", "[::1]x" or a bare "::1", 400
+		// bad_request before the handler.)
+		{"IPv6 literal", "/p", "[::1]:8081", 308, "https://[::1]:8443/p"},
+		{"IPv6 literal without port", "/p", "[::1]", 308, "https://[::1]:8443/p"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", ln.Addr().String())

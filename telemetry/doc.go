@@ -12,6 +12,7 @@
 //	cubeproxy.connections.open          cubeproxy_connections_open
 //	cubeproxy.streams.open              cubeproxy_streams_open{route_kind="http"|"sse"}
 //	cubeproxy.websockets.open           cubeproxy_websockets_open
+//	cubeproxy.streams.ended             cubeproxy_streams_ended_total{route_kind="http"|"sse"|"websocket",reason}
 //	cubeproxy.route_cache.lookups       cubeproxy_route_cache_lookups_total{result}
 //	cubeproxy.store.duration            cubeproxy_store_duration_seconds{store}
 //	cubeproxy.store.errors              cubeproxy_store_errors_total{store}

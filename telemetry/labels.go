@@ -129,6 +129,35 @@ func authReasonIndex(reason string) int {
 	return 9
 }
 
+// StreamEnd is why a streamed response or a WebSocket tunnel ended, the
+// reason label of cubeproxy_streams_ended_total. Its head (a 2xx, a 101)
+// went out long before, so the request counters cannot tell these apart.
+type StreamEnd uint8
+
+// Stream end reasons. Out-of-range values are recorded as StreamError.
+const (
+	StreamComplete StreamEnd = iota // the body ended or the tunnel closed as either side chose
+	StreamClient                    // the client hung up before the body's end
+	StreamSandbox                   // the sandbox reset its side or broke its framing
+	StreamTimeout                   // the idle timeout, or a client that did not take a write in time
+	StreamDrain                     // the drain deadline cut it
+	StreamKilled                    // the sandbox was killed (admin meta/delete)
+	StreamError                     // anything else
+	numStreamEnds
+)
+
+var streamEndNames = [numStreamEnds]string{"complete", "client", "sandbox", "timeout", "drain", "killed", "error"}
+
+// String returns the label value of e.
+func (e StreamEnd) String() string { return streamEndNames[e.index()] }
+
+func (e StreamEnd) index() int {
+	if e >= numStreamEnds {
+		return int(StreamError)
+	}
+	return int(e)
+}
+
 // Status classes; anything outside 100..599 is "other".
 const numStatusClasses = 6
 

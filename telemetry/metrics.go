@@ -34,6 +34,7 @@ type Metrics struct {
 	conns         atomic.Int64
 	streams       [numRouteKinds]atomic.Int64 // RouteHTTP (chunked) and RouteSSE
 	websockets    atomic.Int64
+	streamEnds    [numRouteKinds][numStreamEnds]atomic.Int64 // RouteHTTP, RouteSSE, RouteWebSocket
 	cache         [numCacheResults]atomic.Int64
 	storeErrors   [numStoreKinds]atomic.Int64
 	connectErrors atomic.Int64
@@ -62,13 +63,14 @@ type Metrics struct {
 type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
 	connectErrors, retries, auth, logDrops          metric.Int64ObservableCounter
-	acceptErrors                                    metric.Int64ObservableCounter
+	acceptErrors, streamEnds                        metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
 	kind                                            [numRouteKinds]metric.ObserveOption
 	result                                          [numCacheResults]metric.ObserveOption
 	store                                           [numStoreKinds]metric.ObserveOption
 	reason                                          [len(authReasons)]metric.ObserveOption
+	kindEnd                                         [numRouteKinds][numStreamEnds]metric.ObserveOption
 }
 
 // bg is the context for every measurement: metrics carry no trace exemplars.
@@ -93,6 +95,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled.")
+	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE and chunked), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
@@ -104,7 +107,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.retries, o.auth,
-		o.acceptErrors, o.logDrops, o.conns, o.streams, o.websockets, o.pools, o.idle)
+		o.acceptErrors, o.logDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -127,6 +130,11 @@ func (m *Metrics) prebuild() {
 		o := set(attribute.String("route_kind", routeKindNames[k]))
 		m.recKind[k] = []metric.RecordOption{o}
 		m.obs.kind[k] = o
+	}
+	for _, k := range streamKinds {
+		for e := range int(numStreamEnds) {
+			m.obs.kindEnd[k][e] = set(attribute.String("route_kind", routeKindNames[k]), attribute.String("reason", streamEndNames[e]))
+		}
 	}
 	for r := 1; r < int(numCacheResults); r++ {
 		m.obs.result[r] = set(attribute.String("result", cacheResultNames[r]))
@@ -157,6 +165,11 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	}
 	ob.ObserveInt64(o.streams, m.streams[RouteHTTP].Load(), o.kind[RouteHTTP])
 	ob.ObserveInt64(o.streams, m.streams[RouteSSE].Load(), o.kind[RouteSSE])
+	for _, k := range streamKinds {
+		for e := range int(numStreamEnds) {
+			ob.ObserveInt64(o.streamEnds, m.streamEnds[k][e].Load(), o.kindEnd[k][e])
+		}
+	}
 	for r := 1; r < int(numCacheResults); r++ {
 		ob.ObserveInt64(o.cache, m.cache[r].Load(), o.result[r])
 	}
@@ -263,6 +276,24 @@ func (m *Metrics) StreamClosed(kind RouteKind, life time.Duration) {
 		m.streams[RouteHTTP].Add(-1)
 	}
 	m.streamDuration.Record(bg, life.Seconds(), m.recKind[kind]...)
+}
+
+// streamKinds are the route kinds a stream can have: the label values of
+// cubeproxy_streams_ended_total.
+var streamKinds = [...]RouteKind{RouteHTTP, RouteSSE, RouteWebSocket}
+
+// StreamEnded counts a streamed response (a body the proxy relayed as it
+// came, not one read whole) or a WebSocket tunnel that ended, and why.
+// RouteWebSocket and RouteSSE count as themselves, any other kind as
+// RouteHTTP.
+func (m *Metrics) StreamEnded(kind RouteKind, why StreamEnd) {
+	if m == nil {
+		return
+	}
+	if kind != RouteWebSocket && kind != RouteSSE {
+		kind = RouteHTTP
+	}
+	m.streamEnds[kind][why.index()].Add(1)
 }
 
 // CacheLookup counts one route-cache lookup; CacheNone is ignored.

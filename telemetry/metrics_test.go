@@ -1,6 +1,8 @@
 package telemetry
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +34,10 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.RequestDone(200, RouteSSE, 4*time.Millisecond)
 	m.StreamOpened(RouteHTTP)
 	m.StreamClosed(RouteHTTP, 2*time.Second)
+	m.StreamEnded(RouteHTTP, StreamSandbox)
+	m.StreamEnded(RouteSSE, StreamDrain)
+	m.StreamEnded(RouteSSE, StreamDrain)
+	m.StreamEnded(RouteWebSocket, StreamKilled)
 	m.Bytes(RouteWebSocket, 5, 7)
 	m.CacheLookup(CacheHit)
 	m.CacheLookup(CacheMiss)
@@ -74,6 +80,11 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_streams_open", L{"route_kind": "sse"}, 1},
 		{"cubeproxy_streams_open", L{"route_kind": "http"}, 0},
 		{"cubeproxy_connections_open", nil, 1},
+		{"cubeproxy_streams_ended_total", L{"route_kind": "http", "reason": "sandbox"}, 1},
+		{"cubeproxy_streams_ended_total", L{"route_kind": "http", "reason": "complete"}, 0},
+		{"cubeproxy_streams_ended_total", L{"route_kind": "sse", "reason": "drain"}, 2},
+		{"cubeproxy_streams_ended_total", L{"route_kind": "websocket", "reason": "killed"}, 1},
+		{"cubeproxy_streams_ended_total", L{"route_kind": "websocket", "reason": "timeout"}, 0},
 		{"cubeproxy_route_cache_lookups_total", L{"result": "hit"}, 1},
 		{"cubeproxy_route_cache_lookups_total", L{"result": "miss"}, 1},
 		{"cubeproxy_route_cache_lookups_total", L{"result": "negative_hit"}, 2},
@@ -111,6 +122,8 @@ func TestMetricLabelsBounded(t *testing.T) {
 	m.Bytes(RouteKind(255), 1, 1)
 	m.StreamOpened(RouteKind(77))
 	m.StreamClosed(RouteKind(77), time.Second)
+	m.StreamEnded(RouteKind(77), StreamEnd(200))
+	m.StreamEnded(RouteError, StreamTimeout)
 	m.CacheLookup(CacheResult(99))
 	m.StoreLookup(StoreKind(9), time.Millisecond, true)
 	m.AuthRejected("8080-sb-secret-id.example.com")
@@ -125,7 +138,8 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
 			"signed_cookie_foreign_origin",
-			"admin", "other"),
+			"admin", "other",
+			"complete", "client", "sandbox", "timeout", "drain", "killed", "error"),
 	}
 	n := 0
 	for _, s := range scrape(t, tel) {
@@ -152,6 +166,8 @@ func TestMetricLabelsBounded(t *testing.T) {
 		seriesKey("cubeproxy_route_cache_lookups_total", L{"result": "miss"}):                    1,
 		seriesKey("cubeproxy_store_errors_total", L{"store": "memory"}):                          1,
 		seriesKey("cubeproxy_streams_open", L{"route_kind": "http"}):                             0,
+		seriesKey("cubeproxy_streams_ended_total", L{"route_kind": "http", "reason": "error"}):   1,
+		seriesKey("cubeproxy_streams_ended_total", L{"route_kind": "http", "reason": "timeout"}): 1,
 	} {
 		if got[k] != want {
 			t.Errorf("%s = %v, want %v", k, got[k], want)
@@ -229,6 +245,47 @@ func TestAuthReasonsMapToThemselves(t *testing.T) {
 	for _, r := range authReasons {
 		if k := seriesKey("cubeproxy_auth_rejections_total", L{"reason": r}); got[k] != 1 {
 			t.Errorf("%s = %v, want 1", k, got[k])
+		}
+	}
+}
+
+// TestDocListsEveryMetric keeps the list in doc.go (which the README
+// points operators to) in step with what a scrape exposes: every
+// cubeproxy_ family once every method has recorded, and nothing more.
+func TestDocListsEveryMetric(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, name := range regexp.MustCompile(`cubeproxy_[a-z_]+`).FindAllString(string(src), -1) {
+		documented[name] = true
+	}
+	tel := newTestTelemetry(t, Config{})
+	recordAll(tel.Metrics)
+	tel.Metrics.AcceptError()
+	tel.Metrics.SetPoolStats(func() (int64, int64) { return 1, 1 })
+	scraped := map[string]bool{}
+	for _, s := range scrape(t, tel) {
+		if !strings.HasPrefix(s.name, "cubeproxy_") {
+			continue
+		}
+		name := s.name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if strings.HasSuffix(name, "_seconds"+suffix) {
+				name = strings.TrimSuffix(name, suffix)
+			}
+		}
+		scraped[name] = true
+	}
+	for name := range scraped {
+		if !documented[name] {
+			t.Errorf("%s is exposed but not listed in doc.go", name)
+		}
+	}
+	for name := range documented {
+		if !scraped[name] {
+			t.Errorf("doc.go lists %s, which no scrape exposes", name)
 		}
 	}
 }

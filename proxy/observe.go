@@ -120,6 +120,9 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	} else {
 		p.metrics.ResponseDone(status, x.kind, total)
 	}
+	if x.owned {
+		p.metrics.StreamEnded(x.kind, streamEnd(x.errCode, err))
+	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {
 		if x.errCode == CodeClientClosed {
@@ -157,6 +160,35 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	p.cfg.AccessLog.Log(&s.e)
 	s.e = accesslog.Entry{}
 	logScratchPool.Put(s)
+}
+
+// streamEnd is why a stream or tunnel ended, from the error code its
+// exchange ended with (the one its log line and span carry) and err, what
+// it ended on. A stream that failed with no code failed on a write its
+// client did not take within client.write_timeout (clientEnded leaves
+// that one without a code).
+func streamEnd(code string, err error) telemetry.StreamEnd {
+	switch code {
+	case "":
+		switch {
+		case err == nil:
+			return telemetry.StreamComplete
+		case isTimeout(err):
+			return telemetry.StreamTimeout
+		}
+		return telemetry.StreamError
+	case CodeClientClosed:
+		return telemetry.StreamClient
+	case CodeUpstreamReset, CodeUpstreamBadHeader:
+		return telemetry.StreamSandbox
+	case CodeUpstreamTimeout:
+		return telemetry.StreamTimeout
+	case CodeDrainTimeout:
+		return telemetry.StreamDrain
+	case CodeSandboxKilled:
+		return telemetry.StreamKilled
+	}
+	return telemetry.StreamError
 }
 
 // captureEntry copies the log entry of an exchange that outlives its

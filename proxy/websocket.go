@@ -29,6 +29,9 @@ type tunnel struct {
 	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
 
 	drainCut atomic.Bool // closed at the drain deadline: logged as such
+	// idled: neither side sent anything for the idle timeout, which ended
+	// the tunnel (logged as such, as a silent stream's upstream_timeout).
+	idled atomic.Bool
 	// pool is the sandbox connection's pool; killed is set when the
 	// tunnel is closed because pools.kill killed that pool.
 	pool   *upstream
@@ -93,6 +96,7 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 		}
 		last := t.lastRead.Load()
 		if time.Now().UnixNano()-last >= int64(t.idle) {
+			t.idled.Store(true)
 			t.mu.Unlock()
 			return n, err // both sides silent for the idle timeout
 		}
@@ -423,6 +427,14 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 	// not pass for one that ended cleanly, as a cut HTTP stream. It is
 	// known once the sandbox-to-client copy ends, before end can run.
 	reset := false
+	// cause is the timeout on the client's side that ended the tunnel (the
+	// 101, or a later write, not taken within client.write_timeout): no
+	// error code, as for a stream (bodyStream.clientEnded), but the
+	// metrics and the upstream span see it as a stream's.
+	var cause error
+	if headErr != nil && isTimeout(headErr) {
+		cause = headErr
+	}
 	// end finishes the exchange, once: when the tunnel closes, or as
 	// soon as its sandbox ended it and only the client's side lingers
 	// (linger calls it).
@@ -441,8 +453,10 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 			tx.errCode = CodeDrainTimeout
 		case reset:
 			tx.errCode = CodeUpstreamReset
+		case tn.idled.Load():
+			tx.errCode = CodeUpstreamTimeout
 		}
-		release(nil)
+		release(cause)
 	}
 	defer func() {
 		tn.close()
@@ -475,6 +489,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 		// streaming past that is not reading either.
 		if isTimeout(tn.clientErr) {
 			tn.cutClient()
+			cause = tn.clientErr
 		}
 		_, _ = io.CopyN(io.Discard, tunnelReader{tn, tn.backend}, lingerLimit)
 	}

@@ -1,0 +1,223 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// streamEndReasons are the reason label values of
+// cubeproxy_streams_ended_total.
+var streamEndReasons = []string{"complete", "client", "sandbox", "timeout", "drain", "killed", "error"}
+
+// The heads a sandbox sends in TestStreamEndReasonCounted, each with the
+// first bytes of its body (or of the tunnel).
+const (
+	chunkedHead  = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+	sseHead      = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: x\n\n\r\n"
+	downloadHead = "HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n"
+	switchedHead = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\nxx"
+)
+
+// streamEndCtl is what a row of TestStreamEndReasonCounted acts on once
+// its client has the stream's first bytes.
+type streamEndCtl struct {
+	h       *harness
+	client  net.Conn // the client's connection to the proxy
+	sandbox net.Conn // the sandbox's connection from the proxy
+	id      string   // the sandbox id
+}
+
+// resetSandbox resets the sandbox's side, as a crashed server's.
+func resetSandbox(_ *testing.T, c streamEndCtl) {
+	_ = c.sandbox.(*net.TCPConn).SetLinger(0)
+	_ = c.sandbox.Close()
+}
+
+// Every way a streamed response or a WebSocket ends after its head went
+// out moves cubeproxy_streams_ended_total for exactly its reason, and for
+// its route kind: the requests counter has long counted all of them as the
+// 2xx (101) of their head, and only the access log and the spans told a
+// complete stream from one the sandbox, the client, the drain, a kill or
+// the idle timeout ended.
+func TestStreamEndReasonCounted(t *testing.T) {
+	drain := func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond }
+	idle := func(o *harnessOpts) { o.cfg.IdleStreamTimeout = 300 * time.Millisecond }
+	shutdown := func(_ *testing.T, c streamEndCtl) { go c.h.server.Shutdown(context.Background()) }
+	kill := func(t *testing.T, c streamEndCtl) {
+		if st, body := c.h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"`+c.id+`"}`, ""); st != 200 {
+			t.Errorf("meta/delete: %d %s", st, body)
+		}
+	}
+	nothing := func(*testing.T, streamEndCtl) {}
+	finish := func(_ *testing.T, c streamEndCtl) { rawWrite(c.sandbox, "0\r\n\r\n") }
+	hangUp := func(_ *testing.T, c streamEndCtl) { _ = c.client.Close() }
+	cases := []struct {
+		name   string
+		kind   string // route_kind label
+		reason string
+		opts   func(*harnessOpts)
+		head   string                         // what the sandbox sends first
+		act    func(*testing.T, streamEndCtl) // then, once the client has the first bytes
+	}{
+		{name: "chunked complete", kind: "http", reason: "complete", head: chunkedHead,
+			act: finish},
+		{name: "chunked sandbox reset", kind: "http", reason: "sandbox", head: chunkedHead,
+			act: resetSandbox},
+		{name: "download sandbox reset", kind: "http", reason: "sandbox", head: downloadHead + strings.Repeat("x", 100<<10),
+			act: resetSandbox},
+		{name: "chunked client hangs up", kind: "http", reason: "client", head: chunkedHead,
+			act: hangUp},
+		{name: "chunked drain deadline", kind: "http", reason: "drain", opts: drain, head: chunkedHead, act: shutdown},
+		{name: "chunked killed", kind: "http", reason: "killed", head: chunkedHead, act: kill},
+		{name: "chunked idle timeout", kind: "http", reason: "timeout", opts: idle, head: chunkedHead, act: nothing},
+		{name: "sse complete", kind: "sse", reason: "complete", head: sseHead,
+			act: finish},
+		{name: "sse sandbox reset", kind: "sse", reason: "sandbox", head: sseHead, act: resetSandbox},
+		{name: "sse client hangs up", kind: "sse", reason: "client", head: sseHead,
+			act: hangUp},
+		// A GET's event stream ends cleanly at the drain's start, and its
+		// client reconnects elsewhere: no cut, as its log line says.
+		{name: "sse ended by the drain's start", kind: "sse", reason: "complete", opts: drain, head: sseHead, act: shutdown},
+		{name: "websocket sandbox closes", kind: "websocket", reason: "complete", head: switchedHead,
+			act: func(_ *testing.T, c streamEndCtl) { _ = c.sandbox.Close() }},
+		// Close frames pass end to end: a client's close is a tunnel's
+		// normal end.
+		{name: "websocket client closes", kind: "websocket", reason: "complete", head: switchedHead,
+			act: hangUp},
+		{name: "websocket sandbox reset", kind: "websocket", reason: "sandbox", head: switchedHead, act: resetSandbox},
+		{name: "websocket drain deadline", kind: "websocket", reason: "drain", opts: drain, head: switchedHead, act: shutdown},
+		{name: "websocket killed", kind: "websocket", reason: "killed", head: switchedHead, act: kill},
+		{name: "websocket idle timeout", kind: "websocket", reason: "timeout", opts: idle, head: switchedHead, act: nothing},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tel := obsTelemetry(t, nil)
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cfg.Telemetry = tel
+				if tc.opts != nil {
+					tc.opts(o)
+				}
+			})
+			admin := obsMetricsAdmin(t, h, tel)
+			sandbox := make(chan net.Conn, 1)
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, tc.head)
+				sandbox <- c
+				_, _ = io.Copy(io.Discard, c) // until the proxy (or the row) closes it
+				return false
+			})
+			ctl := streamEndCtl{h: h, id: fmt.Sprintf("sbxstreamend%d", i)}
+			host := h.route(ctl.id, b.port)
+			before := scrapeMetrics(t, admin)
+
+			ctl.client = dialRaw(t, h.addr)
+			br := bufio.NewReader(ctl.client)
+			var body io.Reader = br
+			if tc.kind == "websocket" {
+				fmt.Fprintf(ctl.client, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+					"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+				if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+					t.Fatalf("upgrade: %v %v", resp, err)
+				}
+			} else {
+				fmt.Fprintf(ctl.client, "GET /stream HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("stream head: %v %v", resp, err)
+				}
+				body = resp.Body
+			}
+			if _, err := io.ReadFull(body, make([]byte, 2)); err != nil {
+				t.Fatalf("the stream's first bytes: %v", err)
+			}
+			ctl.sandbox = <-sandbox
+			tc.act(t, ctl)
+			_, _ = io.Copy(io.Discard, body) // to the stream's end (at once for a closed client)
+
+			total := func(s []promSample) float64 {
+				v, _ := metricValue(s, "cubeproxy_streams_ended_total", map[string]string{"route_kind": tc.kind})
+				return v
+			}
+			var after []promSample
+			testenv.WaitFor(t, 5*time.Second, "the stream's end counted", func() bool {
+				after = scrapeMetrics(t, admin)
+				return total(after) > total(before)
+			})
+			want := make([]metricDelta, 0, len(streamEndReasons)+1)
+			for _, r := range streamEndReasons {
+				d := 0.0
+				if r == tc.reason {
+					d = 1
+				}
+				want = append(want, metricDelta{"cubeproxy_streams_ended_total", map[string]string{"route_kind": tc.kind, "reason": r}, d})
+			}
+			for _, bad := range checkDeltas(before, after, want) {
+				t.Error(bad)
+			}
+		})
+	}
+}
+
+// streamEnd is the reason the metric gets from an exchange's error code:
+// every code a stream or tunnel can end with maps to its fixed reason.
+func TestStreamEndFromErrorCode(t *testing.T) {
+	timeout := &net.OpError{Op: "write", Err: errTimeoutForTest{}}
+	for _, tc := range []struct {
+		code string
+		err  error
+		want telemetry.StreamEnd
+	}{
+		{"", nil, telemetry.StreamComplete},
+		{"", timeout, telemetry.StreamTimeout}, // a write the client did not take in time
+		{"", io.ErrUnexpectedEOF, telemetry.StreamError},
+		{CodeClientClosed, errClientLeft, telemetry.StreamClient},
+		{CodeUpstreamReset, io.ErrUnexpectedEOF, telemetry.StreamSandbox},
+		{CodeUpstreamBadHeader, errBadChunk, telemetry.StreamSandbox},
+		{CodeUpstreamTimeout, timeout, telemetry.StreamTimeout},
+		{CodeDrainTimeout, nil, telemetry.StreamDrain},
+		{CodeSandboxKilled, nil, telemetry.StreamKilled},
+		{CodeProxyLoop, nil, telemetry.StreamError},
+	} {
+		if got := streamEnd(tc.code, tc.err); got != tc.want {
+			t.Errorf("streamEnd(%q, %v) = %v, want %v", tc.code, tc.err, got, tc.want)
+		}
+	}
+}
+
+// errTimeoutForTest is a net.Error that timed out.
+type errTimeoutForTest struct{}
+
+func (errTimeoutForTest) Error() string   { return "i/o timeout" }
+func (errTimeoutForTest) Timeout() bool   { return true }
+func (errTimeoutForTest) Temporary() bool { return true }
+
+// Counting a stream's end allocates nothing: the reason is a switch over
+// the exchange's code and the series are prebuilt. (Only a stream that
+// failed without a code, a client's write timeout, pays errors.As.)
+func TestStreamEndCountNoAllocs(t *testing.T) {
+	if raceDetectorOn {
+		t.Skip("the race detector changes allocation counts; run without -race")
+	}
+	m := obsTelemetry(t, nil).Metrics
+	codes := []string{CodeClientClosed, CodeUpstreamReset, CodeUpstreamTimeout, CodeDrainTimeout, CodeSandboxKilled}
+	if n := testing.AllocsPerRun(200, func() {
+		for _, c := range codes {
+			m.StreamEnded(telemetry.RouteSSE, streamEnd(c, nil))
+			m.StreamEnded(telemetry.RouteHTTP, streamEnd(c, errClientLeft))
+		}
+		m.StreamEnded(telemetry.RouteWebSocket, streamEnd("", nil)) // complete
+	}); n != 0 {
+		t.Errorf("counting a stream's end: %v allocs, want 0", n)
+	}
+}

@@ -11,6 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
@@ -201,6 +206,114 @@ type errTimeoutForTest struct{}
 func (errTimeoutForTest) Error() string   { return "i/o timeout" }
 func (errTimeoutForTest) Timeout() bool   { return true }
 func (errTimeoutForTest) Temporary() bool { return true }
+
+// A client that leaves before its upgrade's 101 goes out ended the
+// exchange, not the sandbox: as a request whose client hung up before its
+// answer (499), the access log says client_closed_request, neither span is
+// an error, and the tunnel's end counts as the client's. Whether the 101's
+// write fails (the hijack handler ran) or fasthttp closes the connection
+// without handing it over (it could not flush the answer to a request
+// pipelined ahead: abandon), it was logged with no code, and abandon
+// marked the upstream span as failed ("client connection closed before
+// the stream started").
+func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	const upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	for _, tc := range []struct {
+		name, id string
+		ahead    bool // a request pipelined ahead of the upgrade, its answer not yet flushed
+	}{
+		{"the 101's write fails", "gone101write", false},
+		{"pipelined: fasthttp skips the handover", "gone101abandon", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arrived := make(chan struct{}, 1)
+			goAhead := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/small" {
+					return rawWrite(c, okResponse("small"))
+				}
+				arrived <- struct{}{}
+				<-goAhead
+				rawWrite(c, switchedHead)
+				_, _ = io.Copy(io.Discard, c) // until the proxy closes its side
+				return false
+			})
+			id := tc.id
+			host := h.route(id, b.port)
+			// The proxy looks for a client's hang-up only once the upgrade
+			// has waited clientCheck: a loaded machine may let it find this
+			// one first (a 499, no tunnel). Then the case is tried again.
+			for attempt := 1; ; attempt++ {
+				reqID := fmt.Sprintf("%s-%d", id, attempt)
+				before := scrapeMetrics(t, admin)
+				c, err := net.Dial("tcp", h.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ahead string
+				if tc.ahead {
+					ahead = "GET /small HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+				}
+				fmt.Fprintf(c, "%sGET /ws HTTP/1.1\r\nHost: %s\r\n%sX-Cube-Request-Id: %s\r\n\r\n", ahead, host, upgrade, reqID)
+				<-arrived // the upgrade waits on the sandbox
+				_ = c.(*net.TCPConn).SetLinger(0)
+				clientPort := c.LocalAddr().(*net.TCPAddr).Port
+				proxyPort := c.RemoteAddr().(*net.TCPAddr).Port
+				c.Close()
+				testenv.WaitFor(t, 5*time.Second, "the proxy's socket to take the reset", func() bool {
+					return !tcpSocketOpen(t, proxyPort, clientPort)
+				})
+				goAhead <- struct{}{}
+
+				e := logs.waitJSON(t, reqID)
+				if e["status"] == float64(499) && attempt < 3 {
+					t.Logf("attempt %d: the hang-up was found before the 101 came; again", attempt)
+					continue
+				}
+				if e["status"] != float64(101) || e["error_code"] != CodeClientClosed {
+					t.Errorf("access log: status %v error_code %q, want 101 %q", e["status"], e["error_code"], CodeClientClosed)
+				}
+				var server, client tracetest.SpanStub
+				testenv.WaitFor(t, 5*time.Second, "spans of "+reqID, func() bool {
+					for _, s := range exp.GetSpans() {
+						if s.SpanKind != trace.SpanKindServer {
+							continue
+						}
+						for _, a := range s.Attributes {
+							if a.Key == "cube.sandbox.id" && a.Value.AsString() == id {
+								server = s
+							}
+						}
+					}
+					if !server.SpanContext.IsValid() {
+						return false
+					}
+					cs := spanByKind(exp.GetSpans(), server.SpanContext.TraceID(), trace.SpanKindClient)
+					if len(cs) == 1 {
+						client = cs[0]
+					}
+					return len(cs) == 1
+				})
+				if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
+					t.Errorf("server span %v %q, upstream span %v %q: a client that left is no failure",
+						server.Status.Code, server.Status.Description, client.Status.Code, client.Status.Description)
+				}
+				after := scrapeMetrics(t, admin)
+				for _, bad := range checkDeltas(before, after, []metricDelta{
+					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "client"}, 1},
+					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "complete"}, 0},
+				}) {
+					t.Error(bad)
+				}
+				return
+			}
+		})
+	}
+}
 
 // Counting a stream's end allocates nothing: the reason is a switch over
 // the exchange's code and the series are prebuilt. (Only a stream that

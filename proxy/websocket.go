@@ -371,6 +371,11 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	}
 	abandon := func() {
 		_ = raw.Close()
+		// The client left before its 101 could go out (fasthttp closed
+		// the connection instead of handing it over): the client's
+		// choice, logged as a request's hang-up before its answer is,
+		// and no failure of the sandbox (finish).
+		tx.errCode = CodeClientClosed
 		release(errClientGone)
 	}
 	// The connection itself: the tunnel reads, writes and closes it (the
@@ -455,6 +460,9 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 			tx.errCode = CodeUpstreamReset
 		case tn.idled.Load():
 			tx.errCode = CodeUpstreamTimeout
+		case headErr != nil && cause == nil:
+			// The client was gone before its 101 went out: as abandon.
+			tx.errCode = CodeClientClosed
 		}
 		release(cause)
 	}

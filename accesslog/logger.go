@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ const (
 	// appears twice as \ufffd), so a queue bounded by lines alone would
 	// pin gigabytes behind a stalled sink. Typical lines are under 1 KiB.
 	queuedBytesPerLine = 2 << 10
+	// lossCheckEvery is how often the watcher looks for lost lines, and
+	// lossLogEvery how often at most it says that lines are still lost.
+	lossCheckEvery = 500 * time.Millisecond
+	lossLogEvery   = 10 * time.Second
 )
 
 // Config configures New.
@@ -48,6 +53,13 @@ type Config struct {
 	// Output, when set, receives the lines instead of Path (tests, embedding);
 	// Reopen is then a no-op and Close does not close it.
 	Output io.Writer
+	// Log, when set, is told when lines start being lost (a failing write:
+	// a full disk, a pipe whose reader left; or a sink too slow for the
+	// queue) and when they are written again: one line each, and while the
+	// loss lasts one more at most every 10 s. A counter alone (onDrop)
+	// leaves an operator who reads the process log unaware that requests
+	// go unrecorded.
+	Log *slog.Logger
 }
 
 // Logger is an asynchronous access log. Its methods are safe for concurrent use.
@@ -69,6 +81,15 @@ type Logger struct {
 	queued    atomic.Int64
 	maxQueued int64
 
+	// For the loss watcher (Config.Log): flushed counts successful
+	// flushes, flushedAtDrop is flushed when a line was last dropped (a
+	// later flush means lines are written again), writeErr is the last
+	// failed write's error, nil once a flush succeeds again.
+	log           *slog.Logger
+	flushed       atomic.Uint64
+	flushedAtDrop atomic.Uint64
+	writeErr      atomic.Pointer[error]
+
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
 	out      sink
@@ -85,6 +106,7 @@ type line struct{ b []byte }
 // called once per dropped line, from the goroutine calling Log.
 func New(cfg Config, onDrop func()) (*Logger, error) {
 	l := &Logger{
+		log:    cfg.Log,
 		onDrop: onDrop,
 		reopen: make(chan chan error),
 		quit:   make(chan struct{}),
@@ -126,6 +148,9 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 	l.out.w = out
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
+	if l.log != nil {
+		go l.watchLoss()
+	}
 	return l, nil
 }
 
@@ -181,6 +206,9 @@ func (l *Logger) BufferLines() int { return cap(l.lines) }
 func (l *Logger) Dropped() uint64 { return l.dropped.Load() }
 
 func (l *Logger) drop(n int) {
+	if l.log != nil {
+		l.flushedAtDrop.Store(l.flushed.Load())
+	}
 	l.dropped.Add(uint64(n))
 	if l.onDrop != nil {
 		for range n {
@@ -270,14 +298,20 @@ func (l *Logger) write(ln *line) {
 	l.put(ln)
 	l.pending++
 	if err != nil {
-		l.writeFailed()
+		l.writeFailed(err)
 	}
 }
 
 func (l *Logger) flush() error {
 	if err := l.bw.Flush(); err != nil {
-		l.writeFailed()
+		l.writeFailed(err)
 		return fmt.Errorf("write access log: %w", err)
+	}
+	if l.pending > 0 {
+		l.flushed.Add(1)
+		if l.writeErr.Load() != nil {
+			l.writeErr.Store(nil)
+		}
 	}
 	l.pending = 0
 	return nil
@@ -287,13 +321,75 @@ func (l *Logger) flush() error {
 // bufio.Writer, whose errors are otherwise sticky, so the log recovers when
 // the sink does (disk space freed, pipe reader back). When the failed write
 // left part of a line in the sink, the next flush first ends that line, so
-// the next whole line is not glued to the fragment.
-func (l *Logger) writeFailed() {
+// the next whole line is not glued to the fragment. err is kept for the
+// loss watcher, before the drops it is to explain are counted.
+func (l *Logger) writeFailed(err error) {
+	l.writeErr.Store(&err)
 	l.drop(l.pending)
 	l.pending = 0
 	l.bw.Reset(&l.out)
 	if l.out.midLine {
 		_ = l.bw.WriteByte('\n') // cannot fail: the buffer was just emptied
+	}
+}
+
+// watchLoss tells Config.Log when lines start being lost and when they are
+// written again. It runs beside the writer, which a stalled sink blocks
+// (it cannot report its own stall), and off the request path, which must
+// not wait for the process log (often the same stalled pipe).
+func (l *Logger) watchLoss() {
+	t := time.NewTicker(lossCheckEvery)
+	defer t.Stop()
+	var (
+		seen   uint64    // Dropped() at the last check
+		from   uint64    // Dropped() before the loss began
+		since  time.Time // the loss began
+		last   time.Time // last "dropping lines" line
+		losing bool      // lines were lost and none written since
+		logged bool      // this loss was logged: log its end too
+	)
+	dest := l.path
+	if dest == "" {
+		dest = "stdout"
+	}
+	for {
+		select {
+		case <-t.C:
+		case <-l.done:
+			return
+		}
+		select {
+		case <-l.done: // both ready: nothing to say after Close
+			return
+		default:
+		}
+		d := l.dropped.Load()
+		switch {
+		case d > seen:
+			now := time.Now()
+			if !losing {
+				losing, from, since = true, seen, now
+			}
+			if now.Sub(last) < lossLogEvery {
+				break
+			}
+			last, logged = now, true
+			if err := l.writeErr.Load(); err != nil {
+				l.log.Error("access log cannot be written; dropping lines",
+					"path", dest, "err", *err, "dropped", d-from, "dropped_total", d)
+			} else {
+				l.log.Error("access log sink is not keeping up; dropping lines",
+					"path", dest, "buffer_lines", cap(l.lines), "dropped", d-from, "dropped_total", d)
+			}
+		case losing && l.flushed.Load() > l.flushedAtDrop.Load() && l.writeErr.Load() == nil:
+			losing = false
+			if logged {
+				logged = false
+				l.log.Warn("access log written again",
+					"path", dest, "dropped", d-from, "after", time.Since(since).Round(time.Millisecond).String())
+			}
+		}
+		seen = d
 	}
 }
 

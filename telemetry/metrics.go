@@ -94,7 +94,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
-	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled.")
+	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE and chunked), by route kind.")
@@ -352,8 +352,9 @@ func (m *Metrics) AuthRejected(reason string) {
 	m.auth[authReasonIndex(reason)].Add(1)
 }
 
-// AccessLogDropped counts one access log line lost to a stalled sink; it
-// fits accesslog.New's onDrop parameter.
+// AccessLogDropped counts one access log line lost to a stalled or failing
+// sink (a full disk, a broken pipe); it fits accesslog.New's onDrop
+// parameter.
 func (m *Metrics) AccessLogDropped() {
 	if m == nil {
 		return

@@ -223,3 +223,68 @@ func TestAccessLogGoesToServesStdout(t *testing.T) {
 		}
 	}
 }
+
+// An access log that cannot be written (a full disk: /dev/full fails every
+// write with ENOSPC) is said in the process log, once, besides the counter,
+// and so is its end: here the path, a link to /dev/full, is replaced by a
+// file and SIGHUP reopens it (a full disk's space freed, or a log deleted
+// and reopened, end the same way).
+func TestAccessLogLossIsLogged(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer backend.Close()
+	port := backend.Listener.Addr().(*net.TCPAddr).Port
+	dir := t.TempDir()
+	routes := boxRoutes(t, dir, port)
+	logPath := filepath.Join(dir, "access.log")
+	if err := os.Symlink("/dev/full", logPath); err != nil {
+		t.Fatal(err)
+	}
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-path", logPath, "--drain-timeout", "1s"}, noEnv)
+	client := &http.Client{Timeout: 5 * time.Second}
+	get := func() {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d with the access log failing", resp.StatusCode)
+		}
+	}
+	for range 3 {
+		get()
+	}
+	testenv.WaitFor(t, 5*time.Second, "the failing access log in the process log", func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"access log cannot be written; dropping lines"`)
+	})
+	if !strings.Contains(r.logs.String(), "no space left on device") {
+		t.Errorf("the loss line does not name the error\n%s", r.logs)
+	}
+	if n := accessLogDropped(r.a.adminLn.Addr().String()); n < 1 {
+		t.Errorf("cubeproxy_accesslog_dropped_total = %v, want > 0", n)
+	}
+
+	if err := os.Remove(logPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"access log reopened"`)
+	})
+	get()
+	testenv.WaitFor(t, 5*time.Second, "the access log's recovery in the process log", func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"access log written again"`)
+	})
+	if n := strings.Count(r.logs.String(), "access log cannot be written"); n != 1 {
+		t.Errorf("the failing access log logged %d times, want once\n%s", n, r.logs)
+	}
+}

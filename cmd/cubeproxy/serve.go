@@ -240,7 +240,7 @@ func (a *app) openAccessLog(stdout io.Writer) error {
 	if err := checkAccessLogFormat(cfg.Format); err != nil || cfg.Format == "off" {
 		return err
 	}
-	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines}
+	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines, Log: a.log}
 	if acfg.Path == "" || acfg.Path == "-" {
 		acfg.Output = stdout
 	}

@@ -1,0 +1,165 @@
+package accesslog
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// lockedBuffer is a bytes.Buffer safe for the watcher and the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// records returns the process log's lines whose msg contains msg.
+func (b *lockedBuffer) records(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, ln := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		if ln == "" {
+			continue
+		}
+		var r map[string]any
+		if err := json.Unmarshal([]byte(ln), &r); err != nil {
+			t.Fatalf("process log line %q: %v", ln, err)
+		}
+		if m, _ := r["msg"].(string); strings.Contains(m, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// switchWriter fails every Write while fail is set, as a full disk does.
+type switchWriter struct {
+	fail atomic.Bool
+	mu   sync.Mutex
+	buf  bytes.Buffer
+}
+
+func (w *switchWriter) Write(p []byte) (int, error) {
+	if w.fail.Load() {
+		return 0, syscall.ENOSPC
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// Lost lines reach the process log, not only a counter: an operator whose
+// disk filled up, or whose log shipper stopped reading, learns that
+// requests go unrecorded. One line when the loss begins (not one per lost
+// line or per check while it lasts) and one when lines are written again,
+// with how many were lost.
+func TestLossIsLoggedOnceAndItsEnd(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  string // of the line saying lines are lost
+		// start makes the sink lose lines and returns a function that
+		// loses one more, and one that ends the loss.
+		start func(t *testing.T, cfg *Config) (loseOne func(*Logger), end func())
+	}{
+		{
+			name: "write fails",
+			msg:  "access log cannot be written",
+			start: func(t *testing.T, cfg *Config) (func(*Logger), func()) {
+				w := &switchWriter{}
+				w.fail.Store(true)
+				cfg.Output = w
+				return func(l *Logger) {
+					n := l.Dropped()
+					l.Log(&Entry{Time: testTime})
+					testenv.WaitFor(t, 5*time.Second, "the failed write counted", func() bool { return l.Dropped() > n })
+				}, func() { w.fail.Store(false) }
+			},
+		},
+		{
+			name: "sink stalled",
+			msg:  "access log sink is not keeping up",
+			start: func(t *testing.T, cfg *Config) (func(*Logger), func()) {
+				w := &stallWriter{entered: make(chan struct{}), release: make(chan struct{})}
+				cfg.Output, cfg.BufferLines = w, 1
+				stuck := false
+				return func(l *Logger) {
+						if !stuck { // the writer holds one line, the queue another
+							stuck = true
+							l.Log(&Entry{Time: testTime})
+							<-w.entered
+							l.Log(&Entry{Time: testTime})
+						}
+						n := l.Dropped()
+						l.Log(&Entry{Time: testTime})
+						if l.Dropped() != n+1 {
+							t.Fatalf("a line to a full queue was not dropped")
+						}
+					}, func() {
+						select {
+						case <-w.release:
+							return // ended already
+						default:
+						}
+						close(w.release)
+						// Written: the line the writer held and the queued one.
+						testenv.WaitFor(t, 5*time.Second, "the stalled lines written", func() bool {
+							w.mu.Lock()
+							defer w.mu.Unlock()
+							return bytes.Count(w.buf.Bytes(), []byte("\n")) == 2
+						})
+					}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var plog lockedBuffer
+			cfg := Config{Format: FormatJSON, Log: slog.New(slog.NewJSONHandler(&plog, nil))}
+			loseOne, end := tt.start(t, &cfg)
+			l, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Cleanups run last first: a failing test ends the loss, so
+			// that Close does not wait for a stalled writer forever.
+			t.Cleanup(func() { l.Close() })
+			t.Cleanup(end)
+
+			loseOne(l)
+			testenv.WaitFor(t, 5*time.Second, "the loss in the process log", func() bool {
+				return len(plog.records(t, tt.msg)) > 0
+			})
+			// Lost after the watcher reported the first: counted in the
+			// end's line, not logged again.
+			loseOne(l)
+			end()
+			l.Log(&Entry{Time: testTime})
+			testenv.WaitFor(t, 5*time.Second, "the loss's end in the process log", func() bool {
+				return len(plog.records(t, "access log written again")) > 0
+			})
+			if got := plog.records(t, tt.msg); len(got) != 1 {
+				t.Errorf("loss logged %d times, want once: %v", len(got), got)
+			} else if got[0]["level"] != "ERROR" || got[0]["dropped"] != float64(1) {
+				t.Errorf("loss line %v, want level ERROR and dropped 1", got[0])
+			}
+			if got := plog.records(t, "access log written again"); len(got) != 1 || got[0]["dropped"] != float64(2) {
+				t.Errorf("end of the loss logged as %v, want once with dropped 2", got)
+			}
+		})
+	}
+}

@@ -154,8 +154,19 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 	return l, nil
 }
 
+// openLog opens path to append to. A FIFO (a log shipper's named pipe) is
+// opened for reading too, which never waits: opened write-only, open(2)
+// waits for a reader, and a proxy started before its shipper hung before
+// it listened, deaf to SIGTERM. Holding a read end (never read) also spares
+// a restarting reader's absence from breaking the pipe, which failed every
+// write until the next SIGHUP: lines wait in the pipe's buffer for the next
+// reader, and once that is full the writer stalls and Log drops lines.
 func openLog(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	flag := os.O_WRONLY | os.O_APPEND | os.O_CREATE
+	if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open access log: %w", err)
 	}

@@ -1,0 +1,72 @@
+//go:build unix
+
+package accesslog
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A FIFO (a log shipper's named pipe) whose reader is not there yet, or
+// left: New must not wait for one (open(2) of a FIFO for writing does,
+// which hung a proxy started before its shipper, before it listened), and
+// a reader that comes back gets the lines, where a write-only end would
+// fail every write with EPIPE until the next reopen.
+func TestFIFOWithoutReader(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Unblocks an open that waits for a reader, so a failing test ends.
+	t.Cleanup(func() {
+		if r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			r.Close()
+		}
+	})
+	opened := make(chan *Logger, 1)
+	go func() {
+		l, err := New(Config{Format: FormatCube, Path: fifo}, nil)
+		if err != nil {
+			t.Errorf("New: %v", err)
+		}
+		opened <- l
+	}()
+	var l *Logger
+	select {
+	case l = <-opened:
+	case <-time.After(5 * time.Second):
+		t.Fatal("New waits for a reader of the FIFO")
+	}
+	if l == nil {
+		return
+	}
+	defer l.Close()
+
+	for _, id := range []string{"first", "second"} {
+		l.Log(&Entry{Time: testTime, RequestID: id})
+		// The reader comes after the line was written (or after the last
+		// reader left): the line waits in the pipe for it.
+		r, err := os.Open(fifo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.SetReadDeadline(time.Now().Add(5 * time.Second))
+		ln, err := bufio.NewReader(r).ReadString('\n')
+		r.Close()
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal(err)
+		}
+		if f := strings.Split(ln, "||"); len(f) != 22 || f[19] != id {
+			t.Fatalf("reader got %q, want the %s line", ln, id)
+		}
+	}
+	if l.Dropped() != 0 {
+		t.Errorf("%d lines dropped", l.Dropped())
+	}
+}

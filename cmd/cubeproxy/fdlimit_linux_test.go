@@ -169,6 +169,94 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	sigtermAndWait(t, cmd, exited, logs)
 }
 
+// The other way out of descriptor exhaustion: the operator raises the
+// limit of the running process (prlimit) while every client that used up
+// the old one stays connected. The listener's retry picks the new limit
+// up by itself, within its 1 s back-off, and the proxy serves new clients
+// with no restart.
+func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
+	bin := buildBinary(t)
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+	routes := boxRoutes(t, t.TempDir(), port)
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "off", "--drain-timeout", "1s")
+	pid := cmd.Process.Pid
+	proxyAddr, adminAddr := waitListening(t, logs, exited)
+
+	var lim syscall.Rlimit
+	getNoFile(t, pid, &lim)
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatalf("no /proc: %v", err)
+	}
+	// The soft limit only: raising it back needs no privilege.
+	setNoFileSoft(t, pid, uint64(len(fds)+2), lim.Max)
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range 10 {
+		c, err := net.Dial("tcp", proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
+		return strings.Contains(logs.String(), "cannot accept connections")
+	})
+
+	setNoFileSoft(t, pid, lim.Cur, lim.Max)
+	client := &http.Client{Timeout: 5 * time.Second}
+	req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+	req.Host = fmt.Sprintf("%d-box.cube.test", port)
+	resp, err := client.Do(req) // waits in the backlog until the next retry
+	if err != nil {
+		t.Fatalf("after the limit was raised: %v\n%s", err, logs.String())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the limit was raised: status %d, want 200\n%s", resp.StatusCode, logs.String())
+	}
+	testenv.WaitFor(t, 5*time.Second, `"accepting connections again" in the logs`, func() bool {
+		return strings.Contains(logs.String(), "accepting connections again")
+	})
+	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
+		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
+	}
+	sigtermAndWait(t, cmd, exited, logs)
+}
+
+// getNoFile reads another process's RLIMIT_NOFILE (prlimit(2)).
+func getNoFile(t *testing.T, pid int, lim *syscall.Rlimit) {
+	t.Helper()
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), syscall.RLIMIT_NOFILE,
+		0, uintptr(unsafe.Pointer(lim)), 0, 0); e != 0 {
+		t.Fatalf("prlimit: %v", e)
+	}
+}
+
+// setNoFileSoft sets another process's RLIMIT_NOFILE to cur, keeping max.
+func setNoFileSoft(t *testing.T, pid int, cur, max uint64) {
+	t.Helper()
+	lim := syscall.Rlimit{Cur: cur, Max: max}
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), syscall.RLIMIT_NOFILE,
+		uintptr(unsafe.Pointer(&lim)), 0, 0, 0); e != 0 {
+		t.Fatalf("prlimit: %v", e)
+	}
+}
+
 // setNoFile lowers another process's RLIMIT_NOFILE (prlimit(2)).
 func setNoFile(t *testing.T, pid int, n uint64) {
 	t.Helper()

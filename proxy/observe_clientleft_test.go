@@ -75,24 +75,7 @@ func TestClientLeftMidBodyIsLoggedAsTheClients(t *testing.T) {
 					entry["status"], entry["error_code"], entry["upstream_status"], CodeClientClosed)
 			}
 
-			var server, client tracetest.SpanStub
-			testenv.WaitFor(t, 5*time.Second, "spans of "+reqID, func() bool {
-				for _, s := range exp.GetSpans() {
-					for _, a := range s.Attributes {
-						if a.Key == "cube.sandbox.id" && a.Value.AsString() == id && s.SpanKind == trace.SpanKindServer {
-							server = s
-						}
-					}
-				}
-				if !server.SpanContext.IsValid() {
-					return false
-				}
-				c := spanByKind(exp.GetSpans(), server.SpanContext.TraceID(), trace.SpanKindClient)
-				if len(c) == 1 {
-					client = c[0]
-				}
-				return len(c) == 1
-			})
+			server, client := waitSandboxSpans(t, exp, id)
 			if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
 				t.Errorf("server span status %v %q, client span status %v %q: a client's hang-up is no error",
 					server.Status.Code, server.Status.Description, client.Status.Code, client.Status.Description)

@@ -80,6 +80,33 @@ func waitSpans(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID) 
 	return spanByKind(spans, id, trace.SpanKindServer)[0], spanByKind(spans, id, trace.SpanKindClient)[0]
 }
 
+// waitSandboxSpans waits for the server span of a request to sandbox id
+// (the exporter holds only one) and its one client span, and returns them.
+func waitSandboxSpans(t *testing.T, exp *tracetest.InMemoryExporter, id string) (server, client tracetest.SpanStub) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, "spans of sandbox "+id, func() bool {
+		for _, s := range exp.GetSpans() {
+			if s.SpanKind != trace.SpanKindServer {
+				continue
+			}
+			for _, a := range s.Attributes {
+				if a.Key == "cube.sandbox.id" && a.Value.AsString() == id {
+					server = s
+				}
+			}
+		}
+		if !server.SpanContext.IsValid() {
+			return false
+		}
+		cs := spanByKind(exp.GetSpans(), server.SpanContext.TraceID(), trace.SpanKindClient)
+		if len(cs) == 1 {
+			client = cs[0]
+		}
+		return len(cs) == 1
+	})
+	return server, client
+}
+
 // checkAttrs compares span attributes (rendered with Value.String) with want.
 func checkAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[attribute.Key]string) {
 	t.Helper()

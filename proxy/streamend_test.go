@@ -13,7 +13,6 @@ import (
 
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
@@ -277,27 +276,7 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 				if e["status"] != float64(101) || e["error_code"] != CodeClientClosed {
 					t.Errorf("access log: status %v error_code %q, want 101 %q", e["status"], e["error_code"], CodeClientClosed)
 				}
-				var server, client tracetest.SpanStub
-				testenv.WaitFor(t, 5*time.Second, "spans of "+reqID, func() bool {
-					for _, s := range exp.GetSpans() {
-						if s.SpanKind != trace.SpanKindServer {
-							continue
-						}
-						for _, a := range s.Attributes {
-							if a.Key == "cube.sandbox.id" && a.Value.AsString() == id {
-								server = s
-							}
-						}
-					}
-					if !server.SpanContext.IsValid() {
-						return false
-					}
-					cs := spanByKind(exp.GetSpans(), server.SpanContext.TraceID(), trace.SpanKindClient)
-					if len(cs) == 1 {
-						client = cs[0]
-					}
-					return len(cs) == 1
-				})
+				server, client := waitSandboxSpans(t, exp, id)
 				if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
 					t.Errorf("server span %v %q, upstream span %v %q: a client that left is no failure",
 						server.Status.Code, server.Status.Description, client.Status.Code, client.Status.Description)

@@ -40,6 +40,13 @@ type ServerConfig struct {
 	// (default 30 s). GET SSE streams end at once, cleanly, so clients
 	// reconnect to another instance.
 	DrainTimeout time.Duration
+	// SharedPorts says the listeners were opened with SO_REUSEPORT, so
+	// another process may serve the same ports (a takeover). The drain
+	// then closes the admin listener at its start, with the traffic ones:
+	// left open, it would answer half the health checks on the shared
+	// port with 503 (draining) while the other process serves the node,
+	// and half the scrapes with the old process's counters.
+	SharedPorts bool
 }
 
 // WithDefaults returns c with every unset field at the default NewServer
@@ -368,6 +375,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.redirect.ShutdownWithContext(ctx)
 	}()
 	s.p.streams.endSSE()
+	// With shared ports the node stays ready: what answers its admin port
+	// from now on is the other process.
+	var adminClosed chan struct{}
+	if s.adminSrv != nil && s.cfg.SharedPorts {
+		adminClosed = make(chan struct{})
+		actx, acancel := context.WithCancel(context.Background())
+		defer acancel() // an admin request still open at the end is cut
+		go func() {
+			defer close(adminClosed)
+			_ = s.adminSrv.ShutdownWithContext(actx)
+		}()
+	}
 
 	var err error
 	select {
@@ -418,8 +437,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-time.After(time.Second):
 	}
 	// The admin API answers through the drain (/readyz says 503, healthz
-	// says draining), so it closes last.
-	if s.adminSrv != nil {
+	// says draining), so it closes last; with shared ports it closed at
+	// the start, and its last requests get the same second.
+	if adminClosed != nil {
+		select {
+		case <-adminClosed:
+		case <-time.After(time.Second):
+		}
+	} else if s.adminSrv != nil {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.adminSrv.ShutdownWithContext(actx)
 		acancel()

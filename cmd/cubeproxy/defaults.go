@@ -42,6 +42,7 @@ func serverConfig(cfg *config.Config) proxy.ServerConfig {
 		ClientIdleTimeout:    cfg.Client.IdleTimeout,
 		MaxRequestHeaderSize: cfg.Client.MaxHeaderSize,
 		DrainTimeout:         cfg.DrainTimeout,
+		SharedPorts:          cfg.ReusePort,
 	}
 }
 

@@ -8,8 +8,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Ports are shared only when both processes ask for it: a proxy started
@@ -110,4 +113,102 @@ func instanceAt(t *testing.T, client *http.Client, addr string) string {
 		t.Fatalf("healthz: %v", err)
 	}
 	return h.InstanceID
+}
+
+// While the old proxy drains, the shared admin port answers for the node,
+// which the new proxy keeps serving: every health check must reach the
+// new one and say ready. The old one's admin listener, left open through
+// its drain, answered about half of them 503 (draining), enough for a load
+// balancer to take the node out in the middle of a seamless takeover.
+func TestReusePortReadinessDuringDrain(t *testing.T) {
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	defer releaseAll()
+	held := make(chan struct{}, 1)
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held <- struct{}{}
+		<-release
+		io.WriteString(w, "released")
+	})}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bln)
+	defer backend.Close()
+	port := bln.Addr().(*net.TCPAddr).Port
+	routes := boxRoutes(t, t.TempDir(), port)
+
+	args := func(httpAddr, adminAddr, instance string) []string {
+		a := reuseArgs(true, httpAddr, adminAddr, routes, instance)
+		return append(a, "--drain-timeout", "30s") // the held request keeps the old one draining
+	}
+	old := runServe(t, args("127.0.0.1:0", "127.0.0.1:0", "old"), noEnv)
+	httpAddr, adminAddr := old.a.httpLn.Addr().String(), old.a.adminLn.Addr().String()
+
+	// A request on the old proxy (the only one yet) that holds its drain open.
+	answered := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+httpAddr+"/", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	<-held
+	runServe(t, args(httpAddr, adminAddr, "new"), noEnv)
+	go old.stop()
+	testenv.WaitFor(t, 10*time.Second, "the drain to begin", func() bool {
+		return strings.Contains(old.logs.String(), "shutting down: draining")
+	})
+
+	// Each probe is a new connection, which the kernel hands to either
+	// listener still open on the port: 40 in a row from the new proxy
+	// cannot be chance. A probe reset as the old listener closes (its
+	// accept queue, without net.ipv4.tcp_migrate_req) starts the count over.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	var last string
+	inARow := 0
+	testenv.WaitFor(t, 10*time.Second, "40 ready answers in a row from the new proxy", func() bool {
+		id, status, err := readyAt(client, adminAddr)
+		if err != nil || id != "new" || status != http.StatusOK {
+			inARow, last = 0, fmt.Sprintf("%q %d %v", id, status, err)
+			return false
+		}
+		inARow++
+		return inARow >= 40
+	})
+	select {
+	case err := <-answered:
+		t.Fatalf("the held request ended (%v) before the check: the old proxy was no longer draining; last miss %s", err, last)
+	default:
+	}
+	releaseAll()
+	if err := <-answered; err != nil {
+		t.Errorf("the request held through the drain: %v", err)
+	}
+}
+
+// readyAt asks /readyz and then /admin/healthz behind addr, each on its own
+// connection; id is the instance that answered the second.
+func readyAt(client *http.Client, addr string) (id string, status int, err error) {
+	resp, err := client.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return "", 0, err
+	}
+	resp.Body.Close()
+	status = resp.StatusCode
+	resp, err = client.Get("http://" + addr + "/admin/healthz")
+	if err != nil {
+		return "", status, err
+	}
+	defer resp.Body.Close()
+	var h struct {
+		InstanceID string `json:"instance_id"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&h)
+	return h.InstanceID, status, err
 }

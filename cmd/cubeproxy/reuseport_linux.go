@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -24,4 +27,30 @@ func reusePort(_, _ string, c syscall.RawConn) error {
 		return fmt.Errorf("setsockopt SO_REUSEPORT: %w", serr)
 	}
 	return nil
+}
+
+// warnTakeover logs what a takeover of this process's ports will reset.
+func warnTakeover(log *slog.Logger) {
+	if w := takeoverWarning(os.ReadFile(migrateReqPath)); w != "" {
+		log.Warn(w)
+	}
+}
+
+// migrateReqPath is the sysctl that lets the kernel move connections
+// queued on a closing SO_REUSEPORT listener to another one of its group.
+const migrateReqPath = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+// takeoverWarning says what a takeover will reset, given the sysctl's
+// content as read (or the error reading it), or "" when nothing. Without
+// it, connections still in this process's accept queue when its drain
+// closes the listeners are reset: an operator who set reuse_port to
+// refuse no connection should hear that at start, not from clients.
+func takeoverWarning(content []byte, err error) string {
+	switch {
+	case err != nil:
+		return "reuse_port: this kernel cannot move queued connections to the next process (no net.ipv4.tcp_migrate_req, Linux 5.14+): the few still queued when this process stops will be reset"
+	case strings.TrimSpace(string(content)) == "0":
+		return "reuse_port: net.ipv4.tcp_migrate_req is 0: connections still queued when this process stops will be reset; set it to 1 in this network namespace to hand them to the next process"
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -211,4 +212,38 @@ func readyAt(client *http.Client, addr string) (id string, status int, err error
 	}
 	err = json.NewDecoder(resp.Body).Decode(&h)
 	return h.InstanceID, status, err
+}
+
+// What the kernel will do with queued connections at a takeover is said at
+// start, from net.ipv4.tcp_migrate_req.
+func TestTakeoverWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		content string
+		err     error
+		want    string // in the warning; "" = none
+	}{
+		{"moved", "1\n", nil, ""},
+		{"reset", "0\n", nil, "tcp_migrate_req is 0"},
+		{"old kernel", "", os.ErrNotExist, "Linux 5.14+"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := takeoverWarning([]byte(tc.content), tc.err)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Fatalf("warning %q, want one containing %q", got, tc.want)
+			}
+		})
+	}
+	// serve logs it with reuse_port, from this machine's sysctl, and not
+	// without reuse_port.
+	want := takeoverWarning(os.ReadFile(migrateReqPath))
+	routes := boxRoutes(t, t.TempDir(), 9)
+	for _, reuse := range []bool{true, false} {
+		r := runServe(t, reuseArgs(reuse, "127.0.0.1:0", "127.0.0.1:0", routes, "warned"), noEnv)
+		r.stop()
+		logged := strings.Contains(r.logs.String(), "tcp_migrate_req")
+		if wantLogged := reuse && want != ""; logged != wantLogged {
+			t.Errorf("reuse_port %v: warning logged %v, want %v (sysctl warning %q)\n%s", reuse, logged, wantLogged, want, r.logs)
+		}
+	}
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"syscall"
 )
 
@@ -14,3 +15,6 @@ const reusePortSupported = false
 func reusePort(_, _ string, _ syscall.RawConn) error {
 	return errors.New("reuse_port is supported on Linux only")
 }
+
+// warnTakeover is never called: checkListeners refuses reuse_port here.
+func warnTakeover(*slog.Logger) {}

@@ -220,6 +220,9 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if err := a.listen(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.ReusePort {
+		warnTakeover(log)
+	}
 	if a.redis != nil {
 		// After listen: the entry names the admin listener's address.
 		a.registry, err = a.redis.StartRegistry(redisstore.Instance{

@@ -170,6 +170,7 @@ func (s *bodyStream) copyEvents() error {
 				s.beatSent()
 				continue
 			case err != nil && s.stopping.Load():
+				s.x.drained = true
 				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere
 			case err != nil:
 				s.cut(err)

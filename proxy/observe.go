@@ -53,6 +53,10 @@ type exchange struct {
 
 	stream bool // an unknown-length body or a tunnel: counted as an open stream
 	owned  bool // a bodyStream or tunnel finishes it
+	// drained: the drain ended this GET event stream cleanly, at its
+	// start, so that its client reconnects elsewhere (no error code: the
+	// client sees a normal end; the streams-ended metric says drain).
+	drained bool
 
 	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
 
@@ -121,7 +125,11 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 		p.metrics.ResponseDone(status, x.kind, total)
 	}
 	if x.owned {
-		p.metrics.StreamEnded(x.kind, streamEnd(x.errCode, err))
+		why := streamEnd(x.errCode, err)
+		if x.drained && why == telemetry.StreamComplete {
+			why = telemetry.StreamDrain
+		}
+		p.metrics.StreamEnded(x.kind, why)
 	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {

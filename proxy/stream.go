@@ -149,6 +149,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	if err != nil && err != io.EOF && s.stopping.Load() {
 		// Drain interrupted the upstream read: end the stream cleanly so an
 		// SSE client reconnects (with Last-Event-ID) to another instance.
+		s.x.drained = true
 		return n, io.EOF
 	}
 	if err != nil && err != io.EOF {

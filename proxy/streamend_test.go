@@ -92,7 +92,7 @@ func TestStreamEndReasonCounted(t *testing.T) {
 			act: hangUp},
 		// A GET's event stream ends cleanly at the drain's start, and its
 		// client reconnects elsewhere: no cut, as its log line says.
-		{name: "sse ended by the drain's start", kind: "sse", reason: "complete", opts: drain, head: sseHead, act: shutdown},
+		{name: "sse ended by the drain's start", kind: "sse", reason: "drain", opts: drain, head: sseHead, act: shutdown},
 		{name: "websocket sandbox closes", kind: "websocket", reason: "complete", head: switchedHead,
 			act: func(_ *testing.T, c streamEndCtl) { _ = c.sandbox.Close() }},
 		// Close frames pass end to end: a client's close is a tunnel's

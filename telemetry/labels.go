@@ -140,7 +140,7 @@ const (
 	StreamClient                    // the client hung up before the body's end
 	StreamSandbox                   // the sandbox reset its side or broke its framing
 	StreamTimeout                   // the idle timeout, or a client that did not take a write in time
-	StreamDrain                     // the drain deadline cut it
+	StreamDrain                     // the drain: its deadline cut it, or it ended a GET event stream at its start
 	StreamKilled                    // the sandbox was killed (admin meta/delete)
 	StreamError                     // anything else
 	numStreamEnds

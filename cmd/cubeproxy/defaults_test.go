@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"os"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -10,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
+	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -131,4 +136,113 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The shipped configs/cubeproxy.yaml, which the README says documents the
+// common keys with their defaults, runs the proxy exactly as no file does:
+// a default changed in code (or a value changed in the file) would leave
+// operators copying a number the proxy no longer uses. tls.source is the
+// one key it sets on purpose: unset picks files when files are given, and
+// the file spells out the source it then gets.
+func TestShippedConfigIsTheDefaults(t *testing.T) {
+	cfg, err := config.Load([]string{"--config", "../../configs/cubeproxy.yaml"}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := flatYAML(t, effective(cfg, noEnv))
+	none := flatYAML(t, shownDefaults())
+	for k, want := range none {
+		if got := file[k]; got != want && k != "tls.source" {
+			t.Errorf("configs/cubeproxy.yaml: %s is %q, the default is %q", k, got, want)
+		}
+	}
+}
+
+// readmeRow is a row of the README's settings table: its key, then its
+// default.
+var readmeRow = regexp.MustCompile("^\\| `([a-z_.]+)`[^|]*\\| ([^|]+) \\|")
+
+// Each default the README's settings table gives is the one serve -h
+// shows (and TestShownDefaultsAreTheRunningProxys ties those to the
+// running proxy): the table is what operators read first.
+func TestReadmeTableDefaultsAreServes(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := serveHelp(t)
+	// The table's words for "nothing set", which -h shows as no default.
+	unset := map[string]bool{"empty": true, "any": true, "none": true, "false": true, "0 (off)": true}
+	_, section, _ := strings.Cut(string(raw), "\n## Configuration\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	rows := 0
+	for _, line := range strings.Split(section, "\n") {
+		m := readmeRow.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		key, doc := m[1], strings.Trim(m[2], "` ")
+		shown, ok := help[strings.NewReplacer(".", "-", "_", "-").Replace(key)]
+		if !ok {
+			t.Errorf("README table: %s is no setting", key)
+			continue
+		}
+		rows++
+		if s, err := strconv.Unquote(shown); err == nil {
+			shown = s
+		}
+		want := doc
+		switch {
+		case unset[doc]:
+			want = ""
+		case strings.HasSuffix(doc, " MiB"):
+			n, err := strconv.Atoi(strings.TrimSuffix(doc, " MiB"))
+			if err != nil {
+				t.Fatalf("README %s: default %q", key, doc)
+			}
+			want = strconv.Itoa(n << 20)
+		}
+		if shown != want {
+			t.Errorf("README table: %s default %q, serve -h shows %q", key, doc, shown)
+		}
+	}
+	if rows < 15 {
+		t.Fatalf("found %d rows of the README's settings table", rows)
+	}
+}
+
+// flatYAML is every setting of c as check prints it, by dotted path
+// (lists joined with commas).
+func flatYAML(t *testing.T, c *config.Config) map[string]string {
+	t.Helper()
+	raw, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n yaml.Node
+	if err := yaml.Unmarshal(raw, &n); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			walk(n.Content[0], path)
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				walk(n.Content[i+1], strings.TrimPrefix(path+"."+n.Content[i].Value, "."))
+			}
+		case yaml.SequenceNode:
+			var vals []string
+			for _, e := range n.Content {
+				vals = append(vals, e.Value)
+			}
+			out[path] = strings.Join(vals, ",")
+		default:
+			out[path] = n.Value
+		}
+	}
+	walk(&n, "")
+	return out
 }

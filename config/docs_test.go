@@ -102,6 +102,9 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"sandbox", "port", "ttl", "ulimit", "from"} { // token sign's flags; docker's
 		flags[f] = true
 	}
+	for _, f := range []string{"pid", "nofile"} { // prlimit's, in the README's descriptor-limit recovery
+		flags[f] = true
+	}
 	for _, f := range []string{"quick", "out", "keep"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}

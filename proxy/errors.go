@@ -46,6 +46,12 @@ const (
 	// left before its end. telemetry.ErrorCodeClientClosed is the same
 	// string: spans do not count it as an error.
 	CodeClientClosed = "client_closed_request"
+	// CodeClientWriteTimeout marks (log and span; the status stays) a
+	// streamed answer or tunnel cut because its client took none of a
+	// write within client.write_timeout: it stopped reading. Like a
+	// hang-up, the client's side, so no span counts it as an error
+	// (telemetry.ErrorCodeClientWriteTimeout is the same string).
+	CodeClientWriteTimeout = "client_write_timeout"
 	// CodeProxyLoop: the route names one of the proxy's own listeners, so
 	// the request would come back to the proxy (a route data error).
 	CodeProxyLoop = "proxy_loop"

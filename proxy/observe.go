@@ -133,9 +133,9 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {
-		if x.errCode == CodeClientClosed {
-			// The client hung up and the proxy closed the sandbox's side:
-			// the upstream exchange did not fail.
+		if x.errCode == CodeClientClosed || x.errCode == CodeClientWriteTimeout {
+			// The client hung up or stopped reading, and the proxy closed
+			// the sandbox's side: the upstream exchange did not fail.
 			err = nil
 		}
 		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
@@ -172,24 +172,19 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 
 // streamEnd is why a stream or tunnel ended, from the error code its
 // exchange ended with (the one its log line and span carry) and err, what
-// it ended on. A stream that failed with no code failed on a write its
-// client did not take within client.write_timeout (clientEnded leaves
-// that one without a code).
+// it ended on.
 func streamEnd(code string, err error) telemetry.StreamEnd {
 	switch code {
 	case "":
-		switch {
-		case err == nil:
+		if err == nil {
 			return telemetry.StreamComplete
-		case isTimeout(err):
-			return telemetry.StreamTimeout
 		}
 		return telemetry.StreamError
 	case CodeClientClosed:
 		return telemetry.StreamClient
 	case CodeUpstreamReset, CodeUpstreamBadHeader:
 		return telemetry.StreamSandbox
-	case CodeUpstreamTimeout:
+	case CodeUpstreamTimeout, CodeClientWriteTimeout:
 		return telemetry.StreamTimeout
 	case CodeDrainTimeout:
 		return telemetry.StreamDrain

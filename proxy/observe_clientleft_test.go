@@ -128,3 +128,78 @@ func TestClientLeftMidBodyIsLoggedAsTheClients(t *testing.T) {
 		t.Errorf("complete stream logged %v %q, want 200 without a code", e["status"], e["error_code"])
 	}
 }
+
+// A client that stops reading a streamed answer or a tunnel is cut at
+// client.write_timeout, and that is logged as client_write_timeout with the
+// status that went out: without a code the cut download passed for a
+// complete one. It is the client's side, as a hang-up is: neither span is
+// an error, and the streams-ended metric says timeout.
+func TestStalledClientIsLoggedAsWriteTimeout(t *testing.T) {
+	if CodeClientWriteTimeout != telemetry.ErrorCodeClientWriteTimeout {
+		t.Fatalf("CodeClientWriteTimeout %q and telemetry.ErrorCodeClientWriteTimeout %q differ",
+			CodeClientWriteTimeout, telemetry.ErrorCodeClientWriteTimeout)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	h, logs := logHarness(t, "json", func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.IdleStreamTimeout = time.Hour
+		o.srv.ClientWriteTimeout = 300 * time.Millisecond
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+	chunk := strings.Repeat("x", 32<<10)
+	framed := fmt.Sprintf("%x\r\n%s\r\n", len(chunk), chunk)
+	for i, tc := range []struct {
+		name, kind string
+		status     float64
+		head       string // the sandbox's head
+		flood      string // what it then writes until the proxy closes it
+		upgrade    bool
+	}{
+		{"chunked", "http", 200, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", framed, false},
+		{"event stream", "sse", 200, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+			fmt.Sprintf("%x\r\ndata: %s\n\n\r\n", len(chunk)+8, chunk), false},
+		{"websocket", "websocket", 101, switchedHead, chunk, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				for ok := rawWrite(c, tc.head); ok; ok = rawWrite(c, tc.flood) {
+				}
+				return false
+			})
+			id := fmt.Sprintf("sbxstalled%d", i)
+			host := h.route(id, b.port)
+			reqID := "stalled-" + id
+			before := scrapeMetrics(t, admin)
+
+			c := dialRaw(t, h.addr)
+			upgrade := ""
+			if tc.upgrade {
+				upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+			}
+			fmt.Fprintf(c, "GET /f HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\n%s\r\n", host, reqID, upgrade)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || float64(resp.StatusCode) != tc.status {
+				t.Fatalf("head: %v %v", resp, err)
+			}
+			// And nothing more is read: the proxy's writes fill the
+			// socket buffers, and the next one times out.
+			e := logs.waitJSON(t, reqID)
+			if e["status"] != tc.status || e["error_code"] != CodeClientWriteTimeout {
+				t.Errorf("access log: status %v error_code %q, want %v %q", e["status"], e["error_code"], tc.status, CodeClientWriteTimeout)
+			}
+			server, client := waitSandboxSpans(t, exp, id)
+			if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
+				t.Errorf("server span %v %q, upstream span %v %q: a client that stopped reading is no failure",
+					server.Status.Code, server.Status.Description, client.Status.Code, client.Status.Description)
+			}
+			checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{"cube.error.code": CodeClientWriteTimeout})
+			timeouts := map[string]string{"route_kind": tc.kind, "reason": "timeout"}
+			was, _ := metricValue(before, "cubeproxy_streams_ended_total", timeouts)
+			testenv.WaitFor(t, 5*time.Second, "the stream's end counted as a timeout", func() bool {
+				now, _ := metricValue(scrapeMetrics(t, admin), "cubeproxy_streams_ended_total", timeouts)
+				return now > was
+			})
+		})
+	}
+}

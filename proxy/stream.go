@@ -186,9 +186,8 @@ func (s *bodyStream) cut(err error) {
 // without a code failed writing to its client, or was ended for its
 // client's hang-up. The status went out with the head and stays; the code
 // keeps a download the client aborted from passing for a complete one in
-// the log, and says that the client ended it, not the sandbox. A write the
-// client did not take in time (client.write_timeout) is left without a
-// code: the client did not close anything.
+// the log, and says that the client ended it, not the sandbox, or that it
+// stopped reading (a write it did not take within client.write_timeout).
 func (s *bodyStream) clientEnded(err error) {
 	switch {
 	case s.clientLeft.Load() || errors.Is(err, errClientLeft):
@@ -197,7 +196,9 @@ func (s *bodyStream) clientEnded(err error) {
 		s.x.errCode = CodeSandboxKilled // the kill closed the client's side too
 	case s.conn.interrupted.Load():
 		s.x.errCode = CodeDrainTimeout // abort closed the client's side
-	case !isTimeout(err):
+	case isTimeout(err):
+		s.x.errCode = CodeClientWriteTimeout
+	default:
 		s.x.errCode = CodeClientClosed // a reset or a broken pipe
 	}
 }

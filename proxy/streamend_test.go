@@ -183,8 +183,8 @@ func TestStreamEndFromErrorCode(t *testing.T) {
 		want telemetry.StreamEnd
 	}{
 		{"", nil, telemetry.StreamComplete},
-		{"", timeout, telemetry.StreamTimeout}, // a write the client did not take in time
 		{"", io.ErrUnexpectedEOF, telemetry.StreamError},
+		{CodeClientWriteTimeout, timeout, telemetry.StreamTimeout}, // a write the client did not take in time
 		{CodeClientClosed, errClientLeft, telemetry.StreamClient},
 		{CodeUpstreamReset, io.ErrUnexpectedEOF, telemetry.StreamSandbox},
 		{CodeUpstreamBadHeader, errBadChunk, telemetry.StreamSandbox},
@@ -295,14 +295,13 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 }
 
 // Counting a stream's end allocates nothing: the reason is a switch over
-// the exchange's code and the series are prebuilt. (Only a stream that
-// failed without a code, a client's write timeout, pays errors.As.)
+// the exchange's code and the series are prebuilt.
 func TestStreamEndCountNoAllocs(t *testing.T) {
 	if raceDetectorOn {
 		t.Skip("the race detector changes allocation counts; run without -race")
 	}
 	m := obsTelemetry(t, nil).Metrics
-	codes := []string{CodeClientClosed, CodeUpstreamReset, CodeUpstreamTimeout, CodeDrainTimeout, CodeSandboxKilled}
+	codes := []string{CodeClientClosed, CodeClientWriteTimeout, CodeUpstreamReset, CodeUpstreamTimeout, CodeDrainTimeout, CodeSandboxKilled}
 	if n := testing.AllocsPerRun(200, func() {
 		for _, c := range codes {
 			m.StreamEnded(telemetry.RouteSSE, streamEnd(c, nil))

@@ -433,9 +433,8 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 	// known once the sandbox-to-client copy ends, before end can run.
 	reset := false
 	// cause is the timeout on the client's side that ended the tunnel (the
-	// 101, or a later write, not taken within client.write_timeout): no
-	// error code, as for a stream (bodyStream.clientEnded), but the
-	// metrics and the upstream span see it as a stream's.
+	// 101, or a later write, not taken within client.write_timeout),
+	// logged as a stream's (bodyStream.clientEnded).
 	var cause error
 	if headErr != nil && isTimeout(headErr) {
 		cause = headErr
@@ -460,7 +459,9 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 			tx.errCode = CodeUpstreamReset
 		case tn.idled.Load():
 			tx.errCode = CodeUpstreamTimeout
-		case headErr != nil && cause == nil:
+		case cause != nil:
+			tx.errCode = CodeClientWriteTimeout
+		case headErr != nil:
 			// The client was gone before its 101 went out: as abandon.
 			tx.errCode = CodeClientClosed
 		}

@@ -152,6 +152,10 @@ type SpanResult struct {
 // sandbox, so it marks no span as an error.
 const ErrorCodeClientClosed = "client_closed_request"
 
+// ErrorCodeClientWriteTimeout is the proxy's error code for a streamed
+// answer its client stopped reading: the client's side too, no error.
+const ErrorCodeClientWriteTimeout = "client_write_timeout"
+
 // EndServerSpan sets r's attributes on a recording span and ends it. On a
 // non-recording span it only calls End, so it allocates nothing.
 func EndServerSpan(span trace.Span, r *SpanResult) {
@@ -180,8 +184,9 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 		// its head went out (semantic conventions): the sandbox reset a
 		// stream, the proxy cut it. An error code on a forwarded response
 		// says that; on the proxy's own answer its status says it all. A
-		// client that hung up mid-body failed nothing.
-		if r.Status >= 500 || (r.ErrorCode != "" && r.ErrorCode != ErrorCodeClientClosed && r.Kind != RouteError) {
+		// client that hung up mid-body, or stopped reading, failed nothing.
+		clientSide := r.ErrorCode == ErrorCodeClientClosed || r.ErrorCode == ErrorCodeClientWriteTimeout
+		if r.Status >= 500 || (r.ErrorCode != "" && !clientSide && r.Kind != RouteError) {
 			errType := r.ErrorCode
 			if errType == "" {
 				errType = strconv.Itoa(r.Status) // the sandbox's own 5xx

@@ -86,6 +86,7 @@ type Logger struct {
 	// later flush means lines are written again), writeErr is the last
 	// failed write's error, nil once a flush succeeds again.
 	log           *slog.Logger
+	watched       chan struct{} // closed when the watcher has returned; nil without Config.Log
 	flushed       atomic.Uint64
 	flushedAtDrop atomic.Uint64
 	writeErr      atomic.Pointer[error]
@@ -149,7 +150,11 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
 	if l.log != nil {
-		go l.watchLoss()
+		l.watched = make(chan struct{})
+		go func() {
+			defer close(l.watched)
+			l.watchLoss()
+		}()
 	}
 	return l, nil
 }
@@ -252,7 +257,8 @@ func (l *Logger) Reopen() error {
 }
 
 // Close writes every queued line, flushes and closes the file, and reports
-// a failure of that final flush or close. Later Log calls are discarded.
+// a failure of that final flush or close; the loss watcher (Config.Log)
+// has returned too. Later Log calls are discarded.
 // Close is idempotent.
 func (l *Logger) Close() error {
 	l.once.Do(func() {
@@ -260,6 +266,11 @@ func (l *Logger) Close() error {
 		close(l.quit)
 	})
 	<-l.done
+	if l.watched != nil {
+		// The watcher returns once done is closed: nothing of the logger
+		// runs, nor logs, after Close.
+		<-l.watched
+	}
 	return l.closeErr
 }
 

@@ -3,7 +3,9 @@ package accesslog
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,5 +163,25 @@ func TestLossIsLoggedOnceAndItsEnd(t *testing.T) {
 				t.Errorf("end of the loss logged as %v, want once with dropped 2", got)
 			}
 		})
+	}
+}
+
+// The loss watcher is gone when Close returns: Close is the end of the
+// logger, after which nothing of it runs (a line in the process log after
+// "stopped", or a goroutine an embedding program's leak check finds).
+// Before, the watcher noticed Close on its own time, after Close returned.
+func TestLossWatcherEndsWithClose(t *testing.T) {
+	for i := range 20 {
+		l, err := New(Config{Format: FormatJSON, Output: io.Discard, Log: slog.New(slog.DiscardHandler)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1<<20)
+		if stacks := buf[:runtime.Stack(buf, true)]; bytes.Contains(stacks, []byte("accesslog.(*Logger).watchLoss")) {
+			t.Fatalf("logger %d: the loss watcher still runs after Close returned:\n%s", i, stacks)
+		}
 	}
 }

@@ -21,10 +21,36 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// The machine's own non-loopback IPv6 address (on eth0 in CI): a dual-stack
-// listener takes it as a local address like any other. Tests that need it
-// skip where it is not configured.
-const localIPv6 = "fd00::2"
+// localIPv6 is one of the machine's own non-loopback IPv6 addresses (a
+// global or unique-local one; a link-local one would need a zone): a
+// dual-stack listener takes it as a local address like any other. It is
+// found rather than named, since machines differ; "" where there is none,
+// and the cases through it are then left out, saying so.
+var localIPv6 = func() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if ok && n.IP.To4() == nil && n.IP.IsGlobalUnicast() && hasLocalAddr(n.IP.String()) {
+			return n.IP.String()
+		}
+	}
+	return ""
+}()
+
+// withLocalIPv6 returns rows, plus more when the machine has a non-loopback
+// IPv6 address (more builds them from it); without one it says what is
+// left out.
+func withLocalIPv6[T any](t *testing.T, rows []T, more func(ip string) []T) []T {
+	t.Helper()
+	if localIPv6 == "" {
+		t.Log("this machine has no non-loopback IPv6 address: the cases through one are left out")
+		return rows
+	}
+	return append(rows, more(localIPv6)...)
+}
 
 // hasLocalAddr reports whether ip is one of this machine's addresses.
 func hasLocalAddr(ip string) bool {
@@ -52,21 +78,19 @@ func portOf(t *testing.T, addr string) string {
 // nginx writes $remote_addr (no brackets, no port), IPv4 ones as IPv4,
 // mapped or not, never "::ffff:127.0.0.1".
 func TestIPv6ClientAddress(t *testing.T) {
-	for _, tc := range []struct {
+	type row struct {
 		listen, client string // client: the address dialed
 		want           string // X-Real-IP, remote_addr and server_addr
-	}{
+	}
+	rows := withLocalIPv6(t, []row{
 		{"[::1]", "[::1]", "::1"},
 		{"[::]", "[::1]", "::1"},
 		{"[::]", "127.0.0.1", "127.0.0.1"},
 		{"[::]", "[::ffff:127.0.0.1]", "127.0.0.1"},
-		{"[::]", "[" + localIPv6 + "]", localIPv6},
 		{"127.0.0.1", "[::ffff:127.0.0.1]", "127.0.0.1"},
-	} {
+	}, func(ip string) []row { return []row{{"[::]", "[" + ip + "]", ip}} })
+	for _, tc := range rows {
 		t.Run(tc.listen+" from "+tc.client, func(t *testing.T) {
-			if strings.Contains(tc.client, localIPv6) && !hasLocalAddr(localIPv6) {
-				t.Skip(localIPv6 + " is not an address of this machine")
-			}
 			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.listen = tc.listen })
 			port := backend(t, "[::1]", echoHeaders())
 			h.put("six", map[string]string{"HostIP": "::1", "CreatedAt": "1", "80": itoa(port)})
@@ -258,22 +282,26 @@ func TestIPv6SandboxTargets(t *testing.T) {
 // route to another server on the same port of another address family, or
 // of another loopback address, is not a loop and is served.
 func TestIPv6RouteToOwnListener(t *testing.T) {
-	haveLocal := hasLocalAddr(localIPv6)
-	for _, tc := range []struct {
+	type row struct {
 		listen string
 		loops  []string // HostIPs that reach the proxy itself
 		other  string   // a listener of another server on the proxy's port, and the HostIP that reaches it
-	}{
-		{"[::]", []string{"::1", "127.0.0.1", "::ffff:127.0.0.1", "127.0.0.2", "::ffff:127.0.0.2", localIPv6}, ""},
-		{"0.0.0.0", []string{"::1", "127.0.0.1", "::ffff:127.0.0.1", localIPv6}, ""}, // Go listens dual-stack
+	}
+	rows := withLocalIPv6(t, []row{
+		{"[::]", []string{"::1", "127.0.0.1", "::ffff:127.0.0.1", "127.0.0.2", "::ffff:127.0.0.2"}, ""},
+		{"0.0.0.0", []string{"::1", "127.0.0.1", "::ffff:127.0.0.1"}, ""}, // Go listens dual-stack
 		{"[::1]", []string{"::1"}, "127.0.0.1"},
 		{"127.0.0.1", []string{"127.0.0.1", "::ffff:127.0.0.1"}, "::1"},
-		{"[" + localIPv6 + "]", []string{localIPv6}, "::1"},
-	} {
-		t.Run(tc.listen, func(t *testing.T) {
-			if strings.Contains(tc.listen, localIPv6) && !haveLocal {
-				t.Skip(localIPv6 + " is not an address of this machine")
-			}
+	}, func(ip string) []row {
+		return []row{
+			// The machine's own address reaches a wildcard listener too.
+			{"[::]", []string{ip}, ""},
+			{"0.0.0.0", []string{ip}, ""},
+			{"[" + ip + "]", []string{ip}, "::1"},
+		}
+	})
+	for _, tc := range rows {
+		t.Run(tc.listen+" via "+strings.Join(tc.loops, ","), func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) { o.listen = tc.listen })
 			port := portOf(t, h.addr)
 			try := func(hostIP string) (int, string) {
@@ -283,9 +311,6 @@ func TestIPv6RouteToOwnListener(t *testing.T) {
 				return status, body
 			}
 			for _, ip := range tc.loops {
-				if ip == localIPv6 && !haveLocal {
-					continue
-				}
 				if status, body := try(ip); status != 508 || !strings.Contains(body, CodeProxyLoop) {
 					t.Errorf("HostIP %s, the proxy's own port: %d %s, want 508 %s", ip, status, body, CodeProxyLoop)
 				}
@@ -314,19 +339,17 @@ func TestIPv6RouteToOwnListener(t *testing.T) {
 func TestIPv6AdminLoopback(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.listen = "[::]" })
 	port := portOf(t, h.admin)
-	for _, tc := range []struct {
+	type row struct {
 		client string
 		status int
-	}{
+	}
+	rows := withLocalIPv6(t, []row{
 		{"[::1]", 200},
 		{"127.0.0.1", 200},
 		{"[::ffff:127.0.0.1]", 200},
-		{"[" + localIPv6 + "]", 403},
-	} {
+	}, func(ip string) []row { return []row{{"[" + ip + "]", 403}} })
+	for _, tc := range rows {
 		t.Run(tc.client, func(t *testing.T) {
-			if strings.Contains(tc.client, localIPv6) && !hasLocalAddr(localIPv6) {
-				t.Skip(localIPv6 + " is not an address of this machine")
-			}
 			// Host is an IP literal, as admin tools send it.
 			resp, err := http.Get("http://" + tc.client + ":" + port + "/admin/routes")
 			if err != nil {

@@ -48,14 +48,7 @@ func cubeLines(t *testing.T, path string) []string {
 // the signal, the next request's line lands in a new file at the
 // configured path and the renamed file keeps the old lines.
 func TestAccessLogReopenOnSIGHUP(t *testing.T) {
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 
 	dir := t.TempDir()
 	routes := boxRoutes(t, dir, port)

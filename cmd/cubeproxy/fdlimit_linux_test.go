@@ -176,16 +176,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 // with no restart.
 func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
 	bin := buildBinary(t)
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok")
-	})}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
 	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
 		"--access-log-format", "off", "--drain-timeout", "1s")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,6 +178,20 @@ func sigtermAndWait(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.S
 
 // boxRoutes writes a routes file in dir with one sandbox, "box", whose
 // port is served on 127.0.0.1:port, and returns its path.
+// sandboxServer serves h on a loopback port, as a sandbox's server, until
+// the test ends (after the proxies it started stop), and returns the port.
+func sandboxServer(t *testing.T, h http.HandlerFunc) int {
+	t.Helper()
+	srv := &http.Server{Handler: h}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 func boxRoutes(t *testing.T, dir string, port int) string {
 	t.Helper()
 	routes := filepath.Join(dir, "routes.yaml")

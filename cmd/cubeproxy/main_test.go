@@ -99,11 +99,7 @@ func TestServeRefusesBadSettings(t *testing.T) {
 // serve runs the whole program in-process: a request goes through, and
 // cancelling the context (what SIGTERM does) drains and returns nil.
 func TestServeInProcess(t *testing.T) {
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hi from sandbox") })}
-	bln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go backend.Serve(bln)
-	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hi from sandbox") }))
 
 	routes := boxRoutes(t, t.TempDir(), port)
 
@@ -127,16 +123,12 @@ func TestServeInProcess(t *testing.T) {
 // and the process exits 0 within the drain time.
 func TestBinarySIGTERM(t *testing.T) {
 	bin := buildBinary(t)
-	sse := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: one\n\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
-	})}
-	bln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go sse.Serve(bln)
-	defer sse.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	}))
 	routes := boxRoutes(t, t.TempDir(), port)
 	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes, "--drain-timeout", "3s")
 	proxyAddr, _ := waitListening(t, logs, exited)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -50,14 +49,7 @@ func TestReusePortNeedsBothSides(t *testing.T) {
 // traffic and admin ports; once the old one has drained, the new one
 // answers every new connection.
 func TestReusePortTakeover(t *testing.T) {
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hi from sandbox") })}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hi from sandbox") }))
 	routes := boxRoutes(t, t.TempDir(), port)
 
 	old := runServe(t, reuseArgs(true, "127.0.0.1:0", "127.0.0.1:0", routes, "old"), noEnv)
@@ -127,18 +119,11 @@ func TestReusePortReadinessDuringDrain(t *testing.T) {
 	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
 	defer releaseAll()
 	held := make(chan struct{}, 1)
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		held <- struct{}{}
 		<-release
 		io.WriteString(w, "released")
-	})}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	defer backend.Close()
-	port := bln.Addr().(*net.TCPAddr).Port
+	}))
 	routes := boxRoutes(t, t.TempDir(), port)
 
 	args := func(httpAddr, adminAddr, instance string) []string {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -162,17 +161,10 @@ func TestTokenSignErrors(t *testing.T) {
 func TestSignedTokenThroughServe(t *testing.T) {
 	type seen struct{ uri, cookie string }
 	got := make(chan seen, 16)
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got <- seen{r.URL.RequestURI(), r.Header.Get("Cookie")}
 		io.WriteString(w, "hi from sandbox")
-	})}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go backend.Serve(bln)
-	t.Cleanup(func() { backend.Close() })
-	port := bln.Addr().(*net.TCPAddr).Port
+	}))
 
 	newKey, oldKey := tokenHex(t, 32), tokenHex(t, 32)
 	adminTok, traffic := "adm-"+tokenHex(t, 16), tokenHex(t, 32)

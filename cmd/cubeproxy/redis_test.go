@@ -698,15 +698,18 @@ func TestRedisRegistry(t *testing.T) {
 			if inst.ProxyID != id || inst.NodeIP != "127.0.0.9" || inst.Version == "" || time.Since(inst.StartedAt) > time.Minute {
 				t.Errorf("registry entry %+v", inst)
 			}
-			// admin_url is where this instance's admin API really listens.
-			resp, err := http.Get(inst.AdminURL + "/readyz")
-			if err != nil {
-				t.Fatalf("admin_url %q: %v", inst.AdminURL, err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				t.Errorf("GET %s/readyz: %d", inst.AdminURL, resp.StatusCode)
-			}
+			// admin_url is where this instance's admin API really listens:
+			// it answers there, ready once its first store read came back
+			// (the entry is written right after the listeners open, which
+			// can be before that read).
+			testenv.WaitFor(t, 10*time.Second, "GET "+inst.AdminURL+"/readyz 200", func() bool {
+				resp, err := http.Get(inst.AdminURL + "/readyz")
+				if err != nil {
+					t.Fatalf("admin_url %q: %v", inst.AdminURL, err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode == 200
+			})
 			first, err := r.Client().ZScore(ctx, zset, id).Result()
 			if err != nil {
 				t.Fatalf("zscore %s %s: %v", zset, id, err)

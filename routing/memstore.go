@@ -28,10 +28,15 @@ type MemoryStore struct {
 	seq    uint64 // bumped on every change, so writes can be ordered
 
 	// persistMu serialises file writes (done outside mu); written is the
-	// seq of the newest snapshot on disk, so an older snapshot never
-	// overwrites a newer one.
+	// seq of the newest snapshot on disk. Every write takes the table as
+	// it is when the write starts, so the changes that queued behind one
+	// write share the next: at 100k routes a rewrite costs seconds, and a
+	// write per change would queue a burst of admin calls for minutes.
 	persistMu sync.Mutex
 	written   uint64
+	// beforeWrite, when set (tests), runs under persistMu before a
+	// snapshot of change seq is encoded.
+	beforeWrite func(seq uint64)
 }
 
 // NewMemoryStore returns an empty store that does not persist.
@@ -106,9 +111,13 @@ func (s *MemoryStore) Put(r *Route) error {
 	}
 	s.mu.Lock()
 	s.routes[nr.ID] = nr
-	snap := s.snapshotLocked()
+	s.seq++
+	seq, persisting := s.seq, s.path != ""
 	s.mu.Unlock()
-	return s.persist(snap)
+	if !persisting {
+		return nil
+	}
+	return s.persist(seq)
 }
 
 // Delete removes the route for id and reports whether it existed. A failed
@@ -127,9 +136,13 @@ func (s *MemoryStore) Remove(id string) (bool, error) {
 		return false, nil
 	}
 	delete(s.routes, id)
-	snap := s.snapshotLocked()
+	s.seq++
+	seq, persisting := s.seq, s.path != ""
 	s.mu.Unlock()
-	return true, s.persist(snap)
+	if !persisting {
+		return true, nil
+	}
+	return true, s.persist(seq)
 }
 
 // snapshot is the table as it was after change seq, to be written to path.
@@ -139,10 +152,12 @@ type snapshot struct {
 	routes []*Route
 }
 
-// snapshotLocked records a change; it copies the table only when persisting.
-// Routes are immutable, so copying the pointers is enough.
-func (s *MemoryStore) snapshotLocked() snapshot {
-	s.seq++
+// snapshot copies the table as it is now, or returns a zero snapshot when
+// not persisting. Routes are immutable, so copying the pointers is enough;
+// the read lock leaves lookups running while it copies (≈1 ms at 100k).
+func (s *MemoryStore) snapshot() snapshot {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.path == "" {
 		return snapshot{}
 	}
@@ -166,14 +181,22 @@ func CheckPersistPath(path string) error {
 	return nil
 }
 
-func (s *MemoryStore) persist(snap snapshot) error {
+// persist returns once change seq is on disk (or not persisting): written
+// by this call, or by one that started after the change was made. A
+// failed write is reported to its caller only; the changes that waited
+// for it try again each.
+func (s *MemoryStore) persist(seq uint64) error {
+	s.persistMu.Lock()
+	defer s.persistMu.Unlock()
+	if seq <= s.written {
+		return nil // a snapshot taken after the change is already on disk
+	}
+	snap := s.snapshot()
 	if snap.path == "" {
 		return nil
 	}
-	s.persistMu.Lock()
-	defer s.persistMu.Unlock()
-	if snap.seq <= s.written {
-		return nil // a newer snapshot is already on disk
+	if s.beforeWrite != nil {
+		s.beforeWrite(snap.seq)
 	}
 	slices.SortFunc(snap.routes, func(a, b *Route) int { return strings.Compare(a.ID, b.ID) })
 	data, err := encodeRoutes(snap.routes)

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cube-sandbox/cubeproxy/internal/yamldoc"
 	"go.yaml.in/yaml/v3"
@@ -340,57 +342,134 @@ func decodeFields(n *yaml.Node) (map[string]string, error) {
 	return fields, nil
 }
 
-// fieldOrder is the order fields are written in; ports follow, ascending.
-var fieldOrder = [...]string{FieldHostIP, FieldSandboxIP, FieldCreatedAt, FieldAllowPublicTraffic, FieldTrafficAccessToken, FieldMaskRequestHost}
-
 const routesHeader = "Routing table of the embedded store. CubeProxy rewrites this file on\n" +
 	"admin API changes; values are the Redis hash fields, as strings."
 
-// encodeRoutes renders routes (sorted by id) in the routes.yaml format,
-// every value double-quoted.
+// encodeRoutes renders routes (sorted by id) in the routes.yaml format:
+// fields in the order of Fields' names (HostIP, SandboxIP, CreatedAt,
+// AllowPublicTraffic, TrafficAccessToken, MaskRequestHost), then ports
+// ascending, every value double-quoted. It writes the text itself rather
+// than through yaml.Node and the yaml encoder: every admin change with
+// persist_routes rewrites the whole table, and at 100k routes the encoder
+// took 9 s and 3.5 GB of allocations (a 2.4 GB heap) for a 29 MB file.
 func encodeRoutes(routes []*Route) ([]byte, error) {
-	str := func(s string, style yaml.Style) *yaml.Node {
-		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: style}
+	// ≈ 290 bytes per route with a token and three ports.
+	buf := make([]byte, 0, 256+320*len(routes))
+	for line := range strings.SplitSeq(routesHeader, "\n") {
+		buf = append(buf, "# "...)
+		buf = append(buf, line...)
+		buf = append(buf, '\n')
 	}
-	keyStyle := func(s string) yaml.Style {
-		if allDigits([]byte(s)) {
-			return yaml.DoubleQuotedStyle
-		}
-		return 0
+	if len(routes) == 0 {
+		return append(buf, "routes: {}\n"...), nil
 	}
-	table := &yaml.Node{Kind: yaml.MappingNode}
+	buf = append(buf, "routes:\n"...)
+	var ports []int
+	var err error
 	for _, r := range routes {
-		fields := r.Fields()
-		m := &yaml.Node{Kind: yaml.MappingNode}
-		for _, name := range fieldOrder {
-			if v, ok := fields[name]; ok {
-				m.Content = append(m.Content, str(name, 0), str(v, yaml.DoubleQuotedStyle))
-			}
+		buf = append(buf, "  "...)
+		if buf, err = appendYAMLKey(buf, r.ID); err != nil {
+			return nil, fmt.Errorf("sandbox id %q: %w", r.ID, err)
 		}
-		ports := make([]int, 0, len(r.Ports))
+		buf = append(buf, ':')
+		mark := len(buf)
+		field := func(name, v string) {
+			if err != nil {
+				return
+			}
+			buf = append(buf, "\n    "...)
+			buf = append(buf, name...)
+			buf = append(buf, ": "...)
+			buf, err = appendYAMLQuoted(buf, v)
+		}
+		if r.HostIP.IsValid() {
+			field(FieldHostIP, r.HostIP.String())
+		}
+		if r.SandboxIP.IsValid() {
+			field(FieldSandboxIP, r.SandboxIP.String())
+		}
+		if r.CreatedAt != 0 {
+			field(FieldCreatedAt, strconv.FormatInt(r.CreatedAt, 10))
+		}
+		if !r.Public {
+			field(FieldAllowPublicTraffic, "false")
+		}
+		if r.TrafficToken != "" {
+			field(FieldTrafficAccessToken, r.TrafficToken)
+		}
+		if r.MaskRequestHost != "" {
+			field(FieldMaskRequestHost, r.MaskRequestHost)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %q: %w", r.ID, err)
+		}
+		ports = ports[:0]
 		for c := range r.Ports {
 			ports = append(ports, int(c))
 		}
 		slices.Sort(ports)
 		for _, c := range ports {
-			k := strconv.Itoa(c)
-			m.Content = append(m.Content, str(k, yaml.DoubleQuotedStyle), str(fields[k], yaml.DoubleQuotedStyle))
+			buf = append(buf, "\n    \""...)
+			buf = strconv.AppendInt(buf, int64(c), 10)
+			buf = append(buf, "\": \""...)
+			buf = strconv.AppendInt(buf, int64(r.Ports[uint16(c)]), 10)
+			buf = append(buf, '"')
 		}
-		table.Content = append(table.Content, str(r.ID, keyStyle(r.ID)), m)
+		if len(buf) == mark {
+			buf = append(buf, " {}"...) // no field at all
+		}
+		buf = append(buf, '\n')
 	}
-	if len(routes) == 0 {
-		table.Style = yaml.FlowStyle // "routes: {}"
+	return buf, nil
+}
+
+// yamlReserved are the plain scalars a YAML 1.1 or 1.2 reader takes for a
+// boolean or null; an id spelled so is quoted.
+var yamlReserved = [...]string{"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+
+// appendYAMLKey appends a sandbox id as a mapping key: plain when it
+// starts with a letter and is made of [a-z0-9_-] only (never a number,
+// boolean or null to any YAML reader), double-quoted otherwise.
+func appendYAMLKey(buf []byte, id string) ([]byte, error) {
+	plain := id != "" && id[0] >= 'a' && id[0] <= 'z' && !slices.Contains(yamlReserved[:], id)
+	for i := 0; plain && i < len(id); i++ {
+		c := id[i]
+		plain = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 	}
-	root := &yaml.Node{Kind: yaml.MappingNode, HeadComment: routesHeader,
-		Content: []*yaml.Node{str("routes", 0), table}}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(root); err != nil {
-		return nil, err
+	if plain {
+		return append(buf, id...), nil
 	}
-	if err := enc.Close(); err != nil {
-		return nil, err
+	return appendYAMLQuoted(buf, id)
+}
+
+// appendYAMLQuoted appends s as a YAML double-quoted scalar: '"' and '\\'
+// escaped, and every rune that is not printable (controls, line and
+// paragraph separators, a byte-order mark) written as an escape, so the
+// value reads back byte for byte. Text that is not UTF-8 cannot be.
+func appendYAMLQuoted(buf []byte, s string) ([]byte, error) {
+	if !utf8.ValidString(s) {
+		return buf, errors.New("value is not valid UTF-8")
 	}
-	return buf.Bytes(), nil
+	const hex = "0123456789abcdef"
+	buf = append(buf, '"')
+	for _, c := range s {
+		switch {
+		case c == '"' || c == '\\':
+			buf = append(buf, '\\', byte(c))
+		case c >= ' ' && c < utf8.RuneSelf && c != 0x7f:
+			buf = append(buf, byte(c))
+		case c >= utf8.RuneSelf && unicode.IsPrint(c):
+			buf = utf8.AppendRune(buf, c)
+		case c <= 0xff:
+			buf = append(buf, '\\', 'x', hex[c>>4], hex[c&0xf])
+		case c <= 0xffff:
+			buf = append(buf, '\\', 'u', hex[c>>12], hex[c>>8&0xf], hex[c>>4&0xf], hex[c&0xf])
+		default:
+			buf = append(buf, '\\', 'U')
+			for shift := 28; shift >= 0; shift -= 4 {
+				buf = append(buf, hex[c>>shift&0xf])
+			}
+		}
+	}
+	return append(buf, '"'), nil
 }

@@ -342,6 +342,9 @@ func decodeFields(n *yaml.Node) (map[string]string, error) {
 	return fields, nil
 }
 
+// fieldOrder is the order fields are written in; ports follow, ascending.
+var fieldOrder = [...]string{FieldHostIP, FieldSandboxIP, FieldCreatedAt, FieldAllowPublicTraffic, FieldTrafficAccessToken, FieldMaskRequestHost}
+
 const routesHeader = "Routing table of the embedded store. CubeProxy rewrites this file on\n" +
 	"admin API changes; values are the Redis hash fields, as strings."
 
@@ -373,35 +376,25 @@ func encodeRoutes(routes []*Route) ([]byte, error) {
 		}
 		buf = append(buf, ':')
 		mark := len(buf)
-		field := func(name, v string) {
-			if err != nil {
-				return
+		// Fields is the one mapping of a route to its fields, shared with
+		// Redis and the admin API: a field added there is written here.
+		fields := r.Fields()
+		named := 0
+		for _, name := range fieldOrder {
+			v, ok := fields[name]
+			if !ok {
+				continue
 			}
+			named++
 			buf = append(buf, "\n    "...)
 			buf = append(buf, name...)
 			buf = append(buf, ": "...)
-			buf, err = appendYAMLQuoted(buf, v)
+			if buf, err = appendYAMLQuoted(buf, v); err != nil {
+				return nil, fmt.Errorf("sandbox %q: %w", r.ID, err)
+			}
 		}
-		if r.HostIP.IsValid() {
-			field(FieldHostIP, r.HostIP.String())
-		}
-		if r.SandboxIP.IsValid() {
-			field(FieldSandboxIP, r.SandboxIP.String())
-		}
-		if r.CreatedAt != 0 {
-			field(FieldCreatedAt, strconv.FormatInt(r.CreatedAt, 10))
-		}
-		if !r.Public {
-			field(FieldAllowPublicTraffic, "false")
-		}
-		if r.TrafficToken != "" {
-			field(FieldTrafficAccessToken, r.TrafficToken)
-		}
-		if r.MaskRequestHost != "" {
-			field(FieldMaskRequestHost, r.MaskRequestHost)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %q: %w", r.ID, err)
+		if named+len(r.Ports) != len(fields) {
+			return nil, fmt.Errorf("sandbox %q: a route field missing from fieldOrder would not be written", r.ID)
 		}
 		ports = ports[:0]
 		for c := range r.Ports {

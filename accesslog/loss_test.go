@@ -16,25 +16,14 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
-// lockedBuffer is a bytes.Buffer safe for the watcher and the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+// lockedBuffer is the process log the watcher writes and the test reads.
+type lockedBuffer struct{ testenv.LogBuffer }
 
 // records returns the process log's lines whose msg contains msg.
 func (b *lockedBuffer) records(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	for _, ln := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, ln := range strings.Split(strings.TrimSpace(b.String()), "\n") {
 		if ln == "" {
 			continue
 		}

@@ -1,38 +1,19 @@
 package certs_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestSelfSignedIsDefaultAndCoversDomain(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	m, err := certs.New(context.Background(), certs.Config{
 		Domain: "cube.test", // Source "" means self_signed
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),

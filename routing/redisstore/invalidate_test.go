@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -188,24 +187,6 @@ func TestReconnectDropsCache(t *testing.T) {
 	}
 }
 
-// logLines is a slog destination tests can read while the logger writes.
-type logLines struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestSubscribeDeniedIsLogged: an ACL user without access to the
 // invalidation channel (Redis 7 gives new users none by default) reads
 // routes fine but never subscribes; that must not go unnoticed, since
@@ -216,7 +197,7 @@ func TestSubscribeDeniedIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "reader", Password: "pw", CommandTimeout: 100 * time.Millisecond})
-	var logs logLines
+	var logs testenv.LogBuffer
 	sub := s.Subscribe(context.Background(), make(recorder, 16), slog.New(slog.NewJSONHandler(&logs, nil)))
 	t.Cleanup(func() { _ = sub.Close() })
 	testenv.WaitFor(t, 5*time.Second, "an error log saying invalidations are not received", func() bool {

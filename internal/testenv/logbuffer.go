@@ -1,0 +1,27 @@
+package testenv
+
+import (
+	"bytes"
+	"sync"
+)
+
+// LogBuffer collects a log written from many goroutines (a process log,
+// an access log) for a test to read while the writers go on.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -199,22 +199,16 @@ func TestAdminChangesAreLogged(t *testing.T) {
 		if st, body := h.adminDo(tc.method, tc.path, tc.body, ""); st != 200 {
 			t.Fatalf("%s %s: %d %s", tc.method, tc.path, st, body)
 		}
-		logs.mu.Lock()
-		got := logs.b.String()
-		logs.mu.Unlock()
+		got := logs.String()
 		if !strings.Contains(got, tc.want) || !strings.Contains(got, "remote_addr=127.0.0.1") {
 			t.Errorf("%s %s: log lacks %s with the caller's address:\n%s", tc.method, tc.path, tc.want, got)
 		}
 	}
-	logs.mu.Lock()
-	before := logs.b.Len()
-	logs.mu.Unlock()
+	before := len(logs.String())
 	h.adminDo("GET", "/admin/routes", "", "")
 	h.adminDo("POST", "/admin/state", `{"sandbox_id":"aud4","state":"nope"}`, "")
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	if logs.b.Len() != before {
-		t.Errorf("a read or a refused change was logged as a change:\n%s", logs.b.String()[before:])
+	if len(logs.String()) != before {
+		t.Errorf("a read or a refused change was logged as a change:\n%s", logs.String()[before:])
 	}
 }
 
@@ -776,9 +770,7 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 	// The cut stream and WebSocket say why in the access log: neither the
 	// sandbox nor a drain ended them.
 	testenv.WaitFor(t, 5*time.Second, "access log lines with error_code sandbox_killed", func() bool {
-		logs.mu.Lock()
-		defer logs.mu.Unlock()
-		return strings.Count(logs.b.String(), `"error_code":"sandbox_killed"`) >= 3 // with the waiting request's 410
+		return strings.Count(logs.String(), `"error_code":"sandbox_killed"`) >= 3 // with the waiting request's 410
 	})
 }
 

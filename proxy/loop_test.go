@@ -65,9 +65,7 @@ func TestRouteToOwnListenerIsALoop(t *testing.T) {
 			if e["error_code"] != CodeProxyLoop || e["status"] != float64(508) {
 				t.Errorf("access log: status %v error_code %v, want 508 %s", e["status"], e["error_code"], CodeProxyLoop)
 			}
-			logs.mu.Lock()
-			n := strings.Count(logs.b.String(), `"x_cube_request_id":"`+id+`"`)
-			logs.mu.Unlock()
+			n := strings.Count(logs.String(), `"x_cube_request_id":"`+id+`"`)
 			if n != 1 {
 				t.Errorf("%d access log lines for one request, want 1", n)
 			}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -570,16 +568,7 @@ func TestMetricsScrapeCountsKnownMix(t *testing.T) {
 }
 
 // obsLogBuf is an access log sink the test can read while the logger writes.
-type obsLogBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *obsLogBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type obsLogBuf struct{ testenv.LogBuffer }
 
 // logHarness starts a harness whose access log, in format, goes to the
 // returned buffer.
@@ -596,9 +585,7 @@ func logHarness(t *testing.T, format string, mods ...func(*harnessOpts)) (*harne
 
 // line returns the fields of the cube line whose x_cube_request_id is id.
 func (l *obsLogBuf) line(id string) ([]string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, ln := range strings.Split(l.b.String(), "\n") {
+	for _, ln := range strings.Split(l.String(), "\n") {
 		if f := strings.Split(ln, "||"); len(f) == 22 && f[19] == id {
 			return f, true
 		}
@@ -643,9 +630,7 @@ func (l *obsLogBuf) waitJSONLine(t *testing.T, match string) map[string]any {
 	t.Helper()
 	var entry map[string]any
 	testenv.WaitFor(t, 5*time.Second, "access log line with "+match, func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		for _, ln := range strings.Split(l.b.String(), "\n") {
+		for _, ln := range strings.Split(l.String(), "\n") {
 			if strings.Contains(ln, match) {
 				return json.Unmarshal([]byte(ln), &entry) == nil
 			}
@@ -828,9 +813,7 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 		<-wsEnded
 		var f []string
 		testenv.WaitFor(t, 5*time.Second, "WebSocket access log line", func() bool {
-			buf.mu.Lock()
-			defer buf.mu.Unlock()
-			for _, ln := range strings.Split(buf.b.String(), "\n") {
+			for _, ln := range strings.Split(buf.String(), "\n") {
 				if fs := strings.Split(ln, "||"); len(fs) == 22 && fs[1] == wsHost {
 					f = fs
 					return true
@@ -893,9 +876,7 @@ func TestAccessLogBytesIn(t *testing.T) {
 			ID      string `json:"x_cube_request_id"`
 		}
 		testenv.WaitFor(t, 5*time.Second, "access log line of "+id, func() bool {
-			buf.mu.Lock()
-			defer buf.mu.Unlock()
-			for _, ln := range strings.Split(buf.b.String(), "\n") {
+			for _, ln := range strings.Split(buf.String(), "\n") {
 				if json.Unmarshal([]byte(ln), &e) == nil && e.ID == id {
 					return true
 				}
@@ -1010,10 +991,8 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 			}
 			// One line per listener so far for this answer.
 			testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("a log line for the %s listener's %d", l.name, tc.status), func() bool {
-				buf.mu.Lock()
-				defer buf.mu.Unlock()
 				n := 0
-				for _, ln := range strings.Split(buf.b.String(), "\n") {
+				for _, ln := range strings.Split(buf.String(), "\n") {
 					var e struct {
 						Status int    `json:"status"`
 						Code   string `json:"error_code"`
@@ -1031,11 +1010,9 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	if after-before != want {
 		t.Fatalf("cubeproxy_requests_total{4xx,error} grew by %v for %v refused requests and a probe", after-before, want)
 	}
-	buf.mu.Lock()
-	lines := strings.Count(buf.b.String(), "\n")
-	buf.mu.Unlock()
+	lines := strings.Count(buf.String(), "\n")
 	if lines != int(want) {
-		t.Fatalf("%d access log lines for %v refused requests and a probe:\n%s", lines, want, buf.b.String())
+		t.Fatalf("%d access log lines for %v refused requests and a probe:\n%s", lines, want, buf.String())
 	}
 }
 
@@ -1136,9 +1113,7 @@ func TestAccessLogHeadErrorSendsNoBody(t *testing.T) {
 		Sent int64  `json:"body_bytes_sent"`
 	}
 	testenv.WaitFor(t, 5*time.Second, "the log line", func() bool {
-		buf.mu.Lock()
-		defer buf.mu.Unlock()
-		for _, ln := range strings.Split(buf.b.String(), "\n") {
+		for _, ln := range strings.Split(buf.String(), "\n") {
 			if json.Unmarshal([]byte(ln), &e) == nil && e.ID == "head-404" {
 				return true
 			}

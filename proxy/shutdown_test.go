@@ -288,9 +288,7 @@ func TestDrainCutDownloadLogged(t *testing.T) {
 	}
 	var line string
 	testenv.WaitFor(t, 5*time.Second, "access log line", func() bool {
-		buf.mu.Lock()
-		defer buf.mu.Unlock()
-		for _, l := range strings.Split(buf.b.String(), "\n") {
+		for _, l := range strings.Split(buf.String(), "\n") {
 			if strings.Contains(l, `"x_cube_request_id":"cut-download"`) {
 				line = l
 				return true
@@ -484,7 +482,7 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 			// The process exits now: what is not logged by then never is.
 			_ = al.Close()
 			var line string
-			for _, l := range strings.Split(buf.b.String(), "\n") {
+			for _, l := range strings.Split(buf.String(), "\n") {
 				if strings.Contains(l, `"x_cube_request_id":"cut-`+tc.method+`"`) {
 					line = l
 				}
@@ -547,8 +545,8 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 				t.Errorf("Shutdown took %v with a %v drain", d, drain)
 			}
 			_ = al.Close() // the process exits now
-			if !strings.Contains(buf.b.String(), `"x_cube_request_id":"stalled"`) {
-				t.Errorf("no access-log line for the stream when Shutdown returned: %q", buf.b.String())
+			if !strings.Contains(buf.String(), `"x_cube_request_id":"stalled"`) {
+				t.Errorf("no access-log line for the stream when Shutdown returned: %q", buf.String())
 			}
 		})
 	}
@@ -603,7 +601,7 @@ func wantDrainCut(t *testing.T, h *harness, c net.Conn, method, reqID string, dr
 	}
 	_ = al.Close()
 	var line string
-	for _, l := range strings.Split(buf.b.String(), "\n") {
+	for _, l := range strings.Split(buf.String(), "\n") {
 		if strings.Contains(l, `"x_cube_request_id":"`+reqID+`"`) {
 			line = l
 		}
@@ -769,9 +767,7 @@ func TestDrainDeadlineLogged(t *testing.T) {
 			if err := h.server.Shutdown(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			logs.mu.Lock()
-			out := logs.b.String()
-			logs.mu.Unlock()
+			out := logs.String()
 			var line string
 			for _, l := range strings.Split(out, "\n") {
 				if strings.Contains(l, "drain deadline") {

@@ -133,7 +133,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {
-		if x.errCode == CodeClientClosed || x.errCode == CodeClientWriteTimeout {
+		if telemetry.ClientEnded(x.errCode) {
 			// The client hung up or stopped reading, and the proxy closed
 			// the sandbox's side: the upstream exchange did not fail.
 			err = nil

@@ -156,6 +156,13 @@ const ErrorCodeClientClosed = "client_closed_request"
 // answer its client stopped reading: the client's side too, no error.
 const ErrorCodeClientWriteTimeout = "client_write_timeout"
 
+// ClientEnded reports whether code says the client ended the exchange
+// (hung up, or stopped reading): no failure of the proxy or the sandbox,
+// so neither span is an error.
+func ClientEnded(code string) bool {
+	return code == ErrorCodeClientClosed || code == ErrorCodeClientWriteTimeout
+}
+
 // EndServerSpan sets r's attributes on a recording span and ends it. On a
 // non-recording span it only calls End, so it allocates nothing.
 func EndServerSpan(span trace.Span, r *SpanResult) {
@@ -185,8 +192,7 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 		// stream, the proxy cut it. An error code on a forwarded response
 		// says that; on the proxy's own answer its status says it all. A
 		// client that hung up mid-body, or stopped reading, failed nothing.
-		clientSide := r.ErrorCode == ErrorCodeClientClosed || r.ErrorCode == ErrorCodeClientWriteTimeout
-		if r.Status >= 500 || (r.ErrorCode != "" && !clientSide && r.Kind != RouteError) {
+		if r.Status >= 500 || (r.ErrorCode != "" && !ClientEnded(r.ErrorCode) && r.Kind != RouteError) {
 			errType := r.ErrorCode
 			if errType == "" {
 				errType = strconv.Itoa(r.Status) // the sandbox's own 5xx

@@ -30,6 +30,16 @@ type hangups struct {
 	watched map[uint64]hangUpper
 	seq     uint64
 	closed  bool // epfd may name another file now
+
+	// inSet has a bit for each descriptor that add put in the set. A
+	// one-shot event disarms a descriptor without taking it out, so a
+	// keep-alive connection that carried an earlier watch (every MCP call
+	// after a session's first) needs EPOLL_CTL_MOD; trying ADD first cost
+	// an EEXIST syscall per stream. A bit can outlive its descriptor (a
+	// closed descriptor leaves the set by itself), so a MOD that finds
+	// nothing falls back on ADD.
+	inSet []uint64
+	ctls  int // epoll_ctl calls made, for the tests
 }
 
 func newHangups() (*hangups, error) {
@@ -76,11 +86,26 @@ func (h *hangups) add(c net.Conn, t hangUpper, events uint32) uint64 {
 	ev := syscall.EpollEvent{Events: events | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
 	var cerr error
 	err := raw.Control(func(fd uintptr) {
-		cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
-		if errors.Is(cerr, syscall.EEXIST) {
-			// A keep-alive connection that carried an earlier watch is
-			// still in the set (a closed descriptor leaves it by itself).
-			cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_MOD, int(fd), &ev)
+		op := syscall.EPOLL_CTL_ADD
+		if h.added(fd) {
+			op = syscall.EPOLL_CTL_MOD
+		}
+		h.ctls++
+		cerr = syscall.EpollCtl(h.epfd, op, int(fd), &ev)
+		switch {
+		case op == syscall.EPOLL_CTL_MOD && errors.Is(cerr, syscall.ENOENT):
+			op = syscall.EPOLL_CTL_ADD // the descriptor was closed and reused
+		case op == syscall.EPOLL_CTL_ADD && errors.Is(cerr, syscall.EEXIST):
+			op = syscall.EPOLL_CTL_MOD
+		default:
+			op = -1
+		}
+		if op >= 0 {
+			h.ctls++
+			cerr = syscall.EpollCtl(h.epfd, op, int(fd), &ev)
+		}
+		if cerr == nil {
+			h.markAdded(fd)
 		}
 	})
 	if err != nil || cerr != nil {
@@ -89,6 +114,22 @@ func (h *hangups) add(c net.Conn, t hangUpper, events uint32) uint64 {
 	h.seq = key
 	h.watched[key] = t
 	return key
+}
+
+// added reports whether fd's bit is set in inSet (under mu).
+func (h *hangups) added(fd uintptr) bool {
+	i := fd / 64
+	return i < uintptr(len(h.inSet)) && h.inSet[i]&(1<<(fd%64)) != 0
+}
+
+// markAdded sets fd's bit in inSet (under mu), growing it to the highest
+// descriptor seen: 128 KiB at a million descriptors.
+func (h *hangups) markAdded(fd uintptr) {
+	i := int(fd / 64)
+	if i >= len(h.inSet) {
+		h.inSet = append(h.inSet, make([]uint64, i+1-len(h.inSet))...)
+	}
+	h.inSet[i] |= 1 << (fd % 64)
 }
 
 // unwatch forgets the watch key (0: none); once it returns, run will not

@@ -177,3 +177,98 @@ func TestClientCheckWithoutWatch(t *testing.T) {
 		})
 	}
 }
+
+// hungUp is a hangUpper that tells a channel.
+type hungUp chan struct{}
+
+func (c hungUp) hangUp() { close(c) }
+
+// A watch on a connection that was watched before is one epoll_ctl (MOD),
+// not an EEXIST ADD and then a MOD; a descriptor that was closed and then
+// reused by a new connection is added again. Every watch still hears its
+// client's hang-up.
+func TestHangupWatchCtlCalls(t *testing.T) {
+	h, err := newHangups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.run()
+	t.Cleanup(h.close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	// pair returns the server side of a new connection and its client.
+	pair := func() (net.Conn, net.Conn) {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); s.Close() })
+		return s, c
+	}
+	fdOf := func(c net.Conn) uintptr {
+		var fd uintptr
+		if err := rawConn(c).Control(func(f uintptr) { fd = f }); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	// watch watches s and returns the epoll_ctl calls it took.
+	watch := func(s net.Conn, hu hungUp) (uint64, int) {
+		t.Helper()
+		h.mu.Lock()
+		before := h.ctls
+		h.mu.Unlock()
+		key := h.watch(s, hu)
+		if key == 0 {
+			t.Fatal("watch failed")
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return key, h.ctls - before
+	}
+	heard := func(hu hungUp) {
+		t.Helper()
+		select {
+		case <-hu:
+		case <-time.After(5 * time.Second):
+			t.Fatal("hang-up not told")
+		}
+	}
+
+	s, c := pair()
+	if _, n := watch(s, make(hungUp)); n != 1 {
+		t.Errorf("first watch took %d epoll_ctl calls, want 1 (ADD)", n)
+	}
+	for i := range 3 { // later streams on the same keep-alive connection
+		key, n := watch(s, make(hungUp))
+		if n != 1 {
+			t.Errorf("watch %d on a connection watched before took %d epoll_ctl calls, want 1 (MOD)", i+2, n)
+		}
+		h.unwatch(key)
+	}
+	hu := make(hungUp)
+	watch(s, hu)
+	c.Close()
+	heard(hu)
+
+	// A descriptor whose bit outlived it: closed (which takes it out of the
+	// set) and reused by a new connection, which must be added again.
+	s2, c2 := pair()
+	h.mu.Lock()
+	h.markAdded(fdOf(s2))
+	h.mu.Unlock()
+	hu2 := make(hungUp)
+	if _, n := watch(s2, hu2); n != 2 {
+		t.Errorf("watch on a reused descriptor took %d epoll_ctl calls, want 2 (MOD, then ADD)", n)
+	}
+	c2.Close()
+	heard(hu2)
+}

@@ -80,7 +80,7 @@ const fasthttpPreRead = 8 << 10
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
 	if p.tel != nil {
-		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS())
+		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
 	}
 	// What fasthttp read of the body before the handler ran; forward
 	// replaces it with the count of what it read and sent on.

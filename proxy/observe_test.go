@@ -189,6 +189,7 @@ func TestTracingSpansAndPropagation(t *testing.T) {
 				"http.request.method":       tc.method,
 				"url.path":                  "/t/p",
 				"url.scheme":                "http",
+				"client.address":            "127.0.0.1",
 				"http.response.status_code": "200",
 				"http.request.body.size":    strconv.Itoa(len(tc.body)),
 				"http.response.body.size":   strconv.Itoa(len(body)),

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func exportOneSpan(t *testing.T, env map[string]string) {
 	if !tel.TracingEnabled() {
 		t.Fatal("tracing off with OTEL_TRACES_EXPORTER=otlp")
 	}
-	_, span := tel.StartServerSpan(inbound("GET", ""), false)
+	_, span := tel.StartServerSpan(inbound("GET", ""), false, netip.Addr{})
 	EndServerSpan(span, &SpanResult{Status: 200})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

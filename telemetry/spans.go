@@ -58,12 +58,14 @@ func spanMethod(m []byte) int {
 }
 
 // StartServerSpan extracts the client's trace context from h and starts the
-// per-request server span "proxy <method>", with the request's url.path and
-// url.scheme (https when tls). The returned context carries the span and
+// per-request server span "proxy <method>", with the request's url.path,
+// url.scheme (https when tls) and client.address (the connection's peer:
+// the proxy is the edge, so no forwarding header is taken for it, as the
+// access log's remote_addr does not). The returned context carries the span and
 // does not derive from the fasthttp RequestCtx (which is recycled). With
 // tracing off it returns context.Background() and a no-op span without
 // allocating.
-func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader, tls bool) (context.Context, trace.Span) {
+func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader, tls bool, client netip.Addr) (context.Context, trace.Span) {
 	if t.tp == nil {
 		return context.Background(), noopSpan
 	}
@@ -77,6 +79,9 @@ func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader, tls bool) (contex
 		}
 		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
 			semconv.URLPathKey.String(string(targetPath(h.RequestURI()))), semconv.URLSchemeKey.String(scheme))
+		if client.IsValid() {
+			span.SetAttributes(semconv.ClientAddressKey.String(client.String()))
+		}
 	}
 	return ctx, span
 }

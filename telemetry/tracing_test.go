@@ -34,7 +34,7 @@ func TestTracingOffByDefault(t *testing.T) {
 		t.Fatal("tracing on with no OTEL_TRACES_EXPORTER")
 	}
 	in := inbound("GET", "00-"+clientTraceID+"-"+clientSpanID+"-01")
-	ctx, span := tel.StartServerSpan(in, false)
+	ctx, span := tel.StartServerSpan(in, false, netip.Addr{})
 	if span.IsRecording() || span.SpanContext().IsValid() {
 		t.Errorf("tracing off: span recording=%v valid=%v", span.IsRecording(), span.SpanContext().IsValid())
 	}
@@ -67,7 +67,7 @@ func TestServerAndClientSpansExported(t *testing.T) {
 		t.Fatal("tracing off with an injected exporter")
 	}
 	in := inbound("POST", "00-"+clientTraceID+"-"+clientSpanID+"-00")
-	ctx, server := tel.StartServerSpan(in, false)
+	ctx, server := tel.StartServerSpan(in, false, netip.Addr{})
 	out := &fasthttp.RequestHeader{}
 	out.SetMethod("POST")
 	out.Set("traceparent", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01") // the client's copy, to be replaced
@@ -165,7 +165,7 @@ func TestSamplerIgnoresClientFlag(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			exp := tracetest.NewInMemoryExporter()
 			tel := newTestTelemetry(t, Config{SpanExporter: exp, TraceSampleRatio: tt.ratio, Env: envMap(tt.env)})
-			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent), false)
+			ctx, server := tel.StartServerSpan(inbound("GET", tt.traceparent), false, netip.Addr{})
 			out := &fasthttp.RequestHeader{}
 			client := tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:80"))
 			if server.SpanContext().IsSampled() != tt.sampled || client.SpanContext().IsSampled() != tt.sampled {
@@ -228,7 +228,7 @@ func TestSpanNamesBounded(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := newTestTelemetry(t, Config{SpanExporter: exp})
 	for _, m := range []string{"GET", "PROPFIND", "X-RANDOM-12345"} {
-		_, span := tel.StartServerSpan(inbound(m, ""), false)
+		_, span := tel.StartServerSpan(inbound(m, ""), false, netip.Addr{})
 		EndServerSpan(span, &SpanResult{Status: 200})
 	}
 	var names []string
@@ -338,7 +338,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 			if tc.tracestate != "" {
 				h.Set("tracestate", tc.tracestate)
 			}
-			ctx, server := tel.StartServerSpan(h, false)
+			ctx, server := tel.StartServerSpan(h, false, netip.Addr{})
 			client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
 			EndClientSpan(client, 200, nil)
 			EndServerSpan(server, &SpanResult{Status: 200})
@@ -357,7 +357,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 		h := &fasthttp.RequestHeader{}
 		h.SetMethod("GET")
 		h.Set("baggage", bag)
-		ctx, server := tel.StartServerSpan(h, false)
+		ctx, server := tel.StartServerSpan(h, false, netip.Addr{})
 		client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
 		EndClientSpan(client, 200, nil)
 		EndServerSpan(server, &SpanResult{Status: 200})
@@ -369,7 +369,8 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 
 // url.path is the path the client asked for, never its query (where a
 // signed token may travel), whatever the form of the request target; an
-// https listener's spans say so in url.scheme.
+// https listener's spans say so in url.scheme; client.address names the
+// connection's peer.
 func TestServerSpanURL(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := newTestTelemetry(t, Config{SpanExporter: exp})
@@ -389,7 +390,8 @@ func TestServerSpanURL(t *testing.T) {
 			exp.Reset()
 			h := inbound("OPTIONS", "")
 			h.SetRequestURI(tc.target)
-			_, span := tel.StartServerSpan(h, tc.tls)
+			client := netip.MustParseAddr("2001:db8::7")
+			_, span := tel.StartServerSpan(h, tc.tls, client)
 			EndServerSpan(span, &SpanResult{Status: 200})
 			spans := exp.GetSpans()
 			if len(spans) != 1 {
@@ -399,7 +401,7 @@ func TestServerSpanURL(t *testing.T) {
 			if tc.tls {
 				scheme = "https"
 			}
-			assertAttrs(t, "server", spans[0].Attributes, map[attribute.Key]any{"url.path": tc.path, "url.scheme": scheme})
+			assertAttrs(t, "server", spans[0].Attributes, map[attribute.Key]any{"url.path": tc.path, "url.scheme": scheme, "client.address": client.String()})
 		})
 	}
 }

@@ -79,7 +79,7 @@ const fasthttpPreRead = 8 << 10
 
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
-	if p.tel != nil {
+	if p.tel != nil && p.tel.TracingEnabled() { // off: no span to end either
 		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
 	}
 	// What fasthttp read of the body before the handler ran; forward

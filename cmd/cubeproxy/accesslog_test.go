@@ -147,6 +147,8 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+	// An earlier test's stalled writer may still hold a reopen of its own.
+	before := goroutinesIn("accesslog.(*Logger).Reopen")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -154,15 +156,34 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 	// stuck behind the stalled writer, then do what SIGTERM does. stop
 	// fails the test if serve does not return.
 	testenv.WaitFor(t, 5*time.Second, "a reopen blocked on the stalled sink", func() bool {
-		return goroutineIn("accesslog.(*Logger).Reopen")
+		return r.a.reopening.Load()
 	})
+	// Later SIGHUPs join the waiting reopen: each used to leave one more
+	// goroutine behind the stalled writer.
+	for i := range 3 {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 5*time.Second, "the SIGHUP joining the waiting reopen", func() bool {
+			return strings.Count(r.logs.String(), "last reopen is still waiting") > i
+		})
+	}
+	if n := goroutinesIn("accesslog.(*Logger).Reopen") - before; n > 1 {
+		t.Errorf("%d more goroutines wait in Reopen after four SIGHUPs, want 1", n)
+	}
 	r.stop()
 }
 
-// goroutineIn reports whether some goroutine's stack has fn in it.
-func goroutineIn(fn string) bool {
+// goroutinesIn counts the goroutines whose stacks have fn in them.
+func goroutinesIn(fn string) int {
 	buf := make([]byte, 1<<20)
-	return bytes.Contains(buf[:runtime.Stack(buf, true)], []byte(fn))
+	n := 0
+	for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+		if bytes.Contains(g, []byte(fn)) {
+			n++
+		}
+	}
+	return n
 }
 
 // fillPipe writes to the FIFO at path until the pipe buffer is full.

@@ -43,7 +43,7 @@ func TestRedisStallBoundsColdLookups(t *testing.T) {
 	}
 	// Still paused: no lookup may be left waiting on Redis.
 	testenv.WaitFor(t, 5*time.Second, "every route lookup to end", func() bool {
-		return !goroutineIn("routing.(*Cache).load")
+		return goroutinesIn("routing.(*Cache).load") == 0
 	})
 	if n := strings.Count(p.logs.String(), `"msg":"route store unavailable"`); n < 1 || n > 1+int(time.Since(paused)/time.Second) {
 		t.Errorf("outage logged %d times in %v, want at most once a second", n, time.Since(paused).Round(time.Millisecond))

@@ -53,6 +53,11 @@ type app struct {
 	httpLn, httpsLn, adminLn net.Listener
 
 	stopBackground context.CancelFunc
+
+	// reopening is set while a SIGHUP's reopen waits for the access log's
+	// writer: a later SIGHUP joins it (the reopen opens the path when it
+	// runs) instead of leaving one more goroutine behind a stalled sink.
+	reopening atomic.Bool
 }
 
 // listening is told when the listeners are open (demo and tests use it to
@@ -583,11 +588,16 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case <-hup:
-			if a.access != nil {
-				// Reopen waits for the writer, which a stalled sink holds
-				// indefinitely: waiting here would leave SIGTERM unheard.
-				go a.reopenAccessLog()
+			if a.access == nil {
+				continue
 			}
+			if !a.reopening.CompareAndSwap(false, true) {
+				a.log.Warn("SIGHUP: the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
+				continue
+			}
+			// Reopen waits for the writer, which a stalled sink holds
+			// indefinitely: waiting here would leave SIGTERM unheard.
+			go a.reopenAccessLog()
 		case err = <-errc:
 			if err == nil {
 				continue
@@ -638,6 +648,7 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 
 // reopenAccessLog reopens the access log file (SIGHUP, after logrotate).
 func (a *app) reopenAccessLog() {
+	defer a.reopening.Store(false)
 	if err := a.access.Reopen(); err != nil {
 		a.log.Error("reopen access log", "err", err)
 		return

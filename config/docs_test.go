@@ -99,6 +99,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	} {
 		vars[v] = true
 	}
+	keys["client.address"] = true // the span attribute (OpenTelemetry's semantic conventions)
 	for _, f := range []string{"sandbox", "port", "ttl", "ulimit", "from"} { // token sign's flags; docker's
 		flags[f] = true
 	}

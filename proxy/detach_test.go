@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -11,10 +12,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"golang.org/x/sys/unix"
 )
 
 // Idle SSE subscriptions are the proxy's most numerous open requests; a
@@ -351,17 +354,98 @@ func TestPipelinedStreamWhoseClientResetsIsReleased(t *testing.T) {
 	}
 }
 
-// tcpSocketOpen reports whether /proc/net/tcp lists a socket from local
-// port to remote port (on loopback, the proxy's side of a client's
-// connection until it processes the client's reset).
+// tcpSocketOpen reports whether the kernel holds a TCP socket from local
+// port to remote port on 127.0.0.1 (on loopback, the proxy's side of a
+// client's connection until it processes the client's reset). It asks
+// sock_diag for that one socket, a hash lookup: reading /proc/net/tcp
+// formats every socket on the machine, and with tens of thousands open
+// (TIME_WAIT after a load run) one read took longer than the 100 ms
+// client check the tests race against.
 func tcpSocketOpen(t *testing.T, local, remote int) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/net/tcp")
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		t.Fatal(os.NewSyscallError("socket", err))
+	}
+	defer unix.Close(fd)
+	// struct nlmsghdr, then struct inet_diag_req_v2 with its
+	// inet_diag_sockid (ports and addresses in network order).
+	req := make([]byte, unix.NLMSG_HDRLEN+56)
+	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
+	binary.NativeEndian.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
+	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST) // no dump: this one socket
+	d := req[unix.NLMSG_HDRLEN:]
+	d[0], d[1] = unix.AF_INET, unix.IPPROTO_TCP
+	binary.NativeEndian.PutUint32(d[4:], 0xffffffff) // every state
+	binary.BigEndian.PutUint16(d[8:], uint16(local))
+	binary.BigEndian.PutUint16(d[10:], uint16(remote))
+	copy(d[12:], []byte{127, 0, 0, 1})
+	copy(d[28:], []byte{127, 0, 0, 1})
+	binary.NativeEndian.PutUint32(d[48:], 0xffffffff) // INET_DIAG_NOCOOKIE
+	binary.NativeEndian.PutUint32(d[52:], 0xffffffff)
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		t.Fatal(os.NewSyscallError("sendto", err))
+	}
+	buf := make([]byte, 8192)
+	n, _, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		t.Fatal(os.NewSyscallError("recvfrom", err))
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil || len(msgs) == 0 {
+		t.Fatalf("sock_diag answer: %v (%d messages)", err, len(msgs))
+	}
+	switch m := msgs[0]; m.Header.Type {
+	case unix.SOCK_DIAG_BY_FAMILY:
+		// struct inet_diag_msg: family, state, timer, retrans, then the
+		// sockid. With no connection left the lookup falls back on the
+		// listener of the local port, whose peer port is 0.
+		return len(m.Data) >= 8 && int(binary.BigEndian.Uint16(m.Data[6:])) == remote
+	case unix.NLMSG_ERROR:
+		if len(m.Data) < 4 {
+			t.Fatal("short sock_diag error")
+		}
+		errno := -int32(binary.NativeEndian.Uint32(m.Data))
+		if syscall.Errno(errno) == syscall.ENOENT {
+			return false
+		}
+		t.Fatalf("sock_diag: %v", syscall.Errno(errno))
+	default:
+		t.Fatalf("sock_diag answered message type %d", m.Header.Type)
+	}
+	return false
+}
+
+// tcpSocketOpen sees a connection's socket while it is open and stops
+// seeing it once a reset took it away, with the listener of its port still
+// there.
+func TestTCPSocketOpen(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf(":%04X %08X:%04X", local, 0x0100007f, remote) // 127.0.0.1, little-endian
-	return bytes.Contains(b, []byte(want))
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	local, remote := s.LocalAddr().(*net.TCPAddr).Port, s.RemoteAddr().(*net.TCPAddr).Port
+	if !tcpSocketOpen(t, local, remote) {
+		t.Fatal("an open connection's socket not found")
+	}
+	if tcpSocketOpen(t, local, remote+1) {
+		t.Error("a socket found for a peer port nobody connected from")
+	}
+	_ = c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	testenv.WaitFor(t, 5*time.Second, "the reset to take the socket away", func() bool {
+		return !tcpSocketOpen(t, local, remote)
+	})
 }
 
 // A sandbox may send a head as large as upstream.max_header_size (up to

@@ -231,16 +231,22 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			arrived := make(chan struct{}, 1)
 			goAhead := make(chan struct{})
+			stop := make(chan struct{}) // a failed test must not leave the handler waiting
 			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
 				if req.URL.Path == "/small" {
 					return rawWrite(c, okResponse("small"))
 				}
 				arrived <- struct{}{}
-				<-goAhead
+				select {
+				case <-goAhead:
+				case <-stop:
+					return false
+				}
 				rawWrite(c, switchedHead)
 				_, _ = io.Copy(io.Discard, c) // until the proxy closes its side
 				return false
 			})
+			t.Cleanup(func() { close(stop) }) // before the backend's cleanup waits for its handlers
 			id := tc.id
 			host := h.route(id, b.port)
 			// The proxy looks for a client's hang-up only once the upgrade

@@ -19,6 +19,7 @@
 //	cubeproxy.upstream.connect_errors   cubeproxy_upstream_connect_errors_total
 //	cubeproxy.upstream.retries          cubeproxy_upstream_retries_total
 //	cubeproxy.accept.errors             cubeproxy_accept_errors_total       (listener out of descriptors; retried)
+//	cubeproxy.connections.refused       cubeproxy_connections_refused_total (client.max_conns open: 503 proxy_overloaded)
 //	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}

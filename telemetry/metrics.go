@@ -40,6 +40,7 @@ type Metrics struct {
 	connectErrors atomic.Int64
 	retries       atomic.Int64
 	acceptErrors  atomic.Int64
+	connsRefused  atomic.Int64
 	auth          [len(authReasons)]atomic.Int64
 	logDrops      atomic.Int64
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
@@ -63,7 +64,7 @@ type Metrics struct {
 type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
 	connectErrors, retries, auth, logDrops          metric.Int64ObservableCounter
-	acceptErrors, streamEnds                        metric.Int64ObservableCounter
+	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
 	kind                                            [numRouteKinds]metric.ObserveOption
@@ -93,6 +94,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
+	o.connsRefused = b.counter("cubeproxy.connections.refused", "{connection}", "Client connections refused with 503 proxy_overloaded because client.max_conns were open.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
@@ -107,7 +109,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.retries, o.auth,
-		o.acceptErrors, o.logDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
+		o.acceptErrors, o.connsRefused, o.logDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -182,6 +184,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
 	ob.ObserveInt64(o.retries, m.retries.Load())
 	ob.ObserveInt64(o.acceptErrors, m.acceptErrors.Load())
+	ob.ObserveInt64(o.connsRefused, m.connsRefused.Load())
 	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
 	ob.ObserveInt64(o.conns, m.conns.Load())
 	ob.ObserveInt64(o.websockets, m.websockets.Load())
@@ -341,6 +344,15 @@ func (m *Metrics) AcceptError() {
 		return
 	}
 	m.acceptErrors.Add(1)
+}
+
+// ConnRefused counts a client connection refused because the proxy held
+// client.max_conns connections already.
+func (m *Metrics) ConnRefused() {
+	if m == nil {
+		return
+	}
+	m.connsRefused.Add(1)
 }
 
 // AuthRejected counts a refused request. reason is one of the Auth*

@@ -48,6 +48,7 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.UpstreamConnectError()
 	m.UpstreamRetry()
 	m.AccessLogDropped()
+	m.ConnRefused()
 	m.ConnOpened()
 	m.ConnOpened()
 	m.ConnClosed()
@@ -97,6 +98,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_missing"}, 1},
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_invalid"}, 0},
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
+		{"cubeproxy_connections_refused_total", nil, 1},
 	}
 	for _, w := range want {
 		k := seriesKey(w.name, w.labels)

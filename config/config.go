@@ -147,6 +147,7 @@ type Client struct {
 	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"client must accept each response piece within"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout" usage:"keep-alive idle timeout"`
 	MaxHeaderSize int           `yaml:"max_header_size" usage:"largest request header block (431 above)"`
+	MaxConns      int           `yaml:"max_conns" usage:"client connections open at once across the traffic listeners, streams and WebSockets included (0 = unlimited; 503 proxy_overloaded above)"`
 }
 
 // Default returns the built-in defaults.

@@ -36,6 +36,9 @@ const (
 	// CodeOutOfResources: the proxy itself could not open a connection to
 	// the sandbox (out of file descriptors, memory or local ports).
 	CodeOutOfResources = "proxy_out_of_resources"
+	// CodeOverloaded: the proxy refused the connection because it held
+	// client.max_conns client connections already.
+	CodeOverloaded = "proxy_overloaded"
 	// CodeDrainTimeout marks, in the access log and the span, a response
 	// the drain deadline cut after its status went out.
 	CodeDrainTimeout = "drain_timeout"

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +34,14 @@ type retryListener struct {
 	since   time.Time // first failure of the current episode
 	logged  time.Time // last "accept failing" line
 	episode bool      // the current episode was logged: log its end too
+
+	// Client traffic listeners only (see limit); nil open: not counted.
+	open          *atomic.Int64 // connections admitted and not yet closed, shared by the traffic listeners
+	max           int64         // client.max_conns; 0 = unlimited
+	answer        []byte        // the refusal, rendered once (overloadAnswer)
+	scratch       []byte        // what a refused client sent is read into it and dropped
+	refused       int           // refusals since the last "refusing" line
+	refusedLogged time.Time     // last "refusing" line
 }
 
 func newRetryListener(ln net.Listener, log *slog.Logger, m *telemetry.Metrics) *retryListener {
@@ -50,6 +59,10 @@ func (l *retryListener) Accept() (net.Conn, error) {
 		if err == nil {
 			if l.failed > 0 {
 				l.recovered()
+			}
+			if l.open != nil && !l.admit() {
+				l.refuse(c)
+				continue
 			}
 			return c, nil
 		}

@@ -51,6 +51,11 @@ type Proxy struct {
 	// left it): Shutdown waits for the requests the drain deadline cut to
 	// be answered. fasthttp's own count is off by one once Serve returned.
 	served atomic.Int64
+	// clientConns counts the client connections of the traffic listeners
+	// from their accept to their close, hijacked ones included: what
+	// client.max_conns caps (retryListener.admit counts one up; fasthttp's
+	// close or the hijacker's counts it down, clientConnClosed).
+	clientConns atomic.Int64
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -793,7 +798,7 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 	ctx.Hijack(func(c net.Conn) {
 		defer func() {
 			_ = raw.Close()
-			p.metrics.ConnClosed()
+			p.clientConnClosed()
 		}()
 		// The request is recycled only after this returns: its response
 		// (with every header the handler set) is still here.

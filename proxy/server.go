@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -35,6 +36,14 @@ type ServerConfig struct {
 	ClientIdleTimeout time.Duration
 	// MaxRequestHeaderSize bounds request line + headers (default 16 KiB; larger: 431).
 	MaxRequestHeaderSize int
+	// MaxClientConns caps the client connections open at once across the
+	// traffic listeners (HTTP, HTTPS, the redirect listener), hijacked
+	// ones (detached SSE streams, WebSocket tunnels) included until they
+	// close: each holds memory. A connection over it is refused at accept
+	// (see retryListener.refuse). 0 = unlimited (the default): the memory
+	// a connection may take depends on the container, which the proxy
+	// does not know.
+	MaxClientConns int
 	// DrainTimeout is how long Shutdown lets requests, downloads, POST
 	// answers (SSE ones too) and WebSockets finish before cutting them
 	// (default 30 s). GET SSE streams end at once, cleanly, so clients
@@ -146,6 +155,7 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,
 		ReadBufferSize:               cfg.MaxRequestHeaderSize,
+		Concurrency:                  unlimitedConcurrency,
 		// Small: it batches headers and small bodies; downloads bypass it
 		// (WriteTo), streams flush per chunk, and it is held for the
 		// life of every stream.
@@ -187,14 +197,32 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
 		ReadBufferSize:        cfg.MaxRequestHeaderSize,
+		Concurrency:           unlimitedConcurrency,
 		ReadTimeout:           cfg.ClientReadTimeout,
 		WriteTimeout:          cfg.ClientWriteTimeout,
 		IdleTimeout:           cfg.ClientIdleTimeout,
 		CloseOnShutdown:       true,
 		Logger:                log,
 		SecureErrorLogMessage: true,
+		// Counted against client.max_conns like the traffic listeners'
+		// (admitted by retryListener); nothing here hijacks.
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateClosed {
+				p.clientConns.Add(-1)
+			}
+		},
 	}
 }
+
+// unlimitedConcurrency is the traffic servers' fasthttp Concurrency: no
+// limit of fasthttp's own. Its default (256 Ki connections) answered the
+// connection over it with a plain-text 503 and counted no hijacked one;
+// client.max_conns is the limit, refused in the proxy's JSON shape
+// (retryListener). It must stay above any max_conns, not equal to it:
+// fasthttp frees a connection's worker only after the close the proxy
+// counts, so a new connection the proxy admits may find every worker
+// still busy. Its gate channel holds empty structs: no memory.
+const unlimitedConcurrency = math.MaxInt32
 
 // adminServer is the fasthttp server of the admin listener.
 func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
@@ -227,7 +255,7 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 
 // Serve serves sandbox traffic on ln (wrap ln with tls.NewListener for HTTPS).
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.traffic.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.traffic.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
 	}
 	return nil
@@ -236,12 +264,22 @@ func (s *Server) Serve(ln net.Listener) error {
 // retrying wraps ln so that running out of descriptors pauses accepting
 // instead of ending Serve (see retryListener), and records its address as
 // the proxy's own, which no route may send requests to (dialedSelf).
-func (s *Server) retrying(ln net.Listener) net.Listener {
+func (s *Server) retrying(ln net.Listener) *retryListener {
 	s.p.addListener(ln.Addr())
 	return newRetryListener(ln, s.p.cfg.Logger, s.p.metrics)
 }
 
-// ServeAdmin serves the admin API on ln.
+// limited is retrying for a listener of client traffic: its connections
+// count against MaxClientConns, and one over it is refused.
+func (s *Server) limited(ln net.Listener) net.Listener {
+	rl := s.retrying(ln)
+	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
+	return rl
+}
+
+// ServeAdmin serves the admin API on ln. Its connections are never capped:
+// the operator's way in (health, metrics) must work when clients exhaust
+// client.max_conns.
 func (s *Server) ServeAdmin(ln net.Listener) error {
 	if s.adminSrv == nil {
 		return errors.New("no admin API configured")
@@ -294,7 +332,7 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		s.p.headersReady(ctx, &x)
 		s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	}
-	if err := s.redirect.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.redirect.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
 	return nil
@@ -491,7 +529,8 @@ func (s *Server) janitor() {
 }
 
 // connState counts open client connections. A hijacked (WebSocket)
-// connection stays open; its tunnel reports the close.
+// connection stays open; its tunnel reports the close. clientConns was
+// counted up when the listener admitted the connection.
 func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
@@ -499,13 +538,21 @@ func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 		p.metrics.ConnOpened()
 	case fasthttp.StateClosed:
 		p.served.Add(-1)
-		p.metrics.ConnClosed()
+		p.clientConnClosed()
 		if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
 			abandon.(func())()
 		}
 	case fasthttp.StateHijacked:
 		p.served.Add(-1)
 	}
+}
+
+// clientConnClosed counts a client connection of the traffic server closed,
+// by fasthttp or by the owner of a hijacked one: its place under
+// client.max_conns is free again at once.
+func (p *Proxy) clientConnClosed() {
+	p.clientConns.Add(-1)
+	p.metrics.ConnClosed()
 }
 
 // hijack hands the client connection to fn once the handler returns, and

@@ -422,7 +422,7 @@ func (s *bodyStream) end(err error) {
 				c = resetOnClose(c)
 			}
 			_ = c.Close()
-			s.p.metrics.ConnClosed()
+			s.p.clientConnClosed()
 		}
 	} else {
 		s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)

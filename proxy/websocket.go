@@ -470,7 +470,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 	defer func() {
 		tn.close()
 		end()
-		p.metrics.ConnClosed()
+		p.clientConnClosed()
 	}()
 	if headErr != nil {
 		return

@@ -41,6 +41,7 @@ func serverConfig(cfg *config.Config) proxy.ServerConfig {
 		ClientWriteTimeout:   cfg.Client.WriteTimeout,
 		ClientIdleTimeout:    cfg.Client.IdleTimeout,
 		MaxRequestHeaderSize: cfg.Client.MaxHeaderSize,
+		MaxClientConns:       cfg.Client.MaxConns,
 		DrainTimeout:         cfg.DrainTimeout,
 		SharedPorts:          cfg.ReusePort,
 	}
@@ -99,6 +100,7 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 	e.Client.WriteTimeout = s.ClientWriteTimeout
 	e.Client.IdleTimeout = s.ClientIdleTimeout
 	e.Client.MaxHeaderSize = s.MaxRequestHeaderSize
+	e.Client.MaxConns = s.MaxClientConns
 	e.DrainTimeout = s.DrainTimeout
 
 	c := cacheConfig(cfg, 0).WithDefaults()

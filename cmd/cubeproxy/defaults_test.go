@@ -109,6 +109,7 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 		{"client-write-timeout", "memory", func(a *app) any { return a.server.Config().ClientWriteTimeout }},
 		{"client-idle-timeout", "memory", func(a *app) any { return a.server.Config().ClientIdleTimeout }},
 		{"client-max-header-size", "memory", func(a *app) any { return a.server.Config().MaxRequestHeaderSize }},
+		{"client-max-conns", "memory", func(a *app) any { return a.server.Config().MaxClientConns }},
 		{"drain-timeout", "memory", func(a *app) any { return a.server.Config().DrainTimeout }},
 		{"cache-size", "memory", func(a *app) any { return a.cache.Config().Size }},
 		{"cache-negative-size", "memory", func(a *app) any { return a.cache.Config().NegativeSize }},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -324,6 +325,69 @@ func TestServeWiresConnectionSettings(t *testing.T) {
 			t.Errorf("stalled upload: %d, want 408", st)
 		}
 	})
+}
+
+// client.max_conns (flag and environment variable) reaches the traffic
+// listeners, across plain HTTP and HTTPS, and not the admin listener: the
+// connection over it is refused with 503 proxy_overloaded, and the
+// operator's health checks and scrapes still get in.
+func TestServeWiresClientMaxConns(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		getenv func(string) string
+	}{
+		{"flag", []string{"--client-max-conns", "1"}, noEnv},
+		{"env", nil, func(k string) string {
+			if k == "CUBEPROXY_CLIENT_MAX_CONNS" {
+				return "1"
+			}
+			return ""
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runServe(t, append([]string{"--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0",
+				"--admin-addr", "127.0.0.1:0", "--routes="}, tc.args...), tc.getenv)
+			if got := r.a.server.Config().MaxClientConns; got != 1 {
+				t.Fatalf("server runs with MaxClientConns %d, want 1", got)
+			}
+			ask := func(addr string) (net.Conn, *http.Response, string) {
+				t.Helper()
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.WriteString(c, "GET /admin/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("no answer from %s: %v", addr, err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				return c, resp, string(b)
+			}
+			// The held connection: any answer (400, no sandbox named) keeps it open.
+			if _, resp, _ := ask(r.a.httpLn.Addr().String()); resp.StatusCode == 503 {
+				t.Fatal("first connection refused")
+			}
+			if _, resp, body := ask(r.a.httpLn.Addr().String()); resp.StatusCode != 503 || !strings.Contains(body, `"code":"proxy_overloaded"`) {
+				t.Errorf("second connection with client.max_conns 1: %d %s, want 503 proxy_overloaded", resp.StatusCode, body)
+			}
+			c, err := tls.Dial("tcp", r.a.httpsLn.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+			if err == nil {
+				c.Close()
+				t.Error("HTTPS connection over client.max_conns was let in: the limit is one for every traffic listener")
+			}
+			for range 3 {
+				if _, resp, body := ask(r.a.adminLn.Addr().String()); resp.StatusCode != 200 {
+					t.Fatalf("admin listener with client.max_conns open: %d %s", resp.StatusCode, body)
+				}
+			}
+		})
+	}
 }
 
 // serveBackend serves backend on a loopback port until the test ends and

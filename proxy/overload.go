@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// limit makes l a listener of client traffic: every connection it accepts
+// counts in open (shared by all traffic listeners) until it closes, and
+// one that would make open exceed max (> 0) is refused at once.
+func (l *retryListener) limit(open *atomic.Int64, max int64) {
+	l.open, l.max = open, max
+	if max > 0 {
+		l.answer = overloadAnswer()
+		l.scratch = make([]byte, 4<<10)
+	}
+}
+
+// admit counts a new connection in, unless max are open already. One
+// atomic add: the limit holds exactly across listeners accepting at once.
+func (l *retryListener) admit() bool {
+	if n := l.open.Add(1); l.max > 0 && n > l.max {
+		l.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// refuseDrainReads bounds the reads of what a refused client already sent
+// (each of len(scratch)).
+const refuseDrainReads = 16
+
+// refuse answers a connection over client.max_conns and closes it, on the
+// accept goroutine, without ever waiting for the client: a refusal must
+// cost next to nothing, since it happens when the proxy has no room, and
+// a client that never reads (or never sends) must not hold up the
+// clients behind it. No goroutine is started for it. So:
+//
+//   - Plain HTTP gets the proxy's JSON 503 proxy_overloaded with
+//     Retry-After and Connection: close, in one non-blocking write before
+//     its request is read (a fresh socket's send buffer always takes it);
+//     the request is not parsed, so it is JSON even for a browser.
+//   - HTTPS is closed without a TLS answer: answering needs a handshake,
+//     the most expensive thing a proxy out of room could spend CPU on,
+//     paced by the client. The client sees the connection end during the
+//     handshake, as from nginx out of worker_connections.
+//
+// What the client already sent is read and dropped (non-blocking, at most
+// 64 KiB) so that the close is a FIN rather than a reset that could
+// destroy the answer in the client's buffers. Refusals are counted
+// (cubeproxy_connections_refused_total) and logged at most every 10 s.
+func (l *retryListener) refuse(c net.Conn) {
+	l.metrics.ConnRefused()
+	l.refused++
+	if now := time.Now(); now.Sub(l.refusedLogged) >= 10*time.Second {
+		l.log.Warn("refusing client connections: client.max_conns are open (503 proxy_overloaded); raise it if memory allows",
+			"addr", l.Addr().String(), "max_conns", l.max, "refused", l.refused)
+		l.refusedLogged, l.refused = now, 0
+	}
+	raw, isTLS := c, false
+	if tc, ok := c.(*tls.Conn); ok {
+		raw, isTLS = tc.NetConn(), true
+	}
+	if !isTLS {
+		writeNow(raw, l.answer)
+	}
+	discardNow(raw, l.scratch, refuseDrainReads)
+	_ = raw.Close()
+}
+
+// overloadAnswer renders the whole HTTP answer to a refused connection.
+func overloadAnswer() []byte {
+	e := proxyError{status: 503, code: CodeOverloaded, msg: "the proxy holds as many client connections as it may (client.max_conns); retry", retryAfter: 1}
+	body := appendErrorJSON(nil, e, nil)
+	b := []byte("HTTP/1.1 ")
+	b = strconv.AppendInt(b, int64(e.status), 10)
+	b = append(b, ' ')
+	b = append(b, fasthttp.StatusMessage(e.status)...)
+	b = append(b, "\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: "...)
+	b = strconv.AppendInt(b, int64(e.retryAfter), 10)
+	b = append(b, "\r\nConnection: close\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(len(body)), 10)
+	b = append(b, "\r\n\r\n"...)
+	return append(b, body...)
+}

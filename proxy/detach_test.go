@@ -416,6 +416,23 @@ func tcpSocketOpen(t *testing.T, local, remote int) bool {
 	return false
 }
 
+// acceptPair connects to ln and returns both ends of the connection, the
+// accepted one first; they are closed when the test ends.
+func acceptPair(t *testing.T, ln net.Listener) (net.Conn, net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return s, c
+}
+
 // tcpSocketOpen sees a connection's socket while it is open and stops
 // seeing it once a reset took it away, with the listener of its port still
 // there.
@@ -425,15 +442,7 @@ func TestTCPSocketOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, c := acceptPair(t, ln)
 	local, remote := s.LocalAddr().(*net.TCPAddr).Port, s.RemoteAddr().(*net.TCPAddr).Port
 	if !tcpSocketOpen(t, local, remote) {
 		t.Fatal("an open connection's socket not found")

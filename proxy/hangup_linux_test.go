@@ -199,20 +199,7 @@ func TestHangupWatchCtlCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	// pair returns the server side of a new connection and its client.
-	pair := func() (net.Conn, net.Conn) {
-		t.Helper()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(); s.Close() })
-		return s, c
-	}
+	pair := func() (net.Conn, net.Conn) { return acceptPair(t, ln) }
 	fdOf := func(c net.Conn) uintptr {
 		var fd uintptr
 		if err := rawConn(c).Control(func(f uintptr) { fd = f }); err != nil {

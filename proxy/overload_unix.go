@@ -10,12 +10,8 @@ import (
 // writeNow makes one non-blocking write of b to c: whatever the socket
 // does not take at once is dropped, and nothing waits.
 func writeNow(c net.Conn, b []byte) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConn(c)
+	if rc == nil {
 		return
 	}
 	_ = rc.Write(func(fd uintptr) bool {
@@ -27,12 +23,8 @@ func writeNow(c net.Conn, b []byte) {
 // discardNow reads what c holds already into buf and drops it, at most
 // reads times, without waiting for more.
 func discardNow(c net.Conn, buf []byte, reads int) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConn(c)
+	if rc == nil {
 		return
 	}
 	_ = rc.Read(func(fd uintptr) bool {

@@ -284,21 +284,19 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	switch {
 	case errors.Is(err, routing.ErrNotFound):
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil {
-			switch sb.state.Load() {
-			case stateKilled:
+			if sb.state.Load() == stateKilled {
 				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 				return
-			case statePausing, statePaused:
-				// The store itself says the route is gone (not the
-				// negative cache, which may predate a route written
-				// since): the sandbox was removed without meta/delete, as
-				// the control plane does in Redis. Its pause is forgotten,
-				// as DELETE /admin/routes forgets it: a paused entry is
-				// never swept, and a sandbox created again under the id
-				// is a new one, not paused.
-				if x.cache == telemetry.CacheMiss {
-					p.sandboxes.forget(x.sandboxID)
-				}
+			}
+			// The store itself says the route is gone (not the negative
+			// cache, which may predate a route written since): the
+			// sandbox was removed without meta/delete, as the control
+			// plane does in Redis. Its entry is forgotten, as DELETE
+			// /admin/routes forgets it: a paused entry is never swept, a
+			// running one only a day after its last request, and a
+			// sandbox created again under the id is a new one.
+			if x.cache == telemetry.CacheMiss {
+				p.sandboxes.forget(x.sandboxID)
 			}
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)

@@ -40,6 +40,9 @@ type sandboxState struct {
 	changedAt  atomic.Int64 // unix nanos of the last state change
 	lastActive atomic.Int64 // unix millis
 	active     atomic.Int64
+	// unsure: the sandbox's route was invalidated while it was running;
+	// the janitor asks whether it still exists (Proxy.recheckInvalidated).
+	unsure atomic.Bool
 }
 
 // sandboxes maps sandbox id -> *sandboxState.
@@ -148,17 +151,28 @@ func (s *sandboxes) forget(id string) {
 
 // Invalidate drops id's cached route, for the Redis subscriber
 // (redisstore.Invalidator): the control plane publishes the id of a
-// sandbox it changed or removed, and every instance gets it. A sandbox
-// this instance holds paused is then read again, in the background: when
-// Redis no longer has its route, the sandbox was removed without
-// meta/delete and its pause is forgotten, as a request that finds the
-// route gone forgets it. Most instances behind a balancer get no request
-// for a given sandbox, and kept its pause for ever.
+// sandbox it changed or removed, and every instance gets it. Most
+// instances behind a balancer get no request for a given sandbox, and
+// a sandbox removed without meta/delete kept its entry: a pause for ever,
+// a running sandbox's entry (and its last_active line) for the day the
+// sweep waits, one per sandbox removed: at the platform's 100-300 removals
+// a second, millions of entries.
+//
+// A sandbox this instance holds paused is read again at once, in the
+// background, and its pause forgotten when Redis no longer has its route
+// (a sandbox created again under the id must not answer 503). A running
+// one is only marked: the janitor asks about it within a minute
+// (recheckInvalidated), by then from the cache when the sandbox had a
+// request meanwhile, so that an invalidation does not make every instance
+// read the route at once. A kill's tombstone stays, and is not read for.
 func (p *Proxy) Invalidate(id string) int {
 	n := p.cache.Invalidate(id)
 	if sb := p.sandboxes.peek(id); sb != nil {
-		if st := sb.state.Load(); st == statePausing || st == statePaused {
+		switch sb.state.Load() {
+		case statePausing, statePaused:
 			go p.forgetIfGone(id)
+		case stateRunning:
+			sb.unsure.Store(true)
 		}
 	}
 	return n
@@ -168,18 +182,57 @@ func (p *Proxy) Invalidate(id string) int {
 // (redisstore.Invalidator); sandbox states stay.
 func (p *Proxy) ExpireAll() int { return p.cache.ExpireAll() }
 
-// forgetIfGone forgets id when the store says it has no route for it; a
-// store that cannot answer forgets nothing. The cache bounds the read
-// (LookupTimeout) and shares it with requests for id.
-func (p *Proxy) forgetIfGone(id string) {
+// forgetIfGone forgets id when the store says it has no route for it. It
+// reports whether the answer settles the question: not when the store
+// could not answer, nor from the negative cache, whose answer may predate
+// a route written since. The cache bounds the read (LookupTimeout) and
+// shares it with requests for id.
+func (p *Proxy) forgetIfGone(id string) bool {
 	_, res, err := p.cache.Get(context.Background(), []byte(id))
-	if res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound) {
+	var fe *routing.FieldError
+	switch {
+	case err == nil:
+		return true
+	case res != routing.CacheMiss:
+		return false
+	case errors.Is(err, routing.ErrNotFound):
 		p.sandboxes.forget(id)
+		return true
+	}
+	return errors.As(err, &fe) // the route is there, if invalid
+}
+
+// recheckInvalidated forgets the running sandboxes whose route was
+// invalidated (Invalidate) and is no longer in the store, asking through
+// the cache: a sandbox that had a request since is a hit, so only idle
+// ones cost a store read, one after the other. It stops early when stop
+// is closed; what it did not settle is asked about next time.
+func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
+	var ids []string
+	p.sandboxes.m.Range(func(k, v any) bool {
+		if e := v.(*sandboxState); e.unsure.Load() && e.active.Load() <= 0 && e.state.Load() == stateRunning {
+			ids = append(ids, k.(string))
+		}
+		return true
+	})
+	for _, id := range ids {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		// Cleared before the read: an invalidation during it marks the
+		// sandbox again, for the next round.
+		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(id) {
+			sb.unsure.Store(true)
+		}
 	}
 }
 
 // sweep forgets running sandboxes idle for longer than idle, and killed
-// tombstones older than killedTTL, so the map tracks live sandboxes only.
+// tombstones older than killedTTL. A sandbox removed from the store is
+// forgotten sooner (forget), when a request or, after an invalidation,
+// recheckInvalidated finds its route gone.
 func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 	idleCut := now.Add(-idle).UnixMilli()
 	killedCut := now.Add(-killedTTL).UnixNano()

@@ -29,8 +29,10 @@ func redisStore(t *testing.T) (*testenv.Redis, *redisstore.Store) {
 // found the state map one entry larger for every sandbox paused and then
 // removed so: a paused entry is never swept, and nothing else forgot it.
 // A sandbox created again under the id was answered 503 "paused" for the
-// pause of the one removed. A lookup that finds the route gone in Redis
-// forgets the pause; a kill's tombstone stays (410 for its hour).
+// pause of the one removed. A running sandbox's entry stayed the day the
+// sweep waits: under the platform's churn, one entry (and one last_active
+// line) per sandbox removed, millions a day. A lookup that finds the route
+// gone in Redis forgets the entry; a kill's tombstone stays (410 for its hour).
 func TestRedisRemovedPausedSandboxIsForgotten(t *testing.T) {
 	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) { o.store = store })
@@ -54,6 +56,7 @@ func TestRedisRemovedPausedSandboxIsForgotten(t *testing.T) {
 		after int // status once the route is gone from Redis
 		again int // status once a route is written again under the id
 	}{
+		{"running", false, 404, 200}, // had traffic: its last activity goes too
 		{"paused", false, 404, 200},
 		{"pausing", false, 404, 200},
 		{"killed", true, 410, 200}, // a newer CreatedAt lifts the kill
@@ -135,8 +138,10 @@ func TestRedisNegativeHitKeepsPause(t *testing.T) {
 // An instance that gets no request for a sandbox (most of them, behind a
 // balancer) learns of its removal only from the control plane's PUBLISH:
 // the subscriber hands the id to the proxy, which reads the route again
-// and forgets the pause when Redis no longer has it. A paused sandbox
-// whose route is still there stays paused.
+// (at once for a paused sandbox, in the janitor's next round for a
+// running one) and forgets the sandbox's entry (its pause, its last
+// activity) when Redis no longer has it. A sandbox whose route is still
+// there is kept, paused or not.
 func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) { o.store = store })
@@ -155,9 +160,11 @@ func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 		remove bool // delete the route before publishing
 		kept   bool
 	}{
+		{"running", true, false}, // its entry and last_active line go too
 		{"paused", true, false},
 		{"pausing", true, false},
-		{"paused", false, true}, // only changed: still paused
+		{"paused", false, true},  // only changed: still paused
+		{"running", false, true}, // only changed: still known
 	}
 	for _, tc := range cases {
 		t.Run(tc.state+"/remove="+strconv.FormatBool(tc.remove), func(t *testing.T) {
@@ -181,10 +188,24 @@ func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.state == "running" {
+				// A running sandbox is asked about by the janitor's
+				// round, once a minute, not at once by every instance.
+				testenv.WaitFor(t, 5*time.Second, "invalidations applied", func() bool {
+					return sub.Applied() >= applied+perCase
+				})
+				h.proxy.recheckInvalidated(nil)
+			}
 			if tc.kept {
 				testenv.WaitFor(t, 5*time.Second, "invalidations applied", func() bool {
 					return sub.Applied() >= applied+perCase
 				})
+				if n := sandboxCount(h.proxy); n != before+perCase {
+					t.Fatalf("%d sandbox entries, want %d: a sandbox still in Redis was forgotten", n, before+perCase)
+				}
+				if tc.state == "running" {
+					return
+				}
 				for _, id := range ids {
 					if st, _, _ := h.get("8080-"+id+".cube.test", "/"); st != 503 {
 						t.Fatalf("GET %s: %d, want 503 (still paused)", id, st)

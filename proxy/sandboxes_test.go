@@ -192,3 +192,33 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 		t.Fatalf("sandbox entries after the sweep: %d, want %d (state %s)", n, before, stateNames[h.proxy.sandboxes.peek(id).state.Load()])
 	}
 }
+// An invalidation does not make every instance read the route of each
+// running sandbox it knows at once: the janitor's round asks about them
+// through the cache, so a sandbox that had a request since (its route
+// read again then) costs no store read; only idle ones do.
+func TestRecheckReadsOnlyIdleSandboxes(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	busy, idle := h.route("busy", port), h.route("idle", port)
+	for _, host := range []string{busy, idle} {
+		if st, _, _ := h.get(host, "/"); st != 200 {
+			t.Fatalf("GET %s: %d", host, st)
+		}
+	}
+	before := h.counts.n.Load()
+	h.proxy.Invalidate("busy")
+	h.proxy.Invalidate("idle")
+	if n := h.counts.n.Load(); n != before {
+		t.Fatalf("invalidating running sandboxes read the store %d times, want 0 until the janitor's round", n-before)
+	}
+	if st, _, _ := h.get(busy, "/"); st != 200 {
+		t.Fatalf("GET busy: %d", st)
+	}
+	h.proxy.recheckInvalidated(nil)
+	if n := h.counts.n.Load() - before; n != 2 { // busy's request, idle's check
+		t.Errorf("%d store reads, want 2: the request for busy and the check of idle", n)
+	}
+	if c := sandboxCount(h.proxy); c != 2 {
+		t.Errorf("%d sandbox entries, want 2: both routes are there", c)
+	}
+}

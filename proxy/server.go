@@ -104,6 +104,8 @@ type Server struct {
 	stopOnce sync.Once
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	// rechecking: a round of Proxy.recheckInvalidated is running.
+	rechecking atomic.Bool
 }
 
 // NewServer returns a server for p and admin (admin may be nil).
@@ -523,6 +525,17 @@ func (s *Server) janitor() {
 			if now.Sub(sandboxesSwept) >= time.Minute {
 				s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
 				sandboxesSwept = now
+				// Its own goroutine: a round of store reads (one per idle
+				// sandbox invalidated in the last minute) must not hold
+				// the pool sweeps.
+				if s.rechecking.CompareAndSwap(false, true) {
+					s.wg.Add(1)
+					go func() {
+						defer s.wg.Done()
+						defer s.rechecking.Store(false)
+						s.p.recheckInvalidated(s.stop)
+					}()
+				}
 			}
 		}
 	}

@@ -488,13 +488,22 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 		since = n
 	}
 	now := time.Now().UnixMilli()
-	entries := a.p.sandboxes.lastActive(since, now)
-	writeJSON(ctx, 200, map[string]any{
-		"now":     now,
-		"since":   since,
-		"count":   len(entries),
-		"entries": entries,
-	})
+	// The members first: the count precedes them in the answer.
+	entries, n := a.p.sandboxes.appendLastActive(nil, since, now)
+	b := make([]byte, 0, len(entries)+96)
+	b = append(b, `{"now":`...)
+	b = strconv.AppendInt(b, now, 10)
+	b = append(b, `,"since":`...)
+	b = strconv.AppendInt(b, since, 10)
+	b = append(b, `,"count":`...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	b = append(b, `,"entries":{`...)
+	b = append(b, entries...)
+	b = append(b, "}}\n"...)
+	ctx.Response.Header.SetContentType("application/json")
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	ctx.SetStatusCode(200)
+	ctx.SetBody(b)
 }
 
 // signToken issues a signed browser token: {"sandbox_id","port","ttl"}

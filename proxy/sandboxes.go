@@ -89,7 +89,6 @@ func (s *sandboxes) setState(id string, st uint32) int64 {
 func (p *Proxy) kill(id string) {
 	killedAt := p.sandboxes.setState(id, stateKilled)
 	p.pools.kill(id, killedAt)
-	p.streams.killTunnels()
 }
 
 // done counts one of the sandbox's requests finished at unix millis ms.

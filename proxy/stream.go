@@ -540,25 +540,11 @@ func (r *registry) addTunnel(t *tunnel) {
 	if r.aborted {
 		t.drainCut.Store(true)
 		t.close()
-	} else if t.pool != nil && t.pool.killed.Load() {
-		// Killed between its 101 and now: killTunnels did not see it.
-		t.killed.Store(true)
-		t.close()
 	}
 	r.mu.Unlock()
-}
-
-// killTunnels closes the tunnels whose sandbox pools.kill has killed
-// (called after it): their sandbox is gone, and its connection may never
-// reset on its own.
-func (r *registry) killTunnels() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for t := range r.tunnels {
-		if t.pool != nil && t.pool.killed.Load() {
-			t.killed.Store(true)
-			t.close()
-		}
+	if t.pool != nil {
+		// Where a kill finds it (and cuts it, when the kill came first).
+		t.pool.addTunnel(t)
 	}
 }
 
@@ -566,6 +552,9 @@ func (r *registry) removeTunnel(t *tunnel) {
 	r.mu.Lock()
 	delete(r.tunnels, t)
 	r.mu.Unlock()
+	if t.pool != nil {
+		t.pool.removeTunnel(t)
+	}
 }
 
 // endSSE ends every open event stream that a GET asked for cleanly: its

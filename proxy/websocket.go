@@ -36,6 +36,9 @@ type tunnel struct {
 	// tunnel is closed because pools.kill killed that pool.
 	pool   *upstream
 	killed atomic.Bool
+	// poolPrev, poolNext link the pool's list of tunnels (upstream.tunnels,
+	// under the pool's mu).
+	poolPrev, poolNext *tunnel
 
 	// backendGone: the sandbox's side is closed (or a write to it failed);
 	// the client's bytes are read and dropped from then on (see linger).

@@ -99,7 +99,9 @@ func TestDocsNameRealSettings(t *testing.T) {
 	} {
 		vars[v] = true
 	}
-	keys["client.address"] = true // the span attribute (OpenTelemetry's semantic conventions)
+	// The server span's attribute (OpenTelemetry's semantic conventions).
+	keys["client.address"] = true
+
 	for _, f := range []string{"sandbox", "port", "ttl", "ulimit", "from"} { // token sign's flags; docker's
 		flags[f] = true
 	}

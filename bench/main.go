@@ -3,6 +3,7 @@
 //	go run ./bench <scenario> [flags]   scenarios: http bytes sse idle ws mcp cold
 //	go run ./bench report -in samples.jsonl -out RESULTS.md
 //	go run ./bench wait -addr 127.0.0.1:18080 -port 20001
+//	go run ./bench soak -pid P -backend-pid B   (bench/soak.sh runs it)
 //
 // Every scenario dials -addr and sends the Host header built from -host
 // (placeholders {port} and {id}), so one binary measures CubeProxy, nginx and
@@ -48,6 +49,9 @@ func main() {
 	case "wait":
 		exitOn(runWait(args))
 		return
+	case "soak":
+		exitOn(runSoak(args))
+		return
 	}
 	fn, ok := scenarios[name]
 	if !ok {
@@ -77,7 +81,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: bench <http|bytes|sse|idle|ws|mcp|cold|report|wait> [flags]  (bench <cmd> -h for flags)")
+	fmt.Fprintln(os.Stderr, "usage: bench <http|bytes|sse|idle|ws|mcp|cold|report|wait|soak> [flags]  (bench <cmd> -h for flags)")
 	os.Exit(2)
 }
 

@@ -89,6 +89,9 @@ type sseParams struct {
 	interval time.Duration // pause between events; 0 = as fast as the socket takes them
 	hold     time.Duration // keep the stream open this long after the last event
 	maxDur   time.Duration // hard bound for the whole stream
+	// cut ends the stream by closing the connection after the last event,
+	// without the terminating chunk: a sandbox that dies mid-stream.
+	cut bool
 }
 
 // sse streams events over the hijacked connection: one write(2) per event,
@@ -102,6 +105,7 @@ func (b *fastBackend) sse(ctx *fasthttp.RequestCtx) {
 		interval: time.Duration(a.GetUintOrZero("interval_ms")) * time.Millisecond,
 		hold:     time.Duration(a.GetUintOrZero("hold_ms")) * time.Millisecond,
 		maxDur:   time.Duration(a.GetUintOrZero("max_ms")) * time.Millisecond,
+		cut:      a.GetBool("cut"),
 	}
 	if p.size == 0 {
 		p.size = 256
@@ -169,6 +173,9 @@ func streamSSE(c net.Conn, p sseParams, pad []byte) {
 		_ = c.SetReadDeadline(time.Now().Add(p.hold))
 		var one [1]byte
 		_, _ = c.Read(one[:])
+	}
+	if p.cut {
+		return // fasthttp closes a hijacked connection when this returns
 	}
 	_, _ = c.Write([]byte("0\r\n\r\n"))
 }

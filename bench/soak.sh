@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# soak.sh: run the real cubeproxy binary (store: redis) under mixed traffic
+# for a long while and check that nothing leaks or drifts.
+#
+#   bench/soak.sh                 6 min of load (+ 30 s warm-up, ≤ 1 min settle each)
+#   bench/soak.sh -d 20m          longer; any flag is passed to `bench soak`
+#                                 (-warm, -every, -settle, -kill-every, ...)
+#   SOAK_KEEP=1 bench/soak.sh     keep the work dir (logs)
+#
+# Starts redis-server, bench/backend and cubeproxy on fixed loopback ports of
+# their own (redis 16479, backend 21001/21002, proxy 18480, admin 18490), so
+# it can run next to compare.sh. Exit 0 = PASS, 1 = FAIL. See bench/README.md.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WORK=$(mktemp -d /tmp/cube-soak.XXXXXX)
+BIN=$WORK/bin
+REDIS_PORT=16479 FAST=21001 STD=21002 CUBE=18480 ADMIN=18490
+
+for p in $REDIS_PORT $FAST $STD $CUBE $ADMIN; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		echo "soak.sh: 127.0.0.1:$p is already in use (a leftover run?); stop it first" >&2
+		exit 1
+	fi
+done
+
+declare -A PID=()
+cleanup() {
+	local n
+	for n in "${!PID[@]}"; do kill "${PID[$n]}" 2>/dev/null || true; done
+	for n in "${!PID[@]}"; do wait "${PID[$n]}" 2>/dev/null || true; done
+	if [ "${SOAK_KEEP:-0}" = 1 ]; then
+		echo "soak.sh: work dir kept: $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if ! command -v redis-server >/dev/null; then
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+cd "$ROOT"
+go build -o "$BIN/bench" ./bench
+go build -o "$BIN/backend" ./bench/backend
+go build -o "$BIN/cubeproxy" ./cmd/cubeproxy
+
+redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+	>"$WORK/redis.log" 2>&1 &
+PID[redis]=$!
+for _ in $(seq 50); do
+	redis-cli -p $REDIS_PORT ping >/dev/null 2>&1 && break
+	sleep 0.1
+done
+
+# Streams the backend holds outlive the soak (-max-hold): whatever the
+# proxy frees, it frees because the client left or was cut, not because
+# the sandbox ended the stream.
+GOMAXPROCS=1 "$BIN/backend" -fast-ports $FAST -std-ports $STD -sandbox-ips 0 -max-hold 30m \
+	>"$WORK/backend.log" 2>&1 &
+PID[backend]=$!
+
+# Short idle timeouts, so that the end of the soak is reached in seconds:
+# keep-alive clients closed after 3 s, idle sandbox connections after 2 s
+# (their pools 2 s later). A small route cache, so that cold ids fill it
+# early and its bound, not the run's length, sets its size.
+"$BIN/cubeproxy" serve --store redis --redis-addr 127.0.0.1:$REDIS_PORT \
+	--http-addr 127.0.0.1:$CUBE --admin-addr 127.0.0.1:$ADMIN \
+	--access-log-format off --log-format text \
+	--client-idle-timeout 3s --upstream-idle-conn-timeout 2s --cache-size 1000 \
+	>"$WORK/cubeproxy.log" 2>&1 &
+PID[cubeproxy]=$!
+
+for _ in $(seq 100); do
+	curl -sf "http://127.0.0.1:$ADMIN/admin/healthz" >/dev/null 2>&1 &&
+		(exec 3<>"/dev/tcp/127.0.0.1/$FAST") 2>/dev/null && break
+	sleep 0.1
+done
+
+set +e
+GOMAXPROCS=1 "$BIN/bench" soak -addr 127.0.0.1:$CUBE -admin 127.0.0.1:$ADMIN \
+	-redis 127.0.0.1:$REDIS_PORT -fast-port $FAST -std-port $STD \
+	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" "$@"
+rc=$?
+set -e
+if ! kill -0 "${PID[cubeproxy]}" 2>/dev/null; then
+	echo "soak.sh: cubeproxy exited during the soak; its log:" >&2
+	tail -30 "$WORK/cubeproxy.log" >&2
+	rc=1
+fi
+if grep -qiE 'panic|fatal' "$WORK/cubeproxy.log"; then
+	echo "soak.sh: cubeproxy logged a panic:" >&2
+	grep -iE -m5 'panic|fatal' "$WORK/cubeproxy.log" >&2
+	rc=1
+fi
+exit $rc

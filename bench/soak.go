@@ -41,9 +41,11 @@ func runSoak(args []string) error {
 	settle := fs.Duration("settle", 60*time.Second, "longest wait, once the load stopped, for everything to come back")
 	goSlack := fs.Int("goroutine-slack", 8, "goroutines allowed above the baseline at the end")
 	fdSlack := fs.Int("fd-slack", 4, "descriptors (and sockets, proxy and backend) allowed above the baseline at the end")
-	heapSlack := fs.Float64("heap-slack-mib", 8, "live-heap growth allowed over the run (MiB)")
+	heapSlack := fs.Float64("heap-slack-mib", 3, "live-heap growth allowed over the run (MiB)")
 	killEvery := fs.Duration("kill-every", 10*time.Second, "kill and re-create a victim sandbox this often")
 	pauseEvery := fs.Duration("pause-every", 7*time.Second, "pause and resume the pausy sandbox this often")
+	only := fs.String("only", "", "comma-separated actors to run (default all; names as in the final table), to chase one finding")
+	pprofAddr := fs.String("pprof", "", "net/http/pprof address of the proxy (soak.sh SOAK_PPROF): the live heap is then read after a forced GC, exactly")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,13 +61,19 @@ func runSoak(args []string) error {
 		adminHC:   &http.Client{Timeout: soakOpTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}},
 		mcpClient: mcp.NewClient(&mcp.Implementation{Name: "cube-soak", Version: "v1"}, nil),
 	}
+	if *only != "" {
+		l.only = map[string]bool{}
+		for _, n := range strings.Split(*only, ",") {
+			l.only[strings.TrimSpace(n)] = true
+		}
+	}
 	ctx := context.Background()
 	for _, id := range append([]string{soakSandbox, soakPausy}, soakVictims...) {
 		if err := l.writeRoute(ctx, id, time.Now().UnixNano()); err != nil {
 			return err
 		}
 	}
-	sm := &soakSampler{admin: *admin, pid: *pid, backendPID: *backendPID, hc: l.adminHC, t0: time.Now()}
+	sm := &soakSampler{admin: *admin, pprof: *pprofAddr, pid: *pid, backendPID: *backendPID, hc: l.adminHC, t0: time.Now()}
 	fmt.Printf("soak: warm-up %s, load %s, sampling every %s, settle ≤ %s\n", *warm, *dur, *every, *settle)
 	printSoakHeader()
 
@@ -109,10 +117,13 @@ func runSoak(args []string) error {
 	fmt.Printf("\nbaseline → end: fds %d → %d, sockets %d → %d, goroutines %d → %d, backend sockets %d → %d, RSS %.1f → %.1f MiB\n",
 		base.fds, final.fds, base.sockets, final.sockets, base.goroutines, final.goroutines,
 		base.backendSockets, final.backendSockets, float64(base.rssKiB)/1024, float64(final.rssKiB)/1024)
-	fmt.Printf("live heap during load (next_gc/2): first quarter %.1f MiB, last quarter %.1f MiB, slope %+.2f MiB/min; peak RSS %.1f MiB\n",
-		trend.firstMiB, trend.lastMiB, trend.slopeMiBMin, float64(sm.peakRSS)/1024)
-	fmt.Printf("kills %d, pauses %d, cold ids %d, unknown ids %d; streams ended by kills %.0f\n",
-		l.kills.Load(), l.pauses.Load(), l.coldSeq.Load(), l.unkSeq.Load(), final.killedEnds)
+	fmt.Printf("live heap during load (%s): first quarter %.1f MiB, last quarter %.1f MiB, slope %+.2f MiB/min; peak RSS %.1f MiB\n",
+		trend.source, trend.firstMiB, trend.lastMiB, trend.slopeMiBMin, float64(sm.peakRSS)/1024)
+	if sm.pprof != "" {
+		fmt.Printf("live heap objects (after GC): baseline %d, end %d\n", base.heapObjects, final.heapObjects)
+	}
+	fmt.Printf("kills %d, pauses %d, cold ids %d, unknown ids %d; streams ended by kills %.0f; upstream retries %.0f\n",
+		l.kills.Load(), l.pauses.Load(), l.coldSeq.Load(), l.unkSeq.Load(), final.killedEnds, final.retries)
 	if len(reasons) > 0 {
 		fmt.Printf("\nFAIL: %s\n", strings.Join(reasons, "; "))
 		return errors.New("soak failed")
@@ -123,19 +134,21 @@ func runSoak(args []string) error {
 
 // soakPoint is one sample of the proxy (and the backend's sockets).
 type soakPoint struct {
-	at                  time.Duration
-	phase               string
-	fds, sockets        int
-	goroutines          int
-	rssKiB              int64
-	heapInuse, nextGC   float64
-	conns, streams, ws  float64
-	pools, idle         float64
-	backendSockets      int
-	cpuPct              float64
-	killedEnds          float64
-	metricFDs, requests float64
-	streamEndsByReason  map[string]float64
+	at                 time.Duration
+	phase              string
+	fds, sockets       int
+	goroutines         int
+	rssKiB             int64
+	heapInuse, nextGC  float64
+	conns, streams, ws float64
+	pools, idle        float64
+	backendSockets     int
+	cpuPct             float64
+	killedEnds         float64
+	retries            float64
+	metricFDs          float64
+	liveExact          float64 // HeapAlloc after a forced GC (-pprof), else 0
+	heapObjects        int64
 }
 
 // openGauges lists the gauges that are not back to zero.
@@ -172,19 +185,19 @@ func (p soakPoint) drift(base soakPoint, goSlack, fdSlack int) []string {
 }
 
 func printSoakHeader() {
-	fmt.Printf("%6s %-5s %5s %5s %5s %7s %7s %7s %5s %5s %4s %5s %5s %5s %5s\n",
-		"t(s)", "phase", "fds", "socks", "gor", "rss", "heapIU", "live", "conns", "strms", "ws", "pools", "idle", "bsock", "cpu%")
+	fmt.Printf("%6s %-5s %5s %5s %5s %7s %7s %7s %7s %5s %5s %4s %5s %5s %5s %5s\n",
+		"t(s)", "phase", "fds", "socks", "gor", "rss", "heapIU", "live", "objs", "conns", "strms", "ws", "pools", "idle", "bsock", "cpu%")
 }
 
 func (p soakPoint) print() {
-	fmt.Printf("%6.0f %-5s %5d %5d %5d %7.1f %7.1f %7.1f %5.0f %5.0f %4.0f %5.0f %5.0f %5d %5.1f\n",
+	fmt.Printf("%6.0f %-5s %5d %5d %5d %7.1f %7.1f %7.1f %7d %5.0f %5.0f %4.0f %5.0f %5.0f %5d %5.1f\n",
 		p.at.Seconds(), p.phase, p.fds, p.sockets, p.goroutines, float64(p.rssKiB)/1024,
-		p.heapInuse/(1<<20), p.nextGC/2/(1<<20), p.conns, p.streams, p.ws, p.pools, p.idle, p.backendSockets, p.cpuPct)
+		p.heapInuse/(1<<20), p.live()/(1<<20), p.heapObjects, p.conns, p.streams, p.ws, p.pools, p.idle, p.backendSockets, p.cpuPct)
 }
 
 // soakSampler reads the proxy's /metrics and /proc.
 type soakSampler struct {
-	admin           string
+	admin, pprof    string
 	pid, backendPID int
 	hc              *http.Client
 	t0              time.Time
@@ -195,7 +208,7 @@ type soakSampler struct {
 }
 
 func (s *soakSampler) sample(phase string) (soakPoint, error) {
-	p := soakPoint{at: time.Since(s.t0), phase: phase, streamEndsByReason: map[string]float64{}}
+	p := soakPoint{at: time.Since(s.t0), phase: phase}
 	m, err := s.scrape()
 	if err != nil {
 		return p, err
@@ -204,11 +217,17 @@ func (s *soakSampler) sample(phase string) (soakPoint, error) {
 	p.heapInuse = m["go_memstats_heap_inuse_bytes"][""]
 	p.nextGC = m["go_memstats_next_gc_bytes"][""]
 	p.metricFDs = m["process_open_fds"][""]
+	if s.pprof != "" {
+		if p.liveExact, p.heapObjects, err = s.liveHeap(); err != nil {
+			return p, err
+		}
+	}
 	p.conns = sumOf(m["cubeproxy_connections_open"])
 	p.streams = sumOf(m["cubeproxy_streams_open"])
 	p.ws = sumOf(m["cubeproxy_websockets_open"])
 	p.pools = sumOf(m["cubeproxy_upstream_pools"])
 	p.idle = sumOf(m["cubeproxy_upstream_idle_connections"])
+	p.retries = sumOf(m["cubeproxy_upstream_retries_total"])
 	for labels, v := range m["cubeproxy_streams_ended_total"] {
 		if strings.Contains(labels, `reason="killed"`) {
 			p.killedEnds += v
@@ -235,6 +254,39 @@ func (s *soakSampler) sample(phase string) (soakPoint, error) {
 	s.lastTicks, s.lastAt = ticks, now
 	s.points = append(s.points, p)
 	return p, nil
+}
+
+// liveHeap forces a collection in the proxy (pprof's heap?gc=1) and
+// returns the heap then allocated and its object count.
+func (s *soakSampler) liveHeap() (float64, int64, error) {
+	resp, err := s.hc.Get("http://" + s.pprof + "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, 0, fmt.Errorf("heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	var alloc float64
+	var objects int64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
+			alloc, _ = strconv.ParseFloat(v, 64)
+		} else if v, ok := strings.CutPrefix(sc.Text(), "# HeapObjects = "); ok {
+			objects, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if alloc == 0 {
+		return 0, 0, fmt.Errorf("heap profile: no HeapAlloc (%v)", sc.Err())
+	}
+	return alloc, objects, nil
+}
+
+// live is the live heap estimate of p, in bytes.
+func (p soakPoint) live() float64 {
+	if p.liveExact > 0 {
+		return p.liveExact
+	}
+	return p.nextGC / 2
 }
 
 // scrape returns /metrics as name -> labels -> value.
@@ -353,13 +405,15 @@ func (s *soakSampler) settle(timeout time.Duration, bad func(soakPoint) []string
 
 // heapTrendResult describes the live heap over one phase.
 type heapTrendResult struct {
+	source            string
 	firstMiB, lastMiB float64 // medians of the first and last quarter
 	slopeMiBMin       float64 // least-squares slope
 	growMiB           float64 // slope × the phase's length
 }
 
-// heapTrend fits the live heap (next_gc/2: the heap marked live at the
-// last collection, under GOGC=100) of a phase's samples. next_gc rather
+// heapTrend fits the live heap (next_gc/2: about the heap marked live at
+// the last collection, under GOGC=100; exact with -pprof) of a phase's
+// samples. next_gc rather
 // than heap_inuse: in use swings with the collection cycle, by up to the
 // live heap itself, while the goal moves only with what survives.
 func heapTrend(points []soakPoint, phase string) heapTrendResult {
@@ -367,10 +421,13 @@ func heapTrend(points []soakPoint, phase string) heapTrendResult {
 	for _, p := range points {
 		if p.phase == phase {
 			xs = append(xs, p.at.Minutes())
-			ys = append(ys, p.nextGC/2/(1<<20))
+			ys = append(ys, p.live()/(1<<20))
 		}
 	}
-	var r heapTrendResult
+	r := heapTrendResult{source: "next_gc/2"}
+	if len(points) > 0 && points[0].liveExact > 0 {
+		r.source = "HeapAlloc after GC"
+	}
 	if len(xs) < 4 {
 		return r
 	}

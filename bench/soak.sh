@@ -6,6 +6,11 @@
 #   bench/soak.sh -d 20m          longer; any flag is passed to `bench soak`
 #                                 (-warm, -every, -settle, -kill-every, ...)
 #   SOAK_KEEP=1 bench/soak.sh     keep the work dir (logs)
+#   SOAK_PPROF=127.0.0.1:18499 bench/soak.sh
+#                                 build the proxy from a copy of the module with
+#                                 net/http/pprof on that address (as profile.sh
+#                                 does), to take heap profiles during the run;
+#                                 SOAK_MEMPROFILERATE=1 records every allocation
 #
 # Starts redis-server, bench/backend and cubeproxy on fixed loopback ports of
 # their own (redis 16479, backend 21001/21002, proxy 18480, admin 18490), so
@@ -45,7 +50,35 @@ fi
 cd "$ROOT"
 go build -o "$BIN/bench" ./bench
 go build -o "$BIN/backend" ./bench/backend
-go build -o "$BIN/cubeproxy" ./cmd/cubeproxy
+if [ -n "${SOAK_PPROF:-}" ]; then
+	mkdir -p "$WORK/src"
+	tar -C "$ROOT" --exclude=./.git --exclude='*.test' -cf - . | tar -C "$WORK/src" -xf -
+	cat >"$WORK/src/cmd/cubeproxy/zz_soak_pprof.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+	"runtime"
+	"strconv"
+)
+
+// Added by bench/soak.sh only; never part of the tree.
+func init() {
+	if r, err := strconv.Atoi(os.Getenv("SOAK_MEMPROFILERATE")); err == nil {
+		runtime.MemProfileRate = r
+	}
+	if addr := os.Getenv("SOAK_PPROF"); addr != "" {
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+}
+EOF
+	(cd "$WORK/src" && go build -o "$BIN/cubeproxy" ./cmd/cubeproxy)
+	echo "soak.sh: pprof on http://$SOAK_PPROF/debug/pprof/ (work dir $WORK)" >&2
+else
+	go build -o "$BIN/cubeproxy" ./cmd/cubeproxy
+fi
 
 redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
 	>"$WORK/redis.log" 2>&1 &
@@ -64,12 +97,14 @@ PID[backend]=$!
 
 # Short idle timeouts, so that the end of the soak is reached in seconds:
 # keep-alive clients closed after 3 s, idle sandbox connections after 2 s
-# (their pools 2 s later). A small route cache, so that cold ids fill it
-# early and its bound, not the run's length, sets its size.
+# (their pools 2 s later). Small route caches, so that the unknown ids fill
+# the negative one during the warm-up: its expired entries stay until the
+# LRU evicts them, and with the default 10,000 they grow the heap through
+# the whole run, bounded, but a slope a leak would also have.
 "$BIN/cubeproxy" serve --store redis --redis-addr 127.0.0.1:$REDIS_PORT \
 	--http-addr 127.0.0.1:$CUBE --admin-addr 127.0.0.1:$ADMIN \
 	--access-log-format off --log-format text \
-	--client-idle-timeout 3s --upstream-idle-conn-timeout 2s --cache-size 1000 \
+	--client-idle-timeout 3s --upstream-idle-conn-timeout 2s --cache-size 1000 --cache-negative-size 256 ${SOAK_PROXY_FLAGS:-} \
 	>"$WORK/cubeproxy.log" 2>&1 &
 PID[cubeproxy]=$!
 
@@ -82,7 +117,7 @@ done
 set +e
 GOMAXPROCS=1 "$BIN/bench" soak -addr 127.0.0.1:$CUBE -admin 127.0.0.1:$ADMIN \
 	-redis 127.0.0.1:$REDIS_PORT -fast-port $FAST -std-port $STD \
-	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" "$@"
+	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" ${SOAK_PPROF:+-pprof "$SOAK_PPROF"} "$@"
 rc=$?
 set -e
 if ! kill -0 "${PID[cubeproxy]}" 2>/dev/null; then

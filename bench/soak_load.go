@@ -61,6 +61,7 @@ type soakLoad struct {
 	actors []*actorStats
 
 	killEvery, pauseEvery time.Duration
+	only                  map[string]bool // actors to run; empty = all
 	kills, pauses         atomic.Int64
 	coldSeq, unkSeq       atomic.Int64
 	nonce                 string
@@ -120,7 +121,11 @@ func (l *soakLoad) adminPost(path string, body any) error {
 // all of them (and every connection they held) are gone.
 func (l *soakLoad) run(ctx context.Context) {
 	var wg sync.WaitGroup
+	skip := func(name string) bool { return len(l.only) > 0 && !l.only[name] }
 	spawn := func(name string, n int, pause time.Duration, op func(ctx context.Context, a *actorStats, i int)) {
+		if skip(name) {
+			return
+		}
 		a := l.stats(name)
 		for w := range n {
 			wg.Add(1)
@@ -134,6 +139,9 @@ func (l *soakLoad) run(ctx context.Context) {
 		}
 	}
 	spawnConn := func(name string, n int, pause time.Duration, id string, port int, path string, want ...int) {
+		if skip(name) {
+			return
+		}
 		a := l.stats(name)
 		req := buildGET(path, l.host(port, id))
 		for range n {
@@ -154,15 +162,22 @@ func (l *soakLoad) run(ctx context.Context) {
 	spawn("sse-complete", 1, 20*time.Millisecond, l.sseComplete)
 	spawn("sse-client-cut", 2, 20*time.Millisecond, l.sseClientCut)
 	spawn("sse-sandbox-cut", 1, 20*time.Millisecond, l.sseSandboxCut)
+	spawn("sse-silent-cut", 2, 20*time.Millisecond, l.sseSilentCut)
+	spawn("upload", 1, 20*time.Millisecond, l.upload)
 	spawn("ws", 2, 20*time.Millisecond, l.wsSession)
 	spawn("mcp", 2, 50*time.Millisecond, l.mcpSession)
 	for _, v := range soakVictims {
 		spawn("victim-sse", 1, 100*time.Millisecond, func(ctx context.Context, a *actorStats, _ int) { l.victimSSE(ctx, a, v) })
 		spawn("victim-ws", 1, 100*time.Millisecond, func(ctx context.Context, a *actorStats, _ int) { l.victimWS(ctx, a, v) })
 	}
-	wg.Add(2)
-	go func() { defer wg.Done(); l.killer(ctx) }()
-	go func() { defer wg.Done(); l.pauser(ctx) }()
+	if !skip("kill+recreate") {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.killer(ctx) }()
+	}
+	if !skip("pause+resume") {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.pauser(ctx) }()
+	}
 	wg.Wait()
 }
 
@@ -414,6 +429,68 @@ func (l *soakLoad) sseSandboxCut(_ context.Context, a *actorStats, _ int) {
 	}
 	a.ok.Add(1)
 }
+
+// sseSilentCut leaves a stream that went silent after its first event
+// (FIN or reset, in turn): only the hang-up watch, not a write, can tell
+// the proxy that the client left.
+func (l *soakLoad) sseSilentCut(_ context.Context, a *actorStats, i int) {
+	rc, bs, err := l.openSSE(soakSandbox, "/sse?size=64&n=1&hold_ms=1800000", time.Now().Add(soakOpTimeout))
+	if err != nil {
+		a.fail(err)
+		return
+	}
+	if _, err := readEvents(bs, 1); err != nil {
+		rc.close()
+		a.fail(err)
+		return
+	}
+	time.Sleep(time.Duration(200+i%5*200) * time.Millisecond)
+	if i%2 == 0 {
+		rc.close()
+	} else {
+		resetClose(rc.conn)
+	}
+	a.ok.Add(1)
+}
+
+// upload sends a 256 KiB body, whole (200) or reset half-way, in turn.
+func (l *soakLoad) upload(_ context.Context, a *actorStats, i int) {
+	const size = 256 << 10
+	rc := newRawConn(l.addr, 4<<10)
+	rc.deadline = time.Now().Add(soakOpTimeout)
+	if err := rc.dial(); err != nil {
+		a.fail(err)
+		return
+	}
+	head := "POST /small HTTP/1.1\r\nHost: " + l.host(l.fast, soakSandbox) +
+		"\r\nContent-Type: application/octet-stream\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n"
+	body := soakUploadBody[:size]
+	if i%2 == 1 {
+		body = body[:size/2]
+	}
+	if _, err := rc.conn.Write(append([]byte(head), body...)); err != nil {
+		resetClose(rc.conn)
+		a.fail(err)
+		return
+	}
+	if i%2 == 1 {
+		resetClose(rc.conn)
+		a.ok.Add(1)
+		return
+	}
+	defer rc.close()
+	if err := rc.hdr.Read(rc.br); err != nil {
+		a.fail(fmt.Errorf("read response header: %w", err))
+		return
+	}
+	if _, err := discardBody(rc.br, rc.hdr.ContentLength()); err != nil {
+		a.fail(err)
+		return
+	}
+	classify(a, rc.hdr.StatusCode(), []int{200})
+}
+
+var soakUploadBody = bytes.Repeat([]byte("upload-"), 256<<10/7+1)
 
 // upgrade is handshake on an already dialled connection.
 func (w *wsConn) upgrade(path, host string) error {

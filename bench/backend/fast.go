@@ -18,7 +18,11 @@ const (
 	maxBytesBody = 16 << 20 // largest /bytes?size= served
 	minEventSize = 32       // "data: " + 19-digit stamp + " " + "\n\n" fits
 	maxEventSize = 1 << 20
-	sseHeader    = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+	// Connection: close because fasthttp closes a hijacked connection when
+	// the stream ends: unannounced, the proxy pooled it after the last
+	// chunk, and a POST that took it before the FIN arrived got a 502 (a
+	// GET is re-sent), about once in a few thousand in bench/soak.sh.
+	sseHeader = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
 )
 
 // fastBackend serves the byte-oriented endpoints with as little CPU as

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,6 +47,7 @@ func runSoak(args []string) error {
 	pauseEvery := fs.Duration("pause-every", 7*time.Second, "pause and resume the pausy sandbox this often")
 	only := fs.String("only", "", "comma-separated actors to run (default all; names as in the final table), to chase one finding")
 	pprofAddr := fs.String("pprof", "", "net/http/pprof address of the proxy (soak.sh SOAK_PPROF): the live heap is then read after a forced GC, exactly")
+	pprofDir := fs.String("pprof-dir", os.TempDir(), "with -pprof, save heap profiles at the baseline and at the end here (base.heap.pprof, end.heap.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -96,6 +98,9 @@ func runSoak(args []string) error {
 		return err
 	}
 	base.print()
+	if err := sm.saveHeap(*pprofDir, "base.heap.pprof"); err != nil {
+		return err
+	}
 
 	if err := sm.loadPhase(l, "load", *dur, *every); err != nil {
 		return err
@@ -107,6 +112,9 @@ func runSoak(args []string) error {
 		return err
 	}
 
+	if err := sm.saveHeap(*pprofDir, "end.heap.pprof"); err != nil {
+		return err
+	}
 	var reasons []string
 	reasons = append(reasons, final.drift(base, *goSlack, *fdSlack)...)
 	trend := heapTrend(sm.points, "load")
@@ -279,6 +287,30 @@ func (s *soakSampler) liveHeap() (float64, int64, error) {
 		return 0, 0, fmt.Errorf("heap profile: no HeapAlloc (%v)", sc.Err())
 	}
 	return alloc, objects, nil
+}
+
+// saveHeap writes a heap profile taken after a forced collection to
+// dir/name (nothing without -pprof): diffed with go tool pprof
+// -diff_base, the baseline's and the end's show what stayed.
+func (s *soakSampler) saveHeap(dir, name string) error {
+	if s.pprof == "" {
+		return nil
+	}
+	resp, err := s.hc.Get("http://" + s.pprof + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("save heap profile: %w", err)
+	}
+	fmt.Printf("heap profile saved: %s\n", path)
+	return nil
 }
 
 // live is the live heap estimate of p, in bytes.

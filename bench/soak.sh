@@ -10,7 +10,9 @@
 #                                 build the proxy from a copy of the module with
 #                                 net/http/pprof on that address (as profile.sh
 #                                 does), to take heap profiles during the run;
-#                                 SOAK_MEMPROFILERATE=1 records every allocation
+#                                 SOAK_MEMPROFILERATE=1 records every allocation;
+#                                 base.heap.pprof and end.heap.pprof land in the
+#                                 work dir (kept with SOAK_KEEP=1)
 #
 # Starts redis-server, bench/backend and cubeproxy on fixed loopback ports of
 # their own (redis 16479, backend 21001/21002, proxy 18480, admin 18490), so
@@ -117,13 +119,21 @@ done
 set +e
 GOMAXPROCS=1 "$BIN/bench" soak -addr 127.0.0.1:$CUBE -admin 127.0.0.1:$ADMIN \
 	-redis 127.0.0.1:$REDIS_PORT -fast-port $FAST -std-port $STD \
-	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" ${SOAK_PPROF:+-pprof "$SOAK_PPROF"} "$@"
+	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" ${SOAK_PPROF:+-pprof "$SOAK_PPROF" -pprof-dir "$WORK"} "$@"
 rc=$?
 set -e
 if ! kill -0 "${PID[cubeproxy]}" 2>/dev/null; then
 	echo "soak.sh: cubeproxy exited during the soak; its log:" >&2
 	tail -30 "$WORK/cubeproxy.log" >&2
 	rc=1
+fi
+# Warnings are not a verdict (a kill may log some), but a new kind of
+# them in a soak is worth a look: each kind once, with its count.
+warns=$(grep -E 'level=(WARN|ERROR)' "$WORK/cubeproxy.log" | sed -E 's/^time=[^ ]+ //; s/ (sandbox_id|remote_addr|addr|err)=[^ ]+//g' |
+	sort | uniq -c | sort -rn | head -8 || true)
+if [ -n "$warns" ]; then
+	echo "soak.sh: cubeproxy warnings and errors (count, message):" >&2
+	echo "$warns" >&2
 fi
 if grep -qiE 'panic|fatal' "$WORK/cubeproxy.log"; then
 	echo "soak.sh: cubeproxy logged a panic:" >&2

@@ -85,6 +85,30 @@ func TestSSEEventsCarrySendTimeAndExactSize(t *testing.T) {
 	}
 }
 
+// TestSSEEndsAsAsked: a stream ends with its last chunk, or without it
+// (cut=1, a sandbox dying mid-stream); either way the connection closes,
+// and the head says so (a proxy must not pool it).
+func TestSSEEndsAsAsked(t *testing.T) {
+	base := startFast(t)
+	for _, c := range []struct {
+		query   string
+		wantErr bool // the chunked body breaks off
+	}{{"", false}, {"&cut=1", true}} {
+		resp, err := http.Get(base + "/sse?size=64&n=2" + c.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if (err != nil) != c.wantErr || len(b) != 128 {
+			t.Errorf("%q: %d bytes, err %v; want 128 bytes, error %t", c.query, len(b), err, c.wantErr)
+		}
+		if !resp.Close {
+			t.Errorf("%q: the head does not say Connection: close", c.query)
+		}
+	}
+}
+
 func TestSSEIdleHoldsUntilPeerCloses(t *testing.T) {
 	base := startFast(t)
 	resp, err := http.Get(base + "/sse?size=64&n=1&hold_ms=5000")

@@ -71,6 +71,14 @@ func (t *tunnel) close() {
 	past := time.Unix(1, 0)
 	_ = t.client.SetDeadline(past)
 	_ = t.backend.SetDeadline(past)
+	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && (t.killed.Load() || t.drainCut.Load()) {
+		// A cut owes a TLS client no close_notify: crypto/tls sends it with
+		// a 5 s write deadline of its own, which a client that stopped
+		// reading made a kill (under its pool's lock) or the drain (under
+		// the registry's) wait out, per tunnel. Closing the socket first
+		// makes that write fail at once.
+		_ = nc.NetConn().Close()
+	}
 	_ = t.client.Close()
 	_ = t.backend.Close()
 }

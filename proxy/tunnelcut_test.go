@@ -2,9 +2,6 @@ package proxy
 
 import (
 	"crypto/tls"
-	"errors"
-	"net"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +44,7 @@ func TestTunnelCutClosesStalledTLSClientAtOnce(t *testing.T) {
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
-			fillSendBuffer(t, s) // the client reads nothing from here on
+			testenv.Fill(t, rawConn(s)) // the client reads nothing from here on
 
 			backend, _ := acceptPair(t, ln)
 			tn := &tunnel{client: server, backend: backend}
@@ -58,27 +55,5 @@ func TestTunnelCutClosesStalledTLSClientAtOnce(t *testing.T) {
 				t.Errorf("cutting the tunnel took %v: its TLS client's close waited", d)
 			}
 		})
-	}
-}
-
-// fillSendBuffer writes to c's socket until the kernel takes no more.
-func fillSendBuffer(t *testing.T, c net.Conn) {
-	t.Helper()
-	raw := rawConn(c)
-	if raw == nil {
-		t.Fatal("no raw connection")
-	}
-	chunk := make([]byte, 64<<10)
-	var werr error
-	for werr == nil {
-		if err := raw.Write(func(fd uintptr) bool {
-			_, werr = syscall.Write(int(fd), chunk)
-			return true // report EAGAIN instead of waiting
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !errors.Is(werr, syscall.EAGAIN) {
-		t.Fatalf("filling the send buffer: %v", werr)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -198,19 +197,7 @@ func fillPipe(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	chunk := make([]byte, 4096)
-	var werr error
-	for werr == nil {
-		if cerr := raw.Write(func(fd uintptr) bool {
-			_, werr = syscall.Write(int(fd), chunk)
-			return true // report EAGAIN instead of waiting
-		}); cerr != nil {
-			t.Fatal(cerr)
-		}
-	}
-	if !errors.Is(werr, syscall.EAGAIN) {
-		t.Fatalf("filling the pipe: %v", werr)
-	}
+	testenv.Fill(t, raw)
 }
 
 // The access log's default sink, stdout, is the stdout serve was given, as

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 roots and sampling, deprecated by MCP 2026-07-28 (SEP-2577), stay in use for its deprecation window of at least a year, and the proxy must relay them.
+
 package proxy
 
 import (

@@ -314,7 +314,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 // liftKill forgets a meta/delete of id: a route stored again is a
 // re-created sandbox, no longer killed.
 func (a *Admin) liftKill(id string) {
-	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state.Load() == stateKilled {
+	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state() == stateKilled {
 		a.p.sandboxes.setState(id, stateRunning)
 	}
 }

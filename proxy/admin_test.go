@@ -763,7 +763,7 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 	put(time.Now().Add(time.Second))
 	testenv.WaitFor(t, 5*time.Second, "the killed sandbox's exchanges released", func() bool {
 		s, w := h.proxy.streams.open()
-		return s == 0 && w == 0 && h.proxy.sandboxes.peek("doomed").active.Load() == 0
+		return s == 0 && w == 0 && h.proxy.sandboxes.peek("doomed").inFlight() == 0
 	})
 	if code, body, _ := h.get(httpHost, "/"); code != 200 || body != "ok" {
 		t.Fatalf("recreated sandbox: %d %s", code, body)
@@ -836,9 +836,9 @@ func TestLastActiveAtScale(t *testing.T) {
 		e := h.proxy.sandboxes.get([]byte("sbx-" + strconv.Itoa(i)))
 		e.lastActive.Store(now - int64(i))
 	}
-	h.proxy.sandboxes.get([]byte("open")).active.Store(1) // a stream open: active now
-	h.proxy.sandboxes.get([]byte("never"))                // no request yet: not listed
-	since := now - n/2 + 1                                // half the sandboxes, and the open one
+	h.proxy.sandboxes.get([]byte("open")).enter() // a stream open: active now
+	h.proxy.sandboxes.get([]byte("never"))        // no request yet: not listed
+	since := now - n/2 + 1                        // half the sandboxes, and the open one
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI("/admin/last_active?since=" + strconv.FormatInt(since, 10))
 	allocs := testing.AllocsPerRun(5, func() {

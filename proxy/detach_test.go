@@ -345,7 +345,7 @@ func TestPipelinedStreamWhoseClientResetsIsReleased(t *testing.T) {
 				t.Fatal("the sandbox connection of a stream whose client reset before it started is still open")
 			}
 			testenv.WaitFor(t, 5*time.Second, "the sandbox's request count to drop", func() bool {
-				return h.proxy.sandboxes.peek(id).active.Load() == 0
+				return h.proxy.sandboxes.peek(id).inFlight() == 0
 			})
 			if s, w := h.proxy.streams.open(); s != 0 || w != 0 {
 				t.Errorf("%d streams and %d tunnels still registered", s, w)

@@ -217,7 +217,7 @@ func TestMetricsGaugesReturnToZero(t *testing.T) {
 		return true
 	})
 	for _, id := range []string{"sbxgauges", "sbxgaugesws", "sbxgaugesdead"} {
-		if sb := h.proxy.sandboxes.peek(id); sb == nil || sb.active.Load() != 0 {
+		if sb := h.proxy.sandboxes.peek(id); sb == nil || sb.inFlight() != 0 {
 			t.Errorf("sandbox %s: state %+v, want an entry with no request in flight", id, sb)
 		}
 	}

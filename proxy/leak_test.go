@@ -267,7 +267,7 @@ func (e *leakEnv) leakState(t *testing.T) string {
 		out = append(out, fmt.Sprintf("%d watched SSE clients", n))
 	}
 	p.sandboxes.m.Range(func(k, v any) bool {
-		if n := v.(*sandboxState).active.Load(); n != 0 {
+		if n := v.(*sandboxState).inFlight(); n != 0 {
 			out = append(out, fmt.Sprintf("sandbox %s: %d requests in flight", k, n))
 		}
 		return true

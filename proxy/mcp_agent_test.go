@@ -419,7 +419,7 @@ func TestMCPCancelledCallIsReleased(t *testing.T) {
 			}
 			testenv.WaitFor(t, 10*time.Second, "the call's stream released at the proxy", func() bool {
 				s, _ := h.proxy.streams.open()
-				return s == 0 && h.proxy.sandboxes.get([]byte("cancelbox")).active.Load() == 0
+				return s == 0 && h.proxy.sandboxes.get([]byte("cancelbox")).inFlight() == 0
 			})
 			if _, err := cs.ListTools(ctx, nil); err != nil {
 				t.Fatalf("session after a cancelled call: %v", err)
@@ -476,7 +476,7 @@ func TestMCPManyConcurrentSessions(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "every stream released", func() bool {
 		s, _ := h.proxy.streams.open()
-		return s == 0 && h.proxy.sandboxes.get([]byte("manybox")).active.Load() == 0
+		return s == 0 && h.proxy.sandboxes.get([]byte("manybox")).inFlight() == 0
 	})
 }
 
@@ -620,7 +620,7 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "wait"}, started, toolDone, 5*time.Second)
 	testenv.WaitFor(t, 10*time.Second, "the call's slot released, the listen stream kept", func() bool {
 		s, _ := h.proxy.streams.open()
-		return s == 1 && sb.active.Load() == 1
+		return s == 1 && sb.inFlight() == 1
 	})
 
 	if err := cs.Close(); err != nil {
@@ -633,6 +633,6 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "the listen stream released at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
-		return s == 0 && sb.active.Load() == 0
+		return s == 0 && sb.inFlight() == 0
 	})
 }

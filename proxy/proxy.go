@@ -217,34 +217,47 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 
 	sb := p.sandboxes.get(id)
-	switch sb.state.Load() {
-	case statePausing:
-		x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
-		return
-	case statePaused:
-		x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
-		return
-	case stateKilled:
-		// A sandbox created after the kill (same id, new CreatedAt) is a
-		// new sandbox: its route is served and the tombstone forgotten.
-		if route.CreatedAt <= sb.changedAt.Load() {
-			x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+	var addr netip.AddrPort
+	for {
+		switch sb.state() {
+		case statePausing:
+			x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
+			return
+		case statePaused:
+			x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
+			return
+		case stateKilled:
+			// A sandbox created after the kill (same id, new CreatedAt) is a
+			// new sandbox: its route is served and the tombstone forgotten.
+			if route.CreatedAt <= sb.changedAt.Load() {
+				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+				return
+			}
+			sb.casState(stateKilled, stateRunning)
+		}
+
+		var perr *proxyError
+		addr, perr = p.backend(route, t.Port)
+		x.backendIP = addr.Addr() // x.upstream waits for the dial (startUpstream)
+		if perr != nil {
+			x.fail(ctx, *perr, id)
 			return
 		}
-		sb.state.CompareAndSwap(stateKilled, stateRunning)
-	}
 
-	addr, perr := p.backend(route, t.Port)
-	x.backendIP = addr.Addr() // x.upstream waits for the dial (startUpstream)
-	if perr != nil {
-		x.fail(ctx, *perr, id)
-		return
-	}
-
-	if n := sb.active.Add(1); p.cfg.MaxStreamsPerSandbox > 0 && n > int64(p.cfg.MaxStreamsPerSandbox) {
-		sb.active.Add(-1)
-		x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
-		return
+		n, ok := sb.enter()
+		if !ok {
+			// Forgotten since get (its route deleted, or idle a day):
+			// counted there, the request would count for no other. The
+			// entry that replaces it may say killed or paused.
+			sb = p.sandboxes.get(id)
+			continue
+		}
+		if p.cfg.MaxStreamsPerSandbox > 0 && n > int64(p.cfg.MaxStreamsPerSandbox) {
+			sb.leave()
+			x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
+			return
+		}
+		break
 	}
 	sb.lastActive.Store(x.start.UnixMilli())
 
@@ -284,7 +297,7 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	switch {
 	case errors.Is(err, routing.ErrNotFound):
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil {
-			if sb.state.Load() == stateKilled {
+			if sb.state() == stateKilled {
 				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 				return
 			}
@@ -340,7 +353,7 @@ func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyEr
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	req := &ctx.Request
 	if perr := p.prepareRequest(ctx, x.seen, r, t, false); perr != nil {
-		sb.active.Add(-1)
+		sb.leave()
 		if perr.status == 413 {
 			p.lingerBody(ctx)
 		}
@@ -399,7 +412,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		err = errUnaskedSwitch
 	}
 	if err != nil {
-		sb.active.Add(-1)
+		sb.leave()
 		if errors.Is(err, errBodyTooLarge) {
 			p.lingerBody(ctx)
 		}
@@ -430,7 +443,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	size := int64(resp.Header.ContentLength())
 	if !removeHopResponse(&resp.Header) {
 		c.release(p, false)
-		sb.active.Add(-1)
+		sb.leave()
 		p.upstreamError(ctx, x, errTooManyConnectionOptions, t.ID(), addr)
 		return
 	}

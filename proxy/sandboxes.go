@@ -13,15 +13,18 @@ import (
 )
 
 // Sandbox states set through POST /admin/state (and "killed" by
-// /admin/meta/delete). The zero value is running.
+// /admin/meta/delete). The zero value is running. stateGone is no state a
+// sandbox has: it marks an entry forget or sweep took out of the map
+// (sandboxes.retire), which nothing may count on or change any more.
 const (
 	stateRunning uint32 = iota
 	statePausing
 	statePaused
 	stateKilled
+	stateGone
 )
 
-var stateNames = [...]string{"running", "pausing", "paused", "killed"}
+var stateNames = [...]string{"running", "pausing", "paused", "killed", "gone"}
 
 func parseState(s string) (uint32, bool) {
 	for i, n := range stateNames[:3] {
@@ -37,28 +40,141 @@ func parseState(s string) (uint32, bool) {
 // (GET /admin/last_active) and how many requests are in flight (the
 // per-sandbox limit). One map lookup per request serves all three.
 type sandboxState struct {
-	state      atomic.Uint32
+	// word holds the state and the count of requests in flight, and a
+	// generation that every change of either bumps, so that one
+	// compare-and-swap can take the entry out of the map only if nothing
+	// happened to it since it was judged forgettable (sandboxes.retire):
+	//
+	//	bits  0-7   the state (stateRunning .. stateGone)
+	//	bits  8-31  requests in flight, a signed 24-bit count
+	//	bits 32-63  the generation; it wraps
+	//
+	// 2^23 requests in flight for one sandbox is far above what an
+	// instance's file descriptors allow. An unmatched leave would make
+	// the count -1 and borrow from the generation: harmless to both.
+	word       atomic.Uint64
 	changedAt  atomic.Int64 // unix nanos of the last state change
 	lastActive atomic.Int64 // unix millis
-	active     atomic.Int64
 	// unsure: the sandbox's route was invalidated while it was running;
 	// the janitor asks whether it still exists (Proxy.recheckInvalidated).
 	unsure atomic.Bool
 }
 
+const (
+	stateMask = 1<<8 - 1
+	countUnit = 1 << 8
+	genUnit   = 1 << 32
+)
+
+func stateOf(w uint64) uint32 { return uint32(w & stateMask) }
+
+func countOf(w uint64) int64 { return int64(int32(uint32(w)) >> 8) }
+
+// withState is w with state st and the next generation.
+func withState(w uint64, st uint32) uint64 { return (w&^stateMask | uint64(st)) + genUnit }
+
+// state returns the sandbox's state (stateGone once forgotten).
+func (e *sandboxState) state() uint32 { return stateOf(e.word.Load()) }
+
+// inFlight returns how many of the sandbox's requests are in flight.
+func (e *sandboxState) inFlight() int64 { return countOf(e.word.Load()) }
+
+// enter counts a request in and returns the count with it. It fails on
+// an entry forgotten since the caller looked it up: the caller looks the
+// sandbox up again (sandboxes.get gives a live entry) and counts there,
+// or its count would sit on an entry no other request sees.
+func (e *sandboxState) enter() (int64, bool) {
+	w := e.word.Add(countUnit)
+	if stateOf(w) == stateGone {
+		e.leave()
+		return 0, false
+	}
+	return countOf(w), true
+}
+
+// leave counts a request out. It bumps the generation too: a request
+// that began and ended while the sweep judged the entry idle (its
+// lastActive read before the request's) must make the sweep's retire
+// fail, though the count is back where it was.
+func (e *sandboxState) leave() { e.word.Add(genUnit - countUnit) }
+
+// setState sets the state to st; it fails only on an entry forgotten.
+func (e *sandboxState) setState(st uint32) bool {
+	for {
+		w := e.word.Load()
+		if stateOf(w) == stateGone {
+			return false
+		}
+		if e.word.CompareAndSwap(w, withState(w, st)) {
+			return true
+		}
+	}
+}
+
+// casState sets the state to to if it is from, and reports whether it did.
+func (e *sandboxState) casState(from, to uint32) bool {
+	for {
+		w := e.word.Load()
+		if stateOf(w) != from {
+			return false
+		}
+		if e.word.CompareAndSwap(w, withState(w, to)) {
+			return true
+		}
+	}
+}
+
 // sandboxes maps sandbox id -> *sandboxState.
+//
+// Entries leave the map without a lock (forget, sweep), and every other
+// user changes them without one; what keeps a change from landing on an
+// entry that is leaving is the entry's word. retire takes an entry out
+// in two steps: a compare-and-swap of the word seen when the entry was
+// judged forgettable to one in stateGone, then the map's delete of that
+// entry. The word changes with every state change (setState, casState)
+// and every request's start and end (enter, leave), so:
+//
+//   - a change before the swap makes it fail: retire looks again, and
+//     finds a kill, a pause or a request to keep the entry for;
+//   - a change after the swap finds stateGone: a request's enter fails
+//     and it looks the id up again, a state change retries on a fresh
+//     entry (sandboxes.setState), an un-kill is a request's and retries
+//     with it. get never returns an entry in stateGone: it deletes one it
+//     finds (helping its retire along) and stores a fresh one.
+//
+// lastActive and changedAt sit outside the word; their writers order
+// them against it: a request stores lastActive after its enter and
+// before its leave, setState stores changedAt before its swap, and
+// retire reads them after the word it swaps from. A write retire did not
+// see is followed by a change of the word: before retire's swap, the
+// swap fails; after it, the writer retries on a fresh entry.
 type sandboxes struct {
 	m sync.Map
+	// beforeRetire, for tests, runs between retire's reading of an entry
+	// and its swap, where a concurrent kill or request lands; nil in
+	// production.
+	beforeRetire func(id string)
 }
 
 // get returns the state for id without allocating when it exists. id may
 // alias a request buffer: the key is copied only when a new entry is stored.
 func (s *sandboxes) get(id []byte) *sandboxState {
-	if v, ok := s.m.Load(unsafe.String(unsafe.SliceData(id), len(id))); ok {
-		return v.(*sandboxState)
+	key := unsafe.String(unsafe.SliceData(id), len(id))
+	if v, ok := s.m.Load(key); ok {
+		e := v.(*sandboxState)
+		if e.state() != stateGone {
+			return e
+		}
+		s.m.CompareAndDelete(key, e)
 	}
-	v, _ := s.m.LoadOrStore(string(id), new(sandboxState))
-	return v.(*sandboxState)
+	for {
+		v, _ := s.m.LoadOrStore(string(id), new(sandboxState))
+		e := v.(*sandboxState)
+		if e.state() != stateGone {
+			return e
+		}
+		s.m.CompareAndDelete(key, e)
+	}
 }
 
 // peek returns the state for id, or nil.
@@ -71,15 +187,40 @@ func (s *sandboxes) peek(id string) *sandboxState {
 
 // setState sets id's state and returns the time of the change (unix nanos).
 func (s *sandboxes) setState(id string, st uint32) int64 {
-	e := s.get([]byte(id))
-	// The time first: a request that sees the new state must see its time
-	// too. serve un-kills a killed sandbox whose route is newer than
-	// changedAt, so a kill read with an older time (0 for a sandbox never
-	// changed before) would be undone by the killed sandbox's own traffic.
-	now := time.Now().UnixNano()
-	e.changedAt.Store(now)
-	e.state.Store(st)
-	return now
+	for {
+		e := s.get([]byte(id))
+		// The time first: a request that sees the new state must see its
+		// time too. serve un-kills a killed sandbox whose route is newer
+		// than changedAt, so a kill read with an older time (0 for a
+		// sandbox never changed before) would be undone by the killed
+		// sandbox's own traffic.
+		now := time.Now().UnixNano()
+		e.changedAt.Store(now)
+		if e.setState(st) {
+			return now
+		}
+		// Forgotten between get and the swap: the change goes to the
+		// entry that replaces it.
+	}
+}
+
+// retire takes id's entry e out of the map unless keep, asked with the
+// word read just before (and reading e's other fields after it), says it
+// stays; it reports whether it did.
+func (s *sandboxes) retire(id string, e *sandboxState, keep func(w uint64, e *sandboxState) bool) bool {
+	for {
+		w := e.word.Load()
+		if stateOf(w) == stateGone || keep(w, e) {
+			return false
+		}
+		if s.beforeRetire != nil {
+			s.beforeRetire(id)
+		}
+		if e.word.CompareAndSwap(w, withState(w, stateGone)) {
+			s.m.CompareAndDelete(id, e)
+			return true
+		}
+	}
 }
 
 // kill marks sandbox id killed, so that new requests get 410, and ends
@@ -96,7 +237,7 @@ func (p *Proxy) kill(id string) {
 // finds the request done finds its time too, never neither.
 func (e *sandboxState) done(ms int64) {
 	e.lastActive.Store(ms)
-	e.active.Add(-1)
+	e.leave()
 }
 
 // appendLastActive appends the JSON members "<id>":<ms>, comma-separated,
@@ -118,8 +259,12 @@ func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int)
 		// The count first (see done): read the other way round, the time
 		// could be read while a request was in flight (its start) and the
 		// count once it was done.
+		w := e.word.Load()
+		if stateOf(w) == stateGone {
+			return true
+		}
 		ts := now
-		if e.active.Load() <= 0 {
+		if countOf(w) <= 0 {
 			ts = e.lastActive.Load()
 		}
 		if ts >= since && ts > 0 {
@@ -149,18 +294,21 @@ func (s *sandboxes) forget(id string) {
 		return
 	}
 	e := v.(*sandboxState)
-	if e.state.Load() == stateKilled {
-		return
-	}
-	if e.active.Load() <= 0 && s.m.CompareAndDelete(id, v) {
+	if s.retire(id, e, killedOrBusy) {
 		return
 	}
 	// A swap, not a store: a kill that lands meanwhile must stand.
-	for st := e.state.Load(); st == statePausing || st == statePaused; st = e.state.Load() {
-		if e.state.CompareAndSwap(st, stateRunning) {
+	for st := e.state(); st == statePausing || st == statePaused; st = e.state() {
+		if e.casState(st, stateRunning) {
 			return
 		}
 	}
+}
+
+// killedOrBusy is what forget keeps: a kill's tombstone, and an entry
+// whose requests in flight still count.
+func killedOrBusy(w uint64, _ *sandboxState) bool {
+	return stateOf(w) == stateKilled || countOf(w) > 0
 }
 
 // Invalidate drops id's cached route, for the Redis subscriber
@@ -182,7 +330,7 @@ func (s *sandboxes) forget(id string) {
 func (p *Proxy) Invalidate(id string) int {
 	n := p.cache.Invalidate(id)
 	if sb := p.sandboxes.peek(id); sb != nil {
-		switch sb.state.Load() {
+		switch sb.state() {
 		case statePausing, statePaused:
 			go p.forgetIfGone(id)
 		case stateRunning:
@@ -224,7 +372,8 @@ func (p *Proxy) forgetIfGone(id string) bool {
 func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
 	var ids []string
 	p.sandboxes.m.Range(func(k, v any) bool {
-		if e := v.(*sandboxState); e.unsure.Load() && e.active.Load() <= 0 && e.state.Load() == stateRunning {
+		e := v.(*sandboxState)
+		if w := e.word.Load(); e.unsure.Load() && stateOf(w) == stateRunning && countOf(w) <= 0 {
 			ids = append(ids, k.(string))
 		}
 		return true
@@ -250,21 +399,20 @@ func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
 func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 	idleCut := now.Add(-idle).UnixMilli()
 	killedCut := now.Add(-killedTTL).UnixNano()
-	s.m.Range(func(k, v any) bool {
-		e := v.(*sandboxState)
-		if e.active.Load() > 0 {
+	keep := func(w uint64, e *sandboxState) bool {
+		if countOf(w) > 0 {
 			return true
 		}
-		switch e.state.Load() {
+		switch stateOf(w) {
 		case stateRunning:
-			if e.lastActive.Load() < idleCut {
-				s.m.Delete(k)
-			}
+			return e.lastActive.Load() >= idleCut
 		case stateKilled:
-			if e.changedAt.Load() < killedCut {
-				s.m.Delete(k)
-			}
+			return e.changedAt.Load() >= killedCut
 		}
+		return true
+	}
+	s.m.Range(func(k, v any) bool {
+		s.retire(k.(string), v.(*sandboxState), keep)
 		return true
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func TestKillIsSeenWithItsTime(t *testing.T) {
 		// then: the writer may be waiting for this goroutine's P (one P,
 		// or a P whose thread the OS does not run), and a bare spin then
 		// lasts until the 10 ms preemption, every round.
-		for n := 1; e.state.Load() != stateKilled; n++ {
+		for n := 1; e.state() != stateKilled; n++ {
 			if n%(1<<12) == 0 {
 				runtime.Gosched()
 			}
@@ -56,12 +57,12 @@ func TestLastActiveSeesTheAnswerOfADoneRequest(t *testing.T) {
 	}
 	for round := range 300 {
 		e.lastActive.Store(1) // the request's start
-		e.active.Store(1)
+		e.enter()
 		start, done := make(chan struct{}), make(chan struct{})
 		go func() {
 			<-start
 			e.lastActive.Store(2) // its answer
-			e.active.Add(-1)
+			e.leave()
 			close(done)
 		}()
 		close(start)
@@ -173,7 +174,7 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 	}()
 	testenv.WaitFor(t, 5*time.Second, "the request in flight", func() bool {
 		sb := h.proxy.sandboxes.peek(id)
-		return sb != nil && sb.active.Load() == 1
+		return sb != nil && sb.inFlight() == 1
 	})
 	h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, "")
 	if st, body := h.adminDo("DELETE", "/admin/routes/"+id, "", ""); st != 200 {
@@ -184,12 +185,12 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 		t.Fatalf("request in flight: %d, want 200", st)
 	}
 	testenv.WaitFor(t, 5*time.Second, "the request done", func() bool {
-		return h.proxy.sandboxes.peek(id).active.Load() == 0
+		return h.proxy.sandboxes.peek(id).inFlight() == 0
 	})
 	// A day and more later the sweep forgets it, as any idle sandbox.
 	h.proxy.sandboxes.sweep(time.Now().Add(25*time.Hour), 24*time.Hour, time.Hour)
 	if n := sandboxCount(h.proxy); n != before {
-		t.Fatalf("sandbox entries after the sweep: %d, want %d (state %s)", n, before, stateNames[h.proxy.sandboxes.peek(id).state.Load()])
+		t.Fatalf("sandbox entries after the sweep: %d, want %d (state %s)", n, before, stateNames[h.proxy.sandboxes.peek(id).state()])
 	}
 }
 
@@ -245,4 +246,231 @@ func TestKillDoesNotWaitForTheStreamRegistry(t *testing.T) {
 	}
 	h.proxy.streams.mu.Unlock()
 	<-done
+}
+
+// forget and sweep judge an entry forgettable, then take it out of the
+// map. A kill, a pause or a request landing on the entry in between used
+// to be lost with it: the kill's 410 became a 404 (or the sandbox was
+// served), a request's count sat on an entry no other request saw. The
+// hook lands each on the entry at that moment; the map must then hold
+// what it did.
+func TestRetireKeepsWhatLandsMeanwhile(t *testing.T) {
+	const id = "sbx"
+	now := time.Now()
+	sweep := func(s *sandboxes) { s.sweep(now, 24*time.Hour, time.Hour) }
+	forget := func(s *sandboxes) { s.forget(id) }
+	idle := func(s *sandboxes) { s.get([]byte(id)).lastActive.Store(now.Add(-25 * time.Hour).UnixMilli()) }
+	oldKill := func(s *sandboxes) {
+		s.setState(id, stateKilled)
+		s.peek(id).changedAt.Store(now.Add(-2 * time.Hour).UnixNano())
+	}
+	kill := func(s *sandboxes) { s.setState(id, stateKilled) }
+	// start is a request's lookup and count, as serve does them.
+	start := func(s *sandboxes) {
+		e := s.get([]byte(id))
+		if _, ok := e.enter(); !ok {
+			t.Error("a request counted on an entry get returned forgotten")
+		}
+		e.lastActive.Store(now.UnixMilli())
+	}
+	// startEnd is a whole request: the count is back where it was, only
+	// its time changed.
+	startEnd := func(s *sandboxes) {
+		start(s)
+		s.peek(id).done(now.UnixMilli())
+	}
+	wantState := func(st uint32) func(*sandboxState) string {
+		return func(e *sandboxState) string {
+			if got := e.state(); got != st {
+				return "state " + stateNames[got] + ", want " + stateNames[st]
+			}
+			return ""
+		}
+	}
+	wantCount := func(e *sandboxState) string {
+		if n := e.inFlight(); n != 1 {
+			return "requests in flight " + strconv.FormatInt(n, 10) + ", want 1"
+		}
+		return ""
+	}
+	wantActive := func(e *sandboxState) string {
+		if la := e.lastActive.Load(); la != now.UnixMilli() {
+			return "last active " + strconv.FormatInt(la, 10) + ", want the request's " + strconv.FormatInt(now.UnixMilli(), 10)
+		}
+		return ""
+	}
+	wantRecentKill := func(e *sandboxState) string {
+		if msg := wantState(stateKilled)(e); msg != "" {
+			return msg
+		}
+		if at := e.changedAt.Load(); at < now.Add(-time.Hour).UnixNano() {
+			return "the kill's time is the old one's: the tombstone goes at the next sweep"
+		}
+		return ""
+	}
+	cases := []struct {
+		name    string
+		setup   func(*sandboxes)
+		retire  func(*sandboxes)
+		between func(*sandboxes)
+		check   func(*sandboxState) string
+	}{
+		{"forget, then kill", idle, forget, kill, wantState(stateKilled)},
+		{"forget, then request", idle, forget, start, wantCount},
+		{"sweep idle, then kill", idle, sweep, kill, wantState(stateKilled)},
+		{"sweep idle, then request", idle, sweep, start, wantCount},
+		{"sweep idle, then a whole request", idle, sweep, startEnd, wantActive},
+		{"sweep old kill, then kill again", oldKill, sweep, kill, wantRecentKill},
+		{"sweep old kill, then request", oldKill, sweep, start, wantCount},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var s sandboxes
+			tc.setup(&s)
+			fired := false
+			s.beforeRetire = func(string) {
+				if !fired {
+					fired = true
+					tc.between(&s)
+				}
+			}
+			tc.retire(&s)
+			if !fired {
+				t.Fatal("the entry was kept without a race: the case tests nothing")
+			}
+			e := s.peek(id)
+			if e == nil {
+				t.Fatal("entry forgotten")
+			}
+			if msg := tc.check(e); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+// A request that looked its sandbox up before the entry was forgotten
+// must not count on that entry: enter fails, and get gives the entry the
+// map holds now, which the next request sees too.
+func TestRequestMovesOffAForgottenEntry(t *testing.T) {
+	var s sandboxes
+	const id = "sbx"
+	e := s.get([]byte(id))
+	s.forget(id)
+	if _, ok := e.enter(); ok {
+		t.Fatal("a request counted on a forgotten entry")
+	}
+	if e.inFlight() != 0 {
+		t.Errorf("a failed enter left a count of %d", e.inFlight())
+	}
+	live := s.get([]byte(id))
+	if live == e {
+		t.Fatal("get returned the forgotten entry")
+	}
+	if n, ok := live.enter(); !ok || n != 1 {
+		t.Fatalf("enter on the live entry: %d %v", n, ok)
+	}
+	if got := s.get([]byte(id)); got != live || got.inFlight() != 1 {
+		t.Errorf("the next request sees %d in flight, want 1", got.inFlight())
+	}
+}
+
+// A kill or a request that lands while the proxy forgets a sandbox
+// (between the look at its entry and the delete) stands: a sandbox killed
+// while DELETE /admin/routes or the sweep forgot it answers 410, not 404
+// or 200, and a request that began while the sweep forgot its idle
+// sandbox stays counted on the entry the next request finds.
+func TestForgetRacingKillAndRequest(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	route := `{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"1","` + itoa(port) + `":"` + itoa(port) + `"}`
+	deleteRoute := func(t *testing.T, id string) {
+		if st, body := h.adminDo("DELETE", "/admin/routes/"+id, "", ""); st != 200 {
+			t.Errorf("DELETE: %d %s", st, body)
+		}
+	}
+	sweepIdle := func(_ *testing.T, id string) {
+		h.proxy.sandboxes.peek(id).lastActive.Store(time.Now().Add(-25 * time.Hour).UnixMilli())
+		h.proxy.sandboxes.sweep(time.Now(), 24*time.Hour, time.Hour)
+	}
+	kill := func(id, _ string) { h.proxy.kill(id) }
+	wantKilled := func(t *testing.T, _, host string) {
+		if st, _, _ := h.get(host, "/"); st != 410 {
+			t.Errorf("GET after the kill: %d, want 410", st)
+		}
+	}
+	held := make(chan int, 1)
+	request := func(_, host string) {
+		go func() {
+			resp, err := h.client.Do(h.req("GET", host, "/hold", nil))
+			if err != nil {
+				held <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			held <- resp.StatusCode
+		}()
+		<-arrived // counted: it reached the sandbox
+	}
+	wantCounted := func(t *testing.T, id, _ string) {
+		sb := h.proxy.sandboxes.peek(id)
+		if sb == nil || sb.inFlight() != 1 {
+			t.Error("the request in flight is no longer counted for its sandbox")
+		}
+		close(release)
+		if st := <-held; st != 200 {
+			t.Errorf("request in flight: %d, want 200", st)
+		}
+		if sb != nil {
+			testenv.WaitFor(t, 5*time.Second, "the request's count released", func() bool {
+				return sb.inFlight() == 0
+			})
+		}
+	}
+	cases := []struct {
+		name   string
+		forget func(t *testing.T, id string)
+		// between runs between the look at the entry and its delete.
+		between func(id, host string)
+		check   func(t *testing.T, id, host string)
+	}{
+		{"route deleted, then kill", deleteRoute, kill, wantKilled},
+		{"idle swept, then kill", sweepIdle, kill, wantKilled},
+		{"idle swept, then request", sweepIdle, request, wantCounted},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "racing-" + strconv.Itoa(i)
+			host := itoa(port) + "-" + id + ".cube.test"
+			if st, body := h.adminDo("PUT", "/admin/routes/"+id, route, ""); st != 200 {
+				t.Fatalf("PUT: %d %s", st, body)
+			}
+			if st, _, _ := h.get(host, "/"); st != 200 {
+				t.Fatalf("GET: %d", st)
+			}
+			// The hook runs on the goroutine that forgets: the admin
+			// server's for DELETE, this one for the sweep.
+			var fired atomic.Bool
+			h.proxy.sandboxes.beforeRetire = func(got string) {
+				if got == id && fired.CompareAndSwap(false, true) {
+					tc.between(id, host)
+				}
+			}
+			tc.forget(t, id)
+			h.proxy.sandboxes.beforeRetire = nil
+			if !fired.Load() {
+				t.Fatal("the sandbox was not forgotten: the case tests nothing")
+			}
+			tc.check(t, id, host)
+		})
+	}
 }

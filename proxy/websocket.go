@@ -256,7 +256,7 @@ func (t *tunnel) start() {
 func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target, addr netip.AddrPort, sb *sandboxState) {
 	id := t.ID()
 	if perr := p.prepareRequest(ctx, x.seen, r, t, true); perr != nil {
-		sb.active.Add(-1)
+		sb.leave()
 		x.fail(ctx, *perr, id)
 		return
 	}
@@ -267,13 +267,13 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	uc, err := u.dialNew(p)
 	x.retries = connectRetries(uc, err)
 	if err != nil {
-		sb.active.Add(-1)
+		sb.leave()
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
 	if err := p.sendUpgrade(ctx, uc); err != nil {
 		uc.release(p, false)
-		sb.active.Add(-1)
+		sb.leave()
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
@@ -293,7 +293,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		// would fail the handshake anyway (RFC 6455 §4.1), after the
 		// tunnel had taken a sandbox connection until the idle timeout.
 		uc.release(p, false)
-		sb.active.Add(-1)
+		sb.leave()
 		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
 		return
 	}

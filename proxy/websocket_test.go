@@ -412,7 +412,7 @@ func TestTunnelClientGoneBefore101(t *testing.T) {
 		t.Fatal("the backend connection of the abandoned upgrade is still open")
 	}
 	testenv.WaitFor(t, 5*time.Second, "the slot and the request count to come back", func() bool {
-		return poolConns(h) == 0 && h.proxy.sandboxes.peek("wsgone").active.Load() == 0
+		return poolConns(h) == 0 && h.proxy.sandboxes.peek("wsgone").inFlight() == 0
 	})
 	if code, body, _ := h.get(host, "/plain"); code != 200 || body != "fine" {
 		t.Fatalf("next request: %d %s", code, body)
@@ -754,7 +754,7 @@ func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
 	start := time.Now()
 	testenv.WaitFor(t, lingerTimeout+5*time.Second, "the tunnel to a silent sandbox to end", func() bool {
 		_, n := h.proxy.streams.open()
-		return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wssilentend").active.Load() == 0
+		return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wssilentend").inFlight() == 0
 	})
 	if d := time.Since(start); d < lingerTimeout-time.Second {
 		t.Errorf("the tunnel ended %v after the client's end: the sandbox was to get lingerTimeout (%v)", d, lingerTimeout)
@@ -829,7 +829,7 @@ func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
 		c.Close()
 		testenv.WaitFor(t, 5*time.Second, tc.name+": the sandbox connection and its slots to be released", func() bool {
 			_, n := h.proxy.streams.open()
-			return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wsswitch").active.Load() == 0
+			return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wsswitch").inFlight() == 0
 		})
 	}
 }

@@ -41,6 +41,7 @@ type Proxy struct {
 	streams    registry
 	hangups    *hangups // set by NewServer; nil: departed clients are found by looking at their sockets
 	sandboxes  sandboxes
+	bg         background // goroutines of the proxy's own; Server.Shutdown stops them
 	// hijacks maps a client connection to the release of a hijack handler
 	// fasthttp has not run yet (see hijack).
 	hijacks sync.Map

@@ -321,7 +321,8 @@ func killedOrBusy(w uint64, _ *sandboxState) bool {
 // a second, millions of entries.
 //
 // A sandbox this instance holds paused is read again at once, in the
-// background, and its pause forgotten when Redis no longer has its route
+// background (cut short and waited for by Server.Shutdown, not started
+// after it), and its pause forgotten when Redis no longer has its route
 // (a sandbox created again under the id must not answer 503). A running
 // one is only marked: the janitor asks about it within a minute
 // (recheckInvalidated), by then from the cache when the sandbox had a
@@ -332,7 +333,7 @@ func (p *Proxy) Invalidate(id string) int {
 	if sb := p.sandboxes.peek(id); sb != nil {
 		switch sb.state() {
 		case statePausing, statePaused:
-			go p.forgetIfGone(id)
+			p.bg.run(func(ctx context.Context) { p.forgetIfGone(ctx, id) })
 		case stateRunning:
 			sb.unsure.Store(true)
 		}
@@ -346,11 +347,11 @@ func (p *Proxy) ExpireAll() int { return p.cache.ExpireAll() }
 
 // forgetIfGone forgets id when the store says it has no route for it. It
 // reports whether the answer settles the question: not when the store
-// could not answer, nor from the negative cache, whose answer may predate
-// a route written since. The cache bounds the read (LookupTimeout) and
-// shares it with requests for id.
-func (p *Proxy) forgetIfGone(id string) bool {
-	_, res, err := p.cache.Get(context.Background(), []byte(id))
+// could not answer (or ctx ended the wait), nor from the negative cache,
+// whose answer may predate a route written since. The cache bounds the
+// read (LookupTimeout) and shares it with requests for id.
+func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
+	_, res, err := p.cache.Get(ctx, []byte(id))
 	var fe *routing.FieldError
 	switch {
 	case err == nil:
@@ -386,7 +387,7 @@ func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
 		}
 		// Cleared before the read: an invalidation during it marks the
 		// sandbox again, for the next round.
-		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(id) {
+		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(context.Background(), id) {
 			sb.unsure.Store(true)
 		}
 	}
@@ -415,4 +416,47 @@ func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 		s.retire(k.(string), v.(*sandboxState), keep)
 		return true
 	})
+}
+
+// background runs what the proxy starts on its own, outside any request
+// and any Server goroutine (Invalidate's re-read of a paused sandbox's
+// route), so that Server.Shutdown can cut it short and wait for it: a
+// goroutine left running would outlive the Server by a store read.
+type background struct {
+	mu      sync.Mutex // orders run's wg.Add before stop's wg.Wait
+	stopped bool
+	ctx     context.Context // ended by stop
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// run starts f in a goroutine, with a context that stop ends, unless stop
+// was called.
+func (b *background) run(f func(ctx context.Context)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return
+	}
+	if b.ctx == nil {
+		b.ctx, b.cancel = context.WithCancel(context.Background())
+	}
+	b.wg.Add(1)
+	go func(ctx context.Context) {
+		defer b.wg.Done()
+		f(ctx)
+	}(b.ctx)
+}
+
+// stop ends the context of what run started, waits for it to return, and
+// makes run start nothing more. What was cut is asked about no more: the
+// process is ending, and the proxy's memory with it.
+func (b *background) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // A request that sees a sandbox killed must also see when: serve un-kills
@@ -472,5 +474,69 @@ func TestForgetRacingKillAndRequest(t *testing.T) {
 			}
 			tc.check(t, id, host)
 		})
+	}
+}
+
+// blockingStore is a real store whose lookups of the id block wait until
+// released (or their context ends); entered receives each such lookup.
+type blockingStore struct {
+	routing.Store
+	block   string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	if id == b.block {
+		b.entered <- struct{}{}
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return b.Store.Lookup(ctx, id)
+}
+
+// Invalidate re-reads a paused sandbox's route in a goroutine of its own.
+// It ran on after Shutdown returned, for as long as the store took to
+// answer (up to the lookup timeout); started after Shutdown, it was never
+// waited for at all. Shutdown cuts it short and waits for it, and nothing
+// starts once it has.
+func TestShutdownWaitsForInvalidateRereads(t *testing.T) {
+	bs := &blockingStore{Store: routing.NewMemoryStore(), block: "paused-gone", entered: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(func() { close(bs.release) })
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = bs
+		o.cache.LookupTimeout = time.Minute // longer than the test: only Shutdown may end the wait
+	})
+	rereads := func() string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var found []string
+		for g := range strings.SplitSeq(string(buf), "\n\n") {
+			if strings.Contains(g, "forgetIfGone") || strings.Contains(g, "created by github.com/cube-sandbox/cubeproxy/proxy.(*Proxy).Invalidate") {
+				found = append(found, g)
+			}
+		}
+		return strings.Join(found, "\n\n")
+	}
+
+	h.proxy.sandboxes.setState("paused-gone", statePaused)
+	h.proxy.Invalidate("paused-gone")
+	<-bs.entered // the re-read waits on the store
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.server.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g := rereads(); g != "" {
+		t.Fatalf("a re-read started before Shutdown outlived it:\n%s", g)
+	}
+
+	h.proxy.sandboxes.setState("paused-late", statePaused)
+	h.proxy.Invalidate("paused-late")
+	if g := rereads(); g != "" {
+		t.Fatalf("an invalidation after Shutdown started a re-read:\n%s", g)
 	}
 }

@@ -491,6 +491,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.p.hangups.close()
+	s.p.bg.stop()
 	s.wg.Wait()
 	s.p.pools.closeIdle()
 	// fasthttp's wait ends with ctx's error at the drain deadline, or when

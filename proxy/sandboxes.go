@@ -51,7 +51,8 @@ type sandboxState struct {
 	//
 	// 2^23 requests in flight for one sandbox is far above what an
 	// instance's file descriptors allow. An unmatched leave would make
-	// the count -1 and borrow from the generation: harmless to both.
+	// the count -1 (as the separate counter it replaces did) without
+	// bumping the generation; the next enter carries into it.
 	word       atomic.Uint64
 	changedAt  atomic.Int64 // unix nanos of the last state change
 	lastActive atomic.Int64 // unix millis

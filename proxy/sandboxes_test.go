@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
@@ -538,5 +539,30 @@ func TestShutdownWaitsForInvalidateRereads(t *testing.T) {
 	h.proxy.Invalidate("paused-late")
 	if g := rereads(); g != "" {
 		t.Fatalf("an invalidation after Shutdown started a re-read:\n%s", g)
+	}
+}
+
+// BenchmarkKillTombstoneBytes measures what a kill's tombstone holds on
+// the heap for its hour (killedTTL): the heap in use before and after
+// 100k kills of distinct sandboxes, ids of 20 bytes. At 300 kills a
+// second an instance holds 1.08M of them.
+func BenchmarkKillTombstoneBytes(b *testing.B) {
+	const n = 100_000
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("sbx%017d", i)
+	}
+	for b.Loop() {
+		var s sandboxes
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for _, id := range ids {
+			s.setState(id, stateKilled)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/tombstone")
+		runtime.KeepAlive(&s)
 	}
 }

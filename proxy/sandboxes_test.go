@@ -422,7 +422,11 @@ func TestForgetRacingKillAndRequest(t *testing.T) {
 			resp.Body.Close()
 			held <- resp.StatusCode
 		}()
-		<-arrived // counted: it reached the sandbox
+		select {
+		case <-arrived: // counted: it reached the sandbox
+		case st := <-held: // answered without: the check reports it
+			held <- st
+		}
 	}
 	wantCounted := func(t *testing.T, id, _ string) {
 		sb := h.proxy.sandboxes.peek(id)
@@ -525,7 +529,11 @@ func TestShutdownWaitsForInvalidateRereads(t *testing.T) {
 
 	h.proxy.sandboxes.setState("paused-gone", statePaused)
 	h.proxy.Invalidate("paused-gone")
-	<-bs.entered // the re-read waits on the store
+	select {
+	case <-bs.entered: // the re-read waits on the store
+	case <-time.After(5 * time.Second):
+		t.Fatal("the invalidation of a paused sandbox read no route")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := h.server.Shutdown(ctx); err != nil {

@@ -1,0 +1,114 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// scaleRoutes is the routing table size the scale benchmarks model: a
+// node's cache full of sandboxes.
+const scaleRoutes = 100000
+
+// fillCache makes ids[i] a fresh positive entry of c, for every i.
+func fillCache(tb testing.TB, c *Cache, ids [][]byte) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, id := range ids {
+		if _, _, err := c.Get(ctx, id); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+func scaleIDs(prefix string, n int) [][]byte {
+	ids := make([][]byte, n)
+	for i := range ids {
+		ids[i] = fmt.Appendf(nil, "%s-%d", prefix, i)
+	}
+	return ids
+}
+
+// getLoop runs Gets over ids until stop is closed, recording when each
+// started and ended (unix nanos), so the caller can see what a request
+// waited while something else held the cache. running is closed after
+// the first Get.
+type getLoop struct {
+	spans   [][2]int64
+	running chan struct{}
+	done    chan struct{}
+}
+
+func startGetLoop(c *Cache, ids [][]byte, stop <-chan struct{}) *getLoop {
+	l := &getLoop{running: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		ctx := context.Background()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now().UnixNano()
+			c.Get(ctx, ids[i%len(ids)])
+			l.spans = append(l.spans, [2]int64{start, time.Now().UnixNano()})
+			if i == 0 {
+				close(l.running)
+			}
+		}
+	}()
+	return l
+}
+
+// maxOverlap waits for the loop to end and returns the longest of its Gets
+// that overlapped [from, to].
+func (l *getLoop) maxOverlap(from, to int64) time.Duration {
+	<-l.done
+	var m int64
+	for _, sp := range l.spans {
+		if sp[0] <= to && sp[1] >= from {
+			m = max(m, sp[1]-sp[0])
+		}
+	}
+	return time.Duration(m)
+}
+
+// BenchmarkCacheExpireAll measures ExpireAll on a cache of 100k routes
+// (ns/op) and what Gets running meanwhile wait: max-cached-ns for an id
+// the cache holds (fresh when ExpireAll starts), max-uncached-ns for an id
+// it does not. Each iteration refills the cache with the timer stopped.
+func BenchmarkCacheExpireAll(b *testing.B) {
+	s := newCountingStore(answerRoute)
+	cfg := testCacheConfig
+	cfg.Size = scaleRoutes
+	c, err := NewCache(s, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cached := scaleIDs("cached", scaleRoutes)
+	var maxCached, maxUncached time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		fillCache(b, c, cached)
+		// New ids per iteration, so each is a miss.
+		uncached := scaleIDs(fmt.Sprintf("new%d", i), 4096)
+		stop := make(chan struct{})
+		// The newest half: the misses' inserts evict the oldest entries.
+		hits := startGetLoop(c, cached[scaleRoutes/2:], stop)
+		misses := startGetLoop(c, uncached, stop)
+		<-hits.running
+		<-misses.running
+		b.StartTimer()
+		from := time.Now().UnixNano()
+		c.ExpireAll()
+		to := time.Now().UnixNano()
+		b.StopTimer()
+		close(stop)
+		maxCached = max(maxCached, hits.maxOverlap(from, to))
+		maxUncached = max(maxUncached, misses.maxOverlap(from, to))
+	}
+	b.ReportMetric(float64(maxCached.Nanoseconds()), "max-cached-ns")
+	b.ReportMetric(float64(maxUncached.Nanoseconds()), "max-uncached-ns")
+}

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -79,7 +80,8 @@ const epochShards = 64
 // only when more than Size other routes were loaded within one TTL; size
 // the cache above the sandboxes a node sees in 500 s.
 //
-// Positive entries live a random TTL in [TTLMin, TTLMax]; when one has
+// Positive entries live a random TTL in [TTLMin, TTLMax], or until
+// ExpireAll moves the cache to a new generation; when one has
 // expired and the refresh fails with a transient store error, the old route
 // is served (CacheStale) and the store is not asked again for NegativeTTL.
 // ErrNotFound and *FieldError answers are cached for NegativeTTL in a
@@ -98,21 +100,35 @@ type Cache struct {
 	mu     sync.Mutex
 	seed   maphash.Seed
 	epochs [epochShards]uint64
+
+	// gen is the generation: ExpireAll bumps it (under mu), and an entry
+	// stored in an older one is treated as expired. It is read without mu
+	// on a hit.
+	gen atomic.Uint64
 }
 
-// entry is a cached route and when it stops being fresh (unix nanos).
-// stale marks a route kept past its TTL because the store is failing.
+// entry is a cached route, when it stops being fresh (unix nanos) and the
+// generation it was stored in. stale marks a route kept past its TTL
+// because the store is failing.
 type entry struct {
 	route   *Route
 	expires int64
+	gen     uint64
 	stale   bool
 }
+
+// fresh reports whether e may be served without asking the store.
+func (e *entry) fresh(now int64, gen uint64) bool { return now < e.expires && e.gen == gen }
 
 // negEntry is a cached "no route" answer (ErrNotFound or *FieldError).
 type negEntry struct {
 	err     error
 	expires int64
+	gen     uint64
 }
+
+// fresh reports whether n may be answered without asking the store.
+func (n *negEntry) fresh(now int64, gen uint64) bool { return now < n.expires && n.gen == gen }
 
 // WithDefaults returns c with every unset bound at the default NewCache
 // applies: an unset TTLMax is at least TTLMin.
@@ -179,9 +195,10 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 	// The alias is used only for lookups; stored keys are real strings.
 	key := bytesString(id)
 	now := c.now().UnixNano()
+	gen := c.gen.Load()
 	var stale *Route
 	if e, ok := c.pos.Peek(key); ok {
-		if now < e.expires {
+		if e.fresh(now, gen) {
 			if e.stale {
 				return e.route, CacheStale, nil
 			}
@@ -189,7 +206,7 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 		}
 		stale = e.route
 	}
-	if n, ok := c.neg.Peek(key); ok && now < n.expires {
+	if n, ok := c.neg.Peek(key); ok && n.fresh(now, gen) {
 		return nil, CacheNegativeHit, n.err
 	}
 	return c.miss(ctx, string(id), stale)
@@ -234,10 +251,11 @@ func (c *Cache) load(id string) (v any, err error) {
 	// A caller that missed just before the previous flight for id stored
 	// its answer starts a new flight: answer it from the cache rather than
 	// asking the store twice.
-	if e, ok := c.pos.Peek(id); ok && c.now().UnixNano() < e.expires && !e.stale {
+	gen := c.gen.Load()
+	if e, ok := c.pos.Peek(id); ok && e.fresh(c.now().UnixNano(), gen) && !e.stale {
 		return e.route, nil
 	}
-	if n, ok := c.neg.Peek(id); ok && c.now().UnixNano() < n.expires {
+	if n, ok := c.neg.Peek(id); ok && n.fresh(c.now().UnixNano(), gen) {
 		return nil, n.err
 	}
 	shard := maphash.String(c.seed, id) % epochShards
@@ -257,24 +275,27 @@ func (c *Cache) load(id string) (v any, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.epochs[shard] != epoch {
-		// Invalidated while we asked the store: answer this flight, but do not
-		// cache what may be the old route.
+		// Invalidated (or ExpireAll) while we asked the store: answer this
+		// flight, but do not cache what may be the old route.
 		return route, err
 	}
+	// ExpireAll bumps the epochs too, so under mu this is the generation
+	// the store call ran in.
+	gen = c.gen.Load()
 	switch {
 	case err == nil:
 		c.neg.Remove(id)
-		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl())})
+		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl()), gen: gen})
 		return route, nil
 	case transient(err):
 		if e, ok := c.pos.Peek(id); ok {
 			// Serve the old route for a while without asking the failing store.
-			c.pos.Add(id, entry{route: e.route, expires: now + int64(c.cfg.NegativeTTL), stale: true})
+			c.pos.Add(id, entry{route: e.route, expires: now + int64(c.cfg.NegativeTTL), gen: gen, stale: true})
 		}
 		return nil, err
 	default:
 		c.pos.Remove(id)
-		c.neg.Add(id, negEntry{err: err, expires: now + int64(c.cfg.NegativeTTL)})
+		c.neg.Add(id, negEntry{err: err, expires: now + int64(c.cfg.NegativeTTL), gen: gen})
 		return nil, err
 	}
 }
@@ -310,27 +331,23 @@ func (c *Cache) Invalidate(id string) int {
 	return n
 }
 
-// ExpireAll makes every positive entry due for a re-read and drops every
-// negative one, returning how many entries there were. It keeps the
+// ExpireAll makes every positive entry due for a re-read and every
+// negative one void, returning how many entries there were. It keeps the
 // routes, rather than dropping them: a store that fails the re-read (a
 // Redis still loading its data after a restart) is answered with the old
 // route, as for any expired entry. Lookups in flight are not cached.
+//
+// It touches no entry: it starts a new generation, and an entry of an
+// older one reads as expired. Walking the entries took ≈50 ms at 100k
+// routes with mu held, and every miss meanwhile waited for it.
 func (c *Cache) ExpireAll() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.epochs {
 		c.epochs[i]++
 	}
-	n := c.pos.Len() + c.neg.Len()
-	// Under mu no load can store a fresh entry that this would then expire.
-	for _, id := range c.pos.Keys() {
-		if e, ok := c.pos.Peek(id); ok {
-			e.expires, e.stale = 0, false
-			c.pos.Add(id, e)
-		}
-	}
-	c.neg.Purge()
-	return n
+	c.gen.Add(1)
+	return c.pos.Len() + c.neg.Len()
 }
 
 // Len returns the number of positive entries, expired ones included.

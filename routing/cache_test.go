@@ -273,31 +273,39 @@ func TestCacheInvalidate(t *testing.T) {
 	}
 }
 
-// A lookup that was in flight when the id was invalidated answers its
-// callers but does not cache the (possibly old) route.
+// A lookup that was in flight when the id was invalidated (or the whole
+// cache expired) answers its callers but does not cache the (possibly
+// old) route.
 func TestCacheInvalidateDuringLookup(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	old := routeFor("a")
-	s := newCountingStore(func(context.Context, string) (*Route, error) {
-		close(entered)
-		<-release
-		return old, nil
-	})
-	c := newTestCache(t, s, newFakeClock())
-	done := make(chan *Route)
-	go func() {
-		r, _, _ := get(t, c, "a")
-		done <- r
-	}()
-	<-entered
-	c.Invalidate("a")
-	close(release)
-	if r := <-done; r != old {
-		t.Fatalf("in-flight caller got %v", r)
-	}
-	s.set(answerRoute)
-	if r := expect(t, c, s, "a", CacheMiss, nil, 2); r == old {
-		t.Fatal("the route read before the invalidation was cached")
+	for name, invalidate := range map[string]func(*Cache){
+		"Invalidate": func(c *Cache) { c.Invalidate("a") },
+		"ExpireAll":  func(c *Cache) { c.ExpireAll() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			entered, release := make(chan struct{}), make(chan struct{})
+			old := routeFor("a")
+			s := newCountingStore(func(context.Context, string) (*Route, error) {
+				close(entered)
+				<-release
+				return old, nil
+			})
+			c := newTestCache(t, s, newFakeClock())
+			done := make(chan *Route)
+			go func() {
+				r, _, _ := get(t, c, "a")
+				done <- r
+			}()
+			<-entered
+			invalidate(c)
+			close(release)
+			if r := <-done; r != old {
+				t.Fatalf("in-flight caller got %v", r)
+			}
+			s.set(answerRoute)
+			if r := expect(t, c, s, "a", CacheMiss, nil, 2); r == old {
+				t.Fatal("the route read before the invalidation was cached")
+			}
+		})
 	}
 }
 
@@ -388,6 +396,49 @@ func TestCacheExpireAll(t *testing.T) {
 	s.set(answerRoute)
 	if r := expect(t, c, s, "a", CacheMiss, nil, 5); r == first {
 		t.Fatal("store back after ExpireAll: the old route")
+	}
+}
+
+// ExpireAll starts a new generation: what is loaded after it is cached as
+// usual, a route already served stale is re-read like any other, and a
+// second ExpireAll expires the first one's re-reads.
+func TestCacheExpireAllGenerations(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, clock)
+	expect(t, c, s, "a", CacheMiss, nil, 1)
+	expect(t, c, s, "b", CacheMiss, nil, 2)
+	c.ExpireAll()
+	expect(t, c, s, "a", CacheMiss, nil, 3)
+	expect(t, c, s, "a", CacheHit, nil, 3) // re-read in the new generation
+
+	// b fails its re-read: served stale, and the store is left alone for
+	// NegativeTTL, in the new generation as in the old.
+	s.set(answerDown)
+	expect(t, c, s, "b", CacheStale, nil, 4)
+	expect(t, c, s, "b", CacheStale, nil, 4)
+	// Another ExpireAll (a second reconnect) re-reads the stale route too.
+	c.ExpireAll()
+	expect(t, c, s, "b", CacheStale, nil, 5)
+	expect(t, c, s, "b", CacheStale, nil, 5)
+	s.set(answerNotFound)
+	expect(t, c, s, "a", CacheMiss, ErrNotFound, 6)
+	expect(t, c, s, "a", CacheNegativeHit, ErrNotFound, 6)
+	c.ExpireAll()
+	s.set(answerRoute)
+	expect(t, c, s, "a", CacheMiss, nil, 7)
+	expect(t, c, s, "a", CacheHit, nil, 7)
+}
+
+// ExpireAll touches no entry: the subscriber calls it on every reconnect,
+// and walking 100k routes under mu made every miss wait ≈50 ms (see
+// BenchmarkCacheExpireAll). A walk allocates the list of keys.
+func TestCacheExpireAllNoAllocs(t *testing.T) {
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, nil)
+	fillCache(t, c, scaleIDs("box", testCacheConfig.Size))
+	if allocs := testing.AllocsPerRun(10, func() { c.ExpireAll() }); allocs != 0 {
+		t.Errorf("ExpireAll over %d routes: %v allocs, want 0 (it must not walk the entries)", c.Len(), allocs)
 	}
 }
 

@@ -38,6 +38,14 @@ func setClientName(ctx context.Context, cn *redis.Conn) error {
 	return err
 }
 
+// noPipelinePool makes pipelines (Lookup's two HGETALLs) run on the main
+// pool, like every other command. go-redis otherwise keeps a second pool
+// for them (up to 10 connections with 128 KiB read and write buffers
+// each), and with it a lookup whose connections were dropped opened a
+// fourth connection, one more than maxRetries allows
+// (TestLookupRetriesTransportErrors).
+const noPipelinePool = -1
+
 // timeouts is the per-attempt budget derived from CommandTimeout: three dial
 // attempts fit into one command timeout; a read may use the whole budget
 // because go-redis does not retry read timeouts (the command may have run).
@@ -103,6 +111,7 @@ func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterO
 		WriteTimeout:             t.read,
 		ContextTimeoutEnabled:    true,
 		PoolSize:                 cfg.PoolSize,
+		PipelinePoolSize:         noPipelinePool,
 		PoolTimeout:              t.pool,
 		TLSConfig:                tlsConf,
 		DisableIdentity:          true,
@@ -132,6 +141,7 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 		WriteTimeout:          t.read,
 		ContextTimeoutEnabled: true,
 		PoolSize:              cfg.PoolSize,
+		PipelinePoolSize:      noPipelinePool,
 		PoolTimeout:           t.pool,
 		TLSConfig:             tlsConf,
 		DisableIdentity:       true,
@@ -184,6 +194,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 	opt.WriteTimeout = t.read
 	opt.ContextTimeoutEnabled = true
 	opt.PoolSize = cfg.PoolSize
+	opt.PipelinePoolSize = noPipelinePool
 	opt.PoolTimeout = t.pool
 	opt.DisableIdentity = true
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}

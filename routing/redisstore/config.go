@@ -49,10 +49,11 @@ type Config struct {
 	PoolSize int `yaml:"pool_size" usage:"connections per node (0: go-redis default)"`
 	// KeyPrefix is prepended to the sandbox id to form the route hash key.
 	KeyPrefix string `yaml:"key_prefix" usage:"route hash key prefix"`
-	// LegacyKeyPrefix is the fallback key prefix read when the first key is empty.
+	// LegacyKeyPrefix is the fallback key prefix, used when the first key is empty.
 	LegacyKeyPrefix string `yaml:"legacy_key_prefix" usage:"fallback route hash key prefix"`
-	// DisableLegacy skips the legacy key, saving one HGETALL per miss when no
-	// old deployment writes it.
+	// DisableLegacy skips the legacy key, saving one HGETALL per lookup
+	// (sent in the same round trip as the first) when no old deployment
+	// writes it.
 	DisableLegacy bool `yaml:"disable_legacy" usage:"do not read the legacy key"`
 	// InvalidateChannel is the pub/sub channel carrying sandbox ids to drop.
 	InvalidateChannel string `yaml:"invalidate_channel" usage:"pub/sub channel of cache invalidations"`

@@ -11,7 +11,8 @@ import (
 
 // Store is a routing.Store over the hashes the control plane writes:
 // HGETALL <KeyPrefix><id>, and when that is empty HGETALL <LegacyKeyPrefix><id>.
-// The new key wins when both exist. It is safe for concurrent use.
+// The new key wins when both exist. Both are read in one round trip (a
+// pipeline). It is safe for concurrent use.
 type Store struct {
 	client redis.UniversalClient
 	cfg    Config
@@ -56,15 +57,15 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	defer cancel()
 
 	key := s.cfg.KeyPrefix + id
-	fields, err := s.hgetall(ctx, key)
+	var fields map[string]string
+	var err error
+	if s.cfg.DisableLegacy {
+		fields, err = hgetallResult(key, s.client.HGetAll(ctx, key))
+	} else {
+		fields, key, err = s.hgetallEither(ctx, key, s.cfg.LegacyKeyPrefix+id)
+	}
 	if err != nil {
 		return nil, err
-	}
-	if len(fields) == 0 && !s.cfg.DisableLegacy {
-		key = s.cfg.LegacyKeyPrefix + id
-		if fields, err = s.hgetall(ctx, key); err != nil {
-			return nil, err
-		}
 	}
 	if len(fields) == 0 {
 		return nil, routing.ErrNotFound
@@ -76,8 +77,33 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	return r, nil
 }
 
-func (s *Store) hgetall(ctx context.Context, key string) (map[string]string, error) {
-	fields, err := s.client.HGetAll(ctx, key).Result()
+// hgetallEither reads key and then legacy in one pipeline, and returns the
+// fields of key, or of legacy when key is empty, with the key they came
+// from. Asking for legacy only once key came back empty cost an unknown id
+// (every miss for a deleted sandbox, every random name under the wildcard
+// domain) two round trips; sending both costs a known one an HGETALL of a
+// key that is usually absent, in the same round trip. The answer is what
+// the two reads in turn gave: legacy's own error counts only when key is
+// empty.
+func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[string]string, string, error) {
+	pipe := s.client.Pipeline()
+	cur := pipe.HGetAll(ctx, key)
+	old := pipe.HGetAll(ctx, legacy)
+	// Exec's error is the first command's that failed; each is judged
+	// below on its own.
+	_, _ = pipe.Exec(ctx)
+	fields, err := hgetallResult(key, cur)
+	if err != nil || len(fields) > 0 {
+		return fields, key, err
+	}
+	fields, err = hgetallResult(legacy, old)
+	return fields, legacy, err
+}
+
+// hgetallResult is the answer of HGETALL key: a key of another type is
+// bad data (a *routing.FieldError), any other error an outage.
+func hgetallResult(key string, cmd *redis.MapStringStringCmd) (map[string]string, error) {
+	fields, err := cmd.Result()
 	if err == nil {
 		return fields, nil
 	}

@@ -224,6 +224,96 @@ func dropProxy(t *testing.T, target string, drops int) (addr string, accepted *a
 	return l.Addr().String(), accepted
 }
 
+// turnProxy forwards connections to target and counts round trips: a
+// chunk the client sends after the server answered (or as a connection's
+// first) starts a new one. Commands pipelined together are one turn.
+func turnProxy(t *testing.T, target string) (addr string, turns *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	turns = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			var answered atomic.Bool
+			answered.Store(true)
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if answered.Swap(false) {
+							turns.Add(1)
+						}
+						if _, werr := up.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				up.Close()
+			}()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := up.Read(buf)
+					if n > 0 {
+						answered.Store(true)
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				c.Close()
+			}()
+		}
+	}()
+	return l.Addr().String(), turns
+}
+
+// TestLookupOneRoundTrip: whichever key holds the route, or neither, a
+// lookup reads the new and the legacy key in one round trip; an unknown
+// id (a deleted sandbox, a random name under the wildcard domain) took
+// two. The answers are those of TestLookup.
+func TestLookupOneRoundTrip(t *testing.T) {
+	r := testenv.StartRedis(t)
+	hset(t, r, redisstore.DefaultKeyPrefix+"new", "HostIP", "10.0.0.1")
+	hset(t, r, redisstore.DefaultLegacyKeyPrefix+"old", "HostIP", "10.0.0.2")
+	addr, turns := turnProxy(t, r.Addr())
+	s := openStoreCfg(t, redisstore.Config{Addr: addr, PoolSize: 1})
+	if _, err := s.Lookup(context.Background(), "new"); err != nil {
+		t.Fatalf("warm-up lookup: %v", err) // dials, with its own round trips
+	}
+	for _, tc := range []struct {
+		id   string
+		want error
+	}{{"new", nil}, {"old", nil}, {"missing", routing.ErrNotFound}} {
+		before := turns.Load()
+		if _, err := s.Lookup(context.Background(), tc.id); !errors.Is(err, tc.want) && (err != nil || tc.want != nil) {
+			t.Fatalf("lookup %s: %v, want %v", tc.id, err, tc.want)
+		}
+		if n := turns.Load() - before; n != 1 {
+			t.Errorf("lookup %s: %d round trips to redis, want 1", tc.id, n)
+		}
+	}
+}
+
 // TestLookupRetriesTransportErrors: a transport error is retried at most
 // twice, each time on a new connection.
 func TestLookupRetriesTransportErrors(t *testing.T) {

@@ -3,7 +3,10 @@ package routing
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -116,4 +119,49 @@ func BenchmarkCacheExpireAll(b *testing.B) {
 	b.ReportMetric(float64(took.Nanoseconds())/float64(b.N), "ns/op")
 	b.ReportMetric(float64(maxCached.Nanoseconds()), "max-cached-ns")
 	b.ReportMetric(float64(maxUncached.Nanoseconds()), "max-uncached-ns")
+}
+
+// writeScaleRoutes writes a routes.yaml of n routes as the admin API
+// persists them (a token and three ports each) and returns its path.
+func writeScaleRoutes(tb testing.TB, n int) string {
+	tb.Helper()
+	routes := make([]*Route, 0, n)
+	for i := range n {
+		r, err := ParseRouteStrict(fmt.Sprintf("sbx-%06d", i), map[string]string{
+			FieldHostIP: "10.0.0.1", FieldSandboxIP: "192.168.1.2", FieldCreatedAt: strconv.Itoa(1764460000000000000 + i),
+			FieldAllowPublicTraffic: "false", FieldTrafficAccessToken: testToken,
+			"50005": "30001", "49983": "30002", "3000": "30003",
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		routes = append(routes, r)
+	}
+	data, err := encodeRoutes(routes)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	path := filepath.Join(tb.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+// BenchmarkLoadFile measures loading a 100k-route routes.yaml (≈30 MB),
+// what the memory store does at startup. Measured at 3.3 s and 510 MB
+// allocated per load on a 2-core machine, three quarters of the CPU in
+// yaml.v3 building the yaml.Node tree; validating the routes is ≈10%.
+func BenchmarkLoadFile(b *testing.B) {
+	path := writeScaleRoutes(b, scaleRoutes)
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := LoadFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, ok := s.Get(fmt.Sprintf("sbx-%06d", scaleRoutes-1)); !ok {
+			b.Fatal("last route not loaded")
+		}
+	}
 }

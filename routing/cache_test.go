@@ -431,7 +431,7 @@ func TestCacheExpireAllGenerations(t *testing.T) {
 }
 
 // ExpireAll touches no entry: the subscriber calls it on every reconnect,
-// and walking 100k routes under mu made every miss wait ≈50 ms (see
+// and walking 100k routes under mu made every miss wait 50–90 ms (see
 // BenchmarkCacheExpireAll). A walk allocates the list of keys.
 func TestCacheExpireAllNoAllocs(t *testing.T) {
 	s := newCountingStore(answerRoute)

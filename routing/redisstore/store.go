@@ -89,9 +89,14 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 	pipe := s.client.Pipeline()
 	cur := pipe.HGetAll(ctx, key)
 	old := pipe.HGetAll(ctx, legacy)
-	// Exec's error is the first command's that failed; each is judged
-	// below on its own.
-	_, _ = pipe.Exec(ctx)
+	// Exec's error is the first command's that failed, and each is judged
+	// below on its own; but an error go-redis met before either read was
+	// answered (a password refused while connecting) is left on neither
+	// command, which would read as two empty hashes: "no route" for what
+	// is an outage.
+	if _, err := pipe.Exec(ctx); err != nil && cur.Err() == nil && old.Err() == nil {
+		return nil, key, fmt.Errorf("redis hgetall %s: %w", key, err)
+	}
 	fields, err := hgetallResult(key, cur)
 	if err != nil || len(fields) > 0 {
 		return fields, key, err

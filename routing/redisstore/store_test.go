@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -311,6 +312,24 @@ func TestLookupOneRoundTrip(t *testing.T) {
 		if n := turns.Load() - before; n != 1 {
 			t.Errorf("lookup %s: %d round trips to redis, want 1", tc.id, n)
 		}
+	}
+}
+
+// TestLookupRefusedIsNotNotFound: a Redis that refuses the proxy's
+// password is an outage (503, or a stale route), never "no route" (404),
+// whether or not the legacy key is read too. go-redis leaves an error met
+// while connecting on neither command of a pipeline.
+func TestLookupRefusedIsNotNotFound(t *testing.T) {
+	r := testenv.StartRedis(t, "--requirepass", "right")
+	for _, legacy := range []bool{true, false} {
+		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Password: "wrong", DisableLegacy: !legacy})
+			_, err := s.Lookup(context.Background(), "x")
+			var fe *routing.FieldError
+			if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) || !strings.Contains(err.Error(), "WRONGPASS") {
+				t.Fatalf("lookup with a refused password: %v, want the WRONGPASS error", err)
+			}
+		})
 	}
 }
 

@@ -410,8 +410,9 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 				got := b.get(t, tc.id)
 				return got.status == 200 && got.body == "two"
 			})
-			if n := r.CommandCount(t, "hgetall"); n != 1 {
-				t.Errorf("b re-read the route with %d HGETALLs, want 1", n)
+			// One lookup: the new and the legacy key, in one pipeline.
+			if n := r.CommandCount(t, "hgetall"); n != 2 {
+				t.Errorf("b re-read the route with %d HGETALLs, want 2 (one lookup)", n)
 			}
 		})
 	}

@@ -16,8 +16,10 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -602,7 +604,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		return &proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}
 	} else if (cl > 0 || cl == -1) && req.IsBodyStream() {
 		b := clientBodyPool.Get().(*clientBody)
-		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
+		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: int64(cl), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
 		req.SetBodyStream(b, cl)
 	}
 
@@ -697,16 +699,17 @@ const envdPort = 49983
 // upstreamError answers a failed exchange with the backend, and ends its
 // client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
+	var be *clientBodyError
+	bodyErr := errors.As(err, &be)
 	if x.cspan != nil {
 		cerr := err
-		if errors.Is(err, errClientLeft) {
+		if errors.Is(err, errClientLeft) || bodyErr && be.gone {
 			cerr = nil // the client hung up: the sandbox failed nothing
 		}
 		telemetry.EndClientSpan(x.cspan, x.upStatus, cerr)
 		x.cspan = nil
 	}
 	var de *dialError
-	var be *clientBodyError
 	switch {
 	case errors.Is(err, errDrainCut):
 		// The proxy is going away: the client must not try this
@@ -734,11 +737,19 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		ctx.SetConnectionClose()
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
-	case errors.As(err, &be):
-		if isTimeout(be.err) {
+	case bodyErr:
+		switch {
+		case isTimeout(be.err):
 			x.fail(ctx, proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}, id)
-		} else {
-			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed or incomplete request body"}, id)
+		case be.gone:
+			// A client that reset or closed its connection before the end
+			// of its upload has left, as one that leaves while the sandbox
+			// works on the answer: nginx's 499 (nginx itself logs 400 here,
+			// its body reader's status, and sends nothing). Its half-closed
+			// form still reads this answer.
+			x.fail(ctx, proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, id)
+		default:
+			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed request body"}, id)
 		}
 		// The rest of the body cannot be found on the connection.
 		ctx.SetConnectionClose()
@@ -885,9 +896,13 @@ type clientBody struct {
 	n        int64 // bytes read
 	timeout  time.Duration
 	deadline time.Time
-	eof      bool // the client's body was read to its end
-	closed   bool // fasthttp is done with it
-	counted  bool // forward is done with it
+	size     int64 // Content-Length, or -1 for a chunked body
+	eof      bool  // the client's body was read to its end
+	// gone: the client closed its connection before the end of its body
+	// (a reset, or a close cut it short), rather than sending a malformed one.
+	gone    bool
+	closed  bool // fasthttp is done with it
+	counted bool // forward is done with it
 	// cut is the sandbox connection's interrupted flag while the body is
 	// sent on it: set, the drain deadline has come (pools.abort).
 	cut *atomic.Bool
@@ -922,7 +937,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		if n > 0 {
 			return 0, errBodyTooLarge
 		}
-		b.eof = err == io.EOF
+		b.ended(err)
 		return 0, err
 	}
 	if int64(len(p)) > b.left {
@@ -931,8 +946,38 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.left -= int64(n)
 	b.n += int64(n)
-	b.eof = err == io.EOF
+	b.ended(err)
 	return n, err
+}
+
+// ended records what err, from a read of the body, says of its end: read
+// to its end (eof), or left by a client that closed its connection (gone).
+// A malformed body is neither.
+func (b *clientBody) ended(err error) {
+	switch {
+	case err == nil:
+	case err == io.EOF && b.size >= 0 && b.n < b.size:
+		// fasthttp ends a Content-Length body the client closed early with
+		// a plain io.EOF (and then replaces it with a message of its own).
+		b.gone = true
+	case err == io.EOF:
+		b.eof = true
+	default:
+		b.gone = closedMidBody(err)
+	}
+}
+
+// closedMidBody reports whether err, from reading a request body, means
+// that the client's connection ended under it: a reset, or a close in the
+// middle of a chunked body, which fasthttp reports as io.ErrUnexpectedEOF,
+// or, when the close cut a chunk's framing (its size line, the CRLF after
+// its data), as an ErrBrokenChunk whose cause (unexported) is io.EOF.
+func closedMidBody(err error) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		return true
+	}
+	var bc fasthttp.ErrBrokenChunk
+	return errors.As(err, &bc) && strings.HasSuffix(bc.Error(), ": "+io.EOF.Error())
 }
 
 // SupportsBodyWriteTo has fasthttp's Request.Write copy the body with

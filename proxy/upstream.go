@@ -643,7 +643,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		case !c.isWriteErr(serr):
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
-			err = &clientBodyError{err: serr}
+			err = &clientBodyError{err: serr, gone: body != nil && body.gone}
 		case !isTimeout(serr) && (!reused || !retryable):
 			// A backend may answer before it has read the whole body (a
 			// 413) and close: its answer is the one to relay, as net/http
@@ -731,7 +731,12 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // clientBodyError is a failure to read the client's request body while
 // sending it: the client's fault, not the sandbox's.
-type clientBodyError struct{ err error }
+type clientBodyError struct {
+	err error
+	// gone: the client closed its connection before the end of the body
+	// (clientBody.gone), rather than sending a malformed one.
+	gone bool
+}
 
 func (e *clientBodyError) Error() string {
 	return "reading the client's request body: " + e.err.Error()

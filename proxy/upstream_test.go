@@ -1160,9 +1160,10 @@ func TestUpstreamBodilessResponses(t *testing.T) {
 	}
 }
 
-// A request body the client botches is the client's fault: 400 (or 408
-// when it stops sending), never a 502 that blames the sandbox. The
-// connection is closed, since the rest of the body cannot be found on it.
+// A request body the client botches is the client's fault: 400 (408 when it
+// stops sending, 499 when it ends it early), never a 502 that blames the
+// sandbox. The connection is closed, since the rest of the body cannot be
+// found on it.
 func TestClientBodyErrors(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = 300 * time.Millisecond })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -1179,8 +1180,10 @@ func TestClientBodyErrors(t *testing.T) {
 		{"bad chunk size", "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nhello\r\n0\r\n\r\n", false, 400, CodeBadBody},
 		{"bad chunk ending", "Transfer-Encoding: chunked\r\n\r\n3\r\nabcXY\r\n0\r\n\r\n", false, 400, CodeBadBody},
 		// Bodies larger than the read buffer stream (smaller ones fasthttp
-		// reads, and refuses, before the proxy sees the request).
-		{"body cut short", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), true, 400, CodeBadBody},
+		// reads, and refuses, before the proxy sees the request). One the
+		// client ends early has been left: 499, as when it leaves while
+		// the sandbox works (TestUploadLeftMidBodyIsLoggedAs499).
+		{"body cut short", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), true, 499, CodeClientClosed},
 		{"body stalls", "Content-Length: 1000000\r\n\r\n" + strings.Repeat("x", 100<<10), false, 408, CodeBodyTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1205,7 +1208,7 @@ func TestClientBodyErrors(t *testing.T) {
 // A chunked body that reaches max_request_body exactly and is then cut
 // (the client leaves) or botched (a bad chunk size) is incomplete: the
 // sandbox must see a truncated body, never a complete one it would act on,
-// and the client gets 400 as for a body cut anywhere else.
+// and the client gets what a body cut (499) or botched (400) anywhere else gets.
 func TestChunkedBodyCutAtCap(t *testing.T) {
 	const limit = 64 << 10
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = limit })
@@ -1214,9 +1217,13 @@ func TestChunkedBodyCutAtCap(t *testing.T) {
 		n, err := io.Copy(io.Discard, r.Body)
 		got <- fmt.Sprintf("read %d bytes, %v", n, err)
 	})))
-	for _, tc := range []struct{ name, tail string }{
-		{"client leaves", ""},
-		{"bad chunk size", "zz\r\n"},
+	for _, tc := range []struct {
+		name, tail string
+		status     int
+		code       string
+	}{
+		{"client leaves", "", 499, CodeClientClosed},
+		{"bad chunk size", "zz\r\n", 400, CodeBadBody},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialRaw(t, h.addr)
@@ -1228,7 +1235,7 @@ func TestChunkedBodyCutAtCap(t *testing.T) {
 				t.Fatal(err)
 			}
 			b, _ := io.ReadAll(resp.Body)
-			checkProxyError(t, resp, string(b), 400, CodeBadBody)
+			checkProxyError(t, resp, string(b), tc.status, tc.code)
 			select {
 			case s := <-got:
 				if strings.HasSuffix(s, "<nil>") {

@@ -107,9 +107,14 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 	}
 }
 
-// headersReady records time to response headers.
+// headersReady records time to response headers. A WebSocket's 101 is
+// written after the handler (the hijack), and its client may be gone by
+// then: splice counts the request once that write says which status the
+// client got.
 func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
-	p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
+	if x.kind != telemetry.RouteWebSocket {
+		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
+	}
 	if x.stream {
 		p.metrics.StreamOpened(x.kind)
 	}

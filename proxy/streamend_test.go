@@ -208,8 +208,10 @@ func (errTimeoutForTest) Temporary() bool { return true }
 
 // A client that leaves before its upgrade's 101 goes out ended the
 // exchange, not the sandbox: as a request whose client hung up before its
-// answer (499), the access log says client_closed_request, neither span is
-// an error, and the tunnel's end counts as the client's. Whether the 101's
+// answer, it is logged and counted 499 client_closed_request (the
+// sandbox's 101 stays in upstream_status), neither span is an error, and
+// the tunnel's end counts as the client's. It was logged 101, which the
+// cube format, without error_code, showed as an upgrade that succeeded. Whether the 101's
 // write fails (the hijack handler ran) or fasthttp closes the connection
 // without handing it over (it could not flush the answer to a request
 // pipelined ahead: abandon), it was logged with no code, and abandon
@@ -275,12 +277,13 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 				goAhead <- struct{}{}
 
 				e := logs.waitJSON(t, reqID)
-				if e["status"] == float64(499) && attempt < 3 {
+				if e["upstream_status"] == nil && attempt < 3 {
 					t.Logf("attempt %d: the hang-up was found before the 101 came; again", attempt)
 					continue
 				}
-				if e["status"] != float64(101) || e["error_code"] != CodeClientClosed {
-					t.Errorf("access log: status %v error_code %q, want 101 %q", e["status"], e["error_code"], CodeClientClosed)
+				if e["status"] != float64(499) || e["error_code"] != CodeClientClosed || e["upstream_status"] != float64(101) {
+					t.Errorf("access log: status %v error_code %q upstream_status %v, want 499 %q 101",
+						e["status"], e["error_code"], e["upstream_status"], CodeClientClosed)
 				}
 				server, client := waitSandboxSpans(t, exp, id)
 				if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
@@ -291,6 +294,8 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 				for _, bad := range checkDeltas(before, after, []metricDelta{
 					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "client"}, 1},
 					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "complete"}, 0},
+					{"cubeproxy_requests_total", map[string]string{"route_kind": "websocket", "status_class": "4xx"}, 1},
+					{"cubeproxy_requests_total", map[string]string{"route_kind": "websocket", "status_class": "1xx"}, 0},
 				}) {
 					t.Error(bad)
 				}

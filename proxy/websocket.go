@@ -341,6 +341,10 @@ func (p *Proxy) sendUpgrade(ctx *fasthttp.RequestCtx, uc *upstreamConn) error {
 	return err
 }
 
+// statusClientClosed is nginx's 499: the client closed its connection
+// before its answer reached it.
+const statusClientClosed = 499
+
 // splice takes over both connections after the sandbox's 101: the
 // sandbox's from its pool, the client's from fasthttp (a hijack), writes
 // the 101 and starts the tunnel between them.
@@ -374,20 +378,28 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	x.owned = true
 	tx := *x
 	entry := p.captureEntry(ctx, x, fasthttp.StatusSwitchingProtocols)
-	// release frees what the tunnel holds besides the client connection.
-	release := func(err error) {
+	ttfb := time.Since(x.start)
+	// answered counts the request (headersReady leaves a tunnel's to this)
+	// with the status its client got: the 101, or 499 when the client
+	// left before the 101 reached it.
+	answered := func(status int) { p.metrics.RequestDone(status, telemetry.RouteWebSocket, ttfb) }
+	// release frees what the tunnel holds besides the client connection,
+	// and finishes the exchange with status, as answered counted it.
+	release := func(status int, err error) {
 		u.conns.Add(-1)
 		sb.done(time.Now().UnixMilli())
-		p.finish(nil, &tx, fasthttp.StatusSwitchingProtocols, err, entry)
+		p.finish(nil, &tx, status, err, entry)
 	}
 	abandon := func() {
 		_ = raw.Close()
 		// The client left before its 101 could go out (fasthttp closed
 		// the connection instead of handing it over): the client's
-		// choice, logged as a request's hang-up before its answer is,
-		// and no failure of the sandbox (finish).
+		// choice, logged and counted as a request's hang-up before its
+		// answer is (499; upstream_status keeps the sandbox's 101), and
+		// no failure of the sandbox (finish).
 		tx.errCode = CodeClientClosed
-		release(errClientGone)
+		answered(statusClientClosed)
+		release(statusClientClosed, errClientGone)
 	}
 	// The connection itself: the tunnel reads, writes and closes it (the
 	// hijacked one wraps it, reading through fasthttp's reader).
@@ -424,10 +436,21 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		ctx.Response.Header.ResetConnectionClose()
 		_, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...))
 		_ = client.SetWriteDeadline(time.Time{})
+		// A write that failed found the client gone, unless the proxy cut
+		// the tunnel as it registered (a drain past its deadline, a kill:
+		// their codes, with the 101). A client that took none of the 101
+		// within client.write_timeout is still there (client_write_timeout,
+		// as a stream's stalled write keeps its status).
+		gone := err != nil && !isTimeout(err) && !tn.drainCut.Load() && !tn.killed.Load()
+		if gone {
+			answered(statusClientClosed)
+		} else {
+			answered(fasthttp.StatusSwitchingProtocols)
+		}
 		// The tunnel runs on its own goroutine, so that fasthttp's
 		// hijack goroutine ends and frees the request's context and
 		// fasthttp's reader with it.
-		go p.runTunnel(tn, conn, early, pending, err, &tx, release)
+		go p.runTunnel(tn, conn, early, pending, err, gone, &tx, release)
 	}, abandon)
 }
 
@@ -435,8 +458,9 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 // client sent before the tunnel read its connection (non-nil, maybe
 // empty), pending what the sandbox sent after its 101, and headErr the
 // error of writing the 101 (and pending) to the client: with one, the
-// tunnel only closes.
-func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, headErr error, tx *exchange, release func(error)) {
+// tunnel only closes. gone: that error found the client gone (the
+// exchange ends as a 499).
+func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, headErr error, gone bool, tx *exchange, release func(int, error)) {
 	var in, out countingReader
 	// reset: the sandbox reset its connection rather than closing it
 	// (a crashed server, a VM gone), logged so that the session does
@@ -461,7 +485,13 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 		ended = true
 		p.streams.removeTunnel(tn)
 		tx.bytesIn, tx.bytesOut = in.n.Load()+int64(len(early)), out.n.Load()+int64(len(pending))
+		status := fasthttp.StatusSwitchingProtocols
 		switch {
+		case gone:
+			// The client was gone before its 101 went out: as abandon,
+			// whatever else (a drain, a kill) came since.
+			tx.errCode = CodeClientClosed
+			status = statusClientClosed
 		case tn.killed.Load():
 			tx.errCode = CodeSandboxKilled
 		case tn.drainCut.Load():
@@ -472,11 +502,8 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 			tx.errCode = CodeUpstreamTimeout
 		case cause != nil:
 			tx.errCode = CodeClientWriteTimeout
-		case headErr != nil:
-			// The client was gone before its 101 went out: as abandon.
-			tx.errCode = CodeClientClosed
 		}
-		release(cause)
+		release(status, cause)
 	}
 	defer func() {
 		tn.close()

@@ -237,3 +237,76 @@ func TestMetricsGaugesReturnToZero(t *testing.T) {
 		t.Errorf("after closing idle connections: idle gauge %v, %d connections counted open; want 0, 0", v, poolConns(h))
 	}
 }
+
+// Every body relayed as it comes is an open stream while it lasts, a
+// download over wholeBody as much as a chunked body or an event stream: an
+// operator watching cubeproxy_streams_open during a drain waits for all of
+// them. A download was left out (only bodies of unknown length counted),
+// though it holds its sandbox connection, counts in
+// cubeproxy_streams_ended_total and holds up the drain like the others. Once
+// done it is timed as a response (to its last byte), a stream as a
+// lifetime.
+func TestStreamsOpenCountsEveryStreamedBody(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	first := strings.Repeat("x", 2*wholeBody)
+	const (
+		respTime   = "cubeproxy_response_duration_seconds_count"
+		streamTime = "cubeproxy_stream_duration_seconds_count"
+	)
+	for i, tc := range []struct {
+		name, kind     string
+		header         func(http.Header)
+		timed, untimed string // the histogram that times it once done, and the other
+	}{
+		{"download over 64 KiB", "http", func(h http.Header) { h.Set("Content-Length", fmt.Sprint(2*len(first))) }, respTime, streamTime},
+		{"chunked", "http", func(http.Header) {}, streamTime, respTime},
+		{"event stream", "sse", func(h http.Header) { h.Set("Content-Type", "text/event-stream") }, streamTime, respTime},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rest := make(chan struct{})
+			host := h.route(fmt.Sprintf("sbxstreamsopen%d", i), backend(t, "127.0.0.1",
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					tc.header(w.Header())
+					io.WriteString(w, first)
+					w.(http.Flusher).Flush()
+					select {
+					case <-rest:
+					case <-r.Context().Done():
+						return
+					}
+					io.WriteString(w, first)
+				})))
+			before := scrapeMetrics(t, admin)
+			resp := h.do(h.req("GET", host, "/", nil))
+			defer resp.Body.Close()
+			if _, err := io.ReadFull(resp.Body, make([]byte, len(first))); err != nil {
+				t.Fatalf("first part: %v", err)
+			}
+			kind := map[string]string{"route_kind": tc.kind}
+			if bad := checkDeltas(before, scrapeMetrics(t, admin), []metricDelta{{"cubeproxy_streams_open", kind, 1}}); len(bad) > 0 {
+				t.Errorf("while the body streams: %v", bad)
+			}
+			close(rest)
+			if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != int64(len(first)) {
+				t.Fatalf("rest: %d bytes, %v", n, err)
+			}
+			// The stream finishes just after the client has its end.
+			testenv.Eventually(t, 5*time.Second, func() error {
+				after := scrapeMetrics(t, admin)
+				if bad := checkDeltas(before, after, []metricDelta{
+					{"cubeproxy_streams_open", kind, 0},
+					{tc.timed, kind, 1},
+				}); len(bad) > 0 {
+					return fmt.Errorf("once the body ended: %v", bad)
+				}
+				b, _ := metricValue(before, tc.untimed, kind) // absent: 0
+				if a, _ := metricValue(after, tc.untimed, kind); a != b {
+					return fmt.Errorf("%s%v moved by %v, want 0", tc.untimed, kind, a-b)
+				}
+				return nil
+			})
+		})
+	}
+}

@@ -51,8 +51,11 @@ type exchange struct {
 	bytesOut      int64
 	retries       int // connects and requests retried upstream (the span's cube.upstream.retries)
 
-	stream bool // an unknown-length body or a tunnel: counted as an open stream
-	owned  bool // a bodyStream or tunnel finishes it
+	stream bool // a body relayed as it comes (bodyStream) or a tunnel: counted as an open stream
+	// sized: the stream is a fixed-length body (a download too large to
+	// read whole): open while it lasts, timed as a response when done.
+	sized bool
+	owned bool // a bodyStream or tunnel finishes it
 	// drained: the drain ended this GET event stream cleanly, at its
 	// start, so that its client reconnects elsewhere (no error code: the
 	// client sees a normal end; the streams-ended metric says drain).
@@ -124,9 +127,12 @@ func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
 // entry was captured when the handler returned.
 func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err error, entry *accesslog.Entry) {
 	total := time.Since(x.start)
-	if x.stream {
+	switch {
+	case x.sized:
+		p.metrics.DownloadDone(status, x.kind, total)
+	case x.stream:
 		p.metrics.StreamClosed(x.kind, total)
-	} else {
+	default:
 		p.metrics.ResponseDone(status, x.kind, total)
 	}
 	if x.owned {

@@ -522,7 +522,10 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		s.resumable = req.Header.IsGet()
 		s.probing = s.resumable
 	}
-	x.stream = size < 0
+	// Every body relayed as it comes is an open stream while it lasts (a
+	// drain waits for it), a download of known size too.
+	x.stream = true
+	x.sized = s.fixed
 	x.owned = true
 	s.x = *x
 	s.rc = ctx

@@ -26,6 +26,8 @@ func recordAll(m *Metrics) {
 	m.StreamClosed(RouteWebSocket, time.Hour)
 	m.StreamEnded(RouteWebSocket, StreamComplete)
 	m.ResponseDone(404, RouteError, time.Millisecond)
+	m.StreamOpened(RouteHTTP)
+	m.DownloadDone(200, RouteHTTP, 30*time.Millisecond)
 	m.AccessLogDropped()
 	m.ConnClosed()
 }

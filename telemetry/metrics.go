@@ -99,7 +99,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
-	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE and chunked), by route kind.")
+	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE, chunked, and downloads relayed as they come), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
 	o.pools = b.gauge("cubeproxy.upstream.pools", "{pool}", "Upstream connection pools (one per sandbox incarnation and port).")
 	o.idle = b.gauge("cubeproxy.upstream.idle_connections", "{connection}", "Idle upstream connections across all pools.")
@@ -279,6 +279,23 @@ func (m *Metrics) StreamClosed(kind RouteKind, life time.Duration) {
 		m.streams[RouteHTTP].Add(-1)
 	}
 	m.streamDuration.Record(bg, life.Seconds(), m.recKind[kind]...)
+}
+
+// DownloadDone undoes StreamOpened(kind) for a fixed-length body relayed as
+// it came (too large to read whole), and records its time to the last byte
+// as ResponseDone does: an open stream while it lasts, it is a response of
+// known size, timed in the response buckets rather than as a stream's
+// lifetime.
+func (m *Metrics) DownloadDone(status int, kind RouteKind, total time.Duration) {
+	if m == nil {
+		return
+	}
+	if kind == RouteSSE {
+		m.streams[RouteSSE].Add(-1)
+	} else {
+		m.streams[RouteHTTP].Add(-1)
+	}
+	m.ResponseDone(status, kind, total)
 }
 
 // streamKinds are the route kinds a stream can have: the label values of

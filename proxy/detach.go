@@ -57,7 +57,25 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 func (s *bodyStream) abandon() {
 	s.rc = nil
 	s.client = nil // closed, and counted closed, by fasthttp
+	s.headWritten(errClientGone)
 	s.end(errClientGone)
+}
+
+// headWritten counts the request (exchange.headLater) once its head was
+// written, err being the write's error. A client the write found gone
+// (clientEnded: not a drain's or a kill's cut, nor a client that stopped
+// reading) never got the head: logged and counted as nginx's 499, the
+// sandbox's status staying in upstream_status, with no body bytes sent
+// (what came with the head did not reach it either).
+func (s *bodyStream) headWritten(err error) {
+	if err != nil {
+		s.clientEnded(err)
+		if s.x.errCode == CodeClientClosed {
+			s.status = statusClientClosed
+			s.x.bytesOut = 0
+		}
+	}
+	s.p.metrics.RequestDone(s.status, s.x.kind, time.Since(s.x.start))
 }
 
 // hijacked runs on fasthttp's hijack goroutine after the handler returned
@@ -82,6 +100,7 @@ func (s *bodyStream) hijacked(net.Conn) {
 	out, rerr := s.firstWrite(*bp, h)
 	err := s.write(out)
 	copyBufPool.Put(bp)
+	s.headWritten(err)
 	switch {
 	case err != nil:
 		s.end(err)

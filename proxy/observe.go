@@ -56,6 +56,10 @@ type exchange struct {
 	// read whole): open while it lasts, timed as a response when done.
 	sized bool
 	owned bool // a bodyStream or tunnel finishes it
+	// headLater: the proxy writes the head itself after the handler (a
+	// tunnel's 101, a detached stream's head), to a client that may be
+	// gone by then; that write counts the request, not headersReady.
+	headLater bool
 	// drained: the drain ended this GET event stream cleanly, at its
 	// start, so that its client reconnects elsewhere (no error code: the
 	// client sees a normal end; the streams-ended metric says drain).
@@ -110,12 +114,11 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 	}
 }
 
-// headersReady records time to response headers. A WebSocket's 101 is
-// written after the handler (the hijack), and its client may be gone by
-// then: splice counts the request once that write says which status the
-// client got.
+// headersReady records time to response headers, unless the head is
+// written later (headLater): that write counts the request, with the
+// status its client got.
 func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
-	if x.kind != telemetry.RouteWebSocket {
+	if !x.headLater {
 		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
 	}
 	if x.stream {

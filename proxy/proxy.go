@@ -557,6 +557,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		_ = ctx.SetWriteDeadline(s.clientDeadline)
 	}
 	if detachable(req, s) {
+		x.headLater = true // the hijack writes the head (detach.go)
 		p.detach(ctx, s)
 		return
 	}

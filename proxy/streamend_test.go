@@ -206,31 +206,45 @@ func (errTimeoutForTest) Error() string   { return "i/o timeout" }
 func (errTimeoutForTest) Timeout() bool   { return true }
 func (errTimeoutForTest) Temporary() bool { return true }
 
-// A client that leaves before its upgrade's 101 goes out ended the
+// A client that leaves before the head of its answer goes out, where the
+// proxy writes that head itself after the handler (a WebSocket's 101, a
+// GET event stream's head, both on a hijacked connection), ended the
 // exchange, not the sandbox: as a request whose client hung up before its
-// answer, it is logged and counted 499 client_closed_request (the
-// sandbox's 101 stays in upstream_status), neither span is an error, and
-// the tunnel's end counts as the client's. It was logged 101, which the
-// cube format, without error_code, showed as an upgrade that succeeded. Whether the 101's
-// write fails (the hijack handler ran) or fasthttp closes the connection
-// without handing it over (it could not flush the answer to a request
-// pipelined ahead: abandon), it was logged with no code, and abandon
-// marked the upstream span as failed ("client connection closed before
-// the stream started").
-func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
+// answer, it is logged and counted 499 client_closed_request, with the
+// sandbox's status in upstream_status and no body bytes sent; neither span
+// is an error, and the stream's end counts as the client's. That holds
+// whether the head's write fails (the hijack handler ran) or fasthttp
+// closes the connection without handing it over (it could not flush the
+// answer to a request pipelined ahead: abandon). Such a client was logged
+// and counted with the sandbox's 101 or 200, which the cube format, without
+// error_code, showed as an upgrade or a stream that its client got.
+func TestClientGoneBeforeHijackedHeadIsTheClients(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := obsTelemetry(t, exp)
 	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 	admin := obsMetricsAdmin(t, h, tel)
-	const upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	const (
+		upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+		events  = "Accept: text/event-stream\r\n"
+	)
 	for _, tc := range []struct {
-		name, id string
-		ahead    bool // a request pipelined ahead of the upgrade, its answer not yet flushed
+		name, id   string
+		kind       string // route_kind
+		headers    string // of the request
+		head       string // the sandbox's answer
+		upStatus   float64
+		ahead      bool // a request pipelined ahead, its answer not yet flushed
+		detachable bool // the case needs a detached event stream (Linux)
 	}{
-		{"the 101's write fails", "gone101write", false},
-		{"pipelined: fasthttp skips the handover", "gone101abandon", true},
+		{"websocket, the 101's write fails", "gone101write", "websocket", upgrade, switchedHead, 101, false, false},
+		{"websocket, pipelined: fasthttp skips the handover", "gone101abandon", "websocket", upgrade, switchedHead, 101, true, false},
+		{"event stream, the head's write fails", "goneheadwrite", "sse", events, sseHead, 200, false, true},
+		{"event stream, pipelined: fasthttp skips the handover", "goneheadabandon", "sse", events, sseHead, 200, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.detachable && !canWaitReadable {
+				t.Skip("event streams are detached only where the proxy can wait for readability")
+			}
 			arrived := make(chan struct{}, 1)
 			goAhead := make(chan struct{})
 			stop := make(chan struct{}) // a failed test must not leave the handler waiting
@@ -244,16 +258,17 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 				case <-stop:
 					return false
 				}
-				rawWrite(c, switchedHead)
+				rawWrite(c, tc.head)
 				_, _ = io.Copy(io.Discard, c) // until the proxy closes its side
 				return false
 			})
 			t.Cleanup(func() { close(stop) }) // before the backend's cleanup waits for its handlers
 			id := tc.id
 			host := h.route(id, b.port)
-			// The proxy looks for a client's hang-up only once the upgrade
+			// The proxy looks for a client's hang-up only once the request
 			// has waited clientCheck: a loaded machine may let it find this
-			// one first (a 499, no tunnel). Then the case is tried again.
+			// one first (a 499 without the sandbox's answer). Then the case
+			// is tried again.
 			for attempt := 1; ; attempt++ {
 				reqID := fmt.Sprintf("%s-%d", id, attempt)
 				before := scrapeMetrics(t, admin)
@@ -265,8 +280,8 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 				if tc.ahead {
 					ahead = "GET /small HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
 				}
-				fmt.Fprintf(c, "%sGET /ws HTTP/1.1\r\nHost: %s\r\n%sX-Cube-Request-Id: %s\r\n\r\n", ahead, host, upgrade, reqID)
-				<-arrived // the upgrade waits on the sandbox
+				fmt.Fprintf(c, "%sGET /s HTTP/1.1\r\nHost: %s\r\n%sX-Cube-Request-Id: %s\r\n\r\n", ahead, host, tc.headers, reqID)
+				<-arrived // the request waits on the sandbox
 				_ = c.(*net.TCPConn).SetLinger(0)
 				clientPort := c.LocalAddr().(*net.TCPAddr).Port
 				proxyPort := c.RemoteAddr().(*net.TCPAddr).Port
@@ -278,27 +293,31 @@ func TestTunnelClientGoneBefore101IsTheClients(t *testing.T) {
 
 				e := logs.waitJSON(t, reqID)
 				if e["upstream_status"] == nil && attempt < 3 {
-					t.Logf("attempt %d: the hang-up was found before the 101 came; again", attempt)
+					t.Logf("attempt %d: the hang-up was found before the sandbox answered; again", attempt)
 					continue
 				}
-				if e["status"] != float64(499) || e["error_code"] != CodeClientClosed || e["upstream_status"] != float64(101) {
-					t.Errorf("access log: status %v error_code %q upstream_status %v, want 499 %q 101",
-						e["status"], e["error_code"], e["upstream_status"], CodeClientClosed)
+				if e["status"] != float64(499) || e["error_code"] != CodeClientClosed || e["upstream_status"] != tc.upStatus ||
+					e["body_bytes_sent"] != float64(0) {
+					t.Errorf("access log: status %v error_code %q upstream_status %v body_bytes_sent %v, want 499 %q %v 0",
+						e["status"], e["error_code"], e["upstream_status"], e["body_bytes_sent"], CodeClientClosed, tc.upStatus)
 				}
 				server, client := waitSandboxSpans(t, exp, id)
 				if server.Status.Code == codes.Error || client.Status.Code == codes.Error {
 					t.Errorf("server span %v %q, upstream span %v %q: a client that left is no failure",
 						server.Status.Code, server.Status.Description, client.Status.Code, client.Status.Description)
 				}
-				after := scrapeMetrics(t, admin)
-				for _, bad := range checkDeltas(before, after, []metricDelta{
-					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "client"}, 1},
-					{"cubeproxy_streams_ended_total", map[string]string{"route_kind": "websocket", "reason": "complete"}, 0},
-					{"cubeproxy_requests_total", map[string]string{"route_kind": "websocket", "status_class": "4xx"}, 1},
-					{"cubeproxy_requests_total", map[string]string{"route_kind": "websocket", "status_class": "1xx"}, 0},
-				}) {
-					t.Error(bad)
-				}
+				kind := func(l map[string]string) map[string]string { l["route_kind"] = tc.kind; return l }
+				testenv.Eventually(t, 5*time.Second, func() error {
+					if bad := checkDeltas(before, scrapeMetrics(t, admin), []metricDelta{
+						{"cubeproxy_streams_ended_total", kind(map[string]string{"reason": "client"}), 1},
+						{"cubeproxy_streams_ended_total", kind(map[string]string{"reason": "complete"}), 0},
+						{"cubeproxy_requests_total", kind(map[string]string{"status_class": "4xx"}), 1},
+						{"cubeproxy_requests_total", kind(map[string]string{}), 1},
+					}); len(bad) > 0 {
+						return fmt.Errorf("%v", bad)
+					}
+					return nil
+				})
 				return
 			}
 		})

@@ -376,12 +376,13 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	x.kind = telemetry.RouteWebSocket
 	x.stream = true
 	x.owned = true
+	x.headLater = true
 	tx := *x
 	entry := p.captureEntry(ctx, x, fasthttp.StatusSwitchingProtocols)
 	ttfb := time.Since(x.start)
-	// answered counts the request (headersReady leaves a tunnel's to this)
-	// with the status its client got: the 101, or 499 when the client
-	// left before the 101 reached it.
+	// answered counts the request (headLater: headersReady leaves it to
+	// this) with the status its client got: the 101, or 499 when the
+	// client left before the 101 reached it.
 	answered := func(status int) { p.metrics.RequestDone(status, telemetry.RouteWebSocket, ttfb) }
 	// release frees what the tunnel holds besides the client connection,
 	// and finishes the exchange with status, as answered counted it.
@@ -489,9 +490,11 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 		switch {
 		case gone:
 			// The client was gone before its 101 went out: as abandon,
-			// whatever else (a drain, a kill) came since.
+			// whatever else (a drain, a kill) came since. What came with
+			// the 101 did not reach it either.
 			tx.errCode = CodeClientClosed
 			status = statusClientClosed
+			tx.bytesOut = 0
 		case tn.killed.Load():
 			tx.errCode = CodeSandboxKilled
 		case tn.drainCut.Load():

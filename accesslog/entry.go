@@ -33,8 +33,12 @@ type Entry struct {
 	RequestTime        time.Duration
 	ConnectionRequests int64 // requests served on this client connection so far
 
-	UpstreamAddr   string // "ip:port" of the sandbox backend; "" when none was dialed
-	UpstreamStatus int    // 0 when no response arrived
+	UpstreamAddr string // "ip:port" of the sandbox backend; "" when none was dialed
+	// UpstreamStatus is the sandbox's status, or, as nginx's
+	// $upstream_status, the proxy's 502 or 504 for an exchange the sandbox
+	// failed before answering; 0 when no sandbox was asked or the request
+	// ended otherwise before an answer.
+	UpstreamStatus int
 	// UpstreamResponseTime is nginx's $upstream_response_time: from the
 	// start of the upstream exchange to the end of the sandbox's response
 	// (of the stream or tunnel). Printed only when UpstreamAddr is set.

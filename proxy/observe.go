@@ -343,6 +343,23 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	e.CacheResult = x.cache.String()
 }
 
+// upstreamFailed records, as the exchange's upstream status, status: the
+// proxy's answer (502, 504) to an exchange the sandbox failed (refused,
+// reset, an invalid or missing head) before any answer of its own. nginx
+// logs $upstream_status so, and the platform's log pipelines count
+// upstream failures by it; "-" there means that no sandbox was asked.
+// Other failures (the client's, the drain's, the proxy's own limits) are
+// not the sandbox's status, and an answer that came keeps its status.
+func (x *exchange) upstreamFailed(status int) {
+	if x.upStatus != 0 {
+		return
+	}
+	switch x.errCode {
+	case CodeUpstreamConnect, CodeUpstreamConnectTimeout, CodeUpstreamReset, CodeUpstreamTimeout, CodeUpstreamBadHeader:
+		x.upStatus = status
+	}
+}
+
 // upstreamTime is the time from the start of the upstream exchange to
 // total (the end of the exchange).
 func (x *exchange) upstreamTime(total time.Duration) time.Duration {

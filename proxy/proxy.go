@@ -801,6 +801,7 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		p.cfg.Logger.Debug("upstream sent an invalid response", "sandbox_id", string(id), "addr", addr.String(), "err", err)
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox sent an invalid HTTP response"}, id)
 	}
+	x.upstreamFailed(ctx.Response.StatusCode())
 }
 
 // A refused body is discarded after the answer, as nginx's lingering close

@@ -271,6 +271,8 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 			m, werr := s.client.Write(buf[:n])
 			total += int64(m)
 			if werr != nil {
+				// Read counted the piece as sent: only m of it was.
+				s.x.bytesOut -= int64(n - m)
 				return total, werr
 			}
 		}

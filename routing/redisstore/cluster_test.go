@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,4 +51,78 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectID(t, rec, "a")
+}
+
+// TestClusterKeysOnTwoNodes runs lookups on a two-node Cluster for ids
+// whose new and legacy keys live on different nodes: Lookup reads both in
+// one pipeline, which go-redis splits by node, and the answer must be what
+// the two reads in turn would give.
+func TestClusterKeysOnTwoNodes(t *testing.T) {
+	ctx := context.Background()
+	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
+	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
+	if err := a.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 8191).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	if err := b.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 8192, 16383).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	if err := a.Client().ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(b.Port())).Err(); err != nil {
+		t.Fatalf("cluster meet: %v", err)
+	}
+	for _, n := range []*testenv.Redis{a, b} {
+		testenv.WaitFor(t, 30*time.Second, "cluster_state:ok on both nodes", func() bool {
+			info, err := n.Client().ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
+		})
+	}
+	// Which node holds a key: A holds slots below 8192.
+	onA := func(key string) bool {
+		slot, err := a.Client().ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("cluster keyslot %s: %v", key, err)
+		}
+		return slot < 8192
+	}
+	// ids whose new key is on A and legacy key on B, and the other way.
+	var split []string
+	for i := 0; len(split) < 4 && i < 1000; i++ {
+		id := "box" + strconv.Itoa(i)
+		if onA(redisstore.DefaultKeyPrefix+id) != onA(redisstore.DefaultLegacyKeyPrefix+id) {
+			split = append(split, id)
+		}
+	}
+	if len(split) < 4 {
+		t.Fatalf("found only %d ids with keys on both nodes", len(split))
+	}
+	writer := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.Addr()}})
+	t.Cleanup(func() { _ = writer.Close() })
+	put := func(key, ip string) {
+		if err := writer.HSet(ctx, key, "HostIP", ip, "SandboxIP", "192.168.0.2", "80", "20080").Err(); err != nil {
+			t.Fatalf("hset %s: %v", key, err)
+		}
+	}
+	newOnly, legacyOnly, both, none := split[0], split[1], split[2], split[3]
+	put(redisstore.DefaultKeyPrefix+newOnly, "10.0.0.1")
+	put(redisstore.DefaultLegacyKeyPrefix+legacyOnly, "10.0.0.2")
+	put(redisstore.DefaultKeyPrefix+both, "10.0.0.3")
+	put(redisstore.DefaultLegacyKeyPrefix+both, "10.0.0.4")
+
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}})
+	for _, tc := range []struct {
+		id, wantHost string // "" : ErrNotFound
+	}{
+		{newOnly, "10.0.0.1"},
+		{legacyOnly, "10.0.0.2"},
+		{both, "10.0.0.3"}, // the new key wins
+		{none, ""},
+	} {
+		r, err := s.Lookup(ctx, tc.id)
+		switch {
+		case tc.wantHost == "" && err != routing.ErrNotFound:
+			t.Errorf("lookup %s: %v %v, want ErrNotFound", tc.id, r, err)
+		case tc.wantHost != "" && (err != nil || r.HostIP.String() != tc.wantHost):
+			t.Errorf("lookup %s: %v %v, want HostIP %s", tc.id, r, err, tc.wantHost)
+		}
+	}
 }

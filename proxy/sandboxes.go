@@ -369,9 +369,9 @@ func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
 // recheckInvalidated forgets the running sandboxes whose route was
 // invalidated (Invalidate) and is no longer in the store, asking through
 // the cache: a sandbox that had a request since is a hit, so only idle
-// ones cost a store read, one after the other. It stops early when stop
-// is closed; what it did not settle is asked about next time.
-func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
+// ones cost a store read, one after the other. It stops early when ctx
+// ends; what it did not settle is asked about next time.
+func (p *Proxy) recheckInvalidated(ctx context.Context) {
 	var ids []string
 	p.sandboxes.m.Range(func(k, v any) bool {
 		e := v.(*sandboxState)
@@ -381,14 +381,12 @@ func (p *Proxy) recheckInvalidated(stop <-chan struct{}) {
 		return true
 	})
 	for _, id := range ids {
-		select {
-		case <-stop:
+		if ctx.Err() != nil {
 			return
-		default:
 		}
 		// Cleared before the read: an invalidation during it marks the
 		// sandbox again, for the next round.
-		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(context.Background(), id) {
+		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(ctx, id) {
 			sb.unsure.Store(true)
 		}
 	}
@@ -419,10 +417,11 @@ func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 	})
 }
 
-// background runs what the proxy starts on its own, outside any request
-// and any Server goroutine (Invalidate's re-read of a paused sandbox's
-// route), so that Server.Shutdown can cut it short and wait for it: a
-// goroutine left running would outlive the Server by a store read.
+// background runs the store reads the proxy makes on its own, outside any
+// request (Invalidate's re-read of a paused sandbox's route, the janitor's
+// recheckInvalidated), so that Server.Shutdown can cut them short and wait
+// for them: a read left running would outlive the Server by up to its
+// timeout.
 type background struct {
 	mu      sync.Mutex // orders run's wg.Add before stop's wg.Wait
 	stopped bool

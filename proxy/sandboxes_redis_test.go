@@ -194,7 +194,7 @@ func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 				testenv.WaitFor(t, 5*time.Second, "invalidations applied", func() bool {
 					return sub.Applied() >= applied+perCase
 				})
-				h.proxy.recheckInvalidated(nil)
+				h.proxy.recheckInvalidated(context.Background())
 			}
 			if tc.kept {
 				testenv.WaitFor(t, 5*time.Second, "invalidations applied", func() bool {

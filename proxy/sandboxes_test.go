@@ -219,7 +219,7 @@ func TestRecheckReadsOnlyIdleSandboxes(t *testing.T) {
 	if st, _, _ := h.get(busy, "/"); st != 200 {
 		t.Fatalf("GET busy: %d", st)
 	}
-	h.proxy.recheckInvalidated(nil)
+	h.proxy.recheckInvalidated(context.Background())
 	if n := h.counts.n.Load() - before; n != 2 { // busy's request, idle's check
 		t.Errorf("%d store reads, want 2: the request for busy and the check of idle", n)
 	}
@@ -572,5 +572,37 @@ func BenchmarkKillTombstoneBytes(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/tombstone")
 		runtime.KeepAlive(&s)
+	}
+}
+
+// The janitor's recheckInvalidated reads, through the cache, the route of
+// each idle sandbox invalidated since its last round. Shutdown waited for
+// a read the store held until the lookup timeout; it now cuts it short.
+func TestShutdownCutsRecheckRead(t *testing.T) {
+	bs := &blockingStore{Store: routing.NewMemoryStore(), block: "unsure-idle", entered: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(func() { close(bs.release) })
+	const lookupTimeout = 20 * time.Second
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = bs
+		o.cache.LookupTimeout = lookupTimeout       // only Shutdown may end the wait sooner
+		o.cfg.UpstreamIdleConnTimeout = time.Second // the janitor's first round within 250 ms
+	})
+	// Seen now (the sweep keeps it), then its route invalidated: the
+	// janitor asks about it.
+	h.proxy.sandboxes.get([]byte("unsure-idle")).lastActive.Store(time.Now().UnixMilli())
+	h.proxy.Invalidate("unsure-idle")
+	select {
+	case <-bs.entered: // the recheck waits on the store
+	case <-time.After(10 * time.Second):
+		t.Fatal("the janitor did not recheck the invalidated sandbox")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := h.server.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > lookupTimeout/2 {
+		t.Fatalf("Shutdown took %v: it waited for the recheck's read", took)
 	}
 }

@@ -528,14 +528,14 @@ func (s *Server) janitor() {
 				sandboxesSwept = now
 				// Its own goroutine: a round of store reads (one per idle
 				// sandbox invalidated in the last minute) must not hold
-				// the pool sweeps.
+				// the pool sweeps. The proxy's background runner, so that
+				// Shutdown cuts the read in flight rather than wait out
+				// its timeout.
 				if s.rechecking.CompareAndSwap(false, true) {
-					s.wg.Add(1)
-					go func() {
-						defer s.wg.Done()
+					s.p.bg.run(func(ctx context.Context) {
 						defer s.rechecking.Store(false)
-						s.p.recheckInvalidated(s.stop)
-					}()
+						s.p.recheckInvalidated(ctx)
+					})
 				}
 			}
 		}

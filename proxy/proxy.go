@@ -232,11 +232,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		case stateKilled:
 			// A sandbox created after the kill (same id, new CreatedAt) is a
 			// new sandbox: its route is served and the tombstone forgotten.
-			if route.CreatedAt <= sb.changedAt.Load() {
+			if !p.sandboxes.unkill(sb, route.CreatedAt) {
 				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
 				return
 			}
-			sb.casState(stateKilled, stateRunning)
+			// Look again: another change (a pause, a forget) may have
+			// come since.
+			continue
 		}
 
 		var perr *proxyError

@@ -132,8 +132,8 @@ func (e *sandboxState) casState(from, to uint32) bool {
 // entry that is leaving is the entry's word. retire takes an entry out
 // in two steps: a compare-and-swap of the word seen when the entry was
 // judged forgettable to one in stateGone, then the map's delete of that
-// entry. The word changes with every state change (setState, casState)
-// and every request's start and end (enter, leave), so:
+// entry. The word changes with every state change (setState, casState,
+// unkill) and every request's start and end (enter, leave), so:
 //
 //   - a change before the swap makes it fail: retire looks again, and
 //     finds a kill, a pause or a request to keep the entry for;
@@ -155,6 +155,9 @@ type sandboxes struct {
 	// and its swap, where a concurrent kill or request lands; nil in
 	// production.
 	beforeRetire func(id string)
+	// beforeUnkill, for tests, runs between unkill's judging of a kill's
+	// time and its swap, where another kill lands; nil in production.
+	beforeUnkill func()
 }
 
 // get returns the state for id without allocating when it exists. id may
@@ -202,6 +205,33 @@ func (s *sandboxes) setState(id string, st uint32) int64 {
 		}
 		// Forgotten between get and the swap: the change goes to the
 		// entry that replaces it.
+	}
+}
+
+// unkill makes e, killed, running again for a request whose route was
+// created at createdAt, after the kill: a sandbox re-created under the
+// id. It reports false when the kill stands. The swap is from the word
+// the kill's time was judged with: a kill that lands after that look (a
+// kill of the re-created sandbox, newer than its route) changes the word
+// and is judged in turn, where a swap from any killed word would undo it.
+// True also means that e is no longer killed for another reason (un-killed
+// by another request, paused, forgotten): the caller looks again.
+func (s *sandboxes) unkill(e *sandboxState, createdAt int64) bool {
+	for {
+		w := e.word.Load()
+		if stateOf(w) != stateKilled {
+			return true
+		}
+		// After the word: setState stores the time before its swap.
+		if createdAt <= e.changedAt.Load() {
+			return false
+		}
+		if s.beforeUnkill != nil {
+			s.beforeUnkill()
+		}
+		if e.word.CompareAndSwap(w, withState(w, stateRunning)) {
+			return true
+		}
 	}
 }
 

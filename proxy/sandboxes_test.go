@@ -606,3 +606,94 @@ func TestShutdownCutsRecheckRead(t *testing.T) {
 		t.Fatalf("Shutdown took %v: it waited for the recheck's read", took)
 	}
 }
+
+// serve un-kills a killed sandbox whose route is newer than the kill (a
+// sandbox re-created under the id). It judged the kill's time, then
+// swapped any killed state to running: a kill of the re-created sandbox
+// landing in between (newer than its route) was undone, and the sandbox
+// the control plane had just killed was served, its tombstone lost. The
+// hook lands each change there; the entry must then say what it did.
+func TestUnkillKeepsWhatLandsMeanwhile(t *testing.T) {
+	const id = "sbx"
+	cases := []struct {
+		name    string
+		newer   bool // the route is newer than the first kill
+		between func(s *sandboxes)
+		want    bool // unkill's answer: the request may go on
+		state   uint32
+	}{
+		{"route older than the kill", false, nil, false, stateKilled},
+		{"route newer than the kill", true, nil, true, stateRunning},
+		{"newer route, then a kill of the new sandbox", true, func(s *sandboxes) { s.setState(id, stateKilled) }, false, stateKilled},
+		{"newer route, then a pause", true, func(s *sandboxes) { s.setState(id, statePaused) }, true, statePaused},
+		{"newer route, then another request's un-kill", true, func(s *sandboxes) { s.peek(id).casState(stateKilled, stateRunning) }, true, stateRunning},
+		{"newer route, then a request's start", true, func(s *sandboxes) { s.peek(id).enter() }, true, stateRunning},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var s sandboxes
+			killedAt := s.setState(id, stateKilled)
+			createdAt := killedAt
+			if tc.newer {
+				createdAt++
+			}
+			fired := false
+			s.beforeUnkill = func() {
+				if !fired && tc.between != nil {
+					fired = true
+					tc.between(&s)
+				}
+			}
+			e := s.peek(id)
+			if got := s.unkill(e, createdAt); got != tc.want {
+				t.Errorf("unkill: %v, want %v", got, tc.want)
+			}
+			if tc.between != nil && !fired {
+				t.Fatal("nothing landed between the look and the swap: the case tests nothing")
+			}
+			if got := e.state(); got != tc.state {
+				t.Errorf("state %s, want %s", stateNames[got], stateNames[tc.state])
+			}
+		})
+	}
+}
+
+// The same through serve: a kill that lands while a request un-kills the
+// sandbox it killed before (its route re-created since, as the control
+// plane writes it to Redis, without PUT /admin/routes lifting the kill)
+// is answered 410, now and for the requests after.
+func TestKillDuringUnkillStands(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	const id = "rekilled"
+	host := h.route(id, port)
+	if st, _, _ := h.get(host, "/"); st != 200 {
+		t.Fatalf("GET: %d", st)
+	}
+	h.proxy.kill(id)
+	// Re-created after the kill: its route is newer.
+	h.put(id, map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1",
+		"CreatedAt": strconv.FormatInt(h.proxy.sandboxes.peek(id).changedAt.Load()+1, 10),
+		itoa(port):  itoa(port),
+	})
+	var fired atomic.Bool
+	h.proxy.sandboxes.beforeUnkill = func() {
+		if fired.CompareAndSwap(false, true) {
+			h.proxy.kill(id) // the re-created sandbox killed in turn
+		}
+	}
+	st, _, _ := h.get(host, "/")
+	h.proxy.sandboxes.beforeUnkill = nil
+	if !fired.Load() {
+		t.Fatal("the request did not un-kill the sandbox: the case tests nothing")
+	}
+	if st != 410 {
+		t.Errorf("GET as the kill lands: %d, want 410", st)
+	}
+	if st, _, _ := h.get(host, "/"); st != 410 {
+		t.Errorf("GET after: %d, want 410", st)
+	}
+}

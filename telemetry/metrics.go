@@ -254,14 +254,19 @@ func (m *Metrics) StreamOpened(kind RouteKind) {
 	if m == nil {
 		return
 	}
+	m.openGauge(kind).Add(1)
+}
+
+// openGauge is the gauge that counts an open stream of kind: WebSockets
+// have their own; every other kind but SSE counts as http.
+func (m *Metrics) openGauge(kind RouteKind) *atomic.Int64 {
 	switch kind {
 	case RouteWebSocket:
-		m.websockets.Add(1)
+		return &m.websockets
 	case RouteSSE:
-		m.streams[RouteSSE].Add(1)
-	default:
-		m.streams[RouteHTTP].Add(1)
+		return &m.streams[RouteSSE]
 	}
+	return &m.streams[RouteHTTP]
 }
 
 // StreamClosed undoes StreamOpened(kind) and records the stream's lifetime.
@@ -269,14 +274,9 @@ func (m *Metrics) StreamClosed(kind RouteKind, life time.Duration) {
 	if m == nil {
 		return
 	}
-	switch kind {
-	case RouteWebSocket:
-		m.websockets.Add(-1)
-	case RouteSSE:
-		m.streams[RouteSSE].Add(-1)
-	default:
+	m.openGauge(kind).Add(-1)
+	if kind != RouteWebSocket && kind != RouteSSE {
 		kind = RouteHTTP
-		m.streams[RouteHTTP].Add(-1)
 	}
 	m.streamDuration.Record(bg, life.Seconds(), m.recKind[kind]...)
 }
@@ -290,11 +290,7 @@ func (m *Metrics) DownloadDone(status int, kind RouteKind, total time.Duration) 
 	if m == nil {
 		return
 	}
-	if kind == RouteSSE {
-		m.streams[RouteSSE].Add(-1)
-	} else {
-		m.streams[RouteHTTP].Add(-1)
-	}
+	m.openGauge(kind).Add(-1)
 	m.ResponseDone(status, kind, total)
 }
 

@@ -64,6 +64,10 @@ type exchange struct {
 	// start, so that its client reconnects elsewhere (no error code: the
 	// client sees a normal end; the streams-ended metric says drain).
 	drained bool
+	// expecting: the head of an "Expect: 100-continue" request, judged
+	// before fasthttp asks the client for the body (Expect); admitted:
+	// nothing refused it, and the request runs again once the body comes.
+	expecting, admitted bool
 
 	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
 
@@ -86,17 +90,26 @@ const fasthttpPreRead = 8 << 10
 
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
-	if p.tel != nil && p.tel.TracingEnabled() { // off: no span to end either
-		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
-	}
-	// What fasthttp read of the body before the handler ran; forward
-	// replaces it with the count of what it read and sent on.
-	if cl := ctx.Request.Header.ContentLength(); cl > 0 {
-		x.bytesIn = int64(min(cl, fasthttpPreRead))
+	// A head judged before its body (Expect) has no body read yet, and no
+	// span: admitted, it runs again as the request, which has its own.
+	if !x.expecting {
+		p.startSpan(ctx, x)
+		// What fasthttp read of the body before the handler ran; forward
+		// replaces it with the count of what it read and sent on.
+		if cl := ctx.Request.Header.ContentLength(); cl > 0 {
+			x.bytesIn = int64(min(cl, fasthttpPreRead))
+		}
 	}
 	if p.cfg.AccessLog != nil {
 		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)
 		x.fwd.capture(&ctx.Request.Header)
+	}
+}
+
+// startSpan opens the request's server span (tracing on only).
+func (p *Proxy) startSpan(ctx *fasthttp.RequestCtx, x *exchange) {
+	if p.tel != nil && p.tel.TracingEnabled() { // off: no span to end either
+		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
 	}
 }
 

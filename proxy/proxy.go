@@ -118,11 +118,44 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 // state, choose backend, forward. Every answer carries X-Cube-Request-Id.
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var x exchange
-	p.begin(ctx, &x)
+	p.handle(ctx, &x)
+}
+
+// Expect judges the head of a request that sent "Expect: 100-continue"
+// (fasthttp's ExpectHandler), before the client is asked for its body:
+// 100 when nothing refuses it, and the request runs again as usual once
+// fasthttp has the body; else the status of the refusal written in ctx,
+// which fasthttp sends instead. An upload to an unknown, killed or paused
+// sandbox, without its token, or over the size limit is refused before
+// its body is sent, as by nginx or OpenResty, whose checks run before
+// they read a body.
+func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
+	x := exchange{expecting: true}
+	p.handle(ctx, &x)
+	if x.admitted {
+		return fasthttp.StatusContinue
+	}
+	return ctx.Response.StatusCode()
+}
+
+func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
+	p.begin(ctx, x)
 	var idBuf [maxRequestIDLen]byte
+	// Set on the request too: a head admitted by Expect runs again under
+	// the same id.
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
-	p.serve(ctx, &x)
-	if !ctx.Hijacked() && (x.answeredEarly && !x.bodyEnded || !x.owned && !ctx.Response.ConnectionClose() && bodyLeft(ctx, &x)) {
+	p.serve(ctx, x)
+	if x.admitted {
+		x.releaseFwd()
+		return
+	}
+	if x.expecting {
+		// Counted only for a refusal: an admitted head's lookup is
+		// counted when the request runs.
+		p.metrics.CacheLookup(x.cache)
+		p.startSpan(ctx, x)
+	}
+	if !ctx.Hijacked() && (x.expecting || x.answeredEarly && !x.bodyEnded || !x.owned && !ctx.Response.ConnectionClose() && bodyLeft(ctx, x)) {
 		// Answered before the client sent its body (a refusal, a paused
 		// sandbox, a gateway's 401 from the head alone): fasthttp would
 		// close at once, and a client still sending gets a reset instead
@@ -131,7 +164,8 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 		// body is not read by fasthttp to keep the client's. Its answer
 		// may stream (chunked, as Node's res.end after writeHead, or sized
 		// over wholeBody): lingerBody writes that stream as fasthttp would,
-		// and the stream, which owns the exchange, still finishes it.
+		// and the stream, which owns the exchange, still finishes it. A
+		// client that expected 100 may have stopped waiting for it.
 		p.lingerBody(ctx)
 	}
 	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {
@@ -143,9 +177,9 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 	}
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
-	p.headersReady(ctx, &x)
+	p.headersReady(ctx, x)
 	if !x.owned {
-		p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+		p.finish(ctx, x, ctx.Response.StatusCode(), nil, nil)
 	}
 }
 
@@ -204,7 +238,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// lookup itself (LookupTimeout).
 	route, res, err := p.cache.Get(context.Background(), id)
 	x.cache = cacheResult(res)
-	p.metrics.CacheLookup(x.cache)
+	if !x.expecting {
+		p.metrics.CacheLookup(x.cache)
+	}
 	if err != nil {
 		p.routeError(ctx, x, err, id)
 		return
@@ -263,6 +299,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 			return
 		}
 		break
+	}
+	if x.expecting {
+		// The head alone passes; what is left to refuse before the body
+		// is its declared size. The request runs again with its body.
+		sb.leave()
+		if perr := p.bodyTooLarge(h); perr != nil {
+			x.fail(ctx, *perr, id)
+			return
+		}
+		x.admitted = true
+		return
 	}
 	sb.lastActive.Store(x.start.UnixMilli())
 
@@ -606,9 +653,10 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	req := &ctx.Request
 	h := &req.Header
 
-	if cl := h.ContentLength(); cl > 0 && int64(cl) > p.cfg.MaxRequestBodySize {
-		return &proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}
-	} else if (cl > 0 || cl == -1) && req.IsBodyStream() {
+	if perr := p.bodyTooLarge(h); perr != nil {
+		return perr
+	}
+	if cl := h.ContentLength(); (cl > 0 || cl == -1) && req.IsBodyStream() {
 		b := clientBodyPool.Get().(*clientBody)
 		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: int64(cl), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
 		req.SetBodyStream(b, cl)
@@ -675,6 +723,15 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if masked {
 		setForwarding(h, keyForwardedHost, seen.forwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
+	}
+	return nil
+}
+
+// bodyTooLarge refuses a body whose Content-Length is over
+// max_request_body; a chunked one is cut where it passes the limit.
+func (p *Proxy) bodyTooLarge(h *fasthttp.RequestHeader) *proxyError {
+	if cl := h.ContentLength(); cl > 0 && int64(cl) > p.cfg.MaxRequestBodySize {
+		return &proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}
 	}
 	return nil
 }

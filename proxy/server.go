@@ -149,6 +149,7 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 	p, cfg := s.p, s.cfg
 	return &fasthttp.Server{
 		Handler:                      p.Handler,
+		ExpectHandler:                p.Expect,
 		ErrorHandler:                 p.clientError,
 		HeaderReceived:               s.headerReceived,
 		StreamRequestBody:            true,

@@ -251,6 +251,39 @@ func TestKilledSandboxAndItsSuccessor(t *testing.T) {
 	}
 }
 
+// A state set after a kill replaces it: the control plane's latest word,
+// which the instances that never saw the kill follow from the store.
+func TestStateAfterKillReplacesIt(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	for _, tc := range []struct {
+		state  string
+		status int
+	}{
+		{"running", 200},
+		{"paused", 503},
+		{"pausing", 503},
+	} {
+		t.Run(tc.state, func(t *testing.T) {
+			id := "stk" + tc.state
+			host := h.route(id, port)
+			if st, out := h.adminJSON("POST", "/admin/meta/delete", `{"sandbox_id":"`+id+`"}`); st != 200 {
+				t.Fatalf("meta/delete: %d %v", st, out)
+			}
+			h.route(id, port) // the route outlives the kill (Redis's, or not yet removed)
+			if code, body, _ := h.get(host, "/"); code != 410 {
+				t.Fatalf("killed: %d %s", code, body)
+			}
+			if st, out := h.adminJSON("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"`+tc.state+`"}`); st != 200 {
+				t.Fatalf("state: %d %v", st, out)
+			}
+			if code, body, _ := h.get(host, "/"); code != tc.status {
+				t.Fatalf("after state %s: %d %s, want %d", tc.state, code, body, tc.status)
+			}
+		})
+	}
+}
+
 // Requests the admin listener's HTTP layer refuses get JSON too.
 func TestAdminMalformedRequests(t *testing.T) {
 	h := newHarness(t)

@@ -54,7 +54,8 @@ type CacheConfig struct {
 	NegativeTTL  time.Duration // default 2s
 	// LookupTimeout bounds one store call made for a miss (default 1s).
 	LookupTimeout time.Duration
-	// Now is the clock, for tests; nil means time.Now.
+	// Now is the clock, for tests; nil means the monotonic clock, which a
+	// step of the wall clock does not move.
 	Now func() time.Time
 }
 
@@ -90,7 +91,9 @@ const epochShards = 64
 type Cache struct {
 	store Store
 	cfg   CacheConfig
-	now   func() time.Time
+	// clock is the time entries expire by, in nanoseconds on a scale of
+	// its own: monotonic, and one clock read (time.Now is two) on a hit.
+	clock func() int64
 	pos   *lru.Cache[string, entry]
 	neg   *lru.Cache[string, negEntry]
 	group singleflight.Group
@@ -107,8 +110,8 @@ type Cache struct {
 	gen atomic.Uint64
 }
 
-// entry is a cached route, when it stops being fresh (unix nanos) and the
-// generation it was stored in. stale marks a route kept past its TTL
+// entry is a cached route, when it stops being fresh (on the cache's
+// clock) and the generation it was stored in. stale marks a route kept past its TTL
 // because the store is failing.
 type entry struct {
 	route   *Route
@@ -179,11 +182,14 @@ func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("route cache: %w", err)
 	}
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
+	var clock func() int64
+	if now := cfg.Now; now != nil {
+		clock = func() int64 { return now().UnixNano() }
+	} else {
+		start := time.Now()
+		clock = func() int64 { return int64(time.Since(start)) }
 	}
-	return &Cache{store: store, cfg: cfg, now: now, pos: pos, neg: neg, seed: maphash.MakeSeed()}, nil
+	return &Cache{store: store, cfg: cfg, clock: clock, pos: pos, neg: neg, seed: maphash.MakeSeed()}, nil
 }
 
 // Get returns the route for id. id may alias a caller buffer: it is copied
@@ -194,7 +200,7 @@ func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
 func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error) {
 	// The alias is used only for lookups; stored keys are real strings.
 	key := bytesString(id)
-	now := c.now().UnixNano()
+	now := c.clock()
 	gen := c.gen.Load()
 	var stale *Route
 	if e, ok := c.pos.Peek(key); ok {
@@ -252,10 +258,10 @@ func (c *Cache) load(id string) (v any, err error) {
 	// its answer starts a new flight: answer it from the cache rather than
 	// asking the store twice.
 	gen := c.gen.Load()
-	if e, ok := c.pos.Peek(id); ok && e.fresh(c.now().UnixNano(), gen) && !e.stale {
+	if e, ok := c.pos.Peek(id); ok && e.fresh(c.clock(), gen) && !e.stale {
 		return e.route, nil
 	}
-	if n, ok := c.neg.Peek(id); ok && n.fresh(c.now().UnixNano(), gen) {
+	if n, ok := c.neg.Peek(id); ok && n.fresh(c.clock(), gen) {
 		return nil, n.err
 	}
 	shard := maphash.String(c.seed, id) % epochShards
@@ -271,7 +277,7 @@ func (c *Cache) load(id string) (v any, err error) {
 		err = fmt.Errorf("lookup %s: store returned no route and no error", id)
 	}
 
-	now := c.now().UnixNano()
+	now := c.clock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.epochs[shard] != epoch {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,9 +10,17 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // A client that sends "Expect: 100-continue" waits for the go-ahead before
@@ -147,4 +156,159 @@ func TestExpectContinueRefusalWhileTheBodyComes(t *testing.T) {
 	if resp.StatusCode != 404 || !strings.Contains(string(b), CodeNotFound) {
 		t.Fatalf("got %d %s, want 404 %s", resp.StatusCode, b, CodeNotFound)
 	}
+}
+
+// holdStore holds the lookup of one sandbox id until release is closed,
+// telling entered when it starts; other ids pass straight through.
+type holdStore struct {
+	routing.Store
+	id      string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *holdStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	if id == s.id {
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	return s.Store.Lookup(ctx, id)
+}
+
+// An Expect request is one request in every record, whether its head is
+// refused or admitted: its access log line, its server span and the cache
+// lookup metric say what the request met. The head's lookup is the one
+// that went to the store: an admitted upload to a sandbox not yet cached
+// is a miss (its second lookup, once the body comes, finds what the first
+// cached); a refused head is the connection's request it is, not the one
+// before; and its span covers the lookup that decided it.
+func TestExpectContinueObserved(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := obsTelemetry(t, exp)
+	hold := &holdStore{Store: routing.NewMemoryStore(), id: "expslow", entered: make(chan struct{}, 1), release: make(chan struct{})}
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.store = hold
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "got %d bytes", len(b))
+	}))
+	// Written in the store alone: the cache has not seen them.
+	for _, id := range []string{"expcold", "expwarm"} {
+		r, err := routing.ParseRouteStrict(id, map[string]string{"HostIP": "127.0.0.1", "8080": itoa(port)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := hold.Store.(*routing.MemoryStore).Put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if st, b, _ := h.get("8080-expwarm.cube.test", "/"); st != 200 {
+		t.Fatalf("warming expwarm: %d %s", st, b)
+	}
+
+	for i, tc := range []struct {
+		name   string
+		before string // a request sent first on the connection, answered 200
+		id     string
+		hold   bool // the head's lookup waits until the test lets it go
+		status int
+		cache  string
+		conn   float64 // connection_requests
+	}{
+		{name: "admitted, route not cached yet", id: "expcold", status: 200, cache: "miss", conn: 1},
+		{name: "admitted, second on its connection", before: "expwarm", id: "expwarm", status: 200, cache: "hit", conn: 2},
+		{name: "refused, second on its connection", before: "expwarm", id: "expnone", status: 404, cache: "miss", conn: 2},
+		{name: "refused after a slow lookup", id: "expslow", hold: true, status: 404, cache: "miss", conn: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reqID := fmt.Sprintf("expect-observed-%d", i)
+			traceID := fmt.Sprintf("%032x", 0xe0+i)
+			tid, err := trace.TraceIDFromHex(traceID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := dialRaw(t, h.addr)
+			br := bufio.NewReader(c)
+			if tc.before != "" {
+				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: 8080-%s.cube.test\r\n\r\n", tc.before)
+				if resp, b := readExpectAnswer(t, br); resp.StatusCode != 200 {
+					t.Fatalf("first request: %d %s", resp.StatusCode, b)
+				}
+			}
+			before := scrapeMetrics(t, admin)
+			sent := time.Now()
+			fmt.Fprintf(c, "PUT /up HTTP/1.1\r\nHost: 8080-%s.cube.test\r\nX-Cube-Request-Id: %s\r\nTraceparent: 00-%s-00f067aa0ba902b7-01\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+				tc.id, reqID, traceID)
+			released := sent
+			if tc.hold {
+				<-hold.entered
+				// The lookup is under way; what the span says started
+				// before this.
+				released = time.Now()
+				close(hold.release)
+			}
+			resp, b := readExpectAnswer(t, br)
+			if resp.StatusCode == http.StatusContinue {
+				io.WriteString(c, "hello")
+				resp, b = readExpectAnswer(t, br)
+			}
+			if resp.StatusCode != tc.status {
+				t.Fatalf("got %d %s, want %d", resp.StatusCode, b, tc.status)
+			}
+
+			entry := buf.waitJSON(t, reqID)
+			if entry["cache_result"] != tc.cache || entry["connection_requests"] != tc.conn {
+				t.Errorf("access log cache_result %v, connection_requests %v; want %s, %v", entry["cache_result"], entry["connection_requests"], tc.cache, tc.conn)
+			}
+			var server tracetest.SpanStub
+			testenv.WaitFor(t, 5*time.Second, "the request's server span", func() bool {
+				s := spanByKind(exp.GetSpans(), tid, trace.SpanKindServer)
+				if len(s) > 0 {
+					server = s[0]
+				}
+				return len(s) > 0
+			})
+			checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{
+				telemetry.AttrCacheResult:   tc.cache,
+				"http.response.status_code": fmt.Sprint(tc.status),
+			})
+			if tc.hold && !server.StartTime.Before(released) {
+				t.Errorf("server span starts at %v, after the lookup it waited for (released at %v)", server.StartTime, released)
+			}
+			// The log is written in order and a span ends before its
+			// line: the next request's line means no other span of
+			// this one is left to come.
+			later := h.req("GET", "8080-expwarm.cube.test", "/", nil)
+			later.Header.Set("X-Cube-Request-Id", reqID+"-after")
+			h.do(later).Body.Close()
+			buf.waitJSON(t, reqID+"-after")
+			if n := len(spanByKind(exp.GetSpans(), tid, trace.SpanKindServer)); n != 1 {
+				t.Errorf("%d server spans, want 1", n)
+			}
+			after := scrapeMetrics(t, admin)
+			// The barrier's own lookup is a hit.
+			want := []metricDelta{
+				{"cubeproxy_route_cache_lookups_total", nil, 2},
+				{"cubeproxy_route_cache_lookups_total", map[string]string{"result": tc.cache}, map[bool]float64{true: 2, false: 1}[tc.cache == "hit"]},
+			}
+			for _, d := range checkDeltas(before, after, want) {
+				t.Error(d)
+			}
+		})
+	}
+}
+
+// readExpectAnswer reads one response (an interim 100 too) and its body.
+func readExpectAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
 }

@@ -338,6 +338,11 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	e.BytesIn = x.bytesIn
 	e.RequestTime = total
 	e.ConnectionRequests = int64(rc.ConnRequestNum())
+	if x.expecting {
+		// fasthttp numbers the request only after its ExpectHandler:
+		// a refused head still has the number of the one before.
+		e.ConnectionRequests++
+	}
 	if x.upstream.IsValid() {
 		n := len(buf)
 		buf = x.upstream.AppendTo(buf)

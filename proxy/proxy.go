@@ -146,6 +146,9 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	p.serve(ctx, x)
 	if x.admitted {
+		// The head's lookup is the request's: the one after its body
+		// finds what this one cached, and would count a miss as a hit.
+		ctx.SetUserValue(headLookup{}, x.cache)
 		x.releaseFwd()
 		return
 	}
@@ -153,7 +156,11 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		// Counted only for a refusal: an admitted head's lookup is
 		// counted when the request runs.
 		p.metrics.CacheLookup(x.cache)
-		p.startSpan(ctx, x)
+		if p.tel != nil && p.tel.TracingEnabled() {
+			// Opened only now that the head is refused, but from its
+			// start: the span covers the lookup that decided it.
+			x.spanCtx, x.span = p.tel.StartServerSpanAt(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx), x.start)
+		}
 	}
 	if !ctx.Hijacked() && (x.expecting || x.answeredEarly && !x.bodyEnded || !x.owned && !ctx.Response.ConnectionClose() && bodyLeft(ctx, x)) {
 		// Answered before the client sent its body (a refusal, a paused
@@ -182,6 +189,11 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		p.finish(ctx, x, ctx.Response.StatusCode(), nil, nil)
 	}
 }
+
+// headLookup keys, in the RequestCtx of a request whose "Expect:
+// 100-continue" head was admitted, the cache result of the head's lookup
+// (a telemetry.CacheResult). fasthttp resets user values with the request.
+type headLookup struct{}
 
 // HeaderRequestID is echoed (or generated) on every request and response.
 const HeaderRequestID = "X-Cube-Request-Id"
@@ -239,6 +251,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	route, res, err := p.cache.Get(context.Background(), id)
 	x.cache = cacheResult(res)
 	if !x.expecting {
+		if r, ok := ctx.UserValue(headLookup{}).(telemetry.CacheResult); ok {
+			x.cache = r // admitted by Expect: its head's lookup
+		}
 		p.metrics.CacheLookup(x.cache)
 	}
 	if err != nil {

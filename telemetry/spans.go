@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -69,9 +70,25 @@ func (t *Telemetry) StartServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 	if t.tp == nil {
 		return context.Background(), noopSpan
 	}
+	return t.startServerSpan(h, tls, client, serverStart)
+}
+
+// StartServerSpanAt is StartServerSpan for a span opened only once the
+// request's outcome is known (the proxy refused an "Expect: 100-continue"
+// head, which, admitted, would have run again as the request with its own
+// span): the span begins at start, when the proxy began to judge it, so
+// that it covers the route lookup that decided it.
+func (t *Telemetry) StartServerSpanAt(h *fasthttp.RequestHeader, tls bool, client netip.Addr, start time.Time) (context.Context, trace.Span) {
+	if t.tp == nil {
+		return context.Background(), noopSpan
+	}
+	return t.startServerSpan(h, tls, client, []trace.SpanStartOption{serverStart[0], trace.WithTimestamp(start)})
+}
+
+func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client netip.Addr, opts []trace.SpanStartOption) (context.Context, trace.Span) {
 	ctx := t.propagator.Extract(context.Background(), HeaderCarrier{H: h})
 	m := &spanMethods[spanMethod(h.Method())]
-	ctx, span := t.Tracer.Start(ctx, m.server, serverStart...)
+	ctx, span := t.Tracer.Start(ctx, m.server, opts...)
 	if span.IsRecording() {
 		scheme := "http"
 		if tls {

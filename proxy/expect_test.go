@@ -312,3 +312,187 @@ func readExpectAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
 }
+
+// What follows the answer to an Expect head on its connection: an
+// admitted request's body (sent after the 100, or at once by a client
+// that does not wait) reaches the sandbox whole and the connection serves
+// the requests pipelined behind it; a chunked body is still cut at the
+// limit; a refused head ends the connection, and what came after it is
+// not served.
+func TestExpectContinueOnOneConnection(t *testing.T) {
+	const limit = 1 << 20
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = limit })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %d", r.Method, r.URL.Path, len(b))
+	}))
+	putAuthRoute(h, "expconn", "", port, 8080)
+	const next = "GET /next HTTP/1.1\r\nHost: 8080-expconn.cube.test\r\n\r\n"
+	head := func(id, framing string) string {
+		return "PUT /up HTTP/1.1\r\nHost: 8080-" + id + ".cube.test\r\n" + framing + "\r\nExpect: 100-continue\r\n\r\n"
+	}
+	sized := func(n int) string { return strings.Repeat("x", n) }
+	chunked := func(total int) string {
+		var b strings.Builder
+		chunk := sized(64 << 10)
+		for ; total > 0; total -= len(chunk) {
+			fmt.Fprintf(&b, "%x\r\n%s\r\n", len(chunk), chunk)
+		}
+		return b.String() + "0\r\n\r\n"
+	}
+	for _, tc := range []struct {
+		name    string
+		head    string
+		body    string // sent after the 100, or with the head when eager
+		eager   bool
+		want    []string // the answers after the 100 (or instead of it), "status body"
+		refused bool     // no 100; the connection ends after the answer
+	}{
+		{name: "admitted, then a pipelined request", head: head("expconn", "Content-Length: 5"), body: "hello" + next,
+			want: []string{"200 PUT /up 5", "200 GET /next 0"}},
+		{name: "body sent at once, small", head: head("expconn", "Content-Length: 4096"), body: sized(4096) + next, eager: true,
+			want: []string{"200 PUT /up 4096", "200 GET /next 0"}},
+		{name: "body sent at once, large", head: head("expconn", "Content-Length: 900000"), body: sized(900000) + next, eager: true,
+			want: []string{"200 PUT /up 900000", "200 GET /next 0"}},
+		{name: "no body", head: "GET /empty HTTP/1.1\r\nHost: 8080-expconn.cube.test\r\nContent-Length: 0\r\nExpect: 100-continue\r\n\r\n", body: next,
+			want: []string{"200 GET /empty 0", "200 GET /next 0"}},
+		{name: "chunked, then a pipelined request", head: head("expconn", "Transfer-Encoding: chunked"), body: chunked(100<<10) + next,
+			want: []string{"200 PUT /up 131072", "200 GET /next 0"}},
+		{name: "chunked over the limit", head: head("expconn", "Transfer-Encoding: chunked"), body: chunked(2 * limit),
+			want: []string{"413 " + CodeBodyTooLarge}},
+		{name: "refused, a pipelined request after it", head: head("expgone", "Content-Length: 4096"), body: sized(4096) + next, eager: true,
+			want: []string{"404 " + CodeNotFound}, refused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			send := func(s string) {
+				// In the background: a client that sends more than the
+				// proxy reads before it answers must not stall the test.
+				go func() { _, _ = io.WriteString(c, s) }()
+			}
+			if tc.eager {
+				send(tc.head + tc.body)
+			} else {
+				io.WriteString(c, tc.head)
+			}
+			br := bufio.NewReader(c)
+			if !tc.refused {
+				if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
+					t.Fatalf("got %d %s, want 100 Continue", resp.StatusCode, b)
+				}
+				if !tc.eager {
+					send(tc.body)
+				}
+			}
+			for _, want := range tc.want {
+				resp, b := readExpectAnswer(t, br)
+				got := fmt.Sprintf("%d %s", resp.StatusCode, b)
+				if status, rest, _ := strings.Cut(want, " "); strings.HasPrefix(got, status+" {") {
+					if !strings.Contains(b, `"code":"`+rest+`"`) {
+						t.Errorf("got %s, want %s", got, want)
+					}
+				} else if got != want {
+					t.Errorf("got %q, want %q", got, want)
+				}
+			}
+			if tc.refused {
+				if resp, err := http.ReadResponse(br, nil); err == nil {
+					t.Errorf("the request after a refused head was answered %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+	testenv.WaitFor(t, 5*time.Second, "no request of expconn in flight", func() bool {
+		return h.proxy.sandboxes.peek("expconn").inFlight() == 0
+	})
+}
+
+// Refusals that need their own proxy: a store outage, the per-sandbox
+// stream limit (whose slot the judged head must not keep: once the
+// request holding it ends, the next upload is admitted), and the signed
+// browser token, traded for its cookie from the head.
+func TestExpectContinueRefusedBeforeTheBodyMore(t *testing.T) {
+	signer, sign := authSigner(t, "expect-test-key-0123456789abcdef")
+	const token = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct {
+		name   string
+		opts   func(o *harnessOpts)
+		hold   bool // a request holds the sandbox's one stream while the head comes
+		target string
+		status int
+		check  func(resp *http.Response, body string) bool
+	}{
+		{name: "store unavailable", opts: func(o *harnessOpts) { o.store = downStore{} }, target: "/up",
+			status: 503, check: func(r *http.Response, b string) bool {
+				return strings.Contains(b, CodeStoreUnavailable) && r.Header.Get("Retry-After") != ""
+			}},
+		{name: "too many streams", opts: func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 }, hold: true, target: "/up",
+			status: 429, check: func(r *http.Response, b string) bool { return strings.Contains(b, CodeTooManyStreams) }},
+		{name: "signed token traded for its cookie", opts: func(o *harnessOpts) { o.cfg.Signer = signer }, target: "/p?cube_token=" + sign("expsb", 8080, time.Hour),
+			status: 302, check: func(r *http.Response, _ string) bool {
+				return r.Header.Get("Location") == "/p" && strings.HasPrefix(r.Header.Get("Set-Cookie"), auth.CookieName+"=")
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.opts)
+			entered, release := make(chan struct{}, 1), make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/hold" {
+					entered <- struct{}{}
+					<-release
+				}
+				b, _ := io.ReadAll(r.Body)
+				fmt.Fprintf(w, "got %d bytes", len(b))
+			}))
+			if _, ok := h.counts.Store.(*routing.MemoryStore); ok {
+				putAuthRoute(h, "expsb", token, port, 8080)
+			}
+			held := make(chan int, 1)
+			if tc.hold {
+				go func() {
+					req := h.req("GET", "8080-expsb.cube.test", "/hold", nil)
+					req.Header.Set("cube-traffic-access-token", token)
+					resp, err := h.client.Do(req)
+					if err != nil {
+						held <- 0
+						return
+					}
+					resp.Body.Close()
+					held <- resp.StatusCode
+				}()
+				<-entered
+			}
+			method, framing := "PUT", "cube-traffic-access-token: "+token+"\r\nContent-Length: 4096\r\n"
+			if tc.status == 302 {
+				method, framing = "GET", "" // a browser's navigation
+			}
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: 8080-expsb.cube.test\r\n%sExpect: 100-continue\r\n\r\n", method, tc.target, framing)
+			resp, b := readExpectAnswer(t, bufio.NewReader(c))
+			if resp.StatusCode != tc.status || !tc.check(resp, b) {
+				t.Fatalf("got %d %v %s, want %d before the body", resp.StatusCode, resp.Header, b, tc.status)
+			}
+			if !tc.hold {
+				return
+			}
+			close(release)
+			if st := <-held; st != 200 {
+				t.Fatalf("the held request: %d", st)
+			}
+			// The slot is free again: the head refused, and the one now
+			// judged and admitted, took none with them.
+			for range 2 {
+				c := dialRaw(t, h.addr)
+				fmt.Fprintf(c, "PUT /up HTTP/1.1\r\nHost: 8080-expsb.cube.test\r\ncube-traffic-access-token: %s\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", token)
+				br := bufio.NewReader(c)
+				if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
+					t.Fatalf("after the stream ended: %d %s, want 100", resp.StatusCode, b)
+				}
+				io.WriteString(c, "hello")
+				if resp, b := readExpectAnswer(t, br); resp.StatusCode != 200 || b != "got 5 bytes" {
+					t.Fatalf("after the stream ended: %d %s", resp.StatusCode, b)
+				}
+			}
+		})
+	}
+}

@@ -496,3 +496,73 @@ func TestExpectContinueRefusedBeforeTheBodyMore(t *testing.T) {
 		})
 	}
 }
+
+// A drain that starts while an Expect head is judged, or just after it was
+// admitted, still answers the request (with Connection: close, so that the
+// client goes elsewhere next), and a head refused then is answered too.
+func TestExpectContinueDuringDrain(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		id     string
+		when   string // "judged": the drain starts during the head's lookup; "admitted": after the 100
+		status int
+		body   string
+	}{
+		{"drain while the head is judged", "expdrain", "judged", 200, "got 5 bytes"},
+		{"drain just after the 100", "expdrain", "admitted", 200, "got 5 bytes"},
+		{"drain while a refused head is judged", "expdrainnone", "judged", 404, CodeNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				fmt.Fprintf(w, "got %d bytes", len(b))
+			}))
+			mem := routing.NewMemoryStore()
+			r, err := routing.ParseRouteStrict("expdrain", map[string]string{"HostIP": "127.0.0.1", "8080": itoa(port)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mem.Put(r); err != nil {
+				t.Fatal(err)
+			}
+			held := ""
+			if tc.when == "judged" {
+				held = tc.id
+			}
+			hold := &holdStore{Store: mem, id: held, entered: make(chan struct{}, 1), release: make(chan struct{})}
+			h := newHarness(t, func(o *harnessOpts) { o.store = hold })
+			drained := make(chan error, 1)
+			drain := func() {
+				go func() { drained <- h.server.Shutdown(context.Background()) }()
+				h.waitListenerClosed(5 * time.Second)
+			}
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "PUT /up HTTP/1.1\r\nHost: 8080-%s.cube.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", tc.id)
+			if tc.when == "judged" {
+				<-hold.entered
+				drain()
+				close(hold.release)
+			}
+			br := bufio.NewReader(c)
+			resp, b := readExpectAnswer(t, br)
+			if resp.StatusCode == http.StatusContinue {
+				if tc.when == "admitted" {
+					drain()
+				}
+				io.WriteString(c, "hello")
+				resp, b = readExpectAnswer(t, br)
+			}
+			if resp.StatusCode != tc.status || !strings.Contains(b, tc.body) || !resp.Close {
+				t.Fatalf("got %d %q (close %v), want %d %q with Connection: close", resp.StatusCode, b, resp.Close, tc.status, tc.body)
+			}
+			select {
+			case err := <-drained:
+				if err != nil {
+					t.Errorf("drain: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the drain did not end")
+			}
+		})
+	}
+}

@@ -82,7 +82,7 @@ func (t *Telemetry) StartServerSpanAt(h *fasthttp.RequestHeader, tls bool, clien
 	if t.tp == nil {
 		return context.Background(), noopSpan
 	}
-	return t.startServerSpan(h, tls, client, []trace.SpanStartOption{serverStart[0], trace.WithTimestamp(start)})
+	return t.startServerSpan(h, tls, client, []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start)})
 }
 
 func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client netip.Addr, opts []trace.SpanStartOption) (context.Context, trace.Span) {

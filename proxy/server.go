@@ -182,6 +182,7 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 	p, cfg := s.p, s.cfg
 	return &fasthttp.Server{
+		ExpectHandler: s.redirectExpect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
 				// Only this listener's buffer is too small for the body:
@@ -215,6 +216,28 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 			}
 		},
 	}
+}
+
+// redirectExpect answers the head of an "Expect: 100-continue" upload on
+// the redirect listener: the redirect needs nothing of the body, which the
+// client then sends only once, over HTTPS, and never in clear text. The
+// answer lingers as the traffic listeners' refusals do, for a client that
+// sends its body without waiting for the 100.
+func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
+	if s.redirect.Handler == nil {
+		return fasthttp.StatusContinue
+	}
+	s.redirect.Handler(ctx)
+	raw := ctx.Conn()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		// A hijacked connection is no StateClosed for this server's
+		// ConnState: its place under client.max_conns is given back here.
+		defer s.p.clientConns.Add(-1)
+		ctx.Response.Header.SetConnectionClose()
+		s.p.answerLingering(raw, c, &ctx.Response)
+	})
+	return ctx.Response.StatusCode()
 }
 
 // unlimitedConcurrency is the traffic servers' fasthttp Concurrency: no

@@ -68,6 +68,10 @@ type exchange struct {
 	// before fasthttp asks the client for the body (Expect); admitted:
 	// nothing refused it, and the request runs again once the body comes.
 	expecting, admitted bool
+	// early: answered before fasthttp numbered the request (from its
+	// ErrorHandler or ExpectHandler), whose ConnRequestNum is then still
+	// the one before's.
+	early bool
 
 	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
 
@@ -90,6 +94,7 @@ const fasthttpPreRead = 8 << 10
 
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.start = time.Now()
+	x.early = x.expecting
 	// A head judged before its body (Expect) has no body read yet, and no
 	// span: admitted, it runs again as the request, which has its own.
 	if !x.expecting {
@@ -338,9 +343,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	e.BytesIn = x.bytesIn
 	e.RequestTime = total
 	e.ConnectionRequests = int64(rc.ConnRequestNum())
-	if x.expecting {
-		// fasthttp numbers the request only after its ExpectHandler:
-		// a refused head still has the number of the one before.
+	if x.early {
 		e.ConnectionRequests++
 	}
 	if x.upstream.IsValid() {

@@ -1017,6 +1017,47 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	}
 }
 
+// A request refused before the handler (by fasthttp's parser) is numbered
+// in connection_requests as the request it is on its connection, not as
+// the one before it, which fasthttp's own count still says then.
+func TestRefusedByParserNumberedOnItsConnection(t *testing.T) {
+	for _, redirect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("redirect listener %v", redirect), func(t *testing.T) {
+			h, buf := logHarness(t, accesslog.FormatJSON)
+			addr := h.addr
+			if redirect {
+				rln := listen(t, "127.0.0.1:0")
+				go h.server.ServeRedirect(rln, "8443")
+				addr = rln.Addr().String()
+			}
+			c := dialRaw(t, addr)
+			br := bufio.NewReader(c)
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-numbered.cube.test\r\n\r\n")
+			first, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, first.Body)
+			if first.Close {
+				t.Fatalf("the first answer (%d) closes the connection", first.StatusCode)
+			}
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-numbered.cube.test\r\nContent-Length: abc\r\n\r\n")
+			second, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second.Body.Close()
+			if second.StatusCode != 400 {
+				t.Fatalf("second request: %d, want 400", second.StatusCode)
+			}
+			// The head went unparsed: its line is the only 400.
+			if e := buf.waitJSONLine(t, `"status":400`); e["connection_requests"] != float64(2) {
+				t.Errorf("connection_requests %v, want 2", e["connection_requests"])
+			}
+		})
+	}
+}
+
 // A connect that fails ends the client span with an error status, for a
 // WebSocket upgrade as for a plain request.
 func TestTracingFailedConnectClientSpan(t *testing.T) {
@@ -1372,8 +1413,8 @@ func TestRedirectListenerRedirectsLargeUploads(t *testing.T) {
 			if !resp.Close {
 				t.Error("the connection stays open with the body unread")
 			}
-			if e := buf.waitJSON(t, tc.id); e["status"] != float64(308) {
-				t.Errorf("logged as %v", e)
+			if e := buf.waitJSON(t, tc.id); e["status"] != float64(308) || e["connection_requests"] != float64(1) {
+				t.Errorf("logged as %v, want status 308, connection_requests 1", e)
 			}
 			c.Close()
 		})

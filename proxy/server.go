@@ -99,6 +99,8 @@ type Server struct {
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
 	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
+	// redirectPort is the HTTPS port the redirects name ("" for 443).
+	redirectPort string
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -189,7 +191,7 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 				// HTTPS streams it, so the client is sent there like any
 				// other, not told its upload is too large. The body is
 				// left unread, hence the close.
-				s.redirect.Handler(ctx)
+				s.answerRedirect(ctx, true)
 				ctx.SetConnectionClose()
 				p.lingerRefused(ctx, err)
 				return
@@ -218,6 +220,45 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 	}
 }
 
+// answerRedirect answers a request on the redirect listener; early: before
+// fasthttp numbered it (its ErrorHandler, ExpectHandler).
+func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
+	// Logged and counted like every other request (as answered by the
+	// proxy itself), under the id the client gets, so that an operator
+	// sees clients still arriving over plain HTTP.
+	var x exchange
+	s.p.begin(ctx, &x)
+	x.kind = telemetry.RouteError
+	// This server reads a body whole before the handler (no
+	// StreamRequestBody): begin's estimate is that of the streaming
+	// listeners, at most 8 KiB, and 0 for a chunked body.
+	x.bytesIn = int64(len(ctx.Request.Body()))
+	x.early = early
+	// The Host header, as the HTTPS listener routes by it: ctx.Host()
+	// prefers an absolute-form target's authority and drops userinfo,
+	// so "a@evil.test" would send the client to evil.test.
+	host := ctx.Request.Header.Host()
+	if len(host) == 0 {
+		// HTTP/1.0 without Host: "https://:8443/x" names no server.
+		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
+	} else if !redirectableHost(host) {
+		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "invalid host"}, nil)
+	} else {
+		// Set as is, not through ctx.Redirect: that resolves the target
+		// through fasthttp's URI, which normalises the path (a%2Fb
+		// becomes a/b, dot segments go), while HTTPS forwards it
+		// unnormalised.
+		ctx.Response.Header.Set(fasthttp.HeaderLocation,
+			"https://"+httpsAuthority(string(host), s.redirectPort)+redirectTarget(ctx.Request.Header.RequestURI()))
+		ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
+	}
+	// After the answer is written (an error answer resets the headers),
+	// before it is logged.
+	ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+	s.p.headersReady(ctx, &x)
+	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+}
+
 // redirectExpect answers the head of an "Expect: 100-continue" upload on
 // the redirect listener: the redirect needs nothing of the body, which the
 // client then sends only once, over HTTPS, and never in clear text. The
@@ -227,7 +268,7 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 	if s.redirect.Handler == nil {
 		return fasthttp.StatusContinue
 	}
-	s.redirect.Handler(ctx)
+	s.answerRedirect(ctx, true)
 	raw := ctx.Conn()
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
@@ -323,41 +364,8 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 	if httpsPort == "443" {
 		httpsPort = ""
 	}
-	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
-		// Logged and counted like every other request (as answered by the
-		// proxy itself), under the id the client gets, so that an operator
-		// sees clients still arriving over plain HTTP.
-		var x exchange
-		s.p.begin(ctx, &x)
-		x.kind = telemetry.RouteError
-		// This server reads a body whole before the handler (no
-		// StreamRequestBody): begin's estimate is that of the streaming
-		// listeners, at most 8 KiB, and 0 for a chunked body.
-		x.bytesIn = int64(len(ctx.Request.Body()))
-		// The Host header, as the HTTPS listener routes by it: ctx.Host()
-		// prefers an absolute-form target's authority and drops userinfo,
-		// so "a@evil.test" would send the client to evil.test.
-		host := ctx.Request.Header.Host()
-		if len(host) == 0 {
-			// HTTP/1.0 without Host: "https://:8443/x" names no server.
-			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
-		} else if !redirectableHost(host) {
-			x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "invalid host"}, nil)
-		} else {
-			// Set as is, not through ctx.Redirect: that resolves the target
-			// through fasthttp's URI, which normalises the path (a%2Fb
-			// becomes a/b, dot segments go), while HTTPS forwards it
-			// unnormalised.
-			ctx.Response.Header.Set(fasthttp.HeaderLocation,
-				"https://"+httpsAuthority(string(host), httpsPort)+redirectTarget(ctx.Request.Header.RequestURI()))
-			ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
-		}
-		// After the answer is written (an error answer resets the headers),
-		// before it is logged.
-		ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
-		s.p.headersReady(ctx, &x)
-		s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
-	}
+	s.redirectPort = httpsPort
+	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) { s.answerRedirect(ctx, false) }
 	if err := s.redirect.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}
@@ -648,6 +656,7 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	var x exchange
 	p.begin(ctx, &x)
+	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.fail(ctx, refusedByParser(err), nil)
 	ctx.SetConnectionClose()

@@ -999,9 +999,11 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	}
 	if err != nil {
 		// The proxy out of descriptors or local ports is no failure of the
-		// sandbox's: not counted with them, and not retried (it would fail
-		// the same way).
-		if !dialShortage(err) {
+		// sandbox's: counted apart, and not retried (it would fail the same
+		// way).
+		if dialShortage(err) {
+			p.metrics.UpstreamResourceError()
+		} else {
 			p.metrics.UpstreamConnectError()
 		}
 		return nil, &dialError{addr: addr, err: err, retried: retried}

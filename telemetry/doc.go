@@ -17,6 +17,7 @@
 //	cubeproxy.store.duration            cubeproxy_store_duration_seconds{store}
 //	cubeproxy.store.errors              cubeproxy_store_errors_total{store}
 //	cubeproxy.upstream.connect_errors   cubeproxy_upstream_connect_errors_total
+//	cubeproxy.upstream.resource_errors  cubeproxy_upstream_resource_errors_total (proxy out of descriptors or local ports: 503)
 //	cubeproxy.upstream.retries          cubeproxy_upstream_retries_total
 //	cubeproxy.accept.errors             cubeproxy_accept_errors_total       (listener out of descriptors; retried)
 //	cubeproxy.connections.refused       cubeproxy_connections_refused_total (client.max_conns open: 503 proxy_overloaded)

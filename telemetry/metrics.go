@@ -38,6 +38,7 @@ type Metrics struct {
 	cache         [numCacheResults]atomic.Int64
 	storeErrors   [numStoreKinds]atomic.Int64
 	connectErrors atomic.Int64
+	resourceErrs  atomic.Int64
 	retries       atomic.Int64
 	acceptErrors  atomic.Int64
 	connsRefused  atomic.Int64
@@ -63,7 +64,8 @@ type Metrics struct {
 // scrape callback reports them with.
 type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
-	connectErrors, retries, auth, logDrops          metric.Int64ObservableCounter
+	connectErrors, resourceErrs, retries, auth      metric.Int64ObservableCounter
+	logDrops                                        metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
@@ -92,6 +94,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.cache = b.counter("cubeproxy.route_cache.lookups", "{lookup}", "Route cache lookups by result.")
 	o.storeErrors = b.counter("cubeproxy.store.errors", "{error}", "Failed route store lookups.")
 	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
+	o.resourceErrs = b.counter("cubeproxy.upstream.resource_errors", "{error}", "Sandbox connections the proxy could not open for want of its own descriptors or local ports (503 proxy_out_of_resources); not in connect_errors.")
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.connsRefused = b.counter("cubeproxy.connections.refused", "{connection}", "Client connections refused with 503 proxy_overloaded because client.max_conns were open.")
@@ -108,7 +111,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	}
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
-		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.retries, o.auth,
+		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
 		o.acceptErrors, o.connsRefused, o.logDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
@@ -182,6 +185,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 		ob.ObserveInt64(o.auth, m.auth[i].Load(), o.reason[i])
 	}
 	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
+	ob.ObserveInt64(o.resourceErrs, m.resourceErrs.Load())
 	ob.ObserveInt64(o.retries, m.retries.Load())
 	ob.ObserveInt64(o.acceptErrors, m.acceptErrors.Load())
 	ob.ObserveInt64(o.connsRefused, m.connsRefused.Load())
@@ -339,6 +343,15 @@ func (m *Metrics) UpstreamConnectError() {
 		return
 	}
 	m.connectErrors.Add(1)
+}
+
+// UpstreamResourceError counts a dial to a sandbox that failed for want of
+// the proxy's own descriptors or local ports: no failure of the sandbox's.
+func (m *Metrics) UpstreamResourceError() {
+	if m == nil {
+		return
+	}
+	m.resourceErrs.Add(1)
 }
 
 // UpstreamRetry counts a retried connect, or a request re-sent on a new

@@ -46,6 +46,8 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.StoreLookup(StoreRedis, time.Millisecond, false)
 	m.StoreLookup(StoreRedis, 2*time.Millisecond, true)
 	m.UpstreamConnectError()
+	m.UpstreamResourceError()
+	m.UpstreamResourceError()
 	m.UpstreamRetry()
 	m.AccessLogDropped()
 	m.ConnRefused()
@@ -94,6 +96,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_store_errors_total", L{"store": "redis"}, 1},
 		{"cubeproxy_store_errors_total", L{"store": "memory"}, 0},
 		{"cubeproxy_upstream_connect_errors_total", nil, 1},
+		{"cubeproxy_upstream_resource_errors_total", nil, 2},
 		{"cubeproxy_upstream_retries_total", nil, 1},
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_missing"}, 1},
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_invalid"}, 0},

@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// A sandbox connection the proxy cannot open for want of its own
+// descriptors is a 503 proxy_out_of_resources, counted in
+// cubeproxy_upstream_resource_errors_total and not among the sandbox's
+// connect errors: an alert on the one must not send the operator to the
+// sandboxes. The descriptor limit is the process's, so the test lowers it
+// in a child process of its own.
+func TestDialShortageCountedApart(t *testing.T) {
+	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestDialShortageCountedApart$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestDialShortageCountedApart") {
+			t.Fatalf("child process: %v\n%s", err, out)
+		}
+		return
+	}
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	host := h.route("fdshort", port)
+	// A client connection the proxy has accepted (it answered on it)
+	// while descriptors were left, and no sandbox connection yet.
+	c := dialRaw(t, h.addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-fdnone.cube.test\r\n\r\n")
+	warm, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, warm.Body)
+	if warm.StatusCode != 404 || warm.Close {
+		t.Fatalf("unknown sandbox: %d (close %v), want 404 on a kept connection", warm.StatusCode, warm.Close)
+	}
+
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	low := limit
+	low.Cur = lowestFreeFD(t)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if rerr := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeOutOfResources) {
+		t.Fatalf("got %d %s, want 503 %s", resp.StatusCode, b, CodeOutOfResources)
+	}
+	samples := scrapeMetrics(t, admin)
+	if v, _ := metricValue(samples, "cubeproxy_upstream_resource_errors_total", nil); v != 1 {
+		t.Errorf("cubeproxy_upstream_resource_errors_total %v, want 1", v)
+	}
+	if v, _ := metricValue(samples, "cubeproxy_upstream_connect_errors_total", nil); v != 0 {
+		t.Errorf("cubeproxy_upstream_connect_errors_total %v, want 0", v)
+	}
+}
+
+// lowestFreeFD returns the lowest descriptor number not in use: with the
+// soft limit there, the next one the process opens fails with EMFILE.
+func lowestFreeFD(t *testing.T) uint64 {
+	t.Helper()
+	dir, err := os.Open("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := dir.Readdirnames(-1)
+	own := strconv.FormatUint(uint64(dir.Fd()), 10)
+	dir.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[uint64]bool{}
+	for _, name := range names {
+		// The directory's own descriptor is listed, and free again now.
+		if n, err := strconv.ParseUint(name, 10, 64); err == nil && name != own {
+			used[n] = true
+		}
+	}
+	var fd uint64
+	for used[fd] {
+		fd++
+	}
+	return fd
+}

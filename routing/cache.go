@@ -111,8 +111,8 @@ type Cache struct {
 }
 
 // entry is a cached route, when it stops being fresh (on the cache's
-// clock) and the generation it was stored in. stale marks a route kept past its TTL
-// because the store is failing.
+// clock) and the generation it was stored in. stale marks a route kept
+// past its TTL because the store is failing.
 type entry struct {
 	route   *Route
 	expires int64

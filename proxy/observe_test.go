@@ -1017,6 +1017,60 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 	}
 }
 
+// A client that sent part of a request head and then nothing until
+// client.read_timeout made a request: it is answered 408 and logged and
+// counted as one, as nginx logs it. One that connected and sent nothing
+// made none (a browser's preconnect): it is answered, but neither logged
+// nor counted, as by nginx.
+func TestStalledHeadLogged(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = 300 * time.Millisecond
+		o.srv.ClientBodyTimeout = 300 * time.Millisecond
+	})
+	for _, tc := range []struct {
+		name, sent string
+		logged     bool
+	}{
+		{"nothing sent", "", false},
+		{"part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true},
+		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			io.WriteString(c, tc.sent)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 408 {
+				t.Fatalf("got %d, want 408", resp.StatusCode)
+			}
+			// The log is written in order: once a later request's line is
+			// there, so is any line of this one.
+			id := "stall-later-" + strings.ReplaceAll(tc.name, " ", "-")
+			later := h.req("GET", "50005-none.cube.test", "/", nil)
+			later.Header.Set("X-Cube-Request-Id", id)
+			lresp := h.do(later)
+			lresp.Body.Close()
+			buf.waitJSON(t, id)
+			var lines []map[string]any
+			for _, ln := range strings.Split(buf.String(), "\n") {
+				var e map[string]any
+				if json.Unmarshal([]byte(ln), &e) == nil && e["status"] == float64(408) {
+					lines = append(lines, e)
+				}
+			}
+			switch {
+			case tc.logged && (len(lines) != 1 || lines[0]["error_code"] != "request_timeout"):
+				t.Fatalf("408 lines %v, want one with error_code request_timeout", lines)
+			case !tc.logged && len(lines) != 0:
+				t.Fatalf("408 lines %v, want none", lines)
+			}
+		})
+	}
+}
+
 // A request refused before the handler (by fasthttp's parser) is numbered
 // in connection_requests as the request it is on its connection, not as
 // the one before it, which fasthttp's own count still says then.

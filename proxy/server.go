@@ -646,7 +646,7 @@ func refusedByParser(err error) proxyError {
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	var buf [maxRequestIDLen]byte
-	if connectionError(err) {
+	if connectionError(err) && !headStalled(err) {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
 		// answer still carries an id, as every traffic answer does.
@@ -696,13 +696,24 @@ func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
 // request: a probe that connected and reset, a TLS handshake the client
 // gave up on, a preconnected socket that timed out before sending. nginx
 // logs nothing for these, and neither does the proxy. A request that
-// stalled halfway through its headers is among the timeouts.
+// stalled halfway through its headers is among the timeouts (headStalled
+// tells it apart).
 func connectionError(err error) bool {
 	var op *net.OpError
 	var rh tls.RecordHeaderError
 	return isTimeout(err) || errors.As(err, &op) || errors.As(err, &rh) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
 		strings.HasPrefix(err.Error(), "tls: ")
+}
+
+// headStalled reports a timeout that came after part of a request head
+// had arrived: a request, which nginx logs as a 408 (measured, 1.22), and
+// so does the proxy. fasthttp wraps the read error of a head it had begun
+// ("error when reading request headers: ..."), and hands over that of a
+// connection that sent nothing as the connection's own error.
+func headStalled(err error) bool {
+	var op *net.OpError
+	return isTimeout(err) && !(errors.As(err, &op) && error(op) == err)
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

@@ -72,6 +72,10 @@ type exchange struct {
 	// ErrorHandler or ExpectHandler), whose ConnRequestNum is then still
 	// the one before's.
 	early bool
+	// noHead: fasthttp refused or dropped the head before the proxy saw
+	// it: its method, target and version are logged empty, not as
+	// fasthttp's defaults for a header it holds none of (GET / HTTP/1.1).
+	noHead bool
 
 	fwd *fwdHeaders // access log on: forwarding headers as the client sent them
 
@@ -325,19 +329,21 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	} else {
 		e.Host = b2s(h.Host())
 	}
-	e.Method = b2s(h.Method())
-	uri := h.RequestURI()
-	e.RequestURI = b2s(uri)
-	for i, c := range uri {
-		if c == '?' {
-			e.URI, e.Args = b2s(uri[:i]), b2s(uri[i+1:])
-			break
+	if !x.noHead {
+		e.Method = b2s(h.Method())
+		uri := h.RequestURI()
+		e.RequestURI = b2s(uri)
+		for i, c := range uri {
+			if c == '?' {
+				e.URI, e.Args = b2s(uri[:i]), b2s(uri[i+1:])
+				break
+			}
 		}
+		if e.URI == "" {
+			e.URI = e.RequestURI
+		}
+		e.Protocol = b2s(h.Protocol())
 	}
-	if e.URI == "" {
-		e.URI = e.RequestURI
-	}
-	e.Protocol = b2s(h.Protocol())
 	e.Status = status
 	e.BodyBytesSent = x.bytesOut
 	e.BytesIn = x.bytesIn

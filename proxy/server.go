@@ -656,7 +656,7 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	var x exchange
 	p.begin(ctx, &x)
-	x.early = true
+	x.early, x.noHead = true, true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.fail(ctx, refusedByParser(err), nil)
 	ctx.SetConnectionClose()

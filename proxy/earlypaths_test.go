@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
-	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Every path of the redirect listener gives its connection's place under
@@ -100,9 +99,7 @@ func TestRedirectListenerEveryPathCountedOnce(t *testing.T) {
 					t.Errorf("%s logged %d times", s.id, n)
 				}
 			}
-			testenv.WaitFor(t, 10*time.Second, "client connections back to 0", func() bool {
-				return h.proxy.clientConns.Load() == 0
-			})
+			h.waitClientConnsClosed(t)
 		})
 	}
 	after := scrapeMetrics(t, admin)
@@ -159,9 +156,7 @@ func TestExpectLingerOutlivesDrain(t *testing.T) {
 				t.Errorf("write after the drain: %v", err)
 			}
 			c.Close()
-			testenv.WaitFor(t, 10*time.Second, "client connections back to 0", func() bool {
-				return h.proxy.clientConns.Load() == 0
-			})
+			h.waitClientConnsClosed(t)
 		})
 	}
 }
@@ -205,9 +200,7 @@ func TestEarlyAnswersPipelinedNumbered(t *testing.T) {
 				}
 			}
 			c.Close()
-			testenv.WaitFor(t, 10*time.Second, "client connections back to 0", func() bool {
-				return h.proxy.clientConns.Load() == 0
-			})
+			h.waitClientConnsClosed(t)
 		})
 	}
 	// The traffic listener: a malformed request pipelined behind a good one.

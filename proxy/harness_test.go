@@ -205,6 +205,15 @@ func (h *harness) waitListenerClosed(d time.Duration) {
 	})
 }
 
+// waitClientConnsClosed waits until every client connection counted
+// against client.max_conns has been given back.
+func (h *harness) waitClientConnsClosed(t *testing.T) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "client connections counted back to 0", func() bool {
+		return h.proxy.clientConns.Load() == 0
+	})
+}
+
 // dialRaw connects to addr for a raw exchange that must end within 10 s;
 // the connection is closed when the test ends.
 func dialRaw(t *testing.T, addr string) net.Conn {

@@ -1507,9 +1507,7 @@ func TestRedirectListenerRedirectsLargeUploads(t *testing.T) {
 	}
 	// Each connection's place under client.max_conns is given back, the
 	// ones answered from an Expect head (hijacked to linger) included.
-	testenv.WaitFor(t, 5*time.Second, "client connections counted back to 0", func() bool {
-		return h.proxy.clientConns.Load() == 0
-	})
+	h.waitClientConnsClosed(t)
 }
 
 // A route with MaskRequestHost sends the sandbox another Host, but the

@@ -138,6 +138,8 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 	return ctx.Response.StatusCode()
 }
 
+// handle runs one exchange through the pipeline and finishes what the
+// handler owns of it: the request, or an Expect head alone (x.expecting).
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	p.begin(ctx, x)
 	var idBuf [maxRequestIDLen]byte
@@ -251,8 +253,12 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	route, res, err := p.cache.Get(context.Background(), id)
 	x.cache = cacheResult(res)
 	if !x.expecting {
-		if r, ok := ctx.UserValue(headLookup{}).(telemetry.CacheResult); ok {
-			x.cache = r // admitted by Expect: its head's lookup
+		// Only a head that carried an Expect line can have been admitted
+		// by Expect: other requests skip the user value lookup.
+		if x.seen.expect {
+			if r, ok := ctx.UserValue(headLookup{}).(telemetry.CacheResult); ok {
+				x.cache = r // admitted by Expect: its head's lookup
+			}
 		}
 		p.metrics.CacheLookup(x.cache)
 	}

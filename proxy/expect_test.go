@@ -356,6 +356,10 @@ func TestExpectContinueOnOneConnection(t *testing.T) {
 			want: []string{"200 PUT /up 900000", "200 GET /next 0"}},
 		{name: "no body", head: "GET /empty HTTP/1.1\r\nHost: 8080-expconn.cube.test\r\nContent-Length: 0\r\nExpect: 100-continue\r\n\r\n", body: next,
 			want: []string{"200 GET /empty 0", "200 GET /next 0"}},
+		{name: "no body, refused: the connection stays", head: "GET /empty HTTP/1.1\r\nHost: 8080-expgone.cube.test\r\nExpect: 100-continue\r\n\r\n", body: next,
+			want: []string{"404 " + CodeNotFound, "200 GET /next 0"}},
+		{name: "no body by length, refused: the connection stays", head: "POST /empty HTTP/1.1\r\nHost: 8080-expgone.cube.test\r\nContent-Length: 0\r\nExpect: 100-continue\r\n\r\n", body: next,
+			want: []string{"404 " + CodeNotFound, "200 GET /next 0"}},
 		{name: "chunked, then a pipelined request", head: head("expconn", "Transfer-Encoding: chunked"), body: chunked(100<<10) + next,
 			want: []string{"200 PUT /up 131072", "200 GET /next 0"}},
 		{name: "chunked over the limit", head: head("expconn", "Transfer-Encoding: chunked"), body: chunked(2 * limit),
@@ -464,7 +468,9 @@ func TestExpectContinueRefusedBeforeTheBodyMore(t *testing.T) {
 			}
 			method, framing := "PUT", "cube-traffic-access-token: "+token+"\r\nContent-Length: 4096\r\n"
 			if tc.status == 302 {
-				method, framing = "GET", "" // a browser's navigation
+				// A navigation (GET) with a body: a bodyless head is
+				// not judged (TestExpectContinueOnOneConnection).
+				method, framing = "GET", "Content-Length: 4096\r\n"
 			}
 			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: 8080-expsb.cube.test\r\n%sExpect: 100-continue\r\n\r\n", method, tc.target, framing)

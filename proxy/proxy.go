@@ -129,7 +129,16 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 // sandbox, without its token, or over the size limit is refused before
 // its body is sent, as by nginx or OpenResty, whose checks run before
 // they read a body.
+//
+// A head that frames no body is not judged: fasthttp closes the
+// connection after any answer but 100, and such a client has nothing to
+// hold back. It gets the 100 (which RFC 9110 allows), then its answer on
+// a connection that stays open, as before fasthttp had this hook.
 func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
+	if cl := ctx.Request.Header.ContentLength(); cl == 0 || cl == -2 {
+		// -2: neither Content-Length nor Transfer-Encoding.
+		return fasthttp.StatusContinue
+	}
 	x := exchange{expecting: true}
 	p.handle(ctx, &x)
 	if x.admitted {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -901,5 +902,47 @@ func TestLastActiveAtScale(t *testing.T) {
 	}
 	if out.Entries["open"] != out.Now {
 		t.Errorf("sandbox with a stream open: %d, want now (%d)", out.Entries["open"], out.Now)
+	}
+}
+
+// GET /admin/routes pages through the table in id order: a page of limit
+// routes after the id given, with next set while more remain, so a table
+// of 100k routes need not come as one 25 MB answer.
+func TestAdminRoutesPaged(t *testing.T) {
+	h := newHarness(t)
+	ids := []string{"pg-a", "pg-b", "pg-c", "pg-d", "pg-e"}
+	for _, id := range ids {
+		h.put(id, map[string]string{"HostIP": "127.0.0.1", "8080": "8080"})
+	}
+	page := func(out map[string]any) (got []string) {
+		for id := range out["routes"].(map[string]any) {
+			got = append(got, id)
+		}
+		slices.Sort(got)
+		return got
+	}
+	for _, tc := range []struct {
+		query string
+		want  []string
+		next  any // nil: no more pages
+	}{
+		{"", ids, nil},
+		{"?limit=2", ids[:2], "pg-b"},
+		{"?limit=2&after=pg-b", ids[2:4], "pg-d"},
+		{"?limit=2&after=pg-d", ids[4:], nil},
+		{"?limit=5", ids, nil},
+		{"?after=pg-c", ids[3:], nil},
+		{"?after=pg-bb&limit=1", ids[2:3], "pg-c"}, // an id no route has
+		{"?after=pg-e", nil, nil},
+	} {
+		st, out := h.adminJSON("GET", "/admin/routes"+tc.query, "")
+		if got := page(out); st != 200 || !slices.Equal(got, tc.want) || out["count"] != float64(len(tc.want)) || out["next"] != tc.next {
+			t.Errorf("%s: %d %v, want routes %v next %v", tc.query, st, out, tc.want, tc.next)
+		}
+	}
+	for _, q := range []string{"?limit=0", "?limit=-1", "?limit=x", "?limit=", "?after=Not%20an%20id"} {
+		if st, out := h.adminJSON("GET", "/admin/routes"+q, ""); st != 400 || out["error"] == nil {
+			t.Errorf("%s: %d %v, want 400 with an error", q, st, out)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"reflect"
 	"strconv"
@@ -442,6 +443,42 @@ func (c *Config) checkListeners() error {
 	}
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
+	}
+	for _, l := range []struct{ key, addr, example string }{
+		{"http_addr", c.HTTPAddr, ":8081"}, {"https_addr", c.HTTPSAddr, ":8080"}, {"admin_addr", c.AdminAddr, "127.0.0.1:8082"},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		// serve would fail on net.Listen's "missing port in address",
+		// naming no setting, and check would have passed it.
+		if err := checkListenAddr(l.addr); err != nil {
+			return fmt.Errorf("%s %q: %w; want host:port, for example %s", l.key, l.addr, err, l.example)
+		}
+	}
+	return nil
+}
+
+// checkListenAddr refuses an address net.Listen("tcp", addr) would refuse
+// for its form alone: no port, or a port that is neither a number up to
+// 65535 nor a service name. A host that does not resolve, or is not
+// local, is left to the listen itself.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if port == "" { // as ":0", a port the system chooses
+		return nil
+	}
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil {
+		if n > 65535 {
+			return fmt.Errorf("port %s is above 65535", port)
+		}
+		return nil
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("port %q is no number and no known service", port)
 	}
 	return nil
 }

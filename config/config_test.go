@@ -96,6 +96,12 @@ func TestLoadErrors(t *testing.T) {
 		// Only the admin API would listen: ready, and no sandbox reachable.
 		{"no traffic listener", []string{"--http-addr="}, nil, "http_addr and https_addr are both empty"},
 		{"no traffic listener in yaml", []string{"--config", writeFile(t, "http_addr: ''\nhttps_addr: ''\n")}, nil, "http_addr and https_addr are both empty"},
+		// Listener addresses serve's net.Listen refuses for their form
+		// alone, naming no setting (and check passed them).
+		{"port-less http address", []string{"--http-addr=abc"}, nil, `http_addr "abc": address abc: missing port in address`},
+		{"https port out of range", nil, map[string]string{"CUBEPROXY_HTTPS_ADDR": ":99999"}, `https_addr ":99999": port 99999 is above 65535`},
+		{"admin port out of range with a token", []string{"--admin-addr=0.0.0.0:70000", "--admin-token=t0ken"}, nil, `admin_addr "0.0.0.0:70000": port 70000 is above 65535`},
+		{"unknown service as port", []string{"--config", writeFile(t, "http_addr: 127.0.0.1:no-such-service\n")}, nil, `http_addr "127.0.0.1:no-such-service": port "no-such-service" is no number`},
 		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes"},
 		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes"},
 		// Sizes whose buffer is allocated whole: the process would die
@@ -146,6 +152,16 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load([]string{"-h"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
+	}
+}
+
+// Every address form net.Listen takes passes: a port of 0 or none (the
+// system's choice), a service name, a bracketed IPv6 host, a name.
+func TestLoadListenAddresses(t *testing.T) {
+	for _, addr := range []string{":8081", "127.0.0.1:", "[::1]:0", ":http", "localhost:65535", "0.0.0.0:443"} {
+		if _, err := Load([]string{"--http-addr", addr, "--https-addr", addr, "--admin-addr", addr, "--admin-token", "t0ken"}, env(nil), io.Discard); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
 	}
 }
 

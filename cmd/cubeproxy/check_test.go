@@ -137,6 +137,8 @@ func TestCheckBadConfig(t *testing.T) {
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},
 		{"bad log level", "log_level: loud\n", nil, "log_level"},
 		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
+		// serve's listen would refuse it: check must not say ok.
+		{"port-less http address", "", []string{"--http-addr", "localhost"}, `http_addr "localhost"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)

@@ -181,21 +181,33 @@ func TestErrorStatuses(t *testing.T) {
 
 func TestBrowserGetsHTMLErrorPage(t *testing.T) {
 	h := newHarness(t)
-	for _, hdr := range []map[string]string{
-		{"Sec-Fetch-Mode": "navigate"},
-		{"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"},
+	for _, tc := range []struct {
+		hdr  map[string]string
+		html bool
+	}{
+		{map[string]string{"Sec-Fetch-Mode": "navigate"}, true},
+		{map[string]string{"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}, true},
+		// A page's fetch() says what it is: its script reads JSON,
+		// whatever Accept it set (README, Errors).
+		{map[string]string{"Sec-Fetch-Mode": "cors", "Accept": "text/html"}, false},
 	} {
 		req := h.req("GET", "80-<script>.cube.test", "/", nil)
 		req.Host = "80-nobody.cube.test"
-		for k, v := range hdr {
+		for k, v := range tc.hdr {
 			req.Header.Set(k, v)
 		}
 		resp := h.do(req)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if !tc.html {
+			if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"code":"sandbox_not_found"`) {
+				t.Fatalf("%v: %d %q %s, want the JSON error", tc.hdr, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			}
+			continue
+		}
 		if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" ||
 			!strings.Contains(string(body), "<h1>404 Not Found</h1>") || !strings.Contains(string(body), "nobody") {
-			t.Fatalf("%v: %d %q %s", hdr, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			t.Fatalf("%v: %d %q %s", tc.hdr, resp.StatusCode, resp.Header.Get("Content-Type"), body)
 		}
 	}
 }

@@ -82,7 +82,7 @@ type Telemetry struct {
 
 // TLS configures the HTTPS listener's certificates.
 type TLS struct {
-	Source         string        `yaml:"source" usage:"self_signed, files or acme"`
+	Source         string        `yaml:"source" usage:"self_signed, files or acme (unset: files when certificate files are given, else self_signed)"`
 	Domain         string        `yaml:"domain" usage:"base domain: self_signed and acme cover it and *.<domain>"`
 	CertFile       string        `yaml:"cert_file" usage:"certificate PEM (files source; more pairs under tls.files in YAML)"`
 	KeyFile        string        `yaml:"key_file" usage:"key PEM for cert_file"`
@@ -116,8 +116,8 @@ type ACME struct {
 type ACMEDNS struct {
 	Provider           string            `yaml:"provider" usage:"libdns provider: rfc2136"`
 	Options            map[string]string `yaml:"options"`
-	Resolvers          []string          `yaml:"resolvers" usage:"DNS servers used to find the zone and check propagation"`
-	PropagationTimeout time.Duration     `yaml:"propagation_timeout" usage:"wait for the TXT record (negative: skip the check)"`
+	Resolvers          []string          `yaml:"resolvers" usage:"DNS servers used to find the zone and check propagation (empty: the system's)"`
+	PropagationTimeout time.Duration     `yaml:"propagation_timeout" usage:"wait for the TXT record (unset: certmagic's default; negative: skip the check)"`
 	PropagationDelay   time.Duration     `yaml:"propagation_delay" usage:"wait before the first propagation check"`
 }
 

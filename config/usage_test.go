@@ -103,6 +103,35 @@ func TestHelpShowsGivenDefaults(t *testing.T) {
 	}
 }
 
+// A flag whose unset value is neither off nor a number -h could show (it
+// depends on other settings, or a library picks it) says in its text what
+// unset means, as the README promises for every flag -h shows no default for.
+func TestHelpNamesWhatUnsetMeans(t *testing.T) {
+	var b strings.Builder
+	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	text := map[string]string{}
+	lines := strings.Split(b.String(), "\n")
+	for i, l := range lines {
+		if m := flagLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
+			text[m[1]] = lines[i+1]
+		}
+	}
+	for _, tc := range []struct{ flag, want string }{
+		{"tls-source", "unset: files when certificate files are given, else self_signed"},
+		{"tls-acme-dns-propagation-timeout", "unset: certmagic's default"},
+		{"tls-acme-dns-resolvers", "empty: the system's"},
+		{"tls-acme-ca", "default Let's Encrypt"},
+		{"instance-id", "default: hostname"},
+		{"redis-pool-size", "0: go-redis default"},
+	} {
+		if !strings.Contains(text[tc.flag], tc.want) {
+			t.Errorf("-%s: %q, want it to say %q", tc.flag, text[tc.flag], tc.want)
+		}
+	}
+}
+
 // What YAML writes loads back to the same settings.
 func TestYAMLLoadsBack(t *testing.T) {
 	c := Default()

@@ -25,21 +25,36 @@ func EdgeSampler(ratio float64) sdktrace.Sampler {
 		sdktrace.WithRemoteParentNotSampled(byID))
 }
 
-// newTracerProvider builds the SDK provider, or returns nil when tracing is off.
-func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource) (*sdktrace.TracerProvider, error) {
-	env := cfg.env()
-	kind := exporterNone
-	if cfg.SpanExporter == nil {
-		var err error
-		if kind, err = traceExporterKind(env); err != nil {
-			return nil, err
-		}
-		if kind == exporterNone {
-			return nil, nil
+// Check reports what New would refuse in c's tracing settings and the
+// OTEL_* variables they read (an exporter, protocol or sampler it does not
+// support, a sample ratio out of range), without building an exporter or
+// reaching a collector: cubeproxy check refuses what serve would. The
+// sample ratio is looked at only when tracing is on, as New does.
+func (c Config) Check() error {
+	_, _, _, err := c.tracing()
+	return err
+}
+
+// tracing reads the tracing settings as New applies them: on is false when
+// tracing is off (no injected exporter and none asked for), and then kind
+// and ratio are not looked at.
+func (c *Config) tracing() (on bool, kind exporterKind, ratio float64, err error) {
+	env := c.env()
+	if c.SpanExporter == nil {
+		if kind, err = traceExporterKind(env); err != nil || kind == exporterNone {
+			return false, kind, 0, err
 		}
 	}
-	ratio, err := cfg.sampleRatio(env)
-	if err != nil {
+	if ratio, err = c.sampleRatio(env); err != nil {
+		return false, kind, 0, err
+	}
+	return true, kind, ratio, nil
+}
+
+// newTracerProvider builds the SDK provider, or returns nil when tracing is off.
+func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource) (*sdktrace.TracerProvider, error) {
+	on, kind, ratio, err := cfg.tracing()
+	if err != nil || !on {
 		return nil, err
 	}
 	var proc sdktrace.SpanProcessor

@@ -58,7 +58,7 @@ func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) 
 	if err != nil {
 		return nil, "", err
 	}
-	if _, err := telemetryConfig(cfg, getenv).SampleRatio(); err != nil {
+	if err := telemetryConfig(cfg, getenv).Check(); err != nil {
 		return nil, "", fmt.Errorf("telemetry: %w", err)
 	}
 	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -200,4 +202,51 @@ func TestCheckRedactsSecrets(t *testing.T) {
 		})
 	}
 	noConnection(t, redisLn, "Redis")
+}
+
+// check judges the OTEL_* tracing variables as serve does: it refuses
+// what serve's start refuses (an exporter, protocol or sampler the proxy
+// does not support), and passes what serve starts with (a bad sampler
+// argument while tracing is off, which nothing reads). It used to check
+// the sample ratio alone, in both cases.
+func TestCheckJudgesTelemetryAsServe(t *testing.T) {
+	vars := []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		refuse string // in both errors; "" when both accept
+	}{
+		{"tracing off", nil, ""},
+		{"unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, `OTEL_TRACES_EXPORTER="zipkin"`},
+		{"unsupported sampler", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, `OTEL_TRACES_SAMPLER="jaeger_remote"`},
+		{"unsupported protocol", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, `"http/json"`},
+		{"sampler argument out of range", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "2"}, `OTEL_TRACES_SAMPLER_ARG="2"`},
+		{"sampler argument unread while tracing is off", map[string]string{"OTEL_TRACES_SAMPLER_ARG": "2"}, ""},
+		{"SDK disabled", map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "zipkin"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range vars {
+				t.Setenv(k, tc.env[k]) // serve's telemetry reads the process environment
+			}
+			args := []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}
+			cfg, err := config.Load(args, os.Getenv, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, serveErr := build(context.Background(), cfg, io.Discard, io.Discard)
+			if serveErr == nil {
+				a.close()
+			}
+			code, _, stderr := runCheck(t, os.Getenv, args...)
+			if tc.refuse == "" {
+				if serveErr != nil || code != 0 {
+					t.Errorf("serve: %v; check: exit %d %s; want both to accept", serveErr, code, stderr)
+				}
+				return
+			}
+			if serveErr == nil || !strings.Contains(serveErr.Error(), tc.refuse) || code != 1 || !strings.Contains(stderr, tc.refuse) {
+				t.Errorf("serve: %v; check: exit %d %s; want both to refuse, naming %s", serveErr, code, stderr, tc.refuse)
+			}
+		})
+	}
 }

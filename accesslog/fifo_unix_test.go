@@ -70,3 +70,44 @@ func TestFIFOWithoutReader(t *testing.T) {
 		t.Errorf("%d lines dropped", l.Dropped())
 	}
 }
+
+// CheckPath (cubeproxy check) passes what New opens and refuses what it
+// cannot, and changes nothing: an existing log keeps its bytes, a missing
+// one is not created, and a FIFO without a reader does not hang it.
+func TestCheckPath(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "access.log")
+	if err := os.WriteFile(existing, []byte("old line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{"-", true},
+		{"", true},
+		{existing, true},
+		{fifo, true},
+		{filepath.Join(dir, "new.log"), true},
+		{filepath.Join(dir, "none", "access.log"), false},
+		{dir, false}, // a directory is no file to append to
+	} {
+		if err := CheckPath(tc.path); (err == nil) != tc.ok {
+			t.Errorf("CheckPath(%q) = %v, want ok %v", tc.path, err, tc.ok)
+		}
+	}
+	if b, err := os.ReadFile(existing); err != nil || string(b) != "old line\n" {
+		t.Errorf("existing log after the check: %q %v", b, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 {
+		t.Errorf("the check left files behind: %v", entries)
+	}
+}

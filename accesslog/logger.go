@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,6 +159,32 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		}()
 	}
 	return l, nil
+}
+
+// CheckPath reports whether New could open path ("" or "-" is stdout),
+// without writing to it or leaving a file behind: an existing file is
+// opened to append and closed; for a missing one, its directory must take
+// a new file (a temporary one, removed at once). cubeproxy check runs it,
+// so that a path serve would fail to open does not pass.
+func CheckPath(path string) error {
+	if path == "" || path == "-" {
+		return nil
+	}
+	if _, err := os.Stat(path); err == nil {
+		f, err := openLog(path) // O_CREATE does nothing to an existing file
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open access log: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".cubeproxy-check-*")
+	if err != nil {
+		return fmt.Errorf("open access log %s: %w", path, err)
+	}
+	name := f.Name()
+	return errors.Join(f.Close(), os.Remove(name))
 }
 
 // openLog opens path to append to. A FIFO (a log shipper's named pipe) is

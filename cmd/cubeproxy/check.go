@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/routing"
@@ -63,6 +64,11 @@ func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) 
 	}
 	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {
 		return nil, "", err
+	}
+	if cfg.AccessLog.Format != "off" {
+		if err := accesslog.CheckPath(cfg.AccessLog.Path); err != nil {
+			return nil, "", err
+		}
 	}
 	var lookupTimeout = routing.DefaultLookupTimeout
 	switch cfg.Store {

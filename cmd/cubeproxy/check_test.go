@@ -139,6 +139,8 @@ func TestCheckBadConfig(t *testing.T) {
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},
 		{"bad log level", "log_level: loud\n", nil, "log_level"},
 		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
+		// serve's start would fail to open it: check must not say ok.
+		{"access log in a missing directory", "access_log:\n  path: " + dir + "/none/access.log\n", nil, "access.log"},
 		// serve's listen would refuse it: check must not say ok.
 		{"port-less http address", "", []string{"--http-addr", "localhost"}, `http_addr "localhost"`},
 	} {

@@ -294,8 +294,14 @@ const unlimitedConcurrency = math.MaxInt32
 // adminServer is the fasthttp server of the admin listener.
 func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               admin.Handler,
-		ErrorHandler:          clientError, // JSON, like every admin answer
+		Handler: admin.Handler,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			clientError(ctx, err) // JSON, like every admin answer
+			// A head or body over the limits closed with the rest
+			// unread: the reset failed a client still sending before it
+			// read the 431 or 413. Lingered as the traffic listener's.
+			admin.p.lingerRefused(ctx, err)
+		},
 		NoDefaultServerHeader: true,
 		// As large as a traffic head: fasthttp's default 4 KiB
 		// refused a control plane's tracing baggage, or an operator's

@@ -75,6 +75,11 @@ func TestREADMEAdminAnswersMatch(t *testing.T) {
 			t.Errorf("%s %s: %d with keys %v, want %d with the key error alone", e.method, e.path, status, got, e.status)
 		}
 	}
+	// Past the admin listener's limits the answer comes before any
+	// endpoint, in the traffic errors' shape (README).
+	if status, got := adminAnswerKeys(t, "POST", admin+"/admin/state", strings.Repeat("x", 1<<20+1)); status != 413 || !slices.Equal(got, []string{"code", "error"}) {
+		t.Errorf("admin body over 1 MiB: %d with keys %v, want 413 with code and error", status, got)
+	}
 }
 
 // adminAnswerKeys calls the admin API and returns the status and the
@@ -85,6 +90,8 @@ func adminAnswerKeys(t *testing.T, method, url, body string) (int, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A connection each: a 413 lingers only on a connection's first request.
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

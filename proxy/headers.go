@@ -277,12 +277,12 @@ type headSeen struct {
 	expect           bool // an Expect line: maybe the 100-continue fasthttp answered
 
 	// Lines of each (saturating at 2: only "more than one" matters).
-	realIP, forwardedFor, forwardedHost, forwarded uint8
+	realIP, forwardedFor, forwardedHost, forwarded, requestID uint8
 }
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2, requestID: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -300,6 +300,7 @@ const (
 	seenForwarded
 	seenTransferEncoding
 	seenExpect
+	seenRequestID
 )
 
 var headNames = [...]headName{
@@ -310,11 +311,12 @@ var headNames = [...]headName{
 	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
 	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost}, {"Forwarded", seenForwarded},
 	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
+	{"X-Cube-Request-Id", seenRequestID},
 }
 
 // headNamesByLen is headNames indexed by name length: a header line is
 // compared only with the names as long as its own (none for most lines, at
-// most two), not with all eighteen. Built once, never written.
+// most two), not with all nineteen. Built once, never written.
 var headNamesByLen = func() [][]headName {
 	var byLen [][]headName
 	for _, n := range headNames {
@@ -395,6 +397,8 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 				s.transferEncoding = true
 			case seenExpect:
 				s.expect = true
+			case seenRequestID:
+				s.requestID = min(s.requestID+1, 2)
 			}
 			break
 		}

@@ -841,3 +841,64 @@ func TestConnectionOptionsBounded(t *testing.T) {
 		}
 	}
 }
+
+// One request id per exchange: the sandbox gets exactly the id the client
+// gets back, on one line, whatever lines the client sent (a second one
+// could carry what the first would have been refused for), and the client
+// gets that id alone, whatever lines of the header the sandbox's answer
+// carried (an app echoing the ids it got), on a plain answer and on a
+// detached event stream alike.
+func TestRequestIDIsOneLine(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, v := range r.Header.Values(HeaderRequestID) {
+			w.Header().Add(HeaderRequestID, v)
+		}
+		w.Header().Add(HeaderRequestID, "sandbox-own")
+		if r.URL.Path == "/sse" {
+			w.Header().Set("Content-Type", "text/event-stream")
+		}
+		json.NewEncoder(w).Encode(map[string]any{"headers": r.Header})
+	}))
+	host := h.route("rid", port)
+	for _, tc := range []struct {
+		name   string
+		path   string
+		lines  []string
+		wantID string // "" for a generated one
+	}{
+		{"valid then invalid", "/", []string{"client-id", "two words"}, "client-id"},
+		{"valid twice, different", "/", []string{"client-id", "other-id"}, "client-id"},
+		{"invalid then valid", "/", []string{"two words", "client-id"}, ""},
+		{"one valid", "/", []string{"client-id"}, "client-id"},
+		{"none", "/", nil, ""},
+		{"event stream, valid then invalid", "/sse", []string{"client-id", "two words"}, "client-id"},
+		{"event stream, none", "/sse", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET " + tc.path + " HTTP/1.1", "Host: " + host}
+			for _, v := range tc.lines {
+				lines = append(lines, HeaderRequestID+": "+v)
+			}
+			resp, body := authRawRequest(t, h.addr, lines...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			var e echoed
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatalf("%v: %q", err, body)
+			}
+			got := resp.Header.Values(HeaderRequestID)
+			sent := e.Headers[HeaderRequestID]
+			if len(got) != 1 || len(sent) != 1 || got[0] != sent[0] {
+				t.Fatalf("client got %q, sandbox got %q: want one and the same id", got, sent)
+			}
+			if tc.wantID != "" && got[0] != tc.wantID {
+				t.Errorf("id %q, want the client's %q", got[0], tc.wantID)
+			}
+			if tc.wantID == "" && (len(got[0]) != 25 || got[0][8] != '-') {
+				t.Errorf("id %q, want a generated one", got[0])
+			}
+		})
+	}
+}

@@ -241,7 +241,7 @@ func (p *Proxy) captureEntry(ctx *fasthttp.RequestCtx, x *exchange, status int) 
 	if p.cfg.AccessLog == nil {
 		return nil
 	}
-	ctx.Response.Header.SetBytesV(HeaderRequestID, ctx.Request.Header.Peek(HeaderRequestID))
+	setResponseID(&ctx.Response.Header, ctx.Request.Header.Peek(HeaderRequestID))
 	s := logScratchPool.Get().(*logScratch)
 	p.fillEntry(ctx, x, status, 0, s)
 	e := cloneEntry(&s.e)

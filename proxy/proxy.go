@@ -194,7 +194,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		// their clients keep sending.
 		ctx.SetConnectionClose()
 	}
-	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
+	setResponseID(&ctx.Response.Header, reqID)
 	p.headersReady(ctx, x)
 	if !x.owned {
 		p.finish(ctx, x, ctx.Response.StatusCode(), nil, nil)
@@ -208,6 +208,15 @@ type headLookup struct{}
 
 // HeaderRequestID is echoed (or generated) on every request and response.
 const HeaderRequestID = "X-Cube-Request-Id"
+
+// setResponseID makes id the response's only request id line: the
+// sandbox's answer may carry its own (an app echoing the id it got, or
+// one of its own), which would reach the client beside the proxy's, and a
+// client reading the last line would log another id than the access log.
+func setResponseID(h *fasthttp.ResponseHeader, id []byte) {
+	h.Del(HeaderRequestID)
+	h.AddBytesV(HeaderRequestID, id)
+}
 
 const maxRequestIDLen = 128
 
@@ -702,6 +711,15 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	}
 	if seen.credentials {
 		stripProxyCredentials(h)
+	}
+	if seen.requestID > 1 {
+		// The id is the first line (the client's, or the one requestID
+		// put there): the others go, so that the sandbox logs the id the
+		// client got back, not a second line requestID never judged.
+		var idBuf [maxRequestIDLen]byte
+		id := append(idBuf[:0], h.Peek(HeaderRequestID)...)
+		h.Del(HeaderRequestID)
+		h.SetBytesV(HeaderRequestID, id)
 	}
 	if seen.expect && bytes.EqualFold(h.Peek(fasthttp.HeaderExpect), continueExpectation) {
 		// fasthttp has answered it (100 before the handler), and the body

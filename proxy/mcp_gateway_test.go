@@ -939,3 +939,59 @@ func callFinish(ctx context.Context, cs *mcp.ClientSession) <-chan error {
 	}()
 	return done
 }
+
+// A request accepts an event stream whatever the case of the media type
+// (RFC 9110 §8.3.1: "Text/Event-Stream" is text/event-stream) and on
+// whichever of its Accept lines it names it: such a request waits for the
+// head as long as a stream may be silent, as upstream.response_header_timeout
+// documents; one that does not accept it still gets the 504.
+func TestAcceptsEventStreamAnyCaseAnyLine(t *testing.T) {
+	const headerTimeout = 200 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.ResponseHeaderTimeout = headerTimeout })
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+			io.WriteString(w, "done")
+		case <-r.Context().Done(): // the proxy gave up on it
+		}
+	}))
+	host := h.route("slowhead", port)
+	for _, tc := range []struct {
+		name   string
+		accept []string
+		waits  bool // for the head past headerTimeout
+	}{
+		{"mixed case", []string{"application/json, Text/Event-Stream"}, true},
+		{"second line", []string{"application/json", "text/event-stream"}, true},
+		{"not accepted", []string{"application/json"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.req("POST", host, "/mcp", strings.NewReader(`{}`))
+			r.Header["Accept"] = tc.accept
+			done := make(chan *http.Response, 1)
+			go func() { done <- h.do(r) }()
+			if !tc.waits {
+				resp := <-done
+				resp.Body.Close()
+				if resp.StatusCode != 504 {
+					t.Fatalf("status %d, want 504 after upstream.response_header_timeout", resp.StatusCode)
+				}
+				return
+			}
+			select {
+			case resp := <-done:
+				resp.Body.Close()
+				t.Fatalf("answered %d before the sandbox did: the header timeout applied", resp.StatusCode)
+			case <-time.After(5 * headerTimeout):
+			}
+			release <- struct{}{}
+			resp := <-done
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "done" {
+				t.Fatalf("%d %q, want the sandbox's 200", resp.StatusCode, b)
+			}
+		})
+	}
+}

@@ -1167,10 +1167,10 @@ func (b *clientBody) release() {
 // result, and a tool may run for many minutes. Such a request waits as
 // long as a stream may be silent (upstream.idle_timeout), as through the
 // platform's proxy (proxy_read_timeout bounds both waits); any other keeps
-// upstream.response_header_timeout's 504. One Peek per request.
+// upstream.response_header_timeout's 504.
 func (p *Proxy) headerTimeout(h *fasthttp.RequestHeader) time.Duration {
 	ht := p.cfg.ResponseHeaderTimeout
-	if ht <= 0 || !bytes.Contains(h.Peek(fasthttp.HeaderAccept), eventStreamType) {
+	if ht <= 0 || !acceptsEventStream(h) {
 		return ht
 	}
 	if it := p.cfg.IdleStreamTimeout; it <= 0 {
@@ -1182,6 +1182,24 @@ func (p *Proxy) headerTimeout(h *fasthttp.RequestHeader) time.Duration {
 }
 
 var eventStreamType = []byte("text/event-stream")
+
+// acceptsEventStream reports whether the request's Accept lists
+// text/event-stream, in any case (media types are case-insensitive, RFC
+// 9110 §8.3.1) and on any of its lines (a client may send one per type).
+// One pass over the lines: each element is looked at once, at its start.
+func acceptsEventStream(h *fasthttp.RequestHeader) bool {
+	for _, v := range h.PeekAll(fasthttp.HeaderAccept) {
+		for len(v) > 0 {
+			var elem []byte
+			elem, v = nextToken(v)
+			if isEventStream(elem) && (len(elem) == len(eventStreamType) ||
+				elem[len(eventStreamType)] == ';' || elem[len(eventStreamType)] == ' ' || elem[len(eventStreamType)] == '\t') {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 var continueExpectation = []byte("100-continue")
 

@@ -1508,6 +1508,7 @@ func testAuthQueryTokenNoRedirect(t *testing.T, lc *authLogCapture) {
 		{"form POST navigation", "POST", tok, append([]string{"Sec-Fetch-Mode: navigate"}, post...), "forward"},
 		{"DELETE without Sec-Fetch-Mode", "DELETE", tok, nil, "forward"},
 		{"SSE GET without Sec-Fetch-Mode", "", tok, []string{"Accept: text/event-stream"}, "forward"},
+		{"SSE GET, type in capitals on a second Accept line", "", tok, []string{"Accept: application/json", "Accept: Text/Event-Stream"}, "forward"},
 		{"WebSocket, token for another port", "", other, ws, auth.CodeSignedTokenWrongTarget},
 		{"EventSource, garbage token", "", "not*a*token", []string{"Sec-Fetch-Mode: cors"}, auth.CodeSignedTokenMalformed},
 		{"POST, token for another port", "POST", other, post, auth.CodeSignedTokenWrongTarget},

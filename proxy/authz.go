@@ -82,7 +82,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 // with no credential at all. A page load that sends no Sec-Fetch-Mode
 // (curl, an older browser) gets the redirect.
 func navigation(h *fasthttp.RequestHeader) bool {
-	if !h.IsGet() && !h.IsHead() || upgradeRequested(h) || bytes.Contains(h.Peek(fasthttp.HeaderAccept), eventStreamType) {
+	if !h.IsGet() && !h.IsHead() || upgradeRequested(h) || acceptsEventStream(h) {
 		return false
 	}
 	m := h.Peek("Sec-Fetch-Mode")

@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -139,47 +141,112 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 	}
 }
 
-// TestLeastPrivilegeACLUser: a user granted only what the proxy uses (the
-// README's ACL line: HGETALL on the route keys, SUBSCRIBE and PUBLISH on
-// the invalidation channel, the registry writes) reads routes, subscribes
-// and publishes, on every connection, the pub/sub one included. The
-// client's cosmetic CLIENT SETNAME must not make Redis refuse them.
+// TestLeastPrivilegeACLUser: a user granted only what the README's ACL
+// line grants (read from the README itself, so the line cannot fall behind
+// the client) reads routes, subscribes, publishes and keeps the registry,
+// on every connection, the pub/sub one included, against a standalone
+// server, a Sentinel-managed one and a Cluster. The client's cosmetic
+// CLIENT SETNAME must not make Redis refuse them.
 func TestLeastPrivilegeACLUser(t *testing.T) {
-	r := testenv.StartRedis(t)
-	acl := []any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all",
-		"~cube:v1:shared:sandbox:proxy:*", "~bypass_host_proxy:*", "+hgetall",
-		"&cube:v1:shared:cube_proxy:invalidate", "+subscribe", "+publish", "+ping",
-		"~cube:v1:shared:cube_proxy:*", "+hset", "+zadd", "+hdel", "+zrem"}
-	if err := r.Client().Do(context.Background(), acl...).Err(); err != nil {
-		t.Fatal(err)
+	ctx := context.Background()
+	rules := readmeACLRules(t)
+	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
 	}
-	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
-	for _, cfg := range []redisstore.Config{
-		{Addr: r.Addr(), Username: "proxy", Password: "pw"},
-		{URL: "redis://proxy:pw@" + r.Addr()},
-	} {
-		s := openStoreCfg(t, cfg)
-		if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
-			t.Fatalf("lookup as the least-privileged user: %v", err)
+	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
+		info, err := cluster.Client().ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	standalone := testenv.StartRedis(t)
+	master := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, "acl-master", master.Addr())
+	for _, r := range []*testenv.Redis{standalone, master, cluster} {
+		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
+		if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %v: %v", rules, err)
 		}
-		if err := s.Publish(context.Background(), "sbx"); err != nil {
-			t.Fatalf("publish as the least-privileged user: %v", err)
-		}
-		sub := s.Subscribe(context.Background(), make(recorder, 16), nil)
-		select {
-		case <-sub.Ready():
-		case <-time.After(5 * time.Second):
-			t.Fatal("not subscribed 5s after start")
-		}
-		_ = sub.Close()
+		hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	}
+	tests := []struct {
+		name string
+		r    *testenv.Redis
+		cfg  redisstore.Config
+	}{
+		{"addr", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}},
+		{"url", standalone, redisstore.Config{URL: "redis://proxy:pw@" + standalone.Addr()}},
+		{"sentinel", master, redisstore.Config{Username: "proxy", Password: "pw",
+			Sentinel: redisstore.SentinelConfig{MasterName: "acl-master", Addrs: []string{sentinel.Addr()}}}},
+		{"cluster", cluster, redisstore.Config{Username: "proxy", Password: "pw",
+			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Registry = redisstore.RegistryConfig{Enabled: true}
+			s := openStoreCfg(t, tc.cfg)
+			if _, err := s.Lookup(ctx, "sbx"); err != nil {
+				t.Fatalf("lookup as the least-privileged user: %v", err)
+			}
+			if err := s.Publish(ctx, "sbx"); err != nil {
+				t.Fatalf("publish as the least-privileged user: %v", err)
+			}
+			sub := s.Subscribe(ctx, make(recorder, 16), nil)
+			select {
+			case <-sub.Ready():
+			case <-time.After(5 * time.Second):
+				t.Fatal("not subscribed 5s after start")
+			}
+			_ = sub.Close()
+			reg, err := s.StartRegistry(redisstore.Instance{ProxyID: "acl-" + tc.name}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 5*time.Second, "registry entry written", func() bool {
+				n, err := tc.r.Client().HExists(ctx, redisstore.DefaultRegistryHash, "acl-"+tc.name).Result()
+				return err == nil && n
+			})
+			if err := reg.Stop(ctx); err != nil {
+				t.Fatalf("registry removal as the least-privileged user: %v", err)
+			}
+		})
 	}
 	// A user that may name its connections still does, for CLIENT LIST.
-	s := openStore(t, r)
-	if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
+	s := openStore(t, standalone)
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
 		t.Fatal(err)
 	}
-	list, err := r.Client().ClientList(context.Background()).Result()
+	list, err := standalone.Client().ClientList(ctx).Result()
 	if err != nil || !strings.Contains(list, "name=cubeproxy ") {
 		t.Fatalf("CLIENT LIST has no connection named cubeproxy (%v):\n%s", err, list)
 	}
+}
+
+// readmeACLRules returns the ACL rules the README's Redis section grants
+// the proxy's user: every rule in the code spans of the sentence that
+// starts "An ACL user".
+func readmeACLRules(t *testing.T) []any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	i := strings.Index(text, "An ACL user")
+	j := strings.Index(text[max(i, 0):], "Each connection is")
+	if i < 0 || j < 0 {
+		t.Fatal("README: no ACL sentence in the Redis section")
+	}
+	var rules []any
+	spans := strings.Split(text[i:i+j], "`")
+	for k := 1; k < len(spans); k += 2 {
+		for _, f := range strings.Fields(spans[k]) {
+			if strings.ContainsAny(f[:1], "~&+-%") {
+				rules = append(rules, f)
+			}
+		}
+	}
+	if len(rules) == 0 {
+		t.Fatal("README: the ACL sentence names no rule")
+	}
+	return rules
 }

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/certmagic"
@@ -61,7 +63,7 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	s.limiter = newWindowLimiter(rate)
 
 	zl := newZapLogger(log)
-	issuer, err := issuerTemplate(a, zl)
+	issuer, err := issuerTemplate(a, cfg.ListenAddr, zl)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +141,7 @@ func CheckACME(cfg Config) error {
 	if err := validateACME(cfg, strings.ToLower(strings.Trim(cfg.Domain, "."))); err != nil {
 		return fmt.Errorf("tls certificates: %w", err)
 	}
-	if _, err := issuerTemplate(cfg.ACME, zap.NewNop()); err != nil {
+	if _, err := issuerTemplate(cfg.ACME, cfg.ListenAddr, zap.NewNop()); err != nil {
 		return fmt.Errorf("tls certificates: %w", err)
 	}
 	return nil
@@ -171,8 +173,13 @@ func validateACME(cfg Config, domain string) error {
 }
 
 // issuerTemplate builds the ACMEIssuer settings shared by both Configs.
-func issuerTemplate(a ACMEConfig, zl *zap.Logger) (certmagic.ACMEIssuer, error) {
+// listenAddr is the HTTPS listener's address (see Config.ListenAddr).
+func issuerTemplate(a ACMEConfig, listenAddr string, zl *zap.Logger) (certmagic.ACMEIssuer, error) {
 	roots, err := trustedRoots(a)
+	if err != nil {
+		return certmagic.ACMEIssuer{}, err
+	}
+	host, port, err := listenHostPort(listenAddr)
 	if err != nil {
 		return certmagic.ACMEIssuer{}, err
 	}
@@ -185,6 +192,14 @@ func issuerTemplate(a ACMEConfig, zl *zap.Logger) (certmagic.ACMEIssuer, error) 
 		// HTTP-01 would need /.well-known/acme-challenge on the HTTP
 		// listener; DNS-01 (or TLS-ALPN-01 on this TLS config) is used.
 		DisableHTTPChallenge: true,
+		// TLS-ALPN-01 (without a DNS provider) is answered by the HTTPS
+		// listener through TLSConfig: its port is the one certmagic
+		// finds taken and leaves alone. Left at 443, certmagic would
+		// open a challenge listener of its own there (as a non-root
+		// user: refused, and every issuance fails), which the CA reaches
+		// only when nothing maps 443 to the proxy's port.
+		ListenHost:     host,
+		AltTLSALPNPort: port,
 	}
 	if issuer.CA == "" {
 		issuer.CA = certmagic.LetsEncryptProductionCA
@@ -209,6 +224,26 @@ func issuerTemplate(a ACMEConfig, zl *zap.Logger) (certmagic.ACMEIssuer, error) 
 		Logger:             zl,
 	}}
 	return issuer, nil
+}
+
+// listenHostPort splits the HTTPS listener's address for certmagic; an
+// empty address, or port 0 (chosen at bind time), leaves its defaults.
+func listenHostPort(addr string) (string, int, error) {
+	if addr == "" {
+		return "", 0, nil
+	}
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("acme: https listener address: %w", err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("acme: https listener address %q: bad port", addr)
+	}
+	if port == 0 {
+		return "", 0, nil
+	}
+	return host, port, nil
 }
 
 // newCertmagicConfig builds a Config with its own issuer: the issuer keeps a

@@ -5,11 +5,15 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/certmagic"
 
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
@@ -290,5 +294,68 @@ func TestACMESyncStartDuringCAOutage(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// On-demand issuance without a DNS provider (skip_wildcard) validates by
+// TLS-ALPN-01, which the CA checks on port 443 of the name: the proxy's
+// HTTPS listener behind a TCP port mapping (the platform listens on :8080).
+// The challenge must be answered there, by the listener's own TLS config.
+// certmagic otherwise opens a challenge server of its own on port 443 (a
+// listener the operator never configured; as the image's non-root user a
+// "permission denied" that fails every issuance) or, finding the port
+// taken, dials whatever holds it and assumes that answers the challenge.
+// The test puts a recorder on certmagic's challenge port: nothing may
+// touch it, and the certificate must come through the HTTPS listener.
+func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	recorder, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = recorder.Close() })
+	var touched atomic.Int32
+	go func() {
+		for {
+			c, err := recorder.Accept()
+			if err != nil {
+				return
+			}
+			touched.Add(1)
+			_ = c.Close()
+		}
+	}()
+	old := certmagic.HTTPSPort
+	certmagic.HTTPSPort = recorder.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { certmagic.HTTPSPort = old })
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{TLSPort: ln.Addr().(*net.TCPAddr).Port})
+	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.DNS = certs.DNSConfig{}
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.Allow = allow.allow
+	cfg.ListenAddr = ln.Addr().String()
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLSOn(t, m, ln)
+
+	leaf, err := fetch(t, srv.addr, sniConfig(pebble.IssuerRootPool(t), "50005-ok.cube.test"), "50005-ok.cube.test")
+	if err != nil {
+		t.Fatalf("on-demand certificate through TLS-ALPN-01: %v", err)
+	}
+	if !slices.Equal(leaf.DNSNames, []string{"50005-ok.cube.test"}) {
+		t.Fatalf("certificate names %v", leaf.DNSNames)
+	}
+	if n := touched.Load(); n != 0 {
+		t.Fatalf("certmagic reached for its own challenge port %d times: the challenge must be answered on the HTTPS listener", n)
 	}
 }

@@ -61,6 +61,11 @@ type Config struct {
 	// hostname belongs to an existing sandbox. It runs during TLS handshakes
 	// for names without a certificate, so it must be fast.
 	Allow func(ctx context.Context, name string) error
+	// ListenAddr is the HTTPS listener's address (host:port). TLS-ALPN-01
+	// challenges (acme on-demand without a DNS provider) are answered
+	// there, through TLSConfig; certmagic is told so, rather than opening
+	// a challenge listener of its own on port 443.
+	ListenAddr string
 	// Logger receives certificate events; nil discards them.
 	Logger *slog.Logger
 }

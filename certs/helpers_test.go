@@ -31,6 +31,17 @@ type server struct {
 
 func serveTLS(t *testing.T, m *certs.Manager) *server {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveTLSOn(t, m, ln)
+}
+
+// serveTLSOn is serveTLS on a listener opened before the Manager, whose
+// address the Manager's Config names (ListenAddr).
+func serveTLSOn(t *testing.T, m *certs.Manager, ln net.Listener) *server {
+	t.Helper()
 	s := &server{}
 	cfg := m.TLSConfig()
 	get := cfg.GetCertificate
@@ -39,10 +50,6 @@ func serveTLS(t *testing.T, m *certs.Manager) *server {
 		s.snis = append(s.snis, h.ServerName)
 		s.mu.Unlock()
 		return get(h)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
 	}
 	s.addr = ln.Addr().String()
 	srv := &fasthttp.Server{

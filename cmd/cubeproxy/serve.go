@@ -369,7 +369,8 @@ func (a *app) certsConfig() certs.Config {
 				PropagationTimeout: t.ACME.DNS.PropagationTimeout, PropagationDelay: t.ACME.DNS.PropagationDelay,
 			},
 		},
-		Allow: a.allowCertificate,
+		Allow:      a.allowCertificate,
+		ListenAddr: a.cfg.HTTPSAddr, // TLS-ALPN-01 is answered there
 	}
 	if t.CertFile != "" || t.KeyFile != "" {
 		c.Files = append(c.Files, certs.FilePair{CertFile: t.CertFile, KeyFile: t.KeyFile})

@@ -37,6 +37,9 @@ type Pebble struct {
 type PebbleOptions struct {
 	// Validity is the lifetime of issued certificates; 0 is pebble's 90 days.
 	Validity time.Duration
+	// TLSPort is the port pebble's validator dials for TLS-ALPN-01 (on the
+	// address the DNS server gives, 127.0.0.1); 0 is pebble's default.
+	TLSPort int
 }
 
 // StartPebble starts pebble with its DNS-01 validator asking resolverAddr
@@ -44,7 +47,7 @@ type PebbleOptions struct {
 // knobs for fast, deterministic runs (no validation sleeps, no rejected
 // nonces, no authorization reuse) with t.Setenv, so the calling test cannot be
 // parallel. Only DNS-01 can succeed: HTTP-01 and TLS-ALPN-01 would need fixed
-// ports.
+// ports (StartPebbleWith's TLSPort names the one TLS-ALPN-01 dials).
 func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 	t.Helper()
 	return StartPebbleWith(t, resolverAddr, PebbleOptions{})
@@ -62,7 +65,7 @@ func StartPebbleWith(t testing.TB, resolverAddr string, opts PebbleOptions) *Peb
 	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{
 		"default": {Description: "default profile", ValidityPeriod: uint64(opts.Validity / time.Second)},
 	})
-	validator := va.New(logger, 0, 0, false, resolverAddr, store)
+	validator := va.New(logger, 0, opts.TLSPort, false, resolverAddr, store)
 	front := wfe.New(logger, store, validator, authority, []string{"pebble.letsencrypt.org"}, false, false, 0, 0)
 
 	p := &Pebble{mgmt: front.ManagementHandler()}

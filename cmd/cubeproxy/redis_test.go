@@ -477,7 +477,10 @@ func TestRedisMetaUpsert(t *testing.T) {
 	}
 }
 
-// /readyz is 503 while Redis has never answered and 200 once it has.
+// /readyz is 503 while Redis has never answered and 200 once it has; it
+// stays 200 when Redis goes away later (cached routes are still served,
+// and failing every proxy's check at once would turn a Redis outage into
+// an outage of the whole tier).
 func TestRedisReadyz(t *testing.T) {
 	r := testenv.StartRedis(t)
 	r.Stop() // its port is now dead
@@ -495,6 +498,14 @@ func TestRedisReadyz(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "readyz 200 after Redis came up", func() bool {
 		return p.adminGet(t, "/readyz").status == 200
 	})
+
+	r.Stop()
+	if got := p.get(t, "other"); got.status != 503 {
+		t.Fatalf("request with Redis down again: %d %s, want 503", got.status, got.body)
+	}
+	if got := p.adminGet(t, "/readyz"); got.status != 200 {
+		t.Fatalf("readyz with Redis down after it answered once: %d %s, want 200", got.status, got.body)
+	}
 }
 
 // A Redis that answers but refuses the proxy (wrong password, an ACL user

@@ -110,6 +110,42 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 	expectID(t, rec, "after")
 }
 
+// TestInvalidationFollowsCleanFailover: a failover from a master that stays
+// up (SENTINEL FAILOVER, a maintenance switch) leaves the subscription on
+// the old master until the sentinel turns it into a replica, which kills
+// its pub/sub clients. The subscription then moves to the new master and
+// expires the cache, since invalidations published meanwhile were lost;
+// later ones arrive.
+func TestInvalidationFollowsCleanFailover(t *testing.T) {
+	const name = "cubemaster"
+	ctx := context.Background()
+	_, replica, sentinel, sc := startSentinelSet(t, name)
+	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
+		reps, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+	})
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}})
+	rec := make(recorder, 64)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	expectID(t, rec, "*")
+
+	if err := sc.Failover(ctx, name).Err(); err != nil {
+		t.Fatalf("sentinel failover: %v", err)
+	}
+	waitPromoted(t, ctx, sc, name, replica, 15*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "subscription on the new master", func() bool {
+		n, err := replica.Client().PubSubNumSub(ctx, redisstore.DefaultInvalidateChannel).Result()
+		return sub.Subscriptions() >= 2 && err == nil && n[redisstore.DefaultInvalidateChannel] == 1
+	})
+	expectID(t, rec, "*") // the resubscription expired the cache
+	if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "after")
+}
+
 // waitPromoted waits until the sentinel names replica as master name's
 // startSentinelSet starts a master, its replica and a Sentinel watching
 // them as name, and a client of that Sentinel (closed at the test's end).

@@ -1425,8 +1425,9 @@ func testAuthPreflight(t *testing.T, lc *authLogCapture) {
 			t.Errorf("preflight: %s %q, want %q", k, got, v)
 		}
 	}
-	if !strings.Contains(resp.Header.Get("Vary"), "Origin") {
-		t.Errorf("preflight: Vary %q", resp.Header.Get("Vary"))
+	// The answer mirrors all three: a cache must not serve it for another.
+	if got := resp.Header.Get("Vary"); got != "Origin, Access-Control-Request-Method, Access-Control-Request-Headers" {
+		t.Errorf("preflight: Vary %q", got)
 	}
 	b.assertUntouched(t, "preflight without a token")
 

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -260,5 +261,31 @@ func TestRestartWhileLoadingServesCached(t *testing.T) {
 	<-restarted
 	if _, res, err := c.Get(ctx, []byte("kept")); err != nil {
 		t.Fatalf("after loading: %v %v", res, err)
+	}
+}
+
+// TestRestartWithoutDataForgetsRoutes: a Redis that comes back without its
+// data (no persistence) answers every lookup "not found". The
+// resubscription expires the cache, so the proxy answers 404 for every
+// sandbox until the control plane writes the routes again, rather than
+// serving copies Redis no longer confirms (one may have been made private
+// or deleted meanwhile). The README tells operators to persist the data.
+func TestRestartWithoutDataForgetsRoutes(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	hset(t, r, redisstore.DefaultKeyPrefix+"gone", "HostIP", "10.0.0.1", "50005", "30001")
+	s := openStore(t, r)
+	c := newCache(t, s, routing.CacheConfig{})
+	sub := s.Subscribe(ctx, c, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	if _, _, err := c.Get(ctx, []byte("gone")); err != nil {
+		t.Fatal(err)
+	}
+
+	r.Restart() // no persistence: the data is gone
+	testenv.WaitFor(t, 10*time.Second, "resubscription", func() bool { return sub.Subscriptions() >= 2 })
+	if rt, res, err := c.Get(ctx, []byte("gone")); !errors.Is(err, routing.ErrNotFound) {
+		t.Fatalf("route after Redis came back empty: %v %v %v, want not found", rt, res, err)
 	}
 }

@@ -77,6 +77,10 @@ func FuzzBackendRaw(f *testing.F) {
 		"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
 		"",
 		"garbage",
+		"HTTP/1.1 100 Continue\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 417 Expectation Failed\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

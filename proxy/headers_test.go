@@ -631,6 +631,10 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
 		"X Real IP: 6.6.6.6\r\nT 0: x\r\nT 0: y\r\n",
 		"Forwarded: for=6.6.6.6\r\nforwarded: for=\"[2001:db8::6\r\n",
+		"Expect: 100-continue\r\n",
+		"Expect: 100-continue\r\nContent-Length: 0\r\n",
+		"Expect: 100-Continue\r\nTransfer-Encoding: chunked\r\nConnection: expect\r\n",
+		"Expect: 100-continue\r\nExpect: x\r\nContent-Length: 3\r\n",
 	} {
 		f.Add(head)
 	}

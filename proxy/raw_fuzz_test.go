@@ -95,6 +95,27 @@ func FuzzProxyRaw(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: 99999-box.cube.test\r\nX-Cube-Request-Id: a\"b\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"\x16\x03\x01\x00\x05hello",
+		// Expect heads with each body framing: Content-Length 0 and none
+		// (no body to hold back: a 100, then the answer), chunked; one
+		// refused (no token) and one to an unknown sandbox, each with a
+		// request pipelined after the early answer.
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: " + host + "\r\nExpect: 100-continue\r\n\r\nGET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + bp + "-none.cube.test\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		// An early answer without Expect (no token), then a pipelined
+		// request.
+		"POST /up HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		// Heads and bodies cut short (the client stalls, then closes).
+		"GET / HTTP/1.1\r\nHost: " + host + "\r\nX-A: b",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 10\r\n\r\nabc",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\nab",
+		// HTTP/1.0: routed, kept alive and pipelined, with Expect.
+		"GET / HTTP/1.0\r\nHost: " + host + "\r\n\r\n",
+		"GET / HTTP/1.0\r\nHost: " + host + "\r\nConnection: keep-alive\r\n\r\nGET / HTTP/1.0\r\nHost: " + host + "\r\n\r\n",
+		"POST /up HTTP/1.0\r\nHost: " + host + "\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
 	} {
 		f.Add([]byte(s))
 	}

@@ -1917,6 +1917,10 @@ func FuzzReadHead(f *testing.F) {
 		"HTTP/1.0 200 OK\n\nclose-delimited",
 		"garbage\n\n",
 		"HTTP/1.1 200 OK\nX: a\n b\n\n",
+		"HTTP/1.1 100 Continue\r\n\r\n",
+		"HTTP/1.0 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\nx",
+		"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -380,7 +382,11 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 
 // redirectableHost reports whether host can be pasted into a URL as its
 // authority without changing which server it names: no userinfo, path,
-// query, fragment, backslash (browsers read it as a slash) or control byte.
+// query, fragment, backslash (browsers read it as a slash) or control byte,
+// and brackets only around an IPv6 address. httpsAuthority takes brackets
+// off to put the port back, so "[evil.test]" would name evil.test, and
+// fasthttp refuses such a Host only when the request target is no
+// absolute-form URL ("GET http://a.test/p" with "Host: [evil.test]").
 func redirectableHost(host []byte) bool {
 	for _, c := range host {
 		switch {
@@ -388,7 +394,21 @@ func redirectableHost(host []byte) bool {
 			return false
 		}
 	}
-	return true
+	if len(host) > 0 && host[0] == '[' {
+		end := bytes.IndexByte(host, ']')
+		if end < 0 {
+			return false
+		}
+		ip, err := netip.ParseAddr(string(host[1:end]))
+		if err != nil || !ip.Is6() {
+			return false
+		}
+		host = host[end+1:]
+		if len(host) > 0 && host[0] != ':' {
+			return false
+		}
+	}
+	return bytes.IndexAny(host, "[]") < 0
 }
 
 // redirectTarget is the path and query of a request target as the client

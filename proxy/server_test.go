@@ -296,6 +296,16 @@ func TestRedirectListenerHost(t *testing.T) {
 		// bad_request before the handler.)
 		{"IPv6 literal", "/p", "[::1]:8081", 308, "https://[::1]:8443/p"},
 		{"IPv6 literal without port", "/p", "[::1]", 308, "https://[::1]:8443/p"},
+		// Brackets around anything but an IPv6 address are no IP literal:
+		// taking them off named another host ("[evil.test]" went to
+		// https://evil.test, "[]0]" to https://]0). fasthttp refuses
+		// such a Host itself, but not behind an absolute-form target.
+		{"brackets around a name", "http://a.test/p", "[evil.test]", 400, ""},
+		{"brackets around a name with a port", "http://a.test/p", "[evil.test]:80", 400, ""},
+		{"brackets around an IPv4 address", "http://a.test/p", "[127.0.0.1]", 400, ""},
+		{"stray bracket", "http://a.test/p", "[]0]", 400, ""},
+		{"text after the literal", "http://a.test/p", "[::1]]", 400, ""},
+		{"IPv6 literal behind an absolute-form target", "http://a.test/p", "[::1]:80", 308, "https://[::1]:8443/p"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", ln.Addr().String())

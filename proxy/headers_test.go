@@ -703,8 +703,16 @@ func FuzzPrepareRequest(f *testing.F) {
 				t.Errorf("traffic token %s reached the sandbox\n%q", k, sent.String())
 			}
 			if name == "cookie" {
-				for range auth.CookieValues(v, auth.CookieName) {
-					t.Errorf("the proxy's cookie reached the sandbox: %q", v)
+				// Read from the bytes sent, not v: All re-serializes
+				// fasthttp's parsed cookies and drops an empty name, so
+				// the nameless "=cube_proxy_auth=" the client sent (and
+				// the sandbox gets) read as a cookie of the proxy's name.
+				for _, l := range strings.Split(sent.String(), "\r\n") {
+					if n, raw, ok := strings.Cut(l, ":"); ok && strings.EqualFold(n, "cookie") {
+						for range auth.CookieValues([]byte(strings.TrimLeft(raw, " \t")), auth.CookieName) {
+							t.Errorf("the proxy's cookie reached the sandbox: %q", l)
+						}
+					}
 				}
 			}
 			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host")) {

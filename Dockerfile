@@ -12,9 +12,11 @@ COPY --from=build /out/cubeproxy /cubeproxy
 COPY configs/cubeproxy.yaml /etc/cubeproxy/cubeproxy.yaml
 USER nonroot:nonroot
 # Settings go in the environment, not in CMD: a flag would outrank
-# `docker run -e CUBEPROXY_...`. Mount the memory store's routes here
-# (missing file: an empty table, with a warning).
+# `docker run -e CUBEPROXY_...` (--config too, over CUBEPROXY_CONFIG).
+# Mount the memory store's routes here (missing file: an empty table,
+# with a warning).
+ENV CUBEPROXY_CONFIG=/etc/cubeproxy/cubeproxy.yaml
 ENV CUBEPROXY_ROUTES=/etc/cubeproxy/routes.yaml
 EXPOSE 8081 8080
 ENTRYPOINT ["/cubeproxy"]
-CMD ["serve", "--config", "/etc/cubeproxy/cubeproxy.yaml"]
+CMD ["serve"]

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -43,7 +44,7 @@ func readDockerfile(t *testing.T) dockerImage {
 			if !ok {
 				t.Fatalf("ENV %q: want KEY=VALUE", line)
 			}
-			img.env[k] = strings.Trim(v, `"`)
+			img.env[k] = strings.ReplaceAll(strings.Trim(v, `"`), "/etc/cubeproxy/cubeproxy.yaml", "../configs/cubeproxy.yaml")
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -54,21 +55,29 @@ func readDockerfile(t *testing.T) dockerImage {
 
 // The container's defaults must leave every setting to `docker run -e`:
 // a flag in CMD outranks the environment, so CUBEPROXY_ROUTES would be
-// ignored without a word (and persist_routes refused for want of a file).
+// ignored without a word (and persist_routes refused for want of a file),
+// and so would CUBEPROXY_CONFIG behind a --config in CMD: the image's
+// config file names itself through the environment too.
 func TestDockerImageLeavesSettingsToTheEnvironment(t *testing.T) {
 	img := readDockerfile(t)
 	for _, a := range img.args {
-		if strings.HasPrefix(a, "-") && a != "--config" {
+		if strings.HasPrefix(a, "-") {
 			t.Errorf("CMD sets %s: a flag outranks the container's environment", a)
 		}
 	}
+	own := filepath.Join(t.TempDir(), "operator.yaml")
+	if err := os.WriteFile(own, []byte("http_addr: \":9999\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		name string
-		env  map[string]string
-		want string
+		name     string
+		env      map[string]string
+		want     string
+		wantHTTP string
 	}{
-		{"image default", nil, img.env["CUBEPROXY_ROUTES"]},
-		{"operator's routes file", map[string]string{"CUBEPROXY_ROUTES": "/data/routes.yaml"}, "/data/routes.yaml"},
+		{"image default", nil, img.env["CUBEPROXY_ROUTES"], ":8081"},
+		{"operator's routes file", map[string]string{"CUBEPROXY_ROUTES": "/data/routes.yaml"}, "/data/routes.yaml", ":8081"},
+		{"operator's config file", map[string]string{"CUBEPROXY_CONFIG": own}, img.env["CUBEPROXY_ROUTES"], ":9999"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{}
@@ -84,6 +93,9 @@ func TestDockerImageLeavesSettingsToTheEnvironment(t *testing.T) {
 			}
 			if c.Routes != tc.want {
 				t.Errorf("routes = %q, want %q", c.Routes, tc.want)
+			}
+			if c.HTTPAddr != tc.wantHTTP {
+				t.Errorf("http_addr = %q, want %q (from the config file CUBEPROXY_CONFIG names)", c.HTTPAddr, tc.wantHTTP)
 			}
 			// The image has no configs/ directory: a relative path names nothing.
 			if !strings.HasPrefix(c.Routes, "/") {

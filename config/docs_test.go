@@ -108,7 +108,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"pid", "nofile"} { // prlimit's, in the README's descriptor-limit recovery
 		flags[f] = true
 	}
-	for _, f := range []string{"quick", "out", "keep"} { // bench/compare.sh's own flags
+	for _, f := range []string{"quick", "out", "keep", "only"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}
 	for _, f := range []string{"resolve", "http2", "compressed", "path-as-is", "cacert"} { // curl's, in bench/README's interop lab

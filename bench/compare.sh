@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 		shift
 		;;
 	-h | --help)
-		sed -n '2,18p' "$0"
+		sed -n '2,/^set /{/^#/p}' "$0"
 		exit 0
 		;;
 	*)

@@ -408,7 +408,7 @@ func redirectableHost(host []byte) bool {
 			return false
 		}
 	}
-	return bytes.IndexAny(host, "[]") < 0
+	return !bytes.ContainsAny(host, "[]")
 }
 
 // redirectTarget is the path and query of a request target as the client

@@ -252,3 +252,39 @@ func TestCheckJudgesTelemetryAsServe(t *testing.T) {
 		})
 	}
 }
+
+// check prints the certificate source serve resolves an unset tls.source
+// to (files when certificate files are named, else self_signed), not an
+// empty one that leaves the operator to know the rule; without an HTTPS
+// listener there is no source to resolve.
+func TestCheckPrintsTheTLSSourceInEffect(t *testing.T) {
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, "check CA")
+	ca.WritePair(t, filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"), "*.cube.test")
+	files := "\n  cert_file: " + filepath.Join(dir, "cert.pem") + "\n  key_file: " + filepath.Join(dir, "key.pem")
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"no files", "https_addr: 127.0.0.1:0\ntls:\n  domain: cube.test\n", "self_signed"},
+		{"files named", "https_addr: 127.0.0.1:0\ntls:" + files + "\n", "files"},
+		{"set", "https_addr: 127.0.0.1:0\ntls:\n  source: files" + files + "\n", "files"},
+		{"no HTTPS listener", "tls:\n  domain: cube.test\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
+			code, stdout, stderr := runCheck(t, noEnv, "--config", cfg)
+			if code != 0 {
+				t.Fatalf("exit %d\nstderr: %s", code, stderr)
+			}
+			var got struct {
+				TLS struct {
+					Source string `yaml:"source"`
+				} `yaml:"tls"`
+			}
+			if err := yaml.Unmarshal([]byte(stdout), &got); err != nil {
+				t.Fatalf("stdout is not YAML: %v\n%s", err, stdout)
+			}
+			if got.TLS.Source != tc.want {
+				t.Errorf("tls.source %q, want %q", got.TLS.Source, tc.want)
+			}
+		})
+	}
+}

@@ -116,6 +116,12 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 	if e.AccessLog.BufferLines == 0 {
 		e.AccessLog.BufferLines = accesslog.DefaultBufferLines
 	}
+	if e.HTTPSAddr != "" {
+		// Without an HTTPS listener no source is in effect.
+		if e.TLS.Source = tlsSource(e.TLS); e.TLS.Source == "" {
+			e.TLS.Source = certs.SourceSelfSigned // certs' reading of ""
+		}
+	}
 	if e.TLS.ReloadInterval <= 0 {
 		e.TLS.ReloadInterval = certs.DefaultReloadInterval
 	}

@@ -378,10 +378,18 @@ func (a *app) certsConfig() certs.Config {
 	for _, f := range t.Files {
 		c.Files = append(c.Files, certs.FilePair{CertFile: f.CertFile, KeyFile: f.KeyFile})
 	}
-	if c.Source == "" && len(c.Files) > 0 {
-		c.Source = certs.SourceFiles
-	}
+	c.Source = tlsSource(t)
 	return c
+}
+
+// tlsSource is the certificate source in effect: tls.source, or, unset,
+// files when certificate files are named and otherwise "" (which certs
+// serves as self_signed).
+func tlsSource(t config.TLS) string {
+	if t.Source == "" && (t.CertFile != "" || t.KeyFile != "" || len(t.Files) > 0) {
+		return certs.SourceFiles
+	}
+	return t.Source
 }
 
 // allowCertificate permits on-demand issuance only for the canonical name

@@ -635,6 +635,8 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Expect: 100-continue\r\nContent-Length: 0\r\n",
 		"Expect: 100-Continue\r\nTransfer-Encoding: chunked\r\nConnection: expect\r\n",
 		"Expect: 100-continue\r\nExpect: x\r\nContent-Length: 3\r\n",
+		"X-Cube-Request-Id: a\r\nx-cube-request-id: b c\r\nX-Cube-Request-Id: \r\n",
+		"Accept: application/json\r\nAccept: Text/Event-Stream;q=1\r\n",
 	} {
 		f.Add(head)
 	}
@@ -718,6 +720,9 @@ func FuzzPrepareRequest(f *testing.F) {
 			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host")) {
 				t.Errorf("alias %s reached the sandbox\n%q", k, sent.String())
 			}
+		}
+		if lines["x-cube-request-id"] > 1 {
+			t.Errorf("%d request id lines reached the sandbox\n%q", lines["x-cube-request-id"], sent.String())
 		}
 		for _, name := range []string{"x-real-ip", "x-forwarded-for", "x-forwarded-host"} {
 			if lines[name] != 1 {

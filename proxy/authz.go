@@ -240,7 +240,7 @@ func (p *Proxy) exemptPort(port uint16) bool {
 // isPreflight reports whether a request is a browser's CORS preflight: an
 // OPTIONS with Origin and Access-Control-Request-Method, and no body.
 func isPreflight(h *fasthttp.RequestHeader) bool {
-	return h.IsOptions() && h.ContentLength() <= 0 && h.ContentLength() != -1 &&
+	return h.IsOptions() && frameless(h) &&
 		len(h.Peek("Origin")) > 0 && len(h.Peek("Access-Control-Request-Method")) > 0
 }
 

@@ -135,8 +135,7 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 // hold back. It gets the 100 (which RFC 9110 allows), then its answer on
 // a connection that stays open, as before fasthttp had this hook.
 func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
-	if cl := ctx.Request.Header.ContentLength(); cl == 0 || cl == -2 {
-		// -2: neither Content-Length nor Transfer-Encoding.
+	if frameless(&ctx.Request.Header) {
 		return fasthttp.StatusContinue
 	}
 	x := exchange{expecting: true}
@@ -205,6 +204,13 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 // 100-continue" head was admitted, the cache result of the head's lookup
 // (a telemetry.CacheResult). fasthttp resets user values with the request.
 type headLookup struct{}
+
+// frameless reports whether a request head frames no body: Content-Length
+// 0, or neither Content-Length nor Transfer-Encoding (fasthttp's -2).
+func frameless(h *fasthttp.RequestHeader) bool {
+	cl := h.ContentLength()
+	return cl == 0 || cl == -2
+}
 
 // HeaderRequestID is echoed (or generated) on every request and response.
 const HeaderRequestID = "X-Cube-Request-Id"
@@ -355,7 +361,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// Only a request without a body can switch protocols here: the tunnel
 	// sends the head alone. Others (curl's "Upgrade: h2c" on a POST) go
 	// through forward, which drops Upgrade as a hop-by-hop header.
-	if cl := h.ContentLength(); (cl == 0 || cl == -2) && upgradeRequested(h) {
+	if frameless(h) && upgradeRequested(h) {
 		p.tunnel(ctx, x, route, &t, addr, sb)
 		return
 	}

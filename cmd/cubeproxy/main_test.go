@@ -80,6 +80,9 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		// A redirect with no HTTPS listener to send to: plain HTTP would
 		// go on reaching the sandboxes the operator meant to close it to.
 		{[]string{"--tls-redirect-http"}, "tls.redirect_http needs https_addr"},
+		// A redirect port alone: plain HTTP would go on being proxied
+		// where the operator expected a redirect.
+		{[]string{"--https-addr=127.0.0.1:0", "--tls-redirect-port=8443"}, "tls.redirect_port is set but tls.redirect_http is off"},
 		// A routes file that cannot be rewritten: every admin change
 		// would answer 500 (the image's /etc/cubeproxy without a mounted
 		// directory, a path mistyped).

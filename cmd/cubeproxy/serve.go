@@ -348,6 +348,11 @@ func checkListeners(cfg *config.Config) error {
 		// meant to close to it.
 		return errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
 	}
+	if cfg.TLS.RedirectPort != 0 && !cfg.TLS.RedirectHTTP {
+		// Only redirects name the port: an operator who set it alone
+		// would expect plain HTTP to redirect, and it would be proxied.
+		return errors.New("tls.redirect_port is set but tls.redirect_http is off: nothing would be redirected; set tls.redirect_http: true (CUBEPROXY_TLS_REDIRECT_HTTP=true), or remove tls.redirect_port")
+	}
 	if cfg.HTTPSAddr != "" && cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
 		// allowCertificate would have no domain to hold names to.
 		return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")

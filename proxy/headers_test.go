@@ -919,3 +919,36 @@ func TestRequestIDIsOneLine(t *testing.T) {
 		})
 	}
 }
+
+// A weight of 0 says the client does not take the type (RFC 9110
+// §12.4.2); any other weight, or none, takes it.
+func TestAcceptsEventStreamWeights(t *testing.T) {
+	for _, tc := range []struct {
+		accept string
+		want   bool
+	}{
+		{"text/event-stream", true},
+		{"TEXT/EVENT-STREAM", true},
+		{"text/event-stream;q=1", true},
+		{"text/event-stream; q=0.5", true},
+		{"text/event-stream;q=0.001", true},
+		{"text/event-stream;charset=utf-8;q=0.1", true},
+		{"text/event-stream;q=0", false},
+		{"text/event-stream; Q=0", false},
+		{"text/event-stream ;q=0.", false},
+		{"text/event-stream;q=0.000", false},
+		{"text/event-stream;charset=utf-8; q=0.00", false},
+		{"text/event-stream;q=0, application/json", false},
+		{"text/event-stream;q=0, text/event-stream", true},
+		{"text/event-stream;q=", true},       // no weight given
+		{"text/event-stream;q=0.0001", true}, // not a qvalue: not a refusal either
+		{"text/event-streamx", false},
+		{"application/json", false},
+	} {
+		var h fasthttp.RequestHeader
+		h.Set("Accept", tc.accept)
+		if got := acceptsEventStream(&h); got != tc.want {
+			t.Errorf("Accept %q: %v, want %v", tc.accept, got, tc.want)
+		}
+	}
+}

@@ -1191,18 +1191,50 @@ var eventStreamType = []byte("text/event-stream")
 
 // acceptsEventStream reports whether the request's Accept lists
 // text/event-stream, in any case (media types are case-insensitive, RFC
-// 9110 §8.3.1) and on any of its lines (a client may send one per type).
-// One pass over the lines: each element is looked at once, at its start.
+// 9110 §8.3.1) and on any of its lines (a client may send one per type),
+// unless with a weight of 0, which says "not acceptable" (RFC 9110
+// §12.4.2). One pass over the lines: each element is looked at once, at
+// its start.
 func acceptsEventStream(h *fasthttp.RequestHeader) bool {
 	for _, v := range h.PeekAll(fasthttp.HeaderAccept) {
 		for len(v) > 0 {
 			var elem []byte
 			elem, v = nextToken(v)
-			if isEventStream(elem) && (len(elem) == len(eventStreamType) ||
-				elem[len(eventStreamType)] == ';' || elem[len(eventStreamType)] == ' ' || elem[len(eventStreamType)] == '\t') {
+			if !isEventStream(elem) {
+				continue
+			}
+			params := elem[len(eventStreamType):]
+			if len(params) == 0 || (params[0] == ';' || params[0] == ' ' || params[0] == '\t') && !zeroWeight(params) {
 				return true
 			}
 		}
+	}
+	return false
+}
+
+// zeroWeight reports whether the media-range parameters params (from the
+// first ";" on) carry q=0, in any of its spellings (0, 0., 0.0, 0.00,
+// 0.000).
+func zeroWeight(params []byte) bool {
+	for len(params) > 0 {
+		var p []byte
+		if i := bytes.IndexByte(params, ';'); i >= 0 {
+			p, params = params[:i], params[i+1:]
+		} else {
+			p, params = params, nil
+		}
+		p = bytes.TrimSpace(p)
+		if len(p) < 3 || p[0]|0x20 != 'q' || p[1] != '=' {
+			continue
+		}
+		w := p[2:]
+		if w[0] != '0' {
+			return false
+		}
+		if w = w[1:]; len(w) > 0 && w[0] == '.' {
+			w = w[1:]
+		}
+		return len(w) <= 3 && len(bytes.TrimLeft(w, "0")) == 0
 	}
 	return false
 }

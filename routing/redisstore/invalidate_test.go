@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -288,4 +289,52 @@ func TestRestartWithoutDataForgetsRoutes(t *testing.T) {
 	if rt, res, err := c.Get(ctx, []byte("gone")); !errors.Is(err, routing.ErrNotFound) {
 		t.Fatalf("route after Redis came back empty: %v %v %v, want not found", rt, res, err)
 	}
+}
+
+// TestSubscriberPausesWhenConnectingIsRefused: a Redis that refuses the
+// subscriber's connection as it opens (a wrong or rotated password, "max
+// number of clients reached") answers with an error reply, as a live
+// connection would, but go-redis has dropped the connection and dials
+// again on the next Receive. The subscriber must pause between attempts as
+// it does while Redis is down: it dialled about 1,600 times a second.
+func TestSubscriberPausesWhenConnectingIsRefused(t *testing.T) {
+	r := testenv.StartRedis(t)
+	if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "allchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "reader", Password: "rotated", CommandTimeout: 100 * time.Millisecond})
+	before := connectionsReceived(t, r)
+	sub := s.Subscribe(context.Background(), make(recorder, 16), nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	testenv.WaitFor(t, 5*time.Second, "the subscriber's first connection", func() bool {
+		return connectionsReceived(t, r) > before+1
+	})
+	// A measuring window, not a wait for an event: 100 ms pauses allow
+	// about ten attempts in it, plus a replaced PubSub's.
+	const window = time.Second
+	start := connectionsReceived(t, r)
+	time.Sleep(window)
+	if n := connectionsReceived(t, r) - start; n > 30 {
+		t.Fatalf("%d connections in %v to a Redis that refuses the password; want a pause between attempts", n, window)
+	}
+}
+
+// connectionsReceived is INFO's total_connections_received.
+func connectionsReceived(t testing.TB, r *testenv.Redis) int {
+	t.Helper()
+	info, err := r.Client().Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatalf("info stats: %v", err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_connections_received:"); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("info stats: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatal("info stats: no total_connections_received")
+	return 0
 }

@@ -53,7 +53,9 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 // expires the whole cache, and routes are read from Redis again (one lookup
 // per sandbox, shared by its concurrent requests; the old route is served
 // while Redis cannot answer, as for any expired route). A resubscription is
-// logged at warn level so operators can correlate.
+// logged at warn level so operators can correlate. A subscription Redis
+// refuses (an ACL user without the channel) is logged at error level and
+// asked for again every pingIdle command timeouts.
 type Subscriber struct {
 	client  redis.UniversalClient
 	channel string
@@ -66,7 +68,8 @@ type Subscriber struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
-	closeErr  error // of the last PubSub, set before done is closed
+	closeErr  error  // of the last PubSub, set before done is closed
+	refusal   string // the reason last logged by logRefused; run's goroutine only
 	subs      atomic.Int64
 	applied   atomic.Int64
 }
@@ -109,10 +112,10 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 const subscribeGrace = 5
 
 // warnUnsubscribed logs once when no subscription was confirmed within d.
-// go-redis swallows a refused SUBSCRIBE (an ACL user without access to the
-// channel, the default for new users since Redis 7) and does not retry it:
-// routes still resolve, but invalidations from other instances are never
-// applied here, and nothing else would say so.
+// Routes resolve without one, but invalidations from other instances are
+// not applied here, and nothing else would say so while Redis cannot be
+// reached (a refused SUBSCRIBE is logged by watch as well, with Redis's
+// reason).
 func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -136,7 +139,7 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			defer close(received)
 			receive(ps, in, quit)
 		}()
-		stopped, subscribed := sub.watch(ps, in)
+		stopped, subscribed, refused := sub.watch(ps, in)
 		close(quit)
 		err := ps.Close() // unblocks a Receive waiting on a silent connection
 		<-received
@@ -144,7 +147,7 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			sub.closeErr = err
 			return
 		}
-		if subscribed {
+		if subscribed && !refused {
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
 		ps = sub.client.Subscribe(ctx, sub.channel)
@@ -189,26 +192,56 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 }
 
 // watch applies what arrives on in, PINGs ps when it was quiet for
-// sub.idle, and returns when Close was called (stopped) or when nothing
-// came back within sub.timeout of a PING. subscribed says whether this
-// connection's subscription was confirmed.
-func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed bool) {
+// sub.idle, and returns when Close was called (stopped), when nothing
+// came back within sub.timeout of a PING, or, sub.idle after the last
+// reply, when the server refused the subscription (refused). subscribed
+// says whether a subscription of ps was ever confirmed.
+//
+// go-redis sends SUBSCRIBE on each connection it opens for ps, before
+// anything else, and does not send it again when the server refuses it
+// (an ACL user without the channel: Redis 7's default for new users, or
+// after an ACL change, which also cuts the subscribed connection): the
+// refusal is the first reply, an error reply, and the connection then
+// stays open, unsubscribed, and answers PINGs. So an error reply (or an
+// error go-redis met while connecting) before the connection's
+// subscription was confirmed means ps is not subscribed: it is logged,
+// and ps is replaced, which sends SUBSCRIBE again, until the server
+// takes it; an ACL fixed meanwhile needs no restart.
+func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed, refused bool) {
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
 	pinged := false
+	confirmed := false // the SUBSCRIBE of ps's current connection
 	for {
 		select {
 		case <-sub.stop:
-			return true, subscribed
+			return true, subscribed, refused
 		case msg := <-in:
+			switch m := msg.(type) {
+			case *redis.Subscription:
+				if m.Kind == "subscribe" {
+					confirmed, refused = true, false
+					sub.refusal = ""
+				}
+			case error:
+				var rerr redis.Error
+				switch {
+				case !errors.As(m, &rerr):
+					confirmed = false // go-redis dials again, and subscribes again
+				case !confirmed:
+					refused = true
+					sub.logRefused(m)
+					continue // no proof of a subscription
+				}
+			}
 			if !sub.handle(msg, &subscribed) {
 				continue
 			}
 			pinged = false
 			timer.Reset(sub.idle)
 		case <-timer.C:
-			if pinged {
-				return false, subscribed
+			if pinged || refused {
+				return false, subscribed, refused
 			}
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
@@ -221,8 +254,20 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 	}
 }
 
+// logRefused logs a refused subscription at error level, once for each
+// reason in a row: it is tried again every sub.idle.
+func (sub *Subscriber) logRefused(err error) {
+	if why := err.Error(); why != sub.refusal {
+		sub.refusal = why
+		sub.logger.Error("redis invalidation: subscription refused; invalidations published by other instances are not applied until it is taken (the ACL user may not SUBSCRIBE to the channel?)",
+			"err", why, "retry_every", sub.idle.String())
+	}
+}
+
 // handle applies one reply and reports whether it came from the server
-// (any reply, an error reply included, proves the connection alive).
+// (any reply, an error reply included, proves the connection alive; watch
+// takes an error reply before the subscription's confirmation for its
+// refusal first).
 func (sub *Subscriber) handle(msg any, subscribed *bool) bool {
 	switch m := msg.(type) {
 	case *redis.Subscription:

@@ -338,3 +338,58 @@ func connectionsReceived(t testing.TB, r *testenv.Redis) int {
 	t.Fatal("info stats: no total_connections_received")
 	return 0
 }
+
+// TestRefusedSubscriptionIsRetried: Redis refuses SUBSCRIBE to an ACL user
+// without the channel, from the start (Redis 7's default for new users) or
+// once an ACL change cut the subscribed connection. go-redis sends the
+// SUBSCRIBE once per connection and keeps the refused connection, which
+// still answers PINGs: the subscriber stayed unsubscribed until a restart,
+// and after an ACL change said nothing at all. The refusal must be logged
+// with Redis's reason, and the subscription taken once the ACL allows it.
+func TestRefusedSubscriptionIsRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		channels string // the user's channel rule when the subscriber starts
+	}{
+		{"denied from the start", "resetchannels"},
+		{"denied by an ACL change", "allchannels"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testenv.StartRedis(t)
+			ctx := context.Background()
+			acl := func(rule string) {
+				t.Helper()
+				if err := r.Client().Do(ctx, "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", rule).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			acl(tc.channels)
+			s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "reader", Password: "pw", CommandTimeout: 100 * time.Millisecond})
+			var logs testenv.LogBuffer
+			rec := make(recorder, 16)
+			sub := s.Subscribe(ctx, rec, slog.New(slog.NewJSONHandler(&logs, nil)))
+			t.Cleanup(func() { _ = sub.Close() })
+			subscribed := int64(0)
+			if tc.channels == "allchannels" {
+				waitReady(t, sub)
+				expectID(t, rec, "*")
+				subscribed = 1
+				acl("resetchannels") // Redis cuts the subscribed connection
+			}
+			testenv.WaitFor(t, 10*time.Second, "an error log naming the refusal", func() bool {
+				l := logs.String()
+				return strings.Contains(l, `"level":"ERROR","msg":"redis invalidation: subscription refused`) && strings.Contains(l, "NOPERM")
+			})
+
+			acl("allchannels")
+			testenv.WaitFor(t, 10*time.Second, "the subscription once the ACL allows it", func() bool {
+				return sub.Subscriptions() > subscribed
+			})
+			expectID(t, rec, "*")
+			if err := s.Publish(ctx, "sb1"); err != nil {
+				t.Fatal(err)
+			}
+			expectID(t, rec, "sb1")
+		})
+	}
+}

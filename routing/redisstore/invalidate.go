@@ -259,7 +259,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 func (sub *Subscriber) logRefused(err error) {
 	if why := err.Error(); why != sub.refusal {
 		sub.refusal = why
-		sub.logger.Error("redis invalidation: subscription refused; invalidations published by other instances are not applied until it is taken (the ACL user may not SUBSCRIBE to the channel?)",
+		sub.logger.Error("redis invalidation: subscription refused; invalidations published by other instances are not applied until it is taken (a wrong password, or an ACL user that may not SUBSCRIBE to the channel)",
 			"err", why, "retry_every", sub.idle.String())
 	}
 }

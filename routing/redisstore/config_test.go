@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
@@ -168,17 +169,25 @@ func TestLeastPrivilegeACLUser(t *testing.T) {
 		}
 		hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
 	}
+	// Another database than 0: every connection starts with a SELECT.
+	db3 := redis.NewClient(&redis.Options{Addr: standalone.Addr(), DB: 3, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = db3.Close() })
+	if err := db3.HSet(ctx, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001").Err(); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name string
-		r    *testenv.Redis
-		cfg  redisstore.Config
+		name   string
+		r      *testenv.Redis
+		cfg    redisstore.Config
+		client *redis.Client // of the database the store uses; nil: r's
 	}{
-		{"addr", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}},
-		{"url", standalone, redisstore.Config{URL: "redis://proxy:pw@" + standalone.Addr()}},
+		{"addr", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}, nil},
+		{"db 3", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw", DB: 3}, db3},
+		{"url", standalone, redisstore.Config{URL: "redis://proxy:pw@" + standalone.Addr()}, nil},
 		{"sentinel", master, redisstore.Config{Username: "proxy", Password: "pw",
-			Sentinel: redisstore.SentinelConfig{MasterName: "acl-master", Addrs: []string{sentinel.Addr()}}}},
+			Sentinel: redisstore.SentinelConfig{MasterName: "acl-master", Addrs: []string{sentinel.Addr()}}}, nil},
 		{"cluster", cluster, redisstore.Config{Username: "proxy", Password: "pw",
-			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}},
+			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,8 +210,12 @@ func TestLeastPrivilegeACLUser(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			client := tc.client
+			if client == nil {
+				client = tc.r.Client()
+			}
 			testenv.WaitFor(t, 5*time.Second, "registry entry written", func() bool {
-				n, err := tc.r.Client().HExists(ctx, redisstore.DefaultRegistryHash, "acl-"+tc.name).Result()
+				n, err := client.HExists(ctx, redisstore.DefaultRegistryHash, "acl-"+tc.name).Result()
 				return err == nil && n
 			})
 			if err := reg.Stop(ctx); err != nil {

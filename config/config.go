@@ -310,8 +310,13 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// MaxDuration is the longest duration setting the proxy takes: a year,
+// far beyond any useful timeout or TTL, and far below the sums and
+// multiples of one that would overflow.
+const MaxDuration = 365 * 24 * time.Hour
+
 // checkNumbers refuses a negative duration or size (unless
-// negativeMeansOff lists it), a trace sample ratio outside 0..1, and a
+// negativeMeansOff lists it), a duration above MaxDuration, a trace sample ratio outside 0..1, and a
 // pair of cache TTLs the cache would refuse.
 func (c *Config) checkNumbers() error {
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
@@ -324,6 +329,12 @@ func (c *Config) checkNumbers() error {
 					shown = time.Duration(n).String()
 				}
 				return fmt.Errorf("%s: %s is negative", name, shown)
+			}
+			if s.v.Type() == durationType && time.Duration(s.v.Int()) > MaxDuration {
+				// Deadlines are now plus a setting, or a multiple of one:
+				// near the largest Duration they wrap into the past, and
+				// the cache stops caching, a loop spins, with no word.
+				return fmt.Errorf("%s: %s is above %s, the longest duration the proxy takes", name, time.Duration(s.v.Int()), MaxDuration)
 			}
 		}
 	}

@@ -81,6 +81,9 @@ func TestLoadErrors(t *testing.T) {
 		{"negative body limit in yaml", []string{"--config", writeFile(t, "max_request_body: -1\n")}, nil, "max_request_body: -1 is negative"},
 		{"negative client timeout", []string{"--client-read-timeout=-5s"}, nil, "client.read_timeout: -5s is negative"},
 		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
+		// now+ttl would wrap: the cache would store every route expired.
+		{"cache ttl beyond a year", []string{"--cache-ttl-min=2562047h", "--cache-ttl-max=2562047h"}, nil, "cache.ttl_min: 2562047h0m0s is above 8760h0m0s"},
+		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
 		{"empty admin address", []string{"--admin-addr="}, nil, "admin_addr is empty"},

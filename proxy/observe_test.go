@@ -1045,6 +1045,9 @@ func TestStalledHeadLogged(t *testing.T) {
 		// fasthttp hands over this timeout as a silent connection's, the
 		// head already dropped: not told apart, not logged (README).
 		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", false, false, false},
+		// After a request on the connection, it is told apart.
+		{"part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false},
+		{"TLS, part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c net.Conn
@@ -1060,13 +1063,26 @@ func TestStalledHeadLogged(t *testing.T) {
 			default:
 				c = dialRaw(t, h.addr)
 			}
+			br := bufio.NewReader(c)
+			if strings.HasSuffix(tc.name, "second request") {
+				io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-none.cube.test\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("first request: %v", err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.Close {
+					t.Fatalf("first request's answer %d closes the connection", resp.StatusCode)
+				}
+			}
 			before := len(buf.String())
 			io.WriteString(c, tc.sent)
 			if tc.tls && !tc.handshake {
 				// No TLS to read an answer in: the proxy closes.
 				_, _ = io.Copy(io.Discard, c)
 			} else {
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				resp, err := http.ReadResponse(br, nil)
 				if err != nil {
 					t.Fatalf("no answer: %v", err)
 				}

@@ -672,7 +672,7 @@ func refusedByParser(err error) proxyError {
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	var buf [maxRequestIDLen]byte
-	if connectionError(err) && !headStalled(err) {
+	if connectionError(err) && !headStalled(err) && !bodyStalled(ctx, err) {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
 		// answer still carries an id, as every traffic answer does.
@@ -740,6 +740,18 @@ func connectionError(err error) bool {
 func headStalled(err error) bool {
 	var op *net.OpError
 	return isTimeout(err) && !(errors.As(err, &op) && error(op) == err)
+}
+
+// bodyStalled reports a timeout on a small request body (one fasthttp
+// reads before the handler) that it can tell from a silent connection's.
+// fasthttp drops the head of such a request and hands over the bare read
+// error, as for a connection that sent nothing; but on a connection that
+// carried a request before (ConnRequestNum is still its number here),
+// fasthttp answers a silent wait for the next head with no error at all
+// and wraps a stalled head's, so a bare timeout is the body's. On a
+// connection's first request the two cannot be told apart.
+func bodyStalled(ctx *fasthttp.RequestCtx, err error) bool {
+	return isTimeout(err) && ctx.ConnRequestNum() > 0
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

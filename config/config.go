@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -455,9 +456,10 @@ func (c *Config) checkListeners() error {
 	if c.AdminAddr == "" {
 		return errors.New("admin_addr is empty: the admin API (health, routes, metrics) needs its own listener, for example 127.0.0.1:8082")
 	}
-	for _, l := range []struct{ key, addr, example string }{
+	listeners := []struct{ key, addr, example string }{
 		{"http_addr", c.HTTPAddr, ":8081"}, {"https_addr", c.HTTPSAddr, ":8080"}, {"admin_addr", c.AdminAddr, "127.0.0.1:8082"},
-	} {
+	}
+	for _, l := range listeners {
 		if l.addr == "" {
 			continue
 		}
@@ -467,7 +469,66 @@ func (c *Config) checkListeners() error {
 			return fmt.Errorf("%s %q: %w; want host:port, for example %s", l.key, l.addr, err, l.example)
 		}
 	}
+	// Two listeners on one port of overlapping addresses: without
+	// reuse_port the second bind fails ("address already in use", naming
+	// no setting, after check passed it); with reuse_port both bind and
+	// the kernel hands each connection to either one, so sandbox traffic
+	// would reach the admin API, which never shares a listener with it, or
+	// plain HTTP the TLS listener.
+	for i, a := range listeners {
+		for _, b := range listeners[i+1:] {
+			if a.addr != "" && b.addr != "" && sameListenAddr(a.addr, b.addr) {
+				return fmt.Errorf("%s %q and %s %q are the same address: each listener needs its own port", a.key, a.addr, b.key, b.addr)
+			}
+		}
+	}
 	return nil
+}
+
+// sameListenAddr reports whether two listener addresses (checked by
+// checkListenAddr) would bind one port on overlapping addresses: the same
+// port, and hosts that are equal or where one is a wildcard (an empty
+// host, 0.0.0.0 or ::, which Go binds dual-stack) or localhost next to
+// 127.0.0.1, the address Go binds for it. Port 0 is a port the system chooses: never shared.
+// Two different host names are not resolved, and left to the bind.
+func sameListenAddr(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	na, nb := listenPort(pa), listenPort(pb)
+	if na == 0 || na != nb {
+		return false
+	}
+	ha = strings.TrimSuffix(strings.ToLower(ha), ".")
+	hb = strings.TrimSuffix(strings.ToLower(hb), ".")
+	ipa, errA := netip.ParseAddr(ha)
+	ipb, errB := netip.ParseAddr(hb)
+	switch {
+	case ha == "" || hb == "" || errA == nil && ipa.IsUnspecified() || errB == nil && ipb.IsUnspecified():
+		return true
+	case errA == nil && errB == nil:
+		return ipa.Unmap() == ipb.Unmap()
+	case errA == nil:
+		return hb == "localhost" && ipa.Unmap() == netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	case errB == nil:
+		return ha == "localhost" && ipb.Unmap() == netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return ha == hb
+}
+
+// listenPort is the number of a listener's port (a number or a service
+// name), 0 when the system chooses it or it is unknown.
+func listenPort(port string) int {
+	if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+		return int(n)
+	}
+	if port == "" {
+		return 0
+	}
+	n, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // checkListenAddr refuses an address net.Listen("tcp", addr) would refuse

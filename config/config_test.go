@@ -162,9 +162,55 @@ func TestLoadErrors(t *testing.T) {
 // system's choice), a service name, a bracketed IPv6 host, a name.
 func TestLoadListenAddresses(t *testing.T) {
 	for _, addr := range []string{":8081", "127.0.0.1:", "[::1]:0", ":http", "localhost:65535", "0.0.0.0:443"} {
-		if _, err := Load([]string{"--http-addr", addr, "--https-addr", addr, "--admin-addr", addr, "--admin-token", "t0ken"}, env(nil), io.Discard); err != nil {
-			t.Errorf("%s: %v", addr, err)
+		// In each key in turn: the others on ports the system chooses,
+		// since one address for two listeners is refused.
+		for _, key := range []string{"--http-addr", "--https-addr", "--admin-addr"} {
+			args := []string{"--http-addr", ":0", "--https-addr", ":0", "--admin-addr", ":0", "--admin-token", "t0ken", key, addr}
+			if _, err := Load(args, env(nil), io.Discard); err != nil {
+				t.Errorf("%s %s: %v", key, addr, err)
+			}
 		}
+	}
+}
+
+// Two listeners on one port of overlapping addresses are refused, naming
+// both: with reuse_port both would bind and the kernel would hand sandbox
+// traffic to the admin API (or plain HTTP to the TLS listener); without it
+// the second bind failed after check had passed the file. Listeners that
+// only look alike (port 0, other hosts, other ports) start.
+func TestLoadListenersOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		http, https, admin string
+		want               string // "" = loads
+	}{
+		{"127.0.0.1:8081", "", "127.0.0.1:8081", `http_addr "127.0.0.1:8081" and admin_addr "127.0.0.1:8081" are the same address`},
+		{":8081", "", "127.0.0.1:8081", `http_addr ":8081" and admin_addr "127.0.0.1:8081"`},
+		{"0.0.0.0:8081", "", "[::1]:8081", `http_addr "0.0.0.0:8081" and admin_addr "[::1]:8081"`},
+		{"[::]:8081", "", "127.0.0.1:8081", `http_addr "[::]:8081" and admin_addr "127.0.0.1:8081"`},
+		{"127.0.0.1:8081", "", "LOCALHOST.:8081", `http_addr "127.0.0.1:8081" and admin_addr "LOCALHOST.:8081"`},
+		{"[::ffff:127.0.0.1]:8081", "", "127.0.0.1:08081", `http_addr "[::ffff:127.0.0.1]:8081" and admin_addr "127.0.0.1:08081"`},
+		{":80", ":8443", "127.0.0.1:http", `http_addr ":80" and admin_addr "127.0.0.1:http"`},
+		{":8080", ":8080", "127.0.0.1:8082", `http_addr ":8080" and https_addr ":8080"`},
+		{"", "10.0.0.1:8443", ":8443", `https_addr "10.0.0.1:8443" and admin_addr ":8443"`},
+		{"gw.example:8081", "", "gw.example:8081", `http_addr "gw.example:8081" and admin_addr "gw.example:8081"`},
+
+		{"127.0.0.1:0", ":0", "127.0.0.1:0", ""},
+		{"127.0.0.1:8081", ":8443", "127.0.0.2:8081", ""},
+		{"127.0.0.1:8081", "", "[::1]:8081", ""},
+		{"[::1]:8081", "", "localhost:8081", ""},
+		{"gw.example:8081", "", "admin.example:8081", ""},
+		{":8081", ":8080", "127.0.0.1:8082", ""},
+	} {
+		t.Run(tc.http+","+tc.https+","+tc.admin, func(t *testing.T) {
+			args := []string{"--http-addr", tc.http, "--https-addr", tc.https, "--admin-addr", tc.admin, "--admin-token", "t0ken"}
+			_, err := Load(args, env(nil), io.Discard)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("err %v, want it to mention %q", err, tc.want)
+			}
+		})
 	}
 }
 

@@ -143,6 +143,9 @@ func TestCheckBadConfig(t *testing.T) {
 		{"access log in a missing directory", "access_log:\n  path: " + dir + "/none/access.log\n", nil, "access.log"},
 		// serve's listen would refuse it: check must not say ok.
 		{"port-less http address", "", []string{"--http-addr", "localhost"}, `http_addr "localhost"`},
+		// serve's second bind would fail (or, with reuse_port, share the
+		// traffic port with the admin API): check must not say ok.
+		{"traffic and admin on one address", "", []string{"--http-addr", "127.0.0.1:8081", "--admin-addr", "127.0.0.1:8081"}, "are the same address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)

@@ -45,6 +45,30 @@ func TestReusePortNeedsBothSides(t *testing.T) {
 	}
 }
 
+// reuse_port lets two processes share a port, never two listeners of one
+// process: with the traffic and admin listeners on one address both would
+// bind, and the kernel would hand sandbox traffic to the admin API (which
+// never shares a listener with it). The start is refused, naming both.
+func TestReusePortKeepsListenersApart(t *testing.T) {
+	routes := boxRoutes(t, t.TempDir(), 9)
+	addr := freeAddr(t)
+	_, port, _ := strings.Cut(addr, ":")
+	for _, tc := range []struct{ name, http, admin string }{
+		{"one address", addr, addr},
+		{"wildcard traffic, loopback admin", ":" + port, addr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			started := false
+			err := serve(ctx, reuseArgs(true, tc.http, tc.admin, routes, "apart"), noEnv, io.Discard, io.Discard, func(*app) { started = true; cancel() })
+			if started || err == nil || !strings.Contains(err.Error(), "are the same address") {
+				t.Fatalf("started %v, serve = %v; want a refusal naming the shared address", started, err)
+			}
+		})
+	}
+}
+
 // A new proxy started with reuse_port next to a running one shares its
 // traffic and admin ports; once the old one has drained, the new one
 // answers every new connection.

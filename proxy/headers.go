@@ -63,7 +63,7 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 	// Connection is still there. The deletions leave the lines' bytes be.
 	for _, conn := range h.PeekAll("Connection") {
 		forEachToken(conn, func(name []byte) {
-			if keepUpgrade && bytes.EqualFold(name, []byte("upgrade")) {
+			if keepUpgrade && bytes.EqualFold(name, []byte("upgrade")) || connectionProof(name) {
 				return
 			}
 			h.DelBytes(name)
@@ -83,6 +83,19 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 		// Upgrade" becomes "Upgrade".
 		h.Set("Connection", "Upgrade")
 	}
+}
+
+// connectionProof reports whether a Connection option names a field the
+// request the proxy sends cannot do without, which no option removes: Host
+// routes the request and is the sandbox's (and a masked route's
+// X-Forwarded-Host), Content-Length frames the body (without it the
+// request could not be written, and the client got 400 "malformed request
+// body"), and X-Cube-Request-Id is the id the client and the access log
+// get. Go's ReverseProxy keeps the first two, which are no header fields
+// there; nginx ignores Connection options altogether.
+func connectionProof(name []byte) bool {
+	return bytes.EqualFold(name, []byte("Host")) || bytes.EqualFold(name, []byte("Content-Length")) ||
+		bytes.EqualFold(name, []byte(HeaderRequestID))
 }
 
 // upgradeRequested reports whether a request asks to switch protocols: an

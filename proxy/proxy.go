@@ -1080,8 +1080,22 @@ func (b *clientBody) ended(err error) {
 		b.gone = true
 	case err == io.EOF:
 		b.eof = true
+		if b.size < 0 {
+			stripTrailerCredentials(&b.ctx.Request.Header)
+		}
 	default:
 		b.gone = closedMidBody(err)
+	}
+}
+
+// stripTrailerCredentials removes the traffic-token fields from the
+// trailer of a chunked body, read with its end (after prepareRequest took
+// them off the head) and written after it: the sandbox never sees the
+// proxy's credential, there either. fasthttp refuses only the standard
+// credentials (Authorization, Cookie) in a trailer.
+func stripTrailerCredentials(h *fasthttp.RequestHeader) {
+	for _, name := range auth.TrafficTokenHeaders() {
+		h.Del(name)
 	}
 }
 

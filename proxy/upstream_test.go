@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/valyala/fasthttp"
 )
@@ -1530,6 +1531,45 @@ func TestRequestTrailersReachSandbox(t *testing.T) {
 	resp.Body.Close()
 	if want := `payload <nil> "c0ffee"`; string(b) != want {
 		t.Fatalf("sandbox saw %q, want %q", b, want)
+	}
+}
+
+// The proxy's credential never reaches the sandbox (DESIGN.md, Auth), in
+// a chunked body's trailer fields either: they are read with the body's
+// end, after the head's token headers were removed, and fasthttp refuses
+// only the standard credentials there (Authorization, Cookie). A body
+// small enough to come with the head, and one that streams, on a public
+// and on a restricted route; the other trailer fields still pass.
+func TestRequestTrailersLoseTheTrafficToken(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d %v %q %q %q", n, err, r.Trailer.Get("X-Checksum"),
+			r.Trailer.Get(auth.HeaderE2BTrafficToken), r.Trailer.Get(auth.HeaderCubeTrafficToken))
+	}))
+	token := strings.Repeat("ab", 32)
+	public := h.route("trailpub", port)
+	h.put("trailpriv", map[string]string{"HostIP": "127.0.0.1", "AllowPublicTraffic": "false", "TrafficAccessToken": token, "80": itoa(port)})
+	for _, tc := range []struct {
+		name, host string
+		size       int
+	}{
+		{"public, small", public, 7},
+		{"public, streamed", public, 256 << 10},
+		{"restricted, small", "80-trailpriv.cube.test", 7},
+		{"restricted, streamed", "80-trailpriv.cube.test", 256 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var raw strings.Builder
+			fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\n%s: %s\r\nTransfer-Encoding: chunked\r\n", tc.host, auth.HeaderCubeTrafficToken, token)
+			raw.WriteString("Trailer: X-Checksum, E2b-Traffic-Access-Token, Cube-Traffic-Access-Token\r\n\r\n")
+			fmt.Fprintf(&raw, "%x\r\n%s\r\n0\r\n", tc.size, strings.Repeat("x", tc.size))
+			fmt.Fprintf(&raw, "X-Checksum: c0ffee\r\nE2b-Traffic-Access-Token: %s\r\ncube-traffic-access-token: %s\r\n\r\n", token, token)
+			resp, body := rawRequest(t, h.addr, raw.String())
+			if want := fmt.Sprintf(`%d <nil> "c0ffee" "" ""`, tc.size); resp.StatusCode != 200 || body != want {
+				t.Fatalf("sandbox saw %d %q, want 200 %q", resp.StatusCode, body, want)
+			}
+		})
 	}
 }
 

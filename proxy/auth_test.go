@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -42,6 +43,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("HeaderVariants", func(t *testing.T) { testAuthHeaderVariants(t, lc) })
 	t.Run("NotConfiguredAndExempt", func(t *testing.T) { testAuthNotConfigured(t, lc) })
 	t.Run("NoSideEffects", func(t *testing.T) { testAuthNoSideEffects(t, lc) })
+	t.Run("BeforeBackendChoice", func(t *testing.T) { testAuthBeforeBackendChoice(t, lc) })
 	t.Run("SignedTokens", func(t *testing.T) { testAuthSignedTokens(t, lc) })
 	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
 	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
@@ -761,6 +763,45 @@ func testAuthNoSideEffects(t *testing.T, lc *authLogCapture) {
 	if b.accepts.Load() != 1 {
 		t.Errorf("authorized request: %d backend connections, want 1", b.accepts.Load())
 	}
+}
+
+// DESIGN.md's pipeline authorizes (3) before it chooses the backend (4):
+// without the token, a restricted sandbox's port that is not mapped, or a
+// route the proxy cannot dial, is a 403 like any other, not the 404 that
+// would tell a stranger which ports the sandbox exposes or that its route
+// is broken. With the token, the backend's 404 comes.
+func testAuthBeforeBackendChoice(t *testing.T, lc *authLogCapture) {
+	tok := authRandomHex(t, 32)
+	lc.secret(tok)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.NodeIP = netip.MustParseAddr("127.0.0.9") })
+	b := startAuthBackend(t)
+	putAuthRoute(h, "ordremote", tok, b.port, 8080)
+	// On this node (HostIP is node_ip) without a SandboxIP: no address to dial.
+	h.put("ordlocal", map[string]string{"HostIP": "127.0.0.9", "AllowPublicTraffic": "false", "TrafficAccessToken": tok, "8080": itoa(b.port)})
+	for _, tc := range []struct {
+		name, host, token string
+		status            int
+		code              string
+	}{
+		{"unmapped port, no token", "9999-ordremote.cube.test", "", 403, auth.CodeTrafficTokenMissing},
+		{"unmapped port, wrong token", "9999-ordremote.cube.test", authRandomHex(t, 32), 403, auth.CodeTrafficTokenInvalid},
+		{"unmapped port, token", "9999-ordremote.cube.test", tok, 404, CodePortNotMapped},
+		{"undialable route, no token", "8080-ordlocal.cube.test", "", 403, auth.CodeTrafficTokenMissing},
+		{"undialable route, token", "8080-ordlocal.cube.test", tok, 404, CodeRouteInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := []string{"GET / HTTP/1.1", "Host: " + tc.host}
+			if tc.token != "" {
+				lines = append(lines, "Cube-Traffic-Access-Token: "+tc.token)
+			}
+			resp, body := authRawRequest(t, h.addr, lines...)
+			var e struct{ Code string }
+			if err := json.Unmarshal([]byte(body), &e); err != nil || resp.StatusCode != tc.status || e.Code != tc.code {
+				t.Errorf("got %d %s, want %d %s", resp.StatusCode, body, tc.status, tc.code)
+			}
+		})
+	}
+	b.assertUntouched(t, "requests no route could be dialed for")
 }
 
 // authHostClient sends every request to proxyAddr whatever the URL's host, so

@@ -1027,6 +1027,10 @@ type clientBody struct {
 	// answered is the sandbox connection's flag for an answer that ends
 	// the send (earlyAnswer).
 	answered *atomic.Bool
+	// bw is the writer the request goes out through while send writes it,
+	// and dst the body writer fasthttp hands WriteTo (see uploadWriter).
+	bw  *bufio.Writer
+	dst io.Writer
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -1132,7 +1136,33 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, uploadSmallBuf
 func (b *clientBody) WriteTo(w io.Writer) (int64, error) {
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
-	return copyGrowing(w, b, *small)
+	if b.bw == nil {
+		return copyGrowing(w, b, *small)
+	}
+	b.dst = w
+	n, err := copyGrowing((*uploadWriter)(b), b, *small)
+	b.dst = nil
+	return n, err
+}
+
+// uploadWriter is a clientBody seen as the writer its pieces are copied
+// to: each goes to fasthttp's body writer (dst), and then on to the
+// sandbox at once. fasthttp frames and flushes each piece of a chunked
+// body, but a Content-Length body only fills the request's 4 KiB writer
+// (bw), which it flushes when full: what a client sent in smaller pieces
+// waited there, unseen by the sandbox, for as long as the client paused
+// (a slow uploader's last few KiB, the head of a file a sandbox checks
+// before it takes the rest), and a sandbox's own body timeout saw silence
+// the client never made. A piece that fills the writer goes straight to
+// the connection and leaves nothing to flush: large uploads pay nothing.
+type uploadWriter clientBody
+
+func (u *uploadWriter) Write(p []byte) (int, error) {
+	n, err := u.dst.Write(p)
+	if err == nil && u.bw.Buffered() > 0 {
+		err = u.bw.Flush()
+	}
+	return n, err
 }
 
 // Close is fasthttp letting go of b.

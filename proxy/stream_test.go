@@ -595,6 +595,79 @@ func TestUploadStreamsWithBoundedHeap(t *testing.T) {
 	}
 }
 
+// Each piece of an upload reaches the sandbox as it arrives, whatever its
+// size: the client sends the next piece only once the sandbox has read
+// every byte sent so far, so a piece held back in the proxy deadlocks the
+// exchange and the test fails on its deadline. A Content-Length body's
+// small pieces used to wait in the request's 4 KiB writer until more came.
+func TestUploadPiecesArriveAtOnce(t *testing.T) {
+	// The first piece is over what fasthttp reads before the handler runs,
+	// so the rest goes through the body stream.
+	pieces := []int{fasthttpPreRead + 1000, 10, 1000, 3000, 1, 5000}
+	total := 0
+	for _, n := range pieces {
+		total += n
+	}
+	for _, tc := range []struct {
+		name, framing string
+		piece         func(n int) string
+		end           string
+	}{
+		{"content-length", fmt.Sprintf("Content-Length: %d\r\n", total),
+			func(n int) string { return strings.Repeat("u", n) }, ""},
+		{"chunked", "Transfer-Encoding: chunked\r\n",
+			func(n int) string { return fmt.Sprintf("%x\r\n%s\r\n", n, strings.Repeat("u", n)) }, "0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			progress := make(chan int, 64)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got, buf := 0, make([]byte, 64<<10)
+				for {
+					n, err := r.Body.Read(buf)
+					got += n
+					if n > 0 {
+						select {
+						case progress <- got:
+						case <-r.Context().Done():
+							return
+						}
+					}
+					if err != nil {
+						fmt.Fprintf(w, "%d %v", got, err)
+						return
+					}
+				}
+			}))
+			host := h.route("uppieces", port)
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, tc.framing)
+			sent, seen := 0, 0
+			for i, n := range pieces {
+				io.WriteString(c, tc.piece(n))
+				sent += n
+				deadline := time.After(5 * time.Second)
+				for seen < sent {
+					select {
+					case seen = <-progress:
+					case <-deadline:
+						t.Fatalf("piece %d (%d bytes): the sandbox has %d of the %d bytes the client sent", i, n, seen, sent)
+					}
+				}
+			}
+			io.WriteString(c, tc.end)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if want := fmt.Sprintf("%d EOF", total); string(b) != want {
+				t.Fatalf("sandbox answered %q, want %q", b, want)
+			}
+		})
+	}
+}
+
 func TestDownloadWithContentLengthStreams(t *testing.T) {
 	const size = 64 << 20
 	h := newHarness(t)

@@ -599,7 +599,7 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 			c.answer.body = body
 			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)
 		}
-		serr := c.send(req)
+		serr := c.send(req, body)
 		if c.answerKey != 0 {
 			p.hangups.unwatch(c.answerKey) // hangUp is not running once this returns
 			c.answerKey, c.answer.body = 0, nil
@@ -769,11 +769,20 @@ func isStaleConn(err error) bool {
 // holds one only while it writes a request head and body.
 var writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 
-// send writes the request (head and body) to the backend.
-func (c *upstreamConn) send(req *fasthttp.Request) error {
+// send writes the request (head and body) to the backend. body is req's
+// streamed body, if it has one: it sends each piece on at once through
+// the writer (see uploadWriter).
+func (c *upstreamConn) send(req *fasthttp.Request, body *clientBody) error {
 	bw := writerPool.Get().(*bufio.Writer)
 	bw.Reset(c)
+	if body != nil {
+		body.bw = bw
+	}
 	err := req.Write(bw)
+	if body != nil {
+		// Not released yet: forward has still to count it (bytesRead).
+		body.bw = nil
+	}
 	if err == nil {
 		err = bw.Flush()
 	}

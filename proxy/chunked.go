@@ -148,6 +148,24 @@ func (c *chunkedReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// ready reports whether Read would return at once, without waiting for
+// the connection: the bytes buffered hold a body byte, the end of the
+// body, or an error. Framing alone (a chunk-size line whose data has not
+// come yet) is not ready. It is worked out on a copy of the decoder, so
+// nothing is consumed.
+func (c *chunkedReader) ready() bool {
+	if c.err != nil {
+		return true
+	}
+	buf, _ := c.br.Peek(c.br.Buffered())
+	if c.state == chunkData {
+		return len(buf) > 0
+	}
+	probe := *c
+	k, err := probe.parse(buf)
+	return err != nil || probe.state == chunkDone || probe.state == chunkData && k < len(buf)
+}
+
 // connErr turns an error from br into Read's result: EOF before the last
 // chunk ends the body for good, anything else may pass (a timeout).
 func (c *chunkedReader) connErr(err error) error {

@@ -553,3 +553,53 @@ func FuzzChunkedReader(f *testing.F) {
 		}
 	})
 }
+
+// ready tells a chunked body whose buffered bytes hold data (or its end,
+// or a framing error) from one that has only framing buffered, which a
+// Read would wait past; it consumes nothing.
+func TestChunkedReady(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		read string // bytes the decoder took first,
+		n    int    // n of them body bytes, by one Read
+		buf  string // then buffered, unread
+		want bool
+	}{
+		{"nothing", "", 0, "", false},
+		{"size line", "", 0, "5\r\n", false},
+		{"size line with extension", "", 0, "5;x=1\r\n", false},
+		{"size line and data", "", 0, "5\r\nh", true},
+		{"last chunk's line", "", 0, "0\r\n", false},
+		{"last chunk", "", 0, "0\r\n\r\n", true},
+		{"a trailer, no end", "", 0, "0\r\nX-T: 1\r\n", false},
+		{"bad size", "", 0, "x\r\n", true},
+		{"after data, its line end", "5\r\nhello", 5, "\r\n", false},
+		{"after data, the next chunk", "5\r\nhello", 5, "\r\n3\r\nabc", true},
+		{"mid chunk", "5\r\nhel", 3, "lo", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			br := bufio.NewReaderSize(strings.NewReader(tc.read+tc.buf), 64)
+			var c chunkedReader
+			c.reset(br)
+			if tc.n > 0 {
+				if _, err := br.Peek(len(tc.read)); err != nil {
+					t.Fatal(err)
+				}
+				if n, err := c.Read(make([]byte, tc.n)); n != tc.n || err != nil {
+					t.Fatalf("read %d, %v", n, err)
+				}
+			}
+			if len(tc.buf) > 0 {
+				if _, err := br.Peek(len(tc.buf)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := c.ready(); got != tc.want {
+				t.Errorf("ready() = %v, want %v", got, tc.want)
+			}
+			if br.Buffered() != len(tc.buf) {
+				t.Errorf("ready consumed %d bytes", len(tc.buf)-br.Buffered())
+			}
+		})
+	}
+}

@@ -120,10 +120,11 @@ func (s *bodyStream) hijacked(net.Conn) {
 // is then io.EOF.
 func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []byte, rerr error) {
 	out = h.AppendBytes(buf[:0])
-	if s.conn.br.Buffered() == 0 || len(out)+chunkHeadRoom+2+len(lastChunk) >= len(buf) {
+	if !s.bodyReady() || len(out)+chunkHeadRoom+2+len(lastChunk) >= len(buf) {
 		// A head that leaves no room in buf for a chunk (a sandbox may send
 		// up to upstream.max_header_size, 1 MiB) goes out alone; the pump
-		// sends what came with it.
+		// sends what came with it. So does one that came with no body
+		// byte (or only a chunk-size line): the head must not wait for it.
 		return out, nil
 	}
 	start := len(out)

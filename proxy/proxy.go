@@ -609,7 +609,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	// bytes came with it: then head and first chunk leave in one write. A
 	// fixed-length body always goes out behind a flushed head, because
 	// WriteTo writes it straight to the connection.
-	resp.ImmediateHeaderFlush = s.fixed || c.br.Buffered() == 0
+	resp.ImmediateHeaderFlush = s.fixed || !s.bodyReady()
 	s.sse = isEventStream(resp.Header.ContentType())
 	if s.sse {
 		x.kind = telemetry.RouteSSE

@@ -218,6 +218,18 @@ func (s *bodyStream) armHeartbeat() {
 	}
 }
 
+// bodyReady reports whether the first Read of the body would return
+// without waiting for the sandbox: body bytes (or its end) came with the
+// head. A chunk-size line alone is not enough: a head held back for the
+// body bytes it announces would wait for them, and an event stream's
+// head for its first event, however long the sandbox takes to send it.
+func (s *bodyStream) bodyReady() bool {
+	if s.mode == bodyChunked {
+		return s.chunked.ready()
+	}
+	return s.conn.br.Buffered() > 0
+}
+
 // readBody reads the upstream body according to its framing.
 func (s *bodyStream) readBody(b []byte) (int, error) {
 	if s.eof {

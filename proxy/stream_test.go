@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -177,6 +178,75 @@ func TestSSEHeartbeatAtEventBoundary(t *testing.T) {
 	}
 	if ev != "data: b\n" {
 		t.Fatalf("event b arrived as %q (err %v): a heartbeat split it", ev, err)
+	}
+}
+
+// A head that comes with only the size line of its first chunk goes out
+// at once: the sandbox writes the chunk's data only once the client has
+// acknowledged the head, so a head held back for that data deadlocks the
+// exchange and the test fails on its deadline. GET event streams (detached,
+// whose head the hijack writes) and every other stream (fasthttp's
+// writer) are both checked, and so is a head that came with the last
+// chunk's line but not the blank line that ends the body.
+func TestHeadNotHeldForChunkFraming(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, ctype, withHead, rest, want string
+	}{
+		{"event stream GET", "GET", "text/event-stream", "b\r\n", "data: one\n\n\r\n0\r\n\r\n", "data: one\n\n"},
+		{"event stream POST", "POST", "text/event-stream", "b\r\n", "data: one\n\n\r\n0\r\n\r\n", "data: one\n\n"},
+		{"chunked GET", "GET", "text/plain", "5\r\n", "hello\r\n0\r\n\r\n", "hello"},
+		{"last chunk without its end", "GET", "text/plain", "0\r\n", "\r\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t) // heartbeats every 30 s: none during the test
+			ln := listen(t, "127.0.0.1:0")
+			t.Cleanup(func() { ln.Close() })
+			ack := make(chan struct{})
+			sandboxErr := make(chan error, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					sandboxErr <- err
+					return
+				}
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					sandboxErr <- err
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: "+tc.ctype+"\r\nTransfer-Encoding: chunked\r\n\r\n"+tc.withHead)
+				select {
+				case <-ack:
+				case <-time.After(5 * time.Second):
+					sandboxErr <- errors.New("the client never got the head: the proxy held it back")
+					return
+				}
+				io.WriteString(c, tc.rest)
+				sandboxErr <- nil
+				io.Copy(io.Discard, c)
+			}()
+			host := h.route("headframing", uint16(ln.Addr().(*net.TCPAddr).Port))
+			c := dialRaw(t, h.addr)
+			body := ""
+			if tc.method == "POST" {
+				body = "Content-Length: 2\r\n\r\n{}"
+			} else {
+				body = "\r\n"
+			}
+			fmt.Fprintf(c, "%s / HTTP/1.1\r\nHost: %s\r\n%s", tc.method, host, body)
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: tc.method})
+			if err != nil {
+				t.Fatalf("head: %v", err)
+			}
+			close(ack)
+			if err := <-sandboxErr; err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(resp.Body)
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("body %q, %v; want %q", got, err, tc.want)
+			}
+		})
 	}
 }
 

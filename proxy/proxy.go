@@ -1139,6 +1139,16 @@ func (b *clientBody) WriteTo(w io.Writer) (int64, error) {
 	if b.bw == nil {
 		return copyGrowing(w, b, *small)
 	}
+	if b.size < 0 {
+		// fasthttp read none of a chunked body before the handler: its
+		// first chunk may be a while coming (an upload fed by a command's
+		// output), and the sandbox is not to wait for it to see the
+		// request (or answer its head alone, a 401). A Content-Length body
+		// has its first bytes read already (fasthttpPreRead).
+		if err := b.bw.Flush(); err != nil {
+			return 0, err
+		}
+	}
 	b.dst = w
 	n, err := copyGrowing((*uploadWriter)(b), b, *small)
 	b.dst = nil

@@ -84,7 +84,9 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 		{"chunked folded with identity", post("Transfer-Encoding: chunked\r\n identity\r\n", chunk(smug)+"0\r\n\r\n"), nil},
 		{"chunked, then a line with a space in its name", post("Transfer Encoding: chunked\r\nContent-Length: 1\r\n", "x"+last), []string{"POST /first", "GET /last"}},
 		{"chunk extensions and leading zeros", post("Transfer-Encoding: chunked\r\n", "0004;a=b;c=\"d\"\r\nabcd\r\n000\r\n\r\n"+last), []string{"POST /first", "GET /last"}},
-		{"bare LF after a chunk size", post("Transfer-Encoding: chunked\r\n", "4\nabcd\r\n0\r\n\r\n"+smug), nil},
+		// A chunked body's head goes ahead of its first chunk: the sandbox
+		// gets it, and then a body cut short.
+		{"bare LF after a chunk size", post("Transfer-Encoding: chunked\r\n", "4\nabcd\r\n0\r\n\r\n"+smug), []string{"POST /first"}},
 		{"bare LF after chunk data", post("Transfer-Encoding: chunked\r\n", "4\r\nabcd\n0\r\n\r\n"+smug), []string{"POST /first"}},
 		{"framing field in the trailer", post("Transfer-Encoding: chunked\r\n", "4\r\nabcd\r\n0\r\nContent-Length: "+smugLen+"\r\n\r\n"+smug), []string{"POST /first"}},
 		{"GET with a body", "GET /first HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /first", "GET /last"}},

@@ -738,6 +738,36 @@ func TestUploadPiecesArriveAtOnce(t *testing.T) {
 	}
 }
 
+// A chunked upload's head reaches the sandbox before the client's first
+// chunk: the client sends that chunk only once the sandbox has the head
+// (its handler runs), so a head held back for the body deadlocks the
+// exchange and the test fails on its deadline.
+func TestChunkedUploadHeadGoesFirst(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %v", b, err)
+	}))
+	host := h.route("uphead", port)
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n", host)
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sandbox never got the head: the proxy held it back for the first chunk")
+	}
+	io.WriteString(c, "5\r\nhello\r\n0\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "hello <nil>" {
+		t.Fatalf("sandbox answered %q", b)
+	}
+}
+
 func TestDownloadWithContentLengthStreams(t *testing.T) {
 	const size = 64 << 20
 	h := newHarness(t)

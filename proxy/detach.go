@@ -56,7 +56,12 @@ func (p *Proxy) detach(ctx *fasthttp.RequestCtx, s *bodyStream) {
 // Proxy.hijack).
 func (s *bodyStream) abandon() {
 	s.rc = nil
-	s.client = nil // closed, and counted closed, by fasthttp
+	// Closed, and counted closed, by fasthttp. Under the registry lock:
+	// abort, at the drain deadline, reads it under that lock from
+	// another goroutine while the stream is registered.
+	s.p.streams.mu.Lock()
+	s.client = nil
+	s.p.streams.mu.Unlock()
 	s.headWritten(errClientGone)
 	s.end(errClientGone)
 }

@@ -37,7 +37,7 @@ func TestREADMELayoutMatchesTree(t *testing.T) {
 			}
 		}
 	}
-	ignored, patterns := gitignoredRoots(t), gitignoredNames(t)
+	ignored, patterns := gitignored(t)
 	covered := func(rel string) bool {
 		for p := rel; p != "."; p = filepath.Dir(p) {
 			if named[filepath.ToSlash(p)] {
@@ -146,39 +146,28 @@ func readmeLayoutRows(t *testing.T) []layoutRow {
 	return rows
 }
 
-// gitignoredRoots returns the root-anchored paths .gitignore names
-// ("/cubeproxy", "/bench/results/"): a built binary or bench output in a
-// checkout is no part of the layout.
-func gitignoredRoots(t *testing.T) map[string]bool {
+// gitignored reads .gitignore: the root-anchored paths it names
+// ("/cubeproxy", "/bench/results/"), and its unrooted name patterns
+// ("*.test", "*.prof"). A built binary, a compiled test, a profile or bench
+// output in a checkout is no part of the layout, and no clean clone has one.
+func gitignored(t *testing.T) (roots map[string]bool, names []string) {
 	t.Helper()
 	raw, err := os.ReadFile("../.gitignore")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
+	roots = map[string]bool{}
 	for line := range strings.Lines(string(raw)) {
-		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "/"); ok {
-			out[strings.TrimSuffix(p, "/")] = true
+		p := strings.TrimSpace(line)
+		switch {
+		case p == "" || strings.HasPrefix(p, "#"):
+		case strings.HasPrefix(p, "/"):
+			roots[strings.TrimSuffix(p[1:], "/")] = true
+		case !strings.Contains(p, "/"):
+			names = append(names, p)
 		}
 	}
-	return out
-}
-
-// gitignoredNames is .gitignore's unrooted patterns (*.test, *.prof):
-// build and profile leftovers in a working tree, which no clean clone has.
-func gitignoredNames(t *testing.T) []string {
-	t.Helper()
-	raw, err := os.ReadFile("../.gitignore")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for line := range strings.Lines(string(raw)) {
-		if p := strings.TrimSpace(line); p != "" && !strings.HasPrefix(p, "#") && !strings.Contains(p, "/") {
-			out = append(out, p)
-		}
-	}
-	return out
+	return roots, names
 }
 
 // ignoredName reports whether one of patterns matches path's name.

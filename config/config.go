@@ -317,8 +317,8 @@ func (c *Config) Validate() error {
 const MaxDuration = 365 * 24 * time.Hour
 
 // checkNumbers refuses a negative duration or size (unless
-// negativeMeansOff lists it), a duration above MaxDuration, a trace sample ratio outside 0..1, and a
-// pair of cache TTLs the cache would refuse.
+// negativeMeansOff lists it), a duration above MaxDuration, a trace sample
+// ratio outside 0..1, and a pair of cache TTLs the cache would refuse.
 func (c *Config) checkNumbers() error {
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
 		name := strings.Join(s.path, ".")
@@ -489,8 +489,9 @@ func (c *Config) checkListeners() error {
 // checkListenAddr) would bind one port on overlapping addresses: the same
 // port, and hosts that are equal or where one is a wildcard (an empty
 // host, 0.0.0.0 or ::, which Go binds dual-stack) or localhost next to
-// 127.0.0.1, the address Go binds for it. Port 0 is a port the system chooses: never shared.
-// Two different host names are not resolved, and left to the bind.
+// 127.0.0.1, the address Go binds for it. Port 0 is a port the system
+// chooses: never shared. Two different host names are not resolved, and
+// are left to the bind.
 func sameListenAddr(a, b string) bool {
 	ha, pa, _ := net.SplitHostPort(a)
 	hb, pb, _ := net.SplitHostPort(b)

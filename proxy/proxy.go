@@ -412,8 +412,9 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
 	case errors.As(err, &fe):
 		// Once per store read and request waiting on it: the negative
-		// cache answers the requests in between with the same error. err names the store's key (the
-		// legacy one, say), which the operator has to fix.
+		// cache answers the requests in between with the same error. err
+		// names the store's key (the legacy one, say), which the operator
+		// has to fix.
 		if x.cache != telemetry.CacheNegativeHit {
 			p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason, "err", err)
 		}

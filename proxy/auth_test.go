@@ -1752,3 +1752,40 @@ func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
 	go h.server.Serve(ln)
 	return ln.Addr().String(), ca.Pool()
 }
+
+// The admin token is the proxy's credential as the traffic tokens are: a
+// client that sends it to a sandbox host (a script pointed at the wrong
+// URL, a header set on every request) must not hand it to the code running
+// there, on any line, in any case, or in a chunked body's trailer. The
+// sandbox's own credentials still pass byte for byte.
+func TestAdminTokenNeverReachesTheSandbox(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		io.WriteString(w, strconv.Quote(strings.Join(r.Header.Values(auth.HeaderAdminToken), ","))+" "+strconv.Quote(strings.Join(r.Trailer.Values(auth.HeaderAdminToken), ","))+" "+strconv.Quote(r.Header.Get("Authorization")))
+	}))
+	token := strings.Repeat("cd", 32)
+	public := h.route("admintokpub", port)
+	h.put("admintokpriv", map[string]string{"HostIP": "127.0.0.1", "AllowPublicTraffic": "false", "TrafficAccessToken": token, "80": itoa(port)})
+	const want = `"" "" "Bearer app"`
+	for _, tc := range []struct{ name, host, head, body string }{
+		{"public", public, "X-Cube-Admin-Token: s3cret\r\n", ""},
+		{"public, lower case", public, "x-cube-admin-token: s3cret\r\n", ""},
+		{"public, two lines", public, "X-Cube-Admin-Token: s3cret\r\nX-CUBE-ADMIN-TOKEN: other\r\n", ""},
+		{"public, empty", public, "X-Cube-Admin-Token:\r\n", ""},
+		{"restricted", "80-admintokpriv.cube.test", "X-Cube-Admin-Token: s3cret\r\nCube-Traffic-Access-Token: " + token + "\r\n", ""},
+		{"public, trailer", public, "Transfer-Encoding: chunked\r\nTrailer: X-Cube-Admin-Token\r\n",
+			"3\r\nabc\r\n0\r\nX-Cube-Admin-Token: s3cret\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := "POST / HTTP/1.1\r\nHost: " + tc.host + "\r\nAuthorization: Bearer app\r\n" + tc.head
+			if tc.body == "" {
+				raw += "Content-Length: 0\r\n"
+			}
+			resp, body := rawRequest(t, h.addr, raw+"\r\n"+tc.body)
+			if resp.StatusCode != 200 || body != want {
+				t.Fatalf("sandbox saw %d %s, want 200 %s", resp.StatusCode, body, want)
+			}
+		})
+	}
+}

@@ -180,11 +180,19 @@ func appendLocalPath(dst, path []byte) []byte {
 	return append(append(dst, '/'), bytes.TrimLeft(path, "/\\\t\r\n ")...)
 }
 
+// proxyTokenHeaders are the headers that carry the proxy's own tokens:
+// both traffic-token headers, and the admin token, which the admin API
+// alone reads. A client that sends its admin token to a sandbox host (a
+// script pointed at the wrong URL, a header set on every request) must
+// not hand it to the code running there, which could then rewrite every
+// route.
+var proxyTokenHeaders = [...]string{auth.HeaderE2BTrafficToken, auth.HeaderCubeTrafficToken, auth.HeaderAdminToken}
+
 // stripProxyCredentials removes the proxy's own credentials before the
-// request goes to the sandbox: both traffic-token headers and our cookie.
-// Every other byte of every other header stays as the client sent it.
+// request goes to the sandbox: the token headers and our cookie. Every
+// other byte of every other header stays as the client sent it.
 func stripProxyCredentials(h *fasthttp.RequestHeader) {
-	for _, name := range auth.TrafficTokenHeaders() {
+	for _, name := range proxyTokenHeaders {
 		// Unconditionally: an empty token header is still the proxy's.
 		h.Del(name)
 	}

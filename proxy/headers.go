@@ -278,7 +278,7 @@ var (
 // small GET with parsing: 577 → 335 ns).
 type headSeen struct {
 	hop            bool // a hop-by-hop header, or Connection (which may name more)
-	credentials    bool // a traffic-token header or a Cookie line
+	credentials    bool // a traffic- or admin-token header, or a Cookie line
 	forwardedProto bool
 	underscore     bool // a name with '_': maybe an X_Real_IP-style alias
 	// A name with a space: no field name (RFC 9110 5.1 names are tokens),
@@ -321,6 +321,7 @@ var headNames = [...]headName{
 	{"Proxy-Authenticate", seenHop}, {"Proxy-Authorization", seenHop}, {"Te", seenHop},
 	{"Trailer", seenHop}, {"Upgrade", seenHop},
 	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
+	{auth.HeaderAdminToken, seenCredentials},
 	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
 	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost}, {"Forwarded", seenForwarded},
 	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
@@ -329,7 +330,7 @@ var headNames = [...]headName{
 
 // headNamesByLen is headNames indexed by name length: a header line is
 // compared only with the names as long as its own (none for most lines, at
-// most two), not with all nineteen. Built once, never written.
+// most two), not with all twenty. Built once, never written.
 var headNamesByLen = func() [][]headName {
 	var byLen [][]headName
 	for _, n := range headNames {

@@ -1093,13 +1093,13 @@ func (b *clientBody) ended(err error) {
 	}
 }
 
-// stripTrailerCredentials removes the traffic-token fields from the
+// stripTrailerCredentials removes the proxy's token fields from the
 // trailer of a chunked body, read with its end (after prepareRequest took
 // them off the head) and written after it: the sandbox never sees the
 // proxy's credential, there either. fasthttp refuses only the standard
 // credentials (Authorization, Cookie) in a trailer.
 func stripTrailerCredentials(h *fasthttp.RequestHeader) {
-	for _, name := range auth.TrafficTokenHeaders() {
+	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
 }

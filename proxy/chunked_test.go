@@ -118,6 +118,23 @@ func (r *chunkPieces) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// errNotYet is arrivedSoFar's answer once its bytes are read: a
+// connection with nothing more to read yet.
+var errNotYet = errors.New("nothing more yet")
+
+// arrivedSoFar is a connection that brought data and then nothing more
+// yet.
+type arrivedSoFar struct{ data []byte }
+
+func (r *arrivedSoFar) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, errNotYet
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
 // chunkReadAll reads c to its end and fails the test if it never ends.
 func chunkReadAll(t testing.TB, c *chunkedReader, readSize int) ([]byte, error) {
 	t.Helper()
@@ -521,6 +538,24 @@ func FuzzChunkedReader(f *testing.F) {
 			rest, _ := io.ReadAll(br)
 			return got, rest, err
 		}
+		// ready() says whether a Read would return without waiting for
+		// the connection: a Read on what came so far must agree, wherever
+		// the bytes that came so far end.
+		for _, k := range []int{len(in) / 3, len(in) / 2, len(in)} {
+			if k > 4096 {
+				continue
+			}
+			br := bufio.NewReaderSize(&arrivedSoFar{data: in[:k]}, 4096)
+			_, _ = br.Peek(k)
+			var c chunkedReader
+			c.reset(br)
+			ready := c.ready()
+			n, err := c.Read(make([]byte, 64))
+			if waited := n == 0 && err == errNotYet; waited == ready {
+				t.Fatalf("%q arrived: ready() = %v, but Read gave %d, %v", in[:k], ready, n, err)
+			}
+		}
+
 		got, rest, err := decode(16, 3, 1)
 		got2, rest2, err2 := decode(4096, 4096, len(in)+1)
 		if err != err2 || !bytes.Equal(got, got2) {

@@ -625,6 +625,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
 		"connection: upgrade, te\r\nupgrade: h2c\r\nTE: trailers\r\nKeep-Alive: 5\r\nProxy-Connection: x\r\n",
 		"E2b-Traffic-Access-Token: t\r\ncube-traffic-access-token: u\r\n",
+		"X-Cube-Admin-Token: a\r\nx-cube-admin-token: b\r\n",
 		"Cookie: a=1; cube_proxy_auth=t; b=2\r\nCookie: cube_proxy_auth=u\r\n",
 		"X-Real-IP: 6.6.6.6\r\nx-real-ip: 7.7.7.7\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n",
 		"X_Real_IP: 6.6.6.6\r\nX-Forwarded_For: 1.1.1.1\r\n",
@@ -708,8 +709,9 @@ func FuzzPrepareRequest(f *testing.F) {
 			if named[name] && !connectionProof(k) && !proxys {
 				t.Errorf("%s, named in Connection, reached the sandbox\n%q", k, sent.String())
 			}
-			if name == strings.ToLower(auth.HeaderE2BTrafficToken) || name == strings.ToLower(auth.HeaderCubeTrafficToken) {
-				t.Errorf("traffic token %s reached the sandbox\n%q", k, sent.String())
+			if name == strings.ToLower(auth.HeaderE2BTrafficToken) || name == strings.ToLower(auth.HeaderCubeTrafficToken) ||
+				name == strings.ToLower(auth.HeaderAdminToken) {
+				t.Errorf("proxy token %s reached the sandbox\n%q", k, sent.String())
 			}
 			if name == "cookie" {
 				// Read from the bytes sent, not v: All re-serializes

@@ -5,7 +5,9 @@ import (
 	"context"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -95,12 +97,24 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 			scheme = "https"
 		}
 		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
-			semconv.URLPathKey.String(string(targetPath(h.RequestURI()))), semconv.URLSchemeKey.String(scheme))
+			semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI()))), semconv.URLSchemeKey.String(scheme))
 		if client.IsValid() {
 			span.SetAttributes(semconv.ClientAddressKey.String(client.String()))
 		}
 	}
 	return ctx, span
+}
+
+// validUTF8 returns b as a string, invalid UTF-8 replaced by U+FFFD. The
+// path is the client's bytes, and fasthttp takes any byte above 0x7F in a
+// request target: OTLP carries attributes as protobuf strings, which must
+// be UTF-8, so one such span made the exporter refuse its whole batch
+// (every other request's spans in it were lost too).
+func validUTF8(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
 // targetPath returns the path of a request target as the client sent it:

@@ -343,6 +343,14 @@ func (l *Logger) drain() {
 }
 
 func (l *Logger) write(ln *line) {
+	if len(ln.b) > l.bw.Available() && l.bw.Buffered() > 0 {
+		// Flushed now, the buffer ends at a line's end. bufio would fill
+		// it with the line's head and write that: on stdout, which the
+		// process log shares, a line of that log could then come between
+		// the two halves and break both lines. A line longer than the
+		// whole buffer then goes out in one write of its own.
+		_ = l.flush() // failures are counted as drops
+	}
 	_, err := l.bw.Write(ln.b)
 	l.queued.Add(-int64(len(ln.b)))
 	l.put(ln)

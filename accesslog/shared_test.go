@@ -1,0 +1,108 @@
+package accesslog
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// sharedStdout is one stream written by two writers, as stdout is by the
+// access log and the process log (both go there by default): each Write
+// lands whole, as os.File's writes do, but a Write of one writer may come
+// between two of the other's.
+type sharedStdout struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *sharedStdout) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+// interleaved is the access log's view of the shared stream: its first
+// Write waits until the test has queued a burst, and before each later one
+// the process log writes a line, as it may at any time.
+type interleaved struct {
+	out     *sharedStdout
+	process *slog.Logger
+	entered chan struct{}
+	release chan struct{}
+	calls   int
+}
+
+func (w *interleaved) Write(p []byte) (int, error) {
+	w.calls++
+	if w.calls == 1 {
+		close(w.entered)
+		<-w.release
+	} else {
+		w.process.Warn("process log line between two access log writes")
+	}
+	return w.out.Write(p)
+}
+
+// Each write of the access log ends at the end of a line, so that a line
+// of another writer of the same stream (the process log on stdout) cannot
+// land inside one of its lines. A burst larger than the write buffer was
+// written in buffer-sized pieces that ended mid-line: two broken lines
+// each time the process log wrote between them.
+func TestWritesEndAtLineEnds(t *testing.T) {
+	for _, format := range []string{FormatJSON, FormatCube} {
+		t.Run(format, func(t *testing.T) {
+			out := &sharedStdout{}
+			w := &interleaved{
+				out: out, process: slog.New(slog.NewJSONHandler(out, nil)),
+				entered: make(chan struct{}), release: make(chan struct{}),
+			}
+			l, err := New(Config{Format: format, Output: w}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Log(&Entry{Time: testTime, RequestID: "first"})
+			<-w.entered // the writer is held: what follows queues up
+			// ≈ 3.5 write buffers of lines, none a divisor of the buffer.
+			long := "/" + strings.Repeat("p", 997)
+			const burst = 220
+			for range burst {
+				l.Log(&Entry{Time: testTime, Method: "GET", RequestURI: long, URI: long, Status: 200})
+			}
+			close(w.release)
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if l.Dropped() != 0 {
+				t.Fatalf("Dropped = %d, want 0", l.Dropped())
+			}
+			var access, process int
+			for i, ln := range strings.Split(strings.TrimSuffix(out.buf.String(), "\n"), "\n") {
+				switch {
+				case strings.Contains(ln, `"msg":"process log line`):
+					var rec map[string]any
+					if err := json.Unmarshal([]byte(ln), &rec); err != nil {
+						t.Fatalf("line %d is broken (%v): %.200q", i, err, ln)
+					}
+					process++
+				case format == FormatJSON:
+					var rec map[string]any
+					if err := json.Unmarshal([]byte(ln), &rec); err != nil {
+						t.Fatalf("line %d is broken (%v): %.200q", i, err, ln)
+					}
+					access++
+				default:
+					if n := len(strings.Split(ln, cubeSep)); n != 22 {
+						t.Fatalf("line %d has %d fields, want 22: %.200q", i, n, ln)
+					}
+					access++
+				}
+			}
+			if access != burst+1 || process == 0 {
+				t.Errorf("%d access log lines and %d process log lines, want %d and some", access, process, burst+1)
+			}
+		})
+	}
+}

@@ -98,7 +98,7 @@ func (c Config) SampleRatio() (float64, error) { return c.sampleRatio(c.env()) }
 func (c *Config) sampleRatio(env func(string) string) (float64, error) {
 	r := c.TraceSampleRatio
 	switch {
-	case r < 0 || r > 1:
+	case !(r >= 0 && r <= 1): // NaN too
 		return 0, fmt.Errorf("trace sample ratio %v: want a value in (0, 1]", r)
 	case r > 0:
 		return r, nil
@@ -109,7 +109,8 @@ func (c *Config) sampleRatio(env func(string) string) (float64, error) {
 	}
 	if arg := strings.TrimSpace(env("OTEL_TRACES_SAMPLER_ARG")); arg != "" {
 		v, err := strconv.ParseFloat(arg, 64)
-		if err != nil || v < 0 || v > 1 {
+		// NaN parses and fails no comparison: taken, it sampled every trace.
+		if err != nil || !(v >= 0 && v <= 1) {
 			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG=%q: want a number in [0, 1]", arg)
 		}
 		return v, nil

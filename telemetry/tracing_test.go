@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
@@ -257,6 +258,8 @@ func TestTraceConfig(t *testing.T) {
 		{"unsupported protocol", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, 0, "protocol", false},
 		{"ratio above 1", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, 1.5, "ratio", false},
 		{"bad sampler arg", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "lots"}, 0, "OTEL_TRACES_SAMPLER_ARG", false},
+		{"NaN sampler arg", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "NaN"}, 0, "OTEL_TRACES_SAMPLER_ARG", false},
+		{"NaN ratio", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, math.NaN(), "ratio", false},
 		{"sdk disabled", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "TRUE"}, 0, "", false},
 		{"sdk not disabled", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "false"}, 0, "", true},
 		{"sampler always_off", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_off"}, 0.5, "", false},

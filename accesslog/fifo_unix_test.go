@@ -5,6 +5,7 @@ package accesslog
 import (
 	"bufio"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,5 +110,72 @@ func TestCheckPath(t *testing.T) {
 	}
 	if len(entries) != 2 {
 		t.Errorf("the check left files behind: %v", entries)
+	}
+}
+
+// A FIFO may have other writers (a second proxy instance on the node, the
+// old process of a reuse_port takeover, both logging to the shipper's
+// pipe). A pipe keeps a write whole only up to PIPE_BUF bytes: a write of
+// the whole 64 KiB buffer that found the pipe full went in in pieces, and
+// the other writer's bytes came between them, inside a line. Each round
+// fills the pipe from both loggers before the reader reads, so that both
+// wait on it; the race is then theirs, and it broke lines in most rounds.
+func TestFIFOSharedByTwoWriters(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const perRound, rounds = 400, 5
+	var ls []*Logger
+	for range 2 {
+		l, err := New(Config{Format: FormatCube, Path: fifo, BufferLines: 2 * perRound}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	r, err := os.Open(fifo) // does not wait: the loggers hold the pipe open
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.SetReadDeadline(time.Now().Add(20 * time.Second))
+	t.Cleanup(func() {
+		// A failed round leaves lines in a full pipe: read them, or
+		// Close waits for a writer that cannot write.
+		go io.Copy(io.Discard, r)
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		r.Close()
+	})
+	br := bufio.NewReader(r)
+	// Lines under any system's PIPE_BUF (512 on macOS), and no divisor
+	// of 64 KiB.
+	long := "/" + strings.Repeat("p", 149)
+	e := &Entry{Time: testTime, Method: "GET", RequestURI: long, URI: long, Status: 200}
+	want := cubeLine(e) + "\n"
+	if len(want) >= 512 || 64<<10%len(want) == 0 {
+		t.Fatalf("test line of %d bytes", len(want))
+	}
+	for round := range rounds {
+		for range perRound {
+			for _, l := range ls {
+				l.Log(e)
+			}
+		}
+		for n := range 2 * perRound {
+			ln, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("round %d, line %d: %v", round, n, err)
+			}
+			if ln != want {
+				t.Fatalf("round %d, line %d is broken: %q", round, n, ln)
+			}
+		}
+	}
+	for i, l := range ls {
+		if d := l.Dropped(); d != 0 {
+			t.Errorf("logger %d dropped %d lines", i, d)
+		}
 	}
 }

@@ -95,8 +95,12 @@ type Logger struct {
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
-	out      sink
-	file     *os.File // nil unless path != ""
+	out  sink
+	file *os.File // nil unless path != ""
+	// maxWrite is the most bytes of lines written at once (a single
+	// longer line excepted): the write buffer's size, or for a FIFO what
+	// the pipe writes atomically (PIPE_BUF).
+	maxWrite int
 	bw       *bufio.Writer
 	pending  int // lines buffered since the last successful flush
 	closeErr error
@@ -148,6 +152,7 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		}
 		l.path, l.file, out = cfg.Path, f, f
 	}
+	l.maxWrite = maxWrite(l.file)
 	l.out.w = out
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
@@ -204,6 +209,19 @@ func openLog(path string) (*os.File, error) {
 		return nil, fmt.Errorf("open access log: %w", err)
 	}
 	return f, nil
+}
+
+// maxWrite returns how many bytes of lines to write at once to f (nil:
+// not a file of ours): the write buffer's size, or for a FIFO, which other
+// processes may write too, PIPE_BUF, the most a pipe writes without
+// interleaving another writer's bytes.
+func maxWrite(f *os.File) int {
+	if f != nil {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+			return pipeAtomicWrite
+		}
+	}
+	return writeBufferSize
 }
 
 // Log formats e and queues the line. It never blocks and keeps no reference
@@ -343,12 +361,15 @@ func (l *Logger) drain() {
 }
 
 func (l *Logger) write(ln *line) {
-	if len(ln.b) > l.bw.Available() && l.bw.Buffered() > 0 {
-		// Flushed now, the buffer ends at a line's end. bufio would fill
-		// it with the line's head and write that: on stdout, which the
-		// process log shares, a line of that log could then come between
-		// the two halves and break both lines. A line longer than the
-		// whole buffer then goes out in one write of its own.
+	if n := l.bw.Buffered(); n > 0 && n+len(ln.b) > l.maxWrite {
+		// Flushed now, every write ends at a line's end. bufio would fill
+		// its buffer with the line's head and write that: on stdout, which
+		// the process log shares, a line of that log could then come
+		// between the two halves and break both lines. To a FIFO, writes
+		// are also kept to what the pipe takes whole (maxWrite), so that
+		// the lines of another writer of the pipe (a second instance, the
+		// old process of a reuse_port takeover) cannot land inside one. A
+		// longer line goes out in one write of its own.
 		_ = l.flush() // failures are counted as drops
 	}
 	_, err := l.bw.Write(ln.b)
@@ -474,7 +495,7 @@ func (l *Logger) reopenFile() error {
 		return fmt.Errorf("reopen: %w", err)
 	}
 	old := l.file
-	l.file, l.out = f, sink{w: f}
+	l.file, l.out, l.maxWrite = f, sink{w: f}, maxWrite(f)
 	l.bw.Reset(&l.out)
 	if err := old.Close(); err != nil {
 		return fmt.Errorf("close rotated access log: %w", err)

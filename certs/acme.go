@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+	"golang.org/x/net/idna"
 )
 
 // acmeSource wires certmagic with its own Cache and Configs (never the
@@ -270,6 +271,17 @@ func trustedRoots(a ACMEConfig) (*x509.CertPool, error) {
 }
 
 func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	// Decide on the name certmagic will use, not on the raw SNI: it maps
+	// the SNI through IDNA (full-width and ideographic dots become '.',
+	// spaces are trimmed), so "50005-abc。cube.app" would pass covered
+	// below as a name the wildcard does not cover, reach Allow and be
+	// served the wildcard through the on-demand Config, which renews it
+	// in the renewal window: an order the client chose.
+	if name := normalizeSNI(hello.ServerName); name != hello.ServerName {
+		h := *hello
+		h.ServerName = name
+		hello = &h
+	}
 	if noSNI(hello.ServerName) {
 		if s.defaultName == "" {
 			return nil, errNoCertificate
@@ -287,6 +299,19 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		return s.onDemand.GetCertificate(hello)
 	}
 	return s.managed.GetCertificate(hello)
+}
+
+// normalizeSNI is the name certmagic looks a ClientHello up by: IDNA's
+// lookup mapping (as its getNameFromClientHello does) or, for a name IDNA
+// refuses, lower case without surrounding space (its cache lookup, which
+// still serves the wildcard to 50005-a_b.<domain>: sandbox ids may hold
+// '_', which IDNA's STD3 rules refuse).
+func normalizeSNI(sni string) string {
+	sni = strings.TrimSpace(sni)
+	if name, err := idna.Lookup.ToASCII(sni); err == nil {
+		return name
+	}
+	return strings.ToLower(sni)
 }
 
 // covered reports whether the managed certificates serve name: the apex or

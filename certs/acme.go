@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -176,6 +177,9 @@ func validateACME(cfg Config, domain string) error {
 // issuerTemplate builds the ACMEIssuer settings shared by both Configs.
 // listenAddr is the HTTPS listener's address (see Config.ListenAddr).
 func issuerTemplate(a ACMEConfig, listenAddr string, zl *zap.Logger) (certmagic.ACMEIssuer, error) {
+	if err := checkCA(a.CA); err != nil {
+		return certmagic.ACMEIssuer{}, err
+	}
 	roots, err := trustedRoots(a)
 	if err != nil {
 		return certmagic.ACMEIssuer{}, err
@@ -225,6 +229,27 @@ func issuerTemplate(a ACMEConfig, listenAddr string, zl *zap.Logger) (certmagic.
 		Logger:             zl,
 	}}
 	return issuer, nil
+}
+
+// checkCA refuses a directory URL certmagic would refuse at every order
+// (its newBasicACMEClient): unparsable, or plain http to a host that is
+// not internal. Found only then, it let `check` pass and serve start, and
+// without sync every handshake then failed for want of a certificate.
+func checkCA(ca string) error {
+	if ca == "" {
+		return nil
+	}
+	if !strings.Contains(ca, "://") {
+		ca = "https://" + ca // what certmagic assumes
+	}
+	u, err := url.Parse(ca)
+	if err != nil {
+		return fmt.Errorf("acme: ca: %w", err)
+	}
+	if u.Scheme != "https" && !certmagic.SubjectIsInternal(u.Host) {
+		return fmt.Errorf("acme: ca %s: certmagic requires https for a CA that is not internal (loopback or private)", ca)
+	}
+	return nil
 }
 
 // listenHostPort splits the HTTPS listener's address for certmagic; an

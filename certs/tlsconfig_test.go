@@ -132,9 +132,19 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"rfc2136 bad algorithm", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_alg"] = "md5" }), "algorithm"},
 		{"rfc2136 missing secret file", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_secret_file"] = filepath.Join(dir, "nope") }), "key_secret_file"},
 		{"bad trusted roots", acme(func(c *certs.Config) { c.ACME.TrustedRootsFile = notPEM }), "no certificate in"},
+		// certmagic refuses these at every order, not at start.
+		{"plain http CA", acme(func(c *certs.Config) { c.ACME.CA = "http://acme.example.com/directory" }), "requires https"},
+		{"unparsable CA", acme(func(c *certs.Config) { c.ACME.CA = "https://acme.example.com:port/directory" }), "acme: ca"},
+		{"rfc2136 negative timeout", acme(func(c *certs.Config) { c.ACME.DNS.Options["timeout"] = "-5s" }), "timeout must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.cfg.Source == certs.SourceACME {
+				// check must refuse what serve refuses.
+				if err := certs.CheckACME(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("CheckACME: %v, want an error mentioning %q", err, tt.wantErr)
+				}
+			}
 			m, err := certs.New(context.Background(), tt.cfg)
 			if err == nil {
 				_ = m.Close()
@@ -144,5 +154,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 				t.Fatalf("error %q does not mention %q", err, tt.wantErr)
 			}
 		})
+	}
+	// What certmagic accepts stays accepted: a URL without a scheme
+	// (https assumed), plain http to an internal CA.
+	for _, ca := range []string{"acme.example.com/directory", "http://127.0.0.1:14000/dir", "http://10.0.0.5/dir", "http://localhost/dir"} {
+		if err := certs.CheckACME(acme(func(c *certs.Config) { c.ACME.CA = ca })); err != nil {
+			t.Errorf("CheckACME with ca %s: %v", ca, err)
+		}
 	}
 }

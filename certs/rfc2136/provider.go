@@ -144,6 +144,11 @@ func (p *Provider) Validate() error {
 	if _, _, err := net.SplitHostPort(p.Server); err != nil {
 		return fmt.Errorf("rfc2136: server %q: %w", p.Server, err)
 	}
+	if p.Timeout < 0 {
+		// miekg/dns would set every deadline in the past: each update
+		// fails with a timeout, at the first issuance, not at start.
+		return fmt.Errorf("rfc2136: timeout must not be negative, got %s", p.Timeout)
+	}
 	switch p.Net {
 	case "", "udp", "tcp":
 	default:

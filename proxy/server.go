@@ -381,13 +381,19 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 }
 
 // redirectableHost reports whether host can be pasted into a URL as its
-// authority without changing which server it names: no userinfo, path,
+// authority without changing which server it names: a name (not a port
+// alone), no userinfo, path,
 // query, fragment, backslash (browsers read it as a slash) or control byte,
 // and brackets only around an IPv6 address. httpsAuthority takes brackets
 // off to put the port back, so "[evil.test]" would name evil.test, and
 // fasthttp refuses such a Host only when the request target is no
 // absolute-form URL ("GET http://a.test/p" with "Host: [evil.test]").
 func redirectableHost(host []byte) bool {
+	if len(host) > 0 && host[0] == ':' {
+		// A port alone (":80") names no server: the Location would be
+		// "https://:8443/", and HTTPS answers such a Host 400 too.
+		return false
+	}
 	for _, c := range host {
 		switch {
 		case c <= ' ' || c == 0x7f, c == '@', c == '/', c == '\\', c == '?', c == '#':

@@ -306,6 +306,8 @@ func TestRedirectListenerHost(t *testing.T) {
 		{"stray bracket", "http://a.test/p", "[]0]", 400, ""},
 		{"text after the literal", "http://a.test/p", "[::1]]", 400, ""},
 		{"IPv6 literal behind an absolute-form target", "http://a.test/p", "[::1]:80", 308, "https://[::1]:8443/p"},
+		{"port only", "/p", ":80", 400, ""},
+		{"port only behind an absolute-form target", "http://a.test/p", ":80", 400, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", ln.Addr().String())

@@ -1,7 +1,9 @@
 // Package certs provides the TLS configuration of the HTTPS listener and the
 // certificates behind it, from one of three sources:
 //
-//   - files: cert/key PEM pairs chosen by SNI and reloaded when they change;
+//   - files: cert/key PEM pairs chosen by SNI (among several for one name,
+//     the first the client can use and that is within its validity) and
+//     reloaded when they change;
 //   - self_signed: an in-memory development certificate (the default);
 //   - acme: certmagic obtaining and renewing *.<domain> and <domain> through
 //     DNS-01 with a libdns provider, plus optional on-demand issuance for

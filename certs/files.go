@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -40,9 +41,10 @@ type loadedPair struct {
 }
 
 // certIndex is an immutable lookup table, swapped atomically on reload.
+// Each name maps to every pair that covers it, in the order listed.
 type certIndex struct {
-	exact    map[string]*tls.Certificate // "api.cube.app"
-	wildcard map[string]*tls.Certificate // "*.cube.app" stored under "cube.app"
+	exact    map[string][]*tls.Certificate // "api.cube.app"
+	wildcard map[string][]*tls.Certificate // "*.cube.app" stored under "cube.app"
 	def      *tls.Certificate
 }
 
@@ -85,17 +87,56 @@ func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		return idx.def, nil
 	}
 	name = strings.ToLower(strings.TrimSuffix(name, "."))
-	if c := idx.exact[name]; c != nil {
-		return c, nil
-	}
+	exact := idx.exact[name]
+	var wild []*tls.Certificate
 	if i := strings.IndexByte(name, '.'); i > 0 {
-		if c := idx.wildcard[name[i+1:]]; c != nil {
-			return c, nil
-		}
+		wild = idx.wildcard[name[i+1:]]
+	}
+	if c := pick(hello, exact, wild); c != nil {
+		return c, nil
 	}
 	// Like crypto/tls with static certificates: an unknown name gets the
 	// default rather than a failed handshake.
 	return idx.def, nil
+}
+
+// pick chooses among the pairs covering a name (exact ones first, each
+// list in the order configured): the first the client can use (key type,
+// signature schemes, as crypto/tls chooses among static certificates) and
+// that is within its validity, else the first the client can use, else
+// the first. The first listed wins otherwise. Without this, the first
+// listed always won: an ECDSA pair listed before an RSA one for the same
+// names failed every client without ECDSA, and an expired pair shadowed
+// a valid one that covers the same name.
+func pick(hello *tls.ClientHelloInfo, lists ...[]*tls.Certificate) *tls.Certificate {
+	var first *tls.Certificate
+	n := 0
+	for _, l := range lists {
+		if first == nil && len(l) > 0 {
+			first = l[0]
+		}
+		n += len(l)
+	}
+	if n <= 1 {
+		return first // no choice: nothing to weigh
+	}
+	now := time.Now()
+	best, bestScore := first, -1
+	for _, l := range lists {
+		for _, c := range l {
+			score := 0
+			if hello.SupportsCertificate(c) == nil {
+				score += 2
+			}
+			if !now.Before(c.Leaf.NotBefore) && !now.After(c.Leaf.NotAfter) {
+				score++
+			}
+			if score > bestScore {
+				best, bestScore = c, score
+			}
+		}
+	}
+	return best
 }
 
 func (s *fileSource) close() error {
@@ -183,11 +224,11 @@ func (s *fileSource) logFailure(cur *loadedPair, certPEM, keyPEM []byte, err err
 
 func (s *fileSource) buildIndex() *certIndex {
 	idx := &certIndex{
-		exact:    make(map[string]*tls.Certificate),
-		wildcard: make(map[string]*tls.Certificate),
+		exact:    make(map[string][]*tls.Certificate),
+		wildcard: make(map[string][]*tls.Certificate),
 		def:      s.loaded[0].cert,
 	}
-	// Earlier pairs win when several cover the same name.
+	// In the order listed: pick prefers earlier pairs among equals.
 	for _, lp := range s.loaded {
 		for _, n := range lp.cert.Leaf.DNSNames {
 			n = strings.ToLower(n)
@@ -195,8 +236,8 @@ func (s *fileSource) buildIndex() *certIndex {
 			if rest, ok := strings.CutPrefix(n, "*."); ok {
 				m, key = idx.wildcard, rest
 			}
-			if _, dup := m[key]; !dup {
-				m[key] = lp.cert
+			if !slices.Contains(m[key], lp.cert) { // a name listed twice in one certificate
+				m[key] = append(m[key], lp.cert)
 			}
 		}
 	}

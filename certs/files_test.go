@@ -2,6 +2,7 @@ package certs_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
 	"os"
@@ -213,4 +214,74 @@ func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Several pairs may cover one name: an ECDSA and an RSA certificate for
+// the same names (as nginx serves both), or a renewed certificate listed
+// next to one that expired. The first listed always won: clients without
+// ECDSA failed the handshake though an RSA pair was configured, and an
+// expired pair shadowed a valid one. Now the first the client can use and
+// that is within its validity wins; among equals, the first listed.
+func TestFilesChooseAmongPairsForOneName(t *testing.T) {
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, "test CA")
+	write := func(name string, certPEM, keyPEM []byte) certs.FilePair {
+		p := certs.FilePair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
+		if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	now := time.Now()
+	ecdsaPEM, ecdsaKey := ca.Issue(t, "cube.test", "*.cube.test")
+	rsaPEM, rsaKey := ca.IssueRSA(t, "cube.test", "*.cube.test")
+	expiredPEM, expiredKey := ca.IssueValid(t, now.Add(-48*time.Hour), now.Add(-time.Hour), "api.cube.test")
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceFiles,
+		Files: []certs.FilePair{
+			write("ecdsa", ecdsaPEM, ecdsaKey),
+			write("rsa", rsaPEM, rsaKey),
+			write("expired", expiredPEM, expiredKey),
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+
+	rsaOnly := func(c *tls.Config) {
+		c.MaxVersion = tls.VersionTLS12
+		c.CipherSuites = []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
+	}
+	tests := []struct {
+		name    string
+		sni     string
+		edit    func(*tls.Config)
+		wantKey x509.PublicKeyAlgorithm
+		wantDNS string
+	}{
+		{"a modern client gets the first listed", "50005-abc.cube.test", nil, x509.ECDSA, "*.cube.test"},
+		{"a client without ECDSA gets the RSA pair", "50005-abc.cube.test", rsaOnly, x509.RSA, "*.cube.test"},
+		{"an expired exact pair does not shadow a valid wildcard", "api.cube.test", nil, x509.ECDSA, "*.cube.test"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := sniConfig(ca.Pool(), tt.sni)
+			if tt.edit != nil {
+				tt.edit(cfg)
+			}
+			leaf, err := fetch(t, srv.addr, cfg, tt.sni)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if leaf.PublicKeyAlgorithm != tt.wantKey || !slices.Contains(leaf.DNSNames, tt.wantDNS) {
+				t.Fatalf("served %v certificate for %v, want %v for %s", leaf.PublicKeyAlgorithm, leaf.DNSNames, tt.wantKey, tt.wantDNS)
+			}
+		})
+	}
 }

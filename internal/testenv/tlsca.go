@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -71,6 +73,21 @@ func (ca *CA) IssueValid(t testing.TB, notBefore, notAfter time.Time, names ...s
 	if err != nil {
 		t.Fatalf("leaf key: %v", err)
 	}
+	return ca.issue(t, key, notBefore, notAfter, names...)
+}
+
+// IssueRSA is Issue with an RSA key, for clients that cannot use ECDSA.
+func (ca *CA) IssueRSA(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatalf("leaf key: %v", err)
+	}
+	return ca.issue(t, key, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
+}
+
+func (ca *CA) issue(t testing.TB, key crypto.Signer, notBefore, notAfter time.Time, names ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
 	tmpl := &x509.Certificate{
 		SerialNumber: randomSerial(t),
 		Subject:      pkix.Name{CommonName: names[0]},
@@ -86,7 +103,7 @@ func (ca *CA) IssueValid(t testing.TB, notBefore, notAfter time.Time, names ...s
 			tmpl.DNSNames = append(tmpl.DNSNames, n)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.key)
 	if err != nil {
 		t.Fatalf("leaf cert: %v", err)
 	}

@@ -1,34 +1,19 @@
 package accesslog
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
-
-// sharedStdout is one stream written by two writers, as stdout is by the
-// access log and the process log (both go there by default): each Write
-// lands whole, as os.File's writes do, but a Write of one writer may come
-// between two of the other's.
-type sharedStdout struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *sharedStdout) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
 
 // interleaved is the access log's view of the shared stream: its first
 // Write waits until the test has queued a burst, and before each later one
 // the process log writes a line, as it may at any time.
 type interleaved struct {
-	out     *sharedStdout
+	out     *testenv.LogBuffer // stdout, which the process log shares: each Write lands whole
 	process *slog.Logger
 	entered chan struct{}
 	release chan struct{}
@@ -54,7 +39,7 @@ func (w *interleaved) Write(p []byte) (int, error) {
 func TestWritesEndAtLineEnds(t *testing.T) {
 	for _, format := range []string{FormatJSON, FormatCube} {
 		t.Run(format, func(t *testing.T) {
-			out := &sharedStdout{}
+			out := &testenv.LogBuffer{}
 			w := &interleaved{
 				out: out, process: slog.New(slog.NewJSONHandler(out, nil)),
 				entered: make(chan struct{}), release: make(chan struct{}),
@@ -79,7 +64,7 @@ func TestWritesEndAtLineEnds(t *testing.T) {
 				t.Fatalf("Dropped = %d, want 0", l.Dropped())
 			}
 			var access, process int
-			for i, ln := range strings.Split(strings.TrimSuffix(out.buf.String(), "\n"), "\n") {
+			for i, ln := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
 				switch {
 				case strings.Contains(ln, `"msg":"process log line`):
 					var rec map[string]any

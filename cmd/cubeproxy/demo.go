@@ -72,6 +72,9 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 		return err
 	}
 	a, err := build(ctx, cfg, stderr, stdout)
+	if errors.Is(err, errStoppedStarting) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	a, err := build(ctx, cfg, stdout, stdout)
+	if errors.Is(err, errStoppedStarting) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -156,6 +159,10 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log_format %q: want json or text", cfg.LogFormat)
 }
 
+// errStoppedStarting is build's error when a signal (ctx's end) cut the
+// start short: serve and demo then return nil, as after a drain.
+var errStoppedStarting = errors.New("stopped by a signal before serving")
+
 // build wires everything and opens the listeners, so that a bad setting
 // or address fails at startup with a clear error. On error, whatever was
 // started is stopped. The process log goes to logOut, an access log whose
@@ -170,6 +177,15 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	defer func() {
 		if err != nil {
 			a.close()
+			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				// SIGTERM or SIGINT while starting (resolving a listener's
+				// host name, waiting for ACME's certificates): a stop the
+				// operator asked for, not a failed start. Reported as the
+				// listener's or the CA's failure, with exit 1, it sent the
+				// operator looking for a fault, and a supervisor counted one.
+				log.Info("signal during startup: stopped before serving", "interrupted", err.Error())
+				err = errStoppedStarting
+			}
 		}
 	}()
 

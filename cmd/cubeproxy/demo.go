@@ -87,9 +87,16 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 	if len(cfg.Domains) > 0 {
 		// A host under any other domain would be refused (400
 		// domain_not_allowed) by the very proxy the commands go through.
-		domain = strings.TrimPrefix(strings.TrimPrefix(cfg.Domains[0], "*."), ".")
+		domain = domainOfHosts(cfg.Domains[0])
 	}
 	return a.run(ctx, func(a *app) { printDemo(stdout, a, domain, cfg.AdminToken != "") })
+}
+
+// domainOfHosts is the domain sandbox host names go under for a domains
+// entry, which may be written "*.cube.app" or ".cube.app": a URL built on
+// the entry as written ("8080-box.*.cube.app") reaches nothing.
+func domainOfHosts(entry string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(entry, "*."), ".")
 }
 
 func portOf(addr net.Addr) string { return strconv.Itoa(addr.(*net.TCPAddr).Port) }

@@ -70,7 +70,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	domain := "<domain>"
 	if len(cfg.Domains) > 0 {
 		// The configured domain makes the line one to copy, not a template.
-		domain = cfg.Domains[0]
+		domain = domainOfHosts(cfg.Domains[0])
 	}
 	// The token stays on stdout only, so stderr can go to a terminal or a log.
 	fmt.Fprintf(stderr, "expires %s; open https://%d-%s.%s/?%s=<token>\n", exp.UTC().Format(time.RFC3339), *port, *sandbox, domain, auth.QueryParamName)

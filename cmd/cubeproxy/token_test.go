@@ -62,10 +62,14 @@ func TestTokenSign(t *testing.T) {
 	if !strings.Contains(errOut, "8080-box.") || !strings.Contains(errOut, auth.QueryParamName+"=") {
 		t.Errorf("stderr should say how to use the token: %q", errOut)
 	}
-	// With domains configured the line names the first one, ready to copy.
-	env2 := tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": k1, "CUBEPROXY_DOMAINS": "sbx.example.com,alt.example.com"})
-	if code, _, errOut := tokenSign(env2, "--sandbox", "box", "--port", "8080"); code != 0 || !strings.Contains(errOut, "https://8080-box.sbx.example.com/?"+auth.QueryParamName+"=<token>") {
-		t.Errorf("exit %d, stderr %q: want the URL on the first configured domain", code, errOut)
+	// With domains configured the line names the first one, ready to copy,
+	// also when it is written as a wildcard (the URL used to read
+	// https://8080-box.*.sbx.example.com/, which reaches nothing).
+	for _, domains := range []string{"sbx.example.com,alt.example.com", "*.sbx.example.com", ".sbx.example.com"} {
+		env2 := tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": k1, "CUBEPROXY_DOMAINS": domains})
+		if code, _, errOut := tokenSign(env2, "--sandbox", "box", "--port", "8080"); code != 0 || !strings.Contains(errOut, "open https://8080-box.sbx.example.com/?"+auth.QueryParamName+"=<token>") {
+			t.Errorf("domains %q: exit %d, stderr %q: want the URL on the first configured domain", domains, code, errOut)
+		}
 	}
 
 	signer := func(keys ...string) *auth.Signer {

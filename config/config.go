@@ -267,7 +267,8 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 
 // decodeFile reads the YAML file at path over cfg. A key that names no
 // setting is an error, not a setting silently left at its default, and so
-// is a second document, which would be ignored.
+// are a second document, which would be ignored, and a key with no value
+// whose default is not empty (checkNulls).
 func decodeFile(cfg *Config, path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -284,6 +285,9 @@ func decodeFile(cfg *Config, path string) error {
 	}
 	if line > 0 {
 		return fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)
+	}
+	if err := checkNulls(data); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
 	}
 	return nil
 }

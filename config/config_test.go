@@ -278,3 +278,41 @@ func TestShippedConfigLoads(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 }
+
+// A key written with no value (YAML null) is left at its default by the
+// decoder. Where that default is not what an empty value means, the file
+// is refused, naming the key and its line: `http_addr:`, written to turn
+// plain HTTP off, kept a plain-HTTP listener on :8081 without a word, and
+// `routes:` went on reading configs/routes.yaml. Where both readings agree
+// (an empty default, or "" read as the default) it loads as before.
+func TestLoadNullValues(t *testing.T) {
+	for _, tc := range []struct {
+		body, want string // want: "" loads, else the error names it
+	}{
+		{"http_addr:\nhttps_addr: ':8080'\n", "line 1: http_addr has no value"},
+		{"http_addr: ~\n", "line 1: http_addr has no value"},
+		{"admin_addr: null\n", "line 1: admin_addr has no value"},
+		{"log_level:\n", "line 1: log_level has no value"},
+		{"store: memory\nroutes:\n", "line 2: routes has no value"},
+		{"base: &none\n", "field base not found"}, // unknown keys still come first
+		{"access_log: &al\n  format: json\n", ""},
+		{"http_addr: ''\nhttps_addr: ':8080'\n", ""},
+		{"instance_id:\ndrain_timeout:\ndomains:\nadmin_token:\n", ""},
+		{"log_format:\nstore:\naccess_log:\n  format:\n  path:\n", ""},
+		{"access_log:\ntls:\n  files:\n", ""},
+		{"defaults: &d\n", "field defaults not found"},
+		{"<<: [{http_addr: }]\nhttps_addr: ':8080'\n", "line 1: http_addr has no value"},
+		{"cache: &c\n  size: 5\nupstream:\n  <<: [{max_conns: 3}]\n", ""},
+		{"access_log:\n  <<: [{format: json}, {buffer_lines: 8}]\nhttp_addr: ':1'\ntls:\n  <<: {domain: }\n", ""},
+	} {
+		c, err := Load([]string{"--config", writeFile(t, tc.body)}, env(nil), io.Discard)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.body, err)
+		case tc.want != "" && err == nil:
+			t.Errorf("%q loaded (http_addr %q, routes %q); want an error naming %q", tc.body, c.HTTPAddr, c.Routes, tc.want)
+		case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+			t.Errorf("%q: error %v; want one naming %q", tc.body, err, tc.want)
+		}
+	}
+}

@@ -149,6 +149,29 @@ func TestSignalDuringStartupStopsCleanly(t *testing.T) {
 	}
 }
 
+// A start that fails once the server exists (here: the admin port is
+// taken) stops what the server started with it: its janitor and hang-up
+// watcher, with an epoll descriptor, used to be left running, one pair per
+// failed start of run() in a process that goes on.
+func TestFailedStartLeavesNoServerGoroutines(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	before := goroutinesIn("proxy.(*Server).janitor") + goroutinesIn("proxy.(*hangups).run")
+	for range 3 {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), []string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", held.Addr().String(), "--routes="}, noEnv, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "admin listener") {
+			t.Fatalf("exit %d, stderr %q; want 1 and the admin listener's error", code, errb.String())
+		}
+	}
+	testenv.WaitFor(t, 5*time.Second, "the failed starts' server goroutines to end", func() bool {
+		return goroutinesIn("proxy.(*Server).janitor")+goroutinesIn("proxy.(*hangups).run") <= before
+	})
+}
+
 // The real binary: SIGTERM with an SSE stream open ends the stream cleanly
 // and the process exits 0 within the drain time.
 func TestBinarySIGTERM(t *testing.T) {

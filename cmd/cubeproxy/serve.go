@@ -176,6 +176,12 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	a := &app{cfg: cfg, log: log, instance: ps.instance}
 	defer func() {
 		if err != nil {
+			if a.server != nil {
+				// Never served, it stops at once: without this its janitor
+				// and hang-up watcher (an epoll descriptor) outlived every
+				// failed start of an in-process run.
+				_ = a.server.Shutdown(context.Background())
+			}
 			a.close()
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				// SIGTERM or SIGINT while starting (resolving a listener's

@@ -183,12 +183,16 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 				_ = a.server.Shutdown(context.Background())
 			}
 			a.close()
-			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			if ctx.Err() != nil {
 				// SIGTERM or SIGINT while starting (resolving a listener's
-				// host name, waiting for ACME's certificates): a stop the
-				// operator asked for, not a failed start. Reported as the
-				// listener's or the CA's failure, with exit 1, it sent the
-				// operator looking for a fault, and a supervisor counted one.
+				// host name, waiting for ACME's certificates or for the
+				// storage lock another replica holds): a stop the operator
+				// asked for, not a failed start. Reported as the listener's
+				// or the CA's failure, with exit 1, it sent the operator
+				// looking for a fault, and a supervisor counted one. Not
+				// errors.Is(err, context.Canceled) alone: certmagic's lock
+				// wait formats the cancellation away (%v). What the start
+				// was doing is kept in the line.
 				log.Info("signal during startup: stopped before serving", "interrupted", err.Error())
 				err = errStoppedStarting
 			}

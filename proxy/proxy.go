@@ -359,9 +359,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	sb.lastActive.Store(x.start.UnixMilli())
 
 	// Only a request without a body can switch protocols here: the tunnel
-	// sends the head alone. Others (curl's "Upgrade: h2c" on a POST) go
-	// through forward, which drops Upgrade as a hop-by-hop header.
-	if frameless(h) && upgradeRequested(h) {
+	// sends the head alone. Others (curl's "Upgrade: h2c" on a POST), and
+	// upgrades the tunnel does not take (switchable), go through forward,
+	// which drops Upgrade as a hop-by-hop header.
+	if frameless(h) && upgradeRequested(h) && switchable(h) {
 		p.tunnel(ctx, x, route, &t, addr, sb)
 		return
 	}

@@ -600,9 +600,44 @@ func switchedAsAsked(req *fasthttp.RequestHeader, resp *fasthttp.ResponseHeader)
 	return named
 }
 
+// switchable reports whether an upgrade request (upgradeRequested) is one
+// the tunnel takes: an HTTP/1.1 request offering a protocol other than h2c.
+// A server MUST ignore Upgrade in an HTTP/1.0 request (RFC 9110 §7.8), and
+// the 101 fasthttp wrote such a client said "Connection: keep-alive", not
+// Upgrade, which fails any client's handshake. h2c's upgrade is deprecated
+// (RFC 9113 §3.1) and cannot work through the proxy: its HTTP2-Settings,
+// which it requires (RFC 7540 §3.2.1), is hop-by-hop and removed. A
+// sandbox that switched anyway would get a whole HTTP/2 connection whose
+// requests the proxy never sees, one by one (the "h2c smuggling" past a
+// proxy's per-request checks); Envoy strips the h2c upgrade too. Those
+// requests go on as plain ones, Upgrade removed, as a POST's does. Only
+// requests with an Upgrade header get here: no cost for the others.
+func switchable(h *fasthttp.RequestHeader) bool {
+	if !h.IsHTTP11() {
+		return false
+	}
+	for _, v := range h.PeekAll("Upgrade") {
+		for len(v) > 0 {
+			var proto []byte
+			if proto, v = nextToken(v); len(proto) > 0 && !isH2C(proto) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// isH2C reports whether an Upgrade token is h2c, never tunnelled (see
+// switchable).
+func isH2C(proto []byte) bool { return bytes.EqualFold(proto, []byte("h2c")) }
+
 // offered reports whether proto is one of the protocols in the request's
-// Upgrade lines.
+// Upgrade lines, other than h2c: a 101 to h2c is never spliced, even when
+// offered beside a protocol the tunnel takes (see switchable).
 func offered(lines [][]byte, proto []byte) bool {
+	if isH2C(proto) {
+		return false
+	}
 	for _, v := range lines {
 		for len(v) > 0 {
 			var p []byte

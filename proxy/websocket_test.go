@@ -834,6 +834,61 @@ func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
 	}
 }
 
+// Only an HTTP/1.1 upgrade to a protocol other than h2c is tunnelled. An
+// HTTP/1.0 one must be ignored (RFC 9110 §7.8; its 101 went out with
+// "Connection: keep-alive" and failed the handshake), and h2c's lost its
+// HTTP2-Settings as a hop-by-hop header: a sandbox that switched anyway
+// got a tunnel of HTTP/2 requests the proxy never saw. Both go on as
+// plain requests, Upgrade removed; a 101 to h2c offered beside websocket
+// is refused. The sandbox here switches to whatever it is offered last.
+func TestUpgradeOnlyHTTP11AndNeverH2C(t *testing.T) {
+	h := newHarness(t)
+	seen := make(chan string, 1)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		seen <- req.Header.Get("Upgrade") + "|" + req.Header.Get("HTTP2-Settings")
+		offers := strings.Split(req.Header.Get("Upgrade"), ",")
+		if last := strings.TrimSpace(offers[len(offers)-1]); last != "" {
+			rawWrite(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+last+"\r\nConnection: Upgrade\r\n\r\n")
+			var one [1]byte
+			c.Read(one[:]) // until the proxy closes its side
+			return false
+		}
+		return rawWrite(c, okResponse("plain"))
+	})
+	host := h.route("wsh2c", b.port)
+	for _, tc := range []struct {
+		name, head string
+		status     int
+		sandbox    string // the Upgrade and HTTP2-Settings it got
+	}{
+		{"h2c", "GET /h2c HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n" +
+			"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", 200, "|"},
+		{"h2c in another case", "GET /h2c HTTP/1.1\r\nHost: %s\r\nConnection: upgrade\r\nUpgrade: H2C\r\n\r\n", 200, "|"},
+		{"HTTP/1.0", "GET /ws HTTP/1.0\r\nHost: %s\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n", 200, "|"},
+		{"h2c chosen over websocket", "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket, h2c\r\n\r\n", 502, "websocket, h2c|"},
+	} {
+		c := dialRaw(t, h.addr)
+		fmt.Fprintf(c, tc.head, host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if got := <-seen; resp.StatusCode != tc.status || got != tc.sandbox {
+			t.Errorf("%s: %d %q, the sandbox got Upgrade|HTTP2-Settings %q; want %d, %q", tc.name, resp.StatusCode, body, got, tc.status, tc.sandbox)
+		}
+		if tc.status == 502 {
+			checkProxyError(t, resp, string(body), 502, CodeUpstreamBadHeader)
+		}
+		c.Close()
+		// A plain request's connection stays in the pool, idle.
+		testenv.WaitFor(t, 5*time.Second, tc.name+": no tunnel left, the request done", func() bool {
+			_, n := h.proxy.streams.open()
+			return n == 0 && h.proxy.sandboxes.peek("wsh2c").inFlight() == 0
+		})
+	}
+}
+
 // Connection may come on several lines (RFC 9110 §5.3: the same as one
 // line, joined), as a client or an intermediary that adds its own line
 // sends it: the upgrade is found on any of them, and every header any of

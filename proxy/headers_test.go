@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -616,8 +617,10 @@ func TestEmptyForwardedProtoIsSet(t *testing.T) {
 // own), no header its Connection named (but those connectionProof keeps),
 // no proxy credential, exactly one
 // X-Real-IP and X-Forwarded-For (the proxy's) and no '_' alias of them,
-// one Host (the masked one, the client's in X-Forwarded-Host), and no
-// line whose name is no field name ("X Real IP").
+// one Host (the masked one, the client's in X-Forwarded-Host), the
+// client's Content-Length, and no line whose name is no field name ("X
+// Real IP"); and acceptsEventStream agrees with the RFC's reading of a
+// well-formed Accept (acceptsEventStreamRef), q=0 in every spelling.
 func FuzzPrepareRequest(f *testing.F) {
 	for _, head := range []string{
 		"User-Agent: x\r\nAccept: */*\r\n",
@@ -641,6 +644,15 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Expect: 100-continue\r\nExpect: x\r\nContent-Length: 3\r\n",
 		"X-Cube-Request-Id: a\r\nx-cube-request-id: b c\r\nX-Cube-Request-Id: \r\n",
 		"Accept: application/json\r\nAccept: Text/Event-Stream;q=1\r\n",
+		// Weights: q=0 in its spellings refuses the stream, any other
+		// accepts it; the first q counts.
+		"Accept: text/event-stream;q=0, application/json\r\n",
+		"Accept: text/event-stream; charset=utf-8; Q=0.000\r\n",
+		"Accept: text/event-stream ;q=0.\r\nAccept: */*;q=0.1\r\n",
+		"Accept: text/event-stream;q=0.001\r\n",
+		"Accept: text/event-stream;q=0;q=1, text/event-stream;q=1.0\r\n",
+		"Accept: text/event-stream;q=1;q=0\r\n",
+		"Connection: content-length, host\r\nContent-Length: 7\r\n",
 	} {
 		f.Add(head)
 	}
@@ -669,6 +681,10 @@ func FuzzPrepareRequest(f *testing.F) {
 		if parser.Parse(&seen, h.Host(), h) != nil || seen.Port != target.Port || string(seen.ID()) != string(target.ID()) {
 			return
 		}
+		if want, ok := acceptsEventStreamRef(h.PeekAll("Accept")); ok && acceptsEventStream(h) != want {
+			t.Errorf("acceptsEventStream = %v for Accept %q, want %v", !want, h.PeekAll("Accept"), want)
+		}
+		length := h.ContentLength()
 		upgrade := upgradeRequested(h)
 		named := map[string]bool{}
 		for _, v := range h.PeekAll("Connection") {
@@ -730,6 +746,10 @@ func FuzzPrepareRequest(f *testing.F) {
 				t.Errorf("alias %s reached the sandbox\n%q", k, sent.String())
 			}
 		}
+		// Content-Length frames the body: no Connection option removes it.
+		if length >= 0 && got.ContentLength() != length {
+			t.Errorf("Content-Length %d reached the sandbox as %d\n%q", length, got.ContentLength(), sent.String())
+		}
 		if lines["x-cube-request-id"] > 1 {
 			t.Errorf("%d request id lines reached the sandbox\n%q", lines["x-cube-request-id"], sent.String())
 		}
@@ -760,6 +780,49 @@ func FuzzPrepareRequest(f *testing.F) {
 			t.Errorf("X-Forwarded-Host = %q\n%q", v, sent.String())
 		}
 	})
+}
+
+// acceptElem is one well-formed Accept element (RFC 9110 §12.5.1): a
+// media range and its parameters, each token=token.
+var acceptElem = regexp.MustCompile("^([!#$%&'*+.^_`|~0-9A-Za-z-]+)/([!#$%&'*+.^_`|~0-9A-Za-z-]+)((?:[ \t]*;[ \t]*[!#$%&'*+.^_`|~0-9A-Za-z-]+=[!#$%&'*+.^_`|~0-9A-Za-z-]+)*)[ \t]*$")
+
+// qvalue is a weight as RFC 9110 §12.4.2 spells it.
+var qvalue = regexp.MustCompile(`^(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)$`)
+
+// acceptsEventStreamRef is acceptsEventStream as the RFC reads, for Accept
+// lines whose every element is well formed with a valid weight (ok false
+// otherwise): some element is text/event-stream, in any case, and its
+// first q parameter, if any, is not 0.
+func acceptsEventStreamRef(lines [][]byte) (accepts, ok bool) {
+	for _, line := range lines {
+		for elem := range strings.SplitSeq(string(line), ",") {
+			elem = strings.Trim(elem, " \t")
+			if elem == "" {
+				continue
+			}
+			m := acceptElem.FindStringSubmatch(elem)
+			if m == nil {
+				return false, false
+			}
+			weight := ""
+			for param := range strings.SplitSeq(m[3], ";") {
+				name, v, _ := strings.Cut(strings.Trim(param, " \t"), "=")
+				if strings.EqualFold(name, "q") {
+					if !qvalue.MatchString(v) {
+						return false, false
+					}
+					if weight == "" {
+						weight = v
+					}
+				}
+			}
+			zero := weight != "" && strings.Trim(weight, "0.") == ""
+			if strings.EqualFold(m[1], "text") && strings.EqualFold(m[2], "event-stream") && !zero {
+				accepts = true
+			}
+		}
+	}
+	return accepts, true
 }
 
 // A hop-by-hop header whose first line is empty is still hop-by-hop: its

@@ -3,14 +3,18 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,7 +35,7 @@ const rawToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd
 // to parse what the proxy sent.
 func fuzzBackend(tb testing.TB) uint16 {
 	return backend(tb, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		echoReceived(w, r)
 		// An app that echoes the id it got, and adds its own: the client
 		// must still get the proxy's alone.
 		w.Header()[HeaderRequestID] = append(r.Header.Values(HeaderRequestID), "sandbox-own")
@@ -62,6 +66,67 @@ func fuzzBackend(tb testing.TB) uint16 {
 	}))
 }
 
+// echoReceived reads r's body and tells the client, in X-Echo-* response
+// headers, what the sandbox got: the body's length and digest (and
+// whether reading it failed), its Host, Content-Length and request ids,
+// and any proxy token in the head or, read with the body's end, in the
+// trailer. FuzzProxyRaw holds these to what the client sent.
+func echoReceived(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	sum := sha256.Sum256(body)
+	h := w.Header()
+	h.Set("X-Echo-Body", fmt.Sprintf("%d:%x", len(body), sum[:8]))
+	if err != nil {
+		h.Set("X-Echo-Body-Err", err.Error())
+	}
+	h.Set("X-Echo-Host", r.Host)
+	h.Set("X-Echo-Length", strconv.FormatInt(r.ContentLength, 10))
+	h.Set("X-Echo-Id", strings.Join(r.Header.Values(HeaderRequestID), ","))
+	for _, name := range proxyTokenHeaders {
+		if len(r.Header.Values(name)) > 0 || len(r.Trailer.Values(name)) > 0 {
+			h.Add("X-Echo-Token", name)
+		}
+	}
+}
+
+// writePieces writes raw to c in up to four pieces, cut where a hash of
+// raw says, each its own write after a pause: what the proxy reads, and
+// what it flushes to the sandbox as it goes (a Content-Length body piece
+// by piece, a chunked body's head before its first chunk), varies with
+// the input. A failed write is the proxy's refusal: the rest is not sent.
+func writePieces(c net.Conn, raw []byte) {
+	hs := fnv.New32a()
+	_, _ = hs.Write(raw)
+	s := hs.Sum32()
+	cuts := []int{0, len(raw)}
+	for i := range 3 {
+		if len(raw) > 1 {
+			cuts = append(cuts, int(s>>(8*i)&0xff)%len(raw))
+		}
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	for i := 1; i < len(cuts); i++ {
+		if i > 1 {
+			time.Sleep(time.Millisecond) // a pause in the client's writes, not a wait for the proxy
+		}
+		if _, err := c.Write(raw[cuts[i-1]:cuts[i]]); err != nil {
+			return
+		}
+	}
+}
+
+// sentRequest is the first request in raw as net/http reads it, with its
+// body, or ok false when net/http refuses it or its body.
+func sentRequest(raw []byte) (req *http.Request, body []byte, ok bool) {
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(raw)))
+	if err != nil {
+		return nil, nil, false
+	}
+	body, err = io.ReadAll(req.Body)
+	return req, body, err == nil
+}
+
 // FuzzProxyRaw sends arbitrary bytes, as one client connection, to a real
 // proxy on loopback with one public and one restricted route, both to one
 // backend, and signed browser tokens on. For any input: no panic and no
@@ -71,7 +136,11 @@ func fuzzBackend(tb testing.TB) uint16 {
 // error object (or the HTML page of a browser navigating); a Location (the
 // 302 that trades a signed token for a cookie) is a path on the same host;
 // no Set-Cookie carries a Domain; every answer has a sane X-Cube-Request-Id;
-// and no pool ever names an address other than the routed backend's (no
+// what the sandbox got for the first request (echoReceived) has a Host,
+// the one request id the client got, the client's Content-Length, no
+// proxy token in its head or a chunked body's trailer, and the body
+// net/http reads from the input, intact and in order whatever the pieces
+// it came in (writePieces), whatever Connection named; and no pool ever names an address other than the routed backend's (no
 // request makes the proxy dial an address no route names).
 func FuzzProxyRaw(f *testing.F) {
 	// The routes map container port 8080 to the backend's port: inputs
@@ -120,6 +189,18 @@ func FuzzProxyRaw(f *testing.F) {
 		"GET / HTTP/1.0\r\nHost: " + host + "\r\n\r\n",
 		"GET / HTTP/1.0\r\nHost: " + host + "\r\nConnection: keep-alive\r\n\r\nGET / HTTP/1.0\r\nHost: " + host + "\r\n\r\n",
 		"POST /up HTTP/1.0\r\nHost: " + host + "\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+		// A chunked body's trailer with each proxy token, on a public and
+		// a restricted route: none reaches the sandbox.
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\nTrailer: X-Cube-Admin-Token\r\n\r\n5\r\nhello\r\n3\r\nabc\r\n0\r\nX-Sum: 1\r\nE2b-Traffic-Access-Token: t\r\ncube-traffic-access-token: u\r\nX-Cube-Admin-Token: a\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\ne2b-traffic-access-token: " + rawToken + "\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nE2b-Traffic-Access-Token: " + rawToken + "\r\n\r\n",
+		// Connection options naming the fields no option removes, with
+		// a Content-Length body and a chunked one.
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nConnection: Host, Content-Length, X-Cube-Request-Id\r\nX-Cube-Request-Id: rid\r\nContent-Length: 5\r\n\r\nhello",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nConnection: host\r\nConnection: content-length, keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+		// A Content-Length body past the request writer's 4 KiB, and an
+		// event stream refused by its weight.
+		"PUT /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("0123456789", 500),
+		"GET /sse HTTP/1.1\r\nHost: " + host + "\r\nAccept: text/event-stream;q=0, application/json\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -148,7 +229,7 @@ func FuzzProxyRaw(f *testing.F) {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		// The proxy may answer and close before reading everything: a
 		// failed write is its refusal, and the answer is still read.
-		_, _ = c.Write(raw)
+		writePieces(c, raw)
 		_ = c.(*net.TCPConn).CloseWrite()
 		out, rerr := io.ReadAll(c)
 		if errors.Is(rerr, os.ErrDeadlineExceeded) {
@@ -188,6 +269,12 @@ func FuzzProxyRaw(f *testing.F) {
 				t.Fatalf("unparsable answer: %v\n%q\nto %q", err, out, raw)
 			}
 			body, berr := io.ReadAll(resp.Body)
+			if n == 0 {
+				checkWholeBody(t, raw, resp.StatusCode, body)
+			}
+			if n == 0 && resp.Header.Get("X-Echo-Body") != "" {
+				checkEcho(t, raw, resp)
+			}
 			if ids := resp.Header.Values(HeaderRequestID); resp.StatusCode != 100 && (len(ids) != 1 || ids[0] == "" || len(ids[0]) > maxRequestIDLen || !isToken([]byte(ids[0]))) {
 				t.Fatalf("%d with %s %q\nto %q", resp.StatusCode, HeaderRequestID, ids, raw)
 			}
@@ -238,6 +325,52 @@ func FuzzProxyRaw(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkEcho holds what the sandbox reported getting for the first request
+// in raw (echoReceived, in resp's head) to what the client sent.
+func checkEcho(t *testing.T, raw []byte, resp *http.Response) {
+	t.Helper()
+	e := resp.Header
+	if tok := e.Values("X-Echo-Token"); len(tok) > 0 {
+		t.Fatalf("the proxy's token %q reached the sandbox\nto %q", tok, raw)
+	}
+	if e.Get("X-Echo-Host") == "" {
+		t.Fatalf("the sandbox got no Host\nto %q", raw)
+	}
+	if id, got := resp.Header.Get(HeaderRequestID), e.Get("X-Echo-Id"); got != id {
+		t.Fatalf("the sandbox got request id %q, the client %q\nto %q", got, id, raw)
+	}
+	req, want, ok := sentRequest(raw)
+	if !ok || e.Get("X-Echo-Body-Err") != "" {
+		return
+	}
+	sum := sha256.Sum256(want)
+	if w := fmt.Sprintf("%d:%x", len(want), sum[:8]); e.Get("X-Echo-Body") != w {
+		t.Fatalf("the sandbox got body %s, the client sent %s (%q)\nto %q", e.Get("X-Echo-Body"), w, want, raw)
+	}
+	if req.ContentLength > 0 && len(req.TransferEncoding) == 0 && e.Get("X-Echo-Length") != strconv.FormatInt(req.ContentLength, 10) {
+		t.Fatalf("the sandbox got Content-Length %s, the client sent %d\nto %q", e.Get("X-Echo-Length"), req.ContentLength, raw)
+	}
+}
+
+// checkWholeBody fails the answer status with body to the first request
+// in raw when the proxy calls a Content-Length body net/http reads whole
+// from raw malformed or cut short: the proxy lost or mangled some of it
+// (a Connection option took its Content-Length, an upload piece went
+// astray on its way to the sandbox).
+func checkWholeBody(t *testing.T, raw []byte, status int, body []byte) {
+	t.Helper()
+	if status != 400 && status != 499 {
+		return
+	}
+	req, _, ok := sentRequest(raw)
+	if !ok || req.ContentLength <= 0 || len(req.TransferEncoding) > 0 {
+		return
+	}
+	if bytes.Contains(body, []byte(`"code":"bad_request_body"`)) || bytes.Contains(body, []byte(`"code":"client_closed_request"`)) {
+		t.Fatalf("%d %s to a whole Content-Length body\nto %q", status, body, raw)
+	}
 }
 
 // fuzzProxy serves routes through a proxy on loopback for a fuzz target,

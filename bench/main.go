@@ -172,12 +172,16 @@ func (o *options) newSample(label, params string, m *meter) *Sample {
 	if o.label != "" {
 		label = o.label
 	}
-	return &Sample{
+	s := &Sample{
 		Label: label, Scenario: o.scenario, Subject: o.subject, Rep: o.rep, Attempt: o.attempt,
 		Time: time.Now().UTC(), WallSec: m.wall.Seconds(), Metrics: map[string]float64{},
 		OtherCPUPct: m.otherPct, StealPct: m.stealPct, BusyPct: m.busyPct,
 		SubjectCPU: m.subjectCPU.Seconds(), Params: params,
 	}
+	if m.err != nil {
+		s.Failed = m.err.Error()
+	}
+	return s
 }
 
 // failedSample records a repetition that ended in err before it had a

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"time"
 )
@@ -13,8 +14,8 @@ type meter struct {
 
 	t0    time.Time
 	cpu0  cpuTotals
-	own0  uint64
-	subj0 uint64
+	own0  ticksByPID
+	subj0 ticksByPID
 
 	// Filled by stop.
 	wall        time.Duration
@@ -23,6 +24,10 @@ type meter struct {
 	stealPct    float64
 	busyPct     float64 // all busy CPU, % of capacity
 	windowTicks uint64
+	// err says why subjectCPU is not the subject's CPU time: a subject
+	// process that could not be read or exited during the window. The
+	// sample is then failed: a CPU time of zero would read as a result.
+	err error
 }
 
 func newMeter(subject, own []int) *meter {
@@ -36,24 +41,35 @@ func (m *meter) all() []int { return append(append([]int{}, m.subject...), m.own
 // process takes milliseconds on a busy core, and read after that walk the
 // subject's time (and idle time) ran past the window the shares divide by.
 func (m *meter) start() {
-	m.own0 = treeTicks(m.all())
-	m.subj0 = treeTicks(m.subject)
+	m.own0, _ = treeTicks(m.all())
+	var missing []int
+	m.subj0, missing = treeTicks(m.subject)
 	m.cpu0, _ = readCPUTotals()
 	m.t0 = time.Now()
+	if len(missing) > 0 {
+		m.err = fmt.Errorf("subject process %v not found: no CPU time to measure", missing)
+	}
 }
 
 func (m *meter) stop() {
 	m.wall = time.Since(m.t0)
 	cpu1, _ := readCPUTotals()
-	subj1 := treeTicks(m.subject)
-	own1 := treeTicks(m.all())
-	m.subjectCPU = time.Duration(subj1-m.subj0) * time.Second / clkTck
+	subj1, _ := treeTicks(m.subject)
+	own1, _ := treeTicks(m.all())
+	subj, gone := subj1.since(m.subj0)
+	if len(gone) > 0 && m.err == nil {
+		m.err = fmt.Errorf("subject process %v exited during the window: its CPU time is lost", gone)
+	}
+	m.subjectCPU = time.Duration(subj) * time.Second / clkTck
+	// Harness processes that exited took their window's CPU time along,
+	// which then counts as foreign: erring towards a rerun.
+	own, _ := own1.since(m.own0)
 	total := cpu1.all() - m.cpu0.all()
 	if total == 0 || cpu1.ncpu == 0 {
 		return
 	}
 	m.windowTicks = total
-	m.otherPct, m.stealPct, m.busyPct = cpuShares(m.wall, m.cpu0, cpu1, own1-m.own0)
+	m.otherPct, m.stealPct, m.busyPct = cpuShares(m.wall, m.cpu0, cpu1, own)
 }
 
 // cpuShares splits a window's CPU capacity (wall × CPUs): the busy share,

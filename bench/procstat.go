@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -97,23 +98,54 @@ func procTree(pid int) []int {
 	return out
 }
 
-// treeTicks sums utime+stime over the process trees rooted at roots.
-// Processes that exited meanwhile count as zero.
-func treeTicks(roots []int) uint64 {
-	var sum uint64
-	seen := map[int]bool{}
+// ticksByPID is utime+stime per process, in ticks: one reading of the
+// process trees a meter watches.
+type ticksByPID map[int]uint64
+
+// treeTicks reads utime+stime of every process in the trees rooted at
+// roots. Processes that exited meanwhile are left out; missing lists the
+// roots that could not be read at all (no such process).
+func treeTicks(roots []int) (t ticksByPID, missing []int) {
+	t = ticksByPID{}
 	for _, r := range roots {
 		for _, p := range procTree(r) {
-			if seen[p] {
+			if _, ok := t[p]; ok {
 				continue
 			}
-			seen[p] = true
-			if t, err := procTicks(p); err == nil {
-				sum += t
+			v, err := procTicks(p)
+			if err != nil {
+				if p == r {
+					missing = append(missing, r)
+				}
+				continue
 			}
+			t[p] = v
 		}
 	}
-	return sum
+	return t, missing
+}
+
+// since returns the CPU time the processes of t took after base, process
+// by process: a process absent from base started meanwhile and counts
+// whole. gone lists the processes of base absent from t: they exited and
+// took the CPU time they spent since base with them (an exited child's
+// time moves to its parent's cutime, which is not counted). Subtracting
+// the sums instead wrapped around below zero when a process exited.
+func (t ticksByPID) since(base ticksByPID) (ticks uint64, gone []int) {
+	for p, v := range t {
+		if b, ok := base[p]; ok && b <= v {
+			ticks += v - b
+		} else {
+			ticks += v // new, or its pid was reused
+		}
+	}
+	for p := range base {
+		if _, ok := t[p]; !ok {
+			gone = append(gone, p)
+		}
+	}
+	slices.Sort(gone)
+	return ticks, gone
 }
 
 // treeRSSKiB sums VmRSS over the process trees rooted at roots.

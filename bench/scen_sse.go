@@ -131,9 +131,15 @@ func (s *sseStream) run(addr string, req []byte, deadline time.Time, latency boo
 	for {
 		b, err := src()
 		if err != nil {
-			if !s.isAborted() {
+			switch {
+			case !s.isAborted():
 				s.ended = true
 				s.err = fmt.Errorf("stream ended early: %w", err)
+			case s.ttfe == 0:
+				// Its headers came, its first event never did: a stream
+				// left out of the latencies and time to first event
+				// would flatter the subject.
+				s.err = errors.New("no event before the sample ended")
 			}
 			return
 		}
@@ -184,6 +190,7 @@ func runSSE(o *options, args []string) (*Sample, error) {
 	size := fs.Int("size", 256, "bytes per event (with SSE framing), at least 32")
 	interval := fs.Duration("interval", 0, "latency mode: time between events of one stream (0 = throughput mode, as fast as the backend writes)")
 	gz := fs.Bool("gzip", false, "send Accept-Encoding: gzip as browsers do (and decode a gzip stream)")
+	firstWait := fs.Duration("first-event-wait", 10*time.Second, "after the warm-up, wait up to this long for every stream's first event before the window opens")
 	if err := o.parse(fs, args); err != nil {
 		return nil, err
 	}
@@ -226,8 +233,9 @@ func runSSE(o *options, args []string) (*Sample, error) {
 	time.Sleep(o.warm)
 	// The window opens once every stream delivered its first event, so that
 	// slow starters (a peer that holds back the first bytes) are measured
-	// rather than missed; a stream silent for 10 s more fails the sample.
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	// rather than missed; a stream that stays silent through this wait and
+	// the window fails the sample.
+	for end := time.Now().Add(*firstWait); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		all := true
 		for _, st := range streams {
 			all = all && st.started.Load()

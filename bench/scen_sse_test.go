@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// sseOrigin serves the backend's event format on a real socket: the
+// connections whose number (from 0) is in silent get the response head
+// and then nothing, the others an event every 5 ms.
+func sseOrigin(t *testing.T, silent ...int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			i := int(n.Add(1) - 1)
+			go serveSSE(c, !slices.Contains(silent, i))
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func serveSSE(c net.Conn, events bool) {
+	defer c.Close()
+	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+		return
+	}
+	if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")); err != nil {
+		return
+	}
+	if !events {
+		_, _ = c.Read(make([]byte, 1)) // until the client leaves
+		return
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for range tick.C {
+		ev := fmt.Sprintf("data: %019d ", time.Now().UnixNano())
+		ev += strings.Repeat("p", 64-len(ev)-2) + "\n\n"
+		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+			return
+		}
+	}
+}
+
+// A stream whose first event never came must fail the sample, as the
+// window's comment promises: it was dropped silently, leaving the
+// latencies and the time to first event of the streams that did deliver.
+func TestSSESilentStreamFailsTheSample(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		args []string
+	}{
+		{"throughput", nil},
+		{"latency", []string{"-interval", "5ms"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			addr := sseOrigin(t, 1)
+			o := &options{scenario: "sse", defLabel: "sse"}
+			args := append([]string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "50ms",
+				"-first-event-wait", "50ms", "-out", ""}, mode.args...)
+			s, err := runSSE(o, args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(s.Failed, "1 of 2 streams failed: no event before the sample ended") {
+				t.Fatalf("sample failed = %q (ops %d, ttfe p50 %.0f µs), want the silent stream named", s.Failed, s.Ops, s.Metrics["ttfe_p50_us"])
+			}
+		})
+	}
+}
+
+// The origin itself is sound: with every stream delivering, the sample
+// is good, so the failure above is the silent stream's.
+func TestSSEOriginDelivers(t *testing.T) {
+	addr := sseOrigin(t)
+	o := &options{scenario: "sse", defLabel: "sse"}
+	s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "50ms", "-interval", "5ms", "-out", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Failed != "" || s.Ops == 0 {
+		t.Fatalf("sample failed = %q with %d events", s.Failed, s.Ops)
+	}
+}

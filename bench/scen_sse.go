@@ -2,11 +2,9 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -90,35 +88,8 @@ func (s *sseStream) run(addr string, req []byte, deadline time.Time, latency boo
 		return
 	}
 	bs := newBodyStream(rc.br, rc.hdr.ContentLength())
-	var src func() ([]byte, error) = bs.next
-	switch ce := string(rc.hdr.Peek("Content-Encoding")); ce {
-	case "":
-	case "gzip":
-		// Only a peer that compresses event streams (nginx with the
-		// platform's gzip settings) takes this path; decoding costs the
-		// client CPU, but the latency it measures is the peer's buffering.
-		gz, err := gzip.NewReader(&bodyReader{bs: bs})
-		if err != nil {
-			s.err = fmt.Errorf("gzip stream: %w", err)
-			return
-		}
-		buf := make([]byte, 64<<10)
-		src = func() ([]byte, error) {
-			n, err := gz.Read(buf)
-			if n > 0 {
-				return buf[:n], nil
-			}
-			if err == nil {
-				err = io.ErrNoProgress
-			}
-			return nil, err
-		}
-	default:
-		s.err = fmt.Errorf("unexpected Content-Encoding %q", ce)
-		return
-	}
 	var p sseParser
-	var now int64
+	var now int64 // arrival of the bytes being parsed
 	onEvent := func(sent int64) {
 		if s.ttfe == 0 {
 			s.ttfe = now - t0
@@ -128,22 +99,10 @@ func (s *sseStream) run(addr string, req []byte, deadline time.Time, latency boo
 			s.lat.record(now - sent)
 		}
 	}
-	for {
-		b, err := src()
-		if err != nil {
-			switch {
-			case !s.isAborted():
-				s.ended = true
-				s.err = fmt.Errorf("stream ended early: %w", err)
-			case s.ttfe == 0:
-				// Its headers came, its first event never did: a stream
-				// left out of the latencies and time to first event
-				// would flatter the subject.
-				s.err = errors.New("no event before the sample ended")
-			}
-			return
-		}
-		now = time.Now().UnixNano()
+	// consume takes body bytes (decoded) that arrived at time at; false
+	// stops the stream.
+	consume := func(b []byte, at int64) bool {
+		now = at
 		s.bytes.Add(int64(len(b)))
 		if latency {
 			p.feed(b, onEvent)
@@ -158,29 +117,44 @@ func (s *sseStream) run(addr string, req []byte, deadline time.Time, latency boo
 		if p.bad {
 			s.badInput = true
 			s.err = errors.New("response body is not the backend's event format")
-			return
+			return false
 		}
+		return true
 	}
-}
-
-// bodyReader adapts a bodyStream to io.Reader for decoders.
-type bodyReader struct {
-	bs      *bodyStream
-	pending []byte
-}
-
-// Read implements io.Reader.
-func (r *bodyReader) Read(p []byte) (int, error) {
-	if len(r.pending) == 0 {
-		b, err := r.bs.next()
-		if err != nil {
-			return 0, err
+	var err error
+	switch ce := string(rc.hdr.Peek("Content-Encoding")); ce {
+	case "":
+		for {
+			var b []byte
+			if b, err = bs.next(); err != nil {
+				break
+			}
+			if !consume(b, time.Now().UnixNano()) {
+				return
+			}
 		}
-		r.pending = b
+	case "gzip":
+		// Only a peer that compresses event streams (nginx with the
+		// platform's gzip settings) takes this path. Events are timed at
+		// the arrival of the compressed bytes that complete them, as a
+		// browser's zlib would hand them out (gunzipEager).
+		if err = gunzipEager(bs.next, consume, func() int64 { return time.Now().UnixNano() }); err == nil {
+			return // consume stopped it
+		}
+	default:
+		s.err = fmt.Errorf("unexpected Content-Encoding %q", ce)
+		return
 	}
-	n := copy(p, r.pending)
-	r.pending = r.pending[n:]
-	return n, nil
+	switch {
+	case !s.isAborted():
+		s.ended = true
+		s.err = fmt.Errorf("stream ended early: %w", err)
+	case s.ttfe == 0:
+		// Its headers came, its first event never did: a stream left out
+		// of the latencies and time to first event would flatter the
+		// subject.
+		s.err = errors.New("no event before the sample ended")
+	}
 }
 
 func runSSE(o *options, args []string) (*Sample, error) {

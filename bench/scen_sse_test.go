@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -15,7 +17,11 @@ import (
 // sseOrigin serves the backend's event format on a real socket: the
 // connections whose number (from 0) is in silent get the response head
 // and then nothing, the others an event every 5 ms.
-func sseOrigin(t *testing.T, silent ...int) string {
+func sseOrigin(t *testing.T, silent ...int) string { return sseOriginGzip(t, false, silent...) }
+
+// sseOriginGzip is sseOrigin that compresses the body with gzip when gz
+// is set, flushing after each event as nginx does for a flushed buffer.
+func sseOriginGzip(t *testing.T, gz bool, silent ...int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -30,33 +36,58 @@ func sseOrigin(t *testing.T, silent ...int) string {
 				return
 			}
 			i := int(n.Add(1) - 1)
-			go serveSSE(c, !slices.Contains(silent, i))
+			go serveSSE(c, !slices.Contains(silent, i), gz)
 		}
 	}()
 	return ln.Addr().String()
 }
 
-func serveSSE(c net.Conn, events bool) {
+func serveSSE(c net.Conn, events, gz bool) {
 	defer c.Close()
 	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 		return
 	}
-	if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")); err != nil {
+	head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+	if gz {
+		head += "Content-Encoding: gzip\r\n"
+	}
+	if _, err := c.Write([]byte(head + "\r\n")); err != nil {
 		return
 	}
 	if !events {
 		_, _ = c.Read(make([]byte, 1)) // until the client leaves
 		return
 	}
+	var body io.Writer = chunkWriter{c}
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(body)
+		body = zw
+	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for range tick.C {
 		ev := fmt.Sprintf("data: %019d ", time.Now().UnixNano())
 		ev += strings.Repeat("p", 64-len(ev)-2) + "\n\n"
-		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+		if _, err := io.WriteString(body, ev); err != nil {
 			return
 		}
+		if zw != nil {
+			if err := zw.Flush(); err != nil {
+				return
+			}
+		}
 	}
+}
+
+// chunkWriter writes each Write as one HTTP/1.1 chunk.
+type chunkWriter struct{ c net.Conn }
+
+func (w chunkWriter) Write(p []byte) (int, error) {
+	if _, err := fmt.Fprintf(w.c, "%x\r\n%s\r\n", len(p), p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // A stream whose first event never came must fail the sample, as the
@@ -86,16 +117,21 @@ func TestSSESilentStreamFailsTheSample(t *testing.T) {
 	}
 }
 
-// The origin itself is sound: with every stream delivering, the sample
-// is good, so the failure above is the silent stream's.
+// The origin itself is sound: with every stream delivering, plain or
+// gzip, the sample is good, so the failure above is the silent stream's,
+// and a gzip stream's events are found and timed.
 func TestSSEOriginDelivers(t *testing.T) {
-	addr := sseOrigin(t)
-	o := &options{scenario: "sse", defLabel: "sse"}
-	s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "50ms", "-interval", "5ms", "-out", ""})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Failed != "" || s.Ops == 0 {
-		t.Fatalf("sample failed = %q with %d events", s.Failed, s.Ops)
+	for _, gz := range []bool{false, true} {
+		t.Run(fmt.Sprint("gzip=", gz), func(t *testing.T) {
+			addr := sseOriginGzip(t, gz)
+			o := &options{scenario: "sse", defLabel: "sse"}
+			s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "50ms", "-interval", "5ms", "-gzip", "-out", ""})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Failed != "" || s.Ops == 0 || s.Metrics["lat_max_us"] <= 0 {
+				t.Fatalf("sample failed = %q with %d events, max latency %.0f µs", s.Failed, s.Ops, s.Metrics["lat_max_us"])
+			}
+		})
 	}
 }

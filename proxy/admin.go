@@ -306,7 +306,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			a.audit(ctx, "route deleted", id)
 		}
 		if err != nil {
-			adminError(ctx, 500, "route deleted but routes file not written: "+err.Error())
+			adminError(ctx, 500, deletedNotWritten(deleted, err))
 			return
 		}
 		if perr != nil {
@@ -318,6 +318,17 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		ctx.Response.Header.Set("Allow", "GET, HEAD, PUT, DELETE")
 		adminError(ctx, 405, "method not allowed: /admin/routes/"+id+" takes GET, HEAD, PUT, DELETE")
 	}
+}
+
+// deletedNotWritten is the 500 of a delete whose routes file write
+// failed. A route already gone from memory (a retry of a delete whose
+// write failed) may still be in the file: the retry wrote it again, and
+// failed again.
+func deletedNotWritten(deleted bool, err error) string {
+	if deleted {
+		return "route deleted but routes file not written: " + err.Error()
+	}
+	return "no route to delete in memory, but the routes file (which may still hold it) not written: " + err.Error()
 }
 
 // putRoute validates and stores a route, answering 400 naming the bad
@@ -476,8 +487,9 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var werr error
+	deleted := false
 	if a.cfg.Routes != nil {
-		_, werr = a.cfg.Routes.Remove(b.SandboxID)
+		deleted, werr = a.cfg.Routes.Remove(b.SandboxID)
 	}
 	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,
@@ -486,7 +498,7 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {
 		// The route would come back at the next restart.
-		adminError(ctx, 500, "route deleted but routes file not written: "+werr.Error())
+		adminError(ctx, 500, deletedNotWritten(deleted, werr))
 		return
 	}
 	if err != nil {

@@ -973,3 +973,26 @@ func TestAdminRoutesPaged(t *testing.T) {
 		}
 	}
 }
+
+// A delete answered 500 (routes file not written) is retried by its
+// caller. The route is gone from memory by then, but not from the file:
+// the retry must not be a 200 while the file still holds the route, which
+// the next restart would serve again.
+func TestAdminRetriedDeleteNotPersisted(t *testing.T) {
+	for _, tc := range []struct{ name, method, path, body string }{
+		{"DELETE", "DELETE", "/admin/routes/gone", ""},
+		{"meta/delete", "POST", "/admin/meta/delete", `{"sandbox_id":"gone"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.route("gone", 8080)
+			h.store.SetPersistPath(filepath.Join(t.TempDir(), "missing", "routes.yaml"))
+			for _, try := range []string{"first", "retry"} {
+				st, out := h.adminJSON(tc.method, tc.path, tc.body)
+				if msg, _ := out["error"].(string); st != 500 || !strings.Contains(msg, "routes file") {
+					t.Errorf("%s with an unwritable routes file: %d %v, want 500 naming the routes file", try, st, out)
+				}
+			}
+		})
+	}
+}

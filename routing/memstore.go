@@ -129,22 +129,24 @@ func (s *MemoryStore) Delete(id string) bool {
 	return ok
 }
 
-// Remove is Delete that also returns the error of the file write.
+// Remove is Delete that also returns the error of the file write. An id
+// with no route still waits for the file to hold the table as it is: the
+// call may retry a delete whose write failed (the route is gone from
+// memory, not from the file), or follow one whose write is under way, and
+// its success must mean the file no longer has the route either.
 func (s *MemoryStore) Remove(id string) (bool, error) {
 	s.mu.Lock()
 	_, ok := s.routes[id]
-	if !ok {
-		s.mu.Unlock()
-		return false, nil
+	if ok {
+		delete(s.routes, id)
+		s.seq++
 	}
-	delete(s.routes, id)
-	s.seq++
 	seq, persisting := s.seq, s.path != ""
 	s.mu.Unlock()
 	if !persisting {
-		return true, nil
+		return ok, nil
 	}
-	return true, s.persist(seq)
+	return ok, s.persist(seq)
 }
 
 // snapshot is the table as it was after change seq, to be written to path.

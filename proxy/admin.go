@@ -54,6 +54,12 @@ type Admin struct {
 	draining *atomic.Bool
 	metrics  fasthttp.RequestHandler
 	started  time.Time
+	// locks orders the changes of one sandbox (see sandboxLocks).
+	locks sandboxLocks
+	// afterStoreChange, for tests, runs between a change's route store
+	// step and its sandbox state step, with the sandbox's lock held; nil
+	// in production.
+	afterStoreChange func(id string)
 }
 
 // NewAdmin returns the admin API for p.
@@ -295,7 +301,9 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
 		}
 	case "DELETE":
+		defer a.locks.lock(id)()
 		deleted, err := a.cfg.Routes.Remove(id)
+		a.storeChanged(id)
 		_, perr := a.invalidate(id)
 		if deleted {
 			// The sandbox is gone: what this instance knew of it goes too.
@@ -339,9 +347,11 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		adminError(ctx, 400, err.Error())
 		return false
 	}
+	defer a.locks.lock(id)()
 	// A failed file write still leaves the new route live in memory, so
 	// the cached old one is dropped either way.
 	err = a.cfg.Routes.Put(r)
+	a.storeChanged(id)
 	_, perr := a.invalidate(id)
 	a.liftKill(id)
 	a.audit(ctx, "route stored", id)
@@ -354,6 +364,13 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		return false
 	}
 	return true
+}
+
+// storeChanged runs the test hook afterStoreChange, if set.
+func (a *Admin) storeChanged(id string) {
+	if a.afterStoreChange != nil {
+		a.afterStoreChange(id)
+	}
 }
 
 // liftKill forgets a meta/delete of id: a route stored again is a
@@ -370,6 +387,7 @@ func (a *Admin) liftKill(id string) {
 // them), every instance drops its cached copy and reads the new one, and
 // the sandbox is no longer killed on this instance.
 func (a *Admin) routeWritten(ctx *fasthttp.RequestCtx, id string) {
+	defer a.locks.lock(id)()
 	_, perr := a.invalidate(id)
 	a.liftKill(id)
 	a.audit(ctx, "cached route dropped", id)
@@ -486,10 +504,12 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
+	defer a.locks.lock(b.SandboxID)()
 	var werr error
 	deleted := false
 	if a.cfg.Routes != nil {
 		deleted, werr = a.cfg.Routes.Remove(b.SandboxID)
+		a.storeChanged(b.SandboxID)
 	}
 	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,

@@ -25,6 +25,7 @@ type harness struct {
 	counts *countingStore
 	cache  *routing.Cache
 	proxy  *Proxy
+	adm    *Admin
 	server *Server
 	addr   string // sandbox traffic listener
 	admin  string // admin listener
@@ -78,8 +79,8 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := NewAdmin(AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}, h.proxy)
-	h.server = NewServer(o.srv, h.proxy, admin)
+	h.adm = NewAdmin(AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}, h.proxy)
+	h.server = NewServer(o.srv, h.proxy, h.adm)
 	host := o.listen
 	if host == "" {
 		host = "127.0.0.1"

@@ -176,6 +176,7 @@ func (s *MemoryStore) snapshot() snapshot {
 // file that every rewrite of path starts with, so that a store that cannot
 // persist is found at startup rather than by each admin change.
 func CheckPersistPath(path string) error {
+	path = followLink(path)
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("routes file %s cannot be rewritten: %w", path, err)
@@ -214,12 +215,26 @@ func (s *MemoryStore) persist(seq uint64) error {
 	return nil
 }
 
-// writeFileAtomic replaces path with data so readers see the old or the new
-// file, never a partial one. It holds traffic tokens: a new file is 0600,
-// and an existing one keeps its owner and group bits but loses the
-// others' (a checked-out routes.yaml is 0644: every user of the host
-// could read the tokens the admin API writes into it).
+// followLink returns the file path names through its symlinks, or path
+// itself when it is none (or names no file yet, or a link to nothing).
+// A routes file that is a link to the copy kept elsewhere must stay one:
+// the rename replaces the file it points to, in that file's directory,
+// not the link with a file beside it that leaves the target stale.
+func followLink(path string) string {
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		return target
+	}
+	return path
+}
+
+// writeFileAtomic replaces path (the file it links to, if a symlink) with
+// data so readers see the old or the new file, never a partial one. It
+// holds traffic tokens: a new file is 0600, and an existing one keeps its
+// owner and group bits but loses the others' (a checked-out routes.yaml
+// is 0644: every user of the host could read the tokens the admin API
+// writes into it).
 func writeFileAtomic(path string, data []byte) error {
+	path = followLink(path)
 	mode := os.FileMode(0o600)
 	if fi, err := os.Stat(path); err == nil {
 		mode = fi.Mode().Perm() &^ 0o007

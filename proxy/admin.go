@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -310,7 +311,9 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			// A paused one was otherwise remembered for ever (the sweep
 			// forgets only idle running sandboxes and old kills), one entry
 			// per sandbox ever paused, however many come and go.
-			a.p.sandboxes.forget(id)
+			// No state is newer than this delete: a change racing it
+			// may land on either side (changes of the route wait for it).
+			a.p.sandboxes.forget(id, math.MaxInt64)
 			a.audit(ctx, "route deleted", id)
 		}
 		if err != nil {

@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // adminCall is one admin API call a test makes.
@@ -105,5 +108,72 @@ func TestAdminChangesOfOneSandboxDoNotInterleave(t *testing.T) {
 				t.Errorf("the sandbox's lock is still counted %d times after every change ended", n)
 			}
 		})
+	}
+}
+
+// answerHeldStore is a real store whose Lookup, once it has read the store,
+// runs after (tests hold a read's answer back with it).
+type answerHeldStore struct {
+	inner atomic.Pointer[routing.MemoryStore]
+	after func(id string)
+}
+
+func (g *answerHeldStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	r, err := g.inner.Load().Lookup(ctx, id)
+	g.after(id)
+	return r, err
+}
+
+// A request that found no route forgets the sandbox's state (a route
+// deleted in the store is a sandbox gone). A request that read "no route"
+// just before the route was stored and the sandbox paused (a client
+// polling for a sandbox being created) must not forget that pause when it
+// ends: it is newer than what the request read, and the sandbox was
+// served as running, to a paused VM.
+func TestRequestThatFoundNoRouteKeepsALaterPause(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	reached, release := make(chan struct{}), make(chan struct{})
+	var gated atomic.Bool
+	gs := &answerHeldStore{after: func(id string) {
+		if id == "late" && gated.CompareAndSwap(false, true) {
+			close(reached)
+			<-release
+		}
+	}}
+	h := newHarness(t, func(o *harnessOpts) { o.store = gs })
+	gs.inner.Store(h.store)
+
+	first := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("GET", "80-late.cube.test", "/", nil))
+		if err != nil {
+			t.Error(err)
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not read the store")
+	}
+	// The sandbox is created and paused while the request's answer is on
+	// its way.
+	for _, c := range []adminCall{
+		{"PUT", "/admin/routes/late", `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
+		{"POST", "/admin/state", `{"sandbox_id":"late","state":"paused"}`},
+	} {
+		if st, err := h.call(c); err != nil || st != 200 {
+			t.Fatalf("%s %s: %d %v", c.method, c.path, st, err)
+		}
+	}
+	close(release)
+	if st := <-first; st != 404 {
+		t.Fatalf("the request that read no route: %d, want 404", st)
+	}
+	if code, body, _ := h.get("80-late.cube.test", "/"); code != 503 {
+		t.Errorf("the paused sandbox answers %d %s, want 503", code, body)
 	}
 }

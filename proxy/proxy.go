@@ -407,7 +407,7 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 			// running one only a day after its last request, and a
 			// sandbox created again under the id is a new one.
 			if x.cache == telemetry.CacheMiss {
-				p.sandboxes.forget(x.sandboxID)
+				p.sandboxes.forget(x.sandboxID, x.start.UnixNano())
 			}
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)

@@ -319,18 +319,32 @@ func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int)
 // count max_streams_per_sandbox still needs, but loses its pause: the
 // sweep forgets a paused entry never, and a running one a day after its
 // last request.
-func (s *sandboxes) forget(id string) {
+//
+// since (unix nanos) is when the store read that found the route gone
+// began: a state set at or after it (setState stores the time before its
+// swap) is newer than that read, given for a route stored since, and
+// stays. A request that read "no route" just before the sandbox's route
+// was stored and its pause set otherwise forgot the pause as it ended.
+func (s *sandboxes) forget(id string, since int64) {
 	v, ok := s.m.Load(id)
 	if !ok {
 		return
 	}
 	e := v.(*sandboxState)
-	if s.retire(id, e, killedOrBusy) {
+	keep := func(w uint64, e *sandboxState) bool {
+		return killedOrBusy(w, e) || e.changedAt.Load() >= since
+	}
+	if s.retire(id, e, keep) {
 		return
 	}
-	// A swap, not a store: a kill that lands meanwhile must stand.
-	for st := e.state(); st == statePausing || st == statePaused; st = e.state() {
-		if e.casState(st, stateRunning) {
+	// A swap from the word the time was judged with, not a store: a kill
+	// or a newer pause that lands meanwhile must stand.
+	for {
+		w := e.word.Load()
+		if st := stateOf(w); st != statePausing && st != statePaused || e.changedAt.Load() >= since {
+			return
+		}
+		if e.word.CompareAndSwap(w, withState(w, stateRunning)) {
 			return
 		}
 	}
@@ -382,6 +396,7 @@ func (p *Proxy) ExpireAll() int { return p.cache.ExpireAll() }
 // whose answer may predate a route written since. The cache bounds the
 // read (LookupTimeout) and shares it with requests for id.
 func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
+	since := time.Now().UnixNano()
 	_, res, err := p.cache.Get(ctx, []byte(id))
 	var fe *routing.FieldError
 	switch {
@@ -390,7 +405,7 @@ func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
 	case res != routing.CacheMiss:
 		return false
 	case errors.Is(err, routing.ErrNotFound):
-		p.sandboxes.forget(id)
+		p.sandboxes.forget(id, since)
 		return true
 	}
 	return errors.As(err, &fe) // the route is there, if invalid

@@ -261,7 +261,7 @@ func TestRetireKeepsWhatLandsMeanwhile(t *testing.T) {
 	const id = "sbx"
 	now := time.Now()
 	sweep := func(s *sandboxes) { s.sweep(now, 24*time.Hour, time.Hour) }
-	forget := func(s *sandboxes) { s.forget(id) }
+	forget := func(s *sandboxes) { s.forget(id, time.Now().UnixNano()) }
 	idle := func(s *sandboxes) { s.get([]byte(id)).lastActive.Store(now.Add(-25 * time.Hour).UnixMilli()) }
 	oldKill := func(s *sandboxes) {
 		s.setState(id, stateKilled)
@@ -359,7 +359,7 @@ func TestRequestMovesOffAForgottenEntry(t *testing.T) {
 	var s sandboxes
 	const id = "sbx"
 	e := s.get([]byte(id))
-	s.forget(id)
+	s.forget(id, time.Now().UnixNano())
 	if _, ok := e.enter(); ok {
 		t.Fatal("a request counted on a forgotten entry")
 	}

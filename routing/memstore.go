@@ -216,13 +216,21 @@ func (s *MemoryStore) persist(seq uint64) error {
 }
 
 // followLink returns the file path names through its symlinks, or path
-// itself when it is none (or names no file yet, or a link to nothing).
-// A routes file that is a link to the copy kept elsewhere must stay one:
-// the rename replaces the file it points to, in that file's directory,
-// not the link with a file beside it that leaves the target stale.
+// itself when it is none. A routes file that is a link to the copy kept
+// elsewhere must stay one: the rename replaces the file it points to, in
+// that file's directory, not the link with a file beside it that leaves
+// the target stale. A link to a file not there yet (a fresh data volume)
+// is followed too, so the first write creates the target.
 func followLink(path string) string {
-	if target, err := filepath.EvalSymlinks(path); err == nil {
-		return target
+	for range 40 { // the kernel's own bound on links in a path
+		target, err := os.Readlink(path)
+		if err != nil {
+			return path // not a link, or no file at all
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
 	}
 	return path
 }

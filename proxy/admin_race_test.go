@@ -12,6 +12,16 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
+// waiting returns how many changes of id hold or wait for its lock.
+func (l *sandboxLocks) waiting(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e := l.m[id]; e != nil {
+		return e.refs
+	}
+	return 0
+}
+
 // adminCall is one admin API call a test makes.
 type adminCall struct{ method, path, body string }
 

@@ -46,13 +46,3 @@ func (l *sandboxLocks) lock(id string) (unlock func()) {
 		l.mu.Unlock()
 	}
 }
-
-// waiting returns how many changes of id hold or wait for its lock.
-func (l *sandboxLocks) waiting(id string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e := l.m[id]; e != nil {
-		return e.refs
-	}
-	return 0
-}

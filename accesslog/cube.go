@@ -40,7 +40,12 @@ func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 		b = appendRedactedQuery(b, e.Args, appendCubeEscaped)
 	}
 	b = cubeField(b, e.Protocol)
-	b = cubeField(b, e.URI)
+	b = append(b, cubeSep...)
+	if e.URI == "" {
+		b = append(b, '-')
+	} else {
+		b = appendRedactedURI(b, e.URI, appendCubeEscaped)
+	}
 	b = cubeInt(b, int64(e.Status))
 	b = append(b, cubeSep...)
 	b = strconv.AppendInt(b, max(e.BodyBytesSent, 0), 10)

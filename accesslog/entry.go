@@ -9,7 +9,9 @@ import "time"
 // in the cube format, except where noted.
 //
 // There is deliberately no header map: only the listed headers are logged,
-// and the cube_token query parameter is redacted from RequestURI and Args.
+// and the cube_token parameter (in the query or a fragment) and the
+// userinfo of an absolute-form target are redacted from RequestURI, Args
+// and URI.
 type Entry struct {
 	// Time is when the request finished (nginx $time_local); zero means now.
 	Time time.Time

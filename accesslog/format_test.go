@@ -318,3 +318,50 @@ func BenchmarkStamp(b *testing.B) {
 		}
 	})
 }
+
+// A secret that fasthttp does not read as a query parameter is still a
+// secret: a cube_token in a fragment (which the proxy forwards as sent),
+// after a separator other parsers split on, or the userinfo of an
+// absolute-form target (a password) never reaches a line, in request_uri,
+// args or uri, as fillEntry splits them.
+func TestRedactionBeyondTheQuery(t *testing.T) {
+	const secret = "s3cr3t"
+	tests := []struct{ uri, want string }{
+		{"/p#cube_token=" + secret, "/p#cube_token=REDACTED"},
+		{"/p?a=1#cube_token=" + secret, "/p?a=1#cube_token=REDACTED"},
+		{"/p?a=1#x=2&cube_token=" + secret, "/p?a=1#x=2&cube_token=REDACTED"},
+		{"/p#frag?cube_token=" + secret, "/p#frag?cube_token=REDACTED"},
+		{"/p?a=1;cube_token=" + secret, "/p?a=1;cube_token=REDACTED"},
+		{"/p?a=1;CUBE%5Ftoken=" + secret + "&b=2", "/p?a=1;CUBE%5Ftoken=REDACTED&b=2"},
+		// A redacted value runs to the next '&', as fasthttp reads it.
+		{"/p?cube_token=" + secret + "#" + secret + ";" + secret + "&b=2", "/p?cube_token=REDACTED&b=2"},
+		{"http://u:" + secret + "@h.test/p?q=1", "http://REDACTED@h.test/p?q=1"},
+		{"http://" + secret + "@h.test", "http://REDACTED@h.test"},
+		{"https://a@b:" + secret + "@h.test:8080/p", "https://REDACTED@h.test:8080/p"},
+		{"http://u:" + secret + "@h.test/p?cube_token=" + secret, "http://REDACTED@h.test/p?cube_token=REDACTED"},
+		// fasthttp reads an authority there when the request has no Host.
+		{"//u:" + secret + "@h.test/p", "//REDACTED@h.test/p"},
+		// Not userinfo: an '@' after the authority stays.
+		{"http://h.test/a@b?x=c@d#e@f", "http://h.test/a@b?x=c@d#e@f"},
+		{"/p@q", "/p@q"},
+		{"/p#frag", "/p#frag"},
+		{"/p?a=1;b=2#c", "/p?a=1;b=2#c"},
+	}
+	for _, tt := range tests {
+		if got := string(appendRedactedURI(nil, tt.uri, appendCubeEscaped)); got != tt.want {
+			t.Errorf("uri %q -> %q, want %q", tt.uri, got, tt.want)
+		}
+		e := &Entry{Time: testTime, RequestURI: tt.uri, URI: tt.uri}
+		if path, args, ok := strings.Cut(tt.uri, "?"); ok {
+			e.URI, e.Args = path, args
+		}
+		if !strings.Contains(tt.want, "REDACTED") {
+			continue
+		}
+		for _, line := range []string{cubeLine(e), string(appendJSON(nil, e, testTime, newStamps(jsonTime)))} {
+			if strings.Contains(line, secret) {
+				t.Errorf("%q: line leaks the secret: %s", tt.uri, line)
+			}
+		}
+	}
+}

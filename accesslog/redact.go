@@ -11,10 +11,16 @@ const redacted = "REDACTED"
 // appendFunc appends an escaped copy of s to dst.
 type appendFunc func(dst []byte, s string) []byte
 
-// appendRedactedURI appends uri through esc with secret query values
-// replaced by REDACTED.
+// appendRedactedURI appends uri through esc with secrets replaced by
+// REDACTED: the values of secret parameters in the query and in a
+// fragment, and the userinfo of an absolute-form target. A client has no
+// business sending a fragment, but a hand-made one can ("/p#cube_token=…"
+// is how a token reaches a page's script), and the proxy forwards it as
+// sent; userinfo ("http://user:pw@host/p") is a password, which fasthttp
+// would even turn into an Authorization header.
 func appendRedactedURI(dst []byte, uri string, esc appendFunc) []byte {
-	q := strings.IndexByte(uri, '?')
+	dst, uri = appendRedactedAuthority(dst, uri, esc)
+	q := strings.IndexAny(uri, "?#")
 	if q < 0 {
 		return esc(dst, uri)
 	}
@@ -22,25 +28,56 @@ func appendRedactedURI(dst []byte, uri string, esc appendFunc) []byte {
 	return appendRedactedQuery(dst, uri[q+1:], esc)
 }
 
+// appendRedactedAuthority appends the scheme and authority of an
+// absolute-form target through esc, its userinfo (up to the authority's
+// last '@') replaced by REDACTED, and returns the rest of uri; a target
+// without userinfo is left whole in rest. The authority is found as
+// fasthttp finds it, for a request without a Host header too: after the
+// first "//" with no '/' before it ("http://", a bare "//"), up to the
+// first '/', '?' or '#'.
+func appendRedactedAuthority(dst []byte, uri string, esc appendFunc) (_ []byte, rest string) {
+	s := strings.Index(uri, "//")
+	if s < 0 || strings.IndexByte(uri[:s], '/') >= 0 {
+		return dst, uri
+	}
+	s += len("//")
+	auth := uri[s:]
+	if end := strings.IndexAny(auth, "/?#"); end >= 0 {
+		auth = auth[:end]
+	}
+	at := strings.LastIndexByte(auth, '@')
+	if at < 0 {
+		return dst, uri
+	}
+	dst = esc(dst, uri[:s])
+	dst = append(dst, redacted...)
+	return dst, uri[s+at:] // from the '@'
+}
+
 // appendRedactedQuery appends a query string (no leading "?") through esc
-// with secret parameter values replaced by REDACTED.
+// with secret parameter values replaced by REDACTED. Parameters are split
+// at '&', as fasthttp (and so the proxy's own token check) splits them, and
+// also at ';', '#' and '?', where other parsers (a sandbox's framework, a
+// page's script reading the fragment) may see a parameter begin. A secret
+// value is redacted up to the next '&', all of what fasthttp reads as it.
 func appendRedactedQuery(dst []byte, query string, esc appendFunc) []byte {
 	for query != "" {
-		param := query
-		query = ""
-		if amp := strings.IndexByte(param, '&'); amp >= 0 {
-			param, query = param[:amp+1], param[amp+1:]
+		end := strings.IndexAny(query, "=&;#?")
+		if end < 0 {
+			return esc(dst, query)
 		}
-		eq := strings.IndexByte(param, '=')
-		if eq < 0 || !isRedactedKey(param[:eq]) {
-			dst = esc(dst, param)
+		if query[end] != '=' || !isRedactedKey(query[:end]) {
+			dst = esc(dst, query[:end+1])
+			query = query[end+1:]
 			continue
 		}
-		dst = esc(dst, param[:eq+1])
+		dst = esc(dst, query[:end+1])
 		dst = append(dst, redacted...)
-		if strings.HasSuffix(param, "&") {
-			dst = append(dst, '&')
+		amp := strings.IndexByte(query[end:], '&')
+		if amp < 0 {
+			return dst
 		}
+		query = query[end+amp:]
 	}
 	return dst
 }

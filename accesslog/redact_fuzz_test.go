@@ -13,10 +13,12 @@ import (
 // proxy could read from it reaches a log line: the line's request_uri and
 // args, decoded from the JSON or cube format and parsed as fasthttp parses
 // the query the proxy reads the token from (QueryArgs), carry no cube_token
-// value but REDACTED.
+// value but REDACTED, nor does the request_uri's fragment, and its userinfo
+// is REDACTED whole.
 func FuzzRedaction(f *testing.F) {
 	for _, s := range []string{"/p?cube_token=secret", "/p?a=1&cube%5Ftoken=s&b", "/p?CUBE_TOKEN=s;x=1", "/?cube_token",
-		"http://h/p?x&cube_token=a&cube_token=b", "/p?%63ube_token=s#frag", "/p?cube_token=s|x||y\n", "/p?cube+token=s"} {
+		"http://h/p?x&cube_token=a&cube_token=b", "/p?%63ube_token=s#frag", "/p?cube_token=s|x||y\n", "/p?cube+token=s",
+		"/p#cube_token=s", "/p?a#b&cube_token=s", "http://u:pw@h/p", "http://a@b@h?cube_token=s#cube_token=t"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, uri string) {
@@ -40,6 +42,12 @@ func FuzzRedaction(f *testing.F) {
 			var u fasthttp.URI
 			if err := u.Parse(nil, []byte(logged[0])); err == nil {
 				checkRedacted(t, format+" request_uri", uri, logged[0], u.QueryArgs())
+				var frag fasthttp.Args
+				frag.ParseBytes(u.Hash())
+				checkRedacted(t, format+" request_uri's fragment", uri, logged[0], &frag)
+				if ui := string(u.Username()) + string(u.Password()); ui != "" && ui != redacted {
+					t.Fatalf("%s request_uri of %q logged as %q: userinfo %q", format, uri, logged[0], ui)
+				}
 			}
 			var a fasthttp.Args
 			a.Parse(logged[1])

@@ -310,3 +310,37 @@ func TestStreamsOpenCountsEveryStreamedBody(t *testing.T) {
 		})
 	}
 }
+
+// The redirect listener's connections count against client.max_conns, so
+// cubeproxy_connections_open, which shows how close a node runs to that
+// limit, counts them too while they are open: a kept-alive one after its
+// 308, and one whose Expect head was answered and lingers (a hijack);
+// both are counted down when they close.
+func TestConnectionsOpenCountsRedirectListener(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	const name = "cubeproxy_connections_open"
+	base := gaugeValue(t, admin, name)
+	for _, tc := range []struct{ name, head string }{
+		{"kept alive", "GET /a HTTP/1.1\r\nHost: 50005-box.cube.test\r\n\r\n"},
+		{"Expect head", "POST /a HTTP/1.1\r\nHost: 50005-box.cube.test\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, resp, _ := rawAsk(t, ln.Addr().String(), tc.head)
+			if resp.StatusCode != 308 {
+				t.Fatalf("status %d, want 308", resp.StatusCode)
+			}
+			if got := gaugeValue(t, admin, name); got != base+1 {
+				t.Errorf("%s %v with a redirect connection open, want %v", name, got, base+1)
+			}
+			c.Close()
+			testenv.WaitFor(t, 5*time.Second, name+" back to its base", func() bool {
+				return gaugeValue(t, admin, name) == base
+			})
+			h.waitClientConnsClosed(t)
+		})
+	}
+}

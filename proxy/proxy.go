@@ -54,8 +54,8 @@ type Proxy struct {
 	// left it): Shutdown waits for the requests the drain deadline cut to
 	// be answered. fasthttp's own count is off by one once Serve returned.
 	served atomic.Int64
-	// clientConns counts the client connections of the traffic listeners
-	// from their accept to their close, hijacked ones included: what
+	// clientConns counts the client connections of the traffic and
+	// redirect listeners from their accept to their close, hijacked ones included: what
 	// client.max_conns caps (retryListener.admit counts one up; fasthttp's
 	// close or the hijacker's counts it down, clientConnClosed).
 	clientConns atomic.Int64

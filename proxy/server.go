@@ -213,10 +213,15 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		Logger:                log,
 		SecureErrorLogMessage: true,
 		// Counted against client.max_conns like the traffic listeners'
-		// (admitted by retryListener); nothing here hijacks.
+		// (admitted by retryListener), and so in the open connections
+		// gauge, which shows how close the proxy runs to that limit. Only
+		// redirectExpect hijacks, and counts its connection's close.
 		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
-			if st == fasthttp.StateClosed {
-				p.clientConns.Add(-1)
+			switch st {
+			case fasthttp.StateNew:
+				p.metrics.ConnOpened()
+			case fasthttp.StateClosed:
+				p.clientConnClosed()
 			}
 		},
 	}
@@ -276,7 +281,7 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 	ctx.Hijack(func(c net.Conn) {
 		// A hijacked connection is no StateClosed for this server's
 		// ConnState: its place under client.max_conns is given back here.
-		defer s.p.clientConns.Add(-1)
+		defer s.p.clientConnClosed()
 		ctx.Response.Header.SetConnectionClose()
 		s.p.answerLingering(raw, c, &ctx.Response)
 	})
@@ -625,9 +630,9 @@ func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	}
 }
 
-// clientConnClosed counts a client connection of the traffic server closed,
-// by fasthttp or by the owner of a hijacked one: its place under
-// client.max_conns is free again at once.
+// clientConnClosed counts a client connection of a traffic or redirect
+// server closed, by fasthttp or by the owner of a hijacked one: its place
+// under client.max_conns is free again at once.
 func (p *Proxy) clientConnClosed() {
 	p.clientConns.Add(-1)
 	p.metrics.ConnClosed()

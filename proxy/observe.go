@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -259,21 +261,28 @@ type logScratch struct {
 
 var logScratchPool = sync.Pool{New: func() any { return new(logScratch) }}
 
-// fwdHeaders holds X-Real-IP, X-Forwarded-For, X-Forwarded-Proto and Host
-// as the client sent them. prepareRequest rewrites them for the sandbox (a
-// route's MaskRequestHost replaces Host); the access log shows them as
-// received (nginx's $http_x_real_ip..., $host). Pooled.
+// fwdHeaders holds X-Real-IP, X-Forwarded-For, X-Forwarded-Proto, Host
+// and the request target as the client sent them. prepareRequest rewrites
+// them for the sandbox (a route's MaskRequestHost replaces Host; the
+// signed token's parameter is removed from the target, an absolute-form
+// target becomes its path and query); the access log shows them as
+// received (nginx's $http_x_real_ip..., $host, $request_uri). Pooled.
 type fwdHeaders struct {
 	b   []byte
-	end [4]int // value i is b[end[i-1]:end[i]]
+	end [fwdSlots]int // value i is b[end[i-1]:end[i]]
 }
 
 var fwdHeadersPool = sync.Pool{New: func() any { return new(fwdHeaders) }}
 
 var forwardingHeaders = [3]string{"X-Real-IP", "X-Forwarded-For", "X-Forwarded-Proto"}
 
-// fwdHost is the slot of the Host header in fwdHeaders.
-const fwdHost = len(forwardingHeaders)
+// Slots of fwdHeaders after the forwarding headers: the Host header and
+// the request target.
+const (
+	fwdHost = len(forwardingHeaders) + iota
+	fwdTarget
+	fwdSlots
+)
 
 func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	f.b = f.b[:0]
@@ -283,6 +292,31 @@ func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	}
 	f.b = append(f.b, h.Host()...)
 	f.end[fwdHost] = len(f.b)
+	f.b = appendLogTarget(f.b, h.RequestURI())
+	f.end[fwdTarget] = len(f.b)
+}
+
+// appendLogTarget appends the request target as nginx logs it
+// ($request_uri): an absolute-form target ("http://host/p?q") as its path
+// and query ("/p?q"; "/" for an empty path), as the proxy forwards it;
+// any other target as it is.
+func appendLogTarget(dst, target []byte) []byte {
+	if len(target) == 0 || target[0] == '/' {
+		return append(dst, target...)
+	}
+	i := bytes.Index(target, []byte("://"))
+	if i < 0 {
+		return append(dst, target...) // "*" (OPTIONS) or what no route accepts
+	}
+	rest := target[i+len("://"):]
+	j := bytes.IndexAny(rest, "/?#")
+	if j < 0 || rest[j] != '/' {
+		dst = append(dst, '/')
+	}
+	if j < 0 {
+		return dst
+	}
+	return append(dst, rest[j:]...)
 }
 
 // get returns value i; it aliases f.b.
@@ -331,15 +365,14 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	}
 	if !x.noHead {
 		e.Method = b2s(h.Method())
-		uri := h.RequestURI()
-		e.RequestURI = b2s(uri)
-		for i, c := range uri {
-			if c == '?' {
-				e.URI, e.Args = b2s(uri[:i]), b2s(uri[i+1:])
-				break
-			}
+		if f := x.fwd; f != nil {
+			e.RequestURI = f.get(fwdTarget)
+		} else {
+			e.RequestURI = b2s(h.RequestURI())
 		}
-		if e.URI == "" {
+		if path, args, ok := strings.Cut(e.RequestURI, "?"); ok {
+			e.URI, e.Args = path, args
+		} else {
 			e.URI = e.RequestURI
 		}
 		e.Protocol = b2s(h.Protocol())

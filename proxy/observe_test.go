@@ -1560,6 +1560,55 @@ func TestAccessLogHostOfMaskedRoute(t *testing.T) {
 	}
 }
 
+// request_uri, args and uri are the target as the client sent it (as
+// nginx logs $request_uri), whatever the proxy forwarded and whether it
+// forwarded at all: a signed token's parameter, which the proxy removes
+// before forwarding, is logged (redacted) where the client put it, and an
+// absolute-form target is logged as its path and query, as nginx does,
+// both when it was forwarded and when the proxy answered it itself (its
+// userinfo, a password, never logged).
+func TestAccessLogTargetAsSent(t *testing.T) {
+	s, _ := authSigner(t, strings.Repeat("k", 32))
+	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Signer = s })
+	saw := make(chan string, 1)
+	host := h.route("sbxtarget", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		saw <- r.RequestURI
+	})))
+	const missing = "8080-sbxtargetmissing.cube.test"
+	for _, tc := range []struct {
+		name, host, target string
+		forwarded          string // what the sandbox got; "" when not forwarded
+		requestURI, uri    string // logged
+	}{
+		{"token removed", host, "/p?cube_token=s3cr3tvalue&x=1", "/p?x=1", "/p?cube_token=REDACTED&x=1", "/p"},
+		{"absolute form", host, "http://" + host + "/p?q=1", "/p?q=1", "/p?q=1", "/p"},
+		{"absolute form, empty path", host, "http://" + host + "?q=1", "/?q=1", "/?q=1", "/"},
+		{"absolute form, unknown sandbox", missing, "http://u:pa55word@" + missing + "/p?q=1", "", "/p?q=1", "/p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "req-target-" + strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
+			_, _, resp, _ := rawAsk(t, h.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\nX-Cube-Request-Id: "+id+"\r\n\r\n")
+			if tc.forwarded != "" {
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d, want the sandbox's 200", resp.StatusCode)
+				}
+				if got := <-saw; got != tc.forwarded {
+					t.Fatalf("the sandbox got %q, want %q", got, tc.forwarded)
+				}
+			}
+			e := buf.waitJSON(t, id)
+			args := ""
+			if _, a, ok := strings.Cut(tc.requestURI, "?"); ok {
+				args = a
+			}
+			if e["request_uri"] != tc.requestURI || e["uri"] != tc.uri || e["args"] != args {
+				t.Errorf("logged request_uri %q uri %q args %q, want %q %q %q",
+					e["request_uri"], e["uri"], e["args"], tc.requestURI, tc.uri, args)
+			}
+		})
+	}
+}
+
 // upstream_addr (and the span's upstream address) names a sandbox only
 // when the proxy connected to it: a request refused after its route was
 // resolved but before any dial (too many streams, a body too large) is

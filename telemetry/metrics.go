@@ -93,7 +93,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.bytesOut = b.counter("cubeproxy.sent", "By", "Bytes sent to clients (response bodies and WebSocket frames).")
 	o.cache = b.counter("cubeproxy.route_cache.lookups", "{lookup}", "Route cache lookups by result.")
 	o.storeErrors = b.counter("cubeproxy.store.errors", "{error}", "Failed route store lookups.")
-	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Failed connection attempts to sandboxes.")
+	o.connectErrors = b.counter("cubeproxy.upstream.connect_errors", "{error}", "Sandbox connects that failed on their one retry too: one per request answered upstream_connect_failed or upstream_connect_timeout. A connect that succeeded on its retry counts in retries only.")
 	o.resourceErrs = b.counter("cubeproxy.upstream.resource_errors", "{error}", "Sandbox connections the proxy could not open for want of its own descriptors or local ports (503 proxy_out_of_resources); not in connect_errors.")
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
@@ -337,7 +337,8 @@ func (m *Metrics) StoreLookup(store StoreKind, d time.Duration, failed bool) {
 	}
 }
 
-// UpstreamConnectError counts a failed dial to a sandbox.
+// UpstreamConnectError counts a dial to a sandbox that failed, its retry
+// included (a first attempt that failed is counted by UpstreamRetry).
 func (m *Metrics) UpstreamConnectError() {
 	if m == nil {
 		return

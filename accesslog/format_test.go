@@ -268,9 +268,13 @@ func FuzzCubeFields(f *testing.F) {
 		}
 		// And the value can be read back: each field that holds it
 		// unescapes to it exactly, so a log pipeline loses nothing (but
-		// "-", which stands for empty, as in nginx).
+		// "-", which stands for empty, as in nginx, and the target's
+		// fields, which are redacted).
 		fields := strings.Split(line, cubeSep)
-		for _, i := range []int{1, 3, 10, 15, 18, 19, 20, 21} {
+		if fields[10] != fields[7] {
+			t.Errorf("uri %q and request_uri %q of the same %q differ", fields[10], fields[7], s)
+		}
+		for _, i := range []int{1, 3, 15, 18, 19, 20, 21} {
 			if got := unescapeCube(fields[i]); s != "" && s != "-" && got != s {
 				t.Errorf("field %d of %q reads back as %q: %s", i, s, got, line)
 			}
@@ -341,7 +345,8 @@ func TestRedactionBeyondTheQuery(t *testing.T) {
 		{"http://u:" + secret + "@h.test/p?cube_token=" + secret, "http://REDACTED@h.test/p?cube_token=REDACTED"},
 		// fasthttp reads an authority there when the request has no Host.
 		{"//u:" + secret + "@h.test/p", "//REDACTED@h.test/p"},
-		// Not userinfo: an '@' after the authority stays.
+		// Not userinfo: an empty one, or an '@' after the authority.
+		{"http://@h.test/p", "http://@h.test/p"},
 		{"http://h.test/a@b?x=c@d#e@f", "http://h.test/a@b?x=c@d#e@f"},
 		{"/p@q", "/p@q"},
 		{"/p#frag", "/p#frag"},

@@ -46,7 +46,7 @@ func appendRedactedAuthority(dst []byte, uri string, esc appendFunc) (_ []byte, 
 		auth = auth[:end]
 	}
 	at := strings.LastIndexByte(auth, '@')
-	if at < 0 {
+	if at <= 0 { // none, or empty
 		return dst, uri
 	}
 	dst = esc(dst, uri[:s])

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -52,6 +53,9 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		allow:  cfg.Allow,
 	}
 	if err := validateACME(cfg, s.domain); err != nil {
+		return nil, err
+	}
+	if err := checkStorageDir(a.StorageDir); err != nil {
 		return nil, err
 	}
 	if !a.SkipWildcard {
@@ -143,6 +147,9 @@ func CheckACME(cfg Config) error {
 	if err := validateACME(cfg, strings.ToLower(strings.Trim(cfg.Domain, "."))); err != nil {
 		return fmt.Errorf("tls certificates: %w", err)
 	}
+	if err := checkStorageDir(cfg.ACME.StorageDir); err != nil {
+		return fmt.Errorf("tls certificates: %w", err)
+	}
 	if _, err := issuerTemplate(cfg.ACME, cfg.ListenAddr, zap.NewNop()); err != nil {
 		return fmt.Errorf("tls certificates: %w", err)
 	}
@@ -172,6 +179,44 @@ func validateACME(cfg Config, domain string) error {
 		return errors.New("acme: storage_dir is required: certificates must survive restarts (in a container, mount a volume there; share it between replicas)")
 	}
 	return nil
+}
+
+// checkStorageDir reports whether certmagic can write under dir: create
+// it (the nearest part of it that exists must be a directory this process
+// can write) or add files to it. certmagic finds out only at its first
+// order, in the background, after the proxy is listening: it logs one
+// "failed storage check" and never retries, so HTTPS would fail every
+// handshake for good behind a /readyz that says ready. A container's
+// non-root user meets this with a storage_dir that is not a writable
+// volume. The probe leaves nothing behind (no directory is created), so
+// `cubeproxy check` can run it too.
+func checkStorageDir(dir string) error {
+	d := filepath.Clean(dir)
+	for {
+		fi, err := os.Stat(d)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("acme: storage_dir %s: %s is not a directory", dir, d)
+			}
+			break
+		}
+		// Missing, or under a file (ENOTDIR), or not searchable: the
+		// probe in the nearest existing parent tells which.
+		parent := filepath.Dir(d)
+		if parent == d {
+			break
+		}
+		d = parent
+	}
+	f, err := os.CreateTemp(d, ".cubeproxy-storage-check-*")
+	if err != nil {
+		if d != filepath.Clean(dir) {
+			return fmt.Errorf("acme: storage_dir %s cannot be created in %s (certificates could not be stored): %w", dir, d, err)
+		}
+		return fmt.Errorf("acme: storage_dir %s is not writable (certificates could not be stored): %w", dir, err)
+	}
+	name := f.Name()
+	return errors.Join(f.Close(), os.Remove(name))
 }
 
 // issuerTemplate builds the ACMEIssuer settings shared by both Configs.

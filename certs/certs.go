@@ -91,7 +91,7 @@ type ACMEConfig struct {
 	TrustedRoots *x509.CertPool
 	// StorageDir holds accounts, certificates and locks, so certificates
 	// survive restarts. Replicas must share it (or each issues its own).
-	// Empty means certmagic's default, ~/.local/share/certmagic.
+	// Required, and it must be writable (or creatable) by the process.
 	StorageDir string
 	// DNS configures the DNS-01 challenge; required for the wildcard.
 	DNS DNSConfig

@@ -3,6 +3,8 @@ package certs_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -90,6 +92,16 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if err := os.WriteFile(notPEM, []byte("junk"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// readOnly is a directory this process cannot write, as the image's
+	// non-root user finds / when storage_dir is no writable volume.
+	readOnly := filepath.Join(dir, "ro")
+	if err := os.Mkdir(readOnly, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		// Root writes there anyway; /proc takes no new file from anyone.
+		readOnly = "/proc"
+	}
 	// acme starts from a valid configuration (it never gets to contact the
 	// CA because each case breaks one thing) and applies edit.
 	acme := func(edit func(c *certs.Config)) certs.Config {
@@ -126,6 +138,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"on-demand without Allow", acme(func(c *certs.Config) { c.ACME.OnDemand, c.Allow = true, nil }), "Allow"},
 		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "email"},
 		{"acme without storage", acme(func(c *certs.Config) { c.ACME.StorageDir = "" }), "storage_dir is required"},
+		// certmagic would find these only at its first order, after the
+		// proxy listens, and never retry: HTTPS without a certificate.
+		{"acme storage is a file", acme(func(c *certs.Config) { c.ACME.StorageDir = notPEM }), "is not a directory"},
+		{"acme storage under a file", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(notPEM, "certmagic") }), "is not a directory"},
+		{"acme storage not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(readOnly, "certmagic") }), "cannot be created in"},
 		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
 		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
 		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},
@@ -154,6 +171,18 @@ func TestNewRejectsBadConfig(t *testing.T) {
 				t.Fatalf("error %q does not mention %q", err, tt.wantErr)
 			}
 		})
+	}
+	// A storage directory that does not exist yet is fine where it can be
+	// created, and checking it creates nothing (check must leave no trace).
+	fresh := filepath.Join(dir, "new", "certmagic")
+	if err := certs.CheckACME(acme(func(c *certs.Config) { c.ACME.StorageDir = fresh })); err != nil {
+		t.Errorf("CheckACME with a storage_dir still to create: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("CheckACME left %s behind (stat: %v)", filepath.Join(dir, "new"), err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 2 {
+		t.Errorf("CheckACME left files in %s: %v (%v)", dir, entries, err)
 	}
 	// What certmagic accepts stays accepted: a URL without a scheme
 	// (https assumed), plain http to an internal CA.

@@ -277,7 +277,7 @@ func decodeFile(cfg *Config, path string) error {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w", path, err)
+		return fmt.Errorf("config %s: %w", path, explainTypeError(err, data))
 	}
 	line, err := yamldoc.NextDocument(dec)
 	if err != nil {

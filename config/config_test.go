@@ -65,11 +65,11 @@ func TestLoadErrors(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{"unknown yaml key", []string{"--config", writeFile(t, "http_adr: ':1'\n")}, nil, "field http_adr not found"},
+		{"unknown yaml key", []string{"--config", writeFile(t, "http_adr: ':1'\n")}, nil, "line 1: unknown key http_adr (did you mean http_addr?)"},
 		// Only the first document was read: the rest was ignored.
 		{"second yaml document", []string{"--config", writeFile(t, "http_addr: ':1'\n---\nhttp_addr: ':2'\n")}, nil, "line 3: another YAML document"},
 		{"third yaml document", []string{"--config", writeFile(t, "http_addr: ':1'\n---\n---\nstore: redis\n")}, nil, "line 4: another YAML document"},
-		{"bad yaml duration", []string{"--config", writeFile(t, "drain_timeout: soon\n")}, nil, "line 1: cannot unmarshal !!str `soon` into time.Duration"},
+		{"bad yaml duration", []string{"--config", writeFile(t, "drain_timeout: soon\n")}, nil, "line 1: drain_timeout: want a duration with its unit (30s, 5m, 2h), got `soon`"},
 		{"bad env duration", nil, map[string]string{"CUBEPROXY_DRAIN_TIMEOUT": "soon"}, "CUBEPROXY_DRAIN_TIMEOUT"},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
@@ -294,13 +294,13 @@ func TestLoadNullValues(t *testing.T) {
 		{"admin_addr: null\n", "line 1: admin_addr has no value"},
 		{"log_level:\n", "line 1: log_level has no value"},
 		{"store: memory\nroutes:\n", "line 2: routes has no value"},
-		{"base: &none\n", "field base not found"}, // unknown keys still come first
+		{"base: &none\n", "unknown key base"}, // unknown keys still come first
 		{"access_log: &al\n  format: json\n", ""},
 		{"http_addr: ''\nhttps_addr: ':8080'\n", ""},
 		{"instance_id:\ndrain_timeout:\ndomains:\nadmin_token:\n", ""},
 		{"log_format:\nstore:\naccess_log:\n  format:\n  path:\n", ""},
 		{"access_log:\ntls:\n  files:\n", ""},
-		{"defaults: &d\n", "field defaults not found"},
+		{"defaults: &d\n", "unknown key defaults"},
 		{"<<: [{http_addr: }]\nhttps_addr: ':8080'\n", "line 1: http_addr has no value"},
 		{"cache: &c\n  size: 5\nupstream:\n  <<: [{max_conns: 3}]\n", ""},
 		{"access_log:\n  <<: [{format: json}, {buffer_lines: 8}]\nhttp_addr: ':1'\ntls:\n  <<: {domain: }\n", ""},

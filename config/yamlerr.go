@@ -1,0 +1,229 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The decoder's type errors name a line and Go types ("line 1: cannot
+// unmarshal !!int `30` into time.Duration", "line 2: field sizee not
+// found in type config.Cache"): an operator wrote drain_timeout: 30 and
+// must work out which key that is and what a time.Duration looks like.
+// explainTypeError rewrites each such line to name the key and the kind
+// of value it takes, as -h and the README do. A line it cannot tie to one
+// key for sure (a value that came through an alias) is left as the
+// decoder wrote it.
+var (
+	unknownFieldRE = regexp.MustCompile("^line ([0-9]+): field (.+) not found in type (.+)$")
+	wrongTypeRE    = regexp.MustCompile("^line ([0-9]+): cannot unmarshal (!![a-z]+)(?: `(.*)`)? into (.+)$")
+)
+
+// explainTypeError returns err with its lines rewritten (see above), or
+// err unchanged when it is not the decoder's type error.
+func explainTypeError(err error, data []byte) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return err
+	}
+	var entries []yamlEntry
+	collectEntries(doc.Content[0], nil, &entries, 0)
+	lines := make([]string, len(te.Errors))
+	for i, msg := range te.Errors {
+		lines[i] = explainLine(msg, entries)
+	}
+	if len(lines) == 1 {
+		return errors.New(lines[0])
+	}
+	return errors.New(strings.Join(lines, "\n  "))
+}
+
+// yamlEntry is one key of the file with its value, and their path from
+// the root (a list item has its list's path).
+type yamlEntry struct {
+	path []string
+	key  *yaml.Node // nil for a list item
+	val  *yaml.Node
+}
+
+// collectEntries lists the keys and list items under n in document
+// order. Aliases are not followed: their target is listed where it is
+// written, which is also the line the decoder names.
+func collectEntries(n *yaml.Node, path []string, out *[]yamlEntry, depth int) {
+	if depth > 32 {
+		return
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key, val := n.Content[i], n.Content[i+1]
+			p := append(append([]string(nil), path...), key.Value)
+			*out = append(*out, yamlEntry{path: p, key: key, val: val})
+			collectEntries(val, p, out, depth+1)
+		}
+	case yaml.SequenceNode:
+		for _, item := range n.Content {
+			*out = append(*out, yamlEntry{path: path, val: item})
+			collectEntries(item, path, out, depth+1)
+		}
+	}
+}
+
+// explainLine rewrites one line of a type error, or returns it as is.
+func explainLine(msg string, entries []yamlEntry) string {
+	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		for _, e := range entries {
+			if e.key == nil || e.key.Line != line || e.key.Value != m[2] {
+				continue
+			}
+			parent := configType(e.path[:len(e.path)-1])
+			if parent != nil && parent.Kind() == reflect.Slice {
+				parent = parent.Elem() // a key of a list item (tls.files)
+			}
+			if parent == nil || parent.String() != m[3] {
+				continue // not where the decoder met it (an alias)
+			}
+			out := fmt.Sprintf("line %d: unknown key %s", line, strings.Join(e.path, "."))
+			if near := nearestField(parent, m[2]); near != "" {
+				out += fmt.Sprintf(" (did you mean %s?)", strings.Join(append(e.path[:len(e.path)-1:len(e.path)-1], near), "."))
+			}
+			return out
+		}
+		return msg
+	}
+	if m := wrongTypeRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		tag, value, into := m[2], m[3], m[4]
+		if into == reflect.TypeOf(Config{}).String() {
+			return fmt.Sprintf("line %d: want settings (name: value lines) at the top of the file, got %s", line, describeValue(tag, value))
+		}
+		for _, e := range entries {
+			if e.val.Line != line || e.val.ShortTag() != tag || !valueMatches(e.val, value) {
+				continue
+			}
+			t := configType(e.path)
+			if e.key == nil && t != nil && t.Kind() == reflect.Slice {
+				t = t.Elem() // a list item
+			}
+			if t == nil || t.String() != into || len(e.path) == 0 {
+				continue
+			}
+			name := strings.Join(e.path, ".")
+			if e.key == nil {
+				name = "an entry of " + name
+			}
+			return fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), describeValue(tag, value))
+		}
+	}
+	return msg
+}
+
+// valueMatches reports whether n's value is the one the decoder quoted:
+// all of it, or its first 7 bytes and "..." when it was longer than 10.
+func valueMatches(n *yaml.Node, quoted string) bool {
+	if n.Kind != yaml.ScalarNode {
+		return quoted == ""
+	}
+	if p, ok := strings.CutSuffix(quoted, "..."); ok && len(n.Value) > 10 {
+		return strings.HasPrefix(n.Value, p)
+	}
+	return n.Value == quoted
+}
+
+// configType is the Go type the key at path decodes into, nil when no
+// such key exists. A list of sections (tls.files) is walked through its
+// element type.
+func configType(path []string) reflect.Type {
+	t := reflect.TypeOf(Config{})
+	for _, name := range path {
+		if t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		f, ok := fieldByYAML(t, name)
+		if !ok {
+			return nil
+		}
+		t = f.Type
+	}
+	return t
+}
+
+// fieldByYAML finds the field of struct type t named name in YAML.
+func fieldByYAML(t reflect.Type, name string) (reflect.StructField, bool) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if n, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); n == name && n != "-" {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// nearestField is the key of struct type t within a few typos of name,
+// "" when none is that close.
+func nearestField(t reflect.Type, name string) string {
+	best, bestDist := "", max(2, len(name)/4)+1
+	for i := 0; i < t.NumField(); i++ {
+		n, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if n == "" || n == "-" {
+			continue
+		}
+		if d := editDistance(name, n); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	return best
+}
+
+// describeType names the value a key of type t takes, as -h names kinds.
+func describeType(t reflect.Type) string {
+	switch {
+	case t == durationType:
+		return "a duration with its unit (30s, 5m, 2h)"
+	case t.Kind() == reflect.Bool:
+		return "true or false"
+	case t.Kind() == reflect.Int, t.Kind() == reflect.Int64:
+		return "a whole number"
+	case t.Kind() == reflect.Float64:
+		return "a number"
+	case t.Kind() == reflect.String:
+		return "a string"
+	case t.Kind() == reflect.Map:
+		return "a map of name: value lines"
+	case t.Kind() == reflect.Struct:
+		return "a section of keys (name: value lines under it)"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		return "a list of sections (- name: value)"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		return "a list of strings ([a, b], or one - line each)"
+	case t.Kind() == reflect.Slice:
+		return "a list of whole numbers ([80, 443], or one - line each)"
+	}
+	return t.String()
+}
+
+// describeValue names what the file has where a key's value was expected.
+func describeValue(tag, value string) string {
+	switch tag {
+	case "!!seq":
+		return "a list"
+	case "!!map":
+		return "a section of keys"
+	case "!!null":
+		return "no value"
+	}
+	return "`" + value + "`"
+}

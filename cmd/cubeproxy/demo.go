@@ -119,9 +119,13 @@ func printDemo(w io.Writer, a *app, domain string, adminToken bool) {
 	admin := dialable(a.adminLn.Addr())
 	mcpHost := fmt.Sprintf("%d-%s.%s", demoMCPPort, demoID, domain)
 	sseHost := fmt.Sprintf("%d-%s.%s", demoSSEPort, demoID, domain)
-	adminHeader := ""
+	adminHeader, adminNote := "", ""
 	if adminToken {
+		// The variable is in this shell only when the demo was started
+		// from it with the token exported; a token given by flag or file
+		// (or from another terminal) is not, and the command got a 403.
 		adminHeader = ` -H "X-Cube-Admin-Token: $` + config.EnvPrefix + `ADMIN_TOKEN"`
+		adminNote = "\n# (sends $" + config.EnvPrefix + "ADMIN_TOKEN: in this shell, export " + config.EnvPrefix + "ADMIN_TOKEN=<the demo's admin_token> first)"
 	}
 	fmt.Fprintf(w, `
 CubeProxy demo is running. Proxy: http://%[1]s  Admin: http://%[2]s
@@ -152,8 +156,8 @@ curl -i http://%[1]s/mcp -H 'Host: %[8]s' -H 'Content-Type: application/json' -d
 # 5. Unknown sandbox: the proxy's 404 JSON
 curl -i http://%[1]s/ -H 'Host: 50005-nosuch.%[9]s'
 
-# 6. Routes through the admin API
+# 6. Routes through the admin API%[11]s
 curl -s http://%[2]s/admin/routes%[10]s
 
-`, px, admin, demoID, demoMCPPort, demoToken, demoSSEPort, sseHost, mcpHost, domain, adminHeader)
+`, px, admin, demoID, demoMCPPort, demoToken, demoSSEPort, sseHost, mcpHost, domain, adminHeader, adminNote)
 }

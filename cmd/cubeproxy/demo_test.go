@@ -56,12 +56,17 @@ func TestDemoPrintsListenerAddresses(t *testing.T) {
 	for _, tc := range []struct {
 		name, httpAddr, want string
 		extra                []string
-		env                  map[string]string
+		env                  map[string]string // the demo's
+		shell                map[string]string // the curl's, when not env: as the printed note says
 	}{
-		{"every interface", ":0", "http://127.0.0.1:", nil, nil},
-		{"one loopback address", "127.0.0.2:0", "http://127.0.0.2:", nil, nil},
-		{"allowed domains", ":0", "http://127.0.0.1:", []string{"--domains", "*.cube.example.com,other.test"}, nil},
-		{"admin token from the environment", ":0", "http://127.0.0.1:", nil, map[string]string{"CUBEPROXY_ADMIN_TOKEN": "s3cret"}},
+		{"every interface", ":0", "http://127.0.0.1:", nil, nil, nil},
+		{"one loopback address", "127.0.0.2:0", "http://127.0.0.2:", nil, nil, nil},
+		{"allowed domains", ":0", "http://127.0.0.1:", []string{"--domains", "*.cube.example.com,other.test"}, nil, nil},
+		{"admin token from the environment", ":0", "http://127.0.0.1:", nil, map[string]string{"CUBEPROXY_ADMIN_TOKEN": "s3cret"}, nil},
+		// The variable the command names is not in the operator's shell:
+		// the demo must say to set it, or the command is a 403.
+		{"admin token from a flag", ":0", "http://127.0.0.1:", []string{"--admin-token", "fl4g-token"}, nil,
+			map[string]string{"CUBEPROXY_ADMIN_TOKEN": "fl4g-token"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := &syncBuffer{}
@@ -79,6 +84,18 @@ func TestDemoPrintsListenerAddresses(t *testing.T) {
 					t.Errorf("demo exit %d", code)
 				}
 			}()
+			shell := tc.shell
+			if shell == nil {
+				shell = tc.env
+			}
+			if token := shell["CUBEPROXY_ADMIN_TOKEN"]; token != "" {
+				if !strings.Contains(out.String(), "export CUBEPROXY_ADMIN_TOKEN=") {
+					t.Errorf("the admin command sends $CUBEPROXY_ADMIN_TOKEN without saying to set it:\n%s", out)
+				}
+				if strings.Contains(out.String(), token) {
+					t.Errorf("the demo printed the admin token")
+				}
+			}
 			var sse, admin string
 			for _, line := range strings.Split(out.String(), "\n") {
 				switch {
@@ -92,14 +109,14 @@ func TestDemoPrintsListenerAddresses(t *testing.T) {
 				t.Fatalf("SSE command %q, want it to name %s...", sse, tc.want)
 			}
 			// The first event of the ticker comes through.
-			resp := curlAsPrinted(t, sse, tc.env)
+			resp := curlAsPrinted(t, sse, shell)
 			br := bufio.NewReader(resp.Body)
 			line, err := br.ReadString('\n')
 			resp.Body.Close()
 			if resp.StatusCode != 200 || err != nil || !strings.HasPrefix(line, "id: ") {
 				t.Fatalf("%s: %d, first line %q (%v), want the ticker's first event", sse, resp.StatusCode, line, err)
 			}
-			resp = curlAsPrinted(t, admin, tc.env)
+			resp = curlAsPrinted(t, admin, shell)
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != 200 || !strings.Contains(string(body), `"demo"`) {

@@ -85,6 +85,13 @@ func TestCheckPath(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A refusal names the log and its directory, not the probe file the
+	// check tried there.
+	if err := CheckPath(filepath.Join(dir, "none", "access.log")); err == nil ||
+		!strings.Contains(err.Error(), "access.log: cannot create it in "+filepath.Join(dir, "none")+": ") ||
+		strings.Contains(err.Error(), ".cubeproxy-check") {
+		t.Errorf("CheckPath in a missing directory: %v; want it to name the log and the directory only", err)
+	}
 	for _, tc := range []struct {
 		path string
 		ok   bool

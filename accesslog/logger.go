@@ -186,7 +186,12 @@ func CheckPath(path string) error {
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), ".cubeproxy-check-*")
 	if err != nil {
-		return fmt.Errorf("open access log %s: %w", path, err)
+		// The probe's own name would only puzzle: say what it found.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("open access log %s: cannot create it in %s: %w", path, filepath.Dir(path), err)
 	}
 	name := f.Name()
 	return errors.Join(f.Close(), os.Remove(name))

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -210,6 +211,10 @@ func checkStorageDir(dir string) error {
 	}
 	f, err := os.CreateTemp(d, ".cubeproxy-storage-check-*")
 	if err != nil {
+		var pe *fs.PathError // the probe's name would only puzzle
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
 		if d != filepath.Clean(dir) {
 			return fmt.Errorf("acme: storage_dir %s cannot be created in %s (certificates could not be stored): %w", dir, d, err)
 		}

@@ -142,7 +142,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		// proxy listens, and never retry: HTTPS without a certificate.
 		{"acme storage is a file", acme(func(c *certs.Config) { c.ACME.StorageDir = notPEM }), "is not a directory"},
 		{"acme storage under a file", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(notPEM, "certmagic") }), "is not a directory"},
-		{"acme storage not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(readOnly, "certmagic") }), "cannot be created in"},
+		{"acme storage not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(readOnly, "certmagic") }), "cannot be created in " + readOnly + " (certificates could not be stored): "},
 		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
 		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
 		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -98,6 +100,9 @@ func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) 
 	if err := checkListeners(cfg); err != nil {
 		return nil, "", err
 	}
+	if err := checkListenHosts(cfg); err != nil {
+		return nil, "", err
+	}
 	if cfg.HTTPSAddr != "" {
 		line, err := checkCerts(ctx, &app{cfg: cfg, log: ps.log})
 		if err != nil {
@@ -186,4 +191,34 @@ func secretOption(key string) bool {
 		}
 	}
 	return false
+}
+
+// checkListenHosts refuses a listener address whose host serve's bind
+// would refuse: a name that does not resolve, or an address this machine
+// does not have (a node's http_addr copied to another node's file). It
+// takes the address Listen would take and binds a UDP socket to port 0 of
+// it, which the kernel refuses for the same reasons, so no TCP listener is
+// opened and no port taken: a port in use is still found only by serve.
+func checkListenHosts(cfg *config.Config) error {
+	for _, l := range []struct{ key, addr string }{
+		{"http_addr", cfg.HTTPAddr}, {"https_addr", cfg.HTTPSAddr}, {"admin_addr", cfg.AdminAddr},
+	} {
+		if host, _, err := net.SplitHostPort(l.addr); err != nil || host == "" {
+			continue // empty (off), or a wildcard; Validate judged the form
+		}
+		ta, err := net.ResolveTCPAddr("tcp", l.addr)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", l.key, l.addr, err)
+		}
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Zone: ta.Zone})
+		if err != nil {
+			var oe *net.OpError // "listen udp" would only puzzle
+			if errors.As(err, &oe) {
+				err = oe.Err
+			}
+			return fmt.Errorf("%s %q: %s cannot be bound on this machine (is it one of its addresses?): %w", l.key, l.addr, ta.IP, err)
+		}
+		_ = c.Close()
+	}
+	return nil
 }

@@ -146,6 +146,10 @@ func TestCheckBadConfig(t *testing.T) {
 		// serve's second bind would fail (or, with reuse_port, share the
 		// traffic port with the admin API): check must not say ok.
 		{"traffic and admin on one address", "", []string{"--http-addr", "127.0.0.1:8081", "--admin-addr", "127.0.0.1:8081"}, "are the same address"},
+		// serve's bind would fail: 192.0.2.1 (TEST-NET-1) is no address of
+		// this machine, as a node's http_addr copied to another node.
+		{"http address not on this machine", "", []string{"--http-addr", "192.0.2.1:8081"}, `http_addr "192.0.2.1:8081": 192.0.2.1 cannot be bound on this machine`},
+		{"admin address not on this machine", "admin_token: " + strings.Repeat("a", 32) + "\n", []string{"--admin-addr", "192.0.2.1:8082"}, `admin_addr "192.0.2.1:8082": 192.0.2.1 cannot be bound`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)

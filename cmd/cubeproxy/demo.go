@@ -41,6 +41,11 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 		return errors.New("demo needs store: memory (its route goes into the embedded store)")
 	case cfg.HTTPAddr == "":
 		return errors.New("demo needs http_addr: its curl commands go through the plain HTTP listener")
+	case cfg.PersistRoutes:
+		// The demo's route names ports that close with it: written into
+		// the routes file, it would outlive the demo and send a later
+		// serve's requests to whatever listens there then.
+		return fmt.Errorf("demo needs persist_routes off: its route would be written into %s and outlive the demo", cfg.Routes)
 	}
 	mcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

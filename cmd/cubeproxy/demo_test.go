@@ -19,6 +19,8 @@ import (
 // Settings the demo cannot run with are refused with a message, not a
 // panic, and leave no listener behind.
 func TestDemoRefusesUnusableSettings(t *testing.T) {
+	const routesFile = "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"3000\": \"3000\"\n"
+	routes := writeTemp(t, t.TempDir(), "routes.yaml", routesFile)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -28,6 +30,8 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 		{"no http listener", []string{"--http-addr=", "--https-addr=127.0.0.1:0"}, "demo needs http_addr"},
 		// Its route goes into the memory store.
 		{"redis store", []string{"--store=redis", "--redis-addr=127.0.0.1:1"}, "demo needs store: memory"},
+		// Its route, on ports that close with it, must not reach the file.
+		{"persisted routes", []string{"--routes", routes, "--persist-routes"}, "demo needs persist_routes off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			admin := freeAddr(t)
@@ -44,6 +48,9 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 				t.Fatalf("admin listener left open: %v", err)
 			}
 			ln.Close()
+			if b, err := os.ReadFile(routes); err != nil || string(b) != routesFile {
+				t.Fatalf("routes file after the demo: %q (%v), want it untouched", b, err)
+			}
 		})
 	}
 }

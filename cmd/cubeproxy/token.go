@@ -54,8 +54,14 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if !routing.ValidID(*sandbox) || *port < 1 || *port > 65535 {
+	switch {
+	case *sandbox == "" || *port == 0:
 		return errors.New("--sandbox (a sandbox id) and --port (1-65535) are required")
+	case !routing.ValidID(*sandbox):
+		// Said as such: "required" for a value given puzzled.
+		return fmt.Errorf("--sandbox %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", *sandbox)
+	case *port < 1 || *port > 65535:
+		return fmt.Errorf("--port %d is not a port (1-65535)", *port)
 	}
 	d, err := proxy.ParseTokenTTL(*ttl)
 	if err != nil {

@@ -136,9 +136,9 @@ func TestTokenSignErrors(t *testing.T) {
 		{"no keys", noEnv, []string{"--sandbox", "box", "--port", "8080", "--ttl", "5m"}, "no signing keys"},
 		{"short key", tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": short}), []string{"--sandbox", "box", "--port", "8080"}, "key 1"},
 		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox"},
-		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, "--sandbox"},
-		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port"},
-		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port"},
+		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, `--sandbox "Box!" is not a sandbox id`},
+		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port (1-65535) are required"},
+		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port 65536 is not a port"},
 		{"ttl too long", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "48h"}, "ttl"},
 		{"ttl garbage", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "soon"}, "ttl"},
 		// A lifetime written without --ttl would be dropped for the default.

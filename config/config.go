@@ -229,7 +229,7 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		fs.Lookup(s.flagName()).DefValue = defaults[i].show()
 	}
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, withFlagHint(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -263,6 +263,27 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// withFlagHint adds to an unknown flag's error the flag most likely
+// meant: the YAML key's spelling (--http_addr for --http-addr), or one
+// within a few typos. The usage the flag package printed lists a hundred.
+func withFlagHint(fs *flag.FlagSet, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return err
+	}
+	want := strings.ReplaceAll(strings.ToLower(strings.TrimLeft(name, "-")), "_", "-")
+	best, bestDist := "", max(2, len(want)/4)+1
+	fs.VisitAll(func(f *flag.Flag) {
+		if d := editDistance(want, f.Name); d < bestDist {
+			best, bestDist = f.Name, d
+		}
+	})
+	if best == "" {
+		return err
+	}
+	return fmt.Errorf("%w (did you mean --%s?)", err, best)
 }
 
 // decodeFile reads the YAML file at path over cfg. A key that names no

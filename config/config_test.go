@@ -73,6 +73,9 @@ func TestLoadErrors(t *testing.T) {
 		{"bad env duration", nil, map[string]string{"CUBEPROXY_DRAIN_TIMEOUT": "soon"}, "CUBEPROXY_DRAIN_TIMEOUT"},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
+		// The YAML key's spelling, or a typo: the flag meant is named.
+		{"flag spelled as its key", []string{"--http_addr", ":1"}, nil, "flag provided but not defined: -http_addr (did you mean --http-addr?)"},
+		{"flag with a typo", []string{"--upstream-conect-timeout=1s"}, nil, "(did you mean --upstream-connect-timeout?)"},
 		{"missing file", []string{"--config", "/nonexistent/cubeproxy.yaml"}, nil, "read config"},
 		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
 		// Values that would start a proxy failing every request.

@@ -181,7 +181,7 @@ func nearestField(t reflect.Type, name string) string {
 		if n == "" || n == "-" {
 			continue
 		}
-		if d := editDistance(name, n); d < bestDist {
+		if d := editDistance(strings.ToLower(name), n); d < bestDist { // keys are lower case
 			best, bestDist = n, d
 		}
 	}

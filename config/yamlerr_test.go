@@ -19,6 +19,7 @@ func TestLoadExplainsTypeErrors(t *testing.T) {
 	}{
 		{"unknown key", "http_adr: ':1'\n", []string{"line 1: unknown key http_adr (did you mean http_addr?)"}},
 		{"unknown nested key", "cache:\n  sizee: 5\n", []string{"line 2: unknown key cache.sizee (did you mean cache.size?)"}},
+		{"key in upper case", "HTTP_ADDR: ':1'\n", []string{"line 1: unknown key HTTP_ADDR (did you mean http_addr?)"}},
 		{"unknown key far from any", "frobnicate: 1\n", []string{"line 1: unknown key frobnicate"}},
 		{"unknown key in a list item", "tls:\n  files:\n    - cert_file: a\n      keyfile: b\n",
 			[]string{"line 4: unknown key tls.files.keyfile (did you mean tls.files.key_file?)"}},

@@ -130,20 +130,32 @@ func (z *inflater) member() error {
 		return errors.New("gzip header: not a deflate gzip member")
 	}
 	flg := hdr[3]
+	// The header CRC (FHCRC) covers every header byte before it; zlib
+	// checks it, and so does compress/gzip.
+	hcrc := crc32.ChecksumIEEE(hdr[:])
+	hbyte := func() (byte, error) {
+		c, err := z.byte()
+		hcrc = crc32.Update(hcrc, crc32.IEEETable, []byte{c})
+		return c, err
+	}
 	if flg&4 != 0 { // FEXTRA
-		n, err := z.bits(16)
+		lo, err := hbyte()
 		if err != nil {
 			return err
 		}
-		for range n {
-			if _, err := z.byte(); err != nil {
+		hi, err := hbyte()
+		if err != nil {
+			return err
+		}
+		for range int(lo) | int(hi)<<8 {
+			if _, err := hbyte(); err != nil {
 				return err
 			}
 		}
 	}
 	for _, f := range []byte{8, 16} { // FNAME, FCOMMENT: zero-terminated
 		for flg&f != 0 {
-			c, err := z.byte()
+			c, err := hbyte()
 			if err != nil {
 				return err
 			}
@@ -152,9 +164,13 @@ func (z *inflater) member() error {
 			}
 		}
 	}
-	if flg&2 != 0 { // FHCRC
-		if _, err := z.bits(16); err != nil {
+	if flg&2 != 0 { // FHCRC: the low 16 bits of the CRC-32 of the header
+		v, err := z.bits(16)
+		if err != nil {
 			return err
+		}
+		if uint16(v) != uint16(hcrc) {
+			return errors.New("gzip header: checksum mismatch")
 		}
 	}
 	for last := false; !last; {
@@ -259,6 +275,9 @@ const fastBits = 9
 // build makes h from code lengths and returns how many codes are left
 // unused: 0 for a complete code, negative when oversubscribed.
 func (h *huffman) build(lengths []uint8) int {
+	// Clear the last block's table first: an empty code (a distance code
+	// of a block of literals) must decode nothing, not the codes before.
+	h.fast = [1 << fastBits]uint16{}
 	h.count = [16]uint16{}
 	for _, l := range lengths {
 		h.count[l]++
@@ -285,7 +304,6 @@ func (h *huffman) build(lengths []uint8) int {
 	}
 	// Canonical codes (RFC 1951 3.2.2), bit-reversed since input bits
 	// come least significant first.
-	h.fast = [1 << fastBits]uint16{}
 	var next [16]int
 	for l, code := 1, 0; l < 16; l++ {
 		if l > 1 {

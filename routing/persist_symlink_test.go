@@ -17,16 +17,23 @@ func TestPersistFollowsSymlink(t *testing.T) {
 		name     string
 		relative bool // the link names its target relative to its directory
 		existing bool // the target exists before the first write
+		viaLink  bool // the link points at another link, in a third directory
 	}{
-		{"absolute link", false, true},
-		{"relative link", true, true},
-		{"link to a file not there yet", false, false},
+		{"absolute link", false, true, false},
+		{"relative link", true, true, false},
+		{"link to a file not there yet", false, false, false},
+		{"relative link to a relative link", true, true, true},
+		{"link to a link to a file not there yet", false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := t.TempDir()
-			data, conf := filepath.Join(base, "data"), filepath.Join(base, "conf")
-			for _, d := range []string{data, conf} {
-				if err := os.Mkdir(d, 0o700); err != nil {
+			data, conf, mid := filepath.Join(base, "data"), filepath.Join(base, "conf"), filepath.Join(base, "deep", "mid")
+			dirs := []string{data, conf}
+			if tc.viaLink {
+				dirs = append(dirs, mid)
+			}
+			for _, d := range dirs {
+				if err := os.MkdirAll(d, 0o700); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -36,14 +43,27 @@ func TestPersistFollowsSymlink(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			link := filepath.Join(conf, "routes.yaml")
-			linkTo := target
-			if tc.relative {
-				linkTo = filepath.Join("..", "data", "routes.yaml")
+			// A relative link names its target from its own directory,
+			// which is where the kernel resolves it from; mid is deeper
+			// than conf so that resolving from the wrong one misses.
+			symlink := func(to, at string) {
+				t.Helper()
+				if tc.relative {
+					var err error
+					if to, err = filepath.Rel(filepath.Dir(at), to); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := os.Symlink(to, at); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if err := os.Symlink(linkTo, link); err != nil {
-				t.Fatal(err)
+			link, next := filepath.Join(conf, "routes.yaml"), target
+			if tc.viaLink {
+				next = filepath.Join(mid, "routes.yaml")
+				symlink(target, next)
 			}
+			symlink(next, link)
 			if err := CheckPersistPath(link); err != nil {
 				t.Fatal(err)
 			}
@@ -68,11 +88,34 @@ func TestPersistFollowsSymlink(t *testing.T) {
 			if _, ok := reloaded.Get("new"); !ok {
 				t.Error("the file the link points to lacks the route written")
 			}
-			for _, dir := range []string{data, conf} {
+			for _, dir := range dirs {
 				if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 					t.Errorf("%s holds %d files after the write, want 1", dir, len(entries))
 				}
 			}
 		})
+	}
+}
+
+// The startup check must try the directory the writes will go to: for a
+// link, its target's. A link into a directory that is not there (a data
+// volume not mounted) passed the check, and every admin change then failed.
+func TestCheckPersistPathFollowsSymlink(t *testing.T) {
+	base := t.TempDir()
+	link := filepath.Join(base, "routes.yaml")
+	if err := os.Symlink(filepath.Join(base, "unmounted", "routes.yaml"), link); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckPersistPath(link); err == nil {
+		t.Fatal("CheckPersistPath passed a link into a missing directory; every write would fail")
+	}
+	if err := os.Mkdir(filepath.Join(base, "unmounted"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckPersistPath(link); err != nil {
+		t.Fatalf("with the directory there: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(base, "unmounted")); len(entries) != 0 {
+		t.Errorf("the check left %d files in the target directory", len(entries))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -185,5 +186,146 @@ func TestRequestThatFoundNoRouteKeepsALaterPause(t *testing.T) {
 	}
 	if code, body, _ := h.get("80-late.cube.test", "/"); code != 503 {
 		t.Errorf("the paused sandbox answers %d %s, want 503", code, body)
+	}
+}
+
+// With routes in Redis, meta/delete (kill) and meta/upsert (lift the kill
+// of a sandbox created again) are changes of the sandbox too, and take
+// effect one after the other. An upsert that came between meta/delete's
+// cache invalidation and its kill lifted nothing, and the kill that
+// followed answered the re-created sandbox 410 for an hour after the
+// upsert's 200.
+func TestAdminRedisModeUpsertDuringKillIsNotUndone(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	var h *harness
+	var fired atomic.Bool
+	done := make(chan struct{})
+	// The publish of meta/delete's invalidation is the point between its
+	// steps: invalidate, then kill.
+	publish := func(id string) error {
+		if id != "rk" || !fired.CompareAndSwap(false, true) {
+			return nil
+		}
+		go func() {
+			defer close(done)
+			// The platform created the sandbox again: its route is in
+			// Redis (it never left h.store here), and it says so.
+			c := adminCall{"POST", "/admin/meta/upsert", `{"sandbox_id":"rk"}`}
+			if st, err := h.call(c); err != nil || st != 200 {
+				t.Errorf("%s %s: %d %v", c.method, c.path, st, err)
+			}
+		}()
+		// Until the upsert is done, or waits for the kill to finish.
+		testenv.WaitFor(t, 10*time.Second, "the upsert to end or wait", func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return h.adm.locks.waiting(id) > 1
+			}
+		})
+		return nil
+	}
+	h = newHarness(t, func(o *harnessOpts) { o.noAdminRoutes, o.publish = true, publish })
+	h.put("rk", map[string]string{"HostIP": "127.0.0.1", "80": itoa(port)})
+	if st, body := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"rk"}`, ""); st != 200 {
+		t.Fatalf("meta/delete: %d %s", st, body)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upsert made during meta/delete did not finish")
+	}
+	if code, body, _ := h.get("80-rk.cube.test", "/"); code != 200 {
+		t.Errorf("the re-created sandbox, after the upsert answered 200: %d %s, want 200", code, body)
+	}
+}
+
+// An invalidation of a paused sandbox reads its route again and forgets
+// the pause when the store has none (forgetIfGone). A sandbox created
+// again and paused while that read's answer is on its way keeps the
+// pause: it is newer than what the read found. Timed from after the
+// read, the pause was forgotten, and the paused VM served as running.
+func TestInvalidationReadThatFoundNoRouteKeepsALaterPause(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	reached, release := make(chan struct{}), make(chan struct{})
+	var gate atomic.Bool
+	gs := &answerHeldStore{after: func(id string) {
+		if id == "again" && gate.CompareAndSwap(true, false) {
+			close(reached)
+			<-release
+		}
+	}}
+	h := newHarness(t, func(o *harnessOpts) { o.store = gs })
+	gs.inner.Store(h.store)
+	// Paused, then removed from the store (no route left).
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"again","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("state: %d %s", st, body)
+	}
+	gate.Store(true)
+	settled := make(chan bool, 1)
+	go func() { settled <- h.proxy.forgetIfGone(context.Background(), "again") }()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read did not reach the store")
+	}
+	for _, c := range []adminCall{
+		{"PUT", "/admin/routes/again", `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
+		{"POST", "/admin/state", `{"sandbox_id":"again","state":"paused"}`},
+	} {
+		if st, err := h.call(c); err != nil || st != 200 {
+			t.Fatalf("%s %s: %d %v", c.method, c.path, st, err)
+		}
+	}
+	close(release)
+	if !<-settled {
+		t.Fatal("the store's \"not found\" did not settle the question")
+	}
+	if code, body, _ := h.get("80-again.cube.test", "/"); code != 503 {
+		t.Errorf("the paused sandbox answers %d %s, want 503", code, body)
+	}
+}
+
+// A sandbox's lock excludes every later change until its holder and all
+// its waiters are done, and leaves the map then: one entry per sandbox
+// ever changed would grow for ever. Dropped while a waiter still used
+// it, the next change made a fresh entry and ran beside that waiter.
+func TestSandboxLocksExcludeUntilTheLastLeaves(t *testing.T) {
+	var l sandboxLocks
+	const id = "sbx"
+	unlockA := l.lock(id)
+	acquired := make(chan func(), 2)
+	go func() { acquired <- l.lock(id) }() // B
+	testenv.WaitFor(t, 10*time.Second, "B to wait", func() bool { return l.waiting(id) == 2 })
+	unlockA()
+	var unlockB func()
+	select {
+	case unlockB = <-acquired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("B did not get the lock A released")
+	}
+	go func() { acquired <- l.lock(id) }() // C, while B holds the lock
+	testenv.WaitFor(t, 10*time.Second, "C to wait behind B, or take the lock", func() bool {
+		return l.waiting(id) == 2 || len(acquired) > 0
+	})
+	if len(acquired) > 0 {
+		t.Fatal("C took the lock B holds")
+	}
+	unlockB()
+	select {
+	case unlockC := <-acquired:
+		unlockC()
+	case <-time.After(10 * time.Second):
+		t.Fatal("C did not get the lock B released")
+	}
+	l.mu.Lock()
+	n := len(l.m)
+	l.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d entries left once every change ended, want 0", n)
+	}
+	for _, other := range []string{"a", "b"} { // other sandboxes do not wait
+		l.lock(other)()
 	}
 }

@@ -42,6 +42,10 @@ type harnessOpts struct {
 	// listen is the host the traffic and admin listeners bind
 	// ("" = 127.0.0.1; "[::1]", "[::]" for IPv6).
 	listen string
+	// noAdminRoutes gives the admin API no route store, as when routes
+	// live in Redis and the platform writes them (here h.store stands in
+	// for Redis, written by the test).
+	noAdminRoutes bool
 }
 
 // countingStore counts lookups of a real store.
@@ -79,7 +83,11 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.adm = NewAdmin(AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}, h.proxy)
+	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}
+	if o.noAdminRoutes {
+		ac.Routes = nil
+	}
+	h.adm = NewAdmin(ac, h.proxy)
 	h.server = NewServer(o.srv, h.proxy, h.adm)
 	host := o.listen
 	if host == "" {

@@ -3,10 +3,14 @@ package main
 import (
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Rates divide counts by the meter's wall time, so the counts must be read
@@ -112,25 +116,89 @@ func TestMeterFailsSampleWithoutTheSubjectsCPU(t *testing.T) {
 // difference made other_cpu_pct about -10^17 %, so no noisy sample was
 // ever rerun.
 func TestMeterOwnProcessExitKeepsForeignShareSane(t *testing.T) {
-	cmd := spinner(t, 5)
+	// The harness's own process is metered too, and its ticks grow in the
+	// window: the spinner's must outweigh that growth for the sums to
+	// fall. A busy wait for /proc/stat below (this process spinning)
+	// outgrew a 5-tick spinner, and the test passed with the sums
+	// subtracted.
+	cmd := spinner(t, 30)
 	m := newMeter(nil, []int{cmd.Process.Pid})
 	m.start()
 	stopProc(cmd)
 	// stop computes shares only once /proc/stat has counted the window;
 	// 20 ticks keep their granularity small next to the capacity.
-	for end := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
-		if c, err := readCPUTotals(); err == nil && c.all() >= m.cpu0.all()+20 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("/proc/stat did not advance")
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "/proc/stat to advance", func() bool {
+		c, err := readCPUTotals()
+		return err == nil && c.all() >= m.cpu0.all()+20
+	})
 	m.stop()
 	if m.windowTicks == 0 {
 		t.Fatal("window of zero ticks: shares not computed")
 	}
 	if m.otherPct < -100 || m.otherPct > 150 {
 		t.Fatalf("other CPU %.3g %%, want a share of capacity", m.otherPct)
+	}
+}
+
+// A subject process started in the window (a worker the subject forks)
+// counts whole: it is absent from the reading at the start, and its CPU
+// time is the subject's all the same.
+func TestMeterCountsSubjectChildStartedInTheWindow(t *testing.T) {
+	// The subject forks its worker when told to, on its stdin.
+	cmd := exec.Command("sh", "-c", "read go; sh -c 'while :; do :; done' & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its worker is ended with it
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	m := newMeter([]int{cmd.Process.Pid}, nil)
+	m.start()
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	const ticks = 10
+	testenv.WaitFor(t, 10*time.Second, "the worker to spin", func() bool {
+		for _, p := range procTree(cmd.Process.Pid)[1:] {
+			if v, err := procTicks(p); err == nil && v >= ticks {
+				return true
+			}
+		}
+		return false
+	})
+	m.stop()
+	if m.err != nil {
+		t.Fatal(m.err)
+	}
+	if least := ticks * time.Second / clkTck; m.subjectCPU < least {
+		t.Fatalf("subject CPU %s, want at least the worker's %s", m.subjectCPU, least)
+	}
+}
+
+// since subtracts process by process. A pid of the start reading that
+// shows fewer ticks at the end is another process (the pid was reused)
+// and counts whole; subtracted, it wrapped around to about 1.8e19 ticks.
+func TestTicksSince(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		base, now ticksByPID
+		want      uint64
+		wantGone  []int
+	}{
+		{"grew", ticksByPID{1: 10, 2: 5}, ticksByPID{1: 15, 2: 5}, 5, nil},
+		{"started in the window", ticksByPID{1: 10}, ticksByPID{1: 10, 3: 7}, 7, nil},
+		{"exited in the window", ticksByPID{1: 10, 2: 50}, ticksByPID{1: 12}, 2, []int{2}},
+		{"pid reused", ticksByPID{1: 10, 2: 50}, ticksByPID{1: 10, 2: 3}, 3, nil},
+		{"nothing", ticksByPID{}, ticksByPID{}, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, gone := tc.now.since(tc.base)
+			if got != tc.want || !slices.Equal(gone, tc.wantGone) {
+				t.Fatalf("since = %d, gone %v; want %d, gone %v", got, gone, tc.want, tc.wantGone)
+			}
+		})
 	}
 }

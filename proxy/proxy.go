@@ -55,9 +55,10 @@ type Proxy struct {
 	// be answered. fasthttp's own count is off by one once Serve returned.
 	served atomic.Int64
 	// clientConns counts the client connections of the traffic and
-	// redirect listeners from their accept to their close, hijacked ones included: what
-	// client.max_conns caps (retryListener.admit counts one up; fasthttp's
-	// close or the hijacker's counts it down, clientConnClosed).
+	// redirect listeners from their accept to their close, hijacked ones
+	// included: what client.max_conns caps (retryListener.admit counts one
+	// up; fasthttp's close or the hijacker's counts it down,
+	// clientConnClosed).
 	clientConns atomic.Int64
 
 	clientWriteTimeout time.Duration // from ServerConfig

@@ -149,6 +149,36 @@ func removeHopResponse(h *fasthttp.ResponseHeader) bool {
 	return true
 }
 
+// removeHopSwitch strips hop-by-hop headers from a sandbox's 101 as
+// removeHopResponse does from other answers, but keeps Upgrade and says
+// "Connection: Upgrade" on one line, which a 101 must carry (RFC 9110
+// §7.6.1, §7.8), as nginx rebuilds it: Keep-Alive, TE, Trailer and what
+// the sandbox's Connection lines name describe its connection to the
+// proxy, not the client's. (fasthttp writes no Content-Length or
+// Transfer-Encoding on a 1xx.) Only the upgrade path calls it. It reports
+// false, removing nothing, for Connection lines that list more than
+// maxConnectionOptions options, as removeHopResponse does.
+func removeHopSwitch(h *fasthttp.ResponseHeader) bool {
+	conns := h.PeekAll("Connection")
+	if tooManyConnectionOptions(conns) {
+		return false
+	}
+	for _, conn := range conns {
+		forEachToken(conn, func(name []byte) {
+			if !bytes.EqualFold(name, []byte("upgrade")) {
+				h.DelBytes(name)
+			}
+		})
+	}
+	for _, name := range hopHeaders {
+		if name != "Upgrade" {
+			h.Del(name)
+		}
+	}
+	h.Set("Connection", "Upgrade")
+	return true
+}
+
 // hasHopHeader reports whether any header in all is hop-by-hop.
 func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
 	for k := range all {

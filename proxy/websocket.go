@@ -297,6 +297,12 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
 		return
 	}
+	if !removeHopSwitch(&resp.Header) {
+		uc.release(p, false)
+		sb.leave()
+		p.upstreamError(ctx, x, errTooManyConnectionOptions, id, addr)
+		return
+	}
 	p.splice(ctx, x, u, uc, sb)
 }
 

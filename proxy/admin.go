@@ -216,14 +216,34 @@ func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {
 	})
 }
 
+// The reasons GET /readyz gives for a 503.
+const (
+	// ReadyDraining: the proxy is draining.
+	ReadyDraining = "draining"
+	// ReadyStoreUnreachable: no route read from the store has been
+	// answered yet (AdminConfig.Ready failed).
+	ReadyStoreUnreachable = "store_unreachable"
+)
+
+// readyz answers the readiness probe, which needs no credential. Its
+// reason is a code; the store's error text (Redis addresses, the ACL user,
+// what Redis said) goes in "detail" only to a caller the rest of the admin
+// API serves: with a token configured and the admin listener on a shared
+// network, any host that reaches the port (or a sandbox, where the network
+// lets one) would read it otherwise. The log has it regardless (cmd logs
+// each new reason).
 func (a *Admin) readyz(ctx *fasthttp.RequestCtx) {
 	if a.draining.Load() {
-		writeJSON(ctx, 503, map[string]any{"ready": false, "reason": "draining"})
+		writeJSON(ctx, 503, map[string]any{"ready": false, "reason": ReadyDraining})
 		return
 	}
 	if a.cfg.Ready != nil {
 		if err := a.cfg.Ready(); err != nil {
-			writeJSON(ctx, 503, map[string]any{"ready": false, "reason": err.Error()})
+			out := map[string]any{"ready": false, "reason": ReadyStoreUnreachable}
+			if a.authorized(ctx) {
+				out["detail"] = err.Error()
+			}
+			writeJSON(ctx, 503, out)
 			return
 		}
 	}

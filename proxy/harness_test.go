@@ -46,6 +46,8 @@ type harnessOpts struct {
 	// live in Redis and the platform writes them (here h.store stands in
 	// for Redis, written by the test).
 	noAdminRoutes bool
+	// ready is the admin API's readiness check (GET /readyz); nil = ready.
+	ready func() error
 }
 
 // countingStore counts lookups of a real store.
@@ -83,7 +85,7 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish}
+	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish, Ready: o.ready}
 	if o.noAdminRoutes {
 		ac.Routes = nil
 	}

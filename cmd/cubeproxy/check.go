@@ -119,13 +119,13 @@ func checkCerts(ctx context.Context, a *app) (string, error) {
 	ccfg := a.certsConfig()
 	if ccfg.Source == certs.SourceACME {
 		if err := certs.CheckACME(ccfg); err != nil {
-			return "", fmt.Errorf("tls: %w", err)
+			return "", err // certs names itself ("tls certificates: ...")
 		}
 		return "acme (CA not contacted)", nil
 	}
 	m, err := certs.New(ctx, ccfg)
 	if err != nil {
-		return "", fmt.Errorf("tls: %w", err)
+		return "", err // certs names itself ("tls certificates: ...")
 	}
 	_ = m.Close()
 	if ccfg.Source == certs.SourceFiles {

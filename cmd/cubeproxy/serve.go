@@ -346,7 +346,7 @@ func (a *app) listen(ctx context.Context) (err error) {
 	}
 	if cfg.HTTPSAddr != "" {
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
-			return fmt.Errorf("tls: %w", err)
+			return err // certs names itself ("tls certificates: ...")
 		}
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return fmt.Errorf("https listener: %w", err)

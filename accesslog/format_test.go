@@ -348,6 +348,12 @@ func TestRedactionBeyondTheQuery(t *testing.T) {
 		// Not userinfo: an empty one, or an '@' after the authority.
 		{"http://@h.test/p", "http://@h.test/p"},
 		{"http://h.test/a@b?x=c@d#e@f", "http://h.test/a@b?x=c@d#e@f"},
+		// The authority ends at '?' and '#' too, and a "//" after a '/' is
+		// no authority: a path or a query's redirect target is kept whole.
+		{"http://h.test?x=c@d", "http://h.test?x=c@d"},
+		{"http://h.test#e@f", "http://h.test#e@f"},
+		{"/a//b@c/d", "/a//b@c/d"},
+		{"/p?next=//u@h.test/", "/p?next=//u@h.test/"},
 		{"/p@q", "/p@q"},
 		{"/p#frag", "/p#frag"},
 		{"/p?a=1;b=2#c", "/p?a=1;b=2#c"},

@@ -143,6 +143,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"acme storage is a file", acme(func(c *certs.Config) { c.ACME.StorageDir = notPEM }), "is not a directory"},
 		{"acme storage under a file", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(notPEM, "certmagic") }), "is not a directory"},
 		{"acme storage not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(readOnly, "certmagic") }), "cannot be created in " + readOnly + " (certificates could not be stored): "},
+		// An existing directory the process cannot write (a volume mounted
+		// read-only, one owned by root) is named as such.
+		{"acme storage exists, not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = readOnly }), "storage_dir " + readOnly + " is not writable (certificates could not be stored): "},
 		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
 		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
 		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},
@@ -169,6 +172,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error %q does not mention %q", err, tt.wantErr)
+			}
+			// The name of the probe file check tried would only puzzle.
+			if strings.Contains(err.Error(), ".cubeproxy-storage-check") {
+				t.Errorf("error %q names the probe file", err)
 			}
 		})
 	}

@@ -149,6 +149,7 @@ func TestCheckBadConfig(t *testing.T) {
 		// serve's bind would fail: 192.0.2.1 (TEST-NET-1) is no address of
 		// this machine, as a node's http_addr copied to another node.
 		{"http address not on this machine", "", []string{"--http-addr", "192.0.2.1:8081"}, `http_addr "192.0.2.1:8081": 192.0.2.1 cannot be bound on this machine`},
+		{"https address not on this machine", "https_addr: 192.0.2.1:8443\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, `https_addr "192.0.2.1:8443": 192.0.2.1 cannot be bound`},
 		{"admin address not on this machine", "admin_token: " + strings.Repeat("a", 32) + "\n", []string{"--admin-addr", "192.0.2.1:8082"}, `admin_addr "192.0.2.1:8082": 192.0.2.1 cannot be bound`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -124,6 +124,7 @@ func TestCheckGoodConfig(t *testing.T) {
 func TestCheckBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	badRoutes := writeTemp(t, dir, "bad-routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    AllowPublicTraffic: \"maybe\"\n")
+	foreign := notOnThisMachine(t)
 	for _, tc := range []struct {
 		name string
 		yaml string
@@ -146,11 +147,12 @@ func TestCheckBadConfig(t *testing.T) {
 		// serve's second bind would fail (or, with reuse_port, share the
 		// traffic port with the admin API): check must not say ok.
 		{"traffic and admin on one address", "", []string{"--http-addr", "127.0.0.1:8081", "--admin-addr", "127.0.0.1:8081"}, "are the same address"},
-		// serve's bind would fail: 192.0.2.1 (TEST-NET-1) is no address of
-		// this machine, as a node's http_addr copied to another node.
-		{"http address not on this machine", "", []string{"--http-addr", "192.0.2.1:8081"}, `http_addr "192.0.2.1:8081": 192.0.2.1 cannot be bound on this machine`},
-		{"https address not on this machine", "https_addr: 192.0.2.1:8443\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, `https_addr "192.0.2.1:8443": 192.0.2.1 cannot be bound`},
-		{"admin address not on this machine", "admin_token: " + strings.Repeat("a", 32) + "\n", []string{"--admin-addr", "192.0.2.1:8082"}, `admin_addr "192.0.2.1:8082": 192.0.2.1 cannot be bound`},
+		// serve's bind would fail: foreign (a documentation address) is no
+		// address of this machine, as a node's http_addr copied to another
+		// node.
+		{"http address not on this machine", "", []string{"--http-addr", foreign + ":8081"}, `http_addr "` + foreign + `:8081": ` + foreign + ` cannot be bound on this machine`},
+		{"https address not on this machine", "https_addr: " + foreign + ":8443\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, `https_addr "` + foreign + `:8443": ` + foreign + ` cannot be bound`},
+		{"admin address not on this machine", "admin_token: " + strings.Repeat("a", 32) + "\n", []string{"--admin-addr", foreign + ":8082"}, `admin_addr "` + foreign + `:8082": ` + foreign + ` cannot be bound`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
@@ -295,4 +297,28 @@ func TestCheckPrintsTheTLSSourceInEffect(t *testing.T) {
 			}
 		})
 	}
+}
+
+// notOnThisMachine returns a documentation address (RFC 5737) that no
+// interface of this machine has: the test's own VM may own one of them
+// (this one had 192.0.2.2), and a bind to an owned address succeeds.
+func notOnThisMachine(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatalf("interface addresses: %v", err)
+	}
+	owned := map[string]bool{}
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok {
+			owned[p.IP.String()] = true
+		}
+	}
+	for _, c := range []string{"192.0.2.1", "198.51.100.1", "203.0.113.1", "192.0.2.201"} {
+		if !owned[c] {
+			return c
+		}
+	}
+	t.Fatal("this machine owns every documentation address the test could use")
+	return ""
 }

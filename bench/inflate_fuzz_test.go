@@ -286,7 +286,7 @@ func emptyDistanceCodeStream() []byte {
 	w.bits(1, 1) // BFINAL 1
 	w.bits(2, 2) // dynamic Huffman
 	w.bits(258-257, 5)
-	w.bits(1-1, 5)
+	w.bits(0, 5) // HDIST: 1 distance code (1-1)
 	w.bits(18-4, 4)
 	// Code-length code: 0, 1, 2 and 18 of length 2 (codes 00 01 10 11).
 	for _, sym := range clOrder[:18] {

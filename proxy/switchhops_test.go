@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -26,14 +25,7 @@ import (
 // answers are.
 func TestSwitchDropsHopHeaders(t *testing.T) {
 	h := newHarness(t)
-	answers := make(chan string, 1)
-	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
-		rawWrite(c, <-answers)
-		var one [1]byte
-		c.Read(one[:]) // until the proxy closes its side
-		return false
-	})
-	host := h.route("wshops", b.port)
+	answers, host := answerOnce(t, h, "wshops")
 	gone := []string{"Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Content-Length", "X-Hop", "X-Hop2"}
 	for _, tc := range []struct {
 		name, head string

@@ -786,14 +786,7 @@ func listenSmallWindow(t *testing.T) net.Listener {
 // successful upgrade.
 func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
 	h := newHarness(t)
-	answers := make(chan string, 1)
-	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
-		rawWrite(c, <-answers)
-		var one [1]byte
-		c.Read(one[:]) // until the proxy closes its side
-		return false
-	})
-	host := h.route("wsswitch", b.port)
+	answers, host := answerOnce(t, h, "wsswitch")
 	for _, tc := range []struct {
 		name, offer, answer string
 		status              int
@@ -1223,4 +1216,18 @@ func TestTunnelResetBySandboxIsMarked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// answerOnce routes sandbox id to a backend that answers each request
+// with the raw text sent on answers, then holds the connection until the
+// proxy closes it; it returns the channel and the sandbox's host.
+func answerOnce(t *testing.T, h *harness, id string) (chan<- string, string) {
+	answers := make(chan string, 1)
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		rawWrite(c, <-answers)
+		var one [1]byte
+		c.Read(one[:]) // until the proxy closes its side
+		return false
+	})
+	return answers, h.route(id, b.port)
 }

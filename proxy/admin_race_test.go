@@ -172,14 +172,7 @@ func TestRequestThatFoundNoRouteKeepsALaterPause(t *testing.T) {
 	}
 	// The sandbox is created and paused while the request's answer is on
 	// its way.
-	for _, c := range []adminCall{
-		{"PUT", "/admin/routes/late", `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
-		{"POST", "/admin/state", `{"sandbox_id":"late","state":"paused"}`},
-	} {
-		if st, err := h.call(c); err != nil || st != 200 {
-			t.Fatalf("%s %s: %d %v", c.method, c.path, st, err)
-		}
-	}
+	createPaused(t, h, "late", port)
 	close(release)
 	if st := <-first; st != 404 {
 		t.Fatalf("the request that read no route: %d, want 404", st)
@@ -270,14 +263,7 @@ func TestInvalidationReadThatFoundNoRouteKeepsALaterPause(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the read did not reach the store")
 	}
-	for _, c := range []adminCall{
-		{"PUT", "/admin/routes/again", `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
-		{"POST", "/admin/state", `{"sandbox_id":"again","state":"paused"}`},
-	} {
-		if st, err := h.call(c); err != nil || st != 200 {
-			t.Fatalf("%s %s: %d %v", c.method, c.path, st, err)
-		}
-	}
+	createPaused(t, h, "again", port)
 	close(release)
 	if !<-settled {
 		t.Fatal("the store's \"not found\" did not settle the question")
@@ -327,5 +313,20 @@ func TestSandboxLocksExcludeUntilTheLastLeaves(t *testing.T) {
 	}
 	for _, other := range []string{"a", "b"} { // other sandboxes do not wait
 		l.lock(other)()
+	}
+}
+
+// createPaused stores sandbox id's route to port through the admin API
+// and pauses it, as the control plane creates a sandbox and pauses it at
+// once.
+func createPaused(t *testing.T, h *harness, id string, port uint16) {
+	t.Helper()
+	for _, c := range []adminCall{
+		{"PUT", "/admin/routes/" + id, `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
+		{"POST", "/admin/state", `{"sandbox_id":"` + id + `","state":"paused"}`},
+	} {
+		if st, err := h.call(c); err != nil || st != 200 {
+			t.Fatalf("%s %s: %d %v", c.method, c.path, st, err)
+		}
 	}
 }

@@ -78,6 +78,6 @@ func BenchmarkResponseHops(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		removeHopResponse(&resp)
+		removeHopResponse(&resp, false)
 	}
 }

@@ -127,11 +127,16 @@ func upgradeRequested(h *fasthttp.RequestHeader) bool {
 // connection. It reports false, removing nothing, for a response whose
 // Connection lines list more than maxConnectionOptions options: sandboxes
 // run untrusted code, and deleting them all would cost what it costs for
-// such a request.
-func removeHopResponse(h *fasthttp.ResponseHeader) bool {
+// such a request. keepUpgrade, for a sandbox's 101, keeps Upgrade and says
+// "Connection: Upgrade" on one line, which a 101 must carry (RFC 9110
+// §7.6.1, §7.8), as nginx rebuilds it: Keep-Alive, TE, Trailer and what
+// the sandbox's Connection lines name describe its connection to the
+// proxy, not the client's. (fasthttp writes no Content-Length or
+// Transfer-Encoding on a 1xx.)
+func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) bool {
 	// Most answers carry none, and one pass over the headers costs a sixth
 	// of looking each name up (BenchmarkResponseHops: 23 vs 133 ns).
-	if !hasHopHeader(h.All()) {
+	if !keepUpgrade && !hasHopHeader(h.All()) {
 		return true
 	}
 	conns := h.PeekAll("Connection")
@@ -141,41 +146,20 @@ func removeHopResponse(h *fasthttp.ResponseHeader) bool {
 	// Every Connection line, and every hop-by-hop header whatever its
 	// first line holds, as for requests.
 	for _, conn := range conns {
-		forEachToken(conn, func(name []byte) { h.DelBytes(name) })
-	}
-	for _, name := range hopHeaders {
-		h.Del(name)
-	}
-	return true
-}
-
-// removeHopSwitch strips hop-by-hop headers from a sandbox's 101 as
-// removeHopResponse does from other answers, but keeps Upgrade and says
-// "Connection: Upgrade" on one line, which a 101 must carry (RFC 9110
-// §7.6.1, §7.8), as nginx rebuilds it: Keep-Alive, TE, Trailer and what
-// the sandbox's Connection lines name describe its connection to the
-// proxy, not the client's. (fasthttp writes no Content-Length or
-// Transfer-Encoding on a 1xx.) Only the upgrade path calls it. It reports
-// false, removing nothing, for Connection lines that list more than
-// maxConnectionOptions options, as removeHopResponse does.
-func removeHopSwitch(h *fasthttp.ResponseHeader) bool {
-	conns := h.PeekAll("Connection")
-	if tooManyConnectionOptions(conns) {
-		return false
-	}
-	for _, conn := range conns {
 		forEachToken(conn, func(name []byte) {
-			if !bytes.EqualFold(name, []byte("upgrade")) {
+			if !keepUpgrade || !bytes.EqualFold(name, []byte("upgrade")) {
 				h.DelBytes(name)
 			}
 		})
 	}
 	for _, name := range hopHeaders {
-		if name != "Upgrade" {
+		if !keepUpgrade || name != "Upgrade" {
 			h.Del(name)
 		}
 	}
-	h.Set("Connection", "Upgrade")
+	if keepUpgrade {
+		h.Set("Connection", "Upgrade")
+	}
 	return true
 }
 

@@ -850,7 +850,7 @@ func TestRemoveHopEmptyAndRepeatedLines(t *testing.T) {
 			if err := resp.Read(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + tc.head + "\r\n"))); err != nil {
 				t.Fatal(err)
 			}
-			removeHopResponse(&resp)
+			removeHopResponse(&resp, false)
 			for _, name := range tc.gone {
 				if n := len(req.PeekAll(name)); n > 0 {
 					t.Errorf("request: %d lines of %s left: %q", n, name, req.Header())

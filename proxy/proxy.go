@@ -541,7 +541,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	x.kind = telemetry.RouteHTTP
 	keepAlive := !resp.Header.ConnectionClose()
 	size := int64(resp.Header.ContentLength())
-	if !removeHopResponse(&resp.Header) {
+	if !removeHopResponse(&resp.Header, false) {
 		c.release(p, false)
 		sb.leave()
 		p.upstreamError(ctx, x, errTooManyConnectionOptions, t.ID(), addr)

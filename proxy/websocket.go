@@ -297,7 +297,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
 		return
 	}
-	if !removeHopSwitch(&resp.Header) {
+	if !removeHopResponse(&resp.Header, true) {
 		uc.release(p, false)
 		sb.leave()
 		p.upstreamError(ctx, x, errTooManyConnectionOptions, id, addr)

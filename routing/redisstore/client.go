@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -50,17 +51,22 @@ const noPipelinePool = -1
 // attempts fit into one command timeout; a read may use the whole budget
 // because go-redis does not retry read timeouts (the command may have run).
 // The context deadline set per Lookup caps the sum in every case.
+//
+// A sentinel's answer (the master's address, asked for inside each dial)
+// gets half a dial's budget: go-redis replaces a sentinel that fails to
+// answer only when the dial's budget is not used up yet (sentinelDialer).
 type timeouts struct {
-	dial, read, pool, minBackoff, maxBackoff time.Duration
+	dial, read, sentinelRead, pool, minBackoff, maxBackoff time.Duration
 }
 
 func budget(commandTimeout time.Duration) timeouts {
 	return timeouts{
-		dial:       commandTimeout / (maxRetries + 1),
-		read:       commandTimeout,
-		pool:       commandTimeout,
-		minBackoff: commandTimeout / 128,
-		maxBackoff: commandTimeout / 10,
+		dial:         commandTimeout / (maxRetries + 1),
+		sentinelRead: commandTimeout / (maxRetries + 1) / 2,
+		read:         commandTimeout,
+		pool:         commandTimeout,
+		minBackoff:   commandTimeout / 128,
+		maxBackoff:   commandTimeout / 10,
 	}
 }
 
@@ -127,6 +133,7 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 		MasterName:            cfg.Sentinel.MasterName,
 		SentinelAddrs:         cfg.Sentinel.Addrs,
 		SentinelPassword:      cfg.Sentinel.Password,
+		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tlsConf).dial,
 		Username:              cfg.Username,
 		Password:              cfg.Password,
 		DB:                    cfg.DB,
@@ -146,6 +153,89 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 		TLSConfig:             tlsConf,
 		DisableIdentity:       true,
 	}
+}
+
+// sentinelDialer dials the data nodes and the sentinels of a Sentinel
+// client as go-redis's own dialer does (DialTimeout, the same TCP
+// keep-alive, TLS when configured), and gives each connection to a
+// configured sentinel a read deadline of at most t.sentinelRead.
+//
+// go-redis asks its chosen sentinel for the master's address inside every
+// dial of a data connection, within that dial's budget (t.dial), and drops
+// the sentinel for another only when the question fails before the budget
+// ends: a sentinel that stops answering (a frozen host, a path that drops
+// packets) kept the whole budget, so it was never dropped, and every new
+// connection, hence every lookup not answered by a pooled one, failed for
+// as long as that one sentinel hung, with the master and the other
+// sentinels healthy (TestHungSentinelIsReplaced). Commands to data nodes
+// keep the whole command timeout.
+type sentinelDialer struct {
+	sentinels    map[string]bool
+	net          net.Dialer
+	tls          *tls.Config
+	sentinelRead time.Duration
+}
+
+// tcpKeepAlive is go-redis's default dialers' keep-alive (it does not
+// export it): probe after 30 s idle, give up after 3 probes 5 s apart.
+var tcpKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config) *sentinelDialer {
+	d := &sentinelDialer{
+		sentinels:    make(map[string]bool, len(addrs)),
+		net:          net.Dialer{Timeout: t.dial, KeepAliveConfig: tcpKeepAlive},
+		tls:          tlsConf,
+		sentinelRead: t.sentinelRead,
+	}
+	for _, a := range addrs {
+		d.sentinels[a] = true
+	}
+	return d
+}
+
+func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	var err error
+	if d.tls != nil {
+		c, err = (&tls.Dialer{NetDialer: &d.net, Config: d.tls}).DialContext(ctx, network, addr)
+	} else {
+		c, err = d.net.DialContext(ctx, network, addr)
+	}
+	if err != nil || !d.sentinels[addr] {
+		return c, err
+	}
+	return &shortReads{Conn: c, max: d.sentinelRead}, nil
+}
+
+// shortReads caps every read deadline set on a connection at max from
+// now. No deadline (a subscription waiting for +switch-master) stays none.
+// It hides the socket (syscall.Conn), so go-redis skips its check of an
+// idle pooled connection before reuse, as it does for a TLS one: a dead
+// sentinel connection then fails its command, which go-redis retries.
+type shortReads struct {
+	net.Conn
+	max time.Duration
+}
+
+// SetReadDeadline sets t, or now+max when that is earlier.
+func (c *shortReads) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.capped(t))
+}
+
+// SetDeadline sets the write deadline t and the read deadline as
+// SetReadDeadline does.
+func (c *shortReads) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.Conn.SetReadDeadline(c.capped(t))
+}
+
+func (c *shortReads) capped(t time.Time) time.Time {
+	if limit := time.Now().Add(c.max); !t.IsZero() && t.After(limit) {
+		return limit
+	}
+	return t
 }
 
 // standaloneOptions is a standalone client's, from url when it is set

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,4 +171,63 @@ func waitPromoted(t *testing.T, ctx context.Context, sc *redis.SentinelClient, n
 		role, err := replica.Client().Do(ctx, "ROLE").Slice()
 		return err == nil && role[0] == "master"
 	})
+}
+
+// TestHungSentinelIsReplaced: of two sentinels, the one the store asks
+// for the master stops answering (a frozen host, a path that drops
+// packets) while the master and the other sentinel are healthy. Every new
+// connection to the master asks that sentinel first; go-redis dropped it
+// for another only when it failed before the dial's budget was used up,
+// and a silent one used it all: once the pooled connections were gone,
+// every lookup failed for as long as the sentinel hung. Lookups must work
+// again within a few, each within about its budget.
+func TestHungSentinelIsReplaced(t *testing.T) {
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t)
+	sentinels := []*testenv.Redis{testenv.StartSentinel(t, name, master.Addr()), testenv.StartSentinel(t, name, master.Addr())}
+	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinels[0].Addr(), sentinels[1].Addr()}}})
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup before: %v", err)
+	}
+
+	// The sentinel the store chose holds its +switch-master subscription.
+	var chosen *testenv.Redis
+	for _, sn := range sentinels {
+		clients, err := sn.Client().ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(clients, "name=cubeproxy") && strings.Contains(clients, "cmd=subscribe") {
+			chosen = sn
+		}
+	}
+	if chosen == nil {
+		t.Fatal("no sentinel holds the store's subscription")
+	}
+	chosen.Pause()
+	t.Cleanup(chosen.Resume)
+	// The pooled connections go (a master restart, an idle timeout, a
+	// reset): the next lookups dial, and each dial asks a sentinel.
+	if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.Now().Add(10 * time.Second)
+	for ok := 0; ok < 3; {
+		start := time.Now()
+		_, err := s.Lookup(ctx, "sbx")
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Fatalf("lookup took %v, want about the 1s budget", took)
+		}
+		if err == nil {
+			ok++
+			continue
+		}
+		ok = 0
+		if time.Now().After(deadline) {
+			t.Fatalf("lookups still fail 10s after a sentinel hung, with the master and another sentinel healthy: %v", err)
+		}
+	}
 }

@@ -120,8 +120,9 @@ func StartReplica(t testing.TB, master *Redis) *Redis {
 }
 
 // StartSentinel starts redis-server --sentinel monitoring masterAddr as
-// masterName with quorum 1, a 1 s down-after and a 5 s failover timeout.
-func StartSentinel(t testing.TB, masterName, masterAddr string) *Redis {
+// masterName with quorum 1, a 1 s down-after and a 5 s failover timeout;
+// extra args are appended (e.g. "--tls-port", "26380", ...).
+func StartSentinel(t testing.TB, masterName, masterAddr string, args ...string) *Redis {
 	t.Helper()
 	bin := redisServerPath(t)
 	host, mport, err := net.SplitHostPort(masterAddr)
@@ -137,7 +138,7 @@ func StartSentinel(t testing.TB, masterName, masterAddr string) *Redis {
 		if err := os.WriteFile(conf, []byte(sentinelConf(port, dir, masterName, host, mport)), 0o600); err != nil {
 			t.Fatalf("write sentinel.conf: %v", err)
 		}
-		r := &Redis{t: t, bin: bin, port: port, dir: dir, sentinel: true, args: []string{conf, "--sentinel"}}
+		r := &Redis{t: t, bin: bin, port: port, dir: dir, sentinel: true, args: append([]string{conf, "--sentinel"}, args...)}
 		if lastErr = r.start(); lastErr == nil {
 			t.Cleanup(r.cleanup)
 			return r

@@ -65,6 +65,13 @@ func TestTLS(t *testing.T) {
 		"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no")
 	tlsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
 	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+	// A sentinel that speaks TLS and watches the master's TLS port: the
+	// store dials both itself (see sentinelDialer).
+	sentinelTLSPort := testenv.FreePort(t)
+	testenv.StartSentinel(t, "tlsmaster", tlsAddr, "--tls-port", strconv.Itoa(sentinelTLSPort), "--tls-cert-file", certFile,
+		"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no", "--tls-replication", "yes")
+	sentinelTLSAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sentinelTLSPort))
+	viaSentinel := redisstore.SentinelConfig{MasterName: "tlsmaster", Addrs: []string{sentinelTLSAddr}}
 
 	tests := []struct {
 		name string
@@ -76,6 +83,8 @@ func TestTLS(t *testing.T) {
 		{"insecure", redisstore.Config{Addr: tlsAddr, TLS: true, InsecureSkipVerify: true}, true},
 		{"unknown CA is rejected", redisstore.Config{Addr: tlsAddr, TLS: true}, false},
 		{"plain client on TLS port fails", redisstore.Config{Addr: tlsAddr}, false},
+		{"sentinel", redisstore.Config{Sentinel: viaSentinel, TLS: true, CAFile: caFile}, true},
+		{"sentinel with an unknown CA is rejected", redisstore.Config{Sentinel: viaSentinel, TLS: true}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -156,9 +156,9 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 }
 
 // sentinelDialer dials the data nodes and the sentinels of a Sentinel
-// client as go-redis's own dialer does (DialTimeout, the same TCP
+// client with go-redis's own dialer (redis.NewDialer: DialTimeout, its TCP
 // keep-alive, TLS when configured), and gives each connection to a
-// configured sentinel a read deadline of at most t.sentinelRead.
+// configured sentinel a read deadline of at most sentinelRead.
 //
 // go-redis asks its chosen sentinel for the master's address inside every
 // dial of a data connection, within that dial's budget (t.dial), and drops
@@ -171,20 +171,14 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 // keep the whole command timeout.
 type sentinelDialer struct {
 	sentinels    map[string]bool
-	net          net.Dialer
-	tls          *tls.Config
+	dialer       func(ctx context.Context, network, addr string) (net.Conn, error)
 	sentinelRead time.Duration
 }
-
-// tcpKeepAlive is go-redis's default dialers' keep-alive (it does not
-// export it): probe after 30 s idle, give up after 3 probes 5 s apart.
-var tcpKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}
 
 func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config) *sentinelDialer {
 	d := &sentinelDialer{
 		sentinels:    make(map[string]bool, len(addrs)),
-		net:          net.Dialer{Timeout: t.dial, KeepAliveConfig: tcpKeepAlive},
-		tls:          tlsConf,
+		dialer:       redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf}),
 		sentinelRead: t.sentinelRead,
 	}
 	for _, a := range addrs {
@@ -194,13 +188,7 @@ func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config) *sentine
 }
 
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	var err error
-	if d.tls != nil {
-		c, err = (&tls.Dialer{NetDialer: &d.net, Config: d.tls}).DialContext(ctx, network, addr)
-	} else {
-		c, err = d.net.DialContext(ctx, network, addr)
-	}
+	c, err := d.dialer(ctx, network, addr)
 	if err != nil || !d.sentinels[addr] {
 		return c, err
 	}

@@ -166,6 +166,21 @@ func (c *chunkedReader) ready() bool {
 	return err != nil || probe.state == chunkDone || probe.state == chunkData && k < len(buf)
 }
 
+// framingError returns the error Read would fail with before its first
+// body byte when the bytes buffered already show the framing broken there
+// (a size that is no number, a size line too long, a bare LF, a bad
+// trailer), or nil. Worked out on a copy of the decoder, as ready is:
+// nothing is consumed.
+func (c *chunkedReader) framingError() error {
+	if c.state == chunkData {
+		return nil
+	}
+	buf, _ := c.br.Peek(c.br.Buffered())
+	probe := *c
+	_, err := probe.parse(buf)
+	return err
+}
+
 // connErr turns an error from br into Read's result: EOF before the last
 // chunk ends the body for good, anything else may pass (a timeout).
 func (c *chunkedReader) connErr(err error) error {

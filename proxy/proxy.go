@@ -591,6 +591,21 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		return
 	}
 
+	if size == -1 {
+		// A chunked body broken before its first data byte, in the bytes
+		// that came with the head, would fail the first read with the head
+		// still unsent (fasthttp holds it for the data it seems to
+		// announce): the client would get nothing it could read, and the
+		// log a 200. Nothing has gone out, so the answer is a 502, as for a
+		// small body that breaks off.
+		cr := chunkedReader{br: c.br}
+		if err := cr.framingError(); err != nil {
+			c.release(p, false)
+			sb.done(x.start.Add(x.upTime).UnixMilli())
+			p.upstreamError(ctx, x, err, t.ID(), addr)
+			return
+		}
+	}
 	s := bodyStreamPool.Get().(*bodyStream)
 	s.p = p
 	s.conn = c

@@ -588,6 +588,25 @@ var leakEnds = []leakCase{
 		io.Copy(io.Discard, resp.Body)
 		readEOF(t, c)
 	}},
+	{"sandbox breaks its chunk framing with the head (502)", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 502).Body)
+		c.Close()
+	}},
+	{"sandbox breaks its chunk framing mid-body", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "abcd")
+		io.WriteString(sc, "zz\r\n")
+		io.Copy(io.Discard, resp.Body)
+		readEOF(t, c)
+	}},
 	{"sandbox ends a close-delimited body", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
 		leakSend(t, c, e.head("GET", "/", ""))

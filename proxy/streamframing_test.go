@@ -66,3 +66,71 @@ func TestChunkedFramingBrokenWithHeadIs502(t *testing.T) {
 		}
 	}
 }
+
+// An answer framed both by Content-Length and by chunked coding is
+// ambiguous (RFC 9112 6.3: a possible response-splitting attempt, "ought
+// to be handled as an error"): nginx refuses it (502, "upstream sent
+// Content-Length and Transfer-Encoding headers at the same time"), and so
+// does the proxy now. fasthttp framed it by the chunked coding, dropped
+// the Content-Length, and kept the connection for the next request,
+// which reads wherever the sandbox's own idea of the framing left it. A
+// field whose name only contains Content-Length is no such answer.
+func TestUpstreamContentLengthWithChunkedIs502(t *testing.T) {
+	h := newHarness(t)
+	cases := []struct {
+		name, head string
+		refused    bool
+	}{
+		{"Content-Length first", "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", true},
+		{"Transfer-Encoding first", "Transfer-Encoding: chunked\r\ncontent-length: 5\r\n", true},
+		{"bare LF head", "Transfer-Encoding: chunked\nContent-Length: 5\n", true},
+		{"HEAD answer", "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", true},
+		{"X-Content-Length is another field", "X-Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", false},
+		{"Content-Length-Range is another field", "Content-Length-Range: 3\r\nTransfer-Encoding: chunked\r\n", false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			method := "GET"
+			if strings.HasPrefix(tc.name, "HEAD") {
+				method = "HEAD"
+			}
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/next" {
+					return rawWrite(c, okResponse("next"))
+				}
+				eol := "\r\n"
+				if !strings.Contains(tc.head, "\r") {
+					eol = "\n"
+				}
+				head := "HTTP/1.1 200 OK" + eol + tc.head + eol
+				if method == "HEAD" {
+					return rawWrite(c, head)
+				}
+				return rawWrite(c, head+"5\r\nabcde\r\n0\r\n\r\n")
+			})
+			host := h.route(fmt.Sprintf("clte%d", i), b.port)
+			pc := h.dialProxy(t)
+			resp, body := pc.do(method, host, "/", "")
+			if tc.refused {
+				if method == "HEAD" {
+					if resp.StatusCode != 502 {
+						t.Fatalf("got %d, want 502", resp.StatusCode)
+					}
+				} else {
+					checkProxyError(t, resp, body, 502, CodeUpstreamBadHeader)
+				}
+				if err := b.waitEnded(t); err != io.EOF {
+					t.Errorf("sandbox connection ended with %v, want closed by the proxy (EOF)", err)
+				}
+				return
+			}
+			if resp.StatusCode != 200 || body != "abcde" {
+				t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, body, "abcde")
+			}
+			if resp, body := pc.do("GET", host, "/next", ""); resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("next request: %d %q", resp.StatusCode, body)
+			}
+			b.wantAccepted(t, 1, "(the connection was kept)")
+		})
+	}
+}

@@ -849,7 +849,11 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 		err := h.Read(c.br)
 		c.noWait = false
 		if err == nil {
-			return checkStatus(h, b)
+			if err := checkStatus(h, b); err != nil {
+				return err
+			}
+			// What h.Read consumed of b is the head.
+			return checkFraming(h, b[:len(b)-c.br.Buffered()])
 		}
 		// A full buffer wants more too: fasthttp then asks for more than
 		// it can hold without reading (bufio.ErrBufferFull), which a
@@ -924,6 +928,9 @@ func (c *upstreamConn) readBareLFHead(h *fasthttp.ResponseHeader, head []byte) e
 	if err := checkStatus(h, fixed); err != nil {
 		return err
 	}
+	if err := checkFraming(h, fixed); err != nil {
+		return err
+	}
 	_, err := c.br.Discard(n)
 	return err
 }
@@ -945,6 +952,39 @@ func checkStatus(h *fasthttp.ResponseHeader, raw []byte) error {
 		return errors.New("invalid response status code 000")
 	}
 	return nil
+}
+
+// errLengthAndChunked is an answer framed both by Content-Length and by
+// chunked coding.
+var errLengthAndChunked = errors.New("response has both Content-Length and Transfer-Encoding")
+
+// checkFraming refuses head, a response head as received, that frames its
+// body both by Content-Length and by chunked coding. fasthttp takes the
+// chunked coding and drops the Content-Length without a word, and the
+// connection would be reused wherever the sandbox's own idea of the
+// framing left it; RFC 9112 6.3 calls such a message a possible response
+// splitting attempt, and nginx refuses it ("upstream sent Content-Length
+// and Transfer-Encoding headers at the same time", 502). Only a final
+// chunked head is looked at, and only its field names: a 101's framing
+// fields frame nothing (the tunnel's bytes follow) and are removed anyway.
+func checkFraming(h *fasthttp.ResponseHeader, head []byte) error {
+	if h.ContentLength() != -1 || h.StatusCode() < 200 {
+		return nil
+	}
+	const name = "content-length"
+	for {
+		i := bytes.IndexByte(head, '\n')
+		if i < 0 {
+			return nil
+		}
+		head = head[i+1:] // the status line is skipped
+		if len(head) > len(name) && bytes.EqualFold(head[:len(name)], []byte(name)) {
+			// fasthttp takes "Content-Length :" for the field too.
+			if rest := bytes.TrimLeft(head[len(name):], " \t"); len(rest) > 0 && rest[0] == ':' {
+				return errLengthAndChunked
+			}
+		}
+	}
 }
 
 // release ends an exchange: the connection goes back to the pool when

@@ -18,6 +18,8 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"golang.org/x/net/idna"
+
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // acmeSource wires certmagic with its own Cache and Configs (never the
@@ -334,7 +336,7 @@ func trustedRoots(a ACMEConfig) (*x509.CertPool, error) {
 	if a.TrustedRoots != nil || a.TrustedRootsFile == "" {
 		return a.TrustedRoots, nil
 	}
-	pemBytes, err := os.ReadFile(a.TrustedRootsFile)
+	pemBytes, err := namedfile.Read(a.TrustedRootsFile, namedfile.MaxSmall)
 	if err != nil {
 		return nil, fmt.Errorf("acme: trusted roots: %w", err)
 	}

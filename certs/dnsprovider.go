@@ -3,7 +3,6 @@ package certs
 import (
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/cube-sandbox/cubeproxy/certs/rfc2136"
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // dnsProviders maps DNSConfig.Provider to a constructor that turns
@@ -54,7 +54,7 @@ func newRFC2136(opts map[string]string) (certmagic.DNSProvider, error) {
 		Net:       opts["net"],
 	}
 	if f := opts["key_secret_file"]; f != "" {
-		b, err := os.ReadFile(f)
+		b, err := namedfile.Read(f, namedfile.MaxSmall)
 		if err != nil {
 			return nil, fmt.Errorf("read key_secret_file: %w", err)
 		}

@@ -10,11 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // fileSource serves PEM pairs from disk, chosen by SNI, and re-reads them
@@ -245,11 +246,11 @@ func (s *fileSource) buildIndex() *certIndex {
 }
 
 func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
-	certPEM, err = os.ReadFile(p.CertFile)
+	certPEM, err = namedfile.Read(p.CertFile, namedfile.MaxSmall)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read certificate: %w", err)
 	}
-	keyPEM, err = os.ReadFile(p.KeyFile)
+	keyPEM, err = namedfile.Read(p.KeyFile, namedfile.MaxSmall)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read key: %w", err)
 	}

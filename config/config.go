@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 	"github.com/cube-sandbox/cubeproxy/internal/yamldoc"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -291,7 +291,7 @@ func withFlagHint(fs *flag.FlagSet, err error) error {
 // are a second document, which would be ignored, and a key with no value
 // whose default is not empty (checkNulls).
 func decodeFile(cfg *Config, path string) error {
-	data, err := os.ReadFile(path)
+	data, err := namedfile.Read(path, namedfile.MaxSmall)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}

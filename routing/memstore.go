@@ -15,6 +15,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 	"github.com/cube-sandbox/cubeproxy/internal/yamldoc"
 	"go.yaml.in/yaml/v3"
 )
@@ -39,6 +40,18 @@ type MemoryStore struct {
 	// beforeWrite, when set (tests), runs under persistMu before a
 	// snapshot of change seq is encoded.
 	beforeWrite func(seq uint64)
+	// fileLimit, when set (tests), replaces namedfile.MaxRoutes as the
+	// largest file a write may produce.
+	fileLimit int
+}
+
+// maxFile is the largest routes file the store writes: the largest
+// LoadFile reads.
+func (s *MemoryStore) maxFile() int {
+	if s.fileLimit > 0 {
+		return s.fileLimit
+	}
+	return namedfile.MaxRoutes
 }
 
 // NewMemoryStore returns an empty store that does not persist.
@@ -50,7 +63,7 @@ func NewMemoryStore() *MemoryStore {
 // write back until SetPersistPath is called. A missing file is an error
 // matching fs.ErrNotExist.
 func LoadFile(path string) (*MemoryStore, error) {
-	data, err := os.ReadFile(path)
+	data, err := namedfile.Read(path, namedfile.MaxRoutes)
 	if err != nil {
 		return nil, fmt.Errorf("load routes: %w", err)
 	}
@@ -207,6 +220,10 @@ func (s *MemoryStore) persist(seq uint64) error {
 	data, err := encodeRoutes(snap.routes)
 	if err != nil {
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
+	}
+	if limit := s.maxFile(); len(data) > limit {
+		// LoadFile refuses a file this large: the next start would fail.
+		return fmt.Errorf("persist routes %s: the table (%d routes) would take %d bytes, above the %d bytes a routes file may have (the start reads no more); the file keeps the previous table", snap.path, len(snap.routes), len(data), limit)
 	}
 	if err := writeFileAtomic(snap.path, data); err != nil {
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)

@@ -134,7 +134,7 @@ func TestCheckBadConfig(t *testing.T) {
 		{"unknown key", "http_adr: :8081\n", nil, "http_adr"},
 		{"bad duration flag", "", []string{"--upstream-connect-timeout", "3"}, "invalid duration"},
 		{"invalid route", "routes: " + badRoutes + "\n", nil, "AllowPublicTraffic"},
-		{"missing certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, "cubeproxy: tls certificates: read certificate: open " + dir + "/none.pem"},
+		{"missing certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, "cubeproxy: tls certificates: read certificate: stat " + dir + "/none.pem: no such file"},
 		{"short signing key", "auth:\n  signing_keys: [short]\n", nil, "auth.signing_keys"},
 		{"acme without email", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    storage_dir: " + dir + "\n    dns:\n      provider: rfc2136\n      options: {server: 127.0.0.1:53}\n", nil, "email"},
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},

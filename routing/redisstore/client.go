@@ -8,12 +8,13 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // maxRetries is how often a transport error (refused, reset, EOF) is retried
@@ -286,7 +287,7 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}
 	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
+		pem, err := namedfile.Read(cfg.CAFile, namedfile.MaxSmall)
 		if err != nil {
 			return nil, fmt.Errorf("redis ca_file: %w", err)
 		}

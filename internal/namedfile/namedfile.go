@@ -1,0 +1,121 @@
+// Package namedfile reads the files an operator names in the
+// configuration (the config file, the routes file, certificates, keys,
+// CA bundles, credential files): regular files only, and bounded in size.
+//
+// os.ReadFile would take whatever the name points at. A FIFO blocks the
+// open until a writer comes, so `serve` and `check` would hang without a
+// word; /dev/zero, or a multi-gigabyte file named by mistake, would be
+// read until the process runs out of memory. Read refuses both, naming
+// the file and why.
+package namedfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+)
+
+// Size limits by kind of file. Each is far above any real file of its
+// kind and far below what would hurt a proxy's memory.
+const (
+	// MaxRoutes bounds the routes file: ≈200k routes at ≈300 bytes each,
+	// twice the route cache's default size (a 100k-route file is ≈30 MB).
+	MaxRoutes = 64 << 20
+	// MaxSmall bounds the config file, certificate, key and CA bundles
+	// (Mozilla's whole root bundle is ≈220 KB) and credential files.
+	MaxSmall = 4 << 20
+)
+
+// Read returns the contents of the file at path, which must be a regular
+// file (after following symlinks, as everything else that opens it does)
+// of at most limit bytes. A missing file is an error matching
+// fs.ErrNotExist. The file is read through a bound, so one that grows
+// between the size check and the read is still refused.
+func Read(path string, limit int64) ([]byte, error) {
+	// Stat before open: open(2) of a FIFO with no writer blocks, and
+	// opening a device may have effects of its own.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := check(path, fi, limit); err != nil {
+		return nil, err
+	}
+	// The name may have changed between the stat and the open: open
+	// without blocking (noBlock; a no-op for a regular file's reads) and
+	// judge what was opened.
+	f, err := os.OpenFile(path, os.O_RDONLY|noBlock, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if err := check(path, fi, limit); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, tooLarge(path, int64(len(data)), limit, true)
+	}
+	return data, nil
+}
+
+// ErrNotRegular is matched by Read's error for a path that is not a
+// regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// ErrTooLarge is matched by Read's error for a file above its limit.
+var ErrTooLarge = errors.New("file too large")
+
+func check(path string, fi fs.FileInfo, limit int64) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is %s, %w: name the file itself", path, kind(fi.Mode()), ErrNotRegular)
+	}
+	if fi.Size() > limit {
+		return tooLarge(path, fi.Size(), limit, false)
+	}
+	return nil
+}
+
+func tooLarge(path string, size, limit int64, grew bool) error {
+	if grew {
+		return fmt.Errorf("%s holds more than the %s this kind of file may have, more than its size said (it grew while read?): %w", path, human(limit), ErrTooLarge)
+	}
+	return fmt.Errorf("%s is %s, above the %s this kind of file may have: %w (is it the right file?)", path, human(size), human(limit), ErrTooLarge)
+}
+
+// kind names a file mode that is not a regular file's.
+func kind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "not a file (mode " + m.String() + ")"
+}
+
+// human writes n bytes in the largest binary unit that divides it, or
+// plain bytes.
+func human(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

@@ -703,6 +703,27 @@ func isEnvReference(s string) bool {
 	return true
 }
 
+// parseBool reads a boolean from the environment or a flag. It takes the
+// words the YAML file takes for a boolean setting (the decoder keeps YAML
+// 1.1's yes/no/on/off for a bool field, and y/n), so that
+// persist_routes: on in the file, as an nginx operator writes it, is also
+// CUBEPROXY_PERSIST_ROUTES=on and --persist-routes=on, where it was an
+// error; and Go's own spellings (1/0, t/f), which the environment always
+// took.
+func parseBool(raw string) (bool, error) {
+	switch strings.ToLower(raw) {
+	case "yes", "y", "on":
+		return true, nil
+	case "no", "n", "off":
+		return false, nil
+	}
+	b, err := strconv.ParseBool(raw)
+	if err != nil {
+		return false, fmt.Errorf("invalid boolean %q: want true or false (yes/no and on/off work too)", raw)
+	}
+	return b, nil
+}
+
 // setting is one leaf of Config reachable by path.
 type setting struct {
 	path  []string // YAML names from the root
@@ -769,9 +790,9 @@ func (s *setting) set(raw string) error {
 	case v.Kind() == reflect.String:
 		v.SetString(raw)
 	case v.Kind() == reflect.Bool:
-		b, err := strconv.ParseBool(raw)
+		b, err := parseBool(raw)
 		if err != nil {
-			return fmt.Errorf("invalid boolean %q", raw)
+			return err
 		}
 		v.SetBool(b)
 	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:

@@ -194,7 +194,7 @@ func describeType(t reflect.Type) string {
 	case t == durationType:
 		return "a duration with its unit (30s, 5m, 2h)"
 	case t.Kind() == reflect.Bool:
-		return "true or false"
+		return "true or false (yes/no and on/off work too)"
 	case t.Kind() == reflect.Int, t.Kind() == reflect.Int64:
 		return "a whole number"
 	case t.Kind() == reflect.Float64:

@@ -27,7 +27,7 @@ func TestLoadExplainsTypeErrors(t *testing.T) {
 		{"nested duration", "upstream:\n  connect_timeout: 3 seconds\n", []string{"line 2: upstream.connect_timeout: want a duration with its unit"}},
 		{"size with a unit", "max_request_body: 256MiB\n", []string{"line 1: max_request_body: want a whole number, got `256MiB`"}},
 		{"long value", "cache:\n  size: lots-and-lots\n", []string{"line 2: cache.size: want a whole number, got `lots-an...`"}},
-		{"bool", "reuse_port: yes please\n", []string{"line 1: reuse_port: want true or false, got `yes please`"}},
+		{"bool", "reuse_port: yes please\n", []string{"line 1: reuse_port: want true or false (yes/no and on/off work too), got `yes please`"}},
 		{"list for a string", "http_addr: [a, b]\n", []string{"line 1: http_addr: want a string, got a list"}},
 		{"string for a list", "domains: cube.app\n", []string{"line 1: domains: want a list of strings ([a, b], or one - line each), got `cube.app`"}},
 		{"list entry", "auth:\n  exempt_ports:\n    - http\n", []string{"line 3: an entry of auth.exempt_ports: want a whole number, got `http`"}},
@@ -37,7 +37,7 @@ func TestLoadExplainsTypeErrors(t *testing.T) {
 		{"several at once", "cache:\n  sizee: 1\n  ttl_min: 5\nreuse_port: 1\n", []string{
 			"line 2: unknown key cache.sizee (did you mean cache.size?)",
 			"line 3: cache.ttl_min: want a duration",
-			"line 4: reuse_port: want true or false, got `1`",
+			"line 4: reuse_port: want true or false (yes/no and on/off work too), got `1`",
 		}},
 		// The decoder names the anchor's line for a key met through an
 		// alias: cache.size is a known key, so it must not be named.

@@ -326,7 +326,7 @@ var negativeMeansOff = map[string]bool{
 // body limit as 413), naming the setting.
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
-		c.checkNumbers, c.checkStore, c.checkTLS, c.checkSecrets,
+		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
 		c.checkListeners, c.checkBuffers, c.checkHostNames,
 	} {
 		if err := check(); err != nil {
@@ -400,7 +400,69 @@ func (c *Config) checkStore() error {
 			return fmt.Errorf("%s is set but store is memory: set store: redis (CUBEPROXY_STORE=redis) to read routes from Redis, or remove %s", r.key, r.key)
 		}
 	}
+	// The rest of redis: only connects or reads: a password, a db, a key
+	// prefix typed for a store that is not used. A value equal to the
+	// default is no choice (the shipped cubeproxy.yaml lists them).
+	if keys := changedLeaves(reflect.ValueOf(c.Redis.WithDefaults()), reflect.ValueOf(redisstore.Config{}.WithDefaults()), "redis"); len(keys) > 0 {
+		return fmt.Errorf("%s is set but store is memory: only the Redis store reads it; set store: redis (CUBEPROXY_STORE=redis), or remove %s", keys[0], keys[0])
+	}
 	return nil
+}
+
+// checkRedis refuses settings of the Redis store that another of its
+// settings leaves unread.
+func (c *Config) checkRedis() error {
+	if c.Store != "redis" {
+		return nil
+	}
+	if c.PersistRoutes {
+		// Routes live in Redis, written by the control plane: the file
+		// would not be written, and the operator would count on it.
+		return errors.New("persist_routes is on but store is redis: only the memory store writes its routes file; remove persist_routes, or set store: memory")
+	}
+	if sen := c.Redis.Sentinel; sen.MasterName == "" {
+		// Without the master name the client is not a Sentinel one: it
+		// would connect to redis.addr (or url) and never ask them.
+		if keys := changedLeaves(reflect.ValueOf(sen), reflect.ValueOf(redisstore.SentinelConfig{}), "redis.sentinel"); len(keys) > 0 {
+			return fmt.Errorf("%s is set but redis.sentinel.master_name is empty: the sentinels would never be asked; set redis.sentinel.master_name (CUBEPROXY_REDIS_SENTINEL_MASTER_NAME), or remove %s", keys[0], keys[0])
+		}
+	}
+	return nil
+}
+
+// isEmpty reports whether v is its type's zero value, or an empty list
+// or map (as YAML's [] and {} decode).
+func isEmpty(v reflect.Value) bool {
+	if k := v.Kind(); k == reflect.Slice || k == reflect.Map {
+		return v.Len() == 0
+	}
+	return v.IsZero()
+}
+
+// changedLeaves lists, in declaration order, the YAML paths (under
+// prefix) of the leaves of struct v that differ from base's.
+func changedLeaves(v, base reflect.Value, prefix string) []string {
+	var out []string
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		path := prefix + "." + name
+		fv, fb := v.Field(i), base.Field(i)
+		if fv.Kind() == reflect.Struct {
+			out = append(out, changedLeaves(fv, fb, path)...)
+			continue
+		}
+		if isEmpty(fv) && isEmpty(fb) {
+			continue // an empty list or map is no change from nil
+		}
+		if !reflect.DeepEqual(fv.Interface(), fb.Interface()) {
+			out = append(out, path)
+		}
+	}
+	return out
 }
 
 // checkTLS refuses a tls: section the HTTPS listener would not serve as
@@ -439,6 +501,9 @@ func (c *Config) checkTLS() error {
 			return err
 		}
 	}
+	if err := c.checkTLSApplies(); err != nil {
+		return err
+	}
 	if src := c.TLS.Source; c.HTTPSAddr == "" && (src == "files" || src == "acme") {
 		// Only the HTTPS listener reads certificates: the proxy would
 		// serve plain HTTP alone, and ACME would never issue, with no
@@ -447,6 +512,51 @@ func (c *Config) checkTLS() error {
 	}
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
+	}
+	return nil
+}
+
+// tlsSource is the certificate source in effect and how to name it in
+// an error: tls.source, or, unset, files when certificate files are
+// named and otherwise self_signed (as the binary resolves it).
+func (c *Config) tlsSource() (src, shown string) {
+	switch {
+	case c.TLS.Source != "":
+		return c.TLS.Source, c.TLS.Source
+	case c.TLS.CertFile != "" || c.TLS.KeyFile != "" || len(c.TLS.Files) > 0:
+		return "files", "unset (files, as certificate files are named)"
+	}
+	return "self_signed", "unset (self_signed)"
+}
+
+// checkTLSApplies refuses tls settings that the source in effect, or the
+// listeners, leave unread: an operator who typed them expects them to act.
+// Settings under a switch that is off (tls.acme.on_demand_rate without
+// on_demand) are left alone: turning a feature off for a while is one
+// line. (The binary refuses tls.redirect_http without https_addr, and
+// tls.redirect_port without redirect_http.)
+func (c *Config) checkTLSApplies() error {
+	src, shown := c.tlsSource()
+	if src != "acme" {
+		// HTTPS would serve a self-signed certificate, or the files',
+		// and no ACME account would ever be created or used.
+		if keys := changedLeaves(reflect.ValueOf(c.TLS.ACME), reflect.ValueOf(ACME{}), "tls.acme"); len(keys) > 0 {
+			return fmt.Errorf("%s is set but tls.source is %s: only the acme source reads tls.acme; set tls.source: acme (CUBEPROXY_TLS_SOURCE=acme), or remove %s", keys[0], shown, keys[0])
+		}
+	}
+	if src != "files" && c.TLS.ReloadInterval != 0 {
+		return fmt.Errorf("tls.reload_interval is set but tls.source is %s: only certificate files are re-read; set tls.source: files with the files, or remove tls.reload_interval", shown)
+	}
+	if dns := c.TLS.ACME.DNS; src == "acme" && dns.Provider == "" {
+		// With skip_wildcard no DNS-01 is solved (without it, certs
+		// refuses the missing provider itself).
+		if keys := changedLeaves(reflect.ValueOf(dns), reflect.ValueOf(ACMEDNS{}), "tls.acme.dns"); len(keys) > 0 {
+			return fmt.Errorf("%s is set but tls.acme.dns.provider is empty: no DNS-01 challenge would be solved; set tls.acme.dns.provider (rfc2136), or remove %s", keys[0], keys[0])
+		}
+	}
+	if c.HTTPSAddr == "" && c.TLS.Source == "" && src == "files" {
+		// As tls.source: files without https_addr (below), unspelled.
+		return errors.New("tls certificate files are named but https_addr is empty: no listener would serve them; set https_addr (CUBEPROXY_HTTPS_ADDR, for example :8080), or remove them")
 	}
 	return nil
 }

@@ -244,7 +244,7 @@ func TestLoadHostNames(t *testing.T) {
 
 // Negative values stay allowed where they are documented to mean off.
 func TestLoadNegativeMeansOff(t *testing.T) {
-	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--tls-acme-dns-propagation-timeout=-1s"}, env(nil), io.Discard)
+	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--https-addr=:8443", "--tls-source=acme", "--tls-acme-dns-provider=rfc2136", "--tls-acme-dns-propagation-timeout=-1s"}, env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

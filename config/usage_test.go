@@ -139,8 +139,9 @@ func TestYAMLLoadsBack(t *testing.T) {
 	c.Upstream.HeartbeatInterval = -time.Second
 	c.Client.BodyTimeout = 1500 * time.Millisecond
 	c.Domains = []string{"a.test"}
-	c.Redis.KeyPrefix = "cube:v1:"
-	c.TLS.ACME.DNS.Options = map[string]string{"server": "127.0.0.1:53"}
+	c.Store, c.Redis.Addr, c.Redis.KeyPrefix = "redis", "127.0.0.1:6379", "cube:v1:"
+	c.HTTPSAddr, c.TLS.Source = ":8443", "acme"
+	c.TLS.ACME.DNS.Provider, c.TLS.ACME.DNS.Options = "rfc2136", map[string]string{"server": "127.0.0.1:53"}
 	out, err := c.YAML()
 	if err != nil {
 		t.Fatal(err)

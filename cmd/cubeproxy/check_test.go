@@ -190,10 +190,14 @@ func TestCheckRedactsSecrets(t *testing.T) {
 			"\n    dns:\n      provider: rfc2136\n      options: {server: \"127.0.0.1:53\", key_name: tsig.cube.test., key_secret: \"" + tsigSecret + "\"}\n",
 			[]string{adminToken, signingKey, tsigSecret, restrictedToken},
 			[]string{"admin_token: REDACTED", "- REDACTED", "key_secret: REDACTED", "key_name: tsig.cube.test.", "1 routes in"}},
-		{"redis store", "store: redis\nredis:\n  url: redis://proxy:" + urlPass + "@" + redisAddr + "/2\n  password: " + redisPass +
-			"\n  sentinel:\n    password: " + sentPass + "\n",
-			[]string{redisPass, urlPass, sentPass},
+		{"redis store", "store: redis\nredis:\n  url: redis://proxy:" + urlPass + "@" + redisAddr + "/2\n  password: " + redisPass + "\n",
+			[]string{redisPass, urlPass},
 			[]string{"redis://proxy:REDACTED@" + redisAddr + "/2", "password: REDACTED", "redis store (not contacted)"}},
+		// A sentinel password is read only with a master name.
+		{"redis sentinel store", "store: redis\nredis:\n  password: " + redisPass +
+			"\n  sentinel:\n    master_name: m\n    addrs: [\"" + redisAddr + "\"]\n    password: " + sentPass + "\n",
+			[]string{redisPass, sentPass},
+			[]string{"password: REDACTED", "redis store (not contacted)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)

@@ -122,10 +122,12 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 			e.TLS.Source = certs.SourceSelfSigned // certs' reading of ""
 		}
 	}
-	if e.TLS.ReloadInterval <= 0 {
+	// Only where the source in effect reads them: config refuses them
+	// under another source, and check's output must load again.
+	if src := tlsSource(e.TLS); e.TLS.ReloadInterval <= 0 && src == certs.SourceFiles {
 		e.TLS.ReloadInterval = certs.DefaultReloadInterval
 	}
-	if e.TLS.ACME.OnDemandRate <= 0 {
+	if src := tlsSource(e.TLS); e.TLS.ACME.OnDemandRate <= 0 && src == certs.SourceACME {
 		e.TLS.ACME.OnDemandRate = certs.DefaultOnDemandRate
 	}
 	if ratio, err := telemetryConfig(cfg, getenv).SampleRatio(); err == nil {

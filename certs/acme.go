@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -41,6 +42,12 @@ type acmeSource struct {
 	managedNames []string
 	allow        func(ctx context.Context, name string) error
 	limiter      *windowLimiter
+	failures     *failureBackoff
+
+	// ctx ends at close: handshakes waiting on an on-demand order (or on
+	// certmagic's retry of a failed one) give up then, rather than hold
+	// the connection, and with it the drain, for certmagic's 180 s.
+	ctx context.Context
 
 	cache    *certmagic.Cache
 	managed  *certmagic.Config
@@ -70,6 +77,7 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		rate = DefaultOnDemandRate
 	}
 	s.limiter = newWindowLimiter(rate)
+	s.failures = newFailureBackoff()
 
 	zl := newZapLogger(log)
 	issuer, err := issuerTemplate(a, cfg.ListenAddr, zl)
@@ -78,10 +86,12 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	}
 	s.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: s.configForCert, Logger: zl})
 	base := certmagic.Config{
-		Logger:         zl,
-		Issuers:        []certmagic.Issuer{}, // non-nil: keeps certmagic from building a default issuer
-		OnEvent:        s.onEvent,
-		ShouldEmitFunc: func(event string) bool { return event == "cert_obtaining" },
+		Logger:  zl,
+		Issuers: []certmagic.Issuer{}, // non-nil: keeps certmagic from building a default issuer
+		OnEvent: s.onEvent,
+		ShouldEmitFunc: func(event string) bool {
+			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
+		},
 	}
 	if a.StorageDir != "" {
 		base.Storage = &certmagic.FileStorage{Path: a.StorageDir}
@@ -93,7 +103,7 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	}
 
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
+	s.ctx, s.cancel = bg, cancel
 	if len(s.managedNames) > 0 {
 		if a.Sync {
 			err = s.manageSync(ctx)
@@ -373,9 +383,36 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	// the renewal window it would "renew" the wildcard under the client's
 	// hostname, or evict it from memory when Allow refuses that hostname.
 	if s.onDemand != nil && !s.covered(hello.ServerName) {
-		return s.onDemand.GetCertificate(hello)
+		return s.onDemandCertificate(hello)
 	}
 	return s.managed.GetCertificate(hello)
+}
+
+// abortKey holds, in the context of an on-demand handshake, the function
+// that ends it (see onDemandCertificate).
+type abortKey struct{}
+
+// onDemandCertificate asks the on-demand Config under a context that ends
+// when the source closes, and that a failed order ends too (onEvent's
+// cert_failed). certmagic retries a failed order after a minute, then two,
+// within its 180 s handshake timeout: the client's handshake was held
+// that long (and concurrent ones for the name behind it), each retry was
+// a new order against the budget, and a shutdown's drain waited for it.
+func (s *acmeSource) onDemandCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	defer cancel(nil)
+	if hc := hello.Context(); hc != nil {
+		stop := context.AfterFunc(hc, func() { cancel(context.Cause(hc)) })
+		defer stop()
+	}
+	ctx = context.WithValue(ctx, abortKey{}, cancel)
+	cert, err := s.onDemand.GetCertificateWithContext(ctx, hello)
+	if err != nil && ctx.Err() != nil {
+		// The cause (the order's failure, or the shutdown) says more
+		// than "context canceled".
+		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+	}
+	return cert, err
 }
 
 // normalizeSNI is the name certmagic looks a ClientHello up by: IDNA's
@@ -440,23 +477,49 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
 		return err
 	}
+	if err := s.failures.check(name, time.Now()); err != nil {
+		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
+		return err
+	}
 	return nil
 }
 
-// onEvent rate-limits new on-demand issuances. It hooks "cert_obtaining",
-// which fires only when a certificate is really requested from the CA (not
-// when one is loaded from storage after a restart); renewals and the
-// managed names are not limited.
-func (s *acmeSource) onEvent(_ context.Context, event string, data map[string]any) error {
-	if event != "cert_obtaining" {
-		return nil
-	}
+// onEvent rate-limits new on-demand issuances and backs off names whose
+// order failed. "cert_obtaining" fires only when a certificate is really
+// requested from the CA (not when one is loaded from storage after a
+// restart); renewals and the managed names are not limited. A name in
+// its backoff is refused before it spends the budget: only attempts that
+// reach the CA count, so names the CA refuses (its own rate limit, a
+// domain the DNS provider cannot write) cost one order per backoff period
+// and cannot use up the budget of the names that work.
+func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]any) error {
 	if renewal, _ := data["renewal"].(bool); renewal {
 		return nil
 	}
 	name, _ := data["identifier"].(string)
 	if s.isManagedName(name) {
 		return nil
+	}
+	switch event {
+	case "cert_obtained":
+		s.failures.forget(name)
+		return nil
+	case "cert_failed":
+		err, _ := data["error"].(error)
+		next := s.failures.record(name, time.Now())
+		s.log.Warn("on-demand certificate order failed; the name waits before its next order",
+			"name", name, "error", err, "next_attempt", next)
+		// End the handshake now instead of after certmagic's retry.
+		if abort, ok := ctx.Value(abortKey{}).(context.CancelCauseFunc); ok {
+			abort(fmt.Errorf("on-demand order for %s failed: %w", name, err))
+		}
+		return nil
+	case "cert_obtaining":
+	default:
+		return nil
+	}
+	if err := s.failures.check(name, time.Now()); err != nil {
+		return certmagic.ErrNoRetry{Err: err}
 	}
 	if !s.limiter.allow() {
 		s.log.Warn("on-demand certificate issuance rate limit reached", "name", name, "per_minute", s.limiter.max)

@@ -3,6 +3,7 @@ package certs_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -369,5 +370,126 @@ func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 	}
 	if n := touched.Load(); n != 0 {
 		t.Fatalf("certmagic reached for its own challenge port %d times: the challenge must be answered on the HTTPS listener", n)
+	}
+}
+
+// An order the CA refuses (here: DNS-01 for a domain the DNS provider
+// cannot write) fails the handshake at once, and the name then waits
+// before its next order. Before, certmagic retried inside the handshake
+// (a minute, then two, within 180 s): the client's handshake and every
+// other one for the name hung that long, each retry spent the on-demand
+// budget, and handshakes for the name kept placing orders the moment the
+// last one gave up, starving the names that work.
+func TestACMEOnDemandFailedOrderBacksOff(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	allow := &allowList{ok: map[string]bool{"50005-bad.nozone.test": true, "50005-ok.cube.test": true}}
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.OnDemandRate = 2
+	cfg.ACME.DNS.PropagationTimeout = -1
+	cfg.Allow = allow.allow
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	roots := pebble.IssuerRootPool(t)
+	srv := serveTLS(t, m)
+
+	tests := []struct {
+		name       string
+		sni        string
+		wantOK     bool
+		wantOrders int64
+	}{
+		{"failing name: one order, handshake fails at once", "50005-bad.nozone.test", false, 1},
+		{"failing name again: refused without an order", "50005-bad.nozone.test", false, 0},
+		{"and again", "50005-bad.nozone.test", false, 0},
+		{"a working name still has budget", "50005-ok.cube.test", true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := pebble.Orders()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			d := tls.Dialer{Config: sniConfig(roots, tt.sni)}
+			c, err := d.DialContext(ctx, "tcp", srv.addr)
+			if ctx.Err() != nil {
+				t.Fatalf("handshake held for %v: the failed order is being retried inside it", 20*time.Second)
+			}
+			if c != nil {
+				_ = c.Close()
+			}
+			if (err == nil) != tt.wantOK {
+				t.Fatalf("handshake error %v, want success %v", err, tt.wantOK)
+			}
+			if got := pebble.Orders() - before; got != tt.wantOrders {
+				t.Fatalf("pebble received %d new orders, want %d", got, tt.wantOrders)
+			}
+		})
+	}
+}
+
+// Closing the source ends a handshake waiting on an on-demand order: the
+// proxy's shutdown closes it before the drain, which otherwise waited for
+// the order (certmagic bounds one at 180 s, retries included) up to
+// drain_timeout. The CA here accepts connections and never answers.
+func TestACMECloseEndsPendingOrder(t *testing.T) {
+	ca := testenv.StartSilentServer(t)
+	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceACME,
+		Domain: "cube.test",
+		Logger: testLogger(t),
+		Allow:  allow.allow,
+		ACME: certs.ACMEConfig{
+			CA:           "http://" + ca.Addr + "/dir",
+			Email:        "ops@cube.test",
+			StorageDir:   t.TempDir(),
+			SkipWildcard: true,
+			OnDemand:     true,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		d := tls.Dialer{Config: &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true}}
+		c, err := d.DialContext(ctx, "tcp", srv.addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		done <- err
+	}()
+	select {
+	case <-ca.Reached:
+	case err := <-done:
+		t.Fatalf("handshake ended before the order reached the CA: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the on-demand order never reached the CA")
+	}
+	closed := time.Now()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("handshake after Close: %v, want refused", err)
+		}
+		t.Logf("handshake refused %v after Close: %v", time.Since(closed), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close left the handshake waiting on the order")
 	}
 }

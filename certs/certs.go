@@ -186,8 +186,10 @@ func (m *Manager) TLSConfig() *tls.Config {
 	}
 }
 
-// Close stops the file watcher or certmagic's cache maintenance. Connections
-// already established are not affected.
+// Close stops the file watcher or certmagic's cache maintenance, and ends
+// the handshakes still waiting on an on-demand order (they fail). Handshakes
+// after Close are still served from the certificates in memory, and
+// connections already established are not affected.
 func (m *Manager) Close() error {
 	m.closeOnce.Do(func() { m.closeErr = m.src.close() })
 	return m.closeErr

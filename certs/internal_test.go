@@ -245,6 +245,7 @@ func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
 		log:          slog.New(slog.DiscardHandler),
 		managedNames: []string{"*.cube.test", "cube.test"},
 		limiter:      newWindowLimiter(1),
+		failures:     newFailureBackoff(),
 	}
 	tests := []struct {
 		name    string
@@ -258,11 +259,64 @@ func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
 		{"renewals are not limited", "cert_obtaining", map[string]any{"identifier": "a.other.test", "renewal": true}, false},
 		{"managed wildcard is not limited", "cert_obtaining", map[string]any{"identifier": "*.cube.test"}, false},
 		{"managed apex is not limited", "cert_obtaining", map[string]any{"identifier": "cube.test"}, false},
+		{"a failed order is noted", "cert_failed", map[string]any{"identifier": "c.other.test", "error": errRateLimited}, false},
+		{"its name is refused while it backs off", "cert_obtaining", map[string]any{"identifier": "c.other.test"}, true},
+		{"a failed managed name is not backed off", "cert_failed", map[string]any{"identifier": "*.cube.test", "error": errRateLimited}, false},
+		{"so it is not refused", "cert_obtaining", map[string]any{"identifier": "*.cube.test"}, false},
 	}
 	for _, tt := range tests {
 		err := s.onEvent(t.Context(), tt.event, tt.data)
 		if (err != nil) != tt.wantErr {
 			t.Fatalf("%s: err = %v, want error %v", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+// A name whose order failed waits a minute, then twice as long after each
+// further failure, up to an hour; a success or a long quiet period starts
+// it over.
+func TestFailureBackoff(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newFailureBackoff()
+	steps := []struct {
+		at       time.Duration // since t0
+		op       string        // "fail", "ok" or "check"
+		wantNext time.Duration // fail: next attempt, since t0
+		wantErr  bool          // check
+	}{
+		{0, "check", 0, false},
+		{0, "fail", time.Minute, false},
+		{30 * time.Second, "check", 0, true},
+		{time.Minute, "check", 0, false},
+		{time.Minute, "fail", 3 * time.Minute, false},
+		{2 * time.Minute, "check", 0, true},
+		{3 * time.Minute, "fail", 7 * time.Minute, false},
+		{7 * time.Minute, "fail", 15 * time.Minute, false},
+		{15 * time.Minute, "fail", 31 * time.Minute, false},
+		{31 * time.Minute, "fail", 63 * time.Minute, false},
+		{63 * time.Minute, "fail", 123 * time.Minute, false}, // capped at an hour
+		{123 * time.Minute, "fail", 183 * time.Minute, false},
+		{183*time.Minute + 2*time.Hour, "fail", 184*time.Minute + 2*time.Hour, false}, // quiet for 2 h: starts over
+		{185*time.Minute + 2*time.Hour, "ok", 0, false},
+		{185*time.Minute + 2*time.Hour, "check", 0, false},
+		{185*time.Minute + 2*time.Hour, "fail", 186*time.Minute + 2*time.Hour, false}, // forgotten after a success
+	}
+	for i, st := range steps {
+		now := t0.Add(st.at)
+		switch st.op {
+		case "fail":
+			if got := b.record("x.test", now); !got.Equal(t0.Add(st.wantNext)) {
+				t.Fatalf("step %d: next attempt at +%v, want +%v", i, got.Sub(t0), st.wantNext)
+			}
+		case "ok":
+			b.forget("x.test")
+		case "check":
+			if err := b.check("x.test", now); (err != nil) != st.wantErr {
+				t.Fatalf("step %d: check = %v, want error %v", i, err, st.wantErr)
+			}
+		}
+		if err := b.check("other.test", now); err != nil {
+			t.Fatalf("step %d: another name is refused: %v", i, err)
 		}
 	}
 }

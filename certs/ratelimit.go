@@ -2,6 +2,7 @@ package certs
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -41,3 +42,76 @@ func (l *windowLimiter) allow() bool {
 	l.next = (l.next + 1) % l.max
 	return true
 }
+
+// Backoff of a name whose on-demand order failed: the first failure
+// blocks it for failureBackoffMin, each further one doubles that, up to
+// failureBackoffMax (Let's Encrypt allows 5 failed validations per name
+// an hour).
+const (
+	failureBackoffMin = time.Minute
+	failureBackoffMax = time.Hour
+	// failureBackoffKeep bounds the names remembered: beyond it, names
+	// whose backoff has ended are forgotten at the next failure.
+	failureBackoffKeep = 1024
+)
+
+// failureBackoff remembers names whose on-demand order failed. Only names
+// Allow accepted reach it (existing sandboxes), so it stays small.
+type failureBackoff struct {
+	mu    sync.Mutex
+	names map[string]failureState
+}
+
+type failureState struct {
+	until    time.Time // no order before then
+	failures int
+}
+
+func newFailureBackoff() *failureBackoff {
+	return &failureBackoff{names: make(map[string]failureState)}
+}
+
+// record notes a failed order for name at now and returns when the next
+// may be placed.
+func (b *failureBackoff) record(name string, now time.Time) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.names[name]
+	if now.Sub(st.until) > failureBackoffMax {
+		st.failures = 0 // long enough ago: start over
+	}
+	wait := failureBackoffMin << min(st.failures, 6)
+	st.failures++
+	st.until = now.Add(min(wait, failureBackoffMax))
+	if len(b.names) >= failureBackoffKeep {
+		for n, s := range b.names {
+			if now.After(s.until) {
+				delete(b.names, n)
+			}
+		}
+	}
+	b.names[name] = st
+	return st.until
+}
+
+// check refuses name while it is backing off.
+func (b *failureBackoff) check(name string, now time.Time) error {
+	b.mu.Lock()
+	st, ok := b.names[name]
+	b.mu.Unlock()
+	if ok && now.Before(st.until) {
+		return fmt.Errorf("on-demand order for %s failed %d time(s); next attempt after %s: %w",
+			name, st.failures, st.until.UTC().Format(time.RFC3339), errBackingOff)
+	}
+	return nil
+}
+
+// forget clears name's failures once a certificate was obtained for it.
+func (b *failureBackoff) forget(name string) {
+	b.mu.Lock()
+	delete(b.names, name)
+	b.mu.Unlock()
+}
+
+// errBackingOff refuses an on-demand order for a name whose last failed.
+var errBackingOff = errors.New("backing off after a failed order")

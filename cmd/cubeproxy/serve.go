@@ -650,6 +650,13 @@ loop:
 	// on seeing that line must not be lost.
 	drainCtx, cutShort := a.cutDrainOnSignal()
 	a.log.Info("shutting down: draining", "timeout", a.server.Config().DrainTimeout.String())
+	if a.certs != nil {
+		// Before the drain: a handshake waiting on an on-demand order
+		// holds its connection, and the drain waited for it up to
+		// drain_timeout. The listeners close now, so no handshake needs
+		// a certificate the cache does not already hold.
+		_ = a.certs.Close()
+	}
 	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr
 	}

@@ -814,3 +814,55 @@ func TestTLSRedirectWithoutHost(t *testing.T) {
 		t.Errorf("X-Cube-Request-Id %q, want the client's", got)
 	}
 }
+
+// A shutdown does not wait for an on-demand order: a handshake blocked on
+// one (here the CA never answers) kept its connection open, and the drain
+// waited for it up to drain_timeout (certmagic gives an order 180 s).
+func TestTLSACMEShutdownDuringOnDemandOrder(t *testing.T) {
+	ca := testenv.StartSilentServer(t)
+	y := tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, fmt.Sprintf(`tls:
+  source: acme
+  domain: cube.test
+  acme:
+    ca: %q
+    email: ops@cube.test
+    storage_dir: %q
+    skip_wildcard: true
+    on_demand: true
+`, "http://"+ca.Addr+"/dir", t.TempDir()))
+	y = strings.Replace(y, "drain_timeout: 2s", "drain_timeout: 60s", 1)
+	path := filepath.Join(t.TempDir(), "cubeproxy.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := runServe(t, []string{"--config", path}, noEnv)
+
+	done := make(chan error, 1)
+	go func() {
+		c, err := dialTLSProxy(addrOf(r.a.httpsLn), &tls.Config{ServerName: "50005-abc.cube.test", InsecureSkipVerify: true})
+		if err == nil {
+			c.close()
+		}
+		done <- err
+	}()
+	select {
+	case <-ca.Reached:
+	case err := <-done:
+		t.Fatalf("handshake ended before the order reached the CA: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the on-demand order never reached the CA")
+	}
+	start := time.Now()
+	r.stop()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("shutdown took %v with an order pending (drain_timeout 60s)", took)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the handshake got a certificate from a CA that never answered")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handshake is still waiting after the shutdown")
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -48,6 +49,9 @@ type acmeSource struct {
 	// certmagic's retry of a failed one) give up then, rather than hold
 	// the connection, and with it the drain, for certmagic's 180 s.
 	ctx context.Context
+
+	// obtained is set once the default certificate was in memory.
+	obtained atomic.Bool
 
 	cache    *certmagic.Cache
 	managed  *certmagic.Config
@@ -526,6 +530,17 @@ func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]
 		// ErrNoRetry: certmagic would otherwise retry the refused issuance.
 		return certmagic.ErrNoRetry{Err: fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)}
 	}
+	return nil
+}
+
+func (s *acmeSource) ready() error {
+	if s.defaultName == "" || s.obtained.Load() {
+		return nil
+	}
+	if !s.cachedValid(s.defaultName) {
+		return fmt.Errorf("%w for %s", ErrCertificatePending, s.defaultName)
+	}
+	s.obtained.Store(true)
 	return nil
 }
 

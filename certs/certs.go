@@ -135,6 +135,16 @@ type source interface {
 	close() error
 }
 
+// readySource is a source that may start without the certificate it
+// serves by default (acme without sync).
+type readySource interface {
+	ready() error
+}
+
+// ErrCertificatePending is Ready's error while the default certificate
+// has not been obtained yet.
+var ErrCertificatePending = errors.New("waiting for the first certificate")
+
 // Manager owns the certificate source and builds the listener's tls.Config.
 type Manager struct {
 	src       source
@@ -184,6 +194,21 @@ func (m *Manager) TLSConfig() *tls.Config {
 		NextProtos:     append([]string(nil), m.protos...),
 		GetCertificate: m.src.getCertificate,
 	}
+}
+
+// Ready reports whether the listener can complete handshakes with the
+// default certificate: always for files and self_signed (loaded by New),
+// and for acme once *.<domain> is in memory — without sync, New returns
+// before it is obtained, and until then every handshake for a sandbox
+// name fails. The error wraps ErrCertificatePending. Once ready, Ready
+// stays nil (a renewal that fails later still serves the valid
+// certificate). With the wildcard skipped (on-demand only) there is no
+// default certificate to wait for.
+func (m *Manager) Ready() error {
+	if r, ok := m.src.(readySource); ok {
+		return r.ready()
+	}
+	return nil
 }
 
 // Close stops the file watcher or certmagic's cache maintenance, and ends

@@ -44,6 +44,9 @@ type AdminConfig struct {
 	// Ready, when set, reports whether the store has been reachable
 	// (GET /readyz); draining is checked by the server itself.
 	Ready func() error
+	// CertificatesReady, when set, reports whether the HTTPS listener has
+	// its default certificate (GET /readyz's certificate_pending).
+	CertificatesReady func() error
 	// Signer issues signed browser tokens (POST /admin/tokens); nil = off.
 	Signer *auth.Signer
 }
@@ -223,6 +226,10 @@ const (
 	// ReadyStoreUnreachable: no route read from the store has been
 	// answered yet (AdminConfig.Ready failed).
 	ReadyStoreUnreachable = "store_unreachable"
+	// ReadyCertificatePending: the HTTPS listener's default certificate
+	// has not been obtained yet (acme without sync), so its handshakes
+	// fail (AdminConfig.CertificatesReady failed).
+	ReadyCertificatePending = "certificate_pending"
 )
 
 // readyz answers the readiness probe, which needs no credential. Its
@@ -237,9 +244,18 @@ func (a *Admin) readyz(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, 503, map[string]any{"ready": false, "reason": ReadyDraining})
 		return
 	}
-	if a.cfg.Ready != nil {
-		if err := a.cfg.Ready(); err != nil {
-			out := map[string]any{"ready": false, "reason": ReadyStoreUnreachable}
+	for _, c := range []struct {
+		check  func() error
+		reason string
+	}{
+		{a.cfg.Ready, ReadyStoreUnreachable},
+		{a.cfg.CertificatesReady, ReadyCertificatePending},
+	} {
+		if c.check == nil {
+			continue
+		}
+		if err := c.check(); err != nil {
+			out := map[string]any{"ready": false, "reason": c.reason}
 			if a.authorized(ctx) {
 				out["detail"] = err.Error()
 			}

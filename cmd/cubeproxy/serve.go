@@ -246,6 +246,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if a.redis != nil {
 		adminCfg.Publish = a.publish
 	}
+	adminCfg.CertificatesReady = a.certificatesReady
 	a.server = proxy.NewServer(serverConfig(cfg), a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
 	if err := a.listen(ctx); err != nil {
@@ -327,6 +328,18 @@ func (a *app) ready() error {
 		return errors.New("route store has never been reachable: " + *why)
 	}
 	return errors.New("route store has never been reachable")
+}
+
+// certificatesReady is /readyz's check of the HTTPS listener: acme
+// without sync starts before its wildcard is obtained, and a load balancer
+// sending HTTPS there meanwhile got failed handshakes from a ready node.
+// The certificates are loaded after the admin config is built, hence the
+// nil check.
+func (a *app) certificatesReady() error {
+	if a.certs == nil {
+		return nil
+	}
+	return a.certs.Ready()
 }
 
 // publish tells the other proxy instances to drop id's cached route,

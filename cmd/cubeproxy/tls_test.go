@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -865,4 +866,51 @@ func TestTLSACMEShutdownDuringOnDemandOrder(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handshake is still waiting after the shutdown")
 	}
+}
+
+// acme without sync starts listening before the wildcard is obtained, and
+// until then every handshake fails: /readyz says 503 certificate_pending
+// (a CA that never answers keeps it so), and turns 200 once the
+// certificate is there, so a load balancer sends HTTPS only to a node that
+// can complete the handshake.
+func TestTLSACMEReadyzWaitsForTheWildcard(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	silent := testenv.StartSilentServer(t)
+	readyz := func(p *tlsProxy) (int, map[string]any) {
+		resp, err := http.Get("http://" + addrOf(p.a.adminLn) + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, got
+	}
+	t.Run("CA that never answers: pending", func(t *testing.T) {
+		section := acmeTLSSection(t, pb, dnsSrv, "")
+		section = strings.Replace(section, pb.DirectoryURL, "http://"+silent.Addr+"/dir", 1)
+		p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, section))
+		<-silent.Reached // the order is under way, and cannot succeed
+		status, got := readyz(p)
+		if status != 503 || got["reason"] != "certificate_pending" {
+			t.Fatalf("/readyz %d %v, want 503 certificate_pending", status, got)
+		}
+	})
+	t.Run("pebble: ready once the wildcard is in", func(t *testing.T) {
+		p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, acmeTLSSection(t, pb, dnsSrv, "")))
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if status, got := readyz(p); status != 200 {
+				return fmt.Errorf("/readyz %d %v", status, got)
+			}
+			return nil
+		})
+		c, err := dialTLSProxy(p.https, trustSNI(pb.IssuerRootPool(t), "50005-abc.cube.test"))
+		if err != nil {
+			t.Fatalf("ready, but the handshake fails: %v", err)
+		}
+		c.close()
+	})
 }

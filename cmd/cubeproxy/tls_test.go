@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -913,4 +914,53 @@ func TestTLSACMEReadyzWaitsForTheWildcard(t *testing.T) {
 		}
 		c.close()
 	})
+}
+
+// A flood of handshakes for names no route serves (scanners, random
+// sandbox ids) places no order and spends none of the on-demand budget
+// (on_demand_rate 1 here), and the sandbox's own name gets its
+// certificate while the flood goes on.
+func TestTLSACMEOnDemandRandomNameFlood(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")},
+		acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n    on_demand_rate: 1\n")))
+	roots := pb.IssuerRootPool(t)
+
+	var refused, n atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := n.Add(1)
+				name := fmt.Sprintf("%d-r%x.cube.test", 1+i%65535, i*7919)
+				if c, err := dialTLSProxy(p.https, trustSNI(roots, name)); err == nil {
+					c.close()
+					t.Errorf("random name %s got a certificate", name)
+					return
+				}
+				refused.Add(1)
+			}
+		})
+	}
+	testenv.WaitFor(t, 10*time.Second, "the flood to start", func() bool { return refused.Load() >= 50 })
+	start := time.Now()
+	c, err := dialTLSProxy(p.https, trustSNI(roots, "50005-abc.cube.test"))
+	took := time.Since(start)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("the sandbox's name during the flood: %v", err)
+	}
+	c.close()
+	t.Logf("sandbox certificate in %v during a flood of %d refused handshakes", took, refused.Load())
+	if n := pb.Orders(); n != 1 {
+		t.Fatalf("pebble received %d orders, want the sandbox's one", n)
+	}
 }

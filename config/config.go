@@ -291,7 +291,7 @@ func withFlagHint(fs *flag.FlagSet, err error) error {
 // are a second document, which would be ignored, and a key with no value
 // whose default is not empty (checkNulls).
 func decodeFile(cfg *Config, path string) error {
-	data, err := namedfile.Read(path, namedfile.MaxSmall)
+	data, err := namedfile.ReadOnce(path, namedfile.MaxSmall)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}

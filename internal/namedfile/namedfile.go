@@ -1,6 +1,7 @@
 // Package namedfile reads the files an operator names in the
 // configuration (the config file, the routes file, certificates, keys,
-// CA bundles, credential files): regular files only, and bounded in size.
+// CA bundles, credential files): regular files only (the config file may
+// also be a pipe, ReadOnce), and bounded in size.
 //
 // os.ReadFile would take whatever the name points at. A FIFO blocks the
 // open until a writer comes, so `serve` and `check` would hang without a
@@ -66,6 +67,45 @@ func Read(path string, limit int64) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// ReadOnce is Read for a file read once, at startup: the config file.
+// Besides a regular file it takes a pipe, so that a configuration can be
+// made on the spot (`--config <(envsubst < cubeproxy.yaml.tmpl)`,
+// `--config /dev/stdin`), as nginx -c takes one. A pipe is opened as cat
+// opens it: a named FIFO with no writer waits for one, which is what its
+// name asked for. It is read through limit, and an empty pipe is an error
+// rather than an empty configuration: the command that should have
+// written it most likely failed, and the proxy would start on defaults.
+// Files the proxy reads again (certificates on reload) or writes back
+// (routes) stay regular files only (Read).
+func ReadOnce(path string, limit int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode()&fs.ModeNamedPipe == 0 {
+		return Read(path, limit)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case int64(len(data)) > limit:
+		return nil, fmt.Errorf("%s, a pipe, gave more than the %s this kind of file may have: %w", path, human(limit), ErrTooLarge)
+	case len(data) == 0:
+		return nil, fmt.Errorf("%s, a pipe, gave nothing: %w", path, ErrEmptyPipe)
+	}
+	return data, nil
+}
+
+// ErrEmptyPipe is matched by ReadOnce's error for a pipe closed before
+// it gave a byte.
+var ErrEmptyPipe = errors.New("empty pipe")
 
 // ErrNotRegular is matched by Read's error for a path that is not a
 // regular file.

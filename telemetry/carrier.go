@@ -6,8 +6,8 @@ import (
 )
 
 // HeaderCarrier adapts a fasthttp request header to propagation.TextMapCarrier
-// (and ValuesGetter, for repeated baggage headers) without copying the header
-// into an http.Header.
+// (and ValuesGetter, for propagators that read repeated headers) without
+// copying the header into an http.Header.
 type HeaderCarrier struct{ H *fasthttp.RequestHeader }
 
 var (

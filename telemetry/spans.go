@@ -139,8 +139,9 @@ func targetPath(uri []byte) []byte {
 }
 
 // StartClientSpan starts the span for the upstream exchange with addr as a
-// child of ctx's span and injects its traceparent/tracestate (and the
-// client's baggage) into upstream, replacing what the client sent. With
+// child of ctx's span and injects its traceparent/tracestate into
+// upstream, replacing what the client sent; the client's baggage passes
+// as sent. With
 // tracing off it returns a no-op span, leaves upstream untouched (the
 // client's headers pass through as any end-to-end header) and does not
 // allocate.
@@ -158,8 +159,7 @@ func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	// Every copy goes: a second traceparent from the client would reach
 	// the sandbox next to the proxy's, and a tracestate the span did not
 	// inherit (its traceparent was invalid) would describe another trace.
-	// Baggage is left alone: one OpenTelemetry cannot parse (too long, a
-	// bad member) still reaches the sandbox as sent.
+	// Baggage is not touched (see New).
 	for _, k := range t.fields {
 		upstream.Del(k)
 	}

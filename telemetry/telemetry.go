@@ -48,11 +48,13 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Telemetry{
-		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-	}
-	// Baggage is the client's: it passes as sent unless re-injected.
-	t.fields = propagation.TraceContext{}.Fields()
+	// W3C trace context only. Baggage is the client's: the proxy adds none,
+	// so it passes as sent like any end-to-end header. Re-injected through
+	// OpenTelemetry, it reached the sandbox with members reordered, repeated
+	// keys collapsed, values re-encoded, lines merged and the members it
+	// refused dropped, only while tracing was on.
+	t := &Telemetry{propagator: propagation.TraceContext{}}
+	t.fields = t.propagator.Fields()
 
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {
@@ -124,8 +126,8 @@ func (t *Telemetry) TracingEnabled() bool { return t.tp != nil }
 // metrics plus the Go runtime and process collectors.
 func (t *Telemetry) MetricsHandler() http.Handler { return t.handler }
 
-// Propagator returns the W3C tracecontext + baggage propagator used by the
-// span helpers.
+// Propagator returns the W3C trace context propagator used by the span
+// helpers (traceparent and tracestate; baggage is left to pass as sent).
 func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.propagator }
 
 // Shutdown flushes pending spans and stops the providers. Metrics recorded

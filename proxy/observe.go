@@ -117,11 +117,18 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 }
 
-// startSpan opens the request's server span (tracing on only).
+// startSpan opens the request's server span (tracing on only). A head
+// fasthttp dropped (noHead) has only its defaults in the header: its span
+// claims no method or path.
 func (p *Proxy) startSpan(ctx *fasthttp.RequestCtx, x *exchange) {
-	if p.tel != nil && p.tel.TracingEnabled() { // off: no span to end either
-		x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
+	if p.tel == nil || !p.tel.TracingEnabled() { // off: no span to end either
+		return
 	}
+	if x.noHead {
+		x.spanCtx, x.span = p.tel.StartHeadlessServerSpan(ctx.IsTLS(), remoteIP(ctx))
+		return
+	}
+	x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
 }
 
 // startUpstream records that the exchange with addr begins and opens the

@@ -691,9 +691,9 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
 		return
 	}
-	var x exchange
+	x := exchange{noHead: true} // before begin: its span claims no head
 	p.begin(ctx, &x)
-	x.early, x.noHead = true, true
+	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.fail(ctx, refusedByParser(err), nil)
 	ctx.SetConnectionClose()

@@ -87,17 +87,39 @@ func (t *Telemetry) StartServerSpanAt(h *fasthttp.RequestHeader, tls bool, clien
 	return t.startServerSpan(h, tls, client, []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start)})
 }
 
+// StartHeadlessServerSpan is StartServerSpan for a request whose head the
+// proxy never saw: fasthttp refused it (400, 431) or gave up waiting for
+// it (408) and dropped what it had read, so its header holds fasthttp's
+// defaults ("GET", "/"), not the client's request. The span claims no
+// method (semconv "_OTHER", named "proxy OTHER"), no url.path and no
+// parent; the access log shows these requests without method and target
+// too.
+func (t *Telemetry) StartHeadlessServerSpan(tls bool, client netip.Addr) (context.Context, trace.Span) {
+	if t.tp == nil {
+		return context.Background(), noopSpan
+	}
+	return t.startServerSpan(nil, tls, client, serverStart)
+}
+
+// startServerSpan starts a server span; h nil means a head the proxy
+// never saw (StartHeadlessServerSpan).
 func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client netip.Addr, opts []trace.SpanStartOption) (context.Context, trace.Span) {
-	ctx := t.propagator.Extract(context.Background(), HeaderCarrier{H: h})
-	m := &spanMethods[spanMethod(h.Method())]
+	ctx := context.Background()
+	m := &spanMethods[len(spanMethods)-1]
+	if h != nil {
+		ctx = t.propagator.Extract(ctx, HeaderCarrier{H: h})
+		m = &spanMethods[spanMethod(h.Method())]
+	}
 	ctx, span := t.Tracer.Start(ctx, m.server, opts...)
 	if span.IsRecording() {
 		scheme := "http"
 		if tls {
 			scheme = "https"
 		}
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
-			semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI()))), semconv.URLSchemeKey.String(scheme))
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme))
+		if h != nil {
+			span.SetAttributes(semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI()))))
+		}
 		if client.IsValid() {
 			span.SetAttributes(semconv.ClientAddressKey.String(client.String()))
 		}

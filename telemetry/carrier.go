@@ -15,8 +15,33 @@ var (
 	_ propagation.ValuesGetter   = HeaderCarrier{}
 )
 
-// Get returns the first value of key, or "".
-func (c HeaderCarrier) Get(key string) string { return string(c.H.Peek(key)) }
+// Get returns the value of key: its field lines combined in order with ","
+// (RFC 9110 5.3), "" when absent. W3C Trace Context has a tracestate sent
+// as several lines read so; the first line alone lost the entries of the
+// others. Several traceparent lines combine into no valid traceparent, so
+// such a request starts a new trace rather than the proxy guessing which
+// line was meant.
+func (c HeaderCarrier) Get(key string) string {
+	all := c.H.PeekAll(key)
+	switch len(all) {
+	case 0:
+		return ""
+	case 1:
+		return string(all[0])
+	}
+	n := len(all) - 1
+	for _, v := range all {
+		n += len(v)
+	}
+	b := make([]byte, 0, n)
+	for i, v := range all {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, v...)
+	}
+	return string(b)
+}
 
 // Set replaces every value of key with value.
 func (c HeaderCarrier) Set(key, value string) {

@@ -148,7 +148,14 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 // headersReady records time to response headers, unless the head is
 // written later (headLater): that write counts the request, with the
 // status its client got.
+//
+// The response carries the request id by now: the server span gets it too,
+// the id a client reports and the access log shows, so that an operator
+// can go from either to the request's trace.
 func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
+	if x.span != nil && x.span.IsRecording() {
+		x.span.SetAttributes(telemetry.AttrRequestID.String(string(ctx.Response.Header.Peek(HeaderRequestID))))
+	}
 	if !x.headLater {
 		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
 	}

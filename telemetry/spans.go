@@ -25,6 +25,9 @@ const (
 	AttrRetries     = attribute.Key("cube.upstream.retries")
 	AttrCacheResult = attribute.Key("cube.cache.result")
 	AttrErrorCode   = attribute.Key("cube.error.code")
+	// AttrRequestID is the request's X-Cube-Request-Id (the client's, or
+	// the one the proxy generated), as its answer and access log line carry it.
+	AttrRequestID = attribute.Key("cube.request.id")
 )
 
 var (

@@ -119,13 +119,18 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 		if tls {
 			scheme = "https"
 		}
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme))
+		// One call: each SetAttributes costs an allocation.
+		attrs := [4]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme)}
+		n := 2
 		if h != nil {
-			span.SetAttributes(semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI()))))
+			attrs[n] = semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI())))
+			n++
 		}
 		if client.IsValid() {
-			span.SetAttributes(semconv.ClientAddressKey.String(client.String()))
+			attrs[n] = semconv.ClientAddressKey.String(client.String())
+			n++
 		}
+		span.SetAttributes(attrs[:n]...)
 	}
 	return ctx, span
 }

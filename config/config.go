@@ -88,7 +88,7 @@ type TLS struct {
 	CertFile       string        `yaml:"cert_file" usage:"certificate PEM (files source; more pairs under tls.files in YAML)"`
 	KeyFile        string        `yaml:"key_file" usage:"key PEM for cert_file"`
 	Files          []TLSFile     `yaml:"files"`
-	ReloadInterval time.Duration `yaml:"reload_interval" usage:"how often certificate files are re-read"`
+	ReloadInterval time.Duration `yaml:"reload_interval" usage:"how often certificate files are re-read (unset: 10s)"`
 	RedirectHTTP   bool          `yaml:"redirect_http" usage:"answer plain HTTP with a redirect to HTTPS instead of proxying"`
 	RedirectPort   int           `yaml:"redirect_port" usage:"HTTPS port clients reach, named in redirects (0 = https_addr's port; 443 is left out)"`
 	ACME           ACME          `yaml:"acme"`
@@ -108,7 +108,7 @@ type ACME struct {
 	StorageDir       string  `yaml:"storage_dir" usage:"certificate storage (survives restarts; share it between replicas)"`
 	SkipWildcard     bool    `yaml:"skip_wildcard" usage:"do not manage *.<domain>; on-demand only"`
 	OnDemand         bool    `yaml:"on_demand" usage:"issue per-host certificates for existing sandboxes"`
-	OnDemandRate     int     `yaml:"on_demand_rate" usage:"new on-demand issuances per minute"`
+	OnDemandRate     int     `yaml:"on_demand_rate" usage:"new on-demand issuances per minute (unset: 10)"`
 	DNS              ACMEDNS `yaml:"dns"`
 	Sync             bool    `yaml:"sync" usage:"wait for the wildcard certificate at startup"`
 }

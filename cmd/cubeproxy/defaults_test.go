@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -246,4 +247,32 @@ func flatYAML(t *testing.T, c *config.Config) map[string]string {
 	}
 	walk(&n, "")
 	return out
+}
+
+// The two settings whose default -h cannot show, because it holds only
+// under one certificate source (config refuses them under another, so no
+// default is filled in without it), name it in their text, as the README
+// promises for every flag -h shows no default for: without it an
+// operator reads "how often certificate files are re-read" and no number.
+// The numbers come from certs, which applies them.
+func TestHelpNamesSourceDependentDefaults(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "-h"}, noEnv, &out, &errb); code != 0 {
+		t.Fatalf("serve -h: exit %d\n%s", code, errb.String())
+	}
+	text := map[string]string{}
+	lines := strings.Split(errb.String(), "\n")
+	for i, l := range lines {
+		if m := helpLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
+			text[m[1]] = lines[i+1]
+		}
+	}
+	for _, tc := range []struct{ flag, want string }{
+		{"tls-reload-interval", "unset: " + certs.DefaultReloadInterval.String()},
+		{"tls-acme-on-demand-rate", "unset: " + strconv.Itoa(certs.DefaultOnDemandRate)},
+	} {
+		if !strings.Contains(text[tc.flag], tc.want) {
+			t.Errorf("-%s: %q, want it to say %q", tc.flag, text[tc.flag], tc.want)
+		}
+	}
 }

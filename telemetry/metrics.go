@@ -83,7 +83,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m := &Metrics{}
 	b := builder{meter: meter}
 	m.reqDuration = b.histogram("cubeproxy.request.duration", "Time from request start to response headers.", requestBuckets)
-	m.respDuration = b.histogram("cubeproxy.response.duration", "Time from request start to the last byte of a non-streamed response.", requestBuckets)
+	m.respDuration = b.histogram("cubeproxy.response.duration", "Time from request start to the last byte of a response of known length, read whole or (a download over 64 KiB) relayed as it came; chunked and SSE streams and WebSockets are in cubeproxy_stream_duration_seconds.", requestBuckets)
 	m.streamDuration = b.histogram("cubeproxy.stream.duration", "Lifetime of SSE/chunked streams and WebSockets.", streamBuckets)
 	m.storeDuration = b.histogram("cubeproxy.store.duration", "Latency of route store lookups (cache misses).", storeBuckets)
 

@@ -294,3 +294,42 @@ func TestDocListsEveryMetric(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMENamesRealMetrics: every cubeproxy_ metric the READMEs name
+// (alerts and dashboards are written from them) is one doc.go lists, and
+// TestDocListsEveryMetric ties that list to what a scrape exposes. A
+// renamed metric would otherwise leave the README pointing operators at
+// a series that never appears.
+func TestREADMENamesRealMetrics(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`cubeproxy_[a-z_]+`)
+	documented := map[string]bool{}
+	for _, n := range name.FindAllString(string(src), -1) {
+		documented[n] = true
+	}
+	named := 0
+	for _, f := range []string{"../README.md", "../bench/README.md"} {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range name.FindAllString(string(raw), -1) {
+			named++
+			// A histogram's series are named by its family.
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if strings.HasSuffix(n, "_seconds"+suffix) {
+					n = strings.TrimSuffix(n, suffix)
+				}
+			}
+			if !documented[n] {
+				t.Errorf("%s names %s: no such metric (telemetry/doc.go lists what a scrape has)", f, n)
+			}
+		}
+	}
+	if named < 5 {
+		t.Fatalf("the READMEs name %d metrics: is the pattern still right?", named)
+	}
+}

@@ -134,7 +134,7 @@ type Cache struct {
 // Upstream configures connections to sandboxes.
 type Upstream struct {
 	ConnectTimeout        time.Duration `yaml:"connect_timeout" usage:"TCP connect timeout (one retry)"`
-	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout" usage:"wait for response headers (504 after)"`
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout" usage:"wait for response headers (504 after); a request that accepts text/event-stream (every MCP POST) waits upstream.idle_timeout instead"`
 	IdleTimeout           time.Duration `yaml:"idle_timeout" usage:"a stream silent this long is closed"`
 	HeartbeatInterval     time.Duration `yaml:"heartbeat_interval" usage:"SSE comment after this much silence (negative = off)"`
 	MaxConns              int           `yaml:"max_conns" usage:"connections per sandbox port"`

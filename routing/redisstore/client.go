@@ -243,7 +243,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 			if errors.As(err, &ue) {
 				err = errors.New("not a valid URL (check that the password is URL-encoded)")
 			}
-			return nil, fmt.Errorf("redis url %s: %w", redactUserinfo(cfg.URL), err)
+			return nil, fmt.Errorf("redis url %s: %w", redactURL(cfg.URL), err)
 		}
 		if opt.Username == "" {
 			opt.Username = cfg.Username
@@ -300,15 +300,27 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 	return c, nil
 }
 
-// redactUserinfo masks everything between the scheme and the last "@" of
-// a URL that may not parse: a password may itself hold "/", "?" or "#".
-func redactUserinfo(raw string) string {
+// redactURL masks everything between the scheme and the last "@" of
+// a URL that may not parse (a password may itself hold "/", "?" or "#"),
+// and the value of every query option: go-redis refuses an option it does
+// not know by its name alone, and `?password=` is one an operator may
+// try. The names stay, as the error is about them.
+func redactURL(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return "(not a URL)"
 	}
 	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
 		rest = "xxxxx" + rest[i:]
+	}
+	if path, query, ok := strings.Cut(rest, "?"); ok {
+		opts := strings.Split(query, "&")
+		for i, o := range opts {
+			if name, _, ok := strings.Cut(o, "="); ok {
+				opts[i] = name + "=xxxxx"
+			}
+		}
+		rest = path + "?" + strings.Join(opts, "&")
 	}
 	return scheme + "://" + rest
 }

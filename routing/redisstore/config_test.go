@@ -121,8 +121,9 @@ func TestAuthAndDB(t *testing.T) {
 	}
 }
 
-// A URL that does not parse is named in the error without its password:
-// the error ends up in the process's log.
+// A URL that does not parse is named in the error without its password,
+// nor the values of its query options (where an operator may have put
+// one): the error ends up in the process's log.
 func TestBadURLErrorHidesPassword(t *testing.T) {
 	for _, raw := range []string{
 		"redis://default:hunter2%zz@redis:6379/0", // a raw % in the password
@@ -131,6 +132,9 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		"redis://default:Zm9v/hunter2@redis.internal:6379/0", // base64 with a "/"
 		"redis://default:ab?cdhunter2@redis:6379/0",
 		"redis://default:pa#sshunter2@redis:6379/0",
+		// A password put in the query, which go-redis refuses by name.
+		"redis://default@redis:6379/0?password=hunter2",
+		"redis://default@redis:6379/0?db=1&password=hunter2&x",
 	} {
 		_, err := redisstore.NewClient(redisstore.Config{URL: raw})
 		if err == nil {

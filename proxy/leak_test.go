@@ -783,6 +783,33 @@ var leakTimeouts = []leakCase{
 		readEOF(t, sc)
 		readEOF(t, c)
 	}},
+	{"WebSocket, sandbox stops reading while it sends", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		pinged := make(chan struct{})
+		go func() { // pings, reading nothing, until the proxy closes its side
+			defer close(pinged)
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for range tick.C {
+				if _, err := io.WriteString(sc, "p"); err != nil {
+					return
+				}
+			}
+		}()
+		go io.Copy(io.Discard, br)
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		chunk := make([]byte, 64<<10)
+		var err error
+		for err == nil {
+			_, err = c.Write(chunk)
+		}
+		if isTimeout(err) {
+			t.Fatal("the tunnel to a sandbox that stopped reading was never cut")
+		}
+		<-pinged
+		c.Close()
+	}},
 	{"idle keep-alive client", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
 		leakSend(t, c, e.head("GET", "/", ""))

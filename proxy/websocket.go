@@ -27,10 +27,14 @@ type tunnel struct {
 
 	writeTimeout  time.Duration // client.write_timeout, per write to the client
 	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
+	// sendDeadline is the write deadline last set on backend (from idle,
+	// per write: see writeBackend); the client-to-backend copy's own.
+	sendDeadline time.Time
 
 	drainCut atomic.Bool // closed at the drain deadline: logged as such
-	// idled: neither side sent anything for the idle timeout, which ended
-	// the tunnel (logged as such, as a silent stream's upstream_timeout).
+	// idled: neither side sent anything for the idle timeout, or the
+	// sandbox took none of the client's bytes for that long (writeBackend),
+	// which ended the tunnel (logged as a silent stream's upstream_timeout).
 	idled atomic.Bool
 	// pool is the sandbox connection's pool; killed is set when the
 	// tunnel is closed because pools.kill killed that pool.
@@ -144,6 +148,46 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 	t.writing.Store(false)
 	if err != nil {
 		t.clientErr = err
+	}
+	return n, err
+}
+
+// writeBackend writes to the sandbox within the idle timeout, as the
+// proxy writes a request body (and as nginx's proxy_send_timeout, which
+// the platform sets to its read timeout, 7206 s, bounds a WebSocket's
+// writes to the sandbox). A sandbox that stops reading holds the client
+// back (the proxy reads no more from it: TCP backpressure, no buffering),
+// and without a deadline this write would block for as long as the
+// sandbox lives when it keeps sending meanwhile (a server whose reader is
+// stuck while its pings or output still flow): the read side's idle
+// timeout never fires then, and the tunnel, its sandbox connection and
+// max_streams_per_sandbox slot were held for ever. A write that made no
+// progress for the idle timeout ends the tunnel as an idle one
+// (upstream_timeout). The deadline moves at most once per slack, under
+// the lock so that it cannot undo close's past deadline.
+func (t *tunnel) writeBackend(b []byte) (int, error) {
+	if t.idle > 0 {
+		want := time.Now().Add(t.idle)
+		if t.sendDeadline.IsZero() || want.Sub(t.sendDeadline) >= slack(t.idle) {
+			t.mu.Lock()
+			if t.closed {
+				t.mu.Unlock()
+				return 0, net.ErrClosed
+			}
+			_ = t.backend.SetWriteDeadline(want)
+			t.mu.Unlock()
+			t.sendDeadline = want
+		}
+	}
+	n, err := t.backend.Write(b)
+	if err != nil && isTimeout(err) {
+		t.mu.Lock()
+		cut := t.closed // close's past deadline, not the sandbox's stall
+		t.mu.Unlock()
+		if !cut {
+			t.idled.Store(true)
+			t.close()
+		}
 	}
 	return n, err
 }
@@ -697,13 +741,20 @@ func (w clientWriter) Write(b []byte) (int, error) { return w.t.writeClient(b) }
 // backendWriter writes a tunnel's client-to-backend direction. Once the
 // sandbox's side is gone it drops the client's bytes instead of failing:
 // the client's socket is then closed by the other direction (see
-// tunnel.linger), not by this one on a write error.
+// tunnel.linger), not by this one on a write error. A sandbox that stopped
+// reading (writeBackend's timeout) closed the tunnel: that write fails.
 type backendWriter struct{ t *tunnel }
 
 func (w backendWriter) Write(b []byte) (int, error) {
 	if !w.t.backendGone.Load() {
-		if _, err := w.t.backend.Write(b); err == nil {
+		_, err := w.t.writeBackend(b)
+		if err == nil {
 			return len(b), nil
+		}
+		if w.t.idled.Load() {
+			// The sandbox stopped reading: the tunnel is closed, and
+			// the client's bytes are not to be dropped as if it had gone.
+			return 0, err
 		}
 		w.t.backendGone.Store(true)
 	}

@@ -494,6 +494,95 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 	}
 }
 
+// A sandbox that stops reading while it still sends (its reader stuck, its
+// pings or output still flowing) is cut after the idle timeout, as nginx's
+// proxy_send_timeout cuts one: the client pushing into it meets TCP
+// backpressure (the proxy reads no more than it can write, buffering
+// nothing), and the proxy's blocked write to the sandbox does not hold the
+// tunnel, its sandbox connection and its max_streams_per_sandbox slot for
+// ever. The read side's idle timeout never fires here: the sandbox keeps
+// sending. Logged 101 upstream_timeout, as a silent tunnel.
+func TestTunnelSandboxThatStopsReadingIsCut(t *testing.T) {
+	const idle = time.Second
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = idle
+		o.cfg.MaxStreamsPerSandbox = 1
+	})
+	ln := listenSmallWindow(t)
+	sandboxEnd := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			sandboxEnd <- err
+			return
+		}
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			sandboxEnd <- err
+			return
+		}
+		io.WriteString(c, ws101)
+		// From here on it reads nothing and pings, as a server whose
+		// reader is stuck, until the proxy closes its connection.
+		tick := time.NewTicker(idle / 20)
+		defer tick.Stop()
+		for {
+			select {
+			case <-t.Context().Done():
+				sandboxEnd <- t.Context().Err()
+				return
+			case <-tick.C:
+			}
+			if _, err := io.WriteString(c, "p"); err != nil {
+				sandboxEnd <- nil
+				return
+			}
+		}
+	}()
+	host := h.route("wsdeaf", uint16(ln.Addr().(*net.TCPAddr).Port))
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Cube-Request-Id: wsdeaf\r\n\r\n", host)
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	opened := time.Now()
+	pings := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, br) // the sandbox's pings, until the cut
+		pings <- int(n)
+	}()
+	// The client pushes until the proxy stops taking its bytes, and then
+	// until the tunnel is cut (its write fails) or 5 idle timeouts pass.
+	_ = c.SetWriteDeadline(time.Now().Add(5 * idle))
+	chunk := make([]byte, 64<<10)
+	var err error
+	for err == nil {
+		_, err = c.Write(chunk)
+	}
+	if isTimeout(err) {
+		t.Fatalf("the client was still pushing into a sandbox that stopped reading %v after its 101: the tunnel was never cut", time.Since(opened))
+	}
+	if d := time.Since(opened); d < idle-slack(idle) {
+		t.Errorf("the tunnel was cut %v after its 101, before the idle timeout (%v)", d, idle)
+	}
+	if n := <-pings; n == 0 {
+		t.Error("the sandbox's pings did not reach the client before the cut")
+	}
+	if err := <-sandboxEnd; err != nil {
+		t.Fatalf("the sandbox's connection was not closed: %v", err)
+	}
+	e := logs.waitJSON(t, "wsdeaf")
+	if e["status"] != float64(101) || e["error_code"] != CodeUpstreamTimeout {
+		t.Errorf("logged status %v error_code %q, want 101 %q", e["status"], e["error_code"], CodeUpstreamTimeout)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the tunnel, its connection and its slot to be given back", func() bool {
+		_, n := h.proxy.streams.open()
+		return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wsdeaf").inFlight() == 0
+	})
+}
+
 // dialSmallWindow connects to addr with the smallest receive buffer and
 // segments the kernel allows, so that a client that reads nothing stops
 // the proxy's writes after a few KiB.

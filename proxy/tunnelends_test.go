@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// A WebSocket counts against max_streams_per_sandbox for as long as its
+// tunnel is open (another request to the sandbox meanwhile is a 429), and
+// gives its slot back however it ends: a close, a reset mid-frame or a
+// half-close on either side, the idle timeout. A sandbox that ended its
+// side or a client that vanished must never leave the sandbox refusing
+// its next connection.
+func TestTunnelHoldsItsSandboxSlotUntilItEnds(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.IdleStreamTimeout = idle
+	})
+	ln := listen(t, "127.0.0.1:0")
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				c.Close()
+				continue
+			}
+			io.WriteString(c, ws101)
+			accepted <- c
+		}
+	}()
+	host := h.route("wscap", uint16(ln.Addr().(*net.TCPAddr).Port))
+	upgrade := func(t *testing.T) (*net.TCPConn, *bufio.Reader, *http.Response) {
+		t.Helper()
+		c := dialRaw(t, h.addr)
+		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.TCPConn), br, resp
+	}
+	// halfFrame is the first bytes of a masked 125-byte text frame: the
+	// reset lands mid-frame.
+	halfFrame := "\x81\xfd\x01\x02\x03\x04abc"
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn)
+	}{
+		{"client closes", func(t *testing.T, c *net.TCPConn, _ *bufio.Reader, sc *net.TCPConn) {
+			c.Close()
+			readEOF(t, sc)
+		}},
+		{"client resets mid-frame", func(t *testing.T, c *net.TCPConn, _ *bufio.Reader, sc *net.TCPConn) {
+			io.WriteString(c, halfFrame)
+			reset(c)
+			readEOF(t, sc)
+		}},
+		{"client half-closes, then the sandbox closes", func(t *testing.T, c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn) {
+			c.CloseWrite()
+			readEOF(t, sc)
+			io.WriteString(sc, "last")
+			sc.Close()
+			if b, err := io.ReadAll(br); string(b) != "last" || err != nil {
+				t.Errorf("half-closed client got %q, %v; want the sandbox's last bytes, then EOF", b, err)
+			}
+		}},
+		{"sandbox closes", func(t *testing.T, c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn) {
+			sc.Close()
+			readEOF(t, c)
+		}},
+		{"sandbox resets mid-frame", func(t *testing.T, c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn) {
+			io.WriteString(sc, "\x81\x7dabc")
+			reset(sc)
+			readEOF(t, c)
+		}},
+		{"sandbox half-closes while the client sends", func(t *testing.T, c *net.TCPConn, br *bufio.Reader, sc *net.TCPConn) {
+			io.WriteString(sc, "bye")
+			sc.CloseWrite()
+			io.WriteString(c, halfFrame)
+			if b, err := io.ReadAll(br); string(b) != "bye" || err != nil {
+				t.Errorf("client got %q, %v; want the sandbox's last bytes, then EOF", b, err)
+			}
+			c.Close()
+			sc.Close()
+		}},
+		{"both silent for the idle timeout", func(t *testing.T, c *net.TCPConn, _ *bufio.Reader, sc *net.TCPConn) {
+			readEOF(t, c)
+			readEOF(t, sc)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, br, resp := upgrade(t)
+			if resp.StatusCode != 101 {
+				t.Fatalf("upgrade: %d, want 101: the slot of an earlier tunnel is still taken", resp.StatusCode)
+			}
+			var sc *net.TCPConn
+			select {
+			case conn := <-accepted:
+				sc = conn.(*net.TCPConn)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the sandbox never got the upgrade")
+			}
+			t.Cleanup(func() { sc.Close() })
+			// While the tunnel is open, the sandbox is at its cap.
+			c2, _, resp2 := upgrade(t)
+			var body struct{ Code string }
+			_ = json.NewDecoder(resp2.Body).Decode(&body)
+			if resp2.StatusCode != http.StatusTooManyRequests || body.Code != CodeTooManyStreams || resp2.Header.Get("Retry-After") == "" {
+				t.Errorf("second upgrade while the tunnel is open: %d %q, want 429 %s with Retry-After", resp2.StatusCode, body.Code, CodeTooManyStreams)
+			}
+			c2.Close()
+			tc.end(t, c, br, sc)
+			testenv.WaitFor(t, 5*time.Second, "the tunnel's slot to come back", func() bool {
+				_, n := h.proxy.streams.open()
+				return n == 0 && poolConns(h) == 0 && h.proxy.sandboxes.peek("wscap").inFlight() == 0
+			})
+		})
+	}
+}
+
+// The drain deadline cuts every open tunnel whatever it is waiting on, and
+// Shutdown returns with none left: an idle one, one whose client stopped
+// reading while its sandbox sends, one whose sandbox stopped reading while
+// its client sends, one whose client half-closed while its sandbox still
+// sends. The tunnel is byte-level, so the cut is a TCP close without a
+// close frame (a browser reports 1006), as through nginx: the client gets
+// nothing from the proxy's own, only the end. Each is logged
+// drain_timeout with its 101.
+func TestDrainCutsTunnelsInEveryState(t *testing.T) {
+	const drain = 300 * time.Millisecond
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.srv.DrainTimeout = drain
+		o.srv.ClientWriteTimeout = time.Hour
+	})
+	ln := listenSmallWindow(t)
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				c.Close()
+				continue
+			}
+			io.WriteString(c, ws101)
+			accepted <- c
+		}
+	}()
+	host := h.route("wsdrain", uint16(ln.Addr().(*net.TCPAddr).Port))
+	open := func(id string, small bool) (net.Conn, *bufio.Reader, net.Conn) {
+		t.Helper()
+		var c net.Conn
+		if small {
+			c = dialSmallWindow(t, h.addr)
+		} else {
+			c = dialRaw(t, h.addr)
+		}
+		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Cube-Request-Id: %s\r\n\r\n", host, id)
+		br := bufio.NewReader(c)
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+			t.Fatalf("%s: upgrade: %v %v", id, resp, err)
+		}
+		sc := <-accepted
+		t.Cleanup(func() { sc.Close() })
+		return c, br, sc
+	}
+	push := func(c net.Conn) {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}
+	idle, idleBr, idleSb := open("drain-idle", false)
+	_, _, deafSb := open("drain-client-deaf", true)
+	go push(deafSb) // its client reads nothing
+	pusher, pusherBr, _ := open("drain-sandbox-deaf", false)
+	go io.Copy(io.Discard, pusherBr)
+	go push(pusher) // its sandbox reads nothing
+	half, halfBr, halfSb := open("drain-half-closed", false)
+	_ = half.(*net.TCPConn).CloseWrite()
+	readEOF(t, halfSb) // the client's FIN reached the sandbox
+	io.WriteString(halfSb, "still")
+	readUntil(t, halfBr, "still") // it still gets what its sandbox sends
+
+	start := time.Now()
+	if err := h.server.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > drain+2*time.Second {
+		t.Errorf("Shutdown took %v with tunnels open, drain_timeout %v", d, drain)
+	}
+	if _, n := h.proxy.streams.open(); n != 0 {
+		t.Errorf("%d tunnels still open after Shutdown", n)
+	}
+	for _, tc := range []struct {
+		name string
+		br   *bufio.Reader
+		c    net.Conn
+		want string
+	}{
+		{"idle", idleBr, idle, ""},
+		{"half-closed", halfBr, half, ""},
+	} {
+		_ = tc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(tc.br); string(b) != tc.want || err != nil {
+			t.Errorf("%s tunnel's client got %q, %v after the drain; want %q, then EOF", tc.name, b, err, tc.want)
+		}
+	}
+	readEOF(t, idleSb)
+	for _, id := range []string{"drain-idle", "drain-client-deaf", "drain-sandbox-deaf", "drain-half-closed"} {
+		if e := logs.waitJSON(t, id); e["status"] != float64(101) || e["error_code"] != CodeDrainTimeout {
+			t.Errorf("%s: logged status %v error_code %q, want 101 %q", id, e["status"], e["error_code"], CodeDrainTimeout)
+		}
+	}
+}

@@ -235,3 +235,61 @@ func TestDrainCutsTunnelsInEveryState(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox that declines an upgrade with an ordinary answer (a page, a
+// 400, a redirect, a close-delimited body, a 426 naming the protocol it
+// wants) is relayed as one, its hop-by-hop Connection line removed, and
+// the client's connection stays open for its next request,
+// while the sandbox's is closed (it was asked to switch: what it does
+// with the rest of the connection is unknown). A body the sandbox frames
+// by its close reaches the client chunked, so its connection survives too.
+func TestDeclinedUpgradeKeepsTheClientConnection(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name, answer string
+		status       int
+		body         string
+	}{
+		{"200 page", okResponse("plain"), 200, "plain"},
+		{"400", "HTTP/1.1 400 Bad Request\r\nContent-Length: 3\r\n\r\nbad", 400, "bad"},
+		{"302", "HTTP/1.1 302 Found\r\nLocation: /login\r\nContent-Length: 0\r\n\r\n", 302, ""},
+		{"close-delimited", "HTTP/1.1 403 Forbidden\r\n\r\nuntil close", 403, "until close"},
+		{"426", "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\nno", 426, "no"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/ws" {
+					rawWrite(c, tc.answer)
+					return false // closed: ends a close-delimited body
+				}
+				return rawWrite(c, okResponse("next"))
+			})
+			host := h.route("wsdeclined", b.port)
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status || string(body) != tc.body || err != nil {
+				t.Errorf("declined upgrade: %d %q %v, want %d %q", resp.StatusCode, body, err, tc.status, tc.body)
+			}
+			if resp.Close || resp.Header.Get("Connection") != "" {
+				t.Errorf("declined upgrade's answer: close %v, Connection %q; want the connection kept, no Connection line",
+					resp.Close, resp.Header.Get("Connection"))
+			}
+			fmt.Fprintf(c, "GET /next HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("the next request on the client's connection: %v", err)
+			}
+			if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(body) != "next" {
+				t.Errorf("the next request: %d %q, want 200 %q", resp.StatusCode, body, "next")
+			}
+			b.wantAccepted(t, 2, "(the declined upgrade's connection is not reused)")
+		})
+	}
+}

@@ -329,10 +329,19 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		}
 		writeJSON(ctx, 200, r.Fields())
 	case "PUT":
-		var fields map[string]string
-		if err := json.Unmarshal(ctx.PostBody(), &fields); err != nil {
+		raw, err := decodeObject(ctx.PostBody())
+		if err != nil {
 			adminError(ctx, 400, "body must be a JSON object of string fields: "+err.Error())
 			return
+		}
+		fields := make(map[string]string, len(raw))
+		for k, v := range raw {
+			s, ok := v.(string)
+			if !ok {
+				adminError(ctx, 400, "field "+k+" must be a string")
+				return
+			}
+			fields[k] = s
 		}
 		if a.putRoute(ctx, id, fields) {
 			writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
@@ -462,21 +471,80 @@ func (a *Admin) audit(ctx *fasthttp.RequestCtx, change, id string, args ...any) 
 }
 
 type sandboxBody struct {
-	SandboxID string `json:"sandbox_id"`
-	State     string `json:"state"`
+	SandboxID string
+	State     string
 }
 
+// readSandboxBody reads {"sandbox_id","state"}; other members are
+// ignored (the control plane may send more), but these two must be
+// strings spelled exactly so: encoding/json's struct decoding also took
+// "SANDBOX_ID" or "Sandbox_Id", which meta/upsert refused, and the
+// platform's proxy does not read.
 func readSandboxBody(ctx *fasthttp.RequestCtx) (sandboxBody, bool) {
 	var b sandboxBody
-	if err := json.Unmarshal(ctx.PostBody(), &b); err != nil {
+	raw, err := decodeObject(ctx.PostBody())
+	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return b, false
+	}
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{{"sandbox_id", &b.SandboxID}, {"state", &b.State}} {
+		v, ok := raw[f.name]
+		if !ok {
+			continue
+		}
+		if *f.dst, ok = v.(string); !ok {
+			adminError(ctx, 400, "field "+f.name+" must be a string")
+			return b, false
+		}
 	}
 	if !routing.ValidID(b.SandboxID) {
 		adminError(ctx, 400, "sandbox_id missing or invalid")
 		return b, false
 	}
 	return b, true
+}
+
+// decodeObject decodes body, one JSON object, into its members, numbers
+// as json.Number (through float64 a nanosecond CreatedAt would lose its
+// last digits). A member given twice is refused, however its name is
+// escaped: encoding/json keeps the last one and other readers the first,
+// so {"sandbox_id":"a","sandbox_id":"b"} killed b while an audit of the
+// request read a, and {"AllowPublicTraffic":"false",…,
+// "AllowPublicTraffic":"true"} stored a public route that read private.
+func decodeObject(body []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil {
+		return nil, err
+	} else if tok != json.Delim('{') {
+		return nil, fmt.Errorf("want a JSON object, got %v", tok)
+	}
+	out := make(map[string]any)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, _ := tok.(string) // the decoder yields only strings as names
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("field %q given twice", name)
+		}
+		out[name] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the object")
+	}
+	return out, nil
 }
 
 func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
@@ -494,15 +562,7 @@ func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
 }
 
 func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
-	// Numbers stay as written: through float64 a nanosecond CreatedAt
-	// would lose its last digits.
-	var raw map[string]any
-	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
-	dec.UseNumber()
-	err := dec.Decode(&raw)
-	if _, end := dec.Token(); err == nil && end != io.EOF {
-		err = errors.New("trailing data after the object")
-	}
+	raw, err := decodeObject(ctx.PostBody())
 	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return

@@ -76,6 +76,8 @@ func TestAdminAPI(t *testing.T) {
 		{"routes: bad id", "GET", "/admin/routes/Bad.Id", "", 400, nil},
 		{"routes: unknown", "GET", "/admin/routes/nosuch", "", 404, nil},
 		{"routes: bad body", "PUT", "/admin/routes/x", `{"HostIP":1}`, 400, nil},
+		{"routes: a field twice", "PUT", "/admin/routes/x", `{"HostIP":"127.0.0.1","AllowPublicTraffic":"false","AllowPublicTraffic":"true"}`, 400, nil},
+		{"upsert: a field twice", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"127.0.0.1","HostIP":"127.0.0.2"}`, 400, nil},
 		{"routes: method", "PATCH", "/admin/routes/x", `{}`, 405, nil},
 		{"unknown endpoint", "GET", "/admin/nope", "", 404, nil},
 	} {

@@ -366,7 +366,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			return
 		}
 		if perr != nil {
-			adminError(ctx, 503, perr.Error())
+			notPublished(ctx, perr)
 			return
 		}
 		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
@@ -408,7 +408,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		return false
 	}
 	if perr != nil {
-		adminError(ctx, 503, perr.Error())
+		notPublished(ctx, perr)
 		return false
 	}
 	return true
@@ -440,25 +440,41 @@ func (a *Admin) routeWritten(ctx *fasthttp.RequestCtx, id string) {
 	a.liftKill(id)
 	a.audit(ctx, "cached route dropped", id)
 	if perr != nil {
-		adminError(ctx, 503, perr.Error())
+		notPublished(ctx, perr)
 		return
 	}
 	writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": id})
 }
 
 // invalidate drops id from this instance's cache and tells the others.
-// An error means the others were not told, and may serve the old route
-// until it expires: the caller answers 503 so that the control plane
-// retries (the local drop stands).
+// An error means the others may not have been told, and may serve the old
+// route until it expires: the caller answers 503 (notPublished) so that
+// the control plane retries (the local drop stands).
 func (a *Admin) invalidate(id string) (int, error) {
 	n := a.p.cache.Invalidate(id)
 	if a.cfg.Publish != nil {
 		if err := a.cfg.Publish(id); err != nil {
 			a.p.cfg.Logger.Warn("publish cache invalidation", "sandbox_id", id, "err", err)
-			return n, fmt.Errorf("dropped on this instance, but the invalidation was not published to the others; retry: %v", err)
+			// "May": a PUBLISH that timed out on a Redis that stalled
+			// (a fork, SIGSTOP) is still run when it wakes up.
+			return n, fmt.Errorf("done on this instance, but the invalidation may not have reached the other instances (publish failed); retry: %v", err)
 		}
 	}
 	return n, nil
+}
+
+// CodeNotPublished is the "code" of the admin API's 503 for a change made
+// on this instance whose invalidation could not be published to the
+// others: the one 5xx a control plane should retry as it is.
+const CodeNotPublished = "invalidation_not_published"
+
+// notPublished answers the 503 of a failed invalidation publish, with a
+// code a control plane can match (the message is for people) and
+// Retry-After, as the traffic listener's 503s: the change is safe to send
+// again, and Redis is likely back within a second or so.
+func notPublished(ctx *fasthttp.RequestCtx, err error) {
+	ctx.Response.Header.Set("Retry-After", "1")
+	writeJSON(ctx, 503, map[string]string{"error": err.Error(), "code": CodeNotPublished})
 }
 
 // audit logs a change made through the admin API, whatever the answer
@@ -555,7 +571,7 @@ func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
 	n, err := a.invalidate(b.SandboxID)
 	a.audit(ctx, "cached route dropped", b.SandboxID)
 	if err != nil {
-		adminError(ctx, 503, err.Error())
+		notPublished(ctx, err)
 		return
 	}
 	writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": n})
@@ -621,7 +637,7 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if err != nil {
-		adminError(ctx, 503, err.Error())
+		notPublished(ctx, err)
 		return
 	}
 	writeJSON(ctx, 200, map[string]any{"ok": true, "backend_cache_deleted": n})

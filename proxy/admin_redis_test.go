@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -90,4 +91,77 @@ func TestRedisAdminRefusesAmbiguousBodies(t *testing.T) {
 	if n := h.counts.n.Load(); n != lookups {
 		t.Errorf("refused calls dropped cached routes: %d lookups since, want 0", n-lookups)
 	}
+}
+
+// A change whose invalidation cannot be published (Redis stopped between
+// the control plane's write and its admin call: SIGSTOP, as a fork or a
+// frozen host does) answers 503 with the code invalidation_not_published
+// and Retry-After within the command timeout, the change made on this
+// instance all the same; sent again once Redis answers, each is a 200
+// whose invalidation is published.
+func TestRedisAdminPublishStalled(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	r, h, _ := redisAdmin(t, redisstore.Config{CommandTimeout: timeout})
+	calls := []string{"/admin/meta/upsert", "/admin/backend_cache/delete", "/admin/meta/delete"}
+	body := `{"sandbox_id":"first"}`
+
+	r.Pause()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			r.Resume()
+		}
+	})
+	for _, path := range calls {
+		start := time.Now()
+		resp := h.adminResp("POST", path, body)
+		took := time.Since(start)
+		var out map[string]string
+		_ = json.Unmarshal(resp.body, &out)
+		if resp.status != 503 || out["code"] != CodeNotPublished || out["error"] == "" || resp.header.Get("Retry-After") != "1" {
+			t.Errorf("POST %s with Redis stopped: %d %s Retry-After %q, want 503 code %s, an error and Retry-After 1",
+				path, resp.status, resp.body, resp.header.Get("Retry-After"), CodeNotPublished)
+		}
+		if took > timeout+time.Second {
+			t.Errorf("POST %s with Redis stopped took %v, want about the command timeout %v", path, took, timeout)
+		}
+	}
+	r.Resume()
+	resumed = true
+
+	testenv.WaitFor(t, 5*time.Second, "Redis to answer again", func() bool {
+		return r.Client().Ping(context.Background()).Err() == nil
+	})
+	r.ResetStats(t)
+	for _, path := range calls {
+		if st, raw := h.adminDo("POST", path, body, ""); st != 200 {
+			t.Errorf("POST %s again with Redis back: %d %s, want 200", path, st, raw)
+		}
+	}
+	if n := r.CommandCount(t, "publish"); n != len(calls) {
+		t.Errorf("the retries published %d invalidations, want %d", n, len(calls))
+	}
+}
+
+// adminReply is a whole admin answer.
+type adminReply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// adminResp calls the admin API and returns its whole answer.
+func (h *harness) adminResp(method, path, body string) adminReply {
+	h.t.Helper()
+	req, err := http.NewRequest(method, "http://"+h.admin+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return adminReply{status: resp.StatusCode, header: resp.Header, body: b}
 }

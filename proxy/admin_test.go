@@ -414,8 +414,8 @@ func TestAdminInvalidationNotPublished(t *testing.T) {
 		fail.Store(true)
 		lookups := h.counts.n.Load()
 		st, out := h.adminJSON("POST", path, `{"sandbox_id":"pub"}`)
-		if msg, _ := out["error"].(string); st != 503 || !strings.Contains(msg, "not published") {
-			t.Fatalf("%s with publishing down: %d %v, want 503 naming the failed publish", path, st, out)
+		if msg, _ := out["error"].(string); st != 503 || out["code"] != CodeNotPublished || !strings.Contains(msg, "publish failed") {
+			t.Fatalf("%s with publishing down: %d %v, want 503 %s naming the failed publish", path, st, out, CodeNotPublished)
 		}
 		if path == "/admin/meta/delete" {
 			break // the sandbox is gone now

@@ -97,11 +97,12 @@ func TestRedisAdminRefusesAmbiguousBodies(t *testing.T) {
 // the control plane's write and its admin call: SIGSTOP, as a fork or a
 // frozen host does) answers 503 with the code invalidation_not_published
 // and Retry-After within the command timeout, the change made on this
-// instance all the same; sent again once Redis answers, each is a 200
-// whose invalidation is published.
+// instance all the same (the killed sandbox answers 410, though its route
+// cannot be read); sent again once Redis answers, each is a 200 whose
+// invalidation is published.
 func TestRedisAdminPublishStalled(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	r, h, _ := redisAdmin(t, redisstore.Config{CommandTimeout: timeout})
+	r, h, hosts := redisAdmin(t, redisstore.Config{CommandTimeout: timeout})
 	calls := []string{"/admin/meta/upsert", "/admin/backend_cache/delete", "/admin/meta/delete"}
 	body := `{"sandbox_id":"first"}`
 
@@ -125,6 +126,11 @@ func TestRedisAdminPublishStalled(t *testing.T) {
 		if took > timeout+time.Second {
 			t.Errorf("POST %s with Redis stopped took %v, want about the command timeout %v", path, took, timeout)
 		}
+	}
+	// The kill stands here, and says so while Redis cannot be read: not
+	// a 503 store_unavailable that the clients it cut off retry.
+	if code, body, _ := h.get(hosts[0], "/"); code != 410 {
+		t.Errorf("first after its meta/delete, Redis still stopped: %d %s, want 410 sandbox_killed", code, strings.TrimSpace(body))
 	}
 	r.Resume()
 	resumed = true

@@ -428,6 +428,16 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		if everySecond(&p.storeErrLogged) {
 			p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
 		}
+		if sb := p.sandboxes.peek(x.sandboxID); sb != nil && sb.state() == stateKilled {
+			// meta/delete dropped the cached route, so a killed sandbox's
+			// next request reads the store: while Redis was down that was
+			// a 503 with Retry-After, and the clients the kill cut off
+			// retried it for the whole outage instead of learning of the
+			// kill. Only a route with a later CreatedAt lifts the kill,
+			// and the store cannot show one now.
+			x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+			return
+		}
 		x.fail(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
 	}
 }

@@ -491,22 +491,26 @@ type sandboxBody struct {
 	State     string
 }
 
-// readSandboxBody reads {"sandbox_id","state"}; other members are
-// ignored (the control plane may send more), but these two must be
-// strings spelled exactly so: encoding/json's struct decoding also took
-// "SANDBOX_ID" or "Sandbox_Id", which meta/upsert refused, and the
-// platform's proxy does not read.
-func readSandboxBody(ctx *fasthttp.RequestCtx) (sandboxBody, bool) {
+// readSandboxBody reads {"sandbox_id"}, and "state" too when withState;
+// other members are ignored (the control plane may send more), but these
+// must be strings spelled exactly so: encoding/json's struct decoding
+// also took "SANDBOX_ID" or "Sandbox_Id", which meta/upsert refused, and
+// the platform's proxy does not read.
+func readSandboxBody(ctx *fasthttp.RequestCtx, withState bool) (sandboxBody, bool) {
 	var b sandboxBody
 	raw, err := decodeObject(ctx.PostBody())
 	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return b, false
 	}
-	for _, f := range []struct {
+	fields := []struct {
 		name string
 		dst  *string
-	}{{"sandbox_id", &b.SandboxID}, {"state", &b.State}} {
+	}{{"sandbox_id", &b.SandboxID}, {"state", &b.State}}
+	if !withState {
+		fields = fields[:1]
+	}
+	for _, f := range fields {
 		v, ok := raw[f.name]
 		if !ok {
 			continue
@@ -564,7 +568,7 @@ func decodeObject(body []byte) (map[string]any, error) {
 }
 
 func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
-	b, ok := readSandboxBody(ctx)
+	b, ok := readSandboxBody(ctx, false)
 	if !ok {
 		return
 	}
@@ -615,7 +619,7 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 }
 
 func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
-	b, ok := readSandboxBody(ctx)
+	b, ok := readSandboxBody(ctx, false)
 	if !ok {
 		return
 	}
@@ -644,7 +648,7 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 }
 
 func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
-	b, ok := readSandboxBody(ctx)
+	b, ok := readSandboxBody(ctx, true)
 	if !ok {
 		return
 	}

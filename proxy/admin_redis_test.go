@@ -72,6 +72,7 @@ func TestRedisAdminRefusesAmbiguousBodies(t *testing.T) {
 		{"/admin/state", `{"sandbox_id":"first","state":"paused","state":"running"}`, "given twice"},
 		{"/admin/state", `{"sandbox_id":"first","State":"paused"}`, "state must be"},
 		{"/admin/state", `{"sandbox_id":"first","state":1}`, "must be a string"},
+		{"/admin/state", `{"sandbox_id":"first","state":null}`, "must be a string"},
 	} {
 		st, raw := h.adminDo("POST", tc.path, tc.body, "")
 		var out map[string]any
@@ -90,6 +91,10 @@ func TestRedisAdminRefusesAmbiguousBodies(t *testing.T) {
 	}
 	if n := h.counts.n.Load(); n != lookups {
 		t.Errorf("refused calls dropped cached routes: %d lookups since, want 0", n-lookups)
+	}
+	// Members an endpoint does not read stay ignored, whatever their type.
+	if st, raw := h.adminDo("POST", "/admin/backend_cache/delete", `{"sandbox_id":"second","state":null,"extra":[1]}`, ""); st != 200 {
+		t.Errorf("backend_cache/delete with members it does not read: %d %s, want 200", st, raw)
 	}
 }
 

@@ -705,11 +705,17 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 	}
 	// Unknown fields are refused: a lifetime spelled another way
 	// ("ttl_seconds") would otherwise silently issue a 10-minute token.
-	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&b)
-	if _, end := dec.Token(); err == nil && end != io.EOF {
-		err = errors.New("trailing data after the object")
+	// So are a member given twice and one spelled in another case, which
+	// the struct decoding below would take (the last one, "TTL" for
+	// "ttl"), as the other admin bodies do (decodeObject).
+	raw, err := decodeObject(ctx.PostBody())
+	for name := range raw {
+		if err == nil && name != "sandbox_id" && name != "port" && name != "ttl" {
+			err = fmt.Errorf("unknown field %q", name)
+		}
+	}
+	if err == nil {
+		err = json.Unmarshal(ctx.PostBody(), &b)
 	}
 	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())

@@ -698,7 +698,9 @@ func FuzzAdminHandler(f *testing.F) {
 // POST /admin/tokens refuses a field it does not know: a caller that
 // spells the lifetime its own way ("ttl_seconds", "expires_in") would
 // otherwise get a 200 and a token of the default 10 minutes, found out only
-// when its users are refused.
+// when its users are refused. A field given twice or in another case is
+// refused too, rather than the last copy deciding the token's sandbox or
+// lifetime.
 func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 	h := newHarness(t)
 	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
@@ -717,6 +719,12 @@ func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 		{`{"sandbox_id":"box","port":8080,"ttl":"1h"}`, 200, ""},
 		{`{"sandbox_id":"box","port":8080,"ttl_seconds":3600}`, 400, "ttl_seconds"},
 		{`{"sandbox_id":"box","port":8080,"expires_in":"1h"}`, 400, "expires_in"},
+		// Ambiguous bodies: the struct decoding took the last copy, and
+		// a name in any case.
+		{`{"sandbox_id":"box","port":8080,"ttl":"1m","ttl":"24h"}`, 400, `"ttl" given twice`},
+		{`{"sandbox_id":"box","port":8080,"TTL":"24h"}`, 400, `unknown field "TTL"`},
+		{`{"sandbox_id":"box","Sandbox_ID":"other","port":8080}`, 400, `unknown field "Sandbox_ID"`},
+		{`{"sandbox_id":"box","port":8080} {}`, 400, "trailing data"},
 	} {
 		resp, err := http.Post("http://"+ln.Addr().String()+"/admin/tokens", "application/json", strings.NewReader(tc.body))
 		if err != nil {

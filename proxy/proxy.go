@@ -47,6 +47,10 @@ type Proxy struct {
 	// hijacks maps a client connection to the release of a hijack handler
 	// fasthttp has not run yet (see hijack).
 	hijacks sync.Map
+	// conns holds the client connections fasthttp serves (hijacked ones
+	// left it), for the drain deadline to wake the reads fasthttp does
+	// before the handler runs (connSet.cutReads).
+	conns connSet
 
 	// draining is the Server's: set once Shutdown has begun.
 	draining *atomic.Bool

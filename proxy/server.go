@@ -464,8 +464,9 @@ func httpsAuthority(host, port string) string {
 // Shutdown stops accepting connections, ends GET SSE streams cleanly at once
 // (not MCP HTTP+SSE sessions: registry.keepForDeadline),
 // lets everything else finish until DrainTimeout (or ctx) runs out, then
-// cuts what is left: streams, tunnels, and requests still waiting on their
-// sandbox, which are answered 504. It returns when nothing is open, or at
+// cuts what is left: streams, tunnels, requests still waiting on their
+// sandbox and requests whose client stalled sending them, which are
+// answered 504. It returns when nothing is open, or at
 // most about four seconds after the deadline: two for what was cut to
 // unwind, one for a redirect client, one for the admin listener.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -517,6 +518,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			}
 			s.p.streams.abortAll()
 			s.p.pools.abort()
+			// After pools.abort, which clientError asks whether the
+			// deadline has come.
+			s.p.conns.cutReads()
 			break
 		}
 		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
@@ -618,15 +622,60 @@ func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
 		p.served.Add(1)
+		p.conns.add(c)
 		p.metrics.ConnOpened()
 	case fasthttp.StateClosed:
 		p.served.Add(-1)
+		p.conns.remove(c)
 		p.clientConnClosed()
 		if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
 			abandon.(func())()
 		}
 	case fasthttp.StateHijacked:
 		p.served.Add(-1)
+		p.conns.remove(c)
+	}
+}
+
+// connSet is the set of client connections fasthttp serves. A mutex and a
+// map rather than a sync.Map: one insert and one delete per connection,
+// which a map does without allocating once it has grown.
+type connSet struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+func (cs *connSet) add(c net.Conn) {
+	cs.mu.Lock()
+	if cs.m == nil {
+		cs.m = make(map[net.Conn]struct{})
+	}
+	cs.m[c] = struct{}{}
+	cs.mu.Unlock()
+}
+
+func (cs *connSet) remove(c net.Conn) {
+	cs.mu.Lock()
+	delete(cs.m, c)
+	cs.mu.Unlock()
+}
+
+// cutReads ends, at the drain deadline, every read a client connection is
+// blocked in: fasthttp reads a request's head, and the first 8 KiB of a
+// Content-Length body (all of a smaller one), before the handler runs, so
+// neither the registry nor pools.abort reaches a client that stalled
+// there. The read fails at once as a timeout, which clientError answers
+// 504 drain_timeout; before, such a client held the process to the end of
+// the unwind (fasthttp's own read timeout is up to client.read_timeout or
+// client.body_timeout away) and was then reset, unanswered and unlogged.
+// Reads in the handler (a streamed upload's) fail too, as pools.abort
+// already made them; writes are left alone: streams are the registry's.
+func (cs *connSet) cutReads() {
+	now := time.Now()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for c := range cs.m {
+		_ = c.SetReadDeadline(now)
 	}
 }
 
@@ -687,7 +736,8 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
 		// answer still carries an id, as every traffic answer does.
-		clientError(ctx, err)
+		writeError(ctx, p.refused(err), nil)
+		ctx.SetConnectionClose()
 		ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
 		return
 	}
@@ -695,12 +745,22 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	p.begin(ctx, &x)
 	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
-	x.fail(ctx, refusedByParser(err), nil)
+	x.fail(ctx, p.refused(err), nil)
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	p.lingerRefused(ctx, err)
+}
+
+// refused is the answer to a request fasthttp refused on a traffic
+// listener: a read that timed out once the drain deadline has come is the
+// drain's cut (connSet.cutReads), not the client's slowness.
+func (p *Proxy) refused(err error) proxyError {
+	if isTimeout(err) && p.pools.aborted.Load() {
+		return proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the request was not complete before the drain deadline"}
+	}
+	return refusedByParser(err)
 }
 
 // lingerRefused sends the answer an error handler composed for a refused

@@ -786,3 +786,97 @@ func TestDrainDeadlineLogged(t *testing.T) {
 		})
 	}
 }
+
+// A client that stalls in what fasthttp reads before the handler runs (a
+// request head, the first 8 KiB of a Content-Length body, all of a smaller
+// one) is cut at the drain deadline like one that stalls later in its
+// upload: answered 504 drain_timeout with Connection: close, and logged
+// where the request can be told from a silent connection. Neither the
+// stream registry nor pools.abort reached it: it went unanswered until
+// its own read timeout (client.read_timeout or client.body_timeout, up to
+// a minute), so the process held its unwind for it and then exited under
+// it, reset and unlogged.
+func TestDrainCutsRequestsStalledBeforeTheHandler(t *testing.T) {
+	const drain = 300 * time.Millisecond
+	sandbox := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	for _, tc := range []struct {
+		name      string
+		keepAlive bool // a request answered on the connection first
+		stall     string
+		readIn    string // the fasthttp read the stall leaves the connection in
+		logged    bool
+	}{
+		{name: "head begun", stall: "POST /up HTTP/1.1\r\nHost: %s\r\nX-Cube-Req", readIn: headRead, logged: true},
+		{name: "small body, first request", stall: "POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\nab", readIn: bodyRead},
+		{name: "small body, keep-alive", keepAlive: true, stall: "POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\nab", readIn: bodyRead, logged: true},
+		{name: "large body's first bytes, keep-alive", keepAlive: true, stall: "PUT /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 1048576\r\n\r\nab", readIn: bodyRead, logged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, buf, al := drainLogHarness(t, drain)
+			host := h.route("stall", sandbox)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			if tc.keepAlive {
+				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("first request: %d", resp.StatusCode)
+				}
+			}
+			fmt.Fprintf(c, tc.stall, host)
+			// Once fasthttp waits for the rest, the connection is no
+			// longer idle: Shutdown would otherwise close a keep-alive one
+			// under the request it had not read yet.
+			testenv.WaitFor(t, 5*time.Second, "fasthttp waiting for the rest of the request", func() bool {
+				_, stacks := liveGoroutines()
+				return strings.Contains(strings.Join(stacks, "\n"), tc.readIn)
+			})
+
+			start := time.Now()
+			shutdownDone := make(chan error, 1)
+			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+			_ = c.SetReadDeadline(time.Now().Add(drain + 5*time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no answer at the drain deadline: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 504 || !resp.Close || !strings.Contains(string(body), `"code":"`+CodeDrainTimeout+`"`) {
+				t.Errorf("answer %d (close %v) %s, want 504 %s with Connection: close", resp.StatusCode, resp.Close, body, CodeDrainTimeout)
+			}
+			select {
+			case err := <-shutdownDone:
+				if err != nil {
+					t.Fatalf("Shutdown: %v", err)
+				}
+			case <-time.After(drain + 5*time.Second):
+				t.Fatal("Shutdown did not return")
+			}
+			if d := time.Since(start); d > drain+time.Second {
+				t.Errorf("Shutdown took %v with a %v drain: it waited for the stalled client", d, drain)
+			}
+			_ = al.Close()
+			cut := strings.Count(buf.String(), `"error_code":"`+CodeDrainTimeout+`"`)
+			if want := map[bool]int{true: 1, false: 0}[tc.logged]; cut != want {
+				t.Errorf("%d access-log lines for a drain cut, want %d:\n%s", cut, want, buf)
+			}
+		})
+	}
+}
+
+// The fasthttp functions a connection waits in for the rest of a request
+// head, and of the part of a body read before the handler.
+const (
+	headRead = "fasthttp.(*RequestHeader).Read("
+	bodyRead = "fasthttp.(*Request).ContinueReadBodyStream("
+)

@@ -103,6 +103,92 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	r.stop()
 }
 
+// logrotate's create mode, with the SIGHUP of its postrotate, loses no
+// line while requests keep coming: the lines queued before the reopen go
+// to the renamed file, every later one to the new file (what the README
+// tells operators to use rather than copytruncate, which loses the lines
+// written between its copy and its truncate).
+func TestAccessLogRotationUnderLoadLosesNoLine(t *testing.T) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	dir := t.TempDir()
+	routes := boxRoutes(t, dir, port)
+	logPath := filepath.Join(dir, "access.log")
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "2s"}, noEnv)
+
+	const clients = 2
+	sent := make(chan []string, clients)
+	stop := make(chan struct{})
+	for c := range clients {
+		go func() {
+			var ids []string
+			client := &http.Client{Timeout: 5 * time.Second}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					sent <- ids
+					return
+				default:
+				}
+				id := fmt.Sprintf("c%d-%d", c, i)
+				req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+				req.Host = fmt.Sprintf("%d-box.cube.test", port)
+				req.Header.Set("X-Cube-Request-Id", id)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Errorf("request %s: %v", id, err)
+					sent <- ids
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				ids = append(ids, id)
+			}
+		}()
+	}
+	const rotations = 3
+	for i := 1; i <= rotations; i++ {
+		// Lines in the file before each rotation: the rotation happens
+		// under load, not between two quiet moments.
+		testenv.WaitFor(t, 5*time.Second, "lines in the access log", func() bool {
+			st, err := os.Stat(logPath)
+			return err == nil && st.Size() > 0
+		})
+		if err := os.Rename(logPath, fmt.Sprintf("%s.%d", logPath, i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 5*time.Second, "the reopen", func() bool {
+			return strings.Count(r.logs.String(), `"msg":"access log reopened"`) == i
+		})
+	}
+	close(stop)
+	want := map[string]bool{}
+	for range clients {
+		for _, id := range <-sent {
+			want[id] = true
+		}
+	}
+	r.stop() // the access log is flushed and closed
+
+	got := map[string]int{}
+	for _, path := range []string{logPath, logPath + ".1", logPath + ".2", logPath + ".3"} {
+		for _, id := range cubeLines(t, path) {
+			got[id]++
+		}
+	}
+	for id := range want {
+		if got[id] != 1 {
+			t.Errorf("request %s has %d lines across the rotated files, want 1", id, got[id])
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d requests logged, %d sent", len(got), len(want))
+	}
+}
+
 // A SIGHUP while the access log's sink is stalled (a pipe nobody reads, a
 // hung network file system) must not stop the proxy from draining on
 // SIGTERM: the reopen waits for the stalled writer, the shutdown must not.

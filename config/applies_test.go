@@ -36,11 +36,16 @@ func TestSettingsThatWouldNotActAreRefused(t *testing.T) {
 		{"reload_interval with self_signed", https + "tls:\n  reload_interval: 1m\n",
 			"tls.reload_interval is set but tls.source is unset (self_signed)"},
 		{"reload_interval with files", https + "tls:\n  cert_file: c.pem\n  key_file: k.pem\n  reload_interval: 1m\n", ""},
+		{"reload_interval with a files list", https + "tls:\n  files:\n    - {cert_file: c.pem, key_file: k.pem}\n  reload_interval: 1m\n", ""},
+		{"acme with source unset, a files list", https + "tls:\n  files:\n    - {cert_file: c.pem, key_file: k.pem}\n  acme:\n    email: ops@cube.test\n",
+			"tls.acme.email is set but tls.source is unset (files, as certificate files are named)"},
 		// DNS settings with no provider to use them.
 		{"dns resolvers without a provider", https + "tls:\n  source: acme\n  acme:\n    skip_wildcard: true\n    on_demand: true\n    dns:\n      resolvers: [1.1.1.1]\n",
 			"tls.acme.dns.resolvers is set but tls.acme.dns.provider is empty"},
 		// Listeners.
 		{"certificate files without https_addr", "tls:\n  cert_file: c.pem\n  key_file: k.pem\n",
+			"tls certificate files are named but https_addr is empty"},
+		{"a certificate files list without https_addr", "tls:\n  files:\n    - {cert_file: c.pem, key_file: k.pem}\n",
 			"tls certificate files are named but https_addr is empty"},
 		// Redis settings under the memory store.
 		{"redis password with memory", "redis:\n  password: secret\n",
@@ -59,6 +64,8 @@ func TestSettingsThatWouldNotActAreRefused(t *testing.T) {
 		{"sentinel with master_name", "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: [10.0.0.1:26379]\n    password: s\n", ""},
 		{"persist_routes with redis", "store: redis\nredis:\n  addr: 10.0.0.2:6379\npersist_routes: true\n",
 			"persist_routes is on but store is redis: only the memory store writes its routes file"},
+		// store: '' is the memory store, as the binary reads it.
+		{"persist_routes with store empty", "store: ''\npersist_routes: true\n", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load([]string{"--config", writeFile(t, tc.yaml)}, env(nil), io.Discard)

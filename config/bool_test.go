@@ -19,6 +19,8 @@ func TestBoolWordsAgreeAcrossFileEnvAndFlags(t *testing.T) {
 		{"true", true}, {"false", false},
 		{"on", true}, {"off", false}, {"On", true}, {"OFF", false},
 		{"yes", true}, {"no", false}, {"Yes", true}, {"NO", false},
+		// YAML 1.1 also spells them y and n, which the decoder keeps.
+		{"y", true}, {"n", false}, {"Y", true}, {"N", false},
 	} {
 		for _, src := range []struct {
 			name string

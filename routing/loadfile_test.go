@@ -100,4 +100,21 @@ func TestPersistRefusesAFileLoadFileWouldRefuse(t *testing.T) {
 	if got, err := os.ReadFile(path); err != nil || string(got) != before {
 		t.Errorf("routes file = %q, %v; want it unchanged", got, err)
 	}
+	// The limit is exact: one byte above is refused, the limit itself is
+	// written (LoadFile reads that much).
+	two, err := encodeRoutes(s.List())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fileLimit = len(two) - 1
+	if err := s.Put(b); err == nil {
+		t.Fatal("Put of a table one byte above the limit succeeded; want the write refused")
+	}
+	s.fileLimit = len(two)
+	if err := s.Put(b); err != nil {
+		t.Fatalf("Put of a table exactly at the limit = %v; want it written", err)
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != string(two) {
+		t.Errorf("routes file = %q, %v; want the table of two routes", got, err)
+	}
 }

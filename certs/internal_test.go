@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -300,6 +302,9 @@ func TestFailureBackoff(t *testing.T) {
 		{185*time.Minute + 2*time.Hour, "ok", 0, false},
 		{185*time.Minute + 2*time.Hour, "check", 0, false},
 		{185*time.Minute + 2*time.Hour, "fail", 186*time.Minute + 2*time.Hour, false}, // forgotten after a success
+		// A quiet period of up to an hour after the backoff keeps the count.
+		{216*time.Minute + 2*time.Hour, "fail", 218*time.Minute + 2*time.Hour, false}, // 30 min after
+		{278*time.Minute + 2*time.Hour, "fail", 282*time.Minute + 2*time.Hour, false}, // exactly an hour after
 	}
 	for i, st := range steps {
 		now := t0.Add(st.at)
@@ -318,6 +323,64 @@ func TestFailureBackoff(t *testing.T) {
 		if err := b.check("other.test", now); err != nil {
 			t.Fatalf("step %d: another name is refused: %v", i, err)
 		}
+	}
+}
+
+// The names remembered stay bounded: past failureBackoffKeep, a failure
+// forgets the names whose backoff has ended, and only those.
+func TestFailureBackoffForgetsEndedNames(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newFailureBackoff()
+	for i := range failureBackoffKeep - 1 {
+		b.record(fmt.Sprintf("n%d.test", i), t0) // backing off until t0+1m
+	}
+	b.record("late.test", t0.Add(90*time.Second)) // until t0+2m30s
+	now := t0.Add(2 * time.Minute)
+	b.record("new.test", now)
+	if len(b.names) != 2 {
+		t.Errorf("%d names remembered, want 2 (late.test and new.test)", len(b.names))
+	}
+	for _, name := range []string{"late.test", "new.test"} {
+		if err := b.check(name, now); !errors.Is(err, errBackingOff) {
+			t.Errorf("check(%s) = %v; want it still backing off", name, err)
+		}
+	}
+}
+
+// A name whose order failed is refused by the decision (no handshake
+// waits on it) and by the issuance hook (a handshake that passed the
+// decision before the failure places no order), for backing off, not
+// for the budget; a certificate obtained for it later clears it.
+func TestFailedNameRefusedUntilObtained(t *testing.T) {
+	s := &acmeSource{
+		log:          slog.New(slog.DiscardHandler),
+		managedNames: []string{"*.cube.test", "cube.test"},
+		allow:        func(context.Context, string) error { return nil },
+		limiter:      newWindowLimiter(100),
+		failures:     newFailureBackoff(),
+	}
+	const name = "a.other.test"
+	obtaining := map[string]any{"identifier": name}
+	if err := s.onEvent(t.Context(), "cert_failed", map[string]any{"identifier": name, "error": errRateLimited}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.decide(t.Context(), name); !errors.Is(err, errBackingOff) {
+		t.Errorf("decide after a failed order = %v; want %v", err, errBackingOff)
+	}
+	if err := s.onEvent(t.Context(), "cert_obtaining", obtaining); !errors.Is(err, errBackingOff) {
+		t.Errorf("cert_obtaining after a failed order = %v; want %v", err, errBackingOff)
+	}
+	if err := s.decide(t.Context(), "b.other.test"); err != nil {
+		t.Errorf("decide for another name = %v; want nil", err)
+	}
+	if err := s.onEvent(t.Context(), "cert_obtained", obtaining); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.decide(t.Context(), name); err != nil {
+		t.Errorf("decide after a certificate was obtained = %v; want nil", err)
+	}
+	if err := s.onEvent(t.Context(), "cert_obtaining", obtaining); err != nil {
+		t.Errorf("cert_obtaining after a certificate was obtained = %v; want nil", err)
 	}
 }
 

@@ -493,3 +493,31 @@ func TestACMECloseEndsPendingOrder(t *testing.T) {
 		t.Fatal("Close left the handshake waiting on the order")
 	}
 }
+
+// With the wildcard skipped (on-demand only) there is no default
+// certificate to wait for: Ready is nil from the start, even while the CA
+// never answers, or /readyz would hold such a proxy at 503
+// certificate_pending for good.
+func TestACMEReadyWithoutWildcard(t *testing.T) {
+	ca := testenv.StartSilentServer(t)
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceACME,
+		Domain: "cube.test",
+		Logger: testLogger(t),
+		Allow:  (&allowList{ok: map[string]bool{}}).allow,
+		ACME: certs.ACMEConfig{
+			CA:           "http://" + ca.Addr + "/dir",
+			Email:        "ops@cube.test",
+			StorageDir:   t.TempDir(),
+			SkipWildcard: true,
+			OnDemand:     true,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if err := m.Ready(); err != nil {
+		t.Fatalf("Ready = %v; want nil (no wildcard to wait for)", err)
+	}
+}

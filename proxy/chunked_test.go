@@ -638,3 +638,51 @@ func TestChunkedReady(t *testing.T) {
 		})
 	}
 }
+
+// framingError judges every byte buffered, the last one too ("3\n" is
+// broken only by its LF), consumes none, and leaves a decoder already in
+// chunk data alone: what follows is the body's, reported by Read.
+func TestChunkedFramingError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		read string // bytes the decoder took first,
+		n    int    // n of them body bytes, by one Read
+		buf  string // then buffered, unread
+		want bool   // an error
+	}{
+		{"nothing", "", 0, "", false},
+		{"size line", "", 0, "5\r\n", false},
+		{"size line and data", "", 0, "5\r\nhello\r\n", false},
+		{"incomplete size line", "", 0, "5\r", false},
+		{"size not hex", "", 0, "zz\r\n", true},
+		{"bare LF after size, last byte", "", 0, "3\n", true},
+		{"size line too long", "", 0, "3;" + strings.Repeat("e", maxChunkLine) + "\r\n", true},
+		{"bad trailer", "", 0, "0\r\n:x\r\n\r\n", true},
+		{"mid chunk, broken after", "5\r\nhel", 3, "lo\r\nzz\r\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			br := bufio.NewReaderSize(strings.NewReader(tc.read+tc.buf), 2*maxChunkLine)
+			var c chunkedReader
+			c.reset(br)
+			if tc.n > 0 {
+				if _, err := br.Peek(len(tc.read)); err != nil {
+					t.Fatal(err)
+				}
+				if n, err := c.Read(make([]byte, tc.n)); n != tc.n || err != nil {
+					t.Fatalf("read %d, %v", n, err)
+				}
+			}
+			if len(tc.buf) > 0 {
+				if _, err := br.Peek(len(tc.buf)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.framingError(); (err != nil) != tc.want {
+				t.Errorf("framingError() = %v, want an error: %v", err, tc.want)
+			}
+			if br.Buffered() != len(tc.buf) {
+				t.Errorf("framingError consumed %d bytes", len(tc.buf)-br.Buffered())
+			}
+		})
+	}
+}

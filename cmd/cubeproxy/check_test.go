@@ -270,7 +270,7 @@ func TestCheckJudgesTelemetryAsServe(t *testing.T) {
 // check prints the certificate source serve resolves an unset tls.source
 // to (files when certificate files are named, else self_signed), not an
 // empty one that leaves the operator to know the rule; without an HTTPS
-// listener there is no source to resolve.
+// listener there is no source to resolve. The output loads again.
 func TestCheckPrintsTheTLSSourceInEffect(t *testing.T) {
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "check CA")
@@ -298,6 +298,12 @@ func TestCheckPrintsTheTLSSourceInEffect(t *testing.T) {
 			}
 			if got.TLS.Source != tc.want {
 				t.Errorf("tls.source %q, want %q", got.TLS.Source, tc.want)
+			}
+			// Its defaults are the source's own: what check prints loads
+			// again (config refuses a setting the source leaves unread).
+			again := writeTemp(t, t.TempDir(), "effective.yaml", stdout)
+			if code, _, stderr := runCheck(t, noEnv, "--config", again); code != 0 {
+				t.Errorf("its own output: exit %d\n%s\n%s", code, stderr, stdout)
 			}
 		})
 	}

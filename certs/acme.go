@@ -93,6 +93,10 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		Logger:  zl,
 		Issuers: []certmagic.Issuer{}, // non-nil: keeps certmagic from building a default issuer
 		OnEvent: s.onEvent,
+		// The events onEvent acts on. certmagic documents that a false
+		// skips OnEvent for the event (v0.25 consults it only for
+		// tls_get_certificate, the one it sends per handshake), so every
+		// event onEvent reads is listed, not only the one on a hot path.
 		ShouldEmitFunc: func(event string) bool {
 			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
 		},

@@ -15,11 +15,12 @@ import (
 // Functions that compare secrets, and who must call them. Renaming one of
 // these makes the test fail, which is the point: the list is reviewed.
 var (
-	secretCompareFuncs = []string{"trafficTokenEqual", "AdminAuthorized", "Signer.macValid"}
-	secretCallers      = map[string]string{"CheckTraffic": "trafficTokenEqual", "Signer.VerifyBytes": "macValid"}
+	secretCompareFuncs = []string{"trafficTokenEqual", "AdminAuthorized", "Signer.macValid", "Signer.VerifyCookie"}
+	secretCallers      = map[string]string{"CheckTraffic": "trafficTokenEqual", "Signer.VerifyBytes": "macValid", "Signer.VerifyCookie": "VerifyBytes"}
 	// Every function that holds a secret in a variable: no plain comparison allowed.
 	secretHandlingFuncs = []string{"trafficTokenEqual", "AdminAuthorized", "Signer.macValid",
-		"CheckTraffic", "PresentedTrafficToken", "Signer.Verify", "Signer.VerifyBytes"}
+		"CheckTraffic", "PresentedTrafficToken", "Signer.Verify", "Signer.VerifyBytes",
+		"Signer.VerifyCookie", "Signer.CookieValue", "Signer.binding"}
 )
 
 // TestSecretsComparedInConstantTime reads the package's own source: each
@@ -60,6 +61,9 @@ func CheckTraffic(a string, b []byte) error { if !trafficTokenEqual(a, b) { retu
 func PresentedTrafficToken() []byte { return nil }
 func (x *Signer) Verify() {}
 func (x *Signer) VerifyBytes(a, b []byte) bool { return x.macValid(a, b) }
+func (x *Signer) VerifyCookie(a, b []byte) bool { return x.VerifyBytes(a, b) && s.ConstantTimeCompare(a, b) == 1 }
+func (x *Signer) CookieValue() {}
+func (x *Signer) binding() {}
 `
 	if p := constantTimeProblems(t, []string{good}); len(p) != 0 {
 		t.Fatalf("good source flagged: %v", p)

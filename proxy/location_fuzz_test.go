@@ -39,6 +39,14 @@ func FuzzAppendLocalPath(f *testing.F) {
 		if !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") {
 			t.Fatalf("target %q: Location %q (to a browser %q) is not a path on this host", uri, loc, b)
 		}
+		// And a path that needs no repair (one '/' and then no '/', '\\'
+		// or character a browser skips) comes back as sent: the browser
+		// lands on the page it asked for.
+		if path == "/" || len(path) > 1 && path[0] == '/' && path[1] > ' ' && path[1] != '/' && path[1] != '\\' {
+			if got := string(appendLocalPath(nil, []byte(path))); got != path {
+				t.Fatalf("path %q: Location path %q", path, got)
+			}
+		}
 	})
 }
 

@@ -281,7 +281,8 @@ func FuzzAppendStripCookie(f *testing.F) {
 // FuzzCookieOriginAllowed checks that the cookie never counts for a
 // request whose Origin is a page of another sandbox: when both hosts name
 // a sandbox (as the proxy's host parser reads them), an allowed Origin names
-// the same one.
+// the same one. And that it still counts for the pages it is for: the
+// request's own host and another port of the same sandbox.
 func FuzzCookieOriginAllowed(f *testing.F) {
 	for _, s := range [][2]string{
 		{"https://3000-box.cube.test", "8080-box.cube.test"}, {"https://8080-BOX.cube.test:443", "8080-box.cube.test:80"},
@@ -292,6 +293,18 @@ func FuzzCookieOriginAllowed(f *testing.F) {
 	}
 	parser := routing.NewParser(routing.ParserConfig{})
 	f.Fuzz(func(t *testing.T, origin, host string) {
+		// The other side: the request's own host, under any scheme, and
+		// another port of the same sandbox may always use the cookie.
+		var own routing.Target
+		if len(hostOnly([]byte(host))) > 0 && !CookieOriginAllowed([]byte("https://"+host), []byte(host)) {
+			t.Fatalf("Host %q refuses its own Origin", host)
+		}
+		if parser.Parse(&own, []byte(host), nil) == nil && !own.Shared {
+			_, site, _ := strings.Cut(host, "-")
+			if sibling := "http://1-" + site; !CookieOriginAllowed([]byte(sibling), []byte(host)) {
+				t.Fatalf("Host %q (sandbox %q) refuses Origin %q, another port of it", host, own.ID(), sibling)
+			}
+		}
 		if !CookieOriginAllowed([]byte(origin), []byte(host)) || origin == "" {
 			return
 		}

@@ -251,6 +251,10 @@ func TestVerifyConcurrent(t *testing.T) {
 	}
 }
 
+// FuzzVerify feeds any token (a query parameter is untrusted) to Verify: a
+// *Rejection or acceptance, and an accepted token is the one the signer
+// issues for its claims. The other side, for the fuzzed target: the
+// signer's own token verifies until its expiry, and for no other port.
 func FuzzVerify(f *testing.F) {
 	s := mustSigner(f, key1, key2)
 	f.Add(mustSign(f, s, "sbx-1", 8080, testNow.Add(time.Minute)), "sbx-1", uint16(8080))
@@ -259,6 +263,19 @@ func FuzzVerify(f *testing.F) {
 	f.Add("AQ", "a", uint16(1))
 	f.Add("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "a", uint16(2))
 	f.Fuzz(func(t *testing.T, token, id string, port uint16) {
+		if id != "" && len(id) <= MaxSandboxIDLen && port != 0 {
+			until := testNow.Add(time.Hour)
+			own := mustSign(t, s, id, port, until)
+			if exp, err := s.Verify(own, id, port, testNow); err != nil || exp.Unix() != until.Unix() {
+				t.Fatalf("own token for %q port %d: %v, %v", id, port, exp, err)
+			}
+			if _, err := s.Verify(own, id, port, until); !isRejection(err, CodeSignedTokenExpired) {
+				t.Fatalf("own token for %q port %d at its expiry: %v", id, port, err)
+			}
+			if _, err := s.Verify(own, id, port^1, testNow); !isRejection(err, CodeSignedTokenWrongTarget) {
+				t.Fatalf("token for %q port %d verified for port %d: %v", id, port, port^1, err)
+			}
+		}
 		exp, err := s.Verify(token, id, port, testNow)
 		if err != nil {
 			var r *Rejection
@@ -291,4 +308,10 @@ func TestMaxTokenLen(t *testing.T) {
 	if want := base64.RawURLEncoding.EncodedLen(maxRawLen); maxTokenLen != want {
 		t.Fatalf("maxTokenLen = %d, want %d", maxTokenLen, want)
 	}
+}
+
+// isRejection reports whether err is a *Rejection with code.
+func isRejection(err error, code string) bool {
+	var r *Rejection
+	return errors.As(err, &r) && r.Code == code
 }

@@ -286,6 +286,9 @@ func BenchmarkParse(b *testing.B) {
 	}
 }
 
+// FuzzParse feeds any Host and target headers to both test parsers: a
+// *TargetError with a code, or a target whose canonical host parses back to
+// it; and a valid id and port, in each spelling clients use, parse to them.
 func FuzzParse(f *testing.F) {
 	for _, tc := range parseCases() {
 		id, port := "", ""
@@ -298,6 +301,27 @@ func FuzzParse(f *testing.F) {
 	plain, domains := parsers["plain"], parsers["domains"]
 	f.Fuzz(func(t *testing.T, host, id, port string) {
 		h := headers("X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", port)
+		// The other side: a valid id and port, in any of the spellings a
+		// client is told to use, name that sandbox and port.
+		if n, err := strconv.Atoi(port); err == nil && n >= 1 && n <= 65535 && strconv.Itoa(n) == port && ValidID(id) {
+			for _, c := range []struct {
+				p      *Parser
+				host   string
+				h      *fasthttp.RequestHeader
+				shared bool
+			}{
+				{plain, port + "-" + id, nil, false},
+				{domains, port + "-" + id + ".sandbox.example.com", nil, false},
+				{domains, port + "-" + id + ".E2B.dev.:443", nil, false},
+				{plain, "127.0.0.1:8081", h, true},
+				{plain, "proxy.example.com", headers("E2b-Sandbox-Id", id, "E2b-Sandbox-Port", port), true},
+			} {
+				var tgt Target
+				if err := c.p.Parse(&tgt, []byte(c.host), c.h); err != nil || int(tgt.Port) != n || string(tgt.ID()) != id || tgt.Shared != c.shared {
+					t.Fatalf("Parse(%q) for id %q port %s: port %d id %q shared %v, %v", c.host, id, port, tgt.Port, tgt.ID(), tgt.Shared, err)
+				}
+			}
+		}
 		for name, p := range map[string]*Parser{"plain": plain, "domains": domains} {
 			in := []byte(host)
 			var tgt Target

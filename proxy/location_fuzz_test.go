@@ -53,7 +53,7 @@ func FuzzAppendLocalPath(f *testing.F) {
 // FuzzRedirectLocation checks the 308 of the plain-HTTP redirect listener
 // for any Host and request target fasthttp accepts: the Location names
 // the host the client asked for (no open redirect), at the HTTPS port,
-// followed by a path.
+// followed by a path: the one asked for, when it was in origin form.
 func FuzzRedirectLocation(f *testing.F) {
 	for _, s := range [][3]string{
 		{"8080-box.cube.test", "/a?b", ""}, {"8080-box.cube.test:80", "http://evil.example//x", "8443"},
@@ -84,6 +84,14 @@ func FuzzRedirectLocation(f *testing.F) {
 		}
 		if got, want := hostOf(authority), hostOf(host); !strings.EqualFold(got, want) {
 			t.Fatalf("Host %q (host %q): Location %q names host %q", host, want, loc, got)
+		}
+		// And it is the page asked for, on the HTTPS port: an origin-form
+		// target whole, the operator's port or none (the default).
+		if _, p, err := net.SplitHostPort(authority); port != "" && (err != nil || p != port) || port == "" && err == nil {
+			t.Fatalf("Host %q, HTTPS port %q: Location %q", host, port, loc)
+		}
+		if target := string(h.RequestURI()); strings.HasPrefix(target, "/") && loc != "https://"+httpsAuthority(host, port)+target {
+			t.Fatalf("target %q: Location %q", target, loc)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -115,8 +116,9 @@ func hostOf(authority string) string {
 
 // FuzzScopeSetCookies checks what a sandbox's Set-Cookie lines become on
 // their way to the client: as net/http (and a browser) parses them, none
-// has a Domain other than the request's host, every cookie keeps its name
-// and value, and their number and order do not change.
+// has a Domain other than the request's host, every cookie keeps its name,
+// value and other attributes (a line without Domain its bytes), and their
+// number and order do not change.
 func FuzzScopeSetCookies(f *testing.F) {
 	for _, s := range [][2]string{
 		{"a=1; Domain=cube.test; Path=/", "8080-box.cube.test"},
@@ -148,6 +150,23 @@ func FuzzScopeSetCookies(f *testing.F) {
 			}
 			if err == nil && c.Domain != "" && strings.ToLower(c.Domain) != want {
 				t.Fatalf("Set-Cookie %q (from %q) keeps Domain %q for host %q", line, before[i], c.Domain, host)
+			}
+			// Only Domain goes: every other attribute stays as the
+			// sandbox set it, and a line without one is not touched.
+			if !strings.Contains(strings.ToLower(before[i]), "domain") && line != before[i] {
+				t.Fatalf("Set-Cookie %q, without a Domain, became %q", before[i], line)
+			}
+			if err == nil {
+				// net/http leaves a Domain it finds invalid unparsed.
+				isDomain := func(attr string) bool {
+					name, _, _ := strings.Cut(attr, "=")
+					return strings.EqualFold(strings.TrimSpace(name), "domain")
+				}
+				c.Domain, c.Raw, c.Unparsed = "", "", append([]string(nil), slices.DeleteFunc(c.Unparsed, isDomain)...)
+				b.Domain, b.Raw, b.Unparsed = "", "", append([]string(nil), slices.DeleteFunc(b.Unparsed, isDomain)...)
+				if !reflect.DeepEqual(c, b) {
+					t.Fatalf("Set-Cookie %q became %q: %+v, was %+v", before[i], line, c, b)
+				}
 			}
 		}
 	})

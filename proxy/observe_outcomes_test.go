@@ -32,7 +32,7 @@ func spanText(s tracetest.SpanStub) string {
 	b.WriteString(s.Name + " " + s.Status.Description)
 	add := func(kvs []attribute.KeyValue) {
 		for _, kv := range kvs {
-			b.WriteString(" " + string(kv.Key) + "=" + kv.Value.Emit())
+			b.WriteString(" " + string(kv.Key) + "=" + kv.Value.String())
 		}
 	}
 	add(s.Attributes)

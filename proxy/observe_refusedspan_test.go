@@ -74,7 +74,7 @@ func TestParserRefusedSpanClaimsNoMethodOrPath(t *testing.T) {
 func attrOf(s tracetest.SpanStub, k attribute.Key) string {
 	for _, kv := range s.Attributes {
 		if kv.Key == k {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -130,18 +130,8 @@ func (t *tunnel) read(c net.Conn, b []byte) (int, error) {
 // much as the read deadlines did), and under the lock so that it cannot
 // undo close's past deadline.
 func (t *tunnel) writeClient(b []byte) (int, error) {
-	if t.writeTimeout > 0 {
-		want := time.Now().Add(t.writeTimeout)
-		if t.writeDeadline.IsZero() || want.Sub(t.writeDeadline) >= slack(t.writeTimeout) {
-			t.mu.Lock()
-			if t.closed {
-				t.mu.Unlock()
-				return 0, net.ErrClosed
-			}
-			_ = t.client.SetWriteDeadline(want)
-			t.mu.Unlock()
-			t.writeDeadline = want
-		}
+	if err := t.moveWriteDeadline(t.client, t.writeTimeout, &t.writeDeadline); err != nil {
+		return 0, err
 	}
 	t.writing.Store(true)
 	n, err := t.client.Write(b)
@@ -166,18 +156,8 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 // (upstream_timeout). The deadline moves at most once per slack, under
 // the lock so that it cannot undo close's past deadline.
 func (t *tunnel) writeBackend(b []byte) (int, error) {
-	if t.idle > 0 {
-		want := time.Now().Add(t.idle)
-		if t.sendDeadline.IsZero() || want.Sub(t.sendDeadline) >= slack(t.idle) {
-			t.mu.Lock()
-			if t.closed {
-				t.mu.Unlock()
-				return 0, net.ErrClosed
-			}
-			_ = t.backend.SetWriteDeadline(want)
-			t.mu.Unlock()
-			t.sendDeadline = want
-		}
+	if err := t.moveWriteDeadline(t.backend, t.idle, &t.sendDeadline); err != nil {
+		return 0, err
 	}
 	n, err := t.backend.Write(b)
 	if err != nil && isTimeout(err) {
@@ -190,6 +170,28 @@ func (t *tunnel) writeBackend(b []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// moveWriteDeadline sets c's write deadline to timeout from now when the
+// last one set, *last, is more than a slack behind (timeout 0: none), for
+// the one copy that writes to c. It is set under the lock, and refused
+// once the tunnel is closed, so that it cannot undo close's past deadline.
+func (t *tunnel) moveWriteDeadline(c net.Conn, timeout time.Duration, last *time.Time) error {
+	if timeout <= 0 {
+		return nil
+	}
+	want := time.Now().Add(timeout)
+	if !last.IsZero() && want.Sub(*last) < slack(timeout) {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return net.ErrClosed
+	}
+	_ = c.SetWriteDeadline(want)
+	*last = want
+	return nil
 }
 
 // cutClient ends the client-to-sandbox copy of a client that stopped

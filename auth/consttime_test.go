@@ -4,12 +4,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Functions that compare secrets, and who must call them. Renaming one of
@@ -28,22 +28,7 @@ var (
 // through them, and no function handling a secret uses ==, != or an
 // Equal/Compare helper on two non-constant operands.
 func TestSecretsComparedInConstantTime(t *testing.T) {
-	paths, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var srcs []string
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srcs = append(srcs, string(b))
-	}
-	if problems := constantTimeProblems(t, srcs); len(problems) > 0 {
+	if problems := constantTimeProblems(t, testenv.PackageSources(t)); len(problems) > 0 {
 		t.Fatalf("constant-time rules broken:\n%s", strings.Join(problems, "\n"))
 	}
 }

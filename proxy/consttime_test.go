@@ -4,10 +4,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // The auth package's own source check (auth/consttime_test.go) covers the
@@ -23,22 +23,7 @@ import (
 // Equal/Compare/prefix helper (a compare with "" or nil is fine: emptiness
 // is not secret).
 func TestProxySecretsComparedInConstantTime(t *testing.T) {
-	paths, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var srcs []string
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srcs = append(srcs, string(b))
-	}
-	if problems := proxySecretProblems(t, srcs); len(problems) > 0 {
+	if problems := proxySecretProblems(t, testenv.PackageSources(t)); len(problems) > 0 {
 		t.Fatalf("constant-time rules broken:\n%s", strings.Join(problems, "\n"))
 	}
 }

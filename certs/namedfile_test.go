@@ -4,10 +4,8 @@ package certs_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,19 +20,8 @@ import (
 // for acme) refuse alike, naming the file.
 func TestNamedFilesMustBeRegularAndSmall(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo.pem")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatalf("mkfifo: %v", err)
-	}
-	huge := filepath.Join(dir, "huge.pem")
-	f, err := os.Create(huge)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(4<<20 + 1); err != nil { // sparse: no disk used
-		t.Fatal(err)
-	}
-	f.Close()
+	fifo := testenv.Mkfifo(t, dir, "fifo.pem")
+	huge := testenv.SparseFile(t, dir, "huge.pem", 4<<20+1)
 	ca := testenv.NewCA(t, "test CA")
 	pair := certs.FilePair{CertFile: filepath.Join(dir, "ok.crt"), KeyFile: filepath.Join(dir, "ok.key")}
 	ca.WritePair(t, pair.CertFile, pair.KeyFile, "cube.test")

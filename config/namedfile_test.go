@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // The config file must be a regular file or a pipe of at most 4 MiB:
@@ -18,15 +18,7 @@ import (
 // out of memory.
 func TestLoadRefusesWhatIsNoConfigFile(t *testing.T) {
 	dir := t.TempDir()
-	sparse := filepath.Join(dir, "huge.yaml")
-	f, err := os.Create(sparse)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(4<<20 + 1); err != nil { // sparse: no disk used
-		t.Fatal(err)
-	}
-	f.Close()
+	sparse := testenv.SparseFile(t, dir, "huge.yaml", 4<<20+1)
 	for _, tc := range []struct {
 		name, path, want string
 	}{
@@ -60,10 +52,7 @@ func TestLoadRefusesWhatIsNoConfigFile(t *testing.T) {
 // not taken for an empty configuration.
 func TestLoadConfigFromAPipe(t *testing.T) {
 	const yaml = "http_addr: 127.0.0.1:18999\n"
-	fifo := filepath.Join(t.TempDir(), "cubeproxy.fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatalf("mkfifo: %v", err)
-	}
+	fifo := testenv.Mkfifo(t, t.TempDir(), "cubeproxy.fifo")
 	for _, tc := range []struct {
 		name  string
 		write []byte

@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // loadWithin runs LoadFile and fails the test, rather than hanging it,
@@ -38,19 +38,8 @@ func loadWithin(t *testing.T, path string) error {
 // file was read until the process ran out of memory.
 func TestLoadFileRefusesWhatIsNoRoutesFile(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "routes.fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatalf("mkfifo: %v", err)
-	}
-	sparse := filepath.Join(dir, "routes.huge")
-	f, err := os.Create(sparse)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(namedfile.MaxRoutes + 1); err != nil { // sparse: no disk used
-		t.Fatal(err)
-	}
-	f.Close()
+	fifo := testenv.Mkfifo(t, dir, "routes.fifo")
+	sparse := testenv.SparseFile(t, dir, "routes.huge", namedfile.MaxRoutes+1)
 	for _, tc := range []struct {
 		name, path, want string
 	}{

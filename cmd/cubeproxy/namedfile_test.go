@@ -5,11 +5,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // Every file the configuration names is refused by check as by serve when
@@ -18,10 +18,7 @@ import (
 // TestLoadConfigFromAPipe).
 func TestNamedFileIsNoFIFOForCheckAndServe(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "named.fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatalf("mkfifo: %v", err)
-	}
+	fifo := testenv.Mkfifo(t, dir, "named.fifo")
 	const base = "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"
 	for _, tc := range []struct {
 		name string

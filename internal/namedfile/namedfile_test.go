@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // readWithin runs Read and fails the test, rather than hanging it, when
@@ -48,9 +49,7 @@ func TestRead(t *testing.T) {
 	if err := os.WriteFile(at("exact"), make([]byte, 1024), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mkfifo(at("fifo"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Mkfifo(t, dir, "fifo")
 	if err := os.Symlink(at("fifo"), at("link-to-fifo")); err != nil {
 		t.Fatal(err)
 	}
@@ -61,14 +60,7 @@ func TestRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Sparse: a size far above the limit without the disk space.
-	f, err := os.Create(at("sparse"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(MaxRoutes + 1); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	testenv.SparseFile(t, dir, "sparse", MaxRoutes+1)
 	ln, err := net.Listen("unix", at("sock"))
 	if err != nil {
 		t.Fatal(err)

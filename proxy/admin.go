@@ -699,23 +699,37 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var b struct {
-		SandboxID string `json:"sandbox_id"`
-		Port      int    `json:"port"`
-		TTL       string `json:"ttl"`
+		SandboxID, TTL string
+		Port           int64
 	}
 	// Unknown fields are refused: a lifetime spelled another way
 	// ("ttl_seconds") would otherwise silently issue a 10-minute token.
-	// So are a member given twice and one spelled in another case, which
-	// the struct decoding below would take (the last one, "TTL" for
-	// "ttl"), as the other admin bodies do (decodeObject).
+	// So are a member given twice and one spelled in another case
+	// (decodeObject, as for the other admin bodies): struct decoding took
+	// the last copy, and "TTL" for "ttl".
 	raw, err := decodeObject(ctx.PostBody())
-	for name := range raw {
-		if err == nil && name != "sandbox_id" && name != "port" && name != "ttl" {
-			err = fmt.Errorf("unknown field %q", name)
+	for name, v := range raw {
+		if err != nil {
+			break
 		}
-	}
-	if err == nil {
-		err = json.Unmarshal(ctx.PostBody(), &b)
+		var ok bool
+		switch name {
+		case "sandbox_id":
+			b.SandboxID, ok = v.(string)
+		case "ttl":
+			b.TTL, ok = v.(string)
+		case "port":
+			var n json.Number
+			if n, ok = v.(json.Number); ok {
+				b.Port, err = n.Int64()
+			}
+		default:
+			err = fmt.Errorf("unknown field %q", name)
+			continue
+		}
+		if !ok {
+			err = fmt.Errorf("field %q has the wrong type", name)
+		}
 	}
 	if err != nil {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())

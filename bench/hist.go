@@ -49,7 +49,11 @@ func histValue(i int) int64 {
 	return int64(top<<shift + (1<<shift)/2)
 }
 
+// record adds one observation. A negative value (a latency across a
+// wall-clock step) is recorded as 0, so that min, max and the quantiles
+// stay consistent: max starts at 0, not at the lowest int64.
 func (h *hist) record(v int64) {
+	v = max(v, 0)
 	h.counts[histIndex(v)]++
 	h.n++
 	h.sum += float64(v)
@@ -71,13 +75,18 @@ func (h *hist) merge(o *hist) {
 	h.max = max(h.max, o.max)
 }
 
-// quantile returns the value at quantile q (0..1), clamped to [min, max].
+// quantile returns the value at quantile q (0..1) by nearest rank, clamped
+// to [min, max]. The last rank is the exact max: the top bucket also holds
+// every value past 2^40 ns, whose midpoint would understate them.
 func (h *hist) quantile(q float64) int64 {
 	if h.n == 0 {
 		return 0
 	}
 	rank := uint64(math.Ceil(q * float64(h.n)))
 	rank = max(rank, 1)
+	if rank >= h.n {
+		return h.max
+	}
 	var seen uint64
 	for i, c := range h.counts {
 		seen += c

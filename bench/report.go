@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -70,6 +72,21 @@ type labelData struct {
 	label    string
 	subjects map[string][]*Sample // kept samples per subject
 	failed   map[string][]string  // reasons of failed repetitions per subject
+	// failedAttempts are the reasons of failed attempts of repetitions
+	// that kept another attempt (a noisy sample whose rerun failed): the
+	// subject failed there too, which the kept sample does not show.
+	failedAttempts map[string][]string
+}
+
+// errorCounts sums the operations and the failed operations of a
+// subject's kept samples: each is under the -max-errors limit, yet their
+// errors are the subject's.
+func (d *labelData) errorCounts(subject string) (ops, errs int64) {
+	for _, s := range d.subjects[subject] {
+		ops += s.Ops
+		errs += s.Errors
+	}
+	return ops, errs
 }
 
 func (d *labelData) cell(subject, key string) cell {
@@ -155,17 +172,18 @@ func groupSamples(samples []*Sample) []*labelData {
 		rep            int
 	}
 	best := map[key]*Sample{}
-	fails := map[key]string{}
+	fails := map[key][]string{}
 	var order []string
 	byLabel := map[string]*labelData{}
 	for _, s := range samples {
 		if byLabel[s.Label] == nil {
-			byLabel[s.Label] = &labelData{label: s.Label, subjects: map[string][]*Sample{}, failed: map[string][]string{}}
+			byLabel[s.Label] = &labelData{label: s.Label, subjects: map[string][]*Sample{},
+				failed: map[string][]string{}, failedAttempts: map[string][]string{}}
 			order = append(order, s.Label)
 		}
 		k := key{s.Label, s.Subject, s.Rep}
 		if s.Failed != "" {
-			fails[k] = s.Failed
+			fails[k] = append(fails[k], s.Failed)
 			continue
 		}
 		if b := best[k]; b == nil || s.OtherCPUPct < b.OtherCPUPct {
@@ -175,9 +193,18 @@ func groupSamples(samples []*Sample) []*labelData {
 	for k, s := range best {
 		byLabel[k.label].subjects[k.subject] = append(byLabel[k.label].subjects[k.subject], s)
 	}
-	for k, why := range fails {
+	// Map order would shuffle the reasons: the first one shown under a
+	// table must not change from one report of the same samples to the next.
+	keys := slices.Collect(maps.Keys(fails))
+	slices.SortFunc(keys, func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.label, b.label), cmp.Compare(a.subject, b.subject), cmp.Compare(a.rep, b.rep))
+	})
+	for _, k := range keys {
+		l := byLabel[k.label]
 		if best[k] == nil {
-			byLabel[k.label].failed[k.subject] = append(byLabel[k.label].failed[k.subject], why)
+			l.failed[k.subject] = append(l.failed[k.subject], fails[k][len(fails[k])-1])
+		} else {
+			l.failedAttempts[k.subject] = append(l.failedAttempts[k.subject], fails[k]...)
 		}
 	}
 	out := make([]*labelData, 0, len(order))
@@ -327,35 +354,66 @@ func ratioText(r, limit float64, atLeast bool) string {
 	return strconv.FormatFloat(r, 'g', -1, 64)
 }
 
+// cubeFailures says how CubeProxy's failures in l change a target: every
+// repetition failed (the target is missed, whatever the peers did), or
+// a note on the failed repetitions and operations behind the figure.
+func cubeFailures(l *labelData) (allFailed bool, note string) {
+	failed, kept := len(l.failed[subjCube]), len(l.subjects[subjCube])
+	if kept == 0 && failed > 0 {
+		return true, fmt.Sprintf("every CubeProxy repetition failed: %s", l.failed[subjCube][0])
+	}
+	var notes []string
+	if failed > 0 {
+		notes = append(notes, fmt.Sprintf("%d of %d CubeProxy repetitions failed", failed, failed+kept))
+	}
+	if n := len(l.failedAttempts[subjCube]); n > 0 {
+		notes = append(notes, fmt.Sprintf("%d CubeProxy rerun(s) failed", n))
+	}
+	if ops, errs := l.errorCounts(subjCube); errs > 0 {
+		notes = append(notes, fmt.Sprintf("%d of %d CubeProxy operations failed", errs, ops+errs))
+	}
+	return false, strings.Join(notes, "; ")
+}
+
 func writeTargets(b *strings.Builder, labels []*labelData) {
 	var ts []target
-	add := func(scn, goal string, measured string, ok, have bool) {
-		if !have {
+	// l is the label the figures come from: a CubeProxy that failed
+	// every repetition misses the target (a proxy answering 502 fast has
+	// no figures, and "n/a" read as "not measured"); failures behind a
+	// figure are named next to it.
+	add := func(l *labelData, scn, goal string, measured string, ok, have bool) {
+		allFailed, note := cubeFailures(l)
+		switch {
+		case allFailed:
+			measured, ok, have = note, false, true
+		case !have:
 			measured = "no data"
+		case note != "":
+			measured += " (" + note + ")"
 		}
-		ts = append(ts, target{scn, goal, measured, verdict(ok, have)})
+		ts = append(ts, target{scn, goal, strings.ReplaceAll(measured, "|", `\|`), verdict(ok, have)})
 	}
 	if l := findLabel(labels, "http"); l != nil {
 		cpuC, cpuT := l.cell(subjCube, "cpu_us_per_req"), l.cell(subjTuned, "cpu_us_per_req")
 		r, have := ratio(cpuC, cpuT)
-		add("http", "proxy CPU/request ≤ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.2f vs %.2f µs)", ratioText(r, 1.0, false), cpuC.med, cpuT.med), r <= 1.0, have)
+		add(l, "http", "proxy CPU/request ≤ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.2f vs %.2f µs)", ratioText(r, 1.0, false), cpuC.med, cpuT.med), r <= 1.0, have)
 		rpsC, rpsT := l.cell(subjCube, "rps"), l.cell(subjTuned, "rps")
 		r, have = ratio(rpsC, rpsT)
-		add("http", "requests/s ≥ 0.95× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), rpsC.med, rpsT.med), r >= 0.95, have)
+		add(l, "http", "requests/s ≥ 0.95× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), rpsC.med, rpsT.med), r >= 0.95, have)
 		p99C, p99T := l.cell(subjCube, "p99_us"), l.cell(subjTuned, "p99_us")
-		add("http", "p99 ≤ nginx-tuned p99", fmt.Sprintf("%.0f vs %.0f µs", p99C.med, p99T.med), p99C.med <= p99T.med, p99C.ok() && p99T.ok())
+		add(l, "http", "p99 ≤ nginx-tuned p99", fmt.Sprintf("%.0f vs %.0f µs", p99C.med, p99T.med), p99C.med <= p99T.med, p99C.ok() && p99T.ok())
 	}
 	if l := findLabel(labels, "bytes"); l != nil {
 		c, d, t := l.cell(subjCube, "mib_per_s"), l.cell(subjDirect, "mib_per_s"), l.cell(subjTuned, "mib_per_s")
 		r, have := ratio(c, d)
-		add("bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 0.9, true), c.med, d.med), r >= 0.9, have)
+		add(l, "bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 0.9, true), c.med, d.med), r >= 0.9, have)
 		r, have = ratio(c, t)
-		add("bytes", "MB/s ≥ 2× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 2, true), c.med, t.med), r >= 2, have)
+		add(l, "bytes", "MB/s ≥ 2× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 2, true), c.med, t.med), r >= 2, have)
 	}
 	if l := findPrefix(labels, "sse-tput"); l != nil {
 		c, t := l.cell(subjCube, "events_per_s"), l.cell(subjTuned, "events_per_s")
 		r, have := ratio(c, t)
-		add(l.label, "events/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
+		add(l, l.label, "events/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
 	}
 	for _, l := range labels {
 		if !strings.HasPrefix(l.label, "sse-lat") {
@@ -363,32 +421,32 @@ func writeTargets(b *strings.Builder, labels []*labelData) {
 		}
 		c, d := l.cell(subjCube, "lat_p99_us"), l.cell(subjDirect, "lat_p99_us")
 		have := c.ok() && d.ok()
-		add(l.label, "added p99 per-event latency ≤ 1 ms over direct", fmt.Sprintf("%+.0f µs (%.0f vs %.0f)", c.med-d.med, c.med, d.med), c.med-d.med <= 1000, have)
+		add(l, l.label, "added p99 per-event latency ≤ 1 ms over direct", fmt.Sprintf("%+.0f µs (%.0f vs %.0f)", c.med-d.med, c.med, d.med), c.med-d.med <= 1000, have)
 		c, d = l.cell(subjCube, "ttfe_p50_us"), l.cell(subjDirect, "ttfe_p50_us")
 		have = c.ok() && d.ok()
-		add(l.label, "added time-to-first-event p50 ≤ 0.5 ms", fmt.Sprintf("%+.0f µs (%.0f vs %.0f)", c.med-d.med, c.med, d.med), c.med-d.med <= 500, have)
+		add(l, l.label, "added time-to-first-event p50 ≤ 0.5 ms", fmt.Sprintf("%+.0f µs (%.0f vs %.0f)", c.med-d.med, c.med, d.med), c.med-d.med <= 500, have)
 	}
 	if l := findPrefix(labels, "idle"); l != nil {
 		c, t := l.cell(subjCube, "rss_kib_per_stream"), l.cell(subjTuned, "rss_kib_per_stream")
 		// Without nginx-tuned's figure the comparison cannot be made: n/a,
 		// not met.
-		add(l.label, "≤ 16 KiB RSS per idle stream and < nginx-tuned", fmt.Sprintf("%.1f vs %.1f KiB", c.med, t.med),
+		add(l, l.label, "≤ 16 KiB RSS per idle stream and < nginx-tuned", fmt.Sprintf("%.1f vs %.1f KiB", c.med, t.med),
 			c.med <= 16 && c.med < t.med, c.ok() && t.ok())
 	}
 	if l := findLabel(labels, "ws"); l != nil {
 		c, t := l.cell(subjCube, "rtt_per_s"), l.cell(subjTuned, "rtt_per_s")
 		r, have := ratio(c, t)
-		add("ws", "round trips/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
+		add(l, "ws", "round trips/s ≥ 1.0× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 1.0, true), c.med, t.med), r >= 1.0, have)
 	}
 	if l := findLabel(labels, "mcp"); l != nil {
 		c, d := l.cell(subjCube, "calls_per_s"), l.cell(subjDirect, "calls_per_s")
 		r, have := ratio(c, d)
-		add("mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), c.med, d.med), r >= 0.95, have)
+		add(l, "mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), c.med, d.med), r >= 0.95, have)
 	}
 	if l := findLabel(labels, "cold"); l != nil {
 		c, p := l.cell(subjCube, "lookups_per_s"), l.cell(subjCube, "p99_us")
-		add("cold", "≥ 10,000 cold lookups/s", fmt.Sprintf("%.0f/s", c.med), c.med >= 10000, c.ok())
-		add("cold", "cold lookup p99 ≤ 2 ms", fmt.Sprintf("%.0f µs", p.med), p.med <= 2000, p.ok())
+		add(l, "cold", "≥ 10,000 cold lookups/s", fmt.Sprintf("%.0f/s", c.med), c.med >= 10000, c.ok())
+		add(l, "cold", "cold lookup p99 ≤ 2 ms", fmt.Sprintf("%.0f µs", p.med), p.med <= 2000, p.ok())
 	}
 	ts = append(ts, target{"cache hit", "≤ 100 ns and 0 allocs/op", "measured by the `go test -bench` micro-benchmarks, not here", "n/a"})
 
@@ -505,12 +563,22 @@ func writeLabel(b *strings.Builder, l *labelData) {
 		}
 		fmt.Fprintf(b, "\n")
 	}
+	notes := 0
 	for _, s := range subjects {
 		if fails := l.failed[s]; len(fails) > 0 {
 			fmt.Fprintf(b, "- %s: %d repetition(s) failed: %s\n", s, len(fails), fails[0])
+			notes++
+		}
+		if fails := l.failedAttempts[s]; len(fails) > 0 {
+			fmt.Fprintf(b, "- %s: %d rerun(s) failed where another attempt of the repetition was kept: %s\n", s, len(fails), fails[0])
+			notes++
+		}
+		if ops, errs := l.errorCounts(s); errs > 0 {
+			fmt.Fprintf(b, "- %s: %d of %d operations failed in the kept repetitions (each under the failure limit)\n", s, errs, ops+errs)
+			notes++
 		}
 	}
-	if len(l.failed) > 0 {
+	if notes > 0 {
 		fmt.Fprintf(b, "\n")
 	}
 }

@@ -125,3 +125,75 @@ func TestTargetRatioDoesNotContradictVerdict(t *testing.T) {
 		t.Errorf("report lacks %q\n%s", want, b)
 	}
 }
+
+// CubeProxy's failures must show in the targets table, which is what the
+// run is judged by: a proxy answering 502 to everything failed every
+// repetition and read "no data | n/a", as if it had not been measured; a
+// rerun that failed behind a kept noisy attempt, and errors under the
+// failure limit, appeared nowhere in the report.
+func TestTargetsShowCubeProxyFailures(t *testing.T) {
+	mk := func(subject string, rep, attempt int, other float64, ops, errs int64, failed string) *Sample {
+		return &Sample{Label: "http", Scenario: "http", Subject: subject, Rep: rep, Attempt: attempt, OtherCPUPct: other,
+			Ops: ops, Errors: errs, Failed: failed, Metrics: map[string]float64{"rps": 100, "cpu_us_per_req": 9, "p99_us": 900}}
+	}
+	tuned := []*Sample{mk(subjTuned, 1, 0, 0, 1000, 0, ""), mk(subjTuned, 2, 0, 0, 1000, 0, ""), mk(subjTuned, 3, 0, 0, 1000, 0, "")}
+	const bad = "100.0% of operations failed; first error: status 502"
+	cases := []struct {
+		name    string
+		cube    []*Sample
+		target  string // the requests/s line of the targets table
+		notes   []string
+		noNotes bool
+	}{
+		{
+			name:   "every repetition failed",
+			cube:   []*Sample{mk(subjCube, 1, 0, 0, 0, 900, bad), mk(subjCube, 2, 0, 0, 0, 900, bad), mk(subjCube, 3, 0, 0, 0, 900, bad)},
+			target: "| http | requests/s ≥ 0.95× nginx-tuned | every CubeProxy repetition failed: " + bad + " | **missed** |",
+			notes:  []string{"- cubeproxy: 3 repetition(s) failed: " + bad},
+		},
+		{
+			name:   "one repetition failed",
+			cube:   []*Sample{mk(subjCube, 1, 0, 0, 1000, 0, ""), mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 0, 900, bad)},
+			target: "| http | requests/s ≥ 0.95× nginx-tuned | 1.00× (100 vs 100) (1 of 3 CubeProxy repetitions failed) | met |",
+			notes:  []string{"- cubeproxy: 1 repetition(s) failed: " + bad},
+		},
+		{
+			name: "rerun failed behind a kept noisy attempt",
+			cube: []*Sample{mk(subjCube, 1, 0, 9, 1000, 0, ""), mk(subjCube, 1, 1, 0, 0, 900, bad),
+				mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 1000, 0, "")},
+			target: "| http | requests/s ≥ 0.95× nginx-tuned | 1.00× (100 vs 100) (1 CubeProxy rerun(s) failed) | met |",
+			notes:  []string{"- cubeproxy: 1 rerun(s) failed where another attempt of the repetition was kept: " + bad},
+		},
+		{
+			name:   "errors under the limit",
+			cube:   []*Sample{mk(subjCube, 1, 0, 0, 995, 5, ""), mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 1000, 0, "")},
+			target: "| http | requests/s ≥ 0.95× nginx-tuned | 1.00× (100 vs 100) (5 of 3000 CubeProxy operations failed) | met |",
+			notes:  []string{"- cubeproxy: 5 of 3000 operations failed in the kept repetitions"},
+		},
+		{
+			name:    "no failures",
+			cube:    []*Sample{mk(subjCube, 1, 0, 0, 1000, 0, ""), mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 1000, 0, "")},
+			target:  "| http | requests/s ≥ 0.95× nginx-tuned | 1.00× (100 vs 100) | met |",
+			noNotes: true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			samples := append(append([]*Sample{}, tc.cube...), tuned...)
+			var b strings.Builder
+			writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples))
+			md := b.String()
+			if !strings.Contains(md, tc.target) {
+				t.Errorf("targets lack %q\n%s", tc.target, md)
+			}
+			for _, n := range tc.notes {
+				if !strings.Contains(md, n) {
+					t.Errorf("notes under the table lack %q\n%s", n, md)
+				}
+			}
+			if tc.noNotes && strings.Contains(md, "\n- ") {
+				t.Errorf("notes for a clean run\n%s", md)
+			}
+		})
+	}
+}

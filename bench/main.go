@@ -178,6 +178,15 @@ func (o *options) newSample(label, params string, m *meter) *Sample {
 		OtherCPUPct: m.otherPct, StealPct: m.stealPct, BusyPct: m.busyPct,
 		SubjectCPU: m.subjectCPU.Seconds(), Params: params,
 	}
+	// Both CPU shares go into every sample: a closed-loop rate says how
+	// fast the subject is only when the subject, not the harness, ran out
+	// of CPU, and the report shows which one did.
+	if sec := m.wall.Seconds(); sec > 0 {
+		s.Metrics["harness_cpu_pct"] = 100 * m.harnessCPU.Seconds() / sec
+		if len(m.subject) > 0 {
+			s.Metrics["subject_cpu_pct"] = 100 * m.subjectCPU.Seconds() / sec
+		}
+	}
 	if m.err != nil {
 		s.Failed = m.err.Error()
 	}

@@ -18,8 +18,12 @@ type meter struct {
 	subj0 ticksByPID
 
 	// Filled by stop.
-	wall        time.Duration
-	subjectCPU  time.Duration
+	wall       time.Duration
+	subjectCPU time.Duration
+	// harnessCPU is the CPU time of the harness's other processes (load
+	// generator, backend, redis): with the pinning of compare.sh, CPU 1's
+	// load, which bounds every closed-loop rate as much as the subject.
+	harnessCPU  time.Duration
 	otherPct    float64 // busy CPU outside the harness, % of all CPU capacity
 	stealPct    float64
 	busyPct     float64 // all busy CPU, % of capacity
@@ -64,6 +68,9 @@ func (m *meter) stop() {
 	// Harness processes that exited took their window's CPU time along,
 	// which then counts as foreign: erring towards a rerun.
 	own, _ := own1.since(m.own0)
+	if own > subj { // own covers the subject's processes too
+		m.harnessCPU = time.Duration(own-subj) * time.Second / clkTck
+	}
 	total := cpu1.all() - m.cpu0.all()
 	if total == 0 || cpu1.ncpu == 0 {
 		return

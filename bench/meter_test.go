@@ -202,3 +202,48 @@ func TestTicksSince(t *testing.T) {
 		})
 	}
 }
+
+// The harness's CPU (load generator, backend, redis) is metered apart from
+// the subject's: a closed-loop rate is the subject's speed only when the
+// subject, not the harness, ran out of CPU. Here the harness process spins
+// and the subject sleeps: the spinner's ticks must land in the harness
+// share and none in the subject's, and both shares go into the sample.
+func TestMeterSeparatesHarnessFromSubjectCPU(t *testing.T) {
+	subject := exec.Command("sleep", "30")
+	if err := subject.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopProc(subject) })
+	spin := spinner(t, 1)
+	m := newMeter([]int{subject.Process.Pid}, []int{spin.Process.Pid, subject.Process.Pid})
+	m.start()
+	base, err := procTicks(spin.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ticks = 20
+	var spun uint64
+	testenv.WaitFor(t, 10*time.Second, "the harness process to spin", func() bool {
+		v, err := procTicks(spin.Process.Pid)
+		spun = v - base
+		return err == nil && spun >= ticks
+	})
+	m.stop()
+	if m.err != nil {
+		t.Fatal(m.err)
+	}
+	if least := time.Duration(spun) * time.Second / clkTck; m.harnessCPU < least {
+		t.Fatalf("harness CPU %s, want at least the spinner's %s", m.harnessCPU, least)
+	}
+	if m.subjectCPU > 2*time.Second/clkTck {
+		t.Fatalf("subject CPU %s for a sleeping subject", m.subjectCPU)
+	}
+	s := (&options{scenario: "http", subject: subjCube}).newSample("http", "", m)
+	want := 100 * m.harnessCPU.Seconds() / m.wall.Seconds()
+	if got, ok := s.Metrics["harness_cpu_pct"]; !ok || got != want || got <= 0 {
+		t.Fatalf("harness_cpu_pct = %v (%v), want %.1f", got, ok, want)
+	}
+	if _, ok := s.Metrics["subject_cpu_pct"]; !ok {
+		t.Fatal("no subject_cpu_pct in the sample")
+	}
+}

@@ -197,3 +197,28 @@ func TestTargetsShowCubeProxyFailures(t *testing.T) {
 		})
 	}
 }
+
+// A rate target compares two closed loops bounded by whichever side ran
+// out of CPU first. On two cores the harness did, for every subject:
+// nginx-tuned used 77 % of its core in ws against CubeProxy's 93 % while
+// the load generator and backend sat at 100 %, and "1.04×, met" said
+// nothing of it. The target line and the table carry both shares.
+func TestRateTargetsShowWhoRanOutOfCPU(t *testing.T) {
+	mk := func(subject string, rate, subj, harness float64) *Sample {
+		return &Sample{Label: "ws", Scenario: "ws", Subject: subject, Rep: 1, Ops: 1000,
+			Metrics: map[string]float64{"rtt_per_s": rate, "cpu_us_per_rtt": subj * 1e4 / rate, "subject_cpu_pct": subj, "harness_cpu_pct": harness}}
+	}
+	samples := []*Sample{mk(subjCube, 45383, 93, 100), mk(subjTuned, 43503, 77, 99.6)}
+	var b strings.Builder
+	writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples))
+	md := b.String()
+	for _, want := range []string{
+		"| ws | round trips/s ≥ 1.0× nginx-tuned | 1.04× (45383 vs 43503; subject CPU 93 vs 77 %, harness 100 vs 100 %) | met |",
+		"| subject CPU µs/rtt | subject CPU % | harness CPU % |",
+		"| nginx-tuned | 43503 | – | – | 17.7 | 77.0 | 99.6 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q\n%s", want, md)
+		}
+	}
+}

@@ -188,7 +188,6 @@ func fillLoopMetrics(s *Sample, res loopResult, m *meter) {
 	s.Metrics["redials"] = float64(res.redials)
 	if len(m.subject) > 0 && res.ops > 0 {
 		s.Metrics["cpu_us_per_req"] = m.subjectCPU.Seconds() * 1e6 / float64(res.ops)
-		s.Metrics["subject_cpu_pct"] = 100 * m.subjectCPU.Seconds() / sec
 	}
 }
 

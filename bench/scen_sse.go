@@ -263,7 +263,6 @@ func runSSE(o *options, args []string) (*Sample, error) {
 	s.Metrics["streams_ok"] = float64(int64(*n) - s.Errors)
 	if len(m.subject) > 0 && s.Ops > 0 {
 		s.Metrics["cpu_us_per_event"] = m.subjectCPU.Seconds() * 1e6 / float64(s.Ops)
-		s.Metrics["subject_cpu_pct"] = 100 * m.subjectCPU.Seconds() / sec
 	}
 	// Every stream must survive the whole window: one broken stream is a
 	// broken subject, not noise.

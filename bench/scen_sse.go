@@ -232,7 +232,20 @@ func runSSE(o *options, args []string) (*Sample, error) {
 	s := o.newSample(label, fmt.Sprintf("n=%d size=%d interval=%s gzip=%t d=%s", *n, *size, *interval, *gz, o.dur), m)
 	lat, ttfe := newHist(), newHist()
 	var firstErr error
+	// Latencies are those of the events that arrived in the window. A
+	// stream that stalled there (its events held back past the window's
+	// end) added none, and the others' figures would stand for it: a
+	// stream must deliver at least half the events the backend sent it in
+	// the window's length. A steady delay of any size does not lower the
+	// count, only a growing one does.
+	expected := int64(0)
+	if latency {
+		expected = int64(m.wall / *interval)
+	}
 	for _, st := range streams {
+		if st.err == nil && expected >= 4 && int64(st.lat.n) < expected/2 {
+			st.err = fmt.Errorf("%d events in the window, %d sent at one per %s: the stream stalled", st.lat.n, expected, *interval)
+		}
 		lat.merge(st.lat)
 		if st.ttfe > 0 {
 			ttfe.record(st.ttfe)

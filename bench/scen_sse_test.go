@@ -22,6 +22,13 @@ func sseOrigin(t *testing.T, silent ...int) string { return sseOriginGzip(t, fal
 // sseOriginGzip is sseOrigin that compresses the body with gzip when gz
 // is set, flushing after each event as nginx does for a flushed buffer.
 func sseOriginGzip(t *testing.T, gz bool, silent ...int) string {
+	return sseOriginStalling(t, gz, nil, silent...)
+}
+
+// sseOriginStalling is sseOriginGzip whose connections numbered in
+// stalled send one event and then nothing while they stay open: a proxy
+// that holds a stream's events back.
+func sseOriginStalling(t *testing.T, gz bool, stalled []int, silent ...int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -36,13 +43,20 @@ func sseOriginGzip(t *testing.T, gz bool, silent ...int) string {
 				return
 			}
 			i := int(n.Add(1) - 1)
-			go serveSSE(c, !slices.Contains(silent, i), gz)
+			events := 1 << 30
+			switch {
+			case slices.Contains(silent, i):
+				events = 0
+			case slices.Contains(stalled, i):
+				events = 1
+			}
+			go serveSSE(c, events, gz)
 		}
 	}()
 	return ln.Addr().String()
 }
 
-func serveSSE(c net.Conn, events, gz bool) {
+func serveSSE(c net.Conn, events int, gz bool) {
 	defer c.Close()
 	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 		return
@@ -54,7 +68,7 @@ func serveSSE(c net.Conn, events, gz bool) {
 	if _, err := c.Write([]byte(head + "\r\n")); err != nil {
 		return
 	}
-	if !events {
+	if events == 0 {
 		_, _ = c.Read(make([]byte, 1)) // until the client leaves
 		return
 	}
@@ -67,6 +81,11 @@ func serveSSE(c net.Conn, events, gz bool) {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for range tick.C {
+		if events == 0 {
+			_, _ = c.Read(make([]byte, 1)) // stalled until the client leaves
+			return
+		}
+		events--
 		ev := fmt.Sprintf("data: %019d ", time.Now().UnixNano())
 		ev += strings.Repeat("p", 64-len(ev)-2) + "\n\n"
 		if _, err := io.WriteString(body, ev); err != nil {
@@ -125,7 +144,7 @@ func TestSSEOriginDelivers(t *testing.T) {
 		t.Run(fmt.Sprint("gzip=", gz), func(t *testing.T) {
 			addr := sseOriginGzip(t, gz)
 			o := &options{scenario: "sse", defLabel: "sse"}
-			s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "50ms", "-interval", "5ms", "-gzip", "-out", ""})
+			s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "20ms", "-d", "200ms", "-interval", "5ms", "-gzip", "-out", ""})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,5 +152,22 @@ func TestSSEOriginDelivers(t *testing.T) {
 				t.Fatalf("sample failed = %q with %d events, max latency %.0f µs", s.Failed, s.Ops, s.Metrics["lat_max_us"])
 			}
 		})
+	}
+}
+
+// A stream that delivered its first event and then nothing through the
+// window contributed no latency at all: the events a proxy held back were
+// left out of p50/p99, and the sample passed on the other streams'
+// figures. It must fail the sample instead.
+func TestSSEStalledStreamFailsTheSample(t *testing.T) {
+	addr := sseOriginStalling(t, false, []int{1})
+	o := &options{scenario: "sse", defLabel: "sse"}
+	s, err := runSSE(o, []string{"-addr", addr, "-n", "2", "-size", "64", "-warm", "50ms", "-d", "200ms",
+		"-interval", "5ms", "-first-event-wait", "2s", "-out", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(s.Failed, "1 of 2 streams failed: 0 events in the window") {
+		t.Fatalf("sample failed = %q (%d events, p99 %.0f µs), want the stalled stream named", s.Failed, s.Ops, s.Metrics["lat_p99_us"])
 	}
 }

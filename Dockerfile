@@ -10,13 +10,19 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/cubeproxy /cubeproxy
 COPY configs/cubeproxy.yaml /etc/cubeproxy/cubeproxy.yaml
-USER nonroot:nonroot
+# Numeric (distroless's nonroot user): Kubernetes' runAsNonRoot cannot
+# resolve a user name and refuses to start an image whose USER is one.
+USER 65532:65532
 # Settings go in the environment, not in CMD: a flag would outrank
 # `docker run -e CUBEPROXY_...` (--config too, over CUBEPROXY_CONFIG).
 # Mount the memory store's routes here (missing file: an empty table,
 # with a warning).
 ENV CUBEPROXY_CONFIG=/etc/cubeproxy/cubeproxy.yaml
 ENV CUBEPROXY_ROUTES=/etc/cubeproxy/routes.yaml
-EXPOSE 8081 8080
+# The ports the default configuration serves: sandbox traffic. HTTPS
+# (CUBEPROXY_HTTPS_ADDR, :8080 on the platform) and the admin API's
+# /readyz and /metrics (CUBEPROXY_ADMIN_ADDR=:8082 with
+# CUBEPROXY_ADMIN_TOKEN; 127.0.0.1 by default) listen only once set.
+EXPOSE 8081
 ENTRYPOINT ["/cubeproxy"]
 CMD ["serve"]

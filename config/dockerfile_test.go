@@ -4,21 +4,29 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // dockerImage is what the Dockerfile sets up for a container: the CMD
-// arguments after the subcommand, and the ENV variables.
+// arguments after the subcommand, the ENV variables, and the final stage's
+// USER and EXPOSEd ports.
 type dockerImage struct {
-	args []string
-	env  map[string]string
+	args   []string
+	env    map[string]string
+	user   string
+	expose []string
 }
 
-// readDockerfile parses the CMD (exec form) and ENV KEY=VALUE lines of
-// ../Dockerfile, with the image's config path mapped to the file it copies.
+// readDockerfile parses the CMD (exec form), ENV KEY=VALUE, USER and
+// EXPOSE lines of ../Dockerfile, with the image's config path mapped to the
+// file it copies. USER and EXPOSE are the final stage's: a FROM resets them.
 func readDockerfile(t *testing.T) dockerImage {
 	t.Helper()
 	f, err := os.Open("../Dockerfile")
@@ -31,6 +39,12 @@ func readDockerfile(t *testing.T) dockerImage {
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		switch {
+		case strings.HasPrefix(line, "FROM "):
+			img.user, img.expose = "", nil
+		case strings.HasPrefix(line, "USER "):
+			img.user = strings.TrimSpace(strings.TrimPrefix(line, "USER "))
+		case strings.HasPrefix(line, "EXPOSE "):
+			img.expose = append(img.expose, strings.Fields(strings.TrimPrefix(line, "EXPOSE "))...)
 		case strings.HasPrefix(line, "CMD "):
 			var cmd []string
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "CMD ")), &cmd); err != nil || len(cmd) == 0 || cmd[0] != "serve" {
@@ -129,4 +143,65 @@ func TestImageConfigLeavesDeferringKeysUnset(t *testing.T) {
 			t.Errorf("%s is set in the image's config: its unset value defers to %s, which it now overrides", tc.key, tc.defers)
 		}
 	}
+}
+
+// The image runs as a numeric non-root user, and EXPOSEs exactly the
+// ports its default configuration serves to the container's network.
+// Kubernetes' runAsNonRoot (the restricted Pod Security Standard) cannot
+// map a user name to a uid, so it refused `USER nonroot:nonroot` before
+// starting the container: "container has runAsNonRoot and image has
+// non-numeric user (nonroot), cannot verify user is non-root". And an
+// EXPOSEd port nothing listens on (8080, https_addr, unset by default)
+// was published by `docker run -P` to a port that refused every
+// connection.
+func TestDockerImageUserAndPorts(t *testing.T) {
+	img := readDockerfile(t)
+	c, err := Load(img.args, func(k string) string { return img.env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the default configuration listens on outside the container's
+	// loopback (the admin API stays on 127.0.0.1 until configured).
+	var served []string
+	for _, addr := range []string{c.HTTPAddr, c.HTTPSAddr, c.AdminAddr} {
+		if addr == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatalf("listener %q: %v", addr, err)
+		}
+		if ip, err := netip.ParseAddr(host); host == "localhost" || err == nil && ip.IsLoopback() {
+			continue
+		}
+		served = append(served, port)
+	}
+	slices.Sort(served)
+	exposed := slices.Clone(img.expose)
+	for i, p := range exposed {
+		exposed[i] = strings.TrimSuffix(p, "/tcp")
+	}
+	slices.Sort(exposed)
+
+	uid, gid, _ := strings.Cut(img.user, ":")
+	for _, tc := range []struct {
+		what string
+		ok   bool
+		got  string
+		want string
+	}{
+		{"USER's uid", isNonRootID(uid), img.user, "a numeric uid other than 0 (uid:gid)"},
+		{"USER's gid", gid == "" || isNonRootID(gid), img.user, "a numeric gid other than 0"},
+		{"EXPOSE", slices.Equal(exposed, served), strings.Join(img.expose, " "), "the default listeners' ports " + strings.Join(served, " ")},
+	} {
+		if !tc.ok {
+			t.Errorf("%s: %q, want %s", tc.what, tc.got, tc.want)
+		}
+	}
+}
+
+// isNonRootID reports whether s is a decimal user or group id other than 0.
+func isNonRootID(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 32)
+	return err == nil && n != 0
 }

@@ -12,8 +12,12 @@ import (
 
 // Histogram bucket boundaries, in seconds.
 var (
-	// requestBuckets cover time to response headers and whole short responses.
-	requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// requestBuckets cover time to response headers and whole short
+	// responses, up to past the default upstream.response_header_timeout
+	// (120 s, its 504 a little later) and a five-minute tool call:
+	// histogram_quantile reports a quantile in +Inf as the last finite
+	// bound, so with 60 s last every header timeout read as 60 s.
+	requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 150, 300}
 	// streamBuckets cover SSE/chunked/WebSocket lifetimes up to the 2 h idle limit.
 	streamBuckets = []float64{1, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200}
 	// storeBuckets cover a memory lookup (µs) up to a slow Redis (s).

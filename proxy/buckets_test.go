@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"math"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// The latency histograms must hold the durations the proxy's own default
+// timeouts produce in a finite bucket. Prometheus' histogram_quantile
+// answers the last finite bound for a quantile that lands in +Inf: with
+// buckets up to 60 s, every 504 upstream_timeout of the default 120 s
+// response_header_timeout read as a p99 time to headers of 60 s, so an
+// alert on a p99 above 100 s never fired and a sandbox that timed out
+// looked the same as one that answered in 61 s. Such a 504 comes a
+// little after the timeout (the lookup, the connect and its retry come
+// first), so the case records the longest way there.
+func TestLatencyBucketsHoldTheDefaultTimeouts(t *testing.T) {
+	var cfg Config
+	cfg.setDefaults()
+	for _, tc := range []struct {
+		name   string
+		metric string
+		record func(m *telemetry.Metrics, d time.Duration)
+		d      time.Duration
+	}{
+		{"headers of a response_header_timeout 504", "cubeproxy_request_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
+		{"whole response_header_timeout 504", "cubeproxy_response_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
+		{"headers of a connect timeout's 504 (connect and its retry)", "cubeproxy_request_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tel := obsTelemetry(t, nil)
+			tc.record(tel.Metrics, tc.d)
+			rec := httptest.NewRecorder()
+			tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+			samples, err := testenv.ParsePromText(rec.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The smallest finite bound whose bucket holds the observation.
+			holding := math.Inf(1)
+			for _, s := range samples {
+				if s.Name != tc.metric+"_bucket" || s.Value != 1 {
+					continue
+				}
+				le, err := strconv.ParseFloat(s.Labels["le"], 64)
+				if err != nil {
+					t.Fatalf("%s: le %q: %v", s.Name, s.Labels["le"], err)
+				}
+				holding = min(holding, le)
+			}
+			if math.IsInf(holding, 1) {
+				t.Fatalf("%s: %v lands in +Inf only: histogram_quantile would report the last finite bound", tc.metric, tc.d)
+			}
+			if holding < tc.d.Seconds() {
+				t.Fatalf("%s: %v counted under le=%v", tc.metric, tc.d, holding)
+			}
+		})
+	}
+}

@@ -31,7 +31,9 @@ type Entry struct {
 	Status        int   // status sent to the client
 	BodyBytesSent int64 // response body bytes sent (printed even when 0)
 	BytesIn       int64 // request body bytes received (JSON only)
-	// RequestTime is start to last byte (printed even when 0).
+	// RequestTime is from the request's first byte to its last (nginx
+	// $request_time), the client's time over its head included (printed
+	// even when 0).
 	RequestTime        time.Duration
 	ConnectionRequests int64 // requests served on this client connection so far
 

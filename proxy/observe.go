@@ -44,7 +44,12 @@ type exchange struct {
 	// upstream time (nginx's $upstream_response_time) runs from there to
 	// the end of the exchange, without the route lookup before it.
 	upBegin time.Duration
-	bytesIn int64 // body bytes read from the client: never what its Content-Length claims
+	// headTime is the request's first byte to start: what the client
+	// took to send its head, and the body fasthttp reads before the
+	// handler (access log on only). The log's request_time includes it,
+	// as nginx's $request_time does; metrics and spans start at start.
+	headTime time.Duration
+	bytesIn  int64 // body bytes read from the client: never what its Content-Length claims
 	// bodyEnded: the client's body was read to its end (forward only).
 	bodyEnded bool
 	// answeredEarly: the sandbox answered before the client's body was
@@ -114,6 +119,11 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	if p.cfg.AccessLog != nil {
 		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)
 		x.fwd.capture(&ctx.Request.Header)
+		// Unknown (zero) off the traffic listeners' connections, such as
+		// the redirect listener's: request_time then starts here.
+		if first := p.conns.began(ctx.Conn()); !first.IsZero() {
+			x.headTime = max(x.start.Sub(first), 0)
+		}
 	}
 }
 
@@ -207,7 +217,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	}
 	defer x.releaseFwd()
 	if entry != nil {
-		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, total
+		entry.Status, entry.BodyBytesSent, entry.BytesIn, entry.RequestTime = status, x.bytesOut, x.bytesIn, x.headTime+total
 		entry.ErrorCode = x.errCode
 		if x.upstream.IsValid() {
 			entry.UpstreamResponseTime = x.upstreamTime(total)
@@ -394,7 +404,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	e.Status = status
 	e.BodyBytesSent = x.bytesOut
 	e.BytesIn = x.bytesIn
-	e.RequestTime = total
+	e.RequestTime = x.headTime + total
 	e.ConnectionRequests = int64(rc.ConnRequestNum())
 	if x.early {
 		e.ConnectionRequests++

@@ -624,6 +624,12 @@ func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 		p.served.Add(1)
 		p.conns.add(c)
 		p.metrics.ConnOpened()
+	case fasthttp.StateActive:
+		// Only the access log's request_time uses it: no clock read
+		// and no lock without one.
+		if p.cfg.AccessLog != nil {
+			p.conns.requestBegan(c, time.Now())
+		}
 	case fasthttp.StateClosed:
 		p.served.Add(-1)
 		p.conns.remove(c)
@@ -637,21 +643,43 @@ func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	}
 }
 
-// connSet is the set of client connections fasthttp serves. A mutex and a
-// map rather than a sync.Map: one insert and one delete per connection,
-// which a map does without allocating once it has grown.
+// connSet is the set of client connections fasthttp serves, each with
+// when the first byte of its current request arrived (zero before one).
+// A mutex and a map rather than a sync.Map: one insert and one delete per
+// connection, which a map does without allocating once it has grown, and
+// with the access log on one update and one read per request.
 type connSet struct {
 	mu sync.Mutex
-	m  map[net.Conn]struct{}
+	m  map[net.Conn]time.Time
 }
 
 func (cs *connSet) add(c net.Conn) {
 	cs.mu.Lock()
 	if cs.m == nil {
-		cs.m = make(map[net.Conn]struct{})
+		cs.m = make(map[net.Conn]time.Time)
 	}
-	cs.m[c] = struct{}{}
+	cs.m[c] = time.Time{}
 	cs.mu.Unlock()
+}
+
+// requestBegan records that the first byte of c's next request arrived
+// at t: fasthttp says so (StateActive) once it has that byte and before it
+// reads the head.
+func (cs *connSet) requestBegan(c net.Conn, t time.Time) {
+	cs.mu.Lock()
+	if _, ok := cs.m[c]; ok { // never re-adds a connection removed
+		cs.m[c] = t
+	}
+	cs.mu.Unlock()
+}
+
+// began returns when the first byte of c's current request arrived, or
+// the zero time when that is unknown.
+func (cs *connSet) began(c net.Conn) time.Time {
+	cs.mu.Lock()
+	t := cs.m[c]
+	cs.mu.Unlock()
+	return t
 }
 
 func (cs *connSet) remove(c net.Conn) {

@@ -132,7 +132,9 @@ func upgradeRequested(h *fasthttp.RequestHeader) bool {
 // §7.6.1, §7.8), as nginx rebuilds it: Keep-Alive, TE, Trailer and what
 // the sandbox's Connection lines name describe its connection to the
 // proxy, not the client's. (fasthttp writes no Content-Length or
-// Transfer-Encoding on a 1xx.)
+// Transfer-Encoding on a 1xx.) A 426 keeps its Upgrade too, without a
+// Connection line: that field names the protocols the client must switch
+// to (RFC 9110 §15.5.22), and nginx relays it so.
 func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) bool {
 	// Most answers carry none, and one pass over the headers costs a sixth
 	// of looking each name up (BenchmarkResponseHops: 23 vs 133 ns).
@@ -143,17 +145,18 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) bool {
 	if tooManyConnectionOptions(conns) {
 		return false
 	}
+	keepField := keepUpgrade || h.StatusCode() == fasthttp.StatusUpgradeRequired
 	// Every Connection line, and every hop-by-hop header whatever its
 	// first line holds, as for requests.
 	for _, conn := range conns {
 		forEachToken(conn, func(name []byte) {
-			if !keepUpgrade || !bytes.EqualFold(name, []byte("upgrade")) {
+			if !keepField || !bytes.EqualFold(name, []byte("upgrade")) {
 				h.DelBytes(name)
 			}
 		})
 	}
 	for _, name := range hopHeaders {
-		if !keepUpgrade || name != "Upgrade" {
+		if !keepField || name != "Upgrade" {
 			h.Del(name)
 		}
 	}

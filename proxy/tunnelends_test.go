@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -290,6 +291,67 @@ func TestDeclinedUpgradeKeepsTheClientConnection(t *testing.T) {
 				t.Errorf("the next request: %d %q, want 200 %q", resp.StatusCode, body, "next")
 			}
 			b.wantAccepted(t, 2, "(the declined upgrade's connection is not reused)")
+		})
+	}
+}
+
+// A sandbox's 426 must name the protocols it wants in Upgrade (RFC 9110
+// §15.5.22), so that field reaches the client, as through nginx, which
+// relays it with its own Connection line; the Connection the sandbox sent
+// is still its own. Any other answer's Upgrade (Apache's "h2,h2c" offer
+// on a 200) describes the sandbox's connection and is removed, as before.
+func TestUpgradeRequiredKeepsUpgrade(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name, answer string
+		upgradeAsked bool
+		status       int
+		wantUpgrade  string
+	}{
+		{"426 to a WebSocket", "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\nno", true, 426, "websocket"},
+		{"426 to a plain GET", "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade, X-Hop\r\nX-Hop: 1\r\nContent-Length: 2\r\n\r\nno", false, 426, "websocket"},
+		{"426 with Upgrade alone", "HTTP/1.1 426 Upgrade Required\r\nUpgrade: TLS/1.2, HTTP/1.1\r\nContent-Length: 2\r\n\r\nno", false, 426, "TLS/1.2, HTTP/1.1"},
+		{"426 without Upgrade", "HTTP/1.1 426 Upgrade Required\r\nContent-Length: 2\r\n\r\nno", true, 426, ""},
+		{"200 offering h2c", "HTTP/1.1 200 OK\r\nUpgrade: h2,h2c\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\nno", false, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/x" {
+					return rawWrite(c, tc.answer) && !tc.upgradeAsked
+				}
+				return rawWrite(c, okResponse("next"))
+			})
+			host := h.route("upgraderequired", b.port)
+			c := dialRaw(t, h.addr)
+			upgrade := ""
+			if tc.upgradeAsked {
+				upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+			}
+			fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, upgrade)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status || string(body) != "no" || err != nil {
+				t.Fatalf("answer: %d %q %v, want %d %q", resp.StatusCode, body, err, tc.status, "no")
+			}
+			if got := strings.Join(resp.Header.Values("Upgrade"), ", "); got != tc.wantUpgrade {
+				t.Errorf("Upgrade %q, want %q", got, tc.wantUpgrade)
+			}
+			if resp.Close || resp.Header.Get("Connection") != "" || resp.Header.Get("X-Hop") != "" {
+				t.Errorf("close %v, Connection %q, X-Hop %q; want the connection kept and the sandbox's Connection and what it names removed",
+					resp.Close, resp.Header.Get("Connection"), resp.Header.Get("X-Hop"))
+			}
+			fmt.Fprintf(c, "GET /next HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("the next request on the client's connection: %v", err)
+			}
+			if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(body) != "next" {
+				t.Errorf("the next request: %d %q, want 200 %q", resp.StatusCode, body, "next")
+			}
 		})
 	}
 }

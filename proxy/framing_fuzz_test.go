@@ -108,6 +108,9 @@ func FuzzCheckFraming(f *testing.F) {
 		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"HTTP/1.0 200 OK\nTransfer-Encoding : Chunked\nContent-Length: 5\n\n",
+		"HTTP/1.0 200 OK\r\nTransfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

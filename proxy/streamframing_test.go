@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A chunked body whose framing is broken before its first data byte, in
@@ -131,6 +132,108 @@ func TestUpstreamContentLengthWithChunkedIs502(t *testing.T) {
 				t.Fatalf("next request: %d %q", resp.StatusCode, body)
 			}
 			b.wantAccepted(t, 1, "(the connection was kept)")
+		})
+	}
+}
+
+// An HTTP/1.0 answer that says "Transfer-Encoding: chunked" (Python's
+// http.server speaks HTTP/1.0 unless told otherwise, and a handler that
+// chunks its own output sends exactly that) is framed by that coding, as
+// nginx frames it, and as curl, Python and Node read it from the sandbox
+// directly: fasthttp ignores the field on an HTTP/1.0 message, so the
+// chunk sizes and the last chunk reached the client as body bytes. RFC
+// 9112 6.1 asks that the connection end after such a message, so the
+// proxy closes the sandbox's, whatever its Connection said. The same
+// rules as for HTTP/1.1 hold (a Content-Length beside it is a 502);
+// another coding is left as before: the body ends with the connection,
+// relayed as sent (nginx 1.22 does the same).
+func TestHTTP10AnswerChunkedIsDecoded(t *testing.T) {
+	h := newHarness(t)
+	const chunks = "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+	cases := []struct {
+		name, head, body string
+		keepOpen         bool // the sandbox leaves its connection open: only the proxy may close it
+		status           int
+		want             string
+	}{
+		{"chunked", "Transfer-Encoding: chunked\r\n", chunks, true, 200, "hello world"},
+		{"chunked, keep-alive claimed", "Connection: keep-alive\r\nTransfer-Encoding: Chunked\r\n", chunks, true, 200, "hello world"},
+		{"bare LF head", "Transfer-Encoding: chunked\n", chunks, true, 200, "hello world"},
+		{"with Content-Length", "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", chunks, true, 502, ""},
+		{"another coding", "Transfer-Encoding: gzip\r\n", "as sent", false, 200, "as sent"},
+	}
+	for i, tc := range cases {
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			t.Run(tc.name+"/"+proto+" client", func(t *testing.T) {
+				b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+					eol := "\r\n"
+					if strings.HasPrefix(tc.name, "bare LF") {
+						eol = "\n"
+					}
+					rawWrite(c, "HTTP/1.0 200 OK"+eol+"Content-Type: text/plain"+eol+tc.head+eol+tc.body)
+					return tc.keepOpen
+				})
+				host := h.route(fmt.Sprintf("h10chunked%d%s", i, proto[7:]), b.port)
+				c := dialRaw(t, h.addr)
+				fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", proto, host)
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("client got no answer it could read: %v", err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				if tc.status == 502 {
+					checkProxyError(t, resp, string(body), 502, CodeUpstreamBadHeader)
+				} else if resp.StatusCode != tc.status || string(body) != tc.want || err != nil {
+					t.Errorf("got %d %q %v, want %d %q", resp.StatusCode, body, err, tc.status, tc.want)
+				}
+				if tc.keepOpen {
+					if err := b.waitEnded(t); err != io.EOF {
+						t.Errorf("sandbox connection ended with %v, want closed by the proxy (EOF)", err)
+					}
+				}
+				waitPoolConns(t, h, 0)
+			})
+		}
+	}
+}
+
+// An HTTP/1.0 event stream with chunked coding streams like any other:
+// each event reaches the client, decoded, while the sandbox still holds
+// the stream open (it sends the next only once the client has the first).
+func TestHTTP10ChunkedEventStreamStreams(t *testing.T) {
+	h := newHarness(t)
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		t.Run(proto+" client", func(t *testing.T) {
+			ack := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+					"9\r\ndata: 1\n\n\r\n")
+				select {
+				case <-ack:
+				case <-time.After(10 * time.Second):
+					return false
+				}
+				rawWrite(c, "9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+				return true
+			})
+			host := h.route("h10events"+proto[7:], b.port)
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", proto, host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := make([]byte, len("data: 1\n\n"))
+			if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 1\n\n" {
+				t.Fatalf("first event %q %v, want it while the sandbox holds the stream", first, err)
+			}
+			close(ack)
+			if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "data: 2\n\n" {
+				t.Fatalf("rest %q %v, want %q", rest, err, "data: 2\n\n")
+			}
+			if err := b.waitEnded(t); err != io.EOF {
+				t.Errorf("sandbox connection ended with %v, want closed by the proxy (EOF)", err)
+			}
 		})
 	}
 }

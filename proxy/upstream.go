@@ -968,6 +968,11 @@ var errLengthAndChunked = errors.New("response has both Content-Length and Trans
 // chunked head is looked at, and only its field names: a 101's framing
 // fields frame nothing (the tunnel's bytes follow) and are removed anyway.
 func checkFraming(h *fasthttp.ResponseHeader, head []byte) error {
+	if !h.IsHTTP11() {
+		if err := frameHTTP10Chunked(h, head); err != nil {
+			return err
+		}
+	}
 	if h.ContentLength() != -1 || h.StatusCode() < 200 {
 		return nil
 	}
@@ -985,6 +990,58 @@ func checkFraming(h *fasthttp.ResponseHeader, head []byte) error {
 			}
 		}
 	}
+}
+
+// errHTTP10TransferEncodings is an HTTP/1.0 answer with more than one
+// Transfer-Encoding line, refused as fasthttp refuses an HTTP/1.1 one.
+var errHTTP10TransferEncodings = errors.New("response has more than one Transfer-Encoding line")
+
+// frameHTTP10Chunked frames by chunked coding an HTTP/1.0 answer whose head,
+// as received, says "Transfer-Encoding: chunked", and marks its connection
+// to be closed after it. fasthttp ignores the field on an HTTP/1.0 message
+// (as Go's net/http does), so the chunk sizes reached the client as body
+// bytes, where nginx decodes them, as curl, Python and Node do when they
+// talk to the sandbox directly: Python's http.server answers HTTP/1.0
+// unless told otherwise, and a handler that chunks its own output sends
+// just this. RFC 9112 6.1 asks that such a message's connection be closed
+// after it (an HTTP/1.0 hop may have kept part of it). Another coding is
+// left to fasthttp, which frames the body by the connection's close, as
+// nginx 1.22 does. A bodiless status frames nothing either way.
+func frameHTTP10Chunked(h *fasthttp.ResponseHeader, head []byte) error {
+	if sc := h.StatusCode(); sc < 200 || sc == fasthttp.StatusNoContent || sc == fasthttp.StatusNotModified {
+		return nil
+	}
+	const name = "transfer-encoding"
+	lines, chunked := 0, false
+	for {
+		i := bytes.IndexByte(head, '\n')
+		if i < 0 {
+			break
+		}
+		head = head[i+1:] // the status line is skipped
+		if len(head) <= len(name) || !bytes.EqualFold(head[:len(name)], []byte(name)) {
+			continue
+		}
+		// fasthttp takes "Transfer-Encoding :" for the field too.
+		rest := bytes.TrimLeft(head[len(name):], " \t")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		lines++
+		v := rest[1:]
+		if j := bytes.IndexByte(v, '\n'); j >= 0 {
+			v = v[:j]
+		}
+		chunked = bytes.EqualFold(bytes.Trim(v, " \t\r"), []byte("chunked"))
+	}
+	if lines > 1 {
+		return errHTTP10TransferEncodings
+	}
+	if chunked {
+		h.SetContentLength(-1)
+		h.SetConnectionClose()
+	}
+	return nil
 }
 
 // release ends an exchange: the connection goes back to the pool when

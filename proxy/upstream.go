@@ -963,8 +963,9 @@ var errLengthAndChunked = errors.New("response has both Content-Length and Trans
 // chunked coding and drops the Content-Length without a word, and the
 // connection would be reused wherever the sandbox's own idea of the
 // framing left it; RFC 9112 6.3 calls such a message a possible response
-// splitting attempt, and nginx refuses it ("upstream sent Content-Length
-// and Transfer-Encoding headers at the same time", 502). Only a final
+// splitting attempt, and newer nginx refuses it ("upstream sent
+// Content-Length and Transfer-Encoding headers at the same time", 502;
+// Debian 12's 1.22 still decodes it). Only a final
 // chunked head is looked at, and only its field names: a 101's framing
 // fields frame nothing (the tunnel's bytes follow) and are removed anyway.
 func checkFraming(h *fasthttp.ResponseHeader, head []byte) error {

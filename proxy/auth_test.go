@@ -936,10 +936,16 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		{"//evil.example/x", "/evil.example/x?k=v"},
 		{`/\evil.example/x`, "/evil.example/x?k=v"},
 		{"///evil.example/x", "/evil.example/x?k=v"},
-		{"http://evil.example/x", "/x?k=v"},
+		{"http://8080-BOX.cube.test:80/x", "/x?k=v"},
 	} {
 		resp, _ := authRawRequest(t, h.addr, "GET "+tc.target+"?cube_token="+tok+"&k=v HTTP/1.1", "Host: 8080-box.cube.test")
 		assertAuthCookieRedirect(t, resp, tok, tc.location, ttl, false)
+	}
+	// An absolute-form target naming another host is refused before any
+	// token is looked at.
+	resp, refused := authRawRequest(t, h.addr, "GET http://evil.example/x?cube_token="+tok+"&k=v HTTP/1.1", "Host: 8080-box.cube.test")
+	if resp.StatusCode != 400 || !strings.Contains(refused, routing.CodeInvalidHost) || resp.Header.Get("Location") != "" || len(resp.Cookies()) != 0 {
+		t.Errorf("absolute-form target naming evil.example: %d %s, Location %q, cookies %v; want 400 %s and neither", resp.StatusCode, refused, resp.Header.Get("Location"), resp.Cookies(), routing.CodeInvalidHost)
 	}
 	b.assertUntouched(t, "token redirects")
 

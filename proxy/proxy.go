@@ -264,7 +264,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	var t routing.Target
-	if err := p.parser.Parse(&t, h.Host(), h); err != nil {
+	if err := p.parser.ParseRequest(&t, h.Host(), h.RequestURI(), h); err != nil {
 		var te *routing.TargetError
 		if errors.As(err, &te) {
 			x.fail(ctx, proxyError{status: 400, code: te.Code, msg: te.Reason}, nil)

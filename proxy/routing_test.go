@@ -1,12 +1,16 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // whoami answers with its own name and the client connection it saw.
@@ -155,5 +159,71 @@ func TestSharedHostTargetHeaderGivenTwice(t *testing.T) {
 		if resp.StatusCode != tc.status || !strings.Contains(body, tc.code) {
 			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, body, tc.status, tc.code)
 		}
+	}
+}
+
+// An absolute-form target names a host of its own, which RFC 9112 3.2.2
+// (and nginx, so the platform's proxy, and any front proxy that follows
+// it) goes by instead of Host. The proxy routes by Host: a target that
+// names another sandbox or port is refused, before any sandbox is reached,
+// so no reading of the request reaches a sandbox the other would not.
+func TestAbsoluteFormTargetNamesHostsSandbox(t *testing.T) {
+	h := newHarness(t)
+	var hits sync.Map // backend name -> *atomic.Int64
+	counted := func(name string) http.Handler {
+		n := new(atomic.Int64)
+		hits.Store(name, n)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			fmt.Fprintf(w, "%s %s %s", name, r.Host, r.RequestURI)
+		})
+	}
+	pa := backend(t, "127.0.0.1", counted("a"))
+	pb := backend(t, "127.0.0.1", counted("b"))
+	h.put("a", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(pa), "1": itoa(pa)})
+	h.put("b", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "2", "8080": itoa(pb)})
+	const hostA, hostB = "8080-a.cube.test", "8080-b.cube.test"
+	shared := func(id string) string {
+		return "127.0.0.1\r\nX-Cube-Sandbox-Id: " + id + "\r\nX-Cube-Sandbox-Port: 8080"
+	}
+	for _, tc := range []struct {
+		name, target, host string
+		want               string // backend that answers; "" = 400 invalid_host
+	}{
+		{"another sandbox", "http://" + hostB + "/x", hostA, ""},
+		{"another sandbox, https", "https://" + hostB + "/x", hostA, ""},
+		{"another sandbox behind userinfo", "http://" + hostA + "@" + hostB + "/x", hostA, ""},
+		{"another port", "http://1-a.cube.test/x", hostA, ""},
+		{"no sandbox host", "http://other.example/x", hostA, ""},
+		{"empty authority", "http:///x", hostA, ""},
+		{"another sandbox than the shared host's headers", "http://" + hostA + "/x", shared("b"), ""},
+		{"same sandbox", "http://" + hostA + "/x", hostA, "a"},
+		{"same sandbox, case, dot, port, userinfo", "HTTP://u:p@8080-A.Cube.Test.:8081/x?q", hostA, "a"},
+		{"same sandbox, no path", "http://" + hostB, hostB, "b"},
+		{"same sandbox as the shared host's headers", "http://" + hostB + "/x", shared("b"), "b"},
+		{"shared host in both", "http://127.0.0.1:9/x", shared("b"), "b"},
+		{"origin form", "/x", hostA, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := map[string]int64{}
+			hits.Range(func(k, v any) bool { before[k.(string)] = v.(*atomic.Int64).Load(); return true })
+			resp, body := rawRequest(t, h.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\nConnection: close\r\n\r\n")
+			if tc.want == "" {
+				var e struct{ Error, Code string }
+				if resp.StatusCode != 400 || json.Unmarshal([]byte(body), &e) != nil || e.Code != routing.CodeInvalidHost || e.Error == "" {
+					t.Fatalf("%d %s, want 400 %s", resp.StatusCode, body, routing.CodeInvalidHost)
+				}
+				hits.Range(func(k, v any) bool {
+					if n := v.(*atomic.Int64).Load(); n != before[k.(string)] {
+						t.Errorf("sandbox %s was reached", k)
+					}
+					return true
+				})
+				return
+			}
+			if resp.StatusCode != 200 || !strings.HasPrefix(body, tc.want+" ") {
+				t.Fatalf("%d %q, want sandbox %s", resp.StatusCode, body, tc.want)
+			}
+		})
 	}
 }

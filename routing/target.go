@@ -122,6 +122,54 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 	return p.parseSandboxHost(t, name)
 }
 
+// ParseRequest is Parse for a request whose request target is target. An
+// absolute-form target ("GET http://host/p", RFC 9112 3.2.2) names a host of
+// its own, which the RFC tells servers and proxies to go by instead of Host,
+// as nginx (so the platform's proxy) and a front proxy that follows the RFC
+// do. Routing takes Host, so such a target must name the same sandbox and
+// port, or the request is refused: otherwise a request a front proxy checked
+// as one sandbox's would reach another. Other targets are not looked at, so
+// the origin form ("/p") costs one byte compare.
+func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
+	if err := p.Parse(t, host, h); err != nil {
+		return err
+	}
+	authority, ok := targetAuthority(target)
+	if !ok {
+		return nil
+	}
+	var other Target
+	if err := p.Parse(&other, authority, h); err != nil || other.Port != t.Port || !bytes.Equal(other.ID(), t.ID()) {
+		t.Port, t.Shared, t.idLen = 0, false, 0
+		return targetErr(CodeInvalidHost, "request target names another host than Host", authority)
+	}
+	return nil
+}
+
+// targetAuthority returns the host (and port) of an absolute-form request
+// target ("http://user@host:port/p?q" gives "host:port"), and false for
+// any other form ("/p", "*").
+func targetAuthority(target []byte) ([]byte, bool) {
+	if len(target) == 0 || target[0] == '/' {
+		return nil, false
+	}
+	i := bytes.Index(target, []byte(schemeSep))
+	if i < 0 {
+		return nil, false
+	}
+	authority := target[i+len(schemeSep):]
+	if end := bytes.IndexAny(authority, "/?#"); end >= 0 {
+		authority = authority[:end]
+	}
+	if at := bytes.LastIndexByte(authority, '@'); at >= 0 {
+		authority = authority[at+1:] // userinfo names no host
+	}
+	return authority, true
+}
+
+// schemeSep ends the scheme of an absolute-form target.
+const schemeSep = "://"
+
 // splitHost strips the port and one trailing dot from host. It reports IP
 // literals separately because they carry no sandbox name.
 func splitHost(host []byte) (name []byte, isIP bool, err error) {

@@ -234,6 +234,58 @@ func checkReason(t *testing.T, reason string, inputs ...any) {
 	}
 }
 
+// An absolute-form target must name the sandbox and port Host names;
+// other targets are not looked at.
+func TestParseRequest(t *testing.T) {
+	p := testParsers()["plain"]
+	cube := headers("X-Cube-Sandbox-Id", "abc", "X-Cube-Sandbox-Port", "8080")
+	none := headers()
+	for _, tc := range []struct {
+		host, target string
+		h            *fasthttp.RequestHeader
+		code         string // "" = success: 8080 abc
+	}{
+		{"8080-abc.x.test", "/p", none, ""},
+		{"8080-abc.x.test", "*", none, ""},
+		{"8080-abc.x.test", "//8080-other.x.test/p", none, ""},
+		{"8080-abc.x.test", "/p?u=http://8080-other.x.test/", none, ""},
+		{"8080-abc.x.test", "http://8080-abc.x.test/p", none, ""},
+		{"8080-abc.x.test", "http://8080-abc.x.test", none, ""},
+		{"8080-abc.x.test", "http://8080-abc.x.test?q", none, ""},
+		{"8080-abc.x.test", "http://8080-abc.x.test#f", none, ""},
+		{"8080-abc.x.test", "wss://U:P@08080-ABC.other.test.:1/p", none, ""},
+		{"127.0.0.1", "http://8080-abc.x.test/p", cube, ""},
+		{"8080-abc.x.test", "http://[::1]:80/p", cube, ""},
+		{"8080-abc.x.test", "http://8080-other.x.test/p", none, CodeInvalidHost},
+		{"8080-abc.x.test", "http://8081-abc.x.test/p", none, CodeInvalidHost},
+		{"8080-abc.x.test", "http://8080-abc.x.test@8080-other.x.test/p", none, CodeInvalidHost},
+		{"8080-abc.x.test", "http://other.x.test/p", none, CodeInvalidHost},
+		{"8080-abc.x.test", "http:///p", none, CodeInvalidHost},
+		{"8080-abc.x.test", "http://[::1]/p", none, CodeInvalidHost},
+		{"127.0.0.1", "http://8080-other.x.test/p", cube, CodeInvalidHost},
+		// Host is read first: its error is the one reported.
+		{"8080-", "http://8080-abc.x.test/p", none, CodeInvalidSandboxID},
+	} {
+		var tgt Target
+		err := p.ParseRequest(&tgt, []byte(tc.host), []byte(tc.target), tc.h)
+		if tc.code == "" {
+			if err != nil || tgt.Port != 8080 || string(tgt.ID()) != "abc" {
+				t.Errorf("ParseRequest(%q, %q) = %d %q, %v; want 8080 abc", tc.host, tc.target, tgt.Port, tgt.ID(), err)
+			}
+			continue
+		}
+		var te *TargetError
+		if !errors.As(err, &te) || te.Code != tc.code {
+			t.Errorf("ParseRequest(%q, %q) = %v, want %s", tc.host, tc.target, err, tc.code)
+			continue
+		}
+		checkReason(t, te.Reason, tc.host, tc.target)
+		if tgt.Port != 0 || len(tgt.ID()) != 0 || tgt.Shared {
+			t.Errorf("failed ParseRequest(%q, %q) left target %d %q %v", tc.host, tc.target, tgt.Port, tgt.ID(), tgt.Shared)
+		}
+	}
+}
+
 func TestParseNilHeaders(t *testing.T) {
 	var tgt Target
 	err := NewParser(ParserConfig{}).Parse(&tgt, []byte("localhost"), nil)
@@ -262,6 +314,16 @@ func TestParseNoAllocs(t *testing.T) {
 		})
 		if allocs != 0 {
 			t.Errorf("Parse(%q): %v allocs, want 0", host, allocs)
+		}
+		for _, target := range [][]byte{[]byte("/p?q"), append(append([]byte("http://u@"), host...), "/p"...)} {
+			allocs := testing.AllocsPerRun(100, func() {
+				if err := p.ParseRequest(&tgt, host, target, h); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("ParseRequest(%q, %q): %v allocs, want 0", host, target, allocs)
+			}
 		}
 	}
 }

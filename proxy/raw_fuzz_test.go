@@ -28,14 +28,15 @@ import (
 // rawToken is the restricted route's traffic token.
 const rawToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-// fuzzBackend is the one backend the raw-request fuzz target routes to. It
-// answers 200 with a short body, an event stream under /sse, and a 101
-// (then echoes until the proxy closes its side) to a WebSocket upgrade: an
-// answer of 400 and above comes from the proxy, or from net/http refusing
-// to parse what the proxy sent.
-func fuzzBackend(tb testing.TB) uint16 {
+// fuzzBackend is a backend of the raw-request fuzz target, the sandbox
+// name: it says so in X-Echo-Sandbox. It answers 200 with a short body, an
+// event stream under /sse, and a 101 (then echoes until the proxy closes
+// its side) to a WebSocket upgrade: an answer of 400 and above comes from
+// the proxy, or from net/http refusing to parse what the proxy sent.
+func fuzzBackend(tb testing.TB, name string) uint16 {
 	return backend(tb, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		echoReceived(w, r)
+		w.Header().Set("X-Echo-Sandbox", name)
 		// An app that echoes the id it got, and adds its own: the client
 		// must still get the proxy's alone.
 		w.Header()[HeaderRequestID] = append(r.Header.Values(HeaderRequestID), "sandbox-own")
@@ -141,12 +142,17 @@ func sentRequest(raw []byte) (req *http.Request, body []byte, ok bool) {
 // proxy token in its head or a chunked body's trailer, and the body
 // net/http reads from the input, intact and in order whatever the pieces
 // it came in (writePieces), whatever Connection named; and no pool ever names an address other than the routed backend's (no
-// request makes the proxy dial an address no route names).
+// request makes the proxy dial an address no route names); and the sandbox
+// that answered, each route's its own backend, is the one the request names
+// as net/http reads it: by an absolute-form target's host, as RFC 9112 and
+// a front proxy read it, before the Host header (no request reaches another
+// sandbox than a front proxy would send it to).
 func FuzzProxyRaw(f *testing.F) {
-	// The routes map container port 8080 to the backend's port: inputs
-	// (and crashers kept in testdata) name 8080, whatever port the
-	// backend got.
-	bport := strconv.Itoa(int(fuzzBackend(f)))
+	// The routes map container port 8080 to their backend's port: inputs
+	// (and crashers kept in testdata) name 8080, whatever ports the
+	// backends got.
+	bport := strconv.Itoa(int(fuzzBackend(f, "box")))
+	pport := strconv.Itoa(int(fuzzBackend(f, "priv")))
 	const bp = "8080"
 	host := bp + "-box.cube.test"
 	for _, s := range []string{
@@ -163,6 +169,11 @@ func FuzzProxyRaw(f *testing.F) {
 		"GET /?cube_token=AAAA HTTP/1.1\r\nHost: " + bp + "-priv.cube.test\r\nSec-Fetch-Mode: navigate\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\nGET / HTTP/1.1\r\nHost: 1-box.cube.test\r\n\r\n",
 		"GET http://" + host + "/x HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n",
+		// Absolute-form targets naming the other sandbox than Host (or
+		// the shared host's headers), and the same one.
+		"GET http://" + bp + "-priv.cube.test/x HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"GET http://" + host + "/x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: priv\r\nX-Cube-Sandbox-Port: " + bp + "\r\n\r\n",
+		"GET http://u@" + strings.ToUpper(host) + ":80/x HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 		"GET / HTTP/1.0\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: 99999-box.cube.test\r\nX-Cube-Request-Id: a\"b\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: " + host + "\r\nX-Cube-Request-Id: a\r\nX-Cube-Request-Id: b\r\n\r\n",
@@ -216,9 +227,13 @@ func FuzzProxyRaw(f *testing.F) {
 
 	addr, p := fuzzProxy(f, map[string]map[string]string{
 		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bport},
-		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: bport, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
+		"priv": {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "2", bp: pport, "AllowPublicTraffic": "false", "TrafficAccessToken": rawToken},
 	}, Config{Signer: signer})
-	want := netip.MustParseAddrPort("127.0.0.1:" + bport)
+	routed := map[netip.AddrPort]bool{
+		netip.MustParseAddrPort("127.0.0.1:" + bport): true,
+		netip.MustParseAddrPort("127.0.0.1:" + pport): true,
+	}
+	parser := routing.NewParser(p.cfg.Parser)
 
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		c, err := net.Dial("tcp", addr)
@@ -238,8 +253,8 @@ func FuzzProxyRaw(f *testing.F) {
 
 		p.pools.mu.RLock()
 		for k := range p.pools.m {
-			if k.addr != want {
-				t.Errorf("the proxy keeps a pool for %v; the only route names %v", k.addr, want)
+			if !routed[k.addr] {
+				t.Errorf("the proxy keeps a pool for %v; the routes name %v", k.addr, routed)
 			}
 		}
 		p.pools.mu.RUnlock()
@@ -274,6 +289,7 @@ func FuzzProxyRaw(f *testing.F) {
 			}
 			if n == 0 && resp.Header.Get("X-Echo-Body") != "" {
 				checkEcho(t, raw, resp)
+				checkRouted(t, raw, resp, parser)
 			}
 			if ids := resp.Header.Values(HeaderRequestID); resp.StatusCode != 100 && (len(ids) != 1 || ids[0] == "" || len(ids[0]) > maxRequestIDLen || !isToken([]byte(ids[0]))) {
 				t.Fatalf("%d with %s %q\nto %q", resp.StatusCode, HeaderRequestID, ids, raw)
@@ -352,6 +368,34 @@ func checkEcho(t *testing.T, raw []byte, resp *http.Response) {
 	if req.ContentLength > 0 && len(req.TransferEncoding) == 0 && e.Get("X-Echo-Length") != strconv.FormatInt(req.ContentLength, 10) {
 		t.Fatalf("the sandbox got Content-Length %s, the client sent %d\nto %q", e.Get("X-Echo-Length"), req.ContentLength, raw)
 	}
+}
+
+// checkRouted holds the sandbox that answered the first request in raw
+// (X-Echo-Sandbox) to the one that request names as net/http reads it,
+// whose Host is an absolute-form target's host before the Host header.
+func checkRouted(t *testing.T, raw []byte, resp *http.Response, parser *routing.Parser) {
+	t.Helper()
+	req, _, ok := sentRequest(raw)
+	if !ok {
+		return
+	}
+	var tgt routing.Target
+	err := parser.Parse(&tgt, []byte(req.Host), stdHeader(req.Header))
+	if got := resp.Header.Get("X-Echo-Sandbox"); err != nil || string(tgt.ID()) != got || tgt.Port != 8080 {
+		t.Fatalf("sandbox %s answered a request for %d %q (%v), Host %q as net/http reads it\nto %q", got, tgt.Port, tgt.ID(), err, req.Host, raw)
+	}
+}
+
+// stdHeader is a net/http request's header as a routing.HeaderPeeker.
+type stdHeader http.Header
+
+// PeekAll returns the values of every line of key.
+func (h stdHeader) PeekAll(key string) [][]byte {
+	var all [][]byte
+	for _, v := range http.Header(h).Values(key) {
+		all = append(all, []byte(v))
+	}
+	return all
 }
 
 // checkWholeBody fails the answer status with body to the first request

@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"errors"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -348,20 +349,37 @@ func BenchmarkParse(b *testing.B) {
 	}
 }
 
-// FuzzParse feeds any Host and target headers to both test parsers: a
-// *TargetError with a code, or a target whose canonical host parses back to
-// it; and a valid id and port, in each spelling clients use, parse to them.
+// FuzzParse feeds any Host, target headers and request target to both
+// test parsers. Parse must agree with modelParser, the README's rules
+// written out plainly: the same sandbox, port and kind of host, or a
+// refusal (a *TargetError with a code) where the rules refuse; so a parser
+// that reads another sandbox or port out of a host is caught, not only one
+// that crashes. A target's canonical host parses back to it; a valid id and
+// port, in each spelling clients use, parse to them. ParseRequest is Parse
+// for an origin-form target and for an absolute-form one naming Host in
+// another spelling, and it never accepts an absolute-form target whose host,
+// as net/url reads it (as an RFC 9112 front proxy routes by it), names
+// another sandbox or port.
 func FuzzParse(f *testing.F) {
 	for _, tc := range parseCases() {
 		id, port := "", ""
 		if len(tc.hdr) >= 4 {
 			id, port = tc.hdr[1], tc.hdr[3]
 		}
-		f.Add(tc.host, id, port)
+		f.Add(tc.host, id, port, "/")
+		f.Add(tc.host, id, port, "http://"+tc.host+"/p")
 	}
+	f.Add("8080-a.example.com", "", "", "http://8080-b.example.com/p")
+	f.Add("8080-a.example.com", "", "", "http://8080-a.example.com?@8080-b.example.com/p")
+	f.Add("127.0.0.1", "a", "8080", "http://8080-a.example.com#x")
+	f.Add("8080-a.example.com", "", "", "http://u:p@[::1]:80/p")
 	parsers := testParsers()
 	plain, domains := parsers["plain"], parsers["domains"]
-	f.Fuzz(func(t *testing.T, host, id, port string) {
+	models := map[string]modelParser{
+		"plain":   {shared: []string{"localhost", "proxy.example.com"}},
+		"domains": {domains: []string{"sandbox.example.com", "e2b.dev"}, shared: []string{"localhost"}},
+	}
+	f.Fuzz(func(t *testing.T, host, id, port, target string) {
 		h := headers("X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", port)
 		// The other side: a valid id and port, in any of the spellings a
 		// client is told to use, name that sandbox and port.
@@ -391,6 +409,12 @@ func FuzzParse(f *testing.F) {
 			if string(in) != host {
 				t.Fatalf("%s: Parse modified its input", name)
 			}
+			want, ok := models[name].parse(host, id, port)
+			got := modelTarget{port: int(tgt.Port), id: string(tgt.ID()), shared: tgt.Shared}
+			if ok != (err == nil) || ok && got != want {
+				t.Fatalf("%s: Parse(%q) with id %q port %q = %+v, %v; the README's rules say %+v, %v", name, host, id, port, got, err, want, ok)
+			}
+			checkParseRequest(t, name, p, models[name], host, target, id, port, h, err)
 			if err != nil {
 				var te *TargetError
 				if !errors.As(err, &te) || te.Code == "" {
@@ -415,4 +439,49 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkParseRequest holds ParseRequest(host, target) to Parse(host), whose
+// error was hostErr, and to the host net/url reads out of target.
+func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host, target, id, port string, h HeaderPeeker, hostErr error) {
+	t.Helper()
+	var byHost, tgt Target
+	_ = p.Parse(&byHost, []byte(host), h)
+	same := func(err error) bool {
+		return (err == nil) == (hostErr == nil) && tgt.Port == byHost.Port && bytes.Equal(tgt.ID(), byHost.ID())
+	}
+	// Origin form, and Host itself spelled as an absolute-form target:
+	// the same answer as Parse.
+	for _, tg := range []string{"/", "/" + target, "http://u:p@" + host + "/p?q", "HTTPS://" + host} {
+		if err := p.ParseRequest(&tgt, []byte(host), []byte(tg), h); !same(err) {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %d %q, %v; Parse: %d %q, %v", name, host, tg, tgt.Port, tgt.ID(), err, byHost.Port, byHost.ID(), hostErr)
+		}
+	}
+	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
+	if hostErr != nil {
+		var te, hte *TargetError
+		if !errors.As(err, &te) || !errors.As(hostErr, &hte) || te.Code != hte.Code {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %v; Parse refused the host: %v", name, host, target, err, hostErr)
+		}
+		return
+	}
+	if err != nil {
+		var te *TargetError
+		if !errors.As(err, &te) || te.Code != CodeInvalidHost {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %v, want a TargetError %s", name, host, target, err, CodeInvalidHost)
+		}
+		checkReason(t, te.Reason, host, target, id, port)
+		return
+	}
+	if !same(nil) {
+		t.Fatalf("%s: ParseRequest(%q, %q) = %d %q; Parse: %d %q", name, host, target, tgt.Port, tgt.ID(), byHost.Port, byHost.ID())
+	}
+	u, uerr := url.Parse(target)
+	if uerr != nil || strings.HasPrefix(target, "/") || u.Host == "" {
+		return
+	}
+	byURL, ok := m.parse(u.Host, id, port)
+	if !ok || byURL.port != int(tgt.Port) || byURL.id != string(tgt.ID()) {
+		t.Fatalf("%s: ParseRequest(%q, %q) accepted %d %q; the target's host %q names %+v, %v", name, host, target, tgt.Port, tgt.ID(), u.Host, byURL, ok)
+	}
 }

@@ -182,16 +182,11 @@ func CheckPath(path string) error {
 		}
 		return f.Close()
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("open access log: %w", err)
+		return fmt.Errorf("open access log %s: %w", path, pathErr(err))
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), ".cubeproxy-check-*")
 	if err != nil {
-		// The probe's own name would only puzzle: say what it found.
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
-		return fmt.Errorf("open access log %s: cannot create it in %s: %w", path, filepath.Dir(path), err)
+		return createError(path, err)
 	}
 	name := f.Name()
 	return errors.Join(f.Close(), os.Remove(name))
@@ -206,14 +201,35 @@ func CheckPath(path string) error {
 // reader, and once that is full the writer stalls and Log drops lines.
 func openLog(path string) (*os.File, error) {
 	flag := os.O_WRONLY | os.O_APPEND | os.O_CREATE
-	if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+	fi, statErr := os.Stat(path)
+	if statErr == nil && fi.Mode()&os.ModeNamedPipe != 0 {
 		flag = os.O_RDWR
 	}
 	f, err := os.OpenFile(path, flag, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("open access log: %w", err)
+		if errors.Is(statErr, fs.ErrNotExist) {
+			// Said as CheckPath says it, so that cubeproxy check and
+			// serve refuse with one message: the directory refused it.
+			return nil, createError(path, err)
+		}
+		return nil, fmt.Errorf("open access log %s: %w", path, pathErr(err))
 	}
 	return f, nil
+}
+
+// createError is the error for a log file that could not be created in
+// its directory (missing, or not writable).
+func createError(path string, err error) error {
+	return fmt.Errorf("open access log %s: cannot create it in %s: %w", path, filepath.Dir(path), pathErr(err))
+}
+
+// pathErr strips err's operation and path: the message names the path
+// once, and check's probe file's name would only puzzle.
+func pathErr(err error) error {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return pe.Err
+	}
+	return err
 }
 
 // maxWrite returns how many bytes of lines to write at once to f (nil:

@@ -114,7 +114,9 @@ func newResource(ctx context.Context, cfg *Config) (*resource.Resource, error) {
 	attrs = append(attrs, resource.WithFromEnv())
 	res, err := resource.New(ctx, attrs...)
 	if err != nil {
-		return nil, fmt.Errorf("build telemetry resource: %w", err)
+		// Only the environment's attributes can fail to parse: name the
+		// variable, which the SDK's "missing value: [team]" does not.
+		return nil, fmt.Errorf("build telemetry resource: OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
 	return res, nil
 }

@@ -29,9 +29,15 @@ func EdgeSampler(ratio float64) sdktrace.Sampler {
 // OTEL_* variables they read (an exporter, protocol or sampler it does not
 // support, a sample ratio out of range), without building an exporter or
 // reaching a collector: cubeproxy check refuses what serve would. The
-// sample ratio is looked at only when tracing is on, as New does.
+// sample ratio is looked at only when tracing is on, as New does. The
+// resource is built as New builds it, since New refuses a malformed
+// OTEL_RESOURCE_ATTRIBUTES (read from the process environment, not Env)
+// whether tracing is on or not: its attributes label the metrics too.
 func (c Config) Check() error {
-	_, _, _, err := c.tracing()
+	if _, _, _, err := c.tracing(); err != nil {
+		return err
+	}
+	_, err := newResource(context.Background(), &c)
 	return err
 }
 

@@ -180,7 +180,7 @@ func TestFailedStartLeavesNoServerGoroutines(t *testing.T) {
 	for range 3 {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), []string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", held.Addr().String(), "--routes="}, noEnv, &out, &errb)
-		if code != 1 || !strings.Contains(errb.String(), "admin listener") {
+		if code != 1 || !strings.Contains(errb.String(), "admin_addr") {
 			t.Fatalf("exit %d, stderr %q; want 1 and the admin listener's error", code, errb.String())
 		}
 	}

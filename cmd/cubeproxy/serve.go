@@ -362,18 +362,32 @@ func (a *app) listen(ctx context.Context) (err error) {
 			return err // certs names itself ("tls certificates: ...")
 		}
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
-			return fmt.Errorf("https listener: %w", err)
+			return listenError("https_addr", cfg.HTTPSAddr, err)
 		}
 	}
 	if cfg.HTTPAddr != "" {
 		if a.httpLn, err = listenTCP(ctx, cfg.HTTPAddr, cfg.ReusePort); err != nil {
-			return fmt.Errorf("http listener: %w", err)
+			return listenError("http_addr", cfg.HTTPAddr, err)
 		}
 	}
 	if a.adminLn, err = listenTCP(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
-		return fmt.Errorf("admin listener: %w", err)
+		return listenError("admin_addr", cfg.AdminAddr, err)
 	}
 	return nil
+}
+
+// listenError names the setting whose listener could not open, as every
+// other startup error does, and for a port in use how to pick another:
+// "http listener: listen tcp :8081: bind: address already in use" left
+// a newcomer whose demo met another server on 8081 to find the flag.
+func listenError(key, addr string, err error) error {
+	err = fmt.Errorf("%s %q: %w", key, addr, err)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		// The three keys are top-level: their flag and variable are the key respelled.
+		flagName, env := "--"+strings.ReplaceAll(key, "_", "-"), config.EnvPrefix+strings.ToUpper(key)
+		return fmt.Errorf("%w (another process listens there: stop it, or choose another address with %s or %s)", err, flagName, env)
+	}
+	return err
 }
 
 // checkListeners refuses listener settings this system or the TLS

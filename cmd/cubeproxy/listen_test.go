@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A port another process holds fails the start (exit 1) with the setting
+// named and how to choose another, for serve and for the demo, whose
+// newcomer meets it first (another server on 8081): the message said
+// "http listener: listen tcp :8081: bind: address already in use".
+func TestPortInUseNamesTheSetting(t *testing.T) {
+	for _, tc := range []struct {
+		command, key, flag, env string
+	}{
+		{"serve", "http_addr", "--http-addr", "CUBEPROXY_HTTP_ADDR"},
+		{"serve", "https_addr", "--https-addr", "CUBEPROXY_HTTPS_ADDR"},
+		{"serve", "admin_addr", "--admin-addr", "CUBEPROXY_ADMIN_ADDR"},
+		{"demo", "http_addr", "--http-addr", "CUBEPROXY_HTTP_ADDR"},
+		{"demo", "admin_addr", "--admin-addr", "CUBEPROXY_ADMIN_ADDR"},
+	} {
+		t.Run(tc.command+" "+tc.key, func(t *testing.T) {
+			_, held := holdAddr(t)
+			addrs := map[string]string{"--http-addr": "127.0.0.1:0", "--admin-addr": "127.0.0.1:0"}
+			if tc.key == "https_addr" {
+				addrs["--https-addr"] = "127.0.0.1:0"
+			}
+			addrs[tc.flag] = held
+			args := []string{tc.command, "--routes="}
+			for f, a := range addrs {
+				args = append(args, f, a)
+			}
+			var out, errb bytes.Buffer
+			// Bounded: a start that wrongly succeeds runs until cancelled.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code := run(ctx, args, noEnv, &out, &errb)
+			want := tc.key + ` "` + held + `": listen tcp ` + held + ": bind: address already in use" +
+				" (another process listens there: stop it, or choose another address with " + tc.flag + " or " + tc.env + ")"
+			if code != 1 || !strings.Contains(errb.String(), "cubeproxy: "+want+"\n") {
+				t.Errorf("exit %d, stderr %q\nwant 1 and: cubeproxy: %s", code, errb.String(), want)
+			}
+		})
+	}
+}

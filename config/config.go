@@ -894,7 +894,9 @@ func (s *setting) set(raw string) error {
 	case v.Type() == durationType:
 		d, err := time.ParseDuration(raw)
 		if err != nil {
-			return fmt.Errorf("invalid duration %q", raw)
+			// Worded as the file's error is: Go's "invalid duration" alone
+			// left "--drain-timeout 30" to guess that the unit was missing.
+			return fmt.Errorf("invalid duration %q: want a duration with its unit (30s, 5m, 2h)", raw)
 		}
 		v.SetInt(int64(d))
 	case v.Kind() == reflect.String:

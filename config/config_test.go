@@ -71,6 +71,11 @@ func TestLoadErrors(t *testing.T) {
 		{"third yaml document", []string{"--config", writeFile(t, "http_addr: ':1'\n---\n---\nstore: redis\n")}, nil, "line 4: another YAML document"},
 		{"bad yaml duration", []string{"--config", writeFile(t, "drain_timeout: soon\n")}, nil, "line 1: drain_timeout: want a duration with its unit (30s, 5m, 2h), got `soon`"},
 		{"bad env duration", nil, map[string]string{"CUBEPROXY_DRAIN_TIMEOUT": "soon"}, "CUBEPROXY_DRAIN_TIMEOUT"},
+		// A number without its unit says what is missing, as the file's error does.
+		{"flag duration without unit", []string{"--drain-timeout", "30"}, nil,
+			`invalid value "30" for flag -drain-timeout: invalid duration "30": want a duration with its unit (30s, 5m, 2h)`},
+		{"env duration without unit", nil, map[string]string{"CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT": "3"},
+			`CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT: invalid duration "3": want a duration with its unit (30s, 5m, 2h)`},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
 		// The YAML key's spelling, or a typo: the flag meant is named.

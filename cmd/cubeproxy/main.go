@@ -45,6 +45,7 @@ Usage:
   cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]
                                             issue a signed browser token (keys: auth.signing_keys)
   cubeproxy version                         print the version
+  cubeproxy help COMMAND                    the flags of one command (as COMMAND -h)
 `
 
 // run executes one subcommand and returns the process exit code.
@@ -66,6 +67,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "cubeproxy", version)
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" && args[1] != "help" {
+			// "cubeproxy help serve", as go help build: the usage of
+			// the command asked about, not this list again.
+			return run(ctx, []string{args[1], "-h"}, getenv, stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 	default:
 		fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], usage)

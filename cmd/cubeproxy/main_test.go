@@ -50,6 +50,10 @@ func TestSubcommandHelp(t *testing.T) {
 		{[]string{"token", "sign", "-h"}, "Usage of cubeproxy token sign:"},
 		{[]string{"token", "-h"}, "usage: cubeproxy token sign"},
 		{[]string{"token", "--help"}, "usage: cubeproxy token sign"},
+		// As go help build: the command's own usage, not the list again.
+		{[]string{"help", "serve"}, "Usage of cubeproxy serve:"},
+		{[]string{"help", "check"}, "Usage of cubeproxy check:"},
+		{[]string{"help", "token"}, "usage: cubeproxy token sign"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), tc.args, noEnv, &out, &errb)

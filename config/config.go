@@ -235,14 +235,19 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	path := *configPath
+	path, fromEnv := *configPath, false
 	if path == "" {
-		path = getenv(EnvPrefix + "CONFIG")
+		path, fromEnv = getenv(EnvPrefix+"CONFIG"), true
 	}
 	// Flags were applied to cfg during parsing; start over in order.
 	*cfg = *Default()
 	if path != "" {
 		if err := decodeFile(cfg, path); err != nil {
+			if fromEnv {
+				// The image (or a unit file) sets it: an operator who gave
+				// no --config is told where the path came from.
+				err = fmt.Errorf("%sCONFIG: %w", EnvPrefix, err)
+			}
 			return nil, err
 		}
 	}

@@ -82,6 +82,11 @@ func TestLoadErrors(t *testing.T) {
 		{"flag spelled as its key", []string{"--http_addr", ":1"}, nil, "flag provided but not defined: -http_addr (did you mean --http-addr?)"},
 		{"flag with a typo", []string{"--upstream-conect-timeout=1s"}, nil, "(did you mean --upstream-connect-timeout?)"},
 		{"missing file", []string{"--config", "/nonexistent/cubeproxy.yaml"}, nil, "read config"},
+		// Named by a variable (the image sets it), not by a flag typed: say which.
+		{"missing file named by the environment", nil, map[string]string{"CUBEPROXY_CONFIG": "/nonexistent/cubeproxy.yaml"},
+			"CUBEPROXY_CONFIG: read config: stat /nonexistent/cubeproxy.yaml"},
+		{"bad file named by the environment", nil, map[string]string{"CUBEPROXY_CONFIG": writeFile(t, "http_adr: ':1'\n")},
+			"CUBEPROXY_CONFIG: config "},
 		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
 		// Values that would start a proxy failing every request.
 		{"negative connect timeout", []string{"--upstream-connect-timeout=-1s"}, nil, "upstream.connect_timeout: -1s is negative"},

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/certs"
@@ -203,22 +204,50 @@ func checkListenHosts(cfg *config.Config) error {
 	for _, l := range []struct{ key, addr string }{
 		{"http_addr", cfg.HTTPAddr}, {"https_addr", cfg.HTTPSAddr}, {"admin_addr", cfg.AdminAddr},
 	} {
-		if host, _, err := net.SplitHostPort(l.addr); err != nil || host == "" {
-			continue // empty (off), or a wildcard; Validate judged the form
+		host, _, err := net.SplitHostPort(l.addr)
+		if err != nil {
+			continue // empty (off); Validate judged the form
 		}
 		ta, err := net.ResolveTCPAddr("tcp", l.addr)
 		if err != nil {
 			return fmt.Errorf("%s %q: %w", l.key, l.addr, err)
 		}
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Zone: ta.Zone})
-		if err != nil {
-			var oe *net.OpError // "listen udp" would only puzzle
-			if errors.As(err, &oe) {
-				err = oe.Err
+		if host != "" { // a wildcard is every machine's
+			c, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Zone: ta.Zone})
+			if err != nil {
+				var oe *net.OpError // "listen udp" would only puzzle
+				if errors.As(err, &oe) {
+					err = oe.Err
+				}
+				return fmt.Errorf("%s %q: %s cannot be bound on this machine (is it one of its addresses?): %w", l.key, l.addr, ta.IP, err)
 			}
-			return fmt.Errorf("%s %q: %s cannot be bound on this machine (is it one of its addresses?): %w", l.key, l.addr, ta.IP, err)
+			_ = c.Close()
 		}
-		_ = c.Close()
+		if err := checkPortAllowed(l.key, l.addr, ta); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// checkPortAllowed refuses a privileged port (below
+// net.ipv4.ip_unprivileged_port_start, 1024 by default) that this process
+// may not bind, as serve's bind would: a non-root user with http_addr :80
+// passed check and then failed to start. The kernel applies one rule to
+// TCP and UDP, so binding the UDP port tells without taking the TCP one;
+// only EACCES counts, since something else may well use the UDP port
+// (QUIC on 443) while the TCP port is free.
+func checkPortAllowed(key, addr string, ta *net.TCPAddr) error {
+	if ta.Port == 0 || ta.Port >= 1024 {
+		return nil
+	}
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Port: ta.Port, Zone: ta.Zone})
+	if err == nil {
+		return c.Close()
+	}
+	if !errors.Is(err, syscall.EACCES) {
+		return nil // in use, or anything else: found by serve's bind
+	}
+	// Worded as serve's failed bind, hint included.
+	return listenError(key, addr, &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", syscall.EACCES)})
 }

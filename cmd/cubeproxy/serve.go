@@ -377,17 +377,32 @@ func (a *app) listen(ctx context.Context) (err error) {
 }
 
 // listenError names the setting whose listener could not open, as every
-// other startup error does, and for a port in use how to pick another:
+// other startup error does, and for a port in use how to pick another (for
+// a privileged one, what it needs):
 // "http listener: listen tcp :8081: bind: address already in use" left
 // a newcomer whose demo met another server on 8081 to find the flag.
 func listenError(key, addr string, err error) error {
 	err = fmt.Errorf("%s %q: %w", key, addr, err)
+	if errors.Is(err, syscall.EACCES) && privilegedPort(addr) {
+		return fmt.Errorf("%w (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)", err)
+	}
 	if errors.Is(err, syscall.EADDRINUSE) {
 		// The three keys are top-level: their flag and variable are the key respelled.
 		flagName, env := "--"+strings.ReplaceAll(key, "_", "-"), config.EnvPrefix+strings.ToUpper(key)
 		return fmt.Errorf("%w (another process listens there: stop it, or choose another address with %s or %s)", err, flagName, env)
 	}
 	return err
+}
+
+// privilegedPort reports whether addr's port is one of those below 1024
+// that only root (or CAP_NET_BIND_SERVICE) may bind by default.
+func privilegedPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	p, err := net.LookupPort("tcp", port)
+	return err == nil && p > 0 && p < 1024
 }
 
 // checkListeners refuses listener settings this system or the TLS

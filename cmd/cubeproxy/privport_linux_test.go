@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A privileged port the user may not bind (a non-root proxy given
+// http_addr :80) is refused by check as serve refuses it, with serve's
+// message and what the port needs: check passed it, and the restart
+// failed. The real binary runs as nobody (as the test's own user when
+// that is not root already).
+func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start < 2 {
+		t.Skipf("net.ipv4.ip_unprivileged_port_start is %d: every port can be bound by anyone here", start)
+	}
+	port := strconv.Itoa(min(start, 1024) - 1)
+	// A directory nobody can reach, for the binary.
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "cubeproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	runAs := func(args ...string) (int, string) {
+		cmd := exec.Command(bin, args...)
+		if os.Geteuid() == 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("%v did not exit in 30s (a start that wrongly succeeded runs on)\n%s", args, stderr.String())
+		}
+		return cmd.ProcessState.ExitCode(), stderr.String()
+	}
+	for _, tc := range []struct{ key, flag, addr, other string }{
+		{"http_addr", "--http-addr", ":" + port, "--admin-addr=127.0.0.1:0"},
+		{"admin_addr", "--admin-addr", "127.0.0.1:" + port, "--http-addr=127.0.0.1:0"},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			args := []string{"--routes=", "--access-log-format=off", tc.other, tc.flag, tc.addr}
+			want := "cubeproxy: " + tc.key + ` "` + tc.addr + `": listen tcp ` + tc.addr + ": bind: permission denied" +
+				" (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)\n"
+			code, stderr := runAs(append([]string{"serve"}, args...)...)
+			if code != 1 || !strings.Contains(stderr, want) {
+				t.Fatalf("serve: exit %d, stderr:\n%s\nwant 1 and %q", code, stderr, want)
+			}
+			code, stderr = runAs(append([]string{"check"}, args...)...)
+			if code != 1 || !strings.Contains(stderr, want) {
+				t.Errorf("check: exit %d, stderr:\n%s\nwant 1 and serve's %q", code, stderr, want)
+			}
+		})
+	}
+}

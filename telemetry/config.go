@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -80,13 +81,41 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	if proto == "" {
 		proto = strings.TrimSpace(env("OTEL_EXPORTER_OTLP_PROTOCOL"))
 	}
+	kind := exporterOTLPHTTP
 	switch strings.ToLower(proto) {
 	case "", "http/protobuf":
-		return exporterOTLPHTTP, nil
 	case "grpc":
-		return exporterOTLPGRPC, nil
+		kind = exporterOTLPGRPC
+	default:
+		return exporterNone, fmt.Errorf("OTLP trace protocol %q: only \"http/protobuf\" and \"grpc\" are supported", proto)
 	}
-	return exporterNone, fmt.Errorf("OTLP trace protocol %q: only \"http/protobuf\" and \"grpc\" are supported", proto)
+	if err := checkOTLPEndpoint(env); err != nil {
+		return exporterNone, err
+	}
+	return kind, nil
+}
+
+// checkOTLPEndpoint refuses a trace endpoint the OTLP exporters cannot
+// use: they want an http or https URL (for grpc too). Without its scheme
+// (collector:4318, the usual slip) every export failed with "no Host in
+// request URL"; an unparsable one was replaced by localhost:4318, said
+// only on a plain-text stderr line. The proxy started and check passed
+// either way, and no trace ever arrived.
+func checkOTLPEndpoint(env func(string) string) error {
+	name := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" // wins over the general one
+	v := strings.TrimSpace(env(name))
+	if v == "" {
+		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+		v = strings.TrimSpace(env(name))
+	}
+	if v == "" {
+		return nil // the exporter's default
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s=%q: want an http or https URL with a host, as http://collector:4318", name, v)
+	}
+	return nil
 }
 
 // SampleRatio is the fraction of traces New samples: TraceSampleRatio, or

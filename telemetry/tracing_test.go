@@ -269,6 +269,17 @@ func TestTraceConfig(t *testing.T) {
 		{"sampler ratio", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, 0, "", true},
 		{"unsupported sampler", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "OTEL_TRACES_SAMPLER", false},
 		{"sampler without exporter", map[string]string{"OTEL_TRACES_SAMPLER": "jaeger_remote"}, 0, "", false},
+		// An endpoint the exporter cannot use: no trace would ever arrive.
+		{"endpoint URL", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, 0, "", true},
+		{"endpoint without scheme", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0,
+			`OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318": want an http or https URL`, false},
+		{"grpc endpoint without scheme", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}, 0,
+			"OTEL_EXPORTER_OTLP_ENDPOINT", false},
+		{"unparsable traces endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "::bad"}, 0,
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", false},
+		{"traces endpoint wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector:4318/v1/traces"}, 0, "", true},
+		{"bad endpoint while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "", false},
 		// Switched off, the exporter setting is not looked at: OTEL_SDK_DISABLED
 		// is how an operator turns a broken telemetry setup off.
 		{"sdk disabled, unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_SDK_DISABLED": "true"}, 0, "", false},

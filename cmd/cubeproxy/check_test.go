@@ -226,7 +226,8 @@ func TestCheckRedactsSecrets(t *testing.T) {
 // argument while tracing is off, which nothing reads). It used to check
 // the sample ratio alone, in both cases.
 func TestCheckJudgesTelemetryAsServe(t *testing.T) {
-	vars := []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
+	vars := []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+		"OTEL_EXPORTER_OTLP_ENDPOINT"}
 	for _, tc := range []struct {
 		name   string
 		env    map[string]string
@@ -239,6 +240,8 @@ func TestCheckJudgesTelemetryAsServe(t *testing.T) {
 		{"sampler argument out of range", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "2"}, `OTEL_TRACES_SAMPLER_ARG="2"`},
 		{"sampler argument unread while tracing is off", map[string]string{"OTEL_TRACES_SAMPLER_ARG": "2"}, ""},
 		{"SDK disabled", map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "zipkin"}, ""},
+		// Both used to start, and every export failed: "no Host in request URL".
+		{"endpoint without its scheme", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, `OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, k := range vars {

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/mail"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -192,6 +193,11 @@ func validateACME(cfg Config, domain string) error {
 		// certmagic would otherwise prompt for one on stdin the first time
 		// it obtains a certificate synchronously.
 		return errors.New("acme: email (ACME account contact) is required")
+	case !bareAddress(a.Email):
+		// certmagic registers "mailto:"+email as it stands, and the CA
+		// refuses a contact that is no address only at the first order,
+		// after the proxy listens: check passed, HTTPS got no certificate.
+		return fmt.Errorf("acme: email %q: want one bare address, as ops@example.com", a.Email)
 	case a.StorageDir == "":
 		// certmagic would keep account and certificates under $HOME,
 		// which a container loses at every restart: each restart would
@@ -200,6 +206,13 @@ func validateACME(cfg Config, domain string) error {
 		return errors.New("acme: storage_dir is required: certificates must survive restarts (in a container, mount a volume there; share it between replicas)")
 	}
 	return nil
+}
+
+// bareAddress reports whether email is one address and nothing else: no
+// display name, list, scheme or surrounding space.
+func bareAddress(email string) bool {
+	addr, err := mail.ParseAddress(email)
+	return err == nil && addr.Name == "" && addr.Address == email
 }
 
 // checkStorageDir reports whether certmagic can write under dir: create

@@ -137,6 +137,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "on-demand issuance must be enabled"},
 		{"on-demand without Allow", acme(func(c *certs.Config) { c.ACME.OnDemand, c.Allow = true, nil }), "Allow"},
 		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "email"},
+		// The CA would refuse these contacts at the first order, after the
+		// proxy listens; check passed them.
+		{"acme email not an address", acme(func(c *certs.Config) { c.ACME.Email = "ops" }), `acme: email "ops": want one bare address`},
+		{"acme email with a scheme", acme(func(c *certs.Config) { c.ACME.Email = "mailto:ops@cube.test" }), `acme: email "mailto:ops@cube.test"`},
+		{"acme email with a name", acme(func(c *certs.Config) { c.ACME.Email = "Ops <ops@cube.test>" }), `acme: email "Ops <ops@cube.test>"`},
+		{"acme email list", acme(func(c *certs.Config) { c.ACME.Email = "ops@cube.test,dev@cube.test" }), "want one bare address"},
 		{"acme without storage", acme(func(c *certs.Config) { c.ACME.StorageDir = "" }), "storage_dir is required"},
 		// certmagic would find these only at its first order, after the
 		// proxy listens, and never retry: HTTPS without a certificate.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -192,7 +193,12 @@ func CheckPersistPath(path string) error {
 	path = followLink(path)
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("routes file %s cannot be rewritten: %w", path, err)
+		// Not the probe's random name, which would only puzzle, and
+		// would make check's message differ from serve's at each run.
+		if pe, ok := errors.AsType[*fs.PathError](err); ok {
+			err = pe.Err
+		}
+		return fmt.Errorf("routes file %s cannot be rewritten: cannot create a file in %s: %w", path, filepath.Dir(path), err)
 	}
 	f.Close()
 	os.Remove(f.Name())

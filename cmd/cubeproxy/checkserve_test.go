@@ -72,6 +72,11 @@ func TestCheckAgreesWithServeOnShippedConfigs(t *testing.T) {
 		// it, whether tracing is on or off; check used to pass it.
 		{"cubeproxy.yaml, malformed OTEL_RESOURCE_ATTRIBUTES", "cubeproxy.yaml", local,
 			map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "team"}, "", "OTEL_RESOURCE_ATTRIBUTES"},
+		// The probe file's random name was in the message: check's
+		// never matched serve's.
+		{"cubeproxy.yaml, persist_routes into a missing directory", "cubeproxy.yaml",
+			append(local, "--persist-routes", "--routes", filepath.Join(dir, "none", "routes.yaml")), nil, "",
+			"persist_routes: routes file " + filepath.Join(dir, "none", "routes.yaml") + " cannot be rewritten: cannot create a file in " + filepath.Join(dir, "none") + ": no such file or directory"},
 		{"cubeproxy.redis.yaml as shipped: no admin token", "cubeproxy.redis.yaml", nil, nil, "", "no admin token is configured"},
 		// Its access log's directory does not exist here (a container
 		// without the volume): both refuse, naming the path.

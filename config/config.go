@@ -232,7 +232,7 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		return nil, withFlagHint(fs, err)
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, strayArgument(fs, args)
 	}
 
 	path, fromEnv := *configPath, false
@@ -268,6 +268,27 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// strayArgument is the error for the first argument parsing stopped at.
+// After a boolean flag, a value written with a space (--reuse-port false)
+// is such an argument: the flag takes none, so the message says how to
+// give one rather than leave the operator to wonder what "false" was.
+func strayArgument(fs *flag.FlagSet, args []string) error {
+	err := fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	i := len(args) - fs.NArg() - 1 // the argument before it
+	if i < 0 {
+		return err
+	}
+	name := strings.TrimLeft(args[i], "-")
+	if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") {
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+			if _, berr := parseBool(fs.Arg(0)); berr == nil {
+				return fmt.Errorf("%w: --%s is a boolean flag and takes its value after \"=\" (--%s=%s)", err, name, name, fs.Arg(0))
+			}
+		}
+	}
+	return err
 }
 
 // withFlagHint adds to an unknown flag's error the flag most likely

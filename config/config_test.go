@@ -88,6 +88,12 @@ func TestLoadErrors(t *testing.T) {
 		{"bad file named by the environment", nil, map[string]string{"CUBEPROXY_CONFIG": writeFile(t, "http_adr: ':1'\n")},
 			"CUBEPROXY_CONFIG: config "},
 		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
+		// A boolean flag's value given after a space is a stray argument:
+		// say how to give it.
+		{"boolean flag value after a space", []string{"--reuse-port", "false"}, nil,
+			`unexpected argument "false": --reuse-port is a boolean flag and takes its value after "=" (--reuse-port=false)`},
+		{"boolean flag value after a space, single dash", []string{"-registry-enabled", "on", "--store", "redis"}, nil,
+			`--registry-enabled is a boolean flag and takes its value after "=" (--registry-enabled=on)`},
 		// Values that would start a proxy failing every request.
 		{"negative connect timeout", []string{"--upstream-connect-timeout=-1s"}, nil, "upstream.connect_timeout: -1s is negative"},
 		{"negative max conns", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_CONNS": "-1"}, "upstream.max_conns: -1 is negative"},

@@ -122,7 +122,13 @@ func explainLine(msg string, entries []yamlEntry) string {
 			if e.key == nil {
 				name = "an entry of " + name
 			}
-			return fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), describeValue(tag, value))
+			out := fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), describeValue(tag, value))
+			if name == "routes" && tag == "!!map" {
+				// configs/routes.yaml opens with "routes:" and a table:
+				// named by --config (the two files sit side by side).
+				out += " (this looks like a routes file: name it with --routes, and the proxy's settings with --config)"
+			}
+			return out
 		}
 	}
 	return msg

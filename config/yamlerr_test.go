@@ -33,6 +33,9 @@ func TestLoadExplainsTypeErrors(t *testing.T) {
 		{"list entry", "auth:\n  exempt_ports:\n    - http\n", []string{"line 3: an entry of auth.exempt_ports: want a whole number, got `http`"}},
 		{"section for a value", "cache: 5\n", []string{"line 1: cache: want a section of keys (name: value lines under it), got `5`"}},
 		{"map for options", "tls:\n  acme:\n    dns:\n      options: [a]\n", []string{"line 4: tls.acme.dns.options: want a map of name: value lines, got a list"}},
+		// The shipped routes file named by --config, the file beside it.
+		{"routes file as the config", "routes:\n  example:\n    HostIP: \"127.0.0.1\"\n", []string{
+			"line 2: routes: want a string, got a section of keys (this looks like a routes file: name it with --routes, and the proxy's settings with --config)"}},
 		{"list at the top", "- http_addr: ':1'\n", []string{"line 1: want settings (name: value lines) at the top of the file, got a list"}},
 		{"several at once", "cache:\n  sizee: 1\n  ttl_min: 5\nreuse_port: 1\n", []string{
 			"line 2: unknown key cache.sizee (did you mean cache.size?)",

@@ -480,7 +480,8 @@ func TestMCPOverTLS(t *testing.T) {
 
 // An agent given a signed URL instead of the traffic token keeps its
 // session only as long as the token: requests that accept an event stream
-// are let through without a cookie, so after the expiry each is a 403.
+// are let through without a cookie, so after the expiry each is a 403,
+// which ends the go-sdk session.
 func TestMCPSignedURLSessionEndsWithItsToken(t *testing.T) {
 	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
 	if err != nil {
@@ -515,4 +516,114 @@ func TestMCPSignedURLSessionEndsWithItsToken(t *testing.T) {
 	if _, err := cs.ListTools(ctx, nil); err == nil || !strings.HasSuffix(err.Error(), "Forbidden") {
 		t.Fatalf("call after the signed URL expired: %v, want Forbidden", err)
 	}
+	// A 403 is no transient error to the go-sdk: the session is over.
+	if _, err := cs.ListTools(ctx, nil); err == nil || !strings.Contains(err.Error(), "connection closed") {
+		t.Fatalf("call after the 403: %v, want the session closed", err)
+	}
+}
+
+// A go-sdk gateway with its default options on a loopback socket (a
+// server bound to 127.0.0.1 inside the sandbox, reached through a port
+// forwarder) refuses every request whose Host is not a loopback name, as
+// its DNS-rebinding guard: through the proxy, which passes the sandbox's
+// public Host, the agent gets that 403 (relayed, not the proxy's). A route's
+// MaskRequestHost "localhost:${PORT}" lets it through, the public Host kept
+// in X-Forwarded-Host.
+func TestMCPDefaultGatewayOnLoopback(t *testing.T) {
+	for _, mask := range []string{"", "localhost:${PORT}"} {
+		t.Run(fmt.Sprintf("mask=%q", mask), func(t *testing.T) {
+			h := newHarness(t)
+			srv := newAgentServer()
+			var fwdHost atomic.Value
+			gw := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				fwdHost.Store(r.Host + " " + r.Header.Get("X-Forwarded-Host"))
+				gw.ServeHTTP(w, r)
+			}))
+			fields := map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)}
+			if mask != "" {
+				fields["MaskRequestHost"] = mask
+			}
+			h.put("loopgw", fields)
+			host := "50005-loopgw.cube.test"
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			tr := &mcp.StreamableClientTransport{Endpoint: "http://" + h.addr + "/mcp", MaxRetries: -1,
+				HTTPClient: &http.Client{Transport: hostTransport{host: host, base: h.client.Transport}}}
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, tr, nil)
+			if mask == "" {
+				if err == nil || !strings.HasSuffix(err.Error(), "Forbidden") {
+					t.Fatalf("default gateway on loopback, public Host: %v, want its 403", err)
+				}
+				if got := fwdHost.Load(); got != host+" " {
+					t.Fatalf("the gateway saw Host, X-Forwarded-Host %q", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("connect with MaskRequestHost %q: %v", mask, err)
+			}
+			defer cs.Close()
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 10}}); err != nil {
+				t.Fatalf("call: %v", err)
+			}
+			if got := fwdHost.Load(); got != "localhost:50005 "+host {
+				t.Fatalf("the gateway saw Host, X-Forwarded-Host %q", got)
+			}
+		})
+	}
+}
+
+// With max_streams_per_sandbox, every agent's standalone GET stream holds
+// a slot for its session's life, beside one per request in flight, so the
+// limit counts sessions as well as calls. A go-sdk connect takes up to three
+// at once: the client sends its GET and notifications/initialized as soon as
+// the initialize result event arrives, before that answer's stream has ended
+// (at 1 or 2 the connect fails now and then with 429). At 3, one session
+// with two calls in flight refuses a second agent (429) and its own further
+// calls (429, transient to the go-sdk: the session survives); the calls' end
+// frees their slots and the session's close the last.
+func TestMCPStreamLimitCountsSessions(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 3 })
+	srv := newAgentServer()
+	release := addFinishTool(srv)
+	host := agentGateway(t, h, "limitbox", srv, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first := agentConnect(t, ctx, h, host, nil, nil)
+	sb := h.proxy.sandboxes.get([]byte("limitbox"))
+	testenv.WaitFor(t, 10*time.Second, "the first agent's GET stream holds a slot", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 1 && sb.inFlight() == 1
+	})
+	// The call ends by finishing, not by a cancellation: at the limit the
+	// agent's notifications/cancelled would get the 429 too.
+	done1, done2 := callFinish(ctx, first), callFinish(ctx, first)
+	testenv.WaitFor(t, 10*time.Second, "the calls hold the other slots", func() bool { return sb.inFlight() == 3 })
+	connect := func() (*mcp.ClientSession, error) {
+		tr := &mcp.StreamableClientTransport{Endpoint: "http://" + h.addr + "/mcp", MaxRetries: -1,
+			HTTPClient: &http.Client{Transport: hostTransport{host: host, base: h.client.Transport}}}
+		return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, tr, nil)
+	}
+	if _, err := connect(); err == nil || !strings.HasSuffix(err.Error(), "Too Many Requests") {
+		t.Fatalf("second agent while a session and two calls are open: %v, want Too Many Requests", err)
+	}
+	if _, err := first.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err == nil ||
+		!strings.HasSuffix(err.Error(), "Too Many Requests") {
+		t.Fatalf("third call of the session: %v, want Too Many Requests", err)
+	}
+	close(release)
+	for _, done := range []<-chan error{done1, done2} {
+		if err := <-done; err != nil {
+			t.Fatalf("a call in flight: %v", err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 1 })
+	if _, err := first.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err != nil {
+		t.Fatalf("the same session once the call ended: %v", err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the session's slot freed", func() bool { return sb.inFlight() == 0 })
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/internal/proclog"
 	"github.com/cube-sandbox/cubeproxy/proxy"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -70,13 +71,22 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	a, err := build(ctx, cfg, stdout, stdout)
+	// A stdout nobody reads (a stalled log driver) must not hold requests
+	// or the accept loop when they log: the process log is queued, and
+	// what is queued is written before serve returns, startup errors and
+	// the last "stopped" line included, waiting for a stalled stdout only
+	// so long.
+	logOut := proclog.New(stdout, proclog.DefaultBufferBytes)
+	defer logOut.Close(processLogFlushWait)
+	a, err := build(ctx, cfg, logOut, stdout)
 	if errors.Is(err, errStoppedStarting) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	a.tel.Metrics.SetProcessLogDropped(logOut.Dropped)
+	logOut.ReportLossTo(a.log)
 	warnUnknownEnv(a.log, os.Environ())
 	// Set cluster-wide with the other OTEL_* variables, it would otherwise
 	// look like a push that never arrives.
@@ -86,6 +96,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	return a.run(ctx, ready)
 }
+
+// processLogFlushWait is how long serve waits at exit for a stalled
+// stdout to take the process log's last lines.
+const processLogFlushWait = 2 * time.Second
 
 // warnUnknownEnv logs each CUBEPROXY_* variable that names no setting.
 // It reads the process environment, not getenv: only the list has the

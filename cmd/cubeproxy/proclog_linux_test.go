@@ -310,7 +310,7 @@ func TestBinaryProcessLogKeepsEveryLine(t *testing.T) {
 			if len(msgs) == 0 || msgs[len(msgs)-1] != tc.wantLast {
 				t.Errorf("process log messages end with %q, want %q\n%s", msgs[max(0, len(msgs)-3):], tc.wantLast, logs)
 			}
-			if tc.wantExit != 0 && !strings.Contains(logs.String(), "cubeproxy: http listener") {
+			if tc.wantExit != 0 && !strings.Contains(logs.String(), `cubeproxy: http_addr "`) {
 				t.Errorf("no startup error on stderr\n%s", logs)
 			}
 		})

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -30,7 +29,6 @@ import (
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/sandbox"
-	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -1742,21 +1740,6 @@ func testAuthFramePreview(t *testing.T, lc *authLogCapture) {
 			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}
-}
-
-// serveTLS serves h's proxy on a TLS listener with a certificate for
-// *.cube.test from a test CA, and returns its address and the CA's roots.
-func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
-	t.Helper()
-	ca := testenv.NewCA(t, "auth test CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
-	go h.server.Serve(ln)
-	return ln.Addr().String(), ca.Pool()
 }
 
 // The admin token is the proxy's credential as the traffic tokens are: a

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -236,4 +238,19 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 	t.Cleanup(func() { c.Close() })
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	return c
+}
+
+// serveTLS serves h's proxy on a TLS listener with a certificate for
+// *.cube.test from a test CA, and returns its address and the CA's roots.
+func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
+	t.Helper()
+	ca := testenv.NewCA(t, "proxy test CA")
+	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	go h.server.Serve(ln)
+	return ln.Addr().String(), ca.Pool()
 }

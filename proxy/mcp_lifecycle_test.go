@@ -407,14 +407,7 @@ func TestMCPCallStreamResumedAfterSandboxCut(t *testing.T) {
 // the agent closes its session.
 func TestMCPOverTLS(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
-	ca := testenv.NewCA(t, "mcp tls CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tln := listen(t, "127.0.0.1:0")
-	go h.server.Serve(tls.NewListener(tln, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	tlsAddr, roots := serveTLS(t, h)
 	toolDone := make(chan error, 1)
 	started := make(chan struct{}, 1)
 	srv := newAgentServer()
@@ -439,9 +432,9 @@ func TestMCPOverTLS(t *testing.T) {
 				})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			base := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: host}}
+			base := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: host}}
 			defer base.CloseIdleConnections()
-			tr := &mcp.StreamableClientTransport{Endpoint: "https://" + tln.Addr().String() + "/mcp", MaxRetries: -1,
+			tr := &mcp.StreamableClientTransport{Endpoint: "https://" + tlsAddr + "/mcp", MaxRetries: -1,
 				HTTPClient: &http.Client{Transport: hostTransport{host: host, base: base}}}
 			// A list_changed handler makes a stateless agent hold a
 			// subscriptions/listen stream, as a stateful one holds its GET.

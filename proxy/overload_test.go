@@ -262,19 +262,12 @@ func TestMaxConnsRefusalNeverWaitsForTheClient(t *testing.T) {
 func TestMaxConnsTLSAndRedirectListeners(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.srv.MaxClientConns = 1 })
 	web := h.route("sbxoverloadtls", overloadBackend(t))
-	ca := testenv.NewCA(t, "overload test CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tln := listen(t, "127.0.0.1:0")
-	go h.server.Serve(tls.NewListener(tln, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	tlsAddr, roots := serveTLS(t, h)
 	rln := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(rln, "8443")
 	handshake := func() error {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tln.Addr().String(),
-			&tls.Config{RootCAs: ca.Pool(), ServerName: web})
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tlsAddr,
+			&tls.Config{RootCAs: roots, ServerName: web})
 		if err == nil {
 			c.Close()
 		}

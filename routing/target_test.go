@@ -255,6 +255,8 @@ func TestParseRequest(t *testing.T) {
 		{"8080-abc.x.test", "http://8080-abc.x.test?q", none, ""},
 		{"8080-abc.x.test", "http://8080-abc.x.test#f", none, ""},
 		{"8080-abc.x.test", "wss://U:P@08080-ABC.other.test.:1/p", none, ""},
+		// The host follows the last "@", as url.Parse reads it.
+		{"8080-abc.x.test", "http://u@v@8080-abc.x.test/p", none, ""},
 		{"127.0.0.1", "http://8080-abc.x.test/p", cube, ""},
 		{"8080-abc.x.test", "http://[::1]:80/p", cube, ""},
 		{"8080-abc.x.test", "http://8080-other.x.test/p", none, CodeInvalidHost},

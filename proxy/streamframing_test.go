@@ -161,6 +161,12 @@ func TestHTTP10AnswerChunkedIsDecoded(t *testing.T) {
 		{"bare LF head", "Transfer-Encoding: chunked\n", chunks, true, 200, "hello world"},
 		{"with Content-Length", "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", chunks, true, 502, ""},
 		{"another coding", "Transfer-Encoding: gzip\r\n", "as sent", false, 200, "as sent"},
+		// fasthttp takes a space before the colon as the same field.
+		{"space before the colon", "Transfer-Encoding : chunked\r\n", chunks, true, 200, "hello world"},
+		// A longer name that starts with the field's is another field.
+		{"a field named after it", "Transfer-Encoding: chunked\r\nTransfer-Encoding-Note: x\r\n", chunks, true, 200, "hello world"},
+		// Refused as fasthttp refuses two such lines on HTTP/1.1.
+		{"two lines", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunks, true, 502, ""},
 	}
 	for i, tc := range cases {
 		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {

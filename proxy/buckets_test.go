@@ -33,6 +33,9 @@ func TestLatencyBucketsHoldTheDefaultTimeouts(t *testing.T) {
 			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
 		{"whole response_header_timeout 504", "cubeproxy_response_duration_seconds",
 			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
+		// The five-minute tool call the buckets are sized for.
+		{"a five-minute tool call", "cubeproxy_response_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(200, telemetry.RouteHTTP, d) }, 5 * time.Minute},
 		{"headers of a connect timeout's 504 (connect and its retry)", "cubeproxy_request_duration_seconds",
 			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + time.Second},
 	} {

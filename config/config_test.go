@@ -58,6 +58,21 @@ func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
 	}
 }
 
+// A word after a boolean flag that is no boolean value is a stray
+// argument like any other: the "=" hint would suggest --reuse-port=extra,
+// which the flag refuses.
+func TestStrayArgumentAfterBooleanFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"--reuse-port", "extra"},
+		{"--reuse-port=true", "false"},
+	} {
+		_, err := Load(args, env(nil), io.Discard)
+		if err == nil || err.Error() != `unexpected argument "`+args[1]+`"` {
+			t.Errorf("Load(%q) = %v, want only %q named", args, err, args[1])
+		}
+	}
+}
+
 func TestLoadErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string

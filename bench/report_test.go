@@ -171,6 +171,20 @@ func TestTargetsShowCubeProxyFailures(t *testing.T) {
 			notes:  []string{"- cubeproxy: 5 of 3000 operations failed in the kept repetitions"},
 		},
 		{
+			// A "|" in a reason would end the Markdown cell.
+			name:   "reason with a pipe",
+			cube:   []*Sample{mk(subjCube, 1, 0, 0, 0, 900, "a | b"), mk(subjCube, 2, 0, 0, 0, 900, "a | b")},
+			target: `| http | requests/s ≥ 0.95× nginx-tuned | every CubeProxy repetition failed: a \| b | **missed** |`,
+		},
+		{
+			// Every attempt of a repetition failed: its last says why.
+			name: "rerun failed too",
+			cube: []*Sample{mk(subjCube, 1, 0, 9, 0, 900, "first attempt"), mk(subjCube, 1, 1, 0, 0, 900, "rerun"),
+				mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 1000, 0, "")},
+			target: "(1 of 3 CubeProxy repetitions failed) | met |",
+			notes:  []string{"- cubeproxy: 1 repetition(s) failed: rerun\n"},
+		},
+		{
 			name:    "no failures",
 			cube:    []*Sample{mk(subjCube, 1, 0, 0, 1000, 0, ""), mk(subjCube, 2, 0, 0, 1000, 0, ""), mk(subjCube, 3, 0, 0, 1000, 0, "")},
 			target:  "| http | requests/s ≥ 0.95× nginx-tuned | 1.00× (100 vs 100) | met |",

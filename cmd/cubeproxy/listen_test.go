@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -44,5 +47,31 @@ func TestPortInUseNamesTheSetting(t *testing.T) {
 				t.Errorf("exit %d, stderr %q\nwant 1 and: cubeproxy: %s", code, errb.String(), want)
 			}
 		})
+	}
+}
+
+// The privileged-port hint goes only with a port below 1024: a refused
+// bind of a high port (a raised net.ipv4.ip_unprivileged_port_start, an
+// LSM) is not cured by choosing "a port from 1024 up".
+func TestListenErrorHintsOnlyForPrivilegedPorts(t *testing.T) {
+	const hint = "a port below 1024 needs root"
+	for _, tc := range []struct {
+		addr string
+		hint bool
+	}{
+		{":80", true},
+		{"127.0.0.1:1023", true},
+		{":1024", false},
+		{":8080", false},
+	} {
+		ta, err := net.ResolveTCPAddr("tcp", tc.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bindErr := &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", syscall.EACCES)}
+		msg := listenError("http_addr", tc.addr, bindErr).Error()
+		if strings.Contains(msg, hint) != tc.hint {
+			t.Errorf("listenError(%q, EACCES) = %q; want the privileged-port hint: %v", tc.addr, msg, tc.hint)
+		}
 	}
 }

@@ -614,21 +614,7 @@ func TestChunkedReady(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			br := bufio.NewReaderSize(strings.NewReader(tc.read+tc.buf), 64)
-			var c chunkedReader
-			c.reset(br)
-			if tc.n > 0 {
-				if _, err := br.Peek(len(tc.read)); err != nil {
-					t.Fatal(err)
-				}
-				if n, err := c.Read(make([]byte, tc.n)); n != tc.n || err != nil {
-					t.Fatalf("read %d, %v", n, err)
-				}
-			}
-			if len(tc.buf) > 0 {
-				if _, err := br.Peek(len(tc.buf)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			c := decodedThenBuffered(t, br, tc.read, tc.n, tc.buf)
 			if got := c.ready(); got != tc.want {
 				t.Errorf("ready() = %v, want %v", got, tc.want)
 			}
@@ -662,21 +648,7 @@ func TestChunkedFramingError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			br := bufio.NewReaderSize(strings.NewReader(tc.read+tc.buf), 2*maxChunkLine)
-			var c chunkedReader
-			c.reset(br)
-			if tc.n > 0 {
-				if _, err := br.Peek(len(tc.read)); err != nil {
-					t.Fatal(err)
-				}
-				if n, err := c.Read(make([]byte, tc.n)); n != tc.n || err != nil {
-					t.Fatalf("read %d, %v", n, err)
-				}
-			}
-			if len(tc.buf) > 0 {
-				if _, err := br.Peek(len(tc.buf)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			c := decodedThenBuffered(t, br, tc.read, tc.n, tc.buf)
 			if err := c.framingError(); (err != nil) != tc.want {
 				t.Errorf("framingError() = %v, want an error: %v", err, tc.want)
 			}
@@ -685,4 +657,27 @@ func TestChunkedFramingError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// decodedThenBuffered returns a chunked decoder over br that has taken read
+// (n of its bytes as body, by one Read) and has buf buffered behind it,
+// unread: the state ready and framingError judge.
+func decodedThenBuffered(t *testing.T, br *bufio.Reader, read string, n int, buf string) *chunkedReader {
+	t.Helper()
+	c := new(chunkedReader)
+	c.reset(br)
+	if n > 0 {
+		if _, err := br.Peek(len(read)); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.Read(make([]byte, n)); got != n || err != nil {
+			t.Fatalf("read %d, %v", got, err)
+		}
+	}
+	if len(buf) > 0 {
+		if _, err := br.Peek(len(buf)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
 }

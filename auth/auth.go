@@ -22,7 +22,8 @@ const (
 	// CodeSignedTokenExpired: an authentic signed token past its expiry.
 	CodeSignedTokenExpired = "signed_token_expired"
 	// CodeSignedCookieForeignOrigin: an authentic cookie on a request whose
-	// Origin is another sandbox or site (see CookieOriginAllowed).
+	// Origin (or, for a subresource, Referer) is another sandbox or site
+	// (see CookieRequestAllowed).
 	CodeSignedCookieForeignOrigin = "signed_cookie_foreign_origin"
 )
 

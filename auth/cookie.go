@@ -233,6 +233,41 @@ func CookieOriginAllowed(origin, host []byte) bool {
 	return oks && hks && bytes.EqualFold(os, hs)
 }
 
+// CookieRequestAllowed reports whether the cookie may authorize a request
+// to host, judged by the headers a browser sets and a page cannot forge.
+// With an Origin it is CookieOriginAllowed. Without one it is a navigation,
+// a non-browser client, or a subresource (<script src>, <img>, <link>):
+// browsers send no Origin on a no-cors GET, and another sandbox's page is
+// the same site, so the Lax cookie comes along, and a script's answer runs
+// in that page (cross-site script inclusion). Sec-Fetch-Site tells them
+// apart: absent (a client that sends none), "none" (typed, bookmarked),
+// "same-origin" or a navigation (Sec-Fetch-Mode: navigate, whose answer the
+// linking page cannot read) pass; any other request from another origin
+// counts only when its Referer (the page, origin only by default across
+// origins) is the host or another port of the same sandbox. A page that
+// sends no Referer (Referrer-Policy: no-referrer) loses the cookie there.
+func CookieRequestAllowed(h HeaderPeeker, host []byte) bool {
+	if origin := h.Peek("Origin"); len(origin) > 0 {
+		return CookieOriginAllowed(origin, host)
+	}
+	site := h.Peek("Sec-Fetch-Site")
+	if len(site) == 0 || bytes.EqualFold(site, []byte("same-origin")) || bytes.EqualFold(site, []byte("none")) ||
+		bytes.EqualFold(h.Peek("Sec-Fetch-Mode"), []byte("navigate")) {
+		return true
+	}
+	ref := h.Peek("Referer")
+	// The Referer's scheme and authority only: CookieOriginAllowed reads
+	// an Origin, which has no path.
+	_, rest, ok := bytes.Cut(ref, []byte("://"))
+	if !ok {
+		return false
+	}
+	if i := bytes.IndexAny(rest, "/?#"); i >= 0 {
+		ref = ref[:len(ref)-len(rest)+i]
+	}
+	return CookieOriginAllowed(ref, host)
+}
+
 // hostOnly drops the ":port" of a host (a bracketed IPv6 literal keeps its
 // brackets).
 func hostOnly(b []byte) []byte {

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bufio"
 	"net/http"
 	"slices"
 	"strings"
@@ -220,6 +221,59 @@ func TestCookieOriginAllowed(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		CookieOriginAllowed([]byte("https://3000-box.cube.test"), []byte(host))
 	}); n != 0 {
+		t.Fatalf("%v allocations, want 0", n)
+	}
+}
+
+// TestCookieRequestAllowed: without an Origin, a request from another
+// origin's page (Sec-Fetch-Site other than same-origin or none) that is no
+// navigation, a <script src> or <img> of another sandbox's page, keeps the
+// cookie only when its Referer is a page of the same sandbox.
+func TestCookieRequestAllowed(t *testing.T) {
+	const host = "8080-box.cube.test"
+	tests := []struct {
+		name  string
+		lines []string
+		want  bool
+	}{
+		{"no browser headers", nil, true},
+		{"Origin decides when present", []string{"Origin: https://8080-evil.cube.test", "Sec-Fetch-Site: same-origin"}, false},
+		{"own Origin", []string{"Origin: https://8080-box.cube.test", "Sec-Fetch-Site: same-origin", "Sec-Fetch-Mode: cors"}, true},
+		{"typed URL", []string{"Sec-Fetch-Site: none", "Sec-Fetch-Mode: navigate"}, true},
+		{"own page's script", []string{"Sec-Fetch-Site: SAME-ORIGIN", "Sec-Fetch-Mode: no-cors"}, true},
+		{"link from another sandbox", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: navigate", "Referer: https://8080-evil.cube.test/"}, true},
+		{"frame of another site", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: Navigate"}, true},
+		{"another sandbox's script", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://8080-evil.cube.test/page"}, false},
+		{"another site's script", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors", "Referer: https://evil.example/"}, false},
+		{"no Referer", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors"}, false},
+		{"empty Sec-Fetch-Mode", []string{"Sec-Fetch-Site: same-site", "Referer: https://evil.example/"}, false},
+		{"Referer of the host under another domain", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://8080-box.cube.test.evil.example/"}, false},
+		{"Referer with the host in its path", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://evil.example/8080-box.cube.test"}, false},
+		{"Referer with the host in its query", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://evil.example?8080-box.cube.test"}, false},
+		{"Referer without a scheme", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: 8080-box.cube.test"}, false},
+		{"Referer null", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: null"}, false},
+		{"same sandbox, another port", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://3000-box.cube.test:8443/app?x#y"}, true},
+		{"same sandbox, origin-only Referer", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: cors", "Referer: https://3000-box.cube.test"}, true},
+		{"own host, query right after it", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors", "Referer: http://8080-box.cube.test?a"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h fasthttp.RequestHeader
+			raw := "GET / HTTP/1.1\r\nHost: " + host + "\r\n" + strings.Join(append(tt.lines, ""), "\r\n") + "\r\n"
+			if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+				t.Fatal(err)
+			}
+			if got := CookieRequestAllowed(&h, h.Host()); got != tt.want {
+				t.Fatalf("CookieRequestAllowed(%q) = %v, want %v", tt.lines, got, tt.want)
+			}
+		})
+	}
+	var h fasthttp.RequestHeader
+	h.SetHost(host)
+	h.Set("Sec-Fetch-Site", "same-site")
+	h.Set("Sec-Fetch-Mode", "no-cors")
+	h.Set("Referer", "https://3000-box.cube.test/app")
+	if n := testing.AllocsPerRun(100, func() { CookieRequestAllowed(&h, h.Host()) }); n != 0 {
 		t.Fatalf("%v allocations, want 0", n)
 	}
 }

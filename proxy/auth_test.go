@@ -1276,6 +1276,21 @@ func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 		{"another site", []string{"Origin: https://evil.example"}, false},
 		{"opaque origin", []string{"Origin: null"}, false},
 		{"the traffic token is not ambient", []string{"Origin: http://8080-evil.cube.test", "E2b-Traffic-Access-Token: " + traffic}, true},
+		// A subresource (<script src>, <img>, <link>) carries no Origin:
+		// another sandbox's page is the same site, so the browser attaches
+		// the Lax cookie, and a script's answer runs in that page (XSSI).
+		// Sec-Fetch-Site names such a request, its Referer the page.
+		{"another sandbox's <script src>", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Dest: script", "Referer: http://8080-evil.cube.test/"}, false},
+		{"another sandbox's <img>, no Referer", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Dest: image"}, false},
+		{"a cross-site page's <script src> (a partitioned cookie)", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Dest: script", "Referer: https://platform.example/"}, false},
+		{"a Referer that only starts like the host", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: http://8080-box.cube.test.evil.example/x"}, false},
+		{"a Referer without a scheme", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: 8080-box.cube.test"}, false},
+		{"the same sandbox's other port, <img>", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Dest: image", "Referer: https://3000-box.cube.test:8443/app?x=1#f"}, true},
+		{"the same sandbox's other port, Referer origin only", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: cors", "Referer: http://3000-box.cube.test"}, true},
+		{"the host's own page", []string{"Sec-Fetch-Site: same-origin", "Sec-Fetch-Mode: no-cors", "Sec-Fetch-Dest: script"}, true},
+		{"a link on another sandbox's page (navigation)", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: navigate", "Sec-Fetch-Dest: document", "Referer: http://8080-evil.cube.test/"}, true},
+		{"a preview frame of another site", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: navigate", "Sec-Fetch-Dest: iframe"}, true},
+		{"a typed URL or bookmark", []string{"Sec-Fetch-Site: none", "Sec-Fetch-Mode: navigate"}, true},
 	} {
 		lines := append([]string{"GET /o HTTP/1.1", "Host: 8080-box.cube.test", "Cookie: " + auth.CookieName + "=" + s.CookieValue([]byte(tok), traffic)}, tc.hdr...)
 		resp, body := authRawRequest(t, h.addr, lines...)

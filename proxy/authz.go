@@ -54,12 +54,12 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		// parameter. The parameter's error is the one reported.
 		if ok, verr := p.signedCookie(h, r, t.Port); ok {
 			// The cookie is ambient: a sibling sandbox's page can make
-			// the browser send it (see auth.CookieOriginAllowed).
-			if auth.CookieOriginAllowed(h.Peek("Origin"), h.Host()) {
+			// the browser send it (see auth.CookieRequestAllowed).
+			if auth.CookieRequestAllowed(h, h.Host()) {
 				return false
 			}
 			rej = &auth.Rejection{Code: auth.CodeSignedCookieForeignOrigin,
-				Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin)"}
+				Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin, or the Referer of a subresource)"}
 		} else if verr != nil && len(tok) == 0 {
 			errors.As(verr, &rej)
 		}

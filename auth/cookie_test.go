@@ -3,6 +3,7 @@ package auth
 import (
 	"bufio"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -372,3 +373,44 @@ func FuzzCookieOriginAllowed(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCookieRequestAllowed checks the Referer rule as FuzzCookieOriginAllowed
+// checks the Origin rule: a subresource request from another origin's page
+// keeps the cookie only when net/url reads its Referer's host as the
+// request's own host or a host of the same sandbox (as the proxy's host
+// parser reads both), and never panics on any Referer.
+func FuzzCookieRequestAllowed(f *testing.F) {
+	for _, s := range [][2]string{
+		{"https://3000-box.cube.test/app", "8080-box.cube.test"}, {"https://8080-evil.cube.test/", "8080-box.cube.test"},
+		{"http://8080-box.cube.test?x", "8080-box.cube.test"}, {"https://evil.example/8080-box.cube.test", "8080-box.cube.test"},
+		{"https://evil.example#8080-box.cube.test", "8080-box.cube.test"}, {"http://[::1]:8080/x", "[::1]:80"}, {"null", "8080-box.cube.test"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	parser := routing.NewParser(routing.ParserConfig{})
+	f.Fuzz(func(t *testing.T, referer, host string) {
+		var h fasthttp.RequestHeader
+		h.Set("Sec-Fetch-Site", "same-site")
+		h.Set("Sec-Fetch-Mode", "no-cors")
+		h.Set("Referer", referer)
+		if !CookieRequestAllowed(&h, []byte(host)) {
+			return
+		}
+		u, err := url.Parse(string(h.Peek("Referer")))
+		if err != nil || u.Host == "" || u.User != nil {
+			return // no page a browser names that way
+		}
+		if strings.EqualFold(hostOnlyString(u.Host), hostOnlyString(host)) {
+			return
+		}
+		var rt, ht routing.Target
+		if parser.Parse(&rt, []byte(u.Host), nil) != nil || parser.Parse(&ht, []byte(host), nil) != nil {
+			t.Fatalf("Referer %q (host %q) lets a subresource use the cookie of %q, which it does not name", referer, u.Host, host)
+		}
+		if rt.Shared || ht.Shared || string(rt.ID()) != string(ht.ID()) {
+			t.Fatalf("Referer %q (sandbox %q) lets a subresource use the cookie of %q (sandbox %q)", referer, rt.ID(), host, ht.ID())
+		}
+	})
+}
+
+func hostOnlyString(s string) string { return string(hostOnly([]byte(s))) }

@@ -343,7 +343,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 			sb = p.sandboxes.get(id)
 			continue
 		}
-		if p.cfg.MaxStreamsPerSandbox > 0 && n > int64(p.cfg.MaxStreamsPerSandbox) {
+		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) && !overLimitAdmits(ctx, x, n, lim) {
 			sb.leave()
 			x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
 			return

@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// At max_streams_per_sandbox an agent must still reach its gateway with
+// what frees the slots it holds: notifications/cancelled for a running
+// call, and its answer to the gateway's elicitation. Everything that opens
+// a stream is still refused.
+
+// addHoldTool adds "hold": it reports progress (so that the call's answer
+// stream is open at the client), says it started, and returns when its
+// context is cancelled (sending ctx.Err() on ended) or, at the test's end,
+// when released.
+func addHoldTool(t *testing.T, srv *mcp.Server) (started <-chan struct{}, ended <-chan error) {
+	st, en, release := make(chan struct{}, 4), make(chan error, 4), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	mcp.AddTool(srv, &mcp.Tool{Name: "hold"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+		st <- struct{}{}
+		select {
+		case <-ctx.Done():
+			en <- ctx.Err()
+			return nil, nil, ctx.Err()
+		case <-release:
+			en <- nil
+			return &mcp.CallToolResult{}, nil, nil
+		}
+	})
+	return st, en
+}
+
+// agentWire sits between the go-sdk client and the proxy: it records the
+// status of every POST whose body contains one of the watched strings, and
+// sends tools/call POSTs on a context the agent's cancellation does not
+// reach. The call's connection then stays open after the agent gives up on
+// it, as it does until the proxy sees the client leave (and for as long as
+// a client or a proxy in front keeps it): the call's slot stays held, and
+// the only way to end the tool is the agent's notifications/cancelled.
+type agentWire struct {
+	base  http.RoundTripper
+	watch []string
+
+	mu   sync.Mutex
+	seen map[string][]int
+}
+
+func (w *agentWire) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPost || r.Body == nil {
+		return w.base.RoundTrip(r)
+	}
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	ctx := r.Context()
+	if bytes.Contains(body, []byte(`"method":"tools/call"`)) {
+		ctx = context.WithoutCancel(ctx)
+	}
+	r = r.Clone(ctx)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := w.base.RoundTrip(r)
+	for _, s := range w.watch {
+		if err == nil && bytes.Contains(body, []byte(s)) {
+			w.mu.Lock()
+			w.seen[s] = append(w.seen[s], resp.StatusCode)
+			w.mu.Unlock()
+		}
+	}
+	return resp, err
+}
+
+// statuses returns the statuses the POSTs containing s got.
+func (w *agentWire) statuses(s string) []int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]int(nil), w.seen[s]...)
+}
+
+// streamLimitAgent connects an agent (without the standalone GET stream,
+// so that a connect needs at most two slots) through the proxy with
+// max_streams_per_sandbox 2, to a gateway serving srv.
+func streamLimitAgent(t *testing.T, ctx context.Context, id string, srv *mcp.Server, copts *mcp.ClientOptions, watch ...string) (*harness, *sandboxState, *mcp.ClientSession, *agentWire) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 2 })
+	host := agentGateway(t, h, id, srv, nil, nil)
+	wire := &agentWire{base: hostTransport{host: host, base: h.client.Transport}, watch: watch, seen: map[string][]int{}}
+	cs := agentConnect(t, ctx, h, host, copts, &mcp.StreamableClientTransport{DisableStandaloneSSE: true, HTTPClient: &http.Client{Transport: wire}})
+	return h, h.proxy.sandboxes.get([]byte(id)), cs, wire
+}
+
+// The sandbox is at its limit because of two long tool calls of the
+// agent. A new call is refused (429), but the agent's cancellation of one
+// call reaches the gateway: the tool sees its context cancelled, and its
+// slot is free once the gateway ends the call's answer.
+func TestMCPCancelAtStreamLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := newAgentServer()
+	started, ended := addHoldTool(t, srv)
+	_, sb, cs, wire := streamLimitAgent(t, ctx, "cancelbox", srv, nil, "notifications/cancelled")
+
+	type call struct {
+		cancel context.CancelFunc
+		err    chan error
+	}
+	hold := func() call {
+		callCtx, callCancel := context.WithCancel(ctx)
+		c := call{callCancel, make(chan error, 1)}
+		go func() {
+			_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
+			c.err <- err
+		}()
+		select {
+		case <-started:
+		case err := <-c.err:
+			t.Fatalf("hold call ended before its tool started: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the hold tool never started")
+		}
+		return c
+	}
+	first, second := hold(), hold()
+	if n := sb.inFlight(); n != 2 {
+		t.Fatalf("%d requests in flight with two calls running, want 2", n)
+	}
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err == nil ||
+		!strings.HasSuffix(err.Error(), "Too Many Requests") {
+		t.Fatalf("a third call at the limit: %v, want Too Many Requests", err)
+	}
+
+	for i, c := range []call{first, second} {
+		c.cancel()
+		if err := <-c.err; !errors.Is(err, context.Canceled) {
+			t.Fatalf("call %d: cancelled call returned %v", i, err)
+		}
+		select {
+		case err := <-ended:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("call %d: the tool ended with %v, want its context cancelled", i, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("call %d: the tool never saw the cancellation (notifications/cancelled got %v)", i, wire.statuses("notifications/cancelled"))
+		}
+	}
+	// The gateway handles a notification before it answers the POST.
+	testenv.WaitFor(t, 10*time.Second, "both notifications/cancelled answered", func() bool { return len(wire.statuses("notifications/cancelled")) == 2 })
+	if got := wire.statuses("notifications/cancelled"); got[0] != http.StatusAccepted || got[1] != http.StatusAccepted {
+		t.Fatalf("notifications/cancelled answered %v, want the gateway's 202 twice", got)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err != nil {
+		t.Fatalf("a call once the slots are free: %v", err)
+	}
+}
+
+// The call that holds the last slot asks the agent a question
+// (elicitation): the agent's answer, a JSON-RPC response POSTed to the
+// gateway, passes the limit, and the call completes with it.
+func TestMCPElicitationAnswerAtStreamLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := newAgentServer()
+	started, ended := addHoldTool(t, srv)
+	mcp.AddTool(srv, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		el, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "colour?", RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"v": map[string]any{"type": "string"}}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "answer " + el.Content["v"].(string)}}}, nil, nil
+	})
+	copts := &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"v": "blue"}}, nil
+	}}
+	_, sb, cs, wire := streamLimitAgent(t, ctx, "askbox2", srv, copts, `"action":"accept"`)
+
+	holdCtx, holdCancel := context.WithCancel(ctx)
+	holdErr := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
+		holdErr <- err
+	}()
+	select {
+	case <-started:
+	case err := <-holdErr:
+		t.Fatalf("hold call ended before its tool started: %v", err)
+	}
+	// The ask call takes the second slot; its tool waits for the answer.
+	askCtx, askCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer askCancel()
+	res, err := cs.CallTool(askCtx, &mcp.CallToolParams{Name: "ask"})
+	if err != nil {
+		t.Fatalf("the call that elicits at the limit: %v (the answer's POST got %v)", err, wire.statuses(`"action":"accept"`))
+	}
+	if got := res.Content[0].(*mcp.TextContent).Text; res.IsError || got != "answer blue" {
+		t.Fatalf("the call that elicits answered %q", got)
+	}
+	// The gateway handles the answer before it answers its POST.
+	testenv.WaitFor(t, 10*time.Second, "the elicitation answer's POST answered", func() bool { return len(wire.statuses(`"action":"accept"`)) == 1 })
+	if got := wire.statuses(`"action":"accept"`); got[0] != http.StatusAccepted {
+		t.Fatalf("the elicitation answer's POST got %v, want the gateway's 202", got)
+	}
+	holdCancel()
+	<-holdErr
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the hold tool ended with %v", err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
+}

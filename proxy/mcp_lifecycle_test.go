@@ -569,10 +569,11 @@ func TestMCPDefaultGatewayOnLoopback(t *testing.T) {
 
 // With max_streams_per_sandbox, every agent's standalone GET stream holds
 // a slot for its session's life, beside one per request in flight, so the
-// limit counts sessions as well as calls. A go-sdk connect takes up to three
-// at once: the client sends its GET and notifications/initialized as soon as
-// the initialize result event arrives, before that answer's stream has ended
-// (at 1 or 2 the connect fails now and then with 429). At 3, one session
+// limit counts sessions as well as calls. A go-sdk connect takes two at
+// once: the client opens its GET as soon as the initialize result event
+// arrives, before that answer's stream has ended (at 1 the connect fails now
+// and then with 429; its notifications/initialized passes the limit, see
+// TestStreamLimitAdmitsStreamlessPOSTs). At 3, one session
 // with two calls in flight refuses a second agent (429) and its own further
 // calls (429, transient to the go-sdk: the session survives); the calls' end
 // frees their slots and the session's close the last.
@@ -589,8 +590,8 @@ func TestMCPStreamLimitCountsSessions(t *testing.T) {
 		s, _ := h.proxy.streams.open()
 		return s == 1 && sb.inFlight() == 1
 	})
-	// The call ends by finishing, not by a cancellation: at the limit the
-	// agent's notifications/cancelled would get the 429 too.
+	// The calls end by finishing (TestMCPCancelAtStreamLimit cancels at
+	// the limit).
 	done1, done2 := callFinish(ctx, first), callFinish(ctx, first)
 	testenv.WaitFor(t, 10*time.Second, "the calls hold the other slots", func() bool { return sb.inFlight() == 3 })
 	connect := func() (*mcp.ClientSession, error) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -105,6 +106,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterOptions {
 	return &redis.ClusterOptions{
 		Addrs:                    cfg.Cluster.Addrs,
+		Dialer:                   newDialer(t, tlsConf),
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
 		OnConnect:                setClientName,
@@ -156,9 +158,43 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 	}
 }
 
+// newDialer is go-redis's own dialer (redis.NewDialer: DialTimeout, its
+// TCP keep-alive, TLS when tlsConf is set) whose TLS connections show
+// go-redis their socket (checkedTLS).
+func newDialer(t timeouts, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf})
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if tc, ok := c.(*tls.Conn); ok && err == nil {
+			if _, ok := tc.NetConn().(syscall.Conn); ok {
+				return checkedTLS{tc}, nil
+			}
+		}
+		return c, err
+	}
+}
+
+// checkedTLS is a TLS connection that exposes its TCP socket (SyscallConn)
+// so that go-redis checks it before it reuses it from the pool, as it
+// checks a plain one: a non-blocking peek finds the end of a connection
+// the server closed while it sat idle (Redis restarted, its `timeout`
+// setting, a load balancer's idle timeout), and go-redis dials a new one.
+// Without the check every pooled connection was tried first, each failing
+// its command with EOF, and a lookup gives up after three: a third of the
+// pool's size in lookups failed after every Redis restart
+// (TestTLSPoolDropsClosedConnections). The peek reads no TLS record; any
+// bytes waiting on an idle connection (none are expected with RESP2) make
+// go-redis close it, which costs a dial.
+type checkedTLS struct{ *tls.Conn }
+
+// SyscallConn returns the TCP socket's raw connection, for go-redis's
+// liveness peek only: reading from it directly would bypass TLS.
+func (c checkedTLS) SyscallConn() (syscall.RawConn, error) {
+	return c.NetConn().(syscall.Conn).SyscallConn()
+}
+
 // sentinelDialer dials the data nodes and the sentinels of a Sentinel
-// client with go-redis's own dialer (redis.NewDialer: DialTimeout, its TCP
-// keep-alive, TLS when configured), and gives each connection to a
+// client with newDialer, and gives each connection to a
 // configured sentinel a read deadline of at most sentinelRead.
 //
 // go-redis asks its chosen sentinel for the master's address inside every
@@ -179,7 +215,7 @@ type sentinelDialer struct {
 func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config) *sentinelDialer {
 	d := &sentinelDialer{
 		sentinels:    make(map[string]bool, len(addrs)),
-		dialer:       redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf}),
+		dialer:       newDialer(t, tlsConf),
 		sentinelRead: t.sentinelRead,
 	}
 	for _, a := range addrs {
@@ -262,6 +298,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 		}
 	}
 	opt.ClientName = "" // a client_name in the URL would be refused as setClientName says
+	opt.Dialer = newDialer(t, opt.TLSConfig)
 	opt.OnConnect = setClientName
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries

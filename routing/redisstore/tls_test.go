@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,6 +94,56 @@ func TestTLS(t *testing.T) {
 			_, err := s.Lookup(context.Background(), "sbx")
 			if (err == nil) != tc.ok {
 				t.Fatalf("lookup err = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// TestTLSPoolDropsClosedConnections: pooled TLS connections the server
+// closed while they sat idle (Redis restarted, or its `timeout` setting
+// closed them) are found closed before reuse, as plain TCP ones are, and
+// dialed again: go-redis checks only a connection that exposes its socket,
+// and a *tls.Conn does not. Lookups failed with EOF, three dead connections
+// each (the retries), for about a third of the pool after every restart.
+func TestTLSPoolDropsClosedConnections(t *testing.T) {
+	caFile, certFile, keyFile := writeTLSFiles(t)
+	tests := []struct {
+		name  string
+		args  []string
+		close func(r *testenv.Redis)
+	}{
+		{"redis restarted", nil, func(r *testenv.Redis) {
+			r.Restart()
+			hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+		}},
+		{"idle connections timed out", []string{"--timeout", "1"}, func(r *testenv.Redis) {
+			testenv.WaitFor(t, 10*time.Second, "the server to close the idle connections", func() bool {
+				clients, err := r.Client().ClientList(context.Background()).Result()
+				return err == nil && !strings.Contains(clients, "name=cubeproxy")
+			})
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tlsPort := testenv.FreePort(t)
+			r := testenv.StartRedis(t, append([]string{"--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", certFile,
+				"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}, tc.args...)...)
+			hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+			s := openStoreCfg(t, redisstore.Config{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort)), TLS: true, CAFile: caFile, PoolSize: 12})
+			// Fill the pool: concurrent lookups each hold a connection.
+			var wg sync.WaitGroup
+			for range 48 {
+				wg.Go(func() { _, _ = s.Lookup(context.Background(), "sbx") })
+			}
+			wg.Wait()
+			if n := s.Client().PoolStats().IdleConns; n < 4 {
+				t.Fatalf("%d idle connections in the pool, want several", n)
+			}
+			tc.close(r)
+			for i := range 12 {
+				if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
+					t.Fatalf("lookup %d after the server closed the pooled connections: %v", i, err)
+				}
 			}
 		})
 	}

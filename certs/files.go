@@ -266,6 +266,13 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
+		if i, n := keyCertificate(certPEM, keyPEM); i > 0 {
+			// X509KeyPair takes the first certificate for the server's and
+			// calls the key a mismatch, which sends the operator after the
+			// key file; nginx refuses this order too.
+			return nil, fmt.Errorf("load %s: the key in %s belongs to certificate %d of %d in %s, not the first: list the server's certificate first, then its intermediates",
+				p.CertFile, p.KeyFile, i+1, n, p.CertFile)
+		}
 		return nil, fmt.Errorf("load %s + %s: %w", p.CertFile, p.KeyFile, err)
 	}
 	if cert.Leaf == nil { // GODEBUG=x509keypairleaf=0
@@ -274,6 +281,28 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 		}
 	}
 	return &cert, nil
+}
+
+// keyCertificate returns the index of the certificate in certPEM that
+// keyPEM belongs to, and how many certificates certPEM holds; -1 when the
+// key matches none.
+func keyCertificate(certPEM, keyPEM []byte) (index, count int) {
+	index = -1
+	for rest := certPEM; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			return index, count
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		if index < 0 {
+			if _, err := tls.X509KeyPair(pem.EncodeToMemory(block), keyPEM); err == nil {
+				index = count
+			}
+		}
+		count++
+	}
 }
 
 // incompletePEM reports whether b ends inside a PEM block: one that begins

@@ -400,3 +400,47 @@ func TestZapLoggerWritesToSlog(t *testing.T) {
 		t.Error("debug entry passed an info-level handler")
 	}
 }
+
+// A pair that cannot load says why in terms an operator can act on. A
+// chain whose server certificate is not first (intermediate, then leaf: a
+// concatenation in the wrong order) was reported as "private key does not
+// match public key", which sent the operator after the wrong file; nginx
+// refuses such a chain too, so it is refused, with the fix named.
+func TestFilePairErrorNamesTheCause(t *testing.T) {
+	ca := testenv.NewCA(t, "ca")
+	leaf, key := ca.Issue(t, "cube.test", "*.cube.test")
+	_, otherKey := ca.Issue(t, "cube.test")
+	inter := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	cat := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	tests := []struct {
+		name      string
+		cert, key []byte
+		want      string // in the error
+		wantNot   string // not in the error
+	}{
+		{"intermediate before the leaf", cat(inter, leaf), key, "certificate 2 of 2 in", "does not match"},
+		{"leaf between two intermediates", cat(inter, leaf, inter), key, "certificate 2 of 3 in", "does not match"},
+		{"key of another certificate", cat(leaf, inter), otherKey, "private key does not match", "of 2 in"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+			writeFile(t, p.CertFile, tt.cert)
+			writeFile(t, p.KeyFile, tt.key)
+			_, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
+			if err == nil {
+				t.Fatal("the pair loaded")
+			}
+			if msg := err.Error(); !strings.Contains(msg, tt.want) || strings.Contains(msg, tt.wantNot) || !strings.Contains(msg, p.CertFile) {
+				t.Fatalf("error %q: want it to name %s and say %q, not %q", msg, p.CertFile, tt.want, tt.wantNot)
+			}
+		})
+	}
+}

@@ -273,6 +273,11 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 			return nil, fmt.Errorf("load %s: the key in %s belongs to certificate %d of %d in %s, not the first: list the server's certificate first, then its intermediates",
 				p.CertFile, p.KeyFile, i+1, n, p.CertFile)
 		}
+		if encryptedKey(keyPEM) {
+			// crypto/tls only says "failed to parse private key".
+			return nil, fmt.Errorf("load %s + %s: the key is encrypted (passphrase-protected), which the proxy cannot read: write it unencrypted (openssl pkey -in %s -out NEW) and keep that file readable by the proxy alone",
+				p.CertFile, p.KeyFile, p.KeyFile)
+		}
 		return nil, fmt.Errorf("load %s + %s: %w", p.CertFile, p.KeyFile, err)
 	}
 	if cert.Leaf == nil { // GODEBUG=x509keypairleaf=0
@@ -302,6 +307,21 @@ func keyCertificate(certPEM, keyPEM []byte) (index, count int) {
 			}
 		}
 		count++
+	}
+}
+
+// encryptedKey reports whether keyPEM's first private key is encrypted:
+// PKCS#8 ("ENCRYPTED PRIVATE KEY") or the legacy OpenSSL form (a
+// Proc-Type header), what openssl writes when given a passphrase.
+func encryptedKey(keyPEM []byte) bool {
+	for {
+		var block *pem.Block
+		if block, keyPEM = pem.Decode(keyPEM); block == nil {
+			return false
+		}
+		if strings.HasSuffix(block.Type, "PRIVATE KEY") {
+			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED")
+		}
 	}
 }
 

@@ -405,7 +405,8 @@ func TestZapLoggerWritesToSlog(t *testing.T) {
 // chain whose server certificate is not first (intermediate, then leaf: a
 // concatenation in the wrong order) was reported as "private key does not
 // match public key", which sent the operator after the wrong file; nginx
-// refuses such a chain too, so it is refused, with the fix named.
+// refuses such a chain too, so it is refused, with the fix named. A key
+// protected by a passphrase read "failed to parse private key".
 func TestFilePairErrorNamesTheCause(t *testing.T) {
 	ca := testenv.NewCA(t, "ca")
 	leaf, key := ca.Issue(t, "cube.test", "*.cube.test")
@@ -427,6 +428,11 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 		{"intermediate before the leaf", cat(inter, leaf), key, "certificate 2 of 2 in", "does not match"},
 		{"leaf between two intermediates", cat(inter, leaf, inter), key, "certificate 2 of 3 in", "does not match"},
 		{"key of another certificate", cat(leaf, inter), otherKey, "private key does not match", "of 2 in"},
+		// What openssl writes when given a passphrase: PKCS#8, and the
+		// legacy form with a Proc-Type header (the bodies are never read).
+		{"PKCS#8 encrypted key", leaf, pem.EncodeToMemory(&pem.Block{Type: "ENCRYPTED PRIVATE KEY", Bytes: []byte("opaque")}), "is encrypted", "failed to parse"},
+		{"legacy encrypted key", leaf, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY",
+			Headers: map[string]string{"Proc-Type": "4,ENCRYPTED", "DEK-Info": "AES-256-CBC,6EE31CBEBB7E78BA9ECD1C78FC713EB7"}, Bytes: []byte("opaque")}), "is encrypted", "failed to parse"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -239,6 +241,27 @@ func TestWindowLimiter(t *testing.T) {
 		if got := l.allow(); got != st.want {
 			t.Fatalf("step %d: allow = %v, want %v", i, got, st.want)
 		}
+	}
+}
+
+// on_demand_rate has no upper bound in the configuration, and an operator
+// who means "no limit" writes a large one: the limiter allocated room for
+// a minute's worth of them at start, and 100000000000 ended the process
+// with "fatal error: runtime: out of memory" before it listened. Its memory
+// follows the issuances it saw.
+func TestWindowLimiterLargeRate(t *testing.T) {
+	for _, rate := range []int{100_000_000_000, math.MaxInt} {
+		t.Run(strconv.Itoa(rate), func(t *testing.T) {
+			l := newWindowLimiter(rate)
+			for i := range 1000 {
+				if !l.allow() {
+					t.Fatalf("issuance %d refused under a rate of %d a minute", i, rate)
+				}
+			}
+			if c := cap(l.events); c > 4096 {
+				t.Fatalf("%d issuances hold room for %d", 1000, c)
+			}
+		})
 	}
 }
 

@@ -11,7 +11,8 @@ import (
 var errRateLimited = errors.New("on-demand issuance rate limit reached")
 
 // windowLimiter allows at most max events in any sliding minute. It keeps
-// the times of the last max events in a ring.
+// the times of the last max events in a ring, which grows to max as
+// events come.
 type windowLimiter struct {
 	max    int
 	window time.Duration
@@ -23,7 +24,11 @@ type windowLimiter struct {
 }
 
 func newWindowLimiter(perMinute int) *windowLimiter {
-	return &windowLimiter{max: perMinute, window: time.Minute, now: time.Now, events: make([]time.Time, 0, perMinute)}
+	// The ring grows with the issuances it sees rather than being sized
+	// for max: on_demand_rate has no upper bound, and a large one (an
+	// operator's "no limit") would be allocated at start, up to more
+	// memory than the machine has.
+	return &windowLimiter{max: perMinute, window: time.Minute, now: time.Now}
 }
 
 // allow records an event and reports whether it fits in the budget.

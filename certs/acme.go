@@ -543,7 +543,10 @@ func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]
 		return certmagic.ErrNoRetry{Err: err}
 	}
 	if !s.limiter.allow() {
-		s.log.Warn("on-demand certificate issuance rate limit reached", "name", name, "per_minute", s.limiter.max)
+		if n, ok := s.limiter.report(); ok {
+			s.log.Warn("on-demand certificate issuance rate limit reached; refusing new certificates (logged at most once a minute)",
+				"name", name, "per_minute", s.limiter.max, "refused", n)
+		}
 		// ErrNoRetry: certmagic would otherwise retry the refused issuance.
 		return certmagic.ErrNoRetry{Err: fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)}
 	}

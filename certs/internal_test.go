@@ -297,6 +297,36 @@ func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
 	}
 }
 
+// Refusals over the on-demand budget are logged once a minute with their
+// count, not once each: every handshake for an existing sandbox's name
+// over the budget is refused, and a client retrying in a loop wrote a
+// warning per handshake.
+func TestRateLimitWarningOncePerWindow(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rec := &countingHandler{}
+	s := &acmeSource{log: slog.New(rec), limiter: newWindowLimiter(1), failures: newFailureBackoff()}
+	s.limiter.now = func() time.Time { return now }
+	steps := []struct {
+		advance   time.Duration
+		handshake int   // new on-demand issuances tried
+		wantWarns int64 // warnings logged in all, after the step
+	}{
+		{0, 1, 0},                  // within the budget
+		{time.Second, 100, 1},      // over it: one warning
+		{30 * time.Second, 100, 1}, // same minute: no more
+		{30 * time.Second, 100, 2}, // a minute after the warning: one more
+	}
+	for i, st := range steps {
+		now = now.Add(st.advance)
+		for j := range st.handshake {
+			_ = s.onEvent(t.Context(), "cert_obtaining", map[string]any{"identifier": fmt.Sprintf("50005-s%d-%d.other.test", i, j)})
+		}
+		if got := rec.warns.Load(); got != st.wantWarns {
+			t.Fatalf("step %d: %d warnings, want %d", i, got, st.wantWarns)
+		}
+	}
+}
+
 // A name whose order failed waits a minute, then twice as long after each
 // further failure, up to an hour; a success or a long quiet period starts
 // it over.

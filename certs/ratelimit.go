@@ -18,9 +18,11 @@ type windowLimiter struct {
 	window time.Duration
 	now    func() time.Time
 
-	mu     sync.Mutex
-	events []time.Time
-	next   int // oldest event once the ring is full
+	mu      sync.Mutex
+	events  []time.Time
+	next    int       // oldest event once the ring is full
+	refused int       // refusals not yet reported
+	warned  time.Time // when refusals were last reported
 }
 
 func newWindowLimiter(perMinute int) *windowLimiter {
@@ -46,6 +48,22 @@ func (l *windowLimiter) allow() bool {
 	l.events[l.next] = now
 	l.next = (l.next + 1) % l.max
 	return true
+}
+
+// report counts a refusal and, at most once a window, returns the
+// refusals since the last report (this one included) to be logged: every
+// handshake over the budget is refused, and one warning each would let a
+// client retrying in a loop flood the log.
+func (l *windowLimiter) report() (refused int, ok bool) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refused++
+	if !l.warned.IsZero() && now.Sub(l.warned) < l.window {
+		return 0, false
+	}
+	refused, l.refused, l.warned = l.refused, 0, now
+	return refused, true
 }
 
 // Backoff of a name whose on-demand order failed: the first failure

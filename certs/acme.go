@@ -449,6 +449,12 @@ func normalizeSNI(sni string) string {
 	return strings.ToLower(sni)
 }
 
+// covers reports whether host can get a certificate: the managed ones
+// name it, or on-demand may obtain one.
+func (s *acmeSource) covers(host string) bool {
+	return s.onDemand != nil || s.covered(host)
+}
+
 // covered reports whether the managed certificates serve name: the apex or
 // exactly one label below it.
 func (s *acmeSource) covered(name string) bool {

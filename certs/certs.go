@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -141,6 +142,13 @@ type readySource interface {
 	ready() error
 }
 
+// coveringSource is a source that can tell which host names its
+// certificates name (self_signed is for development and serves one
+// certificate whatever the name).
+type coveringSource interface {
+	covers(host string) bool
+}
+
 // ErrCertificatePending is Ready's error while the default certificate
 // has not been obtained yet.
 var ErrCertificatePending = errors.New("waiting for the first certificate")
@@ -209,6 +217,18 @@ func (m *Manager) Ready() error {
 		return r.ready()
 	}
 	return nil
+}
+
+// Covers reports whether host gets a certificate that names it: a file
+// pair's name or wildcard; for acme, the managed wildcard or apex, or any
+// name with on-demand issuance (which Allow still decides). The
+// development certificate covers every name, as its clients skip
+// verification anyway.
+func (m *Manager) Covers(host string) bool {
+	if c, ok := m.src.(coveringSource); ok {
+		return c.covers(strings.ToLower(strings.TrimSuffix(host, ".")))
+	}
+	return true
 }
 
 // Close stops the file watcher or certmagic's cache maintenance, and ends

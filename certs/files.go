@@ -101,6 +101,17 @@ func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	return idx.def, nil
 }
 
+// covers reports whether a pair names host (lower case), exactly or by
+// its wildcard; other names get the default pair.
+func (s *fileSource) covers(host string) bool {
+	idx := s.index.Load()
+	if len(idx.exact[host]) > 0 {
+		return true
+	}
+	i := strings.IndexByte(host, '.')
+	return i > 0 && len(idx.wildcard[host[i+1:]]) > 0
+}
+
 // pick chooses among the pairs covering a name (exact ones first, each
 // list in the order configured): the first the client can use (key type,
 // signature schemes, as crypto/tls chooses among static certificates) and

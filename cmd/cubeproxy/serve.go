@@ -375,6 +375,7 @@ func (a *app) listen(ctx context.Context) (err error) {
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
 			return err // certs names itself ("tls certificates: ...")
 		}
+		a.warnUncoveredDomains()
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return listenError("https_addr", cfg.HTTPSAddr, err)
 		}
@@ -440,6 +441,26 @@ func checkListeners(cfg *config.Config) error {
 		return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
 	}
 	return nil
+}
+
+// warnUncoveredDomains warns about each entry of domains whose sandbox
+// hosts no certificate names: they are routed, but over HTTPS they get
+// the default certificate of another name (files) or a failed handshake
+// (acme manages *.<tls.domain> only), which otherwise shows only as
+// clients' TLS errors. A warning, not a refusal: such a domain may be
+// meant for plain HTTP alone.
+func (a *app) warnUncoveredDomains() {
+	for _, d := range a.cfg.Domains {
+		d = strings.TrimPrefix(strings.ToLower(strings.Trim(d, ". ")), "*.")
+		if d == "" {
+			continue
+		}
+		// A sandbox host is one label more: <port>-<id>.<domain>.
+		if !a.certs.Covers("1-x." + d) {
+			a.log.Warn("tls: no certificate names the sandbox hosts of a domain; HTTPS clients will refuse them (add a certificate for *.<domain>, or with acme set tls.domain to it or enable tls.acme.on_demand)",
+				"domain", d, "source", tlsSource(a.cfg.TLS))
+		}
+	}
 }
 
 // certsConfig maps the tls: section; on-demand issuance asks the route

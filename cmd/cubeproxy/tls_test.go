@@ -964,3 +964,74 @@ func TestTLSACMEOnDemandRandomNameFlood(t *testing.T) {
 		t.Fatalf("pebble received %d orders, want the sandbox's one", n)
 	}
 }
+
+// A domain in domains that no certificate names is said at start: its
+// sandbox hosts are routed, but over HTTPS they get the default
+// certificate of another name (files) or a failed handshake (acme manages
+// *.<tls.domain> only), which showed only as clients' TLS errors.
+func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
+	ca := testenv.NewCA(t, "cubeproxy test CA")
+	dir := t.TempDir()
+	pair := func(name string, names ...string) string {
+		c, k := filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+		ca.WritePair(t, c, k, names...)
+		return fmt.Sprintf("    - cert_file: %q\n      key_file: %q\n", c, k)
+	}
+	top, eu := pair("top", "cube.test", "*.cube.test"), pair("eu", "*.eu.cube.test")
+	silentCA := testenv.StartSilentServer(t)
+	acme := func(extra string) string {
+		return fmt.Sprintf(`tls:
+  source: acme
+  domain: cube.test
+  acme:
+    ca: %q
+    email: ops@cube.test
+    storage_dir: %q
+%s    dns:
+      provider: rfc2136
+      options:
+        server: "127.0.0.1:53"
+`, "http://"+silentCA.Addr+"/dir", t.TempDir(), extra)
+	}
+	const warning = "no certificate names the sandbox hosts of a domain"
+	tests := []struct {
+		name     string
+		domains  string
+		tls      string
+		wantWarn string // the domain named; "" for no warning
+	}{
+		{"files: a domain without a pair", `["cube.test", "eu.cube.test"]`, "tls:\n  files:\n" + top, "eu.cube.test"},
+		{"files: every domain covered", `["cube.test", "*.eu.cube.test"]`, "tls:\n  files:\n" + top + eu, ""},
+		{"acme: a domain below tls.domain", `["cube.test", "eu.cube.test"]`, acme(""), "eu.cube.test"},
+		{"acme: on-demand serves it", `["cube.test", "eu.cube.test"]`, acme("    on_demand: true\n"), ""},
+		{"acme: domains empty (any domain)", `[]`, acme(""), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			y := strings.Replace(tlsConfigYAML(t, nil, tt.tls), `domains: ["cube.test"]`, "domains: "+tt.domains, 1)
+			path := filepath.Join(t.TempDir(), "cubeproxy.yaml")
+			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := runServe(t, []string{"--config", path}, noEnv)
+			// The process log is written behind serve: the warning comes
+			// before this line.
+			testenv.WaitFor(t, 10*time.Second, "the listening line", func() bool {
+				return strings.Contains(r.logs.String(), "cubeproxy listening")
+			})
+			logs := r.logs.String()
+			var got []string
+			for line := range strings.Lines(logs) {
+				if strings.Contains(line, warning) {
+					got = append(got, line)
+				}
+			}
+			switch {
+			case tt.wantWarn == "" && len(got) > 0:
+				t.Fatalf("warned: %s", got)
+			case tt.wantWarn != "" && (len(got) != 1 || !strings.Contains(got[0], `"domain":"`+tt.wantWarn+`"`)):
+				t.Fatalf("warnings %q, want one naming %s\n%s", got, tt.wantWarn, logs)
+			}
+		})
+	}
+}

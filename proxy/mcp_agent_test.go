@@ -546,7 +546,7 @@ func TestMCPLegacySSETransport(t *testing.T) {
 	port := backend(t, "127.0.0.1", hd)
 	h.put("ssebox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
 	host := "50005-ssebox.cube.test"
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tr := &mcp.SSEClientTransport{
 		Endpoint:   "http://" + h.addr + "/sse",

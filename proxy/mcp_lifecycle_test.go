@@ -430,7 +430,7 @@ func TestMCPOverTLS(t *testing.T) {
 						}
 					})
 				})
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			base := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: host}}
 			defer base.CloseIdleConnections()
@@ -486,12 +486,14 @@ func TestMCPSignedURLSessionEndsWithItsToken(t *testing.T) {
 		&mcp.StreamableHTTPOptions{DisableLocalhostProtection: true}))
 	h.put("signedmcp", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
 		"AllowPublicTraffic": "false", "TrafficAccessToken": strings.Repeat("a", 64)})
-	expiry := time.Now().Add(time.Second)
+	// Three seconds: the connect and the first call must fit before the
+	// expiry under -race on a loaded machine.
+	expiry := time.Now().Add(3 * time.Second)
 	tok, err := signer.Sign("signedmcp", 50005, expiry)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tr := &mcp.StreamableClientTransport{Endpoint: "http://" + h.addr + "/mcp?cube_token=" + tok, MaxRetries: -1, DisableStandaloneSSE: true,
 		HTTPClient: &http.Client{Transport: hostTransport{host: "50005-signedmcp.cube.test", base: h.client.Transport}}}

@@ -740,8 +740,23 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 400, err.Error())
 		return
 	}
-	if !routing.ValidID(b.SandboxID) || b.Port < 1 || b.Port > 65535 {
-		adminError(ctx, 400, "sandbox_id and port (1-65535) are required")
+	// A field given a bad value is said to be that, not missing:
+	// "required" for a port 0 puzzled.
+	_, hasID := raw["sandbox_id"]
+	_, hasPort := raw["port"]
+	var msg string
+	switch {
+	case !hasID:
+		msg = "sandbox_id (a sandbox id) is required"
+	case !hasPort:
+		msg = "port (1-65535) is required"
+	case !routing.ValidID(b.SandboxID):
+		msg = fmt.Sprintf("sandbox_id %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", b.SandboxID)
+	case b.Port < 1 || b.Port > 65535:
+		msg = fmt.Sprintf("port %d is not a port (1-65535)", b.Port)
+	}
+	if msg != "" {
+		adminError(ctx, 400, msg)
 		return
 	}
 	exp := time.Now().Add(ttl).Truncate(time.Second)

@@ -725,6 +725,12 @@ func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 		{`{"sandbox_id":"box","port":8080,"TTL":"24h"}`, 400, `unknown field "TTL"`},
 		{`{"sandbox_id":"box","Sandbox_ID":"other","port":8080}`, 400, `unknown field "Sandbox_ID"`},
 		{`{"sandbox_id":"box","port":8080} {}`, 400, "trailing data"},
+		// What is wrong, said as such: "required" for a value given puzzled.
+		{`{"port":8080}`, 400, "sandbox_id (a sandbox id) is required"},
+		{`{"sandbox_id":"box"}`, 400, "port (1-65535) is required"},
+		{`{"sandbox_id":"Box!","port":8080}`, 400, `sandbox_id "Box!" is not a sandbox id`},
+		{`{"sandbox_id":"box","port":0}`, 400, "port 0 is not a port (1-65535)"},
+		{`{"sandbox_id":"box","port":65536}`, 400, "port 65536 is not a port (1-65535)"},
 	} {
 		resp, err := http.Post("http://"+ln.Addr().String()+"/admin/tokens", "application/json", strings.NewReader(tc.body))
 		if err != nil {

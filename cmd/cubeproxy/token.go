@@ -54,11 +54,16 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	// A flag given a bad value (--port 0, --sandbox "") is said to be
+	// that, not missing: "required" for a value given puzzled.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	switch {
-	case *sandbox == "" || *port == 0:
-		return errors.New("--sandbox (a sandbox id) and --port (1-65535) are required")
+	case !given["sandbox"]:
+		return errors.New("--sandbox (a sandbox id) is required")
+	case !given["port"]:
+		return errors.New("--port (1-65535) is required")
 	case !routing.ValidID(*sandbox):
-		// Said as such: "required" for a value given puzzled.
 		return fmt.Errorf("--sandbox %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", *sandbox)
 	case *port < 1 || *port > 65535:
 		return fmt.Errorf("--port %d is not a port (1-65535)", *port)

@@ -135,9 +135,14 @@ func TestTokenSignErrors(t *testing.T) {
 	}{
 		{"no keys", noEnv, []string{"--sandbox", "box", "--port", "8080", "--ttl", "5m"}, "no signing keys"},
 		{"short key", tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": short}), []string{"--sandbox", "box", "--port", "8080"}, "key 1"},
-		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox"},
+		// What is wrong, said as such: "required" for a value given puzzled.
+		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox (a sandbox id) is required"},
+		{"no port", good, []string{"--sandbox", "box"}, "--port (1-65535) is required"},
+		{"neither", good, nil, "--sandbox (a sandbox id) is required"},
+		{"empty sandbox", good, []string{"--sandbox", "", "--port", "8080"}, `--sandbox "" is not a sandbox id`},
 		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, `--sandbox "Box!" is not a sandbox id`},
-		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port (1-65535) are required"},
+		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port 0 is not a port (1-65535)"},
+		{"negative port", good, []string{"--sandbox", "box", "--port", "-1"}, "--port -1 is not a port (1-65535)"},
 		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port 65536 is not a port"},
 		{"ttl too long", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "48h"}, "ttl"},
 		{"ttl garbage", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "soon"}, "ttl"},

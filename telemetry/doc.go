@@ -25,6 +25,7 @@
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
+//	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)
 //	cubeproxy.process_log.dropped       cubeproxy_process_log_dropped_total (after SetProcessLogDropped; 0 before)
 //
 // Every label comes from a small fixed set defined in labels.go; no host,

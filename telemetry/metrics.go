@@ -48,6 +48,7 @@ type Metrics struct {
 	connsRefused  atomic.Int64
 	auth          [len(authReasons)]atomic.Int64
 	logDrops      atomic.Int64
+	logReopenErrs atomic.Int64
 	procLogDrops  atomic.Pointer[func() uint64]
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 
@@ -70,7 +71,7 @@ type Metrics struct {
 type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
 	connectErrors, resourceErrs, retries, auth      metric.Int64ObservableCounter
-	logDrops, procLogDrops                          metric.Int64ObservableCounter
+	logDrops, logReopenErrs, procLogDrops           metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
@@ -105,6 +106,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.connsRefused = b.counter("cubeproxy.connections.refused", "{connection}", "Client connections refused with 503 proxy_overloaded because client.max_conns were open.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
+	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
@@ -118,7 +120,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.procLogDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
+		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -196,6 +198,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	ob.ObserveInt64(o.acceptErrors, m.acceptErrors.Load())
 	ob.ObserveInt64(o.connsRefused, m.connsRefused.Load())
 	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
+	ob.ObserveInt64(o.logReopenErrs, m.logReopenErrs.Load())
 	var procLogDrops uint64
 	if fn := m.procLogDrops.Load(); fn != nil {
 		procLogDrops = (*fn)()
@@ -410,6 +413,16 @@ func (m *Metrics) AccessLogDropped() {
 		return
 	}
 	m.logDrops.Add(1)
+}
+
+// AccessLogReopenFailed counts one failed reopen of the access log file
+// (SIGHUP): lines keep going to the file open before, which logrotate may
+// have renamed or removed.
+func (m *Metrics) AccessLogReopenFailed() {
+	if m == nil {
+		return
+	}
+	m.logReopenErrs.Add(1)
 }
 
 // SetProcessLogDropped installs the function read at every scrape for

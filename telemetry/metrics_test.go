@@ -50,6 +50,7 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.UpstreamResourceError()
 	m.UpstreamRetry()
 	m.AccessLogDropped()
+	m.AccessLogReopenFailed()
 	m.ConnRefused()
 	m.ConnOpened()
 	m.ConnOpened()
@@ -101,6 +102,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_missing"}, 1},
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_invalid"}, 0},
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
+		{"cubeproxy_accesslog_reopen_errors_total", nil, 1},
 		{"cubeproxy_connections_refused_total", nil, 1},
 	}
 	for _, w := range want {

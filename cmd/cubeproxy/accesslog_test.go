@@ -375,3 +375,50 @@ func TestAccessLogLossIsLogged(t *testing.T) {
 		t.Errorf("the failing access log logged %d times, want once\n%s", n, r.logs)
 	}
 }
+
+// A SIGHUP whose reopen fails (the log's directory renamed or removed by a
+// rotation gone wrong, a full or read-only filesystem) is counted, besides
+// the process log's error: an operator alerting on metrics learns that
+// the access log still goes to the old file, or to none, and a later
+// SIGHUP that succeeds does not count.
+func TestAccessLogReopenFailureIsCounted(t *testing.T) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	base := t.TempDir()
+	routes := boxRoutes(t, base, port)
+	dir := filepath.Join(base, "logs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-path", filepath.Join(dir, "access.log"), "--drain-timeout", "1s"}, noEnv)
+	admin := r.a.adminLn.Addr().String()
+	const failures = "cubeproxy_accesslog_reopen_errors_total"
+	if n := scrapeMetric(admin, failures); n != 0 {
+		t.Fatalf("%s = %v before any SIGHUP, want 0", failures, n)
+	}
+	hup := func(want string) {
+		t.Helper()
+		before := strings.Count(r.logs.String(), want)
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 5*time.Second, want+" in the logs", func() bool {
+			return strings.Count(r.logs.String(), want) > before
+		})
+	}
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		t.Fatal(err)
+	}
+	hup(`"msg":"reopen access log"`)
+	if n := scrapeMetric(admin, failures); n != 1 {
+		t.Errorf("%s = %v after a failed reopen, want 1", failures, n)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hup(`"msg":"access log reopened"`)
+	if n := scrapeMetric(admin, failures); n != 1 {
+		t.Errorf("%s = %v after a reopen that succeeded, want still 1", failures, n)
+	}
+	r.stop()
+}

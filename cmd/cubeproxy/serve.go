@@ -774,6 +774,7 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 func (a *app) reopenAccessLog() {
 	defer a.reopening.Store(false)
 	if err := a.access.Reopen(); err != nil {
+		a.tel.Metrics.AccessLogReopenFailed()
 		a.log.Error("reopen access log", "err", err)
 		return
 	}

@@ -1043,9 +1043,11 @@ func TestStalledHeadLogged(t *testing.T) {
 		{"TLS, part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, true, true},
 		{"part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, false, false},
 		// fasthttp hands over this timeout as a silent connection's, the
-		// head already dropped: not told apart, not logged (README).
-		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", false, false, false},
-		// After a request on the connection, it is told apart.
+		// head already dropped; the connection's first byte (StateActive)
+		// tells them apart.
+		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false},
+		{"TLS, part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true},
+		// After a request on the connection, fasthttp's count tells too.
 		{"part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false},
 		{"TLS, part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true},
 	} {

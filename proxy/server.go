@@ -760,7 +760,7 @@ func refusedByParser(err error) proxyError {
 // it like any other answer: a flood of 400s or 431s must show.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	var buf [maxRequestIDLen]byte
-	if connectionError(err) && !headStalled(err) && !bodyStalled(ctx, err) {
+	if connectionError(err) && !headStalled(err) && !p.bodyStalled(ctx, err) {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
 		// answer still carries an id, as every traffic answer does.
@@ -841,16 +841,23 @@ func headStalled(err error) bool {
 	return isTimeout(err) && !(errors.As(err, &op) && error(op) == err)
 }
 
-// bodyStalled reports a timeout on a small request body (one fasthttp
-// reads before the handler) that it can tell from a silent connection's.
+// bodyStalled reports a timeout on a request body fasthttp reads before
+// the handler (a small one, or a large one's first 8 KiB): a request,
+// logged as nginx logs its client_body_timeout, and as the drain's cut of
+// it, which is answered 504 (every answered request leaves a line).
 // fasthttp drops the head of such a request and hands over the bare read
-// error, as for a connection that sent nothing; but on a connection that
+// error, as for a connection that sent nothing. On a connection that
 // carried a request before (ConnRequestNum is still its number here),
 // fasthttp answers a silent wait for the next head with no error at all
 // and wraps a stalled head's, so a bare timeout is the body's. On a
-// connection's first request the two cannot be told apart.
-func bodyStalled(ctx *fasthttp.RequestCtx, err error) bool {
-	return isTimeout(err) && ctx.ConnRequestNum() > 0
+// connection's first request, a connection whose first byte came
+// (StateActive, recorded when the access log is on: without it there is
+// no line to write) sent a request; a silent one never goes active.
+func (p *Proxy) bodyStalled(ctx *fasthttp.RequestCtx, err error) bool {
+	if !isTimeout(err) {
+		return false
+	}
+	return ctx.ConnRequestNum() > 0 || !p.conns.began(ctx.Conn()).IsZero()
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

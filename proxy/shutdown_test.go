@@ -809,7 +809,8 @@ func TestDrainCutsRequestsStalledBeforeTheHandler(t *testing.T) {
 		logged    bool
 	}{
 		{name: "head begun", stall: "POST /up HTTP/1.1\r\nHost: %s\r\nX-Cube-Req", readIn: headRead, logged: true},
-		{name: "small body, first request", stall: "POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\nab", readIn: bodyRead},
+		{name: "small body, first request", stall: "POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\nab", readIn: bodyRead, logged: true},
+		{name: "large body's first bytes, first request", stall: "PUT /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 1048576\r\n\r\nab", readIn: bodyRead, logged: true},
 		{name: "small body, keep-alive", keepAlive: true, stall: "POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\nab", readIn: bodyRead, logged: true},
 		{name: "large body's first bytes, keep-alive", keepAlive: true, stall: "PUT /up HTTP/1.1\r\nHost: %s\r\nContent-Length: 1048576\r\n\r\nab", readIn: bodyRead, logged: true},
 	} {

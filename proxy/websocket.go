@@ -64,24 +64,31 @@ type tunnel struct {
 // close ends both directions: the past deadlines end the reads and writes
 // pending on either side, and the connections close (the client's is the
 // connection itself, not fasthttp's hijacked wrapper, unless it took no
-// deadline: see takeBuffered).
+// deadline: see takeBuffered). Only the deadlines are set under the lock
+// (so that no later deadline undoes them); the closes are I/O: a TLS
+// client's Close writes a close_notify under a 5 s deadline of its own,
+// which a client that stopped reading makes it wait out, and the other
+// copy, a kill (under its pool's lock) or the drain (under the
+// registry's) must not wait behind it for the lock.
 func (t *tunnel) close() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return
+	first := !t.closed
+	if first {
+		t.closed = true
+		past := time.Unix(1, 0)
+		_ = t.client.SetDeadline(past)
+		_ = t.backend.SetDeadline(past)
 	}
-	t.closed = true
-	past := time.Unix(1, 0)
-	_ = t.client.SetDeadline(past)
-	_ = t.backend.SetDeadline(past)
+	t.mu.Unlock()
 	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && (t.killed.Load() || t.drainCut.Load()) {
-		// A cut owes a TLS client no close_notify: crypto/tls sends it with
-		// a 5 s write deadline of its own, which a client that stopped
-		// reading made a kill (under its pool's lock) or the drain (under
-		// the registry's) wait out, per tunnel. Closing the socket first
-		// makes that write fail at once.
+		// A cut owes a TLS client no close_notify, nor waits for one: a
+		// kill or the drain would wait it out per tunnel. Closing the
+		// socket first makes that write fail at once, the one a close
+		// that came before the cut is still waiting in too.
 		_ = nc.NetConn().Close()
+	}
+	if !first {
+		return
 	}
 	_ = t.client.Close()
 	_ = t.backend.Close()

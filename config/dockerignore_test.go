@@ -128,6 +128,8 @@ func TestDockerIgnoreKeepsWhatTheBuildNeeds(t *testing.T) {
 {{end}}{{range .EmbedFiles}}{{$d}}/{{.}}
 {{end}}{{end}}{{end}}`, target)
 	cmd.Dir = root
+	// The files of the image's build: a static linux binary.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	list, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list -deps %s: %v", target, err)

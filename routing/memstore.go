@@ -187,10 +187,14 @@ func (s *MemoryStore) snapshot() snapshot {
 }
 
 // CheckPersistPath reports whether path's directory takes the temporary
-// file that every rewrite of path starts with, so that a store that cannot
-// persist is found at startup rather than by each admin change.
+// file that every rewrite of path starts with, and whether a rename can
+// replace path (not when it is a mount point of its own), so that a store
+// that cannot persist is found at startup rather than by each admin change.
 func CheckPersistPath(path string) error {
 	path = followLink(path)
+	if isMountPoint(path) {
+		return fmt.Errorf("routes file %s cannot be rewritten: it is a mount point of its own (a single-file bind mount or subPath?), which a rename cannot replace; mount its directory instead", path)
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		// Not the probe's random name, which would only puzzle, and

@@ -265,14 +265,18 @@ func followLink(path string) string {
 // writeFileAtomic replaces path (the file it links to, if a symlink) with
 // data so readers see the old or the new file, never a partial one. It
 // holds traffic tokens: a new file is 0600, and an existing one keeps its
-// owner and group bits but loses the others' (a checked-out routes.yaml
-// is 0644: every user of the host could read the tokens the admin API
-// writes into it).
+// owner, group, and owner and group bits but loses the others' (a
+// checked-out routes.yaml is 0644: every user of the host could read the
+// tokens the admin API writes into it); where its group cannot be kept,
+// the group bits go too.
 func writeFileAtomic(path string, data []byte) error {
 	path = followLink(path)
 	mode := os.FileMode(0o600)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm() &^ 0o007
+	old, err := os.Stat(path)
+	if err == nil {
+		mode = old.Mode().Perm() &^ 0o007
+	} else {
+		old = nil
 	}
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -280,6 +284,9 @@ func writeFileAtomic(path string, data []byte) error {
 		return err
 	}
 	tmp := f.Name()
+	if old != nil && !keepOwner(f, old) {
+		mode &^= 0o070
+	}
 	_, err = f.Write(data)
 	if err == nil {
 		err = f.Chmod(mode)

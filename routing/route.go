@@ -225,10 +225,14 @@ func fieldName(k string) string {
 }
 
 // parseIP accepts a unicast-usable address: no zone, not unspecified
-// (0.0.0.0 or :: would make the proxy dial itself). An IPv4-mapped address
-// ("::ffff:10.0.0.5", as a dual-stack socket reports an IPv4 peer) is the
-// IPv4 address it maps: Go dials it as one, so "::ffff:0.0.0.0" is
-// unspecified too, and it must equal node_ip for the same-node choice.
+// (0.0.0.0 or :: would make the proxy dial itself), and one a TCP
+// connection can reach: not multicast, not the IPv4 broadcast address, not
+// IPv6 link-local (which needs the zone a route may not carry). Taken,
+// those failed every request with a 502 that blamed the sandbox. An
+// IPv4-mapped address ("::ffff:10.0.0.5", as a dual-stack socket reports
+// an IPv4 peer) is the IPv4 address it maps: Go dials it as one, so
+// "::ffff:0.0.0.0" is unspecified too, and it must equal node_ip for the
+// same-node choice.
 func parseIP(s string) (netip.Addr, string) {
 	addr, err := netip.ParseAddr(s)
 	switch {
@@ -238,8 +242,15 @@ func parseIP(s string) (netip.Addr, string) {
 		return netip.Addr{}, "IPv6 zones are not allowed"
 	}
 	addr = addr.Unmap() // after the zone check: Unmap drops a zone
-	if addr.IsUnspecified() {
+	switch {
+	case addr.IsUnspecified():
 		return netip.Addr{}, "unspecified address"
+	case addr.IsMulticast():
+		return netip.Addr{}, "multicast address: no TCP connection reaches it"
+	case addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return netip.Addr{}, "broadcast address: no TCP connection reaches it"
+	case addr.Is6() && addr.IsLinkLocalUnicast():
+		return netip.Addr{}, "IPv6 link-local address: it needs a zone, which routes may not carry"
 	}
 	return addr, ""
 }

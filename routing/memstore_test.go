@@ -221,20 +221,29 @@ func TestMemoryStorePersistNotWorldReadable(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			s := NewMemoryStore()
-			s.SetPersistPath(path)
-			if err := s.Put(mustRoute(t, "private", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)); err != nil {
-				t.Fatal(err)
-			}
-			fi, err := os.Stat(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			fi := putTokenThroughFile(t, path)
 			if got := fi.Mode().Perm(); got != tc.after {
 				t.Errorf("file mode %v before, %v after the write; want %v", tc.before, got, tc.after)
 			}
 		})
 	}
+}
+
+// putTokenThroughFile stores a route with a traffic token in a store that
+// persists to path, as an admin change does, and returns the rewritten
+// file's info.
+func putTokenThroughFile(t *testing.T, path string) os.FileInfo {
+	t.Helper()
+	s := NewMemoryStore()
+	s.SetPersistPath(path)
+	if err := s.Put(mustRoute(t, "private", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi
 }
 
 func TestMemoryStorePutValidates(t *testing.T) {

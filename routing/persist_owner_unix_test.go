@@ -38,15 +38,7 @@ func TestPersistKeepsOwnerAndGroup(t *testing.T) {
 			if err := os.Chmod(path, tc.mode); err != nil {
 				t.Fatal(err)
 			}
-			s := NewMemoryStore()
-			s.SetPersistPath(path)
-			if err := s.Put(mustRoute(t, "private", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)); err != nil {
-				t.Fatal(err)
-			}
-			fi, err := os.Stat(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			fi := putTokenThroughFile(t, path)
 			st := fi.Sys().(*syscall.Stat_t)
 			if int(st.Uid) != tc.uid || int(st.Gid) != tc.gid {
 				t.Errorf("owner %d:%d after the write, want %d:%d as before", st.Uid, st.Gid, tc.uid, tc.gid)

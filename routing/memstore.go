@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -195,7 +196,7 @@ func CheckPersistPath(path string) error {
 	if isMountPoint(path) {
 		return fmt.Errorf("routes file %s cannot be rewritten: it is a mount point of its own (a single-file bind mount or subPath?), which a rename cannot replace; mount its directory instead", path)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(path), tempPattern(path))
 	if err != nil {
 		// Not the probe's random name, which would only puzzle, and
 		// would make check's message differ from serve's at each run.
@@ -207,6 +208,57 @@ func CheckPersistPath(path string) error {
 	f.Close()
 	os.Remove(f.Name())
 	return nil
+}
+
+// tempPattern is the os.CreateTemp pattern of the temporary files a
+// rewrite of path starts with, in path's directory.
+func tempPattern(path string) string {
+	return "." + filepath.Base(path) + ".tmp-*"
+}
+
+// RemoveStaleTemps removes, from the directory of the file path names
+// (through its symlinks, as a rewrite does), the temporary files a
+// rewrite of it left behind when the process died before its rename:
+// each holds a copy of the table with its traffic tokens, up to the
+// routes file's size limit, and nothing else ever removes it. Only
+// regular files whose mtime is older than age go: a younger one may be
+// the write of a predecessor still running (reuse_port). It returns the
+// paths removed, and the errors of those it could not remove or read.
+func RemoveStaleTemps(path string, age time.Duration) ([]string, error) {
+	path = followLink(path)
+	dir := filepath.Dir(path)
+	prefix := strings.TrimSuffix(tempPattern(path), "*")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("routes file %s: look for stale temporary files: %w", path, err)
+	}
+	cutoff := time.Now().Add(-age)
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, prefix) || len(name) == len(prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // renamed or removed since the listing
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !info.ModTime().Before(cutoff) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, p)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // persist returns once change seq is on disk (or not persisting): written
@@ -279,7 +331,7 @@ func writeFileAtomic(path string, data []byte) error {
 		old = nil
 	}
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, tempPattern(path))
 	if err != nil {
 		return err
 	}

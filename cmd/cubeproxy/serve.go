@@ -317,6 +317,9 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		if a.routes, err = openRoutes(cfg, a.log); err != nil {
 			return nil, 0, err
 		}
+		if cfg.PersistRoutes {
+			a.removeStaleTemps()
+		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
 	case "redis":
@@ -642,6 +645,26 @@ func openRoutes(cfg *config.Config, log *slog.Logger) (*routing.MemoryStore, err
 		routes.SetPersistPath(cfg.Routes)
 	}
 	return routes, nil
+}
+
+// staleTempAge is how old a routes file's temporary file must be for the
+// start to remove it: a reuse_port predecessor still running may be
+// writing a younger one, and even a 64 MiB table is written and renamed
+// well within it.
+const staleTempAge = time.Minute
+
+// removeStaleTemps removes the temporary files that rewrites of the routes
+// file interrupted by a crash left beside it. Only serve does: check
+// changes nothing. A file that cannot be removed is logged, not fatal:
+// the proxy works with it there.
+func (a *app) removeStaleTemps() {
+	removed, err := routing.RemoveStaleTemps(a.cfg.Routes, staleTempAge)
+	for _, p := range removed {
+		a.log.Info("stale temporary routes file removed (left by a write a crash interrupted)", "path", p)
+	}
+	if err != nil {
+		a.log.Warn("stale temporary routes files left in place", "err", err)
+	}
 }
 
 // loadRoutes opens the routes file; a missing file (the default path when

@@ -353,7 +353,7 @@ var negativeMeansOff = map[string]bool{
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
-		c.checkListeners, c.checkBuffers, c.checkHostNames,
+		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -758,6 +758,24 @@ func (c *Config) checkHostNames() error {
 				return fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
 			}
 		}
+	}
+	return nil
+}
+
+// checkNodeIP refuses a node_ip that is no address, or one with an IPv6
+// zone: node_ip is compared with each route's HostIP, which may carry no
+// zone, so it would never match, and every route on this node would be
+// dialed through its host port instead of its SandboxIP, with no word.
+func (c *Config) checkNodeIP() error {
+	if c.NodeIP == "" {
+		return nil
+	}
+	addr, err := netip.ParseAddr(c.NodeIP)
+	if err != nil {
+		return fmt.Errorf("node_ip %q: %w", c.NodeIP, err)
+	}
+	if zone := addr.Zone(); zone != "" {
+		return fmt.Errorf("node_ip %q: an IPv6 zone (%%%s) never equals a route's HostIP, which carries none, so routes on this node would be dialed through their host port instead of SandboxIP; set the address the routes name as HostIP, without a zone", c.NodeIP, zone)
 	}
 	return nil
 }

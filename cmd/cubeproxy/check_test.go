@@ -139,6 +139,9 @@ func TestCheckBadConfig(t *testing.T) {
 		{"acme without email", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    storage_dir: " + dir + "\n    dns:\n      provider: rfc2136\n      options: {server: 127.0.0.1:53}\n", nil, "email"},
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},
 		{"bad log level", "log_level: loud\n", nil, "log_level"},
+		// serve would start and dial every route on this node through
+		// its host port: HostIP never carries the zone.
+		{"node_ip with an IPv6 zone", "node_ip: 'fe80::1%eth0'\n", nil, `node_ip "fe80::1%eth0": an IPv6 zone`},
 		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
 		// serve's start would fail to open it: check must not say ok.
 		{"access log in a missing directory", "access_log:\n  path: " + dir + "/none/access.log\n", nil, "access.log"},

@@ -1,0 +1,40 @@
+package config
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+// node_ip is compared with each route's HostIP, and a route may carry no
+// IPv6 zone: a node_ip with one never matched, and routes on this node
+// were dialed through their host port instead of SandboxIP, silently.
+func TestNodeIP(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ip   string
+		want string // "" loads
+	}{
+		{"unset", "", ""},
+		{"IPv4", "10.0.0.5", ""},
+		{"IPv6", "2001:db8::5", ""},
+		{"IPv4-mapped", "::ffff:10.0.0.5", ""},
+		{"link-local with a zone", "fe80::1%eth0",
+			`node_ip "fe80::1%eth0": an IPv6 zone (%eth0) never equals a route's HostIP, which carries none`},
+		{"global with a zone", "2001:db8::5%2", `node_ip "2001:db8::5%2": an IPv6 zone (%2)`},
+		{"not an address", "node-7", `node_ip "node-7": `},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load([]string{"--config", writeFile(t, "node_ip: '"+tc.ip+"'\n")}, env(nil), io.Discard)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Load: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Load = %v; want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

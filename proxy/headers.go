@@ -468,11 +468,14 @@ func appendUint(dst []byte, v uint64) []byte {
 }
 
 // dropForwardingAliases removes the client's header lines whose names read
-// as a header the proxy vouches for once '_' is taken for '-' (X_Real_IP,
-// X-Forwarded_For, and X_Forwarded_Host when masked is set). CGI, WSGI and
-// PHP servers file both spellings under one variable (HTTP_X_REAL_IP) and
-// join or overwrite them, so such a line would forge the client address;
-// nginx drops names with '_' by default (underscores_in_headers off).
+// as a header the proxy vouches for or strips once '_' is taken for '-'
+// (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set, and
+// the proxy's credential headers: X_Cube_Admin_Token,
+// E2b_Traffic_Access_Token, Cube_Traffic_Access_Token). CGI, WSGI and PHP
+// servers file both spellings under one variable (HTTP_X_REAL_IP) and join
+// or overwrite them, so such a line would forge the client address, or
+// hand the sandbox's code a token the proxy never lets through; nginx
+// drops names with '_' by default (underscores_in_headers off).
 // prepareRequest calls it only when scanHead saw a name with '_'.
 func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 	for name := range headerNames(h.RawHeaders()) {
@@ -480,10 +483,21 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 			continue
 		}
 		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
-			(masked && underscoreAlias(name, "x-forwarded-host")) {
+			(masked && underscoreAlias(name, "x-forwarded-host")) || credentialAlias(name) {
 			h.DelBytes(name)
 		}
 	}
+}
+
+// credentialAlias reports whether name is one of proxyTokenHeaders with
+// '_' read as '-'.
+func credentialAlias(name []byte) bool {
+	for _, want := range proxyTokenHeaders {
+		if underscoreAlias(name, want) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropInvalidNames removes the client's header lines whose names hold a
@@ -517,23 +531,29 @@ func dropInvalidNames(h *fasthttp.RequestHeader) {
 	}
 }
 
-// underscoreAlias reports whether name equals the lower-case header name
-// want, in any case, with '_' read as '-'.
+// underscoreAlias reports whether name equals the header name want, in
+// any case, with '_' read as '-'.
 func underscoreAlias(name []byte, want string) bool {
 	if len(name) != len(want) {
 		return false
 	}
 	for i, c := range name {
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		} else if c == '_' {
+		if c == '_' {
 			c = '-'
 		}
-		if c != want[i] {
+		if lower(c) != lower(want[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// lower is c in lower case, for ASCII letters.
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // scopeSetCookies keeps every cookie a sandbox sets on host, the one the

@@ -458,6 +458,37 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	}
 }
 
+// The proxy's credential headers spelled with '_' (X_Cube_Admin_Token)
+// are the real ones to a CGI, WSGI or PHP server (HTTP_X_CUBE_ADMIN_TOKEN),
+// so a client's token would reach the sandbox's code under that spelling.
+// nginx drops such names by default; the proxy drops these, in any case
+// and any mix of '_' and '-', and leaves other names with '_' alone.
+func TestCredentialHeaderUnderscoreAliases(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	h.put("credalias", map[string]string{"HostIP": "127.0.0.1", "80": itoa(port)})
+	for _, tc := range []struct{ name, line string }{
+		{"admin token", "X_Cube_Admin_Token: admin-secret"},
+		{"admin token, upper case, mixed", "X-CUBE_ADMIN-TOKEN: admin-secret"},
+		{"e2b traffic token", "E2b_Traffic_Access_Token: traffic-secret"},
+		{"cube traffic token", "cube_traffic_access_token: traffic-secret"},
+		{"cube traffic token, mixed", "Cube-Traffic_Access-Token: traffic-secret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: 80-credalias.cube.test", tc.line, "X_App_Token: kept")
+			for k, v := range e.Headers {
+				switch strings.ReplaceAll(strings.ToLower(k), "_", "-") {
+				case "x-cube-admin-token", "e2b-traffic-access-token", "cube-traffic-access-token":
+					t.Errorf("%s: %q reached the sandbox", k, v)
+				}
+			}
+			if got := e.get("X_app_token"); got != "kept" {
+				t.Errorf("X_App_Token reached the sandbox as %q, want %q", got, "kept")
+			}
+		})
+	}
+}
+
 // scanHead decides which headers prepareRequest looks up at all: a name it
 // missed (any case, any position) would skip a removal or a join.
 func TestScanHead(t *testing.T) {
@@ -632,6 +663,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Cookie: a=1; cube_proxy_auth=t; b=2\r\nCookie: cube_proxy_auth=u\r\n",
 		"X-Real-IP: 6.6.6.6\r\nx-real-ip: 7.7.7.7\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n",
 		"X_Real_IP: 6.6.6.6\r\nX-Forwarded_For: 1.1.1.1\r\n",
+		"X_Cube_Admin_Token: a\r\nE2b_Traffic-Access_Token: t\r\ncube_traffic_access_token: u\r\n",
 		"X-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\nX-Forwarded-Proto:\r\n",
 		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
 		"X Real IP: 6.6.6.6\r\nT 0: x\r\nT 0: y\r\n",
@@ -742,7 +774,7 @@ func FuzzPrepareRequest(f *testing.F) {
 					}
 				}
 			}
-			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host")) {
+			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host") || credentialAlias(k)) {
 				t.Errorf("alias %s reached the sandbox\n%q", k, sent.String())
 			}
 		}

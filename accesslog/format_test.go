@@ -160,6 +160,22 @@ func TestRedaction(t *testing.T) {
 		{"/cube_token=inpath", "/cube_token=inpath"},
 		{"/p?", "/p?"},
 		{"/p?&&", "/p?&&"},
+		// Names a lenient parser reads as cube_token: '+' and %20 decode
+		// to a space, which trimming parsers (and PHP, leading ones) drop;
+		// PHP files ' ' and '.' in a name under '_'; PHP, Rack and qs read
+		// cube_token[] and cube_token[0] as an array named cube_token.
+		{"/p?cube_token+=" + secret + "&b=2", "/p?cube_token+=REDACTED&b=2"},
+		{"/p?cube_token%20=" + secret, "/p?cube_token%20=REDACTED"},
+		{"/p?+%09cube_token%0D=" + secret, "/p?+%09cube_token%0D=REDACTED"},
+		{"/p?cube+token=" + secret, "/p?cube+token=REDACTED"},
+		{"/p?Cube.Token=" + secret, "/p?Cube.Token=REDACTED"},
+		{"/p?cube%2etoken=" + secret, "/p?cube%2etoken=REDACTED"},
+		{"/p?cube_token[]=" + secret + "&cube_token%5B0%5D=" + secret, "/p?cube_token[]=REDACTED&cube_token%5B0%5D=REDACTED"},
+		{"/p?cube_token+[x]=" + secret, "/p?cube_token+[x]=REDACTED"},
+		// Other names stay: no parser reads these as cube_token.
+		{"/p?cube-token=keep&cube__token=keep&cube_token_=keep", "/p?cube-token=keep&cube__token=keep&cube_token_=keep"},
+		{"/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep", "/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep"},
+		{"/p?cube[token]=keep&cube_toke=keep", "/p?cube[token]=keep&cube_toke=keep"},
 	}
 	for _, tt := range tests {
 		got := string(appendRedactedURI(nil, tt.uri, appendCubeEscaped))

@@ -82,32 +82,73 @@ func appendRedactedQuery(dst []byte, query string, esc appendFunc) []byte {
 	return dst
 }
 
-// isRedactedKey matches key against redactedParams after percent-decoding
-// and ASCII case folding, so "cube%5Ftoken" or "CUBE_TOKEN" cannot smuggle a
-// token past the redaction.
+// isRedactedKey reports whether key is the name of a redacted parameter
+// as a lenient parser may read it (readsAs), so that "cube%5Ftoken",
+// "CUBE_TOKEN" or "cube_token+" cannot smuggle a token past the redaction.
 func isRedactedKey(key string) bool {
 	for _, name := range redactedParams {
-		if decodedEqualFold(key, name) {
+		if readsAs(key, name) {
 			return true
 		}
 	}
 	return false
 }
 
-func decodedEqualFold(enc, want string) bool {
-	j := 0
-	for i := 0; i < len(enc); i++ {
-		c := enc[i]
-		if c == '%' && i+2 < len(enc) && isHex(enc[i+1]) && isHex(enc[i+2]) {
-			c = unhex(enc[i+1])<<4 | unhex(enc[i+2])
-			i += 2
+// readsAs reports whether the encoded parameter name enc reads as want (a
+// lower-case name) to some parser a sandbox may run: percent-decoded with
+// '+' as a space (form decoding), in any ASCII case, with ASCII whitespace
+// around it (which parsers that trim drop, and PHP drops leading), ' ' or
+// '.' where want has '_' (PHP files "cube token" and "cube.token" under
+// cube_token), and anything from a '[' after it (PHP, Rack and qs read
+// "cube_token[]" and "cube_token[0]" as an array named cube_token). Other
+// names, "cube-token" or "cube_token_x", are no parser's cube_token.
+func readsAs(enc, want string) bool {
+	i := 0
+	for i < len(enc) {
+		c, next := decodedAt(enc, i)
+		if !isSpace(c) {
+			break
 		}
-		if j >= len(want) || lower(c) != want[j] {
+		i = next
+	}
+	for j := 0; j < len(want); j++ {
+		if i >= len(enc) {
 			return false
 		}
-		j++
+		c, next := decodedAt(enc, i)
+		if lower(c) != want[j] && (want[j] != '_' || c != ' ' && c != '.') {
+			return false
+		}
+		i = next
 	}
-	return j == len(want)
+	for i < len(enc) {
+		c, next := decodedAt(enc, i)
+		if c == '[' {
+			return true
+		}
+		if !isSpace(c) {
+			return false
+		}
+		i = next
+	}
+	return true
+}
+
+// decodedAt is the byte the encoded name enc holds at i, percent-decoded
+// and with '+' as a space, and the index after its encoding.
+func decodedAt(enc string, i int) (c byte, next int) {
+	switch c = enc[i]; {
+	case c == '%' && i+2 < len(enc) && isHex(enc[i+1]) && isHex(enc[i+2]):
+		return unhex(enc[i+1])<<4 | unhex(enc[i+2]), i + 3
+	case c == '+':
+		return ' ', i + 1
+	}
+	return c, i + 1
+}
+
+// isSpace reports whether c is ASCII whitespace.
+func isSpace(c byte) bool {
+	return c == ' ' || '\t' <= c && c <= '\r'
 }
 
 func isHex(c byte) bool {

@@ -40,7 +40,20 @@ type Registry struct {
 	cancel context.CancelFunc
 
 	stopOnce sync.Once
+
+	// Failed heartbeats are logged at the first, then at most once every
+	// warnEvery with their count, and once more when one succeeds again:
+	// a Redis that is down for an hour must not cost 720 warnings per
+	// instance. Only the run goroutine touches these.
+	warnEvery time.Duration
+	failed    int       // beats failed since the last success
+	unlogged  int       // of those, beats failed since the last warning
+	warned    time.Time // when the last warning was logged
 }
+
+// heartbeatWarnEvery is how often a failing heartbeat is logged, as other
+// repeated warnings are (certs' on-demand rate limit).
+const heartbeatWarnEvery = time.Minute
 
 // StartRegistry starts the registry when cfg.Registry.Enabled, with the
 // store's client and command timeout. It returns a nil *Registry (whose Stop
@@ -56,6 +69,12 @@ func (s *Store) StartRegistry(inst Instance, logger *slog.Logger) (*Registry, er
 // Stop, whatever cfg.Enabled says. cmdTimeout bounds each write. Failed writes are logged and retried
 // on the next tick; they never stop the loop.
 func StartRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger) (*Registry, error) {
+	return startRegistry(client, cfg, cmdTimeout, inst, logger, heartbeatWarnEvery)
+}
+
+// startRegistry is StartRegistry with the interval between warnings of a
+// failing heartbeat, which tests shorten.
+func startRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger, warnEvery time.Duration) (*Registry, error) {
 	if inst.ProxyID == "" {
 		return nil, errors.New("redis registry: empty proxy_id")
 	}
@@ -78,6 +97,8 @@ func StartRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout 
 		logger: logger.With("proxy_id", inst.ProxyID),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
+
+		warnEvery: warnEvery,
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
@@ -89,9 +110,7 @@ func (r *Registry) run() {
 	tick := time.NewTicker(r.cfg.Interval)
 	defer tick.Stop()
 	for {
-		if err := r.beat(); err != nil {
-			r.logger.Warn("redis registry heartbeat failed", "err", err)
-		}
+		r.report(r.beat(), time.Now())
 		select {
 		case <-r.stop:
 			return
@@ -105,6 +124,27 @@ func (r *Registry) run() {
 			}
 		}
 	}
+}
+
+// report logs a heartbeat's outcome: the first failure, then at most one
+// warning every warnEvery with the failures since the last one, and one
+// line when a heartbeat succeeds after failures.
+func (r *Registry) report(err error, now time.Time) {
+	if err == nil {
+		if r.failed > 0 {
+			r.logger.Info("redis registry heartbeat recovered", "failed_beats", r.failed)
+			r.failed, r.unlogged = 0, 0
+		}
+		return
+	}
+	r.failed++
+	r.unlogged++
+	if r.failed > 1 && now.Sub(r.warned) < r.warnEvery {
+		return
+	}
+	r.logger.Warn("redis registry heartbeat failed (logged at most once a minute while it fails)",
+		"err", err, "failed_beats", r.unlogged)
+	r.unlogged, r.warned = 0, now
 }
 
 // beat writes the entry and the heartbeat in one round trip.

@@ -178,6 +178,21 @@ func CheckACME(cfg Config) error {
 	return nil
 }
 
+// ACMECovers is what Covers of the Manager New would build from cfg
+// (Source acme) reports for host, without building one: for check, which
+// must not start certmagic.
+func ACMECovers(cfg Config, host string) bool {
+	if cfg.ACME.OnDemand {
+		return true
+	}
+	if cfg.ACME.SkipWildcard {
+		return false
+	}
+	domain := strings.ToLower(strings.Trim(cfg.Domain, "."))
+	s := acmeSource{domain: domain, defaultName: "*." + domain}
+	return s.covered(strings.ToLower(strings.TrimSuffix(host, ".")))
+}
+
 func validateACME(cfg Config, domain string) error {
 	a := cfg.ACME
 	switch {

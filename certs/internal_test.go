@@ -503,3 +503,30 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 		})
 	}
 }
+
+// ACMECovers, which check uses without a Manager, answers as the managed
+// certificates do: the apex and one label below tls.domain, any name with
+// on-demand issuance, none with the wildcard skipped and no on-demand.
+func TestACMECovers(t *testing.T) {
+	base := Config{Source: SourceACME, Domain: "Cube.Test."}
+	onDemand, skipped := base, base
+	onDemand.ACME.OnDemand = true
+	skipped.ACME.SkipWildcard = true
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		host string
+		want bool
+	}{
+		{"sandbox host", base, "1-x.cube.test", true},
+		{"apex, trailing dot", base, "CUBE.test.", true},
+		{"two labels below", base, "1-x.eu.cube.test", false},
+		{"other domain", base, "1-x.cube.example", false},
+		{"on-demand", onDemand, "1-x.eu.cube.test", true},
+		{"wildcard skipped", skipped, "1-x.cube.test", false},
+	} {
+		if got := ACMECovers(tc.cfg, tc.host); got != tc.want {
+			t.Errorf("%s: ACMECovers(%q) = %v, want %v", tc.name, tc.host, got, tc.want)
+		}
+	}
+}

@@ -115,19 +115,22 @@ func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) 
 }
 
 // checkCerts loads the certificates the HTTPS listener would serve: the
-// files, or a self-signed one. ACME is checked short of the CA.
+// files, or a self-signed one. ACME is checked short of the CA. A domain
+// no certificate names is warned about as serve warns at start.
 func checkCerts(ctx context.Context, a *app) (string, error) {
 	ccfg := a.certsConfig()
 	if ccfg.Source == certs.SourceACME {
 		if err := certs.CheckACME(ccfg); err != nil {
 			return "", err // certs names itself ("tls certificates: ...")
 		}
+		a.warnUncoveredDomains(func(host string) bool { return certs.ACMECovers(ccfg, host) })
 		return "acme (CA not contacted)", nil
 	}
 	m, err := certs.New(ctx, ccfg)
 	if err != nil {
 		return "", err // certs names itself ("tls certificates: ...")
 	}
+	a.warnUncoveredDomains(m.Covers)
 	_ = m.Close()
 	if ccfg.Source == certs.SourceFiles {
 		return fmt.Sprintf("%d certificate files loaded", len(ccfg.Files)), nil

@@ -378,7 +378,7 @@ func (a *app) listen(ctx context.Context) (err error) {
 		if a.certs, err = certs.New(ctx, a.certsConfig()); err != nil {
 			return err // certs names itself ("tls certificates: ...")
 		}
-		a.warnUncoveredDomains()
+		a.warnUncoveredDomains(a.certs.Covers)
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return listenError("https_addr", cfg.HTTPSAddr, err)
 		}
@@ -451,15 +451,16 @@ func checkListeners(cfg *config.Config) error {
 // the default certificate of another name (files) or a failed handshake
 // (acme manages *.<tls.domain> only), which otherwise shows only as
 // clients' TLS errors. A warning, not a refusal: such a domain may be
-// meant for plain HTTP alone.
-func (a *app) warnUncoveredDomains() {
+// meant for plain HTTP alone. covers is the certificates' Covers (check
+// has no Manager for acme).
+func (a *app) warnUncoveredDomains(covers func(host string) bool) {
 	for _, d := range a.cfg.Domains {
 		d = strings.TrimPrefix(strings.ToLower(strings.Trim(d, ". ")), "*.")
 		if d == "" {
 			continue
 		}
 		// A sandbox host is one label more: <port>-<id>.<domain>.
-		if !a.certs.Covers("1-x." + d) {
+		if !covers("1-x." + d) {
 			a.log.Warn("tls: no certificate names the sandbox hosts of a domain; HTTPS clients will refuse them (add a certificate for *.<domain>, or with acme set tls.domain to it or enable tls.acme.on_demand)",
 				"domain", d, "source", tlsSource(a.cfg.TLS))
 		}

@@ -965,7 +965,8 @@ func TestTLSACMEOnDemandRandomNameFlood(t *testing.T) {
 	}
 }
 
-// A domain in domains that no certificate names is said at start: its
+// A domain in domains that no certificate names is said at start, and by
+// check: its
 // sandbox hosts are routed, but over HTTPS they get the default
 // certificate of another name (files) or a failed handshake (acme manages
 // *.<tls.domain> only), which showed only as clients' TLS errors.
@@ -1013,25 +1014,36 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 				t.Fatal(err)
 			}
+			checkWarned := func(what, logs string) {
+				t.Helper()
+				var got []string
+				for line := range strings.Lines(logs) {
+					if strings.Contains(line, warning) {
+						got = append(got, line)
+					}
+				}
+				switch {
+				case tt.wantWarn == "" && len(got) > 0:
+					t.Fatalf("%s warned: %s", what, got)
+				case tt.wantWarn != "" && (len(got) != 1 || !strings.Contains(got[0], `"domain":"`+tt.wantWarn+`"`)):
+					t.Fatalf("%s: warnings %q, want one naming %s\n%s", what, got, tt.wantWarn, logs)
+				}
+			}
+			// check, run before a restart, says it too, and passes: a
+			// warning, as at start.
+			code, _, stderr := runCheck(t, noEnv, "--config", path)
+			if code != 0 {
+				t.Fatalf("check exited %d:\n%s", code, stderr)
+			}
+			checkWarned("check", stderr)
+
 			r := runServe(t, []string{"--config", path}, noEnv)
 			// The process log is written behind serve: the warning comes
 			// before this line.
 			testenv.WaitFor(t, 10*time.Second, "the listening line", func() bool {
 				return strings.Contains(r.logs.String(), "cubeproxy listening")
 			})
-			logs := r.logs.String()
-			var got []string
-			for line := range strings.Lines(logs) {
-				if strings.Contains(line, warning) {
-					got = append(got, line)
-				}
-			}
-			switch {
-			case tt.wantWarn == "" && len(got) > 0:
-				t.Fatalf("warned: %s", got)
-			case tt.wantWarn != "" && (len(got) != 1 || !strings.Contains(got[0], `"domain":"`+tt.wantWarn+`"`)):
-				t.Fatalf("warnings %q, want one naming %s\n%s", got, tt.wantWarn, logs)
-			}
+			checkWarned("serve", r.logs.String())
 		})
 	}
 }

@@ -23,6 +23,22 @@ func writeFile(t *testing.T, body string) string {
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
+// loadWants loads a config file of yaml and wants it to load (want "") or
+// to fail with an error containing want.
+func loadWants(t *testing.T, yaml, want string) {
+	t.Helper()
+	_, err := Load([]string{"--config", writeFile(t, yaml)}, env(nil), io.Discard)
+	if want == "" {
+		if err != nil {
+			t.Fatalf("Load: %v", err)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Load = %v; want an error containing %q", err, want)
+	}
+}
+
 func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
 	file := writeFile(t, "http_addr: ':1001'\nadmin_addr: '127.0.0.1:2001'\nnode_ip: 10.0.0.1\nupstream:\n  connect_timeout: 5s\ndomains: [a.test]\n")
 	for _, tc := range []struct {

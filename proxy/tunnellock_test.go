@@ -12,28 +12,19 @@ import (
 
 // tlsPair returns the two ends of a real TLS connection over loopback TCP,
 // handshake done, with small socket buffers so that a client that stops
-// reading fills them quickly.
+// reading fills them quickly. Both ends close with the test.
 func tlsPair(t *testing.T) (server, client *tls.Conn) {
 	t.Helper()
-	ca := testenv.NewCA(t, "tunnel lock CA")
+	ca := testenv.NewCA(t, "tunnel test CA")
 	certPEM, keyPEM := ca.Issue(t, "ws.cube.test")
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln := listen(t, "127.0.0.1:0")
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	raw := dialRaw(t, ln.Addr().String())
+	t.Cleanup(func() { ln.Close() })
+	srvRaw, raw := acceptPair(t, ln)
 	_ = raw.(*net.TCPConn).SetReadBuffer(4 << 10)
-	srvRaw := <-accepted
-	if srvRaw == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { srvRaw.Close() })
 	_ = srvRaw.(*net.TCPConn).SetWriteBuffer(4 << 10)
 	server = tls.Server(srvRaw, &tls.Config{Certificates: []tls.Certificate{cert}})
 	client = tls.Client(raw, &tls.Config{RootCAs: ca.Pool(), ServerName: "ws.cube.test"})
@@ -71,12 +62,8 @@ func TestTunnelCloseHoldsNoLockAcrossTLSWrite(t *testing.T) {
 		}
 	}
 	backendLn := listen(t, "127.0.0.1:0")
-	backend := dialRaw(t, backendLn.Addr().String())
-	sandbox, err := backendLn.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sandbox.Close() })
+	t.Cleanup(func() { backendLn.Close() })
+	_, backend := acceptPair(t, backendLn)
 	tn := &tunnel{client: server, backend: backend}
 
 	closed := make(chan struct{})

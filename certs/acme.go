@@ -57,6 +57,7 @@ type acmeSource struct {
 	cache    *certmagic.Cache
 	managed  *certmagic.Config
 	onDemand *certmagic.Config // nil when on-demand is off
+	locks    *lockGate
 	cancel   context.CancelFunc
 }
 
@@ -102,9 +103,12 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
 		},
 	}
+	storage := certmagic.Default.Storage // certmagic's data directory
 	if a.StorageDir != "" {
-		base.Storage = &certmagic.FileStorage{Path: a.StorageDir}
+		storage = &certmagic.FileStorage{Path: a.StorageDir}
 	}
+	s.locks = &lockGate{Storage: storage}
+	base.Storage = s.locks
 	s.managed = newCertmagicConfig(s.cache, base, issuer)
 	if a.OnDemand {
 		base.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: s.decide}
@@ -585,8 +589,16 @@ func (s *acmeSource) ready() error {
 	return nil
 }
 
+// lockReleaseWait bounds how long close waits for certmagic to release
+// its storage locks after the cancel: its requests end with the context,
+// so this is met in milliseconds unless a storage or DNS call hangs.
+const lockReleaseWait = 5 * time.Second
+
 func (s *acmeSource) close() error {
 	s.cancel()
 	s.cache.Stop()
+	if s.locks != nil && !s.locks.close(lockReleaseWait) {
+		return fmt.Errorf("acme: a certificate storage lock was still held %s after close; a restarted proxy may wait for it to go stale", lockReleaseWait)
+	}
 	return nil
 }

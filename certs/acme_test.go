@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -519,5 +520,49 @@ func TestACMEReadyWithoutWildcard(t *testing.T) {
 	t.Cleanup(func() { _ = m.Close() })
 	if err := m.Ready(); err != nil {
 		t.Fatalf("Ready = %v; want nil (no wildcard to wait for)", err)
+	}
+}
+
+// Close returns after certmagic let go of its storage lock: an obtain in
+// flight at shutdown used to go on unwinding after Close, so a proxy
+// exiting then left a lock file behind that a restarted proxy sharing the
+// storage waited on, and a job queued before the cancel could create one
+// after Close. The CA here accepts connections and never answers, so the
+// managed obtain holds its lock until Close.
+func TestACMECloseReleasesStorageLock(t *testing.T) {
+	ca := testenv.StartSilentServer(t)
+	storage := t.TempDir()
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceACME,
+		Domain: "cube.test",
+		Logger: testLogger(t),
+		ACME: certs.ACMEConfig{
+			CA:         "http://" + ca.Addr + "/dir",
+			Email:      "ops@cube.test",
+			StorageDir: storage,
+			DNS:        certs.DNSConfig{Provider: "rfc2136", Options: map[string]string{"server": "127.0.0.1:53"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	select {
+	case <-ca.Reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the managed order never reached the CA")
+	}
+	lockFiles := func() []string {
+		files, _ := filepath.Glob(filepath.Join(storage, "locks", "*.lock"))
+		return files
+	}
+	if len(lockFiles()) == 0 {
+		t.Fatal("no lock file while the order is in flight: the test no longer sees what it checks")
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if files := lockFiles(); len(files) != 0 {
+		t.Fatalf("lock files left after Close: %v", files)
 	}
 }

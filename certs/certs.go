@@ -234,7 +234,9 @@ func (m *Manager) Covers(host string) bool {
 // Close stops the file watcher or certmagic's cache maintenance, and ends
 // the handshakes still waiting on an on-demand order (they fail). Handshakes
 // after Close are still served from the certificates in memory, and
-// connections already established are not affected.
+// connections already established are not affected. With ACME, Close
+// returns once certmagic released its storage locks (up to 5 s), so that
+// no lock file outlives the process for a restarted proxy to wait on.
 func (m *Manager) Close() error {
 	m.closeOnce.Do(func() { m.closeErr = m.src.close() })
 	return m.closeErr

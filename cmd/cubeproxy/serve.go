@@ -756,7 +756,9 @@ loop:
 		// holds its connection, and the drain waited for it up to
 		// drain_timeout. The listeners close now, so no handshake needs
 		// a certificate the cache does not already hold.
-		_ = a.certs.Close()
+		if cerr := a.certs.Close(); cerr != nil {
+			a.log.Warn("closing certificates", "err", cerr)
+		}
 	}
 	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr

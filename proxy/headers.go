@@ -100,11 +100,15 @@ func connectionProof(name []byte) bool {
 
 // upgradeRequested reports whether a request asks to switch protocols: an
 // Upgrade header, and the upgrade token in Connection on any of its lines
-// (fasthttp's ConnectionUpgrade reads the first one only). Upgrade is
-// looked up first: most requests have none, so they cost the one lookup
-// ConnectionUpgrade made.
+// (fasthttp's ConnectionUpgrade reads the first one only, and none beside
+// close). A close token beside it still asks for the upgrade: it says the
+// connection ends if the upgrade is declined (fasthttp keeps that, having
+// read it before the handler ran), and nginx, Go's ReverseProxy and Node
+// upgrade such a request. An HTTP/1.0 request, which fasthttp marks close
+// too, is left to switchable. Upgrade is looked up first: most requests
+// have none, so they cost the one lookup ConnectionUpgrade made.
 func upgradeRequested(h *fasthttp.RequestHeader) bool {
-	if len(h.Peek("Upgrade")) == 0 || h.ConnectionClose() {
+	if len(h.Peek("Upgrade")) == 0 {
 		return false
 	}
 	if h.ConnectionUpgrade() {

@@ -997,6 +997,12 @@ func TestUpgradeConnectionOnSeveralLines(t *testing.T) {
 		{"Upgrade on the first line", []string{"Connection: Upgrade", "Connection: keep-alive"}, "Upgrade", "websocket"},
 		{"a hop named on the second line", []string{"Connection: keep-alive", "Connection: upgrade, X-Hop", "X-Hop: 1"}, "Upgrade", "websocket"},
 		{"no upgrade, a hop named on the second line", []string{"Connection: keep-alive", "Connection: X-Hop", "X-Hop: 1"}, "", ""},
+		// close beside the upgrade token: the client wants no keep-alive
+		// if the upgrade is declined. nginx, Go's ReverseProxy and Node
+		// still upgrade; the sandbox gets the upgrade, without close.
+		{"close beside Upgrade", []string{"Connection: close, Upgrade"}, "Upgrade", "websocket"},
+		{"close on its own line", []string{"Connection: close", "Connection: Upgrade"}, "Upgrade", "websocket"},
+		{"Upgrade before close", []string{"Connection: Upgrade", "Connection: close"}, "Upgrade", "websocket"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lines := []string{"GET /ws HTTP/1.1", "Host: " + host, "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="}
@@ -1004,8 +1010,8 @@ func TestUpgradeConnectionOnSeveralLines(t *testing.T) {
 				lines = append(lines, "Upgrade: websocket")
 			}
 			c := dialRaw(t, h.addr)
-			// Not authRawRequest: its Connection: close would make none of
-			// these an upgrade.
+			// Not authRawRequest: its Connection: close would end each
+			// connection (see the close cases).
 			io.WriteString(c, strings.Join(append(lines, tc.lines...), "\r\n")+"\r\n\r\n")
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
@@ -1023,6 +1029,46 @@ func TestUpgradeConnectionOnSeveralLines(t *testing.T) {
 			}
 			if got := e.get("X-Hop"); got != "" {
 				t.Errorf("X-Hop, named in Connection, reached the sandbox as %q", got)
+			}
+			// The declined upgrade's answer keeps the client's connection
+			// unless the client asked for close.
+			if wantClose := strings.Contains(strings.Join(tc.lines, ","), "close"); resp.Close != wantClose {
+				t.Errorf("answer's Connection: close is %v, want %v", resp.Close, wantClose)
+			}
+		})
+	}
+}
+
+// A client that lists close beside Upgrade (no keep-alive should the
+// upgrade be declined) gets its WebSocket, as through nginx: the sandbox's
+// WebSocket server sees a valid handshake, and the 101 says Upgrade alone
+// (a Connection that lists close fails Go's clients' handshake).
+func TestUpgradeWithConnectionCloseOpens(t *testing.T) {
+	h := newHarness(t)
+	ended := make(chan error, 4)
+	host := h.route("wsclose", wsBackend(t, ended))
+	for _, conn := range [][]string{{"close, Upgrade"}, {"close", "Upgrade"}} {
+		t.Run(strings.Join(conn, "|"), func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			head := "GET /ws HTTP/1.1\r\nHost: " + host + "\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
+				"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: echo.v1\r\n"
+			for _, v := range conn {
+				head += "Connection: " + v + "\r\n"
+			}
+			io.WriteString(c, head+"\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 101 || strings.Join(resp.Header.Values("Connection"), ",") != "Upgrade" {
+				t.Fatalf("answer %d, Connection %q: want 101 with Connection: Upgrade", resp.StatusCode, resp.Header.Values("Connection"))
+			}
+			// A masked text frame "hi" (mask 0), echoed unmasked.
+			c.Write([]byte{0x81, 0x82, 0, 0, 0, 0, 'h', 'i'})
+			got := make([]byte, 4)
+			if _, err := io.ReadFull(br, got); err != nil || string(got) != "\x81\x02hi" {
+				t.Fatalf("echo %q (%v), want the frame back", got, err)
 			}
 		})
 	}

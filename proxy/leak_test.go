@@ -713,6 +713,21 @@ var leakEnds = []leakCase{
 		e.openStreamsGone(t)
 		s.end()
 	}},
+	{"WebSocket, sandbox killed", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		e.kill(t)
+		readEOF(t, c)
+		readEOF(t, sc)
+	}},
+	{"WebSocket, sandbox killed before its 101", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
+		sc, _ := e.next(t).raw(t)
+		e.kill(t)
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 410).Body)
+		readEOF(t, sc)
+	}},
 	{"pipelined ahead of a WebSocket, client resets", func(t *testing.T, e *leakEnv) {
 		c, _ := e.dial(t)
 		leakSend(t, c, e.head("GET", "/1", "")+e.head("GET", "/ws", leakUpgrade))
@@ -722,6 +737,21 @@ var leakEnds = []leakCase{
 		io.WriteString(sc, ws101)
 		readEOF(t, sc)
 	}},
+}
+
+// kill kills the scripted sandbox through the admin API, and stores its
+// route again, which lifts the kill for the cases that follow.
+func (e *leakEnv) kill(t *testing.T) {
+	t.Helper()
+	if st, body := e.h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"sbxleak"}`, ""); st != 200 {
+		t.Fatalf("kill: %d %s", st, body)
+	}
+	port, _, _ := strings.Cut(e.host, "-")
+	if st, body := e.h.adminDo("PUT", "/admin/routes/sbxleak", `{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"1","`+port+`":"`+port+`"}`, ""); st != 200 {
+		t.Fatalf("store the route again: %d %s", st, body)
+	}
+	// adminDo's keep-alive connection is none of the exchange's.
+	http.DefaultClient.CloseIdleConnections()
 }
 
 // tunnel opens a WebSocket tunnel through the proxy to the scripted
@@ -781,6 +811,19 @@ var leakTimeouts = []leakCase{
 		c, br, sc, sbr := e.tunnel(t)
 		leakEcho(t, c, br, sc, sbr)
 		readEOF(t, sc)
+		readEOF(t, c)
+	}},
+	{"WebSocket, client stops reading while the sandbox sends", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		// The client reads nothing more; the sandbox writes until the
+		// proxy cuts the client (client.write_timeout) and closes its side.
+		chunk := strings.Repeat("x", 64<<10)
+		for {
+			if _, err := io.WriteString(sc, chunk); err != nil {
+				break
+			}
+		}
 		readEOF(t, c)
 	}},
 	{"WebSocket, sandbox stops reading while it sends", func(t *testing.T, e *leakEnv) {
@@ -860,6 +903,7 @@ func TestLeakTimeouts(t *testing.T) {
 		o.srv.ClientIdleTimeout = 200 * time.Millisecond
 		o.srv.ClientReadTimeout = 200 * time.Millisecond
 		o.srv.ClientBodyTimeout = 200 * time.Millisecond
+		o.srv.ClientWriteTimeout = 200 * time.Millisecond
 	})
 	runLeakCases(t, e, leakTimeouts, 2)
 }

@@ -20,6 +20,14 @@ import (
 // looked the same as one that answered in 61 s. Such a 504 comes a
 // little after the timeout (the lookup, the connect and its retry come
 // first), so the case records the longest way there.
+//
+// The stream lifetimes have the same need at both ends: a stream the
+// default upstream.idle_timeout (7206 s) cut outlived the last bound of
+// 7200 s, and an MCP tool call answered as a short SSE stream (the
+// lifetime is its latency, as no response duration is recorded for it)
+// landed with every other call under 1 s, so its p50 read as 0.5 s
+// whether the calls took 20 ms or 900 ms. within, when set, is the
+// largest bound the observation may be counted under.
 func TestLatencyBucketsHoldTheDefaultTimeouts(t *testing.T) {
 	var cfg Config
 	cfg.setDefaults()
@@ -28,16 +36,25 @@ func TestLatencyBucketsHoldTheDefaultTimeouts(t *testing.T) {
 		metric string
 		record func(m *telemetry.Metrics, d time.Duration)
 		d      time.Duration
+		within float64
 	}{
 		{"headers of a response_header_timeout 504", "cubeproxy_request_duration_seconds",
-			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
+			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout, 0},
 		{"whole response_header_timeout 504", "cubeproxy_response_duration_seconds",
-			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout},
+			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + cfg.ResponseHeaderTimeout, 0},
 		// The five-minute tool call the buckets are sized for.
 		{"a five-minute tool call", "cubeproxy_response_duration_seconds",
-			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(200, telemetry.RouteHTTP, d) }, 5 * time.Minute},
+			func(m *telemetry.Metrics, d time.Duration) { m.ResponseDone(200, telemetry.RouteHTTP, d) }, 5 * time.Minute, 0},
 		{"headers of a connect timeout's 504 (connect and its retry)", "cubeproxy_request_duration_seconds",
-			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + time.Second},
+			func(m *telemetry.Metrics, d time.Duration) { m.RequestDone(504, telemetry.RouteHTTP, d) }, 2*cfg.ConnectTimeout + time.Second, 0},
+		{"an SSE stream the default idle timeout cut", "cubeproxy_stream_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.StreamClosed(telemetry.RouteSSE, d) }, cfg.IdleStreamTimeout + time.Second, 0},
+		{"a WebSocket open for a working day", "cubeproxy_stream_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.StreamClosed(telemetry.RouteWebSocket, d) }, 8 * time.Hour, 0},
+		{"a 40 ms MCP tool call answered as an SSE stream", "cubeproxy_stream_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.StreamClosed(telemetry.RouteSSE, d) }, 40 * time.Millisecond, 0.05},
+		{"a 300 ms MCP tool call answered as an SSE stream", "cubeproxy_stream_duration_seconds",
+			func(m *telemetry.Metrics, d time.Duration) { m.StreamClosed(telemetry.RouteSSE, d) }, 300 * time.Millisecond, 0.5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tel := obsTelemetry(t, nil)
@@ -65,6 +82,9 @@ func TestLatencyBucketsHoldTheDefaultTimeouts(t *testing.T) {
 			}
 			if holding < tc.d.Seconds() {
 				t.Fatalf("%s: %v counted under le=%v", tc.metric, tc.d, holding)
+			}
+			if tc.within > 0 && holding > tc.within {
+				t.Fatalf("%s: %v first counted under le=%v, want a bound of at most %v", tc.metric, tc.d, holding, tc.within)
 			}
 		})
 	}

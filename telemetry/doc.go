@@ -7,7 +7,7 @@
 //	cubeproxy.requests                  cubeproxy_requests_total{status_class,route_kind}
 //	cubeproxy.request.duration          cubeproxy_request_duration_seconds{status_class,route_kind}  (to response headers; 1 ms .. 300 s buckets)
 //	cubeproxy.response.duration         cubeproxy_response_duration_seconds{status_class,route_kind} (to last byte; not chunked/SSE streams or WebSockets; same buckets)
-//	cubeproxy.stream.duration           cubeproxy_stream_duration_seconds{route_kind}                (1 s .. 2 h buckets)
+//	cubeproxy.stream.duration           cubeproxy_stream_duration_seconds{route_kind}                (5 ms .. 24 h buckets)
 //	cubeproxy.received / .sent          cubeproxy_received_bytes_total{route_kind}, cubeproxy_sent_bytes_total{route_kind}
 //	cubeproxy.connections.open          cubeproxy_connections_open
 //	cubeproxy.streams.open              cubeproxy_streams_open{route_kind="http"|"sse"}               (every body relayed as it comes, downloads included)

@@ -18,8 +18,12 @@ var (
 	// histogram_quantile reports a quantile in +Inf as the last finite
 	// bound, so with 60 s last every header timeout read as 60 s.
 	requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 150, 300}
-	// streamBuckets cover SSE/chunked/WebSocket lifetimes up to the 2 h idle limit.
-	streamBuckets = []float64{1, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200}
+	// streamBuckets cover SSE/chunked/WebSocket lifetimes. The low end is
+	// an MCP tool call answered as a short SSE stream, whose latency only
+	// this histogram records; the high end is past the default 7206 s
+	// upstream.idle_timeout (an idle stream's end) up to a day, since a
+	// busy stream has no limit at all.
+	streamBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400}
 	// storeBuckets cover a memory lookup (µs) up to a slow Redis (s).
 	storeBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 3}
 )

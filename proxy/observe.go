@@ -200,7 +200,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 			// the sandbox's side: the upstream exchange did not fail.
 			err = nil
 		}
-		telemetry.EndClientSpan(x.cspan, x.upStatus, err)
+		telemetry.EndClientSpan(x.cspan, x.upStatus, x.errCode, err)
 	}
 	if x.span != nil {
 		r := telemetry.SpanResult{

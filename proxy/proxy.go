@@ -850,14 +850,6 @@ const envdPort = 49983
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
 	var be *clientBodyError
 	bodyErr := errors.As(err, &be)
-	if x.cspan != nil {
-		cerr := err
-		if errors.Is(err, errClientLeft) || bodyErr && be.gone {
-			cerr = nil // the client hung up: the sandbox failed nothing
-		}
-		telemetry.EndClientSpan(x.cspan, x.upStatus, cerr)
-		x.cspan = nil
-	}
 	var de *dialError
 	switch {
 	case errors.Is(err, errDrainCut):
@@ -945,6 +937,17 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// or malformed Content-Length, too many interim responses...
 		p.cfg.Logger.Debug("upstream sent an invalid response", "sandbox_id", string(id), "addr", addr.String(), "err", err)
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox sent an invalid HTTP response"}, id)
+	}
+	if x.cspan != nil {
+		// Ended here, once the answer is chosen: its code is the span's
+		// error.type. Before upstreamFailed, whose status is the proxy's,
+		// not one the sandbox sent.
+		cerr := err
+		if errors.Is(err, errClientLeft) || bodyErr && be.gone {
+			cerr = nil // the client hung up: the sandbox failed nothing
+		}
+		telemetry.EndClientSpan(x.cspan, x.upStatus, x.errCode, cerr)
+		x.cspan = nil
 	}
 	x.upstreamFailed(ctx.Response.StatusCode())
 }

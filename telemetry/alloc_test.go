@@ -36,7 +36,7 @@ func recordAll(m *Metrics) {
 func spanCycle(tel *Telemetry, in, out *fasthttp.RequestHeader, r *SpanResult) {
 	ctx, server := tel.StartServerSpan(in, false, netip.Addr{})
 	client := tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:8080"))
-	EndClientSpan(client, 200, nil)
+	EndClientSpan(client, 200, "", nil)
 	EndServerSpan(server, r)
 }
 

@@ -54,6 +54,16 @@ var spanMethods = [...]struct{ method, server, client string }{
 	{"_OTHER", "proxy OTHER", "upstream OTHER"}, // semconv value for unknown methods
 }
 
+// otherMethod is the entry of spanMethods for a method outside the known set.
+var otherMethod = &spanMethods[len(spanMethods)-1]
+
+// methodOriginal is http.request.method_original: the method as sent, which
+// the semantic conventions require beside an http.request.method of
+// "_OTHER" (a WebDAV PROPFIND, a lower-case "get").
+func methodOriginal(h *fasthttp.RequestHeader) attribute.KeyValue {
+	return semconv.HTTPRequestMethodOriginalKey.String(validUTF8(h.Method()))
+}
+
 func spanMethod(m []byte) int {
 	for i := range len(spanMethods) - 1 {
 		if string(m) == spanMethods[i].method {
@@ -108,7 +118,7 @@ func (t *Telemetry) StartHeadlessServerSpan(tls bool, client netip.Addr) (contex
 // never saw (StartHeadlessServerSpan).
 func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client netip.Addr, opts []trace.SpanStartOption) (context.Context, trace.Span) {
 	ctx := context.Background()
-	m := &spanMethods[len(spanMethods)-1]
+	m := otherMethod
 	if h != nil {
 		ctx = t.propagator.Extract(ctx, HeaderCarrier{H: h})
 		m = &spanMethods[spanMethod(h.Method())]
@@ -120,11 +130,15 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 			scheme = "https"
 		}
 		// One call: each SetAttributes costs an allocation.
-		attrs := [4]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme)}
+		attrs := [5]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme)}
 		n := 2
 		if h != nil {
 			attrs[n] = semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI())))
 			n++
+			if m == otherMethod {
+				attrs[n] = methodOriginal(h)
+				n++
+			}
 		}
 		if client.IsValid() {
 			attrs[n] = semconv.ClientAddressKey.String(client.String())
@@ -183,8 +197,14 @@ func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	ctx, span := t.Tracer.Start(ctx, m.client, clientStart...)
 	if span.IsRecording() {
 		// The semantic conventions' server.address is the host alone.
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(m.method),
-			semconv.ServerAddressKey.String(addr.Addr().String()), semconv.ServerPortKey.Int(int(addr.Port())))
+		attrs := [4]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method),
+			semconv.ServerAddressKey.String(addr.Addr().String()), semconv.ServerPortKey.Int(int(addr.Port()))}
+		n := 3
+		if m == otherMethod {
+			attrs[n] = methodOriginal(upstream)
+			n++
+		}
+		span.SetAttributes(attrs[:n]...)
 	}
 	// Every copy goes: a second traceparent from the client would reach
 	// the sandbox next to the proxy's, and a tracestate the span did not
@@ -272,19 +292,35 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 }
 
 // EndClientSpan records the upstream status (0 when none arrived) and err,
-// then ends the span. Allocation-free on a non-recording span.
-func EndClientSpan(span trace.Span, status int, err error) {
+// then ends the span. errType names err for error.type, which the semantic
+// conventions require on a failed request: the proxy's error code
+// ("upstream_timeout"), as the server span's cube.error.code and the access
+// log carry it ("_OTHER" when empty). A 4xx or 5xx the sandbox answered
+// without err is an error typed by its status. Allocation-free on a
+// non-recording span.
+func EndClientSpan(span trace.Span, status int, errType string, err error) {
 	if span.IsRecording() {
+		attrs := [2]attribute.KeyValue{}
+		n := 0
 		if status > 0 {
-			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+			attrs[n] = semconv.HTTPResponseStatusCodeKey.Int(status)
+			n++
 		}
 		switch {
 		case err != nil:
+			attrs[n] = semconv.ErrorTypeOther
+			if errType != "" {
+				attrs[n] = semconv.ErrorTypeKey.String(errType)
+			}
+			n++
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		case status >= 400: // client spans treat 4xx as errors too
+			attrs[n] = semconv.ErrorTypeKey.String(strconv.Itoa(status))
+			n++
 			span.SetStatus(codes.Error, "")
 		}
+		span.SetAttributes(attrs[:n]...)
 	}
 	span.End()
 }

@@ -73,7 +73,7 @@ func TestServerAndClientSpansExported(t *testing.T) {
 	out.SetMethod("POST")
 	out.Set("traceparent", "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01") // the client's copy, to be replaced
 	client := tel.StartClientSpan(ctx, out, netip.MustParseAddrPort("10.0.0.2:32001"))
-	EndClientSpan(client, 502, errors.New("connection reset"))
+	EndClientSpan(client, 502, "upstream_reset", errors.New("connection reset"))
 	EndServerSpan(server, &SpanResult{
 		SandboxID: "sb-1", Port: 50005, Kind: RouteSSE, Status: 502, Upstream: "10.0.0.2:32001",
 		BytesIn: 12, BytesOut: 34, Retries: 1, Cache: CacheHit, ErrorCode: "upstream_reset",
@@ -172,7 +172,7 @@ func TestSamplerIgnoresClientFlag(t *testing.T) {
 			if server.SpanContext().IsSampled() != tt.sampled || client.SpanContext().IsSampled() != tt.sampled {
 				t.Errorf("sampled server=%v client=%v, want %v", server.SpanContext().IsSampled(), client.SpanContext().IsSampled(), tt.sampled)
 			}
-			EndClientSpan(client, 200, nil)
+			EndClientSpan(client, 200, "", nil)
 			EndServerSpan(server, &SpanResult{Status: 200})
 			want := 0
 			if tt.sampled {
@@ -356,7 +356,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 			}
 			ctx, server := tel.StartServerSpan(h, false, netip.Addr{})
 			client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
-			EndClientSpan(client, 200, nil)
+			EndClientSpan(client, 200, "", nil)
 			EndServerSpan(server, &SpanResult{Status: 200})
 			want := "00-" + client.SpanContext().TraceID().String() + "-" + client.SpanContext().SpanID().String() + "-01"
 			if got := h.PeekAll("traceparent"); len(got) != 1 || string(got[0]) != want {
@@ -375,7 +375,7 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 		h.Set("baggage", bag)
 		ctx, server := tel.StartServerSpan(h, false, netip.Addr{})
 		client := tel.StartClientSpan(ctx, h, netip.MustParseAddrPort("10.0.0.2:80"))
-		EndClientSpan(client, 200, nil)
+		EndClientSpan(client, 200, "", nil)
 		EndServerSpan(server, &SpanResult{Status: 200})
 		if got := string(h.Peek("baggage")); got != bag {
 			t.Errorf("baggage %.40q (%d bytes) became %.40q (%d bytes)", bag, len(bag), got, len(got))

@@ -109,3 +109,56 @@ func TestOTLPGRPCExport(t *testing.T) {
 		t.Fatal("collector received no export after Shutdown")
 	}
 }
+
+// Shutdown says when the spans it was to flush did not reach the
+// collector: the batch processor's own last export reports a failure only
+// to OpenTelemetry's global error handler (throttled in the binary, so a
+// failure within 10 s of the last one said nothing), and its Shutdown
+// returned nil. A collector that answers, or one that refuses the
+// connection, or one that rejects the export, each say what they should.
+func TestShutdownReportsUnflushedSpans(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer ok.Close()
+	rejecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "no", http.StatusBadRequest) // not retried
+	}))
+	defer rejecting.Close()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedURL := "http://" + refused.Addr().String()
+	refused.Close()
+
+	for _, tc := range []struct {
+		name, endpoint string
+		fails          bool
+	}{
+		{"collector answers", ok.URL, false},
+		{"collector refuses the connection", refusedURL, true},
+		{"collector rejects the export", rejecting.URL, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", tc.endpoint) // read by the exporter itself
+			tel, err := New(context.Background(), Config{Env: envMap(map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}), TraceSampleRatio: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, span := tel.StartServerSpan(inbound("GET", ""), false, netip.Addr{})
+			EndServerSpan(span, &SpanResult{Status: 200})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err = tel.Shutdown(ctx)
+			if tc.fails && err == nil {
+				t.Error("Shutdown returned nil with the span not exported")
+			}
+			if !tc.fails && err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		})
+	}
+}

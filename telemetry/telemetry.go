@@ -132,11 +132,18 @@ func (t *Telemetry) MetricsHandler() http.Handler { return t.handler }
 // helpers (traceparent and tracestate; baggage is left to pass as sent).
 func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.propagator }
 
-// Shutdown flushes pending spans and stops the providers. Metrics recorded
-// afterwards are ignored.
+// Shutdown flushes pending spans and stops the providers; its error says
+// when spans could not be exported. Metrics recorded afterwards are
+// ignored.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	var errs []error
 	if t.tp != nil {
+		// Flushed first: the provider's Shutdown exports what is queued
+		// too, but hands a failed export to OpenTelemetry's global error
+		// handler alone and returns nil, so lost spans went unsaid.
+		if err := t.tp.ForceFlush(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("flush spans: %w", err))
+		}
 		if err := t.tp.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("shutdown tracer provider: %w", err))
 		}

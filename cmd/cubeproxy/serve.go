@@ -845,7 +845,11 @@ func (a *app) close() {
 		}
 	}
 	if a.tel != nil {
-		_ = a.tel.Shutdown(ctx)
+		// Said at every shutdown: the export warnings are throttled, and
+		// the last spans lost here would otherwise go unmentioned.
+		if err := a.tel.Shutdown(ctx); err != nil {
+			a.log.Warn("telemetry not flushed at shutdown; spans may be lost", "component", "telemetry", "err", err)
+		}
 	}
 	for _, ln := range []net.Listener{a.httpLn, a.httpsLn, a.adminLn} {
 		if ln != nil {

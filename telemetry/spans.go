@@ -77,7 +77,8 @@ func spanMethod(m []byte) int {
 // per-request server span "proxy <method>", with the request's url.path,
 // url.scheme (https when tls) and client.address (the connection's peer:
 // the proxy is the edge, so no forwarding header is taken for it, as the
-// access log's remote_addr does not). The returned context carries the span and
+// access log's remote_addr does not), and, for a method outside the known
+// set ("proxy OTHER"), http.request.method_original. The returned context carries the span and
 // does not derive from the fasthttp RequestCtx (which is recycled). With
 // tracing off it returns context.Background() and a no-op span without
 // allocating.

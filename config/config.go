@@ -333,6 +333,9 @@ func decodeFile(cfg *Config, path string) error {
 	if line > 0 {
 		return fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)
 	}
+	if err := checkWholeNumbers(data); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
 	if err := checkNulls(data); err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}

@@ -233,3 +233,39 @@ func describeValue(tag, value string) string {
 	}
 	return "`" + value + "`"
 }
+
+// checkWholeNumbers refuses a float (1.5, 1e5, 10.0) written for an
+// integer setting. The decoder truncates one into the field: a
+// max_request_body of 1.5 was one byte, and a cache.size of 0.5 was 0,
+// the default, without a word; the environment and flags refuse them.
+// A value given through an alias is named where the alias is written.
+func checkWholeNumbers(data []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
+		return nil // the decoder reports a broken file
+	}
+	var entries []yamlEntry
+	collectEntries(doc.Content[0], nil, &entries, 0)
+	for _, e := range entries {
+		val := e.val
+		if val.Kind == yaml.AliasNode && val.Alias != nil {
+			val = val.Alias
+		}
+		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" {
+			continue
+		}
+		t := configType(e.path)
+		if e.key == nil && t != nil && t.Kind() == reflect.Slice {
+			t = t.Elem() // a list item
+		}
+		if t == nil || t == durationType || (t.Kind() != reflect.Int && t.Kind() != reflect.Int64) {
+			continue
+		}
+		name, line := strings.Join(e.path, "."), e.val.Line
+		if e.key == nil {
+			name = "an entry of " + name
+		}
+		return fmt.Errorf("line %d: %s: want %s, got `%s`", line, name, describeType(t), val.Value)
+	}
+	return nil
+}

@@ -6,12 +6,14 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -449,12 +451,60 @@ func (c *Config) checkRedis() error {
 		// would not be written, and the operator would count on it.
 		return errors.New("persist_routes is on but store is redis: only the memory store writes its routes file; remove persist_routes, or set store: memory")
 	}
+	if err := c.checkRedisAddrs(); err != nil {
+		return err
+	}
 	if sen := c.Redis.Sentinel; sen.MasterName == "" {
 		// Without the master name the client is not a Sentinel one: it
 		// would connect to redis.addr (or url) and never ask them.
 		if keys := changedLeaves(reflect.ValueOf(sen), reflect.ValueOf(redisstore.SentinelConfig{}), "redis.sentinel"); len(keys) > 0 {
 			return fmt.Errorf("%s is set but redis.sentinel.master_name is empty: the sentinels would never be asked; set redis.sentinel.master_name (CUBEPROXY_REDIS_SENTINEL_MASTER_NAME), or remove %s", keys[0], keys[0])
 		}
+	}
+	return nil
+}
+
+// checkRedisAddrs refuses a Redis address the client could never dial:
+// the proxy would start, and stay unready for good, logging the dial's
+// error once a second; check would have passed it.
+func (c *Config) checkRedisAddrs() error {
+	if c.Redis.Addr != "" {
+		if err := checkDialAddr(c.Redis.Addr); err != nil {
+			return fmt.Errorf("redis.addr %q: %w; want host:port, for example 127.0.0.1:6379", c.Redis.Addr, err)
+		}
+	}
+	for _, list := range []struct {
+		key   string
+		addrs []string
+	}{{"redis.sentinel.addrs", c.Redis.Sentinel.Addrs}, {"redis.cluster.addrs", c.Redis.Cluster.Addrs}} {
+		for _, a := range list.addrs {
+			if err := checkDialAddr(a); err != nil {
+				return fmt.Errorf("an entry of %s %q: %w; want host:port, for example 127.0.0.1:6379", list.key, a, err)
+			}
+		}
+	}
+	// The URL's port only: the rest is go-redis's to parse, and its error
+	// masks the password. Only the host is named here, for the same reason.
+	if u, err := url.Parse(c.Redis.URL); c.Redis.URL != "" && err == nil {
+		if u.Port() != "" { // go-redis dials 6379 without one
+			if err := checkDialAddr(u.Host); err != nil {
+				return fmt.Errorf("redis.url: host %q: %w", u.Host, err)
+			}
+		}
+	}
+	return nil
+}
+
+// checkDialAddr refuses an address net.Dial("tcp", addr) would refuse for
+// its form alone: no port, port 0, or a port that is neither a number up
+// to 65535 nor a service name. A host that does not resolve is left to the
+// dial, which retries: it may resolve later.
+func checkDialAddr(addr string) error {
+	if err := checkListenAddr(addr); err != nil {
+		return err
+	}
+	if _, port, _ := net.SplitHostPort(addr); listenPort(port) == 0 { // empty or zero: checked above
+		return fmt.Errorf("port %s cannot be dialed", cmp.Or(port, "0"))
 	}
 	return nil
 }

@@ -62,6 +62,10 @@ type Config struct {
 	Redis     redisstore.Config         `yaml:"redis"`
 	Registry  redisstore.RegistryConfig `yaml:"registry"`
 	TLS       TLS                       `yaml:"tls"`
+
+	// origins names, by YAML path, the variable or flag each setting set
+	// outside the file came from (see NameOrigins).
+	origins map[string]string
 }
 
 // Auth configures the proxy's own credentials.
@@ -253,21 +257,25 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 			return nil, err
 		}
 	}
+	origins := map[string]string{}
 	for i := range settings {
 		s := &settings[i]
 		if v := getenv(s.envName()); v != "" {
 			if err := s.set(v); err != nil {
 				return nil, fmt.Errorf("%s: %w", s.envName(), err)
 			}
+			origins[strings.Join(s.path, ".")] = s.envName()
 		}
 	}
 	for _, f := range flagged {
 		if err := f.s.set(f.raw); err != nil {
 			return nil, fmt.Errorf("--%s: %w", f.s.flagName(), err)
 		}
+		origins[strings.Join(f.s.path, ".")] = "--" + f.s.flagName()
 	}
+	cfg.origins = origins
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, cfg.NameOrigins(err)
 	}
 	return cfg, nil
 }

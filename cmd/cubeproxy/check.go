@@ -36,7 +36,7 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	summary, instance, err := checkSettings(ctx, cfg, getenv, stderr)
 	if err != nil {
-		return err
+		return cfg.NameOrigins(err)
 	}
 	eff := effective(cfg, getenv)
 	eff.InstanceID = instance // the hostname when unset

@@ -77,6 +77,10 @@ func TestCheckAgreesWithServeOnShippedConfigs(t *testing.T) {
 		{"cubeproxy.yaml, persist_routes into a missing directory", "cubeproxy.yaml",
 			append(local, "--persist-routes", "--routes", filepath.Join(dir, "none", "routes.yaml")), nil, "",
 			"persist_routes: routes file " + filepath.Join(dir, "none", "routes.yaml") + " cannot be rewritten: cannot create a file in " + filepath.Join(dir, "none") + ": no such file or directory"},
+		// A value from the environment is named with its variable, in
+		// the binary's own checks as in config's.
+		{"cubeproxy.yaml, log_level from the environment", "cubeproxy.yaml", local,
+			map[string]string{"CUBEPROXY_LOG_LEVEL": "loud"}, "", `log_level "loud": want debug, info, warn or error (slog: level string "loud": unknown name) (log_level is set by CUBEPROXY_LOG_LEVEL)`},
 		{"cubeproxy.redis.yaml as shipped: no admin token", "cubeproxy.redis.yaml", nil, nil, "", "no admin token is configured"},
 		// Its access log's directory does not exist here (a container
 		// without the volume): both refuse, naming the path.
@@ -116,5 +120,15 @@ func TestCheckAgreesWithServeOnShippedConfigs(t *testing.T) {
 				t.Errorf("check: exit %d, stderr:\n%s\nwant 1 and serve's message: cubeproxy: %v", code, stderr, serveErr)
 			}
 		})
+	}
+}
+
+// A listener that cannot open names the flag that set its address, as a
+// refused setting does: the port is only found taken by serve.
+func TestServeNamesTheOriginOfAnAddressInUse(t *testing.T) {
+	_, taken := holdAddr(t)
+	err := serveStart(t, []string{"--admin-addr", "127.0.0.1:0", "--routes", "", "--http-addr", taken}, func(string) string { return "" })
+	if err == nil || !strings.HasSuffix(err.Error(), "address already in use (another process listens there: stop it, or choose another address with --http-addr or CUBEPROXY_HTTP_ADDR) (http_addr is set by --http-addr)") {
+		t.Fatalf("serve: %v; want the address's flag named", err)
 	}
 }

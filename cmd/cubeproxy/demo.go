@@ -81,7 +81,7 @@ func demo(ctx context.Context, args []string, getenv func(string) string, stdout
 		return nil
 	}
 	if err != nil {
-		return err
+		return cfg.NameOrigins(err)
 	}
 	warnUnknownEnv(a.log, os.Environ())
 	if err := a.routes.Put(r); err != nil {

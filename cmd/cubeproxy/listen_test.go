@@ -42,7 +42,8 @@ func TestPortInUseNamesTheSetting(t *testing.T) {
 			defer cancel()
 			code := run(ctx, args, noEnv, &out, &errb)
 			want := tc.key + ` "` + held + `": listen tcp ` + held + ": bind: address already in use" +
-				" (another process listens there: stop it, or choose another address with " + tc.flag + " or " + tc.env + ")"
+				" (another process listens there: stop it, or choose another address with " + tc.flag + " or " + tc.env + ")" +
+				" (" + tc.key + " is set by " + tc.flag + ")" // where the address in use came from
 			if code != 1 || !strings.Contains(errb.String(), "cubeproxy: "+want+"\n") {
 				t.Errorf("exit %d, stderr %q\nwant 1 and: cubeproxy: %s", code, errb.String(), want)
 			}

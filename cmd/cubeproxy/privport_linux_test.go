@@ -68,7 +68,8 @@ func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
 		t.Run(tc.key, func(t *testing.T) {
 			args := []string{"--routes=", "--access-log-format=off", tc.other, tc.flag, tc.addr}
 			want := "cubeproxy: " + tc.key + ` "` + tc.addr + `": listen tcp ` + tc.addr + ": bind: permission denied" +
-				" (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)\n"
+				" (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)" +
+				" (" + tc.key + " is set by " + tc.flag + ")\n"
 			code, stderr := runAs(append([]string{"serve"}, args...)...)
 			if code != 1 || !strings.Contains(stderr, want) {
 				t.Fatalf("serve: exit %d, stderr:\n%s\nwant 1 and %q", code, stderr, want)

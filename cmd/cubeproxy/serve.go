@@ -83,7 +83,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return nil
 	}
 	if err != nil {
-		return err
+		return cfg.NameOrigins(err)
 	}
 	a.tel.Metrics.SetProcessLogDropped(logOut.Dropped)
 	logOut.ReportLossTo(a.log)

@@ -52,7 +52,8 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	}
 	signer, err := auth.NewSigner(cfg.Auth.SigningKeys)
 	if err != nil {
-		return err
+		// Worded as serve's refusal of the same keys.
+		return cfg.NameOrigins(fmt.Errorf("auth.signing_keys: %w", err))
 	}
 	// A flag given a bad value (--port 0, --sandbox "") is said to be
 	// that, not missing: "required" for a value given puzzled.

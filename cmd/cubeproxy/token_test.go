@@ -298,3 +298,14 @@ func TestSignedTokenThroughServe(t *testing.T) {
 		}
 	}
 }
+
+// A signing key too short for the signer is refused as serve refuses it:
+// naming the setting and the variable that set it, never the key.
+func TestTokenSignNamesTheKeysOrigin(t *testing.T) {
+	const short = "hunter2"
+	code, _, errOut := tokenSign(tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": short}), "--sandbox", "box", "--port", "8080")
+	want := "cubeproxy: auth.signing_keys: signed tokens: key 1 is 7 bytes, need at least 32 (auth.signing_keys is set by CUBEPROXY_AUTH_SIGNING_KEYS)\n"
+	if code != 1 || !strings.HasPrefix(errOut, want) || strings.Contains(errOut, short) {
+		t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errOut, want)
+	}
+}

@@ -331,6 +331,11 @@ func decodeFile(cfg *Config, path string) error {
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}
+	if len(strings.TrimSpace(strings.TrimPrefix(string(data), "\ufeff"))) == 0 {
+		// As an empty pipe: a template that failed to render into the
+		// file, or a ConfigMap key left empty, would run the defaults.
+		return fmt.Errorf("config %s is empty: nothing in it sets anything (a template that failed to render?); for the built-in defaults give no --config, or write a comment in it", path)
+	}
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {

@@ -19,3 +19,4 @@ bench:
 
 fuzz:
 	go test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./routing
+	go test -run '^$$' -fuzz '^FuzzStartupSettings$$' -fuzztime 60s ./cmd/cubeproxy

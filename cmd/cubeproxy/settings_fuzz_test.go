@@ -1,0 +1,145 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// fuzzAdminToken is the admin token the fuzzed starts get from the
+// environment: no error and no printed configuration may hold it.
+const fuzzAdminToken = "fuzz-admin-token-0123456789abcdef"
+
+// settleSettings runs what serve and check run on the settings before
+// they read a file, resolve a name or open a socket: the part of
+// checkSettings a fuzzer may run over and over without touching the
+// machine.
+func settleSettings(cfg *config.Config) error {
+	if _, err := parseSettings(cfg, io.Discard); err != nil {
+		return err
+	}
+	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {
+		return err
+	}
+	switch cfg.Store {
+	case "memory", "":
+	case "redis":
+		if err := redisConfig(cfg).Validate(); err != nil {
+			return err
+		}
+	default:
+		return errors.New("store: unknown") // checkSettings' own words do not matter here
+	}
+	if _, err := routing.NewCache(routing.NewMemoryStore(), cacheConfig(cfg, 0)); err != nil {
+		return err
+	}
+	return checkListeners(cfg)
+}
+
+// yamlPaths lists every key of the configuration, sections included
+// (cache, cache.size, ...).
+func yamlPaths(t reflect.Type, prefix string, out *[]string) {
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		*out = append(*out, prefix+name)
+		ft := t.Field(i).Type
+		if ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct {
+			yamlPaths(ft, prefix+name+".", out)
+		}
+	}
+}
+
+// FuzzStartupSettings feeds arbitrary text to the binary as its config
+// file, with the admin token in the environment, through config's loading
+// and validation and then the binary's own checks of the settings. Whatever
+// the text: no panic; a refusal names what it refuses (a setting, a line
+// of the file or a variable) and never holds the admin token; and what is
+// accepted prints, as check prints it, without the token, as YAML that
+// loads again as the same configuration.
+func FuzzStartupSettings(f *testing.F) {
+	for _, name := range []string{"cubeproxy.yaml", "cubeproxy.redis.yaml", "cubeproxy.sentinel.yaml", "cubeproxy.tls.yaml"} {
+		if data, err := os.ReadFile(filepath.Join("..", "..", "configs", name)); err == nil {
+			f.Add(data)
+		}
+	}
+	for _, s := range []string{
+		"log_level: loud\n", "log_format: xml\n", "store: mongo\n", "access_log: {format: nginx}\n",
+		"auth: {exempt_ports: [0, 70000]}\n", "auth: {signing_keys: [short]}\n", "node_ip: 1.2.3\n",
+		"tls: {redirect_port: 8443}\n", "tls: {redirect_http: true}\n", "reuse_port: on\n",
+		"store: redis\nredis: {addr: 'r:6379', db: 1, cluster: {addrs: ['r:7000']}}\n",
+		"store: redis\nredis: {url: 'redis://u:p@r:99999/0'}\n", "cache: {size: 1.5, ttl_max: 1s}\n",
+		"admin_addr: 0.0.0.0:8082\nadmin_token: ''\n", "\ufeffhttp_addr: ':1'\r\n", "\t- x\n", "",
+	} {
+		f.Add([]byte(s))
+	}
+	var keys []string
+	yamlPaths(reflect.TypeOf(config.Config{}), "", &keys)
+	getenv := func(k string) string {
+		if k == "CUBEPROXY_ADMIN_TOKEN" {
+			return fuzzAdminToken
+		}
+		return ""
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		path := filepath.Join(t.TempDir(), "cubeproxy.yaml")
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.LoadCommand("cubeproxy check", shownDefaults(), []string{"--config", path}, getenv, io.Discard)
+		if err == nil {
+			err = cfg.NameOrigins(settleSettings(cfg))
+		}
+		if errors.Is(err, flag.ErrHelp) {
+			t.Fatal("no flag was given, yet -h's error")
+		}
+		if err != nil {
+			msg := err.Error()
+			if strings.Contains(msg, fuzzAdminToken) {
+				t.Fatalf("error shows the admin token: %s", msg)
+			}
+			named := strings.Contains(msg, "line ") || strings.Contains(msg, config.EnvPrefix) || strings.Contains(msg, path)
+			for _, k := range keys {
+				named = named || strings.Contains(msg, k)
+			}
+			if !named {
+				t.Fatalf("error names no setting, line or variable: %s\n%q", msg, data)
+			}
+			return
+		}
+		out, err := redact(effective(cfg, getenv)).YAML()
+		if err != nil {
+			t.Fatalf("print the configuration: %v", err)
+		}
+		if strings.Contains(string(out), fuzzAdminToken) {
+			t.Fatalf("printed configuration shows the admin token:\n%s", out)
+		}
+		again := filepath.Join(t.TempDir(), "again.yaml")
+		if err := os.WriteFile(again, out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg2, err := config.LoadCommand("cubeproxy check", shownDefaults(), []string{"--config", again}, getenv, io.Discard)
+		if err != nil {
+			t.Fatalf("the printed configuration does not load: %v\n%s", err, out)
+		}
+		if err := settleSettings(cfg2); err != nil {
+			t.Fatalf("the printed configuration is refused: %v\n%s", err, out)
+		}
+		if out2, _ := redact(effective(cfg2, getenv)).YAML(); string(out2) != string(out) {
+			t.Fatalf("printed\n%s\nloaded again and printed\n%s", out, out2)
+		}
+	})
+}

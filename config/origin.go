@@ -2,9 +2,17 @@ package config
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 )
+
+// fileSettings lists the settings that name a file or directory, which
+// the errors of the packages that open them name by its path.
+var fileSettings = map[string]bool{
+	"routes": true, "access_log.path": true, "redis.ca_file": true,
+	"tls.cert_file": true, "tls.key_file": true, "tls.acme.trusted_roots_file": true, "tls.acme.storage_dir": true,
+}
 
 // NameOrigins returns err with a note naming the environment variable or
 // flag of each setting it mentions whose value did not come from the
@@ -23,8 +31,18 @@ func (c *Config) NameOrigins(err error) error {
 		key string
 	}
 	var found []mention
-	for key := range c.origins {
-		if at := mentionOf(msg, key); at >= 0 {
+	for _, s := range collect(reflect.ValueOf(c).Elem()) {
+		key := strings.Join(s.path, ".")
+		if _, ok := c.origins[key]; !ok {
+			continue
+		}
+		at := mentionOf(msg, key)
+		if v := s.v; at < 0 && fileSettings[key] && len(v.String()) > 1 {
+			// A package's error names the file, not the setting: "open
+			// access log /var/log/x.log: ...".
+			at = strings.Index(msg, v.String())
+		}
+		if at >= 0 {
 			found = append(found, mention{at, key})
 		}
 	}

@@ -56,6 +56,15 @@ func TestNameOrigins(t *testing.T) {
 	if want := `log_level "loud": want debug, info, warn or error (log_level is set by --log-level)`; got.Error() != want {
 		t.Fatalf("NameOrigins = %v\nwant %s", got, want)
 	}
+	// A package's error that names the file a setting names.
+	cfg, err = Load([]string{"--access-log-path", "/var/log/cube/access.log"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = cfg.NameOrigins(errors.New("open access log /var/log/cube/access.log: permission denied"))
+	if want := "open access log /var/log/cube/access.log: permission denied (access_log.path is set by --access-log-path)"; got.Error() != want {
+		t.Fatalf("NameOrigins = %v\nwant %s", got, want)
+	}
 	plain := errors.New("tls certificates: read certificate: no such file")
 	if got := cfg.NameOrigins(plain); got != plain {
 		t.Fatalf("NameOrigins = %v, want the error as it was", got)

@@ -339,11 +339,11 @@ func decodeFile(cfg *Config, path string) error {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w", path, explainTypeError(err, data))
+		return fmt.Errorf("config %s: %w", path, locateSyntaxError(explainTypeError(err, data), data))
 	}
 	line, err := yamldoc.NextDocument(dec)
 	if err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+		return fmt.Errorf("config %s: %w", path, locateSyntaxError(err, data))
 	}
 	if line > 0 {
 		return fmt.Errorf("config %s: line %d: another YAML document after the first (only the first was read); put every setting in one", path, line)

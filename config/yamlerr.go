@@ -1,12 +1,15 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -268,4 +271,63 @@ func checkWholeNumbers(data []byte) error {
 		return fmt.Errorf("line %d: %s: want %s, got `%s`", line, name, describeType(t), val.Value)
 	}
 	return nil
+}
+
+// readerProblems are the decoder's errors about the bytes themselves,
+// which it reports with no line.
+var readerProblems = []string{
+	"control characters are not allowed", "invalid leading UTF-8 octet", "incomplete UTF-8 octet sequence",
+	"invalid trailing UTF-8 octet", "invalid Unicode character",
+}
+
+// decoderProblems are the decoder's errors about the document as a whole
+// (aliases, anchors), which no line places.
+var decoderProblems = []string{
+	"attempted to go past", "unknown anchor", "document contains excessive aliasing", "cannot decode",
+	"anchor '", "!!binary", "invalid array", "invalid map key", "map merge requires", "runtime error", "input error",
+}
+
+// locateSyntaxError adds its line to a syntax error the decoder reported
+// without one: a problem on the first line (the decoder names line 1 as
+// none), or a byte the YAML reader refuses (a control character, a byte
+// that is no UTF-8), which it reports with no position at all; the line
+// and the byte are found in data. A UTF-16 file (its bytes are not the
+// characters) and any other error are returned as they are.
+func locateSyntaxError(err error, data []byte) error {
+	msg, ok := strings.CutPrefix(err.Error(), "yaml: ")
+	if !ok || strings.HasPrefix(msg, "line ") || bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return err
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) || slices.ContainsFunc(decoderProblems, func(p string) bool { return strings.HasPrefix(msg, p) }) {
+		return err // not about the text at a place
+	}
+	if !slices.ContainsFunc(readerProblems, func(p string) bool { return strings.HasPrefix(msg, p) }) {
+		// The scanner's and the parser's, whose line the decoder leaves
+		// out when it is the first.
+		return fmt.Errorf("yaml: line 1: %s", msg)
+	}
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size == 1 || !yamlPrintable(r) {
+			line := 1 + bytes.Count(data[:i], []byte{'\n'})
+			return fmt.Errorf("yaml: line %d: %s (byte 0x%02x)", line, msg, data[i])
+		}
+		i += size
+	}
+	return err
+}
+
+// yamlPrintable reports whether YAML allows r in a file (YAML 1.2's
+// c-printable).
+func yamlPrintable(r rune) bool {
+	switch {
+	case r == '\t' || r == '\n' || r == '\r' || r == 0x85:
+		return true
+	case r < 0x20 || r >= 0x7f && r < 0xa0:
+		return false
+	case r >= 0xd800 && r <= 0xdfff || r == 0xfffe || r == 0xffff:
+		return false
+	}
+	return r <= 0x10ffff
 }

@@ -242,7 +242,12 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 	}
 
 	path, fromEnv := *configPath, false
-	if path == "" {
+	configGiven := false
+	fs.Visit(func(f *flag.Flag) { configGiven = configGiven || f.Name == "config" })
+	if !configGiven {
+		// --config= given empty reads no file, as --routes= empties the
+		// routes setting: a container can then run on the environment and
+		// flags alone, over the image's CUBEPROXY_CONFIG.
 		path, fromEnv = getenv(EnvPrefix+"CONFIG"), true
 	}
 	// Flags were applied to cfg during parsing; start over in order.

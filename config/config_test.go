@@ -366,3 +366,17 @@ func TestLoadNullValues(t *testing.T) {
 		}
 	}
 }
+
+// --config= given empty means no file, as --routes= empties the routes
+// setting: the image's CUBEPROXY_CONFIG is not read then, so that the
+// environment and flags alone can configure a container.
+func TestEmptyConfigFlagReadsNoFile(t *testing.T) {
+	vars := map[string]string{"CUBEPROXY_CONFIG": "/nonexistent/cubeproxy.yaml", "CUBEPROXY_HTTP_ADDR": ":1234"}
+	cfg, err := Load([]string{"--config="}, env(vars), io.Discard)
+	if err != nil || cfg.HTTPAddr != ":1234" {
+		t.Fatalf("Load --config= = %+v, %v; want the environment alone", cfg, err)
+	}
+	if _, err := Load(nil, env(vars), io.Discard); err == nil || !strings.Contains(err.Error(), "CUBEPROXY_CONFIG: read config") {
+		t.Fatalf("Load without --config = %v; want CUBEPROXY_CONFIG's file read", err)
+	}
+}

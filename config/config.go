@@ -266,6 +266,9 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 	for i := range settings {
 		s := &settings[i]
 		if v := getenv(s.envName()); v != "" {
+			if err := checkBlankEnv(s, v); err != nil {
+				return nil, err
+			}
 			if err := s.set(v); err != nil {
 				return nil, fmt.Errorf("%s: %w", s.envName(), err)
 			}
@@ -283,6 +286,27 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		return nil, cfg.NameOrigins(err)
 	}
 	return cfg, nil
+}
+
+// checkBlankEnv refuses a variable of only blanks, or a list of only
+// blank entries. An empty variable counts as unset and leaves the file's
+// value; these emptied it instead: CUBEPROXY_DOMAINS="," let every domain
+// through where the file named one, without a word.
+func checkBlankEnv(s *setting, v string) error {
+	what := "is blank"
+	if strings.TrimSpace(v) != "" {
+		if s.v.Kind() != reflect.Slice {
+			return nil
+		}
+		for p := range strings.SplitSeq(v, ",") { // as set splits it
+			if strings.TrimSpace(p) != "" {
+				return nil
+			}
+		}
+		what = "has no entries"
+	}
+	return fmt.Errorf("%s: %q %s: an empty variable counts as unset; to empty %s, use --%s= or the file",
+		s.envName(), v, what, strings.Join(s.path, "."), s.flagName())
 }
 
 // strayArgument is the error for the first argument parsing stopped at.

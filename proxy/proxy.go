@@ -51,6 +51,10 @@ type Proxy struct {
 	// left it), for the drain deadline to wake the reads fasthttp does
 	// before the handler runs (connSet.cutReads).
 	conns connSet
+	// held are the connections Server.Shutdown closes at its end (see
+	// heldConns): the admin and redirect servers', and those read from
+	// in a lingering close.
+	held heldConns
 
 	// draining is the Server's: set once Shutdown has begun.
 	draining *atomic.Bool
@@ -1008,6 +1012,11 @@ func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
 	if cw, ok := raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite() // the client sees the answer end
 	}
+	// Held while it lingers: Shutdown's end cuts the wait short.
+	if !p.held.add(raw) {
+		return
+	}
+	defer p.held.remove(raw)
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	end := time.Now().Add(lingerTime)

@@ -216,12 +216,17 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		// (admitted by retryListener), and so in the open connections
 		// gauge, which shows how close the proxy runs to that limit. Only
 		// redirectExpect hijacks, and counts its connection's close.
-		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+		// Its connections are held (heldConns) until fasthttp lets go.
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			switch st {
 			case fasthttp.StateNew:
+				p.held.add(c)
 				p.metrics.ConnOpened()
 			case fasthttp.StateClosed:
+				p.held.remove(c)
 				p.clientConnClosed()
+			case fasthttp.StateHijacked:
+				p.held.remove(c)
 			}
 		},
 	}
@@ -321,6 +326,15 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 		CloseOnShutdown:       true,
 		Logger:                log,
 		SecureErrorLogMessage: true,
+		// Held (heldConns) until fasthttp lets go of them.
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			switch st {
+			case fasthttp.StateNew:
+				admin.p.held.add(c)
+			case fasthttp.StateClosed, fasthttp.StateHijacked:
+				admin.p.held.remove(c)
+			}
+		},
 	}
 }
 
@@ -468,7 +482,9 @@ func httpsAuthority(host, port string) string {
 // sandbox and requests whose client stalled sending them, which are
 // answered 504. It returns when nothing is open, or at
 // most about four seconds after the deadline: two for what was cut to
-// unwind, one for a redirect client, one for the admin listener.
+// unwind, one for a redirect client, one for the admin listener; then
+// the connections still held (heldConns) are closed, and an admin
+// request still busy gets one more.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
@@ -561,6 +577,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.adminSrv.ShutdownWithContext(actx)
 		acancel()
+	}
+	// What fasthttp's shutdown and the registry leave (heldConns): a
+	// silent client of the admin or redirect listener, a lingering close.
+	// Closed, they end at once, unless a handler is still busy (an admin
+	// change writing the routes file): it gets a second.
+	if !s.p.held.closeAll(time.Second) {
+		s.p.cfg.Logger.Warn("shutdown: connections still busy a second after they were closed", "connections", s.p.held.len())
 	}
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.p.hangups.close()

@@ -603,8 +603,12 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 		_, _ = io.CopyN(io.Discard, tunnelReader{tn, tn.backend}, lingerLimit)
 	}
 	close(outDone)
-	if err == nil {
-		tn.linger(conn, done, end) // the sandbox ended its side
+	if err == nil && p.held.add(conn) {
+		// The sandbox ended its side. Held while the client's side
+		// lingers: it has left the registry (end), and Shutdown's end
+		// cuts the wait short.
+		tn.linger(conn, done, end)
+		p.held.remove(conn)
 	}
 	tn.close()
 	<-done

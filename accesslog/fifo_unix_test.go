@@ -4,14 +4,18 @@ package accesslog
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // A FIFO (a log shipper's named pipe) whose reader is not there yet, or
@@ -185,4 +189,76 @@ func TestFIFOSharedByTwoWriters(t *testing.T) {
 			t.Errorf("logger %d dropped %d lines", i, d)
 		}
 	}
+}
+
+// A reopen still waiting for the writer when Close is called is refused,
+// not served after it. serve gives a stalled sink (a FIFO nobody reads) a
+// few seconds at exit and then leaves the writer behind; once the sink
+// took the line, the writer picked the waiting reopen as often as the
+// close, and the reopen created a new file at the path (logrotate had
+// moved the old one) in a directory the caller believed it was done with.
+func TestReopenWaitingAtCloseIsRefused(t *testing.T) {
+	for range 20 {
+		dir := t.TempDir()
+		fifo := filepath.Join(dir, "access.fifo")
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := fill.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Fill(t, raw)
+		fill.Close()
+
+		l, err := New(Config{Format: FormatCube, Path: fifo}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Log(&Entry{Time: testTime, RequestID: "stalled"}) // the writer blocks on the full pipe
+		reopened := make(chan error, 1)
+		go func() { reopened <- l.Reopen() }()
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close() }()
+		testenv.WaitFor(t, 5*time.Second, "Reopen and Close waiting on the stalled writer", func() bool {
+			return l.closed.Load() && goroutinesIn("accesslog.(*Logger).Reopen(") == 1
+		})
+		// What logrotate does; a reopen served from now on creates a file.
+		if err := os.Remove(fifo); err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, rd) // the sink moves on: EOF once the logger closed its ends
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not return once the sink took the line")
+		}
+		rd.Close()
+		if err := <-reopened; !errors.Is(err, ErrClosed) {
+			t.Errorf("Reopen waiting at Close returned %v, want ErrClosed", err)
+		}
+		if _, err := os.Stat(fifo); err == nil {
+			t.Fatalf("a reopen served after Close created %s", fifo)
+		}
+	}
+}
+
+// goroutinesIn counts the goroutines whose stacks have fn in them.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	n := 0
+	for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+		if bytes.Contains(g, []byte(fn)) {
+			n++
+		}
+	}
+	return n
 }

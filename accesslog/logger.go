@@ -27,7 +27,8 @@ const (
 // DefaultBufferLines is the queue length when Config.BufferLines is 0.
 const DefaultBufferLines = 4096
 
-// ErrClosed is returned by Reopen after Close.
+// ErrClosed is returned by Reopen once Close was called, also to a
+// Reopen that was still waiting for the writer then.
 var ErrClosed = errors.New("access log closed")
 
 const (
@@ -353,6 +354,16 @@ func (l *Logger) run() {
 		case reply := <-l.reopen:
 			l.drain()
 			_ = l.flush() // a failed flush is counted as drops; reopening may cure it
+			select {
+			case <-l.quit:
+				// Closed while the reopen waited (for a stalled sink, say):
+				// select picks among ready cases at random, and a reopen
+				// served now would create a file after Close, which its
+				// caller may have given up waiting for.
+				reply <- ErrClosed
+				continue
+			default:
+			}
 			reply <- l.reopenFile()
 		case <-l.quit:
 			l.drain()

@@ -262,3 +262,51 @@ func goroutinesIn(fn string) int {
 	}
 	return n
 }
+
+// Abandon ends a writer stalled on a FIFO nobody reads, which Close waits
+// for: the file is closed under the write, Close returns, and the queued
+// line is counted as dropped.
+func TestAbandonEndsStalledWriter(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	fill, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := fill.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Fill(t, raw)
+	fill.Close()
+
+	l, err := New(Config{Format: FormatCube, Path: fifo}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Log(&Entry{Time: testTime, RequestID: "stalled"})
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	testenv.WaitFor(t, 5*time.Second, "Close waiting on the stalled writer", l.closed.Load)
+	select {
+	case <-closed:
+		t.Fatal("Close returned while the sink took nothing")
+	default:
+	}
+	l.Abandon()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer still runs after Abandon")
+	}
+	if l.Dropped() != 1 {
+		t.Errorf("%d lines dropped, want the stalled one", l.Dropped())
+	}
+}

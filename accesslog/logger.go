@@ -97,7 +97,9 @@ type Logger struct {
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
 	out  sink
-	file *os.File // nil unless path != ""
+	file *os.File // nil unless path != ""; swapped under fileMu (Abandon reads it)
+	// fileMu orders Reopen's swap of file with Abandon.
+	fileMu sync.Mutex
 	// maxWrite is the most bytes of lines written at once (a single
 	// longer line excepted): the write buffer's size, or for a FIFO what
 	// the pipe writes atomically (PIPE_BUF).
@@ -342,6 +344,23 @@ func (l *Logger) Close() error {
 	return l.closeErr
 }
 
+// Abandon closes the log file under a writer that Close could not wait
+// for, stalled in a write to a sink that takes nothing (a FIFO nobody
+// reads): the write fails, what is still queued is counted as dropped, and
+// the writer ends, which would otherwise hold the file and its goroutine
+// until the sink moved, after its caller had gone on. A write blocked in
+// the kernel (a hung network file system) may not be cut. Call it after
+// Close; a no-op for stdout and Config.Output, which the logger does not
+// own.
+func (l *Logger) Abandon() {
+	l.fileMu.Lock()
+	f := l.file
+	l.fileMu.Unlock()
+	if f != nil {
+		_ = f.Close()
+	}
+}
+
 // run is the writer goroutine: it owns the file and the bufio.Writer.
 func (l *Logger) run() {
 	defer close(l.done)
@@ -526,8 +545,10 @@ func (l *Logger) reopenFile() error {
 	if err != nil {
 		return fmt.Errorf("reopen: %w", err)
 	}
+	l.fileMu.Lock()
 	old := l.file
 	l.file, l.out, l.maxWrite = f, sink{w: f}, maxWrite(f)
+	l.fileMu.Unlock()
 	l.bw.Reset(&l.out)
 	if err := old.Close(); err != nil {
 		return fmt.Errorf("close rotated access log: %w", err)

@@ -194,10 +194,11 @@ func TestAccessLogRotationUnderLoadLosesNoLine(t *testing.T) {
 // SIGTERM: the reopen waits for the stalled writer, the shutdown must not.
 func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 	// The reader is closed after the directory is removed (cleanups run
-	// last first): closing it unblocks the writer, which the shutdown left
-	// behind, and its pending reopen creates the log file (O_CREATE); in
-	// the directory RemoveAll is emptying, that made the test fail now and
-	// then with "directory not empty".
+	// last first). It used to matter: the shutdown left the stalled writer
+	// behind, closing the reader unblocked it, and its pending reopen
+	// created the log file (O_CREATE) in the directory RemoveAll was
+	// emptying. The shutdown now closes the file under the stalled write,
+	// and a reopen waiting at Close is refused.
 	var reader *os.File
 	t.Cleanup(func() {
 		if reader != nil {

@@ -842,6 +842,14 @@ func (a *app) close() {
 		case <-done:
 		case <-ctx.Done():
 			a.log.Warn("access log sink stalled at shutdown; lines may be lost")
+			// Its file is closed under the stalled write, so that the
+			// writer ends rather than hold it and write to it after serve
+			// returned. A second is plenty for a write that can be cut.
+			a.access.Abandon()
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+			}
 		}
 	}
 	if a.tel != nil {

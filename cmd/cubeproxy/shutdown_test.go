@@ -405,6 +405,32 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				},
 			}
 		},
+		"access log stalled": func(t *testing.T) leakCase {
+			// A FIFO whose pipe is full and that nobody reads: the access
+			// log's writer blocks on its first line, and serve gives up
+			// on it after its budget at exit.
+			port := okBackend(t)
+			dir := t.TempDir()
+			fifo := filepath.Join(dir, "access.fifo")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fillPipe(t, fifo)
+			return leakCase{
+				args: []string{"--routes", boxRoutes(t, dir, port), "--access-log-format", "cube", "--access-log-path", fifo},
+				dirs: []string{dir},
+				traffic: func(t *testing.T, a *app) {
+					// The proxy holds both ends of the FIFO: the pipe stays
+					// full without the test's reader.
+					rd.Close()
+					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", port), "ok")
+				},
+			}
+		},
 		"otel http exporter": func(t *testing.T) leakCase {
 			collector := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				io.Copy(io.Discard, r.Body)

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -59,6 +60,9 @@ type app struct {
 	// writer: a later SIGHUP joins it (the reopen opens the path when it
 	// runs) instead of leaving one more goroutine behind a stalled sink.
 	reopening atomic.Bool
+	// reopens is the reopen goroutine SIGHUP started, if any: close waits
+	// for it once the access log's writer has ended.
+	reopens sync.WaitGroup
 }
 
 // listening is told when the listeners are open (demo and tests use it to
@@ -738,7 +742,7 @@ loop:
 			}
 			// Reopen waits for the writer, which a stalled sink holds
 			// indefinitely: waiting here would leave SIGTERM unheard.
-			go a.reopenAccessLog()
+			a.reopens.Go(a.reopenAccessLog)
 		case err = <-errc:
 			if err == nil {
 				continue
@@ -799,7 +803,11 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 // reopenAccessLog reopens the access log file (SIGHUP, after logrotate).
 func (a *app) reopenAccessLog() {
 	defer a.reopening.Store(false)
-	if err := a.access.Reopen(); err != nil {
+	err := a.access.Reopen()
+	if errors.Is(err, accesslog.ErrClosed) {
+		return // the stop came first: nothing failed
+	}
+	if err != nil {
 		a.tel.Metrics.AccessLogReopenFailed()
 		a.log.Error("reopen access log", "err", err)
 		return
@@ -838,6 +846,7 @@ func (a *app) close() {
 	if a.access != nil {
 		done := make(chan struct{})
 		go func() { _ = a.access.Close(); close(done) }()
+		closed := true
 		select {
 		case <-done:
 		case <-ctx.Done():
@@ -849,7 +858,12 @@ func (a *app) close() {
 			select {
 			case <-done:
 			case <-time.After(time.Second):
+				closed = false
 			}
+		}
+		if closed {
+			// A reopen still waiting was refused when the writer ended.
+			a.reopens.Wait()
 		}
 	}
 	if a.tel != nil {

@@ -254,8 +254,8 @@ type leakCase struct {
 	// traffic runs while the proxy serves; what it leaves open (a
 	// tunnel, a stream) is open when serve is stopped.
 	traffic func(t *testing.T, a *app)
-	// after checks what the mode leaves on disk once serve returned.
-	after func(t *testing.T)
+	// after checks what the mode leaves once serve returned, and its log.
+	after func(t *testing.T, logs string)
 }
 
 // get sends GET / with host through the proxy's plain HTTP listener and
@@ -412,7 +412,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 					leakGet(t, a, fmt.Sprintf("%d-two.cube.test", port), "ok")
 					leakAdmin(t, a, "DELETE", "/admin/routes/two", "")
 				},
-				after: func(t *testing.T) {
+				after: func(t *testing.T, _ string) {
 					entries, _ := os.ReadDir(dir)
 					var names []string
 					for _, e := range entries {
@@ -439,7 +439,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
 					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
 				},
-				after: func(t *testing.T) { noProxyClients(t, r) },
+				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
 			}
 		},
 		"redis hung at shutdown": func(t *testing.T, env *leakEnv) leakCase {
@@ -464,7 +464,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 							strings.Contains(stackOf("redisstore.(*Registry).beat"), "go-redis")
 					})
 				},
-				after: func(t *testing.T) { noProxyClients(t, r) },
+				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
 			}
 		},
 		"tls files": func(t *testing.T, env *leakEnv) leakCase {
@@ -546,6 +546,18 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 					// full without the test's reader.
 					rd.Close()
 					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", port), "ok")
+					// logrotate's SIGHUP: its reopen waits for the stalled
+					// writer until the stop.
+					if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+						t.Fatal(err)
+					}
+					testenv.WaitFor(t, 5*time.Second, "a reopen waiting on the stalled sink", a.reopening.Load)
+				},
+				after: func(t *testing.T, logs string) {
+					// The stop came first: no reopen failed.
+					if strings.Contains(logs, `"msg":"reopen access log"`) {
+						t.Errorf("the reopen the stop refused was logged as failed:\n%s", logs)
+					}
 				},
 			}
 		},
@@ -783,7 +795,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				}
 			}
 			if tc.after != nil {
-				tc.after(t)
+				tc.after(t, r.logs.String())
 			}
 			// With no goroutine of the proxy left, nothing writes there
 			// any more: the listing taken above must hold.
@@ -831,12 +843,67 @@ func acmeLeakCase(t *testing.T, env *leakEnv, extra string, handshake bool) leak
 				t.Fatalf("over TLS: %d %q %v", status, body, err)
 			}
 		},
-		after: func(t *testing.T) {
+		after: func(t *testing.T, _ string) {
 			locks, _ := filepath.Glob(filepath.Join(storage, "locks", "*"))
 			if len(locks) > 0 {
 				t.Errorf("lock files left in the ACME storage: %v", locks)
 			}
 		},
+	}
+}
+
+// A start that fails once most of the proxy is up (here its admin port
+// is taken: the listeners open after the store, the access log,
+// telemetry, the certificates and the Redis subscriber have started)
+// stops all of it before serve returns its error.
+func TestFailedServeLeavesNothingBehind(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cases := map[string]func(t *testing.T) []string{
+		"memory store, tls files, access log file": func(t *testing.T) []string {
+			ca := testenv.NewCA(t, "cubeproxy test CA")
+			dir := t.TempDir()
+			certFile, keyFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
+			ca.WritePair(t, certFile, keyFile, "cube.test", "*.cube.test")
+			return []string{"--routes", boxRoutes(t, dir, 1), "--persist-routes", "--https-addr", "127.0.0.1:0",
+				"--tls-source", "files", "--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-reload-interval", "20ms",
+				"--access-log-format", "cube", "--access-log-path", filepath.Join(dir, "access.log")}
+		},
+		"redis store, acme": func(t *testing.T) []string {
+			r := testenv.StartRedis(t)
+			dnsSrv := testenv.StartDNS(t, "cube.test")
+			pb := testenv.StartPebble(t, dnsSrv.Addr)
+			dir := t.TempDir()
+			cfgPath := filepath.Join(dir, "cubeproxy.yaml")
+			if err := os.WriteFile(cfgPath, []byte(acmeTLSSection(t, pb, dnsSrv, "    on_demand: true\n")), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"--config", cfgPath, "--https-addr", "127.0.0.1:0", "--store", "redis", "--redis-addr", r.Addr(), "--registry-enabled"}
+		},
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			args := append(args(t), "--http-addr", "127.0.0.1:0", "--admin-addr", held.Addr().String(), "--domains", "cube.test")
+			before := goroutineIDs()
+			var logs syncBuffer
+			if err := serve(context.Background(), args, noEnv, &logs, &logs, nil); err == nil || !strings.Contains(err.Error(), "admin_addr") {
+				t.Fatalf("serve: %v, want the admin listener's error\n%s", err, &logs)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			var leaked []string
+			for {
+				if leaked = leakedGoroutines(before); len(leaked) == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if len(leaked) > 0 {
+				t.Errorf("%d goroutines of the failed serve still run 5 s after it returned:\n\n%s\n%s", len(leaked), strings.Join(leaked, "\n\n"), &logs)
+			}
+		})
 	}
 }
 

@@ -442,6 +442,29 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
 			}
 		},
+		"redis sentinel": func(t *testing.T, env *leakEnv) leakCase {
+			primary := testenv.StartRedis(t)
+			sentinel := testenv.StartSentinel(t, "cube-routes", primary.Addr())
+			port := env.ok(t)
+			hsetRoute(t, primary, redisstore.DefaultKeyPrefix+"box", cpFields("127.0.0.1", "192.168.0.2", port)...)
+			return leakCase{
+				args: []string{"--store", "redis", "--redis-sentinel-addrs", sentinel.Addr(), "--redis-sentinel-master-name", "cube-routes",
+					"--registry-enabled", "--registry-interval", "100ms"},
+				traffic: func(t *testing.T, a *app) {
+					select {
+					case <-a.sub.Ready():
+					case <-time.After(10 * time.Second):
+						t.Fatal("invalidation subscription not applied after 10s")
+					}
+					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
+					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
+				},
+				after: func(t *testing.T, _ string) {
+					noProxyClients(t, primary)
+					noProxyClients(t, sentinel)
+				},
+			}
+		},
 		"redis hung at shutdown": func(t *testing.T, env *leakEnv) leakCase {
 			r := testenv.StartRedis(t)
 			f := startFreezer(t, r.Addr())

@@ -442,6 +442,26 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
 			}
 		},
+		"redis hung from the start": func(t *testing.T, env *leakEnv) leakCase {
+			r := testenv.StartRedis(t)
+			f := startFreezer(t, r.Addr())
+			env.peerPorts = append(env.peerPorts, f.ln.Addr().(*net.TCPAddr).Port)
+			f.freeze()
+			return leakCase{
+				args: []string{"--store", "redis", "--redis-addr", f.addr(), "--redis-command-timeout", "2s", "--registry-enabled"},
+				traffic: func(t *testing.T, a *app) {
+					// The readiness probe, the subscriber and a request's
+					// lookup all wait on the Redis that hangs.
+					client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+					req, _ := http.NewRequest("GET", "http://"+a.httpLn.Addr().String()+"/", nil)
+					req.Host = "1-box.cube.test"
+					if resp, err := client.Do(req); err == nil {
+						resp.Body.Close()
+					}
+				},
+				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
+			}
+		},
 		"redis sentinel": func(t *testing.T, env *leakEnv) leakCase {
 			primary := testenv.StartRedis(t)
 			sentinel := testenv.StartSentinel(t, "cube-routes", primary.Addr())
@@ -468,6 +488,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 		"redis hung at shutdown": func(t *testing.T, env *leakEnv) leakCase {
 			r := testenv.StartRedis(t)
 			f := startFreezer(t, r.Addr())
+			env.peerPorts = append(env.peerPorts, f.ln.Addr().(*net.TCPAddr).Port)
 			port := env.ok(t)
 			hsetRoute(t, r, redisstore.DefaultKeyPrefix+"box", cpFields("127.0.0.1", "192.168.0.2", port)...)
 			return leakCase{

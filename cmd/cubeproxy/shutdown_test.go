@@ -54,6 +54,11 @@ var processWide = []string{
 	// it notices only after its sleep (MaxIdleWorkerDuration, 10 s), which
 	// nothing can cut short. It holds nothing of the proxy's.
 	"created by github.com/valyala/fasthttp.(*workerPool).Start",
+	// certmagic's FileStorage refreshes a lock file it created every 5 s
+	// until it finds the file gone, and nothing wakes it: it may outlive
+	// the released lock by that much. It only looks (no O_CREATE); the
+	// acme cases check that no lock file is left for it to refresh.
+	"created by github.com/caddyserver/certmagic.createLockfile",
 	// certmagic's throttle of orders per CA and account, kept in a
 	// package map for the process's life so that restarts of a Config
 	// share it (its own TODO: never stopped).

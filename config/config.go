@@ -625,6 +625,9 @@ func (c *Config) checkTLS() error {
 	if err := c.checkTLSApplies(); err != nil {
 		return err
 	}
+	if err := c.checkDNSAddrs(); err != nil {
+		return err
+	}
 	if src := c.TLS.Source; c.HTTPSAddr == "" && (src == "files" || src == "acme") {
 		// Only the HTTPS listener reads certificates: the proxy would
 		// serve plain HTTP alone, and ACME would never issue, with no
@@ -633,6 +636,29 @@ func (c *Config) checkTLS() error {
 	}
 	if c.TLS.RedirectPort > 65535 {
 		return fmt.Errorf("tls.redirect_port: %d is not a port", c.TLS.RedirectPort)
+	}
+	return nil
+}
+
+// checkDNSAddrs refuses a DNS-01 server address no dial accepts: it is
+// dialed only at the first order, in the background after the proxy
+// listens, so every issuance would fail behind a check that passed.
+// A resolver without a port is fine (certmagic adds :53); the rfc2136
+// server needs one.
+func (c *Config) checkDNSAddrs() error {
+	dns := c.TLS.ACME.DNS
+	for _, r := range dns.Resolvers {
+		if _, _, err := net.SplitHostPort(r); err != nil {
+			continue
+		}
+		if err := checkDialAddr(r); err != nil {
+			return fmt.Errorf("an entry of tls.acme.dns.resolvers %q: %w; want host or host:port, for example 1.1.1.1:53", r, err)
+		}
+	}
+	if server, ok := dns.Options["server"]; ok && strings.EqualFold(dns.Provider, "rfc2136") {
+		if err := checkDialAddr(server); err != nil {
+			return fmt.Errorf("tls.acme.dns.options.server %q: %w; want host:port, for example 127.0.0.1:53", server, err)
+		}
 	}
 	return nil
 }

@@ -200,24 +200,7 @@ func TestFIFOSharedByTwoWriters(t *testing.T) {
 func TestReopenWaitingAtCloseIsRefused(t *testing.T) {
 	for range 20 {
 		dir := t.TempDir()
-		fifo := filepath.Join(dir, "access.fifo")
-		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fill, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, err := fill.SyscallConn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		testenv.Fill(t, raw)
-		fill.Close()
+		fifo, rd := testenv.StalledFIFO(t, dir, "access.fifo")
 
 		l, err := New(Config{Format: FormatCube, Path: fifo}, nil)
 		if err != nil {
@@ -267,25 +250,7 @@ func goroutinesIn(fn string) int {
 // for: the file is closed under the write, Close returns, and the queued
 // line is counted as dropped.
 func TestAbandonEndsStalledWriter(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), "access.fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
-	fill, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := fill.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Fill(t, raw)
-	fill.Close()
+	fifo, _ := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
 
 	l, err := New(Config{Format: FormatCube, Path: fifo}, nil)
 	if err != nil {

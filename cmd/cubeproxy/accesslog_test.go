@@ -199,25 +199,9 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 	// created the log file (O_CREATE) in the directory RemoveAll was
 	// emptying. The shutdown now closes the file under the stalled write,
 	// and a reopen waiting at Close is refused.
-	var reader *os.File
-	t.Cleanup(func() {
-		if reader != nil {
-			reader.Close()
-		}
-	})
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "access.fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// A reader that never reads, and a pipe already full: the access log's
 	// first write blocks.
-	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reader = rd
-	fillPipe(t, fifo)
+	fifo, _ := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
 
 	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
 		"--access-log-path", fifo, "--drain-timeout", "1s"}, noEnv)
@@ -272,20 +256,6 @@ func goroutinesIn(fn string) int {
 	return n
 }
 
-// fillPipe writes to the FIFO at path until the pipe buffer is full.
-func fillPipe(t *testing.T, path string) {
-	t.Helper()
-	w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	raw, err := w.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Fill(t, raw)
-}
 
 // The access log's default sink, stdout, is the stdout serve was given, as
 // its process log is: an embedder (and these tests) capture both, and

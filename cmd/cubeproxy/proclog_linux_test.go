@@ -138,7 +138,7 @@ func TestBinaryProcessLogNeverBlocks(t *testing.T) {
 	}
 
 	// From here on nobody reads, and the pipe is full.
-	fillPipe(t, out.path)
+	testenv.FillFIFO(t, out.path)
 
 	// do sends one request on a new connection and returns its status
 	// (0: no answer within 2 s).

@@ -578,15 +578,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			// on it after its budget at exit.
 			port := env.ok(t)
 			dir := t.TempDir()
-			fifo := filepath.Join(dir, "access.fifo")
-			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fillPipe(t, fifo)
+			fifo, rd := testenv.StalledFIFO(t, dir, "access.fifo")
 			return leakCase{
 				args: []string{"--routes", boxRoutes(t, dir, port), "--access-log-format", "cube", "--access-log-path", fifo},
 				dirs: []string{dir},

@@ -83,6 +83,15 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if o.cfg.Logger == nil {
 		o.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if o.cfg.ConnectTimeout == 0 {
+		// A loopback connect completes in the kernel at once, but under
+		// -race on two loaded cores the dialing goroutine can wait seconds
+		// to run again, and the 3 s default then timed the scheduler:
+		// TestSSEManyConcurrentStreams (200 streams at once) got 504
+		// upstream_connect_timeout for a few. Tests of the connect
+		// timeout set their own.
+		o.cfg.ConnectTimeout = 30 * time.Second
+	}
 	h.proxy, err = New(o.cfg, h.counts, h.cache)
 	if err != nil {
 		t.Fatal(err)

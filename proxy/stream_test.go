@@ -121,11 +121,16 @@ func TestSSEManyConcurrentStreams(t *testing.T) {
 				return
 			}
 			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				errs <- fmt.Errorf("status %d %s %q", resp.StatusCode, resp.Header, b)
+				return
+			}
 			br := bufio.NewReader(resp.Body)
 			for i := 0; i < events; i++ {
 				ev, err := readEvent(br)
 				if err != nil {
-					errs <- fmt.Errorf("event %d: %w", i, err)
+					errs <- fmt.Errorf("event %d: %w (%s)", i, err, resp.Header)
 					return
 				}
 				if ev != fmt.Sprintf("data: %d\n", i) {

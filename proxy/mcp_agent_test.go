@@ -105,6 +105,15 @@ func agentConnect(t *testing.T, ctx context.Context, h *harness, host string, co
 	return cs
 }
 
+// bulkMCPTimeout bounds an MCP test that moves several MiB, or runs many
+// sessions, through the go-sdk under -race: a hang guard, not a speed test.
+// Encoding, copying and decoding the JSON is where the time goes (the same
+// tests take 1-3 s without -race). In a full run at load averages of 10-12
+// on 2 cores, one subtest of TestMCPLargeArguments (6 MiB arguments, then
+// a 5 MiB result) took 38 s and one of TestMCPOverTLS 29 s, against the
+// 60 s they had; helpers have seen loads of 15-22.
+const bulkMCPTimeout = 3 * time.Minute
+
 func newAgentServer() *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "gateway", Version: "v1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "returns n bytes of text"},
@@ -143,9 +152,7 @@ func TestMCPLargeToolResults(t *testing.T) {
 						}
 					})
 				})
-			// A hang guard, not a speed test: 4 MiB encoded, sent and decoded
-			// under -race took over 10 s on a machine shared with other suites.
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 			defer cancel()
 			cs := agentConnect(t, ctx, h, host, nil, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
 			const n = 4 << 20
@@ -546,7 +553,7 @@ func TestMCPLegacySSETransport(t *testing.T) {
 	port := backend(t, "127.0.0.1", hd)
 	h.put("ssebox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
 	host := "50005-ssebox.cube.test"
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 	defer cancel()
 	tr := &mcp.SSEClientTransport{
 		Endpoint:   "http://" + h.addr + "/sse",

@@ -214,7 +214,7 @@ func TestMCPSessionsAcrossSandboxes(t *testing.T) {
 		})
 		hosts[b] = agentGateway(t, h, id, srv, nil, nil)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, boxes*perBox)
@@ -287,7 +287,7 @@ func TestMCPLargeArguments(t *testing.T) {
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint(len(in.S), in.S == bigText(len(in.S)))}}}, nil, nil
 			})
 			host := agentGateway(t, h, "argbox", srv, &mcp.StreamableHTTPOptions{JSONResponse: jsonResp, MaxRequestBodyBytes: 64 << 20}, nil)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 			defer cancel()
 			cs := agentConnect(t, ctx, h, host, nil, nil)
 			for _, n := range []int{6 << 20} {
@@ -430,7 +430,7 @@ func TestMCPOverTLS(t *testing.T) {
 						}
 					})
 				})
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 			defer cancel()
 			base := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: host}}
 			defer base.CloseIdleConnections()

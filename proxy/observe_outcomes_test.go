@@ -276,6 +276,7 @@ func TestTracingCollectorDownDoesNotBlockRequests(t *testing.T) {
 		}
 	}()
 	down := freePort(t)
+	const queue = 64 // spans the batch processor holds
 	tests := []struct{ name, proto, endpoint string }{
 		{"black-holed http", "http/protobuf", hole.Addr().String()},
 		{"black-holed grpc", "grpc", hole.Addr().String()},
@@ -294,15 +295,20 @@ func TestTracingCollectorDownDoesNotBlockRequests(t *testing.T) {
 			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+tc.endpoint)
 			t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "1")
 			t.Setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+			// A small queue (the default holds 2048) overflows after a few
+			// requests: 1500 of them to fill the default one took 17 s in a
+			// loaded full run and 47 s on a shared core, of the package's
+			// 9 min.
+			t.Setenv("OTEL_BSP_MAX_QUEUE_SIZE", fmt.Sprint(queue))
 			tel, err := telemetry.New(context.Background(), telemetry.Config{Env: func(k string) string { return env[k] }})
 			if err != nil {
 				t.Fatal(err)
 			}
 			h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 			host := h.route("collectordown", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
-			// Two spans a request: 3000 spans, more than the queue holds (2048).
+			// Two spans a request: four times what the queue holds.
 			var worst time.Duration
-			for range 1500 {
+			for range 2 * queue {
 				start := time.Now()
 				if st, _, _ := h.get(host, "/"); st != 200 {
 					t.Fatalf("status %d", st)

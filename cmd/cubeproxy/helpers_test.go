@@ -121,14 +121,40 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// buildBinary builds cubeproxy for a test that runs it as a process.
+// built is the cubeproxy binary the process tests share: built once per
+// test binary, in a directory TestMain removes. Each test used to build its
+// own: eight links of the whole program, 15-40 s each on a loaded 2-core
+// machine, were a large part of this package's share of go test's timeout.
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+	out  []byte
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// buildBinary returns cubeproxy built for a test that runs it as a process.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "cubeproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "cubeproxy-test-bin-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "cubeproxy")
+		built.out, built.err = exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput()
+	})
+	if built.err != nil {
+		t.Fatalf("build: %v\n%s", built.err, built.out)
 	}
-	return bin
+	return built.bin
 }
 
 // startBinary starts bin with args, its output in logs; exited gets

@@ -256,7 +256,6 @@ func goroutinesIn(fn string) int {
 	return n
 }
 
-
 // The access log's default sink, stdout, is the stdout serve was given, as
 // its process log is: an embedder (and these tests) capture both, and
 // nothing writes to the process's os.Stdout behind its back.

@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,11 +61,32 @@ type Redis struct {
 	args     []string
 	sentinel bool
 	password string // from --requirepass, used by Client
+	other    int    // the port that stood for AnotherPort, if any
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
 	client *redis.Client
+}
+
+// AnotherPort stands, in the extra args of StartRedis and StartSentinel,
+// for a second port (e.g. "--tls-port", testenv.AnotherPort): it is picked
+// afresh at each start attempt with the main one, as a port picked by the
+// test could be taken before the server binds it; OtherPort returns it.
+const AnotherPort = "{another-port}"
+
+// withOtherPort returns args with AnotherPort replaced by a free port.
+func withOtherPort(t testing.TB, args []string) (resolved []string, other int) {
+	resolved = slices.Clone(args)
+	for i, a := range resolved {
+		if a == AnotherPort {
+			if other == 0 {
+				other = FreePort(t)
+			}
+			resolved[i] = strconv.Itoa(other)
+		}
+	}
+	return resolved, other
 }
 
 // StartRedis starts redis-server on a free loopback port with its own
@@ -74,10 +97,12 @@ func StartRedis(t testing.TB, args ...string) *Redis {
 	bin := redisServerPath(t)
 	dir := t.TempDir()
 	var lastErr error
-	// A free port can be taken by another process between probe and bind: retry.
+	// A free port can be taken by another process between probe and bind
+	// (start then fails: its readiness check wants its own child): retry.
 	for range 3 {
 		port := FreePort(t)
-		r := &Redis{t: t, bin: bin, port: port, dir: dir}
+		args, other := withOtherPort(t, args)
+		r := &Redis{t: t, bin: bin, port: port, dir: dir, other: other}
 		for i, a := range args {
 			if a == "--requirepass" && i+1 < len(args) {
 				r.password = args[i+1]
@@ -138,7 +163,8 @@ func StartSentinel(t testing.TB, masterName, masterAddr string, args ...string) 
 		if err := os.WriteFile(conf, []byte(sentinelConf(port, dir, masterName, host, mport)), 0o600); err != nil {
 			t.Fatalf("write sentinel.conf: %v", err)
 		}
-		r := &Redis{t: t, bin: bin, port: port, dir: dir, sentinel: true, args: append([]string{conf, "--sentinel"}, args...)}
+		args, other := withOtherPort(t, args)
+		r := &Redis{t: t, bin: bin, port: port, dir: dir, other: other, sentinel: true, args: append([]string{conf, "--sentinel"}, args...)}
 		if lastErr = r.start(); lastErr == nil {
 			t.Cleanup(r.cleanup)
 			return r
@@ -162,6 +188,12 @@ func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 
 // Port is the server's TCP port.
 func (r *Redis) Port() int { return r.port }
+
+// OtherPort is the port that stood for AnotherPort in the start args (0 if none).
+func (r *Redis) OtherPort() int { return r.other }
+
+// OtherAddr is 127.0.0.1:OtherPort.
+func (r *Redis) OtherAddr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.other)) }
 
 // Client returns a go-redis client for this server (created once, closed
 // at cleanup; authenticated when started with --requirepass); it reconnects
@@ -290,8 +322,16 @@ func (r *Redis) start() error {
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if pingRedis(r.Addr()) == nil {
+		// The port was free when picked, but another process (another
+		// test's redis-server) may have bound it since: our child then
+		// exits, and the other answers. Only our child's pid is ready.
+		pid, err := redisPID(r.Addr(), r.password)
+		if err == nil && pid == cmd.Process.Pid {
 			return nil
+		}
+		if err == nil {
+			r.Stop()
+			return fmt.Errorf("%s: port %d is served by another process (pid %d, ours %d)", r.bin, r.port, pid, cmd.Process.Pid)
 		}
 		select {
 		case <-exited:
@@ -323,26 +363,50 @@ func (r *Redis) cleanup() {
 	r.Stop()
 }
 
-// pingRedis speaks RESP directly so that readiness does not depend on client options.
-func pingRedis(addr string) error {
+// redisPID asks the server on addr for its process_id (INFO server),
+// speaking RESP directly so that readiness does not depend on client
+// options; it authenticates first when password is set.
+func redisPID(addr, password string) (int, error) {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
+	br := bufio.NewReader(c)
+	if password != "" {
+		if _, err := fmt.Fprintf(c, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(password), password); err != nil {
+			return 0, err
+		}
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return 0, err
+		}
+		if !strings.HasPrefix(line, "+OK") {
+			return 0, errors.New("AUTH: " + strings.TrimSpace(line))
+		}
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	line, err := br.ReadString('\n')
 	if err != nil {
-		return err
+		return 0, err
 	}
-	// NOAUTH also proves the server is up (started with --requirepass).
-	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
-		return errors.New("unexpected reply " + strings.TrimSpace(line))
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+	if !strings.HasPrefix(line, "$") || err != nil || n < 0 {
+		return 0, errors.New("INFO server: unexpected reply " + strings.TrimSpace(line))
 	}
-	return nil
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return 0, fmt.Errorf("INFO server: %w", err)
+	}
+	for l := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server: no process_id")
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,17 +61,15 @@ func writeTLSFiles(t *testing.T) (caFile, certFile, keyFile string) {
 
 func TestTLS(t *testing.T) {
 	caFile, certFile, keyFile := writeTLSFiles(t)
-	tlsPort := testenv.FreePort(t)
-	r := testenv.StartRedis(t, "--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", certFile,
+	r := testenv.StartRedis(t, "--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile,
 		"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no")
-	tlsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
+	tlsAddr := r.OtherAddr()
 	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
 	// A sentinel that speaks TLS and watches the master's TLS port: the
 	// store dials both itself (see sentinelDialer).
-	sentinelTLSPort := testenv.FreePort(t)
-	testenv.StartSentinel(t, "tlsmaster", tlsAddr, "--tls-port", strconv.Itoa(sentinelTLSPort), "--tls-cert-file", certFile,
+	sentinel := testenv.StartSentinel(t, "tlsmaster", tlsAddr, "--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile,
 		"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no", "--tls-replication", "yes")
-	sentinelTLSAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sentinelTLSPort))
+	sentinelTLSAddr := sentinel.OtherAddr()
 	viaSentinel := redisstore.SentinelConfig{MasterName: "tlsmaster", Addrs: []string{sentinelTLSAddr}}
 
 	tests := []struct {
@@ -125,11 +122,10 @@ func TestTLSPoolDropsClosedConnections(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tlsPort := testenv.FreePort(t)
-			r := testenv.StartRedis(t, append([]string{"--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", certFile,
+			r := testenv.StartRedis(t, append([]string{"--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile,
 				"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}, tc.args...)...)
 			hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
-			s := openStoreCfg(t, redisstore.Config{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort)), TLS: true, CAFile: caFile, PoolSize: 12})
+			s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: caFile, PoolSize: 12})
 			// Fill the pool: concurrent lookups each hold a connection.
 			var wg sync.WaitGroup
 			for range 48 {

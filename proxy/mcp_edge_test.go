@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -112,9 +111,7 @@ func TestMCPAnsweredBeforeLargeCallBody(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", sandbox.MCPHandler(sandbox.MCPOptions{Token: "fresh"}))
 	port := backend(t, "127.0.0.1", mux)
-	down := listen(t, "127.0.0.1:0")
-	downPort := uint16(down.Addr().(*net.TCPAddr).Port)
-	down.Close()
+	downPort := freePort(t)
 	h.put("mcpexpired", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
 	h.put("mcpdown", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(downPort)})
 	h.put("mcppaused", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})

@@ -13,6 +13,8 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // spanNames lists the span names in an OTLP export request.
@@ -127,12 +129,7 @@ func TestShutdownReportsUnflushedSpans(t *testing.T) {
 		http.Error(w, "no", http.StatusBadRequest) // not retried
 	}))
 	defer rejecting.Close()
-	refused, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refusedURL := "http://" + refused.Addr().String()
-	refused.Close()
+	refusedURL := "http://" + testenv.RefusingAddr(t)
 
 	for _, tc := range []struct {
 		name, endpoint string

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,20 +36,33 @@ func TestDemoRefusesUnusableSettings(t *testing.T) {
 		{"persisted routes", []string{"--routes", routes, "--persist-routes"}, "demo needs persist_routes off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			admin := freeAddr(t)
-			args := append([]string{"demo", "--http-addr", "127.0.0.1:0", "--admin-addr", admin, "--routes="}, tc.args...)
-			var out, errb bytes.Buffer
-			// Bounded: a demo that wrongly starts runs until cancelled.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if code := run(ctx, args, noEnv, &out, &errb); code != 1 || !strings.Contains(errb.String(), tc.want) {
-				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errb.String(), tc.want)
+			// The admin port is picked here, free, and handed to the demo,
+			// so that the end can check nothing listens there. Another
+			// socket of the machine may take it in between: that check is
+			// then tried again on a new port, and a listener the demo
+			// left open fails every attempt.
+			for attempt := 1; ; attempt++ {
+				admin := freeAddr(t)
+				args := append([]string{"demo", "--http-addr", "127.0.0.1:0", "--admin-addr", admin, "--routes="}, tc.args...)
+				var out, errb bytes.Buffer
+				// Bounded: a demo that wrongly starts runs until cancelled.
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				code := run(ctx, args, noEnv, &out, &errb)
+				cancel()
+				if code != 1 || !strings.Contains(errb.String(), tc.want) {
+					t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errb.String(), tc.want)
+				}
+				ln, err := net.Listen("tcp", admin)
+				if errors.Is(err, syscall.EADDRINUSE) && attempt < 3 {
+					t.Logf("admin port %s in use after the refusal; trying a new one: %v", admin, err)
+					continue
+				}
+				if err != nil {
+					t.Fatalf("admin listener left open (attempt %d): %v", attempt, err)
+				}
+				ln.Close()
+				break
 			}
-			ln, err := net.Listen("tcp", admin)
-			if err != nil {
-				t.Fatalf("admin listener left open: %v", err)
-			}
-			ln.Close()
 			if b, err := os.ReadFile(routes); err != nil || string(b) != routesFile {
 				t.Fatalf("routes file after the demo: %q (%v), want it untouched", b, err)
 			}

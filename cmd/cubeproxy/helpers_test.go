@@ -110,7 +110,11 @@ func waitListening(t *testing.T, logs fmt.Stringer, exited <-chan error) (http, 
 	}
 }
 
-// freeAddr is a loopback address nothing listens on (for a moment).
+// freeAddr is a loopback address nothing listens on, for a moment only:
+// any socket of the machine may bind it next. Use it only where a test
+// must name a port before the proxy binds it, and say there how a clash
+// is handled; elsewhere listen on 127.0.0.1:0 (or testenv.RefusingAddr
+// for an address that must refuse).
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

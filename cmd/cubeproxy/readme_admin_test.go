@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // The README's Admin API table is the control plane's contract: each
@@ -22,9 +24,11 @@ func TestREADMEAdminAnswersMatch(t *testing.T) {
 	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
 		"--auth-signing-keys", "0123456789abcdef0123456789abcdef-docs"}, noEnv)
 	admin := "http://" + r.a.adminLn.Addr().String()
-	// A proxy whose store never answered: /readyz's 503.
+	// A proxy whose store never answered: /readyz's 503. Its Redis address
+	// is held refusing: a port merely free a moment ago could be bound by
+	// another test's redis-server, which would answer (and say ready).
 	unready := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-		"--store", "redis", "--redis-addr", freeAddr(t)}, noEnv)
+		"--store", "redis", "--redis-addr", testenv.RefusingAddr(t)}, noEnv)
 	unreadyAdmin := "http://" + unready.a.adminLn.Addr().String()
 
 	for _, tc := range []struct {

@@ -51,7 +51,10 @@ func TestReusePortNeedsBothSides(t *testing.T) {
 // never shares a listener with it). The start is refused, naming both.
 func TestReusePortKeepsListenersApart(t *testing.T) {
 	routes := boxRoutes(t, t.TempDir(), 9)
-	addr := freeAddr(t)
+	// The refusal comes from the config, before any bind, so the port is
+	// held (bound, not listening) for the whole test: a proxy that bound
+	// first would fail on it too, and no other socket can take it.
+	addr := testenv.RefusingAddr(t)
 	_, port, _ := strings.Cut(addr, ":")
 	for _, tc := range []struct{ name, http, admin string }{
 		{"one address", addr, addr},

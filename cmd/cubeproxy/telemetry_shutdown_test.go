@@ -20,7 +20,7 @@ func TestShutdownSaysSpansWereLost(t *testing.T) {
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
-	collector := freeAddr(t) // refuses
+	collector := testenv.RefusingAddr(t)
 	for k, v := range map[string]string{
 		"OTEL_TRACES_EXPORTER":        "otlp",
 		"OTEL_TRACES_SAMPLER":         "always_on",

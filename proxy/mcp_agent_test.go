@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -509,7 +511,20 @@ func TestMCPSandboxRestartMidSession(t *testing.T) {
 		go bs.Serve(ln)
 		return bs
 	}
-	ln := listen(t, "127.0.0.1:0")
+	// Both sandboxes' listeners share the port (SO_REUSEPORT), and the
+	// new one binds before the old one closes: a port closed and bound
+	// again could be taken by another socket of the machine in between.
+	reuse := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := reuse.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	addr := ln.Addr().String()
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	var oldConns, newConns sync.Map
@@ -523,12 +538,14 @@ func TestMCPSandboxRestartMidSession(t *testing.T) {
 		t.Fatalf("call on the first sandbox: %v", err)
 	}
 
-	// Recreate: the old server goes away (its idle connections close), the new one listens on the same port.
-	old.Close()
-	ln2, err := net.Listen("tcp", addr)
+	// Recreate: the new sandbox listens on the same port, the old one
+	// goes away (its idle connections close). No request is made while
+	// both listen.
+	ln2, err := reuse.Listen(context.Background(), "tcp", addr)
 	if err != nil {
-		t.Skipf("port reuse: %v", err)
+		t.Fatal(err)
 	}
+	old.Close()
 	nb := serve(ln2, "new", &newConns)
 	t.Cleanup(func() { nb.Close() })
 	h.put("restartbox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "200", "50005": itoa(port)})

@@ -24,18 +24,20 @@ import (
 // several sandboxes, large arguments and HTTPS do to a session.
 
 // addWaitTool adds "wait": it reports progress once when the call has a
-// progress token, says it started, and returns only when cancelled.
-func addWaitTool(srv *mcp.Server) <-chan struct{} {
-	started := make(chan struct{}, 4)
+// progress token, says it started, and returns only when cancelled, which
+// it says on ended.
+func addWaitTool(srv *mcp.Server) (started, ended <-chan struct{}) {
+	st, en := make(chan struct{}, 4), make(chan struct{}, 4)
 	mcp.AddTool(srv, &mcp.Tool{Name: "wait"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
 		if tok := req.Params.GetProgressToken(); tok != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1})
 		}
-		started <- struct{}{}
+		st <- struct{}{}
 		<-ctx.Done()
+		en <- struct{}{}
 		return nil, nil, ctx.Err()
 	})
-	return started
+	return st, en
 }
 
 // The proxy's refusals, as the go-sdk client reports them: it decodes an
@@ -104,7 +106,7 @@ func TestMCPRefusalsAsTheGoSDKReportsThem(t *testing.T) {
 func TestMCPPauseMidSession(t *testing.T) {
 	h := newHarness(t)
 	srv := newAgentServer()
-	started := addWaitTool(srv)
+	started, ended := addWaitTool(srv)
 	host := agentGateway(t, h, "pausebox", srv, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -139,6 +141,19 @@ func TestMCPPauseMidSession(t *testing.T) {
 	if err := <-inFlight; !errors.Is(err, context.Canceled) {
 		t.Fatalf("in-flight call: %v", err)
 	}
+	// The cancellation reaches the tool through the proxy, on the same
+	// session. Waited for, not only for what it proves: the go-sdk sends
+	// notifications/cancelled on a goroutine of its own after CallTool has
+	// returned, and ClientSession.Close (the cleanup) holds the connection
+	// while its DELETE is answered, which the gateway does only once the
+	// session's tools have returned. A Close that overtook the notification
+	// waited out the client's 5 s DELETE timeout (the test took 5.2 s one
+	// run in two).
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("the in-flight call's cancellation never reached the tool")
+	}
 }
 
 // A sandbox killed (POST /admin/meta/delete) while a call is in flight:
@@ -156,7 +171,7 @@ func TestMCPKillMidCall(t *testing.T) {
 		t.Run(fmt.Sprintf("progress=%v,standalone=%v,store=%v", tc.progress, tc.standalone, tc.store), func(t *testing.T) {
 			h := newHarness(t)
 			srv := newAgentServer()
-			started := addWaitTool(srv)
+			started, _ := addWaitTool(srv)
 			opts := &mcp.StreamableHTTPOptions{}
 			if tc.store {
 				opts.EventStore = mcp.NewMemoryEventStore(nil)

@@ -99,7 +99,14 @@ func streamLimitAgent(t *testing.T, ctx context.Context, id string, srv *mcp.Ser
 	host := agentGateway(t, h, id, srv, nil, nil)
 	wire := &agentWire{base: hostTransport{host: host, base: h.client.Transport}, watch: watch, seen: map[string][]int{}}
 	cs := agentConnect(t, ctx, h, host, copts, &mcp.StreamableClientTransport{DisableStandaloneSSE: true, HTTPClient: &http.Client{Transport: wire}})
-	return h, h.proxy.sandboxes.get([]byte(id)), cs, wire
+	sb := h.proxy.sandboxes.get([]byte(id))
+	// The go-sdk client takes the initialize result from its answer's
+	// event stream and goes on before the gateway has ended that stream,
+	// so under load its next request can find the connect's still
+	// counted, and the tests' first calls at the limit of 2 got 429.
+	// They are about the limit with calls running, not about that window.
+	testenv.WaitFor(t, 10*time.Second, "the connect's requests counted out", func() bool { return sb.inFlight() == 0 })
+	return h, sb, cs, wire
 }
 
 // The sandbox is at its limit because of two long tool calls of the

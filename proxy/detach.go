@@ -103,6 +103,9 @@ func (s *bodyStream) hijacked(net.Conn) {
 	h.SetConnectionClose() // the connection ends with the stream
 	bp := copyBufPool.Get().(*[]byte)
 	out, rerr := s.firstWrite(*bp, h)
+	if rerr == io.EOF {
+		s.countOut() // out holds the last chunk
+	}
 	err := s.write(out)
 	copyBufPool.Put(bp)
 	s.headWritten(err)
@@ -196,6 +199,7 @@ func (s *bodyStream) copyEvents() error {
 				continue
 			case err != nil && s.stopping.Load():
 				s.x.drained = true
+				s.countOut()
 				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere
 			case err != nil:
 				s.cut(err)
@@ -218,6 +222,7 @@ func (s *bodyStream) copyEvents() error {
 		case werr != nil:
 			return werr
 		case rerr == io.EOF:
+			s.countOut()
 			return s.write(s.framed(lastChunk, nil))
 		case rerr != nil:
 			return rerr

@@ -68,8 +68,11 @@ type bodyStream struct {
 	n       int64 // bytes forwarded
 	started time.Time
 	sb      *sandboxState
-	x       exchange
-	rc      *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
+	// countedOut: the request no longer counts against its sandbox
+	// (countOut), which a detached stream does before its last chunk.
+	countedOut bool
+	x          exchange
+	rc         *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
 
 	// A detached stream (detach.go) has left fasthttp: it owns the client
 	// connection and logs the entry captured when it left.
@@ -412,6 +415,19 @@ func (s *bodyStream) CloseWithError(err error) error {
 	return nil
 }
 
+// countOut counts the stream's request out of its sandbox, once. A
+// detached stream does it before it writes its last chunk: the client may
+// send its next request (on a new connection, as a detached stream's ends
+// with it) as soon as it reads that chunk, and at max_streams_per_sandbox
+// that request must find the slot free, not be refused 429 for a stream
+// that has ended. fasthttp writes a stream's last chunk after end has run.
+func (s *bodyStream) countOut() {
+	if !s.countedOut {
+		s.countedOut = true
+		s.sb.done(time.Now().UnixMilli())
+	}
+}
+
 // end releases everything the stream holds and records it; err is nil when
 // the body was delivered whole (or drain ended an SSE stream cleanly).
 func (s *bodyStream) end(err error) {
@@ -427,7 +443,7 @@ func (s *bodyStream) end(err error) {
 	s.conn.endClientWait() // the same for the connection's watch (watchClientAfter)
 	s.p.streams.remove(s)
 	s.conn.release(s.p, err == nil && s.eof && s.keepAlive && s.mode != bodyUntilClose)
-	s.sb.done(time.Now().UnixMilli())
+	s.countOut()
 	if s.detached {
 		s.p.finish(nil, &s.x, s.status, err, s.entry)
 		if s.client != nil {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -232,17 +231,8 @@ func countFDs(t *testing.T, target string) int {
 // (parked for MaxIdleWorkerDuration after serving a connection), and
 // returns their stacks.
 func liveGoroutines() (int, []string) {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var live []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range testenv.Stacks() {
 		if strings.Contains(g, "(*workerPool).workerFunc") && !strings.Contains(g, "serveConn") {
 			continue
 		}

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -246,10 +245,9 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 
 // goroutinesIn counts the goroutines whose stacks have fn in them.
 func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
 	n := 0
-	for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
-		if bytes.Contains(g, []byte(fn)) {
+	for _, g := range testenv.Stacks() {
+		if strings.Contains(g, fn) {
 			n++
 		}
 	}

@@ -174,10 +174,20 @@ func hsetRoute(t *testing.T, r *testenv.Redis, key string, fields ...any) {
 // proxy has read the confirmation.
 func (p *redisProxy) subscribed(t *testing.T) {
 	t.Helper()
+	waitSubscribed(t, p.a, p.logs)
+}
+
+// waitSubscribed waits until a's invalidation subscription is applied;
+// logs, when not nil, is printed with the failure.
+func waitSubscribed(t *testing.T, a *app, logs fmt.Stringer) {
+	t.Helper()
 	select {
-	case <-p.a.sub.Ready():
+	case <-a.sub.Ready():
 	case <-time.After(10 * time.Second):
-		t.Fatalf("invalidation subscription not applied after 10s\n%s", p.logs)
+		if logs == nil {
+			t.Fatal("invalidation subscription not applied after 10s")
+		}
+		t.Fatalf("invalidation subscription not applied after 10s\n%s", logs)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,17 +77,8 @@ var (
 
 // goroutines lists every goroutine with its stack.
 func goroutines() []goroutine {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var out []goroutine
-	for _, s := range strings.Split(string(buf), "\n\n") {
+	for _, s := range testenv.Stacks() {
 		m := goroutineHead.FindStringSubmatch(s)
 		if m == nil {
 			continue
@@ -436,11 +426,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			return leakCase{
 				args: []string{"--store", "redis", "--redis-addr", r.Addr(), "--registry-enabled", "--registry-interval", "100ms"},
 				traffic: func(t *testing.T, a *app) {
-					select {
-					case <-a.sub.Ready():
-					case <-time.After(10 * time.Second):
-						t.Fatal("invalidation subscription not applied after 10s")
-					}
+					waitSubscribed(t, a, nil)
 					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
 					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
 				},
@@ -476,11 +462,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				args: []string{"--store", "redis", "--redis-sentinel-addrs", sentinel.Addr(), "--redis-sentinel-master-name", "cube-routes",
 					"--registry-enabled", "--registry-interval", "100ms"},
 				traffic: func(t *testing.T, a *app) {
-					select {
-					case <-a.sub.Ready():
-					case <-time.After(10 * time.Second):
-						t.Fatal("invalidation subscription not applied after 10s")
-					}
+					waitSubscribed(t, a, nil)
 					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
 					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
 				},
@@ -500,11 +482,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				args: []string{"--store", "redis", "--redis-addr", f.addr(), "--redis-command-timeout", "2s",
 					"--registry-enabled", "--registry-interval", "50ms"},
 				traffic: func(t *testing.T, a *app) {
-					select {
-					case <-a.sub.Ready():
-					case <-time.After(10 * time.Second):
-						t.Fatal("invalidation subscription not applied after 10s")
-					}
+					waitSubscribed(t, a, nil)
 					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
 					f.freeze()
 					// A heartbeat is on the wire to the Redis that hangs.

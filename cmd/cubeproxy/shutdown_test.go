@@ -144,6 +144,19 @@ func leakedGoroutines(before map[int]bool) []string {
 	return out
 }
 
+// leakedAfter polls leakedGoroutines for up to d, as what is stopping may
+// take a moment to unwind, and returns what is still running then.
+func leakedAfter(before map[int]bool, d time.Duration) []string {
+	deadline := time.Now().Add(d)
+	for {
+		leaked := leakedGoroutines(before)
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			return leaked
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func containsAny(s string, subs []string) bool {
 	for _, sub := range subs {
 		if strings.Contains(s, sub) {
@@ -777,14 +790,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 
 			// Bounded: what is stopping may take a moment to unwind, but
 			// serve has returned, so nothing of it may be left after that.
-			deadline := time.Now().Add(5 * time.Second)
-			var leaked []string
-			for {
-				if leaked = leakedGoroutines(before); len(leaked) == 0 || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			leaked := leakedAfter(before, 5*time.Second)
 			if len(leaked) > 0 {
 				t.Errorf("%d goroutines of serve still run 5 s after it returned:\n\n%s", len(leaked), strings.Join(leaked, "\n\n"))
 			}
@@ -911,14 +917,7 @@ func TestFailedServeLeavesNothingBehind(t *testing.T) {
 			if err := serve(context.Background(), args, noEnv, &logs, &logs, nil); err == nil || !strings.Contains(err.Error(), "admin_addr") {
 				t.Fatalf("serve: %v, want the admin listener's error\n%s", err, &logs)
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			var leaked []string
-			for {
-				if leaked = leakedGoroutines(before); len(leaked) == 0 || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			leaked := leakedAfter(before, 5*time.Second)
 			if len(leaked) > 0 {
 				t.Errorf("%d goroutines of the failed serve still run 5 s after it returned:\n\n%s\n%s", len(leaked), strings.Join(leaked, "\n\n"), &logs)
 			}

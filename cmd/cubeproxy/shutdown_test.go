@@ -144,6 +144,15 @@ func leakedGoroutines(before map[int]bool) []string {
 	return out
 }
 
+// redisLeakTraffic is the Redis cases' traffic: once the invalidation
+// subscription is applied, a proxied request for "box" and a cache drop
+// through the admin API (an invalidation published and received).
+func redisLeakTraffic(t *testing.T, a *app) {
+	waitSubscribed(t, a, nil)
+	leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
+	leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
+}
+
 // leakedAfter polls leakedGoroutines for up to d, as what is stopping may
 // take a moment to unwind, and returns what is still running then.
 func leakedAfter(before map[int]bool, d time.Duration) []string {
@@ -437,13 +446,9 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			port := env.ok(t)
 			hsetRoute(t, r, redisstore.DefaultKeyPrefix+"box", cpFields("127.0.0.1", "192.168.0.2", port)...)
 			return leakCase{
-				args: []string{"--store", "redis", "--redis-addr", r.Addr(), "--registry-enabled", "--registry-interval", "100ms"},
-				traffic: func(t *testing.T, a *app) {
-					waitSubscribed(t, a, nil)
-					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
-					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
-				},
-				after: func(t *testing.T, _ string) { noProxyClients(t, r) },
+				args:    []string{"--store", "redis", "--redis-addr", r.Addr(), "--registry-enabled", "--registry-interval", "100ms"},
+				traffic: redisLeakTraffic,
+				after:   func(t *testing.T, _ string) { noProxyClients(t, r) },
 			}
 		},
 		"redis hung from the start": func(t *testing.T, env *leakEnv) leakCase {
@@ -474,11 +479,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			return leakCase{
 				args: []string{"--store", "redis", "--redis-sentinel-addrs", sentinel.Addr(), "--redis-sentinel-master-name", "cube-routes",
 					"--registry-enabled", "--registry-interval", "100ms"},
-				traffic: func(t *testing.T, a *app) {
-					waitSubscribed(t, a, nil)
-					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
-					leakAdmin(t, a, "POST", "/admin/backend_cache/delete", `{"sandbox_id":"box"}`)
-				},
+				traffic: redisLeakTraffic,
 				after: func(t *testing.T, _ string) {
 					noProxyClients(t, primary)
 					noProxyClients(t, sentinel)
@@ -495,8 +496,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 				args: []string{"--store", "redis", "--redis-addr", f.addr(), "--redis-command-timeout", "2s",
 					"--registry-enabled", "--registry-interval", "50ms"},
 				traffic: func(t *testing.T, a *app) {
-					waitSubscribed(t, a, nil)
-					leakGet(t, a, fmt.Sprintf("%d-box.cube.test", redisContainerPort), "ok")
+					redisLeakTraffic(t, a)
 					f.freeze()
 					// A heartbeat is on the wire to the Redis that hangs.
 					testenv.WaitFor(t, 5*time.Second, "a heartbeat stuck", func() bool {

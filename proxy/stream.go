@@ -69,7 +69,7 @@ type bodyStream struct {
 	started time.Time
 	sb      *sandboxState
 	// countedOut: the request no longer counts against its sandbox
-	// (countOut), which a detached stream does before its last chunk.
+	// (countOut), which a stream does before its last bytes go out.
 	countedOut bool
 	x          exchange
 	rc         *fasthttp.RequestCtx // for the access log at close; only read by fasthttp's own goroutine
@@ -112,6 +112,13 @@ var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 func (s *bodyStream) Read(b []byte) (int, error) {
 	s.armHeartbeat()
 	n, err := s.readBody(b)
+	if s.eof {
+		// The sandbox's body is whole: what is left is to write its last
+		// piece (and, chunked, the last chunk). The client may read it and
+		// send its next request on another connection at once; at
+		// max_streams_per_sandbox that request must find the slot free.
+		s.countOut()
+	}
 	if n > 0 && !s.dataSeen {
 		s.dataSeen = true
 		if s.beatFirst && bytes.HasPrefix(b[:n], []byte(utf8BOM)) {
@@ -254,6 +261,7 @@ func (s *bodyStream) readBody(b []byte) (int, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF // the backend closed before Content-Length bytes
 		}
+		s.eof = s.left == 0 && err == nil
 	case bodyChunked:
 		n, err = s.chunked.Read(b)
 		s.eof = err == io.EOF
@@ -415,12 +423,14 @@ func (s *bodyStream) CloseWithError(err error) error {
 	return nil
 }
 
-// countOut counts the stream's request out of its sandbox, once. A
-// detached stream does it before it writes its last chunk: the client may
-// send its next request (on a new connection, as a detached stream's ends
-// with it) as soon as it reads that chunk, and at max_streams_per_sandbox
-// that request must find the slot free, not be refused 429 for a stream
-// that has ended. fasthttp writes a stream's last chunk after end has run.
+// countOut counts the stream's request out of its sandbox, once. A stream
+// does it as soon as the sandbox's body is read whole (Read), before its
+// last piece or last chunk goes out, and a detached stream before the last
+// chunk a drain writes: the client may send its next request as soon as it
+// reads the end (on a new connection: a detached stream's ends with it, and
+// a client may well use another), and at max_streams_per_sandbox that
+// request must find the slot free, not be refused 429 for a stream that has
+// ended. fasthttp writes a stream's last bytes before end runs.
 func (s *bodyStream) countOut() {
 	if !s.countedOut {
 		s.countedOut = true

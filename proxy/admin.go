@@ -114,7 +114,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
-	if path == "/metrics" && a.metrics != nil && a.cfg.MetricsLoopback && (ctx.IsGet() || ctx.IsHead()) && remoteIP(ctx).IsLoopback() {
+	if path == "/metrics" && a.metrics != nil && a.cfg.MetricsLoopback && (ctx.IsGet() || ctx.IsHead()) && localClient(ctx) {
 		a.metrics(ctx)
 		return
 	}
@@ -180,16 +180,22 @@ func adminAllow(path string) string {
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
 	if a.cfg.Token == "" {
-		// Being on this host is the credential, and a web page in a
-		// browser on this host is a loopback client too: it may POST here
-		// without a preflight (CSRF), or read answers through DNS
-		// rebinding. Browsers send Origin on such writes and the page's
-		// host name in Host; admin tools send no Origin and address a
-		// loopback listener by IP or localhost.
-		h := &ctx.Request.Header
-		return remoteIP(ctx).IsLoopback() && len(h.Peek("Origin")) == 0 && localHost(h.Host())
+		return localClient(ctx)
 	}
 	return auth.AdminAuthorized([]byte(a.cfg.Token), ctx.Request.Header.Peek(auth.HeaderAdminToken))
+}
+
+// localClient reports whether a caller without the admin token counts as
+// a tool on this host (the tokenless admin API, metrics_loopback_open).
+// Being on this host is the credential, and a web page in a browser on
+// this host is a loopback client too: it may POST here without a
+// preflight (CSRF), or read answers through DNS rebinding. Browsers send
+// Origin on such writes and the page's host name in Host; admin tools
+// and scrapers send no Origin and address a loopback listener by IP or
+// localhost.
+func localClient(ctx *fasthttp.RequestCtx) bool {
+	h := &ctx.Request.Header
+	return remoteIP(ctx).IsLoopback() && len(h.Peek("Origin")) == 0 && localHost(h.Host())
 }
 
 // localHost reports whether a Host header names this host in a way no DNS

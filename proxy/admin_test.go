@@ -1012,3 +1012,48 @@ func TestAdminRetriedDeleteNotPersisted(t *testing.T) {
 		})
 	}
 }
+
+// metrics_loopback_open lets a local scraping agent read /metrics without
+// the admin token. A web page in a browser on the node is a loopback
+// client too, and through DNS rebinding (its own name resolved to
+// 127.0.0.1) could read what the scrape says; the tokenless admin API
+// refuses such a caller by its Origin and its Host, and the open /metrics
+// must refuse it alike. A scraper sends neither and gets the metrics.
+func TestAdminMetricsLoopbackOpenRefusesBrowsers(t *testing.T) {
+	h := newHarness(t)
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "up 1\n") })
+	admin := NewAdmin(AdminConfig{Token: "admin-secret", Metrics: metrics, MetricsLoopback: true}, h.proxy)
+	srv := &fasthttp.Server{Handler: admin.Handler}
+	ln := listen(t, "127.0.0.1:0")
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	for _, tc := range []struct {
+		name, host, origin string
+		status             int
+	}{
+		{"scraper by IP", "", "", 200},
+		{"scraper by localhost", "localhost", "", 200},
+		{"page of a rebound name", "rebind.example", "", 403},
+		{"page sending its Origin", "", "http://rebind.example", 403},
+	} {
+		r, err := http.NewRequest("GET", "http://"+ln.Addr().String()+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.host != "" {
+			r.Host = tc.host
+		}
+		if tc.origin != "" {
+			r.Header.Set("Origin", tc.origin)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: GET /metrics %d %q, want %d", tc.name, resp.StatusCode, body, tc.status)
+		}
+	}
+}

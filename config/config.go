@@ -713,16 +713,16 @@ func (c *Config) checkSecrets() error {
 	// Neither the file nor the environment is expanded: a reference left
 	// as written (${ADMIN_TOKEN}, or a Kubernetes $(ADMIN_TOKEN) naming an
 	// undefined variable, which stays as it is) would be the secret
-	// itself, one anybody can guess.
-	for _, sec := range []struct {
-		key    string
-		values []string
-	}{{"admin_token", []string{c.AdminToken}}, {"auth.signing_keys", c.Auth.SigningKeys}} {
-		for _, v := range sec.values {
-			if isEnvReference(v) {
-				return fmt.Errorf("%s: %q is a reference to an environment variable, and nothing expands it: it would be the secret itself; set %s%s to the value instead",
-					sec.key, v, EnvPrefix, strings.ToUpper(strings.ReplaceAll(sec.key, ".", "_")))
-			}
+	// itself, one anybody can guess. The value is not shown: a real
+	// secret may merely look like a reference, and the error goes to
+	// terminals, CI logs and the journal.
+	const shape = "has the shape of a reference to an environment variable ($NAME, ${NAME} or $(NAME)), and nothing expands one: it would be the secret itself, one anybody can guess; set %s to the secret's value instead (the value is not shown: it may be the secret)"
+	if isEnvReference(c.AdminToken) {
+		return fmt.Errorf("admin_token "+shape, EnvPrefix+"ADMIN_TOKEN")
+	}
+	for i, k := range c.Auth.SigningKeys {
+		if isEnvReference(k) {
+			return fmt.Errorf("auth.signing_keys: entry %d "+shape, i+1, EnvPrefix+"AUTH_SIGNING_KEYS")
 		}
 	}
 	return nil

@@ -40,9 +40,10 @@ func explainTypeError(err error, data []byte) error {
 	}
 	var entries []yamlEntry
 	collectEntries(doc.Content[0], nil, &entries, 0)
+	secret := secretValueLines(doc.Content[0])
 	lines := make([]string, len(te.Errors))
 	for i, msg := range te.Errors {
-		lines[i] = explainLine(msg, entries)
+		lines[i] = hideSecretValue(explainLine(msg, entries), secret)
 	}
 	if len(lines) == 1 {
 		return errors.New(lines[0])
@@ -125,7 +126,11 @@ func explainLine(msg string, entries []yamlEntry) string {
 			if e.key == nil {
 				name = "an entry of " + name
 			}
-			out := fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), describeValue(tag, value))
+			got := describeValue(tag, value)
+			if isSecretPath(e.path) && value != "" {
+				got = describeHidden(tag)
+			}
+			out := fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), got)
 			if name == "routes" && tag == "!!map" {
 				// configs/routes.yaml opens with "routes:" and a table:
 				// named by --config (the two files sit side by side).
@@ -236,6 +241,96 @@ func describeValue(tag, value string) string {
 	}
 	return "`" + value + "`"
 }
+
+// describeHidden names the kind of a scalar whose value is not shown.
+func describeHidden(tag string) string {
+	kind := "a value"
+	switch tag {
+	case "!!str":
+		kind = "a string"
+	case "!!int", "!!float":
+		kind = "a number"
+	case "!!bool":
+		kind = "a boolean"
+	}
+	return kind + " (not shown: a secret)"
+}
+
+// secretKeys are the settings whose values are secrets: an error never
+// quotes them (check prints them REDACTED). The DNS provider's options
+// are all counted: some hold its credentials.
+var secretKeys = []string{"admin_token", "auth.signing_keys", "redis.password", "redis.url", "redis.sentinel.password", "tls.acme.dns.options"}
+
+// isSecretPath reports whether the key at path is a secret or inside one.
+func isSecretPath(path []string) bool {
+	p := strings.Join(path, ".")
+	for _, k := range secretKeys {
+		if p == k || strings.HasPrefix(p, k+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// secretValueLines lists the lines of the scalars a secret key takes,
+// following aliases and merge keys: the decoder names the line of an
+// alias's anchor, where the value is written. budget bounds the walk of
+// a document whose aliases multiply (the decoder refused it anyway).
+func secretValueLines(root *yaml.Node) map[int]bool {
+	lines := map[int]bool{}
+	budget := 10000
+	var walk func(n *yaml.Node, path []string, secret bool, depth int)
+	walk = func(n *yaml.Node, path []string, secret bool, depth int) {
+		if budget--; budget < 0 || depth > 32 {
+			return
+		}
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			n = n.Alias
+		}
+		switch n.Kind {
+		case yaml.ScalarNode:
+			if secret {
+				lines[n.Line] = true
+			}
+		case yaml.SequenceNode:
+			for _, item := range n.Content {
+				walk(item, path, secret, depth+1)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key, val := n.Content[i], n.Content[i+1]
+				if key.Value == "<<" {
+					walk(val, path, secret, depth+1) // its keys are n's
+					continue
+				}
+				p := append(path[:len(path):len(path)], key.Value)
+				walk(val, p, secret || isSecretPath(p), depth+1)
+			}
+		}
+	}
+	walk(root, nil, false, 0)
+	return lines
+}
+
+// quotedValueRE finds the value a type error quotes.
+var quotedValueRE = regexp.MustCompile("`.*`")
+
+// hideSecretValue removes the value quoted by an error line about a line
+// of the file where a secret is written (the decoder quotes up to 10
+// bytes of it).
+func hideSecretValue(msg string, secret map[int]bool) string {
+	m := lineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	if n, _ := strconv.Atoi(m[1]); !secret[n] {
+		return msg
+	}
+	return quotedValueRE.ReplaceAllLiteralString(msg, "(not shown: a secret)")
+}
+
+// lineRE finds the line an error line names.
+var lineRE = regexp.MustCompile("^line ([0-9]+): ")
 
 // checkWholeNumbers refuses a float (1.5, 1e5, 10.0) written for an
 // integer setting. The decoder truncates one into the field: a

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -17,6 +19,56 @@ import (
 // fuzzAdminToken is the admin token the fuzzed starts get from the
 // environment: no error and no printed configuration may hold it.
 const fuzzAdminToken = "fuzz-admin-token-0123456789abcdef"
+
+// Secrets shaped like variable references, which a second start of each
+// input gets from the environment: a real secret may look like one, and
+// the refusal of the shape must not print it either.
+const (
+	fuzzRefAdminToken = "$FUZZ_ADMIN_TOKEN_0123456789abcdef"
+	fuzzRefSigningKey = "${FUZZ_SIGNING_KEY_0123456789abcdef_0123456789}"
+)
+
+// fileSecrets lists the values the input file gives the secret settings
+// (admin_token, auth.signing_keys, the Redis passwords) that no error may
+// hold: those long and odd enough (16 bytes or more, a digit, no space)
+// that an error holding one took it from the setting, and written once in
+// the input, so that no other setting can have quoted it.
+func fileSecrets(data []byte) []string {
+	var doc struct {
+		AdminToken any `yaml:"admin_token"`
+		Auth       struct {
+			SigningKeys any `yaml:"signing_keys"`
+		} `yaml:"auth"`
+		Redis struct {
+			Password any `yaml:"password"`
+			Sentinel struct {
+				Password any `yaml:"password"`
+			} `yaml:"sentinel"`
+		} `yaml:"redis"`
+	}
+	if yaml.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	var out []string
+	var add func(v any)
+	add = func(v any) {
+		switch v := v.(type) {
+		case string:
+			if len(v) >= 16 && strings.ContainsAny(v, "0123456789") && !strings.ContainsAny(v, " \t\r\n") && strings.Count(string(data), v) == 1 {
+				out = append(out, v)
+			}
+		case []any:
+			for _, e := range v {
+				add(e)
+			}
+		}
+	}
+	add(doc.AdminToken)
+	add(doc.Auth.SigningKeys)
+	add(doc.Redis.Password)
+	add(doc.Redis.Sentinel.Password)
+	return out
+}
 
 // settleSettings runs what serve and check run on the settings before
 // they read a file, resolve a name or open a socket: the part of
@@ -67,7 +119,9 @@ func yamlPaths(t reflect.Type, prefix string, out *[]string) {
 // file, with the admin token in the environment, through config's loading
 // and validation and then the binary's own checks of the settings. Whatever
 // the text: no panic; a refusal names what it refuses (a setting, a line
-// of the file or a variable) and never holds the admin token; and what is
+// of the file or a variable) and never holds the admin token, nor a
+// secret shaped like a variable reference (a second start of the input
+// gets those from the environment), nor a secret the file gives; and what is
 // accepted prints, as check prints it, without the token, as YAML that
 // loads again as the same configuration.
 func FuzzStartupSettings(f *testing.F) {
@@ -83,6 +137,8 @@ func FuzzStartupSettings(f *testing.F) {
 		"store: redis\nredis: {addr: 'r:6379', db: 1, cluster: {addrs: ['r:7000']}}\n",
 		"store: redis\nredis: {url: 'redis://u:p@r:99999/0'}\n", "cache: {size: 1.5, ttl_max: 1s}\n",
 		"admin_addr: 0.0.0.0:8082\nadmin_token: ''\n", "\ufeffhttp_addr: ':1'\r\n", "\t- x\n", "",
+		"auth: {signing_keys: s3cret-signing-key-0123456789abcdef}\n", "x: &k s3cret-signing-key-0123456789abcdef\nauth: {signing_keys: *k}\n",
+		"store: redis\nredis: {addr: 'r:6379', password: [s3cret-redis-password-0123]}\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -91,6 +147,15 @@ func FuzzStartupSettings(f *testing.F) {
 	getenv := func(k string) string {
 		if k == "CUBEPROXY_ADMIN_TOKEN" {
 			return fuzzAdminToken
+		}
+		return ""
+	}
+	refEnv := func(k string) string {
+		switch k {
+		case "CUBEPROXY_ADMIN_TOKEN":
+			return fuzzRefAdminToken
+		case "CUBEPROXY_AUTH_SIGNING_KEYS":
+			return fuzzRefSigningKey
 		}
 		return ""
 	}
@@ -106,10 +171,27 @@ func FuzzStartupSettings(f *testing.F) {
 		if errors.Is(err, flag.ErrHelp) {
 			t.Fatal("no flag was given, yet -h's error")
 		}
+		secrets := fileSecrets(data)
+		if _, rerr := config.LoadCommand("cubeproxy check", shownDefaults(), []string{"--config", path}, refEnv, io.Discard); rerr == nil {
+			t.Fatalf("secrets shaped like variable references were accepted:\n%q", data)
+		} else if msg := rerr.Error(); !strings.Contains(string(data), "FUZZ_") && (strings.Contains(msg, "FUZZ_ADMIN_TOKEN") || strings.Contains(msg, "FUZZ_SIGNING_KEY")) {
+			t.Fatalf("error shows a secret shaped like a variable reference: %s", msg)
+		} else {
+			for _, sec := range secrets {
+				if strings.Contains(msg, sec) {
+					t.Fatalf("error shows the file's secret %q: %s", sec, msg)
+				}
+			}
+		}
 		if err != nil {
 			msg := err.Error()
 			if strings.Contains(msg, fuzzAdminToken) {
 				t.Fatalf("error shows the admin token: %s", msg)
+			}
+			for _, sec := range secrets {
+				if strings.Contains(msg, sec) {
+					t.Fatalf("error shows the file's secret %q: %s", sec, msg)
+				}
 			}
 			named := strings.Contains(msg, "line ") || strings.Contains(msg, config.EnvPrefix) || strings.Contains(msg, path)
 			for _, k := range keys {

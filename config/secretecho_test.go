@@ -1,0 +1,61 @@
+package config
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+// A refusal never prints a secret's value, not even one shaped like a
+// variable reference ($NAME): it may be the real secret that merely
+// looks like one, and refusals land in terminals, CI logs and the
+// journal. The refusal names the key (and the line or the variable)
+// instead.
+func TestRefusalsHideSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		secret string // must not appear, nor its first 7 bytes
+		want   string // must appear
+	}{
+		{"admin token $NAME in yaml", []string{"--config", writeFile(t, "admin_token: $Tok3nLooksLikeAVar\n")}, nil,
+			"$Tok3nLooksLikeAVar", "admin_token has the shape of a reference to an environment variable"},
+		{"admin token ${NAME} in yaml", []string{"--config", writeFile(t, "admin_token: ${Tok3nLooksLikeAVar}\n")}, nil,
+			"Tok3nLooksLikeAVar", "admin_token has the shape of a reference"},
+		{"admin token $(NAME) from the environment", nil, map[string]string{"CUBEPROXY_ADMIN_TOKEN": "$(Tok3nLooksLikeAVar)"},
+			"Tok3nLooksLikeAVar", "admin_token has the shape of a reference"},
+		{"admin token $NAME from a flag", []string{"--admin-token=$Tok3nLooksLikeAVar"}, nil,
+			"Tok3nLooksLikeAVar", "admin_token has the shape of a reference"},
+		{"second signing key $NAME", []string{"--config", writeFile(t, "auth:\n  signing_keys: [0123456789abcdef0123456789abcdef, $Sign1ngKeyLooksLikeAVar]\n")}, nil,
+			"Sign1ngKeyLooksLikeAVar", "auth.signing_keys: entry 2 has the shape of a reference"},
+		// A scalar for the list: the decoder quotes its first bytes.
+		{"signing key written as a string", []string{"--config", writeFile(t, "auth:\n  signing_keys: Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
+			"Sign1ngKeyS3cretValue0123456789abcdef", "line 2: auth.signing_keys: want a list of strings ([a, b], or one - line each), got a string (not shown: a secret)"},
+		{"short signing key written as a string", []string{"--config", writeFile(t, "auth:\n  signing_keys: s3cr3t\n")}, nil,
+			"s3cr3t", "line 2: auth.signing_keys: want a list of strings"},
+		// Through an alias the decoder's own line stays; its quote goes.
+		{"signing key through an alias", []string{"--config", writeFile(t, "x: &k Sign1ngKeyS3cretValue0123456789abcdef\nauth:\n  signing_keys: *k\n")}, nil,
+			"Sign1ngKeyS3cretValue0123456789abcdef", "line 1: "},
+		{"redis password written as a list", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: [Passw0rdS3cret]\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: want a string, got a list"},
+		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
+			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.args, env(tc.env), io.Discard)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			msg := err.Error()
+			for _, s := range []string{tc.secret, tc.secret[:min(7, len(tc.secret))]} {
+				if strings.Contains(msg, s) {
+					t.Errorf("error %q\nshows the secret (%q)", msg, s)
+				}
+			}
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q\ndoes not say %q", msg, tc.want)
+			}
+		})
+	}
+}

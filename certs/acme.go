@@ -201,28 +201,28 @@ func validateACME(cfg Config, domain string) error {
 	a := cfg.ACME
 	switch {
 	case !a.SkipWildcard && domain == "":
-		return errors.New("acme: domain is required to manage the wildcard certificate")
+		return errors.New("tls.domain is empty: the acme source manages *.<tls.domain> and <tls.domain>; set tls.domain (CUBEPROXY_TLS_DOMAIN, for example cube.app), or set tls.acme.skip_wildcard with tls.acme.on_demand")
 	case !a.SkipWildcard && a.DNS.Provider == "":
-		return fmt.Errorf("acme: *.%s can only be validated with DNS-01; configure a DNS provider (or skip the wildcard and use on-demand)", domain)
+		return fmt.Errorf("tls.acme.dns.provider is empty: *.%s can only be validated with DNS-01; set tls.acme.dns.provider (CUBEPROXY_TLS_ACME_DNS_PROVIDER, rfc2136) and its tls.acme.dns.options, or set tls.acme.skip_wildcard with tls.acme.on_demand", domain)
 	case a.SkipWildcard && !a.OnDemand:
-		return errors.New("acme: with the wildcard skipped, on-demand issuance must be enabled")
+		return errors.New("tls.acme.skip_wildcard is on but tls.acme.on_demand is off: no certificate would ever be obtained; set tls.acme.on_demand (CUBEPROXY_TLS_ACME_ON_DEMAND=true), or remove tls.acme.skip_wildcard")
 	case a.OnDemand && cfg.Allow == nil:
 		return errors.New("acme: on-demand issuance needs an Allow function")
 	case a.Email == "":
 		// certmagic would otherwise prompt for one on stdin the first time
 		// it obtains a certificate synchronously.
-		return errors.New("acme: email (ACME account contact) is required")
+		return errors.New("tls.acme.email is empty: the ACME account needs a contact address; set tls.acme.email (CUBEPROXY_TLS_ACME_EMAIL), for example ops@example.com")
 	case !bareAddress(a.Email):
 		// certmagic registers "mailto:"+email as it stands, and the CA
 		// refuses a contact that is no address only at the first order,
 		// after the proxy listens: check passed, HTTPS got no certificate.
-		return fmt.Errorf("acme: email %q: want one bare address, as ops@example.com", a.Email)
+		return fmt.Errorf("tls.acme.email %q: want one bare address, as ops@example.com", a.Email)
 	case a.StorageDir == "":
 		// certmagic would keep account and certificates under $HOME,
 		// which a container loses at every restart: each restart would
 		// then obtain the same certificates anew, and Let's Encrypt issues
 		// at most 5 duplicates a week, after which HTTPS has none.
-		return errors.New("acme: storage_dir is required: certificates must survive restarts (in a container, mount a volume there; share it between replicas)")
+		return errors.New("tls.acme.storage_dir is empty: certificates must survive restarts; set tls.acme.storage_dir (CUBEPROXY_TLS_ACME_STORAGE_DIR) to a directory the proxy can write (in a container, mount a volume there; share it between replicas)")
 	}
 	return nil
 }
@@ -249,7 +249,7 @@ func checkStorageDir(dir string) error {
 		fi, err := os.Stat(d)
 		if err == nil {
 			if !fi.IsDir() {
-				return fmt.Errorf("acme: storage_dir %s: %s is not a directory", dir, d)
+				return fmt.Errorf("tls.acme.storage_dir %s: %s is not a directory", dir, d)
 			}
 			break
 		}
@@ -268,9 +268,9 @@ func checkStorageDir(dir string) error {
 			err = pe.Err
 		}
 		if d != filepath.Clean(dir) {
-			return fmt.Errorf("acme: storage_dir %s cannot be created in %s (certificates could not be stored): %w", dir, d, err)
+			return fmt.Errorf("tls.acme.storage_dir %s cannot be created in %s (certificates could not be stored): %w", dir, d, err)
 		}
-		return fmt.Errorf("acme: storage_dir %s is not writable (certificates could not be stored): %w", dir, err)
+		return fmt.Errorf("tls.acme.storage_dir %s is not writable (certificates could not be stored): %w", dir, err)
 	}
 	name := f.Name()
 	return errors.Join(f.Close(), os.Remove(name))
@@ -316,7 +316,7 @@ func issuerTemplate(a ACMEConfig, listenAddr string, zl *zap.Logger) (certmagic.
 	}
 	provider, err := newDNSProvider(a.DNS.Provider, a.DNS.Options)
 	if err != nil {
-		return certmagic.ACMEIssuer{}, fmt.Errorf("acme: %w", err)
+		return certmagic.ACMEIssuer{}, err // names the setting
 	}
 	timeout := a.DNS.PropagationTimeout
 	if timeout < 0 {
@@ -346,10 +346,10 @@ func checkCA(ca string) error {
 	}
 	u, err := url.Parse(ca)
 	if err != nil {
-		return fmt.Errorf("acme: ca: %w", err)
+		return fmt.Errorf("tls.acme.ca: %w", err)
 	}
 	if u.Scheme != "https" && !certmagic.SubjectIsInternal(u.Host) {
-		return fmt.Errorf("acme: ca %s: certmagic requires https for a CA that is not internal (loopback or private)", ca)
+		return fmt.Errorf("tls.acme.ca %s: certmagic requires https for a CA that is not internal (loopback or private)", ca)
 	}
 	return nil
 }
@@ -362,11 +362,11 @@ func listenHostPort(addr string) (string, int, error) {
 	}
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", 0, fmt.Errorf("acme: https listener address: %w", err)
+		return "", 0, fmt.Errorf("https_addr %q: %w", addr, err)
 	}
 	port, err := strconv.Atoi(p)
 	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("acme: https listener address %q: bad port", addr)
+		return "", 0, fmt.Errorf("https_addr %q: bad port", addr)
 	}
 	if port == 0 {
 		return "", 0, nil
@@ -388,11 +388,11 @@ func trustedRoots(a ACMEConfig) (*x509.CertPool, error) {
 	}
 	pemBytes, err := namedfile.Read(a.TrustedRootsFile, namedfile.MaxSmall)
 	if err != nil {
-		return nil, fmt.Errorf("acme: trusted roots: %w", err)
+		return nil, fmt.Errorf("tls.acme.trusted_roots_file: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pemBytes) {
-		return nil, fmt.Errorf("acme: trusted roots: no certificate in %s", a.TrustedRootsFile)
+		return nil, fmt.Errorf("tls.acme.trusted_roots_file: no certificate in %s", a.TrustedRootsFile)
 	}
 	return pool, nil
 }

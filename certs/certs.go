@@ -47,7 +47,10 @@ const (
 	DefaultOnDemandRate   = 10
 )
 
-// Config selects the certificate source and configures it.
+// Config selects the certificate source and configures it. Its errors
+// name each field by the cubeproxy setting that sets it (tls.acme.email
+// for ACME.Email), and a missing one with its environment variable too:
+// that is what the operator who reads them writes.
 type Config struct {
 	// Source is SourceFiles, SourceSelfSigned or SourceACME; "" means self_signed.
 	Source string

@@ -30,11 +30,11 @@ var dnsProviders = map[string]func(opts map[string]string) (certmagic.DNSProvide
 func newDNSProvider(name string, opts map[string]string) (certmagic.DNSProvider, error) {
 	build, ok := dnsProviders[strings.ToLower(name)]
 	if !ok {
-		return nil, fmt.Errorf("unknown DNS provider %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(dnsProviders)), ", "))
+		return nil, fmt.Errorf("tls.acme.dns.provider %q is unknown (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(dnsProviders)), ", "))
 	}
 	p, err := build(opts)
 	if err != nil {
-		return nil, fmt.Errorf("dns provider %s: %w", name, err)
+		return nil, fmt.Errorf("tls.acme.dns.options: %w", err)
 	}
 	return p, nil
 }

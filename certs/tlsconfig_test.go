@@ -132,18 +132,18 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"files without pairs", files(), "at least one"},
 		{"missing file", files(certs.FilePair{CertFile: filepath.Join(dir, "x.crt"), KeyFile: filepath.Join(dir, "x.key")}), "read certificate"},
 		{"bad PEM", files(certs.FilePair{CertFile: notPEM, KeyFile: notPEM}), "load"},
-		{"acme without domain", acme(func(c *certs.Config) { c.Domain = "" }), "domain is required"},
+		{"acme without domain", acme(func(c *certs.Config) { c.Domain = "" }), "tls.domain is empty"},
 		{"acme wildcard without DNS", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "" }), "DNS-01"},
-		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "on-demand issuance must be enabled"},
+		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "tls.acme.skip_wildcard is on but tls.acme.on_demand is off"},
 		{"on-demand without Allow", acme(func(c *certs.Config) { c.ACME.OnDemand, c.Allow = true, nil }), "Allow"},
-		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "email"},
+		{"acme without email", acme(func(c *certs.Config) { c.ACME.Email = "" }), "tls.acme.email is empty"},
 		// The CA would refuse these contacts at the first order, after the
 		// proxy listens; check passed them.
-		{"acme email not an address", acme(func(c *certs.Config) { c.ACME.Email = "ops" }), `acme: email "ops": want one bare address`},
-		{"acme email with a scheme", acme(func(c *certs.Config) { c.ACME.Email = "mailto:ops@cube.test" }), `acme: email "mailto:ops@cube.test"`},
-		{"acme email with a name", acme(func(c *certs.Config) { c.ACME.Email = "Ops <ops@cube.test>" }), `acme: email "Ops <ops@cube.test>"`},
+		{"acme email not an address", acme(func(c *certs.Config) { c.ACME.Email = "ops" }), `tls.acme.email "ops": want one bare address`},
+		{"acme email with a scheme", acme(func(c *certs.Config) { c.ACME.Email = "mailto:ops@cube.test" }), `tls.acme.email "mailto:ops@cube.test"`},
+		{"acme email with a name", acme(func(c *certs.Config) { c.ACME.Email = "Ops <ops@cube.test>" }), `tls.acme.email "Ops <ops@cube.test>"`},
 		{"acme email list", acme(func(c *certs.Config) { c.ACME.Email = "ops@cube.test,dev@cube.test" }), "want one bare address"},
-		{"acme without storage", acme(func(c *certs.Config) { c.ACME.StorageDir = "" }), "storage_dir is required"},
+		{"acme without storage", acme(func(c *certs.Config) { c.ACME.StorageDir = "" }), "tls.acme.storage_dir is empty"},
 		// certmagic would find these only at its first order, after the
 		// proxy listens, and never retry: HTTPS without a certificate.
 		{"acme storage is a file", acme(func(c *certs.Config) { c.ACME.StorageDir = notPEM }), "is not a directory"},
@@ -151,16 +151,16 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"acme storage not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = filepath.Join(readOnly, "certmagic") }), "cannot be created in " + readOnly + " (certificates could not be stored): "},
 		// An existing directory the process cannot write (a volume mounted
 		// read-only, one owned by root) is named as such.
-		{"acme storage exists, not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = readOnly }), "storage_dir " + readOnly + " is not writable (certificates could not be stored): "},
-		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), "known: rfc2136"},
+		{"acme storage exists, not writable", acme(func(c *certs.Config) { c.ACME.StorageDir = readOnly }), "tls.acme.storage_dir " + readOnly + " is not writable (certificates could not be stored): "},
+		{"unknown DNS provider", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "route66" }), `tls.acme.dns.provider "route66" is unknown (known: rfc2136)`},
 		{"rfc2136 without server", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "server") }), "server"},
-		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `unknown option "keyname"`},
+		{"rfc2136 option typo", acme(func(c *certs.Config) { c.ACME.DNS.Options["keyname"] = "k." }), `tls.acme.dns.options: unknown option "keyname"`},
 		{"rfc2136 bad algorithm", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_alg"] = "md5" }), "algorithm"},
 		{"rfc2136 missing secret file", acme(func(c *certs.Config) { c.ACME.DNS.Options["key_secret_file"] = filepath.Join(dir, "nope") }), "key_secret_file"},
-		{"bad trusted roots", acme(func(c *certs.Config) { c.ACME.TrustedRootsFile = notPEM }), "no certificate in"},
+		{"bad trusted roots", acme(func(c *certs.Config) { c.ACME.TrustedRootsFile = notPEM }), "tls.acme.trusted_roots_file: no certificate in"},
 		// certmagic refuses these at every order, not at start.
 		{"plain http CA", acme(func(c *certs.Config) { c.ACME.CA = "http://acme.example.com/directory" }), "requires https"},
-		{"unparsable CA", acme(func(c *certs.Config) { c.ACME.CA = "https://acme.example.com:port/directory" }), "acme: ca"},
+		{"unparsable CA", acme(func(c *certs.Config) { c.ACME.CA = "https://acme.example.com:port/directory" }), "tls.acme.ca: "},
 		{"rfc2136 negative timeout", acme(func(c *certs.Config) { c.ACME.DNS.Options["timeout"] = "-5s" }), "timeout must not be negative"},
 	}
 	for _, tt := range tests {

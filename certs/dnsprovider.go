@@ -51,7 +51,7 @@ func newRFC2136(opts map[string]string) (certmagic.DNSProvider, error) {
 		KeyName:   opts["key_name"],
 		KeyAlg:    opts["key_alg"],
 		KeySecret: opts["key_secret"],
-		Net:       opts["net"],
+		Net:       strings.ToLower(opts["net"]),
 	}
 	if f := opts["key_secret_file"]; f != "" {
 		b, err := namedfile.Read(f, namedfile.MaxSmall)

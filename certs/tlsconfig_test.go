@@ -197,6 +197,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 2 {
 		t.Errorf("CheckACME left files in %s: %v (%v)", dir, entries, err)
 	}
+	// The provider's words take any case, as tls.acme.dns.provider and
+	// key_alg always did.
+	for _, net := range []string{"TCP", "Udp"} {
+		if err := certs.CheckACME(acme(func(c *certs.Config) { c.ACME.DNS.Provider, c.ACME.DNS.Options["net"] = "RFC2136", net })); err != nil {
+			t.Errorf("CheckACME with provider RFC2136, net %s: %v", net, err)
+		}
+	}
 	// What certmagic accepts stays accepted: a URL without a scheme
 	// (https assumed), plain http to an internal CA.
 	for _, ca := range []string{"acme.example.com/directory", "http://127.0.0.1:14000/dir", "http://10.0.0.5/dir", "http://localhost/dir"} {

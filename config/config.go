@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -282,10 +283,37 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		origins[strings.Join(f.s.path, ".")] = "--" + f.s.flagName()
 	}
 	cfg.origins = origins
+	cfg.foldCase()
 	if err := cfg.Validate(); err != nil {
 		return nil, cfg.NameOrigins(err)
 	}
 	return cfg, nil
+}
+
+// foldCase spells in lower case each setting that takes one of a few
+// words and was given one of them in another case, so that every such
+// setting takes its word in any case, as log_level always did (slog reads
+// INFO as info) and tls.acme.dns.provider did: log_format: JSON was
+// refused where log_level: INFO was not, and store: Redis passed the
+// checks of the Redis settings as "not memory", to be refused by serve.
+// Lower case is the spelling the proxy compares and check prints. A value
+// that is none of the words is left as written, for its refusal (here or
+// in the binary) to name as the operator wrote it, with the words.
+func (c *Config) foldCase() {
+	for _, e := range []struct {
+		v     *string
+		words []string
+	}{
+		{&c.LogFormat, []string{"json", "text"}},
+		{&c.LogLevel, []string{"debug", "info", "warn", "error"}},
+		{&c.Store, []string{"memory", "redis"}},
+		{&c.AccessLog.Format, []string{"json", "cube", "off"}},
+		{&c.TLS.Source, []string{"self_signed", "files", "acme"}},
+	} {
+		if w := strings.ToLower(*e.v); slices.Contains(e.words, w) {
+			*e.v = w
+		}
+	}
 }
 
 // checkBlankEnv refuses a variable of only blanks, or a list of only

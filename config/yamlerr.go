@@ -21,7 +21,8 @@ import (
 // explainTypeError rewrites each such line to name the key and the kind
 // of value it takes, as -h and the README do. A line it cannot tie to one
 // key for sure (a value that came through an alias) is left as the
-// decoder wrote it.
+// decoder wrote it. Each line is named once: the decoder repeats one for
+// every key that takes the value through an alias.
 var (
 	unknownFieldRE = regexp.MustCompile("^line ([0-9]+): field (.+) not found in type (.+)$")
 	wrongTypeRE    = regexp.MustCompile("^line ([0-9]+): cannot unmarshal (!![a-z]+)(?: `(.*)`)? into (.+)$")
@@ -41,9 +42,14 @@ func explainTypeError(err error, data []byte) error {
 	var entries []yamlEntry
 	collectEntries(doc.Content[0], nil, &entries, 0)
 	secret := secretValueLines(doc.Content[0])
-	lines := make([]string, len(te.Errors))
-	for i, msg := range te.Errors {
-		lines[i] = hideSecretValue(explainLine(msg, entries), secret)
+	var lines []string
+	for _, msg := range te.Errors {
+		// A value other keys take through an alias is reported once for
+		// each, at the anchor's line: one mistake, named once (with the
+		// keys that take it, see explainLine).
+		if line := hideSecretValue(explainLine(msg, entries), secret); !slices.Contains(lines, line) {
+			lines = append(lines, line)
+		}
 	}
 	if len(lines) == 1 {
 		return errors.New(lines[0])
@@ -131,6 +137,9 @@ func explainLine(msg string, entries []yamlEntry) string {
 				got = describeHidden(tag)
 			}
 			out := fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), got)
+			if users := aliasUsers(e.val, into, entries); len(users) > 0 {
+				out += " (taken through an alias by " + strings.Join(users, ", ") + ")"
+			}
 			if name == "routes" && tag == "!!map" {
 				// configs/routes.yaml opens with "routes:" and a table:
 				// named by --config (the two files sit side by side).
@@ -140,6 +149,31 @@ func explainLine(msg string, entries []yamlEntry) string {
 		}
 	}
 	return msg
+}
+
+// aliasUsers names, with their lines, the keys that take val through an
+// alias and decode it into the type named into: the decoder reported the
+// same error, at val's line, for each of them.
+func aliasUsers(val *yaml.Node, into string, entries []yamlEntry) []string {
+	var out []string
+	for _, u := range entries {
+		if u.val.Kind != yaml.AliasNode || u.val.Alias != val || len(u.path) == 0 {
+			continue
+		}
+		t := configType(u.path)
+		if u.key == nil && t != nil && t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t == nil || t.String() != into {
+			continue
+		}
+		name := strings.Join(u.path, ".")
+		if u.key == nil {
+			name = "an entry of " + name
+		}
+		out = append(out, fmt.Sprintf("%s at line %d", name, u.val.Line))
+	}
+	return out
 }
 
 // valueMatches reports whether n's value is the one the decoder quoted:

@@ -911,10 +911,12 @@ func (c *Config) checkHostNames() error {
 	return nil
 }
 
-// checkNodeIP refuses a node_ip that is no address, or one with an IPv6
-// zone: node_ip is compared with each route's HostIP, which may carry no
-// zone, so it would never match, and every route on this node would be
-// dialed through its host port instead of its SandboxIP, with no word.
+// checkNodeIP refuses a node_ip that is no address, one with an IPv6
+// zone, or the unspecified address (0.0.0.0, ::, "every address" to a
+// listener): node_ip is compared with each route's HostIP, which may carry
+// no zone and is never unspecified, so it would never match, and every
+// route on this node would be dialed through its host port instead of its
+// SandboxIP, with no word.
 func (c *Config) checkNodeIP() error {
 	if c.NodeIP == "" {
 		return nil
@@ -922,6 +924,9 @@ func (c *Config) checkNodeIP() error {
 	addr, err := netip.ParseAddr(c.NodeIP)
 	if err != nil {
 		return fmt.Errorf("node_ip %q: %w", c.NodeIP, err)
+	}
+	if addr.IsUnspecified() {
+		return fmt.Errorf("node_ip %q: the unspecified address is no route's HostIP, so no route on this node would be dialed through its SandboxIP; set the address the routes name as HostIP (this node's own)", c.NodeIP)
 	}
 	if zone := addr.Zone(); zone != "" {
 		return fmt.Errorf("node_ip %q: an IPv6 zone (%%%s) never equals a route's HostIP, which carries none, so routes on this node would be dialed through their host port instead of SandboxIP; set the address the routes name as HostIP, without a zone", c.NodeIP, zone)

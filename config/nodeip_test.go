@@ -4,7 +4,9 @@ import "testing"
 
 // node_ip is compared with each route's HostIP, and a route may carry no
 // IPv6 zone: a node_ip with one never matched, and routes on this node
-// were dialed through their host port instead of SandboxIP, silently.
+// were dialed through their host port instead of SandboxIP, silently;
+// so with the unspecified address, which a listener reads as "every
+// address of this node".
 func TestNodeIP(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -19,6 +21,10 @@ func TestNodeIP(t *testing.T) {
 			`node_ip "fe80::1%eth0": an IPv6 zone (%eth0) never equals a route's HostIP, which carries none`},
 		{"global with a zone", "2001:db8::5%2", `node_ip "2001:db8::5%2": an IPv6 zone (%2)`},
 		{"not an address", "node-7", `node_ip "node-7": `},
+		// "Every address of this node", as a listener reads it: no route
+		// names it as HostIP, so none was dialed directly, silently.
+		{"unspecified IPv4", "0.0.0.0", `node_ip "0.0.0.0": the unspecified address is no route's HostIP`},
+		{"unspecified IPv6", "::", `node_ip "::": the unspecified address is no route's HostIP`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			loadWants(t, "node_ip: '"+tc.ip+"'\n", tc.want)

@@ -902,7 +902,16 @@ func (c *Config) checkHostNames() error {
 		{"shared_hosts", c.SharedHosts, false},
 		{"tls.domain", []string{c.TLS.Domain}, false},
 	} {
-		for _, n := range names.list {
+		for i, n := range names.list {
+			// The parser skips an entry that names nothing: a domains list
+			// of only such entries (a template that rendered nothing,
+			// domains: ["{{ .Values.domain }}"]) let every domain through.
+			if names.key != "tls.domain" && strings.TrimSpace(n) == "" {
+				return fmt.Errorf("%s: entry %d is empty (a template that rendered nothing?): it would be skipped, and a domains list with no name lets every domain through; write the name, or remove the entry", names.key, i+1)
+			}
+			if n != "" && hostNameOf(n, names.wildcard) == "" {
+				return fmt.Errorf("%s: entry %d (%q) names no domain; write the name, or remove the entry", names.key, i+1, n)
+			}
 			if !isHostName(n, names.wildcard) {
 				return fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
 			}
@@ -956,16 +965,23 @@ const (
 // maxBufferLines bounds access_log.buffer_lines (256 times the default).
 const maxBufferLines = 1 << 20
 
+// hostNameOf is s as the parser compares it: without surrounding space,
+// a trailing dot, or (wildcard) a leading "*." or ".".
+func hostNameOf(s string, wildcard bool) string {
+	s = strings.TrimSuffix(strings.TrimSpace(s), ".")
+	if wildcard {
+		s = strings.TrimPrefix(strings.TrimPrefix(s, "*."), ".")
+	}
+	return s
+}
+
 // isHostName reports whether s is empty or a DNS name, optionally behind
 // "*." or ".". Entries are compared with the Host header's name, its port
 // stripped, so "gw.example.com:8081" or "https://gw.example.com" would
 // silently never match. IP literals are always shared hosts and need no
 // entry; IPv4 ones pass (they are names by this syntax), IPv6 ones do not.
 func isHostName(s string, wildcard bool) bool {
-	s = strings.TrimSuffix(strings.TrimSpace(s), ".")
-	if wildcard {
-		s = strings.TrimPrefix(strings.TrimPrefix(s, "*."), ".")
-	}
+	s = hostNameOf(s, wildcard)
 	if s == "" {
 		return true
 	}

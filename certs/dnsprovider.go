@@ -46,6 +46,16 @@ func newRFC2136(opts map[string]string) (certmagic.DNSProvider, error) {
 	if err := knownOptions(opts, "server", "key_name", "key_alg", "key_secret", "key_secret_file", "net", "timeout"); err != nil {
 		return nil, err
 	}
+	if opts["key_name"] == "" {
+		// rfc2136 sends unsigned updates without a key name: the secret
+		// would be ignored, and a server that wants TSIG refuses every
+		// update, at the first order, after the proxy listens.
+		for _, k := range []string{"key_secret", "key_secret_file", "key_alg"} {
+			if opts[k] != "" {
+				return nil, fmt.Errorf("%s is set but key_name is empty: the updates would go unsigned; set key_name (the TSIG key's name), or remove %s", k, k)
+			}
+		}
+	}
 	p := &rfc2136.Provider{
 		Server:    opts["server"],
 		KeyName:   opts["key_name"],

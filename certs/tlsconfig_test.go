@@ -161,6 +161,15 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		// certmagic refuses these at every order, not at start.
 		{"plain http CA", acme(func(c *certs.Config) { c.ACME.CA = "http://acme.example.com/directory" }), "requires https"},
 		{"unparsable CA", acme(func(c *certs.Config) { c.ACME.CA = "https://acme.example.com:port/directory" }), "tls.acme.ca: "},
+		// The updates would go unsigned, and the DNS server refuse them
+		// at the first order, after the proxy listens.
+		{"rfc2136 secret without key name", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "key_name") }),
+			"tls.acme.dns.options: key_secret is set but key_name is empty: the updates would go unsigned"},
+		{"rfc2136 algorithm without key name", acme(func(c *certs.Config) {
+			delete(c.ACME.DNS.Options, "key_name")
+			delete(c.ACME.DNS.Options, "key_secret")
+			c.ACME.DNS.Options["key_alg"] = "hmac-sha512"
+		}), "tls.acme.dns.options: key_alg is set but key_name is empty"},
 		{"rfc2136 negative timeout", acme(func(c *certs.Config) { c.ACME.DNS.Options["timeout"] = "-5s" }), "timeout must not be negative"},
 	}
 	for _, tt := range tests {

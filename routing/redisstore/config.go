@@ -111,29 +111,42 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports a configuration that names no server or more than one kind.
+// Validate reports a configuration that names no server or more than one
+// kind. Its errors name the settings by the keys of cubeproxy's redis:
+// section (redis.addr), a missing one with its environment variable, as
+// the operator who reads them writes them.
 func (c Config) Validate() error {
-	kinds := 0
-	for _, set := range []bool{c.Addr != "", c.URL != "", c.Sentinel.MasterName != "", len(c.Cluster.Addrs) > 0} {
-		if set {
-			kinds++
+	var named []string
+	for _, k := range []struct {
+		key string
+		set bool
+	}{
+		{"redis.addr", c.Addr != ""}, {"redis.url", c.URL != ""},
+		{"redis.sentinel.master_name", c.Sentinel.MasterName != ""}, {"redis.cluster.addrs", len(c.Cluster.Addrs) > 0},
+	} {
+		if k.set {
+			named = append(named, k.key)
 		}
 	}
 	switch {
-	case kinds == 0:
-		return errors.New("redis: set one of addr, url, sentinel.master_name or cluster.addrs")
-	case kinds > 1:
-		return errors.New("redis: addr, url, sentinel and cluster are mutually exclusive")
+	case len(named) == 0:
+		return errors.New("store is redis but no Redis is named: set redis.addr (CUBEPROXY_REDIS_ADDR, for example 127.0.0.1:6379), redis.url, redis.sentinel.master_name or redis.cluster.addrs")
+	case len(named) > 1:
+		return fmt.Errorf("%s and %s are both set: name one Redis (standalone, Sentinel or Cluster), with one of redis.addr, redis.url, redis.sentinel.master_name or redis.cluster.addrs", named[0], named[1])
 	case c.Sentinel.MasterName != "" && len(c.Sentinel.Addrs) == 0:
-		return errors.New("redis: sentinel.addrs is empty")
+		return errors.New("redis.sentinel.master_name is set but redis.sentinel.addrs is empty: set redis.sentinel.addrs (CUBEPROXY_REDIS_SENTINEL_ADDRS), the sentinels to ask for the master")
 	case len(c.Cluster.Addrs) > 0 && c.DB != 0:
-		return fmt.Errorf("redis: cluster supports only db 0, got %d", c.DB)
+		return fmt.Errorf("redis.db: %d, but a Redis Cluster has only db 0 (redis.cluster.addrs is set); remove redis.db", c.DB)
 	case c.DB < 0:
-		return fmt.Errorf("redis: negative db %d", c.DB)
+		return fmt.Errorf("redis.db: %d is negative", c.DB)
 	case (c.CAFile != "" || c.InsecureSkipVerify) && !c.TLS && !strings.HasPrefix(c.URL, "rediss://"):
-		return errors.New("redis: ca_file and insecure_skip_verify need tls: true or a rediss:// url")
+		key := "redis.ca_file"
+		if c.CAFile == "" {
+			key = "redis.insecure_skip_verify"
+		}
+		return fmt.Errorf("%s is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true) or a rediss:// redis.url, or remove %s", key, key)
 	case c.PoolSize < 0:
-		return fmt.Errorf("redis: negative pool_size %d", c.PoolSize)
+		return fmt.Errorf("redis.pool_size: %d is negative", c.PoolSize)
 	}
 	return nil
 }

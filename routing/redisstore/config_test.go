@@ -25,12 +25,12 @@ func TestValidate(t *testing.T) {
 		{"url", redisstore.Config{URL: "redis://127.0.0.1:6379/2"}, ""},
 		{"sentinel", redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "m", Addrs: []string{"127.0.0.1:26379"}}}, ""},
 		{"cluster", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}}, ""},
-		{"nothing", redisstore.Config{}, "set one of"},
-		{"two kinds", redisstore.Config{Addr: "127.0.0.1:6379", URL: "redis://127.0.0.1"}, "mutually exclusive"},
-		{"sentinel without addrs", redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "m"}}, "sentinel.addrs"},
-		{"cluster db", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}, DB: 1}, "db 0"},
-		{"ca without tls", redisstore.Config{Addr: "127.0.0.1:6379", CAFile: "/x"}, "tls: true"},
-		{"negative pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: -1}, "pool_size"},
+		{"nothing", redisstore.Config{}, "set redis.addr"},
+		{"two kinds", redisstore.Config{Addr: "127.0.0.1:6379", URL: "redis://127.0.0.1"}, "redis.addr and redis.url are both set"},
+		{"sentinel without addrs", redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "m"}}, "redis.sentinel.addrs is empty"},
+		{"cluster db", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}, DB: 1}, "redis.db: 1, but a Redis Cluster has only db 0"},
+		{"ca without tls", redisstore.Config{Addr: "127.0.0.1:6379", CAFile: "/x"}, "redis.ca_file is set but TLS to Redis is off"},
+		{"negative pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: -1}, "redis.pool_size: -1 is negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

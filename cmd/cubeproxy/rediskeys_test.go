@@ -1,0 +1,44 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A refusal of the Redis store's settings names them as the file does
+// (redis.addr, not addr), so that an operator finds them, and a value set
+// by the environment says so: CUBEPROXY_REDIS_DB=2 next to a Cluster was
+// "redis: cluster supports only db 0, got 2", naming neither.
+func TestCheckRedisRefusalsNameKeys(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		yaml string
+		env  map[string]string
+		want []string
+	}{
+		{"no redis named", "store: redis\n", nil,
+			[]string{"store is redis but no Redis is named: set redis.addr (CUBEPROXY_REDIS_ADDR"}},
+		{"two named", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n", map[string]string{"CUBEPROXY_REDIS_URL": "redis://127.0.0.1:6380/0"},
+			[]string{"redis.addr and redis.url are both set", "(redis.url is set by CUBEPROXY_REDIS_URL)"}},
+		{"sentinel without addresses", "store: redis\nredis:\n  sentinel:\n    master_name: m\n", nil,
+			[]string{"redis.sentinel.master_name is set but redis.sentinel.addrs is empty", "CUBEPROXY_REDIS_SENTINEL_ADDRS"}},
+		{"db with a cluster", "store: redis\nredis:\n  cluster:\n    addrs: ['127.0.0.1:7000']\n", map[string]string{"CUBEPROXY_REDIS_DB": "2"},
+			[]string{"redis.db: 2, but a Redis Cluster", "(redis.db is set by CUBEPROXY_REDIS_DB)"}},
+		{"ca_file without tls", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  ca_file: " + dir + "/ca.pem\n", nil,
+			[]string{"redis.ca_file is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
+			code, stdout, stderr := runCheck(t, func(k string) string { return tc.env[k] }, "--config", cfg)
+			if code != 1 || stdout != "" {
+				t.Fatalf("exit %d (want 1), stdout %q, stderr %q", code, stdout, stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q\ndoes not say %q", stderr, w)
+				}
+			}
+		})
+	}
+}

@@ -84,6 +84,9 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		// A redirect with no HTTPS listener to send to: plain HTTP would
 		// go on reaching the sandboxes the operator meant to close it to.
 		{[]string{"--tls-redirect-http"}, "tls.redirect_http needs https_addr"},
+		// A redirect with no plain-HTTP listener to answer from: the
+		// operator expects http:// to redirect, and nothing listens.
+		{[]string{"--https-addr=127.0.0.1:0", "--http-addr=", "--tls-redirect-http"}, "tls.redirect_http is on but http_addr is empty"},
 		// A redirect port alone: plain HTTP would go on being proxied
 		// where the operator expected a redirect.
 		{[]string{"--https-addr=127.0.0.1:0", "--tls-redirect-port=8443"}, "tls.redirect_port is set but tls.redirect_http is off"},

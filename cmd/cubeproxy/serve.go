@@ -438,6 +438,11 @@ func checkListeners(cfg *config.Config) error {
 		// meant to close to it.
 		return errors.New("tls.redirect_http needs https_addr: there is no HTTPS listener to redirect to")
 	}
+	if cfg.TLS.RedirectHTTP && cfg.HTTPAddr == "" {
+		// Only the plain-HTTP listener redirects: the operator expects
+		// http:// to be sent to HTTPS, and nothing would answer it.
+		return errors.New("tls.redirect_http is on but http_addr is empty: no plain-HTTP listener would redirect; set http_addr (CUBEPROXY_HTTP_ADDR, for example :8081), or remove tls.redirect_http")
+	}
 	if cfg.TLS.RedirectPort != 0 && !cfg.TLS.RedirectHTTP {
 		// Only redirects name the port: an operator who set it alone
 		// would expect plain HTTP to redirect, and it would be proxied.

@@ -1,6 +1,10 @@
 package config
 
-import "testing"
+import (
+	"io"
+	"strings"
+	"testing"
+)
 
 // An empty entry of domains or shared_hosts in the file (a template that
 // rendered nothing: domains: ["{{ .Values.domain }}"]) was skipped: a
@@ -22,5 +26,16 @@ func TestBlankHostEntries(t *testing.T) {
 		t.Run(tc.body, func(t *testing.T) {
 			loadWants(t, tc.body, tc.want)
 		})
+	}
+}
+
+// Two names in one entry, as a variable written space- or
+// semicolon-separated gives them, are told how a list is written.
+func TestHostEntryWithTwoNames(t *testing.T) {
+	for _, v := range []string{"a.app b.app", "a.app;b.app"} {
+		_, err := Load(nil, env(map[string]string{"CUBEPROXY_DOMAINS": v}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "a list is comma-separated (a.app,b.app)") {
+			t.Errorf("CUBEPROXY_DOMAINS=%q: %v", v, err)
+		}
 	}
 }

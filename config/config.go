@@ -913,7 +913,13 @@ func (c *Config) checkHostNames() error {
 				return fmt.Errorf("%s: entry %d (%q) names no domain; write the name, or remove the entry", names.key, i+1, n)
 			}
 			if !isHostName(n, names.wildcard) {
-				return fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
+				err := fmt.Errorf("%s: %q is not a bare host name (no port, scheme, path or address): it would match no request", names.key, n)
+				if names.key != "tls.domain" && strings.ContainsAny(strings.TrimSpace(n), " \t;") {
+					// Two names, as a variable written space- or
+					// semicolon-separated gives them.
+					err = fmt.Errorf("%w; a list is comma-separated (a.app,b.app)", err)
+				}
+				return err
 			}
 		}
 	}

@@ -342,8 +342,11 @@ func checkBlankEnv(s *setting, v string) error {
 // is such an argument: the flag takes none, so the message says how to
 // give one rather than leave the operator to wonder what "false" was.
 func strayArgument(fs *flag.FlagSet, args []string) error {
-	err := fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	i := len(args) - fs.NArg() - 1 // the argument before it
+	if mayHoldSecret(args[:i+1], fs.Arg(0)) {
+		return errors.New("unexpected argument (not shown: it may be part of a secret); a value with spaces is one argument only when quoted")
+	}
+	err := fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	if i < 0 {
 		return err
 	}
@@ -356,6 +359,47 @@ func strayArgument(fs *flag.FlagSet, args []string) error {
 		}
 	}
 	return err
+}
+
+// mayHoldSecret reports whether the stray argument arg, after before,
+// may be part of a secret: it follows a secret's flag (--admin-token= s3c,
+// or an unquoted value with a space), or it sets a secret by name, as a
+// variable written as an argument (CUBEPROXY_ADMIN_TOKEN=s3c).
+func mayHoldSecret(before []string, arg string) bool {
+	secretFlag := func(a string) (bool, bool) { // a secret's flag; its value given with it
+		name, value, withValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") {
+			return false, false
+		}
+		for _, k := range secretKeys {
+			if name == strings.ReplaceAll(strings.ReplaceAll(k, ".", "-"), "_", "-") {
+				return true, withValue || value != ""
+			}
+		}
+		return false, false
+	}
+	n := len(before)
+	if n > 0 {
+		if ok, _ := secretFlag(before[n-1]); ok {
+			return true
+		}
+	}
+	if n > 1 {
+		if ok, withValue := secretFlag(before[n-2]); ok && !withValue {
+			return true // the flag, its value, then this
+		}
+	}
+	name, _, ok := strings.Cut(arg, "=")
+	if !ok {
+		return false
+	}
+	name = strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimLeft(name, "-"), EnvPrefix), "-", "_"))
+	for _, k := range secretKeys {
+		if name == strings.ReplaceAll(k, ".", "_") || name == strings.ToLower(EnvPrefix)+strings.ReplaceAll(k, ".", "_") {
+			return true
+		}
+	}
+	return false
 }
 
 // withFlagHint adds to an unknown flag's error the flag most likely

@@ -59,3 +59,26 @@ func TestRefusalsHideSecrets(t *testing.T) {
 		})
 	}
 }
+
+// An argument left over after a secret's flag is likely part of the
+// secret (--admin-token= s3cret, or a value with a space given unquoted),
+// and so is one that sets a secret by name (a variable written as an
+// argument): the refusal does not quote it.
+func TestStrayArgumentHidesSecrets(t *testing.T) {
+	for _, args := range [][]string{
+		{"--admin-token=", "Str4ySecretValue"},
+		{"--admin-token", "first", "Str4ySecretValue"},
+		{"--auth-signing-keys=k1", "Str4ySecretValue"},
+		{"CUBEPROXY_ADMIN_TOKEN=Str4ySecretValue"},
+		{"--http-addr=:1", "admin_token=Str4ySecretValue"},
+	} {
+		_, err := Load(args, env(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "unexpected argument") || strings.Contains(err.Error(), "Str4y") {
+			t.Errorf("%q: %v; want an unexpected argument not shown", args, err)
+		}
+	}
+	// Any other is quoted, as before.
+	if _, err := Load([]string{"--http-addr=:1", "extra"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+		t.Errorf("extra: %v", err)
+	}
+}

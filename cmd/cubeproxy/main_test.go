@@ -94,6 +94,8 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		// would answer 500 (the image's /etc/cubeproxy without a mounted
 		// directory, a path mistyped).
 		{[]string{"--persist-routes", "--routes=" + filepath.Join(t.TempDir(), "missing", "routes.yaml")}, "persist_routes: routes file"},
+		// No file to write: named by both settings, and where each came from.
+		{[]string{"--persist-routes"}, "persist_routes is on but routes is empty: admin route changes would be written nowhere; set routes (CUBEPROXY_ROUTES, for example configs/routes.yaml), or remove persist_routes (persist_routes is set by --persist-routes; routes is set by --routes)"},
 	} {
 		var out, errb bytes.Buffer
 		// Bounded: a setting that is wrongly accepted starts a proxy.

@@ -647,7 +647,7 @@ func openRoutes(cfg *config.Config, log *slog.Logger) (*routing.MemoryStore, err
 	}
 	if cfg.PersistRoutes {
 		if cfg.Routes == "" {
-			return nil, errors.New("persist_routes needs a routes file")
+			return nil, errors.New("persist_routes is on but routes is empty: admin route changes would be written nowhere; set routes (CUBEPROXY_ROUTES, for example configs/routes.yaml), or remove persist_routes")
 		}
 		if err := routing.CheckPersistPath(cfg.Routes); err != nil {
 			return nil, fmt.Errorf("persist_routes: %w", err)

@@ -80,7 +80,7 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"--access-log-format=csv"}, `access_log.format "csv": want json, cube or off`},
 		// On-demand issuance with no domain to hold names to.
 		{[]string{"--https-addr=127.0.0.1:0", "--tls-source=acme", "--tls-acme-skip-wildcard", "--tls-acme-on-demand",
-			"--tls-acme-email=ops@cube.test", "--tls-acme-storage-dir=" + t.TempDir()}, "acme.on_demand needs tls.domain or domains"},
+			"--tls-acme-email=ops@cube.test", "--tls-acme-storage-dir=" + t.TempDir()}, "tls.acme.on_demand is on but tls.domain and domains are empty: no name could be told to be a sandbox's; set tls.domain (CUBEPROXY_TLS_DOMAIN) or domains, which say which names may get a certificate (tls.acme.on_demand is set by --tls-acme-on-demand)"},
 		// A redirect with no HTTPS listener to send to: plain HTTP would
 		// go on reaching the sandboxes the operator meant to close it to.
 		{[]string{"--tls-redirect-http"}, "tls.redirect_http needs https_addr"},

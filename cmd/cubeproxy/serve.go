@@ -450,7 +450,7 @@ func checkListeners(cfg *config.Config) error {
 	}
 	if cfg.HTTPSAddr != "" && cfg.TLS.ACME.OnDemand && len(certDomains(cfg)) == 0 {
 		// allowCertificate would have no domain to hold names to.
-		return errors.New("tls: acme.on_demand needs tls.domain or domains to say which names may get a certificate")
+		return errors.New("tls.acme.on_demand is on but tls.domain and domains are empty: no name could be told to be a sandbox's; set tls.domain (CUBEPROXY_TLS_DOMAIN) or domains, which say which names may get a certificate")
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ func CheckAdminAddr(addr, token string) error {
 	// every interface on a random port.
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("admin address %q: %w", addr, err)
+		return fmt.Errorf("admin_addr %q: %w", addr, err)
 	}
 	if token != "" {
 		return nil
@@ -92,7 +92,7 @@ func CheckAdminAddr(addr, token string) error {
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil || !ip.IsLoopback() {
-		return fmt.Errorf("admin address %q is not loopback and no admin token is configured: set admin_token (CUBEPROXY_ADMIN_TOKEN) or bind the admin API to 127.0.0.1", addr)
+		return fmt.Errorf("admin_addr %q is not loopback and no admin token is configured: set admin_token (CUBEPROXY_ADMIN_TOKEN) or bind the admin API to 127.0.0.1", addr)
 	}
 	return nil
 }

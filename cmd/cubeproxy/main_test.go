@@ -31,7 +31,8 @@ func TestVersionAndUsage(t *testing.T) {
 		t.Fatalf("unknown command exit %d", code)
 	}
 	if code := run(context.Background(), []string{"serve", "--admin-addr", "0.0.0.0:0", "--http-addr", "127.0.0.1:0"}, noEnv, &out, &errb); code != 1 ||
-		!strings.Contains(errb.String(), "not loopback and no admin token") {
+		!strings.Contains(errb.String(), `admin_addr "0.0.0.0:0" is not loopback and no admin token`) ||
+		!strings.Contains(errb.String(), "(admin_addr is set by --admin-addr)") {
 		t.Fatalf("admin on 0.0.0.0 without token must refuse to start: %d %s", code, errb.String())
 	}
 }

@@ -37,6 +37,41 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 }
 
+// A command line the program cannot read exits 2, whichever part of it is
+// wrong: the subcommand (as it always did) or a flag (which exited 1, as a
+// configuration serve refused does). Go's flag.ExitOnError exits 2 alike;
+// a wrapper script tells its own mistake from a refused configuration.
+func TestUsageExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "Usage:"},
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"check", "--http_addr=:1"}, 2, "did you mean --http-addr?"},
+		{[]string{"check", "--cache-size=abc"}, 2, `invalid value "abc" for flag -cache-size`},
+		{[]string{"check", "--registry-enabled=maybe"}, 2, `invalid boolean value "maybe"`},
+		{[]string{"check", "--http-addr"}, 2, "flag needs an argument: -http-addr"},
+		{[]string{"check", "---x"}, 2, "bad flag syntax: ---x"},
+		{[]string{"check", "--routes=", "stray"}, 2, `unexpected argument "stray"`},
+		{[]string{"demo", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"token"}, 2, "usage: cubeproxy token sign"},
+		{[]string{"token", "sign", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"token", "sign", "--port=x"}, 2, `invalid value "x" for flag -port`},
+		// Read, and refused for what it says: a configuration error, 1.
+		{[]string{"check", "--routes=", "--access-log-format=csv"}, 1, `access_log.format "csv"`},
+		{[]string{"check", "--routes=", "--upstream-connect-timeout=-1s"}, 1, "is negative"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), tc.args, noEnv, &out, &errb)
+		if code != tc.code || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%q: exit %d, stderr %.300q; want %d and %q", tc.args, code, errb.String(), tc.code, tc.want)
+		}
+	}
+}
+
 // Each subcommand's -h describes that subcommand and exits 0: `demo -h`,
 // the newcomer's first question, used to be titled "cubeproxy serve", and
 // `token -h` failed as a bad invocation.

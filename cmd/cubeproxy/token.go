@@ -24,7 +24,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		return flag.ErrHelp
 	}
 	if len(args) == 0 || args[0] != "sign" {
-		return errors.New(usage)
+		return usageError{errors.New(usage)}
 	}
 	fs := flag.NewFlagSet("cubeproxy token sign", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -61,9 +61,9 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	switch {
 	case !given["sandbox"]:
-		return errors.New("--sandbox (a sandbox id) is required")
+		return usageError{errors.New("--sandbox (a sandbox id) is required")}
 	case !given["port"]:
-		return errors.New("--port (1-65535) is required")
+		return usageError{errors.New("--port (1-65535) is required")}
 	case !routing.ValidID(*sandbox):
 		return fmt.Errorf("--sandbox %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", *sandbox)
 	case *port < 1 || *port > 65535:

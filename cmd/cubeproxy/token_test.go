@@ -132,33 +132,34 @@ func TestTokenSignErrors(t *testing.T) {
 		getenv func(string) string
 		args   []string
 		want   string
+		code   int // 2 for a command line that says too little, 1 for what it says refused
 	}{
-		{"no keys", noEnv, []string{"--sandbox", "box", "--port", "8080", "--ttl", "5m"}, "no signing keys"},
-		{"short key", tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": short}), []string{"--sandbox", "box", "--port", "8080"}, "key 1"},
+		{"no keys", noEnv, []string{"--sandbox", "box", "--port", "8080", "--ttl", "5m"}, "no signing keys", 1},
+		{"short key", tokenEnv(map[string]string{"CUBEPROXY_AUTH_SIGNING_KEYS": short}), []string{"--sandbox", "box", "--port", "8080"}, "key 1", 1},
 		// What is wrong, said as such: "required" for a value given puzzled.
-		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox (a sandbox id) is required"},
-		{"no port", good, []string{"--sandbox", "box"}, "--port (1-65535) is required"},
-		{"neither", good, nil, "--sandbox (a sandbox id) is required"},
-		{"empty sandbox", good, []string{"--sandbox", "", "--port", "8080"}, `--sandbox "" is not a sandbox id`},
-		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, `--sandbox "Box!" is not a sandbox id`},
-		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port 0 is not a port (1-65535)"},
-		{"negative port", good, []string{"--sandbox", "box", "--port", "-1"}, "--port -1 is not a port (1-65535)"},
-		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port 65536 is not a port"},
-		{"ttl too long", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "48h"}, "ttl"},
-		{"ttl garbage", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "soon"}, "ttl"},
+		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox (a sandbox id) is required", 2},
+		{"no port", good, []string{"--sandbox", "box"}, "--port (1-65535) is required", 2},
+		{"neither", good, nil, "--sandbox (a sandbox id) is required", 2},
+		{"empty sandbox", good, []string{"--sandbox", "", "--port", "8080"}, `--sandbox "" is not a sandbox id`, 1},
+		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, `--sandbox "Box!" is not a sandbox id`, 1},
+		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port 0 is not a port (1-65535)", 1},
+		{"negative port", good, []string{"--sandbox", "box", "--port", "-1"}, "--port -1 is not a port (1-65535)", 1},
+		{"port too big", good, []string{"--sandbox", "box", "--port", "65536"}, "--port 65536 is not a port", 1},
+		{"ttl too long", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "48h"}, "ttl", 1},
+		{"ttl garbage", good, []string{"--sandbox", "box", "--port", "8080", "--ttl", "soon"}, "ttl", 1},
 		// A lifetime written without --ttl would be dropped for the default.
-		{"stray argument", good, []string{"--sandbox", "box", "--port", "8080", "1h"}, `unexpected argument "1h"`},
+		{"stray argument", good, []string{"--sandbox", "box", "--port", "8080", "1h"}, `unexpected argument "1h"`, 2},
 	} {
 		code, out, errOut := tokenSign(tc.getenv, tc.args...)
-		if code != 1 || out != "" || !strings.Contains(errOut, tc.want) || !strings.HasPrefix(errOut, "cubeproxy:") {
-			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 1 with an error naming %q", tc.name, code, out, errOut, tc.want)
+		if code != tc.code || out != "" || !strings.Contains(errOut, tc.want) || !strings.HasPrefix(errOut, "cubeproxy:") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d with an error naming %q", tc.name, code, out, errOut, tc.code, tc.want)
 		}
 		if strings.Contains(errOut, short) {
 			t.Errorf("%s: the error repeats the key", tc.name)
 		}
 	}
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"token"}, noEnv, &out, &errb); code != 1 || !strings.Contains(errb.String(), "usage: cubeproxy token sign") {
+	if code := run(context.Background(), []string{"token"}, noEnv, &out, &errb); code != 2 || !strings.Contains(errb.String(), "usage: cubeproxy token sign") {
 		t.Errorf("token without sign: exit %d %q", code, errb.String())
 	}
 }

@@ -38,4 +38,18 @@ type Rejection struct {
 // Error returns the reason followed by the code.
 func (r *Rejection) Error() string { return r.Reason + " (" + r.Code + ")" }
 
-func reject(code, reason string) *Rejection { return &Rejection{Code: code, Reason: reason} }
+// Every refusal is one of these, shared: a refusal is what a client
+// without a credential (or with a forged one) can make the proxy answer
+// at will, and a new Rejection per request gave each a 32-byte allocation
+// for the garbage collector. Callers must not modify them.
+var (
+	rejTrafficNotConfigured = &Rejection{CodeTrafficTokenNotConfigured, "sandbox is restricted but has no traffic access token configured"}
+	rejTrafficMissing       = &Rejection{CodeTrafficTokenMissing, "traffic access token required"}
+	rejTrafficInvalid       = &Rejection{CodeTrafficTokenInvalid, "traffic access token invalid"}
+	rejTokenMalformed       = &Rejection{CodeSignedTokenMalformed, "signed token malformed"}
+	rejTokenInvalid         = &Rejection{CodeSignedTokenInvalid, "signed token signature invalid"}
+	rejTokenWrongTarget     = &Rejection{CodeSignedTokenWrongTarget, "signed token issued for another sandbox or port"}
+	rejTokenExpired         = &Rejection{CodeSignedTokenExpired, "signed token expired"}
+	rejCookieMalformed      = &Rejection{CodeSignedTokenMalformed, "sandbox cookie malformed"}
+	rejCookieRebound        = &Rejection{CodeSignedTokenInvalid, "sandbox cookie was issued under another traffic access token (rotated?): open a new link"}
+)

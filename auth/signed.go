@@ -116,24 +116,24 @@ func (s *Signer) Verify(token string, sandboxID string, port uint16, now time.Ti
 // cookie and query values); it allocates nothing when the token is valid.
 func (s *Signer) VerifyBytes(token []byte, sandboxID string, port uint16, now time.Time) (time.Time, error) {
 	if len(token) < 1 || len(token) > maxTokenLen || !isBase64URL(token) {
-		return time.Time{}, reject(CodeSignedTokenMalformed, "signed token malformed")
+		return time.Time{}, rejTokenMalformed
 	}
 	m := s.pool.Get().(*macScratch)
 	defer s.pool.Put(m)
 	n, err := s.enc.Decode(m.raw[:], token)
 	if err != nil || n < minRawLen || m.raw[0] != tokenVersion {
-		return time.Time{}, reject(CodeSignedTokenMalformed, "signed token malformed")
+		return time.Time{}, rejTokenMalformed
 	}
 	msg, mac := m.raw[:n-macLen], m.raw[n-macLen:n]
 	if !s.macValid(m, msg, mac) {
-		return time.Time{}, reject(CodeSignedTokenInvalid, "signed token signature invalid")
+		return time.Time{}, rejTokenInvalid
 	}
 	expiry := int64(binary.BigEndian.Uint64(msg[1:9]))
 	if !sameTarget(msg, sandboxID, port) {
-		return time.Time{}, reject(CodeSignedTokenWrongTarget, "signed token issued for another sandbox or port")
+		return time.Time{}, rejTokenWrongTarget
 	}
 	if now.Unix() >= expiry {
-		return time.Time{}, reject(CodeSignedTokenExpired, "signed token expired")
+		return time.Time{}, rejTokenExpired
 	}
 	return time.Unix(expiry, 0), nil
 }
@@ -201,7 +201,7 @@ func (s *Signer) CookieValue(token []byte, traffic string) string {
 func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traffic string, now time.Time) error {
 	i := len(value) - bindTextLen - 1
 	if i < 1 || value[i] != bindSep {
-		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+		return rejCookieMalformed
 	}
 	token, bindText := value[:i], value[i+1:]
 	if _, err := s.VerifyBytes(token, sandboxID, port, now); err != nil {
@@ -209,10 +209,10 @@ func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traff
 	}
 	var bind [bindLen]byte
 	if !isBase64URL(bindText) {
-		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+		return rejCookieMalformed
 	}
 	if n, err := s.enc.Decode(bind[:], bindText); err != nil || n != bindLen {
-		return reject(CodeSignedTokenMalformed, "sandbox cookie malformed")
+		return rejCookieMalformed
 	}
 	m := s.pool.Get().(*macScratch)
 	defer s.pool.Put(m)
@@ -222,7 +222,7 @@ func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traff
 		ok |= subtle.ConstantTimeCompare(s.binding(m, h, token, traffic)[:bindLen], bind[:])
 	}
 	if ok != 1 {
-		return reject(CodeSignedTokenInvalid, "sandbox cookie was issued under another traffic access token (rotated?): open a new link")
+		return rejCookieRebound
 	}
 	return nil
 }

@@ -24,8 +24,8 @@ type HeaderPeeker interface {
 }
 
 // CheckTraffic decides whether a request may reach a sandbox port. It returns
-// nil when allowed and a *Rejection otherwise; it allocates nothing when the
-// request is allowed.
+// nil when allowed and a *Rejection otherwise; it allocates nothing either
+// way (the rejections are shared).
 //
 // Order: a public route is always allowed (any token sent is ignored). A
 // restricted route without a stored token is refused even on an exempt port:
@@ -40,17 +40,17 @@ func CheckTraffic(public bool, stored string, exempt bool, h HeaderPeeker) error
 		return nil
 	}
 	if len(stored) == 0 {
-		return reject(CodeTrafficTokenNotConfigured, "sandbox is restricted but has no traffic access token configured")
+		return rejTrafficNotConfigured
 	}
 	if exempt {
 		return nil
 	}
 	presented := PresentedTrafficToken(h)
 	if len(presented) == 0 {
-		return reject(CodeTrafficTokenMissing, "traffic access token required")
+		return rejTrafficMissing
 	}
 	if !trafficTokenEqual(stored, presented) {
-		return reject(CodeTrafficTokenInvalid, "traffic access token invalid")
+		return rejTrafficInvalid
 	}
 	return nil
 }

@@ -23,10 +23,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	if err == nil {
 		return false
 	}
-	var rej *auth.Rejection
-	if !errors.As(err, &rej) {
-		rej = &auth.Rejection{Code: auth.CodeTrafficTokenInvalid, Reason: "traffic access token invalid"}
-	}
+	rej := rejection(err, rejTrafficInvalid)
 	if rej.Code == auth.CodeTrafficTokenNotConfigured {
 		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
 	}
@@ -46,7 +43,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 				p.redirectWithCookie(ctx, p.cfg.Signer.CookieValue(tok, r.TrafficToken), exp)
 				return true
 			}
-			errors.As(verr, &rej)
+			rej = rejection(verr, rej)
 		}
 		// A refused parameter still leaves the cookie: a browser that holds
 		// a valid one (from a newer link) and opens an old link would
@@ -58,15 +55,37 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 			if auth.CookieRequestAllowed(h, h.Host()) {
 				return false
 			}
-			rej = &auth.Rejection{Code: auth.CodeSignedCookieForeignOrigin,
-				Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin, or the Referer of a subresource)"}
+			rej = rejForeignOrigin
 		} else if verr != nil && len(tok) == 0 {
-			errors.As(verr, &rej)
+			rej = rejection(verr, rej)
 		}
 	}
 	p.metrics.AuthRejected(rej.Code)
 	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
 	return true
+}
+
+// Refusals authorize makes itself, shared as auth's are: a new one per
+// request would be an allocation a client can drive at will.
+var (
+	rejTrafficInvalid = &auth.Rejection{Code: auth.CodeTrafficTokenInvalid, Reason: "traffic access token invalid"}
+	rejForeignOrigin  = &auth.Rejection{Code: auth.CodeSignedCookieForeignOrigin,
+		Reason: "the sandbox cookie is not accepted on a request from another sandbox's or site's page (Origin, or the Referer of a subresource)"}
+)
+
+// rejection returns the *auth.Rejection err is or wraps, else otherwise.
+// auth returns its rejections unwrapped, so the type assertion answers
+// without errors.As, whose target would escape to the heap on every
+// refusal; r is declared only on the path that needs it.
+func rejection(err error, otherwise *auth.Rejection) *auth.Rejection {
+	if r, ok := err.(*auth.Rejection); ok {
+		return r
+	}
+	var r *auth.Rejection
+	if errors.As(err, &r) {
+		return r
+	}
+	return otherwise
 }
 
 // navigation reports whether a request that carries a valid signed token

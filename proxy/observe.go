@@ -314,10 +314,38 @@ func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 		f.b = append(f.b, h.Peek(name)...)
 		f.end[i] = len(f.b)
 	}
-	f.b = append(f.b, h.Host()...)
+	f.b = append(f.b, logHost(h)...)
 	f.end[fwdHost] = len(f.b)
 	f.b = appendLogTarget(f.b, h.RequestURI())
 	f.end[fwdTarget] = len(f.b)
+}
+
+// logHost returns the host a request's access log line shows (nginx's
+// $host): its Host line, or, for an HTTP/1.0 request in absolute form
+// that sent none, the request target's host, userinfo dropped, which is
+// the host the client asked for (and the one an empty Host's 400 was
+// about). A Host line that is there is shown as sent: the proxy serves
+// an absolute-form target only when it names the same sandbox.
+func logHost(h *fasthttp.RequestHeader) []byte {
+	if host := h.Host(); len(host) > 0 {
+		return host
+	}
+	target := h.RequestURI()
+	if len(target) == 0 || target[0] == '/' {
+		return nil
+	}
+	i := bytes.Index(target, []byte("://"))
+	if i < 0 {
+		return nil
+	}
+	authority := target[i+len("://"):]
+	if j := bytes.IndexAny(authority, "/?#"); j >= 0 {
+		authority = authority[:j]
+	}
+	if at := bytes.LastIndexByte(authority, '@'); at >= 0 {
+		authority = authority[at+1:] // a password is never logged
+	}
+	return authority
 }
 
 // appendLogTarget appends the request target as nginx logs it
@@ -385,7 +413,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		e.XRealIP, e.XForwardedFor, e.XForwardedProto = f.get(0), f.get(1), f.get(2)
 		e.Host = f.get(fwdHost)
 	} else {
-		e.Host = b2s(h.Host())
+		e.Host = b2s(logHost(h))
 	}
 	if !x.noHead {
 		e.Method = b2s(h.Method())

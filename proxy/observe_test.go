@@ -1735,3 +1735,31 @@ func TestAccessLogUpstreamResponseTime(t *testing.T) {
 		t.Errorf("SSE stream: upstream_response_time %v, want at least %v (to the end of the stream)", up, pause.Seconds())
 	}
 }
+
+// An HTTP/1.0 request in absolute form may send no Host line ("GET
+// http://h/p HTTP/1.0"). The proxy answers it 400 invalid_host (empty
+// host), and its access log line shows the host the request line named,
+// as nginx's $host does, not an empty one that leaves the operator
+// guessing which sandbox it was for; with a Host line the line shows it
+// as sent (the two must agree to be served).
+func TestAccessLogHostOfAbsoluteFormWithoutHost(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	host := h.route("sbxabshost", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	})))
+	for _, tc := range []struct{ id, head, status, want string }{
+		{"req-abs10", "GET http://" + host + "/p HTTP/1.0\r\n", "400", host},
+		{"req-abs10-userinfo", "GET http://u:pw@" + host + "/p?q#f HTTP/1.0\r\n", "400", host},
+		{"req-abs10-bare", "GET http://" + host + "?q HTTP/1.0\r\n", "400", host},
+		{"req-origin10", "GET /p HTTP/1.0\r\n", "400", ""},
+		{"req-abs11-host", "GET http://" + host + "/p HTTP/1.1\r\nHost: " + strings.ToUpper(host) + "\r\nConnection: close\r\n", "200", strings.ToUpper(host)},
+	} {
+		resp, _ := rawRequest(t, h.addr, tc.head+"X-Cube-Request-Id: "+tc.id+"\r\n\r\n")
+		if got := strconv.Itoa(resp.StatusCode); got != tc.status {
+			t.Errorf("%s: status %s, want %s", tc.id, got, tc.status)
+		}
+		if e := buf.waitJSON(t, tc.id); e["host"] != tc.want {
+			t.Errorf("%s: access log host %q, want %q", tc.id, e["host"], tc.want)
+		}
+	}
+}

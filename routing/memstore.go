@@ -394,7 +394,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.Value != "routes" {
-			return nil, fmt.Errorf("line %d: unknown top-level key %s (only \"routes\" is allowed)", k.Line, echo([]byte(k.Value)))
+			return nil, fmt.Errorf("line %d: unknown top-level key %s (only \"routes\" is allowed)", k.Line, echo(k.Value))
 		}
 		if seenRoutes {
 			return nil, fmt.Errorf("line %d: key \"routes\" given twice", k.Line)
@@ -413,7 +413,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 			}
 			id := idNode.Value
 			if !ValidID(id) {
-				return nil, fmt.Errorf("line %d: sandbox id %s must match [a-z0-9][a-z0-9_-]{0,127}", idNode.Line, echo([]byte(id)))
+				return nil, fmt.Errorf("line %d: sandbox id %s must match [a-z0-9][a-z0-9_-]{0,127}", idNode.Line, echo(id))
 			}
 			if _, dup := routes[id]; dup {
 				return nil, fmt.Errorf("line %d: sandbox %q given twice", idNode.Line, id)
@@ -443,10 +443,10 @@ func decodeFields(n *yaml.Node) (map[string]string, error) {
 			return nil, fmt.Errorf("line %d: field name must be a string", k.Line)
 		}
 		if _, dup := fields[k.Value]; dup {
-			return nil, fmt.Errorf("line %d: field %s given twice", k.Line, echo([]byte(k.Value)))
+			return nil, fmt.Errorf("line %d: field %s given twice", k.Line, echo(k.Value))
 		}
 		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
-			return nil, fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo([]byte(k.Value)))
+			return nil, fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo(k.Value))
 		}
 		fields[k.Value] = v.Value
 	}

@@ -3,6 +3,7 @@ package routing
 import (
 	"net/netip"
 	"strconv"
+	"strings"
 )
 
 // Route is where one sandbox lives and how it may be reached. It is built
@@ -108,7 +109,7 @@ const maxMaskHostLen = 261
 // parseRoute is ParseRoute, and with strict ParseRouteStrict.
 func parseRoute(id string, fields map[string]string, strict bool) (*Route, error) {
 	if !ValidID(id) {
-		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + echo([]byte(id))}
+		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + echo(id)}
 	}
 	r := &Route{ID: id, Public: true, Ports: make(map[uint16]uint16)}
 	// Map order is random; report the error of the smallest field name so the
@@ -144,9 +145,15 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			if v == "" {
 				break
 			}
-			n, err := strconv.ParseInt(v, 10, 64)
+			// Held to int64's 19 digits (leading zeros aside) first:
+			// ParseInt's error keeps a copy of all of its input, which
+			// for megabytes of garbage was one per refusal.
+			n, err := int64(-1), error(nil)
+			if len(strings.TrimLeft(v, "0")) <= 19 {
+				n, err = strconv.ParseInt(v, 10, 64)
+			}
 			if err != nil || v[0] < '0' || v[0] > '9' || n < 0 {
-				fail(k, "must be a non-negative decimal integer (unix nanoseconds), got "+echo([]byte(v)))
+				fail(k, "must be a non-negative decimal integer (unix nanoseconds), got "+echo(v))
 				break
 			}
 			r.CreatedAt = n
@@ -158,7 +165,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			case "false":
 				r.Public = false
 			default:
-				fail(k, `must be "true" or "false", got `+echo([]byte(v)))
+				fail(k, `must be "true" or "false", got `+echo(v))
 			}
 		case FieldTrafficAccessToken:
 			if v == "" {
@@ -192,7 +199,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			}
 			host, ok := parsePort([]byte(v))
 			if !ok {
-				fail(fieldName(k), "host port must be 1..65535, got "+echo([]byte(v)))
+				fail(fieldName(k), "host port must be 1..65535, got "+echo(v))
 				break
 			}
 			if _, dup := r.Ports[container]; dup {
@@ -237,7 +244,7 @@ func parseIP(s string) (netip.Addr, string) {
 	addr, err := netip.ParseAddr(s)
 	switch {
 	case err != nil:
-		return netip.Addr{}, "not an IP address: " + echo([]byte(s))
+		return netip.Addr{}, "not an IP address: " + echo(s)
 	case addr.Zone() != "":
 		return netip.Addr{}, "IPv6 zones are not allowed"
 	}

@@ -489,7 +489,9 @@ func targetErr(code, reason string, input []byte) error {
 }
 
 // echo quotes at most maxEcho bytes of client input for an error message.
-func echo(b []byte) string {
+// It takes a string as it is: a caller's []byte(v) copied all of a value
+// of megabytes only for its first maxEcho bytes to be kept.
+func echo[T string | []byte](b T) string {
 	if len(b) > maxEcho {
 		return strconv.Quote(string(b[:maxEcho])) + "..."
 	}

@@ -1046,6 +1046,13 @@ func TestAcceptsEventStreamWeights(t *testing.T) {
 		{"text/event-stream;q=0, text/event-stream", true},
 		{"text/event-stream;q=", true},       // no weight given
 		{"text/event-stream;q=0.0001", true}, // not a qvalue: not a refusal either
+		// Neither are these: RFC 9110's grammar has one leading digit.
+		{"text/event-stream;q=00", true},
+		{"text/event-stream;q=000", true},
+		{"text/event-stream;q=00.0", true},
+		{"text/event-stream;q=0x", true},
+		{"text/event-stream;q=0.0x", true},
+		{"text/event-stream;q=-0", true},
 		{"text/event-streamx", false},
 		{"application/json", false},
 	} {

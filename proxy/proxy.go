@@ -1312,7 +1312,7 @@ func acceptsEventStream(h *fasthttp.RequestHeader) bool {
 
 // zeroWeight reports whether the media-range parameters params (from the
 // first ";" on) carry q=0, in any of its spellings (0, 0., 0.0, 0.00,
-// 0.000).
+// 0.000); the first q parameter counts.
 func zeroWeight(params []byte) bool {
 	for len(params) > 0 {
 		var p []byte
@@ -1325,14 +1325,12 @@ func zeroWeight(params []byte) bool {
 		if len(p) < 3 || p[0]|0x20 != 'q' || p[1] != '=' {
 			continue
 		}
+		// RFC 9110's qvalue grammar spells 0 as "0" [ "." 0*3DIGIT ]
+		// with zero digits; a weight it does not allow ("00", "0.0000",
+		// "-0") is no refusal, as a weight of "abc" is none: the type
+		// stays accepted, as without a weight.
 		w := p[2:]
-		if w[0] != '0' {
-			return false
-		}
-		if w = w[1:]; len(w) > 0 && w[0] == '.' {
-			w = w[1:]
-		}
-		return len(w) <= 3 && len(bytes.TrimLeft(w, "0")) == 0
+		return w[0] == '0' && (len(w) == 1 || w[1] == '.' && len(w) <= 5 && len(bytes.TrimLeft(w[2:], "0")) == 0)
 	}
 	return false
 }

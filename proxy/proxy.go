@@ -421,11 +421,11 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)
 	case errors.As(err, &fe):
-		// Once per store read and request waiting on it: the negative
-		// cache answers the requests in between with the same error. err
+		// Once per store read: the requests that waited on it and the
+		// negative cache's hits after it all get this same error. err
 		// names the store's key (the legacy one, say), which the operator
 		// has to fix.
-		if x.cache != telemetry.CacheNegativeHit {
+		if fe.FirstReport() {
 			p.cfg.Logger.Warn("invalid route data", "sandbox_id", string(id), "field", fe.Field, "reason", fe.Reason, "err", err)
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeRouteInvalid, msg: "sandbox route is invalid (field " + fe.Field + ")"}, id)

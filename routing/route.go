@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Route is where one sandbox lives and how it may be reached. It is built
@@ -46,7 +47,16 @@ const (
 type FieldError struct {
 	Field  string
 	Reason string
+
+	// reported is set by the first FirstReport.
+	reported atomic.Bool
 }
+
+// FirstReport reports true to its first caller only, so that a refused
+// route is logged once per store read: the cache answers every request
+// that waited on the read, and then its negative entry's hits, with this
+// same error.
+func (e *FieldError) FirstReport() bool { return e.reported.CompareAndSwap(false, true) }
 
 // Error names the field and the reason.
 func (e *FieldError) Error() string { return "route field " + e.Field + ": " + e.Reason }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -39,6 +40,13 @@ type MemoryStore struct {
 	// write per change would queue a burst of admin calls for minutes.
 	persistMu sync.Mutex
 	written   uint64
+	// unwritten holds, under mu, the change seq of each delete whose
+	// write has not succeeded yet, so that a Remove of an id already
+	// gone waits only for its own delete's write (see Remove).
+	unwritten map[string]uint64
+	// failed is whether the newest write failed: a later Remove of any
+	// id retries it.
+	failed atomic.Bool
 	// beforeWrite, when set (tests), runs under persistMu before a
 	// snapshot of change seq is encoded.
 	beforeWrite func(seq uint64)
@@ -145,18 +153,35 @@ func (s *MemoryStore) Delete(id string) bool {
 }
 
 // Remove is Delete that also returns the error of the file write. An id
-// with no route still waits for the file to hold the table as it is: the
-// call may retry a delete whose write failed (the route is gone from
-// memory, not from the file), or follow one whose write is under way, and
-// its success must mean the file no longer has the route either.
+// with no route may still wait for a write: the call may follow a delete
+// of the same id whose write is under way (a client that gave up waiting
+// and retried), and its success must mean the file no longer has the
+// route either; after a failed write it retries it, whichever id it
+// names (the route is gone from memory, not from the file). Otherwise it
+// changes nothing and returns at once, without writing or waiting for
+// another change's write.
 func (s *MemoryStore) Remove(id string) (bool, error) {
 	s.mu.Lock()
 	_, ok := s.routes[id]
+	seq, persisting := s.seq, s.path != ""
 	if ok {
 		delete(s.routes, id)
 		s.seq++
+		seq = s.seq
+		if persisting {
+			if s.unwritten == nil {
+				s.unwritten = make(map[string]uint64)
+			}
+			s.unwritten[id] = seq
+		}
+	} else if own, pending := s.unwritten[id]; pending {
+		seq = own // this id's delete, not yet on disk: wait for it
+	} else if persisting && !s.failed.Load() {
+		// Nothing to change, and the file has every delete of id: no
+		// write, and no wait behind another change's (seconds at 100k
+		// routes) either.
+		persisting = false
 	}
-	seq, persisting := s.seq, s.path != ""
 	s.mu.Unlock()
 	if !persisting {
 		return ok, nil
@@ -281,16 +306,27 @@ func (s *MemoryStore) persist(seq uint64) error {
 	slices.SortFunc(snap.routes, func(a, b *Route) int { return strings.Compare(a.ID, b.ID) })
 	data, err := encodeRoutes(snap.routes)
 	if err != nil {
+		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
 	}
 	if limit := s.maxFile(); len(data) > limit {
 		// LoadFile refuses a file this large: the next start would fail.
+		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: the table (%d routes) would take %d bytes, above the %d bytes a routes file may have (the start reads no more); the file keeps the previous table", snap.path, len(snap.routes), len(data), limit)
 	}
 	if err := writeFileAtomic(snap.path, data); err != nil {
+		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
 	}
 	s.written = snap.seq
+	s.failed.Store(false)
+	s.mu.Lock()
+	for id, seq := range s.unwritten {
+		if seq <= snap.seq {
+			delete(s.unwritten, id)
+		}
+	}
+	s.mu.Unlock()
 	return nil
 }
 

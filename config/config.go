@@ -183,6 +183,18 @@ func Load(args []string, getenv func(string) string, out io.Writer) (*Config, er
 	return LoadCommand("cubeproxy serve", nil, args, getenv, out)
 }
 
+// UsageError is a command line the flags cannot read: an unknown flag, a
+// value of the wrong type, an argument after the flags. A command exits 2
+// for it, as the flag package's ExitOnError does, so a wrapper script can
+// tell its own mistake from a setting the proxy refused (exit 1).
+type UsageError struct{ Err error }
+
+// Error returns the flag package's message, or the stray argument's.
+func (e *UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap gives the error, flag.ErrHelp for -h.
+func (e *UsageError) Unwrap() error { return e.Err }
+
 // LoadCommand is Load for a subcommand that takes serve's flags; command
 // titles the -h usage. shown is what -h names as each flag's default: the
 // value in effect when the setting is left unset. Most of those are
@@ -236,10 +248,10 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		fs.Lookup(s.flagName()).DefValue = defaults[i].show()
 	}
 	if err := fs.Parse(args); err != nil {
-		return nil, withFlagHint(fs, err)
+		return nil, &UsageError{withFlagHint(fs, err)}
 	}
 	if fs.NArg() > 0 {
-		return nil, strayArgument(fs, args)
+		return nil, &UsageError{strayArgument(fs, args)}
 	}
 
 	path, fromEnv := *configPath, false

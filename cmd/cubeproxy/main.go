@@ -14,7 +14,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/cube-sandbox/cubeproxy/config"
@@ -93,44 +92,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // usageError is a command line that does not say what to run: a
-// required flag left out, a subcommand missing. It exits 2, as the flag
-// package's own ExitOnError and an unknown subcommand do, so a wrapper
-// script can tell its own mistake from a configuration the proxy refused
-// or a failure while running (exit 1).
+// required flag left out, a subcommand missing. It exits 2, as
+// config.UsageError (a flag the command cannot read) and an unknown
+// subcommand do, so a wrapper script can tell its own mistake from a
+// configuration the proxy refused or a failure while running (exit 1).
 type usageError struct{ error }
 
 // Unwrap gives the error usageError marks.
 func (e usageError) Unwrap() error { return e.error }
 
-// flagErrors open every error the flag package's Parse returns for a
-// command line it cannot read (go/src/flag/flag.go's failf calls), and
-// "unexpected argument" the error config.LoadCommand and token give for
-// an argument after the flags. config.LoadCommand parses serve's flags
-// with that package, whose errors carry no type to tell them by;
-// TestUsageExitCodes holds these openings to the messages Go gives.
-var flagErrors = []string{
-	"bad flag syntax: ",
-	"flag provided but not defined: ",
-	"invalid boolean value ",
-	"invalid boolean flag ",
-	"flag needs an argument: ",
-	"invalid value ",
-	"unexpected argument ",
-}
-
 // isUsage reports whether err is a mistake in the command line itself
 // rather than in the configuration it names or the run it started.
 func isUsage(err error) bool {
-	if errors.As(err, new(usageError)) {
-		return true
-	}
-	msg := err.Error()
-	for _, p := range flagErrors {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
+	var ue *config.UsageError
+	return errors.As(err, new(usageError)) || errors.As(err, &ue)
 }
 
 // noteUnknownEnv follows a failed command with each CUBEPROXY_* variable

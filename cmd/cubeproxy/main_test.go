@@ -56,6 +56,7 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"check", "--http-addr"}, 2, "flag needs an argument: -http-addr"},
 		{[]string{"check", "---x"}, 2, "bad flag syntax: ---x"},
 		{[]string{"check", "--routes=", "stray"}, 2, `unexpected argument "stray"`},
+		{[]string{"check", "--routes=", "--admin-token=", "s3cret"}, 2, "unexpected argument (not shown"},
 		{[]string{"demo", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"token"}, 2, "usage: cubeproxy token sign"},
 		{[]string{"token", "sign", "--bogus"}, 2, "flag provided but not defined: -bogus"},

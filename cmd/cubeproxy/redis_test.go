@@ -818,9 +818,7 @@ func TestRedisSentinelExampleFailover(t *testing.T) {
 	backend := redisBackend(t, "sentinel")
 
 	hsetRoute(t, primary, redisstore.DefaultKeyPrefix+"before", cpFields("127.0.0.1", "192.168.0.2", backend)...)
-	if n, err := primary.Client().Wait(ctx, 1, time.Second).Result(); err != nil || n < 1 {
-		t.Fatalf("WAIT for the replica: %d %v", n, err)
-	}
+	testenv.WaitReplicated(t, primary)
 	if got := p.get(t, "before"); got.status != 200 || got.body != "sentinel" {
 		t.Fatalf("before failover: %d %q", got.status, got.body)
 	}

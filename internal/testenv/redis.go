@@ -144,6 +144,18 @@ func StartReplica(t testing.TB, master *Redis) *Redis {
 	}
 }
 
+// WaitReplicated waits until a replica has acknowledged every write made
+// to master so far (WAIT 1), for up to 15 s. One WAIT with a short timeout
+// is not enough: on a loaded machine the replica may not run in time to
+// answer the master's GETACK, although its link is up.
+func WaitReplicated(t testing.TB, master *Redis) {
+	t.Helper()
+	WaitFor(t, 15*time.Second, "a replica to acknowledge the writes (WAIT 1)", func() bool {
+		n, err := master.Client().Wait(context.Background(), 1, time.Second).Result()
+		return err == nil && n >= 1
+	})
+}
+
 // StartSentinel starts redis-server --sentinel monitoring masterAddr as
 // masterName with quorum 1, a 1 s down-after and a 5 s failover timeout;
 // extra args are appended (e.g. "--tls-port", "26380", ...).

@@ -23,11 +23,7 @@ func TestSentinelFailover(t *testing.T) {
 
 	// Written before the failover and replicated, as the control plane's data would be.
 	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
-	// Retried: on a loaded machine the replica may take a while to sync.
-	testenv.WaitFor(t, 15*time.Second, "the replica to acknowledge the write (WAIT 1)", func() bool {
-		n, err := master.Client().Wait(ctx, 1, time.Second).Result()
-		return err == nil && n >= 1
-	})
+	testenv.WaitReplicated(t, master)
 
 	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}})
 	if _, err := s.Lookup(ctx, "sbx"); err != nil {

@@ -17,6 +17,14 @@ build:
 bench:
 	bash bench/compare.sh
 
+# make fuzz: every Fuzz target in the tree, one after the other, each for
+# FUZZTIME with one worker (a fuzz run takes every core by default). A
+# crasher lands in the package's testdata/fuzz: keep it as a regression.
+FUZZTIME ?= 60s
 fuzz:
-	go test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./routing
-	go test -run '^$$' -fuzz '^FuzzStartupSettings$$' -fuzztime 60s ./cmd/cubeproxy
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$(dirname $$f) $$t"; \
+			go test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -parallel 1 $$(dirname $$f); \
+		done; \
+	done

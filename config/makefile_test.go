@@ -11,7 +11,9 @@ import (
 // Every `go test -fuzz` line of the Makefile names exactly one fuzz target
 // of its package: go test refuses to fuzz when the pattern matches several
 // (-fuzz FuzzParse also matches FuzzParseRoute), so `make fuzz` would fail
-// before fuzzing anything.
+// before fuzzing anything. A line that fuzzes each name a loop found
+// ("$$t") must anchor it, and the loop's sed must find every fuzz target
+// of the tree (TestMakefileFuzzFindsEveryTarget).
 func TestMakefileFuzzMatchesOneTarget(t *testing.T) {
 	raw, err := os.ReadFile("../Makefile")
 	if err != nil {
@@ -33,6 +35,12 @@ func TestMakefileFuzzMatchesOneTarget(t *testing.T) {
 			continue
 		}
 		lines++
+		if strings.Contains(fuzz, "$t") {
+			if fuzz != `^$t\$` {
+				t.Errorf("Makefile -fuzz %q: anchor the looped name as '^$$t\\$$'", fuzz)
+			}
+			continue
+		}
 		if pkg == "" {
 			t.Errorf("Makefile line %q: no ./package to fuzz", line)
 			continue
@@ -76,4 +84,63 @@ func fuzzTargets(t *testing.T, dir string) []string {
 		}
 	}
 	return names
+}
+
+// TestMakefileFuzzFindsEveryTarget holds `make fuzz`'s loop to the tree: the
+// files its grep picks and the names its sed reads out of them are every
+// fuzz target of every package, so a new target is fuzzed without anyone
+// adding it to a list.
+func TestMakefileFuzzFindsEveryTarget(t *testing.T) {
+	raw, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`sed -n 's/(.*)/\\1/p'`).FindStringSubmatch(string(raw))
+	if m == nil {
+		t.Skip("no sed loop in make fuzz: TestMakefileFuzzMatchesOneTarget checks its lines")
+	}
+	// The sed pattern is a basic regular expression: \( \) group.
+	bre := strings.NewReplacer(`\(`, "(", `\)`, ")", "(", `\(`, ")", `\)`).Replace(m[1])
+	sed, err := regexp.Compile("(?m)" + bre)
+	if err != nil {
+		t.Fatalf("make fuzz's sed pattern %q as %q: %v", m[1], bre, err)
+	}
+	dirs := map[string]bool{}
+	err = filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && path != "..") {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, "_test.go") {
+			dirs[filepath.Dir(path)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for dir := range dirs {
+		want := fuzzTargets(t, dir)
+		total += len(want)
+		files, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		var got []string
+		for _, f := range files {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mm := range sed.FindAllStringSubmatch(string(src), -1) {
+				got = append(got, mm[1])
+			}
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("%s: make fuzz would fuzz %q, the package's targets are %q", dir, got, want)
+		}
+	}
+	if total == 0 {
+		t.Fatal("no fuzz target found in the tree")
+	}
 }

@@ -397,7 +397,11 @@ func FuzzCookieRequestAllowed(f *testing.F) {
 			return
 		}
 		u, err := url.Parse(string(h.Peek("Referer")))
-		if err != nil || u.Host == "" || u.User != nil {
+		// A browser's Referer is an absolute URL without userinfo (it
+		// strips that): a scheme-relative "//://0", whose host net/url
+		// reads as ":" where the first "://" comes after no scheme, names
+		// no page a browser sends.
+		if err != nil || u.Scheme == "" || u.Host == "" || u.User != nil {
 			return // no page a browser names that way
 		}
 		if strings.EqualFold(hostOnlyString(u.Host), hostOnlyString(host)) {

@@ -408,8 +408,17 @@ func FuzzCookieRequestAllowed(f *testing.F) {
 			return
 		}
 		var rt, ht routing.Target
-		if parser.Parse(&rt, []byte(u.Host), nil) != nil || parser.Parse(&ht, []byte(host), nil) != nil {
-			t.Fatalf("Referer %q (host %q) lets a subresource use the cookie of %q, which it does not name", referer, u.Host, host)
+		if parser.Parse(&ht, []byte(host), nil) != nil {
+			return // the proxy answers 400 before it looks at a cookie
+		}
+		if parser.Parse(&rt, []byte(u.Host), nil) != nil {
+			// A port label that is no port ("00-box", "70000-box") names
+			// no page the proxy serves; the sandbox it names is the one
+			// the same name with a valid port names.
+			_, rest, ok := strings.Cut(u.Host, "-")
+			if !ok || parser.Parse(&rt, []byte("1-"+rest), nil) != nil {
+				t.Fatalf("Referer %q (host %q) lets a subresource use the cookie of %q, which it does not name", referer, u.Host, host)
+			}
 		}
 		if rt.Shared || ht.Shared || string(rt.ID()) != string(ht.ID()) {
 			t.Fatalf("Referer %q (sandbox %q) lets a subresource use the cookie of %q (sandbox %q)", referer, rt.ID(), host, ht.ID())

@@ -62,6 +62,26 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 		tb.Cleanup(func() { _ = al.Close() })
 		cfg.AccessLog = al
 	}
+	client, req, resp := inmemoryProxy(tb, cfg, store)
+	uri := "http://" + port + "-bench.cube.test/path?q=1"
+	return func() {
+		req.Reset()
+		req.SetRequestURI(uri)
+		req.Header.Set("User-Agent", "bench/1.0")
+		if err := client.Do(req, resp); err != nil {
+			panic(fmt.Sprintf("request through proxy: %v", err))
+		}
+		if resp.StatusCode() != 200 || len(resp.Body()) != len(body) {
+			panic(fmt.Sprintf("request through proxy: %d %q", resp.StatusCode(), resp.Body()))
+		}
+	}
+}
+
+// inmemoryProxy serves a proxy with cfg in front of store on an in-memory
+// listener, and returns a client to it with a request and a response to
+// reuse, released at the test's end.
+func inmemoryProxy(tb testing.TB, cfg Config, store routing.Store) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
+	tb.Helper()
 	cache, err := routing.NewCache(store, routing.CacheConfig{})
 	if err != nil {
 		tb.Fatal(err)
@@ -79,22 +99,10 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 		_ = srv.Shutdown(ctx)
 		_ = ln.Close()
 	})
-
 	client := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	tb.Cleanup(func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) })
-	uri := "http://" + port + "-bench.cube.test/path?q=1"
-	return func() {
-		req.Reset()
-		req.SetRequestURI(uri)
-		req.Header.Set("User-Agent", "bench/1.0")
-		if err := client.Do(req, resp); err != nil {
-			panic(fmt.Sprintf("request through proxy: %v", err))
-		}
-		if resp.StatusCode() != 200 || len(resp.Body()) != len(body) {
-			panic(fmt.Sprintf("request through proxy: %d %q", resp.StatusCode(), resp.Body()))
-		}
-	}
+	return client, req, resp
 }
 
 func benchRequests(b *testing.B, in benchInstr) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -30,24 +31,6 @@ func (s *gatedBadStore) Lookup(_ context.Context, id string) (*routing.Route, er
 	return routing.ParseRoute(id, map[string]string{"SandboxIP": "10.0.0.1"})
 }
 
-// lockedBuf is a log sink the handler goroutines share.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // The invalid-route warning is logged once per store read: requests that
 // waited on the same read (the cache's one flight per id), and those the
 // negative cache answers with its error after, share one line. Each
@@ -60,7 +43,7 @@ func TestInvalidRouteLoggedOncePerRead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var logs lockedBuf
+		var logs testenv.LogBuffer
 		p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, store, cache)
 		if err != nil {
 			t.Fatal(err)

@@ -2,17 +2,12 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttputil"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
@@ -38,26 +33,7 @@ func TestAuthRefusalAllocs(t *testing.T) {
 	if err := ms.Put(r); err != nil {
 		t.Fatal(err)
 	}
-	cache, err := routing.NewCache(ms, routing.CacheConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Signer: signer}, ms, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(ServerConfig{}, p, nil)
-	ln := fasthttputil.NewInmemoryListener()
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		_ = ln.Close()
-	})
-	client := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	t.Cleanup(func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) })
+	client, req, resp := inmemoryProxy(t, Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Signer: signer}, ms)
 
 	other := sign("other", 8080, time.Hour) // valid, for another sandbox
 	mine := sign("box", 8080, time.Hour)

@@ -217,18 +217,13 @@ func FuzzRequestID(f *testing.F) {
 		if perr := p.prepareRequest(&ctx, scanHead(h), &routingRoute, &routingTarget, false); perr != nil {
 			return
 		}
-		var sent bytes.Buffer
-		bw := bufio.NewWriter(&sent)
-		if err := ctx.Request.Write(bw); err != nil {
-			t.Fatalf("writing the request: %v", err)
-		}
-		bw.Flush()
-		req, err := http.ReadRequest(bufio.NewReader(&sent))
+		sent := preparedBytes(t, &ctx)
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(sent)))
 		if err != nil {
-			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent.String())
+			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent)
 		}
 		if got := req.Header.Values(HeaderRequestID); !slices.Equal(got, []string{id}) {
-			t.Fatalf("the sandbox got request ids %q, want [%q]\n%q", got, id, sent.String())
+			t.Fatalf("the sandbox got request ids %q, want [%q]\n%q", got, id, sent)
 		}
 
 		var resp fasthttp.Response
@@ -237,7 +232,7 @@ func FuzzRequestID(f *testing.F) {
 		}
 		setResponseID(&resp.Header, []byte(id))
 		var out bytes.Buffer
-		bw = bufio.NewWriter(&out)
+		bw := bufio.NewWriter(&out)
 		if err := resp.Write(bw); err != nil {
 			t.Fatalf("writing the response: %v", err)
 		}
@@ -322,25 +317,20 @@ func FuzzUpgradeRequest(f *testing.F) {
 		if perr := p.prepareRequest(&ctx, scanHead(h), &routingRoute, &routingTarget, takes); perr != nil {
 			return
 		}
-		var sent bytes.Buffer
-		bw := bufio.NewWriter(&sent)
-		if err := ctx.Request.Write(bw); err != nil {
-			t.Fatalf("writing the request: %v", err)
-		}
-		bw.Flush()
-		req, err := http.ReadRequest(bufio.NewReader(&sent))
+		sent := preparedBytes(t, &ctx)
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(sent)))
 		if err != nil {
-			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent.String())
+			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent)
 		}
 		gotConn, gotUp := req.Header.Values("Connection"), req.Header.Values("Upgrade")
 		if takes {
 			if !slices.Equal(gotConn, []string{"Upgrade"}) || !slices.Equal(gotUp, []string{clientUpgrade}) {
-				t.Fatalf("a tunnelled upgrade reached the sandbox with Connection %q, Upgrade %q (client's Upgrade %q)\n%q", gotConn, gotUp, clientUpgrade, sent.String())
+				t.Fatalf("a tunnelled upgrade reached the sandbox with Connection %q, Upgrade %q (client's Upgrade %q)\n%q", gotConn, gotUp, clientUpgrade, sent)
 			}
 			return
 		}
 		if len(gotConn) != 0 || len(gotUp) != 0 {
-			t.Fatalf("a plain request reached the sandbox with Connection %q, Upgrade %q\n%q", gotConn, gotUp, sent.String())
+			t.Fatalf("a plain request reached the sandbox with Connection %q, Upgrade %q\n%q", gotConn, gotUp, sent)
 		}
 	})
 }
@@ -397,15 +387,10 @@ func FuzzMaskedHost(f *testing.F) {
 		if perr := p.prepareRequest(&ctx, scanHead(h), r, &tgt, false); perr != nil {
 			t.Fatalf("prepareRequest: %v", perr.msg)
 		}
-		var sent bytes.Buffer
-		bw := bufio.NewWriter(&sent)
-		if err := ctx.Request.Write(bw); err != nil {
-			t.Fatalf("writing the request: %v", err)
-		}
-		bw.Flush()
+		sent := preparedBytes(t, &ctx)
 		var got fasthttp.RequestHeader
-		if err := got.Read(bufio.NewReader(bytes.NewReader(sent.Bytes()))); err != nil {
-			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent.String())
+		if err := got.Read(bufio.NewReader(bytes.NewReader(sent))); err != nil {
+			t.Fatalf("the sandbox cannot read the request: %v\n%q", err, sent)
 		}
 		lines := map[string][]string{}
 		for k, v := range got.All() {
@@ -416,10 +401,23 @@ func FuzzMaskedHost(f *testing.F) {
 			wantHost, wantXFH = host, clientLines
 		}
 		if !slices.Equal(lines["host"], []string{wantHost}) || string(got.Host()) != wantHost {
-			t.Fatalf("template %q port %d: the sandbox got Host %q, want %q\n%q", tmpl, port, lines["host"], wantHost, sent.String())
+			t.Fatalf("template %q port %d: the sandbox got Host %q, want %q\n%q", tmpl, port, lines["host"], wantHost, sent)
 		}
 		if !slices.Equal(lines["x-forwarded-host"], wantXFH) {
-			t.Fatalf("template %q port %d: the sandbox got X-Forwarded-Host %q, want %q\n%q", tmpl, port, lines["x-forwarded-host"], wantXFH, sent.String())
+			t.Fatalf("template %q port %d: the sandbox got X-Forwarded-Host %q, want %q\n%q", tmpl, port, lines["x-forwarded-host"], wantXFH, sent)
 		}
 	})
+}
+
+// preparedBytes is the request prepareRequest left in ctx, as the bytes
+// the sandbox would read.
+func preparedBytes(t *testing.T, ctx *fasthttp.RequestCtx) []byte {
+	t.Helper()
+	var sent bytes.Buffer
+	bw := bufio.NewWriter(&sent)
+	if err := ctx.Request.Write(bw); err != nil {
+		t.Fatalf("writing the request: %v", err)
+	}
+	bw.Flush()
+	return sent.Bytes()
 }

@@ -39,6 +39,12 @@ func CheckAdminToken(token string) error {
 		return errors.New("admin_token has leading or trailing whitespace, which no HTTP header can carry (a trailing newline from a secret file?): every admin request would be refused")
 	}
 	for i := 0; i < len(token); i++ {
+		if token[i] == '\t' {
+			// A header may carry an inner tab, but a tab in a token is
+			// almost surely a paste or a file's formatting, and the
+			// clients and tools an operator types it into may not keep it.
+			return fmt.Errorf("admin_token has a tab (at byte %d): a token of printable characters is what every client sends unchanged", i)
+		}
 		if c := token[i]; c < ' ' || c == 0x7f {
 			return fmt.Errorf("admin_token has a control character (at byte %d), which no HTTP header can carry: every admin request would be refused", i)
 		}

@@ -1,6 +1,9 @@
 package auth
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestAdminAuthorized(t *testing.T) {
 	const tok = "admin-secret-token-value"
@@ -38,22 +41,26 @@ func TestCheckAdminToken(t *testing.T) {
 	for _, tc := range []struct {
 		token string
 		ok    bool
+		want  string // in the refusal
 	}{
-		{"", true}, // no token: loopback only
-		{"s3cret-token", true},
-		{"with inner space", true},
-		{"ünïcode", true},
-		{"nbsp\u00a0", true}, // not HTTP whitespace: sent as is
-		{"s3cret\n", false},
-		{"s3cret\r\n", false},
-		{" s3cret", false},
-		{"s3cret\t", false},
-		{"s3\x00cret", false},
-		{"s3\x7fcret", false},
-		{" ", false},
+		{"", true, ""}, // no token: loopback only
+		{"s3cret-token", true, ""},
+		{"with inner space", true, ""},
+		{"ünïcode", true, ""},
+		{"nbsp\u00a0", true, ""}, // not HTTP whitespace: sent as is
+		{"s3cret\n", false, "control character"},
+		{"s3cret\r\n", false, "control character"},
+		{" s3cret", false, "whitespace"},
+		{"s3cret\t", false, "whitespace"},
+		{"s3\x00cret", false, "control character"},
+		{"s3\x7fcret", false, "control character"},
+		{" ", false, "whitespace"},
+		// A header may carry an inner tab; the refusal must not say otherwise.
+		{"s3\tcret", false, "a tab (at byte 2)"},
 	} {
-		if err := CheckAdminToken(tc.token); (err == nil) != tc.ok {
-			t.Errorf("CheckAdminToken(%q) = %v, want ok %v", tc.token, err, tc.ok)
+		err := CheckAdminToken(tc.token)
+		if (err == nil) != tc.ok || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckAdminToken(%q) = %v, want ok %v and %q", tc.token, err, tc.ok, tc.want)
 		}
 	}
 }

@@ -125,7 +125,7 @@ type ACMEDNS struct {
 	Provider           string            `yaml:"provider" usage:"libdns provider: rfc2136"`
 	Options            map[string]string `yaml:"options"`
 	Resolvers          []string          `yaml:"resolvers" usage:"DNS servers used to find the zone and check propagation (empty: the system's)"`
-	PropagationTimeout time.Duration     `yaml:"propagation_timeout" usage:"wait for the TXT record (unset: certmagic's default; negative: skip the check)"`
+	PropagationTimeout time.Duration     `yaml:"propagation_timeout" usage:"wait for the TXT record (unset: certmagic's default, 2m; negative: skip the check)"`
 	PropagationDelay   time.Duration     `yaml:"propagation_delay" usage:"wait before the first propagation check"`
 }
 

@@ -330,21 +330,7 @@ func logHost(h *fasthttp.RequestHeader) []byte {
 	if host := h.Host(); len(host) > 0 {
 		return host
 	}
-	target := h.RequestURI()
-	if len(target) == 0 || target[0] == '/' {
-		return nil
-	}
-	i := bytes.Index(target, []byte("://"))
-	if i < 0 {
-		return nil
-	}
-	authority := target[i+len("://"):]
-	if j := bytes.IndexAny(authority, "/?#"); j >= 0 {
-		authority = authority[:j]
-	}
-	if at := bytes.LastIndexByte(authority, '@'); at >= 0 {
-		authority = authority[at+1:] // a password is never logged
-	}
+	authority, _ := routing.TargetAuthority(h.RequestURI()) // userinfo, and so a password, dropped
 	return authority
 }
 

@@ -134,7 +134,7 @@ func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) er
 	if err := p.Parse(t, host, h); err != nil {
 		return err
 	}
-	authority, ok := targetAuthority(target)
+	authority, ok := TargetAuthority(target)
 	if !ok {
 		return nil
 	}
@@ -146,10 +146,10 @@ func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) er
 	return nil
 }
 
-// targetAuthority returns the host (and port) of an absolute-form request
+// TargetAuthority returns the host (and port) of an absolute-form request
 // target ("http://user@host:port/p?q" gives "host:port"), and false for
 // any other form ("/p", "*").
-func targetAuthority(target []byte) ([]byte, bool) {
+func TargetAuthority(target []byte) ([]byte, bool) {
 	if len(target) == 0 || target[0] == '/' {
 		return nil, false
 	}

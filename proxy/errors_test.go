@@ -380,11 +380,12 @@ func TestStoreOutageLogIsRateLimited(t *testing.T) {
 			t.Fatalf("request %d with the store down: %d, want 503", i, st)
 		}
 	}
-	if time.Since(start) >= time.Second {
-		t.Skip("requests took a second or more: the once-a-second limit cannot be told apart")
-	}
+	// A loaded machine may take longer than a second for the batch; the
+	// limit then allows a line for each second begun, still far below n.
+	elapsed := time.Since(start)
+	most := 1 + int(elapsed/time.Second)
 	lines := strings.Count(logs.String(), "route store unavailable")
-	if lines != 1 {
-		t.Errorf("%d requests during a store outage logged %d error lines, want 1", n, lines)
+	if lines < 1 || lines > most {
+		t.Errorf("%d requests during a store outage (%v) logged %d error lines, want 1 to %d", n, elapsed, lines, most)
 	}
 }

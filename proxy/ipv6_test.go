@@ -302,7 +302,26 @@ func TestIPv6RouteToOwnListener(t *testing.T) {
 	})
 	for _, tc := range rows {
 		t.Run(tc.listen+" via "+strings.Join(tc.loops, ","), func(t *testing.T) {
-			h := newHarness(t, func(o *harnessOpts) { o.listen = tc.listen })
+			// The other server's listener comes first, on the port the
+			// proxy got: another process may hold that port on the other
+			// address, so a taken one means a new proxy port, not a skip.
+			var h *harness
+			var ln net.Listener
+			for attempt := 1; ; attempt++ {
+				h = newHarness(t, func(o *harnessOpts) { o.listen = tc.listen })
+				if tc.other == "" {
+					break
+				}
+				var err error
+				ln, err = net.Listen("tcp", net.JoinHostPort(tc.other, portOf(t, h.addr)))
+				if err == nil {
+					t.Cleanup(func() { ln.Close() })
+					break
+				}
+				if attempt == 5 {
+					t.Fatalf("another server on the proxy's port at %s: %v", tc.other, err)
+				}
+			}
 			port := portOf(t, h.addr)
 			try := func(hostIP string) (int, string) {
 				t.Helper()
@@ -317,10 +336,6 @@ func TestIPv6RouteToOwnListener(t *testing.T) {
 			}
 			if tc.other == "" {
 				return
-			}
-			ln, err := net.Listen("tcp", net.JoinHostPort(tc.other, port))
-			if err != nil {
-				t.Skipf("another server on the proxy's port: %v", err) // taken meanwhile
 			}
 			srv := &http.Server{Handler: whoami("other")}
 			go srv.Serve(ln)

@@ -56,9 +56,15 @@ type sandboxState struct {
 	word       atomic.Uint64
 	changedAt  atomic.Int64 // unix nanos of the last state change
 	lastActive atomic.Int64 // unix millis
-	// unsure: the sandbox's route was invalidated while it was running;
-	// the janitor asks whether it still exists (Proxy.recheckInvalidated).
+	// unsure: the sandbox's route was invalidated while it was running,
+	// or its pause is older than the sweep's idle time; the janitor asks
+	// whether it still exists (Proxy.recheckInvalidated).
 	unsure atomic.Bool
+	// pauseChecked: unix nanos of the sweep that last marked a paused
+	// sandbox unsure, so that a long pause costs one read of its route
+	// per sweep idle time, not one a minute (an unanswered read is
+	// retried each round while unsure stays set).
+	pauseChecked atomic.Int64
 }
 
 const (
@@ -317,7 +323,8 @@ func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int)
 // stored again under the id is a new sandbox. A kill's tombstone stays
 // (410 for its hour). An entry with requests in flight stays too, for the
 // count max_streams_per_sandbox still needs, but loses its pause: the
-// sweep forgets a paused entry never, and a running one a day after its
+// sweep forgets a paused entry only through here (it marks an old one for
+// recheckInvalidated), and a running one a day after its
 // last request.
 //
 // since (unix nanos) is when the store read that found the route gone
@@ -412,7 +419,8 @@ func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
 }
 
 // recheckInvalidated forgets the running sandboxes whose route was
-// invalidated (Invalidate) and is no longer in the store, asking through
+// invalidated (Invalidate), and the pauses sweep found old, whose route
+// is no longer in the store, asking through
 // the cache: a sandbox that had a request since is a hit, so only idle
 // ones cost a store read, one after the other. It stops early when ctx
 // ends; what it did not settle is asked about next time.
@@ -420,7 +428,7 @@ func (p *Proxy) recheckInvalidated(ctx context.Context) {
 	var ids []string
 	p.sandboxes.m.Range(func(k, v any) bool {
 		e := v.(*sandboxState)
-		if w := e.word.Load(); e.unsure.Load() && stateOf(w) == stateRunning && countOf(w) <= 0 {
+		if w := e.word.Load(); e.unsure.Load() && stateOf(w) != stateKilled && stateOf(w) != stateGone && countOf(w) <= 0 {
 			ids = append(ids, k.(string))
 		}
 		return true
@@ -441,8 +449,15 @@ func (p *Proxy) recheckInvalidated(ctx context.Context) {
 // tombstones older than killedTTL. A sandbox removed from the store is
 // forgotten sooner (forget), when a request or, after an invalidation,
 // recheckInvalidated finds its route gone.
+//
+// A pause is kept: it is the control plane's word, and a paused sandbox
+// gets no requests. But one set that long ago and idle since is marked
+// for recheckInvalidated, which forgets it if the store has no route: a
+// pause set for an id that never had one (or whose route went without an
+// invalidation reaching this instance) otherwise stayed for good.
 func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 	idleCut := now.Add(-idle).UnixMilli()
+	pausedCut := now.Add(-idle).UnixNano()
 	killedCut := now.Add(-killedTTL).UnixNano()
 	keep := func(w uint64, e *sandboxState) bool {
 		if countOf(w) > 0 {
@@ -453,6 +468,11 @@ func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration) {
 			return e.lastActive.Load() >= idleCut
 		case stateKilled:
 			return e.changedAt.Load() >= killedCut
+		case statePausing, statePaused:
+			if max(e.changedAt.Load(), e.pauseChecked.Load()) < pausedCut && e.lastActive.Load() < idleCut {
+				e.pauseChecked.Store(now.UnixNano())
+				e.unsure.Store(true)
+			}
 		}
 		return true
 	}

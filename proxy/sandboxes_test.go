@@ -197,6 +197,53 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 	}
 }
 
+// A pause set for an id the store has no route for (or whose route went
+// without an invalidation reaching this instance) stayed for good: the
+// sweep forgets idle running sandboxes, never pauses. A pause a day old
+// is now read for once a day and forgotten when its route is gone; a
+// paused sandbox whose route is there keeps its pause, and a fresh
+// pause is not read for at all.
+func TestOldPauseWithoutRouteIsForgotten(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	kept := h.route("kept", port)
+	for _, id := range []string{"ghost", "kept"} {
+		if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, ""); st != 200 {
+			t.Fatalf("pause %s: %d %s", id, st, body)
+		}
+	}
+	sweepRecheck := func(at time.Time) int64 {
+		before := h.counts.n.Load()
+		h.proxy.sandboxes.sweep(at, 24*time.Hour, time.Hour)
+		h.proxy.recheckInvalidated(context.Background())
+		return h.counts.n.Load() - before
+	}
+	if n := sweepRecheck(time.Now()); n != 0 {
+		t.Fatalf("fresh pauses: %d store reads, want 0", n)
+	}
+	if c := sandboxCount(h.proxy); c != 2 {
+		t.Fatalf("%d sandbox entries after a sweep of fresh pauses, want 2", c)
+	}
+	if n := sweepRecheck(time.Now().Add(25 * time.Hour)); n != 2 {
+		t.Errorf("pauses a day old: %d store reads, want 2 (one per paused id)", n)
+	}
+	if sb := h.proxy.sandboxes.peek("ghost"); sb != nil {
+		t.Errorf("the pause of an id with no route is still held (state %s)", stateNames[sb.state()])
+	}
+	if sb := h.proxy.sandboxes.peek("kept"); sb == nil || sb.state() != statePaused {
+		t.Fatal("the pause of a sandbox whose route is there was lost")
+	}
+	// Its route is cached, so a read would not reach the store: the mark
+	// is what says whether the janitor would ask.
+	h.proxy.sandboxes.sweep(time.Now().Add(26*time.Hour), 24*time.Hour, time.Hour)
+	if h.proxy.sandboxes.peek("kept").unsure.Load() {
+		t.Error("an hour after its check, the kept pause is marked to be read for again")
+	}
+	if st, _, _ := h.get(kept, "/"); st != 503 {
+		t.Errorf("the kept paused sandbox answered %d, want 503", st)
+	}
+}
+
 // An invalidation does not make every instance read the route of each
 // running sandbox it knows at once: the janitor's round asks about them
 // through the cache, so a sandbox that had a request since (its route

@@ -672,3 +672,40 @@ func clientHost(h *fasthttp.RequestHeader, masked bool) []byte {
 func masksHost(r *routing.Route, port uint16) bool {
 	return r.MaskRequestHost != "" && port != envdPort
 }
+
+// adoptTargetHost gives an HTTP/1.0 request in absolute form that carries
+// no Host line ("GET http://3000-x.cube.app/p HTTP/1.0", as a client set up
+// for a forward proxy sends it) the host its target names, userinfo
+// dropped, as its Host header. RFC 9112 3.2.2 has a server go by that
+// authority, and nginx routes such a request by it ($host); written into
+// the header, it is the one host routing, the cookie's origin check, the
+// redirect listener, the access log and the sandbox's Host (or
+// X-Forwarded-Host, under a masked route) all read, exactly as if the
+// client had sent it. The host is checked afterwards like any Host.
+//
+// Nothing else is adopted: HTTP/1.1 must send Host (RFC 9112 3.2; fasthttp
+// refuses the request without one), and an empty Host line contradicts a
+// target that names a host (the RFC's client sends the authority there;
+// nginx refuses an empty Host), so both keep their 400. A request with a
+// Host is untouched: it costs one length check.
+func adoptTargetHost(h *fasthttp.RequestHeader) {
+	if len(h.Host()) > 0 || h.IsHTTP11() || string(h.Protocol()) != "HTTP/1.0" {
+		return
+	}
+	authority, ok := routing.TargetAuthority(h.RequestURI())
+	if !ok || len(authority) == 0 || hasHostLine(h.RawHeaders()) {
+		return
+	}
+	h.SetHostBytes(authority)
+}
+
+// hasHostLine reports whether a raw head (fasthttp's copy as received)
+// has a Host line, empty or not: fasthttp reads an empty one as no Host.
+func hasHostLine(raw []byte) bool {
+	for name := range headerNames(raw) {
+		if strings.EqualFold(b2s(name), "Host") {
+			return true
+		}
+	}
+	return false
+}

@@ -1737,20 +1737,21 @@ func TestAccessLogUpstreamResponseTime(t *testing.T) {
 }
 
 // An HTTP/1.0 request in absolute form may send no Host line ("GET
-// http://h/p HTTP/1.0"). The proxy answers it 400 invalid_host (empty
-// host), and its access log line shows the host the request line named,
-// as nginx's $host does, not an empty one that leaves the operator
-// guessing which sandbox it was for; with a Host line the line shows it
-// as sent (the two must agree to be served).
+// http://h/p HTTP/1.0"). The proxy routes it by the host its request line
+// names, and its access log line shows that host, as nginx's $host does;
+// so does the 400 for an empty Host line, rather than an empty host that
+// leaves the operator guessing which sandbox it was for. With a Host line
+// the line shows it as sent (the two must agree to be served).
 func TestAccessLogHostOfAbsoluteFormWithoutHost(t *testing.T) {
 	h, buf := logHarness(t, accesslog.FormatJSON)
 	host := h.route("sbxabshost", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 	})))
 	for _, tc := range []struct{ id, head, status, want string }{
-		{"req-abs10", "GET http://" + host + "/p HTTP/1.0\r\n", "400", host},
-		{"req-abs10-userinfo", "GET http://u:pw@" + host + "/p?q#f HTTP/1.0\r\n", "400", host},
-		{"req-abs10-bare", "GET http://" + host + "?q HTTP/1.0\r\n", "400", host},
+		{"req-abs10", "GET http://" + host + "/p HTTP/1.0\r\n", "200", host},
+		{"req-abs10-userinfo", "GET http://u:pw@" + host + "/p?q#f HTTP/1.0\r\n", "200", host},
+		{"req-abs10-bare", "GET http://" + host + "?q HTTP/1.0\r\n", "200", host},
+		{"req-abs10-emptyhost", "GET http://" + host + "/p HTTP/1.0\r\nHost:\r\n", "400", host},
 		{"req-origin10", "GET /p HTTP/1.0\r\n", "400", ""},
 		{"req-abs11-host", "GET http://" + host + "/p HTTP/1.1\r\nHost: " + strings.ToUpper(host) + "\r\nConnection: close\r\n", "200", strings.ToUpper(host)},
 	} {

@@ -267,6 +267,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: fmt.Sprintf("Connection lists more than %d options", maxConnectionOptions)}, nil)
 		return
 	}
+	// An HTTP/1.0 request in absolute form without Host is routed by its
+	// target's host, which every later reader of Host then sees.
+	adoptTargetHost(h)
 	var t routing.Target
 	if err := p.parser.ParseRequest(&t, h.Host(), h.RequestURI(), h); err != nil {
 		var te *routing.TargetError

@@ -1,6 +1,10 @@
 package proxy
 
 import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -145,4 +149,54 @@ func TestAbsoluteFormHTTP10WithoutHostAuth(t *testing.T) {
 		resp, _ := rawRequest(t, h.addr, "GET http://"+host+"/x?cube_token="+tok+"&k=v HTTP/1.0\r\n\r\n")
 		assertAuthCookieRedirect(t, resp, tok, "/x?k=v", time.Hour, false)
 	})
+}
+
+// The redirect listener sends an HTTP/1.0 request in absolute form without
+// a Host line to the host its target names, as the HTTPS listener then
+// routes it; HTTP/1.1 without Host (fasthttp's bad_request) and an empty
+// Host line stay 400.
+func TestRedirectListenerAbsoluteFormHTTP10(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for _, tc := range []struct {
+		name, head string
+		status     int
+		location   string
+	}{
+		{"no Host", "GET http://50005-box.cube.test/p?q HTTP/1.0\r\n", 308, "https://50005-box.cube.test:8443/p?q"},
+		{"no Host, userinfo and port", "GET http://u:pw@50005-box.cube.test:80/p HTTP/1.0\r\n", 308, "https://50005-box.cube.test:8443/p"},
+		{"HTTP/1.1 without Host", "GET http://50005-box.cube.test/p HTTP/1.1\r\n", 400, ""},
+		{"empty Host line", "GET http://50005-box.cube.test/p HTTP/1.0\r\nHost:\r\n", 400, ""},
+		{"a port alone", "GET http://:80/p HTTP/1.0\r\n", 400, ""},
+		{"origin form", "GET /p HTTP/1.0\r\n", 400, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, tc.head+"\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.location {
+				t.Fatalf("%d Location %q, want %d %q", resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
+			}
+			if tc.status == 400 {
+				code := routing.CodeInvalidHost
+				if strings.Contains(tc.head, "HTTP/1.1") {
+					code = CodeBadRequest
+				}
+				checkProxyError(t, resp, string(body), 400, code)
+			}
+		})
+	}
 }

@@ -248,10 +248,14 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	x.early = early
 	// The Host header, as the HTTPS listener routes by it: ctx.Host()
 	// prefers an absolute-form target's authority and drops userinfo,
-	// so "a@evil.test" would send the client to evil.test.
+	// so "a@evil.test" would send the client to evil.test. An HTTP/1.0
+	// request in absolute form without Host goes by its target's host,
+	// as the HTTPS listener routes it.
+	adoptTargetHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
 	if len(host) == 0 {
-		// HTTP/1.0 without Host: "https://:8443/x" names no server.
+		// HTTP/1.0 in origin form without Host, or with an empty one:
+		// "https://:8443/x" names no server.
 		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
 	} else if !redirectableHost(host) {
 		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "invalid host"}, nil)

@@ -673,39 +673,57 @@ func masksHost(r *routing.Route, port uint16) bool {
 	return r.MaskRequestHost != "" && port != envdPort
 }
 
-// adoptTargetHost gives an HTTP/1.0 request in absolute form that carries
-// no Host line ("GET http://3000-x.cube.app/p HTTP/1.0", as a client set up
-// for a forward proxy sends it) the host its target names, userinfo
-// dropped, as its Host header. RFC 9112 3.2.2 has a server go by that
-// authority, and nginx routes such a request by it ($host); written into
-// the header, it is the one host routing, the cookie's origin check, the
-// redirect listener, the access log and the sandbox's Host (or
-// X-Forwarded-Host, under a masked route) all read, exactly as if the
-// client had sent it. The host is checked afterwards like any Host.
+// settleHost makes h's Host the host a request is routed by, before
+// anything reads it. Only a target that is not origin-form (an
+// absolute-form "GET http://3000-x.cube.app/p", as a client set up for a
+// forward proxy sends it) needs this:
 //
-// Nothing else is adopted: HTTP/1.1 must send Host (RFC 9112 3.2; fasthttp
-// refuses the request without one), and an empty Host line contradicts a
-// target that names a host (the RFC's client sends the authority there;
-// nginx refuses an empty Host), so both keep their 400. A request with a
-// Host is untouched: it costs one length check.
-func adoptTargetHost(h *fasthttp.RequestHeader) {
-	if len(h.Host()) > 0 || h.IsHTTP11() || string(h.Protocol()) != "HTTP/1.0" {
+//   - fasthttp (since v1.79) replaces Host with the target's authority
+//     before the handler runs, as RFC 9112 3.2.2 has an origin server do.
+//     The proxy routes by the Host line the client sent and refuses a
+//     target naming another sandbox (routing.ParseRequest), so that a
+//     request a front proxy checked as one sandbox's never reaches
+//     another; that check, the redirect listener, the access log and the
+//     sandbox's Host all need the client's own line, which is put back.
+//     An empty one stays empty (400): it contradicts a target that names
+//     a host, and nginx refuses it.
+//   - An HTTP/1.0 request without a Host line goes by its target's host,
+//     userinfo dropped, as nginx routes it ($host): written into Host, it
+//     is the one host every later reader sees, as if the client had sent
+//     it. HTTP/1.1 must send Host (RFC 9112 3.2): without one it gets an
+//     empty Host, refused 400 like a missing one.
+//
+// An origin-form request costs one byte compare.
+func settleHost(h *fasthttp.RequestHeader) {
+	target := h.RequestURI()
+	if len(target) > 0 && target[0] == '/' {
 		return
 	}
-	authority, ok := routing.TargetAuthority(h.RequestURI())
-	if !ok || len(authority) == 0 || hasHostLine(h.RawHeaders()) {
+	if host, ok := rawHost(h.RawHeaders()); ok {
+		h.SetHostBytes(host)
 		return
+	}
+	authority, ok := routing.TargetAuthority(target)
+	if !ok || h.IsHTTP11() || string(h.Protocol()) != "HTTP/1.0" {
+		authority = nil
 	}
 	h.SetHostBytes(authority)
 }
 
-// hasHostLine reports whether a raw head (fasthttp's copy as received)
-// has a Host line, empty or not: fasthttp reads an empty one as no Host.
-func hasHostLine(raw []byte) bool {
-	for name := range headerNames(raw) {
-		if strings.EqualFold(b2s(name), "Host") {
-			return true
+// rawHost returns the value of the Host line of a raw head (fasthttp's
+// copy as received), trimmed as fasthttp trims it, and whether there is
+// one: fasthttp reads an empty line as no Host, and refuses a second.
+func rawHost(raw []byte) ([]byte, bool) {
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) >= len("host:") && line[4] == ':' && strings.EqualFold(b2s(line[:4]), "host") {
+			return bytes.Trim(line[5:], " \t\r"), true
 		}
 	}
-	return false
+	return nil, false
 }

@@ -324,8 +324,7 @@ func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 // $host): its Host line, or, for a request in absolute form whose Host is
 // missing or empty, the request target's host, userinfo dropped, which is
 // the host the client asked for: the one an HTTP/1.0 request without Host
-// is routed by (adoptTargetHost, which runs after this is captured), and
-// the one an empty Host's 400 was about. A Host line that is there is
+// is routed by (settleHost), and the one an empty Host's 400 was about. A Host line that is there is
 // shown as sent: the proxy serves an absolute-form target only when it
 // names the same sandbox.
 func logHost(h *fasthttp.RequestHeader) []byte {

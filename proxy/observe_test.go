@@ -1585,7 +1585,10 @@ func TestAccessLogTargetAsSent(t *testing.T) {
 		{"token removed", host, "/p?cube_token=s3cr3tvalue&x=1", "/p?x=1", "/p?cube_token=REDACTED&x=1", "/p"},
 		{"absolute form", host, "http://" + host + "/p?q=1", "/p?q=1", "/p?q=1", "/p"},
 		{"absolute form, empty path", host, "http://" + host + "?q=1", "/?q=1", "/?q=1", "/"},
-		{"absolute form, unknown sandbox", missing, "http://u:pa55word@" + missing + "/p?q=1", "", "/p?q=1", "/p"},
+		{"absolute form, unknown sandbox", missing, "http://" + missing + "/p?q=1", "", "/p?q=1", "/p"},
+		// Refused by fasthttp (since v1.79) before the handler: logged
+		// without its target, so without the password.
+		{"absolute form with userinfo", host, "http://u:pa55word@" + host + "/p?q=1", "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "req-target-" + strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
@@ -1606,6 +1609,9 @@ func TestAccessLogTargetAsSent(t *testing.T) {
 			if e["request_uri"] != tc.requestURI || e["uri"] != tc.uri || e["args"] != args {
 				t.Errorf("logged request_uri %q uri %q args %q, want %q %q %q",
 					e["request_uri"], e["uri"], e["args"], tc.requestURI, tc.uri, args)
+			}
+			if strings.Contains(buf.String(), "pa55word") {
+				t.Errorf("the access log holds the target's password: %s", buf.String())
 			}
 		})
 	}
@@ -1749,7 +1755,7 @@ func TestAccessLogHostOfAbsoluteFormWithoutHost(t *testing.T) {
 	})))
 	for _, tc := range []struct{ id, head, status, want string }{
 		{"req-abs10", "GET http://" + host + "/p HTTP/1.0\r\n", "200", host},
-		{"req-abs10-userinfo", "GET http://u:pw@" + host + "/p?q#f HTTP/1.0\r\n", "200", host},
+		{"req-abs10-fragment", "GET http://" + host + "/p?q#f HTTP/1.0\r\n", "200", host},
 		{"req-abs10-bare", "GET http://" + host + "?q HTTP/1.0\r\n", "200", host},
 		{"req-abs10-emptyhost", "GET http://" + host + "/p HTTP/1.0\r\nHost:\r\n", "400", host},
 		{"req-origin10", "GET /p HTTP/1.0\r\n", "400", ""},

@@ -158,6 +158,7 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 // handle runs one exchange through the pipeline and finishes what the
 // handler owns of it: the request, or an Expect head alone (x.expecting).
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
+	settleHost(&ctx.Request.Header)
 	p.begin(ctx, x)
 	var idBuf [maxRequestIDLen]byte
 	// Set on the request too: a head admitted by Expect runs again under
@@ -267,9 +268,6 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: fmt.Sprintf("Connection lists more than %d options", maxConnectionOptions)}, nil)
 		return
 	}
-	// An HTTP/1.0 request in absolute form without Host is routed by its
-	// target's host, which every later reader of Host then sees.
-	adoptTargetHost(h)
 	var t routing.Target
 	if err := p.parser.ParseRequest(&t, h.Host(), h.RequestURI(), h); err != nil {
 		var te *routing.TargetError

@@ -246,12 +246,10 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// listeners, at most 8 KiB, and 0 for a chunked body.
 	x.bytesIn = int64(len(ctx.Request.Body()))
 	x.early = early
-	// The Host header, as the HTTPS listener routes by it: ctx.Host()
-	// prefers an absolute-form target's authority and drops userinfo,
-	// so "a@evil.test" would send the client to evil.test. An HTTP/1.0
-	// request in absolute form without Host goes by its target's host,
-	// as the HTTPS listener routes it.
-	adoptTargetHost(&ctx.Request.Header)
+	// The Host the HTTPS listener routes by (settleHost): the client's
+	// line, not an absolute-form target's authority, and for an HTTP/1.0
+	// request without one, its target's host.
+	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
 	if len(host) == 0 {
 		// HTTP/1.0 in origin form without Host, or with an empty one:
@@ -778,6 +776,12 @@ func refusedByParser(err error) proxyError {
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
 		return proxyError{status: 431, code: "request_header_too_large", msg: "request headers too large"}
+	}
+	if errors.Is(err, fasthttp.ErrorInvalidURI) {
+		// A request target with a control byte or no valid form, or
+		// userinfo ("user@") in Host or in an absolute-form target,
+		// which RFC 9110 4.2.4 has a recipient treat as an error.
+		return proxyError{status: 400, code: CodeBadRequest, msg: "invalid request target or Host (userinfo such as user@ is not accepted)"}
 	}
 	return proxyError{status: 400, code: CodeBadRequest, msg: "malformed HTTP request"}
 }

@@ -78,7 +78,7 @@ func TestAbsoluteFormHTTP10WithoutHost(t *testing.T) {
 		{"HTTP/1.0 Host naming another sandbox", "GET http://" + host + "/x HTTP/1.0\r\nHost: 8080-absother.cube.test\r\n"},
 		{"HTTP/1.0 target naming another sandbox than Host", "GET http://8080-absother.cube.test/x HTTP/1.0\r\nHost: " + host + "\r\n"},
 		{"HTTP/1.0 in origin form", "GET /x HTTP/1.0\r\n"},
-		{"HTTP/1.0 with an empty authority", "GET http:///x HTTP/1.0\r\n"}, // fasthttp's refusal
+		{"HTTP/1.0 with an empty authority", "GET http:///x HTTP/1.0\r\n"},        // fasthttp's refusal
 		{"HTTP/1.0 with userinfo", "GET http://u:pw@" + host + "/x HTTP/1.0\r\n"}, // fasthttp's refusal
 		{"HTTP/1.0 with a port alone", "GET http://:8081/x HTTP/1.0\r\n"},
 		{"HTTP/1.0 naming no sandbox", "GET http://other.example/x HTTP/1.0\r\n"},

@@ -1,10 +1,6 @@
 package proxy
 
 import (
-	"bufio"
-	"io"
-	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -176,21 +172,7 @@ func TestRedirectListenerAbsoluteFormHTTP10(t *testing.T) {
 		{"origin form", "GET /p HTTP/1.0\r\n", 400, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := io.WriteString(c, tc.head+"\r\n"); err != nil {
-				t.Fatal(err)
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			resp, body := rawRequest(t, ln.Addr().String(), tc.head+"\r\n")
 			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.location {
 				t.Fatalf("%d Location %q, want %d %q", resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
 			}
@@ -199,7 +181,7 @@ func TestRedirectListenerAbsoluteFormHTTP10(t *testing.T) {
 				if strings.Contains(tc.head, "HTTP/1.1") || strings.Contains(tc.head, "@") {
 					code = CodeBadRequest // fasthttp's own refusal
 				}
-				checkProxyError(t, resp, string(body), 400, code)
+				checkProxyError(t, resp, body, 400, code)
 			}
 		})
 	}

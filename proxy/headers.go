@@ -363,11 +363,12 @@ var headNamesByLen = func() [][]headName {
 	return byLen
 }()
 
-// headerNames yields the name of each header line of a raw head (fasthttp's
-// copy as received: one "Name: value" line each, obs-fold continuation
-// lines beginning with a blank and naming nothing).
-func headerNames(raw []byte) iter.Seq[[]byte] {
-	return func(yield func([]byte) bool) {
+// headerLines yields the name and the value, untrimmed, of each header
+// line of a raw head (fasthttp's copy as received: one "Name: value" line
+// each, obs-fold continuation lines beginning with a blank and naming
+// nothing).
+func headerLines(raw []byte) iter.Seq2[[]byte, []byte] {
+	return func(yield func([]byte, []byte) bool) {
 		for len(raw) > 0 {
 			line := raw
 			if i := bytes.IndexByte(raw, '\n'); i >= 0 {
@@ -379,7 +380,7 @@ func headerNames(raw []byte) iter.Seq[[]byte] {
 			if i <= 0 || line[0] == ' ' || line[0] == '\t' {
 				continue
 			}
-			if !yield(line[:i]) {
+			if !yield(line[:i], line[i+1:]) {
 				return
 			}
 		}
@@ -396,7 +397,7 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 		return seeAll
 	}
 	var s headSeen
-	for nb := range headerNames(raw) {
+	for nb := range headerLines(raw) {
 		name := b2s(nb)
 		if strings.IndexByte(name, ' ') >= 0 {
 			s.spaceInName = true
@@ -482,7 +483,7 @@ func appendUint(dst []byte, v uint64) []byte {
 // drops names with '_' by default (underscores_in_headers off).
 // prepareRequest calls it only when scanHead saw a name with '_'.
 func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
-	for name := range headerNames(h.RawHeaders()) {
+	for name := range headerLines(h.RawHeaders()) {
 		if bytes.IndexByte(name, '_') < 0 {
 			continue
 		}
@@ -515,7 +516,7 @@ func dropInvalidNames(h *fasthttp.RequestHeader) {
 	if raw := h.RawHeaders(); len(raw) > 0 {
 		// The raw copy is apart from the parsed headers, so deleting
 		// while walking it is safe, as in dropForwardingAliases.
-		for name := range headerNames(raw) {
+		for name := range headerLines(raw) {
 			if bytes.IndexByte(name, ' ') >= 0 {
 				h.DelBytes(name)
 			}
@@ -714,15 +715,9 @@ func settleHost(h *fasthttp.RequestHeader) {
 // copy as received), trimmed as fasthttp trims it, and whether there is
 // one: fasthttp reads an empty line as no Host, and refuses a second.
 func rawHost(raw []byte) ([]byte, bool) {
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		if len(line) >= len("host:") && line[4] == ':' && strings.EqualFold(b2s(line[:4]), "host") {
-			return bytes.Trim(line[5:], " \t\r"), true
+	for name, value := range headerLines(raw) {
+		if strings.EqualFold(b2s(name), "host") {
+			return bytes.Trim(value, " \t\r"), true
 		}
 	}
 	return nil, false

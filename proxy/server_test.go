@@ -321,21 +321,7 @@ func TestRedirectListenerHost(t *testing.T) {
 		{"port only behind an absolute-form target", "http://a.test/p", ":80", 400, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := io.WriteString(c, "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\n\r\n"); err != nil {
-				t.Fatal(err)
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			resp, body := rawRequest(t, ln.Addr().String(), "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\n\r\n")
 			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.location {
 				t.Fatalf("%d Location %q, want %d %q", resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
 			}
@@ -344,7 +330,7 @@ func TestRedirectListenerHost(t *testing.T) {
 				if strings.Contains(tc.target+tc.host, "@") {
 					code = CodeBadRequest
 				}
-				checkProxyError(t, resp, string(body), 400, code)
+				checkProxyError(t, resp, body, 400, code)
 			}
 		})
 	}

@@ -332,6 +332,7 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			return nil, 0, fmt.Errorf("open route store: %w", err) // err names redis
 		}
+		a.redis.SetLogger(a.log)
 		go a.watchReachable(bg)
 		// The cache's own bound would otherwise cut a longer command_timeout short.
 		lookupTimeout = rcfg.WithDefaults().CommandTimeout

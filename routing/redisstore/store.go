@@ -3,6 +3,9 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,7 +19,19 @@ import (
 type Store struct {
 	client redis.UniversalClient
 	cfg    Config
+	log    *slog.Logger
+
+	// legacyDenied counts the legacy reads Redis refused (NOPERM) since
+	// legacyWarned (unix nanos) last reported them.
+	legacyDenied atomic.Int64
+	legacyWarned atomic.Int64
 }
+
+// legacyWarnEvery is how often a legacy key the ACL user may not read is
+// reported again while it lasts: the first refusal is logged at once (the
+// readiness probe's lookup, at start), and an operator who looks later
+// still finds a line within the hour.
+const legacyWarnEvery = time.Hour
 
 var _ routing.Store = (*Store)(nil)
 
@@ -36,6 +51,11 @@ func NewStore(client redis.UniversalClient, cfg Config) *Store {
 	return &Store{client: client, cfg: cfg.WithDefaults()}
 }
 
+// SetLogger sets where the store reports what an operator has to fix
+// and a lookup cannot answer with (a legacy key the ACL user may not read).
+// Call it before the first Lookup; until then nothing is logged.
+func (s *Store) SetLogger(l *slog.Logger) { s.log = l }
+
 // Client returns the underlying client (for the registry and health checks).
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
@@ -46,8 +66,10 @@ func (s *Store) Config() Config { return s.cfg }
 func (s *Store) Close() error { return s.client.Close() }
 
 // Lookup reads the route of sandbox id. It returns routing.ErrNotFound when
-// both keys are empty or absent, a *routing.FieldError (wrapped) for invalid
-// data, and any other error when Redis cannot answer within CommandTimeout.
+// both keys are empty or absent (a legacy key the ACL user may not read
+// counts as absent, see legacyRefused), a *routing.FieldError (wrapped)
+// for invalid data, and any other error when Redis cannot answer within
+// CommandTimeout.
 func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	if !routing.ValidID(id) {
 		// Never send a key built from garbage to Redis.
@@ -60,7 +82,7 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	var fields map[string]string
 	var err error
 	if s.cfg.DisableLegacy {
-		fields, err = hgetallResult(key, s.client.HGetAll(ctx, key))
+		fields, err = s.routeKeyResult(key, s.client.HGetAll(ctx, key))
 	} else {
 		fields, key, err = s.hgetallEither(ctx, key, s.cfg.LegacyKeyPrefix+id)
 	}
@@ -97,12 +119,49 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 	if _, err := pipe.Exec(ctx); err != nil && cur.Err() == nil && old.Err() == nil {
 		return nil, key, fmt.Errorf("redis hgetall %s: %w", key, err)
 	}
-	fields, err := hgetallResult(key, cur)
+	fields, err := s.routeKeyResult(key, cur)
 	if err != nil || len(fields) > 0 {
 		return fields, key, err
 	}
+	if err := old.Err(); err != nil && redis.HasErrorPrefix(err, "NOPERM") {
+		// The ACL user may read the new key and not the legacy one: a
+		// deployment that never had legacy keys and grants only the new
+		// pattern. Reading that as an outage answered every unknown id
+		// 503 and kept /readyz 503 for good; read it as no legacy key.
+		s.legacyRefused(legacy, err)
+		return nil, legacy, nil
+	}
 	fields, err = hgetallResult(legacy, old)
 	return fields, legacy, err
+}
+
+// routeKeyResult is hgetallResult for the new key, whose NOPERM names the
+// ACL rules the user lacks: the route cannot be read at all, an outage
+// (503) the operator must fix, and the log line says how.
+func (s *Store) routeKeyResult(key string, cmd *redis.MapStringStringCmd) (map[string]string, error) {
+	fields, err := hgetallResult(key, cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOPERM") {
+		return nil, fmt.Errorf("%w (the Redis ACL user needs +hgetall ~%s*)", err, s.cfg.KeyPrefix)
+	}
+	return fields, err
+}
+
+// legacyRefused reports a legacy read Redis refused: at once the first
+// time, then at most every legacyWarnEvery with the count since. Routes
+// only a legacy key holds answer 404 meanwhile, which the line says.
+func (s *Store) legacyRefused(key string, err error) {
+	n := s.legacyDenied.Add(1)
+	now := time.Now().UnixNano()
+	last := s.legacyWarned.Load()
+	if last != 0 && now-last < int64(legacyWarnEvery) || !s.legacyWarned.CompareAndSwap(last, now) {
+		return
+	}
+	s.legacyDenied.Add(-n)
+	if s.log != nil {
+		s.log.Warn("redis: the ACL user may not read legacy route keys; reading them as absent (routes only a legacy key holds answer 404): grant ~"+
+			s.cfg.LegacyKeyPrefix+"* or set redis.disable_legacy",
+			"key", key, "denied_reads", n, "err", err)
+	}
 }
 
 // hgetallResult is the answer of HGETALL key: a key of another type is

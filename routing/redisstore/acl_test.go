@@ -1,0 +1,130 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// aclDeployments starts a standalone server, a Sentinel-managed master and
+// a one-node Cluster, each with the ACL user "proxy" (password "pw")
+// granted rules on top of nothing, and returns a store config reaching
+// each as that user. The three go through the one Lookup, which is what
+// this checks: a fix on one path must hold on all.
+func aclDeployments(t *testing.T, rules ...any) map[string]struct {
+	r   *testenv.Redis
+	cfg redisstore.Config
+} {
+	t.Helper()
+	ctx := context.Background()
+	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
+		info, err := cluster.Client().ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	standalone := testenv.StartRedis(t)
+	master := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, "acl-legacy", master.Addr())
+	for _, r := range []*testenv.Redis{standalone, master, cluster} {
+		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
+		if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %v: %v", rules, err)
+		}
+	}
+	return map[string]struct {
+		r   *testenv.Redis
+		cfg redisstore.Config
+	}{
+		"standalone": {standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}},
+		"sentinel": {master, redisstore.Config{Username: "proxy", Password: "pw",
+			Sentinel: redisstore.SentinelConfig{MasterName: "acl-legacy", Addrs: []string{sentinel.Addr()}}}},
+		"cluster": {cluster, redisstore.Config{Username: "proxy", Password: "pw",
+			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}},
+	}
+}
+
+// countLines counts the log lines holding every one of parts.
+func countLines(log string, parts ...string) int {
+	n := 0
+	for _, l := range strings.Split(log, "\n") {
+		all := l != ""
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLookupWithoutLegacyKeyACL: a deployment that never had legacy keys
+// may grant the proxy's ACL user the new key pattern only. Redis answers
+// the legacy read of every lookup NOPERM, and an unknown id was a 503
+// (store unavailable) instead of a 404, the readiness probe's lookup
+// included, so such a proxy never became ready. A denied legacy read now
+// counts as no legacy key, and the store says so once, naming the
+// pattern to grant; the new key answers as before.
+func TestLookupWithoutLegacyKeyACL(t *testing.T) {
+	ctx := context.Background()
+	deployments := aclDeployments(t, "~cube:v1:*", "+hgetall", "+ping", "+cluster|slots")
+	for name, d := range deployments {
+		t.Run(name, func(t *testing.T) {
+			hset(t, d.r, redisstore.DefaultKeyPrefix+"known", "HostIP", "10.0.0.1", "50005", "30001")
+			var logs testenv.LogBuffer
+			s := openStoreCfg(t, d.cfg)
+			s.SetLogger(slog.New(slog.NewJSONHandler(&logs, nil)))
+			for range 5 {
+				if r, err := s.Lookup(ctx, "known"); err != nil || r.HostIP.String() != "10.0.0.1" {
+					t.Fatalf("lookup of a route the user may read: %v %v", r, err)
+				}
+				if _, err := s.Lookup(ctx, "unknown"); !errors.Is(err, routing.ErrNotFound) {
+					t.Fatalf("lookup of an unknown id without the legacy pattern: %v, want ErrNotFound", err)
+				}
+			}
+			if n := countLines(logs.String(), `"level":"WARN"`, "~bypass_host_proxy:*", "NOPERM"); n != 1 {
+				t.Fatalf("%d warnings naming the legacy pattern for 5 denied reads, want 1:\n%s", n, logs.String())
+			}
+		})
+	}
+}
+
+// TestLookupWithoutRouteKeyACL: an ACL user that may not read the new
+// key is an outage the operator has to fix, not "no route": every lookup
+// fails (503 store_unavailable, or a stale route) with an error that
+// names the pattern to grant, whether or not it may read the legacy key,
+// and with the legacy key holding a route.
+func TestLookupWithoutRouteKeyACL(t *testing.T) {
+	ctx := context.Background()
+	deployments := aclDeployments(t, "~bypass_host_proxy:*", "~unrelated:*", "+hgetall", "+ping", "+cluster|slots")
+	for name, d := range deployments {
+		for _, legacy := range []bool{true, false} {
+			t.Run(name+map[bool]string{true: "", false: " legacy disabled"}[legacy], func(t *testing.T) {
+				hset(t, d.r, redisstore.DefaultLegacyKeyPrefix+"old", "HostIP", "10.0.0.2")
+				cfg := d.cfg
+				cfg.DisableLegacy = !legacy
+				s := openStoreCfg(t, cfg)
+				for _, id := range []string{"old", "unknown"} {
+					_, err := s.Lookup(ctx, id)
+					var fe *routing.FieldError
+					if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
+						t.Fatalf("lookup %s without the route key pattern: %v, want an outage", id, err)
+					}
+					if msg := err.Error(); !strings.Contains(msg, "NOPERM") || !strings.Contains(msg, "~"+redisstore.DefaultKeyPrefix+"*") {
+						t.Fatalf("lookup %s: %q, want NOPERM and the pattern to grant", id, msg)
+					}
+				}
+			})
+		}
+	}
+}

@@ -160,17 +160,21 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 
 // newDialer is go-redis's own dialer (redis.NewDialer: DialTimeout, its
 // TCP keep-alive, TLS when tlsConf is set) whose TLS connections show
-// go-redis their socket (checkedTLS).
+// go-redis their socket (checkedTLS), and whose every connection refuses
+// a reply over MaxReplyBytes or MaxReplyElems (guardedConn).
 func newDialer(t timeouts, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf})
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
-		if tc, ok := c.(*tls.Conn); ok && err == nil {
+		if err != nil {
+			return c, err
+		}
+		if tc, ok := c.(*tls.Conn); ok {
 			if _, ok := tc.NetConn().(syscall.Conn); ok {
-				return checkedTLS{tc}, nil
+				c = checkedTLS{tc}
 			}
 		}
-		return c, err
+		return guard(c), nil
 	}
 }
 

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -119,6 +120,23 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 	if _, err := pipe.Exec(ctx); err != nil && cur.Err() == nil && old.Err() == nil {
 		return nil, key, fmt.Errorf("redis hgetall %s: %w", key, err)
 	}
+	if errors.Is(cur.Err(), ErrReplyTooLarge) {
+		// (errors.Is first: the target of errors.As escapes, an
+		// allocation each lookup would pay.)
+		var big *ReplyTooLargeError
+		if !errors.As(cur.Err(), &big) || big.Reply == 0 {
+			return nil, key, tooLarge(key)
+		}
+		// Legacy's reply was too large, and go-redis gave the failure to
+		// the new key's read too, which it had read. Read the new key
+		// alone again (a second round trip, small, only while a legacy
+		// hash is corrupted): it wins when it holds a route.
+		fields, err := s.routeKeyResult(key, s.client.HGetAll(ctx, key))
+		if err != nil || len(fields) > 0 {
+			return fields, key, err
+		}
+		return nil, legacy, tooLarge(legacy)
+	}
 	fields, err := s.routeKeyResult(key, cur)
 	if err != nil || len(fields) > 0 {
 		return fields, key, err
@@ -164,16 +182,31 @@ func (s *Store) legacyRefused(key string, err error) {
 	}
 }
 
-// hgetallResult is the answer of HGETALL key: a key of another type is
-// bad data (a *routing.FieldError), any other error an outage.
+// hgetallResult is the answer of HGETALL key: a key of another type, or
+// a reply too large, is bad data (a *routing.FieldError), any other error
+// an outage.
 func hgetallResult(key string, cmd *redis.MapStringStringCmd) (map[string]string, error) {
 	fields, err := cmd.Result()
 	if err == nil {
 		return fields, nil
+	}
+	if errors.Is(err, ErrReplyTooLarge) {
+		return nil, tooLarge(key)
 	}
 	if redis.HasErrorPrefix(err, "WRONGTYPE") {
 		// A key of another type is bad data, not an outage: answer 404, not 503.
 		return nil, fmt.Errorf("redis hgetall %s: %w", key, &routing.FieldError{Field: "hash", Reason: "route key is not a hash"})
 	}
 	return nil, fmt.Errorf("redis hgetall %s: %w", key, err)
+}
+
+// tooLarge is the error of a route hash whose HGETALL reply exceeds
+// MaxReplyBytes or MaxReplyElems. A corrupted hash (a runaway writer's
+// fields by the hundred thousand, a huge value) is bad data: refused
+// before go-redis allocates it, and answered 404 route_invalid, logged
+// once and negatively cached, where a read of it whole took longer than
+// the budget (a 503) and was tried again by every request for it.
+func tooLarge(key string) error {
+	return fmt.Errorf("redis hgetall %s: %w", key, &routing.FieldError{Field: "hash",
+		Reason: fmt.Sprintf("route hash too large (over %d MiB or %d fields)", MaxReplyBytes>>20, MaxReplyElems/2)})
 }

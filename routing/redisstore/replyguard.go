@@ -1,0 +1,238 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+)
+
+// Limits of one reply from Redis. A route hash is a few hundred bytes and
+// a few dozen fields; the largest other reply the proxy reads is CLUSTER
+// SLOTS (a few MiB for a cluster whose 16384 slots are scattered over
+// many ranges). go-redis allocates what a reply's headers announce before
+// it reads the data (a map of the announced size for HGETALL, a buffer of
+// the announced length for a string), and a corrupted route hash with a
+// million fields cost each lookup 95 MiB and 2.3 s, so it never fitted in
+// the 1 s budget and was read again by every request for it.
+const (
+	// MaxReplyBytes bounds one reply, its headers' announced sizes included.
+	MaxReplyBytes = 8 << 20
+	// MaxReplyElems bounds the elements of one array in a reply (an
+	// HGETALL answers two per field).
+	MaxReplyElems = 1 << 16
+	// maxReplyDepth bounds the nesting of arrays (CLUSTER SLOTS nests 3).
+	maxReplyDepth = 16
+)
+
+// ErrReplyTooLarge is what a *ReplyTooLargeError is (errors.Is): the
+// error of a command whose reply exceeds MaxReplyBytes or MaxReplyElems.
+// The connection it came on is closed and the command is not retried: the
+// same read would get the same reply.
+var ErrReplyTooLarge = errors.New("redis reply too large")
+
+// ReplyTooLargeError is a refused reply. go-redis gives a failed read to
+// every command of a pipeline, the ones whose replies it had read before
+// included; Reply tells which reply it was.
+type ReplyTooLargeError struct {
+	// Reply counts the replies read whole on the connection since the
+	// client last wrote to it: 0 is the first command of the last batch
+	// written. It holds for a batch written in one go, as a pipeline of
+	// a few small commands is (go-redis buffers 32 KiB before it writes).
+	Reply  int
+	Reason string
+}
+
+func (e *ReplyTooLargeError) Error() string {
+	return fmt.Sprintf("%v (reply %d of the batch): %s", ErrReplyTooLarge, e.Reply, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrReplyTooLarge) hold.
+func (e *ReplyTooLargeError) Is(target error) bool { return target == ErrReplyTooLarge }
+
+// guardedConn is a connection to Redis that checks each reply's headers
+// as they arrive, before go-redis sees them, and fails the read of one
+// that announces more than the limits (ErrReplyTooLarge) instead of
+// handing go-redis the header it would allocate for. The replies before
+// the offending one are handed on whole, so a pipeline's earlier commands
+// keep their answers. It costs no allocation per read.
+type guardedConn struct {
+	net.Conn
+	scan respScanner
+}
+
+// guardedSysConn is a guardedConn over a connection that shows go-redis
+// its socket (a TCP one, checkedTLS), for go-redis's liveness check of an
+// idle pooled connection (see checkedTLS). The check reads the socket
+// directly, and only on a connection with nothing pending, so it never
+// bypasses the guard on a reply.
+type guardedSysConn struct {
+	*guardedConn
+	sys syscall.Conn
+}
+
+// SyscallConn returns the socket of the guarded connection.
+func (c guardedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
+
+// guard wraps c in a guardedConn, keeping its socket visible when it
+// shows one.
+func guard(c net.Conn) net.Conn {
+	g := &guardedConn{Conn: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		return guardedSysConn{g, sc}
+	}
+	return g
+}
+
+// Read reads from the connection and passes on the bytes before a reply
+// over the limits; the next Read returns the error.
+func (c *guardedConn) Read(p []byte) (int, error) {
+	if c.scan.err != nil {
+		return 0, c.scan.err
+	}
+	n, err := c.Conn.Read(p)
+	if ok := c.scan.feed(p[:n]); ok < n {
+		c.scan.err.Reply = int(c.scan.replies.Load())
+		if ok == 0 {
+			return 0, c.scan.err
+		}
+		return ok, nil
+	}
+	return n, err
+}
+
+// Write writes p, the start of a new batch of commands (see
+// ReplyTooLargeError.Reply).
+func (c *guardedConn) Write(p []byte) (int, error) {
+	c.scan.replies.Store(0)
+	return c.Conn.Write(p)
+}
+
+// respScanner follows a stream of RESP2 replies (the clients speak
+// protocol 2) header by header, skipping string data, and records in err
+// the first reply over the limits.
+type respScanner struct {
+	state uint8
+	kind  byte  // the header's type, '*' or '$'
+	neg   bool  // the header's value is negative (a nil)
+	n     int64 // the header's value so far
+	skip  int64 // bytes of string data (and its CRLF) still to come
+	size  int64 // bytes of the current top-level reply, announced data included
+	depth int
+	left  [maxReplyDepth]int64 // elements still to come in each open array
+	// replies counts the replies read whole since the last Write. It is
+	// atomic because a subscribed connection's PING may be written while
+	// a message is read.
+	replies atomic.Int32
+	err     *ReplyTooLargeError
+	header  int // where in the current feed the open header began (-1: before it)
+}
+
+const (
+	scanType   = iota // at the type byte of a value
+	scanHeader        // in the length of an array or string
+	scanLine          // in a simple string, error or integer
+	scanData          // in a string's data
+)
+
+// feed scans p and returns how many of its bytes may be handed on: all of
+// them, or those before the header of a reply over the limits, once err
+// is set.
+func (s *respScanner) feed(p []byte) int {
+	s.header = -1
+	for i := 0; i < len(p); i++ {
+		if s.state == scanData {
+			k := min(s.skip, int64(len(p)-i))
+			s.skip -= k
+			i += int(k) - 1
+			if s.skip == 0 {
+				s.state = scanType
+				s.complete()
+			}
+			continue
+		}
+		s.size++
+		if s.size > MaxReplyBytes {
+			return s.refuse(fmt.Sprintf("over %d bytes", MaxReplyBytes))
+		}
+		switch s.state {
+		case scanType:
+			s.header = i
+			s.kind = p[i]
+			s.state = scanLine
+			if s.kind == '*' || s.kind == '$' {
+				s.state, s.n, s.neg = scanHeader, 0, false
+			}
+		case scanLine:
+			if p[i] == '\n' {
+				s.state = scanType
+				s.complete()
+			}
+		case scanHeader:
+			switch b := p[i]; {
+			case b >= '0' && b <= '9':
+				s.n = s.n*10 + int64(b-'0')
+				if s.n > MaxReplyBytes {
+					return s.refuse(fmt.Sprintf("a header announces more than %d", MaxReplyBytes))
+				}
+			case b == '-':
+				s.neg = true
+			case b == '\n':
+				if reason := s.opened(); reason != "" {
+					return s.refuse(reason)
+				}
+			}
+		}
+	}
+	return len(p)
+}
+
+// opened takes the header just read: a string's data follows, or an
+// array's elements. It returns why a header is over the limits, or "".
+func (s *respScanner) opened() string {
+	switch {
+	case s.neg || (s.kind == '*' && s.n == 0):
+		s.state = scanType // a nil, or an empty array: complete as it is
+		s.complete()
+	case s.kind == '$':
+		if s.size+s.n > MaxReplyBytes {
+			return fmt.Sprintf("a string of %d bytes, over %d in all", s.n, MaxReplyBytes)
+		}
+		s.size += s.n // counted here, as go-redis allocates it here
+		s.skip, s.state = s.n+2, scanData
+	default: // '*'
+		if s.n > MaxReplyElems {
+			return fmt.Sprintf("an array of %d elements, over %d", s.n, MaxReplyElems)
+		}
+		if s.depth == maxReplyDepth {
+			return fmt.Sprintf("arrays nested over %d deep", maxReplyDepth)
+		}
+		s.left[s.depth] = s.n
+		s.depth++
+		s.state = scanType
+	}
+	return ""
+}
+
+// complete counts a value as read: one element of the array it is in,
+// which may complete that array in turn, or a whole reply.
+func (s *respScanner) complete() {
+	for s.depth > 0 {
+		s.left[s.depth-1]--
+		if s.left[s.depth-1] > 0 {
+			return
+		}
+		s.depth--
+	}
+	s.size = 0
+	s.replies.Add(1)
+}
+
+// refuse records err and returns how many bytes of the current feed go
+// before the offending header (none when it began in an earlier feed: go-
+// redis then holds an unfinished header line, which it cannot act on).
+func (s *respScanner) refuse(reason string) int {
+	s.err = &ReplyTooLargeError{Reason: reason}
+	return max(s.header, 0)
+}

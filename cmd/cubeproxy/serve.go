@@ -328,11 +328,11 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
 	case "redis":
 		rcfg := redisConfig(cfg)
+		rcfg.Logger = a.log
 		redis.SetLogger(redisLogger{newThrottledLog(a.log, "redis", time.Now)})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			return nil, 0, fmt.Errorf("open route store: %w", err) // err names redis
 		}
-		a.redis.SetLogger(a.log)
 		go a.watchReachable(bg)
 		// The cache's own bound would otherwise cut a longer command_timeout short.
 		lookupTimeout = rcfg.WithDefaults().CommandTimeout

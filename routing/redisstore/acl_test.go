@@ -82,8 +82,9 @@ func TestLookupWithoutLegacyKeyACL(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			hset(t, d.r, redisstore.DefaultKeyPrefix+"known", "HostIP", "10.0.0.1", "50005", "30001")
 			var logs testenv.LogBuffer
-			s := openStoreCfg(t, d.cfg)
-			s.SetLogger(slog.New(slog.NewJSONHandler(&logs, nil)))
+			cfg := d.cfg
+			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			s := openStoreCfg(t, cfg)
 			for range 5 {
 				if r, err := s.Lookup(ctx, "known"); err != nil || r.HostIP.String() != "10.0.0.1" {
 					t.Fatalf("lookup of a route the user may read: %v %v", r, err)

@@ -6,6 +6,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 )
@@ -62,6 +63,10 @@ type Config struct {
 
 	// Registry is configured at the top level of the proxy config (registry:).
 	Registry RegistryConfig `yaml:"-"`
+
+	// Logger gets what an operator has to fix and a lookup cannot answer
+	// with (a legacy key the ACL user may not read); nil logs nothing.
+	Logger *slog.Logger `yaml:"-"`
 }
 
 // SentinelConfig points at Redis Sentinel.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +19,6 @@ import (
 type Store struct {
 	client redis.UniversalClient
 	cfg    Config
-	log    *slog.Logger
 
 	// legacyDenied counts the legacy reads Redis refused (NOPERM) since
 	// legacyWarned (unix nanos) last reported them.
@@ -51,11 +49,6 @@ func Open(cfg Config) (*Store, error) {
 func NewStore(client redis.UniversalClient, cfg Config) *Store {
 	return &Store{client: client, cfg: cfg.WithDefaults()}
 }
-
-// SetLogger sets where the store reports what an operator has to fix
-// and a lookup cannot answer with (a legacy key the ACL user may not read).
-// Call it before the first Lookup; until then nothing is logged.
-func (s *Store) SetLogger(l *slog.Logger) { s.log = l }
 
 // Client returns the underlying client (for the registry and health checks).
 func (s *Store) Client() redis.UniversalClient { return s.client }
@@ -175,8 +168,8 @@ func (s *Store) legacyRefused(key string, err error) {
 		return
 	}
 	s.legacyDenied.Add(-n)
-	if s.log != nil {
-		s.log.Warn("redis: the ACL user may not read legacy route keys; reading them as absent (routes only a legacy key holds answer 404): grant ~"+
+	if s.cfg.Logger != nil {
+		s.cfg.Logger.Warn("redis: the ACL user may not read legacy route keys; reading them as absent (routes only a legacy key holds answer 404): grant ~"+
 			s.cfg.LegacyKeyPrefix+"* or set redis.disable_legacy",
 			"key", key, "denied_reads", n, "err", err)
 	}

@@ -24,5 +24,8 @@ ENV CUBEPROXY_ROUTES=/etc/cubeproxy/routes.yaml
 # /readyz and /metrics (CUBEPROXY_ADMIN_ADDR=:8082 with
 # CUBEPROXY_ADMIN_TOKEN; 127.0.0.1 by default) listen only once set.
 EXPOSE 8081
+# Ready for traffic: /readyz on the admin listener the configuration
+# names (loopback inside the container; distroless has no curl).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["/cubeproxy", "health"]
 ENTRYPOINT ["/cubeproxy"]
 CMD ["serve"]

@@ -105,6 +105,12 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"sandbox", "port", "ttl", "ulimit", "from"} { // token sign's flags; docker's
 		flags[f] = true
 	}
+	for _, f := range []string{"live", "timeout"} { // cubeproxy health's
+		flags[f] = true
+	}
+	for _, f := range []string{"interval", "start-period", "retries"} { // the Dockerfile's HEALTHCHECK options
+		flags[f] = true
+	}
 	for _, f := range []string{"pid", "nofile"} { // prlimit's, in the README's descriptor-limit recovery
 		flags[f] = true
 	}

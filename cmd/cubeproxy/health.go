@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/config"
+)
+
+// health implements `cubeproxy health`: it asks the admin listener of
+// the proxy the configuration names for /readyz (or, with --live,
+// /admin/healthz) and succeeds on a 200. It is the Docker image's
+// HEALTHCHECK: distroless has no curl, and a probe that reads the same
+// configuration as serve finds the admin port wherever it was moved.
+func health(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("cubeproxy health", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	live := fs.Bool("live", false, "ask /admin/healthz (alive, answers through the drain) instead of /readyz (ready for traffic)")
+	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
+	cfgPath := fs.String("config", "", "the proxy's config file (or CUBEPROXY_CONFIG); its admin_addr is asked")
+	if err := fs.Parse(args); err != nil {
+		return &config.UsageError{Err: err}
+	}
+	if fs.NArg() > 0 {
+		// Parsing stops at the first non-flag: what follows it was not read.
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if *timeout <= 0 {
+		return usageError{fmt.Errorf("--timeout %v: give a positive duration", *timeout)}
+	}
+	var cargs []string
+	if *cfgPath != "" {
+		cargs = []string{"--config", *cfgPath}
+	}
+	cfg, err := config.LoadCommand("cubeproxy health", shownDefaults(), cargs, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	addr, err := probeAddr(cfg.AdminAddr)
+	if err != nil {
+		return cfg.NameOrigins(err)
+	}
+	path := "/readyz"
+	if *live {
+		path = "/admin/healthz"
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return fmt.Errorf("health %s: %w", addr, err)
+	}
+	// No proxy from the environment: the admin listener is local.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("health: GET http://%s%s: %w", addr, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	line := fmt.Sprintf("GET %s: %s %s", path, resp.Status, strings.TrimSpace(string(body)))
+	if resp.StatusCode != http.StatusOK {
+		return errors.New("health: " + line)
+	}
+	fmt.Fprintln(stdout, line)
+	return nil
+}
+
+// probeAddr is where a local client reaches the admin listener at addr:
+// a wildcard (":8082", "0.0.0.0:8082", "[::]:8082") through loopback.
+func probeAddr(addr string) (string, error) {
+	if addr == "" {
+		return "", errors.New("admin_addr is empty: there is no admin listener to ask")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("admin_addr %q: %w", addr, err)
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port), nil
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+)
+
+// `cubeproxy health` (the image's HEALTHCHECK) asks the admin listener
+// the configuration names, the running proxy's own: exit 0 and the
+// answer on a 200, exit 1 and the answer on anything else or no answer,
+// exit 2 for a command line it cannot read.
+func TestHealthAsksTheAdminListener(t *testing.T) {
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv)
+	admin := r.a.adminLn.Addr().String()
+
+	// A listener that answers 503, as /readyz does while the proxy drains.
+	notReady := listen503(t)
+	// A port no one listens on.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := closed.Addr().String()
+	closed.Close()
+
+	for _, tc := range []struct {
+		name string
+		addr string
+		args []string
+		code int
+		out  string // in stdout (code 0) or stderr
+	}{
+		{"the image's HEALTHCHECK", admin, imageHealthcheck(t), 0, "GET /readyz: 200 OK"},
+		{"ready", admin, nil, 0, "GET /readyz: 200 OK"},
+		{"live", admin, []string{"--live"}, 0, "GET /admin/healthz: 200 OK"},
+		{"not ready", notReady, nil, 1, "GET /readyz: 503 Service Unavailable"},
+		{"no listener", gone, []string{"--timeout", "2s"}, 1, "connection refused"},
+		{"stray argument", admin, []string{"now"}, 2, `unexpected argument "now"`},
+		{"bad timeout", admin, []string{"--timeout", "0s"}, 2, "--timeout 0s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := func(k string) string {
+				if k == "CUBEPROXY_ADMIN_ADDR" {
+					return tc.addr
+				}
+				return ""
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), append([]string{"health"}, tc.args...), env, &stdout, &stderr)
+			out := stdout.String()
+			if code != 0 {
+				out = stderr.String()
+			}
+			if code != tc.code || !strings.Contains(out, tc.out) {
+				t.Fatalf("exit %d, output %q (stderr %q); want exit %d with %q", code, out, stderr.String(), tc.code, tc.out)
+			}
+		})
+	}
+}
+
+// imageHealthcheck returns the arguments the Dockerfile's HEALTHCHECK
+// gives `cubeproxy health` (exec form, the image's binary).
+func imageHealthcheck(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if !strings.HasPrefix(line, "HEALTHCHECK ") {
+			continue
+		}
+		_, cmd, ok := strings.Cut(line, " CMD ")
+		var args []string
+		if !ok || json.Unmarshal([]byte(cmd), &args) != nil || len(args) < 2 || args[0] != "/cubeproxy" || args[1] != "health" {
+			t.Fatalf("Dockerfile %q: want HEALTHCHECK ... CMD [\"/cubeproxy\", \"health\", ...]", line)
+		}
+		return args[2:]
+	}
+	t.Fatal("the Dockerfile has no HEALTHCHECK")
+	return nil
+}
+
+// listen503 serves 503 on a loopback port and returns its address.
+func listen503(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"ready":false,"reason":"draining"}`, http.StatusServiceUnavailable)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// A wildcard admin listener is asked through loopback.
+func TestHealthProbeAddr(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{":8082", "127.0.0.1:8082", ""},
+		{"0.0.0.0:8082", "127.0.0.1:8082", ""},
+		{"[::]:8082", "[::1]:8082", ""},
+		{"127.0.0.1:8082", "127.0.0.1:8082", ""},
+		{"10.0.0.5:8082", "10.0.0.5:8082", ""},
+		{"[fd00::2]:8082", "[fd00::2]:8082", ""},
+		{"", "", "admin_addr is empty"},
+		{"8082", "", "missing port"},
+	} {
+		got, err := probeAddr(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("probeAddr(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/routing"
@@ -21,8 +22,16 @@ import (
 // benchInstr selects the instrumentation of a bench proxy.
 type benchInstr struct {
 	telemetry bool   // telemetry.New with tracing off
+	tracing   bool   // telemetry.New with tracing on, every trace sampled, spans discarded
 	logFormat string // access log format to io.Discard; "" = no access log
 }
+
+// discardExporter is a span exporter that drops what it is given: the
+// cost of a traced request without the cost of keeping its spans.
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }
 
 // newBenchProxy starts a proxy on an in-memory listener in front of a
 // fasthttp backend on a loopback port (the proxy dials backends by TCP
@@ -46,8 +55,12 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	}
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	var store routing.Store = ms
-	if in.telemetry {
-		cfg.Telemetry = obsTelemetry(tb, nil)
+	if in.telemetry || in.tracing {
+		var exp sdktrace.SpanExporter
+		if in.tracing {
+			exp = discardExporter{}
+		}
+		cfg.Telemetry = obsTelemetry(tb, exp)
 		store = InstrumentStore(ms, cfg.Telemetry.Metrics, telemetry.StoreMemory)
 	}
 	if in.logFormat != "" {
@@ -67,7 +80,8 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	return func() {
 		req.Reset()
 		req.SetRequestURI(uri)
-		req.Header.Set("User-Agent", "bench/1.0")
+		// A browser's: what a traced request records of it is measured.
+		req.Header.Set("User-Agent", benchUserAgent)
 		if err := client.Do(req, resp); err != nil {
 			panic(fmt.Sprintf("request through proxy: %v", err))
 		}
@@ -123,6 +137,16 @@ func BenchmarkRequestPlain(b *testing.B) { benchRequests(b, benchInstr{}) }
 func BenchmarkRequestInstrumentedTracingOff(b *testing.B) {
 	benchRequests(b, benchInstr{telemetry: true, logFormat: accesslog.FormatJSON})
 }
+
+// BenchmarkRequestTracingOn is BenchmarkRequestInstrumentedTracingOff with
+// tracing on, every request sampled and its spans dropped by the exporter:
+// what a traced request costs in the proxy (and the OTel SDK).
+func BenchmarkRequestTracingOn(b *testing.B) {
+	benchRequests(b, benchInstr{tracing: true, logFormat: accesslog.FormatJSON})
+}
+
+// benchUserAgent is the User-Agent of benchmark requests: a browser's.
+const benchUserAgent = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36"
 
 // A full request allocates nothing (whole process: client, proxy,
 // backend), and with tracing off metrics and the access log add no

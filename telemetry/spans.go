@@ -3,6 +3,7 @@ package telemetry
 import (
 	"bytes"
 	"context"
+	"math"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -30,6 +31,17 @@ const (
 	AttrRequestID = attribute.Key("cube.request.id")
 )
 
+// MaxHeaderAttr is the most of a request header's value a server span
+// records (user_agent.original, server.address), in bytes, cut on a
+// character boundary. A User-Agent can be as large as
+// client.max_header_size: one client sending a 16 KiB one on every request
+// made each span that much larger, and a batch of 512 such spans (the
+// batch processor's) is 8 MiB, over the 4 MiB a collector's gRPC receiver
+// takes by default, so the batch was refused with every other request's
+// spans in it. Real user agents are a few hundred bytes; a Host longer
+// than a DNS name (253) is refused (400) anyway.
+const MaxHeaderAttr = 1024
+
 var (
 	serverStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 	clientStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
@@ -41,7 +53,7 @@ var (
 // spanMethods bounds span names: unknown methods become "OTHER" (span
 // names must have low cardinality). Names are precomputed so starting a span
 // does not build strings.
-var spanMethods = [...]struct{ method, server, client string }{
+var spanMethods = [...]methodNames{
 	{"GET", "proxy GET", "upstream GET"},
 	{"POST", "proxy POST", "upstream POST"},
 	{"PUT", "proxy PUT", "upstream PUT"},
@@ -53,6 +65,9 @@ var spanMethods = [...]struct{ method, server, client string }{
 	{"TRACE", "proxy TRACE", "upstream TRACE"},
 	{"_OTHER", "proxy OTHER", "upstream OTHER"}, // semconv value for unknown methods
 }
+
+// methodNames is a method and the names of its spans.
+type methodNames struct{ method, server, client string }
 
 // otherMethod is the entry of spanMethods for a method outside the known set.
 var otherMethod = &spanMethods[len(spanMethods)-1]
@@ -75,10 +90,14 @@ func spanMethod(m []byte) int {
 
 // StartServerSpan extracts the client's trace context from h and starts the
 // per-request server span "proxy <method>", with the request's url.path,
-// url.scheme (https when tls) and client.address (the connection's peer:
-// the proxy is the edge, so no forwarding header is taken for it, as the
-// access log's remote_addr does not), and, for a method outside the known
-// set ("proxy OTHER"), http.request.method_original. The returned context carries the span and
+// url.scheme (https when tls), server.address and server.port (the host
+// and port the client addressed: see requestAuthority),
+// user_agent.original (at most MaxHeaderAttr bytes of it) and
+// client.address (the connection's peer: the proxy is the edge, so no
+// forwarding header is taken for it, as the access log's remote_addr does
+// not; nor for server.address, X-Forwarded-Host being the client's to
+// write), and, for a method outside the known set ("proxy OTHER"),
+// http.request.method_original. The returned context carries the span and
 // does not derive from the fasthttp RequestCtx (which is recycled). With
 // tracing off it returns context.Background() and a no-op span without
 // allocating.
@@ -126,28 +145,187 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 	}
 	ctx, span := t.Tracer.Start(ctx, m.server, opts...)
 	if span.IsRecording() {
-		scheme := "http"
-		if tls {
-			scheme = "https"
-		}
-		// One call: each SetAttributes costs an allocation.
-		attrs := [5]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme)}
-		n := 2
-		if h != nil {
-			attrs[n] = semconv.URLPathKey.String(validUTF8(targetPath(h.RequestURI())))
-			n++
-			if m == otherMethod {
-				attrs[n] = methodOriginal(h)
-				n++
-			}
-		}
-		if client.IsValid() {
-			attrs[n] = semconv.ClientAddressKey.String(client.String())
-			n++
-		}
-		span.SetAttributes(attrs[:n]...)
+		span.SetAttributes(serverAttrs(h, m, tls, client)...)
 	}
 	return ctx, span
+}
+
+// serverAttrs returns the attributes a server span starts with. Their
+// strings share one allocation (attrText): each string(b) was one.
+func serverAttrs(h *fasthttp.RequestHeader, m *methodNames, tls bool, client netip.Addr) []attribute.KeyValue {
+	scheme, defaultPort := "http", 80
+	if tls {
+		scheme, defaultPort = "https", 443
+	}
+	var path, host, ua []byte
+	port := 0
+	if h != nil {
+		path = targetPath(h.RequestURI())
+		if authority := requestAuthority(h); len(authority) > 0 {
+			host, port = splitAuthority(authority)
+			if port == 0 {
+				port = defaultPort // RFC 9110 4.2: none, or empty, is the scheme's
+			}
+		}
+		ua = h.UserAgent()
+	}
+	var addr [len("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")]byte
+	var clientAddr []byte
+	if client.IsValid() {
+		clientAddr = client.AppendTo(addr[:0])
+	}
+	var b strings.Builder
+	b.Grow(len(path) + min(len(host), MaxHeaderAttr) + min(len(ua), MaxHeaderAttr) + len(clientAddr))
+	text := attrText{b: &b}
+	pathEnd := text.add(path, math.MaxInt)
+	hostEnd := text.add(host, MaxHeaderAttr)
+	uaEnd := text.add(ua, MaxHeaderAttr)
+	clientEnd := text.add(clientAddr, math.MaxInt)
+	all := b.String()
+
+	// One SetAttributes call: each costs an allocation.
+	attrs := make([]attribute.KeyValue, 2, 9)
+	attrs[0], attrs[1] = semconv.HTTPRequestMethodKey.String(m.method), semconv.URLSchemeKey.String(scheme)
+	if h != nil {
+		attrs = append(attrs, semconv.URLPathKey.String(all[:pathEnd]))
+		if m == otherMethod {
+			attrs = append(attrs, methodOriginal(h))
+		}
+		if hostEnd > pathEnd {
+			attrs = append(attrs, semconv.ServerAddressKey.String(all[pathEnd:hostEnd]))
+			if port > 0 {
+				attrs = append(attrs, semconv.ServerPortKey.Int(port))
+			}
+		}
+		if uaEnd > hostEnd {
+			attrs = append(attrs, semconv.UserAgentOriginalKey.String(all[hostEnd:uaEnd]))
+		}
+	}
+	if clientEnd > uaEnd {
+		attrs = append(attrs, semconv.ClientAddressKey.String(all[uaEnd:clientEnd]))
+	}
+	return attrs
+}
+
+// attrText builds the text of a span's attributes in one string.
+type attrText struct {
+	b *strings.Builder
+}
+
+// add appends p, invalid UTF-8 replaced as validUTF8 does, and cut at the
+// last character that keeps it within limit bytes; it returns the end of
+// the text so far.
+func (t attrText) add(p []byte, limit int) int {
+	if len(p) <= limit && utf8.Valid(p) {
+		t.b.Write(p)
+		return t.b.Len()
+	}
+	n := 0
+	for len(p) > 0 {
+		r, size := utf8.DecodeRune(p)
+		bad := r == utf8.RuneError && size == 1
+		add := size
+		if bad {
+			// A run of invalid bytes is one U+FFFD, as strings.ToValidUTF8
+			// makes it.
+			for size < len(p) {
+				if r, s := utf8.DecodeRune(p[size:]); r != utf8.RuneError || s != 1 {
+					break
+				}
+				size++
+			}
+			add = len(string(utf8.RuneError))
+		}
+		if n+add > limit {
+			break
+		}
+		if bad {
+			t.b.WriteRune(utf8.RuneError)
+		} else {
+			t.b.Write(p[:size])
+		}
+		n += add
+		p = p[size:]
+	}
+	return t.b.Len()
+}
+
+// requestAuthority returns the host (and port) the client addressed, as
+// the HTTP semantic conventions take it for server.address and
+// server.port: an absolute-form target's ("GET http://host:port/p", which
+// RFC 9112 3.2.2 puts before Host; routing refuses one that names another
+// sandbox than Host), else the Host header's. Empty when neither names
+// one.
+func requestAuthority(h *fasthttp.RequestHeader) []byte {
+	if authority := targetAuthority(h.RequestURI()); len(authority) > 0 {
+		return authority
+	}
+	return h.Host()
+}
+
+// targetAuthority returns the host and port of an absolute-form request
+// target, userinfo dropped (routing.TargetAuthority; telemetry imports no
+// proxy package), nil for another form.
+func targetAuthority(uri []byte) []byte {
+	if len(uri) == 0 || uri[0] == '/' {
+		return nil
+	}
+	i := bytes.Index(uri, []byte("://"))
+	if i < 0 {
+		return nil
+	}
+	authority := uri[i+3:]
+	if end := bytes.IndexAny(authority, "/?#"); end >= 0 {
+		authority = authority[:end]
+	}
+	if at := bytes.LastIndexByte(authority, '@'); at >= 0 {
+		authority = authority[at+1:]
+	}
+	return authority
+}
+
+// splitAuthority splits an authority ("host", "host:port", "[v6]:port", an
+// IPv6 address without brackets) into host and port: 0 for none or an
+// empty one, -1 for one that is not a port number (no server.port then).
+func splitAuthority(a []byte) (host []byte, port int) {
+	if a[0] == '[' {
+		end := bytes.IndexByte(a, ']')
+		if end < 0 {
+			return a, 0
+		}
+		host, rest := a[1:end], a[end+1:]
+		if len(rest) > 0 && rest[0] == ':' {
+			return host, parsePort(rest[1:])
+		}
+		return host, 0
+	}
+	i := bytes.IndexByte(a, ':')
+	if i < 0 || bytes.IndexByte(a[i+1:], ':') >= 0 {
+		return a, 0 // no port, or an IPv6 address
+	}
+	return a[:i], parsePort(a[i+1:])
+}
+
+// parsePort parses a port as an authority carries it: 0 when empty, -1
+// when not a number from 1 to 65535.
+func parsePort(b []byte) int {
+	if len(b) == 0 {
+		return 0
+	}
+	if len(b) > 5 {
+		return -1
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 1 || n > 65535 {
+		return -1
+	}
+	return n
 }
 
 // validUTF8 returns b as a string, invalid UTF-8 replaced by U+FFFD. The

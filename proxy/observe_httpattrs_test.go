@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// otlpCollector is an OTLP/HTTP trace collector that keeps every span it
+// receives, as the wire carried it.
+type otlpCollector struct {
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (c *otlpCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	req := &coltracepb.ExportTraceServiceRequest{}
+	if err := proto.Unmarshal(body, req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			c.spans = append(c.spans, ss.GetSpans()...)
+		}
+	}
+	c.mu.Unlock()
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out)
+}
+
+// trace returns the received spans of trace id (32 hex digits) of kind.
+func (c *otlpCollector) trace(id string, kind tracepb.Span_SpanKind) []*tracepb.Span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range c.spans {
+		if hex.EncodeToString(s.GetTraceId()) == id && s.GetKind() == kind {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// otlpTracing starts an OTLP/HTTP collector on a loopback port and a
+// telemetry exporting every trace to it, through the batch processor as
+// in production. flush shuts the telemetry down, which exports every
+// span ended by then.
+func otlpTracing(t *testing.T) (col *otlpCollector, tel *telemetry.Telemetry, flush func()) {
+	t.Helper()
+	col = &otlpCollector{}
+	srv := httptest.NewServer(col)
+	t.Cleanup(srv.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL) // read by otlptracehttp itself
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+	env := map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"}
+	tel, err := telemetry.New(context.Background(), telemetry.Config{Env: func(k string) string { return env[k] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return col, tel, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(ctx); err != nil {
+			t.Fatalf("telemetry Shutdown (flushes the spans): %v", err)
+		}
+	}
+}
+
+// otlpAttr returns the value of attribute k of s as a string ("" when
+// absent), and whether it is there.
+func otlpAttr(s *tracepb.Span, k string) (string, bool) {
+	for _, a := range s.GetAttributes() {
+		if a.GetKey() == k {
+			return anyValueString(a.GetValue()), true
+		}
+	}
+	return "", false
+}
+
+func anyValueString(v *commonpb.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return x.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return fmt.Sprint(x.IntValue)
+	case *commonpb.AnyValue_BoolValue:
+		return fmt.Sprint(x.BoolValue)
+	}
+	return v.String()
+}
+
+// roundTripRaw sends head on a new connection to the proxy and returns
+// the answer's status, its body read.
+func roundTripRaw(t *testing.T, h *harness, head string) int {
+	t.Helper()
+	c := rawProxyConn(t, h, head)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The server span carries the HTTP semantic conventions' server.address
+// and server.port, the host and port the client addressed (the request
+// target's in absolute form, else Host's; the scheme's default port when
+// it names none), and user_agent.original. Without them a trace could not
+// say which name a request came in by (a sandbox host, a shared host
+// with override headers, an IP literal), nor which client sent it.
+func TestTracingServerSpanHostAndUserAgent(t *testing.T) {
+	col, tel, flush := otlpTracing(t)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	host := h.route("hostattrs", port)
+	tests := []struct {
+		name, target, headers string
+		address, port, ua     string // "" = absent
+	}{
+		{"host without port", "/a", "Host: " + host + "\r\nUser-Agent: curl/8.5.0\r\n", host, "80", "curl/8.5.0"},
+		{"host with port", "/a", "Host: " + strings.ToUpper(host) + ":8443\r\nUser-Agent: Mozilla/5.0 (X11)\r\n", strings.ToUpper(host), "8443", "Mozilla/5.0 (X11)"},
+		{"absolute form", "http://" + host + ":81/a", "Host: " + host + "\r\n", host, "81", ""},
+		{"ipv4 literal", "/a", "Host: 127.0.0.1:9000\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + itoa(port) + "\r\n", "127.0.0.1", "9000", ""},
+		{"ipv6 literal", "/a", "Host: [::1]:9001\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + itoa(port) + "\r\n", "::1", "9001", ""},
+	}
+	for i, tc := range tests {
+		traceID := fmt.Sprintf("%032x", 0x4057a0+i)
+		head := "GET " + tc.target + " HTTP/1.1\r\n" + tc.headers + "Traceparent: 00-" + traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
+		if st := roundTripRaw(t, h, head); st != 200 {
+			t.Fatalf("%s: status %d, want 200", tc.name, st)
+		}
+	}
+	flush()
+	for i, tc := range tests {
+		traceID := fmt.Sprintf("%032x", 0x4057a0+i)
+		spans := col.trace(traceID, tracepb.Span_SPAN_KIND_SERVER)
+		if len(spans) != 1 {
+			t.Errorf("%s: %d server spans received, want 1", tc.name, len(spans))
+			continue
+		}
+		for _, a := range []struct{ key, want string }{
+			{"server.address", tc.address}, {"server.port", tc.port}, {"user_agent.original", tc.ua},
+		} {
+			if got, _ := otlpAttr(spans[0], a.key); got != a.want {
+				t.Errorf("%s: server span %s %q, want %q", tc.name, a.key, got, a.want)
+			}
+		}
+	}
+}
+
+// A User-Agent may be as large as client.max_header_size allows: the span
+// keeps its first telemetry.MaxHeaderAttr bytes, cut on a character
+// boundary and valid UTF-8 (OTLP refuses a batch with a string that is
+// not), so that one client cannot fill the export batches with its
+// header, nor make them fail; the spans of the other requests in the
+// batch arrive too. The query string, which may carry a signed
+// cube_token, is in no attribute of either span.
+func TestTracingLargeUserAgentTruncated(t *testing.T) {
+	col, tel, flush := otlpTracing(t)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	host := h.route("bigua", port)
+	// Multi-byte characters straddle the cut, and an invalid byte comes
+	// before it.
+	ua := "bot/1.0 \xff " + strings.Repeat("é", 6000)
+	const secret = "cube_token=s3cr3t-value"
+	tests := []struct{ traceID, ua string }{
+		{fmt.Sprintf("%032x", 0xb16a0), ua},
+		{fmt.Sprintf("%032x", 0xb16a1), "small/1.0"},
+	}
+	for _, tc := range tests {
+		head := "GET /p?" + secret + "&x=1 HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: " + tc.ua +
+			"\r\nTraceparent: 00-" + tc.traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
+		if st := roundTripRaw(t, h, head); st != 200 {
+			t.Fatalf("status %d, want 200", st)
+		}
+	}
+	flush()
+	for i, tc := range tests {
+		server := col.trace(tc.traceID, tracepb.Span_SPAN_KIND_SERVER)
+		client := col.trace(tc.traceID, tracepb.Span_SPAN_KIND_CLIENT)
+		if len(server) != 1 || len(client) != 1 {
+			t.Fatalf("request %d: %d server and %d client spans received, want 1 and 1", i, len(server), len(client))
+		}
+		got, ok := otlpAttr(server[0], "user_agent.original")
+		if !ok {
+			t.Fatalf("request %d: no user_agent.original", i)
+		}
+		if !utf8.ValidString(got) {
+			t.Errorf("request %d: user_agent.original is not valid UTF-8", i)
+		}
+		want := strings.ToValidUTF8(tc.ua, "\uFFFD")
+		if len(want) > telemetry.MaxHeaderAttr {
+			if len(got) > telemetry.MaxHeaderAttr || len(got) < telemetry.MaxHeaderAttr-utf8.UTFMax || !strings.HasPrefix(want, got) {
+				t.Errorf("request %d: user_agent.original of %d bytes (%q...), want the first %d bytes or a character less of %q...",
+					i, len(got), got[:min(len(got), 20)], telemetry.MaxHeaderAttr, want[:20])
+			}
+		} else if got != want {
+			t.Errorf("request %d: user_agent.original %q, want %q", i, got, want)
+		}
+		for _, s := range append(server, client...) {
+			for _, a := range s.GetAttributes() {
+				if v := anyValueString(a.GetValue()); strings.Contains(v, "s3cr3t") || strings.Contains(v, "x=1") {
+					t.Errorf("request %d: %v span attribute %s = %q carries the query string", i, s.GetKind(), a.GetKey(), v)
+				}
+			}
+		}
+	}
+}

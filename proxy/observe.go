@@ -155,6 +155,22 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 	}
 }
 
+// retried records an upstream attempt that failed with err (code its
+// error code) before any answer, at at (zero: now), and that is made
+// again on h: the server span's cube.upstream.retries counts it and,
+// tracing on, its client span ends and the next attempt's begins
+// (telemetry.ResendClientSpan), its traceparent in h.
+func (p *Proxy) retried(x *exchange, h *fasthttp.RequestHeader, code string, err error, at time.Time) {
+	x.retries++
+	if x.cspan == nil {
+		return
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	x.cspan = p.tel.ResendClientSpan(x.spanCtx, x.cspan, h, x.upstream, x.retries, at, code, err)
+}
+
 // headersReady records time to response headers, unless the head is
 // written later (headLater): that write counts the request, with the
 // status its client got.

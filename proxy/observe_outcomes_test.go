@@ -110,7 +110,8 @@ func TestTracingServerSpanPerOutcome(t *testing.T) {
 		{"403 refused", "/", privHost, 403, codes.Unset, "", 0, false, "/"},
 		{"404 unknown", "/", "8080-outcomemissing.cube.test", 404, codes.Unset, "", 0, false, "/"},
 		{"410 killed", "/", killHost, 410, codes.Unset, "", 0, false, "/"},
-		{"502 refused", "/", deadHost, 502, codes.Error, CodeUpstreamConnect, 1, false, "/"},
+		// Refused, retried, refused: a client span per connect.
+		{"502 refused", "/", deadHost, 502, codes.Error, CodeUpstreamConnect, 2, false, "/"},
 		{"504 timeout", "/slow", host, 504, codes.Error, CodeUpstreamTimeout, 1, false, "/slow"},
 		{"client cut sse", "/sse", host, 200, codes.Unset, "", 1, true, "/sse"},
 	}

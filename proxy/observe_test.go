@@ -79,6 +79,30 @@ func waitSpans(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID) 
 	return spanByKind(spans, id, trace.SpanKindServer)[0], spanByKind(spans, id, trace.SpanKindClient)[0]
 }
 
+// lastStarted returns the span of spans that started last: a request's
+// last upstream attempt, of its client spans.
+func lastStarted(spans []tracetest.SpanStub) tracetest.SpanStub {
+	last := spans[0]
+	for _, s := range spans[1:] {
+		if s.StartTime.After(last.StartTime) {
+			last = s
+		}
+	}
+	return last
+}
+
+// waitAttempts waits until the exporter holds one server span and n
+// client spans of trace id and returns them.
+func waitAttempts(t *testing.T, exp *tracetest.InMemoryExporter, id trace.TraceID, n int) (server tracetest.SpanStub, clients []tracetest.SpanStub) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("a server span and %d client spans", n), func() bool {
+		spans := exp.GetSpans()
+		return len(spanByKind(spans, id, trace.SpanKindServer)) == 1 && len(spanByKind(spans, id, trace.SpanKindClient)) == n
+	})
+	spans := exp.GetSpans()
+	return spanByKind(spans, id, trace.SpanKindServer)[0], spanByKind(spans, id, trace.SpanKindClient)
+}
+
 // waitSandboxSpans waits for the server span of a request to sandbox id
 // (the exporter holds only one) and its one client span, and returns them.
 func waitSandboxSpans(t *testing.T, exp *tracetest.InMemoryExporter, id string) (server, client tracetest.SpanStub) {
@@ -1163,7 +1187,8 @@ func TestRefusedByParserNumberedOnItsConnection(t *testing.T) {
 }
 
 // A connect that fails ends the client span with an error status, for a
-// WebSocket upgrade as for a plain request.
+// WebSocket upgrade as for a plain request; the connect is retried once,
+// and each attempt is a span.
 func TestTracingFailedConnectClientSpan(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := obsTelemetry(t, exp)
@@ -1192,11 +1217,14 @@ func TestTracingFailedConnectClientSpan(t *testing.T) {
 				t.Fatalf("got %d, want 502", resp.StatusCode)
 			}
 			id, _ := trace.TraceIDFromHex(traceID)
-			server, client := waitSpans(t, exp, id)
-			if client.Status.Code != codes.Error {
-				t.Errorf("client span status %v, want Error", client.Status.Code)
+			// Refused twice: a client span per connect.
+			server, clients := waitAttempts(t, exp, id, 2)
+			for i, client := range clients {
+				if client.Status.Code != codes.Error {
+					t.Errorf("client span %d status %v, want Error", i, client.Status.Code)
+				}
 			}
-			// Refused twice: the connect's one retry is the request's.
+			// The connect's one retry is the request's.
 			checkAttrs(t, "server span", server.Attributes, map[attribute.Key]string{telemetry.AttrRetries: "1"})
 		})
 	}
@@ -1233,7 +1261,7 @@ func TestTracingStaleConnRetryCounted(t *testing.T) {
 			t.Fatalf("request %d: %d, want 200", i, resp.StatusCode)
 		}
 		id, _ := trace.TraceIDFromHex(traceID)
-		server, _ := waitSpans(t, exp, id)
+		server, _ := waitAttempts(t, exp, id, i+1) // the re-sent one has a client span per send
 		checkAttrs(t, fmt.Sprintf("request %d's server span", i), server.Attributes, map[attribute.Key]string{telemetry.AttrRetries: want})
 		if i == 0 {
 			// The pooled connection is dead before the next request.

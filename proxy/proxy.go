@@ -512,8 +512,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, retries, err := p.roundTrip(u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
-	x.retries = retries
+	c, err := p.roundTrip(x, u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	x.answeredEarly = err == nil && c.answered.Load()
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)

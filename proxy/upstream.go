@@ -563,16 +563,15 @@ func (u *upstream) handOff(c *upstreamConn) {
 // roundTrip sends req on a pooled connection and reads the response
 // headers into resp. On success the connection is busy and positioned at
 // the response body; the caller reads the body with c.br and ends the
-// exchange with c.release. It also returns how many connects and sends
-// were retried, for the request's span.
+// exchange with c.release. Each connect and send retried is counted in
+// x and, tracing on, is a client span of its own (retried).
 //
 // A request is re-sent once, on a new connection, only when a reused
 // keep-alive connection turned out to be closed by the backend before it
 // sent a single byte of an answer, the method is idempotent and the body is
 // not a stream (the rule net/http follows). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
-func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, int, error) {
-	retries := 0
+func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
 	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
 	body, _ := req.BodyStream().(*clientBody)
 	// A body fasthttp has not read whole (it reads up to fasthttpPreRead
@@ -582,9 +581,11 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
-		retries += connectRetries(c, err)
+		if first := connectRetry(c, err); first != nil {
+			p.retried(x, &req.Header, connectErrCode(first.err), first.err, first.at)
+		}
 		if err != nil {
-			return nil, retries, err
+			return nil, err
 		}
 		c.nread = 0
 		c.headerTimeout = headerTimeout
@@ -662,23 +663,23 @@ func (p *Proxy) roundTrip(u *upstream, req *fasthttp.Request, resp *fasthttp.Res
 		}
 		gone := c.endClientWait()
 		if err == nil && !gone {
-			return c, retries, nil
+			return c, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
 		cut := c.interrupted.Load()
 		c.release(p, false)
 		if gone {
-			return nil, retries, errClientLeft // not retried: nobody is waiting for it
+			return nil, errClientLeft // not retried: nobody is waiting for it
 		}
 		if cut {
-			return nil, retries, c.cutErr() // not retried: the proxy is going away, or the sandbox is gone
+			return nil, c.cutErr() // not retried: the proxy is going away, or the sandbox is gone
 		}
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
-			retries++
+			p.retried(x, &req.Header, CodeUpstreamReset, err, time.Time{})
 			continue
 		}
-		return nil, retries, err
+		return nil, err
 	}
 }
 
@@ -1082,9 +1083,19 @@ func (p *Proxy) releaseReader(br *bufio.Reader) {
 // dialError marks a failure to connect, as opposed to a failure on an
 // established connection: the client gets 502 upstream_connect_failed.
 type dialError struct {
-	addr    string
-	err     error
-	retried bool // the connect failed twice
+	addr string
+	err  error
+	// first is the connect dial retried, when it did: this error is the
+	// retry's.
+	first *failedConnect
+}
+
+// failedConnect is a connect that failed and that dial retried: the
+// request's span counts the retry, and tracing ends the failed attempt's
+// client span when it failed (connectRetry).
+type failedConnect struct {
+	err error
+	at  time.Time
 }
 
 func (e *dialError) Error() string { return fmt.Sprintf("connect %s: %v", e.addr, e.err) }
@@ -1095,10 +1106,10 @@ func (e *dialError) Unwrap() error { return e.err }
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	d := net.Dialer{Timeout: p.cfg.ConnectTimeout}
 	c, err := d.DialContext(p.pools.dialCtx, "tcp", addr)
-	retried := false
+	var first *failedConnect
 	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
 		p.metrics.UpstreamRetry()
-		retried = true
+		first = &failedConnect{err: err, at: time.Now()}
 		c, err = d.DialContext(p.pools.dialCtx, "tcp", addr)
 	}
 	if err != nil && p.pools.aborted.Load() {
@@ -1113,7 +1124,7 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 		} else {
 			p.metrics.UpstreamConnectError()
 		}
-		return nil, &dialError{addr: addr, err: err, retried: retried}
+		return nil, &dialError{addr: addr, err: err, first: first}
 	}
 	if p.dialedSelf(c) {
 		_ = c.Close()
@@ -1122,7 +1133,7 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
-	uc := &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, dialRetried: retried, hups: p.hangups}
+	uc := &upstreamConn{Conn: c, headerTimeout: p.cfg.ResponseHeaderTimeout, idleTimeout: p.cfg.IdleStreamTimeout, firstConnect: first, hups: p.hangups}
 	uc.answer.c = uc
 	return uc, nil
 }
@@ -1181,25 +1192,35 @@ func (p *Proxy) dialedSelf(c net.Conn) bool {
 	return false
 }
 
-// connectRetries takes the count of connects retried to get c, or to fail
-// with err (dial retries once), for the request's span. It is counted once:
-// a reused connection's retry belonged to the request that dialed it.
-func connectRetries(c *upstreamConn, err error) int {
-	if c != nil && c.dialRetried {
-		c.dialRetried = false
-		return 1
+// connectRetry takes the connect that dial retried to get c, or to fail
+// with err, nil when there was none. It is taken once: a reused
+// connection's retry belonged to the request that dialed it.
+func connectRetry(c *upstreamConn, err error) *failedConnect {
+	if c != nil && c.firstConnect != nil {
+		first := c.firstConnect
+		c.firstConnect = nil
+		return first
 	}
 	if err != nil {
 		// Declared here: errors.As makes de escape, and a request that got
 		// a connection must not pay that allocation.
 		var de *dialError
-		if errors.As(err, &de) && de.retried {
-			return 1
+		if errors.As(err, &de) {
+			return de.first
 		}
 	}
-	return 0
+	return nil
 }
 
+// connectErrCode is the proxy's error code for a failed connect (err not
+// the proxy's own shortage, which dial does not retry), as upstreamError
+// answers it.
+func connectErrCode(err error) string {
+	if isTimeout(err) {
+		return CodeUpstreamConnectTimeout
+	}
+	return CodeUpstreamConnect
+}
 // dialShortage reports a failed dial that is the proxy's own shortage:
 // descriptors or buffers (resourceExhausted), or local ports
 // (EADDRNOTAVAIL: every ephemeral port towards that address is taken, by
@@ -1229,7 +1250,7 @@ type upstreamConn struct {
 
 	nread int64 // bytes read since the current request was sent
 
-	dialRetried bool // its connect needed dial's retry; see connectRetries
+	firstConnect *failedConnect // its connect needed dial's retry; see connectRetry
 
 	// interrupted is set when the proxy closes the connection under a
 	// stream or a request: drain, a kill (killed set too), or the client

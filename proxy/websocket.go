@@ -318,7 +318,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// upstream.max_conns, though it never goes back to the idle list.
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
 	uc, err := u.dialNew(p)
-	x.retries = connectRetries(uc, err)
+	if first := connectRetry(uc, err); first != nil {
+		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
+	}
 	if err != nil {
 		sb.leave()
 		p.upstreamError(ctx, x, err, id, addr)

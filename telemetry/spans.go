@@ -372,15 +372,44 @@ func (t *Telemetry) StartClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	if t.tp == nil {
 		return noopSpan
 	}
+	return t.startClientSpan(ctx, upstream, addr, 0, clientStart)
+}
+
+// ResendClientSpan ends prev, the client span of an upstream attempt that
+// failed at `at` with err (errType its error.type, as EndClientSpan takes
+// it) before any answer, and starts, from at, the span of the attempt
+// that makes the exchange again, a child of ctx's span as prev was: the
+// HTTP semantic conventions give each attempt its own span, the ones
+// after the first numbered by http.request.resend_count (resend, from 1).
+// The new span's traceparent replaces prev's in upstream, so that the
+// sandbox's spans are children of the attempt that reached it. With
+// tracing off it does nothing and returns a no-op span.
+func (t *Telemetry) ResendClientSpan(ctx context.Context, prev trace.Span, upstream *fasthttp.RequestHeader, addr netip.AddrPort,
+	resend int, at time.Time, errType string, err error) trace.Span {
+	if t.tp == nil {
+		return noopSpan
+	}
+	endClientSpan(prev, 0, errType, err, at)
+	return t.startClientSpan(ctx, upstream, addr, resend,
+		[]trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(at)})
+}
+
+// startClientSpan starts a client span; resend is its
+// http.request.resend_count, 0 (none) for the first attempt.
+func (t *Telemetry) startClientSpan(ctx context.Context, upstream *fasthttp.RequestHeader, addr netip.AddrPort, resend int, opts []trace.SpanStartOption) trace.Span {
 	m := &spanMethods[spanMethod(upstream.Method())]
-	ctx, span := t.Tracer.Start(ctx, m.client, clientStart...)
+	ctx, span := t.Tracer.Start(ctx, m.client, opts...)
 	if span.IsRecording() {
 		// The semantic conventions' server.address is the host alone.
-		attrs := [4]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method),
+		attrs := [5]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m.method),
 			semconv.ServerAddressKey.String(addr.Addr().String()), semconv.ServerPortKey.Int(int(addr.Port()))}
 		n := 3
 		if m == otherMethod {
 			attrs[n] = methodOriginal(upstream)
+			n++
+		}
+		if resend > 0 {
+			attrs[n] = semconv.HTTPRequestResendCountKey.Int(resend)
 			n++
 		}
 		span.SetAttributes(attrs[:n]...)
@@ -478,6 +507,12 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 // without err is an error typed by its status. Allocation-free on a
 // non-recording span.
 func EndClientSpan(span trace.Span, status int, errType string, err error) {
+	endClientSpan(span, status, errType, err, time.Time{})
+}
+
+// endClientSpan is EndClientSpan ending the span, and recording err, at
+// at (zero: now): a failed attempt's span ends when it failed.
+func endClientSpan(span trace.Span, status int, errType string, err error, at time.Time) {
 	if span.IsRecording() {
 		attrs := [2]attribute.KeyValue{}
 		n := 0
@@ -492,7 +527,11 @@ func EndClientSpan(span trace.Span, status int, errType string, err error) {
 				attrs[n] = semconv.ErrorTypeKey.String(errType)
 			}
 			n++
-			span.RecordError(err)
+			if at.IsZero() {
+				span.RecordError(err)
+			} else {
+				span.RecordError(err, trace.WithTimestamp(at))
+			}
 			span.SetStatus(codes.Error, err.Error())
 		case status >= 400: // client spans treat 4xx as errors too
 			attrs[n] = semconv.ErrorTypeKey.String(strconv.Itoa(status))
@@ -501,5 +540,9 @@ func EndClientSpan(span trace.Span, status int, errType string, err error) {
 		}
 		span.SetAttributes(attrs[:n]...)
 	}
-	span.End()
+	if at.IsZero() {
+		span.End()
+		return
+	}
+	span.End(trace.WithTimestamp(at))
 }

@@ -29,6 +29,9 @@ type exchange struct {
 	spanCtx context.Context
 	span    trace.Span
 	cspan   trace.Span // upstream exchange; nil when none was made
+	// requestID is the answer's X-Cube-Request-Id, for a recording server
+	// span's cube.request.id (noteRequestID).
+	requestID string
 
 	sandboxID string
 	port      uint16
@@ -155,6 +158,18 @@ func (p *Proxy) startUpstream(ctx *fasthttp.RequestCtx, x *exchange, addr netip.
 	}
 }
 
+// noteRequestID keeps id, the request's X-Cube-Request-Id, for its
+// server span (tracing on): the id a client reports and the access log
+// shows, so that an operator can go from either to the request's trace.
+// Called as soon as the id is known, before a stream or tunnel takes its
+// copy of x; set when the span ends, with its other attributes, since
+// each SetAttributes call grows the SDK's attribute slice.
+func (x *exchange) noteRequestID(id []byte) {
+	if x.span != nil && x.span.IsRecording() {
+		x.requestID = string(id)
+	}
+}
+
 // retried records an upstream attempt that failed with err (code its
 // error code) before any answer, at at (zero: now), and that is made
 // again on h: the server span's cube.upstream.retries counts it and,
@@ -174,14 +189,7 @@ func (p *Proxy) retried(x *exchange, h *fasthttp.RequestHeader, code string, err
 // headersReady records time to response headers, unless the head is
 // written later (headLater): that write counts the request, with the
 // status its client got.
-//
-// The response carries the request id by now: the server span gets it too,
-// the id a client reports and the access log shows, so that an operator
-// can go from either to the request's trace.
 func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
-	if x.span != nil && x.span.IsRecording() {
-		x.span.SetAttributes(telemetry.AttrRequestID.String(string(ctx.Response.Header.Peek(HeaderRequestID))))
-	}
 	if !x.headLater {
 		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
 	}
@@ -222,6 +230,7 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 		r := telemetry.SpanResult{
 			SandboxID: x.sandboxID, Port: int(x.port), Kind: x.kind, Status: status,
 			BytesIn: x.bytesIn, BytesOut: x.bytesOut, Retries: x.retries, Cache: x.cache, ErrorCode: x.errCode,
+			RequestID: x.requestID,
 		}
 		if x.span.IsRecording() && x.upstream.IsValid() {
 			r.Upstream = x.upstream.String()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,6 +26,13 @@ func TestServerSpanNamesRequestID(t *testing.T) {
 	rln := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(rln, "8443")
 	web := h.route("reqidspan", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	// An event stream: relayed as it comes, finished by its own copy of
+	// the exchange, as a tunnel is.
+	sse := h.route("reqidspansse", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		io.WriteString(w, "data: one\n\n")
+		f.Flush()
+	})))
 	wsEnded := make(chan error, 1)
 	ws := h.route("reqidspanws", wsBackend(t, wsEnded))
 	const upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
@@ -37,6 +45,7 @@ func TestServerSpanNamesRequestID(t *testing.T) {
 		{"forwarded, the client's id", h.addr, "GET / HTTP/1.1\r\nHost: " + web + "\r\nX-Cube-Request-Id: client-id-1\r\n", 200},
 		{"forwarded, a generated id", h.addr, "GET / HTTP/1.1\r\nHost: " + web + "\r\n", 200},
 		{"proxy's 404", h.addr, "GET / HTTP/1.1\r\nHost: 80-reqidspanmissing.cube.test\r\n", 404},
+		{"event stream", h.addr, "GET /sse HTTP/1.1\r\nHost: " + sse + "\r\nX-Cube-Request-Id: client-sse\r\n", 200},
 		{"WebSocket", h.addr, "GET /ws HTTP/1.1\r\nHost: " + ws + "\r\nX-Cube-Request-Id: client-ws\r\n" + upgrade, 101},
 		{"parser's 431", h.addr, "GET / HTTP/1.1\r\nHost: " + web + "\r\nX-Big: " + strings.Repeat("b", 70<<10) + "\r\n", 431},
 		{"redirect listener", rln.Addr().String(), "GET /r HTTP/1.1\r\nHost: " + web + "\r\n", 308},

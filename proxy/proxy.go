@@ -164,6 +164,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	// Set on the request too: a head admitted by Expect runs again under
 	// the same id.
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
+	x.noteRequestID(reqID)
 	p.serve(ctx, x)
 	if x.admitted {
 		// The head's lookup is the request's: the one after its body

@@ -268,7 +268,9 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	}
 	// After the answer is written (an error answer resets the headers),
 	// before it is logged.
-	ctx.Response.Header.SetBytesV(HeaderRequestID, s.p.requestID(&ctx.Request.Header, nil))
+	id := s.p.requestID(&ctx.Request.Header, nil)
+	ctx.Response.Header.SetBytesV(HeaderRequestID, id)
+	x.noteRequestID(id)
 	s.p.headersReady(ctx, &x)
 	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 }
@@ -804,6 +806,7 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	p.begin(ctx, &x)
 	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
+	x.noteRequestID(reqID)
 	x.fail(ctx, p.refused(err), nil)
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)

@@ -438,6 +438,7 @@ type SpanResult struct {
 	Retries   int
 	Cache     CacheResult
 	ErrorCode string // proxy error code ("sandbox_not_found", ...), "" on success
+	RequestID string // X-Cube-Request-Id of the answer, "" when none went out
 }
 
 // ErrorCodeClientClosed is the proxy's error code for an exchange its
@@ -461,7 +462,7 @@ func ClientEnded(code string) bool {
 // non-recording span it only calls End, so it allocates nothing.
 func EndServerSpan(span trace.Span, r *SpanResult) {
 	if span.IsRecording() {
-		attrs := make([]attribute.KeyValue, 0, 11)
+		attrs := make([]attribute.KeyValue, 0, 12)
 		attrs = append(attrs,
 			AttrRouteKind.String(r.Kind.String()),
 			semconv.HTTPResponseStatusCodeKey.Int(r.Status),
@@ -480,6 +481,9 @@ func EndServerSpan(span trace.Span, r *SpanResult) {
 		}
 		if r.ErrorCode != "" {
 			attrs = append(attrs, AttrErrorCode.String(r.ErrorCode))
+		}
+		if r.RequestID != "" {
+			attrs = append(attrs, AttrRequestID.String(r.RequestID))
 		}
 		// Server spans mark 5xx as errors, and a response that failed after
 		// its head went out (semantic conventions): the sandbox reset a

@@ -1221,6 +1221,7 @@ func connectErrCode(err error) string {
 	}
 	return CodeUpstreamConnect
 }
+
 // dialShortage reports a failed dial that is the proxy's own shortage:
 // descriptors or buffers (resourceExhausted), or local ports
 // (EADDRNOTAVAIL: every ephemeral port towards that address is taken, by

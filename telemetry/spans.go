@@ -15,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // Span attribute keys beyond the semantic conventions.
@@ -254,34 +256,13 @@ func (t attrText) add(p []byte, limit int) int {
 // the HTTP semantic conventions take it for server.address and
 // server.port: an absolute-form target's ("GET http://host:port/p", which
 // RFC 9112 3.2.2 puts before Host; routing refuses one that names another
-// sandbox than Host), else the Host header's. Empty when neither names
-// one.
+// sandbox than Host), read as routing reads it, else the Host header's.
+// Empty when neither names one.
 func requestAuthority(h *fasthttp.RequestHeader) []byte {
-	if authority := targetAuthority(h.RequestURI()); len(authority) > 0 {
+	if authority, _ := routing.TargetAuthority(h.RequestURI()); len(authority) > 0 {
 		return authority
 	}
 	return h.Host()
-}
-
-// targetAuthority returns the host and port of an absolute-form request
-// target, userinfo dropped (routing.TargetAuthority; telemetry imports no
-// proxy package), nil for another form.
-func targetAuthority(uri []byte) []byte {
-	if len(uri) == 0 || uri[0] == '/' {
-		return nil
-	}
-	i := bytes.Index(uri, []byte("://"))
-	if i < 0 {
-		return nil
-	}
-	authority := uri[i+3:]
-	if end := bytes.IndexAny(authority, "/?#"); end >= 0 {
-		authority = authority[:end]
-	}
-	if at := bytes.LastIndexByte(authority, '@'); at >= 0 {
-		authority = authority[at+1:]
-	}
-	return authority
 }
 
 // splitAuthority splits an authority ("host", "host:port", "[v6]:port", an

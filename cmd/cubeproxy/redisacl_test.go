@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +33,7 @@ func TestRedisACLWithoutLegacyPattern(t *testing.T) {
 		return p.adminGet(t, "/readyz").status == 200
 	})
 	warning := func() int {
-		return countLogLines(p.logs.String(), `"level":"WARN"`, "~bypass_host_proxy:*")
+		return testenv.CountLines(p.logs.String(), `"level":"WARN"`, "~bypass_host_proxy:*")
 	}
 	if n := warning(); n != 1 {
 		t.Fatalf("%d warnings naming ~bypass_host_proxy:* at start, want 1:\n%s", n, p.logs.String())
@@ -56,21 +55,6 @@ func TestRedisACLWithoutLegacyPattern(t *testing.T) {
 		t.Fatalf("known id, user without the route key pattern: %d %s, want 503 store_unavailable", got.status, got.body)
 	}
 	testenv.WaitFor(t, 5*time.Second, "an error naming the route key pattern", func() bool {
-		return countLogLines(q.logs.String(), `"level":"ERROR"`, "NOPERM", "~cube:v1:shared:sandbox:proxy:*") > 0
+		return testenv.CountLines(q.logs.String(), `"level":"ERROR"`, "NOPERM", "~cube:v1:shared:sandbox:proxy:*") > 0
 	})
-}
-
-// countLogLines counts the lines of log holding every one of parts.
-func countLogLines(log string, parts ...string) int {
-	n := 0
-	for _, l := range strings.Split(log, "\n") {
-		all := l != ""
-		for _, p := range parts {
-			all = all && strings.Contains(l, p)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
 }

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"strings"
 	"sync"
 )
 
@@ -24,4 +25,19 @@ func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// CountLines counts the lines of log that hold every one of parts.
+func CountLines(log string, parts ...string) int {
+	n := 0
+	for l := range strings.SplitSeq(log, "\n") {
+		all := l != ""
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }

@@ -13,11 +13,11 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
-// aclDeployments starts a standalone server, a Sentinel-managed master and
-// a one-node Cluster, each with the ACL user "proxy" (password "pw")
-// granted rules on top of nothing, and returns a store config reaching
-// each as that user. The three go through the one Lookup, which is what
-// this checks: a fix on one path must hold on all.
+// aclDeployments starts a standalone server, a Sentinel-managed master
+// (the "sentinel" entry's r) and a one-node Cluster, each with the ACL
+// user "proxy" (password "pw") granted rules on top of nothing, and
+// returns a store config reaching each as that user. The three go through
+// the one Lookup: a fix on one path must hold on all.
 func aclDeployments(t *testing.T, rules ...any) map[string]struct {
 	r   *testenv.Redis
 	cfg redisstore.Config
@@ -34,7 +34,7 @@ func aclDeployments(t *testing.T, rules ...any) map[string]struct {
 	})
 	standalone := testenv.StartRedis(t)
 	master := testenv.StartRedis(t)
-	sentinel := testenv.StartSentinel(t, "acl-legacy", master.Addr())
+	sentinel := testenv.StartSentinel(t, "acl", master.Addr())
 	for _, r := range []*testenv.Redis{standalone, master, cluster} {
 		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
 		if err := r.Client().Do(ctx, acl...).Err(); err != nil {
@@ -47,25 +47,10 @@ func aclDeployments(t *testing.T, rules ...any) map[string]struct {
 	}{
 		"standalone": {standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}},
 		"sentinel": {master, redisstore.Config{Username: "proxy", Password: "pw",
-			Sentinel: redisstore.SentinelConfig{MasterName: "acl-legacy", Addrs: []string{sentinel.Addr()}}}},
+			Sentinel: redisstore.SentinelConfig{MasterName: "acl", Addrs: []string{sentinel.Addr()}}}},
 		"cluster": {cluster, redisstore.Config{Username: "proxy", Password: "pw",
 			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}},
 	}
-}
-
-// countLines counts the log lines holding every one of parts.
-func countLines(log string, parts ...string) int {
-	n := 0
-	for _, l := range strings.Split(log, "\n") {
-		all := l != ""
-		for _, p := range parts {
-			all = all && strings.Contains(l, p)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
 }
 
 // TestLookupWithoutLegacyKeyACL: a deployment that never had legacy keys
@@ -93,7 +78,7 @@ func TestLookupWithoutLegacyKeyACL(t *testing.T) {
 					t.Fatalf("lookup of an unknown id without the legacy pattern: %v, want ErrNotFound", err)
 				}
 			}
-			if n := countLines(logs.String(), `"level":"WARN"`, "~bypass_host_proxy:*", "NOPERM"); n != 1 {
+			if n := testenv.CountLines(logs.String(), `"level":"WARN"`, "~bypass_host_proxy:*", "NOPERM"); n != 1 {
 				t.Fatalf("%d warnings naming the legacy pattern for 5 denied reads, want 1:\n%s", n, logs.String())
 			}
 		})

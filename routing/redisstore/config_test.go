@@ -155,23 +155,10 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 func TestLeastPrivilegeACLUser(t *testing.T) {
 	ctx := context.Background()
 	rules := readmeACLRules(t)
-	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("cluster addslotsrange: %v", err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
-		info, err := cluster.Client().ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok")
-	})
-	standalone := testenv.StartRedis(t)
-	master := testenv.StartRedis(t)
-	sentinel := testenv.StartSentinel(t, "acl-master", master.Addr())
-	for _, r := range []*testenv.Redis{standalone, master, cluster} {
-		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
-		if err := r.Client().Do(ctx, acl...).Err(); err != nil {
-			t.Fatalf("ACL SETUSER %v: %v", rules, err)
-		}
-		hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	d := aclDeployments(t, rules...)
+	standalone := d["standalone"].r
+	for _, dep := range d {
+		hset(t, dep.r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
 	}
 	// Another database than 0: every connection starts with a SELECT.
 	db3 := redis.NewClient(&redis.Options{Addr: standalone.Addr(), DB: 3, Protocol: 2, DisableIdentity: true})
@@ -188,10 +175,8 @@ func TestLeastPrivilegeACLUser(t *testing.T) {
 		{"addr", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw"}, nil},
 		{"db 3", standalone, redisstore.Config{Addr: standalone.Addr(), Username: "proxy", Password: "pw", DB: 3}, db3},
 		{"url", standalone, redisstore.Config{URL: "redis://proxy:pw@" + standalone.Addr()}, nil},
-		{"sentinel", master, redisstore.Config{Username: "proxy", Password: "pw",
-			Sentinel: redisstore.SentinelConfig{MasterName: "acl-master", Addrs: []string{sentinel.Addr()}}}, nil},
-		{"cluster", cluster, redisstore.Config{Username: "proxy", Password: "pw",
-			Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}, nil},
+		{"sentinel", d["sentinel"].r, d["sentinel"].cfg, nil},
+		{"cluster", d["cluster"].r, d["cluster"].cfg, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

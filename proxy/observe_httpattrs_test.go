@@ -48,6 +48,19 @@ func (c *otlpCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(out)
 }
 
+// all returns the received spans of kind.
+func (c *otlpCollector) all(kind tracepb.Span_SpanKind) []*tracepb.Span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range c.spans {
+		if s.GetKind() == kind {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // trace returns the received spans of trace id (32 hex digits) of kind.
 func (c *otlpCollector) trace(id string, kind tracepb.Span_SpanKind) []*tracepb.Span {
 	c.mu.Lock()

@@ -1,69 +1,19 @@
 package proxy
 
 import (
-	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
-	"time"
 
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/cube-sandbox/cubeproxy/telemetry"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
-
-// otlpPaths is an OTLP/HTTP trace collector that keeps the url.path of
-// every server span it receives.
-type otlpPaths struct {
-	mu    sync.Mutex
-	paths []string
-}
-
-func (c *otlpPaths) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	req := &coltracepb.ExportTraceServiceRequest{}
-	if err := proto.Unmarshal(body, req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	c.mu.Lock()
-	for _, rs := range req.GetResourceSpans() {
-		for _, ss := range rs.GetScopeSpans() {
-			for _, s := range ss.GetSpans() {
-				for _, a := range s.GetAttributes() {
-					if a.GetKey() == "url.path" {
-						c.paths = append(c.paths, a.GetValue().GetStringValue())
-					}
-				}
-			}
-		}
-	}
-	c.mu.Unlock()
-	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	w.Write(out)
-}
 
 // A request target with bytes that are not UTF-8 (fasthttp takes any byte
 // above 0x7F) must not cost the traces of other requests: OTLP strings are
 // UTF-8, and one such url.path made the exporter refuse the whole batch.
 func TestTracingInvalidUTF8PathExported(t *testing.T) {
-	col := &otlpPaths{}
-	srv := httptest.NewServer(col)
-	defer srv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL) // read by otlptracehttp itself
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
-	env := map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"}
-	tel, err := telemetry.New(context.Background(), telemetry.Config{Env: func(k string) string { return env[k] }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	col, tel, flush := otlpTracing(t)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -82,14 +32,13 @@ func TestTracingInvalidUTF8PathExported(t *testing.T) {
 	}
 
 	// Shutdown flushes the batch: both spans, or neither, are exported.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := tel.Shutdown(ctx); err != nil {
-		t.Fatalf("Shutdown: %v", err)
+	flush()
+	var got []string
+	for _, sp := range col.all(tracepb.Span_SPAN_KIND_SERVER) {
+		if p, ok := otlpAttr(sp, "url.path"); ok {
+			got = append(got, p)
+		}
 	}
-	col.mu.Lock()
-	got := slices.Clone(col.paths)
-	col.mu.Unlock()
 	slices.Sort(got)
 	if want := []string{"/bad\uFFFDpath", "/good"}; !slices.Equal(got, want) {
 		t.Errorf("collector received server spans with url.path %q, want %q", got, want)

@@ -1250,16 +1250,7 @@ func TestTracingStaleConnRetryCounted(t *testing.T) {
 	br := bufio.NewReader(c)
 	for i, want := range []string{"0", "1"} {
 		traceID := fmt.Sprintf("%032x", i+0x51)
-		fmt.Fprintf(c, "GET /%d HTTP/1.1\r\nHost: %s\r\nTraceparent: 00-%s-00f067aa0ba902b7-01\r\n\r\n", i, host, traceID)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("request %d: %d, want 200", i, resp.StatusCode)
-		}
+		getTraced(t, c, br, host, i, traceID)
 		id, _ := trace.TraceIDFromHex(traceID)
 		server, _ := waitAttempts(t, exp, id, i+1) // the re-sent one has a client span per send
 		checkAttrs(t, fmt.Sprintf("request %d's server span", i), server.Attributes, map[attribute.Key]string{telemetry.AttrRetries: want})

@@ -35,11 +35,7 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *timeout <= 0 {
 		return usageError{fmt.Errorf("--timeout %v: give a positive duration", *timeout)}
 	}
-	var cargs []string
-	if *cfgPath != "" {
-		cargs = []string{"--config", *cfgPath}
-	}
-	cfg, err := config.LoadCommand("cubeproxy health", shownDefaults(), cargs, getenv, stderr)
+	cfg, err := loadConfigFile("cubeproxy health", *cfgPath, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -71,6 +67,17 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	fmt.Fprintln(stdout, line)
 	return nil
+}
+
+// loadConfigFile loads the configuration for a command that takes
+// --config and none of serve's other flags: the file at path (or
+// CUBEPROXY_CONFIG when path is empty) and the CUBEPROXY_* environment.
+func loadConfigFile(command, path string, getenv func(string) string, stderr io.Writer) (*config.Config, error) {
+	var args []string
+	if path != "" {
+		args = []string{"--config", path}
+	}
+	return config.LoadCommand(command, shownDefaults(), args, getenv, stderr)
 }
 
 // probeAddr is where a local client reaches the admin listener at addr:

@@ -39,11 +39,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		// Parsing stops at the first non-flag: what follows it was not read.
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	var cargs []string
-	if *cfgPath != "" {
-		cargs = []string{"--config", *cfgPath}
-	}
-	cfg, err := config.LoadCommand("cubeproxy token sign", shownDefaults(), cargs, getenv, stderr)
+	cfg, err := loadConfigFile("cubeproxy token sign", *cfgPath, getenv, stderr)
 	if err != nil {
 		return err
 	}

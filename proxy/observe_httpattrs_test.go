@@ -248,3 +248,43 @@ func TestTracingLargeUserAgentTruncated(t *testing.T) {
 		}
 	}
 }
+
+// url.path is cut at telemetry.MaxPathAttr, on a character boundary, as
+// the user agent is: a path may be as long as client.max_header_size, and
+// a batch of spans carrying 12 KiB paths was over what a collector takes,
+// so the other requests' spans in it were lost too.
+func TestTracingLongPathTruncated(t *testing.T) {
+	col, tel, flush := otlpTracing(t)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	host := h.route("longpath", port)
+	long := "/" + strings.Repeat("%C3%A9", 2000) // 12 KiB as sent
+	tests := []struct{ traceID, path string }{
+		{fmt.Sprintf("%032x", 0x1a7a0), long},
+		{fmt.Sprintf("%032x", 0x1a7a1), "/short"},
+	}
+	for _, tc := range tests {
+		head := "GET " + tc.path + "?q=1 HTTP/1.1\r\nHost: " + host +
+			"\r\nTraceparent: 00-" + tc.traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
+		if st := roundTripRaw(t, h, head); st != 200 {
+			t.Fatalf("status %d, want 200", st)
+		}
+	}
+	flush()
+	for i, tc := range tests {
+		server := col.trace(tc.traceID, tracepb.Span_SPAN_KIND_SERVER)
+		if len(server) != 1 {
+			t.Fatalf("request %d: %d server spans received, want 1", i, len(server))
+		}
+		got, _ := otlpAttr(server[0], "url.path")
+		want := tc.path
+		if len(want) > telemetry.MaxPathAttr {
+			want = want[:telemetry.MaxPathAttr]
+		}
+		if got != want {
+			t.Errorf("request %d: url.path of %d bytes (%.20q...), want the first %d of %d", i, len(got), got, len(want), len(tc.path))
+		}
+	}
+}

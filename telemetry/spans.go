@@ -44,6 +44,13 @@ const (
 // than a DNS name (253) is refused (400) anyway.
 const MaxHeaderAttr = 1024
 
+// MaxPathAttr is the most of a request's path a span records (url.path),
+// in bytes, cut on a character boundary, for MaxHeaderAttr's reason: a
+// path may be as long as client.max_header_size. Paths past 2 KiB are
+// rare (the access log keeps them whole); with the header attributes, a
+// full batch of 512 spans stays near 2 MiB.
+const MaxPathAttr = 2048
+
 var (
 	serverStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 	clientStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
@@ -177,9 +184,9 @@ func serverAttrs(h *fasthttp.RequestHeader, m *methodNames, tls bool, client net
 		clientAddr = client.AppendTo(addr[:0])
 	}
 	var b strings.Builder
-	b.Grow(len(path) + min(len(host), MaxHeaderAttr) + min(len(ua), MaxHeaderAttr) + len(clientAddr))
+	b.Grow(min(len(path), MaxPathAttr) + min(len(host), MaxHeaderAttr) + min(len(ua), MaxHeaderAttr) + len(clientAddr))
 	text := attrText{b: &b}
-	pathEnd := text.add(path, math.MaxInt)
+	pathEnd := text.add(path, MaxPathAttr)
 	hostEnd := text.add(host, MaxHeaderAttr)
 	uaEnd := text.add(ua, MaxHeaderAttr)
 	clientEnd := text.add(clientAddr, math.MaxInt)

@@ -560,10 +560,10 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	x.kind = telemetry.RouteHTTP
 	keepAlive := !resp.Header.ConnectionClose()
 	size := int64(resp.Header.ContentLength())
-	if !removeHopResponse(&resp.Header, false) {
+	if err := removeHopResponse(&resp.Header, false); err != nil {
 		c.release(p, false)
 		sb.leave()
-		p.upstreamError(ctx, x, errTooManyConnectionOptions, t.ID(), addr)
+		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
 	if !req.Header.IsHTTP11() {

@@ -352,10 +352,10 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
 		return
 	}
-	if !removeHopResponse(&resp.Header, true) {
+	if err := removeHopResponse(&resp.Header, true); err != nil {
 		uc.release(p, false)
 		sb.leave()
-		p.upstreamError(ctx, x, errTooManyConnectionOptions, id, addr)
+		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
 	p.splice(ctx, x, u, uc, sb)

@@ -101,6 +101,18 @@ func otlpTracing(t *testing.T) (col *otlpCollector, tel *telemetry.Telemetry, fl
 	}
 }
 
+// otlpSandbox is otlpTracing with a proxy exporting to it and a sandbox
+// id that answers "ok", at host.
+func otlpSandbox(t *testing.T, id string) (col *otlpCollector, h *harness, host string, flush func()) {
+	t.Helper()
+	col, tel, flush := otlpTracing(t)
+	h = newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	return col, h, h.route(id, port), flush
+}
+
 // otlpAttr returns the value of attribute k of s as a string ("" when
 // absent), and whether it is there.
 func otlpAttr(s *tracepb.Span, k string) (string, bool) {
@@ -146,12 +158,8 @@ func roundTripRaw(t *testing.T, h *harness, head string) int {
 // say which name a request came in by (a sandbox host, a shared host
 // with override headers, an IP literal), nor which client sent it.
 func TestTracingServerSpanHostAndUserAgent(t *testing.T) {
-	col, tel, flush := otlpTracing(t)
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok")
-	}))
-	host := h.route("hostattrs", port)
+	col, h, host, flush := otlpSandbox(t, "hostattrs")
+	port := host[:strings.IndexByte(host, '-')] // the sandbox's port, as its host names it
 	tests := []struct {
 		name, target, headers string
 		address, port, ua     string // "" = absent
@@ -159,8 +167,8 @@ func TestTracingServerSpanHostAndUserAgent(t *testing.T) {
 		{"host without port", "/a", "Host: " + host + "\r\nUser-Agent: curl/8.5.0\r\n", host, "80", "curl/8.5.0"},
 		{"host with port", "/a", "Host: " + strings.ToUpper(host) + ":8443\r\nUser-Agent: Mozilla/5.0 (X11)\r\n", strings.ToUpper(host), "8443", "Mozilla/5.0 (X11)"},
 		{"absolute form", "http://" + host + ":81/a", "Host: " + host + "\r\n", host, "81", ""},
-		{"ipv4 literal", "/a", "Host: 127.0.0.1:9000\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + itoa(port) + "\r\n", "127.0.0.1", "9000", ""},
-		{"ipv6 literal", "/a", "Host: [::1]:9001\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + itoa(port) + "\r\n", "::1", "9001", ""},
+		{"ipv4 literal", "/a", "Host: 127.0.0.1:9000\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + port + "\r\n", "127.0.0.1", "9000", ""},
+		{"ipv6 literal", "/a", "Host: [::1]:9001\r\nX-Cube-Sandbox-Id: hostattrs\r\nX-Cube-Sandbox-Port: " + port + "\r\n", "::1", "9001", ""},
 	}
 	for i, tc := range tests {
 		traceID := fmt.Sprintf("%032x", 0x4057a0+i)
@@ -195,12 +203,7 @@ func TestTracingServerSpanHostAndUserAgent(t *testing.T) {
 // batch arrive too. The query string, which may carry a signed
 // cube_token, is in no attribute of either span.
 func TestTracingLargeUserAgentTruncated(t *testing.T) {
-	col, tel, flush := otlpTracing(t)
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok")
-	}))
-	host := h.route("bigua", port)
+	col, h, host, flush := otlpSandbox(t, "bigua")
 	// Multi-byte characters straddle the cut, and an invalid byte comes
 	// before it.
 	ua := "bot/1.0 \xff " + strings.Repeat("é", 6000)
@@ -254,12 +257,7 @@ func TestTracingLargeUserAgentTruncated(t *testing.T) {
 // a batch of spans carrying 12 KiB paths was over what a collector takes,
 // so the other requests' spans in it were lost too.
 func TestTracingLongPathTruncated(t *testing.T) {
-	col, tel, flush := otlpTracing(t)
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok")
-	}))
-	host := h.route("longpath", port)
+	col, h, host, flush := otlpSandbox(t, "longpath")
 	long := "/" + strings.Repeat("%C3%A9", 2000) // 12 KiB as sent
 	tests := []struct{ traceID, path string }{
 		{fmt.Sprintf("%032x", 0x1a7a0), long},

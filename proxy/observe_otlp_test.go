@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"io"
-	"net/http"
 	"slices"
 	"testing"
 
@@ -13,12 +12,7 @@ import (
 // above 0x7F) must not cost the traces of other requests: OTLP strings are
 // UTF-8, and one such url.path made the exporter refuse the whole batch.
 func TestTracingInvalidUTF8PathExported(t *testing.T) {
-	col, tel, flush := otlpTracing(t)
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok")
-	}))
-	host := h.route("utf8path", port)
+	col, h, host, flush := otlpSandbox(t, "utf8path")
 
 	c := dialRaw(t, h.addr)
 	if _, err := io.WriteString(c, "GET /bad\xff\xfepath HTTP/1.1\r\nHost: "+host+"\r\nConnection: close\r\n\r\n"); err != nil {

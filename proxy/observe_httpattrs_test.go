@@ -113,6 +113,18 @@ func otlpSandbox(t *testing.T, id string) (col *otlpCollector, h *harness, host 
 	return col, h, h.route(id, port), flush
 }
 
+// sendTraced sends "GET target" to host, with the header lines extra, as
+// part of trace traceID (sampled) on a connection of its own, and fails
+// the test unless the sandbox answers 200.
+func sendTraced(t *testing.T, h *harness, target, host, extra, traceID string) {
+	t.Helper()
+	head := "GET " + target + " HTTP/1.1\r\nHost: " + host + "\r\n" + extra +
+		"Traceparent: 00-" + traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
+	if st := roundTripRaw(t, h, head); st != 200 {
+		t.Fatalf("GET %.40s: status %d, want 200", target, st)
+	}
+}
+
 // otlpAttr returns the value of attribute k of s as a string ("" when
 // absent), and whether it is there.
 func otlpAttr(s *tracepb.Span, k string) (string, bool) {
@@ -213,11 +225,7 @@ func TestTracingLargeUserAgentTruncated(t *testing.T) {
 		{fmt.Sprintf("%032x", 0xb16a1), "small/1.0"},
 	}
 	for _, tc := range tests {
-		head := "GET /p?" + secret + "&x=1 HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: " + tc.ua +
-			"\r\nTraceparent: 00-" + tc.traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
-		if st := roundTripRaw(t, h, head); st != 200 {
-			t.Fatalf("status %d, want 200", st)
-		}
+		sendTraced(t, h, "/p?"+secret+"&x=1", host, "User-Agent: "+tc.ua+"\r\n", tc.traceID)
 	}
 	flush()
 	for i, tc := range tests {
@@ -264,11 +272,7 @@ func TestTracingLongPathTruncated(t *testing.T) {
 		{fmt.Sprintf("%032x", 0x1a7a1), "/short"},
 	}
 	for _, tc := range tests {
-		head := "GET " + tc.path + "?q=1 HTTP/1.1\r\nHost: " + host +
-			"\r\nTraceparent: 00-" + tc.traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
-		if st := roundTripRaw(t, h, head); st != 200 {
-			t.Fatalf("status %d, want 200", st)
-		}
+		sendTraced(t, h, tc.path+"?q=1", host, "", tc.traceID)
 	}
 	flush()
 	for i, tc := range tests {

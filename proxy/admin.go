@@ -99,6 +99,10 @@ func CheckAdminAddr(addr, token string) error {
 
 // Handler serves the admin API.
 func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
+	// The Host line, not an absolute-form target's host (which fasthttp
+	// copies over it), is what a browser fills with the page's host name,
+	// which localClient judges.
+	settleHost(&ctx.Request.Header)
 	path := string(ctx.Path())
 	if path == "/readyz" || path == "/admin/healthz" {
 		// Health answers without a token: load balancers probe it.

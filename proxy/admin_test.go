@@ -523,6 +523,21 @@ func TestAdminWithoutTokenRefusesBrowserPages(t *testing.T) {
 	if _, ok := h.store.Get("csrf"); ok {
 		t.Error("a browser page re-routed a sandbox through the admin API")
 	}
+	// The Host line is what a browser fills with the page's host name, so
+	// it is what counts even when the request line names another host
+	// (absolute form, which fasthttp copies over Host).
+	for _, tc := range []struct {
+		name, target, host string
+		status             int
+	}{
+		{"absolute-form local target, rebinding Host", "http://127.0.0.1:" + port + "/admin/routes", "rebind.evil.example:" + port, 403},
+		{"absolute-form foreign target, local Host", "http://rebind.evil.example/admin/routes", "127.0.0.1:" + port, 200},
+	} {
+		resp, body := rawRequest(t, h.admin, "GET "+tc.target+" HTTP/1.1\r\nHost: "+tc.host+"\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.name, resp.StatusCode, body, tc.status)
+		}
+	}
 	if st, _ := h.adminDo("GET", "/admin/healthz", "", ""); st != 200 {
 		t.Errorf("healthz: %d", st)
 	}

@@ -1044,36 +1044,46 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 
 // A client that sent part of a request head and then nothing until
 // client.read_timeout made a request: it is answered 408 and logged and
-// counted as one, as nginx logs it, over TLS too. One that connected and
-// sent nothing made none (a browser's preconnect, a TLS handshake never
-// finished): it is answered or closed, but neither logged nor counted, as
-// by nginx.
+// counted as one, as nginx logs it, over TLS and on the redirect listener
+// too. One that connected and sent nothing made none (a browser's
+// preconnect, a TLS handshake never finished): it is answered or closed,
+// but neither logged nor counted, as by nginx.
 func TestStalledHeadLogged(t *testing.T) {
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = 300 * time.Millisecond
 		o.srv.ClientBodyTimeout = 300 * time.Millisecond
 	})
 	tlsAddr, roots := serveTLS(t, h)
+	rln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rln, "8443")
 	for _, tc := range []struct {
 		name, sent string
 		logged     bool
 		tls        bool
 		handshake  bool // TLS: the client completes its handshake first
+		redirect   bool // on the redirect listener
 	}{
-		{"nothing sent", "", false, false, false},
-		{"TLS, no handshake", "", false, true, false},
-		{"TLS, part of a ClientHello", "\x16\x03\x01\x02\x00\x01", false, true, false},
-		{"TLS, nothing after the handshake", "", false, true, true},
-		{"TLS, part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, true, true},
-		{"part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, false, false},
+		{"nothing sent", "", false, false, false, false},
+		{"TLS, no handshake", "", false, true, false, false},
+		{"TLS, part of a ClientHello", "\x16\x03\x01\x02\x00\x01", false, true, false, false},
+		{"TLS, nothing after the handshake", "", false, true, true, false},
+		{"TLS, part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, true, true, false},
+		{"part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, false, false, false},
 		// fasthttp hands over this timeout as a silent connection's, the
 		// head already dropped; the connection's first byte (StateActive)
 		// tells them apart.
-		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false},
-		{"TLS, part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true},
+		{"part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false, false},
+		{"TLS, part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true, false},
 		// After a request on the connection, fasthttp's count tells too.
-		{"part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false},
-		{"TLS, part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true},
+		{"part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false, false},
+		{"TLS, part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, true, true, false},
+		// The redirect listener reads every body before its handler: its
+		// refusals are logged as the traffic listener's, a first request's
+		// stalled body too (its connection's first byte recorded as theirs).
+		{"redirect, nothing sent", "", false, false, false, true},
+		{"redirect, part of a head", "GET /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\n", true, false, false, true},
+		{"redirect, part of a small body", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false, true},
+		{"redirect, part of a small body, second request", "POST /slow HTTP/1.1\r\nHost: 50005-stall.cube.test\r\nContent-Length: 100\r\n\r\nabc", true, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c net.Conn
@@ -1086,6 +1096,8 @@ func TestStalledHeadLogged(t *testing.T) {
 				c = tlc
 			case tc.tls:
 				c = dialRaw(t, tlsAddr)
+			case tc.redirect:
+				c = dialRaw(t, rln.Addr().String())
 			default:
 				c = dialRaw(t, h.addr)
 			}

@@ -103,6 +103,12 @@ type Server struct {
 	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
 	// redirectPort is the HTTPS port the redirects name ("" for 443).
 	redirectPort string
+	// redirectConns are the redirect listener's connections, each with the
+	// arrival of its current request's first byte (access log on only):
+	// what tells a first request's body that stalled from a connection
+	// that sent nothing (requestFailed). Apart from the traffic
+	// listeners' (Proxy.conns): the drain's cutReads is not for these.
+	redirectConns connSet
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -200,7 +206,7 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 			}
 			// Counted and logged as on the traffic listener: a browser
 			// whose cookies outgrow the head limit must show up here too.
-			p.clientError(ctx, err)
+			p.requestFailed(ctx, err, &s.redirectConns)
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
@@ -217,16 +223,34 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		// gauge, which shows how close the proxy runs to that limit. Only
 		// redirectExpect hijacks, and counts its connection's close.
 		// Its connections are held (heldConns) until fasthttp lets go.
+		// With the access log on, each request's first byte is recorded,
+		// as on the traffic listeners: without it a first request whose
+		// body stalled looked like a connection that sent nothing, and
+		// went unlogged. Off, no lock is taken for it.
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			logged := p.cfg.AccessLog != nil
 			switch st {
 			case fasthttp.StateNew:
 				p.held.add(c)
+				if logged {
+					s.redirectConns.add(c)
+				}
 				p.metrics.ConnOpened()
+			case fasthttp.StateActive:
+				if logged {
+					s.redirectConns.requestBegan(c, time.Now())
+				}
 			case fasthttp.StateClosed:
 				p.held.remove(c)
+				if logged {
+					s.redirectConns.remove(c)
+				}
 				p.clientConnClosed()
 			case fasthttp.StateHijacked:
 				p.held.remove(c)
+				if logged {
+					s.redirectConns.remove(c)
+				}
 			}
 		},
 	}
@@ -788,16 +812,23 @@ func refusedByParser(err error) proxyError {
 	return proxyError{status: 400, code: CodeBadRequest, msg: "malformed HTTP request"}
 }
 
-// clientError answers a request fasthttp refused before the handler ran,
-// with the request id every traffic answer carries, and counts and logs
-// it like any other answer: a flood of 400s or 431s must show.
+// clientError is the traffic listeners' requestFailed.
 func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
+	p.requestFailed(ctx, err, &p.conns)
+}
+
+// requestFailed answers a request fasthttp refused or dropped before the
+// handler ran, on a connection of conns, with the request id every
+// traffic answer carries, and counts and logs it like any other answer: a
+// flood of 400s or 431s must show, and so must clients that leave halfway.
+func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSet) {
 	var buf [maxRequestIDLen]byte
-	if connectionError(err) && !headStalled(err) && !p.bodyStalled(ctx, err) {
+	e, request := p.failure(ctx, err, conns)
+	if !request {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
 		// answer still carries an id, as every traffic answer does.
-		writeError(ctx, p.refused(err), nil)
+		writeError(ctx, e, nil)
 		ctx.SetConnectionClose()
 		ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
 		return
@@ -807,12 +838,22 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.noteRequestID(reqID)
-	x.fail(ctx, p.refused(err), nil)
+	x.fail(ctx, e, nil)
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	p.lingerRefused(ctx, err)
+}
+
+// failure is the answer to err, which fasthttp's error handler got on a
+// connection of conns, and whether it ended a request (logged and
+// counted) rather than a connection that carried none.
+func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (proxyError, bool) {
+	if !connectionError(err) || headStalled(err) {
+		return p.refused(err), true
+	}
+	return p.refused(err), isTimeout(err) && requestBegun(ctx, conns)
 }
 
 // refused is the answer to a request fasthttp refused on a traffic
@@ -875,23 +916,23 @@ func headStalled(err error) bool {
 	return isTimeout(err) && !(errors.As(err, &op) && error(op) == err)
 }
 
-// bodyStalled reports a timeout on a request body fasthttp reads before
-// the handler (a small one, or a large one's first 8 KiB): a request,
-// logged as nginx logs its client_body_timeout, and as the drain's cut of
-// it, which is answered 504 (every answered request leaves a line).
-// fasthttp drops the head of such a request and hands over the bare read
-// error, as for a connection that sent nothing. On a connection that
-// carried a request before (ConnRequestNum is still its number here),
-// fasthttp answers a silent wait for the next head with no error at all
-// and wraps a stalled head's, so a bare timeout is the body's. On a
-// connection's first request, a connection whose first byte came
-// (StateActive, recorded when the access log is on: without it there is
-// no line to write) sent a request; a silent one never goes active.
-func (p *Proxy) bodyStalled(ctx *fasthttp.RequestCtx, err error) bool {
-	if !isTimeout(err) {
-		return false
-	}
-	return ctx.ConnRequestNum() > 0 || !p.conns.began(ctx.Conn()).IsZero()
+// requestBegun tells, for a bare read timeout that fasthttp's error
+// handler got, the read of a request body fasthttp
+// reads before the handler (a small one, or a large one's first 8 KiB;
+// the redirect listener's, whole) from a connection that sent nothing. A
+// body's is a request: a stalled one is logged as nginx logs its
+// client_body_timeout, and as the drain's cut of it, which is answered 504
+// (every answered request leaves a line). fasthttp drops the head of such a
+// request and hands over the bare read error, as for a connection that
+// sent nothing. On a connection that carried a request before
+// (ConnRequestNum is still its number here), fasthttp answers a silent
+// wait for the next head, or its end, with no error at all and wraps a
+// head's error, so a bare one is the body's. On a connection's first
+// request, a connection whose first byte came (StateActive, recorded in
+// conns when the access log is on: without it there is no line to write)
+// sent a request; a silent one never goes active.
+func requestBegun(ctx *fasthttp.RequestCtx, conns *connSet) bool {
+	return ctx.ConnRequestNum() > 0 || !conns.began(ctx.Conn()).IsZero()
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

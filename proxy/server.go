@@ -105,8 +105,8 @@ type Server struct {
 	redirectPort string
 	// redirectConns are the redirect listener's connections, each with the
 	// arrival of its current request's first byte (access log on only):
-	// what tells a first request's body that stalled from a connection
-	// that sent nothing (requestFailed). Apart from the traffic
+	// what tells a first request's body that stalled or was cut from a
+	// connection that sent nothing (requestFailed). Apart from the traffic
 	// listeners' (Proxy.conns): the drain's cutReads is not for these.
 	redirectConns connSet
 
@@ -225,8 +225,8 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		// Its connections are held (heldConns) until fasthttp lets go.
 		// With the access log on, each request's first byte is recorded,
 		// as on the traffic listeners: without it a first request whose
-		// body stalled looked like a connection that sent nothing, and
-		// went unlogged. Off, no lock is taken for it.
+		// body stalled or was cut looked like a connection that sent
+		// nothing, and went unlogged. Off, no lock is taken for it.
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			logged := p.cfg.AccessLog != nil
 			switch st {
@@ -853,7 +853,19 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 	if !connectionError(err) || headStalled(err) {
 		return p.refused(err), true
 	}
-	return p.refused(err), isTimeout(err) && requestBegun(ctx, conns)
+	stalled, left := isTimeout(err), leftMidBody(err)
+	if !(stalled || left) || !requestBegun(ctx, conns) {
+		return p.refused(err), false
+	}
+	if left {
+		// As a client that leaves halfway through a streamed upload
+		// (forward): nginx's 499. The answer goes to nobody (a client
+		// that only half-closed may read it); fasthttp writes it as it
+		// wrote the 400 before, and nothing lingers for a connection
+		// error (lingerRefused).
+		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
+	}
+	return p.refused(err), true
 }
 
 // refused is the answer to a request fasthttp refused on a traffic
@@ -916,13 +928,14 @@ func headStalled(err error) bool {
 	return isTimeout(err) && !(errors.As(err, &op) && error(op) == err)
 }
 
-// requestBegun tells, for a bare read timeout that fasthttp's error
-// handler got, the read of a request body fasthttp
+// requestBegun tells, for a bare read error (a timeout, a close, a reset)
+// that fasthttp's error handler got, the read of a request body fasthttp
 // reads before the handler (a small one, or a large one's first 8 KiB;
 // the redirect listener's, whole) from a connection that sent nothing. A
 // body's is a request: a stalled one is logged as nginx logs its
 // client_body_timeout, and as the drain's cut of it, which is answered 504
-// (every answered request leaves a line). fasthttp drops the head of such a
+// (every answered request leaves a line); one its client left halfway
+// (leftMidBody) as nginx logs that too. fasthttp drops the head of such a
 // request and hands over the bare read error, as for a connection that
 // sent nothing. On a connection that carried a request before
 // (ConnRequestNum is still its number here), fasthttp answers a silent
@@ -933,6 +946,21 @@ func headStalled(err error) bool {
 // sent a request; a silent one never goes active.
 func requestBegun(ctx *fasthttp.RequestCtx, conns *connSet) bool {
 	return ctx.ConnRequestNum() > 0 || !conns.began(ctx.Conn()).IsZero()
+}
+
+// leftMidBody reports whether err, the error fasthttp's error handler got,
+// is the bare end of a connection under a body read (requestBegun tells
+// it from a silent connection's): a close, which fasthttp's fixed-size
+// body read turns into io.ErrUnexpectedEOF (a TLS close_notify too), or a
+// reset. A head's read errors come wrapped ("error when reading request
+// headers: ..."), so a client that leaves halfway through a head is not
+// taken for one.
+func leftMidBody(err error) bool {
+	if err == io.ErrUnexpectedEOF {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && error(op) == err && errors.Is(err, syscall.ECONNRESET)
 }
 
 // fasthttpLogger sends fasthttp's own messages to slog.

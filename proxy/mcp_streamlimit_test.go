@@ -44,7 +44,8 @@ func addHoldTool(t *testing.T, srv *mcp.Server) (started <-chan struct{}, ended 
 }
 
 // agentWire sits between the go-sdk client and the proxy: it records the
-// status of every POST whose body contains one of the watched strings, and
+// status of every POST whose body contains one of the watched strings (and
+// of every DELETE, under "DELETE"), and
 // sends tools/call POSTs on a context the agent's cancellation does not
 // reach. The call's connection then stays open after the agent gives up on
 // it, as it does until the proxy sees the client leave (and for as long as
@@ -59,6 +60,13 @@ type agentWire struct {
 }
 
 func (w *agentWire) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodDelete {
+		resp, err := w.base.RoundTrip(r)
+		if err == nil {
+			w.note(http.MethodDelete, resp.StatusCode)
+		}
+		return resp, err
+	}
 	if r.Method != http.MethodPost || r.Body == nil {
 		return w.base.RoundTrip(r)
 	}
@@ -76,15 +84,21 @@ func (w *agentWire) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := w.base.RoundTrip(r)
 	for _, s := range w.watch {
 		if err == nil && bytes.Contains(body, []byte(s)) {
-			w.mu.Lock()
-			w.seen[s] = append(w.seen[s], resp.StatusCode)
-			w.mu.Unlock()
+			w.note(s, resp.StatusCode)
 		}
 	}
 	return resp, err
 }
 
-// statuses returns the statuses the POSTs containing s got.
+// note records status for the requests keyed s.
+func (w *agentWire) note(s string, status int) {
+	w.mu.Lock()
+	w.seen[s] = append(w.seen[s], status)
+	w.mu.Unlock()
+}
+
+// statuses returns the statuses the POSTs containing s (or the DELETEs)
+// got.
 func (w *agentWire) statuses(s string) []int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -98,15 +112,23 @@ func streamLimitAgent(t *testing.T, ctx context.Context, id string, srv *mcp.Ser
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 2 })
 	host := agentGateway(t, h, id, srv, nil, nil)
 	wire := &agentWire{base: hostTransport{host: host, base: h.client.Transport}, watch: watch, seen: map[string][]int{}}
-	cs := agentConnect(t, ctx, h, host, copts, &mcp.StreamableClientTransport{DisableStandaloneSSE: true, HTTPClient: &http.Client{Transport: wire}})
 	sb := h.proxy.sandboxes.get([]byte(id))
+	return h, sb, wiredAgent(t, ctx, h, sb, wire, copts), wire
+}
+
+// wiredAgent connects an agent as streamLimitAgent does, through wire, to
+// the sandbox sb whose gateway wire reaches: another session beside the
+// first.
+func wiredAgent(t *testing.T, ctx context.Context, h *harness, sb *sandboxState, wire *agentWire, copts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	cs := agentConnect(t, ctx, h, "", copts, &mcp.StreamableClientTransport{DisableStandaloneSSE: true, HTTPClient: &http.Client{Transport: wire}})
 	// The go-sdk client takes the initialize result from its answer's
 	// event stream and goes on before the gateway has ended that stream,
 	// so under load its next request can find the connect's still
 	// counted, and the tests' first calls at the limit of 2 got 429.
 	// They are about the limit with calls running, not about that window.
 	testenv.WaitFor(t, 10*time.Second, "the connect's requests counted out", func() bool { return sb.inFlight() == 0 })
-	return h, sb, cs, wire
+	return cs
 }
 
 // The sandbox is at its limit because of two long tool calls of the
@@ -224,6 +246,74 @@ func TestMCPElicitationAnswerAtStreamLimit(t *testing.T) {
 	<-holdErr
 	if err := <-ended; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the hold tool ended with %v", err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
+}
+
+// The sandbox is at its limit because of another session's two running
+// tool calls. An agent closes its idle session: the go-sdk's DELETE passes
+// the limit and the gateway ends the session. Refused, it would leave the
+// session, and whatever it holds, to the gateway's own timeout.
+func TestMCPCloseAtStreamLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := newAgentServer()
+	started, ended := addHoldTool(t, srv)
+	h, sb, closing, wire := streamLimitAgent(t, ctx, "closebox", srv, nil)
+	holder := wiredAgent(t, ctx, h, sb, wire, nil)
+	holdCtx, holdCancel := context.WithCancel(ctx)
+	defer holdCancel()
+	for range 2 {
+		go func() {
+			_, _ = holder.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
+		}()
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("the hold tool never started")
+		}
+	}
+	if n := sb.inFlight(); n != 2 {
+		t.Fatalf("%d requests in flight with two calls running, want 2", n)
+	}
+	gatewayHas := func(id string) bool {
+		for ss := range srv.Sessions() {
+			if ss.ID() == id {
+				return true
+			}
+		}
+		return false
+	}
+	id := closing.ID()
+	if !gatewayHas(id) {
+		t.Fatalf("the gateway has no session %q", id)
+	}
+
+	if err := closing.Close(); err != nil {
+		t.Fatalf("close (DELETE) at the limit: %v", err)
+	}
+	if got := wire.statuses(http.MethodDelete); len(got) != 1 || got[0] != http.StatusNoContent {
+		t.Fatalf("the session's DELETE at the limit got %v, want the gateway's 204", got)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the gateway's session ended", func() bool { return !gatewayHas(id) })
+	if !gatewayHas(holder.ID()) {
+		t.Fatal("the other session ended too")
+	}
+	testenv.WaitFor(t, 10*time.Second, "the DELETE's slot freed", func() bool { return sb.inFlight() == 2 })
+
+	// A go-sdk gateway closes a session (and answers its DELETE) only once
+	// the session's running tools have returned: the other session's
+	// calls are ended here by their cancellation, not left to its Close.
+	holdCancel()
+	for i := range 2 {
+		select {
+		case err := <-ended:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("call %d: the tool ended with %v, want its context cancelled", i, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("call %d: the tool never saw the cancellation", i)
+		}
 	}
 	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
 }

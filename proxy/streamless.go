@@ -13,17 +13,23 @@ import (
 // call that holds one, and its answer to an elicitation or sampling
 // request that the call holding one waits for. In Streamable HTTP a POST
 // that carries only notifications and responses produces no stream (the
-// gateway answers 202 with no body), so it is let through the limit; see
-// overLimitAdmits.
+// gateway answers 202 with no body), so it is let through the limit; and
+// so is the DELETE that ends a session (the go-sdk's ClientSession.Close),
+// which opens none either and is how a client at the limit gives back
+// what its session holds at the gateway. See overLimitAdmits.
+
+// headerMCPSessionID names the Streamable HTTP session a request is for.
+const headerMCPSessionID = "Mcp-Session-Id"
 
 // overLimitAdmits reports whether a request that makes its sandbox's
-// count n, above limit, may pass anyway: a POST whose body, already read
-// in whole before the handler ran, is JSON-RPC notifications and responses
-// only (streamless), while the sandbox has at most twice limit requests in
-// flight. It runs only where the limit would refuse, so requests below it
-// pay nothing. It holds its slot while in flight like any request, so the
-// limit still bounds what a client can open at once (at twice its value):
-// a flood of such POSTs to a sandbox that never answers them is refused.
+// count n, above limit, may pass anyway, while the sandbox has at most
+// twice limit requests in flight: a POST whose body, already read in whole
+// before the handler ran, is JSON-RPC notifications and responses only
+// (streamless), or a DELETE of an MCP session (sessionDelete). It runs
+// only where the limit would refuse, so requests below it pay nothing. It
+// holds its slot while in flight like any request, so the limit still
+// bounds what a client can open at once (at twice its value): a flood of
+// such requests to a sandbox that never answers them is refused.
 //
 // The head of an "Expect: 100-continue" request is admitted on its framing
 // alone; its body is judged when the request runs again with it.
@@ -32,6 +38,9 @@ func overLimitAdmits(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit int) 
 		return false
 	}
 	h := &ctx.Request.Header
+	if h.IsDelete() {
+		return sessionDelete(h)
+	}
 	if !h.IsPost() {
 		return false
 	}
@@ -48,6 +57,18 @@ func overLimitAdmits(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit int) 
 	// socket. The body then goes to the sandbox from memory.
 	x.bodyEnded = true
 	return streamless(ctx.Request.Body())
+}
+
+// sessionDelete reports whether h is the head of a Streamable HTTP
+// session's termination: a DELETE with a non-empty Mcp-Session-Id and no
+// body (no Content-Length above 0, not chunked), as the go-sdk's
+// ClientSession.Close sends it. The gateway answers it without a stream,
+// and with no body there is nothing to read from the client to judge it.
+// A DELETE with a body is not what a client ending its session sends: it
+// is refused, at its "Expect: 100-continue" head already if it has one
+// (Expect judges only heads that frame a body).
+func sessionDelete(h *fasthttp.RequestHeader) bool {
+	return frameless(h) && len(h.Peek(headerMCPSessionID)) > 0
 }
 
 // streamless reports whether body is a JSON-RPC notification or response,

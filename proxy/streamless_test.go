@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,19 +101,27 @@ func FuzzStreamless(f *testing.F) {
 }
 
 // At max_streams_per_sandbox, a POST of JSON-RPC notifications and
-// responses whose body fasthttp read before the handler passes; any other
-// request is refused as before, and so is such a POST once the sandbox has
+// responses whose body fasthttp read before the handler passes, and so
+// does an MCP session's DELETE (an Mcp-Session-Id, no body); any other
+// request is refused as before, and so are those once the sandbox has
 // twice the limit in flight. The slot count is back where it was after
 // each.
 func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
 	const notification = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 })
-	entered, release := make(chan struct{}, 4), make(chan struct{})
-	t.Cleanup(func() { close(release) })
+	// The sandbox holds a request to /hold until release, one to
+	// /hold/next until next: the first request held, and the one held
+	// beside it at twice the limit.
+	entered, release, next := make(chan struct{}, 4), make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release); close(next) })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
+		switch r.URL.Path {
+		case "/hold":
 			entered <- struct{}{}
 			<-release
+		case "/hold/next":
+			entered <- struct{}{}
+			<-next
 		}
 		b, _ := io.ReadAll(r.Body)
 		w.WriteHeader(http.StatusAccepted)
@@ -121,10 +130,16 @@ func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
 	h.put("slotbox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
 	const host = "8080-slotbox.cube.test"
 	sb := h.proxy.sandboxes.get([]byte("slotbox"))
-	held := func(t *testing.T, method, path, body string) <-chan int {
+	// held sends a request that the sandbox holds until released, with
+	// an Mcp-Session-Id unless session is empty.
+	held := func(t *testing.T, method, path, body, session string) <-chan int {
 		st := make(chan int, 1)
+		r := h.req(method, host, path, strings.NewReader(body))
+		if session != "" {
+			r.Header.Set("Mcp-Session-Id", session)
+		}
 		go func() {
-			resp, err := h.client.Do(h.req(method, host, path, strings.NewReader(body)))
+			resp, err := h.client.Do(r)
 			if err != nil {
 				st <- 0
 				return
@@ -139,7 +154,7 @@ func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
 		}
 		return st
 	}
-	first := held(t, "GET", "/hold", "")
+	first := held(t, "GET", "/hold", "", "")
 
 	for _, tc := range []struct {
 		name, method, body string
@@ -200,10 +215,51 @@ func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
 		}
 	})
 
+	// rawAtLimit sends one request with exactly the head lines and body
+	// given, on a connection of its own, and returns the answer.
+	rawAtLimit := func(t *testing.T, method, head, body string) (int, string) {
+		t.Helper()
+		c := dialRaw(t, h.addr)
+		fmt.Fprintf(c, "%s /mcp HTTP/1.1\r\nHost: %s\r\n%s\r\n%s", method, host, head, body)
+		resp, b := readExpectAnswer(t, bufio.NewReader(c))
+		return resp.StatusCode, b
+	}
+	const sessionID = "Mcp-Session-Id: s1\r\n"
+
+	// An MCP session's DELETE (the go-sdk's ClientSession.Close) carries
+	// an Mcp-Session-Id and no body, and passes; other requests on the
+	// session, and a DELETE that is not that, are refused.
+	t.Run("session DELETE", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, method, head, body string
+			want                     int
+		}{
+			{"no body", "DELETE", sessionID, "", 202},
+			{"Content-Length 0", "DELETE", sessionID + "Content-Length: 0\r\n", "", 202},
+			{"id header in lower case", "DELETE", "mcp-session-id: s1\r\n", "", 202},
+			{"no session id", "DELETE", "", "", 429},
+			{"empty session id", "DELETE", "Mcp-Session-Id: \r\n", "", 429},
+			{"a body", "DELETE", sessionID + "Content-Length: 2\r\n", "{}", 429},
+			{"chunked", "DELETE", sessionID + "Transfer-Encoding: chunked\r\n", "0\r\n\r\n", 429},
+			{"a body behind Expect", "DELETE", sessionID + "Content-Length: 2\r\nExpect: 100-continue\r\n", "", 429},
+			{"the session's GET stream", "GET", sessionID + "Accept: text/event-stream\r\n", "", 429},
+			{"a call on the session", "POST", sessionID + "Content-Length: 2\r\n", "{}", 429},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				if st, b := rawAtLimit(t, tc.method, tc.head, tc.body); st != tc.want {
+					t.Fatalf("%s at the limit: %d %s, want %d", tc.name, st, b, tc.want)
+				} else if st == 202 && b != "got 0 bytes" {
+					t.Fatalf("the sandbox answered %q", b)
+				}
+				testenv.WaitFor(t, 5*time.Second, "the slot count back to the held request", func() bool { return sb.inFlight() == 1 })
+			})
+		}
+	})
+
 	t.Run("twice the limit", func(t *testing.T) {
 		// One such POST held by the sandbox makes two in flight, twice the
-		// limit: the next is refused.
-		second := held(t, "POST", "/hold", notification)
+		// limit: the next is refused, and so is a session's DELETE.
+		second := held(t, "POST", "/hold/next", notification, "")
 		resp, err := h.client.Do(h.req("POST", host, "/mcp", strings.NewReader(notification)))
 		if err != nil {
 			t.Fatal(err)
@@ -212,9 +268,23 @@ func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
 		if resp.StatusCode != 429 {
 			t.Fatalf("a notification with twice the limit in flight: %d, want 429", resp.StatusCode)
 		}
+		if st, b := rawAtLimit(t, "DELETE", sessionID, ""); st != 429 {
+			t.Fatalf("a session's DELETE with twice the limit in flight: %d %s, want 429", st, b)
+		}
+		next <- struct{}{}
+		if st := <-second; st != 202 {
+			t.Fatalf("the held notification: %d", st)
+		}
+		testenv.WaitFor(t, 5*time.Second, "the slot count back to the first request", func() bool { return sb.inFlight() == 1 })
+
+		// A session's DELETE held by the sandbox holds its slot too.
+		third := held(t, "DELETE", "/hold/next", "", "s1")
+		if st, b := rawAtLimit(t, "POST", "Content-Length: "+strconv.Itoa(len(notification))+"\r\n", notification); st != 429 {
+			t.Fatalf("a notification with a DELETE making twice the limit in flight: %d %s, want 429", st, b)
+		}
+		next <- struct{}{}
 		release <- struct{}{}
-		release <- struct{}{}
-		if a, b := <-first, <-second; a != 202 || b != 202 {
+		if a, b := <-first, <-third; a != 202 || b != 202 {
 			t.Fatalf("the held requests: %d, %d", a, b)
 		}
 		testenv.WaitFor(t, 5*time.Second, "no request in flight", func() bool { return sb.inFlight() == 0 })

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // A rewrite of the routes file that a crash interrupted leaves a
@@ -47,7 +49,10 @@ func TestServeRemovesStaleRoutesTemps(t *testing.T) {
 	if _, err := os.Stat(young); err != nil {
 		t.Errorf("young temporary file removed: %v", err)
 	}
-	if log := r.logs.String(); !strings.Contains(log, "stale temporary routes file removed") || !strings.Contains(log, stale) {
-		t.Errorf("the removal is not logged with its path:\n%s", log)
-	}
+	// The process log is written behind the caller (proclog): the line
+	// may reach the buffer after serve is ready.
+	testenv.WaitFor(t, 10*time.Second, "the removal logged with its path", func() bool {
+		log := r.logs.String()
+		return strings.Contains(log, "stale temporary routes file removed") && strings.Contains(log, stale)
+	})
 }

@@ -21,10 +21,13 @@ import (
 // 499 client_closed_request, as nginx logs it (400 there, "client
 // prematurely closed connection" in its error log). fasthttp drops the
 // head before its error handler runs, so the line has no method, target or
-// version. A connection that closes or resets without a byte of a request
-// (a probe, a keep-alive connection the client lets go) made none, and one
-// that leaves in the middle of a head is left as before: neither is logged
-// or counted. Before, a client leaving mid-body left no trace at all.
+// version. So did one that leaves in the middle of a head, on a first
+// request or a later one (nginx logs it 400 too, "client prematurely
+// closed connection"): 499 as well, the proxy's status for a client that
+// left, whatever it had sent. A connection that closes or resets without a
+// byte of a request (a probe, a keep-alive connection the client lets go)
+// made none: it is neither logged nor counted. Before, a client leaving
+// mid-body or mid-head left no trace at all.
 func TestSmallBodyLeftLogged(t *testing.T) {
 	tel := obsTelemetry(t, nil)
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
@@ -41,6 +44,7 @@ func TestSmallBodyLeftLogged(t *testing.T) {
 	const (
 		bodyPart = "POST /up HTTP/1.1\r\nHost: 50005-left.cube.test\r\nContent-Length: 100\r\n\r\nabc"
 		headPart = "POST /up HTTP/1.1\r\nHost: 50005-left.cube.test\r\nContent-Le"
+		linePart = "POST /u"
 	)
 	for _, tc := range []struct {
 		name     string
@@ -63,18 +67,33 @@ func TestSmallBodyLeftLogged(t *testing.T) {
 		{name: "redirect, reset in a body", listener: "redirect", sent: bodyPart, reset: true, logged: true},
 		{name: "redirect, close in a body, second request", listener: "redirect", second: true, sent: bodyPart, logged: true},
 
+		// fasthttp wraps a head's read error: some of it came, whatever
+		// the connection carried before, and the access log on or off.
+		{name: "close in a head", listener: "traffic", sent: headPart, logged: true},
+		{name: "reset in a head", listener: "traffic", sent: headPart, reset: true, logged: true},
+		{name: "close in a request line", listener: "traffic", sent: linePart, logged: true},
+		{name: "close in a head, second request", listener: "traffic", second: true, sent: headPart, logged: true},
+		{name: "reset in a head, second request", listener: "traffic", second: true, sent: headPart, reset: true, logged: true},
+		{name: "TLS, close in a head", listener: "tls", sent: headPart, logged: true},
+		{name: "TLS, reset in a head", listener: "tls", sent: headPart, reset: true, logged: true},
+		{name: "TLS, close in a head, second request", listener: "tls", second: true, sent: headPart, logged: true},
+		{name: "redirect, close in a head", listener: "redirect", sent: headPart, logged: true},
+		{name: "redirect, reset in a head", listener: "redirect", sent: headPart, reset: true, logged: true},
+		{name: "redirect, close in a head, second request", listener: "redirect", second: true, sent: headPart, logged: true},
+
 		{name: "close with nothing sent", listener: "traffic"},
 		{name: "reset with nothing sent", listener: "traffic", reset: true},
 		{name: "keep-alive close", listener: "traffic", second: true},
 		{name: "keep-alive reset", listener: "traffic", second: true, reset: true},
-		{name: "close in a head", listener: "traffic", sent: headPart},
-		{name: "reset in a head", listener: "traffic", sent: headPart, reset: true},
+		// A blank line before a request line is skipped (RFC 9112 2.2):
+		// one alone is no head begun.
+		{name: "close after a blank line", listener: "traffic", second: true, sent: "\r\n"},
 		{name: "TLS, close after the handshake", listener: "tls"},
+		{name: "TLS, reset after the handshake", listener: "tls", reset: true},
 		{name: "TLS, keep-alive close", listener: "tls", second: true},
-		{name: "TLS, close in a head", listener: "tls", sent: headPart},
 		{name: "redirect, close with nothing sent", listener: "redirect"},
+		{name: "redirect, reset with nothing sent", listener: "redirect", reset: true},
 		{name: "redirect, keep-alive close", listener: "redirect", second: true},
-		{name: "redirect, close in a head", listener: "redirect", sent: headPart},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h.waitClientConnsClosed(t) // the last case's connections are gone

@@ -853,6 +853,12 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 	if !connectionError(err) || headStalled(err) {
 		return p.refused(err), true
 	}
+	if leftMidHead(err) {
+		// As one that leaves in the middle of a body (below): a client
+		// that left is the proxy's 499, whatever part of its request it
+		// had sent (nginx logs 400 for both, its readers' status).
+		return proxyError{status: statusClientClosed, code: CodeClientClosed, msg: "client closed the connection before the end of its request head"}, true
+	}
 	stalled, left := isTimeout(err), leftMidBody(err)
 	if !(stalled || left) || !requestBegun(ctx, conns) {
 		return p.refused(err), false
@@ -863,7 +869,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 		// that only half-closed may read it); fasthttp writes it as it
 		// wrote the 400 before, and nothing lingers for a connection
 		// error (lingerRefused).
-		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
+		return proxyError{status: statusClientClosed, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
 	}
 	return p.refused(err), true
 }
@@ -909,7 +915,8 @@ func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
 // gave up on, a preconnected socket that timed out before sending. nginx
 // logs nothing for these, and neither does the proxy. A request that
 // stalled halfway through its headers is among the timeouts (headStalled
-// tells it apart).
+// tells it apart), one whose client left there among the closes and
+// resets (leftMidHead), and so are a body's (requestBegun).
 func connectionError(err error) bool {
 	var op *net.OpError
 	var rh tls.RecordHeaderError
@@ -948,13 +955,31 @@ func requestBegun(ctx *fasthttp.RequestCtx, conns *connSet) bool {
 	return ctx.ConnRequestNum() > 0 || !conns.began(ctx.Conn()).IsZero()
 }
 
+// leftMidHead reports whether err, the error fasthttp's error handler got,
+// is a close or a reset in the middle of a request head: a request, which
+// nginx logs (400, "client prematurely closed connection"). fasthttp wraps
+// the read error of a head only once a byte of it came ("error when
+// reading request headers: ...": it waits for the first byte apart, and
+// hands over the bare error of a connection that sent none, on a first
+// request, or no error on a later one), so no connection record is
+// needed, and the request is counted with the access log off too. A
+// close is io.EOF for a TLS close_notify and a plain close at a record's
+// end, io.ErrUnexpectedEOF for a close within a TLS record; a reset is
+// the connection's ECONNRESET, under TLS too. A lone blank line and then
+// a close is no head (fasthttp ends such a connection without an error).
+func leftMidHead(err error) bool {
+	var op *net.OpError
+	bare := err == io.EOF || err == io.ErrUnexpectedEOF || errors.As(err, &op) && error(op) == err
+	return !bare && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET))
+}
+
 // leftMidBody reports whether err, the error fasthttp's error handler got,
 // is the bare end of a connection under a body read (requestBegun tells
 // it from a silent connection's): a close, which fasthttp's fixed-size
 // body read turns into io.ErrUnexpectedEOF (a TLS close_notify too), or a
 // reset. A head's read errors come wrapped ("error when reading request
-// headers: ..."), so a client that leaves halfway through a head is not
-// taken for one.
+// headers: ..."): a client that leaves halfway through a head is
+// leftMidHead's.
 func leftMidBody(err error) bool {
 	if err == io.ErrUnexpectedEOF {
 		return true

@@ -106,7 +106,11 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte
 // before calling the handler (with StreamRequestBody; readBodyWithStreaming).
 const fasthttpPreRead = 8 << 10
 
-func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
+// begin starts the exchange x of ctx, a request on one of conns's
+// connections: the set that holds the arrival of its first byte, from
+// which the access log's request_time runs (the traffic listeners',
+// Proxy.conns, or the redirect listener's, Server.redirectConns).
+func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange, conns *connSet) {
 	x.start = time.Now()
 	x.early = x.expecting
 	// A head judged before its body (Expect) has no body read yet, and no
@@ -122,9 +126,9 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange) {
 	if p.cfg.AccessLog != nil {
 		x.fwd = fwdHeadersPool.Get().(*fwdHeaders)
 		x.fwd.capture(&ctx.Request.Header)
-		// Unknown (zero) off the traffic listeners' connections, such as
-		// the redirect listener's: request_time then starts here.
-		if first := p.conns.began(ctx.Conn()); !first.IsZero() {
+		// Unknown (zero) for a connection not in conns: request_time
+		// then starts here.
+		if first := conns.began(ctx.Conn()); !first.IsZero() {
 			x.headTime = max(x.start.Sub(first), 0)
 		}
 	}

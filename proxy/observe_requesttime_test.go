@@ -19,7 +19,9 @@ import (
 // whole), is in it, and the keep-alive wait before the request is not. It
 // ran from the handler's start, so a client that took two seconds over its
 // head was logged 0.003, and a 408 for a head stalled for all of
-// client.read_timeout was logged 0.000.
+// client.read_timeout was logged 0.000. The redirect listener's lines run
+// from there too: they kept the handler's start after the traffic
+// listeners' were fixed.
 func TestAccessLogRequestTimeFromFirstByte(t *testing.T) {
 	const (
 		pause       = 300 * time.Millisecond
@@ -33,6 +35,8 @@ func TestAccessLogRequestTimeFromFirstByte(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
 	})))
+	rln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rln, "8443")
 	// Each case sends its parts with a gap between them (the client's
 	// slowness is what is measured, not an ordering), after first, which
 	// may be sent and answered on the connection before. The lower bounds
@@ -46,6 +50,7 @@ func TestAccessLogRequestTimeFromFirstByte(t *testing.T) {
 		gap      time.Duration // between parts; pause when 0
 		status   int
 		min, max time.Duration // bounds of the logged request_time
+		redirect bool          // on the redirect listener
 	}{
 		{
 			name:   "head sent in two parts",
@@ -79,10 +84,32 @@ func TestAccessLogRequestTimeFromFirstByte(t *testing.T) {
 			parts:  []string{"", "GET /a HTTP/1.1\r\nHost: %[1]s\r\n"},
 			status: 408, min: readTimeout, max: 3 * readTimeout,
 		},
+		// The redirect listener's answers and refusals are timed so too:
+		// they ran from its handler, and from its error handler.
+		{
+			name:   "redirect, head sent in two parts",
+			parts:  []string{"GET /a HTTP/1.1\r\nHost: %[1]s\r\n", "X-Cube-Request-Id: %[2]s\r\n\r\n"},
+			status: 308, min: pause / 2, max: readTimeout, redirect: true,
+		},
+		{
+			name:   "redirect, small body trickled, second request",
+			first:  "GET /first HTTP/1.1\r\nHost: %[1]s\r\n\r\n",
+			parts:  []string{"POST /a HTTP/1.1\r\nHost: %[1]s\r\nX-Cube-Request-Id: %[2]s\r\nContent-Length: 4\r\n\r\nab", "cd"},
+			status: 308, min: pause / 2, max: readTimeout, redirect: true,
+		},
+		{
+			name:   "redirect, head stalled until client.read_timeout",
+			parts:  []string{"GET /a HTTP/1.1\r\nHost: %[1]s\r\n"},
+			status: 408, min: readTimeout, max: 3 * readTimeout, redirect: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "rtime-" + strings.ReplaceAll(tc.name, " ", "-")
-			c := dialRaw(t, h.addr)
+			addr := h.addr
+			if tc.redirect {
+				addr = rln.Addr().String()
+			}
+			c := dialRaw(t, addr)
 			br := bufio.NewReader(c)
 			if tc.first != "" {
 				fmt.Fprintf(c, tc.first, host)

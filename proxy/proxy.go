@@ -159,7 +159,7 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 // handler owns of it: the request, or an Expect head alone (x.expecting).
 func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	settleHost(&ctx.Request.Header)
-	p.begin(ctx, x)
+	p.begin(ctx, x, &p.conns)
 	var idBuf [maxRequestIDLen]byte
 	// Set on the request too: a head admitted by Expect runs again under
 	// the same id.

@@ -106,7 +106,8 @@ type Server struct {
 	// redirectConns are the redirect listener's connections, each with the
 	// arrival of its current request's first byte (access log on only):
 	// what tells a first request's body that stalled or was cut from a
-	// connection that sent nothing (requestFailed). Apart from the traffic
+	// connection that sent nothing (requestFailed), and where the access
+	// log's request_time starts (begin). Apart from the traffic
 	// listeners' (Proxy.conns): the drain's cutReads is not for these.
 	redirectConns connSet
 
@@ -226,7 +227,8 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		// With the access log on, each request's first byte is recorded,
 		// as on the traffic listeners: without it a first request whose
 		// body stalled or was cut looked like a connection that sent
-		// nothing, and went unlogged. Off, no lock is taken for it.
+		// nothing, and went unlogged, and request_time started at the
+		// handler. Off, no lock is taken for it.
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			logged := p.cfg.AccessLog != nil
 			switch st {
@@ -263,7 +265,7 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// proxy itself), under the id the client gets, so that an operator
 	// sees clients still arriving over plain HTTP.
 	var x exchange
-	s.p.begin(ctx, &x)
+	s.p.begin(ctx, &x, &s.redirectConns)
 	x.kind = telemetry.RouteError
 	// This server reads a body whole before the handler (no
 	// StreamRequestBody): begin's estimate is that of the streaming
@@ -834,7 +836,7 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 		return
 	}
 	x := exchange{noHead: true} // before begin: its span claims no head
-	p.begin(ctx, &x)
+	p.begin(ctx, &x, conns)
 	x.early = true
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.noteRequestID(reqID)

@@ -93,11 +93,21 @@ type exchange struct {
 }
 
 // fail answers the request with a proxy error and records its code.
+//
+// A 499 records that the client left before any answer reached it: the
+// one fasthttp still writes goes to a socket the client closed or reset,
+// and is counted as no body sent (log, metrics and span), as nginx logs
+// its 499 and as the proxy's other 499s (a 101 or a stream's head the
+// client was gone for) are. A client that only half-closed may still
+// read it, but the proxy cannot tell: the write succeeds after a close too.
 func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
 	x.errCode = e.code
 	x.kind = telemetry.RouteError
 	writeError(ctx, e, sandboxID)
-	if !ctx.IsHead() { // fasthttp sends no body to a HEAD
+	switch {
+	case e.status == statusClientClosed:
+		x.bytesOut = 0
+	case !ctx.IsHead(): // fasthttp sends no body to a HEAD
 		x.bytesOut = int64(len(ctx.Response.Body()))
 	}
 }

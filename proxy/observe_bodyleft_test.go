@@ -27,7 +27,8 @@ import (
 // left, whatever it had sent. A connection that closes or resets without a
 // byte of a request (a probe, a keep-alive connection the client lets go)
 // made none: it is neither logged nor counted. Before, a client leaving
-// mid-body or mid-head left no trace at all.
+// mid-body or mid-head left no trace at all. A 499's body_bytes_sent is 0,
+// as nginx's: the JSON answer fasthttp writes after it reaches nobody.
 func TestSmallBodyLeftLogged(t *testing.T) {
 	tel := obsTelemetry(t, nil)
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
@@ -179,6 +180,9 @@ func TestSmallBodyLeftLogged(t *testing.T) {
 			case tc.logged && (lines[0]["method"] != "" || lines[0]["request_uri"] != "" || lines[0]["protocol"] != ""):
 				// fasthttp dropped the head: not its defaults (GET / HTTP/1.1).
 				t.Fatalf("logged %v %v %v, want no method, target or version", lines[0]["method"], lines[0]["request_uri"], lines[0]["protocol"])
+			case tc.logged && lines[0]["body_bytes_sent"] != float64(0):
+				// No answer reached the client, as nginx logs its 499.
+				t.Fatalf("logged body_bytes_sent %v, want 0", lines[0]["body_bytes_sent"])
 			case tc.logged:
 				want = 1
 			case len(lines) != 0:

@@ -19,7 +19,8 @@ import (
 // leaves while the sandbox works on the answer, and the upstream span is no
 // error. Before, it was logged 400 bad_request_body, the code of a client
 // that sends a malformed body, which one still gets. (nginx 1.22 logs 400
-// for both, with nothing sent: its body reader's status, see README.)
+// for both, with nothing sent: its body reader's status, see README.) Its
+// body_bytes_sent is 0, as every 499's.
 func TestUploadLeftMidBodyIsLoggedAs499(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := obsTelemetry(t, exp)
@@ -82,6 +83,12 @@ func TestUploadLeftMidBodyIsLoggedAs499(t *testing.T) {
 			e := logs.waitJSON(t, reqID)
 			if e["status"] != float64(tc.status) || e["error_code"] != tc.code {
 				t.Errorf("access log: status %v, error_code %q; want %d %q", e["status"], e["error_code"], tc.status, tc.code)
+			}
+			// A 499 records that no answer reached the client (the
+			// proxy cannot tell the half-close that still reads one):
+			// 0 bytes, as nginx logs its 499; the 400 went out.
+			if sent, _ := e["body_bytes_sent"].(float64); (tc.status == 499) != (sent == 0) {
+				t.Errorf("body_bytes_sent %v for a %d", e["body_bytes_sent"], tc.status)
 			}
 			// A reset may drop what the proxy had not read yet.
 			if in, _ := e["bytes_in"].(float64); in <= 0 || in > sent || tc.end != reset && tc.end != stay && in != sent {

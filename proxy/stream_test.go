@@ -1196,8 +1196,9 @@ func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 				t.Fatal("the sandbox's request is still open 5s after its client left")
 			}
 			e := logs.waitJSON(t, "gone-before-head")
-			if e["status"] != float64(499) || e["error_code"] != CodeClientClosed {
-				t.Errorf("logged status %v error_code %v, want 499 %s", e["status"], e["error_code"], CodeClientClosed)
+			if e["status"] != float64(499) || e["error_code"] != CodeClientClosed || e["body_bytes_sent"] != float64(0) {
+				t.Errorf("logged status %v error_code %v body_bytes_sent %v, want 499 %s 0",
+					e["status"], e["error_code"], e["body_bytes_sent"], CodeClientClosed)
 			}
 			// The slot is free: the next request is served, not refused.
 			if st, body, _ := h.get(host, "/fast"); st != 200 || body != "ok" {

@@ -1150,6 +1150,10 @@ func TestStalledHeadLogged(t *testing.T) {
 			case tc.logged && (lines[0]["method"] != "" || lines[0]["request_uri"] != "" || lines[0]["protocol"] != ""):
 				// fasthttp dropped the head: not its defaults (GET / HTTP/1.1).
 				t.Fatalf("logged %v %v %v, want no method, target or version", lines[0]["method"], lines[0]["request_uri"], lines[0]["protocol"])
+			case tc.logged && lines[0]["request_time"].(float64) < 0.3-0.001:
+				// From the request's first byte, on every listener: the
+				// timeout it waited out is in it (milliseconds, truncated).
+				t.Fatalf("logged request_time %v, want at least the 300ms timeout", lines[0]["request_time"])
 			case !tc.logged && len(lines) != 0:
 				t.Fatalf("408 lines %v, want none", lines)
 			}

@@ -965,10 +965,11 @@ func requestBegun(ctx *fasthttp.RequestCtx, conns *connSet) bool {
 // hands over the bare error of a connection that sent none, on a first
 // request, or no error on a later one), so no connection record is
 // needed, and the request is counted with the access log off too. A
-// close is io.EOF for a TLS close_notify and a plain close at a record's
-// end, io.ErrUnexpectedEOF for a close within a TLS record; a reset is
+// close is io.EOF (over TLS: a close_notify, or a close at a record's
+// end) or io.ErrUnexpectedEOF (a close within a TLS record); a reset is
 // the connection's ECONNRESET, under TLS too. A lone blank line and then
 // a close is no head (fasthttp ends such a connection without an error).
+// A client that only half-closed reads the 499, as after a body's.
 func leftMidHead(err error) bool {
 	var op *net.OpError
 	bare := err == io.EOF || err == io.ErrUnexpectedEOF || errors.As(err, &op) && error(op) == err

@@ -859,7 +859,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 		// As one that leaves in the middle of a body (below): a client
 		// that left is the proxy's 499, whatever part of its request it
 		// had sent (nginx logs 400 for both, its readers' status).
-		return proxyError{status: statusClientClosed, code: CodeClientClosed, msg: "client closed the connection before the end of its request head"}, true
+		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request head"}, true
 	}
 	stalled, left := isTimeout(err), leftMidBody(err)
 	if !(stalled || left) || !requestBegun(ctx, conns) {
@@ -871,7 +871,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 		// that only half-closed may read it); fasthttp writes it as it
 		// wrote the 400 before, and nothing lingers for a connection
 		// error (lingerRefused).
-		return proxyError{status: statusClientClosed, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
+		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
 	}
 	return p.refused(err), true
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -247,6 +248,24 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 	t.Cleanup(func() { c.Close() })
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	return c
+}
+
+// keptRequest writes the request raw on c, reads its answer through br and
+// fails unless the answer keeps the connection open for the next one.
+func keptRequest(t *testing.T, c net.Conn, br *bufio.Reader, raw string) {
+	t.Helper()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Close {
+		t.Fatalf("first request's answer %d closes the connection", resp.StatusCode)
+	}
 }
 
 // serveTLS serves h's proxy on a TLS listener with a certificate for

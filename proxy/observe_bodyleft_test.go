@@ -138,16 +138,7 @@ func testSmallBodyLeftLogged(t *testing.T, accessLog bool) {
 			br := bufio.NewReader(c)
 			if tc.second {
 				id := "left-first-" + strings.ReplaceAll(tc.name, " ", "-")
-				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: 50005-none.cube.test\r\nX-Cube-Request-Id: %s\r\n\r\n", id)
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatalf("first request: %v", err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.Close {
-					t.Fatalf("first request's answer %d closes the connection", resp.StatusCode)
-				}
+				keptRequest(t, c, br, "GET / HTTP/1.1\r\nHost: 50005-none.cube.test\r\nX-Cube-Request-Id: "+id+"\r\n\r\n")
 				if accessLog {
 					buf.waitJSON(t, id)
 				}

@@ -600,6 +600,9 @@ func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
 			t.Fatalf("got %d %s, want 404 route_invalid", got.status, got.body)
 		}
 	}
+	// The process log is written behind the caller (proclog): stopping
+	// serve writes all of it, and the count is then final.
+	p.stop()
 	var lines []string
 	for _, l := range strings.Split(p.logs.String(), "\n") {
 		if strings.Contains(l, `"msg":"invalid route data"`) {

@@ -33,6 +33,9 @@ func TestRedisOversizedRouteIsInvalid(t *testing.T) {
 			t.Fatalf("oversized route: %d %s, want 404 route_invalid", got.status, got.body)
 		}
 	}
+	// The process log is written behind the caller (proclog): stopping
+	// serve writes all of it, and the count is then final.
+	p.stop()
 	if n := testenv.CountLines(p.logs.String(), `"msg":"invalid route data"`, key, "too large"); n != 1 {
 		t.Fatalf("%d log lines for 5 requests to an oversized route, want 1 naming the key:\n%s", n, p.logs.String())
 	}

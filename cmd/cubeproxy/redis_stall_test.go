@@ -45,7 +45,11 @@ func TestRedisStallBoundsColdLookups(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "every route lookup to end", func() bool {
 		return goroutinesIn("routing.(*Cache).load") == 0
 	})
-	if n := strings.Count(p.logs.String(), `"msg":"route store unavailable"`); n < 1 || n > 1+int(time.Since(paused)/time.Second) {
+	// The process log is written behind the caller (proclog): wait for
+	// the outage's first line before judging how many there are.
+	outage := func() int { return strings.Count(p.logs.String(), `"msg":"route store unavailable"`) }
+	testenv.WaitFor(t, 5*time.Second, "the outage in the process log", func() bool { return outage() > 0 })
+	if n := outage(); n > 1+int(time.Since(paused)/time.Second) {
 		t.Errorf("outage logged %d times in %v, want at most once a second", n, time.Since(paused).Round(time.Millisecond))
 	}
 

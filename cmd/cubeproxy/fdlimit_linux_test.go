@@ -157,16 +157,19 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	if n := scrapeMetric(adminAddr, "cubeproxy_upstream_connect_errors_total"); n != 0 {
 		t.Errorf("the proxy's own exhaustion counted as %v sandbox connect errors", n)
 	}
+	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
+		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
+	}
+	// The recovery is logged behind the accept that served the answer
+	// (the process log is queued, then piped): read the log once the
+	// process has exited, when cmd.Wait has copied all of it.
+	sigtermAndWait(t, cmd, exited, logs)
 	if n := strings.Count(logs.String(), "cannot accept connections"); n != 1 {
 		t.Errorf("exhaustion logged %d times, want once\n%s", n, logs.String())
 	}
 	if !strings.Contains(logs.String(), "accepting connections again") {
 		t.Errorf("recovery not logged\n%s", logs.String())
 	}
-	if n := scrapeMetric(adminAddr, "cubeproxy_accept_errors_total"); n < 1 {
-		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
-	}
-	sigtermAndWait(t, cmd, exited, logs)
 }
 
 // The other way out of descriptor exhaustion: the operator raises the

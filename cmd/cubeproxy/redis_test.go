@@ -322,6 +322,10 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	// outage; b: default TTL, so only invalidation can change its routes.
 	a := startRedisProxy(t, r.Addr(), "--instance-id", "outage-a", "--cache-ttl-min", "150ms", "--cache-ttl-max", "150ms")
 	b := startRedisProxy(t, r.Addr(), "--instance-id", "outage-b")
+	// A lookup in flight when the subscription comes up is answered but
+	// not cached (ExpireAll): b would have nothing to serve in the outage.
+	a.subscribed(t)
+	b.subscribed(t)
 	one, two := redisBackend(t, "one"), redisBackend(t, "two")
 	key := redisstore.DefaultKeyPrefix + "cached"
 

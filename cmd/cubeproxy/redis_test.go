@@ -306,8 +306,14 @@ func TestRedisControlPlaneRoutes(t *testing.T) {
 				}
 			})
 		}
+		// The process log is written behind the caller (proclog): stopping
+		// serve writes all of it, lines of the last requests included.
+		p.stop()
 		if !strings.Contains(p.logs.String(), `"msg":"invalid route data"`) {
 			t.Errorf("invalid route data was not logged")
+		}
+		if strings.Contains(p.logs.String(), secretToken) {
+			t.Errorf("process log contains the traffic token")
 		}
 	})
 }

@@ -35,6 +35,8 @@ type Telemetry struct {
 	Metrics *Metrics
 
 	tp         *sdktrace.TracerProvider // nil when tracing is off
+	proc       sdktrace.SpanProcessor   // tp's one processor
+	cutExports context.CancelFunc       // gives the OTLP exports up; nil with an injected exporter
 	mp         *sdkmetric.MeterProvider
 	handler    http.Handler
 	propagator propagation.TextMapPropagator
@@ -83,7 +85,7 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	}
 	t.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 
-	if t.tp, err = newTracerProvider(ctx, &cfg, res); err != nil {
+	if t.tp, t.proc, t.cutExports, err = newTracerProvider(ctx, &cfg, res); err != nil {
 		return nil, errors.Join(err, t.mp.Shutdown(ctx))
 	}
 	if t.tp != nil {
@@ -133,8 +135,10 @@ func (t *Telemetry) MetricsHandler() http.Handler { return t.handler }
 func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.propagator }
 
 // Shutdown flushes pending spans and stops the providers; its error says
-// when spans could not be exported. Metrics recorded afterwards are
-// ignored.
+// when spans could not be exported. Its deadline holds for the exports
+// too: when ctx is done, the OTLP export in flight is cancelled and the
+// spans still queued are dropped, so the exporter closes its connections
+// then. Metrics recorded afterwards are ignored.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	var errs []error
 	if t.tp != nil {
@@ -146,6 +150,19 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 		}
 		if err := t.tp.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("shutdown tracer provider: %w", err))
+		}
+		// Both return when ctx is done, leaving the batch processor
+		// exporting on its own goroutine, and the provider does not even
+		// stop its processor once ctx is done: it would export what is
+		// queued, then idle, for good, with the exporter never shut down.
+		// Cut, the exports end at once; stopped (its second Shutdown does
+		// nothing), the processor drains into the cut exporter and shuts
+		// it down in the background.
+		if ctx.Err() != nil {
+			if t.cutExports != nil {
+				t.cutExports()
+			}
+			_ = t.proc.Shutdown(ctx) // ctx.Err(), said above
 		}
 	}
 	if err := t.mp.Shutdown(ctx); err != nil {

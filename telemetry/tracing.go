@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -57,13 +58,14 @@ func (c *Config) tracing() (on bool, kind exporterKind, ratio float64, err error
 	return true, kind, ratio, nil
 }
 
-// newTracerProvider builds the SDK provider, or returns nil when tracing is off.
-func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource) (*sdktrace.TracerProvider, error) {
+// newTracerProvider builds the SDK provider and its one span processor, or
+// returns nils when tracing is off. cut, nil with an injected exporter,
+// gives the OTLP exporter up (see cutExporter).
+func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource) (tp *sdktrace.TracerProvider, proc sdktrace.SpanProcessor, cut context.CancelFunc, err error) {
 	on, kind, ratio, err := cfg.tracing()
 	if err != nil || !on {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	var proc sdktrace.SpanProcessor
 	switch kind {
 	case exporterNone: // injected exporter
 		proc = sdktrace.NewSimpleSpanProcessor(cfg.SpanExporter)
@@ -75,15 +77,60 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource)
 			exp, err = otlptracehttp.New(ctx)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("create OTLP trace exporter: %w", err)
+			return nil, nil, nil, fmt.Errorf("create OTLP trace exporter: %w", err)
 		}
+		ce := newCutExporter(exp)
+		cut = ce.cancel
 		// The batch processor drops spans when its queue is full instead of
 		// blocking the request path.
-		proc = sdktrace.NewBatchSpanProcessor(exp)
+		proc = sdktrace.NewBatchSpanProcessor(ce)
 	}
-	return sdktrace.NewTracerProvider(
+	tp = sdktrace.NewTracerProvider(
 		sdktrace.WithSampler(EdgeSampler(ratio)),
 		sdktrace.WithSpanProcessor(proc),
 		sdktrace.WithResource(res),
-	), nil
+	)
+	return tp, proc, cut, nil
+}
+
+// cutExporter is the OTLP exporter as the batch processor sees it, so that
+// Telemetry.Shutdown's deadline holds for the exports too. Once cancel is
+// called (the deadline passed), the export in flight is cancelled and every
+// later one drops its spans at once: the processor then drains its queue
+// in microseconds and shuts the exporter down, which closes its
+// connections. Without it the processor would go on exporting every
+// queued batch, one after the other, each for the exporter's timeout
+// (10 s, plus retries), to a collector that does not answer: goroutines
+// and sockets outliving Shutdown for minutes, which a process that exits
+// does not mind but an in-process serve (tests, embedders) does.
+type cutExporter struct {
+	sdktrace.SpanExporter
+	cut    context.Context // done once the exports are given up
+	cancel context.CancelFunc
+}
+
+func newCutExporter(exp sdktrace.SpanExporter) *cutExporter {
+	cut, cancel := context.WithCancel(context.Background())
+	return &cutExporter{SpanExporter: exp, cut: cut, cancel: cancel}
+}
+
+// errExportsCut is the cause an export in flight is cancelled with.
+var errExportsCut = errors.New("span export given up: telemetry shutdown deadline passed")
+
+// ExportSpans exports spans unless the exports were cut, cancelling the
+// export when they are cut while it runs. Once cut, the spans are dropped
+// without an error: Telemetry.Shutdown has already said spans were lost,
+// and an error per batch would only repeat that in the log, once per
+// queued batch.
+func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if e.cut.Err() != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// Registered with the cut context (a context.WithCancel one), so no
+	// goroutine waits for the cut per export.
+	stop := context.AfterFunc(e.cut, func() { cancel(errExportsCut) })
+	defer stop()
+	return e.SpanExporter.ExportSpans(ctx, spans)
 }

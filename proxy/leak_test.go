@@ -199,16 +199,7 @@ func takeBaseline(t *testing.T, e *leakEnv) leakBaseline {
 	t.Helper()
 	e.check(t, leakBaseline{fds: 1 << 30, goroutines: 1 << 30})
 	g, _ := liveGoroutines()
-	return leakBaseline{fds: openFDs(t), goroutines: g}
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skip("no /proc/self/fd:", err)
-	}
-	return len(ents)
+	return leakBaseline{fds: testenv.OpenFDs(t), goroutines: g}
 }
 
 // countFDs counts the open descriptors whose link reads target.
@@ -320,7 +311,7 @@ func (e *leakEnv) check(t *testing.T, base leakBaseline) {
 	var stacks []string
 	deadline = time.Now().Add(5 * time.Second)
 	for {
-		fds = openFDs(t)
+		fds = testenv.OpenFDs(t)
 		gs, stacks = liveGoroutines()
 		if fds <= base.fds && gs <= base.goroutines+2 {
 			return
@@ -907,7 +898,7 @@ func TestLeakDrain(t *testing.T) {
 			epolls := countFDs(t, "anon_inode:[eventpoll]")
 			e := newLeakEnv(t, func(o *harnessOpts) { o.srv.DrainTimeout = 300 * time.Millisecond })
 			g0, _ := liveGoroutines()
-			fd0 := openFDs(t)
+			fd0 := testenv.OpenFDs(t)
 			var steps []*leakStep
 			var clients []*net.TCPConn
 			open := func(head string, status int) {
@@ -965,7 +956,7 @@ func TestLeakDrain(t *testing.T) {
 			// The harness's listeners closed; the test's sandbox still runs.
 			testenv.WaitFor(t, 5*time.Second, "descriptors and goroutines of the server to go", func() bool {
 				g, _ := liveGoroutines()
-				return openFDs(t) <= fd0 && g <= g0
+				return testenv.OpenFDs(t) <= fd0 && g <= g0
 			})
 			_, stacks := liveGoroutines()
 			for _, g := range stacks {

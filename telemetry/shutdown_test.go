@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -72,16 +71,6 @@ func blackHole(t *testing.T) (addr string, reached <-chan struct{}) {
 	return ln.Addr().String(), r
 }
 
-// openFDs counts this process's open descriptors.
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skip("no /proc/self/fd:", err)
-	}
-	return len(ents)
-}
-
 // otlpEnv points the OTLP exporter (which reads the process environment)
 // at endpoint over proto, and has the batch processor export one span a
 // batch at once, so that a queue of spans is a queue of exports. It
@@ -117,7 +106,7 @@ func TestShutdownDeadlineStopsExports(t *testing.T) {
 			addr, reached := blackHole(t)
 			env := otlpEnv(t, protocol, addr)
 			g0, _ := liveGoroutines()
-			fd0 := openFDs(t)
+			fd0 := testenv.OpenFDs(t)
 
 			tel, err := New(context.Background(), Config{Env: env, TraceSampleRatio: 1})
 			if err != nil {
@@ -146,7 +135,7 @@ func TestShutdownDeadlineStopsExports(t *testing.T) {
 			bound := time.Now().Add(3 * time.Second)
 			for {
 				g, stacks := liveGoroutines()
-				fds := openFDs(t)
+				fds := testenv.OpenFDs(t)
 				if g <= g0 && fds <= fd0 {
 					break
 				}

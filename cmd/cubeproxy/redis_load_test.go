@@ -27,9 +27,12 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 	p.subscribed(t)
 	testenv.WaitFor(t, 5*time.Second, "readyz 200", func() bool { return p.adminGet(t, "/readyz").status == 200 })
 
-	fire := func(hosts []string) map[int]int {
+	// fire returns how many requests got each status (-1: no answer) and
+	// the first few transport errors, which say why a request got none.
+	fire := func(hosts []string) (map[int]int, []string) {
 		var mu sync.Mutex
 		statuses := map[int]int{}
+		var errs []string
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 100)
 		for _, host := range hosts {
@@ -41,18 +44,22 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 				req, _ := http.NewRequest("GET", "http://"+p.http+"/", nil)
 				req.Host = host
 				status := -1
-				if resp, err := p.client.Do(req); err == nil {
+				resp, err := p.client.Do(req)
+				if err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 					status = resp.StatusCode
 				}
 				mu.Lock()
 				statuses[status]++
+				if err != nil && len(errs) < 5 {
+					errs = append(errs, err.Error())
+				}
 				mu.Unlock()
 			}()
 		}
 		wg.Wait()
-		return statuses
+		return statuses, errs
 	}
 
 	r.ResetStats(t)
@@ -60,8 +67,8 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 	for i := range hosts {
 		hosts[i] = fmt.Sprintf("%d-hot.cube.test", redisContainerPort)
 	}
-	if got := fire(hosts); got[200] != 1000 {
-		t.Fatalf("statuses %v, want 1000 x 200", got)
+	if got, errs := fire(hosts); got[200] != 1000 {
+		t.Fatalf("statuses %v, want 1000 x 200; errors %q", got, errs)
 	}
 	// One lookup: the new and the legacy key, in one pipeline.
 	if n := r.CommandCount(t, "hgetall"); n != 2 {
@@ -72,8 +79,8 @@ func TestRedisConcurrentRequestsShareLookups(t *testing.T) {
 	for i := range hosts {
 		hosts[i] = fmt.Sprintf("%d-ghost-%d.cube.test", redisContainerPort, i%50)
 	}
-	if got := fire(hosts); got[404] != 1000 {
-		t.Fatalf("statuses %v, want 1000 x 404", got)
+	if got, errs := fire(hosts); got[404] != 1000 {
+		t.Fatalf("statuses %v, want 1000 x 404; errors %q", got, errs)
 	}
 	if n := r.CommandCount(t, "hgetall"); n != 2*50 {
 		t.Fatalf("1000 requests over 50 unknown ids made %d HGETALLs, want %d (new + legacy key per id)", n, 2*50)

@@ -193,6 +193,18 @@ func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 
 func (r *logRecorder) WithGroup(string) slog.Handler { return r }
 
+// firstAt returns when msg was first logged (zero if never).
+func (r *logRecorder) firstAt(msg string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.records {
+		if rec.Message == msg {
+			return rec.Time
+		}
+	}
+	return time.Time{}
+}
+
 // warnings returns the messages logged at warning level or above.
 func (r *logRecorder) warnings() []string {
 	r.mu.Lock()

@@ -46,12 +46,20 @@ func obsTelemetry(t testing.TB, exp sdktrace.SpanExporter) *telemetry.Telemetry 
 
 // obsMetricsAdmin serves the admin API of h's proxy with /metrics wired, as
 // cmd does, and returns its address.
+//
+// Its listener retries accept errors, as ServeAdmin's does: Linux takes the
+// new descriptor before it looks for a connection, so at RLIMIT_NOFILE
+// every accept fails with EMFILE, queued connection or not, and fasthttp
+// gives up serving on it. TestDialShortageCountedApart lowers the limit
+// while this accept loop may not have run yet (a goroutine slow to start
+// on a loaded machine): its scrape then waited forever for a server that
+// had stopped.
 func obsMetricsAdmin(t *testing.T, h *harness, tel *telemetry.Telemetry) string {
 	t.Helper()
 	admin := NewAdmin(AdminConfig{Metrics: tel.MetricsHandler()}, h.proxy)
 	srv := &fasthttp.Server{Handler: admin.Handler}
 	ln := listen(t, "127.0.0.1:0")
-	go srv.Serve(ln)
+	go srv.Serve(newRetryListener(ln, h.proxy.cfg.Logger, nil))
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return ln.Addr().String()
 }

@@ -39,6 +39,19 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		// Parsing stops at the first non-flag: what follows it was not read.
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
+	// A flag left out is a command line the program cannot read (exit 2),
+	// told before the configuration is read: a missing key (exit 1) must
+	// not hide it, or the fixed keys only lead to the next refusal. A flag
+	// given a bad value (--port 0, --sandbox "") is said to be that, not
+	// missing: "required" for a value given puzzled.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	switch {
+	case !given["sandbox"]:
+		return usageError{errors.New("--sandbox (a sandbox id) is required")}
+	case !given["port"]:
+		return usageError{errors.New("--port (1-65535) is required")}
+	}
 	cfg, err := loadConfigFile("cubeproxy token sign", *cfgPath, getenv, stderr)
 	if err != nil {
 		return err
@@ -51,15 +64,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		// Worded as serve's refusal of the same keys.
 		return cfg.NameOrigins(fmt.Errorf("auth.signing_keys: %w", err))
 	}
-	// A flag given a bad value (--port 0, --sandbox "") is said to be
-	// that, not missing: "required" for a value given puzzled.
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	switch {
-	case !given["sandbox"]:
-		return usageError{errors.New("--sandbox (a sandbox id) is required")}
-	case !given["port"]:
-		return usageError{errors.New("--port (1-65535) is required")}
 	case !routing.ValidID(*sandbox):
 		return fmt.Errorf("--sandbox %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", *sandbox)
 	case *port < 1 || *port > 65535:

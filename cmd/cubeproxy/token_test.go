@@ -140,6 +140,11 @@ func TestTokenSignErrors(t *testing.T) {
 		{"no sandbox", good, []string{"--port", "8080"}, "--sandbox (a sandbox id) is required", 2},
 		{"no port", good, []string{"--sandbox", "box"}, "--port (1-65535) is required", 2},
 		{"neither", good, nil, "--sandbox (a sandbox id) is required", 2},
+		// The command line is read before the keys: with none configured
+		// it is still the usage error (exit 2), not "no signing keys".
+		{"no sandbox, no keys", noEnv, []string{"--port", "8080"}, "--sandbox (a sandbox id) is required", 2},
+		{"no port, no keys", noEnv, []string{"--sandbox", "box"}, "--port (1-65535) is required", 2},
+		{"neither, no keys", noEnv, nil, "--sandbox (a sandbox id) is required", 2},
 		{"empty sandbox", good, []string{"--sandbox", "", "--port", "8080"}, `--sandbox "" is not a sandbox id`, 1},
 		{"bad sandbox id", good, []string{"--sandbox", "Box!", "--port", "8080"}, `--sandbox "Box!" is not a sandbox id`, 1},
 		{"port 0", good, []string{"--sandbox", "box", "--port", "0"}, "--port 0 is not a port (1-65535)", 1},

@@ -62,6 +62,23 @@ type Config struct {
 
 	// MaxStreamsPerSandbox bounds concurrent requests to one sandbox (0 = unlimited); above it: 429.
 	MaxStreamsPerSandbox int
+	// MaxHeldBody is the largest POST body the proxy reads whole into
+	// memory, over MaxStreamsPerSandbox, to see whether it is only JSON-RPC
+	// notifications and responses, which pass the limit (see
+	// Proxy.overLimit). Default 4 MiB: an MCP agent's answer to a sampling
+	// request carries the model's text or a base64 image, larger than the
+	// 8 KiB fasthttp reads before the handler, and refused, the tool call
+	// that waits for it holds its slot until a timeout; 4 MiB is also the
+	// largest body a go-sdk gateway takes by default. Larger bodies get
+	// the 429. Negative: only bodies fasthttp read before the handler are
+	// judged. Never more than MaxRequestBodySize.
+	MaxHeldBody int64
+	// HeldBodyBudget bounds the bytes of such bodies held at once, across
+	// all sandboxes (default 64 MiB, sixteen bodies at the cap): a body that
+	// would take more gets the 429 without being read. It bounds what the
+	// limit's exception costs in memory however many sandboxes are at
+	// their limit.
+	HeldBodyBudget int64
 
 	// Signer verifies signed browser tokens (?cube_token= and the cookie it
 	// is traded for); nil disables them.
@@ -99,6 +116,16 @@ func (c *Config) setDefaults() {
 	c.NodeIP = c.NodeIP.Unmap()
 	if c.MaxRequestBodySize == 0 {
 		c.MaxRequestBodySize = 256 << 20
+	}
+	if c.MaxHeldBody == 0 {
+		c.MaxHeldBody = 4 << 20
+	}
+	if c.HeldBodyBudget == 0 {
+		c.HeldBodyBudget = 64 << 20
+	}
+	if c.MaxRequestBodySize > 0 && c.MaxHeldBody > c.MaxRequestBodySize {
+		// A body over max_request_body is refused anyway.
+		c.MaxHeldBody = c.MaxRequestBodySize
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 3 * time.Second

@@ -53,8 +53,12 @@ type exchange struct {
 	// as nginx's $request_time does; metrics and spans start at start.
 	headTime time.Duration
 	bytesIn  int64 // body bytes read from the client: never what its Content-Length claims
-	// bodyEnded: the client's body was read to its end (forward only).
+	// bodyEnded: the client's body was read to its end (forward, or
+	// overLimit).
 	bodyEnded bool
+	// held is the size of the body overLimit read whole and holds in
+	// memory until it is sent, counted in Proxy.heldBodies (0: none).
+	held int64
 	// answeredEarly: the sandbox answered before the client's body was
 	// all sent to it.
 	answeredEarly bool

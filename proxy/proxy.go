@@ -69,6 +69,10 @@ type Proxy struct {
 	// clientConnClosed).
 	clientConns atomic.Int64
 
+	// heldBodies counts the bytes of the bodies read whole to be judged
+	// over max_streams_per_sandbox (overLimit), against HeldBodyBudget.
+	heldBodies byteBudget
+
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
 
@@ -101,6 +105,7 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 		store:  store,
 		tel:    cfg.Telemetry,
 	}
+	p.heldBodies.max = cfg.HeldBodyBudget
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
 		p.metrics.SetPoolStats(func() (int64, int64) {
@@ -166,6 +171,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	reqID := p.requestID(&ctx.Request.Header, idBuf[:0])
 	x.noteRequestID(reqID)
 	p.serve(ctx, x)
+	p.letGoHeldBody(ctx, x) // if forward did not get to send it
 	if x.admitted {
 		// The head's lookup is the request's: the one after its body
 		// finds what this one cached, and would count a miss as a hit.
@@ -349,10 +355,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 			sb = p.sandboxes.get(id)
 			continue
 		}
-		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) && !overLimitAdmits(ctx, x, n, lim) {
-			sb.leave()
-			x.fail(ctx, proxyError{status: 429, code: CodeTooManyStreams, msg: "too many concurrent requests for this sandbox", retryAfter: 1}, id)
-			return
+		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) {
+			if refusal := p.overLimit(ctx, x, n, lim); refusal != nil {
+				sb.leave()
+				x.fail(ctx, *refusal, id)
+				if refusal.status != fasthttp.StatusTooManyRequests {
+					// The body broke off while overLimit read it: the
+					// rest of it cannot be found on the connection.
+					ctx.SetConnectionClose() // after fail: writeError resets the response
+				}
+				return
+			}
 		}
 		break
 	}
@@ -515,6 +528,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	body, _ := req.BodyStream().(*clientBody)
 	c, err := p.roundTrip(x, u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	x.answeredEarly = err == nil && c.answered.Load()
+	// Sent (a POST is never sent again): a body overLimit holds is not
+	// kept for as long as the answer streams.
+	p.letGoHeldBody(ctx, x)
 	if http10 {
 		req.Header.SetProtocolBytes(http10Proto)
 	}

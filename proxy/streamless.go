@@ -3,7 +3,9 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"strings"
+	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 )
@@ -16,48 +18,177 @@ import (
 // gateway answers 202 with no body), so it is let through the limit; and
 // so is the DELETE that ends a session (the go-sdk's ClientSession.Close),
 // which opens none either and is how a client at the limit gives back
-// what its session holds at the gateway. See overLimitAdmits.
+// what its session holds at the gateway. See overLimit.
+//
+// Whether a body is only notifications and responses can be told only
+// from all of it: JSON keys come in any order, and a request's "method"
+// may follow kilobytes of "params". A sampling answer (the model's text, a
+// base64 image) is often larger than the 8 KiB fasthttp reads before the
+// handler, so the proxy reads the rest of such a body into memory to judge
+// it, within Config.MaxHeldBody per body and Config.HeldBodyBudget across
+// all sandboxes, and then sends it on from there.
 
 // headerMCPSessionID names the Streamable HTTP session a request is for.
 const headerMCPSessionID = "Mcp-Session-Id"
 
-// overLimitAdmits reports whether a request that makes its sandbox's
-// count n, above limit, may pass anyway, while the sandbox has at most
-// twice limit requests in flight: a POST whose body, already read in whole
-// before the handler ran, is JSON-RPC notifications and responses only
-// (streamless), or a DELETE of an MCP session (sessionDelete). It runs
-// only where the limit would refuse, so requests below it pay nothing. It
-// holds its slot while in flight like any request, so the limit still
-// bounds what a client can open at once (at twice its value): a flood of
-// such requests to a sandbox that never answers them is refused.
+// Refusals of a request over max_streams_per_sandbox. Package values, so
+// that a flood of refusals costs no allocation.
+var (
+	refusedTooMany = proxyError{status: 429, code: CodeTooManyStreams,
+		msg: "too many concurrent requests for this sandbox", retryAfter: 1}
+	// refusedNoRoom: a notification or response body that could pass, were
+	// there room to hold it (HeldBodyBudget) while it is judged.
+	refusedNoRoom = proxyError{status: 429, code: CodeTooManyStreams,
+		msg: "too many concurrent requests for this sandbox, and no room to read this body", retryAfter: 1}
+	// What a body overLimit reads whole may fail with, as forward answers
+	// the same failures of a streamed body (upstreamError).
+	refusedBodyTimeout = proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}
+	refusedBodyLeft    = proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}
+	refusedBodyBad     = proxyError{status: 400, code: CodeBadBody, msg: "malformed request body"}
+	refusedBodyDrain   = proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the request was not complete before the drain deadline"}
+)
+
+// overLimit decides a request that makes its sandbox's count n, above
+// limit: nil lets it pass, else it is the refusal to answer. While the
+// sandbox has at most twice limit requests in flight, a POST whose body is
+// JSON-RPC notifications and responses only (streamless) passes, and so
+// does a DELETE of an MCP session (sessionDelete). It runs only where the
+// limit would refuse, so requests below it pay nothing. It holds its slot
+// while in flight like any request, reading a body included, so the limit
+// still bounds what a client can open at once (at twice its value): a
+// flood of such requests to a sandbox that never answers them is refused.
+//
+// A body fasthttp read before the handler (Content-Length up to 8 KiB) is
+// judged where it is. A larger one, up to MaxHeldBody, is read whole
+// (readHeldBody) if HeldBodyBudget has room for it, and 429 otherwise. A
+// chunked body is refused: its size is known only at its end, and agents
+// send JSON-RPC messages with a Content-Length.
 //
 // The head of an "Expect: 100-continue" request is admitted on its framing
-// alone; its body is judged when the request runs again with it.
-func overLimitAdmits(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit int) bool {
+// (and, for a body to be held, on the room the budget has now); its body is
+// judged when the request runs again with it.
+func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit int) *proxyError {
 	if n > 2*int64(limit) {
-		return false
+		return &refusedTooMany
 	}
 	h := &ctx.Request.Header
 	if h.IsDelete() {
-		return sessionDelete(h)
+		if sessionDelete(h) {
+			return nil
+		}
+		return &refusedTooMany
 	}
 	if !h.IsPost() {
-		return false
+		return &refusedTooMany
 	}
-	// A chunked body (-1), or one longer than fasthttp reads before the
-	// handler, would have to be read from the client here: neither is
-	// what an agent sends for a notification or a response.
-	if cl := h.ContentLength(); cl <= 0 || cl > fasthttpPreRead {
-		return false
+	cl := h.ContentLength()
+	large := cl > fasthttpPreRead
+	if cl <= 0 || large && int64(cl) > p.cfg.MaxHeldBody {
+		return &refusedTooMany
 	}
 	if x.expecting {
-		return true
+		if large && !p.heldBodies.room(int64(cl)) {
+			return &refusedNoRoom
+		}
+		return nil
 	}
-	// All of it is in memory already (fasthttp's pre-read): Body reads no
-	// socket. The body then goes to the sandbox from memory.
+	if large && ctx.Request.IsBodyStream() {
+		return p.readHeldBody(ctx, x, cl)
+	}
+	// All of it is in memory already (fasthttp's pre-read, or a server
+	// that reads bodies whole): Body reads no socket. The body then goes
+	// to the sandbox from memory.
 	x.bodyEnded = true
-	return streamless(ctx.Request.Body())
+	if streamless(ctx.Request.Body()) {
+		return nil
+	}
+	return &refusedTooMany
 }
+
+// readHeldBody reads the rest of a request's body, cl bytes in all, into
+// memory, and judges it (overLimit). Admitted, the body goes to the sandbox
+// from memory, and its bytes count against HeldBodyBudget until it has
+// been sent (letGoHeldBody); refused, they are given back at once. The
+// read goes through clientBody, as a streamed upload's: client.body_timeout
+// bounds each wait for the client (408; the drain's cut of it is a 504), a
+// client that leaves midway is a 499, and the connection is closed after
+// either, since the rest of the body is lost.
+func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, cl int) *proxyError {
+	size := int64(cl)
+	if !p.heldBodies.take(size) {
+		return &refusedNoRoom
+	}
+	buf := make([]byte, cl)
+	b := clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: size, left: size, timeout: p.clientBodyTimeout}
+	_, err := io.ReadFull(&b, buf)
+	x.bytesIn = b.n
+	if err != nil {
+		p.heldBodies.give(size)
+		switch {
+		case isTimeout(err) && p.pools.aborted.Load():
+			return &refusedBodyDrain // connSet.cutReads
+		case isTimeout(err):
+			return &refusedBodyTimeout
+		case b.gone:
+			return &refusedBodyLeft
+		}
+		return &refusedBodyBad
+	}
+	x.bodyEnded = true
+	if !streamless(buf) {
+		p.heldBodies.give(size)
+		return &refusedTooMany
+	}
+	// In place of the stream: prepareRequest then finds no stream to
+	// wrap, and the request goes out with its body in one write.
+	ctx.Request.SetBodyRaw(buf)
+	x.held = size
+	return nil
+}
+
+// letGoHeldBody drops the body readHeldBody holds for x, if any, and gives
+// its bytes back to the budget: once it has been sent, or when the
+// request ends without being sent. Every request passes here: the check
+// is inlined, the work is not.
+func (p *Proxy) letGoHeldBody(ctx *fasthttp.RequestCtx, x *exchange) {
+	if x.held > 0 {
+		p.dropHeldBody(ctx, x)
+	}
+}
+
+// dropHeldBody is letGoHeldBody's work.
+func (p *Proxy) dropHeldBody(ctx *fasthttp.RequestCtx, x *exchange) {
+	ctx.Request.SetBodyRaw(nil)
+	p.heldBodies.give(x.held)
+	x.held = 0
+}
+
+// byteBudget is a number of bytes that may be held at once, taken before
+// they are and given back after. Lock-free: requests for every sandbox
+// share it.
+type byteBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// take reserves n bytes, and reports whether there was room for them.
+func (b *byteBudget) take(n int64) bool {
+	for {
+		used := b.used.Load()
+		if n > b.max-used {
+			return false
+		}
+		if b.used.CompareAndSwap(used, used+n) {
+			return true
+		}
+	}
+}
+
+// room reports whether n bytes could be taken now.
+func (b *byteBudget) room(n int64) bool { return n <= b.max-b.used.Load() }
+
+// give returns n bytes taken.
+func (b *byteBudget) give(n int64) { b.used.Add(-n) }
 
 // sessionDelete reports whether h is the head of a Streamable HTTP
 // session's termination: a DELETE with a non-empty Mcp-Session-Id and no

@@ -1,0 +1,377 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+//lint:file-ignore SA1019 sampling is deprecated from MCP protocol 2026-07-28 (SEP-2577), but the go-sdk still serves it for at least a year, and agents answer it
+
+// At max_streams_per_sandbox, a POST whose Content-Length body is larger
+// than the 8 KiB fasthttp reads before the handler is read whole (up to
+// MaxHeldBody, within HeldBodyBudget across sandboxes) and judged: an
+// agent's large answer to a sampling request passes, a large call does
+// not, whatever the order of its keys.
+
+// sizedAnswer is a JSON-RPC response (a sampling answer) of exactly n
+// bytes.
+func sizedAnswer(n int) string {
+	const head, tail = `{"jsonrpc":"2.0","id":7,"result":{"role":"assistant","model":"m","content":{"type":"text","text":"`, `"}}}`
+	return head + strings.Repeat("a", n-len(head)-len(tail)) + tail
+}
+
+// sizedCall is a JSON-RPC request of exactly n bytes whose "method" comes
+// after its params, past the first 8 KiB: only all of it tells that it is
+// a call.
+func sizedCall(n int) string {
+	const head, tail = `{"jsonrpc":"2.0","id":2,"params":{"name":"x","arguments":{"t":"`, `"}},"method":"tools/call"}`
+	return head + strings.Repeat("a", n-len(head)-len(tail)) + tail
+}
+
+// bodyDigest is what the sandbox of heldBodyProxy answers for a body.
+func bodyDigest(b []byte) string {
+	return fmt.Sprintf("got %d bytes %x", len(b), sha256.Sum256(b))
+}
+
+// heldBodyProxy is a proxy with max_streams_per_sandbox 1, its access
+// log (JSON), and the sandboxes ids, each at its limit: a GET to /hold is
+// held by the sandbox until the test ends. The sandbox answers any other
+// request 202 with bodyDigest of its body.
+func heldBodyProxy(t *testing.T, mod func(*harnessOpts), ids ...string) (*harness, *obsLogBuf) {
+	t.Helper()
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		if mod != nil {
+			mod(o)
+		}
+	})
+	entered, release := make(chan struct{}, len(ids)), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			entered <- struct{}{}
+			<-release
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, bodyDigest(b))
+	}))
+	for _, id := range ids {
+		h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
+		go func() {
+			resp, err := h.client.Do(h.req("GET", "8080-"+id+".cube.test", "/hold", nil))
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+		<-entered
+		if n := h.proxy.sandboxes.get([]byte(id)).inFlight(); n != 1 {
+			t.Fatalf("%s: %d requests in flight with the held one, want 1", id, n)
+		}
+	}
+	return h, logs
+}
+
+// heldBytes is how much of HeldBodyBudget is taken.
+func heldBytes(p *Proxy) int64 { return p.heldBodies.used.Load() }
+
+// postHead is the head of a POST of size bytes to host under request id.
+func postHead(host, id string, size int, extra string) string {
+	return fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n", host, id, size, extra)
+}
+
+// wantAnswer reads an answer from br and fails unless its status is want
+// and, for a 202, it says the sandbox got body whole.
+func wantAnswer(t *testing.T, br *bufio.Reader, want int, body string) (*http.Response, string) {
+	t.Helper()
+	resp, b := readExpectAnswer(t, br)
+	if resp.StatusCode != want {
+		t.Fatalf("%d %s, want %d", resp.StatusCode, b, want)
+	}
+	if want == http.StatusAccepted && b != bodyDigest([]byte(body)) {
+		t.Fatalf("the sandbox answered %q for a %d-byte body", b, len(body))
+	}
+	return resp, b
+}
+
+// wantLogged waits for the access log line of request id and checks its
+// status, error code and bytes_in.
+func wantLogged(t *testing.T, logs *obsLogBuf, id string, status int, code string, bytesIn int) {
+	t.Helper()
+	e := logs.waitJSON(t, id)
+	if got, _ := e["error_code"].(string); e["status"] != float64(status) || got != code || e["bytes_in"] != float64(bytesIn) {
+		t.Errorf("access log %v: want status %d, error_code %q, bytes_in %d", e, status, code, bytesIn)
+	}
+}
+
+func TestStreamLimitJudgesLargeBodies(t *testing.T) {
+	const kib = 1 << 10
+	h, logs := heldBodyProxy(t, func(o *harnessOpts) {
+		o.cfg.MaxHeldBody = 32 * kib
+		o.cfg.HeldBodyBudget = 32 * kib
+	}, "bigbox", "otherbox")
+	const host, other = "8080-bigbox.cube.test", "8080-otherbox.cube.test"
+	sb := h.proxy.sandboxes.get([]byte("bigbox"))
+	settled := func(t *testing.T) {
+		t.Helper()
+		testenv.WaitFor(t, 5*time.Second, "the slot count back to the held request", func() bool { return sb.inFlight() == 1 })
+		if n := heldBytes(h.proxy); n != 0 {
+			t.Fatalf("%d bytes of the budget still taken", n)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, body string
+		want       int
+		code       string
+	}{
+		{"20 KiB sampling answer", sizedAnswer(20 * kib), 202, ""},
+		{"answer at the cap", sizedAnswer(32 * kib), 202, ""},
+		{"20 KiB tools/call", sizedCall(20 * kib), 429, CodeTooManyStreams},
+		{"20 KiB answer with a call behind it", `[` + sizedAnswer(20*kib) + `,{"jsonrpc":"2.0","id":3,"method":"ping"}]`, 429, CodeTooManyStreams},
+		{"20 KiB of malformed JSON", sizedAnswer(20 * kib)[1:], 429, CodeTooManyStreams},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Pieces (as a slow link delivers them): the head and some of
+			// the body, then the rest. The connection stays usable after.
+			c := dialRaw(t, h.addr)
+			br := bufio.NewReader(c)
+			id := "held-" + strings.ReplaceAll(tc.name, " ", "-")
+			io.WriteString(c, postHead(host, id, len(tc.body), "")+tc.body[:10*kib])
+			io.WriteString(c, tc.body[10*kib:])
+			wantAnswer(t, br, tc.want, tc.body)
+			wantLogged(t, logs, id, tc.want, tc.code, len(tc.body))
+			settled(t)
+			// The whole body was read: the connection serves the next.
+			io.WriteString(c, postHead(host, id+"-next", len(sizedAnswer(9*kib)), "")+sizedAnswer(9*kib))
+			wantAnswer(t, br, 202, sizedAnswer(9*kib))
+			settled(t)
+		})
+	}
+
+	t.Run("over the cap", func(t *testing.T) {
+		body := sizedAnswer(32*kib + 1)
+		c := dialRaw(t, h.addr)
+		io.WriteString(c, postHead(host, "held-over-cap", len(body), "")+body)
+		resp, b := wantAnswer(t, bufio.NewReader(c), 429, "")
+		if !strings.Contains(b, CodeTooManyStreams) || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("over the cap: %s, Retry-After %q", b, resp.Header.Get("Retry-After"))
+		}
+		settled(t)
+	})
+
+	t.Run("chunked", func(t *testing.T) {
+		// Its size is known only at its end: refused as before.
+		body := sizedAnswer(20 * kib)
+		c := dialRaw(t, h.addr)
+		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", host, len(body), body)
+		wantAnswer(t, bufio.NewReader(c), 429, "")
+		settled(t)
+	})
+
+	t.Run("budget taken by another sandbox", func(t *testing.T) {
+		// otherbox's answer is half sent: the proxy holds its 20 KiB while
+		// it waits for the rest, and bigbox's 20 KiB do not fit beside it.
+		body := sizedAnswer(20 * kib)
+		slow := dialRaw(t, h.addr)
+		io.WriteString(slow, postHead(other, "held-slow", len(body), "")+body[:10*kib])
+		testenv.WaitFor(t, 5*time.Second, "the half-sent body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+
+		c := dialRaw(t, h.addr)
+		br := bufio.NewReader(c)
+		io.WriteString(c, postHead(host, "held-no-room", len(body), "")+body)
+		if _, b := wantAnswer(t, br, 429, ""); !strings.Contains(b, "no room") {
+			t.Fatalf("no room in the budget: %s", b)
+		}
+		testenv.WaitFor(t, 5*time.Second, "the refused request's slot freed", func() bool { return sb.inFlight() == 1 })
+
+		io.WriteString(slow, body[10*kib:])
+		wantAnswer(t, bufio.NewReader(slow), 202, body)
+		testenv.WaitFor(t, 5*time.Second, "the budget given back", func() bool { return heldBytes(h.proxy) == 0 })
+		// Room again; the refused one's connection is still usable (its
+		// body, unread, was small enough for fasthttp to drop).
+		io.WriteString(c, postHead(host, "held-room-again", len(body), "")+body)
+		wantAnswer(t, br, 202, body)
+		settled(t)
+	})
+
+	t.Run("client leaves midway", func(t *testing.T) {
+		body := sizedAnswer(20 * kib)
+		c := dialRaw(t, h.addr)
+		io.WriteString(c, postHead(host, "held-left", len(body), "")+body[:10*kib])
+		testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+		c.Close()
+		wantLogged(t, logs, "held-left", statusClientClosed, CodeClientClosed, 10*kib)
+		settled(t)
+	})
+
+	t.Run("expect 100-continue", func(t *testing.T) {
+		for _, tc := range []struct {
+			body string
+			want int
+		}{
+			{sizedAnswer(20 * kib), 202},
+			{sizedCall(20 * kib), 429},
+		} {
+			c := dialRaw(t, h.addr)
+			br := bufio.NewReader(c)
+			io.WriteString(c, postHead(host, "held-expect", len(tc.body), "Expect: 100-continue\r\n"))
+			if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
+				t.Fatalf("head of a %d-byte POST at the limit: %d %s, want 100", len(tc.body), resp.StatusCode, b)
+			}
+			io.WriteString(c, tc.body)
+			wantAnswer(t, br, tc.want, tc.body)
+			settled(t)
+		}
+		// Over the cap, the head is refused before the body is sent.
+		c := dialRaw(t, h.addr)
+		io.WriteString(c, postHead(host, "held-expect-over", 33*kib, "Expect: 100-continue\r\n"))
+		wantAnswer(t, bufio.NewReader(c), 429, "")
+		settled(t)
+	})
+}
+
+// A client that stalls in the middle of a large body at the limit is cut
+// at client.body_timeout, as a streamed upload is: 408, the connection
+// closed, the slot and the budget given back.
+func TestStreamLimitHeldBodyTimeout(t *testing.T) {
+	h, logs := heldBodyProxy(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = 300 * time.Millisecond }, "slowbox")
+	sb := h.proxy.sandboxes.get([]byte("slowbox"))
+	body := sizedAnswer(20 << 10)
+	c := dialRaw(t, h.addr)
+	io.WriteString(c, postHead("8080-slowbox.cube.test", "held-stall", len(body), "")+body[:10<<10])
+	br := bufio.NewReader(c)
+	resp, b := wantAnswer(t, br, http.StatusRequestTimeout, "")
+	if !strings.Contains(b, CodeBodyTimeout) || !resp.Close {
+		t.Fatalf("a stalled body: %s (close %v), want %s and the connection closed", b, resp.Close, CodeBodyTimeout)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the 408: %v, want the connection closed", err)
+	}
+	wantLogged(t, logs, "held-stall", http.StatusRequestTimeout, CodeBodyTimeout, 10<<10)
+	testenv.WaitFor(t, 5*time.Second, "the slot given back", func() bool { return sb.inFlight() == 1 })
+	if n := heldBytes(h.proxy); n != 0 {
+		t.Fatalf("%d bytes of the budget still taken", n)
+	}
+}
+
+// A tool call that holds the sandbox's last slot asks the agent for a
+// sampling answer (the go-sdk's CreateMessage); the agent's answer, 20 KiB
+// of text, is larger than the 8 KiB fasthttp reads before the handler.
+// It passes the limit and the call completes with it; refused, the call
+// would wait for it until a timeout.
+func TestMCPSamplingAnswerAtStreamLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := newAgentServer()
+	started, ended := addHoldTool(t, srv)
+	mcp.AddTool(srv, &mcp.Tool{Name: "sample"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10000,
+			Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "write a lot"}}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		text := res.Content.(*mcp.TextContent).Text
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("sampled %d bytes", len(text))}}}, nil, nil
+	})
+	answer := bigText(20 << 10)
+	copts := &mcp.ClientOptions{
+		CreateMessageHandler: func(context.Context, *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			return &mcp.CreateMessageResult{Model: "m", Role: "assistant", Content: &mcp.TextContent{Text: answer}}, nil
+		},
+	}
+	h, sb, cs, wire := streamLimitAgent(t, ctx, "samplebox", srv, copts, `"model":"m"`)
+
+	holdCtx, holdCancel := context.WithCancel(ctx)
+	holdErr := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
+		holdErr <- err
+	}()
+	select {
+	case <-started:
+	case err := <-holdErr:
+		t.Fatalf("hold call ended before its tool started: %v", err)
+	}
+	// The sample call takes the second slot; its tool waits for the answer.
+	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer callCancel()
+	res, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "sample"})
+	if err != nil {
+		t.Fatalf("the call that samples at the limit: %v (the answer's POST got %v)", err, wire.statuses(`"model":"m"`))
+	}
+	if got := res.Content[0].(*mcp.TextContent).Text; res.IsError || got != fmt.Sprintf("sampled %d bytes", len(answer)) {
+		t.Fatalf("the call that samples answered %q", got)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the sampling answer's POST answered", func() bool { return len(wire.statuses(`"model":"m"`)) == 1 })
+	if got := wire.statuses(`"model":"m"`); got[0] != http.StatusAccepted {
+		t.Fatalf("the sampling answer's POST got %v, want the gateway's 202", got)
+	}
+	holdCancel()
+	<-holdErr
+	if err := <-ended; err == nil {
+		t.Fatal("the hold tool ended without its cancellation")
+	}
+	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the budget given back", func() bool { return heldBytes(h.proxy) == 0 })
+}
+
+// A client stalled in the middle of a large body at the limit when the
+// drain deadline comes is cut then, as a stalled upload is: 504
+// drain_timeout rather than a 408 at client.body_timeout, after the
+// process is gone.
+func TestDrainCutsHeldBody(t *testing.T) {
+	const drain = 300 * time.Millisecond
+	h, logs := heldBodyProxy(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain }, "drainbox")
+	body := sizedAnswer(20 << 10)
+	c := dialRaw(t, h.addr)
+	io.WriteString(c, postHead("8080-drainbox.cube.test", "held-drain", len(body), "")+body[:10<<10])
+	testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+	resp, b := wantAnswer(t, bufio.NewReader(c), http.StatusGatewayTimeout, "")
+	if !strings.Contains(b, CodeDrainTimeout) || !resp.Close {
+		t.Fatalf("a body stalled at the drain deadline: %s (close %v), want %s and the connection closed", b, resp.Close, CodeDrainTimeout)
+	}
+	if err := <-shutdownDone; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	wantLogged(t, logs, "held-drain", http.StatusGatewayTimeout, CodeDrainTimeout, 10<<10)
+	if n := heldBytes(h.proxy); n != 0 {
+		t.Fatalf("%d bytes of the budget still taken", n)
+	}
+}
+
+// The bounds of what overLimit holds: 4 MiB a body and 64 MiB in all by
+// default, as the README says; never more a body than max_request_body.
+func TestHeldBodyDefaults(t *testing.T) {
+	var c Config
+	c.setDefaults()
+	if c.MaxHeldBody != 4<<20 || c.HeldBodyBudget != 64<<20 {
+		t.Errorf("defaults: MaxHeldBody %d, HeldBodyBudget %d; want 4 MiB, 64 MiB", c.MaxHeldBody, c.HeldBodyBudget)
+	}
+	small := Config{MaxRequestBodySize: 1 << 20}
+	small.setDefaults()
+	if small.MaxHeldBody != 1<<20 {
+		t.Errorf("MaxHeldBody %d with max_request_body 1 MiB, want 1 MiB", small.MaxHeldBody)
+	}
+	off := Config{MaxHeldBody: -1}
+	off.setDefaults()
+	if off.MaxHeldBody != -1 {
+		t.Errorf("MaxHeldBody -1 (off) became %d", off.MaxHeldBody)
+	}
+}

@@ -1149,10 +1149,13 @@ func TestStalledHeadLogged(t *testing.T) {
 			case tc.logged && (lines[0]["method"] != "" || lines[0]["request_uri"] != "" || lines[0]["protocol"] != ""):
 				// fasthttp dropped the head: not its defaults (GET / HTTP/1.1).
 				t.Fatalf("logged %v %v %v, want no method, target or version", lines[0]["method"], lines[0]["request_uri"], lines[0]["protocol"])
-			case tc.logged && lines[0]["request_time"].(float64) < 0.3-0.001:
-				// From the request's first byte, on every listener: the
-				// timeout it waited out is in it (milliseconds, truncated).
-				t.Fatalf("logged request_time %v, want at least the 300ms timeout", lines[0]["request_time"])
+			case tc.logged && lines[0]["request_time"].(float64) < 0.15:
+				// From the request's first byte, on every listener: most of
+				// the timeout it waited out is in it, where timing from the
+				// refusal logs 0. Not all of it: fasthttp's deadline runs
+				// from when it began to wait, and on a loaded machine the
+				// proxy may see the client's first byte some ms after that.
+				t.Fatalf("logged request_time %v, want most of the 300ms timeout", lines[0]["request_time"])
 			case !tc.logged && len(lines) != 0:
 				t.Fatalf("408 lines %v, want none", lines)
 			}

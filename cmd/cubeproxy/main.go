@@ -42,7 +42,8 @@ Usage:
   cubeproxy serve [--config FILE] [flags]   run the proxy (see serve -h)
   cubeproxy check [--config FILE] [flags]   check serve's configuration and print it (nginx -t)
   cubeproxy demo  [flags]                   run the proxy plus a local demo sandbox
-  cubeproxy health [--live] [--config FILE] ask the running proxy's admin listener
+  cubeproxy health [--live] [--timeout 3s] [--config FILE]
+                                            ask the running proxy's admin listener
                                             (/readyz; --live: /admin/healthz); exit 0 on 200
   cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]
                                             issue a signed browser token (keys: auth.signing_keys)

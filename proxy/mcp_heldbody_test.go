@@ -375,3 +375,46 @@ func TestHeldBodyDefaults(t *testing.T) {
 		t.Errorf("MaxHeldBody -1 (off) became %d", off.MaxHeldBody)
 	}
 }
+
+// A sandbox killed or paused while the proxy reads a held body (which may
+// take minutes: client.body_timeout bounds each wait, not the read) is
+// not sent that body: the request gets what a new one would, 410 or 503,
+// with the budget and the slot given back. A killed sandbox's address may
+// already be another's, and the kill cut nothing of this request, which
+// had no sandbox connection yet.
+func TestStreamLimitHeldBodyKilledOrPaused(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body, code string
+		want                   int
+	}{
+		{"killed", "/admin/meta/delete", `{"sandbox_id":"heldgone"}`, CodeSandboxKilled, http.StatusGone},
+		{"paused", "/admin/state", `{"sandbox_id":"heldgone","state":"paused"}`, CodeSandboxPausing, http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := heldBodyProxy(t, nil, "heldgone")
+			body := sizedAnswer(20 << 10)
+			c := dialRaw(t, h.addr)
+			io.WriteString(c, postHead("8080-heldgone.cube.test", "held-"+tc.name, len(body), "")+body[:10<<10])
+			testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+			if st, b := h.adminDo("POST", tc.path, tc.body, ""); st != http.StatusOK {
+				t.Fatalf("%s: %d %s", tc.path, st, b)
+			}
+			io.WriteString(c, body[10<<10:])
+			resp, b := readExpectAnswer(t, bufio.NewReader(c))
+			if resp.StatusCode != tc.want || !strings.Contains(b, tc.code) {
+				t.Fatalf("held body of a sandbox %s meanwhile: %d %s, want %d %s", tc.name, resp.StatusCode, b, tc.want, tc.code)
+			}
+			wantLogged(t, logs, "held-"+tc.name, tc.want, tc.code, len(body))
+			if n := heldBytes(h.proxy); n != 0 {
+				t.Fatalf("%d bytes of the budget still taken", n)
+			}
+			// The kill ends the held GET; a pause leaves it in flight.
+			sb := h.proxy.sandboxes.get([]byte("heldgone"))
+			left := int64(1)
+			if tc.name == "killed" {
+				left = 0
+			}
+			testenv.WaitFor(t, 5*time.Second, "the refused request's slot given back", func() bool { return sb.inFlight() == left })
+		})
+	}
+}

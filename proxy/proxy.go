@@ -366,6 +366,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 				}
 				return
 			}
+			if x.held > 0 && sb.state() != stateRunning {
+				// The body took its time to come (client.body_timeout
+				// bounds each wait, not the read), and the sandbox was
+				// paused or killed meanwhile: the request is answered as
+				// a new one would be, not sent. The kill cut nothing of
+				// it (it had no sandbox connection yet), and a killed
+				// sandbox's address may already be another's. Looked at
+				// again, the body in memory is judged there.
+				sb.leave()
+				continue
+			}
 		}
 		break
 	}

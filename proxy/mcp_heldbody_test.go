@@ -295,17 +295,7 @@ func TestMCPSamplingAnswerAtStreamLimit(t *testing.T) {
 	}
 	h, sb, cs, wire := streamLimitAgent(t, ctx, "samplebox", srv, copts, `"model":"m"`)
 
-	holdCtx, holdCancel := context.WithCancel(ctx)
-	holdErr := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
-		holdErr <- err
-	}()
-	select {
-	case <-started:
-	case err := <-holdErr:
-		t.Fatalf("hold call ended before its tool started: %v", err)
-	}
+	holdCancel, holdErr := callHold(t, ctx, cs, started)
 	// The sample call takes the second slot; its tool waits for the answer.
 	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
 	defer callCancel()

@@ -43,6 +43,26 @@ func addHoldTool(t *testing.T, srv *mcp.Server) (started <-chan struct{}, ended 
 	return st, en
 }
 
+// callHold starts a call of the hold tool (addHoldTool) on cs, which takes
+// one of the sandbox's slots, and returns once the tool runs: cancel ends
+// the call, and done says how it ended.
+func callHold(t *testing.T, ctx context.Context, cs *mcp.ClientSession, started <-chan struct{}) (cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	holdCtx, holdCancel := context.WithCancel(ctx)
+	holdErr := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
+		holdErr <- err
+	}()
+	select {
+	case <-started:
+	case err := <-holdErr:
+		holdCancel()
+		t.Fatalf("hold call ended before its tool started: %v", err)
+	}
+	return holdCancel, holdErr
+}
+
 // agentWire sits between the go-sdk client and the proxy: it records the
 // status of every POST whose body contains one of the watched strings (and
 // of every DELETE, under "DELETE"), and
@@ -216,17 +236,7 @@ func TestMCPElicitationAnswerAtStreamLimit(t *testing.T) {
 	}}
 	_, sb, cs, wire := streamLimitAgent(t, ctx, "askbox2", srv, copts, `"action":"accept"`)
 
-	holdCtx, holdCancel := context.WithCancel(ctx)
-	holdErr := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(holdCtx, &mcp.CallToolParams{Name: "hold", Meta: mcp.Meta{"progressToken": "p"}})
-		holdErr <- err
-	}()
-	select {
-	case <-started:
-	case err := <-holdErr:
-		t.Fatalf("hold call ended before its tool started: %v", err)
-	}
+	holdCancel, holdErr := callHold(t, ctx, cs, started)
 	// The ask call takes the second slot; its tool waits for the answer.
 	askCtx, askCancel := context.WithTimeout(ctx, 5*time.Second)
 	defer askCancel()

@@ -877,6 +877,34 @@ func stripSignedToken(req *fasthttp.Request) {
 // envdPort is the sandbox's envd daemon, whose Host is never masked.
 const envdPort = 49983
 
+// The answers to a client's request body that could not be read to its
+// end, whether the proxy was streaming it (forward) or reading it whole
+// (overLimit, and fasthttp's pre-read). Package values, so that a refusal
+// costs no allocation.
+var (
+	refusedBodyTimeout = proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}
+	// A client that reset or closed its connection before the end of its
+	// upload has left, as one that leaves while the sandbox works on the
+	// answer: nginx's 499 (nginx itself logs 400 here, its body reader's
+	// status, and sends nothing). Its half-closed form still reads this
+	// answer.
+	refusedBodyLeft  = proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}
+	refusedBodyBad   = proxyError{status: 400, code: CodeBadBody, msg: "malformed request body"}
+	refusedBodyDrain = proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the request was not complete before the drain deadline"}
+)
+
+// bodyFailure answers a body read that failed with err; gone says the
+// client closed or reset its connection.
+func bodyFailure(err error, gone bool) *proxyError {
+	switch {
+	case isTimeout(err):
+		return &refusedBodyTimeout
+	case gone:
+		return &refusedBodyLeft
+	}
+	return &refusedBodyBad
+}
+
 // upstreamError answers a failed exchange with the backend, and ends its
 // client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
@@ -911,19 +939,7 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	case errors.Is(err, errBodyTooLarge):
 		x.fail(ctx, proxyError{status: 413, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", p.cfg.MaxRequestBodySize)}, id)
 	case bodyErr:
-		switch {
-		case isTimeout(be.err):
-			x.fail(ctx, proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}, id)
-		case be.gone:
-			// A client that reset or closed its connection before the end
-			// of its upload has left, as one that leaves while the sandbox
-			// works on the answer: nginx's 499 (nginx itself logs 400 here,
-			// its body reader's status, and sends nothing). Its half-closed
-			// form still reads this answer.
-			x.fail(ctx, proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, id)
-		default:
-			x.fail(ctx, proxyError{status: 400, code: CodeBadBody, msg: "malformed request body"}, id)
-		}
+		x.fail(ctx, *bodyFailure(be.err, be.gone), id)
 		// The rest of the body cannot be found on the connection.
 		ctx.SetConnectionClose()
 	case errors.As(err, &de) && dialShortage(de.err):

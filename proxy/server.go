@@ -871,7 +871,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 		// that only half-closed may read it); fasthttp writes it as it
 		// wrote the 400 before, and nothing lingers for a connection
 		// error (lingerRefused).
-		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}, true
+		return refusedBodyLeft, true
 	}
 	return p.refused(err), true
 }
@@ -881,7 +881,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 // drain's cut (connSet.cutReads), not the client's slowness.
 func (p *Proxy) refused(err error) proxyError {
 	if isTimeout(err) && p.pools.aborted.Load() {
-		return proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the request was not complete before the drain deadline"}
+		return refusedBodyDrain
 	}
 	return refusedByParser(err)
 }

@@ -40,12 +40,6 @@ var (
 	// there room to hold it (HeldBodyBudget) while it is judged.
 	refusedNoRoom = proxyError{status: 429, code: CodeTooManyStreams,
 		msg: "too many concurrent requests for this sandbox, and no room to read this body", retryAfter: 1}
-	// What a body overLimit reads whole may fail with, as forward answers
-	// the same failures of a streamed body (upstreamError).
-	refusedBodyTimeout = proxyError{status: 408, code: CodeBodyTimeout, msg: "request body not received in time"}
-	refusedBodyLeft    = proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request body"}
-	refusedBodyBad     = proxyError{status: 400, code: CodeBadBody, msg: "malformed request body"}
-	refusedBodyDrain   = proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the request was not complete before the drain deadline"}
 )
 
 // overLimit decides a request that makes its sandbox's count n, above
@@ -124,15 +118,10 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, cl int) *pro
 	x.bytesIn = b.n
 	if err != nil {
 		p.heldBodies.give(size)
-		switch {
-		case isTimeout(err) && p.pools.aborted.Load():
+		if isTimeout(err) && p.pools.aborted.Load() {
 			return &refusedBodyDrain // connSet.cutReads
-		case isTimeout(err):
-			return &refusedBodyTimeout
-		case b.gone:
-			return &refusedBodyLeft
 		}
-		return &refusedBodyBad
+		return bodyFailure(err, b.gone)
 	}
 	x.bodyEnded = true
 	if !streamless(buf) {

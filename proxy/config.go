@@ -79,6 +79,17 @@ type Config struct {
 	// limit's exception costs in memory however many sandboxes are at
 	// their limit.
 	HeldBodyBudget int64
+	// HeldBodyPerSandbox bounds the bytes of such bodies held at once for
+	// one sandbox: its share of HeldBodyBudget. The room for a body is
+	// taken before its bytes arrive and kept while they come (a slow
+	// client may send one byte per client.body_timeout), so without a
+	// share one sandbox's clients at a limit of 16 or more could hold the
+	// whole budget, and every other sandbox's large answers would get the
+	// 429. Default: a quarter of HeldBodyBudget, never less than one
+	// MaxHeldBody (so that a body at the cap always fits a sandbox that
+	// holds nothing else). Negative: no share, a sandbox may hold all of
+	// HeldBodyBudget.
+	HeldBodyPerSandbox int64
 
 	// Signer verifies signed browser tokens (?cube_token= and the cookie it
 	// is traded for); nil disables them.
@@ -126,6 +137,11 @@ func (c *Config) setDefaults() {
 	if c.MaxRequestBodySize > 0 && c.MaxHeldBody > c.MaxRequestBodySize {
 		// A body over max_request_body is refused anyway.
 		c.MaxHeldBody = c.MaxRequestBodySize
+	}
+	if c.HeldBodyPerSandbox == 0 {
+		// After MaxHeldBody's clamp: a share derived from a cap no body
+		// reaches would be larger than the policy says.
+		c.HeldBodyPerSandbox = max(c.HeldBodyBudget/4, c.MaxHeldBody)
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 3 * time.Second

@@ -45,19 +45,22 @@ func bodyDigest(b []byte) string {
 	return fmt.Sprintf("got %d bytes %x", len(b), sha256.Sum256(b))
 }
 
-// heldBodyProxy is a proxy with max_streams_per_sandbox 1, its access
-// log (JSON), and the sandboxes ids, each at its limit: a GET to /hold is
-// held by the sandbox until the test ends. The sandbox answers any other
-// request 202 with bodyDigest of its body.
+// heldBodyProxy is a proxy with max_streams_per_sandbox 1 (unless mod
+// sets another), its access log (JSON), and the sandboxes ids, each at its
+// limit: as many GETs to /hold as the limit, which the sandbox holds until
+// the test ends. The sandbox answers any other request 202 with
+// bodyDigest of its body.
 func heldBodyProxy(t *testing.T, mod func(*harnessOpts), ids ...string) (*harness, *obsLogBuf) {
 	t.Helper()
+	limit := 1
 	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
 		o.cfg.MaxStreamsPerSandbox = 1
 		if mod != nil {
 			mod(o)
 		}
+		limit = o.cfg.MaxStreamsPerSandbox
 	})
-	entered, release := make(chan struct{}, len(ids)), make(chan struct{})
+	entered, release := make(chan struct{}, len(ids)*limit), make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hold" {
@@ -71,15 +74,17 @@ func heldBodyProxy(t *testing.T, mod func(*harnessOpts), ids ...string) (*harnes
 	}))
 	for _, id := range ids {
 		h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
-		go func() {
-			resp, err := h.client.Do(h.req("GET", "8080-"+id+".cube.test", "/hold", nil))
-			if err == nil {
-				resp.Body.Close()
-			}
-		}()
-		<-entered
-		if n := h.proxy.sandboxes.get([]byte(id)).inFlight(); n != 1 {
-			t.Fatalf("%s: %d requests in flight with the held one, want 1", id, n)
+		for range limit {
+			go func() {
+				resp, err := h.client.Do(h.req("GET", "8080-"+id+".cube.test", "/hold", nil))
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+			<-entered
+		}
+		if n := h.proxy.sandboxes.get([]byte(id)).inFlight(); n != int64(limit) {
+			t.Fatalf("%s: %d requests in flight with the held ones, want %d", id, n, limit)
 		}
 	}
 	return h, logs
@@ -406,5 +411,93 @@ func TestStreamLimitHeldBodyKilledOrPaused(t *testing.T) {
 			}
 			testenv.WaitFor(t, 5*time.Second, "the refused request's slot given back", func() bool { return sb.inFlight() == left })
 		})
+	}
+}
+
+// One sandbox's clients cannot hold all of HeldBodyBudget: each sandbox
+// holds at most its share (HeldBodyPerSandbox, by default a quarter of
+// the budget, at least one MaxHeldBody). Its half-sent bodies fill its
+// share, and its next large answer gets the 429, naming the share, while
+// another sandbox's large answer still passes; once its clients finish or
+// leave, its share and the budget are back to 0.
+func TestStreamLimitHeldBodyShare(t *testing.T) {
+	const kib = 1 << 10
+	h, logs := heldBodyProxy(t, func(o *harnessOpts) {
+		// At a limit of 2 a sandbox may have two more requests in flight
+		// for the exception: two held bodies of 20 KiB, 40 KiB in all,
+		// which the budget has room for and the 32 KiB share has not.
+		o.cfg.MaxStreamsPerSandbox = 2
+		o.cfg.MaxHeldBody = 32 * kib
+		o.cfg.HeldBodyBudget = 128 * kib
+	}, "greedybox", "fairbox")
+	const greedy, fair = "8080-greedybox.cube.test", "8080-fairbox.cube.test"
+	if share := h.proxy.Config().HeldBodyPerSandbox; share != 32*kib {
+		t.Fatalf("HeldBodyPerSandbox %d, want a quarter of the budget, 32 KiB", share)
+	}
+	sb := h.proxy.sandboxes.get([]byte("greedybox"))
+	body := sizedAnswer(20 * kib)
+	given := func(t *testing.T) {
+		t.Helper()
+		testenv.WaitFor(t, 5*time.Second, "the share and the budget given back", func() bool {
+			return sb.held.Load() == 0 && heldBytes(h.proxy) == 0
+		})
+	}
+
+	slow := dialRaw(t, h.addr)
+	io.WriteString(slow, postHead(greedy, "share-slow", len(body), "")+body[:10*kib])
+	testenv.WaitFor(t, 5*time.Second, "the half-sent body's bytes taken", func() bool {
+		return sb.held.Load() == int64(len(body)) && heldBytes(h.proxy) == int64(len(body))
+	})
+
+	c := dialRaw(t, h.addr)
+	io.WriteString(c, postHead(greedy, "share-over", len(body), "")+body)
+	if _, b := wantAnswer(t, bufio.NewReader(c), 429, ""); !strings.Contains(b, "share") {
+		t.Fatalf("over the sandbox's share: %s, want the share named", b)
+	}
+	wantLogged(t, logs, "share-over", 429, CodeTooManyStreams, fasthttpPreRead) // what fasthttp read before the handler
+	// An "Expect: 100-continue" head is refused on the share's room too,
+	// before its body is sent.
+	e := dialRaw(t, h.addr)
+	io.WriteString(e, postHead(greedy, "share-expect", len(body), "Expect: 100-continue\r\n"))
+	if _, b := wantAnswer(t, bufio.NewReader(e), 429, ""); !strings.Contains(b, "share") {
+		t.Fatalf("expect head over the sandbox's share: %s, want the share named", b)
+	}
+
+	other := dialRaw(t, h.addr)
+	io.WriteString(other, postHead(fair, "share-other", len(body), "")+body)
+	wantAnswer(t, bufio.NewReader(other), 202, body)
+
+	io.WriteString(slow, body[10*kib:])
+	wantAnswer(t, bufio.NewReader(slow), 202, body)
+	given(t)
+
+	// A client that leaves midway gives its share back too.
+	left := dialRaw(t, h.addr)
+	io.WriteString(left, postHead(greedy, "share-left", len(body), "")+body[:10*kib])
+	testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return sb.held.Load() == int64(len(body)) })
+	left.Close()
+	wantLogged(t, logs, "share-left", statusClientClosed, CodeClientClosed, 10*kib)
+	given(t)
+}
+
+// The share's defaults and bounds: a quarter of HeldBodyBudget, never
+// less than one MaxHeldBody; negative (no share) stays.
+func TestHeldBodyShareDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   Config
+		want int64
+	}{
+		{"defaults", Config{}, 16 << 20},
+		{"a quarter below one body", Config{MaxHeldBody: 8 << 20, HeldBodyBudget: 16 << 20}, 8 << 20},
+		{"body clamped by max_request_body", Config{MaxRequestBodySize: 1 << 20, HeldBodyBudget: 2 << 20}, 1 << 20},
+		{"set", Config{HeldBodyPerSandbox: 5 << 20}, 5 << 20},
+		{"no share", Config{HeldBodyPerSandbox: -1}, -1},
+	} {
+		c := tc.in
+		c.setDefaults()
+		if c.HeldBodyPerSandbox != tc.want {
+			t.Errorf("%s: HeldBodyPerSandbox %d, want %d", tc.name, c.HeldBodyPerSandbox, tc.want)
+		}
 	}
 }

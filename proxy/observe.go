@@ -59,6 +59,10 @@ type exchange struct {
 	// held is the size of the body overLimit read whole and holds in
 	// memory until it is sent, counted in Proxy.heldBodies (0: none).
 	held int64
+	// heldOn is the sandbox entry whose share (HeldBodyPerSandbox) held
+	// counts against: the one readHeldBody took it on, which serve may
+	// have looked up again since.
+	heldOn *sandboxState
 	// answeredEarly: the sandbox answered before the client's body was
 	// all sent to it.
 	answeredEarly bool

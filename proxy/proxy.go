@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -72,6 +73,9 @@ type Proxy struct {
 	// heldBodies counts the bytes of the bodies read whole to be judged
 	// over max_streams_per_sandbox (overLimit), against HeldBodyBudget.
 	heldBodies byteBudget
+	// heldShare is Config.HeldBodyPerSandbox, or no bound when negative:
+	// the most a sandbox's held bodies may take of heldBodies.
+	heldShare int64
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -106,6 +110,10 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 		tel:    cfg.Telemetry,
 	}
 	p.heldBodies.max = cfg.HeldBodyBudget
+	p.heldShare = cfg.HeldBodyPerSandbox
+	if p.heldShare < 0 {
+		p.heldShare = math.MaxInt64
+	}
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
 		p.metrics.SetPoolStats(func() (int64, int64) {
@@ -356,7 +364,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 			continue
 		}
 		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) {
-			if refusal := p.overLimit(ctx, x, n, lim); refusal != nil {
+			if refusal := p.overLimit(ctx, x, sb, n, lim); refusal != nil {
 				sb.leave()
 				x.fail(ctx, *refusal, id)
 				if refusal.status != fasthttp.StatusTooManyRequests {

@@ -65,6 +65,13 @@ type sandboxState struct {
 	// per sweep idle time, not one a minute (an unanswered read is
 	// retried each round while unsure stays set).
 	pauseChecked atomic.Int64
+	// held counts the bytes of the bodies read whole for the
+	// sandbox's requests over max_streams_per_sandbox (readHeldBody),
+	// against Config.HeldBodyPerSandbox: its share of HeldBodyBudget. It
+	// lives outside word: it bounds memory, not requests, and the entry
+	// it was taken on gets it back (exchange.heldOn), even one forgotten
+	// meanwhile.
+	held atomic.Int64
 }
 
 const (

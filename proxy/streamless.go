@@ -25,8 +25,9 @@ import (
 // may follow kilobytes of "params". A sampling answer (the model's text, a
 // base64 image) is often larger than the 8 KiB fasthttp reads before the
 // handler, so the proxy reads the rest of such a body into memory to judge
-// it, within Config.MaxHeldBody per body and Config.HeldBodyBudget across
-// all sandboxes, and then sends it on from there.
+// it, within Config.MaxHeldBody per body, Config.HeldBodyPerSandbox for
+// one sandbox's bodies and Config.HeldBodyBudget across all sandboxes,
+// and then sends it on from there.
 
 // headerMCPSessionID names the Streamable HTTP session a request is for.
 const headerMCPSessionID = "Mcp-Session-Id"
@@ -40,6 +41,11 @@ var (
 	// there room to hold it (HeldBodyBudget) while it is judged.
 	refusedNoRoom = proxyError{status: 429, code: CodeTooManyStreams,
 		msg: "too many concurrent requests for this sandbox, and no room to read this body", retryAfter: 1}
+	// refusedShare: as refusedNoRoom, but what is full is this sandbox's
+	// share of the budget (HeldBodyPerSandbox), taken by its own bodies:
+	// others' may still pass.
+	refusedShare = proxyError{status: 429, code: CodeTooManyStreams,
+		msg: "too many concurrent requests for this sandbox, and its share of the room to read bodies is taken", retryAfter: 1}
 )
 
 // overLimit decides a request that makes its sandbox's count n, above
@@ -54,14 +60,15 @@ var (
 //
 // A body fasthttp read before the handler (Content-Length up to 8 KiB) is
 // judged where it is. A larger one, up to MaxHeldBody, is read whole
-// (readHeldBody) if HeldBodyBudget has room for it, and 429 otherwise. A
+// (readHeldBody) if sb's share (HeldBodyPerSandbox) and HeldBodyBudget
+// both have room for it, and 429 otherwise. A
 // chunked body is refused: its size is known only at its end, and agents
 // send JSON-RPC messages with a Content-Length.
 //
 // The head of an "Expect: 100-continue" request is admitted on its framing
-// (and, for a body to be held, on the room the budget has now); its body is
-// judged when the request runs again with it.
-func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit int) *proxyError {
+// (and, for a body to be held, on the room the share and the budget have
+// now); its body is judged when the request runs again with it.
+func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxState, n int64, limit int) *proxyError {
 	if n > 2*int64(limit) {
 		return &refusedTooMany
 	}
@@ -81,13 +88,16 @@ func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit 
 		return &refusedTooMany
 	}
 	if x.expecting {
+		if large && !room(&sb.held, p.heldShare, int64(cl)) {
+			return &refusedShare
+		}
 		if large && !p.heldBodies.room(int64(cl)) {
 			return &refusedNoRoom
 		}
 		return nil
 	}
 	if large && ctx.Request.IsBodyStream() {
-		return p.readHeldBody(ctx, x, cl)
+		return p.readHeldBody(ctx, x, sb, cl)
 	}
 	// All of it is in memory already (fasthttp's pre-read, or a server
 	// that reads bodies whole): Body reads no socket. The body then goes
@@ -101,15 +111,21 @@ func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, n int64, limit 
 
 // readHeldBody reads the rest of a request's body, cl bytes in all, into
 // memory, and judges it (overLimit). Admitted, the body goes to the sandbox
-// from memory, and its bytes count against HeldBodyBudget until it has
-// been sent (letGoHeldBody); refused, they are given back at once. The
+// from memory, and its bytes count against sb's share and HeldBodyBudget
+// until it has been sent (letGoHeldBody); refused, they are given back at
+// once. The share is taken first: a sandbox over it is told so, whether
+// or not the budget has room, since only its own bodies can make room. The
 // read goes through clientBody, as a streamed upload's: client.body_timeout
 // bounds each wait for the client (408; the drain's cut of it is a 504), a
 // client that leaves midway is a 499, and the connection is closed after
 // either, since the rest of the body is lost.
-func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, cl int) *proxyError {
+func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxState, cl int) *proxyError {
 	size := int64(cl)
+	if !take(&sb.held, p.heldShare, size) {
+		return &refusedShare
+	}
 	if !p.heldBodies.take(size) {
+		sb.held.Add(-size)
 		return &refusedNoRoom
 	}
 	buf := make([]byte, cl)
@@ -117,7 +133,7 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, cl int) *pro
 	_, err := io.ReadFull(&b, buf)
 	x.bytesIn = b.n
 	if err != nil {
-		p.heldBodies.give(size)
+		p.giveHeld(sb, size)
 		if isTimeout(err) && p.pools.aborted.Load() {
 			return &refusedBodyDrain // connSet.cutReads
 		}
@@ -125,14 +141,23 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, cl int) *pro
 	}
 	x.bodyEnded = true
 	if !streamless(buf) {
-		p.heldBodies.give(size)
+		p.giveHeld(sb, size)
 		return &refusedTooMany
 	}
 	// In place of the stream: prepareRequest then finds no stream to
 	// wrap, and the request goes out with its body in one write.
 	ctx.Request.SetBodyRaw(buf)
-	x.held = size
+	// sb, not the entry serve may look up again after the read: the
+	// share goes back to the entry it was taken from.
+	x.held, x.heldOn = size, sb
 	return nil
+}
+
+// giveHeld gives n bytes taken for a held body back to sb's share and to
+// HeldBodyBudget.
+func (p *Proxy) giveHeld(sb *sandboxState, n int64) {
+	sb.held.Add(-n)
+	p.heldBodies.give(n)
 }
 
 // letGoHeldBody drops the body readHeldBody holds for x, if any, and gives
@@ -148,8 +173,8 @@ func (p *Proxy) letGoHeldBody(ctx *fasthttp.RequestCtx, x *exchange) {
 // dropHeldBody is letGoHeldBody's work.
 func (p *Proxy) dropHeldBody(ctx *fasthttp.RequestCtx, x *exchange) {
 	ctx.Request.SetBodyRaw(nil)
-	p.heldBodies.give(x.held)
-	x.held = 0
+	p.giveHeld(x.heldOn, x.held)
+	x.held, x.heldOn = 0, nil
 }
 
 // byteBudget is a number of bytes that may be held at once, taken before
@@ -161,20 +186,29 @@ type byteBudget struct {
 }
 
 // take reserves n bytes, and reports whether there was room for them.
-func (b *byteBudget) take(n int64) bool {
+func (b *byteBudget) take(n int64) bool { return take(&b.used, b.max, n) }
+
+// room reports whether n bytes could be taken now.
+func (b *byteBudget) room(n int64) bool { return room(&b.used, b.max, n) }
+
+// take adds n to *used if that keeps it at most limit, and reports
+// whether it did. A compare-and-swap, not an add and a check: an add that
+// overshot and was undone would refuse a concurrent taker that fit.
+func take(used *atomic.Int64, limit, n int64) bool {
 	for {
-		used := b.used.Load()
-		if n > b.max-used {
+		u := used.Load()
+		if n > limit-u {
 			return false
 		}
-		if b.used.CompareAndSwap(used, used+n) {
+		if used.CompareAndSwap(u, u+n) {
 			return true
 		}
 	}
 }
 
-// room reports whether n bytes could be taken now.
-func (b *byteBudget) room(n int64) bool { return n <= b.max-b.used.Load() }
+// room reports whether n could be added to *used now, keeping it at most
+// limit.
+func room(used *atomic.Int64, limit, n int64) bool { return n <= limit-used.Load() }
 
 // give returns n bytes taken.
 func (b *byteBudget) give(n int64) { b.used.Add(-n) }

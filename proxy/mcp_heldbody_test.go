@@ -501,3 +501,54 @@ func TestHeldBodyShareDefaults(t *testing.T) {
 		}
 	}
 }
+
+// A route changed or deleted while the proxy reads a held body (minutes,
+// at worst) decides where the body goes: the route is looked up again
+// after the read, as a new request's would be, so the body goes to the
+// sandbox's new address, or gets the 404 of a deleted route, never to the
+// address looked up before the read. The share and the budget are given
+// back to the entry they were taken on either way.
+func TestStreamLimitHeldBodyRouteChanged(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, body string
+		want               int
+		code               string
+	}{
+		{"moved", "PUT", `{"HostIP":"127.0.0.1","CreatedAt":"1","8080":"%d"}`, http.StatusAccepted, ""},
+		{"deleted", "DELETE", "", http.StatusNotFound, CodeNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := heldBodyProxy(t, nil, "movebox")
+			sb := h.proxy.sandboxes.get([]byte("movebox"))
+			moved := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				w.WriteHeader(http.StatusAccepted)
+				io.WriteString(w, "moved: "+bodyDigest(b))
+			}))
+			body := sizedAnswer(20 << 10)
+			c := dialRaw(t, h.addr)
+			io.WriteString(c, postHead("8080-movebox.cube.test", "held-"+tc.name, len(body), "")+body[:10<<10])
+			testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+			admin := tc.body
+			if strings.Contains(admin, "%d") {
+				admin = fmt.Sprintf(admin, moved)
+			}
+			if st, b := h.adminDo(tc.method, "/admin/routes/movebox", admin, ""); st != http.StatusOK {
+				t.Fatalf("%s /admin/routes/movebox: %d %s", tc.method, st, b)
+			}
+			io.WriteString(c, body[10<<10:])
+			resp, b := readExpectAnswer(t, bufio.NewReader(c))
+			if resp.StatusCode != tc.want || tc.code != "" && !strings.Contains(b, tc.code) {
+				t.Fatalf("held body of a route %s meanwhile: %d %s, want %d %s", tc.name, resp.StatusCode, b, tc.want, tc.code)
+			}
+			if tc.want == http.StatusAccepted && b != "moved: "+bodyDigest([]byte(body)) {
+				t.Fatalf("held body of a route moved meanwhile: the old address answered %q", b)
+			}
+			wantLogged(t, logs, "held-"+tc.name, tc.want, tc.code, len(body))
+			testenv.WaitFor(t, 5*time.Second, "the share and the budget given back", func() bool {
+				return sb.held.Load() == 0 && heldBytes(h.proxy) == 0
+			})
+			testenv.WaitFor(t, 5*time.Second, "the request's slot given back", func() bool { return sb.inFlight() == 1 })
+		})
+	}
+}

@@ -296,12 +296,18 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	id := t.ID()
 	x.port = t.Port
 
+	// reread: the route is being looked up again after a held body's read
+	// (see below); the lookup that counts is the first.
+	reread := false
+lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
 	// lookup itself (LookupTimeout).
 	route, res, err := p.cache.Get(context.Background(), id)
-	x.cache = cacheResult(res)
-	if !x.expecting {
+	if !reread {
+		x.cache = cacheResult(res)
+	}
+	if !x.expecting && !reread {
 		// Only a head that carried an Expect line can have been admitted
 		// by Expect: other requests skip the user value lookup.
 		if x.seen.expect {
@@ -374,16 +380,23 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 				}
 				return
 			}
-			if x.held > 0 && sb.state() != stateRunning {
+			if x.held > 0 && !reread {
 				// The body took its time to come (client.body_timeout
-				// bounds each wait, not the read), and the sandbox was
-				// paused or killed meanwhile: the request is answered as
-				// a new one would be, not sent. The kill cut nothing of
-				// it (it had no sandbox connection yet), and a killed
-				// sandbox's address may already be another's. Looked at
-				// again, the body in memory is judged there.
+				// bounds each wait, not the read): the route and the
+				// sandbox's state are looked up again, and the request
+				// is answered as a new one would be. A route deleted or
+				// changed meanwhile (the admin API invalidates the
+				// cache) is a 404 or a new address, not the address
+				// looked up before the read, which may already be
+				// another sandbox's; a sandbox paused or killed is a 503
+				// or 410 (the kill cut nothing of the request, which had
+				// no sandbox connection yet). The body stays in memory,
+				// its room taken on the entry it was read for
+				// (x.heldOn): over the limit again, overLimit judges it
+				// there, and reads nothing.
 				sb.leave()
-				continue
+				reread = true
+				goto lookup
 			}
 		}
 		break

@@ -72,6 +72,11 @@ func (p *Proxy) overLimit(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxStat
 	if n > 2*int64(limit) {
 		return &refusedTooMany
 	}
+	if x.held > 0 {
+		// Read and judged already: serve looks the route up again after
+		// the read, and counts the request in once more.
+		return nil
+	}
 	h := &ctx.Request.Header
 	if h.IsDelete() {
 		if sessionDelete(h) {

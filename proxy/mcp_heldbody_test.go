@@ -552,3 +552,26 @@ func TestStreamLimitHeldBodyRouteChanged(t *testing.T) {
 		})
 	}
 }
+
+// cubeproxy_held_body_bytes shows how much of HeldBodyBudget is taken: a
+// half-sent body's declared size while it is read, 0 once it was sent.
+func TestHeldBodyGauge(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h, _ := heldBodyProxy(t, func(o *harnessOpts) { o.cfg.Telemetry = tel }, "gaugebox")
+	admin := obsMetricsAdmin(t, h, tel)
+	if v := gaugeValue(t, admin, "cubeproxy_held_body_bytes"); v != 0 {
+		t.Fatalf("cubeproxy_held_body_bytes = %v with nothing held, want 0", v)
+	}
+	body := sizedAnswer(20 << 10)
+	c := dialRaw(t, h.addr)
+	io.WriteString(c, postHead("8080-gaugebox.cube.test", "held-gauge", len(body), "")+body[:10<<10])
+	testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+	if v := gaugeValue(t, admin, "cubeproxy_held_body_bytes"); v != float64(len(body)) {
+		t.Fatalf("cubeproxy_held_body_bytes = %v while a %d-byte body is read", v, len(body))
+	}
+	io.WriteString(c, body[10<<10:])
+	wantAnswer(t, bufio.NewReader(c), http.StatusAccepted, body)
+	testenv.WaitFor(t, 5*time.Second, "cubeproxy_held_body_bytes back to 0", func() bool {
+		return gaugeValue(t, admin, "cubeproxy_held_body_bytes") == 0
+	})
+}

@@ -124,6 +124,7 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 			streams, tunnels := p.streams.open()
 			return int64(pools), int64(max(conns-pending-streams-tunnels, 0))
 		})
+		p.metrics.SetHeldBodyBytes(p.heldBodies.used.Load)
 	}
 	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}
 	p.pools.dialCtx, p.pools.cancelDials = context.WithCancel(context.Background())

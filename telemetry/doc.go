@@ -23,6 +23,7 @@
 //	cubeproxy.connections.refused       cubeproxy_connections_refused_total (client.max_conns open: 503 proxy_overloaded)
 //	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
+//	cubeproxy.held_body                 cubeproxy_held_body_bytes           (held_body_budget taken; after SetHeldBodyBytes, 0 before)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
 //	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)

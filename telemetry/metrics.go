@@ -55,6 +55,7 @@ type Metrics struct {
 	logReopenErrs atomic.Int64
 	procLogDrops  atomic.Pointer[func() uint64]
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
+	heldBodies    atomic.Pointer[func() int64]
 
 	reqDuration    metric.Float64Histogram
 	respDuration   metric.Float64Histogram
@@ -78,6 +79,7 @@ type observed struct {
 	logDrops, logReopenErrs, procLogDrops           metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
+	heldBodies                                      metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
 	kind                                            [numRouteKinds]metric.ObserveOption
 	result                                          [numCacheResults]metric.ObserveOption
@@ -118,13 +120,14 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
 	o.pools = b.gauge("cubeproxy.upstream.pools", "{pool}", "Upstream connection pools (one per sandbox incarnation and port).")
 	o.idle = b.gauge("cubeproxy.upstream.idle_connections", "{connection}", "Idle upstream connections across all pools.")
+	o.heldBodies = b.gauge("cubeproxy.held_body", "By", "Bytes taken of the held-body budget (held_body_budget): request bodies over 8 KiB read whole into memory at max_streams_per_sandbox to be judged, counted at their declared size from before their read until they are sent or refused.")
 	if b.err != nil {
 		return nil, b.err
 	}
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle)
+		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -210,6 +213,11 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	ob.ObserveInt64(o.procLogDrops, int64(procLogDrops))
 	ob.ObserveInt64(o.conns, m.conns.Load())
 	ob.ObserveInt64(o.websockets, m.websockets.Load())
+	var held int64
+	if fn := m.heldBodies.Load(); fn != nil {
+		held = (*fn)()
+	}
+	ob.ObserveInt64(o.heldBodies, held)
 	if fn := m.poolStats.Load(); fn != nil {
 		pools, idle := (*fn)()
 		ob.ObserveInt64(o.pools, pools)
@@ -452,6 +460,17 @@ func (m *Metrics) SetPoolStats(fn func() (pools, idle int64)) {
 		return
 	}
 	m.poolStats.Store(&fn)
+}
+
+// SetHeldBodyBytes installs the function read at every scrape for
+// cubeproxy_held_body_bytes (0 until set): the proxy counts the bytes of
+// the bodies it holds in its own budget, which is made after the metrics.
+// fn runs on the scrape goroutine and must not block.
+func (m *Metrics) SetHeldBodyBytes(fn func() int64) {
+	if m == nil || fn == nil {
+		return
+	}
+	m.heldBodies.Store(&fn)
 }
 
 // builder creates instruments and keeps the first error, so newMetrics

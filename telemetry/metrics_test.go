@@ -212,6 +212,7 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	var m *Metrics
 	recordAll(m) // must not panic
 	m.SetPoolStats(func() (int64, int64) { return 0, 0 })
+	m.SetHeldBodyBytes(func() int64 { return 0 })
 }
 
 func TestScrapeHasRuntimeAndResource(t *testing.T) {

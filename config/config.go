@@ -52,6 +52,12 @@ type Config struct {
 	MaxRequestBody int64         `yaml:"max_request_body" usage:"largest request body in bytes (413 above)"`
 	DrainTimeout   time.Duration `yaml:"drain_timeout" usage:"how long shutdown lets requests finish"`
 	MaxStreams     int           `yaml:"max_streams_per_sandbox" usage:"concurrent requests per sandbox (0 = unlimited; 429 above)"`
+	// The bodies read whole into memory over max_streams_per_sandbox, to
+	// tell whether they are JSON-RPC notifications and responses only
+	// (proxy.Config's MaxHeldBody, HeldBodyBudget, HeldBodyPerSandbox).
+	MaxHeldBody        int64 `yaml:"max_held_body" usage:"largest POST body in bytes read whole over max_streams_per_sandbox to be judged (at most max_request_body and held_body_budget; negative = none, only bodies of up to 8 KiB pass)"`
+	HeldBodyBudget     int64 `yaml:"held_body_budget" usage:"bytes of such bodies held at once across all sandboxes (429 no room above)"`
+	HeldBodyPerSandbox int64 `yaml:"held_body_per_sandbox" usage:"bytes of such bodies one sandbox may hold at once (unset: a quarter of held_body_budget, at least max_held_body; negative = no share, all of held_body_budget)"`
 
 	Cache    Cache    `yaml:"cache"`
 	Upstream Upstream `yaml:"upstream"`
@@ -474,6 +480,8 @@ func decodeFile(cfg *Config, path string) error {
 // documented (as "off" or "skip"); every other duration and size must be
 // zero (the default) or positive.
 var negativeMeansOff = map[string]bool{
+	"max_held_body":                    true,
+	"held_body_per_sandbox":            true,
 	"upstream.heartbeat_interval":      true,
 	"tls.acme.dns.propagation_timeout": true,
 }

@@ -129,6 +129,8 @@ func TestLoadErrors(t *testing.T) {
 		{"negative connect timeout", []string{"--upstream-connect-timeout=-1s"}, nil, "upstream.connect_timeout: -1s is negative"},
 		{"negative max conns", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_CONNS": "-1"}, "upstream.max_conns: -1 is negative"},
 		{"negative body limit in yaml", []string{"--config", writeFile(t, "max_request_body: -1\n")}, nil, "max_request_body: -1 is negative"},
+		// Only max_held_body and held_body_per_sandbox have an "off".
+		{"negative held body budget", []string{"--held-body-budget=-1"}, nil, "held_body_budget: -1 is negative"},
 		{"negative client timeout", []string{"--client-read-timeout=-5s"}, nil, "client.read_timeout: -5s is negative"},
 		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
 		// now+ttl would wrap: the cache would store every route expired.
@@ -291,12 +293,16 @@ func TestLoadHostNames(t *testing.T) {
 
 // Negative values stay allowed where they are documented to mean off.
 func TestLoadNegativeMeansOff(t *testing.T) {
-	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--https-addr=:8443", "--tls-source=acme", "--tls-acme-dns-provider=rfc2136", "--tls-acme-dns-propagation-timeout=-1s"}, env(nil), io.Discard)
+	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--https-addr=:8443", "--tls-source=acme", "--tls-acme-dns-provider=rfc2136", "--tls-acme-dns-propagation-timeout=-1s",
+		"--max-held-body=-1", "--held-body-per-sandbox=-1"}, env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Upstream.HeartbeatInterval != -time.Second || c.TLS.ACME.DNS.PropagationTimeout != -time.Second {
 		t.Fatalf("got %v and %v", c.Upstream.HeartbeatInterval, c.TLS.ACME.DNS.PropagationTimeout)
+	}
+	if c.MaxHeldBody != -1 || c.HeldBodyPerSandbox != -1 {
+		t.Fatalf("max_held_body %d, held_body_per_sandbox %d; want -1 (off) each", c.MaxHeldBody, c.HeldBodyPerSandbox)
 	}
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -77,7 +78,8 @@ type Config struct {
 	// all sandboxes (default 64 MiB, sixteen bodies at the cap): a body that
 	// would take more gets the 429 without being read. It bounds what the
 	// limit's exception costs in memory however many sandboxes are at
-	// their limit.
+	// their limit. Never less than MaxHeldBody, and never negative
+	// (CheckHeldBodies): a negative MaxHeldBody is how none is held.
 	HeldBodyBudget int64
 	// HeldBodyPerSandbox bounds the bytes of such bodies held at once for
 	// one sandbox: its share of HeldBodyBudget. The room for a body is
@@ -87,8 +89,8 @@ type Config struct {
 	// whole budget, and every other sandbox's large answers would get the
 	// 429. Default: a quarter of HeldBodyBudget, never less than one
 	// MaxHeldBody (so that a body at the cap always fits a sandbox that
-	// holds nothing else). Negative: no share, a sandbox may hold all of
-	// HeldBodyBudget.
+	// holds nothing else; one set below it is refused, CheckHeldBodies).
+	// Negative: no share, a sandbox may hold all of HeldBodyBudget.
 	HeldBodyPerSandbox int64
 
 	// Signer verifies signed browser tokens (?cube_token= and the cookie it
@@ -116,6 +118,31 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.setDefaults()
 	return c
+}
+
+// CheckHeldBodies refuses bounds on the bodies held over
+// MaxStreamsPerSandbox (see Proxy.overLimit) under which a body allowed by
+// MaxHeldBody could never be held, naming the settings (max_held_body,
+// held_body_budget, held_body_per_sandbox) as an operator sets them: a
+// body larger than HeldBodyBudget, or than one sandbox's share of it,
+// would get the 429 unread, whatever else is held. The defaults are
+// applied first, so that a value set beside one left unset is judged
+// against the default in effect.
+func (c Config) CheckHeldBodies() error {
+	c.setDefaults()
+	if c.HeldBodyBudget < 0 {
+		return fmt.Errorf("held_body_budget: %d is negative; to hold no body, set max_held_body to -1", c.HeldBodyBudget)
+	}
+	if c.MaxHeldBody <= 0 {
+		return nil // off: nothing is held
+	}
+	if c.MaxHeldBody > c.HeldBodyBudget {
+		return fmt.Errorf("max_held_body (%d bytes) is above held_body_budget (%d bytes): a body that large could never be held; lower max_held_body or raise held_body_budget", c.MaxHeldBody, c.HeldBodyBudget)
+	}
+	if c.HeldBodyPerSandbox > 0 && c.HeldBodyPerSandbox < c.MaxHeldBody {
+		return fmt.Errorf("held_body_per_sandbox (%d bytes) is below max_held_body (%d bytes): a body that large would never fit one sandbox's share; raise it, lower max_held_body, or leave it unset (a quarter of held_body_budget, at least max_held_body)", c.HeldBodyPerSandbox, c.MaxHeldBody)
+	}
+	return nil
 }
 
 // Config returns the configuration the proxy runs with, defaults applied.

@@ -575,3 +575,31 @@ func TestHeldBodyGauge(t *testing.T) {
 		return gaugeValue(t, admin, "cubeproxy_held_body_bytes") == 0
 	})
 }
+
+// CheckHeldBodies (run by New, serve and check) refuses bounds under
+// which a body MaxHeldBody allows could never be held, judged with the
+// defaults in effect; "off" values pass.
+func TestCheckHeldBodies(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Config
+		want string // "" = accepted
+	}{
+		{"defaults", Config{}, ""},
+		{"holding off", Config{MaxHeldBody: -1, HeldBodyBudget: 1}, ""},
+		{"no share", Config{HeldBodyPerSandbox: -1}, ""},
+		{"small budget, share derived", Config{MaxHeldBody: 1 << 20, HeldBodyBudget: 2 << 20}, ""},
+		{"body clamped by max_request_body", Config{MaxRequestBodySize: 1 << 20, HeldBodyBudget: 1 << 20}, ""},
+		{"negative budget", Config{HeldBodyBudget: -1}, "held_body_budget: -1 is negative"},
+		{"body above the default budget", Config{MaxHeldBody: 65<<20 + 1}, "max_held_body (68157441 bytes) is above held_body_budget (67108864 bytes)"},
+		{"share below a body", Config{HeldBodyPerSandbox: 1 << 20}, "held_body_per_sandbox (1048576 bytes) is below max_held_body (4194304 bytes)"},
+	} {
+		err := tc.c.CheckHeldBodies()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := New(Config{HeldBodyBudget: -1}, nil, nil); err == nil {
+		t.Error("New took a negative HeldBodyBudget")
+	}
+}

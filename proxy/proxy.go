@@ -101,6 +101,9 @@ type Proxy struct {
 
 // New returns a proxy that resolves routes through cache (in front of store).
 func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) {
+	if err := cfg.CheckHeldBodies(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	p := &Proxy{
 		cfg:    cfg,

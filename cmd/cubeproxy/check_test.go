@@ -93,6 +93,9 @@ func TestCheckGoodConfig(t *testing.T) {
 	var got struct {
 		HTTPAddr   string `yaml:"http_addr"`
 		InstanceID string `yaml:"instance_id"`
+		HeldBody   int64  `yaml:"max_held_body"`
+		HeldBudget int64  `yaml:"held_body_budget"`
+		HeldShare  int64  `yaml:"held_body_per_sandbox"`
 		Cache      struct {
 			Size int    `yaml:"size"`
 			TTL  string `yaml:"ttl_min"`
@@ -106,7 +109,8 @@ func TestCheckGoodConfig(t *testing.T) {
 		t.Fatalf("stdout is not YAML: %v\n%s", err, stdout)
 	}
 	if got.HTTPAddr != httpAddr || got.InstanceID != "node-7" || got.Cache.Size != 500 || got.Upstream.Connect != "5s" || // file and flags
-		got.Cache.TTL != "500s" || got.Upstream.Idle != "7206s" { // defaults, as serve -h shows them
+		got.Cache.TTL != "500s" || got.Upstream.Idle != "7206s" || // defaults, as serve -h shows them
+		got.HeldBody != 4<<20 || got.HeldBudget != 64<<20 || got.HeldShare != 16<<20 { // the share derived from the budget
 		t.Errorf("effective configuration: %+v\n%s", got, stdout)
 	}
 
@@ -144,6 +148,11 @@ func TestCheckBadConfig(t *testing.T) {
 		// its host port: HostIP never carries the zone.
 		{"node_ip with an IPv6 zone", "node_ip: 'fe80::1%eth0'\n", nil, `node_ip "fe80::1%eth0": an IPv6 zone`},
 		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
+		// Held bodies that could never be held: a body larger than the
+		// budget, or than one sandbox's share of it.
+		{"held body above the budget", "max_held_body: 8388608\nheld_body_budget: 4194304\n", nil, "max_held_body (8388608 bytes) is above held_body_budget (4194304 bytes)"},
+		{"held body above the default budget", "", []string{"--max-held-body", "104857600"}, "max_held_body (104857600 bytes) is above held_body_budget (67108864 bytes)"},
+		{"share below a held body", "held_body_per_sandbox: 1048576\n", nil, "held_body_per_sandbox (1048576 bytes) is below max_held_body (4194304 bytes)"},
 		// serve's start would fail to open it: check must not say ok.
 		{"access log in a missing directory", "access_log:\n  path: " + dir + "/none/access.log\n", nil, "access.log"},
 		// serve's listen would refuse it: check must not say ok.

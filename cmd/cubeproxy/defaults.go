@@ -30,6 +30,9 @@ func proxyConfig(cfg *config.Config) proxy.Config {
 		UpstreamIdleConnTimeout: cfg.Upstream.IdleConnTimeout,
 		UpstreamReadBufferSize:  cfg.Upstream.MaxHeaderSize,
 		MaxStreamsPerSandbox:    cfg.MaxStreams,
+		MaxHeldBody:             cfg.MaxHeldBody,
+		HeldBodyBudget:          cfg.HeldBodyBudget,
+		HeldBodyPerSandbox:      cfg.HeldBodyPerSandbox,
 	}
 }
 
@@ -93,6 +96,9 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 	e.Upstream.IdleConnTimeout = p.UpstreamIdleConnTimeout
 	e.Upstream.MaxHeaderSize = p.UpstreamReadBufferSize
 	e.MaxStreams = p.MaxStreamsPerSandbox
+	e.MaxHeldBody = p.MaxHeldBody
+	e.HeldBodyBudget = p.HeldBodyBudget
+	e.HeldBodyPerSandbox = p.HeldBodyPerSandbox
 
 	s := serverConfig(cfg).WithDefaults()
 	e.Client.ReadTimeout = s.ClientReadTimeout

@@ -105,6 +105,9 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 		{"upstream-idle-conn-timeout", "memory", func(a *app) any { return a.proxy.Config().UpstreamIdleConnTimeout }},
 		{"upstream-max-header-size", "memory", func(a *app) any { return a.proxy.Config().UpstreamReadBufferSize }},
 		{"max-streams-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().MaxStreamsPerSandbox }},
+		{"max-held-body", "memory", func(a *app) any { return a.proxy.Config().MaxHeldBody }},
+		{"held-body-budget", "memory", func(a *app) any { return a.proxy.Config().HeldBodyBudget }},
+		{"held-body-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().HeldBodyPerSandbox }},
 		{"client-read-timeout", "memory", func(a *app) any { return a.server.Config().ClientReadTimeout }},
 		{"client-body-timeout", "memory", func(a *app) any { return a.server.Config().ClientBodyTimeout }},
 		{"client-write-timeout", "memory", func(a *app) any { return a.server.Config().ClientWriteTimeout }},
@@ -274,5 +277,20 @@ func TestHelpNamesSourceDependentDefaults(t *testing.T) {
 		if !strings.Contains(text[tc.flag], tc.want) {
 			t.Errorf("-%s: %q, want it to say %q", tc.flag, text[tc.flag], tc.want)
 		}
+	}
+}
+
+// The held-body settings reach the running proxy as set, and a share left
+// unset follows the budget set (a quarter of it), as -h says.
+func TestHeldBodySettingsReachTheProxy(t *testing.T) {
+	a := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
+		"--max-held-body=1048576", "--held-body-budget=33554432"}, noEnv).a
+	if c := a.proxy.Config(); c.MaxHeldBody != 1<<20 || c.HeldBodyBudget != 32<<20 || c.HeldBodyPerSandbox != 8<<20 {
+		t.Errorf("max_held_body %d, held_body_budget %d, held_body_per_sandbox %d; want 1 MiB, 32 MiB, 8 MiB", c.MaxHeldBody, c.HeldBodyBudget, c.HeldBodyPerSandbox)
+	}
+	a = runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
+		"--max-held-body=-1", "--held-body-per-sandbox=-1"}, noEnv).a
+	if c := a.proxy.Config(); c.MaxHeldBody != -1 || c.HeldBodyPerSandbox != -1 {
+		t.Errorf("max_held_body %d, held_body_per_sandbox %d; want -1 (off) each", c.MaxHeldBody, c.HeldBodyPerSandbox)
 	}
 }

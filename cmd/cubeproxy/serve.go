@@ -151,6 +151,9 @@ func parseSettings(cfg *config.Config, logOut io.Writer) (ps parsed, err error) 
 	if err := auth.CheckAdminToken(cfg.AdminToken); err != nil {
 		return ps, err
 	}
+	if err := proxyConfig(cfg).CheckHeldBodies(); err != nil {
+		return ps, err
+	}
 	if ps.exempt, err = ports(cfg.Auth.ExemptPorts); err != nil {
 		return ps, err
 	}

@@ -1,0 +1,455 @@
+//lint:file-ignore SA1019 sampling and roots, deprecated by MCP 2026-07-28 (SEP-2577), stay in use for its deprecation window of at least a year, and the proxy must relay them.
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// Most agents are not written in Go: the official TypeScript SDK client
+// (@modelcontextprotocol/sdk, pinned in testdata/tsmcp/package-lock.json)
+// talks through a real proxy to a go-sdk gateway. testdata/tsmcp/client.mjs
+// is the agent; it prints what it saw as JSON lines.
+
+// tsmcpDir is the directory of the Node client, its dependencies installed
+// (npm ci) unless node_modules already matches package-lock.json. A file
+// lock keeps test processes that run at once from installing over each
+// other. Node and npm missing fail the test: make test installs them.
+func tsmcpDir(t *testing.T) (dir, node string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found: the TypeScript MCP SDK interop test needs Node.js >= 18 and npm (make test installs them: apt-get install nodejs npm)")
+	}
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Fatal("npm not found: the TypeScript MCP SDK interop test installs its client with npm ci (make test installs it: apt-get install npm)")
+	}
+	dir, err = filepath.Abs(filepath.Join("testdata", "tsmcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".npm-ci.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("npm ci lock: %v", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatalf("npm ci lock: %v", err)
+	}
+	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
+	pkgLock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(pkgLock)
+	want := hex.EncodeToString(sum[:])
+	stamp := filepath.Join(dir, "node_modules", ".cubeproxy-lock-sha256")
+	if got, err := os.ReadFile(stamp); err == nil && string(got) == want {
+		return dir, node
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+	}
+	t.Logf("npm ci took %v", time.Since(start).Round(time.Millisecond))
+	if err := os.WriteFile(stamp, []byte(want), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir, node
+}
+
+// tsGateway is the go-sdk gateway client.mjs talks to (see its header for
+// the tools), with an event store (resumable streams). Its handler checks
+// the credentials each request carries and records what the test asserts.
+type tsGateway struct {
+	bearer string
+	sb     func() *sandboxState
+
+	// postCut is closed once the handler of the resume call's POST has
+	// returned: the gateway saw the client's cut through the proxy.
+	postCut     chan struct{}
+	postCutOnce sync.Once
+	// getCut is closed once the first standalone GET's handler has
+	// returned (the client cut it) and the tool list changed after it.
+	getCut     chan struct{}
+	getCutOnce sync.Once
+	// rootsChanged: the client's notifications/roots/list_changed came.
+	rootsChanged     chan struct{}
+	rootsChangedOnce sync.Once
+
+	mu sync.Mutex
+	// problems are failures seen in the handler, reported by the test.
+	problems []string
+	// seen is each request as "METHOD kind status".
+	seen []string
+	// answerInFlight is the sandbox's count of requests in flight when the
+	// sampling answer reached the gateway (the answer's own included).
+	answerInFlight int64
+}
+
+func (g *tsGateway) problem(format string, args ...any) {
+	g.mu.Lock()
+	g.problems = append(g.problems, fmt.Sprintf(format, args...))
+	g.mu.Unlock()
+}
+
+// server is the MCP server behind the gateway.
+func (g *tsGateway) server() *mcp.Server {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "gateway", Version: "v1"}, &mcp.ServerOptions{
+		RootsListChangedHandler: func(context.Context, *mcp.RootsListChangedRequest) {
+			g.rootsChangedOnce.Do(func() { close(g.rootsChanged) })
+		},
+	})
+	progress := func(ctx context.Context, req *mcp.CallToolRequest, n float64, msg string) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: n, Message: msg})
+	}
+	textResult := func(s string) *mcp.CallToolResult {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "ack"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		progress(ctx, req, 1, "waiting for roots/list_changed")
+		select {
+		case <-g.rootsChanged:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		progress(ctx, req, 2, "roots changed")
+		return textResult("acked"), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "touch"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		mcp.AddTool(srv, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return textResult("late"), nil, nil
+		})
+		return textResult("touched"), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "sample"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10000,
+			Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "write a lot"}}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		return textResult(fmt.Sprintf("sampled %d bytes from %s", len(res.Content.(*mcp.TextContent).Text), res.Model)), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "resume"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		progress(ctx, req, 1, "before the cut")
+		select {
+		case <-g.postCut:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		// Sent while the client has no stream open for this call: the
+		// event store keeps it for the Last-Event-ID GET.
+		progress(ctx, req, 2, "after the cut")
+		return textResult("resumed"), nil, nil
+	})
+	return srv
+}
+
+// statusWriter records the status a handler answered.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.ResponseWriter.(http.Flusher).Flush()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// handler wraps the go-sdk's streamable HTTP handler for srv.
+func (g *tsGateway) handler(srv *mcp.Server) http.Handler {
+	hd := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil), DisableLocalhostProtection: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, name := range []string{"Cube-Traffic-Access-Token", "E2b-Traffic-Access-Token"} {
+			if r.Header.Get(name) != "" {
+				g.problem("%s %s reached the gateway with the proxy's credential %s", r.Method, r.URL, name)
+			}
+		}
+		if r.URL.Query().Has("cube_token") {
+			g.problem("%s reached the gateway with the signed URL's cube_token", r.Method)
+		}
+		if r.Header.Get("Authorization") != g.bearer {
+			g.problem("%s reached the gateway with Authorization %q", r.Method, r.Header.Get("Authorization"))
+			http.Error(w, "gateway says no", http.StatusUnauthorized)
+			return
+		}
+		kind := r.Method
+		var body []byte
+		if r.Method == http.MethodPost {
+			var err error
+			if body, err = io.ReadAll(r.Body); err != nil {
+				g.problem("reading a POST body at the gateway: %v", err)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			switch {
+			case bytes.Contains(body, []byte(`"name":"resume"`)):
+				kind = "call:resume"
+			case bytes.Contains(body, []byte(`"model":"ts-model"`)):
+				kind = "sampling-answer"
+				g.mu.Lock()
+				g.answerInFlight = g.sb().inFlight()
+				g.mu.Unlock()
+			}
+		}
+		if eid := r.Header.Get("Last-Event-ID"); r.Method == http.MethodGet && eid != "" {
+			// The go-sdk refuses a resumption (409) while the stream's
+			// first request still runs at the gateway; waiting here for
+			// the gateway to see the cut makes the first attempt the one
+			// that counts. A standalone stream's event ids start with "_".
+			cut := g.postCut
+			kind = "GET resume"
+			if strings.HasPrefix(eid, "_") {
+				kind, cut = "GET resume standalone", g.getCut
+			}
+			select {
+			case <-cut:
+			case <-time.After(20 * time.Second):
+				g.problem("%s: the cut stream still ran at the gateway 20s after the client's Last-Event-ID GET", kind)
+			}
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		hd.ServeHTTP(sw, r)
+		switch {
+		case kind == "call:resume":
+			g.postCutOnce.Do(func() { close(g.postCut) })
+		case kind == http.MethodGet:
+			g.getCutOnce.Do(func() {
+				// Sent while the client has no GET stream: the event
+				// store keeps it for the Last-Event-ID GET.
+				mcp.AddTool(srv, &mcp.Tool{Name: "later"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+					return &mcp.CallToolResult{}, nil, nil
+				})
+				close(g.getCut)
+			})
+		}
+		g.mu.Lock()
+		g.seen = append(g.seen, fmt.Sprintf("%s %d", kind, sw.status))
+		g.mu.Unlock()
+	})
+}
+
+// tsLine is one line client.mjs printed.
+type tsLine struct {
+	Ev              string         `json:"ev"`
+	Kind            string         `json:"kind"`
+	Method          string         `json:"method"`
+	Status          int            `json:"status"`
+	OpenWith        int            `json:"openWith"`
+	ContentType     string         `json:"contentType"`
+	ProtocolVersion string         `json:"protocolVersion"`
+	SessionID       string         `json:"sessionId"`
+	Names           []string       `json:"names"`
+	Progress        []string       `json:"progress"`
+	Result          string         `json:"result"`
+	Requests        int            `json:"requests"`
+	MaxOpen         int            `json:"maxOpen"`
+	Connections     int            `json:"connections"`
+	Kinds           map[string]int `json:"kinds"`
+	Errors          []string       `json:"errors"`
+	Error           string         `json:"error"`
+	Resumes         []tsGet        `json:"resumes"`
+	Gets            []tsGet        `json:"gets"`
+}
+
+// tsGet is a GET of client.mjs: its status and Last-Event-ID.
+type tsGet struct {
+	Status      int    `json:"status"`
+	LastEventID string `json:"lastEventId"`
+}
+
+// runTSClient runs client.mjs against the proxy of h for sandbox id and
+// returns its lines by event, and its "http" lines (one per request) in
+// order. settle makes it wait for each answer's end before its next
+// request (see settle in client.mjs).
+func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sampleBytes int, settle bool) (map[string]tsLine, []tsLine) {
+	t.Helper()
+	dir, node := tsmcpDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "client.mjs", "http://"+h.addr+"/mcp"+query)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"TSMCP_SANDBOX_ID="+id, "TSMCP_SANDBOX_PORT=50005",
+		"TSMCP_TRAFFIC_TOKEN="+traffic, "TSMCP_BEARER="+bearer,
+		fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
+	if settle {
+		cmd.Env = append(cmd.Env, "TSMCP_SETTLE=1")
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	byEv := map[string]tsLine{}
+	var exchanges []tsLine
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l tsLine
+		if jerr := json.Unmarshal(sc.Bytes(), &l); jerr != nil {
+			t.Fatalf("client.mjs printed %q: %v", sc.Text(), jerr)
+		}
+		if l.Ev == "http" {
+			exchanges = append(exchanges, l)
+			continue
+		}
+		byEv[l.Ev] = l
+	}
+	if err != nil || byEv["done"].Ev == "" {
+		t.Fatalf("client.mjs: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.Bytes())
+	}
+	t.Logf("client.mjs:\n%s", out)
+	return byEv, exchanges
+}
+
+// The whole agent flow of the TypeScript SDK through the proxy, on a
+// restricted route (traffic token) to a gateway with its own Bearer: the
+// connect and its standalone GET stream, tools/list, progress that the
+// client answers while the call waits, a notification on the GET stream,
+// the GET stream and a call's answer stream each cut by the client and
+// resumed with Last-Event-ID (the gateway must see each cut through the
+// proxy), a sampling answer over 8 KiB, and the session's DELETE. Without
+// a stream limit; at max_streams_per_sandbox 2, where the session's GET and
+// one call fill the sandbox, so that the client's roots notification and
+// its sampling answer (read whole by the proxy: a held body) must pass it;
+// and with a signed URL in place of the traffic token header.
+func TestMCPTypeScriptSDKClient(t *testing.T) {
+	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const bearer = "Bearer gw-token/with+odd=chars"
+	const sampleBytes = 20 << 10
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		limit  int
+		signed bool // a signed URL (?cube_token=) in place of the traffic token header
+	}{{"max_streams=0", 0, false}, {"max_streams=2", 2, false}, {"signed_url", 0, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			limit := tc.limit
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = limit; o.cfg.Signer = signer })
+			id := fmt.Sprintf("tsagent%d%v", limit, tc.signed)
+			query, token := "", traffic
+			if tc.signed {
+				signed, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				query, token = "?cube_token="+signed, ""
+			}
+			g := &tsGateway{bearer: bearer, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
+				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}
+			port := backend(t, "127.0.0.1", g.handler(g.server()))
+			h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
+				"AllowPublicTraffic": "false", "TrafficAccessToken": traffic})
+
+			// At the limit the client waits for each answer's end before its
+			// next request (TSMCP_SETTLE): the SDK does not, and a sequential
+			// agent's next call then finds the last one's slot still taken
+			// now and then (429 in 6 runs of 80 under -race).
+			ev, exchanges := runTSClient(t, h, id, query, token, bearer, sampleBytes, limit > 0)
+
+			g.mu.Lock()
+			problems, seen, answerInFlight := g.problems, g.seen, g.answerInFlight
+			g.mu.Unlock()
+			for _, p := range problems {
+				t.Error(p)
+			}
+			t.Logf("the gateway saw: %v", seen)
+			if c := ev["connected"]; c.SessionID == "" || c.ProtocolVersion == "" {
+				t.Errorf("connect: %+v", c)
+			}
+			if got := ev["tools"].Names; !slices.Equal(got, []string{"ack", "resume", "sample", "touch"}) {
+				t.Errorf("tools/list: %v", got)
+			}
+			if a := ev["ack"]; a.Result != "acked" || !slices.Equal(a.Progress, []string{"waiting for roots/list_changed", "roots changed"}) {
+				t.Errorf("ack call: %+v", a)
+			}
+			if r := ev["list-changed"].Result; r != "touched" {
+				t.Errorf("touch call: %q", r)
+			}
+			if gets := ev["standalone-resumed"].Gets; len(gets) < 2 || gets[0].LastEventID != "" ||
+				gets[len(gets)-1].Status != 200 || !strings.HasPrefix(gets[len(gets)-1].LastEventID, "_") {
+				t.Errorf("the standalone GET stream and its resumption: %+v", gets)
+			}
+			if s := ev["sample"]; s.Requests != 1 || s.Result != fmt.Sprintf("sampled %d bytes from ts-model", sampleBytes) {
+				t.Errorf("sampling: %+v", s)
+			}
+			r := ev["resume"]
+			if r.Result != "resumed" || !slices.Equal(r.Progress, []string{"before the cut", "after the cut"}) {
+				t.Errorf("resumed call: %+v", r)
+			}
+			if len(r.Resumes) == 0 || r.Resumes[len(r.Resumes)-1].Status != 200 || r.Resumes[0].LastEventID == "" {
+				t.Errorf("the client's Last-Event-ID GETs: %+v", r.Resumes)
+			}
+			for _, want := range []string{"sampling-answer 202", "call:resume 200", "GET resume 200", "GET resume standalone 200"} {
+				if !slices.Contains(seen, want) {
+					t.Errorf("the gateway never saw %q: %v", want, seen)
+				}
+			}
+			if !slices.Contains(seen, "DELETE 204") && !slices.Contains(seen, "DELETE 200") {
+				t.Errorf("the session's DELETE never reached the gateway (or failed there): %v", seen)
+			}
+			for _, x := range exchanges {
+				if x.Status >= 400 && x.Kind != "get-resume" {
+					t.Errorf("%s %s got %d", x.Method, x.Kind, x.Status)
+				}
+				if x.Kind != "initialize" && x.ProtocolVersion != ev["connected"].ProtocolVersion {
+					t.Errorf("%s %s sent Mcp-Protocol-Version %q", x.Method, x.Kind, x.ProtocolVersion)
+				}
+			}
+			p := ev["pattern"]
+			t.Logf("TS client: at most %d requests open at once, %d TCP connections; %v; errors: %v", p.MaxOpen, p.Connections, p.Kinds, p.Errors)
+			if limit > 0 && answerInFlight <= int64(limit) {
+				t.Errorf("the sampling answer reached the gateway with %d requests in flight, want more than the limit %d (the answer passing it)", answerInFlight, limit)
+			}
+			testenv.WaitFor(t, 10*time.Second, "every slot given back", func() bool { return g.sb().inFlight() == 0 })
+			testenv.WaitFor(t, 10*time.Second, "the held-body budget given back", func() bool { return heldBytes(h.proxy) == 0 })
+		})
+	}
+}

@@ -1,11 +1,16 @@
 # make test: the whole suite, as CI runs it. Installs what the tests need
-# (redis-server) when it is missing; a test never skips for a missing part.
+# (redis-server; node and npm for the TypeScript MCP SDK interop test, which
+# runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
+# missing or stale) when it is missing; a test never skips for a missing part.
 .PHONY: test build bench fuzz
 
 test:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "installing redis-server (tests use a real one)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
+		echo "installing nodejs and npm (the TypeScript MCP SDK client test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
 	go vet ./...
 	go test -race -count=1 -timeout 9m ./...
 	# The allocation tests skip under -race (it changes allocation counts).

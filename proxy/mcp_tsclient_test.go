@@ -290,6 +290,7 @@ type tsLine struct {
 	Requests        int            `json:"requests"`
 	MaxOpen         int            `json:"maxOpen"`
 	Connections     int            `json:"connections"`
+	Heartbeats      int            `json:"heartbeats"`
 	Kinds           map[string]int `json:"kinds"`
 	Errors          []string       `json:"errors"`
 	Error           string         `json:"error"`
@@ -306,8 +307,9 @@ type tsGet struct {
 // runTSClient runs client.mjs against the proxy of h for sandbox id and
 // returns its lines by event, and its "http" lines (one per request) in
 // order. settle makes it wait for each answer's end before its next
-// request (see settle in client.mjs).
-func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sampleBytes int, settle bool) (map[string]tsLine, []tsLine) {
+// request (see settle in client.mjs); heartbeats makes it wait for the
+// proxy's heartbeats on the GET stream and inside a call's stream.
+func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sampleBytes int, settle, heartbeats bool) (map[string]tsLine, []tsLine) {
 	t.Helper()
 	dir, node := tsmcpDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
@@ -320,6 +322,9 @@ func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sa
 		fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
 	if settle {
 		cmd.Env = append(cmd.Env, "TSMCP_SETTLE=1")
+	}
+	if heartbeats {
+		cmd.Env = append(cmd.Env, "TSMCP_HEARTBEATS=1")
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -369,11 +374,24 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 		name   string
 		limit  int
 		signed bool // a signed URL (?cube_token=) in place of the traffic token header
-	}{{"max_streams=0", 0, false}, {"max_streams=2", 2, false}, {"signed_url", 0, true}} {
+		// heartbeat: the proxy's heartbeat interval, short enough for the
+		// client to see heartbeats in the GET stream and between a call's
+		// events (0: the default 30s, which the flow never waits for).
+		heartbeat time.Duration
+	}{
+		{name: "max_streams=0"},
+		{name: "max_streams=2", limit: 2},
+		{name: "signed_url", signed: true},
+		{name: "heartbeats", heartbeat: 20 * time.Millisecond},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			limit := tc.limit
-			h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = limit; o.cfg.Signer = signer })
-			id := fmt.Sprintf("tsagent%d%v", limit, tc.signed)
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cfg.MaxStreamsPerSandbox = limit
+				o.cfg.Signer = signer
+				o.cfg.HeartbeatInterval = tc.heartbeat
+			})
+			id := "ts-" + strings.NewReplacer("=", "", "_", "").Replace(tc.name)
 			query, token := "", traffic
 			if tc.signed {
 				signed, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
@@ -392,7 +410,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			// next request (TSMCP_SETTLE): the SDK does not, and a sequential
 			// agent's next call then finds the last one's slot still taken
 			// now and then (429 in 6 runs of 80 under -race).
-			ev, exchanges := runTSClient(t, h, id, query, token, bearer, sampleBytes, limit > 0)
+			ev, exchanges := runTSClient(t, h, id, query, token, bearer, sampleBytes, limit > 0, tc.heartbeat > 0)
 
 			g.mu.Lock()
 			problems, seen, answerInFlight := g.problems, g.seen, g.answerInFlight
@@ -444,7 +462,10 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 				}
 			}
 			p := ev["pattern"]
-			t.Logf("TS client: at most %d requests open at once, %d TCP connections; %v; errors: %v", p.MaxOpen, p.Connections, p.Kinds, p.Errors)
+			t.Logf("TS client: at most %d requests open at once, %d TCP connections, %d heartbeats; %v; errors: %v", p.MaxOpen, p.Connections, p.Heartbeats, p.Kinds, p.Errors)
+			if tc.heartbeat > 0 && p.Heartbeats == 0 {
+				t.Error("the client counted no heartbeat")
+			}
 			if limit > 0 && answerInFlight <= int64(limit) {
 				t.Errorf("the sampling answer reached the gateway with %d requests in flight, want more than the limit %d (the answer passing it)", answerInFlight, limit)
 			}

@@ -15,6 +15,9 @@
 //   TSMCP_SAMPLE_BYTES   size of the text the sampling handler answers
 //   TSMCP_SETTLE=1       before each request, wait until the answers of
 //                        the earlier ones have ended (see settle)
+//   TSMCP_HEARTBEATS=1   wait for a heartbeat of the proxy's (an SSE
+//                        comment) on the GET stream, and on the ack call's
+//                        stream before answering its progress
 //
 // The gateway (see the Go test) has the tools: ack (progress, then waits
 // for notifications/roots/list_changed), touch (adds a tool: the gateway
@@ -63,6 +66,8 @@ function withTimeout(p, ms, what) {
 // body ends), and can cut a response's body as a client's dropped
 // connection would.
 let open = 0;
+let heartbeats = 0;
+const heartbeatLine = ': keep-alive';
 // Node's fetch (undici) announces each TCP connection it opens.
 let connections = 0;
 diagnostics.subscribe('undici:client:connected', () => { connections++; });
@@ -70,6 +75,7 @@ let maxOpen = 0;
 const exchanges = [];
 const standaloneOpen = deferred();
 let resumePost = null;
+let ackPost = null;
 let standalone = null;
 const resumePostSeen = deferred();
 
@@ -91,7 +97,10 @@ async function tracedFetch(input, init = {}) {
   const body = typeof init.body === 'string' ? init.body : '';
   const ex = { kind: kindOf(method, body, headers), method, bytes: body.length };
   const ended = deferred();
+  // nextBeat: a promise of the next heartbeat the body brings.
+  let beatWaiters = [];
   Object.defineProperty(ex, 'ended', { value: ended.p, enumerable: false });
+  Object.defineProperty(ex, 'nextBeat', { value: () => new Promise((r) => beatWaiters.push(r)), enumerable: false });
   exchanges.push(ex);
   open++;
   maxOpen = Math.max(maxOpen, open);
@@ -127,6 +136,13 @@ async function tracedFetch(input, init = {}) {
           end();
           c.close();
         } else {
+          // The proxy writes a heartbeat alone, between two events.
+          const n = Buffer.from(value).toString('latin1').split(heartbeatLine).length - 1;
+          if (n > 0) {
+            heartbeats += n;
+            for (const r of beatWaiters) r();
+            beatWaiters = [];
+          }
           c.enqueue(value);
         }
       } catch (e) {
@@ -150,6 +166,7 @@ async function tracedFetch(input, init = {}) {
     standalone = ex;
     standaloneOpen.resolve();
   }
+  if (ex.kind === 'call:ack') ackPost = ex;
   if (ex.kind === 'call:resume') {
     resumePost = ex;
     resumePostSeen.resolve();
@@ -207,6 +224,8 @@ async function main() {
   emit({ ev: 'connected', sessionId: transport.sessionId, protocolVersion: transport.protocolVersion, server: client.getServerVersion() });
   await withTimeout(standaloneOpen.p, 20000, 'the standalone GET stream');
   emit({ ev: 'standalone-open' });
+  const waitBeats = env.TSMCP_HEARTBEATS === '1';
+  if (waitBeats) await withTimeout(standalone.nextBeat(), 20000, 'a heartbeat on the GET stream');
 
   await settle();
   const tools = await client.listTools();
@@ -220,7 +239,12 @@ async function main() {
     const res = await client.callTool({ name: 'ack' }, undefined, {
       onprogress: (p) => {
         seen.push(p.message);
-        if (p.progress === 1) client.sendRootsListChanged().catch((e) => errors.push(`roots: ${e.message}`));
+        if (p.progress !== 1) return;
+        // With TSMCP_HEARTBEATS the call's stream stays silent until a
+        // heartbeat has gone by between its two progress events.
+        (waitBeats ? withTimeout(ackPost.nextBeat(), 20000, 'a heartbeat on the call stream') : Promise.resolve())
+          .then(() => client.sendRootsListChanged())
+          .catch((e) => errors.push(`roots: ${e.message}`));
       },
     });
     emit({ ev: 'ack', progress: seen, result: text(res) });
@@ -270,7 +294,7 @@ async function main() {
 
   const kinds = {};
   for (const e of exchanges) kinds[e.kind] = (kinds[e.kind] || 0) + 1;
-  emit({ ev: 'pattern', maxOpen, connections, kinds, errors });
+  emit({ ev: 'pattern', maxOpen, connections, heartbeats, kinds, errors });
   emit({ ev: 'done' });
 }
 

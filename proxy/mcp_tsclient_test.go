@@ -7,8 +7,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -298,28 +300,50 @@ type tsLine struct {
 	Gets            []tsGet        `json:"gets"`
 }
 
+// tsTLS serves h's proxy on a TLS listener with a certificate for
+// 127.0.0.1 (client.mjs addresses the proxy by IP) from a test CA. It
+// returns the base URL and the environment that makes Node trust the CA.
+func tsTLS(t *testing.T, h *harness) (base string, env []string) {
+	t.Helper()
+	ca := testenv.NewCA(t, "proxy test CA")
+	certPEM, keyPEM := ca.Issue(t, "127.0.0.1")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	go h.server.Serve(ln)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return "https://" + ln.Addr().String(), []string{"NODE_EXTRA_CA_CERTS=" + caFile}
+}
+
 // tsGet is a GET of client.mjs: its status and Last-Event-ID.
 type tsGet struct {
 	Status      int    `json:"status"`
 	LastEventID string `json:"lastEventId"`
 }
 
-// runTSClient runs client.mjs against the proxy of h for sandbox id and
+// runTSClient runs client.mjs against the proxy at base (its scheme and
+// address), with env added to its environment, for sandbox id and
 // returns its lines by event, and its "http" lines (one per request) in
 // order. settle makes it wait for each answer's end before its next
 // request (see settle in client.mjs); heartbeats makes it wait for the
 // proxy's heartbeats on the GET stream and inside a call's stream.
-func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sampleBytes int, settle, heartbeats bool) (map[string]tsLine, []tsLine) {
+func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBytes int, settle, heartbeats bool, env ...string) (map[string]tsLine, []tsLine) {
 	t.Helper()
 	dir, node := tsmcpDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "client.mjs", "http://"+h.addr+"/mcp"+query)
+	cmd := exec.CommandContext(ctx, node, "client.mjs", base+"/mcp"+query)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"TSMCP_SANDBOX_ID="+id, "TSMCP_SANDBOX_PORT=50005",
 		"TSMCP_TRAFFIC_TOKEN="+traffic, "TSMCP_BEARER="+bearer,
 		fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
+	cmd.Env = append(cmd.Env, env...)
 	if settle {
 		cmd.Env = append(cmd.Env, "TSMCP_SETTLE=1")
 	}
@@ -361,7 +385,8 @@ func runTSClient(t *testing.T, h *harness, id, query, traffic, bearer string, sa
 // a stream limit; at max_streams_per_sandbox 2, where the session's GET and
 // one call fill the sandbox, so that the client's roots notification and
 // its sampling answer (read whole by the proxy: a held body) must pass it;
-// and with a signed URL in place of the traffic token header.
+// with a signed URL in place of the traffic token header; with heartbeats;
+// and over TLS.
 func TestMCPTypeScriptSDKClient(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
@@ -378,11 +403,15 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 		// client to see heartbeats in the GET stream and between a call's
 		// events (0: the default 30s, which the flow never waits for).
 		heartbeat time.Duration
+		// tls: over the proxy's HTTPS listener, where it watches the
+		// socket under tls.Conn for the client's cuts.
+		tls bool
 	}{
 		{name: "max_streams=0"},
 		{name: "max_streams=2", limit: 2},
 		{name: "signed_url", signed: true},
 		{name: "heartbeats", heartbeat: 20 * time.Millisecond},
+		{name: "tls", tls: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			limit := tc.limit
@@ -410,7 +439,11 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			// next request (TSMCP_SETTLE): the SDK does not, and a sequential
 			// agent's next call then finds the last one's slot still taken
 			// now and then (429 in 6 runs of 80 under -race).
-			ev, exchanges := runTSClient(t, h, id, query, token, bearer, sampleBytes, limit > 0, tc.heartbeat > 0)
+			base, env := "http://"+h.addr, []string(nil)
+			if tc.tls {
+				base, env = tsTLS(t, h)
+			}
+			ev, exchanges := runTSClient(t, base, id, query, token, bearer, sampleBytes, limit > 0, tc.heartbeat > 0, env...)
 
 			g.mu.Lock()
 			problems, seen, answerInFlight := g.problems, g.seen, g.answerInFlight

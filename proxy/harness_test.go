@@ -272,13 +272,21 @@ func keptRequest(t *testing.T, c net.Conn, br *bufio.Reader, raw string) {
 // *.cube.test from a test CA, and returns its address and the CA's roots.
 func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
 	t.Helper()
-	ca := testenv.NewCA(t, "proxy test CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+	addr, ca := serveTLSFor(t, h, "*.cube.test")
+	return addr, ca.Pool()
+}
+
+// serveTLSFor serves h's proxy on a TLS listener with a certificate for
+// name from a new test CA, and returns its address and the CA.
+func serveTLSFor(t *testing.T, h *harness, name string) (addr string, ca *testenv.CA) {
+	t.Helper()
+	ca = testenv.NewCA(t, "proxy test CA")
+	certPEM, keyPEM := ca.Issue(t, name)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
 	go h.server.Serve(ln)
-	return ln.Addr().String(), ca.Pool()
+	return ln.Addr().String(), ca
 }

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -305,19 +304,12 @@ type tsLine struct {
 // returns the base URL and the environment that makes Node trust the CA.
 func tsTLS(t *testing.T, h *harness) (base string, env []string) {
 	t.Helper()
-	ca := testenv.NewCA(t, "proxy test CA")
-	certPEM, keyPEM := ca.Issue(t, "127.0.0.1")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
-	go h.server.Serve(ln)
+	addr, ca := serveTLSFor(t, h, "127.0.0.1")
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return "https://" + ln.Addr().String(), []string{"NODE_EXTRA_CA_CERTS=" + caFile}
+	return "https://" + addr, []string{"NODE_EXTRA_CA_CERTS=" + caFile}
 }
 
 // tsGet is a GET of client.mjs: its status and Last-Event-ID.

@@ -56,6 +56,9 @@ type Metrics struct {
 	procLogDrops  atomic.Pointer[func() uint64]
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 	heldBodies    atomic.Pointer[func() int64]
+	// limitWaits counts the waits for a slot at max_streams_per_sandbox,
+	// by outcome: [0] a slot came free, [1] none did (the 429).
+	limitWaits [2]atomic.Int64
 
 	reqDuration    metric.Float64Histogram
 	respDuration   metric.Float64Histogram
@@ -78,6 +81,7 @@ type observed struct {
 	connectErrors, resourceErrs, retries, auth      metric.Int64ObservableCounter
 	logDrops, logReopenErrs, procLogDrops           metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
+	limitWaits                                      metric.Int64ObservableCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	heldBodies                                      metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
@@ -86,6 +90,7 @@ type observed struct {
 	store                                           [numStoreKinds]metric.ObserveOption
 	reason                                          [len(authReasons)]metric.ObserveOption
 	kindEnd                                         [numRouteKinds][numStreamEnds]metric.ObserveOption
+	waitOutcome                                     [2]metric.ObserveOption
 }
 
 // bg is the context for every measurement: metrics carry no trace exemplars.
@@ -115,6 +120,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
+	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again) or refused (none did, or the drain began: the 429).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE, chunked, and downloads relayed as they come), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
@@ -127,7 +133,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies)
+		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -167,7 +173,14 @@ func (m *Metrics) prebuild() {
 	for i, reason := range authReasons {
 		m.obs.reason[i] = set(attribute.String("reason", reason))
 	}
+	for i, outcome := range waitOutcomes {
+		m.obs.waitOutcome[i] = set(attribute.String("outcome", outcome))
+	}
 }
+
+// waitOutcomes are the outcome label values of
+// cubeproxy_stream_limit_waits_total, indexed as Metrics.limitWaits.
+var waitOutcomes = [2]string{"slot", "refused"}
 
 // observe reports every counter and gauge at scrape time. All label
 // combinations are reported, zeros included, so rate() works from the first
@@ -198,6 +211,9 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	}
 	for i := range authReasons {
 		ob.ObserveInt64(o.auth, m.auth[i].Load(), o.reason[i])
+	}
+	for i := range waitOutcomes {
+		ob.ObserveInt64(o.limitWaits, m.limitWaits[i].Load(), o.waitOutcome[i])
 	}
 	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
 	ob.ObserveInt64(o.resourceErrs, m.resourceErrs.Load())
@@ -388,6 +404,21 @@ func (m *Metrics) UpstreamRetry() {
 		return
 	}
 	m.retries.Add(1)
+}
+
+// StreamLimitWait counts a request over max_streams_per_sandbox that
+// waited for a slot: gotSlot when one came free within the wait (the
+// request is judged again, and may still lose the slot to another), else
+// it got the 429 after the wait.
+func (m *Metrics) StreamLimitWait(gotSlot bool) {
+	if m == nil {
+		return
+	}
+	i := 1
+	if gotSlot {
+		i = 0
+	}
+	m.limitWaits[i].Add(1)
 }
 
 // AcceptError counts a failed accept of a client connection that the

@@ -52,6 +52,9 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.AccessLogDropped()
 	m.AccessLogReopenFailed()
 	m.ConnRefused()
+	m.StreamLimitWait(true)
+	m.StreamLimitWait(true)
+	m.StreamLimitWait(false)
 	m.ConnOpened()
 	m.ConnOpened()
 	m.ConnClosed()
@@ -104,6 +107,8 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
 		{"cubeproxy_accesslog_reopen_errors_total", nil, 1},
 		{"cubeproxy_connections_refused_total", nil, 1},
+		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},
+		{"cubeproxy_stream_limit_waits_total", L{"outcome": "refused"}, 1},
 	}
 	for _, w := range want {
 		k := seriesKey(w.name, w.labels)
@@ -142,6 +147,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"route_kind":   set("http", "sse", "websocket", "error"),
 		"result":       set("hit", "miss", "negative_hit", "stale"),
 		"store":        set("memory", "redis"),
+		"outcome":      set("slot", "refused"),
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
 			"signed_cookie_foreign_origin",

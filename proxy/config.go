@@ -63,6 +63,20 @@ type Config struct {
 
 	// MaxStreamsPerSandbox bounds concurrent requests to one sandbox (0 = unlimited); above it: 429.
 	MaxStreamsPerSandbox int
+	// StreamLimitWait is how long a request over MaxStreamsPerSandbox
+	// waits for a slot to free before its 429 (see Proxy.waitForSlot).
+	// MCP clients (the go-sdk's connect, the TypeScript SDK's every call)
+	// send their next request as soon as a result's event arrives, before
+	// the gateway has ended that answer's stream, so the next request
+	// finds the last one's slot still taken for the millisecond or so the
+	// stream's end takes to reach the proxy. Default 100 ms: ample for that
+	// end on a loaded machine (a GC pause, the race detector's slowdown, a
+	// busy scheduler) while a tenth of the 429's Retry-After, and what a
+	// flood of refused requests costs is bounded by it: a waiting request
+	// holds no slot, no sandbox connection and no lock, only its handler
+	// goroutine and its client connection (one request at a time, so at
+	// most client.max_conns wait). Negative: no wait, the 429 at once.
+	StreamLimitWait time.Duration
 	// MaxHeldBody is the largest POST body the proxy reads whole into
 	// memory, over MaxStreamsPerSandbox, to see whether it is only JSON-RPC
 	// notifications and responses, which pass the limit (see
@@ -169,6 +183,9 @@ func (c *Config) setDefaults() {
 		// After MaxHeldBody's clamp: a share derived from a cap no body
 		// reaches would be larger than the policy says.
 		c.HeldBodyPerSandbox = max(c.HeldBodyBudget/4, c.MaxHeldBody)
+	}
+	if c.StreamLimitWait == 0 {
+		c.StreamLimitWait = 100 * time.Millisecond
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 3 * time.Second

@@ -588,8 +588,9 @@ func TestMCPDefaultGatewayOnLoopback(t *testing.T) {
 // a slot for its session's life, beside one per request in flight, so the
 // limit counts sessions as well as calls. A go-sdk connect takes two at
 // once: the client opens its GET as soon as the initialize result event
-// arrives, before that answer's stream has ended (at 1 the connect fails now
-// and then with 429; its notifications/initialized passes the limit, see
+// arrives, before that answer's stream has ended (at 1 the GET waits for
+// that stream's slot, TestMCPConnectAtStreamLimitOne; its
+// notifications/initialized passes the limit, see
 // TestStreamLimitAdmitsStreamlessPOSTs). At 3, one session
 // with two calls in flight refuses a second agent (429) and its own further
 // calls (429, transient to the go-sdk: the session survives); the calls' end

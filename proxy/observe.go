@@ -63,6 +63,9 @@ type exchange struct {
 	// counts against: the one readHeldBody took it on, which serve may
 	// have looked up again since.
 	heldOn *sandboxState
+	// limitWaited: the request waited for a slot over
+	// max_streams_per_sandbox (waitForSlot), which it does at most once.
+	limitWaited bool
 	// answeredEarly: the sandbox answered before the client's body was
 	// all sent to it.
 	answeredEarly bool

@@ -76,6 +76,9 @@ type Proxy struct {
 	// heldShare is Config.HeldBodyPerSandbox, or no bound when negative:
 	// the most a sandbox's held bodies may take of heldBodies.
 	heldShare int64
+	// limitWaiting counts the requests waiting for a slot over
+	// max_streams_per_sandbox now (waitForSlot).
+	limitWaiting atomic.Int64
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -376,6 +379,12 @@ lookup:
 		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) {
 			if refusal := p.overLimit(ctx, x, sb, n, lim); refusal != nil {
 				sb.leave()
+				if p.waitForSlot(x, sb, lim, refusal) {
+					// A slot came free (or the state changed): judged
+					// again as a new request, which may find the slot
+					// taken again by another.
+					continue
+				}
 				x.fail(ctx, *refusal, id)
 				if refusal.status != fasthttp.StatusTooManyRequests {
 					// The body broke off while overLimit read it: the

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -46,6 +47,11 @@ var (
 	// others' may still pass.
 	refusedShare = proxyError{status: 429, code: CodeTooManyStreams,
 		msg: "too many concurrent requests for this sandbox, and its share of the room to read bodies is taken", retryAfter: 1}
+	// refusedReadRequest: refusedTooMany's answer to a body readHeldBody
+	// read from the client and found to be a request. A value of its own,
+	// so that waitForSlot can tell it from the others: its body is gone
+	// from the connection, so the request cannot be judged again.
+	refusedReadRequest = refusedTooMany
 )
 
 // overLimit decides a request that makes its sandbox's count n, above
@@ -147,7 +153,7 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 	x.bodyEnded = true
 	if !streamless(buf) {
 		p.giveHeld(sb, size)
-		return &refusedTooMany
+		return &refusedReadRequest
 	}
 	// In place of the stream: prepareRequest then finds no stream to
 	// wrap, and the request goes out with its body in one write.
@@ -157,6 +163,68 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 	x.held, x.heldOn = size, sb
 	return nil
 }
+
+// waitForSlot waits, after refusal of a request over limit at sb
+// (overLimit; the request has left its slot), for sb's count to fall
+// below limit, at most Config.StreamLimitWait, and reports whether the
+// request is to be judged again: a slot came free (counted in
+// cubeproxy_stream_limit_waits_total as "slot"), or sb's state changed,
+// which the caller answers as for a new request. A client that sends its
+// next request as soon as it reads a result's event (an MCP SDK) is
+// otherwise refused for the slot of the answer it has just read, whose
+// end the proxy has not seen yet.
+//
+// Only once per request (x.limitWaited), and only for a refusal that left
+// the request as it came: the plain 429, or no room to hold its body
+// (readHeldBody refuses those before reading). Not for a body read whole
+// and judged a request (refusedReadRequest: it is gone from the
+// connection), nor for one held in memory (x.held: passed once already,
+// and holding room in the held-body budget a wait would keep from
+// others). A body fasthttp pre-read is in memory, and an Expect head has
+// sent none: both can be judged again.
+//
+// It polls, with sleeps from slotPollFirst doubling up to slotPollMax:
+// enter and leave, which every request pays, stay one atomic add each,
+// with nothing to wake a waiter. The drain ends the wait at once (at the
+// next poll): the refusal is answered, not held through the drain.
+func (p *Proxy) waitForSlot(x *exchange, sb *sandboxState, limit int, refusal *proxyError) bool {
+	wait := p.cfg.StreamLimitWait
+	if wait <= 0 || x.limitWaited || x.held > 0 ||
+		refusal != &refusedTooMany && refusal != &refusedNoRoom && refusal != &refusedShare {
+		return false
+	}
+	x.limitWaited = true
+	p.limitWaiting.Add(1)
+	defer p.limitWaiting.Add(-1)
+	deadline := time.Now().Add(wait)
+	for pause := slotPollFirst; ; pause = min(2*pause, slotPollMax) {
+		if p.draining != nil && p.draining.Load() {
+			break
+		}
+		if sb.state() != stateRunning {
+			return true // paused, killed or forgotten: answered as such
+		}
+		if sb.inFlight() < int64(limit) {
+			p.metrics.StreamLimitWait(true)
+			return true
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		time.Sleep(min(pause, left))
+	}
+	p.metrics.StreamLimitWait(false)
+	return false
+}
+
+// The polling of waitForSlot: its first sleep, doubled each time up to
+// the last. The slot of a stream whose end is on its way frees within a
+// millisecond or so; a longer wait is a loaded machine, polled less often.
+const (
+	slotPollFirst = 500 * time.Microsecond
+	slotPollMax   = 10 * time.Millisecond
+)
 
 // giveHeld gives n bytes taken for a held body back to sb's share and to
 // HeldBodyBudget.

@@ -1,0 +1,301 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// At max_streams_per_sandbox, a request refused for want of a slot waits
+// up to StreamLimitWait for one to free before its 429: an MCP client
+// sends its next request as soon as it reads a result's event, before
+// the proxy has seen that answer's stream end (waitForSlot).
+
+// slotWaitBox is a proxy at max_streams_per_sandbox 1 with StreamLimitWait
+// wait and metrics, in front of a sandbox "waitbox" whose /sse answers one
+// SSE event at once and ends its stream only once release is closed; it
+// answers anything else 200 "sandbox: <method> <bytes of body>".
+type slotWaitBox struct {
+	h       *harness
+	admin   string // metrics
+	sb      *sandboxState
+	release chan struct{}
+	once    sync.Once
+}
+
+// releaseOnce lets /sse end its stream.
+func (w *slotWaitBox) releaseOnce() { w.once.Do(func() { close(w.release) }) }
+
+const slotWaitHost = "8080-waitbox.cube.test"
+
+func newSlotWaitBox(t *testing.T, wait time.Duration, mod ...func(*harnessOpts)) *slotWaitBox {
+	t.Helper()
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, append([]func(*harnessOpts){func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.StreamLimitWait = wait
+		o.cfg.Telemetry = tel
+	}}, mod...)...)
+	w := &slotWaitBox{h: h, admin: obsMetricsAdmin(t, h, tel), release: make(chan struct{})}
+	t.Cleanup(w.releaseOnce)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/sse" {
+			rw.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(rw, "event: message\ndata: {\"result\":1}\n\n")
+			rw.(http.Flusher).Flush()
+			<-w.release
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(rw, "sandbox: %s %d", r.Method, len(b))
+	}))
+	h.put("waitbox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
+	w.sb = h.proxy.sandboxes.get([]byte("waitbox"))
+	return w
+}
+
+// openSSE sends request A: a GET of /sse, whose event it reads. Its stream
+// then holds the sandbox's one slot until release; the returned body is
+// read to its end by the caller.
+func (w *slotWaitBox) openSSE(t *testing.T) io.ReadCloser {
+	t.Helper()
+	resp, err := w.h.client.Do(w.h.req("GET", slotWaitHost, "/sse", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 {
+		t.Fatalf("the SSE request: %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the SSE event: %v", err)
+		}
+		if line == "\n" {
+			break // the event is whole
+		}
+	}
+	if n := w.sb.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight with the SSE stream open, want 1", n)
+	}
+	return io.NopCloser(br)
+}
+
+// slotAnswer is what request B got.
+type slotAnswer struct {
+	status int
+	body   string
+	err    error
+}
+
+// send sends r (request B) and delivers its answer on the channel returned.
+func (w *slotWaitBox) send(r *http.Request) <-chan slotAnswer {
+	ch := make(chan slotAnswer, 1)
+	go func() {
+		resp, err := w.h.client.Do(r)
+		if err != nil {
+			ch <- slotAnswer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ch <- slotAnswer{status: resp.StatusCode, body: string(b)}
+	}()
+	return ch
+}
+
+// waiting waits until B (answer) is waiting for a slot at the proxy, and
+// fails if it was answered first.
+func (w *slotWaitBox) waiting(t *testing.T, answer <-chan slotAnswer) {
+	t.Helper()
+	var early *slotAnswer
+	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool {
+		select {
+		case a := <-answer:
+			early = &a
+			return true
+		default:
+			return w.h.proxy.limitWaiting.Load() == 1
+		}
+	})
+	if early != nil {
+		t.Fatalf("answered before it waited for a slot: %d %q (%v)", early.status, early.body, early.err)
+	}
+}
+
+// waits checks cubeproxy_stream_limit_waits_total by outcome.
+func (w *slotWaitBox) waits(t *testing.T, slot, refused float64) {
+	t.Helper()
+	s := scrapeMetrics(t, w.admin)
+	gotSlot, _ := metricValue(s, "cubeproxy_stream_limit_waits_total", map[string]string{"outcome": "slot"})
+	gotRefused, _ := metricValue(s, "cubeproxy_stream_limit_waits_total", map[string]string{"outcome": "refused"})
+	if gotSlot != slot || gotRefused != refused {
+		t.Errorf("cubeproxy_stream_limit_waits_total: slot %v, refused %v; want %v, %v", gotSlot, gotRefused, slot, refused)
+	}
+}
+
+// wantRefused fails unless a is the limit's 429.
+func wantRefused(t *testing.T, a slotAnswer) {
+	t.Helper()
+	if a.err != nil || a.status != http.StatusTooManyRequests || !strings.Contains(a.body, CodeTooManyStreams) {
+		t.Fatalf("got %d %q (%v), want 429 %s", a.status, a.body, a.err, CodeTooManyStreams)
+	}
+}
+
+// A sequential client's next request, sent once it has read the event of
+// an SSE answer whose stream the sandbox has not ended yet, waits for that
+// stream's slot and reaches the sandbox when the stream ends, instead of
+// a 429. The wait is long here, so that nothing but the stream's end
+// decides; a GET, and a POST of a call whose body fasthttp holds already
+// (judged a request at the limit, and judged again after the wait).
+func TestStreamLimitWaitsForSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, body string
+	}{
+		{"GET", "GET", ""},
+		{"POST call", "POST", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newSlotWaitBox(t, time.Minute)
+			a := w.openSSE(t)
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			answer := w.send(w.h.req(tc.method, slotWaitHost, "/next", body))
+			w.waiting(t, answer)
+			w.releaseOnce()
+			if _, err := io.Copy(io.Discard, a); err != nil {
+				t.Fatalf("the SSE stream's end: %v", err)
+			}
+			b := <-answer
+			if want := fmt.Sprintf("sandbox: %s %d", tc.method, len(tc.body)); b.err != nil || b.status != 200 || b.body != want {
+				t.Fatalf("the next request once the stream ended: %d %q (%v), want 200 %q", b.status, b.body, b.err, want)
+			}
+			w.waits(t, 1, 0)
+			testenv.WaitFor(t, 5*time.Second, "no slot taken", func() bool { return w.sb.inFlight() == 0 })
+			if n := w.h.proxy.limitWaiting.Load(); n != 0 {
+				t.Fatalf("%d requests still counted waiting", n)
+			}
+		})
+	}
+}
+
+// With no slot freed within StreamLimitWait, the request gets the 429
+// after it; its slot count is back where it was.
+func TestStreamLimitWaitEndsRefused(t *testing.T) {
+	const wait = 50 * time.Millisecond
+	w := newSlotWaitBox(t, wait)
+	w.openSSE(t)
+	start := time.Now()
+	b := <-w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+	wantRefused(t, b)
+	if d := time.Since(start); d < wait {
+		t.Fatalf("refused after %v, before the %v wait was over", d, wait)
+	}
+	w.waits(t, 0, 1)
+	if n := w.sb.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight after the refusal, want the SSE stream's 1", n)
+	}
+}
+
+// A drain that begins while a request waits for a slot ends the wait: the
+// 429 is answered at once, not at the wait's end (a minute here).
+func TestStreamLimitWaitEndsAtDrain(t *testing.T) {
+	w := newSlotWaitBox(t, time.Minute, func(o *harnessOpts) { o.srv.DrainTimeout = 30 * time.Second })
+	w.openSSE(t)
+	answer := w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+	w.waiting(t, answer)
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- w.h.server.Shutdown(context.Background()) }()
+	wantRefused(t, <-answer)
+	w.waits(t, 0, 1)
+	w.releaseOnce()
+	if err := <-shutdown; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// A POST body over 8 KiB read whole at the limit and found to be a call
+// is gone from the connection: it gets the 429 at once, without a wait
+// (a minute here), and so does every refusal with StreamLimitWait
+// negative.
+func TestStreamLimitNoWait(t *testing.T) {
+	t.Run("held body judged a request", func(t *testing.T) {
+		w := newSlotWaitBox(t, time.Minute)
+		w.openSSE(t)
+		b := <-w.send(w.h.req("POST", slotWaitHost, "/mcp", strings.NewReader(sizedCall(20<<10))))
+		wantRefused(t, b)
+		w.waits(t, 0, 0)
+	})
+	t.Run("StreamLimitWait negative", func(t *testing.T) {
+		w := newSlotWaitBox(t, -1)
+		w.openSSE(t)
+		for _, r := range []*http.Request{
+			w.h.req("GET", slotWaitHost, "/next", nil),
+			w.h.req("POST", slotWaitHost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`)),
+		} {
+			wantRefused(t, <-w.send(r))
+		}
+		w.waits(t, 0, 0)
+	})
+}
+
+// StreamLimitWait is 100 ms unless set; negative stays the "no wait" it
+// is documented as.
+func TestStreamLimitWaitDefault(t *testing.T) {
+	if got := (Config{}).WithDefaults().StreamLimitWait; got != 100*time.Millisecond {
+		t.Errorf("default StreamLimitWait %v, want 100ms", got)
+	}
+	if got := (Config{StreamLimitWait: -1}).WithDefaults().StreamLimitWait; got != -1 {
+		t.Errorf("StreamLimitWait -1 became %v", got)
+	}
+}
+
+// At max_streams_per_sandbox 1 a lone go-sdk agent connects every time:
+// the client opens its standalone GET as soon as the initialize result's
+// event arrives, before that answer's stream has ended, and the GET waits
+// for the initialize's slot (without the wait, 2 of 10 runs of 20
+// connects under -race got the 429). Its session's close (the DELETE)
+// gives the GET's slot back. The wait is long here: the stream's end
+// frees the slot within a millisecond or so, but a loaded test machine
+// may take longer than the default's 100 ms, and the test is of the
+// wait, not of the machine.
+func TestMCPConnectAtStreamLimitOne(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.StreamLimitWait = 10 * time.Second
+	})
+	host := agentGateway(t, h, "onebox", newAgentServer(), nil, nil)
+	sb := h.proxy.sandboxes.get([]byte("onebox"))
+	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
+	defer cancel()
+	for i := range 20 {
+		tr := &mcp.StreamableClientTransport{Endpoint: "http://" + h.addr + "/mcp", MaxRetries: -1,
+			HTTPClient: &http.Client{Transport: hostTransport{host: host, base: h.client.Transport}}}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, tr, nil)
+		if err != nil {
+			t.Fatalf("connect %d at a limit of 1: %v", i, err)
+		}
+		testenv.WaitFor(t, 10*time.Second, "the session's GET stream to hold the slot", func() bool {
+			s, _ := h.proxy.streams.open()
+			return s == 1 && sb.inFlight() == 1
+		})
+		if err := cs.Close(); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+		testenv.WaitFor(t, 10*time.Second, "the session's slot freed", func() bool { return sb.inFlight() == 0 })
+	}
+}

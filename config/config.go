@@ -52,6 +52,9 @@ type Config struct {
 	MaxRequestBody int64         `yaml:"max_request_body" usage:"largest request body in bytes (413 above)"`
 	DrainTimeout   time.Duration `yaml:"drain_timeout" usage:"how long shutdown lets requests finish"`
 	MaxStreams     int           `yaml:"max_streams_per_sandbox" usage:"concurrent requests per sandbox (0 = unlimited; 429 above)"`
+	// How long a request over max_streams_per_sandbox waits for a slot
+	// before its 429 (proxy.Config's StreamLimitWait).
+	StreamLimitWait time.Duration `yaml:"stream_limit_wait" usage:"how long a request over max_streams_per_sandbox waits for a slot to free before its 429 (negative = no wait)"`
 	// The bodies read whole into memory over max_streams_per_sandbox, to
 	// tell whether they are JSON-RPC notifications and responses only
 	// (proxy.Config's MaxHeldBody, HeldBodyBudget, HeldBodyPerSandbox).
@@ -480,6 +483,7 @@ func decodeFile(cfg *Config, path string) error {
 // documented (as "off" or "skip"); every other duration and size must be
 // zero (the default) or positive.
 var negativeMeansOff = map[string]bool{
+	"stream_limit_wait":                true,
 	"max_held_body":                    true,
 	"held_body_per_sandbox":            true,
 	"upstream.heartbeat_interval":      true,

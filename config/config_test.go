@@ -294,7 +294,7 @@ func TestLoadHostNames(t *testing.T) {
 // Negative values stay allowed where they are documented to mean off.
 func TestLoadNegativeMeansOff(t *testing.T) {
 	c, err := Load([]string{"--upstream-heartbeat-interval=-1s", "--https-addr=:8443", "--tls-source=acme", "--tls-acme-dns-provider=rfc2136", "--tls-acme-dns-propagation-timeout=-1s",
-		"--max-held-body=-1", "--held-body-per-sandbox=-1"}, env(nil), io.Discard)
+		"--max-held-body=-1", "--held-body-per-sandbox=-1", "--stream-limit-wait=-1ms"}, env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +303,9 @@ func TestLoadNegativeMeansOff(t *testing.T) {
 	}
 	if c.MaxHeldBody != -1 || c.HeldBodyPerSandbox != -1 {
 		t.Fatalf("max_held_body %d, held_body_per_sandbox %d; want -1 (off) each", c.MaxHeldBody, c.HeldBodyPerSandbox)
+	}
+	if c.StreamLimitWait != -time.Millisecond {
+		t.Fatalf("stream_limit_wait %v, want -1ms (no wait)", c.StreamLimitWait)
 	}
 }
 

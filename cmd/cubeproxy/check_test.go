@@ -96,6 +96,7 @@ func TestCheckGoodConfig(t *testing.T) {
 		HeldBody   int64  `yaml:"max_held_body"`
 		HeldBudget int64  `yaml:"held_body_budget"`
 		HeldShare  int64  `yaml:"held_body_per_sandbox"`
+		LimitWait  string `yaml:"stream_limit_wait"`
 		Cache      struct {
 			Size int    `yaml:"size"`
 			TTL  string `yaml:"ttl_min"`
@@ -110,7 +111,8 @@ func TestCheckGoodConfig(t *testing.T) {
 	}
 	if got.HTTPAddr != httpAddr || got.InstanceID != "node-7" || got.Cache.Size != 500 || got.Upstream.Connect != "5s" || // file and flags
 		got.Cache.TTL != "500s" || got.Upstream.Idle != "7206s" || // defaults, as serve -h shows them
-		got.HeldBody != 4<<20 || got.HeldBudget != 64<<20 || got.HeldShare != 16<<20 { // the share derived from the budget
+		got.HeldBody != 4<<20 || got.HeldBudget != 64<<20 || got.HeldShare != 16<<20 || // the share derived from the budget
+		got.LimitWait != "100ms" {
 		t.Errorf("effective configuration: %+v\n%s", got, stdout)
 	}
 

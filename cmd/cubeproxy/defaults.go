@@ -30,6 +30,7 @@ func proxyConfig(cfg *config.Config) proxy.Config {
 		UpstreamIdleConnTimeout: cfg.Upstream.IdleConnTimeout,
 		UpstreamReadBufferSize:  cfg.Upstream.MaxHeaderSize,
 		MaxStreamsPerSandbox:    cfg.MaxStreams,
+		StreamLimitWait:         cfg.StreamLimitWait,
 		MaxHeldBody:             cfg.MaxHeldBody,
 		HeldBodyBudget:          cfg.HeldBodyBudget,
 		HeldBodyPerSandbox:      cfg.HeldBodyPerSandbox,
@@ -96,6 +97,7 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 	e.Upstream.IdleConnTimeout = p.UpstreamIdleConnTimeout
 	e.Upstream.MaxHeaderSize = p.UpstreamReadBufferSize
 	e.MaxStreams = p.MaxStreamsPerSandbox
+	e.StreamLimitWait = p.StreamLimitWait
 	e.MaxHeldBody = p.MaxHeldBody
 	e.HeldBodyBudget = p.HeldBodyBudget
 	e.HeldBodyPerSandbox = p.HeldBodyPerSandbox

@@ -105,6 +105,7 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 		{"upstream-idle-conn-timeout", "memory", func(a *app) any { return a.proxy.Config().UpstreamIdleConnTimeout }},
 		{"upstream-max-header-size", "memory", func(a *app) any { return a.proxy.Config().UpstreamReadBufferSize }},
 		{"max-streams-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().MaxStreamsPerSandbox }},
+		{"stream-limit-wait", "memory", func(a *app) any { return a.proxy.Config().StreamLimitWait }},
 		{"max-held-body", "memory", func(a *app) any { return a.proxy.Config().MaxHeldBody }},
 		{"held-body-budget", "memory", func(a *app) any { return a.proxy.Config().HeldBodyBudget }},
 		{"held-body-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().HeldBodyPerSandbox }},
@@ -292,5 +293,22 @@ func TestHeldBodySettingsReachTheProxy(t *testing.T) {
 		"--max-held-body=-1", "--held-body-per-sandbox=-1"}, noEnv).a
 	if c := a.proxy.Config(); c.MaxHeldBody != -1 || c.HeldBodyPerSandbox != -1 {
 		t.Errorf("max_held_body %d, held_body_per_sandbox %d; want -1 (off) each", c.MaxHeldBody, c.HeldBodyPerSandbox)
+	}
+}
+
+// stream_limit_wait reaches the running proxy as set, negative (no wait)
+// included.
+func TestStreamLimitWaitReachesTheProxy(t *testing.T) {
+	for _, tc := range []struct {
+		flag string
+		want time.Duration
+	}{
+		{"--stream-limit-wait=2s", 2 * time.Second},
+		{"--stream-limit-wait=-1ms", -time.Millisecond},
+	} {
+		a := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=", tc.flag}, noEnv).a
+		if got := a.proxy.Config().StreamLimitWait; got != tc.want {
+			t.Errorf("%s: the proxy waits %v, want %v", tc.flag, got, tc.want)
+		}
 	}
 }

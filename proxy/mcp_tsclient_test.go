@@ -321,10 +321,9 @@ type tsGet struct {
 // runTSClient runs client.mjs against the proxy at base (its scheme and
 // address), with env added to its environment, for sandbox id and
 // returns its lines by event, and its "http" lines (one per request) in
-// order. settle makes it wait for each answer's end before its next
-// request (see settle in client.mjs); heartbeats makes it wait for the
+// order. heartbeats makes it wait for the
 // proxy's heartbeats on the GET stream and inside a call's stream.
-func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBytes int, settle, heartbeats bool, env ...string) (map[string]tsLine, []tsLine) {
+func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBytes int, heartbeats bool, env ...string) (map[string]tsLine, []tsLine) {
 	t.Helper()
 	dir, node := tsmcpDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
@@ -336,9 +335,6 @@ func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBy
 		"TSMCP_TRAFFIC_TOKEN="+traffic, "TSMCP_BEARER="+bearer,
 		fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
 	cmd.Env = append(cmd.Env, env...)
-	if settle {
-		cmd.Env = append(cmd.Env, "TSMCP_SETTLE=1")
-	}
 	if heartbeats {
 		cmd.Env = append(cmd.Env, "TSMCP_HEARTBEATS=1")
 	}
@@ -409,6 +405,14 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			limit := tc.limit
 			h := newHarness(t, func(o *harnessOpts) {
 				o.cfg.MaxStreamsPerSandbox = limit
+				// The SDK sends its next request as soon as it reads a
+				// result's event, before the proxy has seen that answer's
+				// stream end: at the limit the request waits for the slot
+				// (StreamLimitWait; without the wait, 429 in 6 runs of 80
+				// under -race). Long here: the slot frees within a
+				// millisecond or so, but a loaded test machine may take
+				// longer than the default's 100 ms.
+				o.cfg.StreamLimitWait = 10 * time.Second
 				o.cfg.Signer = signer
 				o.cfg.HeartbeatInterval = tc.heartbeat
 			})
@@ -427,15 +431,11 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
 				"AllowPublicTraffic": "false", "TrafficAccessToken": traffic})
 
-			// At the limit the client waits for each answer's end before its
-			// next request (TSMCP_SETTLE): the SDK does not, and a sequential
-			// agent's next call then finds the last one's slot still taken
-			// now and then (429 in 6 runs of 80 under -race).
 			base, env := "http://"+h.addr, []string(nil)
 			if tc.tls {
 				base, env = tsTLS(t, h)
 			}
-			ev, exchanges := runTSClient(t, base, id, query, token, bearer, sampleBytes, limit > 0, tc.heartbeat > 0, env...)
+			ev, exchanges := runTSClient(t, base, id, query, token, bearer, sampleBytes, tc.heartbeat > 0, env...)
 
 			g.mu.Lock()
 			problems, seen, answerInFlight := g.problems, g.seen, g.answerInFlight

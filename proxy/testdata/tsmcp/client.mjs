@@ -13,8 +13,6 @@
 //   TSMCP_TRAFFIC_TOKEN  the route's TrafficAccessToken (proxy's credential)
 //   TSMCP_BEARER         the gateway's own Authorization value
 //   TSMCP_SAMPLE_BYTES   size of the text the sampling handler answers
-//   TSMCP_SETTLE=1       before each request, wait until the answers of
-//                        the earlier ones have ended (see settle)
 //   TSMCP_HEARTBEATS=1   wait for a heartbeat of the proxy's (an SSE
 //                        comment) on the GET stream, and on the ack call's
 //                        stream before answering its progress
@@ -96,10 +94,8 @@ async function tracedFetch(input, init = {}) {
   const headers = new Headers(init.headers);
   const body = typeof init.body === 'string' ? init.body : '';
   const ex = { kind: kindOf(method, body, headers), method, bytes: body.length };
-  const ended = deferred();
   // nextBeat: a promise of the next heartbeat the body brings.
   let beatWaiters = [];
-  Object.defineProperty(ex, 'ended', { value: ended.p, enumerable: false });
   Object.defineProperty(ex, 'nextBeat', { value: () => new Promise((r) => beatWaiters.push(r)), enumerable: false });
   exchanges.push(ex);
   open++;
@@ -110,7 +106,6 @@ async function tracedFetch(input, init = {}) {
     res = await fetch(input, init);
   } catch (e) {
     open--;
-    ended.resolve();
     emit({ ev: 'http', ...ex, error: String(e.cause?.message || e.message) });
     throw e;
   }
@@ -120,7 +115,7 @@ async function tracedFetch(input, init = {}) {
   ex.lastEventId = headers.get('last-event-id');
   emit({ ev: 'http', ...ex });
   let isEnded = false;
-  const end = () => { if (!isEnded) { isEnded = true; open--; ended.resolve(); } };
+  const end = () => { if (!isEnded) { isEnded = true; open--; } };
   if (!res.body) {
     end();
     return res;
@@ -207,18 +202,6 @@ client.setNotificationHandler(ToolListChangedNotificationSchema, async () => { l
 
 const text = (res) => res.content.map((c) => c.text).join('');
 
-// settle waits (with TSMCP_SETTLE=1) until every answer but the GET
-// streams' has ended. The SDK resolves a request on its result event and
-// sends the next one at once, before the gateway has ended that answer's
-// stream: at a max_streams_per_sandbox with no slot to spare the next
-// request can find the last one still counted (429). The proxy frees a
-// stream's slot before its last bytes go out, so once the client has read
-// the end, the slot is free.
-async function settle() {
-  if (env.TSMCP_SETTLE !== '1') return;
-  await withTimeout(Promise.all(exchanges.filter((e) => !e.kind.startsWith('get')).map((e) => e.ended)), 20000, 'the earlier answers to end');
-}
-
 async function main() {
   await client.connect(transport);
   emit({ ev: 'connected', sessionId: transport.sessionId, protocolVersion: transport.protocolVersion, server: client.getServerVersion() });
@@ -227,7 +210,6 @@ async function main() {
   const waitBeats = env.TSMCP_HEARTBEATS === '1';
   if (waitBeats) await withTimeout(standalone.nextBeat(), 20000, 'a heartbeat on the GET stream');
 
-  await settle();
   const tools = await client.listTools();
   emit({ ev: 'tools', names: tools.tools.map((t) => t.name).sort() });
 
@@ -235,7 +217,6 @@ async function main() {
   // a notification the client sends only once it has seen that progress.
   {
     const seen = [];
-    await settle();
     const res = await client.callTool({ name: 'ack' }, undefined, {
       onprogress: (p) => {
         seen.push(p.message);
@@ -252,7 +233,6 @@ async function main() {
 
   // A notification on the standalone GET stream.
   {
-    await settle();
     const res = await client.callTool({ name: 'touch' });
     await withTimeout(listChanged[0].p, 20000, 'tools/list_changed');
     emit({ ev: 'list-changed', result: text(res) });
@@ -266,7 +246,6 @@ async function main() {
 
   // The gateway asks for a sampling answer over 8 KiB while the call waits.
   {
-    await settle();
     const res = await client.callTool({ name: 'sample' });
     emit({ ev: 'sample', result: text(res), requests: samplingRequests });
   }
@@ -275,7 +254,6 @@ async function main() {
   // after the first progress; the SDK comes back with Last-Event-ID.
   {
     const seen = [];
-    await settle();
     const call = client.callTool({ name: 'resume' }, undefined, {
       onprogress: (p) => {
         seen.push(p.message);

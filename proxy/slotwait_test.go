@@ -158,17 +158,21 @@ func wantRefused(t *testing.T, a slotAnswer) {
 // an SSE answer whose stream the sandbox has not ended yet, waits for that
 // stream's slot and reaches the sandbox when the stream ends, instead of
 // a 429. The wait is long here, so that nothing but the stream's end
-// decides; a GET, and a POST of a call whose body fasthttp holds already
-// (judged a request at the limit, and judged again after the wait).
+// decides; a GET, a POST of a call whose body fasthttp holds already
+// (judged a request at the limit, and judged again after the wait), and
+// one over 8 KiB refused unread (with MaxHeldBody -1, none is read to be
+// judged), whose body still reaches the sandbox whole.
 func TestStreamLimitWaitsForSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name, method, body string
+		maxHeld            int64
 	}{
-		{"GET", "GET", ""},
-		{"POST call", "POST", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}}`},
+		{"GET", "GET", "", 0},
+		{"POST call", "POST", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}}`, 0},
+		{"POST over 8 KiB unread", "POST", sizedCall(20 << 10), -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newSlotWaitBox(t, time.Minute)
+			w := newSlotWaitBox(t, time.Minute, func(o *harnessOpts) { o.cfg.MaxHeldBody = tc.maxHeld })
 			a := w.openSSE(t)
 			var body io.Reader
 			if tc.body != "" {

@@ -303,18 +303,19 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	id := t.ID()
 	x.port = t.Port
 
-	// reread: the route is being looked up again after a held body's read
-	// (see below); the lookup that counts is the first.
-	reread := false
+	// again: the route is being looked up again, after a wait for a slot
+	// or a held body's read (see below); the lookup that counts is the
+	// first. reread: after a held body's read, which happens once.
+	again, reread := false, false
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
 	// lookup itself (LookupTimeout).
 	route, res, err := p.cache.Get(context.Background(), id)
-	if !reread {
+	if !again {
 		x.cache = cacheResult(res)
 	}
-	if !x.expecting && !reread {
+	if !x.expecting && !again {
 		// Only a head that carried an Expect line can have been admitted
 		// by Expect: other requests skip the user value lookup.
 		if x.seen.expect {
@@ -382,8 +383,13 @@ lookup:
 				if p.waitForSlot(x, sb, lim, refusal) {
 					// A slot came free (or the state changed): judged
 					// again as a new request, which may find the slot
-					// taken again by another.
-					continue
+					// taken again by another. From the route: it may
+					// have been deleted or moved during the wait (up to
+					// stream_limit_wait, which an operator may make
+					// long), and the address looked up before may
+					// already be another sandbox's.
+					again = true
+					goto lookup
 				}
 				x.fail(ctx, *refusal, id)
 				if refusal.status != fasthttp.StatusTooManyRequests {
@@ -408,7 +414,7 @@ lookup:
 				// (x.heldOn): over the limit again, overLimit judges it
 				// there, and reads nothing.
 				sb.leave()
-				reread = true
+				again, reread = true, true
 				goto lookup
 			}
 		}

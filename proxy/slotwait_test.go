@@ -303,3 +303,51 @@ func TestMCPConnectAtStreamLimitOne(t *testing.T) {
 		testenv.WaitFor(t, 10*time.Second, "the session's slot freed", func() bool { return sb.inFlight() == 0 })
 	}
 }
+
+// A request that waited for a slot looks its route up again after the
+// wait, as a new request would: the route it looked up before may have
+// been deleted or moved meanwhile (the admin API), and its address may
+// already be another sandbox's. Deleted: 404, not a request to the old
+// address; moved to another port mapping: the new one.
+func TestStreamLimitWaitLooksRouteUpAgain(t *testing.T) {
+	t.Run("deleted", func(t *testing.T) {
+		w := newSlotWaitBox(t, time.Minute)
+		a := w.openSSE(t)
+		answer := w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+		w.waiting(t, answer)
+		if st, body := w.h.adminDo("DELETE", "/admin/routes/waitbox", "", ""); st != 200 || !strings.Contains(body, `"deleted":true`) {
+			t.Fatalf("delete the route: %d %s", st, body)
+		}
+		// The stream's slot keeps the entry (forget spares one in use):
+		// the wait ends when the stream does.
+		w.releaseOnce()
+		if _, err := io.Copy(io.Discard, a); err != nil {
+			t.Fatalf("the SSE stream's end: %v", err)
+		}
+		b := <-answer
+		if b.err != nil || b.status != http.StatusNotFound {
+			t.Fatalf("the waiting request after its route's delete: %d %q (%v), want 404", b.status, b.body, b.err)
+		}
+	})
+	t.Run("moved", func(t *testing.T) {
+		w := newSlotWaitBox(t, time.Minute)
+		moved := backend(t, "127.0.0.1", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(rw, "moved: %s", r.Method)
+		}))
+		a := w.openSSE(t)
+		answer := w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+		w.waiting(t, answer)
+		if st, body := w.h.adminDo("PUT", "/admin/routes/waitbox", `{"HostIP":"127.0.0.1","CreatedAt":"1","8080":"`+itoa(moved)+`"}`, ""); st != 200 {
+			t.Fatalf("move the route: %d %s", st, body)
+		}
+		w.releaseOnce()
+		if _, err := io.Copy(io.Discard, a); err != nil {
+			t.Fatalf("the SSE stream's end: %v", err)
+		}
+		b := <-answer
+		if b.err != nil || b.status != 200 || b.body != "moved: GET" {
+			t.Fatalf("the waiting request after its route moved: %d %q (%v), want 200 %q", b.status, b.body, b.err, "moved: GET")
+		}
+		w.waits(t, 1, 0)
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -602,4 +603,78 @@ func TestCheckHeldBodies(t *testing.T) {
 	if _, err := New(Config{HeldBodyBudget: -1}, nil, nil); err == nil {
 		t.Error("New took a negative HeldBodyBudget")
 	}
+}
+
+// A held body goes to the sandbox from memory, watched for an early
+// answer as a streamed upload is: a sandbox that refuses it from the head
+// alone (a 413) and then neither reads nor closes has its answer relayed
+// at once, and the request's slot, share and held bytes given back, not
+// kept until upstream.idle_timeout while the write waits for a read that
+// never comes.
+func TestHeldBodyAnsweredEarly(t *testing.T) {
+	const size = 24 << 20 // well over what the sockets buffer
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.MaxRequestBodySize = 64 << 20
+		o.cfg.MaxHeldBody = 32 << 20
+		o.cfg.HeldBodyBudget = 64 << 20
+		o.cfg.IdleStreamTimeout = time.Hour
+	})
+	ln := listen(t, "127.0.0.1:0")
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				// Small: the body cannot fill the socket buffers unread.
+				_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+				br := bufio.NewReader(c)
+				line, _ := br.ReadString('\n')
+				for {
+					l, err := br.ReadString('\n')
+					if err != nil || l == "\r\n" {
+						break
+					}
+				}
+				if strings.HasPrefix(line, "GET /hold ") {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+				} else {
+					io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
+				}
+				<-done // neither reads nor closes
+			}()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	h.put("earlybox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
+	sb := h.proxy.sandboxes.get([]byte("earlybox"))
+	hold, err := h.client.Do(h.req("GET", "8080-earlybox.cube.test", "/hold", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Body.Close()
+	if n := sb.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight with the stream open, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r := h.req("POST", "8080-earlybox.cube.test", "/mcp", strings.NewReader(sizedAnswer(size))).WithContext(ctx)
+	resp, err := h.client.Do(r)
+	if err != nil {
+		t.Fatalf("a held body the sandbox refused early: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || string(b) != "too large" {
+		t.Fatalf("a held body the sandbox refused early: %d %q, want its 413", resp.StatusCode, b)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the share and the budget given back", func() bool {
+		return sb.held.Load() == 0 && heldBytes(h.proxy) == 0
+	})
+	testenv.WaitFor(t, 5*time.Second, "the request's slot given back", func() bool { return sb.inFlight() == 1 })
 }

@@ -576,9 +576,13 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 	body, _ := req.BodyStream().(*clientBody)
 	// A body fasthttp has not read whole (it reads up to fasthttpPreRead
 	// before the handler) may take long to send: the sandbox may answer
-	// meanwhile. A smaller one goes out in a write or two.
-	watchAnswer := body != nil && p.hangups != nil &&
-		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
+	// meanwhile. A smaller one goes out in a write or two. So may one
+	// held in memory at the stream limit (x.held, up to max_held_body):
+	// a sandbox that refuses it from the head and then reads no more
+	// would otherwise keep its write, slot and held bytes until
+	// upstream.idle_timeout.
+	watchAnswer := p.hangups != nil && (x.held > 0 || body != nil &&
+		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead))
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
 		if first := connectRetry(c, err); first != nil {

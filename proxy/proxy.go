@@ -380,7 +380,16 @@ lookup:
 		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) {
 			if refusal := p.overLimit(ctx, x, sb, n, lim); refusal != nil {
 				sb.leave()
-				if p.waitForSlot(x, sb, lim, refusal) {
+				slot, gone := p.waitForSlot(ctx, x, sb, lim, refusal)
+				if gone {
+					// Nobody reads the 429 (a client that only
+					// half-closed might): the log says why, as nginx's
+					// 499.
+					x.fail(ctx, proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection while the request waited for a slot"}, id)
+					ctx.SetConnectionClose()
+					return
+				}
+				if slot {
 					// A slot came free (or the state changed): judged
 					// again as a new request, which may find the slot
 					// taken again by another. From the route: it may

@@ -189,6 +189,11 @@ func TestStreamLimitWaitsForSlot(t *testing.T) {
 				t.Fatalf("the next request once the stream ended: %d %q (%v), want 200 %q", b.status, b.body, b.err, want)
 			}
 			w.waits(t, 1, 0)
+			// The route is looked up again after the wait, but counted
+			// once: the SSE request's lookup and this one's.
+			if n, _ := metricValue(scrapeMetrics(t, w.admin), "cubeproxy_route_cache_lookups_total", nil); n != 2 {
+				t.Errorf("cubeproxy_route_cache_lookups_total %v after two requests, want 2", n)
+			}
 			testenv.WaitFor(t, 5*time.Second, "no slot taken", func() bool { return w.sb.inFlight() == 0 })
 			if n := w.h.proxy.limitWaiting.Load(); n != 0 {
 				t.Fatalf("%d requests still counted waiting", n)
@@ -350,4 +355,24 @@ func TestStreamLimitWaitLooksRouteUpAgain(t *testing.T) {
 		}
 		w.waits(t, 1, 0)
 	})
+}
+
+// A client that closes its connection while its request waits for a slot
+// ends the wait: the request is not sent to the sandbox when a slot
+// frees, as late as stream_limit_wait (a minute here) after its client
+// gave up on it, and it is logged 499.
+func TestStreamLimitWaitClientGone(t *testing.T) {
+	w := newSlotWaitBox(t, time.Minute)
+	a := w.openSSE(t)
+	c := dialRaw(t, w.h.addr)
+	io.WriteString(c, "GET /next HTTP/1.1\r\nHost: "+slotWaitHost+"\r\n\r\n")
+	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
+	c.Close()
+	testenv.WaitFor(t, 10*time.Second, "the wait to end with its client gone", func() bool { return w.h.proxy.limitWaiting.Load() == 0 })
+	w.waits(t, 0, 1)
+	if n := w.sb.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight, want the SSE stream's 1", n)
+	}
+	w.releaseOnce()
+	io.Copy(io.Discard, a)
 }

@@ -186,12 +186,18 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // It polls, with sleeps from slotPollFirst doubling up to slotPollMax:
 // enter and leave, which every request pays, stay one atomic add each,
 // with nothing to wake a waiter. The drain ends the wait at once (at the
-// next poll): the refusal is answered, not held through the drain.
-func (p *Proxy) waitForSlot(x *exchange, sb *sandboxState, limit int, refusal *proxyError) bool {
+// next poll): the refusal is answered, not held through the drain. So
+// does the client's close of its connection (gone; a 499 for the log):
+// fasthttp does not tell its handler, and a request whose client left
+// would otherwise still go to the sandbox once a slot came free, as late
+// as stream_limit_wait after it was sent (a tool call the agent gave up
+// on, run minutes later with a long wait). A client with bytes still
+// unread (a body refused unread, a pipelined request) reads as there.
+func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxState, limit int, refusal *proxyError) (again, gone bool) {
 	wait := p.cfg.StreamLimitWait
 	if wait <= 0 || x.limitWaited || x.held > 0 ||
 		refusal != &refusedTooMany && refusal != &refusedNoRoom && refusal != &refusedShare {
-		return false
+		return false, false
 	}
 	x.limitWaited = true
 	p.limitWaiting.Add(1)
@@ -202,11 +208,15 @@ func (p *Proxy) waitForSlot(x *exchange, sb *sandboxState, limit int, refusal *p
 			break
 		}
 		if sb.state() != stateRunning {
-			return true // paused, killed or forgotten: answered as such
+			return true, false // paused, killed or forgotten: answered as such
 		}
 		if sb.inFlight() < int64(limit) {
 			p.metrics.StreamLimitWait(true)
-			return true
+			return true, false
+		}
+		if clientClosed(ctx.Conn()) {
+			gone = true
+			break
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -215,7 +225,7 @@ func (p *Proxy) waitForSlot(x *exchange, sb *sandboxState, limit int, refusal *p
 		time.Sleep(min(pause, left))
 	}
 	p.metrics.StreamLimitWait(false)
-	return false
+	return false, gone
 }
 
 // The polling of waitForSlot: its first sleep, doubled each time up to

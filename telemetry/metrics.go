@@ -120,7 +120,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
-	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again) or refused (none did, or the drain began: the 429).")
+	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again) or refused (none did, or the drain began: the 429; or the client closed its connection: the 499).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE, chunked, and downloads relayed as they come), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")

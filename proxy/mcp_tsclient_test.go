@@ -92,6 +92,12 @@ func tsmcpDir(t *testing.T) (dir, node string) {
 type tsGateway struct {
 	bearer string
 	sb     func() *sandboxState
+	// jsonResponse: the gateway answers calls as plain JSON
+	// (StreamableHTTPOptions.JSONResponse).
+	jsonResponse bool
+	// legacy: the HTTP+SSE transport, whose GET stream is the session
+	// (no standalone stream for the gateway to notify after a cut).
+	legacy bool
 
 	// postCut is closed once the handler of the resume call's POST has
 	// returned: the gateway saw the client's cut through the proxy.
@@ -204,8 +210,13 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // handler wraps the go-sdk's streamable HTTP handler for srv.
 func (g *tsGateway) handler(srv *mcp.Server) http.Handler {
-	hd := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
-		&mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil), DisableLocalhostProtection: true})
+	return g.wrap(srv, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil), DisableLocalhostProtection: true, JSONResponse: g.jsonResponse}))
+}
+
+// wrap is the gateway's checks and records around hd, the go-sdk's handler
+// for srv.
+func (g *tsGateway) wrap(srv *mcp.Server, hd http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, name := range []string{"Cube-Traffic-Access-Token", "E2b-Traffic-Access-Token"} {
 			if r.Header.Get(name) != "" {
@@ -259,7 +270,7 @@ func (g *tsGateway) handler(srv *mcp.Server) http.Handler {
 		switch {
 		case kind == "call:resume":
 			g.postCutOnce.Do(func() { close(g.postCut) })
-		case kind == http.MethodGet:
+		case kind == http.MethodGet && !g.legacy:
 			g.getCutOnce.Do(func() {
 				// Sent while the client has no GET stream: the event
 				// store keeps it for the Last-Event-ID GET.
@@ -297,6 +308,19 @@ type tsLine struct {
 	Error           string         `json:"error"`
 	Resumes         []tsGet        `json:"resumes"`
 	Gets            []tsGet        `json:"gets"`
+	// legacy.mjs: the POST endpoint the SSE stream announced (its
+	// sessionid and token values masked), whether a POST URL carried the
+	// signed URL's token, and its POSTs.
+	Endpoint string   `json:"endpoint"`
+	Token    bool     `json:"token"`
+	Posts    []tsPost `json:"posts"`
+}
+
+// tsPost is a POST of legacy.mjs: its status and what its URL carried.
+type tsPost struct {
+	Status    int  `json:"status"`
+	ToSession bool `json:"toSession"`
+	Token     bool `json:"token"`
 }
 
 // tsTLS serves h's proxy on a TLS listener with a certificate for
@@ -325,19 +349,28 @@ type tsGet struct {
 // proxy's heartbeats on the GET stream and inside a call's stream.
 func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBytes int, heartbeats bool, env ...string) (map[string]tsLine, []tsLine) {
 	t.Helper()
+	env = append(env, fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
+	if heartbeats {
+		env = append(env, "TSMCP_HEARTBEATS=1")
+	}
+	return runTSScript(t, "client.mjs", base, id, query, traffic, bearer, env...)
+}
+
+// runTSScript runs script (in testdata/tsmcp) against the proxy at base
+// for sandbox id, with the route's traffic token (empty: none sent), the
+// gateway's bearer and env added to its environment, and returns its lines
+// by event, and its "http" lines in order.
+func runTSScript(t *testing.T, script, base, id, query, traffic, bearer string, env ...string) (map[string]tsLine, []tsLine) {
+	t.Helper()
 	dir, node := tsmcpDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "client.mjs", base+"/mcp"+query)
+	cmd := exec.CommandContext(ctx, node, script, base+"/mcp"+query)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"TSMCP_SANDBOX_ID="+id, "TSMCP_SANDBOX_PORT=50005",
-		"TSMCP_TRAFFIC_TOKEN="+traffic, "TSMCP_BEARER="+bearer,
-		fmt.Sprintf("TSMCP_SAMPLE_BYTES=%d", sampleBytes))
+		"TSMCP_TRAFFIC_TOKEN="+traffic, "TSMCP_BEARER="+bearer)
 	cmd.Env = append(cmd.Env, env...)
-	if heartbeats {
-		cmd.Env = append(cmd.Env, "TSMCP_HEARTBEATS=1")
-	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -348,7 +381,7 @@ func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBy
 	for sc.Scan() {
 		var l tsLine
 		if jerr := json.Unmarshal(sc.Bytes(), &l); jerr != nil {
-			t.Fatalf("client.mjs printed %q: %v", sc.Text(), jerr)
+			t.Fatalf("%s printed %q: %v", script, sc.Text(), jerr)
 		}
 		if l.Ev == "http" {
 			exchanges = append(exchanges, l)
@@ -357,9 +390,9 @@ func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBy
 		byEv[l.Ev] = l
 	}
 	if err != nil || byEv["done"].Ev == "" {
-		t.Fatalf("client.mjs: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.Bytes())
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", script, err, out, stderr.Bytes())
 	}
-	t.Logf("client.mjs:\n%s", out)
+	t.Logf("%s:\n%s", script, out)
 	return byEv, exchanges
 }
 
@@ -374,7 +407,9 @@ func runTSClient(t *testing.T, base, id, query, traffic, bearer string, sampleBy
 // one call fill the sandbox, so that the client's roots notification and
 // its sampling answer (read whole by the proxy: a held body) must pass it;
 // with a signed URL in place of the traffic token header; with heartbeats;
-// and over TLS.
+// over TLS; and against a gateway that answers calls as plain JSON
+// (JSONResponse: its progress and requests on the GET stream, no call
+// stream to resume), also at the limit 2.
 func TestMCPTypeScriptSDKClient(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
@@ -394,12 +429,18 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 		// tls: over the proxy's HTTPS listener, where it watches the
 		// socket under tls.Conn for the client's cuts.
 		tls bool
+		// json: the gateway answers calls as plain JSON (JSONResponse),
+		// its progress and requests on the standalone GET stream; no
+		// call's answer to resume.
+		json bool
 	}{
 		{name: "max_streams=0"},
 		{name: "max_streams=2", limit: 2},
 		{name: "signed_url", signed: true},
 		{name: "heartbeats", heartbeat: 20 * time.Millisecond},
 		{name: "tls", tls: true},
+		{name: "json_response", json: true},
+		{name: "json_response_max_streams=2", limit: 2, json: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			limit := tc.limit
@@ -425,7 +466,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 				}
 				query, token = "?cube_token="+signed, ""
 			}
-			g := &tsGateway{bearer: bearer, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
+			g := &tsGateway{bearer: bearer, jsonResponse: tc.json, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
 				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}
 			port := backend(t, "127.0.0.1", g.handler(g.server()))
 			h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
@@ -434,6 +475,9 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			base, env := "http://"+h.addr, []string(nil)
 			if tc.tls {
 				base, env = tsTLS(t, h)
+			}
+			if tc.json {
+				env = append(env, "TSMCP_JSON=1")
 			}
 			ev, exchanges := runTSClient(t, base, id, query, token, bearer, sampleBytes, tc.heartbeat > 0, env...)
 
@@ -450,7 +494,20 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			if got := ev["tools"].Names; !slices.Equal(got, []string{"ack", "resume", "sample", "touch"}) {
 				t.Errorf("tools/list: %v", got)
 			}
-			if a := ev["ack"]; a.Result != "acked" || !slices.Equal(a.Progress, []string{"waiting for roots/list_changed", "roots changed"}) {
+			wantProgress := []string{"waiting for roots/list_changed", "roots changed"}
+			if tc.json {
+				// The call's progress comes on the GET stream, its result
+				// on the POST's answer: two connections, whose order the
+				// proxy cannot keep (the gateway writes the last progress
+				// first; directly the client saw it in 20 of 20 runs,
+				// through the proxy in 6 of 8). The SDK handles a result at
+				// once and a notification a microtask later: a progress
+				// read with or after the result finds the call's handler
+				// gone ("Received a progress notification for an unknown
+				// token", in onerror).
+				wantProgress = wantProgress[:1]
+			}
+			if a := ev["ack"]; a.Result != "acked" || len(a.Progress) < len(wantProgress) || !slices.Equal(a.Progress[:len(wantProgress)], wantProgress) {
 				t.Errorf("ack call: %+v", a)
 			}
 			if r := ev["list-changed"].Result; r != "touched" {
@@ -463,14 +520,18 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			if s := ev["sample"]; s.Requests != 1 || s.Result != fmt.Sprintf("sampled %d bytes from ts-model", sampleBytes) {
 				t.Errorf("sampling: %+v", s)
 			}
-			r := ev["resume"]
-			if r.Result != "resumed" || !slices.Equal(r.Progress, []string{"before the cut", "after the cut"}) {
-				t.Errorf("resumed call: %+v", r)
+			wantSeen := []string{"sampling-answer 202", "GET resume standalone 200"}
+			if !tc.json {
+				r := ev["resume"]
+				if r.Result != "resumed" || !slices.Equal(r.Progress, []string{"before the cut", "after the cut"}) {
+					t.Errorf("resumed call: %+v", r)
+				}
+				if len(r.Resumes) == 0 || r.Resumes[len(r.Resumes)-1].Status != 200 || r.Resumes[0].LastEventID == "" {
+					t.Errorf("the client's Last-Event-ID GETs: %+v", r.Resumes)
+				}
+				wantSeen = append(wantSeen, "call:resume 200", "GET resume 200")
 			}
-			if len(r.Resumes) == 0 || r.Resumes[len(r.Resumes)-1].Status != 200 || r.Resumes[0].LastEventID == "" {
-				t.Errorf("the client's Last-Event-ID GETs: %+v", r.Resumes)
-			}
-			for _, want := range []string{"sampling-answer 202", "call:resume 200", "GET resume 200", "GET resume standalone 200"} {
+			for _, want := range wantSeen {
 				if !slices.Contains(seen, want) {
 					t.Errorf("the gateway never saw %q: %v", want, seen)
 				}
@@ -485,6 +546,17 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 				if x.Kind != "initialize" && x.ProtocolVersion != ev["connected"].ProtocolVersion {
 					t.Errorf("%s %s sent Mcp-Protocol-Version %q", x.Method, x.Kind, x.ProtocolVersion)
 				}
+				// Every request's answer is one JSON document, or one
+				// event stream, as the gateway chose.
+				if x.Method == http.MethodPost && (x.Kind == "initialize" || x.Kind == "tools/list" || strings.HasPrefix(x.Kind, "call:")) {
+					want := "text/event-stream"
+					if tc.json {
+						want = "application/json"
+					}
+					if !strings.HasPrefix(x.ContentType, want) {
+						t.Errorf("%s %s answered with Content-Type %q, want %s", x.Method, x.Kind, x.ContentType, want)
+					}
+				}
 			}
 			p := ev["pattern"]
 			t.Logf("TS client: at most %d requests open at once, %d TCP connections, %d heartbeats; %v; errors: %v", p.MaxOpen, p.Connections, p.Heartbeats, p.Kinds, p.Errors)
@@ -496,6 +568,128 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 			}
 			testenv.WaitFor(t, 10*time.Second, "every slot given back", func() bool { return g.sb().inFlight() == 0 })
 			testenv.WaitFor(t, 10*time.Second, "the held-body budget given back", func() bool { return heldBytes(h.proxy) == 0 })
+		})
+	}
+}
+
+// The TypeScript SDK's older HTTP+SSE transport (SSEClientTransport,
+// testdata/tsmcp/legacy.mjs) through the proxy to the go-sdk's SSE handler:
+// the GET stream and its endpoint event, the POSTs to the endpoint it
+// names, tools/list, progress that the client answers while the call
+// waits (every answer on the GET stream), and the client's close, which
+// the gateway must see end the GET. With the traffic token header; with a
+// signed URL, whose token the announced endpoint lacks (the client, as
+// given, gets the proxy's 401 on its first POST; with a fetch that puts
+// the token back it works); and with heartbeats in the GET stream,
+// before the calls and between a call's progress events.
+func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
+	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const bearer = "Bearer gw-token/with+odd=chars"
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		signed    bool
+		heartbeat time.Duration
+	}{
+		{name: "headers"},
+		{name: "signed_url", signed: true},
+		{name: "heartbeats", heartbeat: 20 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cfg.Signer = signer
+				o.cfg.HeartbeatInterval = tc.heartbeat
+			})
+			id := "tsl-" + strings.ReplaceAll(tc.name, "_", "")
+			query, token := "", traffic
+			if tc.signed {
+				signed, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				query, token = "?cube_token="+signed, ""
+			}
+			g := &tsGateway{bearer: bearer, legacy: true, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
+				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}
+			srv := g.server()
+			port := backend(t, "127.0.0.1", g.wrap(srv, mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return srv },
+				&mcp.SSEOptions{DisableLocalhostProtection: true})))
+			h.put(id, map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port),
+				"AllowPublicTraffic": "false", "TrafficAccessToken": traffic})
+			var env []string
+			if tc.heartbeat > 0 {
+				env = append(env, "TSMCP_HEARTBEATS=1")
+			}
+			ev, _ := runTSScript(t, "legacy.mjs", "http://"+h.addr, id, query, token, bearer, env...)
+
+			if tc.signed {
+				if p := ev["plain"]; p.Status != http.StatusForbidden || p.Token || !strings.Contains(p.Error, `"code":"traffic_token_missing"`) {
+					t.Errorf("the signed URL's client as given: %+v, want its first POST, without the token, refused with 403 traffic_token_missing", p)
+				}
+			}
+			if got, want := ev["connected"].Endpoint, "/mcp?sessionid=S"; got != want && !(tc.signed && got == want+"&cube_token=T") {
+				t.Errorf("the endpoint the client POSTs to: %q", got)
+			}
+			if got := ev["tools"].Names; !slices.Equal(got, []string{"ack", "resume", "sample", "touch"}) {
+				t.Errorf("tools/list: %v", got)
+			}
+			// The tool's last progress and its result come on the GET
+			// stream in that order, usually in one read; the SDK handles a
+			// result at once but a notification a microtask later, by
+			// when the call's progress handler is gone: the last progress
+			// lands in onerror ("Received a progress notification for an
+			// unknown token"), directly to the gateway too (10 of 10 runs).
+			if a := ev["ack"]; a.Result != "acked" || len(a.Progress) == 0 || a.Progress[0] != "waiting for roots/list_changed" {
+				t.Errorf("ack call: %+v", a)
+			}
+			p := ev["pattern"]
+			t.Logf("TS client: %d heartbeats; POSTs %+v; errors: %v", p.Heartbeats, p.Posts, p.Errors)
+			for _, e := range p.Errors {
+				if !strings.HasPrefix(e, "Received a progress notification for an unknown token") {
+					t.Errorf("the client's onerror: %s", e)
+				}
+			}
+			if tc.heartbeat > 0 && p.Heartbeats < 2 {
+				t.Errorf("the client counted %d heartbeats, want 2 or more", p.Heartbeats)
+			}
+			// initialize, notifications/initialized, tools/list, the call
+			// and the roots notification.
+			if len(p.Posts) != 5 {
+				t.Errorf("the client's POSTs: %+v, want 5", p.Posts)
+			}
+			for _, x := range p.Posts {
+				if x.Status != http.StatusAccepted || !x.ToSession || x.Token != tc.signed {
+					t.Errorf("a POST: %+v, want 202 at the announced endpoint", x)
+				}
+			}
+			// The client's close ends the GET stream at the gateway (its
+			// session).
+			wantGets := 1
+			if tc.signed {
+				wantGets = 2 // the client as given, and with the token kept
+			}
+			testenv.WaitFor(t, 10*time.Second, "the GET stream ended at the gateway", func() bool {
+				g.mu.Lock()
+				defer g.mu.Unlock()
+				n := 0
+				for _, s := range g.seen {
+					if s == "GET 200" {
+						n++
+					}
+				}
+				return n == wantGets
+			})
+			g.mu.Lock()
+			problems, seen := g.problems, g.seen
+			g.mu.Unlock()
+			for _, p := range problems {
+				t.Error(p)
+			}
+			t.Logf("the gateway saw: %v", seen)
+			testenv.WaitFor(t, 10*time.Second, "every slot given back", func() bool { return g.sb().inFlight() == 0 })
 		})
 	}
 }

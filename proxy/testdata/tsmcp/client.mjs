@@ -16,6 +16,11 @@
 //   TSMCP_HEARTBEATS=1   wait for a heartbeat of the proxy's (an SSE
 //                        comment) on the GET stream, and on the ack call's
 //                        stream before answering its progress
+//   TSMCP_JSON=1         the gateway answers calls as plain JSON
+//                        (go-sdk JSONResponse): its progress, requests
+//                        and notifications come on the standalone GET
+//                        stream, and a call's answer, not being a stream,
+//                        cannot be resumed, so the resume call is left out
 //
 // The gateway (see the Go test) has the tools: ack (progress, then waits
 // for notifications/roots/list_changed), touch (adds a tool: the gateway
@@ -252,7 +257,7 @@ async function main() {
 
   // Resumability: the client's connection under the call's answer drops
   // after the first progress; the SDK comes back with Last-Event-ID.
-  {
+  if (env.TSMCP_JSON !== '1') {
     const seen = [];
     const call = client.callTool({ name: 'resume' }, undefined, {
       onprogress: (p) => {

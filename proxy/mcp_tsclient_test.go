@@ -458,14 +458,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 				o.cfg.HeartbeatInterval = tc.heartbeat
 			})
 			id := "ts-" + strings.NewReplacer("=", "", "_", "").Replace(tc.name)
-			query, token := "", traffic
-			if tc.signed {
-				signed, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
-				if err != nil {
-					t.Fatal(err)
-				}
-				query, token = "?cube_token="+signed, ""
-			}
+			query, token := tsCredentials(t, signer, id, tc.signed, traffic)
 			g := &tsGateway{bearer: bearer, jsonResponse: tc.json, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
 				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}
 			port := backend(t, "127.0.0.1", g.handler(g.server()))
@@ -579,7 +572,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 // waits (every answer on the GET stream), and the client's close, which
 // the gateway must see end the GET. With the traffic token header; with a
 // signed URL, whose token the announced endpoint lacks (the client, as
-// given, gets the proxy's 401 on its first POST; with a fetch that puts
+// given, gets the proxy's 403 on its first POST; with a fetch that puts
 // the token back it works); and with heartbeats in the GET stream,
 // before the calls and between a call's progress events.
 func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
@@ -604,14 +597,7 @@ func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
 				o.cfg.HeartbeatInterval = tc.heartbeat
 			})
 			id := "tsl-" + strings.ReplaceAll(tc.name, "_", "")
-			query, token := "", traffic
-			if tc.signed {
-				signed, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
-				if err != nil {
-					t.Fatal(err)
-				}
-				query, token = "?cube_token="+signed, ""
-			}
+			query, token := tsCredentials(t, signer, id, tc.signed, traffic)
 			g := &tsGateway{bearer: bearer, legacy: true, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
 				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}
 			srv := g.server()
@@ -692,4 +678,19 @@ func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
 			testenv.WaitFor(t, 10*time.Second, "every slot given back", func() bool { return g.sb().inFlight() == 0 })
 		})
 	}
+}
+
+// tsCredentials returns the query and the traffic token header a client
+// script is given for sandbox id's MCP port: a signed URL (?cube_token=)
+// and no header when signed, else no query and traffic.
+func tsCredentials(t *testing.T, signer *auth.Signer, id string, signed bool, traffic string) (query, token string) {
+	t.Helper()
+	if !signed {
+		return "", traffic
+	}
+	tok, err := signer.Sign(id, 50005, time.Now().Add(10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "?cube_token=" + tok, ""
 }

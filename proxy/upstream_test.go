@@ -46,10 +46,8 @@ type scriptBackend struct {
 	// the proxy closed it).
 	ended chan error
 
-	mu     sync.Mutex
-	seen   []string // "METHOD /path" of every request read
-	conns  map[net.Conn]struct{}
-	closed bool
+	mu   sync.Mutex
+	seen []string // "METHOD /path" of every request read
 }
 
 // scriptFunc answers req, read from c with its body consumed; n counts the
@@ -58,48 +56,13 @@ type scriptFunc func(c net.Conn, req *http.Request, n int) bool
 
 func newScriptBackend(t *testing.T, answer scriptFunc) *scriptBackend {
 	t.Helper()
-	ln := listen(t, "127.0.0.1:0")
-	b := &scriptBackend{
-		port:  uint16(ln.Addr().(*net.TCPAddr).Port),
-		ended: make(chan error, 64),
-		conns: make(map[net.Conn]struct{}),
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		_ = ln.Close()
-		b.mu.Lock()
-		b.closed = true
-		for c := range b.conns {
-			_ = c.Close()
-		}
-		b.mu.Unlock()
-		// No script goroutine may outlive the test (and touch its state).
-		wg.Wait()
+	b := &scriptBackend{ended: make(chan error, 64)}
+	// No script goroutine outlives the test (and touches its state).
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		b.accepted.Add(1)
+		b.serve(c, answer)
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b.accepted.Add(1)
-			b.mu.Lock()
-			if b.closed {
-				b.mu.Unlock()
-				_ = c.Close()
-				return
-			}
-			b.conns[c] = struct{}{}
-			b.mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				b.serve(c, answer)
-			}()
-		}
-	}()
+	b.port = uint16(ln.Addr().(*net.TCPAddr).Port)
 	return b
 }
 
@@ -958,22 +921,8 @@ func (c closeCounter) Close() error {
 // as idle connections that expired long ago, with the listener, its
 // accepted ends, and a count of the pool connections' closes.
 func idleConns(t *testing.T, n int) (*upstream, net.Listener, chan net.Conn, *atomic.Int64) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan net.Conn, n+1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-			accepted <- c
-		}
-	}()
+	ln := testenv.ServeTCP(t, func(c net.Conn) { accepted <- c })
 	closed := new(atomic.Int64)
 	u := &upstream{addr: ln.Addr().String()}
 	for range n {

@@ -29,6 +29,7 @@ import (
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/sandbox"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -221,31 +222,12 @@ func (h authHead) values(name string) []string {
 
 func startAuthBackend(t *testing.T) *authBackend {
 	t.Helper()
-	ln := listen(t, "127.0.0.1:0")
-	b := &authBackend{port: uint16(ln.Addr().(*net.TCPAddr).Port), heads: make(chan authHead, 256)}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
+	b := &authBackend{heads: make(chan authHead, 256)}
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		b.accepts.Add(1)
+		b.serveConn(c)
 	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b.accepts.Add(1)
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go b.serveConn(c)
-		}
-	}()
+	b.port = uint16(ln.Addr().(*net.TCPAddr).Port)
 	return b
 }
 

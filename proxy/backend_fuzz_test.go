@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // rawAnswerer is a backend that answers every request head with the bytes
@@ -28,31 +30,24 @@ func (a *rawAnswerer) set(b []byte) {
 	a.mu.Unlock()
 }
 
-func (a *rawAnswerer) serve(ln net.Listener) {
+// serve answers the request head read from c and closes c.
+func (a *rawAnswerer) serve(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
 	for {
-		c, err := ln.Accept()
+		l, err := br.ReadSlice('\n')
 		if err != nil {
 			return
 		}
-		go func() {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			br := bufio.NewReader(c)
-			for {
-				l, err := br.ReadSlice('\n')
-				if err != nil {
-					return
-				}
-				if len(bytes.TrimRight(l, "\r\n")) == 0 {
-					break
-				}
-			}
-			a.mu.Lock()
-			out := a.out
-			a.mu.Unlock()
-			_, _ = c.Write(out)
-		}()
+		if len(bytes.TrimRight(l, "\r\n")) == 0 {
+			break
+		}
 	}
+	a.mu.Lock()
+	out := a.out
+	a.mu.Unlock()
+	_, _ = c.Write(out)
 }
 
 // FuzzBackendRaw has the one routed backend answer with arbitrary bytes (a
@@ -85,9 +80,7 @@ func FuzzBackendRaw(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	var a rawAnswerer
-	bln := listen(f, "127.0.0.1:0")
-	f.Cleanup(func() { bln.Close() })
-	go a.serve(bln)
+	bln := testenv.ServeTCP(f, a.serve)
 	bport := strconv.Itoa(bln.Addr().(*net.TCPAddr).Port)
 
 	addr, _ := fuzzProxy(f, map[string]map[string]string{

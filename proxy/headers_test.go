@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -156,38 +157,28 @@ func rawBackendSeen(t *testing.T, response string, seen func(*http.Request)) uin
 // rawBackendCounted is rawBackendSeen keeping in open the number of
 // connections it has not yet finished reading.
 func rawBackendCounted(t *testing.T, response string, seen func(*http.Request), open *atomic.Int64) uint16 {
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		open.Add(1)
+		defer open.Add(-1)
+		defer c.Close()
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			open.Add(1)
-			go func() {
-				defer open.Add(-1)
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if seen != nil {
-						seen(req)
-					}
-					io.Copy(io.Discard, req.Body)
-					if _, err := io.WriteString(c, response); err != nil {
-						return
-					}
-					if strings.Contains(response, "Connection: close") {
-						return
-					}
-				}
-			}()
+			if seen != nil {
+				seen(req)
+			}
+			io.Copy(io.Discard, req.Body)
+			if _, err := io.WriteString(c, response); err != nil {
+				return
+			}
+			if strings.Contains(response, "Connection: close") {
+				return
+			}
 		}
-	}()
+	})
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
 

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1101,39 +1100,17 @@ func TestIdleWebSocketHoldsNoCopyBuffer(t *testing.T) {
 	h := newHarness(t)
 	// The sandbox answers each upgrade with a 101, echoes one byte, and
 	// then holds the connection.
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	var held []net.Conn
-	var mu sync.Mutex
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		br := bufio.NewReaderSize(c, 16)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		var b [1]byte
+		if _, err := io.ReadFull(br, b[:]); err == nil {
+			c.Write(b[:])
 		}
 	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-			go func() {
-				br := bufio.NewReaderSize(c, 16)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-				var b [1]byte
-				if _, err := io.ReadFull(br, b[:]); err == nil {
-					c.Write(b[:])
-				}
-			}()
-		}
-	}()
 	host := h.route("wsidle", uint16(ln.Addr().(*net.TCPAddr).Port))
 	open := func() net.Conn {
 		c, err := net.Dial("tcp", h.addr)
@@ -1195,28 +1172,18 @@ func TestIdleWebSocketHoldsNoCopyBuffer(t *testing.T) {
 // reach the sandbox first, in order, over plain TCP and TLS alike.
 func TestWebSocketClientBytesBeforeThe101(t *testing.T) {
 	h := newHarness(t)
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-				// Echo until the client's end, prefixed: what the
-				// sandbox read, in the order it read it.
-				b, _ := io.ReadAll(br)
-				io.WriteString(c, "got:"+string(b))
-			}()
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
 		}
-	}()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		// Echo until the client's end, prefixed: what the sandbox
+		// read, in the order it read it.
+		b, _ := io.ReadAll(br)
+		io.WriteString(c, "got:"+string(b))
+	})
 	host := h.route("wsearly", uint16(ln.Addr().(*net.TCPAddr).Port))
 	tlsAddr, roots := serveTLS(t, h)
 	for _, tc := range []struct {

@@ -620,36 +620,24 @@ func TestHeldBodyAnsweredEarly(t *testing.T) {
 		o.cfg.HeldBodyBudget = 64 << 20
 		o.cfg.IdleStreamTimeout = time.Hour
 	})
-	ln := listen(t, "127.0.0.1:0")
-	done := make(chan struct{})
-	t.Cleanup(func() { close(done) })
-	go func() {
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		// Small: the body cannot fill the socket buffers unread.
+		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		br := bufio.NewReader(c)
+		line, _ := br.ReadString('\n')
 		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+			l, err := br.ReadString('\n')
+			if err != nil || l == "\r\n" {
+				break
 			}
-			go func() {
-				defer c.Close()
-				// Small: the body cannot fill the socket buffers unread.
-				_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-				br := bufio.NewReader(c)
-				line, _ := br.ReadString('\n')
-				for {
-					l, err := br.ReadString('\n')
-					if err != nil || l == "\r\n" {
-						break
-					}
-				}
-				if strings.HasPrefix(line, "GET /hold ") {
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
-				} else {
-					io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
-				}
-				<-done // neither reads nor closes
-			}()
 		}
-	}()
+		if strings.HasPrefix(line, "GET /hold ") {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+		} else {
+			io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
+		}
+		// Neither reads nor closes: closed when the test ends.
+	})
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	h.put("earlybox", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "8080": itoa(port)})
 	sb := h.proxy.sandboxes.get([]byte("earlybox"))

@@ -5,10 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -255,32 +253,12 @@ func TestTracingWebSocketSpanEndsWithTunnel(t *testing.T) {
 // timeouts run on its own goroutine. Shutdown returns when its context
 // ends, though the export it waits for never finishes.
 func TestTracingCollectorDownDoesNotBlockRequests(t *testing.T) {
-	hole := listen(t, "127.0.0.1:0")
-	var mu sync.Mutex
-	var held []net.Conn
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := hole.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // never read
-			mu.Unlock()
-		}
-	}()
+	hole := testenv.StartSilentServer(t) // accepts, never reads
 	down := freePort(t)
 	const queue = 64 // spans the batch processor holds
 	tests := []struct{ name, proto, endpoint string }{
-		{"black-holed http", "http/protobuf", hole.Addr().String()},
-		{"black-holed grpc", "grpc", hole.Addr().String()},
+		{"black-holed http", "http/protobuf", hole.Addr},
+		{"black-holed grpc", "grpc", hole.Addr},
 		{"down http", "http/protobuf", "127.0.0.1:" + itoa(down)},
 	}
 	for _, tc := range tests {

@@ -383,20 +383,11 @@ func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
 // on the returned channel.
 func muteSandbox(t *testing.T, reply string) (uint16, <-chan net.Conn) {
 	t.Helper()
-	ln := listen(t, "127.0.0.1:0")
 	accepted := make(chan net.Conn, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-			io.WriteString(c, reply)
-			accepted <- c
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		io.WriteString(c, reply)
+		accepted <- c
+	})
 	return uint16(ln.Addr().(*net.TCPAddr).Port), accepted
 }
 

@@ -28,22 +28,15 @@ func TestTunnelHoldsItsSandboxSlotUntilItEnds(t *testing.T) {
 		o.cfg.MaxStreamsPerSandbox = 1
 		o.cfg.IdleStreamTimeout = idle
 	})
-	ln := listen(t, "127.0.0.1:0")
 	accepted := make(chan net.Conn, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-				c.Close()
-				continue
-			}
-			io.WriteString(c, ws101)
-			accepted <- c
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			c.Close()
+			return
 		}
-	}()
+		io.WriteString(c, ws101)
+		accepted <- c
+	})
 	host := h.route("wscap", uint16(ln.Addr().(*net.TCPAddr).Port))
 	upgrade := func(t *testing.T) (*net.TCPConn, *bufio.Reader, *http.Response) {
 		t.Helper()
@@ -152,20 +145,14 @@ func TestDrainCutsTunnelsInEveryState(t *testing.T) {
 	})
 	ln := listenSmallWindow(t)
 	accepted := make(chan net.Conn, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-				c.Close()
-				continue
-			}
-			io.WriteString(c, ws101)
-			accepted <- c
+	testenv.Serve(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			c.Close()
+			return
 		}
-	}()
+		io.WriteString(c, ws101)
+		accepted <- c
+	})
 	host := h.route("wsdrain", uint16(ln.Addr().(*net.TCPAddr).Port))
 	open := func(id string, small bool) (net.Conn, *bufio.Reader, net.Conn) {
 		t.Helper()
@@ -181,9 +168,7 @@ func TestDrainCutsTunnelsInEveryState(t *testing.T) {
 		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
 			t.Fatalf("%s: upgrade: %v %v", id, resp, err)
 		}
-		sc := <-accepted
-		t.Cleanup(func() { sc.Close() })
-		return c, br, sc
+		return c, br, <-accepted
 	}
 	push := func(c net.Conn) {
 		chunk := make([]byte, 64<<10)

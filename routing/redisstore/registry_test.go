@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"testing"
 	"time"
 
@@ -107,35 +106,15 @@ func TestRegistryOffByDefault(t *testing.T) {
 // Redis that hangs (a shutdown took the heartbeat's command timeout, and
 // twice that when a tick that fired meanwhile started another).
 func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 4)
-	go func() { // a Redis that takes connections and never answers
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	t.Cleanup(func() {
-		for len(accepted) > 0 {
-			(<-accepted).Close()
-		}
-	})
+	hung := testenv.StartSilentServer(t) // a Redis that takes connections and never answers
 	// As the store configures it: command deadlines come from the context.
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: hung.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer client.Close()
 	r, err := redisstore.StartRegistry(client, redisstore.RegistryConfig{Interval: time.Hour}, time.Minute, redisstore.Instance{ProxyID: "hung"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := <-accepted // the first heartbeat is in flight
-	accepted <- c
+	<-hung.Reached // the first heartbeat is in flight
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()

@@ -129,27 +129,8 @@ func TestLookupUnavailable(t *testing.T) {
 	}
 	r.Stop()
 
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		var held []net.Conn // keep accepted connections open and mute
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
-	mute := openStoreCfg(t, redisstore.Config{Addr: silent.Addr().String()})
+	silent := testenv.StartSilentServer(t) // accepts connections, never answers
+	mute := openStoreCfg(t, redisstore.Config{Addr: silent.Addr})
 
 	for name, s := range map[string]*redisstore.Store{"killed": dead, "mute": mute} {
 		t.Run(name, func(t *testing.T) {
@@ -197,31 +178,21 @@ func TestLookupRecoversAfterOutage(t *testing.T) {
 // drops connections at once (a reset as a restarting server would cause).
 func dropProxy(t *testing.T, target string, drops int) (addr string, accepted *atomic.Int64) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
 	accepted = new(atomic.Int64)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			if accepted.Add(1) <= int64(drops) {
-				c.Close()
-				continue
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
+	l := testenv.ServeTCP(t, func(c net.Conn) {
+		if accepted.Add(1) <= int64(drops) {
+			c.Close()
+			return
 		}
-	}()
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		_, _ = io.Copy(c, up)
+		c.Close()
+	})
 	return l.Addr().String(), accepted
 }
 
@@ -230,61 +201,48 @@ func dropProxy(t *testing.T, target string, drops int) (addr string, accepted *a
 // first) starts a new one. Commands pipelined together are one turn.
 func turnProxy(t *testing.T, target string) (addr string, turns *atomic.Int64) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
 	turns = new(atomic.Int64)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			var answered atomic.Bool
-			answered.Store(true)
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if answered.Swap(false) {
-							turns.Add(1)
-						}
-						if _, werr := up.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				up.Close()
-			}()
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := up.Read(buf)
-					if n > 0 {
-						answered.Store(true)
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			}()
+	l := testenv.ServeTCP(t, func(c net.Conn) {
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
+		var answered atomic.Bool
+		answered.Store(true)
+		go func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if answered.Swap(false) {
+						turns.Add(1)
+					}
+					if _, werr := up.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			up.Close()
+		}()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := up.Read(buf)
+			if n > 0 {
+				answered.Store(true)
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		c.Close()
+	})
 	return l.Addr().String(), turns
 }
 

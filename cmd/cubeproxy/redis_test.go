@@ -873,12 +873,7 @@ type freezer struct {
 
 func startFreezer(t *testing.T, target string) *freezer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &freezer{ln: ln, frozen: make(chan struct{})}
-	t.Cleanup(func() { ln.Close() })
+	f := &freezer{frozen: make(chan struct{})}
 	relay := func(dst, src net.Conn) {
 		defer dst.Close()
 		defer src.Close()
@@ -898,22 +893,15 @@ func startFreezer(t *testing.T, target string) *freezer {
 			}
 		}
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			t.Cleanup(func() { c.Close(); r.Close() })
-			go relay(r, c)
-			go relay(c, r)
+	f.ln = testenv.ServeTCP(t, func(c net.Conn) {
+		r, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
+		go relay(r, c)
+		relay(c, r) // either ends both, as does the close of c at the end
+	})
 	return f
 }
 

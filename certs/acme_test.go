@@ -323,22 +323,11 @@ func TestACMESyncStartDuringCAOutage(t *testing.T) {
 // touch it, and the certificate must come through the HTTPS listener.
 func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
-	recorder, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = recorder.Close() })
 	var touched atomic.Int32
-	go func() {
-		for {
-			c, err := recorder.Accept()
-			if err != nil {
-				return
-			}
-			touched.Add(1)
-			_ = c.Close()
-		}
-	}()
+	recorder := testenv.ServeTCP(t, func(c net.Conn) {
+		touched.Add(1)
+		_ = c.Close()
+	})
 	old := certmagic.HTTPSPort
 	certmagic.HTTPSPort = recorder.Addr().(*net.TCPAddr).Port
 	t.Cleanup(func() { certmagic.HTTPSPort = old })

@@ -27,46 +27,13 @@ import (
 // reached is closed once a connection was accepted.
 func blackHole(t *testing.T) (addr string, reached <-chan struct{}) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := make(chan struct{})
-	var (
-		once sync.Once
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		held []net.Conn
-		done bool
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			once.Do(func() { close(r) })
-			mu.Lock()
-			held = append(held, c)
-			if done {
-				c.Close()
-			}
-			mu.Unlock()
-			wg.Go(func() {
-				io.Copy(io.Discard, c) // until the exporter closes it
-				c.Close()
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		done = true
-		for _, c := range held { // those the exporter left open (a failed test)
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
+	var once sync.Once
+	// Those the exporter left open (a failed test) close when the test ends.
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		once.Do(func() { close(r) })
+		io.Copy(io.Discard, c) // until the exporter closes it
+		c.Close()
 	})
 	return ln.Addr().String(), r
 }

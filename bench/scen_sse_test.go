@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // sseOrigin serves the backend's event format on a real socket: the
@@ -30,29 +32,18 @@ func sseOriginGzip(t *testing.T, gz bool, silent ...int) string {
 // that holds a stream's events back.
 func sseOriginStalling(t *testing.T, gz bool, stalled []int, silent ...int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var n atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			i := int(n.Add(1) - 1)
-			events := 1 << 30
-			switch {
-			case slices.Contains(silent, i):
-				events = 0
-			case slices.Contains(stalled, i):
-				events = 1
-			}
-			go serveSSE(c, events, gz)
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		i := int(n.Add(1) - 1)
+		events := 1 << 30
+		switch {
+		case slices.Contains(silent, i):
+			events = 0
+		case slices.Contains(stalled, i):
+			events = 1
 		}
-	}()
+		serveSSE(c, events, gz)
+	})
 	return ln.Addr().String()
 }
 

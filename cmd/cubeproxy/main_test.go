@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -487,18 +486,8 @@ func TestShippedConfigAndRoutes(t *testing.T) {
 func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
 	bin := buildBinary(t)
 	// A sandbox that takes the request and never answers.
-	sln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		if c, err := sln.Accept(); err == nil {
-			accepted <- c
-		}
-	}()
-	port := strconv.Itoa(sln.Addr().(*net.TCPAddr).Port)
+	sandbox := testenv.StartSilentServer(t)
+	_, port, _ := net.SplitHostPort(sandbox.Addr)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte("routes:\n  mute:\n    HostIP: \"127.0.0.1\"\n    \""+port+"\": \""+port+"\"\n"), 0o600)
 	const drain = 60 * time.Second
@@ -512,8 +501,7 @@ func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
 	defer c.Close()
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s-mute.cube.test\r\nX-Cube-Request-Id: cut-short\r\n\r\n", port)
 	select {
-	case sc := <-accepted:
-		defer sc.Close()
+	case <-sandbox.Reached:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the request never reached the sandbox\n%s", logs.String())
 	}

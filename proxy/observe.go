@@ -63,9 +63,12 @@ type exchange struct {
 	// counts against: the one readHeldBody took it on, which serve may
 	// have looked up again since.
 	heldOn *sandboxState
-	// limitWaited: the request waited for a slot over
-	// max_streams_per_sandbox (waitForSlot), which it does at most once.
-	limitWaited bool
+	// limitUntil is when the request's wait for a slot over
+	// max_streams_per_sandbox ends (waitForSlot), set by its first: zero
+	// until then. A request that loses the slot it saw free waits on
+	// until this, not anew, so that all its waits together take at most
+	// stream_limit_wait.
+	limitUntil time.Time
 	// answeredEarly: the sandbox answered before the client's body was
 	// all sent to it.
 	answeredEarly bool

@@ -79,6 +79,11 @@ type Proxy struct {
 	// limitWaiting counts the requests waiting for a slot over
 	// max_streams_per_sandbox now (waitForSlot).
 	limitWaiting atomic.Int64
+	// afterSlotWait, for tests, runs when a wait for a slot (waitForSlot)
+	// has ended for the request to be judged again, before it is: the
+	// moment in which another request may take the slot it saw free,
+	// too short to hit from outside.
+	afterSlotWait func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -390,6 +395,9 @@ lookup:
 					return
 				}
 				if slot {
+					if p.afterSlotWait != nil {
+						p.afterSlotWait()
+					}
 					// A slot came free (or the state changed): judged
 					// again as a new request, which may find the slot
 					// taken again by another. From the route: it may

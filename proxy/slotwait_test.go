@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,18 +24,26 @@ import (
 
 // slotWaitBox is a proxy at max_streams_per_sandbox 1 with StreamLimitWait
 // wait and metrics, in front of a sandbox "waitbox" whose /sse answers one
-// SSE event at once and ends its stream only once release is closed; it
-// answers anything else 200 "sandbox: <method> <bytes of body>".
+// SSE event at once and ends its stream only once release is closed, and
+// whose /hold tells arrived of each request and answers it 200 "held"
+// once hold is closed; it answers anything else 200 "sandbox: <method>
+// <bytes of body>".
 type slotWaitBox struct {
 	h       *harness
 	admin   string // metrics
 	sb      *sandboxState
 	release chan struct{}
 	once    sync.Once
+	arrived chan struct{}
+	hold    chan struct{}
+	unheld  sync.Once
 }
 
 // releaseOnce lets /sse end its stream.
 func (w *slotWaitBox) releaseOnce() { w.once.Do(func() { close(w.release) }) }
+
+// unhold lets /hold answer.
+func (w *slotWaitBox) unhold() { w.unheld.Do(func() { close(w.hold) }) }
 
 const slotWaitHost = "8080-waitbox.cube.test"
 
@@ -46,9 +55,17 @@ func newSlotWaitBox(t *testing.T, wait time.Duration, mod ...func(*harnessOpts))
 		o.cfg.StreamLimitWait = wait
 		o.cfg.Telemetry = tel
 	}}, mod...)...)
-	w := &slotWaitBox{h: h, admin: obsMetricsAdmin(t, h, tel), release: make(chan struct{})}
+	w := &slotWaitBox{h: h, admin: obsMetricsAdmin(t, h, tel), release: make(chan struct{}),
+		arrived: make(chan struct{}, 16), hold: make(chan struct{})}
 	t.Cleanup(w.releaseOnce)
+	t.Cleanup(w.unhold)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			w.arrived <- struct{}{}
+			<-w.hold
+			io.WriteString(rw, "held")
+			return
+		}
 		if r.URL.Path == "/sse" {
 			rw.Header().Set("Content-Type", "text/event-stream")
 			io.WriteString(rw, "event: message\ndata: {\"result\":1}\n\n")
@@ -375,4 +392,92 @@ func TestStreamLimitWaitClientGone(t *testing.T) {
 	}
 	w.releaseOnce()
 	io.Copy(io.Discard, a)
+}
+
+// A request that saw a slot free but lost it to another before it counted
+// itself in again waits on for the rest of its StreamLimitWait, rather
+// than getting the 429 at once: A's stream holds the one slot, B waits,
+// and as A ends C takes the slot in the moment between B's sight of it
+// and B's count (afterSlotWait: microseconds, not to be hit from
+// outside). B reaches the sandbox once C ends.
+func TestStreamLimitWaitAfterSlotLost(t *testing.T) {
+	w := newSlotWaitBox(t, time.Minute)
+	b, c := w.loseSlot(t, nil)
+	// B saw the slot free and lost it to C: it waits again (its first
+	// wait was no longer counted when the hook ran).
+	w.waiting(t, b)
+	w.unhold()
+	if got := <-c; got.err != nil || got.status != 200 || got.body != "held" {
+		t.Fatalf("C: %d %q (%v), want 200 held", got.status, got.body, got.err)
+	}
+	if got := <-b; got.err != nil || got.status != 200 || got.body != "sandbox: GET 0" {
+		t.Fatalf("B after losing the slot it saw free, once C ended: %d %q (%v), want 200", got.status, got.body, got.err)
+	}
+	// Each end of a wait in a free slot counts: the one lost, and the one
+	// B took.
+	w.waits(t, 2, 0)
+}
+
+// The wait after a lost slot ends where the first one would have: a
+// request that loses the slot with its StreamLimitWait over gets the 429
+// at once, so that however often it loses, it waits StreamLimitWait at
+// most in all. The wait is long enough here for A's end to come within
+// it on a loaded machine; B is held past its end before it is judged
+// again.
+func TestStreamLimitWaitAfterSlotLostBounded(t *testing.T) {
+	const wait = 2 * time.Second
+	w := newSlotWaitBox(t, wait)
+	b, c := w.loseSlot(t, func(waiting time.Time) {
+		// B's wait began before waiting: it ends within wait of it.
+		testenv.WaitFor(t, 2*wait, "B's wait to be over", func() bool { return time.Since(waiting) > wait })
+	})
+	judged := time.Now()
+	wantRefused(t, <-b)
+	if d := time.Since(judged); d >= wait {
+		t.Fatalf("refused %v after it lost the slot, want at once (a wait of its own would be %v)", d, wait)
+	}
+	w.waits(t, 1, 1)
+	if n := w.sb.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight after B's refusal, want C's 1", n)
+	}
+	w.unhold()
+	<-c
+}
+
+// loseSlot sends request B while A's SSE stream holds the one slot, waits
+// until B waits for it, and ends A's stream; when B's wait ends in the
+// freed slot, before B is judged again, request C (a GET of /hold) takes
+// that slot, and then pause, if any, runs, given a time after B began to
+// wait. It returns B's and C's answers, once B goes on to be judged.
+func (w *slotWaitBox) loseSlot(t *testing.T, pause func(waiting time.Time)) (b, c <-chan slotAnswer) {
+	t.Helper()
+	a := w.openSSE(t)
+	cAnswer := make(chan (<-chan slotAnswer), 1)
+	var fired atomic.Bool
+	cIn := make(chan struct{}) // closed once C holds the slot, and B goes on
+	var waiting time.Time
+	w.h.proxy.afterSlotWait = func() {
+		if !fired.CompareAndSwap(false, true) {
+			return
+		}
+		defer close(cIn)
+		cAnswer <- w.send(w.h.req("GET", slotWaitHost, "/hold", nil))
+		select {
+		case <-w.arrived:
+		case <-time.After(10 * time.Second):
+			t.Error("C never reached the sandbox")
+		}
+		if pause != nil {
+			pause(waiting)
+		}
+	}
+	b = w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+	w.waiting(t, b)
+	waiting = time.Now() // read by the hook only after A's end, below
+	w.releaseOnce()
+	if _, err := io.Copy(io.Discard, a); err != nil {
+		t.Fatalf("the SSE stream's end: %v", err)
+	}
+	<-cIn
+	return b, <-cAnswer
 }

@@ -166,22 +166,29 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 
 // waitForSlot waits, after refusal of a request over limit at sb
 // (overLimit; the request has left its slot), for sb's count to fall
-// below limit, at most Config.StreamLimitWait, and reports whether the
-// request is to be judged again: a slot came free (counted in
-// cubeproxy_stream_limit_waits_total as "slot"), or sb's state changed,
-// which the caller answers as for a new request. A client that sends its
-// next request as soon as it reads a result's event (an MCP SDK) is
-// otherwise refused for the slot of the answer it has just read, whose
-// end the proxy has not seen yet.
+// below limit, until Config.StreamLimitWait after the request's first
+// wait (x.limitUntil), and reports whether the request is to be judged
+// again: a slot came free (counted in cubeproxy_stream_limit_waits_total
+// as "slot"), or sb's state changed, which the caller answers as for a
+// new request. A client that sends its next request as soon as it reads
+// a result's event (an MCP SDK) is otherwise refused for the slot of the
+// answer it has just read, whose end the proxy has not seen yet.
 //
-// Only once per request (x.limitWaited), and only for a refusal that left
-// the request as it came: the plain 429, or no room to hold its body
-// (readHeldBody refuses those before reading). Not for a body read whole
-// and judged a request (refusedReadRequest: it is gone from the
-// connection), nor for one held in memory (x.held: passed once already,
-// and holding room in the held-body budget a wait would keep from
-// others). A body fasthttp pre-read is in memory, and an Expect head has
-// sent none: both can be judged again.
+// A slot seen free is not the request's: another may count itself in
+// first, and the request, judged again, is refused again. It then waits
+// on, for what is left of its wait: with waiters polling on their own,
+// several may see the one slot that frees, and only one gets it; the
+// others are no more over the limit than before. The end stays the first
+// wait's, so a request waits stream_limit_wait at most in all, however
+// often it loses.
+//
+// Only for a refusal that left the request as it came: the plain 429, or
+// no room to hold its body (readHeldBody refuses those before reading).
+// Not for a body read whole and judged a request (refusedReadRequest: it
+// is gone from the connection), nor for one held in memory (x.held:
+// passed once already, and holding room in the held-body budget a wait
+// would keep from others). A body fasthttp pre-read is in memory, and an
+// Expect head has sent none: both can be judged again.
 //
 // It polls, with sleeps from slotPollFirst doubling up to slotPollMax:
 // enter and leave, which every request pays, stay one atomic add each,
@@ -195,14 +202,19 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // unread (a body refused unread, a pipelined request) reads as there.
 func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxState, limit int, refusal *proxyError) (again, gone bool) {
 	wait := p.cfg.StreamLimitWait
-	if wait <= 0 || x.limitWaited || x.held > 0 ||
+	if wait <= 0 || x.held > 0 ||
 		refusal != &refusedTooMany && refusal != &refusedNoRoom && refusal != &refusedShare {
 		return false, false
 	}
-	x.limitWaited = true
+	if x.limitUntil.IsZero() {
+		x.limitUntil = time.Now().Add(wait)
+	} else if time.Until(x.limitUntil) <= 0 {
+		// Lost the slot it saw free at its wait's end: no look past it.
+		p.metrics.StreamLimitWait(false)
+		return false, false
+	}
 	p.limitWaiting.Add(1)
 	defer p.limitWaiting.Add(-1)
-	deadline := time.Now().Add(wait)
 	for pause := slotPollFirst; ; pause = min(2*pause, slotPollMax) {
 		if p.draining != nil && p.draining.Load() {
 			break
@@ -218,7 +230,7 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 			gone = true
 			break
 		}
-		left := time.Until(deadline)
+		left := time.Until(x.limitUntil)
 		if left <= 0 {
 			break
 		}

@@ -586,17 +586,32 @@ func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
 		name      string
 		signed    bool
 		heartbeat time.Duration
+		// limit: max_streams_per_sandbox. The GET stream holds a slot
+		// for the session's life and each POST one until its 202, so 2
+		// is the least the transport works at: a request POST at 1 finds
+		// the GET's slot taken for good, and gets the 429 after the wait.
+		limit int
 	}{
 		{name: "headers"},
 		{name: "signed_url", signed: true},
 		{name: "heartbeats", heartbeat: 20 * time.Millisecond},
+		{name: "max_streams=2", limit: 2},
+		// Two GETs: the client as given, and the one with the token kept,
+		// which may come before the proxy has seen the first one's end.
+		{name: "signed_url_max_streams=2", signed: true, limit: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) {
 				o.cfg.Signer = signer
 				o.cfg.HeartbeatInterval = tc.heartbeat
+				o.cfg.MaxStreamsPerSandbox = tc.limit
+				// As in TestMCPTypeScriptSDKClient: the SDK sends its next
+				// POST as soon as it has the last one's 202, before the
+				// proxy may have seen that answer end; long, for a loaded
+				// test machine.
+				o.cfg.StreamLimitWait = 10 * time.Second
 			})
-			id := "tsl-" + strings.ReplaceAll(tc.name, "_", "")
+			id := "tsl-" + strings.NewReplacer("=", "", "_", "").Replace(tc.name)
 			query, token := tsCredentials(t, signer, id, tc.signed, traffic)
 			g := &tsGateway{bearer: bearer, legacy: true, postCut: make(chan struct{}), getCut: make(chan struct{}), rootsChanged: make(chan struct{}),
 				sb: func() *sandboxState { return h.proxy.sandboxes.get([]byte(id)) }}

@@ -152,14 +152,21 @@ func (w *slotWaitBox) waiting(t *testing.T, answer <-chan slotAnswer) {
 	}
 }
 
-// waits checks cubeproxy_stream_limit_waits_total by outcome.
-func (w *slotWaitBox) waits(t *testing.T, slot, refused float64) {
+// waits checks cubeproxy_stream_limit_waits_total by outcome: slot and
+// refused as given, and state (the sandbox paused, killed or forgotten
+// during the wait) state[0], or 0.
+func (w *slotWaitBox) waits(t *testing.T, slot, refused float64, state ...float64) {
 	t.Helper()
 	s := scrapeMetrics(t, w.admin)
 	gotSlot, _ := metricValue(s, "cubeproxy_stream_limit_waits_total", map[string]string{"outcome": "slot"})
 	gotRefused, _ := metricValue(s, "cubeproxy_stream_limit_waits_total", map[string]string{"outcome": "refused"})
-	if gotSlot != slot || gotRefused != refused {
-		t.Errorf("cubeproxy_stream_limit_waits_total: slot %v, refused %v; want %v, %v", gotSlot, gotRefused, slot, refused)
+	gotState, _ := metricValue(s, "cubeproxy_stream_limit_waits_total", map[string]string{"outcome": "state"})
+	wantState := 0.0
+	if len(state) > 0 {
+		wantState = state[0]
+	}
+	if gotSlot != slot || gotRefused != refused || gotState != wantState {
+		t.Errorf("cubeproxy_stream_limit_waits_total: slot %v, refused %v, state %v; want %v, %v, %v", gotSlot, gotRefused, gotState, slot, refused, wantState)
 	}
 }
 
@@ -480,4 +487,21 @@ func (w *slotWaitBox) loseSlot(t *testing.T, pause func(waiting time.Time)) (b, 
 	}
 	<-cIn
 	return b, <-cAnswer
+}
+
+// A wait that ends because the sandbox was paused during it is counted
+// as such (outcome "state"), and the request is answered as a new one
+// would be: the 503 of a paused sandbox, not the 429.
+func TestStreamLimitWaitEndsAtPause(t *testing.T) {
+	w := newSlotWaitBox(t, time.Minute)
+	w.openSSE(t)
+	answer := w.send(w.h.req("GET", slotWaitHost, "/next", nil))
+	w.waiting(t, answer)
+	if st, body := w.h.adminDo("POST", "/admin/state", `{"sandbox_id":"waitbox","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	if b := <-answer; b.err != nil || b.status != http.StatusServiceUnavailable || !strings.Contains(b.body, CodeSandboxPausing) {
+		t.Fatalf("the waiting request once the sandbox paused: %d %q (%v), want 503 %s", b.status, b.body, b.err, CodeSandboxPausing)
+	}
+	w.waits(t, 0, 0, 1)
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // Above max_streams_per_sandbox an MCP agent must still be able to send
@@ -169,8 +171,8 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // below limit, until Config.StreamLimitWait after the request's first
 // wait (x.limitUntil), and reports whether the request is to be judged
 // again: a slot came free (counted in cubeproxy_stream_limit_waits_total
-// as "slot"), or sb's state changed, which the caller answers as for a
-// new request. A client that sends its next request as soon as it reads
+// as "slot"), or sb's state changed ("state"), which the caller answers
+// as for a new request. A client that sends its next request as soon as it reads
 // a result's event (an MCP SDK) is otherwise refused for the slot of the
 // answer it has just read, whose end the proxy has not seen yet.
 //
@@ -210,7 +212,7 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 		x.limitUntil = time.Now().Add(wait)
 	} else if time.Until(x.limitUntil) <= 0 {
 		// Lost the slot it saw free at its wait's end: no look past it.
-		p.metrics.StreamLimitWait(false)
+		p.metrics.StreamLimitWait(telemetry.WaitRefused)
 		return false, false
 	}
 	p.limitWaiting.Add(1)
@@ -220,10 +222,12 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 			break
 		}
 		if sb.state() != stateRunning {
-			return true, false // paused, killed or forgotten: answered as such
+			// Paused, killed or forgotten: answered as such.
+			p.metrics.StreamLimitWait(telemetry.WaitState)
+			return true, false
 		}
 		if sb.inFlight() < int64(limit) {
-			p.metrics.StreamLimitWait(true)
+			p.metrics.StreamLimitWait(telemetry.WaitSlot)
 			return true, false
 		}
 		if clientClosed(ctx.Conn()) {
@@ -236,7 +240,7 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 		}
 		time.Sleep(min(pause, left))
 	}
-	p.metrics.StreamLimitWait(false)
+	p.metrics.StreamLimitWait(telemetry.WaitRefused)
 	return false, gone
 }
 

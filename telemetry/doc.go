@@ -23,7 +23,7 @@
 //	cubeproxy.connections.refused       cubeproxy_connections_refused_total (client.max_conns open: 503 proxy_overloaded)
 //	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
-//	cubeproxy.stream_limit.waits        cubeproxy_stream_limit_waits_total{outcome="slot"|"refused"} (waits for a slot at max_streams_per_sandbox)
+//	cubeproxy.stream_limit.waits        cubeproxy_stream_limit_waits_total{outcome="slot"|"refused"|"state"} (waits for a slot at max_streams_per_sandbox)
 //	cubeproxy.held_body                 cubeproxy_held_body_bytes           (held_body_budget taken; after SetHeldBodyBytes, 0 before)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total

@@ -57,8 +57,8 @@ type Metrics struct {
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 	heldBodies    atomic.Pointer[func() int64]
 	// limitWaits counts the waits for a slot at max_streams_per_sandbox,
-	// by outcome: [0] a slot came free, [1] none did (the 429).
-	limitWaits [2]atomic.Int64
+	// by outcome (WaitOutcome).
+	limitWaits [numWaitOutcomes]atomic.Int64
 
 	reqDuration    metric.Float64Histogram
 	respDuration   metric.Float64Histogram
@@ -90,7 +90,7 @@ type observed struct {
 	store                                           [numStoreKinds]metric.ObserveOption
 	reason                                          [len(authReasons)]metric.ObserveOption
 	kindEnd                                         [numRouteKinds][numStreamEnds]metric.ObserveOption
-	waitOutcome                                     [2]metric.ObserveOption
+	waitOutcome                                     [numWaitOutcomes]metric.ObserveOption
 }
 
 // bg is the context for every measurement: metrics carry no trace exemplars.
@@ -120,7 +120,7 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
-	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again) or refused (none did, or the drain began: the 429; or the client closed its connection: the 499).")
+	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again; one that then lost it to another waits on and counts again), refused (none did, or the drain began: the 429; or the client closed its connection: the 499) or state (the sandbox was paused, killed or forgotten meanwhile).")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE, chunked, and downloads relayed as they come), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
@@ -179,8 +179,8 @@ func (m *Metrics) prebuild() {
 }
 
 // waitOutcomes are the outcome label values of
-// cubeproxy_stream_limit_waits_total, indexed as Metrics.limitWaits.
-var waitOutcomes = [2]string{"slot", "refused"}
+// cubeproxy_stream_limit_waits_total, indexed by WaitOutcome.
+var waitOutcomes = [numWaitOutcomes]string{"slot", "refused", "state"}
 
 // observe reports every counter and gauge at scrape time. All label
 // combinations are reported, zeros included, so rate() works from the first
@@ -406,19 +406,33 @@ func (m *Metrics) UpstreamRetry() {
 	m.retries.Add(1)
 }
 
-// StreamLimitWait counts a request over max_streams_per_sandbox that
-// waited for a slot: gotSlot when one came free within the wait (the
-// request is judged again, and may still lose the slot to another), else
-// it got the 429 after the wait.
-func (m *Metrics) StreamLimitWait(gotSlot bool) {
-	if m == nil {
+// WaitOutcome is how a wait for a slot at max_streams_per_sandbox ended
+// (Metrics.StreamLimitWait).
+type WaitOutcome uint8
+
+// The outcomes of a wait for a slot, the outcome label of
+// cubeproxy_stream_limit_waits_total.
+const (
+	// WaitSlot: a slot came free, and the request is judged again. It may
+	// lose the slot to another, and then wait on (counted again).
+	WaitSlot WaitOutcome = iota
+	// WaitRefused: none did within stream_limit_wait, or the drain began
+	// (the 429), or the client closed its connection (the 499).
+	WaitRefused
+	// WaitState: the sandbox was paused, killed or forgotten meanwhile;
+	// the request is answered as a new one would be (a 503, a 410, or
+	// judged again on the sandbox's new entry).
+	WaitState
+	numWaitOutcomes
+)
+
+// StreamLimitWait counts the end of a wait for a slot by a request over
+// max_streams_per_sandbox, by how it ended.
+func (m *Metrics) StreamLimitWait(o WaitOutcome) {
+	if m == nil || o >= numWaitOutcomes {
 		return
 	}
-	i := 1
-	if gotSlot {
-		i = 0
-	}
-	m.limitWaits[i].Add(1)
+	m.limitWaits[o].Add(1)
 }
 
 // AcceptError counts a failed accept of a client connection that the

@@ -52,9 +52,12 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.AccessLogDropped()
 	m.AccessLogReopenFailed()
 	m.ConnRefused()
-	m.StreamLimitWait(true)
-	m.StreamLimitWait(true)
-	m.StreamLimitWait(false)
+	m.StreamLimitWait(WaitSlot)
+	m.StreamLimitWait(WaitSlot)
+	m.StreamLimitWait(WaitRefused)
+	m.StreamLimitWait(WaitState)
+	m.StreamLimitWait(WaitState)
+	m.StreamLimitWait(WaitState)
 	m.ConnOpened()
 	m.ConnOpened()
 	m.ConnClosed()
@@ -109,6 +112,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_connections_refused_total", nil, 1},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "refused"}, 1},
+		{"cubeproxy_stream_limit_waits_total", L{"outcome": "state"}, 3},
 	}
 	for _, w := range want {
 		k := seriesKey(w.name, w.labels)
@@ -137,6 +141,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 	m.StreamEnded(RouteKind(77), StreamEnd(200))
 	m.StreamEnded(RouteError, StreamTimeout)
 	m.CacheLookup(CacheResult(99))
+	m.StreamLimitWait(WaitOutcome(9))
 	m.StoreLookup(StoreKind(9), time.Millisecond, true)
 	m.AuthRejected("8080-sb-secret-id.example.com")
 	m.AuthRejected("signed_token_made_up")
@@ -147,7 +152,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"route_kind":   set("http", "sse", "websocket", "error"),
 		"result":       set("hit", "miss", "negative_hit", "stale"),
 		"store":        set("memory", "redis"),
-		"outcome":      set("slot", "refused"),
+		"outcome":      set("slot", "refused", "state"),
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
 			"signed_cookie_foreign_origin",

@@ -505,3 +505,38 @@ func TestStreamLimitWaitEndsAtPause(t *testing.T) {
 	}
 	w.waits(t, 0, 0, 1)
 }
+
+// A JSON-RPC notification that finds its sandbox at twice the limit
+// (above what overLimit lets notifications and responses pass at) gets
+// the plain 429's refusal, and so waits for a slot like any intact
+// request: A's stream holds the one slot and a notification D, let past
+// it, holds the second; E, a notification too, waits, and reaches the
+// sandbox once they end.
+func TestStreamLimitWaitNotificationOverTwiceLimit(t *testing.T) {
+	const note = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`
+	w := newSlotWaitBox(t, time.Minute)
+	a := w.openSSE(t)
+	resp, err := w.h.client.Do(w.h.req("POST", slotWaitHost, "/sse", strings.NewReader(note)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("notification D, past the limit: %d", resp.StatusCode)
+	}
+	if n := w.sb.inFlight(); n != 2 {
+		t.Fatalf("%d requests in flight with A's and D's streams open, want 2", n)
+	}
+	answer := w.send(w.h.req("POST", slotWaitHost, "/next", strings.NewReader(note)))
+	w.waiting(t, answer)
+	w.releaseOnce()
+	for _, r := range []io.Reader{a, resp.Body} {
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			t.Fatalf("a stream's end: %v", err)
+		}
+	}
+	if b, want := <-answer, fmt.Sprintf("sandbox: POST %d", len(note)); b.err != nil || b.status != 200 || b.body != want {
+		t.Fatalf("notification E once the streams ended: %d %q (%v), want 200 %q", b.status, b.body, b.err, want)
+	}
+	w.waits(t, 1, 0)
+}

@@ -400,7 +400,8 @@ lookup:
 					}
 					// A slot came free (or the state changed): judged
 					// again as a new request, which may find the slot
-					// taken again by another. From the route: it may
+					// taken again by another (and then waits on, until
+					// its first wait's end). From the route: it may
 					// have been deleted or moved during the wait (up to
 					// stream_limit_wait, which an operator may make
 					// long), and the address looked up before may

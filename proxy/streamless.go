@@ -172,9 +172,10 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // wait (x.limitUntil), and reports whether the request is to be judged
 // again: a slot came free (counted in cubeproxy_stream_limit_waits_total
 // as "slot"), or sb's state changed ("state"), which the caller answers
-// as for a new request. A client that sends its next request as soon as it reads
-// a result's event (an MCP SDK) is otherwise refused for the slot of the
-// answer it has just read, whose end the proxy has not seen yet.
+// as for a new request. A client that sends its next request as soon as
+// it reads a result's event (an MCP SDK) is otherwise refused for the
+// slot of the answer it has just read, whose end the proxy has not seen
+// yet.
 //
 // A slot seen free is not the request's: another may count itself in
 // first, and the request, judged again, is refused again. It then waits

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -612,12 +614,12 @@ func TestCheckHeldBodies(t *testing.T) {
 // kept until upstream.idle_timeout while the write waits for a read that
 // never comes.
 func TestHeldBodyAnsweredEarly(t *testing.T) {
-	const size = 24 << 20 // well over what the sockets buffer
+	size := unsendableBodySize()
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.MaxStreamsPerSandbox = 1
-		o.cfg.MaxRequestBodySize = 64 << 20
-		o.cfg.MaxHeldBody = 32 << 20
-		o.cfg.HeldBodyBudget = 64 << 20
+		o.cfg.MaxRequestBodySize = 2 * size
+		o.cfg.MaxHeldBody = size
+		o.cfg.HeldBodyBudget = 2 * size
 		o.cfg.IdleStreamTimeout = time.Hour
 	})
 	ln := testenv.ServeTCP(t, func(c net.Conn) {
@@ -649,10 +651,17 @@ func TestHeldBodyAnsweredEarly(t *testing.T) {
 	if n := sb.inFlight(); n != 1 {
 		t.Fatalf("%d requests in flight with the stream open, want 1", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// Without the watch the write waits for the hour of IdleStreamTimeout:
+	// the bound only ends that wait, and the harness client's 30 s does
+	// not apply. A tight one failed a passing run: the body is read whole,
+	// judged and copied under -race, 9-20 s on a 2-core machine at load 8
+	// (2 of 5 runs there failed at 20 s).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	r := h.req("POST", "8080-earlybox.cube.test", "/mcp", strings.NewReader(sizedAnswer(size))).WithContext(ctx)
-	resp, err := h.client.Do(r)
+	r := h.req("POST", "8080-earlybox.cube.test", "/mcp", strings.NewReader(sizedAnswer(int(size)))).WithContext(ctx)
+	client := *h.client
+	client.Timeout = 0
+	resp, err := client.Do(r)
 	if err != nil {
 		t.Fatalf("a held body the sandbox refused early: %v", err)
 	}
@@ -665,4 +674,35 @@ func TestHeldBodyAnsweredEarly(t *testing.T) {
 		return sb.held.Load() == 0 && heldBytes(h.proxy) == 0
 	})
 	testenv.WaitFor(t, 5*time.Second, "the request's slot given back", func() bool { return sb.inFlight() == 1 })
+}
+
+// unsendableBodySize is the size of a body a sandbox that reads none of it
+// cannot be sent whole: twice what loopback can buffer, the sender's send
+// buffer at most (its autotuning cap, tcp_wmem's last value) and the
+// receiver's before it stopped reading (tcp_rmem's default), and at least
+// 8 MiB. Derived rather than fixed large: every byte is read, judged and
+// copied under -race: about a third of a second a MiB at load 8.
+func unsendableBodySize() int64 {
+	buffered := int64(4<<20 + 128<<10) // Linux's defaults
+	if w, r := procSysInts("/proc/sys/net/ipv4/tcp_wmem"), procSysInts("/proc/sys/net/ipv4/tcp_rmem"); len(w) == 3 && len(r) == 3 {
+		buffered = w[2] + r[1]
+	}
+	return max(2*buffered, 8<<20)
+}
+
+// procSysInts reads the numbers of a /proc/sys file; nil if it cannot.
+func procSysInts(path string) []int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []int64
+	for _, f := range strings.Fields(string(b)) {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil
+		}
+		out = append(out, n)
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package testenv
 import (
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -35,45 +36,84 @@ func ServeTCP(t testing.TB, handle func(c net.Conn)) net.Listener {
 // t.Context().Done(), which is done just before; one still running
 // handlerGrace later fails the test.
 func Serve(t testing.TB, ln net.Listener, handle func(c net.Conn)) {
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		ended bool
-		wg    sync.WaitGroup
-	)
-	wg.Go(func() {
+	serve(t, ln, handle)
+}
+
+// tcpServer is Serve's state: the connections it may have to close.
+type tcpServer struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	ended bool
+	wg    sync.WaitGroup
+}
+
+func serve(t testing.TB, ln net.Listener, handle func(c net.Conn)) *tcpServer {
+	s := &tcpServer{conns: make(map[net.Conn]struct{})}
+	s.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return // ln closed as the test ended
 			}
-			mu.Lock()
-			if ended { // accepted just before the close: nobody serves it
-				mu.Unlock()
+			s.mu.Lock()
+			if s.ended { // accepted just before the close: nobody serves it
+				s.mu.Unlock()
 				_ = c.Close()
 				return
 			}
-			conns = append(conns, c)
+			s.conns[c] = struct{}{}
 			// Added while the loop's own count holds the group above
 			// zero, so never racing the Wait below.
-			wg.Go(func() { handle(c) })
-			mu.Unlock()
+			s.wg.Go(func() {
+				handle(c)
+				// A fuzz target's server lives as long as the fuzz run
+				// and accepts a connection per input: one its handler
+				// closed is let go, not kept until the end.
+				if isClosed(c) {
+					s.mu.Lock()
+					delete(s.conns, c)
+					s.mu.Unlock()
+				}
+			})
+			s.mu.Unlock()
 		}
 	})
 	t.Cleanup(func() {
 		_ = ln.Close()
-		mu.Lock()
-		ended = true
-		for _, c := range conns {
+		s.mu.Lock()
+		s.ended = true
+		for c := range s.conns {
 			_ = c.Close()
 		}
-		mu.Unlock()
+		s.mu.Unlock()
 		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
+		go func() { s.wg.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(handlerGrace):
 			t.Errorf("raw TCP server %s: a handler still runs %v after its connection was closed", ln.Addr(), handlerGrace)
 		}
 	})
+	return s
+}
+
+// held is how many connections s would close at the test's end.
+func (s *tcpServer) held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// isClosed reports whether c was closed on this side: its descriptor then
+// refuses any use. A connection that cannot say is taken as open.
+func isClosed(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	return rc.Control(func(uintptr) {}) != nil
 }

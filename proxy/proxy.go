@@ -196,6 +196,12 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		// The head's lookup is the request's: the one after its body
 		// finds what this one cached, and would count a miss as a hit.
 		ctx.SetUserValue(headLookup{}, x.cache)
+		if !x.limitUntil.IsZero() {
+			// The head waited for a slot: the body's run has what is
+			// left of that wait (waitForSlot). Only a head that waited
+			// pays for the boxed time.
+			ctx.SetUserValue(headWaitEnd{}, x.limitUntil)
+		}
 		x.releaseFwd()
 		return
 	}
@@ -241,6 +247,13 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 // 100-continue" head was admitted, the cache result of the head's lookup
 // (a telemetry.CacheResult). fasthttp resets user values with the request.
 type headLookup struct{}
+
+// headWaitEnd keys, in the RequestCtx of a request whose "Expect:
+// 100-continue" head waited for a slot over max_streams_per_sandbox and
+// was then admitted, the end of that wait (a time.Time, the head's
+// exchange.limitUntil): the head and its body are one request, whose
+// waits together take stream_limit_wait at most.
+type headWaitEnd struct{}
 
 // frameless reports whether a request head frames no body: Content-Length
 // 0, or neither Content-Length nor Transfer-Encoding (fasthttp's -2).

@@ -540,3 +540,47 @@ func TestStreamLimitWaitNotificationOverTwiceLimit(t *testing.T) {
 	}
 	w.waits(t, 1, 0)
 }
+
+// An "Expect: 100-continue" request is one request, whose head and body
+// are judged in turn: a head that waited for a slot gives its body's run
+// what is left of that wait, not a wait of its own, so that the request
+// waits StreamLimitWait at most in all. Here the head (a PUT: it frames a
+// body overLimit does not let past a full limit) waits while A's stream
+// holds the one slot, is admitted once A ends, and sends its body only
+// after its wait is over, with C in the slot meanwhile: the body's run
+// gets the 429 at once, not after a wait of its own.
+func TestStreamLimitWaitExpectBodyKeepsHeadsWait(t *testing.T) {
+	const wait = time.Second
+	w := newSlotWaitBox(t, wait)
+	a := w.openSSE(t)
+	c := dialRaw(t, w.h.addr)
+	br := bufio.NewReader(c)
+	fmt.Fprintf(c, "PUT /next HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", slotWaitHost)
+	testenv.WaitFor(t, 10*time.Second, "the head to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
+	waiting := time.Now() // the head's wait began before
+	w.releaseOnce()
+	if _, err := io.Copy(io.Discard, a); err != nil {
+		t.Fatalf("the SSE stream's end: %v", err)
+	}
+	if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
+		t.Fatalf("the head once A ended: %d %q, want 100", resp.StatusCode, b)
+	}
+	testenv.WaitFor(t, 2*wait+10*time.Second, "the head's wait to be over", func() bool { return time.Since(waiting) > wait })
+	cAnswer := w.send(w.h.req("GET", slotWaitHost, "/hold", nil))
+	select {
+	case <-w.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("C never reached the sandbox")
+	}
+	io.WriteString(c, "hello")
+	sent := time.Now()
+	resp, b := readExpectAnswer(t, br)
+	if d := time.Since(sent); resp.StatusCode != http.StatusTooManyRequests || d >= wait {
+		t.Fatalf("the body's run, with the head's wait over: %d %q after %v, want the 429 at once (a wait of its own is %v)", resp.StatusCode, b, d, wait)
+	}
+	// The head's wait ended in the slot; the body's run is refused with
+	// no wait left.
+	w.waits(t, 1, 1)
+	w.unhold()
+	<-cAnswer
+}

@@ -185,6 +185,11 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // wait's, so a request waits stream_limit_wait at most in all, however
 // often it loses.
 //
+// An "Expect: 100-continue" request's body runs as a request of its own
+// (an exchange of its own) once its head is admitted: a head that waited
+// passes the end of its wait on to it (headWaitEnd), so that head and body
+// together wait stream_limit_wait at most too.
+//
 // Only for a refusal that left the request as it came: the plain 429, or
 // no room to hold its body (readHeldBody refuses those before reading).
 // Not for a body read whole and judged a request (refusedReadRequest: it
@@ -210,9 +215,18 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 		return false, false
 	}
 	if x.limitUntil.IsZero() {
-		x.limitUntil = time.Now().Add(wait)
-	} else if time.Until(x.limitUntil) <= 0 {
-		// Lost the slot it saw free at its wait's end: no look past it.
+		if x.seen.expect && !x.expecting {
+			// The body's run of an Expect head that waited: what is
+			// left of the head's wait (handle).
+			x.limitUntil, _ = ctx.UserValue(headWaitEnd{}).(time.Time)
+		}
+		if x.limitUntil.IsZero() {
+			x.limitUntil = time.Now().Add(wait)
+		}
+	}
+	if time.Until(x.limitUntil) <= 0 {
+		// Lost the slot it saw free at its wait's end, or its Expect
+		// head's wait is over: no look past it.
 		p.metrics.StreamLimitWait(telemetry.WaitRefused)
 		return false, false
 	}

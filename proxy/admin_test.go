@@ -22,7 +22,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -657,10 +656,7 @@ func FuzzAdminHandler(f *testing.F) {
 	} {
 		f.Add(s[0], s[1], []byte(s[2]))
 	}
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		f.Fatal(err)
-	}
+	signer := testSigner(f)
 	store := routing.NewMemoryStore()
 	cache, err := routing.NewCache(store, routing.CacheConfig{})
 	if err != nil {
@@ -718,10 +714,7 @@ func FuzzAdminHandler(f *testing.F) {
 // lifetime.
 func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 	h := newHarness(t)
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testSigner(t)
 	ln := listen(t, "127.0.0.1:0")
 	srv := &fasthttp.Server{Handler: NewAdmin(AdminConfig{Signer: signer}, h.proxy).Handler}
 	go srv.Serve(ln)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -289,4 +290,15 @@ func serveTLSFor(t *testing.T, h *harness, name string) (addr string, ca *testen
 	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
 	go h.server.Serve(ln)
 	return ln.Addr().String(), ca
+}
+
+// testSigner is the signer of the tests' signed URLs and cookies: one
+// fixed 32-byte key, so that a token made in a test verifies in its proxy.
+func testSigner(t testing.TB) *auth.Signer {
+	t.Helper()
+	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer
 }

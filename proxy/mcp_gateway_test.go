@@ -17,7 +17,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -595,10 +594,7 @@ func TestMCPStatelessGateway(t *testing.T) {
 func TestMCPRestrictedGatewayWithBearer(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testSigner(t)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
 	srv := newAgentServer()
 	var mu sync.Mutex

@@ -15,7 +15,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -491,10 +490,7 @@ func TestMCPOverTLS(t *testing.T) {
 // are let through without a cookie, so after the expiry each is a 403,
 // which ends the go-sdk session.
 func TestMCPSignedURLSessionEndsWithItsToken(t *testing.T) {
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testSigner(t)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
 	srv := newAgentServer()
 	port := backend(t, "127.0.0.1", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },

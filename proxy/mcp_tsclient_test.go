@@ -414,10 +414,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
 	const sampleBytes = 20 << 10
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testSigner(t)
 	for _, tc := range []struct {
 		name   string
 		limit  int
@@ -578,10 +575,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const bearer = "Bearer gw-token/with+odd=chars"
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testSigner(t)
 	for _, tc := range []struct {
 		name      string
 		signed    bool

@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -215,10 +214,7 @@ func FuzzProxyRaw(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	signer, err := auth.NewSigner([]string{strings.Repeat("k", 32)})
-	if err != nil {
-		f.Fatal(err)
-	}
+	signer := testSigner(f)
 	tok, err := signer.Sign("priv", 8080, time.Now().Add(24*time.Hour))
 	if err != nil {
 		f.Fatal(err)

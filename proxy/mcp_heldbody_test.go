@@ -556,6 +556,41 @@ func TestStreamLimitHeldBodyRouteChanged(t *testing.T) {
 	}
 }
 
+// A route removed straight from the store while a held body was read (as
+// the control plane removes a sandbox in Redis, without meta/delete) is
+// judged by the read after the body: the 404, and the entry's pause,
+// set during the read, forgotten with the route, as a request that found
+// the route gone at once would forget it. The request's first lookup was
+// a cache hit, older than the pause: forgetting by it kept the pause.
+func TestStreamLimitHeldBodyRouteRemovedFromStore(t *testing.T) {
+	h, logs := heldBodyProxy(t, nil, "gonebox")
+	sb := h.proxy.sandboxes.get([]byte("gonebox"))
+	body := sizedAnswer(20 << 10)
+	c := dialRaw(t, h.addr)
+	io.WriteString(c, postHead("8080-gonebox.cube.test", "held-gone", len(body), "")+body[:10<<10])
+	testenv.WaitFor(t, 5*time.Second, "the body's bytes taken", func() bool { return heldBytes(h.proxy) == int64(len(body)) })
+	if st, b := h.adminDo("POST", "/admin/state", `{"sandbox_id":"gonebox","state":"paused"}`, ""); st != http.StatusOK {
+		t.Fatalf("pause: %d %s", st, b)
+	}
+	if !h.store.Delete("gonebox") {
+		t.Fatal("the route was not in the store")
+	}
+	h.cache.Invalidate("gonebox")
+	io.WriteString(c, body[10<<10:])
+	resp, b := readExpectAnswer(t, bufio.NewReader(c))
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(b, CodeNotFound) {
+		t.Fatalf("held body of a route removed from the store: %d %s, want 404 %s", resp.StatusCode, b, CodeNotFound)
+	}
+	wantLogged(t, logs, "held-gone", http.StatusNotFound, CodeNotFound, len(body))
+	// The held /hold request keeps the entry (its count), not the pause.
+	if e := h.proxy.sandboxes.peek("gonebox"); e != sb {
+		t.Fatalf("entry after the 404: %p, want the one with the held request in flight (%p)", e, sb)
+	}
+	if st := sb.state(); st != stateRunning {
+		t.Fatalf("entry's state after the 404: %d, want %d (the pause forgotten with the route)", st, stateRunning)
+	}
+}
+
 // cubeproxy_held_body_bytes shows how much of HeldBodyBudget is taken: a
 // half-sent body's declared size while it is read, 0 once it was sent.
 func TestHeldBodyGauge(t *testing.T) {

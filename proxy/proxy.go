@@ -325,6 +325,11 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// or a held body's read (see below); the lookup that counts is the
 	// first. reread: after a held body's read, which happens once.
 	again, reread := false, false
+	// readAt: when the store read this pass goes by began, which is what
+	// forget compares a pause's time with (routeError). The first pass's
+	// is the request's start; a pass after a wait or a held read stamps
+	// its own.
+	readAt := x.start
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
@@ -344,7 +349,7 @@ lookup:
 		p.metrics.CacheLookup(x.cache)
 	}
 	if err != nil {
-		p.routeError(ctx, x, err, id)
+		p.routeError(ctx, x, err, id, res, readAt)
 		return
 	}
 	x.sandboxID = route.ID
@@ -419,7 +424,7 @@ lookup:
 					// stream_limit_wait, which an operator may make
 					// long), and the address looked up before may
 					// already be another sandbox's.
-					again = true
+					again, readAt = true, time.Now()
 					goto lookup
 				}
 				x.fail(ctx, *refusal, id)
@@ -445,7 +450,7 @@ lookup:
 				// (x.heldOn): over the limit again, overLimit judges it
 				// there, and reads nothing.
 				sb.leave()
-				again, reread = true, true
+				again, reread, readAt = true, true, time.Now()
 				goto lookup
 			}
 		}
@@ -492,8 +497,9 @@ func everySecond(last *atomic.Int64) bool {
 	return now-l >= int64(time.Second) && last.CompareAndSwap(l, now)
 }
 
-// routeError answers a failed route lookup.
-func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte) {
+// routeError answers a failed route lookup; res is that lookup's cache
+// result and readAt when it began.
+func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, res routing.CacheResult, readAt time.Time) {
 	// The id the client asked for, so that the access log says which
 	// sandbox was not found (the copy is on this error path only).
 	x.sandboxID = string(id)
@@ -512,8 +518,12 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 			// /admin/routes forgets it: a paused entry is never swept, a
 			// running one only a day after its last request, and a
 			// sandbox created again under the id is a new one.
-			if x.cache == telemetry.CacheMiss {
-				p.sandboxes.forget(x.sandboxID, x.start.UnixNano())
+			// This lookup's own result and time, not the request's
+			// first: after a held read or a wait for a slot the first
+			// may have been a hit, and a pause set since the request
+			// began predates this read.
+			if res == routing.CacheMiss {
+				p.sandboxes.forget(x.sandboxID, readAt.UnixNano())
 			}
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)

@@ -294,8 +294,11 @@ func (c *Cache) load(id string) (v any, err error) {
 		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl()), gen: gen})
 		return route, nil
 	case transient(err):
-		if e, ok := c.pos.Peek(id); ok {
-			// Serve the old route for a while without asking the failing store.
+		// Serve the old route for a while without asking the failing
+		// store. Not a fresh one: a lookup started after this one gave
+		// up on (LookupTimeout) stored it, and it is the store's
+		// current answer.
+		if e, ok := c.pos.Peek(id); ok && (e.stale || !e.fresh(now, gen)) {
 			c.pos.Add(id, entry{route: e.route, expires: now + int64(c.cfg.NegativeTTL), gen: gen, stale: true})
 		}
 		return nil, err

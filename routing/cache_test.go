@@ -375,6 +375,43 @@ func TestCacheStaleIfError(t *testing.T) {
 	}
 }
 
+// A lookup that fails after the caller gave up on it (LookupTimeout) does
+// not mark stale the route a later lookup stored meanwhile: that route is
+// the store's current answer, and marking it would serve it as "store
+// failing" (logged, counted stale) and keep the store from being asked for
+// NegativeTTL.
+func TestCacheLateFailureKeepsFresherRoute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := newCountingStore(answerRoute)
+		cfg := testCacheConfig
+		cfg.LookupTimeout = 100 * time.Millisecond
+		c, err := NewCache(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := expect(t, c, s, "a", CacheMiss, nil, 1)
+		time.Sleep(cfg.TTLMax + 1) // expired: the next Get asks the store
+		s.set(func(ctx context.Context, id string) (*Route, error) {
+			if s.calls.Load() == 2 {
+				<-release // the slow lookup: past its caller's LookupTimeout
+				return nil, errStoreDown
+			}
+			return routeFor(id), nil
+		})
+		// Its caller gets the old route once LookupTimeout passes.
+		if r := expect(t, c, s, "a", CacheStale, nil, 2); r != first {
+			t.Fatal("the timed-out lookup's caller did not get the old route")
+		}
+		fresh := expect(t, c, s, "a", CacheMiss, nil, 3)
+		close(release)
+		synctest.Wait() // the slow lookup has failed and stored what it stores
+		if r := expect(t, c, s, "a", CacheHit, nil, 3); r != fresh {
+			t.Fatal("the fresher route was replaced")
+		}
+	})
+}
+
 // ExpireAll re-reads every route and forgets unknown ids, but serves the
 // old route while the store fails the re-read.
 func TestCacheExpireAll(t *testing.T) {

@@ -382,7 +382,8 @@ func killedOrBusy(w uint64, _ *sandboxState) bool {
 // A sandbox this instance holds paused is read again at once, in the
 // background (cut short and waited for by Server.Shutdown, not started
 // after it), and its pause forgotten when Redis no longer has its route
-// (a sandbox created again under the id must not answer 503). A running
+// (a sandbox created again under the id must not answer 503); a read
+// that settles nothing leaves it marked for the janitor. A running
 // one is only marked: the janitor asks about it within a minute
 // (recheckInvalidated), by then from the cache when the sandbox had a
 // request meanwhile, so that an invalidation does not make every instance
@@ -392,7 +393,13 @@ func (p *Proxy) Invalidate(id string) int {
 	if sb := p.sandboxes.peek(id); sb != nil {
 		switch sb.state() {
 		case statePausing, statePaused:
-			p.bg.run(func(ctx context.Context) { p.forgetIfGone(ctx, id) })
+			p.bg.run(func(ctx context.Context) {
+				if !p.forgetIfGone(ctx, id) {
+					// The store could not say (down, slow): the
+					// janitor asks again, as for a running one.
+					sb.unsure.Store(true)
+				}
+			})
 		case stateRunning:
 			sb.unsure.Store(true)
 		}

@@ -219,3 +219,49 @@ func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 		})
 	}
 }
+
+// The re-read a paused sandbox's invalidation starts may find Redis unable
+// to answer (here paused by CLIENT PAUSE, past LookupTimeout): the sandbox
+// is then left for the janitor's round, which forgets it once Redis says
+// its route is gone. Before, the one failed read was all it got, and the
+// pause stayed for good (a paused entry is never swept, only rechecked
+// after a day).
+func TestRedisInvalidationRereadRetried(t *testing.T) {
+	r, store := redisStore(t)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.cache.LookupTimeout = 200 * time.Millisecond
+	})
+	rdb := r.Client()
+	ctx := context.Background()
+	const id = "reread-retried"
+	key := redisstore.DefaultKeyPrefix + id
+	if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1", "8080", "8080").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("state: %d %s", st, body)
+	}
+	sb := h.proxy.sandboxes.peek(id)
+	if sb == nil {
+		t.Fatal("no entry for the paused sandbox")
+	}
+	if err := rdb.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Redis answers no client for the next 4 s: far past LookupTimeout.
+	// (CLIENT UNPAUSE would be paused too.)
+	if err := rdb.ClientPause(ctx, 4*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.proxy.Invalidate(id) // as the subscriber does for the control plane's PUBLISH
+	testenv.WaitFor(t, 10*time.Second, "the failed re-read to leave the sandbox for the janitor", sb.unsure.Load)
+	if e := h.proxy.sandboxes.peek(id); e != sb || sb.state() != statePaused {
+		t.Fatalf("entry after a re-read Redis did not answer: %p (was %p), want it kept, paused", e, sb)
+	}
+	testenv.WaitFor(t, 10*time.Second, "Redis to answer again", func() bool { return rdb.Ping(ctx).Err() == nil })
+	h.proxy.recheckInvalidated(ctx)
+	if e := h.proxy.sandboxes.peek(id); e != nil {
+		t.Fatalf("paused sandbox removed from Redis still known after the janitor's round (state %d)", e.state())
+	}
+}

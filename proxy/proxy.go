@@ -872,11 +872,14 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		h.Del(HeaderRequestID)
 		h.SetBytesV(HeaderRequestID, id)
 	}
-	if seen.expect && bytes.EqualFold(h.Peek(fasthttp.HeaderExpect), continueExpectation) {
-		// fasthttp has answered it (100 before the handler), and the body
-		// follows without waiting: the sandbox's own 100 would be dropped,
-		// and, coming while the body is sent, it would hide the early
-		// answer that may follow it (earlyAnswer). nginx removes it too.
+	if seen.expect {
+		// 100-continue: fasthttp has answered it (100 before the
+		// handler), and the body follows without waiting: the sandbox's
+		// own 100 would be dropped, and, coming while the body is sent, it
+		// would hide the early answer that may follow it (earlyAnswer).
+		// Any other expectation: Go's and Node's servers answer one they
+		// do not know with 417, where nginx, which never passes Expect on,
+		// had the request served.
 		h.Del(fasthttp.HeaderExpect)
 	}
 	if p.cfg.Signer != nil {
@@ -1459,8 +1462,6 @@ func zeroWeight(params []byte) bool {
 	}
 	return false
 }
-
-var continueExpectation = []byte("100-continue")
 
 // isEventStream reports whether the Content-Type ct is text/event-stream,
 // in any case: media types are case-insensitive (RFC 9110 §8.3.1), and

@@ -292,6 +292,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}, nil)
 		return
 	}
+	if climbsAboveRoot(h.RequestURI()) {
+		// "/../etc/passwd": nginx refuses it, so the platform's sandboxes
+		// never got one, and a server that joins the path to a directory
+		// would serve what is above it.
+		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "request target climbs above the root (..)"}, nil)
+		return
+	}
 	x.seen = scanHead(h)
 	if x.seen.transferEncoding && h.ContentLength() != -1 {
 		// "Transfer-Encoding: identity": fasthttp takes it for no coding

@@ -1,0 +1,74 @@
+package proxy
+
+import "bytes"
+
+// climbsAboveRoot reports whether the path of the request target uri has a
+// ".." segment with no segment before it left to remove: one that climbs
+// above the root. nginx refuses such a target with 400 (and so did the
+// platform's proxy), so a sandbox's server never had to defend against it.
+// It reads the path as nginx does before refusing it: "%2e" is a dot and
+// "%2F" a slash (both in either case), empty segments ("//") are merged
+// away, "." segments stay where they are; the query and a fragment are not
+// looked at, and neither is a backslash (a separator only on Windows).
+// The target is passed on unchanged when it stays inside the root: paths
+// are not normalised. One pass over the bytes, no allocation.
+func climbsAboveRoot(uri []byte) bool {
+	if len(uri) > 0 && uri[0] != '/' {
+		// Absolute form: the path begins after the authority. Anything
+		// else ("*") has no path.
+		_, rest, ok := bytes.Cut(uri, []byte("://"))
+		if !ok {
+			return false
+		}
+		i := bytes.IndexByte(rest, '/')
+		if i < 0 {
+			return false
+		}
+		uri = rest[i:]
+	}
+	depth := 0
+	for i := 0; i < len(uri); {
+		switch c := uri[i]; {
+		case c == '?' || c == '#':
+			return false
+		case c == '/':
+			i++
+			continue
+		case escapedSlash(uri, i):
+			i += 3
+			continue
+		}
+		dots, other := 0, false
+	segment:
+		for i < len(uri) {
+			switch c := uri[i]; {
+			case c == '/' || c == '?' || c == '#' || escapedSlash(uri, i):
+				break segment
+			case c == '.':
+				dots++
+				i++
+			case c == '%' && i+2 < len(uri) && uri[i+1] == '2' && uri[i+2]|0x20 == 'e':
+				dots++
+				i += 3
+			default:
+				other = true
+				i++
+			}
+		}
+		switch {
+		case other || dots > 2:
+			depth++
+		case dots == 2:
+			if depth == 0 {
+				return true
+			}
+			depth--
+		}
+	}
+	return false
+}
+
+// escapedSlash reports whether uri holds "%2F" (or "%2f") at i.
+func escapedSlash(uri []byte, i int) bool {
+	return uri[i] == '%' && i+2 < len(uri) && uri[i+1] == '2' && uri[i+2]|0x20 == 'f'
+}

@@ -166,10 +166,15 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,
-		NoDefaultDate:                true,
-		NoDefaultContentType:         true,
-		ReadBufferSize:               cfg.MaxRequestHeaderSize,
-		Concurrency:                  unlimitedConcurrency,
+		// Every answer gets the proxy's Date, replacing a sandbox's, as
+		// nginx dates what it relays: an undated answer (a hand-written
+		// server's) must not reach clients and caches so (RFC 9110
+		// 6.6.1), and a VM resumed from a snapshot may keep a stale clock.
+		// fasthttp writes a line it formats once a second.
+		NoDefaultDate:        false,
+		NoDefaultContentType: true,
+		ReadBufferSize:       cfg.MaxRequestHeaderSize,
+		Concurrency:          unlimitedConcurrency,
 		// Small: it batches headers and small bodies; downloads bypass it
 		// (WriteTo), streams flush per chunk, and it is held for the
 		// life of every stream.

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// caseEnv is what the corpus needs to know of the lab: the sandbox's host
+// name (port and id, as a client writes it) and port.
+type caseEnv struct {
+	host string
+	port int
+}
+
+// tcase is one exchange: raw bytes sent on a new connection ({case} becomes
+// the X-Lab-Case line that ties the sandbox's records to the run), how many
+// answers to read, and the differences expected with their reasons.
+type tcase struct {
+	name   string
+	raw    string
+	nresp  int  // answers to read; 0 means 1
+	v10    bool // an HTTP/1.0 exchange: Connection: keep-alive in answers counts
+	expect []exp
+}
+
+// exp is an expected difference: every difference whose text starts with
+// prefix is explained by why.
+type exp struct{ prefix, why string }
+
+func (c tcase) explain(d string) string {
+	for _, e := range c.expect {
+		if strings.HasPrefix(d, e.prefix) {
+			return e.why
+		}
+	}
+	return ""
+}
+
+// rq builds a request: line, the lab's tag, the header lines, the empty line,
+// then body.
+func rq(line string, headers []string, body string) string {
+	var b strings.Builder
+	b.WriteString(line + "\r\n{case}")
+	for _, h := range headers {
+		b.WriteString(h + "\r\n")
+	}
+	b.WriteString("\r\n" + body)
+	return b.String()
+}
+
+func hs(h ...string) []string { return h }
+
+// Reasons, each naming where the behaviour is written down.
+const (
+	whyTrace       = "TRACE is forwarded, nginx answers 405 (README: Decisions, Like nginx, not relayed)"
+	whyChunkedBuf  = "nginx-platform.conf leaves proxy_request_buffering on: nginx reads a chunked body whole and sends it with Content-Length; CubeProxy streams it chunked (README: Forwarding behaviour; artefact of the nginx config)"
+	whyReqTrailer  = "the trailer fields of a chunked request body reach the sandbox; nginx drops them (README: Decisions, Like nginx, not relayed)"
+	whyHopByHop    = "a request's Connection options (and Keep-Alive, Proxy-Connection, TE, Trailer) are removed, nginx ignores Connection options and passes them (README: Forwarding behaviour, Headers)"
+	whyH2c         = "Upgrade: h2c is removed, the request is forwarded plain (README: Forwarding behaviour, WebSocket)"
+	whyForwarded   = "a client's Forwarded gets the proxy's element appended, nginx passes it untouched (README: Forwarding behaviour, Headers)"
+	whyTokens      = "the proxy's own credentials (traffic tokens, X-Cube-Admin-Token) never reach a sandbox (DESIGN: Auth; README: Decisions)"
+	whyTE          = "Transfer-Encoding other than chunked: 400 and close, nginx 501 (README: Decisions, Transfer codings)"
+	whyHeadLimit   = "request heads up to 16 KiB (client.max_header_size, the platform's limit: README Decisions, Header limits); nginx-platform.conf keeps nginx's default large_client_header_buffers 4 8k (artefact of the nginx config)"
+	whyOverLimit   = "a head over client.max_header_size is 431 request_header_too_large, nginx 400/414 (README: Errors; Decisions, Left to fasthttp's parser)"
+	whyRoute       = "nginx-platform.conf routes every id to the port's upstream and knows no ports but its upstream blocks; CubeProxy looks the route up (artefact of the nginx model, not of the platform's Redis-backed proxy)"
+	whyGzip        = "nginx-platform.conf has gzip on for text (the platform's setting); CubeProxy never re-encodes a sandbox's body (artefact of the nginx config)"
+	whyUpstreamHdr = "nginx replaces a sandbox's Server with its own; CubeProxy passes it (README: Forwarding behaviour, Headers)"
+	whyCtypeDup    = "two different Content-Type lines are a 400 (README: Decisions, Left to fasthttp's parser)"
+	whyLenient     = "valid HTTP (or repaired as RFC 9112 lets a proxy) that nginx 1.22 refuses with 400, forwarded (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyStricter    = "refused by CubeProxy where nginx 1.22 serves or relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyCL0         = "fasthttp's writer adds Content-Length: 0 to a bodiless request whose method is not GET or HEAD; nginx sends none (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyUnderscore  = "a header name with _ passes, nginx drops it (underscores_in_headers off) (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whySpaceName   = "a header line whose name holds a space is dropped and the request served; nginx 1.22 answers 400 (README: Forwarding behaviour, Headers)"
+	whyKeptOpen    = "both refuse; nginx closes the connection after its 400, CubeProxy keeps a well-framed request's connection"
+	whyConnect     = "CONNECT is a 405 method_not_allowed (README: Errors); nginx 1.22 answers 400 and closes"
+	whyInterim     = "a sandbox's interim 1xx is not relayed (README: Decisions, Like nginx, not relayed); nginx 1.22 reads the 1xx as the final head and the client gets nothing"
+	whyTrailerHdr  = "the Trailer field that names a chunked answer's trailer is removed with the trailer fields, which are not relayed (README: Decisions, Like nginx, not relayed); nginx drops the fields and keeps the Trailer field"
+	whyHopAnswer   = "hop-by-hop fields of an answer (and those its Connection names) are removed, nginx relays Proxy-Connection, TE, Upgrade and Connection-named ones (README: Forwarding behaviour, Headers)"
+	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it"
+	whyUnasked101  = "a 101 to a request that asked for no upgrade is a 502 upstream_bad_response (README: Forwarding behaviour, WebSocket); nginx relays any 101"
+	whyUpgradeCase = "the upgrade is replayed with the client's Connection: Upgrade, nginx-platform.conf sends its map's lower-case value (case-insensitive token)"
+	whyVersion     = "a version other than HTTP/1.0 or HTTP/1.1 is a 505 (README: Errors); nginx serves HTTP/1.2 as HTTP/1.1"
+	whyBadChunk    = "both answer 400; a chunked body streams, so the sandbox got the head before the broken chunk and then a closed connection, where nginx reads the whole body first (README: Forwarding behaviour)"
+	whyHTTP09      = "both refuse HTTP/0.9: nginx answers in HTTP/0.9 (a bare body), CubeProxy with an HTTP/1.1 400"
+)
+
+func corpus(env caseEnv) []tcase {
+	H := "Host: " + env.host
+	get := func(target string, extra ...string) string {
+		return rq("GET "+target+" HTTP/1.1", append([]string{H}, extra...), "")
+	}
+	ans := func(variant string, extra ...string) string {
+		return get("/", append([]string{"X-Lab-Answer: " + variant}, extra...)...)
+	}
+	c := []tcase{
+		// Methods.
+		{name: "method.get", raw: get("/")},
+		{name: "method.post", raw: rq("POST /p HTTP/1.1", hs(H, "Content-Type: text/plain", "Content-Length: 5"), "hello")},
+		{name: "method.put", raw: rq("PUT /p HTTP/1.1", hs(H, "Content-Length: 5"), "hello")},
+		{name: "method.patch", raw: rq("PATCH /p HTTP/1.1", hs(H, "Content-Length: 2"), "{}")},
+		{name: "method.delete", raw: rq("DELETE /p HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
+		{name: "method.options", raw: rq("OPTIONS /p HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
+		{name: "method.options-star", raw: rq("OPTIONS * HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "method.head", raw: rq("HEAD / HTTP/1.1", hs(H), "")},
+		{name: "method.trace", raw: rq("TRACE / HTTP/1.1", hs(H), ""), expect: []exp{
+			{"client[0].status", whyTrace}, {"client[0].from", whyTrace}, {"client.conn", whyTrace}, {"sandbox.requests", whyTrace}}},
+		{name: "method.connect", raw: rq("CONNECT "+env.host+":443 HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyConnect}, {"client.conn", whyConnect}}},
+		{name: "method.unknown", raw: rq("FROBNICATE / HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
+		{name: "method.webdav", raw: rq("PROPFIND / HTTP/1.1", hs(H, "Depth: 1"), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
+		{name: "method.lowercase", raw: rq("get / HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "method.lowercase-head", raw: rq("head / HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "method.post-no-body", raw: rq("POST /p HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
+		{name: "method.odd-token", raw: rq("GET! / HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+
+		// Targets.
+		{name: "target.absolute", raw: rq("GET http://"+env.host+"/abs?q=1 HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-other", raw: rq("GET http://other.example/abs HTTP/1.1", hs(H), ""), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.pct2F", raw: get("/a%2Fb/%2e%2e/c")},
+		{name: "target.dots", raw: get("/a/./b/../c")},
+		{name: "target.dotdot-above-root", raw: get("/../etc/passwd"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.dotdot-above-root-deep", raw: get("/a/../../etc/passwd"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.dotdot-encoded", raw: get("/%2e%2e/etc/passwd"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.dotdot-encoded-mixed", raw: get("/a/.%2E/%2e./x"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.dotdot-query", raw: get("/p?x=/../../etc")},
+		{name: "target.backslash", raw: get("/a\\..\\..\\x")},
+		{name: "target.double-slash", raw: get("//a//b")},
+		{name: "target.query-empty", raw: get("/p?")},
+		{name: "target.query-odd", raw: get("/p?a=1&a=2&b=%20&c=?/#")},
+		{name: "target.fragment", raw: get("/p#frag")},
+		{name: "target.non-ascii", raw: get("/caf\xc3\xa9?q=\xe2\x82\xac")},
+		{name: "target.pct-invalid", raw: get("/%zz%"), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "target.long-7k", raw: get("/" + strings.Repeat("a", 7000))},
+		{name: "target.long-10k", raw: get("/" + strings.Repeat("a", 10000)), expect: []exp{{"client[0].status", whyHeadLimit}, {"client[0].from", whyHeadLimit}, {"client.conn", whyHeadLimit}, {"sandbox.requests", whyHeadLimit}}},
+		{name: "target.no-slash", raw: get("foo")},
+		{name: "target.space", raw: get("/a b")},
+
+		// Host.
+		{name: "host.port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":80"), "")},
+		{name: "host.trailing-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+"."), "")},
+		{name: "host.upper-case", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host)), "")},
+		{name: "host.duplicate", raw: rq("GET / HTTP/1.1", hs(H, H), "")},
+		{name: "host.missing", raw: rq("GET / HTTP/1.1", nil, "")},
+		{name: "host.empty", raw: rq("GET / HTTP/1.1", hs("Host:"), "")},
+		{name: "host.http10-none", raw: rq("GET / HTTP/1.0", nil, ""), v10: true},
+		{name: "host.http10", raw: rq("GET / HTTP/1.0", hs(H), ""), v10: true},
+		{name: "host.userinfo", raw: rq("GET / HTTP/1.1", hs("Host: user@"+env.host), "")},
+		{name: "host.leading-zero-port", raw: rq("GET / HTTP/1.1", hs("Host: 0"+env.host), ""), expect: []exp{
+			{"client[0]", "ports with leading zeros are normalised (DESIGN: Request pipeline 1); nginx-platform.conf's regex takes at most 5 digits (artefact of the nginx model)"},
+			{"sandbox.requests", "as client[0]"}, {"client.conn", "as client[0]"}}},
+		{name: "host.unmapped-port", raw: rq("GET / HTTP/1.1", hs("Host: 1-lab.cube.test"), ""), expect: []exp{{"client[0].status", whyRoute}}},
+		{name: "host.unknown-sandbox", raw: rq("GET / HTTP/1.1", hs(fmt.Sprintf("Host: %d-nosuch.cube.test", env.port)), ""), expect: []exp{
+			{"client[0]", whyRoute}, {"sandbox.requests", whyRoute}}},
+
+		// Header fields.
+		{name: "hdr.duplicates", raw: get("/", "X-Dup: 1", "X-Other: x", "X-Dup: 2")},
+		{name: "hdr.empty-value", raw: get("/", "X-Empty:", "X-Blank:   ")},
+		{name: "hdr.obs-fold", raw: get("/", "X-Fold: a", " b"), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "hdr.space-before-colon", raw: get("/", "X-Sp : v")},
+		{name: "hdr.underscore", raw: get("/", "X_Custom: v", "X_Real_IP: 6.6.6.6"), expect: []exp{{"sandbox[0].headers", whyUnderscore}}},
+		{name: "hdr.name-with-space", raw: get("/", "X Real IP: 6.6.6.6"), expect: []exp{{"client[0].status", whySpaceName}, {"client[0].from", whySpaceName}, {"client.conn", whySpaceName}, {"sandbox.requests", whySpaceName}}},
+		{name: "hdr.huge-12k", raw: get("/", "X-Huge: "+strings.Repeat("h", 12000)), expect: []exp{{"client[0].status", whyHeadLimit}, {"client[0].from", whyHeadLimit}, {"client.conn", whyHeadLimit}, {"sandbox.requests", whyHeadLimit}}},
+		{name: "hdr.huge-20k", raw: get("/", "X-Huge: "+strings.Repeat("h", 20000)), expect: []exp{{"client[0].status", whyOverLimit}}},
+		{name: "hdr.many", raw: get("/", manyHeaders(150)...)},
+		{name: "hdr.connection-lists", raw: get("/", "Connection: X-Secret, keep-alive", "X-Secret: v"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.te-trailers", raw: get("/", "TE: trailers")},
+		{name: "hdr.trailer", raw: get("/", "Trailer: X-T"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.proxy-connection", raw: get("/", "Proxy-Connection: keep-alive"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.keep-alive", raw: get("/", "Keep-Alive: timeout=5")},
+		{name: "hdr.upgrade-h2c", raw: get("/", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"), expect: []exp{{"sandbox[0].headers", whyH2c}}},
+		{name: "hdr.upgrade-ws-refused", raw: get("/", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"), expect: []exp{{"sandbox[0].headers", whyUpgradeCase}}},
+		{name: "hdr.xff", raw: get("/", "X-Forwarded-For: 1.2.3.4")},
+		{name: "hdr.xff-two-lines", raw: get("/", "X-Forwarded-For: 1.2.3.4", "X-Forwarded-For: 5.6.7.8")},
+		{name: "hdr.x-real-ip", raw: get("/", "X-Real-IP: 6.6.6.6")},
+		{name: "hdr.x-forwarded-proto", raw: get("/", "X-Forwarded-Proto: https", "X-Forwarded-Host: a.example")},
+		{name: "hdr.forwarded", raw: get("/", "Forwarded: for=1.2.3.4"), expect: []exp{{"sandbox[0].headers", whyForwarded}}},
+		{name: "hdr.tokens", raw: get("/", "E2b-Traffic-Access-Token: t", "Cube-Traffic-Access-Token: t", "X-Cube-Admin-Token: a", "Authorization: Bearer b", "X-Access-Token: x"), expect: []exp{{"sandbox[0].headers", whyTokens}}},
+		{name: "hdr.cookies", raw: get("/", "Cookie: a=1", "Cookie: b=2")},
+		{name: "hdr.content-type-dup", raw: rq("POST / HTTP/1.1", hs(H, "Content-Type: text/plain", "Content-Type: application/json", "Content-Length: 2"), "{}"), expect: []exp{{"client[0].status", whyCtypeDup}, {"client[0].from", whyCtypeDup}, {"client.conn", whyCtypeDup}, {"sandbox.requests", whyCtypeDup}}},
+		{name: "hdr.via-max-forwards", raw: get("/", "Via: 1.1 upstream", "Max-Forwards: 3")},
+
+		// Expect.
+		{name: "expect.100-wait", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Expect: 100-continue"), "") + waitMarker + "hello"},
+		{name: "expect.100-nowait", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Expect: 100-continue"), "hello")},
+		{name: "expect.100-chunked", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked", "Expect: 100-continue"), "") + waitMarker + "5\r\nhello\r\n0\r\n\r\n", expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "expect.100-no-body", raw: get("/", "Expect: 100-continue")},
+		{name: "expect.100-case", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Expect: 100-Continue"), "") + waitMarker + "hello"},
+		{name: "expect.unknown", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Expect: something-else"), "hello")},
+		{name: "expect.http10", raw: rq("POST / HTTP/1.0", hs(H, "Content-Length: 5", "Expect: 100-continue"), "") + waitMarker + "hello", v10: true},
+
+		// Request bodies.
+		{name: "body.chunked", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "body.chunk-extensions", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "5;name=value\r\nhello\r\n0;last\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "body.chunked-trailer", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked", "Trailer: X-Sum"), "5\r\nhello\r\n0\r\nX-Sum: 42\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}, {"sandbox[0].trailers", whyReqTrailer}}},
+		{name: "body.chunked-empty", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "0\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "body.chunked-bad-size", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "zz\r\nhello\r\n0\r\n\r\n"), expect: []exp{{"sandbox.requests", whyBadChunk}}},
+		{name: "body.cl-and-chunked", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 3", "Transfer-Encoding: chunked"), "5\r\nhello\r\n0\r\n\r\n"), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"sandbox.requests", whyLenient}}},
+		{name: "body.two-cl-same", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Content-Length: 5"), "hello")},
+		{name: "body.two-cl-differ", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5", "Content-Length: 6"), "hello!")},
+		{name: "body.cl-list", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5, 5"), "hello")},
+		{name: "body.cl-plus", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: +5"), "hello")},
+		{name: "body.cl-negative", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: -1"), "")},
+		{name: "body.te-identity", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: identity", "Content-Length: 5"), "hello"), expect: []exp{{"client[0].status", whyTE}}},
+		{name: "body.te-gzip-chunked", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: gzip, chunked"), "5\r\nhello\r\n0\r\n\r\n"), expect: []exp{{"client[0].status", whyTE}}},
+		{name: "body.te-chunked-http10", raw: rq("POST / HTTP/1.0", hs(H, "Transfer-Encoding: chunked"), "5\r\nhello\r\n0\r\n\r\n"), v10: true},
+		{name: "body.on-get", raw: rq("GET / HTTP/1.1", hs(H, "Content-Length: 5"), "hello")},
+		{name: "body.on-head", raw: rq("HEAD / HTTP/1.1", hs(H, "Content-Length: 5"), "hello")},
+		{name: "body.100k", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 100000"), strings.Repeat("x", 100000))},
+
+		// Answers from the sandbox.
+		{name: "ans.close-delimited", raw: ans("close")},
+		{name: "ans.http10-unsized", raw: ans("http10")},
+		{name: "ans.chunked-trailer", raw: ans("chunked"), expect: []exp{{"client[0].headers", whyTrailerHdr}}},
+		{name: "ans.204", raw: ans("204")},
+		{name: "ans.204-with-body", raw: ans("204body")},
+		{name: "ans.304-with-body", raw: ans("304body")},
+		{name: "ans.head", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: plain"), "")},
+		{name: "ans.103", raw: ans("103"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.unsolicited-100", raw: ans("100"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.set-cookies", raw: ans("cookies")},
+		{name: "ans.location-internal", raw: ans("location")},
+		{name: "ans.location-host", raw: ans("location-host")},
+		{name: "ans.dup-cl-same", raw: ans("dupcl-same"), expect: []exp{{"client[0].status", whyStricter}, {"client[0].from", whyStricter}}},
+		{name: "ans.dup-cl-differ", raw: ans("dupcl-diff"), expect: []exp{{"client[0].status", whyStricter}, {"client[0].from", whyStricter}}},
+		{name: "ans.cl-and-te", raw: ans("cl-and-te"), expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
+		{name: "ans.gzip-accepted", raw: ans("gzip-plain", "Accept-Encoding: gzip"), expect: []exp{{"client[0].headers", whyGzip}, {"client[0].body", whyGzip}, {"client[0].framing", whyGzip}}},
+		{name: "ans.gzip-not-accepted", raw: ans("gzip-plain")},
+		{name: "ans.gzipped-by-sandbox", raw: ans("gzipped", "Accept-Encoding: gzip")},
+		{name: "ans.hop-by-hop", raw: ans("hopbyhop"), expect: []exp{{"client[0].headers", whyHopAnswer}}},
+		{name: "ans.status-custom", raw: ans("status-custom")},
+		{name: "ans.status-no-reason", raw: ans("status-noreason")},
+		{name: "ans.status-404", raw: ans("status-404")},
+		{name: "ans.status-500", raw: ans("status-500")},
+		{name: "ans.status-502", raw: ans("status-502")},
+		{name: "ans.name-with-space", raw: ans("space-name")},
+		{name: "ans.obs-fold", raw: ans("obs-fold"), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}}},
+		{name: "ans.bare-lf", raw: ans("bare-lf")},
+		{name: "ans.empty-and-dup", raw: ans("empty-value")},
+		{name: "ans.header-20k", raw: ans("big-header")},
+		{name: "ans.101-unasked", raw: ans("upgrade-101-unasked"), expect: []exp{{"client[0].status", whyUnasked101}, {"client[0].from", whyUnasked101}}},
+		{name: "ans.server-date", raw: ans("server-date"), expect: []exp{{"client[0].headers", whyUpstreamHdr}}},
+		{name: "ans.sse-sized", raw: ans("sse", "Accept: text/event-stream")},
+		{name: "ans.short-body", raw: ans("cl-short"), expect: []exp{{"client[0].status", whyStricter}, {"client[0].from", whyStricter}, {"client.conn", whyStricter}}},
+		{name: "ans.closed-no-answer", raw: ans("close-early")},
+
+		// Connections.
+		{name: "conn.pipelined-gets", raw: get("/one") + get("/two") + get("/three"), nresp: 3},
+		{name: "conn.pipelined-mixed", raw: rq("POST /a HTTP/1.1", hs(H, "Content-Length: 5"), "hello") + rq("HEAD /b HTTP/1.1", hs(H), "") + get("/c"), nresp: 3},
+		{name: "conn.pipelined-after-close", raw: get("/one", "Connection: close") + get("/two"), nresp: 2},
+		{name: "conn.close", raw: get("/", "Connection: close")},
+		{name: "conn.http10-close", raw: rq("GET / HTTP/1.0", hs(H), ""), v10: true},
+		{name: "conn.http10-keepalive", raw: rq("GET / HTTP/1.0", hs(H, "Connection: keep-alive"), ""), v10: true},
+		{name: "conn.http10-keepalive-unsized", raw: rq("GET / HTTP/1.0", hs(H, "Connection: keep-alive", "X-Lab-Answer: chunked"), ""), v10: true, expect: []exp{{"client[0].headers", whyTrailerHdr}}},
+		{name: "conn.http10-keepalive-twice", raw: rq("GET /a HTTP/1.0", hs(H, "Connection: keep-alive"), "") + rq("GET /b HTTP/1.0", hs(H, "Connection: keep-alive"), ""), nresp: 2, v10: true},
+		{name: "conn.http09", raw: "GET /\r\n", expect: []exp{{"client.err", whyHTTP09}, {"client.responses", whyHTTP09}, {"client.conn", whyHTTP09}}},
+		{name: "conn.http2-version", raw: rq("GET / HTTP/2.0", hs(H), "")},
+		{name: "conn.http12-version", raw: rq("GET / HTTP/1.2", hs(H), ""), expect: []exp{{"client[0].status", whyVersion}, {"client[0].from", whyVersion}, {"client.conn", whyVersion}, {"sandbox.requests", whyVersion}}},
+		{name: "conn.leading-crlf", raw: "\r\n" + get("/")},
+	}
+	return c
+}
+
+func manyHeaders(n int) []string {
+	h := make([]string, n)
+	for i := range h {
+		h[i] = fmt.Sprintf("X-Many-%03d: %d", i, i)
+	}
+	return h
+}

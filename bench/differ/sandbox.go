@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// seenReq is what the sandbox received of one request, byte for byte where
+// bytes matter.
+type seenReq struct {
+	tag      string
+	Line     string `json:"line"`
+	Headers  []hdr  `json:"headers"`
+	Framing  string `json:"framing"` // "cl:N", "chunked", "none"
+	Body     []byte `json:"body,omitempty"`
+	Trailers []hdr  `json:"trailers,omitempty"`
+	Err      string `json:"err,omitempty"`
+}
+
+// sandbox is a raw TCP echo server: it records every request it reads and
+// answers with the variant its X-Lab-Answer header names.
+type sandbox struct {
+	ln   net.Listener
+	port int
+
+	mu   sync.Mutex
+	reqs map[string][]seenReq // by X-Lab-Case
+}
+
+func startSandbox() (*sandbox, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &sandbox{ln: ln, port: ln.Addr().(*net.TCPAddr).Port}
+	s.reqs = map[string][]seenReq{}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go s.serve(c)
+		}
+	}()
+	return s, nil
+}
+
+// end returns the requests tagged tag (or untagged ones, which no case can
+// claim for sure), waiting up to wait for a first one when none came yet.
+func (s *sandbox) end(tag string, wait time.Duration) []seenReq {
+	deadline := time.Now().Add(wait)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		out := append([]seenReq(nil), s.reqs[tag]...)
+		if len(out) > 0 || !time.Now().Before(deadline) {
+			return append(out, s.reqs[""]...)
+		}
+		s.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		s.mu.Lock()
+	}
+}
+
+func (s *sandbox) record(r seenReq) {
+	s.mu.Lock()
+	s.reqs[r.tag] = append(s.reqs[r.tag], r)
+	s.mu.Unlock()
+}
+
+func readLine(br *bufio.Reader) (string, error) {
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return line, err
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r"), nil
+}
+
+// readHeaders reads header lines up to the empty line. An obs-fold line
+// (starting with a space or tab) is kept as a line of its own, so that it
+// shows.
+func readHeaders(br *bufio.Reader) ([]hdr, error) {
+	var hs []hdr
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return hs, err
+		}
+		if line == "" {
+			return hs, nil
+		}
+		name, value, ok := strings.Cut(line, ":")
+		if !ok {
+			hs = append(hs, hdr{"(no colon)", line})
+			continue
+		}
+		hs = append(hs, hdr{name, strings.Trim(value, " \t")})
+	}
+}
+
+// readChunked decodes a chunked body, returning the data and the trailer.
+func readChunked(br *bufio.Reader) ([]byte, []hdr, error) {
+	var body []byte
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return body, nil, fmt.Errorf("chunk size line: %w", err)
+		}
+		sz, _, _ := strings.Cut(line, ";")
+		n, err := strconv.ParseInt(strings.TrimSpace(sz), 16, 64)
+		if err != nil || n < 0 {
+			return body, nil, fmt.Errorf("chunk size %q", line)
+		}
+		if n == 0 {
+			tr, err := readHeaders(br)
+			return body, tr, err
+		}
+		chunk := make([]byte, n)
+		if _, err := io.ReadFull(br, chunk); err != nil {
+			return append(body, chunk...), nil, fmt.Errorf("chunk data: %w", err)
+		}
+		body = append(body, chunk...)
+		if l, err := readLine(br); err != nil || l != "" {
+			return body, nil, fmt.Errorf("chunk end %q %v", l, err)
+		}
+	}
+}
+
+func (s *sandbox) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		c.SetReadDeadline(time.Time{})
+		line, err := readLine(br)
+		if err != nil {
+			return
+		}
+		if line == "" {
+			continue // a stray CRLF between requests
+		}
+		var r seenReq
+		r.Line = line
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		r.Headers, err = readHeaders(br)
+		if v := getAll(r.Headers, "X-Lab-Case"); len(v) > 0 {
+			r.tag = v[0]
+		}
+		if err != nil {
+			r.Err = "head: " + err.Error()
+			s.record(r)
+			return
+		}
+		switch cl := getAll(r.Headers, "Content-Length"); {
+		case hasToken(r.Headers, "Transfer-Encoding", "chunked"):
+			r.Framing = "chunked"
+			r.Body, r.Trailers, err = readChunked(br)
+		case len(cl) > 0:
+			r.Framing = "cl:" + strings.Join(cl, ",")
+			n, perr := strconv.Atoi(cl[0])
+			if perr != nil {
+				err = perr
+				break
+			}
+			r.Body = make([]byte, n)
+			var got int
+			got, err = io.ReadFull(br, r.Body)
+			r.Body = r.Body[:got]
+		default:
+			r.Framing = "none"
+		}
+		if err != nil {
+			r.Err = "body: " + err.Error()
+			s.record(r)
+			return
+		}
+		s.record(r)
+		method, _, _ := strings.Cut(r.Line, " ")
+		answer := ""
+		if v := getAll(r.Headers, "X-Lab-Answer"); len(v) > 0 {
+			answer = v[0]
+		}
+		if !s.answer(c, method, answer) {
+			return
+		}
+	}
+}
+
+const plainBody = "hello from the sandbox\n"
+
+// answer writes the variant named by the request's X-Lab-Answer; false when
+// the connection must close after it.
+func (s *sandbox) answer(c net.Conn, method, variant string) bool {
+	head := method == "HEAD"
+	sized := func(status, extra, body string) string {
+		b := body
+		if head {
+			b = ""
+		}
+		return fmt.Sprintf("HTTP/1.1 %s\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n%s\r\n%s", status, len(body), extra, b)
+	}
+	w := func(s string) bool { _, err := io.WriteString(c, s); return err == nil }
+	switch variant {
+	case "", "plain":
+		return w(sized("200 OK", "", plainBody))
+	case "close": // no length: the body ends with the connection
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + plainBody)
+		return false
+	case "http10": // an HTTP/1.0 answer without a length
+		w("HTTP/1.0 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\n\r\n" + plainBody)
+		return false
+	case "chunked":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n" +
+			"6;ext=1\r\nhello \r\n11\r\nfrom the sandbox\n\r\n0\r\nX-Checksum: abc\r\n\r\n")
+	case "204":
+		return w("HTTP/1.1 204 No Content\r\nX-Lab: sandbox\r\n\r\n")
+	case "204body": // a body where none may be: the connection cannot be reused
+		w("HTTP/1.1 204 No Content\r\nX-Lab: sandbox\r\nContent-Length: 5\r\n\r\nhello")
+		return false
+	case "304body":
+		w("HTTP/1.1 304 Not Modified\r\nX-Lab: sandbox\r\nETag: \"v1\"\r\nContent-Length: 5\r\n\r\nhello")
+		return false
+	case "103":
+		return w("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n" + sized("200 OK", "Link: </a.css>; rel=preload\r\n", plainBody))
+	case "100": // an unsolicited 100 Continue before the answer
+		return w("HTTP/1.1 100 Continue\r\n\r\n" + sized("200 OK", "", plainBody))
+	case "cookies":
+		return w(sized("200 OK", "Set-Cookie: a=1; Path=/\r\nSet-Cookie: b=2; HttpOnly\r\nSet-Cookie: c=3; Expires=Wed, 21 Oct 2037 07:28:00 GMT\r\n", plainBody))
+	case "location":
+		return w(sized("302 Found", fmt.Sprintf("Location: http://127.0.0.1:%d/next?x=1\r\n", s.port), plainBody))
+	case "location-host":
+		return w(sized("301 Moved Permanently", fmt.Sprintf("Location: http://%d-lab.cube.test/next\r\n", s.port), plainBody))
+	case "dupcl-same":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello")
+	case "dupcl-diff":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")
+		return false
+	case "cl-and-te":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		return false
+	case "gzip-plain": // compressible text, not compressed by the sandbox
+		return w(sized("200 OK", "", strings.Repeat("compressible text\n", 100)))
+	case "gzipped": // compressed by the sandbox itself
+		var b bytes.Buffer
+		z := gzip.NewWriter(&b)
+		z.Write([]byte(plainBody))
+		z.Close()
+		return w(sized("200 OK", "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n", b.String()))
+	case "hopbyhop":
+		return w(sized("200 OK", "Connection: X-Private\r\nX-Private: secret\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nUpgrade: foo\r\nTE: trailers\r\nX-End: kept\r\n", plainBody))
+	case "status-custom":
+		return w("HTTP/1.1 299 Custom Reason\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "status-noreason":
+		return w("HTTP/1.1 200\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "status-404":
+		return w(sized("404 Not Found", "", "app's own 404\n"))
+	case "status-500":
+		return w(sized("500 Internal Server Error", "", "app's own 500\n"))
+	case "status-502":
+		return w(sized("502 Bad Gateway", "", "app's own 502\n"))
+	case "space-name":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nBad Name: x\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	case "obs-fold":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nX-Folded: a\r\n b\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	case "bare-lf":
+		return w("HTTP/1.1 200 OK\nX-Lab: sandbox\nContent-Length: 2\n\nok")
+	case "empty-value":
+		return w(sized("200 OK", "X-Empty:\r\nX-Dup: 1\r\nX-Dup: 2\r\n", plainBody))
+	case "big-header": // over the platform's 16k proxy_buffer_size
+		w(sized("200 OK", "X-Big: "+strings.Repeat("b", 20000)+"\r\n", plainBody))
+		return false
+	case "upgrade-101-unasked":
+		w("HTTP/1.1 101 Switching Protocols\r\nX-Lab: sandbox\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		return false
+	case "server-date":
+		return w(sized("200 OK", "Server: sandbox/1.0\r\nDate: Tue, 01 Jan 2030 00:00:00 GMT\r\n", plainBody))
+	case "sse":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nContent-Length: 13\r\n\r\ndata: hello\n\n")
+	case "cl-short": // declares more than it sends, then closes
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 100\r\n\r\nhello")
+		return false
+	case "close-early": // closes without answering
+		return false
+	}
+	return w(sized("500 Internal Server Error", "", "unknown X-Lab-Answer "+variant+"\n"))
+}

@@ -289,6 +289,29 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 	case "cl-short": // declares more than it sends, then closes
 		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 100\r\n\r\nhello")
 		return false
+	case "sized-close": // sized, then the sandbox closes its connection
+		w(sized("200 OK", "Connection: close\r\n", plainBody))
+		return false
+	case "http10-keepalive":
+		return w("HTTP/1.0 200 OK\r\nX-Lab: sandbox\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok")
+	case "head-chunked": // a HEAD answer that announces a chunked body it does not send
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n")
+	case "x-accel": // nginx reads X-Accel-* from its upstreams
+		return w(sized("200 OK", "X-Accel-Buffering: no\r\nX-Accel-Expires: 0\r\n", plainBody))
+	case "large-sized":
+		return w(sized("200 OK", "", strings.Repeat("0123456789abcdef", 20000)))
+	case "large-chunked":
+		var b strings.Builder
+		b.WriteString("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := 0; i < 40; i++ {
+			fmt.Fprintf(&b, "%x\r\n%s\r\n", 5000, strings.Repeat(string(rune('a'+i%26)), 5000))
+		}
+		b.WriteString("0\r\n\r\n")
+		return w(b.String())
+	case "401":
+		return w(sized("401 Unauthorized", "WWW-Authenticate: Bearer realm=\"mcp\", error=\"invalid_token\"\r\nWWW-Authenticate: Basic realm=\"x\"\r\n", "no\n"))
+	case "no-ctype":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
 	case "close-early": // closes without answering
 		return false
 	}

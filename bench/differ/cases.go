@@ -78,7 +78,7 @@ const (
 	whyHopAnswer   = "hop-by-hop fields of an answer (and those its Connection names) are removed, nginx relays Proxy-Connection, TE, Upgrade and Connection-named ones (README: Forwarding behaviour, Headers)"
 	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it"
 	whyUnasked101  = "a 101 to a request that asked for no upgrade is a 502 upstream_bad_response (README: Forwarding behaviour, WebSocket); nginx relays any 101"
-	whyUpgradeCase = "the upgrade is replayed with the client's Connection: Upgrade, nginx-platform.conf sends its map's lower-case value (case-insensitive token)"
+	whySSEClose    = "a GET answered with an event stream is detached from fasthttp and its head says Connection: close (README: Forwarding behaviour, SSE); nginx keeps the connection"
 	whyVersion     = "a version other than HTTP/1.0 or HTTP/1.1 is a 505 (README: Errors); nginx serves HTTP/1.2 as HTTP/1.1"
 	whyBadChunk    = "both answer 400; a chunked body streams, so the sandbox got the head before the broken chunk and then a closed connection, where nginx reads the whole body first (README: Forwarding behaviour)"
 	whyStrictParse = "refused by fasthttp's parser where nginx 1.22 is lenient (README: Decisions, Where nginx refuses a request and the proxy does not)"
@@ -170,7 +170,7 @@ func corpus(env caseEnv) []tcase {
 		{name: "hdr.proxy-connection", raw: get("/", "Proxy-Connection: keep-alive"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
 		{name: "hdr.keep-alive", raw: get("/", "Keep-Alive: timeout=5")},
 		{name: "hdr.upgrade-h2c", raw: get("/", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"), expect: []exp{{"sandbox[0].headers", whyH2c}}},
-		{name: "hdr.upgrade-ws-refused", raw: get("/", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"), expect: []exp{{"sandbox[0].headers", whyUpgradeCase}}},
+		{name: "hdr.upgrade-ws-refused", raw: get("/", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13")},
 		{name: "hdr.xff", raw: get("/", "X-Forwarded-For: 1.2.3.4")},
 		{name: "hdr.xff-two-lines", raw: get("/", "X-Forwarded-For: 1.2.3.4", "X-Forwarded-For: 5.6.7.8")},
 		{name: "hdr.x-real-ip", raw: get("/", "X-Real-IP: 6.6.6.6")},
@@ -255,12 +255,15 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.bare-lf", raw: ans("bare-lf")},
 		{name: "ans.empty-and-dup", raw: ans("empty-value")},
 		{name: "ans.header-20k", raw: ans("big-header")},
-		{name: "ans.101-unasked", raw: ans("upgrade-101-unasked"), expect: []exp{{"client[0].status", whyUnasked101}, {"client[0].from", whyUnasked101}}},
+		{name: "ans.101-unasked", raw: ans("upgrade-101-unasked"), expect: []exp{{"client[0].status", whyUnasked101}, {"client[0].from", whyUnasked101}, {"client.conn", whyUnasked101}}},
 		{name: "ans.server-date", raw: ans("server-date"), expect: []exp{{"client[0].headers", whyUpstreamHdr}}},
 		{name: "ans.sse-sized", raw: ans("sse", "Accept: text/event-stream")},
 		{name: "ans.short-body", raw: ans("cl-short"), expect: []exp{{"client[0].status", whyStricter}, {"client[0].from", whyStricter}, {"client.conn", whyStricter}}},
 		{name: "ans.closed-no-answer", raw: ans("close-early"), expect: []exp{{"sandbox.requests", whyRetry}}},
 
+		{name: "ans.websocket", raw: get("/", "X-Lab-Answer: ws-accept", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13")},
+		{name: "ans.sse-stream", raw: get("/", "X-Lab-Answer: sse-stream", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
+		{name: "ans.sse-stream-post", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-stream", "Accept: application/json, text/event-stream", "Content-Length: 2"), "{}")},
 		{name: "ans.sized-close", raw: ans("sized-close")},
 		{name: "ans.http10-keepalive", raw: ans("http10-keepalive")},
 		{name: "ans.head-chunked", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-chunked"), "")},

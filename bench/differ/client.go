@@ -107,7 +107,7 @@ func runClient(c tcase, addr, tag string) (v clientView) {
 			return v
 		}
 		v.Resps = append(v.Resps, r)
-		if r.Framing == "close" {
+		if r.Framing == "close" || r.Framing == "upgraded" {
 			v.Conn = "closed"
 			return v
 		}
@@ -192,7 +192,10 @@ func readResp(br *bufio.Reader, head bool) (resp, error) {
 func finishResp(br *bufio.Reader, r *resp, head bool) {
 	var err error
 	switch cl := getAll(r.Headers, "Content-Length"); {
-	case head || r.Status == 204 || r.Status == 304 || r.Status == 101:
+	case r.Status == 101: // what follows is the upgraded protocol's, to its end
+		r.Framing = "upgraded"
+		r.Body, err = io.ReadAll(br)
+	case head || r.Status == 204 || r.Status == 304:
 		r.Framing = "none"
 	case hasToken(r.Headers, "Transfer-Encoding", "chunked"):
 		r.Framing = "chunked"

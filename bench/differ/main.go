@@ -392,7 +392,7 @@ func sandboxHeaders(s seenReq) []string {
 		if ignoredSandboxHeaders[n] && !(n == "x-forwarded-proto" && h.Value != "http") {
 			continue
 		}
-		out = append(out, hdr{n, h.Value})
+		out = append(out, hdr{n, tokenCase(n, h.Value)})
 	}
 	return sortedLines(out)
 }
@@ -422,9 +422,19 @@ func clientHeaders(r resp, v10 bool) []string {
 				continue
 			}
 		}
-		out = append(out, hdr{n, h.Value})
+		out = append(out, hdr{n, tokenCase(n, h.Value)})
 	}
 	return sortedLines(out)
+}
+
+// tokenCase lower-cases the value of a field whose tokens compare without
+// case (nginx-platform.conf sends "Connection: upgrade", CubeProxy the
+// client's "Upgrade").
+func tokenCase(name, value string) string {
+	if name == "connection" || name == "upgrade" {
+		return strings.ToLower(value)
+	}
+	return value
 }
 
 func sortedLines(hs []hdr) []string {

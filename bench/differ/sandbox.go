@@ -312,6 +312,12 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return w(sized("401 Unauthorized", "WWW-Authenticate: Bearer realm=\"mcp\", error=\"invalid_token\"\r\nWWW-Authenticate: Basic realm=\"x\"\r\n", "no\n"))
 	case "no-ctype":
 		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "ws-accept": // accepts a WebSocket upgrade, sends one text frame, closes
+		w("HTTP/1.1 101 Switching Protocols\r\nX-Lab: sandbox\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x81\x02hi")
+		return false
+	case "sse-stream": // an event stream of unknown length that ends
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"d\r\ndata: hello\n\n\r\n0\r\n\r\n")
 	case "close-early": // closes without answering
 		return false
 	}

@@ -370,9 +370,11 @@ func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
 		} else if ctx.Err() != nil {
 			t.Fatalf("dial: %v", err)
 		}
-		entry := buf.waitJSONLine(t, `"status":101`) // the tunnel's
-		if entry["error_code"] != CodeDrainTimeout {
-			t.Errorf("error_code %v, want %s", entry["error_code"], CodeDrainTimeout)
+		// Its client got no 101: logged as the drain's 504, with the
+		// sandbox's 101 as upstream_status.
+		entry := buf.waitJSONLine(t, `"upstream_status":101`) // the tunnel's
+		if entry["error_code"] != CodeDrainTimeout || entry["status"] != float64(504) {
+			t.Errorf("status %v error_code %v, want 504 %s", entry["status"], entry["error_code"], CodeDrainTimeout)
 		}
 	})
 }

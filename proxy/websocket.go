@@ -496,33 +496,76 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// Connection header that lists close, and Go's WebSocket clients
 		// then find no Upgrade token). The connection is the tunnel's now.
 		ctx.Response.Header.ResetConnectionClose()
-		_, err := client.Write(append(ctx.Response.Header.AppendBytes(nil), pending...))
+		head := ctx.Response.Header.AppendBytes(nil)
+		headLen := len(head)
+		n, err := client.Write(append(head, pending...))
 		_ = client.SetWriteDeadline(time.Time{})
 		// A write that failed found the client gone, unless the proxy cut
-		// the tunnel as it registered (a drain past its deadline, a kill:
-		// their codes, with the 101). A client that took none of the 101
-		// within client.write_timeout is still there (client_write_timeout,
-		// as a stream's stalled write keeps its status).
-		gone := err != nil && !isTimeout(err) && !tn.drainCut.Load() && !tn.killed.Load()
-		if gone {
+		// the tunnel (a drain past its deadline, a kill) as it registered
+		// or while the 101 was going out to a client slow to take it. A
+		// client that took none of the 101 within client.write_timeout is
+		// still there (client_write_timeout, as a stream's stalled write
+		// keeps its status).
+		cut := err != nil && (tn.drainCut.Load() || tn.killed.Load())
+		gone := err != nil && !isTimeout(err) && !cut
+		hs := headSent{err: err, gone: gone, sent: max(int64(n-headLen), 0)}
+		if cut && n < headLen {
+			// The cut came before the whole 101 reached the client's
+			// socket: its client got no switch, only a connection that
+			// closed, as a request the kill or the drain cuts before its
+			// answer's head gets; that request's status is what is logged
+			// and counted (cutStatus), with the sandbox's 101 in
+			// upstream_status. The proxy cannot write that answer
+			// instead: the cut closed the socket, with part of the 101
+			// already in it maybe.
+			hs.cut = cutStatus(tn)
+		}
+		switch {
+		case gone:
 			answered(statusClientClosed)
-		} else {
+		case hs.cut != 0:
+			answered(hs.cut)
+		default:
 			answered(fasthttp.StatusSwitchingProtocols)
 		}
 		// The tunnel runs on its own goroutine, so that fasthttp's
 		// hijack goroutine ends and frees the request's context and
 		// fasthttp's reader with it.
-		go p.runTunnel(tn, conn, early, pending, err, gone, &tx, release)
+		go p.runTunnel(tn, conn, early, pending, hs, &tx, release)
 	}, abandon)
+}
+
+// headSent is how writing a tunnel's 101 (and what the sandbox sent with
+// it) to its client went.
+type headSent struct {
+	err error // the write's error: with one, the tunnel only closes
+	// gone: err found the client gone (the exchange ends as a 499).
+	gone bool
+	// cut is the status of a tunnel the kill or the drain deadline cut
+	// before its 101 was all written (cutStatus); 0 otherwise.
+	cut int
+	// sent is how many of the sandbox's bytes after its 101 the write
+	// took, when it failed.
+	sent int64
+}
+
+// cutStatus is the status of an exchange that the kill (410) or the drain
+// deadline (504) cut before its answer's head reached its client: the
+// status upstreamError answers such a request with.
+func cutStatus(tn *tunnel) int {
+	if tn.killed.Load() {
+		return fasthttp.StatusGone
+	}
+	return fasthttp.StatusGatewayTimeout
 }
 
 // runTunnel copies both ways until the tunnel ends; early is what the
 // client sent before the tunnel read its connection (non-nil, maybe
-// empty), pending what the sandbox sent after its 101, and headErr the
-// error of writing the 101 (and pending) to the client: with one, the
-// tunnel only closes. gone: that error found the client gone (the
-// exchange ends as a 499).
-func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, headErr error, gone bool, tx *exchange, release func(int, error)) {
+// empty), pending what the sandbox sent after its 101, and hs how writing
+// the 101 (and pending) to the client went: after an error, the tunnel
+// only closes.
+func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs headSent, tx *exchange, release func(int, error)) {
+	headErr := hs.err
 	var in, out countingReader
 	// reset: the sandbox reset its connection rather than closing it
 	// (a crashed server, a VM gone), logged so that the session does
@@ -547,15 +590,29 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, head
 		ended = true
 		p.streams.removeTunnel(tn)
 		tx.bytesIn, tx.bytesOut = in.n.Load()+int64(len(early)), out.n.Load()+int64(len(pending))
+		if headErr != nil {
+			// Only what the failed write took of pending went out.
+			tx.bytesOut = hs.sent
+		}
 		status := fasthttp.StatusSwitchingProtocols
 		switch {
-		case gone:
+		case hs.gone:
 			// The client was gone before its 101 went out: as abandon,
 			// whatever else (a drain, a kill) came since. What came with
 			// the 101 did not reach it either.
 			tx.errCode = CodeClientClosed
 			status = statusClientClosed
 			tx.bytesOut = 0
+		case hs.cut != 0:
+			// Cut before its 101 was all written: logged with the status
+			// its client was counted with (splice), the cut's code, and
+			// nothing sent.
+			status = hs.cut
+			tx.bytesOut = 0
+			tx.errCode = CodeDrainTimeout
+			if hs.cut == fasthttp.StatusGone {
+				tx.errCode = CodeSandboxKilled
+			}
 		case tn.killed.Load():
 			tx.errCode = CodeSandboxKilled
 		case tn.drainCut.Load():

@@ -47,6 +47,14 @@ type Entry struct {
 	// start of the upstream exchange to the end of the sandbox's response
 	// (of the stream or tunnel). Printed only when UpstreamAddr is set.
 	UpstreamResponseTime time.Duration
+	// UpstreamRetries counts the upstream attempts made again after one
+	// failed before any answer (a connect retried, a request re-sent on a
+	// new connection), and UpstreamRetryCode is the proxy error code of
+	// the first that failed: what nginx's "$upstream_addr" and
+	// "$upstream_status" lists ("a, a", "502, 200") tell. Every attempt
+	// goes to UpstreamAddr. JSON only.
+	UpstreamRetries   int
+	UpstreamRetryCode string
 
 	UserAgent  string
 	RequestID  string // X-Cube-Request-Id as echoed to the client

@@ -31,6 +31,8 @@ func fullEntry() *Entry {
 		ConnectionRequests:   7,
 		UpstreamAddr:         "10.0.0.8:32001",
 		UpstreamStatus:       200,
+		UpstreamRetries:      1,
+		UpstreamRetryCode:    "upstream_reset",
 		UpstreamResponseTime: 2 * time.Millisecond,
 		UserAgent:            "agent/1.0",
 		RequestID:            "req-123",
@@ -217,7 +219,8 @@ func TestJSONLine(t *testing.T) {
 		"request_time": json.Number("0.003"), "connection_requests": json.Number("7"),
 		"sandbox_id": "sb1", "port": json.Number("50005"), "route_kind": "sse", "cache_result": "hit",
 		"error_code": "", "upstream_addr": "10.0.0.8:32001", "upstream_status": json.Number("200"),
-		"upstream_response_time": json.Number("0.002"), "backend_ip": "10.0.0.8", "server_addr": "10.0.0.5",
+		"upstream_response_time": json.Number("0.002"), "upstream_retries": json.Number("1"),
+		"upstream_retry_code": "upstream_reset", "backend_ip": "10.0.0.8", "server_addr": "10.0.0.5",
 		"x_real_ip": "198.51.100.7", "x_forwarded_for": "198.51.100.7, 10.0.0.1", "x_forwarded_proto": "https",
 		"user_agent": "agent/1.0", "x_cube_request_id": "req-123", "x_cube_instance_id": "inst-9",
 	}

@@ -51,6 +51,8 @@ func appendJSON(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	} else {
 		b = append(b, "null"...)
 	}
+	b = jsonInt(b, "upstream_retries", int64(e.UpstreamRetries))
+	b = jsonStr(b, "upstream_retry_code", e.UpstreamRetryCode)
 	b = jsonStr(b, "backend_ip", e.BackendIP)
 	b = jsonStr(b, "server_addr", e.ServerAddr)
 	b = jsonStr(b, "x_real_ip", e.XRealIP)

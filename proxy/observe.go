@@ -74,6 +74,10 @@ type exchange struct {
 	answeredEarly bool
 	bytesOut      int64
 	retries       int // connects and requests retried upstream (the span's cube.upstream.retries)
+	// retryCode is the error code of the first upstream attempt that
+	// failed and was made again (the log's upstream_retry_code): a
+	// constant, never a request's bytes.
+	retryCode string
 
 	stream bool // a body relayed as it comes (bodyStream) or a tunnel: counted as an open stream
 	// sized: the stream is a fixed-length body (a download too large to
@@ -205,6 +209,9 @@ func (x *exchange) noteRequestID(id []byte) {
 // (telemetry.ResendClientSpan), its traceparent in h.
 func (p *Proxy) retried(x *exchange, h *fasthttp.RequestHeader, code string, err error, at time.Time) {
 	x.retries++
+	if x.retries == 1 {
+		x.retryCode = code
+	}
 	if x.cspan == nil {
 		return
 	}
@@ -483,6 +490,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		e.UpstreamAddr = b2s(buf[n:])
 		e.UpstreamStatus = x.upStatus
 		e.UpstreamResponseTime = x.upstreamTime(total)
+		e.UpstreamRetries, e.UpstreamRetryCode = x.retries, x.retryCode
 	}
 	e.UserAgent = b2s(h.UserAgent())
 	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID)) // set before any entry is filled

@@ -102,11 +102,11 @@ func (s *bodyStream) hijacked(net.Conn) {
 	}
 	h.SetConnectionClose() // the connection ends with the stream
 	bp := copyBufPool.Get().(*[]byte)
-	out, rerr := s.firstWrite(*bp, h)
+	out, body, rerr := s.firstWrite(*bp, h)
 	if rerr == io.EOF {
 		s.countOut() // out holds the last chunk
 	}
-	err := s.write(out)
+	err := s.writeBody(out, body)
 	copyBufPool.Put(bp)
 	s.headWritten(err)
 	switch {
@@ -125,20 +125,21 @@ func (s *bodyStream) hijacked(net.Conn) {
 // bytes came with it (they usually do), frames them behind it, so the
 // client gets both in one write without waiting for the pump goroutine to
 // be scheduled. A body that already ended gets the last chunk too; rerr
-// is then io.EOF.
-func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []byte, rerr error) {
+// is then io.EOF. body is where in out the body bytes read (and counted
+// out) are.
+func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []byte, body span, rerr error) {
 	out = h.AppendBytes(buf[:0])
 	if !s.bodyReady() || len(out)+chunkHeadRoom+2+len(lastChunk) >= len(buf) {
 		// A head that leaves no room in buf for a chunk (a sandbox may send
 		// up to upstream.max_header_size, 1 MiB) goes out alone; the pump
 		// sends what came with it. So does one that came with no body
 		// byte (or only a chunk-size line): the head must not wait for it.
-		return out, nil
+		return out, span{}, nil
 	}
 	start := len(out)
 	if s.unframed {
 		n, rerr := s.Read(buf[start:])
-		return buf[:start+n], rerr
+		return buf[:start+n], span{start, start + n}, rerr
 	}
 	n, rerr := s.Read(buf[start+chunkHeadRoom : len(buf)-2-len(lastChunk)])
 	if n > 0 {
@@ -149,12 +150,16 @@ func (s *bodyStream) firstWrite(buf []byte, h *fasthttp.ResponseHeader) (out []b
 		gap := chunkHeadRoom + n + 2 - len(chunk)
 		copy(buf[gap:gap+start], buf[:start])
 		out = buf[gap : gap+start+len(chunk)]
+		body = span{len(out) - 2 - n, len(out) - 2}
 	}
 	if rerr == io.EOF {
 		out = append(out, lastChunk...)
 	}
-	return out, rerr
+	return out, body, rerr
 }
+
+// span is where in a write the body bytes are: b[start:end].
+type span struct{ start, end int }
 
 // pump copies the body to the client until either side ends it.
 func (s *bodyStream) pump() {
@@ -212,10 +217,12 @@ func (s *bodyStream) copyEvents() error {
 		var werr error
 		if n > 0 {
 			out := buf[chunkHeadRoom : chunkHeadRoom+n]
+			body := span{0, n}
 			if !s.unframed {
 				out = frameChunk(buf, n)
+				body = span{len(out) - 2 - n, len(out) - 2}
 			}
-			werr = s.write(out)
+			werr = s.writeBody(out, body)
 		}
 		copyBufPool.Put(bp)
 		switch {
@@ -258,12 +265,31 @@ func frameChunk(buf []byte, n int) []byte {
 
 // write sends b to the client within the client write timeout.
 func (s *bodyStream) write(b []byte) error {
+	_, err := s.writeN(b)
+	return err
+}
+
+// writeN is write, which also returns how much of b went out.
+func (s *bodyStream) writeN(b []byte) (int, error) {
 	if len(b) == 0 {
-		return nil
+		return 0, nil
 	}
 	if s.writeTimeout > 0 {
 		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout), slack(s.writeTimeout))
 	}
-	_, err := s.client.Write(b)
+	return s.client.Write(b)
+}
+
+// writeBody writes b, whose bytes at body are the sandbox's, which Read
+// counted out when it read them. A write the client cut (it stopped
+// reading, it reset) takes off again those of them it did not send, as
+// WriteTo does for a download: counted when read, a piece of up to 64 KiB
+// was logged as sent that the client never got.
+func (s *bodyStream) writeBody(b []byte, body span) error {
+	m, err := s.writeN(b)
+	if err != nil {
+		sent := min(max(m-body.start, 0), body.end-body.start)
+		s.x.bytesOut -= int64(body.end - body.start - sent)
+	}
 	return err
 }

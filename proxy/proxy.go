@@ -239,6 +239,13 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	setResponseID(&ctx.Response.Header, reqID)
 	p.headersReady(ctx, x)
 	if !x.owned {
+		// Logged (and counted, and the span ended) before fasthttp writes
+		// the answer, once the handler returns: a write the client cuts
+		// (a reset, client.write_timeout) is logged as the answer sent,
+		// with its whole body. fasthttp reports nothing of that write
+		// that the line could wait for without a lock or a copy per
+		// request; see README, Decisions ("logged before fasthttp writes
+		// it").
 		p.finish(ctx, x, ctx.Response.StatusCode(), nil, nil)
 	}
 }

@@ -98,7 +98,12 @@ async function tracedFetch(input, init = {}) {
   const method = init.method || 'GET';
   const headers = new Headers(init.headers);
   const body = typeof init.body === 'string' ? init.body : '';
-  const ex = { kind: kindOf(method, body, headers), method, bytes: body.length };
+  // What the request carried is known before the fetch: an exchange the
+  // SDK aborts (its close cuts a POST whose 202 is still on the way) keeps it.
+  const ex = {
+    kind: kindOf(method, body, headers), method, bytes: body.length,
+    protocolVersion: headers.get('mcp-protocol-version'), lastEventId: headers.get('last-event-id'),
+  };
   // nextBeat: a promise of the next heartbeat the body brings.
   let beatWaiters = [];
   Object.defineProperty(ex, 'nextBeat', { value: () => new Promise((r) => beatWaiters.push(r)), enumerable: false });
@@ -116,8 +121,6 @@ async function tracedFetch(input, init = {}) {
   }
   ex.status = res.status;
   ex.contentType = res.headers.get('content-type');
-  ex.protocolVersion = headers.get('mcp-protocol-version');
-  ex.lastEventId = headers.get('last-event-id');
   emit({ ev: 'http', ...ex });
   let isEnded = false;
   const end = () => { if (!isEnded) { isEnded = true; open--; } };

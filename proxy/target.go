@@ -14,14 +14,15 @@ import "bytes"
 // are not normalised. One pass over the bytes, no allocation.
 func climbsAboveRoot(uri []byte) bool {
 	if len(uri) > 0 && uri[0] != '/' {
-		// Absolute form: the path begins after the authority. Anything
-		// else ("*") has no path.
+		// Absolute form: the path begins after the authority, which
+		// ends at the first "/", "?" or "#": "http://h?x/../.." has an
+		// empty path (nginx serves it). Anything else ("*") has no path.
 		_, rest, ok := bytes.Cut(uri, []byte("://"))
 		if !ok {
 			return false
 		}
-		i := bytes.IndexByte(rest, '/')
-		if i < 0 {
+		i := bytes.IndexAny(rest, "/?#")
+		if i < 0 || rest[i] != '/' {
 			return false
 		}
 		uri = rest[i:]

@@ -73,9 +73,98 @@ func TestClimbsAboveRoot(t *testing.T) {
 		"/a%2f..": false, "/a%2f..%2f..": true, "/a?/../..": false, "/a#/../..": false,
 		"http://h/..": true, "http://h": false, "http://h/a/..": false, "/%2": false, "/%": false,
 		"/..%2": false, "/a/...": false,
+		// The authority ends at the first "/", "?" or "#": a query right
+		// after it is no path (nginx serves this one).
+		"http://h?x/../..": false, "http://h:1?/..": false, "http://h#/..": false, "http://u@h:1/a/../..": true,
 	} {
 		if got := climbsAboveRoot([]byte(in)); got != want {
 			t.Errorf("climbsAboveRoot(%q) = %v, want %v", in, got, want)
 		}
+	}
+}
+
+// climbsRef is climbsAboveRoot written the obvious way, for
+// FuzzClimbsAboveRoot: find the path (after an absolute form's
+// authority, before "?" or "#"), decode "%2e" and "%2f", split at "/",
+// and walk the segments as path.Clean would, failing at a ".." with
+// nothing left to remove.
+func climbsRef(uri string) bool {
+	if !strings.HasPrefix(uri, "/") {
+		_, rest, ok := strings.Cut(uri, "://")
+		i := strings.IndexAny(rest, "/?#")
+		if !ok || i < 0 || rest[i] != '/' {
+			return false
+		}
+		uri = rest[i:]
+	}
+	if i := strings.IndexAny(uri, "?#"); i >= 0 {
+		uri = uri[:i]
+	}
+	var b strings.Builder
+	for i := 0; i < len(uri); i++ {
+		if uri[i] == '%' && i+2 < len(uri) && uri[i+1] == '2' {
+			switch uri[i+2] {
+			case 'e', 'E':
+				b.WriteByte('.')
+				i += 2
+				continue
+			case 'f', 'F':
+				b.WriteByte('/')
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(uri[i])
+	}
+	var stack []string
+	for _, seg := range strings.Split(b.String(), "/") {
+		switch seg {
+		case "", ".":
+		case "..":
+			if len(stack) == 0 {
+				return true
+			}
+			stack = stack[:len(stack)-1]
+		default:
+			stack = append(stack, seg)
+		}
+	}
+	return false
+}
+
+// FuzzClimbsAboveRoot holds the one-pass climbsAboveRoot to climbsRef.
+func FuzzClimbsAboveRoot(f *testing.F) {
+	for _, s := range []string{
+		"/", "*", "/..", "/a/../..", "/%2e%2E/x", "/a%2F..%2F..", "/a/..b", "/...", "/a/b/../..", "/.%2e?x",
+		"/a;/../..", "http://u@h:1/a/../..", "http://h?x/../..", "/p#/../..", "/a//..//..", "/%252e%252e/..",
+		"/%%2e%2e/..", "/..%2", "/a/" + strings.Repeat("b/", 100) + strings.Repeat("../", 101),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uri string) {
+		if got, want := climbsAboveRoot([]byte(uri)), climbsRef(uri); got != want {
+			t.Errorf("climbsAboveRoot(%q) = %v, the reference says %v", uri, got, want)
+		}
+	})
+}
+
+// BenchmarkClimbsAboveRoot: it runs on every request, so on a long path
+// (8 KiB, the most a default head leaves a target) it must stay a scan.
+func BenchmarkClimbsAboveRoot(b *testing.B) {
+	for _, tc := range []struct{ name, uri string }{
+		{"short", "/api/v1/sessions/abc/events?since=123"},
+		{"long", "/" + strings.Repeat("segment/", 1024)},
+		{"long dots", "/" + strings.Repeat("a/./%2e%2e/", 745)},
+	} {
+		uri := []byte(tc.uri)
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(uri)))
+			for b.Loop() {
+				if climbsAboveRoot(uri) {
+					b.Fatal("climbs")
+				}
+			}
+		})
 	}
 }

@@ -303,7 +303,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		// "/../etc/passwd": nginx refuses it, so the platform's sandboxes
 		// never got one, and a server that joins the path to a directory
 		// would serve what is above it.
-		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "request target climbs above the root (..)"}, nil)
+		x.fail(ctx, errAboveRoot, nil)
 		return
 	}
 	x.seen = scanHead(h)

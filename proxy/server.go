@@ -282,7 +282,11 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// request without one, its target's host.
 	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
-	if len(host) == 0 {
+	if climbsAboveRoot(ctx.Request.Header.RequestURI()) {
+		// Refused here as on HTTPS (serve), as nginx refuses it on any
+		// server: redirected, it came back only to be refused there.
+		x.fail(ctx, errAboveRoot, nil)
+	} else if len(host) == 0 {
 		// HTTP/1.0 in origin form without Host, or with an empty one:
 		// "https://:8443/x" names no server.
 		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)

@@ -2,6 +2,9 @@ package proxy
 
 import "bytes"
 
+// errAboveRoot answers a target that climbsAboveRoot.
+var errAboveRoot = proxyError{status: 400, code: CodeBadRequest, msg: "request target climbs above the root (..)"}
+
 // climbsAboveRoot reports whether the path of the request target uri has a
 // ".." segment with no segment before it left to remove: one that climbs
 // above the root. nginx refuses such a target with 400 (and so did the

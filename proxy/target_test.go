@@ -168,3 +168,19 @@ func BenchmarkClimbsAboveRoot(b *testing.B) {
 		})
 	}
 }
+
+// The redirect listener refuses such a target too, as nginx refuses it on
+// any server, the platform's port-80 redirect included: sent to HTTPS, the
+// client came back with it only to be refused there, after a Location
+// that carried the "..".
+func TestRedirectListenerRefusesTargetAboveRoot(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	for target, want := range map[string]int{"/../etc/passwd": 400, "/a/%2e%2e/%2e%2e/x": 400, "/a/../b": 308} {
+		resp, body := authRawRequest(t, ln.Addr().String(), "GET "+target+" HTTP/1.1", "Host: 50005-box.cube.test")
+		if resp.StatusCode != want || (want == 400 && (!strings.Contains(body, `"bad_request"`) || resp.Header.Get("Location") != "")) {
+			t.Errorf("%s: %d Location %q %s, want %d", target, resp.StatusCode, resp.Header.Get("Location"), body, want)
+		}
+	}
+}

@@ -38,7 +38,8 @@ type retryListener struct {
 	// Client traffic listeners only (see limit); nil open: not counted.
 	open          *atomic.Int64 // connections admitted and not yet closed, shared by the traffic listeners
 	max           int64         // client.max_conns; 0 = unlimited
-	answer        []byte        // the refusal, rendered once (overloadAnswer)
+	answer        []byte        // the refusal as last written (refuse)
+	answerRest    []byte        // the refusal after its Date, rendered once (overloadAnswer)
 	scratch       []byte        // what a refused client sent is read into it and dropped
 	refused       int           // refusals since the last "refusing" line
 	refusedLogged time.Time     // last "refusing" line

@@ -16,7 +16,8 @@ import (
 func (l *retryListener) limit(open *atomic.Int64, max int64) {
 	l.open, l.max = open, max
 	if max > 0 {
-		l.answer = overloadAnswer()
+		l.answerRest = overloadAnswer()
+		l.answer = make([]byte, 0, len(l.answerRest)+64)
 		l.scratch = make([]byte, 4<<10)
 	}
 }
@@ -57,7 +58,8 @@ const refuseDrainReads = 16
 func (l *retryListener) refuse(c net.Conn) {
 	l.metrics.ConnRefused()
 	l.refused++
-	if now := time.Now(); now.Sub(l.refusedLogged) >= 10*time.Second {
+	now := time.Now()
+	if now.Sub(l.refusedLogged) >= 10*time.Second {
 		l.log.Warn("refusing client connections: client.max_conns are open (503 proxy_overloaded); raise it if memory allows",
 			"addr", l.Addr().String(), "max_conns", l.max, "refused", l.refused)
 		l.refusedLogged, l.refused = now, 0
@@ -67,21 +69,30 @@ func (l *retryListener) refuse(c net.Conn) {
 		raw, isTLS = tc.NetConn(), true
 	}
 	if !isTLS {
+		// Dated now, as every other answer of the proxy (RFC 9110
+		// 6.6.1): the status line and the Date, then the rest as
+		// rendered once. Refusals run on the accept goroutine, so its
+		// one buffer serves them all.
+		b := append(l.answer[:0], overloadStatusLine...)
+		b = append(b, "Date: "...)
+		b = fasthttp.AppendHTTPDate(b, now)
+		b = append(b, "\r\n"...)
+		l.answer = append(b, l.answerRest...)
 		writeNow(raw, l.answer)
 	}
 	discardNow(raw, l.scratch, refuseDrainReads)
 	_ = raw.Close()
 }
 
-// overloadAnswer renders the whole HTTP answer to a refused connection.
+// overloadStatusLine begins the answer to a refused connection.
+const overloadStatusLine = "HTTP/1.1 503 Service Unavailable\r\n"
+
+// overloadAnswer renders the answer to a refused connection after its
+// status line and Date: the other header lines and the body.
 func overloadAnswer() []byte {
 	e := proxyError{status: 503, code: CodeOverloaded, msg: "the proxy holds as many client connections as it may (client.max_conns); retry", retryAfter: 1}
 	body := appendErrorJSON(nil, e, nil)
-	b := []byte("HTTP/1.1 ")
-	b = strconv.AppendInt(b, int64(e.status), 10)
-	b = append(b, ' ')
-	b = append(b, fasthttp.StatusMessage(e.status)...)
-	b = append(b, "\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: "...)
+	b := []byte("Content-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: ")
 	b = strconv.AppendInt(b, int64(e.retryAfter), 10)
 	b = append(b, "\r\nConnection: close\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(len(body)), 10)

@@ -299,11 +299,12 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}, nil)
 		return
 	}
-	if climbsAboveRoot(h.RequestURI()) {
-		// "/../etc/passwd": nginx refuses it, so the platform's sandboxes
-		// never got one, and a server that joins the path to a directory
-		// would serve what is above it.
-		x.fail(ctx, errAboveRoot, nil)
+	if e := refusedTarget(h.RequestURI()); e != nil {
+		// "/../etc/passwd", "/a%00": nginx refuses them, so the platform's
+		// sandboxes never got one, and a server that joins the path to a
+		// directory would serve what is above it, or a file name cut at
+		// the NUL.
+		x.fail(ctx, *e, nil)
 		return
 	}
 	x.seen = scanHead(h)

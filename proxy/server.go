@@ -282,10 +282,10 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// request without one, its target's host.
 	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
-	if climbsAboveRoot(ctx.Request.Header.RequestURI()) {
+	if e := refusedTarget(ctx.Request.Header.RequestURI()); e != nil {
 		// Refused here as on HTTPS (serve), as nginx refuses it on any
 		// server: redirected, it came back only to be refused there.
-		x.fail(ctx, errAboveRoot, nil)
+		x.fail(ctx, *e, nil)
 	} else if len(host) == 0 {
 		// HTTP/1.0 in origin form without Host, or with an empty one:
 		// "https://:8443/x" names no server.

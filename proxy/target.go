@@ -5,6 +5,34 @@ import "bytes"
 // errAboveRoot answers a target that climbsAboveRoot.
 var errAboveRoot = proxyError{status: 400, code: CodeBadRequest, msg: "request target climbs above the root (..)"}
 
+// errEscapedNUL answers a target whose path escapesNUL.
+var errEscapedNUL = proxyError{status: 400, code: CodeBadRequest, msg: "request target holds %00 in its path"}
+
+// refusedTarget is the answer to a request target that nginx refuses
+// before routing, as the platform's proxy refused it, or nil: a path that
+// climbsAboveRoot or escapesNUL.
+func refusedTarget(uri []byte) *proxyError {
+	switch {
+	case climbsAboveRoot(uri):
+		return &errAboveRoot
+	case escapesNUL(uri):
+		return &errEscapedNUL
+	}
+	return nil
+}
+
+// escapesNUL reports whether the path of the request target uri holds
+// "%00", an escaped NUL: nginx's URI parser refuses to decode one (400),
+// so no sandbox behind the platform's proxy got one, and a server that
+// decodes the path and hands it to a C string API (a file name) would read
+// it cut short. The query is not decoded by nginx and not looked at here
+// (the first "?" or "#" ends the path); one in an absolute-form target's
+// authority is refused too, as no host name holds it. One vectorised scan.
+func escapesNUL(uri []byte) bool {
+	i := bytes.Index(uri, []byte("%00"))
+	return i >= 0 && bytes.IndexAny(uri[:i], "?#") < 0
+}
+
 // climbsAboveRoot reports whether the path of the request target uri has a
 // ".." segment with no segment before it left to remove: one that climbs
 // above the root. nginx refuses such a target with 400 (and so did the

@@ -85,7 +85,22 @@ const (
 	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them; CubeProxy has no such fields and relays them (an nginx feature, not a header contract)"
 	whyRetry       = "nginx re-sent the GET on a new connection when its kept-alive one closed without an answer; CubeProxy re-sends only then too, so the count depends on whether the connection was reused (README: Forwarding behaviour, upstream pools)"
 	whyHTTP09      = "both refuse HTTP/0.9: nginx answers in HTTP/0.9 (a bare body), CubeProxy with an HTTP/1.1 400"
+	whyHeadTotal   = "client.max_header_size (16 KiB) bounds the whole head; nginx bounds each line (large_client_header_buffers 4 8k: lines of up to 8 KiB, 32 KiB in all) (README: Decisions, Header limits)"
+	whyBadHost     = "a Host whose value is not a host[:port] (a port of letters, a %) is a 400 from fasthttp's parser (RFC 9112 3.2); nginx routes by its leading <port>-<id> and passes it on (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyAbsHost     = "an absolute-form target must name the sandbox and port its Host names, else 400 invalid_host; nginx routes by the target alone (README: Target parsing)"
+	whyAbsNoHost   = "an HTTP/1.0 request in absolute form without Host reaches the sandbox with the target's host as Host; nginx sends its HTTP/1.1 request with none, which an HTTP/1.1 server may refuse (README: Target parsing)"
+	whyEmptyXFF    = "an empty X-Forwarded-For line counts as none: the sandbox gets the client's address alone, where nginx's $proxy_add_x_forwarded_for makes it \", 127.0.0.1\" (an empty first element) (README: Forwarding behaviour, Headers)"
+	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
+	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
+	whyRespBadCL   = "an answer whose Content-Length is not digits (+5) is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespHTTP09  = "an answer whose status line is not HTTP/1.x (http/1.1 in lower case) is a 502 upstream_bad_response; nginx 1.22 takes it for HTTP/0.9 and relays its bytes, head included, as the answer (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
+
+// oneRefuses is the expected differences of a case one side refuses (its
+// own answer, the connection closed or kept) and the other serves.
+func oneRefuses(why string) []exp {
+	return []exp{{"client[0].status", why}, {"client[0].from", why}, {"client.conn", why}, {"sandbox.requests", why}}
+}
 
 func corpus(env caseEnv) []tcase {
 	H := "Host: " + env.host
@@ -108,6 +123,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "method.trace", raw: rq("TRACE / HTTP/1.1", hs(H), ""), expect: []exp{
 			{"client[0].status", whyTrace}, {"client[0].from", whyTrace}, {"client.conn", whyTrace}, {"sandbox.requests", whyTrace}}},
 		{name: "method.connect", raw: rq("CONNECT "+env.host+":443 HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyConnect}, {"client.conn", whyConnect}}},
+		{name: "method.connect-other", raw: rq("CONNECT other.example:443 HTTP/1.1", hs("Host: other.example:443"), ""), expect: []exp{{"client[0].status", whyConnect}, {"client.conn", whyConnect}}},
+		{name: "method.trace-max-forwards", raw: rq("TRACE / HTTP/1.1", hs(H, "Max-Forwards: 0"), ""), expect: oneRefuses(whyTrace)},
 		{name: "method.unknown", raw: rq("FROBNICATE / HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
 		{name: "method.webdav", raw: rq("PROPFIND / HTTP/1.1", hs(H, "Depth: 1"), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
 		{name: "method.lowercase", raw: rq("get / HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyLenient}, {"client[0].from", whyLenient}, {"client.conn", whyLenient}, {"sandbox.requests", whyLenient}}},
@@ -136,6 +153,36 @@ func corpus(env caseEnv) []tcase {
 		{name: "target.long-10k", raw: get("/" + strings.Repeat("a", 10000)), expect: []exp{{"client[0].status", whyHeadLimit}, {"client[0].from", whyHeadLimit}, {"client.conn", whyHeadLimit}, {"sandbox.requests", whyHeadLimit}}},
 		{name: "target.no-slash", raw: get("foo")},
 		{name: "target.space", raw: get("/a b")},
+		{name: "target.pct00", raw: get("/a%00b"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.pct00-query", raw: get("/p?a=%00")},
+		{name: "target.pct-unfinished", raw: get("/a%2"), expect: oneRefuses(whyLenient)},
+		{name: "target.pct-unfinished-mid", raw: get("/a%2/b"), expect: oneRefuses(whyLenient)},
+		{name: "target.pct-alone", raw: get("/a%"), expect: oneRefuses(whyLenient)},
+		{name: "target.pct25", raw: get("/%252e%252e/x")},
+		{name: "target.pct-upper-dotdot", raw: get("/a/%2E%2E/%2E%2E/x"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.pct-slash-dotdot", raw: get("/a/..%2f..%2fetc"), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.pct-backslash-dotdot", raw: get("/a/..%5c..%5cetc")},
+		{name: "target.pct-overlong-dot", raw: get("/%c0%ae%c0%ae/x")},
+		{name: "target.dot-semicolon", raw: get("/..;/x")},
+		{name: "target.dotdot-to-root", raw: get("/a/b/../..")},
+		{name: "target.dotdot-end", raw: get("/a/..")},
+		{name: "target.dotdot-bare", raw: get("/.."), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "target.raw-ctl", raw: get("/a\x01b")},
+		{name: "target.raw-del", raw: get("/a\x7fb")},
+		{name: "target.raw-nul", raw: get("/a\x00b")},
+		{name: "target.query-raw-punct", raw: get("/p?a=\"<>{}|\\^`'")},
+		{name: "target.query-pct-bad", raw: get("/p?a=%zz&b=%2")},
+		{name: "target.query-ctl", raw: get("/p?a=\x01")},
+		{name: "target.query-only-question", raw: get("/?")},
+		{name: "target.query-slashes", raw: get("/p?//x/../y")},
+		{name: "target.absolute-sandbox-other-host", raw: rq("GET http://"+env.host+"/abs HTTP/1.1", hs("Host: other.example"), ""), expect: oneRefuses(whyAbsHost)},
+		{name: "target.absolute-https", raw: rq("GET https://"+env.host+"/abs HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-upper-scheme", raw: rq("GET HTTP://"+env.host+"/abs HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-userinfo", raw: rq("GET http://u:p@"+env.host+"/abs HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-no-path", raw: rq("GET http://"+env.host+" HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-port", raw: rq("GET http://"+env.host+":8080/abs HTTP/1.1", hs(H), "")},
+		{name: "target.absolute-other-scheme", raw: rq("GET ftp://"+env.host+"/abs HTTP/1.1", hs(H), "")},
+		{name: "target.authority-form-get", raw: rq("GET "+env.host+":80 HTTP/1.1", hs(H), "")},
 
 		// Host.
 		{name: "host.port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":80"), "")},
@@ -147,6 +194,16 @@ func corpus(env caseEnv) []tcase {
 		{name: "host.http10-none", raw: rq("GET / HTTP/1.0", nil, ""), v10: true},
 		{name: "host.http10", raw: rq("GET / HTTP/1.0", hs(H), ""), v10: true},
 		{name: "host.userinfo", raw: rq("GET / HTTP/1.1", hs("Host: user@"+env.host), "")},
+		{name: "host.port-8080", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":8080"), "")},
+		{name: "host.port-empty", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":"), "")},
+		{name: "host.port-alpha", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":abc"), ""), expect: oneRefuses(whyBadHost)},
+		{name: "host.port-huge", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":99999"), "")},
+		{name: "host.whitespace", raw: rq("GET / HTTP/1.1", hs("Host:   "+env.host+"   "), "")},
+		{name: "host.two-different", raw: rq("GET / HTTP/1.1", hs(H, "Host: other.example"), "")},
+		{name: "host.comma-list", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+", other.example"), "")},
+		{name: "host.ip", raw: rq("GET / HTTP/1.1", hs("Host: 127.0.0.1"), ""), expect: []exp{{"client.conn", whyKeptOpen}}},
+		{name: "host.pct", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+"%00"), ""), expect: oneRefuses(whyBadHost)},
+		{name: "host.http10-absolute", raw: rq("GET http://"+env.host+"/abs HTTP/1.0", nil, ""), v10: true, expect: []exp{{"sandbox[0].headers", whyAbsNoHost}}},
 		{name: "host.leading-zero-port", raw: rq("GET / HTTP/1.1", hs("Host: 0"+env.host), ""), expect: []exp{
 			{"client[0]", "ports with leading zeros are normalised (DESIGN: Request pipeline 1); nginx-platform.conf's regex takes at most 5 digits (artefact of the nginx model)"},
 			{"sandbox.requests", "as client[0]"}, {"client.conn", "as client[0]"}}},
@@ -187,6 +244,29 @@ func corpus(env caseEnv) []tcase {
 		{name: "hdr.value-tab", raw: get("/", "X-Tab: a\tb")},
 		{name: "hdr.name-long", raw: get("/", "X-"+strings.Repeat("n", 1000)+": v")},
 		{name: "hdr.accel", raw: get("/", "X-Accel-Redirect: /internal")},
+		{name: "hdr.xff-list", raw: get("/", "X-Forwarded-For: 1.1.1.1, 2.2.2.2")},
+		{name: "hdr.xff-garbage", raw: get("/", "X-Forwarded-For: not-an-ip, <script>")},
+		{name: "hdr.xff-empty", raw: get("/", "X-Forwarded-For:"), expect: []exp{{"sandbox[0].headers", whyEmptyXFF}}},
+		{name: "hdr.x-real-ip-two", raw: get("/", "X-Real-IP: 1.1.1.1", "X-Real-IP: 2.2.2.2")},
+		{name: "hdr.x-forwarded-misc", raw: get("/", "X-Forwarded-Host: a.example", "X-Forwarded-Host: b.example", "X-Forwarded-Port: 8443", "X-Forwarded-Prefix: /api", "X-Forwarded-Proto: http")},
+		{name: "hdr.connection-names-xff", raw: get("/", "Connection: X-Forwarded-For, X-Real-IP", "X-Forwarded-For: 1.2.3.4", "X-Real-IP: 6.6.6.6"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.connection-names-host", raw: get("/", "Connection: Host")},
+		{name: "hdr.connection-names-cl", raw: rq("POST / HTTP/1.1", hs(H, "Connection: Content-Length", "Content-Length: 5"), "hello")},
+		{name: "hdr.connection-names-te", raw: rq("POST / HTTP/1.1", hs(H, "Connection: Transfer-Encoding", "Transfer-Encoding: chunked"), "5\r\nhello\r\n0\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "hdr.connection-names-cookie", raw: get("/", "Connection: Cookie, Authorization", "Cookie: a=1", "Authorization: Basic dTpw"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.connection-close-names", raw: get("/", "Connection: close, X-Secret", "X-Secret: v"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.connection-two-lines", raw: get("/", "Connection: keep-alive", "Connection: X-Secret", "X-Secret: v"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
+		{name: "hdr.connection-upgrade-alone", raw: get("/", "Connection: Upgrade")},
+		{name: "hdr.upgrade-alone", raw: get("/", "Upgrade: websocket"), expect: []exp{{"sandbox[0].headers", whyUpgradeOnly}}},
+		{name: "hdr.line-8000", raw: get("/", "X-Long: "+strings.Repeat("l", 8000))},
+		{name: "hdr.line-8300", raw: get("/", "X-Long: "+strings.Repeat("l", 8300)), expect: oneRefuses(whyHeadLimit)},
+		{name: "hdr.total-15k", raw: get("/", "X-A: "+strings.Repeat("a", 5000), "X-B: "+strings.Repeat("b", 5000), "X-C: "+strings.Repeat("c", 5000))},
+		{name: "hdr.total-17k", raw: get("/", "X-A: "+strings.Repeat("a", 5000), "X-B: "+strings.Repeat("b", 5000), "X-C: "+strings.Repeat("c", 5000), "X-D: "+strings.Repeat("d", 2000)), expect: oneRefuses(whyHeadTotal)},
+		{name: "hdr.cookie-7k", raw: get("/", "Cookie: big="+strings.Repeat("c", 7000))},
+		{name: "hdr.repeated-50", raw: get("/", repeated("X-Rep", 50)...)},
+		{name: "hdr.cl-leading-zero", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 005"), "hello")},
+		{name: "hdr.authorization-basic", raw: get("/", "Authorization: Basic dTpw")},
+		{name: "hdr.if-none-match", raw: get("/", "If-None-Match: \"v1\"", "If-Modified-Since: Tue, 01 Jan 2030 00:00:00 GMT", "Range: bytes=0-3")},
 		{name: "line.double-space", raw: rq("GET  / HTTP/1.1", hs(H), ""), expect: []exp{{"client[0].status", whyStrictParse}, {"client[0].from", whyStrictParse}, {"client.conn", whyStrictParse}, {"sandbox.requests", whyStrictParse}}},
 		{name: "line.trailing-space", raw: rq("GET / HTTP/1.1 ", hs(H), ""), expect: []exp{{"client[0].status", whyStrictParse}, {"client[0].from", whyStrictParse}, {"client.conn", whyStrictParse}, {"sandbox.requests", whyStrictParse}}},
 		{name: "line.tab", raw: rq("GET\t/\tHTTP/1.1", hs(H), "")},
@@ -272,6 +352,34 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.large-chunked", raw: ans("large-chunked")},
 		{name: "ans.www-authenticate", raw: ans("401")},
 		{name: "ans.content-type-none", raw: ans("no-ctype")},
+		{name: "ans.head-with-body", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-with-body"), "")},
+		{name: "ans.head-with-body-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-with-body"), "") + get("/after"), nresp: 2},
+		{name: "ans.304-cl", raw: ans("304-cl")},
+		{name: "ans.304-cl-then-get", raw: ans("304-cl") + get("/after"), nresp: 2},
+		{name: "ans.204-cl0", raw: ans("204-cl0")},
+		{name: "ans.204-chunked", raw: ans("204-chunked") + get("/after"), nresp: 2},
+		{name: "ans.205", raw: ans("205")},
+		{name: "ans.102", raw: ans("102"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.te-identity", raw: ans("te-identity"), expect: []exp{{"client[0].status", whyRespTE}, {"client[0].from", whyRespTE}}},
+		{name: "ans.te-gzip", raw: ans("te-gzip"), expect: []exp{{"client[0].status", whyRespTE}, {"client[0].from", whyRespTE}}},
+		{name: "ans.te-gzip-chunked", raw: ans("te-gzip-chunked"), expect: []exp{{"client[0].status", whyRespTE}, {"client[0].from", whyRespTE}}},
+		{name: "ans.te-chunked-upper", raw: ans("te-chunked-upper")},
+		{name: "ans.chunked-cut", raw: ans("chunked-cut")},
+		{name: "ans.large-cut", raw: ans("large-cut")},
+		{name: "ans.cl-long", raw: ans("cl-long")},
+		{name: "ans.cl-leading-zero", raw: ans("cl-leading-zero")},
+		{name: "ans.cl-plus", raw: ans("cl-plus"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.chunked-close", raw: ans("chunked-close")},
+		{name: "ans.sized-close-then-get", raw: ans("sized-close") + get("/after"), nresp: 2},
+		{name: "ans.conn-names-cl", raw: ans("conn-names-cl")},
+		{name: "ans.conn-names-ctype", raw: ans("conn-names-ctype"), expect: []exp{{"client[0].headers", whyHopAnswer}}},
+		{name: "ans.many-cookies", raw: ans("many-cookies")},
+		{name: "ans.status-600", raw: ans("status-600")},
+		{name: "ans.status-lower-proto", raw: ans("status-lower-proto"), expect: []exp{{"client[0].status", whyRespHTTP09}, {"client[0].from", whyRespHTTP09}}},
+		{name: "ans.http10-chunked", raw: ans("http10-chunked")},
+		{name: "ans.ctype-dup", raw: ans("ctype-dup")},
+		{name: "ans.repeated-fields", raw: ans("www-many-vary")},
+		{name: "ans.http10-client-chunked", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: large-chunked"), ""), v10: true},
 
 		// Connections.
 		{name: "conn.pipelined-gets", raw: get("/one") + get("/two") + get("/three"), nresp: 3},
@@ -286,8 +394,28 @@ func corpus(env caseEnv) []tcase {
 		{name: "conn.http2-version", raw: rq("GET / HTTP/2.0", hs(H), "")},
 		{name: "conn.http12-version", raw: rq("GET / HTTP/1.2", hs(H), ""), expect: []exp{{"client[0].status", whyVersion}, {"client[0].from", whyVersion}, {"client.conn", whyVersion}, {"sandbox.requests", whyVersion}}},
 		{name: "conn.leading-crlf", raw: "\r\n" + get("/")},
+		{name: "conn.pipelined-close-delimited", raw: ans("close") + get("/two"), nresp: 2},
+		{name: "conn.pipelined-error-first", raw: get("/../x") + get("/two"), nresp: 2, expect: []exp{{"client.err", whyKeptOpen}, {"client.responses", whyKeptOpen}, {"client.conn", whyKeptOpen}, {"sandbox.requests", whyKeptOpen}}},
+		{name: "conn.pipelined-chunked-post", raw: rq("POST /a HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "5\r\nhello\r\n0\r\n\r\n") + get("/b"), nresp: 2, expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "conn.pipelined-404-route", raw: rq("GET / HTTP/1.1", hs("Host: 1-lab.cube.test"), "") + get("/b"), nresp: 2, expect: []exp{{"client[0].status", whyRoute}}},
+		{name: "conn.pipelined-many", raw: strings.Repeat(get("/p"), 20), nresp: 20},
+		{name: "conn.http10-keepalive-post", raw: rq("POST /a HTTP/1.0", hs(H, "Connection: keep-alive", "Content-Length: 5"), "hello") + rq("GET /b HTTP/1.0", hs(H, "Connection: keep-alive"), ""), nresp: 2, v10: true},
+		{name: "conn.http10-keepalive-head", raw: rq("HEAD /a HTTP/1.0", hs(H, "Connection: keep-alive"), "") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2, v10: true},
+		{name: "conn.http10-keepalive-close-delimited", raw: rq("GET /a HTTP/1.0", hs(H, "Connection: keep-alive", "X-Lab-Answer: close"), "") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2, v10: true},
+		{name: "conn.http10-keepalive-204", raw: rq("GET /a HTTP/1.0", hs(H, "Connection: keep-alive", "X-Lab-Answer: 204"), "") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2, v10: true},
+		{name: "conn.http11-then-http10", raw: get("/a") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2},
+		{name: "conn.keep-alive-upper", raw: rq("GET / HTTP/1.0", hs(H, "Connection: Keep-Alive"), ""), v10: true},
 	}
 	return c
+}
+
+// repeated is n lines of one field name, each with its own value.
+func repeated(name string, n int) []string {
+	h := make([]string, n)
+	for i := range h {
+		h[i] = fmt.Sprintf("%s: %d", name, i)
+	}
+	return h
 }
 
 func manyHeaders(n int) []string {

@@ -320,6 +320,79 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 			"d\r\ndata: hello\n\n\r\n0\r\n\r\n")
 	case "close-early": // closes without answering
 		return false
+	case "head-with-body": // a HEAD answered with the body a GET would get
+		w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(plainBody), plainBody))
+		return false
+	case "304-cl": // a 304 with the representation's length and no body (RFC 9110 8.6)
+		return w("HTTP/1.1 304 Not Modified\r\nX-Lab: sandbox\r\nETag: \"v1\"\r\nContent-Length: 1234\r\n\r\n")
+	case "204-cl0":
+		return w("HTTP/1.1 204 No Content\r\nX-Lab: sandbox\r\nContent-Length: 0\r\n\r\n")
+	case "204-chunked": // announces a chunked body a 204 cannot have, sends none
+		return w("HTTP/1.1 204 No Content\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n")
+	case "205":
+		return w("HTTP/1.1 205 Reset Content\r\nX-Lab: sandbox\r\nContent-Length: 0\r\n\r\n")
+	case "102":
+		return w("HTTP/1.1 102 Processing\r\n\r\n" + sized("200 OK", "", plainBody))
+	case "te-identity": // a coding other than chunked last: the body ends with the connection (RFC 9112 6.3)
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nTransfer-Encoding: identity\r\n\r\n" + plainBody)
+		return false
+	case "te-gzip": // gzip as a transfer coding, no chunked: ends with the connection
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nTransfer-Encoding: gzip\r\n\r\n" + gzipped(plainBody))
+		return false
+	case "te-gzip-chunked":
+		g := gzipped(plainBody)
+		return w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nTransfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(g), g))
+	case "te-chunked-upper":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	case "chunked-cut": // one chunk, then the sandbox closes mid-body
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+		return false
+	case "large-cut": // a sized body over 64 KiB (streamed) cut half-way
+		w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%s", 200000, strings.Repeat("x", 100000)))
+		return false
+	case "cl-long": // more bytes than Content-Length says, then close
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 5\r\n\r\nhello world")
+		return false
+	case "cl-leading-zero":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 0005\r\n\r\nhello")
+	case "cl-plus":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: +5\r\n\r\nhello")
+		return false
+	case "chunked-close": // chunked, Connection: close, then the sandbox closes
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		return false
+	case "conn-names-cl": // Connection naming the framing field
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nConnection: Content-Length\r\nContent-Length: 5\r\n\r\nhello")
+		return false
+	case "conn-names-ctype":
+		return w(sized("200 OK", "Connection: Content-Type, Set-Cookie\r\nSet-Cookie: s=1\r\n", plainBody))
+	case "many-cookies":
+		var b strings.Builder
+		for i := 0; i < 100; i++ {
+			fmt.Fprintf(&b, "Set-Cookie: c%03d=%d; Path=/\r\n", i, i)
+		}
+		return w(sized("200 OK", b.String(), plainBody))
+	case "status-600":
+		w("HTTP/1.1 600 Beyond\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	case "status-lower-proto":
+		w("http/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	case "http10-chunked": // an HTTP/1.0 answer that says chunked
+		w("HTTP/1.0 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		return false
+	case "ctype-dup": // two Content-Type lines in an answer
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nContent-Type: text/html\r\nContent-Length: 2\r\n\r\nok")
+	case "www-many-vary":
+		return w(sized("200 OK", "Vary: Origin\r\nVary: Accept-Encoding\r\nCache-Control: no-cache\r\nCache-Control: private\r\nLink: <a>; rel=x\r\nLink: <b>; rel=y\r\n", plainBody))
 	}
 	return w(sized("500 Internal Server Error", "", "unknown X-Lab-Answer "+variant+"\n"))
+}
+
+func gzipped(s string) string {
+	var b bytes.Buffer
+	z := gzip.NewWriter(&b)
+	z.Write([]byte(s))
+	z.Close()
+	return b.String()
 }

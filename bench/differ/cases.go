@@ -93,6 +93,7 @@ const (
 	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
 	whyRespBadCL   = "an answer whose Content-Length is not digits (+5) is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
 	whyRespHTTP09  = "an answer whose status line is not HTTP/1.x (http/1.1 in lower case) is a 502 upstream_bad_response; nginx 1.22 takes it for HTTP/0.9 and relays its bytes, head included, as the answer (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
@@ -304,6 +305,12 @@ func corpus(env caseEnv) []tcase {
 		{name: "body.on-get", raw: rq("GET / HTTP/1.1", hs(H, "Content-Length: 5"), "hello")},
 		{name: "body.on-head", raw: rq("HEAD / HTTP/1.1", hs(H, "Content-Length: 5"), "hello")},
 		{name: "body.100k", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 100000"), strings.Repeat("x", 100000))},
+		{name: "body.chunk-size-overflow", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "fffffffffffffffff1\r\nhello\r\n0\r\n\r\n")},
+		{name: "body.chunk-size-0x", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "0x5\r\nhello\r\n0\r\n\r\n")},
+		{name: "body.chunk-size-space", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "5 \r\nhello\r\n0\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "body.chunk-leading-zeros", raw: rq("POST / HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "0005\r\nhello\r\n000\r\n\r\n"), expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "body.cl-exponent", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 5e0"), "hello")},
+		{name: "body.cl-leading-space", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length:    5   "), "hello")},
 
 		// Answers from the sandbox.
 		{name: "ans.close-delimited", raw: ans("close")},
@@ -352,6 +359,9 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.large-chunked", raw: ans("large-chunked")},
 		{name: "ans.www-authenticate", raw: ans("401")},
 		{name: "ans.content-type-none", raw: ans("no-ctype")},
+		{name: "ans.100-then-close", raw: ans("100-then-close"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.cookie-domain", raw: ans("cookie-domain"), expect: []exp{{"client[0].headers", whyCookieDom}}},
+		{name: "ans.chunk-ext-size", raw: ans("chunk-ext-size")},
 		{name: "ans.head-with-body", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-with-body"), "")},
 		{name: "ans.head-with-body-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-with-body"), "") + get("/after"), nresp: 2},
 		{name: "ans.304-cl", raw: ans("304-cl")},
@@ -405,6 +415,9 @@ func corpus(env caseEnv) []tcase {
 		{name: "conn.http10-keepalive-204", raw: rq("GET /a HTTP/1.0", hs(H, "Connection: keep-alive", "X-Lab-Answer: 204"), "") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2, v10: true},
 		{name: "conn.http11-then-http10", raw: get("/a") + rq("GET /b HTTP/1.0", hs(H), ""), nresp: 2},
 		{name: "conn.keep-alive-upper", raw: rq("GET / HTTP/1.0", hs(H, "Connection: Keep-Alive"), ""), v10: true},
+		{name: "conn.keep-alive-and-close", raw: get("/", "Connection: keep-alive, close") + get("/two"), nresp: 2},
+		{name: "conn.pipelined-garbage", raw: rq("POST /a HTTP/1.1", hs(H, "Content-Length: 5"), "hello") + "garbage\r\n\r\n", nresp: 2},
+		{name: "conn.method-long", raw: rq(strings.Repeat("M", 300)+" / HTTP/1.1", hs(H), ""), expect: []exp{{"sandbox[0].headers", whyCL0}, {"sandbox[0].framing", whyCL0}}},
 	}
 	return c
 }

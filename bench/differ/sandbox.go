@@ -383,6 +383,13 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return false
 	case "ctype-dup": // two Content-Type lines in an answer
 		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/plain\r\nContent-Type: text/html\r\nContent-Length: 2\r\n\r\nok")
+	case "100-then-close": // an interim 100 and no final answer
+		w("HTTP/1.1 100 Continue\r\n\r\n")
+		return false
+	case "cookie-domain": // cookies for the client's host, a parent domain and another site
+		return w(sized("200 OK", "Set-Cookie: a=1; Domain=other.example; Path=/\r\nSet-Cookie: b=2; Path=/\r\nSet-Cookie: c=3; Domain=cube.test\r\n", plainBody))
+	case "chunk-ext-size": // chunk sizes with leading zeros and an extension with a quoted string
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n005;a=\"x;y\"\r\nhello\r\n00\r\n\r\n")
 	case "www-many-vary":
 		return w(sized("200 OK", "Vary: Origin\r\nVary: Accept-Encoding\r\nCache-Control: no-cache\r\nCache-Control: private\r\nLink: <a>; rel=x\r\nLink: <b>; rel=y\r\n", plainBody))
 	}

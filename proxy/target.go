@@ -30,7 +30,7 @@ func refusedTarget(uri []byte) *proxyError {
 // authority is refused too, as no host name holds it. One vectorised scan.
 func escapesNUL(uri []byte) bool {
 	i := bytes.Index(uri, []byte("%00"))
-	return i >= 0 && bytes.IndexAny(uri[:i], "?#") < 0
+	return i >= 0 && !bytes.ContainsAny(uri[:i], "?#")
 }
 
 // climbsAboveRoot reports whether the path of the request target uri has a

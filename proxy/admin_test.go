@@ -294,7 +294,7 @@ func TestAdminMalformedRequests(t *testing.T) {
 	}{
 		{"garbage", "HELLO\r\n\r\n", 400},
 		{"bad chunk", "POST /admin/state HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400},
-		{"huge header", "GET /admin/healthz HTTP/1.1\r\nHost: a\r\nX: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431},
+		{"huge header", "GET /admin/healthz HTTP/1.1\r\nHost: a\r\nX: " + strings.Repeat("x", 40<<10) + "\r\n\r\n", 431},
 		{"huge body", "POST /admin/state HTTP/1.1\r\nHost: a\r\nContent-Length: 2000000\r\n\r\n", 413},
 	} {
 		c, err := net.Dial("tcp", h.admin)
@@ -324,14 +324,14 @@ func TestAdminMalformedRequests(t *testing.T) {
 func TestAdminTakesHeadsUpToTheHeaderLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		limit  int // client.max_header_size; 0 = the default, 16 KiB
+		limit  int // client.max_header_size; 0 = the default, 32 KiB
 		header int // bytes of one extra header value
 		status int
 	}{
 		{"default limit, 6 KiB head", 0, 6 << 10, 200},
-		{"default limit, 15 KiB head", 0, 15 << 10, 200},
-		{"default limit, 20 KiB head", 0, 20 << 10, 431},
-		{"raised limit, 20 KiB head", 32 << 10, 20 << 10, 200},
+		{"default limit, 30 KiB head", 0, 30 << 10, 200},
+		{"default limit, 40 KiB head", 0, 40 << 10, 431},
+		{"raised limit, 40 KiB head", 64 << 10, 40 << 10, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) { o.srv.MaxRequestHeaderSize = tc.limit })

@@ -1006,7 +1006,7 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 			status int
 			code   string
 		}{
-			{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-431\r\nX-Big: " + strings.Repeat("x", 20<<10) + "\r\n\r\n", 431, "request_header_too_large"},
+			{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-431\r\nX-Big: " + strings.Repeat("x", 40<<10) + "\r\n\r\n", 431, "request_header_too_large"},
 			{"GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Cube-Request-Id: refused-400\r\nContent-Length: abc\r\n\r\n", 400, CodeBadRequest},
 		} {
 			c, err := net.Dial("tcp", l.addr)

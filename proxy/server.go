@@ -36,7 +36,7 @@ type ServerConfig struct {
 	ClientWriteTimeout time.Duration
 	// ClientIdleTimeout closes keep-alive client connections idle this long (default 90 s).
 	ClientIdleTimeout time.Duration
-	// MaxRequestHeaderSize bounds request line + headers (default 16 KiB; larger: 431).
+	// MaxRequestHeaderSize bounds request line + headers (default 32 KiB, nginx's default total; larger: 431).
 	MaxRequestHeaderSize int
 	// MaxClientConns caps the client connections open at once across the
 	// traffic listeners (HTTP, HTTPS, the redirect listener), hijacked
@@ -84,7 +84,7 @@ func (c *ServerConfig) setDefaults() {
 		c.ClientIdleTimeout = 90 * time.Second
 	}
 	if c.MaxRequestHeaderSize == 0 {
-		c.MaxRequestHeaderSize = 16 << 10
+		c.MaxRequestHeaderSize = 32 << 10
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 30 * time.Second

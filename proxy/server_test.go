@@ -59,13 +59,13 @@ func TestRefusedRequestHead(t *testing.T) {
 		before int // answers before the refusal (pipelined requests)
 		code   string
 	}{
-		{"just over, one write", []string{big(17 << 10)}, 0, tooLarge},
+		{"just over, one write", []string{big(33 << 10)}, 0, tooLarge},
 		{"64 KiB, one write", []string{big(64 << 10)}, 0, tooLarge},
 		// More than the socket buffers hold: the write waits for the proxy.
 		{"8 MiB, one write", []string{big(8 << 20)}, 0, tooLarge},
 		{"64 KiB, line by line", strings.SplitAfter(big(64<<10), "\r\n"), 0, tooLarge},
 		{"64 KiB in 4 KiB writes", pieces(big(64<<10), 4<<10), 0, tooLarge},
-		{"with a body", []string{withBody(big(20<<10), 256<<10)}, 0, tooLarge},
+		{"with a body", []string{withBody(big(36<<10), 256<<10)}, 0, tooLarge},
 		{"pipelined after a small request", []string{small + big(64<<10)}, 1, tooLarge},
 		{"long request line", []string{"GET /" + strings.Repeat("q", 64<<10) + " HTTP/1.1\r\nHost: 50005-a.cube.test\r\n\r\n"}, 0, tooLarge},
 		{"malformed, no body", []string{badLength(0)}, 0, malformed},
@@ -143,7 +143,8 @@ func TestRedirectListenerHeaderLimit(t *testing.T) {
 	}{
 		{"small", 100, 308},
 		{"8 KiB of cookies", 8 << 10, 308},
-		{"over the limit", 20 << 10, 431},
+		{"24 KiB of cookies", 24 << 10, 308},
+		{"over the limit", 40 << 10, 431},
 		// Answered with a lingering close, as on the HTTPS listener.
 		{"8 MiB", 8 << 20, 431},
 	} {
@@ -333,5 +334,43 @@ func TestRedirectListenerHost(t *testing.T) {
 				checkProxyError(t, resp, body, 400, code)
 			}
 		})
+	}
+}
+
+// By default the traffic listener takes every head nginx's default
+// large_client_header_buffers (4 × 8 KiB) takes: 30 KB of cookies and
+// tokens in 2 KB lines reach the sandbox whole (the 16 KiB limit before
+// answered 431), and a head over 32 KiB is still a 431.
+func TestDefaultHeaderLimitTakesNginxsHeads(t *testing.T) {
+	h := newHarness(t)
+	seen := make(chan int, 2)
+	host := h.route("bighead", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- len(r.Header.Values("X-Line"))
+	})))
+	for _, tc := range []struct {
+		lines, status int
+	}{
+		{15, 200}, // 30 KB in all
+		{20, 431}, // 40 KB
+	} {
+		c := dialRaw(t, h.addr)
+		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n" +
+			strings.Repeat("X-Line: "+strings.Repeat("v", 1990)+"\r\n", tc.lines) + "\r\n"
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Fatalf("%d lines of 2 KB: %d, want %d", tc.lines, resp.StatusCode, tc.status)
+		}
+		if tc.status == 200 {
+			if n := <-seen; n != tc.lines {
+				t.Errorf("the sandbox saw %d of the %d lines", n, tc.lines)
+			}
+		}
 	}
 }

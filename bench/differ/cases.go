@@ -60,7 +60,7 @@ const (
 	whyForwarded   = "a client's Forwarded gets the proxy's element appended, nginx passes it untouched (README: Forwarding behaviour, Headers)"
 	whyTokens      = "the proxy's own credentials (traffic tokens, X-Cube-Admin-Token) never reach a sandbox (DESIGN: Auth; README: Decisions)"
 	whyTE          = "Transfer-Encoding other than chunked: 400 and close, nginx 501 (README: Decisions, Transfer codings)"
-	whyHeadLimit   = "request heads up to 16 KiB (client.max_header_size, the platform's limit: README Decisions, Header limits); nginx-platform.conf keeps nginx's default large_client_header_buffers 4 8k (artefact of the nginx config)"
+	whyHeadLimit   = "request heads up to 32 KiB in all, in lines of any length (client.max_header_size: README Decisions, Header limits); nginx's default large_client_header_buffers 4 8k also bounds each line to 8 KiB"
 	whyOverLimit   = "a head over client.max_header_size is 431 request_header_too_large, nginx 400/414 (README: Errors; Decisions, Left to fasthttp's parser)"
 	whyRoute       = "nginx-platform.conf routes every id to the port's upstream and knows no ports but its upstream blocks; CubeProxy looks the route up (artefact of the nginx model, not of the platform's Redis-backed proxy)"
 	whyGzip        = "nginx-platform.conf has gzip on for text (the platform's setting); CubeProxy never re-encodes a sandbox's body (artefact of the nginx config)"
@@ -85,7 +85,7 @@ const (
 	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them; CubeProxy has no such fields and relays them (an nginx feature, not a header contract)"
 	whyRetry       = "nginx re-sent the GET on a new connection when its kept-alive one closed without an answer; CubeProxy re-sends only then too, so the count depends on whether the connection was reused (README: Forwarding behaviour, upstream pools)"
 	whyHTTP09      = "both refuse HTTP/0.9: nginx answers in HTTP/0.9 (a bare body), CubeProxy with an HTTP/1.1 400"
-	whyHeadTotal   = "client.max_header_size (16 KiB) bounds the whole head; nginx bounds each line (large_client_header_buffers 4 8k: lines of up to 8 KiB, 32 KiB in all) (README: Decisions, Header limits)"
+	whyHeadTotal   = "a head over client.max_header_size (32 KiB, nginx's total) is a 431; nginx answers 400 (README: Decisions, Header limits)"
 	whyBadHost     = "a Host whose value is not a host[:port] (a port of letters, a %) is a 400 from fasthttp's parser (RFC 9112 3.2); nginx routes by its leading <port>-<id> and passes it on (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyAbsHost     = "an absolute-form target must name the sandbox and port its Host names, else 400 invalid_host; nginx routes by the target alone (README: Target parsing)"
 	whyAbsNoHost   = "an HTTP/1.0 request in absolute form without Host reaches the sandbox with the target's host as Host; nginx sends its HTTP/1.1 request with none, which an HTTP/1.1 server may refuse (README: Target parsing)"
@@ -220,7 +220,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "hdr.underscore", raw: get("/", "X_Custom: v", "X_Real_IP: 6.6.6.6"), expect: []exp{{"sandbox[0].headers", whyUnderscore}}},
 		{name: "hdr.name-with-space", raw: get("/", "X Real IP: 6.6.6.6"), expect: []exp{{"client[0].status", whySpaceName}, {"client[0].from", whySpaceName}, {"client.conn", whySpaceName}, {"sandbox.requests", whySpaceName}}},
 		{name: "hdr.huge-12k", raw: get("/", "X-Huge: "+strings.Repeat("h", 12000)), expect: []exp{{"client[0].status", whyHeadLimit}, {"client[0].from", whyHeadLimit}, {"client.conn", whyHeadLimit}, {"sandbox.requests", whyHeadLimit}}},
-		{name: "hdr.huge-20k", raw: get("/", "X-Huge: "+strings.Repeat("h", 20000)), expect: []exp{{"client[0].status", whyOverLimit}}},
+		{name: "hdr.huge-20k", raw: get("/", "X-Huge: "+strings.Repeat("h", 20000)), expect: []exp{{"client[0].status", whyHeadLimit}, {"client[0].from", whyHeadLimit}, {"client.conn", whyHeadLimit}, {"sandbox.requests", whyHeadLimit}}},
+		{name: "hdr.huge-40k", raw: get("/", "X-Huge: "+strings.Repeat("h", 40000)), expect: []exp{{"client[0].status", whyOverLimit}}},
 		{name: "hdr.many", raw: get("/", manyHeaders(150)...)},
 		{name: "hdr.connection-lists", raw: get("/", "Connection: X-Secret, keep-alive", "X-Secret: v"), expect: []exp{{"sandbox[0].headers", whyHopByHop}}},
 		{name: "hdr.te-trailers", raw: get("/", "TE: trailers")},
@@ -262,7 +263,9 @@ func corpus(env caseEnv) []tcase {
 		{name: "hdr.line-8000", raw: get("/", "X-Long: "+strings.Repeat("l", 8000))},
 		{name: "hdr.line-8300", raw: get("/", "X-Long: "+strings.Repeat("l", 8300)), expect: oneRefuses(whyHeadLimit)},
 		{name: "hdr.total-15k", raw: get("/", "X-A: "+strings.Repeat("a", 5000), "X-B: "+strings.Repeat("b", 5000), "X-C: "+strings.Repeat("c", 5000))},
-		{name: "hdr.total-17k", raw: get("/", "X-A: "+strings.Repeat("a", 5000), "X-B: "+strings.Repeat("b", 5000), "X-C: "+strings.Repeat("c", 5000), "X-D: "+strings.Repeat("d", 2000)), expect: oneRefuses(whyHeadTotal)},
+		{name: "hdr.total-17k", raw: get("/", "X-A: "+strings.Repeat("a", 5000), "X-B: "+strings.Repeat("b", 5000), "X-C: "+strings.Repeat("c", 5000), "X-D: "+strings.Repeat("d", 2000))},
+		{name: "hdr.total-30k", raw: get("/", repeatedLong(15, 2000)...)},
+		{name: "hdr.total-40k", raw: get("/", repeatedLong(20, 2000)...), expect: []exp{{"client[0].status", whyHeadTotal}}},
 		{name: "hdr.cookie-7k", raw: get("/", "Cookie: big="+strings.Repeat("c", 7000))},
 		{name: "hdr.repeated-50", raw: get("/", repeated("X-Rep", 50)...)},
 		{name: "hdr.cl-leading-zero", raw: rq("POST / HTTP/1.1", hs(H, "Content-Length: 005"), "hello")},
@@ -435,6 +438,16 @@ func manyHeaders(n int) []string {
 	h := make([]string, n)
 	for i := range h {
 		h[i] = fmt.Sprintf("X-Many-%03d: %d", i, i)
+	}
+	return h
+}
+
+// repeatedLong is n header lines of size bytes each (X-L0: lll...).
+func repeatedLong(n, size int) []string {
+	h := make([]string, n)
+	for i := range h {
+		name := fmt.Sprintf("X-L%d: ", i)
+		h[i] = name + strings.Repeat("l", size-len(name))
 	}
 	return h
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,13 +34,21 @@ func TestCutDownloadLogsBytesWritten(t *testing.T) {
 	if e["error_code"] != CodeClientWriteTimeout {
 		t.Fatalf("error_code %v, want %s", e["error_code"], CodeClientWriteTimeout)
 	}
+	got := bodyToCut(t, c)
+	if sent := e["body_bytes_sent"].(float64); int64(sent) != got {
+		t.Errorf("body_bytes_sent %v, but the client got %d body bytes", sent, got)
+	}
+}
+
+// bodyToCut reads the answer on c to the proxy's cut (an unexpected EOF)
+// and returns how many body bytes the client got.
+func bodyToCut(t *testing.T, c net.Conn) int64 {
+	t.Helper()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := io.Copy(io.Discard, resp.Body) // to the cut: unexpected EOF
-	if sent := e["body_bytes_sent"].(float64); int64(sent) != got {
-		t.Errorf("body_bytes_sent %v, but the client got %d body bytes", sent, got)
-	}
+	got, _ := io.Copy(io.Discard, resp.Body)
+	return got
 }

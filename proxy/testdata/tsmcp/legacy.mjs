@@ -58,8 +58,10 @@ const headers = Object.fromEntries(Object.entries({
 // GET stream; with keepToken it first puts the signed URL's token back on
 // the URL, as an agent with a signed URL must for the announced endpoint.
 function traced(exchanges, keepToken) {
-  const state = { heartbeats: 0, waiters: [] };
+  const state = { heartbeats: 0, waiters: [], pending: new Set() };
   state.nextBeat = () => new Promise((r) => state.waiters.push(r));
+  // answered settles once every fetch made so far has its answer's head.
+  state.answered = () => Promise.allSettled([...state.pending]);
   state.fetch = async (input, init = {}) => {
     const u = new URL(input instanceof Request ? input.url : String(input));
     if (keepToken && token && u.origin === url.origin && !u.searchParams.has('cube_token')) {
@@ -68,7 +70,14 @@ function traced(exchanges, keepToken) {
     const method = init.method || 'GET';
     const ex = { method, path: u.pathname, toSession: u.searchParams.has('sessionid'), token: u.searchParams.has('cube_token') };
     exchanges.push(ex);
-    const res = await fetch(u, init);
+    const answer = fetch(u, init);
+    state.pending.add(answer);
+    let res;
+    try {
+      res = await answer;
+    } finally {
+      state.pending.delete(answer);
+    }
     ex.status = res.status;
     ex.contentType = res.headers.get('content-type');
     emit({ ev: 'http', ...ex });
@@ -163,6 +172,14 @@ async function main() {
     emit({ ev: 'ack', progress: seen, result: text(res) });
   }
 
+  // A request's result comes on the GET stream, and may come before the
+  // 202 to the request's own POST: two connections, whose order neither
+  // the proxy nor the gateway keeps (the go-sdk writes the 202 once the
+  // message is queued, as the tool starts). The client's close aborts a
+  // POST still waiting for its answer, whose status would then be
+  // missing from the pattern (1 run in 75 under -race beside two CPU hogs
+  // on a 2-core machine): wait for every answer first.
+  await withTimeout(tr.answered(), 20000, "the answers to the client's POSTs");
   await client.close();
   emit({ ev: 'pattern', heartbeats: tr.heartbeats, errors,
     posts: exchanges.filter((e) => e.method === 'POST').map((e) => ({ status: e.status, toSession: e.toSession, token: e.token })) });

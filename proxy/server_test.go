@@ -353,17 +353,8 @@ func TestDefaultHeaderLimitTakesNginxsHeads(t *testing.T) {
 		{15, 200}, // 30 KB in all
 		{20, 431}, // 40 KB
 	} {
-		c := dialRaw(t, h.addr)
-		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n" +
-			strings.Repeat("X-Line: "+strings.Repeat("v", 1990)+"\r\n", tc.lines) + "\r\n"
-		if _, err := io.WriteString(c, req); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp, _ := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+
+			strings.Repeat("X-Line: "+strings.Repeat("v", 1990)+"\r\n", tc.lines)+"\r\n")
 		if resp.StatusCode != tc.status {
 			t.Fatalf("%d lines of 2 KB: %d, want %d", tc.lines, resp.StatusCode, tc.status)
 		}

@@ -28,7 +28,7 @@ func refusedTarget(uri []byte) *proxyError {
 // it cut short. The query is not decoded by nginx and not looked at here
 // (the first "?" or "#" ends the path); one in an absolute-form target's
 // authority is refused too, as no host name holds it. Vectorised scans
-// only: 3 ns on a short target without a "%" (BenchmarkEscapesNUL).
+// only: 3 ns on a short target without a "%" (BenchmarkTargetChecks).
 func escapesNUL(uri []byte) bool {
 	p := bytes.IndexByte(uri, '%')
 	if p < 0 {

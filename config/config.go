@@ -937,15 +937,16 @@ func checkListenAddr(addr string) error {
 // checkBuffers bounds what is allocated per connection or at startup.
 func (c *Config) checkBuffers() error {
 	// A header limit this small would answer every request with 431 or
-	// every response with 502; 0 is the 16 KiB default. One this large is
+	// every response with 502; 0 is the default (its own per key). One this large is
 	// a buffer allocated whole for every connection: the first request
 	// would take the process down out of memory.
 	for _, hs := range []struct {
 		key string
 		n   int
-	}{{"client.max_header_size", c.Client.MaxHeaderSize}, {"upstream.max_header_size", c.Upstream.MaxHeaderSize}} {
+		def string // the default 0 stands for (proxy.ServerConfig, proxy.Config)
+	}{{"client.max_header_size", c.Client.MaxHeaderSize, "32 KiB"}, {"upstream.max_header_size", c.Upstream.MaxHeaderSize, "16 KiB"}} {
 		if hs.n > 0 && hs.n < minHeaderSize {
-			return fmt.Errorf("%s: %d is below %d bytes, too small for real headers (0 means the 16 KiB default)", hs.key, hs.n, minHeaderSize)
+			return fmt.Errorf("%s: %d is below %d bytes, too small for real headers (0 means the %s default)", hs.key, hs.n, minHeaderSize, hs.def)
 		}
 		if hs.n > maxHeaderSize {
 			return fmt.Errorf("%s: %d is above %d bytes (1 MiB), the largest buffer allowed per connection", hs.key, hs.n, maxHeaderSize)
@@ -1030,7 +1031,8 @@ func checkPair(certKey, keyKey, certFile, keyFile string) error {
 }
 
 // Bounds of the header limits: a browser's request head alone is often
-// larger than the minimum; the maximum is 64 times the default.
+// larger than the minimum; the maximum is 32 times the client's default
+// and 64 times the upstream's.
 const (
 	minHeaderSize = 1024
 	maxHeaderSize = 1 << 20

@@ -157,8 +157,8 @@ func TestLoadErrors(t *testing.T) {
 		{"https port out of range", nil, map[string]string{"CUBEPROXY_HTTPS_ADDR": ":99999"}, `https_addr ":99999": port 99999 is above 65535`},
 		{"admin port out of range with a token", []string{"--admin-addr=0.0.0.0:70000", "--admin-token=t0ken"}, nil, `admin_addr "0.0.0.0:70000": port 70000 is above 65535`},
 		{"unknown service as port", []string{"--config", writeFile(t, "http_addr: 127.0.0.1:no-such-service\n")}, nil, `http_addr "127.0.0.1:no-such-service": port "no-such-service" is no number`},
-		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes"},
-		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes"},
+		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes, too small for real headers (0 means the 32 KiB default)"},
+		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes, too small for real headers (0 means the 16 KiB default)"},
 		// Sizes whose buffer is allocated whole: the process would die
 		// out of memory (at the first request, or at once).
 		{"huge client header limit", []string{"--client-max-header-size=999999999999"}, nil, "client.max_header_size: 999999999999 is above 1048576 bytes"},

@@ -471,7 +471,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	// then runs abandon).
 	p.hijack(ctx, func(hc net.Conn) {
 		// The tunnel reads the connection itself, not hc: hc reads
-		// through fasthttp's reader (client.max_header_size, 16 KiB),
+		// through fasthttp's reader (client.max_header_size, 32 KiB),
 		// which would stay with every idle tunnel. Only what that reader
 		// already holds (frames a client sent before the 101) comes
 		// from it.

@@ -36,9 +36,9 @@ const (
 // MaxHeaderAttr is the most of a request header's value a server span
 // records (user_agent.original, server.address), in bytes, cut on a
 // character boundary. A User-Agent can be as large as
-// client.max_header_size: one client sending a 16 KiB one on every request
+// client.max_header_size: one client sending a 32 KiB one on every request
 // made each span that much larger, and a batch of 512 such spans (the
-// batch processor's) is 8 MiB, over the 4 MiB a collector's gRPC receiver
+// batch processor's) is 16 MiB, over the 4 MiB a collector's gRPC receiver
 // takes by default, so the batch was refused with every other request's
 // spans in it. Real user agents are a few hundred bytes; a Host longer
 // than a DNS name (253) is refused (400) anyway.

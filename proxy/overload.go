@@ -17,7 +17,7 @@ func (l *retryListener) limit(open *atomic.Int64, max int64) {
 	l.open, l.max = open, max
 	if max > 0 {
 		l.answerRest = overloadAnswer()
-		l.answer = make([]byte, 0, len(l.answerRest)+64)
+		l.answer = make([]byte, 0, overloadDatedLen+len(l.answerRest))
 		l.scratch = make([]byte, 4<<10)
 	}
 }
@@ -86,6 +86,11 @@ func (l *retryListener) refuse(c net.Conn) {
 
 // overloadStatusLine begins the answer to a refused connection.
 const overloadStatusLine = "HTTP/1.1 503 Service Unavailable\r\n"
+
+// overloadDatedLen is the length of the status line and the Date line
+// before overloadAnswer's part: an HTTP date is always 29 bytes ("Mon, 02
+// Jan 2006 15:04:05 GMT"), so the buffer sized with it is never grown.
+const overloadDatedLen = len(overloadStatusLine) + len("Date: ") + 29 + len("\r\n")
 
 // overloadAnswer renders the answer to a refused connection after its
 // status line and Date: the other header lines and the body.

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -325,5 +326,39 @@ func TestFasthttpConnectionLimitLifted(t *testing.T) {
 	if got := string(overloadAnswer()); !strings.HasPrefix(got, "Content-Type: application/json\r\n") ||
 		!strings.HasSuffix(got, "\r\n\r\n{\"error\":\"the proxy holds as many client connections as it may (client.max_conns); retry\",\"code\":\"proxy_overloaded\"}\n") {
 		t.Errorf("refusal:\n%s", got)
+	}
+}
+
+// The refusal is rendered into the buffer limit sized for it, from the
+// first refusal on: the status line and the Date (71 bytes) outgrew the 64
+// bytes it allowed for them, so the first refusal of every listener grew
+// the buffer, on the accept goroutine of a proxy out of room.
+func TestRefusalRenderedInPlace(t *testing.T) {
+	ln := listen(t, "127.0.0.1:0")
+	l := newRetryListener(ln, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	defer l.Close()
+	var open atomic.Int64
+	l.limit(&open, 1)
+	buf := l.answer[:1]
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.refuse(s)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 503 || int64(len(body)) != resp.ContentLength || resp.Header.Get("Date") == "" {
+		t.Fatalf("refusal %d, Date %q, body %d bytes of Content-Length %d (%v)", resp.StatusCode, resp.Header.Get("Date"), len(body), resp.ContentLength, err)
+	}
+	if &l.answer[0] != &buf[0] {
+		t.Errorf("the first refusal grew its buffer from %d to %d bytes: sized too small in limit", cap(buf), cap(l.answer))
 	}
 }

@@ -16,12 +16,7 @@ import (
 // The differential lab (bench/differ, target.dotdot-*) found it.
 func TestTargetAboveRootRefused(t *testing.T) {
 	h := newHarness(t)
-	var reached atomic.Int64
-	echo := echoHeaders()
-	host := h.route("dots", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		echo.ServeHTTP(w, r)
-	})))
+	host, reached := h.countingEcho(t, "dots")
 	for _, target := range []string{
 		"/..",
 		"/../etc/passwd",
@@ -35,16 +30,7 @@ func TestTargetAboveRootRefused(t *testing.T) {
 		"/./../x",
 		"http://" + host + "/../x",
 	} {
-		t.Run(target, func(t *testing.T) {
-			before := reached.Load()
-			resp, body := authRawRequest(t, h.addr, "GET "+target+" HTTP/1.1", "Host: "+host)
-			if resp.StatusCode != 400 || !strings.Contains(body, `"bad_request"`) {
-				t.Errorf("status %d, want 400 bad_request: %s", resp.StatusCode, body)
-			}
-			if reached.Load() != before {
-				t.Error("the sandbox got the request")
-			}
-		})
+		t.Run(target, func(t *testing.T) { refusedBeforeSandbox(t, h.addr, host, target, reached) })
 	}
 	for _, target := range []string{
 		"/a/../b",
@@ -63,6 +49,33 @@ func TestTargetAboveRootRefused(t *testing.T) {
 				t.Errorf("sandbox got target %q, want %q", e.URI, target)
 			}
 		})
+	}
+}
+
+// countingEcho routes id to an echoHeaders sandbox and returns its host
+// and the count of requests it got.
+func (h *harness) countingEcho(t *testing.T, id string) (string, *atomic.Int64) {
+	t.Helper()
+	reached := new(atomic.Int64)
+	echo := echoHeaders()
+	host := h.route(id, backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		echo.ServeHTTP(w, r)
+	})))
+	return host, reached
+}
+
+// refusedBeforeSandbox fails the test unless "GET target" to host at addr
+// is a 400 bad_request that never reached the sandbox counted by reached.
+func refusedBeforeSandbox(t *testing.T, addr, host, target string, reached *atomic.Int64) {
+	t.Helper()
+	before := reached.Load()
+	resp, body := authRawRequest(t, addr, "GET "+target+" HTTP/1.1", "Host: "+host)
+	if resp.StatusCode != 400 || !strings.Contains(body, `"bad_request"`) {
+		t.Errorf("status %d, want 400 bad_request: %s", resp.StatusCode, body)
+	}
+	if reached.Load() != before {
+		t.Error("the sandbox got the request")
 	}
 }
 
@@ -199,23 +212,9 @@ func TestRedirectListenerRefusesTargetAboveRoot(t *testing.T) {
 // The differential lab (bench/differ, target.pct00) found it.
 func TestTargetEscapedNULRefused(t *testing.T) {
 	h := newHarness(t)
-	var reached atomic.Int64
-	echo := echoHeaders()
-	host := h.route("nul", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		echo.ServeHTTP(w, r)
-	})))
+	host, reached := h.countingEcho(t, "nul")
 	for _, target := range []string{"/a%00b", "/%00", "/a/b%00.txt?x=1", "http://" + host + "/a%00"} {
-		t.Run(target, func(t *testing.T) {
-			before := reached.Load()
-			resp, body := authRawRequest(t, h.addr, "GET "+target+" HTTP/1.1", "Host: "+host)
-			if resp.StatusCode != 400 || !strings.Contains(body, `"bad_request"`) {
-				t.Errorf("status %d, want 400 bad_request: %s", resp.StatusCode, body)
-			}
-			if reached.Load() != before {
-				t.Error("the sandbox got the request")
-			}
-		})
+		t.Run(target, func(t *testing.T) { refusedBeforeSandbox(t, h.addr, host, target, reached) })
 	}
 	for _, target := range []string{"/p?a=%00", "/a%2500", "/a%01b"} {
 		t.Run(target, func(t *testing.T) {

@@ -1,7 +1,8 @@
 # make test: the whole suite, as CI runs it. Installs what the tests need
 # (redis-server; node and npm for the TypeScript MCP SDK interop test, which
 # runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
-# missing or stale) when it is missing; a test never skips for a missing part.
+# missing or stale; nginx for the differential lab's test) when it is
+# missing; a test never skips for a missing part.
 .PHONY: test build bench fuzz
 
 test:
@@ -11,6 +12,10 @@ test:
 	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
 		echo "installing nodejs and npm (the TypeScript MCP SDK client test)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || { \
+		echo "installing nginx (bench/differ's test compares CubeProxy with the platform's nginx config)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+		/usr/sbin/nginx -s quit 2>/dev/null || true; }
 	go vet ./...
 	go test -race -count=1 -timeout 9m ./...
 	# The allocation tests skip under -race (it changes allocation counts).

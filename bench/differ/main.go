@@ -190,6 +190,15 @@ func startProc(cmd *exec.Cmd) (exited chan struct{}, stop func(), err error) {
 	return exited, stop, nil
 }
 
+// nginxPath is nginx on PATH, or Debian's /usr/sbin/nginx, which a PATH
+// without the sbin directories (some CI shells) does not reach.
+func nginxPath() string {
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	return "/usr/sbin/nginx"
+}
+
 // startNginx writes the platform config with only its ports changed: the
 // listener, and one upstream block for the sandbox's port in place of the
 // bench's two.
@@ -224,7 +233,7 @@ func startNginx(work string, sandboxPort int) (string, func(), error) {
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		return "", nil, err
 	}
-	cmd := exec.Command("nginx", "-p", dir+"/", "-e", filepath.Join(dir, "logs", "error.log"), "-c", confPath)
+	cmd := exec.Command(nginxPath(), "-p", dir+"/", "-e", filepath.Join(dir, "logs", "error.log"), "-c", confPath)
 	out, err := os.Create(filepath.Join(dir, "stderr.log"))
 	if err != nil {
 		return "", nil, err

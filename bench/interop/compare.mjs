@@ -10,6 +10,7 @@ import fs from 'node:fs';
 // scenario -> [path prefix of the difference, why it is correct]
 const expected = {
   'curl.h2c-post': [['cmp.', 'a POST with Upgrade: h2c reaches the sandbox as a plain request, Upgrade removed (README: WebSocket)']],
+  'curl.h2c-get': [['cmp.', 'as curl.h2c-post: node 20.20 answers an h2c upgrade offer with its own 400 (earlier node 20 ignored it, so this scenario was the same); the proxy removes the offer (README: WebSocket)']],
   'curl.trailers': [['cmp.headers', 'the trailer fields of a chunked response are not relayed, as nginx (README: Decisions)']],
   'fetch.trailers': [['cmp.headers.trailer', 'nor is the Trailer field that names them (README: Decisions)']],
   'curl.sse': [['cmp.body', 'a silent event stream gets `: keep-alive` comments (heartbeat_interval, 1 s here)']],

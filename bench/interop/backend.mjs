@@ -4,8 +4,8 @@
 // kept under a key that the client reads from /stats afterwards, so a client
 // can compare what the sandbox saw directly and through the proxy.
 //
-//   PORT=50100 node backend.mjs
-//   PORT=50100 TLS_PORT=50102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem node backend.mjs
+//   PORT=20100 node backend.mjs
+//   PORT=20100 TLS_PORT=20102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem node backend.mjs
 //
 // With TLS_PORT the same endpoints (WebSocket included, one stats table) are
 // served over HTTPS too, ALPN http/1.1 only like CubeProxy's listener, so a
@@ -17,7 +17,7 @@ import zlib from 'node:zlib';
 import crypto from 'node:crypto';
 import { WebSocketServer } from 'ws';
 
-const port = Number(process.env.PORT || 50100);
+const port = Number(process.env.PORT || 20100);
 const stats = new Map(); // key -> [records]
 const note = (k, v) => { if (!k) return; if (!stats.has(k)) stats.set(k, []); stats.get(k).push(v); };
 const sleep = (ms) => new Promise(r => setTimeout(r, ms));

@@ -7,7 +7,7 @@
 //
 // env: BACKEND_PORT, PROXY_PORT, TRAFFIC_TOKEN. Sandbox hostnames resolve to
 // 127.0.0.1 inside this process (no wildcard DNS), so the URL and the Host
-// header are what a real client sends: 50100-lab.cube.test:<port>.
+// header are what a real client sends: 20100-lab.cube.test:<port>.
 import dns from 'node:dns';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -25,7 +25,7 @@ dns.lookup = (h, o, cb) => {
 
 const mode = process.argv[2];
 const only = process.argv.slice(3);
-const bport = process.env.BACKEND_PORT || '50100';
+const bport = process.env.BACKEND_PORT || '20100';
 // TLS=1: the same clients over HTTPS (wss), to CubeProxy's https_addr or to
 // the sandbox's own TLS port, trusting the lab's CA (NODE_EXTRA_CA_CERTS for
 // fetch, ws and eventsource; --cacert for curl).
@@ -228,14 +228,14 @@ S('eventsource.held', async () => {
   return { cmp: { events: r.events, prompt: r.ms < 1000 }, info: { ms: r.ms } };
 });
 // Streams an EventSource must give up on (a failed answer, another type) and
-// one it must retry (no connection at all: port 50101 has no listener).
+// one it must retry (no connection at all: port 20101 has no listener).
 for (const [n, path] of [['not-event-stream', '/sse?v=plain'], ['http-500', '/status?code=500'], ['sandbox-down', 'DOWN']]) {
   S('eventsource.' + n, async () => {
     const p = path === 'DOWN' ? null : path;
     let r;
     if (p) r = await esRun(p, { timeout: 2000 });
     else {
-      const downBase = mode === 'proxy' ? `http://50101-lab.cube.test:${port}` : 'http://50101-lab.cube.test:50101';
+      const downBase = mode === 'proxy' ? `http://20101-lab.cube.test:${port}` : 'http://20101-lab.cube.test:20101';
       r = await new Promise((resolve) => {
         const errors = []; const es = new EventSource(downBase + '/', { fetch: (u, init) => fetch(u, { ...init, headers: { ...init.headers, ...tok } }) });
         es.onerror = (e) => { errors.push({ code: e.code ?? null, state: es.readyState }); if (es.readyState === 2 || errors.length >= 2) { es.close(); resolve({ events: [], errors }); } };

@@ -18,7 +18,7 @@ import urllib.request
 
 mode = sys.argv[1]
 only = sys.argv[2:]
-bport = int(os.environ.get("BACKEND_PORT", "50100"))
+bport = int(os.environ.get("BACKEND_PORT", "20100"))
 # TLS=1: the same clients over HTTPS, to CubeProxy's https_addr or the
 # sandbox's own TLS port, trusting the lab's CA; sandbox names resolve to
 # 127.0.0.1 in this process, so SNI names the sandbox as a real client's does.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lab run (not part of `make test`): clients that are not Go (curl, Node's
+# Lab run (also run by `make test`, as bench's TestInteropLab): clients that are not Go (curl, Node's
 # built-in fetch, the npm `eventsource` and `ws` packages, Python's http.client
 # and urllib) against one node sandbox, directly and through CubeProxy,
 # scenario by scenario, then a comparison (bench/README.md, "Other clients").
@@ -14,17 +14,22 @@
 # with the same certificate; reported as tls/<scenario>.
 #
 # Needs node + npm (installed with apt when missing), the npm registry, python3,
-# curl and openssl. Ports: sandbox 127.0.0.1:50100 (50101: mapped, nothing listens;
-# 50102: its TLS port), CubeProxy 127.0.0.1:18280 (HTTPS 18283, admin 18281).
+# curl and openssl. Ports: sandbox 127.0.0.1:20100 (20101: mapped, nothing listens;
+# 20102: its TLS port), CubeProxy 127.0.0.1:18280 (HTTPS 18283, admin 18281).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keep=0
 if [[ "${1:-}" == "--keep" ]]; then keep=1; shift; fi
 only=("$@")
 
+# Runs of the lab on one machine (make test in two worktrees, a hand run
+# beside it) take turns: its ports are fixed.
+exec 9>/tmp/cubeproxy-interop.lock
+flock 9
+
 # A leftover sandbox or proxy on one of the lab's ports would answer in place
 # of this run's (with another run's certificate, over TLS).
-for p in 50100 50102 18280 18281 18283; do
+for p in 20100 20102 18280 18281 18283; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is taken: stop what listens there first" >&2; exit 1; fi
 done
 
@@ -53,15 +58,15 @@ routes:
     CreatedAt: "1764460000000000000"
     AllowPublicTraffic: "false"
     TrafficAccessToken: "$token"
-    "50100": "50100"
-    "50101": "50101"
+    "20100": "20100"
+    "20101": "20101"
   other: # the same node server as another sandbox, with its own token (tls/sni.other-host)
     HostIP: "127.0.0.1"
     SandboxIP: "127.0.0.1"
     CreatedAt: "1764460000000000001"
     AllowPublicTraffic: "false"
     TrafficAccessToken: "$token_other"
-    "50100": "50100"
+    "20100": "20100"
 EOF
 # A 1 s heartbeat, so that the silent SSE scenario outlives it.
 cat >"$work/proxy.yaml" <<EOF
@@ -78,20 +83,20 @@ upstream:
 EOF
 
 wait_ready() { # url
-	for _ in $(seq 100); do curl -s -k -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
+	for _ in $(seq 300); do curl -s -k -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
 	echo "not ready: $1" >&2; return 1
 }
-(cd "$work" && PORT=50100 TLS_PORT=50102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node backend.mjs >backend.log 2>&1) &
+(cd "$work" && PORT=20100 TLS_PORT=20102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node backend.mjs >backend.log 2>&1) &
 pids+=($!)
 "$work/cubeproxy" serve --config "$work/proxy.yaml" >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_ready http://127.0.0.1:18281/readyz
-wait_ready http://127.0.0.1:50100/stats
+wait_ready http://127.0.0.1:20100/stats
 
-wait_ready https://127.0.0.1:50102/stats
+wait_ready https://127.0.0.1:20102/stats
 
-export TRAFFIC_TOKEN=$token TRAFFIC_TOKEN_OTHER=$token_other PROXY_PORT=18280 BACKEND_PORT=50100
-export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=50102 LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
+export TRAFFIC_TOKEN=$token TRAFFIC_TOKEN_OTHER=$token_other PROXY_PORT=18280 BACKEND_PORT=20100
+export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=20102 LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
 results="$work/results.jsonl"
 for mode in direct proxy; do
 	(cd "$work" && node clients.mjs "$mode" "${only[@]}") >>"$results"

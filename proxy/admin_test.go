@@ -235,6 +235,11 @@ func TestKilledSandboxAndItsSuccessor(t *testing.T) {
 	if st != 200 || out["ok"] != true || out["backend_cache_deleted"] == nil {
 		t.Fatalf("meta/delete: %d %v", st, out)
 	}
+	// With the memory store the kill deletes the route too, as the
+	// README's admin table says: a later restart does not bring it back.
+	if st, out := h.adminJSON("GET", "/admin/routes/phoenix", ""); st != 404 {
+		t.Fatalf("route after meta/delete: %d %v, want 404", st, out)
+	}
 	// The control plane has not removed the route yet (or it is Redis's,
 	// which meta/delete does not touch): still 410.
 	put(before)

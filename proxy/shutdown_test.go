@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -874,3 +875,50 @@ const (
 	headRead = "fasthttp.(*RequestHeader).Read("
 	bodyRead = "fasthttp.(*Request).ContinueReadBodyStream("
 )
+
+// During a drain the probes say what Kubernetes needs (README,
+// Observability, Health): /readyz answers 503 "draining", so the load
+// balancer stops sending, and /admin/healthz stays 200 with
+// "draining":true, so the liveness probe does not restart a pod that is
+// finishing its requests. Both on the admin listener, which stays open
+// until the drain ends (without reuse_port).
+func TestDrainProbes(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 30 * time.Second })
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	host := h.route("drainprobe", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		io.WriteString(w, "done")
+	})))
+	held := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("GET", host, "/", nil))
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	<-arrived
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+
+	testenv.WaitFor(t, 10*time.Second, `/readyz 503 "draining"`, func() bool {
+		st, body := h.adminDo("GET", "/readyz", "", "")
+		return st == 503 && strings.Contains(body, `"reason":"draining"`)
+	})
+	if st, out := h.adminJSON("GET", "/admin/healthz", ""); st != 200 || out["ok"] != true || out["draining"] != true {
+		t.Fatalf("healthz during the drain: %d %v, want 200 with draining true", st, out)
+	}
+	unblock()
+	if code := <-held; code != 200 {
+		t.Fatalf("the request the drain waited for: %d, want 200", code)
+	}
+	if err := <-shutdownDone; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}

@@ -72,6 +72,10 @@ func TestCheckAgreesWithServeOnShippedConfigs(t *testing.T) {
 		// it, whether tracing is on or off; check used to pass it.
 		{"cubeproxy.yaml, malformed OTEL_RESOURCE_ATTRIBUTES", "cubeproxy.yaml", local,
 			map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "team"}, "", "OTEL_RESOURCE_ATTRIBUTES"},
+		// A bad percent escape is no refusal: the SDK keeps the value as
+		// sent and reports it (a warning), as the README says.
+		{"cubeproxy.yaml, OTEL_RESOURCE_ATTRIBUTES with a bad escape", "cubeproxy.yaml", append(local, "--routes", filepath.Join(configs, "routes.yaml")),
+			map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "team=a%zz"}, "", ""},
 		// The probe file's random name was in the message: check's
 		// never matched serve's.
 		{"cubeproxy.yaml, persist_routes into a missing directory", "cubeproxy.yaml",

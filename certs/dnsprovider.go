@@ -56,6 +56,11 @@ func newRFC2136(opts map[string]string) (certmagic.DNSProvider, error) {
 			}
 		}
 	}
+	// Compared folded, as every word setting is, and refused as written:
+	// the provider's own check sees only the folded word.
+	if n := strings.ToLower(opts["net"]); n != "" && n != "udp" && n != "tcp" {
+		return nil, fmt.Errorf("rfc2136: net must be udp or tcp, got %q", opts["net"])
+	}
 	p := &rfc2136.Provider{
 		Server:    opts["server"],
 		KeyName:   opts["key_name"],

@@ -213,6 +213,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("CheckACME with provider RFC2136, net %s: %v", net, err)
 		}
 	}
+	// Any other word is refused quoted as written, as every word setting
+	// is (the README's promise), not in the lower case it was compared in.
+	if err := certs.CheckACME(acme(func(c *certs.Config) { c.ACME.DNS.Options["net"] = "Sctp" })); err == nil || !strings.Contains(err.Error(), `net must be udp or tcp, got "Sctp"`) {
+		t.Errorf("CheckACME with net Sctp: %v", err)
+	}
 	// What certmagic accepts stays accepted: a URL without a scheme
 	// (https assumed), plain http to an internal CA.
 	for _, ca := range []string{"acme.example.com/directory", "http://127.0.0.1:14000/dir", "http://10.0.0.5/dir", "http://localhost/dir"} {

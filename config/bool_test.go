@@ -59,3 +59,43 @@ func TestBoolWordsAgreeAcrossFileEnvAndFlags(t *testing.T) {
 		}
 	}
 }
+
+// What the README says only the environment and flags take: Go's 1/0 and
+// t/f, and the YAML words in any mix of case (strings.ToLower before the
+// match), which the file's decoder refuses; true and false stay Go's
+// (tRuE is refused everywhere). The file's refusal keeps `1` from being
+// read there as a number.
+func TestBoolWordsOnlyEnvAndFlagsTake(t *testing.T) {
+	for _, tc := range []struct {
+		word      string
+		want      bool
+		taken     bool // by the environment and flags
+		fileTaken bool
+	}{
+		{"1", true, true, false}, {"0", false, true, false},
+		{"t", true, true, false}, {"F", false, true, false},
+		{"oN", true, true, false}, {"yEs", true, true, false}, {"nO", false, true, false}, {"oFF", false, true, false},
+		{"tRuE", false, false, false}, {"enabled", false, false, false},
+	} {
+		for _, src := range []struct {
+			name  string
+			args  []string
+			env   map[string]string
+			taken bool
+		}{
+			{"file", []string{"--config", writeFile(t, "persist_routes: "+tc.word+"\n")}, nil, tc.fileTaken},
+			{"env", nil, map[string]string{"CUBEPROXY_PERSIST_ROUTES": tc.word}, tc.taken},
+			{"flag", []string{"--persist-routes=" + tc.word}, nil, tc.taken},
+		} {
+			c, err := Load(src.args, env(src.env), io.Discard)
+			switch {
+			case src.taken && err != nil:
+				t.Errorf("%s %q: %v, want it taken", src.name, tc.word, err)
+			case src.taken && c.PersistRoutes != tc.want:
+				t.Errorf("%s %q: persist_routes = %v, want %v", src.name, tc.word, c.PersistRoutes, tc.want)
+			case !src.taken && err == nil:
+				t.Errorf("%s %q: taken as %v, want it refused", src.name, tc.word, c.PersistRoutes)
+			}
+		}
+	}
+}

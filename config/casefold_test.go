@@ -28,6 +28,12 @@ func TestEnumSettingsTakeAnyCase(t *testing.T) {
 		{"tls.source", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  source: Self_Signed\n")}, nil, func(c *Config) string { return c.TLS.Source }, "self_signed"},
 		{"tls.source acme", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  source: ACME\n  acme:\n    dns:\n      provider: rfc2136\n      options: {server: 'ns:53'}\n")}, nil,
 			func(c *Config) string { return c.TLS.Source }, "acme"},
+		// Taken in any case by certs all along (it looks them up folded),
+		// but check printed them as written.
+		{"tls.acme.dns.provider", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  source: acme\n  acme:\n    dns:\n      provider: RFC2136\n      options: {server: 'ns:53'}\n")}, nil,
+			func(c *Config) string { return c.TLS.ACME.DNS.Provider }, "rfc2136"},
+		{"the rfc2136 net option", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  source: acme\n  acme:\n    dns:\n      provider: Rfc2136\n      options: {server: 'ns:53', net: TCP}\n")}, nil,
+			func(c *Config) string { return c.TLS.ACME.DNS.Options["net"] }, "tcp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Load(tc.args, env(tc.env), io.Discard)

@@ -330,9 +330,17 @@ func (c *Config) foldCase() {
 		{&c.Store, []string{"memory", "redis"}},
 		{&c.AccessLog.Format, []string{"json", "cube", "off"}},
 		{&c.TLS.Source, []string{"self_signed", "files", "acme"}},
+		{&c.TLS.ACME.DNS.Provider, []string{"rfc2136"}},
 	} {
 		if w := strings.ToLower(*e.v); slices.Contains(e.words, w) {
 			*e.v = w
+		}
+	}
+	// rfc2136's net option, which certs reads folded too: check printed
+	// net: TCP as written.
+	if n, ok := c.TLS.ACME.DNS.Options["net"]; ok && c.TLS.ACME.DNS.Provider == "rfc2136" {
+		if w := strings.ToLower(n); w == "udp" || w == "tcp" {
+			c.TLS.ACME.DNS.Options["net"] = w
 		}
 	}
 }

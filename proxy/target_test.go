@@ -74,6 +74,11 @@ func refusedBeforeSandbox(t *testing.T, addr, host, target string, reached *atom
 	if resp.StatusCode != 400 || !strings.Contains(body, `"bad_request"`) {
 		t.Errorf("status %d, want 400 bad_request: %s", resp.StatusCode, body)
 	}
+	// Decided on the request line alone, before the target is read: no
+	// sandbox is named, though Host names one (the README's Errors).
+	if strings.Contains(body, `"sandbox_id"`) {
+		t.Errorf("a refusal decided before routing names a sandbox: %s", body)
+	}
 	if reached.Load() != before {
 		t.Error("the sandbox got the request")
 	}

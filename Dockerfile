@@ -18,6 +18,15 @@ USER 65532:65532
 # Mount the memory store's routes here (missing file: an empty table,
 # with a warning).
 ENV CUBEPROXY_CONFIG=/etc/cubeproxy/cubeproxy.yaml
+# Keeps the Go runtime's monitor thread (sysmon) out of its deep sleep. A
+# proxy goes idle between bursts many times a millisecond; each time, the
+# monitor sleeps, is woken by the next system call and polls every 20 us
+# again: up to a third of the proxy's CPU per 64 KiB answer or MCP call
+# (README, Performance). A schedtrace interval > 0 is what keeps it awake;
+# this one (the largest, 24.8 days) prints one SCHED line to stderr that
+# often, and once at start on a host up for longer. Add it to any GODEBUG
+# you set.
+ENV GODEBUG=schedtrace=2147483647
 ENV CUBEPROXY_ROUTES=/etc/cubeproxy/routes.yaml
 # The ports the default configuration serves: sandbox traffic. HTTPS
 # (CUBEPROXY_HTTPS_ADDR, :8080 on the platform) and the admin API's

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // dockerImage is what the Dockerfile sets up for a container: the CMD
@@ -204,4 +205,44 @@ func TestDockerImageUserAndPorts(t *testing.T) {
 func isNonRootID(s string) bool {
 	n, err := strconv.ParseUint(s, 10, 32)
 	return err == nil && n != 0
+}
+
+// The image keeps the Go runtime's sysmon out of its deep sleep with a
+// schedtrace interval (README, Performance). The runtime reads the value
+// with strconv.ParseInt(v, 10, 32) and ignores one that does not parse,
+// so a typo or an interval past int32 would drop the saving without a
+// word. bench/compare.sh and bench/profile.sh take the line as written
+// (sed 's/^ENV GODEBUG=//'), so it must be one unquoted KEY=VALUE list.
+func TestDockerImageGODEBUGKeepsSysmonAwake(t *testing.T) {
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(l, "ENV GODEBUG=") {
+			lines = append(lines, strings.TrimPrefix(l, "ENV GODEBUG="))
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d `ENV GODEBUG=` lines, want 1 (the bench scripts read it)", len(lines))
+	}
+	var interval int64 = -1
+	for _, kv := range strings.Split(lines[0], ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.ContainsAny(kv, "\"' ") {
+			t.Fatalf("GODEBUG entry %q: want key=value, unquoted", kv)
+		}
+		if k == "schedtrace" {
+			if interval, err = strconv.ParseInt(v, 10, 32); err != nil {
+				t.Fatalf("schedtrace=%s: the runtime ignores it (%v)", v, err)
+			}
+		}
+	}
+	if interval <= 0 {
+		t.Fatalf("GODEBUG %q sets no schedtrace interval above 0", lines[0])
+	}
+	if interval < 24*3600*1000 {
+		t.Errorf("schedtrace=%d prints a SCHED line to stderr every %v: want the largest interval", interval, time.Duration(interval)*time.Millisecond)
+	}
 }

@@ -84,7 +84,9 @@ if [ "$SCENARIO" = cold ]; then
 	# quickly to stay under the descriptor limit (see README).
 	STORE=(--store redis --redis-addr 127.0.0.1:16379 --upstream-idle-conn-timeout 1s)
 fi
-CUBE_BENCH_PPROF_ADDR=$PPROF CUBEPROXY_ACCESS_LOG_FORMAT=off GOMAXPROCS=1 \
+# With the GODEBUG the image ships (Dockerfile), as compare.sh runs it.
+GODEBUG=$(sed -n 's/^ENV GODEBUG=//p' "$ROOT/Dockerfile") \
+	CUBE_BENCH_PPROF_ADDR=$PPROF CUBEPROXY_ACCESS_LOG_FORMAT=off GOMAXPROCS=1 \
 	$PIN_SUBJECT "$BIN/cubeproxy" serve --http-addr 127.0.0.1:$PORT --admin-addr 127.0.0.1:18090 \
 	"${STORE[@]}" --node-ip 127.0.0.1 --log-format json --access-log-format off \
 	--upstream-max-conns 8192 >"$WORK/cubeproxy.log" 2>&1 &

@@ -1,8 +1,9 @@
 # make test: the whole suite, as CI runs it. Installs what the tests need
 # (redis-server; node and npm for the TypeScript MCP SDK interop test, which
 # runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
-# missing or stale; nginx for the differential lab's test) when it is
-# missing; a test never skips for a missing part.
+# missing or stale; nginx for the differential lab's test; python3, curl
+# and openssl for the interop lab's) when it is missing; a test never skips
+# for a missing part.
 .PHONY: test build bench fuzz
 
 test:
@@ -12,6 +13,9 @@ test:
 	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
 		echo "installing nodejs and npm (the TypeScript MCP SDK client test)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@{ command -v python3 && command -v curl && command -v openssl; } >/dev/null 2>&1 || { \
+		echo "installing python3, curl and openssl (bench's interop lab)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 curl openssl >/dev/null; }
 	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || { \
 		echo "installing nginx (bench/differ's test compares CubeProxy with the platform's nginx config)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \

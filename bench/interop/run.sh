@@ -23,7 +23,9 @@ if [[ "${1:-}" == "--keep" ]]; then keep=1; shift; fi
 only=("$@")
 
 # Runs of the lab on one machine (make test in two worktrees, a hand run
-# beside it) take turns: its ports are fixed.
+# beside it) take turns: its ports are fixed. What this script starts gets
+# 9>&-: a sandbox or proxy left behind by a killed run must not hold the lock
+# and make every later run wait for it.
 exec 9>/tmp/cubeproxy-interop.lock
 flock 9
 
@@ -83,12 +85,12 @@ upstream:
 EOF
 
 wait_ready() { # url
-	for _ in $(seq 300); do curl -s -k -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
+	for _ in $(seq 300); do curl -s -k --max-time 2 -o /dev/null "$1" 2>/dev/null 9>&- && return 0; sleep 0.1; done
 	echo "not ready: $1" >&2; return 1
 }
-(cd "$work" && PORT=20100 TLS_PORT=20102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node backend.mjs >backend.log 2>&1) &
+(cd "$work" && PORT=20100 TLS_PORT=20102 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node backend.mjs >backend.log 2>&1) 9>&- &
 pids+=($!)
-"$work/cubeproxy" serve --config "$work/proxy.yaml" >"$work/proxy.log" 2>&1 &
+"$work/cubeproxy" serve --config "$work/proxy.yaml" >"$work/proxy.log" 2>&1 9>&- &
 pids+=($!)
 wait_ready http://127.0.0.1:18281/readyz
 wait_ready http://127.0.0.1:20100/stats
@@ -99,8 +101,8 @@ export TRAFFIC_TOKEN=$token TRAFFIC_TOKEN_OTHER=$token_other PROXY_PORT=18280 BA
 export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=20102 LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
 results="$work/results.jsonl"
 for mode in direct proxy; do
-	(cd "$work" && node clients.mjs "$mode" "${only[@]}") >>"$results"
-	(cd "$work" && python3 clients.py "$mode" "${only[@]}") >>"$results"
+	(cd "$work" && node clients.mjs "$mode" "${only[@]}") >>"$results" 9>&-
+	(cd "$work" && python3 clients.py "$mode" "${only[@]}") >>"$results" 9>&-
 done
 # Over TLS: streaming, WebSocket, large bodies, aborts, keep-alive and
 # pipelining, then the TLS-only scenarios (alpn., sni., resume., cut.).
@@ -112,7 +114,7 @@ tls_only=(fetch.get-large fetch.post-large fetch.stream-chunks fetch.abort fetch
 	alpn. sni. resume. cut. py.alpn py.sni py.resume py.cut)
 ((${#only[@]})) && tls_only=("${only[@]}")
 for mode in direct proxy; do
-	(cd "$work" && TLS=1 node clients.mjs "$mode" "${tls_only[@]}") >>"$results"
-	(cd "$work" && TLS=1 python3 clients.py "$mode" "${tls_only[@]}") >>"$results"
+	(cd "$work" && TLS=1 node clients.mjs "$mode" "${tls_only[@]}") >>"$results" 9>&-
+	(cd "$work" && TLS=1 python3 clients.py "$mode" "${tls_only[@]}") >>"$results" 9>&-
 done
 node "$work/compare.mjs" "$results"

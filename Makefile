@@ -2,24 +2,22 @@
 # (redis-server; node and npm for the TypeScript MCP SDK interop test, which
 # runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
 # missing or stale; nginx for the differential lab's test; python3, curl
-# and openssl for the interop lab's) when it is missing; a test never skips
-# for a missing part.
+# and openssl for the interop lab's) when it is missing, in one apt-get run,
+# and stops the nginx service apt may start; a test never skips for a
+# missing part.
 .PHONY: test build bench fuzz
 
 test:
-	@command -v redis-server >/dev/null 2>&1 || { \
-		echo "installing redis-server (tests use a real one)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
-	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
-		echo "installing nodejs and npm (the TypeScript MCP SDK client test)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
-	@{ command -v python3 && command -v curl && command -v openssl; } >/dev/null 2>&1 || { \
-		echo "installing python3, curl and openssl (bench's interop lab)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 curl openssl >/dev/null; }
-	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || { \
-		echo "installing nginx (bench/differ's test compares CubeProxy with the platform's nginx config)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
-		/usr/sbin/nginx -s quit 2>/dev/null || true; }
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	{ command -v node && command -v npm; } >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	{ command -v python3 && command -v curl && command -v openssl; } >/dev/null 2>&1 || missing="$$missing python3 curl openssl"; \
+	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || missing="$$missing nginx"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing (the tests use real ones; see the comment above)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+		case "$$missing" in *nginx*) /usr/sbin/nginx -s quit 2>/dev/null || true;; esac; \
+	fi
 	go vet ./...
 	go test -race -count=1 -timeout 9m ./...
 	# The allocation tests skip under -race (it changes allocation counts).

@@ -1,0 +1,182 @@
+//go:build unix
+
+package proclog
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// blockingFile wraps fd as a process's inherited stdout is: an *os.File on
+// a blocking descriptor, which Go does not hand to its poller.
+func blockingFile(t *testing.T, fd int, name string) *os.File {
+	t.Helper()
+	if err := unix.SetNonblock(fd, false); err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// blockingPipe returns both ends of a new pipe, the write end blocking.
+func blockingPipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	return blockingFile(t, p[0], "pipe-r"), blockingFile(t, p[1], "pipe-w")
+}
+
+func nonblocking(t *testing.T, f *os.File) bool {
+	t.Helper()
+	raw, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flags int
+	raw.Control(func(fd uintptr) { flags, err = unix.FcntlInt(fd, unix.F_GETFL, 0) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return flags&unix.O_NONBLOCK != 0
+}
+
+// fill writes to f until its buffer takes no more, so that the next
+// write would block. f's description must be non-blocking (Pollable made
+// it so, for the duplicate and for f alike).
+func fill(t *testing.T, f *os.File) {
+	t.Helper()
+	raw, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Fill(t, raw)
+}
+
+// A stdout on a pipe or a socket, as a container's log driver or journald
+// gives it, becomes a duplicate the poller serves: a write to it once its
+// reader stalled waits with a goroutine parked (a deadline applies, which
+// only a polled descriptor honours), closing it cuts a write still waiting,
+// and the description is blocking again afterwards, as it was inherited.
+func TestPollableStdoutPipeOrSocket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T) *os.File // the writing end, blocking
+	}{
+		{"pipe", func(t *testing.T) *os.File { _, w := blockingPipe(t); return w }},
+		{"socket", func(t *testing.T) *os.File {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blockingFile(t, fds[1], "socket-r")
+			return blockingFile(t, fds[0], "socket-w")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := tc.make(t)
+			w, closeOut := Pollable(out)
+			pf, ok := w.(*os.File)
+			if !ok || pf == out {
+				t.Fatalf("Pollable(%s) = %T %v, want a new *os.File", tc.name, w, w)
+			}
+			if !nonblocking(t, pf) {
+				t.Fatal("the duplicate is in blocking mode")
+			}
+			fill(t, out)
+			// A blocking descriptor refuses deadlines (os.ErrNoDeadline) and
+			// its write would hang here.
+			if err := pf.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+				t.Fatalf("SetWriteDeadline: %v (the duplicate is not polled)", err)
+			}
+			if _, err := pf.Write([]byte("line\n")); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("write to a stalled %s: %v, want a deadline error", tc.name, err)
+			}
+			pf.SetWriteDeadline(time.Time{})
+
+			written := make(chan error, 1)
+			go func() {
+				_, err := pf.Write([]byte("stalled line\n"))
+				written <- err
+			}()
+			testenv.WaitFor(t, 5*time.Second, "the write parked in the poller", func() bool {
+				for _, s := range testenv.Stacks() {
+					if strings.Contains(s, "TestPollableStdoutPipeOrSocket") && strings.Contains(s, "[IO wait") {
+						return true
+					}
+				}
+				return false
+			})
+			if err := closeOut(); err != nil {
+				t.Fatalf("closeOut: %v", err)
+			}
+			select {
+			case err := <-written:
+				if !errors.Is(err, os.ErrClosed) {
+					t.Errorf("write cut by closeOut: %v, want os.ErrClosed", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("closeOut did not cut the waiting write")
+			}
+			if nonblocking(t, out) {
+				t.Error("the inherited description is still non-blocking after closeOut")
+			}
+		})
+	}
+}
+
+// Anything else comes back as it is: a terminal's description is the
+// shell's too (non-blocking, it would break the shell after the proxy
+// exits), a regular file never stalls in a way the poller sees, and a
+// descriptor already non-blocking is polled already.
+func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
+	regular, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer regular.Close()
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	_, polled, err := os.Pipe() // os.Pipe's ends are non-blocking, polled
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer polled.Close()
+	for _, tc := range []struct {
+		name string
+		out  io.Writer
+	}{
+		{"buffer", &bytes.Buffer{}},
+		{"regular file", regular},
+		{"character device", devNull},
+		{"non-blocking pipe", polled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, closeOut := Pollable(tc.out)
+			if w != tc.out {
+				t.Fatalf("Pollable returned %T %v, want the output itself", w, w)
+			}
+			if err := closeOut(); err != nil {
+				t.Fatalf("closeOut: %v", err)
+			}
+			if _, err := w.Write([]byte("still open\n")); err != nil {
+				t.Fatalf("write after closeOut: %v", err)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -33,11 +34,21 @@ type running struct {
 // cleanly when stopped; the log is printed when the test failed.
 func runServe(t *testing.T, args []string, getenv func(string) string) *running {
 	t.Helper()
+	return runServeTo(t, args, getenv, nil)
+}
+
+// runServeTo is runServe with stdout given (nil: the log buffer, as
+// runServe); stderr still goes to the log buffer.
+func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout io.Writer) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{logs: &syncBuffer{}}
+	if stdout == nil {
+		stdout = r.logs
+	}
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, args, getenv, r.logs, r.logs, func(a *app) { ready <- a }) }()
+	go func() { done <- serve(ctx, args, getenv, stdout, r.logs, func(a *app) { ready <- a }) }()
 	select {
 	case r.a = <-ready:
 	case err := <-done:

@@ -79,10 +79,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	// or the accept loop when they log: the process log is queued, and
 	// what is queued is written before serve returns, startup errors and
 	// the last "stopped" line included, waiting for a stalled stdout only
-	// so long.
-	logOut := proclog.New(stdout, proclog.DefaultBufferBytes)
+	// so long. Both logs write through a stdout the runtime's poller
+	// serves, so that a stalled write parks their goroutine rather than
+	// hold a thread and its processor, which with GOMAXPROCS=1 held every
+	// request; closing it last cuts a write still waiting.
+	out, closeOut := proclog.Pollable(stdout)
+	defer closeOut()
+	logOut := proclog.New(out, proclog.DefaultBufferBytes)
 	defer logOut.Close(processLogFlushWait)
-	a, err := build(ctx, cfg, logOut, stdout)
+	a, err := build(ctx, cfg, logOut, out)
 	if errors.Is(err, errStoppedStarting) {
 		return nil
 	}

@@ -25,8 +25,9 @@ ENV CUBEPROXY_CONFIG=/etc/cubeproxy/cubeproxy.yaml
 # (README, Performance). A schedtrace interval > 0 is what keeps it awake;
 # this one (the largest, 24.8 days) prints one SCHED line to stderr that
 # often, and once at start on a host up for longer. It also puts a dump of
-# the scheduler before a fatal error's message, and with one CPU lets a
-# stalled log write hold requests for up to 20 ms (README, Performance).
+# the scheduler before a fatal error's message, and with one CPU lets an
+# access log file on a stalled disk hold requests for up to 20 ms (stdout
+# is written through the poller; README, Performance).
 # Add it to any GODEBUG you set.
 ENV GODEBUG=schedtrace=2147483647
 ENV CUBEPROXY_ROUTES=/etc/cubeproxy/routes.yaml

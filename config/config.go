@@ -319,21 +319,27 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 // checks of the Redis settings as "not memory", to be refused by serve.
 // Lower case is the spelling the proxy compares and check prints. A value
 // that is none of the words is left as written, for its refusal (here or
-// in the binary) to name as the operator wrote it, with the words.
+// in the binary) to name as the operator wrote it, with the words. An
+// empty value (--log-format=, log_format: "") is spelled as the word the
+// proxy reads it as, where it has one: check printed log_format: "" for
+// the JSON serve writes.
 func (c *Config) foldCase() {
 	for _, e := range []struct {
 		v     *string
 		words []string
+		empty string // the word "" means; "" when it means none
 	}{
-		{&c.LogFormat, []string{"json", "text"}},
-		{&c.LogLevel, []string{"debug", "info", "warn", "error"}},
-		{&c.Store, []string{"memory", "redis"}},
-		{&c.AccessLog.Format, []string{"json", "cube", "off"}},
-		{&c.TLS.Source, []string{"self_signed", "files", "acme"}},
-		{&c.TLS.ACME.DNS.Provider, []string{"rfc2136"}},
+		{&c.LogFormat, []string{"json", "text"}, "json"},
+		{&c.LogLevel, []string{"debug", "info", "warn", "error"}, ""},
+		{&c.Store, []string{"memory", "redis"}, "memory"},
+		{&c.AccessLog.Format, []string{"json", "cube", "off"}, "json"},
+		{&c.TLS.Source, []string{"self_signed", "files", "acme"}, ""},
+		{&c.TLS.ACME.DNS.Provider, []string{"rfc2136"}, ""},
 	} {
 		if w := strings.ToLower(*e.v); slices.Contains(e.words, w) {
 			*e.v = w
+		} else if w == "" {
+			*e.v = e.empty
 		}
 	}
 	// rfc2136's net option, which certs reads folded too: check printed

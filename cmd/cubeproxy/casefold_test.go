@@ -34,3 +34,32 @@ func TestCheckTakesWordsInAnyCase(t *testing.T) {
 		t.Errorf("log_format XML: exit %d, %s", code, stderr)
 	}
 }
+
+// An empty word (a flag given as --log-format=, log_format: "" in the
+// file) is what serve reads it as, and check prints that word: it printed
+// log_format: "" for the JSON serve writes, store: "" for the memory store.
+func TestCheckPrintsWhatAnEmptyWordMeans(t *testing.T) {
+	dir := t.TempDir()
+	routes := writeTemp(t, dir, "routes.yaml", "routes: {}\n")
+	cfg := writeTemp(t, dir, "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nroutes: "+routes+
+		"\nlog_format: \"\"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"file", []string{"--config", cfg, "--store=", "--access-log-format="}},
+		{"flags", []string{"--config", cfg, "--log-format=", "--store=", "--access-log-format="}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCheck(t, noEnv, tc.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			for _, w := range []string{"\nlog_format: json\n", "\nstore: memory\n", "\n  format: json\n"} {
+				if !strings.Contains(stdout, w) {
+					t.Errorf("check printed no %q:\n%s", strings.TrimSpace(w), stdout)
+				}
+			}
+		})
+	}
+}

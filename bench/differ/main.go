@@ -12,10 +12,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,7 +63,7 @@ func lab(only, bin string, verbose, keep bool) int {
 	}
 	defer sb.ln.Close()
 
-	nginxAddr, stopNginx, err := startNginx(work, sb.port)
+	nginxAddr, stopNginx, err := startNginx(work, sb.port, freePort)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "differ: nginx:", err)
 		return 2
@@ -169,6 +171,30 @@ func waitDial(addr string, exited <-chan struct{}) error {
 	return fmt.Errorf("nothing listening on %s after 60s", addr)
 }
 
+// waitNginx waits until nginx answers at addr (its Server header says
+// so) or exits. A dial alone is not enough: a listener of another program
+// on the port would take the connection while nginx, unable to bind it,
+// retries for two seconds and exits.
+func waitNginx(addr string, exited <-chan struct{}) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := client.Get("http://" + addr + "/")
+		if err == nil {
+			resp.Body.Close()
+			if strings.HasPrefix(resp.Header.Get("Server"), "nginx") {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("nginx exited before answering on %s", addr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("nginx not answering on %s after 60s", addr)
+}
+
 // startProc starts cmd in its own process group and returns a stop function
 // that ends that group (nginx's master and worker) and waits for it.
 func startProc(cmd *exec.Cmd) (exited chan struct{}, stop func(), err error) {
@@ -202,24 +228,41 @@ func nginxPath() string {
 // startNginx writes the platform config with only its ports changed: the
 // listener, and one upstream block for the sandbox's port in place of the
 // bench's two.
-func startNginx(work string, sandboxPort int) (string, func(), error) {
+func startNginx(work string, sandboxPort int, pickPort func() (int, error)) (addr string, stop func(), err error) {
+	// The port is free when freePort closes it, and another socket of the
+	// machine (a test's client connection) can take it before nginx binds
+	// it: nginx then exits with "Address already in use", and a new port
+	// is tried.
+	for range 5 {
+		var inUse bool
+		addr, stop, inUse, err = startNginxOnce(work, sandboxPort, pickPort)
+		if !inUse {
+			break
+		}
+	}
+	return addr, stop, err
+}
+
+// startNginxOnce is one try of startNginx on a port pickPort picks;
+// inUse says that nginx could not bind that port.
+func startNginxOnce(work string, sandboxPort int, pickPort func() (int, error)) (string, func(), bool, error) {
 	raw, err := os.ReadFile("configs/bench/nginx-platform.conf")
 	if err != nil {
-		return "", nil, fmt.Errorf("run from the repository root: %w", err)
+		return "", nil, false, fmt.Errorf("run from the repository root: %w", err)
 	}
-	port, err := freePort()
+	port, err := pickPort()
 	if err != nil {
-		return "", nil, err
+		return "", nil, false, err
 	}
 	conf := string(raw)
 	listen := regexp.MustCompile(`listen 127\.0\.0\.1:18082`)
 	if !listen.MatchString(conf) {
-		return "", nil, fmt.Errorf("nginx-platform.conf: no `listen 127.0.0.1:18082` to replace")
+		return "", nil, false, fmt.Errorf("nginx-platform.conf: no `listen 127.0.0.1:18082` to replace")
 	}
 	conf = listen.ReplaceAllString(conf, fmt.Sprintf("listen 127.0.0.1:%d", port))
 	ups := regexp.MustCompile(`(?s)    upstream sandbox_port_20001 \{.*?\n    \}\n    upstream sandbox_port_20002 \{.*?\n    \}\n`)
 	if !ups.MatchString(conf) {
-		return "", nil, fmt.Errorf("nginx-platform.conf: the two upstream blocks changed shape")
+		return "", nil, false, fmt.Errorf("nginx-platform.conf: the two upstream blocks changed shape")
 	}
 	block := ups.FindString(conf)
 	one := block[:strings.Index(block, "    upstream sandbox_port_20002")]
@@ -227,29 +270,30 @@ func startNginx(work string, sandboxPort int) (string, func(), error) {
 	conf = ups.ReplaceAllLiteralString(conf, one)
 	dir := filepath.Join(work, "nginx")
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
-		return "", nil, err
+		return "", nil, false, err
 	}
 	confPath := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
-		return "", nil, err
+		return "", nil, false, err
 	}
 	cmd := exec.Command(nginxPath(), "-p", dir+"/", "-e", filepath.Join(dir, "logs", "error.log"), "-c", confPath)
 	out, err := os.Create(filepath.Join(dir, "stderr.log"))
 	if err != nil {
-		return "", nil, err
+		return "", nil, false, err
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	exited, stop, err := startProc(cmd)
 	if err != nil {
-		return "", nil, fmt.Errorf("start nginx (apt-get install -y nginx): %w", err)
+		return "", nil, false, fmt.Errorf("start nginx (apt-get install -y nginx): %w", err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := waitDial(addr, exited); err != nil {
+	if err := waitNginx(addr, exited); err != nil {
 		stop()
 		log, _ := os.ReadFile(filepath.Join(dir, "logs", "error.log"))
-		return "", nil, fmt.Errorf("%w\n%s", err, log)
+		inUse := bytes.Contains(log, []byte("Address already in use"))
+		return "", nil, inUse, fmt.Errorf("%w\n%s", err, log)
 	}
-	return addr, stop, nil
+	return addr, stop, false, nil
 }
 
 // startCube builds the binary (unless bin names one) and serves the sandbox

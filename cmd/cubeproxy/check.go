@@ -16,6 +16,7 @@ import (
 	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"go.opentelemetry.io/otel"
 )
 
 // redacted stands in for a secret in check's output.
@@ -34,6 +35,12 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	// What the OTel SDK reports while the settings are read (a bad percent
+	// escape in OTEL_RESOURCE_ATTRIBUTES) is said as check's other notes
+	// are: its default handler printed a bare, time-stamped line.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		fmt.Fprintf(stderr, "cubeproxy: note: telemetry: %v (serve logs this as a warning and starts)\n", err)
+	}))
 	summary, instance, err := checkSettings(ctx, cfg, getenv, stderr)
 	if err != nil {
 		return cfg.NameOrigins(err)

@@ -354,3 +354,19 @@ func notOnThisMachine(t *testing.T) string {
 	t.Fatal("this machine owns every documentation address the test could use")
 	return ""
 }
+
+// A bad percent escape in OTEL_RESOURCE_ATTRIBUTES is kept as sent, with a
+// warning (README, Traces): check says it as its other notes, where the
+// OTel SDK's default handler printed a bare time-stamped line on the
+// process's own stderr.
+func TestCheckNotesOTelWarnings(t *testing.T) {
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "team=a%zz")
+	routes := writeTemp(t, t.TempDir(), "routes.yaml", "routes: {}\n")
+	code, _, stderr := runCheck(t, noEnv, "--routes", routes)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if want := `cubeproxy: note: telemetry: invalid URL escape "%zz" (serve logs this as a warning and starts)`; !strings.Contains(stderr, want) {
+		t.Errorf("check's stderr has no %q:\n%s", want, stderr)
+	}
+}

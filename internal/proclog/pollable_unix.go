@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,7 +29,10 @@ import (
 // the poller sees, so for those, for anything but an *os.File, and for a
 // descriptor already non-blocking, out comes back unchanged. closeOut closes
 // the duplicate, which cuts a write still waiting, and puts out's
-// description back in blocking mode.
+// description back in blocking mode. A write that another holder of the
+// description (a second process writing the pipe) made blocking waits in
+// write(2), where no close cuts it: closeOut waits for it closeWait at
+// most, then leaves the duplicate to close when it returns.
 func Pollable(out io.Writer) (w io.Writer, closeOut func() error) {
 	f, ok := out.(*os.File)
 	if !ok {
@@ -67,7 +71,19 @@ func Pollable(out io.Writer) (w io.Writer, closeOut func() error) {
 		return out, noClose
 	}
 	return dup, func() error {
-		err := dup.Close()
+		// Close returns once no write is in flight: at once for one
+		// parked in the poller, which it wakes, but only as the reader
+		// reads for one in write(2), and the reader may have stalled.
+		closed := make(chan error, 1)
+		go func() { closed <- dup.Close() }()
+		wait := time.NewTimer(closeWait)
+		defer wait.Stop()
+		var err error
+		select {
+		case err = <-closed:
+		case <-wait.C:
+			err = errWriteInKernel
+		}
 		rerr := raw.Control(func(fd uintptr) {
 			if e := unix.SetNonblock(int(fd), false); e != nil && err == nil {
 				err = e
@@ -78,3 +94,13 @@ func Pollable(out io.Writer) (w io.Writer, closeOut func() error) {
 }
 
 func noClose() error { return nil }
+
+// closeWait bounds how long closeOut waits for the duplicate to close: a
+// parked write is cut in microseconds, so only a write in write(2) takes
+// longer, and that one waits for the reader, for as long as it stalls.
+// Short, as it adds to an exit that already waited for stdout (the
+// process log's 2 s).
+const closeWait = 250 * time.Millisecond
+
+// errWriteInKernel is closeOut's error when closeWait passed.
+var errWriteInKernel = errors.New("stdout: not waiting for a write blocked in write(2): another holder of the pipe or socket made it blocking")

@@ -180,3 +180,67 @@ func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
 		})
 	}
 }
+
+// Another holder of the description (a second process writing the same
+// pipe) can put it back in blocking mode while the proxy runs; a write
+// through the duplicate then waits for the reader in write(2), where
+// closing the duplicate cannot cut it, and Close waits for it to return.
+// closeOut must not wait with it: with the reader stalled, serve's exit
+// would hang for as long as the stall lasts (before Pollable it waited
+// for stdout 2 s, the process log's budget, then exited).
+func TestPollableCloseOutDoesNotWaitForAWriteInTheKernel(t *testing.T) {
+	r, out := blockingPipe(t)
+	w, closeOut := Pollable(out)
+	pf, ok := w.(*os.File)
+	if !ok || pf == out {
+		t.Fatalf("Pollable = %T %v, want a new *os.File", w, w)
+	}
+	fill(t, out)
+	raw, err := out.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) { err = unix.SetNonblock(int(fd), false) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	go func() {
+		_, err := pf.Write(make([]byte, 128<<10))
+		written <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the write blocked in write(2)", func() bool {
+		for _, s := range testenv.Stacks() {
+			if strings.Contains(s, "TestPollableCloseOutDoesNotWaitForAWriteInTheKernel") && strings.Contains(s, "[syscall") {
+				return true
+			}
+		}
+		return false
+	})
+	// The reader resumes once the test ends, whatever it found, so that
+	// the write and a Close waiting for it return.
+	defer func() {
+		go io.Copy(io.Discard, r)
+		select {
+		case <-written:
+		case <-time.After(10 * time.Second):
+			t.Error("the write did not return once the reader read")
+		}
+	}()
+
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- closeOut() }()
+	select {
+	case err := <-closed:
+		if err == nil {
+			t.Error("closeOut returned nil with a write still waiting in the kernel; want an error saying so")
+		}
+		t.Logf("closeOut returned after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("closeOut waits for a write blocked in write(2) on a stalled pipe")
+	}
+	if nonblocking(t, out) {
+		t.Error("the description is non-blocking after closeOut")
+	}
+}

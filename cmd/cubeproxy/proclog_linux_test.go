@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -315,4 +317,110 @@ func TestBinaryProcessLogKeepsEveryLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fdFlags returns the flags of pid's descriptor fd, from /proc.
+func fdFlags(t *testing.T, pid, fd int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "flags:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no flags in fdinfo %d of %d:\n%s", fd, pid, b)
+	return 0
+}
+
+// A stdout that is stderr's pipe too (2>&1, systemd's StandardError=
+// inherit) stays blocking: the Go runtime writes a crash's report to
+// stderr, and in non-blocking mode a report that found the pipe full was
+// lost (a goroutine dump sent into a stalled pipe: 0.5 of 27 KB arrived
+// once it was read again). With stderr apart, stdout is made non-blocking
+// (proclog.Pollable) and the dump waits for the reader as before.
+func TestBinaryCrashReportWaitsForAStdoutSharedWithStderr(t *testing.T) {
+	bin := buildBinary(t)
+	routes := boxRoutes(t, t.TempDir(), 1)
+	cmd, out, exited := startWithFIFO(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--routes", routes, "--drain-timeout", "1s")
+	if !out.readUntil(30*time.Second, func(line string) bool { _, _, ok := listeningAddrs(line); return ok }) {
+		t.Fatalf("no listening line\n%s", out)
+	}
+	if f := fdFlags(t, cmd.Process.Pid, 1); f&syscall.O_NONBLOCK != 0 {
+		t.Errorf("stdout shared with stderr has flags %#o: non-blocking, where the runtime writes its crash reports", f)
+	}
+	testenv.FillFIFO(t, out.path)
+	// SIGQUIT: the runtime's dump of every goroutine, to stderr, then exit.
+	if err := cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody reads until the dump waits in write(2) for the reader, or the
+	// process is gone (a dump that met EAGAIN is lost, and it exits).
+	gone := false
+	testenv.WaitFor(t, 20*time.Second, "the dump waiting for the reader, or the exit", func() bool {
+		select {
+		case <-exited:
+			gone = true
+			return true
+		default:
+		}
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", cmd.Process.Pid))
+		for _, task := range tasks {
+			if b, _ := os.ReadFile(task); strings.Contains(string(b), "pipe_write") {
+				return true
+			}
+		}
+		return false
+	})
+	// Read to the end (the exit closes the pipe): the dump starts with the
+	// signal's name and ends with the registers, gs on amd64, fault on arm64.
+	out.readUntil(20*time.Second, func(string) bool { return false })
+	if !gone {
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no exit after the SIGQUIT dump")
+		}
+	}
+	all := strings.TrimSpace(out.String())
+	lines := strings.Split(all, "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(all, "SIGQUIT: quit") || !strings.HasPrefix(last, "gs ") && !strings.HasPrefix(last, "fault ") {
+		t.Errorf("the goroutine dump sent into the full pipe did not arrive whole once read (exited before the read: %v)\n%s", gone, out)
+	}
+
+	// stderr apart: stdout is the poller's.
+	other, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	apart := exec.Command(bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes)
+	apart.Stdout, apart.Stderr = w, other
+	if err := apart.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	defer apart.Process.Kill()
+	sc := bufio.NewScanner(r)
+	for ok := false; !ok && sc.Scan(); {
+		_, _, ok = listeningAddrs(sc.Text())
+	}
+	go io.Copy(io.Discard, r)
+	if f := fdFlags(t, apart.Process.Pid, 1); f&syscall.O_NONBLOCK == 0 {
+		t.Errorf("stdout apart from stderr has flags %#o, want non-blocking (served by the poller)", f)
+	}
+	apart.Process.Signal(syscall.SIGTERM)
+	apart.Wait()
 }

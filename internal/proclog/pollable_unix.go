@@ -24,16 +24,24 @@ import (
 // which Go's poller serves: a stalled write parks its goroutine only.
 //
 // O_NONBLOCK belongs to the open file description, which the duplicate
-// shares with out and with whoever else holds it (stderr, under 2>&1). A
-// terminal's is the shell's too, and a regular file does not stall in a way
-// the poller sees, so for those, for anything but an *os.File, and for a
-// descriptor already non-blocking, out comes back unchanged. closeOut closes
+// shares with out and with whoever else holds it. A terminal's is the
+// shell's too; stderr's, under 2>&1 or systemd's StandardError=inherit, is
+// where the Go runtime writes a crash's report, blind to EAGAIN, so that a
+// report larger than the pipe's free room lost its end, the panic's own
+// line; and a regular file does not stall in a way the poller sees. For
+// those, for anything but an *os.File, and for a descriptor already
+// non-blocking, out comes back unchanged. closeOut closes
 // the duplicate, which cuts a write still waiting, and puts out's
 // description back in blocking mode. A write that another holder of the
 // description (a second process writing the pipe) made blocking waits in
 // write(2), where no close cuts it: closeOut waits for it closeWait at
 // most, then leaves the duplicate to close when it returns.
 func Pollable(out io.Writer) (w io.Writer, closeOut func() error) {
+	return pollable(out, unix.Stderr)
+}
+
+// pollable is Pollable with stderr's descriptor given (tests).
+func pollable(out io.Writer, stderr int) (w io.Writer, closeOut func() error) {
 	f, ok := out.(*os.File)
 	if !ok {
 		return out, noClose
@@ -50,6 +58,12 @@ func Pollable(out io.Writer) (w io.Writer, closeOut func() error) {
 			return
 		}
 		if typ := st.Mode & unix.S_IFMT; typ != unix.S_IFIFO && typ != unix.S_IFSOCK {
+			return
+		}
+		// The same pipe or socket as stderr: both ends of a pipe are one
+		// inode, and each socket is one of its own.
+		var est unix.Stat_t
+		if unix.Fstat(stderr, &est) == nil && est.Dev == st.Dev && est.Ino == st.Ino {
 			return
 		}
 		flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)

@@ -139,8 +139,10 @@ func TestPollableStdoutPipeOrSocket(t *testing.T) {
 
 // Anything else comes back as it is: a terminal's description is the
 // shell's too (non-blocking, it would break the shell after the proxy
-// exits), a regular file never stalls in a way the poller sees, and a
-// descriptor already non-blocking is polled already.
+// exits), stderr's pipe is where the runtime writes a crash's report
+// (non-blocking, a long one lost its end), a regular file never stalls in
+// a way the poller sees, and a descriptor already non-blocking is polled
+// already.
 func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
 	regular, err := os.Create(filepath.Join(t.TempDir(), "log"))
 	if err != nil {
@@ -157,17 +159,25 @@ func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer polled.Close()
+	_, shared := blockingPipe(t)
+	sharedStderr, err := unix.Dup(int(shared.Fd())) // as 2>&1 makes fd 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sharedStderr)
 	for _, tc := range []struct {
-		name string
-		out  io.Writer
+		name   string
+		out    io.Writer
+		stderr int
 	}{
-		{"buffer", &bytes.Buffer{}},
-		{"regular file", regular},
-		{"character device", devNull},
-		{"non-blocking pipe", polled},
+		{"buffer", &bytes.Buffer{}, unix.Stderr},
+		{"regular file", regular, unix.Stderr},
+		{"character device", devNull, unix.Stderr},
+		{"non-blocking pipe", polled, unix.Stderr},
+		{"stderr's pipe", shared, sharedStderr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, closeOut := Pollable(tc.out)
+			w, closeOut := pollable(tc.out, tc.stderr)
 			if w != tc.out {
 				t.Fatalf("Pollable returned %T %v, want the output itself", w, w)
 			}

@@ -155,20 +155,13 @@ func freePort() (int, error) {
 
 // waitDial waits until addr accepts a connection or the process exits.
 func waitDial(addr string, exited <-chan struct{}) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	return waitReady(exited, "listening on "+addr, func() bool {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-			return nil
 		}
-		select {
-		case <-exited:
-			return fmt.Errorf("exited before listening on %s", addr)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("nothing listening on %s after 60s", addr)
+		return err == nil
+	})
 }
 
 // waitNginx waits until nginx answers at addr (its Server header says
@@ -177,22 +170,31 @@ func waitDial(addr string, exited <-chan struct{}) error {
 // retries for two seconds and exits.
 func waitNginx(addr string, exited <-chan struct{}) error {
 	client := &http.Client{Timeout: time.Second}
+	return waitReady(exited, "nginx answering on "+addr, func() bool {
+		resp, err := client.Get("http://" + addr + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return strings.HasPrefix(resp.Header.Get("Server"), "nginx")
+	})
+}
+
+// waitReady asks ready every 50 ms for up to 60 s, until it says yes or
+// the process exits; what names the wait in its errors.
+func waitReady(exited <-chan struct{}, what string, ready func() bool) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := client.Get("http://" + addr + "/")
-		if err == nil {
-			resp.Body.Close()
-			if strings.HasPrefix(resp.Header.Get("Server"), "nginx") {
-				return nil
-			}
+		if ready() {
+			return nil
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("nginx exited before answering on %s", addr)
+			return fmt.Errorf("exited before %s", what)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("nginx not answering on %s after 60s", addr)
+	return fmt.Errorf("not %s after 60s", what)
 }
 
 // startProc starts cmd in its own process group and returns a stop function

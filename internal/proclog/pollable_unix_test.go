@@ -65,6 +65,27 @@ func fill(t *testing.T, f *os.File) {
 	testenv.Fill(t, raw)
 }
 
+// writeUntil writes b to f from a goroutine and waits until that
+// goroutine is in state ("[IO wait": parked in the poller; "[syscall": in
+// write(2)); the write's error comes on the channel. One at a time.
+func writeUntil(t *testing.T, f *os.File, b []byte, state string) <-chan error {
+	t.Helper()
+	written := make(chan error, 1)
+	go func() {
+		_, err := f.Write(b)
+		written <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the write waiting as "+state+"]", func() bool {
+		for _, s := range testenv.Stacks() {
+			if strings.Contains(s, "proclog.writeUntil.func") && strings.Contains(s, state) {
+				return true
+			}
+		}
+		return false
+	})
+	return written
+}
+
 // A stdout on a pipe or a socket, as a container's log driver or journald
 // gives it, becomes a duplicate the poller serves: a write to it once its
 // reader stalled waits with a goroutine parked (a deadline applies, which
@@ -106,19 +127,7 @@ func TestPollableStdoutPipeOrSocket(t *testing.T) {
 			}
 			pf.SetWriteDeadline(time.Time{})
 
-			written := make(chan error, 1)
-			go func() {
-				_, err := pf.Write([]byte("stalled line\n"))
-				written <- err
-			}()
-			testenv.WaitFor(t, 5*time.Second, "the write parked in the poller", func() bool {
-				for _, s := range testenv.Stacks() {
-					if strings.Contains(s, "TestPollableStdoutPipeOrSocket") && strings.Contains(s, "[IO wait") {
-						return true
-					}
-				}
-				return false
-			})
+			written := writeUntil(t, pf, []byte("stalled line\n"), "[IO wait")
 			if err := closeOut(); err != nil {
 				t.Fatalf("closeOut: %v", err)
 			}
@@ -214,19 +223,7 @@ func TestPollableCloseOutDoesNotWaitForAWriteInTheKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	written := make(chan error, 1)
-	go func() {
-		_, err := pf.Write(make([]byte, 128<<10))
-		written <- err
-	}()
-	testenv.WaitFor(t, 5*time.Second, "the write blocked in write(2)", func() bool {
-		for _, s := range testenv.Stacks() {
-			if strings.Contains(s, "TestPollableCloseOutDoesNotWaitForAWriteInTheKernel") && strings.Contains(s, "[syscall") {
-				return true
-			}
-		}
-		return false
-	})
+	written := writeUntil(t, pf, make([]byte, 128<<10), "[syscall")
 	// The reader resumes once the test ends, whatever it found, so that
 	// the write and a Close waiting for it return.
 	defer func() {

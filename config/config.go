@@ -342,6 +342,11 @@ func (c *Config) foldCase() {
 			*e.v = e.empty
 		}
 	}
+	// An empty access log path is stdout, as "-" is: check printed
+	// path: "" for it.
+	if c.AccessLog.Path == "" {
+		c.AccessLog.Path = "-"
+	}
 	// rfc2136's net option, which certs reads folded too: check printed
 	// net: TCP as written.
 	if n, ok := c.TLS.ACME.DNS.Options["net"]; ok && c.TLS.ACME.DNS.Provider == "rfc2136" {

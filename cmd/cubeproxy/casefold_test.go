@@ -37,7 +37,8 @@ func TestCheckTakesWordsInAnyCase(t *testing.T) {
 
 // An empty word (a flag given as --log-format=, log_format: "" in the
 // file) is what serve reads it as, and check prints that word: it printed
-// log_format: "" for the JSON serve writes, store: "" for the memory store.
+// log_format: "" for the JSON serve writes, store: "" for the memory store,
+// and access_log.path: "" for stdout ('-').
 func TestCheckPrintsWhatAnEmptyWordMeans(t *testing.T) {
 	dir := t.TempDir()
 	routes := writeTemp(t, dir, "routes.yaml", "routes: {}\n")
@@ -47,15 +48,15 @@ func TestCheckPrintsWhatAnEmptyWordMeans(t *testing.T) {
 		name string
 		args []string
 	}{
-		{"file", []string{"--config", cfg, "--store=", "--access-log-format="}},
-		{"flags", []string{"--config", cfg, "--log-format=", "--store=", "--access-log-format="}},
+		{"file", []string{"--config", cfg, "--store=", "--access-log-format=", "--access-log-path="}},
+		{"flags", []string{"--config", cfg, "--log-format=", "--store=", "--access-log-format=", "--access-log-path="}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCheck(t, noEnv, tc.args...)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
-			for _, w := range []string{"\nlog_format: json\n", "\nstore: memory\n", "\n  format: json\n"} {
+			for _, w := range []string{"\nlog_format: json\n", "\nstore: memory\n", "\n  format: json\n", "\n  path: '-'\n"} {
 				if !strings.Contains(stdout, w) {
 					t.Errorf("check printed no %q:\n%s", strings.TrimSpace(w), stdout)
 				}

@@ -69,8 +69,15 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 		// Never send a key built from garbage to Redis.
 		return nil, &routing.FieldError{Field: routing.FieldSandboxID, Reason: "invalid sandbox id"}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
-	defer cancel()
+	// The route cache calls with a deadline of its own, CommandTimeout
+	// away (serve sets it so): a second one under it would change nothing
+	// but cost a context, its channel and a map entry in the parent on
+	// every cold lookup.
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > s.cfg.CommandTimeout {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.CommandTimeout)
+		defer cancel()
+	}
 
 	key := s.cfg.KeyPrefix + id
 	var fields map[string]string

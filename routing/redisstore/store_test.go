@@ -313,3 +313,72 @@ func TestLookupRetriesTransportErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestLookupBoundedUnderCallersDeadline: CommandTimeout bounds a lookup
+// whatever deadline its caller has, and a sooner deadline of the caller's
+// ends it sooner. The route cache calls with a deadline CommandTimeout
+// away, under which Lookup makes no context of its own (an allocation
+// saved on every cold lookup), so the later-deadline case is the one that
+// keeps its own bound honest.
+func TestLookupBoundedUnderCallersDeadline(t *testing.T) {
+	const bound = time.Second
+	silent := testenv.StartSilentServer(t) // accepts connections, never answers
+	s := openStoreCfg(t, redisstore.Config{Addr: silent.Addr, CommandTimeout: bound})
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // 0: none
+		min, max time.Duration
+	}{
+		{"no deadline", 0, bound * 9 / 10, bound * 5 / 2},
+		{"a later deadline", time.Minute, bound * 9 / 10, bound * 5 / 2},
+		{"a sooner deadline", bound / 20, 0, bound * 4 / 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+				defer cancel()
+			}
+			start := time.Now()
+			_, err := s.Lookup(ctx, "x")
+			took := time.Since(start)
+			if err == nil || errors.Is(err, routing.ErrNotFound) {
+				t.Fatalf("err = %v, want an availability error", err)
+			}
+			if took < tc.min || took > tc.max {
+				t.Fatalf("lookup took %s, want %s to %s", took, tc.min, tc.max)
+			}
+		})
+	}
+}
+
+// TestLookupUnderCallersDeadlineMakesNoContext: under a deadline of the
+// caller's no later than CommandTimeout, made fresh for the call as the
+// route cache makes its own, Lookup makes no context of its own: the two
+// together allocate less than the deadline alone plus a Lookup under none
+// (which must make one).
+func TestLookupUnderCallersDeadlineMakesNoContext(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	hset(t, r, redisstore.DefaultKeyPrefix+"x", controlPlaneFields("10.0.0.5")...)
+	lookup := func(ctx context.Context) {
+		if _, err := s.Lookup(ctx, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withDeadline := func(f func(context.Context)) func() {
+		return func() {
+			ctx, cancel := context.WithTimeout(context.Background(), redisstore.DefaultCommandTimeout)
+			f(ctx)
+			cancel()
+		}
+	}
+	deadline := testing.AllocsPerRun(100, withDeadline(func(context.Context) {}))
+	none := testing.AllocsPerRun(100, func() { lookup(context.Background()) })
+	under := testing.AllocsPerRun(100, withDeadline(lookup))
+	t.Logf("allocations: a deadline %.0f, a lookup under none %.0f, a lookup under a deadline %.0f", deadline, none, under)
+	if under >= deadline+none {
+		t.Fatalf("a lookup under a fresh deadline allocates %.0f times, the deadline alone %.0f and a lookup under none %.0f: want fewer than the sum", under, deadline, none)
+	}
+}

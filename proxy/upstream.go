@@ -165,9 +165,14 @@ func (ps *pools) removeLocked(key poolKey) {
 // yielded goroutine again before it polls the network, so every request
 // waiting on a socket would wait for the end of the burst (or sysmon's
 // 10 ms poll). Sleeping between closes lets the network be polled.
+//
+// The walk over the pools, and the drop of unused ones under the write
+// lock, pause the same way every sweepChunk pools.
 func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, stop <-chan struct{}) {
 	connCutoff := now.Add(-connIdle).UnixNano()
 	poolCutoff := now.Add(-poolIdle).UnixNano()
+	pace := newPacer(stop)
+	defer pace.stop()
 	// Pools unused since poolCutoff may be dropped below: listed now, under
 	// the read lock, so that the write lock is held only to check and drop
 	// them, not to walk every pool again.
@@ -176,76 +181,125 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, 
 		u *upstream
 	}
 	var unused []candidate
+	var stale []*upstreamConn
+	chunk := make([]*upstream, 0, sweepChunk)
+	takeIdle := func() {
+		for i, u := range chunk {
+			n := len(stale)
+			stale = u.takeIdle(connCutoff, stale)
+			// Out of the pool now: until closed they must not hold slots
+			// of upstream.max_conns that requests would get 503 for.
+			u.conns.Add(-int32(len(stale) - n))
+			chunk[i] = nil
+		}
+		chunk = chunk[:0]
+	}
 	ps.mu.RLock()
-	all := make([]*upstream, 0, len(ps.m))
 	for k, u := range ps.m {
-		all = append(all, u)
+		chunk = append(chunk, u)
 		if u.lastUsed.Load() < poolCutoff {
 			unused = append(unused, candidate{k, u})
 		}
+		if len(chunk) == sweepChunk {
+			// The walk goes on after the pause: a map may be changed
+			// between two steps of a range over it (the spec says what
+			// the loop then sees), and the lock orders those changes
+			// with the loop's reads.
+			ps.mu.RUnlock()
+			takeIdle()
+			pace.pause()
+			ps.mu.RLock()
+		}
 	}
 	ps.mu.RUnlock()
-	var stale []*upstreamConn
-	for _, u := range all {
-		n := len(stale)
-		stale = u.takeIdle(connCutoff, stale)
-		// Out of the pool now: until closed they must not hold slots of
-		// upstream.max_conns that requests would get 503 for.
-		u.conns.Add(-int32(len(stale) - n))
-	}
-	pace := newPacer(len(stale), spread, stop)
+	takeIdle()
+
+	pace.spreadOver(len(stale), spread)
 	for i, c := range stale {
 		pace.wait(i)
 		_ = c.Close()
 		stale[i] = nil
 	}
-	pace.stop()
 
-	var dead []*upstream
-	ps.mu.Lock()
-	for _, c := range unused {
-		if ps.m[c.k] == c.u && c.u.lastUsed.Load() < poolCutoff && c.u.conns.Load() == 0 {
-			c.u.dead.Store(true)
-			ps.removeLocked(c.k)
-			dead = append(dead, c.u)
+	dead := chunk
+	for len(unused) > 0 {
+		batch := unused[:min(len(unused), sweepChunk)]
+		unused = unused[len(batch):]
+		ps.mu.Lock()
+		for _, c := range batch {
+			if ps.m[c.k] == c.u && c.u.lastUsed.Load() < poolCutoff && c.u.conns.Load() == 0 {
+				c.u.dead.Store(true)
+				ps.removeLocked(c.k)
+				dead = append(dead, c.u)
+			}
+		}
+		ps.mu.Unlock()
+		// A request that took the pool just before it was deleted may
+		// still open and release a connection on it: put sees dead and
+		// closes it.
+		for i, u := range dead {
+			u.closeIdle(now.UnixNano() + 1)
+			dead[i] = nil
+		}
+		dead = dead[:0]
+		if len(unused) > 0 {
+			pace.pause()
 		}
 	}
-	ps.mu.Unlock()
-	// A request that took the pool just before it was deleted may still
-	// open and release a connection on it: put sees dead and closes it.
-	for _, u := range dead {
-		u.closeIdle(now.UnixNano() + 1)
-	}
 }
+
+// sweepChunk is how many pools a sweep walks, or drops under the write
+// lock, between two pauses. A cold-start burst leaves tens of thousands
+// of pools (one per sandbox, dropped two idle timeouts after their last
+// request), and walking 25,000 in one go held the only P for ≈ 5 ms, and
+// dropping 2,500 held the write lock, which every new pool waits for,
+// for ≈ 2 ms, at every quarter-second tick of a cold-start burst.
+const sweepChunk = 256
 
 // pacer spreads n steps evenly over a duration: wait(i) returns once
 // step i is due, sleeping at least sweepPause at a time (shorter sleeps
 // are not kept by the timer), so late wake-ups are caught up by running
-// several steps in a row. Once stop is closed every step is due.
+// several steps in a row. Once stop is closed every step is due, and
+// pause no longer sleeps.
 type pacer struct {
-	n      int
-	spread time.Duration
-	start  time.Time
-	stopCh <-chan struct{}
-	t      *time.Timer
+	n       int
+	spread  time.Duration
+	start   time.Time
+	stopCh  <-chan struct{}
+	stopped bool
+	t       *time.Timer
 }
 
-func newPacer(n int, spread time.Duration, stop <-chan struct{}) *pacer {
-	return &pacer{n: n, spread: spread, start: time.Now(), stopCh: stop}
+func newPacer(stop <-chan struct{}) *pacer {
+	return &pacer{stopCh: stop}
+}
+
+// spreadOver makes wait spread n steps over spread, from now.
+func (p *pacer) spreadOver(n int, spread time.Duration) {
+	p.n, p.spread, p.start = n, spread, time.Now()
 }
 
 func (p *pacer) wait(i int) {
-	for p.spread > 0 && i >= p.due() {
-		if p.t == nil {
-			p.t = time.NewTimer(sweepPause)
-		} else {
-			p.t.Reset(sweepPause)
-		}
-		select {
-		case <-p.t.C:
-		case <-p.stopCh:
-			p.spread = 0
-		}
+	for !p.stopped && p.spread > 0 && i >= p.due() {
+		p.pause()
+	}
+}
+
+// pause sleeps sweepPause, so that the scheduler polls the network
+// meanwhile, unless stop is closed.
+func (p *pacer) pause() {
+	if p.stopped {
+		return
+	}
+	if p.t == nil {
+		p.t = time.NewTimer(sweepPause)
+	} else {
+		p.t.Reset(sweepPause)
+	}
+	select {
+	case <-p.t.C:
+	case <-p.stopCh:
+		p.stopped = true
 	}
 }
 

@@ -1007,6 +1007,69 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 	t.Logf("%d echoes during the sweep waited for %v closes", len(waits), waits)
 }
 
+// A sweep over many pools (one per sandbox: a cold-start burst leaves tens
+// of thousands) pauses every sweepChunk pools while it walks them and
+// while it drops the unused ones under the write lock, as it pauses
+// between closes: a request waiting on a socket is served meanwhile, not
+// after the whole walk or at sysmon's 10 ms network poll.
+func TestUpstreamSweepWalkLetsNetworkWaitersRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 100_000
+	ps := &pools{m: make(map[poolKey]*upstream, n)}
+	for i := range n {
+		ps.create(poolKey{id: "s" + strconv.Itoa(i)}) // never used: the sweep drops it
+	}
+	ln := testenv.ServeTCP(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// An echo round trip over loopback, the stand-in for a request.
+	echo := func() time.Duration {
+		start := time.Now()
+		if _, err := client.Write([]byte("y")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	echo() // warm-up
+
+	done := make(chan struct{})
+	go func() {
+		ps.sweep(time.Now(), time.Minute, time.Hour, time.Second, nil)
+		close(done)
+	}()
+	// The sweep starts when this goroutine first blocks in a read; the
+	// echoes that ended before it did are the ones served during it.
+	var waits []time.Duration
+	for sweeping := true; sweeping; {
+		took := echo()
+		select {
+		case <-done:
+			sweeping = false
+		default:
+			waits = append(waits, took)
+		}
+	}
+	if pools, _, _ := ps.stats(); pools != 0 {
+		t.Fatalf("the sweep left %d of %d unused pools", pools, n)
+	}
+	if len(waits) == 0 {
+		t.Fatalf("the echo waited until the sweep of %d pools had ended", n)
+	}
+	// Without the pauses an echo waits for sysmon to poll the network and
+	// preempt the sweep, 10 ms or more; with them, for a chunk or two.
+	slices.Sort(waits)
+	if median := waits[len(waits)/2]; median > 5*time.Millisecond {
+		t.Fatalf("%d echoes during the sweep took a median of %v (slowest %v)", len(waits), median, waits[len(waits)-1])
+	}
+	t.Logf("%d echoes during the sweep of %d pools: median %v, slowest %v", len(waits), n, waits[len(waits)/2], waits[len(waits)-1])
+}
+
 // The closes are spread over the time given, and a stop (shutdown) closes
 // the rest at once.
 func TestUpstreamSweepSpreadAndStop(t *testing.T) {

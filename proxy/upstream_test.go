@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -1132,6 +1133,130 @@ func TestUpstreamSweepFreesSlotsAtOnce(t *testing.T) {
 	}
 	close(stop)
 	<-done
+}
+
+// Sweeps that release the map lock and pause every sweepChunk pools while
+// other goroutines create, kill, use and release pools (a range over a
+// map that goes on after the map changed): no connection is left open or
+// counted in its pool's upstream.max_conns after it was closed, and no
+// pool outlives a last sweep. Run under -race it also checks that the
+// lock orders the walk with the map's changes.
+func TestUpstreamSweepUnderChurn(t *testing.T) {
+	ln := testenv.ServeTCP(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c); _ = c.Close() })
+	addr := ln.Addr().String()
+	ps := &pools{m: make(map[poolKey]*upstream)}
+	for i := range 5000 {
+		ps.create(poolKey{id: "cold" + strconv.Itoa(i)})
+	}
+	// Loopback connections, each closed once (a kill closes a busy one
+	// under its request too, which drops it again: counted once).
+	const dialBudget = 4000
+	var opened, closed atomic.Int64
+	var seen sync.Map // every *upstream a request used
+	use := func(key poolKey) {
+		u := ps.get(key, time.Now().UnixNano())
+		seen.Store(u, struct{}{})
+		u.mu.Lock()
+		var c *upstreamConn
+		if n := len(u.idle); n > 0 {
+			c = u.idle[n-1]
+			u.idle[n-1] = nil
+			u.idle = u.idle[:n-1]
+		}
+		u.mu.Unlock()
+		if c == nil {
+			if opened.Add(1) > dialBudget {
+				opened.Add(-1)
+				return // the pool alone
+			}
+			u.conns.Add(1)
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				u.conns.Add(-1)
+				opened.Add(-1)
+				t.Error(err)
+				return
+			}
+			c = &upstreamConn{Conn: &closeOnce{Conn: nc, n: &closed}, pool: u}
+		}
+		u.mu.Lock()
+		ok := u.checkOut(c, ps)
+		u.mu.Unlock()
+		if !ok { // killed meanwhile
+			u.dropBusy(c)
+			return
+		}
+		u.put(c)
+	}
+	// A bounded churn: with one P, workers that never block would make
+	// pools in every pause of a sweep (each waits out their time slice)
+	// faster than it drops them.
+	const ops = 15_000
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := range ops {
+				switch hot := "h" + strconv.Itoa(r.IntN(3000)); r.IntN(4) {
+				case 0: // a new sandbox
+					use(poolKey{id: "n" + strconv.Itoa(w) + "-" + strconv.Itoa(i), createdAt: 1})
+				case 1:
+					ps.kill(hot, 1)
+				default: // a known one, its pool recreated after a kill
+					use(poolKey{id: hot, createdAt: 1})
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	sweeps, chunked := 0, 0
+	tick := time.NewTicker(2 * time.Millisecond) // the janitor's ticker, shorter
+	defer tick.Stop()
+	for working := true; working; {
+		select {
+		case <-done:
+			working = false
+		case now := <-tick.C:
+			if n, _, _ := ps.stats(); n > 2*sweepChunk {
+				chunked++
+			}
+			ps.sweep(now, time.Millisecond, 100*time.Millisecond, 0, nil)
+			sweeps++
+		}
+	}
+	ps.sweep(time.Now().Add(time.Hour), time.Millisecond, 2*time.Millisecond, 0, nil)
+	if pools, conns, _ := ps.stats(); pools != 0 || conns != 0 || len(ps.byID) != 0 {
+		t.Errorf("after the last sweep: %d pools, %d connections, %d ids", pools, conns, len(ps.byID))
+	}
+	if o, c := opened.Load(), closed.Load(); o != c {
+		t.Errorf("%d connections opened, %d closed", o, c)
+	}
+	seen.Range(func(k, _ any) bool {
+		u := k.(*upstream)
+		if n := u.conns.Load(); n != 0 || len(u.idle) != 0 {
+			t.Errorf("a dropped pool counts %d connections, %d idle", n, len(u.idle))
+		}
+		return true
+	})
+	if chunked == 0 {
+		t.Errorf("none of %d sweeps walked more than %d pools", sweeps, 2*sweepChunk)
+	}
+	t.Logf("%d sweeps (%d over %d pools), %d connections", sweeps, chunked, 2*sweepChunk, opened.Load())
+}
+
+// closeOnce counts the first close of the connection it wraps.
+type closeOnce struct {
+	net.Conn
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (c *closeOnce) Close() error {
+	c.once.Do(func() { c.n.Add(1) })
+	return c.Conn.Close()
 }
 
 // Responses without a body (HEAD, 204, 304) keep their headers, carry no

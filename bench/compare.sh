@@ -95,6 +95,12 @@ cleanup() {
 	for name in "${!PID[@]}"; do
 		wait "${PID[$name]}" 2>/dev/null || true
 	done
+	# apt, when the run ends during the build (a failed build, ^C), is
+	# waited for, not killed: a dpkg cut halfway leaves the machine's
+	# packages for the next run to repair, and its lock held meanwhile.
+	if [ -n "${PKG_PID:-}" ]; then
+		wait "$PKG_PID" 2>/dev/null || true
+	fi
 	if [ "$KEEP" = 1 ] || [ "${FAILED:-0}" = 1 ]; then
 		log "work dir kept: $WORK"
 	else

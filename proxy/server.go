@@ -659,7 +659,7 @@ func (s *Server) janitor() {
 			// short ticks of a short idle_conn_timeout it cost 3 % of the
 			// CPU of a cold-start burst, for hour-long thresholds.
 			if now.Sub(sandboxesSwept) >= time.Minute {
-				s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour)
+				s.p.sandboxes.sweep(now, 24*time.Hour, time.Hour, s.stop)
 				sandboxesSwept = now
 				// Its own goroutine: a round of store reads (one per idle
 				// sandbox invalidated in the last minute) must not hold

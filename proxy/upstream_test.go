@@ -1020,13 +1020,27 @@ func TestUpstreamSweepWalkLetsNetworkWaitersRun(t *testing.T) {
 	for i := range n {
 		ps.create(poolKey{id: "s" + strconv.Itoa(i)}) // never used: the sweep drops it
 	}
+	echoesDuring(t, "the sweep of 100,000 pools", func() {
+		ps.sweep(time.Now(), time.Minute, time.Hour, time.Second, nil)
+	})
+	if pools, _, _ := ps.stats(); pools != 0 {
+		t.Fatalf("the sweep left %d of %d unused pools", pools, n)
+	}
+}
+
+// echoesDuring runs work, which must take the only P (GOMAXPROCS 1) for a
+// while, and meanwhile makes echo round trips over loopback, the stand-in
+// for requests. It fails t unless some echoes ended while work ran and
+// their median took under 5 ms: work that never yields makes an echo wait
+// for sysmon to poll the network and preempt it, 10 ms or more.
+func echoesDuring(t *testing.T, what string, work func()) {
+	t.Helper()
 	ln := testenv.ServeTCP(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	// An echo round trip over loopback, the stand-in for a request.
 	echo := func() time.Duration {
 		start := time.Now()
 		if _, err := client.Write([]byte("y")); err != nil {
@@ -1041,34 +1055,29 @@ func TestUpstreamSweepWalkLetsNetworkWaitersRun(t *testing.T) {
 
 	done := make(chan struct{})
 	go func() {
-		ps.sweep(time.Now(), time.Minute, time.Hour, time.Second, nil)
+		work()
 		close(done)
 	}()
-	// The sweep starts when this goroutine first blocks in a read; the
-	// echoes that ended before it did are the ones served during it.
+	// work starts when this goroutine first blocks in a read; the echoes
+	// that ended before it did are the ones served during it.
 	var waits []time.Duration
-	for sweeping := true; sweeping; {
+	for running := true; running; {
 		took := echo()
 		select {
 		case <-done:
-			sweeping = false
+			running = false
 		default:
 			waits = append(waits, took)
 		}
 	}
-	if pools, _, _ := ps.stats(); pools != 0 {
-		t.Fatalf("the sweep left %d of %d unused pools", pools, n)
-	}
 	if len(waits) == 0 {
-		t.Fatalf("the echo waited until the sweep of %d pools had ended", n)
+		t.Fatalf("the echo waited until %s had ended", what)
 	}
-	// Without the pauses an echo waits for sysmon to poll the network and
-	// preempt the sweep, 10 ms or more; with them, for a chunk or two.
 	slices.Sort(waits)
 	if median := waits[len(waits)/2]; median > 5*time.Millisecond {
-		t.Fatalf("%d echoes during the sweep took a median of %v (slowest %v)", len(waits), median, waits[len(waits)-1])
+		t.Fatalf("%d echoes during %s took a median of %v (slowest %v)", len(waits), what, median, waits[len(waits)-1])
 	}
-	t.Logf("%d echoes during the sweep of %d pools: median %v, slowest %v", len(waits), n, waits[len(waits)/2], waits[len(waits)-1])
+	t.Logf("%d echoes during %s: median %v, slowest %v", len(waits), what, waits[len(waits)/2], waits[len(waits)-1])
 }
 
 // The closes are spread over the time given, and a stop (shutdown) closes

@@ -301,13 +301,11 @@ func (e *sandboxState) done(ms int64) {
 // sandboxes the walk takes 20-45 ms of CPU, which with one P held every
 // request that long.
 func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int) {
-	n, seen := 0, 0
+	n := 0
 	pace := newPacer(nil)
 	defer pace.stop()
 	s.m.Range(func(k, v any) bool {
-		if seen++; seen%sweepChunk == 0 {
-			pace.pause()
-		}
+		pace.step()
 		e := v.(*sandboxState)
 		// The count first (see done): read the other way round, the time
 		// could be read while a request was in flight (its start) and the
@@ -504,11 +502,8 @@ func (s *sandboxes) sweep(now time.Time, idle, killedTTL time.Duration, stop <-c
 	}
 	pace := newPacer(stop)
 	defer pace.stop()
-	seen := 0
 	s.m.Range(func(k, v any) bool {
-		if seen++; seen%sweepChunk == 0 {
-			pace.pause()
-		}
+		pace.step()
 		s.retire(k.(string), v.(*sandboxState), keep)
 		return true
 	})

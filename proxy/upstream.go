@@ -268,6 +268,7 @@ type pacer struct {
 	stopCh  <-chan struct{}
 	stopped bool
 	t       *time.Timer
+	steps   int // calls of step
 }
 
 func newPacer(stop <-chan struct{}) *pacer {
@@ -300,6 +301,14 @@ func (p *pacer) pause() {
 	case <-p.t.C:
 	case <-p.stopCh:
 		p.stopped = true
+	}
+}
+
+// step pauses at every sweepChunk-th call: for a walk over a sync.Map,
+// which can pause inside its Range but not stop and resume.
+func (p *pacer) step() {
+	if p.steps++; p.steps%sweepChunk == 0 {
+		p.pause()
 	}
 }
 

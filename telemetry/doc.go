@@ -2,6 +2,10 @@
 //
 // Metrics are always on and exported in Prometheus text format from an own
 // registry (MetricsHandler), with the Go runtime and process collectors.
+// Counters and gauges are OTel observables read at scrape time; the four
+// duration histograms are Prometheus histograms registered beside them,
+// exposed as the OTel SDK exposed them (names, buckets, labels) at a fifth
+// of its cost per record (histograms.go).
 // Names (OTel name -> Prometheus name; labels):
 //
 //	cubeproxy.requests                  cubeproxy_requests_total{status_class,route_kind}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -33,8 +34,8 @@ var (
 //
 // Counters and gauges are plain atomics, read by one OTel callback at
 // scrape time: a synchronous OTel counter costs ~180 ns per Add (attribute
-// normalisation), an atomic a few ns. Histograms go through the OTel SDK with
-// attribute sets prebuilt per label combination.
+// normalisation), an atomic a few ns. Histograms are Prometheus histograms,
+// one per label combination (histograms), for the same reason.
 type Metrics struct {
 	requests      [numStatusClasses][numRouteKinds]atomic.Int64
 	bytesIn       [numRouteKinds]atomic.Int64
@@ -60,16 +61,10 @@ type Metrics struct {
 	// by outcome (WaitOutcome).
 	limitWaits [numWaitOutcomes]atomic.Int64
 
-	reqDuration    metric.Float64Histogram
-	respDuration   metric.Float64Histogram
-	streamDuration metric.Float64Histogram
-	storeDuration  metric.Float64Histogram
-
-	// Prebuilt option slices, indexed by label enum; passing them with
-	// opts... avoids the per-call variadic allocation.
-	recClassKind [numStatusClasses][numRouteKinds][]metric.RecordOption
-	recKind      [numRouteKinds][]metric.RecordOption
-	recStore     [numStoreKinds][]metric.RecordOption
+	reqDuration    [numStatusClasses][numRouteKinds]prometheus.Histogram
+	respDuration   [numStatusClasses][numRouteKinds]prometheus.Histogram
+	streamDuration [numRouteKinds]prometheus.Histogram // streamKinds only
+	storeDuration  [numStoreKinds]prometheus.Histogram
 
 	obs observed
 }
@@ -93,16 +88,14 @@ type observed struct {
 	waitOutcome                                     [numWaitOutcomes]metric.ObserveOption
 }
 
-// bg is the context for every measurement: metrics carry no trace exemplars.
-var bg = context.Background()
-
-func newMetrics(meter metric.Meter) (*Metrics, error) {
+// newMetrics makes the counters and gauges on meter and registers the
+// histograms with reg.
+func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{}
 	b := builder{meter: meter}
-	m.reqDuration = b.histogram("cubeproxy.request.duration", "Time from request start to response headers.", requestBuckets)
-	m.respDuration = b.histogram("cubeproxy.response.duration", "Time from request start to the last byte of a response of known length, read whole or (a download over 64 KiB) relayed as it came; chunked and SSE streams and WebSockets are in cubeproxy_stream_duration_seconds.", requestBuckets)
-	m.streamDuration = b.histogram("cubeproxy.stream.duration", "Lifetime of SSE/chunked streams and WebSockets.", streamBuckets)
-	m.storeDuration = b.histogram("cubeproxy.store.duration", "Latency of route store lookups (cache misses).", storeBuckets)
+	if err := reg.Register(m.histograms()); err != nil {
+		return nil, fmt.Errorf("register histograms: %w", err)
+	}
 
 	o := &m.obs
 	o.requests = b.counter("cubeproxy.requests", "{request}", "Requests answered, by status class and route kind.")
@@ -140,6 +133,38 @@ func newMetrics(meter metric.Meter) (*Metrics, error) {
 	return m, nil
 }
 
+// The histograms' names and help texts.
+const (
+	requestDuration     = "cubeproxy_request_duration_seconds"
+	requestDurationHelp = "Time from request start to response headers."
+	responseDuration    = "cubeproxy_response_duration_seconds"
+	// responseDurationHelp names streamDuration.
+	responseDurationHelp = "Time from request start to the last byte of a response of known length, read whole or (a download over 64 KiB) relayed as it came; chunked and SSE streams and WebSockets are in cubeproxy_stream_duration_seconds."
+	streamDuration       = "cubeproxy_stream_duration_seconds"
+	streamDurationHelp   = "Lifetime of SSE/chunked streams and WebSockets."
+	storeDuration        = "cubeproxy_store_duration_seconds"
+	storeDurationHelp    = "Latency of route store lookups (cache misses)."
+)
+
+// histograms makes one histogram per label combination.
+func (m *Metrics) histograms() *histograms {
+	h := &histograms{}
+	for c := range numStatusClasses {
+		for k := range int(numRouteKinds) {
+			l := prometheus.Labels{"status_class": statusClassNames[c], "route_kind": routeKindNames[k]}
+			m.reqDuration[c][k] = h.add(requestDuration, requestDurationHelp, requestBuckets, l)
+			m.respDuration[c][k] = h.add(responseDuration, responseDurationHelp, requestBuckets, l)
+		}
+	}
+	for _, k := range streamKinds {
+		m.streamDuration[k] = h.add(streamDuration, streamDurationHelp, streamBuckets, prometheus.Labels{"route_kind": routeKindNames[k]})
+	}
+	for s := range int(numStoreKinds) {
+		m.storeDuration[s] = h.add(storeDuration, storeDurationHelp, storeBuckets, prometheus.Labels{"store": storeKindNames[s]})
+	}
+	return h
+}
+
 // prebuild makes one attribute set per label combination.
 func (m *Metrics) prebuild() {
 	set := func(kvs ...attribute.KeyValue) metric.MeasurementOption {
@@ -147,15 +172,11 @@ func (m *Metrics) prebuild() {
 	}
 	for c := range numStatusClasses {
 		for k := range int(numRouteKinds) {
-			o := set(attribute.String("status_class", statusClassNames[c]), attribute.String("route_kind", routeKindNames[k]))
-			m.recClassKind[c][k] = []metric.RecordOption{o}
-			m.obs.classKind[c][k] = o
+			m.obs.classKind[c][k] = set(attribute.String("status_class", statusClassNames[c]), attribute.String("route_kind", routeKindNames[k]))
 		}
 	}
 	for k := range int(numRouteKinds) {
-		o := set(attribute.String("route_kind", routeKindNames[k]))
-		m.recKind[k] = []metric.RecordOption{o}
-		m.obs.kind[k] = o
+		m.obs.kind[k] = set(attribute.String("route_kind", routeKindNames[k]))
 	}
 	for _, k := range streamKinds {
 		for e := range int(numStreamEnds) {
@@ -166,9 +187,7 @@ func (m *Metrics) prebuild() {
 		m.obs.result[r] = set(attribute.String("result", cacheResultNames[r]))
 	}
 	for s := range int(numStoreKinds) {
-		o := set(attribute.String("store", storeKindNames[s]))
-		m.recStore[s] = []metric.RecordOption{o}
-		m.obs.store[s] = o
+		m.obs.store[s] = set(attribute.String("store", storeKindNames[s]))
 	}
 	for i, reason := range authReasons {
 		m.obs.reason[i] = set(attribute.String("reason", reason))
@@ -251,7 +270,7 @@ func (m *Metrics) RequestDone(status int, kind RouteKind, ttfb time.Duration) {
 	}
 	c, k := statusClassIndex(status), kind.index()
 	m.requests[c][k].Add(1)
-	m.reqDuration.Record(bg, ttfb.Seconds(), m.recClassKind[c][k]...)
+	m.reqDuration[c][k].Observe(ttfb.Seconds())
 }
 
 // ResponseDone records the total duration of a non-streamed response (to its
@@ -260,7 +279,7 @@ func (m *Metrics) ResponseDone(status int, kind RouteKind, total time.Duration) 
 	if m == nil {
 		return
 	}
-	m.respDuration.Record(bg, total.Seconds(), m.recClassKind[statusClassIndex(status)][kind.index()]...)
+	m.respDuration[statusClassIndex(status)][kind.index()].Observe(total.Seconds())
 }
 
 // Bytes adds body (or WebSocket) bytes received from and sent to the client.
@@ -324,7 +343,7 @@ func (m *Metrics) StreamClosed(kind RouteKind, life time.Duration) {
 	if kind != RouteWebSocket && kind != RouteSSE {
 		kind = RouteHTTP
 	}
-	m.streamDuration.Record(bg, life.Seconds(), m.recKind[kind]...)
+	m.streamDuration[kind].Observe(life.Seconds())
 }
 
 // DownloadDone undoes StreamOpened(kind) for a fixed-length body relayed as
@@ -373,7 +392,7 @@ func (m *Metrics) StoreLookup(store StoreKind, d time.Duration, failed bool) {
 		return
 	}
 	s := store.index()
-	m.storeDuration.Record(bg, d.Seconds(), m.recStore[s]...)
+	m.storeDuration[s].Observe(d.Seconds())
 	if failed {
 		m.storeErrors[s].Add(1)
 	}
@@ -541,11 +560,4 @@ func (b *builder) gauge(name, unit, desc string) metric.Int64ObservableUpDownCou
 	g, err := b.meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 	b.keep(name, err)
 	return g
-}
-
-func (b *builder) histogram(name, desc string, buckets []float64) metric.Float64Histogram {
-	h, err := b.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-		metric.WithExplicitBucketBoundaries(buckets...))
-	b.keep(name, err)
-	return h
 }

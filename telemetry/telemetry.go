@@ -80,7 +80,7 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 		// Measurements carry no trace context; skip the exemplar machinery.
 		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter),
 	)
-	if t.Metrics, err = newMetrics(t.mp.Meter(instrumentationName)); err != nil {
+	if t.Metrics, err = newMetrics(t.mp.Meter(instrumentationName), reg); err != nil {
 		return nil, errors.Join(err, t.mp.Shutdown(ctx))
 	}
 	t.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})

@@ -662,15 +662,7 @@ func FuzzAdminHandler(f *testing.F) {
 		f.Add(s[0], s[1], []byte(s[2]))
 	}
 	signer := testSigner(f)
-	store := routing.NewMemoryStore()
-	cache, err := routing.NewCache(store, routing.CacheConfig{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
-	if err != nil {
-		f.Fatal(err)
-	}
+	p, store := bareProxy(f)
 	a := NewAdmin(AdminConfig{Routes: store, Signer: signer}, p)
 	statuses := map[int]bool{200: true, 400: true, 404: true, 405: true, 500: true, 503: true}
 	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
@@ -871,15 +863,7 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 // alone would let any host on the network that addresses the listener by
 // IP re-route every sandbox, should the listener ever be reachable.
 func TestAdminLoopbackRuleChecksTheClientAddress(t *testing.T) {
-	store := routing.NewMemoryStore()
-	cache, err := routing.NewCache(store, routing.CacheConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, store := bareProxy(t)
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "# metrics\n") })
 	open := NewAdmin(AdminConfig{Routes: store}, p)
 	withToken := NewAdmin(AdminConfig{Token: "admin-secret", Routes: store, Metrics: metrics, MetricsLoopback: true}, p)

@@ -33,15 +33,7 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 			c.Close()
 		}
 	}()
-	store := routing.NewMemoryStore()
-	cache, err := routing.NewCache(store, routing.CacheConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _ := bareProxy(t)
 	addr := ln.Addr().String()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -66,4 +58,20 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 		t.Errorf("a sandbox connect allocates %v times, %v more than a plain cancelable connect with a deadline (%v); want at most 2",
 			proxied, extra, plain)
 	}
+}
+
+// bareProxy is a Proxy on an empty memory store with a discarding logger,
+// not served: for tests that call its methods or its admin API directly.
+func bareProxy(tb testing.TB) (*Proxy, *routing.MemoryStore) {
+	tb.Helper()
+	store := routing.NewMemoryStore()
+	cache, err := routing.NewCache(store, routing.CacheConfig{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, store
 }

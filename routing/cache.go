@@ -230,17 +230,18 @@ func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, Cach
 	} else {
 		timer.Reset(c.cfg.LookupTimeout)
 	}
+	fired := false
 	defer func() {
-		if !timer.Stop() {
-			// Only with GODEBUG=asynctimerchan=1 can a tick that fired
-			// unread still be in the channel; it must not end the next
-			// wait at once.
-			select {
-			case <-timer.C:
-			default:
-			}
+		// Back to the pool only a timer that holds no tick and will send
+		// none: stopped before it fired, or fired and read below. With
+		// GODEBUG=asynctimerchan=1 (the channels before Go 1.23) a Stop
+		// that reports false can come before the fired timer's send, which
+		// no drain can wait for; reused, that timer ended the next wait at
+		// once. By default a false Stop means the tick was read here, so
+		// every timer goes back.
+		if timer.Stop() || fired {
+			c.timers.Put(timer)
 		}
-		c.timers.Put(timer)
 	}()
 	select {
 	case res := <-ch:
@@ -252,6 +253,7 @@ func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, Cach
 		}
 		return nil, CacheMiss, res.Err
 	case <-timer.C:
+		fired = true
 		// The store ignored its deadline. Let the next caller start a fresh
 		// lookup instead of joining this stuck one.
 		c.group.Forget(id)

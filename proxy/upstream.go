@@ -1215,9 +1215,10 @@ func (ps *pools) connectCtx() context.Context {
 // connect under a context that already has its deadline hands it to the
 // poller as the socket's write deadline (net's netFD.connect), and
 // net.Dialer makes no context of its own. Its Timeout made one per new
-// sandbox connection (a context, a timer, a channel and an entry in
-// dialCtx's children): ≈ 600 B of garbage, an eighth of a cold lookup's.
-// A cancel of dialCtx (abort) still ends the connect at once.
+// sandbox connection (a context, a timer, a channel, and an entry in
+// dialCtx's children beside the one net's cancel watch still adds):
+// ≈ 600 B of garbage, an eighth of a cold lookup's. A cancel of dialCtx
+// (abort) still ends the connect at once.
 type deadlineCtx struct {
 	context.Context
 	deadline time.Time

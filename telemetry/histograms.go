@@ -5,8 +5,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// histograms is one latency histogram of CubeProxy, as a Prometheus
-// histogram per label combination made at start: a record is then a few
+// histograms holds CubeProxy's duration histograms as one Prometheus
+// histogram per label combination, made at start: a record is then a few
 // atomics (≈ 20 ns). Through the OTel SDK a record cost ≈ 130 ns, since the
 // SDK normalises the attribute set and looks its aggregator up on every
 // call, and a request makes two. The exposition is the same: name, help,

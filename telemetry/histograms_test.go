@@ -18,7 +18,7 @@ import (
 )
 
 // histogramNames are the families histograms exposes.
-var histogramNames = []string{requestDuration, responseDuration, streamDuration, storeDuration}
+var histogramNames = []string{requestDurationMetric, responseDurationMetric, streamDurationMetric, storeDurationMetric}
 
 // The histograms read as the OTel SDK's did through its Prometheus
 // exporter, line for line: names, help, labels, buckets (a value on a
@@ -94,10 +94,10 @@ func newOTelHistograms(t *testing.T) *otelHistograms {
 		name, help string
 		buckets    []float64
 	}{
-		{"cubeproxy.request.duration", requestDurationHelp, requestBuckets},
-		{"cubeproxy.response.duration", responseDurationHelp, requestBuckets},
-		{"cubeproxy.stream.duration", streamDurationHelp, streamBuckets},
-		{"cubeproxy.store.duration", storeDurationHelp, storeBuckets},
+		{"cubeproxy.request.duration", requestDurationMetricHelp, requestBuckets},
+		{"cubeproxy.response.duration", responseDurationMetricHelp, requestBuckets},
+		{"cubeproxy.stream.duration", streamDurationMetricHelp, streamBuckets},
+		{"cubeproxy.store.duration", storeDurationMetricHelp, storeBuckets},
 	} {
 		h, err := meter.Float64Histogram(x.name, metric.WithUnit("s"), metric.WithDescription(x.help),
 			metric.WithExplicitBucketBoundaries(x.buckets...))

@@ -135,15 +135,15 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 
 // The histograms' names and help texts.
 const (
-	requestDuration     = "cubeproxy_request_duration_seconds"
-	requestDurationHelp = "Time from request start to response headers."
-	responseDuration    = "cubeproxy_response_duration_seconds"
-	// responseDurationHelp names streamDuration.
-	responseDurationHelp = "Time from request start to the last byte of a response of known length, read whole or (a download over 64 KiB) relayed as it came; chunked and SSE streams and WebSockets are in cubeproxy_stream_duration_seconds."
-	streamDuration       = "cubeproxy_stream_duration_seconds"
-	streamDurationHelp   = "Lifetime of SSE/chunked streams and WebSockets."
-	storeDuration        = "cubeproxy_store_duration_seconds"
-	storeDurationHelp    = "Latency of route store lookups (cache misses)."
+	requestDurationMetric     = "cubeproxy_request_duration_seconds"
+	requestDurationMetricHelp = "Time from request start to response headers."
+	responseDurationMetric    = "cubeproxy_response_duration_seconds"
+	// responseDurationMetricHelp names streamDurationMetric.
+	responseDurationMetricHelp = "Time from request start to the last byte of a response of known length, read whole or (a download over 64 KiB) relayed as it came; chunked and SSE streams and WebSockets are in cubeproxy_stream_duration_seconds."
+	streamDurationMetric       = "cubeproxy_stream_duration_seconds"
+	streamDurationMetricHelp   = "Lifetime of SSE/chunked streams and WebSockets."
+	storeDurationMetric        = "cubeproxy_store_duration_seconds"
+	storeDurationMetricHelp    = "Latency of route store lookups (cache misses)."
 )
 
 // histograms makes one histogram per label combination.
@@ -152,15 +152,15 @@ func (m *Metrics) histograms() *histograms {
 	for c := range numStatusClasses {
 		for k := range int(numRouteKinds) {
 			l := prometheus.Labels{"status_class": statusClassNames[c], "route_kind": routeKindNames[k]}
-			m.reqDuration[c][k] = h.add(requestDuration, requestDurationHelp, requestBuckets, l)
-			m.respDuration[c][k] = h.add(responseDuration, responseDurationHelp, requestBuckets, l)
+			m.reqDuration[c][k] = h.add(requestDurationMetric, requestDurationMetricHelp, requestBuckets, l)
+			m.respDuration[c][k] = h.add(responseDurationMetric, responseDurationMetricHelp, requestBuckets, l)
 		}
 	}
 	for _, k := range streamKinds {
-		m.streamDuration[k] = h.add(streamDuration, streamDurationHelp, streamBuckets, prometheus.Labels{"route_kind": routeKindNames[k]})
+		m.streamDuration[k] = h.add(streamDurationMetric, streamDurationMetricHelp, streamBuckets, prometheus.Labels{"route_kind": routeKindNames[k]})
 	}
 	for s := range int(numStoreKinds) {
-		m.storeDuration[s] = h.add(storeDuration, storeDurationHelp, storeBuckets, prometheus.Labels{"store": storeKindNames[s]})
+		m.storeDuration[s] = h.add(storeDurationMetric, storeDurationMetricHelp, storeBuckets, prometheus.Labels{"store": storeKindNames[s]})
 	}
 	return h
 }

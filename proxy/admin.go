@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -300,18 +299,10 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 400, "after must be a sandbox id")
 		return
 	}
-	routes := a.cfg.Routes.List() // sorted by id
-	if after != "" {
-		i, found := slices.BinarySearchFunc(routes, after, func(r *routing.Route, id string) int { return strings.Compare(r.ID, id) })
-		if found {
-			i++
-		}
-		routes = routes[i:]
-	}
+	routes, more := a.cfg.Routes.Page(after, limit)
 	answer := map[string]any{}
-	if limit > 0 && len(routes) > limit {
-		routes = routes[:limit]
-		answer["next"] = routes[limit-1].ID
+	if more {
+		answer["next"] = routes[len(routes)-1].ID
 	}
 	out := make(map[string]map[string]string, len(routes))
 	for _, r := range routes {

@@ -665,8 +665,10 @@ func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
 
 func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 	var since int64
-	if v := ctx.QueryArgs().Peek("since"); len(v) > 0 {
-		n, err := strconv.ParseInt(string(v), 10, 64)
+	// An empty since is refused, not read as 0: a caller's unset
+	// variable would otherwise get every sandbox instead of a 400.
+	if q := ctx.QueryArgs(); q.Has("since") {
+		n, err := strconv.ParseInt(string(q.Peek("since")), 10, 64)
 		if err != nil || n < 0 {
 			adminError(ctx, 400, "since must be unix milliseconds")
 			return

@@ -1054,3 +1054,19 @@ func TestAdminMetricsLoopbackOpenRefusesBrowsers(t *testing.T) {
 		}
 	}
 }
+
+// last_active's since is a whole number of unix milliseconds or absent:
+// an empty one ("?since=", a control plane's unset variable) is neither,
+// and answering it as 0 sent every sandbox this instance holds to a
+// caller that asked for the recent ones, where limit= and after= say 400.
+func TestLastActiveRefusesAnEmptySince(t *testing.T) {
+	h := newHarness(t)
+	for _, q := range []string{"?since=", "?since", "?since=&x=1"} {
+		if st, out := h.adminJSON("GET", "/admin/last_active"+q, ""); st != 400 || out["error"] == nil {
+			t.Errorf("GET /admin/last_active%s: %d %v, want 400 with an error", q, st, out)
+		}
+	}
+	if st, out := h.adminJSON("GET", "/admin/last_active", ""); st != 200 || out["since"] != float64(0) {
+		t.Errorf("GET /admin/last_active without since: %d %v, want 200 since 0", st, out)
+	}
+}

@@ -285,6 +285,10 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	q := ctx.QueryArgs()
+	if twice := givenTwice(q, "limit", "after"); twice != "" {
+		adminError(ctx, 400, twice)
+		return
+	}
 	limit := 0
 	if q.Has("limit") {
 		n, err := strconv.Atoi(string(q.Peek("limit")))
@@ -310,6 +314,19 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 	}
 	answer["routes"], answer["count"] = out, len(out)
 	writeJSON(ctx, 200, answer)
+}
+
+// givenTwice names the first of names that q holds more than once, in the
+// 400's message, or returns "". Which copy counts is a reader's choice
+// (fasthttp's Peek takes the first, other libraries the last), as for a
+// body member given twice (decodeObject).
+func givenTwice(q *fasthttp.Args, names ...string) string {
+	for _, name := range names {
+		if len(q.PeekMulti(name)) > 1 {
+			return "query parameter " + name + " given twice"
+		}
+	}
+	return ""
 }
 
 func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
@@ -667,7 +684,12 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 	var since int64
 	// An empty since is refused, not read as 0: a caller's unset
 	// variable would otherwise get every sandbox instead of a 400.
-	if q := ctx.QueryArgs(); q.Has("since") {
+	q := ctx.QueryArgs()
+	if twice := givenTwice(q, "since"); twice != "" {
+		adminError(ctx, 400, twice)
+		return
+	}
+	if q.Has("since") {
 		n, err := strconv.ParseInt(string(q.Peek("since")), 10, 64)
 		if err != nil || n < 0 {
 			adminError(ctx, 400, "since must be unix milliseconds")

@@ -1070,3 +1070,29 @@ func TestLastActiveRefusesAnEmptySince(t *testing.T) {
 		t.Errorf("GET /admin/last_active without since: %d %v, want 200 since 0", st, out)
 	}
 }
+
+// A query parameter given twice is refused, as a body member given twice
+// is: readers disagree on which copy counts (this one took the first, so
+// ?limit=1&limit=0 answered a page of 1 and ?limit=0&limit=1 a 400, and a
+// proxy or client library in between may take the last).
+func TestAdminQueryParameterTwice(t *testing.T) {
+	h := newHarness(t)
+	for _, q := range []string{
+		"/admin/routes?limit=1&limit=0",
+		"/admin/routes?limit=1&limit=1",
+		"/admin/routes?after=a&after=Bad.Id",
+		"/admin/routes?limit=2&after=a&after=b",
+		"/admin/last_active?since=0&since=bad",
+		"/admin/last_active?since=5&since=5",
+	} {
+		st, out := h.adminJSON("GET", q, "")
+		if msg, _ := out["error"].(string); st != 400 || !strings.Contains(msg, "given twice") {
+			t.Errorf("GET %s: %d %v, want 400 saying a parameter was given twice", q, st, out)
+		}
+	}
+	for _, q := range []string{"/admin/routes?limit=1&after=a", "/admin/last_active?since=5&x=1&x=2"} {
+		if st, out := h.adminJSON("GET", q, ""); st != 200 {
+			t.Errorf("GET %s: %d %v, want 200", q, st, out)
+		}
+	}
+}

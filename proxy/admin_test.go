@@ -1096,3 +1096,63 @@ func TestAdminQueryParameterTwice(t *testing.T) {
 		}
 	}
 }
+
+// POST /admin/tokens issues tokens that live 1s to 24h, 10 minutes when
+// ttl is left out, and says until when in expires_at: a bound let slip
+// would hand a browser a token that outlives the session it was meant for.
+func TestAdminTokenLifetimeBounds(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	srv := &fasthttp.Server{Handler: NewAdmin(AdminConfig{Signer: testSigner(t)}, h.proxy).Handler}
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	for _, tc := range []struct {
+		ttl    string // the member, "" = left out
+		status int
+		life   time.Duration // of a 200's token
+	}{
+		{"", 200, 10 * time.Minute},
+		{`"1s"`, 200, time.Second},
+		{`"24h"`, 200, 24 * time.Hour},
+		{`"24h0m1s"`, 400, 0},
+		{`"25h"`, 400, 0},
+		{`"999ms"`, 400, 0},
+		{`"0s"`, 400, 0},
+		{`"-1h"`, 400, 0},
+		{`"10"`, 400, 0},
+	} {
+		body := `{"sandbox_id":"box","port":8080}`
+		if tc.ttl != "" {
+			body = `{"sandbox_id":"box","port":8080,"ttl":` + tc.ttl + `}`
+		}
+		before := time.Now()
+		resp, err := http.Post("http://"+ln.Addr().String()+"/admin/tokens", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Error      string `json:"error"`
+			Token      string `json:"token"`
+			ExpiresAt  string `json:"expires_at"`
+			QueryParam string `json:"query_param"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status {
+			t.Errorf("ttl %s: %d %+v (%v), want %d", tc.ttl, resp.StatusCode, out, err, tc.status)
+			continue
+		}
+		if tc.status != 200 {
+			if out.Error == "" {
+				t.Errorf("ttl %s: %d without an error message", tc.ttl, resp.StatusCode)
+			}
+			continue
+		}
+		exp, err := time.Parse(time.RFC3339, out.ExpiresAt)
+		// expires_at is whole seconds, cut down: up to 1s short.
+		if lo, hi := before.Add(tc.life-time.Second), time.Now().Add(tc.life); err != nil || out.Token == "" ||
+			out.QueryParam == "" || exp.Before(lo) || exp.After(hi) {
+			t.Errorf("ttl %s: %+v (%v), want a token expiring between %v and %v", tc.ttl, out, err, lo, hi)
+		}
+	}
+}

@@ -148,6 +148,9 @@ func TestAdminWrongMethod(t *testing.T) {
 		{"DELETE", "/admin/last_active", 405, "GET, HEAD"},
 		{"POST", "/admin/routes/x", 405, "GET, HEAD, PUT, DELETE"},
 		{"DELETE", "/admin/healthz", 405, "GET, HEAD"},
+		// Load balancers probe with HEAD as often as with GET.
+		{"HEAD", "/admin/healthz", 200, ""},
+		{"HEAD", "/readyz", 200, ""},
 		{"HEAD", "/admin/routes", 200, ""},
 		{"HEAD", "/admin/last_active", 200, ""},
 		{"HEAD", "/admin/routes/nosuch", 404, ""},

@@ -158,7 +158,11 @@ func TestMCPPauseMidSession(t *testing.T) {
 // A sandbox killed (POST /admin/meta/delete) while a call is in flight:
 // whether the answer's head went out (progress sent) or not, with or
 // without the standalone stream and an event store, the agent's call ends
-// with an error at once instead of waiting for an answer that cannot come.
+// with an error instead of waiting for an answer that cannot come: the 410
+// ("Gone"), or the go-sdk's "request terminated without response" for an
+// answer stream cut with no event id to resume from. The session ends too,
+// at the latest with the next request, which gets the 410 (README, What an
+// MCP agent sees).
 func TestMCPKillMidCall(t *testing.T) {
 	for _, tc := range []struct {
 		progress, standalone, store bool
@@ -205,8 +209,22 @@ func TestMCPKillMidCall(t *testing.T) {
 					t.Fatal("the call succeeded on a killed sandbox")
 				}
 				t.Logf("call ended after %v: %v", time.Since(start), err)
+				if msg := err.Error(); !strings.HasSuffix(msg, ": Gone") && !strings.HasSuffix(msg, "request terminated without response") {
+					t.Fatalf("the call ended with %q, want Gone or request terminated without response", msg)
+				}
 			case <-time.After(8 * time.Second):
 				t.Fatal("the call still waits 8s after its sandbox was killed")
+			}
+			// A cut answer stream leaves the session to its next request;
+			// by the one after, it is over whatever ended the call.
+			for i := range 2 {
+				_, err := cs.ListTools(ctx, nil)
+				if err == nil || !strings.HasSuffix(err.Error(), ": Gone") {
+					t.Fatalf("request %d after the kill: %v, want Gone", i+1, err)
+				}
+				if i == 1 && !strings.Contains(err.Error(), "connection closed") {
+					t.Fatalf("request 2 after the kill: %v, want the session closed", err)
+				}
 			}
 		})
 	}

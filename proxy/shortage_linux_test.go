@@ -74,6 +74,11 @@ func TestDialShortageCountedApart(t *testing.T) {
 	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeOutOfResources) {
 		t.Fatalf("got %d %s, want 503 %s", resp.StatusCode, b, CodeOutOfResources)
 	}
+	// The README's 503 row: a shortage passes, so the client is told when
+	// to come back, as for the sandbox's own 503s.
+	if ra := resp.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After %q, want 1", ra)
+	}
 	samples := scrapeMetrics(t, admin)
 	if v, _ := metricValue(samples, "cubeproxy_upstream_resource_errors_total", nil); v != 1 {
 		t.Errorf("cubeproxy_upstream_resource_errors_total %v, want 1", v)

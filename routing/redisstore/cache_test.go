@@ -127,3 +127,46 @@ func TestCacheRedisDown(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheRedisStalled: a Redis that takes connections and answers
+// nothing (SIGSTOP; a hung host looks the same) is "unreachable" as the
+// README means it, as a killed one is: a cached but expired route is
+// served stale once the lookup budget runs out, never an error, and an
+// uncached id is an availability error (503), never "not found", within
+// about the budget. The stall ends in the store's deadline or the cache's
+// own timer, a path TestCacheRedisDown (a refused dial) never takes.
+func TestCacheRedisStalled(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	clock := &fakeClock{}
+	c := newCache(t, s, routing.CacheConfig{Now: clock.Now})
+	hset(t, r, redisstore.DefaultKeyPrefix+"cached", "HostIP", "10.0.0.1", "50005", "30001")
+	if _, res, err := c.Get(context.Background(), []byte("cached")); err != nil || res != routing.CacheMiss {
+		t.Fatalf("warm: %v %v", res, err)
+	}
+
+	r.Pause()
+	t.Cleanup(r.Resume)
+	clock.Advance(701 * time.Second) // past every positive TTL
+	start := time.Now()
+	route, res, err := c.Get(context.Background(), []byte("cached"))
+	if err != nil || res != routing.CacheStale || route.HostIP != netip.MustParseAddr("10.0.0.1") {
+		t.Fatalf("expired route with redis stalled: %v %v %v, want the stale route", route, res, err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("stale route with redis stalled after %v, want about the 1s budget", took)
+	}
+	start = time.Now()
+	_, _, err = c.Get(context.Background(), []byte("uncached"))
+	if took := time.Since(start); err == nil || errors.Is(err, routing.ErrNotFound) || took > 2*time.Second {
+		t.Fatalf("uncached id with redis stalled: err %v after %s, want an availability error within about 1s", err, took)
+	}
+
+	r.Resume()
+	hset(t, r, redisstore.DefaultKeyPrefix+"cached", "HostIP", "10.0.0.2", "50005", "30001")
+	clock.Advance(time.Minute) // past the stale entry's retry pause
+	route, res, err = c.Get(context.Background(), []byte("cached"))
+	if err != nil || res != routing.CacheMiss || route.HostIP != netip.MustParseAddr("10.0.0.2") {
+		t.Fatalf("after the stall: %v %v %v, want the fresh route", route, res, err)
+	}
+}

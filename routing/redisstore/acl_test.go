@@ -114,3 +114,52 @@ func TestLookupWithoutRouteKeyACL(t *testing.T) {
 		}
 	}
 }
+
+// TestLookupNamesTheRefusedCommand: a user that may read the route keys
+// but not run a command every lookup needs (SELECT with a database other
+// than 0, CLUSTER SLOTS in a Cluster) fails every lookup NOPERM, and the
+// error (logged, and /readyz's detail) names the rule to grant: the
+// operator reads it to fix the ACL. It named "+hgetall ~<prefix>*", which
+// the user had already, for every NOPERM of the route key's read.
+func TestLookupNamesTheRefusedCommand(t *testing.T) {
+	ctx := context.Background()
+	rules := []any{"~" + redisstore.DefaultKeyPrefix + "*", "~" + redisstore.DefaultLegacyKeyPrefix + "*", "+hgetall", "+ping"}
+	standalone := testenv.StartRedis(t)
+	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
+		info, err := cluster.Client().ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	for _, r := range []*testenv.Redis{standalone, cluster} {
+		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
+		if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER: %v", err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  redisstore.Config
+		want string
+	}{
+		{"database 1 without +select", redisstore.Config{Addr: standalone.Addr(), DB: 1}, "+select"},
+		{"cluster without +cluster|slots", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{cluster.Addr()}}}, "+cluster|slots"},
+	} {
+		for _, legacy := range []bool{true, false} {
+			t.Run(tc.name+map[bool]string{true: "", false: ", legacy disabled"}[legacy], func(t *testing.T) {
+				cfg := tc.cfg
+				cfg.Username, cfg.Password, cfg.DisableLegacy = "proxy", "pw", !legacy
+				s := openStoreCfg(t, cfg)
+				_, err := s.Lookup(ctx, "any")
+				if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+					t.Fatalf("lookup: %v, want NOPERM", err)
+				}
+				if msg := err.Error(); !strings.Contains(msg, "needs "+tc.want) || strings.Contains(msg, "needs +hgetall") {
+					t.Fatalf("lookup: %q, want the rule to grant (needs %s), not one the user has", msg, tc.want)
+				}
+			})
+		}
+	}
+}

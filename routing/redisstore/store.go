@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -118,6 +119,10 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 	// command, which would read as two empty hashes: "no route" for what
 	// is an outage.
 	if _, err := pipe.Exec(ctx); err != nil && cur.Err() == nil && old.Err() == nil {
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			// A SELECT refused while connecting, say.
+			return nil, key, fmt.Errorf("redis hgetall %s: %w (the Redis ACL user needs %s)", key, err, s.aclRule(err))
+		}
 		return nil, key, fmt.Errorf("redis hgetall %s: %w", key, err)
 	}
 	if errors.Is(cur.Err(), ErrReplyTooLarge) {
@@ -159,9 +164,27 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 func (s *Store) routeKeyResult(key string, cmd *redis.MapStringStringCmd) (map[string]string, error) {
 	fields, err := hgetallResult(key, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOPERM") {
-		return nil, fmt.Errorf("%w (the Redis ACL user needs +hgetall ~%s*)", err, s.cfg.KeyPrefix)
+		return nil, fmt.Errorf("%w (the Redis ACL user needs %s)", err, s.aclRule(err))
 	}
 	return fields, err
+}
+
+// aclRule is the rule a NOPERM of a route read asks the operator to
+// grant. Redis names a command it refuses ("no permissions to run the
+// 'select' command"): one other than HGETALL (SELECT with a redis.db
+// other than 0, CLUSTER SLOTS in a Cluster) is the rule, and naming
+// "+hgetall ~<prefix>*" instead, which the user has, sent the operator to
+// fix what was not broken. A refused key names no command.
+func (s *Store) aclRule(err error) string {
+	const mark = "run the '"
+	msg := err.Error()
+	if i := strings.Index(msg, mark); i >= 0 {
+		cmd, _, ok := strings.Cut(msg[i+len(mark):], "'")
+		if ok && cmd != "" && !strings.EqualFold(cmd, "hgetall") {
+			return "+" + cmd
+		}
+	}
+	return "+hgetall ~" + s.cfg.KeyPrefix + "*"
 }
 
 // legacyRefused reports a legacy read Redis refused: at once the first

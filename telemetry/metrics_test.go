@@ -3,6 +3,7 @@ package telemetry
 import (
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -226,13 +227,19 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	m.SetHeldBodyBytes(func() int64 { return 0 })
 }
 
+// The README promises the process's metrics beside the proxy's, and sizes
+// client.max_conns from process_resident_memory_bytes: a scrape without
+// them leaves that advice unusable.
 func TestScrapeHasRuntimeAndResource(t *testing.T) {
 	tel := newTestTelemetry(t, Config{ServiceName: "cubeproxy-test", ServiceVersion: "1.2.3", InstanceID: "node-a"})
 	var sawGo, sawTarget bool
+	sawRSS := runtime.GOOS != "linux" // the process collector reads /proc
 	for _, s := range scrape(t, tel) {
 		switch s.name {
 		case "go_goroutines":
 			sawGo = true
+		case "process_resident_memory_bytes":
+			sawRSS = s.value > 0
 		case "target_info":
 			sawTarget = true
 			if s.labels["service_name"] != "cubeproxy-test" || s.labels["service_version"] != "1.2.3" || s.labels["service_instance_id"] != "node-a" {
@@ -243,8 +250,8 @@ func TestScrapeHasRuntimeAndResource(t *testing.T) {
 			t.Errorf("%s carries scope labels", s.key())
 		}
 	}
-	if !sawGo || !sawTarget {
-		t.Errorf("go_goroutines seen=%v, target_info seen=%v; want both", sawGo, sawTarget)
+	if !sawGo || !sawTarget || !sawRSS {
+		t.Errorf("go_goroutines seen=%v, target_info seen=%v, process_resident_memory_bytes seen=%v; want all", sawGo, sawTarget, sawRSS)
 	}
 }
 

@@ -636,6 +636,10 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 		{"signed query token", []string{"GET /?cube_token=" + signed + " HTTP/1.1", "Host: 8080-noconf.cube.test"}},
 		{"signed cookie", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "Cookie: cube_proxy_auth=" + signer.CookieValue([]byte(signed), "")}},
 		{"shared host", []string{"GET / HTTP/1.1", "Host: 127.0.0.1", "X-Cube-Sandbox-Id: noconf", "X-Cube-Sandbox-Port: 9000"}},
+		// A CORS preflight too: answered 204 it would hide the data error
+		// behind a browser's "allowed", which the README does not promise.
+		{"preflight", []string{"OPTIONS / HTTP/1.1", "Host: 8080-noconf.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: PUT"}},
+		{"preflight, exempt port", []string{"OPTIONS / HTTP/1.1", "Host: 9000-noconf.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: PUT"}},
 	} {
 		for i := 0; i < 2; i++ { // the second one is served from the cache
 			resp, body := authRawRequest(t, h.addr, tc.lines...)

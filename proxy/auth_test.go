@@ -673,6 +673,13 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 		t.Errorf("non-exempt port with the token: %d", resp.StatusCode)
 	}
 	good.next(t)
+	// A preflight to an exempt port goes to the sandbox (README): the port
+	// needs no credential, so the sandbox's own CORS answer is the one.
+	resp, _ = authRawRequest(t, h.addr, "OPTIONS /e HTTP/1.1", "Host: 9000-exemptbox.cube.test",
+		"Origin: https://app.example", "Access-Control-Request-Method: PUT")
+	if got := good.next(t); resp.StatusCode != 200 || !strings.HasPrefix(got.line, "OPTIONS /e ") {
+		t.Errorf("preflight to an exempt port: %d, sandbox got %q", resp.StatusCode, got.line)
+	}
 }
 
 // 4. An unauthorized request has no side effect: no activity recorded, no

@@ -997,6 +997,22 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		resp, body = authGet(t, direct, tc.url, "a=1; "+auth.CookieName+"="+cookie(tc.tok))
 		expectAuthRefusal(t, tc.name+" (cookie)", resp.StatusCode, resp.Header, body, tc.code)
 	}
+	// A wrong traffic token is refused as wrong (README: wrong → 403
+	// traffic_token_invalid) even beside a valid signed token or cookie: a
+	// client that sends the header means it, and a stale or mistyped one
+	// must show, not be papered over by an ambient cookie.
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{
+		{"a signed token (fetch)", []string{"GET /?cube_token=" + tok + " HTTP/1.1", "Sec-Fetch-Mode: cors"}},
+		{"a signed token (navigation)", []string{"GET /?cube_token=" + tok + " HTTP/1.1"}},
+		{"a valid cookie", []string{"GET / HTTP/1.1", "Cookie: " + auth.CookieName + "=" + cookie(tok)}},
+	} {
+		lines := append([]string{tc.lines[0], "Host: 8080-box.cube.test", "E2b-Traffic-Access-Token: " + authRandomHex(t, 32)}, tc.lines[1:]...)
+		resp, body := authRawRequest(t, h.addr, lines...)
+		expectAuthRefusal(t, "wrong traffic token beside "+tc.name, resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenInvalid)
+	}
 	b.assertNoMore(t, "refused signed tokens")
 
 	// Every cookie of the name counts, on every Cookie line: a sibling

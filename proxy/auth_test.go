@@ -636,6 +636,10 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 		{"signed query token", []string{"GET /?cube_token=" + signed + " HTTP/1.1", "Host: 8080-noconf.cube.test"}},
 		{"signed cookie", []string{"GET / HTTP/1.1", "Host: 8080-noconf.cube.test", "Cookie: cube_proxy_auth=" + signer.CookieValue([]byte(signed), "")}},
 		{"shared host", []string{"GET / HTTP/1.1", "Host: 127.0.0.1", "X-Cube-Sandbox-Id: noconf", "X-Cube-Sandbox-Port: 9000"}},
+		// A CORS preflight too: answered 204 it would hide the data error
+		// behind a browser's "allowed", which the README does not promise.
+		{"preflight", []string{"OPTIONS / HTTP/1.1", "Host: 8080-noconf.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: PUT"}},
+		{"preflight, exempt port", []string{"OPTIONS / HTTP/1.1", "Host: 9000-noconf.cube.test", "Origin: https://app.example", "Access-Control-Request-Method: PUT"}},
 	} {
 		for i := 0; i < 2; i++ { // the second one is served from the cache
 			resp, body := authRawRequest(t, h.addr, tc.lines...)
@@ -669,6 +673,13 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 		t.Errorf("non-exempt port with the token: %d", resp.StatusCode)
 	}
 	good.next(t)
+	// A preflight to an exempt port goes to the sandbox (README): the port
+	// needs no credential, so the sandbox's own CORS answer is the one.
+	resp, _ = authRawRequest(t, h.addr, "OPTIONS /e HTTP/1.1", "Host: 9000-exemptbox.cube.test",
+		"Origin: https://app.example", "Access-Control-Request-Method: PUT")
+	if got := good.next(t); resp.StatusCode != 200 || !strings.HasPrefix(got.line, "OPTIONS /e ") {
+		t.Errorf("preflight to an exempt port: %d, sandbox got %q", resp.StatusCode, got.line)
+	}
 }
 
 // 4. An unauthorized request has no side effect: no activity recorded, no
@@ -985,6 +996,22 @@ func testAuthSignedTokens(t *testing.T, lc *authLogCapture) {
 		}
 		resp, body = authGet(t, direct, tc.url, "a=1; "+auth.CookieName+"="+cookie(tc.tok))
 		expectAuthRefusal(t, tc.name+" (cookie)", resp.StatusCode, resp.Header, body, tc.code)
+	}
+	// A wrong traffic token is refused as wrong (README: wrong → 403
+	// traffic_token_invalid) even beside a valid signed token or cookie: a
+	// client that sends the header means it, and a stale or mistyped one
+	// must show, not be papered over by an ambient cookie.
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{
+		{"a signed token (fetch)", []string{"GET /?cube_token=" + tok + " HTTP/1.1", "Sec-Fetch-Mode: cors"}},
+		{"a signed token (navigation)", []string{"GET /?cube_token=" + tok + " HTTP/1.1"}},
+		{"a valid cookie", []string{"GET / HTTP/1.1", "Cookie: " + auth.CookieName + "=" + cookie(tok)}},
+	} {
+		lines := append([]string{tc.lines[0], "Host: 8080-box.cube.test", "E2b-Traffic-Access-Token: " + authRandomHex(t, 32)}, tc.lines[1:]...)
+		resp, body := authRawRequest(t, h.addr, lines...)
+		expectAuthRefusal(t, "wrong traffic token beside "+tc.name, resp.StatusCode, resp.Header, body, auth.CodeTrafficTokenInvalid)
 	}
 	b.assertNoMore(t, "refused signed tokens")
 

@@ -24,10 +24,14 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		return false
 	}
 	rej := rejection(err, rejTrafficInvalid)
-	if rej.Code == auth.CodeTrafficTokenNotConfigured {
+	notConfigured := rej.Code == auth.CodeTrafficTokenNotConfigured
+	if notConfigured {
 		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
 	}
-	if isPreflight(h) {
+	// Not a route with no stored token: every request to it is a 403 (the
+	// README promises no exception), and a 204 would tell the browser the
+	// call it asks about may be made.
+	if !notConfigured && isPreflight(h) {
 		answerPreflight(ctx)
 		return true
 	}

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
@@ -24,14 +23,7 @@ func aclDeployments(t *testing.T, rules ...any) map[string]struct {
 } {
 	t.Helper()
 	ctx := context.Background()
-	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("cluster addslotsrange: %v", err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
-		info, err := cluster.Client().ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok")
-	})
+	cluster := startOneNodeCluster(t)
 	standalone := testenv.StartRedis(t)
 	master := testenv.StartRedis(t)
 	sentinel := testenv.StartSentinel(t, "acl", master.Addr())
@@ -125,14 +117,7 @@ func TestLookupNamesTheRefusedCommand(t *testing.T) {
 	ctx := context.Background()
 	rules := []any{"~" + redisstore.DefaultKeyPrefix + "*", "~" + redisstore.DefaultLegacyKeyPrefix + "*", "+hgetall", "+ping"}
 	standalone := testenv.StartRedis(t)
-	cluster := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	if err := cluster.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("cluster addslotsrange: %v", err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "cluster_state:ok", func() bool {
-		info, err := cluster.Client().ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok")
-	})
+	cluster := startOneNodeCluster(t)
 	for _, r := range []*testenv.Redis{standalone, cluster} {
 		acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)
 		if err := r.Client().Do(ctx, acl...).Err(); err != nil {

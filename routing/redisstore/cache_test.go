@@ -92,9 +92,10 @@ func TestCacheUnknownIDs(t *testing.T) {
 	}
 }
 
-// TestCacheRedisDown: with Redis killed a cached but expired route is served
-// stale, an uncached id fails fast, and after a restart everything works again.
-func TestCacheRedisDown(t *testing.T) {
+// cachedRoute starts a Redis holding the route "cached" (HostIP 10.0.0.1)
+// and returns a cache on a fake clock that has read it once.
+func cachedRoute(t *testing.T) (*testenv.Redis, *routing.Cache, *fakeClock) {
+	t.Helper()
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	clock := &fakeClock{}
@@ -103,6 +104,13 @@ func TestCacheRedisDown(t *testing.T) {
 	if _, res, err := c.Get(context.Background(), []byte("cached")); err != nil || res != routing.CacheMiss {
 		t.Fatalf("warm: %v %v", res, err)
 	}
+	return r, c, clock
+}
+
+// TestCacheRedisDown: with Redis killed a cached but expired route is served
+// stale, an uncached id fails fast, and after a restart everything works again.
+func TestCacheRedisDown(t *testing.T) {
+	r, c, clock := cachedRoute(t)
 
 	r.Stop()
 	clock.Advance(701 * time.Second) // past every positive TTL
@@ -136,14 +144,7 @@ func TestCacheRedisDown(t *testing.T) {
 // about the budget. The stall ends in the store's deadline or the cache's
 // own timer, a path TestCacheRedisDown (a refused dial) never takes.
 func TestCacheRedisStalled(t *testing.T) {
-	r := testenv.StartRedis(t)
-	s := openStore(t, r)
-	clock := &fakeClock{}
-	c := newCache(t, s, routing.CacheConfig{Now: clock.Now})
-	hset(t, r, redisstore.DefaultKeyPrefix+"cached", "HostIP", "10.0.0.1", "50005", "30001")
-	if _, res, err := c.Get(context.Background(), []byte("cached")); err != nil || res != routing.CacheMiss {
-		t.Fatalf("warm: %v %v", res, err)
-	}
+	r, c, clock := cachedRoute(t)
 
 	r.Pause()
 	t.Cleanup(r.Resume)

@@ -14,9 +14,10 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
-// TestCluster runs the store, the legacy fallback and invalidation against a
-// one-node Redis Cluster that owns every slot.
-func TestCluster(t *testing.T) {
+// startOneNodeCluster starts a Redis Cluster of one node that owns every
+// slot, and waits until it serves.
+func startOneNodeCluster(t *testing.T) *testenv.Redis {
+	t.Helper()
 	ctx := context.Background()
 	r := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	if err := r.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
@@ -26,6 +27,14 @@ func TestCluster(t *testing.T) {
 		info, err := r.Client().ClusterInfo(ctx).Result()
 		return err == nil && strings.Contains(info, "cluster_state:ok")
 	})
+	return r
+}
+
+// TestCluster runs the store, the legacy fallback and invalidation against a
+// one-node Redis Cluster that owns every slot.
+func TestCluster(t *testing.T) {
+	ctx := context.Background()
+	r := startOneNodeCluster(t)
 
 	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{r.Addr()}}})
 	if _, ok := s.Client().(*redis.ClusterClient); !ok {

@@ -404,6 +404,34 @@ func TestForwardingHeadersRepeatedByClient(t *testing.T) {
 	}
 }
 
+// The client's X-Forwarded-For and Forwarded lines are joined in the order
+// sent, as nginx joins them: behind a balancer that adds its own line, the
+// element just before the proxy's is the one a sandbox trusts. fasthttp
+// deletes a header (here the hop-by-hop TE, removed before the join) by
+// moving the last line into its place, which put the last line first.
+func TestForwardingLinesKeepTheirOrder(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("fwdorder", port)
+	for _, tc := range []struct{ name, want string }{
+		{"X-Forwarded-For", "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1"},
+		{"Forwarded", "for=1.1.1.1, for=2.2.2.2, for=3.3.3.3, for=127.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := ""
+			if tc.name == "Forwarded" {
+				prefix = "for="
+			}
+			// A valid id of the client's: no generated line after the last.
+			e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": order-id", "TE: trailers",
+				tc.name+": "+prefix+"1.1.1.1", tc.name+": "+prefix+"2.2.2.2", tc.name+": "+prefix+"3.3.3.3")
+			if got := e.get(tc.name); got != tc.want {
+				t.Errorf("%s reached the sandbox as %q, want %q", tc.name, got, tc.want)
+			}
+		})
+	}
+}
+
 // CGI, WSGI (werkzeug, wsgiref) and PHP servers file X_Real_IP and
 // X-Real-IP under one variable (HTTP_X_REAL_IP) and join or overwrite
 // them, so a client's line spelled with '_' would forge the address the
@@ -979,6 +1007,9 @@ func TestRequestIDIsOneLine(t *testing.T) {
 	}{
 		{"valid then invalid", "/", []string{"client-id", "two words"}, "client-id"},
 		{"valid twice, different", "/", []string{"client-id", "other-id"}, "client-id"},
+		// fasthttp deletes a header by moving the last line into its
+		// place: the TE line going first would put other-id first.
+		{"valid twice, behind a hop-by-hop header", "/", []string{"TE-FIRST", "client-id", "other-id"}, "client-id"},
 		{"invalid then valid", "/", []string{"two words", "client-id"}, ""},
 		{"one valid", "/", []string{"client-id"}, "client-id"},
 		{"none", "/", nil, ""},
@@ -988,6 +1019,10 @@ func TestRequestIDIsOneLine(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			lines := []string{"GET " + tc.path + " HTTP/1.1", "Host: " + host}
 			for _, v := range tc.lines {
+				if v == "TE-FIRST" {
+					lines = append(lines, "TE: trailers")
+					continue
+				}
 				lines = append(lines, HeaderRequestID+": "+v)
 			}
 			resp, body := authRawRequest(t, h.addr, lines...)

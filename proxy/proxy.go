@@ -869,23 +869,47 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 
 	// A request without Content-Type must not gain fasthttp's default one.
 	h.SetNoDefaultContentType(true)
+	// What depends on the order of a header's lines is settled before any
+	// header is deleted: fasthttp deletes a line by moving the last line
+	// of the head into its place, which swaps lines of one name (a TE
+	// line first put the last X-Forwarded-For line, or X-Cube-Request-Id
+	// line, before the others).
+	if seen.requestID > 1 {
+		// The id is the first line (the client's, or the one requestID
+		// put there): the others go, so that the sandbox logs the id the
+		// client got back, not a second line requestID never judged. A
+		// Set replaces the first line and drops the rest in order.
+		var idBuf [maxRequestIDLen]byte
+		h.SetBytesV(HeaderRequestID, append(idBuf[:0], h.Peek(HeaderRequestID)...))
+	}
+	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	ip = ip.Unmap()
+	var forBuf, fwdBuf [256]byte
+	var prior [][]byte
+	if seen.forwardedFor > 0 {
+		prior = h.PeekAll("X-Forwarded-For")
+	}
+	forwardedFor := appendForwardedFor(forBuf[:0], prior, ip)
+	var forwarded []byte
+	if seen.forwarded > 0 {
+		forwarded = appendForwarded(fwdBuf[:0], h.PeekAll("Forwarded"), ip)
+	}
 	// fasthttp marks an HTTP/1.0 request (or one with both Content-Length
 	// and Transfer-Encoding) Connection: close without such a line in the
 	// head; Request.Write would send that mark on to the sandbox.
 	if seen.hop || upgrade || h.ConnectionClose() {
 		removeHopRequest(h, upgrade)
+		// Lines a Connection option named are gone: the proxy's element
+		// goes alone, as it did when the lines were joined after this.
+		if seen.hop && seen.forwardedFor > 0 && len(h.PeekAll("X-Forwarded-For")) == 0 {
+			forwardedFor = appendForwardedFor(forBuf[:0], nil, ip)
+		}
+		if seen.hop && seen.forwarded > 0 && len(h.PeekAll("Forwarded")) == 0 {
+			forwarded = appendForwarded(fwdBuf[:0], nil, ip)
+		}
 	}
 	if seen.credentials {
 		stripProxyCredentials(h)
-	}
-	if seen.requestID > 1 {
-		// The id is the first line (the client's, or the one requestID
-		// put there): the others go, so that the sandbox logs the id the
-		// client got back, not a second line requestID never judged.
-		var idBuf [maxRequestIDLen]byte
-		id := append(idBuf[:0], h.Peek(HeaderRequestID)...)
-		h.Del(HeaderRequestID)
-		h.SetBytesV(HeaderRequestID, id)
 	}
 	if seen.expect {
 		// 100-continue: fasthttp has answered it (100 before the
@@ -909,20 +933,14 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		dropInvalidNames(h)
 	}
 	var buf [256]byte
-	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
-	ip = ip.Unmap()
 	setForwarding(h, keyRealIP, seen.realIP, ip.AppendTo(buf[:0]))
-	var prior [][]byte
-	if seen.forwardedFor > 0 {
-		prior = h.PeekAll("X-Forwarded-For")
-	}
-	setForwarding(h, keyForwardedFor, seen.forwardedFor, appendForwardedFor(buf[:0], prior, ip))
+	setForwarding(h, keyForwardedFor, seen.forwardedFor, forwardedFor)
 	if seen.forwarded > 0 {
 		// Only where the client sent one (as nginx, the proxy adds none):
 		// a framework that reads it before X-Forwarded-For takes the
 		// rightmost element no trusted proxy added, which is then the
 		// proxy's, not a client's forgery.
-		setForwarding(h, keyForwarded, seen.forwarded, appendForwarded(buf[:0], h.PeekAll("Forwarded"), ip))
+		setForwarding(h, keyForwarded, seen.forwarded, forwarded)
 	}
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {

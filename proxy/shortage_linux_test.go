@@ -86,6 +86,11 @@ func TestDialShortageCountedApart(t *testing.T) {
 	if v, _ := metricValue(samples, "cubeproxy_upstream_connect_errors_total", nil); v != 0 {
 		t.Errorf("cubeproxy_upstream_connect_errors_total %v, want 0", v)
 	}
+	// Not retried (README: it would fail the same way, and at the limit
+	// each try is one more failed syscall per request).
+	if v, _ := metricValue(samples, "cubeproxy_upstream_retries_total", nil); v != 0 {
+		t.Errorf("cubeproxy_upstream_retries_total %v, want 0: the connect was retried", v)
+	}
 }
 
 // lowestFreeFD returns the lowest descriptor number not in use: with the

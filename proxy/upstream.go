@@ -631,11 +631,14 @@ func (u *upstream) handOff(c *upstreamConn) {
 //
 // A request is re-sent once, on a new connection, only when a reused
 // keep-alive connection turned out to be closed by the backend before it
-// sent a single byte of an answer, the method is idempotent and the body is
-// not a stream (the rule net/http follows). acquire already drops idle
+// sent a single byte of an answer, the method is idempotent and there is no
+// body (an empty one counts as none). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
 func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
-	retryable := !req.IsBodyStream() && isIdempotent(req.Header.Method())
+	// Content-Length: 0 is no body, though fasthttp gives it a (empty)
+	// stream: every client sends it on a PUT without one (Go's, Python's
+	// requests, Node's fetch), and some on a GET or DELETE.
+	retryable := (!req.IsBodyStream() || req.Header.ContentLength() == 0) && isIdempotent(req.Header.Method())
 	body, _ := req.BodyStream().(*clientBody)
 	// A body fasthttp has not read whole (it reads up to fasthttpPreRead
 	// before the handler) may take long to send: the sandbox may answer

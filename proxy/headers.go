@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net/netip"
 	"strings"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 
@@ -161,6 +162,9 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	if tooManyConnectionOptions(conns) {
 		return errTooManyConnectionOptions
 	}
+	order := lineOrders.Get().(*lineOrder)
+	defer order.release()
+	order.rememberResponse(h)
 	keepField := keepUpgrade || h.StatusCode() == fasthttp.StatusUpgradeRequired
 	// Every Connection line, and every hop-by-hop header whatever its
 	// first line holds, as for requests.
@@ -176,6 +180,7 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 			h.Del(name)
 		}
 	}
+	order.restore(h)
 	if keepUpgrade {
 		h.Set("Connection", "Upgrade")
 	}
@@ -749,4 +754,151 @@ func rawHost(raw []byte) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// lineOrder keeps the order of a field's lines across the deletes that
+// strip a head of hop-by-hop and proxy headers. fasthttp deletes a line by
+// moving the head's last line into its place, so a field sent on several
+// lines (Accept, Link, WWW-Authenticate, Cache-Control) came out
+// reordered, which a proxy must not do (RFC 9110 §5.3; nginx does not).
+// Only lines of a repeated name can be hurt, and only heads that lose a
+// line pay: before the deletes it copies those lines, after them it puts
+// each such name's surviving lines back in their first order. It holds
+// spans into its own bytes rather than slices, so that a pooled one keeps
+// no pointer into an old head.
+type lineOrder struct {
+	space [512]byte
+	used  int
+	names [8]lineSpan
+	count [8]uint8
+	n     int
+	vals  [32]lineSpan
+	nv    int
+}
+
+// lineSpan is a piece of lineOrder.space.
+type lineSpan struct{ off, end uint16 }
+
+// remember copies name and its lines vals, when it has more than one and
+// they fit. A head with more repeated names, lines or bytes than that
+// keeps fasthttp's order for the rest.
+func (o *lineOrder) remember(name []byte, vals [][]byte) {
+	if len(vals) < 2 || o.n == len(o.names) || o.nv+len(vals) > len(o.vals) {
+		return
+	}
+	for i := range o.n {
+		if bytes.EqualFold(o.bytes(o.names[i]), name) {
+			return
+		}
+	}
+	size := len(name)
+	for _, v := range vals {
+		size += len(v)
+	}
+	if o.used+size > len(o.space) {
+		return
+	}
+	// Copies: the deletes and adds reuse fasthttp's line buffers.
+	o.names[o.n] = o.put(name)
+	for j, v := range vals {
+		o.vals[o.nv+j] = o.put(v)
+	}
+	o.count[o.n] = uint8(len(vals))
+	o.nv += len(vals)
+	o.n++
+}
+
+func (o *lineOrder) put(b []byte) lineSpan {
+	sp := lineSpan{uint16(o.used), uint16(o.used + len(b))}
+	o.used += copy(o.space[o.used:], b)
+	return sp
+}
+
+func (o *lineOrder) bytes(sp lineSpan) []byte { return o.space[sp.off:sp.end] }
+
+// special reports whether fasthttp keeps a field apart from the head's
+// lines (so its deletes move no line of it), or the proxy sets the field
+// whole after the deletes.
+func special(name []byte) bool {
+	for _, s := range [...]string{"Host", "Content-Length", "Content-Type", "User-Agent", "Cookie",
+		"Set-Cookie", "Transfer-Encoding", "Connection", "Trailer", "Server", "Content-Encoding", "Date",
+		"X-Forwarded-For", "Forwarded", HeaderRequestID} {
+		if len(name) == len(s) && strings.EqualFold(b2s(name), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// repeated reports whether name is among seen[:n] (case aside), and adds
+// it while there is room.
+func repeated(seen *[32][]byte, n *int, name []byte) bool {
+	for _, s := range seen[:*n] {
+		if len(s) == len(name) && bytes.EqualFold(s, name) {
+			return true
+		}
+	}
+	if *n < len(seen) {
+		seen[*n] = name
+		*n++
+	}
+	return false
+}
+
+// rememberRequest remembers the repeated fields of a request's head, read
+// from its raw bytes: RequestHeader.All would parse its cookies.
+func (o *lineOrder) rememberRequest(h *fasthttp.RequestHeader) {
+	var seen [32][]byte
+	n := 0
+	for name := range headerLines(h.RawHeaders()) {
+		if repeated(&seen, &n, name) && !special(name) {
+			o.remember(name, h.PeekAll(b2s(name)))
+		}
+	}
+}
+
+// rememberResponse remembers the repeated fields of a response's head.
+func (o *lineOrder) rememberResponse(h *fasthttp.ResponseHeader) {
+	var seen [32][]byte
+	n := 0
+	for name := range h.All() {
+		if repeated(&seen, &n, name) && !special(name) {
+			o.remember(name, h.PeekAll(b2s(name)))
+		}
+	}
+}
+
+// lineHeader is what restore needs of a request's or a response's header.
+type lineHeader interface {
+	PeekAll(key string) [][]byte
+	Del(key string)
+	AddBytesV(key string, value []byte)
+}
+
+// restore puts each remembered field's lines back in their first order,
+// unless the deletes took the field away.
+func (o *lineOrder) restore(h lineHeader) {
+	v := 0
+	for i := range o.n {
+		name, vals := b2s(o.bytes(o.names[i])), o.vals[v:v+int(o.count[i])]
+		v += int(o.count[i])
+		if len(h.PeekAll(name)) != len(vals) {
+			continue // deleted
+		}
+		h.Del(name)
+		for _, sp := range vals {
+			h.AddBytesV(name, o.bytes(sp))
+		}
+	}
+}
+
+// lineOrders holds *lineOrder for heads that lose a line: most lose none,
+// and should not zero its 512 bytes (nor take it on their stack).
+var lineOrders = sync.Pool{New: func() any { return new(lineOrder) }}
+
+// release forgets what o remembered and gives it back; the bytes are
+// overwritten, not zeroed.
+func (o *lineOrder) release() {
+	o.used, o.n, o.nv = 0, 0, 0
+	lineOrders.Put(o)
 }

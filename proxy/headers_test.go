@@ -1159,3 +1159,58 @@ func TestConnectionOptionsSpareHostLengthAndID(t *testing.T) {
 		})
 	}
 }
+
+// A field sent on several lines keeps their order through the proxy, both
+// ways, whatever lines the proxy deletes beside them (RFC 9110 §5.3: a
+// proxy must not reorder them). fasthttp deletes a line by moving the
+// head's last line into its place, so a hop-by-hop or credential line
+// ahead of a repeated field's lines reordered them.
+func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A head written by hand, as Node writes one: Keep-Alive
+		// (hop-by-hop, on every Node answer) first, the last challenge
+		// last (Go's own writer would end with Date).
+		body, _ := json.Marshal(map[string]any{"headers": r.Header})
+		conn, bw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: %d\r\nWWW-Authenticate: Basic\r\n"+
+			"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\n\r\n%s", len(body), body)
+		bw.Flush()
+	}))
+	host := h.route("lineorder", port)
+	for _, tc := range []struct {
+		name   string
+		before string // the line the proxy deletes, ahead of the repeated ones
+	}{
+		{"Connection keep-alive", "Connection: keep-alive"},
+		{"TE", "TE: trailers"},
+		{"traffic token", "e2b-traffic-access-token: x"},
+		{"underscore alias", "X_Real_IP: 6.6.6.6"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The client's own id: no generated line after the last Accept.
+			resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": lineorder-id", tc.before,
+				"Accept: a", "X-Other: 1", "Accept: b", "Accept: c")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			var e echoed
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatal(err)
+			}
+			if got := e.get("Accept"); got != "a|b|c" {
+				t.Errorf("Accept lines reached the sandbox as %q, want a|b|c", got)
+			}
+			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
+				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
+			}
+			if got := resp.Header.Get("Keep-Alive"); got != "" {
+				t.Errorf("Keep-Alive %q reached the client", got)
+			}
+		})
+	}
+}

@@ -894,6 +894,14 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if seen.forwarded > 0 {
 		forwarded = appendForwarded(fwdBuf[:0], h.PeekAll("Forwarded"), ip)
 	}
+	// The deletes below would reorder a repeated field's lines.
+	deletes := seen.hop || upgrade || h.ConnectionClose() || seen.credentials || seen.expect ||
+		seen.underscore || seen.spaceInName
+	var order *lineOrder
+	if deletes {
+		order = lineOrders.Get().(*lineOrder)
+		order.rememberRequest(h)
+	}
 	// fasthttp marks an HTTP/1.0 request (or one with both Content-Length
 	// and Transfer-Encoding) Connection: close without such a line in the
 	// head; Request.Write would send that mark on to the sandbox.
@@ -931,6 +939,10 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	}
 	if seen.spaceInName {
 		dropInvalidNames(h)
+	}
+	if order != nil {
+		order.restore(h)
+		order.release()
 	}
 	var buf [256]byte
 	setForwarding(h, keyRealIP, seen.realIP, ip.AppendTo(buf[:0]))

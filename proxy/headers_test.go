@@ -35,6 +35,14 @@ func echoHeaders() http.Handler {
 // proxy at addr and decodes the echoHeaders answer, which must be a 200.
 func echoRawRequest(t *testing.T, addr string, lines ...string) echoed {
 	t.Helper()
+	_, e := echoRawExchange(t, addr, lines...)
+	return e
+}
+
+// echoRawExchange is echoRawRequest that also returns the response, for
+// its head.
+func echoRawExchange(t *testing.T, addr string, lines ...string) (*http.Response, echoed) {
+	t.Helper()
 	resp, body := authRawRequest(t, addr, lines...)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
@@ -43,7 +51,7 @@ func echoRawRequest(t *testing.T, addr string, lines ...string) echoed {
 	if err := json.Unmarshal([]byte(body), &e); err != nil {
 		t.Fatal(err)
 	}
-	return e
+	return resp, e
 }
 
 type echoed struct {
@@ -646,14 +654,7 @@ func TestEmptyForwardedProtoIsSet(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
 	host := h.route("proto", port)
-	resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, "X-Forwarded-Proto: ")
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
-	var e echoed
-	if err := json.Unmarshal([]byte(body), &e); err != nil {
-		t.Fatal(err)
-	}
+	e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, "X-Forwarded-Proto: ")
 	if got := e.get("X-Forwarded-Proto"); got != "http" {
 		t.Errorf("X-Forwarded-Proto reached the sandbox as %q, want %q", got, "http")
 	}
@@ -1193,15 +1194,8 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The client's own id: no generated line after the last Accept.
-			resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": lineorder-id", tc.before,
+			resp, e := echoRawExchange(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": lineorder-id", tc.before,
 				"Accept: a", "X-Other: 1", "Accept: b", "Accept: c")
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, body)
-			}
-			var e echoed
-			if err := json.Unmarshal([]byte(body), &e); err != nil {
-				t.Fatal(err)
-			}
 			if got := e.get("Accept"); got != "a|b|c" {
 				t.Errorf("Accept lines reached the sandbox as %q, want a|b|c", got)
 			}

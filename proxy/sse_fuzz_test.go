@@ -94,17 +94,27 @@ func FuzzSSEHeartbeat(f *testing.F) {
 	})
 }
 
-// trackBoundaryByBytes is trackBoundary as a walk over every byte: the
-// reference that the backward scan must agree with.
-func trackBoundaryByBytes(atBoundary bool, last byte, b []byte) (bool, byte) {
+// boundaryWalk is trackBoundary's state kept by a walk over every byte:
+// the reference that the backward scan must agree with.
+type boundaryWalk struct {
+	lineEnds int  // line ends in a row at the end
+	cr       bool // the last byte was a CR
+}
+
+func (w boundaryWalk) feed(b []byte) boundaryWalk {
 	for _, c := range b {
-		if c == '\r' {
-			continue
+		switch {
+		case c == '\n' && w.cr:
+			w.cr = false // CRLF: one line end, counted at the CR
+		case c == '\n':
+			w.lineEnds++
+		case c == '\r':
+			w.lineEnds, w.cr = w.lineEnds+1, true
+		default:
+			w = boundaryWalk{}
 		}
-		atBoundary = c == '\n' && last == '\n'
-		last = c
 	}
-	return atBoundary, last
+	return w
 }
 
 // trackBoundary reads only the end of each piece; after every piece of
@@ -126,16 +136,48 @@ func TestTrackBoundaryMatchesByteWalk(t *testing.T) {
 		}
 		var s bodyStream
 		s.atBoundary = true
-		wantAt, wantLast := true, byte(0)
+		var w boundaryWalk
 		for at := 0; at < len(stream); {
 			end := at + 1 + next(len(stream)-at)
 			s.trackBoundary(stream[at:end])
-			wantAt, wantLast = trackBoundaryByBytes(wantAt, wantLast, stream[at:end])
-			if s.atBoundary != wantAt || s.last != wantLast {
-				t.Fatalf("after %q of %q: atBoundary %v, last %q; a byte walk says %v, %q",
-					stream[:end], stream, s.atBoundary, s.last, wantAt, wantLast)
+			w = w.feed(stream[at:end])
+			if want := w.lineEnds >= 2; s.atBoundary != want || s.cr != w.cr {
+				t.Fatalf("after %q of %q: atBoundary %v, cr %v; a byte walk says %v, %v",
+					stream[:end], stream, s.atBoundary, s.cr, want, w.cr)
 			}
 			at = end
+		}
+	}
+}
+
+// TestTrackBoundaryFindsEachLineEnd: every line end the SSE standard takes
+// (LF, CRLF, a lone CR, mixed) closes an event, so a stream that uses any
+// of them gets its heartbeat once an event is complete, and none inside
+// one. A stream of lone CRs used to get none at all.
+func TestTrackBoundaryFindsEachLineEnd(t *testing.T) {
+	for _, tc := range []struct {
+		stream string
+		want   bool
+	}{
+		{"data: a\n\n", true},
+		{"data: a\r\n\r\n", true},
+		{"data: a\r\r", true},
+		{"data: a\n\r", true},
+		{"data: a\r\n\r", true},
+		{"data: a\n", false},
+		{"data: a\r\n", false},
+		{"data: a\r", false},
+		{"data: a\r\rdata: b\r", false},
+		{"data: a\r\rdata: b\r\r", true},
+	} {
+		for piece := 1; piece <= len(tc.stream); piece++ {
+			var s bodyStream
+			for at := 0; at < len(tc.stream); at += piece {
+				s.trackBoundary([]byte(tc.stream[at:min(at+piece, len(tc.stream))]))
+			}
+			if s.atBoundary != tc.want {
+				t.Errorf("%q read %d bytes at a time: at a boundary %v, want %v", tc.stream, piece, s.atBoundary, tc.want)
+			}
 		}
 	}
 }

@@ -1208,3 +1208,41 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestSandboxRequestIDLineKeepsOrder: the proxy puts its request id over a
+// sandbox's own X-Cube-Request-Id line. Deleting that line would move the
+// head's last line into its place (fasthttp's swap delete) and reorder a
+// repeated field around it; the client must get one id line, the request's,
+// and the other lines in the sandbox's order.
+func TestSandboxRequestIDLineKeepsOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ids  string // the sandbox's id lines, first in its head
+	}{
+		{"one line", HeaderRequestID + ": sandbox-1\r\n"},
+		{"lower case", "x-cube-request-id: sandbox-1\r\n"},
+		{"two lines", HeaderRequestID + ": sandbox-1\r\nX-Other: 0\r\n" + HeaderRequestID + ": sandbox-2\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				conn, bw, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\n%sContent-Length: 2\r\nWWW-Authenticate: Basic\r\n"+
+					"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\n\r\n{}", tc.ids)
+				bw.Flush()
+			}))
+			host := h.route("respid", port)
+			resp, _ := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": client-id")
+			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
+				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
+			}
+			if got := strings.Join(resp.Header[HeaderRequestID], "|"); got != "client-id" {
+				t.Errorf("request id lines %q, want the client's one", got)
+			}
+		})
+	}
+}

@@ -276,8 +276,20 @@ const HeaderRequestID = "X-Cube-Request-Id"
 // sandbox's answer may carry its own (an app echoing the id it got, or
 // one of its own), which would reach the client beside the proxy's, and a
 // client reading the last line would log another id than the access log.
+// Deleting the sandbox's line moves the head's last line into its place
+// (fasthttp's swap delete), so the head's repeated fields are kept in
+// order around it. Most answers carry none, and pay one walk of the head.
 func setResponseID(h *fasthttp.ResponseHeader, id []byte) {
-	h.Del(HeaderRequestID)
+	switch ids := h.PeekAll(HeaderRequestID); {
+	case len(ids) == 1 && bytes.Equal(ids[0], id):
+		return // set already (captureEntry, then the handler's end)
+	case len(ids) > 0:
+		order := lineOrders.Get().(*lineOrder)
+		order.rememberResponse(h)
+		h.Del(HeaderRequestID)
+		order.restore(h)
+		order.release()
+	}
 	h.AddBytesV(HeaderRequestID, id)
 }
 

@@ -255,13 +255,24 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 }
 
 // logRefused logs a refused subscription at error level, once for each
-// reason in a row: it is tried again every sub.idle.
+// reason in a row: it is tried again every sub.idle. A NOPERM says which
+// rule the ACL user lacks: the channel, or a command the connection runs
+// first (SELECT for a redis.db other than 0), which no channel rule fixes.
 func (sub *Subscriber) logRefused(err error) {
-	if why := err.Error(); why != sub.refusal {
-		sub.refusal = why
-		sub.logger.Error("redis invalidation: subscription refused; invalidations published by other instances are not applied until it is taken (a wrong password, or an ACL user that may not SUBSCRIBE to the channel)",
-			"err", why, "retry_every", sub.idle.String())
+	why := err.Error()
+	if why == sub.refusal {
+		return
 	}
+	sub.refusal = why
+	attrs := []any{"err", why, "retry_every", sub.idle.String()}
+	if redis.HasErrorPrefix(err, "NOPERM") {
+		needs := "+subscribe &" + sub.channel
+		if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "subscribe") {
+			needs = "+" + cmd
+		}
+		attrs = append(attrs, "needs", needs)
+	}
+	sub.logger.Error("redis invalidation: subscription refused; invalidations published by other instances are not applied until it is taken", attrs...)
 }
 
 // handle applies one reply and reports whether it came from the server

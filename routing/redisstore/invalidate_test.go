@@ -393,3 +393,39 @@ func TestRefusedSubscriptionIsRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedSubscriptionNamesTheRule: a refused subscription's log line
+// names the ACL rule the user lacks. A redis.db other than 0 makes the
+// subscriber's connection run SELECT first; refused, it is +select that
+// the user needs, and a hint at the channel sent the operator to fix what
+// was not broken.
+func TestRefusedSubscriptionNamesTheRule(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		rule []any // the user's rules beside ~* +@all
+		db   int
+		want string
+	}{
+		{"channel denied", []any{"resetchannels"}, 0, `"needs":"+subscribe &` + redisstore.DefaultInvalidateChannel + `"`},
+		{"select denied", []any{"allchannels", "-select"}, 1, `"needs":"+select"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acl := append([]any{"ACL", "SETUSER", "reader", "reset", "on", ">pw", "~*", "+@all"}, tc.rule...)
+			if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), DB: tc.db, Username: "reader", Password: "pw", CommandTimeout: 100 * time.Millisecond})
+			var logs testenv.LogBuffer
+			sub := s.Subscribe(ctx, make(recorder, 16), slog.New(slog.NewJSONHandler(&logs, nil)))
+			t.Cleanup(func() { _ = sub.Close() })
+			testenv.WaitFor(t, 10*time.Second, "an error log naming the refusal", func() bool {
+				return strings.Contains(logs.String(), "subscription refused")
+			})
+			if l := logs.String(); !strings.Contains(l, tc.want) {
+				t.Fatalf("log %s\nwant %s", l, tc.want)
+			}
+		})
+	}
+}

@@ -176,15 +176,24 @@ func (s *Store) routeKeyResult(key string, cmd *redis.MapStringStringCmd) (map[s
 // "+hgetall ~<prefix>*" instead, which the user has, sent the operator to
 // fix what was not broken. A refused key names no command.
 func (s *Store) aclRule(err error) string {
+	if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "hgetall") {
+		return "+" + cmd
+	}
+	return "+hgetall ~" + s.cfg.KeyPrefix + "*"
+}
+
+// refusedCommand is the command a NOPERM error says the user may not run
+// ("no permissions to run the 'select' command"), or "" when it names
+// none (a refused key or channel).
+func refusedCommand(err error) string {
 	const mark = "run the '"
 	msg := err.Error()
 	if i := strings.Index(msg, mark); i >= 0 {
-		cmd, _, ok := strings.Cut(msg[i+len(mark):], "'")
-		if ok && cmd != "" && !strings.EqualFold(cmd, "hgetall") {
-			return "+" + cmd
+		if cmd, _, ok := strings.Cut(msg[i+len(mark):], "'"); ok {
+			return cmd
 		}
 	}
-	return "+hgetall ~" + s.cfg.KeyPrefix + "*"
+	return ""
 }
 
 // legacyRefused reports a legacy read Redis refused: at once the first

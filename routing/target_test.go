@@ -23,6 +23,8 @@ func testParsers() map[string]*Parser {
 		"plain": NewParser(ParserConfig{SharedHosts: []string{"Proxy.Example.com."}}),
 		// domains: allow-list in mixed case, with a trailing dot and a wildcard spelling.
 		"domains": NewParser(ParserConfig{Domains: []string{"Sandbox.Example.com.", "*.e2b.dev"}}),
+		// devdomains: an allow-list that keeps *.localhost for local development.
+		"devdomains": NewParser(ParserConfig{Domains: []string{"sandbox.example.com", "localhost"}}),
 	}
 }
 
@@ -92,6 +94,9 @@ func parseCases() []parseCase {
 		{name: "port too big", host: "65536-x", code: CodeInvalidPort},
 		{name: "port max", host: "65535-x", port: 65535, id: "x"},
 		{name: "leading zeros", host: "0050005-x", port: 50005, id: "x"},
+		// README: leading zeros allowed, 10 digits at most.
+		{name: "ten digits", host: "0000050005-x", port: 50005, id: "x"},
+		{name: "eleven digits", host: "00000050005-x", code: CodeInvalidPort},
 		{name: "too many digits", host: "00000000050005-x", code: CodeInvalidPort},
 		{name: "huge port", host: "99999999999999999999999-x", code: CodeInvalidPort},
 		{name: "empty id", host: "50005-", code: CodeInvalidSandboxID},
@@ -112,6 +117,8 @@ func parseCases() []parseCase {
 		{name: "empty domain label", host: "50005-abc..example.com", code: CodeInvalidHost},
 		{name: "space in domain", host: "50005-abc.exa mple.com", code: CodeInvalidHost},
 		{name: "bad host port", host: "50005-abc.example.com:https", code: CodeInvalidHost},
+		{name: "host port five digits", host: "50005-abc.example.com:99999", port: 50005, id: "abc"},
+		{name: "host port six digits", host: "50005-abc.example.com:123456", code: CodeInvalidHost},
 		{name: "bad ipv4", host: "1.2.3.4.5", code: CodeInvalidHost},
 		{name: "ipv4 leading zero", host: "127.0.0.01", code: CodeInvalidHost},
 		{name: "unterminated ipv6", host: "[::1", code: CodeInvalidHost},
@@ -129,6 +136,8 @@ func parseCases() []parseCase {
 		{name: "header port zero", host: "127.0.0.1", hdr: cube("abc", "0"), code: CodeInvalidPort},
 		{name: "header port text", host: "127.0.0.1", hdr: cube("abc", "http"), code: CodeInvalidPort},
 		{name: "header port too big", host: "127.0.0.1", hdr: cube("abc", "65536"), code: CodeInvalidPort},
+		{name: "header port ten digits", host: "127.0.0.1", hdr: cube("abc", "0000050005"), port: 50005, id: "abc", shared: true},
+		{name: "header port eleven digits", host: "127.0.0.1", hdr: cube("abc", "00000050005"), code: CodeInvalidPort},
 		{name: "domain allowed", parser: "domains", host: "50005-abc.sandbox.example.com", port: 50005, id: "abc"},
 		{name: "domain allowed, case, dot, port", parser: "domains", host: "50005-ABC.SANDBOX.example.com.:443", port: 50005, id: "abc"},
 		{name: "second domain", parser: "domains", host: "50005-abc.e2b.dev", port: 50005, id: "abc"},
@@ -138,6 +147,11 @@ func parseCases() []parseCase {
 		{name: "bare label with allow-list", parser: "domains", host: "50005-abc", code: CodeDomainNotAllowed},
 		{name: "ip with allow-list still shared", parser: "domains", host: "127.0.0.1", hdr: cube("abc", "1"), port: 1, id: "abc", shared: true},
 		{name: "shared host not configured", parser: "domains", host: "proxy.example.com", hdr: cube("abc", "1"), code: CodeDomainNotAllowed},
+		// README: *.localhost hosts are sandbox hosts only while domains is
+		// empty or lists localhost; localhost itself stays shared.
+		{name: "dev localhost with allow-list", parser: "domains", host: "8080-web.localhost:3000", code: CodeDomainNotAllowed},
+		{name: "dev localhost listed", parser: "devdomains", host: "8080-Web.LOCALHOST.:3000", port: 8080, id: "web"},
+		{name: "allow-list listing localhost keeps it shared", parser: "devdomains", host: "localhost", hdr: cube("abc", "1"), port: 1, id: "abc", shared: true},
 	}
 }
 

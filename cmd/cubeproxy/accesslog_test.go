@@ -44,7 +44,9 @@ func cubeLines(t *testing.T, path string) []string {
 
 // The access log file is reopened on SIGHUP: after logrotate's rename and
 // the signal, the next request's line lands in a new file at the
-// configured path and the renamed file keeps the old lines.
+// configured path and the renamed file keeps the old lines. The routes
+// file is not read again (README, Routes: routes change at runtime through
+// the admin API): a sandbox added to it before the signal stays unknown.
 func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 
@@ -83,6 +85,10 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	if err := os.Rename(logPath, rotated); err != nil {
 		t.Fatal(err)
 	}
+	added := fmt.Sprintf("routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n  late:\n    HostIP: \"127.0.0.1\"\n    \"%[1]d\": \"%[1]d\"\n", port)
+	if err := os.WriteFile(routes, []byte(added), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +103,19 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	}
 	if ids := cubeLines(t, logPath); len(ids) != 1 || ids[0] != "after-rotate" {
 		t.Errorf("new file holds %q, want only after-rotate", ids)
+	}
+
+	req, _ := http.NewRequest("GET", "http://"+a.httpLn.Addr().String()+"/", nil)
+	req.Host = fmt.Sprintf("%d-late.cube.test", port)
+	req.Header.Set("X-Cube-Request-Id", "late")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.Contains(string(body), `"sandbox_not_found"`) {
+		t.Fatalf("sandbox added to the routes file before SIGHUP: %d %q, want 404 sandbox_not_found (SIGHUP must not reload routes)", resp.StatusCode, body)
 	}
 
 	r.stop()

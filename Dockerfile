@@ -24,8 +24,8 @@ ENV CUBEPROXY_CONFIG=/etc/cubeproxy/cubeproxy.yaml
 # again: up to a third of the proxy's CPU per 64 KiB answer or MCP call
 # (README, Performance). A schedtrace interval > 0 is what keeps it awake;
 # this one (the largest, 24.8 days) prints one SCHED line to stderr that
-# often, and once at start on a host up for longer. It also puts a dump of
-# the scheduler before a fatal error's message, and with one CPU lets an
+# often, and once at start on a host up for longer. It also adds a dump of
+# the scheduler to a crash report (README, Performance), and with one CPU lets an
 # access log file on a stalled disk hold requests for up to 20 ms (stdout
 # is written through the poller; README, Performance).
 # Add it to any GODEBUG you set.

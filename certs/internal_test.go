@@ -28,10 +28,12 @@ func TestFileSelectionBySNI(t *testing.T) {
 		{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")},
 		{filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key")},
 		{filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key")},
+		{filepath.Join(dir, "d.crt"), filepath.Join(dir, "d.key")},
 	}
 	ca.WritePair(t, pairs[0].CertFile, pairs[0].KeyFile, "cube.test", "*.cube.test")
 	ca.WritePair(t, pairs[1].CertFile, pairs[1].KeyFile, "api.other.test", "*.cube.test")
 	ca.WritePair(t, pairs[2].CertFile, pairs[2].KeyFile, "*.b.cube.test")
+	ca.WritePair(t, pairs[3].CertFile, pairs[3].KeyFile, "api.cube.test")
 	s, err := newFileSource(pairs, time.Hour, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +53,10 @@ func TestFileSelectionBySNI(t *testing.T) {
 		{"cube.test.", 0},
 		{"api.other.test", 1},
 		{"x.b.cube.test", 2},
+		// A pair naming the host exactly wins over the wildcards listed
+		// before it, as the README says.
+		{"api.cube.test", 3},
+		{"API.Cube.Test", 3},
 		{"a.x.cube.test", 0}, // a wildcard covers one label only: default
 		{"unknown.example", 0},
 	}

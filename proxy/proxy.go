@@ -297,18 +297,11 @@ const maxRequestIDLen = 128
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	h := &ctx.Request.Header
-	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
-		// fasthttp accepts any version string; the sandbox must not get one
-		// it cannot have been sent ("HTTP/9.9", "HTTP/0.9", "HTTP/2.0").
-		x.fail(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
-		ctx.SetConnectionClose() // after fail: writeError resets the response
-		return
-	}
-	if h.IsConnect() {
-		// A forward proxy's method: relayed, the sandbox's server would get
-		// an authority-form target it never serves, and a 200 from it would
-		// read as a tunnel that never opens. nginx answers 405 too.
-		x.fail(ctx, proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}, nil)
+	if e := refusedRequestLine(h); e != nil {
+		x.fail(ctx, *e, nil)
+		if e == &errBadVersion {
+			ctx.SetConnectionClose() // after fail: writeError resets the response
+		}
 		return
 	}
 	if e := refusedTarget(h.RequestURI()); e != nil {

@@ -283,7 +283,15 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// request without one, its target's host.
 	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
-	if e := refusedTarget(ctx.Request.Header.RequestURI()); e != nil {
+	if e := refusedRequestLine(&ctx.Request.Header); e != nil {
+		// As on HTTPS (serve): a CONNECT's authority-form target made a
+		// Location of "/", and a client on HTTP/9.9 came back only to be
+		// refused.
+		x.fail(ctx, *e, nil)
+		if e == &errBadVersion {
+			ctx.SetConnectionClose()
+		}
+	} else if e := refusedTarget(ctx.Request.Header.RequestURI()); e != nil {
 		// Refused here as on HTTPS (serve), as nginx refuses it on any
 		// server: redirected, it came back only to be refused there.
 		x.fail(ctx, *e, nil)

@@ -1,6 +1,37 @@
 package proxy
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// errBadVersion answers a request line whose version is no HTTP/1.x.
+var errBadVersion = proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}
+
+// errConnect answers a CONNECT.
+var errConnect = proxyError{status: 405, code: CodeBadMethod, msg: "CONNECT is not supported: this is a reverse proxy"}
+
+// refusedRequestLine is the answer to a request line refused on its
+// method or version alone, or nil. The HTTPS (and plain) listener and
+// the redirect listener both ask it, as nginx refuses these on any
+// server: redirected, the client came back only to be refused. A 505
+// must close the connection (after fail: writeError resets the response).
+func refusedRequestLine(h *fasthttp.RequestHeader) *proxyError {
+	switch {
+	case !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0":
+		// fasthttp accepts any version string; the sandbox must not get
+		// one it cannot have been sent ("HTTP/9.9", "HTTP/0.9", "HTTP/2.0").
+		return &errBadVersion
+	case h.IsConnect():
+		// A forward proxy's method: relayed, the sandbox's server would
+		// get an authority-form target it never serves, and a 200 from
+		// it would read as a tunnel that never opens. nginx answers 405
+		// too.
+		return &errConnect
+	}
+	return nil
+}
 
 // errAboveRoot answers a target that climbsAboveRoot.
 var errAboveRoot = proxyError{status: 400, code: CodeBadRequest, msg: "request target climbs above the root (..)"}

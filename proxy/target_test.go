@@ -209,6 +209,47 @@ func TestRedirectListenerRefusesTargetAboveRoot(t *testing.T) {
 	}
 }
 
+// The redirect listener refuses what HTTPS refuses on the request line
+// alone, as nginx does on any server, its port-80 redirect included: a
+// CONNECT (405) and a version other than HTTP/1.x (505, closing). It
+// redirected both: the client came back only to be refused, and a
+// CONNECT's authority-form target became a Location of "/".
+func TestRedirectListenerRefusesRequestLineAsHTTPS(t *testing.T) {
+	h := newHarness(t)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	const host = "Host: 50005-box.cube.test\r\n"
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+		code      string
+	}{
+		{"CONNECT", "CONNECT 50005-box.cube.test:443 HTTP/1.1\r\n" + host + "\r\n", 405, CodeBadMethod},
+		{"CONNECT over HTTP/1.0", "CONNECT 50005-box.cube.test:443 HTTP/1.0\r\n" + host + "\r\n", 405, CodeBadMethod},
+		{"HTTP/2.0", "GET / HTTP/2.0\r\n" + host + "\r\n", 505, CodeBadVersion},
+		{"HTTP/9.9 asking for keep-alive", "GET / HTTP/9.9\r\n" + host + "Connection: keep-alive\r\n\r\n", 505, CodeBadVersion},
+		{"HTTP/1.0 is redirected", "GET /x HTTP/1.0\r\n" + host + "\r\n", 308, ""},
+		{"HTTP/1.1 is redirected", "GET /x HTTP/1.1\r\n" + host + "\r\n", 308, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := rawRequest(t, ln.Addr().String(), tc.raw)
+			if tc.status == 308 {
+				if resp.StatusCode != 308 || resp.Header.Get("Location") != "https://50005-box.cube.test:8443/x" {
+					t.Fatalf("%d Location %q, want 308", resp.StatusCode, resp.Header.Get("Location"))
+				}
+				return
+			}
+			checkProxyError(t, resp, body, tc.status, tc.code)
+			if loc := resp.Header.Get("Location"); loc != "" {
+				t.Errorf("refused with Location %q", loc)
+			}
+			if tc.status == 505 && !resp.Close {
+				t.Error("505 without Connection: close")
+			}
+		})
+	}
+}
+
 // A path holding "%00" (an escaped NUL) is refused with 400, as nginx
 // refuses it (its URI parser turns down a NUL it would decode), so the
 // platform's sandboxes never got one: a server that decodes the path and

@@ -300,13 +300,14 @@ func TestTLSSelfSignedDefault(t *testing.T) {
 		t.Fatalf("over TLS: %d %q %v", status, body, err)
 	}
 
-	// A client that speaks only h2 must not get it (fasthttp is HTTP/1 only).
+	// A client that speaks only h2 (gRPC) must not get it (fasthttp is
+	// HTTP/1 only): its handshake fails with the alert the README names.
 	if h2, err := dialTLSProxy(p.https, &tls.Config{InsecureSkipVerify: true, ServerName: "cube.test", NextProtos: []string{"h2"}}); err == nil {
 		proto := h2.c.ConnectionState().NegotiatedProtocol
 		h2.close()
-		if proto == "h2" {
-			t.Fatal("h2 negotiated")
-		}
+		t.Fatalf("an h2-only client completed the handshake (ALPN %q)", proto)
+	} else if !strings.Contains(err.Error(), "tls: no application protocol") {
+		t.Fatalf("an h2-only client: %v, want the no_application_protocol alert", err)
 	}
 
 	// Without redirect_http the plain listener keeps proxying.
@@ -733,6 +734,11 @@ func TestTLSACMEOnDemand(t *testing.T) {
 				if err == nil {
 					c.close()
 					t.Fatalf("handshake succeeded with %v", c.leaf().DNSNames)
+				}
+				// What clients show (curl: "tlsv1 alert internal
+				// error"); the README names it.
+				if !strings.Contains(err.Error(), "remote error: tls: internal error") {
+					t.Fatalf("handshake failed with %v, want the internal_error alert", err)
 				}
 				return
 			}

@@ -14,6 +14,7 @@ const expected = {
   'curl.trailers': [['cmp.headers', 'the trailer fields of a chunked response are not relayed, as nginx (README: Decisions)']],
   'fetch.trailers': [['cmp.headers.trailer', 'nor is the Trailer field that names them (README: Decisions)']],
   'curl.sse': [['cmp.body', 'a silent event stream gets `: keep-alive` comments (heartbeat_interval, 1 s here)']],
+  'eventsource.cr': [['cmp.events.7', 'the proxy\'s heartbeat after a stream held open on a lone CR (`data: last\\r\\r`) tells the client that CR ended a line, so it dispatches the last event; directly the parser waits for the byte after that CR (it could be CRLF) and never sees the event']],
   'curl.early-hints': [['cmp.headers', 'interim 1xx answers (103 Early Hints) are not relayed, as nginx (README: Decisions)']],
   'curl.expect-100': [['cmp.', 'Expect: 100-continue is answered by the proxy and not passed on, as nginx (README: Decisions); the echo of the request is shorter by it']],
   'py.expect-100': [['cmp.saw.headers', 'as curl.expect-100']],

@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -97,7 +99,6 @@ func TestManyHeaderLinesCostLinear(t *testing.T) {
 	}{
 		{"one repeated name", func(int) string { return "R: v" }, nil, 4400, "Keep-Alive: 1"},
 		{"eight repeated names", func(i int) string { return fmt.Sprintf("R%d: v", i%8) }, nil, 3800, "Keep-Alive: 1"},
-		{"a name with a space, repeated", func(int) string { return "X Rep: v" }, func(int) string { return "X-Rep: v" }, 2500, ""},
 		{"an underscore alias, repeated", func(int) string { return "X_Real_IP: 1" }, func(int) string { return "X-Real-Ix: 1" }, 2000, ""},
 	} {
 		if tc.base == nil {
@@ -119,4 +120,42 @@ func TestManyHeaderLinesCostLinear(t *testing.T) {
 	base := exchangeCPU(t, h.addr, get(hosts["base"]), rounds)
 	cost := exchangeCPU(t, h.addr, get(hosts["lose"]), rounds)
 	check("response: one repeated name", cost, base)
+}
+
+// Lines whose names hold a space are dropped (nginx before 1.21.1 did so),
+// each with a walk over the head, so a 28 KB head of 2,400 such names cost
+// ≈ 4 ms of CPU, ten times the same head without them: up to
+// maxInvalidNames are dropped, more are a 400 bad_request that never
+// reaches the sandbox (nginx since 1.21.1 refuses a request with one).
+func TestNamesWithSpaceBounded(t *testing.T) {
+	h := newHarness(t)
+	var hits atomic.Int64
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		echoHeaders().ServeHTTP(w, r)
+	}))
+	host := h.route("spacenames", port)
+	names := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "X Bad %d: v\r\n", i)
+		}
+		return b.String()
+	}
+	resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+names(maxInvalidNames)+"X-Kept: 1\r\n\r\n")
+	var e echoed
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &e) != nil {
+		t.Fatalf("%d names with a space: %d %s, want 200", maxInvalidNames, resp.StatusCode, body)
+	}
+	if e.get("X-Kept") != "1" || len(e.Headers) > 8 {
+		t.Errorf("%d names with a space: want them dropped and X-Kept kept, sandbox got %v", maxInvalidNames, e.Headers)
+	}
+	before := hits.Load()
+	for _, n := range []int{maxInvalidNames + 1, 2000} {
+		resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+names(n)+"\r\n")
+		checkProxyError(t, resp, body, 400, CodeBadRequest)
+	}
+	if n := hits.Load() - before; n != 0 {
+		t.Errorf("refused requests reached the sandbox %d times", n)
+	}
 }

@@ -46,3 +46,24 @@ func TestAdminRefusesTrafficFramingErrors(t *testing.T) {
 		}
 	}
 }
+
+// Without an admin token a caller counts as local only without Origin, on
+// any line of it: the check read the first line alone, so an empty Origin
+// line ahead of a page's one let the request through.
+func TestAdminLocalClientReadsEveryOriginLine(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name, lines string
+		status      int
+	}{
+		{"no Origin", "", 200},
+		{"an empty Origin", "Origin:\r\n", 200},
+		{"a page's Origin", "Origin: https://evil.example\r\n", 403},
+		{"an empty Origin, then a page's", "Origin:\r\nOrigin: https://evil.example\r\n", 403},
+	} {
+		resp, body := rawRequest(t, h.admin, "GET /admin/routes HTTP/1.1\r\nHost: 127.0.0.1\r\n"+tc.lines+"Connection: close\r\n\r\n")
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.name, resp.StatusCode, body, tc.status)
+		}
+	}
+}

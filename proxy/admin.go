@@ -98,6 +98,21 @@ func CheckAdminAddr(addr, token string) error {
 
 // Handler serves the admin API.
 func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
+	// The traffic listener's refusals of a version fasthttp accepts but
+	// cannot have been sent, and of a coding it frames otherwise than a
+	// front proxy may ("Transfer-Encoding: identity" beside a length): the
+	// admin API is as often behind a gateway, and took both.
+	h := &ctx.Request.Header
+	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
+		writeError(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
+		ctx.SetConnectionClose()
+		return
+	}
+	if h.ContentLength() != -1 && scanHead(h).transferEncoding {
+		writeError(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "Transfer-Encoding other than chunked"}, nil)
+		ctx.SetConnectionClose()
+		return
+	}
 	// The Host line, not an absolute-form target's host (which fasthttp
 	// copies over it), is what a browser fills with the page's host name,
 	// which localClient judges.
@@ -198,7 +213,16 @@ func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
 // localhost.
 func localClient(ctx *fasthttp.RequestCtx) bool {
 	h := &ctx.Request.Header
-	return remoteIP(ctx).IsLoopback() && len(h.Peek("Origin")) == 0 && localHost(h.Host())
+	if !remoteIP(ctx).IsLoopback() || !localHost(h.Host()) {
+		return false
+	}
+	// Every line: an empty one ahead of a page's would hide it from Peek.
+	for _, o := range h.PeekAll("Origin") {
+		if len(o) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // localHost reports whether a Host header names this host in a way no DNS

@@ -328,6 +328,11 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: fmt.Sprintf("Connection lists more than %d options", maxConnectionOptions)}, nil)
 		return
 	}
+	if x.seen.spaceNames > maxInvalidNames {
+		// Dropping each would cost a walk over every header.
+		x.fail(ctx, proxyError{status: 400, code: CodeBadRequest, msg: fmt.Sprintf("more than %d header names hold a space", maxInvalidNames)}, nil)
+		return
+	}
 	var t routing.Target
 	if err := p.parser.ParseRequest(&t, h.Host(), h.RequestURI(), h); err != nil {
 		var te *routing.TargetError

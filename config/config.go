@@ -998,6 +998,9 @@ func (c *Config) checkHostNames() error {
 				return fmt.Errorf("%s: entry %d is empty (a template that rendered nothing?): it would be skipped, and a domains list with no name lets every domain through; write the name, or remove the entry", names.key, i+1)
 			}
 			if n != "" && hostNameOf(n, names.wildcard) == "" {
+				if names.key == "tls.domain" { // one name, not a list's entry
+					return fmt.Errorf("%s: %q names no domain; write the name, or remove it", names.key, n)
+				}
 				return fmt.Errorf("%s: entry %d (%q) names no domain; write the name, or remove the entry", names.key, i+1, n)
 			}
 			if !isHostName(n, names.wildcard) {

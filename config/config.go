@@ -120,7 +120,7 @@ type TLSFile struct {
 type ACME struct {
 	CA               string  `yaml:"ca" usage:"ACME directory URL (default Let's Encrypt)"`
 	Email            string  `yaml:"email" usage:"ACME account email"`
-	TrustedRootsFile string  `yaml:"trusted_roots_file" usage:"PEM roots for a private CA's HTTPS endpoint"`
+	TrustedRootsFile string  `yaml:"trusted_roots_file" usage:"PEM roots for a private CA's HTTPS endpoint (empty: the system's)"`
 	StorageDir       string  `yaml:"storage_dir" usage:"certificate storage (survives restarts; share it between replicas)"`
 	SkipWildcard     bool    `yaml:"skip_wildcard" usage:"do not manage *.<domain>; on-demand only"`
 	OnDemand         bool    `yaml:"on_demand" usage:"issue per-host certificates for existing sandboxes"`

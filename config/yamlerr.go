@@ -133,6 +133,9 @@ func explainLine(msg string, entries []yamlEntry) string {
 				name = "an entry of " + name
 			}
 			got := describeValue(tag, value)
+			if q := quotedValue(e.val, t); q != "" {
+				got = q + " in quotes, a string: write it without them"
+			}
 			if isSecretPath(e.path) && value != "" {
 				got = describeHidden(tag)
 			}
@@ -261,6 +264,30 @@ func describeType(t reflect.Type) string {
 		return "a list of whole numbers ([80, 443], or one - line each)"
 	}
 	return t.String()
+}
+
+// quotedValue is n as written, quotes included, when n is a quoted string
+// that t would take without its quotes: a template that quotes every value
+// (reuse_port: "{{ .Values.reusePort }}") makes a string of "true", and
+// "want true or false, got `true`" left the quotes to be guessed.
+func quotedValue(n *yaml.Node, t reflect.Type) string {
+	var q string
+	switch n.Style {
+	case yaml.DoubleQuotedStyle:
+		q = `"`
+	case yaml.SingleQuotedStyle:
+		q = "'"
+	default:
+		return ""
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" || t == nil || strings.ContainsAny(n.Value, "\n'\"") {
+		return ""
+	}
+	bare := yaml.Node{Kind: yaml.ScalarNode, Value: n.Value}
+	if err := bare.Decode(reflect.New(t).Interface()); err != nil || bare.ShortTag() == "!!str" {
+		return "" // not a word or number the key takes bare either
+	}
+	return q + n.Value + q
 }
 
 // describeValue names what the file has where a key's value was expected.

@@ -37,8 +37,8 @@ func TestCheckKeepsTheSettingsOfASwitchThatIsOff(t *testing.T) {
 			"tls.redirect_port is set but tls.redirect_http is off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The later routes key wins over base's only in a merged
-			// file; write it whole instead.
+			// A second routes key is refused as a duplicate: a case
+			// that names its own replaces base's.
 			body := base + tc.yaml
 			if strings.Contains(tc.yaml, "routes: ") {
 				body = strings.Replace(base, "routes: \"\"\n", "", 1) + tc.yaml

@@ -20,6 +20,9 @@ func TestBlankHostEntries(t *testing.T) {
 		{"domains: ['*..']\n", `domains: entry 1 ("*..") names no domain`},
 		{"domains: ['.']\n", `domains: entry 1 (".") names no domain`},
 		{"shared_hosts: ['']\n", `shared_hosts: entry 1 is empty`},
+		// One name, not a list: told as such, not as "entry 1".
+		{"tls:\n  domain: ' '\n", `tls.domain: " " names no domain; write the name, or remove it`},
+		{"tls:\n  domain: .\n", `tls.domain: "." names no domain`},
 		{"domains: []\nshared_hosts: []\n", ""},
 		{"domains: ['*.cube.app', .b.test]\n", ""},
 	} {

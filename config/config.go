@@ -120,7 +120,7 @@ type TLSFile struct {
 type ACME struct {
 	CA               string  `yaml:"ca" usage:"ACME directory URL (default Let's Encrypt)"`
 	Email            string  `yaml:"email" usage:"ACME account email"`
-	TrustedRootsFile string  `yaml:"trusted_roots_file" usage:"PEM roots for a private CA's HTTPS endpoint"`
+	TrustedRootsFile string  `yaml:"trusted_roots_file" usage:"PEM roots for a private CA's HTTPS endpoint (empty: the system's)"`
 	StorageDir       string  `yaml:"storage_dir" usage:"certificate storage (survives restarts; share it between replicas)"`
 	SkipWildcard     bool    `yaml:"skip_wildcard" usage:"do not manage *.<domain>; on-demand only"`
 	OnDemand         bool    `yaml:"on_demand" usage:"issue per-host certificates for existing sandboxes"`
@@ -998,6 +998,9 @@ func (c *Config) checkHostNames() error {
 				return fmt.Errorf("%s: entry %d is empty (a template that rendered nothing?): it would be skipped, and a domains list with no name lets every domain through; write the name, or remove the entry", names.key, i+1)
 			}
 			if n != "" && hostNameOf(n, names.wildcard) == "" {
+				if names.key == "tls.domain" { // one name, not a list's entry
+					return fmt.Errorf("%s: %q names no domain; write the name, or remove it", names.key, n)
+				}
 				return fmt.Errorf("%s: entry %d (%q) names no domain; write the name, or remove the entry", names.key, i+1, n)
 			}
 			if !isHostName(n, names.wildcard) {

@@ -125,6 +125,9 @@ func TestHelpNamesWhatUnsetMeans(t *testing.T) {
 		{"tls-acme-ca", "default Let's Encrypt"},
 		{"instance-id", "default: hostname"},
 		{"redis-pool-size", "0: go-redis default"},
+		{"redis-username", "empty: the default user"},
+		{"redis-ca-file", "empty: the system's roots"},
+		{"tls-acme-trusted-roots-file", "empty: the system's"},
 	} {
 		if !strings.Contains(text[tc.flag], tc.want) {
 			t.Errorf("-%s: %q, want it to say %q", tc.flag, text[tc.flag], tc.want)

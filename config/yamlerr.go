@@ -133,6 +133,9 @@ func explainLine(msg string, entries []yamlEntry) string {
 				name = "an entry of " + name
 			}
 			got := describeValue(tag, value)
+			if q := quotedValue(e.val, t); q != "" {
+				got = q + " in quotes, a string: write it without them"
+			}
 			if isSecretPath(e.path) && value != "" {
 				got = describeHidden(tag)
 			}
@@ -261,6 +264,30 @@ func describeType(t reflect.Type) string {
 		return "a list of whole numbers ([80, 443], or one - line each)"
 	}
 	return t.String()
+}
+
+// quotedValue is n as written, quotes included, when n is a quoted string
+// that t would take without its quotes: a template that quotes every value
+// (reuse_port: "{{ .Values.reusePort }}") makes a string of "true", and
+// "want true or false, got `true`" left the quotes to be guessed.
+func quotedValue(n *yaml.Node, t reflect.Type) string {
+	var q string
+	switch n.Style {
+	case yaml.DoubleQuotedStyle:
+		q = `"`
+	case yaml.SingleQuotedStyle:
+		q = "'"
+	default:
+		return ""
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" || t == nil || strings.ContainsAny(n.Value, "\n'\"") {
+		return ""
+	}
+	bare := yaml.Node{Kind: yaml.ScalarNode, Value: n.Value}
+	if err := bare.Decode(reflect.New(t).Interface()); err != nil || bare.ShortTag() == "!!str" {
+		return "" // not a word or number the key takes bare either
+	}
+	return q + n.Value + q
 }
 
 // describeValue names what the file has where a key's value was expected.
@@ -417,12 +444,36 @@ var decoderProblems = []string{
 }
 
 // locateSyntaxError adds its line to a syntax error the decoder reported
+// without one (placeSyntaxError), and says so when the character the
+// scanner could not start a token with is a tab, which looks like the
+// spaces around it: YAML indents with spaces only.
+func locateSyntaxError(err error, data []byte) error {
+	err = placeSyntaxError(err, data)
+	var line int
+	if _, scanErr := fmt.Sscanf(err.Error(), "yaml: line %d: found character that cannot start any token", &line); scanErr != nil || line < 1 {
+		return err
+	}
+	lines := strings.Split(string(data), "\n")
+	if line > len(lines) {
+		return err
+	}
+	// @ and ` cannot start a token either: a tab elsewhere on their line
+	// is not blamed for them.
+	l := lines[line-1]
+	indent := l[:len(l)-len(strings.TrimLeft(l, " \t"))]
+	if !strings.Contains(indent, "\t") && (!strings.Contains(l, "\t") || strings.ContainsAny(l, "@`")) {
+		return err
+	}
+	return fmt.Errorf("%w (a tab: YAML indents with spaces only)", err)
+}
+
+// placeSyntaxError adds its line to a syntax error the decoder reported
 // without one: a problem on the first line (the decoder names line 1 as
 // none), or a byte the YAML reader refuses (a control character, a byte
 // that is no UTF-8), which it reports with no position at all; the line
 // and the byte are found in data. A UTF-16 file (its bytes are not the
 // characters) and any other error are returned as they are.
-func locateSyntaxError(err error, data []byte) error {
+func placeSyntaxError(err error, data []byte) error {
 	msg, ok := strings.CutPrefix(err.Error(), "yaml: ")
 	if !ok || strings.HasPrefix(msg, "line ") || bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
 		return err

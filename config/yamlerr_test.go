@@ -28,6 +28,14 @@ func TestLoadExplainsTypeErrors(t *testing.T) {
 		{"size with a unit", "max_request_body: 256MiB\n", []string{"line 1: max_request_body: want a whole number, got `256MiB`"}},
 		{"long value", "cache:\n  size: lots-and-lots\n", []string{"line 2: cache.size: want a whole number, got `lots-an...`"}},
 		{"bool", "reuse_port: yes please\n", []string{"line 1: reuse_port: want true or false (yes/no and on/off work too), got `yes please`"}},
+		// A template that quotes every value ("{{ .Values.x }}"): the quotes
+		// make a string of a word the key would take bare, and `true` alone
+		// left "want true or false, got true" to puzzle over.
+		{"quoted bool", "reuse_port: \"true\"\n", []string{"line 1: reuse_port: want true or false (yes/no and on/off work too), got \"true\" in quotes, a string: write it without them"}},
+		{"quoted number", "cache:\n  size: '5000'\n", []string{"line 2: cache.size: want a whole number, got '5000' in quotes, a string: write it without them"}},
+		{"quoted ratio", "telemetry:\n  trace_sample_ratio: \"0.5\"\n", []string{"got \"0.5\" in quotes, a string: write it without them"}},
+		{"quoted list entry", "auth:\n  exempt_ports: ['49983']\n", []string{"line 2: an entry of auth.exempt_ports: want a whole number, got '49983' in quotes"}},
+		{"quoted word", "reuse_port: 'maybe'\n", []string{"got `maybe`"}},
 		{"list for a string", "http_addr: [a, b]\n", []string{"line 1: http_addr: want a string, got a list"}},
 		{"string for a list", "domains: cube.app\n", []string{"line 1: domains: want a list of strings ([a, b], or one - line each), got `cube.app`"}},
 		{"list entry", "auth:\n  exempt_ports:\n    - http\n", []string{"line 3: an entry of auth.exempt_ports: want a whole number, got `http`"}},

@@ -94,7 +94,7 @@ func checkSettings(ctx context.Context, cfg *config.Config, getenv func(string) 
 		rcfg := redisConfig(cfg)
 		client, err := redisstore.NewClient(rcfg)
 		if err != nil {
-			return nil, "", fmt.Errorf("open route store: %w", err)
+			return nil, "", fmt.Errorf("open Redis: %w", err) // as serve says it
 		}
 		_ = client.Close()
 		lookupTimeout = rcfg.WithDefaults().CommandTimeout

@@ -70,8 +70,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "health":
 		err = health(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-v":
-		fmt.Fprintln(stdout, "cubeproxy", version)
+		// An argument is a mistake exited 2, as in every other command: a
+		// script's "version --short" was answered as if it were understood.
+		switch {
+		case len(args) == 1:
+			fmt.Fprintln(stdout, "cubeproxy", version)
+		case len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help"):
+			fmt.Fprintln(stderr, "usage: cubeproxy version")
+		default:
+			err = usageError{errors.New("version takes no arguments")}
+		}
 	case "help", "-h", "--help":
+		if len(args) > 2 && args[0] == "help" {
+			err = usageError{errors.New("help takes one command: cubeproxy help COMMAND")}
+			break
+		}
 		if len(args) > 1 && args[0] == "help" && args[1] != "help" {
 			// "cubeproxy help serve", as go help build: the usage of
 			// the command asked about, not this list again.

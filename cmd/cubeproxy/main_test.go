@@ -60,6 +60,9 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"token"}, 2, "usage: cubeproxy token sign"},
 		{[]string{"token", "sign", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"token", "sign", "--port=x"}, 2, `invalid value "x" for flag -port`},
+		// Commands without flags take no arguments either.
+		{[]string{"version", "--short"}, 2, "version takes no arguments"},
+		{[]string{"help", "serve", "extra"}, 2, "help takes one command"},
 		// Read, and refused for what it says: a configuration error, 1.
 		{[]string{"check", "--routes=", "--access-log-format=csv"}, 1, `access_log.format "csv"`},
 		{[]string{"check", "--routes=", "--upstream-connect-timeout=-1s"}, 1, "is negative"},
@@ -90,6 +93,7 @@ func TestSubcommandHelp(t *testing.T) {
 		{[]string{"help", "serve"}, "Usage of cubeproxy serve:"},
 		{[]string{"help", "check"}, "Usage of cubeproxy check:"},
 		{[]string{"help", "token"}, "usage: cubeproxy token sign"},
+		{[]string{"version", "-h"}, "usage: cubeproxy version"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), tc.args, noEnv, &out, &errb)

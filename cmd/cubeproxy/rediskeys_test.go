@@ -16,17 +16,25 @@ func TestCheckRedisRefusalsNameKeys(t *testing.T) {
 		yaml string
 		env  map[string]string
 		want []string
+		not  []string // in no message: a setting the value did not come from, a secret
 	}{
 		{"no redis named", "store: redis\n", nil,
-			[]string{"store is redis but no Redis is named: set redis.addr (CUBEPROXY_REDIS_ADDR"}},
+			[]string{"store is redis but no Redis is named: set redis.addr (CUBEPROXY_REDIS_ADDR"}, nil},
 		{"two named", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n", map[string]string{"CUBEPROXY_REDIS_URL": "redis://127.0.0.1:6380/0"},
-			[]string{"redis.addr and redis.url are both set", "(redis.url is set by CUBEPROXY_REDIS_URL)"}},
+			[]string{"redis.addr and redis.url are both set", "(redis.url is set by CUBEPROXY_REDIS_URL)"}, nil},
 		{"sentinel without addresses", "store: redis\nredis:\n  sentinel:\n    master_name: m\n", nil,
-			[]string{"redis.sentinel.master_name is set but redis.sentinel.addrs is empty", "CUBEPROXY_REDIS_SENTINEL_ADDRS"}},
+			[]string{"redis.sentinel.master_name is set but redis.sentinel.addrs is empty", "CUBEPROXY_REDIS_SENTINEL_ADDRS"}, nil},
 		{"db with a cluster", "store: redis\nredis:\n  cluster:\n    addrs: ['127.0.0.1:7000']\n", map[string]string{"CUBEPROXY_REDIS_DB": "2"},
-			[]string{"redis.db: 2, but a Redis Cluster", "(redis.db is set by CUBEPROXY_REDIS_DB)"}},
+			[]string{"redis.db: 2, but a Redis Cluster", "(redis.db is set by CUBEPROXY_REDIS_DB)"}, nil},
 		{"ca_file without tls", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  ca_file: " + dir + "/ca.pem\n", nil,
-			[]string{"redis.ca_file is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true)"}},
+			[]string{"redis.ca_file is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true)"}, nil},
+		// The URL go-redis refuses: named as a key, with the variable it
+		// came from; the store the container also sets by variable is not
+		// what is wrong ("open route store:" read as the store's refusal).
+		{"url refused, from the environment", "", map[string]string{"CUBEPROXY_STORE": "redis", "CUBEPROXY_REDIS_URL": "redis://u:hunter2@127.0.0.1:6379/notadb"},
+			[]string{"redis.url redis://xxxxx@127.0.0.1:6379/notadb", "(redis.url is set by CUBEPROXY_REDIS_URL)"}, []string{"store is set by", "hunter2"}},
+		{"ca_file not PEM, from the environment", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  tls: true\n", map[string]string{"CUBEPROXY_REDIS_CA_FILE": writeTemp(t, dir, "junk.pem", "not a certificate\n")},
+			[]string{"redis.ca_file " + dir + "/junk.pem: no PEM certificates", "(redis.ca_file is set by CUBEPROXY_REDIS_CA_FILE)"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)
@@ -37,6 +45,11 @@ func TestCheckRedisRefusalsNameKeys(t *testing.T) {
 			for _, w := range tc.want {
 				if !strings.Contains(stderr, w) {
 					t.Errorf("stderr %q\ndoes not say %q", stderr, w)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(stderr, w) {
+					t.Errorf("stderr %q\nsays %q", stderr, w)
 				}
 			}
 		})

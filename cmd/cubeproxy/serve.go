@@ -339,7 +339,9 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		rcfg.Logger = a.log
 		redis.SetLogger(redisLogger{newThrottledLog(a.log, "redis", time.Now)})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
-			return nil, 0, fmt.Errorf("open route store: %w", err) // err names redis
+			// err names the redis settings at fault. Not "route store:",
+			// which NameOrigins reads as the store setting's refusal.
+			return nil, 0, fmt.Errorf("open Redis: %w", err)
 		}
 		go a.watchReachable(bg)
 		// The cache's own bound would otherwise cut a longer command_timeout short.

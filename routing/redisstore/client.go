@@ -283,7 +283,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 			if errors.As(err, &ue) {
 				err = errors.New("not a valid URL (check that the password is URL-encoded)")
 			}
-			return nil, fmt.Errorf("redis url %s: %w", redactURL(cfg.URL), err)
+			return nil, fmt.Errorf("redis.url %s: %w", redactURL(cfg.URL), err)
 		}
 		if opt.Username == "" {
 			opt.Username = cfg.Username
@@ -330,11 +330,11 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 	if cfg.CAFile != "" {
 		pem, err := namedfile.Read(cfg.CAFile, namedfile.MaxSmall)
 		if err != nil {
-			return nil, fmt.Errorf("redis ca_file: %w", err)
+			return nil, fmt.Errorf("redis.ca_file: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis ca_file %s: no PEM certificates", cfg.CAFile)
+			return nil, fmt.Errorf("redis.ca_file %s: no PEM certificates", cfg.CAFile)
 		}
 		c.RootCAs = pool
 	}

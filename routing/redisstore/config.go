@@ -31,7 +31,7 @@ type Config struct {
 	// URL is a redis:// or rediss:// URL (user, password, db and TLS in one string).
 	URL string `yaml:"url" usage:"redis:// or rediss:// URL (user, password, db, TLS)"`
 	// Username is the ACL user (Redis 6+); empty uses the default user.
-	Username string `yaml:"username" usage:"ACL user (Redis 6+)"`
+	Username string `yaml:"username" usage:"ACL user (Redis 6+; empty: the default user)"`
 	// Password authenticates to the data nodes (not to sentinels).
 	Password string `yaml:"password" usage:"password of the data nodes"`
 	// DB is the database index (standalone and Sentinel; Cluster has only 0).
@@ -39,7 +39,7 @@ type Config struct {
 	// TLS turns on TLS to the data nodes and sentinels.
 	TLS bool `yaml:"tls" usage:"TLS to the data nodes and sentinels"`
 	// CAFile is a PEM bundle that verifies the server; empty uses the system roots.
-	CAFile string `yaml:"ca_file" usage:"PEM bundle that verifies the Redis server"`
+	CAFile string `yaml:"ca_file" usage:"PEM bundle that verifies the Redis server (empty: the system's roots)"`
 	// InsecureSkipVerify disables server certificate checks (tests only).
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify" usage:"skip Redis certificate checks (tests only)"`
 

@@ -140,7 +140,7 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: no error", raw)
 		}
-		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "Zm9v") || strings.Contains(msg, "default") || !strings.Contains(msg, "redis url redis://xxxxx@") {
+		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "Zm9v") || strings.Contains(msg, "default") || !strings.Contains(msg, "redis.url redis://xxxxx@") {
 			t.Errorf("error %q: want the URL with its userinfo masked", msg)
 		}
 	}

@@ -423,9 +423,20 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	// the renewal window it would "renew" the wildcard under the client's
 	// hostname, or evict it from memory when Allow refuses that hostname.
 	if s.onDemand != nil && !s.covered(hello.ServerName) {
-		return s.onDemandCertificate(hello)
+		cert, err := s.onDemandCertificate(hello)
+		if _, idnaErr := idna.Lookup.ToASCII(hello.ServerName); err != nil && idnaErr != nil {
+			// certmagic refuses a name IDNA refuses ('_' in a
+			// sandbox id) before Allow sees it: no CA could name it.
+			err = fmt.Errorf("%w: %w", ErrUnknownName, err)
+		}
+		return cert, err
 	}
-	return s.managed.GetCertificate(hello)
+	cert, err := s.managed.GetCertificate(hello)
+	if err != nil && !s.covered(hello.ServerName) {
+		// Not under the wildcard, and no on-demand to obtain one.
+		err = fmt.Errorf("%w: %w", ErrUnknownName, err)
+	}
+	return cert, err
 }
 
 // abortKey holds, in the context of an on-demand handshake, the function

@@ -65,7 +65,10 @@ type Config struct {
 	ACME ACMEConfig
 	// Allow decides on-demand issuance: it must return nil only when the
 	// hostname belongs to an existing sandbox. It runs during TLS handshakes
-	// for names without a certificate, so it must be fast.
+	// for names without a certificate, so it must be fast. An error that
+	// wraps ErrUnknownName (the name is no sandbox's) fails the handshake
+	// with the unrecognized_name alert; any other (the route store is down)
+	// with internal_error.
 	Allow func(ctx context.Context, name string) error
 	// ListenAddr is the HTTPS listener's address (host:port). TLS-ALPN-01
 	// challenges (acme on-demand without a DNS provider) are answered
@@ -159,6 +162,7 @@ var ErrCertificatePending = errors.New("waiting for the first certificate")
 // Manager owns the certificate source and builds the listener's tls.Config.
 type Manager struct {
 	src       source
+	log       *slog.Logger
 	protos    []string
 	closeOnce sync.Once
 	closeErr  error
@@ -176,7 +180,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	log = log.With("component", "certs")
 
-	m := &Manager{protos: []string{"http/1.1"}}
+	m := &Manager{protos: []string{"http/1.1"}, log: log}
 	var err error
 	switch cfg.Source {
 	case SourceFiles:
@@ -203,8 +207,23 @@ func (m *Manager) TLSConfig() *tls.Config {
 		MinVersion:     tls.VersionTLS12,
 		CipherSuites:   cipherSuites(),
 		NextProtos:     append([]string(nil), m.protos...),
-		GetCertificate: m.src.getCertificate,
+		GetCertificate: m.getCertificate,
 	}
+}
+
+// getCertificate answers a name no certificate is for as crypto/tls's own
+// "no certificate" case: (nil, nil) with no Certificates in the config,
+// for which it sends the unrecognized_name alert that RFC 6066 §3 asks
+// for. An error it would answer with internal_error, which tells a
+// client (curl: "tlsv1 alert internal error") that the server is broken
+// rather than that the name is wrong.
+func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	cert, err := m.src.getCertificate(hello)
+	if err != nil && errors.Is(err, ErrUnknownName) {
+		m.log.Debug("tls handshake refused: no certificate for the server name", "sni", hello.ServerName, "error", err)
+		return nil, nil
+	}
+	return cert, err
 }
 
 // Ready reports whether the listener can complete handshakes with the
@@ -261,5 +280,10 @@ func cipherSuites() []uint16 {
 	}
 }
 
-// errNoCertificate is returned during a handshake when no certificate fits.
-var errNoCertificate = errors.New("no certificate available")
+// ErrUnknownName is wrapped by a refusal of a TLS server name that no
+// certificate is for and none may be obtained for (see Config.Allow).
+var ErrUnknownName = errors.New("no certificate for this server name")
+
+// errNoCertificate is returned during a handshake without SNI when there
+// is no default certificate.
+var errNoCertificate = fmt.Errorf("%w: no SNI and no default certificate", ErrUnknownName)

@@ -530,6 +530,10 @@ func tlsSource(t config.TLS) string {
 // client choose what the proxy orders: any name pointed at the node (with
 // an empty domains list), or 050005-… spellings of one port, each a new
 // certificate that spends the CA's rate limits and the on-demand budget.
+//
+// A name that is no sandbox's port wraps certs.ErrUnknownName (the client
+// gets the unrecognized_name alert); a route store that cannot answer does
+// not (internal_error: the name may well be right).
 func (a *app) allowCertificate(ctx context.Context, name string) error {
 	domains := certDomains(a.cfg)
 	if len(domains) == 0 {
@@ -538,27 +542,31 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 	var t routing.Target
 	parser := routing.NewParser(routing.ParserConfig{Domains: domains})
 	if err := parser.Parse(&t, []byte(name), nil); err != nil {
-		return fmt.Errorf("not a sandbox host: %w", err)
+		return fmt.Errorf("%w: not a sandbox host: %w", certs.ErrUnknownName, err)
 	}
 	if t.Shared {
-		return errors.New("not a sandbox host")
+		return fmt.Errorf("%w: not a sandbox host", certs.ErrUnknownName)
 	}
 	label, _, _ := strings.Cut(name, ".")
 	if canonical := strconv.Itoa(int(t.Port)) + "-" + string(t.ID()); !strings.EqualFold(label, canonical) {
-		return fmt.Errorf("%s is not the canonical name %s", label, canonical)
+		return fmt.Errorf("%w: %s is not the canonical name %s", certs.ErrUnknownName, label, canonical)
 	}
 	if len(label) > 63 || strings.IndexByte(label, '_') >= 0 {
 		// Sandbox ids may be longer than a DNS label and hold '_': no CA
 		// issues for such a name, and every attempt would place an order
 		// (retried for minutes) and hold the client's handshake.
-		return fmt.Errorf("%s is not a DNS label: no certificate can name it", label)
+		return fmt.Errorf("%w: %s is not a DNS label: no certificate can name it", certs.ErrUnknownName, label)
 	}
 	r, _, err := a.cache.Get(ctx, t.ID())
+	var fe *routing.FieldError
+	if errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
+		return fmt.Errorf("%w: %w", certs.ErrUnknownName, err)
+	}
 	if err != nil {
 		return err
 	}
 	if _, ok := r.HostPort(t.Port); !ok {
-		return fmt.Errorf("port %d not exposed", t.Port)
+		return fmt.Errorf("%w: port %d not exposed", certs.ErrUnknownName, t.Port)
 	}
 	return nil
 }

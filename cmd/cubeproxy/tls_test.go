@@ -671,6 +671,16 @@ func TestTLSACMEWildcard(t *testing.T) {
 			}
 		})
 	}
+	// Names the wildcard does not cover, with no on-demand to obtain one:
+	// refused with the alert that says the name is wrong (RFC 6066 §3).
+	for _, name := range []string{"50005-abc.elsewhere.test", "a.50005-abc.cube.test"} {
+		if c, err := dialTLSProxy(p.https, trustSNI(roots, name)); err == nil {
+			c.close()
+			t.Fatalf("%s got a certificate for %v", name, c.leaf().DNSNames)
+		} else if !strings.Contains(err.Error(), "remote error: tls: unrecognized name") {
+			t.Fatalf("%s: handshake failed with %v, want the unrecognized_name alert", name, err)
+		}
+	}
 	if got := pb.Orders(); got != orders {
 		t.Fatalf("serving placed %d more orders; the wildcard must come from memory", got-orders)
 	}
@@ -735,10 +745,11 @@ func TestTLSACMEOnDemand(t *testing.T) {
 					c.close()
 					t.Fatalf("handshake succeeded with %v", c.leaf().DNSNames)
 				}
-				// What clients show (curl: "tlsv1 alert internal
-				// error"); the README names it.
-				if !strings.Contains(err.Error(), "remote error: tls: internal error") {
-					t.Fatalf("handshake failed with %v, want the internal_error alert", err)
+				// What clients show (curl: "tlsv1 unrecognized name");
+				// the README names it. internal_error would say the
+				// proxy is broken.
+				if !strings.Contains(err.Error(), "remote error: tls: unrecognized name") {
+					t.Fatalf("handshake failed with %v, want the unrecognized_name alert", err)
 				}
 				return
 			}
@@ -904,6 +915,14 @@ func TestTLSACMEReadyzWaitsForTheWildcard(t *testing.T) {
 		status, got := readyz(p)
 		if status != 503 || got["reason"] != "certificate_pending" {
 			t.Fatalf("/readyz %d %v, want 503 certificate_pending", status, got)
+		}
+		// The name is right, the server is not ready: internal_error,
+		// not unrecognized_name.
+		if c, err := dialTLSProxy(p.https, trustSNI(pb.IssuerRootPool(t), "50005-abc.cube.test")); err == nil {
+			c.close()
+			t.Fatal("a handshake succeeded before the wildcard was obtained")
+		} else if !strings.Contains(err.Error(), "remote error: tls: internal error") {
+			t.Fatalf("handshake failed with %v, want the internal_error alert", err)
 		}
 	})
 	t.Run("pebble: ready once the wildcard is in", func(t *testing.T) {

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// allowCertificate's refusals decide the handshake's alert: a name that is
+// no sandbox's port wraps certs.ErrUnknownName (unrecognized_name), while
+// a route store that cannot answer must not (internal_error), since the
+// name may well be a sandbox's and the client should retry, not give up
+// on the name.
+func TestAllowCertificateTellsUnknownNamesFromStoreFailures(t *testing.T) {
+	mem := routing.NewMemoryStore()
+	if err := mem.Put(&routing.Route{ID: "abc", HostIP: netip.MustParseAddr("127.0.0.1"), Public: true,
+		Ports: map[uint16]uint16{50005: 50005}}); err != nil {
+		t.Fatal(err)
+	}
+	// A Redis that refuses connections: a real client against a port
+	// nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := ln.Addr().String()
+	ln.Close()
+	dead, err := redisstore.Open(redisstore.Config{Addr: deadAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dead.Close() })
+
+	cfg := &config.Config{}
+	cfg.TLS.Domain = "cube.test"
+	appWith := func(s routing.Store) *app {
+		c, err := routing.NewCache(s, routing.CacheConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &app{cfg: cfg, cache: c}
+	}
+	tests := []struct {
+		name    string
+		store   routing.Store
+		host    string
+		wantErr bool
+		unknown bool
+	}{
+		{"exposed port of a sandbox", mem, "50005-abc.cube.test", false, false},
+		{"unknown sandbox", mem, "50005-nobody.cube.test", true, true},
+		{"port not exposed", mem, "50006-abc.cube.test", true, true},
+		{"other domain", mem, "50005-abc.elsewhere.test", true, true},
+		{"leading zero", mem, "050005-abc.cube.test", true, true},
+		{"route store down", dead, "50005-abc.cube.test", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := appWith(tt.store).allowCertificate(context.Background(), tt.host)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("allowCertificate(%s) = %v, want an error: %v", tt.host, err, tt.wantErr)
+			}
+			if got := errors.Is(err, certs.ErrUnknownName); got != tt.unknown {
+				t.Fatalf("allowCertificate(%s) = %v: wraps ErrUnknownName %v, want %v", tt.host, err, got, tt.unknown)
+			}
+		})
+	}
+}

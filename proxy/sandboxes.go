@@ -72,6 +72,42 @@ type sandboxState struct {
 	// it was taken on gets it back (exchange.heldOn), even one forgotten
 	// meanwhile.
 	held atomic.Int64
+	// rereads is Invalidate's re-read of a paused sandbox's route: 0
+	// none, 1 one in flight, 2 one in flight and another asked for by an
+	// invalidation that came during it (askReread, rereadDone).
+	rereads atomic.Int32
+}
+
+// askReread asks for a re-read of the sandbox's route and reports whether
+// the caller is to start it: none is in flight. Otherwise the one in
+// flight is followed by one more, however many invalidations asked: it
+// may have read the route before the change they announce.
+func (e *sandboxState) askReread() bool {
+	for {
+		switch e.rereads.Load() {
+		case 0:
+			if e.rereads.CompareAndSwap(0, 1) {
+				return true
+			}
+		case 1:
+			if e.rereads.CompareAndSwap(1, 2) {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+}
+
+// rereadDone ends a re-read and reports whether another was asked for
+// meanwhile, which the caller then makes.
+func (e *sandboxState) rereadDone() bool {
+	if e.rereads.CompareAndSwap(1, 0) {
+		return false
+	}
+	// 2: only rereadDone changes it from there.
+	e.rereads.Store(1)
+	return true
 }
 
 const (
@@ -390,7 +426,11 @@ func killedOrBusy(w uint64, _ *sandboxState) bool {
 // background (cut short and waited for by Server.Shutdown, not started
 // after it), and its pause forgotten when Redis no longer has its route
 // (a sandbox created again under the id must not answer 503); a read
-// that settles nothing leaves it marked for the janitor. A running
+// that settles nothing leaves it marked for the janitor. One read per
+// sandbox runs at a time, and invalidations during it make one more
+// (askReread): whoever may PUBLISH can send an id a million times a
+// second, and a goroutine and a store call each (every message drops the
+// read in flight) made tens of thousands of both at once. A running
 // one is only marked: the janitor asks about it within a minute
 // (recheckInvalidated), by then from the cache when the sandbox had a
 // request meanwhile, so that an invalidation does not make every instance
@@ -400,11 +440,23 @@ func (p *Proxy) Invalidate(id string) int {
 	if sb := p.sandboxes.peek(id); sb != nil {
 		switch sb.state() {
 		case statePausing, statePaused:
+			if !sb.askReread() {
+				break
+			}
 			p.bg.run(func(ctx context.Context) {
-				if !p.forgetIfGone(ctx, id) {
-					// The store could not say (down, slow): the
-					// janitor asks again, as for a running one.
-					sb.unsure.Store(true)
+				for {
+					if !p.forgetIfGone(ctx, id) {
+						// The store could not say (down, slow): the
+						// janitor asks again, as for a running one.
+						sb.unsure.Store(true)
+					}
+					if ctx.Err() != nil {
+						sb.rereads.Store(0)
+						return
+					}
+					if !sb.rereadDone() {
+						return
+					}
 				}
 			})
 		case stateRunning:

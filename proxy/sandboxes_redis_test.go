@@ -5,10 +5,14 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -263,5 +267,124 @@ func TestRedisInvalidationRereadRetried(t *testing.T) {
 	h.proxy.recheckInvalidated(ctx)
 	if e := h.proxy.sandboxes.peek(id); e != nil {
 		t.Fatalf("paused sandbox removed from Redis still known after the janitor's round (state %d)", e.state())
+	}
+}
+
+// firstGatedStore counts every lookup of the real store behind it, and
+// holds the answer of the first one, closing entered, until gate is closed.
+type firstGatedStore struct {
+	routing.Store
+	entered chan struct{}
+	gate    chan struct{}
+	n       atomic.Int64
+}
+
+func newFirstGatedStore(s routing.Store) *firstGatedStore {
+	return &firstGatedStore{Store: s, entered: make(chan struct{}), gate: make(chan struct{})}
+}
+
+func (g *firstGatedStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	n := g.n.Add(1)
+	r, err := g.Store.Lookup(ctx, id)
+	if n == 1 {
+		close(g.entered)
+		<-g.gate
+	}
+	return r, err
+}
+
+// subscribedHarness is a harness over the Redis store behind gs, with the
+// proxy subscribed to the invalidation channel.
+func subscribedHarness(t *testing.T, store *redisstore.Store, gs *firstGatedStore) (*harness, *redisstore.Subscriber) {
+	t.Helper()
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = gs
+		o.cache.LookupTimeout = time.Minute // the held read must not time out, however slow the machine
+	})
+	sub := store.Subscribe(context.Background(), h.proxy, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	select {
+	case <-sub.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not subscribed within 10s")
+	}
+	return h, sub
+}
+
+// pausedInRedis writes id's route to Redis and pauses it through h.
+func pausedInRedis(t *testing.T, h *harness, r *testenv.Redis, id string) {
+	t.Helper()
+	if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", "127.0.0.1",
+		"SandboxIP", "127.0.0.1", "CreatedAt", "1", "8080", "8080").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"`+id+`","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("state: %d %s", st, body)
+	}
+}
+
+// Whoever may PUBLISH on the invalidation channel can send one paused
+// sandbox's id as fast as Redis relays it. Each message started a
+// goroutine that read the route again, and since each also dropped the
+// read in flight (Invalidate), each read was a store call of its own: a
+// million messages made 24,000 goroutines at once, 30,000 lookups and
+// 230 MB more memory that stayed. A burst is one read in flight per
+// sandbox, and one more after it for the messages that came meanwhile
+// (the first read may predate the change they announce).
+func TestRedisInvalidationFloodOfPausedSandboxReadsOnce(t *testing.T) {
+	r, store := redisStore(t)
+	gs := newFirstGatedStore(store)
+	h, sub := subscribedHarness(t, store, gs)
+	const id, flood = "flooded", 2000
+	pausedInRedis(t, h, r, id)
+	applied := sub.Applied()
+	ctx := context.Background()
+	if _, err := r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
+		for range flood {
+			p.Publish(ctx, redisstore.DefaultInvalidateChannel, id)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the flood applied", func() bool { return sub.Applied() >= applied+flood })
+	close(gs.gate)
+	h.proxy.bg.wg.Wait()
+	if n := gs.n.Load(); n > 2 {
+		t.Fatalf("%d route reads for a burst of %d invalidations of one paused sandbox, want at most 2", n, flood)
+	}
+	if st, _, _ := h.get("8080-"+id+".cube.test", "/"); st != 503 {
+		t.Fatalf("GET %s: %d, want 503 (still paused)", id, st)
+	}
+}
+
+// The read an invalidation starts may have read the route before the
+// change the next invalidation announces: the control plane deleted the
+// paused sandbox meanwhile. Coalesced, that next one still reads again,
+// and the pause is forgotten.
+func TestRedisInvalidationDuringRereadReadsAgain(t *testing.T) {
+	r, store := redisStore(t)
+	gs := newFirstGatedStore(store)
+	h, sub := subscribedHarness(t, store, gs)
+	const id = "deleted-meanwhile"
+	pausedInRedis(t, h, r, id)
+	before := sandboxCount(h.proxy)
+	ctx := context.Background()
+	if err := store.Publish(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	<-gs.entered // read: the route is there
+	applied := sub.Applied()
+	if err := r.Client().Del(ctx, redisstore.DefaultKeyPrefix+id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Publish(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the second invalidation applied", func() bool { return sub.Applied() > applied })
+	close(gs.gate)
+	h.proxy.bg.wg.Wait()
+	if n := sandboxCount(h.proxy); n != before-1 {
+		t.Fatalf("%d sandbox entries, want %d: the pause of a sandbox deleted from Redis was kept", n, before-1)
 	}
 }

@@ -68,8 +68,10 @@ type Subscriber struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
-	closeErr  error  // of the last PubSub, set before done is closed
-	refusal   string // the reason last logged by logRefused; run's goroutine only
+	closeErr  error     // of the last PubSub, set before done is closed
+	refusal   string    // the reason last logged by logRefused; run's goroutine only
+	badLogged time.Time // when logBadID last logged; run's goroutine only
+	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
 	applied   atomic.Int64
 }
@@ -301,7 +303,7 @@ func (sub *Subscriber) handle(msg any, subscribed *bool) bool {
 	case *redis.Message:
 		id := strings.ToLower(strings.TrimSpace(m.Payload))
 		if !routing.ValidID(id) {
-			sub.logger.Warn("redis invalidation: ignored bad id", "len", len(m.Payload))
+			sub.logBadID(len(m.Payload), time.Now())
 			return true
 		}
 		n := sub.cache.Invalidate(id)
@@ -313,6 +315,29 @@ func (sub *Subscriber) handle(msg any, subscribed *bool) bool {
 		return errors.As(m, &rerr)
 	}
 	return true
+}
+
+// badIDLogEvery is how often payloads that are no sandbox id are logged.
+const badIDLogEvery = 10 * time.Second
+
+// logBadID logs an ignored payload of n bytes at warn level, at most once
+// per badIDLogEvery; the next line counts those held back (suppressed).
+// Whoever may PUBLISH on the channel can send them as fast as Redis
+// relays them (a million a second here), and a line each filled the disk
+// and pushed other lines out of the process log, which drops what its
+// output cannot take in time.
+func (sub *Subscriber) logBadID(n int, now time.Time) {
+	if !sub.badLogged.IsZero() && now.Sub(sub.badLogged) < badIDLogEvery {
+		sub.badHeld++
+		return
+	}
+	held := sub.badHeld
+	sub.badLogged, sub.badHeld = now, 0
+	if held > 0 {
+		sub.logger.Warn("redis invalidation: ignored bad id", "len", n, "suppressed", held)
+		return
+	}
+	sub.logger.Warn("redis invalidation: ignored bad id", "len", n)
 }
 
 // Ready is closed once the first SUBSCRIBE is confirmed by Redis.

@@ -429,3 +429,39 @@ func TestRefusedSubscriptionNamesTheRule(t *testing.T) {
 		})
 	}
 }
+
+// TestBadIDFloodLogsOnce: anyone who may PUBLISH on the channel (every
+// proxy's ACL user, the control plane) can send payloads that are no
+// sandbox id as fast as Redis relays them. Each was logged at warn level:
+// 200,000 bad messages made 200,000 lines (31 MB), and the process log,
+// which drops lines its output cannot take in time, lost others among
+// them. One line stands for a burst; the valid ids around it still apply.
+func TestBadIDFloodLogsOnce(t *testing.T) {
+	r := testenv.StartRedis(t)
+	s := openStore(t, r)
+	rec := make(recorder, 16)
+	var logs testenv.LogBuffer
+	sub := s.Subscribe(context.Background(), rec, slog.New(slog.NewJSONHandler(&logs, nil)))
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	expectID(t, rec, "*")
+
+	ctx := context.Background()
+	_, err := r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range 2000 {
+			p.Publish(ctx, redisstore.DefaultInvalidateChannel, fmt.Sprintf("bad id %d", i))
+		}
+		p.Publish(ctx, redisstore.DefaultInvalidateChannel, "good")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "good") // messages are ordered: every bad one was handled
+	if n := testenv.CountLines(logs.String(), "ignored bad id"); n != 1 {
+		t.Fatalf("%d log lines for a burst of 2000 bad ids, want 1", n)
+	}
+	if sub.Applied() != 1 {
+		t.Fatalf("applied %d messages, want 1", sub.Applied())
+	}
+}

@@ -358,6 +358,14 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}
+	// The 101 goes out with the proxy's own version, as respond sends
+	// every other answer and nginx writes it (RFC 9110 §2.5): a sandbox's
+	// "HTTP/1.0 101" (Python's http.server speaks HTTP/1.0 by default),
+	// relayed as it came, failed the handshake of clients that take only
+	// HTTP/1.1 there (Python's websockets, Rust's tungstenite).
+	if !resp.Header.IsHTTP11() {
+		resp.Header.SetProtocol(http11)
+	}
 	p.splice(ctx, x, u, uc, sb)
 }
 

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // cpuTime is the CPU this process has used so far, user and system.
@@ -157,5 +159,59 @@ func TestNamesWithSpaceBounded(t *testing.T) {
 	}
 	if n := hits.Load() - before; n != 0 {
 		t.Errorf("refused requests reached the sandbox %d times", n)
+	}
+}
+
+// A response head that trickles in must cost about what its bytes cost to
+// read: readHead parsed every byte buffered again at every piece that
+// came, so a head of n pieces cost n times its size (≈ 0.8 s of CPU for
+// a 16 KiB head sent a byte at a time; hours for one of
+// upstream.max_header_size's 1 MiB), which a sandbox could keep up for
+// upstream.response_header_timeout, or upstream.idle_timeout for a
+// request that accepts an event stream. The trickled head is measured
+// against a body of the same bytes, trickled in the same pieces.
+func TestTrickledResponseHeadCostLinear(t *testing.T) {
+	const (
+		size  = 1<<20 - 4<<10 // upstream.max_header_size's largest, less room for the rest
+		piece = 512
+		gap   = 500 * time.Microsecond // pacing, so that the pieces arrive apart
+	)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.UpstreamReadBufferSize = 1 << 20 })
+	var lines strings.Builder
+	for i := 0; lines.Len() < size; i++ {
+		fmt.Fprintf(&lines, "X-Pad-%05d: %s\r\n", i, strings.Repeat("v", 48))
+	}
+	pad := lines.String()
+	trickle := func(head, body string) uint16 {
+		ln := testenv.ServeTCP(t, func(c net.Conn) {
+			defer c.Close()
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				return
+			}
+			if _, err := io.WriteString(c, head); err != nil {
+				return
+			}
+			for s := body; len(s) > 0; s = s[min(piece, len(s)):] {
+				time.Sleep(gap)
+				if _, err := io.WriteString(c, s[:min(piece, len(s))]); err != nil {
+					return
+				}
+			}
+		})
+		return uint16(ln.Addr().(*net.TCPAddr).Port)
+	}
+	// The head's pad lines, then its end, come piece by piece; the base
+	// answer's head comes at once and the same bytes follow as its body.
+	headHost := h.route("trickle-head", trickle("", "HTTP/1.1 200 OK\r\n"+pad+"Content-Length: 2\r\n\r\nok"))
+	bodyHost := h.route("trickle-body", trickle(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(pad)+2), pad+"ok"))
+	get := func(host string) string { return "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n" }
+	base := max(exchangeCPU(t, h.addr, get(bodyHost), 1), 10*time.Millisecond)
+	cost := exchangeCPU(t, h.addr, get(headHost), 1)
+	// Fixed, the two cost the same; parsed at every piece, 12 times more.
+	if cost > 4*base {
+		t.Errorf("a %d KiB head in %d-byte pieces: %v of CPU, %.0f times the %v of a body of the same pieces",
+			size>>10, piece, cost, float64(cost)/float64(base), base)
+	} else {
+		t.Logf("trickled head %v, trickled body %v", cost, base)
 	}
 }

@@ -24,7 +24,7 @@ func clientClosed(net.Conn) bool { return false }
 
 // answerWaiting is never asked here: without epoll, an answer that comes
 // while the body is sent is read once the body is (hangups.watchReadable).
-func (c *upstreamConn) answerWaiting() bool { return false }
+func (c *upstreamConn) answerWaiting() answerSeen { return answerGoesOn }
 
 // initRaw: nothing here looks at the socket itself.
 func (c *upstreamConn) initRaw() error {

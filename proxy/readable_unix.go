@@ -107,14 +107,17 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 	}
 }
 
-// answerWaiting reports whether the sandbox has sent on c the head of a
-// final answer with a status of 300 or more, or closed or reset c: one
-// non-blocking MSG_PEEK of the status line. A 1xx or 2xx head (a sandbox
-// that streams its answer while it reads the body), or too few bytes to
-// tell, is not. Called from the hangups goroutine while c's exchange sends
-// a body: c.raw is set (roundTrip) and nothing else reads c meanwhile.
-func (c *upstreamConn) answerWaiting() bool {
-	var b [32]byte
+// answerWaiting tells what the sandbox has sent on c while its request
+// body is being sent: a closed or reset c, or the head of a final answer
+// with a status of 300 or more, refuses the body; a 2xx head (a sandbox
+// that streams its answer while it reads the body) lets it go on; bytes
+// that do not tell yet (a status line in pieces, or interim 1xx heads
+// before the final one) are answerUntold. One non-blocking MSG_PEEK.
+// Called while c's exchange sends a body (from the hangups goroutine, or
+// the send's own writeUntold): c.raw is set (roundTrip) and nothing reads
+// c meanwhile.
+func (c *upstreamConn) answerWaiting() answerSeen {
+	var b [256]byte
 	n, stop := 0, false
 	err := c.raw.Control(func(fd uintptr) {
 		for {
@@ -131,7 +134,10 @@ func (c *upstreamConn) answerWaiting() bool {
 			return
 		}
 	})
-	return err != nil || stop || refusesBody(b[:n])
+	if err != nil || stop {
+		return answerRefuses
+	}
+	return readAnswer(b[:n])
 }
 
 // clientClosed reports whether the client has closed its end of c (a FIN

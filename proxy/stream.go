@@ -63,6 +63,9 @@ type bodyStream struct {
 	// beatFirst: a heartbeat went out before the sandbox's first byte, and
 	// dataSeen: that byte came (see Read, on a leading BOM).
 	beatFirst, dataSeen bool
+	// bomN bytes that may begin a BOM came first, after a heartbeat, and
+	// are held back (dropBOM).
+	bomN uint8
 
 	// probe holds the first bytes of a resumable stream until they tell
 	// whether it opens an MCP HTTP+SSE session (opensLegacySession).
@@ -114,7 +117,11 @@ var bodyStreamPool = sync.Pool{New: func() any { return new(bodyStream) }}
 
 func (s *bodyStream) Read(b []byte) (int, error) {
 	s.armHeartbeat()
-	n, err := s.readBody(b)
+	room := b
+	if s.bomN > 0 && len(b) > int(s.bomN) {
+		room = b[:len(b)-int(s.bomN)] // for the bytes held back, should they not be a BOM
+	}
+	n, err := s.readBody(room)
 	if s.eof {
 		// The sandbox's body is whole: what is left is to write its last
 		// piece (and, chunked, the last chunk). The client may read it and
@@ -123,14 +130,17 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.countOut()
 	}
 	if n > 0 && !s.dataSeen {
-		s.dataSeen = true
-		if s.beatFirst && bytes.HasPrefix(b[:n], []byte(utf8BOM)) {
+		if s.beatFirst {
 			// An event stream may begin with a BOM, which the client
 			// strips only at the very start of the stream: behind our
 			// heartbeat it would join the name of the first field
 			// ("\uFEFFdata"), and the first event would be lost.
-			n = copy(b, b[len(utf8BOM):n])
+			n = s.dropBOM(b, n)
+		} else {
+			s.dataSeen = true
 		}
+	} else if n == 0 && err == io.EOF && s.bomN > 0 {
+		n = s.releaseBOM(b, 0) // the stream ended in a BOM's first bytes
 	}
 	if s.writeTimeout > 0 && s.client != nil {
 		// The client must take each piece within writeTimeout, counted from
@@ -169,6 +179,35 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.cut(err)
 	}
 	return n, err
+}
+
+// dropBOM drops a BOM that opens the sandbox's stream, the first n bytes
+// of b, and returns how many are left. A BOM may come in pieces (a chunk
+// of its own, cut anywhere): bytes that may begin one are held back
+// (bomN) until the next tell, and Read leaves room in b for them to go out
+// in front of those should they not be one.
+func (s *bodyStream) dropBOM(b []byte, n int) int {
+	rest := utf8BOM[s.bomN:]
+	m := min(n, len(rest))
+	switch {
+	case string(b[:m]) != rest[:m]:
+		return s.releaseBOM(b, n) // no BOM
+	case m == len(rest):
+		s.dataSeen, s.bomN = true, 0
+		return copy(b, b[m:n])
+	}
+	s.bomN += uint8(m) // all of b[:n] may begin a BOM
+	return 0
+}
+
+// releaseBOM puts the bytes dropBOM held back in front of the n bytes at
+// the start of b, and returns how many there are.
+func (s *bodyStream) releaseBOM(b []byte, n int) int {
+	k := int(s.bomN)
+	s.dataSeen, s.bomN = true, 0
+	copy(b[k:], b[:n])
+	copy(b, utf8BOM[:k])
+	return n + k
 }
 
 // beatSent records a heartbeat written to the client.

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -666,6 +667,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 		if c.answered.Load() {
 			c.answered.Store(false) // a store is a locked instruction: not on every request
 		}
+		if c.untold.Load() {
+			c.untold.Store(false)
+		}
 		if watchAnswer && (c.raw != nil || c.initRaw() == nil) {
 			c.answer.body = body
 			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)
@@ -684,6 +688,12 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 			// sent, and the exchange goes on as usual. Only the write
 			// deadline earlyAnswer expired is to be set anew.
 			c.answered.Store(false)
+			c.writeDeadline = time.Time{}
+		}
+		if c.untold.Load() {
+			// The body was sent (or failed) before the bytes told: the
+			// head is read as usual, and writeUntold's short deadline goes.
+			c.untold.Store(false)
 			c.writeDeadline = time.Time{}
 		}
 		switch {
@@ -769,10 +779,21 @@ type earlyAnswer struct {
 // sent. A final answer that refuses the rest of the body (a status of 300
 // or more, as curl stops its upload on) ends the send: the write to the
 // sandbox, or the wait for the client's next bytes, is woken by a deadline
-// now. A 1xx or 2xx head waits for the end of the body, as before.
+// now. A 2xx head waits for the end of the body, as before. Bytes that do
+// not tell yet (an interim 100 or 103, a status line in pieces) leave it
+// to the send to look again (writeUntold): the one-shot watch is spent,
+// and armed again it would fire at once, and again, while they wait
+// unread. Its write, which a sandbox that reads no more holds until
+// upstream.idle_timeout, is woken to look within clientCheck.
 func (a *earlyAnswer) hangUp() {
 	c := a.c
-	if !c.answerWaiting() {
+	switch c.answerWaiting() {
+	case answerGoesOn:
+		return
+	case answerUntold:
+		// Before the deadline, as answered below.
+		c.untold.Store(true)
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(clientCheck))
 		return
 	}
 	// Before the deadlines: Write and clientBody.Read look at it after
@@ -785,18 +806,69 @@ func (a *earlyAnswer) hangUp() {
 	}
 }
 
+// answerSeen is what the bytes a sandbox sent while its request body was
+// being sent say of that body (readAnswer).
+type answerSeen uint8
+
+const (
+	answerGoesOn  answerSeen = iota // a 2xx head, or bytes no head begins with: the body goes on
+	answerRefuses                   // a final head of 300 or more, a close or a reset: the send stops
+	answerUntold                    // not known yet: a status line in pieces, or only interim heads so far
+)
+
+// readAnswer reads b, the first bytes a sandbox sent while its request
+// body was being sent. Blank lines before a status line and spaces before
+// the code are skipped, as fasthttp's parser skips them, and so are whole
+// interim (1xx) heads: a 100 Continue or a 103 Early Hints may come
+// before the refusal.
+func readAnswer(b []byte) answerSeen {
+	const proto = "HTTP/1."
+	for {
+		b = bytes.TrimLeft(b, "\r\n")
+		if len(b) < len("HTTP/1.1 ") {
+			if strings.HasPrefix(proto, string(b[:min(len(b), len(proto))])) {
+				return answerUntold
+			}
+			return answerGoesOn
+		}
+		if string(b[:len(proto)]) != proto || b[8] != ' ' {
+			return answerGoesOn
+		}
+		code := bytes.TrimLeft(b[8:], " ")
+		switch {
+		case len(code) < 3:
+			return answerUntold
+		case !isDigit(code[0]) || !isDigit(code[1]) || !isDigit(code[2]):
+			return answerGoesOn
+		case code[0] >= '3':
+			return answerRefuses
+		case code[0] != '1' || string(code[:3]) == "101":
+			return answerGoesOn
+		}
+		end := headEnd(b)
+		if end < 0 {
+			return answerUntold
+		}
+		b = b[end:]
+	}
+}
+
+// headEnd returns the length of the head at the start of b, ended by a
+// blank line (CRLF or a bare LF), or -1 when its end is not in b.
+func headEnd(b []byte) int {
+	end := -1
+	for _, sep := range []string{"\n\r\n", "\n\n"} {
+		if i := bytes.Index(b, []byte(sep)); i >= 0 && (end < 0 || i+len(sep) < end) {
+			end = i + len(sep)
+		}
+	}
+	return end
+}
+
 // refusesBody reports whether b, the first bytes a sandbox sent while its
 // request body was being sent, begin the head of a final answer with a
-// status of 300 or more. Blank lines before the status line and spaces
-// before the code are skipped, as fasthttp's parser skips them.
-func refusesBody(b []byte) bool {
-	b = bytes.TrimLeft(b, "\r\n")
-	if len(b) < len("HTTP/1.1 ") || string(b[:len("HTTP/1.")]) != "HTTP/1." || b[8] != ' ' {
-		return false
-	}
-	b = bytes.TrimLeft(b[8:], " ")
-	return len(b) >= 3 && b[0] >= '3' && b[0] <= '9' && isDigit(b[1]) && isDigit(b[2])
-}
+// status of 300 or more (readAnswer).
+func refusesBody(b []byte) bool { return readAnswer(b) == answerRefuses }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
@@ -907,15 +979,27 @@ var errNoWait = errors.New("no buffered bytes")
 // fasthttp parses what is buffered first; only when it wants more than
 // that does readHead look for a bare-LF head, so a well-formed one costs
 // nothing more.
+//
+// Each parse is of every byte buffered, so a head that trickles in is
+// parsed again only when the bytes that came may end it (headWait):
+// parsed at every piece, a 16 KiB head sent a byte at a time cost ≈ 0.8 s
+// of CPU, and one of upstream.max_header_size's largest, 1 MiB, hours.
 func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 	if _, err := c.br.Peek(1); err != nil {
 		return h.Read(c.br) // fasthttp's own error for a close or a timeout
 	}
+	var w headWait
 	for {
 		// fasthttp parses a head only once it is all buffered, and never
 		// reads while noWait is set: a head it takes is at the start of
 		// these bytes.
 		b, _ := c.br.Peek(c.br.Buffered())
+		if !w.mayEnd(b) && len(b) < c.br.Size() {
+			if _, err := c.br.Peek(len(b) + 1); err != nil {
+				return h.Read(c.br)
+			}
+			continue
+		}
 		c.noWait, c.starved = true, false
 		err := h.Read(c.br)
 		c.noWait = false
@@ -942,6 +1026,54 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 		// Wait for more; a close or a timeout gets fasthttp's own error.
 		if _, err := c.br.Peek(len(b) + 1); err != nil {
 			return h.Read(c.br)
+		}
+	}
+}
+
+// headWait follows the bytes of a response head as they arrive, for
+// readHead: each is looked at once.
+type headWait struct {
+	seen   int  // bytes looked at
+	looked bool // mayEnd has run
+	begun  bool // the status line has begun (fasthttp skips blank lines before it), at start
+	start  int
+	lined  bool // the status line has ended
+}
+
+// mayEnd reports whether b, the bytes buffered so far (which start with
+// those seen before), may hold what a parse would act on: anything on the
+// first look; then the status line's end, which fasthttp checks as soon as
+// it is whole, and a blank line's start behind it, "\n\n" or "\n\r\n",
+// which every head end holds (fasthttp's CRLF CRLF, and a bare-LF one).
+func (w *headWait) mayEnd(b []byte) bool {
+	old, first := w.seen, !w.looked
+	w.seen, w.looked = len(b), true
+	if !w.begun {
+		i := old
+		for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+			i++
+		}
+		if i == len(b) {
+			return first
+		}
+		w.begun, w.start = true, i
+	}
+	from := max(old-2, w.start) // a blank line's start may span the last look
+	if !w.lined {
+		if bytes.IndexByte(b[from:], '\n') < 0 {
+			return first
+		}
+		w.lined = true
+		return true
+	}
+	for rest := b[from:]; ; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+1:]
+		if len(rest) > 0 && rest[0] == '\n' || len(rest) > 1 && rest[0] == '\r' && rest[1] == '\n' {
+			return true
 		}
 	}
 }
@@ -1358,6 +1490,9 @@ type upstreamConn struct {
 	answer    earlyAnswer
 	answerKey uint64
 	answered  atomic.Bool
+	// untold: the sandbox sent bytes that do not tell yet whether they
+	// refuse the body; the send looks at them again (writeUntold).
+	untold atomic.Bool
 
 	// The pool's busy list (under pool.mu) while checked out.
 	busyPrev, busyNext *upstreamConn
@@ -1426,7 +1561,47 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 		// After the deadline above: earlyAnswer's, set after answered, wins.
 		return 0, errAnsweredEarly
 	}
+	if c.untold.Load() {
+		return c.writeUntold(b)
+	}
 	return c.Conn.Write(b)
+}
+
+// writeUntold is Write while the sandbox has sent bytes that do not tell
+// yet whether it refuses the body (earlyAnswer.hangUp): they are looked at
+// again before the write and every clientCheck while it waits, since a
+// sandbox that sent its refusal behind them may read no more, and the
+// client would wait upstream.idle_timeout for the answer that came.
+func (c *upstreamConn) writeUntold(b []byte) (int, error) {
+	var end time.Time
+	if c.idleTimeout > 0 {
+		end = time.Now().Add(c.idleTimeout)
+	}
+	n := 0
+	for {
+		switch c.answerWaiting() {
+		case answerRefuses:
+			c.answered.Store(true)
+			return n, errAnsweredEarly
+		case answerGoesOn:
+			c.untold.Store(false)
+			c.writeDeadline = end
+			_ = c.Conn.SetWriteDeadline(end)
+			m, err := c.Conn.Write(b[n:])
+			return n + m, err
+		}
+		d := time.Now().Add(clientCheck)
+		if !end.IsZero() && end.Before(d) {
+			d = end
+		}
+		c.writeDeadline = d
+		_ = c.Conn.SetWriteDeadline(d)
+		m, err := c.Conn.Write(b[n:])
+		n += m
+		if err == nil || !isTimeout(err) || !end.IsZero() && !time.Now().Before(end) {
+			return n, err
+		}
+	}
 }
 
 func (c *upstreamConn) Read(b []byte) (int, error) {

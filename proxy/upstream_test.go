@@ -1448,6 +1448,49 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 	}
 }
 
+// A refusal behind bytes that do not tell (an interim 100 Continue, or a
+// status line sent in pieces) is relayed at once too, from a sandbox that
+// then reads no more: the one-shot watch fired at the first bytes, found
+// no refusal in them and was spent, so the upload went on into a sandbox
+// that read nothing until upstream.idle_timeout, and the client waited
+// that long for the 413 the sandbox had sent.
+func TestEarlyAnswerBehindUntoldBytes(t *testing.T) {
+	for name, parts := range map[string][]string{
+		"interim 100 first": {"HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+		"status line split": {"HTTP/1.1 ", "413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			ln := testenv.ServeTCP(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, parts[0])
+				// Pacing, so that the watch finds the first part alone.
+				time.Sleep(200 * time.Millisecond)
+				io.WriteString(c, parts[1])
+				<-t.Context().Done() // reads no more of the body
+			})
+			host := h.route("untold", uint16(ln.Addr().(*net.TCPAddr).Port))
+			const size = 64 << 20 // far more than the socket buffers hold
+			c := dialRaw(t, h.addr)
+			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+			go func() {
+				fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", host, size)
+				io.Copy(c, io.LimitReader(zeroReader{}, size))
+			}()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer to the upload: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 413 || string(b) != "big" {
+				t.Fatalf("got %d %q, want the sandbox's 413", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
 // A sandbox that answers (300 or more) before it has the whole upload and
 // keeps its connection is relayed at once, as nginx relays it: Node's http
 // server discards the rest of the body after such an answer, so the client
@@ -1791,7 +1834,9 @@ func TestRefusesBody(t *testing.T) {
 		{"HTTP/1.0 302 Found\r\n", true},
 		{"\r\nHTTP/1.1   500 X", true},
 		{"HTTP/1.1 200 OK\r\n", false},
-		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413", false}, // an interim answer first: the upload goes on
+		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413", true}, // an interim answer is skipped
+		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", false},
+		{"HTTP/1.1 100 Continue\n\nHTTP/1.1 413", true},
 		{"HTTP/1.1 103 Early Hints\r\n", false},
 		{"HTTP/1.1 4", false}, // too little to tell
 		{"HTTP/2 413 \r\n", false},

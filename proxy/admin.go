@@ -104,7 +104,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	// admin API is as often behind a gateway, and took both.
 	h := &ctx.Request.Header
 	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
-		writeError(ctx, proxyError{status: 505, code: CodeBadVersion, msg: "HTTP version not supported: use HTTP/1.1"}, nil)
+		writeError(ctx, errBadVersion, nil)
 		ctx.SetConnectionClose()
 		return
 	}

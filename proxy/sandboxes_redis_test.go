@@ -149,13 +149,7 @@ func TestRedisNegativeHitKeepsPause(t *testing.T) {
 func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) { o.store = store })
-	sub := store.Subscribe(context.Background(), h.proxy, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	select {
-	case <-sub.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("not subscribed within 10s")
-	}
+	sub := subscribe(t, store, h)
 	rdb := r.Client()
 	ctx := context.Background()
 	const perCase = 20
@@ -301,6 +295,13 @@ func subscribedHarness(t *testing.T, store *redisstore.Store, gs *firstGatedStor
 		o.store = gs
 		o.cache.LookupTimeout = time.Minute // the held read must not time out, however slow the machine
 	})
+	return h, subscribe(t, store, h)
+}
+
+// subscribe subscribes h's proxy to store's invalidation channel and waits
+// until Redis has the subscription.
+func subscribe(t *testing.T, store *redisstore.Store, h *harness) *redisstore.Subscriber {
+	t.Helper()
 	sub := store.Subscribe(context.Background(), h.proxy, nil)
 	t.Cleanup(func() { _ = sub.Close() })
 	select {
@@ -308,7 +309,7 @@ func subscribedHarness(t *testing.T, store *redisstore.Store, gs *firstGatedStor
 	case <-time.After(10 * time.Second):
 		t.Fatal("not subscribed within 10s")
 	}
-	return h, sub
+	return sub
 }
 
 // pausedInRedis writes id's route to Redis and pauses it through h.

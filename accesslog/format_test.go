@@ -174,6 +174,9 @@ func TestRedaction(t *testing.T) {
 		{"/p?cube%2etoken=" + secret, "/p?cube%2etoken=REDACTED"},
 		{"/p?cube_token[]=" + secret + "&cube_token%5B0%5D=" + secret, "/p?cube_token[]=REDACTED&cube_token%5B0%5D=REDACTED"},
 		{"/p?cube_token+[x]=" + secret, "/p?cube_token+[x]=REDACTED"},
+		// PHP reads a name as a C string: a NUL ends it, so
+		// "cube_token%00x" is its cube_token.
+		{"/p?cube_token%00=" + secret + "&cube.token+%00x=" + secret, "/p?cube_token%00=REDACTED&cube.token+%00x=REDACTED"},
 		// Other names stay: no parser reads these as cube_token.
 		{"/p?cube-token=keep&cube__token=keep&cube_token_=keep", "/p?cube-token=keep&cube__token=keep&cube_token_=keep"},
 		{"/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep", "/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep"},

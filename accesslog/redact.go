@@ -99,9 +99,11 @@ func isRedactedKey(key string) bool {
 // '+' as a space (form decoding), in any ASCII case, with ASCII whitespace
 // around it (which parsers that trim drop, and PHP drops leading), ' ' or
 // '.' where want has '_' (PHP files "cube token" and "cube.token" under
-// cube_token), and anything from a '[' after it (PHP, Rack and qs read
-// "cube_token[]" and "cube_token[0]" as an array named cube_token). Other
-// names, "cube-token" or "cube_token_x", are no parser's cube_token.
+// cube_token), anything from a '[' after it (PHP, Rack and qs read
+// "cube_token[]" and "cube_token[0]" as an array named cube_token), and
+// anything from a NUL after it (PHP reads the decoded name as a C string,
+// so "cube_token%00x" is its cube_token). Other names, "cube-token" or
+// "cube_token_x", are no parser's cube_token.
 func readsAs(enc, want string) bool {
 	i := 0
 	for i < len(enc) {
@@ -123,7 +125,7 @@ func readsAs(enc, want string) bool {
 	}
 	for i < len(enc) {
 		c, next := decodedAt(enc, i)
-		if c == '[' {
+		if c == '[' || c == 0 {
 			return true
 		}
 		if !isSpace(c) {

@@ -19,7 +19,8 @@ func FuzzRedaction(f *testing.F) {
 	for _, s := range []string{"/p?cube_token=secret", "/p?a=1&cube%5Ftoken=s&b", "/p?CUBE_TOKEN=s;x=1", "/?cube_token",
 		"http://h/p?x&cube_token=a&cube_token=b", "/p?%63ube_token=s#frag", "/p?cube_token=s|x||y\n", "/p?cube+token=s",
 		"/p#cube_token=s", "/p?a#b&cube_token=s", "http://u:pw@h/p", "http://a@b@h?cube_token=s#cube_token=t",
-		"/p?cube_token+=s", "/p?%20Cube.Token%09=s&cube_token%5B%5D=t", "/p?cube_token[x]=s#cube+token=t"} {
+		"/p?cube_token+=s", "/p?%20Cube.Token%09=s&cube_token%5B%5D=t", "/p?cube_token[x]=s#cube+token=t",
+		"/p?cube_token%00x=s"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, uri string) {
@@ -124,7 +125,8 @@ func checkRedacted(t *testing.T, what, uri, logged string, a *fasthttp.Args) {
 
 // lenientTokenName reports whether a decoded parameter name is cube_token
 // to some parser a sandbox may run: in any case, trimmed of whitespace,
-// with ' ' or '.' for '_' (PHP), or with an array suffix ("cube_token[0]").
+// with ' ' or '.' for '_' (PHP), with an array suffix ("cube_token[0]"), or
+// with anything after a NUL (PHP reads a name as a C string).
 func lenientTokenName(k string) bool {
 	const ws = " \t\n\v\f\r"
 	k = strings.TrimLeft(k, ws)
@@ -141,7 +143,7 @@ func lenientTokenName(k string) bool {
 	// A '#', ';' or '?' in the suffix ("cube_token[#]", a fragment's
 	// name to fasthttp) ends the name where the redaction splits: no
 	// parser the proxy knows files that under cube_token.
-	return strings.EqualFold(name, "cube_token") && (rest == "" || rest[0] == '[' && !strings.ContainsAny(rest, "#;?"))
+	return strings.EqualFold(name, "cube_token") && (rest == "" || (rest[0] == '[' || rest[0] == 0) && !strings.ContainsAny(rest, "#;?"))
 }
 
 // unescapeCube undoes appendCubeEscaped ("-" is an empty field).

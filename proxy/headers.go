@@ -342,7 +342,7 @@ type headSeen struct {
 	hop            bool // a hop-by-hop header, or Connection (which may name more)
 	credentials    bool // a traffic- or admin-token header, or a Cookie line
 	forwardedProto bool
-	underscore     bool // a name with '_': maybe an X_Real_IP-style alias
+	underscore     bool // a name with '_' or '.': maybe an X_Real_IP-style alias
 	// A name with a space: no field name (RFC 9110 5.1 names are tokens),
 	// but fasthttp takes it.
 	spaceInName bool
@@ -449,7 +449,7 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 			}
 			continue
 		}
-		if strings.IndexByte(name, '_') >= 0 {
+		if strings.IndexByte(name, '_') >= 0 || strings.IndexByte(name, '.') >= 0 {
 			s.underscore = true
 			continue
 		}
@@ -522,15 +522,18 @@ func appendUint(dst []byte, v uint64) []byte {
 // as a header the proxy vouches for or strips once '_' is taken for '-'
 // (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set, and
 // the proxy's credential headers: X_Cube_Admin_Token,
-// E2b_Traffic_Access_Token, Cube_Traffic_Access_Token). CGI, WSGI and PHP
-// servers file both spellings under one variable (HTTP_X_REAL_IP) and join
-// or overwrite them, so such a line would forge the client address, or
-// hand the sandbox's code a token the proxy never lets through; nginx
-// drops names with '_' by default (underscores_in_headers off).
-// prepareRequest calls it only when scanHead saw a name with '_'.
+// E2b_Traffic_Access_Token, Cube_Traffic_Access_Token, and for those also
+// '.' taken for '-', X.Cube.Admin.Token). CGI, WSGI and PHP servers file
+// both spellings under one variable (HTTP_X_REAL_IP) and join or overwrite
+// them, so such a line would forge the client address, or hand the
+// sandbox's code a token the proxy never lets through; PHP's built-in
+// server (php -S) files a '.' in a name under '_' as well. nginx drops
+// names with '_' by default (underscores_in_headers off), and with '.'
+// (ignore_invalid_headers on). prepareRequest calls it only when scanHead
+// saw a name with '_' or '.'.
 func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 	for name := range headerLines(h.RawHeaders()) {
-		if bytes.IndexByte(name, '_') < 0 {
+		if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
 			continue
 		}
 		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
@@ -541,10 +544,12 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 }
 
 // credentialAlias reports whether name is one of proxyTokenHeaders with
-// '_' read as '-'.
+// '_' and '.' read as '-'. A token must reach the sandbox under no name
+// its server may file as the real header; the '.' spellings of the
+// forwarding headers are not taken up here and keep the '_' rule alone.
 func credentialAlias(name []byte) bool {
 	for _, want := range proxyTokenHeaders {
-		if underscoreAlias(name, want) {
+		if alias(name, want, true) {
 			return true
 		}
 	}
@@ -585,11 +590,17 @@ func dropInvalidNames(h *fasthttp.RequestHeader) {
 // underscoreAlias reports whether name equals the header name want, in
 // any case, with '_' read as '-'.
 func underscoreAlias(name []byte, want string) bool {
+	return alias(name, want, false)
+}
+
+// alias reports whether name equals the header name want, in any case,
+// with '_' (and with dots, '.') read as '-'.
+func alias(name []byte, want string, dots bool) bool {
 	if len(name) != len(want) {
 		return false
 	}
 	for i, c := range name {
-		if c == '_' {
+		if c == '_' || dots && c == '.' {
 			c = '-'
 		}
 		if lower(c) != lower(want[i]) {

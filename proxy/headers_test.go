@@ -485,9 +485,11 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 
 // The proxy's credential headers spelled with '_' (X_Cube_Admin_Token)
 // are the real ones to a CGI, WSGI or PHP server (HTTP_X_CUBE_ADMIN_TOKEN),
-// so a client's token would reach the sandbox's code under that spelling.
-// nginx drops such names by default; the proxy drops these, in any case
-// and any mix of '_' and '-', and leaves other names with '_' alone.
+// so a client's token would reach the sandbox's code under that spelling;
+// PHP's built-in server (php -S) files '.' under '_' too, so
+// X.Cube.Admin.Token is the same variable there. nginx drops such names by
+// default; the proxy drops these, in any case and any mix of '_', '.' and
+// '-', and leaves other names with '_' or '.' alone.
 func TestCredentialHeaderUnderscoreAliases(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
@@ -498,17 +500,22 @@ func TestCredentialHeaderUnderscoreAliases(t *testing.T) {
 		{"e2b traffic token", "E2b_Traffic_Access_Token: traffic-secret"},
 		{"cube traffic token", "cube_traffic_access_token: traffic-secret"},
 		{"cube traffic token, mixed", "Cube-Traffic_Access-Token: traffic-secret"},
+		{"admin token, dots", "X.Cube.Admin.Token: admin-secret"},
+		{"e2b traffic token, dots and underscores", "e2b.traffic_access-Token: traffic-secret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: 80-credalias.cube.test", tc.line, "X_App_Token: kept")
+			e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: 80-credalias.cube.test", tc.line, "X_App_Token: kept", "X.App.Id: kept")
 			for k, v := range e.Headers {
-				switch strings.ReplaceAll(strings.ToLower(k), "_", "-") {
+				switch strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(k)) {
 				case "x-cube-admin-token", "e2b-traffic-access-token", "cube-traffic-access-token":
 					t.Errorf("%s: %q reached the sandbox", k, v)
 				}
 			}
 			if got := e.get("X_app_token"); got != "kept" {
 				t.Errorf("X_App_Token reached the sandbox as %q, want %q", got, "kept")
+			}
+			if got := e.get("X.app.id"); got != "kept" {
+				t.Errorf("X.App.Id reached the sandbox as %q, want %q", got, "kept")
 			}
 		})
 	}
@@ -531,6 +538,7 @@ func TestScanHead(t *testing.T) {
 			headSeen{forwardedProto: true, realIP: 2, forwardedFor: 1, forwardedHost: 1}},
 		{"folded value", "Host: a\r\nX-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\n", headSeen{forwardedFor: 1}},
 		{"underscore", "Host: a\r\nX_Real_IP: 6.6.6.6\r\n", headSeen{underscore: true}},
+		{"dot", "Host: a\r\nX.Cube.Admin.Token: a\r\n", headSeen{underscore: true}},
 		{"transfer coding", "Host: a\r\ntransfer-encoding: identity\r\n", headSeen{transferEncoding: true}},
 		{"expectation", "Host: a\r\nexpect: 100-continue\r\n", headSeen{expect: true}},
 	} {
@@ -682,6 +690,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"X-Real-IP: 6.6.6.6\r\nx-real-ip: 7.7.7.7\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n",
 		"X_Real_IP: 6.6.6.6\r\nX-Forwarded_For: 1.1.1.1\r\n",
 		"X_Cube_Admin_Token: a\r\nE2b_Traffic-Access_Token: t\r\ncube_traffic_access_token: u\r\n",
+		"X.Cube.Admin.Token: a\r\nE2b.Traffic_Access-Token: t\r\n",
 		"X-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\nX-Forwarded-Proto:\r\n",
 		"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
 		"X Real IP: 6.6.6.6\r\nT 0: x\r\nT 0: y\r\n",
@@ -792,7 +801,7 @@ func FuzzPrepareRequest(f *testing.F) {
 					}
 				}
 			}
-			if strings.Contains(name, "_") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host") || credentialAlias(k)) {
+			if strings.ContainsAny(name, "_.") && (underscoreAlias(k, "x-real-ip") || underscoreAlias(k, "x-forwarded-for") || underscoreAlias(k, "x-forwarded-host") || credentialAlias(k)) {
 				t.Errorf("alias %s reached the sandbox\n%q", k, sent.String())
 			}
 		}

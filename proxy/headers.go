@@ -522,8 +522,8 @@ func appendUint(dst []byte, v uint64) []byte {
 // as a header the proxy vouches for or strips once '_' is taken for '-'
 // (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set, and
 // the proxy's credential headers: X_Cube_Admin_Token,
-// E2b_Traffic_Access_Token, Cube_Traffic_Access_Token, and for those also
-// '.' taken for '-', X.Cube.Admin.Token). CGI, WSGI and PHP servers file
+// E2b_Traffic_Access_Token, Cube_Traffic_Access_Token; '.' is taken for
+// '-' as well: X.Real.IP, X.Cube.Admin.Token). CGI, WSGI and PHP servers file
 // both spellings under one variable (HTTP_X_REAL_IP) and join or overwrite
 // them, so such a line would forge the client address, or hand the
 // sandbox's code a token the proxy never lets through; PHP's built-in
@@ -544,12 +544,11 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 }
 
 // credentialAlias reports whether name is one of proxyTokenHeaders with
-// '_' and '.' read as '-'. A token must reach the sandbox under no name
-// its server may file as the real header; the '.' spellings of the
-// forwarding headers are not taken up here and keep the '_' rule alone.
+// '_' and '.' read as '-': a token must reach the sandbox under no name
+// its server may file as the real header.
 func credentialAlias(name []byte) bool {
 	for _, want := range proxyTokenHeaders {
-		if alias(name, want, true) {
+		if underscoreAlias(name, want) {
 			return true
 		}
 	}
@@ -588,19 +587,15 @@ func dropInvalidNames(h *fasthttp.RequestHeader) {
 }
 
 // underscoreAlias reports whether name equals the header name want, in
-// any case, with '_' read as '-'.
+// any case, with '_' and '.' read as '-' (CGI, WSGI and PHP servers file
+// '_' under one variable with '-'; PHP's built-in server files '.' there
+// too).
 func underscoreAlias(name []byte, want string) bool {
-	return alias(name, want, false)
-}
-
-// alias reports whether name equals the header name want, in any case,
-// with '_' (and with dots, '.') read as '-'.
-func alias(name []byte, want string, dots bool) bool {
 	if len(name) != len(want) {
 		return false
 	}
 	for i, c := range name {
-		if c == '_' || dots && c == '.' {
+		if c == '_' || c == '.' {
 			c = '-'
 		}
 		if lower(c) != lower(want[i]) {

@@ -443,8 +443,9 @@ func TestForwardingLinesKeepTheirOrder(t *testing.T) {
 // CGI, WSGI (werkzeug, wsgiref) and PHP servers file X_Real_IP and
 // X-Real-IP under one variable (HTTP_X_REAL_IP) and join or overwrite
 // them, so a client's line spelled with '_' would forge the address the
-// proxy vouches for. nginx drops such names by default; so must the proxy,
-// for the headers it sets, and leave every other name alone.
+// proxy vouches for; PHP's built-in server (php -S) files X.Real.IP there
+// too. nginx drops such names by default; so must the proxy, for the
+// headers it sets, and leave every other name alone.
 func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
@@ -452,8 +453,9 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	resp, body := authRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: 80-alias.cube.test",
 		"X-Forwarded-For: 1.1.1.1", "X_Forwarded_For: 6.6.6.6", "x-forwarded_for: 6.6.6.6",
 		"X-Real-IP: 6.6.6.6", "X_REAL_IP: 6.6.6.6", "x_real-ip: 6.6.6.6",
+		"X.Real.IP: 6.6.6.6", "X.Forwarded-For: 6.6.6.6", "X.Forwarded.Host: evil.example",
 		"X_Forwarded_Host: evil.example",
-		"X_App_Header: kept", "Cookie: _ga=GA1.2; a_b=c", "X-Forwarded_Proto: https")
+		"X_App_Header: kept", "X.App.Header: kept", "Cookie: _ga=GA1.2; a_b=c", "X-Forwarded_Proto: https")
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
@@ -462,9 +464,9 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, v := range e.Headers {
-		switch strings.ReplaceAll(strings.ToLower(k), "_", "-") {
+		switch strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(k)) {
 		case "x-real-ip", "x-forwarded-for", "x-forwarded-host":
-			if strings.Contains(k, "_") {
+			if strings.ContainsAny(k, "_.") {
 				t.Errorf("%s: %q reached the sandbox", k, v)
 			}
 		}
@@ -474,6 +476,7 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 		"X-Forwarded-For":   "1.1.1.1, 127.0.0.1",
 		"X-Forwarded-Host":  "80-alias.cube.test",
 		"X_app_header":      "kept",
+		"X.app.header":      "kept",
 		"Cookie":            "_ga=GA1.2; a_b=c",
 		"X-Forwarded_proto": "https", // not vouched for: the client may set X-Forwarded-Proto itself
 	} {

@@ -874,13 +874,7 @@ func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 	}
 	done := callFinish(ctx, cs)
 	waitProgress(t, ctx, progressed, done) // the call is in flight, its answer due on the GET stream
-	shutdownDone := make(chan error, 1)
-	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-	testenv.WaitFor(t, 10*time.Second, "the drain to end GET event streams", func() bool {
-		h.proxy.streams.mu.Lock()
-		defer h.proxy.streams.mu.Unlock()
-		return h.proxy.streams.draining
-	})
+	shutdownDone := startDrain(t, h)
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatalf("tool call in flight over HTTP+SSE during the drain: %v", err)
@@ -1005,4 +999,18 @@ func TestAcceptsEventStreamAnyCaseAnyLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startDrain starts h's server's Shutdown and waits until the drain has
+// ended the open GET event streams; the channel gets Shutdown's result.
+func startDrain(t *testing.T, h *harness) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- h.server.Shutdown(context.Background()) }()
+	testenv.WaitFor(t, 10*time.Second, "the drain to end GET event streams", func() bool {
+		h.proxy.streams.mu.Lock()
+		defer h.proxy.streams.mu.Unlock()
+		return h.proxy.streams.draining
+	})
+	return done
 }

@@ -91,13 +91,7 @@ func TestMCPListenStreamGetsDrainTime(t *testing.T) {
 		s, _ := h.proxy.streams.open()
 		return s == 1
 	})
-	shutdownDone := make(chan error, 1)
-	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
-	testenv.WaitFor(t, 10*time.Second, "the drain to end GET event streams", func() bool {
-		h.proxy.streams.mu.Lock()
-		defer h.proxy.streams.mu.Unlock()
-		return h.proxy.streams.draining
-	})
+	shutdownDone := startDrain(t, h)
 	listChangedArrives(t, ctx, h, srv, changed, "listen stream during the drain")
 	select {
 	case err := <-shutdownDone:

@@ -343,10 +343,8 @@ type headSeen struct {
 	credentials    bool // a traffic- or admin-token header, or a Cookie line
 	forwardedProto bool
 	underscore     bool // a name with '_' or '.': maybe an X_Real_IP-style alias
-	// A name with a space: no field name (RFC 9110 5.1 names are tokens),
-	// but fasthttp takes it.
-	spaceInName bool
-	// Lines of such names, saturating past maxInvalidNames.
+	// Lines whose name holds a space (no field name: RFC 9110 5.1 names
+	// are tokens, but fasthttp takes it), saturating past maxInvalidNames.
 	spaceNames uint8
 	// A Transfer-Encoding line: fasthttp keeps chunked (ContentLength -1)
 	// and drops identity, the only other coding it accepts.
@@ -359,7 +357,7 @@ type headSeen struct {
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceInName: true, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2, requestID: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceNames: 1, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2, requestID: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -443,7 +441,6 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 	for nb := range headerLines(raw) {
 		name := b2s(nb)
 		if strings.IndexByte(name, ' ') >= 0 {
-			s.spaceInName = true
 			if s.spaceNames <= maxInvalidNames {
 				s.spaceNames++
 			}

@@ -906,7 +906,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	}
 	// The deletes below would reorder a repeated field's lines.
 	deletes := seen.hop || upgrade || h.ConnectionClose() || seen.credentials || seen.expect ||
-		seen.underscore || seen.spaceInName
+		seen.underscore || seen.spaceNames > 0
 	var order *lineOrder
 	if deletes {
 		order = lineOrders.Get().(*lineOrder)
@@ -947,7 +947,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if seen.underscore {
 		dropForwardingAliases(h, masked)
 	}
-	if seen.spaceInName {
+	if seen.spaceNames > 0 {
 		dropInvalidNames(h)
 	}
 	if order != nil {

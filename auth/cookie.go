@@ -38,10 +38,13 @@ const (
 // SetCookieHeader returns the Set-Cookie header value that stores value
 // (Signer.CookieValue of a verified signed token): host-only (no Domain),
 // Path=/, HttpOnly, the SameSite, Secure and Partitioned attributes of kind,
-// and Max-Age equal to the whole seconds left until expiry, so the cookie
-// never outlives the token.
+// and Max-Age equal to the seconds left until expiry, rounded up: a token in
+// its last second would otherwise get Max-Age=0, which deletes the cookie it
+// was traded for, and the browser's follow-up to the 302 would be a 403. The
+// cookie outlives the token by under a second, and its value is the token,
+// which the proxy refuses once expired.
 func SetCookieHeader(value string, expiry, now time.Time, kind CookieKind) string {
-	maxAge := int64(expiry.Sub(now) / time.Second)
+	maxAge := int64((expiry.Sub(now) + time.Second - 1) / time.Second)
 	if maxAge < 0 {
 		maxAge = 0
 	}

@@ -23,9 +23,12 @@ func TestSetCookieHeader(t *testing.T) {
 		want   string
 		maxAge int
 	}{
-		{"tls", time.Unix(1600, 0), CookieLaxSecure, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax; Secure", 599},
-		{"plain http", time.Unix(1600, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=Lax", 599},
-		{"cross-site frame", time.Unix(1600, 0), CookiePartitioned, "cube_proxy_auth=TOK; Path=/; Max-Age=599; HttpOnly; SameSite=None; Secure; Partitioned", 599},
+		{"tls", time.Unix(1600, 0), CookieLaxSecure, "cube_proxy_auth=TOK; Path=/; Max-Age=600; HttpOnly; SameSite=Lax; Secure", 600},
+		{"plain http", time.Unix(1600, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=600; HttpOnly; SameSite=Lax", 600},
+		{"cross-site frame", time.Unix(1600, 0), CookiePartitioned, "cube_proxy_auth=TOK; Path=/; Max-Age=600; HttpOnly; SameSite=None; Secure; Partitioned", 600},
+		// 0.6 s left: Max-Age=0 would delete the cookie the 302 sets.
+		{"last second", time.Unix(1001, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=1; HttpOnly; SameSite=Lax", 1},
+		{"at expiry", now, CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=0; HttpOnly; SameSite=Lax", -1},
 		// fasthttp reports "Max-Age=0" (delete now) as -1.
 		{"past expiry", time.Unix(10, 0), CookieLax, "cube_proxy_auth=TOK; Path=/; Max-Age=0; HttpOnly; SameSite=Lax", -1},
 	}

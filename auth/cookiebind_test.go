@@ -55,19 +55,22 @@ func TestCookieBinding(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.signer.VerifyCookie([]byte(tt.value), tt.id, tt.port, tt.traffic, tt.now)
+			got, err := tt.signer.VerifyCookie([]byte(tt.value), tt.id, tt.port, tt.traffic, tt.now)
 			assertRejection(t, err, tt.want)
+			if err == nil && !got.Equal(time.Unix(exp.Unix(), 0)) {
+				t.Errorf("expiry %v, want the token's %v", got, exp)
+			}
 			if err != nil && strings.Contains(err.Error(), tt.traffic) && tt.traffic != "" {
 				t.Errorf("error %q shows the traffic token", err)
 			}
 		})
 	}
 	// A binding made by the new first key verifies where that key is listed.
-	if err := newOnly.VerifyCookie([]byte(rotating.CookieValue([]byte(tok), traffic)), "sbx", 8080, traffic, testNow); err == nil {
+	if _, err := newOnly.VerifyCookie([]byte(rotating.CookieValue([]byte(tok), traffic)), "sbx", 8080, traffic, testNow); err == nil {
 		t.Error("a cookie whose token the signer cannot verify was accepted")
 	}
 	newTok := mustSign(t, rotating, "sbx", 8080, exp)
-	if err := newOnly.VerifyCookie([]byte(rotating.CookieValue([]byte(newTok), traffic)), "sbx", 8080, traffic, testNow); err != nil {
+	if _, err := newOnly.VerifyCookie([]byte(rotating.CookieValue([]byte(newTok), traffic)), "sbx", 8080, traffic, testNow); err != nil {
 		t.Errorf("cookie made by the first key, verified by it: %v", err)
 	}
 }
@@ -80,7 +83,7 @@ func TestVerifyCookieAllocs(t *testing.T) {
 	s := mustSigner(t, key2, key1)
 	v := []byte(s.CookieValue([]byte(mustSign(t, s, "sbx-1", 8080, testNow.Add(time.Minute))), traffic))
 	allocs := testing.AllocsPerRun(1000, func() {
-		if err := s.VerifyCookie(v, "sbx-1", 8080, traffic, testNow); err != nil {
+		if _, err := s.VerifyCookie(v, "sbx-1", 8080, traffic, testNow); err != nil {
 			t.Fatal(err)
 		}
 	})

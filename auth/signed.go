@@ -196,23 +196,24 @@ func (s *Signer) CookieValue(token []byte, traffic string) string {
 // and port being requested, on a route whose traffic token is now traffic.
 // The token is checked first (malformed, invalid, wrong_target, expired, as
 // Verify); a value without a binding, or whose binding no key produces for
-// this traffic token, is refused too (malformed, invalid). It allocates
-// nothing when the value is valid.
-func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traffic string, now time.Time) error {
+// this traffic token, is refused too (malformed, invalid). It returns the
+// token's expiry, and allocates nothing when the value is valid.
+func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traffic string, now time.Time) (time.Time, error) {
 	i := len(value) - bindTextLen - 1
 	if i < 1 || value[i] != bindSep {
-		return rejCookieMalformed
+		return time.Time{}, rejCookieMalformed
 	}
 	token, bindText := value[:i], value[i+1:]
-	if _, err := s.VerifyBytes(token, sandboxID, port, now); err != nil {
-		return err
+	exp, err := s.VerifyBytes(token, sandboxID, port, now)
+	if err != nil {
+		return time.Time{}, err
 	}
 	var bind [bindLen]byte
 	if !isBase64URL(bindText) {
-		return rejCookieMalformed
+		return time.Time{}, rejCookieMalformed
 	}
 	if n, err := s.enc.Decode(bind[:], bindText); err != nil || n != bindLen {
-		return rejCookieMalformed
+		return time.Time{}, rejCookieMalformed
 	}
 	m := s.pool.Get().(*macScratch)
 	defer s.pool.Put(m)
@@ -222,9 +223,9 @@ func (s *Signer) VerifyCookie(value []byte, sandboxID string, port uint16, traff
 		ok |= subtle.ConstantTimeCompare(s.binding(m, h, token, traffic)[:bindLen], bind[:])
 	}
 	if ok != 1 {
-		return rejCookieRebound
+		return time.Time{}, rejCookieRebound
 	}
-	return nil
+	return exp, nil
 }
 
 // binding computes the binding MAC of traffic and token with h (one key's

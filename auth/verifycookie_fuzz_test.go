@@ -30,14 +30,14 @@ func FuzzVerifyCookie(f *testing.F) {
 		// traffic token changes.
 		if id != "" && len(id) <= MaxSandboxIDLen && port != 0 {
 			own := s.CookieValue([]byte(mustSign(t, s, id, port, testNow.Add(time.Hour))), trafficToken)
-			if err := s.VerifyCookie([]byte(own), id, port, trafficToken, testNow); err != nil {
+			if _, err := s.VerifyCookie([]byte(own), id, port, trafficToken, testNow); err != nil {
 				t.Fatalf("own cookie for %q port %d traffic %q: %v", id, port, trafficToken, err)
 			}
-			if err := s.VerifyCookie([]byte(own), id, port, trafficToken+"x", testNow); !isRejection(err, CodeSignedTokenInvalid) {
+			if _, err := s.VerifyCookie([]byte(own), id, port, trafficToken+"x", testNow); !isRejection(err, CodeSignedTokenInvalid) {
 				t.Fatalf("cookie for traffic %q verified under %q: %v", trafficToken, trafficToken+"x", err)
 			}
 		}
-		err := s.VerifyCookie([]byte(value), id, port, trafficToken, testNow)
+		_, err := s.VerifyCookie([]byte(value), id, port, trafficToken, testNow)
 		if err != nil {
 			var r *Rejection
 			if !errors.As(err, &r) || !strings.HasPrefix(r.Code, "signed_token_") {

@@ -47,6 +47,7 @@ func TestProxyAuth(t *testing.T) {
 	t.Run("AdminToken", func(t *testing.T) { testAuthAdminToken(t, lc) })
 	t.Run("CookieOrigin", func(t *testing.T) { testAuthCookieOrigin(t, lc) })
 	t.Run("StaleLinkWithCookie", func(t *testing.T) { testAuthStaleLinkWithCookie(t, lc) })
+	t.Run("OldLinkKeepsLongerCookie", func(t *testing.T) { testAuthOldLinkKeepsLongerCookie(t, lc) })
 	t.Run("Preflight", func(t *testing.T) { testAuthPreflight(t, lc) })
 	t.Run("QueryTokenNoRedirect", func(t *testing.T) { testAuthQueryTokenNoRedirect(t, lc) })
 	t.Run("TrafficTokenRotated", func(t *testing.T) { testAuthTrafficTokenRotated(t, lc) })
@@ -1369,6 +1370,63 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}
+}
+
+// testAuthOldLinkKeepsLongerCookie: a still-valid old link opened by a
+// browser whose cookie (from a newer link) lives longer is redirected
+// without a Set-Cookie, so the shorter link does not cut the session short;
+// a cookie that dies first, or does not verify, is replaced.
+func testAuthOldLinkKeepsLongerCookie(t *testing.T, lc *authLogCapture) {
+	key, traffic, other := authRandomHex(t, 32), authRandomHex(t, 32), authRandomHex(t, 32)
+	s, err := auth.NewSigner([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sign := func(exp time.Time) string {
+		tok, err := s.Sign("box", 8080, exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.secret(tok)
+		return tok
+	}
+	short, long := sign(time.Now().Add(10*time.Minute)), sign(time.Now().Add(time.Hour))
+	lc.secret(key, traffic, other)
+	b := startAuthBackend(t)
+	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	putAuthRoute(h, "box", traffic, b.port, 8080)
+
+	for _, tc := range []struct {
+		name, link, cookie string // cookie: the Cookie line's value, "" for none
+		wantMaxAge         int    // 0: no Set-Cookie
+	}{
+		{"short link, longer cookie kept", short, s.CookieValue([]byte(long), traffic), 0},
+		{"long link, shorter cookie replaced", long, s.CookieValue([]byte(short), traffic), 3600},
+		{"short link, longer cookie of a rotated traffic token replaced", short, s.CookieValue([]byte(long), other), 600},
+		{"short link, no cookie", short, "", 600},
+	} {
+		lines := []string{"GET /p?cube_token=" + url.QueryEscape(tc.link) + "&a=1 HTTP/1.1", "Host: 8080-box.cube.test"}
+		if tc.cookie != "" {
+			lines = append(lines, "Cookie: "+auth.CookieName+"="+tc.cookie)
+		}
+		resp, body := authRawRequest(t, h.addr, lines...)
+		if resp.StatusCode != 302 || resp.Header.Get("Location") != "/p?a=1" {
+			t.Errorf("%s: %d Location %q %s", tc.name, resp.StatusCode, resp.Header.Get("Location"), body)
+			continue
+		}
+		set := resp.Cookies()
+		if tc.wantMaxAge == 0 {
+			if len(set) != 0 {
+				t.Errorf("%s: Set-Cookie %v, want none", tc.name, resp.Header["Set-Cookie"])
+			}
+			continue
+		}
+		// A second of slack either way: the link's expiry is whole seconds.
+		if len(set) != 1 || set[0].Name != auth.CookieName || set[0].MaxAge < tc.wantMaxAge-2 || set[0].MaxAge > tc.wantMaxAge {
+			t.Errorf("%s: Set-Cookie %v, want Max-Age ≈ %d", tc.name, resp.Header["Set-Cookie"], tc.wantMaxAge)
+		}
+	}
+	b.assertNoMore(t, "redirects only")
 }
 
 // testAuthTrafficTokenRotated: the platform rotates a sandbox's traffic

@@ -44,7 +44,15 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 					// prepareRequest removes the parameter.
 					return false
 				}
-				p.redirectWithCookie(ctx, p.cfg.Signer.CookieValue(tok, r.TrafficToken), exp)
+				// A cookie the browser already holds that outlives the
+				// link stays: an old link opened after a newer one would
+				// otherwise cut the session short. The browser sent it
+				// here, so it is one this context can use.
+				value := ""
+				if held, ok, _ := p.signedCookie(h, r, t.Port); !ok || !held.After(exp) {
+					value = p.cfg.Signer.CookieValue(tok, r.TrafficToken)
+				}
+				p.redirectWithCookie(ctx, value, exp)
 				return true
 			}
 			rej = rejection(verr, rej)
@@ -53,7 +61,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		// a valid one (from a newer link) and opens an old link would
 		// otherwise be locked out of a URL it may open without the
 		// parameter. The parameter's error is the one reported.
-		if ok, verr := p.signedCookie(h, r, t.Port); ok {
+		if _, ok, verr := p.signedCookie(h, r, t.Port); ok {
 			// The cookie is ambient: a sibling sandbox's page can make
 			// the browser send it (see auth.CookieRequestAllowed).
 			if auth.CookieRequestAllowed(h, h.Host()) {
@@ -113,31 +121,32 @@ func navigation(h *fasthttp.RequestHeader) bool {
 }
 
 // signedCookie reports whether one of the request's signed-token cookies
-// verifies for the target and the route's current traffic token; if none
-// does, err is the first one's error (nil when there is no such cookie).
+// verifies for the target and the route's current traffic token, and the
+// expiry of the first that does; if none does, err is the first one's error
+// (nil when there is no such cookie).
 // Every Cookie line and every cookie of the name is tried: a browser sends a
 // sibling host's domain-wide cookie of the same name too, and an HTTP/2
 // gateway may split cookies over lines.
-func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, r *routing.Route, port uint16) (ok bool, err error) {
+func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, r *routing.Route, port uint16) (exp time.Time, ok bool, err error) {
 	now := time.Now()
 	for _, line := range h.PeekAll("Cookie") {
 		for c := range auth.CookieValues(line, auth.CookieName) {
-			verr := p.cfg.Signer.VerifyCookie(c, r.ID, port, r.TrafficToken, now)
+			exp, verr := p.cfg.Signer.VerifyCookie(c, r.ID, port, r.TrafficToken, now)
 			if verr == nil {
-				return true, nil
+				return exp, true, nil
 			}
 			if err == nil {
 				err = verr
 			}
 		}
 	}
-	return false, err
+	return time.Time{}, false, err
 }
 
 // redirectWithCookie trades a verified signed token for a host-only cookie
-// (value, bound to the route's traffic token) and sends the browser back to
-// the same URL without the token, so it does not linger in history, logs or
-// Referer headers.
+// (value, bound to the route's traffic token; none when value is empty) and
+// sends the browser back to the same URL without the token, so it does not
+// linger in history, logs or Referer headers.
 func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, value string, exp time.Time) {
 	uri := ctx.Request.Header.RequestURI()
 	path, query, _ := bytes.Cut(uri, []byte{'?'})
@@ -146,7 +155,9 @@ func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, value string, exp t
 		loc = append(append(loc, '?'), clean...)
 	}
 	ctx.Response.Reset()
-	ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), cookieKind(ctx)))
+	if value != "" {
+		ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), cookieKind(ctx)))
+	}
 	ctx.Response.Header.Set("Cache-Control", "no-store")
 	ctx.Response.Header.SetBytesV("Location", loc)
 	ctx.SetStatusCode(fasthttp.StatusFound)

@@ -531,7 +531,10 @@ func (s *acmeSource) isManagedName(name string) bool {
 // certificate in memory, and before handshake-time renewals.
 func (s *acmeSource) decide(ctx context.Context, name string) error {
 	if err := s.allow(ctx, name); err != nil {
-		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
+		// Manager.getCertificate logs a refusal of the name itself.
+		if !errors.Is(err, ErrUnknownName) {
+			s.log.Debug("on-demand certificate refused", "name", name, "error", err)
+		}
 		return err
 	}
 	if err := s.failures.check(name, time.Now()); err != nil {

@@ -33,8 +33,9 @@ import (
 // tlsProxy is one cubeproxy running in-process.
 type tlsProxy struct {
 	a         *app
-	https     string // host:port of the HTTPS listener
-	http      string // host:port of the plain HTTP listener
+	logs      *syncBuffer // its process log
+	https     string      // host:port of the HTTPS listener
+	http      string      // host:port of the plain HTTP listener
 	httpsPort string
 }
 
@@ -46,8 +47,9 @@ func startTLSProxy(t *testing.T, yamlBody string) *tlsProxy {
 	if err := os.WriteFile(path, []byte(yamlBody), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := runServe(t, []string{"--config", path}, noEnv).a
-	p := &tlsProxy{a: a, https: addrOf(a.httpsLn), http: addrOf(a.httpLn)}
+	r := runServe(t, []string{"--config", path}, noEnv)
+	a := r.a
+	p := &tlsProxy{a: a, logs: r.logs, https: addrOf(a.httpsLn), http: addrOf(a.httpLn)}
 	if p.https != "" {
 		_, p.httpsPort, _ = net.SplitHostPort(p.https)
 	}
@@ -751,6 +753,18 @@ func TestTLSACMEOnDemand(t *testing.T) {
 				if !strings.Contains(err.Error(), "remote error: tls: unrecognized name") {
 					t.Fatalf("handshake failed with %v, want the unrecognized_name alert", err)
 				}
+				// One line per refusal. The process log is written in
+				// order by its own goroutine: once the handshake's line
+				// is out, every earlier line is too.
+				if tt.sni == "" {
+					return
+				}
+				testenv.WaitFor(t, 5*time.Second, "the handshake's refusal line", func() bool {
+					return strings.Contains(p.logs.String(), `"sni":"`+tt.sni+`"`)
+				})
+				if n := refusalLines(p.logs.String(), tt.sni); n != 1 {
+					t.Fatalf("the refusal of %s is logged %d times, want once:\n%s", tt.sni, n, p.logs)
+				}
 				return
 			}
 			if err != nil {
@@ -765,6 +779,17 @@ func TestTLSACMEOnDemand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refusalLines counts the log lines that refuse a certificate for sni.
+func refusalLines(logs, sni string) int {
+	n := 0
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, "refused") && strings.Contains(line, `"`+sni+`"`) {
+			n++
+		}
+	}
+	return n
 }
 
 // redirect_http sends the client to the HTTPS twin of exactly the target it

@@ -1325,20 +1325,9 @@ func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 // parameter's refusal stands only when no cookie verifies.
 func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
-	s, err := auth.NewSigner([]string{key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sign := func(exp time.Time) string {
-		tok, err := s.Sign("box", 8080, exp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lc.secret(tok)
-		return tok
-	}
-	valid, expired := sign(time.Now().Add(10*time.Minute)), sign(time.Now().Add(-time.Minute))
-	lc.secret(key, traffic)
+	s, sign := authSigner(t, key)
+	valid, expired := sign("box", 8080, 10*time.Minute), sign("box", 8080, -time.Minute)
+	lc.secret(key, traffic, valid, expired)
 	b := startAuthBackend(t)
 	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
 	putAuthRoute(h, "box", traffic, b.port, 8080)
@@ -1378,20 +1367,9 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 // a cookie that dies first, or does not verify, is replaced.
 func testAuthOldLinkKeepsLongerCookie(t *testing.T, lc *authLogCapture) {
 	key, traffic, other := authRandomHex(t, 32), authRandomHex(t, 32), authRandomHex(t, 32)
-	s, err := auth.NewSigner([]string{key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sign := func(exp time.Time) string {
-		tok, err := s.Sign("box", 8080, exp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lc.secret(tok)
-		return tok
-	}
-	short, long := sign(time.Now().Add(10*time.Minute)), sign(time.Now().Add(time.Hour))
-	lc.secret(key, traffic, other)
+	s, sign := authSigner(t, key)
+	short, long := sign("box", 8080, 10*time.Minute), sign("box", 8080, time.Hour)
+	lc.secret(key, traffic, other, short, long)
 	b := startAuthBackend(t)
 	h := lc.harness(t, func(o *harnessOpts) { o.cfg.Signer = s })
 	putAuthRoute(h, "box", traffic, b.port, 8080)

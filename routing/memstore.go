@@ -400,17 +400,41 @@ func (s *MemoryStore) persist(seq uint64) error {
 // the target stale. A link to a file not there yet (a fresh data volume)
 // is followed too, so the first write creates the target.
 func followLink(path string) string {
+	path = kernelPath(path)
 	for range 40 { // the kernel's own bound on links in a path
 		target, err := os.Readlink(path)
 		if err != nil {
 			return path // not a link, or no file at all
 		}
 		if !filepath.IsAbs(target) {
-			target = filepath.Join(filepath.Dir(path), target)
+			target = filepath.Dir(path) + string(filepath.Separator) + target
 		}
-		path = target
+		path = kernelPath(target)
 	}
 	return path
+}
+
+// kernelPath cleans path as the kernel resolves it. A ".." element goes
+// up from where the directory before it points, when that is a symlink;
+// a lexical clean (filepath.Clean, Join, Dir) goes back over the link
+// instead, to another directory: with a routes file "../data/routes.yaml"
+// in a linked directory, the rewrites went to another file than the one
+// loaded, and a restart lost every change. So a path with ".." has its
+// directory resolved through its symlinks; one without is cleaned alone,
+// as the directories a name passes through do not change what it names.
+func kernelPath(path string) string {
+	if !slices.Contains(strings.Split(filepath.ToSlash(path), "/"), "..") {
+		return filepath.Clean(path)
+	}
+	dir, file := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return filepath.Clean(path) // a directory not there: no link to go by
+	}
+	return filepath.Join(real, file)
 }
 
 // writeFileAtomic replaces path (the file it links to, if a symlink) with

@@ -495,6 +495,11 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		// Only for the parser's UTF-8 errors: a syntax error it found
+		// before the bad byte is the one to report.
+		if line, ok := invalidUTF8Line(data); ok && strings.Contains(err.Error(), "UTF-8") {
+			return nil, fmt.Errorf("line %d: not UTF-8 text (%w); save the file as UTF-8", line, err)
+		}
 		return nil, err
 	}
 	// Two files concatenated, each opening with "---": the second's
@@ -553,6 +558,24 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		}
 	}
 	return routes, nil
+}
+
+// invalidUTF8Line returns the line of the first byte of data that is not
+// UTF-8, for the parser's error, which names none (in a 100k-route file,
+// nothing to look for). A file the parser reads as UTF-16, by its
+// byte-order mark, has none.
+func invalidUTF8Line(data []byte) (int, bool) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return 0, false
+	}
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size == 1 {
+			return 1 + bytes.Count(data[:i], []byte{'\n'}), true
+		}
+		i += size
+	}
+	return 0, false
 }
 
 func decodeFields(n *yaml.Node) (map[string]string, error) {

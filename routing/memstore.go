@@ -500,6 +500,11 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		if line, ok := invalidUTF8Line(data); ok && strings.Contains(err.Error(), "UTF-8") {
 			return nil, fmt.Errorf("line %d: not UTF-8 text (%w); save the file as UTF-8", line, err)
 		}
+		if strings.HasSuffix(err.Error(), keyProblem) {
+			if line, ok := firstFailingLine(data, err.Error(), keyLineBudget); ok {
+				return nil, fmt.Errorf("line %d: %s (indented unlike the keys around it?); the YAML parser named the line where the mapping it was in starts: %w", line, keyProblem, err)
+			}
+		}
 		return nil, err
 	}
 	// Two files concatenated, each opening with "---": the second's
@@ -558,6 +563,51 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		}
 	}
 	return routes, nil
+}
+
+// keyProblem ends the parser's error for a line in a block mapping that
+// is no key of it, which names the line where that mapping starts rather
+// than that line: "line 1" for a slip anywhere under "routes".
+const keyProblem = "did not find expected key"
+
+// keyLineBudget bounds the search for the line of a keyProblem: it takes
+// about 20 parses of up to the whole file, ≈1 s each at 100k routes (a
+// slip near the end of one was found in 19 s), and the start is failing
+// anyway.
+const keyLineBudget = 30 * time.Second
+
+// firstFailingLine returns the first line of data at which the parser
+// fails with msg, the error it gives for the whole of data: the smallest
+// number of leading lines that fail so, found by bisection. A block
+// mapping cut after any line is YAML, so the lines before the slip parse
+// and every prefix that holds it fails alike; a cut inside a quoted or
+// flow value fails with another message, which counts as parsing. It
+// gives up, false, when the parses take more than budget.
+func firstFailingLine(data []byte, msg string, budget time.Duration) (int, bool) {
+	var ends []int // ends[i] is the offset just past line i+1
+	for i, c := range data {
+		if c == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	deadline := time.Now().Add(budget)
+	lo, hi := 0, len(ends) // the first hi lines fail with msg; the first lo do not
+	for hi-lo > 1 {
+		if time.Now().After(deadline) {
+			return 0, false
+		}
+		mid := lo + (hi-lo)/2
+		var doc yaml.Node
+		if err := yaml.NewDecoder(bytes.NewReader(data[:ends[mid-1]])).Decode(&doc); err != nil && err.Error() == msg {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi, hi > 0
 }
 
 // invalidUTF8Line returns the line of the first byte of data that is not

@@ -69,20 +69,47 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{routes: make(map[string]*Route)}
 }
 
+// afterRead, when set (tests), runs after each read and parse of the
+// routes file, before LoadFile looks whether the file changed meanwhile.
+var afterRead func(attempt int)
+
 // LoadFile reads a routes.yaml file into a new store. The store does not
 // write back until SetPersistPath is called. A missing file is an error
-// matching fs.ErrNotExist.
+// matching fs.ErrNotExist. A file that changed while it was read and
+// parsed (its size, time or inode) is read again, up to loadAttempts
+// times, then refused: a file cut at a route's end is YAML, and a start
+// that read one a writer was not done with (a cp over it, a script
+// writing route by route) served the routes written so far as the whole
+// table, every other sandbox 404 until the next restart.
 func LoadFile(path string) (*MemoryStore, error) {
-	data, err := namedfile.Read(path, namedfile.MaxRoutes)
-	if err != nil {
-		return nil, fmt.Errorf("load routes: %w", err)
+	for attempt := 1; ; attempt++ {
+		before, beforeErr := os.Stat(path)
+		data, err := namedfile.Read(path, namedfile.MaxRoutes)
+		if err != nil {
+			return nil, fmt.Errorf("load routes: %w", err)
+		}
+		routes, err := decodeRoutes(data)
+		if afterRead != nil {
+			afterRead(attempt)
+		}
+		after, afterErr := os.Stat(path)
+		if beforeErr == nil && afterErr == nil && os.SameFile(before, after) &&
+			before.Size() == after.Size() && before.ModTime().Equal(after.ModTime()) {
+			if err != nil {
+				return nil, fmt.Errorf("load routes %s: %w", path, err)
+			}
+			return &MemoryStore{routes: routes}, nil
+		}
+		if attempt == loadAttempts {
+			return nil, fmt.Errorf("load routes %s: the file changed while it was read, %d times in a row: is something still writing it? Replace it whole (write another file, then mv it over this one) so that no start reads part of it", path, attempt)
+		}
 	}
-	routes, err := decodeRoutes(data)
-	if err != nil {
-		return nil, fmt.Errorf("load routes %s: %w", path, err)
-	}
-	return &MemoryStore{routes: routes}, nil
 }
+
+// loadAttempts is how many times LoadFile reads a file that changes while
+// it is read: a writer replacing it whole (a rename) is seen once; one
+// that is still writing, after this many reads and parses, is not done.
+const loadAttempts = 5
 
 // SetPersistPath makes every later Put and Delete rewrite path atomically
 // (temporary file + rename). An empty path turns persistence off.

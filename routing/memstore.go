@@ -457,11 +457,11 @@ func kernelPath(path string) string {
 	if dir == "" {
 		dir = "."
 	}
-	real, err := filepath.EvalSymlinks(dir)
+	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return filepath.Clean(path) // a directory not there: no link to go by
 	}
-	return filepath.Join(real, file)
+	return filepath.Join(resolved, file)
 }
 
 // writeFileAtomic replaces path (the file it links to, if a symlink) with

@@ -69,20 +69,47 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{routes: make(map[string]*Route)}
 }
 
+// afterRead, when set (tests), runs after each read and parse of the
+// routes file, before LoadFile looks whether the file changed meanwhile.
+var afterRead func(attempt int)
+
 // LoadFile reads a routes.yaml file into a new store. The store does not
 // write back until SetPersistPath is called. A missing file is an error
-// matching fs.ErrNotExist.
+// matching fs.ErrNotExist. A file that changed while it was read and
+// parsed (its size, time or inode) is read again, up to loadAttempts
+// times, then refused: a file cut at a route's end is YAML, and a start
+// that read one a writer was not done with (a cp over it, a script
+// writing route by route) served the routes written so far as the whole
+// table, every other sandbox 404 until the next restart.
 func LoadFile(path string) (*MemoryStore, error) {
-	data, err := namedfile.Read(path, namedfile.MaxRoutes)
-	if err != nil {
-		return nil, fmt.Errorf("load routes: %w", err)
+	for attempt := 1; ; attempt++ {
+		before, beforeErr := os.Stat(path)
+		data, err := namedfile.Read(path, namedfile.MaxRoutes)
+		if err != nil {
+			return nil, fmt.Errorf("load routes: %w", err)
+		}
+		routes, err := decodeRoutes(data)
+		if afterRead != nil {
+			afterRead(attempt)
+		}
+		after, afterErr := os.Stat(path)
+		if beforeErr == nil && afterErr == nil && os.SameFile(before, after) &&
+			before.Size() == after.Size() && before.ModTime().Equal(after.ModTime()) {
+			if err != nil {
+				return nil, fmt.Errorf("load routes %s: %w", path, err)
+			}
+			return &MemoryStore{routes: routes}, nil
+		}
+		if attempt == loadAttempts {
+			return nil, fmt.Errorf("load routes %s: the file changed while it was read, %d times in a row: is something still writing it? Replace it whole (write another file, then mv it over this one) so that no start reads part of it", path, attempt)
+		}
 	}
-	routes, err := decodeRoutes(data)
-	if err != nil {
-		return nil, fmt.Errorf("load routes %s: %w", path, err)
-	}
-	return &MemoryStore{routes: routes}, nil
 }
+
+// loadAttempts is how many times LoadFile reads a file that changes while
+// it is read: a writer replacing it whole (a rename) is seen once; one
+// that is still writing, after this many reads and parses, is not done.
+const loadAttempts = 5
 
 // SetPersistPath makes every later Put and Delete rewrite path atomically
 // (temporary file + rename). An empty path turns persistence off.
@@ -400,17 +427,41 @@ func (s *MemoryStore) persist(seq uint64) error {
 // the target stale. A link to a file not there yet (a fresh data volume)
 // is followed too, so the first write creates the target.
 func followLink(path string) string {
+	path = kernelPath(path)
 	for range 40 { // the kernel's own bound on links in a path
 		target, err := os.Readlink(path)
 		if err != nil {
 			return path // not a link, or no file at all
 		}
 		if !filepath.IsAbs(target) {
-			target = filepath.Join(filepath.Dir(path), target)
+			target = filepath.Dir(path) + string(filepath.Separator) + target
 		}
-		path = target
+		path = kernelPath(target)
 	}
 	return path
+}
+
+// kernelPath cleans path as the kernel resolves it. A ".." element goes
+// up from where the directory before it points, when that is a symlink;
+// a lexical clean (filepath.Clean, Join, Dir) goes back over the link
+// instead, to another directory: with a routes file "../data/routes.yaml"
+// in a linked directory, the rewrites went to another file than the one
+// loaded, and a restart lost every change. So a path with ".." has its
+// directory resolved through its symlinks; one without is cleaned alone,
+// as the directories a name passes through do not change what it names.
+func kernelPath(path string) string {
+	if !slices.Contains(strings.Split(filepath.ToSlash(path), "/"), "..") {
+		return filepath.Clean(path)
+	}
+	dir, file := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return filepath.Clean(path) // a directory not there: no link to go by
+	}
+	return filepath.Join(resolved, file)
 }
 
 // writeFileAtomic replaces path (the file it links to, if a symlink) with
@@ -471,6 +522,16 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		// Only for the parser's UTF-8 errors: a syntax error it found
+		// before the bad byte is the one to report.
+		if line, ok := invalidUTF8Line(data); ok && strings.Contains(err.Error(), "UTF-8") {
+			return nil, fmt.Errorf("line %d: not UTF-8 text (%w); save the file as UTF-8", line, err)
+		}
+		if strings.HasSuffix(err.Error(), keyProblem) {
+			if line, ok := firstFailingLine(data, err.Error(), keyLineBudget); ok {
+				return nil, fmt.Errorf("line %d: %s (indented unlike the keys around it?); the YAML parser named the line where the mapping it was in starts: %w", line, keyProblem, err)
+			}
+		}
 		return nil, err
 	}
 	// Two files concatenated, each opening with "---": the second's
@@ -529,6 +590,69 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		}
 	}
 	return routes, nil
+}
+
+// keyProblem ends the parser's error for a line in a block mapping that
+// is no key of it, which names the line where that mapping starts rather
+// than that line: "line 1" for a slip anywhere under "routes".
+const keyProblem = "did not find expected key"
+
+// keyLineBudget bounds the search for the line of a keyProblem: it takes
+// about 20 parses of up to the whole file, ≈1 s each at 100k routes (a
+// slip near the end of one was found in 19 s), and the start is failing
+// anyway.
+const keyLineBudget = 30 * time.Second
+
+// firstFailingLine returns the first line of data at which the parser
+// fails with msg, the error it gives for the whole of data: the smallest
+// number of leading lines that fail so, found by bisection. A block
+// mapping cut after any line is YAML, so the lines before the slip parse
+// and every prefix that holds it fails alike; a cut inside a quoted or
+// flow value fails with another message, which counts as parsing. It
+// gives up, false, when the parses take more than budget.
+func firstFailingLine(data []byte, msg string, budget time.Duration) (int, bool) {
+	var ends []int // ends[i] is the offset just past line i+1
+	for i, c := range data {
+		if c == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	deadline := time.Now().Add(budget)
+	lo, hi := 0, len(ends) // the first hi lines fail with msg; the first lo do not
+	for hi-lo > 1 {
+		if time.Now().After(deadline) {
+			return 0, false
+		}
+		mid := lo + (hi-lo)/2
+		var doc yaml.Node
+		if err := yaml.NewDecoder(bytes.NewReader(data[:ends[mid-1]])).Decode(&doc); err != nil && err.Error() == msg {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi, hi > 0
+}
+
+// invalidUTF8Line returns the line of the first byte of data that is not
+// UTF-8, for the parser's error, which names none (in a 100k-route file,
+// nothing to look for). A file the parser reads as UTF-16, by its
+// byte-order mark, has none.
+func invalidUTF8Line(data []byte) (int, bool) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return 0, false
+	}
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size == 1 {
+			return 1 + bytes.Count(data[:i], []byte{'\n'}), true
+		}
+		i += size
+	}
+	return 0, false
 }
 
 func decodeFields(n *yaml.Node) (map[string]string, error) {

@@ -119,3 +119,67 @@ func TestCheckPersistPathFollowsSymlink(t *testing.T) {
 		t.Errorf("the check left %d files in the target directory", len(entries))
 	}
 }
+
+// ".." after a directory that is a symlink goes up from where the link
+// points, as the kernel resolves it, not back over the link as a lexical
+// clean (filepath.Join) takes it. Resolved lexically, the writes went to
+// another file than the one loaded (here the decoy, in the directory the
+// clean named), and a restart read the old table: every admin change
+// since was lost. Both spellings: a routes file that is a relative link
+// with "../", in a directory reached through a symlink, and a configured
+// path with ".." after such a directory (whose temporary file went to the
+// decoy directory, and the start refused when there was none).
+func TestPersistResolvesDotDotAfterLinkedDir(t *testing.T) {
+	for _, viaFileLink := range []bool{true, false} {
+		name := map[bool]string{true: "relative link with ../", false: "path with .."}[viaFileLink]
+		t.Run(name, func(t *testing.T) {
+			// base/conf -> real/conf; base/real/data holds the table;
+			// base/data is the decoy a lexical clean lands in.
+			base := t.TempDir()
+			dirs := []string{"real/conf", "real/data"}
+			if viaFileLink {
+				dirs = append(dirs, "data")
+			}
+			for _, d := range dirs {
+				if err := os.MkdirAll(filepath.Join(base, d), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Symlink(filepath.Join(base, "real", "conf"), filepath.Join(base, "conf")); err != nil {
+				t.Fatal(err)
+			}
+			target := filepath.Join(base, "real", "data", "routes.yaml")
+			if err := os.WriteFile(target, []byte("routes:\n  old: {HostIP: 10.0.0.1}\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(base, "conf") + "/../data/routes.yaml"
+			if viaFileLink {
+				path = filepath.Join(base, "conf", "routes.yaml")
+				if err := os.Symlink("../data/routes.yaml", path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := CheckPersistPath(path); err != nil {
+				t.Fatal(err)
+			}
+			s, err := LoadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetPersistPath(path)
+			if err := s.Put(mustRoute(t, "new")); err != nil {
+				t.Fatal(err)
+			}
+			reloaded, err := LoadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := reloaded.Get("new"); !ok {
+				t.Error("the file a restart reads lacks the route written")
+			}
+			if entries, _ := os.ReadDir(filepath.Join(base, "data")); len(entries) != 0 {
+				t.Errorf("the write left %d files in %s, the directory a lexical clean names", len(entries), filepath.Join(base, "data"))
+			}
+		})
+	}
+}

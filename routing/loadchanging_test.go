@@ -33,13 +33,11 @@ func TestLoadFileRereadsAFileChangedWhileRead(t *testing.T) {
 	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { afterRead = nil })
-	afterRead = func(attempt int) {
+	s, err := loadFile(path, func(attempt int) {
 		if attempt == 1 {
 			appendRoute(t, path, "b")
 		}
-	}
-	s, err := LoadFile(path)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,11 +46,11 @@ func TestLoadFileRereadsAFileChangedWhileRead(t *testing.T) {
 	}
 
 	n := 0
-	afterRead = func(int) {
+	keepWriting := func(int) {
 		n++
 		appendRoute(t, path, fmt.Sprintf("c%d", n))
 	}
-	if s, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), "changed while it was read") {
-		t.Fatalf("LoadFile of a file that never stops changing = %d routes, %v; want it refused", len(s.List()), err)
+	if _, err := loadFile(path, keepWriting); err == nil || !strings.Contains(err.Error(), "changed while it was read") {
+		t.Fatalf("LoadFile of a file that never stops changing: %v; want it refused", err)
 	}
 }

@@ -69,10 +69,6 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{routes: make(map[string]*Route)}
 }
 
-// afterRead, when set (tests), runs after each read and parse of the
-// routes file, before LoadFile looks whether the file changed meanwhile.
-var afterRead func(attempt int)
-
 // LoadFile reads a routes.yaml file into a new store. The store does not
 // write back until SetPersistPath is called. A missing file is an error
 // matching fs.ErrNotExist. A file that changed while it was read and
@@ -82,6 +78,12 @@ var afterRead func(attempt int)
 // writing route by route) served the routes written so far as the whole
 // table, every other sandbox 404 until the next restart.
 func LoadFile(path string) (*MemoryStore, error) {
+	return loadFile(path, nil)
+}
+
+// loadFile is LoadFile with afterRead (tests; nil otherwise) run after
+// each read and parse, before it looks whether the file changed meanwhile.
+func loadFile(path string, afterRead func(attempt int)) (*MemoryStore, error) {
 	for attempt := 1; ; attempt++ {
 		before, beforeErr := os.Stat(path)
 		data, err := namedfile.Read(path, namedfile.MaxRoutes)

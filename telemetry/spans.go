@@ -33,8 +33,8 @@ const (
 	AttrRequestID = attribute.Key("cube.request.id")
 )
 
-// MaxHeaderAttr is the most of a request header's value a server span
-// records (user_agent.original, server.address), in bytes, cut on a
+// MaxHeaderAttr is the most of a request header's value a span records
+// (user_agent.original, server.address, http.request.method_original), in bytes, cut on a
 // character boundary. A User-Agent can be as large as
 // client.max_header_size: one client sending a 32 KiB one on every request
 // made each span that much larger, and a batch of 512 such spans (the
@@ -83,9 +83,16 @@ var otherMethod = &spanMethods[len(spanMethods)-1]
 
 // methodOriginal is http.request.method_original: the method as sent, which
 // the semantic conventions require beside an http.request.method of
-// "_OTHER" (a WebDAV PROPFIND, a lower-case "get").
+// "_OTHER" (a WebDAV PROPFIND, a lower-case "get"), its first
+// MaxHeaderAttr bytes: fasthttp takes a method as long as
+// client.max_header_size allows, and it goes into both spans of the
+// request, for MaxHeaderAttr's reason.
 func methodOriginal(h *fasthttp.RequestHeader) attribute.KeyValue {
-	return semconv.HTTPRequestMethodOriginalKey.String(validUTF8(h.Method()))
+	m := h.Method()
+	var b strings.Builder
+	b.Grow(min(len(m), MaxHeaderAttr))
+	attrText{b: &b}.add(m, MaxHeaderAttr)
+	return semconv.HTTPRequestMethodOriginalKey.String(b.String())
 }
 
 func spanMethod(m []byte) int {
@@ -221,9 +228,13 @@ type attrText struct {
 	b *strings.Builder
 }
 
-// add appends p, invalid UTF-8 replaced as validUTF8 does, and cut at the
-// last character that keeps it within limit bytes; it returns the end of
-// the text so far.
+// add appends p, each run of bytes that is not UTF-8 replaced by one
+// U+FFFD, and cut at the last character that keeps it within limit bytes;
+// it returns the end of the text so far. The text is the client's bytes
+// (fasthttp takes any byte above 0x7F in a target or a method), and OTLP
+// carries attributes as protobuf strings, which must be UTF-8: one span
+// that was not made the exporter refuse its whole batch, every other
+// request's spans in it lost too.
 func (t attrText) add(p []byte, limit int) int {
 	if len(p) <= limit && utf8.Valid(p) {
 		t.b.Write(p)
@@ -314,18 +325,6 @@ func parsePort(b []byte) int {
 		return -1
 	}
 	return n
-}
-
-// validUTF8 returns b as a string, invalid UTF-8 replaced by U+FFFD. The
-// path is the client's bytes, and fasthttp takes any byte above 0x7F in a
-// request target: OTLP carries attributes as protobuf strings, which must
-// be UTF-8, so one such span made the exporter refuse its whole batch
-// (every other request's spans in it were lost too).
-func validUTF8(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
 // targetPath returns the path of a request target as the client sent it:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,6 +51,14 @@ const MaxHeaderAttr = 1024
 // rare (the access log keeps them whole); with the header attributes, a
 // full batch of 512 spans stays near 2 MiB.
 const MaxPathAttr = 2048
+
+// MaxTraceState is the longest tracestate, in characters, a span takes
+// from the client (and so injects to the sandbox): the 512 W3C Trace
+// Context (3.3.1.5) asks vendors to propagate at least. A longer one is cut
+// as it says: entries over 128 characters go first, then entries from the
+// end. Whole, a valid tracestate of 32 entries is some 16 KiB, which went
+// into both spans of the request, for MaxHeaderAttr's reason.
+const MaxTraceState = 512
 
 var (
 	serverStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
@@ -156,7 +165,7 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 	ctx := context.Background()
 	m := otherMethod
 	if h != nil {
-		ctx = t.propagator.Extract(ctx, HeaderCarrier{H: h})
+		ctx = boundTraceState(t.propagator.Extract(ctx, HeaderCarrier{H: h}))
 		m = &spanMethods[spanMethod(h.Method())]
 	}
 	ctx, span := t.Tracer.Start(ctx, m.server, opts...)
@@ -164,6 +173,45 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 		span.SetAttributes(serverAttrs(h, m, tls, client)...)
 	}
 	return ctx, span
+}
+
+// boundTraceState returns ctx with the tracestate of its remote span
+// context cut to MaxTraceState characters as W3C Trace Context says
+// (entries over 128 characters first, then entries from the end), or ctx
+// itself when it is within that.
+func boundTraceState(ctx context.Context) context.Context {
+	sc := trace.SpanContextFromContext(ctx)
+	ts := sc.TraceState()
+	n := -1 // the commas between entries
+	ts.Walk(func(k, v string) bool {
+		n += len(k) + len("=") + len(v) + len(",")
+		return true
+	})
+	if n <= MaxTraceState {
+		return ctx
+	}
+	type entry struct{ k, v string }
+	entries := make([]entry, 0, ts.Len())
+	ts.Walk(func(k, v string) bool {
+		if e := (entry{k, v}); len(k)+len("=")+len(v) <= 128 {
+			entries = append(entries, e)
+		} else {
+			n -= len(k) + len("=") + len(v) + len(",")
+		}
+		return true
+	})
+	for n > MaxTraceState {
+		last := entries[len(entries)-1]
+		n -= len(last.k) + len("=") + len(last.v) + len(",")
+		entries = entries[:len(entries)-1]
+	}
+	var cut trace.TraceState
+	for _, e := range slices.Backward(entries) {
+		// Insert puts an entry first; taken from the end, they keep their
+		// order. Entries of a parsed tracestate insert without error.
+		cut, _ = cut.Insert(e.k, e.v)
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(cut))
 }
 
 // serverAttrs returns the attributes a server span starts with. Their

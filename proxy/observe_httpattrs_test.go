@@ -290,3 +290,39 @@ func TestTracingLongPathTruncated(t *testing.T) {
 		}
 	}
 }
+
+// http.request.method_original, the method as sent beside an "_OTHER"
+// http.request.method, is cut at telemetry.MaxHeaderAttr as the user agent
+// is: fasthttp takes a method as long as client.max_header_size allows,
+// and it went whole into both spans of the request, so that a few such
+// requests made a batch larger than a collector takes, and the other
+// requests' spans in it were lost too.
+func TestTracingLongMethodTruncated(t *testing.T) {
+	col, h, host, flush := otlpSandbox(t, "longmethod")
+	long := "PROPFIND" + strings.Repeat("X", 20000)
+	tests := []struct{ traceID, method string }{
+		{fmt.Sprintf("%032x", 0x3e7a0), long},
+		{fmt.Sprintf("%032x", 0x3e7a1), "PROPFIND"},
+	}
+	for _, tc := range tests {
+		head := tc.method + " / HTTP/1.1\r\nHost: " + host + "\r\n" +
+			"Traceparent: 00-" + tc.traceID + "-00f067aa0ba902b7-01\r\nConnection: close\r\n\r\n"
+		if st := roundTripRaw(t, h, head); st != 200 {
+			t.Fatalf("%.20s...: status %d, want 200 (the test needs the proxy to forward the method)", tc.method, st)
+		}
+	}
+	flush()
+	for i, tc := range tests {
+		want := tc.method[:min(len(tc.method), telemetry.MaxHeaderAttr)]
+		spans := append(col.trace(tc.traceID, tracepb.Span_SPAN_KIND_SERVER), col.trace(tc.traceID, tracepb.Span_SPAN_KIND_CLIENT)...)
+		if len(spans) != 2 {
+			t.Fatalf("request %d: %d spans received, want a server and a client span", i, len(spans))
+		}
+		for _, s := range spans {
+			if got, _ := otlpAttr(s, "http.request.method_original"); got != want {
+				t.Errorf("request %d: %v span http.request.method_original of %d bytes (%.20q...), want the first %d of %d",
+					i, s.GetKind(), len(got), got, len(want), len(tc.method))
+			}
+		}
+	}
+}

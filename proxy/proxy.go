@@ -96,6 +96,7 @@ type Proxy struct {
 	// unix nanos of the last "out of resources" line for a failed dial
 	resourceErrLogged atomic.Int64
 	loopLogged        atomic.Int64 // unix nanos of the last "route names the proxy" line
+	tokenlessLogged   atomic.Int64 // unix nanos of the last "restricted route has no traffic token" line
 
 	// listeners are the addresses this process listens on (Server adds
 	// each): a sandbox connection that reaches one is the proxy dialing

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -189,4 +190,60 @@ type funcCollector struct {
 func (c *funcCollector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
 	c.export(req)
 	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// The export that Shutdown's deadline cancels is not reported to
+// OpenTelemetry's error handler (the process log, in serve): Shutdown's
+// own error says that spans were lost, and the processor handed the
+// cancelled export's error over after Shutdown had returned, so that serve
+// logged it after its last line, "stopped", if the process had not exited
+// first.
+func TestShutdownCutExportIsNotReported(t *testing.T) {
+	for _, protocol := range []string{"http/protobuf", "grpc"} {
+		t.Run(protocol, func(t *testing.T) {
+			var mu sync.Mutex
+			var reported []error
+			prev := otel.GetErrorHandler()
+			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				reported = append(reported, err)
+			}))
+			t.Cleanup(func() { otel.SetErrorHandler(prev) })
+
+			addr, reached := blackHole(t)
+			env := otlpEnv(t, protocol, addr)
+			g0, _ := liveGoroutines()
+			tel, err := New(context.Background(), Config{Env: env, TraceSampleRatio: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			endSpans(tel, 4)
+			select {
+			case <-reached:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the exporter never connected to the collector")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			if err := tel.Shutdown(ctx); err == nil {
+				t.Fatal("Shutdown returned nil with the spans not exported")
+			}
+			// The processor's goroutine hands an export's error over
+			// before it ends.
+			for bound := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if g, _ := liveGoroutines(); g <= g0 {
+					break
+				}
+				if time.Now().After(bound) {
+					t.Fatal("the batch processor is still running 5 s after Shutdown")
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, err := range reported {
+				t.Errorf("reported after Shutdown gave the exports up: %v", err)
+			}
+		})
+	}
 }

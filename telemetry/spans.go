@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,8 +34,8 @@ const (
 	AttrRequestID = attribute.Key("cube.request.id")
 )
 
-// MaxHeaderAttr is the most of a request header's value a server span
-// records (user_agent.original, server.address), in bytes, cut on a
+// MaxHeaderAttr is the most of a request header's value a span records
+// (user_agent.original, server.address, http.request.method_original), in bytes, cut on a
 // character boundary. A User-Agent can be as large as
 // client.max_header_size: one client sending a 32 KiB one on every request
 // made each span that much larger, and a batch of 512 such spans (the
@@ -50,6 +51,14 @@ const MaxHeaderAttr = 1024
 // rare (the access log keeps them whole); with the header attributes, a
 // full batch of 512 spans stays near 2 MiB.
 const MaxPathAttr = 2048
+
+// MaxTraceState is the longest tracestate, in characters, a span takes
+// from the client (and so injects to the sandbox): the 512 W3C Trace
+// Context (3.3.1.5) asks vendors to propagate at least. A longer one is cut
+// as it says: entries over 128 characters go first, then entries from the
+// end. Whole, a valid tracestate of 32 entries is some 16 KiB, which went
+// into both spans of the request, for MaxHeaderAttr's reason.
+const MaxTraceState = 512
 
 var (
 	serverStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
@@ -83,9 +92,16 @@ var otherMethod = &spanMethods[len(spanMethods)-1]
 
 // methodOriginal is http.request.method_original: the method as sent, which
 // the semantic conventions require beside an http.request.method of
-// "_OTHER" (a WebDAV PROPFIND, a lower-case "get").
+// "_OTHER" (a WebDAV PROPFIND, a lower-case "get"), its first
+// MaxHeaderAttr bytes: fasthttp takes a method as long as
+// client.max_header_size allows, and it goes into both spans of the
+// request, for MaxHeaderAttr's reason.
 func methodOriginal(h *fasthttp.RequestHeader) attribute.KeyValue {
-	return semconv.HTTPRequestMethodOriginalKey.String(validUTF8(h.Method()))
+	m := h.Method()
+	var b strings.Builder
+	b.Grow(min(len(m), MaxHeaderAttr))
+	attrText{b: &b}.add(m, MaxHeaderAttr)
+	return semconv.HTTPRequestMethodOriginalKey.String(b.String())
 }
 
 func spanMethod(m []byte) int {
@@ -149,7 +165,7 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 	ctx := context.Background()
 	m := otherMethod
 	if h != nil {
-		ctx = t.propagator.Extract(ctx, HeaderCarrier{H: h})
+		ctx = boundTraceState(t.propagator.Extract(ctx, HeaderCarrier{H: h}))
 		m = &spanMethods[spanMethod(h.Method())]
 	}
 	ctx, span := t.Tracer.Start(ctx, m.server, opts...)
@@ -157,6 +173,45 @@ func (t *Telemetry) startServerSpan(h *fasthttp.RequestHeader, tls bool, client 
 		span.SetAttributes(serverAttrs(h, m, tls, client)...)
 	}
 	return ctx, span
+}
+
+// boundTraceState returns ctx with the tracestate of its remote span
+// context cut to MaxTraceState characters as W3C Trace Context says
+// (entries over 128 characters first, then entries from the end), or ctx
+// itself when it is within that.
+func boundTraceState(ctx context.Context) context.Context {
+	sc := trace.SpanContextFromContext(ctx)
+	ts := sc.TraceState()
+	n := -1 // the commas between entries
+	ts.Walk(func(k, v string) bool {
+		n += len(k) + len("=") + len(v) + len(",")
+		return true
+	})
+	if n <= MaxTraceState {
+		return ctx
+	}
+	type entry struct{ k, v string }
+	entries := make([]entry, 0, ts.Len())
+	ts.Walk(func(k, v string) bool {
+		if e := (entry{k, v}); len(k)+len("=")+len(v) <= 128 {
+			entries = append(entries, e)
+		} else {
+			n -= len(k) + len("=") + len(v) + len(",")
+		}
+		return true
+	})
+	for n > MaxTraceState {
+		last := entries[len(entries)-1]
+		n -= len(last.k) + len("=") + len(last.v) + len(",")
+		entries = entries[:len(entries)-1]
+	}
+	var cut trace.TraceState
+	for _, e := range slices.Backward(entries) {
+		// Insert puts an entry first; taken from the end, they keep their
+		// order. Entries of a parsed tracestate insert without error.
+		cut, _ = cut.Insert(e.k, e.v)
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(cut))
 }
 
 // serverAttrs returns the attributes a server span starts with. Their
@@ -221,9 +276,13 @@ type attrText struct {
 	b *strings.Builder
 }
 
-// add appends p, invalid UTF-8 replaced as validUTF8 does, and cut at the
-// last character that keeps it within limit bytes; it returns the end of
-// the text so far.
+// add appends p, each run of bytes that is not UTF-8 replaced by one
+// U+FFFD, and cut at the last character that keeps it within limit bytes;
+// it returns the end of the text so far. The text is the client's bytes
+// (fasthttp takes any byte above 0x7F in a target or a method), and OTLP
+// carries attributes as protobuf strings, which must be UTF-8: one span
+// that was not made the exporter refuse its whole batch, every other
+// request's spans in it lost too.
 func (t attrText) add(p []byte, limit int) int {
 	if len(p) <= limit && utf8.Valid(p) {
 		t.b.Write(p)
@@ -314,18 +373,6 @@ func parsePort(b []byte) int {
 		return -1
 	}
 	return n
-}
-
-// validUTF8 returns b as a string, invalid UTF-8 replaced by U+FFFD. The
-// path is the client's bytes, and fasthttp takes any byte above 0x7F in a
-// request target: OTLP carries attributes as protobuf strings, which must
-// be UTF-8, so one such span made the exporter refuse its whole batch
-// (every other request's spans in it were lost too).
-func validUTF8(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
 // targetPath returns the path of a request target as the client sent it:

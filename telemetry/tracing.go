@@ -119,9 +119,10 @@ var errExportsCut = errors.New("span export given up: telemetry shutdown deadlin
 
 // ExportSpans exports spans unless the exports were cut, cancelling the
 // export when they are cut while it runs. Once cut, the spans are dropped
-// without an error: Telemetry.Shutdown has already said spans were lost,
-// and an error per batch would only repeat that in the log, once per
-// queued batch.
+// without an error, the export the cut cancelled too: Telemetry.Shutdown
+// has already said spans were lost, and an error per batch would only
+// repeat that in the log, once per queued batch, and after Shutdown has
+// returned (serve's last line).
 func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	if e.cut.Err() != nil {
 		return nil
@@ -132,5 +133,9 @@ func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnly
 	// goroutine waits for the cut per export.
 	stop := context.AfterFunc(e.cut, func() { cancel(errExportsCut) })
 	defer stop()
-	return e.SpanExporter.ExportSpans(ctx, spans)
+	err := e.SpanExporter.ExportSpans(ctx, spans)
+	if err != nil && context.Cause(ctx) == errExportsCut {
+		return nil
+	}
+	return err
 }

@@ -109,6 +109,10 @@ type pools struct {
 	// sandbox's takes two connect timeouts) ends then too.
 	dialCtx     context.Context
 	cancelDials context.CancelFunc
+
+	// shedEmpty is when (unix nanos) shedIdle last found no idle
+	// connection to close.
+	shedEmpty atomic.Int64
 }
 
 func (ps *pools) get(key poolKey, now int64) *upstream {
@@ -343,6 +347,53 @@ func (ps *pools) closeIdle() {
 	for _, u := range ps.m {
 		u.closeIdle(time.Now().UnixNano() + 1)
 	}
+}
+
+// shedOnShortage is how many idle connections a connect that found the
+// process out of descriptors closes before it tries again: one for itself,
+// the rest for the requests and accepts that are short of one too.
+const shedOnShortage = 16
+
+// shedIdle closes up to n idle keep-alive connections, each pool's
+// least recently used first, and returns how many it closed. A connect
+// that failed with the process out of descriptors calls it: an idle
+// connection is only a cache of a connect, and with one pool per sandbox
+// a node that served many sandboxes once holds a descriptor for each
+// until upstream.idle_conn_timeout, while the request that needs one
+// fails. A walk that finds none is not repeated within the second, so
+// that a flood of such connects does not walk every pool each.
+func (ps *pools) shedIdle(n int) int {
+	now := time.Now().UnixNano()
+	if now-ps.shedEmpty.Load() < int64(time.Second) {
+		return 0
+	}
+	type victim struct {
+		u *upstream
+		c *upstreamConn
+	}
+	var victims []victim
+	ps.mu.RLock()
+	for _, u := range ps.m {
+		u.mu.Lock()
+		k := min(n-len(victims), len(u.idle))
+		for _, c := range u.idle[:k] {
+			victims = append(victims, victim{u, c})
+		}
+		u.idle = append(u.idle[:0], u.idle[k:]...)
+		clear(u.idle[len(u.idle):cap(u.idle)])
+		u.mu.Unlock()
+		if len(victims) == n {
+			break
+		}
+	}
+	ps.mu.RUnlock()
+	if len(victims) == 0 {
+		ps.shedEmpty.Store(now)
+	}
+	for _, v := range victims {
+		v.u.drop(v.c)
+	}
+	return len(victims)
 }
 
 // abort closes every connection checked out of a pool, at the drain
@@ -1308,6 +1359,9 @@ func (e *dialError) Unwrap() error { return e.err }
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(p.pools.connectCtx(), "tcp", addr)
+	if err != nil && resourceExhausted(err) && !p.pools.aborted.Load() && p.pools.shedIdle(shedOnShortage) > 0 {
+		c, err = d.DialContext(p.pools.connectCtx(), "tcp", addr)
+	}
 	var first *failedConnect
 	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
 		p.metrics.UpstreamRetry()

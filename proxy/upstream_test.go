@@ -2175,3 +2175,54 @@ func FuzzReadHead(f *testing.F) {
 		}
 	})
 }
+
+// shedIdle, which a connect short of descriptors calls, closes at most n
+// idle connections, each pool's oldest first, and leaves the others
+// pooled; a walk that found none is not repeated within the second.
+func TestShedIdleClosesAtMostN(t *testing.T) {
+	ps := &pools{m: make(map[poolKey]*upstream)}
+	var peers []net.Conn
+	for i := range 3 {
+		u := ps.create(poolKey{id: "s" + strconv.Itoa(i)})
+		for range 4 {
+			mine, peer := net.Pipe()
+			peers = append(peers, peer)
+			u.conns.Add(1)
+			u.idle = append(u.idle, &upstreamConn{Conn: mine})
+		}
+	}
+	closed := func() int {
+		n := 0
+		for _, p := range peers {
+			_ = p.SetReadDeadline(time.Now().Add(time.Millisecond))
+			if _, err := p.Read(make([]byte, 1)); errors.Is(err, io.EOF) {
+				n++
+			}
+		}
+		return n
+	}
+	if got := ps.shedIdle(5); got != 5 {
+		t.Fatalf("shedIdle(5) closed %d", got)
+	}
+	if _, conns, _ := ps.stats(); conns != 7 || closed() != 5 {
+		t.Fatalf("after shedIdle(5): %d connections counted open, %d closed; want 7 and 5", conns, closed())
+	}
+	if got := ps.shedIdle(100); got != 7 {
+		t.Fatalf("shedIdle(100) closed %d of the 7 left", got)
+	}
+	if got := ps.shedIdle(1); got != 0 {
+		t.Fatalf("shedIdle with nothing idle closed %d", got)
+	}
+	u := ps.get(poolKey{id: "s0"}, 0)
+	mine, peer := net.Pipe()
+	defer peer.Close()
+	u.conns.Add(1)
+	u.idle = append(u.idle, &upstreamConn{Conn: mine})
+	if got := ps.shedIdle(1); got != 0 {
+		t.Fatalf("a walk within the second of one that found nothing closed %d", got)
+	}
+	ps.shedEmpty.Store(time.Now().Add(-time.Second).UnixNano())
+	if got := ps.shedIdle(1); got != 1 {
+		t.Fatalf("a walk a second later closed %d, want 1", got)
+	}
+}

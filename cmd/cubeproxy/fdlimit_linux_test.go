@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -170,6 +171,83 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	if !strings.Contains(logs.String(), "accepting connections again") {
 		t.Errorf("recovery not logged\n%s", logs.String())
 	}
+}
+
+// A node at its descriptor limit whose idle sandbox connections hold
+// descriptors (one pool per sandbox, each keeping its connections for
+// upstream.idle_conn_timeout): a request for another sandbox closes idle
+// ones and is served. It got 503 proxy_out_of_resources while the idle
+// connections, a mere cache of a connect, kept their descriptors.
+func TestBinaryShedsIdleSandboxConnsAtFDLimit(t *testing.T) {
+	bin := buildBinary(t)
+	var routes strings.Builder
+	routes.WriteString("routes:\n")
+	for i := range 4 {
+		port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+		fmt.Fprintf(&routes, "  s%d:\n    HostIP: \"127.0.0.1\"\n    \"8080\": \"%d\"\n", i, port)
+	}
+	routesFile := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routesFile, []byte(routes.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routesFile,
+		"--access-log-format", "off", "--drain-timeout", "1s")
+	pid := cmd.Process.Pid
+	proxyAddr, _ := waitListening(t, logs, exited)
+
+	client, err := net.Dial("tcp", proxyAddr) // accepted before the limit
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	br := bufio.NewReader(client)
+	get := func(sandbox int) (int, string) {
+		t.Helper()
+		client.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(client, "GET / HTTP/1.1\r\nHost: 8080-s%d.cube.test\r\n\r\n", sandbox)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request to s%d: %v\n%s", sandbox, err, logs.String())
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+	// Three pools with an idle connection each.
+	for i := range 3 {
+		if status, body := get(i); status != 200 {
+			t.Fatalf("s%d before the limit: %d %s", i, status, body)
+		}
+	}
+
+	// Every descriptor taken: the headroom, and any hole below it, by
+	// clients that the accept loop takes until it fails.
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatalf("no /proc: %v", err)
+	}
+	setNoFile(t, pid, uint64(len(fds)+4))
+	var backlog []net.Conn
+	defer func() {
+		for _, c := range backlog {
+			c.Close()
+		}
+	}()
+	for range 20 {
+		c, err := net.Dial("tcp", proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		backlog = append(backlog, c)
+	}
+	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
+		return strings.Contains(logs.String(), "cannot accept connections")
+	})
+
+	if status, body := get(3); status != 200 || body != "ok" {
+		t.Fatalf("a new sandbox at the descriptor limit, with idle sandbox connections open: %d %s; want 200\n%s", status, body, logs.String())
+	}
+	sigtermAndWait(t, cmd, exited, logs)
 }
 
 // The other way out of descriptor exhaustion: the operator raises the

@@ -76,6 +76,23 @@ type Config struct {
 	// origins names, by YAML path, the variable or flag each setting set
 	// outside the file came from (see NameOrigins).
 	origins map[string]string
+	// file is the configuration file read, "" when none was.
+	file string
+}
+
+// File is the configuration file the settings were read from ("" when
+// none was): the path --config or CUBEPROXY_CONFIG named.
+func (c *Config) File() string { return c.file }
+
+// Changed lists, in declaration order, the YAML paths of the settings
+// whose values differ between c and other ("cache.size",
+// "upstream.max_conns"): names only, never values, which may be secrets.
+func (c *Config) Changed(other *Config) []string {
+	var out []string
+	for _, k := range changedLeaves(reflect.ValueOf(*other), reflect.ValueOf(*c), "") {
+		out = append(out, strings.TrimPrefix(k, "."))
+	}
+	return out
 }
 
 // Auth configures the proxy's own credentials.
@@ -304,6 +321,7 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		origins[strings.Join(f.s.path, ".")] = "--" + f.s.flagName()
 	}
 	cfg.origins = origins
+	cfg.file = path
 	cfg.foldCase()
 	if err := cfg.Validate(); err != nil {
 		return nil, cfg.NameOrigins(err)

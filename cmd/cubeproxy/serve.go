@@ -63,6 +63,18 @@ type app struct {
 	// reopens is the reopen goroutine SIGHUP started, if any: close waits
 	// for it once the access log's writer has ended.
 	reopens sync.WaitGroup
+
+	// loadConfig loads the configuration again as serve loaded it (same
+	// flags and environment), for SIGHUP's check; nil where serve did not
+	// build the app.
+	loadConfig func() (*config.Config, error)
+	// rechecks counts the SIGHUPs a configuration check has yet to
+	// answer: one goroutine checks at a time, and checks again when a
+	// SIGHUP came while it read (the file may have changed since), so a
+	// burst reads the file once or twice, and an edit is never missed.
+	rechecks atomic.Int64
+	// checking is the check goroutine SIGHUP started, if any.
+	checking sync.WaitGroup
 }
 
 // listening is told when the listeners are open (demo and tests use it to
@@ -93,6 +105,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	if err != nil {
 		return cfg.NameOrigins(err)
+	}
+	a.loadConfig = func() (*config.Config, error) {
+		return config.LoadCommand("cubeproxy serve", shownDefaults(), args, getenv, io.Discard)
 	}
 	a.tel.Metrics.SetProcessLogDropped(logOut.Dropped)
 	logOut.ReportLossTo(a.log)
@@ -757,6 +772,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case <-hup:
+			a.recheckConfig()
 			if a.access == nil {
 				continue
 			}
@@ -821,6 +837,48 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 		signal.Stop(again)
 		cancel()
 		<-done
+	}
+}
+
+// recheckConfig reads the configuration file again on SIGHUP, in a
+// goroutine of its own, and says when a reload would have changed
+// something: SIGHUP is nginx's reload signal, and here it reopens the
+// access log and applies nothing else. Said nothing, an operator who
+// edited the file and sent it (or ran nginx -s reload's equivalent) took
+// "access log reopened" for a reload that never happened, and found out
+// at the next restart, by then with settings unseen since the edit (or a
+// file that no longer loads, failing that start). A pipe (--config
+// <(...)) is read once, at start: it is not read again.
+func (a *app) recheckConfig() {
+	path := a.cfg.File()
+	if a.loadConfig == nil || path == "" || a.rechecks.Add(1) > 1 {
+		return
+	}
+	a.checking.Go(func() {
+		for {
+			n := a.rechecks.Load()
+			a.checkConfig(path)
+			if a.rechecks.CompareAndSwap(n, 0) {
+				return
+			}
+		}
+	})
+}
+
+// checkConfig is one of recheckConfig's checks of the file at path.
+func (a *app) checkConfig(path string) {
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return
+	}
+	cfg, err := a.loadConfig()
+	if err != nil {
+		a.log.Warn("SIGHUP: the configuration file no longer loads, so a restart would fail; SIGHUP reloads nothing (it reopens the access log), the running configuration stays",
+			"config", path, "err", err)
+		return
+	}
+	if keys := a.cfg.Changed(cfg); len(keys) > 0 {
+		a.log.Warn("SIGHUP: the configuration file changed since start; SIGHUP reloads nothing (it reopens the access log): restart, or start a reuse_port successor, to apply it",
+			"config", path, "changed", keys)
 	}
 }
 
@@ -902,6 +960,9 @@ func (a *app) close() {
 			ln.Close()
 		}
 	}
+	// A check still reading the file logs to the process log, which
+	// serve closes after this.
+	a.checking.Wait()
 }
 
 func addrOf(ln net.Listener) string {

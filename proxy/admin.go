@@ -137,12 +137,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if !a.authorized(ctx) {
-		a.p.metrics.AuthRejected(telemetry.AuthAdmin)
-		if a.cfg.Token == "" {
-			adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
-			return
-		}
-		adminError(ctx, 403, "admin token missing or wrong")
+		a.refuse(ctx)
 		return
 	}
 	method := string(ctx.Method())
@@ -194,6 +189,32 @@ func adminAllow(path string) string {
 		return "POST"
 	}
 	return ""
+}
+
+// refuse answers the 403 of a caller without the admin credential.
+func (a *Admin) refuse(ctx *fasthttp.RequestCtx) {
+	a.p.metrics.AuthRejected(telemetry.AuthAdmin)
+	if a.cfg.Token == "" {
+		adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
+		return
+	}
+	adminError(ctx, 403, "admin token missing or wrong")
+}
+
+// maxTokenlessAdminBody is the largest body read from a caller that
+// presents no valid admin token when one is configured: none of the
+// endpoints it may call (health, readiness, a loopback scrape) reads a
+// body, and fasthttp allocates a declared Content-Length whole as soon as
+// the head has come, so the 1 MiB of an admin body let a host without the
+// token hold 1 MiB per ~100-byte head for the read timeout, on a listener
+// whose connections are not capped.
+const maxTokenlessAdminBody = 8 << 10
+
+// tokenPresented reports whether a request head carries the configured
+// admin token, or no token is configured (the listener is then loopback
+// only, and its local callers are trusted with the full body limit).
+func (a *Admin) tokenPresented(h *fasthttp.RequestHeader) bool {
+	return a.cfg.Token == "" || auth.AdminAuthorized([]byte(a.cfg.Token), h.Peek(auth.HeaderAdminToken))
 }
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {

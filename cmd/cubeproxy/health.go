@@ -53,15 +53,25 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return fmt.Errorf("health %s: %w", addr, err)
 	}
-	// No proxy from the environment: the admin listener is local.
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	// No proxy from the environment: the admin listener is local. No
+	// redirect followed either: the proxy never sends one, so a 3xx is
+	// something else on the port, and following it judged another server
+	// (anywhere the Location named) while exiting 0 as if the proxy were.
+	client := &http.Client{
+		Transport:     &http.Transport{DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("health: GET http://%s%s: %w", addr, path, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	line := fmt.Sprintf("GET %s: %s %s", path, resp.Status, strings.TrimSpace(string(body)))
+	status := resp.Status
+	if loc := resp.Header.Get("Location"); loc != "" && resp.StatusCode/100 == 3 {
+		status += fmt.Sprintf(" (to %s, not followed)", loc)
+	}
+	line := fmt.Sprintf("GET %s: %s %s", path, status, strings.TrimSpace(string(body)))
 	if resp.StatusCode != http.StatusOK {
 		return errors.New("health: " + line)
 	}

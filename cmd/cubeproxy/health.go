@@ -8,8 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cube-sandbox/cubeproxy/config"
 )
@@ -72,6 +75,7 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 		status += fmt.Sprintf(" (to %s, not followed)", loc)
 	}
 	line := fmt.Sprintf("GET %s: %s %s", path, status, strings.TrimSpace(string(body)))
+	line = escapeControls(line)
 	if resp.StatusCode != http.StatusOK {
 		return errors.New("health: " + line)
 	}
@@ -107,4 +111,26 @@ func probeAddr(addr string) (string, error) {
 		host = "::1"
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// escapeControls spells out what a terminal would act on in s (escape
+// sequences, bytes that are no UTF-8) as Go escapes: the answer health
+// prints comes from whatever listens on the port, and an operator runs it
+// in a terminal.
+func escapeControls(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r != ' ' && !unicode.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }

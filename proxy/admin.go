@@ -486,11 +486,7 @@ func (a *Admin) storeChanged(id string) {
 
 // liftKill forgets a meta/delete of id: a route stored again is a
 // re-created sandbox, no longer killed.
-func (a *Admin) liftKill(id string) {
-	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state() == stateKilled {
-		a.p.sandboxes.setState(id, stateRunning)
-	}
-}
+func (a *Admin) liftKill(id string) { a.p.sandboxes.liftKill(id) }
 
 // routeWritten answers meta/upsert when the routes live in Redis. The
 // control plane has written the route there and calls upsert after, as

@@ -137,7 +137,12 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if !a.authorized(ctx) {
-		a.refuse(ctx)
+		a.p.metrics.AuthRejected(telemetry.AuthAdmin)
+		if a.cfg.Token == "" {
+			adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
+			return
+		}
+		adminError(ctx, 403, "admin token missing or wrong")
 		return
 	}
 	method := string(ctx.Method())
@@ -189,16 +194,6 @@ func adminAllow(path string) string {
 		return "POST"
 	}
 	return ""
-}
-
-// refuse answers the 403 of a caller without the admin credential.
-func (a *Admin) refuse(ctx *fasthttp.RequestCtx) {
-	a.p.metrics.AuthRejected(telemetry.AuthAdmin)
-	if a.cfg.Token == "" {
-		adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
-		return
-	}
-	adminError(ctx, 403, "admin token missing or wrong")
 }
 
 // maxTokenlessAdminBody is the largest body read from a caller that

@@ -356,7 +356,9 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 	return &fasthttp.Server{
 		Handler: admin.Handler,
 		// A caller without the token gets no room for a body: fasthttp
-		// allocates a declared length whole before the handler runs.
+		// allocates a declared length whole before the handler runs. Its
+		// 413 is the ErrorHandler's: fasthttp resets the request, token
+		// and all, when a chunked body runs over.
 		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 			if !admin.tokenPresented(h) {
 				return fasthttp.RequestConfig{MaxRequestBodySize: maxTokenlessAdminBody}
@@ -364,14 +366,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			return fasthttp.RequestConfig{}
 		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) && !admin.tokenPresented(&ctx.Request.Header) {
-				// The refusal the handler would have given: the body's
-				// size is no business of a caller without the token.
-				admin.refuse(ctx)
-				ctx.SetConnectionClose()
-			} else {
-				clientError(ctx, err) // JSON, like every admin answer
-			}
+			clientError(ctx, err) // JSON, like every admin answer
 			// A head or body over the limits closed with the rest
 			// unread: the reset failed a client still sending before it
 			// read the 431 or 413. Lingered as the traffic listener's.

@@ -102,6 +102,12 @@ type Server struct {
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
 	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
+	// chunkedHeads holds a copy of the head of each chunked request on
+	// the redirect listener, keyed by the header fasthttp reads it into,
+	// until it is answered: fasthttp resets the request, head and all,
+	// when such a body runs over the listener's limit, and the redirect
+	// is built from the head.
+	chunkedHeads sync.Map // *fasthttp.RequestHeader -> *fasthttp.RequestHeader
 	// redirectPort is the HTTPS port the redirects name ("" for 443).
 	redirectPort string
 	// redirectConns are the redirect listener's connections, each with the
@@ -193,6 +199,11 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 	}
 }
 
+// maxRedirectBody is the largest request body the redirect listener reads
+// before redirecting: as much as fasthttp reads of one on the traffic
+// listeners before the handler runs.
+const maxRedirectBody = fasthttpPreRead
+
 // redirectServer is the fasthttp server of the plain-HTTP listener when it
 // redirects to HTTPS. Its Handler is set by ServeRedirect, which knows the
 // HTTPS port; until then it has none.
@@ -200,8 +211,20 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 	p, cfg := s.p, s.cfg
 	return &fasthttp.Server{
 		ExpectHandler: s.redirectExpect,
+		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			if h.ContentLength() == -1 {
+				saved := new(fasthttp.RequestHeader)
+				h.CopyTo(saved)
+				s.chunkedHeads.Store(h, saved)
+			}
+			return fasthttp.RequestConfig{} // the server's limits
+		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			saved, chunked := s.chunkedHeads.LoadAndDelete(&ctx.Request.Header)
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
+				if chunked {
+					saved.(*fasthttp.RequestHeader).CopyTo(&ctx.Request.Header)
+				}
 				// Only this listener's buffer is too small for the body:
 				// HTTPS streams it, so the client is sent there like any
 				// other, not told its upload is too large. The body is
@@ -217,7 +240,12 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
-		ReadBufferSize:        cfg.MaxRequestHeaderSize,
+		ReadBufferSize: cfg.MaxRequestHeaderSize,
+		// The body is not needed, and fasthttp allocates a declared
+		// Content-Length whole once the head is in (its default allows
+		// 4 MiB): ~70-byte heads from any client held 4 MB each for the
+		// read timeout. Above this, the ErrorHandler's redirect, unread.
+		MaxRequestBodySize:    maxRedirectBody,
 		Concurrency:           unlimitedConcurrency,
 		ReadTimeout:           cfg.ClientReadTimeout,
 		WriteTimeout:          cfg.ClientWriteTimeout,
@@ -450,7 +478,10 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		httpsPort = ""
 	}
 	s.redirectPort = httpsPort
-	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) { s.answerRedirect(ctx, false) }
+	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
+		s.chunkedHeads.Delete(&ctx.Request.Header) // read whole: not needed
+		s.answerRedirect(ctx, false)
+	}
 	if err := s.redirect.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}

@@ -102,12 +102,6 @@ type Server struct {
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
 	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
-	// chunkedHeads holds a copy of the head of each chunked request on
-	// the redirect listener, keyed by the header fasthttp reads it into,
-	// until it is answered: fasthttp resets the request, head and all,
-	// when such a body runs over the listener's limit, and the redirect
-	// is built from the head.
-	chunkedHeads sync.Map // *fasthttp.RequestHeader -> *fasthttp.RequestHeader
 	// redirectPort is the HTTPS port the redirects name ("" for 443).
 	redirectPort string
 	// redirectConns are the redirect listener's connections, each with the
@@ -211,20 +205,13 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 	p, cfg := s.p, s.cfg
 	return &fasthttp.Server{
 		ExpectHandler: s.redirectExpect,
-		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-			if h.ContentLength() == -1 {
-				saved := new(fasthttp.RequestHeader)
-				h.CopyTo(saved)
-				s.chunkedHeads.Store(h, saved)
-			}
-			return fasthttp.RequestConfig{} // the server's limits
-		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			saved, chunked := s.chunkedHeads.LoadAndDelete(&ctx.Request.Header)
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
-				if chunked {
-					saved.(*fasthttp.RequestHeader).CopyTo(&ctx.Request.Header)
-				}
+			// No Host: fasthttp resets the whole request when a chunked
+			// body runs over, and there is no head left to build the
+			// redirect from. Such an upload is a 413 (a client cannot
+			// replay a streamed body to follow a redirect anyway), not
+			// the 400 for an empty Host it was answered.
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil && len(ctx.Request.Header.Host()) > 0 {
 				// Only this listener's buffer is too small for the body:
 				// HTTPS streams it, so the client is sent there like any
 				// other, not told its upload is too large. The body is
@@ -478,10 +465,7 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 		httpsPort = ""
 	}
 	s.redirectPort = httpsPort
-	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) {
-		s.chunkedHeads.Delete(&ctx.Request.Header) // read whole: not needed
-		s.answerRedirect(ctx, false)
-	}
+	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) { s.answerRedirect(ctx, false) }
 	if err := s.redirect.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve redirect %s: %w", ln.Addr(), err)
 	}

@@ -196,6 +196,22 @@ func adminAllow(path string) string {
 	return ""
 }
 
+// maxTokenlessAdminBody is the largest body read from a caller that
+// presents no valid admin token when one is configured: none of the
+// endpoints it may call (health, readiness, a loopback scrape) reads a
+// body, and fasthttp allocates a declared Content-Length whole as soon as
+// the head has come, so the 1 MiB of an admin body let a host without the
+// token hold 1 MiB per ~100-byte head for the read timeout, on a listener
+// whose connections are not capped.
+const maxTokenlessAdminBody = 8 << 10
+
+// tokenPresented reports whether a request head carries the configured
+// admin token, or no token is configured (the listener is then loopback
+// only, and its local callers are trusted with the full body limit).
+func (a *Admin) tokenPresented(h *fasthttp.RequestHeader) bool {
+	return a.cfg.Token == "" || auth.AdminAuthorized([]byte(a.cfg.Token), h.Peek(auth.HeaderAdminToken))
+}
+
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
 	if a.cfg.Token == "" {
 		return localClient(ctx)
@@ -465,11 +481,7 @@ func (a *Admin) storeChanged(id string) {
 
 // liftKill forgets a meta/delete of id: a route stored again is a
 // re-created sandbox, no longer killed.
-func (a *Admin) liftKill(id string) {
-	if sb := a.p.sandboxes.peek(id); sb != nil && sb.state() == stateKilled {
-		a.p.sandboxes.setState(id, stateRunning)
-	}
-}
+func (a *Admin) liftKill(id string) { a.p.sandboxes.liftKill(id) }
 
 // routeWritten answers meta/upsert when the routes live in Redis. The
 // control plane has written the route there and calls upsert after, as

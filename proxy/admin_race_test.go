@@ -330,3 +330,51 @@ func createPaused(t *testing.T, h *harness, id string, port uint16) {
 		}
 	}
 }
+
+// A route stored again lifts the sandbox's kill, and only a kill: a pause
+// set through /admin/state while the store's change finds the sandbox
+// killed stands. Both calls answer 200, and in either order the sandbox
+// ends paused (a pause replaces the kill, a store keeps a pause); the
+// lift read "killed", then set running over the pause that had landed
+// since, and traffic went to a sandbox the control plane had paused.
+func TestAdminRouteStoredKeepsAPauseThatLandsOnTheKill(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	for _, store := range []adminCall{
+		{"PUT", "/admin/routes/rk", `{"HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
+		{"POST", "/admin/meta/upsert", `{"sandbox_id":"rk","HostIP":"127.0.0.1","80":"` + itoa(port) + `"}`},
+	} {
+		t.Run(store.path, func(t *testing.T) {
+			h := newHarness(t)
+			h.route("rk", port)
+			host := "80-rk.cube.test" // as the stored route maps it
+			if st, body := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"rk"}`, ""); st != 200 {
+				t.Fatalf("meta/delete: %d %s", st, body)
+			}
+			var fired atomic.Bool
+			pause := make(chan int, 1)
+			h.proxy.sandboxes.beforeLiftKill = func() {
+				if fired.CompareAndSwap(false, true) {
+					st, err := h.call(adminCall{"POST", "/admin/state", `{"sandbox_id":"rk","state":"paused"}`})
+					if err != nil {
+						t.Error(err)
+					}
+					pause <- st
+				}
+			}
+			st, err := h.call(store)
+			h.proxy.sandboxes.beforeLiftKill = nil
+			if err != nil || st != 200 {
+				t.Fatalf("%s %s: %d %v", store.method, store.path, st, err)
+			}
+			if !fired.Load() {
+				t.Fatal("the store did not lift the kill: the case tests nothing")
+			}
+			if st := <-pause; st != 200 {
+				t.Fatalf("state paused: %d", st)
+			}
+			if st, body, _ := h.get(host, "/"); st != 503 || !strings.Contains(body, CodeSandboxPausing) {
+				t.Errorf("GET after both: %d %s, want 503 %s", st, body, CodeSandboxPausing)
+			}
+		})
+	}
+}

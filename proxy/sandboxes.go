@@ -207,6 +207,10 @@ type sandboxes struct {
 	// beforeUnkill, for tests, runs between unkill's judging of a kill's
 	// time and its swap, where another kill lands; nil in production.
 	beforeUnkill func()
+	// beforeLiftKill, for tests, runs between liftKill's finding the
+	// sandbox killed and its swap, where a state change lands; nil in
+	// production.
+	beforeLiftKill func()
 }
 
 // get returns the state for id without allocating when it exists. id may
@@ -280,6 +284,35 @@ func (s *sandboxes) unkill(e *sandboxState, createdAt int64) bool {
 		}
 		if e.word.CompareAndSwap(w, withState(w, stateRunning)) {
 			return true
+		}
+	}
+}
+
+// liftKill makes id running if it is killed: a route stored again is a
+// re-created sandbox, no longer killed. The swap is from the killed word
+// it looked at: a state set since (a pause through /admin/state) is the
+// control plane's later word and stands, where a set after a look
+// replaced it with running while both calls answered 200.
+func (s *sandboxes) liftKill(id string) {
+	e := s.peek(id)
+	if e == nil {
+		return
+	}
+	for {
+		w := e.word.Load()
+		if stateOf(w) != stateKilled {
+			return // also when forgotten: a fresh entry is running
+		}
+		if s.beforeLiftKill != nil {
+			s.beforeLiftKill()
+		}
+		// The time before the swap, as setState: a request that sees the
+		// state sees its time. Stored by a swap that then fails, it is a
+		// little later than the state set since, which only keeps that
+		// state from a forget that began before it.
+		e.changedAt.Store(time.Now().UnixNano())
+		if e.word.CompareAndSwap(w, withState(w, stateRunning)) {
+			return
 		}
 	}
 }

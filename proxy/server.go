@@ -193,6 +193,11 @@ func (s *Server) trafficServer(log fasthttpLogger) *fasthttp.Server {
 	}
 }
 
+// maxRedirectBody is the largest request body the redirect listener reads
+// before redirecting: as much as fasthttp reads of one on the traffic
+// listeners before the handler runs.
+const maxRedirectBody = fasthttpPreRead
+
 // redirectServer is the fasthttp server of the plain-HTTP listener when it
 // redirects to HTTPS. Its Handler is set by ServeRedirect, which knows the
 // HTTPS port; until then it has none.
@@ -201,7 +206,12 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 	return &fasthttp.Server{
 		ExpectHandler: s.redirectExpect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil {
+			// No Host: fasthttp resets the whole request when a chunked
+			// body runs over, and there is no head left to build the
+			// redirect from. Such an upload is a 413 (a client cannot
+			// replay a streamed body to follow a redirect anyway), not
+			// the 400 for an empty Host it was answered.
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.redirect.Handler != nil && len(ctx.Request.Header.Host()) > 0 {
 				// Only this listener's buffer is too small for the body:
 				// HTTPS streams it, so the client is sent there like any
 				// other, not told its upload is too large. The body is
@@ -217,7 +227,12 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 		},
 		NoDefaultServerHeader: true,
 		// The heads HTTPS takes: cookies for the domain come along.
-		ReadBufferSize:        cfg.MaxRequestHeaderSize,
+		ReadBufferSize: cfg.MaxRequestHeaderSize,
+		// The body is not needed, and fasthttp allocates a declared
+		// Content-Length whole once the head is in (its default allows
+		// 4 MiB): ~70-byte heads from any client held 4 MB each for the
+		// read timeout. Above this, the ErrorHandler's redirect, unread.
+		MaxRequestBodySize:    maxRedirectBody,
 		Concurrency:           unlimitedConcurrency,
 		ReadTimeout:           cfg.ClientReadTimeout,
 		WriteTimeout:          cfg.ClientWriteTimeout,
@@ -355,6 +370,16 @@ const unlimitedConcurrency = math.MaxInt32
 func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler: admin.Handler,
+		// A caller without the token gets no room for a body: fasthttp
+		// allocates a declared length whole before the handler runs. Its
+		// 413 is the ErrorHandler's: fasthttp resets the request, token
+		// and all, when a chunked body runs over.
+		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			if !admin.tokenPresented(h) {
+				return fasthttp.RequestConfig{MaxRequestBodySize: maxTokenlessAdminBody}
+			}
+			return fasthttp.RequestConfig{}
+		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			clientError(ctx, err) // JSON, like every admin answer
 			// A head or body over the limits closed with the rest

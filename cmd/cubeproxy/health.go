@@ -8,8 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cube-sandbox/cubeproxy/config"
 )
@@ -53,15 +56,26 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return fmt.Errorf("health %s: %w", addr, err)
 	}
-	// No proxy from the environment: the admin listener is local.
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	// No proxy from the environment: the admin listener is local. No
+	// redirect followed either: the proxy never sends one, so a 3xx is
+	// something else on the port, and following it judged another server
+	// (anywhere the Location named) while exiting 0 as if the proxy were.
+	client := &http.Client{
+		Transport:     &http.Transport{DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("health: GET http://%s%s: %w", addr, path, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	line := fmt.Sprintf("GET %s: %s %s", path, resp.Status, strings.TrimSpace(string(body)))
+	status := resp.Status
+	if loc := resp.Header.Get("Location"); loc != "" && resp.StatusCode/100 == 3 {
+		status += fmt.Sprintf(" (to %s, not followed)", loc)
+	}
+	line := fmt.Sprintf("GET %s: %s %s", path, status, strings.TrimSpace(string(body)))
+	line = escapeControls(line)
 	if resp.StatusCode != http.StatusOK {
 		return errors.New("health: " + line)
 	}
@@ -97,4 +111,26 @@ func probeAddr(addr string) (string, error) {
 		host = "::1"
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// escapeControls spells out what a terminal would act on in s (escape
+// sequences, bytes that are no UTF-8) as Go escapes: the answer health
+// prints comes from whatever listens on the port, and an operator runs it
+// in a terminal.
+func escapeControls(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r != ' ' && !unicode.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,11 @@ func TestHealthAsksTheAdminListener(t *testing.T) {
 
 	// A listener that answers 503, as /readyz does while the proxy drains.
 	notReady := listen503(t)
+	// Something else on the port that sends the probe elsewhere: to the
+	// proxy's own listener here, which answers 200.
+	redirect := listenRedirect(t, "http://"+admin+"/readyz")
+	// Something else that answers with terminal escape sequences.
+	escapes := listenAnswer(t, 200, "\x1b]0;owned\a{\"ready\":true}\x1b[2J\xff")
 	// A port no one listens on.
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -40,6 +46,8 @@ func TestHealthAsksTheAdminListener(t *testing.T) {
 		{"ready", admin, nil, 0, "GET /readyz: 200 OK"},
 		{"live", admin, []string{"--live"}, 0, "GET /admin/healthz: 200 OK"},
 		{"not ready", notReady, nil, 1, "GET /readyz: 503 Service Unavailable"},
+		{"redirected", redirect, nil, 1, "GET /readyz: 302 Found (to http://" + admin + "/readyz, not followed)"},
+		{"control characters", escapes, nil, 0, `GET /readyz: 200 OK \x1b]0;owned\a{"ready":true}\x1b[2J\xff` + "\n"},
 		{"no listener", gone, []string{"--timeout", "2s"}, 1, "connection refused"},
 		{"stray argument", admin, []string{"now"}, 2, `unexpected argument "now"`},
 		{"bad timeout", admin, []string{"--timeout", "0s"}, 2, "--timeout 0s"},
@@ -97,6 +105,37 @@ func listen503(t *testing.T) string {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, `{"ready":false,"reason":"draining"}`, http.StatusServiceUnavailable)
 	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// listenAnswer serves status with body on a loopback port and returns
+// its address.
+func listenAnswer(t *testing.T, status int, body string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// listenRedirect serves a 302 to location on a loopback port and returns
+// its address.
+func listenRedirect(t *testing.T, location string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.RedirectHandler(location, http.StatusFound)}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()

@@ -69,26 +69,7 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 		t.Fatalf("before the limit: status %d", resp.StatusCode)
 	}
 
-	// A few descriptors of headroom above what the process holds now.
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatalf("no /proc: %v", err)
-	}
-	setNoFile(t, pid, uint64(len(fds)+4))
-
-	var idle []net.Conn
-	defer func() {
-		for _, c := range idle {
-			c.Close()
-		}
-	}()
-	for range 20 {
-		c, err := net.Dial("tcp", proxyAddr) // completes in the backlog
-		if err != nil {
-			t.Fatal(err)
-		}
-		idle = append(idle, c)
-	}
+	idle := fillDescriptors(t, pid, proxyAddr, 4, 20, func(n uint64) { setNoFile(t, pid, n) })
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), "cannot accept connections") {
 		select {
@@ -136,7 +117,6 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	for _, c := range idle {
 		c.Close()
 	}
-	idle = nil
 	client := &http.Client{Timeout: 10 * time.Second}
 	deadline = time.Now().Add(10 * time.Second)
 	for {
@@ -220,26 +200,7 @@ func TestBinaryShedsIdleSandboxConnsAtFDLimit(t *testing.T) {
 		}
 	}
 
-	// Every descriptor taken: the headroom, and any hole below it, by
-	// clients that the accept loop takes until it fails.
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatalf("no /proc: %v", err)
-	}
-	setNoFile(t, pid, uint64(len(fds)+4))
-	var backlog []net.Conn
-	defer func() {
-		for _, c := range backlog {
-			c.Close()
-		}
-	}()
-	for range 20 {
-		c, err := net.Dial("tcp", proxyAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		backlog = append(backlog, c)
-	}
+	fillDescriptors(t, pid, proxyAddr, 4, 20, func(n uint64) { setNoFile(t, pid, n) })
 	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
 		return strings.Contains(logs.String(), "cannot accept connections")
 	})
@@ -266,25 +227,8 @@ func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
 
 	var lim syscall.Rlimit
 	getNoFile(t, pid, &lim)
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatalf("no /proc: %v", err)
-	}
 	// The soft limit only: raising it back needs no privilege.
-	setNoFileSoft(t, pid, uint64(len(fds)+2), lim.Max)
-	var idle []net.Conn
-	defer func() {
-		for _, c := range idle {
-			c.Close()
-		}
-	}()
-	for range 10 {
-		c, err := net.Dial("tcp", proxyAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		idle = append(idle, c)
-	}
+	fillDescriptors(t, pid, proxyAddr, 2, 10, func(n uint64) { setNoFileSoft(t, pid, n, lim.Max) })
 	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
 		return strings.Contains(logs.String(), "cannot accept connections")
 	})
@@ -308,6 +252,34 @@ func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
 		t.Errorf("cubeproxy_accept_errors_total = %v, want > 0", n)
 	}
 	sigtermAndWait(t, cmd, exited, logs)
+}
+
+// fillDescriptors takes every descriptor the proxy at pid may open:
+// setLimit sets its limit to headroom above what it holds now, and n
+// clients connect, which the accept loop takes (filling the headroom and
+// any hole below it) until it fails. The clients are returned and closed
+// when the test ends.
+func fillDescriptors(t *testing.T, pid int, proxyAddr string, headroom, n int, setLimit func(uint64)) []net.Conn {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatalf("no /proc: %v", err)
+	}
+	setLimit(uint64(len(fds) + headroom))
+	var clients []net.Conn
+	t.Cleanup(func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	})
+	for range n {
+		c, err := net.Dial("tcp", proxyAddr) // completes in the backlog
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	return clients
 }
 
 // getNoFile reads another process's RLIMIT_NOFILE (prlimit(2)).

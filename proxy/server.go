@@ -895,6 +895,9 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 // connection of conns, and whether it ended a request (logged and
 // counted) rather than a connection that carried none.
 func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (proxyError, bool) {
+	if plainHTTPOnTLS(err) != nil {
+		return refusedPlainHTTP, true
+	}
 	if !connectionError(err) || headStalled(err) {
 		return p.refused(err), true
 	}
@@ -946,6 +949,12 @@ func (p *Proxy) refused(err error) proxyError {
 // keep fasthttp's plain close. A connection error (a timeout, a reset)
 // has nothing more to read.
 func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
+	if raw := plainHTTPOnTLS(err); raw != nil {
+		// Written under the TLS layer, which has failed for good: what
+		// fasthttp then writes through it goes nowhere.
+		p.answerLingering(raw, raw, &ctx.Response)
+		return
+	}
 	c := ctx.Conn()
 	if _, ok := c.(interface{ CloseWrite() error }); !ok {
 		return
@@ -953,6 +962,31 @@ func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
 	if isSmallBuffer(err) || (ctx.ConnRequestNum() == 0 && !connectionError(err)) {
 		p.answerLingering(c, c, &ctx.Response)
 	}
+}
+
+// refusedPlainHTTP answers plain HTTP sent to the HTTPS listener, as nginx
+// answers it (400, "The plain HTTP request was sent to HTTPS port").
+var refusedPlainHTTP = proxyError{status: 400, code: CodeBadRequest, msg: "plain HTTP request sent to the HTTPS port: use https://"}
+
+// plainHTTPOnTLS returns the connection under a TLS listener's connection
+// whose first bytes were plain HTTP rather than a TLS handshake (an SDK or
+// a curl given http:// and the HTTPS port), or nil. crypto/tls hands it
+// over for that answer, as net/http writes its own 400 there; closed
+// without a byte, the client only said "empty reply". A request method
+// begins with an upper-case letter, which no TLS record type (0x14-0x18)
+// or SSLv2 hello (0x80) does; the rest of the record header must be
+// printable, as a method and the start of its target are.
+func plainHTTPOnTLS(err error) net.Conn {
+	var rh tls.RecordHeaderError
+	if !errors.As(err, &rh) || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
+		return nil
+	}
+	for _, c := range rh.RecordHeader {
+		if c < ' ' || c > '~' {
+			return nil
+		}
+	}
+	return rh.Conn
 }
 
 // connectionError reports an error of the connection rather than of a

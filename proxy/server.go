@@ -285,6 +285,12 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// Logged and counted like every other request (as answered by the
 	// proxy itself), under the id the client gets, so that an operator
 	// sees clients still arriving over plain HTTP.
+	// The Host the HTTPS listener routes by (settleHost): the client's
+	// line, not an absolute-form target's authority, and for an HTTP/1.0
+	// request without one, its target's host. Before begin, which takes
+	// the host the access log shows, as the traffic listeners' handle
+	// does: the line named the target's host, not the one redirected to.
+	settleHost(&ctx.Request.Header)
 	var x exchange
 	s.p.begin(ctx, &x, &s.redirectConns)
 	x.kind = telemetry.RouteError
@@ -293,10 +299,6 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// listeners, at most 8 KiB, and 0 for a chunked body.
 	x.bytesIn = int64(len(ctx.Request.Body()))
 	x.early = early
-	// The Host the HTTPS listener routes by (settleHost): the client's
-	// line, not an absolute-form target's authority, and for an HTTP/1.0
-	// request without one, its target's host.
-	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
 	if e := refusedRequestLine(&ctx.Request.Header); e != nil {
 		// As on HTTPS (serve): a CONNECT's authority-form target made a

@@ -979,8 +979,10 @@ var refusedPlainHTTP = proxyError{status: 400, code: CodeBadRequest, msg: "plain
 // or SSLv2 hello (0x80) does; the rest of the record header must be
 // printable, as a method and the start of its target are.
 func plainHTTPOnTLS(err error) net.Conn {
-	var rh tls.RecordHeaderError
-	if !errors.As(err, &rh) || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
+	// AsType: errors.As would move its target to the heap, an allocation
+	// for every refusal the error handler sees.
+	rh, ok := errors.AsType[tls.RecordHeaderError](err)
+	if !ok || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
 		return nil
 	}
 	for _, c := range rh.RecordHeader {

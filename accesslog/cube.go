@@ -21,7 +21,12 @@ const hexDigits = "0123456789ABCDEF"
 // x_cube_instance_id, backend_ip.
 func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	b = ts.append(b, e.Time, now)
-	b = cubeField(b, e.Host)
+	b = append(b, cubeSep...)
+	if e.Host == "" {
+		b = append(b, '-')
+	} else {
+		b = appendRedactedHost(b, e.Host, appendCubeEscaped)
+	}
 	b = cubeField(b, e.XRealIP)
 	b = cubeField(b, e.XForwardedFor)
 	b = cubeField(b, e.ServerAddr)

@@ -11,7 +11,7 @@ import "time"
 // There is deliberately no header map: only the listed headers are logged,
 // and the cube_token parameter (in the query or a fragment) and the
 // userinfo of an absolute-form target are redacted from RequestURI, Args
-// and URI.
+// and URI, and the userinfo of a Host from Host.
 type Entry struct {
 	// Time is when the request finished (nginx $time_local); zero means now.
 	Time time.Time

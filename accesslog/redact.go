@@ -28,6 +28,19 @@ func appendRedactedURI(dst []byte, uri string, esc appendFunc) []byte {
 	return appendRedactedQuery(dst, uri[q+1:], esc)
 }
 
+// appendRedactedHost appends a Host through esc, its userinfo (up to its
+// last '@') replaced by REDACTED, as an absolute-form target's is. The
+// proxy refuses such a Host (400), but logs the line of the refusal: a
+// client that copies a URL's authority into Host ("u:pw@3000-x.cube.app")
+// sent a password there, a traffic token as often as not.
+func appendRedactedHost(dst []byte, host string, esc appendFunc) []byte {
+	if at := strings.LastIndexByte(host, '@'); at > 0 {
+		dst = append(dst, redacted...)
+		host = host[at:]
+	}
+	return esc(dst, host)
+}
+
 // appendRedactedAuthority appends the scheme and authority of an
 // absolute-form target through esc, its userinfo (up to the authority's
 // last '@') replaced by REDACTED, and returns the rest of uri; a target

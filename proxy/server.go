@@ -285,6 +285,12 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// Logged and counted like every other request (as answered by the
 	// proxy itself), under the id the client gets, so that an operator
 	// sees clients still arriving over plain HTTP.
+	// The Host the HTTPS listener routes by (settleHost): the client's
+	// line, not an absolute-form target's authority, and for an HTTP/1.0
+	// request without one, its target's host. Before begin, which takes
+	// the host the access log shows, as the traffic listeners' handle
+	// does: the line named the target's host, not the one redirected to.
+	settleHost(&ctx.Request.Header)
 	var x exchange
 	s.p.begin(ctx, &x, &s.redirectConns)
 	x.kind = telemetry.RouteError
@@ -293,10 +299,6 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// listeners, at most 8 KiB, and 0 for a chunked body.
 	x.bytesIn = int64(len(ctx.Request.Body()))
 	x.early = early
-	// The Host the HTTPS listener routes by (settleHost): the client's
-	// line, not an absolute-form target's authority, and for an HTTP/1.0
-	// request without one, its target's host.
-	settleHost(&ctx.Request.Header)
 	host := ctx.Request.Header.Host()
 	if e := refusedRequestLine(&ctx.Request.Header); e != nil {
 		// As on HTTPS (serve): a CONNECT's authority-form target made a
@@ -895,6 +897,9 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 // connection of conns, and whether it ended a request (logged and
 // counted) rather than a connection that carried none.
 func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (proxyError, bool) {
+	if plainHTTPOnTLS(err) != nil {
+		return refusedPlainHTTP, true
+	}
 	if !connectionError(err) || headStalled(err) {
 		return p.refused(err), true
 	}
@@ -946,6 +951,12 @@ func (p *Proxy) refused(err error) proxyError {
 // keep fasthttp's plain close. A connection error (a timeout, a reset)
 // has nothing more to read.
 func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
+	if raw := plainHTTPOnTLS(err); raw != nil {
+		// Written under the TLS layer, which has failed for good: what
+		// fasthttp then writes through it goes nowhere.
+		p.answerLingering(raw, raw, &ctx.Response)
+		return
+	}
 	c := ctx.Conn()
 	if _, ok := c.(interface{ CloseWrite() error }); !ok {
 		return
@@ -953,6 +964,33 @@ func (p *Proxy) lingerRefused(ctx *fasthttp.RequestCtx, err error) {
 	if isSmallBuffer(err) || (ctx.ConnRequestNum() == 0 && !connectionError(err)) {
 		p.answerLingering(c, c, &ctx.Response)
 	}
+}
+
+// refusedPlainHTTP answers plain HTTP sent to the HTTPS listener, as nginx
+// answers it (400, "The plain HTTP request was sent to HTTPS port").
+var refusedPlainHTTP = proxyError{status: 400, code: CodeBadRequest, msg: "plain HTTP request sent to the HTTPS port: use https://"}
+
+// plainHTTPOnTLS returns the connection under a TLS listener's connection
+// whose first bytes were plain HTTP rather than a TLS handshake (an SDK or
+// a curl given http:// and the HTTPS port), or nil. crypto/tls hands it
+// over for that answer, as net/http writes its own 400 there; closed
+// without a byte, the client only said "empty reply". A request method
+// begins with an upper-case letter, which no TLS record type (0x14-0x18)
+// or SSLv2 hello (0x80) does; the rest of the record header must be
+// printable, as a method and the start of its target are.
+func plainHTTPOnTLS(err error) net.Conn {
+	// AsType: errors.As would move its target to the heap, an allocation
+	// for every refusal the error handler sees.
+	rh, ok := errors.AsType[tls.RecordHeaderError](err)
+	if !ok || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
+		return nil
+	}
+	for _, c := range rh.RecordHeader {
+		if c < ' ' || c > '~' {
+			return nil
+		}
+	}
+	return rh.Conn
 }
 
 // connectionError reports an error of the connection rather than of a

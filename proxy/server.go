@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
@@ -323,9 +324,16 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 		// through fasthttp's URI, which normalises the path (a%2Fb
 		// becomes a/b, dot segments go), while HTTPS forwards it
 		// unnormalised.
+		uri := ctx.Request.Header.RequestURI()
 		ctx.Response.Header.Set(fasthttp.HeaderLocation,
-			"https://"+httpsAuthority(string(host), s.redirectPort)+redirectTarget(ctx.Request.Header.RequestURI()))
+			"https://"+httpsAuthority(string(host), s.redirectPort)+redirectTarget(uri))
 		ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
+		// A signed link keeps its token in the Location, or HTTPS would
+		// get no credential; a browser may cache a 308, and with it the
+		// token, as it must not the 302 that trades it for a cookie.
+		if _, query, ok := bytes.Cut(uri, []byte{'?'}); ok && auth.HasQueryParam(query, auth.QueryParamName) {
+			ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-store")
+		}
 	}
 	// After the answer is written (an error answer resets the headers),
 	// before it is logged.

@@ -87,6 +87,9 @@ type Proxy struct {
 	// beforePool, for tests, runs between serve's look at the sandbox's
 	// state and the pool lookup of forward or tunnel, where a kill lands.
 	beforePool func()
+	// afterPool, for tests, runs once that lookup found the sandbox not
+	// killed, before a connection is taken from the pool.
+	afterPool func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -701,9 +704,18 @@ func (p *Proxy) pool(r *routing.Route, addr netip.AddrPort, x *exchange, sb *san
 		p.beforePool()
 	}
 	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
-	if sb.state() == stateKilled && !p.sandboxes.unkill(sb, r.CreatedAt) {
-		p.pools.kill(r.ID, sb.changedAt.Load())
-		return nil
+	// changedAt after the state, as unkill reads them. A route newer
+	// than the kill is a sandbox created again, whose pools the kill
+	// leaves alone; it is served without lifting the kill here, from a
+	// route read before the kill (serve lifts it for a route read after).
+	if sb.state() == stateKilled {
+		if killedAt := sb.changedAt.Load(); r.CreatedAt <= killedAt {
+			p.pools.kill(r.ID, killedAt)
+			return nil
+		}
+	}
+	if p.afterPool != nil {
+		p.afterPool()
 	}
 	return u
 }

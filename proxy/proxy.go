@@ -84,6 +84,12 @@ type Proxy struct {
 	// moment in which another request may take the slot it saw free,
 	// too short to hit from outside.
 	afterSlotWait func()
+	// beforePool, for tests, runs between serve's look at the sandbox's
+	// state and the pool lookup of forward or tunnel, where a kill lands.
+	beforePool func()
+	// afterPool, for tests, runs once that lookup found the sandbox not
+	// killed, before a connection is taken from the pool.
+	afterPool func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -640,7 +646,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if http10 {
 		req.Header.SetProtocolBytes(http11)
 	}
-	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
+	u := p.pool(r, addr, x, sb)
+	if u == nil {
+		sb.leave()
+		x.fail(ctx, errKilled, t.ID())
+		return
+	}
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
@@ -674,6 +685,39 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	}
 	scopeSetCookies(&resp.Header, clientHost(&req.Header, masksHost(r, t.Port)))
 	p.respond(ctx, x, c, t, addr, sb)
+}
+
+// errKilled is the answer to a request for a killed sandbox.
+var errKilled = proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}
+
+// pool returns the pool of r's connections to addr, or nil when the
+// sandbox was killed since serve found it running (sb, which the request
+// is counted on). pools.kill marks the pools it takes out of the map, so
+// that what is checked out of them later fails; a request that looked the
+// pool up only after that made a fresh one under the old sandbox's key,
+// unmarked, and was sent to the dead VM after meta/delete had answered.
+// The kill's state is set before its pools go (Proxy.kill): a lookup that
+// missed them finds the kill here. The pool just made is killed again, or
+// it would stay until the sweep.
+func (p *Proxy) pool(r *routing.Route, addr netip.AddrPort, x *exchange, sb *sandboxState) *upstream {
+	if p.beforePool != nil {
+		p.beforePool()
+	}
+	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
+	// changedAt after the state, as unkill reads them. A route newer
+	// than the kill is a sandbox created again, whose pools the kill
+	// leaves alone; it is served without lifting the kill here, from a
+	// route read before the kill (serve lifts it for a route read after).
+	if sb.state() == stateKilled {
+		if killedAt := sb.changedAt.Load(); r.CreatedAt <= killedAt {
+			p.pools.kill(r.ID, killedAt)
+			return nil
+		}
+	}
+	if p.afterPool != nil {
+		p.afterPool()
+	}
+	return u
 }
 
 // errUnaskedSwitch is a 101 answer to a request that asked for no upgrade.

@@ -113,17 +113,36 @@ type pools struct {
 	// shedEmpty is when (unix nanos) shedIdle last found no idle
 	// connection to close.
 	shedEmpty atomic.Int64
+
+	// afterGet, for tests, runs in get between the map's read and the
+	// pool's use, where the sweep drops it; nil in production.
+	afterGet func()
 }
 
+// get returns the pool of key, made if need be. A pool the sweep drops
+// once get found it is not returned: it is out of the map, where a kill
+// looks for the pools to cut, and a request that went on with it was
+// forwarded to a sandbox killed after its state had been looked at, and
+// left waiting for an answer the kill should have cut. The sweep reads
+// lastUsed before it marks the pool dead, and get stores it before it
+// reads dead: either the sweep sees the pool used and keeps it, or get
+// sees it dead and looks again.
 func (ps *pools) get(key poolKey, now int64) *upstream {
-	ps.mu.RLock()
-	u := ps.m[key]
-	ps.mu.RUnlock()
-	if u == nil {
-		u = ps.create(key)
+	for {
+		ps.mu.RLock()
+		u := ps.m[key]
+		ps.mu.RUnlock()
+		if ps.afterGet != nil {
+			ps.afterGet()
+		}
+		if u == nil {
+			u = ps.create(key)
+		}
+		u.lastUsed.Store(now)
+		if !u.dead.Load() {
+			return u
+		}
 	}
-	u.lastUsed.Store(now)
-	return u
 }
 
 func (ps *pools) create(key poolKey) *upstream {
@@ -239,9 +258,9 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, 
 			}
 		}
 		ps.mu.Unlock()
-		// A request that took the pool just before it was deleted may
-		// still open and release a connection on it: put sees dead and
-		// closes it.
+		// A request that took the pool just before it was deleted looks
+		// again (get); one that took it before a kill may still release
+		// a connection on it: put sees dead and closes it.
 		for i, u := range dead {
 			u.closeIdle(now.UnixNano() + 1)
 			dead[i] = nil

@@ -313,10 +313,15 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		x.fail(ctx, *perr, id)
 		return
 	}
-	p.startUpstream(ctx, x, addr)
 	// A tunnel's connection is its pool's, counted against
 	// upstream.max_conns, though it never goes back to the idle list.
-	u := p.pools.get(poolKey{id: r.ID, createdAt: r.CreatedAt, addr: addr}, x.start.UnixNano())
+	u := p.pool(r, addr, x, sb)
+	if u == nil {
+		sb.leave()
+		x.fail(ctx, errKilled, id)
+		return
+	}
+	p.startUpstream(ctx, x, addr)
 	uc, err := u.dialNew(p)
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)

@@ -408,7 +408,7 @@ lookup:
 			// A sandbox created after the kill (same id, new CreatedAt) is a
 			// new sandbox: its route is served and the tombstone forgotten.
 			if !p.sandboxes.unkill(sb, route.CreatedAt) {
-				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+				x.fail(ctx, errKilled, id)
 				return
 			}
 			// Look again: another change (a pause, a forget) may have
@@ -540,7 +540,7 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	case errors.Is(err, routing.ErrNotFound):
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil {
 			if sb.state() == stateKilled {
-				x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+				x.fail(ctx, errKilled, id)
 				return
 			}
 			// The store itself says the route is gone (not the negative
@@ -582,7 +582,7 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 			// retried it for the whole outage instead of learning of the
 			// kill. Only a route with a later CreatedAt lifts the kill,
 			// and the store cannot show one now.
-			x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+			x.fail(ctx, errKilled, id)
 			return
 		}
 		x.fail(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)
@@ -1104,7 +1104,7 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	case errors.Is(err, errSandboxKilled):
 		// Killed while it waited for its answer (POST /admin/meta/delete):
 		// what every later request to the sandbox is told.
-		x.fail(ctx, proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}, id)
+		x.fail(ctx, errKilled, id)
 		ctx.SetConnectionClose() // an upload may be left half sent
 	case errors.Is(err, errProxyLoop):
 		// Route data pointing at the proxy: retrying cannot help, and the

@@ -23,11 +23,7 @@ func TestKillDuringPoolLookupIsNotForwarded(t *testing.T) {
 		upgrade bool
 	}{{"request", false}, {"upgrade", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var reached atomic.Int64
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				reached.Add(1)
-				io.WriteString(w, "ok")
-			}))
+			port, reached := countingBackend(t)
 			h := newHarness(t)
 			host := h.route("kp", port)
 			var fired atomic.Bool
@@ -73,11 +69,7 @@ func TestKillDuringPoolLookupIsNotForwarded(t *testing.T) {
 // request that took a pool the sweep then dropped takes a fresh one,
 // which the kill finds or which finds the kill.
 func TestKillReachesARequestWhosePoolWasSwept(t *testing.T) {
-	var reached atomic.Int64
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		io.WriteString(w, "ok")
-	}))
+	port, reached := countingBackend(t)
 	h := newHarness(t)
 	host := h.route("ks", port)
 	if code, body, _ := h.get(host, "/"); code != 200 { // the pool, with an idle connection
@@ -119,4 +111,15 @@ func TestKillReachesARequestWhosePoolWasSwept(t *testing.T) {
 	if code != 410 || !strings.Contains(body, CodeSandboxKilled) {
 		t.Errorf("request during the sweep and kill: %d %s, want 410 %s", code, body, CodeSandboxKilled)
 	}
+}
+
+// countingBackend is a sandbox that answers "ok" and counts the requests
+// that reached it.
+func countingBackend(t *testing.T) (port uint16, reached *atomic.Int64) {
+	reached = new(atomic.Int64)
+	port = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		io.WriteString(w, "ok")
+	}))
+	return port, reached
 }

@@ -1637,7 +1637,15 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 	if c.untold.Load() {
 		return c.writeUntold(b)
 	}
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	if err != nil && isTimeout(err) && c.untold.Load() {
+		// The watch found untold bytes while this write was under way
+		// (blocked on a sandbox that reads no more): its short deadline
+		// is what ended the write, not a timeout of the sandbox's.
+		m, err := c.writeUntold(b[n:])
+		return n + m, err
+	}
+	return n, err
 }
 
 // writeUntold is Write while the sandbox has sent bytes that do not tell

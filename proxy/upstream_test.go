@@ -2226,3 +2226,47 @@ func TestShedIdleClosesAtMostN(t *testing.T) {
 		t.Fatalf("a walk a second later closed %d, want 1", got)
 	}
 }
+
+// The early-answer watch can find bytes that do not tell yet (a status
+// line in pieces) while a write of the body is already blocked on a
+// sandbox that reads no more. The short deadline it sets then ends that
+// write, and the write returned it as a timeout of the sandbox's: the
+// client got 504 upstream_timeout in place of the sandbox's 413 (seen
+// once in CI under load, in TestEarlyAnswerBehindUntoldBytes). The write
+// goes on as writeUntold, which finds the refusal.
+func TestWriteBlockedWhenUntoldBytesCome(t *testing.T) {
+	ln := listen(t, "127.0.0.1:0")
+	sandbox, proxySide := acceptPair(t, ln)
+	c := &upstreamConn{Conn: proxySide, idleTimeout: time.Minute}
+	c.answer.c = c
+	if err := c.initRaw(); err != nil {
+		t.Fatal(err)
+	}
+	// One write far larger than both sockets' buffers: it cannot end
+	// while the sandbox reads nothing.
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 64<<20))
+		done <- err
+	}()
+	// A byte of it at the sandbox: the write is under way, past its look
+	// at untold.
+	if _, err := io.ReadFull(sandbox, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(sandbox, "HTTP/1.1 ")
+	// What the watch does on seeing readable bytes, once they are there.
+	testenv.WaitFor(t, 5*time.Second, "the status line's start at the proxy", func() bool {
+		return c.answerWaiting() == answerUntold
+	})
+	c.answer.hangUp()
+	io.WriteString(sandbox, "413 Too Large\r\nContent-Length: 0\r\n\r\n")
+	select {
+	case err := <-done:
+		if !errors.Is(err, errAnsweredEarly) {
+			t.Fatalf("the blocked write ended with %v, want errAnsweredEarly", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked write did not end after the refusal came")
+	}
+}

@@ -21,36 +21,16 @@ const hexDigits = "0123456789ABCDEF"
 // x_cube_instance_id, backend_ip.
 func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	b = ts.append(b, e.Time, now)
-	b = append(b, cubeSep...)
-	if e.Host == "" {
-		b = append(b, '-')
-	} else {
-		b = appendRedactedHost(b, e.Host, appendCubeEscaped)
-	}
+	b = cubeRedacted(b, e.Host, appendRedactedHost)
 	b = cubeField(b, e.XRealIP)
 	b = cubeField(b, e.XForwardedFor)
 	b = cubeField(b, e.ServerAddr)
 	b = cubeField(b, e.XForwardedProto)
 	b = cubeField(b, e.Method)
-	b = append(b, cubeSep...)
-	if e.RequestURI == "" {
-		b = append(b, '-')
-	} else {
-		b = appendRedactedURI(b, e.RequestURI, appendCubeEscaped)
-	}
-	b = append(b, cubeSep...)
-	if e.Args == "" {
-		b = append(b, '-')
-	} else {
-		b = appendRedactedQuery(b, e.Args, appendCubeEscaped)
-	}
+	b = cubeRedacted(b, e.RequestURI, appendRedactedURI)
+	b = cubeRedacted(b, e.Args, appendRedactedQuery)
 	b = cubeField(b, e.Protocol)
-	b = append(b, cubeSep...)
-	if e.URI == "" {
-		b = append(b, '-')
-	} else {
-		b = appendRedactedURI(b, e.URI, appendCubeEscaped)
-	}
+	b = cubeRedacted(b, e.URI, appendRedactedURI)
 	b = cubeInt(b, int64(e.Status))
 	b = append(b, cubeSep...)
 	b = strconv.AppendInt(b, max(e.BodyBytesSent, 0), 10)
@@ -79,6 +59,16 @@ func cubeField(b []byte, s string) []byte {
 		return append(b, '-')
 	}
 	return appendCubeEscaped(b, s)
+}
+
+// cubeRedacted is cubeField for a field with secrets, which redact
+// appends with them replaced.
+func cubeRedacted(b []byte, s string, redact func(dst []byte, s string, esc appendFunc) []byte) []byte {
+	b = append(b, cubeSep...)
+	if s == "" {
+		return append(b, '-')
+	}
+	return redact(b, s, appendCubeEscaped)
 }
 
 // cubeInt appends the separator and n, or "-" when n <= 0.

@@ -1,0 +1,329 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/coder/websocket"
+)
+
+// The browser-facing auth (signed link, its cookie, the frame preview's
+// partitioned cookie, the Origin and Referer rules) is argued in README
+// from what browsers send. These tests run it in a real Chromium, so that
+// a browser that sends or keeps something else than the argument assumes
+// fails here: a page opened from a signed link, in a tab and in another
+// site's iframe, must load, fetch, stream events and open a WebSocket
+// through the proxy on the cookie alone, and a page of another sandbox
+// must reach none of it with the browser's cookie.
+
+// browserPage is the sandbox app's page: it runs each check in turn and
+// posts what it saw to the platform server (not through the proxy, so a
+// refused credential is reported rather than lost).
+const browserPage = `<!doctype html><script>
+const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.stringify(r)});
+async function run() {
+  const r = {};
+  r.fetch = (await fetch('/api')).status;
+  await new Promise((resolve) => {
+    const es = new EventSource('/events');
+    const seen = [];
+    es.onmessage = async (e) => {
+      seen.push(e.data);
+      if (seen.length === 1) { await fetch('/ack'); return; }
+      r.events = seen; es.close(); resolve();
+    };
+    es.onerror = () => { r.events = seen.concat('error'); es.close(); resolve(); };
+  });
+  await new Promise((resolve) => {
+    const ws = new WebSocket('wss://' + location.host + '/ws');
+    ws.onopen = () => ws.send('ping');
+    ws.onmessage = (e) => { r.ws = e.data; ws.close(); resolve(); };
+    ws.onerror = () => { r.ws = 'error'; resolve(); };
+  });
+  return r;
+}
+run().then(report, (e) => report({error: String(e)}));
+</script>`
+
+// attackPage is another sandbox's page: it tries the victim sandbox with
+// the browser's cookie in every way a page can, then reports that it is
+// done. What reaches the victim is counted there.
+const attackPage = `<!doctype html><img src="%[2]s/api?from=img"><script>
+const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.stringify(r)});
+const settle = (p) => p.then(() => 'ok', () => 'failed');
+async function run() {
+  const r = {};
+  r.cors = await settle(fetch(%[2]q + '/api?from=cors', {credentials: 'include'}));
+  r.nocors = await settle(fetch(%[2]q + '/api?from=nocors', {credentials: 'include', mode: 'no-cors'}));
+  r.post = await settle(fetch(%[2]q + '/api?from=post', {method: 'POST', credentials: 'include', mode: 'no-cors', body: 'x'}));
+  r.ws = await new Promise((resolve) => {
+    const ws = new WebSocket(%[3]q + '/ws?from=ws');
+    ws.onopen = () => { ws.close(); resolve('open'); };
+    ws.onerror = () => resolve('error');
+  });
+  return r;
+}
+window.onload = () => run().then(report, (e) => report({error: String(e)}));
+</script>`
+
+// siblingPage is served on another port of the victim's sandbox: the
+// cookie of the victim's port counts for its requests (a preflighted JSON
+// POST, answered by the proxy, and an image whose Referer is the sibling).
+const siblingPage = `<!doctype html><img src="%[2]s/api?from=siblingimg"><script>
+const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.stringify(r)});
+window.onload = () => fetch(%[2]q + '/api?from=sibling', {method: 'POST', credentials: 'include',
+    headers: {'Content-Type': 'application/json'}, body: '{}'})
+  .then((r) => report({status: r.status}), (e) => report({error: String(e)}));
+</script>`
+
+// browserSandbox is the victim sandbox's app: the page, an API, an event
+// stream whose second event waits for the page's acknowledgement of the
+// first, and a WebSocket echo. from records every request an attack page
+// got through.
+type browserSandbox struct {
+	port   uint16
+	ack    chan struct{}
+	mu     sync.Mutex
+	from   []string
+	report string // where the page reports
+}
+
+func startBrowserSandbox(t *testing.T, report string) *browserSandbox {
+	s := &browserSandbox{ack: make(chan struct{}, 1), report: report}
+	s.port = backend(t, "127.0.0.1", http.HandlerFunc(s.serve))
+	return s
+}
+
+func (s *browserSandbox) serve(w http.ResponseWriter, r *http.Request) {
+	if from := r.URL.Query().Get("from"); from != "" {
+		s.mu.Lock()
+		s.from = append(s.from, from)
+		s.mu.Unlock()
+	}
+	switch r.URL.Path {
+	case "/app":
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, browserPage, s.report)
+	case "/api":
+		// The app's own CORS answer, which lets a sibling port's page read
+		// it; whether the request got here is the proxy's decision.
+		if o := r.Header.Get("Origin"); o != "" {
+			w.Header().Set("Access-Control-Allow-Origin", o)
+			w.Header().Set("Access-Control-Allow-Credentials", "true")
+		}
+		io.WriteString(w, "api")
+	case "/ack":
+		s.ack <- struct{}{}
+	case "/events":
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-s.ack: // the page has the first event while this stream is open
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: two\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	case "/ws":
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		typ, msg, err := c.Read(r.Context())
+		if err != nil {
+			return
+		}
+		_ = c.Write(r.Context(), typ, msg)
+		_, _, _ = c.Read(r.Context()) // until the page closes
+	}
+}
+
+// reached returns, sorted, the from parameters of the requests that
+// reached the sandbox since the last call.
+func (s *browserSandbox) reached() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	from := s.from
+	s.from = nil
+	slices.Sort(from)
+	return strings.Join(from, ",")
+}
+
+// platformServer stands in for the platform's UI, another site than the
+// sandboxes: it serves the page that frames a sandbox, the attack page's
+// host is a sandbox, and it collects the pages' reports.
+type platformServer struct {
+	addr    string
+	reports chan string
+	mu      sync.Mutex
+	pages   map[string]string
+}
+
+func startPlatformServer(t *testing.T, cert tls.Certificate) *platformServer {
+	p := &platformServer{reports: make(chan string, 4), pages: map[string]string{}}
+	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/report" {
+			b, _ := io.ReadAll(r.Body)
+			p.reports <- string(b)
+			return
+		}
+		p.mu.Lock()
+		page, ok := p.pages[r.URL.Path]
+		p.mu.Unlock()
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, page)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	p.addr = ln.Addr().String()
+	return p
+}
+
+func (p *platformServer) page(path, html string) {
+	p.mu.Lock()
+	p.pages[path] = html
+	p.mu.Unlock()
+}
+
+// newBrowser starts a headless Chromium that resolves every *.cube.test
+// and *.platform.test name to loopback and accepts the tests' certificates.
+// A missing Chromium fails the test: make test installs it.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	if _, err := exec.LookPath("chromium"); err != nil {
+		t.Fatalf("chromium not found (make test installs it with apt): %v", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath("chromium"),
+		chromedp.NoSandbox, // root in CI
+		chromedp.Flag("ignore-certificate-errors", true),
+		chromedp.Flag("host-resolver-rules", "MAP *.cube.test 127.0.0.1, MAP *.platform.test 127.0.0.1"),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	t.Cleanup(cancelCtx)
+	// The first action's context owns the browser, so the start is bounded
+	// by a timer rather than by a context of its own.
+	stuck := time.AfterFunc(time.Minute, cancelCtx)
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		t.Fatalf("start chromium: %v", err)
+	}
+	stuck.Stop()
+	return ctx
+}
+
+// open navigates the browser to url and returns the report its page posts.
+func open(t *testing.T, ctx context.Context, p *platformServer, url string) map[string]any {
+	t.Helper()
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(nctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("navigate to %s: %v", url, err)
+	}
+	select {
+	case raw := <-p.reports:
+		var r map[string]any
+		if err := json.Unmarshal([]byte(raw), &r); err != nil {
+			t.Fatalf("report %q: %v", raw, err)
+		}
+		return r
+	case <-nctx.Done():
+		// A refused credential shows as the proxy's error page, which
+		// reports nothing.
+		t.Fatalf("no report from the page at %s within 30 s", url)
+		return nil
+	}
+}
+
+func TestBrowserSignedLink(t *testing.T) {
+	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
+	s, sign := authSigner(t, key)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = s })
+	tlsAddr, ca := serveTLSFor(t, h, "*.cube.test")
+	_, port, _ := net.SplitHostPort(tlsAddr)
+	certPEM, keyPEM := ca.Issue(t, "*.platform.test")
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	platform := startPlatformServer(t, cert)
+	_, pport, _ := net.SplitHostPort(platform.addr)
+	reportURL := "https://ui.platform.test:" + pport + "/report"
+
+	victim := startBrowserSandbox(t, reportURL)
+	victimOrigin := "https://3000-box.cube.test:" + port
+	sibling := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, siblingPage, reportURL, victimOrigin)
+	}))
+	h.put("box", map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "42",
+		"AllowPublicTraffic": "false", "TrafficAccessToken": traffic,
+		"3000": itoa(victim.port), "3001": itoa(sibling),
+	})
+	attacker := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, attackPage, reportURL, victimOrigin, "wss://3000-box.cube.test:"+port)
+	}))
+	putAuthRoute(h, "other", "", attacker, 3001) // a public sandbox anyone can make
+
+	want := map[string]any{"fetch": float64(200), "events": []any{"one", "two"}, "ws": "ping"}
+	check := func(name string, got map[string]any) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: the page saw %v, want %v", name, got, want)
+		}
+	}
+	ctx := newBrowser(t)
+
+	// A preview in another site's iframe: its cookie is partitioned.
+	link := victimOrigin + "/app?cube_token=" + sign("box", 3000, 10*time.Minute)
+	platform.page("/preview", fmt.Sprintf(`<!doctype html><iframe src=%q></iframe>`, link))
+	check("cross-site iframe", open(t, ctx, platform, "https://ui.platform.test:"+pport+"/preview"))
+
+	// The same link in a tab: a first-party cookie.
+	check("tab", open(t, ctx, platform, link))
+
+	// A page on another port of the same sandbox, opened from its own
+	// link: the victim port's cookie counts for it.
+	victim.reached()
+	got := open(t, ctx, platform, "https://3001-box.cube.test:"+port+"/?cube_token="+sign("box", 3001, 10*time.Minute))
+	if fmt.Sprint(got) != "map[status:200]" {
+		t.Errorf("the sibling port's preflighted POST: the page saw %v, want status 200", got)
+	}
+	// The preflight is the proxy's to answer: had it gone to the sandbox,
+	// it would show here (and fail: the app does not answer preflights).
+	if r := victim.reached(); r != "sibling,siblingimg" {
+		t.Errorf("from the sibling port's page the victim got %q, want the POST and the image", r)
+	}
+
+	// Another sandbox's page, with the cookies in the browser.
+	got = open(t, ctx, platform, "https://3001-other.cube.test:"+port+"/")
+	if got["ws"] != "error" {
+		t.Errorf("the other sandbox's page opened a WebSocket to the victim: %v", got)
+	}
+	if r := victim.reached(); r != "" {
+		t.Errorf("the other sandbox's page reached the victim with the browser's cookie: %s", r)
+	}
+}

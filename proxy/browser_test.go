@@ -26,7 +26,8 @@ import (
 // fails here: a page opened from a signed link, in a tab and in another
 // site's iframe, must load, fetch, stream events and open a WebSocket
 // through the proxy on the cookie alone, and a page of another sandbox
-// must reach none of it with the browser's cookie.
+// must reach none of it with the browser's cookie; an MCP client in a
+// page of another site, with the token in a header, must stream.
 
 // browserPage is the sandbox app's page: it runs each check in turn and
 // posts what it saw to the platform server (not through the proxy, so a
@@ -86,6 +87,29 @@ const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.
 window.onload = () => fetch(%[2]q + '/api?from=sibling', {method: 'POST', credentials: 'include',
     headers: {'Content-Type': 'application/json'}, body: '{}'})
   .then((r) => report({status: r.status}), (e) => report({error: String(e)}));
+</script>`
+
+// agentPage is a browser-based MCP client on another site (the platform's
+// UI): it posts to the sandbox's gateway with the traffic token and the
+// gateway's bearer in headers, so every call is preflighted, and reads the
+// answer's event stream as it comes.
+const agentPage = `<!doctype html><script>
+const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.stringify(r)});
+const call = (path) => fetch(%[2]q + path, {method: 'POST', headers: {
+  'Content-Type': 'application/json', 'Accept': 'application/json, text/event-stream',
+  'cube-traffic-access-token': %[3]q, 'Authorization': 'Bearer gateway-secret'},
+  body: '{"jsonrpc":"2.0","id":1,"method":"tools/call"}'});
+async function run() {
+  const resp = await call('/mcp');
+  const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+  let text = '';
+  const until = async (s) => { while (!text.includes(s)) { const {value, done} = await reader.read(); if (done) return; text += value; } };
+  await until('progress');
+  const ack = await call('/ack');
+  await until('result');
+  return {status: resp.status, ack: ack.status, session: resp.headers.get('Mcp-Session-Id'), text: text};
+}
+run().then(report, (e) => report({error: String(e)}));
 </script>`
 
 // browserSandbox is the victim sandbox's app: the page, an API, an event
@@ -162,6 +186,53 @@ func (s *browserSandbox) reached() string {
 	s.from = nil
 	slices.Sort(from)
 	return strings.Join(from, ",")
+}
+
+// browserGateway is an MCP gateway's streaming answer as a browser client
+// needs it: CORS headers for the page's origin, and a second event that
+// waits for the client's acknowledgement of the first.
+type browserGateway struct {
+	port uint16
+	ack  chan struct{}
+	mu   sync.Mutex
+	auth string
+}
+
+func startBrowserGateway(t *testing.T) *browserGateway {
+	g := &browserGateway{ack: make(chan struct{}, 1)}
+	g.port = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+		w.Header().Set("Access-Control-Expose-Headers", "Mcp-Session-Id")
+		if r.Method != http.MethodPost {
+			http.Error(w, "preflight reached the gateway", http.StatusMethodNotAllowed)
+			return
+		}
+		switch r.URL.Path {
+		case "/ack":
+			g.ack <- struct{}{}
+		case "/mcp":
+			g.mu.Lock()
+			g.auth = r.Header.Get("Authorization")
+			g.mu.Unlock()
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Mcp-Session-Id", "s1")
+			io.WriteString(w, "data: progress\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-g.ack:
+			case <-r.Context().Done():
+				return
+			}
+			io.WriteString(w, "data: result\n\n")
+		}
+	}))
+	return g
+}
+
+func (g *browserGateway) authorization() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.auth
 }
 
 // platformServer stands in for the platform's UI, another site than the
@@ -256,7 +327,7 @@ func open(t *testing.T, ctx context.Context, p *platformServer, url string) map[
 	}
 }
 
-func TestBrowserSignedLink(t *testing.T) {
+func TestBrowserAuth(t *testing.T) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
 	s, sign := authSigner(t, key)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = s })
@@ -277,10 +348,11 @@ func TestBrowserSignedLink(t *testing.T) {
 		w.Header().Set("Content-Type", "text/html")
 		fmt.Fprintf(w, siblingPage, reportURL, victimOrigin)
 	}))
+	gateway := startBrowserGateway(t)
 	h.put("box", map[string]string{
 		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "42",
 		"AllowPublicTraffic": "false", "TrafficAccessToken": traffic,
-		"3000": itoa(victim.port), "3001": itoa(sibling),
+		"3000": itoa(victim.port), "3001": itoa(sibling), "50005": itoa(gateway.port),
 	})
 	attacker := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html")
@@ -300,6 +372,7 @@ func TestBrowserSignedLink(t *testing.T) {
 	// A preview in another site's iframe: its cookie is partitioned.
 	link := victimOrigin + "/app?cube_token=" + sign("box", 3000, 10*time.Minute)
 	platform.page("/preview", fmt.Sprintf(`<!doctype html><iframe src=%q></iframe>`, link))
+	platform.page("/agent", fmt.Sprintf(agentPage, reportURL, "https://50005-box.cube.test:"+port, traffic))
 	check("cross-site iframe", open(t, ctx, platform, "https://ui.platform.test:"+pport+"/preview"))
 
 	// The same link in a tab: a first-party cookie.
@@ -316,6 +389,19 @@ func TestBrowserSignedLink(t *testing.T) {
 	// it would show here (and fail: the app does not answer preflights).
 	if r := victim.reached(); r != "sibling,siblingimg" {
 		t.Errorf("from the sibling port's page the victim got %q, want the POST and the image", r)
+	}
+
+	// A browser-based MCP client on the platform's site, with headers:
+	// the proxy answers its preflights, and the gateway's stream comes
+	// through as it is written.
+	got = open(t, ctx, platform, "https://ui.platform.test:"+pport+"/agent")
+	wantAgent := map[string]any{"status": float64(200), "ack": float64(200), "session": "s1",
+		"text": "data: progress\n\ndata: result\n\n"}
+	if fmt.Sprint(got) != fmt.Sprint(wantAgent) {
+		t.Errorf("the browser MCP client saw %v, want %v", got, wantAgent)
+	}
+	if auth := gateway.authorization(); auth != "Bearer gateway-secret" {
+		t.Errorf("the gateway got Authorization %q, want the page's bearer untouched", auth)
 	}
 
 	// Another sandbox's page, with the cookies in the browser.

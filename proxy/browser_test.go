@@ -49,8 +49,8 @@ async function run() {
   });
   await new Promise((resolve) => {
     const ws = new WebSocket('wss://' + location.host + '/ws');
-    ws.onopen = () => ws.send('ping');
-    ws.onmessage = (e) => { r.ws = e.data; ws.close(); resolve(); };
+    ws.onopen = () => ws.send('ping'.repeat(4096));
+    ws.onmessage = (e) => { r.ws = e.data === 'ping'.repeat(4096) ? 'echo' : e.data.length; r.deflate = ws.extensions.startsWith('permessage-deflate'); ws.close(); resolve(); };
     ws.onerror = () => { r.ws = 'error'; resolve(); };
   });
   return r;
@@ -163,7 +163,10 @@ func (s *browserSandbox) serve(w http.ResponseWriter, r *http.Request) {
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	case "/ws":
-		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+		// Compressed, as Chromium offers: the frames pass the proxy's
+		// tunnel with their RSV1 bit.
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true,
+			CompressionMode: websocket.CompressionContextTakeover, CompressionThreshold: 512})
 		if err != nil {
 			return
 		}
@@ -360,7 +363,7 @@ func TestBrowserAuth(t *testing.T) {
 	}))
 	putAuthRoute(h, "other", "", attacker, 3001) // a public sandbox anyone can make
 
-	want := map[string]any{"fetch": float64(200), "events": []any{"one", "two"}, "ws": "ping"}
+	want := map[string]any{"fetch": float64(200), "events": []any{"one", "two"}, "ws": "echo", "deflate": true}
 	check := func(name string, got map[string]any) {
 		t.Helper()
 		if fmt.Sprint(got) != fmt.Sprint(want) {

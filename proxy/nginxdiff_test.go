@@ -60,7 +60,8 @@ func TestRequestsNginxRefusesReachTheSandbox(t *testing.T) {
 // the proxy refuses (RFC 9112 6.3; a status line that is not HTTP/1.x),
 // a sized answer cut short, which is read whole before its head goes out,
 // the folded line nginx answers 502 for, repaired, and what is not
-// relayed, as by nginx: an interim 1xx, a chunked answer's trailer fields.
+// relayed, as by nginx: an interim 1xx (up to 8 of them), a chunked
+// answer's trailer fields.
 func TestSandboxAnswersNginxRelaysDifferently(t *testing.T) {
 	h := newHarness(t)
 	for _, tc := range []struct {
@@ -75,6 +76,9 @@ func TestSandboxAnswersNginxRelaysDifferently(t *testing.T) {
 		{"sized answer cut short", "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\nok", 502, CodeUpstreamReset, "", ""},
 		{"obs-fold replaced by a space", "HTTP/1.1 200 OK\r\nX-F: a\r\n b\r\nContent-Length: 2\r\n\r\nok", 200, "", "X-F", "a b"},
 		{"103 not relayed", "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, "", "Link", ""},
+		// README: up to 8 interim answers are skipped, a ninth is a 502.
+		{"8 interim answers skipped", strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 8) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, "", "", ""},
+		{"a ninth interim answer refused", strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 9) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 502, CodeUpstreamBadHeader, "", ""},
 		{"trailer not relayed", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n2\r\nok\r\n0\r\nX-T: 1\r\n\r\n", 200, "", "X-T", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

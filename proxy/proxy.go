@@ -433,6 +433,18 @@ lookup:
 			continue
 		}
 		if lim := p.cfg.MaxStreamsPerSandbox; lim > 0 && n > int64(lim) {
+			// A body declared over max_request_body gets its 413 here as
+			// below the limit: a 429 told the client to retry a request
+			// that can never pass, and at a limit its own streams hold
+			// (a session's GET) every retry was a 429 again.
+			if perr := p.bodyTooLarge(h); perr != nil {
+				sb.leave()
+				if !x.expecting {
+					p.lingerBody(ctx) // as forward's 413: the body is unread
+				}
+				x.fail(ctx, *perr, id)
+				return
+			}
 			if refusal := p.overLimit(ctx, x, sb, n, lim); refusal != nil {
 				sb.leave()
 				slot, gone := p.waitForSlot(ctx, x, sb, lim, refusal)

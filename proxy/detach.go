@@ -197,7 +197,10 @@ func (s *bodyStream) copyEvents() error {
 				if clientClosed(s.client) {
 					return errClientLeft
 				}
-				if err := s.write(s.framed(heartbeatChunk, heartbeatLine)); err != nil {
+				// Body bytes the client gets, counted as the sandbox's are
+				// (writeBody takes off what a cut write did not send).
+				s.x.bytesOut += int64(len(heartbeatLine))
+				if err := s.writeBody(s.framed(heartbeatChunk, heartbeatLine), s.framedSpan(len(heartbeatChunk), len(heartbeatLine))); err != nil {
 					return err
 				}
 				s.beatSent()
@@ -244,6 +247,15 @@ func (s *bodyStream) framed(chunked, bare []byte) []byte {
 		return bare
 	}
 	return chunked
+}
+
+// framedSpan is where the n body bytes are in what framed picked: a
+// chunk of size total ends with them and its CRLF.
+func (s *bodyStream) framedSpan(total, n int) span {
+	if s.unframed {
+		return span{0, n}
+	}
+	return span{total - 2 - n, total - 2}
 }
 
 // frameChunk wraps the n data bytes at buf[chunkHeadRoom:] in chunk framing

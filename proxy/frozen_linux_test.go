@@ -74,3 +74,32 @@ func TestDrainCutsConnectInProgress(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
 	wantDrainCut(t, h, c, "GET", "cut-connect", drain, buf, al)
 }
+
+// A connection being opened to a sandbox is no idle one: while a frozen
+// sandbox's connects were under way (up to two connect timeouts each),
+// idle_connections counted every one of them, so that any client could
+// raise it by up to upstream.max_conns per sandbox port.
+func TestMetricsIdleConnsExcludeConnects(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.ConnectTimeout = 10 * time.Second
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+	host := h.route("frozen", testenv.FrozenListener(t))
+	const n = 3
+	for i := range n {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /%d HTTP/1.1\r\nHost: %s\r\n\r\n", i, host)
+	}
+	// The pool counts each connection before its connect, which a frozen
+	// sandbox never completes.
+	testenv.WaitFor(t, 5*time.Second, "the connects to start", func() bool { return poolConns(h) == n })
+	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); v != 0 {
+		t.Errorf("upstream_idle_connections = %v with %d connects under way and nothing else open, want 0", v, n)
+	}
+}

@@ -66,6 +66,53 @@ func TestMetricsIdleConnsExcludeTunnels(t *testing.T) {
 	}
 }
 
+// A connection is busy from the moment a request takes it from its pool
+// until it is given back, whatever the request does with it meanwhile.
+// idle_connections counted every open connection but those waiting for a
+// response head, streaming a body or holding a tunnel: one sending an
+// upload to the sandbox (a 256 MiB one for minutes) counted as idle, and
+// so did one reading a small answer the sandbox sent slowly.
+func TestMetricsIdleConnsExcludeUploads(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	host := h.route("sbxidleupload", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadFull(r.Body, make([]byte, 4)); err != nil {
+			t.Errorf("backend: first bytes of the upload: %v", err)
+		}
+		arrived <- struct{}{}
+		<-release
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	})))
+
+	// Over fasthttpPreRead, so that the body streams to the sandbox as it
+	// comes and the rest of it is still to come when the sandbox acknowledges.
+	const size = 64 << 10
+	c := rawProxyConn(t, h, fmt.Sprintf("POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", host, size, strings.Repeat("a", 2*fasthttpPreRead)))
+	<-arrived
+	if got := poolConns(h); got != 1 {
+		t.Fatalf("%d upstream connections with one upload under way, want 1", got)
+	}
+	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); v != 0 {
+		t.Errorf("upstream_idle_connections = %v with only an upload's connection open, want 0", v)
+	}
+	close(release)
+	if _, err := io.WriteString(c, strings.Repeat("a", size-2*fasthttpPreRead)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("upload: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	// Given back to its pool, the connection is idle now.
+	testenv.WaitFor(t, 5*time.Second, "the upload's connection to be counted idle", func() bool {
+		return gaugeValue(t, admin, "cubeproxy_upstream_idle_connections") == 1
+	})
+}
+
 // Every gauge returns to zero once a mix of requests has ended, however it
 // ended: plain, HEAD, large downloads, chunked and SSE streams (detached
 // or not), WebSockets (closed cleanly, reset by the client, declined by

@@ -135,12 +135,8 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
 		p.metrics.SetPoolStats(func() (int64, int64) {
-			// A connection is busy while a request waits for headers on it,
-			// while its response body streams, or while a WebSocket tunnel
-			// holds it (counted in its pool until the tunnel ends).
-			pools, conns, pending := p.pools.stats()
-			streams, tunnels := p.streams.open()
-			return int64(pools), int64(max(conns-pending-streams-tunnels, 0))
+			pools, idle := p.pools.gauges()
+			return int64(pools), int64(idle)
 		})
 		p.metrics.SetHeldBodyBytes(p.heldBodies.used.Load)
 	}

@@ -167,7 +167,10 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 			return 0, errClientLeft
 		}
 		s.beatSent()
-		return copy(b, heartbeatLine), nil
+		// Body bytes the client gets, counted as the sandbox's are.
+		n = copy(b, heartbeatLine)
+		s.x.bytesOut += int64(n)
+		return n, nil
 	}
 	if err != nil && err != io.EOF && s.stopping.Load() {
 		// Drain interrupted the upstream read: end the stream cleanly so an

@@ -1240,6 +1240,35 @@ func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
 	if cw, ok := raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite() // the client sees the answer end
 	}
+	p.linger(raw, r)
+}
+
+// lingerClose closes c, a client connection whose stream ended cleanly but
+// whose client sent bytes the proxy will not read (a request pipelined
+// behind a detached stream, which ends with its connection): closed at
+// once with them unread, the socket is reset, the client reads
+// ECONNRESET instead of the end, and what of the end the proxy's kernel
+// had not sent yet is lost. So its side is ended first and the rest read
+// and dropped (linger), as nginx's lingering close does. The connection
+// is counted closed once it is.
+func (p *Proxy) lingerClose(c net.Conn) {
+	defer func() {
+		_ = c.Close()
+		p.clientConnClosed()
+	}()
+	if p.clientWriteTimeout > 0 {
+		// A TLS connection's CloseWrite writes its close_notify.
+		_ = c.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		p.linger(c, c)
+	}
+}
+
+// linger reads and discards from r what the client of raw still sends,
+// within lingerLimit, lingerTimeout and lingerTime, once raw's write side
+// is closed. The caller closes raw.
+func (p *Proxy) linger(raw, r net.Conn) {
 	// Held while it lingers: Shutdown's end cuts the wait short.
 	if !p.held.add(raw) {
 		return

@@ -169,6 +169,27 @@ func clientClosed(c net.Conn) bool {
 	return closed || err != nil
 }
 
+// clientSentMore reports whether bytes from the client wait unread in c's
+// socket (one non-blocking MSG_PEEK): closed so, c would be reset.
+func clientSentMore(c net.Conn) bool {
+	raw := rawConn(c)
+	if raw == nil {
+		return false
+	}
+	more := false
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if err != syscall.EINTR {
+				more = err == nil && n > 0
+				return
+			}
+		}
+	})
+	return more
+}
+
 // rawConn is c's socket, under TLS if need be; nil if it has none.
 func rawConn(c net.Conn) syscall.RawConn {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {

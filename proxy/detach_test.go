@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -579,8 +580,12 @@ func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
 func TestDetachedStreamEndsCleanlyWithPipelinedBytes(t *testing.T) {
 	const tail = 256 << 10
 	last := "data: " + strings.Repeat("t", tail) + "\n\n"
-	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
-		t.Run(proto, func(t *testing.T) {
+	for _, tc := range []struct {
+		proto string
+		tls   bool
+	}{{"HTTP/1.1", false}, {"HTTP/1.0", false}, {"HTTP/1.1", true}} {
+		proto := tc.proto
+		t.Run(fmt.Sprintf("%s tls=%v", proto, tc.tls), func(t *testing.T) {
 			h := newHarness(t)
 			goAhead := make(chan struct{})
 			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
@@ -593,7 +598,13 @@ func TestDetachedStreamEndsCleanlyWithPipelinedBytes(t *testing.T) {
 				return false
 			})
 			host := h.route("pipedend", b.port)
-			c := dialRaw(t, h.addr)
+			var c net.Conn
+			if tc.tls {
+				addr, roots := serveTLS(t, h)
+				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
+			} else {
+				c = dialRaw(t, h.addr)
+			}
 			fmt.Fprintf(c, "GET /events %s\r\nHost: %s\r\n\r\n", proto, host)
 			br := bufio.NewReader(c)
 			resp, err := http.ReadResponse(br, nil)

@@ -774,10 +774,18 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	if size >= 0 && size <= wholeBody {
 		// Small bodies are read whole and go out with the head in one write
 		// (a writev when they outgrow the write buffer); the connection is
-		// back in the pool before the client is answered.
+		// back in the pool before the client is answered. A client that
+		// leaves while a sandbox is slow to send such a body ends the
+		// exchange, as one that leaves before the head does (and as nginx
+		// ends it): once the body has been awaited clientCheck, its socket
+		// is watched. A body that came with its head is copied without a
+		// wait, and arms nothing.
+		c.watchClientAfter(ctx.Conn(), nil, time.Now())
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
-		if err != nil && c.interrupted.Load() {
+		if c.endClientWait() {
+			err = errClientLeft
+		} else if err != nil && c.interrupted.Load() {
 			err = c.cutErr()
 		}
 		c.release(p, err == nil && keepAlive)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -563,6 +564,69 @@ func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
 			if err == nil {
 				t.Fatalf("the cut body ended cleanly after %q: the client takes it for complete", rest)
 			}
+		})
+	}
+}
+
+// A detached stream (a GET's event stream, an HTTP/1.0 client's body of
+// unknown length) ends with the close of the client's connection. A client
+// that had sent more meanwhile (a request pipelined behind the stream) left
+// those bytes unread in the proxy's socket, and a socket closed with unread
+// bytes is reset: the client read ECONNRESET instead of the end, and lost
+// what of the stream's end the proxy's kernel had not sent yet (a probe
+// with a 200 KB last event read 98 KB of it). nginx, which keeps the
+// connection for the pipelined request, never closes it so; a connection
+// it closes with bytes unread ends by a lingering close, as it does here now.
+func TestDetachedStreamEndsCleanlyWithPipelinedBytes(t *testing.T) {
+	const tail = 256 << 10
+	last := "data: " + strings.Repeat("t", tail) + "\n\n"
+	for _, tc := range []struct {
+		proto string
+		tls   bool
+	}{{"HTTP/1.1", false}, {"HTTP/1.0", false}, {"HTTP/1.1", true}} {
+		proto := tc.proto
+		t.Run(fmt.Sprintf("%s tls=%v", proto, tc.tls), func(t *testing.T) {
+			h := newHarness(t)
+			goAhead := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+chunk("data: 1\n\n"))
+				select {
+				case <-goAhead:
+				case <-t.Context().Done():
+				}
+				rawWrite(c, chunk(last)+"0\r\n\r\n")
+				return false
+			})
+			host := h.route("pipedend", b.port)
+			var c net.Conn
+			if tc.tls {
+				addr, roots := serveTLS(t, h)
+				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
+			} else {
+				c = dialRaw(t, h.addr)
+			}
+			fmt.Fprintf(c, "GET /events %s\r\nHost: %s\r\n\r\n", proto, host)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := make([]byte, len("data: 1\n\n"))
+			if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 1\n\n" {
+				t.Fatalf("first event: %q, %v", first, err)
+			}
+			// The stream is open (detached): the client pipelines its next request.
+			fmt.Fprintf(c, "GET /next %s\r\nHost: %s\r\n\r\n", proto, host)
+			close(goAhead)
+			rest, err := io.ReadAll(resp.Body)
+			if err != nil || string(rest) != last {
+				t.Fatalf("the stream's end: %d of %d bytes, %v; want all of it and a clean end", len(rest), len(last), err)
+			}
+			if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Fatalf("after the stream: %d bytes, %v; want the connection closed", n, err)
+			}
+			c.Close()
+			h.waitClientConnsClosed(t)
 		})
 	}
 }

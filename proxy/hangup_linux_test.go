@@ -259,3 +259,33 @@ func TestHangupWatchCtlCalls(t *testing.T) {
 	c2.Close()
 	heard(hu2)
 }
+
+// A sized answer small enough to be read whole (up to wholeBody) goes out
+// once all of it came. A client that leaves while its sandbox is slow to
+// send that body (the head is there, the body is not) ends the request, as
+// one that leaves before the head does, and as nginx ends it on
+// EPOLLRDHUP: before, the sandbox's connection and the request's
+// max_streams_per_sandbox slot were held until the body came, or until
+// upstream.idle_timeout (2 h) for a sandbox that stalled.
+func TestClientGoneWhileSmallBodyIsReadEndsRequest(t *testing.T) {
+	h := newHarness(t)
+	ended := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(ended)
+		w.Header().Set("Content-Length", "100")
+		fmt.Fprint(w, "first\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the other 94 bytes never come
+	}))
+	id := "slowsmall"
+	host := h.route(id, port)
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	testenv.WaitFor(t, 10*time.Second, "the client watched while the body is awaited", func() bool {
+		return watchedHangups(h.proxy.hangups) == 1
+	})
+	hangUpAndWait(t, h, c, false, ended)
+	testenv.WaitFor(t, 5*time.Second, "the sandbox's request count to drop", func() bool {
+		return h.proxy.sandboxes.peek(id).inFlight() == 0
+	})
+}

@@ -782,10 +782,18 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	if size >= 0 && size <= wholeBody {
 		// Small bodies are read whole and go out with the head in one write
 		// (a writev when they outgrow the write buffer); the connection is
-		// back in the pool before the client is answered.
+		// back in the pool before the client is answered. A client that
+		// leaves while a sandbox is slow to send such a body ends the
+		// exchange, as one that leaves before the head does (and as nginx
+		// ends it): once the body has been awaited clientCheck, its socket
+		// is watched. A body that came with its head is copied without a
+		// wait, and arms nothing.
+		c.watchClientAfter(ctx.Conn(), nil, time.Now())
 		err := readWholeBody(c.br, resp, int(size))
 		x.bytesOut = size
-		if err != nil && c.interrupted.Load() {
+		if c.endClientWait() {
+			err = errClientLeft
+		} else if err != nil && c.interrupted.Load() {
 			err = c.cutErr()
 		}
 		c.release(p, err == nil && keepAlive)
@@ -1248,6 +1256,35 @@ func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
 	if cw, ok := raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite() // the client sees the answer end
 	}
+	p.linger(raw, r)
+}
+
+// lingerClose closes c, a client connection whose stream ended cleanly but
+// whose client sent bytes the proxy will not read (a request pipelined
+// behind a detached stream, which ends with its connection): closed at
+// once with them unread, the socket is reset, the client reads
+// ECONNRESET instead of the end, and what of the end the proxy's kernel
+// had not sent yet is lost. So its side is ended first and the rest read
+// and dropped (linger), as nginx's lingering close does. The connection
+// is counted closed once it is.
+func (p *Proxy) lingerClose(c net.Conn) {
+	defer func() {
+		_ = c.Close()
+		p.clientConnClosed()
+	}()
+	if p.clientWriteTimeout > 0 {
+		// A TLS connection's CloseWrite writes its close_notify.
+		_ = c.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		p.linger(c, c)
+	}
+}
+
+// linger reads and discards from r what the client of raw still sends,
+// within lingerLimit, lingerTimeout and lingerTime, once raw's write side
+// is closed. The caller closes raw.
+func (p *Proxy) linger(raw, r net.Conn) {
 	// Held while it lingers: Shutdown's end cuts the wait short.
 	if !p.held.add(raw) {
 		return

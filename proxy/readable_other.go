@@ -22,6 +22,10 @@ func (c *upstreamConn) idleOK() bool { return true }
 // noticed when a heartbeat write fails.
 func clientClosed(net.Conn) bool { return false }
 
+// clientSentMore cannot look at the socket here; nothing is detached
+// (canWaitReadable), so no stream ends with its connection.
+func clientSentMore(net.Conn) bool { return false }
+
 // answerWaiting is never asked here: without epoll, an answer that comes
 // while the body is sent is read once the body is (hangups.watchReadable).
 func (c *upstreamConn) answerWaiting() answerSeen { return answerGoesOn }

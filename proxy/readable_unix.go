@@ -112,16 +112,20 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 // with a status of 300 or more, refuses the body; a 2xx head (a sandbox
 // that streams its answer while it reads the body) lets it go on; bytes
 // that do not tell yet (a status line in pieces, or interim 1xx heads
-// before the final one) are answerUntold. One non-blocking MSG_PEEK.
-// Called while c's exchange sends a body (from the hangups goroutine, or
-// the send's own writeUntold): c.raw is set (roundTrip) and nothing reads
-// c meanwhile.
+// before the final one) are answerUntold. One non-blocking MSG_PEEK, of up
+// to 64 KiB: interim heads come whole before the final status line, and a
+// 103 Early Hints' Link lines alone run to hundreds of bytes (a peek of 256
+// never reached the refusal behind one). Called while c's exchange sends a
+// body (from the hangups goroutine, or the send's own writeUntold): c.raw
+// is set (roundTrip) and nothing reads c meanwhile.
 func (c *upstreamConn) answerWaiting() answerSeen {
-	var b [256]byte
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
+	b := *bp
 	n, stop := 0, false
 	err := c.raw.Control(func(fd uintptr) {
 		for {
-			m, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			m, _, err := syscall.Recvfrom(int(fd), b, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 			switch {
 			case err == syscall.EINTR:
 				continue
@@ -163,6 +167,27 @@ func clientClosed(c net.Conn) bool {
 		}
 	})
 	return closed || err != nil
+}
+
+// clientSentMore reports whether bytes from the client wait unread in c's
+// socket (one non-blocking MSG_PEEK): closed so, c would be reset.
+func clientSentMore(c net.Conn) bool {
+	raw := rawConn(c)
+	if raw == nil {
+		return false
+	}
+	more := false
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if err != syscall.EINTR {
+				more = err == nil && n > 0
+				return
+			}
+		}
+	})
+	return more
 }
 
 // rawConn is c's socket, under TLS if need be; nil if it has none.

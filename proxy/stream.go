@@ -509,13 +509,18 @@ func (s *bodyStream) end(err error) {
 	s.countOut()
 	if s.detached {
 		s.p.finish(nil, &s.x, s.status, err, s.entry)
-		if s.client != nil {
-			c := s.client
-			if s.unframed && err != nil {
+		if c := s.client; c != nil {
+			switch {
+			case s.unframed && err != nil:
 				c = resetOnClose(c)
+			case err == nil && clientSentMore(c):
+				go s.p.lingerClose(c)
+				c = nil
 			}
-			_ = c.Close()
-			s.p.clientConnClosed()
+			if c != nil {
+				_ = c.Close()
+				s.p.clientConnClosed()
+			}
 		}
 	} else {
 		s.p.finish(s.rc, &s.x, s.rc.Response.StatusCode(), err, nil)

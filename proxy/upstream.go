@@ -918,10 +918,14 @@ const (
 // body was being sent. Blank lines before a status line and spaces before
 // the code are skipped, as fasthttp's parser skips them, and so are whole
 // interim (1xx) heads: a 100 Continue or a 103 Early Hints may come
-// before the refusal.
+// before the refusal. More than maxInterim of them refuse the body:
+// readHeader answers them with a 502.
 func readAnswer(b []byte) answerSeen {
 	const proto = "HTTP/1."
-	for {
+	for interim := 0; ; interim++ {
+		if interim > maxInterim {
+			return answerRefuses
+		}
 		b = bytes.TrimLeft(b, "\r\n")
 		if len(b) < len("HTTP/1.1 ") {
 			if strings.HasPrefix(proto, string(b[:min(len(b), len(proto))])) {

@@ -1453,11 +1453,21 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 // then reads no more: the one-shot watch fired at the first bytes, found
 // no refusal in them and was spent, so the upload went on into a sandbox
 // that read nothing until upstream.idle_timeout, and the client waited
-// that long for the 413 the sandbox had sent.
+// that long for the 413 the sandbox had sent. So is one behind a 103 Early
+// Hints of a realistic size: its Link lines, a few preloads, run past the
+// 256 bytes the watch once looked at, and the refusal behind them was
+// never seen.
 func TestEarlyAnswerBehindUntoldBytes(t *testing.T) {
+	var links []string
+	for _, a := range []string{"app.css", "app.js", "vendor.js", "runtime.js"} {
+		links = append(links, "</assets/"+strings.Repeat("9f3c", 16)+"-"+a+">; rel=preload; as=script")
+	}
+	hints := "HTTP/1.1 103 Early Hints\r\nLink: " + strings.Join(links, ", ") + "\r\n\r\n"
 	for name, parts := range map[string][]string{
-		"interim 100 first": {"HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
-		"status line split": {"HTTP/1.1 ", "413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+		"interim 100 first":               {"HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+		"status line split":               {"HTTP/1.1 ", "413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+		"early hints first":               {hints, "HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig"},
+		"early hints and refusal at once": {hints + "HTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig", ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t)
@@ -1838,6 +1848,11 @@ func TestRefusesBody(t *testing.T) {
 		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", false},
 		{"HTTP/1.1 100 Continue\n\nHTTP/1.1 413", true},
 		{"HTTP/1.1 103 Early Hints\r\n", false},
+		{"HTTP/1.1 103 Early Hints\r\nLink: </" + strings.Repeat("a", 500) + ">\r\n\r\nHTTP/1.1 413", true},
+		{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim) + "HTTP/1.1 413", true},
+		{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim) + "HTTP/1.1 200", false},
+		// One more interim head than readHeader takes: its answer is a 502.
+		{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+1), true},
 		{"HTTP/1.1 4", false}, // too little to tell
 		{"HTTP/2 413 \r\n", false},
 		{"garbage garbage\r\n", false},

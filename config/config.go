@@ -547,8 +547,13 @@ func (c *Config) Validate() error {
 // multiples of one that would overflow.
 const MaxDuration = 365 * 24 * time.Hour
 
+// MinDuration is the shortest positive duration setting the proxy takes:
+// a millisecond, nginx's smallest time unit too.
+const MinDuration = time.Millisecond
+
 // checkNumbers refuses a negative duration or size (unless
-// negativeMeansOff lists it), a duration above MaxDuration, a trace sample
+// negativeMeansOff lists it), a positive duration below MinDuration or
+// above MaxDuration, a trace sample
 // ratio outside 0..1, and a pair of cache TTLs the cache would refuse.
 func (c *Config) checkNumbers() error {
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
@@ -561,6 +566,14 @@ func (c *Config) checkNumbers() error {
 					shown = time.Duration(n).String()
 				}
 				return fmt.Errorf("%s: %s is negative", name, shown)
+			}
+			if d := time.Duration(s.v.Int()); s.v.Type() == durationType && d > 0 && d < MinDuration {
+				// Written for seconds or milliseconds in another unit: a
+				// connect, header, read or write timeout this short fails
+				// every request (504, 408, or a closed connection), and an
+				// interval spins (a heartbeat of 1ns sent a silent SSE
+				// client 5 MB/s of comments, at a third of a core).
+				return fmt.Errorf("%s: %s is below %s, the shortest duration the proxy takes (0 means the default)", name, d, MinDuration)
 			}
 			if s.v.Type() == durationType && time.Duration(s.v.Int()) > MaxDuration {
 				// Deadlines are now plus a setting, or a multiple of one:

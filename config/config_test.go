@@ -135,6 +135,11 @@ func TestLoadErrors(t *testing.T) {
 		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
 		// now+ttl would wrap: the cache would store every route expired.
 		{"cache ttl beyond a year", []string{"--cache-ttl-min=2562047h", "--cache-ttl-max=2562047h"}, nil, "cache.ttl_min: 2562047h0m0s is above 8760h0m0s"},
+		// A unit slip: every request would fail (504, 408, a closed
+		// connection), or an interval spin.
+		{"connect timeout below a millisecond", []string{"--config", writeFile(t, "upstream:\n  connect_timeout: 3us\n")}, nil, "upstream.connect_timeout: 3µs is below 1ms, the shortest duration the proxy takes (0 means the default)"},
+		{"heartbeat below a millisecond", nil, map[string]string{"CUBEPROXY_UPSTREAM_HEARTBEAT_INTERVAL": "1ns"}, "upstream.heartbeat_interval: 1ns is below 1ms"},
+		{"client read timeout below a millisecond", []string{"--client-read-timeout=999us"}, nil, "client.read_timeout: 999µs is below 1ms"},
 		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},

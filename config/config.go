@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -533,7 +534,7 @@ var negativeMeansOff = map[string]bool{
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
-		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP,
+		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP, c.checkInstanceID,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -1067,6 +1068,25 @@ func (c *Config) checkNodeIP() error {
 	}
 	if zone := addr.Zone(); zone != "" {
 		return fmt.Errorf("node_ip %q: an IPv6 zone (%%%s) never equals a route's HostIP, which carries none, so routes on this node would be dialed through their host port instead of SandboxIP; set the address the routes name as HostIP, without a zone", c.NodeIP, zone)
+	}
+	return nil
+}
+
+// checkInstanceID refuses an instance_id that is blank, has blanks around
+// it or holds a control character: the name is shown in /admin/healthz,
+// the registry's entry and the traces' service.instance.id, where " "
+// names no instance and "proxy-1\n" is not the proxy-1 a dashboard looks
+// for. (Unset, it is the hostname.)
+func (c *Config) checkInstanceID() error {
+	id := c.InstanceID
+	if id == "" {
+		return nil
+	}
+	if strings.TrimSpace(id) == "" {
+		return fmt.Errorf("instance_id %q is blank: it would name no instance; write the name, or remove instance_id for the hostname", id)
+	}
+	if strings.TrimSpace(id) != id || strings.IndexFunc(id, unicode.IsControl) >= 0 {
+		return fmt.Errorf("instance_id %q has blanks around it or a control character; write the name alone", id)
 	}
 	return nil
 }

@@ -140,6 +140,10 @@ func TestLoadErrors(t *testing.T) {
 		{"connect timeout below a millisecond", []string{"--config", writeFile(t, "upstream:\n  connect_timeout: 3us\n")}, nil, "upstream.connect_timeout: 3µs is below 1ms, the shortest duration the proxy takes (0 means the default)"},
 		{"heartbeat below a millisecond", nil, map[string]string{"CUBEPROXY_UPSTREAM_HEARTBEAT_INTERVAL": "1ns"}, "upstream.heartbeat_interval: 1ns is below 1ms"},
 		{"client read timeout below a millisecond", []string{"--client-read-timeout=999us"}, nil, "client.read_timeout: 999µs is below 1ms"},
+		// Shown in healthz, the registry and traces as a name.
+		{"blank instance id", []string{"--config", writeFile(t, "instance_id: ' '\n")}, nil, `instance_id " " is blank`},
+		{"instance id with a newline", []string{"--config", writeFile(t, "instance_id: \"proxy-1\\n\"\n")}, nil, `instance_id "proxy-1\n" has blanks around it or a control character`},
+		{"instance id with a control character", []string{"--instance-id=a\x01b"}, nil, `instance_id "a\x01b" has blanks around it`},
 		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},

@@ -784,6 +784,12 @@ loop:
 			if a.access == nil {
 				continue
 			}
+			if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
+				// No file to reopen: "access log reopened" said a
+				// rotation took effect where nothing was done.
+				a.log.Info("SIGHUP: the access log writes to stdout: nothing to reopen")
+				continue
+			}
 			if !a.reopening.CompareAndSwap(false, true) {
 				a.log.Warn("SIGHUP: the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
 				continue

@@ -534,7 +534,7 @@ var negativeMeansOff = map[string]bool{
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
-		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP, c.checkInstanceID,
+		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP, c.checkInstanceID, c.checkBlanks,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -1087,6 +1087,47 @@ func (c *Config) checkInstanceID() error {
 	}
 	if strings.TrimSpace(id) != id || strings.IndexFunc(id, unicode.IsControl) >= 0 {
 		return fmt.Errorf("instance_id %q has blanks around it or a control character; write the name alone", id)
+	}
+	return nil
+}
+
+// trimmedKeys are the string settings read without the blanks around
+// them (host names, as the parser compares them), and so left alone by
+// checkBlanks.
+var trimmedKeys = map[string]bool{"domains": true, "shared_hosts": true, "tls.domain": true}
+
+// checkBlanks refuses a string setting, or an entry of a list, with blanks
+// around it (a template's trailing space, a value copied with its
+// newline): every one is taken as written, blanks and all, where it is a
+// path or a Redis name. routes: "routes.yaml " started an empty table,
+// every request a 404, behind a check that passed with a warning; an
+// access_log.path so written logged to a file logrotate never names.
+// Secrets are left to their own checks, and never quoted.
+func (c *Config) checkBlanks() error {
+	for _, s := range collect(reflect.ValueOf(c).Elem()) {
+		name := strings.Join(s.path, ".")
+		if trimmedKeys[name] || isSecretPath(s.path) {
+			continue
+		}
+		var values []string
+		switch {
+		case s.v.Kind() == reflect.String:
+			values = []string{s.v.String()}
+		case s.v.Kind() == reflect.Slice && s.v.Type().Elem().Kind() == reflect.String:
+			values = s.v.Interface().([]string)
+		}
+		for _, v := range values {
+			if v != "" && strings.TrimSpace(v) != v {
+				return fmt.Errorf("%s %q has blanks around it, which would be taken as part of it; write the value alone", name, v)
+			}
+		}
+	}
+	for i, f := range c.TLS.Files {
+		for _, v := range []struct{ key, val string }{{"cert_file", f.CertFile}, {"key_file", f.KeyFile}} {
+			if strings.TrimSpace(v.val) != v.val {
+				return fmt.Errorf("tls.files[%d].%s %q has blanks around it, which would be taken as part of it; write the value alone", i, v.key, v.val)
+			}
+		}
 	}
 	return nil
 }

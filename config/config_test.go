@@ -144,6 +144,12 @@ func TestLoadErrors(t *testing.T) {
 		{"blank instance id", []string{"--config", writeFile(t, "instance_id: ' '\n")}, nil, `instance_id " " is blank`},
 		{"instance id with a newline", []string{"--config", writeFile(t, "instance_id: \"proxy-1\\n\"\n")}, nil, `instance_id "proxy-1\n" has blanks around it or a control character`},
 		{"instance id with a control character", []string{"--instance-id=a\x01b"}, nil, `instance_id "a\x01b" has blanks around it`},
+		// Paths and Redis names are taken with their blanks: the routes
+		// file was not found, and the proxy started with an empty table.
+		{"routes path with a trailing blank", []string{"--config", writeFile(t, "routes: 'configs/routes.yaml '\n")}, nil, `routes "configs/routes.yaml " has blanks around it`},
+		{"access log path with a newline", nil, map[string]string{"CUBEPROXY_ACCESS_LOG_PATH": "/var/log/access.log\n"}, `access_log.path "/var/log/access.log\n" has blanks around it`},
+		{"redis key prefix with a leading blank", []string{"--store=redis", "--redis-addr=r:6379", "--redis-key-prefix= cube:"}, nil, `redis.key_prefix " cube:" has blanks around it`},
+		{"tls file list entry with a trailing blank", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  files:\n    - cert_file: 'a.pem '\n      key_file: a-key.pem\n")}, nil, `tls.files[0].cert_file "a.pem " has blanks around it`},
 		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},

@@ -917,8 +917,8 @@ func (c *Config) checkListeners() error {
 // sameListenAddr reports whether two listener addresses (checked by
 // checkListenAddr) would bind one port on overlapping addresses: the same
 // port, and hosts that are equal or where one is a wildcard (an empty
-// host, 0.0.0.0 or ::, which Go binds dual-stack) or localhost next to
-// 127.0.0.1, the address Go binds for it. Port 0 is a port the system
+// host, 0.0.0.0, ::ffff:0.0.0.0 or ::, which Go binds dual-stack) or
+// localhost next to 127.0.0.1, the address Go binds for it. Port 0 is a port the system
 // chooses: never shared. Two different host names are not resolved, and
 // are left to the bind.
 func sameListenAddr(a, b string) bool {
@@ -933,7 +933,8 @@ func sameListenAddr(a, b string) bool {
 	ipa, errA := netip.ParseAddr(ha)
 	ipb, errB := netip.ParseAddr(hb)
 	switch {
-	case ha == "" || hb == "" || errA == nil && ipa.IsUnspecified() || errB == nil && ipb.IsUnspecified():
+	case ha == "" || hb == "" || errA == nil && ipa.Unmap().IsUnspecified() || errB == nil && ipb.Unmap().IsUnspecified():
+		// ::ffff:0.0.0.0 too: Go binds it as the wildcard.
 		return true
 	case errA == nil && errB == nil:
 		return ipa.Unmap() == ipb.Unmap()

@@ -256,6 +256,9 @@ func TestLoadListenersOverlap(t *testing.T) {
 		{"[::]:8081", "", "127.0.0.1:8081", `http_addr "[::]:8081" and admin_addr "127.0.0.1:8081"`},
 		{"127.0.0.1:8081", "", "LOCALHOST.:8081", `http_addr "127.0.0.1:8081" and admin_addr "LOCALHOST.:8081"`},
 		{"[::ffff:127.0.0.1]:8081", "", "127.0.0.1:08081", `http_addr "[::ffff:127.0.0.1]:8081" and admin_addr "127.0.0.1:08081"`},
+		// The IPv4 wildcard written IPv4-mapped: Go binds it as [::], and
+		// with reuse_port sandbox requests to 127.0.0.1 reached the admin API.
+		{"[::ffff:0.0.0.0]:8081", "", "127.0.0.1:8081", `http_addr "[::ffff:0.0.0.0]:8081" and admin_addr "127.0.0.1:8081"`},
 		{":80", ":8443", "127.0.0.1:http", `http_addr ":80" and admin_addr "127.0.0.1:http"`},
 		{":8080", ":8080", "127.0.0.1:8082", `http_addr ":8080" and https_addr ":8080"`},
 		{"", "10.0.0.1:8443", ":8443", `https_addr "10.0.0.1:8443" and admin_addr ":8443"`},

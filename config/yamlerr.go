@@ -393,8 +393,8 @@ func hideSecretValue(msg string, secret map[int]bool) string {
 // lineRE finds the line an error line names.
 var lineRE = regexp.MustCompile("^line ([0-9]+): ")
 
-// checkWholeNumbers refuses a float (1.5, 1e5, 10.0) written for an
-// integer setting. The decoder truncates one into the field: a
+// checkWholeNumbers refuses a float (1.5, 1e5, 10.0), or a number with
+// a leading zero (010, read as octal 8), written for an integer setting. The decoder truncates one into the field: a
 // max_request_body of 1.5 was one byte, and a cache.size of 0.5 was 0,
 // the default, without a word; the environment and flags refuse them.
 // A value given through an alias is named where the alias is written.
@@ -410,7 +410,8 @@ func checkWholeNumbers(data []byte) error {
 		if val.Kind == yaml.AliasNode && val.Alias != nil {
 			val = val.Alias
 		}
-		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" {
+		octal := val.ShortTag() == "!!int" && val.Style == 0 && leadingZeroRE.MatchString(val.Value)
+		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" && !octal {
 			continue
 		}
 		t := configType(e.path)
@@ -424,10 +425,20 @@ func checkWholeNumbers(data []byte) error {
 		if e.key == nil {
 			name = "an entry of " + name
 		}
+		if octal {
+			// The decoder reads 010 as octal 8, the environment and
+			// flags as 10: one setting, two values.
+			n, _ := strconv.ParseInt(strings.ReplaceAll(val.Value, "_", ""), 0, 64)
+			return fmt.Errorf("line %d: %s: `%s` has a leading zero, which YAML reads as octal (%d); write the number without it, or 0o for octal", line, name, val.Value, n)
+		}
 		return fmt.Errorf("line %d: %s: want %s, got `%s`", line, name, describeType(t), val.Value)
 	}
 	return nil
 }
+
+// leadingZeroRE matches an integer written with a leading zero (010,
+// -007), which the decoder reads as octal.
+var leadingZeroRE = regexp.MustCompile(`^[-+]?0[0-9_]+$`)
 
 // readerProblems are the decoder's errors about the bytes themselves,
 // which it reports with no line.

@@ -871,6 +871,12 @@ func (c *Config) checkSecrets() error {
 		if isEnvReference(k) {
 			return fmt.Errorf("auth.signing_keys: entry %d "+shape, i+1, EnvPrefix+"AUTH_SIGNING_KEYS")
 		}
+		if strings.TrimSpace(k) != k {
+			// The variable's and the flag's list drop them, the file
+			// keeps them: two proxies given one key each way (a secret
+			// file's trailing newline) refused each other's tokens.
+			return fmt.Errorf("auth.signing_keys: entry %d has blanks around it (not shown: a secret), which the file keeps and %sAUTH_SIGNING_KEYS drops, so proxies given the key each way would refuse each other's tokens; write the key alone", i+1, EnvPrefix)
+		}
 	}
 	return nil
 }

@@ -163,6 +163,8 @@ func TestLoadErrors(t *testing.T) {
 			"admin_token has the shape of a reference to an environment variable"},
 		{"signing key as $VAR", []string{"--config", writeFile(t, "auth:\n  signing_keys: [$CUBEPROXY_SIGNING_KEY_NUMBER_ONE_X]\n")}, nil,
 			"auth.signing_keys: entry 1 has the shape of a reference to an environment variable"},
+		{"signing key with a trailing newline", []string{"--config", writeFile(t, "auth:\n  signing_keys: [\"0123456789abcdef0123456789abcdef\\n\"]\n")}, nil,
+			"auth.signing_keys: entry 1 has blanks around it (not shown: a secret)"},
 		// Only the admin API would listen: ready, and no sandbox reachable.
 		{"no traffic listener", []string{"--http-addr="}, nil, "http_addr and https_addr are both empty"},
 		{"no traffic listener in yaml", []string{"--config", writeFile(t, "http_addr: ''\nhttps_addr: ''\n")}, nil, "http_addr and https_addr are both empty"},

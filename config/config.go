@@ -1321,13 +1321,15 @@ func (s *setting) set(raw string) error {
 	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
-			return fmt.Errorf("invalid integer %q", raw)
+			// Worded as the file's error is: the bare "invalid integer"
+			// left 1e5 or 64k to guess what would do.
+			return fmt.Errorf("invalid integer %q: want a whole number in decimal digits (268435456, not 256MiB or 1e5)", raw)
 		}
 		v.SetInt(n)
 	case v.Kind() == reflect.Float64:
 		f, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
-			return fmt.Errorf("invalid number %q", raw)
+			return fmt.Errorf("invalid number %q: want a number such as 0.25", raw)
 		}
 		v.SetFloat(f)
 	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
@@ -1346,7 +1348,7 @@ func (s *setting) set(raw string) error {
 			}
 			n, err := strconv.Atoi(p)
 			if err != nil {
-				return fmt.Errorf("invalid integer %q", p)
+				return fmt.Errorf("invalid integer %q: want whole numbers, comma-separated (80,443)", p)
 			}
 			parts = append(parts, n)
 		}

@@ -108,6 +108,10 @@ func TestLoadErrors(t *testing.T) {
 		{"env duration without unit", nil, map[string]string{"CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT": "3"},
 			`CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT: invalid duration "3": want a duration with its unit (30s, 5m, 2h)`},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
+		// Each says what would do, as the file's errors do.
+		{"env size with a unit", nil, map[string]string{"CUBEPROXY_MAX_REQUEST_BODY": "256MiB"}, `CUBEPROXY_MAX_REQUEST_BODY: invalid integer "256MiB": want a whole number in decimal digits`},
+		{"env port list entry", nil, map[string]string{"CUBEPROXY_AUTH_EXEMPT_PORTS": "80,https"}, `CUBEPROXY_AUTH_EXEMPT_PORTS: invalid integer "https": want whole numbers, comma-separated (80,443)`},
+		{"flag ratio", []string{"--telemetry-trace-sample-ratio=half"}, nil, `invalid number "half": want a number such as 0.25`},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
 		// The YAML key's spelling, or a typo: the flag meant is named.
 		{"flag spelled as its key", []string{"--http_addr", ":1"}, nil, "flag provided but not defined: -http_addr (did you mean --http-addr?)"},

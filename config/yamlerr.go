@@ -88,6 +88,26 @@ func collectEntries(n *yaml.Node, path []string, out *[]yamlEntry, depth int) {
 	}
 }
 
+// flatSetting is the path of the setting a key names in another
+// spelling: its path dotted (upstream.connect_timeout), its flag's
+// (upstream-connect-timeout) or its variable's
+// (CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT), with the sections the key is
+// written under; nil when it names none.
+func flatSetting(path []string) []string {
+	norm := func(s string) string {
+		s = strings.ToLower(strings.TrimLeft(s, "-"))
+		s = strings.TrimPrefix(s, strings.ToLower(EnvPrefix))
+		return strings.NewReplacer("-", "_", ".", "_").Replace(s)
+	}
+	want := norm(strings.Join(path, "_"))
+	for _, st := range collect(reflect.ValueOf(Default()).Elem()) {
+		if norm(strings.Join(st.path, "_")) == want {
+			return st.path
+		}
+	}
+	return nil
+}
+
 // explainLine rewrites one line of a type error, or returns it as is.
 func explainLine(msg string, entries []yamlEntry) string {
 	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
@@ -104,7 +124,14 @@ func explainLine(msg string, entries []yamlEntry) string {
 				continue // not where the decoder met it (an alias)
 			}
 			out := fmt.Sprintf("line %d: unknown key %s", line, strings.Join(e.path, "."))
-			if near := nearestField(parent, m[2]); near != "" {
+			if flat := flatSetting(e.path); len(flat) > 1 {
+				// upstream.connect_timeout: 3s, as the README names the
+				// setting, or its flag's or variable's spelling: the
+				// error repeated the setting's own name as unknown.
+				out += fmt.Sprintf(" (the setting %s: the file nests it, %s: indented under %s:)", strings.Join(flat, "."), flat[len(flat)-1], strings.Join(flat[:len(flat)-1], ": "))
+			} else if len(flat) == 1 {
+				out += fmt.Sprintf(" (did you mean %s?)", flat[0])
+			} else if near := nearestField(parent, m[2]); near != "" {
 				out += fmt.Sprintf(" (did you mean %s?)", strings.Join(append(e.path[:len(e.path)-1:len(e.path)-1], near), "."))
 			}
 			return out

@@ -341,6 +341,7 @@ func checkCA(ca string) error {
 	if ca == "" {
 		return nil
 	}
+	written := ca
 	if !strings.Contains(ca, "://") {
 		ca = "https://" + ca // what certmagic assumes
 	}
@@ -350,6 +351,12 @@ func checkCA(ca string) error {
 	}
 	if u.Scheme != "https" && !certmagic.SubjectIsInternal(u.Host) {
 		return fmt.Errorf("tls.acme.ca %s: certmagic requires https for a CA that is not internal (loopback or private)", ca)
+	}
+	if u.Hostname() == "" {
+		// certmagic takes it, and every order then fails on "no Host in
+		// request URL", after the proxy listens: HTTPS without a
+		// certificate, behind a check that passed.
+		return fmt.Errorf("tls.acme.ca %q names no host; want the CA's directory URL, for example %s", written, certmagic.LetsEncryptProductionCA)
 	}
 	return nil
 }

@@ -161,6 +161,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		// certmagic refuses these at every order, not at start.
 		{"plain http CA", acme(func(c *certs.Config) { c.ACME.CA = "http://acme.example.com/directory" }), "requires https"},
 		{"unparsable CA", acme(func(c *certs.Config) { c.ACME.CA = "https://acme.example.com:port/directory" }), "tls.acme.ca: "},
+		// certmagic takes these, and every order then fails on "no Host
+		// in request URL"; check passed them.
+		{"CA without a host", acme(func(c *certs.Config) { c.ACME.CA = "https://" }), `tls.acme.ca "https://" names no host`},
+		{"CA that is a path", acme(func(c *certs.Config) { c.ACME.CA = "/directory" }), `tls.acme.ca "/directory" names no host`},
+		{"CA with a port alone", acme(func(c *certs.Config) { c.ACME.CA = "https://:14000/dir" }), "names no host"},
 		// The updates would go unsigned, and the DNS server refuse them
 		// at the first order, after the proxy listens.
 		{"rfc2136 secret without key name", acme(func(c *certs.Config) { delete(c.ACME.DNS.Options, "key_name") }),

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -533,7 +534,7 @@ var negativeMeansOff = map[string]bool{
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
-		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP,
+		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP, c.checkInstanceID, c.checkBlanks,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -547,8 +548,13 @@ func (c *Config) Validate() error {
 // multiples of one that would overflow.
 const MaxDuration = 365 * 24 * time.Hour
 
+// MinDuration is the shortest positive duration setting the proxy takes:
+// a millisecond, nginx's smallest time unit too.
+const MinDuration = time.Millisecond
+
 // checkNumbers refuses a negative duration or size (unless
-// negativeMeansOff lists it), a duration above MaxDuration, a trace sample
+// negativeMeansOff lists it), a positive duration below MinDuration or
+// above MaxDuration, a trace sample
 // ratio outside 0..1, and a pair of cache TTLs the cache would refuse.
 func (c *Config) checkNumbers() error {
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
@@ -561,6 +567,14 @@ func (c *Config) checkNumbers() error {
 					shown = time.Duration(n).String()
 				}
 				return fmt.Errorf("%s: %s is negative", name, shown)
+			}
+			if d := time.Duration(s.v.Int()); s.v.Type() == durationType && d > 0 && d < MinDuration {
+				// Written for seconds or milliseconds in another unit: a
+				// connect, header, read or write timeout this short fails
+				// every request (504, 408, or a closed connection), and an
+				// interval spins (a heartbeat of 1ns sent a silent SSE
+				// client 5 MB/s of comments, at a third of a core).
+				return fmt.Errorf("%s: %s is below %s, the shortest duration the proxy takes (0 means the default)", name, d, MinDuration)
 			}
 			if s.v.Type() == durationType && time.Duration(s.v.Int()) > MaxDuration {
 				// Deadlines are now plus a setting, or a multiple of one:
@@ -857,6 +871,12 @@ func (c *Config) checkSecrets() error {
 		if isEnvReference(k) {
 			return fmt.Errorf("auth.signing_keys: entry %d "+shape, i+1, EnvPrefix+"AUTH_SIGNING_KEYS")
 		}
+		if strings.TrimSpace(k) != k {
+			// The variable's and the flag's list drop them, the file
+			// keeps them: two proxies given one key each way (a secret
+			// file's trailing newline) refused each other's tokens.
+			return fmt.Errorf("auth.signing_keys: entry %d has blanks around it (not shown: a secret), which the file keeps and %sAUTH_SIGNING_KEYS drops, so proxies given the key each way would refuse each other's tokens; write the key alone", i+1, EnvPrefix)
+		}
 	}
 	return nil
 }
@@ -903,8 +923,8 @@ func (c *Config) checkListeners() error {
 // sameListenAddr reports whether two listener addresses (checked by
 // checkListenAddr) would bind one port on overlapping addresses: the same
 // port, and hosts that are equal or where one is a wildcard (an empty
-// host, 0.0.0.0 or ::, which Go binds dual-stack) or localhost next to
-// 127.0.0.1, the address Go binds for it. Port 0 is a port the system
+// host, 0.0.0.0, ::ffff:0.0.0.0 or ::, which Go binds dual-stack) or
+// localhost next to 127.0.0.1, the address Go binds for it. Port 0 is a port the system
 // chooses: never shared. Two different host names are not resolved, and
 // are left to the bind.
 func sameListenAddr(a, b string) bool {
@@ -919,7 +939,8 @@ func sameListenAddr(a, b string) bool {
 	ipa, errA := netip.ParseAddr(ha)
 	ipb, errB := netip.ParseAddr(hb)
 	switch {
-	case ha == "" || hb == "" || errA == nil && ipa.IsUnspecified() || errB == nil && ipb.IsUnspecified():
+	case ha == "" || hb == "" || errA == nil && ipa.Unmap().IsUnspecified() || errB == nil && ipb.Unmap().IsUnspecified():
+		// ::ffff:0.0.0.0 too: Go binds it as the wildcard.
 		return true
 	case errA == nil && errB == nil:
 		return ipa.Unmap() == ipb.Unmap()
@@ -1054,6 +1075,66 @@ func (c *Config) checkNodeIP() error {
 	}
 	if zone := addr.Zone(); zone != "" {
 		return fmt.Errorf("node_ip %q: an IPv6 zone (%%%s) never equals a route's HostIP, which carries none, so routes on this node would be dialed through their host port instead of SandboxIP; set the address the routes name as HostIP, without a zone", c.NodeIP, zone)
+	}
+	return nil
+}
+
+// checkInstanceID refuses an instance_id that is blank, has blanks around
+// it or holds a control character: the name is shown in /admin/healthz,
+// the registry's entry and the traces' service.instance.id, where " "
+// names no instance and "proxy-1\n" is not the proxy-1 a dashboard looks
+// for. (Unset, it is the hostname.)
+func (c *Config) checkInstanceID() error {
+	id := c.InstanceID
+	if id == "" {
+		return nil
+	}
+	if strings.TrimSpace(id) == "" {
+		return fmt.Errorf("instance_id %q is blank: it would name no instance; write the name, or remove instance_id for the hostname", id)
+	}
+	if strings.TrimSpace(id) != id || strings.IndexFunc(id, unicode.IsControl) >= 0 {
+		return fmt.Errorf("instance_id %q has blanks around it or a control character; write the name alone", id)
+	}
+	return nil
+}
+
+// trimmedKeys are the string settings read without the blanks around
+// them (host names, as the parser compares them), and so left alone by
+// checkBlanks.
+var trimmedKeys = map[string]bool{"domains": true, "shared_hosts": true, "tls.domain": true}
+
+// checkBlanks refuses a string setting, or an entry of a list, with blanks
+// around it (a template's trailing space, a value copied with its
+// newline): every one is taken as written, blanks and all, where it is a
+// path or a Redis name. routes: "routes.yaml " started an empty table,
+// every request a 404, behind a check that passed with a warning; an
+// access_log.path so written logged to a file logrotate never names.
+// Secrets are left to their own checks, and never quoted.
+func (c *Config) checkBlanks() error {
+	for _, s := range collect(reflect.ValueOf(c).Elem()) {
+		name := strings.Join(s.path, ".")
+		if trimmedKeys[name] || isSecretPath(s.path) {
+			continue
+		}
+		var values []string
+		switch {
+		case s.v.Kind() == reflect.String:
+			values = []string{s.v.String()}
+		case s.v.Kind() == reflect.Slice && s.v.Type().Elem().Kind() == reflect.String:
+			values = s.v.Interface().([]string)
+		}
+		for _, v := range values {
+			if v != "" && strings.TrimSpace(v) != v {
+				return fmt.Errorf("%s %q has blanks around it, which would be taken as part of it; write the value alone", name, v)
+			}
+		}
+	}
+	for i, f := range c.TLS.Files {
+		for _, v := range []struct{ key, val string }{{"cert_file", f.CertFile}, {"key_file", f.KeyFile}} {
+			if strings.TrimSpace(v.val) != v.val {
+				return fmt.Errorf("tls.files[%d].%s %q has blanks around it, which would be taken as part of it; write the value alone", i, v.key, v.val)
+			}
+		}
 	}
 	return nil
 }
@@ -1240,13 +1321,15 @@ func (s *setting) set(raw string) error {
 	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
-			return fmt.Errorf("invalid integer %q", raw)
+			// Worded as the file's error is: the bare "invalid integer"
+			// left 1e5 or 64k to guess what would do.
+			return fmt.Errorf("invalid integer %q: want a whole number in decimal digits (268435456, not 256MiB or 1e5)", raw)
 		}
 		v.SetInt(n)
 	case v.Kind() == reflect.Float64:
 		f, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
-			return fmt.Errorf("invalid number %q", raw)
+			return fmt.Errorf("invalid number %q: want a number such as 0.25", raw)
 		}
 		v.SetFloat(f)
 	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
@@ -1265,7 +1348,7 @@ func (s *setting) set(raw string) error {
 			}
 			n, err := strconv.Atoi(p)
 			if err != nil {
-				return fmt.Errorf("invalid integer %q", p)
+				return fmt.Errorf("invalid integer %q: want whole numbers, comma-separated (80,443)", p)
 			}
 			parts = append(parts, n)
 		}

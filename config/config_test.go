@@ -108,6 +108,10 @@ func TestLoadErrors(t *testing.T) {
 		{"env duration without unit", nil, map[string]string{"CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT": "3"},
 			`CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT: invalid duration "3": want a duration with its unit (30s, 5m, 2h)`},
 		{"bad flag int", []string{"--max-request-body", "big"}, nil, "invalid integer"},
+		// Each says what would do, as the file's errors do.
+		{"env size with a unit", nil, map[string]string{"CUBEPROXY_MAX_REQUEST_BODY": "256MiB"}, `CUBEPROXY_MAX_REQUEST_BODY: invalid integer "256MiB": want a whole number in decimal digits`},
+		{"env port list entry", nil, map[string]string{"CUBEPROXY_AUTH_EXEMPT_PORTS": "80,https"}, `CUBEPROXY_AUTH_EXEMPT_PORTS: invalid integer "https": want whole numbers, comma-separated (80,443)`},
+		{"flag ratio", []string{"--telemetry-trace-sample-ratio=half"}, nil, `invalid number "half": want a number such as 0.25`},
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
 		// The YAML key's spelling, or a typo: the flag meant is named.
 		{"flag spelled as its key", []string{"--http_addr", ":1"}, nil, "flag provided but not defined: -http_addr (did you mean --http-addr?)"},
@@ -135,6 +139,21 @@ func TestLoadErrors(t *testing.T) {
 		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
 		// now+ttl would wrap: the cache would store every route expired.
 		{"cache ttl beyond a year", []string{"--cache-ttl-min=2562047h", "--cache-ttl-max=2562047h"}, nil, "cache.ttl_min: 2562047h0m0s is above 8760h0m0s"},
+		// A unit slip: every request would fail (504, 408, a closed
+		// connection), or an interval spin.
+		{"connect timeout below a millisecond", []string{"--config", writeFile(t, "upstream:\n  connect_timeout: 3us\n")}, nil, "upstream.connect_timeout: 3µs is below 1ms, the shortest duration the proxy takes (0 means the default)"},
+		{"heartbeat below a millisecond", nil, map[string]string{"CUBEPROXY_UPSTREAM_HEARTBEAT_INTERVAL": "1ns"}, "upstream.heartbeat_interval: 1ns is below 1ms"},
+		{"client read timeout below a millisecond", []string{"--client-read-timeout=999us"}, nil, "client.read_timeout: 999µs is below 1ms"},
+		// Shown in healthz, the registry and traces as a name.
+		{"blank instance id", []string{"--config", writeFile(t, "instance_id: ' '\n")}, nil, `instance_id " " is blank`},
+		{"instance id with a newline", []string{"--config", writeFile(t, "instance_id: \"proxy-1\\n\"\n")}, nil, `instance_id "proxy-1\n" has blanks around it or a control character`},
+		{"instance id with a control character", []string{"--instance-id=a\x01b"}, nil, `instance_id "a\x01b" has blanks around it`},
+		// Paths and Redis names are taken with their blanks: the routes
+		// file was not found, and the proxy started with an empty table.
+		{"routes path with a trailing blank", []string{"--config", writeFile(t, "routes: 'configs/routes.yaml '\n")}, nil, `routes "configs/routes.yaml " has blanks around it`},
+		{"access log path with a newline", nil, map[string]string{"CUBEPROXY_ACCESS_LOG_PATH": "/var/log/access.log\n"}, `access_log.path "/var/log/access.log\n" has blanks around it`},
+		{"redis key prefix with a leading blank", []string{"--store=redis", "--redis-addr=r:6379", "--redis-key-prefix= cube:"}, nil, `redis.key_prefix " cube:" has blanks around it`},
+		{"tls file list entry with a trailing blank", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  files:\n    - cert_file: 'a.pem '\n      key_file: a-key.pem\n")}, nil, `tls.files[0].cert_file "a.pem " has blanks around it`},
 		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
@@ -148,6 +167,8 @@ func TestLoadErrors(t *testing.T) {
 			"admin_token has the shape of a reference to an environment variable"},
 		{"signing key as $VAR", []string{"--config", writeFile(t, "auth:\n  signing_keys: [$CUBEPROXY_SIGNING_KEY_NUMBER_ONE_X]\n")}, nil,
 			"auth.signing_keys: entry 1 has the shape of a reference to an environment variable"},
+		{"signing key with a trailing newline", []string{"--config", writeFile(t, "auth:\n  signing_keys: [\"0123456789abcdef0123456789abcdef\\n\"]\n")}, nil,
+			"auth.signing_keys: entry 1 has blanks around it (not shown: a secret)"},
 		// Only the admin API would listen: ready, and no sandbox reachable.
 		{"no traffic listener", []string{"--http-addr="}, nil, "http_addr and https_addr are both empty"},
 		{"no traffic listener in yaml", []string{"--config", writeFile(t, "http_addr: ''\nhttps_addr: ''\n")}, nil, "http_addr and https_addr are both empty"},
@@ -241,6 +262,9 @@ func TestLoadListenersOverlap(t *testing.T) {
 		{"[::]:8081", "", "127.0.0.1:8081", `http_addr "[::]:8081" and admin_addr "127.0.0.1:8081"`},
 		{"127.0.0.1:8081", "", "LOCALHOST.:8081", `http_addr "127.0.0.1:8081" and admin_addr "LOCALHOST.:8081"`},
 		{"[::ffff:127.0.0.1]:8081", "", "127.0.0.1:08081", `http_addr "[::ffff:127.0.0.1]:8081" and admin_addr "127.0.0.1:08081"`},
+		// The IPv4 wildcard written IPv4-mapped: Go binds it as [::], and
+		// with reuse_port sandbox requests to 127.0.0.1 reached the admin API.
+		{"[::ffff:0.0.0.0]:8081", "", "127.0.0.1:8081", `http_addr "[::ffff:0.0.0.0]:8081" and admin_addr "127.0.0.1:8081"`},
 		{":80", ":8443", "127.0.0.1:http", `http_addr ":80" and admin_addr "127.0.0.1:http"`},
 		{":8080", ":8080", "127.0.0.1:8082", `http_addr ":8080" and https_addr ":8080"`},
 		{"", "10.0.0.1:8443", ":8443", `https_addr "10.0.0.1:8443" and admin_addr ":8443"`},

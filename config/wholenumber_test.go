@@ -16,6 +16,10 @@ func TestIntegerSettingsTakeWholeNumbers(t *testing.T) {
 		{"float with no fraction", "upstream:\n  max_conns: 10.0\n", "line 2: upstream.max_conns: want a whole number, got `10.0`"},
 		{"list entry", "auth:\n  exempt_ports: [80, 443.5]\n", "line 2: an entry of auth.exempt_ports: want a whole number, got `443.5`"},
 		{"through an alias", "telemetry:\n  trace_sample_ratio: &r 0.5\ncache:\n  size: *r\n", "line 4: cache.size: want a whole number, got `0.5`"},
+		// Octal to the decoder, decimal to the environment and flags.
+		{"leading zero", "cache:\n  size: 010\n", "line 2: cache.size: `010` has a leading zero, which YAML reads as octal (8); write the number without it, or 0o for octal"},
+		{"leading zero in a list", "auth:\n  exempt_ports: [0443]\n", "line 2: an entry of auth.exempt_ports: `0443` has a leading zero, which YAML reads as octal (291)"},
+		{"zero and explicit octal", "max_streams_per_sandbox: 0\ncache:\n  size: 0o10\n", ""},
 		{"whole numbers", "max_request_body: 1048576\ncache:\n  size: 0x10\nauth:\n  exempt_ports: [80]\n", ""},
 		{"a float setting takes a float", "telemetry:\n  trace_sample_ratio: 0.5\n", ""},
 	} {

@@ -88,6 +88,26 @@ func collectEntries(n *yaml.Node, path []string, out *[]yamlEntry, depth int) {
 	}
 }
 
+// flatSetting is the path of the setting a key names in another
+// spelling: its path dotted (upstream.connect_timeout), its flag's
+// (upstream-connect-timeout) or its variable's
+// (CUBEPROXY_UPSTREAM_CONNECT_TIMEOUT), with the sections the key is
+// written under; nil when it names none.
+func flatSetting(path []string) []string {
+	norm := func(s string) string {
+		s = strings.ToLower(strings.TrimLeft(s, "-"))
+		s = strings.TrimPrefix(s, strings.ToLower(EnvPrefix))
+		return strings.NewReplacer("-", "_", ".", "_").Replace(s)
+	}
+	want := norm(strings.Join(path, "_"))
+	for _, st := range collect(reflect.ValueOf(Default()).Elem()) {
+		if norm(strings.Join(st.path, "_")) == want {
+			return st.path
+		}
+	}
+	return nil
+}
+
 // explainLine rewrites one line of a type error, or returns it as is.
 func explainLine(msg string, entries []yamlEntry) string {
 	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
@@ -104,7 +124,14 @@ func explainLine(msg string, entries []yamlEntry) string {
 				continue // not where the decoder met it (an alias)
 			}
 			out := fmt.Sprintf("line %d: unknown key %s", line, strings.Join(e.path, "."))
-			if near := nearestField(parent, m[2]); near != "" {
+			if flat := flatSetting(e.path); len(flat) > 1 {
+				// upstream.connect_timeout: 3s, as the README names the
+				// setting, or its flag's or variable's spelling: the
+				// error repeated the setting's own name as unknown.
+				out += fmt.Sprintf(" (the setting %s: the file nests it, %s: indented under %s:)", strings.Join(flat, "."), flat[len(flat)-1], strings.Join(flat[:len(flat)-1], ": "))
+			} else if len(flat) == 1 {
+				out += fmt.Sprintf(" (did you mean %s?)", flat[0])
+			} else if near := nearestField(parent, m[2]); near != "" {
 				out += fmt.Sprintf(" (did you mean %s?)", strings.Join(append(e.path[:len(e.path)-1:len(e.path)-1], near), "."))
 			}
 			return out
@@ -393,8 +420,8 @@ func hideSecretValue(msg string, secret map[int]bool) string {
 // lineRE finds the line an error line names.
 var lineRE = regexp.MustCompile("^line ([0-9]+): ")
 
-// checkWholeNumbers refuses a float (1.5, 1e5, 10.0) written for an
-// integer setting. The decoder truncates one into the field: a
+// checkWholeNumbers refuses a float (1.5, 1e5, 10.0), or a number with
+// a leading zero (010, read as octal 8), written for an integer setting. The decoder truncates one into the field: a
 // max_request_body of 1.5 was one byte, and a cache.size of 0.5 was 0,
 // the default, without a word; the environment and flags refuse them.
 // A value given through an alias is named where the alias is written.
@@ -410,7 +437,8 @@ func checkWholeNumbers(data []byte) error {
 		if val.Kind == yaml.AliasNode && val.Alias != nil {
 			val = val.Alias
 		}
-		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" {
+		octal := val.ShortTag() == "!!int" && val.Style == 0 && leadingZeroRE.MatchString(val.Value)
+		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" && !octal {
 			continue
 		}
 		t := configType(e.path)
@@ -424,10 +452,20 @@ func checkWholeNumbers(data []byte) error {
 		if e.key == nil {
 			name = "an entry of " + name
 		}
+		if octal {
+			// The decoder reads 010 as octal 8, the environment and
+			// flags as 10: one setting, two values.
+			n, _ := strconv.ParseInt(strings.ReplaceAll(val.Value, "_", ""), 0, 64)
+			return fmt.Errorf("line %d: %s: `%s` has a leading zero, which YAML reads as octal (%d); write the number without it, or 0o for octal", line, name, val.Value, n)
+		}
 		return fmt.Errorf("line %d: %s: want %s, got `%s`", line, name, describeType(t), val.Value)
 	}
 	return nil
 }
+
+// leadingZeroRE matches an integer written with a leading zero (010,
+// -007), which the decoder reads as octal.
+var leadingZeroRE = regexp.MustCompile(`^[-+]?0[0-9_]+$`)
 
 // readerProblems are the decoder's errors about the bytes themselves,
 // which it reports with no line.

@@ -820,7 +820,7 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 400, msg)
 		return
 	}
-	exp := time.Now().Add(ttl).Truncate(time.Second)
+	exp := TokenExpiry(time.Now(), ttl)
 	tok, err := a.cfg.Signer.Sign(b.SandboxID, uint16(b.Port), exp)
 	if err != nil {
 		adminError(ctx, 400, err.Error())
@@ -832,7 +832,8 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 }
 
 // ParseTokenTTL parses a signed-token lifetime: a Go duration, default
-// 10m, between 1s and 24h.
+// 10m, between 1s and 24h (TokenExpiry rounds the expiry up to a whole
+// second).
 func ParseTokenTTL(s string) (time.Duration, error) {
 	if s == "" {
 		return 10 * time.Minute, nil
@@ -842,6 +843,18 @@ func ParseTokenTTL(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("ttl %q: want a duration between 1s and 24h", s)
 	}
 	return d, nil
+}
+
+// TokenExpiry is the expiry of a signed token issued at now to live ttl:
+// now+ttl rounded up to a whole second, as the token holds its expiry in
+// whole seconds. Rounded down, a token of ttl 1s issued at x.999 lived
+// a millisecond.
+func TokenExpiry(now time.Time, ttl time.Duration) time.Time {
+	exp := now.Add(ttl)
+	if t := exp.Truncate(time.Second); t.Before(exp) {
+		return t.Add(time.Second)
+	}
+	return exp
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

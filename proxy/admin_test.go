@@ -1152,10 +1152,15 @@ func TestAdminTokenLifetimeBounds(t *testing.T) {
 			continue
 		}
 		exp, err := time.Parse(time.RFC3339, out.ExpiresAt)
-		// expires_at is whole seconds, cut down: up to 1s short.
-		if lo, hi := before.Add(tc.life-time.Second), time.Now().Add(tc.life); err != nil || out.Token == "" ||
+		// expires_at is whole seconds, rounded up: the token lives at
+		// least ttl, and less than a second more. Rounded down, a 1s
+		// token issued at x.999 lived a millisecond.
+		if lo, hi := before.Add(tc.life), time.Now().Add(tc.life+time.Second); err != nil || out.Token == "" ||
 			out.QueryParam == "" || exp.Before(lo) || exp.After(hi) {
 			t.Errorf("ttl %s: %+v (%v), want a token expiring between %v and %v", tc.ttl, out, err, lo, hi)
+		}
+		if _, err := testSigner(t).Verify(out.Token, "box", 8080, before.Add(tc.life-time.Millisecond)); err != nil {
+			t.Errorf("ttl %s: token refused a millisecond before its ttl ran out: %v", tc.ttl, err)
 		}
 	}
 }

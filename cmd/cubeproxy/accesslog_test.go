@@ -409,3 +409,21 @@ func TestAccessLogReopenFailureIsCounted(t *testing.T) {
 	}
 	r.stop()
 }
+
+// SIGHUP with the access log on stdout reopens nothing, and says so:
+// "access log reopened" was logged there too, for a rotation that could
+// not have taken effect.
+func TestSIGHUPWithStdoutAccessLog(t *testing.T) {
+	r := runServe(t, []string{"--config=", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", "",
+		"--access-log-path", "-", "--drain-timeout", "1s"}, noEnv)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "SIGHUP answered", func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"SIGHUP: the access log writes to stdout: nothing to reopen"`)
+	})
+	r.stop()
+	if strings.Contains(r.logs.String(), `"msg":"access log reopened"`) {
+		t.Errorf("logs say the stdout access log was reopened:\n%s", r.logs)
+	}
+}

@@ -146,6 +146,10 @@ func TestCheckBadConfig(t *testing.T) {
 		{"acme without email", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    storage_dir: " + dir + "\n    dns:\n      provider: rfc2136\n      options: {server: 127.0.0.1:53}\n", nil, "email"},
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},
 		{"bad log level", "log_level: loud\n", nil, "log_level"},
+		// slog reads it as a level between info and warn: serve started,
+		// and its "cubeproxy listening" line was not logged.
+		{"log level with an offset", "log_level: info+1\n", nil, `log_level "info+1": want debug, info, warn or error`},
+		{"log level with a negative offset", "log_level: DEBUG-4\n", nil, `log_level "DEBUG-4"`},
 		// serve would start and dial every route on this node through
 		// its host port: HostIP never carries the zone.
 		{"node_ip with an IPv6 zone", "node_ip: 'fe80::1%eth0'\n", nil, `node_ip "fe80::1%eth0": an IPv6 zone`},

@@ -190,6 +190,14 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error (%w)", cfg.LogLevel, err)
 	}
+	switch cfg.LogLevel { // config spells the four words in lower case
+	case "debug", "info", "warn", "error":
+	default:
+		// slog also reads a level with an offset (info+1, debug-4): one
+		// above info hid the "cubeproxy listening" line, and nothing said
+		// why the log stayed silent.
+		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error (a level with an offset, as slog reads it, is not taken)", cfg.LogLevel)
+	}
 	opts := &slog.HandlerOptions{Level: level}
 	switch cfg.LogFormat {
 	case "json", "":
@@ -774,6 +782,12 @@ loop:
 		case <-hup:
 			a.recheckConfig()
 			if a.access == nil {
+				continue
+			}
+			if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
+				// No file to reopen: "access log reopened" said a
+				// rotation took effect where nothing was done.
+				a.log.Info("SIGHUP: the access log writes to stdout: nothing to reopen")
 				continue
 			}
 			if !a.reopening.CompareAndSwap(false, true) {

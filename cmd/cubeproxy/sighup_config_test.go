@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,7 @@ func TestSIGHUPSaysTheConfigIsNotReloaded(t *testing.T) {
 		}
 		return out
 	}
+	hups := 0
 	// hup sends SIGHUP and returns once its check has run: the loop calls
 	// the check before it starts the reopen that logs its line.
 	hup := func() []line {
@@ -64,6 +66,13 @@ func TestSIGHUPSaysTheConfigIsNotReloaded(t *testing.T) {
 			return strings.Count(r.logs.String(), `"msg":"access log reopened"`) > reopened
 		})
 		testenv.WaitFor(t, 5*time.Second, "the configuration checked", func() bool { return r.a.rechecks.Load() == 0 })
+		// The process log is queued: a line logged after the check's
+		// warning is written after it, so once it is in the logs, the
+		// warning is too.
+		hups++
+		marker := fmt.Sprintf("sighup-checked-%d", hups)
+		r.a.log.Info(marker)
+		testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
 		return warnings()[before:]
 	}
 

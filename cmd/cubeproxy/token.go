@@ -74,7 +74,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	exp := time.Now().Add(d).Truncate(time.Second)
+	exp := proxy.TokenExpiry(time.Now(), d)
 	tok, err := signer.Sign(*sandbox, uint16(*port), exp)
 	if err != nil {
 		return err

@@ -152,6 +152,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true) or a rediss:// redis.url, or remove %s", key, key)
 	case c.PoolSize < 0:
 		return fmt.Errorf("redis.pool_size: %d is negative", c.PoolSize)
+	case c.PoolSize > MaxPoolSize:
+		// go-redis panics above 2^31-1 (check and serve died with a stack
+		// trace), and allocates the pool's slots up front below that: 1e8
+		// took 5 s to start.
+		return fmt.Errorf("redis.pool_size: %d is above %d, the most connections per node the proxy opens (a Redis takes 10000 clients by default)", c.PoolSize, MaxPoolSize)
 	}
 	return nil
 }
+
+// MaxPoolSize bounds redis.pool_size: a hundred times Redis's default
+// maxclients.
+const MaxPoolSize = 1_000_000

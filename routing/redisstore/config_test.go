@@ -31,6 +31,9 @@ func TestValidate(t *testing.T) {
 		{"cluster db", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}, DB: 1}, "redis.db: 1, but a Redis Cluster has only db 0"},
 		{"ca without tls", redisstore.Config{Addr: "127.0.0.1:6379", CAFile: "/x"}, "redis.ca_file is set but TLS to Redis is off"},
 		{"negative pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: -1}, "redis.pool_size: -1 is negative"},
+		// go-redis panicked on it in NewClient: check and serve died.
+		{"huge pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: 1 << 40}, "redis.pool_size: 1099511627776 is above 1000000"},
+		{"largest pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: redisstore.MaxPoolSize}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -746,8 +746,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 	// a sandbox that refuses it from the head and then reads no more
 	// would otherwise keep its write, slot and held bytes until
 	// upstream.idle_timeout.
-	watchAnswer := p.hangups != nil && (x.held > 0 || body != nil &&
-		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead))
+	slowBody := x.held > 0 || body != nil &&
+		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
+	watchAnswer := p.hangups != nil && slowBody
 	for attempt := 0; ; attempt++ {
 		c, reused, err := u.acquire(p, attempt > 0, !retryable)
 		if first := connectRetry(c, err); first != nil {
@@ -772,7 +773,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 			c.answer.body = body
 			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)
 		}
+		c.slowBody = slowBody
 		serr := c.send(req, body)
+		c.slowBody = false
 		if c.answerKey != 0 {
 			p.hangups.unwatch(c.answerKey) // hangUp is not running once this returns
 			c.answerKey, c.answer.body = 0, nil
@@ -1625,6 +1628,11 @@ type upstreamConn struct {
 	hups       *hangups
 	hupKey     uint64
 
+	// slowBody: the request being sent has a body that may take long to
+	// send (roundTrip's watchAnswer); a write of it that waits clientCheck
+	// has the client watched (writeWatched).
+	slowBody bool
+
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
 	idleGood bool
@@ -1659,7 +1667,10 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 	if c.client != nil {
 		c.checkAt = now.Add(clientCheck)
 	}
-	if c.idleTimeout > 0 {
+	watch := c.slowBody && c.client != nil && c.hupKey == 0
+	if watch {
+		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(clientCheck), slack(clientCheck))
+	} else if c.idleTimeout > 0 {
 		c.writeDeadline = setDeadline(c.Conn, false, c.writeDeadline, now.Add(c.idleTimeout), slack(c.idleTimeout))
 	}
 	if c.answered.Load() {
@@ -1670,6 +1681,10 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 		return c.writeUntold(b)
 	}
 	n, err := c.Conn.Write(b)
+	if watch && err != nil && isTimeout(err) && !c.answered.Load() && !c.untold.Load() {
+		m, werr := c.writeWatched(b[n:], now)
+		n, err = n+m, werr
+	}
 	if err != nil && isTimeout(err) && c.untold.Load() {
 		// The watch found untold bytes while this write was under way
 		// (blocked on a sandbox that reads no more): its short deadline
@@ -1678,6 +1693,56 @@ func (c *upstreamConn) Write(b []byte) (int, error) {
 		return n + m, err
 	}
 	return n, err
+}
+
+// writeWatched goes on with a write of a request body that has waited
+// clientCheck (since start) on a sandbox that reads slowly, or no more (a
+// stuck or busy app): from now on the client's socket is watched, as it is
+// while the answer's head is awaited (checkClient), so a client that leaves
+// ends the exchange at once (499), as the platform's nginx ends it ("client
+// prematurely closed connection ... while sending request to upstream").
+// Without the watch the write held the departed client's socket, the
+// sandbox's connection and the request's max_streams_per_sandbox slot
+// until upstream.idle_timeout (7206 s). The write still gives up at
+// upstream.idle_timeout from start.
+func (c *upstreamConn) writeWatched(b []byte, start time.Time) (int, error) {
+	var end time.Time
+	if c.idleTimeout > 0 {
+		end = start.Add(c.idleTimeout)
+	}
+	n := 0
+	for {
+		c.writeDeadline = time.Time{} // expired: the next one is set whatever it is
+		if err := c.checkClient(); err != nil {
+			return n, err
+		}
+		d := end
+		if c.hupKey == 0 {
+			// Not watched (no descriptor): looked at again in clientCheck.
+			d = c.checkAt
+			if !end.IsZero() && end.Before(d) {
+				d = end
+			}
+		}
+		c.writeDeadline = d
+		_ = c.Conn.SetWriteDeadline(d)
+		// earlyAnswer's deadline, set after answered or untold, may have
+		// been undone above.
+		if c.answered.Load() {
+			return n, errAnsweredEarly
+		}
+		if c.untold.Load() {
+			m, err := c.writeUntold(b[n:])
+			return n + m, err
+		}
+		m, err := c.Conn.Write(b[n:])
+		n += m
+		// A timeout with untold set is Write's to hand on (writeUntold).
+		if err == nil || !isTimeout(err) || c.hupKey != 0 || c.answered.Load() || c.untold.Load() ||
+			!end.IsZero() && !time.Now().Before(end) {
+			return n, err
+		}
+	}
 }
 
 // writeUntold is Write while the sandbox has sent bytes that do not tell
@@ -1698,6 +1763,10 @@ func (c *upstreamConn) writeUntold(b []byte) (int, error) {
 			return n, errAnsweredEarly
 		case answerGoesOn:
 			c.untold.Store(false)
+			if c.slowBody && c.client != nil && c.hupKey == 0 {
+				m, err := c.writeWatched(b[n:], time.Now())
+				return n + m, err
+			}
 			c.writeDeadline = end
 			_ = c.Conn.SetWriteDeadline(end)
 			m, err := c.Conn.Write(b[n:])
@@ -1713,6 +1782,13 @@ func (c *upstreamConn) writeUntold(b []byte) (int, error) {
 		n += m
 		if err == nil || !isTimeout(err) || !end.IsZero() && !time.Now().Before(end) {
 			return n, err
+		}
+		if c.slowBody && c.client != nil && c.hupKey == 0 {
+			// The client is watched from now on, as in writeWatched.
+			c.writeDeadline = time.Time{}
+			if err := c.checkClient(); err != nil {
+				return n, err
+			}
 		}
 	}
 }

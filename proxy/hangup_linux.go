@@ -199,24 +199,36 @@ const (
 // sends close_notify before its FIN, which clientClosed's peek takes for
 // data. Bytes alone (a pipelined request) are not a hang-up.
 func clientHungUp(c net.Conn) bool {
+	return pollNow(c, pollRDHUP, pollRDHUP|pollHUP|pollERR)
+}
+
+// clientReset reports whether the peer reset c (or c is closed): one poll
+// that does not wait. Unlike clientHungUp a FIN is no reset: a half-closed
+// tunnel's bytes still go on.
+func clientReset(c net.Conn) bool { return pollNow(c, 0, pollHUP|pollERR) }
+
+// pollNow polls c for events without waiting and reports whether any of
+// want came (POLLHUP and POLLERR always may), or c cannot be polled any
+// more; false for a connection without a descriptor.
+func pollNow(c net.Conn, events, want int16) bool {
 	raw := rawConn(c)
 	if raw == nil {
 		return false
 	}
-	gone := false
+	got := false
 	err := raw.Control(func(fd uintptr) {
 		pfd := struct {
 			fd              int32
 			events, revents int16
-		}{fd: int32(fd), events: pollRDHUP}
+		}{fd: int32(fd), events: events}
 		var ts syscall.Timespec // zero: do not wait
 		for {
 			n, _, e := syscall.Syscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
 			if e != syscall.EINTR {
-				gone = e == 0 && n == 1 && pfd.revents&(pollRDHUP|pollHUP|pollERR) != 0
+				got = e == 0 && n == 1 && pfd.revents&want != 0
 				return
 			}
 		}
 	})
-	return gone || err != nil
+	return got || err != nil
 }

@@ -20,3 +20,7 @@ func (h *hangups) close()                                   {}
 // clientHungUp reports whether the client closed c (a FIN with nothing
 // unread before it, or a reset); without POLLRDHUP, a peek.
 func clientHungUp(c net.Conn) bool { return clientClosed(c) }
+
+// clientReset reports whether the peer reset c; without poll's POLLERR, a
+// peek, which also takes a FIN with nothing unread before it for one.
+func clientReset(c net.Conn) bool { return clientClosed(c) }

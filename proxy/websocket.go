@@ -36,6 +36,9 @@ type tunnel struct {
 	// sandbox took none of the client's bytes for that long (writeBackend),
 	// which ended the tunnel (logged as a silent stream's upstream_timeout).
 	idled atomic.Bool
+	// clientReset: the client reset its connection while a write to the
+	// sandbox waited (writeBackend), which ended the tunnel.
+	clientReset atomic.Bool
 	// pool is the sandbox connection's pool; killed is set when the
 	// tunnel is closed because pools.kill killed that pool.
 	pool   *upstream
@@ -160,23 +163,48 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 // timeout never fires then, and the tunnel, its sandbox connection and
 // max_streams_per_sandbox slot were held for ever. A write that made no
 // progress for the idle timeout ends the tunnel as an idle one
-// (upstream_timeout). The deadline moves at most once per slack, under
-// the lock so that it cannot undo close's past deadline.
+// (upstream_timeout). While it waits, the client's socket is looked at
+// every clientCheck: a client that reset it is gone for good (its unread
+// bytes with it), and nobody else would notice, since the other copy
+// waits on the sandbox; the tunnel ends at once (client_closed_request)
+// rather than hold both sockets and the slot until the idle timeout. A
+// half-close is no departure: its bytes still go to the sandbox. The
+// deadline moves at most once per slack, under the lock so that it
+// cannot undo close's past deadline.
 func (t *tunnel) writeBackend(b []byte) (int, error) {
-	if err := t.moveWriteDeadline(t.backend, t.idle, &t.sendDeadline); err != nil {
-		return 0, err
-	}
-	n, err := t.backend.Write(b)
-	if err != nil && isTimeout(err) {
+	n := 0
+	progress := time.Now()
+	for {
+		if err := t.moveWriteDeadline(t.backend, clientCheck, &t.sendDeadline); err != nil {
+			return n, err
+		}
+		m, err := t.backend.Write(b[n:])
+		n += m
+		if err == nil || !isTimeout(err) {
+			return n, err
+		}
 		t.mu.Lock()
 		cut := t.closed // close's past deadline, not the sandbox's stall
 		t.mu.Unlock()
-		if !cut {
+		if cut {
+			return n, err
+		}
+		now := time.Now()
+		if m > 0 {
+			progress = now
+		}
+		t.sendDeadline = time.Time{} // expired: the next one is set whatever it is
+		switch {
+		case clientReset(t.client):
+			t.clientReset.Store(true)
+			t.close()
+			return n, err
+		case t.idle > 0 && now.Sub(progress) >= t.idle:
 			t.idled.Store(true)
 			t.close()
+			return n, err
 		}
 	}
-	return n, err
 }
 
 // moveWriteDeadline sets c's write deadline to timeout from now when the
@@ -634,6 +662,8 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs h
 			tx.errCode = CodeUpstreamReset
 		case tn.idled.Load():
 			tx.errCode = CodeUpstreamTimeout
+		case tn.clientReset.Load():
+			tx.errCode = CodeClientClosed
 		case cause != nil:
 			tx.errCode = CodeClientWriteTimeout
 		}
@@ -842,9 +872,10 @@ func (w backendWriter) Write(b []byte) (int, error) {
 		if err == nil {
 			return len(b), nil
 		}
-		if w.t.idled.Load() {
-			// The sandbox stopped reading: the tunnel is closed, and
-			// the client's bytes are not to be dropped as if it had gone.
+		if w.t.idled.Load() || w.t.clientReset.Load() {
+			// The sandbox stopped reading, or the client reset while it
+			// waited: the tunnel is closed, and the client's bytes are not
+			// to be dropped as if the sandbox had gone.
 			return 0, err
 		}
 		w.t.backendGone.Store(true)

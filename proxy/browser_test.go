@@ -92,7 +92,8 @@ window.onload = () => fetch(%[2]q + '/api?from=sibling', {method: 'POST', creden
 // agentPage is a browser-based MCP client on another site (the platform's
 // UI): it posts to the sandbox's gateway with the traffic token and the
 // gateway's bearer in headers, so every call is preflighted, and reads the
-// answer's event stream as it comes.
+// answer's event stream as it comes; then it opens an event stream and a
+// WebSocket of the sandbox's app with a signed token in their URLs.
 const agentPage = `<!doctype html><script>
 const report = (r) => fetch(%[1]q, {method: 'POST', mode: 'no-cors', body: JSON.stringify(r)});
 const call = (path) => fetch(%[2]q + path, {method: 'POST', headers: {
@@ -107,7 +108,27 @@ async function run() {
   await until('progress');
   const ack = await call('/ack');
   await until('result');
-  return {status: resp.status, ack: ack.status, session: resp.headers.get('Mcp-Session-Id'), text: text};
+  const r = {status: resp.status, ack: ack.status, session: resp.headers.get('Mcp-Session-Id'), text: text};
+  // A terminal or log view of the sandbox's app, with a signed token in
+  // the URL (neither EventSource nor WebSocket can send a header).
+  const tok = '?cube_token=' + %[5]q;
+  r.events = await new Promise((resolve) => {
+    const es = new EventSource(%[4]q + '/events' + tok);
+    const seen = [];
+    es.onmessage = async (e) => {
+      seen.push(e.data);
+      if (seen.length === 1) { await fetch(%[4]q + '/ack' + tok, {mode: 'no-cors'}); return; }
+      es.close(); resolve(seen);
+    };
+    es.onerror = () => { es.close(); resolve(seen.concat('error')); };
+  });
+  r.ws = await new Promise((resolve) => {
+    const ws = new WebSocket(%[4]q.replace('https:', 'wss:') + '/ws' + tok);
+    ws.onopen = () => ws.send('ping');
+    ws.onmessage = (e) => { ws.close(); resolve(e.data); };
+    ws.onerror = () => resolve('error');
+  });
+  return r;
 }
 run().then(report, (e) => report({error: String(e)}));
 </script>`
@@ -151,6 +172,9 @@ func (s *browserSandbox) serve(w http.ResponseWriter, r *http.Request) {
 	case "/ack":
 		s.ack <- struct{}{}
 	case "/events":
+		if o := r.Header.Get("Origin"); o != "" {
+			w.Header().Set("Access-Control-Allow-Origin", o)
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: one\n\n")
 		w.(http.Flusher).Flush()
@@ -375,7 +399,8 @@ func TestBrowserAuth(t *testing.T) {
 	// A preview in another site's iframe: its cookie is partitioned.
 	link := victimOrigin + "/app?cube_token=" + sign("box", 3000, 10*time.Minute)
 	platform.page("/preview", fmt.Sprintf(`<!doctype html><iframe src=%q></iframe>`, link))
-	platform.page("/agent", fmt.Sprintf(agentPage, reportURL, "https://50005-box.cube.test:"+port, traffic))
+	platform.page("/agent", fmt.Sprintf(agentPage, reportURL, "https://50005-box.cube.test:"+port, traffic,
+		victimOrigin, sign("box", 3000, 10*time.Minute)))
 	check("cross-site iframe", open(t, ctx, platform, "https://ui.platform.test:"+pport+"/preview"))
 
 	// The same link in a tab: a first-party cookie.
@@ -399,7 +424,7 @@ func TestBrowserAuth(t *testing.T) {
 	// through as it is written.
 	got = open(t, ctx, platform, "https://ui.platform.test:"+pport+"/agent")
 	wantAgent := map[string]any{"status": float64(200), "ack": float64(200), "session": "s1",
-		"text": "data: progress\n\ndata: result\n\n"}
+		"text": "data: progress\n\ndata: result\n\n", "events": []any{"one", "two"}, "ws": "ping"}
 	if fmt.Sprint(got) != fmt.Sprint(wantAgent) {
 		t.Errorf("the browser MCP client saw %v, want %v", got, wantAgent)
 	}

@@ -153,5 +153,24 @@ func (c Config) Validate() error {
 	case c.PoolSize < 0:
 		return fmt.Errorf("redis.pool_size: %d is negative", c.PoolSize)
 	}
-	return nil
+	return CheckURL(c.URL)
+}
+
+// CheckURL refuses a redis.url whose last '@' is not in its authority. A
+// password holding a raw '/', '?' or '#' ends the authority there, and
+// go-redis reads the rest of it, "@host" included, as the db, an option
+// or a fragment: its refusal quoted the password into the process's log
+// (invalid database number: "s3cret@r:6379"), and after a '#' the URL
+// was valid, for localhost:6379 without a password. The refusal names the
+// URL with its userinfo masked.
+func CheckURL(raw string) error {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil // go-redis refuses it, and redactURL hides it all
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 || strings.IndexAny(rest[:at], "/?#") < 0 {
+		return nil
+	}
+	return fmt.Errorf("redis.url %s: an '@' follows a '/', '?' or '#', so the user name or password would be read as the db or an option: URL-encode those three in them (%%2F, %%3F, %%23), and an '@' after the host as %%40", redactURL(raw))
 }

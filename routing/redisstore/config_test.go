@@ -132,6 +132,14 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		"redis://default:Zm9v/hunter2@redis.internal:6379/0", // base64 with a "/"
 		"redis://default:ab?cdhunter2@redis:6379/0",
 		"redis://default:pa#sshunter2@redis:6379/0",
+		// A raw '/', '?' or '#' first, or after a number: the authority
+		// ends there, and go-redis quoted the rest as the db or an option
+		// (or, after a '#', took the URL for localhost without a password).
+		"redis://default:/hunter2@redis:6379/0",
+		"redis://default:12/hunter2@redis:6379/0",
+		"redis://default:?hunter2@redis:6379/0",
+		"redis://default:#hunter2@redis:6379/0",
+		"redis://default:/a/b/hunter2@redis:6379/0",
 		// A password put in the query, which go-redis refuses by name.
 		"redis://default@redis:6379/0?password=hunter2",
 		"redis://default@redis:6379/0?db=1&password=hunter2&x",

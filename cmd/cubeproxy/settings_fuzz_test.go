@@ -30,8 +30,9 @@ const (
 
 // fileSecrets lists the values the input file gives the secret settings
 // (admin_token, auth.signing_keys, the Redis passwords, redis.url's as
-// written: between its first ':' after "://" and its last '@') that no
-// error or printed configuration may hold: those long and odd enough (16 bytes or more, a digit, no space)
+// written: between its first ':' after "://" and its last '@', and the
+// DNS provider's secret options) that no error or printed configuration
+// may hold: those long and odd enough (16 bytes or more, a digit, no space)
 // that an error holding one took it from the setting, and written once in
 // the input, so that no other setting can have quoted it.
 func fileSecrets(data []byte) []string {
@@ -40,6 +41,13 @@ func fileSecrets(data []byte) []string {
 		Auth       struct {
 			SigningKeys any `yaml:"signing_keys"`
 		} `yaml:"auth"`
+		TLS struct {
+			ACME struct {
+				DNS struct {
+					Options map[string]any `yaml:"options"`
+				} `yaml:"dns"`
+			} `yaml:"acme"`
+		} `yaml:"tls"`
 		Redis struct {
 			URL      any `yaml:"url"`
 			Password any `yaml:"password"`
@@ -69,6 +77,11 @@ func fileSecrets(data []byte) []string {
 	add(doc.Auth.SigningKeys)
 	add(doc.Redis.Password)
 	add(doc.Redis.Sentinel.Password)
+	for k, v := range doc.TLS.ACME.DNS.Options {
+		if secretOption(k) {
+			add(v)
+		}
+	}
 	if u, ok := doc.Redis.URL.(string); ok {
 		if _, rest, ok := strings.Cut(u, "://"); ok {
 			if at := strings.LastIndexByte(rest, '@'); at >= 0 {
@@ -153,6 +166,8 @@ func FuzzStartupSettings(f *testing.F) {
 		"store: redis\nredis: {url: 'redis://u:#s3cret-redis-password-0123@r:6379'}\n",
 		"store: redis\nredis: {url: 'redis://u:0/s3cret-redis-password-0123@r:6379'}\n",
 		"store: redis\nredis: {url: 'rediss://u:s3cret-redis%2Fpassword-0123@r:6379/1'}\n",
+		"https_addr: ':18443'\ntls: {source: acme, domain: cube.test, acme: {email: a@b.c, storage_dir: /tmp/x, dns: {provider: rfc2136, options: {server: '127.0.0.1:53', key_name: k, key_secret: czNjcmV0LXRzaWcta2V5LTAxMjM0NTY3}}}}\n",
+		"https_addr: ':18443'\ntls: {source: acme, domain: cube.test, acme: {email: a@b.c, storage_dir: /tmp/x, dns: {provider: rfc2136, options: {server: '127.0.0.1:53', key_secret: czNjcmV0LXRzaWcta2V5LTAxMjM0NTY3, timeout: x}}}}\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -161,15 +161,24 @@ func (c Config) Validate() error {
 // go-redis reads the rest of it, "@host" included, as the db, an option
 // or a fragment: its refusal quoted the password into the process's log
 // (invalid database number: "s3cret@r:6379"), and after a '#' the URL
-// was valid, for localhost:6379 without a password. The refusal names the
-// URL with its userinfo masked.
+// was valid, for localhost:6379 without a password. A unix:// URL's path
+// may hold an '@' (a socket named after its instance): there the
+// authority is cut only when it is not empty and holds no '@' itself. The
+// refusal names the URL with its userinfo masked.
 func CheckURL(raw string) error {
-	_, rest, ok := strings.Cut(raw, "://")
+	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return nil // go-redis refuses it, and redactURL hides it all
 	}
-	at := strings.LastIndexByte(rest, '@')
-	if at < 0 || strings.IndexAny(rest[:at], "/?#") < 0 {
+	end := strings.IndexAny(rest, "/?#")
+	if end <= 0 {
+		return nil // the authority holds every '@', or there is none
+	}
+	cut := strings.LastIndexByte(rest, '@') > end
+	if strings.EqualFold(scheme, "unix") {
+		cut = cut && strings.IndexByte(rest[:end], '@') < 0
+	}
+	if !cut {
 		return nil
 	}
 	return fmt.Errorf("redis.url %s: an '@' follows a '/', '?' or '#', so the user name or password would be read as the db or an option: URL-encode those three in them (%%2F, %%3F, %%23), and an '@' after the host as %%40", redactURL(raw))

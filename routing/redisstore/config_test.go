@@ -154,6 +154,34 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 	}
 }
 
+// A URL whose '@' is in its authority, or a unix socket's path, is not
+// taken for a password cut by a raw '/', '?' or '#' (CheckURL).
+func TestURLWithAtOutsideAPassword(t *testing.T) {
+	for _, tc := range []struct {
+		raw, addr, password string
+	}{
+		{"redis://u:p%2Fw@redis:6379/0", "redis:6379", "p/w"},
+		{"redis://u:p@ss@redis:6379", "redis:6379", "p@ss"},
+		{"unix:///run/redis/redis@main.sock", "/run/redis/redis@main.sock", ""},
+		{"unix://u:pw@/run/redis/redis@main.sock?db=1", "/run/redis/redis@main.sock", "pw"},
+	} {
+		c, err := redisstore.NewClient(redisstore.Config{URL: tc.raw})
+		if err != nil {
+			t.Errorf("%s: %v", tc.raw, err)
+			continue
+		}
+		opt := c.(*redis.Client).Options()
+		if opt.Addr != tc.addr || opt.Password != tc.password {
+			t.Errorf("%s: addr %q password %q, want %q %q", tc.raw, opt.Addr, opt.Password, tc.addr, tc.password)
+		}
+		_ = c.Close()
+	}
+	// A unix URL whose authority is cut short of its '@' is refused.
+	if _, err := redisstore.NewClient(redisstore.Config{URL: "unix://u:p/hunter2@/run/redis.sock"}); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("unix URL with a raw '/' in the password: %v", err)
+	}
+}
+
 // TestLeastPrivilegeACLUser: a user granted only what the README's ACL
 // line grants (read from the README itself, so the line cannot fall behind
 // the client) reads routes, subscribes, publishes and keeps the registry,

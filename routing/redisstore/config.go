@@ -156,30 +156,26 @@ func (c Config) Validate() error {
 	return CheckURL(c.URL)
 }
 
-// CheckURL refuses a redis.url whose last '@' is not in its authority. A
-// password holding a raw '/', '?' or '#' ends the authority there, and
-// go-redis reads the rest of it, "@host" included, as the db, an option
-// or a fragment: its refusal quoted the password into the process's log
-// (invalid database number: "s3cret@r:6379"), and after a '#' the URL
-// was valid, for localhost:6379 without a password. A unix:// URL's path
-// may hold an '@' (a socket named after its instance): there the
-// authority is cut only when it is not empty and holds no '@' itself. The
-// refusal names the URL with its userinfo masked.
+// CheckURL refuses a redis.url whose userinfo holds a raw '/', '?' or
+// '#'. Such a character ends the authority there, and go-redis reads the
+// rest of it, "@host" included, as the db, an option or a fragment: its
+// refusal quoted the password into the process's log (invalid database
+// number: "s3cret@r:6379"), and after a '#' the URL was valid, for
+// localhost:6379 without a password. The userinfo ends at the last '@',
+// or, in a unix:// URL, whose socket path may hold an '@' too
+// (/run/redis/redis@main.sock), at the last "@/". The refusal names the
+// URL with its userinfo masked.
 func CheckURL(raw string) error {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return nil // go-redis refuses it, and redactURL hides it all
 	}
-	end := strings.IndexAny(rest, "/?#")
-	if end <= 0 {
-		return nil // the authority holds every '@', or there is none
-	}
-	cut := strings.LastIndexByte(rest, '@') > end
+	at := strings.LastIndexByte(rest, '@')
 	if strings.EqualFold(scheme, "unix") {
-		cut = cut && strings.IndexByte(rest[:end], '@') < 0
+		at = strings.LastIndex(rest, "@/")
 	}
-	if !cut {
+	if at < 0 || strings.IndexAny(rest[:at], "/?#") < 0 {
 		return nil
 	}
-	return fmt.Errorf("redis.url %s: an '@' follows a '/', '?' or '#', so the user name or password would be read as the db or an option: URL-encode those three in them (%%2F, %%3F, %%23), and an '@' after the host as %%40", redactURL(raw))
+	return fmt.Errorf("redis.url %s: its user name or password holds a raw '/', '?' or '#', which would end the host there and make the rest the db or an option: URL-encode them (%%2F, %%3F, %%23)", redactURL(raw))
 }

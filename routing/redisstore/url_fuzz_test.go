@@ -28,7 +28,8 @@ func leakedPiece(msg, secret, others string) string {
 	return ""
 }
 
-// FuzzRedisURL builds redis.url values from a user, a password written
+// FuzzRedisURL builds redis.url values (redis, rediss, unix) from a user,
+// a password written
 // as the operator typed it (URL-encoded or not: a '/', '?', '#' or '%' of
 // a generated password is often left raw) and the rest of the URL, and
 // holds the client's reading of them to two things: a URL it accepts
@@ -37,7 +38,7 @@ func leakedPiece(msg, secret, others string) string {
 // Redis), and a refusal, which the process logs, holds no piece of the
 // password.
 func FuzzRedisURL(f *testing.F) {
-	for _, s := range [][3]string{
+	for i, s := range [][3]string{
 		{"default", "hunter2-secret", "redis.internal:6379/0"},
 		{"", "/s3cretpw", "r:6379"},
 		{"u", "?s3cretpw", "r:6379"},
@@ -49,14 +50,21 @@ func FuzzRedisURL(f *testing.F) {
 		{"u", "s3cret%2Fpw", "r:6379/2?dial_timeout=1s"},
 		{"u", "s3cret%zzpw", "r:6379"},
 		{"u", "p@ss@word", "[::1]:6379"},
+		{"u", "s3cret/pw", "/run/redis/redis.sock"},
+		{"u", "s3cretpw", "/run/redis/redis.sock?db=2"},
 	} {
-		f.Add(s[0], s[1], s[2])
+		f.Add(uint8(i), s[0], s[1], s[2])
 	}
-	f.Fuzz(func(t *testing.T, user, pw, tail string) {
+	schemes := []string{"redis", "rediss", "unix"}
+	f.Fuzz(func(t *testing.T, scheme uint8, user, pw, tail string) {
 		if strings.Contains(user, ":") || strings.ContainsAny(tail, "@") {
 			return // the password would start elsewhere, or end later
 		}
-		raw := "redis://" + user + ":" + pw + "@" + tail
+		sch := schemes[int(scheme)%len(schemes)]
+		if sch == "unix" && !strings.HasPrefix(tail, "/") {
+			tail = "/" + tail // a socket's path
+		}
+		raw := sch + "://" + user + ":" + pw + "@" + tail
 		cfg := Config{URL: raw}.WithDefaults()
 		err := cfg.Validate()
 		var opt *redis.Options
@@ -74,7 +82,7 @@ func FuzzRedisURL(f *testing.F) {
 			return
 		}
 		msg := err.Error()
-		others := "redis://" + user + ":@" + tail
+		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail
 		if p := leakedPiece(msg, pw, others); p != "" {
 			t.Fatalf("the refusal of %q holds %q of its password: %s", raw, p, msg)
 		}

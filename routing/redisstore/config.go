@@ -174,7 +174,7 @@ func CheckURL(raw string) error {
 	if strings.EqualFold(scheme, "unix") {
 		at = strings.LastIndex(rest, "@/")
 	}
-	if at < 0 || strings.IndexAny(rest[:at], "/?#") < 0 {
+	if at < 0 || !strings.ContainsAny(rest[:at], "/?#") {
 		return nil
 	}
 	return fmt.Errorf("redis.url %s: its user name or password holds a raw '/', '?' or '#', which would end the host there and make the rest the db or an option: URL-encode them (%%2F, %%3F, %%23)", redactURL(raw))

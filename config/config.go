@@ -672,6 +672,11 @@ func (c *Config) checkRedisAddrs() error {
 			}
 		}
 	}
+	// A password cut by a raw '/', '?' or '#' would be quoted below as the
+	// host ("u:0" of "u:0/s3cret@r").
+	if err := redisstore.CheckURL(c.Redis.URL); err != nil {
+		return err
+	}
 	// The URL's port only: the rest is go-redis's to parse, and its error
 	// masks the password. Only the host is named here, for the same reason.
 	if u, err := url.Parse(c.Redis.URL); c.Redis.URL != "" && err == nil {

@@ -15,8 +15,8 @@ import (
 
 // envValue renders a setting the way an operator would write it in its
 // CUBEPROXY_* variable; ok is false when the environment cannot say it
-// (an empty value counts as unset; a list entry with a comma or blanks
-// around it would be split or trimmed).
+// (an empty value counts as unset, a blank one is refused; a list entry
+// with a comma or blanks around it would be split or trimmed).
 func envValue(s *setting) (string, bool) {
 	v := s.v
 	var out string
@@ -25,6 +25,9 @@ func envValue(s *setting) (string, bool) {
 		out = time.Duration(v.Int()).String()
 	case v.Kind() == reflect.String:
 		out = v.String()
+		if strings.TrimSpace(out) == "" {
+			return "", false // a blank variable is refused (checkBlankEnv): the file or a flag says it
+		}
 	case v.Kind() == reflect.Bool:
 		out = strconv.FormatBool(v.Bool())
 	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:

@@ -23,6 +23,12 @@ func TestRedisAddressesAreDialable(t *testing.T) {
 		{"cluster addr", redis + "  cluster:\n    addrs: ['10.0.0.1:70000']\n", `an entry of redis.cluster.addrs "10.0.0.1:70000": port 70000 is above 65535`},
 		{"url port above 65535", redis + "  url: redis://proxy:hunter2@redis.internal:99999/0\n", `redis.url: host "redis.internal:99999": port 99999 is above 65535`},
 		{"url port zero", redis + "  url: rediss://redis.internal:0\n", `redis.url: host "redis.internal:0": port 0 cannot be dialed`},
+		// A raw '/', '?' or '#' in the password ends the authority: the
+		// host would be "proxy:0" and the rest go-redis's db or option.
+		{"url password with a raw slash", redis + "  url: 'redis://proxy:0/hunter2@redis.internal:6379'\n", `redis.url redis://xxxxx@redis.internal:6379: its user name or password holds a raw '/', '?' or '#'`},
+		{"url password with a raw hash", redis + "  url: 'redis://proxy:#hunter2@redis.internal:6379'\n", `redis.url redis://xxxxx@redis.internal:6379: its user name or password holds a raw`},
+		{"url password with a raw question mark", redis + "  url: 'redis://:?hunter2@redis.internal:6379'\n", `redis.url redis://xxxxx@redis.internal:6379: its user name or password holds a raw`},
+		{"url password encoded", redis + "  url: 'redis://proxy:0%2Fhun%3Fter%232@redis.internal:6379'\n", ""},
 		{"addr", redis + "  addr: redis.internal:6379\n", ""},
 		{"addr ipv6", redis + "  addr: '[::1]:6379'\n", ""},
 		{"url without a port", redis + "  url: redis://proxy:hunter2@redis.internal/0\n", ""},

@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -76,6 +79,7 @@ func FuzzBackendRaw(f *testing.F) {
 		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 417 Expectation Failed\r\nContent-Length: 0\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
 		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nWWW-Authenticate: Basic\r\nX-Other: 1\r\nWWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\nContent-Length: 0\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -116,6 +120,13 @@ func FuzzBackendRaw(f *testing.F) {
 				}
 			}
 		}
+		// The sandbox's final head as the proxy reads it: its repeated
+		// fields' lines reach the client in their order.
+		var sh fasthttp.ResponseHeader
+		sbr := bufio.NewReader(bytes.NewReader(answer))
+		for sh.Read(sbr) == nil && sh.StatusCode() < 200 && sh.StatusCode() != 101 {
+		}
+		sentLines, ordered := repeatedLines(sh.All(), sh.PeekAll)
 		br := bufio.NewReader(bytes.NewReader(out))
 		for {
 			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
@@ -141,6 +152,11 @@ func FuzzBackendRaw(f *testing.F) {
 				t.Fatalf("a hop-by-hop header reached the client: %q\nfor backend answer %q", out, answer)
 			}
 			if resp.StatusCode >= 200 || resp.StatusCode == 101 {
+				for name, vals := range sentLines {
+					if got := resp.Header.Values(name); ordered && len(got) == len(vals) && !slices.Equal(got, vals) {
+						t.Fatalf("%s lines %q reached the client as %q\nfor backend answer %q", name, vals, got, answer)
+					}
+				}
 				return
 			}
 		}

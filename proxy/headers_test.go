@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -715,6 +716,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Accept: text/event-stream;q=0;q=1, text/event-stream;q=1.0\r\n",
 		"Accept: text/event-stream;q=1;q=0\r\n",
 		"Connection: content-length, host\r\nContent-Length: 7\r\n",
+		"TE: trailers\r\nAccept: a\r\nX-Other: 1\r\nAccept: b\r\nAccept: c\r\n",
 	} {
 		f.Add(head)
 	}
@@ -755,6 +757,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		if upgrade {
 			delete(named, "upgrade")
 		}
+		sentLines, ordered := repeatedLines(headerLines(h.RawHeaders()), h.PeekAll)
 		if perr := p.prepareRequest(&ctx, scanHead(&ctx.Request.Header), r, &target, upgrade); perr != nil {
 			return
 		}
@@ -841,7 +844,44 @@ func FuzzPrepareRequest(f *testing.F) {
 		if v := got.Peek("X-Forwarded-Host"); string(v) != "50005-box.cube.test" {
 			t.Errorf("X-Forwarded-Host = %q\n%q", v, sent.String())
 		}
+		// A field's lines keep their order (RFC 9110 §5.3), whatever
+		// lines the proxy deleted beside them, when lineOrder can hold
+		// them all; a field that lost or gained lines is the proxy's.
+		if ordered {
+			for name, vals := range sentLines {
+				if gv := got.PeekAll(name); len(gv) == len(vals) && !slices.EqualFunc(gv, vals, func(a []byte, b string) bool { return string(a) == b }) {
+					t.Errorf("%s lines %q reached the sandbox as %q\n%q", name, vals, gv, sent.String())
+				}
+			}
+		}
 	})
+}
+
+// repeatedLines returns the lines of each field a head holds more than
+// once (its lines all, peekAll its lines of a name) that the proxy neither
+// sets nor keeps apart (special), and whether they all fit a lineOrder
+// (its names, lines and bytes).
+func repeatedLines(all iter.Seq2[[]byte, []byte], peekAll func(string) [][]byte) (map[string][]string, bool) {
+	out := map[string][]string{}
+	var o lineOrder
+	lines, size := 0, 0
+	for name := range all {
+		key := strings.ToLower(string(name))
+		if _, done := out[key]; done || special(name) || strings.HasPrefix(key, "x-forwarded-") || key == "x-real-ip" {
+			continue
+		}
+		vals := peekAll(string(name))
+		if len(vals) < 2 {
+			continue
+		}
+		for _, v := range vals {
+			out[key] = append(out[key], string(v))
+			size += len(v)
+		}
+		lines += len(vals)
+		size += len(name)
+	}
+	return out, len(out) <= len(o.names) && lines <= len(o.vals) && size <= len(o.space)
 }
 
 // acceptElem is one well-formed Accept element (RFC 9110 §12.5.1): a

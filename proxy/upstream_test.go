@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -2187,6 +2188,28 @@ func FuzzReadHead(f *testing.F) {
 			if got := readHeadFrom(in, piece, size); got != whole {
 				t.Fatalf("reads of %d bytes: %+v\nin one read: %+v\ninput %q", piece, got, whole, in)
 			}
+		}
+		// Where net/http reads a final head too, it has the same status
+		// and ends at the same byte: the body (and the next response on
+		// the connection) starts where a client library would start it.
+		if whole.err {
+			return
+		}
+		src := bytes.NewReader(in)
+		br := bufio.NewReader(src)
+		var resp *http.Response
+		var err error
+		for {
+			if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode >= 200 || resp.StatusCode == 101 {
+				break
+			}
+		}
+		if err != nil {
+			return
+		}
+		rest := in[len(in)-src.Len()-br.Buffered():]
+		if resp.StatusCode != whole.status || string(rest) != whole.rest {
+			t.Fatalf("head read as %d with %q left; net/http reads %d with %q left\ninput %q", whole.status, whole.rest, resp.StatusCode, rest, in)
 		}
 	})
 }

@@ -29,8 +29,10 @@ const (
 )
 
 // fileSecrets lists the values the input file gives the secret settings
-// (admin_token, auth.signing_keys, the Redis passwords) that no error may
-// hold: those long and odd enough (16 bytes or more, a digit, no space)
+// (admin_token, auth.signing_keys, the Redis passwords, redis.url's as
+// written: between its first ':' after "://" and its last '@', and the
+// DNS provider's secret options) that no error or printed configuration
+// may hold: those long and odd enough (16 bytes or more, a digit, no space)
 // that an error holding one took it from the setting, and written once in
 // the input, so that no other setting can have quoted it.
 func fileSecrets(data []byte) []string {
@@ -39,7 +41,15 @@ func fileSecrets(data []byte) []string {
 		Auth       struct {
 			SigningKeys any `yaml:"signing_keys"`
 		} `yaml:"auth"`
+		TLS struct {
+			ACME struct {
+				DNS struct {
+					Options map[string]any `yaml:"options"`
+				} `yaml:"dns"`
+			} `yaml:"acme"`
+		} `yaml:"tls"`
 		Redis struct {
+			URL      any `yaml:"url"`
 			Password any `yaml:"password"`
 			Sentinel struct {
 				Password any `yaml:"password"`
@@ -67,6 +77,20 @@ func fileSecrets(data []byte) []string {
 	add(doc.Auth.SigningKeys)
 	add(doc.Redis.Password)
 	add(doc.Redis.Sentinel.Password)
+	for k, v := range doc.TLS.ACME.DNS.Options {
+		if secretOption(k) {
+			add(v)
+		}
+	}
+	if u, ok := doc.Redis.URL.(string); ok {
+		if _, rest, ok := strings.Cut(u, "://"); ok {
+			if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+				if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+					add(pw)
+				}
+			}
+		}
+	}
 	return out
 }
 
@@ -139,6 +163,11 @@ func FuzzStartupSettings(f *testing.F) {
 		"admin_addr: 0.0.0.0:8082\nadmin_token: ''\n", "\ufeffhttp_addr: ':1'\r\n", "\t- x\n", "",
 		"auth: {signing_keys: s3cret-signing-key-0123456789abcdef}\n", "x: &k s3cret-signing-key-0123456789abcdef\nauth: {signing_keys: *k}\n",
 		"store: redis\nredis: {addr: 'r:6379', password: [s3cret-redis-password-0123]}\n",
+		"store: redis\nredis: {url: 'redis://u:#s3cret-redis-password-0123@r:6379'}\n",
+		"store: redis\nredis: {url: 'redis://u:0/s3cret-redis-password-0123@r:6379'}\n",
+		"store: redis\nredis: {url: 'rediss://u:s3cret-redis%2Fpassword-0123@r:6379/1'}\n",
+		"https_addr: ':18443'\ntls: {source: acme, domain: cube.test, acme: {email: a@b.c, storage_dir: /tmp/x, dns: {provider: rfc2136, options: {server: '127.0.0.1:53', key_name: k, key_secret: czNjcmV0LXRzaWcta2V5LTAxMjM0NTY3}}}}\n",
+		"https_addr: ':18443'\ntls: {source: acme, domain: cube.test, acme: {email: a@b.c, storage_dir: /tmp/x, dns: {provider: rfc2136, options: {server: '127.0.0.1:53', key_secret: czNjcmV0LXRzaWcta2V5LTAxMjM0NTY3, timeout: x}}}}\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -208,6 +237,11 @@ func FuzzStartupSettings(f *testing.F) {
 		}
 		if strings.Contains(string(out), fuzzAdminToken) {
 			t.Fatalf("printed configuration shows the admin token:\n%s", out)
+		}
+		for _, sec := range secrets {
+			if strings.Contains(string(out), sec) {
+				t.Fatalf("printed configuration shows the file's secret %q:\n%s", sec, out)
+			}
 		}
 		again := filepath.Join(t.TempDir(), "again.yaml")
 		if err := os.WriteFile(again, out, 0o600); err != nil {

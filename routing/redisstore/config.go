@@ -158,7 +158,31 @@ func (c Config) Validate() error {
 		// took 5 s to start.
 		return fmt.Errorf("redis.pool_size: %d is above %d, the most connections per node the proxy opens (a Redis takes 10000 clients by default)", c.PoolSize, MaxPoolSize)
 	}
-	return nil
+	return CheckURL(c.URL)
+}
+
+// CheckURL refuses a redis.url whose userinfo holds a raw '/', '?' or
+// '#'. Such a character ends the authority there, and go-redis reads the
+// rest of it, "@host" included, as the db, an option or a fragment: its
+// refusal quoted the password into the process's log (invalid database
+// number: "s3cret@r:6379"), and after a '#' the URL was valid, for
+// localhost:6379 without a password. The userinfo ends at the last '@',
+// or, in a unix:// URL, whose socket path may hold an '@' too
+// (/run/redis/redis@main.sock), at the last "@/". The refusal names the
+// URL with its userinfo masked.
+func CheckURL(raw string) error {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil // go-redis refuses it, and redactURL hides it all
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if strings.EqualFold(scheme, "unix") {
+		at = strings.LastIndex(rest, "@/")
+	}
+	if at < 0 || !strings.ContainsAny(rest[:at], "/?#") {
+		return nil
+	}
+	return fmt.Errorf("redis.url %s: its user name or password holds a raw '/', '?' or '#', which would end the host there and make the rest the db or an option: URL-encode them (%%2F, %%3F, %%23)", redactURL(raw))
 }
 
 // MaxPoolSize bounds redis.pool_size: a hundred times Redis's default

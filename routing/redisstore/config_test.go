@@ -135,6 +135,14 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		"redis://default:Zm9v/hunter2@redis.internal:6379/0", // base64 with a "/"
 		"redis://default:ab?cdhunter2@redis:6379/0",
 		"redis://default:pa#sshunter2@redis:6379/0",
+		// A raw '/', '?' or '#' first, or after a number: the authority
+		// ends there, and go-redis quoted the rest as the db or an option
+		// (or, after a '#', took the URL for localhost without a password).
+		"redis://default:/hunter2@redis:6379/0",
+		"redis://default:12/hunter2@redis:6379/0",
+		"redis://default:?hunter2@redis:6379/0",
+		"redis://default:#hunter2@redis:6379/0",
+		"redis://default:/a/b/hunter2@redis:6379/0",
 		// A password put in the query, which go-redis refuses by name.
 		"redis://default@redis:6379/0?password=hunter2",
 		"redis://default@redis:6379/0?db=1&password=hunter2&x",
@@ -146,6 +154,34 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "Zm9v") || strings.Contains(msg, "default") || !strings.Contains(msg, "redis.url redis://xxxxx@") {
 			t.Errorf("error %q: want the URL with its userinfo masked", msg)
 		}
+	}
+}
+
+// A URL whose '@' is in its authority, or a unix socket's path, is not
+// taken for a password cut by a raw '/', '?' or '#' (CheckURL).
+func TestURLWithAtOutsideAPassword(t *testing.T) {
+	for _, tc := range []struct {
+		raw, addr, password string
+	}{
+		{"redis://u:p%2Fw@redis:6379/0", "redis:6379", "p/w"},
+		{"redis://u:p@ss@redis:6379", "redis:6379", "p@ss"},
+		{"unix:///run/redis/redis@main.sock", "/run/redis/redis@main.sock", ""},
+		{"unix://u:pw@/run/redis/redis@main.sock?db=1", "/run/redis/redis@main.sock", "pw"},
+	} {
+		c, err := redisstore.NewClient(redisstore.Config{URL: tc.raw})
+		if err != nil {
+			t.Errorf("%s: %v", tc.raw, err)
+			continue
+		}
+		opt := c.(*redis.Client).Options()
+		if opt.Addr != tc.addr || opt.Password != tc.password {
+			t.Errorf("%s: addr %q password %q, want %q %q", tc.raw, opt.Addr, opt.Password, tc.addr, tc.password)
+		}
+		_ = c.Close()
+	}
+	// A unix URL whose authority is cut short of its '@' is refused.
+	if _, err := redisstore.NewClient(redisstore.Config{URL: "unix://u:p/hunter2@/run/redis.sock"}); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("unix URL with a raw '/' in the password: %v", err)
 	}
 }
 

@@ -2,10 +2,10 @@
 # (redis-server; node and npm for the TypeScript MCP SDK interop test, which
 # runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
 # missing or stale; nginx for the differential lab's test; python3, curl
-# and openssl for the interop lab's; chromium for the browser test of the
-# signed-link cookies) when it is missing, in one apt-get run,
-# and stops the nginx service apt may start; a test never skips for a
-# missing part.
+# and openssl for the interop lab's; chromium and firefox-esr for the
+# browser test of the signed-link cookies) when it is missing, in one
+# apt-get run, and stops the nginx service apt may start; a test never
+# skips for a missing part.
 .PHONY: test build bench fuzz
 
 test:
@@ -15,6 +15,7 @@ test:
 	{ command -v python3 && command -v curl && command -v openssl; } >/dev/null 2>&1 || missing="$$missing python3 curl openssl"; \
 	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || missing="$$missing nginx"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	{ command -v firefox-esr || command -v firefox; } >/dev/null 2>&1 || missing="$$missing firefox-esr"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing (the tests use real ones; see the comment above)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \

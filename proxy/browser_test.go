@@ -21,9 +21,9 @@ import (
 
 // The browser-facing auth (signed link, its cookie, the frame preview's
 // partitioned cookie, the Origin and Referer rules) is argued in README
-// from what browsers send. These tests run it in a real Chromium, so that
-// a browser that sends or keeps something else than the argument assumes
-// fails here: a page opened from a signed link, in a tab and in another
+// from what browsers send. These tests run it in real browsers (Chromium
+// and Firefox), so that a browser that sends or keeps something else than
+// the argument assumes fails here: a page opened from a signed link, in a tab and in another
 // site's iframe, must load, fetch, stream events and open a WebSocket
 // through the proxy on the cookie alone, and a page of another sandbox
 // must reach none of it with the browser's cookie; an MCP client in a
@@ -303,10 +303,19 @@ func (p *platformServer) page(path, html string) {
 	p.mu.Unlock()
 }
 
-// newBrowser starts a headless Chromium that resolves every *.cube.test
+// browser is a headless browser the auth test drives. Opening a page is
+// all it needs: each page reports what it saw by itself.
+type browser interface {
+	navigate(ctx context.Context, url string) error
+}
+
+// chromium is a headless Chromium driven over the DevTools protocol.
+type chromium struct{ ctx context.Context }
+
+// newChromium starts a headless Chromium that resolves every *.cube.test
 // and *.platform.test name to loopback and accepts the tests' certificates.
 // A missing Chromium fails the test: make test installs it.
-func newBrowser(t *testing.T) context.Context {
+func newChromium(t *testing.T) browser {
 	t.Helper()
 	if _, err := exec.LookPath("chromium"); err != nil {
 		t.Fatalf("chromium not found (make test installs it with apt): %v", err)
@@ -328,15 +337,25 @@ func newBrowser(t *testing.T) context.Context {
 		t.Fatalf("start chromium: %v", err)
 	}
 	stuck.Stop()
-	return ctx
+	return chromium{ctx}
+}
+
+// navigate bounds the navigation by ctx's deadline; chromedp needs a
+// context derived from its own browser context for that.
+func (c chromium) navigate(ctx context.Context, url string) error {
+	nctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	return chromedp.Do(nctx, chromedp.Navigate(url))
 }
 
 // open navigates the browser to url and returns the report its page posts.
-func open(t *testing.T, ctx context.Context, p *platformServer, url string) map[string]any {
+func open(t *testing.T, b browser, p *platformServer, url string) map[string]any {
 	t.Helper()
-	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := chromedp.Do(nctx, chromedp.Navigate(url)); err != nil {
+	if err := b.navigate(ctx, url); err != nil {
 		t.Fatalf("navigate to %s: %v", url, err)
 	}
 	select {
@@ -346,7 +365,7 @@ func open(t *testing.T, ctx context.Context, p *platformServer, url string) map[
 			t.Fatalf("report %q: %v", raw, err)
 		}
 		return r
-	case <-nctx.Done():
+	case <-ctx.Done():
 		// A refused credential shows as the proxy's error page, which
 		// reports nothing.
 		t.Fatalf("no report from the page at %s within 30 s", url)
@@ -354,7 +373,22 @@ func open(t *testing.T, ctx context.Context, p *platformServer, url string) map[
 	}
 }
 
+// TestBrowserAuth runs the browser rules in Chromium and in Firefox, whose
+// cookie partitioning (Total Cookie Protection) and SameSite defaults are
+// its own.
 func TestBrowserAuth(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(*testing.T) browser
+	}{
+		{"chromium", newChromium},
+		{"firefox", func(t *testing.T) browser { return newFirefox(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testBrowserAuth(t, tc.start) })
+	}
+}
+
+func testBrowserAuth(t *testing.T, start func(*testing.T) browser) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
 	s, sign := authSigner(t, key)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = s })
@@ -394,22 +428,22 @@ func TestBrowserAuth(t *testing.T) {
 			t.Errorf("%s: the page saw %v, want %v", name, got, want)
 		}
 	}
-	ctx := newBrowser(t)
+	b := start(t)
 
 	// A preview in another site's iframe: its cookie is partitioned.
 	link := victimOrigin + "/app?cube_token=" + sign("box", 3000, 10*time.Minute)
 	platform.page("/preview", fmt.Sprintf(`<!doctype html><iframe src=%q></iframe>`, link))
 	platform.page("/agent", fmt.Sprintf(agentPage, reportURL, "https://50005-box.cube.test:"+port, traffic,
 		victimOrigin, sign("box", 3000, 10*time.Minute)))
-	check("cross-site iframe", open(t, ctx, platform, "https://ui.platform.test:"+pport+"/preview"))
+	check("cross-site iframe", open(t, b, platform, "https://ui.platform.test:"+pport+"/preview"))
 
 	// The same link in a tab: a first-party cookie.
-	check("tab", open(t, ctx, platform, link))
+	check("tab", open(t, b, platform, link))
 
 	// A page on another port of the same sandbox, opened from its own
 	// link: the victim port's cookie counts for it.
 	victim.reached()
-	got := open(t, ctx, platform, "https://3001-box.cube.test:"+port+"/?cube_token="+sign("box", 3001, 10*time.Minute))
+	got := open(t, b, platform, "https://3001-box.cube.test:"+port+"/?cube_token="+sign("box", 3001, 10*time.Minute))
 	if fmt.Sprint(got) != "map[status:200]" {
 		t.Errorf("the sibling port's preflighted POST: the page saw %v, want status 200", got)
 	}
@@ -422,7 +456,7 @@ func TestBrowserAuth(t *testing.T) {
 	// A browser-based MCP client on the platform's site, with headers:
 	// the proxy answers its preflights, and the gateway's stream comes
 	// through as it is written.
-	got = open(t, ctx, platform, "https://ui.platform.test:"+pport+"/agent")
+	got = open(t, b, platform, "https://ui.platform.test:"+pport+"/agent")
 	wantAgent := map[string]any{"status": float64(200), "ack": float64(200), "session": "s1",
 		"text": "data: progress\n\ndata: result\n\n", "events": []any{"one", "two"}, "ws": "ping"}
 	if fmt.Sprint(got) != fmt.Sprint(wantAgent) {
@@ -433,7 +467,7 @@ func TestBrowserAuth(t *testing.T) {
 	}
 
 	// Another sandbox's page, with the cookies in the browser.
-	got = open(t, ctx, platform, "https://3001-other.cube.test:"+port+"/")
+	got = open(t, b, platform, "https://3001-other.cube.test:"+port+"/")
 	if got["ws"] != "error" {
 		t.Errorf("the other sandbox's page opened a WebSocket to the victim: %v", got)
 	}

@@ -230,6 +230,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 				switch {
 				case !errors.As(m, &rerr):
 					confirmed = false // go-redis dials again, and subscribes again
+					// To the master of the channel's slot, which in a
+					// Cluster may have been failed over: its node is read
+					// from the slot map.
+					reloadSlotsAfter(sub.client, m)
 				case !confirmed:
 					refused = true
 					sub.logRefused(m)
@@ -243,6 +247,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 			timer.Reset(sub.idle)
 		case <-timer.C:
 			if pinged || refused {
+				if pinged {
+					// A hung Cluster master may have been failed over.
+					reloadSlotsAfter(sub.client, context.DeadlineExceeded)
+				}
 				return false, subscribed, refused
 			}
 			// The reply arrives through Receive; a failed write means no

@@ -328,3 +328,50 @@ func TestClusterFollowsFailover(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterInvalidationWithoutChannelSlotOwner: the master that owns
+// the invalidation channel's slot dies with no replica to take over, in
+// a cluster that keeps serving its other slots
+// (cluster-require-full-coverage no). Pub/sub messages reach every node
+// of a cluster, and the control plane's PUBLISH, answered by any node,
+// succeeds; but go-redis subscribes only on the channel slot's master,
+// so every instance lost every invalidation for as long as that node
+// was down, while the routes of the other nodes' sandboxes, revoked
+// tokens included, were served from the cache (measured: a rotated token
+// still accepted after 20 s, and until the route's TTL).
+func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	for _, n := range append(slices.Clone(masters), replica) {
+		if err := n.Client().ConfigSet(ctx, "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+
+	replica.Stop()
+	masters[0].Stop()
+	down := time.Now()
+	deadline := time.After(10 * time.Second)
+	for {
+		if err := masters[1].Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-rec:
+			if got != "after" {
+				continue
+			}
+		case <-time.After(100 * time.Millisecond):
+			continue
+		case <-deadline:
+			t.Fatalf("no invalidation published on a live node arrived %v after the channel slot's master died", time.Since(down).Round(time.Millisecond))
+		}
+		break
+	}
+}

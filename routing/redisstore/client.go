@@ -87,7 +87,9 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	t := budget(cfg.CommandTimeout)
 	switch {
 	case len(cfg.Cluster.Addrs) > 0:
-		return redis.NewClusterClient(clusterOptions(cfg, t, tlsConf)), nil
+		c := redis.NewClusterClient(clusterOptions(cfg, t, tlsConf))
+		c.AddHook(slotMapReload{c})
+		return c, nil
 	case cfg.Sentinel.MasterName != "":
 		return redis.NewFailoverClient(failoverOptions(cfg, t, tlsConf)), nil
 	}
@@ -126,6 +128,63 @@ func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterO
 		DisableIdentity:          true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
+}
+
+// slotMapReload makes a Cluster client read the slot map again when a
+// command fails without an answer from Redis (refused, reset, timed out).
+// go-redis re-reads it on a MOVED, and otherwise only every
+// ClusterStateReloadInterval (60 s): a master that died or hung sends no
+// MOVED, so after the cluster had promoted its replica, lookups of its
+// keys kept going to it and failed (503) for up to a minute
+// (TestClusterFollowsFailover). The reload runs in the background, one at
+// a time, at most about five a second; while the cluster has not failed
+// over yet it reads the same map, and the next failure reads it again.
+type slotMapReload struct{ c *redis.ClusterClient }
+
+// DialHook leaves dials as they are: a failed dial fails its command,
+// which ProcessHook or ProcessPipelineHook sees.
+func (h slotMapReload) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook reloads after a command that got no answer.
+func (h slotMapReload) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil {
+			reloadSlotsAfter(h.c, err)
+		}
+		return err
+	}
+}
+
+// ProcessPipelineHook reloads after a pipeline of which a command got no
+// answer (a Lookup's two reads may go to two nodes).
+func (h slotMapReload) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if err != nil {
+			for _, cmd := range cmds {
+				reloadSlotsAfter(h.c, cmd.Err())
+			}
+		}
+		return err
+	}
+}
+
+// reloadSlotsAfter asks a Cluster client (c; any other client is left
+// alone) to re-read its slot map when err says a node did not answer: not
+// for Redis's own replies (redis.Error: NOPERM, CLUSTERDOWN, MOVED, which
+// go-redis handles), a reply refused for its size, or a caller that gave
+// up (context.Canceled). Re-reads are coalesced by go-redis.
+func reloadSlotsAfter(c redis.UniversalClient, err error) {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok || err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrReplyTooLarge) {
+		return
+	}
+	var answered redis.Error
+	if errors.As(err, &answered) {
+		return
+	}
+	cc.ReloadState(context.Background())
 }
 
 // failoverOptions is a Sentinel client's. It has no

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -200,5 +201,177 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 				t.Fatalf("lookup of a key moved to another node as the least-privileged user: %v %v", r, err)
 			}
 		})
+	}
+}
+
+// startFailoverCluster starts a Redis Cluster of three masters, each
+// owning a third of the slots, and a replica of the first, which owns
+// the invalidation channel's slot (3183). A master that stops answering
+// for the cluster's node timeout (1 s here) is failed over to its replica.
+func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *testenv.Redis) {
+	t.Helper()
+	ctx := context.Background()
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"}
+	for range 3 {
+		masters = append(masters, testenv.StartRedis(t, args...))
+	}
+	replica = testenv.StartRedis(t, args...)
+	do := func(r *testenv.Redis, args ...any) {
+		t.Helper()
+		if err := r.Client().Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
+		}
+	}
+	do(masters[0], "CLUSTER", "ADDSLOTSRANGE", 0, 5460)
+	do(masters[1], "CLUSTER", "ADDSLOTSRANGE", 5461, 10922)
+	do(masters[2], "CLUSTER", "ADDSLOTSRANGE", 10923, 16383)
+	for _, n := range append(masters[1:], replica) {
+		do(masters[0], "CLUSTER", "MEET", "127.0.0.1", n.Port())
+	}
+	all := append(slices.Clone(masters), replica)
+	for _, n := range all {
+		testenv.WaitFor(t, 30*time.Second, "cluster_state:ok on every node", func() bool {
+			info, err := n.Client().ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:4")
+		})
+	}
+	id, err := masters[0].Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	do(replica, "CLUSTER", "REPLICATE", id)
+	testenv.WaitFor(t, 30*time.Second, "the replica's link to its master", func() bool {
+		info, err := replica.Client().Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	return masters, replica
+}
+
+// TestClusterFollowsFailover: a Cluster master dies or hangs, and the
+// cluster promotes its replica within a second or two of its node
+// timeout. go-redis re-reads the slot map only on a MOVED, or every
+// ClusterStateReloadInterval (60 s): a master that no longer answers
+// sends no MOVED, so lookups of its keys kept going to it, and failed
+// (503), for up to a minute after the cluster had failed over, and the
+// invalidation subscription (on the master of the channel's slot) stayed
+// with it as long: a revoked token was accepted 45 s after its rotation
+// in a measured run. Lookups must work again, and invalidations arrive,
+// within seconds of the promotion.
+func TestClusterFollowsFailover(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail func(*testing.T, *testenv.Redis)
+	}{
+		{"master killed", func(_ *testing.T, r *testenv.Redis) { r.Stop() }},
+		{"master hung", func(t *testing.T, r *testenv.Redis) { r.Pause(); t.Cleanup(r.Resume) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			masters, replica := startFailoverCluster(t)
+			// An id whose route key is in the first master's slots.
+			var id string
+			for i := 0; id == ""; i++ {
+				slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if slot <= 5460 {
+					id = "box" + strconv.Itoa(i)
+				}
+			}
+			hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
+			testenv.WaitReplicated(t, masters[0])
+
+			addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+			s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+			if _, err := s.Lookup(ctx, id); err != nil {
+				t.Fatalf("lookup before the failover: %v", err)
+			}
+			rec := make(recorder, 1024)
+			sub := s.Subscribe(ctx, rec, nil)
+			t.Cleanup(func() { _ = sub.Close() })
+			waitReady(t, sub)
+
+			tc.fail(t, masters[0])
+			testenv.WaitFor(t, 30*time.Second, "the replica promoted", func() bool {
+				role, err := replica.Client().Do(ctx, "ROLE").Slice()
+				info, ierr := masters[1].Client().ClusterInfo(ctx).Result()
+				return err == nil && role[0] == "master" && ierr == nil && strings.Contains(info, "cluster_state:ok")
+			})
+			promoted := time.Now()
+
+			// The subscription first: no lookup fails meanwhile to
+			// make the client re-read the slot map.
+			deadline := time.After(5 * time.Second)
+			for {
+				if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case got := <-rec:
+					if got != "after" {
+						continue
+					}
+				case <-time.After(100 * time.Millisecond):
+					continue
+				case <-deadline:
+					t.Fatalf("no invalidation published on the promoted replica arrived %v after its promotion", time.Since(promoted).Round(time.Millisecond))
+				}
+				break
+			}
+			var err error
+			for _, err = s.Lookup(ctx, id); err != nil; _, err = s.Lookup(ctx, id) {
+				if time.Since(promoted) > 5*time.Second {
+					t.Fatalf("lookups still fail %v after the replica was promoted: %v", time.Since(promoted).Round(time.Millisecond), err)
+				}
+			}
+		})
+	}
+}
+
+// TestClusterInvalidationWithoutChannelSlotOwner: the master that owns
+// the invalidation channel's slot dies with no replica to take over, in
+// a cluster that keeps serving its other slots
+// (cluster-require-full-coverage no). Pub/sub messages reach every node
+// of a cluster, and the control plane's PUBLISH, answered by any node,
+// succeeds; but go-redis subscribes only on the channel slot's master,
+// so every instance lost every invalidation for as long as that node
+// was down, while the routes of the other nodes' sandboxes, revoked
+// tokens included, were served from the cache (measured: a rotated token
+// still accepted after 20 s, and until the route's TTL).
+func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	for _, n := range append(slices.Clone(masters), replica) {
+		if err := n.Client().ConfigSet(ctx, "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+
+	replica.Stop()
+	masters[0].Stop()
+	down := time.Now()
+	deadline := time.After(10 * time.Second)
+	for {
+		if err := masters[1].Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-rec:
+			if got != "after" {
+				continue
+			}
+		case <-time.After(100 * time.Millisecond):
+			continue
+		case <-deadline:
+			t.Fatalf("no invalidation published on a live node arrived %v after the channel slot's master died", time.Since(down).Round(time.Millisecond))
+		}
+		break
 	}
 }

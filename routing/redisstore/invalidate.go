@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,7 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 // asked for again every pingIdle command timeouts.
 type Subscriber struct {
 	client  redis.UniversalClient
+	open    func(ctx context.Context, n int) *redis.PubSub // the n-th subscription, from 0
 	channel string
 	cache   Invalidator
 	logger  *slog.Logger
@@ -88,6 +90,7 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 	}
 	sub := &Subscriber{
 		client:  s.client,
+		open:    opener(s.client, s.cfg.InvalidateChannel, s.cfg.CommandTimeout),
 		channel: s.cfg.InvalidateChannel,
 		cache:   cache,
 		logger:  logger.With("channel", s.cfg.InvalidateChannel),
@@ -97,7 +100,7 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	go sub.run(ctx, s.client.Subscribe(ctx, sub.channel))
+	go sub.run(ctx, sub.open(ctx, 0))
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -129,11 +132,55 @@ func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 	}
 }
 
+// opener returns how a Subscriber on client opens its n-th subscription
+// to channel. A standalone or Sentinel client has one server to ask. A
+// Cluster client subscribes on the master of the channel's slot, and so
+// does go-redis each time it reconnects a subscription; but a message
+// published on any node reaches every node, and that master may be gone
+// with no replica to take over, in a cluster that serves its other slots
+// (cluster-require-full-coverage no): every instance then lost every
+// invalidation for as long as it was down, while the PUBLISH of the
+// control plane, answered by another node, succeeded
+// (TestClusterInvalidationWithoutChannelSlotOwner). So the first
+// subscription goes to that master, and each replacement to the next
+// node of the cluster, in address order, masters and replicas alike.
+func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) *redis.PubSub {
+	cc, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return func(ctx context.Context, _ int) *redis.PubSub { return client.Subscribe(ctx, channel) }
+	}
+	return func(ctx context.Context, n int) *redis.PubSub {
+		if n > 0 {
+			if nodes := clusterNodes(ctx, cc, wait); len(nodes) > 0 {
+				return nodes[n%len(nodes)].Subscribe(ctx, channel)
+			}
+		}
+		return cc.Subscribe(ctx, channel)
+	}
+}
+
+// clusterNodes returns the clients of every node in cc's slot map, read
+// afresh (within wait) when a node answers, in address order.
+func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Duration) []*redis.Client {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var mu sync.Mutex
+	var nodes []*redis.Client
+	_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, c)
+		mu.Unlock()
+		return nil
+	})
+	slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
+	return nodes
+}
+
 // run serves one PubSub after the other: a new one replaces a connection
 // that stopped answering, until Close.
 func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 	defer close(sub.done)
-	for {
+	for n := 1; ; n++ {
 		in := make(chan any)
 		quit := make(chan struct{})
 		received := make(chan struct{})
@@ -152,7 +199,7 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 		if subscribed && !refused {
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
-		ps = sub.client.Subscribe(ctx, sub.channel)
+		ps = sub.open(ctx, n)
 	}
 }
 
@@ -230,6 +277,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 				switch {
 				case !errors.As(m, &rerr):
 					confirmed = false // go-redis dials again, and subscribes again
+					// In a Cluster, to the node go-redis took from the
+					// slot map for the first subscription (the channel
+					// slot's master), which may have been failed over.
+					reloadSlotsAfter(sub.client, m)
 				case !confirmed:
 					refused = true
 					sub.logRefused(m)
@@ -243,6 +294,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 			timer.Reset(sub.idle)
 		case <-timer.C:
 			if pinged || refused {
+				if pinged {
+					// A hung Cluster master may have been failed over.
+					reloadSlotsAfter(sub.client, context.DeadlineExceeded)
+				}
 				return false, subscribed, refused
 			}
 			// The reply arrives through Receive; a failed write means no

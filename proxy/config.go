@@ -48,14 +48,6 @@ type Config struct {
 	MaxConnsPerUpstream int
 	// UpstreamIdleConnTimeout closes keep-alive connections unused this long (default 30 s).
 	UpstreamIdleConnTimeout time.Duration
-	// UpstreamIdleCheckAfter: a keep-alive connection idle at least this
-	// long is checked (one non-blocking peek) before reuse, so that one the
-	// backend closed on its idle timer (Node's is 5 s), or that carries a
-	// stray 408, is dropped instead of failing the request. Connections
-	// reused sooner, as under load, skip the syscall, except for requests
-	// that could not be re-sent (a body stream, a non-idempotent method).
-	// Default 1 s; negative: check every reuse.
-	UpstreamIdleCheckAfter time.Duration
 	// UpstreamReadBufferSize is the largest response header block a
 	// backend may send (default 16 KiB, the platform proxy's
 	// proxy_buffer_size). Only its touched part costs memory.
@@ -204,9 +196,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.UpstreamIdleConnTimeout == 0 {
 		c.UpstreamIdleConnTimeout = 30 * time.Second
-	}
-	if c.UpstreamIdleCheckAfter == 0 {
-		c.UpstreamIdleCheckAfter = time.Second
 	}
 	if c.UpstreamReadBufferSize == 0 {
 		c.UpstreamReadBufferSize = 16 << 10

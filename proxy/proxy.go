@@ -768,9 +768,9 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		// backend that declared a body here may send one all the same
 		// (Python's http.server with do_HEAD = do_GET), maybe after the
 		// proxy has answered: the connection is checked before its next
-		// use, or those bytes would be read as the next request's answer.
+		// use (acquire), or those bytes would be read as the next request's
+		// answer.
 		resp.SkipBody = true
-		c.suspect = size > 0 || size == -1
 		c.release(p, keepAlive)
 		// Activity is dated by the answer, as a stream's is by its end: a
 		// request the sandbox took minutes to answer (a tool call, an

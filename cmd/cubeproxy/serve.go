@@ -739,12 +739,14 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
-	// Before the proxy is announced (the log line, ready): a SIGHUP
-	// (logrotate) sent after that must reach the loop below. Until
+	// Before the proxy is announced (the log line, ready): a SIGHUP or
+	// SIGUSR1 (logrotate) sent after that must reach the loop below. Until
 	// Notify, main ignores SIGHUP; where nothing does (tests), one would
-	// end the process.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	// end the process (Go's runtime drops an unwatched SIGUSR1 or 2).
+	// Room for one of each, so that a SIGUSR2 waiting in it does not
+	// crowd out logrotate's signal.
+	hup := make(chan os.Signal, 3)
+	signal.Notify(hup, syscall.SIGHUP, sigReopen, sigUpgrade)
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	if a.httpLn != nil {
@@ -779,19 +781,34 @@ loop:
 		select {
 		case <-ctx.Done():
 			break loop
-		case <-hup:
-			a.recheckConfig()
+		case sig := <-hup:
+			name := "SIGHUP"
+			switch sig {
+			case sigUpgrade:
+				// nginx's binary upgrade. Silent, it let an operator go on
+				// to SIGQUIT the old master: a stack dump here, every
+				// stream cut.
+				a.log.Warn("SIGUSR2: no binary upgrade here (nginx's USR2); start the new binary beside this one with reuse_port, then SIGTERM this one (SIGQUIT is no graceful stop)")
+				continue
+			case sigReopen:
+				// nginx's reopen of its log files, what the logrotate
+				// configurations of its packages send. No reload signal:
+				// no configuration check.
+				name = "SIGUSR1"
+			default:
+				a.recheckConfig()
+			}
 			if a.access == nil {
 				continue
 			}
 			if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
 				// No file to reopen: "access log reopened" said a
 				// rotation took effect where nothing was done.
-				a.log.Info("SIGHUP: the access log writes to stdout: nothing to reopen")
+				a.log.Info(name + ": the access log writes to stdout: nothing to reopen")
 				continue
 			}
 			if !a.reopening.CompareAndSwap(false, true) {
-				a.log.Warn("SIGHUP: the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
+				a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
 				continue
 			}
 			// Reopen waits for the writer, which a stalled sink holds

@@ -439,8 +439,8 @@ func (a *app) listen(ctx context.Context) (err error) {
 // a newcomer whose demo met another server on 8081 to find the flag.
 func listenError(key, addr string, err error) error {
 	err = fmt.Errorf("%s %q: %w", key, addr, err)
-	if errors.Is(err, syscall.EACCES) && privilegedPort(addr) {
-		return fmt.Errorf("%w (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)", err)
+	if start := unprivilegedPortStart(unprivilegedPortFile); errors.Is(err, syscall.EACCES) && privilegedPort(addr, start) {
+		return fmt.Errorf("%w (a port below %d needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from %d up)", err, start, start)
 	}
 	if errors.Is(err, syscall.EADDRINUSE) {
 		// The three keys are top-level: their flag and variable are the key respelled.
@@ -450,15 +450,35 @@ func listenError(key, addr string, err error) error {
 	return err
 }
 
-// privilegedPort reports whether addr's port is one of those below 1024
-// that only root (or CAP_NET_BIND_SERVICE) may bind by default.
-func privilegedPort(addr string) bool {
+// privilegedPort reports whether addr's port is one of those below start
+// (unprivilegedPortStart) that only root (or CAP_NET_BIND_SERVICE) may bind.
+func privilegedPort(addr string, start int) bool {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
 	}
 	p, err := net.LookupPort("tcp", port)
-	return err == nil && p > 0 && p < 1024
+	return err == nil && p > 0 && p < start
+}
+
+// unprivilegedPortFile is Linux's net.ipv4.ip_unprivileged_port_start, for
+// the process's network namespace.
+const unprivilegedPortFile = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+
+// unprivilegedPortStart is the lowest port any user may bind, read from
+// path (unprivilegedPortFile): 1024 by default, but raised or lowered per
+// network namespace (0 in Docker's containers). 1024, the traditional
+// bound, where path cannot be read (other systems).
+func unprivilegedPortStart(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 1024
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return 1024
+	}
+	return n
 }
 
 // checkListeners refuses listener settings this system or the TLS

@@ -47,18 +47,36 @@ func cubeLines(t *testing.T, path string) []string {
 // configured path and the renamed file keeps the old lines. The routes
 // file is not read again (README, Routes: routes change at runtime through
 // the admin API): a sandbox added to it before the signal stays unknown.
-func TestAccessLogReopenOnSIGHUP(t *testing.T) {
+//
+// SIGUSR1, nginx's "reopen the log files" and what the logrotate files of
+// the nginx and OpenResty packages send, reopens it too: ignored, it left
+// the proxy writing to the renamed file for good (logrotate create with
+// `kill -USR1`, five rotations: all 20,000 lines in the first renamed
+// file, the live one empty), which logrotate deletes `rotate` rotations
+// later. It is no reload signal: unlike SIGHUP it reads no configuration
+// file, so says nothing of one that changed.
+func TestAccessLogReopenOnSignal(t *testing.T) {
+	for name, sig := range map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1} {
+		t.Run(name, func(t *testing.T) { testAccessLogReopenOn(t, sig) })
+	}
+}
+
+// testAccessLogReopenOn rotates the access log by rename and sig.
+func testAccessLogReopenOn(t *testing.T, sig syscall.Signal) {
 	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 
 	dir := t.TempDir()
 	routes := boxRoutes(t, dir, port)
 	logPath := filepath.Join(dir, "access.log")
 	rotated := logPath + ".1"
+	conf := filepath.Join(dir, "cubeproxy.yaml")
+	if err := os.WriteFile(conf, []byte("drain_timeout: 2s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
-	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-		"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "2s"}, noEnv)
+	r := runServe(t, []string{"--config", conf, "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "cube", "--access-log-path", logPath}, noEnv)
 	a, logs := r.a, r.logs
-
 	client := &http.Client{Timeout: 5 * time.Second}
 	get := func(id string) {
 		t.Helper()
@@ -89,7 +107,10 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	if err := os.WriteFile(routes, []byte(added), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+	if err := os.WriteFile(conf, []byte("drain_timeout: 3s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), sig); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
@@ -115,10 +136,14 @@ func TestAccessLogReopenOnSIGHUP(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 404 || !strings.Contains(string(body), `"sandbox_not_found"`) {
-		t.Fatalf("sandbox added to the routes file before SIGHUP: %d %q, want 404 sandbox_not_found (SIGHUP must not reload routes)", resp.StatusCode, body)
+		t.Fatalf("sandbox added to the routes file before SIGHUP: %d %q, want 404 sandbox_not_found (%v must not reload routes)", resp.StatusCode, body, sig)
 	}
 
 	r.stop()
+	said := strings.Contains(logs.String(), `"msg":"SIGHUP: the configuration file changed since start`)
+	if want := sig == syscall.SIGHUP; said != want {
+		t.Errorf("%v: the configuration file's change said %v, want %v:\n%s", sig, said, want, logs)
+	}
 }
 
 // logrotate's create mode, with the SIGHUP of its postrotate, loses no

@@ -243,12 +243,13 @@ func checkListenHosts(cfg *config.Config) error {
 // checkPortAllowed refuses a privileged port (below
 // net.ipv4.ip_unprivileged_port_start, 1024 by default) that this process
 // may not bind, as serve's bind would: a non-root user with http_addr :80
-// passed check and then failed to start. The kernel applies one rule to
+// passed check and then failed to start (and :1500 did, under a sysctl
+// raised to 2000, while check looked below 1024 only). The kernel applies one rule to
 // TCP and UDP, so binding the UDP port tells without taking the TCP one;
 // only EACCES counts, since something else may well use the UDP port
 // (QUIC on 443) while the TCP port is free.
 func checkPortAllowed(key, addr string, ta *net.TCPAddr) error {
-	if ta.Port == 0 || ta.Port >= 1024 {
+	if ta.Port == 0 || ta.Port >= unprivilegedPortStart(unprivilegedPortFile) {
 		return nil
 	}
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Port: ta.Port, Zone: ta.Zone})

@@ -95,7 +95,10 @@ func loadConfigFile(command, path string, getenv func(string) string, stderr io.
 }
 
 // probeAddr is where a local client reaches the admin listener at addr:
-// a wildcard (":8082", "0.0.0.0:8082", "[::]:8082") through loopback.
+// a wildcard (":8082", "0.0.0.0:8082", "[::]:8082") through IPv4's
+// loopback. serve listens on "[::]" dual-stack, so 127.0.0.1 reaches it
+// too, and, unlike ::1, also where the loopback has no IPv6
+// (disable_ipv6=1, as in Docker networks without IPv6).
 func probeAddr(addr string) (string, error) {
 	if addr == "" {
 		return "", errors.New("admin_addr is empty: there is no admin listener to ask")
@@ -105,10 +108,8 @@ func probeAddr(addr string) (string, error) {
 		return "", fmt.Errorf("admin_addr %q: %w", addr, err)
 	}
 	switch host {
-	case "", "0.0.0.0":
+	case "", "0.0.0.0", "::":
 		host = "127.0.0.1"
-	case "::":
-		host = "::1"
 	}
 	return net.JoinHostPort(host, port), nil
 }

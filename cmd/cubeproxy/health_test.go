@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // `cubeproxy health` (the image's HEALTHCHECK) asks the admin listener
@@ -127,6 +128,26 @@ func listenAnswer(t *testing.T, status int, body string) string {
 	return ln.Addr().String()
 }
 
+// The admin listener serve opens on "[::]" takes IPv4 connections, so
+// probeAddr's 127.0.0.1 reaches it.
+func TestHealthReachesDualStackWildcard(t *testing.T) {
+	ln, err := listenTCP(context.Background(), "[::]:0", false)
+	if err != nil {
+		t.Skipf("no IPv6 wildcard listener here: %v", err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	addr, err := probeAddr(net.JoinHostPort("::", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s, the probe of [::]:%s: %v", addr, port, err)
+	}
+	c.Close()
+}
+
 // listenRedirect serves a 302 to location on a loopback port and returns
 // its address.
 func listenRedirect(t *testing.T, location string) string {
@@ -141,12 +162,17 @@ func listenRedirect(t *testing.T, location string) string {
 	return ln.Addr().String()
 }
 
-// A wildcard admin listener is asked through loopback.
+// A wildcard admin listener is asked through loopback: IPv4's, "[::]"
+// included, which Go listens on dual-stack. Asked at ::1, the image's
+// HEALTHCHECK failed for good in a container whose loopback has no IPv6
+// (disable_ipv6=1, as Docker sets it on networks without IPv6): `connect:
+// cannot assign requested address`, while the proxy listened and answered
+// 127.0.0.1.
 func TestHealthProbeAddr(t *testing.T) {
 	for _, tc := range []struct{ in, want, err string }{
 		{":8082", "127.0.0.1:8082", ""},
 		{"0.0.0.0:8082", "127.0.0.1:8082", ""},
-		{"[::]:8082", "[::1]:8082", ""},
+		{"[::]:8082", "127.0.0.1:8082", ""},
 		{"127.0.0.1:8082", "127.0.0.1:8082", ""},
 		{"10.0.0.5:8082", "10.0.0.5:8082", ""},
 		{"[fd00::2]:8082", "[fd00::2]:8082", ""},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -73,6 +74,34 @@ func TestListenErrorHintsOnlyForPrivilegedPorts(t *testing.T) {
 		msg := listenError("http_addr", tc.addr, bindErr).Error()
 		if strings.Contains(msg, hint) != tc.hint {
 			t.Errorf("listenError(%q, EACCES) = %q; want the privileged-port hint: %v", tc.addr, msg, tc.hint)
+		}
+	}
+}
+
+// The privileged ports' bound is read from the sysctl's file; a file
+// missing (other systems) or unreadable as a number leaves 1024.
+func TestUnprivilegedPortStart(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		content string // "" = no file
+		want    int
+	}{
+		{"1024\n", 1024},
+		{"2000\n", 2000},
+		{"0\n", 0},
+		{"", 1024},
+		{"x\n", 1024},
+		{"-5\n", 1024},
+	} {
+		path := filepath.Join(dir, "missing")
+		if tc.content != "" {
+			path = filepath.Join(dir, "start")
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := unprivilegedPortStart(path); got != tc.want {
+			t.Errorf("unprivilegedPortStart(%q) = %d, want %d", tc.content, got, tc.want)
 		}
 	}
 }

@@ -30,25 +30,7 @@ func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
 		t.Skipf("net.ipv4.ip_unprivileged_port_start is %d: every port can be bound by anyone here", start)
 	}
 	port := strconv.Itoa(min(start, 1024) - 1)
-	// A directory nobody can reach, for the binary.
-	dir := t.TempDir()
-	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A copy of the shared binary (its directory is the owner's alone):
-	// a build of its own was another link of the whole program, up to a
-	// minute of the package's share of go test's timeout on a loaded
-	// 2-core machine.
-	bin := filepath.Join(dir, "cubeproxy")
-	exe, err := os.ReadFile(buildBinary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin := binaryForNobody(t)
 	runAs := func(args ...string) (int, string) {
 		cmd := exec.Command(bin, args...)
 		if os.Geteuid() == 0 {
@@ -88,4 +70,80 @@ func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The privileged ports end where net.ipv4.ip_unprivileged_port_start
+// says, not at 1024: with it raised to 2000, check passed http_addr :1500
+// for a non-root user (it probed only ports below 1024), and serve then
+// failed on it without saying what the port needs. Run in a network
+// namespace of its own (the sysctl is per namespace), as root.
+func TestCheckRefusesPortBelowRaisedUnprivilegedStart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a network namespace with its own net.ipv4.ip_unprivileged_port_start")
+	}
+	// util-linux, essential on Debian: missing is a failure, not a skip.
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := binaryForNobody(t)
+	run := func(sub string) (int, string) {
+		script := `echo 2000 > /proc/sys/net/ipv4/ip_unprivileged_port_start && exec "$@"`
+		cmd := exec.Command(unshare, "-n", "sh", "-c", script, "sh",
+			setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+			bin, sub, "--config=", "--routes=", "--access-log-format=off", "--admin-addr=127.0.0.1:0", "--http-addr", ":1500")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("%s did not exit in 30s (a start that wrongly succeeded runs on)\n%s", sub, stderr.String())
+		}
+		if strings.Contains(stderr.String(), "ip_unprivileged_port_start: Read-only") {
+			t.Skipf("cannot set the sysctl in a new network namespace here:\n%s", stderr.String())
+		}
+		return cmd.ProcessState.ExitCode(), stderr.String()
+	}
+	want := `cubeproxy: http_addr ":1500": listen tcp :1500: bind: permission denied` +
+		" (a port below 2000 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 2000 up)" +
+		" (http_addr is set by --http-addr)\n"
+	for _, sub := range []string{"serve", "check"} {
+		if code, stderr := run(sub); code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant 1 and %q", sub, code, stderr, want)
+		}
+	}
+}
+
+// binaryForNobody returns a copy of the shared test binary in a directory
+// nobody (uid 65534) can reach: the shared one's directory is the owner's
+// alone, and a build of its own was another link of the whole program, up
+// to a minute of the package's share of go test's timeout on a loaded
+// 2-core machine.
+func binaryForNobody(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "cubeproxy")
+	exe, err := os.ReadFile(buildBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }

@@ -439,8 +439,8 @@ func (a *app) listen(ctx context.Context) (err error) {
 // a newcomer whose demo met another server on 8081 to find the flag.
 func listenError(key, addr string, err error) error {
 	err = fmt.Errorf("%s %q: %w", key, addr, err)
-	if errors.Is(err, syscall.EACCES) && privilegedPort(addr) {
-		return fmt.Errorf("%w (a port below 1024 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 1024 up)", err)
+	if start := unprivilegedPortStart(unprivilegedPortFile); errors.Is(err, syscall.EACCES) && privilegedPort(addr, start) {
+		return fmt.Errorf("%w (a port below %d needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from %d up)", err, start, start)
 	}
 	if errors.Is(err, syscall.EADDRINUSE) {
 		// The three keys are top-level: their flag and variable are the key respelled.
@@ -450,15 +450,35 @@ func listenError(key, addr string, err error) error {
 	return err
 }
 
-// privilegedPort reports whether addr's port is one of those below 1024
-// that only root (or CAP_NET_BIND_SERVICE) may bind by default.
-func privilegedPort(addr string) bool {
+// privilegedPort reports whether addr's port is one of those below start
+// (unprivilegedPortStart) that only root (or CAP_NET_BIND_SERVICE) may bind.
+func privilegedPort(addr string, start int) bool {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
 	}
 	p, err := net.LookupPort("tcp", port)
-	return err == nil && p > 0 && p < 1024
+	return err == nil && p > 0 && p < start
+}
+
+// unprivilegedPortFile is Linux's net.ipv4.ip_unprivileged_port_start, for
+// the process's network namespace.
+const unprivilegedPortFile = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+
+// unprivilegedPortStart is the lowest port any user may bind, read from
+// path (unprivilegedPortFile): 1024 by default, but raised or lowered per
+// network namespace (0 in Docker's containers). 1024, the traditional
+// bound, where path cannot be read (other systems).
+func unprivilegedPortStart(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 1024
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return 1024
+	}
+	return n
 }
 
 // checkListeners refuses listener settings this system or the TLS
@@ -739,12 +759,14 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
-	// Before the proxy is announced (the log line, ready): a SIGHUP
-	// (logrotate) sent after that must reach the loop below. Until
+	// Before the proxy is announced (the log line, ready): a SIGHUP or
+	// SIGUSR1 (logrotate) sent after that must reach the loop below. Until
 	// Notify, main ignores SIGHUP; where nothing does (tests), one would
-	// end the process.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	// end the process (Go's runtime drops an unwatched SIGUSR1 or 2).
+	// Room for one of each, so that a SIGUSR2 waiting in it does not
+	// crowd out logrotate's signal.
+	hup := make(chan os.Signal, 3)
+	signal.Notify(hup, syscall.SIGHUP, sigReopen, sigUpgrade)
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	if a.httpLn != nil {
@@ -779,19 +801,34 @@ loop:
 		select {
 		case <-ctx.Done():
 			break loop
-		case <-hup:
-			a.recheckConfig()
+		case sig := <-hup:
+			name := "SIGHUP"
+			switch sig {
+			case sigUpgrade:
+				// nginx's binary upgrade. Silent, it let an operator go on
+				// to SIGQUIT the old master: a stack dump here, every
+				// stream cut.
+				a.log.Warn("SIGUSR2: no binary upgrade here (nginx's USR2); start the new binary beside this one with reuse_port, then SIGTERM this one (SIGQUIT is no graceful stop)")
+				continue
+			case sigReopen:
+				// nginx's reopen of its log files, what the logrotate
+				// configurations of its packages send. No reload signal:
+				// no configuration check.
+				name = "SIGUSR1"
+			default:
+				a.recheckConfig()
+			}
 			if a.access == nil {
 				continue
 			}
 			if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
 				// No file to reopen: "access log reopened" said a
 				// rotation took effect where nothing was done.
-				a.log.Info("SIGHUP: the access log writes to stdout: nothing to reopen")
+				a.log.Info(name + ": the access log writes to stdout: nothing to reopen")
 				continue
 			}
 			if !a.reopening.CompareAndSwap(false, true) {
-				a.log.Warn("SIGHUP: the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
+				a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
 				continue
 			}
 			// Reopen waits for the writer, which a stalled sink holds

@@ -205,7 +205,7 @@ func (s *bodyStream) copyEvents() error {
 				}
 				s.beatSent()
 				continue
-			case err != nil && s.stopping.Load():
+			case err != nil && s.drainEndsCleanly():
 				s.x.drained = true
 				s.countOut()
 				return s.write(s.framed(lastChunk, nil)) // drain: end cleanly, the client reconnects elsewhere

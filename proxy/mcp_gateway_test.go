@@ -715,17 +715,24 @@ func (s heartbeatSpy) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// spyBody reports on beats each time mark (the heartbeat line when nil)
+// passes through its reads, whatever pieces they cut it into.
 type spyBody struct {
 	io.ReadCloser
 	beats chan struct{}
+	mark  []byte
 	tail  []byte
 }
 
 func (b *spyBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	mark := b.mark
+	if mark == nil {
+		mark = heartbeatLine
+	}
 	buf := append(b.tail, p[:n]...)
 	for {
-		i := bytes.Index(buf, heartbeatLine)
+		i := bytes.Index(buf, mark)
 		if i < 0 {
 			break
 		}
@@ -733,9 +740,9 @@ func (b *spyBody) Read(p []byte) (int, error) {
 		case b.beats <- struct{}{}:
 		default:
 		}
-		buf = buf[i+len(heartbeatLine):]
+		buf = buf[i+len(mark):]
 	}
-	b.tail = append([]byte(nil), buf[max(0, len(buf)-len(heartbeatLine)):]...)
+	b.tail = append([]byte(nil), buf[max(0, len(buf)-len(mark)):]...)
 	return n, err
 }
 

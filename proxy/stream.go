@@ -172,7 +172,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.x.bytesOut += int64(n)
 		return n, nil
 	}
-	if err != nil && err != io.EOF && s.stopping.Load() {
+	if err != nil && err != io.EOF && s.drainEndsCleanly() {
 		// Drain interrupted the upstream read: end the stream cleanly so an
 		// SSE client reconnects (with Last-Event-ID) to another instance.
 		s.x.drained = true
@@ -182,6 +182,16 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.cut(err)
 	}
 	return n, err
+}
+
+// drainEndsCleanly reports whether the drain, having interrupted the
+// stream's upstream read, ends it cleanly (the client reconnects
+// elsewhere). Not inside an SSE event: a client takes what a cleanly ended
+// stream holds for a whole event (the go-sdk records its id and resumes
+// after it, losing it, or fails the session on its cut data), so such a
+// stream ends as cut, and the client resumes from the event before.
+func (s *bodyStream) drainEndsCleanly() bool {
+	return s.stopping.Load() && (!s.sse || s.atBoundary)
 }
 
 // dropBOM drops a BOM that opens the sandbox's stream, the first n bytes

@@ -287,8 +287,8 @@ func serveTLSFor(t *testing.T, h *harness, name string) (addr string, ca *testen
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := tls.NewListener(listen(t, "127.0.0.1:0"), &tls.Config{Certificates: []tls.Certificate{cert}})
-	go h.server.Serve(ln)
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 	return ln.Addr().String(), ca
 }
 

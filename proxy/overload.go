@@ -65,7 +65,7 @@ func (l *retryListener) refuse(c net.Conn) {
 		l.refusedLogged, l.refused = now, 0
 	}
 	raw, isTLS := c, false
-	if tc, ok := c.(*tls.Conn); ok {
+	if tc, ok := c.(serverTLSConn); ok {
 		raw, isTLS = tc.NetConn(), true
 	}
 	if !isTLS {
@@ -82,6 +82,13 @@ func (l *retryListener) refuse(c net.Conn) {
 	}
 	discardNow(raw, l.scratch, refuseDrainReads)
 	_ = raw.Close()
+}
+
+// serverTLSConn is a TLS connection as a traffic listener accepts it:
+// *tls.Conn (Serve over tls.NewListener) or ServeTLS's tlsConn.
+type serverTLSConn interface {
+	ConnectionState() tls.ConnectionState
+	NetConn() net.Conn
 }
 
 // overloadStatusLine begins the answer to a refused connection.

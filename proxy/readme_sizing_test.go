@@ -2,15 +2,19 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -24,8 +28,16 @@ import (
 // it let max_conns idle connections take the heap past GOMEMLIMIT, where
 // the collector runs without pause. With the head limit at 32 KiB an idle
 // connection counts ≈ 49 KiB (33 KiB at 16 KiB), over the 32 KiB the
-// README allowed.
+// README allowed. Over HTTPS the TLS connection's state comes on top
+// (≈ 60 KiB in all), over the 56 KiB allowed for any connection, which
+// left no room for requests in flight on a node of HTTPS clients; the
+// README's allowance for those is checked too. The clients run in a child
+// process, so that their own TLS state is not counted.
 func TestREADMESizingCoversAnIdleConnection(t *testing.T) {
+	if addr := os.Getenv("CUBE_TEST_SIZING_ADDR"); addr != "" {
+		holdIdleConnections(t, addr, os.Getenv("CUBE_TEST_SIZING_TLS") == "1")
+		return
+	}
 	if testing.Short() {
 		t.Skip("opens 500 connections")
 	}
@@ -33,25 +45,97 @@ func TestREADMESizingCoversAnIdleConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`Allow about (\d+) KiB per connection`).FindSubmatch(readme)
-	if m == nil {
-		t.Fatal(`README: no "Allow about N KiB per connection" (Client connections and memory, Sizing)`)
+	for _, tt := range []struct {
+		name      string
+		allowance string // the README's words, with the KiB allowed
+		tls       bool
+	}{
+		{"plain HTTP", `Allow about (\d+) KiB per connection`, false},
+		{"HTTPS", `where\s+clients mostly use HTTPS, allow (\d+) KiB`, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := regexp.MustCompile(tt.allowance).FindSubmatch(readme)
+			if m == nil {
+				t.Fatalf("README: no %q (Client connections and memory, Sizing)", tt.allowance)
+			}
+			allowed, _ := strconv.Atoi(string(m[1]))
+			h := newHarness(t) // the default head limit
+			addr := h.addr
+			if tt.tls {
+				addr, _ = serveTLS(t, h)
+			}
+			// One connection first: what the server sets up once (for TLS,
+			// its session ticket keys) is no connection's.
+			c := dialRaw(t, addr)
+			if tt.tls {
+				c = tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+			}
+			if resp, _ := rawExchange(t, c, addr, "GET /p HTTP/1.1\r\nHost: 3000-nosuchbox.cube.test\r\nConnection: close\r\n\r\n"); resp.StatusCode != 404 {
+				t.Fatalf("warm-up: %d, want 404", resp.StatusCode)
+			}
+			before := limitCounted()
+			idleClients(t, addr, tt.tls)
+			per := (int64(limitCounted()) - int64(before)) / sizingConns
+			t.Logf("an idle keep-alive connection counts %d bytes against GOMEMLIMIT; the README allows %d KiB", per, allowed)
+			if per > int64(allowed)<<10 {
+				t.Errorf("an idle keep-alive connection counts %.1f KiB against GOMEMLIMIT, over the %d KiB per connection the README's sizing allows",
+					float64(per)/1024, allowed)
+			}
+		})
 	}
-	allowed, _ := strconv.Atoi(string(m[1]))
+}
 
-	h := newHarness(t) // the default head limit
-	const n = 500
-	before := limitCounted()
-	conns := make([]net.Conn, 0, n)
+// sizingConns is how many idle connections the sizing test measures.
+const sizingConns = 500
+
+// idleClients starts a child process that opens sizingConns keep-alive
+// connections to addr, each idle after one answer, and returns once they
+// are; they close when the test ends.
+func idleClients(t *testing.T, addr string, useTLS bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestREADMESizingCoversAnIdleConnection$", "-test.count=1", "-test.timeout=60s")
+	cmd.Env = append(os.Environ(), "CUBE_TEST_SIZING_ADDR="+addr, "CUBE_TEST_SIZING_TLS="+map[bool]string{true: "1"}[useTLS])
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		for _, c := range conns {
-			c.Close()
+		stdin.Close() // the child closes its connections and exits
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("client process: %v\n%s", err, &out)
 		}
 	})
-	for i := range n {
-		c, err := net.Dial("tcp", h.addr)
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if sc.Text() == "ready" {
+			go io.Copy(io.Discard, stdout)
+			return
+		}
+		fmt.Fprintln(&out, sc.Text())
+	}
+	t.Fatalf("client process ended before its connections were open:\n%s", &out)
+}
+
+// holdIdleConnections is the child of idleClients: it opens the
+// connections, says "ready" and holds them until its stdin closes.
+func holdIdleConnections(t *testing.T, addr string, useTLS bool) {
+	conns := make([]net.Conn, 0, sizingConns)
+	for i := range sizingConns {
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if useTLS {
+			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) // the server's memory is measured, not its name
 		}
 		conns = append(conns, c)
 		fmt.Fprintf(c, "GET /p HTTP/1.1\r\nHost: 3000-nosuchbox.cube.test\r\nX-Cube-Request-Id: sizing-%d\r\n\r\n", i)
@@ -65,11 +149,10 @@ func TestREADMESizingCoversAnIdleConnection(t *testing.T) {
 			t.Fatalf("answer %d closes its connection: not an idle keep-alive one", resp.StatusCode)
 		}
 	}
-	per := (int64(limitCounted()) - int64(before)) / n
-	t.Logf("an idle keep-alive connection counts %d bytes against GOMEMLIMIT; the README allows %d KiB", per, allowed)
-	if per > int64(allowed)<<10 {
-		t.Errorf("an idle keep-alive connection counts %.1f KiB against GOMEMLIMIT, over the %d KiB per connection the README's sizing allows",
-			float64(per)/1024, allowed)
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	for _, c := range conns {
+		c.Close()
 	}
 }
 
@@ -79,6 +162,10 @@ func TestREADMESizingCoversAnIdleConnection(t *testing.T) {
 // free pages back keeps the garbage of other goroutines of the test
 // process (earlier tests' servers, exporters) out of the count.
 func limitCounted() uint64 {
+	// Twice: what a sync.Pool holds (fasthttp's readers of connections
+	// closed before, an earlier case's) survives one collection, and would
+	// be counted before and reused by the connections measured.
+	runtime.GC()
 	debug.FreeOSMemory()
 	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
 	metrics.Read(s)

@@ -119,6 +119,9 @@ type Server struct {
 	wg       sync.WaitGroup
 	// rechecking: a round of Proxy.recheckInvalidated is running.
 	rechecking atomic.Bool
+	// handshakes are the TLS handshakes of ServeTLS's connections under
+	// way, which the drain ends after their grace.
+	handshakes handshakes
 }
 
 // NewServer returns a server for p and admin (admin may be nil).
@@ -430,12 +433,21 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 	return fasthttp.RequestConfig{}
 }
 
-// Serve serves sandbox traffic on ln (wrap ln with tls.NewListener for HTTPS).
+// Serve serves sandbox traffic on ln (see ServeTLS for HTTPS).
 func (s *Server) Serve(ln net.Listener) error {
 	if err := s.traffic.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// ServeTLS serves sandbox traffic over TLS with cfg on ln, a plain TCP
+// listener. Unlike Serve over tls.NewListener, the drain closes
+// connections whose handshake has not completed handshakeGrace after
+// their accept (a client that sent no ClientHello, or part of one), as
+// fasthttp closes a plain connection that sent nothing.
+func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
+	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes})
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting
@@ -575,6 +587,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 	done := make(chan error, 1)
 	go func() { done <- s.traffic.ShutdownWithContext(ctx) }()
+	// fasthttp's wait does not see a connection in its TLS handshake.
+	handshaking := make(chan struct{})
+	defer close(handshaking)
+	go s.handshakes.endHandshakes(handshaking)
 	// The redirect listener closes with the HTTPS one, and its idle
 	// keep-alive connections with it: a client kept on it until the end
 	// of the drain would reuse a connection about to close.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -784,8 +783,7 @@ func (a *app) run(ctx context.Context, ready listening) error {
 		}
 	}
 	if a.httpsLn != nil {
-		tlsLn := tls.NewListener(a.httpsLn, a.certs.TLSConfig())
-		go func() { errc <- a.server.Serve(tlsLn) }()
+		go func() { errc <- a.server.ServeTLS(a.httpsLn, a.certs.TLSConfig()) }()
 	}
 	go func() { errc <- a.server.ServeAdmin(a.adminLn) }()
 	a.log.Info("cubeproxy listening",

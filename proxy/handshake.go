@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+	"time"
+)
+
+// handshakeGrace is how long after its accept a connection may still be
+// in its TLS handshake once the drain has begun: fasthttp's grace for a
+// plain connection that has sent nothing (5 s from its accept, as
+// net/http's), after which its shutdown closes that connection.
+const handshakeGrace = 5 * time.Second
+
+// tlsListener is tls.NewListener whose connections record their
+// handshake while it runs, so that the drain can end the ones that stall.
+// fasthttp runs the handshake before it tracks a connection as new or
+// idle: its shutdown never closes one that connected and sent no
+// ClientHello, or half of one, and such a client held every drain to
+// drain_timeout (the plain listener's equivalent is closed after the
+// grace).
+type tlsListener struct {
+	net.Listener
+	cfg        *tls.Config
+	handshakes *handshakes
+}
+
+// Accept wraps the next connection in a server-side TLS connection.
+func (l *tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &tlsConn{Conn: tls.Server(c, l.cfg), accepted: time.Now(), handshakes: l.handshakes}, nil
+}
+
+// tlsConn is a server-side TLS connection whose handshake is registered
+// in handshakes while it runs. fasthttp takes it for TLS (it asserts an
+// interface with Handshake and ConnectionState, not *tls.Conn) and calls
+// Handshake before it reads the first request.
+type tlsConn struct {
+	*tls.Conn
+	accepted   time.Time
+	handshakes *handshakes
+}
+
+// Handshake runs the TLS handshake where the drain can end it.
+func (c *tlsConn) Handshake() error {
+	c.handshakes.add(c)
+	defer c.handshakes.remove(c)
+	return c.Conn.Handshake()
+}
+
+// handshakes is the set of TLS handshakes running.
+type handshakes struct {
+	mu sync.Mutex
+	m  map[*tlsConn]struct{}
+}
+
+func (h *handshakes) add(c *tlsConn) {
+	h.mu.Lock()
+	if h.m == nil {
+		h.m = make(map[*tlsConn]struct{})
+	}
+	h.m[c] = struct{}{}
+	h.mu.Unlock()
+}
+
+func (h *handshakes) remove(c *tlsConn) {
+	h.mu.Lock()
+	delete(h.m, c)
+	h.mu.Unlock()
+}
+
+// closeStalled closes the connections still in their handshake that
+// were accepted before since. The socket under the TLS layer is closed:
+// the handshake's read fails at once, without waiting on the TLS
+// connection's locks, which the handshake holds.
+func (h *handshakes) closeStalled(since time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.m {
+		if c.accepted.Before(since) {
+			delete(h.m, c)
+			_ = c.NetConn().Close()
+		}
+	}
+}
+
+// endHandshakes closes, until stop, each TLS handshake still running
+// handshakeGrace after its accept: what fasthttp's shutdown does for the
+// connections it tracks, every 100 ms, as it does.
+func (h *handshakes) endHandshakes(stop <-chan struct{}) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		h.closeStalled(time.Now().Add(-handshakeGrace))
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}

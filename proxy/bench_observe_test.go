@@ -24,6 +24,7 @@ type benchInstr struct {
 	telemetry bool   // telemetry.New with tracing off
 	tracing   bool   // telemetry.New with tracing on, every trace sampled, spans discarded
 	logFormat string // access log format to io.Discard; "" = no access log
+	body      int    // the backend's answer body size; 0: a short greeting
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -40,6 +41,9 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	tb.Helper()
 	bln := listen(tb, "127.0.0.1:0")
 	body := []byte("hello from the sandbox")
+	if in.body > 0 {
+		body = make([]byte, in.body)
+	}
 	backendSrv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBody(body) }}
 	go backendSrv.Serve(bln)
 	tb.Cleanup(func() { _ = backendSrv.Shutdown() })

@@ -302,23 +302,7 @@ func TestClusterFollowsFailover(t *testing.T) {
 
 			// The subscription first: no lookup fails meanwhile to
 			// make the client re-read the slot map.
-			deadline := time.After(5 * time.Second)
-			for {
-				if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case got := <-rec:
-					if got != "after" {
-						continue
-					}
-				case <-time.After(100 * time.Millisecond):
-					continue
-				case <-deadline:
-					t.Fatalf("no invalidation published on the promoted replica arrived %v after its promotion", time.Since(promoted).Round(time.Millisecond))
-				}
-				break
-			}
+			publishUntilReceived(t, replica.Client(), rec, promoted, 5*time.Second, "published on the promoted replica", "its promotion")
 			var err error
 			for _, err = s.Lookup(ctx, id); err != nil; _, err = s.Lookup(ctx, id) {
 				if time.Since(promoted) > 5*time.Second {
@@ -357,21 +341,27 @@ func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
 	replica.Stop()
 	masters[0].Stop()
 	down := time.Now()
-	deadline := time.After(10 * time.Second)
+	publishUntilReceived(t, masters[1].Client(), rec, down, 10*time.Second, "published on a live node", "the channel slot's master died")
+}
+
+// publishUntilReceived publishes an invalidation through c every 100 ms
+// until rec receives it, and fails the test when none has arrived within
+// of since (the event named by after).
+func publishUntilReceived(t *testing.T, c *redis.Client, rec recorder, since time.Time, within time.Duration, on, after string) {
+	t.Helper()
+	deadline := time.After(within - time.Since(since))
 	for {
-		if err := masters[1].Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+		if err := c.Publish(context.Background(), redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case got := <-rec:
-			if got != "after" {
-				continue
+			if got == "after" {
+				return
 			}
 		case <-time.After(100 * time.Millisecond):
-			continue
 		case <-deadline:
-			t.Fatalf("no invalidation published on a live node arrived %v after the channel slot's master died", time.Since(down).Round(time.Millisecond))
+			t.Fatalf("no invalidation %s arrived %v after %s", on, time.Since(since).Round(time.Millisecond), after)
 		}
-		break
 	}
 }

@@ -36,20 +36,7 @@ func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
 		if os.Geteuid() == 0 {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 		}
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		done := make(chan error, 1)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Fatalf("%v did not exit in 30s (a start that wrongly succeeded runs on)\n%s", args, stderr.String())
-		}
-		return cmd.ProcessState.ExitCode(), stderr.String()
+		return runBounded(t, cmd, strings.Join(args, " "))
 	}
 	for _, tc := range []struct{ key, flag, addr, other string }{
 		{"http_addr", "--http-addr", ":" + port, "--admin-addr=127.0.0.1:0"},
@@ -96,23 +83,11 @@ func TestCheckRefusesPortBelowRaisedUnprivilegedStart(t *testing.T) {
 		cmd := exec.Command(unshare, "-n", "sh", "-c", script, "sh",
 			setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
 			bin, sub, "--config=", "--routes=", "--access-log-format=off", "--admin-addr=127.0.0.1:0", "--http-addr", ":1500")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+		code, stderr := runBounded(t, cmd, sub)
+		if strings.Contains(stderr, "ip_unprivileged_port_start: Read-only") {
+			t.Skipf("cannot set the sysctl in a new network namespace here:\n%s", stderr)
 		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Fatalf("%s did not exit in 30s (a start that wrongly succeeded runs on)\n%s", sub, stderr.String())
-		}
-		if strings.Contains(stderr.String(), "ip_unprivileged_port_start: Read-only") {
-			t.Skipf("cannot set the sysctl in a new network namespace here:\n%s", stderr.String())
-		}
-		return cmd.ProcessState.ExitCode(), stderr.String()
+		return code, stderr
 	}
 	want := `cubeproxy: http_addr ":1500": listen tcp :1500: bind: permission denied` +
 		" (a port below 2000 needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from 2000 up)" +
@@ -122,6 +97,27 @@ func TestCheckRefusesPortBelowRaisedUnprivilegedStart(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr:\n%s\nwant 1 and %q", sub, code, stderr, want)
 		}
 	}
+}
+
+// runBounded runs cmd (what names it) and returns its exit code and
+// stderr; one that has not exited within 30 s fails the test: a start
+// that wrongly succeeded runs on.
+func runBounded(t *testing.T, cmd *exec.Cmd, what string) (int, string) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("%s did not exit in 30s (a start that wrongly succeeded runs on)\n%s", what, stderr.String())
+	}
+	return cmd.ProcessState.ExitCode(), stderr.String()
 }
 
 // binaryForNobody returns a copy of the shared test binary in a directory

@@ -452,3 +452,60 @@ func TestSIGHUPWithStdoutAccessLog(t *testing.T) {
 		t.Errorf("logs say the stdout access log was reopened:\n%s", r.logs)
 	}
 }
+
+// A rotation while the start still waits (here on a paused Redis: the
+// start waits one command timeout for it) renames the file the access log
+// has just opened. Its signal was dropped until the proxy served, so every
+// line went to the renamed file, which logrotate deletes later, until the
+// next rotation. It is now queued from the access log's opening and taken
+// once serving.
+func TestAccessLogRotatedDuringStartIsReopened(t *testing.T) {
+	redis := testenv.StartRedis(t)
+	redis.Pause()
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "access.log")
+	rotated := make(chan error, 1)
+	go func() {
+		// logrotate's create and postrotate, once the access log is open.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			if _, err := os.Stat(logPath); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				rotated <- fmt.Errorf("%s not created within 30 s", logPath)
+				return
+			}
+		}
+		if err := os.Rename(logPath, logPath+".1"); err != nil {
+			rotated <- err
+			return
+		}
+		rotated <- syscall.Kill(os.Getpid(), syscall.SIGUSR1)
+	}()
+	r := runServe(t, []string{"--config", "", "--store", "redis", "--redis-addr", redis.Addr(), "--redis-command-timeout", "2s",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--access-log-format", "cube", "--access-log-path", logPath}, noEnv)
+	select {
+	case err := <-rotated:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatal("the proxy served before the access log was rotated: the start did not wait on the paused Redis")
+	}
+	redis.Resume()
+	testenv.WaitFor(t, 5*time.Second, `"access log reopened" in the logs`, func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"access log reopened"`)
+	})
+	req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+	req.Host = "3000-box.elsewhere.test" // refused at once, and logged
+	req.Header.Set("X-Cube-Request-Id", "after-start")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	testenv.WaitFor(t, 5*time.Second, "the request in the new access log", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return bytes.Contains(b, []byte("||after-start||"))
+	})
+}

@@ -23,8 +23,9 @@ import (
 var version = "dev"
 
 func main() {
-	// SIGHUP reopens the access log once serving; until then it must not
-	// take its default action (exit) if logrotate fires during startup.
+	// SIGHUP reopens the access log (once serving, and queued from the
+	// access log's opening); before that it must not take its default
+	// action (exit) if logrotate fires during startup.
 	signal.Ignore(syscall.SIGHUP)
 	// Go kills a program whose write to stdout or stderr hits a broken
 	// pipe (a log shipper that died, journald restarting), and with it

@@ -55,6 +55,10 @@ type app struct {
 
 	stopBackground context.CancelFunc
 
+	// signals takes SIGHUP, SIGUSR1 and SIGUSR2 from before the access log
+	// is opened (build) until run stops; nil for an app build did not make.
+	signals chan os.Signal
+
 	// reopening is set while a SIGHUP's reopen waits for the access log's
 	// writer: a later SIGHUP joins it (the reopen opens the path when it
 	// runs) instead of leaving one more goroutine behind a stalled sink.
@@ -256,6 +260,13 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	// Watched from before the access log is opened: a rotation while the
+	// start still waits (an ACME sync, a Redis slow to answer) renamed the
+	// file, and its signal, dropped until run watched it, left every line
+	// going to the renamed file until the next rotation. Queued now, it is
+	// taken once serving (run's loop).
+	a.signals = make(chan os.Signal, 3)
+	signal.Notify(a.signals, syscall.SIGHUP, sigReopen, sigUpgrade)
 	if err := a.openAccessLog(stdout); err != nil {
 		return nil, err
 	}
@@ -759,13 +770,17 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
 	// Before the proxy is announced (the log line, ready): a SIGHUP or
-	// SIGUSR1 (logrotate) sent after that must reach the loop below. Until
-	// Notify, main ignores SIGHUP; where nothing does (tests), one would
-	// end the process (Go's runtime drops an unwatched SIGUSR1 or 2).
-	// Room for one of each, so that a SIGUSR2 waiting in it does not
-	// crowd out logrotate's signal.
-	hup := make(chan os.Signal, 3)
-	signal.Notify(hup, syscall.SIGHUP, sigReopen, sigUpgrade)
+	// SIGUSR1 (logrotate) sent after that must reach the loop below (build
+	// watches them from before the access log opens). Until Notify, main
+	// ignores SIGHUP; where nothing does (tests), one would end the
+	// process (Go's runtime drops an unwatched SIGUSR1 or 2). Room for one
+	// of each, so that a SIGUSR2 waiting in it does not crowd out
+	// logrotate's signal.
+	hup := a.signals
+	if hup == nil {
+		hup = make(chan os.Signal, 3)
+		signal.Notify(hup, syscall.SIGHUP, sigReopen, sigUpgrade)
+	}
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	if a.httpLn != nil {
@@ -948,6 +963,9 @@ func (a *app) reopenAccessLog() {
 
 // close stops everything build started, in dependency order.
 func (a *app) close() {
+	if a.signals != nil {
+		signal.Stop(a.signals) // a start that failed never ran
+	}
 	if a.registry != nil {
 		// One Redis command's budget of its own: a Redis that hangs must not
 		// use up the time the access log and telemetry need below (go-redis

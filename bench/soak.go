@@ -47,6 +47,8 @@ func runSoak(args []string) error {
 	pauseEvery := fs.Duration("pause-every", 7*time.Second, "pause and resume the pausy sandbox this often")
 	only := fs.String("only", "", "comma-separated actors to run (default all; names as in the final table), to chase one finding")
 	pprofAddr := fs.String("pprof", "", "net/http/pprof address of the proxy (soak.sh SOAK_PPROF): the live heap is then read after a forced GC, exactly")
+	accessLog := fs.String("access-log", "", "the proxy's access-log file (soak.sh SOAK_ACCESS_LOG=1): renamed to <file>.N before a SIGHUP every -hup-every, and at the end its lines (with the renamed ones) must be cubeproxy_requests_total less the dropped lines")
+	hupEvery := fs.Duration("hup-every", 2*time.Minute, "with -access-log, rename the access log and SIGHUP the proxy this often")
 	pprofDir := fs.String("pprof-dir", os.TempDir(), "with -pprof, save heap profiles at the baseline and at the end here (base.heap.pprof, end.heap.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -60,6 +62,7 @@ func runSoak(args []string) error {
 		addr: *addr, admin: *admin, fast: *fast, std: *std, hostTmpl: ".soak.test",
 		rdb: rdb, channel: *channel, killEvery: *killEvery, pauseEvery: *pauseEvery,
 		nonce:     strconv.FormatInt(time.Now().UnixNano()%1e9, 36),
+		accessLog: *accessLog, pid: *pid, hupEvery: *hupEvery,
 		adminHC:   &http.Client{Timeout: soakOpTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}},
 		mcpClient: mcp.NewClient(&mcp.Implementation{Name: "cube-soak", Version: "v1"}, nil),
 	}
@@ -121,6 +124,15 @@ func runSoak(args []string) error {
 	if trend.growMiB > *heapSlack && trend.lastMiB-trend.firstMiB > *heapSlack/2 {
 		reasons = append(reasons, fmt.Sprintf("live heap grew steadily: %.1f MiB/min (%.1f → %.1f MiB)", trend.slopeMiBMin, trend.firstMiB, trend.lastMiB))
 	}
+	if *accessLog != "" {
+		why, err := sm.waitLogLines(*accessLog, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			reasons = append(reasons, why)
+		}
+	}
 	reasons = append(reasons, l.report(os.Stdout)...)
 	fmt.Printf("\nbaseline → end: fds %d → %d, sockets %d → %d, goroutines %d → %d, backend sockets %d → %d, RSS %.1f → %.1f MiB\n",
 		base.fds, final.fds, base.sockets, final.sockets, base.goroutines, final.goroutines,
@@ -130,8 +142,8 @@ func runSoak(args []string) error {
 	if sm.pprof != "" {
 		fmt.Printf("live heap objects (after GC): baseline %d, end %d\n", base.heapObjects, final.heapObjects)
 	}
-	fmt.Printf("kills %d, pauses %d, cold ids %d, unknown ids %d; streams ended by kills %.0f; upstream retries %.0f\n",
-		l.kills.Load(), l.pauses.Load(), l.coldSeq.Load(), l.unkSeq.Load(), final.killedEnds, final.retries)
+	fmt.Printf("kills %d, pauses %d, cold ids %d, unknown ids %d, access-log rotations %d; streams ended by kills %.0f; upstream retries %.0f\n",
+		l.kills.Load(), l.pauses.Load(), l.coldSeq.Load(), l.unkSeq.Load(), l.rotations.Load(), final.killedEnds, final.retries)
 	if len(reasons) > 0 {
 		fmt.Printf("\nFAIL: %s\n", strings.Join(reasons, "; "))
 		return errors.New("soak failed")

@@ -6,6 +6,12 @@
 #   bench/soak.sh -d 20m          longer; any flag is passed to `bench soak`
 #                                 (-warm, -every, -settle, -kill-every, ...)
 #   SOAK_KEEP=1 bench/soak.sh     keep the work dir (logs)
+#   SOAK_ACCESS_LOG=1 bench/soak.sh
+#                                 the proxy writes its JSON access log to the
+#                                 work dir; bench soak renames it and sends
+#                                 SIGHUP every 2 min (-hup-every), and fails
+#                                 when its lines do not match the requests
+#                                 counted (about 2 GiB of lines an hour)
 #   SOAK_PPROF=127.0.0.1:18499 bench/soak.sh
 #                                 build the proxy from a copy of the module with
 #                                 net/http/pprof on that address (as profile.sh
@@ -97,6 +103,13 @@ GOMAXPROCS=1 "$BIN/backend" -fast-ports $FAST -std-ports $STD -sandbox-ips 0 -ma
 	>"$WORK/backend.log" 2>&1 &
 PID[backend]=$!
 
+ACCESS_LOG=(--access-log-format off)
+SOAK_ARGS=()
+if [ "${SOAK_ACCESS_LOG:-0}" = 1 ]; then
+	ACCESS_LOG=(--access-log-format json --access-log-path "$WORK/access.log")
+	SOAK_ARGS=(-access-log "$WORK/access.log")
+fi
+
 # Short idle timeouts, so that the end of the soak is reached in seconds:
 # keep-alive clients closed after 3 s, idle sandbox connections after 2 s
 # (their pools 2 s later). Small route caches, so that the unknown ids fill
@@ -105,7 +118,7 @@ PID[backend]=$!
 # the whole run, bounded, but a slope a leak would also have.
 "$BIN/cubeproxy" serve --store redis --redis-addr 127.0.0.1:$REDIS_PORT \
 	--http-addr 127.0.0.1:$CUBE --admin-addr 127.0.0.1:$ADMIN \
-	--access-log-format off --log-format text \
+	"${ACCESS_LOG[@]}" --log-format text \
 	--client-idle-timeout 3s --upstream-idle-conn-timeout 2s --cache-size 1000 --cache-negative-size 256 ${SOAK_PROXY_FLAGS:-} \
 	>"$WORK/cubeproxy.log" 2>&1 &
 PID[cubeproxy]=$!
@@ -119,7 +132,7 @@ done
 set +e
 GOMAXPROCS=1 "$BIN/bench" soak -addr 127.0.0.1:$CUBE -admin 127.0.0.1:$ADMIN \
 	-redis 127.0.0.1:$REDIS_PORT -fast-port $FAST -std-port $STD \
-	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" ${SOAK_PPROF:+-pprof "$SOAK_PPROF" -pprof-dir "$WORK"} "$@"
+	-pid "${PID[cubeproxy]}" -backend-pid "${PID[backend]}" ${SOAK_PPROF:+-pprof "$SOAK_PPROF" -pprof-dir "$WORK"} "${SOAK_ARGS[@]}" "$@"
 rc=$?
 set -e
 if ! kill -0 "${PID[cubeproxy]}" 2>/dev/null; then

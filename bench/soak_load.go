@@ -65,6 +65,13 @@ type soakLoad struct {
 	kills, pauses         atomic.Int64
 	coldSeq, unkSeq       atomic.Int64
 	nonce                 string
+
+	// accessLog, with pid and hupEvery, is the proxy's access-log file
+	// that rotator renames before each SIGHUP; empty = no rotation.
+	accessLog string
+	pid       int
+	hupEvery  time.Duration
+	rotations atomic.Int64
 }
 
 func (l *soakLoad) stats(name string) *actorStats {
@@ -177,6 +184,10 @@ func (l *soakLoad) run(ctx context.Context) {
 	if !skip("pause+resume") {
 		wg.Add(1)
 		go func() { defer wg.Done(); l.pauser(ctx) }()
+	}
+	if l.accessLog != "" && !skip("rename+sighup") {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.rotator(ctx) }()
 	}
 	wg.Wait()
 }

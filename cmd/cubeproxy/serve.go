@@ -56,7 +56,7 @@ type app struct {
 	stopBackground context.CancelFunc
 
 	// signals takes SIGHUP, SIGUSR1 and SIGUSR2 from before the access log
-	// is opened (build) until run stops; nil for an app build did not make.
+	// is opened (build) until run stops.
 	signals chan os.Signal
 
 	// reopening is set while a SIGHUP's reopen waits for the access log's
@@ -265,6 +265,10 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	// file, and its signal, dropped until run watched it, left every line
 	// going to the renamed file until the next rotation. Queued now, it is
 	// taken once serving (run's loop).
+	// Room for one of each, so that a SIGUSR2 waiting does not crowd out
+	// logrotate's signal. Until Notify, main ignores SIGHUP; where nothing
+	// does (tests), one would end the process (Go's runtime drops an
+	// unwatched SIGUSR1 or 2).
 	a.signals = make(chan os.Signal, 3)
 	signal.Notify(a.signals, syscall.SIGHUP, sigReopen, sigUpgrade)
 	if err := a.openAccessLog(stdout); err != nil {
@@ -769,18 +773,9 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 
 // run serves until ctx ends, then drains and stops everything in order.
 func (a *app) run(ctx context.Context, ready listening) error {
-	// Before the proxy is announced (the log line, ready): a SIGHUP or
-	// SIGUSR1 (logrotate) sent after that must reach the loop below (build
-	// watches them from before the access log opens). Until Notify, main
-	// ignores SIGHUP; where nothing does (tests), one would end the
-	// process (Go's runtime drops an unwatched SIGUSR1 or 2). Room for one
-	// of each, so that a SIGUSR2 waiting in it does not crowd out
-	// logrotate's signal.
+	// build watches SIGHUP and SIGUSR1 (logrotate) from before the access
+	// log opens, so that one sent while starting reaches the loop below.
 	hup := a.signals
-	if hup == nil {
-		hup = make(chan os.Signal, 3)
-		signal.Notify(hup, syscall.SIGHUP, sigReopen, sigUpgrade)
-	}
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	if a.httpLn != nil {

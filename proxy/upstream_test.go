@@ -695,6 +695,8 @@ func TestUpstreamGarbageAfterResponse(t *testing.T) {
 	for _, tc := range []struct{ name, response, body string }{
 		{"Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXYZ", "ok"},
 		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunkedBody("ok", 1) + "XYZ", "ok"},
+		{"event stream", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunkedBody("data: ok\n\n", 1) + "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray", "data: ok\n\n"},
+		{"event stream with a length", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 10\r\n\r\ndata: ok\n\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray", "data: ok\n\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -709,6 +711,8 @@ func TestUpstreamGarbageAfterResponse(t *testing.T) {
 			pc := h.dialProxy(t)
 			if resp, body := pc.do("GET", host, "/", ""); resp.StatusCode != 200 || body != tc.body {
 				t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, body, tc.body)
+			} else if resp.Close { // a GET event stream's connection ends with it
+				pc = h.dialProxy(t)
 			}
 			resp, body := pc.do("GET", host, "/next", "")
 			if resp.StatusCode != 200 || body != "next" {

@@ -102,6 +102,15 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		ShouldEmitFunc: func(event string) bool {
 			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
 		},
+		// No OCSP stapling, as nginx's default (ssl_stapling off) and the
+		// files source. certmagic fetches a staple with http.DefaultClient,
+		// which has no timeout, each time it loads a certificate (after an
+		// order, from storage, at a renewal, in an on-demand handshake) and
+		// from the maintenance goroutine that also renews: a responder that
+		// accepts and never answers kept a sync start from returning, and
+		// stopped every later renewal and Close. Let's Encrypt certificates
+		// name no responder since 2025.
+		OCSP: certmagic.OCSPConfig{DisableStapling: true},
 	}
 	storage := certmagic.Default.Storage // certmagic's data directory
 	if a.StorageDir != "" {

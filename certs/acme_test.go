@@ -555,3 +555,64 @@ func TestACMECloseReleasesStorageLock(t *testing.T) {
 		t.Fatalf("lock files left after Close: %v", files)
 	}
 }
+
+// A certificate whose OCSP responder accepts connections and never
+// answers (a private CA's responder that hangs) must not hold up the
+// start, the handshakes or the shutdown. certmagic fetched the staple
+// with http.DefaultClient, which has no timeout, whenever it loaded a
+// certificate (after an order, from storage, at a renewal) and from the
+// maintenance goroutine that also runs the renewals: a sync start never
+// returned, and a hung fetch in maintenance stopped every later renewal
+// and then Close, which waits for that goroutine.
+func TestACMEHungOCSPResponder(t *testing.T) {
+	ocsp := testenv.StartSilentServer(t)
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{OCSPResponderURL: "http://" + ocsp.Addr + "/"})
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+
+	type result struct {
+		m   *certs.Manager
+		err error
+	}
+	started := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		m, err := certs.New(ctx, cfg)
+		started <- result{m, err}
+	}()
+	var m *certs.Manager
+	select {
+	case r := <-started:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		m = r.m
+	case <-time.After(30 * time.Second):
+		reached := "no"
+		select {
+		case <-ocsp.Reached:
+			reached = "yes"
+		default:
+		}
+		t.Fatalf("sync start still blocked after 30 s (OCSP responder reached: %s)", reached)
+	}
+	leaf, err := fetch(t, serveTLS(t, m).addr, sniConfig(pebble.IssuerRootPool(t), "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leaf.OCSPServer) == 0 {
+		t.Fatal("issued certificate names no OCSP responder: the test no longer sees what it checks")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still blocked after 10 s")
+	}
+}

@@ -569,12 +569,12 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 // domain the DNS provider cannot write) cost one order per backoff period
 // and cannot use up the budget of the names that work.
 func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]any) error {
-	if renewal, _ := data["renewal"].(bool); renewal {
-		return nil
-	}
 	name, _ := data["identifier"].(string)
 	if s.isManagedName(name) {
 		return nil
+	}
+	if renewal, _ := data["renewal"].(bool); renewal {
+		return s.onRenewalEvent(ctx, event, name, data)
 	}
 	switch event {
 	case "cert_obtained":
@@ -604,6 +604,32 @@ func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]
 		}
 		// ErrNoRetry: certmagic would otherwise retry the refused issuance.
 		return certmagic.ErrNoRetry{Err: fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)}
+	}
+	return nil
+}
+
+// onRenewalEvent handles the renewal of an on-demand certificate. One
+// still valid is renewed in the background while it is served, and
+// certmagic retries that on its own; nothing waits on it. One that expired
+// is renewed inside the handshake (ctx then holds abortKey): a failure
+// there (the CA or the DNS provider down) is a failed order like any
+// other, so it ends the handshake now and backs the name off, rather than
+// hold the handshake through certmagic's retries for up to 90 s and start
+// another renewal at the next handshake. Renewals are not rate limited.
+func (s *acmeSource) onRenewalEvent(ctx context.Context, event, name string, data map[string]any) error {
+	switch event {
+	case "cert_obtained":
+		s.failures.forget(name)
+	case "cert_failed":
+		abort, waited := ctx.Value(abortKey{}).(context.CancelCauseFunc)
+		if !waited {
+			return nil
+		}
+		err, _ := data["error"].(error)
+		next := s.failures.record(name, time.Now())
+		s.log.Warn("renewal of an expired on-demand certificate failed; the name waits before its next order",
+			"name", name, "error", err, "next_attempt", next)
+		abort(fmt.Errorf("renewal of the expired certificate for %s failed: %w", name, err))
 	}
 	return nil
 }

@@ -616,3 +616,68 @@ func TestACMEHungOCSPResponder(t *testing.T) {
 		t.Fatal("Close still blocked after 10 s")
 	}
 }
+
+// An on-demand certificate that expired (its sandbox saw no handshake in
+// its renewal window: paused for days, with short-lived certificates) is
+// renewed during the next handshake, which waits for it. With the CA down,
+// that renewal failing held the handshake up to certmagic's 90 s (and
+// handshakes behind it up to 2 minutes), and the next handshake started
+// another renewal against the CA at once. It must fail the handshake at
+// once and back the name off, as a failed new order does; with the CA up,
+// the handshake gets the renewed certificate.
+func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 6 * time.Second})
+	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = allow.allow
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	// Expired certificates fail verification: the serial tells them apart.
+	cfgTLS := &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	handshake := func() (*tls.Conn, time.Duration, error) {
+		start := time.Now()
+		c, err := dial(srv.addr, cfgTLS)
+		if err != nil {
+			return nil, time.Since(start), err
+		}
+		c.close()
+		return c.conn, time.Since(start), nil
+	}
+	c, _, err := handshake()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.ConnectionState().PeerCertificates[0]
+
+	time.Sleep(time.Until(first.NotAfter) + time.Second)
+	c, took, err := handshake()
+	if err != nil {
+		t.Fatalf("expired certificate, CA up: %v", err)
+	}
+	renewed := c.ConnectionState().PeerCertificates[0]
+	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("expired certificate, CA up: served the expired one, want it renewed")
+	}
+	t.Logf("expired certificate renewed in the handshake in %v", took)
+
+	time.Sleep(time.Until(renewed.NotAfter) + time.Second)
+	pebble.Stop()
+	for i := range 2 {
+		c, took, err := handshake()
+		if err == nil {
+			t.Fatalf("handshake %d with the CA down: served serial %v (expired %v)", i, c.ConnectionState().PeerCertificates[0].SerialNumber, renewed.NotAfter)
+		}
+		if took > 10*time.Second {
+			t.Fatalf("handshake %d with the CA down held %v: %v", i, took, err)
+		}
+		t.Logf("handshake %d with the CA down refused after %v: %v", i, took, err)
+	}
+}

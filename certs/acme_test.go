@@ -3,6 +3,7 @@ package certs_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -679,5 +680,88 @@ func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
 			t.Fatalf("handshake %d with the CA down held %v: %v", i, took, err)
 		}
 		t.Logf("handshake %d with the CA down refused after %v: %v", i, took, err)
+	}
+}
+
+// The managed certificates are renewed by the cache's maintenance (every
+// 10 minutes; RenewNow runs one pass) while connections stay open: the
+// open ones keep their session and go on serving, new handshakes get the
+// renewed certificate. A renewal that fails (CA down) keeps the current
+// certificate served and is logged for the operator.
+func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
+	const validity = 15 * time.Second
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	logs := &logRecorder{}
+	cfg.Logger = slog.New(logs)
+	ctx := t.Context()
+	m, err := certs.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	roots := pebble.IssuerRootPool(t)
+	srv := serveTLS(t, m)
+	const host = "50005-abc.cube.test"
+	var open []*client
+	for range 20 {
+		c, err := dial(srv.addr, sniConfig(roots, host))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.close)
+		open = append(open, c)
+	}
+	first := open[0].leaf()
+	inWindow := func(leaf *x509.Certificate) time.Duration {
+		return time.Until(leaf.NotAfter.Add(-validity/3)) + 500*time.Millisecond
+	}
+
+	time.Sleep(inWindow(first))
+	if err := certs.RenewNow(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	var renewed *x509.Certificate
+	testenv.Eventually(t, 4*time.Second, func() error {
+		leaf, err := fetch(t, srv.addr, sniConfig(roots, host), host)
+		if err != nil {
+			return err
+		}
+		if leaf.SerialNumber.Cmp(first.SerialNumber) == 0 {
+			return errors.New("new handshakes still get the first certificate")
+		}
+		renewed = leaf
+		return nil
+	})
+	for i, c := range open {
+		if _, err := c.get(host); err != nil {
+			t.Fatalf("connection %d opened before the renewal: %v", i, err)
+		}
+	}
+
+	pebble.Stop()
+	time.Sleep(inWindow(renewed))
+	if err := certs.RenewNow(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		for _, r := range logs.records {
+			if r.Level >= slog.LevelError {
+				t.Logf("logged: %s", r.Message)
+				return nil
+			}
+		}
+		return errors.New("the failed renewal was not logged as an error")
+	})
+	leaf, err := fetch(t, srv.addr, sniConfig(roots, host), host)
+	if err != nil {
+		t.Fatalf("after a failed renewal: %v", err)
+	}
+	if leaf.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
+		t.Fatalf("after a failed renewal: serial %v, want the current %v", leaf.SerialNumber, renewed.SerialNumber)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,11 @@ type acmeSource struct {
 	onDemand *certmagic.Config // nil when on-demand is off
 	locks    *lockGate
 	cancel   context.CancelFunc
+
+	// cached and sweeping: on-demand certificates in memory, and the
+	// goroutine that drops those of names no longer a sandbox's.
+	cached   cachedNames
+	sweeping sync.WaitGroup
 }
 
 func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSource, error) {
@@ -100,7 +106,8 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		// tls_get_certificate, the one it sends per handshake), so every
 		// event onEvent reads is listed, not only the one on a hot path.
 		ShouldEmitFunc: func(event string) bool {
-			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
+			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained" ||
+				event == "cached_managed_cert"
 		},
 		// No OCSP stapling, as nginx's default (ssl_stapling off) and the
 		// files source. certmagic fetches a staple with http.DefaultClient,
@@ -126,6 +133,9 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.ctx, s.cancel = bg, cancel
+	if s.onDemand != nil {
+		s.sweeping.Go(func() { s.sweepLoop(bg) })
+	}
 	if len(s.managedNames) > 0 {
 		if a.Sync {
 			err = s.manageSync(ctx)
@@ -569,6 +579,10 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 // domain the DNS provider cannot write) cost one order per backoff period
 // and cannot use up the budget of the names that work.
 func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]any) error {
+	if event == "cached_managed_cert" {
+		s.onCached(data)
+		return nil
+	}
 	name, _ := data["identifier"].(string)
 	if s.isManagedName(name) {
 		return nil
@@ -652,6 +666,7 @@ const lockReleaseWait = 5 * time.Second
 
 func (s *acmeSource) close() error {
 	s.cancel()
+	s.sweeping.Wait()
 	s.cache.Stop()
 	if s.locks != nil && !s.locks.close(lockReleaseWait) {
 		return fmt.Errorf("acme: a certificate storage lock was still held %s after close; a restarted proxy may wait for it to go stale", lockReleaseWait)

@@ -7,3 +7,15 @@ import "context"
 func RenewNow(ctx context.Context, m *Manager) error {
 	return m.src.(*acmeSource).cache.RenewManagedCertificates(ctx)
 }
+
+// SweepNow runs the acme source's sweep of on-demand certificates once, as
+// its hourly ticker does, and returns how many names it dropped.
+func SweepNow(ctx context.Context, m *Manager) int {
+	return m.src.(*acmeSource).sweep(ctx)
+}
+
+// CachedCertificates returns how many certificates for name (or a
+// wildcard over it) the acme source holds in memory.
+func CachedCertificates(m *Manager, name string) int {
+	return len(m.src.(*acmeSource).cache.AllMatchingCertificates(name))
+}

@@ -839,3 +839,56 @@ func TestACMEOnDemandSweepDropsDeletedSandboxes(t *testing.T) {
 		t.Fatalf("%d new orders: a name back from the sweep must load its certificate from storage", got-orders)
 	}
 }
+
+// Every on-demand name served leaves its certificate, key and metadata in
+// storage_dir (16 KB on disk), and nothing deleted them: the directory
+// grew with every sandbox. Storage cleaning deletes the certificates that
+// expired more than the grace period ago (14 days in production, 0 here)
+// and keeps the valid ones.
+func TestACMEOnDemandStorageCleaning(t *testing.T) {
+	const validity = 4 * time.Second
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})
+	storage := t.TempDir()
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = func(context.Context, string) error { return nil }
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	insecure := func(name string) *tls.Config {
+		return &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	}
+	stored := func(name string) []string {
+		files, _ := filepath.Glob(filepath.Join(storage, "certificates", "*", name, "*"))
+		return files
+	}
+	const expired, valid = "50005-old.cube.test", "50005-new.cube.test"
+	c, err := dial(srv.addr, insecure(expired))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	time.Sleep(time.Until(c.leaf().NotAfter) + time.Second)
+	if c, err = dial(srv.addr, insecure(valid)); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if len(stored(expired)) == 0 || len(stored(valid)) == 0 {
+		t.Fatalf("stored before cleaning: %q, %q; want both certificates", stored(expired), stored(valid))
+	}
+	if err := certs.CleanStorageNow(t.Context(), m, 0); err != nil {
+		t.Fatal(err)
+	}
+	if files := stored(expired); len(files) != 0 {
+		t.Errorf("expired certificate still stored: %q", files)
+	}
+	if files := stored(valid); len(files) != 3 {
+		t.Errorf("valid certificate: stored %q, want its certificate, key and metadata", files)
+	}
+}

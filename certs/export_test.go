@@ -1,6 +1,9 @@
 package certs
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // RenewNow runs the acme source's certificate maintenance once, as its
 // ticker does every 10 minutes: tests cannot wait for it.
@@ -18,4 +21,10 @@ func SweepNow(ctx context.Context, m *Manager) int {
 // wildcard over it) the acme source holds in memory.
 func CachedCertificates(m *Manager, name string) int {
 	return len(m.src.(*acmeSource).cache.AllMatchingCertificates(name))
+}
+
+// CleanStorageNow runs the acme source's storage cleaning once with the
+// given grace period after expiry.
+func CleanStorageNow(ctx context.Context, m *Manager, grace time.Duration) error {
+	return m.src.(*acmeSource).cleanStorage(ctx, grace)
 }

@@ -13,6 +13,15 @@ import (
 // longer belong to a sandbox are dropped from memory.
 const sweepInterval = time.Hour
 
+// Storage cleaning (on-demand only): certificates that expired more than
+// expiredCertGrace ago are deleted from storage_dir, at most once every
+// storageCleanInterval across the replicas sharing it (Caddy's defaults).
+// Each on-demand name left 16 KB on disk (3 files) for good.
+const (
+	storageCleanInterval = 24 * time.Hour
+	expiredCertGrace     = 14 * 24 * time.Hour
+)
+
 // cachedNames remembers the names of the on-demand certificates in
 // certmagic's cache, which has no way to list them. certmagic's
 // maintenance leaves on-demand certificates to the handshakes, so the
@@ -73,8 +82,25 @@ func (s *acmeSource) sweepLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 			s.sweep(ctx)
+			if err := s.cleanStorage(ctx, expiredCertGrace); err != nil && ctx.Err() == nil {
+				s.log.Warn("cleaning expired certificates from the storage failed; trying again in an hour", "error", err)
+			}
 		}
 	}
+}
+
+// cleanStorage deletes from storage the certificates that expired more
+// than grace ago, unless this or another replica did within
+// storageCleanInterval. An on-demand certificate is stored for every name
+// ever served, and a sandbox deleted leaves its files behind; one that
+// expired is of no use (a handshake for its name would order anew).
+func (s *acmeSource) cleanStorage(ctx context.Context, grace time.Duration) error {
+	return certmagic.CleanStorage(ctx, s.locks, certmagic.CleanStorageOptions{
+		Logger:                 newZapLogger(s.log),
+		Interval:               storageCleanInterval,
+		ExpiredCerts:           true,
+		ExpiredCertGracePeriod: grace,
+	})
 }
 
 // sweep drops from memory the on-demand certificates whose name Allow

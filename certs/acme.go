@@ -577,7 +577,9 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 // its backoff is refused before it spends the budget: only attempts that
 // reach the CA count, so names the CA refuses (its own rate limit, a
 // domain the DNS provider cannot write) cost one order per backoff period
-// and cannot use up the budget of the names that work.
+// and cannot use up the budget of the names that work. Renewals go to
+// onRenewalEvent; "cached_managed_cert" notes the on-demand names in
+// memory for the sweep (sweep.go).
 func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]any) error {
 	if event == "cached_managed_cert" {
 		s.onCached(data)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,11 @@ type acmeSource struct {
 	onDemand *certmagic.Config // nil when on-demand is off
 	locks    *lockGate
 	cancel   context.CancelFunc
+
+	// cached and sweeping: on-demand certificates in memory, and the
+	// goroutine that drops those of names no longer a sandbox's.
+	cached   cachedNames
+	sweeping sync.WaitGroup
 }
 
 func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSource, error) {
@@ -100,8 +106,18 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		// tls_get_certificate, the one it sends per handshake), so every
 		// event onEvent reads is listed, not only the one on a hot path.
 		ShouldEmitFunc: func(event string) bool {
-			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained"
+			return event == "cert_obtaining" || event == "cert_failed" || event == "cert_obtained" ||
+				event == "cached_managed_cert"
 		},
+		// No OCSP stapling, as nginx's default (ssl_stapling off) and the
+		// files source. certmagic fetches a staple with http.DefaultClient,
+		// which has no timeout, each time it loads a certificate (after an
+		// order, from storage, at a renewal, in an on-demand handshake) and
+		// from the maintenance goroutine that also renews: a responder that
+		// accepts and never answers kept a sync start from returning, and
+		// stopped every later renewal and Close. Let's Encrypt certificates
+		// name no responder since 2025.
+		OCSP: certmagic.OCSPConfig{DisableStapling: true},
 	}
 	storage := certmagic.Default.Storage // certmagic's data directory
 	if a.StorageDir != "" {
@@ -117,6 +133,9 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.ctx, s.cancel = bg, cancel
+	if s.onDemand != nil {
+		s.sweeping.Go(func() { s.sweepLoop(bg) })
+	}
 	if len(s.managedNames) > 0 {
 		if a.Sync {
 			err = s.manageSync(ctx)
@@ -558,14 +577,20 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 // its backoff is refused before it spends the budget: only attempts that
 // reach the CA count, so names the CA refuses (its own rate limit, a
 // domain the DNS provider cannot write) cost one order per backoff period
-// and cannot use up the budget of the names that work.
+// and cannot use up the budget of the names that work. Renewals go to
+// onRenewalEvent; "cached_managed_cert" notes the on-demand names in
+// memory for the sweep (sweep.go).
 func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]any) error {
-	if renewal, _ := data["renewal"].(bool); renewal {
+	if event == "cached_managed_cert" {
+		s.onCached(data)
 		return nil
 	}
 	name, _ := data["identifier"].(string)
 	if s.isManagedName(name) {
 		return nil
+	}
+	if renewal, _ := data["renewal"].(bool); renewal {
+		return s.onRenewalEvent(ctx, event, name, data)
 	}
 	switch event {
 	case "cert_obtained":
@@ -599,6 +624,32 @@ func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]
 	return nil
 }
 
+// onRenewalEvent handles the renewal of an on-demand certificate. One
+// still valid is renewed in the background while it is served, and
+// certmagic retries that on its own; nothing waits on it. One that expired
+// is renewed inside the handshake (ctx then holds abortKey): a failure
+// there (the CA or the DNS provider down) is a failed order like any
+// other, so it ends the handshake now and backs the name off, rather than
+// hold the handshake through certmagic's retries for up to 90 s and start
+// another renewal at the next handshake. Renewals are not rate limited.
+func (s *acmeSource) onRenewalEvent(ctx context.Context, event, name string, data map[string]any) error {
+	switch event {
+	case "cert_obtained":
+		s.failures.forget(name)
+	case "cert_failed":
+		abort, waited := ctx.Value(abortKey{}).(context.CancelCauseFunc)
+		if !waited {
+			return nil
+		}
+		err, _ := data["error"].(error)
+		next := s.failures.record(name, time.Now())
+		s.log.Warn("renewal of an expired on-demand certificate failed; the name waits before its next order",
+			"name", name, "error", err, "next_attempt", next)
+		abort(fmt.Errorf("renewal of the expired certificate for %s failed: %w", name, err))
+	}
+	return nil
+}
+
 func (s *acmeSource) ready() error {
 	if s.defaultName == "" || s.obtained.Load() {
 		return nil
@@ -617,6 +668,7 @@ const lockReleaseWait = 5 * time.Second
 
 func (s *acmeSource) close() error {
 	s.cancel()
+	s.sweeping.Wait()
 	s.cache.Stop()
 	if s.locks != nil && !s.locks.close(lockReleaseWait) {
 		return fmt.Errorf("acme: a certificate storage lock was still held %s after close; a restarted proxy may wait for it to go stale", lockReleaseWait)

@@ -3,6 +3,7 @@ package certs_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -553,5 +554,341 @@ func TestACMECloseReleasesStorageLock(t *testing.T) {
 	}
 	if files := lockFiles(); len(files) != 0 {
 		t.Fatalf("lock files left after Close: %v", files)
+	}
+}
+
+// A certificate whose OCSP responder accepts connections and never
+// answers (a private CA's responder that hangs) must not hold up the
+// start, the handshakes or the shutdown. certmagic fetched the staple
+// with http.DefaultClient, which has no timeout, whenever it loaded a
+// certificate (after an order, from storage, at a renewal) and from the
+// maintenance goroutine that also runs the renewals: a sync start never
+// returned, and a hung fetch in maintenance stopped every later renewal
+// and then Close, which waits for that goroutine.
+func TestACMEHungOCSPResponder(t *testing.T) {
+	ocsp := testenv.StartSilentServer(t)
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{OCSPResponderURL: "http://" + ocsp.Addr + "/"})
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+
+	type result struct {
+		m   *certs.Manager
+		err error
+	}
+	started := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		m, err := certs.New(ctx, cfg)
+		started <- result{m, err}
+	}()
+	var m *certs.Manager
+	select {
+	case r := <-started:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		m = r.m
+	case <-time.After(30 * time.Second):
+		reached := "no"
+		select {
+		case <-ocsp.Reached:
+			reached = "yes"
+		default:
+		}
+		t.Fatalf("sync start still blocked after 30 s (OCSP responder reached: %s)", reached)
+	}
+	leaf, err := fetch(t, serveTLS(t, m).addr, sniConfig(pebble.IssuerRootPool(t), "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leaf.OCSPServer) == 0 {
+		t.Fatal("issued certificate names no OCSP responder: the test no longer sees what it checks")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still blocked after 10 s")
+	}
+}
+
+// An on-demand certificate that expired (its sandbox saw no handshake in
+// its renewal window: paused for days, with short-lived certificates) is
+// renewed during the next handshake, which waits for it. With the CA down,
+// that renewal failing held the handshake up to certmagic's 90 s (and
+// handshakes behind it up to 2 minutes), and the next handshake started
+// another renewal against the CA at once. It must fail the handshake at
+// once and back the name off, as a failed new order does; with the CA up,
+// the handshake gets the renewed certificate.
+func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 6 * time.Second})
+	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = allow.allow
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	// Expired certificates fail verification: the serial tells them apart.
+	cfgTLS := &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	handshake := func() (*tls.Conn, time.Duration, error) {
+		start := time.Now()
+		c, err := dial(srv.addr, cfgTLS)
+		if err != nil {
+			return nil, time.Since(start), err
+		}
+		c.close()
+		return c.conn, time.Since(start), nil
+	}
+	c, _, err := handshake()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.ConnectionState().PeerCertificates[0]
+
+	time.Sleep(time.Until(first.NotAfter) + time.Second)
+	c, took, err := handshake()
+	if err != nil {
+		t.Fatalf("expired certificate, CA up: %v", err)
+	}
+	renewed := c.ConnectionState().PeerCertificates[0]
+	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("expired certificate, CA up: served the expired one, want it renewed")
+	}
+	t.Logf("expired certificate renewed in the handshake in %v", took)
+
+	time.Sleep(time.Until(renewed.NotAfter) + time.Second)
+	pebble.Stop()
+	for i := range 2 {
+		c, took, err := handshake()
+		if err == nil {
+			t.Fatalf("handshake %d with the CA down: served serial %v (expired %v)", i, c.ConnectionState().PeerCertificates[0].SerialNumber, renewed.NotAfter)
+		}
+		if took > 10*time.Second {
+			t.Fatalf("handshake %d with the CA down held %v: %v", i, took, err)
+		}
+		t.Logf("handshake %d with the CA down refused after %v: %v", i, took, err)
+	}
+}
+
+// The managed certificates are renewed by the cache's maintenance (every
+// 10 minutes; RenewNow runs one pass) while connections stay open: the
+// open ones keep their session and go on serving, new handshakes get the
+// renewed certificate. A renewal that fails (CA down) keeps the current
+// certificate served and is logged for the operator.
+func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
+	const validity = 15 * time.Second
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	logs := &logRecorder{}
+	cfg.Logger = slog.New(logs)
+	ctx := t.Context()
+	m, err := certs.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	roots := pebble.IssuerRootPool(t)
+	srv := serveTLS(t, m)
+	const host = "50005-abc.cube.test"
+	var open []*client
+	for range 20 {
+		c, err := dial(srv.addr, sniConfig(roots, host))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.close)
+		open = append(open, c)
+	}
+	first := open[0].leaf()
+	inWindow := func(leaf *x509.Certificate) time.Duration {
+		return time.Until(leaf.NotAfter.Add(-validity/3)) + 500*time.Millisecond
+	}
+
+	time.Sleep(inWindow(first))
+	if err := certs.RenewNow(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	var renewed *x509.Certificate
+	testenv.Eventually(t, 4*time.Second, func() error {
+		leaf, err := fetch(t, srv.addr, sniConfig(roots, host), host)
+		if err != nil {
+			return err
+		}
+		if leaf.SerialNumber.Cmp(first.SerialNumber) == 0 {
+			return errors.New("new handshakes still get the first certificate")
+		}
+		renewed = leaf
+		return nil
+	})
+	for i, c := range open {
+		if _, err := c.get(host); err != nil {
+			t.Fatalf("connection %d opened before the renewal: %v", i, err)
+		}
+	}
+
+	pebble.Stop()
+	time.Sleep(inWindow(renewed))
+	if err := certs.RenewNow(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		for _, r := range logs.records {
+			if r.Level >= slog.LevelError {
+				t.Logf("logged: %s", r.Message)
+				return nil
+			}
+		}
+		return errors.New("the failed renewal was not logged as an error")
+	})
+	leaf, err := fetch(t, srv.addr, sniConfig(roots, host), host)
+	if err != nil {
+		t.Fatalf("after a failed renewal: %v", err)
+	}
+	if leaf.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
+		t.Fatalf("after a failed renewal: serial %v, want the current %v", leaf.SerialNumber, renewed.SerialNumber)
+	}
+}
+
+// certmagic's maintenance leaves on-demand certificates to the handshakes,
+// so the certificate of a sandbox that was deleted stayed in memory until
+// the process ended (4.6 KB each measured, up to on_demand_rate a minute).
+// The hourly sweep drops those whose name Allow refuses as no sandbox's,
+// whether obtained or loaded from storage, and keeps the others; a name
+// that comes back loads its certificate from storage without an order.
+func TestACMEOnDemandSweepDropsDeletedSandboxes(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	var sandboxes sync.Map
+	const a, b = "50005-a.cube.test", "50005-b.cube.test"
+	sandboxes.Store(a, true)
+	sandboxes.Store(b, true)
+	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = func(_ context.Context, name string) error {
+		if _, ok := sandboxes.Load(name); !ok {
+			return fmt.Errorf("%w: no sandbox for %s", certs.ErrUnknownName, name)
+		}
+		return nil
+	}
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	roots := pebble.IssuerRootPool(t)
+	for _, name := range []string{a, b} {
+		if _, err := fetch(t, srv.addr, sniConfig(roots, name), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orders := pebble.Orders()
+
+	steps := []struct {
+		name        string
+		deleted     bool   // a is deleted before the sweep
+		handshake   bool   // a handshake for a before the sweep
+		wantDropped int    // by the sweep
+		wantCached  [2]int // a, b after the sweep
+	}{
+		{"every name is a sandbox's", false, false, 0, [2]int{1, 1}},
+		{"a deleted", true, false, 1, [2]int{0, 1}},
+		{"a back: loaded from storage, kept", false, true, 0, [2]int{1, 1}},
+		{"a deleted again: the loaded one is dropped too", true, false, 1, [2]int{0, 1}},
+	}
+	for _, st := range steps {
+		if st.deleted {
+			sandboxes.Delete(a)
+		} else {
+			sandboxes.Store(a, true)
+		}
+		if st.handshake {
+			if _, err := fetch(t, srv.addr, sniConfig(roots, a), a); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+		}
+		if got := certs.SweepNow(t.Context(), m); got != st.wantDropped {
+			t.Errorf("%s: sweep dropped %d names, want %d", st.name, got, st.wantDropped)
+		}
+		for i, name := range []string{a, b} {
+			if got := certs.CachedCertificates(m, name); got != st.wantCached[i] {
+				t.Errorf("%s: %d certificates for %s in memory, want %d", st.name, got, name, st.wantCached[i])
+			}
+		}
+	}
+	if got := pebble.Orders(); got != orders {
+		t.Fatalf("%d new orders: a name back from the sweep must load its certificate from storage", got-orders)
+	}
+}
+
+// Every on-demand name served leaves its certificate, key and metadata in
+// storage_dir (16 KB on disk), and nothing deleted them: the directory
+// grew with every sandbox. Storage cleaning deletes the certificates that
+// expired more than the grace period ago (14 days in production, 0 here)
+// and keeps the valid ones.
+func TestACMEOnDemandStorageCleaning(t *testing.T) {
+	const validity = 4 * time.Second
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})
+	storage := t.TempDir()
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg.Allow = func(context.Context, string) error { return nil }
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	insecure := func(name string) *tls.Config {
+		return &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	}
+	stored := func(name string) []string {
+		files, _ := filepath.Glob(filepath.Join(storage, "certificates", "*", name, "*"))
+		return files
+	}
+	const expired, valid = "50005-old.cube.test", "50005-new.cube.test"
+	c, err := dial(srv.addr, insecure(expired))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	time.Sleep(time.Until(c.leaf().NotAfter) + time.Second)
+	if c, err = dial(srv.addr, insecure(valid)); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if len(stored(expired)) == 0 || len(stored(valid)) == 0 {
+		t.Fatalf("stored before cleaning: %q, %q; want both certificates", stored(expired), stored(valid))
+	}
+	if err := certs.CleanStorageNow(t.Context(), m, 0); err != nil {
+		t.Fatal(err)
+	}
+	if files := stored(expired); len(files) != 0 {
+		t.Errorf("expired certificate still stored: %q", files)
+	}
+	if files := stored(valid); len(files) != 3 {
+		t.Errorf("valid certificate: stored %q, want its certificate, key and metadata", files)
 	}
 }

@@ -443,6 +443,47 @@ func TestFailedNameRefusedUntilObtained(t *testing.T) {
 	}
 }
 
+// A failed renewal of an on-demand certificate backs its name off only
+// when a handshake waits on it (the certificate expired): the background
+// renewal of one still valid keeps it served, and certmagic retries that
+// itself. A renewal that succeeds clears the backoff.
+func TestRenewalFailureBacksOffOnlyAWaitingHandshake(t *testing.T) {
+	s := &acmeSource{
+		log:          slog.New(slog.DiscardHandler),
+		managedNames: []string{"*.cube.test", "cube.test"},
+		allow:        func(context.Context, string) error { return nil },
+		limiter:      newWindowLimiter(100),
+		failures:     newFailureBackoff(),
+	}
+	const name = "a.other.test"
+	failed := map[string]any{"identifier": name, "renewal": true, "error": errors.New("CA down")}
+	if err := s.onEvent(t.Context(), "cert_failed", failed); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.decide(t.Context(), name); err != nil {
+		t.Fatalf("decide after a background renewal failed = %v; want nil (the valid certificate stays served)", err)
+	}
+
+	ctx, abort := context.WithCancelCause(t.Context())
+	defer abort(nil)
+	ctx = context.WithValue(ctx, abortKey{}, abort)
+	if err := s.onEvent(ctx, "cert_failed", failed); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() == nil {
+		t.Error("the handshake waiting on the failed renewal was not ended")
+	}
+	if err := s.decide(t.Context(), name); !errors.Is(err, errBackingOff) {
+		t.Errorf("decide after a waited-on renewal failed = %v; want %v", err, errBackingOff)
+	}
+	if err := s.onEvent(t.Context(), "cert_obtained", map[string]any{"identifier": name, "renewal": true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.decide(t.Context(), name); err != nil {
+		t.Errorf("decide after a renewal succeeded = %v; want nil", err)
+	}
+}
+
 func TestZapLoggerWritesToSlog(t *testing.T) {
 	var b strings.Builder
 	log := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo}))

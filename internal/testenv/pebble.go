@@ -40,6 +40,10 @@ type PebbleOptions struct {
 	// TLSPort is the port pebble's validator dials for TLS-ALPN-01 (on the
 	// address the DNS server gives, 127.0.0.1); 0 is pebble's default.
 	TLSPort int
+	// OCSPResponderURL is written into every issued certificate as its
+	// OCSP responder (pebble runs none: the test serves it, or not); ""
+	// leaves it out, as Let's Encrypt does since 2025.
+	OCSPResponderURL string
 }
 
 // StartPebble starts pebble with its DNS-01 validator asking resolverAddr
@@ -62,7 +66,7 @@ func StartPebbleWith(t testing.TB, resolverAddr string, opts PebbleOptions) *Peb
 
 	logger := log.New(io.Discard, "", 0)
 	store := db.NewMemoryStore()
-	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{
+	authority := ca.New(logger, store, opts.OCSPResponderURL, "ecdsa", 0, 1, map[string]ca.Profile{
 		"default": {Description: "default profile", ValidityPeriod: uint64(opts.Validity / time.Second)},
 	})
 	validator := va.New(logger, 0, opts.TLSPort, false, resolverAddr, store)

@@ -123,9 +123,11 @@ func TestSignedTokenKeyRotation(t *testing.T) {
 	old := mustSigner(t, key1)
 	rotating := mustSigner(t, key2, key1)
 	rotated := mustSigner(t, key2)
+	staged := mustSigner(t, key1, key2)
 
 	oldTok := mustSign(t, old, "sbx", 443, exp)
 	newTok := mustSign(t, rotating, "sbx", 443, exp)
+	stagedTok := mustSign(t, staged, "sbx", 443, exp)
 	if oldTok == newTok {
 		t.Fatal("the first key must sign")
 	}
@@ -140,6 +142,12 @@ func TestSignedTokenKeyRotation(t *testing.T) {
 		{"new token, rotated signer", rotated, newTok, ""},
 		{"old token, old key removed", rotated, oldTok, CodeSignedTokenInvalid},
 		{"new token, old-only signer", old, newTok, CodeSignedTokenInvalid},
+		// The README's fleet rotation: the new key is added second on
+		// every instance first, so what any of them signs meanwhile is
+		// accepted by all, updated or not.
+		{"staged signer's token, old-only signer", old, stagedTok, ""},
+		{"staged signer's token, rotating signer", rotating, stagedTok, ""},
+		{"new token, staged signer", staged, newTok, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

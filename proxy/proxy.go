@@ -393,12 +393,18 @@ lookup:
 	sb := p.sandboxes.get(id)
 	var addr netip.AddrPort
 	for {
-		switch sb.state() {
-		case statePausing:
-			x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
-			return
-		case statePaused:
-			x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
+		switch st := sb.state(); st {
+		case statePausing, statePaused:
+			// A sandbox created after the pause (same id, new CreatedAt)
+			// is a new sandbox, as after a kill.
+			if p.sandboxes.outlive(sb, st, route.CreatedAt) {
+				continue
+			}
+			if st == statePausing {
+				x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
+			} else {
+				x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
+			}
 			return
 		case stateKilled:
 			// A sandbox created after the kill (same id, new CreatedAt) is a

@@ -270,9 +270,21 @@ func (s *sandboxes) setState(id string, st uint32) int64 {
 // True also means that e is no longer killed for another reason (un-killed
 // by another request, paused, forgotten): the caller looks again.
 func (s *sandboxes) unkill(e *sandboxState, createdAt int64) bool {
+	return s.outlive(e, stateKilled, createdAt)
+}
+
+// outlive makes e, in state st (killed, pausing or paused), running for a
+// request whose route was created at createdAt, after st was set: a
+// sandbox re-created under the id. It reports false when st stands, and
+// true as unkill does. A pause ends too when this instance reads the
+// route gone (Invalidate, a lookup), but one that never did kept the old
+// sandbox's pause for the new one: the delete's invalidation missed while
+// unsubscribed, or the delete and the new route announced together, so
+// that the re-read found the new route.
+func (s *sandboxes) outlive(e *sandboxState, st uint32, createdAt int64) bool {
 	for {
 		w := e.word.Load()
-		if stateOf(w) != stateKilled {
+		if stateOf(w) != st {
 			return true
 		}
 		// After the word: setState stores the time before its swap.

@@ -29,6 +29,9 @@
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
 //	cubeproxy.stream_limit.waits        cubeproxy_stream_limit_waits_total{outcome="slot"|"refused"|"state"} (waits for a slot at max_streams_per_sandbox)
 //	cubeproxy.held_body                 cubeproxy_held_body_bytes           (held_body_budget taken; after SetHeldBodyBytes, 0 before)
+//	cubeproxy.route_invalidation.subscribed     cubeproxy_route_invalidation_subscribed           (Redis store, after SetInvalidationStats: 1 subscribed, 0 not)
+//	cubeproxy.route_invalidation.subscriptions  cubeproxy_route_invalidation_subscriptions_total  (confirmed; each expires the whole cache)
+//	cubeproxy.route_invalidation.messages       cubeproxy_route_invalidation_messages_total       (ids applied)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
 //	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)

@@ -57,6 +57,7 @@ type Metrics struct {
 	procLogDrops  atomic.Pointer[func() uint64]
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 	heldBodies    atomic.Pointer[func() int64]
+	invalidation  atomic.Pointer[func() InvalidationStats]
 	// limitWaits counts the waits for a slot at max_streams_per_sandbox,
 	// by outcome (WaitOutcome).
 	limitWaits [numWaitOutcomes]atomic.Int64
@@ -76,7 +77,8 @@ type observed struct {
 	connectErrors, resourceErrs, retries, auth      metric.Int64ObservableCounter
 	logDrops, logReopenErrs, procLogDrops           metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
-	limitWaits                                      metric.Int64ObservableCounter
+	limitWaits, invSubscriptions, invMessages       metric.Int64ObservableCounter
+	invSubscribed                                   metric.Int64ObservableUpDownCounter
 	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
 	heldBodies                                      metric.Int64ObservableUpDownCounter
 	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
@@ -114,6 +116,9 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again; one that then lost it to another waits on and counts again), refused (none did, or the drain began: the 429; or the client closed its connection: the 499) or state (the sandbox was paused, killed or forgotten meanwhile).")
+	o.invSubscribed = b.gauge("cubeproxy.route_invalidation.subscribed", "{subscription}", "1 while the Redis invalidation subscription stands, 0 while it is down or refused: invalidations published by other instances are then not applied here, and changed routes are served from the cache for up to their TTL.")
+	o.invSubscriptions = b.counter("cubeproxy.route_invalidation.subscriptions", "{subscription}", "Redis invalidation subscriptions confirmed: 1 at start, one more per resubscription, each of which expires every cached route (messages published meanwhile were lost).")
+	o.invMessages = b.counter("cubeproxy.route_invalidation.messages", "{message}", "Sandbox ids received on the Redis invalidation channel and dropped from the cache.")
 	o.conns = b.gauge("cubeproxy.connections.open", "{connection}", "Open client connections.")
 	o.streams = b.gauge("cubeproxy.streams.open", "{stream}", "Open streamed responses (SSE, chunked, and downloads relayed as they come), by route kind.")
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
@@ -126,7 +131,8 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies)
+		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
+		o.invSubscribed, o.invSubscriptions, o.invMessages)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -257,6 +263,16 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 		pools, idle := (*fn)()
 		ob.ObserveInt64(o.pools, pools)
 		ob.ObserveInt64(o.idle, idle)
+	}
+	if fn := m.invalidation.Load(); fn != nil {
+		st := (*fn)()
+		up := int64(0)
+		if st.Subscribed {
+			up = 1
+		}
+		ob.ObserveInt64(o.invSubscribed, up)
+		ob.ObserveInt64(o.invSubscriptions, st.Subscriptions)
+		ob.ObserveInt64(o.invMessages, st.Messages)
 	}
 	return nil
 }
@@ -535,6 +551,24 @@ func (m *Metrics) SetHeldBodyBytes(fn func() int64) {
 		return
 	}
 	m.heldBodies.Store(&fn)
+}
+
+// InvalidationStats is the state of the Redis invalidation subscription,
+// read at every scrape (SetInvalidationStats).
+type InvalidationStats struct {
+	Subscribed    bool  // invalidations are being received now
+	Subscriptions int64 // subscriptions confirmed, the first included
+	Messages      int64 // ids received and applied to the cache
+}
+
+// SetInvalidationStats installs the function read at every scrape for the
+// cubeproxy_route_invalidation_ series (absent until set: the memory store
+// has no subscription). fn runs on the scrape goroutine and must not block.
+func (m *Metrics) SetInvalidationStats(fn func() InvalidationStats) {
+	if m == nil || fn == nil {
+		return
+	}
+	m.invalidation.Store(&fn)
 }
 
 // builder creates instruments and keeps the first error, so newMetrics

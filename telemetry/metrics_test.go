@@ -291,6 +291,7 @@ func TestDocListsEveryMetric(t *testing.T) {
 	recordAll(tel.Metrics)
 	tel.Metrics.AcceptError()
 	tel.Metrics.SetPoolStats(func() (int64, int64) { return 1, 1 })
+	tel.Metrics.SetInvalidationStats(func() InvalidationStats { return InvalidationStats{Subscribed: true, Subscriptions: 1} })
 	scraped := map[string]bool{}
 	for _, s := range scrape(t, tel) {
 		if !strings.HasPrefix(s.name, "cubeproxy_") {

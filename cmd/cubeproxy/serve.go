@@ -297,6 +297,12 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		// Through the proxy, not straight to the cache: it forgets the
 		// pause of a sandbox whose route was removed.
 		a.sub = a.redis.Subscribe(bg, a.proxy, log)
+		sub := a.sub
+		// Only the log said that an instance applied no invalidation
+		// (an ACL without the channel); the scrape says it too.
+		a.tel.Metrics.SetInvalidationStats(func() telemetry.InvalidationStats {
+			return telemetry.InvalidationStats{Subscribed: sub.Subscribed(), Subscriptions: sub.Subscriptions(), Messages: sub.Applied()}
+		})
 	}
 	adminCfg := proxy.AdminConfig{
 		Token:           cfg.AdminToken,

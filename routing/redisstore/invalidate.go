@@ -76,6 +76,9 @@ type Subscriber struct {
 	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
 	applied   atomic.Int64
+	// live says a subscription is confirmed on the current connection
+	// and no error came since: the scrape's gauge (Subscribed).
+	live atomic.Bool
 }
 
 // pingIdle is how many command timeouts a subscription may stay quiet
@@ -259,6 +262,7 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed, refused bool) {
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
+	defer sub.live.Store(false) // ps is closed or replaced next
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
 	for {
@@ -271,12 +275,14 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 				if m.Kind == "subscribe" {
 					confirmed, refused = true, false
 					sub.refusal = ""
+					sub.live.Store(true)
 				}
 			case error:
 				var rerr redis.Error
 				switch {
 				case !errors.As(m, &rerr):
 					confirmed = false // go-redis dials again, and subscribes again
+					sub.live.Store(false)
 					// In a Cluster, to the node go-redis took from the
 					// slot map for the first subscription (the channel
 					// slot's master), which may have been failed over.
@@ -403,6 +409,13 @@ func (sub *Subscriber) Subscriptions() int64 { return sub.subs.Load() }
 
 // Applied counts invalidation messages applied to the cache.
 func (sub *Subscriber) Applied() int64 { return sub.applied.Load() }
+
+// Subscribed reports whether invalidations are being received now: a
+// SUBSCRIBE was confirmed on the current connection and it has not failed
+// since. False while Redis is unreachable, while it refuses the
+// subscription, and from a connection's failure until its replacement is
+// confirmed (which expires the whole cache).
+func (sub *Subscriber) Subscribed() bool { return sub.live.Load() }
 
 // Close unsubscribes and waits until no more messages are applied.
 func (sub *Subscriber) Close() error {

@@ -397,6 +397,13 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 		}
 		c.RootCAs = pool
 	}
+	if cfg.CertFile != "" {
+		pair, err := newClientPair(cfg.CertFile, cfg.KeyFile, cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		c.GetClientCertificate = pair.get
+	}
 	return c, nil
 }
 

@@ -30,6 +30,9 @@ func TestValidate(t *testing.T) {
 		{"sentinel without addrs", redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "m"}}, "redis.sentinel.addrs is empty"},
 		{"cluster db", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}, DB: 1}, "redis.db: 1, but a Redis Cluster has only db 0"},
 		{"ca without tls", redisstore.Config{Addr: "127.0.0.1:6379", CAFile: "/x"}, "redis.ca_file is set but TLS to Redis is off"},
+		{"client certificate without tls", redisstore.Config{Addr: "127.0.0.1:6379", CertFile: "/c", KeyFile: "/k"}, "redis.cert_file is set but TLS to Redis is off"},
+		{"client certificate without key", redisstore.Config{Addr: "127.0.0.1:6379", TLS: true, CertFile: "/c"}, "redis.cert_file is set but redis.key_file is empty"},
+		{"client key without certificate", redisstore.Config{Addr: "127.0.0.1:6379", TLS: true, KeyFile: "/k"}, "redis.key_file is set but redis.cert_file is empty"},
 		{"negative pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: -1}, "redis.pool_size: -1 is negative"},
 		// go-redis panicked on it in NewClient: check and serve died.
 		{"huge pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: 1 << 40}, "redis.pool_size: 1099511627776 is above 1000000"},

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,6 +123,39 @@ func TestAuthAndDB(t *testing.T) {
 			_, err := openStoreCfg(t, tc.cfg).Lookup(context.Background(), "sbx")
 			if (err == nil) != tc.ok {
 				t.Fatalf("lookup err = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// TestURLWithALoneName: redis-cli -u reads redis://NAME@host as the
+// password NAME, go-redis as the ACL user NAME with no password. A URL
+// that worked with redis-cli failed every lookup with "NOAUTH
+// Authentication required" and nothing pointed at the URL's form; the
+// store now says so once when it opens, without quoting the name.
+func TestURLWithALoneName(t *testing.T) {
+	r := testenv.StartRedis(t, "--requirepass", "s3cret-lone")
+	for _, tc := range []struct {
+		name string
+		cfg  redisstore.Config
+		warn bool
+	}{
+		{"lone name", redisstore.Config{URL: "redis://s3cret-lone@" + r.Addr()}, true},
+		{"name and password field", redisstore.Config{URL: "redis://default@" + r.Addr(), Password: "s3cret-lone"}, false},
+		{"password alone", redisstore.Config{URL: "redis://:s3cret-lone@" + r.Addr()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testenv.LogBuffer
+			tc.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			_, err := openStoreCfg(t, tc.cfg).Lookup(context.Background(), "sbx")
+			if refused := err != nil && strings.Contains(err.Error(), "NOAUTH"); refused != tc.warn {
+				t.Fatalf("lookup err = %v, want NOAUTH %v", err, tc.warn)
+			}
+			if warned := strings.Contains(logs.String(), "redis.url names a user and no password"); warned != tc.warn {
+				t.Fatalf("warned %v, want %v: %s", warned, tc.warn, logs.String())
+			}
+			if strings.Contains(logs.String(), "s3cret") {
+				t.Fatalf("the log quotes the URL's name: %s", logs.String())
 			}
 		})
 	}

@@ -499,7 +499,7 @@ func decodeFile(cfg *Config, path string) error {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w", path, locateSyntaxError(explainTypeError(err, data), data))
+		return fmt.Errorf("config %s: %w", path, hideDecoderQuote(locateSyntaxError(explainTypeError(err, data), data), data))
 	}
 	line, err := yamldoc.NextDocument(dec)
 	if err != nil {
@@ -512,6 +512,9 @@ func decodeFile(cfg *Config, path string) error {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	if err := checkNulls(data); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := checkSecretMarks(data); err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	return nil

@@ -886,6 +886,15 @@ func (c *Config) checkSecrets() error {
 			return fmt.Errorf("auth.signing_keys: entry %d has blanks around it (not shown: a secret), which the file keeps and %sAUTH_SIGNING_KEYS drops, so proxies given the key each way would refuse each other's tokens; write the key alone", i+1, EnvPrefix)
 		}
 	}
+	for _, p := range []struct{ key, val string }{{"redis.password", c.Redis.Password}, {"redis.sentinel.password", c.Redis.Sentinel.Password}} {
+		if strings.TrimSpace(p.val) != p.val {
+			// A Kubernetes Secret made from a file (kubectl create
+			// secret --from-file) keeps the file's last newline, and
+			// the variable it sets hands it on: Redis compared it as
+			// part of the password, and the only word was WRONGPASS.
+			return fmt.Errorf("%s has blanks around it (not shown: a secret), a line end from a secret file most often, which would be sent as part of the password (Redis answers WRONGPASS); write the password alone", p.key)
+		}
+	}
 	return nil
 }
 

@@ -55,6 +55,12 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdS3cret", "line 4: redis.password: its value is a YAML anchor (&…) and nothing after it"},
 		{"redis password tagged as a number", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: !!int Passw0rdS3cret\n")}, nil,
 			"Passw0rdS3cret", "line 4: redis.password: its value, tagged !!int, is not one (not shown: a secret)"},
+		// A Secret made from a file keeps its last newline, and Redis
+		// took it as part of the password (WRONGPASS, nothing more).
+		{"redis password from the environment with a newline", nil, map[string]string{"CUBEPROXY_STORE": "redis", "CUBEPROXY_REDIS_ADDR": "r:6379", "CUBEPROXY_REDIS_PASSWORD": "Passw0rdS3cret\n"},
+			"Passw0rdS3cret", "redis.password has blanks around it (not shown: a secret)"},
+		{"sentinel password in the file with a space", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ' Passw0rdS3cret'\n")}, nil,
+			"Passw0rdS3cret", "redis.sentinel.password has blanks around it"},
 		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
 			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
 	} {

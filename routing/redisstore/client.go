@@ -389,7 +389,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 
 // tlsConfig returns nil when TLS is off (and the URL is not rediss://).
 func tlsConfig(cfg Config) (*tls.Config, error) {
-	if !cfg.TLS && !strings.HasPrefix(cfg.URL, "rediss://") {
+	if !cfg.tlsOn() {
 		return nil, nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}

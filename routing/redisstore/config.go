@@ -157,7 +157,7 @@ func (c Config) Validate() error {
 			set, unset = unset, set
 		}
 		return fmt.Errorf("%s is set but %s is empty: a client certificate needs both, the certificate and its key", set, unset)
-	case (c.CAFile != "" || c.CertFile != "" || c.InsecureSkipVerify) && !c.TLS && !strings.HasPrefix(c.URL, "rediss://"):
+	case (c.CAFile != "" || c.CertFile != "" || c.InsecureSkipVerify) && !c.tlsOn():
 		key := "redis.ca_file"
 		switch {
 		case c.CAFile != "":
@@ -176,6 +176,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("redis.pool_size: %d is above %d, the most connections per node the proxy opens (a Redis takes 10000 clients by default)", c.PoolSize, MaxPoolSize)
 	}
 	return CheckURL(c.URL)
+}
+
+// tlsOn reports whether the connections use TLS: redis.tls, or a
+// rediss:// URL, its scheme in any case, as go-redis reads it (REDISS://
+// was TLS to go-redis, with the system's roots, while ca_file and the
+// client certificate were refused as "TLS to Redis is off").
+func (c Config) tlsOn() bool {
+	scheme, _, ok := strings.Cut(c.URL, "://")
+	return c.TLS || ok && strings.EqualFold(scheme, "rediss")
 }
 
 // CheckURL refuses a redis.url whose userinfo holds a raw '/', '?' or

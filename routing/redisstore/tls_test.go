@@ -80,6 +80,7 @@ func TestTLS(t *testing.T) {
 	}{
 		{"ca file", redisstore.Config{Addr: tlsAddr, TLS: true, CAFile: caFile}, true},
 		{"rediss url with ca file", redisstore.Config{URL: "rediss://" + tlsAddr, CAFile: caFile}, true},
+		{"rediss url in capitals with ca file", redisstore.Config{URL: "REDISS://" + tlsAddr, CAFile: caFile}, true},
 		{"insecure", redisstore.Config{Addr: tlsAddr, TLS: true, InsecureSkipVerify: true}, true},
 		{"unknown CA is rejected", redisstore.Config{Addr: tlsAddr, TLS: true}, false},
 		{"plain client on TLS port fails", redisstore.Config{Addr: tlsAddr}, false},

@@ -887,6 +887,14 @@ func (c *Config) checkSecrets() error {
 		}
 	}
 	for _, p := range []struct{ key, val string }{{"redis.password", c.Redis.Password}, {"redis.sentinel.password", c.Redis.Sentinel.Password}} {
+		if isEnvReference(p.val) && (strings.HasPrefix(p.val, "$(") || strings.HasPrefix(p.val, "${")) {
+			// A reference left as written ($(REDIS_PASSWORD) names a
+			// variable Kubernetes did not define, or defined after
+			// this one) was sent as the password: WRONGPASS, nothing
+			// more. The bare $NAME form is let through: Redis sets its
+			// own password, and a generated one may have that shape.
+			return fmt.Errorf("%s has the shape of a reference to an environment variable (${NAME} or $(NAME)), and nothing expands one: it would be sent as the password itself (Redis answers WRONGPASS); set %s to the password's value (Kubernetes expands $(NAME) only for a variable defined earlier in the list; the value is not shown: it may be the secret)", p.key, EnvPrefix+strings.ToUpper(strings.NewReplacer(".", "_").Replace(p.key)))
+		}
 		if strings.TrimSpace(p.val) != p.val {
 			// A Kubernetes Secret made from a file (kubectl create
 			// secret --from-file) keeps the file's last newline, and

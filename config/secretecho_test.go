@@ -61,6 +61,12 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdS3cret", "redis.password has blanks around it (not shown: a secret)"},
 		{"sentinel password in the file with a space", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ' Passw0rdS3cret'\n")}, nil,
 			"Passw0rdS3cret", "redis.sentinel.password has blanks around it"},
+		// Kubernetes leaves $(NAME) as written when NAME is undefined or
+		// defined later in the list: it was sent as the password.
+		{"redis password $(NAME) from the environment", nil, map[string]string{"CUBEPROXY_STORE": "redis", "CUBEPROXY_REDIS_ADDR": "r:6379", "CUBEPROXY_REDIS_PASSWORD": "$(Passw0rdLooksLikeAVar)"},
+			"Passw0rdLooksLikeAVar", "redis.password has the shape of a reference to an environment variable"},
+		{"sentinel password ${NAME} in yaml", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ${Passw0rdLooksLikeAVar}\n")}, nil,
+			"Passw0rdLooksLikeAVar", "set CUBEPROXY_REDIS_SENTINEL_PASSWORD to the password's value"},
 		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
 			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
 	} {

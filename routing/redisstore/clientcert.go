@@ -56,7 +56,22 @@ func newClientPair(certFile, keyFile string, log *slog.Logger) (*clientPair, err
 		return nil, err
 	}
 	p.cert, p.loaded = cert, stamps
+	p.warnValidity(cert)
 	return p, nil
+}
+
+// warnValidity logs a pair outside its validity: Redis refuses it, and
+// under TLS 1.3 the proxy often sees only "connection reset by peer"
+// (the client's handshake ends before the server has checked it).
+func (p *clientPair) warnValidity(cert *tls.Certificate) {
+	leaf := leafOf(cert)
+	if p.log == nil || leaf == nil {
+		return
+	}
+	if now := time.Now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		p.log.Warn("redis: the client certificate is not valid now; Redis will refuse it (the error may read only \"connection reset by peer\")",
+			"cert_file", p.certFile, "not_before", leaf.NotBefore, "not_after", leaf.NotAfter)
+	}
 }
 
 func (p *clientPair) stamps() [2]fileStamp {
@@ -100,19 +115,19 @@ func (p *clientPair) get(*tls.CertificateRequestInfo) (*tls.Certificate, error) 
 	}
 	p.cert, p.loaded, p.refused = cert, stamps, [2]fileStamp{}
 	if p.log != nil {
-		p.log.Info("redis: client certificate read again", "cert_file", p.certFile, "not_after", notAfter(cert))
+		if leaf := leafOf(cert); leaf != nil {
+			p.log.Info("redis: client certificate read again", "cert_file", p.certFile, "not_after", leaf.NotAfter)
+		}
 	}
+	p.warnValidity(cert)
 	return p.cert, nil
 }
 
-// notAfter is the end of the leaf's validity, for the log.
-func notAfter(cert *tls.Certificate) time.Time {
-	leaf := cert.Leaf
-	if leaf == nil && len(cert.Certificate) > 0 {
-		leaf, _ = x509.ParseCertificate(cert.Certificate[0])
+// leafOf is the pair's own certificate, nil when it does not parse.
+func leafOf(cert *tls.Certificate) *x509.Certificate {
+	if cert.Leaf != nil || len(cert.Certificate) == 0 {
+		return cert.Leaf
 	}
-	if leaf == nil {
-		return time.Time{}
-	}
-	return leaf.NotAfter
+	leaf, _ := x509.ParseCertificate(cert.Certificate[0])
+	return leaf
 }

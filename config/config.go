@@ -499,7 +499,7 @@ func decodeFile(cfg *Config, path string) error {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w", path, locateSyntaxError(explainTypeError(err, data), data))
+		return fmt.Errorf("config %s: %w", path, hideDecoderQuote(locateSyntaxError(explainTypeError(err, data), data), data))
 	}
 	line, err := yamldoc.NextDocument(dec)
 	if err != nil {
@@ -512,6 +512,9 @@ func decodeFile(cfg *Config, path string) error {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	if err := checkNulls(data); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := checkSecretMarks(data); err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	return nil
@@ -881,6 +884,23 @@ func (c *Config) checkSecrets() error {
 			// keeps them: two proxies given one key each way (a secret
 			// file's trailing newline) refused each other's tokens.
 			return fmt.Errorf("auth.signing_keys: entry %d has blanks around it (not shown: a secret), which the file keeps and %sAUTH_SIGNING_KEYS drops, so proxies given the key each way would refuse each other's tokens; write the key alone", i+1, EnvPrefix)
+		}
+	}
+	for _, p := range []struct{ key, val string }{{"redis.password", c.Redis.Password}, {"redis.sentinel.password", c.Redis.Sentinel.Password}} {
+		if isEnvReference(p.val) && (strings.HasPrefix(p.val, "$(") || strings.HasPrefix(p.val, "${")) {
+			// A reference left as written ($(REDIS_PASSWORD) names a
+			// variable Kubernetes did not define, or defined after
+			// this one) was sent as the password: WRONGPASS, nothing
+			// more. The bare $NAME form is let through: Redis sets its
+			// own password, and a generated one may have that shape.
+			return fmt.Errorf("%s has the shape of a reference to an environment variable (${NAME} or $(NAME)), and nothing expands one: it would be sent as the password itself (Redis answers WRONGPASS); set %s to the password's value (Kubernetes expands $(NAME) only for a variable defined earlier in the list; the value is not shown: it may be the secret)", p.key, EnvPrefix+strings.ToUpper(strings.NewReplacer(".", "_").Replace(p.key)))
+		}
+		if strings.TrimSpace(p.val) != p.val {
+			// A Kubernetes Secret made from a file (kubectl create
+			// secret --from-file) keeps the file's last newline, and
+			// the variable it sets hands it on: Redis compared it as
+			// part of the password, and the only word was WRONGPASS.
+			return fmt.Errorf("%s has blanks around it (not shown: a secret), a line end from a secret file most often, which would be sent as part of the password (Redis answers WRONGPASS); write the password alone", p.key)
 		}
 	}
 	return nil

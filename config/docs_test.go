@@ -23,7 +23,7 @@ var exampleConfigs = []string{
 // as described only by `serve -h` (or, for the tls pair, by the TLS
 // example's comments).
 var onlyInHelp = []string{
-	"redis.url", "redis.username", "redis.tls", "redis.ca_file", "redis.insecure_skip_verify",
+	"redis.url", "redis.username", "redis.tls", "redis.ca_file", "redis.cert_file", "redis.key_file", "redis.insecure_skip_verify",
 	"redis.cluster.addrs", "tls.cert_file", "tls.key_file",
 }
 

@@ -10,7 +10,7 @@ import (
 // fileSettings lists the settings that name a file or directory, which
 // the errors of the packages that open them name by its path.
 var fileSettings = map[string]bool{
-	"routes": true, "access_log.path": true, "redis.ca_file": true,
+	"routes": true, "access_log.path": true, "redis.ca_file": true, "redis.cert_file": true, "redis.key_file": true,
 	"tls.cert_file": true, "tls.key_file": true, "tls.acme.trusted_roots_file": true, "tls.acme.storage_dir": true,
 }
 

@@ -39,6 +39,34 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Sign1ngKeyS3cretValue0123456789abcdef", "line 1: "},
 		{"redis password written as a list", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: [Passw0rdS3cret]\n")}, nil,
 			"Passw0rdS3cret", "line 4: redis.password: want a string, got a list"},
+		// A generated secret may start with a character YAML reads as an
+		// alias (*), a tag (!) or an anchor (&) when it starts a plain
+		// value: the alias's refusal quoted the rest of the secret, and
+		// the tag or the anchor left the secret empty (or its rest).
+		{"redis password starting with '*'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: *Passw0rdS3cret\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
+		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
+			"Sign1ngKeyS3cretValue0123456789abcdef", "line 3: auth.signing_keys: its value starts with '*'"},
+		{"admin token starting with '!'", []string{"--config", writeFile(t, "admin_token: !Tok3nS3cretValue\n")}, nil,
+			"Tok3nS3cretValue", "line 1: admin_token: its value starts with a YAML tag"},
+		{"sentinel password starting with '!', with a space", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: !Passw0rdS3cret and more\n")}, nil,
+			"Passw0rdS3cret", "line 6: redis.sentinel.password: its value starts with a YAML tag"},
+		{"redis password starting with '&'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: &Passw0rdS3cret\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: its value is a YAML anchor (&…) and nothing after it"},
+		{"redis password tagged as a number", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: !!int Passw0rdS3cret\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: its value, tagged !!int, is not one (not shown: a secret)"},
+		// A Secret made from a file keeps its last newline, and Redis
+		// took it as part of the password (WRONGPASS, nothing more).
+		{"redis password from the environment with a newline", nil, map[string]string{"CUBEPROXY_STORE": "redis", "CUBEPROXY_REDIS_ADDR": "r:6379", "CUBEPROXY_REDIS_PASSWORD": "Passw0rdS3cret\n"},
+			"Passw0rdS3cret", "redis.password has blanks around it (not shown: a secret)"},
+		{"sentinel password in the file with a space", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ' Passw0rdS3cret'\n")}, nil,
+			"Passw0rdS3cret", "redis.sentinel.password has blanks around it"},
+		// Kubernetes leaves $(NAME) as written when NAME is undefined or
+		// defined later in the list: it was sent as the password.
+		{"redis password $(NAME) from the environment", nil, map[string]string{"CUBEPROXY_STORE": "redis", "CUBEPROXY_REDIS_ADDR": "r:6379", "CUBEPROXY_REDIS_PASSWORD": "$(Passw0rdLooksLikeAVar)"},
+			"Passw0rdLooksLikeAVar", "redis.password has the shape of a reference to an environment variable"},
+		{"sentinel password ${NAME} in yaml", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ${Passw0rdLooksLikeAVar}\n")}, nil,
+			"Passw0rdLooksLikeAVar", "set CUBEPROXY_REDIS_SENTINEL_PASSWORD to the password's value"},
 		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
 			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
 	} {

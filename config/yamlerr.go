@@ -362,41 +362,10 @@ func isSecretPath(path []string) bool {
 
 // secretValueLines lists the lines of the scalars a secret key takes,
 // following aliases and merge keys: the decoder names the line of an
-// alias's anchor, where the value is written. budget bounds the walk of
-// a document whose aliases multiply (the decoder refused it anyway).
+// alias's anchor, where the value is written.
 func secretValueLines(root *yaml.Node) map[int]bool {
 	lines := map[int]bool{}
-	budget := 10000
-	var walk func(n *yaml.Node, path []string, secret bool, depth int)
-	walk = func(n *yaml.Node, path []string, secret bool, depth int) {
-		if budget--; budget < 0 || depth > 32 {
-			return
-		}
-		if n.Kind == yaml.AliasNode && n.Alias != nil {
-			n = n.Alias
-		}
-		switch n.Kind {
-		case yaml.ScalarNode:
-			if secret {
-				lines[n.Line] = true
-			}
-		case yaml.SequenceNode:
-			for _, item := range n.Content {
-				walk(item, path, secret, depth+1)
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				key, val := n.Content[i], n.Content[i+1]
-				if key.Value == "<<" {
-					walk(val, path, secret, depth+1) // its keys are n's
-					continue
-				}
-				p := append(path[:len(path):len(path)], key.Value)
-				walk(val, p, secret || isSecretPath(p), depth+1)
-			}
-		}
-	}
-	walk(root, nil, false, 0)
+	walkSecretScalars(root, func(_ []string, n *yaml.Node) { lines[n.Line] = true })
 	return lines
 }
 

@@ -171,6 +171,9 @@ func redact(cfg *config.Config) *config.Config {
 		if u, err := url.Parse(c.Redis.URL); err == nil {
 			if _, ok := u.User.Password(); ok {
 				u.User = url.UserPassword(u.User.Username(), redacted)
+			} else if u.User != nil {
+				// A lone name: redis-cli -u reads it as the password.
+				u.User = url.User(redacted)
 			}
 			c.Redis.URL = u.String()
 		} else {

@@ -216,6 +216,10 @@ func TestCheckRedactsSecrets(t *testing.T) {
 		{"redis store", "store: redis\nredis:\n  url: redis://proxy:" + urlPass + "@" + redisAddr + "/2\n  password: " + redisPass + "\n",
 			[]string{redisPass, urlPass},
 			[]string{"redis://proxy:REDACTED@" + redisAddr + "/2", "password: REDACTED", "redis store (not contacted)"}},
+		// redis-cli -u reads a lone name as the password: it is hidden too.
+		{"redis url with a lone name", "store: redis\nredis:\n  url: redis://" + urlPass + "@" + redisAddr + "/2\n",
+			[]string{urlPass},
+			[]string{"redis://REDACTED@" + redisAddr + "/2", "redis store (not contacted)"}},
 		// A sentinel password is read only with a master name.
 		{"redis sentinel store", "store: redis\nredis:\n  password: " + redisPass +
 			"\n  sentinel:\n    master_name: m\n    addrs: [\"" + redisAddr + "\"]\n    password: " + sentPass + "\n",

@@ -3,6 +3,9 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // A refusal of the Redis store's settings names them as the file does
@@ -11,6 +14,9 @@ import (
 // "redis: cluster supports only db 0, got 2", naming neither.
 func TestCheckRedisRefusalsNameKeys(t *testing.T) {
 	dir := t.TempDir()
+	ca := testenv.NewCA(t, "redis client CA")
+	pairA, _ := ca.IssueClient(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), "a")
+	_, keyB := ca.IssueClient(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), "b")
 	for _, tc := range []struct {
 		name string
 		yaml string
@@ -35,6 +41,14 @@ func TestCheckRedisRefusalsNameKeys(t *testing.T) {
 			[]string{"redis.url redis://xxxxx@127.0.0.1:6379/notadb", "(redis.url is set by CUBEPROXY_REDIS_URL)"}, []string{"store is set by", "hunter2"}},
 		{"ca_file not PEM, from the environment", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  tls: true\n", map[string]string{"CUBEPROXY_REDIS_CA_FILE": writeTemp(t, dir, "junk.pem", "not a certificate\n")},
 			[]string{"redis.ca_file " + dir + "/junk.pem: no PEM certificates", "(redis.ca_file is set by CUBEPROXY_REDIS_CA_FILE)"}, nil},
+		{"client key missing, from the environment", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  tls: true\n  cert_file: " + writeTemp(t, dir, "client.pem", string(pairA)) + "\n",
+			map[string]string{"CUBEPROXY_REDIS_KEY_FILE": dir + "/none.key"},
+			[]string{"redis.key_file: ", dir + "/none.key", "(redis.key_file is set by CUBEPROXY_REDIS_KEY_FILE)"}, nil},
+		{"client certificate without its key", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  tls: true\n  cert_file: " + dir + "/client.pem\n", nil,
+			[]string{"redis.cert_file is set but redis.key_file is empty"}, nil},
+		{"client key of another certificate", "store: redis\nredis:\n  addr: 127.0.0.1:6379\n  tls: true\n", map[string]string{
+			"CUBEPROXY_REDIS_CERT_FILE": writeTemp(t, dir, "a.pem", string(pairA)), "CUBEPROXY_REDIS_KEY_FILE": writeTemp(t, dir, "b.key", string(keyB))},
+			[]string{"redis.cert_file " + dir + "/a.pem with redis.key_file " + dir + "/b.key: tls: private key does not match public key"}, []string{"PRIVATE KEY"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := writeTemp(t, t.TempDir(), "cubeproxy.yaml", "http_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n"+tc.yaml)

@@ -73,7 +73,24 @@ func (ca *CA) IssueValid(t testing.TB, notBefore, notAfter time.Time, names ...s
 	if err != nil {
 		t.Fatalf("leaf key: %v", err)
 	}
-	return ca.issue(t, key, notBefore, notAfter, names...)
+	return ca.issue(t, key, x509.ExtKeyUsageServerAuth, notBefore, notAfter, names...)
+}
+
+// IssueClient returns a PEM client certificate (extended key usage
+// clientAuth, which OpenSSL servers such as redis-server require of one)
+// named cn and its PEM key, valid from notBefore to notAfter.
+func (ca *CA) IssueClient(t testing.TB, notBefore, notAfter time.Time, cn string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatalf("client key: %v", err)
+	}
+	return ca.issue(t, key, x509.ExtKeyUsageClientAuth, notBefore, notAfter, cn)
+}
+
+// CertPEM returns the root certificate in PEM, as a CA file holds it.
+func (ca *CA) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
 
 // IssueRSA is Issue with an RSA key, for clients that cannot use ECDSA.
@@ -83,10 +100,10 @@ func (ca *CA) IssueRSA(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	if err != nil {
 		t.Fatalf("leaf key: %v", err)
 	}
-	return ca.issue(t, key, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
+	return ca.issue(t, key, x509.ExtKeyUsageServerAuth, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
 }
 
-func (ca *CA) issue(t testing.TB, key crypto.Signer, notBefore, notAfter time.Time, names ...string) (certPEM, keyPEM []byte) {
+func (ca *CA) issue(t testing.TB, key crypto.Signer, usage x509.ExtKeyUsage, notBefore, notAfter time.Time, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	tmpl := &x509.Certificate{
 		SerialNumber: randomSerial(t),
@@ -94,7 +111,7 @@ func (ca *CA) issue(t testing.TB, key crypto.Signer, notBefore, notAfter time.Ti
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
 	}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {

@@ -353,6 +353,13 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 		if opt.DB == 0 {
 			opt.DB = cfg.DB
 		}
+		if opt.Username != "" && opt.Password == "" && cfg.Logger != nil {
+			// redis-cli -u reads a lone name before the '@' as the
+			// password, go-redis as the user: a URL that works with
+			// redis-cli failed here with a bare "NOAUTH Authentication
+			// required". The name is not quoted: it may be the password.
+			cfg.Logger.Warn("redis.url names a user and no password (redis.password is empty too): the name is sent as the ACL user, with no password; redis-cli -u reads a lone name as the password instead. For a password alone write redis://:PASSWORD@host")
+		}
 		if tlsConf != nil {
 			if opt.TLSConfig != nil {
 				tlsConf.ServerName = opt.TLSConfig.ServerName
@@ -382,7 +389,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 
 // tlsConfig returns nil when TLS is off (and the URL is not rediss://).
 func tlsConfig(cfg Config) (*tls.Config, error) {
-	if !cfg.TLS && !strings.HasPrefix(cfg.URL, "rediss://") {
+	if !cfg.tlsOn() {
 		return nil, nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}
@@ -396,6 +403,13 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 			return nil, fmt.Errorf("redis.ca_file %s: no PEM certificates", cfg.CAFile)
 		}
 		c.RootCAs = pool
+	}
+	if cfg.CertFile != "" {
+		pair, err := newClientPair(cfg.CertFile, cfg.KeyFile, cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		c.GetClientCertificate = pair.get
 	}
 	return c, nil
 }

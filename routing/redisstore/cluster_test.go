@@ -16,11 +16,11 @@ import (
 )
 
 // startOneNodeCluster starts a Redis Cluster of one node that owns every
-// slot, and waits until it serves.
-func startOneNodeCluster(t *testing.T) *testenv.Redis {
+// slot, and waits until it serves; extra args are redis-server's.
+func startOneNodeCluster(t *testing.T, args ...string) *testenv.Redis {
 	t.Helper()
 	ctx := context.Background()
-	r := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	r := testenv.StartRedis(t, append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}, args...)...)
 	if err := r.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
 		t.Fatalf("cluster addslotsrange: %v", err)
 	}

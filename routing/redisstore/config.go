@@ -40,6 +40,13 @@ type Config struct {
 	TLS bool `yaml:"tls" usage:"TLS to the data nodes and sentinels"`
 	// CAFile is a PEM bundle that verifies the server; empty uses the system roots.
 	CAFile string `yaml:"ca_file" usage:"PEM bundle that verifies the Redis server (empty: the system's roots)"`
+	// CertFile and KeyFile are the client certificate (PEM, chain after
+	// it) and its key, for a server that asks for one: redis-server's
+	// tls-auth-clients is on by default, and without a certificate its
+	// handshake fails ("tls: certificate required"). Read again when
+	// either file changes (see clientPair).
+	CertFile string `yaml:"cert_file" usage:"client certificate (PEM) for a Redis that asks for one (tls-auth-clients)"`
+	KeyFile  string `yaml:"key_file" usage:"key of redis.cert_file (PEM)"`
 	// InsecureSkipVerify disables server certificate checks (tests only).
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify" usage:"skip Redis certificate checks (tests only)"`
 
@@ -144,9 +151,19 @@ func (c Config) Validate() error {
 		return fmt.Errorf("redis.db: %d, but a Redis Cluster has only db 0 (redis.cluster.addrs is set); remove redis.db", c.DB)
 	case c.DB < 0:
 		return fmt.Errorf("redis.db: %d is negative", c.DB)
-	case (c.CAFile != "" || c.InsecureSkipVerify) && !c.TLS && !strings.HasPrefix(c.URL, "rediss://"):
+	case (c.CertFile == "") != (c.KeyFile == ""):
+		set, unset := "redis.cert_file", "redis.key_file"
+		if c.CertFile == "" {
+			set, unset = unset, set
+		}
+		return fmt.Errorf("%s is set but %s is empty: a client certificate needs both, the certificate and its key", set, unset)
+	case (c.CAFile != "" || c.CertFile != "" || c.InsecureSkipVerify) && !c.tlsOn():
 		key := "redis.ca_file"
-		if c.CAFile == "" {
+		switch {
+		case c.CAFile != "":
+		case c.CertFile != "":
+			key = "redis.cert_file"
+		default:
 			key = "redis.insecure_skip_verify"
 		}
 		return fmt.Errorf("%s is set but TLS to Redis is off: set redis.tls: true (CUBEPROXY_REDIS_TLS=true) or a rediss:// redis.url, or remove %s", key, key)
@@ -159,6 +176,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("redis.pool_size: %d is above %d, the most connections per node the proxy opens (a Redis takes 10000 clients by default)", c.PoolSize, MaxPoolSize)
 	}
 	return CheckURL(c.URL)
+}
+
+// tlsOn reports whether the connections use TLS: redis.tls, or a
+// rediss:// URL, its scheme in any case, as go-redis reads it (REDISS://
+// was TLS to go-redis, with the system's roots, while ca_file and the
+// client certificate were refused as "TLS to Redis is off").
+func (c Config) tlsOn() bool {
+	scheme, _, ok := strings.Cut(c.URL, "://")
+	return c.TLS || ok && strings.EqualFold(scheme, "rediss")
 }
 
 // CheckURL refuses a redis.url whose userinfo holds a raw '/', '?' or

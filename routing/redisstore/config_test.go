@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,9 @@ func TestValidate(t *testing.T) {
 		{"sentinel without addrs", redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "m"}}, "redis.sentinel.addrs is empty"},
 		{"cluster db", redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{"127.0.0.1:7000"}}, DB: 1}, "redis.db: 1, but a Redis Cluster has only db 0"},
 		{"ca without tls", redisstore.Config{Addr: "127.0.0.1:6379", CAFile: "/x"}, "redis.ca_file is set but TLS to Redis is off"},
+		{"client certificate without tls", redisstore.Config{Addr: "127.0.0.1:6379", CertFile: "/c", KeyFile: "/k"}, "redis.cert_file is set but TLS to Redis is off"},
+		{"client certificate without key", redisstore.Config{Addr: "127.0.0.1:6379", TLS: true, CertFile: "/c"}, "redis.cert_file is set but redis.key_file is empty"},
+		{"client key without certificate", redisstore.Config{Addr: "127.0.0.1:6379", TLS: true, KeyFile: "/k"}, "redis.key_file is set but redis.cert_file is empty"},
 		{"negative pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: -1}, "redis.pool_size: -1 is negative"},
 		// go-redis panicked on it in NewClient: check and serve died.
 		{"huge pool", redisstore.Config{Addr: "127.0.0.1:6379", PoolSize: 1 << 40}, "redis.pool_size: 1099511627776 is above 1000000"},
@@ -119,6 +123,39 @@ func TestAuthAndDB(t *testing.T) {
 			_, err := openStoreCfg(t, tc.cfg).Lookup(context.Background(), "sbx")
 			if (err == nil) != tc.ok {
 				t.Fatalf("lookup err = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// TestURLWithALoneName: redis-cli -u reads redis://NAME@host as the
+// password NAME, go-redis as the ACL user NAME with no password. A URL
+// that worked with redis-cli failed every lookup with "NOAUTH
+// Authentication required" and nothing pointed at the URL's form; the
+// store now says so once when it opens, without quoting the name.
+func TestURLWithALoneName(t *testing.T) {
+	r := testenv.StartRedis(t, "--requirepass", "s3cret-lone")
+	for _, tc := range []struct {
+		name string
+		cfg  redisstore.Config
+		warn bool
+	}{
+		{"lone name", redisstore.Config{URL: "redis://s3cret-lone@" + r.Addr()}, true},
+		{"name and password field", redisstore.Config{URL: "redis://default@" + r.Addr(), Password: "s3cret-lone"}, false},
+		{"password alone", redisstore.Config{URL: "redis://:s3cret-lone@" + r.Addr()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testenv.LogBuffer
+			tc.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			_, err := openStoreCfg(t, tc.cfg).Lookup(context.Background(), "sbx")
+			if refused := err != nil && strings.Contains(err.Error(), "NOAUTH"); refused != tc.warn {
+				t.Fatalf("lookup err = %v, want NOAUTH %v", err, tc.warn)
+			}
+			if warned := strings.Contains(logs.String(), "redis.url names a user and no password"); warned != tc.warn {
+				t.Fatalf("warned %v, want %v: %s", warned, tc.warn, logs.String())
+			}
+			if strings.Contains(logs.String(), "s3cret") {
+				t.Fatalf("the log quotes the URL's name: %s", logs.String())
 			}
 		})
 	}

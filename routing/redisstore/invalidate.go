@@ -30,6 +30,15 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
 	if err := s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err(); err != nil {
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			// As a refused read or subscription: Redis names the command
+			// or "one of the channels", never the rule to grant.
+			needs := "+publish &" + s.cfg.InvalidateChannel
+			if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "publish") {
+				needs = "+" + cmd
+			}
+			return fmt.Errorf("redis publish %s: %w (the Redis ACL user needs %s)", s.cfg.InvalidateChannel, err, needs)
+		}
 		return fmt.Errorf("redis publish %s: %w", s.cfg.InvalidateChannel, err)
 	}
 	return nil

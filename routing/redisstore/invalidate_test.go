@@ -430,6 +430,38 @@ func TestRefusedSubscriptionNamesTheRule(t *testing.T) {
 	}
 }
 
+// TestRefusedPublishNamesTheRule: a PUBLISH the ACL user may not send
+// (the command, or the channel) fails with the rule to grant, as a
+// refused read or subscription does; it said only Redis's "no
+// permissions to run the 'publish' command" or "to access one of the
+// channels used as arguments", in the admin API's 503 and the log.
+func TestRefusedPublishNamesTheRule(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		rule []any // the user's rules beside ~* +@all
+		db   int
+		want string
+	}{
+		{"command denied", []any{"allchannels", "-publish"}, 0, "(the Redis ACL user needs +publish &" + redisstore.DefaultInvalidateChannel + ")"},
+		{"channel denied", []any{"resetchannels"}, 0, "(the Redis ACL user needs +publish &" + redisstore.DefaultInvalidateChannel + ")"},
+		{"select denied", []any{"allchannels", "-select"}, 1, "(the Redis ACL user needs +select)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acl := append([]any{"ACL", "SETUSER", "writer", "reset", "on", ">pw", "~*", "+@all"}, tc.rule...)
+			if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), DB: tc.db, Username: "writer", Password: "pw"})
+			err := s.Publish(ctx, "sbx")
+			if err == nil || !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("publish err = %v, want NOPERM and %q", err, tc.want)
+			}
+		})
+	}
+}
+
 // TestBadIDFloodLogsOnce: anyone who may PUBLISH on the channel (every
 // proxy's ACL user, the control plane) can send payloads that are no
 // sandbox id as fast as Redis relays them. Each was logged at warn level:

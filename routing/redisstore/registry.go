@@ -158,9 +158,23 @@ func (r *Registry) beat() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("redis registry hset %s / zadd %s: %w", r.cfg.Hash, r.cfg.ZSet, err)
+		return fmt.Errorf("redis registry hset %s / zadd %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.aclHint(err))
 	}
 	return nil
+}
+
+// aclHint names the rule a NOPERM of the registry's writes asks the
+// operator to grant, as a refused read or subscription does: Redis names
+// the command, or "one of the keys", never the rule. It is "" for any
+// other error.
+func (r *Registry) aclHint(err error) string {
+	if !redis.HasErrorPrefix(err, "NOPERM") {
+		return ""
+	}
+	if cmd := refusedCommand(err); cmd != "" {
+		return " (the Redis ACL user needs +" + cmd + ")"
+	}
+	return " (the Redis ACL user needs ~" + r.cfg.Hash + " ~" + r.cfg.ZSet + ")"
 }
 
 // Stop ends the heartbeat loop and removes this instance's entries. It
@@ -191,7 +205,7 @@ func (r *Registry) Stop(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("redis registry hdel %s / zrem %s: %w", r.cfg.Hash, r.cfg.ZSet, err)
+		return fmt.Errorf("redis registry hdel %s / zrem %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.aclHint(err))
 	}
 	return nil
 }

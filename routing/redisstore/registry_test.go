@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +125,48 @@ func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Stop took %v with a 300ms budget: it waited for the hung heartbeat", d)
+	}
+}
+
+// TestRegistryRefusedNamesTheRule: a heartbeat, or the removal at stop,
+// the ACL user may not write names the rule to grant, as a refused read
+// or subscription does; the warning said only Redis's "no permissions to
+// run the 'zadd' command" or "to access one of the keys".
+func TestRegistryRefusedNamesTheRule(t *testing.T) {
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	keys := "~" + redisstore.DefaultRegistryHash + " ~" + redisstore.DefaultRegistryZSet
+	for _, tc := range []struct {
+		name       string
+		rules      []any
+		beat, stop string // in the heartbeat's warning, in Stop's error; "" for none
+	}{
+		{"keys denied", []any{"~cube:v1:shared:sandbox:proxy:*", "+@all"}, "(the Redis ACL user needs " + keys + ")", "(the Redis ACL user needs " + keys + ")"},
+		{"zadd denied", []any{"~*", "+@all", "-zadd"}, "(the Redis ACL user needs +zadd)", ""},
+		{"hdel denied", []any{"~*", "+@all", "-hdel"}, "", "(the Redis ACL user needs +hdel)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acl := append([]any{"ACL", "SETUSER", "announcer", "reset", "on", ">pw"}, tc.rules...)
+			if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "announcer", Password: "pw"})
+			var logs testenv.LogBuffer
+			reg, err := redisstore.StartRegistry(s.Client(), redisstore.RegistryConfig{Enabled: true, Interval: time.Hour}, time.Second,
+				redisstore.Instance{ProxyID: "proxy-acl"}, slog.New(slog.NewJSONHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.beat != "" {
+				testenv.WaitFor(t, 10*time.Second, "the heartbeat's warning", func() bool { return strings.Contains(logs.String(), "heartbeat failed") })
+				if !strings.Contains(logs.String(), tc.beat) {
+					t.Errorf("heartbeat warning %s\nwant %q", logs.String(), tc.beat)
+				}
+			}
+			err = reg.Stop(ctx)
+			if tc.stop == "" && err != nil || tc.stop != "" && (err == nil || !strings.Contains(err.Error(), tc.stop)) {
+				t.Errorf("stop err = %v, want %q", err, tc.stop)
+			}
+		})
 	}
 }

@@ -2,10 +2,12 @@ package telemetry
 
 import (
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
@@ -30,7 +32,8 @@ type Config struct {
 	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_SDK_DISABLED,
 	// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; os.Getenv
 	// when nil. The OTLP exporters read their endpoint, headers and TLS
-	// variables from the process environment themselves.
+	// variables from the process environment themselves, and the batch
+	// span processor's OTEL_BSP_* are read from there too (and checked).
 	Env func(string) string
 	// SpanExporter, when set, turns tracing on and exports every ended span
 	// synchronously (tests use tracetest.InMemoryExporter). The OTEL_* exporter
@@ -148,6 +151,67 @@ func (c *Config) sampleRatio(env func(string) string) (float64, error) {
 		return testSampleRatio, nil
 	}
 	return DefaultSampleRatio, nil
+}
+
+// batchSettings are the batch span processor's, from the standard
+// OTEL_BSP_* variables.
+type batchSettings struct {
+	queue, batch   int           // OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+	delay, timeout time.Duration // OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_EXPORT_TIMEOUT (0: none)
+}
+
+// maxBatchQueue is the largest OTEL_BSP_MAX_QUEUE_SIZE taken: the queue is
+// allocated whole at start, and a million spans of some 1 KiB each is
+// already a gigabyte held for a collector that does not keep up.
+const maxBatchQueue = 1 << 20
+
+// readBatchSettings reads the OTEL_BSP_* variables from env, the SDK's
+// defaults for those unset, and refuses a value it cannot use. The SDK
+// reads them itself without a check: a negative queue or batch size
+// panicked at start ("makeslice: cap out of range"), a schedule delay of 0
+// or less made its export loop spin (some 70 % of a core with no traffic),
+// and a word was replaced by the default, said nowhere.
+func readBatchSettings(env func(string) string) (batchSettings, error) {
+	s := batchSettings{
+		queue:   sdktrace.DefaultMaxQueueSize,
+		batch:   sdktrace.DefaultMaxExportBatchSize,
+		delay:   sdktrace.DefaultScheduleDelay * time.Millisecond,
+		timeout: sdktrace.DefaultExportTimeout * time.Millisecond,
+	}
+	for _, v := range []struct {
+		name     string
+		min, max int
+		set      func(int)
+	}{
+		{"OTEL_BSP_MAX_QUEUE_SIZE", 1, maxBatchQueue, func(n int) { s.queue = n }},
+		{"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 1, maxBatchQueue, func(n int) { s.batch = n }},
+		{"OTEL_BSP_SCHEDULE_DELAY", 1, math.MaxInt32, func(n int) { s.delay = time.Duration(n) * time.Millisecond }},
+		{"OTEL_BSP_EXPORT_TIMEOUT", 0, math.MaxInt32, func(n int) { s.timeout = time.Duration(n) * time.Millisecond }},
+	} {
+		raw := strings.TrimSpace(env(v.name))
+		if raw == "" {
+			continue
+		}
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < v.min || n > v.max {
+			return batchSettings{}, fmt.Errorf("%s=%q: want a whole number from %d to %d", v.name, raw, v.min, v.max)
+		}
+		v.set(n)
+	}
+	if s.batch > s.queue {
+		// As the SDK does: a batch never larger than the queue.
+		s.batch = min(sdktrace.DefaultMaxExportBatchSize, s.queue)
+	}
+	return s, nil
+}
+
+// options returns s as the batch span processor's options, which win over
+// its own reading of the variables.
+func (s batchSettings) options() []sdktrace.BatchSpanProcessorOption {
+	return []sdktrace.BatchSpanProcessorOption{
+		sdktrace.WithMaxQueueSize(s.queue), sdktrace.WithMaxExportBatchSize(s.batch),
+		sdktrace.WithBatchTimeout(s.delay), sdktrace.WithExportTimeout(s.timeout),
+	}
 }
 
 func (c *Config) env() func(string) string {

@@ -64,6 +64,12 @@ func TestREADMETracesNamesWhatIsAccepted(t *testing.T) {
 			t.Errorf("README's Traces paragraph does not name %s", v.name)
 		}
 	}
+	// Read from the process environment (TestBatchSettingsFromProcessEnv).
+	for _, name := range []string{"OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT"} {
+		if !strings.Contains(para, "`"+name+"`") {
+			t.Errorf("README's Traces paragraph does not name %s, whose bad values refuse the start", name)
+		}
+	}
 	if !strings.Contains(para, "refuses to start") {
 		t.Error("README's Traces paragraph does not say which values refuse to start")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -35,7 +36,7 @@ func EdgeSampler(ratio float64) sdktrace.Sampler {
 // OTEL_RESOURCE_ATTRIBUTES (read from the process environment, not Env)
 // whether tracing is on or not: its attributes label the metrics too.
 func (c Config) Check() error {
-	if _, _, _, err := c.tracing(); err != nil {
+	if _, _, _, _, err := c.tracing(); err != nil {
 		return err
 	}
 	_, err := newResource(context.Background(), &c)
@@ -43,26 +44,31 @@ func (c Config) Check() error {
 }
 
 // tracing reads the tracing settings as New applies them: on is false when
-// tracing is off (no injected exporter and none asked for), and then kind
-// and ratio are not looked at.
-func (c *Config) tracing() (on bool, kind exporterKind, ratio float64, err error) {
+// tracing is off (no injected exporter and none asked for), and then kind,
+// ratio and the batch settings (OTLP export only) are not looked at.
+func (c *Config) tracing() (on bool, kind exporterKind, ratio float64, batch batchSettings, err error) {
 	env := c.env()
 	if c.SpanExporter == nil {
 		if kind, err = traceExporterKind(env); err != nil || kind == exporterNone {
-			return false, kind, 0, err
+			return false, kind, 0, batch, err
+		}
+		// From the process environment, as the exporters read theirs:
+		// the SDK did, and embedders (tests) set them there.
+		if batch, err = readBatchSettings(os.Getenv); err != nil {
+			return false, kind, 0, batch, err
 		}
 	}
 	if ratio, err = c.sampleRatio(env); err != nil {
-		return false, kind, 0, err
+		return false, kind, 0, batch, err
 	}
-	return true, kind, ratio, nil
+	return true, kind, ratio, batch, nil
 }
 
 // newTracerProvider builds the SDK provider and its one span processor, or
 // returns nils when tracing is off. cut, nil with an injected exporter,
 // gives the OTLP exporter up (see cutExporter).
 func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource) (tp *sdktrace.TracerProvider, proc sdktrace.SpanProcessor, cut context.CancelFunc, err error) {
-	on, kind, ratio, err := cfg.tracing()
+	on, kind, ratio, batch, err := cfg.tracing()
 	if err != nil || !on {
 		return nil, nil, nil, err
 	}
@@ -83,7 +89,7 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource)
 		cut = ce.cancel
 		// The batch processor drops spans when its queue is full instead of
 		// blocking the request path.
-		proc = sdktrace.NewBatchSpanProcessor(ce)
+		proc = sdktrace.NewBatchSpanProcessor(ce, batch.options()...)
 	}
 	tp = sdktrace.NewTracerProvider(
 		sdktrace.WithSampler(EdgeSampler(ratio)),

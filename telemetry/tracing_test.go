@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/netip"
 	"strings"
@@ -300,6 +301,75 @@ func TestTraceConfig(t *testing.T) {
 			defer tel.Shutdown(context.Background())
 			if tel.TracingEnabled() != tt.on {
 				t.Errorf("TracingEnabled = %v, want %v", tel.TracingEnabled(), tt.on)
+			}
+		})
+	}
+}
+
+// TestBatchSettingsFromProcessEnv: the batch processor's variables, read
+// from the process environment as the SDK read them, unchecked: a negative
+// queue or batch size panicked in New ("makeslice: cap out of range"),
+// taking serve down with a stack trace instead of an error naming the
+// variable; a zero schedule delay started an export loop that spun; a word
+// was replaced by the default, said nowhere. check refuses what serve does.
+func TestBatchSettingsFromProcessEnv(t *testing.T) {
+	for _, tt := range []struct {
+		env     map[string]string
+		wantErr string // "" accepted
+		on      bool
+	}{
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, "", true},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE", true},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "OTEL_BSP_MAX_QUEUE_SIZE", true},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "1000000000"}, "OTEL_BSP_MAX_QUEUE_SIZE", true},
+		{map[string]string{"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "-1"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", true},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1000"}, "", true},
+		{map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "0"}, "OTEL_BSP_SCHEDULE_DELAY", true},
+		{map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "5s"}, "OTEL_BSP_SCHEDULE_DELAY", true},
+		{map[string]string{"OTEL_BSP_EXPORT_TIMEOUT": "0"}, "", true},
+		{map[string]string{"OTEL_BSP_EXPORT_TIMEOUT": "-1"}, "OTEL_BSP_EXPORT_TIMEOUT", true},
+		// Tracing off: not looked at.
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "", false},
+	} {
+		t.Run(fmt.Sprint(tt.env, tt.on), func(t *testing.T) {
+			if tt.on {
+				t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+			} else {
+				t.Setenv("OTEL_TRACES_EXPORTER", "none")
+			}
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			var tel *Telemetry
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("panic: %v", p)
+					}
+				}()
+				tel, err = New(context.Background(), Config{})
+			}()
+			checkErr := (Config{}).Check()
+			if tt.wantErr == "" {
+				if err != nil || checkErr != nil {
+					t.Fatalf("New: %v; Check: %v; want both to accept", err, checkErr)
+				}
+				defer tel.Shutdown(context.Background())
+				if tel.TracingEnabled() != tt.on {
+					t.Errorf("TracingEnabled = %v, want %v", tel.TracingEnabled(), tt.on)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("New: %v, want an error naming %s", err, tt.wantErr)
+			}
+			if checkErr == nil || !strings.Contains(checkErr.Error(), tt.wantErr) {
+				t.Errorf("Check: %v, want it refused as serve refuses it", checkErr)
+			}
+			if err == nil {
+				tel.Shutdown(context.Background())
 			}
 		})
 	}

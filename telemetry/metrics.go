@@ -55,6 +55,7 @@ type Metrics struct {
 	logDrops      atomic.Int64
 	logReopenErrs atomic.Int64
 	procLogDrops  atomic.Pointer[func() uint64]
+	spanDrops     atomic.Int64
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 	heldBodies    atomic.Pointer[func() int64]
 	invalidation  atomic.Pointer[func() InvalidationStats]
@@ -73,21 +74,21 @@ type Metrics struct {
 // observed holds the asynchronous instruments and the attribute options the
 // scrape callback reports them with.
 type observed struct {
-	requests, bytesIn, bytesOut, cache, storeErrors metric.Int64ObservableCounter
-	connectErrors, resourceErrs, retries, auth      metric.Int64ObservableCounter
-	logDrops, logReopenErrs, procLogDrops           metric.Int64ObservableCounter
-	acceptErrors, connsRefused, streamEnds          metric.Int64ObservableCounter
-	limitWaits, invSubscriptions, invMessages       metric.Int64ObservableCounter
-	invSubscribed                                   metric.Int64ObservableUpDownCounter
-	conns, streams, websockets, pools, idle         metric.Int64ObservableUpDownCounter
-	heldBodies                                      metric.Int64ObservableUpDownCounter
-	classKind                                       [numStatusClasses][numRouteKinds]metric.ObserveOption
-	kind                                            [numRouteKinds]metric.ObserveOption
-	result                                          [numCacheResults]metric.ObserveOption
-	store                                           [numStoreKinds]metric.ObserveOption
-	reason                                          [len(authReasons)]metric.ObserveOption
-	kindEnd                                         [numRouteKinds][numStreamEnds]metric.ObserveOption
-	waitOutcome                                     [numWaitOutcomes]metric.ObserveOption
+	requests, bytesIn, bytesOut, cache, storeErrors  metric.Int64ObservableCounter
+	connectErrors, resourceErrs, retries, auth       metric.Int64ObservableCounter
+	logDrops, logReopenErrs, procLogDrops, spanDrops metric.Int64ObservableCounter
+	acceptErrors, connsRefused, streamEnds           metric.Int64ObservableCounter
+	limitWaits, invSubscriptions, invMessages        metric.Int64ObservableCounter
+	invSubscribed                                    metric.Int64ObservableUpDownCounter
+	conns, streams, websockets, pools, idle          metric.Int64ObservableUpDownCounter
+	heldBodies                                       metric.Int64ObservableUpDownCounter
+	classKind                                        [numStatusClasses][numRouteKinds]metric.ObserveOption
+	kind                                             [numRouteKinds]metric.ObserveOption
+	result                                           [numCacheResults]metric.ObserveOption
+	store                                            [numStoreKinds]metric.ObserveOption
+	reason                                           [len(authReasons)]metric.ObserveOption
+	kindEnd                                          [numRouteKinds][numStreamEnds]metric.ObserveOption
+	waitOutcome                                      [numWaitOutcomes]metric.ObserveOption
 }
 
 // newMetrics makes the counters and gauges on meter and registers the
@@ -114,6 +115,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
+	o.spanDrops = b.counter("cubeproxy.spans.dropped", "{span}", "Sampled spans dropped unexported because the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full: the trace collector took them slower than they came.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again; one that then lost it to another waits on and counts again), refused (none did, or the drain began: the 429; or the client closed its connection: the 499) or state (the sandbox was paused, killed or forgotten meanwhile).")
 	o.invSubscribed = b.gauge("cubeproxy.route_invalidation.subscribed", "{subscription}", "1 while the Redis invalidation subscription stands, 0 while it is down or refused: invalidations published by other instances are then not applied here, and changed routes are served from the cache for up to their TTL.")
@@ -131,7 +133,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
+		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
 		o.invSubscribed, o.invSubscriptions, o.invMessages)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
@@ -252,6 +254,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 		procLogDrops = (*fn)()
 	}
 	ob.ObserveInt64(o.procLogDrops, int64(procLogDrops))
+	ob.ObserveInt64(o.spanDrops, m.spanDrops.Load())
 	ob.ObserveInt64(o.conns, m.conns.Load())
 	ob.ObserveInt64(o.websockets, m.websockets.Load())
 	var held int64
@@ -505,6 +508,15 @@ func (m *Metrics) AccessLogDropped() {
 		return
 	}
 	m.logDrops.Add(1)
+}
+
+// spanDropped counts one span dropped at a full export queue and returns
+// the count so far.
+func (m *Metrics) spanDropped() int64 {
+	if m == nil {
+		return 0
+	}
+	return m.spanDrops.Add(1)
 }
 
 // AccessLogReopenFailed counts one failed reopen of the access log file

@@ -85,7 +85,7 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	}
 	t.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 
-	if t.tp, t.proc, t.cutExports, err = newTracerProvider(ctx, &cfg, res); err != nil {
+	if t.tp, t.proc, t.cutExports, err = newTracerProvider(ctx, &cfg, res, t.Metrics); err != nil {
 		return nil, errors.Join(err, t.mp.Shutdown(ctx))
 	}
 	if t.tp != nil {

@@ -109,3 +109,39 @@ func TestTraceExportErrorInProxyLog(t *testing.T) {
 	}
 	r.stop()
 }
+
+// An OTLP setting the SDK cannot use and ignores (a CA file that is not
+// there, a timeout that is no number) is said in the proxy's own log, a
+// JSON line tagged "component":"telemetry" naming the variable's value: the
+// SDK's default logger wrote it as plain text to the process's stderr
+// ("internal_logging.go:50: "msg"="read tls ca cert file" ..."), among the
+// JSON lines, where a log pipeline parsing them drops or mangles it.
+func TestOTLPSettingIgnoredInProxyLog(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem", "read tls ca cert file"},
+		{"OTEL_EXPORTER_OTLP_TIMEOUT", "ten", "parse duration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+testenv.RefusingAddr(t))
+			t.Setenv(tc.name, tc.value)
+			routes := boxRoutes(t, t.TempDir(), 1)
+			r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes}, noEnv)
+			r.stop()
+			var found bool
+			for _, line := range strings.Split(strings.TrimSpace(r.logs.String()), "\n") {
+				if !strings.Contains(line, tc.want) {
+					continue
+				}
+				found = true
+				if !strings.HasPrefix(line, "{") || !strings.Contains(line, `"component":"telemetry"`) ||
+					!strings.Contains(line, `"level":"ERROR"`) || !strings.Contains(line, tc.value) {
+					t.Errorf("the ignored setting logged as %s", line)
+				}
+			}
+			if !found {
+				t.Errorf("%s=%s, which the SDK ignores, is not in the proxy's log:\n%s", tc.name, tc.value, r.logs)
+			}
+		})
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 
@@ -254,6 +255,11 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	// The SDK reports a failed export through this process-wide handler,
 	// whose default writes plain-text lines among the JSON ones.
 	otel.SetErrorHandler(otelErrorHandler{newThrottledLog(log, "telemetry", time.Now)})
+	// The SDK's own log says when it ignored an OTEL_EXPORTER_OTLP_* value
+	// it could not use (a CA file missing, a timeout or headers that do not
+	// parse), which it does at error level only. Its default logger wrote
+	// that as plain text to stderr, among the JSON lines and untagged.
+	otel.SetLogger(logr.FromSlogHandler(log.With("component", "telemetry").Handler()))
 	tcfg := telemetryConfig(cfg, nil) // nil: the process environment
 	tcfg.InstanceID = a.instance
 	a.tel, err = telemetry.New(ctx, tcfg)

@@ -112,11 +112,44 @@ func checkOTLPEndpoint(env func(string) string) error {
 		v = strings.TrimSpace(env(name))
 	}
 	if v == "" {
-		return nil // the exporter's default
+		// The exporter's default (https://localhost:4318, or 4317), which
+		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
+		return checkOTLPInsecure(env, "", "")
 	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%s=%q: want an http or https URL with a host, as http://collector:4318", name, v)
+	}
+	return checkOTLPInsecure(env, name, u.Scheme)
+}
+
+// checkOTLPInsecure refuses an OTEL_EXPORTER_OTLP_[TRACES_]INSECURE that
+// is not a boolean, or that the exporters would turn against the
+// endpoint's scheme (endpoint names the variable that set it; none, scheme
+// "": the default endpoint, which the variable may make plain HTTP). They take the variable over the scheme (the
+// specification leaves the scheme to decide), and read every value but
+// "true" as false: OTEL_EXPORTER_OTLP_INSECURE=false, or =1, with an
+// http:// endpoint made each export a TLS handshake with a plain-HTTP
+// collector, =true with an https:// one plain HTTP to a TLS port, and no
+// span ever arrived while check passed.
+func checkOTLPInsecure(env func(string) string, endpoint, scheme string) error {
+	name, v := "", ""
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE"} { // the last set wins
+		raw := strings.TrimSpace(env(n))
+		if raw == "" {
+			continue
+		}
+		if !strings.EqualFold(raw, "true") && !strings.EqualFold(raw, "false") {
+			return fmt.Errorf("%s=%q: want true or false (the exporter reads anything else as false: TLS)", n, raw)
+		}
+		name, v = n, raw
+	}
+	if name == "" || scheme == "" {
+		return nil
+	}
+	if insecure := strings.EqualFold(v, "true"); insecure != (scheme == "http") {
+		return fmt.Errorf("%s=%s contradicts the %s endpoint in %s: the exporter would follow it and speak %s to the collector; unset it, the scheme says which",
+			name, v, scheme, endpoint, map[bool]string{true: "plain HTTP", false: "TLS"}[insecure])
 	}
 	return nil
 }

@@ -280,6 +280,23 @@ func TestTraceConfig(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", false},
 		{"traces endpoint wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector:4318/v1/traces"}, 0, "", true},
+		// The exporters take OTEL_EXPORTER_OTLP_INSECURE over the scheme,
+		// and anything but "true" as false (TLS).
+		{"insecure true with http", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, 0, "", true},
+		{"insecure false with https", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "FALSE"}, 0, "", true},
+		{"insecure false with http", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "false"}, 0,
+			"OTEL_EXPORTER_OTLP_INSECURE=false contradicts the http endpoint", false},
+		{"insecure 1 with http", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "1"}, 0,
+			`OTEL_EXPORTER_OTLP_INSECURE="1": want true or false`, false},
+		{"insecure true with https", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, 0,
+			"contradicts the https endpoint", false},
+		{"traces insecure wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces",
+			"OTEL_EXPORTER_OTLP_INSECURE": "false", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}, 0, "", true},
+		{"traces insecure contradicts", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+			"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "false"}, 0, "OTEL_EXPORTER_OTLP_TRACES_INSECURE", false},
+		{"insecure without endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, 0, "", true},
+		{"insecure yes without endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_INSECURE": "yes"}, 0, "OTEL_EXPORTER_OTLP_INSECURE", false},
+		{"bad insecure while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "false"}, 0, "", false},
 		{"bad endpoint while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "", false},
 		// Switched off, the exporter setting is not looked at: OTEL_SDK_DISABLED
 		// is how an operator turns a broken telemetry setup off.

@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // headOfLines is a request head for host with n header lines in all (Host
@@ -52,27 +55,33 @@ func TestHeadLinesBounded(t *testing.T) {
 		raw      string
 		status   int
 		redirect bool // sent to the redirect listener
+		admin    bool // sent to the admin listener, for /admin/healthz
 	}{
-		{"the most lines", headOfLines("GET", host, maxHeaderLines, "X-L: v", ""), 200, false},
-		{"one line more", headOfLines("GET", host, maxHeaderLines+1, "X-L: v", ""), 431, false},
-		{"32 KiB of three-byte lines", headOfLines("GET", host, 6400, "a:b", ""), 431, false},
-		{"cookie lines", headOfLines("GET", host, maxHeaderLines+1, "Cookie: a=b", ""), 431, false},
-		{"the most lines, Expect", headOfLines("POST", host, maxHeaderLines, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 100, false},
-		{"one line more, Expect", headOfLines("POST", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, false},
-		{"one line more, HEAD", headOfLines("HEAD", host, maxHeaderLines+1, "X-L: v", ""), 431, false},
-		{"one line more, HEAD with Expect", headOfLines("HEAD", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, false},
-		{"redirect listener, the most lines", headOfLines("GET", host, maxHeaderLines, "X-L: v", ""), 308, true},
-		{"redirect listener, one line more", headOfLines("GET", host, maxHeaderLines+1, "X-L: v", ""), 431, true},
-		{"redirect listener, one line more, Expect", headOfLines("POST", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, true},
+		{"the most lines", headOfLines("GET", host, maxHeaderLines, "X-L: v", ""), 200, false, false},
+		{"one line more", headOfLines("GET", host, maxHeaderLines+1, "X-L: v", ""), 431, false, false},
+		{"32 KiB of three-byte lines", headOfLines("GET", host, 6400, "a:b", ""), 431, false, false},
+		{"cookie lines", headOfLines("GET", host, maxHeaderLines+1, "Cookie: a=b", ""), 431, false, false},
+		{"the most lines, Expect", headOfLines("POST", host, maxHeaderLines, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 100, false, false},
+		{"one line more, Expect", headOfLines("POST", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, false, false},
+		{"one line more, HEAD", headOfLines("HEAD", host, maxHeaderLines+1, "X-L: v", ""), 431, false, false},
+		{"one line more, HEAD with Expect", headOfLines("HEAD", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, false, false},
+		{"redirect listener, the most lines", headOfLines("GET", host, maxHeaderLines, "X-L: v", ""), 308, true, false},
+		{"redirect listener, one line more", headOfLines("GET", host, maxHeaderLines+1, "X-L: v", ""), 431, true, false},
+		{"redirect listener, one line more, Expect", headOfLines("POST", host, maxHeaderLines+1, "X-L: v", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 431, true, false},
+		{"admin listener, the most lines", headOfLines("GET", "127.0.0.1", maxHeaderLines, "X-L: v", ""), 200, false, true},
+		{"admin listener, one line more", headOfLines("GET", "127.0.0.1", maxHeaderLines+1, "X-L: v", ""), 431, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := hits.Load()
-			addr := h.addr
-			if tc.redirect {
+			addr, raw := h.addr, tc.raw
+			switch {
+			case tc.redirect:
 				addr = rl.Addr().String()
+			case tc.admin:
+				addr, raw = h.admin, strings.Replace(raw, " /p ", " /admin/healthz ", 1)
 			}
 			c := dialRaw(t, addr)
-			if _, err := io.WriteString(c, tc.raw); err != nil {
+			if _, err := io.WriteString(c, raw); err != nil {
 				t.Fatal(err)
 			}
 			br := bufio.NewReader(c)
@@ -93,6 +102,12 @@ func TestHeadLinesBounded(t *testing.T) {
 					t.Fatalf("after the body: %v %v, want 200", resp, err)
 				}
 			case 200:
+				if tc.admin {
+					if resp.StatusCode != 200 {
+						t.Fatalf("got %d %s, want the health check's 200", resp.StatusCode, body)
+					}
+					break
+				}
 				if resp.StatusCode != 200 || string(body) != "ok" {
 					t.Fatalf("got %d %s, want the sandbox's 200", resp.StatusCode, body)
 				}
@@ -144,12 +159,15 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 		name     string
 		raw      string
 		redirect bool // sent to the redirect listener
+		admin    bool // sent to the admin listener
 	}{
-		{"32 KiB of three-byte lines", headOfLines("GET", host, 6400, "a:b", ""), false},
-		{"32 KiB of three-byte lines, redirect listener", headOfLines("GET", host, 6400, "a:b", ""), true},
-		{"32 KiB of 1 KiB lines", headOfLines("GET", host, 31, "X-Long: "+strings.Repeat("v", 1000), ""), false},
+		{"32 KiB of three-byte lines", headOfLines("GET", host, 6400, "a:b", ""), false, false},
+		{"32 KiB of three-byte lines, redirect listener", headOfLines("GET", host, 6400, "a:b", ""), true, false},
+		// Not counted under client.max_conns: no bound on such connections.
+		{"32 KiB of three-byte lines, admin listener", headOfLines("GET", "127.0.0.1", 6400, "a:b", ""), false, true},
+		{"32 KiB of 1 KiB lines", headOfLines("GET", host, 31, "X-Long: "+strings.Repeat("v", 1000), ""), false, false},
 		// The most lines taken, the head filled with one long line.
-		{"the most lines, 32 KiB", headOfLines("GET", host, maxHeaderLines, "a:b", "X-Pad: "+strings.Repeat("p", 32000-5*maxHeaderLines)+"\r\n"), false},
+		{"the most lines, 32 KiB", headOfLines("GET", host, maxHeaderLines, "a:b", "X-Pad: "+strings.Repeat("p", 32000-5*maxHeaderLines)+"\r\n"), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if len(tc.raw) > 32<<10 {
@@ -163,8 +181,11 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 				}
 			}()
 			addr := h.addr
-			if tc.redirect {
+			switch {
+			case tc.redirect:
 				addr = rl.Addr().String()
+			case tc.admin:
+				addr = h.admin
 			}
 			for range conns {
 				c, err := net.Dial("tcp", addr)
@@ -230,17 +251,24 @@ func TestRefusedHeadsPassNoLinesOn(t *testing.T) {
 		name   string
 		raw    string
 		status int
+		admin  bool // on the admin listener
 	}{
-		{"too many lines", headOfLines("GET", host, 6000, "a:b", ""), 431},
-		{"a malformed line after many", headOfLines("GET", host, 6000, "a:b", "X Y\x01: z\r\n"), 400},
+		{"too many lines", headOfLines("GET", host, 6000, "a:b", ""), 431, false},
+		{"a malformed line after many", headOfLines("GET", host, 6000, "a:b", "X Y\x01: z\r\n"), 400, false},
+		{"admin listener, too many lines", headOfLines("GET", "127.0.0.1", 6000, "a:b", ""), 431, true},
+		{"admin listener, a malformed line after many", headOfLines("GET", "127.0.0.1", 6000, "a:b", "X Y\x01: z\r\n"), 400, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			addr, next := h.addr, "GET /p HTTP/1.1\r\nHost: "+host+"\r\n\r\n"
+			if tc.admin {
+				addr, next = h.admin, "GET /admin/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+			}
 			before := limitCounted()
 			// All sent before any is answered: each takes a context of
 			// its own, and all go back to the pool together.
 			refused := make([]net.Conn, 0, conns)
 			for range conns {
-				c, err := net.Dial("tcp", h.addr)
+				c, err := net.Dial("tcp", addr)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -260,7 +288,7 @@ func TestRefusedHeadsPassNoLinesOn(t *testing.T) {
 					t.Fatalf("got %d, want %d", resp.StatusCode, tc.status)
 				}
 			}
-			h.waitClientConnsClosed(t)
+			testenv.WaitFor(t, 10*time.Second, "refused connections closed", func() bool { return h.proxy.clientConns.Load() == 0 && h.proxy.held.len() == 0 })
 			held := make([]net.Conn, 0, conns)
 			defer func() {
 				for _, c := range held {
@@ -268,9 +296,9 @@ func TestRefusedHeadsPassNoLinesOn(t *testing.T) {
 				}
 			}()
 			for range conns {
-				c := dialRaw(t, h.addr)
+				c := dialRaw(t, addr)
 				held = append(held, c)
-				keptRequest(t, c, bufio.NewReader(c), "GET /p HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+				keptRequest(t, c, bufio.NewReader(c), next)
 			}
 			per := (int64(limitCounted()) - int64(before)) / conns
 			t.Logf("%d bytes counted per connection", per)

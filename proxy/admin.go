@@ -108,7 +108,15 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 		return
 	}
-	if h.ContentLength() != -1 && scanHead(h).transferEncoding {
+	seen := scanHead(h)
+	if seen.lines > maxHeaderLines {
+		// As on the traffic listeners; this listener's connections are
+		// not even counted under client.max_conns.
+		writeError(ctx, errManyLines, nil)
+		shedHead(ctx)
+		return
+	}
+	if h.ContentLength() != -1 && seen.transferEncoding {
 		writeError(ctx, proxyError{status: 400, code: CodeBadRequest, msg: "Transfer-Encoding other than chunked"}, nil)
 		ctx.SetConnectionClose()
 		return

@@ -25,7 +25,10 @@ const (
 	CodeBodyTooLarge     = "request_body_too_large"
 	CodeBadBody          = "bad_request_body"
 	CodeBodyTimeout      = "request_body_timeout"
-	CodeUpstreamConnect  = "upstream_connect_failed"
+	// CodeHeaderTooLarge: the request head is over client.max_header_size,
+	// or has more than maxHeaderLines lines.
+	CodeHeaderTooLarge  = "request_header_too_large"
+	CodeUpstreamConnect = "upstream_connect_failed"
 	// CodeUpstreamConnectTimeout: the sandbox port neither accepted nor
 	// refused the connection in time (a frozen sandbox, a full backlog).
 	CodeUpstreamConnectTimeout = "upstream_connect_timeout"

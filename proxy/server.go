@@ -304,6 +304,9 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	x.bytesIn = int64(len(ctx.Request.Body()))
 	x.early = early
 	host := ctx.Request.Header.Host()
+	// Counted here, off the traffic listeners' hot path, as serve counts
+	// them there.
+	manyLines := scanHead(&ctx.Request.Header).lines > maxHeaderLines
 	if e := refusedRequestLine(&ctx.Request.Header); e != nil {
 		// As on HTTPS (serve): a CONNECT's authority-form target made a
 		// Location of "/", and a client on HTTP/9.9 came back only to be
@@ -316,6 +319,8 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 		// Refused here as on HTTPS (serve), as nginx refuses it on any
 		// server: redirected, it came back only to be refused there.
 		x.fail(ctx, *e, nil)
+	} else if manyLines {
+		x.fail(ctx, errManyLines, nil)
 	} else if len(host) == 0 {
 		// HTTP/1.0 in origin form without Host, or with an empty one:
 		// "https://:8443/x" names no server.
@@ -345,6 +350,9 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	x.noteRequestID(id)
 	s.p.headersReady(ctx, &x)
 	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
+	if manyLines {
+		shedHead(ctx) // nothing after this reads the head
+	}
 }
 
 // redirectExpect answers the head of an "Expect: 100-continue" upload on
@@ -872,7 +880,7 @@ func refusedByParser(err error) proxyError {
 	}
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
-		return proxyError{status: 431, code: "request_header_too_large", msg: "request headers too large"}
+		return proxyError{status: 431, code: CodeHeaderTooLarge, msg: "request headers too large"}
 	}
 	if errors.Is(err, fasthttp.ErrorInvalidURI) {
 		// A request target with a control byte or no valid form, or
@@ -893,6 +901,9 @@ func (p *Proxy) clientError(ctx *fasthttp.RequestCtx, err error) {
 // traffic answer carries, and counts and logs it like any other answer: a
 // flood of 400s or 431s must show, and so must clients that leave halfway.
 func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSet) {
+	// A head fasthttp refused may have been parsed up to its bad line,
+	// thousands of lines before it, which the context would keep.
+	defer shedHead(ctx)
 	var buf [maxRequestIDLen]byte
 	e, request := p.failure(ctx, err, conns)
 	if !request {

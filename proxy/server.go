@@ -407,6 +407,10 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			// unread: the reset failed a client still sending before it
 			// read the 431 or 413. Lingered as the traffic listener's.
 			admin.p.lingerRefused(ctx, err)
+			// As on the traffic listeners (requestFailed): a head
+			// refused at a bad line may have been parsed for thousands
+			// of lines before it, which the pooled context would keep.
+			shedHead(ctx)
 		},
 		NoDefaultServerHeader: true,
 		// As large as a traffic head: fasthttp's default 4 KiB

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// A refused body is read and dropped after the answer (linger), for up to
+// 30 s while the client keeps sending. A client without credentials that
+// sent a refused body and then trickled, or sent a burst and paused, held
+// the 64 KiB copy buffer in each lingering connection: ≈ 110–116 KiB
+// counted against GOMEMLIMIT per connection, twice README's 56 KiB sizing.
+// The buffer is now taken only while reads keep filling it.
+func TestLingeringConnectionHoldsNoBulkBuffer(t *testing.T) {
+	const conns = 200
+	const allowed = 80 << 10 // an idle connection's ≈ 49 KiB, the hijack's goroutine, a 4 KiB buffer
+	for _, tc := range []struct {
+		name  string
+		after string // what the client sends once it has read the refusal
+	}{
+		{"a trickle", strings.Repeat("y", 100)},
+		{"a burst, then a pause", strings.Repeat("y", 16<<10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			before := limitCounted()
+			cs := make([]net.Conn, 0, conns)
+			defer func() {
+				for _, c := range cs {
+					c.Close()
+				}
+			}()
+			for range conns {
+				c := dialRaw(t, h.addr)
+				cs = append(cs, c)
+				// An unknown sandbox's 404 with the body unread.
+				if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: 3000-nosuchbox.cube.test\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("x", 9000)); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotFound || !resp.Close {
+					t.Fatalf("got %d (close %v), want the 404 that ends the connection", resp.StatusCode, resp.Close)
+				}
+				if _, err := io.WriteString(c, tc.after); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.WaitFor(t, 10*time.Second, "every connection lingering", func() bool { return h.proxy.held.len() == conns })
+			per := (int64(limitCounted()) - int64(before)) / conns
+			t.Logf("%.1f KiB counted per lingering connection", float64(per)/1024)
+			if per > allowed {
+				t.Errorf("a lingering connection holds %.0f KiB against GOMEMLIMIT, want under %d KiB", float64(per)/1024, allowed>>10)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -64,5 +65,36 @@ func TestLingeringConnectionHoldsNoBulkBuffer(t *testing.T) {
 				t.Errorf("a lingering connection holds %.0f KiB against GOMEMLIMIT, want under %d KiB", float64(per)/1024, allowed>>10)
 			}
 		})
+	}
+}
+
+// A body found malformed while it streams (a bad chunk) is answered 400,
+// and what the client still sends is read and dropped, as after any other
+// refusal and as nginx does after "client sent invalid chunked body":
+// closed with those bytes unread, the connection was reset, and a client
+// still writing its upload could fail on the reset before it read the 400.
+func TestMalformedBodyRefusalLingers(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	host := h.route("badbody", port)
+	c := dialRaw(t, h.addr)
+	// A first chunk larger than the read buffer (the body streams), a bad
+	// chunk size, and more the client has sent before it reads anything.
+	first := strings.Repeat("x", 16<<10)
+	if _, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: "+host+"\r\nTransfer-Encoding: chunked\r\n\r\n"+
+		fmt.Sprintf("%x\r\n%s\r\nzz\r\n", len(first), first)+strings.Repeat("y", 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	checkProxyError(t, resp, string(b), 400, CodeBadBody)
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the 400: %v, want the connection ended cleanly (io.EOF), not reset", err)
 	}
 }

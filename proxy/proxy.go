@@ -729,7 +729,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	}
 	if err != nil {
 		sb.leave()
-		if errors.Is(err, errBodyTooLarge) {
+		if errors.Is(err, errBodyTooLarge) || malformedBody(err) {
 			p.lingerBody(ctx)
 		}
 		p.upstreamError(ctx, x, err, t.ID(), addr)
@@ -1196,6 +1196,16 @@ func bodyFailure(err error, gone bool) *proxyError {
 		return &refusedBodyLeft
 	}
 	return &refusedBodyBad
+}
+
+// malformedBody reports whether err is a client's body found malformed
+// while it streamed (its 400): the client may still be sending, so the
+// answer lingers, as nginx's after "client sent invalid chunked body".
+// Closed with those bytes unread, the connection was reset, and a client
+// still writing could fail on the reset before it read the 400.
+func malformedBody(err error) bool {
+	be, ok := errors.AsType[*clientBodyError](err)
+	return ok && bodyFailure(be.err, be.gone) == &refusedBodyBad
 }
 
 // upstreamError answers a failed exchange with the backend, and ends its

@@ -1256,11 +1256,15 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 }
 
 // A refused body is discarded after the answer, as nginx's lingering close
-// does (lingering_time 30s, lingering_timeout 5s): up to lingerLimit bytes,
-// each read within lingerTimeout, all within lingerTime. A client still
-// sending would otherwise get a connection reset instead of the answer.
+// does (lingering_time 30s, lingering_timeout 5s): each read within
+// lingerTimeout, all within lingerTime. A client still sending would
+// otherwise get a connection reset instead of the answer. Time bounds it,
+// as it bounds nginx's, not bytes: cut at 16 MiB, a larger upload (Python's
+// requests and httpx send the whole body before they read) got a broken
+// pipe instead of its 404 or 502. Discarding costs less than the upload a
+// public sandbox would take anyway, and a client that wants more just
+// sends another request.
 const (
-	lingerLimit   = 16 << 20
 	lingerTime    = 30 * time.Second
 	lingerTimeout = 5 * time.Second
 )
@@ -1289,7 +1293,7 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 // answerLingering writes resp to the client connection raw, ends raw's
 // write side so that the client sees the answer end, and then reads and
 // discards from r (raw, or its hijacked form) what the client still sends,
-// within lingerLimit, lingerTimeout and lingerTime, as nginx's lingering
+// within lingerTimeout and lingerTime, as nginx's lingering
 // close does. A connection closed with unread bytes is reset, and the
 // client's write of the rest fails before it reads the answer. The caller
 // closes raw.
@@ -1337,7 +1341,7 @@ func (p *Proxy) lingerClose(c net.Conn) {
 }
 
 // linger reads and discards from r what the client of raw still sends,
-// within lingerLimit, lingerTimeout and lingerTime, once raw's write side
+// within lingerTimeout and lingerTime, once raw's write side
 // is closed. The caller closes raw.
 func (p *Proxy) linger(raw, r net.Conn) {
 	// Held while it lingers: Shutdown's end cuts the wait short.
@@ -1348,15 +1352,13 @@ func (p *Proxy) linger(raw, r net.Conn) {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	end := time.Now().Add(lingerTime)
-	for read := 0; read < lingerLimit; {
+	for {
 		d := time.Now().Add(lingerTimeout)
 		if d.After(end) {
 			d = end
 		}
 		_ = r.SetReadDeadline(d)
-		n, err := r.Read(*bp)
-		read += n
-		if err != nil {
+		if _, err := r.Read(*bp); err != nil {
 			return
 		}
 	}

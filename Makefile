@@ -3,9 +3,11 @@
 # runs npm ci in proxy/testdata/tsmcp itself when its node_modules is
 # missing or stale; nginx for the differential lab's test; python3, curl
 # and openssl for the interop lab's; chromium and firefox-esr for the
-# browser test of the signed-link cookies) when it is missing, in one
-# apt-get run, and stops the nginx service apt may start; a test never
-# skips for a missing part.
+# browser test of the signed-link cookies; Python's requests, httpx and
+# websockets for the proxy tests that run them, found by a python3 on PATH
+# or Debian's /usr/bin/python3, where apt puts them, as the tests look)
+# when it is missing, in one apt-get run, and stops the nginx service apt
+# may start; a test never skips for a missing part.
 .PHONY: test build bench fuzz
 
 test:
@@ -16,6 +18,8 @@ test:
 	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null 2>&1 || missing="$$missing nginx"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	{ command -v firefox-esr || command -v firefox; } >/dev/null 2>&1 || missing="$$missing firefox-esr"; \
+	for py in python3 /usr/bin/python3; do $$py -c 'import requests, httpx, websockets' 2>/dev/null && break; done \
+		|| missing="$$missing python3-requests python3-httpx python3-websockets"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing (the tests use real ones; see the comment above)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \

@@ -141,7 +141,7 @@ func TestExpectContinueRefusedBeforeTheBody(t *testing.T) {
 func TestExpectContinueRefusalWhileTheBodyComes(t *testing.T) {
 	h := newHarness(t)
 	c := dialRaw(t, h.addr)
-	const size = 14 << 20 // more than the socket buffers hold, under lingerLimit
+	const size = 14 << 20 // more than the socket buffers hold
 	fmt.Fprintf(c, "PUT /upload HTTP/1.1\r\nHost: 8080-expgone.cube.test\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", size)
 	// The whole body first, the answer after: as a client that sends
 	// before it reads.

@@ -1304,11 +1304,15 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 }
 
 // A refused body is discarded after the answer, as nginx's lingering close
-// does (lingering_time 30s, lingering_timeout 5s): up to lingerLimit bytes,
-// each read within lingerTimeout, all within lingerTime. A client still
-// sending would otherwise get a connection reset instead of the answer.
+// does (lingering_time 30s, lingering_timeout 5s): each read within
+// lingerTimeout, all within lingerTime. A client still sending would
+// otherwise get a connection reset instead of the answer. Time bounds it,
+// as it bounds nginx's, not bytes: cut at 16 MiB, a larger upload (Python's
+// requests and httpx send the whole body before they read) got a broken
+// pipe instead of its 404 or 502. Discarding costs less than the upload a
+// public sandbox would take anyway, and a client that wants more just
+// sends another request.
 const (
-	lingerLimit   = 16 << 20
 	lingerTime    = 30 * time.Second
 	lingerTimeout = 5 * time.Second
 )
@@ -1337,7 +1341,7 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 // answerLingering writes resp to the client connection raw, ends raw's
 // write side so that the client sees the answer end, and then reads and
 // discards from r (raw, or its hijacked form) what the client still sends,
-// within lingerLimit, lingerTimeout and lingerTime, as nginx's lingering
+// within lingerTimeout and lingerTime, as nginx's lingering
 // close does. A connection closed with unread bytes is reset, and the
 // client's write of the rest fails before it reads the answer. The caller
 // closes raw.
@@ -1385,11 +1389,11 @@ func (p *Proxy) lingerClose(c net.Conn) {
 }
 
 // linger reads and discards from r what the client of raw still sends,
-// within lingerLimit, lingerTimeout and lingerTime, once raw's write side
-// is closed. The caller closes raw. It reads into a 4 KiB buffer, and into
-// a 64 KiB one only after a read filled the one it used (more is queued):
-// a client without credentials that trickled a refused body held a 64 KiB
-// buffer for each lingering connection, up to 30 s, ≈ 110 KiB counted per
+// within lingerTimeout and lingerTime, once raw's write side is closed.
+// The caller closes raw. It reads into a 4 KiB buffer, and into a 64 KiB
+// one only after a read filled the one it used (more is queued): a client
+// without credentials that trickled a refused body held a 64 KiB buffer
+// for each lingering connection, up to 30 s, ≈ 110 KiB counted per
 // connection against README's 56 KiB sizing. Unlike copyGrowing's rule, a
 // read that leaves the big buffer part empty gives it back, so that a
 // burst followed by a pause does not hold it through the pause.
@@ -1407,7 +1411,7 @@ func (p *Proxy) linger(raw, r net.Conn) {
 			copyBufPool.Put(big)
 		}
 	}()
-	lr := lingerReader{c: r, left: lingerLimit, end: time.Now().Add(lingerTime)}
+	lr := lingerReader{c: r, end: time.Now().Add(lingerTime)}
 	for {
 		b := *small
 		if big != nil {
@@ -1427,25 +1431,19 @@ func (p *Proxy) linger(raw, r net.Conn) {
 }
 
 // lingerReader reads what a lingering client still sends: each read within
-// lingerTimeout, all of them before end, left bytes at most.
+// lingerTimeout, all of them before end.
 type lingerReader struct {
-	c    net.Conn
-	left int
-	end  time.Time
+	c   net.Conn
+	end time.Time
 }
 
 func (l *lingerReader) Read(b []byte) (int, error) {
-	if l.left <= 0 {
-		return 0, io.EOF
-	}
 	d := time.Now().Add(lingerTimeout)
 	if d.After(l.end) {
 		d = l.end
 	}
 	_ = l.c.SetReadDeadline(d)
-	n, err := l.c.Read(b[:min(len(b), l.left)])
-	l.left -= n
-	return n, err
+	return l.c.Read(b)
 }
 
 func isSmallBuffer(err error) bool {

@@ -1738,7 +1738,7 @@ func TestEarlyStreamedAnswerLingers(t *testing.T) {
 	}))
 	host := h.route("earlystream", port)
 	tlsAddr, roots := serveTLS(t, h)
-	const size = 12 << 20 // far more than the socket buffers hold, under lingerLimit
+	const size = 12 << 20 // far more than the socket buffers hold
 	for _, tc := range []struct {
 		name, path string
 		tls        bool

@@ -335,6 +335,10 @@ func (t *tunnel) endBackend(outDone <-chan struct{}) {
 	}
 }
 
+// tunnelDrainLimit is how much of a sandbox's output is read and dropped
+// once its tunnel's client is gone (README: up to 16 MiB).
+const tunnelDrainLimit = 16 << 20
+
 // linger ends a tunnel whose sandbox closed its side cleanly, after every
 // byte it sent was handed to the client's socket: the sandbox connection
 // closes, the exchange ends (end), the client gets a FIN after those
@@ -744,13 +748,13 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs h
 		// sandbox's output is read and dropped until it ends its side
 		// (or endBackend's wait does), so that its socket closes
 		// without a reset that would lose what the client sent. Up to
-		// lingerLimit bytes, as for a refused body: a sandbox still
-		// streaming past that is not reading either.
+		// tunnelDrainLimit bytes: a sandbox still streaming past that is
+		// not reading either.
 		if isTimeout(tn.clientErr) {
 			tn.cutClient()
 			cause = tn.clientErr
 		}
-		_, _ = io.CopyN(io.Discard, &tunnelReader{t: tn, c: tn.backend}, lingerLimit)
+		_, _ = io.CopyN(io.Discard, &tunnelReader{t: tn, c: tn.backend}, tunnelDrainLimit)
 	}
 	close(outDone)
 	if err == nil && p.held.add(conn) {

@@ -467,6 +467,13 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.te-space-chunked", raw: ans("te-space-chunked") + get("/after"), nresp: 2},
 		{name: "ans.cl-space", raw: ans("cl-space") + get("/after"), nresp: 2},
 		{name: "ans.cl-list", raw: ans("cl-list") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.reason-utf8", raw: ans("reason-utf8")},
+		{name: "ans.reason-empty", raw: ans("reason-empty")},
+		{name: "ans.reason-long", raw: ans("reason-long")},
+		{name: "ans.many-103", raw: ans("many-103"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.close-kept-open-then-get", raw: ans("sized-close-open") + get("/after"), nresp: 2},
+		{name: "ans.close-kept-open-pause-get", raw: ans("sized-close-open") + pauseMarker + get("/after"), nresp: 2},
+		{name: "ans.http10-sized-pause-get", raw: ans("http10-sized") + pauseMarker + get("/after"), nresp: 2},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

@@ -138,6 +138,7 @@ func readChunked(br *bufio.Reader) ([]byte, []hdr, error) {
 func (s *sandbox) serve(c net.Conn) {
 	defer c.Close()
 	br := bufio.NewReader(c)
+	closing := false
 	for {
 		c.SetReadDeadline(time.Time{})
 		line, err := readLine(br)
@@ -188,9 +189,15 @@ func (s *sandbox) serve(c net.Conn) {
 		if v := getAll(r.Headers, "X-Lab-Answer"); len(v) > 0 {
 			answer = v[0]
 		}
+		if closing {
+			// The last answer said the connection ends: a proxy that
+			// sends another request on it gets this marked answer.
+			answer = "reused-after-close"
+		}
 		if !s.answer(c, method, answer) {
 			return
 		}
+		closing = answer == "sized-close-open" || answer == "http10-sized"
 		if answer == "stray-later" {
 			strayWhenIdle(c, br)
 		}
@@ -524,6 +531,18 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 	case "cl-list": // one length twice in a list (RFC 9110 8.6 lets a recipient take it)
 		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 5, 5\r\n\r\nhello")
 		return false
+	case "reason-utf8":
+		return w("HTTP/1.1 200 D\xc3\xa9j\xc3\xa0 vu\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "reason-empty": // a space after the code and no reason
+		return w("HTTP/1.1 201 \r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "reason-long":
+		return w("HTTP/1.1 200 " + strings.Repeat("r", 8000) + "\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "many-103": // nine interim answers before the final one
+		return w(strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n", 9) + sized("200 OK", "", plainBody))
+	case "sized-close-open": // says Connection: close and keeps the connection open
+		return w(sized("200 OK", "Connection: close\r\n", plainBody))
+	case "reused-after-close":
+		return w(sized("200 OK", "X-Reused: after close\r\n", plainBody))
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

@@ -76,7 +76,7 @@ const (
 	whyInterim     = "a sandbox's interim 1xx is not relayed (README: Decisions, Like nginx, not relayed); nginx 1.22 reads the 1xx as the final head and the client gets nothing"
 	whyTrailerHdr  = "the Trailer field that names a chunked answer's trailer is removed with the trailer fields, which are not relayed (README: Decisions, Like nginx, not relayed); nginx drops the fields and keeps the Trailer field"
 	whyHopAnswer   = "hop-by-hop fields of an answer (and those its Connection names) are removed, nginx relays Proxy-Connection, TE, Upgrade and Connection-named ones (README: Forwarding behaviour, Headers)"
-	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it"
+	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it, and relays it on a HEAD's or 304's head, which frames no body (RFC 9112 6.3 rule 1), where nginx 1.23's upstream header handlers refuse the pair on any answer"
 	whyUnasked101  = "a 101 to a request that asked for no upgrade is a 502 upstream_bad_response (README: Forwarding behaviour, WebSocket); nginx relays any 101"
 	whySSEClose    = "a GET answered with an event stream is detached from fasthttp and its head says Connection: close (README: Forwarding behaviour, SSE); nginx keeps the connection"
 	whyVersion     = "a version other than HTTP/1.0 or HTTP/1.1 is a 505 (README: Errors); nginx serves HTTP/1.2 as HTTP/1.1"
@@ -102,7 +102,7 @@ const (
 	whyRespCtl       = "an answer with a control character other than a tab in a field value (RFC 9110 5.5), or a field name with a character that is no token character (@), is a 502 upstream_bad_response (fasthttp's parser; RFC 9110 lets a recipient reject it, and Go's and Node's clients refuse such a head too); nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyRespChunkExt  = "a chunk-size line over 4 KiB (an extension that long) is a 502 upstream_bad_response, as nothing has gone out yet (proxy/chunked.go, maxChunkLine: a sandbox cannot make the proxy skip an endless line); nginx skips any extension (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyRespBadStatus = "an answer whose status code is not three digits is a 502 upstream_bad_response; nginx 1.22 takes the line for HTTP/0.9 and relays the sandbox's bytes, head and all, as a body (README: Decisions, Where nginx refuses a request and the proxy does not)"
-	whyRespTEDup     = "an answer whose Transfer-Encoding names chunked twice (on one line or two) or is empty is a 502 upstream_bad_response (fasthttp's parser; RFC 9112 7.1: chunked is applied once; Go's net/http client refuses both too); nginx 1.22 decodes the first as chunked and frames the empty one by its Content-Length (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespTEDup     = "an answer whose Transfer-Encoding names chunked twice (on one line or two) or is empty is a 502 upstream_bad_response (fasthttp's parser; RFC 9112 7.1: chunked is applied once; Go's net/http client refuses both too, and nginx 1.23's upstream header handlers refuse a second Transfer-Encoding line); nginx 1.22 decodes the first as chunked and frames the empty one by its Content-Length (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
 // oneRefuses is the expected differences of a case one side refuses (its
@@ -474,6 +474,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.close-kept-open-then-get", raw: ans("sized-close-open") + get("/after"), nresp: 2},
 		{name: "ans.close-kept-open-pause-get", raw: ans("sized-close-open") + pauseMarker + get("/after"), nresp: 2},
 		{name: "ans.http10-sized-pause-get", raw: ans("http10-sized") + pauseMarker + get("/after"), nresp: 2},
+		{name: "ans.head-cl-te", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-cl-te"), "") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
+		{name: "ans.304-cl-te", raw: ans("bodiless-cl-te") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

@@ -543,6 +543,12 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return w(sized("200 OK", "Connection: close\r\n", plainBody))
 	case "reused-after-close":
 		return w(sized("200 OK", "X-Reused: after close\r\n", plainBody))
+	case "bodiless-cl-te": // a HEAD's or 304's head with both framings, no body
+		st := "200 OK"
+		if method != "HEAD" {
+			st = "304 Not Modified"
+		}
+		return w("HTTP/1.1 " + st + "\r\nX-Lab: sandbox\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

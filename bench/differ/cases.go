@@ -92,7 +92,7 @@ const (
 	whyEmptyXFF    = "an empty X-Forwarded-For line counts as none: the sandbox gets the client's address alone, where nginx's $proxy_add_x_forwarded_for makes it \", 127.0.0.1\" (an empty first element) (README: Forwarding behaviour, Headers)"
 	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
-	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, a list 5, 5) is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, -1, a list 5, 5) or past 2^63 is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
 	whyRespHTTP09  = "an answer whose status line is not HTTP/1.x (http/1.1 in lower case) is a 502 upstream_bad_response; nginx 1.22 takes it for HTTP/0.9 and relays its bytes, head included, as the answer (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
@@ -102,6 +102,7 @@ const (
 	whyRespCtl       = "an answer with a control character other than a tab in a field value (RFC 9110 5.5), or a field name with a character that is no token character (@), is a 502 upstream_bad_response (fasthttp's parser; RFC 9110 lets a recipient reject it, and Go's and Node's clients refuse such a head too); nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyRespChunkExt  = "a chunk-size line over 4 KiB (an extension that long) is a 502 upstream_bad_response, as nothing has gone out yet (proxy/chunked.go, maxChunkLine: a sandbox cannot make the proxy skip an endless line); nginx skips any extension (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyRespBadStatus = "an answer whose status code is not three digits is a 502 upstream_bad_response; nginx 1.22 takes the line for HTTP/0.9 and relays the sandbox's bytes, head and all, as a body (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespChunkBad  = "a chunk size no 64-bit integer holds, in the bytes that came with the head, is a 502 upstream_bad_response (README: Forwarding behaviour: framing broken before the first data byte); nginx 1.22 closes the client's connection without an answer"
 	whyRespTEDup     = "an answer whose Transfer-Encoding names chunked twice (on one line or two) or is empty is a 502 upstream_bad_response (fasthttp's parser; RFC 9112 7.1: chunked is applied once; Go's net/http client refuses both too, and nginx 1.23's upstream header handlers refuse a second Transfer-Encoding line); nginx 1.22 decodes the first as chunked and frames the empty one by its Content-Length (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
@@ -476,6 +477,10 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.http10-sized-pause-get", raw: ans("http10-sized") + pauseMarker + get("/after"), nresp: 2},
 		{name: "ans.head-cl-te", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-cl-te"), "") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
 		{name: "ans.304-cl-te", raw: ans("bodiless-cl-te") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
+		{name: "ans.cl-huge", raw: ans("cl-huge"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.cl-negative", raw: ans("cl-negative"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.chunk-overflow", raw: ans("chunk-overflow"), expect: []exp{{"client.err", whyRespChunkBad}, {"client.responses", whyRespChunkBad}, {"client.conn", whyRespChunkBad}}},
+		{name: "ans.chunk-upper-hex", raw: ans("chunk-upper-hex")},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

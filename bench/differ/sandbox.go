@@ -549,6 +549,17 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 			st = "304 Not Modified"
 		}
 		return w("HTTP/1.1 " + st + "\r\nX-Lab: sandbox\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+	case "cl-huge": // a length no 64-bit integer holds
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 99999999999999999999\r\n\r\nhello")
+		return false
+	case "cl-negative":
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Length: -1\r\n\r\nhello")
+		return false
+	case "chunk-overflow": // a chunk size no 64-bit integer holds
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff1\r\nhello\r\n0\r\n\r\n")
+		return false
+	case "chunk-upper-hex":
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\nA\r\nhellohello\r\n0\r\n\r\n")
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

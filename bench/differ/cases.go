@@ -82,7 +82,7 @@ const (
 	whyVersion     = "a version other than HTTP/1.0 or HTTP/1.1 is a 505 (README: Errors); nginx serves HTTP/1.2 as HTTP/1.1"
 	whyBadChunk    = "both answer 400; a chunked body streams, so the sandbox may get the head before the broken chunk is read (as the timing falls) and then a closed connection, where nginx reads the whole body first (README: Forwarding behaviour)"
 	whyStrictParse = "refused by fasthttp's parser where nginx 1.22 is lenient (README: Decisions, Where nginx refuses a request and the proxy does not)"
-	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them; CubeProxy has no such fields and relays them (an nginx feature, not a header contract)"
+	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them (X-Accel-Redirect: it fetches that path from the sandbox again, here in a loop to its 500); CubeProxy has no such fields and relays them (README: Decisions, No nginx X-Accel-* instructions)"
 	whyRetry       = "nginx re-sent the GET on a new connection when its kept-alive one closed without an answer; CubeProxy re-sends only then too, so the count depends on whether the connection was reused (README: Forwarding behaviour, upstream pools)"
 	whyHTTP09      = "both refuse HTTP/0.9: nginx answers in HTTP/0.9 (a bare body), CubeProxy with an HTTP/1.1 400"
 	whyHeadTotal   = "a head over client.max_header_size (32 KiB, nginx's total) is a 431; nginx answers 400 (README: Decisions, Header limits)"
@@ -481,6 +481,11 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.cl-negative", raw: ans("cl-negative"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
 		{name: "ans.chunk-overflow", raw: ans("chunk-overflow"), expect: []exp{{"client.err", whyRespChunkBad}, {"client.responses", whyRespChunkBad}, {"client.conn", whyRespChunkBad}}},
 		{name: "ans.chunk-upper-hex", raw: ans("chunk-upper-hex")},
+		{name: "ans.cookie-own-domain", raw: ans("cookie-own-domain")},
+		{name: "ans.cookie-own-domain-host-port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":8080", "X-Lab-Answer: cookie-own-domain"), "")},
+		{name: "ans.cookie-own-domain-host-upper", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host), "X-Lab-Answer: cookie-own-domain"), "")},
+		{name: "ans.cookie-own-domain-host-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+".", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom + "; a Host with a trailing dot names another host, so the Domain without it goes (a browser would refuse the cookie with it, not domain-matching \"<host>.\")"}}},
+		{name: "ans.x-accel-redirect", raw: ans("x-accel-redirect"), expect: []exp{{"client[0].", whyAccel}, {"client.conn", whyAccel}, {"sandbox.requests", whyAccel}}},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

@@ -560,6 +560,10 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return false
 	case "chunk-upper-hex":
 		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\nA\r\nhellohello\r\n0\r\n\r\n")
+	case "cookie-own-domain": // Domain naming the client's host, as written three ways
+		return w(sized("200 OK", fmt.Sprintf("Set-Cookie: a=1; Domain=%d-lab.cube.test; Path=/\r\nSet-Cookie: b=2; Domain=.%d-lab.cube.test\r\nSet-Cookie: c=3; domain=%d-LAB.Cube.Test; Secure\r\n", s.port, s.port, s.port), plainBody))
+	case "x-accel-redirect": // nginx's internal redirect, which nginx follows
+		return w(sized("200 OK", "X-Accel-Redirect: /redirected\r\n", plainBody))
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

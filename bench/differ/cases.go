@@ -486,6 +486,11 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.cookie-own-domain-host-upper", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host), "X-Lab-Answer: cookie-own-domain"), "")},
 		{name: "ans.cookie-own-domain-host-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+".", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom + "; a Host with a trailing dot names another host, so the Domain without it goes (a browser would refuse the cookie with it, not domain-matching \"<host>.\")"}}},
 		{name: "ans.x-accel-redirect", raw: ans("x-accel-redirect"), expect: []exp{{"client[0].", whyAccel}, {"client.conn", whyAccel}, {"sandbox.requests", whyAccel}}},
+		{name: "ans.header-15k", raw: ans("header-15k")},
+		{name: "ans.cookies-15k", raw: ans("cookies-15k")},
+		{name: "sse.sized-large-get", raw: get("/", "X-Lab-Answer: sse-sized-large", "Accept: text/event-stream") + get("/after"), nresp: 2},
+		{name: "sse.sized-large-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: sse-sized-large", "Accept: text/event-stream"), ""), v10: true},
+		{name: "sse.chunked-http10-client", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: sse-stream", "Accept: text/event-stream"), ""), v10: true},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

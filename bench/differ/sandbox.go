@@ -564,6 +564,17 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return w(sized("200 OK", fmt.Sprintf("Set-Cookie: a=1; Domain=%d-lab.cube.test; Path=/\r\nSet-Cookie: b=2; Domain=.%d-lab.cube.test\r\nSet-Cookie: c=3; domain=%d-LAB.Cube.Test; Secure\r\n", s.port, s.port, s.port), plainBody))
 	case "x-accel-redirect": // nginx's internal redirect, which nginx follows
 		return w(sized("200 OK", "X-Accel-Redirect: /redirected\r\n", plainBody))
+	case "header-15k": // a head just under the platform's 16k proxy_buffer_size
+		return w(sized("200 OK", "X-Big: "+strings.Repeat("b", 15*1024)+"\r\n", plainBody))
+	case "cookies-15k": // as many cookie lines as fit under 16k
+		var b strings.Builder
+		for i := 0; b.Len() < 15*1024; i++ {
+			fmt.Fprintf(&b, "Set-Cookie: session_part_%03d=%s; Path=/; HttpOnly\r\n", i, strings.Repeat("v", 60))
+		}
+		return w(sized("200 OK", b.String(), plainBody))
+	case "sse-sized-large": // an event stream with a length, over 64 KiB
+		ev := strings.Repeat("data: "+strings.Repeat("e", 994)+"\n\n", 100)
+		return w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(ev), ev))
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

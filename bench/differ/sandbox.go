@@ -160,6 +160,14 @@ func (s *sandbox) serve(c net.Conn) {
 			s.record(r)
 			return
 		}
+		if v := getAll(r.Headers, "X-Lab-Answer"); len(v) > 0 && v[0] == "early-413" {
+			// Refused from its head alone, the body unread, and the
+			// connection closed, as a server with a body limit does.
+			r.Framing = "unread"
+			s.record(r)
+			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nX-Lab: sandbox\r\nConnection: close\r\nContent-Length: 9\r\n\r\ntoo large")
+			return
+		}
 		switch cl := getAll(r.Headers, "Content-Length"); {
 		case hasToken(r.Headers, "Transfer-Encoding", "chunked"):
 			r.Framing = "chunked"

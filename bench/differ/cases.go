@@ -495,6 +495,7 @@ func corpus(env caseEnv) []tcase {
 		{name: "early.413-small", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Content-Length: 5"), "hello"), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}}},
 		{name: "early.413-large", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Content-Length: 300000"), strings.Repeat("u", 300000)), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}}},
 		{name: "early.413-chunked", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Transfer-Encoding: chunked"), strings.Repeat("1000\r\n"+strings.Repeat("u", 4096)+"\r\n", 60)+"0\r\n\r\n"), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "ans.407", raw: ans("407"), expect: []exp{{"client[0].headers", whyHopAnswer}}},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

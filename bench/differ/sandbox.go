@@ -583,6 +583,8 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 	case "sse-sized-large": // an event stream with a length, over 64 KiB
 		ev := strings.Repeat("data: "+strings.Repeat("e", 994)+"\n\n", 100)
 		return w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(ev), ev))
+	case "407": // a proxy's challenge, from a proxy the sandbox runs
+		return w(sized("407 Proxy Authentication Required", "Proxy-Authenticate: Basic realm=\"p\"\r\n", "auth\n"))
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

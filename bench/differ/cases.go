@@ -104,6 +104,7 @@ const (
 	whyRespBadStatus = "an answer whose status code is not three digits is a 502 upstream_bad_response; nginx 1.22 takes the line for HTTP/0.9 and relays the sandbox's bytes, head and all, as a body (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyRespChunkBad  = "a chunk size no 64-bit integer holds, in the bytes that came with the head, is a 502 upstream_bad_response (README: Forwarding behaviour: framing broken before the first data byte); nginx 1.22 closes the client's connection without an answer"
 	whyEarly         = "a sandbox that refuses a request from its head and closes with the body unread: the proxy relays its answer at once (README: Forwarding behaviour, a sandbox that answers before it has the whole body); it stops sending the body and closes the client's connection after the answer (Connection: close) when the answer came before the body was sent, as the timing falls; nginx sends the whole buffered body first and, as the timing falls, meets the sandbox's reset and answers 502 instead"
+	whyRespChunkLF   = "chunk lines of an answer ended by a bare LF are a 502 upstream_bad_response when broken in the bytes that came with the head (README: Forwarding behaviour: a bare-LF head is accepted, chunk framing must still use CRLF, as net/http's); nginx 1.22 decodes them"
 	whyRespTEDup     = "an answer whose Transfer-Encoding names chunked twice (on one line or two) or is empty is a 502 upstream_bad_response (fasthttp's parser; RFC 9112 7.1: chunked is applied once; Go's net/http client refuses both too, and nginx 1.23's upstream header handlers refuse a second Transfer-Encoding line); nginx 1.22 decodes the first as chunked and frames the empty one by its Content-Length (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
@@ -496,6 +497,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "early.413-large", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Content-Length: 300000"), strings.Repeat("u", 300000)), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}}},
 		{name: "early.413-chunked", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Transfer-Encoding: chunked"), strings.Repeat("1000\r\n"+strings.Repeat("u", 4096)+"\r\n", 60)+"0\r\n\r\n"), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}, {"sandbox[0].headers", whyChunkedBuf}}},
 		{name: "ans.407", raw: ans("407"), expect: []exp{{"client[0].headers", whyHopAnswer}}},
+		{name: "ans.chunk-size-bws", raw: ans("chunk-size-bws")},
+		{name: "ans.chunk-lf-only", raw: ans("chunk-lf-only"), expect: []exp{{"client[0].status", whyRespChunkLF}, {"client[0].from", whyRespChunkLF}}},
 
 		// Conditional and range requests, gzip: the sandbox answers them.
 		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},

@@ -585,6 +585,11 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(ev), ev))
 	case "407": // a proxy's challenge, from a proxy the sandbox runs
 		return w(sized("407 Proxy Authentication Required", "Proxy-Authenticate: Basic realm=\"p\"\r\n", "auth\n"))
+	case "chunk-size-bws": // whitespace after a chunk size, with and without an extension
+		return w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n5 \r\nhello\r\n5\t;a=b\r\nworld\r\n0 \r\n\r\n")
+	case "chunk-lf-only": // chunk lines ended by a bare LF (a hand-written server)
+		w("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\n0\n\n")
+		return false
 	case "status-199":
 		return w("HTTP/1.1 199 Odd\r\nX-Lab: sandbox\r\n\r\n" + sized("200 OK", "", plainBody))
 	case "status-999":

@@ -63,7 +63,7 @@ const (
 	whyHeadLimit   = "request heads up to 32 KiB in all, in lines of any length (client.max_header_size: README Decisions, Header limits); nginx's default large_client_header_buffers 4 8k also bounds each line to 8 KiB"
 	whyOverLimit   = "a head over client.max_header_size is 431 request_header_too_large, nginx 400/414 (README: Errors; Decisions, Left to fasthttp's parser)"
 	whyRoute       = "nginx-platform.conf routes every id to the port's upstream and knows no ports but its upstream blocks; CubeProxy looks the route up (artefact of the nginx model, not of the platform's Redis-backed proxy)"
-	whyGzip        = "nginx-platform.conf has gzip on for text (the platform's setting); CubeProxy never re-encodes a sandbox's body (artefact of the nginx config)"
+	whyGzip        = "nginx-platform.conf has gzip on for text, JSON and event streams (the platform's setting): nginx gzips for a client that accepts it, chunked, with a weak ETag and no Accept-Ranges, also a HEAD's head; CubeProxy never re-encodes a sandbox's body (README: Decisions, No compression)"
 	whyUpstreamHdr = "nginx replaces a sandbox's Server with its own; CubeProxy passes it (README: Forwarding behaviour, Headers)"
 	whyCtypeDup    = "two different Content-Type lines are a 400 (README: Decisions, Left to fasthttp's parser)"
 	whyLenient     = "valid HTTP (or repaired as RFC 9112 lets a proxy) that nginx 1.22 refuses with 400, forwarded (README: Decisions, Where nginx refuses a request and the proxy does not)"
@@ -76,13 +76,13 @@ const (
 	whyInterim     = "a sandbox's interim 1xx is not relayed (README: Decisions, Like nginx, not relayed); nginx 1.22 reads the 1xx as the final head and the client gets nothing"
 	whyTrailerHdr  = "the Trailer field that names a chunked answer's trailer is removed with the trailer fields, which are not relayed (README: Decisions, Like nginx, not relayed); nginx drops the fields and keeps the Trailer field"
 	whyHopAnswer   = "hop-by-hop fields of an answer (and those its Connection names) are removed, nginx relays Proxy-Connection, TE, Upgrade and Connection-named ones (README: Forwarding behaviour, Headers)"
-	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it"
+	whyRespCLTE    = "an answer with Content-Length and Transfer-Encoding: chunked is a 502 (README: Forwarding behaviour); Debian 12's nginx 1.22.1 decodes it, and relays it on a HEAD's or 304's head, which frames no body (RFC 9112 6.3 rule 1), where nginx 1.23's upstream header handlers refuse the pair on any answer"
 	whyUnasked101  = "a 101 to a request that asked for no upgrade is a 502 upstream_bad_response (README: Forwarding behaviour, WebSocket); nginx relays any 101"
 	whySSEClose    = "a GET answered with an event stream is detached from fasthttp and its head says Connection: close (README: Forwarding behaviour, SSE); nginx keeps the connection"
 	whyVersion     = "a version other than HTTP/1.0 or HTTP/1.1 is a 505 (README: Errors); nginx serves HTTP/1.2 as HTTP/1.1"
 	whyBadChunk    = "both answer 400; a chunked body streams, so the sandbox may get the head before the broken chunk is read (as the timing falls) and then a closed connection, where nginx reads the whole body first (README: Forwarding behaviour)"
 	whyStrictParse = "refused by fasthttp's parser where nginx 1.22 is lenient (README: Decisions, Where nginx refuses a request and the proxy does not)"
-	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them; CubeProxy has no such fields and relays them (an nginx feature, not a header contract)"
+	whyAccel       = "nginx reads X-Accel-* fields of an answer as its own instructions and removes them (X-Accel-Redirect: it fetches that path from the sandbox again, here in a loop to its 500); CubeProxy has no such fields and relays them (README: Decisions, No nginx X-Accel-* instructions)"
 	whyRetry       = "nginx re-sent the GET on a new connection when its kept-alive one closed without an answer; CubeProxy re-sends only then too, so the count depends on whether the connection was reused (README: Forwarding behaviour, upstream pools)"
 	whyHTTP09      = "both refuse HTTP/0.9: nginx answers in HTTP/0.9 (a bare body), CubeProxy with an HTTP/1.1 400"
 	whyHeadTotal   = "a head over client.max_header_size (32 KiB, nginx's total) is a 431; nginx answers 400 (README: Decisions, Header limits)"
@@ -92,9 +92,20 @@ const (
 	whyEmptyXFF    = "an empty X-Forwarded-For line counts as none: the sandbox gets the client's address alone, where nginx's $proxy_add_x_forwarded_for makes it \", 127.0.0.1\" (an empty first element) (README: Forwarding behaviour, Headers)"
 	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
-	whyRespBadCL   = "an answer whose Content-Length is not digits (+5) is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, -1, a list 5, 5) or past 2^63 is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
 	whyRespHTTP09  = "an answer whose status line is not HTTP/1.x (http/1.1 in lower case) is a 502 upstream_bad_response; nginx 1.22 takes it for HTTP/0.9 and relays its bytes, head included, as the answer (README: Decisions, Where nginx refuses a request and the proxy does not)"
+)
+
+// Reasons for answers nginx 1.22 relays and the proxy refuses with a 502.
+const (
+	whyRespCtl       = "an answer with a control character other than a tab in a field value (RFC 9110 5.5), or a field name with a character that is no token character (@), is a 502 upstream_bad_response (fasthttp's parser; RFC 9110 lets a recipient reject it, and Go's and Node's clients refuse such a head too); nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespChunkExt  = "a chunk-size line over 4 KiB (an extension that long) is a 502 upstream_bad_response, as nothing has gone out yet (proxy/chunked.go, maxChunkLine: a sandbox cannot make the proxy skip an endless line); nginx skips any extension (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespBadStatus = "an answer whose status code is not three digits is a 502 upstream_bad_response; nginx 1.22 takes the line for HTTP/0.9 and relays the sandbox's bytes, head and all, as a body (README: Decisions, Where nginx refuses a request and the proxy does not)"
+	whyRespChunkBad  = "a chunk size no 64-bit integer holds, in the bytes that came with the head, is a 502 upstream_bad_response (README: Forwarding behaviour: framing broken before the first data byte); nginx 1.22 closes the client's connection without an answer"
+	whyEarly         = "a sandbox that refuses a request from its head and closes with the body unread: the proxy relays its answer at once (README: Forwarding behaviour, a sandbox that answers before it has the whole body); it stops sending the body and closes the client's connection after the answer (Connection: close) when the answer came before the body was sent, as the timing falls; nginx sends the whole buffered body first and, as the timing falls, meets the sandbox's reset and answers 502 instead"
+	whyRespChunkLF   = "chunk lines of an answer ended by a bare LF are a 502 upstream_bad_response when broken in the bytes that came with the head (README: Forwarding behaviour: a bare-LF head is accepted, chunk framing must still use CRLF, as net/http's); nginx 1.22 decodes them"
+	whyRespTEDup     = "an answer whose Transfer-Encoding names chunked twice (on one line or two) or is empty is a 502 upstream_bad_response (fasthttp's parser; RFC 9112 7.1: chunked is applied once; Go's net/http client refuses both too, and nginx 1.23's upstream header handlers refuse a second Transfer-Encoding line); nginx 1.22 decodes the first as chunked and frames the empty one by its Content-Length (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
 // oneRefuses is the expected differences of a case one side refuses (its
@@ -397,6 +408,114 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.http10-chunked", raw: ans("http10-chunked")},
 		{name: "ans.ctype-dup", raw: ans("ctype-dup")},
 		{name: "ans.repeated-fields", raw: ans("www-many-vary")},
+
+		// Stray bytes a sandbox sends on a connection it keeps open: the next
+		// request (pipelined, or after a pause on an idle connection) must get
+		// its own answer, not the stray bytes.
+		{name: "stray.cl-long-then-get", raw: ans("cl-long-keep") + get("/after"), nresp: 2},
+		{name: "stray.cl-long-pause-get", raw: ans("cl-long-keep") + pauseMarker + get("/after"), nresp: 2},
+		{name: "stray.chunked-extra-then-get", raw: ans("chunked-extra-keep") + get("/after"), nresp: 2},
+		{name: "stray.chunked-extra-pause-get", raw: ans("chunked-extra-keep") + pauseMarker + get("/after"), nresp: 2},
+		{name: "stray.sse-extra-post-then-get", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-extra-keep", "Accept: application/json, text/event-stream", "Content-Length: 2"), "{}") + get("/after"), nresp: 2},
+		{name: "stray.sse-extra-get", raw: get("/", "X-Lab-Answer: sse-extra-keep", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
+		{name: "stray.head-body-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: body-keep"), "") + get("/after"), nresp: 2},
+		{name: "stray.head-body-pause-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: body-keep"), "") + pauseMarker + get("/after"), nresp: 2},
+		{name: "stray.204-body-then-get", raw: ans("body-keep") + get("/after"), nresp: 2},
+		{name: "stray.304-body-then-get", raw: ans("304body-keep") + get("/after"), nresp: 2},
+		{name: "stray.408-on-idle", raw: ans("stray-later") + pauseMarker + get("/after"), nresp: 2},
+		{name: "stray.408-on-idle-post", raw: ans("stray-later") + pauseMarker + rq("POST /after HTTP/1.1", hs(H, "Content-Length: 5"), "hello"), nresp: 2},
+		{name: "stray.large-cl-long-then-get", raw: ans("large-cl-long-keep") + get("/after"), nresp: 2},
+		{name: "stray.large-chunked-extra-then-get", raw: ans("large-chunked-extra-keep") + get("/after"), nresp: 2},
+		{name: "stray.head-chunk-end-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-chunk-end-keep"), "") + get("/after"), nresp: 2},
+		{name: "stray.204-chunk-end-then-get", raw: ans("bodiless-chunk-end-keep") + get("/after"), nresp: 2},
+		{name: "stray.304-chunk-end-then-get", raw: rq("PUT / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-chunk-end-keep", "Content-Length: 2"), "{}") + get("/after"), nresp: 2},
+		{name: "stray.head-chunked-body-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: head-chunked-body-keep"), "") + get("/after"), nresp: 2},
+
+		// Framing and heads of a sandbox's answers.
+		{name: "ans.close-no-connection-field", raw: ans("close-noconn")},
+		{name: "ans.close-no-connection-field-then-get", raw: ans("close-noconn") + get("/after"), nresp: 2},
+		{name: "ans.http10-sized-then-get", raw: ans("http10-sized") + get("/after"), nresp: 2},
+		{name: "ans.http10-keepalive-then-get", raw: ans("http10-keepalive") + get("/after"), nresp: 2},
+		{name: "ans.status-199", raw: ans("status-199"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.status-999", raw: ans("status-999")},
+		{name: "ans.location-relative", raw: ans("location-relative")},
+		{name: "ans.location-scheme-relative", raw: ans("location-scheme-relative")},
+		{name: "ans.cookies-200", raw: ans("cookies-200")},
+		{name: "ans.header-60k", raw: ans("header-60k")},
+		{name: "ans.no-value", raw: ans("no-value")},
+		{name: "ans.many-headers", raw: ans("many-headers")},
+		{name: "ans.utf8-value", raw: ans("utf8-value")},
+		{name: "ans.ctl-value", raw: ans("ctl-value"), expect: []exp{{"client[0].status", whyRespCtl}, {"client[0].from", whyRespCtl}}},
+		{name: "ans.del-value", raw: ans("del-value"), expect: []exp{{"client[0].status", whyRespCtl}, {"client[0].from", whyRespCtl}}},
+		{name: "ans.tchar-name", raw: ans("tchar-name")},
+		{name: "ans.dot-name", raw: ans("dot-name")},
+		{name: "ans.at-name", raw: ans("at-name"), expect: []exp{{"client[0].status", whyRespCtl}, {"client[0].from", whyRespCtl}}},
+		{name: "ans.empty-name", raw: ans("empty-name")},
+		{name: "ans.big-trailer", raw: ans("big-trailer")},
+		{name: "ans.long-chunk-ext", raw: ans("long-chunk-ext"), expect: []exp{{"client[0].status", whyRespChunkExt}, {"client[0].from", whyRespChunkExt}}},
+		{name: "ans.status-spaces", raw: ans("status-spaces")},
+		{name: "ans.status-2digit", raw: ans("status-2digit"), expect: []exp{{"client[0].status", whyRespBadStatus}, {"client[0].from", whyRespBadStatus}}},
+		{name: "ans.status-long-reason", raw: ans("status-http10-101-like")},
+		{name: "ans.head-big-cl", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: big-cl-no-body"), "") + get("/after"), nresp: 2},
+		{name: "ans.304-big-cl", raw: ans("big-cl-no-body") + get("/after"), nresp: 2},
+		{name: "sse.empty-get", raw: get("/", "X-Lab-Answer: sse-empty", "Accept: text/event-stream") + get("/after"), nresp: 2},
+		{name: "sse.head", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: sse-head", "Accept: text/event-stream"), "") + get("/after"), nresp: 2},
+		{name: "sse.close-delimited-get", raw: get("/", "X-Lab-Answer: sse-close-delimited", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
+		{name: "sse.close-delimited-post", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-close-delimited", "Accept: application/json, text/event-stream", "Content-Length: 2"), "{}")},
+		{name: "sse.http10-get", raw: get("/", "X-Lab-Answer: sse-http10", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
+		{name: "sse.204-get", raw: get("/", "X-Lab-Answer: sse-204", "Accept: text/event-stream") + get("/after"), nresp: 2},
+		{name: "ans.te-twice", raw: ans("te-twice") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespTEDup}, {"client[0].from", whyRespTEDup}}},
+		{name: "ans.te-chunked-chunked", raw: ans("te-chunked-chunked") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespTEDup}, {"client[0].from", whyRespTEDup}}},
+		{name: "ans.te-empty-cl", raw: ans("te-empty-cl") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespTEDup}, {"client[0].from", whyRespTEDup}}},
+		{name: "ans.te-space-chunked", raw: ans("te-space-chunked") + get("/after"), nresp: 2},
+		{name: "ans.cl-space", raw: ans("cl-space") + get("/after"), nresp: 2},
+		{name: "ans.cl-list", raw: ans("cl-list") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.reason-utf8", raw: ans("reason-utf8")},
+		{name: "ans.reason-empty", raw: ans("reason-empty")},
+		{name: "ans.reason-long", raw: ans("reason-long")},
+		{name: "ans.many-103", raw: ans("many-103"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.close-kept-open-then-get", raw: ans("sized-close-open") + get("/after"), nresp: 2},
+		{name: "ans.close-kept-open-pause-get", raw: ans("sized-close-open") + pauseMarker + get("/after"), nresp: 2},
+		{name: "ans.http10-sized-pause-get", raw: ans("http10-sized") + pauseMarker + get("/after"), nresp: 2},
+		{name: "ans.head-cl-te", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-cl-te"), "") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
+		{name: "ans.304-cl-te", raw: ans("bodiless-cl-te") + get("/after"), nresp: 2, expect: []exp{{"client[0].status", whyRespCLTE}, {"client[0].from", whyRespCLTE}}},
+		{name: "ans.cl-huge", raw: ans("cl-huge"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.cl-negative", raw: ans("cl-negative"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
+		{name: "ans.chunk-overflow", raw: ans("chunk-overflow"), expect: []exp{{"client.err", whyRespChunkBad}, {"client.responses", whyRespChunkBad}, {"client.conn", whyRespChunkBad}}},
+		{name: "ans.chunk-upper-hex", raw: ans("chunk-upper-hex")},
+		{name: "ans.cookie-own-domain", raw: ans("cookie-own-domain")},
+		{name: "ans.cookie-own-domain-host-port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":8080", "X-Lab-Answer: cookie-own-domain"), "")},
+		{name: "ans.cookie-own-domain-host-upper", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host), "X-Lab-Answer: cookie-own-domain"), "")},
+		{name: "ans.cookie-own-domain-host-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+".", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom + "; a Host with a trailing dot names another host, so the Domain without it goes (a browser would refuse the cookie with it, not domain-matching \"<host>.\")"}}},
+		{name: "ans.x-accel-redirect", raw: ans("x-accel-redirect"), expect: []exp{{"client[0].", whyAccel}, {"client.conn", whyAccel}, {"sandbox.requests", whyAccel}}},
+		{name: "ans.header-15k", raw: ans("header-15k")},
+		{name: "ans.cookies-15k", raw: ans("cookies-15k")},
+		{name: "sse.sized-large-get", raw: get("/", "X-Lab-Answer: sse-sized-large", "Accept: text/event-stream") + get("/after"), nresp: 2},
+		{name: "sse.sized-large-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: sse-sized-large", "Accept: text/event-stream"), ""), v10: true},
+		{name: "sse.chunked-http10-client", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: sse-stream", "Accept: text/event-stream"), ""), v10: true},
+		{name: "early.413-small", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Content-Length: 5"), "hello"), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}}},
+		{name: "early.413-large", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Content-Length: 300000"), strings.Repeat("u", 300000)), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}}},
+		{name: "early.413-chunked", raw: rq("POST /up HTTP/1.1", hs(H, "X-Lab-Answer: early-413", "Transfer-Encoding: chunked"), strings.Repeat("1000\r\n"+strings.Repeat("u", 4096)+"\r\n", 60)+"0\r\n\r\n"), expect: []exp{{"client[0].status", whyEarly}, {"client[0].from", whyEarly}, {"client.conn", whyEarly}, {"client[0].headers", whyEarly}, {"sandbox[0].headers", whyChunkedBuf}}},
+		{name: "ans.407", raw: ans("407"), expect: []exp{{"client[0].headers", whyHopAnswer}}},
+		{name: "ans.chunk-size-bws", raw: ans("chunk-size-bws")},
+		{name: "ans.chunk-lf-only", raw: ans("chunk-lf-only"), expect: []exp{{"client[0].status", whyRespChunkLF}, {"client[0].from", whyRespChunkLF}}},
+
+		// Conditional and range requests, gzip: the sandbox answers them.
+		{name: "cond.if-none-match", raw: ans("etag", `If-None-Match: "v1"`)},
+		{name: "cond.if-none-match-star", raw: ans("etag", `If-None-Match: *`)},
+		{name: "cond.if-modified-since", raw: ans("etag", "If-Modified-Since: Tue, 01 Jan 2030 00:00:00 GMT")},
+		{name: "cond.if-match-fails", raw: ans("etag", `If-Match: "v2"`)},
+		{name: "cond.range", raw: ans("etag", "Range: bytes=0-4")},
+		{name: "cond.range-multi", raw: ans("etag", "Range: bytes=0-1,3-4")},
+		{name: "cond.range-unsatisfiable", raw: ans("etag", "Range: bytes=100-")},
+		{name: "cond.range-206-by-sandbox", raw: ans("206", "Range: bytes=0-4")},
+		{name: "gzip.json", raw: ans("json", "Accept-Encoding: gzip"), expect: []exp{{"client[0].headers", whyGzip}, {"client[0].body", whyGzip}, {"client[0].framing", whyGzip}}},
+		{name: "gzip.json-not-accepted", raw: ans("json")},
+		{name: "gzip.etag-text", raw: ans("etag", "Accept-Encoding: gzip, deflate, br"), expect: []exp{{"client[0].headers", whyGzip}, {"client[0].body", whyGzip}, {"client[0].framing", whyGzip}}},
+		{name: "gzip.sse-get", raw: get("/", "X-Lab-Answer: sse-gzip-stream", "Accept: text/event-stream", "Accept-Encoding: gzip"), expect: []exp{{"client[0].headers", whyGzip + "; " + whySSEClose}, {"client[0].body", whyGzip}, {"client.conn", whySSEClose}}},
+		{name: "gzip.sse-post", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-gzip-stream", "Accept: application/json, text/event-stream", "Accept-Encoding: gzip", "Content-Length: 2"), "{}"), expect: []exp{{"client[0].headers", whyGzip}, {"client[0].body", whyGzip}, {"client[0].framing", whyGzip}}},
+		{name: "gzip.head", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: gzip-plain", "Accept-Encoding: gzip"), ""), expect: []exp{{"client[0].headers", whyGzip}}},
+		{name: "gzip.http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: gzip-plain", "Accept-Encoding: gzip"), ""), v10: true},
 		{name: "ans.http10-client-chunked", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: large-chunked"), ""), v10: true},
 
 		// Connections.

@@ -43,6 +43,25 @@ type clientView struct {
 
 const waitMarker = "{wait100}"
 
+// pauseMarker in a case's bytes holds the rest back for 200 ms: the answers
+// to what went before have arrived by then, and the next request goes out
+// on a connection that has been idle.
+const pauseMarker = "{pause}"
+
+// writeRaw writes s, pausing at each pauseMarker.
+func writeRaw(conn net.Conn, s string) error {
+	parts := strings.Split(s, pauseMarker)
+	for i, p := range parts {
+		if i > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if _, err := io.WriteString(conn, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // runClient sends c's bytes on a new connection and reads c.nresp answers.
 // A {wait100} marker in the bytes sends what is before it, waits for an
 // interim 100 (or a final answer, after which the rest is not sent) and then
@@ -58,7 +77,7 @@ func runClient(c tcase, addr, tag string) (v clientView) {
 	br := bufio.NewReader(conn)
 	conn.SetDeadline(time.Now().Add(4 * time.Second))
 	first, rest, split := strings.Cut(raw, waitMarker)
-	if _, err := io.WriteString(conn, first); err != nil {
+	if err := writeRaw(conn, first); err != nil {
 		v.Err = "write: " + err.Error()
 		return v
 	}

@@ -92,6 +92,30 @@ func acmeConfig(t *testing.T, dnsSrv *testenv.DNSServer, pebble *testenv.Pebble,
 	}
 }
 
+// onDemandConfig is acmeConfig for on-demand issuance alone: no wildcard
+// ordered at start, no DNS propagation checks (TestACMEWildcardThroughDNS01
+// covers those).
+func onDemandConfig(t *testing.T, dnsSrv *testenv.DNSServer, pebble *testenv.Pebble, storage string) certs.Config {
+	t.Helper()
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.SkipWildcard = true
+	cfg.ACME.OnDemand = true
+	cfg.ACME.DNS.PropagationTimeout = -1
+	return cfg
+}
+
+// startManager starts a certificate manager on cfg, closed when the test
+// ends.
+func startManager(t *testing.T, cfg certs.Config) *certs.Manager {
+	t.Helper()
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
 func TestACMEWildcardThroughDNS01(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
@@ -191,17 +215,10 @@ func TestACMEOnDemand(t *testing.T) {
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
 	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true, "50005-ok2.cube.test": true}}
 
-	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
-	cfg.ACME.SkipWildcard = true
-	cfg.ACME.OnDemand = true
+	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.ACME.OnDemandRate = 1
-	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
 	cfg.Allow = allow.allow
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	if pebble.Orders() != 0 {
 		t.Fatal("on-demand only: orders placed at start")
 	}
@@ -345,11 +362,7 @@ func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 	cfg.ACME.OnDemand = true
 	cfg.Allow = allow.allow
 	cfg.ListenAddr = ln.Addr().String()
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	srv := serveTLSOn(t, m, ln)
 
 	leaf, err := fetch(t, srv.addr, sniConfig(pebble.IssuerRootPool(t), "50005-ok.cube.test"), "50005-ok.cube.test")
@@ -375,17 +388,10 @@ func TestACMEOnDemandFailedOrderBacksOff(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
 	allow := &allowList{ok: map[string]bool{"50005-bad.nozone.test": true, "50005-ok.cube.test": true}}
-	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
-	cfg.ACME.SkipWildcard = true
-	cfg.ACME.OnDemand = true
+	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.ACME.OnDemandRate = 2
-	cfg.ACME.DNS.PropagationTimeout = -1
 	cfg.Allow = allow.allow
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	roots := pebble.IssuerRootPool(t)
 	srv := serveTLS(t, m)
 
@@ -630,16 +636,9 @@ func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 6 * time.Second})
 	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
-	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
-	cfg.ACME.SkipWildcard = true
-	cfg.ACME.OnDemand = true
-	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.Allow = allow.allow
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	srv := serveTLS(t, m)
 	// Expired certificates fail verification: the serial tells them apart.
 	cfgTLS := &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
@@ -779,21 +778,14 @@ func TestACMEOnDemandSweepDropsDeletedSandboxes(t *testing.T) {
 	const a, b = "50005-a.cube.test", "50005-b.cube.test"
 	sandboxes.Store(a, true)
 	sandboxes.Store(b, true)
-	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
-	cfg.ACME.SkipWildcard = true
-	cfg.ACME.OnDemand = true
-	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.Allow = func(_ context.Context, name string) error {
 		if _, ok := sandboxes.Load(name); !ok {
 			return fmt.Errorf("%w: no sandbox for %s", certs.ErrUnknownName, name)
 		}
 		return nil
 	}
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	srv := serveTLS(t, m)
 	roots := pebble.IssuerRootPool(t)
 	for _, name := range []string{a, b} {
@@ -850,16 +842,9 @@ func TestACMEOnDemandStorageCleaning(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})
 	storage := t.TempDir()
-	cfg := acmeConfig(t, dnsSrv, pebble, storage)
-	cfg.ACME.SkipWildcard = true
-	cfg.ACME.OnDemand = true
-	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	cfg := onDemandConfig(t, dnsSrv, pebble, storage)
 	cfg.Allow = func(context.Context, string) error { return nil }
-	m, err := certs.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m := startManager(t, cfg)
 	srv := serveTLS(t, m)
 	insecure := func(name string) *tls.Config {
 		return &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}

@@ -271,13 +271,21 @@ func TestWindowLimiterLargeRate(t *testing.T) {
 	}
 }
 
-func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
-	s := &acmeSource{
+// onDemandSource is an acmeSource that manages *.cube.test and cube.test
+// and decides on-demand names itself: every name is allowed, limit orders
+// a minute.
+func onDemandSource(limit int) *acmeSource {
+	return &acmeSource{
 		log:          slog.New(slog.DiscardHandler),
 		managedNames: []string{"*.cube.test", "cube.test"},
-		limiter:      newWindowLimiter(1),
+		allow:        func(context.Context, string) error { return nil },
+		limiter:      newWindowLimiter(limit),
 		failures:     newFailureBackoff(),
 	}
+}
+
+func TestOnEventRateLimitsOnlyNewOnDemandIssuance(t *testing.T) {
+	s := onDemandSource(1)
 	tests := []struct {
 		name    string
 		event   string
@@ -411,13 +419,7 @@ func TestFailureBackoffForgetsEndedNames(t *testing.T) {
 // decision before the failure places no order), for backing off, not
 // for the budget; a certificate obtained for it later clears it.
 func TestFailedNameRefusedUntilObtained(t *testing.T) {
-	s := &acmeSource{
-		log:          slog.New(slog.DiscardHandler),
-		managedNames: []string{"*.cube.test", "cube.test"},
-		allow:        func(context.Context, string) error { return nil },
-		limiter:      newWindowLimiter(100),
-		failures:     newFailureBackoff(),
-	}
+	s := onDemandSource(100)
 	const name = "a.other.test"
 	obtaining := map[string]any{"identifier": name}
 	if err := s.onEvent(t.Context(), "cert_failed", map[string]any{"identifier": name, "error": errRateLimited}); err != nil {
@@ -448,13 +450,7 @@ func TestFailedNameRefusedUntilObtained(t *testing.T) {
 // renewal of one still valid keeps it served, and certmagic retries that
 // itself. A renewal that succeeds clears the backoff.
 func TestRenewalFailureBacksOffOnlyAWaitingHandshake(t *testing.T) {
-	s := &acmeSource{
-		log:          slog.New(slog.DiscardHandler),
-		managedNames: []string{"*.cube.test", "cube.test"},
-		allow:        func(context.Context, string) error { return nil },
-		limiter:      newWindowLimiter(100),
-		failures:     newFailureBackoff(),
-	}
+	s := onDemandSource(100)
 	const name = "a.other.test"
 	failed := map[string]any{"identifier": name, "renewal": true, "error": errors.New("CA down")}
 	if err := s.onEvent(t.Context(), "cert_failed", failed); err != nil {

@@ -173,13 +173,6 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 			if len(tc.raw) > 32<<10 {
 				t.Fatalf("a head of %d bytes: over client.max_header_size", len(tc.raw))
 			}
-			before := limitCounted()
-			held := make([]net.Conn, 0, conns)
-			defer func() {
-				for _, c := range held {
-					c.Close()
-				}
-			}()
 			addr := h.addr
 			switch {
 			case tc.redirect:
@@ -187,22 +180,8 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 			case tc.admin:
 				addr = h.admin
 			}
-			for range conns {
-				c, err := net.Dial("tcp", addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, c)
-				if _, err := io.WriteString(c, tc.raw); err != nil {
-					t.Fatal(err)
-				}
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
+			before := limitCounted()
+			answeredConns(t, addr, tc.raw, conns, nil)
 			per := (int64(limitCounted()) - int64(before)) / conns
 			t.Logf("%d bytes counted per connection", per)
 			if per > allowed {

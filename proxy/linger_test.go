@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -32,28 +31,14 @@ func TestLingeringConnectionHoldsNoBulkBuffer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			before := limitCounted()
-			cs := make([]net.Conn, 0, conns)
-			defer func() {
-				for _, c := range cs {
-					c.Close()
-				}
-			}()
-			for range conns {
-				c := dialRaw(t, h.addr)
-				cs = append(cs, c)
-				// An unknown sandbox's 404 with the body unread.
-				if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: 3000-nosuchbox.cube.test\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("x", 9000)); err != nil {
-					t.Fatal(err)
-				}
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+			// An unknown sandbox's 404 with the body unread.
+			refused := "POST / HTTP/1.1\r\nHost: 3000-nosuchbox.cube.test\r\nContent-Length: 1048576\r\n\r\n" + strings.Repeat("x", 9000)
+			cs := answeredConns(t, h.addr, refused, conns, func(resp *http.Response) {
 				if resp.StatusCode != http.StatusNotFound || !resp.Close {
 					t.Fatalf("got %d (close %v), want the 404 that ends the connection", resp.StatusCode, resp.Close)
 				}
+			})
+			for _, c := range cs {
 				if _, err := io.WriteString(c, tc.after); err != nil {
 					t.Fatal(err)
 				}

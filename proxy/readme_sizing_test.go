@@ -168,6 +168,40 @@ func holdIdleConnections(t *testing.T, addr, host string, useTLS bool) {
 	}
 }
 
+// answeredConns opens n connections to addr one after the other, sends raw
+// on each and reads its answer (check, if not nil, judges it), and returns
+// them open, as clients that hold what they have: the memory tests count
+// what the proxy keeps for each. They are closed when the test ends.
+func answeredConns(t *testing.T, addr, raw string, n int, check func(*http.Response)) []net.Conn {
+	t.Helper()
+	cs := make([]net.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	})
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if check != nil {
+			check(resp)
+		}
+	}
+	return cs
+}
+
 // limitCounted is the memory the Go runtime holds GOMEMLIMIT to, after a
 // collection that gives every free page back, as the runtime does near
 // the limit: all it has mapped but what it has given back. Giving the

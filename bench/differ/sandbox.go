@@ -401,11 +401,7 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 	case "conn-names-ctype":
 		return w(sized("200 OK", "Connection: Content-Type, Set-Cookie\r\nSet-Cookie: s=1\r\n", plainBody))
 	case "many-cookies":
-		var b strings.Builder
-		for i := 0; i < 100; i++ {
-			fmt.Fprintf(&b, "Set-Cookie: c%03d=%d; Path=/\r\n", i, i)
-		}
-		return w(sized("200 OK", b.String(), plainBody))
+		return w(sized("200 OK", setCookies(100), plainBody))
 	case "status-600":
 		w("HTTP/1.1 600 Beyond\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
 		return false
@@ -600,11 +596,7 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 	case "location-scheme-relative":
 		return w(sized("302 Found", "Location: //other.example/next\r\n", plainBody))
 	case "cookies-200":
-		var b strings.Builder
-		for i := 0; i < 200; i++ {
-			fmt.Fprintf(&b, "Set-Cookie: c%03d=%d; Path=/\r\n", i, i)
-		}
-		return w(sized("200 OK", b.String(), plainBody))
+		return w(sized("200 OK", setCookies(200), plainBody))
 	case "header-60k":
 		w(sized("200 OK", "X-Big: "+strings.Repeat("b", 60*1024)+"\r\n", plainBody))
 		return false
@@ -628,5 +620,14 @@ func gzipped(s string) string {
 	z := gzip.NewWriter(&b)
 	z.Write([]byte(s))
 	z.Close()
+	return b.String()
+}
+
+// setCookies is n Set-Cookie lines, each a cookie of its own.
+func setCookies(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "Set-Cookie: c%03d=%d; Path=/\r\n", i, i)
+	}
 	return b.String()
 }

@@ -149,10 +149,7 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 		t.Skip("opens 200 connections")
 	}
 	const conns = 200
-	kib, allowed := mostLinesHold(t)
-	h := newHarness(t)
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	host := h.route("headlines", port)
+	h, host, kib, allowed := headLinesMemoryCase(t)
 	rl := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(rl, "8443")
 	for _, tc := range []struct {
@@ -192,6 +189,17 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 	}
 }
 
+// headLinesMemoryCase is the set-up of the tests that count what a
+// connection holds after heads of many lines: a proxy, the host of a
+// sandbox that answers "ok", and the README's figure (mostLinesHold).
+func headLinesMemoryCase(t *testing.T) (h *harness, host string, kib int, allowed int64) {
+	t.Helper()
+	kib, allowed = mostLinesHold(t)
+	h = newHarness(t)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	return h, h.route("headlines", port), kib, allowed
+}
+
 // mostLinesHold is the README's figure for the most a connection holds
 // against GOMEMLIMIT after a head the proxy takes (Decisions, "Header
 // limits are nginx's"), in KiB, and the bytes a test allows for it: the
@@ -222,10 +230,7 @@ func TestRefusedHeadsPassNoLinesOn(t *testing.T) {
 		t.Skip("opens 400 connections")
 	}
 	const conns = 200
-	kib, allowed := mostLinesHold(t)
-	h := newHarness(t)
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	host := h.route("headlines", port)
+	h, host, kib, allowed := headLinesMemoryCase(t)
 	for _, tc := range []struct {
 		name   string
 		raw    string

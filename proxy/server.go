@@ -27,7 +27,7 @@ import (
 
 // ServerConfig holds the listener-side settings.
 type ServerConfig struct {
-	// ClientReadTimeout bounds the TLS handshake and request headers (default 30 s).
+	// ClientReadTimeout bounds the TLS handshake and request headers (default 60 s, nginx's client_header_timeout).
 	ClientReadTimeout time.Duration
 	// ClientBodyTimeout bounds each wait for the next bytes of a request
 	// body (default 60 s, nginx's client_body_timeout), not the whole body.
@@ -36,7 +36,7 @@ type ServerConfig struct {
 	// piece of a response (default 60 s); a stream lives as long as the
 	// client keeps reading.
 	ClientWriteTimeout time.Duration
-	// ClientIdleTimeout closes keep-alive client connections idle this long (default 90 s).
+	// ClientIdleTimeout closes keep-alive client connections idle this long (default 75 s, nginx's keepalive_timeout).
 	ClientIdleTimeout time.Duration
 	// MaxRequestHeaderSize bounds request line + headers (default 32 KiB, nginx's default total; larger: 431).
 	MaxRequestHeaderSize int
@@ -74,7 +74,7 @@ func (s *Server) Config() ServerConfig { return s.cfg }
 
 func (c *ServerConfig) setDefaults() {
 	if c.ClientReadTimeout == 0 {
-		c.ClientReadTimeout = 30 * time.Second
+		c.ClientReadTimeout = 60 * time.Second // nginx's client_header_timeout
 	}
 	if c.ClientBodyTimeout == 0 {
 		c.ClientBodyTimeout = time.Minute
@@ -83,7 +83,7 @@ func (c *ServerConfig) setDefaults() {
 		c.ClientWriteTimeout = 60 * time.Second
 	}
 	if c.ClientIdleTimeout == 0 {
-		c.ClientIdleTimeout = 90 * time.Second
+		c.ClientIdleTimeout = 75 * time.Second // the platform's keepalive_timeout
 	}
 	if c.MaxRequestHeaderSize == 0 {
 		c.MaxRequestHeaderSize = 32 << 10

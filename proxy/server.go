@@ -387,6 +387,9 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 // still busy. Its gate channel holds empty structs: no memory.
 const unlimitedConcurrency = math.MaxInt32
 
+// adminWriteTimeout bounds each admin answer's write.
+const adminWriteTimeout = 30 * time.Second
+
 // adminServer is the fasthttp server of the admin listener.
 func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
 	return &fasthttp.Server{
@@ -402,6 +405,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			return fasthttp.RequestConfig{}
 		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			renewWriteDeadline(ctx, adminWriteTimeout)
 			clientError(ctx, err) // JSON, like every admin answer
 			// A head or body over the limits closed with the rest
 			// unread: the reset failed a client still sending before it
@@ -418,7 +422,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 		// curl through an SSO proxy, with 431.
 		ReadBufferSize:        cfg.MaxRequestHeaderSize,
 		ReadTimeout:           30 * time.Second,
-		WriteTimeout:          30 * time.Second,
+		WriteTimeout:          adminWriteTimeout,
 		IdleTimeout:           90 * time.Second,
 		MaxRequestBodySize:    1 << 20,
 		CloseOnShutdown:       true,
@@ -908,6 +912,7 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	// A head fasthttp refused may have been parsed up to its bad line,
 	// thousands of lines before it, which the context would keep.
 	defer shedHead(ctx)
+	renewWriteDeadline(ctx, p.clientWriteTimeout)
 	var buf [maxRequestIDLen]byte
 	e, request := p.failure(ctx, err, conns)
 	if !request {
@@ -930,6 +935,17 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	p.lingerRefused(ctx, err)
+}
+
+// renewWriteDeadline gives the answer an error handler composes d to go
+// out in. fasthttp writes it under the write deadline the connection's
+// previous answer set, which a keep-alive wait and a head stalled until the
+// read timeout have used up (with nginx's 60 s for both, always): the
+// client saw a bare close where the access log said the 408 was sent.
+func renewWriteDeadline(ctx *fasthttp.RequestCtx, d time.Duration) {
+	if d > 0 {
+		_ = ctx.Conn().SetWriteDeadline(time.Now().Add(d))
+	}
 }
 
 // failure is the answer to err, which fasthttp's error handler got on a

@@ -27,7 +27,7 @@ import (
 
 // ServerConfig holds the listener-side settings.
 type ServerConfig struct {
-	// ClientReadTimeout bounds the TLS handshake and request headers (default 30 s).
+	// ClientReadTimeout bounds the TLS handshake and request headers (default 60 s, nginx's client_header_timeout).
 	ClientReadTimeout time.Duration
 	// ClientBodyTimeout bounds each wait for the next bytes of a request
 	// body (default 60 s, nginx's client_body_timeout), not the whole body.
@@ -36,7 +36,7 @@ type ServerConfig struct {
 	// piece of a response (default 60 s); a stream lives as long as the
 	// client keeps reading.
 	ClientWriteTimeout time.Duration
-	// ClientIdleTimeout closes keep-alive client connections idle this long (default 90 s).
+	// ClientIdleTimeout closes keep-alive client connections idle this long (default 75 s, nginx's keepalive_timeout).
 	ClientIdleTimeout time.Duration
 	// MaxRequestHeaderSize bounds request line + headers (default 32 KiB, nginx's default total; larger: 431).
 	MaxRequestHeaderSize int
@@ -74,7 +74,7 @@ func (s *Server) Config() ServerConfig { return s.cfg }
 
 func (c *ServerConfig) setDefaults() {
 	if c.ClientReadTimeout == 0 {
-		c.ClientReadTimeout = 30 * time.Second
+		c.ClientReadTimeout = 60 * time.Second // nginx's client_header_timeout
 	}
 	if c.ClientBodyTimeout == 0 {
 		c.ClientBodyTimeout = time.Minute
@@ -83,7 +83,7 @@ func (c *ServerConfig) setDefaults() {
 		c.ClientWriteTimeout = 60 * time.Second
 	}
 	if c.ClientIdleTimeout == 0 {
-		c.ClientIdleTimeout = 90 * time.Second
+		c.ClientIdleTimeout = 75 * time.Second // the platform's keepalive_timeout
 	}
 	if c.MaxRequestHeaderSize == 0 {
 		c.MaxRequestHeaderSize = 32 << 10
@@ -387,6 +387,9 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 // still busy. Its gate channel holds empty structs: no memory.
 const unlimitedConcurrency = math.MaxInt32
 
+// adminWriteTimeout bounds each admin answer's write.
+const adminWriteTimeout = 30 * time.Second
+
 // adminServer is the fasthttp server of the admin listener.
 func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
 	return &fasthttp.Server{
@@ -402,6 +405,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			return fasthttp.RequestConfig{}
 		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			renewWriteDeadline(ctx, adminWriteTimeout)
 			clientError(ctx, err) // JSON, like every admin answer
 			// A head or body over the limits closed with the rest
 			// unread: the reset failed a client still sending before it
@@ -418,7 +422,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 		// curl through an SSO proxy, with 431.
 		ReadBufferSize:        cfg.MaxRequestHeaderSize,
 		ReadTimeout:           30 * time.Second,
-		WriteTimeout:          30 * time.Second,
+		WriteTimeout:          adminWriteTimeout,
 		IdleTimeout:           90 * time.Second,
 		MaxRequestBodySize:    1 << 20,
 		CloseOnShutdown:       true,
@@ -908,6 +912,7 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	// A head fasthttp refused may have been parsed up to its bad line,
 	// thousands of lines before it, which the context would keep.
 	defer shedHead(ctx)
+	renewWriteDeadline(ctx, p.clientWriteTimeout)
 	var buf [maxRequestIDLen]byte
 	e, request := p.failure(ctx, err, conns)
 	if !request {
@@ -930,6 +935,17 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	p.lingerRefused(ctx, err)
+}
+
+// renewWriteDeadline gives the answer an error handler composes d to go
+// out in. fasthttp writes it under the write deadline the connection's
+// previous answer set, which a keep-alive wait and a head stalled until the
+// read timeout have used up (with nginx's 60 s for both, always): the
+// client saw a bare close where the access log said the 408 was sent.
+func renewWriteDeadline(ctx *fasthttp.RequestCtx, d time.Duration) {
+	if d > 0 {
+		_ = ctx.Conn().SetWriteDeadline(time.Now().Add(d))
+	}
 }
 
 // failure is the answer to err, which fasthttp's error handler got on a

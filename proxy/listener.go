@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +36,9 @@ type retryListener struct {
 	logged  time.Time // last "accept failing" line
 	episode bool      // the current episode was logged: log its end too
 
+	// Admin listener only (see withReserve); nil: none.
+	reserve *fdReserve
+
 	// Client traffic listeners only (see limit); nil open: not counted.
 	open          *atomic.Int64 // connections admitted and not yet closed, shared by the traffic listeners
 	max           int64         // client.max_conns; 0 = unlimited
@@ -57,9 +61,16 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	delay := 5 * time.Millisecond
 	for {
 		c, err := l.Listener.Accept()
+		if err != nil && l.reserve != nil && resourceExhausted(err) && l.reserve.release() {
+			// Our own descriptor for this connection: accept again at once.
+			c, err = l.Listener.Accept()
+		}
 		if err == nil {
 			if l.failed > 0 {
 				l.recovered()
+			}
+			if l.reserve != nil {
+				return l.reserve.track(c), nil
 			}
 			if l.open != nil && !l.admit() {
 				l.refuse(c)
@@ -99,6 +110,94 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	}
 }
 
+// withReserve makes l hold reserveFDs descriptors of its own (opens of
+// the null device), spent on its accepts when the process is out of
+// descriptors: the admin listener's health probes must be answered while
+// clients hold every other one (a liveness probe that times out restarts
+// the proxy and cuts every stream it serves). Each one spent is taken
+// back when its connection closes, before anything else can take the
+// descriptor that close frees.
+func (l *retryListener) withReserve() *retryListener {
+	l.reserve = &fdReserve{}
+	l.reserve.fill()
+	return l
+}
+
+// reserveFDs is the admin listener's reserve: a probe, a scrape that keeps
+// its connection and an admin call or two at once.
+const reserveFDs = 8
+
+// fdReserve is a listener's reserve of descriptors (see withReserve).
+type fdReserve struct {
+	mu     sync.Mutex
+	files  []*os.File
+	closed bool // the listener closed: fill no more
+}
+
+// fill opens descriptors up to reserveFDs; those it cannot open (the
+// process is out of them) it leaves to the next fill.
+func (r *fdReserve) fill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for !r.closed && len(r.files) < reserveFDs {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			return
+		}
+		r.files = append(r.files, f)
+	}
+}
+
+// release closes one reserved descriptor; false when none is left.
+func (r *fdReserve) release() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.files) == 0 {
+		return false
+	}
+	f := r.files[len(r.files)-1]
+	r.files = r.files[:len(r.files)-1]
+	f.Close()
+	return true
+}
+
+// track refills the reserve now (a connection accepted without it may
+// find descriptors free again) and when c closes. A TCP connection stays
+// one (its CloseWrite and SyscallConn are what the lingering answers use).
+func (r *fdReserve) track(c net.Conn) net.Conn {
+	r.fill()
+	if tc, ok := c.(*net.TCPConn); ok {
+		return &reserveConn{TCPConn: tc, r: r}
+	}
+	return c
+}
+
+// reserveConn refills its listener's reserve once it is closed.
+type reserveConn struct {
+	*net.TCPConn
+	r    *fdReserve
+	once sync.Once
+}
+
+// Close closes the connection and takes its descriptor back into the
+// reserve if the reserve is short.
+func (c *reserveConn) Close() error {
+	err := c.TCPConn.Close()
+	c.once.Do(c.r.fill)
+	return err
+}
+
+// close gives the reserve's descriptors back for good.
+func (r *fdReserve) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	for _, f := range r.files {
+		f.Close()
+	}
+	r.files = nil
+}
+
 // recovered ends an episode of failed accepts.
 func (l *retryListener) recovered() {
 	if l.episode {
@@ -110,7 +209,12 @@ func (l *retryListener) recovered() {
 
 // Close also ends a wait between retries, so a drain is not held up.
 func (l *retryListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		if l.reserve != nil {
+			l.reserve.close()
+		}
+	})
 	return l.Listener.Close()
 }
 

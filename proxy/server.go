@@ -484,12 +484,13 @@ func (s *Server) limited(ln net.Listener) net.Listener {
 
 // ServeAdmin serves the admin API on ln. Its connections are never capped:
 // the operator's way in (health, metrics) must work when clients exhaust
-// client.max_conns.
+// client.max_conns, and it keeps descriptors in reserve for when they
+// exhaust RLIMIT_NOFILE.
 func (s *Server) ServeAdmin(ln net.Listener) error {
 	if s.adminSrv == nil {
 		return errors.New("no admin API configured")
 	}
-	if err := s.adminSrv.Serve(s.retrying(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.adminSrv.Serve(s.retrying(ln).withReserve()); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil

@@ -324,3 +324,42 @@ func cpuTicks(t *testing.T, pid int) int64 {
 	s, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + s
 }
+
+// The health probes at the descriptor limit: the admin listener keeps a
+// reserve of descriptors it spends on its own accepts, so /admin/healthz
+// (the liveness probe) and /readyz answer while clients have used up
+// every other descriptor, one connection after another. Without it the
+// admin accept failed like the traffic one and the probes timed out: a
+// liveness probe then restarted the pod, cutting every open stream of a
+// proxy that was serving them and would have recovered by itself.
+func TestBinaryAdminAnswersAtFDLimit(t *testing.T) {
+	bin := buildBinary(t)
+	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	routes := boxRoutes(t, t.TempDir(), port)
+	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "off", "--drain-timeout", "1s")
+	pid := cmd.Process.Pid
+	proxyAddr, adminAddr := waitListening(t, logs, exited)
+
+	fillDescriptors(t, pid, proxyAddr, 4, 20, func(n uint64) { setNoFile(t, pid, n) })
+	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
+		return strings.Contains(logs.String(), "cannot accept connections")
+	})
+
+	// A new connection each time, as kubelet's probes make; more of them
+	// than the reserve holds, so each must give its descriptor back.
+	for i := range 12 {
+		for _, path := range []string{"/admin/healthz", "/readyz"} {
+			client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := client.Get("http://" + adminAddr + path)
+			if err != nil {
+				t.Fatalf("probe %d %s at the descriptor limit: %v\n%s", i, path, err, logs.String())
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("probe %d %s at the descriptor limit: status %d, want 200", i, path, resp.StatusCode)
+			}
+		}
+	}
+	sigtermAndWait(t, cmd, exited, logs)
+}

@@ -1411,13 +1411,14 @@ func (p *Proxy) linger(raw, r net.Conn) {
 			copyBufPool.Put(big)
 		}
 	}()
-	lr := lingerReader{c: r, end: time.Now().Add(lingerTime)}
+	end := time.Now().Add(lingerTime)
 	for {
 		b := *small
 		if big != nil {
 			b = *big
 		}
-		n, err := lr.Read(b)
+		_ = r.SetReadDeadline(minTime(time.Now().Add(lingerTimeout), end))
+		n, err := r.Read(b)
 		switch {
 		case err != nil:
 			return
@@ -1428,22 +1429,6 @@ func (p *Proxy) linger(raw, r net.Conn) {
 			big = nil
 		}
 	}
-}
-
-// lingerReader reads what a lingering client still sends: each read within
-// lingerTimeout, all of them before end.
-type lingerReader struct {
-	c   net.Conn
-	end time.Time
-}
-
-func (l *lingerReader) Read(b []byte) (int, error) {
-	d := time.Now().Add(lingerTimeout)
-	if d.After(l.end) {
-		d = l.end
-	}
-	_ = l.c.SetReadDeadline(d)
-	return l.c.Read(b)
 }
 
 func isSmallBuffer(err error) bool {

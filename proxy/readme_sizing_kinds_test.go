@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,11 +37,16 @@ type sizingKind struct {
 	// moving: a body or message is being copied, and the copy holds its
 	// 64 KiB buffer; README gives such connections their own allowance.
 	moving bool
+	// manyLines: the sandbox's answer had thousands of header lines, which
+	// fasthttp keeps parsed; README gives such connections their own
+	// allowance.
+	manyLines bool
 }
 
 // sizingKinds are the kinds README's sizing must cover.
 var sizingKinds = []sizingKind{
 	{name: "idle keep-alive"},
+	{name: "idle after an answer of many header lines", manyLines: true},
 	{name: "mid-head"},
 	{name: "mid-upload", moving: true},
 	{name: "waiting on a slow sandbox"},
@@ -56,7 +62,8 @@ var sizingKinds = []sizingKind{
 // beside it) must cover what the Go runtime counts against GOMEMLIMIT for
 // every kind of connection a client without credentials can hold open,
 // not only an idle keep-alive one: a slow upload, a stalled download, an
-// SSE stream, a WebSocket, a lingering refusal. The clients and the
+// SSE stream, a WebSocket, a lingering refusal, and one idle after a
+// sandbox's answer of thousands of header lines. The clients and the
 // sandbox run in a child process, so that only the proxy's memory is
 // counted.
 func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
@@ -94,8 +101,11 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 		for _, k := range sizingKinds {
 			t.Run(scheme+", "+k.name, func(t *testing.T) {
 				allowed := allowance(rest)
-				if k.moving {
+				switch {
+				case k.moving:
 					allowed = allowance(moving)
+				case k.manyLines:
+					allowed = allowance(`where a public sandbox answers so, allow (\d+) KiB`)
 				}
 				h := newHarness(t)
 				addr := h.addr
@@ -265,6 +275,10 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
 			brw.Flush()
 			_, _ = io.Copy(countWriter{&received}, brw)
+		case "idle after an answer of many header lines":
+			// 2,500 lines of "A: b", 15 KB: within upstream.max_header_size.
+			w.Header()["A"] = slices.Repeat([]string{"b"}, 2500)
+			io.WriteString(w, "ok")
 		default:
 			io.WriteString(w, "ok")
 		}
@@ -306,7 +320,7 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			return resp
 		}
 		switch kind {
-		case "idle keep-alive":
+		case "idle keep-alive", "idle after an answer of many header lines":
 			head("")
 			resp := answer(200)
 			io.Copy(io.Discard, resp.Body)

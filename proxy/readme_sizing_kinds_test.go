@@ -77,8 +77,9 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 	if raceDetectorOn {
 		// Its instrumentation grows every goroutine and allocation (an HTTPS
 		// download to a slow reader: 188 KiB against 160 without it); the
-		// README sizes the binary as shipped.
-		t.Skip("the race detector's instrumentation is counted too")
+		// README sizes the binary as shipped. make test runs it again
+		// without -race.
+		t.Skip("the race detector's instrumentation is counted too; make test runs this without -race")
 	}
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {

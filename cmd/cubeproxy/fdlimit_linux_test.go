@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,10 +42,8 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 	port := bln.Addr().(*net.TCPAddr).Port
 	host := fmt.Sprintf("%d-box.cube.test", port)
 	routes := boxRoutes(t, t.TempDir(), port)
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-		"--access-log-format", "off", "--drain-timeout", "1s")
+	cmd, logs, exited, proxyAddr, adminAddr := startFDBinary(t, bin, routes)
 	pid := cmd.Process.Pid
-	proxyAddr, adminAddr := waitListening(t, logs, exited)
 
 	// A keep-alive client connected (and accepted) before the limit.
 	early, err := net.Dial("tcp", proxyAddr)
@@ -170,10 +169,8 @@ func TestBinaryShedsIdleSandboxConnsAtFDLimit(t *testing.T) {
 	if err := os.WriteFile(routesFile, []byte(routes.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routesFile,
-		"--access-log-format", "off", "--drain-timeout", "1s")
+	cmd, logs, exited, proxyAddr, _ := startFDBinary(t, bin, routesFile)
 	pid := cmd.Process.Pid
-	proxyAddr, _ := waitListening(t, logs, exited)
 
 	client, err := net.Dial("tcp", proxyAddr) // accepted before the limit
 	if err != nil {
@@ -220,10 +217,8 @@ func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-		"--access-log-format", "off", "--drain-timeout", "1s")
+	cmd, logs, exited, proxyAddr, adminAddr := startFDBinary(t, bin, routes)
 	pid := cmd.Process.Pid
-	proxyAddr, adminAddr := waitListening(t, logs, exited)
 
 	var lim syscall.Rlimit
 	getNoFile(t, pid, &lim)
@@ -336,10 +331,8 @@ func TestBinaryAdminAnswersAtFDLimit(t *testing.T) {
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
-		"--access-log-format", "off", "--drain-timeout", "1s")
+	cmd, logs, exited, proxyAddr, adminAddr := startFDBinary(t, bin, routes)
 	pid := cmd.Process.Pid
-	proxyAddr, adminAddr := waitListening(t, logs, exited)
 
 	fillDescriptors(t, pid, proxyAddr, 4, 20, func(n uint64) { setNoFile(t, pid, n) })
 	testenv.WaitFor(t, 5*time.Second, `"cannot accept connections" in the logs`, func() bool {
@@ -362,4 +355,15 @@ func TestBinaryAdminAnswersAtFDLimit(t *testing.T) {
 		}
 	}
 	sigtermAndWait(t, cmd, exited, logs)
+}
+
+// startFDBinary runs bin on the routes file routes, its access log off and
+// its drain 1 s, as the descriptor-limit tests run it, and returns once it
+// listens, with the addresses of its traffic and admin listeners.
+func startFDBinary(t *testing.T, bin, routes string) (cmd *exec.Cmd, logs *syncBuffer, exited <-chan error, proxyAddr, adminAddr string) {
+	t.Helper()
+	cmd, logs, exited = startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "off", "--drain-timeout", "1s")
+	proxyAddr, adminAddr = waitListening(t, logs, exited)
+	return cmd, logs, exited, proxyAddr, adminAddr
 }

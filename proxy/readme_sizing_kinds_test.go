@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -160,27 +159,10 @@ type sizingChild struct {
 // to addr and returns once its sandbox listens.
 func startSizingChild(t *testing.T, kind, addr string, useTLS bool) *sizingChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestREADMESizingCoversEveryKindOfConnection$", "-test.count=1", "-test.timeout=120s")
-	cmd.Env = append(os.Environ(), "CUBE_TEST_SIZING_KIND="+kind, "CUBE_TEST_SIZING_ADDR="+addr, "CUBE_TEST_SIZING_TLS="+map[bool]string{true: "1"}[useTLS])
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &sizingChild{t: t, stdin: stdin, sc: bufio.NewScanner(stdout), out: &strings.Builder{}}
-	cmd.Stderr = c.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close() // the child closes its connections and exits
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("client process: %v\n%s", err, c.out)
-		}
-	})
+	out := &strings.Builder{}
+	stdin, stdout := startChild(t, "TestREADMESizingCoversEveryKindOfConnection", out,
+		"CUBE_TEST_SIZING_KIND="+kind, "CUBE_TEST_SIZING_ADDR="+addr, "CUBE_TEST_SIZING_TLS="+map[bool]string{true: "1"}[useTLS])
+	c := &sizingChild{t: t, stdin: stdin, sc: bufio.NewScanner(stdout), out: out}
 	line := c.line("sandbox ")
 	p, err := strconv.Atoi(line)
 	if err != nil {

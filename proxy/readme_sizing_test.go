@@ -105,27 +105,9 @@ const sizingConns = 500
 // are; they close when the test ends.
 func idleClients(t *testing.T, addr, host string, useTLS bool) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestREADMESizingCoversAnIdleConnection$", "-test.count=1", "-test.timeout=60s")
-	cmd.Env = append(os.Environ(), "CUBE_TEST_SIZING_ADDR="+addr, "CUBE_TEST_SIZING_HOST="+host, "CUBE_TEST_SIZING_TLS="+map[bool]string{true: "1"}[useTLS])
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out strings.Builder
-	cmd.Stderr = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close() // the child closes its connections and exits
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("client process: %v\n%s", err, &out)
-		}
-	})
+	_, stdout := startChild(t, "TestREADMESizingCoversAnIdleConnection", &out,
+		"CUBE_TEST_SIZING_ADDR="+addr, "CUBE_TEST_SIZING_HOST="+host, "CUBE_TEST_SIZING_TLS="+map[bool]string{true: "1"}[useTLS])
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if sc.Text() == "ready" {
@@ -135,6 +117,36 @@ func idleClients(t *testing.T, addr, host string, useTLS bool) {
 		fmt.Fprintln(&out, sc.Text())
 	}
 	t.Fatalf("client process ended before its connections were open:\n%s", &out)
+}
+
+// startChild runs the test named test of this test binary as a child
+// process, with env added to its environment and its stderr into out, and
+// returns its stdin and stdout. When the test ends its stdin is closed,
+// and the child, which holds what it opened until then, exits; a failure
+// of the child fails the test.
+func startChild(t *testing.T, test string, out *strings.Builder, env ...string) (io.WriteCloser, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.timeout=120s")
+	cmd.Env = append(os.Environ(), env...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%s child process: %v\n%s", test, err, out)
+		}
+	})
+	return stdin, stdout
 }
 
 // holdIdleConnections is the child of idleClients: it opens the

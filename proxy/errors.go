@@ -37,7 +37,8 @@ const (
 	CodeUpstreamBusy           = "upstream_busy"
 	CodeUpstreamBadHeader      = "upstream_bad_response"
 	// CodeOutOfResources: the proxy itself could not open a connection to
-	// the sandbox (out of file descriptors, memory or local ports).
+	// the sandbox (out of file descriptors, memory or local ports) or to
+	// the route store (out of file descriptors or memory).
 	CodeOutOfResources = "proxy_out_of_resources"
 	// CodeOverloaded: the proxy refused the connection because it held
 	// client.max_conns client connections already.

@@ -623,8 +623,19 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	default:
 		// Once a second: while the store is down every request for an
 		// uncached sandbox fails, and the access log and the store error
-		// metric count them all.
-		if everySecond(&p.storeErrLogged) {
+		// metric count them all. A Redis connection the proxy could not
+		// open for want of its own descriptors is its own shortage, as
+		// for a sandbox connection: "routing table unavailable" sent the
+		// operator to a Redis that was fine. Not EADDRNOTAVAIL, which a
+		// sandbox's dial counts: Redis is often named by a host name, and
+		// a down Redis whose name resolves to ::1 first, on a host without
+		// IPv6, fails with it too.
+		short := resourceExhausted(err)
+		switch {
+		case short && everySecond(&p.resourceErrLogged):
+			p.cfg.Logger.Error("cannot connect to the route store: proxy out of resources (descriptors or memory)",
+				"sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())
+		case !short && everySecond(&p.storeErrLogged):
 			p.cfg.Logger.Error("route store unavailable", "sandbox_id", string(id), "err", err)
 		}
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil && sb.state() == stateKilled {
@@ -635,6 +646,10 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 			// kill. Only a route with a later CreatedAt lifts the kill,
 			// and the store cannot show one now.
 			x.fail(ctx, errKilled, id)
+			return
+		}
+		if short {
+			x.fail(ctx, proxyError{status: 503, code: CodeOutOfResources, msg: "proxy is out of resources; retry shortly", retryAfter: 1}, id)
 			return
 		}
 		x.fail(ctx, proxyError{status: 503, code: CodeStoreUnavailable, msg: "routing table unavailable", retryAfter: 1}, id)

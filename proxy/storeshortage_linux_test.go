@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// A route lookup whose Redis connection the proxy cannot open for want of
+// its own descriptors is the proxy's shortage, as a sandbox connection's
+// is: a 503 proxy_out_of_resources. It was a 503 store_unavailable
+// ("routing table unavailable"), which sent the operator to a Redis that
+// was fine. The descriptor limit is the process's, so the test lowers it
+// in a child process of its own.
+func TestStoreDialShortageIsTheProxys(t *testing.T) {
+	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		r := testenv.StartRedis(t)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestStoreDialShortageIsTheProxys$", "-test.count=1", "-test.v", "-test.timeout=60s")
+		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1", "CUBE_TEST_REDIS="+r.Addr())
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestStoreDialShortageIsTheProxys") {
+			t.Fatalf("child process: %v\n%s", err, out)
+		}
+		return
+	}
+	// Open dials nothing: the first lookup opens the pool's first
+	// connection, under the limit below.
+	store, err := redisstore.Open(redisstore.Config{Addr: os.Getenv("CUBE_TEST_REDIS")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h := newHarness(t, func(o *harnessOpts) { o.store = store })
+	// A client connection the proxy has accepted (it answered on it, with
+	// no lookup: the host names no sandbox) while descriptors were left.
+	c := dialRaw(t, h.addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: cube.test\r\n\r\n")
+	warm, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, warm.Body)
+	if warm.Close || h.counts.n.Load() != 0 {
+		t.Fatalf("warm-up: %d (close %v, %d lookups), want an answer on a kept connection without a lookup", warm.StatusCode, warm.Close, h.counts.n.Load())
+	}
+
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	low := limit
+	low.Cur = lowestFreeFD(t)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-fdshort.cube.test\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if rerr := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("answer under the descriptor limit: %v\n%s", err, strings.Join(testenv.Stacks(), "\n\n"))
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeOutOfResources) || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("got %d %s (Retry-After %q), want 503 %s with Retry-After 1", resp.StatusCode, b, resp.Header.Get("Retry-After"), CodeOutOfResources)
+	}
+	if n := h.counts.n.Load(); n != 1 {
+		t.Fatalf("%d lookups, want 1", n)
+	}
+}

@@ -2,16 +2,21 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -78,5 +83,95 @@ func TestStoreDialShortageIsTheProxys(t *testing.T) {
 	}
 	if n := h.counts.n.Load(); n != 1 {
 		t.Fatalf("%d lookups, want 1", n)
+	}
+}
+
+// splitStore answers ids starting with "idle" from mem and every other
+// one from redis.
+type splitStore struct {
+	mem   routing.Store
+	redis routing.Store
+}
+
+func (s *splitStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	if strings.HasPrefix(id, "idle") {
+		return s.mem.Lookup(ctx, id)
+	}
+	return s.redis.Lookup(ctx, id)
+}
+
+// At the descriptor limit, a route lookup that needs a new Redis
+// connection closes idle keep-alive sandbox connections first, as a
+// sandbox connect does (TestBinaryShedsIdleSandboxConnsAtFDLimit): they
+// are only a cache of a connect. The lookup failed with 503 while twenty
+// of them held a descriptor each.
+func TestStoreDialShedsIdleSandboxConns(t *testing.T) {
+	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		r := testenv.StartRedis(t)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestStoreDialShedsIdleSandboxConns$", "-test.count=1", "-test.v", "-test.timeout=60s")
+		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1", "CUBE_TEST_REDIS="+r.Addr())
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestStoreDialShedsIdleSandboxConns") {
+			t.Fatalf("child process: %v\n%s", err, out)
+		}
+		return
+	}
+	split := &splitStore{}
+	var h *harness
+	store, err := redisstore.Open(redisstore.Config{Addr: os.Getenv("CUBE_TEST_REDIS"), OnShortage: func() int { return h.proxy.ShedIdle() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	split.redis = store
+	h = newHarness(t, func(o *harnessOpts) { o.store = split })
+	split.mem = h.store
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	writer := redis.NewClient(&redis.Options{Addr: os.Getenv("CUBE_TEST_REDIS")})
+	if err := writer.HSet(context.Background(), redisstore.DefaultKeyPrefix+"fresh", "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1",
+		"CreatedAt", "1", itoa(port), itoa(port)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	writer.Close()
+
+	c := dialRaw(t, h.addr)
+	br := bufio.NewReader(c)
+	get := func(host string) (int, string) {
+		t.Helper()
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", host, err, strings.Join(testenv.Stacks(), "\n\n"))
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Twenty sandboxes served once each: twenty idle keep-alive
+	// connections, one per sandbox's pool.
+	for i := range 20 {
+		if code, body := get(h.route("idle"+strconv.Itoa(i), port)); code != 200 {
+			t.Fatalf("idle%d: %d %s", i, code, body)
+		}
+	}
+	if h.counts.n.Load() != 20 {
+		t.Fatalf("%d lookups, want 20 (none from Redis yet)", h.counts.n.Load())
+	}
+
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	low := limit
+	low.Cur = lowestFreeFD(t)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(itoa(port) + "-fresh.cube.test")
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	if code != 200 {
+		t.Fatalf("a sandbox whose route is in Redis, at the limit with idle sandbox connections: %d %s, want 200", code, body)
 	}
 }

@@ -443,6 +443,17 @@ func (ps *pools) shedIdle(n int) int {
 	return len(victims)
 }
 
+// ShedIdle closes up to 16 idle keep-alive sandbox connections, as a
+// sandbox connect that finds no descriptor does, and returns how many it
+// closed; none once the drain has aborted the pools. The route store's
+// dial calls it when it finds no descriptor (redisstore.Config.OnShortage).
+func (p *Proxy) ShedIdle() int {
+	if p.pools.aborted.Load() {
+		return 0
+	}
+	return p.pools.shedIdle(shedOnShortage)
+}
+
 // abort closes every connection checked out of a pool, at the drain
 // deadline: a request waiting for its answer's head, sending its upload,
 // or reading a small body whole then fails at once with errDrainCut (and

@@ -51,6 +51,9 @@ type app struct {
 	certs    *certs.Manager
 	proxy    *proxy.Proxy
 	server   *proxy.Server
+	// shedder is proxy once built: the Redis store, opened before it,
+	// dials (the readiness watch's lookups) from other goroutines.
+	shedder atomic.Pointer[proxy.Proxy]
 
 	httpLn, httpsLn, adminLn net.Listener
 
@@ -299,6 +302,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if err != nil {
 		return nil, err
 	}
+	a.shedder.Store(a.proxy)
 	if a.redis != nil {
 		// Through the proxy, not straight to the cache: it forgets the
 		// pause of a sandbox whose route was removed.
@@ -368,6 +372,16 @@ func checkAccessLogFormat(format string) error {
 	return fmt.Errorf("access_log.format %q: want json, cube or off", format)
 }
 
+// shedIdle closes idle sandbox connections for a Redis dial that found no
+// descriptor (redisstore.Config.OnShortage), as a sandbox connect does;
+// none before the proxy is built.
+func (a *app) shedIdle() int {
+	if p := a.shedder.Load(); p != nil {
+		return p.ShedIdle()
+	}
+	return 0
+}
+
 // openStore opens the route store cfg.store names, instrumented, and the
 // lookup timeout the cache should use with it (0: the cache's default).
 // The Redis store's readiness watch runs until bg ends.
@@ -386,6 +400,7 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 	case "redis":
 		rcfg := redisConfig(cfg)
 		rcfg.Logger = a.log
+		rcfg.OnShortage = a.shedIdle
 		redis.SetLogger(redisLogger{newThrottledLog(a.log, "redis", time.Now)})
 		if a.redis, err = redisstore.Open(rcfg); err != nil {
 			// err names the redis settings at fault. Not "route store:",

@@ -108,7 +108,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterOptions {
 	return &redis.ClusterOptions{
 		Addrs:                    cfg.Cluster.Addrs,
-		Dialer:                   newDialer(t, tlsConf),
+		Dialer:                   newDialer(t, tlsConf, cfg.OnShortage),
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
 		OnConnect:                setClientName,
@@ -195,7 +195,7 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 		MasterName:            cfg.Sentinel.MasterName,
 		SentinelAddrs:         cfg.Sentinel.Addrs,
 		SentinelPassword:      cfg.Sentinel.Password,
-		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tlsConf).dial,
+		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tlsConf, cfg.OnShortage).dial,
 		Username:              cfg.Username,
 		Password:              cfg.Password,
 		DB:                    cfg.DB,
@@ -220,11 +220,18 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 // newDialer is go-redis's own dialer (redis.NewDialer: DialTimeout, its
 // TCP keep-alive, TLS when tlsConf is set) whose TLS connections show
 // go-redis their socket (checkedTLS), and whose every connection refuses
-// a reply over MaxReplyBytes or MaxReplyElems (guardedConn).
-func newDialer(t timeouts, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// a reply over MaxReplyBytes or MaxReplyElems (guardedConn). A dial that
+// finds no descriptor calls shed (Config.OnShortage), when set, and is
+// tried once more when that freed any: at the limit, the proxy's idle
+// sandbox connections held the descriptors a lookup's connection needed,
+// and the lookup failed (TestStoreDialShedsIdleSandboxConns).
+func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf})
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
+		if err != nil && shed != nil && descriptorShortage(err) && shed() > 0 {
+			c, err = dial(ctx, network, addr)
+		}
 		if err != nil {
 			return c, err
 		}
@@ -235,6 +242,12 @@ func newDialer(t timeouts, tlsConf *tls.Config) func(ctx context.Context, networ
 		}
 		return guard(c), nil
 	}
+}
+
+// descriptorShortage reports a dial that failed for want of the
+// process's (EMFILE) or the system's (ENFILE) file descriptors.
+func descriptorShortage(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // checkedTLS is a TLS connection that exposes its TCP socket (SyscallConn)
@@ -275,10 +288,10 @@ type sentinelDialer struct {
 	sentinelRead time.Duration
 }
 
-func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config) *sentinelDialer {
+func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config, shed func() int) *sentinelDialer {
 	d := &sentinelDialer{
 		sentinels:    make(map[string]bool, len(addrs)),
-		dialer:       newDialer(t, tlsConf),
+		dialer:       newDialer(t, tlsConf, shed),
 		sentinelRead: t.sentinelRead,
 	}
 	for _, a := range addrs {
@@ -368,7 +381,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 		}
 	}
 	opt.ClientName = "" // a client_name in the URL would be refused as setClientName says
-	opt.Dialer = newDialer(t, opt.TLSConfig)
+	opt.Dialer = newDialer(t, opt.TLSConfig, cfg.OnShortage)
 	opt.OnConnect = setClientName
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries

@@ -74,6 +74,12 @@ type Config struct {
 	// Logger gets what an operator has to fix and a lookup cannot answer
 	// with (a legacy key the ACL user may not read); nil logs nothing.
 	Logger *slog.Logger `yaml:"-"`
+
+	// OnShortage is called when a dial fails for want of the process's
+	// descriptors, and returns how many it freed (the proxy closes idle
+	// sandbox connections); the dial is tried once more when it freed
+	// any. nil frees none.
+	OnShortage func() int `yaml:"-"`
 }
 
 // SentinelConfig points at Redis Sentinel.

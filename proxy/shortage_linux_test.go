@@ -23,14 +23,7 @@ import (
 // in a child process of its own.
 func TestDialShortageCountedApart(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
-		// A child that hangs fails in a minute with its goroutines (the
-		// -test.timeout panic), not at the package's 9 minutes.
-		cmd := exec.Command(os.Args[0], "-test.run=^TestDialShortageCountedApart$", "-test.count=1", "-test.v", "-test.timeout=60s")
-		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestDialShortageCountedApart") {
-			t.Fatalf("child process: %v\n%s", err, out)
-		}
+		runFDChild(t)
 		return
 	}
 	tel := obsTelemetry(t, nil)
@@ -90,6 +83,21 @@ func TestDialShortageCountedApart(t *testing.T) {
 	// each try is one more failed syscall per request).
 	if v, _ := metricValue(samples, "cubeproxy_upstream_retries_total", nil); v != 0 {
 		t.Errorf("cubeproxy_upstream_retries_total %v, want 0: the connect was retried", v)
+	}
+}
+
+// runFDChild runs the calling test again in a child process with
+// CUBE_TEST_FD_CHILD=1 and env, where it may lower the process's
+// descriptor limit, and fails unless the child's run passed.
+func runFDChild(t *testing.T, env ...string) {
+	t.Helper()
+	// A child that hangs fails in a minute with its goroutines (the
+	// -test.timeout panic), not at the package's 9 minutes.
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v", "-test.timeout=60s")
+	cmd.Env = append(append(os.Environ(), "CUBE_TEST_FD_CHILD=1"), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("child process: %v\n%s", err, out)
 	}
 }
 

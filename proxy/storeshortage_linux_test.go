@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,13 +27,7 @@ import (
 // in a child process of its own.
 func TestStoreDialShortageIsTheProxys(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
-		r := testenv.StartRedis(t)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestStoreDialShortageIsTheProxys$", "-test.count=1", "-test.v", "-test.timeout=60s")
-		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1", "CUBE_TEST_REDIS="+r.Addr())
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestStoreDialShortageIsTheProxys") {
-			t.Fatalf("child process: %v\n%s", err, out)
-		}
+		runFDChild(t, "CUBE_TEST_REDIS="+testenv.StartRedis(t).Addr())
 		return
 	}
 	// Open dials nothing: the first lookup opens the pool's first
@@ -107,13 +100,7 @@ func (s *splitStore) Lookup(ctx context.Context, id string) (*routing.Route, err
 // of them held a descriptor each.
 func TestStoreDialShedsIdleSandboxConns(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
-		r := testenv.StartRedis(t)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestStoreDialShedsIdleSandboxConns$", "-test.count=1", "-test.v", "-test.timeout=60s")
-		cmd.Env = append(os.Environ(), "CUBE_TEST_FD_CHILD=1", "CUBE_TEST_REDIS="+r.Addr())
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestStoreDialShedsIdleSandboxConns") {
-			t.Fatalf("child process: %v\n%s", err, out)
-		}
+		runFDChild(t, "CUBE_TEST_REDIS="+testenv.StartRedis(t).Addr())
 		return
 	}
 	split := &splitStore{}

@@ -27,7 +27,7 @@ import (
 
 // ServerConfig holds the listener-side settings.
 type ServerConfig struct {
-	// ClientReadTimeout bounds the TLS handshake and request headers (default 60 s, nginx's client_header_timeout).
+	// ClientReadTimeout bounds the TLS handshake and first request headers together, from the accept, and a later request's headers (default 60 s, nginx's client_header_timeout).
 	ClientReadTimeout time.Duration
 	// ClientBodyTimeout bounds each wait for the next bytes of a request
 	// body (default 60 s, nginx's client_body_timeout), not the whole body.
@@ -463,7 +463,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // their accept (a client that sent no ClientHello, or part of one), as
 // fasthttp closes a plain connection that sent nothing.
 func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes})
+	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout})
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting

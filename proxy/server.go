@@ -1033,15 +1033,25 @@ var refusedPlainHTTP = proxyError{status: 400, code: CodeBadRequest, msg: "plain
 // without a byte, the client only said "empty reply". A request method
 // begins with an upper-case letter, which no TLS record type (0x14-0x18)
 // or SSLv2 hello (0x80) does; the rest of the record header must be
-// printable, as a method and the start of its target are.
+// printable, as a method and the start of its target are. Empty lines
+// before the request line (CR, LF), which a server skips (RFC 9112 2.2)
+// and nginx answers as plain HTTP too, come first; no record type is
+// one either.
 func plainHTTPOnTLS(err error) net.Conn {
 	// AsType: errors.As would move its target to the heap, an allocation
 	// for every refusal the error handler sees.
 	rh, ok := errors.AsType[tls.RecordHeaderError](err)
-	if !ok || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
+	if !ok || rh.Conn == nil {
 		return nil
 	}
-	for _, c := range rh.RecordHeader {
+	b := rh.RecordHeader[:]
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	if len(b) > 0 && (b[0] < 'A' || b[0] > 'Z') {
+		return nil
+	}
+	for _, c := range b {
 		if c < ' ' || c > '~' {
 			return nil
 		}

@@ -342,6 +342,11 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.head", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: plain"), "")},
 		{name: "ans.103", raw: ans("103"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
 		{name: "ans.unsolicited-100", raw: ans("100"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		// An HTTP/1.0 client must never see a 1xx (RFC 9110 15.2): the
+		// final answer alone, closing the connection.
+		{name: "ans.103-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 103"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.100-http10-keepalive", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 100", "Connection: keep-alive"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.102-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 102"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
 		{name: "ans.set-cookies", raw: ans("cookies")},
 		{name: "ans.location-internal", raw: ans("location")},
 		{name: "ans.location-host", raw: ans("location-host")},
@@ -369,6 +374,9 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.closed-no-answer", raw: ans("close-early"), expect: []exp{{"sandbox.requests", whyRetry}}},
 
 		{name: "ans.websocket", raw: get("/", "X-Lab-Answer: ws-accept", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13")},
+		// A request pipelined behind the upgrade belongs to the tunnel
+		// once the 101 comes: never answered as a request of its own.
+		{name: "ans.websocket-pipelined", raw: get("/", "X-Lab-Answer: ws-accept", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13") + get("/after")},
 		{name: "ans.sse-stream", raw: get("/", "X-Lab-Answer: sse-stream", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
 		{name: "ans.sse-stream-post", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-stream", "Accept: application/json, text/event-stream", "Content-Length: 2"), "{}")},
 		{name: "ans.sized-close", raw: ans("sized-close")},

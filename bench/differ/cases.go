@@ -542,6 +542,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "conn.leading-crlf", raw: "\r\n" + get("/")},
 		{name: "conn.leading-crlf-many", raw: strings.Repeat("\r\n", 1000) + "\n\n" + get("/")},
 		{name: "conn.leading-crlf-32k", raw: strings.Repeat("\r\n", 16500) + get("/"), expect: []exp{{"client.err", whyCRLFFill}, {"client.responses", whyCRLFFill}, {"client.conn", whyCRLFFill}, {"sandbox.requests", whyCRLFFill}}},
+		// A bare CR is no empty line (RFC 9112 2.2: invalid); nginx skips it.
+		{name: "conn.leading-bare-cr", raw: "\r\r\n" + get("/"), expect: []exp{{"client[0].status", whyStrictParse}, {"client[0].from", whyStrictParse}, {"client.conn", whyStrictParse}, {"sandbox.requests", whyStrictParse}}},
 		{name: "conn.crlf-between-requests", raw: get("/a") + "\r\n\r\n" + get("/b"), nresp: 2},
 		{name: "conn.pipelined-close-delimited", raw: ans("close") + get("/two"), nresp: 2},
 		{name: "conn.pipelined-error-first", raw: get("/../x") + get("/two"), nresp: 2, expect: []exp{{"client.err", whyKeptOpen}, {"client.responses", whyKeptOpen}, {"client.conn", whyKeptOpen}, {"sandbox.requests", whyKeptOpen}}},

@@ -92,6 +92,7 @@ const (
 	whyEmptyXFF    = "an empty X-Forwarded-For line counts as none: the sandbox gets the client's address alone, where nginx's $proxy_add_x_forwarded_for makes it \", 127.0.0.1\" (an empty first element) (README: Forwarding behaviour, Headers)"
 	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
 	whyCRLFFill    = "a head after 32 KiB (client.max_header_size) of empty lines: fasthttp reads a buffer of nothing but CRLFs as the end of input and closes without an answer (a reset, as the rest is unread); nginx skips any number of them (README: Decisions, Left to fasthttp's parser)"
+	whyNoLine      = "bytes no request line can begin with (NUL), without a line end: nginx answers 400 at once, CubeProxy waits for the line and answers 408 after client.read_timeout, as fasthttp parses only whole lines (README: Decisions, Left to fasthttp's parser)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
 	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, -1, a list 5, 5) or past 2^63 is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
@@ -544,6 +545,7 @@ func corpus(env caseEnv) []tcase {
 		{name: "conn.leading-crlf-32k", raw: strings.Repeat("\r\n", 16500) + get("/"), expect: []exp{{"client.err", whyCRLFFill}, {"client.responses", whyCRLFFill}, {"client.conn", whyCRLFFill}, {"sandbox.requests", whyCRLFFill}}},
 		// A bare CR is no empty line (RFC 9112 2.2: invalid); nginx skips it.
 		{name: "conn.leading-bare-cr", raw: "\r\r\n" + get("/"), expect: []exp{{"client[0].status", whyStrictParse}, {"client[0].from", whyStrictParse}, {"client.conn", whyStrictParse}, {"sandbox.requests", whyStrictParse}}},
+		{name: "conn.binary-greeting", raw: "\x00\x00\x00\x00", expect: []exp{{"client.err", whyNoLine}, {"client.responses", whyNoLine}, {"client.conn", whyNoLine}}},
 		{name: "conn.crlf-between-requests", raw: get("/a") + "\r\n\r\n" + get("/b"), nresp: 2},
 		{name: "conn.pipelined-close-delimited", raw: ans("close") + get("/two"), nresp: 2},
 		{name: "conn.pipelined-error-first", raw: get("/../x") + get("/two"), nresp: 2, expect: []exp{{"client.err", whyKeptOpen}, {"client.responses", whyKeptOpen}, {"client.conn", whyKeptOpen}, {"sandbox.requests", whyKeptOpen}}},

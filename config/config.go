@@ -178,7 +178,7 @@ type Upstream struct {
 
 // Client configures the client-facing side.
 type Client struct {
-	ReadTimeout   time.Duration `yaml:"read_timeout" usage:"TLS handshake + request headers"`
+	ReadTimeout   time.Duration `yaml:"read_timeout" usage:"TLS handshake + first request headers from the accept, a later request's headers from their first byte"`
 	BodyTimeout   time.Duration `yaml:"body_timeout" usage:"longest wait for the next bytes of a request body"`
 	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"client must accept each response piece within"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout" usage:"keep-alive idle timeout"`

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,9 @@ type tlsListener struct {
 	net.Listener
 	cfg        *tls.Config
 	handshakes *handshakes
+	// headTimeout is client.read_timeout: the handshake and the first
+	// request head must both arrive within it of the accept.
+	headTimeout time.Duration
 }
 
 // Accept wraps the next connection in a server-side TLS connection.
@@ -32,7 +36,12 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tlsConn{Conn: tls.Server(c, l.cfg), accepted: time.Now(), handshakes: l.handshakes}, nil
+	now := time.Now()
+	tc := &tlsConn{Conn: tls.Server(c, l.cfg), accepted: now, handshakes: l.handshakes}
+	if l.headTimeout > 0 {
+		tc.headBy = now.Add(l.headTimeout)
+	}
+	return tc, nil
 }
 
 // tlsConn is a server-side TLS connection whose handshake is registered
@@ -43,6 +52,35 @@ type tlsConn struct {
 	*tls.Conn
 	accepted   time.Time
 	handshakes *handshakes
+	// headBy is when the first request's head must have arrived: the
+	// accept plus client.read_timeout (zero: no bound), as nginx's
+	// client_header_timeout runs from the accept through the handshake
+	// and the first head. fasthttp sets the first head's deadline anew
+	// after the handshake, which let a client hold the connection twice
+	// the timeout without a request.
+	headBy time.Time
+	// gotData says a request's bytes have arrived, after which deadlines
+	// are fasthttp's own (the body's, the keep-alive wait's).
+	gotData atomic.Bool
+}
+
+// Read reads application data, noting the first bytes.
+func (c *tlsConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && !c.gotData.Load() {
+		c.gotData.Store(true)
+	}
+	return n, err
+}
+
+// SetReadDeadline sets the read deadline, not past headBy until the first
+// request's bytes have arrived (they are read under that deadline: fasthttp
+// leaves the first head's deadline as it set it before its first byte).
+func (c *tlsConn) SetReadDeadline(t time.Time) error {
+	if !c.headBy.IsZero() && !c.gotData.Load() && (t.IsZero() || t.After(c.headBy)) {
+		t = c.headBy
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // Handshake runs the TLS handshake where the drain can end it.

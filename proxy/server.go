@@ -27,7 +27,7 @@ import (
 
 // ServerConfig holds the listener-side settings.
 type ServerConfig struct {
-	// ClientReadTimeout bounds the TLS handshake and request headers (default 60 s, nginx's client_header_timeout).
+	// ClientReadTimeout bounds the TLS handshake and first request headers together, from the accept, and a later request's headers (default 60 s, nginx's client_header_timeout).
 	ClientReadTimeout time.Duration
 	// ClientBodyTimeout bounds each wait for the next bytes of a request
 	// body (default 60 s, nginx's client_body_timeout), not the whole body.
@@ -463,7 +463,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // their accept (a client that sent no ClientHello, or part of one), as
 // fasthttp closes a plain connection that sent nothing.
 func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes})
+	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout})
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting
@@ -1033,15 +1033,25 @@ var refusedPlainHTTP = proxyError{status: 400, code: CodeBadRequest, msg: "plain
 // without a byte, the client only said "empty reply". A request method
 // begins with an upper-case letter, which no TLS record type (0x14-0x18)
 // or SSLv2 hello (0x80) does; the rest of the record header must be
-// printable, as a method and the start of its target are.
+// printable, as a method and the start of its target are. Empty lines
+// before the request line (CR, LF), which a server skips (RFC 9112 2.2)
+// and nginx answers as plain HTTP too, come first; no record type is
+// one either.
 func plainHTTPOnTLS(err error) net.Conn {
 	// AsType: errors.As would move its target to the heap, an allocation
 	// for every refusal the error handler sees.
 	rh, ok := errors.AsType[tls.RecordHeaderError](err)
-	if !ok || rh.Conn == nil || rh.RecordHeader[0] < 'A' || rh.RecordHeader[0] > 'Z' {
+	if !ok || rh.Conn == nil {
 		return nil
 	}
-	for _, c := range rh.RecordHeader {
+	b := rh.RecordHeader[:]
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	if len(b) > 0 && (b[0] < 'A' || b[0] > 'Z') {
+		return nil
+	}
+	for _, c := range b {
 		if c < ' ' || c > '~' {
 			return nil
 		}

@@ -28,6 +28,12 @@ func TestPlainHTTPOnTLSListenerAnswered400(t *testing.T) {
 		"POST /upload HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello",
 		"OPTIONS * HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		// Empty lines before the request line, which a server skips
+		// (RFC 9112 2.2), as nginx does here too: the proxy closed
+		// without a byte.
+		"\r\nGET /lead HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"\n\nGET /lead HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"\r\n\r\n\r\nGET /lead HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 	} {
 		resp, body := rawRequest(t, addr, head)
 		checkProxyError(t, resp, body, 400, CodeBadRequest)

@@ -91,6 +91,8 @@ const (
 	whyAbsNoHost   = "an HTTP/1.0 request in absolute form without Host reaches the sandbox with the target's host as Host; nginx sends its HTTP/1.1 request with none, which an HTTP/1.1 server may refuse (README: Target parsing)"
 	whyEmptyXFF    = "an empty X-Forwarded-For line counts as none: the sandbox gets the client's address alone, where nginx's $proxy_add_x_forwarded_for makes it \", 127.0.0.1\" (an empty first element) (README: Forwarding behaviour, Headers)"
 	whyUpgradeOnly = "an Upgrade that Connection does not list asks for no upgrade (RFC 9110 7.8) and is removed as hop-by-hop; nginx-platform.conf's map sends any Upgrade on with Connection: upgrade (README: Forwarding behaviour, Headers)"
+	whyCRLFFill    = "a head after 32 KiB (client.max_header_size) of empty lines: fasthttp reads a buffer of nothing but CRLFs as the end of input and closes without an answer (a reset, as the rest is unread); nginx skips any number of them (README: Decisions, Left to fasthttp's parser)"
+	whyNoLine      = "bytes no request line can begin with (NUL), without a line end: nginx answers 400 at once, CubeProxy waits for the line and answers 408 after client.read_timeout, as fasthttp parses only whole lines (README: Decisions, Left to fasthttp's parser)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
 	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, -1, a list 5, 5) or past 2^63 is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
 	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
@@ -341,6 +343,11 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.head", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: plain"), "")},
 		{name: "ans.103", raw: ans("103"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
 		{name: "ans.unsolicited-100", raw: ans("100"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		// An HTTP/1.0 client must never see a 1xx (RFC 9110 15.2): the
+		// final answer alone, closing the connection.
+		{name: "ans.103-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 103"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.100-http10-keepalive", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 100", "Connection: keep-alive"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
+		{name: "ans.102-http10", raw: rq("GET / HTTP/1.0", hs(H, "X-Lab-Answer: 102"), ""), v10: true, expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
 		{name: "ans.set-cookies", raw: ans("cookies")},
 		{name: "ans.location-internal", raw: ans("location")},
 		{name: "ans.location-host", raw: ans("location-host")},
@@ -368,6 +375,9 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.closed-no-answer", raw: ans("close-early"), expect: []exp{{"sandbox.requests", whyRetry}}},
 
 		{name: "ans.websocket", raw: get("/", "X-Lab-Answer: ws-accept", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13")},
+		// A request pipelined behind the upgrade belongs to the tunnel
+		// once the 101 comes: never answered as a request of its own.
+		{name: "ans.websocket-pipelined", raw: get("/", "X-Lab-Answer: ws-accept", "Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13") + get("/after")},
 		{name: "ans.sse-stream", raw: get("/", "X-Lab-Answer: sse-stream", "Accept: text/event-stream"), expect: []exp{{"client[0].headers", whySSEClose}, {"client.conn", whySSEClose}}},
 		{name: "ans.sse-stream-post", raw: rq("POST /mcp HTTP/1.1", hs(H, "X-Lab-Answer: sse-stream", "Accept: application/json, text/event-stream", "Content-Length: 2"), "{}")},
 		{name: "ans.sized-close", raw: ans("sized-close")},
@@ -531,6 +541,12 @@ func corpus(env caseEnv) []tcase {
 		{name: "conn.http2-version", raw: rq("GET / HTTP/2.0", hs(H), "")},
 		{name: "conn.http12-version", raw: rq("GET / HTTP/1.2", hs(H), ""), expect: []exp{{"client[0].status", whyVersion}, {"client[0].from", whyVersion}, {"client.conn", whyVersion}, {"sandbox.requests", whyVersion}}},
 		{name: "conn.leading-crlf", raw: "\r\n" + get("/")},
+		{name: "conn.leading-crlf-many", raw: strings.Repeat("\r\n", 1000) + "\n\n" + get("/")},
+		{name: "conn.leading-crlf-32k", raw: strings.Repeat("\r\n", 16500) + get("/"), expect: []exp{{"client.err", whyCRLFFill}, {"client.responses", whyCRLFFill}, {"client.conn", whyCRLFFill}, {"sandbox.requests", whyCRLFFill}}},
+		// A bare CR is no empty line (RFC 9112 2.2: invalid); nginx skips it.
+		{name: "conn.leading-bare-cr", raw: "\r\r\n" + get("/"), expect: []exp{{"client[0].status", whyStrictParse}, {"client[0].from", whyStrictParse}, {"client.conn", whyStrictParse}, {"sandbox.requests", whyStrictParse}}},
+		{name: "conn.binary-greeting", raw: "\x00\x00\x00\x00", expect: []exp{{"client.err", whyNoLine}, {"client.responses", whyNoLine}, {"client.conn", whyNoLine}}},
+		{name: "conn.crlf-between-requests", raw: get("/a") + "\r\n\r\n" + get("/b"), nresp: 2},
 		{name: "conn.pipelined-close-delimited", raw: ans("close") + get("/two"), nresp: 2},
 		{name: "conn.pipelined-error-first", raw: get("/../x") + get("/two"), nresp: 2, expect: []exp{{"client.err", whyKeptOpen}, {"client.responses", whyKeptOpen}, {"client.conn", whyKeptOpen}, {"sandbox.requests", whyKeptOpen}}},
 		{name: "conn.pipelined-chunked-post", raw: rq("POST /a HTTP/1.1", hs(H, "Transfer-Encoding: chunked"), "5\r\nhello\r\n0\r\n\r\n") + get("/b"), nresp: 2, expect: []exp{{"sandbox[0].framing", whyChunkedBuf}, {"sandbox[0].headers", whyChunkedBuf}}},

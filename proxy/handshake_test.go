@@ -1,0 +1,88 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// client.read_timeout bounds a TLS connection's handshake and its first
+// request head together, from the accept, as nginx 1.22's
+// client_header_timeout does (one timer, set at the accept, runs through the
+// handshake and the first head). The head's deadline was set anew once the
+// handshake ended: a client that sent its ClientHello 59 s after connecting
+// and then part of a head held the connection 119 s, where nginx closes it
+// at 60 s (measured on the binary and nginx 1.22.1: ClientHello 30 s after
+// the connect, then nothing: nginx closed at 60.0 s, the proxy at 90.3 s).
+// Connections held twice as long are twice the connections, memory and
+// descriptors a slow client without credentials keeps at a given rate.
+func TestTLSHandshakeAndFirstHeadShareTheReadTimeout(t *testing.T) {
+	const readTimeout = time.Second
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = readTimeout
+	})
+	host := h.route("tlshead", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Body", strconv.FormatInt(n, 10))
+	})))
+	addr, roots := serveTLS(t, h)
+	cfg := &tls.Config{RootCAs: roots, ServerName: host}
+
+	// lateHandshake connects, waits most of the read timeout, and only
+	// then runs its handshake; it returns when it connected.
+	lateHandshake := func(t *testing.T) (*tls.Conn, time.Time) {
+		raw := dialRaw(t, addr)
+		start := time.Now()
+		time.Sleep(readTimeout * 8 / 10)
+		c := tls.Client(raw, cfg)
+		if err := c.Handshake(); err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		return c, start
+	}
+
+	// The connection ends (a 408, or a close) at the accept plus the read
+	// timeout; before, at the handshake's end plus the read timeout.
+	for _, tc := range []struct{ name, sent string }{
+		{"nothing after the handshake", ""},
+		{"part of a head after the handshake", "GET / HTTP/1.1\r\nHost: " + host + "\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, start := lateHandshake(t)
+			if _, err := io.WriteString(c, tc.sent); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, c)
+			if took := time.Since(start); took > readTimeout*14/10 {
+				t.Fatalf("connection ended %v after the connect, want about %v (the read timeout from the accept)", took.Round(time.Millisecond), readTimeout)
+			}
+		})
+	}
+
+	// A head begun within the time keeps the timeouts that follow it: its
+	// body's (client.body_timeout), and the keep-alive wait after it.
+	t.Run("later deadlines unchanged", func(t *testing.T) {
+		c, start := lateHandshake(t)
+		br := bufio.NewReader(c)
+		if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: "+host+"\r\nContent-Length: 5\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(start.Add(readTimeout * 15 / 10)))
+		if _, err := io.WriteString(c, "hello"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("a body sent after the read timeout (within the body timeout): %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Body") != "5" {
+			t.Fatalf("got %d, body of %q bytes, want 200 and 5", resp.StatusCode, resp.Header.Get("X-Body"))
+		}
+		keptRequest(t, c, br, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+	})
+}

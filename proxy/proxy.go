@@ -56,6 +56,12 @@ type Proxy struct {
 	// heldConns): the admin and redirect servers', and those read from
 	// in a lingering close.
 	held heldConns
+	// lingering counts the connections in a lingering close (linger). The
+	// drain waits for them as for a stream, until its deadline: closed
+	// with the client's bytes unread, a connection is reset, and a client
+	// still sending the rest of a refused upload (Python's http.client
+	// reads only once it has sent it all) lost the answer it was given.
+	lingering atomic.Int64
 
 	// draining is the Server's: set once Shutdown has begun.
 	draining *atomic.Bool
@@ -1398,11 +1404,14 @@ func (p *Proxy) lingerClose(c net.Conn) {
 // read that leaves the big buffer part empty gives it back, so that a
 // burst followed by a pause does not hold it through the pause.
 func (p *Proxy) linger(raw, r net.Conn) {
-	// Held while it lingers: Shutdown's end cuts the wait short.
+	// Held while it lingers: the drain waits for it until its deadline,
+	// and Shutdown's end cuts the wait short.
 	if !p.held.add(raw) {
 		return
 	}
 	defer p.held.remove(raw)
+	p.lingering.Add(1)
+	defer p.lingering.Add(-1)
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
 	var big *[]byte

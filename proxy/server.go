@@ -635,18 +635,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case err = <-done:
 	case <-ctx.Done():
 	}
-	// Tunnels (hijacked, invisible to fasthttp) and anything still
-	// streaming get until the deadline, then are cut, as are requests
-	// still waiting on their sandbox (for a head, or to take an upload):
-	// they are answered 504 at once rather than at their own timeout.
+	// Tunnels (hijacked, invisible to fasthttp), lingering closes (hijacked
+	// too) and anything still streaming get until the deadline, then are
+	// cut, as are requests still waiting on their sandbox (for a head, or
+	// to take an upload): they are answered 504 at once rather than at
+	// their own timeout.
 	for {
 		if ctx.Err() != nil {
 			// Said in the process log too: the access log, where each cut
 			// exchange has its line, may be off or in a file, and without
 			// this a drain that cut looks like one that finished.
-			if streams, tunnels := s.p.streams.open(); streams+tunnels > 0 || s.p.served.Load() > 0 {
+			if streams, tunnels := s.p.streams.open(); streams+tunnels > 0 || s.p.served.Load() > 0 || s.p.lingering.Load() > 0 {
 				s.p.cfg.Logger.Warn("drain deadline reached: cutting what is still open",
-					"streams", streams, "websockets", tunnels, "client_connections", s.p.served.Load())
+					"streams", streams, "websockets", tunnels, "client_connections", s.p.served.Load(),
+					"lingering", s.p.lingering.Load())
 			}
 			s.p.streams.abortAll()
 			s.p.pools.abort()
@@ -655,7 +657,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.p.conns.cutReads()
 			break
 		}
-		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
+		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 && s.p.lingering.Load() == 0 {
 			break
 		}
 		select {

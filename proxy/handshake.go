@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,6 +44,19 @@ type tlsConn struct {
 	*tls.Conn
 	accepted   time.Time
 	handshakes *handshakes
+	// p is set once a traffic listener took the connection (drainAware):
+	// its Close lingers during the drain, as a clientConn's.
+	p        *Proxy
+	lingered atomic.Bool
+}
+
+// Close closes the connection, after a lingering close during the drain
+// when its client sent bytes nobody will read (Proxy.closeLingering).
+func (c *tlsConn) Close() error {
+	if c.p != nil && c.p.closeLingering(c.Conn, &c.lingered) {
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 // Handshake runs the TLS handshake where the drain can end it.

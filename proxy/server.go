@@ -366,6 +366,7 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 	}
 	s.answerRedirect(ctx, true)
 	raw := ctx.Conn()
+	ownsClose(raw)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		// A hijacked connection is no StateClosed for this server's
@@ -479,6 +480,7 @@ func (s *Server) retrying(ln net.Listener) *retryListener {
 func (s *Server) limited(ln net.Listener) net.Listener {
 	rl := s.retrying(ln)
 	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
+	rl.wrap = s.p.drainAware
 	return rl
 }
 
@@ -866,6 +868,7 @@ func (p *Proxy) clientConnClosed() {
 // reports that close through connState.
 func (p *Proxy) hijack(ctx *fasthttp.RequestCtx, fn fasthttp.HijackHandler, abandon func()) {
 	c := ctx.Conn()
+	ownsClose(c)
 	p.hijacks.Store(c, abandon)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) {

@@ -62,6 +62,10 @@ type tlsConn struct {
 	// gotData says a request's bytes have arrived, after which deadlines
 	// are fasthttp's own (the body's, the keep-alive wait's).
 	gotData atomic.Bool
+	// p is set once a traffic listener took the connection (drainAware):
+	// its Close lingers during the drain, as a clientConn's.
+	p        *Proxy
+	lingered atomic.Bool
 }
 
 // Read reads application data, noting the first bytes.
@@ -81,6 +85,15 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 		t = c.headBy
 	}
 	return c.Conn.SetReadDeadline(t)
+}
+
+// Close closes the connection, after a lingering close during the drain
+// when its client sent bytes nobody will read (Proxy.closeLingering).
+func (c *tlsConn) Close() error {
+	if c.p != nil && c.p.closeLingering(c.Conn, &c.lingered) {
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 // Handshake runs the TLS handshake where the drain can end it.

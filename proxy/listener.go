@@ -39,6 +39,9 @@ type retryListener struct {
 	// Admin listener only (see withReserve); nil: none.
 	reserve *fdReserve
 
+	// wrap, when set, wraps each connection admitted (Proxy.drainAware).
+	wrap func(net.Conn) net.Conn
+
 	// Client traffic listeners only (see limit); nil open: not counted.
 	open          *atomic.Int64 // connections admitted and not yet closed, shared by the traffic listeners
 	max           int64         // client.max_conns; 0 = unlimited
@@ -75,6 +78,9 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			if l.open != nil && !l.admit() {
 				l.refuse(c)
 				continue
+			}
+			if l.wrap != nil {
+				c = l.wrap(c)
 			}
 			return c, nil
 		}

@@ -366,6 +366,7 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 	}
 	s.answerRedirect(ctx, true)
 	raw := ctx.Conn()
+	ownsClose(raw)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		// A hijacked connection is no StateClosed for this server's
@@ -479,6 +480,7 @@ func (s *Server) retrying(ln net.Listener) *retryListener {
 func (s *Server) limited(ln net.Listener) net.Listener {
 	rl := s.retrying(ln)
 	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
+	rl.wrap = s.p.drainAware
 	return rl
 }
 
@@ -635,18 +637,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case err = <-done:
 	case <-ctx.Done():
 	}
-	// Tunnels (hijacked, invisible to fasthttp) and anything still
-	// streaming get until the deadline, then are cut, as are requests
-	// still waiting on their sandbox (for a head, or to take an upload):
-	// they are answered 504 at once rather than at their own timeout.
+	// Tunnels (hijacked, invisible to fasthttp), lingering closes (hijacked
+	// too) and anything still streaming get until the deadline, then are
+	// cut, as are requests still waiting on their sandbox (for a head, or
+	// to take an upload): they are answered 504 at once rather than at
+	// their own timeout.
 	for {
 		if ctx.Err() != nil {
 			// Said in the process log too: the access log, where each cut
 			// exchange has its line, may be off or in a file, and without
 			// this a drain that cut looks like one that finished.
-			if streams, tunnels := s.p.streams.open(); streams+tunnels > 0 || s.p.served.Load() > 0 {
+			if streams, tunnels := s.p.streams.open(); streams+tunnels > 0 || s.p.served.Load() > 0 || s.p.lingering.Load() > 0 {
 				s.p.cfg.Logger.Warn("drain deadline reached: cutting what is still open",
-					"streams", streams, "websockets", tunnels, "client_connections", s.p.served.Load())
+					"streams", streams, "websockets", tunnels, "client_connections", s.p.served.Load(),
+					"lingering", s.p.lingering.Load())
 			}
 			s.p.streams.abortAll()
 			s.p.pools.abort()
@@ -655,7 +659,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.p.conns.cutReads()
 			break
 		}
-		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 {
+		if streams, tunnels := s.p.streams.open(); streams == 0 && tunnels == 0 && s.p.lingering.Load() == 0 {
 			break
 		}
 		select {
@@ -864,6 +868,7 @@ func (p *Proxy) clientConnClosed() {
 // reports that close through connState.
 func (p *Proxy) hijack(ctx *fasthttp.RequestCtx, fn fasthttp.HijackHandler, abandon func()) {
 	c := ctx.Conn()
+	ownsClose(c)
 	p.hijacks.Store(c, abandon)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) {

@@ -548,6 +548,9 @@ func resetOnClose(c net.Conn) net.Conn {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		c = tc.NetConn()
 	}
+	if cc, ok := c.(*clientConn); ok {
+		c = cc.TCPConn // closed as it is, never lingering
+	}
 	if tcp, ok := c.(*net.TCPConn); ok {
 		_ = tcp.SetLinger(0)
 	}

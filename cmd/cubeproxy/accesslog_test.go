@@ -146,6 +146,87 @@ func testAccessLogReopenOn(t *testing.T, sig syscall.Signal) {
 	}
 }
 
+// logrotate does not wait for a drain: a SIGHUP or SIGUSR1 during one
+// reopens the access log as at any other time, so the line of a response
+// the drain still serves lands in the new file. Unheard (until the
+// forty-seventh landing), the signal left every line of the drain in the
+// renamed file, which a logrotate compress without delaycompress deletes,
+// and no file at the configured path.
+func TestAccessLogReopenDuringDrain(t *testing.T) {
+	for name, sig := range map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1} {
+		t.Run(name, func(t *testing.T) { testAccessLogReopenDuringDrain(t, sig) })
+	}
+}
+
+// testAccessLogReopenDuringDrain rotates the access log by rename and sig
+// while the drain waits for a response still being sent.
+func testAccessLogReopenDuringDrain(t *testing.T, sig syscall.Signal) {
+	release := make(chan struct{})
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/held" {
+			io.WriteString(w, "ok")
+			return
+		}
+		io.WriteString(w, "part;")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+			io.WriteString(w, "rest")
+		case <-r.Context().Done():
+		}
+	}))
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "access.log")
+	rotated := logPath + ".1"
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", boxRoutes(t, dir, port),
+		"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "20s"}, noEnv)
+	get := func(path, id string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+path, nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		req.Header.Set("X-Cube-Request-Id", id)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := get("/", "before-drain")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	held := get("/held", "in-drain")
+	defer held.Body.Close()
+	part := make([]byte, len("part;"))
+	if _, err := io.ReadFull(held.Body, part); err != nil {
+		t.Fatalf("the held response's first part: %v", err)
+	}
+	stopped := make(chan struct{})
+	go func() { r.stop(); close(stopped) }()
+	testenv.WaitFor(t, 10*time.Second, "the drain", func() bool { return strings.Contains(r.logs.String(), `"msg":"shutting down: draining"`) })
+	if err := os.Rename(logPath, rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), sig); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, `"access log reopened" during the drain`, func() bool {
+		return strings.Contains(r.logs.String(), `"msg":"access log reopened"`)
+	})
+	close(release)
+	if rest, err := io.ReadAll(held.Body); err != nil || string(rest) != "rest" {
+		t.Fatalf("the held response's rest: %q %v", rest, err)
+	}
+	<-stopped
+
+	if ids := cubeLines(t, rotated); len(ids) != 1 || ids[0] != "before-drain" {
+		t.Errorf("rotated file holds %q, want only before-drain", ids)
+	}
+	if ids := cubeLines(t, logPath); len(ids) != 1 || ids[0] != "in-drain" {
+		t.Errorf("new file holds %q, want only in-drain", ids)
+	}
+}
+
 // logrotate's create mode, with the SIGHUP of its postrotate, loses no
 // line while requests keep coming: the lines queued before the reopen go
 // to the renamed file, every later one to the new file (what the README

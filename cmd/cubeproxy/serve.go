@@ -837,38 +837,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case sig := <-hup:
-			name := "SIGHUP"
-			switch sig {
-			case sigUpgrade:
-				// nginx's binary upgrade. Silent, it let an operator go on
-				// to SIGQUIT the old master: a stack dump here, every
-				// stream cut.
-				a.log.Warn("SIGUSR2: no binary upgrade here (nginx's USR2); start the new binary beside this one with reuse_port, then SIGTERM this one (SIGQUIT is no graceful stop)")
-				continue
-			case sigReopen:
-				// nginx's reopen of its log files, what the logrotate
-				// configurations of its packages send. No reload signal:
-				// no configuration check.
-				name = "SIGUSR1"
-			default:
-				a.recheckConfig()
-			}
-			if a.access == nil {
-				continue
-			}
-			if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
-				// No file to reopen: "access log reopened" said a
-				// rotation took effect where nothing was done.
-				a.log.Info(name + ": the access log writes to stdout: nothing to reopen")
-				continue
-			}
-			if !a.reopening.CompareAndSwap(false, true) {
-				a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
-				continue
-			}
-			// Reopen waits for the writer, which a stalled sink holds
-			// indefinitely: waiting here would leave SIGTERM unheard.
-			a.reopens.Go(a.reopenAccessLog)
+			a.onSignal(sig)
 		case err = <-errc:
 			if err == nil {
 				continue
@@ -880,6 +849,7 @@ loop:
 	// Watch for a second signal before saying the drain began: one sent
 	// on seeing that line must not be lost.
 	drainCtx, cutShort := a.cutDrainOnSignal()
+	stopSignals := a.signalsDuringDrain(hup)
 	a.log.Info("shutting down: draining", "timeout", a.server.Config().DrainTimeout.String())
 	if a.certs != nil {
 		// Before the drain: a handshake waiting on an on-demand order
@@ -894,9 +864,72 @@ loop:
 		err = serr
 	}
 	cutShort()
+	// Before close, which waits for the reopens: one begun during that
+	// wait would race it, and open a file close never flushes.
+	stopSignals()
 	a.close()
 	a.log.Info("stopped")
 	return err
+}
+
+// onSignal acts on a SIGHUP, SIGUSR1 or SIGUSR2 (see run).
+func (a *app) onSignal(sig os.Signal) {
+	name := "SIGHUP"
+	switch sig {
+	case sigUpgrade:
+		// nginx's binary upgrade. Silent, it let an operator go on to
+		// SIGQUIT the old master: a stack dump here, every stream cut.
+		a.log.Warn("SIGUSR2: no binary upgrade here (nginx's USR2); start the new binary beside this one with reuse_port, then SIGTERM this one (SIGQUIT is no graceful stop)")
+		return
+	case sigReopen:
+		// nginx's reopen of its log files, what the logrotate
+		// configurations of its packages send. No reload signal: no
+		// configuration check.
+		name = "SIGUSR1"
+	default:
+		a.recheckConfig()
+	}
+	if a.access == nil {
+		return
+	}
+	if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
+		// No file to reopen: "access log reopened" said a rotation took
+		// effect where nothing was done.
+		a.log.Info(name + ": the access log writes to stdout: nothing to reopen")
+		return
+	}
+	if !a.reopening.CompareAndSwap(false, true) {
+		a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
+		return
+	}
+	// Reopen waits for the writer, which a stalled sink holds
+	// indefinitely: waiting here would leave SIGTERM unheard.
+	a.reopens.Go(a.reopenAccessLog)
+}
+
+// signalsDuringDrain goes on acting on sigs (SIGHUP, SIGUSR1, SIGUSR2)
+// while the drain runs, and returns the function that stops, before
+// close. logrotate does not wait for a drain: unheard, its signal left
+// the drain's lines (up to drain_timeout of them, every cut stream's)
+// in the renamed file, which a compress without delaycompress deletes,
+// and no file at the configured path until the successor's own reopen.
+func (a *app) signalsDuringDrain(sigs <-chan os.Signal) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case sig := <-sigs:
+				a.onSignal(sig)
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 // cutDrainOnSignal returns a context that a SIGTERM or SIGINT arriving

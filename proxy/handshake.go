@@ -22,8 +22,9 @@ const handshakeGrace = 5 * time.Second
 // grace).
 type tlsListener struct {
 	net.Listener
-	cfg        *tls.Config
-	handshakes *handshakes
+	cfg         *tls.Config
+	handshakes  *handshakes
+	sendTimeout time.Duration // client.write_timeout, renewed on progress under TLS (watchSends)
 }
 
 // Accept wraps the next connection in a server-side TLS connection.
@@ -32,7 +33,7 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tlsConn{Conn: tls.Server(c, l.cfg), accepted: time.Now(), handshakes: l.handshakes}, nil
+	return &tlsConn{Conn: tls.Server(watchSends(c, l.sendTimeout), l.cfg), accepted: time.Now(), handshakes: l.handshakes}, nil
 }
 
 // tlsConn is a server-side TLS connection whose handshake is registered

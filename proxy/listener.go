@@ -47,6 +47,7 @@ type retryListener struct {
 	scratch       []byte        // what a refused client sent is read into it and dropped
 	refused       int           // refusals since the last "refusing" line
 	refusedLogged time.Time     // last "refusing" line
+	sendTimeout   time.Duration // client.write_timeout, renewed on progress (watchSends)
 }
 
 func newRetryListener(ln net.Listener, log *slog.Logger, m *telemetry.Metrics) *retryListener {
@@ -76,7 +77,7 @@ func (l *retryListener) Accept() (net.Conn, error) {
 				l.refuse(c)
 				continue
 			}
-			return c, nil
+			return watchSends(c, l.sendTimeout), nil
 		}
 		if errors.Is(err, syscall.ECONNABORTED) {
 			// A client that reset before it was accepted: nothing to wait

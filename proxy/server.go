@@ -463,7 +463,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // their accept (a client that sent no ClientHello, or part of one), as
 // fasthttp closes a plain connection that sent nothing.
 func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes})
+	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, sendTimeout: s.cfg.ClientWriteTimeout})
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting
@@ -475,10 +475,12 @@ func (s *Server) retrying(ln net.Listener) *retryListener {
 }
 
 // limited is retrying for a listener of client traffic: its connections
-// count against MaxClientConns, and one over it is refused.
+// count against MaxClientConns, and one over it is refused; the write
+// timeout of those it accepts is renewed on progress (watchSends).
 func (s *Server) limited(ln net.Listener) net.Listener {
 	rl := s.retrying(ln)
 	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
+	rl.sendTimeout = s.cfg.ClientWriteTimeout
 	return rl
 }
 

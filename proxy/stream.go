@@ -548,8 +548,8 @@ func resetOnClose(c net.Conn) net.Conn {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		c = tc.NetConn()
 	}
-	if tcp, ok := c.(*net.TCPConn); ok {
-		_ = tcp.SetLinger(0)
+	if tcp, ok := c.(interface{ SetLinger(sec int) error }); ok {
+		_ = tcp.SetLinger(0) // a *net.TCPConn or a sendConn
 	}
 	return c
 }

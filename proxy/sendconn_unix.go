@@ -1,0 +1,166 @@
+//go:build unix
+
+package proxy
+
+import (
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// sendConn is a client's TCP connection whose write deadline moves on
+// whenever the client takes bytes while a write waits, as nginx's
+// send_timeout is renewed by any progress: a client that keeps reading,
+// however slowly, is never cut; one that takes nothing for timeout is.
+// With the deadline alone, each write (a piece of up to 64 KiB) had to be
+// taken whole within client.write_timeout, and a client reading under
+// about 1.1 KB/s at 60 s was cut where nginx kept sending.
+//
+// Its writes go through the socket's RawConn, whose callback sees every
+// wake-up of a write that waits: a write that does not wait costs what
+// net.TCPConn's does. It sits under TLS, so a tls.Conn above it sees a
+// timeout only when no byte went out for that long (a timed-out TLS
+// write cannot be taken up again). Its owner stops a write by closing the
+// connection, not by a deadline in the past: a wake-up with progress
+// would move such a deadline on.
+type sendConn struct {
+	tcp     *net.TCPConn
+	raw     syscall.RawConn
+	writeFn func(fd uintptr) bool // c.writeSome, bound once
+	timeout time.Duration         // client.write_timeout
+
+	mu       sync.Mutex
+	deadline time.Time // the write deadline in force (zero: none), the owner's or moved on by writeSome
+
+	// The write in progress: only the writing goroutine touches them.
+	buf  []byte
+	sent int
+	err  error
+}
+
+// watchSends returns c as a sendConn renewing its write deadline by
+// timeout on progress, or c itself when it is not a TCP connection or
+// timeout is not positive.
+func watchSends(c net.Conn, timeout time.Duration) net.Conn {
+	tcp, ok := c.(*net.TCPConn)
+	if !ok || timeout <= 0 {
+		return c
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return c
+	}
+	s := &sendConn{tcp: tcp, raw: raw, timeout: timeout}
+	s.writeFn = s.writeSome
+	return s
+}
+
+// Write writes b whole, or fails once the client took nothing for the
+// write timeout (or the owner's deadline, if later) or the connection
+// broke; errors look like net.TCPConn's.
+func (c *sendConn) Write(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.buf, c.sent, c.err = b, 0, nil
+	err := c.raw.Write(c.writeFn)
+	n := c.sent
+	c.buf = nil
+	if err == nil && c.err == nil {
+		return n, nil
+	}
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op = "write" // the RawConn's "raw-write"
+		return n, oe
+	}
+	if err == nil {
+		err = os.NewSyscallError("write", c.err)
+	}
+	return n, &net.OpError{Op: "write", Net: "tcp", Source: c.tcp.LocalAddr(), Addr: c.tcp.RemoteAddr(), Err: err}
+}
+
+// writeSome is the RawConn's callback: it writes what the socket takes,
+// and returns false to wait until it takes more. A wait after progress
+// moves the deadline on.
+func (c *sendConn) writeSome(fd uintptr) bool {
+	start := c.sent
+	for c.sent < len(c.buf) {
+		n, err := syscall.Write(int(fd), c.buf[c.sent:])
+		if n > 0 {
+			c.sent += n
+		}
+		switch err {
+		case nil:
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			if c.sent > start {
+				c.progressed()
+			}
+			return false
+		default:
+			c.err = err
+			return true
+		}
+	}
+	return true
+}
+
+// progressed moves a deadline in force to timeout from now, at most once
+// per slack (as setDeadline), never earlier than it was, and never once
+// it has passed.
+func (c *sendConn) progressed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.deadline.IsZero() {
+		return
+	}
+	now := time.Now()
+	want := now.Add(c.timeout)
+	if !now.Before(c.deadline) || want.Sub(c.deadline) < slack(c.timeout) {
+		return
+	}
+	c.deadline = want
+	_ = c.tcp.SetWriteDeadline(want)
+}
+
+// SetWriteDeadline sets the deadline that progress then moves on.
+func (c *sendConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadline = t
+	return c.tcp.SetWriteDeadline(t)
+}
+
+// SetDeadline sets both deadlines (see SetWriteDeadline).
+func (c *sendConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadline = t
+	return c.tcp.SetDeadline(t)
+}
+
+// Read reads from the connection.
+func (c *sendConn) Read(b []byte) (int, error) { return c.tcp.Read(b) }
+
+// SetReadDeadline sets the read deadline.
+func (c *sendConn) SetReadDeadline(t time.Time) error { return c.tcp.SetReadDeadline(t) }
+
+// Close closes the connection; a write waiting returns.
+func (c *sendConn) Close() error { return c.tcp.Close() }
+
+// CloseWrite half-closes the connection (the lingering answers' FIN).
+func (c *sendConn) CloseWrite() error { return c.tcp.CloseWrite() }
+
+// SetLinger sets SO_LINGER (resetOnClose).
+func (c *sendConn) SetLinger(sec int) error { return c.tcp.SetLinger(sec) }
+
+// SyscallConn returns the socket (hang-up watches, readability checks).
+func (c *sendConn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }
+
+// LocalAddr returns the local address.
+func (c *sendConn) LocalAddr() net.Addr { return c.tcp.LocalAddr() }
+
+// RemoteAddr returns the client's address.
+func (c *sendConn) RemoteAddr() net.Addr { return c.tcp.RemoteAddr() }

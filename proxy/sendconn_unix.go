@@ -34,7 +34,9 @@ type sendConn struct {
 	mu       sync.Mutex
 	deadline time.Time // the write deadline in force (zero: none), the owner's or moved on by writeSome
 
-	// The write in progress: only the writing goroutine touches them.
+	// wmu serializes writes (net.Conn allows them from several
+	// goroutines); it guards the write in progress.
+	wmu  sync.Mutex
 	buf  []byte
 	sent int
 	err  error
@@ -64,11 +66,13 @@ func (c *sendConn) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
+	c.wmu.Lock()
 	c.buf, c.sent, c.err = b, 0, nil
 	err := c.raw.Write(c.writeFn)
-	n := c.sent
+	n, werr := c.sent, c.err
 	c.buf = nil
-	if err == nil && c.err == nil {
+	c.wmu.Unlock()
+	if err == nil && werr == nil {
 		return n, nil
 	}
 	if oe, ok := err.(*net.OpError); ok {
@@ -76,7 +80,7 @@ func (c *sendConn) Write(b []byte) (int, error) {
 		return n, oe
 	}
 	if err == nil {
-		err = os.NewSyscallError("write", c.err)
+		err = os.NewSyscallError("write", werr)
 	}
 	return n, &net.OpError{Op: "write", Net: "tcp", Source: c.tcp.LocalAddr(), Addr: c.tcp.RemoteAddr(), Err: err}
 }

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -120,4 +122,73 @@ func listenSmallSendBuffer(t *testing.T, size int) net.Listener {
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// A sendConn keeps net.TCPConn's contract: writes from several goroutines
+// each arrive whole, a peer that takes nothing is a timeout (Op "write")
+// after the deadline, and a peer that reset is a reset, not a timeout.
+func TestSendConnKeepsTCPConnErrors(t *testing.T) {
+	pair := func(t *testing.T) (net.Conn, net.Conn) {
+		ln := listenSmallSendBuffer(t, 16<<10)
+		peer := dialSmallWindow(t, ln.Addr().String())
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		sc := watchSends(c, 200*time.Millisecond)
+		if _, ok := sc.(*sendConn); !ok {
+			t.Fatalf("accepted %T, want a sendConn", sc)
+		}
+		return sc, peer
+	}
+	t.Run("concurrent writes arrive whole", func(t *testing.T) {
+		c, peer := pair(t)
+		const block = 64 << 10
+		errs := make(chan error, 2)
+		for _, b := range []byte("ab") {
+			go func() {
+				_, err := c.Write(bytes.Repeat([]byte{b}, block))
+				errs <- err
+			}()
+		}
+		got := make([]byte, 2*block)
+		if _, err := io.ReadFull(peer, got); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got[0] == got[block] || bytes.Count(got[:block], got[:1]) != block || bytes.Count(got[block:], got[block:block+1]) != block {
+			t.Fatalf("the two writes interleaved: first block %q..., second %q...", got[:8], got[block:block+8])
+		}
+	})
+	t.Run("a peer that takes nothing times out", func(t *testing.T) {
+		c, _ := pair(t)
+		_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		start := time.Now()
+		n, err := c.Write(make([]byte, 4<<20))
+		var oe *net.OpError
+		if !isTimeout(err) || !errors.As(err, &oe) || oe.Op != "write" {
+			t.Fatalf("write to a peer reading nothing: %d bytes, %v; want a write timeout", n, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("the timeout came after %v, want about 200 ms", d)
+		}
+	})
+	t.Run("a peer that reset is a reset", func(t *testing.T) {
+		c, peer := pair(t)
+		_ = peer.(*net.TCPConn).SetLinger(0)
+		peer.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		var err error
+		for err == nil { // the first write may go out before the RST is seen
+			_, err = c.Write(make([]byte, 64<<10))
+		}
+		if !isConnReset(err) || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			t.Fatalf("write to a peer that reset: %v; want ECONNRESET or EPIPE", err)
+		}
+	})
 }

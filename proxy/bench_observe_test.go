@@ -25,6 +25,7 @@ type benchInstr struct {
 	tracing   bool   // telemetry.New with tracing on, every trace sampled, spans discarded
 	logFormat string // access log format to io.Discard; "" = no access log
 	body      int    // the backend's answer body size; 0: a short greeting
+	tcp       bool   // clients connect over loopback TCP, as to a traffic listener (clientConn), not in memory
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -79,7 +80,15 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 		tb.Cleanup(func() { _ = al.Close() })
 		cfg.AccessLog = al
 	}
-	client, req, resp := inmemoryProxy(tb, cfg, store)
+	var client *fasthttp.HostClient
+	var req *fasthttp.Request
+	var resp *fasthttp.Response
+	if in.tcp {
+		ln := listen(tb, "127.0.0.1:0")
+		client, req, resp = servedProxy(tb, cfg, store, ln, func(string) (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) })
+	} else {
+		client, req, resp = inmemoryProxy(tb, cfg, store)
+	}
 	uri := "http://" + port + "-bench.cube.test/path?q=1"
 	return func() {
 		req.Reset()
@@ -100,6 +109,13 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 // reuse, released at the test's end.
 func inmemoryProxy(tb testing.TB, cfg Config, store routing.Store) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
 	tb.Helper()
+	ln := fasthttputil.NewInmemoryListener()
+	return servedProxy(tb, cfg, store, ln, func(string) (net.Conn, error) { return ln.Dial() })
+}
+
+// servedProxy is inmemoryProxy on ln, whose connections dial makes.
+func servedProxy(tb testing.TB, cfg Config, store routing.Store, ln net.Listener, dial fasthttp.DialFunc) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
+	tb.Helper()
 	cache, err := routing.NewCache(store, routing.CacheConfig{})
 	if err != nil {
 		tb.Fatal(err)
@@ -109,7 +125,6 @@ func inmemoryProxy(tb testing.TB, cfg Config, store routing.Store) (*fasthttp.Ho
 		tb.Fatal(err)
 	}
 	srv := NewServer(ServerConfig{}, p, nil)
-	ln := fasthttputil.NewInmemoryListener()
 	go srv.Serve(ln)
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -117,7 +132,7 @@ func inmemoryProxy(tb testing.TB, cfg Config, store routing.Store) (*fasthttp.Ho
 		_ = srv.Shutdown(ctx)
 		_ = ln.Close()
 	})
-	client := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+	client := &fasthttp.HostClient{Addr: "proxy", Dial: dial}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	tb.Cleanup(func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) })
 	return client, req, resp
@@ -135,6 +150,10 @@ func benchRequests(b *testing.B, in benchInstr) {
 
 // BenchmarkRequestPlain is the request path with no instrumentation at all.
 func BenchmarkRequestPlain(b *testing.B) { benchRequests(b, benchInstr{}) }
+
+// BenchmarkRequestPlainTCP is BenchmarkRequestPlain with the client on
+// loopback TCP: its connection is a clientConn, as every client's is.
+func BenchmarkRequestPlainTCP(b *testing.B) { benchRequests(b, benchInstr{tcp: true}) }
 
 // BenchmarkRequestInstrumentedTracingOff adds metrics (tracing off, the
 // default) and a JSON access log to io.Discard.
@@ -175,6 +194,7 @@ func TestInstrumentationAddsNoAllocs(t *testing.T) {
 		name string
 		in   benchInstr
 	}{
+		{"client over TCP (clientConn)", benchInstr{tcp: true}},
 		{"metrics", benchInstr{telemetry: true}},
 		{"metrics+json log", benchInstr{telemetry: true, logFormat: accesslog.FormatJSON}},
 		{"metrics+cube log", benchInstr{telemetry: true, logFormat: accesslog.FormatCube}},

@@ -28,6 +28,9 @@ type tlsListener struct {
 	// headTimeout is client.read_timeout: the handshake and the first
 	// request head must both arrive within it of the accept.
 	headTimeout time.Duration
+	// sendTimeout is client.write_timeout, which the socket beneath the
+	// TLS layer renews on progress (clientConn).
+	sendTimeout time.Duration
 }
 
 // Accept wraps the next connection in a server-side TLS connection.
@@ -35,6 +38,9 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if tcp, ok := c.(*net.TCPConn); ok {
+		c = newClientConn(tcp, nil, l.sendTimeout)
 	}
 	now := time.Now()
 	tc := &tlsConn{Conn: tls.Server(c, l.cfg), accepted: now, handshakes: l.handshakes}
@@ -62,7 +68,7 @@ type tlsConn struct {
 	// gotData says a request's bytes have arrived, after which deadlines
 	// are fasthttp's own (the body's, the keep-alive wait's).
 	gotData atomic.Bool
-	// p is set once a traffic listener took the connection (drainAware):
+	// p is set once a traffic listener took the connection (Proxy.adopt):
 	// its Close lingers during the drain, as a clientConn's.
 	p        *Proxy
 	lingered atomic.Bool

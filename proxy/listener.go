@@ -39,7 +39,7 @@ type retryListener struct {
 	// Admin listener only (see withReserve); nil: none.
 	reserve *fdReserve
 
-	// wrap, when set, wraps each connection admitted (Proxy.drainAware).
+	// wrap, when set, wraps each connection admitted (Proxy.adopt).
 	wrap func(net.Conn) net.Conn
 
 	// Client traffic listeners only (see limit); nil open: not counted.

@@ -1414,51 +1414,6 @@ func (p *Proxy) lingerThenClose(c net.Conn) {
 	}
 }
 
-// clientConn is a plain TCP client connection of a traffic (or redirect)
-// listener: its Close lingers during the drain (closeLingering). The
-// *net.TCPConn is embedded so that its CloseWrite, SyscallConn and
-// SetLinger stay the connection's.
-type clientConn struct {
-	*net.TCPConn
-	p        *Proxy
-	lingered atomic.Bool
-}
-
-// Close closes the connection, after a lingering close during the drain
-// when its client sent bytes nobody will read.
-func (c *clientConn) Close() error {
-	if c.p.closeLingering(c.TCPConn, &c.lingered) {
-		return nil
-	}
-	return c.TCPConn.Close()
-}
-
-// drainAware wraps a client connection just accepted so that its close
-// lingers during the drain (closeLingering): a *net.TCPConn in a
-// clientConn, and a *tlsConn, which does it itself, is told the proxy.
-func (p *Proxy) drainAware(c net.Conn) net.Conn {
-	switch c := c.(type) {
-	case *net.TCPConn:
-		return &clientConn{TCPConn: c, p: p}
-	case *tlsConn:
-		c.p = p
-	}
-	return c
-}
-
-// ownsClose marks c, a client connection the proxy takes from fasthttp (a
-// hijack), as one whose Close never lingers by itself: the code that owns
-// it lingers where it must (lingerClose, tunnel.linger), and a Close that
-// left the socket open would not end that code's pending reads.
-func ownsClose(c net.Conn) {
-	switch c := c.(type) {
-	case *clientConn:
-		c.lingered.Store(true)
-	case *tlsConn:
-		c.lingered.Store(true)
-	}
-}
-
 // closeLingering closes inner, a client connection's own (TCP or TLS)
 // connection, after a lingering close in a goroutine, and reports true,
 // when the proxy drains and the client sent bytes that nobody will read;

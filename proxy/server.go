@@ -464,7 +464,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // their accept (a client that sent no ClientHello, or part of one), as
 // fasthttp closes a plain connection that sent nothing.
 func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout})
+	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout, sendTimeout: s.cfg.ClientWriteTimeout})
 }
 
 // retrying wraps ln so that running out of descriptors pauses accepting
@@ -476,11 +476,13 @@ func (s *Server) retrying(ln net.Listener) *retryListener {
 }
 
 // limited is retrying for a listener of client traffic: its connections
-// count against MaxClientConns, and one over it is refused.
+// count against MaxClientConns, and one over it is refused; those it
+// accepts are adopted (Proxy.adopt: write timeout renewed on progress,
+// a lingering close during the drain).
 func (s *Server) limited(ln net.Listener) net.Listener {
 	rl := s.retrying(ln)
 	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
-	rl.wrap = s.p.drainAware
+	rl.wrap = s.p.adopt
 	return rl
 }
 

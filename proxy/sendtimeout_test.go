@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// client.write_timeout is renewed by every byte the client takes, as
+// nginx's send_timeout: a client that reads steadily, however slowly, gets
+// the whole answer, and only one that takes nothing for the timeout is cut.
+// Before, the timeout bounded each piece (up to 64 KiB) whole: with a
+// 300 ms timeout a client reading 96 KB/s through a 32 KiB send buffer
+// (a slow client's autotuned one on a WAN is 80-120 KiB) was cut 0.3 s
+// into the first piece; nginx 1.22 (send_timeout 2s, listen sndbuf=48k)
+// served a 30 KB/s reader, whose 64 KiB pieces take 2.2 s each, to the end.
+func TestWriteTimeoutRenewedByProgress(t *testing.T) {
+	const size = 160 << 10 // three pieces, the first two whole 64 KiB reads
+	body := strings.Repeat("x", size)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/sized" {
+			w.Header().Set("Content-Length", fmt.Sprint(size))
+		}
+		for i := 0; i < size; i += 32 << 10 {
+			io.WriteString(w, body[i:min(size, i+32<<10)])
+			w.(http.Flusher).Flush()
+		}
+	}))
+	for _, tc := range []struct {
+		name, path string
+		tls        bool
+		pause      time.Duration // the client stops reading this long after 8 KiB
+		cut        bool
+	}{
+		{name: "sized", path: "/sized"},
+		{name: "chunked", path: "/chunked"},
+		{name: "sized over TLS", path: "/sized", tls: true},
+		{name: "a pause longer than the timeout cuts", path: "/sized", pause: 1500 * time.Millisecond, cut: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })
+			host := h.route("slowreader", port)
+			ln := listenSmallSendBuffer(t, 16<<10) // 32 KiB: the kernel doubles it
+			var c net.Conn = dialSmallWindow(t, ln.Addr().String())
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			if tc.tls {
+				ca := testenv.NewCA(t, "send timeout CA")
+				certPEM, keyPEM := ca.Issue(t, "*.cube.test")
+				cert, err := tls.X509KeyPair(certPEM, keyPEM)
+				if err != nil {
+					t.Fatal(err)
+				}
+				go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
+				c = tls.Client(c, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
+			} else {
+				go h.server.Serve(ln)
+			}
+			id := "slow-" + strings.ReplaceAll(tc.name, " ", "-")
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", tc.path, host, id)
+			resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// About 96 KB/s: 3 KiB every 32 ms.
+			tick := time.NewTicker(32 * time.Millisecond)
+			defer tick.Stop()
+			buf := make([]byte, 3<<10)
+			got, start := 0, time.Now()
+			paused := false
+			for {
+				if tc.pause > 0 && !paused && got >= 8<<10 {
+					paused = true
+					time.Sleep(tc.pause)
+				}
+				n, err := io.ReadFull(resp.Body, buf)
+				got += n
+				if err != nil {
+					break
+				}
+				<-tick.C
+			}
+			e := logs.waitJSON(t, id)
+			if tc.cut {
+				if got >= size || e["error_code"] != CodeClientWriteTimeout {
+					t.Errorf("a client that paused %v got %d of %d bytes, logged %q; want it cut (%s)", tc.pause, got, size, e["error_code"], CodeClientWriteTimeout)
+				}
+				return
+			}
+			if got != size || e["error_code"] != "" {
+				t.Errorf("a client reading steadily got %d of %d bytes in %v, logged %q after %v s; want all of it",
+					got, size, time.Since(start).Round(time.Millisecond), e["error_code"], e["request_time"])
+			}
+		})
+	}
+}
+
+// listenSmallSendBuffer listens on loopback with an SO_SNDBUF of size,
+// which accepted connections inherit: loopback's autotuning grows a send
+// buffer to megabytes, where a slow client on a WAN keeps about 100 KiB.
+func listenSmallSendBuffer(t *testing.T, size int) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, size)
+		})
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// A clientConn watching its sends keeps net.TCPConn's contract: writes from several goroutines
+// each arrive whole, a peer that takes nothing is a timeout (Op "write")
+// after the deadline, and a peer that reset is a reset, not a timeout.
+func TestClientConnKeepsTCPConnErrors(t *testing.T) {
+	pair := func(t *testing.T) (net.Conn, net.Conn) {
+		ln := listenSmallSendBuffer(t, 16<<10)
+		peer := dialSmallWindow(t, ln.Addr().String())
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		tcp, ok := c.(*net.TCPConn)
+		if !ok {
+			t.Fatalf("accepted %T, want a *net.TCPConn", c)
+		}
+		return newClientConn(tcp, nil, 200*time.Millisecond), peer
+	}
+	t.Run("concurrent writes arrive whole", func(t *testing.T) {
+		c, peer := pair(t)
+		const block = 64 << 10
+		errs := make(chan error, 2)
+		for _, b := range []byte("ab") {
+			go func() {
+				_, err := c.Write(bytes.Repeat([]byte{b}, block))
+				errs <- err
+			}()
+		}
+		got := make([]byte, 2*block)
+		if _, err := io.ReadFull(peer, got); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got[0] == got[block] || bytes.Count(got[:block], got[:1]) != block || bytes.Count(got[block:], got[block:block+1]) != block {
+			t.Fatalf("the two writes interleaved: first block %q..., second %q...", got[:8], got[block:block+8])
+		}
+	})
+	t.Run("a peer that takes nothing times out", func(t *testing.T) {
+		c, _ := pair(t)
+		_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		start := time.Now()
+		n, err := c.Write(make([]byte, 4<<20))
+		var oe *net.OpError
+		if !isTimeout(err) || !errors.As(err, &oe) || oe.Op != "write" {
+			t.Fatalf("write to a peer reading nothing: %d bytes, %v; want a write timeout", n, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("the timeout came after %v, want about 200 ms", d)
+		}
+	})
+	t.Run("a peer that reset is a reset", func(t *testing.T) {
+		c, peer := pair(t)
+		_ = peer.(*net.TCPConn).SetLinger(0)
+		peer.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		var err error
+		for err == nil { // the first write may go out before the RST is seen
+			_, err = c.Write(make([]byte, 64<<10))
+		}
+		if !isConnReset(err) || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			t.Fatalf("write to a peer that reset: %v; want ECONNRESET or EPIPE", err)
+		}
+	})
+}

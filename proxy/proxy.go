@@ -735,6 +735,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}
+	if c.manyLines {
+		ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
+	}
 	scopeSetCookies(&resp.Header, clientHost(&req.Header, masksHost(r, t.Port)))
 	p.respond(ctx, x, c, t, addr, sb)
 }
@@ -1011,6 +1014,33 @@ func (l *lentBody) Close() error {
 	if cap(b) == wholeBody && &b[:1][0] == &l.buf[0] {
 		lentBodyPool.Put(l)
 	}
+	return nil
+}
+
+// keptHeadLines is the most lines a sandbox's answer head may have for
+// the client connection to keep its parsed form. fasthttp keeps a
+// response header's storage (a line's key and value, ≈ 115 bytes a short
+// line) from one answer to the next, and with the request's context from
+// one connection to the next: after one answer of 2,500 short lines,
+// every connection that later took that context from fasthttp's pool, its
+// own answers small, from any sandbox, counted ≈ 366 KiB while it idled.
+const keptHeadLines = 64
+
+// headDrop lets go of the storage of a request's response header once its
+// answer is written: fasthttp closes a request's io.Closer user values
+// when it resets the request, after writing the answer (or releasing a
+// hijacked connection's context) and before resetting the response. The
+// header starts afresh; only a request after an answer of more than
+// keptHeadLines lines pays for it.
+type headDrop fasthttp.RequestCtx
+
+// headDropKey keys the request's headDrop among its user values.
+type headDropKey struct{}
+
+// Close gives the response a fresh header, whose old storage the
+// collector takes.
+func (d *headDrop) Close() error {
+	(*fasthttp.RequestCtx)(d).Response.Header = fasthttp.ResponseHeader{}
 	return nil
 }
 

@@ -46,6 +46,9 @@ var sizingKinds = []sizingKind{
 	// go of them after such an answer (headDrop), ≈ 285 KiB a connection.
 	{name: "idle after an answer of many header lines"},
 	{name: "idle after an 8 KiB answer"},
+	// The same for a request head of many lines, within maxHeaderLines:
+	// ≈ 140 KiB a connection until headDrop.
+	{name: "idle after a request of many header lines"},
 	{name: "mid-head"},
 	{name: "mid-upload", moving: true},
 	{name: "waiting on a slow sandbox"},
@@ -324,6 +327,10 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 		switch kind {
 		case "idle keep-alive", "idle after an answer of many header lines", "idle after an 8 KiB answer":
 			head("")
+			resp := answer(200)
+			io.Copy(io.Discard, resp.Body)
+		case "idle after a request of many header lines":
+			head(strings.Repeat("A: b\r\n", 990))
 			resp := answer(200)
 			io.Copy(io.Discard, resp.Body)
 		case "mid-head":

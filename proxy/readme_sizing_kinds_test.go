@@ -36,16 +36,19 @@ type sizingKind struct {
 	// moving: a body or message is being copied, and the copy holds its
 	// 64 KiB buffer; README gives such connections their own allowance.
 	moving bool
-	// manyLines: the sandbox's answer had thousands of header lines, which
-	// fasthttp keeps parsed; README gives such connections their own
-	// allowance.
-	manyLines bool
 }
 
 // sizingKinds are the kinds README's sizing must cover.
 var sizingKinds = []sizingKind{
 	{name: "idle keep-alive"},
-	{name: "idle after an answer of many header lines", manyLines: true},
+	// fasthttp keeps a response header's parsed lines from one answer to
+	// the next, and from one connection to the next: until the proxy let
+	// go of them after such an answer (headDrop), ≈ 285 KiB a connection.
+	{name: "idle after an answer of many header lines"},
+	{name: "idle after an 8 KiB answer"},
+	// The same for a request head of many lines, within maxHeaderLines:
+	// ≈ 140 KiB a connection until headDrop.
+	{name: "idle after a request of many header lines"},
 	{name: "mid-head"},
 	{name: "mid-upload", moving: true},
 	{name: "waiting on a slow sandbox"},
@@ -58,13 +61,14 @@ var sizingKinds = []sizingKind{
 }
 
 // README's sizing ("Allow about N KiB per connection", HTTPS's allowance
-// beside it) must cover what the Go runtime counts against GOMEMLIMIT for
-// every kind of connection a client without credentials can hold open,
-// not only an idle keep-alive one: a slow upload, a stalled download, an
-// SSE stream, a WebSocket, a lingering refusal, and one idle after a
-// sandbox's answer of thousands of header lines. The clients and the
-// sandbox run in a child process, so that only the proxy's memory is
-// counted.
+// and client.max_header_size 16384's beside it) must cover what the Go
+// runtime counts against GOMEMLIMIT for every kind of connection a client
+// without credentials can hold open, not only an idle keep-alive one: a
+// slow upload, a stalled download, an SSE stream, a WebSocket, a lingering
+// refusal, one waiting on a slow sandbox, one idle after an answer its
+// response buffer kept, and one idle after a sandbox's answer of thousands
+// of header lines. The clients and the sandbox run in a child process, so
+// that only the proxy's memory is counted.
 func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 	if kind := os.Getenv("CUBE_TEST_SIZING_KIND"); kind != "" {
 		holdSizingKind(t, kind, os.Getenv("CUBE_TEST_SIZING_TLS") == "1")
@@ -84,7 +88,8 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowance := func(re string) int64 {
+	allowance := func(t *testing.T, re string) int64 {
+		t.Helper()
 		m := regexp.MustCompile(re).FindSubmatch(readme)
 		if m == nil {
 			t.Fatalf("README: no %q (Client connections and memory, Sizing)", re)
@@ -92,22 +97,34 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 		kib, _ := strconv.Atoi(string(m[1]))
 		return int64(kib)
 	}
-	for _, useTLS := range []bool{false, true} {
+	moving := `for a connection moving a body allow (\d+) KiB`
+	for _, setup := range []struct {
+		scheme string
+		useTLS bool
+		// headLimit is client.max_header_size; 0: the default, 32 KiB.
+		headLimit int
 		// The README's words, with the KiB allowed: at rest, moving a body.
-		rest, moving, scheme := `Allow about (\d+) KiB per connection`, `for a connection moving a body allow (\d+) KiB`, "HTTP"
-		if useTLS {
-			rest, moving, scheme = `where\s+clients mostly use HTTPS, allow (\d+) KiB`, `moving a body allow \d+ KiB, about [\d,]+ for 1 GiB \(over HTTPS (\d+) KiB`, "HTTPS"
-		}
+		rest, moving string
+	}{
+		{"HTTP", false, 0, `Allow about (\d+) KiB per connection`, moving},
+		{"HTTPS", true, 0, `where\s+clients mostly use HTTPS, allow (\d+) KiB`, `moving a body allow \d+ KiB, about [\d,]+ for 1 GiB \(over HTTPS (\d+) KiB`},
+		// The smaller reader of README's smaller allowance: it covered an
+		// idle connection only (36 KiB), not one waiting on a slow sandbox
+		// (≈ 41 KiB here, 47 on the built binary).
+		{"HTTP at a 16 KiB head limit", false, 16 << 10, "(?s)With\\s+`client\\.max_header_size:\\s+16384`[^:]*?:\\s+allow\\s+(\\d+) KiB", moving},
+	} {
+		scheme, useTLS := setup.scheme, setup.useTLS
 		for _, k := range sizingKinds {
 			t.Run(scheme+", "+k.name, func(t *testing.T) {
-				allowed := allowance(rest)
-				switch {
-				case k.moving:
-					allowed = allowance(moving)
-				case k.manyLines:
-					allowed = allowance(`where a public sandbox answers so, allow (\d+) KiB`)
+				allowed := allowance(t, setup.rest)
+				if k.moving {
+					allowed = allowance(t, setup.moving)
 				}
-				h := newHarness(t)
+				h := newHarness(t, func(o *harnessOpts) {
+					if setup.headLimit > 0 {
+						o.srv.MaxRequestHeaderSize = setup.headLimit
+					}
+				})
 				addr := h.addr
 				if useTLS {
 					addr, _ = serveTLS(t, h)
@@ -258,6 +275,11 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
 			brw.Flush()
 			_, _ = io.Copy(countWriter{&received}, brw)
+		case "idle after an 8 KiB answer":
+			// keptBody: the largest answer read into the response's own
+			// buffer, which fasthttp keeps with the connection.
+			w.Header().Set("Content-Length", strconv.Itoa(keptBody))
+			w.Write(make([]byte, keptBody))
 		case "idle after an answer of many header lines":
 			// 2,500 lines of "A: b", 15 KB: within upstream.max_header_size.
 			w.Header()["A"] = slices.Repeat([]string{"b"}, 2500)
@@ -303,8 +325,12 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			return resp
 		}
 		switch kind {
-		case "idle keep-alive", "idle after an answer of many header lines":
+		case "idle keep-alive", "idle after an answer of many header lines", "idle after an 8 KiB answer":
 			head("")
+			resp := answer(200)
+			io.Copy(io.Discard, resp.Body)
+		case "idle after a request of many header lines":
+			head(strings.Repeat("A: b\r\n", 990))
 			resp := answer(200)
 			io.Copy(io.Discard, resp.Body)
 		case "mid-head":

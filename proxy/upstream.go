@@ -1058,6 +1058,7 @@ func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
 		c.br = p.acquireReader(c)
 	}
 	h := &resp.Header
+	c.manyLines = false
 	for i := 0; ; i++ {
 		if err := c.readHead(h); err != nil {
 			return err
@@ -1122,7 +1123,9 @@ func (c *upstreamConn) readHead(h *fasthttp.ResponseHeader) error {
 				return err
 			}
 			// What h.Read consumed of b is the head.
-			return checkFraming(h, b[:len(b)-c.br.Buffered()])
+			head := b[:len(b)-c.br.Buffered()]
+			c.noteLines(head)
+			return checkFraming(h, head)
 		}
 		// A full buffer wants more too: fasthttp then asks for more than
 		// it can hold without reading (bufio.ErrBufferFull), which a
@@ -1228,6 +1231,14 @@ func bareLFHeadEnd(b []byte) int {
 	return 0
 }
 
+// noteLines sets manyLines if head, a response head, has more than
+// keptHeadLines lines.
+func (c *upstreamConn) noteLines(head []byte) {
+	if len(head) > keptHeadLines*4 && bytes.Count(head, []byte{'\n'}) > keptHeadLines {
+		c.manyLines = true
+	}
+}
+
 // readBareLFHead parses head, a bare-LF response head at the start of c.br,
 // with its line ends made CRLF, and consumes it. A rare path: it allocates.
 func (c *upstreamConn) readBareLFHead(h *fasthttp.ResponseHeader, head []byte) error {
@@ -1239,6 +1250,7 @@ func (c *upstreamConn) readBareLFHead(h *fasthttp.ResponseHeader, head []byte) e
 		fixed = append(fixed, ch)
 	}
 	n := len(head)
+	c.noteLines(head)
 	if err := h.Read(bufio.NewReaderSize(bytes.NewReader(fixed), len(fixed))); err != nil {
 		return err
 	}
@@ -1645,6 +1657,10 @@ type upstreamConn struct {
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
 	idleGood bool
+
+	// manyLines: the answer's head (or an interim one before it) had more
+	// than keptHeadLines lines; see headDrop.
+	manyLines bool
 
 	// Only one goroutine uses the connection at a time (the exchange that
 	// acquired it), so these fields need no lock.

@@ -485,6 +485,9 @@ func (p *Proxy) sendUpgrade(ctx *fasthttp.RequestCtx, uc *upstreamConn) error {
 	writerPool.Put(bw)
 	if err == nil {
 		err = uc.readHeader(p, &ctx.Response)
+		if uc.manyLines {
+			ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
+		}
 	}
 	switch {
 	case uc.endClientWait():

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -45,24 +46,7 @@ func TestDialShortageCountedApart(t *testing.T) {
 		t.Fatalf("unknown sandbox: %d (close %v), want 404 on a kept connection", warm.StatusCode, warm.Close)
 	}
 
-	var limit syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
-	low := limit
-	low.Cur = lowestFreeFD(t)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(br, nil)
-	if rerr := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); rerr != nil {
-		t.Fatal(rerr)
-	}
-	if err != nil {
-		t.Fatalf("answer under the descriptor limit: %v\n%s", err, strings.Join(testenv.Stacks(), "\n\n"))
-	}
+	resp := askAtFDLimit(t, c, br, host)
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeOutOfResources) {
 		t.Fatalf("got %d %s, want 503 %s", resp.StatusCode, b, CodeOutOfResources)
@@ -103,6 +87,46 @@ func runFDChild(t *testing.T, env ...string) {
 
 // lowestFreeFD returns the lowest descriptor number not in use: with the
 // soft limit there, the next one the process opens fails with EMFILE.
+// askAtFDLimit sends a GET for host on c, a connection the proxy has
+// accepted, and reads its answer with the descriptor limit lowered
+// (atFDLimit).
+func askAtFDLimit(t *testing.T, c net.Conn, br *bufio.Reader, host string) *http.Response {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	atFDLimit(t, func() {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err = http.ReadResponse(br, nil)
+	})
+	if err != nil {
+		t.Fatalf("answer under the descriptor limit: %v\n%s", err, strings.Join(testenv.Stacks(), "\n\n"))
+	}
+	return resp
+}
+
+// atFDLimit runs fn with the process's descriptor limit lowered to its
+// lowest free descriptor, so that fn's first new descriptor fails with
+// EMFILE, and restores the limit after.
+func atFDLimit(t *testing.T, fn func()) {
+	t.Helper()
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	low := limit
+	low.Cur = lowestFreeFD(t)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	fn()
+}
+
 func lowestFreeFD(t *testing.T) uint64 {
 	t.Helper()
 	dir, err := os.Open("/proc/self/fd")

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,24 +51,7 @@ func TestStoreDialShortageIsTheProxys(t *testing.T) {
 		t.Fatalf("warm-up: %d (close %v, %d lookups), want an answer on a kept connection without a lookup", warm.StatusCode, warm.Close, h.counts.n.Load())
 	}
 
-	var limit syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
-	low := limit
-	low.Cur = lowestFreeFD(t)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	io.WriteString(c, "GET / HTTP/1.1\r\nHost: 50005-fdshort.cube.test\r\n\r\n")
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(br, nil)
-	if rerr := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); rerr != nil {
-		t.Fatal(rerr)
-	}
-	if err != nil {
-		t.Fatalf("answer under the descriptor limit: %v\n%s", err, strings.Join(testenv.Stacks(), "\n\n"))
-	}
+	resp := askAtFDLimit(t, c, br, "50005-fdshort.cube.test")
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeOutOfResources) || resp.Header.Get("Retry-After") != "1" {
 		t.Fatalf("got %d %s (Retry-After %q), want 503 %s with Retry-After 1", resp.StatusCode, b, resp.Header.Get("Retry-After"), CodeOutOfResources)
@@ -145,19 +127,11 @@ func TestStoreDialShedsIdleSandboxConns(t *testing.T) {
 		t.Fatalf("%d lookups, want 20 (none from Redis yet)", h.counts.n.Load())
 	}
 
-	var limit syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
-	low := limit
-	low.Cur = lowestFreeFD(t)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	code, body := get(itoa(port) + "-fresh.cube.test")
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
+	var code int
+	var body string
+	atFDLimit(t, func() {
+		code, body = get(itoa(port) + "-fresh.cube.test")
+	})
 	if code != 200 {
 		t.Fatalf("a sandbox whose route is in Redis, at the limit with idle sandbox connections: %d %s, want 200", code, body)
 	}

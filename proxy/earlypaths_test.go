@@ -154,20 +154,9 @@ func TestExpectLingerOutlivesDrain(t *testing.T) {
 			if _, err := c.Write([]byte("0123456789")); err != nil {
 				t.Errorf("write during the drain: %v", err)
 			}
-			select {
-			case err := <-shutdownDone:
-				t.Fatalf("the drain ended (%v) while the client of a lingering close was still connected", err)
-			default:
-			}
+			drainGoesOn(t, shutdownDone, "the drain ended while the client of a lingering close was still connected")
 			c.Close()
-			select {
-			case err := <-shutdownDone:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the drain did not end after the lingering client closed")
-			}
+			drainEnds(t, shutdownDone, 10*time.Second, "the drain did not end after the lingering client closed")
 			// It ended on the client's close, not on the linger's read timeout.
 			if d := time.Since(start); d >= lingerTimeout {
 				t.Errorf("the drain took %s", d)
@@ -216,20 +205,9 @@ func TestDrainWaitsForLingeringUpload(t *testing.T) {
 	if resp.StatusCode != 404 || !strings.Contains(string(body), "sandbox_not_found") {
 		t.Fatalf("answer %d %s, want 404 sandbox_not_found", resp.StatusCode, body)
 	}
-	select {
-	case err := <-shutdownDone:
-		t.Fatalf("the drain ended (%v) before the lingering client closed", err)
-	default:
-	}
+	drainGoesOn(t, shutdownDone, "the drain ended before the lingering client closed")
 	c.Close()
-	select {
-	case err := <-shutdownDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the drain did not end after the lingering client closed")
-	}
+	drainEnds(t, shutdownDone, 10*time.Second, "the drain did not end after the lingering client closed")
 }
 
 // Pipelined: a plain request and an Expect upload in one write; and on

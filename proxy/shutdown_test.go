@@ -90,14 +90,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	h.waitListenerClosed(10 * time.Second)
 
-	select {
-	case err := <-shutdownDone:
-		if err != nil {
-			t.Fatalf("Shutdown: %v", err)
-		}
-	case <-time.After(drain + 3*time.Second):
-		t.Fatal("Shutdown did not return")
-	}
+	drainEnds(t, shutdownDone, drain+3*time.Second, "Shutdown did not return")
 	if d := time.Since(start); d > drain+2500*time.Millisecond {
 		t.Errorf("Shutdown took %v with a %v drain", d, drain)
 	}
@@ -466,14 +459,7 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 			if d := time.Since(start); d < drain-50*time.Millisecond {
 				t.Errorf("cut %v after the drain began, before its %v deadline", d, drain)
 			}
-			select {
-			case err := <-shutdownDone:
-				if err != nil {
-					t.Fatalf("Shutdown: %v", err)
-				}
-			case <-time.After(drain + 3*time.Second):
-				t.Fatal("Shutdown did not return")
-			}
+			drainEnds(t, shutdownDone, drain+3*time.Second, "Shutdown did not return")
 			if d := time.Since(start); d > drain+time.Second {
 				t.Errorf("Shutdown took %v with a %v drain", d, drain)
 			}
@@ -586,14 +572,7 @@ func wantDrainCut(t *testing.T, h *harness, c net.Conn, method, reqID string, dr
 	if d := time.Since(start); d > drain+time.Second {
 		t.Errorf("answered %v after the drain began, with a %v drain", d, drain)
 	}
-	select {
-	case err := <-shutdownDone:
-		if err != nil {
-			t.Fatalf("Shutdown: %v", err)
-		}
-	case <-time.After(drain + 5*time.Second):
-		t.Fatal("Shutdown did not return")
-	}
+	drainEnds(t, shutdownDone, drain+5*time.Second, "Shutdown did not return")
 	if d := time.Since(start); d > drain+time.Second {
 		t.Errorf("Shutdown took %v with a %v drain", d, drain)
 	}
@@ -728,14 +707,7 @@ func TestDrainClosesRedirectListenerAtOnce(t *testing.T) {
 	if resp.StatusCode != 200 || !resp.Close {
 		t.Errorf("held request: %d (close %v), want 200 with Connection: close", resp.StatusCode, resp.Close)
 	}
-	select {
-	case err := <-shutdownDone:
-		if err != nil {
-			t.Fatalf("Shutdown: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Shutdown did not return after the last request ended")
-	}
+	drainEnds(t, shutdownDone, 5*time.Second, "Shutdown did not return after the last request ended")
 }
 
 // The process log says when the drain deadline cut what was still open,
@@ -850,14 +822,7 @@ func TestDrainCutsRequestsStalledBeforeTheHandler(t *testing.T) {
 			if resp.StatusCode != 504 || !resp.Close || !strings.Contains(string(body), `"code":"`+CodeDrainTimeout+`"`) {
 				t.Errorf("answer %d (close %v) %s, want 504 %s with Connection: close", resp.StatusCode, resp.Close, body, CodeDrainTimeout)
 			}
-			select {
-			case err := <-shutdownDone:
-				if err != nil {
-					t.Fatalf("Shutdown: %v", err)
-				}
-			case <-time.After(drain + 5*time.Second):
-				t.Fatal("Shutdown did not return")
-			}
+			drainEnds(t, shutdownDone, drain+5*time.Second, "Shutdown did not return")
 			if d := time.Since(start); d > drain+time.Second {
 				t.Errorf("Shutdown took %v with a %v drain: it waited for the stalled client", d, drain)
 			}
@@ -983,14 +948,31 @@ func TestDrainDeliversAnswerAheadOfNextRequest(t *testing.T) {
 				t.Fatalf("more after the download: %q", b)
 			}
 			c.Close()
-			select {
-			case err := <-shutdownDone:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the drain did not end after the client left")
-			}
+			drainEnds(t, shutdownDone, 10*time.Second, "the drain did not end after the client left")
 		})
+	}
+}
+
+// drainEnds waits up to within for Shutdown's result on done, and fails
+// the test with msg when none comes, or with the error it returned.
+func drainEnds(t *testing.T, done <-chan error, within time.Duration, msg string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(within):
+		t.Fatal(msg)
+	}
+}
+
+// drainGoesOn fails the test with msg when Shutdown has returned on done.
+func drainGoesOn(t *testing.T, done <-chan error, msg string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s (Shutdown returned %v)", msg, err)
+	default:
 	}
 }

@@ -111,17 +111,7 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 // buffer to megabytes, where a slow client on a WAN keeps about 100 KiB.
 func listenSmallSendBuffer(t *testing.T, size int) net.Listener {
 	t.Helper()
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, size)
-		})
-	}}
-	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
+	return listenWithBuffer(t, syscall.SO_SNDBUF, size)
 }
 
 // A clientConn watching its sends keeps net.TCPConn's contract: writes from several goroutines

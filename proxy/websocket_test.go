@@ -858,12 +858,19 @@ func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
 // proxy sends it in the proxy's send buffer after a few KiB.
 func listenSmallWindow(t *testing.T) net.Listener {
 	t.Helper()
+	return listenWithBuffer(t, syscall.SO_RCVBUF, 2048)
+}
+
+// listenWithBuffer listens on loopback with the socket buffer opt
+// (SO_RCVBUF, SO_SNDBUF) set to size, which accepted connections inherit.
+func listenWithBuffer(t *testing.T, opt, size int) net.Listener {
+	t.Helper()
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt, size)
 		})
 	}}
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,26 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	if err := checkOTLPEndpoint(env); err != nil {
 		return exporterNone, err
 	}
+	if err := checkOTLPCompression(env); err != nil {
+		return exporterNone, err
+	}
 	return kind, nil
+}
+
+// checkOTLPCompression refuses an OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION
+// other than the specification's gzip and none. The exporters compare it
+// with "gzip" and send everything else uncompressed, said nowhere: zstd,
+// a typo or GZIP exported some ten times the bytes while the operator
+// took it for compressed.
+func checkOTLPCompression(env func(string) string) error {
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		switch v := strings.TrimSpace(env(n)); v {
+		case "", "gzip", "none":
+		default:
+			return fmt.Errorf("%s=%q: want gzip or none, in lower case (the exporter sends anything else uncompressed)", n, v)
+		}
+	}
+	return nil
 }
 
 // checkOTLPEndpoint refuses a trace endpoint the OTLP exporters cannot

@@ -298,6 +298,11 @@ func TestTraceConfig(t *testing.T) {
 		{"insecure yes without endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_INSECURE": "yes"}, 0, "OTEL_EXPORTER_OTLP_INSECURE", false},
 		{"bad insecure while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "false"}, 0, "", false},
 		{"bad endpoint while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "", false},
+		// The exporters send anything but "gzip" uncompressed.
+		{"compression gzip", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none"}, 0, "", true},
+		{"compression zstd", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, 0, `OTEL_EXPORTER_OTLP_COMPRESSION="zstd": want gzip or none`, false},
+		{"traces compression GZIP", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "GZIP"}, 0, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", false},
+		{"bad compression while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, 0, "", false},
 		// Switched off, the exporter setting is not looked at: OTEL_SDK_DISABLED
 		// is how an operator turns a broken telemetry setup off.
 		{"sdk disabled, unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_SDK_DISABLED": "true"}, 0, "", false},

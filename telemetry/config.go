@@ -174,9 +174,19 @@ func checkOTLPEndpoint(env func(string) string) error {
 		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
 		return checkOTLPInsecure(env, "", "")
 	}
+	shown := fmt.Sprintf("%s=%q", name, v)
+	if strings.Contains(v, "@") {
+		// Userinfo, maybe a password: the message goes to a log.
+		shown = name + " (not shown: it holds an @, as user:password@ would)"
+	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%s=%q: want an http or https URL with a host, as http://collector:4318", name, v)
+		return fmt.Errorf("%s: want an http or https URL with a host, as http://collector:4318", shown)
+	}
+	if u.User != nil {
+		// The exporters send to the host alone: the credential never
+		// reached the collector, which refused every export.
+		return fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
 	}
 	return checkOTLPInsecure(env, name, u.Scheme)
 }

@@ -278,6 +278,11 @@ func TestTraceConfig(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_ENDPOINT", false},
 		{"unparsable traces endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "::bad"}, 0,
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", false},
+		// The exporters drop a URL's userinfo, and the error never shows it.
+		{"endpoint with userinfo", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cret@collector:4318"}, 0,
+			"OTEL_EXPORTER_OTLP_ENDPOINT (not shown: it holds an @, as user:password@ would): the exporter does not send a URL's user:password@", false},
+		{"endpoint without scheme with userinfo", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "user:s3cret@collector:4318"}, 0,
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (not shown", false},
 		{"traces endpoint wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector:4318/v1/traces"}, 0, "", true},
 		// The exporters take OTEL_EXPORTER_OTLP_INSECURE over the scheme,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"golang.org/x/net/http/httpguts"
 )
 
 // Default sampling ratios.
@@ -95,7 +96,64 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	if err := checkOTLPEndpoint(env); err != nil {
 		return exporterNone, err
 	}
+	if err := checkOTLPCompression(env); err != nil {
+		return exporterNone, err
+	}
+	if err := checkOTLPHeaders(env); err != nil {
+		return exporterNone, err
+	}
 	return kind, nil
+}
+
+// checkOTLPHeaders refuses an OTEL_EXPORTER_OTLP_[TRACES_]HEADERS the
+// exporters cannot use, saying which entry without its value. They skip
+// such an entry with an error line that quotes it: an entry without "="
+// (x-api-key:KEY) whole, a value with a bad percent escape (a token
+// ending in %) as it is, so the collector's credential went to the
+// process log, and every export then failed for the header it lacked. A
+// value that decodes to a control character is refused too: the HTTP
+// client refused every export with it.
+func checkOTLPHeaders(env func(string) string) error {
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		v := strings.TrimSpace(env(n))
+		if v == "" {
+			continue
+		}
+		for i, entry := range strings.Split(v, ",") {
+			if strings.TrimSpace(entry) == "" {
+				continue // a trailing comma: nothing the exporter sends
+			}
+			key, val, ok := strings.Cut(entry, "=")
+			key = strings.TrimSpace(key)
+			switch dec, err := url.PathUnescape(val); {
+			case !ok:
+				return fmt.Errorf("%s: entry %d has no \"=\": want key=value pairs separated by commas (the entry is not shown: it may hold a credential)", n, i+1)
+			case !httpguts.ValidHeaderFieldName(key):
+				return fmt.Errorf("%s: entry %d: %q is not a header name", n, i+1, key)
+			case err != nil:
+				return fmt.Errorf("%s: the value of %q has a bad percent escape (a literal %% is %%25; the value is not shown)", n, key)
+			case !httpguts.ValidHeaderFieldValue(strings.TrimSpace(dec)): // trimmed, as they trim it
+				return fmt.Errorf("%s: the value of %q holds a control character (the value is not shown)", n, key)
+			}
+		}
+	}
+	return nil
+}
+
+// checkOTLPCompression refuses an OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION
+// other than the specification's gzip and none. The exporters compare it
+// with "gzip" and send everything else uncompressed, said nowhere: zstd,
+// a typo or GZIP exported some ten times the bytes while the operator
+// took it for compressed.
+func checkOTLPCompression(env func(string) string) error {
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		switch v := strings.TrimSpace(env(n)); v {
+		case "", "gzip", "none":
+		default:
+			return fmt.Errorf("%s=%q: want gzip or none, in lower case (the exporter sends anything else uncompressed)", n, v)
+		}
+	}
+	return nil
 }
 
 // checkOTLPEndpoint refuses a trace endpoint the OTLP exporters cannot
@@ -116,9 +174,19 @@ func checkOTLPEndpoint(env func(string) string) error {
 		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
 		return checkOTLPInsecure(env, "", "")
 	}
+	shown := fmt.Sprintf("%s=%q", name, v)
+	if strings.Contains(v, "@") {
+		// Userinfo, maybe a password: the message goes to a log.
+		shown = name + " (not shown: it holds an @, as user:password@ would)"
+	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%s=%q: want an http or https URL with a host, as http://collector:4318", name, v)
+		return fmt.Errorf("%s: want an http or https URL with a host, as http://collector:4318", shown)
+	}
+	if u.User != nil {
+		// The exporters send to the host alone: the credential never
+		// reached the collector, which refused every export.
+		return fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
 	}
 	return checkOTLPInsecure(env, name, u.Scheme)
 }

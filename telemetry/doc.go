@@ -36,7 +36,7 @@
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
 //	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)
 //	cubeproxy.process_log.dropped       cubeproxy_process_log_dropped_total (after SetProcessLogDropped; 0 before)
-//	cubeproxy.spans.dropped             cubeproxy_spans_dropped_total       (sampled spans the full export queue had no room for)
+//	cubeproxy.spans.dropped             cubeproxy_spans_dropped_total       (sampled spans the full export queue had no room for, or whose export failed)
 //
 // Every label comes from a small fixed set defined in labels.go; no host,
 // sandbox id or other client-chosen value is ever a label.

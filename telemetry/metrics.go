@@ -115,7 +115,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
-	o.spanDrops = b.counter("cubeproxy.spans.dropped", "{span}", "Sampled spans dropped unexported because the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full: the trace collector took them slower than they came.")
+	o.spanDrops = b.counter("cubeproxy.spans.dropped", "{span}", "Sampled spans dropped unexported: the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full, the trace collector taking them slower than they came, or their export failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
 	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again; one that then lost it to another waits on and counts again), refused (none did, or the drain began: the 429; or the client closed its connection: the 499) or state (the sandbox was paused, killed or forgotten meanwhile).")
 	o.invSubscribed = b.gauge("cubeproxy.route_invalidation.subscribed", "{subscription}", "1 while the Redis invalidation subscription stands, 0 while it is down or refused: invalidations published by other instances are then not applied here, and changed routes are served from the cache for up to their TTL.")
@@ -512,11 +512,15 @@ func (m *Metrics) AccessLogDropped() {
 
 // spanDropped counts one span dropped at a full export queue and returns
 // the count so far.
-func (m *Metrics) spanDropped() int64 {
+func (m *Metrics) spanDropped() int64 { return m.spansDropped(1) }
+
+// spansDropped counts n spans dropped unexported and returns the count so
+// far.
+func (m *Metrics) spansDropped(n int) int64 {
 	if m == nil {
 		return 0
 	}
-	return m.spanDrops.Add(1)
+	return m.spanDrops.Add(int64(n))
 }
 
 // AccessLogReopenFailed counts one failed reopen of the access log file

@@ -101,3 +101,65 @@ func TestSpansDroppedAtFullQueueAreCounted(t *testing.T) {
 		t.Errorf("collector got %d spans, want %d (the %d ended less the %d counted dropped)", got, 1+more-wantDropped, 1+more, wantDropped)
 	}
 }
+
+// The spans of an export the collector failed are dropped too (the batch
+// processor does not try them again), and count in
+// cubeproxy_spans_dropped_total like those the full queue had no room for:
+// with the binary, a collector answering every export with 400 got none of
+// 3,000 requests' spans while the counter stayed at 0, and one answering
+// 503 (Retry-After: 2) lost a batch of 512 spans each 30 s (the export
+// timeout) while it counted only the queue's drops. A partial success is
+// the collector's own account of what it kept, not a failed export.
+func TestSpansOfFailedExportsAreCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		answer  func(w http.ResponseWriter)
+		timeout string // OTEL_BSP_EXPORT_TIMEOUT
+		dropped bool
+	}{
+		{"collector accepts", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/x-protobuf")
+		}, "", false},
+		{"collector rejects the export", func(w http.ResponseWriter) {
+			http.Error(w, "no", http.StatusBadRequest) // not retried
+		}, "", true},
+		{"collector unavailable until the export times out", func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable) // retried until the timeout
+		}, "300", true},
+		{"collector keeps part", func(w http.ResponseWriter) {
+			out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{
+				PartialSuccess: &coltracepb.ExportTracePartialSuccess{RejectedSpans: 1, ErrorMessage: "too old"},
+			})
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.Write(out)
+		}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				tc.answer(w)
+			}))
+			defer srv.Close()
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+			t.Setenv("OTEL_BSP_EXPORT_TIMEOUT", tc.timeout)
+			tel, err := New(context.Background(), Config{Env: envMap(map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}), TraceSampleRatio: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 7
+			endSpans(tel, n)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = tel.tp.ForceFlush(ctx) // returns once the export has ended
+			want := 0.0
+			if tc.dropped {
+				want = n
+			}
+			if got := values(scrape(t, tel))["cubeproxy_spans_dropped_total"]; got != want {
+				t.Errorf("cubeproxy_spans_dropped_total = %v after the export, want %v", got, want)
+			}
+			_ = tel.Shutdown(ctx)
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -90,7 +91,7 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource,
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("create OTLP trace exporter: %w", err)
 		}
-		ce := newCutExporter(exp)
+		ce := newCutExporter(exp, m)
 		cut = ce.cancel
 		// The batch processor drops spans when its queue is full instead of
 		// blocking the request path; the gate in front of it does that
@@ -127,12 +128,13 @@ type cutExporter struct {
 	cancel context.CancelFunc
 	// held counts the spans queueGate handed to the batch processor that
 	// have not reached ExportSpans yet: the processor's queue and batch.
-	held atomic.Int64
+	held    atomic.Int64
+	metrics *Metrics // counts the spans of a failed export
 }
 
-func newCutExporter(exp sdktrace.SpanExporter) *cutExporter {
+func newCutExporter(exp sdktrace.SpanExporter, m *Metrics) *cutExporter {
 	cut, cancel := context.WithCancel(context.Background())
-	return &cutExporter{SpanExporter: exp, cut: cut, cancel: cancel}
+	return &cutExporter{SpanExporter: exp, cut: cut, cancel: cancel, metrics: m}
 }
 
 // errExportsCut is the cause an export in flight is cancelled with.
@@ -159,7 +161,27 @@ func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnly
 	if err != nil && context.Cause(ctx) == errExportsCut {
 		return nil
 	}
+	if err != nil && !isPartialSuccess(err) {
+		// The processor does not try them again: counted, as the queue's
+		// drops are, since a collector that rejects every export (a 400, a
+		// 401 for a wrong header) or is unavailable past the timeout loses
+		// every span with the queue never full.
+		e.metrics.spansDropped(len(spans))
+	}
 	return err
+}
+
+// isPartialSuccess reports whether err is only the collector's partial
+// success answer: it took the export and says itself what it did not keep.
+// The exporters' error type for it is internal to them, so it is known by
+// its text, under otlptrace's "traces export: ".
+func isPartialSuccess(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if strings.HasPrefix(err.Error(), "OTLP partial success") {
+			return true
+		}
+	}
+	return false
 }
 
 // queueGate is the span processor in front of the batch processor: it hands

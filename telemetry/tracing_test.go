@@ -278,6 +278,11 @@ func TestTraceConfig(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_ENDPOINT", false},
 		{"unparsable traces endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "::bad"}, 0,
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", false},
+		// The exporters drop a URL's userinfo, and the error never shows it.
+		{"endpoint with userinfo", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cret@collector:4318"}, 0,
+			"OTEL_EXPORTER_OTLP_ENDPOINT (not shown: it holds an @, as user:password@ would): the exporter does not send a URL's user:password@", false},
+		{"endpoint without scheme with userinfo", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "user:s3cret@collector:4318"}, 0,
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (not shown", false},
 		{"traces endpoint wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector:4318/v1/traces"}, 0, "", true},
 		// The exporters take OTEL_EXPORTER_OTLP_INSECURE over the scheme,
@@ -298,6 +303,24 @@ func TestTraceConfig(t *testing.T) {
 		{"insecure yes without endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_INSECURE": "yes"}, 0, "OTEL_EXPORTER_OTLP_INSECURE", false},
 		{"bad insecure while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_INSECURE": "false"}, 0, "", false},
 		{"bad endpoint while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "", false},
+		// The exporters send anything but "gzip" uncompressed.
+		{"compression gzip", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none"}, 0, "", true},
+		{"compression zstd", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, 0, `OTEL_EXPORTER_OTLP_COMPRESSION="zstd": want gzip or none`, false},
+		{"traces compression GZIP", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "GZIP"}, 0, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", false},
+		{"bad compression while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, 0, "", false},
+		// The exporters skip a header entry they cannot use, quoting it in
+		// the log: the error names the entry, never its value.
+		{"headers", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": " Authorization=Bearer%20tok , x-team=a=b,x-end=c%0A,",
+			"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "api-key=k"}, 0, "", true},
+		{"header without =", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "a=b,x-api-key:s3cret"}, 0,
+			`OTEL_EXPORTER_OTLP_HEADERS: entry 2 has no "="`, false},
+		{"header bad escape", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer s3cret%"}, 0,
+			`OTEL_EXPORTER_OTLP_TRACES_HEADERS: the value of "Authorization" has a bad percent escape`, false},
+		{"header bad name", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "api key=s3cret"}, 0,
+			`"api key" is not a header name`, false},
+		{"header control character", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "k=s3%0Acret%0A"}, 0,
+			`the value of "k" holds a control character`, false},
+		{"bad headers while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:s3cret"}, 0, "", false},
 		// Switched off, the exporter setting is not looked at: OTEL_SDK_DISABLED
 		// is how an operator turns a broken telemetry setup off.
 		{"sdk disabled, unsupported exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_SDK_DISABLED": "true"}, 0, "", false},
@@ -309,6 +332,9 @@ func TestTraceConfig(t *testing.T) {
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("New error %v, want one mentioning %q", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "s3cret") {
+					t.Errorf("New error %q shows a header's value", err)
 				}
 				return
 			}

@@ -1286,6 +1286,13 @@ func malformedBody(err error) bool {
 // upstreamError answers a failed exchange with the backend, and ends its
 // client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
+	// The sandbox's answer head may have been parsed, however many lines
+	// it had, before it was refused (a malformed line after 2,500 others,
+	// two lengths, a 101 nobody asked for): its storage stays with the
+	// response this answer is written in, ≈ 180–240 KiB a client
+	// connection, unless let go of (headDrop). Not counted on this rare
+	// path: it costs the connection's next request fresh headers.
+	ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
 	var be *clientBodyError
 	bodyErr := errors.As(err, &be)
 	var de *dialError

@@ -103,17 +103,17 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	// front proxy may ("Transfer-Encoding: identity" beside a length): the
 	// admin API is as often behind a gateway, and took both.
 	h := &ctx.Request.Header
+	seen := scanHead(h)
+	// As on the traffic listeners; this listener's connections are not
+	// even counted under client.max_conns.
+	defer letGoOfHead(ctx, seen.lines)
 	if !h.IsHTTP11() && string(h.Protocol()) != "HTTP/1.0" {
 		writeError(ctx, errBadVersion, nil)
 		ctx.SetConnectionClose()
 		return
 	}
-	seen := scanHead(h)
 	if seen.lines > maxHeaderLines {
-		// As on the traffic listeners; this listener's connections are
-		// not even counted under client.max_conns.
 		writeError(ctx, errManyLines, nil)
-		shedHead(ctx)
 		return
 	}
 	if h.ContentLength() != -1 && seen.transferEncoding {

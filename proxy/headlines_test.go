@@ -142,8 +142,12 @@ func TestHeadLinesBounded(t *testing.T) {
 // (Decisions, "Header limits are nginx's"): 200 connections that had each
 // sent a 32 KiB head of 6,400 "a:b" lines held ≈ 630 KiB each against
 // GOMEMLIMIT (≈ 900 KiB of RSS each in the binary), fasthttp's parsed
-// lines, where one of long lines filling the limit holds ≈ 160 KiB. The
-// clients keep their connections; the proxy may close them.
+// lines. Nor may one after a head the proxy takes or refuses on any
+// listener: until headDrop covered them, a head of 1,000 short lines left
+// ≈ 83 KiB with a connection whose target was refused (the lines were not
+// yet counted), ≈ 135 KiB on the redirect and admin listeners, against
+// ≈ 36 KiB once let go of. The clients keep their connections; the proxy
+// may close them.
 func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 200 connections")
@@ -165,6 +169,12 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 		{"32 KiB of 1 KiB lines", headOfLines("GET", host, 31, "X-Long: "+strings.Repeat("v", 1000), ""), false, false},
 		// The most lines taken, the head filled with one long line.
 		{"the most lines, 32 KiB", headOfLines("GET", host, maxHeaderLines, "a:b", "X-Pad: "+strings.Repeat("p", 32000-5*maxHeaderLines)+"\r\n"), false, false},
+		{"the most lines, 5 KiB", headOfLines("GET", host, maxHeaderLines, "a:b", ""), false, false},
+		// Refused by its target, checked before the lines: the connection stays open.
+		{"32 KiB of three-byte lines, a refused target", strings.Replace(headOfLines("GET", host, 6400, "a:b", ""), "/p", "/../p", 1), false, false},
+		{"the most lines, 5 KiB, a refused target", strings.Replace(headOfLines("GET", host, maxHeaderLines, "a:b", ""), "/p", "/../p", 1), false, false},
+		{"the most lines, redirect listener", headOfLines("GET", host, maxHeaderLines, "a:b", "X-Pad: "+strings.Repeat("p", 32000-5*maxHeaderLines)+"\r\n"), true, false},
+		{"the most lines, admin listener", headOfLines("GET", "127.0.0.1", maxHeaderLines, "a:b", "X-Pad: "+strings.Repeat("p", 32000-5*maxHeaderLines)+"\r\n"), false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if len(tc.raw) > 32<<10 {
@@ -177,6 +187,10 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 			case tc.admin:
 				addr = h.admin
 			}
+			// The last case's connections, closed by its cleanup, gone
+			// first: their memory freed while this one is counted made
+			// its count low.
+			testenv.WaitFor(t, 10*time.Second, "earlier connections closed", func() bool { return h.proxy.held.len() == 0 })
 			before := limitCounted()
 			answeredConns(t, addr, tc.raw, conns, nil)
 			per := (int64(limitCounted()) - int64(before)) / conns
@@ -210,7 +224,7 @@ func mostLinesHold(t *testing.T) (kib int, allowed int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`1,000 short lines and a long one filling the rest up to ≈ (\d+) KiB`).FindSubmatch(readme)
+	m := regexp.MustCompile(`1,000 short lines and a long one, each of them under ≈ (\d+) KiB`).FindSubmatch(readme)
 	if m == nil {
 		t.Fatal("README: no figure for a connection idle after a head of the most lines (Decisions, Header limits are nginx's)")
 	}
@@ -241,6 +255,9 @@ func TestRefusedHeadsPassNoLinesOn(t *testing.T) {
 		{"a malformed line after many", headOfLines("GET", host, 6000, "a:b", "X Y\x01: z\r\n"), 400, false},
 		{"admin listener, too many lines", headOfLines("GET", "127.0.0.1", 6000, "a:b", ""), 431, true},
 		{"admin listener, a malformed line after many", headOfLines("GET", "127.0.0.1", 6000, "a:b", "X Y\x01: z\r\n"), 400, true},
+		// Taken by the line count, refused before the body is asked for.
+		{"an upload to no sandbox, the most lines", headOfLines("POST", strings.Replace(host, "headlines", "nosuchbox", 1), maxHeaderLines, "a:b", "Expect: 100-continue\r\nContent-Length: 2\r\n"), 404, false},
+		{"an upload to no sandbox, 32 KiB", headOfLines("POST", strings.Replace(host, "headlines", "nosuchbox", 1), 20, "X-Long: "+strings.Repeat("v", 1500), "Expect: 100-continue\r\nContent-Length: 2\r\n"), 404, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr, next := h.addr, "GET /p HTTP/1.1\r\nHost: "+host+"\r\n\r\n"

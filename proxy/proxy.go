@@ -162,12 +162,21 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	var x exchange
 	p.handle(ctx, &x)
+	letGoOfHead(ctx, x.seen.lines)
+}
+
+// letGoOfHead has a request head of lines lines that is more than a
+// connection keeps let go of: one of more than maxHeaderLines now
+// (shedHead), one of more than keptHeadLines lines or keptHeadBytes once
+// its answer is written (headDrop). Every listener's handler calls it for
+// every head it answered, refused or not: a refused head (its upload
+// refused before its body, a bad target) stayed with the connection, or
+// with its pooled context once the refusal closed it.
+func letGoOfHead(ctx *fasthttp.RequestCtx, lines uint16) {
 	switch {
-	case x.seen.lines > maxHeaderLines:
+	case lines > maxHeaderLines:
 		shedHead(ctx)
-	case x.seen.lines > keptHeadLines || len(ctx.Request.Header.RawHeaders()) > keptHeadBytes:
-		// A head admitted (up to maxHeaderLines lines): kept until the
-		// answer is written, then let go (headDrop).
+	case lines > keptHeadLines || len(ctx.Request.Header.RawHeaders()) > keptHeadBytes:
 		ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
 	}
 }
@@ -191,9 +200,7 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 	}
 	x := exchange{expecting: true}
 	p.handle(ctx, &x)
-	if x.seen.lines > maxHeaderLines {
-		shedHead(ctx)
-	}
+	letGoOfHead(ctx, x.seen.lines)
 	if x.admitted {
 		return fasthttp.StatusContinue
 	}
@@ -344,6 +351,9 @@ const maxRequestIDLen = 128
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	h := &ctx.Request.Header
+	// Counted first: the handler lets go of a head of many lines by its
+	// count (letGoOfHead), a refused one too.
+	x.seen = scanHead(h)
 	if e := refusedRequestLine(h); e != nil {
 		x.fail(ctx, *e, nil)
 		if e == &errBadVersion {
@@ -359,7 +369,6 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		x.fail(ctx, *e, nil)
 		return
 	}
-	x.seen = scanHead(h)
 	if x.seen.transferEncoding && h.ContentLength() != -1 {
 		// "Transfer-Encoding: identity": fasthttp takes it for no coding
 		// at all and frames the body by Content-Length, or reads none and
@@ -1277,6 +1286,13 @@ func malformedBody(err error) bool {
 // upstreamError answers a failed exchange with the backend, and ends its
 // client span with the error.
 func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, id []byte, addr netip.AddrPort) {
+	// The sandbox's answer head may have been parsed, however many lines
+	// it had, before it was refused (a malformed line after 2,500 others,
+	// two lengths, a 101 nobody asked for): its storage stays with the
+	// response this answer is written in, ≈ 180–240 KiB a client
+	// connection, unless let go of (headDrop). Not counted on this rare
+	// path: it costs the connection's next request fresh headers.
+	ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
 	var be *clientBodyError
 	bodyErr := errors.As(err, &be)
 	var de *dialError

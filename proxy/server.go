@@ -306,7 +306,8 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	host := ctx.Request.Header.Host()
 	// Counted here, off the traffic listeners' hot path, as serve counts
 	// them there.
-	manyLines := scanHead(&ctx.Request.Header).lines > maxHeaderLines
+	lines := scanHead(&ctx.Request.Header).lines
+	manyLines := lines > maxHeaderLines
 	if e := refusedRequestLine(&ctx.Request.Header); e != nil {
 		// As on HTTPS (serve): a CONNECT's authority-form target made a
 		// Location of "/", and a client on HTTP/9.9 came back only to be
@@ -350,9 +351,7 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	x.noteRequestID(id)
 	s.p.headersReady(ctx, &x)
 	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
-	if manyLines {
-		shedHead(ctx) // nothing after this reads the head
-	}
+	letGoOfHead(ctx, lines) // nothing after this reads the head
 }
 
 // redirectExpect answers the head of an "Expect: 100-continue" upload on

@@ -206,6 +206,58 @@ func TestClientConnKeepsTCPConnErrors(t *testing.T) {
 			t.Errorf("the timeout came after %v, want about 200 ms", d)
 		}
 	})
+	// What the tunnel's close and a kill do to a write blocked on a
+	// client that reads nothing: it ends at once, with the error
+	// net.TCPConn's would have, and so does a write queued behind it.
+	for _, stop := range []struct {
+		name  string
+		do    func(net.Conn)
+		check func(error) bool
+	}{
+		{"a close ends waiting writes at once", func(c net.Conn) { c.Close() }, func(err error) bool { return errors.Is(err, net.ErrClosed) }},
+		{"a past deadline ends waiting writes at once", func(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }, isTimeout},
+	} {
+		t.Run(stop.name, func(t *testing.T) {
+			c, _ := pair(t)
+			raw, err := c.(*clientConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.Fill(t, raw) // the kernel takes nothing more
+			errs := make(chan error, 2)
+			for range 2 {
+				go func() {
+					_, err := c.Write(make([]byte, 1<<10))
+					errs <- err
+				}()
+			}
+			testenv.WaitFor(t, 5*time.Second, "both writes waiting", func() bool {
+				n := 0
+				for _, s := range testenv.Stacks() {
+					if strings.Contains(s, "(*clientConn).Write") {
+						n++
+					}
+				}
+				return n == 2
+			})
+			start := time.Now()
+			stop.do(c)
+			for range 2 {
+				select {
+				case err := <-errs:
+					var oe *net.OpError
+					if !stop.check(err) || !errors.As(err, &oe) || oe.Op != "write" {
+						t.Errorf("the write ended with %v", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a write still waits 5 s after it was stopped")
+				}
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("the writes ended %v after they were stopped", d)
+			}
+		})
+	}
 	t.Run("a peer that reset is a reset", func(t *testing.T) {
 		c, peer := pair(t)
 		_ = peer.(*net.TCPConn).SetLinger(0)

@@ -522,10 +522,13 @@ func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
 	for _, tc := range []struct {
 		name, ct string
 		drain    bool // the drain deadline cuts it, not the sandbox
+		tls      bool // reset under TLS: no close_notify either
 	}{
-		{"sandbox cut a download", "application/octet-stream", false},
-		{"sandbox cut an event stream", "text/event-stream", false},
-		{"drain deadline cut a download", "application/octet-stream", true},
+		{"sandbox cut a download", "application/octet-stream", false, false},
+		{"sandbox cut an event stream", "text/event-stream", false, false},
+		{"drain deadline cut a download", "application/octet-stream", true, false},
+		{"sandbox cut a download over TLS", "application/octet-stream", false, true},
+		{"drain deadline cut a download over TLS", "application/octet-stream", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond })
@@ -544,10 +547,16 @@ func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
 				return false // gone before the last chunk
 			})
 			host := h.route("cut10", b.port)
-			pc := h.dialProxy(t)
-			_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(pc.c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", host)
-			resp, err := http.ReadResponse(pc.br, nil)
+			var c net.Conn
+			if tc.tls {
+				addr, roots := serveTLS(t, h)
+				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
+			} else {
+				c = dialRaw(t, h.addr)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

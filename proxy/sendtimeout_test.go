@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -30,29 +31,52 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 	const size = 160 << 10 // three pieces, the first two whole 64 KiB reads
 	body := strings.Repeat("x", size)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/sized" {
+		switch r.URL.Path {
+		case "/sized":
 			w.Header().Set("Content-Length", fmt.Sprint(size))
+		case "/events":
+			w.Header().Set("Content-Type", "text/event-stream")
 		}
-		for i := 0; i < size; i += 32 << 10 {
-			io.WriteString(w, body[i:min(size, i+32<<10)])
+		piece := 32 << 10
+		if r.URL.Query().Has("whole") {
+			piece = size // the proxy reads as much as its buffer takes
+		}
+		for i := 0; i < size; i += piece {
+			io.WriteString(w, body[i:min(size, i+piece)])
 			w.(http.Flusher).Flush()
 		}
 	}))
 	for _, tc := range []struct {
 		name, path string
+		http10     bool // an HTTP/1.0 request: the stream is detached, its body unframed
 		tls        bool
 		pause      time.Duration // the client stops reading this long after 8 KiB
+		read       int           // bytes read per 32 ms tick; 0: 3 KiB (about 96 KB/s)
 		cut        bool
 	}{
 		{name: "sized", path: "/sized"},
 		{name: "chunked", path: "/chunked"},
 		{name: "sized over TLS", path: "/sized", tls: true},
 		{name: "a pause longer than the timeout cuts", path: "/sized", pause: 1500 * time.Millisecond, cut: true},
+		// Detached streams write to the connection themselves, not
+		// through fasthttp: an event stream, and any body for HTTP/1.0.
+		// Their pieces are the sandbox's reads (16 KiB here): at 32 KB/s
+		// each takes 0.5 s, longer than the timeout. (A smaller send
+		// buffer: the kernel wakes a waiting write once a third of it is
+		// free, which at 32 KB/s through 32 KiB came up to 0.3 s apart.)
+		{name: "event stream", path: "/events?whole", read: 1 << 10},
+		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: 1500 * time.Millisecond, cut: true},
+		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10},
+		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: 1500 * time.Millisecond, cut: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })
 			host := h.route("slowreader", port)
-			ln := listenSmallSendBuffer(t, 16<<10) // 32 KiB: the kernel doubles it
+			sndbuf := 16 << 10 // 32 KiB: the kernel doubles it
+			if tc.read > 0 {
+				sndbuf = 4 << 10
+			}
+			ln := listenSmallSendBuffer(t, sndbuf)
 			var c net.Conn = dialSmallWindow(t, ln.Addr().String())
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 			if tc.tls {
@@ -68,15 +92,19 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 				go h.server.Serve(ln)
 			}
 			id := "slow-" + strings.ReplaceAll(tc.name, " ", "-")
-			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", tc.path, host, id)
+			proto := "HTTP/1.1"
+			if tc.http10 {
+				proto = "HTTP/1.0"
+			}
+			fmt.Fprintf(c, "GET %s %s\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", tc.path, proto, host, id)
 			resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			// About 96 KB/s: 3 KiB every 32 ms.
+			// About 96 KB/s: 3 KiB every 32 ms (or tc.read).
 			tick := time.NewTicker(32 * time.Millisecond)
 			defer tick.Stop()
-			buf := make([]byte, 3<<10)
+			buf := make([]byte, cmp.Or(tc.read, 3<<10))
 			got, start := 0, time.Now()
 			paused := false
 			for {
@@ -168,6 +196,58 @@ func TestClientConnKeepsTCPConnErrors(t *testing.T) {
 			t.Errorf("the timeout came after %v, want about 200 ms", d)
 		}
 	})
+	// What the tunnel's close and a kill do to a write blocked on a
+	// client that reads nothing: it ends at once, with the error
+	// net.TCPConn's would have, and so does a write queued behind it.
+	for _, stop := range []struct {
+		name  string
+		do    func(net.Conn)
+		check func(error) bool
+	}{
+		{"a close ends waiting writes at once", func(c net.Conn) { c.Close() }, func(err error) bool { return errors.Is(err, net.ErrClosed) }},
+		{"a past deadline ends waiting writes at once", func(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }, isTimeout},
+	} {
+		t.Run(stop.name, func(t *testing.T) {
+			c, _ := pair(t)
+			raw, err := c.(*clientConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.Fill(t, raw) // the kernel takes nothing more
+			errs := make(chan error, 2)
+			for range 2 {
+				go func() {
+					_, err := c.Write(make([]byte, 1<<10))
+					errs <- err
+				}()
+			}
+			testenv.WaitFor(t, 5*time.Second, "both writes waiting", func() bool {
+				n := 0
+				for _, s := range testenv.Stacks() {
+					if strings.Contains(s, "(*clientConn).Write") {
+						n++
+					}
+				}
+				return n == 2
+			})
+			start := time.Now()
+			stop.do(c)
+			for range 2 {
+				select {
+				case err := <-errs:
+					var oe *net.OpError
+					if !stop.check(err) || !errors.As(err, &oe) || oe.Op != "write" {
+						t.Errorf("the write ended with %v", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a write still waits 5 s after it was stopped")
+				}
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("the writes ended %v after they were stopped", d)
+			}
+		})
+	}
 	t.Run("a peer that reset is a reset", func(t *testing.T) {
 		c, peer := pair(t)
 		_ = peer.(*net.TCPConn).SetLinger(0)

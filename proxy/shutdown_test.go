@@ -487,10 +487,15 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 // returns: cutting the sandbox's side alone left the write blocked for
 // client.write_timeout, and the process exited under it, unlogged.
 func TestDrainCutsStreamToStalledClient(t *testing.T) {
-	for _, tc := range []struct{ name, path, ct string }{
-		{"download", "/dl", ""},
-		{"chunked", "/chunked", ""},
-		{"SSE answer to a POST", "/sse", "text/event-stream"},
+	for _, tc := range []struct {
+		name, path, ct string
+		pipelined      bool // a request follows, which the proxy leaves unread
+	}{
+		{"download", "/dl", "", false},
+		{"chunked", "/chunked", "", false},
+		{"SSE answer to a POST", "/sse", "text/event-stream", false},
+		{"download with a request pipelined behind it", "/dl", "", true},
+		{"chunked with a request pipelined behind it", "/chunked", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const drain = 300 * time.Millisecond
@@ -516,6 +521,9 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 			}
 			defer c.Close()
 			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: stalled\r\nContent-Length: 0\r\n\r\n", tc.path, host)
+			if tc.pipelined {
+				fmt.Fprintf(c, "GET /next HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+			}
 			// The head, then nothing more is read: the socket buffers fill.
 			if _, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "POST"}); err != nil {
 				t.Fatal(err)

@@ -494,6 +494,55 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 	}
 }
 
+// A tunnel's client that reads steadily but slowly is not cut: the client
+// write timeout runs from the last byte it took (clientConn), not from the
+// start of each piece the sandbox sent (up to 64 KiB), as nginx's
+// send_timeout. Only one that takes nothing for the timeout is cut
+// (TestTunnelClientThatStopsReadingIsCut).
+func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
+	const size = 160 << 10
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = time.Hour
+		o.srv.ClientWriteTimeout = 300 * time.Millisecond
+	})
+	ln := listen(t, "127.0.0.1:0")
+	go func() {
+		c, br, ok := acceptUpgrade(ln)
+		if !ok {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write(bytes.Repeat([]byte("x"), size)) // read by the proxy in 64 KiB pieces
+		io.Copy(io.Discard, br)                         // until the proxy closes its side
+	}()
+	host := h.route("wssteady", uint16(ln.Addr().(*net.TCPAddr).Port))
+	front := listenSmallSendBuffer(t, 4<<10) // 8 KiB: the kernel doubles it
+	go h.server.Serve(front)
+	c := dialSmallWindow(t, front.Addr().String())
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+	br := bufio.NewReaderSize(c, 1024)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "g") // the sandbox's go-ahead
+	// About 32 KB/s: 1 KiB every 32 ms, a 64 KiB piece in 2 s.
+	tick := time.NewTicker(32 * time.Millisecond)
+	defer tick.Stop()
+	buf := make([]byte, 1<<10)
+	got, start := 0, time.Now()
+	for got < size {
+		n, err := io.ReadFull(br, buf[:min(len(buf), size-got)])
+		got += n
+		if err != nil {
+			t.Fatalf("a client reading steadily got %d of %d bytes in %v: %v; want all of it", got, size, time.Since(start).Round(time.Millisecond), err)
+		}
+		<-tick.C
+	}
+}
+
 // A sandbox that stops reading while it still sends (its reader stuck, its
 // pings or output still flowing) is cut after the idle timeout, as nginx's
 // proxy_send_timeout cuts one: the client pushing into it meets TCP

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,18 @@ func (c *clientConn) Close() error {
 	}
 	return c.TCPConn.Close()
 }
+
+// ReadFrom copies r to the connection through its Write. The embedded
+// *net.TCPConn's (splice, sendfile, or a plain copy to the socket) would
+// write around the write lock and the renewal of the write deadline
+// (sendWatch): an io.Copy to a slow but steady client was cut at the
+// first deadline. No path of the proxy copies this way today.
+func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(writerOnly{c}, r)
+}
+
+// writerOnly hides its writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
 
 // adopt readies a traffic listener's connection just accepted: a
 // *net.TCPConn becomes a clientConn, and a *tlsConn, whose socket already

@@ -248,6 +248,40 @@ func TestClientConnKeepsTCPConnErrors(t *testing.T) {
 			}
 		})
 	}
+	// io.Copy into the connection from a reader without WriteTo goes
+	// through its ReadFrom: the embedded *net.TCPConn's wrote around Write,
+	// so a copy to a slow but steady client was cut at the first deadline.
+	t.Run("a copy into it renews as its writes do", func(t *testing.T) {
+		c, peer := pair(t)
+		const size = 256 << 10
+		got := make(chan int, 1)
+		go func() {
+			buf := make([]byte, 64<<10)
+			n := 0
+			for n < size {
+				m, err := peer.Read(buf)
+				n += m
+				if err != nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond) // a reader's pace, about 300 KB/s through the small window
+			}
+			got <- n
+		}()
+		_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		start := time.Now()
+		src := struct{ io.Reader }{bytes.NewReader(make([]byte, size))} // no WriteTo
+		n, err := io.Copy(c, src)
+		if err != nil || n != size {
+			t.Fatalf("copy to a steady reader: %d of %d bytes in %v, %v; want all of it", n, size, time.Since(start).Round(time.Millisecond), err)
+		}
+		if d := time.Since(start); d < 400*time.Millisecond {
+			t.Fatalf("the copy took %v: the reader was not slow enough to need a renewal", d)
+		}
+		if r := <-got; r != size {
+			t.Fatalf("the reader got %d of %d bytes", r, size)
+		}
+	})
 	t.Run("a peer that reset is a reset", func(t *testing.T) {
 		c, peer := pair(t)
 		_ = peer.(*net.TCPConn).SetLinger(0)

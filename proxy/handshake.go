@@ -72,6 +72,12 @@ type tlsConn struct {
 	// its Close lingers during the drain, as a clientConn's.
 	p        *Proxy
 	lingered atomic.Bool
+	// writeFailed says a write failed (the client took nothing for
+	// client.write_timeout, or the connection broke): Close then sends no
+	// close_notify, as nginx sends none after a timeout. crypto/tls sends
+	// it under a 5 s deadline of its own, and into a socket the client
+	// stopped emptying that held each such close 5 s.
+	writeFailed atomic.Bool
 }
 
 // Read reads application data, noting the first bytes.
@@ -79,6 +85,15 @@ func (c *tlsConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 && !c.gotData.Load() {
 		c.gotData.Store(true)
+	}
+	return n, err
+}
+
+// Write writes application data, noting a failure.
+func (c *tlsConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil {
+		c.writeFailed.Store(true)
 	}
 	return n, err
 }
@@ -94,8 +109,12 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 }
 
 // Close closes the connection, after a lingering close during the drain
-// when its client sent bytes nobody will read (Proxy.closeLingering).
+// when its client sent bytes nobody will read (Proxy.closeLingering), and
+// without close_notify after a failed write.
 func (c *tlsConn) Close() error {
+	if c.writeFailed.Load() {
+		return c.NetConn().Close()
+	}
 	if c.p != nil && c.p.closeLingering(c.Conn, &c.lingered) {
 		return nil
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -547,13 +546,7 @@ func TestHTTP10ClientSeesCutBodyAsError(t *testing.T) {
 				return false // gone before the last chunk
 			})
 			host := h.route("cut10", b.port)
-			var c net.Conn
-			if tc.tls {
-				addr, roots := serveTLS(t, h)
-				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
-			} else {
-				c = dialRaw(t, h.addr)
-			}
+			c := dialProxy(t, h, host, tc.tls)
 			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			fmt.Fprintf(c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", host)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -607,13 +600,7 @@ func TestDetachedStreamEndsCleanlyWithPipelinedBytes(t *testing.T) {
 				return false
 			})
 			host := h.route("pipedend", b.port)
-			var c net.Conn
-			if tc.tls {
-				addr, roots := serveTLS(t, h)
-				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
-			} else {
-				c = dialRaw(t, h.addr)
-			}
+			c := dialProxy(t, h, host, tc.tls)
 			fmt.Fprintf(c, "GET /events %s\r\nHost: %s\r\n\r\n", proto, host)
 			br := bufio.NewReader(c)
 			resp, err := http.ReadResponse(br, nil)

@@ -394,11 +394,7 @@ func testBrowserAuth(t *testing.T, start func(*testing.T) browser) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = s })
 	tlsAddr, ca := serveTLSFor(t, h, "*.cube.test")
 	_, port, _ := net.SplitHostPort(tlsAddr)
-	certPEM, keyPEM := ca.Issue(t, "*.platform.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := ca.Certificate(t, "*.platform.test")
 	platform := startPlatformServer(t, cert)
 	_, pport, _ := net.SplitHostPort(platform.addr)
 	reportURL := "https://ui.platform.test:" + pport + "/report"

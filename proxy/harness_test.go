@@ -293,11 +293,7 @@ func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
 func serveTLSFor(t *testing.T, h *harness, name string) (addr string, ca *testenv.CA) {
 	t.Helper()
 	ca = testenv.NewCA(t, "proxy test CA")
-	certPEM, keyPEM := ca.Issue(t, name)
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := ca.Certificate(t, name)
 	ln := listen(t, "127.0.0.1:0")
 	go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 	return ln.Addr().String(), ca

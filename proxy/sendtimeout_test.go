@@ -81,11 +81,7 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 			if tc.tls {
 				ca := testenv.NewCA(t, "send timeout CA")
-				certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-				cert, err := tls.X509KeyPair(certPEM, keyPEM)
-				if err != nil {
-					t.Fatal(err)
-				}
+				cert := ca.Certificate(t, "*.cube.test")
 				go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 				c = tls.Client(c, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
 			} else {

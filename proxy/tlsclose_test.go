@@ -21,11 +21,7 @@ import (
 // no close_notify after a timeout).
 func TestTLSCloseAfterAWriteTimeoutIsImmediate(t *testing.T) {
 	ca := testenv.NewCA(t, "proxy test CA")
-	certPEM, keyPEM := ca.Issue(t, "a.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := ca.Certificate(t, "a.cube.test")
 	const timeout = 300 * time.Millisecond
 	ln := &tlsListener{Listener: listen(t, "127.0.0.1:0"), cfg: &tls.Config{Certificates: []tls.Certificate{cert}},
 		handshakes: &handshakes{}, sendTimeout: timeout}

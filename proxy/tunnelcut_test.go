@@ -18,11 +18,7 @@ import (
 // burst filled it.
 func TestTunnelCutClosesStalledTLSClientAtOnce(t *testing.T) {
 	ca := testenv.NewCA(t, "tunnel cut CA")
-	certPEM, keyPEM := ca.Issue(t, "*.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := ca.Certificate(t, "*.cube.test")
 	for _, tc := range []struct {
 		name string
 		mark func(*tunnel)

@@ -16,11 +16,7 @@ import (
 func tlsPair(t *testing.T) (server, client *tls.Conn) {
 	t.Helper()
 	ca := testenv.NewCA(t, "tunnel test CA")
-	certPEM, keyPEM := ca.Issue(t, "ws.cube.test")
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := ca.Certificate(t, "ws.cube.test")
 	ln := listen(t, "127.0.0.1:0")
 	t.Cleanup(func() { ln.Close() })
 	srvRaw, raw := acceptPair(t, ln)

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -63,6 +64,17 @@ func (ca *CA) Pool() *x509.CertPool {
 func (ca *CA) Issue(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	return ca.IssueValid(t, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
+}
+
+// Certificate is Issue's pair as a tls.Certificate, for a server's
+// tls.Config.
+func (ca *CA) Certificate(t testing.TB, names ...string) tls.Certificate {
+	t.Helper()
+	cert, err := tls.X509KeyPair(ca.Issue(t, names...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
 }
 
 // IssueValid is Issue for a certificate valid from notBefore to notAfter

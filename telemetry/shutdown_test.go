@@ -201,15 +201,7 @@ func (c *funcCollector) Export(_ context.Context, req *coltracepb.ExportTraceSer
 func TestShutdownCutExportIsNotReported(t *testing.T) {
 	for _, protocol := range []string{"http/protobuf", "grpc"} {
 		t.Run(protocol, func(t *testing.T) {
-			var mu sync.Mutex
-			var reported []error
-			prev := otel.GetErrorHandler()
-			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-				mu.Lock()
-				defer mu.Unlock()
-				reported = append(reported, err)
-			}))
-			t.Cleanup(func() { otel.SetErrorHandler(prev) })
+			reported := captureOTelErrors(t)
 
 			addr, reached := blackHole(t)
 			env := otlpEnv(t, protocol, addr)
@@ -239,11 +231,29 @@ func TestShutdownCutExportIsNotReported(t *testing.T) {
 					t.Fatal("the batch processor is still running 5 s after Shutdown")
 				}
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, err := range reported {
-				t.Errorf("reported after Shutdown gave the exports up: %v", err)
+			for _, err := range reported() {
+				t.Errorf("reported after Shutdown gave the exports up: %s", err)
 			}
 		})
+	}
+}
+
+// captureOTelErrors makes OpenTelemetry's global error handler record
+// what it is given, until the test ends, and returns what it recorded so
+// far.
+func captureOTelErrors(t *testing.T) (reported func() []string) {
+	var mu sync.Mutex
+	var errs []string
+	prev := otel.GetErrorHandler()
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, err.Error())
+	}))
+	t.Cleanup(func() { otel.SetErrorHandler(prev) })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), errs...)
 	}
 }

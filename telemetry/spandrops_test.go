@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -47,15 +46,7 @@ func TestSpansDroppedAtFullQueueAreCounted(t *testing.T) {
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	defer unblock()
 
-	var mu sync.Mutex
-	var reported []string
-	prev := otel.GetErrorHandler()
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		reported = append(reported, err.Error())
-	}))
-	t.Cleanup(func() { otel.SetErrorHandler(prev) })
+	reported := captureOTelErrors(t)
 
 	const queue = 5 // one place is kept for ForceFlush's marker
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
@@ -78,16 +69,15 @@ func TestSpansDroppedAtFullQueueAreCounted(t *testing.T) {
 	if got := values(scrape(t, tel))["cubeproxy_spans_dropped_total"]; got != float64(wantDropped) {
 		t.Errorf("cubeproxy_spans_dropped_total = %v with the collector stuck, want %d", got, wantDropped)
 	}
-	mu.Lock()
 	var warnings int
-	for _, r := range reported {
+	got := reported()
+	for _, r := range got {
 		if strings.HasPrefix(r, "traces export queue full") {
 			warnings++
 		}
 	}
-	mu.Unlock()
 	if warnings != 1 {
-		t.Errorf("%d queue-full reports, want 1 (at most one per %v): %q", warnings, dropWarnEvery, reported)
+		t.Errorf("%d queue-full reports, want 1 (at most one per %v): %q", warnings, dropWarnEvery, got)
 	}
 
 	unblock()

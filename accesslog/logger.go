@@ -6,6 +6,7 @@ package accesslog
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -169,7 +170,7 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		l.path, l.file, out = cfg.Path, f, f
 	}
 	l.maxWrite = maxWrite(l.file)
-	l.out.w = out
+	l.out = sink{w: out, file: regularFile(l.file)}
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
 	if l.file != nil {
@@ -617,17 +618,57 @@ func (l *Logger) checkFile() (moved bool) {
 // sink is the destination of the bufio.Writer. It remembers whether what
 // reached the destination so far ends inside a line, which happens when a
 // write fails part-way (a disk that fills up takes part of a buffer).
+// Into a regular file of its own it cuts such a part line off instead.
 type sink struct {
 	w       io.Writer
+	file    *os.File // w, when it is a regular file the logger owns; else nil
 	midLine bool
 }
 
 func (s *sink) Write(p []byte) (int, error) {
 	n, err := s.w.Write(p)
+	if err != nil && n > 0 && s.file != nil {
+		n = s.cutPartLine(p, n)
+	}
 	if n > 0 {
 		s.midLine = p[n-1] != '\n'
 	}
 	return n, err
+}
+
+// cutPartLine truncates the file to the end of the last whole line of
+// p[:n], the bytes a failed write (a full disk, a file size limit) left at
+// its end, and returns how many of them stay; n when it cannot. A part
+// line left there broke two lines: it stayed unparseable, and the newline
+// that ends it, written once space was freed, came after a truncation
+// (an operator's, copytruncate's) as an empty first line. The file is
+// opened O_APPEND and written only here, so it ends with p[:n]; a size
+// that says otherwise (a copytruncate just emptied it) leaves it alone.
+func (s *sink) cutPartLine(p []byte, n int) int {
+	whole := bytes.LastIndexByte(p[:n], '\n') + 1
+	if whole == n {
+		return n
+	}
+	fi, err := s.file.Stat()
+	if err != nil {
+		return n
+	}
+	size := fi.Size() - int64(n-whole)
+	if size < 0 || s.file.Truncate(size) != nil {
+		return n
+	}
+	return whole
+}
+
+// regularFile returns f if it is a regular file, else nil.
+func regularFile(f *os.File) *os.File {
+	if f == nil {
+		return nil
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	return f
 }
 
 // reopenFile swaps in a freshly opened Path; the old file stays on error.
@@ -638,7 +679,7 @@ func (l *Logger) reopenFile() error {
 	}
 	l.fileMu.Lock()
 	old := l.file
-	l.file, l.out, l.maxWrite = f, sink{w: f}, maxWrite(f)
+	l.file, l.out, l.maxWrite = f, sink{w: f, file: regularFile(f)}, maxWrite(f)
 	l.unlinked.Store(false)
 	l.fileMu.Unlock()
 	l.bw.Reset(&l.out)

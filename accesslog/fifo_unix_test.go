@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -273,5 +274,42 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 	}
 	if l.Dropped() != 1 {
 		t.Errorf("%d lines dropped, want the stalled one", l.Dropped())
+	}
+}
+
+// A FIFO whose name is removed while its reader reads (a shipper that
+// cleans up the name it made) still carries every line to that reader:
+// not a loss, unlike a regular file deleted, though the path no longer
+// leads to it.
+func TestRemovedFIFOStillCarriesLines(t *testing.T) {
+	path := testenv.Mkfifo(t, t.TempDir(), "access.fifo")
+	var plog lockedBuffer
+	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	rd, err := os.Open(path) // the logger holds the pipe open: no wait
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Close() })
+	lines := bufio.NewScanner(rd)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	// The move is said once the file watcher has looked movedChecks times.
+	testenv.WaitFor(t, 5*time.Second, "the removed name in the process log", func() bool {
+		l.Log(&Entry{Time: testTime, RequestID: "carried"})
+		if !lines.Scan() || !strings.Contains(lines.Text(), "carried") {
+			t.Fatalf("reader got %q (%v), want the line logged", lines.Text(), lines.Err())
+		}
+		return len(plog.records(t, "access log file was moved or replaced")) > 0
+	})
+	if l.Dropped() != 0 {
+		t.Errorf("dropped %d lines its reader read", l.Dropped())
+	}
+	if got := plog.records(t, "access log file was deleted"); len(got) != 0 {
+		t.Errorf("the FIFO's removal said as a loss: %v", got)
 	}
 }

@@ -6,6 +6,7 @@ package accesslog
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,10 @@ const (
 	// lossLogEvery how often at most it says that lines are still lost.
 	lossCheckEvery = 500 * time.Millisecond
 	lossLogEvery   = 10 * time.Second
+	// movedChecks is how many checks in a row must find the file moved
+	// before it is said: logrotate's rename, create and postrotate
+	// signal take milliseconds, and the reopen follows.
+	movedChecks = 2
 )
 
 // Config configures New.
@@ -57,11 +62,13 @@ type Config struct {
 	// Reopen is then a no-op and Close does not close it.
 	Output io.Writer
 	// Log, when set, is told when lines start being lost (a failing write:
-	// a full disk, a pipe whose reader left; or a sink too slow for the
-	// queue) and when they are written again: one line each, and while the
-	// loss lasts one more at most every 10 s. A counter alone (onDrop)
-	// leaves an operator who reads the process log unaware that requests
-	// go unrecorded.
+	// a full disk, a pipe whose reader left; a sink too slow for the
+	// queue; a file deleted and not reopened) and when they are written
+	// again: one line each, and while the loss lasts one more at most
+	// every 10 s. A counter alone (onDrop) leaves an operator who reads
+	// the process log unaware that requests go unrecorded. It is also
+	// told, once, when Path no longer names the file written to (moved
+	// or replaced, and not reopened).
 	Log *slog.Logger
 }
 
@@ -88,11 +95,18 @@ type Logger struct {
 	// flushes, flushedAtDrop is flushed when a line was last dropped (a
 	// later flush means lines are written again), writeErr is the last
 	// failed write's error, nil once a flush succeeds again.
-	log           *slog.Logger
-	watched       chan struct{} // closed when the watcher has returned; nil without Config.Log
+	log     *slog.Logger
+	watched chan struct{} // closed when the watcher has returned; nil without Config.Log
+	// checked is closed when the file watcher (watchFile) has returned;
+	// nil without a file of our own.
+	checked       chan struct{}
 	flushed       atomic.Uint64
 	flushedAtDrop atomic.Uint64
 	writeErr      atomic.Pointer[error]
+	// unlinked is set by the watcher while the open file has no name
+	// left (deleted, and not reopened): what is written to it is lost,
+	// and counted as dropped. Cleared by a reopen.
+	unlinked atomic.Bool
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
@@ -156,9 +170,16 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		l.path, l.file, out = cfg.Path, f, f
 	}
 	l.maxWrite = maxWrite(l.file)
-	l.out.w = out
+	l.out = sink{w: out, file: regularFile(l.file)}
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
+	if l.file != nil {
+		l.checked = make(chan struct{})
+		go func() {
+			defer close(l.checked)
+			l.watchFile()
+		}()
+	}
 	if l.log != nil {
 		l.watched = make(chan struct{})
 		go func() {
@@ -288,7 +309,8 @@ func (l *Logger) unqueue(ln *line) {
 // (Config.BufferLines, or DefaultBufferLines when that was 0).
 func (l *Logger) BufferLines() int { return cap(l.lines) }
 
-// Dropped returns how many lines were lost so far (queue full or write errors).
+// Dropped returns how many lines were lost so far (queue full, write
+// errors, or written to a deleted file).
 func (l *Logger) Dropped() uint64 { return l.dropped.Load() }
 
 func (l *Logger) drop(n int) {
@@ -327,9 +349,9 @@ func (l *Logger) Reopen() error {
 }
 
 // Close writes every queued line, flushes and closes the file, and reports
-// a failure of that final flush or close; the loss watcher (Config.Log)
-// has returned too. Later Log calls are discarded.
-// Close is idempotent.
+// a failure of that final flush or close; the watchers of the loss
+// (Config.Log) and of the file have returned too. Later Log calls are
+// discarded. Close is idempotent.
 func (l *Logger) Close() error {
 	l.once.Do(func() {
 		l.closed.Store(true)
@@ -340,6 +362,9 @@ func (l *Logger) Close() error {
 		// The watcher returns once done is closed: nothing of the logger
 		// runs, nor logs, after Close.
 		<-l.watched
+	}
+	if l.checked != nil {
+		<-l.checked
 	}
 	return l.closeErr
 }
@@ -437,7 +462,11 @@ func (l *Logger) flush() error {
 		l.writeFailed(err)
 		return fmt.Errorf("write access log: %w", err)
 	}
-	if l.pending > 0 {
+	switch {
+	case l.pending > 0 && l.unlinked.Load():
+		// Written to a file no name leads to: no reader will see them.
+		l.drop(l.pending)
+	case l.pending > 0:
 		l.flushed.Add(1)
 		if l.writeErr.Load() != nil {
 			l.writeErr.Store(nil)
@@ -507,6 +536,9 @@ func (l *Logger) watchLoss() {
 			if err := l.writeErr.Load(); err != nil {
 				l.log.Error("access log cannot be written; dropping lines",
 					"path", dest, "err", *err, "dropped", d-from, "dropped_total", d)
+			} else if l.unlinked.Load() {
+				l.log.Error("access log file was deleted; dropping lines until it is reopened (SIGHUP or SIGUSR1)",
+					"path", dest, "dropped", d-from, "dropped_total", d)
 			} else {
 				l.log.Error("access log sink is not keeping up; dropping lines",
 					"path", dest, "buffer_lines", cap(l.lines), "dropped", d-from, "dropped_total", d)
@@ -523,20 +555,120 @@ func (l *Logger) watchLoss() {
 	}
 }
 
+// watchFile looks at the file the log writes to every lossCheckEvery
+// (checkFile), and tells Config.Log once when the file has been found
+// moved movedChecks times in a row. It runs on its own: the file's system
+// may hang a stat (a network file system), and the loss watcher must
+// still say that lines are lost then.
+func (l *Logger) watchFile() {
+	t := time.NewTicker(lossCheckEvery)
+	defer t.Stop()
+	moved := 0 // consecutive checks that found the file moved
+	for {
+		select {
+		case <-t.C:
+		case <-l.done:
+			return
+		}
+		if !l.checkFile() {
+			moved = 0
+			continue
+		}
+		if moved++; moved == movedChecks && l.log != nil {
+			l.log.Warn("access log file was moved or replaced; lines go to the old file until it is reopened (SIGHUP or SIGUSR1)",
+				"path", l.path)
+		}
+	}
+}
+
+// checkFile looks at the file the log writes to, if it owns one. It sets
+// unlinked while that regular file is deleted: lines written to it are lost (the
+// writer counts them as dropped), where without a look they went on
+// filling an unlinked inode, uncounted and unsaid, until a reopen. It
+// reports whether Path names another file now, or none: moved (logrotate
+// without a postrotate signal) or replaced, so lines go where no reader of
+// Path looks. The file is stat'ed outside fileMu, which Abandon takes: a
+// hung file system must not keep shutdown from giving the file up.
+func (l *Logger) checkFile() (moved bool) {
+	if l.path == "" {
+		return false
+	}
+	l.fileMu.Lock()
+	f := l.file
+	l.fileMu.Unlock()
+	fi, err := f.Stat()
+	if err != nil {
+		return false // closed by Abandon
+	}
+	// A FIFO's pipe outlives its name: a reader that has it open still
+	// reads what is written.
+	gone := fi.Mode().IsRegular() && deleted(fi)
+	l.fileMu.Lock()
+	if l.file == f { // not reopened meanwhile: the new file is another's
+		l.unlinked.Store(gone)
+	}
+	l.fileMu.Unlock()
+	if gone {
+		return false // a loss, said as one
+	}
+	at, err := os.Stat(l.path)
+	return errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(fi, at)
+}
+
 // sink is the destination of the bufio.Writer. It remembers whether what
 // reached the destination so far ends inside a line, which happens when a
 // write fails part-way (a disk that fills up takes part of a buffer).
+// Into a regular file of its own it cuts such a part line off instead.
 type sink struct {
 	w       io.Writer
+	file    *os.File // w, when it is a regular file the logger owns; else nil
 	midLine bool
 }
 
 func (s *sink) Write(p []byte) (int, error) {
 	n, err := s.w.Write(p)
+	if err != nil && n > 0 && s.file != nil {
+		n = s.cutPartLine(p, n)
+	}
 	if n > 0 {
 		s.midLine = p[n-1] != '\n'
 	}
 	return n, err
+}
+
+// cutPartLine truncates the file to the end of the last whole line of
+// p[:n], the bytes a failed write (a full disk, a file size limit) left at
+// its end, and returns how many of them stay; n when it cannot. A part
+// line left there broke two lines: it stayed unparseable, and the newline
+// that ends it, written once space was freed, came after a truncation
+// (an operator's, copytruncate's) as an empty first line. The file is
+// opened O_APPEND and written only here, so it ends with p[:n]; a size
+// that says otherwise (a copytruncate just emptied it) leaves it alone.
+func (s *sink) cutPartLine(p []byte, n int) int {
+	whole := bytes.LastIndexByte(p[:n], '\n') + 1
+	if whole == n {
+		return n
+	}
+	fi, err := s.file.Stat()
+	if err != nil {
+		return n
+	}
+	size := fi.Size() - int64(n-whole)
+	if size < 0 || s.file.Truncate(size) != nil {
+		return n
+	}
+	return whole
+}
+
+// regularFile returns f if it is a regular file, else nil.
+func regularFile(f *os.File) *os.File {
+	if f == nil {
+		return nil
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	return f
 }
 
 // reopenFile swaps in a freshly opened Path; the old file stays on error.
@@ -547,7 +679,8 @@ func (l *Logger) reopenFile() error {
 	}
 	l.fileMu.Lock()
 	old := l.file
-	l.file, l.out, l.maxWrite = f, sink{w: f}, maxWrite(f)
+	l.file, l.out, l.maxWrite = f, sink{w: f, file: regularFile(f)}, maxWrite(f)
+	l.unlinked.Store(false)
 	l.fileMu.Unlock()
 	l.bw.Reset(&l.out)
 	if err := old.Close(); err != nil {

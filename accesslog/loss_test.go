@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -172,5 +174,104 @@ func TestLossWatcherEndsWithClose(t *testing.T) {
 		if stacks := buf[:runtime.Stack(buf, true)]; bytes.Contains(stacks, []byte("accesslog.(*Logger).watchLoss")) {
 			t.Fatalf("logger %d: the loss watcher still runs after Close returned:\n%s", i, stacks)
 		}
+	}
+}
+
+// A log file deleted without a reopen (an rm to free space, a logrotate
+// without a postrotate signal whose rotations ran out) took every later
+// line into an inode nobody can open: written "successfully", so neither
+// counted nor said, until the next SIGHUP. They are counted as dropped
+// and said as a loss, whose end a reopen brings.
+func TestDeletedFileIsALoss(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	var plog lockedBuffer
+	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	l.Log(&Entry{Time: testTime, RequestID: "before"})
+	testenv.WaitFor(t, 5*time.Second, "the first line written", func() bool {
+		b, _ := os.ReadFile(path)
+		return bytes.Contains(b, []byte("before"))
+	})
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "lines to the deleted file counted as dropped", func() bool {
+		l.Log(&Entry{Time: testTime, RequestID: "lost"})
+		return l.Dropped() > 0
+	})
+	testenv.WaitFor(t, 5*time.Second, "the loss in the process log", func() bool {
+		return len(plog.records(t, "access log file was deleted")) > 0
+	})
+	if err := l.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	lost := l.Dropped()
+	l.Log(&Entry{Time: testTime, RequestID: "after"})
+	testenv.WaitFor(t, 5*time.Second, "the loss's end in the process log", func() bool {
+		return len(plog.records(t, "access log written again")) > 0
+	})
+	if l.Dropped() != lost {
+		t.Errorf("dropped %d after the reopen, want still %d: lines to the new file are not lost", l.Dropped(), lost)
+	}
+	if got := readLines(t, path); len(got) != 1 || !strings.Contains(got[0], "after") {
+		t.Errorf("reopened file holds %q, want the one line logged after the reopen", got)
+	}
+	if got := plog.records(t, "access log file was deleted"); len(got) != 1 || got[0]["level"] != "ERROR" {
+		t.Errorf("loss logged as %v, want once at ERROR", got)
+	}
+}
+
+// A log file moved (logrotate's rename with no postrotate signal) or
+// replaced keeps the lines, in the old file, but where no reader of the
+// path looks, and where logrotate deletes them rotations later: said once
+// (not counted as lost), and not said for the moment between logrotate's
+// rename and its signal's reopen.
+func TestMovedFileIsSaid(t *testing.T) {
+	tests := []struct {
+		name   string
+		reopen bool // at once after the rename
+		said   int
+	}{
+		{name: "never reopened", said: 1},
+		{name: "reopened at once", reopen: true, said: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "access.log")
+			var plog lockedBuffer
+			l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			if err := os.Rename(path, path+".1"); err != nil {
+				t.Fatal(err)
+			}
+			if tt.reopen {
+				if err := l.Reopen(); err != nil { // logrotate's postrotate signal
+					t.Fatal(err)
+				}
+				// Nothing to wait for but time: the watcher has looked
+				// movedChecks+1 times by then, and found the file in place.
+				time.Sleep((movedChecks + 1) * lossCheckEvery)
+			} else {
+				testenv.WaitFor(t, 5*time.Second, "the move in the process log", func() bool {
+					return len(plog.records(t, "access log file was moved or replaced")) > 0
+				})
+			}
+			l.Log(&Entry{Time: testTime, RequestID: "kept"})
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := plog.records(t, "access log file was moved or replaced"); len(got) != tt.said {
+				t.Errorf("move said %d times, want %d: %v", len(got), tt.said, got)
+			}
+			if l.Dropped() != 0 {
+				t.Errorf("dropped %d, want 0: the lines are in a file", l.Dropped())
+			}
+		})
 	}
 }

@@ -2,12 +2,16 @@ package telemetry
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // echoingCollector is a gRPC trace receiver that refuses every export with
@@ -109,6 +114,106 @@ func TestExportErrorHidesCredentialsAndIsBounded(t *testing.T) {
 				}
 				if !strings.HasPrefix(msg, "traces export: ") || !strings.Contains(msg, tc.want) {
 					t.Errorf("export error %q does not say %q", shown, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// A collector's redirect is followed only where it keeps the export and
+// its headers with that host: a 307 or 308 on the same host name. The
+// exporter's client followed every one: a 307 to another host sent it the
+// x-api-key from OTEL_EXPORTER_OTLP_HEADERS, and a 302 made the export a
+// GET without its spans, which a 200 answered, so every span was lost
+// with nothing logged and cubeproxy_spans_dropped_total at 0. Refused,
+// the export fails, said and counted, and reaches no other host.
+func TestCollectorRedirects(t *testing.T) {
+	const key = "SECRETKEY123"
+	var elsewhere atomic.Int64 // requests another host got
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		io.Copy(io.Discard, r.Body)
+	}))
+	defer other.Close()
+	// The same listener by another name: a host the endpoint does not name.
+	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1) + "/v1/traces"
+
+	for _, tc := range []struct {
+		name     string
+		code     int
+		location string // "" : /moved on the collector itself
+		tls      bool   // the collector serves HTTPS
+		exported bool
+	}{
+		{"307 to another host", http.StatusTemporaryRedirect, otherURL, false, false},
+		{"308 to another host", http.StatusPermanentRedirect, otherURL, false, false},
+		{"302 on the same host", http.StatusFound, "", false, false},
+		{"301 on the same host", http.StatusMovedPermanently, "", false, false},
+		{"308 from https to http on the same host", http.StatusPermanentRedirect, other.URL + "/v1/traces", true, false},
+		{"308 on the same host", http.StatusPermanentRedirect, "", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			elsewhere.Store(0)
+			var got atomic.Int64 // spans the collector took at /moved
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				if r.URL.Path == "/v1/traces" {
+					loc := tc.location
+					if loc == "" {
+						loc = "/moved"
+					}
+					http.Redirect(w, r, loc, tc.code)
+					return
+				}
+				req := &coltracepb.ExportTraceServiceRequest{}
+				if r.Method == http.MethodPost && proto.Unmarshal(body, req) == nil {
+					got.Add(int64(len(spanNames(req))))
+				}
+				w.Header().Set("Content-Type", "application/x-protobuf") // 200 to a GET too
+			}))
+			if tc.tls {
+				srv.StartTLS()
+				ca := filepath.Join(t.TempDir(), "ca.pem")
+				if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				t.Setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", ca)
+			} else {
+				srv.Start()
+			}
+			defer srv.Close()
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+			t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key="+key)
+			reported := captureOTelErrors(t)
+			tel, err := New(context.Background(), Config{Env: envMap(map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}), TraceSampleRatio: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 3
+			endSpans(tel, n)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			flushErr := tel.tp.ForceFlush(ctx)
+			dropped := values(scrape(t, tel))["cubeproxy_spans_dropped_total"]
+			_ = tel.Shutdown(ctx)
+			if n := elsewhere.Load(); n != 0 {
+				t.Errorf("the other server got %d requests", n)
+			}
+			if tc.exported {
+				if flushErr != nil || got.Load() != n || dropped != 0 {
+					t.Errorf("export: err %v, %d spans at the collector, %v dropped; want nil, %d, 0", flushErr, got.Load(), dropped, n)
+				}
+				return
+			}
+			if flushErr == nil || !strings.Contains(flushErr.Error(), "collector redirect not followed") {
+				t.Errorf("export error %v, want the redirect refused", flushErr)
+			}
+			if dropped != n {
+				t.Errorf("cubeproxy_spans_dropped_total = %v, want %d", dropped, n)
+			}
+			for _, msg := range reported() {
+				if strings.Contains(msg, key) {
+					t.Errorf("reported with the key: %s", msg)
 				}
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -88,7 +89,7 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource,
 		if kind == exporterOTLPGRPC {
 			exp, err = otlptracegrpc.New(ctx)
 		} else {
-			exp, err = otlptracehttp.New(ctx)
+			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithProxy(collectorProxy))
 		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("create OTLP trace exporter: %w", err)
@@ -264,6 +265,48 @@ func isPartialSuccess(err error) bool {
 	}
 	return false
 }
+
+// collectorProxy is the OTLP/HTTP exporter's proxy function: the
+// environment's (HTTP_PROXY and the like, as the exporter's default), but
+// it refuses a redirect the exporter's HTTP client would follow unsaid.
+// Followed, a 307 or 308 to another host sent it the export with the
+// OTEL_EXPORTER_OTLP_HEADERS credential (the client drops only
+// Authorization and Cookie there), and a 301, 302 or 303 turned the export
+// into a GET without its spans, which a 200 answered: every span lost, no
+// line in the log and none counted. Called for each request the client
+// sends, a redirected one carries the answer that caused it (Response),
+// so the redirect is refused before it is sent, and the export fails:
+// logged and its spans counted. One that keeps the POST (307, 308) to the
+// same host name, without going from https to http, is followed, as before.
+func collectorProxy(r *http.Request) (*url.URL, error) {
+	if prev := r.Response; prev != nil && prev.Request != nil {
+		if err := checkCollectorRedirect(prev.StatusCode, prev.Request.URL, r); err != nil {
+			return nil, err
+		}
+	}
+	return http.ProxyFromEnvironment(r)
+}
+
+// checkCollectorRedirect says why the export to from, answered code, is
+// not to be sent again as r, or nil.
+func checkCollectorRedirect(code int, from *url.URL, r *http.Request) error {
+	why := ""
+	switch {
+	case r.Method != http.MethodPost:
+		why = "the exporter would send it again as a " + r.Method + " without its spans"
+	case !strings.EqualFold(r.URL.Hostname(), from.Hostname()):
+		why = "another host, which the exporter would send the OTLP headers' credential"
+	case from.Scheme == "https" && r.URL.Scheme != "https":
+		why = "plain HTTP, where the exporter would send the OTLP headers in clear"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: %d to %s://%s%s: %s; set the OTLP endpoint to where the collector takes exports",
+		errCollectorRedirect, code, r.URL.Scheme, r.URL.Host, r.URL.Path, why)
+}
+
+// errCollectorRedirect is the error of an export the collector redirected.
+var errCollectorRedirect = errors.New("collector redirect not followed")
 
 // queueGate is the span processor in front of the batch processor: it hands
 // a sampled span on only while the processor's queue has room for it, and

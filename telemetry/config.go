@@ -182,9 +182,12 @@ func checkOTLPEndpoint(env func(string) string) error {
 		return checkOTLPTLSFiles(env, otlpInsecure(env))
 	}
 	shown := fmt.Sprintf("%s=%q", name, v)
-	if strings.Contains(v, "@") {
+	switch {
+	case strings.Contains(v, "@"):
 		// Userinfo, maybe a password: the message goes to a log.
 		shown = name + " (not shown: it holds an @, as user:password@ would)"
+	case strings.ContainsAny(v, "?#"):
+		shown = name + " (not shown: it holds a query, as ?api_key= would)"
 	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -194,6 +197,12 @@ func checkOTLPEndpoint(env func(string) string) error {
 		// The exporters send to the host alone: the credential never
 		// reached the collector, which refused every export.
 		return fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		// The exporters send to scheme, host and path alone: a key in the
+		// query never reached the collector, which refused every export
+		// (401), while check passed.
+		return fmt.Errorf("%s: the exporter does not send a URL's query or fragment; put a credential in OTEL_EXPORTER_OTLP_HEADERS (api-key=...)", shown)
 	}
 	if err := checkOTLPInsecure(env, name, u.Scheme); err != nil {
 		return err

@@ -1,6 +1,8 @@
 package telemetry
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"math"
 	"net/url"
@@ -11,6 +13,8 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // Default sampling ratios.
@@ -172,12 +176,18 @@ func checkOTLPEndpoint(env func(string) string) error {
 	if v == "" {
 		// The exporter's default (https://localhost:4318, or 4317), which
 		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
-		return checkOTLPInsecure(env, "", "")
+		if err := checkOTLPInsecure(env, "", ""); err != nil {
+			return err
+		}
+		return checkOTLPTLSFiles(env, otlpInsecure(env))
 	}
 	shown := fmt.Sprintf("%s=%q", name, v)
-	if strings.Contains(v, "@") {
+	switch {
+	case strings.Contains(v, "@"):
 		// Userinfo, maybe a password: the message goes to a log.
 		shown = name + " (not shown: it holds an @, as user:password@ would)"
+	case strings.ContainsAny(v, "?#"):
+		shown = name + " (not shown: it holds a query, as ?api_key= would)"
 	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -188,7 +198,86 @@ func checkOTLPEndpoint(env func(string) string) error {
 		// reached the collector, which refused every export.
 		return fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
 	}
-	return checkOTLPInsecure(env, name, u.Scheme)
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		// The exporters send to scheme, host and path alone: a key in the
+		// query never reached the collector, which refused every export
+		// (401), while check passed.
+		return fmt.Errorf("%s: the exporter does not send a URL's query or fragment; put a credential in OTEL_EXPORTER_OTLP_HEADERS (api-key=...)", shown)
+	}
+	if err := checkOTLPInsecure(env, name, u.Scheme); err != nil {
+		return err
+	}
+	return checkOTLPTLSFiles(env, u.Scheme == "http")
+}
+
+// otlpInsecure reports whether OTEL_EXPORTER_OTLP_[TRACES_]INSECURE (the
+// last set) is true: with no endpoint set, whether the default one is
+// plain HTTP.
+func otlpInsecure(env func(string) string) bool {
+	v := ""
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE"} {
+		if raw := strings.TrimSpace(env(n)); raw != "" {
+			v = raw
+		}
+	}
+	return strings.EqualFold(v, "true")
+}
+
+// checkOTLPTLSFiles refuses the exporters' TLS files
+// (OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE, _CLIENT_CERTIFICATE and
+// _CLIENT_KEY) where they could not use them, or where they would make
+// serve refuse to start while check passed: plain says the endpoint is
+// plain HTTP. The exporters skip a file they cannot read or parse with
+// one error line, and a client certificate without its key (or a key
+// without its certificate) without a word, and the proxy then ran with
+// every export failing its TLS handshake ("certificate signed by unknown
+// authority", "certificate required"). With an http endpoint, a TLS file
+// made the OTLP/HTTP exporter refuse to start, which check did not say,
+// and the gRPC one speak TLS to a plain port. The files are read as the
+// proxy's own are (namedfile: a regular file, at most 4 MiB): the
+// exporters' unbounded read of a FIFO hung the start.
+func checkOTLPTLSFiles(env func(string) string, plain bool) error {
+	var set []string
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"} {
+		path := strings.TrimSpace(env(n)) // trimmed, as they trim it
+		if path == "" {
+			continue
+		}
+		b, err := namedfile.Read(path, namedfile.MaxSmall)
+		if err != nil {
+			return fmt.Errorf("%s: %w", n, err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return fmt.Errorf("%s=%q: no PEM certificate in the file", n, path)
+		}
+		set = append(set, n)
+	}
+	for _, prefix := range []string{"OTEL_EXPORTER_OTLP_", "OTEL_EXPORTER_OTLP_TRACES_"} {
+		certName, keyName := prefix+"CLIENT_CERTIFICATE", prefix+"CLIENT_KEY"
+		certPath, keyPath := strings.TrimSpace(env(certName)), strings.TrimSpace(env(keyName))
+		switch {
+		case certPath == "" && keyPath == "":
+			continue
+		case certPath == "" || keyPath == "":
+			return fmt.Errorf("%s and %s go together: the exporter ignores one set alone, unsaid", certName, keyName)
+		}
+		certPEM, err := namedfile.Read(certPath, namedfile.MaxSmall)
+		if err != nil {
+			return fmt.Errorf("%s: %w", certName, err)
+		}
+		keyPEM, err := namedfile.Read(keyPath, namedfile.MaxSmall)
+		if err != nil {
+			return fmt.Errorf("%s: %w", keyName, err)
+		}
+		if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+			return fmt.Errorf("%s=%q and %s=%q: %w", certName, certPath, keyName, keyPath, err)
+		}
+		set = append(set, certName)
+	}
+	if plain && len(set) > 0 {
+		return fmt.Errorf("%s is set while the trace endpoint is plain HTTP: the OTLP/HTTP exporter refuses to start with it and the gRPC one speaks TLS to the plain port; use an https endpoint, or unset it", set[0])
+	}
+	return nil
 }
 
 // checkOTLPInsecure refuses an OTEL_EXPORTER_OTLP_[TRACES_]INSECURE that

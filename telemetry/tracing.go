@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -86,12 +89,14 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource,
 		if kind == exporterOTLPGRPC {
 			exp, err = otlptracegrpc.New(ctx)
 		} else {
-			exp, err = otlptracehttp.New(ctx)
+			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithProxy(collectorProxy))
 		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("create OTLP trace exporter: %w", err)
 		}
 		ce := newCutExporter(exp, m)
+		// From the process environment, which the exporters read them from.
+		ce.secrets = headerSecrets(os.Getenv)
 		cut = ce.cancel
 		// The batch processor drops spans when its queue is full instead of
 		// blocking the request path; the gate in front of it does that
@@ -130,6 +135,9 @@ type cutExporter struct {
 	// have not reached ExportSpans yet: the processor's queue and batch.
 	held    atomic.Int64
 	metrics *Metrics // counts the spans of a failed export
+	// secrets are the OTLP header values, hidden in a failed export's
+	// error (exportError).
+	secrets []string
 }
 
 func newCutExporter(exp sdktrace.SpanExporter, m *Metrics) *cutExporter {
@@ -168,7 +176,81 @@ func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnly
 		// every span with the queue never full.
 		e.metrics.spansDropped(len(spans))
 	}
-	return err
+	if err != nil {
+		return newExportError(err, e.secrets)
+	}
+	return nil
+}
+
+// maxExportErrorLen bounds a failed export's error text, which serve logs.
+const maxExportErrorLen = 512
+
+// minSecretLen is the shortest header value hidden in an export's error:
+// a shorter one (a tenant id "1") is no credential, and hiding it would
+// mangle the message.
+const minSecretLen = 6
+
+// exportError is a failed export's error as the process log gets it:
+// the OTLP header values (the collector's API key) hidden and the text
+// cut at maxExportErrorLen. The exporters put the collector's whole answer
+// in the error, up to 4 MiB of body (OTLP/HTTP) or a gRPC status message,
+// and one that echoes the request's headers (many a gateway's 400 or 429
+// does) put OTEL_EXPORTER_OTLP_HEADERS' key in the log; a 3 MiB error
+// page made a 3 MiB log line. Unwrap gives the exporter's error for
+// errors.Is, not for logging.
+type exportError struct {
+	msg string
+	err error
+}
+
+func (e *exportError) Error() string { return e.msg }
+func (e *exportError) Unwrap() error { return e.err }
+
+// newExportError returns err with every secret replaced by "[redacted]"
+// and its text cut to maxExportErrorLen.
+func newExportError(err error, secrets []string) error {
+	msg := err.Error()
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "[redacted]")
+	}
+	if len(msg) > maxExportErrorLen {
+		cut := strings.ToValidUTF8(msg[:maxExportErrorLen], "")
+		msg = fmt.Sprintf("%s... (%d bytes more)", cut, len(msg)-len(cut))
+	}
+	return &exportError{msg: msg, err: err}
+}
+
+// headerSecrets returns the values of OTEL_EXPORTER_OTLP_HEADERS and
+// OTEL_EXPORTER_OTLP_TRACES_HEADERS as sent (percent-decoded, trimmed)
+// and as written, and each of their words ("Bearer TOKEN"'s token: a
+// collector may echo only that), those of at least minSecretLen bytes.
+// Longest first, so that a value is hidden before a word inside it.
+func headerSecrets(getenv func(string) string) []string {
+	var out []string
+	add := func(v string) {
+		if len(v) >= minSecretLen && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	for _, n := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		for entry := range strings.SplitSeq(getenv(n), ",") {
+			_, raw, ok := strings.Cut(entry, "=")
+			if !ok {
+				continue
+			}
+			add(strings.TrimSpace(raw))
+			dec, err := url.PathUnescape(raw)
+			if err != nil {
+				continue
+			}
+			add(strings.TrimSpace(dec))
+			for _, w := range strings.Fields(dec) {
+				add(w)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
 }
 
 // isPartialSuccess reports whether err is only the collector's partial
@@ -183,6 +265,48 @@ func isPartialSuccess(err error) bool {
 	}
 	return false
 }
+
+// collectorProxy is the OTLP/HTTP exporter's proxy function: the
+// environment's (HTTP_PROXY and the like, as the exporter's default), but
+// it refuses a redirect the exporter's HTTP client would follow unsaid.
+// Followed, a 307 or 308 to another host sent it the export with the
+// OTEL_EXPORTER_OTLP_HEADERS credential (the client drops only
+// Authorization and Cookie there), and a 301, 302 or 303 turned the export
+// into a GET without its spans, which a 200 answered: every span lost, no
+// line in the log and none counted. Called for each request the client
+// sends, a redirected one carries the answer that caused it (Response),
+// so the redirect is refused before it is sent, and the export fails:
+// logged and its spans counted. One that keeps the POST (307, 308) to the
+// same host name, without going from https to http, is followed, as before.
+func collectorProxy(r *http.Request) (*url.URL, error) {
+	if prev := r.Response; prev != nil && prev.Request != nil {
+		if err := checkCollectorRedirect(prev.StatusCode, prev.Request.URL, r); err != nil {
+			return nil, err
+		}
+	}
+	return http.ProxyFromEnvironment(r)
+}
+
+// checkCollectorRedirect says why the export to from, answered code, is
+// not to be sent again as r, or nil.
+func checkCollectorRedirect(code int, from *url.URL, r *http.Request) error {
+	why := ""
+	switch {
+	case r.Method != http.MethodPost:
+		why = "the exporter would send it again as a " + r.Method + " without its spans"
+	case !strings.EqualFold(r.URL.Hostname(), from.Hostname()):
+		why = "another host, which the exporter would send the OTLP headers' credential"
+	case from.Scheme == "https" && r.URL.Scheme != "https":
+		why = "plain HTTP, where the exporter would send the OTLP headers in clear"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: %d to %s://%s%s: %s; set the OTLP endpoint to where the collector takes exports",
+		errCollectorRedirect, code, r.URL.Scheme, r.URL.Host, r.URL.Path, why)
+}
+
+// errCollectorRedirect is the error of an export the collector redirected.
+var errCollectorRedirect = errors.New("collector redirect not followed")
 
 // queueGate is the span processor in front of the batch processor: it hands
 // a sampled span on only while the processor's queue has room for it, and

@@ -283,6 +283,14 @@ func TestTraceConfig(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_ENDPOINT (not shown: it holds an @, as user:password@ would): the exporter does not send a URL's user:password@", false},
 		{"endpoint without scheme with userinfo", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "user:s3cret@collector:4318"}, 0,
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (not shown", false},
+		// The exporters drop a URL's query too (a key in it never reached
+		// the collector), and the error never shows it.
+		{"endpoint with a query", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector/v1/traces?api_key=s3cret"}, 0,
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (not shown: it holds a query, as ?api_key= would): the exporter does not send a URL's query", false},
+		{"grpc endpoint with an empty query", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317?"}, 0,
+			"does not send a URL's query", false},
+		{"endpoint with a fragment", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318#s3cret"}, 0,
+			"does not send a URL's query or fragment", false},
 		{"traces endpoint wins", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://collector:4318/v1/traces"}, 0, "", true},
 		// The exporters take OTEL_EXPORTER_OTLP_INSECURE over the scheme,

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -208,7 +209,34 @@ func (m *Manager) TLSConfig() *tls.Config {
 		CipherSuites:   cipherSuites(),
 		NextProtos:     append([]string(nil), m.protos...),
 		GetCertificate: m.getCertificate,
+		// Only to log: crypto/tls refuses the ALPN list itself, before
+		// it asks for a certificate.
+		GetConfigForClient: m.noteProtocols,
 	}
+}
+
+// maxLoggedProtos bounds the offered protocols a refusal's line names: a
+// ClientHello may list thousands.
+const maxLoggedProtos = 4
+
+// noteProtocols logs, at debug, a handshake crypto/tls is about to refuse
+// with the no_application_protocol alert: the client offers ALPN
+// protocols and none of the proxy's (a gRPC client, or any that speaks
+// only HTTP/2). Those clients report only the alert, and nothing told an
+// operator why they failed. It returns no config: the listener's stays.
+func (m *Manager) noteProtocols(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+	offered := hello.SupportedProtos
+	if len(offered) == 0 || !m.log.Enabled(hello.Context(), slog.LevelDebug) {
+		return nil, nil
+	}
+	for _, p := range offered {
+		if slices.Contains(m.protos, p) {
+			return nil, nil
+		}
+	}
+	m.log.Debug("tls handshake refused: the client offers no protocol the proxy speaks (HTTP/2 is not supported)",
+		"sni", hello.ServerName, "offered", offered[:min(len(offered), maxLoggedProtos)])
+	return nil, nil
 }
 
 // getCertificate answers a name no certificate is for as crypto/tls's own

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -228,6 +229,59 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	for _, ca := range []string{"acme.example.com/directory", "http://127.0.0.1:14000/dir", "http://10.0.0.5/dir", "http://localhost/dir"} {
 		if err := certs.CheckACME(acme(func(c *certs.Config) { c.ACME.CA = ca })); err != nil {
 			t.Errorf("CheckACME with ca %s: %v", ca, err)
+		}
+	}
+}
+
+// TestALPNRefusalLogged checks that a handshake refused for its ALPN list
+// (a gRPC or other HTTP/2-only client: the alert no_application_protocol)
+// leaves a debug line, as a refused server name does: without one an
+// operator whose gRPC clients fail saw nothing in the log at any level.
+func TestALPNRefusalLogged(t *testing.T) {
+	rec := &logRecorder{}
+	m, err := certs.New(context.Background(), certs.Config{Source: certs.SourceSelfSigned, Domain: "cube.test", Logger: slog.New(rec)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	const msg = "tls handshake refused: the client offers no protocol the proxy speaks (HTTP/2 is not supported)"
+	tests := []struct {
+		protos  []string
+		refused bool
+	}{
+		{[]string{"h2", "http/1.1"}, false},
+		{nil, false},
+		{[]string{"h2"}, true},
+	}
+	for _, tt := range tests {
+		c, err := dial(srv.addr, &tls.Config{InsecureSkipVerify: true, ServerName: "x.cube.test", NextProtos: tt.protos})
+		if err == nil {
+			// TLS 1.3: the client's handshake ends before the server's
+			// checks; a read shows the server's alert.
+			_, err = c.get("x.cube.test")
+			c.close()
+		}
+		if (err != nil) != tt.refused {
+			t.Fatalf("ALPN %q: handshake error %v, want refused %v", tt.protos, err, tt.refused)
+		}
+		if logged := !rec.firstAt(msg).IsZero(); logged != tt.refused {
+			t.Fatalf("ALPN %q: logged %q = %v, want %v", tt.protos, msg, logged, tt.refused)
+		}
+	}
+	for _, r := range rec.records {
+		if r.Message != msg {
+			continue
+		}
+		var offered string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "offered" {
+				offered = a.Value.String()
+			}
+			return true
+		})
+		if r.Level != slog.LevelDebug || offered != "[h2]" {
+			t.Fatalf("logged at %v with offered=%q, want DEBUG and [h2]", r.Level, offered)
 		}
 	}
 }

@@ -117,7 +117,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"quick", "out", "keep", "only"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}
-	for _, f := range []string{"resolve", "http2", "compressed", "path-as-is", "cacert"} { // curl's, in bench/README's interop lab
+	for _, f := range []string{"resolve", "http2", "http2-prior-knowledge", "compressed", "path-as-is", "cacert"} { // curl's, in bench/README's interop lab and README's No HTTP/2
 		flags[f] = true
 	}
 

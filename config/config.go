@@ -105,7 +105,7 @@ type Auth struct {
 // AccessLog configures the per-request log.
 type AccessLog struct {
 	Format      string `yaml:"format" usage:"json, cube (the platform's ||-separated 22 fields) or off"`
-	Path        string `yaml:"path" usage:"file (reopened on SIGHUP) or - for stdout"`
+	Path        string `yaml:"path" usage:"file (reopened on SIGHUP or SIGUSR1) or - for stdout"`
 	BufferLines int    `yaml:"buffer_lines" usage:"lines (and 2 KiB per line of bytes) queued before dropping"`
 }
 
@@ -180,7 +180,7 @@ type Upstream struct {
 type Client struct {
 	ReadTimeout   time.Duration `yaml:"read_timeout" usage:"TLS handshake + first request headers from the accept, a later request's headers from their first byte"`
 	BodyTimeout   time.Duration `yaml:"body_timeout" usage:"longest wait for the next bytes of a request body"`
-	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"client must accept each response piece within"`
+	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"a client that took nothing of a response being written for this long is cut (renewed by every byte it takes, as nginx send_timeout)"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout" usage:"keep-alive idle timeout"`
 	MaxHeaderSize int           `yaml:"max_header_size" usage:"largest request header block (431 above)"`
 	MaxConns      int           `yaml:"max_conns" usage:"client connections open at once across the traffic listeners, streams and WebSockets included (0 = unlimited; 503 proxy_overloaded above)"`

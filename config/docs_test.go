@@ -221,3 +221,45 @@ func nodeKeys(n *yaml.Node, prefix string, out map[string]bool) {
 		}
 	}
 }
+
+// Every section README points to in italics (see *Drain*, *Sizing*'s 66
+// KiB, under *Traces*) is one it has: a heading, a bold lead (**Sizing.**)
+// or a list item that starts with that name (- Drain (SIGTERM/SIGINT)). A
+// lead renamed would leave the pointer sending readers nowhere.
+func TestREADMESectionPointersResolve(t *testing.T) {
+	text := readREADME(t)
+	var leads []string
+	for _, re := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^#+ (.+)$`),
+		regexp.MustCompile(`\*\*([^*]+)\*\*`),
+		regexp.MustCompile(`(?m)^\s*- \*?([A-Z][^*(:]*)`),
+	} {
+		for _, m := range re.FindAllStringSubmatch(text, -1) {
+			leads = append(leads, strings.TrimSpace(m[1]))
+		}
+	}
+	// An italic is a *…* with no asterisk on either side (not part of a
+	// **bold**) and a capital first letter: README italicises only names.
+	italic := regexp.MustCompile(`\*([A-Z][^*\n]{1,80})\*`)
+	pointers := 0
+	for _, loc := range italic.FindAllStringSubmatchIndex(text, -1) {
+		if (loc[0] > 0 && text[loc[0]-1] == '*') || (loc[1] < len(text) && text[loc[1]] == '*') {
+			continue
+		}
+		name := text[loc[2]:loc[3]]
+		pointers++
+		found := false
+		for _, l := range leads {
+			if strings.HasPrefix(l, name) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("README points to *%s*: no heading, bold lead or list item of that name", name)
+		}
+	}
+	if pointers < 10 {
+		t.Fatalf("README has %d section pointers: is the pattern still right?", pointers)
+	}
+}

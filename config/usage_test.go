@@ -135,6 +135,37 @@ func TestHelpNamesWhatUnsetMeans(t *testing.T) {
 	}
 }
 
+// A flag's text says what the proxy does now, as README does: -h is where
+// an operator looks first. access_log.path's said SIGHUP alone, where
+// SIGUSR1 (nginx's reopen signal, the one logrotate's postrotate sends)
+// reopens the file too; client.write_timeout's still bounded each response
+// piece whole, where a client is now cut only once it took nothing for that
+// long (nginx's send_timeout).
+func TestHelpSaysWhatTheProxyDoes(t *testing.T) {
+	var b strings.Builder
+	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	text := map[string]string{}
+	lines := strings.Split(b.String(), "\n")
+	for i, l := range lines {
+		if m := flagLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
+			text[m[1]] = lines[i+1]
+		}
+	}
+	for _, tc := range []struct{ flag, want, not string }{
+		{"access-log-path", "SIGHUP or SIGUSR1", ""},
+		{"client-write-timeout", "took nothing", "each response piece"},
+	} {
+		if !strings.Contains(text[tc.flag], tc.want) {
+			t.Errorf("-%s: %q, want it to say %q", tc.flag, text[tc.flag], tc.want)
+		}
+		if tc.not != "" && strings.Contains(text[tc.flag], tc.not) {
+			t.Errorf("-%s: %q still says %q", tc.flag, text[tc.flag], tc.not)
+		}
+	}
+}
+
 // What YAML writes loads back to the same settings.
 func TestYAMLLoadsBack(t *testing.T) {
 	c := Default()

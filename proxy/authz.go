@@ -9,6 +9,7 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/routing"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
 
 // authorize applies the proxy's own credential: the route's traffic token,
@@ -35,6 +36,9 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	// README promises no exception), and a 204 would tell the browser the
 	// call it asks about may be made.
 	if !notConfigured && isPreflight(h) {
+		// Answered here, not by the sandbox: counted with the proxy's
+		// other own answers (route_kind error), not among the sandbox's.
+		x.kind = telemetry.RouteError
 		answerPreflight(ctx)
 		return true
 	}
@@ -55,6 +59,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 				if held, ok, _ := p.signedCookie(h, r, t.Port); !ok || !held.After(exp) {
 					value = p.cfg.Signer.CookieValue(tok, r.TrafficToken)
 				}
+				x.kind = telemetry.RouteError // the proxy's own answer, as the preflight's
 				p.redirectWithCookie(ctx, value, exp)
 				return true
 			}

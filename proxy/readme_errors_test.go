@@ -172,3 +172,40 @@ func readmeErrorTable(t *testing.T) map[statusCode]bool {
 	}
 	return out
 }
+
+// Wherever the README's prose gives an answer as a status and its code
+// ("404 `route_invalid`", "503 `store_unavailable`"), the proxy answers that
+// code with that status: the table above is checked against the code, but
+// the sections that describe one case at a time repeat the pair, and a
+// status changed in one place would leave the others telling operators
+// and client authors another.
+func TestREADMEProseErrorsMatchCode(t *testing.T) {
+	produced := producedErrors(t)
+	statusOf := map[string]map[int]bool{}
+	for p := range produced {
+		if statusOf[p.code] == nil {
+			statusOf[p.code] = map[int]bool{}
+		}
+		statusOf[p.code][p.status] = true
+	}
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs := regexp.MustCompile("\\b([1-5]\\d\\d) `([a-z_]+)`").FindAllStringSubmatch(string(raw), -1)
+	checked := 0
+	for _, m := range pairs {
+		st, _ := strconv.Atoi(m[1])
+		sts, ok := statusOf[m[2]]
+		if !ok {
+			continue // not one of the proxy's error codes (a log field, a setting)
+		}
+		checked++
+		if !sts[st] {
+			t.Errorf("README says %s `%s`: the proxy answers %s with %v", m[1], m[2], m[2], sts)
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("README gives %d status-and-code pairs the proxy answers: is the pattern still right?", checked)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,4 +120,37 @@ func TestCloseLingersOverUnreadBytes(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A lingering close holds its connection, for the drain and under
+// client.max_conns, before Close returns: fasthttp counts the connection
+// closed then, and a goroutine that held it only once it ran left a window
+// in which the drain found nothing to wait for and ended, and the linger
+// then closed over the client's bytes (the reset again). After a failed
+// write it closes at once.
+func TestCloseLingeringHoldsBeforeItReturns(t *testing.T) {
+	h := newHarness(t)
+	s, c := acceptPair(t, listen(t, "127.0.0.1:0"))
+	if _, err := io.WriteString(c, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the client's bytes queued", func() bool { return clientSentMore(s) })
+	before := h.proxy.clientConns.Load()
+	var lingered atomic.Bool
+	if h.proxy.closeLingering(s, &lingered, true) {
+		t.Fatal("a lingering close after a failed write: the client takes nothing")
+	}
+	if !h.proxy.closeLingering(s, &lingered, false) {
+		t.Fatal("no lingering close over the client's unread bytes")
+	}
+	if held, n := h.proxy.held.len(), h.proxy.clientConns.Load()-before; held != 1 || n != 1 {
+		t.Fatalf("as Close returns: %d held, %d counted; want the lingering connection in both", held, n)
+	}
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("client read: %v, want the end of the connection", err)
+	}
+	c.Close()
+	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
+		return h.proxy.held.len() == 0 && h.proxy.clientConns.Load() == before
+	})
 }

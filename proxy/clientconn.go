@@ -10,9 +10,9 @@ import (
 // clientConn is a client's TCP connection as the proxy accepts it, made
 // once per connection. Its writes renew client.write_timeout on progress
 // (sendWatch, Unix only), and, on a traffic (or redirect) listener's plain
-// connection, its Close lingers during the drain (closeLingering). Under
-// TLS it is the socket beneath the TLS layer, and the tlsConn above it
-// lingers instead. The *net.TCPConn is embedded so that its CloseWrite,
+// connection, its Close lingers when the client sent bytes nobody will
+// read (closeLingering). Under TLS it is the socket beneath the TLS layer,
+// and the tlsConn above it lingers instead. The *net.TCPConn is embedded so that its CloseWrite,
 // SetLinger and reads stay the connection's.
 type clientConn struct {
 	*net.TCPConn
@@ -20,6 +20,9 @@ type clientConn struct {
 
 	p        *Proxy // nil: no lingering of its own (the socket under a tlsConn)
 	lingered atomic.Bool
+	// writeFailed says a write failed (client.write_timeout, a broken
+	// connection): Close then does not linger.
+	writeFailed atomic.Bool
 }
 
 // newClientConn wraps tcp; p is nil under TLS (see clientConn), and a
@@ -30,10 +33,10 @@ func newClientConn(tcp *net.TCPConn, p *Proxy, writeTimeout time.Duration) *clie
 	return c
 }
 
-// Close closes the connection, after a lingering close during the drain
-// when its client sent bytes nobody will read.
+// Close closes the connection, after a lingering close when its client
+// sent bytes nobody will read.
 func (c *clientConn) Close() error {
-	if c.p != nil && c.p.closeLingering(c.TCPConn, &c.lingered) {
+	if c.p != nil && c.p.closeLingering(c.TCPConn, &c.lingered, c.writeFailed.Load()) {
 		return nil
 	}
 	return c.TCPConn.Close()

@@ -69,7 +69,7 @@ type tlsConn struct {
 	// are fasthttp's own (the body's, the keep-alive wait's).
 	gotData atomic.Bool
 	// p is set once a traffic listener took the connection (Proxy.adopt):
-	// its Close lingers during the drain, as a clientConn's.
+	// its Close lingers, as a clientConn's.
 	p        *Proxy
 	lingered atomic.Bool
 	// writeFailed says a write failed (the client took nothing for
@@ -108,14 +108,14 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
-// Close closes the connection, after a lingering close during the drain
-// when its client sent bytes nobody will read (Proxy.closeLingering), and
+// Close closes the connection, after a lingering close when its client
+// sent bytes nobody will read (Proxy.closeLingering), and
 // without close_notify after a failed write.
 func (c *tlsConn) Close() error {
 	if c.writeFailed.Load() {
 		return c.NetConn().Close()
 	}
-	if c.p != nil && c.p.closeLingering(c.Conn, &c.lingered) {
+	if c.p != nil && c.p.closeLingering(c.Conn, &c.lingered, false) {
 		return nil
 	}
 	return c.Conn.Close()

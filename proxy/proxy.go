@@ -1477,22 +1477,40 @@ func (p *Proxy) lingerThenClose(c net.Conn) {
 
 // closeLingering closes inner, a client connection's own (TCP or TLS)
 // connection, after a lingering close in a goroutine, and reports true,
-// when the proxy drains and the client sent bytes that nobody will read;
-// otherwise it does nothing and reports false, and the caller closes. Once
-// a response ends during the drain fasthttp closes its connection, also
-// when the client has already sent its next request (pipelined, or sent
-// as soon as the answer's head came): closed with those bytes unread, the
-// socket was reset, and the reset threw away what of the answer the
-// kernel had not sent yet. Measured on the binary: a client that had
-// pipelined a second GET behind an 8 MiB download got 4.4 of the 8 MiB and
-// ECONNRESET, logged as 200 with every byte sent; through nginx 1.22
-// (nginx -s quit) it got the whole download, then the end of the
-// connection. lingered makes it once: the linger's own close is a close.
-func (p *Proxy) closeLingering(inner net.Conn, lingered *atomic.Bool) bool {
-	if p.draining == nil || !p.draining.Load() || !lingered.CompareAndSwap(false, true) || !clientSentMore(inner) {
+// when the client sent bytes that nobody will read; otherwise it does
+// nothing and reports false, and the caller closes. fasthttp closes a
+// connection once an answer that ends it is written (the drain's, an
+// HTTP/1.0 or Connection: close request's, a refusal's), also when the
+// client has already sent its next request (pipelined, or sent as soon as
+// the answer's head came): closed with those bytes unread, the socket was
+// reset, and the reset threw away what of the answer the kernel had not
+// sent yet. Measured on the binary: a client that had pipelined a second
+// GET behind an 8 MiB download got 4.4 of the 8 MiB and ECONNRESET during
+// the drain, 4.6 to 7.6 MiB behind an HTTP/1.0 one, each logged as 200
+// with every byte sent; nginx 1.22 sent all of it, then ended the
+// connection (lingering_close on lingers when bytes wait behind the
+// answer). lingered makes it once: the linger's own close is a
+// close. After a failed write (client.write_timeout) it closes at once,
+// as nginx does: the client takes nothing, and lingering would only hold
+// the answer's unsent bytes.
+//
+// The connection is held (p.held) and counted under client.max_conns
+// before the goroutine starts: fasthttp counts it closed when this
+// returns, and the drain, seeing no connection left, could end before a
+// goroutine that had yet to hold it.
+func (p *Proxy) closeLingering(inner net.Conn, lingered *atomic.Bool, writeFailed bool) bool {
+	if writeFailed || !lingered.CompareAndSwap(false, true) || !clientSentMore(inner) {
 		return false
 	}
-	go p.lingerThenClose(inner)
+	if !p.held.add(inner) {
+		return true // the drain is over: add closed it
+	}
+	p.clientConns.Add(1)
+	p.metrics.ConnOpened()
+	go func() {
+		defer p.held.remove(inner)
+		p.lingerClose(inner)
+	}()
 	return true
 }
 

@@ -57,10 +57,14 @@ func (c *clientConn) watchSends(timeout time.Duration) {
 
 // Write writes b whole, or fails once the client took nothing for the
 // write timeout (or the owner's deadline, if later) or the connection
-// broke; errors look like net.TCPConn's.
+// broke; errors look like net.TCPConn's. A failure is noted (writeFailed).
 func (c *clientConn) Write(b []byte) (int, error) {
 	if c.raw == nil {
-		return c.TCPConn.Write(b)
+		n, err := c.TCPConn.Write(b)
+		if err != nil {
+			c.writeFailed.Store(true)
+		}
+		return n, err
 	}
 	if len(b) == 0 {
 		return 0, nil
@@ -74,6 +78,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	if err == nil && werr == nil {
 		return n, nil
 	}
+	c.writeFailed.Store(true)
 	if oe, ok := err.(*net.OpError); ok {
 		oe.Op = "write" // the RawConn's "raw-write"
 		return n, oe

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,14 +64,14 @@ func TestCluster(t *testing.T) {
 	expectID(t, rec, "a")
 }
 
-// TestClusterKeysOnTwoNodes runs lookups on a two-node Cluster for ids
-// whose new and legacy keys live on different nodes: Lookup reads both in
-// one pipeline, which go-redis splits by node, and the answer must be what
-// the two reads in turn would give.
-func TestClusterKeysOnTwoNodes(t *testing.T) {
+// startTwoNodeCluster starts a Redis Cluster of two masters, a with the
+// slots below 8192 and b with the others, and returns them with ids
+// (box<n>) whose new and legacy keys live on different nodes.
+func startTwoNodeCluster(t *testing.T) (a, b *testenv.Redis, split []string) {
+	t.Helper()
 	ctx := context.Background()
 	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
-	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
+	a, b = testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
 	if err := a.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 8191).Err(); err != nil {
 		t.Fatalf("cluster addslotsrange: %v", err)
 	}
@@ -86,25 +87,36 @@ func TestClusterKeysOnTwoNodes(t *testing.T) {
 			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
 		})
 	}
-	// Which node holds a key: A holds slots below 8192.
-	onA := func(key string) bool {
-		slot, err := a.Client().ClusterKeySlot(ctx, key).Result()
-		if err != nil {
-			t.Fatalf("cluster keyslot %s: %v", key, err)
-		}
-		return slot < 8192
-	}
-	// ids whose new key is on A and legacy key on B, and the other way.
-	var split []string
-	for i := 0; len(split) < 4 && i < 1000; i++ {
+	for i := 0; len(split) < 8 && i < 1000; i++ {
 		id := "box" + strconv.Itoa(i)
-		if onA(redisstore.DefaultKeyPrefix+id) != onA(redisstore.DefaultLegacyKeyPrefix+id) {
+		if onNodeA(t, a, redisstore.DefaultKeyPrefix+id) != onNodeA(t, a, redisstore.DefaultLegacyKeyPrefix+id) {
 			split = append(split, id)
 		}
 	}
-	if len(split) < 4 {
+	if len(split) < 8 {
 		t.Fatalf("found only %d ids with keys on both nodes", len(split))
 	}
+	return a, b, split
+}
+
+// onNodeA says whether key lives on startTwoNodeCluster's node a, the one
+// with the slots below 8192.
+func onNodeA(t *testing.T, a *testenv.Redis, key string) bool {
+	t.Helper()
+	slot, err := a.Client().ClusterKeySlot(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("cluster keyslot %s: %v", key, err)
+	}
+	return slot < 8192
+}
+
+// TestClusterKeysOnTwoNodes runs lookups on a two-node Cluster for ids
+// whose new and legacy keys live on different nodes: Lookup reads both in
+// one pipeline, which go-redis splits by node, and the answer must be what
+// the two reads in turn would give.
+func TestClusterKeysOnTwoNodes(t *testing.T) {
+	ctx := context.Background()
+	a, _, split := startTwoNodeCluster(t)
 	writer := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.Addr()}})
 	t.Cleanup(func() { _ = writer.Close() })
 	put := func(key, ip string) {
@@ -134,6 +146,49 @@ func TestClusterKeysOnTwoNodes(t *testing.T) {
 		case tc.wantHost != "" && (err != nil || r.HostIP.String() != tc.wantHost):
 			t.Errorf("lookup %s: %v %v, want HostIP %s", tc.id, r, err, tc.wantHost)
 		}
+	}
+}
+
+// TestClusterLegacyKeyOnHungNode: a master that hangs (a frozen host, a
+// partition that drops packets) until the cluster fails it over holds the
+// legacy keys of ids whose routes live on healthy masters. Their new key
+// wins, so its answer must not wait for the legacy read: Lookup read both
+// in one pipeline, which returns when the last node answers, and every
+// cold lookup of such an id (2/9 of the ids with three masters, beside the
+// 1/3 whose route is on the hung master) waited out the 1 s budget and was
+// a 503 store_unavailable until the failover.
+func TestClusterLegacyKeyOnHungNode(t *testing.T) {
+	ctx := context.Background()
+	a, b, split := startTwoNodeCluster(t)
+	var newOnA []string // new key on a, legacy key on b
+	for _, id := range split {
+		if onNodeA(t, a, redisstore.DefaultKeyPrefix+id) {
+			newOnA = append(newOnA, id)
+		}
+	}
+	if len(newOnA) < 2 {
+		t.Fatalf("found only %d ids with the new key on a", len(newOnA))
+	}
+	routed, unknown := newOnA[0], newOnA[1]
+	hset(t, a, redisstore.DefaultKeyPrefix+routed, "HostIP", "10.0.0.1", "80", "20080")
+
+	const budget = time.Second
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}, CommandTimeout: budget})
+	c := newCache(t, s, routing.CacheConfig{LookupTimeout: budget})
+	if _, err := s.Lookup(ctx, routed); err != nil { // both nodes' connections pooled
+		t.Fatalf("lookup %s before the hang: %v", routed, err)
+	}
+
+	b.Pause()
+	t.Cleanup(b.Resume)
+	start := time.Now()
+	r, _, err := c.Get(ctx, []byte(routed))
+	if took := time.Since(start); err != nil || r.HostIP.String() != "10.0.0.1" || took > budget/2 {
+		t.Fatalf("get %s with its legacy key's node hung: %v %v after %v, want its route at once", routed, r, err, took)
+	}
+	// Without an answer for the legacy key an empty new key proves nothing.
+	if _, _, err := c.Get(ctx, []byte(unknown)); err == nil || errors.Is(err, routing.ErrNotFound) {
+		t.Fatalf("get %s with its legacy key's node hung: %v, want an outage", unknown, err)
 	}
 }
 

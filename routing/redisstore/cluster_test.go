@@ -192,6 +192,50 @@ func TestClusterLegacyKeyOnHungNode(t *testing.T) {
 	}
 }
 
+// TestClusterPublishWithHungMaster: a PUBLISH, a keyless command, goes to
+// the masters in turn, and any node relays it to the whole cluster; so
+// while one master hangs until the cluster fails it over, an invalidation
+// must go out through another. Sent with the whole budget, every
+// publish that fell on the hung master (one in two here, one in three
+// with three masters) waited it out and answered the admin call 503
+// invalidation_not_published.
+func TestClusterPublishWithHungMaster(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := startTwoNodeCluster(t)
+	const budget = time.Second
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}, CommandTimeout: budget})
+	ps := a.Client().Subscribe(ctx, redisstore.DefaultInvalidateChannel)
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatalf("subscribe on a: %v", err)
+	}
+	for i := range 2 { // both masters' connections pooled
+		if err := s.Publish(ctx, "warm"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("publish before the hang: %v", err)
+		}
+	}
+
+	b.Pause()
+	t.Cleanup(b.Resume)
+	for i := range 4 {
+		id := "box" + strconv.Itoa(i)
+		start := time.Now()
+		if err := s.Publish(ctx, id); err != nil {
+			t.Fatalf("publish %s with a master hung: %v after %v", id, err, time.Since(start))
+		}
+	}
+	got := 0
+	for got < 6 {
+		msg, err := ps.ReceiveTimeout(ctx, 5*time.Second)
+		if err != nil {
+			t.Fatalf("received %d of 6 messages on a: %v", got, err)
+		}
+		if _, ok := msg.(*redis.Message); ok {
+			got++
+		}
+	}
+}
+
 // TestClusterReshardWithLeastPrivilegeACLUser: while a slot moves between
 // nodes (adding a node, rebalancing), a key already moved is answered
 // with an ASK redirect, which go-redis follows with ASKING before the

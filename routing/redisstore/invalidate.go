@@ -29,7 +29,7 @@ type Invalidator interface {
 func (s *Store) Publish(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
-	if err := s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err(); err != nil {
+	if err := s.publish(ctx, id); err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
 			// As a refused read or subscription: Redis names the command
 			// or "one of the channels", never the rule to grant.
@@ -42,6 +42,36 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 		return fmt.Errorf("redis publish %s: %w", s.cfg.InvalidateChannel, err)
 	}
 	return nil
+}
+
+// publishTries is how many nodes a Cluster publish tries, each within its
+// share of the command timeout.
+const publishTries = 3
+
+// publish sends id on the channel. A Cluster client sends a keyless
+// command such as PUBLISH to the masters in turn, and any node relays it
+// to the whole cluster: so a publish that gets no answer within its share
+// of the budget is sent again, which goes to the next master. With the
+// whole budget on one try, each publish that fell on a master that hung
+// until the cluster failed it over (one in three with three masters)
+// waited it out and the admin call answered 503
+// (TestClusterPublishWithHungMaster). A publish that timed out may still
+// be relayed when that master wakes: dropping an id twice is harmless.
+func (s *Store) publish(ctx context.Context, id string) error {
+	if !s.cluster {
+		return s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err()
+	}
+	var err error
+	for range publishTries {
+		try, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout/publishTries)
+		err = s.client.Publish(try, s.cfg.InvalidateChannel, id).Err()
+		cancel()
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) || ctx.Err() != nil {
+			return err // an answer (NOPERM) is the same on every node
+		}
+	}
+	return err
 }
 
 // Subscriber applies the ids published on InvalidateChannel to a cache.

@@ -416,6 +416,61 @@ func TestClusterFollowsFailover(t *testing.T) {
 	}
 }
 
+// TestClusterFollowsNodeRemoval: a master is failed over by hand
+// (CLUSTER FAILOVER on its replica) and then removed from the cluster
+// (redis-cli --cluster del-node: the others forget it, it is reset and
+// keeps running, empty). A node cut off from the cluster's majority looks
+// the same to a client that still reaches it: until the client reads the
+// slot map again, lookups of its old slots go to it and it answers
+// CLUSTERDOWN, a reply, on which go-redis does not re-read the map: they
+// failed (503) until its periodic reload, up to a minute (25 s measured
+// with three proxies). They must work again within seconds.
+func TestClusterFollowsNodeRemoval(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	var id string // an id whose route key is in the first master's slots
+	for i := 0; id == ""; i++ {
+		if slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result(); err != nil {
+			t.Fatal(err)
+		} else if slot <= 5460 {
+			id = "box" + strconv.Itoa(i)
+		}
+	}
+	hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
+	testenv.WaitReplicated(t, masters[0])
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	if _, err := s.Lookup(ctx, id); err != nil {
+		t.Fatalf("lookup before the failover: %v", err)
+	}
+
+	do := func(r *testenv.Redis, args ...any) {
+		t.Helper()
+		if err := r.Client().Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
+		}
+	}
+	do(replica, "CLUSTER", "FAILOVER")
+	testenv.WaitFor(t, 10*time.Second, "the replica promoted", func() bool {
+		role, err := masters[0].Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "slave"
+	})
+	gone, err := masters[0].Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*testenv.Redis{masters[1], masters[2], replica} {
+		do(r, "CLUSTER", "FORGET", gone)
+	}
+	do(masters[0], "CLUSTER", "RESET", "SOFT")
+	removed := time.Now()
+	for _, err = s.Lookup(ctx, id); err != nil; _, err = s.Lookup(ctx, id) {
+		if time.Since(removed) > 5*time.Second {
+			t.Fatalf("lookups still fail %v after the old master was removed: %v", time.Since(removed).Round(time.Millisecond), err)
+		}
+	}
+}
+
 // TestClusterInvalidationWithoutChannelSlotOwner: the master that owns
 // the invalidation channel's slot dies with no replica to take over, in
 // a cluster that keeps serving its other slots

@@ -98,7 +98,7 @@ func (s *Store) publish(ctx context.Context, id string) error {
 // asked for again every pingIdle command timeouts.
 type Subscriber struct {
 	client  redis.UniversalClient
-	open    func(ctx context.Context, n int) *redis.PubSub // the n-th subscription, from 0
+	open    func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) // the n-th subscription, from 0, and its Cluster node
 	channel string
 	cache   Invalidator
 	logger  *slog.Logger
@@ -142,7 +142,7 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	go sub.run(ctx, sub.open(ctx, 0))
+	go sub.run(ctx)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -186,18 +186,29 @@ func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 // (TestClusterInvalidationWithoutChannelSlotOwner). So the first
 // subscription goes to that master, and each replacement to the next
 // node of the cluster, in address order, masters and replicas alike.
-func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) *redis.PubSub {
+// With a Cluster it also returns the node's client (nil when the slot map
+// could not be read), whose membership watch checks.
+func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
 	cc, ok := client.(*redis.ClusterClient)
 	if !ok {
-		return func(ctx context.Context, _ int) *redis.PubSub { return client.Subscribe(ctx, channel) }
+		return func(ctx context.Context, _ int) (*redis.PubSub, *redis.Client) {
+			return client.Subscribe(ctx, channel), nil
+		}
 	}
-	return func(ctx context.Context, n int) *redis.PubSub {
+	return func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
 		if n > 0 {
 			if nodes := clusterNodes(ctx, cc, wait); len(nodes) > 0 {
-				return nodes[n%len(nodes)].Subscribe(ctx, channel)
+				node := nodes[n%len(nodes)]
+				return node.Subscribe(ctx, channel), node
 			}
 		}
-		return cc.Subscribe(ctx, channel)
+		// The master go-redis subscribes on (it may move there after a
+		// failover; watch then checks the old one, at worst one needless
+		// replacement).
+		mctx, cancel := context.WithTimeout(ctx, wait)
+		node, _ := cc.MasterForKey(mctx, channel)
+		cancel()
+		return cc.Subscribe(ctx, channel), node
 	}
 }
 
@@ -220,8 +231,9 @@ func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Durati
 
 // run serves one PubSub after the other: a new one replaces a connection
 // that stopped answering, until Close.
-func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
+func (sub *Subscriber) run(ctx context.Context) {
 	defer close(sub.done)
+	ps, node := sub.open(ctx, 0)
 	for n := 1; ; n++ {
 		in := make(chan any)
 		quit := make(chan struct{})
@@ -230,7 +242,7 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			defer close(received)
 			receive(ps, in, quit)
 		}()
-		stopped, subscribed, refused := sub.watch(ps, in)
+		stopped, subscribed, refused, left := sub.watch(ps, node, in)
 		close(quit)
 		err := ps.Close() // unblocks a Receive waiting on a silent connection
 		<-received
@@ -238,10 +250,10 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			sub.closeErr = err
 			return
 		}
-		if subscribed && !refused {
+		if subscribed && !refused && !left {
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
-		ps = sub.open(ctx, n)
+		ps, node = sub.open(ctx, n)
 	}
 }
 
@@ -285,8 +297,10 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // watch applies what arrives on in, PINGs ps when it was quiet for
 // sub.idle, and returns when Close was called (stopped), when nothing
 // came back within sub.timeout of a PING, or, sub.idle after the last
-// reply, when the server refused the subscription (refused). subscribed
-// says whether a subscription of ps was ever confirmed.
+// reply, when the server refused the subscription (refused), or, with a
+// Cluster node, when the node says it left the cluster (left; checked
+// every sub.idle). subscribed says whether a subscription of ps was ever
+// confirmed.
 //
 // go-redis sends SUBSCRIBE on each connection it opens for ps, before
 // anything else, and does not send it again when the server refuses it
@@ -298,16 +312,26 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // subscription was confirmed means ps is not subscribed: it is logged,
 // and ps is replaced, which sends SUBSCRIBE again, until the server
 // takes it; an ACL fixed meanwhile needs no restart.
-func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed, refused bool) {
+func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any) (stopped, subscribed, refused, left bool) {
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
+	var member <-chan time.Time // node's membership checks
+	if node != nil {
+		check := time.NewTicker(sub.idle)
+		defer check.Stop()
+		member = check.C
+	}
 	defer sub.live.Store(false) // ps is closed or replaced next
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
 	for {
 		select {
 		case <-sub.stop:
-			return true, subscribed, refused
+			return true, subscribed, refused, false
+		case <-member:
+			if sub.outOfCluster(node) {
+				return false, subscribed, refused, true
+			}
 		case msg := <-in:
 			switch m := msg.(type) {
 			case *redis.Subscription:
@@ -343,7 +367,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 					// A hung Cluster master may have been failed over.
 					reloadSlotsAfter(sub.client, context.DeadlineExceeded)
 				}
-				return false, subscribed, refused
+				return false, subscribed, refused, false
 			}
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
@@ -354,6 +378,24 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 			timer.Reset(sub.timeout)
 		}
 	}
+}
+
+// outOfCluster reports whether the Cluster node a subscription is on
+// says it is not part of a working cluster (cluster_state:fail): removed
+// from it (redis-cli's del-node resets the node and leaves it running) or
+// cut off from its majority. Such a node still answers PINGs, but no
+// message published on the others reaches it: every instance lost every
+// invalidation for as long as it ran (TestClusterInvalidationAfterNodeRemoval).
+// A node that does not answer is left to the PING.
+func (sub *Subscriber) outOfCluster(node *redis.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), sub.idle/pingIdle)
+	defer cancel()
+	info, err := node.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_state:fail") {
+		return false
+	}
+	sub.logger.Warn("redis invalidation: the subscribed node is not in a working cluster (cluster_state:fail); subscribing on another node", "node", node.Options().Addr)
+	return true
 }
 
 // logRefused logs a refused subscription at error level, once for each

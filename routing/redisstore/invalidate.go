@@ -142,7 +142,8 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	go sub.run(ctx)
+	ps, node := sub.open(ctx, 0)
+	go sub.run(ctx, ps, node)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -229,11 +230,11 @@ func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Durati
 	return nodes
 }
 
-// run serves one PubSub after the other: a new one replaces a connection
-// that stopped answering, until Close.
-func (sub *Subscriber) run(ctx context.Context) {
+// run serves one PubSub after the other, from ps on node (its Cluster
+// node, or nil): a new one replaces a connection that stopped answering,
+// until Close.
+func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node *redis.Client) {
 	defer close(sub.done)
-	ps, node := sub.open(ctx, 0)
 	for n := 1; ; n++ {
 		in := make(chan any)
 		quit := make(chan struct{})

@@ -131,7 +131,8 @@ func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterO
 }
 
 // slotMapReload makes a Cluster client read the slot map again when a
-// command fails without an answer from Redis (refused, reset, timed out).
+// command fails without an answer from Redis (refused, reset, timed out)
+// or with CLUSTERDOWN.
 // go-redis re-reads it on a MOVED, and otherwise only every
 // ClusterStateReloadInterval (60 s): a master that died or hung sends no
 // MOVED, so after the cluster had promoted its replica, lookups of its
@@ -171,17 +172,22 @@ func (h slotMapReload) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 // reloadSlotsAfter asks a Cluster client (c; any other client is left
-// alone) to re-read its slot map when err says a node did not answer: not
-// for Redis's own replies (redis.Error: NOPERM, CLUSTERDOWN, MOVED, which
-// go-redis handles), a reply refused for its size, or a caller that gave
-// up (context.Canceled). Re-reads are coalesced by go-redis.
+// alone) to re-read its slot map when err says a node did not answer, or
+// answered CLUSTERDOWN: not for Redis's other replies (redis.Error:
+// NOPERM, MOVED, which go-redis handles), a reply refused for its size, or
+// a caller that gave up (context.Canceled). A node removed from the
+// cluster (reset, still running) or cut off from its majority answers
+// CLUSTERDOWN for the slots it no longer serves, and go-redis re-reads
+// the map on none: lookups of those slots failed until its periodic
+// reload, up to a minute (TestClusterFollowsNodeRemoval). Re-reads are
+// coalesced by go-redis.
 func reloadSlotsAfter(c redis.UniversalClient, err error) {
 	cc, ok := c.(*redis.ClusterClient)
 	if !ok || err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrReplyTooLarge) {
 		return
 	}
 	var answered redis.Error
-	if errors.As(err, &answered) {
+	if errors.As(err, &answered) && !redis.HasErrorPrefix(err, "CLUSTERDOWN") {
 		return
 	}
 	cc.ReloadState(context.Background())

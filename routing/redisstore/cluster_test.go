@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,14 +64,14 @@ func TestCluster(t *testing.T) {
 	expectID(t, rec, "a")
 }
 
-// TestClusterKeysOnTwoNodes runs lookups on a two-node Cluster for ids
-// whose new and legacy keys live on different nodes: Lookup reads both in
-// one pipeline, which go-redis splits by node, and the answer must be what
-// the two reads in turn would give.
-func TestClusterKeysOnTwoNodes(t *testing.T) {
+// startTwoNodeCluster starts a Redis Cluster of two masters, a with the
+// slots below 8192 and b with the others, and returns them with ids
+// (box<n>) whose new and legacy keys live on different nodes.
+func startTwoNodeCluster(t *testing.T) (a, b *testenv.Redis, split []string) {
+	t.Helper()
 	ctx := context.Background()
 	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
-	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
+	a, b = testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
 	if err := a.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 8191).Err(); err != nil {
 		t.Fatalf("cluster addslotsrange: %v", err)
 	}
@@ -86,25 +87,36 @@ func TestClusterKeysOnTwoNodes(t *testing.T) {
 			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
 		})
 	}
-	// Which node holds a key: A holds slots below 8192.
-	onA := func(key string) bool {
-		slot, err := a.Client().ClusterKeySlot(ctx, key).Result()
-		if err != nil {
-			t.Fatalf("cluster keyslot %s: %v", key, err)
-		}
-		return slot < 8192
-	}
-	// ids whose new key is on A and legacy key on B, and the other way.
-	var split []string
-	for i := 0; len(split) < 4 && i < 1000; i++ {
+	for i := 0; len(split) < 8 && i < 1000; i++ {
 		id := "box" + strconv.Itoa(i)
-		if onA(redisstore.DefaultKeyPrefix+id) != onA(redisstore.DefaultLegacyKeyPrefix+id) {
+		if onNodeA(t, a, redisstore.DefaultKeyPrefix+id) != onNodeA(t, a, redisstore.DefaultLegacyKeyPrefix+id) {
 			split = append(split, id)
 		}
 	}
-	if len(split) < 4 {
+	if len(split) < 8 {
 		t.Fatalf("found only %d ids with keys on both nodes", len(split))
 	}
+	return a, b, split
+}
+
+// onNodeA says whether key lives on startTwoNodeCluster's node a, the one
+// with the slots below 8192.
+func onNodeA(t *testing.T, a *testenv.Redis, key string) bool {
+	t.Helper()
+	slot, err := a.Client().ClusterKeySlot(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("cluster keyslot %s: %v", key, err)
+	}
+	return slot < 8192
+}
+
+// TestClusterKeysOnTwoNodes runs lookups on a two-node Cluster for ids
+// whose new and legacy keys live on different nodes: Lookup reads both in
+// one pipeline, which go-redis splits by node, and the answer must be what
+// the two reads in turn would give.
+func TestClusterKeysOnTwoNodes(t *testing.T) {
+	ctx := context.Background()
+	a, _, split := startTwoNodeCluster(t)
 	writer := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.Addr()}})
 	t.Cleanup(func() { _ = writer.Close() })
 	put := func(key, ip string) {
@@ -135,6 +147,97 @@ func TestClusterKeysOnTwoNodes(t *testing.T) {
 			t.Errorf("lookup %s: %v %v, want HostIP %s", tc.id, r, err, tc.wantHost)
 		}
 	}
+}
+
+// TestClusterLegacyKeyOnHungNode: a master that hangs (a frozen host, a
+// partition that drops packets) until the cluster fails it over holds the
+// legacy keys of ids whose routes live on healthy masters. Their new key
+// wins, so its answer must not wait for the legacy read: Lookup read both
+// in one pipeline, which returns when the last node answers, and every
+// cold lookup of such an id (2/9 of the ids with three masters, beside the
+// 1/3 whose route is on the hung master) waited out the 1 s budget and was
+// a 503 store_unavailable until the failover.
+func TestClusterLegacyKeyOnHungNode(t *testing.T) {
+	ctx := context.Background()
+	a, b, split := startTwoNodeCluster(t)
+	var newOnA []string // new key on a, legacy key on b
+	for _, id := range split {
+		if onNodeA(t, a, redisstore.DefaultKeyPrefix+id) {
+			newOnA = append(newOnA, id)
+		}
+	}
+	if len(newOnA) < 2 {
+		t.Fatalf("found only %d ids with the new key on a", len(newOnA))
+	}
+	routed, unknown := newOnA[0], newOnA[1]
+	hset(t, a, redisstore.DefaultKeyPrefix+routed, "HostIP", "10.0.0.1", "80", "20080")
+
+	const budget = time.Second
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}, CommandTimeout: budget})
+	c := newCache(t, s, routing.CacheConfig{LookupTimeout: budget})
+	if _, err := s.Lookup(ctx, routed); err != nil { // both nodes' connections pooled
+		t.Fatalf("lookup %s before the hang: %v", routed, err)
+	}
+
+	b.Pause()
+	t.Cleanup(b.Resume)
+	start := time.Now()
+	r, _, err := c.Get(ctx, []byte(routed))
+	if took := time.Since(start); err != nil || r.HostIP.String() != "10.0.0.1" || took > budget/2 {
+		t.Fatalf("get %s with its legacy key's node hung: %v %v after %v, want its route at once", routed, r, err, took)
+	}
+	// Without an answer for the legacy key an empty new key proves nothing.
+	if _, _, err := c.Get(ctx, []byte(unknown)); err == nil || errors.Is(err, routing.ErrNotFound) {
+		t.Fatalf("get %s with its legacy key's node hung: %v, want an outage", unknown, err)
+	}
+}
+
+// TestClusterPublishWithHungMaster: a PUBLISH, a keyless command, goes to
+// the masters in turn, and any node relays it to the whole cluster; so
+// while one master hangs until the cluster fails it over, an invalidation
+// must go out through another. Sent with the whole budget, every
+// publish that fell on the hung master (one in two here, one in three
+// with three masters) waited it out and answered the admin call 503
+// invalidation_not_published.
+func TestClusterPublishWithHungMaster(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := startTwoNodeCluster(t)
+	const budget = time.Second
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}, CommandTimeout: budget})
+	ps := a.Client().Subscribe(ctx, redisstore.DefaultInvalidateChannel)
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatalf("subscribe on a: %v", err)
+	}
+	receive := func(n int) {
+		t.Helper()
+		for got := 0; got < n; {
+			msg, err := ps.ReceiveTimeout(ctx, 5*time.Second)
+			if err != nil {
+				t.Fatalf("received %d of %d messages on a: %v", got, n, err)
+			}
+			if _, ok := msg.(*redis.Message); ok {
+				got++
+			}
+		}
+	}
+	for i := range 2 { // both masters' connections pooled
+		if err := s.Publish(ctx, "warm"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("publish before the hang: %v", err)
+		}
+	}
+	receive(2) // b relayed its own before it hangs
+
+	b.Pause()
+	t.Cleanup(b.Resume)
+	for i := range 4 {
+		id := "box" + strconv.Itoa(i)
+		start := time.Now()
+		if err := s.Publish(ctx, id); err != nil {
+			t.Fatalf("publish %s with a master hung: %v after %v", id, err, time.Since(start))
+		}
+	}
+	receive(4)
 }
 
 // TestClusterReshardWithLeastPrivilegeACLUser: while a slot moves between
@@ -311,6 +414,94 @@ func TestClusterFollowsFailover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestClusterFollowsNodeRemoval: a master is failed over by hand
+// (CLUSTER FAILOVER on its replica) and then removed from the cluster
+// (redis-cli --cluster del-node: the others forget it, it is reset and
+// keeps running, empty). A node cut off from the cluster's majority looks
+// the same to a client that still reaches it: until the client reads the
+// slot map again, lookups of its old slots go to it and it answers
+// CLUSTERDOWN, a reply, on which go-redis does not re-read the map: they
+// failed (503) until its periodic reload, up to a minute (25 s measured
+// with three proxies). They must work again within seconds.
+func TestClusterFollowsNodeRemoval(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	var id string // an id whose route key is in the first master's slots
+	for i := 0; id == ""; i++ {
+		if slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result(); err != nil {
+			t.Fatal(err)
+		} else if slot <= 5460 {
+			id = "box" + strconv.Itoa(i)
+		}
+	}
+	hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
+	testenv.WaitReplicated(t, masters[0])
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	if _, err := s.Lookup(ctx, id); err != nil {
+		t.Fatalf("lookup before the failover: %v", err)
+	}
+
+	removeAfterFailover(t, masters, replica)
+	removed := time.Now()
+	var err error
+	for _, err = s.Lookup(ctx, id); err != nil; _, err = s.Lookup(ctx, id) {
+		if time.Since(removed) > 5*time.Second {
+			t.Fatalf("lookups still fail %v after the old master was removed: %v", time.Since(removed).Round(time.Millisecond), err)
+		}
+	}
+}
+
+// removeAfterFailover fails startFailoverCluster's first master over to
+// its replica by hand and removes it from the cluster as redis-cli's
+// del-node does: the others forget it, and it is reset, still running.
+func removeAfterFailover(t *testing.T, masters []*testenv.Redis, replica *testenv.Redis) {
+	t.Helper()
+	ctx := context.Background()
+	do := func(r *testenv.Redis, args ...any) {
+		t.Helper()
+		if err := r.Client().Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
+		}
+	}
+	do(replica, "CLUSTER", "FAILOVER")
+	testenv.WaitFor(t, 10*time.Second, "the replica promoted", func() bool {
+		role, err := masters[0].Client().Do(ctx, "ROLE").Slice()
+		return err == nil && role[0] == "slave"
+	})
+	gone, err := masters[0].Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*testenv.Redis{masters[1], masters[2], replica} {
+		do(r, "CLUSTER", "FORGET", gone)
+	}
+	do(masters[0], "CLUSTER", "RESET", "SOFT")
+}
+
+// TestClusterInvalidationAfterNodeRemoval: the node the subscription is
+// on (the channel slot's master, failed over by hand) is removed from the
+// cluster, or cut off from its majority. It keeps running and answers
+// PINGs, but no message published elsewhere reaches it any more: every
+// instance lost every invalidation for as long as it ran, with
+// cubeproxy_route_invalidation_subscribed at 1 (measured with three
+// proxies: 6 of 8 announced changes not applied after 3 s). The
+// subscription must move to a node of the cluster within seconds.
+func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+
+	removeAfterFailover(t, masters, replica)
+	removed := time.Now()
+	publishUntilReceived(t, masters[1].Client(), rec, removed, 10*time.Second, "published on a node of the cluster", "the subscribed node was removed")
 }
 
 // TestClusterInvalidationWithoutChannelSlotOwner: the master that owns

@@ -29,7 +29,7 @@ type Invalidator interface {
 func (s *Store) Publish(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
-	if err := s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err(); err != nil {
+	if err := s.publish(ctx, id); err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
 			// As a refused read or subscription: Redis names the command
 			// or "one of the channels", never the rule to grant.
@@ -42,6 +42,36 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 		return fmt.Errorf("redis publish %s: %w", s.cfg.InvalidateChannel, err)
 	}
 	return nil
+}
+
+// publishTries is how many nodes a Cluster publish tries, each within its
+// share of the command timeout.
+const publishTries = 3
+
+// publish sends id on the channel. A Cluster client sends a keyless
+// command such as PUBLISH to the masters in turn, and any node relays it
+// to the whole cluster: so a publish that gets no answer within its share
+// of the budget is sent again, which goes to the next master. With the
+// whole budget on one try, each publish that fell on a master that hung
+// until the cluster failed it over (one in three with three masters)
+// waited it out and the admin call answered 503
+// (TestClusterPublishWithHungMaster). A publish that timed out may still
+// be relayed when that master wakes: dropping an id twice is harmless.
+func (s *Store) publish(ctx context.Context, id string) error {
+	if !s.cluster {
+		return s.client.Publish(ctx, s.cfg.InvalidateChannel, id).Err()
+	}
+	var err error
+	for range publishTries {
+		try, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout/publishTries)
+		err = s.client.Publish(try, s.cfg.InvalidateChannel, id).Err()
+		cancel()
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) || ctx.Err() != nil {
+			return err // an answer (NOPERM) is the same on every node
+		}
+	}
+	return err
 }
 
 // Subscriber applies the ids published on InvalidateChannel to a cache.
@@ -68,7 +98,7 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 // asked for again every pingIdle command timeouts.
 type Subscriber struct {
 	client  redis.UniversalClient
-	open    func(ctx context.Context, n int) *redis.PubSub // the n-th subscription, from 0
+	open    func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) // the n-th subscription, from 0, and its Cluster node
 	channel string
 	cache   Invalidator
 	logger  *slog.Logger
@@ -112,7 +142,8 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	go sub.run(ctx, sub.open(ctx, 0))
+	ps, node := sub.open(ctx, 0)
+	go sub.run(ctx, ps, node)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -156,18 +187,29 @@ func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 // (TestClusterInvalidationWithoutChannelSlotOwner). So the first
 // subscription goes to that master, and each replacement to the next
 // node of the cluster, in address order, masters and replicas alike.
-func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) *redis.PubSub {
+// With a Cluster it also returns the node's client (nil when the slot map
+// could not be read), whose membership watch checks.
+func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
 	cc, ok := client.(*redis.ClusterClient)
 	if !ok {
-		return func(ctx context.Context, _ int) *redis.PubSub { return client.Subscribe(ctx, channel) }
+		return func(ctx context.Context, _ int) (*redis.PubSub, *redis.Client) {
+			return client.Subscribe(ctx, channel), nil
+		}
 	}
-	return func(ctx context.Context, n int) *redis.PubSub {
+	return func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
 		if n > 0 {
 			if nodes := clusterNodes(ctx, cc, wait); len(nodes) > 0 {
-				return nodes[n%len(nodes)].Subscribe(ctx, channel)
+				node := nodes[n%len(nodes)]
+				return node.Subscribe(ctx, channel), node
 			}
 		}
-		return cc.Subscribe(ctx, channel)
+		// The master go-redis subscribes on (it may move there after a
+		// failover; watch then checks the old one, at worst one needless
+		// replacement).
+		mctx, cancel := context.WithTimeout(ctx, wait)
+		node, _ := cc.MasterForKey(mctx, channel)
+		cancel()
+		return cc.Subscribe(ctx, channel), node
 	}
 }
 
@@ -188,9 +230,10 @@ func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Durati
 	return nodes
 }
 
-// run serves one PubSub after the other: a new one replaces a connection
-// that stopped answering, until Close.
-func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
+// run serves one PubSub after the other, from ps on node (its Cluster
+// node, or nil): a new one replaces a connection that stopped answering,
+// until Close.
+func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node *redis.Client) {
 	defer close(sub.done)
 	for n := 1; ; n++ {
 		in := make(chan any)
@@ -200,7 +243,7 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			defer close(received)
 			receive(ps, in, quit)
 		}()
-		stopped, subscribed, refused := sub.watch(ps, in)
+		stopped, subscribed, refused, left := sub.watch(ps, node, in)
 		close(quit)
 		err := ps.Close() // unblocks a Receive waiting on a silent connection
 		<-received
@@ -208,10 +251,10 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub) {
 			sub.closeErr = err
 			return
 		}
-		if subscribed && !refused {
+		if subscribed && !refused && !left {
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
-		ps = sub.open(ctx, n)
+		ps, node = sub.open(ctx, n)
 	}
 }
 
@@ -255,8 +298,10 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // watch applies what arrives on in, PINGs ps when it was quiet for
 // sub.idle, and returns when Close was called (stopped), when nothing
 // came back within sub.timeout of a PING, or, sub.idle after the last
-// reply, when the server refused the subscription (refused). subscribed
-// says whether a subscription of ps was ever confirmed.
+// reply, when the server refused the subscription (refused), or, with a
+// Cluster node, when the node says it left the cluster (left; checked
+// every sub.idle). subscribed says whether a subscription of ps was ever
+// confirmed.
 //
 // go-redis sends SUBSCRIBE on each connection it opens for ps, before
 // anything else, and does not send it again when the server refuses it
@@ -268,16 +313,26 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // subscription was confirmed means ps is not subscribed: it is logged,
 // and ps is replaced, which sends SUBSCRIBE again, until the server
 // takes it; an ACL fixed meanwhile needs no restart.
-func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscribed, refused bool) {
+func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any) (stopped, subscribed, refused, left bool) {
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
+	var member <-chan time.Time // node's membership checks
+	if node != nil {
+		check := time.NewTicker(sub.idle)
+		defer check.Stop()
+		member = check.C
+	}
 	defer sub.live.Store(false) // ps is closed or replaced next
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
 	for {
 		select {
 		case <-sub.stop:
-			return true, subscribed, refused
+			return true, subscribed, refused, false
+		case <-member:
+			if sub.outOfCluster(node) {
+				return false, subscribed, refused, true
+			}
 		case msg := <-in:
 			switch m := msg.(type) {
 			case *redis.Subscription:
@@ -313,7 +368,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 					// A hung Cluster master may have been failed over.
 					reloadSlotsAfter(sub.client, context.DeadlineExceeded)
 				}
-				return false, subscribed, refused
+				return false, subscribed, refused, false
 			}
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
@@ -324,6 +379,24 @@ func (sub *Subscriber) watch(ps *redis.PubSub, in <-chan any) (stopped, subscrib
 			timer.Reset(sub.timeout)
 		}
 	}
+}
+
+// outOfCluster reports whether the Cluster node a subscription is on
+// says it is not part of a working cluster (cluster_state:fail): removed
+// from it (redis-cli's del-node resets the node and leaves it running) or
+// cut off from its majority. Such a node still answers PINGs, but no
+// message published on the others reaches it: every instance lost every
+// invalidation for as long as it ran (TestClusterInvalidationAfterNodeRemoval).
+// A node that does not answer is left to the PING.
+func (sub *Subscriber) outOfCluster(node *redis.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), sub.idle/pingIdle)
+	defer cancel()
+	info, err := node.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_state:fail") {
+		return false
+	}
+	sub.logger.Warn("redis invalidation: the subscribed node is not in a working cluster (cluster_state:fail); subscribing on another node", "node", node.Options().Addr)
+	return true
 }
 
 // logRefused logs a refused subscription at error level, once for each

@@ -16,10 +16,12 @@ import (
 // Store is a routing.Store over the hashes the control plane writes:
 // HGETALL <KeyPrefix><id>, and when that is empty HGETALL <LegacyKeyPrefix><id>.
 // The new key wins when both exist. Both are read in one round trip (a
-// pipeline). It is safe for concurrent use.
+// pipeline; on a Cluster, two concurrent reads). It is safe for concurrent use.
 type Store struct {
 	client redis.UniversalClient
 	cfg    Config
+	// cluster says the two keys of an id may live on different nodes.
+	cluster bool
 
 	// legacyDenied counts the legacy reads Redis refused (NOPERM) since
 	// legacyWarned (unix nanos) last reported them.
@@ -48,7 +50,8 @@ func Open(cfg Config) (*Store, error) {
 // NewStore returns a Store that reads through client with cfg's key layout
 // and command timeout. Close closes client.
 func NewStore(client redis.UniversalClient, cfg Config) *Store {
-	return &Store{client: client, cfg: cfg.WithDefaults()}
+	_, cluster := client.(*redis.ClusterClient)
+	return &Store{client: client, cfg: cfg.WithDefaults(), cluster: cluster}
 }
 
 // Client returns the underlying client (for the registry and health checks).
@@ -85,6 +88,8 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	var err error
 	if s.cfg.DisableLegacy {
 		fields, err = s.routeKeyResult(key, s.client.HGetAll(ctx, key))
+	} else if s.cluster {
+		fields, key, err = s.hgetallEitherApart(ctx, key, s.cfg.LegacyKeyPrefix+id)
 	} else {
 		fields, key, err = s.hgetallEither(ctx, key, s.cfg.LegacyKeyPrefix+id)
 	}
@@ -146,6 +151,43 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 	if err != nil || len(fields) > 0 {
 		return fields, key, err
 	}
+	return s.legacyResult(legacy, old)
+}
+
+// hgetallEitherApart is hgetallEither for a Cluster, where the two keys
+// usually live on different masters: a pipeline returns when the last node
+// answers, and a master that hung until the cluster failed it over (a
+// frozen host, a partition that drops packets) made every cold lookup of
+// an id whose legacy key it held wait out the budget, a 503 although the
+// new key, on a healthy master, held the route
+// (TestClusterLegacyKeyOnHungNode). So the legacy key is read beside the
+// new one, and waited for only when the new one is empty.
+func (s *Store) hgetallEitherApart(ctx context.Context, key, legacy string) (map[string]string, string, error) {
+	// Not cancelled when the new key wins: a read cut short closes its
+	// pooled connection, and the legacy read of every known route would
+	// dial again. It ends by the lookup's deadline (Lookup set one).
+	end, _ := ctx.Deadline()
+	oldCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
+	oldc := make(chan *redis.MapStringStringCmd, 1)
+	go func() {
+		defer cancel()
+		oldc <- s.client.HGetAll(oldCtx, legacy)
+	}()
+	fields, err := s.routeKeyResult(key, s.client.HGetAll(ctx, key))
+	if err != nil || len(fields) > 0 {
+		return fields, key, err
+	}
+	select {
+	case old := <-oldc:
+		return s.legacyResult(legacy, old)
+	case <-ctx.Done():
+		return nil, legacy, fmt.Errorf("redis hgetall %s: %w", legacy, ctx.Err())
+	}
+}
+
+// legacyResult is the answer of the legacy key's read, once the new key
+// was found empty: a read the ACL user may not make counts as no legacy key.
+func (s *Store) legacyResult(legacy string, old *redis.MapStringStringCmd) (map[string]string, string, error) {
 	if err := old.Err(); err != nil && redis.HasErrorPrefix(err, "NOPERM") {
 		// The ACL user may read the new key and not the legacy one: a
 		// deployment that never had legacy keys and grants only the new
@@ -154,7 +196,7 @@ func (s *Store) hgetallEither(ctx context.Context, key, legacy string) (map[stri
 		s.legacyRefused(legacy, err)
 		return nil, legacy, nil
 	}
-	fields, err = hgetallResult(legacy, old)
+	fields, err := hgetallResult(legacy, old)
 	return fields, legacy, err
 }
 

@@ -163,6 +163,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		return n, errClientLeft
 	}
 	if err != nil && n == 0 && errors.Is(err, errHeartbeatDue) {
+		if s.fixed {
+			return 0, err // WriteTo's bulk hold, never a heartbeat
+		}
 		if clientClosed(s.client) {
 			return 0, errClientLeft
 		}
@@ -338,12 +341,33 @@ func (s *bodyStream) SupportsBodyWriteTo() bool { return s.fixed }
 // a large body slowly must be seen making progress; so the pieces go
 // straight to the connection, behind the head that fasthttp flushed
 // (ImmediateHeaderFlush, set for every fixed-length stream).
+//
+// It reads into a 4 KiB buffer, and into a pooled 64 KiB one from the
+// first read that fills the small one (bulk) until a read has waited
+// bulkHold for a byte, as a tunnel does (copyTunnel): the 64 KiB buffer
+// was held for the whole body, and a download whose sandbox went silent
+// mid-body (a slow generator, a stuck app) counted ≈ 132 KiB against
+// GOMEMLIMIT until upstream.idle_timeout, twice one waiting for its head.
+// The hold's deadline is the heartbeat's, which a fixed-length body never
+// arms otherwise (armHeartbeat); it moves once a second at most, so bulk
+// pays a pool round trip a second.
 func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
-	bp := copyBufPool.Get().(*[]byte)
-	defer copyBufPool.Put(bp)
-	buf := *bp
+	small := uploadBufPool.Get().(*[]byte)
+	defer uploadBufPool.Put(small)
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			copyBufPool.Put(big)
+			s.conn.setHeartbeat(time.Time{})
+		}
+	}()
 	var total int64
 	for {
+		buf := *small
+		if big != nil {
+			buf = *big
+			s.conn.setHeartbeat(time.Now().Add(bulkHold))
+		}
 		n, err := s.Read(buf)
 		if n > 0 {
 			m, werr := s.client.Write(buf[:n])
@@ -354,11 +378,17 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 				return total, werr
 			}
 		}
-		if err == io.EOF {
+		switch {
+		case err == io.EOF:
 			return total, nil
-		}
-		if err != nil {
+		case err == errHeartbeatDue && big != nil:
+			// The hold ran out (heartbeatFired disarmed it).
+			copyBufPool.Put(big)
+			big = nil
+		case err != nil:
 			return total, err
+		case big == nil && n == len(buf):
+			big = copyBufPool.Get().(*[]byte)
 		}
 	}
 }

@@ -233,7 +233,7 @@ func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx contex
 			c, err = dial(ctx, network, addr)
 		}
 		if err != nil {
-			return c, err
+			return c, handshakeError(err, addr)
 		}
 		if tc, ok := c.(*tls.Conn); ok {
 			if _, ok := tc.NetConn().(syscall.Conn); ok {
@@ -242,6 +242,21 @@ func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx contex
 		}
 		return guard(c), nil
 	}
+}
+
+// handshakeError names addr in the error of a TLS handshake: a failed
+// TCP dial names it (a *net.OpError, left as it is), but a handshake's
+// error is the handshake's alone ("tls: failed to verify certificate:
+// x509: certificate signed by unknown authority"), and through Sentinel,
+// where the master's address is the sentinels' answer, /readyz and the
+// log could not tell a sentinel's certificate from the master's
+// (TestTLSHandshakeErrorNamesServer).
+func handshakeError(err error, addr string) error {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return err
+	}
+	return fmt.Errorf("TLS handshake with %s: %w", addr, err)
 }
 
 // descriptorShortage reports a dial that failed for want of the
@@ -302,8 +317,12 @@ func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config, shed fun
 
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	c, err := d.dialer(ctx, network, addr)
-	if err != nil || !d.sentinels[addr] {
+	if !d.sentinels[addr] {
 		return c, err
+	}
+	if err != nil {
+		// go-redis says a sentinel failed only when all configured ones did.
+		return c, fmt.Errorf("sentinel: %w", err)
 	}
 	return &shortReads{Conn: c, max: d.sentinelRead}, nil
 }

@@ -299,3 +299,52 @@ func TestTLSClientCertificateRenewed(t *testing.T) {
 		t.Errorf("the renewal was not logged: %s", logs.String())
 	}
 }
+
+// TestTLSHandshakeErrorNamesServer: a TLS handshake refused through
+// Sentinel names the server it was with, and whether that was a sentinel
+// or the master the sentinels named. The error was the handshake's alone
+// ("tls: failed to verify certificate: x509: certificate signed by
+// unknown authority"), the same whether the sentinels' certificate or the
+// master's was the one not trusted, and it named no address (a refused
+// TCP dial names it): in /readyz's detail and the log, an operator could
+// not tell which server's certificate to fix.
+func TestTLSHandshakeErrorNamesServer(t *testing.T) {
+	trusted := newMTLSFiles(t)
+	other := testenv.NewCA(t, "a CA the proxy does not trust")
+	otherCert, otherKey := filepath.Join(trusted.dir, "other.pem"), filepath.Join(trusted.dir, "other.key")
+	other.WritePair(t, otherCert, otherKey, "127.0.0.1")
+	// The servers trust both CAs, so the sentinel reaches the master
+	// either way; only the proxy trusts one.
+	bundle := trusted.write(t, "both.pem", append(trusted.authority.CertPEM(), other.CertPEM()...))
+	tlsArgs := func(cert, key string) []string {
+		return []string{"--tls-port", testenv.AnotherPort, "--tls-cert-file", cert, "--tls-key-file", key,
+			"--tls-ca-cert-file", bundle, "--tls-auth-clients", "no", "--tls-replication", "yes"}
+	}
+	tests := []struct {
+		name                     string
+		masterCert, masterKey    string
+		sentinelCert, sentinelKy string
+		want                     func(master, sentinel string) string
+	}{
+		{"sentinel certificate not trusted", trusted.serverCert, trusted.serverKey, otherCert, otherKey,
+			func(_, sentinel string) string {
+				return "sentinel: TLS handshake with " + sentinel + ": tls: failed to verify certificate"
+			}},
+		{"master certificate not trusted", otherCert, otherKey, trusted.serverCert, trusted.serverKey,
+			func(master, _ string) string {
+				return "TLS handshake with " + master + ": tls: failed to verify certificate"
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			master := testenv.StartRedis(t, tlsArgs(tc.masterCert, tc.masterKey)...)
+			sentinel := testenv.StartSentinel(t, "named", master.OtherAddr(), tlsArgs(tc.sentinelCert, tc.sentinelKy)...)
+			s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "named", Addrs: []string{sentinel.OtherAddr()}},
+				TLS: true, CAFile: trusted.ca})
+			_, err := s.Lookup(context.Background(), "sbx")
+			if want := tc.want(master.OtherAddr(), sentinel.OtherAddr()); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("lookup err = %v, want it to hold %q", err, want)
+			}
+		})
+	}
+}

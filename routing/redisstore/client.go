@@ -226,7 +226,13 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 // sandbox connections held the descriptors a lookup's connection needed,
 // and the lookup failed (TestStoreDialShedsIdleSandboxConns).
 func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf})
+	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial})
+	if tlsConf != nil {
+		tcp := dial
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dialTLS(ctx, tcp, network, addr, tlsConf, t.dial)
+		}
+	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil && shed != nil && descriptorShortage(err) && shed() > 0 {
@@ -242,6 +248,37 @@ func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx contex
 		}
 		return guard(c), nil
 	}
+}
+
+// dialTLS is what go-redis's own dialer runs for TLS (tls.DialWithDialer:
+// the TCP dial by tcp, then the handshake, both within timeout), but
+// within the caller's context, which tls.DialWithDialer ignores: a
+// handshake with a hung sentinel then ends at the sentinel's deadline
+// (sentinelDialer) or when go-redis, which asks every sentinel at once,
+// has its answer from another, rather than at the end of the dial's
+// whole budget, which it held for the master's dial too.
+func dialTLS(ctx context.Context, tcp func(context.Context, string, string) (net.Conn, error), network, addr string, conf *tls.Config, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	raw, err := tcp(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if conf.ServerName == "" {
+		// The host dialed is the name checked, as tls.Dial does.
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		conf = conf.Clone()
+		conf.ServerName = host
+	}
+	c := tls.Client(raw, conf)
+	if err := c.HandshakeContext(ctx); err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // handshakeError names addr in the error of a TLS handshake: a failed
@@ -316,10 +353,16 @@ func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config, shed fun
 }
 
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := d.dialer(ctx, network, addr)
 	if !d.sentinels[addr] {
-		return c, err
+		return d.dialer(ctx, network, addr)
 	}
+	// The connection and its TLS handshake are an answer too: a hung
+	// sentinel accepts the TCP connection (its kernel does) and never
+	// completes the handshake, and one behind a path that drops packets
+	// never completes the connection.
+	ctx, cancel := context.WithTimeout(ctx, d.sentinelRead)
+	defer cancel()
+	c, err := d.dialer(ctx, network, addr)
 	if err != nil {
 		// go-redis says a sentinel failed only when all configured ones did.
 		return c, fmt.Errorf("sentinel: %w", err)

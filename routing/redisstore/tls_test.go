@@ -348,3 +348,53 @@ func TestTLSHandshakeErrorNamesServer(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSCABundleRenewed: redis.ca_file rewritten to hold a new CA (the
+// servers are about to move to it, or have) is used by the next
+// connection, without a restart. Read once at start, the new CA was not
+// trusted until the proxy restarted: once the server presented a
+// certificate of it, every new connection failed the handshake.
+func TestTLSCABundleRenewed(t *testing.T) {
+	f := newMTLSFiles(t)
+	r := testenv.StartRedis(t, append(f.serverArgs(), "--tls-auth-clients", "no")...)
+	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+	var logs testenv.LogBuffer
+	s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: f.ca, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx := context.Background()
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup with the first CA: %v", err)
+	}
+
+	// The server moves to a certificate of a new CA, and drops the
+	// connections made so far.
+	newCA := testenv.NewCA(t, "new server CA")
+	newCert, newKey := filepath.Join(f.dir, "new.pem"), filepath.Join(f.dir, "new.key")
+	newCA.WritePair(t, newCert, newKey, "127.0.0.1")
+	if err := r.Client().Do(ctx, "CONFIG", "SET", "tls-cert-file", newCert, "tls-key-file", newKey).Err(); err != nil {
+		t.Fatalf("config set tls-cert-file and tls-key-file: %v", err)
+	}
+	if err := r.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+		t.Fatalf("client kill: %v", err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("lookup with a bundle without the server's CA: %v, want an unknown authority", err)
+	}
+
+	// A bundle caught while it is written does not load: the previous
+	// one is still used, and it is said.
+	if err := os.WriteFile(f.ca, []byte("-----BEGIN CERT"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err == nil || !strings.Contains(logs.String(), "CA bundle does not load") {
+		t.Fatalf("lookup with a half-written bundle: err %v, log %s", err, logs.String())
+	}
+	if err := os.WriteFile(f.ca, append(f.authority.CertPEM(), newCA.CertPEM()...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup after the bundle gained the new CA: %v", err)
+	}
+	if !strings.Contains(logs.String(), "CA bundle read again") {
+		t.Errorf("the new bundle was not logged: %s", logs.String())
+	}
+}

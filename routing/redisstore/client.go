@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
-
-	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
 
 // maxRetries is how often a transport error (refused, reset, EOF) is retried
@@ -80,20 +77,20 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tlsConf, err := tlsConfig(cfg)
+	tc, err := tlsConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
 	t := budget(cfg.CommandTimeout)
 	switch {
 	case len(cfg.Cluster.Addrs) > 0:
-		c := redis.NewClusterClient(clusterOptions(cfg, t, tlsConf))
+		c := redis.NewClusterClient(clusterOptions(cfg, t, tc))
 		c.AddHook(slotMapReload{c})
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
-		return redis.NewFailoverClient(failoverOptions(cfg, t, tlsConf)), nil
+		return redis.NewFailoverClient(failoverOptions(cfg, t, tc)), nil
 	}
-	opt, err := standaloneOptions(cfg, t, tlsConf)
+	opt, err := standaloneOptions(cfg, t, tc)
 	if err != nil {
 		return nil, err
 	}
@@ -105,10 +102,10 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 // no type the three share), and a change to one belongs in all three.
 
 // clusterOptions is a Cluster client's; a cluster has no DB to select.
-func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterOptions {
+func clusterOptions(cfg Config, t timeouts, tc clientTLS) *redis.ClusterOptions {
 	return &redis.ClusterOptions{
 		Addrs:                    cfg.Cluster.Addrs,
-		Dialer:                   newDialer(t, tlsConf, cfg.OnShortage),
+		Dialer:                   newDialer(t, tc, cfg.OnShortage),
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
 		OnConnect:                setClientName,
@@ -124,7 +121,7 @@ func clusterOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.ClusterO
 		PoolSize:                 cfg.PoolSize,
 		PipelinePoolSize:         noPipelinePool,
 		PoolTimeout:              t.pool,
-		TLSConfig:                tlsConf,
+		TLSConfig:                tc.conf,
 		DisableIdentity:          true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
@@ -196,12 +193,12 @@ func reloadSlotsAfter(c redis.UniversalClient, err error) {
 // failoverOptions is a Sentinel client's. It has no
 // MaintNotificationsConfig: go-redis turns maintenance notifications off
 // for failover clients itself.
-func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.FailoverOptions {
+func failoverOptions(cfg Config, t timeouts, tc clientTLS) *redis.FailoverOptions {
 	return &redis.FailoverOptions{
 		MasterName:            cfg.Sentinel.MasterName,
 		SentinelAddrs:         cfg.Sentinel.Addrs,
 		SentinelPassword:      cfg.Sentinel.Password,
-		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tlsConf, cfg.OnShortage).dial,
+		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage).dial,
 		Username:              cfg.Username,
 		Password:              cfg.Password,
 		DB:                    cfg.DB,
@@ -218,7 +215,7 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 		PoolSize:              cfg.PoolSize,
 		PipelinePoolSize:      noPipelinePool,
 		PoolTimeout:           t.pool,
-		TLSConfig:             tlsConf,
+		TLSConfig:             tc.conf,
 		DisableIdentity:       true,
 	}
 }
@@ -231,15 +228,21 @@ func failoverOptions(cfg Config, t timeouts, tlsConf *tls.Config) *redis.Failove
 // tried once more when that freed any: at the limit, the proxy's idle
 // sandbox connections held the descriptors a lookup's connection needed,
 // and the lookup failed (TestStoreDialShedsIdleSandboxConns).
-func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial, TLSConfig: tlsConf})
+func newDialer(t timeouts, tc clientTLS, shed func() int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial})
+	if tc.conf != nil {
+		tcp := dial
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dialTLS(ctx, tcp, network, addr, tc, t.dial)
+		}
+	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil && shed != nil && descriptorShortage(err) && shed() > 0 {
 			c, err = dial(ctx, network, addr)
 		}
 		if err != nil {
-			return c, err
+			return c, handshakeError(err, addr)
 		}
 		if tc, ok := c.(*tls.Conn); ok {
 			if _, ok := tc.NetConn().(syscall.Conn); ok {
@@ -248,6 +251,57 @@ func newDialer(t timeouts, tlsConf *tls.Config, shed func() int) func(ctx contex
 		}
 		return guard(c), nil
 	}
+}
+
+// dialTLS is what go-redis's own dialer runs for TLS (tls.DialWithDialer:
+// the TCP dial by tcp, then the handshake, both within timeout), but
+// within the caller's context, which tls.DialWithDialer ignores: a
+// handshake with a hung sentinel then ends at the sentinel's deadline
+// (sentinelDialer) or when go-redis, which asks every sentinel at once,
+// has its answer from another, rather than at the end of the dial's
+// whole budget, which it held for the master's dial too.
+//
+// Each handshake verifies with the roots of tc.roots as they are then.
+func dialTLS(ctx context.Context, tcp func(context.Context, string, string) (net.Conn, error), network, addr string, tc clientTLS, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	raw, err := tcp(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	conf := tc.conf.Clone()
+	if conf.ServerName == "" {
+		// The host dialed is the name checked, as tls.Dial does.
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		conf.ServerName = host
+	}
+	if tc.roots != nil {
+		conf.RootCAs = tc.roots.get()
+	}
+	c := tls.Client(raw, conf)
+	if err := c.HandshakeContext(ctx); err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// handshakeError names addr in the error of a TLS handshake: a failed
+// TCP dial names it (a *net.OpError, left as it is), but a handshake's
+// error is the handshake's alone ("tls: failed to verify certificate:
+// x509: certificate signed by unknown authority"), and through Sentinel,
+// where the master's address is the sentinels' answer, /readyz and the
+// log could not tell a sentinel's certificate from the master's
+// (TestTLSHandshakeErrorNamesServer).
+func handshakeError(err error, addr string) error {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return err
+	}
+	return fmt.Errorf("TLS handshake with %s: %w", addr, err)
 }
 
 // descriptorShortage reports a dial that failed for want of the
@@ -294,10 +348,10 @@ type sentinelDialer struct {
 	sentinelRead time.Duration
 }
 
-func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config, shed func() int) *sentinelDialer {
+func newSentinelDialer(addrs []string, t timeouts, tc clientTLS, shed func() int) *sentinelDialer {
 	d := &sentinelDialer{
 		sentinels:    make(map[string]bool, len(addrs)),
-		dialer:       newDialer(t, tlsConf, shed),
+		dialer:       newDialer(t, tc, shed),
 		sentinelRead: t.sentinelRead,
 	}
 	for _, a := range addrs {
@@ -307,9 +361,19 @@ func newSentinelDialer(addrs []string, t timeouts, tlsConf *tls.Config, shed fun
 }
 
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if !d.sentinels[addr] {
+		return d.dialer(ctx, network, addr)
+	}
+	// The connection and its TLS handshake are an answer too: a hung
+	// sentinel accepts the TCP connection (its kernel does) and never
+	// completes the handshake, and one behind a path that drops packets
+	// never completes the connection.
+	ctx, cancel := context.WithTimeout(ctx, d.sentinelRead)
+	defer cancel()
 	c, err := d.dialer(ctx, network, addr)
-	if err != nil || !d.sentinels[addr] {
-		return c, err
+	if err != nil {
+		// go-redis says a sentinel failed only when all configured ones did.
+		return c, fmt.Errorf("sentinel: %w", err)
 	}
 	return &shortReads{Conn: c, max: d.sentinelRead}, nil
 }
@@ -348,7 +412,8 @@ func (c *shortReads) capped(t time.Time) time.Time {
 // standaloneOptions is a standalone client's, from url when it is set
 // (the URL carries credentials, db and TLS; explicit fields fill what it
 // leaves out), else from addr.
-func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Options, error) {
+func standaloneOptions(cfg Config, t timeouts, tc clientTLS) (*redis.Options, error) {
+	tlsConf := tc.conf
 	opt := &redis.Options{Addr: cfg.Addr, Username: cfg.Username, Password: cfg.Password, DB: cfg.DB, TLSConfig: tlsConf}
 	if cfg.URL != "" {
 		var err error
@@ -387,7 +452,7 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 		}
 	}
 	opt.ClientName = "" // a client_name in the URL would be refused as setClientName says
-	opt.Dialer = newDialer(t, opt.TLSConfig, cfg.OnShortage)
+	opt.Dialer = newDialer(t, clientTLS{conf: opt.TLSConfig, roots: tc.roots}, cfg.OnShortage)
 	opt.OnConnect = setClientName
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries
@@ -406,31 +471,37 @@ func standaloneOptions(cfg Config, t timeouts, tlsConf *tls.Config) (*redis.Opti
 	return opt, nil
 }
 
-// tlsConfig returns nil when TLS is off (and the URL is not rediss://).
-func tlsConfig(cfg Config) (*tls.Config, error) {
+// clientTLS is how the connections to Redis use TLS: conf (nil: TLS is
+// off), and roots, redis.ca_file (nil: conf's RootCAs, the system's).
+type clientTLS struct {
+	conf  *tls.Config
+	roots *caBundle
+}
+
+// tlsConfig returns a zero clientTLS when TLS is off (and the URL is not
+// rediss://).
+func tlsConfig(cfg Config) (clientTLS, error) {
 	if !cfg.tlsOn() {
-		return nil, nil
+		return clientTLS{}, nil
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}
+	tc := clientTLS{conf: &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}}
 	if cfg.CAFile != "" {
-		pem, err := namedfile.Read(cfg.CAFile, namedfile.MaxSmall)
+		b, err := newCABundle(cfg.CAFile, cfg.Logger)
 		if err != nil {
-			return nil, fmt.Errorf("redis.ca_file: %w", err)
+			return clientTLS{}, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis.ca_file %s: no PEM certificates", cfg.CAFile)
-		}
-		c.RootCAs = pool
+		// go-redis is given conf with the roots read at start; the
+		// dialer's handshakes use the bundle as it is then.
+		tc.conf.RootCAs, tc.roots = b.pool, b
 	}
 	if cfg.CertFile != "" {
 		pair, err := newClientPair(cfg.CertFile, cfg.KeyFile, cfg.Logger)
 		if err != nil {
-			return nil, err
+			return clientTLS{}, err
 		}
-		c.GetClientCertificate = pair.get
+		tc.conf.GetClientCertificate = pair.get
 	}
-	return c, nil
+	return tc, nil
 }
 
 // redactURL masks everything between the scheme and the last "@" of

@@ -38,7 +38,8 @@ type Config struct {
 	DB int `yaml:"db" usage:"database index"`
 	// TLS turns on TLS to the data nodes and sentinels.
 	TLS bool `yaml:"tls" usage:"TLS to the data nodes and sentinels"`
-	// CAFile is a PEM bundle that verifies the server; empty uses the system roots.
+	// CAFile is a PEM bundle that verifies the server; empty uses the
+	// system roots. Read again when it changes (see caBundle).
 	CAFile string `yaml:"ca_file" usage:"PEM bundle that verifies the Redis server (empty: the system's roots)"`
 	// CertFile and KeyFile are the client certificate (PEM, chain after
 	// it) and its key, for a server that asks for one: redis-server's

@@ -299,3 +299,102 @@ func TestTLSClientCertificateRenewed(t *testing.T) {
 		t.Errorf("the renewal was not logged: %s", logs.String())
 	}
 }
+
+// TestTLSHandshakeErrorNamesServer: a TLS handshake refused through
+// Sentinel names the server it was with, and whether that was a sentinel
+// or the master the sentinels named. The error was the handshake's alone
+// ("tls: failed to verify certificate: x509: certificate signed by
+// unknown authority"), the same whether the sentinels' certificate or the
+// master's was the one not trusted, and it named no address (a refused
+// TCP dial names it): in /readyz's detail and the log, an operator could
+// not tell which server's certificate to fix.
+func TestTLSHandshakeErrorNamesServer(t *testing.T) {
+	trusted := newMTLSFiles(t)
+	other := testenv.NewCA(t, "a CA the proxy does not trust")
+	otherCert, otherKey := filepath.Join(trusted.dir, "other.pem"), filepath.Join(trusted.dir, "other.key")
+	other.WritePair(t, otherCert, otherKey, "127.0.0.1")
+	// The servers trust both CAs, so the sentinel reaches the master
+	// either way; only the proxy trusts one.
+	bundle := trusted.write(t, "both.pem", append(trusted.authority.CertPEM(), other.CertPEM()...))
+	tlsArgs := func(cert, key string) []string {
+		return []string{"--tls-port", testenv.AnotherPort, "--tls-cert-file", cert, "--tls-key-file", key,
+			"--tls-ca-cert-file", bundle, "--tls-auth-clients", "no", "--tls-replication", "yes"}
+	}
+	tests := []struct {
+		name                     string
+		masterCert, masterKey    string
+		sentinelCert, sentinelKy string
+		want                     func(master, sentinel string) string
+	}{
+		{"sentinel certificate not trusted", trusted.serverCert, trusted.serverKey, otherCert, otherKey,
+			func(_, sentinel string) string {
+				return "sentinel: TLS handshake with " + sentinel + ": tls: failed to verify certificate"
+			}},
+		{"master certificate not trusted", otherCert, otherKey, trusted.serverCert, trusted.serverKey,
+			func(master, _ string) string {
+				return "TLS handshake with " + master + ": tls: failed to verify certificate"
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			master := testenv.StartRedis(t, tlsArgs(tc.masterCert, tc.masterKey)...)
+			sentinel := testenv.StartSentinel(t, "named", master.OtherAddr(), tlsArgs(tc.sentinelCert, tc.sentinelKy)...)
+			s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "named", Addrs: []string{sentinel.OtherAddr()}},
+				TLS: true, CAFile: trusted.ca})
+			_, err := s.Lookup(context.Background(), "sbx")
+			if want := tc.want(master.OtherAddr(), sentinel.OtherAddr()); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("lookup err = %v, want it to hold %q", err, want)
+			}
+		})
+	}
+}
+
+// TestTLSCABundleRenewed: redis.ca_file rewritten to hold a new CA (the
+// servers are about to move to it, or have) is used by the next
+// connection, without a restart. Read once at start, the new CA was not
+// trusted until the proxy restarted: once the server presented a
+// certificate of it, every new connection failed the handshake.
+func TestTLSCABundleRenewed(t *testing.T) {
+	f := newMTLSFiles(t)
+	r := testenv.StartRedis(t, append(f.serverArgs(), "--tls-auth-clients", "no")...)
+	hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+	var logs testenv.LogBuffer
+	s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: f.ca, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx := context.Background()
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup with the first CA: %v", err)
+	}
+
+	// The server moves to a certificate of a new CA, and drops the
+	// connections made so far.
+	newCA := testenv.NewCA(t, "new server CA")
+	newCert, newKey := filepath.Join(f.dir, "new.pem"), filepath.Join(f.dir, "new.key")
+	newCA.WritePair(t, newCert, newKey, "127.0.0.1")
+	if err := r.Client().Do(ctx, "CONFIG", "SET", "tls-cert-file", newCert, "tls-key-file", newKey).Err(); err != nil {
+		t.Fatalf("config set tls-cert-file and tls-key-file: %v", err)
+	}
+	if err := r.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+		t.Fatalf("client kill: %v", err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("lookup with a bundle without the server's CA: %v, want an unknown authority", err)
+	}
+
+	// A bundle caught while it is written does not load: the previous
+	// one is still used, and it is said.
+	if err := os.WriteFile(f.ca, []byte("-----BEGIN CERT"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err == nil || !strings.Contains(logs.String(), "CA bundle does not load") {
+		t.Fatalf("lookup with a half-written bundle: err %v, log %s", err, logs.String())
+	}
+	if err := os.WriteFile(f.ca, append(f.authority.CertPEM(), newCA.CertPEM()...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup after the bundle gained the new CA: %v", err)
+	}
+	if !strings.Contains(logs.String(), "CA bundle read again") {
+		t.Errorf("the new bundle was not logged: %s", logs.String())
+	}
+}

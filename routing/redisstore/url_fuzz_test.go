@@ -69,7 +69,7 @@ func FuzzRedisURL(f *testing.F) {
 		err := cfg.Validate()
 		var opt *redis.Options
 		if err == nil {
-			opt, err = standaloneOptions(cfg, budget(cfg.CommandTimeout), nil)
+			opt, err = standaloneOptions(cfg, budget(cfg.CommandTimeout), clientTLS{})
 		}
 		if err == nil {
 			want, uerr := url.PathUnescape(pw)

@@ -275,7 +275,7 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 		fs.Lookup(s.flagName()).DefValue = defaults[i].show()
 	}
 	if err := fs.Parse(args); err != nil {
-		return nil, &UsageError{withFlagHint(fs, err)}
+		return nil, &UsageError{WithFlagHint(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		return nil, &UsageError{strayArgument(fs, args)}
@@ -461,10 +461,11 @@ func mayHoldSecret(before []string, arg string) bool {
 	return false
 }
 
-// withFlagHint adds to an unknown flag's error the flag most likely
-// meant: the YAML key's spelling (--http_addr for --http-addr), or one
-// within a few typos. The usage the flag package printed lists a hundred.
-func withFlagHint(fs *flag.FlagSet, err error) error {
+// WithFlagHint adds to an unknown flag's error (from fs.Parse) the flag
+// of fs most likely meant: the YAML key's spelling (--http_addr for
+// --http-addr), or one within a few typos. The usage the flag package
+// printed lists a hundred; a subcommand's few are still mistyped.
+func WithFlagHint(fs *flag.FlagSet, err error) error {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
 	if !ok {
 		return err

@@ -29,7 +29,7 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
 	cfgPath := fs.String("config", "", "the proxy's config file (or CUBEPROXY_CONFIG); its admin_addr is asked")
 	if err := fs.Parse(args); err != nil {
-		return &config.UsageError{Err: err}
+		return &config.UsageError{Err: config.WithFlagHint(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		// Parsing stops at the first non-flag: what follows it was not read.

@@ -60,6 +60,8 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"token"}, 2, "usage: cubeproxy token sign"},
 		{[]string{"token", "sign", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"token", "sign", "--port=x"}, 2, `invalid value "x" for flag -port`},
+		{[]string{"token", "sign", "--sandbx=box"}, 2, "did you mean --sandbox?"},
+		{[]string{"health", "--timout=1s"}, 2, "did you mean --timeout?"},
 		// Commands without flags take no arguments either.
 		{[]string{"version", "--short"}, 2, "version takes no arguments"},
 		{[]string{"help", "serve", "extra"}, 2, "help takes one command"},

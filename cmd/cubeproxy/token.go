@@ -33,7 +33,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	ttl := fs.String("ttl", "10m", "lifetime (1s to 24h)")
 	cfgPath := fs.String("config", "", "config file with auth.signing_keys (or CUBEPROXY_AUTH_SIGNING_KEYS)")
 	if err := fs.Parse(args[1:]); err != nil {
-		return &config.UsageError{Err: err}
+		return &config.UsageError{Err: config.WithFlagHint(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		// Parsing stops at the first non-flag: what follows it was not read.

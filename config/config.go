@@ -112,7 +112,7 @@ type AccessLog struct {
 // Telemetry configures metrics and traces (exporters come from OTEL_* variables).
 type Telemetry struct {
 	TraceSampleRatio float64 `yaml:"trace_sample_ratio" usage:"fraction of requests traced when OTEL_TRACES_EXPORTER=otlp (unset: 1 with OTEL_TRACES_SAMPLER=always_on, else OTEL_TRACES_SAMPLER_ARG if set, else the default)"`
-	MetricsLoopback  bool    `yaml:"metrics_loopback_open" usage:"serve /metrics without the admin token to local scrapers (loopback, no Origin, Host an IP or localhost)"`
+	MetricsLoopback  bool    `yaml:"metrics_loopback_open" usage:"serve /metrics without the admin token to local scrapers (loopback, no Origin, Host an IP, localhost or a *.localhost name)"`
 }
 
 // TLS configures the HTTPS listener's certificates.

@@ -147,7 +147,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	if !a.authorized(ctx) {
 		a.p.metrics.AuthRejected(telemetry.AuthAdmin)
 		if a.cfg.Token == "" {
-			adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP or localhost, are served")
+			adminError(ctx, 403, "no admin token is configured: only local clients without Origin, addressing the admin API by IP, localhost or a *.localhost name, are served")
 			return
 		}
 		adminError(ctx, 403, "admin token missing or wrong")

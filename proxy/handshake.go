@@ -78,6 +78,7 @@ type tlsConn struct {
 	// it under a 5 s deadline of its own, and into a socket the client
 	// stopped emptying that held each such close 5 s.
 	writeFailed atomic.Bool
+	wait        waitNode // its place among the connections waiting for a request (Proxy.waiting)
 }
 
 // Read reads application data, noting the first bytes.

@@ -59,21 +59,29 @@ func checkClosedByProxy(t *testing.T, c net.Conn, what string) {
 }
 
 // At client.max_conns, connections that wait for a request (idle after
-// one, or open without a byte; plain and HTTPS) no longer keep new clients
+// one, or open without a byte; plain and HTTPS, where a handshake done
+// without a request waits too) no longer keep new clients
 // out: as nginx at worker_connections, the proxy closes the ones waiting
 // longest and serves the new client, counts and logs it. Before, three
 // new clients got 503 proxy_overloaded (HTTPS: a failed handshake) while
 // the three held connections stayed open up to client.read_timeout or
 // client.idle_timeout: a client without credentials locked the node out.
 func TestMaxConnsReclaimsWaitingConnections(t *testing.T) {
+	const (
+		idle      = iota // after a request
+		silent           // connected, not a byte sent
+		handshake        // TLS handshake done, no request
+	)
 	for _, tc := range []struct {
-		name        string
-		tls, silent bool
+		name string
+		tls  bool
+		hold int
 	}{
-		{"plain idle keep-alive", false, false},
-		{"plain silent", false, true},
-		{"https idle keep-alive", true, false},
-		{"https silent", true, true},
+		{"plain idle keep-alive", false, idle},
+		{"plain silent", false, silent},
+		{"https idle keep-alive", true, idle},
+		{"https silent", true, silent},
+		{"https handshake only", true, handshake},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tel := obsTelemetry(t, nil)
@@ -101,9 +109,15 @@ func TestMaxConnsReclaimsWaitingConnections(t *testing.T) {
 			var held []net.Conn
 			for i := range 3 {
 				var c net.Conn
-				if tc.silent {
+				switch tc.hold {
+				case silent:
 					c = dialRaw(t, addr)
-				} else {
+				case handshake:
+					c = dial()
+					if err := c.(*tls.Conn).Handshake(); err != nil {
+						t.Fatalf("held connection %d: %v", i, err)
+					}
+				default:
 					c = dial()
 					if resp, body, err := askOn(c, web); err != nil || resp.StatusCode != 200 {
 						t.Fatalf("held connection %d: %v %q %v", i, resp, body, err)
@@ -233,6 +247,46 @@ func TestMaxConnsNeverReclaimsBusyConnections(t *testing.T) {
 	if streams, tunnels := h.proxy.streams.open(); streams != 2 || tunnels != 1 {
 		t.Errorf("%d streams and %d tunnels open, want 2 and 1", streams, tunnels)
 	}
+}
+
+// A TLS connection whose handshake has begun is never closed to make
+// room, as nginx's, and neither is it listed as waiting before its
+// handshake's first byte: a new client over the limit is refused, and
+// the connection is served on once it is done.
+func TestMaxConnsNeverReclaimsHandshakeUnderWay(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.MaxClientConns = 1 })
+	web := h.route("sbxreclaimhs", overloadBackend(t))
+	tlsAddr, roots := serveTLS(t, h)
+	raw := dialRaw(t, tlsAddr)
+	// The first bytes of a ClientHello: the record header, its
+	// handshake type and the first byte of its length.
+	if _, err := raw.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the handshake under way", func() bool {
+		return h.proxy.clientConns.Load() == 1 && waitingConns(h.proxy) == 0
+	})
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tlsAddr, &tls.Config{RootCAs: roots, ServerName: web})
+	if err == nil {
+		c.Close()
+		t.Fatal("a new TLS client was let in over client.max_conns by closing a handshake under way")
+	}
+	if n := h.proxy.clientConns.Load(); n != 1 {
+		t.Errorf("%d connections counted open, want the one in its handshake", n)
+	}
+	raw.Close()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tlsAddr, &tls.Config{RootCAs: roots, ServerName: web})
+		if err != nil {
+			return err
+		}
+		// Done, its handshake leaves it waiting: listed again.
+		defer c.Close()
+		if resp, body, err := askOn(c, web); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("TLS client once room freed up: %v %q %v", resp, body, err)
+		}
+		return nil
+	})
 }
 
 // A connection reclaimed in the instant its request began is counted out

@@ -183,7 +183,7 @@ type Client struct {
 	WriteTimeout  time.Duration `yaml:"write_timeout" usage:"a client that took nothing of a response being written for this long is cut (renewed by every byte it takes, as nginx send_timeout)"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout" usage:"keep-alive idle timeout"`
 	MaxHeaderSize int           `yaml:"max_header_size" usage:"largest request header block (431 above)"`
-	MaxConns      int           `yaml:"max_conns" usage:"client connections open at once across the traffic listeners, streams and WebSockets included (0 = unlimited; 503 proxy_overloaded above)"`
+	MaxConns      int           `yaml:"max_conns" usage:"client connections open at once across the traffic listeners, streams and WebSockets included (0 = unlimited; at it, ones waiting for a request are closed for new ones, else 503 proxy_overloaded)"`
 }
 
 // Default returns the built-in defaults.

@@ -26,6 +26,7 @@ type benchInstr struct {
 	logFormat string // access log format to io.Discard; "" = no access log
 	body      int    // the backend's answer body size; 0: a short greeting
 	tcp       bool   // clients connect over loopback TCP, as to a traffic listener (clientConn), not in memory
+	maxConns  int    // client.max_conns: connections waiting for a request are tracked (Proxy.waiting)
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -85,7 +86,7 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	var resp *fasthttp.Response
 	if in.tcp {
 		ln := listen(tb, "127.0.0.1:0")
-		client, req, resp = servedProxy(tb, cfg, store, ln, func(string) (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) })
+		client, req, resp = servedProxy(tb, cfg, ServerConfig{MaxClientConns: in.maxConns}, store, ln, func(string) (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) })
 	} else {
 		client, req, resp = inmemoryProxy(tb, cfg, store)
 	}
@@ -110,11 +111,12 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 func inmemoryProxy(tb testing.TB, cfg Config, store routing.Store) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
 	tb.Helper()
 	ln := fasthttputil.NewInmemoryListener()
-	return servedProxy(tb, cfg, store, ln, func(string) (net.Conn, error) { return ln.Dial() })
+	return servedProxy(tb, cfg, ServerConfig{}, store, ln, func(string) (net.Conn, error) { return ln.Dial() })
 }
 
-// servedProxy is inmemoryProxy on ln, whose connections dial makes.
-func servedProxy(tb testing.TB, cfg Config, store routing.Store, ln net.Listener, dial fasthttp.DialFunc) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
+// servedProxy is inmemoryProxy on ln, served with srvCfg, whose
+// connections dial makes.
+func servedProxy(tb testing.TB, cfg Config, srvCfg ServerConfig, store routing.Store, ln net.Listener, dial fasthttp.DialFunc) (*fasthttp.HostClient, *fasthttp.Request, *fasthttp.Response) {
 	tb.Helper()
 	cache, err := routing.NewCache(store, routing.CacheConfig{})
 	if err != nil {
@@ -124,7 +126,7 @@ func servedProxy(tb testing.TB, cfg Config, store routing.Store, ln net.Listener
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := NewServer(ServerConfig{}, p, nil)
+	srv := NewServer(srvCfg, p, nil)
 	go srv.Serve(ln)
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -154,6 +156,13 @@ func BenchmarkRequestPlain(b *testing.B) { benchRequests(b, benchInstr{}) }
 // BenchmarkRequestPlainTCP is BenchmarkRequestPlain with the client on
 // loopback TCP: its connection is a clientConn, as every client's is.
 func BenchmarkRequestPlainTCP(b *testing.B) { benchRequests(b, benchInstr{tcp: true}) }
+
+// BenchmarkRequestPlainTCPMaxConns is BenchmarkRequestPlainTCP with
+// client.max_conns set: each request takes its connection off the list of
+// those waiting for one and puts it back (Proxy.waiting).
+func BenchmarkRequestPlainTCPMaxConns(b *testing.B) {
+	benchRequests(b, benchInstr{tcp: true, maxConns: 1000})
+}
 
 // BenchmarkRequestInstrumentedTracingOff adds metrics (tracing off, the
 // default) and a JSON access log to io.Discard.
@@ -195,6 +204,7 @@ func TestInstrumentationAddsNoAllocs(t *testing.T) {
 		in   benchInstr
 	}{
 		{"client over TCP (clientConn)", benchInstr{tcp: true}},
+		{"client over TCP, client.max_conns set", benchInstr{tcp: true, maxConns: 1000}},
 		{"metrics", benchInstr{telemetry: true}},
 		{"metrics+json log", benchInstr{telemetry: true, logFormat: accesslog.FormatJSON}},
 		{"metrics+cube log", benchInstr{telemetry: true, logFormat: accesslog.FormatCube}},

@@ -23,6 +23,9 @@ type clientConn struct {
 	// writeFailed says a write failed (client.write_timeout, a broken
 	// connection): Close then does not linger.
 	writeFailed atomic.Bool
+	// wait is its place among the connections waiting for a request
+	// (Proxy.waiting).
+	wait waitNode
 }
 
 // newClientConn wraps tcp; p is nil under TLS (see clientConn), and a

@@ -78,6 +78,7 @@ type tlsConn struct {
 	// it under a 5 s deadline of its own, and into a socket the client
 	// stopped emptying that held each such close 5 s.
 	writeFailed atomic.Bool
+	wait        waitNode // its place among the connections waiting for a request (Proxy.waiting)
 }
 
 // Read reads application data, noting the first bytes.
@@ -121,11 +122,24 @@ func (c *tlsConn) Close() error {
 	return c.Conn.Close()
 }
 
-// Handshake runs the TLS handshake where the drain can end it.
+// Handshake runs the TLS handshake where the drain can end it. With
+// client.max_conns set, the connection is one a new client may take the
+// place of (Proxy.waiting) until the handshake's first byte arrives, and
+// again once the handshake is done, until its first request's byte, as
+// nginx's: a client's handshake is never cut half way to make room.
 func (c *tlsConn) Handshake() error {
 	c.handshakes.add(c)
 	defer c.handshakes.remove(c)
-	return c.Conn.Handshake()
+	if c.p == nil || c.p.waiting == nil {
+		return c.Conn.Handshake()
+	}
+	awaitFirstByte(c.NetConn())
+	c.p.waiting.remove(c)
+	err := c.Conn.Handshake()
+	if err == nil {
+		c.p.waiting.push(c)
+	}
+	return err
 }
 
 // handshakes is the set of TLS handshakes running.

@@ -50,6 +50,13 @@ type retryListener struct {
 	scratch       []byte        // what a refused client sent is read into it and dropped
 	refused       int           // refusals since the last "refusing" line
 	refusedLogged time.Time     // last "refusing" line
+
+	// At client.max_conns, the connections that wait for a request, of
+	// which reclaim closes the oldest for a new one (nil: the limit is off).
+	waiting         *waitList
+	victims         []net.Conn // reclaim's, kept to allocate once
+	reclaimed       int        // connections reclaimed since the last "not enough" line
+	reclaimedLogged time.Time  // last "not enough" line
 }
 
 func newRetryListener(ln net.Listener, log *slog.Logger, m *telemetry.Metrics) *retryListener {
@@ -75,7 +82,7 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			if l.reserve != nil {
 				return l.reserve.track(c), nil
 			}
-			if l.open != nil && !l.admit() {
+			if l.open != nil && !l.admitOrReclaim() {
 				l.refuse(c)
 				continue
 			}

@@ -12,10 +12,13 @@ import (
 
 // limit makes l a listener of client traffic: every connection it accepts
 // counts in open (shared by all traffic listeners) until it closes, and
-// one that would make open exceed max (> 0) is refused at once.
-func (l *retryListener) limit(open *atomic.Int64, max int64) {
-	l.open, l.max = open, max
+// one that would make open exceed max (> 0) takes the place of the
+// connections of waiting that wait longest for a request (reclaim), or is
+// refused at once when none does.
+func (l *retryListener) limit(open *atomic.Int64, max int64, waiting *waitList) {
+	l.open, l.max, l.waiting = open, max, waiting
 	if max > 0 {
+		l.victims = make([]net.Conn, 0, maxReclaim)
 		l.answerRest = overloadAnswer()
 		l.answer = make([]byte, 0, overloadDatedLen+len(l.answerRest))
 		l.scratch = make([]byte, 4<<10)
@@ -28,6 +31,20 @@ func (l *retryListener) admit() bool {
 	if n := l.open.Add(1); l.max > 0 && n > l.max {
 		l.open.Add(-1)
 		return false
+	}
+	return true
+}
+
+// admitOrReclaim admits a new connection, closing connections that wait
+// for a request to make room for it at the limit (reclaim); false when
+// every open connection is busy.
+func (l *retryListener) admitOrReclaim() bool {
+	for !l.admit() {
+		// Another listener may take the room made before this one
+		// does: reclaim again then, until none waits.
+		if !l.reclaim() {
+			return false
+		}
 	}
 	return true
 }

@@ -62,6 +62,18 @@ func rawAsk(t *testing.T, addr, head string) (net.Conn, *bufio.Reader, *http.Res
 	return c, br, resp, string(b)
 }
 
+// keepBusy starts a next request on c, an open keep-alive connection, and
+// sends only its first line: the connection is mid-request, which a new
+// client over client.max_conns never takes the place of (only ones waiting
+// for a request are reclaimed). It returns once the proxy has read it.
+func keepBusy(t *testing.T, h *harness, c net.Conn) {
+	t.Helper()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the request begun", func() bool { return waitingConns(h.proxy) == 0 })
+}
+
 // checkOverloaded fails unless resp is the refusal of a connection over
 // client.max_conns, in the proxy's error shape, and the connection ends.
 func checkOverloaded(t *testing.T, br *bufio.Reader, resp *http.Response, body string) {
@@ -92,7 +104,7 @@ func checkOverloaded(t *testing.T, br *bufio.Reader, resp *http.Response, body s
 	}
 }
 
-// With client.max_conns connections open (a keep-alive connection, a
+// With client.max_conns connections open and busy (one mid-request, a
 // detached SSE stream and a WebSocket tunnel: hijacked ones count until
 // they close), the next connection is refused in the proxy's JSON shape,
 // counted and logged once; the open ones keep being served; the admin
@@ -136,6 +148,8 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	if err := echo(); err != nil {
 		t.Fatal(err)
 	}
+	// Mid-request: not one to reclaim.
+	keepBusy(t, h, keepAlive)
 
 	for range 2 {
 		_, br, resp, body := rawAsk(t, h.addr, get)
@@ -149,7 +163,7 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	}
 
 	// What is open keeps being served.
-	if _, err := io.WriteString(keepAlive, get); err != nil {
+	if _, err := io.WriteString(keepAlive, "Host: "+web+"\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	if resp, err := http.ReadResponse(kaBR, nil); err != nil || resp.StatusCode != 200 {
@@ -169,7 +183,7 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	}
 
 	// servedAgain waits until a new connection is served rather than
-	// refused, and returns it (open, idle).
+	// refused, and returns it (open, mid-request: busy).
 	servedAgain := func(what string) net.Conn {
 		t.Helper()
 		var c net.Conn
@@ -182,6 +196,7 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 			checkOverloaded(t, br, resp, body)
 			return io.ErrUnexpectedEOF // refused: try again
 		})
+		keepBusy(t, h, c)
 		return c
 	}
 	refusedNow := func(what string) {
@@ -217,6 +232,7 @@ func TestMaxConnsRefusalNeverWaitsForTheClient(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("first connection: %d", resp.StatusCode)
 	}
+	keepBusy(t, h, holder)
 	// One refusal first, so that what the proxy starts once (the log
 	// line) is not counted below.
 	_, br, resp, body := rawAsk(t, h.addr, get)
@@ -285,6 +301,7 @@ func TestMaxConnsTLSAndRedirectListeners(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("first connection: %d", resp.StatusCode)
 	}
+	keepBusy(t, h, holder)
 	start := time.Now()
 	if err := handshake(); err == nil {
 		t.Fatal("TLS connection over client.max_conns completed its handshake")
@@ -338,7 +355,7 @@ func TestRefusalRenderedInPlace(t *testing.T) {
 	l := newRetryListener(ln, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	defer l.Close()
 	var open atomic.Int64
-	l.limit(&open, 1)
+	l.limit(&open, 1, nil)
 	buf := l.answer[:1]
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {

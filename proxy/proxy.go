@@ -75,6 +75,10 @@ type Proxy struct {
 	// up; fasthttp's close or the hijacker's counts it down,
 	// clientConnClosed).
 	clientConns atomic.Int64
+	// waiting are the client connections that wait for a request, which
+	// the listeners close at client.max_conns to admit new ones; nil when
+	// the limit is off.
+	waiting *waitList
 
 	// heldBodies counts the bytes of the bodies read whole to be judged
 	// over max_streams_per_sandbox (overLimit), against HeldBodyBudget.

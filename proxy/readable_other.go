@@ -22,6 +22,11 @@ func (c *upstreamConn) idleOK() bool { return true }
 // noticed when a heartbeat write fails.
 func clientClosed(net.Conn) bool { return false }
 
+// awaitFirstByte returns at once here: without MSG_PEEK, a TLS
+// connection stops being reclaimable as its handshake begins
+// (tlsConn.Handshake).
+func awaitFirstByte(net.Conn) {}
+
 // clientSentMore cannot look at the socket here; nothing is detached
 // (canWaitReadable), so no stream ends with its connection.
 func clientSentMore(net.Conn) bool { return false }

@@ -190,6 +190,22 @@ func clientSentMore(c net.Conn) bool {
 	return more
 }
 
+// awaitFirstByte returns once c, a client's connection, has a byte to
+// read, which it leaves there (MSG_PEEK), or once its read deadline passes
+// or it is closed. nginx keeps a TLS connection reclaimable until the
+// first byte of its handshake arrives (tlsConn.Handshake).
+func awaitFirstByte(c net.Conn) {
+	raw := rawConn(c)
+	if raw == nil {
+		return
+	}
+	var b [1]byte
+	_ = raw.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err != syscall.EAGAIN
+	})
+}
+
 // rawConn is c's socket, under TLS if need be; nil if it has none.
 func rawConn(c net.Conn) syscall.RawConn {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {

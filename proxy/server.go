@@ -134,6 +134,10 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	p.clientBodyTimeout = cfg.ClientBodyTimeout
 	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
 	p.draining = &s.draining
+	if cfg.MaxClientConns > 0 {
+		// Off (nil) without the limit: no lock per state change.
+		p.waiting = &waitList{}
+	}
 	// Every server sets SecureErrorLogMessage: without it fasthttp's
 	// error for a request it cannot parse quotes the raw request head,
 	// and that lands in the debug log with the admin token, traffic
@@ -263,21 +267,32 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 					s.redirectConns.add(c)
 				}
 				p.metrics.ConnOpened()
+				if p.waiting != nil {
+					p.waiting.push(c)
+				}
 			case fasthttp.StateActive:
+				if p.waiting != nil {
+					p.waiting.remove(c)
+				}
 				if logged {
 					s.redirectConns.requestBegan(c, time.Now())
+				}
+			case fasthttp.StateIdle:
+				if p.waiting != nil {
+					p.waiting.push(c)
 				}
 			case fasthttp.StateClosed:
 				p.held.remove(c)
 				if logged {
 					s.redirectConns.remove(c)
 				}
-				p.clientConnClosed()
+				p.connClosed(c)
 			case fasthttp.StateHijacked:
 				p.held.remove(c)
 				if logged {
 					s.redirectConns.remove(c)
 				}
+				p.connHijacked(c)
 			}
 		},
 	}
@@ -475,12 +490,13 @@ func (s *Server) retrying(ln net.Listener) *retryListener {
 }
 
 // limited is retrying for a listener of client traffic: its connections
-// count against MaxClientConns, and one over it is refused; those it
+// count against MaxClientConns, and one over it takes the place of
+// connections waiting for a request, or is refused when none waits; those it
 // accepts are adopted (Proxy.adopt: write timeout renewed on progress,
 // a lingering close during the drain).
 func (s *Server) limited(ln net.Listener) net.Listener {
 	rl := s.retrying(ln)
-	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns))
+	rl.limit(&s.p.clientConns, int64(s.cfg.MaxClientConns), s.p.waiting)
 	rl.wrap = s.p.adopt
 	return rl
 }
@@ -761,29 +777,61 @@ func (s *Server) janitor() {
 
 // connState counts open client connections. A hijacked (WebSocket)
 // connection stays open; its tunnel reports the close. clientConns was
-// counted up when the listener admitted the connection.
+// counted up when the listener admitted the connection. With
+// client.max_conns set, it also keeps the list of connections waiting for
+// a request (waiting) that the listener reclaims at the limit.
 func (p *Proxy) connState(c net.Conn, st fasthttp.ConnState) {
 	switch st {
 	case fasthttp.StateNew:
 		p.served.Add(1)
 		p.conns.add(c)
 		p.metrics.ConnOpened()
+		if p.waiting != nil {
+			p.waiting.push(c)
+		}
 	case fasthttp.StateActive:
+		if p.waiting != nil {
+			p.waiting.remove(c)
+		}
 		// Only the access log's request_time uses it: no clock read
 		// and no lock without one.
 		if p.cfg.AccessLog != nil {
 			p.conns.requestBegan(c, time.Now())
 		}
+	case fasthttp.StateIdle:
+		if p.waiting != nil {
+			p.waiting.push(c)
+		}
 	case fasthttp.StateClosed:
 		p.served.Add(-1)
 		p.conns.remove(c)
-		p.clientConnClosed()
+		p.connClosed(c)
 		if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
 			abandon.(func())()
 		}
 	case fasthttp.StateHijacked:
 		p.served.Add(-1)
 		p.conns.remove(c)
+		p.connHijacked(c)
+	}
+}
+
+// connClosed counts out a client connection fasthttp closed, unless the
+// listener reclaimed it and so counted it out already (reclaim).
+func (p *Proxy) connClosed(c net.Conn) {
+	if p.waiting != nil && p.waiting.remove(c) {
+		p.metrics.ConnClosed()
+		return
+	}
+	p.clientConnClosed()
+}
+
+// connHijacked: the owner of a hijacked connection counts its close. One
+// the listener reclaimed as its request began (the two race) was counted
+// out already, so it is counted back in for that.
+func (p *Proxy) connHijacked(c net.Conn) {
+	if p.waiting != nil && p.waiting.remove(c) {
+		p.clientConns.Add(1)
 	}
 }
 

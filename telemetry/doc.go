@@ -25,6 +25,7 @@
 //	cubeproxy.upstream.retries          cubeproxy_upstream_retries_total
 //	cubeproxy.accept.errors             cubeproxy_accept_errors_total       (listener out of descriptors; retried)
 //	cubeproxy.connections.refused       cubeproxy_connections_refused_total (client.max_conns open: 503 proxy_overloaded)
+//	cubeproxy.connections.reclaimed     cubeproxy_connections_reclaimed_total (waiting for a request, closed for a new one at client.max_conns)
 //	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
 //	cubeproxy.stream_limit.waits        cubeproxy_stream_limit_waits_total{outcome="slot"|"refused"|"state"} (waits for a slot at max_streams_per_sandbox)

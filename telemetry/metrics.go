@@ -51,6 +51,7 @@ type Metrics struct {
 	retries       atomic.Int64
 	acceptErrors  atomic.Int64
 	connsRefused  atomic.Int64
+	reclaimed     atomic.Int64 // client connections closed at client.max_conns for new ones
 	auth          [len(authReasons)]atomic.Int64
 	logDrops      atomic.Int64
 	logReopenErrs atomic.Int64
@@ -77,7 +78,7 @@ type observed struct {
 	requests, bytesIn, bytesOut, cache, storeErrors  metric.Int64ObservableCounter
 	connectErrors, resourceErrs, retries, auth       metric.Int64ObservableCounter
 	logDrops, logReopenErrs, procLogDrops, spanDrops metric.Int64ObservableCounter
-	acceptErrors, connsRefused, streamEnds           metric.Int64ObservableCounter
+	acceptErrors, connsRefused, streamEnds, reclaims metric.Int64ObservableCounter
 	limitWaits, invSubscriptions, invMessages        metric.Int64ObservableCounter
 	invSubscribed                                    metric.Int64ObservableUpDownCounter
 	conns, streams, websockets, pools, idle          metric.Int64ObservableUpDownCounter
@@ -111,6 +112,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.retries = b.counter("cubeproxy.upstream.retries", "{retry}", "Upstream retries: a connect retried after it failed, or an idempotent request re-sent after its keep-alive connection turned out closed.")
 	o.acceptErrors = b.counter("cubeproxy.accept.errors", "{error}", "Failed accepts of client connections (out of descriptors or memory); the listener retries.")
 	o.connsRefused = b.counter("cubeproxy.connections.refused", "{connection}", "Client connections refused with 503 proxy_overloaded because client.max_conns were open.")
+	o.reclaims = b.counter("cubeproxy.connections.reclaimed", "{connection}", "Client connections waiting for a request (idle keep-alive, or no request yet) closed to admit new ones at client.max_conns.")
 	o.auth = b.counter("cubeproxy.auth.rejections", "{request}", "Requests refused by auth, by reason.")
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
@@ -133,7 +135,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.logDrops, o.logReopenErrs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
+		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
 		o.invSubscribed, o.invSubscriptions, o.invMessages)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
@@ -247,6 +249,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	ob.ObserveInt64(o.retries, m.retries.Load())
 	ob.ObserveInt64(o.acceptErrors, m.acceptErrors.Load())
 	ob.ObserveInt64(o.connsRefused, m.connsRefused.Load())
+	ob.ObserveInt64(o.reclaims, m.reclaimed.Load())
 	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
 	ob.ObserveInt64(o.logReopenErrs, m.logReopenErrs.Load())
 	var procLogDrops uint64
@@ -489,6 +492,15 @@ func (m *Metrics) ConnRefused() {
 		return
 	}
 	m.connsRefused.Add(1)
+}
+
+// ConnsReclaimed counts n client connections that waited for a request,
+// closed to admit new ones at client.max_conns.
+func (m *Metrics) ConnsReclaimed(n int) {
+	if m == nil {
+		return
+	}
+	m.reclaimed.Add(int64(n))
 }
 
 // AuthRejected counts a refused request. reason is one of the Auth*

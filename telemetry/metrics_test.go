@@ -53,6 +53,7 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.AccessLogDropped()
 	m.AccessLogReopenFailed()
 	m.ConnRefused()
+	m.ConnsReclaimed(3)
 	m.StreamLimitWait(WaitSlot)
 	m.StreamLimitWait(WaitSlot)
 	m.StreamLimitWait(WaitRefused)
@@ -111,6 +112,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
 		{"cubeproxy_accesslog_reopen_errors_total", nil, 1},
 		{"cubeproxy_connections_refused_total", nil, 1},
+		{"cubeproxy_connections_reclaimed_total", nil, 3},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "refused"}, 1},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "state"}, 3},

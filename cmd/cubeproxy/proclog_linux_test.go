@@ -104,7 +104,19 @@ func msgOf(line string) string {
 // listener accepting.
 func TestBinaryProcessLogNeverBlocks(t *testing.T) {
 	bin := buildBinary(t)
-	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	// "/hold" is answered once the test releases it: a connection
+	// busy with it is one the proxy never closes to make room.
+	arrived, release := make(chan struct{}, 2), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll)
+	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
 	routes := boxRoutes(t, t.TempDir(), port)
 	cmd, out, exited := startWithFIFO(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--routes", routes, "--client-max-conns", "2", "--drain-timeout", "1s")
@@ -168,8 +180,9 @@ func TestBinaryProcessLogNeverBlocks(t *testing.T) {
 
 	// The accept loop logs when it refuses a connection over
 	// client.max_conns (2: the 508 above took two, the client's and the
-	// proxy's own dial). Two connections are admitted first (a request
-	// answered on each): the close of those before may not be counted yet.
+	// proxy's own dial). Two connections are admitted first, each busy
+	// with a request the sandbox holds (the close of those before may not
+	// be counted yet).
 	var held []net.Conn
 	for range 2 {
 		testenv.WaitFor(t, 5*time.Second, "a connection admitted under client.max_conns", func() bool {
@@ -177,28 +190,37 @@ func TestBinaryProcessLogNeverBlocks(t *testing.T) {
 			if err != nil {
 				return false
 			}
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", box)
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err == nil && resp.StatusCode == 200 {
-				resp.Body.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "GET /hold HTTP/1.1\r\nHost: %s\r\n\r\n", box)
+			refused := make(chan struct{})
+			go func() {
+				// Before the release, only a refusal ends this read.
+				_, _ = http.ReadResponse(bufio.NewReader(c), nil)
+				close(refused)
+			}()
+			select {
+			case <-arrived:
 				held = append(held, c)
 				return true
+			case <-refused:
+				c.Close()
+				return false
 			}
-			c.Close()
-			return false
 		})
 	}
 	if code, took := do(box); code != 503 {
 		t.Errorf("connection over client.max_conns with stdout stalled: status %d after %v, want 503 at once", code, took.Round(time.Millisecond))
 	}
-	for _, c := range held {
-		c.Close()
-	}
+	// Released, the held connections wait for their next request: a new
+	// client takes the place of one, and the accept loop logs that too.
+	releaseAll()
 	testenv.WaitFor(t, 5*time.Second, "a new connection served after the refusal", func() bool {
 		code, _ := do(box)
 		return code == 200
 	})
+	for _, c := range held {
+		c.Close()
+	}
 
 	// Lines beyond the queue's budget are lost: audit lines of the admin
 	// API, a few hundred bytes each, until far more than it holds.

@@ -166,6 +166,24 @@ func (c *chunkedReader) ready() bool {
 	return err != nil || probe.state == chunkDone || probe.state == chunkData && k < len(buf)
 }
 
+// skipFraming consumes the bytes buffered when they hold framing alone
+// (ready is false): no body byte, no end of the body, no error. A Read
+// would otherwise go on to wait for the connection.
+func (c *chunkedReader) skipFraming() {
+	if c.ready() {
+		return
+	}
+	buf, _ := c.br.Peek(c.br.Buffered())
+	k, _ := c.parse(buf) // ready: no error
+	_, _ = c.br.Discard(k)
+}
+
+// atFraming reports whether the next bytes to come are framing, not a
+// chunk's data (nor is the body over).
+func (c *chunkedReader) atFraming() bool {
+	return c.err == nil && c.state != chunkData && c.state != chunkDone
+}
+
 // framingError returns the error Read would fail with before its first
 // body byte when the bytes buffered already show the framing broken there
 // (a size that is no number, a size line too long, a bare LF, a bad

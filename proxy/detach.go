@@ -179,10 +179,19 @@ var (
 const chunkHeadRoom = 10
 
 // copyEvents is the detached stream's loop. Between events it holds no
-// reader and no buffer: it waits until the backend's socket is readable.
+// reader and no buffer: it waits until the backend's socket is readable,
+// and takes the 64 KiB buffer only for a body byte. A chunked body's
+// framing comes apart from its data (Go's server sends a large chunk's
+// closing CRLF in a segment of its own): read with the buffer, a wake-up
+// that brought only framing waited in it for the next chunk, and a
+// sandbox silent after a burst held it, ≈ 78 KiB against GOMEMLIMIT
+// instead of a few, until upstream.idle_timeout.
 func (s *bodyStream) copyEvents() error {
 	c := s.conn
 	for {
+		if c.br != nil && s.mode == bodyChunked {
+			s.chunked.skipFraming()
+		}
 		if c.br != nil && c.br.Buffered() == 0 {
 			s.p.releaseReader(c.br)
 			c.br = nil
@@ -212,6 +221,17 @@ func (s *bodyStream) copyEvents() error {
 			case err != nil:
 				s.cut(err)
 				return err
+			}
+			if s.mode == bodyChunked && s.chunked.atFraming() {
+				// What came may be framing alone (the CRLF after a chunk,
+				// the next size line): skipFraming, at the top, consumes it
+				// rather than Read wait for the chunk's data with the
+				// 64 KiB buffer. Read would fill the reader here all the
+				// same; in a chunk's data it reads on straight into the
+				// buffer. A failed Peek is Read's to report.
+				if _, err := c.br.Peek(1); err == nil {
+					continue
+				}
 			}
 		}
 		bp := copyBufPool.Get().(*[]byte)

@@ -363,6 +363,14 @@ func TestPipelinedStreamWhoseClientResetsIsReleased(t *testing.T) {
 // client check the tests race against.
 func tcpSocketOpen(t *testing.T, local, remote int) bool {
 	t.Helper()
+	open, _ := tcpSocket(t, local, remote)
+	return open
+}
+
+// tcpSocket is tcpSocketOpen, and the bytes in the socket's receive queue
+// that its owner has not read yet.
+func tcpSocket(t *testing.T, local, remote int) (open bool, unread int) {
+	t.Helper()
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
 		t.Fatal(os.NewSyscallError("socket", err))
@@ -398,22 +406,26 @@ func tcpSocketOpen(t *testing.T, local, remote int) bool {
 	switch m := msgs[0]; m.Header.Type {
 	case unix.SOCK_DIAG_BY_FAMILY:
 		// struct inet_diag_msg: family, state, timer, retrans, then the
-		// sockid. With no connection left the lookup falls back on the
-		// listener of the local port, whose peer port is 0.
-		return len(m.Data) >= 8 && int(binary.BigEndian.Uint16(m.Data[6:])) == remote
+		// sockid (48 bytes), expires, then the receive queue. With no
+		// connection left the lookup falls back on the listener of the
+		// local port, whose peer port is 0.
+		if len(m.Data) < 60 || int(binary.BigEndian.Uint16(m.Data[6:])) != remote {
+			return false, 0
+		}
+		return true, int(binary.NativeEndian.Uint32(m.Data[56:]))
 	case unix.NLMSG_ERROR:
 		if len(m.Data) < 4 {
 			t.Fatal("short sock_diag error")
 		}
 		errno := -int32(binary.NativeEndian.Uint32(m.Data))
 		if syscall.Errno(errno) == syscall.ENOENT {
-			return false
+			return false, 0
 		}
 		t.Fatalf("sock_diag: %v", syscall.Errno(errno))
 	default:
 		t.Fatalf("sock_diag answered message type %d", m.Header.Type)
 	}
-	return false
+	return false, 0
 }
 
 // acceptPair connects to ln and returns both ends of the connection, the
@@ -624,5 +636,81 @@ func TestDetachedStreamEndsCleanlyWithPipelinedBytes(t *testing.T) {
 			c.Close()
 			h.waitClientConnsClosed(t)
 		})
+	}
+}
+
+// A detached stream reads a chunked body's framing apart from its data
+// when the sandbox sends it apart (Go's server sends a large chunk's
+// closing CRLF in a segment of its own): it must not then wait for the
+// next chunk with the sandbox connection's reader and the 64 KiB copy
+// buffer, which a sandbox silent after a burst held until
+// upstream.idle_timeout (≈ 78 KiB a connection against GOMEMLIMIT in
+// TestREADMESizingCoversEveryKindOfConnection, against ≈ 9). The proxy's
+// sandbox socket having no byte left unread, it must hold no reader; then
+// the rest of the body comes through whole.
+func TestDetachedStreamHoldsNoBufferOnFramingAlone(t *testing.T) {
+	for _, client := range []struct{ name, request, contentType string }{
+		{"HTTP/1.0 client", "GET /d HTTP/1.0\r\nHost: %s\r\n\r\n", "text/plain"},
+		{"SSE", "GET /d HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", "text/event-stream"},
+	} {
+		for _, tc := range []struct {
+			name                 string
+			first, framing, rest string // what the sandbox sends: at once, once the client has the body's first, then once it held no reader
+			body                 string // the client's at first
+		}{
+			{"the CRLF after a chunk", "5\r\nhello", "\r\n", chunk("world") + "0\r\n\r\n", "hello"},
+			{"the next size line", chunk("hello"), "5\r\n", "world\r\n0\r\n\r\n", "hello"},
+			{"a size line with the head", "5\r\n", "", "hello\r\n" + chunk("world") + "0\r\n\r\n", ""},
+		} {
+			t.Run(client.name+", "+tc.name, func(t *testing.T) {
+				h := newHarness(t)
+				step, written := make(chan struct{}), make(chan struct{}, 1)
+				ports := make(chan [2]int, 1)
+				b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+					ports <- [2]int{c.RemoteAddr().(*net.TCPAddr).Port, c.LocalAddr().(*net.TCPAddr).Port}
+					head := "HTTP/1.1 200 OK\r\nContent-Type: " + client.contentType + "\r\nTransfer-Encoding: chunked\r\n\r\n"
+					for _, piece := range []string{head + tc.first, tc.framing, tc.rest} {
+						if piece != "" && !rawWrite(c, piece) {
+							return false
+						}
+						written <- struct{}{}
+						select {
+						case <-step:
+						case <-time.After(10 * time.Second):
+							return false
+						}
+					}
+					return true
+				})
+				host := h.route("framing", b.port)
+				pc := h.dialProxy(t)
+				_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+				fmt.Fprintf(pc.c, client.request, host)
+				resp, err := http.ReadResponse(pc.br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				got := make([]byte, len(tc.body))
+				if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != tc.body {
+					t.Fatalf("first: %q, %v; want %q", got, err, tc.body)
+				}
+				<-written
+				step <- struct{}{} // the framing alone
+				<-written          // on loopback, in the proxy's receive queue
+				p := <-ports
+				testenv.WaitFor(t, 3*time.Second, "the framing read and no reader held", func() bool {
+					open, unread := tcpSocket(t, p[0], p[1])
+					return open && unread == 0 && h.proxy.readersOut.Load() == 0
+				})
+				step <- struct{}{} // the rest
+				<-written
+				rest, err := io.ReadAll(resp.Body)
+				if want := strings.TrimPrefix("helloworld", tc.body); err != nil || string(rest) != want {
+					t.Fatalf("rest: %q, %v; want %q and the end", rest, err, want)
+				}
+				step <- struct{}{}
+			})
+		}
 	}
 }

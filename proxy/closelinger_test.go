@@ -156,3 +156,45 @@ func TestCloseLingeringHoldsBeforeItReturns(t *testing.T) {
 		return h.proxy.held.len() == 0 && h.proxy.clientConns.Load() == before
 	})
 }
+
+// The drain waits for a lingering close from the moment Close returns: it
+// ends once it finds no stream, tunnel or linger (Proxy.lingering), and a
+// linger counted only in its goroutine, after the TLS close_notify that
+// ends the answer, was not there while a client slow to read kept that
+// close_notify waiting (up to crypto/tls's 5 s): the drain ended, and
+// Shutdown closed the connection over the client's unread bytes, the
+// reset the linger is there to avoid.
+func TestCloseLingeringCountedForTheDrainAtOnce(t *testing.T) {
+	h := newHarness(t)
+	server, client := tlsPair(t)
+	if _, err := io.WriteString(client, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the client's bytes queued", func() bool { return clientSentMore(server) })
+	// The client reads nothing for now: the socket's buffers fill, and
+	// the close_notify waits for room.
+	raw := server.NetConn()
+	junk := make([]byte, 16<<10)
+	for {
+		_ = raw.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := raw.Write(junk); err != nil {
+			break
+		}
+	}
+	_ = raw.SetWriteDeadline(time.Time{})
+	var lingered atomic.Bool
+	if !h.proxy.closeLingering(server, &lingered, false) {
+		t.Fatal("no lingering close over the client's unread bytes")
+	}
+	if n := h.proxy.lingering.Load(); n != 1 {
+		t.Fatalf("lingering closes as Close returns: %d, want 1, which the drain waits for", n)
+	}
+	// The client reads again: the close_notify goes, the linger reads the
+	// client's bytes, and the client's close ends it.
+	go func() { _, _ = io.Copy(io.Discard, client.NetConn()) }()
+	testenv.WaitFor(t, 10*time.Second, "the linger under way", func() bool { return h.proxy.held.len() == 1 && h.proxy.lingering.Load() == 1 })
+	client.NetConn().Close()
+	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
+		return h.proxy.held.len() == 0 && h.proxy.lingering.Load() == 0
+	})
+}

@@ -1536,8 +1536,9 @@ func (p *Proxy) closeLingering(inner net.Conn, lingered *atomic.Bool, writeFaile
 // linger reads and discards from r what the client of raw still sends,
 // within lingerTimeout and lingerTime, once raw's write side is closed.
 // The caller closes raw, and counts it in lingering (which the drain
-// waits for) from before its answer's end goes out. It reads into a 4 KiB buffer, and into a 64 KiB
-// one only after a read filled the one it used (more is queued): a client
+// waits for) from before its answer's end goes out. It reads into a 4 KiB
+// buffer, and into a 64 KiB one only after a read filled the one it used
+// (more is queued): a client
 // without credentials that trickled a refused body held a 64 KiB buffer
 // for each lingering connection, up to 30 s, ≈ 110 KiB counted per
 // connection against README's 56 KiB sizing. Unlike copyGrowing's rule, a

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -154,5 +155,83 @@ func TestCloseLingeringHoldsBeforeItReturns(t *testing.T) {
 	c.Close()
 	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
 		return h.proxy.held.len() == 0 && h.proxy.clientConns.Load() == before
+	})
+}
+
+// The drain waits for a lingering close from the moment Close returns: it
+// ends once it finds no stream, tunnel or linger (Proxy.lingering), and a
+// linger counted only in its goroutine, after the TLS close_notify that
+// ends the answer, was not there while a client slow to read kept that
+// close_notify waiting (up to crypto/tls's 5 s): the drain ended, and
+// Shutdown closed the connection over the client's unread bytes, the
+// reset the linger is there to avoid.
+func TestCloseLingeringCountedForTheDrainAtOnce(t *testing.T) {
+	h := newHarness(t)
+	server, client := tlsPair(t)
+	if _, err := io.WriteString(client, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the client's bytes queued", func() bool { return clientSentMore(server) })
+	// The client reads nothing for now: the socket's buffers fill, and
+	// the close_notify waits for room.
+	raw := server.NetConn()
+	junk := make([]byte, 16<<10)
+	for {
+		_ = raw.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := raw.Write(junk); err != nil {
+			break
+		}
+	}
+	_ = raw.SetWriteDeadline(time.Time{})
+	var lingered atomic.Bool
+	if !h.proxy.closeLingering(server, &lingered, false) {
+		t.Fatal("no lingering close over the client's unread bytes")
+	}
+	if n := h.proxy.lingering.Load(); n != 1 {
+		t.Fatalf("lingering closes as Close returns: %d, want 1, which the drain waits for", n)
+	}
+	// The client leaves: the close_notify fails, and the connection is
+	// let go.
+	client.NetConn().Close()
+	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
+		return h.proxy.held.len() == 0 && h.proxy.lingering.Load() == 0
+	})
+}
+
+// Shutdown closes a TLS connection still in its lingering close without
+// waiting on it: the close_notify that ends its answer may be waiting for
+// room (crypto/tls: up to 5 s, for a client slow to read), and crypto/tls's
+// Close sends one too, after that one, under the same lock. Closing the
+// tls.Conn held Shutdown for that wait past the drain deadline.
+func TestShutdownCutsATLSLingerAtOnce(t *testing.T) {
+	const drain = 200 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
+	server, client := tlsPair(t)
+	if _, err := io.WriteString(client, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the client's bytes queued", func() bool { return clientSentMore(server) })
+	raw := server.NetConn()
+	junk := make([]byte, 16<<10)
+	for {
+		_ = raw.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := raw.Write(junk); err != nil {
+			break
+		}
+	}
+	_ = raw.SetWriteDeadline(time.Time{})
+	var lingered atomic.Bool
+	if !h.proxy.closeLingering(server, &lingered, false) {
+		t.Fatal("no lingering close over the client's unread bytes")
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = h.server.Shutdown(ctx)
+	if took := time.Since(start); took > drain+2*time.Second {
+		t.Fatalf("Shutdown took %v with a %v drain: it waited on the TLS linger's close_notify", took.Round(time.Millisecond), drain)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
+		return h.proxy.held.len() == 0 && h.proxy.lingering.Load() == 0
 	})
 }

@@ -56,7 +56,8 @@ type Proxy struct {
 	// heldConns): the admin and redirect servers', and those read from
 	// in a lingering close.
 	held heldConns
-	// lingering counts the connections in a lingering close (linger). The
+	// lingering counts the connections in a lingering close, from before
+	// the end of their answer goes out (answerLingering, goLingerClose). The
 	// drain waits for them as for a stream, until its deadline: closed
 	// with the client's bytes unread, a connection is reset, and a client
 	// still sending the rest of a refused upload (Python's http.client
@@ -1433,6 +1434,8 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 // client's write of the rest fails before it reads the answer. The caller
 // closes raw.
 func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
+	p.lingering.Add(1)
+	defer p.lingering.Add(-1)
 	if p.clientWriteTimeout > 0 {
 		_ = raw.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
 	}
@@ -1464,6 +1467,25 @@ func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
 func (p *Proxy) lingerClose(c net.Conn) {
 	defer p.clientConnClosed()
 	p.lingerThenClose(c)
+}
+
+// goLingerClose runs lingerClose(c), then after (if not nil), in a
+// goroutine, counted in lingering before it starts: the drain ends once
+// it finds nothing open and nothing lingering, and a goroutine that
+// counted itself only in linger, after its CloseWrite (a TLS close_notify
+// waits up to 5 s for a client slow to read), left the drain a window to
+// end in; Shutdown then closed the connection over the client's unread
+// bytes, the reset the linger avoids
+// (TestCloseLingeringCountedForTheDrainAtOnce).
+func (p *Proxy) goLingerClose(c net.Conn, after func()) {
+	p.lingering.Add(1)
+	go func() {
+		defer p.lingering.Add(-1)
+		if after != nil {
+			defer after()
+		}
+		p.lingerClose(c)
+	}()
 }
 
 // lingerThenClose ends c's write side, reads and drops what its client
@@ -1498,10 +1520,10 @@ func (p *Proxy) lingerThenClose(c net.Conn) {
 // as nginx does: the client takes nothing, and lingering would only hold
 // the answer's unsent bytes.
 //
-// The connection is held (p.held) and counted under client.max_conns
-// before the goroutine starts: fasthttp counts it closed when this
-// returns, and the drain, seeing no connection left, could end before a
-// goroutine that had yet to hold it.
+// The connection is held (p.held), counted under client.max_conns and
+// counted lingering (goLingerClose) before the goroutine starts: fasthttp
+// counts it closed when this returns, and the drain, seeing no connection
+// left, could end before a goroutine that had yet to hold it.
 func (p *Proxy) closeLingering(inner net.Conn, lingered *atomic.Bool, writeFailed bool) bool {
 	if writeFailed || !lingered.CompareAndSwap(false, true) || !clientSentMore(inner) {
 		return false
@@ -1511,17 +1533,16 @@ func (p *Proxy) closeLingering(inner net.Conn, lingered *atomic.Bool, writeFaile
 	}
 	p.clientConns.Add(1)
 	p.metrics.ConnOpened()
-	go func() {
-		defer p.held.remove(inner)
-		p.lingerClose(inner)
-	}()
+	p.goLingerClose(inner, func() { p.held.remove(inner) })
 	return true
 }
 
 // linger reads and discards from r what the client of raw still sends,
 // within lingerTimeout and lingerTime, once raw's write side is closed.
-// The caller closes raw. It reads into a 4 KiB buffer, and into a 64 KiB
-// one only after a read filled the one it used (more is queued): a client
+// The caller closes raw, and counts it in lingering (which the drain
+// waits for) from before its answer's end goes out. It reads into a 4 KiB
+// buffer, and into a 64 KiB one only after a read filled the one it used
+// (more is queued): a client
 // without credentials that trickled a refused body held a 64 KiB buffer
 // for each lingering connection, up to 30 s, ≈ 110 KiB counted per
 // connection against README's 56 KiB sizing. Unlike copyGrowing's rule, a
@@ -1534,8 +1555,6 @@ func (p *Proxy) linger(raw, r net.Conn) {
 		return
 	}
 	defer p.held.remove(raw)
-	p.lingering.Add(1)
-	defer p.lingering.Add(-1)
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
 	var big *[]byte

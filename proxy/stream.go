@@ -554,7 +554,7 @@ func (s *bodyStream) end(err error) {
 			case s.unframed && err != nil:
 				c = resetOnClose(c)
 			case err == nil && clientSentMore(c):
-				go s.p.lingerClose(c)
+				s.p.goLingerClose(c, nil)
 				c = nil
 			}
 			if c != nil {

@@ -556,3 +556,54 @@ func publishUntilReceived(t *testing.T, c *redis.Client, rec recorder, since tim
 		}
 	}
 }
+
+// TestClusterInvalidationWhileClusterDown: a master with no replica dies
+// in a cluster that requires full coverage (Redis's default), and every
+// node says cluster_state:fail while it is down, the subscribed one too;
+// a failover says the same for the second or two before the promotion.
+// PUBLISH still works there, and a message published on any node still
+// reaches every other: the subscribed node is in the cluster, and
+// nothing is gained by leaving it. Left every sub.idle for the next node
+// (the dead master among them, where nothing arrives until the PING
+// fails), the subscription missed invalidations published meanwhile.
+func TestClusterInvalidationWhileClusterDown(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+
+	masters[2].Stop() // no replica: its slots are uncovered
+	testenv.WaitFor(t, 30*time.Second, "cluster_state:fail on the live nodes", func() bool {
+		for _, n := range []*testenv.Redis{masters[0], masters[1], replica} {
+			info, err := n.Client().ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:fail") {
+				return false
+			}
+		}
+		return true
+	})
+	// Each published id must arrive: 40 over 6 s, several idle periods.
+	const n = 40
+	for i := range n {
+		if err := masters[1].Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "down"+strconv.Itoa(i)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond) // the pace of the control plane's changes, not a wait for an acknowledgement
+	}
+	got := map[string]bool{}
+	deadline := time.After(3 * time.Second)
+	for len(got) < n {
+		select {
+		case id := <-rec:
+			if strings.HasPrefix(id, "down") {
+				got[id] = true
+			}
+		case <-deadline:
+			t.Fatalf("%d of %d invalidations published while the cluster was down arrived", len(got), n)
+		}
+	}
+}

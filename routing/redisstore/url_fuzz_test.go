@@ -36,7 +36,8 @@ func leakedPiece(msg, secret, others string) string {
 // gives the client the password it holds (a password cut by a raw '/',
 // '?' or '#' would dial with another password, or none, or another
 // Redis), and a refusal, which the process logs, holds no piece of the
-// password.
+// password. Its scheme, in any case, says TLS as go-redis reads it
+// (Config.tlsOn, which ca_file and cert_file are checked against).
 func FuzzRedisURL(f *testing.F) {
 	for i, s := range [][3]string{
 		{"default", "hunter2-secret", "redis.internal:6379/0"},
@@ -55,13 +56,13 @@ func FuzzRedisURL(f *testing.F) {
 	} {
 		f.Add(uint8(i), s[0], s[1], s[2])
 	}
-	schemes := []string{"redis", "rediss", "unix"}
+	schemes := []string{"redis", "rediss", "unix", "REDISS", "Rediss", "REDIS", "UNIX"}
 	f.Fuzz(func(t *testing.T, scheme uint8, user, pw, tail string) {
 		if strings.Contains(user, ":") || strings.ContainsAny(tail, "@") {
 			return // the password would start elsewhere, or end later
 		}
 		sch := schemes[int(scheme)%len(schemes)]
-		if sch == "unix" && !strings.HasPrefix(tail, "/") {
+		if strings.EqualFold(sch, "unix") && !strings.HasPrefix(tail, "/") {
 			tail = "/" + tail // a socket's path
 		}
 		raw := sch + "://" + user + ":" + pw + "@" + tail
@@ -78,6 +79,9 @@ func FuzzRedisURL(f *testing.F) {
 			}
 			if got := opt.Password; got != want {
 				t.Fatalf("%q accepted with password %q, want %q", raw, got, want)
+			}
+			if ref, rerr := redis.ParseURL(raw); rerr == nil && (ref.TLSConfig != nil) != cfg.tlsOn() {
+				t.Fatalf("%q: go-redis's TLS %v, tlsOn %v", raw, ref.TLSConfig != nil, cfg.tlsOn())
 			}
 			return
 		}

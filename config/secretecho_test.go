@@ -67,6 +67,12 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdLooksLikeAVar", "redis.password has the shape of a reference to an environment variable"},
 		{"sentinel password ${NAME} in yaml", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ${Passw0rdLooksLikeAVar}\n")}, nil,
 			"Passw0rdLooksLikeAVar", "set CUBEPROXY_REDIS_SENTINEL_PASSWORD to the password's value"},
+		// In a flow mapping a ',' ends a value: the rest of a secret with
+		// a comma was read as a key, which the refusal named.
+		{"redis password with a comma in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: Xy9k,Pq7S3cretRest}\n")}, nil,
+			"Pq7S3cretRest", "line 2: a key that names no setting, on a line that holds a secret's value (not shown"},
+		{"admin token with two commas in a flow mapping", []string{"--config", writeFile(t, "{admin_token: a,Tok3nS3cretRest, Tok3nS3cretRest}\n")}, nil,
+			"Tok3nS3cretRest", "line 1: a key that is written twice, on a line that holds a secret's value"},
 		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
 			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
 	} {

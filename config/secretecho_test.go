@@ -45,6 +45,13 @@ func TestRefusalsHideSecrets(t *testing.T) {
 		// the tag or the anchor left the secret empty (or its rest).
 		{"redis password starting with '*'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: *Passw0rdS3cret\n")}, nil,
 			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
+		// YAML ends an alias's name at ':', '?', '%', '@' or '`' too:
+		// the alias was not found on its line, and the refusal quoted the
+		// secret up to that character.
+		{"redis password starting with '*', with a ':'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: *Passw0rdS3cret:rest\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
+		{"redis password starting with '*', with a '?', in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret?rest}\n")}, nil,
+			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
 		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
 			"Sign1ngKeyS3cretValue0123456789abcdef", "line 3: auth.signing_keys: its value starts with '*'"},
 		{"admin token starting with '!'", []string{"--config", writeFile(t, "admin_token: !Tok3nS3cretValue\n")}, nil,

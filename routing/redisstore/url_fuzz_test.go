@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,14 +15,18 @@ const secretWindow = 6
 
 // leakedPiece returns a piece of secret (secretWindow bytes, or all of a
 // shorter secret; none of one under 4 bytes) that msg holds and others
-// does not, or "".
+// does not, or "". A piece without a letter or a digit is none.
 func leakedPiece(msg, secret, others string) string {
 	if len(secret) < 4 {
 		return ""
 	}
 	n := min(secretWindow, len(secret))
 	for i := 0; i+n <= len(secret); i++ {
-		if p := secret[i : i+n]; strings.Contains(msg, p) && !strings.Contains(others, p) {
+		p := secret[i : i+n]
+		if !strings.ContainsFunc(p, func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }) {
+			continue // blanks and punctuation ("   :"), which the refusal's own text has
+		}
+		if strings.Contains(msg, p) && !strings.Contains(others, p) {
 			return p
 		}
 	}

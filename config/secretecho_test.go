@@ -45,6 +45,13 @@ func TestRefusalsHideSecrets(t *testing.T) {
 		// the tag or the anchor left the secret empty (or its rest).
 		{"redis password starting with '*'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: *Passw0rdS3cret\n")}, nil,
 			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
+		// YAML ends an alias's name at ':', '?', '%', '@' or '`' too:
+		// the alias was not found on its line, and the refusal quoted the
+		// secret up to that character.
+		{"redis password starting with '*', with a ':'", []string{"--config", writeFile(t, "store: redis\nredis:\n  addr: r:6379\n  password: *Passw0rdS3cret:rest\n")}, nil,
+			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
+		{"redis password starting with '*', with a '?', in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret?rest}\n")}, nil,
+			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
 		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
 			"Sign1ngKeyS3cretValue0123456789abcdef", "line 3: auth.signing_keys: its value starts with '*'"},
 		{"admin token starting with '!'", []string{"--config", writeFile(t, "admin_token: !Tok3nS3cretValue\n")}, nil,
@@ -67,6 +74,12 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdLooksLikeAVar", "redis.password has the shape of a reference to an environment variable"},
 		{"sentinel password ${NAME} in yaml", []string{"--config", writeFile(t, "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: ['r:26379']\n    password: ${Passw0rdLooksLikeAVar}\n")}, nil,
 			"Passw0rdLooksLikeAVar", "set CUBEPROXY_REDIS_SENTINEL_PASSWORD to the password's value"},
+		// In a flow mapping a ',' ends a value: the rest of a secret with
+		// a comma was read as a key, which the refusal named.
+		{"redis password with a comma in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: Xy9k,Pq7S3cretRest}\n")}, nil,
+			"Pq7S3cretRest", "line 2: a key that names no setting, on a line that holds a secret's value (not shown"},
+		{"admin token with two commas in a flow mapping", []string{"--config", writeFile(t, "{admin_token: a,Tok3nS3cretRest, Tok3nS3cretRest}\n")}, nil,
+			"Tok3nS3cretRest", "line 1: a key that is written twice, on a line that holds a secret's value"},
 		{"dns option secret given a section", []string{"--config", writeFile(t, "tls:\n  acme:\n    dns:\n      options: K3ySecretValueAbcdef\n")}, nil,
 			"K3ySecretValueAbcdef", "line 4: tls.acme.dns.options: want a map of name: value lines, got a string (not shown: a secret)"},
 	} {

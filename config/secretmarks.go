@@ -120,7 +120,11 @@ func hideDecoderQuote(err error, data []byte) error {
 // value, and the line and key are returned when a secret takes it;
 // 0 and "" when none does.
 func secretAlias(data []byte, name string) (line int, key string) {
-	alias := regexp.MustCompile(`\*` + regexp.QuoteMeta(name) + `(?:[\s,\]}]|$)`)
+	// YAML ends an alias's name at a blank, or at any of ,]}?:%@` (a
+	// generated password's "*Ab3:x…" is the alias "Ab3"): every one of
+	// them ends the match, or the alias was not found and the refusal
+	// quoted the password up to that character.
+	alias := regexp.MustCompile(`\*` + regexp.QuoteMeta(name) + "(?:[\\s,\\]}?:%@`]|$)")
 	lines := strings.Split(string(data), "\n")
 	for i, l := range lines {
 		loc := alias.FindStringIndex(l)
@@ -128,7 +132,13 @@ func secretAlias(data []byte, name string) (line int, key string) {
 			continue
 		}
 		fixed := slices.Clone(lines)
-		fixed[i] = l[:loc[0]] + "x" + l[loc[0]+1+len(name):]
+		// The alias and the rest of its plain value ("*Ab3?x…" in a flow
+		// mapping) become one plain value, "x": the line then parses.
+		end := loc[0] + 1 + len(name)
+		for end < len(l) && !strings.ContainsRune(" \t,]}", rune(l[end])) {
+			end++
+		}
+		fixed[i] = l[:loc[0]] + "x" + l[end:]
 		var doc yaml.Node
 		if yaml.Unmarshal([]byte(strings.Join(fixed, "\n")), &doc) != nil || len(doc.Content) == 0 {
 			continue

@@ -47,7 +47,7 @@ func explainTypeError(err error, data []byte) error {
 		// A value other keys take through an alias is reported once for
 		// each, at the anchor's line: one mistake, named once (with the
 		// keys that take it, see explainLine).
-		if line := hideSecretValue(explainLine(msg, entries), secret); !slices.Contains(lines, line) {
+		if line := hideSecretKey(msg, secret, explainLine(msg, entries)); !slices.Contains(lines, line) {
 			lines = append(lines, line)
 		}
 	}
@@ -384,6 +384,31 @@ func hideSecretValue(msg string, secret map[int]bool) string {
 		return msg
 	}
 	return quotedValueRE.ReplaceAllLiteralString(msg, "(not shown: a secret)")
+}
+
+// secretKeyErrorRE finds the decoder's errors that quote a key: one that
+// names no setting, and one written twice in a mapping.
+var secretKeyErrorRE = regexp.MustCompile(`^line ([0-9]+): (?:field .+ not found in type .+|mapping key .+ already defined at line [0-9]+)$`)
+
+// hideSecretKey returns explained, the decoder's error line msg as
+// explainLine rewrote it, with the secret hidden (hideSecretValue), and
+// without the key it names when that key is on a line that holds a
+// secret's value: it may be the rest of the secret. In a flow mapping a
+// ',' ends a value, so {addr: r, password: abc,S3CRET} reads S3CRET as a
+// key, which the error quoted ("unknown key redis.S3CRET").
+func hideSecretKey(msg string, secret map[int]bool, explained string) string {
+	m := secretKeyErrorRE.FindStringSubmatch(msg)
+	if m == nil {
+		return hideSecretValue(explained, secret)
+	}
+	if n, _ := strconv.Atoi(m[1]); !secret[n] {
+		return explained
+	}
+	what := "names no setting"
+	if strings.Contains(msg, "mapping key ") {
+		what = "is written twice"
+	}
+	return fmt.Sprintf("line %s: a key that %s, on a line that holds a secret's value (not shown: it may be part of the secret; in a flow mapping, {...}, a ',' ends a value: quote the secret)", m[1], what)
 }
 
 // lineRE finds the line an error line names.

@@ -95,6 +95,12 @@ func namesKeyAt(rest string, n int, keys, vals map[string]bool) bool {
 				return true
 			}
 		}
+		// The hint that a setting written as its path is to be nested.
+		if i := strings.Index(p, " (the setting "); i >= 0 && strings.HasSuffix(p, ":)") {
+			if keys[p[:i]+at] {
+				return true
+			}
+		}
 		return keys[p+at]
 	}
 	p, ok := strings.CutPrefix(rest, "an entry of ")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -416,8 +417,9 @@ func checkWholeBody(t *testing.T, raw []byte, status int, body []byte) {
 // fuzzProxy serves routes through a proxy on loopback for a fuzz target,
 // with short timeouts so that an input that stalls fails in seconds, and
 // returns its address and the proxy (whose pools a target may inspect).
-// cfg's zero timeouts and logger are filled in.
-func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config) (string, *Proxy) {
+// cfg's zero timeouts and logger are filled in. With a tlsConf, the
+// listener is the HTTPS one (Server.ServeTLS).
+func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config, tlsConf ...*tls.Config) (string, *Proxy) {
 	store := routing.NewMemoryStore()
 	for id, fields := range routes {
 		r, err := routing.ParseRouteStrict(id, fields)
@@ -443,7 +445,11 @@ func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config) (s
 	srv := NewServer(ServerConfig{ClientReadTimeout: 2 * time.Second, ClientBodyTimeout: 2 * time.Second,
 		ClientWriteTimeout: 2 * time.Second, DrainTimeout: time.Second}, p, nil)
 	ln := listen(f, "127.0.0.1:0")
-	go srv.Serve(ln)
+	if len(tlsConf) > 0 {
+		go srv.ServeTLS(ln, tlsConf[0])
+	} else {
+		go srv.Serve(ln)
+	}
 	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
 	return ln.Addr().String(), p
 }

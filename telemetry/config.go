@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/net/http/httpguts"
@@ -103,7 +104,7 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	if err := checkOTLPCompression(env); err != nil {
 		return exporterNone, err
 	}
-	if err := checkOTLPHeaders(env); err != nil {
+	if err := checkOTLPHeaders(env, kind == exporterOTLPGRPC); err != nil {
 		return exporterNone, err
 	}
 	return kind, nil
@@ -116,8 +117,12 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 // ending in %) as it is, so the collector's credential went to the
 // process log, and every export then failed for the header it lacked. A
 // value that decodes to a control character is refused too: the HTTP
-// client refused every export with it.
-func checkOTLPHeaders(env func(string) string) error {
+// client refused every export with it. A name is shown only up to its
+// first character that is not a header name's: an entry whose "=" comes
+// after a credential (Authorization:Basic dXNlcjpw==, base64's padding)
+// has the credential in its name. With grpc, gRPC's own rules hold too
+// (grpcHeaderError): it refused every export otherwise.
+func checkOTLPHeaders(env func(string) string, grpc bool) error {
 	for _, n := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
 		v := strings.TrimSpace(env(n))
 		if v == "" {
@@ -129,19 +134,59 @@ func checkOTLPHeaders(env func(string) string) error {
 			}
 			key, val, ok := strings.Cut(entry, "=")
 			key = strings.TrimSpace(key)
-			switch dec, err := url.PathUnescape(val); {
+			dec, err := url.PathUnescape(val)
+			dec = strings.TrimSpace(dec) // as they trim it
+			switch {
 			case !ok:
 				return fmt.Errorf("%s: entry %d has no \"=\": want key=value pairs separated by commas (the entry is not shown: it may hold a credential)", n, i+1)
+			case key == "":
+				return fmt.Errorf("%s: entry %d has no name before its \"=\"", n, i+1)
 			case !httpguts.ValidHeaderFieldName(key):
-				return fmt.Errorf("%s: entry %d: %q is not a header name", n, i+1, key)
+				bad := strings.IndexFunc(key, func(r rune) bool { return r >= utf8.RuneSelf || !httpguts.IsTokenRune(r) })
+				return fmt.Errorf("%s: entry %d: the name %q is followed by %q, which no header name holds (the rest is not shown: it may hold a credential)", n, i+1, key[:bad], firstRune(key[bad:]))
 			case err != nil:
 				return fmt.Errorf("%s: the value of %q has a bad percent escape (a literal %% is %%25; the value is not shown)", n, key)
-			case !httpguts.ValidHeaderFieldValue(strings.TrimSpace(dec)): // trimmed, as they trim it
+			case !httpguts.ValidHeaderFieldValue(dec):
 				return fmt.Errorf("%s: the value of %q holds a control character (the value is not shown)", n, key)
+			case grpc:
+				if err := grpcHeaderError(key, dec); err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// grpcHeaderError says why gRPC refuses to send the header key: value, or
+// nil. The gRPC client checks every metadata pair before each call and
+// fails the call, so every export failed ("rpc error: code = Internal desc
+// = header key ... contains value with non-printable ASCII characters")
+// while check passed: a name is [0-9a-z-_.] once lower-cased, and a value
+// printable ASCII, unless the name ends in -bin (sent base64-encoded).
+func grpcHeaderError(key, val string) error {
+	key = strings.ToLower(key) // as metadata.New does
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("the name %q holds %q, which gRPC refuses in a name (it takes 0-9, a-z, '-', '_' and '.')", key, string(c))
+		}
+	}
+	if strings.HasSuffix(key, "-bin") {
+		return nil
+	}
+	for i := 0; i < len(val); i++ {
+		if val[i] < 0x20 || val[i] > 0x7e {
+			return fmt.Errorf("the value of %q is not printable ASCII, which gRPC refuses outside a -bin header (the value is not shown)", key)
+		}
+	}
+	return nil
+}
+
+// firstRune is s's first character, or its first byte when that begins no
+// valid UTF-8 character.
+func firstRune(s string) string {
+	_, n := utf8.DecodeRuneInString(s)
+	return s[:n]
 }
 
 // checkOTLPCompression refuses an OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION

@@ -325,7 +325,22 @@ func TestTraceConfig(t *testing.T) {
 		{"header bad escape", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer s3cret%"}, 0,
 			`OTEL_EXPORTER_OTLP_TRACES_HEADERS: the value of "Authorization" has a bad percent escape`, false},
 		{"header bad name", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "api key=s3cret"}, 0,
-			`"api key" is not a header name`, false},
+			`entry 1: the name "api" is followed by " "`, false},
+		// A ':' for the '=' and base64's padding: the credential is in the
+		// name, which is not shown past its ':'.
+		{"header name holding the credential", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "Authorization:Basic s3cretdXNlcjpw=="}, 0,
+			`entry 1: the name "Authorization" is followed by ":"`, false},
+		{"header without a name", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "a=b, =s3cret"}, 0,
+			`entry 2 has no name`, false},
+		// gRPC refuses, at every call, a name outside [0-9a-z-_.] and a
+		// value that is not printable ASCII (but in a -bin header), which
+		// the HTTP client sends.
+		{"grpc header value not ASCII", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s3cret-t%C3%B6ken"}, 0,
+			`OTEL_EXPORTER_OTLP_HEADERS: the value of "x-api-key" is not printable ASCII`, false},
+		{"grpc header name", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "X-Api-Key=k, x!team=s3cret"}, 0,
+			`OTEL_EXPORTER_OTLP_TRACES_HEADERS: the name "x!team" holds "!"`, false},
+		{"grpc header -bin value", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_HEADERS": "X-Api-Key=k, x-tok-BIN=t%C3%B6ken"}, 0, "", true},
+		{"http header value not ASCII", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=t%C3%B6ken, x!team=a"}, 0, "", true},
 		{"header control character", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_HEADERS": "k=s3%0Acret%0A"}, 0,
 			`the value of "k" holds a control character`, false},
 		{"bad headers while tracing is off", map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:s3cret"}, 0, "", false},

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,14 +15,18 @@ const secretWindow = 6
 
 // leakedPiece returns a piece of secret (secretWindow bytes, or all of a
 // shorter secret; none of one under 4 bytes) that msg holds and others
-// does not, or "".
+// does not, or "". A piece without a letter or a digit is none.
 func leakedPiece(msg, secret, others string) string {
 	if len(secret) < 4 {
 		return ""
 	}
 	n := min(secretWindow, len(secret))
 	for i := 0; i+n <= len(secret); i++ {
-		if p := secret[i : i+n]; strings.Contains(msg, p) && !strings.Contains(others, p) {
+		p := secret[i : i+n]
+		if !strings.ContainsFunc(p, func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }) {
+			continue // blanks and punctuation ("   :"), which the refusal's own text has
+		}
+		if strings.Contains(msg, p) && !strings.Contains(others, p) {
 			return p
 		}
 	}
@@ -36,7 +41,8 @@ func leakedPiece(msg, secret, others string) string {
 // gives the client the password it holds (a password cut by a raw '/',
 // '?' or '#' would dial with another password, or none, or another
 // Redis), and a refusal, which the process logs, holds no piece of the
-// password.
+// password. Its scheme, in any case, says TLS as go-redis reads it
+// (Config.tlsOn, which ca_file and cert_file are checked against).
 func FuzzRedisURL(f *testing.F) {
 	for i, s := range [][3]string{
 		{"default", "hunter2-secret", "redis.internal:6379/0"},
@@ -55,13 +61,13 @@ func FuzzRedisURL(f *testing.F) {
 	} {
 		f.Add(uint8(i), s[0], s[1], s[2])
 	}
-	schemes := []string{"redis", "rediss", "unix"}
+	schemes := []string{"redis", "rediss", "unix", "REDISS", "Rediss", "REDIS", "UNIX"}
 	f.Fuzz(func(t *testing.T, scheme uint8, user, pw, tail string) {
 		if strings.Contains(user, ":") || strings.ContainsAny(tail, "@") {
 			return // the password would start elsewhere, or end later
 		}
 		sch := schemes[int(scheme)%len(schemes)]
-		if sch == "unix" && !strings.HasPrefix(tail, "/") {
+		if strings.EqualFold(sch, "unix") && !strings.HasPrefix(tail, "/") {
 			tail = "/" + tail // a socket's path
 		}
 		raw := sch + "://" + user + ":" + pw + "@" + tail
@@ -79,10 +85,16 @@ func FuzzRedisURL(f *testing.F) {
 			if got := opt.Password; got != want {
 				t.Fatalf("%q accepted with password %q, want %q", raw, got, want)
 			}
+			if ref, rerr := redis.ParseURL(raw); rerr == nil && (ref.TLSConfig != nil) != cfg.tlsOn() {
+				t.Fatalf("%q: go-redis's TLS %v, tlsOn %v", raw, ref.TLSConfig != nil, cfg.tlsOn())
+			}
 			return
 		}
-		msg := err.Error()
-		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail
+		// The mask of a redacted password or option ("xxxxx") is no piece
+		// of the password, whatever the password ("xxxx", "xxx@"), nor
+		// are the refusal's own words ("word").
+		msg := strings.ReplaceAll(err.Error(), "xxxxx", "\x00")
+		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail + " not a valid URL (check that the password is URL-encoded)"
 		if p := leakedPiece(msg, pw, others); p != "" {
 			t.Fatalf("the refusal of %q holds %q of its password: %s", raw, p, msg)
 		}

@@ -1557,28 +1557,20 @@ func (p *Proxy) linger(raw, r net.Conn) {
 	defer p.held.remove(raw)
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
-	var big *[]byte
-	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
-		}
-	}()
+	g := growingBuf{small: *small}
+	defer g.shrink()
 	end := time.Now().Add(lingerTime)
 	for {
-		b := *small
-		if big != nil {
-			b = *big
-		}
+		b := g.next()
 		_ = r.SetReadDeadline(minTime(time.Now().Add(lingerTimeout), end))
 		n, err := r.Read(b)
 		switch {
 		case err != nil:
 			return
-		case big == nil && n == len(b):
-			big = copyBufPool.Get().(*[]byte)
-		case big != nil && n < len(b):
-			copyBufPool.Put(big)
-			big = nil
+		case g.big != nil && n < len(b):
+			g.shrink()
+		default:
+			g.grow(n)
 		}
 	}
 }

@@ -354,20 +354,19 @@ func (s *bodyStream) SupportsBodyWriteTo() bool { return s.fixed }
 func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
-	var big *[]byte
+	g := growingBuf{small: *small}
 	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
+		if g.big != nil {
+			g.shrink()
 			s.conn.setHeartbeat(time.Time{})
 		}
 	}()
 	var total int64
 	for {
-		buf := *small
-		if big != nil {
-			buf = *big
+		if g.big != nil {
 			s.conn.setHeartbeat(time.Now().Add(bulkHold))
 		}
+		buf := g.next()
 		n, err := s.Read(buf)
 		if n > 0 {
 			m, werr := s.client.Write(buf[:n])
@@ -381,14 +380,13 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 		switch {
 		case err == io.EOF:
 			return total, nil
-		case err == errHeartbeatDue && big != nil:
+		case err == errHeartbeatDue && g.big != nil:
 			// The hold ran out (heartbeatFired disarmed it).
-			copyBufPool.Put(big)
-			big = nil
+			g.shrink()
 		case err != nil:
 			return total, err
-		case big == nil && n == len(buf):
-			big = copyBufPool.Get().(*[]byte)
+		default:
+			g.grow(n)
 		}
 	}
 }
@@ -404,18 +402,11 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return 
 // mostly idles or trickles holds only small, small pieces cost no extra
 // call, and bulk costs a pool round trip per burst.
 func copyGrowing(dst io.Writer, src io.Reader, small []byte) (int64, error) {
-	var big *[]byte
-	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
-		}
-	}()
+	g := growingBuf{small: small}
+	defer g.shrink()
 	var written int64
 	for {
-		b := small
-		if big != nil {
-			b = *big
-		}
+		b := g.next()
 		n, rerr := src.Read(b)
 		if n > 0 {
 			m, werr := dst.Write(b[:n])
@@ -429,12 +420,50 @@ func copyGrowing(dst io.Writer, src io.Reader, small []byte) (int64, error) {
 			return written, nil
 		case rerr != nil:
 			return written, rerr
-		case big == nil && n == len(small):
-			big = copyBufPool.Get().(*[]byte)
-		case big != nil && n < len(small):
-			copyBufPool.Put(big)
-			big = nil
+		case n < len(small):
+			g.shrink()
+		default:
+			g.grow(n)
 		}
+	}
+}
+
+// growingBuf is a read buffer that stays small while reads are, and is a
+// pooled 64 KiB one (copyBufPool) from the first read that fills the small
+// one until its owner gives that back (shrink): bulk reads few and large,
+// a copy that idles or trickles holds only the small one. Its owners
+// differ in when the bulk is over: a read that brings less than the small
+// one holds (copyGrowing), one that brings less than the big one holds
+// (linger), or one that waited too long for a byte (copyTunnel,
+// bodyStream.WriteTo).
+type growingBuf struct {
+	small []byte
+	big   *[]byte // nil unless in bulk
+}
+
+// next returns the buffer to read into next.
+func (g *growingBuf) next() []byte {
+	if g.big != nil {
+		return *g.big
+	}
+	return g.small
+}
+
+// grow takes the big buffer when a read of n bytes filled the small one,
+// and reports whether it did.
+func (g *growingBuf) grow(n int) bool {
+	if g.big != nil || n < len(g.small) {
+		return false
+	}
+	g.big = copyBufPool.Get().(*[]byte)
+	return true
+}
+
+// shrink gives the big buffer back, if it holds it.
+func (g *growingBuf) shrink() {
+	if g.big != nil {
+		copyBufPool.Put(g.big)
+		g.big = nil
 	}
 }
 

@@ -894,18 +894,10 @@ const tunnelSmallBuf = 2 << 10
 // that did not fill it cost bulk 10 % more CPU over TCP and 18 % over TLS
 // (a TLS read ends at its record), for a second small read per big one.
 func copyTunnel(dst io.Writer, src *countingReader) error {
-	small := make([]byte, tunnelSmallBuf)
-	var big *[]byte
-	defer func() {
-		if big != nil {
-			copyBufPool.Put(big)
-		}
-	}()
+	g := growingBuf{small: make([]byte, tunnelSmallBuf)}
+	defer g.shrink()
 	for {
-		b := small
-		if big != nil {
-			b = *big
-		}
+		b := g.next()
 		n, rerr := src.Read(b)
 		if n > 0 {
 			if _, werr := dst.Write(b[:n]); werr != nil {
@@ -916,14 +908,10 @@ func copyTunnel(dst io.Writer, src *countingReader) error {
 		case rerr == io.EOF:
 			return nil
 		case rerr == errBulkHeld:
-			if big != nil {
-				copyBufPool.Put(big)
-				big = nil
-			}
+			g.shrink()
 		case rerr != nil:
 			return rerr
-		case big == nil && n == len(small):
-			big = copyBufPool.Get().(*[]byte)
+		case g.grow(n):
 			src.r.t.holdBulk(src.r)
 		}
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -133,19 +132,7 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	}
 	tunnel := dialWS(t, h, ws)
 	defer tunnel.CloseNow()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	echo := func() error {
-		if err := tunnel.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
-			return err
-		}
-		_, msg, err := tunnel.Read(ctx)
-		if err == nil && string(msg) != "ping" {
-			t.Errorf("echo %q", msg)
-		}
-		return err
-	}
-	if err := echo(); err != nil {
+	if err := wsEcho(t, tunnel); err != nil {
 		t.Fatal(err)
 	}
 	// Mid-request: not one to reclaim.
@@ -171,7 +158,7 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	} else {
 		_, _ = io.Copy(io.Discard, resp.Body)
 	}
-	if err := echo(); err != nil {
+	if err := wsEcho(t, tunnel); err != nil {
 		t.Fatalf("open tunnel after the refusals: %v", err)
 	}
 	// The admin API is never capped.

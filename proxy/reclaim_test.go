@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
@@ -189,19 +187,7 @@ func TestMaxConnsNeverReclaimsBusyConnections(t *testing.T) {
 	}
 	tunnel := dialWS(t, h, ws)
 	defer tunnel.CloseNow()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	echo := func() error {
-		if err := tunnel.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
-			return err
-		}
-		_, msg, err := tunnel.Read(ctx)
-		if err == nil && string(msg) != "ping" {
-			t.Errorf("echo %q", msg)
-		}
-		return err
-	}
-	if err := echo(); err != nil {
+	if err := wsEcho(t, tunnel); err != nil {
 		t.Fatal(err)
 	}
 	idle, _, resp, _ := rawAsk(t, h.addr, "GET / HTTP/1.1\r\nHost: "+web+"\r\n\r\n")
@@ -228,7 +214,7 @@ func TestMaxConnsNeverReclaimsBusyConnections(t *testing.T) {
 	if resp, err := http.ReadResponse(bufio.NewReader(partial), nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the request whose head was half sent: %v %v", resp, err)
 	}
-	if err := echo(); err != nil {
+	if err := wsEcho(t, tunnel); err != nil {
 		t.Fatalf("tunnel: %v", err)
 	}
 	// Each stream still delivers (its body is chunked: the event comes

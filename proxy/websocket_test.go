@@ -52,6 +52,23 @@ func wsBackend(t *testing.T, ended chan<- error) uint16 {
 	}))
 }
 
+// wsEcho sends "ping" through tunnel to an echoing sandbox and reads it
+// back, within 10 s; a tunnel cut (or its place at client.max_conns taken)
+// is the error.
+func wsEcho(t *testing.T, tunnel *websocket.Conn) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tunnel.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		return err
+	}
+	_, msg, err := tunnel.Read(ctx)
+	if err == nil && string(msg) != "ping" {
+		t.Errorf("echo %q", msg)
+	}
+	return err
+}
+
 func dialWS(t *testing.T, h *harness, host string) *websocket.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -167,26 +168,7 @@ func TestCloseLingeringHoldsBeforeItReturns(t *testing.T) {
 // reset the linger is there to avoid.
 func TestCloseLingeringCountedForTheDrainAtOnce(t *testing.T) {
 	h := newHarness(t)
-	server, client := tlsPair(t)
-	if _, err := io.WriteString(client, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 5*time.Second, "the client's bytes queued", func() bool { return clientSentMore(server) })
-	// The client reads nothing for now: the socket's buffers fill, and
-	// the close_notify waits for room.
-	raw := server.NetConn()
-	junk := make([]byte, 16<<10)
-	for {
-		_ = raw.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-		if _, err := raw.Write(junk); err != nil {
-			break
-		}
-	}
-	_ = raw.SetWriteDeadline(time.Time{})
-	var lingered atomic.Bool
-	if !h.proxy.closeLingering(server, &lingered, false) {
-		t.Fatal("no lingering close over the client's unread bytes")
-	}
+	client := lingeringTLS(t, h)
 	if n := h.proxy.lingering.Load(); n != 1 {
 		t.Fatalf("lingering closes as Close returns: %d, want 1, which the drain waits for", n)
 	}
@@ -206,6 +188,25 @@ func TestCloseLingeringCountedForTheDrainAtOnce(t *testing.T) {
 func TestShutdownCutsATLSLingerAtOnce(t *testing.T) {
 	const drain = 200 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
+	lingeringTLS(t, h)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = h.server.Shutdown(ctx)
+	if took := time.Since(start); took > drain+2*time.Second {
+		t.Fatalf("Shutdown took %v with a %v drain: it waited on the TLS linger's close_notify", took.Round(time.Millisecond), drain)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
+		return h.proxy.held.len() == 0 && h.proxy.lingering.Load() == 0
+	})
+}
+
+// lingeringTLS puts a TLS connection whose client sent a request nobody
+// will read, and reads nothing itself, into h's lingering close: the
+// socket's buffers are full, so the close_notify that ends the answer
+// waits for room (crypto/tls: up to 5 s). It returns the client's end.
+func lingeringTLS(t *testing.T, h *harness) *tls.Conn {
+	t.Helper()
 	server, client := tlsPair(t)
 	if _, err := io.WriteString(client, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -224,14 +225,5 @@ func TestShutdownCutsATLSLingerAtOnce(t *testing.T) {
 	if !h.proxy.closeLingering(server, &lingered, false) {
 		t.Fatal("no lingering close over the client's unread bytes")
 	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = h.server.Shutdown(ctx)
-	if took := time.Since(start); took > drain+2*time.Second {
-		t.Fatalf("Shutdown took %v with a %v drain: it waited on the TLS linger's close_notify", took.Round(time.Millisecond), drain)
-	}
-	testenv.WaitFor(t, 10*time.Second, "the lingering connection let go", func() bool {
-		return h.proxy.held.len() == 0 && h.proxy.lingering.Load() == 0
-	})
+	return client
 }

@@ -372,24 +372,7 @@ func TestClusterFollowsFailover(t *testing.T) {
 			ctx := context.Background()
 			masters, replica := startFailoverCluster(t)
 			// An id whose route key is in the first master's slots.
-			var id string
-			for i := 0; id == ""; i++ {
-				slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if slot <= 5460 {
-					id = "box" + strconv.Itoa(i)
-				}
-			}
-			hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
-			testenv.WaitReplicated(t, masters[0])
-
-			addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-			s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-			if _, err := s.Lookup(ctx, id); err != nil {
-				t.Fatalf("lookup before the failover: %v", err)
-			}
+			s, id := storeWithRouteOnFirstMaster(t, masters)
 			rec := make(recorder, 1024)
 			sub := s.Subscribe(ctx, rec, nil)
 			t.Cleanup(func() { _ = sub.Close() })
@@ -428,21 +411,7 @@ func TestClusterFollowsFailover(t *testing.T) {
 func TestClusterFollowsNodeRemoval(t *testing.T) {
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
-	var id string // an id whose route key is in the first master's slots
-	for i := 0; id == ""; i++ {
-		if slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result(); err != nil {
-			t.Fatal(err)
-		} else if slot <= 5460 {
-			id = "box" + strconv.Itoa(i)
-		}
-	}
-	hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
-	testenv.WaitReplicated(t, masters[0])
-	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-	if _, err := s.Lookup(ctx, id); err != nil {
-		t.Fatalf("lookup before the failover: %v", err)
-	}
+	s, id := storeWithRouteOnFirstMaster(t, masters)
 
 	removeAfterFailover(t, masters, replica)
 	removed := time.Now()
@@ -606,4 +575,31 @@ func TestClusterInvalidationWhileClusterDown(t *testing.T) {
 			t.Fatalf("%d of %d invalidations published while the cluster was down arrived", len(got), n)
 		}
 	}
+}
+
+// storeWithRouteOnFirstMaster writes a route whose key is in the first
+// master's slots (startFailoverCluster's 0-5460), waits for its replica
+// to have it, and opens a store on the three masters (300 ms command
+// timeout) that has looked it up once. It returns the store and the id.
+func storeWithRouteOnFirstMaster(t *testing.T, masters []*testenv.Redis) (*redisstore.Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	var id string
+	for i := 0; id == ""; i++ {
+		slot, err := masters[0].Client().ClusterKeySlot(ctx, redisstore.DefaultKeyPrefix+"box"+strconv.Itoa(i)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot <= 5460 {
+			id = "box" + strconv.Itoa(i)
+		}
+	}
+	hset(t, masters[0], redisstore.DefaultKeyPrefix+id, "HostIP", "10.0.0.1")
+	testenv.WaitReplicated(t, masters[0])
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
+	if _, err := s.Lookup(ctx, id); err != nil {
+		t.Fatalf("lookup before the failover: %v", err)
+	}
+	return s, id
 }

@@ -107,17 +107,7 @@ func TestHelpShowsGivenDefaults(t *testing.T) {
 // depends on other settings, or a library picks it) says in its text what
 // unset means, as the README promises for every flag -h shows no default for.
 func TestHelpNamesWhatUnsetMeans(t *testing.T) {
-	var b strings.Builder
-	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("-h: %v", err)
-	}
-	text := map[string]string{}
-	lines := strings.Split(b.String(), "\n")
-	for i, l := range lines {
-		if m := flagLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
-			text[m[1]] = lines[i+1]
-		}
-	}
+	text := helpTexts(t)
 	for _, tc := range []struct{ flag, want string }{
 		{"tls-source", "unset: files when certificate files are given, else self_signed"},
 		{"tls-acme-dns-propagation-timeout", "unset: certmagic's default"},
@@ -142,17 +132,7 @@ func TestHelpNamesWhatUnsetMeans(t *testing.T) {
 // piece whole, where a client is now cut only once it took nothing for that
 // long (nginx's send_timeout).
 func TestHelpSaysWhatTheProxyDoes(t *testing.T) {
-	var b strings.Builder
-	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("-h: %v", err)
-	}
-	text := map[string]string{}
-	lines := strings.Split(b.String(), "\n")
-	for i, l := range lines {
-		if m := flagLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
-			text[m[1]] = lines[i+1]
-		}
-	}
+	text := helpTexts(t)
 	for _, tc := range []struct{ flag, want, not string }{
 		{"access-log-path", "SIGHUP or SIGUSR1", ""},
 		{"client-write-timeout", "took nothing", "each response piece"},
@@ -197,4 +177,22 @@ func TestYAMLLoadsBack(t *testing.T) {
 	if back.Upstream.IdleTimeout != c.Upstream.IdleTimeout || back.Upstream.HeartbeatInterval != -time.Second {
 		t.Errorf("durations: %v %v", back.Upstream.IdleTimeout, back.Upstream.HeartbeatInterval)
 	}
+}
+
+// helpTexts runs -h and returns each flag's text (the line under its
+// name), by flag name.
+func helpTexts(t *testing.T) map[string]string {
+	t.Helper()
+	var b strings.Builder
+	if _, err := Load([]string{"-h"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	text := map[string]string{}
+	lines := strings.Split(b.String(), "\n")
+	for i, l := range lines {
+		if m := flagLine.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
+			text[m[1]] = lines[i+1]
+		}
+	}
+	return text
 }

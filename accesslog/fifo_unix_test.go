@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -283,12 +282,7 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 // leads to it.
 func TestRemovedFIFOStillCarriesLines(t *testing.T) {
 	path := testenv.Mkfifo(t, t.TempDir(), "access.fifo")
-	var plog lockedBuffer
-	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l, plog := cubeLogTo(t, path)
 	rd, err := os.Open(path) // the logger holds the pipe open: no wait
 	if err != nil {
 		t.Fatal(err)

@@ -184,12 +184,7 @@ func TestLossWatcherEndsWithClose(t *testing.T) {
 // and said as a loss, whose end a reopen brings.
 func TestDeletedFileIsALoss(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
-	var plog lockedBuffer
-	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l, plog := cubeLogTo(t, path)
 	l.Log(&Entry{Time: testTime, RequestID: "before"})
 	testenv.WaitFor(t, 5*time.Second, "the first line written", func() bool {
 		b, _ := os.ReadFile(path)
@@ -241,12 +236,7 @@ func TestMovedFileIsSaid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "access.log")
-			var plog lockedBuffer
-			l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(&plog, nil))}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
+			l, plog := cubeLogTo(t, path)
 			if err := os.Rename(path, path+".1"); err != nil {
 				t.Fatal(err)
 			}
@@ -274,4 +264,17 @@ func TestMovedFileIsSaid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cubeLogTo opens a cube-format logger writing to path, whose process-log
+// lines go to the buffer it returns; t's cleanup closes it.
+func cubeLogTo(t *testing.T, path string) (*Logger, *lockedBuffer) {
+	t.Helper()
+	plog := new(lockedBuffer)
+	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(plog, nil))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l, plog
 }

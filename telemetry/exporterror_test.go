@@ -47,20 +47,21 @@ func TestExportErrorHidesCredentialsAndIsBounded(t *testing.T) {
 		http.Error(w, fmt.Sprintf("refused, headers: %v", r.Header), code)
 	}
 	for _, tc := range []struct {
-		name   string
-		answer http.HandlerFunc // nil: the gRPC collector
-		want   string           // in the error: what the collector said
+		name    string
+		answer  http.HandlerFunc // nil: the gRPC collector
+		want    string           // in the error: what the collector said
+		retried bool             // the exporter retries it until its export timeout
 	}{
-		{"400 echoing the headers", func(w http.ResponseWriter, r *http.Request) { echo(w, r, http.StatusBadRequest) }, "400 Bad Request"},
+		{"400 echoing the headers", func(w http.ResponseWriter, r *http.Request) { echo(w, r, http.StatusBadRequest) }, "400 Bad Request", false},
 		{"429 echoing the headers", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", "1")
 			echo(w, r, http.StatusTooManyRequests)
-		}, "refused"},
+		}, "refused", true},
 		{"401 with a 3 MiB body", func(w http.ResponseWriter, _ *http.Request) {
 			w.WriteHeader(http.StatusUnauthorized)
 			w.Write([]byte(strings.Repeat("x", 3<<20)))
-		}, "401 Unauthorized"},
-		{"gRPC status echoing the metadata", nil, "Unauthenticated"},
+		}, "401 Unauthorized", false},
+		{"gRPC status echoing the metadata", nil, "Unauthenticated", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}
@@ -84,7 +85,14 @@ func TestExportErrorHidesCredentialsAndIsBounded(t *testing.T) {
 				env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "grpc"
 			}
 			t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key="+key+",authorization=Bearer%20"+token)
-			t.Setenv("OTEL_BSP_EXPORT_TIMEOUT", "300") // the 429 is retried until then
+			// The 429 is retried until the export timeout, so it is short
+			// there; elsewhere it is long enough for a loaded machine to
+			// read a 3 MiB answer (300 ms was not, under -race).
+			exportTimeout := "5000"
+			if tc.retried {
+				exportTimeout = "300"
+			}
+			t.Setenv("OTEL_BSP_EXPORT_TIMEOUT", exportTimeout)
 			reported := captureOTelErrors(t)
 			tel, err := New(context.Background(), Config{Env: envMap(env), TraceSampleRatio: 1})
 			if err != nil {

@@ -476,7 +476,8 @@ func (l *Logger) flush() error {
 	return nil
 }
 
-// writeFailed counts the unflushed lines as dropped and resets the
+// writeFailed counts the unflushed lines the sink did not take whole as
+// dropped and resets the
 // bufio.Writer, whose errors are otherwise sticky, so the log recovers when
 // the sink does (disk space freed, pipe reader back). When the failed write
 // left part of a line in the sink, the next flush first ends that line, so
@@ -484,7 +485,13 @@ func (l *Logger) flush() error {
 // loss watcher, before the drops it is to explain are counted.
 func (l *Logger) writeFailed(err error) {
 	l.writeErr.Store(&err)
-	l.drop(l.pending)
+	lost := l.pending
+	if !l.unlinked.Load() {
+		// The whole lines the write got through before it failed are
+		// written: counted as lost, they overstated a full disk's loss.
+		lost -= l.out.kept
+	}
+	l.drop(lost)
 	l.pending = 0
 	l.bw.Reset(&l.out)
 	if l.out.midLine {
@@ -623,15 +630,27 @@ type sink struct {
 	w       io.Writer
 	file    *os.File // w, when it is a regular file the logger owns; else nil
 	midLine bool
+	// kept is how many whole lines the last Write that failed got
+	// through to w before it failed.
+	kept int
 }
 
 func (s *sink) Write(p []byte) (int, error) {
+	// A newline that ends the part line a failed write left is no line.
+	ending := s.midLine && len(p) > 0 && p[0] == '\n'
 	n, err := s.w.Write(p)
 	if err != nil && n > 0 && s.file != nil {
 		n = s.cutPartLine(p, n)
 	}
 	if n > 0 {
 		s.midLine = p[n-1] != '\n'
+	}
+	s.kept = 0
+	if err != nil {
+		s.kept = bytes.Count(p[:n], []byte{'\n'})
+		if ending && n > 0 {
+			s.kept--
+		}
 	}
 	return n, err
 }

@@ -170,7 +170,7 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		l.path, l.file, out = cfg.Path, f, f
 	}
 	l.maxWrite = maxWrite(l.file)
-	l.out = sink{w: out, file: regularFile(l.file)}
+	l.out = newSink(out, l.file)
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
 	if l.file != nil {
@@ -476,7 +476,8 @@ func (l *Logger) flush() error {
 	return nil
 }
 
-// writeFailed counts the unflushed lines as dropped and resets the
+// writeFailed counts the unflushed lines the sink did not take whole as
+// dropped and resets the
 // bufio.Writer, whose errors are otherwise sticky, so the log recovers when
 // the sink does (disk space freed, pipe reader back). When the failed write
 // left part of a line in the sink, the next flush first ends that line, so
@@ -484,7 +485,13 @@ func (l *Logger) flush() error {
 // loss watcher, before the drops it is to explain are counted.
 func (l *Logger) writeFailed(err error) {
 	l.writeErr.Store(&err)
-	l.drop(l.pending)
+	lost := l.pending
+	if !l.unlinked.Load() {
+		// The whole lines the write got through before it failed are
+		// written: counted as lost, they overstated a full disk's loss.
+		lost -= l.out.kept
+	}
+	l.drop(lost)
 	l.pending = 0
 	l.bw.Reset(&l.out)
 	if l.out.midLine {
@@ -620,44 +627,117 @@ func (l *Logger) checkFile() (moved bool) {
 // write fails part-way (a disk that fills up takes part of a buffer).
 // Into a regular file of its own it cuts such a part line off instead.
 type sink struct {
-	w       io.Writer
-	file    *os.File // w, when it is a regular file the logger owns; else nil
-	midLine bool
+	w    io.Writer
+	file *os.File // w, when it is a regular file the logger owns; else nil
+	// writeOnce writes to file in one write(2) (newFileWriter).
+	writeOnce func([]byte) (int, error)
+	midLine   bool
+	// kept is how many whole lines the last Write that failed got
+	// through to w before it failed.
+	kept int
 }
 
-func (s *sink) Write(p []byte) (int, error) {
-	n, err := s.w.Write(p)
-	if err != nil && n > 0 && s.file != nil {
-		n = s.cutPartLine(p, n)
+// newSink returns the sink writing to w; f is w when w is a file the
+// logger owns, else nil.
+func newSink(w io.Writer, f *os.File) sink {
+	s := sink{w: w, file: regularFile(f)}
+	if s.file != nil {
+		s.writeOnce = newFileWriter(s.file)
 	}
-	if n > 0 {
+	return s
+}
+
+// errPartWrite is the error of a write to the file that the file system
+// took only part of a line of, without saying why (it says so only to a
+// next write, which writeFile does not make from inside a line).
+var errPartWrite = errors.New("short write: the file system took only part of a line (no space left on device, a quota, or the file size limit)")
+
+func (s *sink) Write(p []byte) (int, error) {
+	// A newline that ends the part line a failed write left is no line.
+	ending := s.midLine && len(p) > 0 && p[0] == '\n'
+	var n int
+	var err error
+	if s.file != nil {
+		n, err = s.writeFile(p)
+	} else if n, err = s.w.Write(p); n > 0 {
 		s.midLine = p[n-1] != '\n'
+	}
+	s.kept = 0
+	if err != nil {
+		s.kept = bytes.Count(p[:n], []byte{'\n'})
+		if ending && n > 0 {
+			s.kept--
+		}
 	}
 	return n, err
 }
 
-// cutPartLine truncates the file to the end of the last whole line of
-// p[:n], the bytes a failed write (a full disk, a file size limit) left at
-// its end, and returns how many of them stay; n when it cannot. A part
-// line left there broke two lines: it stayed unparseable, and the newline
-// that ends it, written once space was freed, came after a truncation
-// (an operator's, copytruncate's) as an empty first line. The file is
-// opened O_APPEND and written only here, so it ends with p[:n]; a size
-// that says otherwise (a copytruncate just emptied it) leaves it alone.
-func (s *sink) cutPartLine(p []byte, n int) int {
-	whole := bytes.LastIndexByte(p[:n], '\n') + 1
-	if whole == n {
-		return n
+// writeFile writes p, whole lines, to the file, each write(2) from the
+// start of a line, and returns how many bytes of p the file holds: whole
+// lines. A write the file system took only part of (a full disk, a quota,
+// the file size limit) leaves its part line cut off (cutPartLine) and the
+// rest written anew from that line's start, as long as each write gets a
+// whole line through; os.File.Write would write the rest of the line in a
+// second write(2), after whatever another writer of the file appended
+// meanwhile (a full disk that had a block freed): both lines broken.
+func (s *sink) writeFile(p []byte) (int, error) {
+	start := 0
+	for {
+		n, err := s.writeOnce(p[start:])
+		if err != nil {
+			return start, err
+		}
+		end := start + n
+		if end == len(p) {
+			s.midLine = p[end-1] != '\n'
+			return end, nil
+		}
+		whole := start + bytes.LastIndexByte(p[start:end], '\n') + 1
+		if whole < end {
+			ours, mid := s.cutPartLine(end - whole)
+			if !ours {
+				// Not cut: the part line stays, glued to what another
+				// writer appended, or the file changed under it.
+				s.midLine = mid
+				return whole, &os.PathError{Op: "write", Path: s.file.Name(), Err: errPartWrite}
+			}
+		}
+		s.midLine = false
+		if whole == start { // not even one line fits
+			return start, &os.PathError{Op: "write", Path: s.file.Name(), Err: errPartWrite}
+		}
+		start = whole
+	}
+}
+
+// cutPartLine truncates the file by part bytes, the part line a short
+// write left at its end, and reports whether the file now ends with the
+// last whole line written (ok), else whether it still ends inside the
+// line (midLine). A part line left there broke two lines: it stayed
+// unparseable, and the newline that ends it, written once space was freed,
+// came after a truncation (an operator's, copytruncate's) as an empty
+// first line. The file is cut only where the short write ended (the
+// descriptor's offset, with O_APPEND the end of its last write) and only
+// while the file ends there: another writer's line appended meanwhile, or
+// a copytruncate, must not lose its bytes to the cut. Between that look
+// and the truncate another writer could still append: no lock is taken,
+// since every write would have to take it.
+func (s *sink) cutPartLine(part int) (ok, midLine bool) {
+	end, err := s.file.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return false, true
 	}
 	fi, err := s.file.Stat()
 	if err != nil {
-		return n
+		return false, true
 	}
-	size := fi.Size() - int64(n-whole)
-	if size < 0 || s.file.Truncate(size) != nil {
-		return n
+	if fi.Size() != end {
+		return false, false
 	}
-	return whole
+	if s.file.Truncate(end-int64(part)) != nil {
+		return false, true
+	}
+	return true, false
 }
 
 // regularFile returns f if it is a regular file, else nil.
@@ -679,7 +759,7 @@ func (l *Logger) reopenFile() error {
 	}
 	l.fileMu.Lock()
 	old := l.file
-	l.file, l.out, l.maxWrite = f, sink{w: f, file: regularFile(f)}, maxWrite(f)
+	l.file, l.out, l.maxWrite = f, newSink(f, f), maxWrite(f)
 	l.unlinked.Store(false)
 	l.fileMu.Unlock()
 	l.bw.Reset(&l.out)

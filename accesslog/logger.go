@@ -477,12 +477,12 @@ func (l *Logger) flush() error {
 }
 
 // writeFailed counts the unflushed lines the sink did not take whole as
-// dropped and resets the
-// bufio.Writer, whose errors are otherwise sticky, so the log recovers when
-// the sink does (disk space freed, pipe reader back). When the failed write
-// left part of a line in the sink, the next flush first ends that line, so
-// the next whole line is not glued to the fragment. err is kept for the
-// loss watcher, before the drops it is to explain are counted.
+// dropped and resets the bufio.Writer, whose errors are otherwise sticky,
+// so the log recovers when the sink does (disk space freed, pipe reader
+// back). When the failed write left part of a line in the sink, the next
+// flush first ends that line, so the next whole line is not glued to the
+// fragment. err is kept for the loss watcher, before the drops it is to
+// explain are counted.
 func (l *Logger) writeFailed(err error) {
 	l.writeErr.Store(&err)
 	lost := l.pending

@@ -4,10 +4,15 @@ import (
 	"bufio"
 	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // client.read_timeout bounds a TLS connection's handshake and its first
@@ -85,4 +90,63 @@ func TestTLSHandshakeAndFirstHeadShareTheReadTimeout(t *testing.T) {
 		}
 		keptRequest(t, c, br, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
 	})
+}
+
+// A TLS handshake grows the stack of the goroutine it runs on to 32 KiB,
+// and the runtime halves a stack only while less than a quarter of it is
+// in use. Run on the connection's goroutine, the handshake left that
+// stack to the first request, which, waiting on its sandbox, used too
+// much of it to be shrunk: an HTTPS connection waiting on a slow sandbox
+// held ≈ 22 KiB of stack, a plain one ≈ 14 (300 connections each). The
+// handshake now runs on a goroutine of its own.
+func TestTLSHandshakeStackIsNotTheConnections(t *testing.T) {
+	if raceDetectorOn {
+		t.Skip("the race detector's instrumentation grows every stack")
+	}
+	const conns = 200
+	stackPerConn := func(t *testing.T, useTLS bool) float64 {
+		t.Helper()
+		done := make(chan struct{})
+		var reached atomic.Int64
+		h := newHarness(t)
+		host := h.route("stack", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			reached.Add(1)
+			<-done
+		})))
+		defer close(done)
+		addr := h.addr
+		if useTLS {
+			addr, _ = serveTLS(t, h)
+		}
+		warmUp(t, addr, useTLS)
+		before := stackInUse()
+		for range conns {
+			var c net.Conn = dialRaw(t, addr)
+			if useTLS {
+				c = tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: "+host+"\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testenv.WaitFor(t, 10*time.Second, "every request at the sandbox", func() bool { return reached.Load() == conns })
+		return float64(stackInUse()-before) / conns / 1024
+	}
+	plain := stackPerConn(t, false)
+	overTLS := stackPerConn(t, true)
+	t.Logf("stack per connection waiting on a slow sandbox: HTTP %.1f KiB, HTTPS %.1f KiB", plain, overTLS)
+	if overTLS > plain+2 {
+		t.Errorf("an HTTPS connection waiting on a slow sandbox holds %.1f KiB of stack, a plain one %.1f: the handshake's stack stayed the connection's", overTLS, plain)
+	}
+}
+
+// stackInUse is the goroutine stacks' memory after a collection, which
+// shrinks the stacks that can be.
+func stackInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.StackInuse
 }

@@ -27,13 +27,14 @@ import (
 const sizingKindConns = 200
 
 // README's figures for connections whose sandbox went silent after a
-// burst (sizingKind.figure), over HTTP at the default head limit: the
-// last number is the one held to.
+// burst (sizingKind.figure), at the default head limit: the first group
+// is HTTP's, the second HTTPS's (the parenthesis after it); of a range,
+// the last number is the one held to.
 const (
-	quietFigure    = `a download whose sandbox went\s+silent mid-body ≈ (\d+) KiB`
-	chunkedFigure  = `a chunked or\s+read-to-close\s+download\s+from\s+a\s+silent\s+sandbox\s+≈\s+(\d+) KiB`
-	detachedFigure = `a\s+detached\s+stream\s+from\s+a\s+silent\s+sandbox\s+≈\s+\d+–(\d+) KiB`
-	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–(\d+) KiB`
+	quietFigure    = `a download whose sandbox went\s+silent mid-body ≈ (\d+) KiB\s+\(HTTPS ≈ \d+–(\d+)\)`
+	chunkedFigure  = `a chunked or\s+read-to-close\s+download\s+from\s+a\s+silent\s+sandbox\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
+	detachedFigure = `a\s+detached\s+stream\s+from\s+a\s+silent\s+sandbox\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
+	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+\d+–(\d+)\)`
 )
 
 // sizingKind is a kind of connection a client without credentials can
@@ -116,14 +117,19 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowance := func(t *testing.T, re string) int64 {
+	// figure is the KiB README gives in re's group'th group.
+	figure := func(t *testing.T, re string, group int) int64 {
 		t.Helper()
 		m := regexp.MustCompile(re).FindSubmatch(readme)
 		if m == nil {
 			t.Fatalf("README: no %q (Client connections and memory, Sizing)", re)
 		}
-		kib, _ := strconv.Atoi(string(m[1]))
+		kib, _ := strconv.Atoi(string(m[group]))
 		return int64(kib)
+	}
+	allowance := func(t *testing.T, re string) int64 {
+		t.Helper()
+		return figure(t, re, 1)
 	}
 	moving := `for a connection moving a body allow (\d+) KiB`
 	for _, setup := range []struct {
@@ -167,11 +173,15 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 					testenv.WaitFor(t, 10*time.Second, "every connection lingering", func() bool { return h.proxy.held.len() == sizingKindConns })
 				}
 				per := (int64(limitCounted()) - int64(before)) / sizingKindConns
-				if k.figure != "" && !useTLS && setup.headLimit == 0 {
+				if k.figure != "" && setup.headLimit == 0 {
 					// An eighth over README's figure for measurement's sake,
 					// and a few KiB over a figure of a few KiB, which varies
-					// from run to run by as much.
-					fig := allowance(t, k.figure)
+					// from run to run by as much. Over HTTPS too: its
+					// allowance for a connection moving a body (168 KiB)
+					// took a silent sandbox's download that never gave its
+					// 64 KiB buffer back (≈ 150 KiB), so only the figure
+					// shows the buffer given back under TLS.
+					fig := figure(t, k.figure, map[bool]int{false: 1, true: 2}[useTLS])
 					allowed = min(allowed, max(fig*9/8, fig+4))
 				}
 				// The hold ends within bulkHold: wait for it, until the

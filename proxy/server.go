@@ -138,6 +138,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		// Off (nil) without the limit: no lock per state change.
 		p.waiting = &waitList{}
 	}
+	warnDescriptorBudget(p.cfg.Logger, cfg.MaxClientConns, openFilesLimit())
 	// Every server sets SecureErrorLogMessage: without it fasthttp's
 	// error for a request it cannot parse quotes the raw request head,
 	// and that lands in the debug log with the admin token, traffic

@@ -168,7 +168,7 @@ func upgradeRequested(h *fasthttp.RequestHeader) bool {
 func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	// Most answers carry none, and one pass over the headers costs a sixth
 	// of looking each name up (BenchmarkResponseHops: 23 vs 133 ns; the
-	// name check added 15 ns to 27 this landing).
+	// name check added 15 ns to 27).
 	hop, invalid := scanResponseNames(h.All())
 	if invalid {
 		return errInvalidHeaderName

@@ -148,8 +148,8 @@ func testAccessLogReopenOn(t *testing.T, sig syscall.Signal) {
 
 // logrotate does not wait for a drain: a SIGHUP or SIGUSR1 during one
 // reopens the access log as at any other time, so the line of a response
-// the drain still serves lands in the new file. Unheard (until the
-// forty-seventh landing), the signal left every line of the drain in the
+// the drain still serves lands in the new file. Unheard (as it once
+// was), the signal left every line of the drain in the
 // renamed file, which a logrotate compress without delaycompress deletes,
 // and no file at the configured path.
 func TestAccessLogReopenDuringDrain(t *testing.T) {

@@ -111,8 +111,8 @@ func TestTraceExportErrorInProxyLog(t *testing.T) {
 }
 
 // An OTLP setting the SDK cannot use and ignores (a timeout that is no
-// number; a CA file that is not there is refused at start since the
-// forty-eighth landing) is said in the proxy's own log, a
+// number; a CA file that is not there is refused at start)
+// is said in the proxy's own log, a
 // JSON line tagged "component":"telemetry" naming the variable's value: the
 // SDK's default logger wrote it as plain text to the process's stderr
 // ("internal_logging.go:50: "msg"="read tls ca cert file" ..."), among the

@@ -1,6 +1,9 @@
 package config
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -143,4 +146,132 @@ func TestMakefileFuzzFindsEveryTarget(t *testing.T) {
 	if total == 0 {
 		t.Fatal("no fuzz target found in the tree")
 	}
+}
+
+// Every test that skips under the race detector (allocation counts,
+// stack and heap sizes) is run by one of make test's runs without -race:
+// `go test -race ./...` skips it, so a name none of those runs' -run
+// patterns matches is never run in CI (a stack-size test named without
+// "Alloc" was, until this check).
+func TestMakefileRunsEveryRaceSkippedTest(t *testing.T) {
+	raw, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		pattern *regexp.Regexp
+		pkg     string // "./..." or a package directory
+	}
+	var runs []run
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != "go" || fields[1] != "test" || strings.Contains(line, "-race") || strings.Contains(line, "-fuzz") {
+			continue
+		}
+		var r run
+		for i, f := range fields {
+			if f == "-run" && i+1 < len(fields) {
+				r.pattern = regexp.MustCompile(strings.Trim(fields[i+1], `'"`))
+			}
+			if strings.HasPrefix(f, "./") {
+				r.pkg = f
+			}
+		}
+		if r.pattern != nil && r.pkg != "" {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		t.Fatal("make test has no go test -run line without -race")
+	}
+	skipped := raceSkippedTests(t)
+	if len(skipped) < 5 {
+		t.Fatalf("found %d tests that skip under -race, want the allocation tests at least: %v", len(skipped), skipped)
+	}
+	for _, s := range skipped {
+		ran := false
+		for _, r := range runs {
+			inPkg := r.pkg == "./..." || filepath.Clean(filepath.Join("..", r.pkg)) == s.dir
+			ran = ran || inPkg && r.pattern.MatchString(s.name)
+		}
+		if !ran {
+			t.Errorf("%s.%s skips under -race and no run of make test without -race matches it: name it so that one does, or add it to the Makefile", s.dir, s.name)
+		}
+	}
+}
+
+type raceSkippedTest struct{ dir, name string }
+
+// raceSkippedTests finds the tests whose body holds `if <c> { ... Skip ... }`
+// where c is a constant a `//go:build !race` test file of its package
+// declares (false there, true in its race twin).
+func raceSkippedTests(t *testing.T) []raceSkippedTest {
+	t.Helper()
+	var found []raceSkippedTest
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "testdata" || d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".") && path != "..") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		files, _ := filepath.Glob(filepath.Join(path, "*_test.go"))
+		fset := token.NewFileSet()
+		var parsed []*ast.File
+		flags := map[string]bool{}
+		for _, f := range files {
+			file, err := parser.ParseFile(fset, f, nil, parser.ParseComments)
+			if err != nil {
+				return err
+			}
+			parsed = append(parsed, file)
+			if len(file.Comments) == 0 || !strings.HasPrefix(file.Comments[0].List[0].Text, "//go:build !race") {
+				continue
+			}
+			for _, decl := range file.Decls {
+				if g, ok := decl.(*ast.GenDecl); ok && g.Tok == token.CONST {
+					for _, spec := range g.Specs {
+						for _, n := range spec.(*ast.ValueSpec).Names {
+							flags[n.Name] = true
+						}
+					}
+				}
+			}
+		}
+		for _, file := range parsed {
+			for _, decl := range file.Decls {
+				fn, ok := decl.(*ast.FuncDecl)
+				if !ok || fn.Body == nil || !strings.HasPrefix(fn.Name.Name, "Test") {
+					continue
+				}
+				skips := false
+				ast.Inspect(fn.Body, func(n ast.Node) bool {
+					ifs, ok := n.(*ast.IfStmt)
+					if !ok {
+						return true
+					}
+					if id, ok := ifs.Cond.(*ast.Ident); ok && flags[id.Name] {
+						ast.Inspect(ifs.Body, func(n ast.Node) bool {
+							if sel, ok := n.(*ast.SelectorExpr); ok && strings.HasPrefix(sel.Sel.Name, "Skip") {
+								skips = true
+							}
+							return true
+						})
+					}
+					return true
+				})
+				if skips {
+					found = append(found, raceSkippedTest{filepath.Clean(path), fn.Name.Name})
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
 }

@@ -210,6 +210,18 @@ func checkOTLPCompression(env func(string) string) error {
 	return nil
 }
 
+// traceEndpoint returns the trace endpoint variable that is set, and its
+// value, trimmed: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT wins over the general
+// one. An empty value is the exporter's default.
+func traceEndpoint(getenv func(string) string) (name, value string) {
+	name = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	if value = strings.TrimSpace(getenv(name)); value == "" {
+		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+		value = strings.TrimSpace(getenv(name))
+	}
+	return name, value
+}
+
 // checkOTLPEndpoint refuses a trace endpoint the OTLP exporters cannot
 // use: they want an http or https URL (for grpc too). Without its scheme
 // (collector:4318, the usual slip) every export failed with "no Host in
@@ -218,12 +230,7 @@ func checkOTLPCompression(env func(string) string) error {
 // either way, and no trace ever arrived. It returns the endpoint, nil for
 // the exporter's default (a localhost one).
 func checkOTLPEndpoint(env func(string) string) (*url.URL, error) {
-	name := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" // wins over the general one
-	v := strings.TrimSpace(env(name))
-	if v == "" {
-		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
-		v = strings.TrimSpace(env(name))
-	}
+	name, v := traceEndpoint(env)
 	if v == "" {
 		// The exporter's default (https://localhost:4318, or 4317), which
 		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
@@ -264,6 +271,61 @@ func checkOTLPEndpoint(env func(string) string) (*url.URL, error) {
 	return u, nil
 }
 
+// traceProxyVar returns the proxy variable the trace exporter reads for
+// endpoint (nil: the default one, on localhost), its name and value, and
+// whether the exports go through a proxy at all: the variable is set, and
+// neither NO_PROXY exempts the endpoint nor is it localhost or a loopback
+// address, which Go never proxies. gRPC reads HTTPS_PROXY whatever the
+// endpoint's scheme.
+func traceProxyVar(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, used bool) {
+	name, value, _, used = traceProxy(getenv, endpoint, grpc)
+	return name, value, used
+}
+
+// traceProxy is traceProxyVar that also returns the proxy as Go reads the
+// value: nil for a value it ignores (one that does not parse).
+func traceProxy(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, proxy *url.URL, used bool) {
+	if endpoint == nil {
+		return "", "", nil, false
+	}
+	target := &url.URL{Scheme: endpoint.Scheme, Host: endpoint.Host}
+	name, lower := "HTTP_PROXY", "http_proxy"
+	if grpc || endpoint.Scheme == "https" {
+		target.Scheme, name, lower = "https", "HTTPS_PROXY", "https_proxy"
+	}
+	if value = getenv(name); value == "" {
+		name, value = lower, getenv(lower)
+	}
+	if value == "" {
+		return "", "", nil, false
+	}
+	cfg := proxyEnv(getenv)
+	proxy, _ = cfg.ProxyFunc()(target)
+	// Any proxy value will do: this asks only whether Go would use one.
+	cfg.HTTPProxy, cfg.HTTPSProxy = "proxy", "proxy"
+	p, err := cfg.ProxyFunc()(target)
+	return name, value, proxy, err == nil && p != nil
+}
+
+// proxyEnv reads the proxy variables from getenv as Go's
+// http.ProxyFromEnvironment does: the upper-case name before the
+// lower-case one (x/net's httpproxy.FromEnvironment reads them the other
+// way round).
+func proxyEnv(getenv func(string) string) *httpproxy.Config {
+	get := func(upper, lower string) string {
+		if v := getenv(upper); v != "" {
+			return v
+		}
+		return getenv(lower)
+	}
+	return &httpproxy.Config{
+		HTTPProxy:  get("HTTP_PROXY", "http_proxy"),
+		HTTPSProxy: get("HTTPS_PROXY", "https_proxy"),
+		NoProxy:    get("NO_PROXY", "no_proxy"),
+		CGI:        getenv("REQUEST_METHOD") != "",
+	}
+}
+
 // checkOTLPProxy refuses the proxy variable the trace exporter sends its
 // exports to endpoint through where the exporter cannot use it as written:
 // HTTPS_PROXY for an https endpoint and for gRPC whatever the scheme,
@@ -280,28 +342,8 @@ func checkOTLPEndpoint(env func(string) string) (*url.URL, error) {
 // may be there for another program. The value is never shown: it may hold
 // the proxy's password.
 func checkOTLPProxy(env func(string) string, endpoint *url.URL, grpc bool) error {
-	if endpoint == nil {
-		return nil // the exporter's default endpoint, on localhost
-	}
-	target := &url.URL{Scheme: endpoint.Scheme, Host: endpoint.Host}
-	name, lower := "HTTP_PROXY", "http_proxy"
-	if grpc || endpoint.Scheme == "https" {
-		target.Scheme, name, lower = "https", "HTTPS_PROXY", "https_proxy"
-	}
-	v := env(name)
-	if v == "" {
-		name, v = lower, env(lower)
-	}
-	if v == "" {
-		return nil
-	}
-	noProxy := env("NO_PROXY")
-	if noProxy == "" {
-		noProxy = env("no_proxy")
-	}
-	// Any proxy value will do: this asks only whether Go would use one.
-	uses := (&httpproxy.Config{HTTPProxy: "proxy", HTTPSProxy: "proxy", NoProxy: noProxy}).ProxyFunc()
-	if p, _ := uses(target); p == nil {
+	name, v, used := traceProxyVar(env, endpoint, grpc)
+	if !used {
 		return nil
 	}
 	hidden := name + " (not shown: it may hold the proxy's password)"

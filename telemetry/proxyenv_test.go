@@ -83,3 +83,32 @@ func TestTraceProxyVariables(t *testing.T) {
 		})
 	}
 }
+
+// exportVia names the proxy a failed export went through, by its host and
+// the variable, never its credentials, and nothing when the exports go
+// direct.
+func TestExportVia(t *testing.T) {
+	const proxy = "http://user:s3cret@squid:3128"
+	tests := []struct {
+		name string
+		env  map[string]string
+		grpc bool
+		want string
+	}{
+		{"https", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318", "HTTPS_PROXY": proxy}, false, "through the proxy squid:3128 of HTTPS_PROXY"},
+		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces",
+			"HTTPS_PROXY": proxy, "http_proxy": "squid:3129"}, false, "through the proxy squid:3129 of http_proxy"},
+		{"grpc reads HTTPS_PROXY", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "HTTPS_PROXY": proxy, "HTTP_PROXY": "http://other:3128"}, true, "through the proxy squid:3128 of HTTPS_PROXY"},
+		{"direct", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318", "HTTP_PROXY": proxy}, false, ""},
+		{"NO_PROXY", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318", "HTTPS_PROXY": proxy, "NO_PROXY": "collector"}, false, ""},
+		{"loopback", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4318", "HTTPS_PROXY": proxy}, false, ""},
+		{"default endpoint", map[string]string{"HTTPS_PROXY": proxy}, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := exportVia(envMap(tt.env), tt.grpc); got != tt.want {
+				t.Errorf("exportVia = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -49,8 +49,11 @@ func countSpans(req *coltracepb.ExportTraceServiceRequest) int64 {
 // credentials, for OTLP/HTTP (over TLS) and gRPC alike: the collector's
 // name, collector.invalid, resolves nowhere, so a span it gets came
 // through the proxy. A proxy that refuses the credentials fails the
-// exports: said in the log, which never shows the password (nor its
-// Basic token), and their spans counted in cubeproxy_spans_dropped_total.
+// exports: said in the log, naming the proxy (Go's error for its 407 was
+// `Post "https://collector.invalid:port/v1/traces": Proxy Authentication
+// Required`, and a 403 just "Forbidden", which read as the collector's),
+// never showing the password (nor its Basic token), and their spans
+// counted in cubeproxy_spans_dropped_total.
 // Run on the binary: net/http reads the proxy variables once per process.
 func TestTraceExportThroughProxy(t *testing.T) {
 	bin := buildBinary(t)
@@ -129,6 +132,11 @@ func TestTraceExportThroughProxy(t *testing.T) {
 				testenv.WaitFor(t, 15*time.Second, "the refused export's warning and its spans counted", func() bool {
 					return strings.Contains(logs.String(), `"msg":"traces export:`) && scrapeMetric(admin, "cubeproxy_spans_dropped_total") >= 2
 				})
+				// Go's error for the proxy's 407 is its bare reason phrase
+				// after the collector's URL: the warning names the proxy.
+				if via := "through the proxy " + proxy.Addr + " of HTTPS_PROXY"; !strings.Contains(logs.String(), via) {
+					t.Errorf("the export's warning does not say %q:\n%s", via, logs)
+				}
 				if proxy.Refusals() == refusalsBefore {
 					t.Error("the proxy refused no CONNECT")
 				}

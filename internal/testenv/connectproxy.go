@@ -20,6 +20,8 @@ import (
 type ConnectProxy struct {
 	// URL is the proxy's URL with its credentials, as HTTPS_PROXY takes it.
 	URL string
+	// Addr is the proxy's host:port.
+	Addr string
 	// Password is the password URL carries.
 	Password string
 
@@ -39,7 +41,8 @@ func StartConnectProxy(t testing.TB, user, password string, routes map[string]st
 	t.Helper()
 	p := &ConnectProxy{Password: password, user: user, routes: routes}
 	ln := ServeTCP(t, p.serve)
-	p.URL = (&url.URL{Scheme: "http", User: url.UserPassword(user, password), Host: ln.Addr().String()}).String()
+	p.Addr = ln.Addr().String()
+	p.URL = (&url.URL{Scheme: "http", User: url.UserPassword(user, password), Host: p.Addr}).String()
 	return p
 }
 

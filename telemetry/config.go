@@ -14,6 +14,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http/httpproxy"
 
 	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
 )
@@ -98,7 +99,11 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 	default:
 		return exporterNone, fmt.Errorf("OTLP trace protocol %q: only \"http/protobuf\" and \"grpc\" are supported", proto)
 	}
-	if err := checkOTLPEndpoint(env); err != nil {
+	endpoint, err := checkOTLPEndpoint(env)
+	if err != nil {
+		return exporterNone, err
+	}
+	if err := checkOTLPProxy(env, endpoint, kind == exporterOTLPGRPC); err != nil {
 		return exporterNone, err
 	}
 	if err := checkOTLPCompression(env); err != nil {
@@ -205,26 +210,34 @@ func checkOTLPCompression(env func(string) string) error {
 	return nil
 }
 
+// traceEndpoint returns the trace endpoint variable that is set, and its
+// value, trimmed: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT wins over the general
+// one. An empty value is the exporter's default.
+func traceEndpoint(getenv func(string) string) (name, value string) {
+	name = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	if value = strings.TrimSpace(getenv(name)); value == "" {
+		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+		value = strings.TrimSpace(getenv(name))
+	}
+	return name, value
+}
+
 // checkOTLPEndpoint refuses a trace endpoint the OTLP exporters cannot
 // use: they want an http or https URL (for grpc too). Without its scheme
 // (collector:4318, the usual slip) every export failed with "no Host in
 // request URL"; an unparsable one was replaced by localhost:4318, said
 // only on a plain-text stderr line. The proxy started and check passed
-// either way, and no trace ever arrived.
-func checkOTLPEndpoint(env func(string) string) error {
-	name := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" // wins over the general one
-	v := strings.TrimSpace(env(name))
-	if v == "" {
-		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
-		v = strings.TrimSpace(env(name))
-	}
+// either way, and no trace ever arrived. It returns the endpoint, nil for
+// the exporter's default (a localhost one).
+func checkOTLPEndpoint(env func(string) string) (*url.URL, error) {
+	name, v := traceEndpoint(env)
 	if v == "" {
 		// The exporter's default (https://localhost:4318, or 4317), which
 		// OTEL_EXPORTER_OTLP_INSECURE=true may make plain HTTP.
 		if err := checkOTLPInsecure(env, "", ""); err != nil {
-			return err
+			return nil, err
 		}
-		return checkOTLPTLSFiles(env, otlpInsecure(env))
+		return nil, checkOTLPTLSFiles(env, otlpInsecure(env))
 	}
 	shown := fmt.Sprintf("%s=%q", name, v)
 	switch {
@@ -236,23 +249,126 @@ func checkOTLPEndpoint(env func(string) string) error {
 	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%s: want an http or https URL with a host, as http://collector:4318", shown)
+		return nil, fmt.Errorf("%s: want an http or https URL with a host, as http://collector:4318", shown)
 	}
 	if u.User != nil {
 		// The exporters send to the host alone: the credential never
 		// reached the collector, which refused every export.
-		return fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
+		return nil, fmt.Errorf("%s: the exporter does not send a URL's user:password@; put the credential in OTEL_EXPORTER_OTLP_HEADERS (Authorization=Basic%%20...)", shown)
 	}
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		// The exporters send to scheme, host and path alone: a key in the
 		// query never reached the collector, which refused every export
 		// (401), while check passed.
-		return fmt.Errorf("%s: the exporter does not send a URL's query or fragment; put a credential in OTEL_EXPORTER_OTLP_HEADERS (api-key=...)", shown)
+		return nil, fmt.Errorf("%s: the exporter does not send a URL's query or fragment; put a credential in OTEL_EXPORTER_OTLP_HEADERS (api-key=...)", shown)
 	}
 	if err := checkOTLPInsecure(env, name, u.Scheme); err != nil {
-		return err
+		return nil, err
 	}
-	return checkOTLPTLSFiles(env, u.Scheme == "http")
+	if err := checkOTLPTLSFiles(env, u.Scheme == "http"); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// traceProxyVar returns the proxy variable the trace exporter reads for
+// endpoint (nil: the default one, on localhost), its name and value, and
+// whether the exports go through a proxy at all: the variable is set, and
+// neither NO_PROXY exempts the endpoint nor is it localhost or a loopback
+// address, which Go never proxies. gRPC reads HTTPS_PROXY whatever the
+// endpoint's scheme.
+func traceProxyVar(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, used bool) {
+	name, value, _, used = traceProxy(getenv, endpoint, grpc)
+	return name, value, used
+}
+
+// traceProxy is traceProxyVar that also returns the proxy as Go reads the
+// value: nil for a value it ignores (one that does not parse).
+func traceProxy(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, proxy *url.URL, used bool) {
+	if endpoint == nil {
+		return "", "", nil, false
+	}
+	target := &url.URL{Scheme: endpoint.Scheme, Host: endpoint.Host}
+	name, lower := "HTTP_PROXY", "http_proxy"
+	if grpc || endpoint.Scheme == "https" {
+		target.Scheme, name, lower = "https", "HTTPS_PROXY", "https_proxy"
+	}
+	if value = getenv(name); value == "" {
+		name, value = lower, getenv(lower)
+	}
+	if value == "" {
+		return "", "", nil, false
+	}
+	cfg := proxyEnv(getenv)
+	proxy, _ = cfg.ProxyFunc()(target)
+	// Any proxy value will do: this asks only whether Go would use one.
+	cfg.HTTPProxy, cfg.HTTPSProxy = "proxy", "proxy"
+	p, err := cfg.ProxyFunc()(target)
+	return name, value, proxy, err == nil && p != nil
+}
+
+// proxyEnv reads the proxy variables from getenv as Go's
+// http.ProxyFromEnvironment does: the upper-case name before the
+// lower-case one (x/net's httpproxy.FromEnvironment reads them the other
+// way round).
+func proxyEnv(getenv func(string) string) *httpproxy.Config {
+	get := func(upper, lower string) string {
+		if v := getenv(upper); v != "" {
+			return v
+		}
+		return getenv(lower)
+	}
+	return &httpproxy.Config{
+		HTTPProxy:  get("HTTP_PROXY", "http_proxy"),
+		HTTPSProxy: get("HTTPS_PROXY", "https_proxy"),
+		NoProxy:    get("NO_PROXY", "no_proxy"),
+		CGI:        getenv("REQUEST_METHOD") != "",
+	}
+}
+
+// checkOTLPProxy refuses the proxy variable the trace exporter sends its
+// exports to endpoint through where the exporter cannot use it as written:
+// HTTPS_PROXY for an https endpoint and for gRPC whatever the scheme,
+// HTTP_PROXY for an http one, the upper-case name before the lower-case
+// one, as Go reads them (gRPC reads them through Go's net/http too). Go
+// ignores a value that does not parse as a URL (a password's unescaped %),
+// unsaid, and the exports went around the proxy, to a collector an
+// egress-locked cluster does not let them reach; one with a scheme that
+// does not parse (a password's unescaped #, / or ?) it read as a proxy
+// named "http". gRPC speaks plain HTTP CONNECT whatever the proxy's scheme
+// (https://, socks5://), and dials 443 when the URL has no port, where Go's
+// client dials http's 80. An endpoint that NO_PROXY exempts, or a localhost
+// or loopback one, which Go never proxies, is not looked at: the variable
+// may be there for another program. The value is never shown: it may hold
+// the proxy's password.
+func checkOTLPProxy(env func(string) string, endpoint *url.URL, grpc bool) error {
+	name, v, used := traceProxyVar(env, endpoint, grpc)
+	if !used {
+		return nil
+	}
+	hidden := name + " (not shown: it may hold the proxy's password)"
+	p, err := url.Parse(v)
+	if err != nil || p.Scheme == "" || p.Host == "" {
+		// Go's reading of proxy:3128 and user:pw@proxy:3128: as http://.
+		// One that has a scheme already gets a second one, and "http" for
+		// a host.
+		p, err = url.Parse("http://" + v)
+		if err != nil || strings.Contains(v, ":/") {
+			return fmt.Errorf("%s does not parse as a proxy URL, which the trace exporter would ignore, sending every export around the proxy, or misread; "+
+				"percent-encode a password's %%, #, /, ? and @ (%%25, %%23, %%2F, %%3F, %%40), as http://user:p%%23ss@proxy:3128", hidden)
+		}
+	}
+	switch {
+	case p.Hostname() == "":
+		return fmt.Errorf("%s names no proxy host", hidden)
+	case grpc && p.Scheme != "http":
+		return fmt.Errorf("%s is a %s proxy: the gRPC trace exporter speaks only plain HTTP CONNECT to its proxy; use an http:// one, or OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", hidden, p.Scheme)
+	case grpc && p.Port() == "":
+		return fmt.Errorf("%s has no port: the gRPC trace exporter would dial the proxy on 443, not http's 80; write the port, as http://proxy:3128", hidden)
+	case p.Scheme != "http" && p.Scheme != "https" && p.Scheme != "socks5" && p.Scheme != "socks5h":
+		return fmt.Errorf("%s is a %s proxy: the trace exporter speaks to http, https, socks5 and socks5h ones", hidden, p.Scheme)
+	}
+	return nil
 }
 
 // otlpInsecure reports whether OTEL_EXPORTER_OTLP_[TRACES_]INSECURE (the

@@ -89,7 +89,9 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource,
 		if kind == exporterOTLPGRPC {
 			exp, err = otlptracegrpc.New(ctx)
 		} else {
-			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithProxy(collectorProxy))
+			// The proxy variables read now, from the process environment,
+			// as the exporter reads its own: the same proxy exportVia names.
+			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithProxy(collectorProxy(proxyEnv(os.Getenv).ProxyFunc())))
 		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("create OTLP trace exporter: %w", err)
@@ -97,6 +99,7 @@ func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource,
 		ce := newCutExporter(exp, m)
 		// From the process environment, which the exporters read them from.
 		ce.secrets = headerSecrets(os.Getenv)
+		ce.via = exportVia(os.Getenv, kind == exporterOTLPGRPC)
 		cut = ce.cancel
 		// The batch processor drops spans when its queue is full instead of
 		// blocking the request path; the gate in front of it does that
@@ -138,6 +141,9 @@ type cutExporter struct {
 	// secrets are the OTLP header values, hidden in a failed export's
 	// error (exportError).
 	secrets []string
+	// via names the proxy the exports go through in a failed export's
+	// error, "" when they go direct (exportVia).
+	via string
 }
 
 func newCutExporter(exp sdktrace.SpanExporter, m *Metrics) *cutExporter {
@@ -177,7 +183,11 @@ func (e *cutExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnly
 		e.metrics.spansDropped(len(spans))
 	}
 	if err != nil {
-		return newExportError(err, e.secrets)
+		xe := newExportError(err, e.secrets)
+		if e.via != "" {
+			xe.msg += " (" + e.via + ")"
+		}
+		return xe
 	}
 	return nil
 }
@@ -208,7 +218,7 @@ func (e *exportError) Unwrap() error { return e.err }
 
 // newExportError returns err with every secret replaced by "[redacted]"
 // and its text cut to maxExportErrorLen.
-func newExportError(err error, secrets []string) error {
+func newExportError(err error, secrets []string) *exportError {
 	msg := err.Error()
 	for _, s := range secrets {
 		msg = strings.ReplaceAll(msg, s, "[redacted]")
@@ -266,9 +276,9 @@ func isPartialSuccess(err error) bool {
 	return false
 }
 
-// collectorProxy is the OTLP/HTTP exporter's proxy function: the
-// environment's (HTTP_PROXY and the like, as the exporter's default), but
-// it refuses a redirect the exporter's HTTP client would follow unsaid.
+// collectorProxy returns the OTLP/HTTP exporter's proxy function: proxy,
+// the environment's (HTTP_PROXY and the like, as the exporter's default
+// http.ProxyFromEnvironment reads them), but it refuses a redirect the exporter's HTTP client would follow unsaid.
 // Followed, a 307 or 308 to another host sent it the export with the
 // OTEL_EXPORTER_OTLP_HEADERS credential (the client drops only
 // Authorization and Cookie there), and a 301, 302 or 303 turned the export
@@ -278,13 +288,36 @@ func isPartialSuccess(err error) bool {
 // so the redirect is refused before it is sent, and the export fails:
 // logged and its spans counted. One that keeps the POST (307, 308) to the
 // same host name, without going from https to http, is followed, as before.
-func collectorProxy(r *http.Request) (*url.URL, error) {
-	if prev := r.Response; prev != nil && prev.Request != nil {
-		if err := checkCollectorRedirect(prev.StatusCode, prev.Request.URL, r); err != nil {
-			return nil, err
+func collectorProxy(proxy func(*url.URL) (*url.URL, error)) func(*http.Request) (*url.URL, error) {
+	return func(r *http.Request) (*url.URL, error) {
+		if prev := r.Response; prev != nil && prev.Request != nil {
+			if err := checkCollectorRedirect(prev.StatusCode, prev.Request.URL, r); err != nil {
+				return nil, err
+			}
 		}
+		return proxy(r.URL)
 	}
-	return http.ProxyFromEnvironment(r)
+}
+
+// exportVia says which proxy the trace exports go through, for a failed
+// export's error ("" when they go direct): "through the proxy
+// squid:3128 of HTTPS_PROXY", its host alone, never its credentials. A
+// proxy that refuses the CONNECT (its 403 or 407) failed the export with
+// Go's bare reason phrase after the collector's URL, `Post
+// "https://collector/v1/traces": Forbidden`, which read as the collector's
+// own refusal; nothing in the log said a proxy was on the way. gRPC reads
+// the same variable (HTTPS_PROXY) through net/http.
+func exportVia(getenv func(string) string, grpc bool) string {
+	_, v := traceEndpoint(getenv)
+	endpoint, err := url.Parse(v)
+	if v == "" || err != nil {
+		return ""
+	}
+	name, _, proxy, used := traceProxy(getenv, endpoint, grpc)
+	if !used || proxy == nil {
+		return ""
+	}
+	return fmt.Sprintf("through the proxy %s of %s", proxy.Host, name)
 }
 
 // checkCollectorRedirect says why the export to from, answered code, is

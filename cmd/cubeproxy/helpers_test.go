@@ -176,7 +176,18 @@ func buildBinary(t *testing.T) string {
 // cmd.Wait's result. The process is killed when the test ends.
 func startBinary(t *testing.T, bin string, args ...string) (cmd *exec.Cmd, logs *syncBuffer, exited <-chan error) {
 	t.Helper()
+	return startBinaryEnv(t, bin, nil, args...)
+}
+
+// startBinaryEnv is startBinary with env (KEY=value) added to the test's
+// environment, for a variable the test process itself must not see:
+// net/http reads the proxy variables once per process, for good.
+func startBinaryEnv(t *testing.T, bin string, env []string, args ...string) (cmd *exec.Cmd, logs *syncBuffer, exited <-chan error) {
+	t.Helper()
 	cmd = exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...) // the last of a name wins
+	}
 	logs = new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

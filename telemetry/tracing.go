@@ -278,8 +278,8 @@ func isPartialSuccess(err error) bool {
 
 // collectorProxy returns the OTLP/HTTP exporter's proxy function: proxy,
 // the environment's (HTTP_PROXY and the like, as the exporter's default
-// http.ProxyFromEnvironment reads them), but it refuses a redirect the exporter's HTTP client would follow unsaid.
-// Followed, a 307 or 308 to another host sent it the export with the
+// http.ProxyFromEnvironment reads them), but it refuses a redirect the
+// exporter's HTTP client would follow unsaid. Followed, a 307 or 308 to another host sent it the export with the
 // OTEL_EXPORTER_OTLP_HEADERS credential (the client drops only
 // Authorization and Cookie there), and a 301, 302 or 303 turned the export
 // into a GET without its spans, which a 200 answered: every span lost, no

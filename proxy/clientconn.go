@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -17,6 +18,7 @@ import (
 type clientConn struct {
 	*net.TCPConn
 	sendWatch
+	hold readHold
 
 	p        *Proxy // nil: no lingering of its own (the socket under a tlsConn)
 	lingered atomic.Bool
@@ -44,6 +46,24 @@ func (c *clientConn) Close() error {
 	}
 	return c.TCPConn.Close()
 }
+
+// Read reads from the socket; a read the hold ended is empty (readHold).
+func (c *clientConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
+	if err != nil && n == 0 && c.hold.ranOut(c.TCPConn, err) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// SetReadDeadline sets the read deadline, which a hold may bring forward
+// (readHold).
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	return c.hold.setReadDeadline(c.TCPConn, t)
+}
+
+// holdReads starts or ends a hold on the connection's reads (readHold).
+func (c *clientConn) holdReads(until time.Time) { c.hold.holdReads(c.TCPConn, until) }
 
 // ReadFrom copies r to the connection through its Write. The embedded
 // *net.TCPConn's (splice, sendfile, or a plain copy to the socket) would
@@ -81,4 +101,70 @@ func ownsClose(c net.Conn) {
 	case *tlsConn:
 		c.lingered.Store(true)
 	}
+}
+
+// readHolder is a client connection whose reads an upload's copy can hold
+// (readHold): the traffic listeners' clientConn and tlsConn.
+type readHolder interface {
+	holdReads(until time.Time)
+}
+
+// readHold lets a streamed upload's copy give its 64 KiB buffer back while
+// the client is silent (clientBody, copyGrowing). The body is read through
+// fasthttp's reader, which must see no error it did not cause: one marks
+// the request's body as failed (the connection is then closed after the
+// answer, however the body ends), and one in the middle of a chunk's
+// framing loses the bytes of it read so far. So the hold is the
+// connection's: while it is on, the read deadline armed is the hold's end
+// when that comes first, and a read it times out ends empty (0, nil) with
+// the deadline set (the body's) armed again. An empty read reaches the
+// copy only from a read that went straight to the connection (the big
+// buffer is larger than fasthttp's reader, which is empty then); one
+// fasthttp's reader makes to fill itself (a chunk's size line) is tried
+// again, now under the body's deadline, and the copy keeps its buffer.
+// Deadlines set from other goroutines (the drain's cut, an early answer's)
+// go through setReadDeadline and are never taken for the hold's.
+type readHold struct {
+	mu    sync.Mutex
+	set   time.Time // the read deadline last set (zero: none)
+	until time.Time // the hold's end (zero: no hold)
+}
+
+// armed is the read deadline in force; h.mu must be held.
+func (h *readHold) armed() time.Time {
+	if !h.until.IsZero() && (h.set.IsZero() || h.until.Before(h.set)) {
+		return h.until
+	}
+	return h.set
+}
+
+// setReadDeadline sets c's read deadline to t, or to the hold's end if
+// that comes first.
+func (h *readHold) setReadDeadline(c net.Conn, t time.Time) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.set = t
+	return c.SetReadDeadline(h.armed())
+}
+
+// holdReads starts the hold, to end at until, or ends it (zero).
+func (h *readHold) holdReads(c net.Conn, until time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.until = until
+	_ = c.SetReadDeadline(h.armed())
+}
+
+// ranOut reports whether err, a failed read of c, is the hold's end rather
+// than the deadline set's: the hold is then over, and the deadline set is
+// armed again. Any failure ends the hold.
+func (h *readHold) ranOut(c net.Conn, err error) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.until.IsZero() {
+		return false
+	}
+	h.until = time.Time{}
+	_ = c.SetReadDeadline(h.set)
+	return isTimeout(err) && (h.set.IsZero() || time.Now().Before(h.set))
 }

@@ -79,13 +79,20 @@ type tlsConn struct {
 	// stopped emptying that held each such close 5 s.
 	writeFailed atomic.Bool
 	wait        waitNode // its place among the connections waiting for a request (Proxy.waiting)
+	// hold is above the TLS layer, whose own reads retry an empty one
+	// (readHold); a timed-out read of a record is taken up again.
+	hold readHold
 }
 
-// Read reads application data, noting the first bytes.
+// Read reads application data, noting the first bytes; a read the hold
+// ended is empty (readHold).
 func (c *tlsConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 && !c.gotData.Load() {
 		c.gotData.Store(true)
+	}
+	if err != nil && n == 0 && c.hold.ranOut(c.Conn, err) {
+		return 0, nil
 	}
 	return n, err
 }
@@ -106,7 +113,18 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 	if !c.headBy.IsZero() && !c.gotData.Load() && (t.IsZero() || t.After(c.headBy)) {
 		t = c.headBy
 	}
-	return c.Conn.SetReadDeadline(t)
+	return c.hold.setReadDeadline(c.Conn, t)
+}
+
+// holdReads starts or ends a hold on the connection's reads (readHold).
+func (c *tlsConn) holdReads(until time.Time) { c.hold.holdReads(c.Conn, until) }
+
+// SetDeadline sets both deadlines, the read one as SetReadDeadline does.
+func (c *tlsConn) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
 }
 
 // Close closes the connection, after a lingering close when its client

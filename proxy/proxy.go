@@ -1108,6 +1108,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	if cl := h.ContentLength(); (cl > 0 || cl == -1) && req.IsBodyStream() {
 		b := clientBodyPool.Get().(*clientBody)
 		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: int64(cl), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
+		b.hold, _ = ctx.Conn().(readHolder)
 		req.SetBodyStream(b, cl)
 	}
 
@@ -1616,16 +1617,30 @@ type clientBody struct {
 	// and dst the body writer fasthttp hands WriteTo (see uploadWriter).
 	bw  *bufio.Writer
 	dst io.Writer
+	// hold is the client connection, when its reads can be held
+	// (readHold); bulk says the copy reads into its 64 KiB buffer
+	// (copyGrowing), and held is the end of the hold armed (zero: none).
+	// empty says the last read ended empty at the hold's end: no progress,
+	// which the next read must not renew the body's deadline for.
+	hold  readHolder
+	bulk  bool
+	held  time.Time
+	empty bool
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
 
 func (b *clientBody) Read(p []byte) (int, error) {
-	if b.timeout > 0 {
+	if b.empty {
+		b.empty = false
+	} else if b.timeout > 0 {
 		if want := time.Now().Add(b.timeout); want.Sub(b.deadline) >= slack(b.timeout) {
 			_ = b.ctx.SetReadDeadline(want)
 			b.deadline = want
 		}
+	}
+	if b.hold != nil {
+		b.holdBulk()
 	}
 	if b.cut != nil && b.cut.Load() {
 		// After the renewal above: abort's deadline, set after cut, wins.
@@ -1644,6 +1659,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		if n > 0 {
 			return 0, errBodyTooLarge
 		}
+		if err == nil {
+			b.held, b.empty = time.Time{}, true // as below
+		}
 		b.ended(err)
 		return 0, err
 	}
@@ -1651,10 +1669,47 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		p = p[:b.left]
 	}
 	n, err := b.r.Read(p)
+	if n == 0 && err == nil {
+		// The hold's end (readHold.ranOut), which ended it.
+		b.held, b.empty = time.Time{}, true
+	}
 	b.left -= int64(n)
 	b.n += int64(n)
 	b.ended(err)
 	return n, err
+}
+
+// holdBulk keeps the connection's hold in step with the copy (readHold):
+// while the copy reads into its 64 KiB buffer, a read that waits bulkHold
+// for the client ends empty, and the copy gives the buffer back
+// (copyGrowing), as a download's copy does when its sandbox is silent. An
+// upload whose client went silent mid-body held it until
+// client.body_timeout: ≈ 132 KiB counted against GOMEMLIMIT a connection,
+// for 60 s by default, where one waiting for its answer counts ≈ 63 KiB.
+// The hold's end moves at most twice a second (a runtime timer update and
+// a lock each), so bulk gives the buffer back (a pool round trip) at most
+// once a second, and only when a read waits at the hold's end.
+func (b *clientBody) holdBulk() {
+	switch {
+	case b.bulk:
+		if want := time.Now().Add(bulkHold); b.held.IsZero() || want.Sub(b.held) >= bulkHold/2 {
+			b.hold.holdReads(want)
+			b.held = want
+		}
+	case !b.held.IsZero():
+		b.hold.holdReads(time.Time{})
+		b.held = time.Time{}
+	}
+}
+
+// endHold ends the hold, if one is armed: the connection's reads are
+// fasthttp's again.
+func (b *clientBody) endHold() {
+	b.bulk = false
+	if !b.held.IsZero() {
+		b.hold.holdReads(time.Time{})
+		b.held = time.Time{}
+	}
 }
 
 // ended records what err, from a read of the body, says of its end: read
@@ -1721,6 +1776,7 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, uploadSmallBuf
 func (b *clientBody) WriteTo(w io.Writer) (int64, error) {
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
+	defer b.endHold()
 	if b.bw == nil {
 		return copyGrowing(w, b, *small)
 	}

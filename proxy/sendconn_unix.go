@@ -141,12 +141,13 @@ func (c *clientConn) SetWriteDeadline(t time.Time) error {
 	return c.TCPConn.SetWriteDeadline(t)
 }
 
-// SetDeadline sets both deadlines (see SetWriteDeadline).
+// SetDeadline sets both deadlines (see SetWriteDeadline and
+// SetReadDeadline).
 func (c *clientConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.deadline = t
-	return c.TCPConn.SetDeadline(t)
+	if err := c.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
 }
 
 // SyscallConn returns the socket (hang-up watches, readability checks),

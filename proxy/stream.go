@@ -395,18 +395,21 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 // fixed-length body is being copied.
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
-// copyGrowing copies src to dst until src ends (io.EOF, reported as nil)
-// or either fails, and returns the bytes written. It reads into small, and
-// into a pooled copyBufPool buffer from the first read that fills small
-// (bulk) until a read brings less than small holds again: a copy that
-// mostly idles or trickles holds only small, small pieces cost no extra
-// call, and bulk costs a pool round trip per burst.
-func copyGrowing(dst io.Writer, src io.Reader, small []byte) (int64, error) {
+// copyGrowing copies an upload, src, to dst until src ends (io.EOF,
+// reported as nil) or either fails, and returns the bytes written. It
+// reads into small, and into a pooled copyBufPool buffer from the first
+// read that fills small (bulk) until a read brings less than small holds
+// again: a copy that mostly idles or trickles holds only small, small
+// pieces cost no extra call, and bulk costs a pool round trip per burst.
+// A read in bulk that waits bulkHold for the client ends empty
+// (clientBody.holdBulk), and so gives the big buffer back too.
+func copyGrowing(dst io.Writer, src *clientBody, small []byte) (int64, error) {
 	g := growingBuf{small: small}
 	defer g.shrink()
 	var written int64
 	for {
 		b := g.next()
+		src.bulk = g.big != nil
 		n, rerr := src.Read(b)
 		if n > 0 {
 			m, werr := dst.Write(b[:n])

@@ -68,7 +68,8 @@ type Config struct {
 	// every 10 s. A counter alone (onDrop) leaves an operator who reads
 	// the process log unaware that requests go unrecorded. It is also
 	// told, once, when Path no longer names the file written to (moved
-	// or replaced, and not reopened).
+	// or replaced, and not reopened), and at Close how many lines were
+	// lost since it was last told a total, if any.
 	Log *slog.Logger
 }
 
@@ -349,8 +350,10 @@ func (l *Logger) Reopen() error {
 }
 
 // Close writes every queued line, flushes and closes the file, and reports
-// a failure of that final flush or close; the watchers of the loss
-// (Config.Log) and of the file have returned too. Later Log calls are
+// a failure of that final flush or close; lines it could not write are
+// counted as dropped. The watchers of the loss (Config.Log) and of the
+// file have returned too, the loss watcher after telling Config.Log the
+// lines lost since its last report, if any. Later Log calls are
 // discarded. Close is idempotent.
 func (l *Logger) Close() error {
 	l.once.Do(func() {
@@ -508,6 +511,7 @@ func (l *Logger) watchLoss() {
 	defer t.Stop()
 	var (
 		seen   uint64    // Dropped() at the last check
+		said   uint64    // dropped_total of the last line that gave one
 		from   uint64    // Dropped() before the loss began
 		since  time.Time // the loss began
 		last   time.Time // last "dropping lines" line
@@ -522,10 +526,12 @@ func (l *Logger) watchLoss() {
 		select {
 		case <-t.C:
 		case <-l.done:
+			l.sayUnsaid(dest, said)
 			return
 		}
 		select {
-		case <-l.done: // both ready: nothing to say after Close
+		case <-l.done: // both ready: Close's final word only
+			l.sayUnsaid(dest, said)
 			return
 		default:
 		}
@@ -539,7 +545,7 @@ func (l *Logger) watchLoss() {
 			if now.Sub(last) < lossLogEvery {
 				break
 			}
-			last, logged = now, true
+			last, logged, said = now, true, d
 			if err := l.writeErr.Load(); err != nil {
 				l.log.Error("access log cannot be written; dropping lines",
 					"path", dest, "err", *err, "dropped", d-from, "dropped_total", d)
@@ -553,13 +559,32 @@ func (l *Logger) watchLoss() {
 		case losing && l.flushed.Load() > l.flushedAtDrop.Load() && l.writeErr.Load() == nil:
 			losing = false
 			if logged {
-				logged = false
+				logged, said = false, d
 				l.log.Warn("access log written again",
-					"path", dest, "dropped", d-from, "after", time.Since(since).Round(time.Millisecond).String())
+					"path", dest, "dropped", d-from, "dropped_total", d, "after", time.Since(since).Round(time.Millisecond).String())
 			}
 		}
 		seen = d
 	}
+}
+
+// sayUnsaid tells Config.Log, once the writer has ended (Close), how many
+// lines were lost since the last line that said a total (said): those of
+// a loss the 10 s limit kept quiet, of one begun since the last check, and
+// the queued lines the final flush could not write (a full disk, a sink
+// given up by Abandon). Without it the last seconds' losses of a process
+// that exits (SIGTERM, the old process of a reuse_port takeover) went
+// unsaid, and its counter went with it.
+func (l *Logger) sayUnsaid(dest string, said uint64) {
+	d := l.dropped.Load()
+	if d <= said {
+		return
+	}
+	args := []any{"path", dest, "dropped", d - said, "dropped_total", d}
+	if err := l.writeErr.Load(); err != nil {
+		args = append(args, "err", *err)
+	}
+	l.log.Error("access log closed; lines were dropped since the last report", args...)
 }
 
 // watchFile looks at the file the log writes to every lossCheckEvery

@@ -428,6 +428,15 @@ func TestClusterFollowsNodeRemoval(t *testing.T) {
 // del-node does: the others forget it, and it is reset, still running.
 func removeAfterFailover(t *testing.T, masters []*testenv.Redis, replica *testenv.Redis) {
 	t.Helper()
+	failOverAndRemove(t, masters[0], replica, masters[1:])
+}
+
+// failOverAndRemove fails the master leaving over to its replica taking
+// (CLUSTER FAILOVER on it) and removes leaving from the cluster as
+// redis-cli's del-node does: taking and the others forget it, and it is
+// reset, still running.
+func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*testenv.Redis) {
+	t.Helper()
 	ctx := context.Background()
 	do := func(r *testenv.Redis, args ...any) {
 		t.Helper()
@@ -435,19 +444,19 @@ func removeAfterFailover(t *testing.T, masters []*testenv.Redis, replica *testen
 			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
 		}
 	}
-	do(replica, "CLUSTER", "FAILOVER")
+	do(taking, "CLUSTER", "FAILOVER")
 	testenv.WaitFor(t, 10*time.Second, "the replica promoted", func() bool {
-		role, err := masters[0].Client().Do(ctx, "ROLE").Slice()
+		role, err := leaving.Client().Do(ctx, "ROLE").Slice()
 		return err == nil && role[0] == "slave"
 	})
-	gone, err := masters[0].Client().ClusterMyID(ctx).Result()
+	gone, err := leaving.Client().ClusterMyID(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []*testenv.Redis{masters[1], masters[2], replica} {
+	for _, r := range append(slices.Clone(others), taking) {
 		do(r, "CLUSTER", "FORGET", gone)
 	}
-	do(masters[0], "CLUSTER", "RESET", "SOFT")
+	do(leaving, "CLUSTER", "RESET", "SOFT")
 }
 
 // TestClusterInvalidationAfterNodeRemoval: the node the subscription is
@@ -471,6 +480,57 @@ func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
 	removeAfterFailover(t, masters, replica)
 	removed := time.Now()
 	publishUntilReceived(t, masters[1].Client(), rec, removed, 10*time.Second, "published on a node of the cluster", "the subscribed node was removed")
+}
+
+// TestClusterInvalidationAfterFailedOverNodeRemoval: the channel slot's
+// master, which the subscription is on, is killed; the cluster promotes
+// its replica and go-redis moves the subscription there by itself (it
+// reconnects to the slot's master of the moment). The old master comes
+// back as the replica, takes its slots back (CLUSTER FAILOVER), and the
+// node the subscription is on is then removed from the cluster. The
+// subscription must leave it, as when it never moved
+// (TestClusterInvalidationAfterNodeRemoval): the membership check asked
+// the node of the first subscription, the old master, which answers
+// cluster_state:ok, so the subscription stayed on the removed node for
+// as long as it ran (measured on the binary over TLS: 0 of 300 changes
+// applied in 25 s, 769 stale answers, the gauge at 1).
+func TestClusterInvalidationAfterFailedOverNodeRemoval(t *testing.T) {
+	ctx := context.Background()
+	masters, replica := startFailoverCluster(t)
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	// A 1 s command timeout leaves a dead node after 6 s: go-redis has
+	// followed the failover (1 s node timeout) well before.
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: time.Second})
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+
+	masters[0].Stop()
+	killed := time.Now()
+	publishUntilReceived(t, replica.Client(), rec, killed, 6*time.Second, "published on the promoted replica", "the channel slot's master was killed")
+	if !subscribedHere(t, replica) {
+		t.Fatal("the subscription is not on the promoted replica: the test needs go-redis to have moved it there")
+	}
+
+	masters[0].Restart() // its nodes.conf makes it the promoted replica's replica
+	testenv.WaitFor(t, 30*time.Second, "the old master's link to the promoted replica", func() bool {
+		info, err := masters[0].Client().Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	failOverAndRemove(t, replica, masters[0], masters[1:])
+	removed := time.Now()
+	publishUntilReceived(t, masters[1].Client(), rec, removed, 10*time.Second, "published on a node of the cluster", "the subscribed node was removed")
+}
+
+// subscribedHere reports whether a client of r is subscribed to a channel.
+func subscribedHere(t *testing.T, r *testenv.Redis) bool {
+	t.Helper()
+	list, err := r.Client().ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("client list on %s: %v", r.Addr(), err)
+	}
+	return strings.Contains(list, " sub=1 ")
 }
 
 // TestClusterInvalidationWithoutChannelSlotOwner: the master that owns
@@ -506,17 +566,19 @@ func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
 
 // publishUntilReceived publishes an invalidation through c every 100 ms
 // until rec receives it, and fails the test when none has arrived within
-// of since (the event named by after).
+// of since (the event named by after). The id is since's own: one
+// published by an earlier call may still arrive after that call returned.
 func publishUntilReceived(t *testing.T, c *redis.Client, rec recorder, since time.Time, within time.Duration, on, after string) {
 	t.Helper()
+	id := "after-" + strconv.FormatInt(since.UnixNano(), 36)
 	deadline := time.After(within - time.Since(since))
 	for {
-		if err := c.Publish(context.Background(), redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+		if err := c.Publish(context.Background(), redisstore.DefaultInvalidateChannel, id).Err(); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case got := <-rec:
-			if got == "after" {
+			if got == id {
 				return
 			}
 		case <-time.After(100 * time.Millisecond):

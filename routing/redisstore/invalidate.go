@@ -111,6 +111,7 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error     // of the last PubSub, set before done is closed
 	refusal   string    // the reason last logged by logRefused; run's goroutine only
+	lost      bool      // a node left for its failures was logged since the last subscription; run's goroutine only
 	badLogged time.Time // when logBadID last logged; run's goroutine only
 	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
@@ -123,6 +124,11 @@ type Subscriber struct {
 // pingIdle is how many command timeouts a subscription may stay quiet
 // before it is PINGed (3 s by default, as go-redis's own health check).
 const pingIdle = 3
+
+// leaveAfterFailures is how many transport errors in a row (the dropped
+// connection, then go-redis's dials of a new one, 100 ms apart) make a
+// Cluster subscription leave its node for the next one.
+const leaveAfterFailures = 3
 
 // Subscribe starts applying invalidation messages to cache until ctx ends or
 // Close is called. It never fails: while Redis is unreachable it keeps retrying.
@@ -317,8 +323,18 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // reply, when the server refused the subscription (refused), or, in a
 // Cluster, when the node the subscription is on says it left the cluster
 // (left; checked every sub.idle; locate finds the node, asked at each
-// confirmed subscription). subscribed says whether a subscription of ps
-// was ever confirmed.
+// confirmed subscription) or cannot be connected to again
+// (leaveAfterFailures transport errors in a row: left too). subscribed
+// says whether a subscription of ps was ever confirmed.
+//
+// A Cluster node that refuses connections (killed, its certificate no
+// longer trusted) was left only by the PING, 2*pingIdle command timeouts
+// after its last reply, 6 s by default: go-redis dials a pinned node
+// again and again, and the channel slot's master again until the cluster
+// has promoted its replica (cluster-node-timeout, 15 s by default, and
+// an election), and invalidations published meanwhile were lost
+// (TestClusterInvalidationFromKilledNode). Leaving costs no more than
+// coming back: either subscription expires the whole cache.
 //
 // go-redis sends SUBSCRIBE on each connection it opens for ps, before
 // anything else, and does not send it again when the server refuses it
@@ -343,6 +359,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 	defer sub.live.Store(false) // ps is closed or replaced next
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
+	failures := 0      // transport errors since the last confirmed subscription
 	for {
 		select {
 		case <-sub.stop:
@@ -356,7 +373,8 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			case *redis.Subscription:
 				if m.Kind == "subscribe" {
 					confirmed, refused = true, false
-					sub.refusal = ""
+					failures = 0
+					sub.refusal, sub.lost = "", false
 					sub.live.Store(true)
 					if locate != nil {
 						node = locate()
@@ -372,6 +390,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 					// slot map for the first subscription (the channel
 					// slot's master), which may have been failed over.
 					reloadSlotsAfter(sub.client, m)
+					if failures++; locate != nil && failures >= leaveAfterFailures {
+						sub.logLost(m)
+						return false, subscribed, refused, true
+					}
 				case !confirmed:
 					refused = true
 					sub.logRefused(m)
@@ -452,6 +474,17 @@ func (sub *Subscriber) clusterWorks(ctx context.Context, addr string) bool {
 	}
 	wg.Wait()
 	return works.Load()
+}
+
+// logLost logs, once until a subscription is confirmed again, that the
+// Cluster node the subscription was on is left for its transport errors
+// (in a cluster that cannot be reached at all, every node is left in turn).
+func (sub *Subscriber) logLost(err error) {
+	if sub.lost {
+		return
+	}
+	sub.lost = true
+	sub.logger.Warn("redis invalidation: the subscribed node cannot be reached; subscribing on another node", "err", err.Error())
 }
 
 // logRefused logs a refused subscription at error level, once for each

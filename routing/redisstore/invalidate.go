@@ -98,7 +98,7 @@ func (s *Store) publish(ctx context.Context, id string) error {
 // asked for again every pingIdle command timeouts.
 type Subscriber struct {
 	client  redis.UniversalClient
-	open    func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) // the n-th subscription, from 0, and its Cluster node
+	open    func(ctx context.Context, n int) (*redis.PubSub, func() *redis.Client) // the n-th subscription, from 0, and where its Cluster node is
 	channel string
 	cache   Invalidator
 	logger  *slog.Logger
@@ -111,6 +111,7 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error     // of the last PubSub, set before done is closed
 	refusal   string    // the reason last logged by logRefused; run's goroutine only
+	lost      bool      // a node left for its failures was logged since the last subscription; run's goroutine only
 	badLogged time.Time // when logBadID last logged; run's goroutine only
 	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
@@ -123,6 +124,11 @@ type Subscriber struct {
 // pingIdle is how many command timeouts a subscription may stay quiet
 // before it is PINGed (3 s by default, as go-redis's own health check).
 const pingIdle = 3
+
+// leaveAfterFailures is how many transport errors in a row (the dropped
+// connection, then go-redis's dials of a new one, 100 ms apart) make a
+// Cluster subscription leave its node for the next one.
+const leaveAfterFailures = 3
 
 // Subscribe starts applying invalidation messages to cache until ctx ends or
 // Close is called. It never fails: while Redis is unreachable it keeps retrying.
@@ -187,29 +193,45 @@ func (sub *Subscriber) warnUnsubscribed(d time.Duration) {
 // (TestClusterInvalidationWithoutChannelSlotOwner). So the first
 // subscription goes to that master, and each replacement to the next
 // node of the cluster, in address order, masters and replicas alike.
-// With a Cluster it also returns the node's client (nil when the slot map
-// could not be read), whose membership watch checks.
-func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
+// With a Cluster it also returns how to find the subscription's node
+// (nil otherwise), whose membership watch checks.
+func opener(client redis.UniversalClient, channel string, wait time.Duration) func(ctx context.Context, n int) (*redis.PubSub, func() *redis.Client) {
 	cc, ok := client.(*redis.ClusterClient)
 	if !ok {
-		return func(ctx context.Context, _ int) (*redis.PubSub, *redis.Client) {
+		return func(ctx context.Context, _ int) (*redis.PubSub, func() *redis.Client) {
 			return client.Subscribe(ctx, channel), nil
 		}
 	}
-	return func(ctx context.Context, n int) (*redis.PubSub, *redis.Client) {
+	return func(ctx context.Context, n int) (*redis.PubSub, func() *redis.Client) {
 		if n > 0 {
 			if nodes := clusterNodes(ctx, cc, wait); len(nodes) > 0 {
 				node := nodes[n%len(nodes)]
-				return node.Subscribe(ctx, channel), node
+				return node.Subscribe(ctx, channel), func() *redis.Client { return node }
 			}
 		}
-		// The master go-redis subscribes on (it may move there after a
-		// failover; watch then checks the old one, at worst one needless
-		// replacement).
-		mctx, cancel := context.WithTimeout(ctx, wait)
-		node, _ := cc.MasterForKey(mctx, channel)
-		cancel()
-		return cc.Subscribe(ctx, channel), node
+		return cc.Subscribe(ctx, channel), channelMaster(cc, channel, wait)
+	}
+}
+
+// channelMaster returns how to find the node of a subscription go-redis
+// routes: the channel slot's master in the slot map as it is when asked
+// (nil when the map cannot be read within wait). go-redis connects such
+// a subscription, and connects it again after a failure, to the master
+// of that moment, so watch asks each time a connection's subscription is
+// confirmed. Asked once, at the first subscription, it named the old
+// master after go-redis had followed a failover: the membership check
+// asked that node, which answered cluster_state:ok, and the subscription
+// stayed for as long as it ran on the node it had moved to once that one
+// was removed from the cluster, every invalidation lost, the gauge at 1
+// (TestClusterInvalidationAfterFailedOverNodeRemoval). A slot map read
+// again between go-redis's connection and the confirmation may name
+// another node: at worst a needless replacement, or a missed removal.
+func channelMaster(cc *redis.ClusterClient, channel string, wait time.Duration) func() *redis.Client {
+	return func() *redis.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		node, _ := cc.MasterForKey(ctx, channel)
+		return node
 	}
 }
 
@@ -230,10 +252,10 @@ func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Durati
 	return nodes
 }
 
-// run serves one PubSub after the other, from ps on node (its Cluster
-// node, or nil): a new one replaces a connection that stopped answering,
-// until Close.
-func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node *redis.Client) {
+// run serves one PubSub after the other, from ps, whose Cluster node
+// node finds (nil: not a Cluster): a new one replaces a connection that
+// stopped answering, until Close.
+func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node func() *redis.Client) {
 	defer close(sub.done)
 	for n := 1; ; n++ {
 		in := make(chan any)
@@ -298,10 +320,21 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // watch applies what arrives on in, PINGs ps when it was quiet for
 // sub.idle, and returns when Close was called (stopped), when nothing
 // came back within sub.timeout of a PING, or, sub.idle after the last
-// reply, when the server refused the subscription (refused), or, with a
-// Cluster node, when the node says it left the cluster (left; checked
-// every sub.idle). subscribed says whether a subscription of ps was ever
-// confirmed.
+// reply, when the server refused the subscription (refused), or, in a
+// Cluster, when the node the subscription is on says it left the cluster
+// (left; checked every sub.idle; locate finds the node, asked at each
+// confirmed subscription) or cannot be connected to again
+// (leaveAfterFailures transport errors in a row: left too). subscribed
+// says whether a subscription of ps was ever confirmed.
+//
+// A Cluster node that refuses connections (killed, its certificate no
+// longer trusted) was left only by the PING, 2*pingIdle command timeouts
+// after its last reply, 6 s by default: go-redis dials a pinned node
+// again and again, and the channel slot's master again until the cluster
+// has promoted its replica (cluster-node-timeout, 15 s by default, and
+// an election), and invalidations published meanwhile were lost
+// (TestClusterInvalidationFromKilledNode). Leaving costs no more than
+// coming back: either subscription expires the whole cache.
 //
 // go-redis sends SUBSCRIBE on each connection it opens for ps, before
 // anything else, and does not send it again when the server refuses it
@@ -313,11 +346,12 @@ func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 // subscription was confirmed means ps is not subscribed: it is logged,
 // and ps is replaced, which sends SUBSCRIBE again, until the server
 // takes it; an ACL fixed meanwhile needs no restart.
-func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any) (stopped, subscribed, refused, left bool) {
+func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <-chan any) (stopped, subscribed, refused, left bool) {
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
+	var node *redis.Client      // the Cluster node of the confirmed subscription
 	var member <-chan time.Time // node's membership checks
-	if node != nil {
+	if locate != nil {
 		check := time.NewTicker(sub.idle)
 		defer check.Stop()
 		member = check.C
@@ -325,12 +359,13 @@ func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any
 	defer sub.live.Store(false) // ps is closed or replaced next
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
+	failures := 0      // transport errors since the last confirmed subscription
 	for {
 		select {
 		case <-sub.stop:
 			return true, subscribed, refused, false
 		case <-member:
-			if sub.outOfCluster(node) {
+			if node != nil && sub.outOfCluster(node) {
 				return false, subscribed, refused, true
 			}
 		case msg := <-in:
@@ -338,8 +373,12 @@ func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any
 			case *redis.Subscription:
 				if m.Kind == "subscribe" {
 					confirmed, refused = true, false
-					sub.refusal = ""
+					failures = 0
+					sub.refusal, sub.lost = "", false
 					sub.live.Store(true)
+					if locate != nil {
+						node = locate()
+					}
 				}
 			case error:
 				var rerr redis.Error
@@ -351,6 +390,10 @@ func (sub *Subscriber) watch(ps *redis.PubSub, node *redis.Client, in <-chan any
 					// slot map for the first subscription (the channel
 					// slot's master), which may have been failed over.
 					reloadSlotsAfter(sub.client, m)
+					if failures++; locate != nil && failures >= leaveAfterFailures {
+						sub.logLost(m)
+						return false, subscribed, refused, true
+					}
 				case !confirmed:
 					refused = true
 					sub.logRefused(m)
@@ -431,6 +474,17 @@ func (sub *Subscriber) clusterWorks(ctx context.Context, addr string) bool {
 	}
 	wg.Wait()
 	return works.Load()
+}
+
+// logLost logs, once until a subscription is confirmed again, that the
+// Cluster node the subscription was on is left for its transport errors
+// (in a cluster that cannot be reached at all, every node is left in turn).
+func (sub *Subscriber) logLost(err error) {
+	if sub.lost {
+		return
+	}
+	sub.lost = true
+	sub.logger.Warn("redis invalidation: the subscribed node cannot be reached; subscribing on another node", "err", err.Error())
 }
 
 // logRefused logs a refused subscription at error level, once for each

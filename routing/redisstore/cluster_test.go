@@ -375,10 +375,7 @@ func TestClusterFollowsFailover(t *testing.T) {
 			masters, replica := startFailoverCluster(t)
 			// An id whose route key is in the first master's slots.
 			s, id := storeWithRouteOnFirstMaster(t, masters)
-			rec := make(recorder, 1024)
-			sub := s.Subscribe(ctx, rec, nil)
-			t.Cleanup(func() { _ = sub.Close() })
-			waitReady(t, sub)
+			rec := subscribed(t, s)
 
 			tc.fail(t, masters[0])
 			testenv.WaitFor(t, 30*time.Second, "the replica promoted", func() bool {
@@ -524,14 +521,8 @@ func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*t
 // proxies: 6 of 8 announced changes not applied after 3 s). The
 // subscription must move to a node of the cluster within seconds.
 func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
-	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
-	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-	rec := make(recorder, 1024)
-	sub := s.Subscribe(ctx, rec, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	waitReady(t, sub)
+	rec := subscribedToCluster(t, masters)
 
 	removeAfterFailover(t, masters, replica)
 	removed := time.Now()
@@ -554,12 +545,7 @@ func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
 func TestClusterInvalidationAfterFailedOverNodeRemoval(t *testing.T) {
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
-	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-	rec := make(recorder, 1024)
-	sub := s.Subscribe(ctx, rec, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	waitReady(t, sub)
+	rec := subscribedToCluster(t, masters)
 
 	if err := replica.Client().Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
 		t.Fatal(err)
@@ -621,12 +607,7 @@ func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-	rec := make(recorder, 1024)
-	sub := s.Subscribe(ctx, rec, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	waitReady(t, sub)
+	rec := subscribedToCluster(t, masters)
 
 	replica.Stop()
 	masters[0].Stop()
@@ -650,11 +631,7 @@ func TestClusterInvalidationFromKilledNode(t *testing.T) {
 		}
 	}
 	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: time.Second})
-	rec := make(recorder, 1024)
-	sub := s.Subscribe(ctx, rec, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	waitReady(t, sub)
+	rec := subscribed(t, openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: time.Second}))
 
 	replica.Stop()
 	masters[0].Stop() // the channel slot's master, where the subscription is
@@ -698,12 +675,7 @@ func publishUntilReceived(t *testing.T, c *redis.Client, rec recorder, since tim
 func TestClusterInvalidationWhileClusterDown(t *testing.T) {
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
-	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
-	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond})
-	rec := make(recorder, 1024)
-	sub := s.Subscribe(ctx, rec, nil)
-	t.Cleanup(func() { _ = sub.Close() })
-	waitReady(t, sub)
+	rec := subscribedToCluster(t, masters)
 
 	masters[2].Stop() // no replica: its slots are uncovered
 	testenv.WaitFor(t, 30*time.Second, "cluster_state:fail on the live nodes", func() bool {
@@ -762,4 +734,24 @@ func storeWithRouteOnFirstMaster(t *testing.T, masters []*testenv.Redis) (*redis
 		t.Fatalf("lookup before the failover: %v", err)
 	}
 	return s, id
+}
+
+// subscribedToCluster opens a store on the three masters of a failover
+// cluster (a 300 ms command timeout) and returns the recorder of its
+// invalidations, once the subscription is confirmed.
+func subscribedToCluster(t *testing.T, masters []*testenv.Redis) recorder {
+	t.Helper()
+	addrs := []string{masters[0].Addr(), masters[1].Addr(), masters[2].Addr()}
+	return subscribed(t, openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}, CommandTimeout: 300 * time.Millisecond}))
+}
+
+// subscribed subscribes s to a new recorder, closed with the test, and
+// returns it once the subscription is confirmed.
+func subscribed(t *testing.T, s *redisstore.Store) recorder {
+	t.Helper()
+	rec := make(recorder, 1024)
+	sub := s.Subscribe(context.Background(), rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	return rec
 }

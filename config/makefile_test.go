@@ -275,3 +275,44 @@ func raceSkippedTests(t *testing.T) []raceSkippedTest {
 	}
 	return found
 }
+
+// No file of the tree holds a merge's conflict markers. A merge whose
+// conflict was resolved in one file and not in another committed the
+// Makefile with both sides and the markers, and make refused to run
+// ("missing separator"); a Go file would fail to build, but a README,
+// a configuration or a script would pass every other test.
+func TestNoConflictMarkers(t *testing.T) {
+	marker := regexp.MustCompile(`(?m)^(<<<<<<< |>>>>>>> |=======$)`)
+	files := 0
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == "testdata" || d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".") && path != ".." {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil || !info.Mode().IsRegular() || info.Size() > 4<<20 {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		files++
+		if loc := marker.FindIndex(raw); loc != nil {
+			line := 1 + strings.Count(string(raw[:loc[0]]), "\n")
+			t.Errorf("%s:%d: a merge's conflict marker", path, line)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("read %d files of the tree, want the whole tree", files)
+	}
+}

@@ -22,6 +22,20 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
+// maxConnsHarness is a harness with client.max_conns set to n, its log
+// in logs and its metrics at the admin address metrics.
+func maxConnsHarness(t *testing.T, n int) (h *harness, logs *testenv.LogBuffer, metrics string) {
+	t.Helper()
+	tel := obsTelemetry(t, nil)
+	logs = new(testenv.LogBuffer)
+	h = newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		o.srv.MaxClientConns = n
+	})
+	return h, logs, obsMetricsAdmin(t, h, tel)
+}
+
 // overloadBackend answers "/" with "ok" and "/sse" with an event stream
 // that stays open until its client leaves.
 func overloadBackend(t *testing.T) uint16 {
@@ -110,14 +124,7 @@ func checkOverloaded(t *testing.T, br *bufio.Reader, resp *http.Response, body s
 // listener takes connections regardless; and once one closes, whichever
 // kind it is, a new connection is served.
 func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
-	tel := obsTelemetry(t, nil)
-	var logs testenv.LogBuffer
-	h := newHarness(t, func(o *harnessOpts) {
-		o.cfg.Telemetry = tel
-		o.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		o.srv.MaxClientConns = 3
-	})
-	metrics := obsMetricsAdmin(t, h, tel)
+	h, logs, metrics := maxConnsHarness(t, 3)
 	web := h.route("sbxoverload", overloadBackend(t))
 	ws := h.route("sbxoverloadws", wsBackend(t, make(chan error, 4)))
 	get := "GET / HTTP/1.1\r\nHost: " + web + "\r\n\r\n"

@@ -233,20 +233,9 @@ func FuzzProxyRaw(f *testing.F) {
 	parser := routing.NewParser(p.cfg.Parser)
 
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		// The proxy may answer and close before reading everything: a
 		// failed write is its refusal, and the answer is still read.
-		writePieces(c, raw)
-		_ = c.(*net.TCPConn).CloseWrite()
-		out, rerr := io.ReadAll(c)
-		if errors.Is(rerr, os.ErrDeadlineExceeded) {
-			t.Fatalf("no answer and no close within 10 s; got %q", out)
-		}
+		out, rerr := fuzzExchange(t, addr, func(c net.Conn) { writePieces(c, raw) })
 
 		p.pools.mu.RLock()
 		for k := range p.pools.m {
@@ -452,4 +441,24 @@ func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config, tl
 	}
 	f.Cleanup(func() { _ = srv.Shutdown(f.Context()) })
 	return ln.Addr().String(), p
+}
+
+// fuzzExchange dials addr, sends what send writes, closes its side and
+// returns all the proxy answered until it closed, with the read's error;
+// it fails t when the proxy neither closes nor answers within 10 s.
+func fuzzExchange(t *testing.T, addr string, send func(net.Conn)) ([]byte, error) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	send(c)
+	_ = c.(*net.TCPConn).CloseWrite()
+	out, rerr := io.ReadAll(c)
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
+		t.Fatalf("no answer and no close within 10 s; got %q", out)
+	}
+	return out, rerr
 }

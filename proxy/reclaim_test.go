@@ -82,14 +82,7 @@ func TestMaxConnsReclaimsWaitingConnections(t *testing.T) {
 		{"https handshake only", true, handshake},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tel := obsTelemetry(t, nil)
-			var logs testenv.LogBuffer
-			h := newHarness(t, func(o *harnessOpts) {
-				o.cfg.Telemetry = tel
-				o.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-				o.srv.MaxClientConns = 3
-			})
-			metrics := obsMetricsAdmin(t, h, tel)
+			h, logs, metrics := maxConnsHarness(t, 3)
 			web := h.route("sbxreclaim", overloadBackend(t))
 			tlsAddr, roots := serveTLS(t, h)
 			addr := h.addr

@@ -5,15 +5,12 @@ import (
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -57,18 +54,9 @@ func FuzzTLSFirstBytes(f *testing.F) {
 	}, Config{}, &tls.Config{Certificates: []tls.Certificate{ca.Certificate(f, "*.cube.test")}})
 
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		_, _ = c.Write(raw) // the proxy may answer and close first
-		_ = c.(*net.TCPConn).CloseWrite()
-		out, rerr := io.ReadAll(c)
-		if errors.Is(rerr, os.ErrDeadlineExceeded) {
-			t.Fatalf("no answer and no close within 10 s; got %q", out)
-		}
+		out, rerr := fuzzExchange(t, addr, func(c net.Conn) {
+			_, _ = c.Write(raw) // the proxy may answer and close first
+		})
 		isHTTP := bytes.HasPrefix(out, []byte("HTTP/"))
 		switch {
 		case looksLikeHTTPToNetHTTP(bytes.TrimLeft(raw, "\r\n")) && !isHTTP && rerr == nil:

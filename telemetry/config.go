@@ -271,19 +271,13 @@ func checkOTLPEndpoint(env func(string) string) (*url.URL, error) {
 	return u, nil
 }
 
-// traceProxyVar returns the proxy variable the trace exporter reads for
-// endpoint (nil: the default one, on localhost), its name and value, and
-// whether the exports go through a proxy at all: the variable is set, and
-// neither NO_PROXY exempts the endpoint nor is it localhost or a loopback
-// address, which Go never proxies. gRPC reads HTTPS_PROXY whatever the
-// endpoint's scheme.
-func traceProxyVar(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, used bool) {
-	name, value, _, used = traceProxy(getenv, endpoint, grpc)
-	return name, value, used
-}
-
-// traceProxy is traceProxyVar that also returns the proxy as Go reads the
-// value: nil for a value it ignores (one that does not parse).
+// traceProxy returns the proxy variable the trace exporter reads for
+// endpoint (nil: the default one, on localhost), its name and value, the
+// proxy as Go reads the value (nil for a value it ignores: one that does
+// not parse), and whether the exports go through a proxy at all: the
+// variable is set, and neither NO_PROXY exempts the endpoint nor is it
+// localhost or a loopback address, which Go never proxies. gRPC reads
+// HTTPS_PROXY whatever the endpoint's scheme.
 func traceProxy(getenv func(string) string, endpoint *url.URL, grpc bool) (name, value string, proxy *url.URL, used bool) {
 	if endpoint == nil {
 		return "", "", nil, false
@@ -342,7 +336,7 @@ func proxyEnv(getenv func(string) string) *httpproxy.Config {
 // may be there for another program. The value is never shown: it may hold
 // the proxy's password.
 func checkOTLPProxy(env func(string) string, endpoint *url.URL, grpc bool) error {
-	name, v, used := traceProxyVar(env, endpoint, grpc)
+	name, v, _, used := traceProxy(env, endpoint, grpc)
 	if !used {
 		return nil
 	}

@@ -39,20 +39,33 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var d net.Dialer
-	plain := testing.AllocsPerRun(200, func() {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			t.Fatal(err)
+	// AllocsPerRun counts the process's allocations, another goroutine's
+	// too (a clean-clone run once counted 3 more for the proxied connects,
+	// 26 against 23, that no run alone repeats): the least of three runs
+	// of each, taken in turn, is each connect's own.
+	var plain, proxied float64
+	for i := range 3 {
+		pl := testing.AllocsPerRun(200, func() {
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		})
+		px := testing.AllocsPerRun(200, func() {
+			c, err := p.dial(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		})
+		if i == 0 || pl < plain {
+			plain = pl
 		}
-		c.Close()
-	})
-	proxied := testing.AllocsPerRun(200, func() {
-		c, err := p.dial(addr)
-		if err != nil {
-			t.Fatal(err)
+		if i == 0 || px < proxied {
+			proxied = px
 		}
-		c.Close()
-	})
+	}
 	// The upstreamConn and the connect's context.
 	if extra := proxied - plain; extra > 2 {
 		t.Errorf("a sandbox connect allocates %v times, %v more than a plain cancelable connect with a deadline (%v); want at most 2",

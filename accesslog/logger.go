@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,9 @@ type Logger struct {
 	// written; Log drops a line that would take it past maxQueued.
 	queued    atomic.Int64
 	maxQueued int64
+	// logging counts the Log calls between their second look at closed
+	// and the line queued (or dropped); Close waits for it to be 0.
+	logging atomic.Int64
 
 	// For the loss watcher (Config.Log): flushed counts successful
 	// flushes, flushedAtDrop is flushed when a line was last dropped (a
@@ -273,10 +277,22 @@ func maxWrite(f *os.File) int {
 // Log formats e and queues the line. It never blocks and keeps no reference
 // to e: when the queue is full (the sink stalls), in lines or in bytes, the
 // line is dropped and onDrop called. A line is never dropped for its size
-// alone: with nothing queued it goes through. Lines logged after Close are
-// discarded.
+// alone: with nothing queued it goes through. A line logged once Close has
+// begun is dropped too; one logged while Close begins is written.
 func (l *Logger) Log(e *Entry) {
 	if l.closed.Load() {
+		l.drop(1)
+		return
+	}
+	// Counted in logging before closed is looked at again, so that Close,
+	// which sets closed and then waits for logging to be 0, lets the
+	// writer drain only once every Log that found the logger open has
+	// queued its line: one queued after that last drain stayed in the
+	// queue, neither written nor counted.
+	l.logging.Add(1)
+	defer l.logging.Add(-1)
+	if l.closed.Load() {
+		l.drop(1)
 		return
 	}
 	ln := l.pool.Get().(*line)
@@ -358,6 +374,10 @@ func (l *Logger) Reopen() error {
 func (l *Logger) Close() error {
 	l.once.Do(func() {
 		l.closed.Store(true)
+		// Log never blocks, so this waits for a formatting or two.
+		for l.logging.Load() != 0 {
+			runtime.Gosched()
+		}
 		close(l.quit)
 	})
 	<-l.done

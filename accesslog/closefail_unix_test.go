@@ -116,7 +116,7 @@ func TestFailedCloseIsSaid(t *testing.T) {
 				closed := make(chan error, 1)
 				go func() { closed <- l.Close() }()
 				testenv.WaitFor(t, 5*time.Second, "Close waiting on the stalled writer", l.closed.Load)
-				l.Abandon()
+				l.Abandon(5 * time.Second)
 				<-closed
 				return l, plog
 			},

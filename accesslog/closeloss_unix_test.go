@@ -136,7 +136,7 @@ func TestCloseSaysUnsaidLoss(t *testing.T) {
 				closed := make(chan error, 1)
 				go func() { closed <- l.Close() }()
 				testenv.WaitFor(t, 5*time.Second, "Close waiting on the stalled writer", func() bool { return l.closed.Load() })
-				l.Abandon()
+				l.Abandon(5 * time.Second)
 				select {
 				case <-closed:
 				case <-time.After(5 * time.Second):

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -265,7 +266,9 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 		t.Fatal("Close returned while the sink took nothing")
 	default:
 	}
-	l.Abandon()
+	if !l.Abandon(5 * time.Second) {
+		t.Fatal("Abandon: the writer did not end")
+	}
 	select {
 	case <-closed:
 	case <-time.After(5 * time.Second):
@@ -273,6 +276,56 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 	}
 	if l.Dropped() != 1 {
 		t.Errorf("%d lines dropped, want the stalled one", l.Dropped())
+	}
+}
+
+// A writer the kernel holds in a write that closing the file does not cut
+// (a frozen file system, a hung network one) still gets its closing line:
+// Abandon counts the lines queued behind it as dropped and says them, with
+// the lines of the held write, and reports that the writer did not end.
+// Before, the closing line waited for the writer's end, which came after
+// the process had exited (measured, ext4 on a loop device frozen under
+// load and a SIGTERM: dropped_total never said). The write is held here
+// by a FIFO nobody reads, in blocking mode: the kernel keeps the writer in
+// write(2), which a close from another thread does not wake.
+func TestAbandonSaysHeldWriter(t *testing.T) {
+	fifo, rd := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
+	l, plog := cubeLogTo(t, fifo)
+	// The kernel lets the write go once the pipe is read: the writer
+	// ends. Run before cubeLogTo's Close should the test fail early.
+	release := sync.OnceFunc(func() { go io.Copy(io.Discard, rd) })
+	t.Cleanup(release)
+	l.file.Fd() // blocking mode: the write waits in the kernel, not in the poller
+	l.Log(&Entry{Time: testTime, RequestID: "held"})
+	testenv.WaitFor(t, 5*time.Second, "the writer in the write", func() bool { return l.pending.Load() == 1 && len(l.lines) == 0 })
+	const queued = 5
+	for range queued {
+		l.Log(&Entry{Time: testTime})
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	testenv.WaitFor(t, 5*time.Second, "Close waiting on the held writer", l.closed.Load)
+
+	if l.Abandon(50 * time.Millisecond) {
+		t.Fatal("Abandon reports the writer ended, while the kernel holds it")
+	}
+	if l.Dropped() != queued {
+		t.Errorf("%d lines dropped, want the %d queued", l.Dropped(), queued)
+	}
+	const msg = "access log closed with its writer held in a write"
+	got := plog.records(t, msg)
+	if len(got) != 1 || got[0]["level"] != "ERROR" || got[0]["held"] != 1.0 || got[0]["dropped"] != float64(queued) || got[0]["dropped_total"] != float64(queued) {
+		t.Fatalf("closing line %v, want one ERROR with held 1, dropped and dropped_total %d\nprocess log:\n%s", got, queued, plog.String())
+	}
+
+	release()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return once the write was let go")
+	}
+	if got := plog.records(t, "access log closed"); len(got) != 1 {
+		t.Errorf("closing lines %v, want the one Abandon had said", got)
 	}
 }
 

@@ -105,6 +105,10 @@ type Logger struct {
 	// failed write's error, nil once a flush succeeds again.
 	log     *slog.Logger
 	watched chan struct{} // closed when the watcher has returned; nil without Config.Log
+	// held is closed by Abandon when the writer did not end: the kernel
+	// holds it in a write. The watchers then return without it.
+	held     chan struct{}
+	heldOnce sync.Once
 	// checked is closed when the file watcher (watchFile) has returned;
 	// nil without a file of our own.
 	checked       chan struct{}
@@ -131,7 +135,10 @@ type Logger struct {
 	// the pipe writes atomically (PIPE_BUF).
 	maxWrite int
 	bw       *bufio.Writer
-	pending  int // lines buffered since the last successful flush
+	// pending counts the lines buffered since the last successful flush.
+	// Atomic for Abandon, which reads it while the writer is held in a
+	// write that takes them.
+	pending atomic.Int64
 	// fileLines counts the lines written to the file open now: what a
 	// failed close of it may have lost.
 	fileLines int
@@ -158,6 +165,7 @@ func New(cfg Config, onDrop func()) (*Logger, error) {
 		reopen: make(chan chan error),
 		quit:   make(chan struct{}),
 		done:   make(chan struct{}),
+		held:   make(chan struct{}),
 	}
 	switch cfg.Format {
 	case "", FormatJSON:
@@ -416,17 +424,39 @@ func (l *Logger) Close() error {
 // for, stalled in a write to a sink that takes nothing (a FIFO nobody
 // reads): the write fails, what is still queued is counted as dropped, and
 // the writer ends, which would otherwise hold the file and its goroutine
-// until the sink moved, after its caller had gone on. A write blocked in
-// the kernel (a hung network file system) may not be cut. Call it after
-// Close; a no-op for stdout and Config.Output, which the logger does not
-// own.
-func (l *Logger) Abandon() {
+// until the sink moved, after its caller had gone on. It reports whether
+// the writer ended within wait. A write the kernel itself holds (a frozen
+// or hung file system) is not cut by the close: then the lines still
+// queued are counted as dropped, Config.Log is told so, and how many lines
+// the held write carries, in the closing line Close would have had said,
+// and Abandon returns false; Close returns only if the kernel lets the
+// write go. Call it after Close. Closing is a no-op for stdout and
+// Config.Output, which the logger does not own.
+func (l *Logger) Abandon(wait time.Duration) (ended bool) {
 	l.fileMu.Lock()
 	f := l.file
 	l.fileMu.Unlock()
 	if f != nil {
 		_ = f.Close()
 	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-l.done:
+		return true
+	case <-t.C:
+	}
+	l.heldOnce.Do(func() {
+		// Without this the closing line never came: the watcher waits for
+		// the writer's end, which the kernel keeps until the thaw, after
+		// the process has exited.
+		l.dropQueued()
+		close(l.held)
+	})
+	if l.watched != nil {
+		<-l.watched
+	}
+	return false
 }
 
 // run is the writer goroutine: it owns the file and the bufio.Writer.
@@ -479,6 +509,19 @@ func (l *Logger) drain() {
 	}
 }
 
+// dropQueued counts the lines queued now as dropped (Abandon, while the
+// writer is held).
+func (l *Logger) dropQueued() {
+	for {
+		select {
+		case ln := <-l.lines:
+			l.unqueue(ln)
+		default:
+			return
+		}
+	}
+}
+
 func (l *Logger) write(ln *line) {
 	if n := l.bw.Buffered(); n > 0 && n+len(ln.b) > l.maxWrite {
 		// Flushed now, every write ends at a line's end. bufio would fill
@@ -494,7 +537,7 @@ func (l *Logger) write(ln *line) {
 	_, err := l.bw.Write(ln.b)
 	l.queued.Add(-int64(len(ln.b)))
 	l.put(ln)
-	l.pending++
+	l.pending.Add(1)
 	if err != nil {
 		l.writeFailed(err)
 	}
@@ -505,18 +548,19 @@ func (l *Logger) flush() error {
 		l.writeFailed(err)
 		return fmt.Errorf("write access log: %w", err)
 	}
+	pending := int(l.pending.Load())
 	switch {
-	case l.pending > 0 && l.unlinked.Load():
+	case pending > 0 && l.unlinked.Load():
 		// Written to a file no name leads to: no reader will see them.
-		l.drop(l.pending)
-	case l.pending > 0:
-		l.fileLines += l.pending
+		l.drop(pending)
+	case pending > 0:
+		l.fileLines += pending
 		l.flushed.Add(1)
 		if l.writeErr.Load() != nil {
 			l.writeErr.Store(nil)
 		}
 	}
-	l.pending = 0
+	l.pending.Store(0)
 	return nil
 }
 
@@ -529,7 +573,7 @@ func (l *Logger) flush() error {
 // explain are counted.
 func (l *Logger) writeFailed(err error) {
 	l.writeErr.Store(&err)
-	lost := l.pending
+	lost := int(l.pending.Load())
 	if !l.unlinked.Load() {
 		// The whole lines the write got through before it failed are
 		// written: counted as lost, they overstated a full disk's loss.
@@ -537,7 +581,7 @@ func (l *Logger) writeFailed(err error) {
 		l.fileLines += l.out.kept
 	}
 	l.drop(lost)
-	l.pending = 0
+	l.pending.Store(0)
 	l.bw.Reset(&l.out)
 	if l.out.midLine {
 		_ = l.bw.WriteByte('\n') // cannot fail: the buffer was just emptied
@@ -570,6 +614,9 @@ func (l *Logger) watchLoss() {
 		case <-l.done:
 			l.sayCloseFailures()
 			l.sayUnsaid(dest, said)
+			return
+		case <-l.held:
+			l.sayHeld(dest, said)
 			return
 		}
 		select {
@@ -613,6 +660,20 @@ func (l *Logger) watchLoss() {
 	}
 }
 
+// sayHeld is the closing line of a logger whose writer the kernel holds in
+// a write Abandon could not cut: the lines lost since the last report
+// (said, of dropped_total), the queued ones Abandon dropped included, and
+// those of the held write, written only if the kernel lets it go before
+// the process ends (a frozen file system thawed in time), so not counted.
+func (l *Logger) sayHeld(dest string, said uint64) {
+	d := l.dropped.Load()
+	args := []any{"path", dest, "held", l.pending.Load(), "dropped", d - said, "dropped_total", d}
+	if err := l.writeErr.Load(); err != nil {
+		args = append(args, "err", *err)
+	}
+	l.log.Error("access log closed with its writer held in a write (a frozen or hung file system); lines were dropped", args...)
+}
+
 // sayUnsaid tells Config.Log, once the writer has ended (Close), how many
 // lines were lost since the last line that said a total (said): those of
 // a loss the 10 s limit kept quiet, of one begun since the last check, and
@@ -645,6 +706,8 @@ func (l *Logger) watchFile() {
 		select {
 		case <-t.C:
 		case <-l.done:
+			return
+		case <-l.held:
 			return
 		}
 		if !l.checkFile() {

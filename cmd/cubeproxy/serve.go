@@ -1057,12 +1057,16 @@ func (a *app) close() {
 			a.log.Warn("access log sink stalled at shutdown; lines may be lost")
 			// Its file is closed under the stalled write, so that the
 			// writer ends rather than hold it and write to it after serve
-			// returned. A second is plenty for a write that can be cut.
-			a.access.Abandon()
-			select {
-			case <-done:
-			case <-time.After(time.Second):
-				closed = false
+			// returned. A second is plenty for a write that can be cut; a
+			// write the kernel holds (a frozen file system) is not, and
+			// Abandon says the access log's closing line itself then.
+			closed = a.access.Abandon(time.Second)
+			if closed {
+				select {
+				case <-done:
+				case <-time.After(time.Second):
+					closed = false
+				}
 			}
 		}
 		if closed {

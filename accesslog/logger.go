@@ -103,8 +103,9 @@ type Logger struct {
 	// flushes, flushedAtDrop is flushed when a line was last dropped (a
 	// later flush means lines are written again), writeErr is the last
 	// failed write's error, nil once a flush succeeds again.
-	log     *slog.Logger
-	watched chan struct{} // closed when the watcher has returned; nil without Config.Log
+	log        *slog.Logger
+	checkEvery time.Duration // lossCheckEvery, but in tests
+	watched    chan struct{} // closed when the watcher has returned; nil without Config.Log
 	// held is closed by Abandon when the writer did not end: the kernel
 	// holds it in a write. The watchers then return without it.
 	held     chan struct{}
@@ -159,13 +160,20 @@ type line struct{ b []byte }
 // New opens the sink and starts the writer goroutine. onDrop (may be nil) is
 // called once per dropped line, from the goroutine calling Log.
 func New(cfg Config, onDrop func()) (*Logger, error) {
+	return newLogger(cfg, onDrop, lossCheckEvery)
+}
+
+// newLogger is New with the watchers looking every checkEvery: tests look
+// more often than lossCheckEvery, to take less time.
+func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, error) {
 	l := &Logger{
-		log:    cfg.Log,
-		onDrop: onDrop,
-		reopen: make(chan chan error),
-		quit:   make(chan struct{}),
-		done:   make(chan struct{}),
-		held:   make(chan struct{}),
+		checkEvery: checkEvery,
+		log:        cfg.Log,
+		onDrop:     onDrop,
+		reopen:     make(chan chan error),
+		quit:       make(chan struct{}),
+		done:       make(chan struct{}),
+		held:       make(chan struct{}),
 	}
 	switch cfg.Format {
 	case "", FormatJSON:
@@ -593,7 +601,7 @@ func (l *Logger) writeFailed(err error) {
 // (it cannot report its own stall), and off the request path, which must
 // not wait for the process log (often the same stalled pipe).
 func (l *Logger) watchLoss() {
-	t := time.NewTicker(lossCheckEvery)
+	t := time.NewTicker(l.checkEvery)
 	defer t.Stop()
 	var (
 		seen   uint64    // Dropped() at the last check
@@ -693,13 +701,13 @@ func (l *Logger) sayUnsaid(dest string, said uint64) {
 	l.log.Error("access log closed; lines were dropped since the last report", args...)
 }
 
-// watchFile looks at the file the log writes to every lossCheckEvery
+// watchFile looks at the file the log writes to every checkEvery
 // (checkFile), and tells Config.Log once when the file has been found
 // moved movedChecks times in a row. It runs on its own: the file's system
 // may hang a stat (a network file system), and the loss watcher must
 // still say that lines are lost then.
 func (l *Logger) watchFile() {
-	t := time.NewTicker(lossCheckEvery)
+	t := time.NewTicker(l.checkEvery)
 	defer t.Stop()
 	moved := 0 // consecutive checks that found the file moved
 	for {

@@ -18,6 +18,11 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
+// testCheckEvery is how often the watchers of the tests' loggers look
+// (newLogger): a tenth of lossCheckEvery, so that a test waiting for a
+// look, or for two, takes a tenth of the time.
+const testCheckEvery = lossCheckEvery / 10
+
 // lockedBuffer is the process log the watcher writes and the test reads.
 type lockedBuffer struct{ testenv.LogBuffer }
 
@@ -124,7 +129,7 @@ func TestLossIsLoggedOnceAndItsEnd(t *testing.T) {
 			var plog lockedBuffer
 			cfg := Config{Format: FormatJSON, Log: slog.New(slog.NewJSONHandler(&plog, nil))}
 			loseOne, end := tt.start(t, &cfg)
-			l, err := New(cfg, nil)
+			l, err := newLogger(cfg, nil, testCheckEvery)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +251,7 @@ func TestMovedFileIsSaid(t *testing.T) {
 				}
 				// Nothing to wait for but time: the watcher has looked
 				// movedChecks+1 times by then, and found the file in place.
-				time.Sleep((movedChecks + 1) * lossCheckEvery)
+				time.Sleep((movedChecks + 1) * testCheckEvery)
 			} else {
 				testenv.WaitFor(t, 5*time.Second, "the move in the process log", func() bool {
 					return len(plog.records(t, "access log file was moved or replaced")) > 0
@@ -271,7 +276,7 @@ func TestMovedFileIsSaid(t *testing.T) {
 func cubeLogTo(t *testing.T, path string) (*Logger, *lockedBuffer) {
 	t.Helper()
 	plog := new(lockedBuffer)
-	l, err := New(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(plog, nil))}, nil)
+	l, err := newLogger(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(plog, nil))}, nil, testCheckEvery)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -434,12 +434,12 @@ func (l *Logger) Close() error {
 // the writer ends, which would otherwise hold the file and its goroutine
 // until the sink moved, after its caller had gone on. It reports whether
 // the writer ended within wait. A write the kernel itself holds (a frozen
-// or hung file system) is not cut by the close: then the lines still
-// queued are counted as dropped, Config.Log is told so, and how many lines
-// the held write carries, in the closing line Close would have had said,
-// and Abandon returns false; Close returns only if the kernel lets the
-// write go. Call it after Close. Closing is a no-op for stdout and
-// Config.Output, which the logger does not own.
+// or hung file system) is not cut by the close: when the writer has not
+// ended by then, the lines still queued are counted as dropped and
+// Config.Log gets the closing line in Close's stead, with the lines of the
+// held write; Close returns only if the kernel lets the write go. Call it
+// after Close. The close is a no-op for stdout and Config.Output, which
+// the logger does not own.
 func (l *Logger) Abandon(wait time.Duration) (ended bool) {
 	l.fileMu.Lock()
 	f := l.file

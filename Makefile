@@ -26,7 +26,10 @@ test:
 		case "$$missing" in *nginx*) /usr/sbin/nginx -s quit 2>/dev/null || true;; esac; \
 	fi
 	go vet ./...
-	go test -race -count=1 -timeout 9m ./...
+	# -parallel 16: the tests marked t.Parallel wait on timers, not on the
+	# CPU (see proxy/harness_test.go); the default, GOMAXPROCS, ran them
+	# two at a time.
+	go test -race -count=1 -timeout 9m -parallel 16 ./...
 	# The allocation tests, the memory tests (the sizing of every kind of
 	# connection, what heads of many lines leave) and the TLS handshake's
 	# stack test skip under -race (it changes allocation counts, memory and

@@ -26,18 +26,22 @@ test:
 		case "$$missing" in *nginx*) /usr/sbin/nginx -s quit 2>/dev/null || true;; esac; \
 	fi
 	go vet ./...
-	go test -race -count=1 -timeout 9m ./...
-	# The allocation tests, the sizing of every kind of connection and the
-	# TLS handshake's stack test skip under -race (it changes allocation
-	# counts, memory and stacks; config's TestMakefileRunsEveryRaceSkippedTest
-	# holds every such test to a line here): run here. The sizing measures
+	# -parallel 16: the tests marked t.Parallel wait on timers, not on the
+	# CPU (see proxy/harness_test.go); the default, GOMAXPROCS, ran them
+	# two at a time.
+	go test -race -count=1 -timeout 9m -parallel 16 ./...
+	# The allocation tests, the memory tests (the sizing of every kind of
+	# connection, what heads of many lines leave) and the TLS handshake's
+	# stack test skip under -race (it changes allocation counts, memory and
+	# stacks; config's TestMakefileRunsEveryRaceSkippedTest holds every such
+	# test to a line here): run here. The sizing measures
 	# each kind in a proxy process of its own: what earlier tests or kinds
 	# leave in the runtime and in fasthttp's pools moved the count either
 	# way (an idle connection after TestLentBodyAllocs's 32 KiB answers
 	# 82 KiB against 49; an idle SSE stream after the other kinds 3 KiB
 	# against 7-10). The stack test runs on its own too: it counts stacks.
 	go test -count=1 -run Alloc ./...
-	go test -count=1 -run TestREADMESizingCoversEveryKindOfConnection ./proxy
+	go test -count=1 -run 'NoMemory|TestREADMESizing' ./proxy
 	go test -count=1 -run TestTLSHandshakeStackIsNotTheConnections ./proxy
 
 build:

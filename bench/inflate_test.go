@@ -74,6 +74,11 @@ func TestGunzipEagerDecodesCompressGzip(t *testing.T) {
 		for _, level := range []int{gzip.NoCompression, gzip.BestSpeed, gzip.DefaultCompression, gzip.BestCompression, gzip.HuffmanOnly} {
 			for _, flush := range []int{0, 1000} {
 				for hi, hdr := range hdrs {
+					if hi > 0 && (level != gzip.DefaultCompression || flush != 0) {
+						// The header's fields come before any block: one
+						// level and one flush show them read in pieces.
+						continue
+					}
 					t.Run(fmt.Sprintf("%s/level%d/flush%d/hdr%d", name, level, flush, hi), func(t *testing.T) {
 						z := gzipped(t, level, flush, hdr, d)
 						for _, max := range []int{1, 7, 4096, len(z)} {

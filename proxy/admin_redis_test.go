@@ -106,6 +106,7 @@ func TestRedisAdminRefusesAmbiguousBodies(t *testing.T) {
 // cannot be read); sent again once Redis answers, each is a 200 whose
 // invalidation is published.
 func TestRedisAdminPublishStalled(t *testing.T) {
+	t.Parallel()
 	const timeout = 300 * time.Millisecond
 	r, h, hosts := redisAdmin(t, redisstore.Config{CommandTimeout: timeout})
 	calls := []string{"/admin/meta/upsert", "/admin/backend_cache/delete", "/admin/meta/delete"}

@@ -37,6 +37,7 @@ import (
 // operational log and access log captured, then checks that no credential
 // used anywhere in them reached a log line.
 func TestProxyAuth(t *testing.T) {
+	t.Parallel()
 	lc := newAuthLogCapture(t)
 	t.Run("MCPRestricted", func(t *testing.T) { testAuthMCPRestricted(t, lc) })
 	t.Run("HeaderVariants", func(t *testing.T) { testAuthHeaderVariants(t, lc) })

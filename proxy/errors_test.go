@@ -35,6 +35,7 @@ func (badDataStore) Lookup(_ context.Context, id string) (*routing.Route, error)
 
 // Every row of DESIGN.md's status table, produced for real.
 func TestErrorStatuses(t *testing.T) {
+	t.Parallel()
 	type want struct {
 		status     int
 		code       string

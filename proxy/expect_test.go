@@ -507,6 +507,7 @@ func TestExpectContinueRefusedBeforeTheBodyMore(t *testing.T) {
 // admitted, still answers the request (with Connection: close, so that the
 // client goes elsewhere next), and a head refused then is answered too.
 func TestExpectContinueDuringDrain(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		id     string

@@ -26,6 +26,7 @@ import (
 // Connections held twice as long are twice the connections, memory and
 // descriptors a slow client without credentials keeps at a given rate.
 func TestTLSHandshakeAndFirstHeadShareTheReadTimeout(t *testing.T) {
+	t.Parallel()
 	const readTimeout = time.Second
 	h := newHarness(t, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = readTimeout

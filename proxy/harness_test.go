@@ -22,6 +22,12 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
+// Tests that mostly wait on timers (timeouts, drains, idle streams) rather
+// than on the CPU call t.Parallel: make test runs them side by side
+// (-parallel 16), once the package's other tests are done. Each has a
+// harness of its own; none may count the process's goroutines, memory or
+// descriptors, nor set its environment or limits.
+
 // harness is a real proxy on loopback sockets with a memory store.
 type harness struct {
 	t      *testing.T

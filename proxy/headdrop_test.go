@@ -73,6 +73,12 @@ func TestFailedManyLineAnswersHoldNoMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 200 connections")
 	}
+	if raceDetectorOn {
+		// The memory the binary counts, not the race detector's; and
+		// its thousands of head lines a connection, parsed for 200
+		// connections, took up to a minute under the detector.
+		t.Skip("counts memory; make test runs this without -race")
+	}
 	const conns = 200
 	lines := strings.Repeat("A: b\r\n", 2500)
 	h := newHarness(t)

@@ -91,6 +91,7 @@ func TestMalformedBodyRefusalLingers(t *testing.T) {
 // cut at 16 MiB, a 24 MiB upload to a sandbox whose port was down got a
 // broken pipe in httpx and requests instead of the 502 (nginx: the 502).
 func TestRefusalOfALargeBodyIsRead(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	down := h.route("downbig", freePort(t))
 	const size = 40 << 20 // far over the 16 MiB the discard used to stop at

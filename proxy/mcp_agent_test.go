@@ -311,6 +311,7 @@ func TestMCPResumeStandaloneStreamAfterClientCut(t *testing.T) {
 // A stream cut by the sandbox (its connection reset) makes the go-sdk client
 // reconnect with Last-Event-ID and get what it missed.
 func TestMCPResumeStandaloneStreamAfterSandboxCut(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	srv := newAgentServer()
 	var mu sync.Mutex

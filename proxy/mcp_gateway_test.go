@@ -30,6 +30,7 @@ import (
 // long as the call runs. Direct, and through the platform's proxy
 // (proxy_read_timeout 7206s), such a call succeeds.
 func TestMCPLongSilentToolCall(t *testing.T) {
+	t.Parallel()
 	const headerTimeout = 200 * time.Millisecond
 	for _, jsonResp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
@@ -565,6 +566,7 @@ func TestMCPGatewayAnswersRelayed(t *testing.T) {
 // Stateless gateways (no session, no standalone stream: every POST
 // stands alone) serve a go-sdk agent through the proxy as direct.
 func TestMCPStatelessGateway(t *testing.T) {
+	t.Parallel()
 	for _, jsonResp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
 			viaBoth(t, "statelessbox", newAgentServer(), &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: jsonResp},
@@ -943,6 +945,7 @@ func callFinish(ctx context.Context, cs *mcp.ClientSession) <-chan error {
 // head as long as a stream may be silent, as upstream.response_header_timeout
 // documents; one that does not accept it still gets the 504.
 func TestAcceptsEventStreamAnyCaseAnyLine(t *testing.T) {
+	t.Parallel()
 	const headerTimeout = 200 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.ResponseHeaderTimeout = headerTimeout })
 	release := make(chan struct{})

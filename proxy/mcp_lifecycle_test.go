@@ -164,6 +164,7 @@ func TestMCPPauseMidSession(t *testing.T) {
 // at the latest with the next request, which gets the 410 (README, What an
 // MCP agent sees).
 func TestMCPKillMidCall(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		progress, standalone, store bool
 	}{
@@ -382,6 +383,7 @@ func TestMCPStandaloneNotificationDuringCall(t *testing.T) {
 // (the gateway's connection reset): the go-sdk agent resumes it with
 // Last-Event-ID on a GET and gets the result the tool gives afterwards.
 func TestMCPCallStreamResumedAfterSandboxCut(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	srv := newAgentServer()
 	release := addFinishTool(srv)
@@ -508,6 +510,7 @@ func TestMCPOverTLS(t *testing.T) {
 // are let through without a cookie, so after the expiry each is a 403,
 // which ends the go-sdk session.
 func TestMCPSignedURLSessionEndsWithItsToken(t *testing.T) {
+	t.Parallel()
 	signer := testSigner(t)
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
 	srv := newAgentServer()

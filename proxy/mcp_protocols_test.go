@@ -106,6 +106,7 @@ func TestMCPLegacySSESignedURL(t *testing.T) {
 // drain (so such an agent holds the drain until its deadline or until it
 // leaves), and is ended only then.
 func TestMCPListenStreamGetsDrainTime(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 2 * time.Second })
 	srv := newAgentServer()
 	host := agentGateway(t, h, "listendrain", srv, &mcp.StreamableHTTPOptions{Stateless: true}, nil)

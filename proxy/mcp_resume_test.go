@@ -95,6 +95,7 @@ func (r *recordedBody) Read(p []byte) (int, error) {
 // its data, it failed the session ("failed to decode event"). Each of the
 // gateway's notifications must reach the agent once, in order.
 func TestMCPDrainMidEventResumesOnAnotherProxy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		at   func(event []byte) int // where the drain finds the event

@@ -135,6 +135,7 @@ func TestClientLeftMidBodyIsLoggedAsTheClients(t *testing.T) {
 // complete one. It is the client's side, as a hang-up is: neither span is
 // an error, and the streams-ended metric says timeout.
 func TestStalledClientIsLoggedAsWriteTimeout(t *testing.T) {
+	t.Parallel()
 	if CodeClientWriteTimeout != telemetry.ErrorCodeClientWriteTimeout {
 		t.Fatalf("CodeClientWriteTimeout %q and telemetry.ErrorCodeClientWriteTimeout %q differ",
 			CodeClientWriteTimeout, telemetry.ErrorCodeClientWriteTimeout)

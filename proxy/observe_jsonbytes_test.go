@@ -19,6 +19,7 @@ import (
 // line: one line per request, through the real listener and parser. A head
 // the parser refuses (a control byte) is still one valid line.
 func TestAccessLogJSONCarriesAnyByteAClientSends(t *testing.T) {
+	t.Parallel()
 	h, buf := logHarness(t, accesslog.FormatJSON)
 	host := h.route("jsonbytes", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")

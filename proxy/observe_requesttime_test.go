@@ -23,6 +23,7 @@ import (
 // from there too: they kept the handler's start after the traffic
 // listeners' were fixed.
 func TestAccessLogRequestTimeFromFirstByte(t *testing.T) {
+	t.Parallel()
 	const (
 		pause       = 300 * time.Millisecond
 		readTimeout = 900 * time.Millisecond

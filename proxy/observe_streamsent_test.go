@@ -24,6 +24,7 @@ import (
 // does not tell how much of a failed write went out (see README,
 // Decisions).
 func TestCutStreamLogsBytesWritten(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, method, contentType string
 		over                      int64 // what the line may claim beyond the client's bytes

@@ -1057,6 +1057,7 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 // preconnect, a TLS handshake never finished): it is answered or closed,
 // but neither logged nor counted, as by nginx.
 func TestStalledHeadLogged(t *testing.T) {
+	t.Parallel()
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = 300 * time.Millisecond
 		o.srv.ClientBodyTimeout = 300 * time.Millisecond

@@ -65,6 +65,7 @@ func checkClosedByProxy(t *testing.T, c net.Conn, what string) {
 // the three held connections stayed open up to client.read_timeout or
 // client.idle_timeout: a client without credentials locked the node out.
 func TestMaxConnsReclaimsWaitingConnections(t *testing.T) {
+	t.Parallel()
 	const (
 		idle      = iota // after a request
 		silent           // connected, not a byte sent

@@ -225,6 +225,7 @@ func TestRedisInvalidationForgetsRemovedPause(t *testing.T) {
 // pause stayed for good (a paused entry is never swept, only rechecked
 // after a day).
 func TestRedisInvalidationRereadRetried(t *testing.T) {
+	t.Parallel()
 	r, store := redisStore(t)
 	h := newHarness(t, func(o *harnessOpts) {
 		o.store = store

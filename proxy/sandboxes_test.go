@@ -53,6 +53,7 @@ func TestKillIsSeenWithItsTime(t *testing.T) {
 // while the request was in flight and the count once it was done reported
 // the sandbox idle since the request began (here: not active since 2).
 func TestLastActiveSeesTheAnswerOfADoneRequest(t *testing.T) {
+	t.Parallel()
 	var s sandboxes
 	e := new(sandboxState)
 	for i := range 1000 { // one sandbox, many times: the poll reads it over and over

@@ -41,6 +41,7 @@ func TestHTTPSAuthority(t *testing.T) {
 // reset may also destroy the answer in the client's buffers before it is
 // read (RFC 9112 9.6).
 func TestRefusedRequestHead(t *testing.T) {
+	t.Parallel()
 	big := func(n int) string {
 		return "GET / HTTP/1.1\r\nHost: 50005-a.cube.test\r\nX-Big: " + strings.Repeat("x", n) + "\r\n\r\n"
 	}

@@ -26,6 +26,7 @@ import (
 // refused, SSE streams end cleanly at once, the WebSocket is cut at the
 // drain deadline, and nothing is left running afterwards.
 func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	// Long enough that "at once" (under drain/2) holds on a loaded 2-core
 	// machine: at 1.5 s a stream once ended 794 ms in under the race
 	// detector, and the WebSocket's cut at the deadline is what contrasts.
@@ -396,6 +397,7 @@ func muteSandbox(t *testing.T, reply string) (uint16, <-chan net.Conn) {
 // to its own timeout (120 s, 7206 s for one that accepts an event
 // stream) and the process exited under it, unanswered and unlogged.
 func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, method, extra string
 		upload              bool
@@ -487,6 +489,7 @@ func TestDrainCutsRequestsWaitingOnTheSandbox(t *testing.T) {
 // returns: cutting the sandbox's side alone left the write blocked for
 // client.write_timeout, and the process exited under it, unlogged.
 func TestDrainCutsStreamToStalledClient(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, path, ct string
 		pipelined      bool // a request follows, which the proxy leaves unread
@@ -772,6 +775,7 @@ func TestDrainDeadlineLogged(t *testing.T) {
 // a minute), so the process held its unwind for it and then exited under
 // it, reset and unlogged.
 func TestDrainCutsRequestsStalledBeforeTheHandler(t *testing.T) {
+	t.Parallel()
 	const drain = 300 * time.Millisecond
 	sandbox := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -432,6 +432,7 @@ func TestStreamLimitWaitAfterSlotLost(t *testing.T) {
 // it on a loaded machine; B is held past its end before it is judged
 // again.
 func TestStreamLimitWaitAfterSlotLostBounded(t *testing.T) {
+	t.Parallel()
 	const wait = 2 * time.Second
 	w := newSlotWaitBox(t, wait)
 	b, c := w.loseSlot(t, func(waiting time.Time) {

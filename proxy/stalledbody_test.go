@@ -19,6 +19,7 @@ import (
 // with Expect: 100-continue). A stall after it is the proxy's own
 // request_body_timeout.
 func TestStalledBodyCodes(t *testing.T) {
+	t.Parallel()
 	const maxBody = 2 << 20
 	h := newHarness(t, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = 30 * time.Second // far beyond the answers' 3 s deadline below

@@ -20,6 +20,7 @@ import (
 // access log said 66 bytes were sent (measured on the binary: a head begun
 // 1 s after an answer, closed bare at 60 s).
 func TestStalledLaterHeadAnswered(t *testing.T) {
+	t.Parallel()
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = 300 * time.Millisecond
 		o.srv.ClientBodyTimeout = 300 * time.Millisecond

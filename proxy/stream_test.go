@@ -1104,6 +1104,7 @@ func TestHeartbeatUnderOneSecond(t *testing.T) {
 // client kept getting heartbeats (a hung or paused sandbox must not hold
 // the stream, and the client's reconnect, for ever).
 func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
+	t.Parallel()
 	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams
 		t.Run(method, func(t *testing.T) {
 			h := newHarness(t, func(o *harnessOpts) {
@@ -1159,6 +1160,7 @@ func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 // stream), holding both, and a client that retried after its own timeout
 // was soon refused with 429.
 func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, head string
 		last       string // sent before the close: a TLS client's close_notify comes before its FIN

@@ -55,6 +55,7 @@ func resetSandbox(_ *testing.T, c streamEndCtl) {
 // complete stream from one the sandbox, the client, the drain, a kill or
 // the idle timeout ended.
 func TestStreamEndReasonCounted(t *testing.T) {
+	t.Parallel()
 	drain := func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond }
 	idle := func(o *harnessOpts) { o.cfg.IdleStreamTimeout = 300 * time.Millisecond }
 	shutdown := func(_ *testing.T, c streamEndCtl) { go c.h.server.Shutdown(context.Background()) }

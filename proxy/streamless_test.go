@@ -108,6 +108,7 @@ func FuzzStreamless(f *testing.F) {
 // twice the limit in flight. The slot count is back where it was after
 // each.
 func TestStreamLimitAdmitsStreamlessPOSTs(t *testing.T) {
+	t.Parallel()
 	const notification = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxStreamsPerSandbox = 1 })
 	// The sandbox holds a request to /hold until release, one to

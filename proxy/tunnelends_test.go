@@ -23,6 +23,7 @@ import (
 // side or a client that vanished must never leave the sandbox refusing
 // its next connection.
 func TestTunnelHoldsItsSandboxSlotUntilItEnds(t *testing.T) {
+	t.Parallel()
 	const idle = 500 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.MaxStreamsPerSandbox = 1

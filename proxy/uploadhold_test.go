@@ -25,6 +25,7 @@ import (
 // again. The memory this saves is TestREADMESizingCoversEveryKindOfConnection's
 // "upload from a silent client".
 func TestUploadPausedInBulkGoesOn(t *testing.T) {
+	t.Parallel()
 	const bodyTimeout = 3 * time.Second
 	h := newHarness(t, func(o *harnessOpts) {
 		o.srv.ClientBodyTimeout = bodyTimeout

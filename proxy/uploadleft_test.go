@@ -23,6 +23,7 @@ import (
 // for two hours (measured: 200 such clients left 400 descriptors and 200
 // connections_open until the timeout).
 func TestClientLeftUploadToSandboxThatReadsNoMore(t *testing.T) {
+	t.Parallel()
 	h, logs := logHarness(t, "json", func(o *harnessOpts) {
 		o.cfg.MaxStreamsPerSandbox = 1
 		o.cfg.StreamLimitWait = -1

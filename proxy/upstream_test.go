@@ -2003,6 +2003,7 @@ func TestUpstreamStrayAnswerBeforeUnretryableRequest(t *testing.T) {
 // the whole upload: a client that sends its body at once, while the proxy
 // is held back by a slow sandbox for longer than the timeout, is served.
 func TestBodyTimeoutCountsOnlyTheClient(t *testing.T) {
+	t.Parallel()
 	const timeout = 300 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = timeout })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

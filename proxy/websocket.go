@@ -627,7 +627,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// The tunnel runs on its own goroutine, so that fasthttp's
 		// hijack goroutine ends and frees the request's context and
 		// fasthttp's reader with it.
-		go p.runTunnel(tn, conn, early, pending, hs, &tx, release)
+		go p.runTunnel(tn, conn, early, int64(len(pending)), hs, &tx, release)
 	}, abandon)
 }
 
@@ -657,11 +657,14 @@ func cutStatus(tn *tunnel) int {
 
 // runTunnel copies both ways until the tunnel ends; early is what the
 // client sent before the tunnel read its connection (non-nil, maybe
-// empty), pending what the sandbox sent after its 101, and hs how writing
-// the 101 (and pending) to the client went: after an error, the tunnel
-// only closes.
-func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs headSent, tx *exchange, release func(int, error)) {
+// empty), pending how many bytes the sandbox sent after its 101, and hs
+// how writing the 101 (and those) to the client went: after an error, the
+// tunnel only closes. Only counts outlive the start: the bytes themselves,
+// kept by end for their length, stayed with every tunnel for its life
+// (12 KiB a tunnel whose sandbox's first frames came with its 101).
+func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64, hs headSent, tx *exchange, release func(int, error)) {
 	headErr := hs.err
+	earlyN := int64(len(early))
 	var in, out countingReader
 	// reset: the sandbox reset its connection rather than closing it
 	// (a crashed server, a VM gone), logged so that the session does
@@ -685,7 +688,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs h
 		}
 		ended = true
 		p.streams.removeTunnel(tn)
-		tx.bytesIn, tx.bytesOut = in.n.Load()+int64(len(early)), out.n.Load()+int64(len(pending))
+		tx.bytesIn, tx.bytesOut = in.n.Load()+earlyN, out.n.Load()+pending
 		if headErr != nil {
 			// Only what the failed write took of pending went out.
 			tx.bytesOut = hs.sent
@@ -736,6 +739,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early, pending []byte, hs h
 	go func() {
 		if len(early) > 0 {
 			_, _ = backendWriter{tn}.Write(early)
+			early = nil
 		}
 		in.r = &tunnelReader{t: tn, c: tn.client}
 		_ = copyTunnel(backendWriter{tn}, &in)

@@ -186,6 +186,7 @@ func idleEchoTunnel(t *testing.T, idle time.Duration, id string) (c *websocket.C
 // few hundred milliseconds (-race on two loaded cores) is still traffic
 // well within it, as it was not at a quarter of 300 ms.
 func TestBusyTunnelOutlivesIdleTimeout(t *testing.T) {
+	t.Parallel()
 	const idle = time.Second
 	c, _, ctx := idleEchoTunnel(t, idle, "wsbusy")
 	start := time.Now()
@@ -228,6 +229,7 @@ func TestUpgradeWithBodyIsForwarded(t *testing.T) {
 // (server push, a terminal's output) is not silent for the idle timeout.
 // Pushes every tenth of it, as in TestBusyTunnelOutlivesIdleTimeout.
 func TestOneWayTunnelOutlivesIdleTimeout(t *testing.T) {
+	t.Parallel()
 	const idle, n = time.Second, 20 // 20 pushes, idle/10 apart: 2 idle timeouts
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -439,6 +441,7 @@ func TestTunnelClientGoneBefore101(t *testing.T) {
 // A client that reads nothing after its upgrade still lets the tunnel
 // end: writing the 101 (and the bytes that came with it) has a deadline.
 func TestTunnelToClientThatReadsNothingEnds(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = time.Second
 		o.srv.ClientWriteTimeout = time.Second
@@ -517,6 +520,7 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 // send_timeout. Only one that takes nothing for the timeout is cut
 // (TestTunnelClientThatStopsReadingIsCut).
 func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
+	t.Parallel()
 	const size = 160 << 10
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = time.Hour
@@ -569,6 +573,7 @@ func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 // ever. The read side's idle timeout never fires here: the sandbox keeps
 // sending. Logged 101 upstream_timeout, as a silent tunnel.
 func TestTunnelSandboxThatStopsReadingIsCut(t *testing.T) {
+	t.Parallel()
 	const idle = time.Second
 	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = idle
@@ -883,6 +888,7 @@ func TestTunnelClientEndReachesSandboxThatSends(t *testing.T) {
 // the sandbox's request count for long: silent for lingerTimeout, its
 // socket is closed, as nginx's lingering close gives up on a silent peer.
 func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ln := listen(t, "127.0.0.1:0")
 	gotEnd := make(chan error, 1)

@@ -63,7 +63,7 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 }
 
 // holdReads starts or ends a hold on the connection's reads (readHold).
-func (c *clientConn) holdReads(until time.Time) { c.hold.holdReads(c.TCPConn, until) }
+func (c *clientConn) holdReads(until time.Time, l holdLender) { c.hold.holdReads(c.TCPConn, until, l) }
 
 // ReadFrom copies r to the connection through its Write. The embedded
 // *net.TCPConn's (splice, sendfile, or a plain copy to the socket) would
@@ -106,7 +106,14 @@ func ownsClose(c net.Conn) {
 // readHolder is a client connection whose reads an upload's copy can hold
 // (readHold): the traffic listeners' clientConn and tlsConn.
 type readHolder interface {
-	holdReads(until time.Time)
+	holdReads(until time.Time, l holdLender)
+}
+
+// holdLender is the copy a hold is for: told when the hold runs out in a
+// read that fasthttp's reader takes up again, it can give back a buffer
+// that read does not use (clientBody.heldOut).
+type holdLender interface {
+	heldOut()
 }
 
 // readHold lets a streamed upload's copy give its 64 KiB buffer back while
@@ -121,13 +128,16 @@ type readHolder interface {
 // copy only from a read that went straight to the connection (the big
 // buffer is larger than fasthttp's reader, which is empty then); one
 // fasthttp's reader makes to fill itself (a chunk's size line) is tried
-// again, now under the body's deadline, and the copy keeps its buffer.
-// Deadlines set from other goroutines (the drain's cut, an early answer's)
-// go through setReadDeadline and are never taken for the hold's.
+// again, now under the body's deadline; the hold's lender is told first,
+// and a copy that reads no data into its big buffer in that read (one
+// waiting for a chunk's size line, clientBody.nextChunk) gives it back
+// there. Deadlines set from other goroutines (the drain's cut, an early
+// answer's) go through setReadDeadline and are never taken for the hold's.
 type readHold struct {
-	mu    sync.Mutex
-	set   time.Time // the read deadline last set (zero: none)
-	until time.Time // the hold's end (zero: no hold)
+	mu     sync.Mutex
+	set    time.Time  // the read deadline last set (zero: none)
+	until  time.Time  // the hold's end (zero: no hold)
+	lender holdLender // whom the hold is for (nil: no hold)
 }
 
 // armed is the read deadline in force; h.mu must be held.
@@ -147,24 +157,34 @@ func (h *readHold) setReadDeadline(c net.Conn, t time.Time) error {
 	return c.SetReadDeadline(h.armed())
 }
 
-// holdReads starts the hold, to end at until, or ends it (zero).
-func (h *readHold) holdReads(c net.Conn, until time.Time) {
+// holdReads starts the hold for l, to end at until, or ends it (zero).
+func (h *readHold) holdReads(c net.Conn, until time.Time, l holdLender) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.until = until
+	h.until, h.lender = until, l
+	if until.IsZero() {
+		h.lender = nil
+	}
 	_ = c.SetReadDeadline(h.armed())
 }
 
 // ranOut reports whether err, a failed read of c, is the hold's end rather
-// than the deadline set's: the hold is then over, and the deadline set is
-// armed again. Any failure ends the hold.
+// than the deadline set's: the hold is then over, the deadline set is
+// armed again, and the hold's lender is told. Any failure ends the hold.
+// It runs on the reading goroutine, the lender's.
 func (h *readHold) ranOut(c net.Conn, err error) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.until.IsZero() {
+		h.mu.Unlock()
 		return false
 	}
-	h.until = time.Time{}
+	l := h.lender
+	h.until, h.lender = time.Time{}, nil
 	_ = c.SetReadDeadline(h.set)
-	return isTimeout(err) && (h.set.IsZero() || time.Now().Before(h.set))
+	out := isTimeout(err) && (h.set.IsZero() || time.Now().Before(h.set))
+	h.mu.Unlock()
+	if out && l != nil {
+		l.heldOut()
+	}
+	return out
 }

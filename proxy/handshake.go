@@ -117,7 +117,7 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 }
 
 // holdReads starts or ends a hold on the connection's reads (readHold).
-func (c *tlsConn) holdReads(until time.Time) { c.hold.holdReads(c.Conn, until) }
+func (c *tlsConn) holdReads(until time.Time, l holdLender) { c.hold.holdReads(c.Conn, until, l) }
 
 // SetDeadline sets both deadlines, the read one as SetReadDeadline does.
 func (c *tlsConn) SetDeadline(t time.Time) error {

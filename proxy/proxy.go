@@ -1626,6 +1626,11 @@ type clientBody struct {
 	bulk  bool
 	held  time.Time
 	empty bool
+	// grow is the copy's buffers (copyGrowing); framing says a read of a
+	// chunk's size line is under way, into no buffer of the copy's
+	// (nextChunk), which a hold that runs out then gives back (heldOut).
+	grow    growingBuf
+	framing bool
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -1669,7 +1674,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		p = p[:b.left]
 	}
 	n, err := b.r.Read(p)
-	if n == 0 && err == nil {
+	if n == 0 && err == nil && len(p) > 0 {
 		// The hold's end (readHold.ranOut), which ended it.
 		b.held, b.empty = time.Time{}, true
 	}
@@ -1693,11 +1698,11 @@ func (b *clientBody) holdBulk() {
 	switch {
 	case b.bulk:
 		if want := time.Now().Add(bulkHold); b.held.IsZero() || want.Sub(b.held) >= bulkHold/2 {
-			b.hold.holdReads(want)
+			b.hold.holdReads(want, b)
 			b.held = want
 		}
 	case !b.held.IsZero():
-		b.hold.holdReads(time.Time{})
+		b.hold.holdReads(time.Time{}, nil)
 		b.held = time.Time{}
 	}
 }
@@ -1707,8 +1712,37 @@ func (b *clientBody) holdBulk() {
 func (b *clientBody) endHold() {
 	b.bulk = false
 	if !b.held.IsZero() {
-		b.hold.holdReads(time.Time{})
+		b.hold.holdReads(time.Time{}, nil)
 		b.held = time.Time{}
+	}
+}
+
+// nextChunk reads what comes before a chunked body's next data, when the
+// copy is in bulk: a read of no bytes, which fasthttp's reader turns into
+// a read of the next chunk's size line when the chunk before has ended
+// (and of the trailer after the last, io.EOF). The copy holds its 64 KiB
+// buffer through its own frame only, which makes no use of it meanwhile:
+// a hold that runs out while the line is awaited (fasthttp's reader takes
+// that read up again, readHold) gives the buffer back there (heldOut), and
+// the copy goes on in its small buffer. Read into the big buffer, the line
+// kept it until client.body_timeout: a chunked upload whose client stopped
+// between two chunks counted ≈ 120 KiB for 60 s, one that stopped within
+// a chunk ≈ 64. A client that stops between a chunk's data and the CRLF
+// after it still holds it: that CRLF is read with the data.
+func (b *clientBody) nextChunk() error {
+	b.bulk, b.framing = true, true
+	_, err := b.Read(nil)
+	b.framing = false
+	return err
+}
+
+// heldOut is the hold's end in a read fasthttp's reader takes up again
+// (readHold): one of a chunk's size line (nextChunk) gives the copy's big
+// buffer back, which that read does not use. Any other such read is one of
+// data into the big buffer, which keeps it.
+func (b *clientBody) heldOut() {
+	if b.framing {
+		b.grow.shrink()
 	}
 }
 

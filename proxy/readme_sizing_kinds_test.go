@@ -38,6 +38,7 @@ const (
 	detachedFigure = `a\s+detached\s+stream\s+from\s+a\s+silent\s+sandbox\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+\d+–(\d+)\)`
 	uploadFigure   = `a\s+Content-Length\s+upload\s+whose\s+client\s+went\s+silent\s+mid-body\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
+	chunkedUpload  = `a\s+chunked\s+upload\s+whose\s+client\s+stopped\s+between\s+two\s+chunks\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 )
 
 // sizingKind is a kind of connection a client without credentials can
@@ -74,6 +75,11 @@ var sizingKinds = []sizingKind{
 	// gave its 64 KiB buffer back after bulkHold, it held it until
 	// client.body_timeout, ≈ 130 KiB (1,000 on the built binary).
 	{name: "upload from a silent client", moving: true, quiet: true, figure: uploadFigure},
+	// The same between two chunks: until the copy read the next chunk's
+	// size line apart from its 64 KiB buffer (clientBody.nextChunk), it
+	// held it until client.body_timeout, ≈ 120 KiB (HTTPS ≈ 172; 1,000
+	// on the built binary).
+	{name: "chunked upload from a silent client", moving: true, quiet: true, figure: chunkedUpload},
 	{name: "waiting on a slow sandbox"},
 	{name: "download to a slow reader", moving: true},
 	// The sandbox went silent mid-body: until WriteTo gave its 64 KiB
@@ -345,6 +351,10 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 	const silentPart = 192 << 10
 	// The body a silent client sends first: enough for the copy's bulk.
 	const uploadBurst = 64 << 10
+	// A chunked one's, in one chunk: with its size line and CRLF, 64 KiB
+	// less a byte, so that over TLS the last 16 KiB record, and the last
+	// read of the chunk's data, is a full one.
+	const chunkBurst = uploadBurst - 9
 	// An event stream's burst of silentPart bytes, in 4 KiB events.
 	sseBurst := strings.Repeat("data: "+strings.Repeat("x", 4088)+"\n\n", silentPart/4096)
 	stream := func(w http.ResponseWriter, sse bool) {
@@ -371,7 +381,7 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
 		switch kind {
-		case "mid-upload", "upload from a silent client":
+		case "mid-upload", "upload from a silent client", "chunked upload from a silent client":
 			_, _ = io.Copy(countWriter{&received}, r.Body)
 		case "waiting on a slow sandbox":
 			<-done
@@ -468,7 +478,7 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			// crypto/tls sends its first 128 KiB in records of about
 			// 1 KiB, which no read of the proxy's fills its small buffer
 			// from; other clients (curl's OpenSSL) send 16 KiB records.
-			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}, DynamicRecordSizingDisabled: kind == "upload from a silent client"})
+			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}, DynamicRecordSizingDisabled: strings.HasSuffix(kind, "upload from a silent client")})
 		}
 		conns = append(conns, c)
 		br := bufio.NewReaderSize(c, 1024)
@@ -531,6 +541,13 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			if _, err := c.Write(make([]byte, uploadBurst)); err != nil {
 				t.Fatal(err)
 			}
+		case "chunked upload from a silent client":
+			// As above, the copy in bulk when the client stops, after the
+			// chunk's CRLF, before the next chunk's size line.
+			fmt.Fprintf(c, "POST /p HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n", host)
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", chunkBurst, make([]byte, chunkBurst)); err != nil {
+				t.Fatal(err)
+			}
 		case "waiting on a slow sandbox", "download to a slow reader", "SSE to a slow reader":
 			head("")
 		case "SSE idle":
@@ -573,6 +590,8 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 		waitFor("every upload's first part at the sandbox", func() bool { return received.Load() == sizingKindConns*part })
 	case "upload from a silent client":
 		waitFor("every upload's burst at the sandbox", func() bool { return received.Load() == sizingKindConns*uploadBurst })
+	case "chunked upload from a silent client":
+		waitFor("every upload's chunk at the sandbox", func() bool { return received.Load() == sizingKindConns*chunkBurst })
 	case "WebSocket mid-message":
 		waitFor("every message's first part at the sandbox", func() bool { return received.Load() == sizingKindConns*(part+14) })
 	case "waiting on a slow sandbox", "SSE idle", "WebSocket idle":

@@ -402,12 +402,26 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return 
 // again: a copy that mostly idles or trickles holds only small, small
 // pieces cost no extra call, and bulk costs a pool round trip per burst.
 // A read in bulk that waits bulkHold for the client ends empty
-// (clientBody.holdBulk), and so gives the big buffer back too.
+// (clientBody.holdBulk), and so gives the big buffer back too; so does one
+// of a chunk's size line, which is read apart (clientBody.nextChunk). The
+// buffers are src's (grow), where that read finds them.
 func copyGrowing(dst io.Writer, src *clientBody, small []byte) (int64, error) {
-	g := growingBuf{small: small}
-	defer g.shrink()
+	g := &src.grow
+	*g = growingBuf{small: small}
+	defer func() {
+		g.shrink()
+		g.small = nil
+	}()
 	var written int64
 	for {
+		if g.big != nil && src.size < 0 {
+			// No live reference to the big buffer here but g's.
+			if err := src.nextChunk(); err == io.EOF {
+				return written, nil
+			} else if err != nil {
+				return written, err
+			}
+		}
 		b := g.next()
 		src.bulk = g.big != nil
 		n, rerr := src.Read(b)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +38,9 @@ func TestUploadPausedInBulkGoesOn(t *testing.T) {
 			io.WriteString(w, "next")
 			return
 		}
+		first, _ := strconv.ParseInt(r.Header.Get("X-Burst"), 10, 64)
 		sum := sha256.New()
-		n, err := io.CopyN(sum, r.Body, burst)
+		n, err := io.CopyN(sum, r.Body, first)
 		if err != nil {
 			fmt.Fprintf(w, "burst: %d bytes, %v", n, err)
 			return
@@ -49,8 +51,8 @@ func TestUploadPausedInBulkGoesOn(t *testing.T) {
 	}))
 	host := h.route("uploadhold", port)
 	tlsAddr, roots := serveTLS(t, h)
-	burstBytes, rest := strings.Repeat("a", burst), strings.Repeat("b", burst)
-	whole := sha256.Sum256([]byte(burstBytes + rest))
+	all := strings.Repeat("a", burst) + strings.Repeat("b", burst)
+	whole := sha256.Sum256([]byte(all))
 	for _, tc := range []struct {
 		name    string
 		overTLS bool
@@ -63,6 +65,8 @@ func TestUploadPausedInBulkGoesOn(t *testing.T) {
 		{"chunked over TLS", true, true, false},
 		{"Content-Length, client silent", false, false, true},
 		{"Content-Length over TLS, client silent", true, false, true},
+		{"chunked, client silent", false, true, true},
+		{"chunked over TLS, client silent", true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c net.Conn = dialRaw(t, h.addr)
@@ -72,15 +76,24 @@ func TestUploadPausedInBulkGoesOn(t *testing.T) {
 				// buffer from: 16 KiB records, as curl's OpenSSL sends.
 				c = tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: host, DynamicRecordSizingDisabled: true})
 			}
-			framing, piece, end := fmt.Sprintf("Content-Length: %d", 2*burst), "%s", ""
+			framing, end, first := fmt.Sprintf("Content-Length: %d", 2*burst), "", burst
+			frame := func(s string) string { return s }
 			if tc.chunked {
-				framing, piece, end = "Transfer-Encoding: chunked", "10000\r\n%s\r\n", "0\r\n\r\n"
+				framing, end = "Transfer-Encoding: chunked", "0\r\n\r\n"
+				frame = func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+				// A chunk 9 bytes short of 64 KiB, 64 KiB less a byte
+				// with its size line and CRLF: over TLS its last 16 KiB
+				// record, and so the copy's last read of it, is full. The
+				// client pauses before the next chunk's size line, which
+				// the copy waits for apart from its big buffer
+				// (clientBody.nextChunk) and so gives that back.
+				first = burst - 9
 			}
 			// The head alone, then the burst in one write: the proxy's
 			// last read of it fills its small buffer, and its copy is in
 			// bulk when the client pauses.
-			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\n%s\r\n\r\n", host, framing)
-			fmt.Fprintf(c, piece, burstBytes)
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nX-Burst: %d\r\n%s\r\n\r\n", host, first, framing)
+			io.WriteString(c, frame(all[:first]))
 			select {
 			case <-burstIn:
 			case <-time.After(5 * time.Second):
@@ -104,7 +117,7 @@ func TestUploadPausedInBulkGoesOn(t *testing.T) {
 			}
 			// Longer than the hold: the stimulus, not a synchronisation.
 			time.Sleep(bulkHold * 3 / 2)
-			fmt.Fprintf(c, piece+end, rest)
+			io.WriteString(c, frame(all[first:])+end)
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -56,6 +56,9 @@ type sizingKind struct {
 	// holds the connection to README's figure for it (figure) too.
 	quiet  bool
 	figure string
+	// uploaded: at rest after an upload, which over HTTPS README gives an
+	// allowance of its own (crypto/tls keeps the read buffer it grew).
+	uploaded bool
 }
 
 // sizingKinds are the kinds README's sizing must cover.
@@ -66,6 +69,10 @@ var sizingKinds = []sizingKind{
 	// go of them after such an answer (headDrop), ≈ 285 KiB a connection.
 	{name: "idle after an answer of many header lines"},
 	{name: "idle after an 8 KiB answer"},
+	// crypto/tls grows its read buffer to ≈ 40 KiB on a burst of full
+	// 16 KiB records and keeps it: an HTTPS connection idle after such an
+	// upload counts ≈ 109 KiB, over the 84 README allows at rest.
+	{name: "idle after a 64 KiB upload", uploaded: true},
 	// The same for a request head of many lines, within maxHeaderLines:
 	// ≈ 140 KiB a connection until headDrop.
 	{name: "idle after a request of many header lines"},
@@ -108,8 +115,9 @@ type sizingSetup struct {
 	useTLS bool
 	// headLimit is client.max_header_size; 0: the default, 32 KiB.
 	headLimit int
-	// The README's words, with the KiB allowed: at rest, moving a body.
-	rest, moving string
+	// The README's words, with the KiB allowed: at rest, moving a body,
+	// and at rest after an upload ("": rest's).
+	rest, moving, uploaded string
 }
 
 // sizingMoving is README's allowance for a connection moving a body.
@@ -117,12 +125,13 @@ const sizingMoving = `for a connection moving a body allow (\d+) KiB`
 
 // sizingSetups are the listeners README's sizing gives an allowance for.
 var sizingSetups = []sizingSetup{
-	{"HTTP", false, 0, `Allow about (\d+) KiB per connection`, sizingMoving},
-	{"HTTPS", true, 0, `where\s+clients mostly use HTTPS, allow (\d+) KiB`, `moving a body allow \d+ KiB, about [\d,]+ for 1 GiB \(over HTTPS (\d+) KiB`},
+	{"HTTP", false, 0, `Allow about (\d+) KiB per connection`, sizingMoving, ""},
+	{"HTTPS", true, 0, `where\s+clients mostly use HTTPS, allow (\d+) KiB`, `moving a body allow \d+ KiB, about [\d,]+ for 1 GiB \(over HTTPS (\d+) KiB`,
+		`where\s+clients\s+can\s+upload\s+over\s+HTTPS[^:]*?,\s+allow\s+(\d+) KiB`},
 	// The smaller reader of README's smaller allowance: it covered an
 	// idle connection only (36 KiB), not one waiting on a slow sandbox
 	// (≈ 47 KiB).
-	{"HTTP at a 16 KiB head limit", false, 16 << 10, "(?s)With\\s+`client\\.max_header_size:\\s+16384`[^:]*?:\\s+allow\\s+(\\d+) KiB", sizingMoving},
+	{"HTTP at a 16 KiB head limit", false, 16 << 10, "(?s)With\\s+`client\\.max_header_size:\\s+16384`[^:]*?:\\s+allow\\s+(\\d+) KiB", sizingMoving, ""},
 }
 
 // README's sizing ("Allow about N KiB per connection", HTTPS's allowance
@@ -218,6 +227,9 @@ func measureSizingKind(t *testing.T, setup sizingSetup, k sizingKind) {
 	allowed := allowance(t, setup.rest)
 	if k.moving {
 		allowed = allowance(t, setup.moving)
+	}
+	if k.uploaded && setup.uploaded != "" {
+		allowed = allowance(t, setup.uploaded)
 	}
 	access, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: io.Discard}, nil)
 	if err != nil {
@@ -440,6 +452,9 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
 			brw.Flush()
 			_, _ = io.Copy(countWriter{&received}, brw)
+		case "idle after a 64 KiB upload":
+			_, _ = io.Copy(io.Discard, r.Body)
+			io.WriteString(w, "ok")
 		case "idle after an 8 KiB answer":
 			// keptBody: the largest answer read into the response's own
 			// buffer, which fasthttp keeps with the connection.
@@ -478,7 +493,7 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 			// crypto/tls sends its first 128 KiB in records of about
 			// 1 KiB, which no read of the proxy's fills its small buffer
 			// from; other clients (curl's OpenSSL) send 16 KiB records.
-			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}, DynamicRecordSizingDisabled: strings.HasSuffix(kind, "upload from a silent client")})
+			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}, DynamicRecordSizingDisabled: strings.HasSuffix(kind, "upload from a silent client") || kind == "idle after a 64 KiB upload"})
 		}
 		conns = append(conns, c)
 		br := bufio.NewReaderSize(c, 1024)
@@ -500,6 +515,13 @@ func holdSizingKind(t *testing.T, kind string, useTLS bool) {
 		switch kind {
 		case "idle keep-alive", "idle after an answer of many header lines", "idle after an 8 KiB answer":
 			head("")
+			resp := answer(200)
+			io.Copy(io.Discard, resp.Body)
+		case "idle after a 64 KiB upload":
+			// Head and body in one write: over TLS, four full records.
+			if _, err := fmt.Fprintf(c, "POST /p HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", host, 64<<10, make([]byte, 64<<10)); err != nil {
+				t.Fatal(err)
+			}
 			resp := answer(200)
 			io.Copy(io.Discard, resp.Body)
 		case "idle after a request of many header lines":

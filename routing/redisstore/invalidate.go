@@ -125,10 +125,6 @@ type Subscriber struct {
 // before it is PINGed (3 s by default, as go-redis's own health check).
 const pingIdle = 3
 
-// maxEmptySlotMaps is how often clusterNodes reads a slot map that came
-// back empty.
-const maxEmptySlotMaps = 3
-
 // leaveAfterFailures is how many transport errors in a row (the dropped
 // connection, then go-redis's dials of a new one, 100 ms apart) make a
 // Cluster subscription leave its node for the next one.
@@ -240,30 +236,21 @@ func channelMaster(cc *redis.ClusterClient, channel string, wait time.Duration) 
 }
 
 // clusterNodes returns the clients of every node in cc's slot map, read
-// afresh (within wait) when a node answers, in address order. go-redis
-// reads the map from a node it picks at random, and takes an empty answer
-// for the whole map: the answer of a node removed from the cluster and
-// reset (redis-cli's del-node) that still runs, which go-redis keeps
-// among its nodes for a minute. With no node, the membership check found
-// no node to say the cluster works and the subscription stayed on the
-// removed node; so an empty map is read again, up to maxEmptySlotMaps
-// times.
+// afresh (within wait) when a node answers, in address order. A node that
+// knows no slot (removed from the cluster and reset) is not asked for the
+// map: its empty answer made this list empty, and the membership check
+// found no node to say the cluster works (see emptySlotMap).
 func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Duration) []*redis.Client {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var mu sync.Mutex
 	var nodes []*redis.Client
-	for range maxEmptySlotMaps {
-		_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
-			mu.Lock()
-			nodes = append(nodes, c)
-			mu.Unlock()
-			return nil
-		})
-		if len(nodes) > 0 || ctx.Err() != nil {
-			break
-		}
-	}
+	_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, c)
+		mu.Unlock()
+		return nil
+	})
 	slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
 	return nodes
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -112,6 +113,7 @@ type Subscriber struct {
 	closeErr  error     // of the last PubSub, set before done is closed
 	refusal   string    // the reason last logged by logRefused; run's goroutine only
 	lost      bool      // a node left for its failures was logged since the last subscription; run's goroutine only
+	broken    error     // the last error of a connection or a dial since the last reply; run's goroutine only
 	badLogged time.Time // when logBadID last logged; run's goroutine only
 	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
@@ -276,7 +278,13 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node func() *r
 			sub.closeErr = err
 			return
 		}
-		if subscribed && !refused && !left {
+		switch {
+		case !subscribed || refused || left:
+		case sub.broken != nil:
+			// The connection broke and none could be made since: the
+			// PING had nothing to go on, and the reason is the dial's.
+			sub.logger.Warn("redis invalidation: the connection was lost and cannot be made again; retrying", "err", sub.broken.Error())
+		default:
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
 		ps, node = sub.open(ctx, n)
@@ -360,6 +368,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 		member = check.C
 	}
 	defer sub.live.Store(false) // ps is closed or replaced next
+	sub.broken = nil
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
 	failures := 0      // transport errors since the last confirmed subscription
@@ -389,6 +398,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 				case !errors.As(m, &rerr):
 					confirmed = false // go-redis dials again, and subscribes again
 					sub.live.Store(false)
+					sub.noteBroken(m)
 					// In a Cluster, to the node go-redis took from the
 					// slot map for the first subscription (the channel
 					// slot's master), which may have been failed over.
@@ -406,6 +416,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			if !sub.handle(msg, &subscribed) {
 				continue
 			}
+			sub.broken = nil
 			pinged = false
 			timer.Reset(sub.idle)
 		case <-timer.C:
@@ -419,11 +430,26 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
 			ctx, cancel := context.WithTimeout(context.Background(), sub.timeout)
-			_ = ps.Ping(ctx)
+			if err := ps.Ping(ctx); err != nil {
+				sub.noteBroken(err) // a new connection for it failed too
+			}
 			cancel()
 			pinged = true
 			timer.Reset(sub.timeout)
 		}
+	}
+}
+
+// noteBroken keeps err as the reason the subscription has no connection,
+// unless it is a timeout and a more telling error came since the last
+// reply: under load a dial may run out of its third of the command timeout
+// before the server's refusal (a certificate not trusted), and "context
+// deadline exceeded" was all the log said.
+func (sub *Subscriber) noteBroken(err error) {
+	var ne net.Error
+	timeout := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	if sub.broken == nil || !timeout {
+		sub.broken = err
 	}
 }
 

@@ -347,10 +347,13 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 // owning a third of the slots, and a replica of the first, which owns
 // the invalidation channel's slot (3183). A master that stops answering
 // for the cluster's node timeout (1 s here) is failed over to its replica.
+// The replica's first sync starts at once: Redis's default 5 s wait for
+// more replicas to share a diskless transfer (repl-diskless-sync-delay)
+// took more time than any of these tests' own steps.
 func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *testenv.Redis) {
 	t.Helper()
 	ctx := context.Background()
-	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"}
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"}
 	for range 3 {
 		masters = append(masters, testenv.StartRedis(t, args...))
 	}
@@ -383,6 +386,7 @@ func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *test
 		info, err := replica.Client().Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
+	waitReplicaKnown(t, replica, masters)
 	return masters, replica
 }
 
@@ -513,24 +517,7 @@ func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*t
 	}
 	// A manual failover needs the master and the voting masters to know
 	// taking as its replica: right after another failover they may not yet.
-	id, err := taking.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 10*time.Second, "every node to know the replica", func() bool {
-		for _, r := range append(slices.Clone(others), leaving) {
-			nodes, err := r.Client().ClusterNodes(ctx).Result()
-			if err != nil || !strings.Contains(nodes, id+" 127.0.0.1:"+strconv.Itoa(taking.Port())+"@") {
-				return false
-			}
-			for line := range strings.SplitSeq(nodes, "\n") {
-				if strings.HasPrefix(line, id+" ") && !strings.Contains(line, " slave ") {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitReplicaKnown(t, taking, append(slices.Clone(others), leaving))
 	do(taking, "CLUSTER", "FAILOVER")
 	testenv.WaitFor(t, 10*time.Second, "the replica promoted", func() bool {
 		role, err := leaving.Client().Do(ctx, "ROLE").Slice()
@@ -544,6 +531,32 @@ func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*t
 		do(r, "CLUSTER", "FORGET", gone)
 	}
 	do(leaving, "CLUSTER", "RESET", "SOFT")
+}
+
+// waitReplicaKnown waits until every one of nodes knows replica as a
+// replica: a failover, manual or not, needs the votes of the masters, and
+// they learn a new role by gossip, within a second or so.
+func waitReplicaKnown(t *testing.T, replica *testenv.Redis, nodes []*testenv.Redis) {
+	t.Helper()
+	ctx := context.Background()
+	id, err := replica.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "every node to know the replica", func() bool {
+		for _, r := range nodes {
+			known, err := r.Client().ClusterNodes(ctx).Result()
+			if err != nil || !strings.Contains(known, id+" 127.0.0.1:"+strconv.Itoa(replica.Port())+"@") {
+				return false
+			}
+			for line := range strings.SplitSeq(known, "\n") {
+				if strings.HasPrefix(line, id+" ") && !strings.Contains(line, " slave ") {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 // TestClusterInvalidationAfterNodeRemoval: the node the subscription is

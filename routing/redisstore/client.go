@@ -214,9 +214,10 @@ func reloadSlotsAfter(c redis.UniversalClient, err error) {
 // from the removed node), and a subscription go-redis connected again
 // meanwhile could land on the removed node, where no invalidation reaches
 // it, while the membership check asked another (TestClusterSkipsEmptySlotMap).
-// go-redis's ClusterSlots option, a loader of our own, would lose what its
-// reader does with the answering node's address (loopback addresses
-// rewritten to the seed's host, port 0 of a TLS-only node).
+// go-redis's ClusterSlots option (a loader of our own) could skip it too,
+// but go-redis then knows no answering node: it rewrote each loopback node
+// address to ":port" (127.0.0.1:7000 became :7000), and cannot fill in a
+// TLS-only node's port 0 with the seed's.
 type emptySlotMap struct{ addr string }
 
 // DialHook leaves dials as they are.

@@ -66,6 +66,40 @@ func TestCluster(t *testing.T) {
 	expectID(t, rec, "a")
 }
 
+// TestClusterSkipsEmptySlotMap: a node removed from the cluster and reset
+// (redis-cli's del-node) keeps running and answers CLUSTER SLOTS with an
+// empty map. go-redis reads the map from a node it picks at random among
+// those it knows (a removed node for a minute or more, a seed for good)
+// and took an empty answer for the whole map: until the next read every
+// command went to a random node (a MOVED, or CLUSTERDOWN from the removed
+// one), and a subscription go-redis connected again meanwhile could land on
+// the removed node while the membership check asked another, and stayed
+// there, every invalidation lost (how
+// TestClusterInvalidationAfterFailedOverNodeRemoval failed, 2 of 35 runs).
+// The map of a node that knows no slot must be skipped for another's.
+func TestClusterSkipsEmptySlotMap(t *testing.T) {
+	ctx := context.Background()
+	a := startOneNodeCluster(t)
+	removed := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	hset(t, a, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{removed.Addr(), a.Addr()}}, DisableLegacy: true})
+	cc := s.Client().(*redis.ClusterClient)
+	for i := range 20 {
+		// Each read asks one of the two seeds, at random (as the
+		// subscriber's membership check reads it).
+		var nodes atomic.Int64
+		if err := cc.ForEachShard(ctx, func(context.Context, *redis.Client) error { nodes.Add(1); return nil }); err != nil {
+			t.Fatalf("read %d of the slot map: %v", i, err)
+		}
+		if _, err := s.Lookup(ctx, "sbx"); err != nil || nodes.Load() != 1 {
+			t.Fatalf("read %d of the slot map: %d nodes, lookup %v; want a alone, and its route", i, nodes.Load(), err)
+		}
+	}
+	if errs, err := removed.Client().Info(ctx, "errorstats").Result(); err != nil || strings.Contains(errs, "errorstat_") {
+		t.Fatalf("the node outside the cluster answered errors (lookups sent to it): %q %v", errs, err)
+	}
+}
+
 // startTwoNodeCluster starts a Redis Cluster of two masters, a with the
 // slots below 8192 and b with the others, and returns them with ids
 // (box<n>) whose new and legacy keys live on different nodes.
@@ -313,10 +347,13 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 // owning a third of the slots, and a replica of the first, which owns
 // the invalidation channel's slot (3183). A master that stops answering
 // for the cluster's node timeout (1 s here) is failed over to its replica.
+// The replica's first sync starts at once: Redis's default 5 s wait for
+// more replicas to share a diskless transfer (repl-diskless-sync-delay)
+// took more time than any of these tests' own steps.
 func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *testenv.Redis) {
 	t.Helper()
 	ctx := context.Background()
-	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"}
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"}
 	for range 3 {
 		masters = append(masters, testenv.StartRedis(t, args...))
 	}
@@ -349,6 +386,7 @@ func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *test
 		info, err := replica.Client().Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
+	waitReplicaKnown(t, replica, masters)
 	return masters, replica
 }
 
@@ -479,24 +517,7 @@ func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*t
 	}
 	// A manual failover needs the master and the voting masters to know
 	// taking as its replica: right after another failover they may not yet.
-	id, err := taking.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 10*time.Second, "every node to know the replica", func() bool {
-		for _, r := range append(slices.Clone(others), leaving) {
-			nodes, err := r.Client().ClusterNodes(ctx).Result()
-			if err != nil || !strings.Contains(nodes, id+" 127.0.0.1:"+strconv.Itoa(taking.Port())+"@") {
-				return false
-			}
-			for line := range strings.SplitSeq(nodes, "\n") {
-				if strings.HasPrefix(line, id+" ") && !strings.Contains(line, " slave ") {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitReplicaKnown(t, taking, append(slices.Clone(others), leaving))
 	do(taking, "CLUSTER", "FAILOVER")
 	testenv.WaitFor(t, 10*time.Second, "the replica promoted", func() bool {
 		role, err := leaving.Client().Do(ctx, "ROLE").Slice()
@@ -510,6 +531,32 @@ func failOverAndRemove(t *testing.T, leaving, taking *testenv.Redis, others []*t
 		do(r, "CLUSTER", "FORGET", gone)
 	}
 	do(leaving, "CLUSTER", "RESET", "SOFT")
+}
+
+// waitReplicaKnown waits until every one of nodes knows replica as a
+// replica: a failover, manual or not, needs the votes of the masters, and
+// they learn a new role by gossip, within a second or so.
+func waitReplicaKnown(t *testing.T, replica *testenv.Redis, nodes []*testenv.Redis) {
+	t.Helper()
+	ctx := context.Background()
+	id, err := replica.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "every node to know the replica", func() bool {
+		for _, r := range nodes {
+			known, err := r.Client().ClusterNodes(ctx).Result()
+			if err != nil || !strings.Contains(known, id+" 127.0.0.1:"+strconv.Itoa(replica.Port())+"@") {
+				return false
+			}
+			for line := range strings.SplitSeq(known, "\n") {
+				if strings.HasPrefix(line, id+" ") && !strings.Contains(line, " slave ") {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 // TestClusterInvalidationAfterNodeRemoval: the node the subscription is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -112,6 +113,7 @@ type Subscriber struct {
 	closeErr  error     // of the last PubSub, set before done is closed
 	refusal   string    // the reason last logged by logRefused; run's goroutine only
 	lost      bool      // a node left for its failures was logged since the last subscription; run's goroutine only
+	broken    error     // the last error of a connection or a dial since the last reply; run's goroutine only
 	badLogged time.Time // when logBadID last logged; run's goroutine only
 	badHeld   int64     // bad payloads not logged since; run's goroutine only
 	subs      atomic.Int64
@@ -124,10 +126,6 @@ type Subscriber struct {
 // pingIdle is how many command timeouts a subscription may stay quiet
 // before it is PINGed (3 s by default, as go-redis's own health check).
 const pingIdle = 3
-
-// maxEmptySlotMaps is how often clusterNodes reads a slot map that came
-// back empty.
-const maxEmptySlotMaps = 3
 
 // leaveAfterFailures is how many transport errors in a row (the dropped
 // connection, then go-redis's dials of a new one, 100 ms apart) make a
@@ -240,30 +238,21 @@ func channelMaster(cc *redis.ClusterClient, channel string, wait time.Duration) 
 }
 
 // clusterNodes returns the clients of every node in cc's slot map, read
-// afresh (within wait) when a node answers, in address order. go-redis
-// reads the map from a node it picks at random, and takes an empty answer
-// for the whole map: the answer of a node removed from the cluster and
-// reset (redis-cli's del-node) that still runs, which go-redis keeps
-// among its nodes for a minute. With no node, the membership check found
-// no node to say the cluster works and the subscription stayed on the
-// removed node; so an empty map is read again, up to maxEmptySlotMaps
-// times.
+// afresh (within wait) when a node answers, in address order. A node that
+// knows no slot (removed from the cluster and reset) is not asked for the
+// map: its empty answer made this list empty, and the membership check
+// found no node to say the cluster works (see emptySlotMap).
 func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Duration) []*redis.Client {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var mu sync.Mutex
 	var nodes []*redis.Client
-	for range maxEmptySlotMaps {
-		_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
-			mu.Lock()
-			nodes = append(nodes, c)
-			mu.Unlock()
-			return nil
-		})
-		if len(nodes) > 0 || ctx.Err() != nil {
-			break
-		}
-	}
+	_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, c)
+		mu.Unlock()
+		return nil
+	})
 	slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
 	return nodes
 }
@@ -289,7 +278,13 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node func() *r
 			sub.closeErr = err
 			return
 		}
-		if subscribed && !refused && !left {
+		switch {
+		case !subscribed || refused || left:
+		case sub.broken != nil:
+			// The connection broke and none could be made since: the
+			// PING had nothing to go on, and the reason is the dial's.
+			sub.logger.Warn("redis invalidation: the connection was lost and cannot be made again; retrying", "err", sub.broken.Error())
+		default:
 			sub.logger.Warn("redis invalidation: no reply to PING; replacing the connection", "waited", (sub.idle + sub.timeout).String())
 		}
 		ps, node = sub.open(ctx, n)
@@ -373,6 +368,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 		member = check.C
 	}
 	defer sub.live.Store(false) // ps is closed or replaced next
+	sub.broken = nil
 	pinged := false
 	confirmed := false // the SUBSCRIBE of ps's current connection
 	failures := 0      // transport errors since the last confirmed subscription
@@ -402,6 +398,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 				case !errors.As(m, &rerr):
 					confirmed = false // go-redis dials again, and subscribes again
 					sub.live.Store(false)
+					sub.noteBroken(m)
 					// In a Cluster, to the node go-redis took from the
 					// slot map for the first subscription (the channel
 					// slot's master), which may have been failed over.
@@ -419,6 +416,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			if !sub.handle(msg, &subscribed) {
 				continue
 			}
+			sub.broken = nil
 			pinged = false
 			timer.Reset(sub.idle)
 		case <-timer.C:
@@ -432,11 +430,26 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
 			ctx, cancel := context.WithTimeout(context.Background(), sub.timeout)
-			_ = ps.Ping(ctx)
+			if err := ps.Ping(ctx); err != nil {
+				sub.noteBroken(err) // a new connection for it failed too
+			}
 			cancel()
 			pinged = true
 			timer.Reset(sub.timeout)
 		}
+	}
+}
+
+// noteBroken keeps err as the reason the subscription has no connection,
+// unless it is a timeout and a more telling error came since the last
+// reply: under load a dial may run out of its third of the command timeout
+// before the server's refusal (a certificate not trusted), and "context
+// deadline exceeded" was all the log said.
+func (sub *Subscriber) noteBroken(err error) {
+	var ne net.Error
+	timeout := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	if sub.broken == nil || !timeout {
+		sub.broken = err
 	}
 }
 

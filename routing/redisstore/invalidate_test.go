@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -186,6 +187,67 @@ func TestReconnectDropsCache(t *testing.T) {
 	rt, res, err := c.Get(ctx, []byte("flip"))
 	if err != nil || rt.Public || res != routing.CacheMiss {
 		t.Fatalf("after the reconnect: %v public=%v, %v; want a fresh read of the private route", res, rt != nil && rt.Public, err)
+	}
+}
+
+// TestFailedReconnectIsLoggedWithItsCause: the subscription's connection
+// is dropped and every new one fails (the server's certificate is of a CA
+// the proxy does not trust, or expired; Redis is down). The subscriber
+// gives the PubSub up after its PING got no reply, as it does a
+// connection that hangs, and logged only "no reply to PING": the reason
+// every connection failed was said nowhere, while invalidations were lost.
+// The line must say the failed connection's error instead.
+func TestFailedReconnectIsLoggedWithItsCause(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fail  func(t *testing.T, f mtlsFiles, r *testenv.Redis) // makes every new connection fail
+		cause string
+	}{
+		{"server certificate of an unknown CA", func(t *testing.T, f mtlsFiles, r *testenv.Redis) {
+			other := testenv.NewCA(t, "a CA the proxy does not trust")
+			cert, key := filepath.Join(f.dir, "other.pem"), filepath.Join(f.dir, "other.key")
+			other.WritePair(t, cert, key, "127.0.0.1")
+			serveCertificate(t, r, cert, key)
+		}, "certificate signed by unknown authority"},
+		{"expired server certificate", func(t *testing.T, f mtlsFiles, r *testenv.Redis) {
+			certPEM, keyPEM := f.authority.IssueValid(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour), "127.0.0.1")
+			serveCertificate(t, r, f.write(t, "expired.pem", certPEM), f.write(t, "expired.key", keyPEM))
+		}, "certificate has expired"},
+		{"Redis stopped", func(_ *testing.T, _ mtlsFiles, r *testenv.Redis) { r.Stop() }, "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newMTLSFiles(t)
+			r := testenv.StartRedis(t, append(f.serverArgs(), "--tls-auth-clients", "no")...)
+			s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: f.ca, CommandTimeout: 200 * time.Millisecond})
+			var logs testenv.LogBuffer
+			sub := s.Subscribe(context.Background(), make(recorder, 16), slog.New(slog.NewJSONHandler(&logs, nil)))
+			t.Cleanup(func() { _ = sub.Close() })
+			waitReady(t, sub)
+
+			tc.fail(t, f, r)
+			testenv.Eventually(t, 5*time.Second, func() error {
+				if testenv.CountLines(logs.String(), `"level":"WARN"`, tc.cause) == 0 {
+					return fmt.Errorf("no warning says %q:\n%s", tc.cause, logs.String())
+				}
+				return nil
+			})
+			if strings.Contains(logs.String(), "no reply to PING") {
+				t.Errorf("the failed reconnection is logged as a PING without reply:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// serveCertificate makes r present the pair certFile, keyFile to new TLS
+// connections, and drops its clients' connections, which then connect again.
+func serveCertificate(t *testing.T, r *testenv.Redis, certFile, keyFile string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := r.Client().Do(ctx, "CONFIG", "SET", "tls-cert-file", certFile, "tls-key-file", keyFile).Err(); err != nil {
+		t.Fatalf("config set tls-cert-file and tls-key-file: %v", err)
+	}
+	if err := r.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatalf("client kill: %v", err)
 	}
 }
 

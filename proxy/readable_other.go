@@ -35,6 +35,9 @@ func clientSentMore(net.Conn) bool { return false }
 // while the body is sent is read once the body is (hangups.watchReadable).
 func (c *upstreamConn) answerWaiting() answerSeen { return answerGoesOn }
 
+// wake cannot shut the socket here: the caller closes it.
+func wake(net.Conn) bool { return false }
+
 // initRaw: nothing here looks at the socket itself.
 func (c *upstreamConn) initRaw() error {
 	return errors.New("raw socket access is not supported on this platform")

@@ -321,33 +321,39 @@ func TestDrainCutTunnelLogged(t *testing.T) {
 // then) is cut as it registers, and logged as the drain's: left alone it
 // held Shutdown's unwind, then died unlogged with the process.
 func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
-	t.Run("download", func(t *testing.T) {
-		h, buf := logHarness(t, accesslog.FormatJSON)
-		port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Write([]byte("part"))
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-		}))
-		h.proxy.streams.endSSE()
-		h.proxy.streams.abortAll()
-		req := h.req("GET", h.route("latedl", port), "/", nil)
-		req.Header.Set(HeaderRequestID, "late-download")
-		resp := h.do(req)
-		defer resp.Body.Close()
-		read := make(chan error, 1)
-		go func() { _, err := io.Copy(io.Discard, resp.Body); read <- err }()
-		select {
-		case err := <-read:
-			if err == nil {
-				t.Fatal("the cut download ended cleanly: it would pass for a complete file")
+	// Each framing of a download whose sandbox stays silent after its
+	// first bytes: the one read to the sandbox's close must not pass the
+	// proxy's cut for that close (the cut shuts the sandbox's socket, which
+	// reads as an end of input: upstreamConn.wake).
+	for _, framing := range []struct{ name, reply string }{
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\npart\r\n"},
+		{"content-length", "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\npart"}, // over 64 KiB: streamed
+		{"read to close", "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npart"},
+	} {
+		t.Run("download, "+framing.name, func(t *testing.T) {
+			h, buf := logHarness(t, accesslog.FormatJSON)
+			port, _ := muteSandbox(t, framing.reply)
+			h.proxy.streams.endSSE()
+			h.proxy.streams.abortAll()
+			req := h.req("GET", h.route("latedl", port), "/", nil)
+			req.Header.Set(HeaderRequestID, "late-download")
+			resp := h.do(req)
+			defer resp.Body.Close()
+			read := make(chan error, 1)
+			go func() { _, err := io.Copy(io.Discard, resp.Body); read <- err }()
+			select {
+			case err := <-read:
+				if err == nil {
+					t.Fatal("the cut download ended cleanly: it would pass for a complete file")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a download that started after the drain deadline is still open")
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a download that started after the drain deadline is still open")
-		}
-		if e := buf.waitJSON(t, "late-download"); e["error_code"] != CodeDrainTimeout {
-			t.Errorf("error_code %v, want %s", e["error_code"], CodeDrainTimeout)
-		}
-	})
+			if e := buf.waitJSON(t, "late-download"); e["error_code"] != CodeDrainTimeout {
+				t.Errorf("error_code %v, want %s", e["error_code"], CodeDrainTimeout)
+			}
+		})
+	}
 	t.Run("websocket", func(t *testing.T) {
 		h, buf := logHarness(t, accesslog.FormatJSON)
 		host := h.route("latews", wsBackend(t, make(chan error, 1)))

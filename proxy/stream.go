@@ -644,10 +644,13 @@ func (s *bodyStream) hangUp() {
 
 // interrupt is called by drain (from another goroutine, under the registry
 // lock, so the stream cannot be released meanwhile): it unblocks the
-// pending upstream read.
+// pending upstream read without waiting for the stream to run (wake); the
+// stream closes the connection as it ends.
 func (s *bodyStream) interrupt() {
 	s.conn.interrupted.Store(true)
-	_ = s.conn.Close()
+	if !wake(s.conn.Conn) {
+		_ = s.conn.Close()
+	}
 }
 
 // abort is interrupt at the drain deadline, with the client's side closed
@@ -757,12 +760,25 @@ func (r *registry) removeTunnel(t *tunnel) {
 // has an event id resumes all the same.
 func (r *registry) endSSE() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.draining = true
+	conns := make([]net.Conn, 0, r.streams)
 	for s := r.head; s != nil; s = s.next {
 		if s.resumable {
 			s.stopping.Store(true)
-			s.interrupt()
+			// Set while the stream is listed, so before its release:
+			// its connection is never pooled, and is still the stream's
+			// or closed when it is woken below, after the stream (itself
+			// pooled once it ends) may be gone.
+			s.conn.interrupted.Store(true)
+			conns = append(conns, s.conn.Conn)
+		}
+	}
+	r.mu.Unlock()
+	// Outside the lock, which each stream takes to end: streams end while
+	// the rest are woken.
+	for _, c := range conns {
+		if !wake(c) {
+			_ = c.Close()
 		}
 	}
 }

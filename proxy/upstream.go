@@ -482,6 +482,11 @@ func (ps *pools) abort() {
 	}
 }
 
+// errInterrupted is a read of a sandbox connection the proxy shut under
+// its exchange (upstreamConn.wake): what a read of the closed connection
+// would have failed with, not the sandbox's end of input.
+var errInterrupted = fmt.Errorf("sandbox connection shut by the proxy: %w", net.ErrClosed)
+
 // errDrainCut is the failure of an exchange whose sandbox connection the
 // drain deadline closed (pools.abort).
 var errDrainCut = errors.New("sandbox connection closed at the drain deadline")
@@ -1822,6 +1827,9 @@ func (c *upstreamConn) Read(b []byte) (int, error) {
 	for {
 		hb := c.armRead()
 		n, err := c.Conn.Read(b)
+		if n == 0 && err == io.EOF && c.interrupted.Load() {
+			return 0, errInterrupted // wake's end of input, not the sandbox's
+		}
 		c.nread += int64(n)
 		if n > 0 {
 			c.idleDeadline = time.Time{} // the backend spoke: the next wait counts afresh

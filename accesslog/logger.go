@@ -92,9 +92,18 @@ type Logger struct {
 	dropped atomic.Uint64
 	pool    sync.Pool
 	// queued is the size of the lines handed to the writer and not yet
-	// written; Log drops a line that would take it past maxQueued.
+	// written; Log drops a line that would take it past maxQueued, which
+	// StartDrain may raise.
 	queued    atomic.Int64
-	maxQueued int64
+	maxQueued atomic.Int64
+	// draining is set by StartDrain: a line the queue has no room for then
+	// waits in over (under overMu) for the writer, within maxQueued, and
+	// wake tells the writer so.
+	draining atomic.Bool
+	overMu   sync.Mutex
+	over     []*line
+	overNext int // over[overNext:] wait; those before were taken
+	wake     chan struct{}
 	// logging counts the Log calls between their second look at closed
 	// and the line queued (or dropped); Close waits for it to be 0.
 	logging atomic.Int64
@@ -174,6 +183,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		held:       make(chan struct{}),
+		wake:       make(chan struct{}, 1),
 	}
 	switch cfg.Format {
 	case "", FormatJSON:
@@ -192,7 +202,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		n = DefaultBufferLines
 	}
 	l.lines = make(chan *line, n)
-	l.maxQueued = int64(n) * queuedBytesPerLine
+	l.maxQueued.Store(int64(n) * queuedBytesPerLine)
 	l.pool.New = func() any { return &line{b: make([]byte, 0, initLineSize)} }
 
 	var out io.Writer
@@ -310,8 +320,10 @@ func maxWrite(f *os.File) int {
 
 // Log formats e and queues the line. It never blocks and keeps no reference
 // to e: when the queue is full (the sink stalls), in lines or in bytes, the
-// line is dropped and onDrop called. A line is never dropped for its size
-// alone: with nothing queued it goes through. A line logged once Close has
+// line is dropped and onDrop called (once StartDrain was called, a line
+// the queue has no room for waits beyond it, within the byte budget). A
+// line is never dropped for its size alone: with nothing queued it goes
+// through. A line logged once Close has
 // begun is dropped too; one logged while Close begins is written.
 func (l *Logger) Log(e *Entry) {
 	if l.closed.Load() {
@@ -338,15 +350,69 @@ func (l *Logger) Log(e *Entry) {
 	}
 	ln.b = append(ln.b, '\n')
 	n := int64(len(ln.b))
-	if q := l.queued.Add(n); q > l.maxQueued && q > n {
+	if q := l.queued.Add(n); q > l.maxQueued.Load() && q > n {
 		l.unqueue(ln)
 		return
 	}
 	select {
 	case l.lines <- ln:
 	default:
-		l.unqueue(ln)
+		if !l.overflow(ln) {
+			l.unqueue(ln)
+		}
 	}
+}
+
+// StartDrain tells the logger that the process drains with conns client
+// connections open. Each ends with a line, and many end together (every
+// GET event stream at once) while the writer competes with their
+// goroutines for the CPU, or waits on a slow sink: from now on a line the
+// queue has no room for waits beyond it instead of being dropped, and the
+// queued bytes may reach conns times 2 KiB where that is more than the
+// usual budget (the connections held more). Close then writes them, within
+// the caller's wait. Log still never blocks. Call it once.
+func (l *Logger) StartDrain(conns int) {
+	if b := int64(conns) * queuedBytesPerLine; b > l.maxQueued.Load() {
+		l.maxQueued.Store(b)
+	}
+	l.draining.Store(true)
+}
+
+// overflow queues ln beyond the full queue while the process drains
+// (StartDrain), and reports whether it did. Its lock is held for an
+// append only, by Log, and by the writer to take one line.
+func (l *Logger) overflow(ln *line) bool {
+	if !l.draining.Load() {
+		return false
+	}
+	l.overMu.Lock()
+	l.over = append(l.over, ln)
+	l.overMu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// nextOverflow returns the oldest line queued beyond the queue (overflow),
+// nil when there is none. One at a time: a writer held in a write holds
+// that one line only, and Abandon counts the rest (dropQueued).
+func (l *Logger) nextOverflow() *line {
+	if !l.draining.Load() {
+		return nil
+	}
+	l.overMu.Lock()
+	defer l.overMu.Unlock()
+	if l.overNext == len(l.over) {
+		return nil
+	}
+	ln := l.over[l.overNext]
+	l.over[l.overNext] = nil
+	if l.overNext++; l.overNext == len(l.over) {
+		l.over, l.overNext = l.over[:0], 0
+	}
+	return ln
 }
 
 // unqueue drops a line Log could not queue.
@@ -476,6 +542,9 @@ func (l *Logger) run() {
 			l.write(ln)
 			l.drain()
 			_ = l.flush() // failures are counted as drops
+		case <-l.wake:
+			l.drain()
+			_ = l.flush()
 		case reply := <-l.reopen:
 			l.drain()
 			_ = l.flush() // a failed flush is counted as drops; reopening may cure it
@@ -505,14 +574,22 @@ func (l *Logger) run() {
 	}
 }
 
-// drain writes whatever is queued now, so a burst becomes one flush.
+// drain writes whatever is queued now, so a burst becomes one flush: the
+// queue, then the lines that found it full at a drain (StartDrain).
 func (l *Logger) drain() {
 	for {
 		select {
 		case ln := <-l.lines:
 			l.write(ln)
+			continue
 		default:
+		}
+		ln := l.nextOverflow()
+		if ln == nil {
 			return
+		}
+		for ; ln != nil; ln = l.nextOverflow() {
+			l.write(ln)
 		}
 	}
 }
@@ -524,9 +601,14 @@ func (l *Logger) dropQueued() {
 		select {
 		case ln := <-l.lines:
 			l.unqueue(ln)
+			continue
 		default:
+		}
+		ln := l.nextOverflow()
+		if ln == nil {
 			return
 		}
+		l.unqueue(ln)
 	}
 }
 

@@ -619,6 +619,13 @@ func httpsAuthority(host, port string) string {
 // request still busy gets one more.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	if al := s.p.cfg.AccessLog; al != nil {
+		// Every open connection ends with a line now, the event streams
+		// all at once: the access log keeps those its queue has no room
+		// for, where it dropped them (4,141 of 9,900 streams' lines with a
+		// shipper reading at 3 MB/s).
+		al.StartDrain(int(s.p.clientConns.Load()))
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 	defer cancel()
 

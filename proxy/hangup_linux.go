@@ -150,6 +150,7 @@ func (h *hangups) run() {
 		return
 	}
 	var evs [64]syscall.EpollEvent
+	var conns [len(evs)]net.Conn
 	_ = raw.Read(func(epfd uintptr) bool {
 		for {
 			n, err := syscall.EpollWait(int(epfd), evs[:], 0)
@@ -162,15 +163,27 @@ func (h *hangups) run() {
 			if n == 0 {
 				return false // park until the set is readable again
 			}
+			m := 0
 			h.mu.Lock()
 			for _, ev := range evs[:n] {
 				key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
 				if t := h.watched[key]; t != nil {
 					delete(h.watched, key)
-					t.hangUp()
+					if c := t.hangUp(); c != nil {
+						conns[m] = c
+						m++
+					}
 				}
 			}
 			h.mu.Unlock()
+			// Outside the lock, which every new watch takes: shutting
+			// a socket is a system call that readies the goroutine
+			// waiting on it, and a mass hang-up did 64 of them at a
+			// time under it.
+			for i, c := range conns[:m] {
+				shut(c)
+				conns[i] = nil
+			}
 		}
 	})
 }

@@ -38,6 +38,13 @@ func (c *upstreamConn) answerWaiting() answerSeen { return answerGoesOn }
 // wake cannot shut the socket here: the caller closes it.
 func wake(net.Conn) bool { return false }
 
+// shut closes c; nil: nothing.
+func shut(c net.Conn) {
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
 // initRaw: nothing here looks at the socket itself.
 func (c *upstreamConn) initRaw() error {
 	return errors.New("raw socket access is not supported on this platform")

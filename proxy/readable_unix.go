@@ -232,6 +232,13 @@ func wake(c net.Conn) bool {
 	return serr == nil
 }
 
+// shut wakes c (wake), or closes it where it cannot be shut; nil: nothing.
+func shut(c net.Conn) {
+	if c != nil && !wake(c) {
+		_ = c.Close()
+	}
+}
+
 // rawConn is c's socket, under TLS if need be; nil if it has none.
 func rawConn(c net.Conn) syscall.RawConn {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {

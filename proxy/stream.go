@@ -30,8 +30,11 @@ var errClientGone = errors.New("client connection closed before the stream start
 var errClientLeft = errors.New("client closed the connection")
 
 // hangUpper is what a hangups watch tells of its client's hang-up (under
-// the watch's lock: it is not released meanwhile).
-type hangUpper interface{ hangUp() }
+// the watch's lock: it is not released meanwhile). hangUp returns the
+// sandbox connection to shut once the lock is released (wake), or nil: a
+// mass hang-up shut thousands of sockets under the lock every new stream's
+// watch takes.
+type hangUpper interface{ hangUp() net.Conn }
 
 // bodyStream hands an upstream response body to fasthttp's response writer.
 // fasthttp reads it and writes one chunk per Read, so every piece the
@@ -635,11 +638,14 @@ func resetOnClose(c net.Conn) net.Conn {
 
 // hangUp is called by hangups (under its lock, so the stream cannot be
 // released meanwhile) when the client has closed its connection: it
-// unblocks the pending upstream read, and the stream ends as errClientLeft.
-func (s *bodyStream) hangUp() {
+// returns the sandbox connection, which hangups shuts after the lock to
+// unblock the pending upstream read (interrupted: never pooled, so it is
+// still the stream's or closed by then), and the stream ends as
+// errClientLeft.
+func (s *bodyStream) hangUp() net.Conn {
 	s.clientLeft.Store(true)
 	s.conn.interrupted.Store(true) // never pooled: closed under the stream
-	_ = s.conn.Close()
+	return s.conn.Conn
 }
 
 // interrupt is called by drain (from another goroutine, under the registry

@@ -900,16 +900,16 @@ type earlyAnswer struct {
 // and armed again it would fire at once, and again, while they wait
 // unread. Its write, which a sandbox that reads no more holds until
 // upstream.idle_timeout, is woken to look within clientCheck.
-func (a *earlyAnswer) hangUp() {
+func (a *earlyAnswer) hangUp() net.Conn {
 	c := a.c
 	switch c.answerWaiting() {
 	case answerGoesOn:
-		return
+		return nil
 	case answerUntold:
 		// Before the deadline, as answered below.
 		c.untold.Store(true)
 		_ = c.Conn.SetWriteDeadline(time.Now().Add(clientCheck))
-		return
+		return nil
 	}
 	// Before the deadlines: Write and clientBody.Read look at it after
 	// they set their own.
@@ -919,6 +919,7 @@ func (a *earlyAnswer) hangUp() {
 	if a.body != nil {
 		_ = a.body.ctx.SetReadDeadline(now)
 	}
+	return nil
 }
 
 // answerSeen is what the bytes a sandbox sent while its request body was
@@ -1868,7 +1869,7 @@ func (c *upstreamConn) checkClient() error {
 		return nil
 	}
 	if clientHungUp(c.client) {
-		to.hangUp() // as the watch would have
+		shut(to.hangUp()) // as the watch would have
 		return errClientLeft
 	}
 	c.checkAt = time.Now().Add(clientCheck)
@@ -1888,11 +1889,12 @@ const clientCheck = 100 * time.Millisecond
 
 // hangUp is called by hups (under its lock, so the watch cannot end
 // meanwhile) when the client left while the answer's head was awaited: it
-// unblocks the pending read, and the exchange ends as errClientLeft.
-func (c *upstreamConn) hangUp() {
+// returns the connection to shut, which unblocks the pending read, and the
+// exchange ends as errClientLeft.
+func (c *upstreamConn) hangUp() net.Conn {
 	c.clientGone.Store(true)
 	c.interrupted.Store(true) // never pooled: closed under the exchange
-	_ = c.Conn.Close()
+	return c.Conn
 }
 
 // endClientWait ends the client's watch once the answer's head is in (or

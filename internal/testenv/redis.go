@@ -22,6 +22,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// redisTests bounds the tests of a test binary that run at once under
+// ParallelRedis.
+var redisTests = make(chan struct{}, 4)
+
+// ParallelRedis marks t to run in parallel with the package's other
+// parallel tests (t.Parallel), at most four of them at once in the test
+// binary, whatever go test's -parallel: each starts its own redis-servers
+// (six for a cluster) and mostly waits on them, but sixteen starting
+// together under -race stalled lookups and TLS handshakes past their
+// deadlines. The slot is given back once t and its cleanups are done.
+func ParallelRedis(t *testing.T) {
+	t.Parallel()
+	redisTests <- struct{}{}
+	t.Cleanup(func() { <-redisTests })
+}
+
 // installRedisOnce makes a test binary try apt at most once: many tests
 // start redis-server, and a failed install must not be retried by each.
 var installRedisOnce sync.Once

@@ -53,6 +53,7 @@ func aclDeployments(t *testing.T, rules ...any) map[string]struct {
 // counts as no legacy key, and the store says so once, naming the
 // pattern to grant; the new key answers as before.
 func TestLookupWithoutLegacyKeyACL(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	deployments := aclDeployments(t, "~cube:v1:*", "+hgetall", "+ping", "+cluster|slots")
 	for name, d := range deployments {
@@ -83,6 +84,7 @@ func TestLookupWithoutLegacyKeyACL(t *testing.T) {
 // names the pattern to grant, whether or not it may read the legacy key,
 // and with the legacy key holding a route.
 func TestLookupWithoutRouteKeyACL(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	deployments := aclDeployments(t, "~bypass_host_proxy:*", "~unrelated:*", "+hgetall", "+ping", "+cluster|slots")
 	for name, d := range deployments {
@@ -114,6 +116,7 @@ func TestLookupWithoutRouteKeyACL(t *testing.T) {
 // operator reads it to fix the ACL. It named "+hgetall ~<prefix>*", which
 // the user had already, for every NOPERM of the route key's read.
 func TestLookupNamesTheRefusedCommand(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	rules := []any{"~" + redisstore.DefaultKeyPrefix + "*", "~" + redisstore.DefaultLegacyKeyPrefix + "*", "+hgetall", "+ping"}
 	standalone := testenv.StartRedis(t)

@@ -11,6 +11,7 @@ import (
 // A burst of bad payloads is one line; the next line, badIDLogEvery
 // later, counts what was held back, so the log still says how many.
 func TestBadIDLogCountsSuppressed(t *testing.T) {
+	testenv.ParallelRedis(t)
 	var logs testenv.LogBuffer
 	sub := &Subscriber{logger: slog.New(slog.NewJSONHandler(&logs, nil))}
 	t0 := time.Now()

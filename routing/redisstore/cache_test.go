@@ -58,6 +58,7 @@ func getAll(c *routing.Cache, n int, ids []string, want error) error {
 // reach Redis once (singleflight in the cache; the store pipelines the
 // HGETALL of the new key and of the legacy one).
 func TestCacheOneHGETALLPerMiss(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	hset(t, r, redisstore.DefaultKeyPrefix+"hot", controlPlaneFields("10.0.0.5")...)
@@ -75,6 +76,7 @@ func TestCacheOneHGETALLPerMiss(t *testing.T) {
 // the new key and one of the legacy key per id (a miss must read both), and
 // nothing more while the negative entries live.
 func TestCacheUnknownIDs(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	// A long negative TTL keeps the count exact on a slow machine.
@@ -110,6 +112,7 @@ func cachedRoute(t *testing.T) (*testenv.Redis, *routing.Cache, *fakeClock) {
 // TestCacheRedisDown: with Redis killed a cached but expired route is served
 // stale, an uncached id fails fast, and after a restart everything works again.
 func TestCacheRedisDown(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r, c, clock := cachedRoute(t)
 
 	r.Stop()
@@ -144,6 +147,7 @@ func TestCacheRedisDown(t *testing.T) {
 // about the budget. The stall ends in the store's deadline or the cache's
 // own timer, a path TestCacheRedisDown (a refused dial) never takes.
 func TestCacheRedisStalled(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r, c, clock := cachedRoute(t)
 
 	r.Pause()

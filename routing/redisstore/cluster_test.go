@@ -37,6 +37,7 @@ func startOneNodeCluster(t *testing.T, args ...string) *testenv.Redis {
 // TestCluster runs the store, the legacy fallback and invalidation against a
 // one-node Redis Cluster that owns every slot.
 func TestCluster(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := startOneNodeCluster(t)
 
@@ -78,6 +79,7 @@ func TestCluster(t *testing.T) {
 // TestClusterInvalidationAfterFailedOverNodeRemoval failed, 2 of 35 runs).
 // The map of a node that knows no slot must be skipped for another's.
 func TestClusterSkipsEmptySlotMap(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	a := startOneNodeCluster(t)
 	removed := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
@@ -151,6 +153,7 @@ func onNodeA(t *testing.T, a *testenv.Redis, key string) bool {
 // one pipeline, which go-redis splits by node, and the answer must be what
 // the two reads in turn would give.
 func TestClusterKeysOnTwoNodes(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	a, _, split := startTwoNodeCluster(t)
 	writer := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.Addr()}})
@@ -194,6 +197,7 @@ func TestClusterKeysOnTwoNodes(t *testing.T) {
 // 1/3 whose route is on the hung master) waited out the 1 s budget and was
 // a 503 store_unavailable until the failover.
 func TestClusterLegacyKeyOnHungNode(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	a, b, split := startTwoNodeCluster(t)
 	var newOnA []string // new key on a, legacy key on b
@@ -236,6 +240,7 @@ func TestClusterLegacyKeyOnHungNode(t *testing.T) {
 // with three masters) waited it out and answered the admin call 503
 // invalidation_not_published.
 func TestClusterPublishWithHungMaster(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	a, b, _ := startTwoNodeCluster(t)
 	const budget = time.Second
@@ -282,6 +287,7 @@ func TestClusterPublishWithHungMaster(t *testing.T) {
 // command. The README's ACL for the proxy user must allow it: without it
 // every lookup of such a key failed NOPERM (a 503) until the move ended.
 func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	rules := readmeACLRules(t)
 	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
@@ -401,6 +407,7 @@ func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *test
 // in a measured run. Lookups must work again, and invalidations arrive,
 // within seconds of the promotion.
 func TestClusterFollowsFailover(t *testing.T) {
+	testenv.ParallelRedis(t)
 	for _, tc := range []struct {
 		name string
 		fail func(*testing.T, *testenv.Redis)
@@ -480,6 +487,7 @@ func TestClusterLookupRetries(t *testing.T) {
 // failed (503) until its periodic reload, up to a minute (25 s measured
 // with three proxies). They must work again within seconds.
 func TestClusterFollowsNodeRemoval(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
 	s, id := storeWithRouteOnFirstMaster(t, masters)
@@ -568,6 +576,7 @@ func waitReplicaKnown(t *testing.T, replica *testenv.Redis, nodes []*testenv.Red
 // proxies: 6 of 8 announced changes not applied after 3 s). The
 // subscription must move to a node of the cluster within seconds.
 func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
+	testenv.ParallelRedis(t)
 	masters, replica := startFailoverCluster(t)
 	rec := subscribedToCluster(t, masters)
 
@@ -590,6 +599,7 @@ func TestClusterInvalidationAfterNodeRemoval(t *testing.T) {
 // node for as long as it ran (measured on the binary over TLS: 0 of 300
 // changes applied in 25 s, 769 stale answers, the gauge at 1).
 func TestClusterInvalidationAfterFailedOverNodeRemoval(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
 	rec := subscribedToCluster(t, masters)
@@ -647,6 +657,7 @@ func subscribedHere(t *testing.T, r *testenv.Redis) bool {
 // tokens included, were served from the cache (measured: a rotated token
 // still accepted after 20 s, and until the route's TTL).
 func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
 	for _, n := range append(slices.Clone(masters), replica) {
@@ -670,6 +681,7 @@ func TestClusterInvalidationWithoutChannelSlotOwner(t *testing.T) {
 // by default), every invalidation published meanwhile lost. It must move
 // to a live node within a second or two.
 func TestClusterInvalidationFromKilledNode(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
 	for _, n := range append(slices.Clone(masters), replica) {
@@ -720,6 +732,7 @@ func publishUntilReceived(t *testing.T, c *redis.Client, rec recorder, since tim
 // (the dead master among them, where nothing arrives until the PING
 // fails), the subscription missed invalidations published meanwhile.
 func TestClusterInvalidationWhileClusterDown(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	masters, replica := startFailoverCluster(t)
 	rec := subscribedToCluster(t, masters)

@@ -17,6 +17,7 @@ import (
 )
 
 func TestValidate(t *testing.T) {
+	testenv.ParallelRedis(t)
 	tests := []struct {
 		name string
 		cfg  redisstore.Config
@@ -53,6 +54,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestConfigYAML(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const doc = `
 addr: 127.0.0.1:6379
 password: pw
@@ -97,6 +99,7 @@ func must(b []byte, err error) []byte {
 
 // TestAuthAndDB: password and db index reach the server, from fields and from a URL.
 func TestAuthAndDB(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t, "--requirepass", "s3cret")
 	admin := redisstore.Config{Addr: r.Addr(), Password: "s3cret", DB: 5}
 	seed, err := redisstore.NewClient(admin)
@@ -134,6 +137,7 @@ func TestAuthAndDB(t *testing.T) {
 // Authentication required" and nothing pointed at the URL's form; the
 // store now says so once when it opens, without quoting the name.
 func TestURLWithALoneName(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t, "--requirepass", "s3cret-lone")
 	for _, tc := range []struct {
 		name string
@@ -165,6 +169,7 @@ func TestURLWithALoneName(t *testing.T) {
 // nor the values of its query options (where an operator may have put
 // one): the error ends up in the process's log.
 func TestBadURLErrorHidesPassword(t *testing.T) {
+	testenv.ParallelRedis(t)
 	for _, raw := range []string{
 		"redis://default:hunter2%zz@redis:6379/0", // a raw % in the password
 		"redis://default:hunter2@redis:6379/0%zz",
@@ -197,6 +202,7 @@ func TestBadURLErrorHidesPassword(t *testing.T) {
 // A URL whose '@' is in its authority, or a unix socket's path, is not
 // taken for a password cut by a raw '/', '?' or '#' (CheckURL).
 func TestURLWithAtOutsideAPassword(t *testing.T) {
+	testenv.ParallelRedis(t)
 	for _, tc := range []struct {
 		raw, addr, password string
 	}{
@@ -229,6 +235,7 @@ func TestURLWithAtOutsideAPassword(t *testing.T) {
 // server, a Sentinel-managed one and a Cluster. The client's cosmetic
 // CLIENT SETNAME must not make Redis refuse them.
 func TestLeastPrivilegeACLUser(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	rules := readmeACLRules(t)
 	d := aclDeployments(t, rules...)

@@ -56,6 +56,7 @@ func expectID(t testing.TB, rec recorder, want string) {
 // TestInvalidationAcrossInstances: two proxy instances share one Redis; a
 // publish through instance A makes both drop the entry, so B re-reads Redis.
 func TestInvalidationAcrossInstances(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	key := redisstore.DefaultKeyPrefix + "sbx"
 	hset(t, r, key, "HostIP", "10.0.0.1", "50005", "30001")
@@ -102,6 +103,7 @@ func TestInvalidationAcrossInstances(t *testing.T) {
 // TestInvalidationSurvivesRestart: after redis-server restarts, the
 // subscriber resubscribes by itself and applies messages again.
 func TestInvalidationSurvivesRestart(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	rec := make(recorder, 16)
@@ -127,6 +129,7 @@ func TestInvalidationSurvivesRestart(t *testing.T) {
 // TestSubscriberStops: cancelling the context unsubscribes and ends the loop;
 // bad payloads are ignored without reaching the cache.
 func TestSubscriberStops(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	rec := make(recorder, 16)
@@ -160,6 +163,7 @@ func TestSubscriberStops(t *testing.T) {
 // was disconnected is lost, and it may have made a sandbox private; the
 // resubscription expires the cache, so the next request reads Redis again.
 func TestReconnectDropsCache(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	key := redisstore.DefaultKeyPrefix + "flip"
 	hset(t, r, key, "HostIP", "10.0.0.1", "50005", "30001")
@@ -256,6 +260,7 @@ func serveCertificate(t *testing.T, r *testenv.Redis, certFile, keyFile string) 
 // routes fine but never subscribes; that must not go unnoticed, since
 // other instances' invalidations are then never applied here.
 func TestSubscribeDeniedIsLogged(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
 		t.Fatal(err)
@@ -279,6 +284,7 @@ func TestSubscribeDeniedIsLogged(t *testing.T) {
 // expired route is while the store fails, instead of every sandbox
 // answering 503 for as long as the dataset takes to load.
 func TestRestartWhileLoadingServesCached(t *testing.T) {
+	testenv.ParallelRedis(t)
 	// 4000 keys at 500 µs each: about 2 s of LOADING, answered every 1 KiB.
 	r := testenv.StartRedis(t, "--key-load-delay", "500", "--loading-process-events-interval-bytes", "1024")
 	ctx := context.Background()
@@ -334,6 +340,7 @@ func TestRestartWhileLoadingServesCached(t *testing.T) {
 // serving copies Redis no longer confirms (one may have been made private
 // or deleted meanwhile). The README tells operators to persist the data.
 func TestRestartWithoutDataForgetsRoutes(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	ctx := context.Background()
 	hset(t, r, redisstore.DefaultKeyPrefix+"gone", "HostIP", "10.0.0.1", "50005", "30001")
@@ -360,6 +367,7 @@ func TestRestartWithoutDataForgetsRoutes(t *testing.T) {
 // again on the next Receive. The subscriber must pause between attempts as
 // it does while Redis is down: it dialled about 1,600 times a second.
 func TestSubscriberPausesWhenConnectingIsRefused(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	if err := r.Client().Do(context.Background(), "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "allchannels").Err(); err != nil {
 		t.Fatal(err)
@@ -409,6 +417,7 @@ func connectionsReceived(t testing.TB, r *testenv.Redis) int {
 // and after an ACL change said nothing at all. The refusal must be logged
 // with Redis's reason, and the subscription taken once the ACL allows it.
 func TestRefusedSubscriptionIsRetried(t *testing.T) {
+	testenv.ParallelRedis(t)
 	for _, tc := range []struct {
 		name     string
 		channels string // the user's channel rule when the subscriber starts
@@ -462,6 +471,7 @@ func TestRefusedSubscriptionIsRetried(t *testing.T) {
 // the user needs, and a hint at the channel sent the operator to fix what
 // was not broken.
 func TestRefusedSubscriptionNamesTheRule(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -498,6 +508,7 @@ func TestRefusedSubscriptionNamesTheRule(t *testing.T) {
 // permissions to run the 'publish' command" or "to access one of the
 // channels used as arguments", in the admin API's 503 and the log.
 func TestRefusedPublishNamesTheRule(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -531,6 +542,7 @@ func TestRefusedPublishNamesTheRule(t *testing.T) {
 // which drops lines its output cannot take in time, lost others among
 // them. One line stands for a burst; the valid ids around it still apply.
 func TestBadIDFloodLogsOnce(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	rec := make(recorder, 16)

@@ -19,6 +19,7 @@ import (
 // after the start must still find the line, and the count tells them how
 // many lookups read the legacy key as absent meanwhile.
 func TestLegacyRefusalRepeatsHourlyWithCount(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	if err := r.Client().Do(ctx, "ACL", "SETUSER", "newonly", "on", ">pw", "resetkeys", "resetchannels", "-@all",

@@ -15,6 +15,7 @@ import (
 // failure is logged, then at most one line every warnEvery with the
 // failures since the last, and one line when the heartbeat recovers.
 func TestRegistryHeartbeatFailuresRateLimited(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	rs := testenv.StartRedis(t)
 	var logs testenv.LogBuffer

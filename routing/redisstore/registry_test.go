@@ -14,6 +14,7 @@ import (
 )
 
 func TestRegistry(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
@@ -70,6 +71,7 @@ func TestRegistry(t *testing.T) {
 }
 
 func TestRegistryNeedsID(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	if _, err := redisstore.StartRegistry(r.Client(), redisstore.RegistryConfig{}, time.Second, redisstore.Instance{}, nil); err == nil {
 		t.Fatal("StartRegistry with empty proxy_id succeeded")
@@ -78,6 +80,7 @@ func TestRegistryNeedsID(t *testing.T) {
 
 // TestRegistryOffByDefault: Store.StartRegistry does nothing unless enabled.
 func TestRegistryOffByDefault(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	inst := redisstore.Instance{ProxyID: "p"}
@@ -108,6 +111,7 @@ func TestRegistryOffByDefault(t *testing.T) {
 // Redis that hangs (a shutdown took the heartbeat's command timeout, and
 // twice that when a tick that fired meanwhile started another).
 func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
+	testenv.ParallelRedis(t)
 	hung := testenv.StartSilentServer(t) // a Redis that takes connections and never answers
 	// As the store configures it: command deadlines come from the context.
 	client := redis.NewClient(&redis.Options{Addr: hung.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
@@ -133,6 +137,7 @@ func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
 // or subscription does; the warning said only Redis's "no permissions to
 // run the 'zadd' command" or "to access one of the keys".
 func TestRegistryRefusedNamesTheRule(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	keys := "~" + redisstore.DefaultRegistryHash + " ~" + redisstore.DefaultRegistryZSet

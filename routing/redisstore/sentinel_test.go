@@ -17,6 +17,7 @@ import (
 // TestSentinelFailover: the store follows a Sentinel failover; routes keep
 // resolving and writes (registry, control plane) land on the new master.
 func TestSentinelFailover(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const name = "cubemaster"
 	ctx := context.Background()
 	master, replica, sentinel, sc := startSentinelSet(t, name)
@@ -68,6 +69,7 @@ func TestSentinelFailover(t *testing.T) {
 // takes writes would otherwise lose every invalidation until the kernel
 // gives up on it, many minutes later.
 func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const name = "cubemaster"
 	ctx := context.Background()
 	master, replica, sentinel, sc := startSentinelSet(t, name)
@@ -114,6 +116,7 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 // expires the cache, since invalidations published meanwhile were lost;
 // later ones arrive.
 func TestInvalidationFollowsCleanFailover(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const name = "cubemaster"
 	ctx := context.Background()
 	_, replica, sentinel, sc := startSentinelSet(t, name)
@@ -181,6 +184,7 @@ func waitPromoted(t *testing.T, ctx context.Context, sc *redis.SentinelClient, n
 // the whole dial budget (tls.DialWithDialer ignores the context), and 3
 // to 40 of 40 lookups failed, against 2 without TLS.
 func TestHungSentinelIsReplaced(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const name = "cubemaster"
 	caFile, certFile, keyFile := writeTLSFiles(t)
 	for _, tc := range []struct {

@@ -20,6 +20,7 @@ import (
 )
 
 func TestLookup(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStore(t, r)
 	newKey := func(id string) string { return redisstore.DefaultKeyPrefix + id }
@@ -101,6 +102,7 @@ func TestLookup(t *testing.T) {
 }
 
 func TestLookupCustomPrefixAndNoLegacy(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), KeyPrefix: "p:", DisableLegacy: true})
 	hset(t, r, "p:a", "HostIP", "10.1.0.1")
@@ -121,6 +123,7 @@ func TestLookupCustomPrefixAndNoLegacy(t *testing.T) {
 // server that accepts connections but never answers both fail within the
 // 1 s command budget (plus scheduling slack).
 func TestLookupUnavailable(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	dead := openStore(t, r)
 	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
@@ -155,6 +158,7 @@ func TestLookupUnavailable(t *testing.T) {
 // fast and probes the server once a second in the background; lookups must
 // work again within about a second of Redis returning, without a restart.
 func TestLookupRecoversAfterOutage(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), PoolSize: 4})
 	r.Stop()
@@ -251,6 +255,7 @@ func turnProxy(t *testing.T, target string) (addr string, turns *atomic.Int64) {
 // id (a deleted sandbox, a random name under the wildcard domain) took
 // two. The answers are those of TestLookup.
 func TestLookupOneRoundTrip(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	hset(t, r, redisstore.DefaultKeyPrefix+"new", "HostIP", "10.0.0.1")
 	hset(t, r, redisstore.DefaultLegacyKeyPrefix+"old", "HostIP", "10.0.0.2")
@@ -278,6 +283,7 @@ func TestLookupOneRoundTrip(t *testing.T) {
 // whether or not the legacy key is read too. go-redis leaves an error met
 // while connecting on neither command of a pipeline.
 func TestLookupRefusedIsNotNotFound(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t, "--requirepass", "right")
 	for _, legacy := range []bool{true, false} {
 		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
@@ -294,6 +300,7 @@ func TestLookupRefusedIsNotNotFound(t *testing.T) {
 // TestLookupRetriesTransportErrors: a transport error is retried at most
 // twice, each time on a new connection.
 func TestLookupRetriesTransportErrors(t *testing.T) {
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	hset(t, r, redisstore.DefaultKeyPrefix+"x", "HostIP", "10.0.0.1")
 	for _, tc := range []struct {
@@ -321,6 +328,7 @@ func TestLookupRetriesTransportErrors(t *testing.T) {
 // saved on every cold lookup), so the later-deadline case is the one that
 // keeps its own bound honest.
 func TestLookupBoundedUnderCallersDeadline(t *testing.T) {
+	testenv.ParallelRedis(t)
 	const bound = time.Second
 	silent := testenv.StartSilentServer(t) // accepts connections, never answers
 	s := openStoreCfg(t, redisstore.Config{Addr: silent.Addr, CommandTimeout: bound})

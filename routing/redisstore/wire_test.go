@@ -15,6 +15,7 @@ import (
 // during a migration) shares the invalidation channel, and operators' tools
 // read the registry.
 func TestWireNames(t *testing.T) {
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	c := r.Client()

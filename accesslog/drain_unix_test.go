@@ -3,9 +3,7 @@
 package accesslog
 
 import (
-	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,11 +20,8 @@ func TestAbandonCountsLinesBeyondTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := sync.OnceFunc(func() { go io.Copy(io.Discard, rd) })
+	release := holdWriter(t, l, rd)
 	t.Cleanup(func() { release(); l.Close() })
-	l.file.Fd() // blocking mode: the write waits in the kernel, not in the poller
-	l.Log(&Entry{Time: testTime, RequestID: "held"})
-	testenv.WaitFor(t, 5*time.Second, "the writer in the write", func() bool { return l.pending.Load() == 1 && len(l.lines) == 0 })
 	l.StartDrain(100)
 	const queued = 20
 	for range queued {
@@ -35,12 +30,7 @@ func TestAbandonCountsLinesBeyondTheQueue(t *testing.T) {
 	if l.Dropped() != 0 {
 		t.Fatalf("%d lines dropped while draining, want them queued", l.Dropped())
 	}
-	closed := make(chan error, 1)
-	go func() { closed <- l.Close() }()
-	testenv.WaitFor(t, 5*time.Second, "Close waiting on the held writer", l.closed.Load)
-	if l.Abandon(50 * time.Millisecond) {
-		t.Fatal("Abandon reports the writer ended, while the kernel holds it")
-	}
+	closed := abandonHeld(t, l)
 	if l.Dropped() != queued {
 		t.Errorf("%d lines dropped, want the %d queued", l.Dropped(), queued)
 	}

@@ -291,24 +291,12 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 func TestAbandonSaysHeldWriter(t *testing.T) {
 	fifo, rd := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
 	l, plog := cubeLogTo(t, fifo)
-	// The kernel lets the write go once the pipe is read: the writer
-	// ends. Run before cubeLogTo's Close should the test fail early.
-	release := sync.OnceFunc(func() { go io.Copy(io.Discard, rd) })
-	t.Cleanup(release)
-	l.file.Fd() // blocking mode: the write waits in the kernel, not in the poller
-	l.Log(&Entry{Time: testTime, RequestID: "held"})
-	testenv.WaitFor(t, 5*time.Second, "the writer in the write", func() bool { return l.pending.Load() == 1 && len(l.lines) == 0 })
+	release := holdWriter(t, l, rd)
 	const queued = 5
 	for range queued {
 		l.Log(&Entry{Time: testTime})
 	}
-	closed := make(chan error, 1)
-	go func() { closed <- l.Close() }()
-	testenv.WaitFor(t, 5*time.Second, "Close waiting on the held writer", l.closed.Load)
-
-	if l.Abandon(50 * time.Millisecond) {
-		t.Fatal("Abandon reports the writer ended, while the kernel holds it")
-	}
+	closed := abandonHeld(t, l)
 	if l.Dropped() != queued {
 		t.Errorf("%d lines dropped, want the %d queued", l.Dropped(), queued)
 	}
@@ -363,4 +351,33 @@ func TestRemovedFIFOStillCarriesLines(t *testing.T) {
 	if got := plog.records(t, "access log file was deleted"); len(got) != 0 {
 		t.Errorf("the FIFO's removal said as a loss: %v", got)
 	}
+}
+
+// holdWriter has l, writing to a FIFO whose reader rd reads nothing, take
+// one line into a write the kernel holds (in blocking mode, not in the
+// poller), and returns what lets the write go: reading the FIFO. It is
+// let go at the test's end too, before a cleanup's Close registered
+// after it, should the test fail early.
+func holdWriter(t *testing.T, l *Logger, rd io.Reader) (release func()) {
+	t.Helper()
+	release = sync.OnceFunc(func() { go io.Copy(io.Discard, rd) })
+	t.Cleanup(release)
+	l.file.Fd() // blocking mode
+	l.Log(&Entry{Time: testTime, RequestID: "held"})
+	testenv.WaitFor(t, 5*time.Second, "the writer in the write", func() bool { return l.pending.Load() == 1 && len(l.lines) == 0 })
+	return release
+}
+
+// abandonHeld closes l while its writer is held (holdWriter), abandons it,
+// which must report that the writer did not end, and returns Close's
+// result, which comes once the write is let go.
+func abandonHeld(t *testing.T, l *Logger) <-chan error {
+	t.Helper()
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	testenv.WaitFor(t, 5*time.Second, "Close waiting on the held writer", l.closed.Load)
+	if l.Abandon(50 * time.Millisecond) {
+		t.Fatal("Abandon reports the writer ended, while the kernel holds it")
+	}
+	return closed
 }

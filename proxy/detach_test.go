@@ -726,33 +726,7 @@ func TestDetachedStreamHoldsNoBufferOnFramingAlone(t *testing.T) {
 func TestDrainedStreamsTakeNoReader(t *testing.T) {
 	h := newHarness(t)
 	const streams = 8
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f := sseHeaders(w)
-		fmt.Fprint(w, "data: first\n\n")
-		f.Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	host := h.route("drainreader", port)
-	bodies := make([]io.Reader, streams)
-	for i := range bodies {
-		pc := h.dialProxy(t)
-		_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(pc.c, "GET /e HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", host)
-		resp, err := http.ReadResponse(pc.br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		br := bufio.NewReader(resp.Body)
-		if ev, err := readEvent(br); err != nil || ev != "data: first\n" {
-			t.Fatalf("stream %d: first event %q, %v", i, ev, err)
-		}
-		bodies[i] = br
-	}
+	bodies, _ := heldStreams(t, h, "drainreader", streams)
 	testenv.WaitFor(t, 5*time.Second, "idle streams to release their readers", func() bool {
 		open, _ := h.proxy.streams.open()
 		return open == streams && h.proxy.readersOut.Load() == 0
@@ -792,29 +766,8 @@ func TestDrainedStreamsTakeNoReader(t *testing.T) {
 // clean end.
 func TestDrainEndsStreamsWithoutWaitingForThem(t *testing.T) {
 	h := newHarness(t)
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f := sseHeaders(w)
-		fmt.Fprint(w, "data: first\n\n")
-		f.Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	host := h.route("drainwait", port)
-	pc := h.dialProxy(t)
-	_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(pc.c, "GET /e HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", host)
-	resp, err := http.ReadResponse(pc.br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := bufio.NewReader(resp.Body)
-	if ev, err := readEvent(body); err != nil || ev != "data: first\n" {
-		t.Fatalf("first event %q, %v", ev, err)
-	}
+	bodies, _ := heldStreams(t, h, "drainwait", 1)
+	body := bodies[0]
 	testenv.WaitFor(t, 5*time.Second, "the stream to wait for its next event", func() bool {
 		open, _ := h.proxy.streams.open()
 		return open == 1 && h.proxy.readersOut.Load() == 0
@@ -846,4 +799,40 @@ func TestDrainEndsStreamsWithoutWaitingForThem(t *testing.T) {
 		open, _ := h.proxy.streams.open()
 		return open == 0 && h.proxy.readersOut.Load() == 0
 	})
+}
+
+// heldStreams opens n SSE streams through h to a sandbox, routed as name,
+// that sends each one event and then holds it open until the test ends or
+// its client leaves, and returns their bodies, each read past that event,
+// and their client connections.
+func heldStreams(t *testing.T, h *harness, name string, n int) ([]*bufio.Reader, []net.Conn) {
+	t.Helper()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := sseHeaders(w)
+		fmt.Fprint(w, "data: first\n\n")
+		f.Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	host := h.route(name, port)
+	bodies, conns := make([]*bufio.Reader, n), make([]net.Conn, n)
+	for i := range bodies {
+		pc := h.dialProxy(t)
+		conns[i] = pc.c
+		_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(pc.c, "GET /e HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", host)
+		resp, err := http.ReadResponse(pc.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[i] = bufio.NewReader(resp.Body)
+		if ev, err := readEvent(bodies[i]); err != nil || ev != "data: first\n" {
+			t.Fatalf("stream %d: first event %q, %v", i, ev, err)
+		}
+	}
+	return bodies, conns
 }

@@ -300,28 +300,7 @@ func TestClientGoneWhileSmallBodyIsReadEndsRequest(t *testing.T) {
 // given up, while it is held.
 func TestHangUpShutsSocketsOutsideWatchLock(t *testing.T) {
 	h := newHarness(t)
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f := sseHeaders(w)
-		fmt.Fprint(w, "data: first\n\n")
-		f.Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	host := h.route("hupheld", port)
-	pc := h.dialProxy(t)
-	_ = pc.c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(pc.c, "GET /e HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", host)
-	resp, err := http.ReadResponse(pc.br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ev, err := readEvent(bufio.NewReader(resp.Body)); err != nil || ev != "data: first\n" {
-		t.Fatalf("first event %q, %v", ev, err)
-	}
+	_, conns := heldStreams(t, h, "hupheld", 1)
 	testenv.WaitFor(t, 5*time.Second, "the stream to be watched for its client's hang-up", func() bool {
 		open, _ := h.proxy.streams.open()
 		return open == 1 && h.proxy.readersOut.Load() == 0 && watchedHangups(h.proxy.hangups) == 1
@@ -335,7 +314,7 @@ func TestHangUpShutsSocketsOutsideWatchLock(t *testing.T) {
 	go func() { _ = raw.Control(func(uintptr) { close(held); <-letGo }) }()
 	<-held
 	defer close(letGo)
-	_ = pc.c.Close()
+	_ = conns[0].Close()
 	// Not watchedHangups: it takes the lock.
 	testenv.WaitFor(t, 5*time.Second, "the stream whose client left to end while its socket is held", func() bool {
 		open, _ := h.proxy.streams.open()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -39,20 +40,19 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var d net.Dialer
-	// AllocsPerRun counts the process's allocations, another goroutine's
-	// too (a clean-clone run once counted 3 more for the proxied connects,
-	// 26 against 23, that no run alone repeats): the least of three runs
-	// of each, taken in turn, is each connect's own.
+	// Counted as AllocsPerRun does, the process's allocations, another
+	// goroutine's too: the least of three runs of each, taken in turn, is
+	// each connect's own.
 	var plain, proxied float64
 	for i := range 3 {
-		pl := testing.AllocsPerRun(200, func() {
+		pl := allocsPerRun(200, func() {
 			c, err := d.DialContext(ctx, "tcp", addr)
 			if err != nil {
 				t.Fatal(err)
 			}
 			c.Close()
 		})
-		px := testing.AllocsPerRun(200, func() {
+		px := allocsPerRun(200, func() {
 			c, err := p.dial(addr)
 			if err != nil {
 				t.Fatal(err)
@@ -67,10 +67,27 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 		}
 	}
 	// The upstreamConn and the connect's context.
-	if extra := proxied - plain; extra > 2 {
-		t.Errorf("a sandbox connect allocates %v times, %v more than a plain cancelable connect with a deadline (%v); want at most 2",
+	if extra := proxied - plain; extra > 2.5 {
+		t.Errorf("a sandbox connect allocates %.2f times, %.2f more than a plain cancelable connect with a deadline (%.2f); want 2",
 			proxied, extra, plain)
 	}
+}
+
+// allocsPerRun is testing.AllocsPerRun without its rounding down of the
+// average: a plain connect's 23.9 came out 23 in one run of three in the
+// -run Alloc stage, 24 in the others, and a sandbox connect's 26.0 then
+// counted 3 more instead of 2.
+func allocsPerRun(runs int, f func()) float64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f() // as AllocsPerRun, a first run outside the count
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	before := m.Mallocs
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&m)
+	return float64(m.Mallocs-before) / float64(runs)
 }
 
 // bareProxy is a Proxy on an empty memory store with a discarding logger,

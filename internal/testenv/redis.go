@@ -333,6 +333,7 @@ func (r *Redis) Log() string {
 
 func (r *Redis) start() error {
 	cmd := exec.Command(r.bin, r.args...)
+	dieWithTest(cmd)
 	var stderr strings.Builder
 	cmd.Stdout = &stderr
 	cmd.Stderr = &stderr

@@ -774,12 +774,7 @@ func TestDrainEndsStreamsWithoutWaitingForThem(t *testing.T) {
 	})
 
 	r := &h.proxy.streams
-	r.mu.Lock()
-	raw := rawConn(r.head.conn.Conn)
-	r.mu.Unlock()
-	held, letGo := make(chan struct{}), make(chan struct{})
-	go func() { _ = raw.Control(func(uintptr) { close(held); <-letGo }) }()
-	<-held
+	letGo := holdStreamSocket(h)
 	ended := make(chan struct{})
 	go func() {
 		r.endSSE()
@@ -790,7 +785,7 @@ func TestDrainEndsStreamsWithoutWaitingForThem(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("the drain's end of the streams waited for another holder of a stream's sandbox socket")
 	}
-	close(letGo)
+	letGo()
 	<-ended
 	if rest, err := io.ReadAll(body); err != nil || len(rest) != 0 {
 		t.Fatalf("%q, %v; want a clean end", rest, err)
@@ -835,4 +830,21 @@ func heldStreams(t *testing.T, h *harness, name string, n int) ([]*bufio.Reader,
 		}
 	}
 	return bodies, conns
+}
+
+// holdStreamSocket takes a reference to the sandbox socket of h's first
+// listed stream, as the stream's own read does until it runs, and returns
+// what lets it go (at the test's end too): a close of the socket waits
+// for it meanwhile.
+func holdStreamSocket(h *harness) (letGo func()) {
+	r := &h.proxy.streams
+	r.mu.Lock()
+	raw := rawConn(r.head.conn.Conn)
+	r.mu.Unlock()
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() { _ = raw.Control(func(uintptr) { close(held); <-release }) }()
+	<-held
+	letGo = sync.OnceFunc(func() { close(release) })
+	h.t.Cleanup(letGo)
+	return letGo
 }

@@ -306,14 +306,7 @@ func TestHangUpShutsSocketsOutsideWatchLock(t *testing.T) {
 		return open == 1 && h.proxy.readersOut.Load() == 0 && watchedHangups(h.proxy.hangups) == 1
 	})
 
-	r := &h.proxy.streams
-	r.mu.Lock()
-	raw := rawConn(r.head.conn.Conn)
-	r.mu.Unlock()
-	held, letGo := make(chan struct{}), make(chan struct{})
-	go func() { _ = raw.Control(func(uintptr) { close(held); <-letGo }) }()
-	<-held
-	defer close(letGo)
+	holdStreamSocket(h)
 	_ = conns[0].Close()
 	// Not watchedHangups: it takes the lock.
 	testenv.WaitFor(t, 5*time.Second, "the stream whose client left to end while its socket is held", func() bool {

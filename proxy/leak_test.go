@@ -877,7 +877,7 @@ func TestLeakEveryWayAnExchangeEnds(t *testing.T) {
 
 // So does every timeout.
 func TestLeakTimeouts(t *testing.T) {
-	t.Parallel()
+	// Not t.Parallel: it looks at every goroutine of the process.
 	e := newLeakEnv(t, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = 300 * time.Millisecond
 		o.cfg.HeartbeatInterval = 100 * time.Millisecond

@@ -781,7 +781,7 @@ func TestDrainDeadlineLogged(t *testing.T) {
 // a minute), so the process held its unwind for it and then exited under
 // it, reset and unlogged.
 func TestDrainCutsRequestsStalledBeforeTheHandler(t *testing.T) {
-	t.Parallel()
+	// Not t.Parallel: it looks at every goroutine of the process.
 	const drain = 300 * time.Millisecond
 	sandbox := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -35,7 +35,8 @@ test:
 	# stack test skip under -race (it changes allocation counts, memory and
 	# stacks; config's TestMakefileRunsEveryRaceSkippedTest holds every such
 	# test to a line here): run here. The sizing measures
-	# each kind in a proxy process of its own: what earlier tests or kinds
+	# each kind in a proxy process of its own, two at a time (the figures
+	# are per process, and held the same): what earlier tests or kinds
 	# leave in the runtime and in fasthttp's pools moved the count either
 	# way (an idle connection after TestLentBodyAllocs's 32 KiB answers
 	# 82 KiB against 49; an idle SSE stream after the other kinds 3 KiB

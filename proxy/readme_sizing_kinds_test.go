@@ -184,6 +184,7 @@ func TestREADMESizingCoversEveryKindOfConnection(t *testing.T) {
 	for _, setup := range sizingSetups {
 		for _, k := range sizingKinds {
 			t.Run(setup.scheme+", "+k.name, func(t *testing.T) {
+				t.Parallel() // each measures in processes of its own
 				cmd := exec.Command(os.Args[0], "-test.run=^TestREADMESizingCoversEveryKindOfConnection$", "-test.count=1", "-test.v", "-test.timeout=120s")
 				cmd.Env = append(os.Environ(), "CUBE_TEST_SIZING_PROXY="+setup.scheme+"|"+k.name)
 				out, err := cmd.CombinedOutput()

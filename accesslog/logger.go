@@ -75,6 +75,11 @@ type Config struct {
 	// replaced (a network or FUSE file system reporting a failed
 	// write-back there): lines written to that file may be lost.
 	Log *slog.Logger
+	// OnCloseFailure, when set, is called once per failed close(2) of the
+	// log file (those Log is told of), from the writer goroutine: a
+	// counter for an operator who alerts on metrics, as onDrop is for
+	// dropped lines. It must not block.
+	OnCloseFailure func()
 }
 
 // Logger is an asynchronous access log. Its methods are safe for concurrent use.
@@ -133,6 +138,8 @@ type Logger struct {
 	// loss watcher to say (the writer must not wait for the process log).
 	closeMu       sync.Mutex
 	closeFailures []closeFailure
+	// onCloseFailure is Config.OnCloseFailure.
+	onCloseFailure func()
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
@@ -185,6 +192,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		held:       make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 	}
+	l.onCloseFailure = cfg.OnCloseFailure
 	switch cfg.Format {
 	case "", FormatJSON:
 		l.stamps = newStamps(jsonTime)
@@ -999,11 +1007,15 @@ func (l *Logger) reopenFile() error {
 // write-back there): said nowhere before, 3,000 lines lost to a FUSE file
 // system at exit left the file empty and the process log silent. Which
 // lines the kernel does not say, so none is counted as dropped. A file
-// Abandon closed already is no failure.
+// Abandon closed already is no failure. Each failure is counted too
+// (Config.OnCloseFailure): an error line alone reaches no alert.
 func (l *Logger) closeFile(f *os.File, at string) error {
 	err := f.Close()
 	if err == nil || errors.Is(err, os.ErrClosed) {
 		return err
+	}
+	if l.onCloseFailure != nil {
+		l.onCloseFailure()
 	}
 	if l.log != nil {
 		l.closeMu.Lock()

@@ -147,8 +147,8 @@ type Logger struct {
 	file *os.File // nil unless path != ""; swapped under fileMu (Abandon reads it)
 	// fileMu orders Reopen's swap of file with Abandon.
 	fileMu sync.Mutex
-	// heldBy says what can hold a write to the sink open now (heldCause),
-	// for the line that says one was held; under fileMu.
+	// heldBy names what holds a write to the sink open now that does not
+	// return (heldCause), for the line that says one was held; under fileMu.
 	heldBy string
 	// maxWrite is the most bytes of lines written at once (a single
 	// longer line excepted): the write buffer's size, or for a FIFO what

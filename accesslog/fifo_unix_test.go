@@ -279,48 +279,6 @@ func TestAbandonEndsStalledWriter(t *testing.T) {
 	}
 }
 
-// A writer the kernel holds in a write that closing the file does not cut
-// (a frozen file system, a hung network one) still gets its closing line:
-// Abandon counts the lines queued behind it as dropped and says them, with
-// the lines of the held write, and reports that the writer did not end.
-// Before, the closing line waited for the writer's end, which came after
-// the process had exited (measured, ext4 on a loop device frozen under
-// load and a SIGTERM: dropped_total never said). The write is held here
-// by a FIFO nobody reads, in blocking mode: the kernel keeps the writer in
-// write(2), which a close from another thread does not wake.
-func TestAbandonSaysHeldWriter(t *testing.T) {
-	fifo, rd := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
-	l, plog := cubeLogTo(t, fifo)
-	release := holdWriter(t, l, rd)
-	const queued = 5
-	for range queued {
-		l.Log(&Entry{Time: testTime})
-	}
-	closed := abandonHeld(t, l)
-	if l.Dropped() != queued {
-		t.Errorf("%d lines dropped, want the %d queued", l.Dropped(), queued)
-	}
-	const msg = "access log closed with its writer held in a write"
-	var before float64 // the loss watcher may say some of the drops first
-	for _, r := range plog.records(t, "dropping lines") {
-		before = r["dropped_total"].(float64)
-	}
-	got := plog.records(t, msg)
-	if len(got) != 1 || got[0]["level"] != "ERROR" || got[0]["held"] != 1.0 || got[0]["dropped"] != queued-before || got[0]["dropped_total"] != float64(queued) {
-		t.Fatalf("closing line %v, want one ERROR with held 1, dropped %v and dropped_total %d\nprocess log:\n%s", got, queued-before, queued, plog.String())
-	}
-
-	release()
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not return once the write was let go")
-	}
-	if got := plog.records(t, "access log closed"); len(got) != 1 {
-		t.Errorf("closing lines %v, want the one Abandon had said", got)
-	}
-}
-
 // A FIFO whose name is removed while its reader reads (a shipper that
 // cleans up the name it made) still carries every line to that reader:
 // not a loss, unlike a regular file deleted, though the path no longer
@@ -355,14 +313,18 @@ func TestRemovedFIFOStillCarriesLines(t *testing.T) {
 
 // holdWriter has l, writing to a FIFO whose reader rd reads nothing, take
 // one line into a write the kernel holds (in blocking mode, not in the
-// poller), and returns what lets the write go: reading the FIFO. It is
+// poller), and returns what lets the write go: reading the FIFO. A sink
+// that is Config.Output (stdout) stays as it is: Abandon does not close
+// it, so a write parked in the poller is held too. It is
 // let go at the test's end too, before a cleanup's Close registered
 // after it, should the test fail early.
 func holdWriter(t *testing.T, l *Logger, rd io.Reader) (release func()) {
 	t.Helper()
 	release = sync.OnceFunc(func() { go io.Copy(io.Discard, rd) })
 	t.Cleanup(release)
-	l.file.Fd() // blocking mode
+	if l.file != nil {
+		l.file.Fd() // blocking mode
+	}
 	l.Log(&Entry{Time: testTime, RequestID: "held"})
 	testenv.WaitFor(t, 5*time.Second, "the writer in the write", func() bool { return l.pending.Load() == 1 && len(l.lines) == 0 })
 	return release

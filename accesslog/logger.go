@@ -75,6 +75,11 @@ type Config struct {
 	// replaced (a network or FUSE file system reporting a failed
 	// write-back there): lines written to that file may be lost.
 	Log *slog.Logger
+	// OnCloseFailure, when set, is called once per failed close(2) of the
+	// log file (those Log is told of), from the writer goroutine: a
+	// counter for an operator who alerts on metrics, as onDrop is for
+	// dropped lines. It must not block.
+	OnCloseFailure func()
 }
 
 // Logger is an asynchronous access log. Its methods are safe for concurrent use.
@@ -133,6 +138,8 @@ type Logger struct {
 	// loss watcher to say (the writer must not wait for the process log).
 	closeMu       sync.Mutex
 	closeFailures []closeFailure
+	// onCloseFailure is Config.OnCloseFailure.
+	onCloseFailure func()
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
@@ -140,6 +147,9 @@ type Logger struct {
 	file *os.File // nil unless path != ""; swapped under fileMu (Abandon reads it)
 	// fileMu orders Reopen's swap of file with Abandon.
 	fileMu sync.Mutex
+	// heldBy names what holds a write to the sink open now that does not
+	// return (heldCause), for the line that says one was held; under fileMu.
+	heldBy string
 	// maxWrite is the most bytes of lines written at once (a single
 	// longer line excepted): the write buffer's size, or for a FIFO what
 	// the pipe writes atomically (PIPE_BUF).
@@ -185,6 +195,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		held:       make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 	}
+	l.onCloseFailure = cfg.OnCloseFailure
 	switch cfg.Format {
 	case "", FormatJSON:
 		l.stamps = newStamps(jsonTime)
@@ -220,6 +231,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 	}
 	l.maxWrite = maxWrite(l.file)
 	l.out = newSink(out, l.file)
+	l.heldBy = heldCause(out)
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
 	if l.file != nil {
@@ -500,12 +512,13 @@ func (l *Logger) Close() error {
 // the writer ends, which would otherwise hold the file and its goroutine
 // until the sink moved, after its caller had gone on. It reports whether
 // the writer ended within wait. A write the kernel itself holds (a frozen
-// or hung file system) is not cut by the close: when the writer has not
-// ended by then, the lines still queued are counted as dropped and
-// Config.Log gets the closing line in Close's stead, with the lines of the
-// held write; Close returns only if the kernel lets the write go. Call it
-// after Close. The close is a no-op for stdout and Config.Output, which
-// the logger does not own.
+// or hung file system) is not cut by the close, nor one to stdout or
+// Config.Output, which the logger does not own and so does not close (a
+// pipe or socket whose reader stalled, a paused terminal): when the writer
+// has not ended by then, the lines still queued are counted as dropped
+// and Config.Log gets the closing line in Close's stead, naming what holds
+// the write by the sink's kind, with the lines of the held write; Close
+// returns only once the write is let go. Call it after Close.
 func (l *Logger) Abandon(wait time.Duration) (ended bool) {
 	l.fileMu.Lock()
 	f := l.file
@@ -761,7 +774,33 @@ func (l *Logger) sayHeld(dest string, said uint64) {
 	if err := l.writeErr.Load(); err != nil {
 		args = append(args, "err", *err)
 	}
-	l.log.Error("access log closed with its writer held in a write (a frozen or hung file system); lines were dropped", args...)
+	l.fileMu.Lock()
+	by := l.heldBy
+	l.fileMu.Unlock()
+	l.log.Error("access log closed with its writer held in a write ("+by+"); lines were dropped", args...)
+}
+
+// heldCause says what holds a write to w that does not return, by the
+// kind of file w is: a frozen or hung file system only for a regular file.
+// A pipe or a socket (stdout under a container runtime or systemd) is held
+// by a reader that stopped reading, a terminal by its output being paused
+// (Ctrl-S); naming a file system there sent an operator to the wrong place.
+func heldCause(w io.Writer) string {
+	if f, ok := w.(interface{ Stat() (fs.FileInfo, error) }); ok {
+		if fi, err := f.Stat(); err == nil {
+			switch m := fi.Mode(); {
+			case m.IsRegular():
+				return "a frozen or hung file system"
+			case m&fs.ModeNamedPipe != 0:
+				return "a pipe whose reader stopped reading"
+			case m&fs.ModeSocket != 0:
+				return "a socket whose reader stopped reading"
+			case m&fs.ModeCharDevice != 0:
+				return "a terminal or device that takes nothing, such as a terminal paused with Ctrl-S"
+			}
+		}
+	}
+	return "a sink that takes nothing"
 }
 
 // sayUnsaid tells Config.Log, once the writer has ended (Close), how many
@@ -985,6 +1024,7 @@ func (l *Logger) reopenFile() error {
 	l.fileMu.Lock()
 	old := l.file
 	l.file, l.out, l.maxWrite = f, newSink(f, f), maxWrite(f)
+	l.heldBy = heldCause(f)
 	l.unlinked.Store(false)
 	l.fileMu.Unlock()
 	l.bw.Reset(&l.out)
@@ -999,11 +1039,15 @@ func (l *Logger) reopenFile() error {
 // write-back there): said nowhere before, 3,000 lines lost to a FUSE file
 // system at exit left the file empty and the process log silent. Which
 // lines the kernel does not say, so none is counted as dropped. A file
-// Abandon closed already is no failure.
+// Abandon closed already is no failure. Each failure is counted too
+// (Config.OnCloseFailure): an error line alone reaches no alert.
 func (l *Logger) closeFile(f *os.File, at string) error {
 	err := f.Close()
 	if err == nil || errors.Is(err, os.ErrClosed) {
 		return err
+	}
+	if l.onCloseFailure != nil {
+		l.onCloseFailure()
 	}
 	if l.log != nil {
 		l.closeMu.Lock()

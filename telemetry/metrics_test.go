@@ -52,6 +52,7 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.UpstreamRetry()
 	m.AccessLogDropped()
 	m.AccessLogReopenFailed()
+	m.AccessLogCloseFailed()
 	m.ConnRefused()
 	m.ConnsReclaimed(3)
 	m.StreamLimitWait(WaitSlot)
@@ -111,6 +112,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_auth_rejections_total", L{"reason": "traffic_token_invalid"}, 0},
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
 		{"cubeproxy_accesslog_reopen_errors_total", nil, 1},
+		{"cubeproxy_accesslog_close_errors_total", nil, 1},
 		{"cubeproxy_connections_refused_total", nil, 1},
 		{"cubeproxy_connections_reclaimed_total", nil, 3},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},

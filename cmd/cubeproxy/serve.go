@@ -354,7 +354,8 @@ func (a *app) openAccessLog(stdout io.Writer) error {
 	if err := checkAccessLogFormat(cfg.Format); err != nil || cfg.Format == "off" {
 		return err
 	}
-	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines, Log: a.log}
+	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines, Log: a.log,
+		OnCloseFailure: a.tel.Metrics.AccessLogCloseFailed}
 	if acfg.Path == "" || acfg.Path == "-" {
 		acfg.Output = stdout
 	}

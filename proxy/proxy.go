@@ -1759,22 +1759,57 @@ func (b *clientBody) ended(err error) {
 	case err == io.EOF:
 		b.eof = true
 		if b.size < 0 {
-			stripTrailerCredentials(&b.ctx.Request.Header)
+			stripTrailerFields(&b.ctx.Request.Header)
 		}
 	default:
 		b.gone = closedMidBody(err)
 	}
 }
 
-// stripTrailerCredentials removes the proxy's token fields from the
-// trailer of a chunked body, read with its end (after prepareRequest took
-// them off the head) and written after it: the sandbox never sees the
-// proxy's credential, there either. fasthttp refuses only the standard
-// credentials (Authorization, Cookie) in a trailer.
-func stripTrailerCredentials(h *fasthttp.RequestHeader) {
+// stripTrailerFields removes from the trailer of a chunked body, read
+// with its end (after prepareRequest cleaned the head) and written after
+// it, the fields the head loses: the proxy's token fields, so that the
+// sandbox never sees the proxy's credential there either (fasthttp refuses
+// only the standard credentials, Authorization and Cookie, in a trailer),
+// and every name droppedTrailerName picks.
+func stripTrailerFields(h *fasthttp.RequestHeader) {
 	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
+	var found [4][]byte
+	doomed := found[:0]
+	for _, name := range h.PeekTrailerKeys() {
+		if droppedTrailerName(name) {
+			// A copy: deleting reuses the header's buffers.
+			doomed = append(doomed, bytes.Clone(name))
+		}
+	}
+	for _, name := range doomed {
+		h.DelBytes(name)
+	}
+}
+
+// droppedTrailerName reports whether a request trailer field must not
+// reach the sandbox: a name with a space, or the '_' or '.' spelling of a
+// header the proxy strips or vouches for (the proxy's credentials,
+// X-Real-IP, X-Forwarded-For, X-Forwarded-Host), which the head loses too
+// (dropInvalidNames, dropForwardingAliases). PHP's built-in server
+// (php -S) reads a chunked body's trailer fields as request headers, each
+// filed as the head's are ($_SERVER["HTTP_X_REAL_IP"] for X_Real_IP,
+// X.Real.IP or "X Real IP") and overwriting the head's: relayed, a trailer
+// forged the client address over the proxy's X-Real-IP and handed the
+// sandbox's code a client's admin token (measured with PHP 8.2).
+// X-Forwarded-Host's is dropped whatever the route: fasthttp refuses the
+// real name in a trailer, so only a spelling meant to pass for it comes.
+func droppedTrailerName(name []byte) bool {
+	if bytes.IndexByte(name, ' ') >= 0 {
+		return true
+	}
+	if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
+		return false
+	}
+	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
+		underscoreAlias(name, "x-forwarded-host") || credentialAlias(name)
 }
 
 // closedMidBody reports whether err, from reading a request body, means

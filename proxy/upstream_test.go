@@ -1846,6 +1846,138 @@ func TestRequestTrailersLoseTheTrafficToken(t *testing.T) {
 	}
 }
 
+// A chunked body's trailer loses what the head loses: the '_', '.' and
+// space spellings of the proxy's credentials and of the client-address
+// headers it vouches for. PHP's built-in server (php -S) reads trailer
+// fields as request headers, filed as the head's are and overwriting
+// them: X_Real_IP there forged $_SERVER["HTTP_X_REAL_IP"] over the
+// proxy's X-Real-IP, and X_Cube_Admin_Token handed its code a client's
+// admin token. The sandbox is a raw socket that reports the trailer lines
+// as sent; a body that comes with the head and one that streams, on a
+// public and a restricted route; other names with '_' or '.' pass.
+func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
+	h := newHarness(t)
+	trailers := make(chan []string, 1)
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serveTrailerLines(c, trailers)
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	token := strings.Repeat("cd", 32)
+	public := h.route("aliaspub", port)
+	h.put("aliaspriv", map[string]string{"HostIP": "127.0.0.1", "AllowPublicTraffic": "false", "TrafficAccessToken": token, "80": itoa(port)})
+	dropped := []string{
+		"X_Cube_Admin_Token: admin-secret",
+		"E2b.Traffic.Access.Token: traffic-secret",
+		"cube_traffic_access_token: traffic-secret",
+		"X_Real_IP: 6.6.6.6",
+		"x.real.ip: 6.6.6.6",
+		"X Real IP: 6.6.6.6",
+		"X_Forwarded_For: 6.6.6.6",
+		"X_Forwarded_Host: evil.example",
+		"X Cube Admin Token: admin-secret",
+	}
+	kept := []string{"X_App_Sum: 1", "X.App.Id: 2", "X-Checksum: c0ffee"}
+	for _, tc := range []struct {
+		name, host string
+		size       int
+	}{
+		{"public, small", public, 7},
+		{"public, streamed", public, 256 << 10},
+		{"restricted, small", "80-aliaspriv.cube.test", 7},
+		{"restricted, streamed", "80-aliaspriv.cube.test", 256 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var raw strings.Builder
+			fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\n%s: %s\r\nTransfer-Encoding: chunked\r\n\r\n", tc.host, auth.HeaderE2BTrafficToken, token)
+			fmt.Fprintf(&raw, "%x\r\n%s\r\n0\r\n", tc.size, strings.Repeat("x", tc.size))
+			for _, l := range append(slices.Clone(dropped), kept...) {
+				raw.WriteString(l + "\r\n")
+			}
+			raw.WriteString("\r\n")
+			resp, body := rawRequest(t, h.addr, raw.String())
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("answer %d %q, want 200 \"ok\"", resp.StatusCode, body)
+			}
+			got := <-trailers
+			norm := strings.NewReplacer("_", "-", ".", "-", " ", "-")
+			for _, l := range got {
+				name, _, _ := strings.Cut(l, ":")
+				switch norm.Replace(strings.ToLower(name)) {
+				case "x-cube-admin-token", "e2b-traffic-access-token", "cube-traffic-access-token",
+					"x-real-ip", "x-forwarded-for", "x-forwarded-host":
+					t.Errorf("trailer field %q reached the sandbox", l)
+				}
+			}
+			for _, want := range []string{"X_app_sum: 1", "X.app.id: 2", "X-Checksum: c0ffee"} {
+				if !slices.Contains(got, want) {
+					t.Errorf("trailer field %q did not reach the sandbox: got %q", want, got)
+				}
+			}
+		})
+	}
+}
+
+// serveTrailerLines answers each request on c (a chunked body) with "ok",
+// after sending its trailer lines, as received, on trailers.
+func serveTrailerLines(c net.Conn, trailers chan<- []string) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	line := func() (string, bool) {
+		l, err := br.ReadString('\n')
+		return strings.TrimRight(l, "\r\n"), err == nil
+	}
+	for {
+		for {
+			l, ok := line()
+			if !ok {
+				return
+			}
+			if l == "" {
+				break
+			}
+		}
+		for {
+			l, ok := line()
+			if !ok {
+				return
+			}
+			n, err := strconv.ParseInt(l, 16, 64)
+			if err != nil {
+				return
+			}
+			if n == 0 {
+				break
+			}
+			if _, err := br.Discard(int(n) + 2); err != nil {
+				return
+			}
+		}
+		var got []string
+		for {
+			l, ok := line()
+			if !ok {
+				return
+			}
+			if l == "" {
+				break
+			}
+			got = append(got, l)
+		}
+		trailers <- got
+		if _, err := io.WriteString(c, okResponse("ok")); err != nil {
+			return
+		}
+	}
+}
+
 // A chunked upload reaches the sandbox in chunks as large as the client's
 // reads bring (up to 64 KiB), not cut into fasthttp's 4 KiB copy buffer,
 // which made a write and a flush per 4 KiB and cost three and a half times

@@ -1459,3 +1459,65 @@ func answerOnce(t *testing.T, h *harness, id string) (chan<- string, string) {
 	})
 	return answers, h.route(id, b.port)
 }
+
+// The traffic token is checked when a request arrives, as nginx checks
+// it: a rotated token refuses the next request at once, on a kept-alive
+// connection too, but a WebSocket opened before the rotation goes on
+// relaying until it ends, as through nginx (README, Proxy auth). A kill
+// (/admin/meta/delete) is what ends it.
+func TestTokenRotationLeavesOpenTunnel(t *testing.T) {
+	h := newHarness(t)
+	ended := make(chan error, 1)
+	wsPort := wsBackend(t, ended)
+	plainPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	old, rotated := strings.Repeat("0a", 32), strings.Repeat("0b", 32)
+	put := func(token string) {
+		h.put("rotws", map[string]string{"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1",
+			"AllowPublicTraffic": "false", "TrafficAccessToken": token, "80": itoa(wsPort), "81": itoa(plainPort)})
+	}
+	put(old)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tunnel, _, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{
+		Host: "80-rotws.cube.test", Subprotocols: []string{"echo.v1"},
+		HTTPHeader: http.Header{"E2b-Traffic-Access-Token": {old}},
+	})
+	if err != nil {
+		t.Fatalf("dial with the token: %v", err)
+	}
+	defer tunnel.CloseNow()
+	if err := wsEcho(t, tunnel); err != nil {
+		t.Fatalf("echo before the rotation: %v", err)
+	}
+	c := dialRaw(t, h.addr)
+	br := bufio.NewReader(c)
+	get := "GET / HTTP/1.1\r\nHost: 81-rotws.cube.test\r\nE2b-Traffic-Access-Token: " + old + "\r\n\r\n"
+	keptRequest(t, c, br, get)
+
+	put(rotated)
+	if _, err := io.WriteString(c, get); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 403 || !strings.Contains(string(body), "traffic_token_invalid") {
+		t.Fatalf("the old token on the kept-alive connection after the rotation: %d %s, want 403 traffic_token_invalid", resp.StatusCode, body)
+	}
+	if err := wsEcho(t, tunnel); err != nil {
+		t.Fatalf("the WebSocket opened before the rotation was cut: %v", err)
+	}
+
+	if code, out := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"rotws"}`, ""); code != 200 {
+		t.Fatalf("meta/delete: %d %s", code, out)
+	}
+	if err := wsEcho(t, tunnel); err == nil {
+		t.Fatal("the WebSocket relayed after a kill")
+	}
+}

@@ -407,7 +407,10 @@ func startFailoverCluster(t *testing.T) (masters []*testenv.Redis, replica *test
 // in a measured run. Lookups must work again, and invalidations arrive,
 // within seconds of the promotion.
 func TestClusterFollowsFailover(t *testing.T) {
-	testenv.ParallelRedis(t)
+	// Each case takes a slot of its own (ParallelRedis) and the two run
+	// at once: each waits seconds on the cluster's failover. The parent
+	// holds none, or the cases could wait for slots parents hold.
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		fail func(*testing.T, *testenv.Redis)
@@ -416,6 +419,7 @@ func TestClusterFollowsFailover(t *testing.T) {
 		{"master hung", func(t *testing.T, r *testenv.Redis) { r.Pause(); t.Cleanup(r.Resume) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			testenv.ParallelRedis(t)
 			ctx := context.Background()
 			masters, replica := startFailoverCluster(t)
 			// An id whose route key is in the first master's slots.
@@ -747,13 +751,14 @@ func TestClusterInvalidationWhileClusterDown(t *testing.T) {
 		}
 		return true
 	})
-	// Each published id must arrive: 40 over 6 s, several idle periods.
+	// Each published id must arrive: 40 over 3 s, the membership checks
+	// of three idle periods (900 ms each with the 300 ms command timeout).
 	const n = 40
 	for i := range n {
 		if err := masters[1].Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "down"+strconv.Itoa(i)).Err(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond) // the pace of the control plane's changes, not a wait for an acknowledgement
+		time.Sleep(75 * time.Millisecond) // the pace of the control plane's changes, not a wait for an acknowledgement
 	}
 	got := map[string]bool{}
 	deadline := time.After(3 * time.Second)

@@ -87,7 +87,8 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	case len(cfg.Cluster.Addrs) > 0:
 		c := redis.NewClusterClient(clusterOptions(cfg, t, tc))
 		c.AddHook(slotMapReload{c})
-		c.OnNewNode(func(node *redis.Client) { node.AddHook(emptySlotMap{node.Options().Addr}) })
+		seeds := strings.Join(cfg.Cluster.Addrs, ",")
+		c.OnNewNode(func(node *redis.Client) { node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds}) })
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
 		return redis.NewFailoverClient(failoverOptions(cfg, t, tc)), nil
@@ -218,7 +219,18 @@ func reloadSlotsAfter(c redis.UniversalClient, err error) {
 // but go-redis then knows no answering node: it rewrote each loopback node
 // address to ":port" (127.0.0.1:7000 became :7000), and cannot fill in a
 // TLS-only node's port 0 with the seed's.
-type emptySlotMap struct{ addr string }
+//
+// go-redis returns a node's failure to read the map only when no node it
+// asked gave one (the first failure met), so the error says that, with
+// the seeds: every seed of a cluster not yet created (nodes without
+// CLUSTER ADDSLOTS, joined or not) answers an empty map, and the bare
+// "<node> knows no slot (removed from the cluster, or not yet joined)"
+// named one node, another on each lookup, as if that node alone were
+// wrong (TestClusterWithoutSlots).
+type emptySlotMap struct {
+	addr  string // the node's
+	seeds string // redis.cluster.addrs, comma-separated
+}
 
 // DialHook leaves dials as they are.
 func (h emptySlotMap) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -228,7 +240,7 @@ func (h emptySlotMap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if slots, ok := cmd.(*redis.ClusterSlotsCmd); ok && err == nil && len(slots.Val()) == 0 {
-			err = fmt.Errorf("redis cluster slots: %s knows no slot (removed from the cluster, or not yet joined)", h.addr)
+			err = fmt.Errorf("redis cluster: no node gave a slot map (%s knows no slot): a cluster not yet created (no CLUSTER ADDSLOTS, or redis-cli --cluster create not run), or nodes removed from the cluster or not yet joined; redis.cluster.addrs: %s", h.addr, h.seeds)
 			slots.SetErr(err)
 		}
 		return err

@@ -102,6 +102,64 @@ func TestClusterSkipsEmptySlotMap(t *testing.T) {
 	}
 }
 
+// TestClusterWithoutSlots: every seed of redis.cluster.addrs knows no
+// slot, the nodes of a cluster not yet created (started with
+// cluster-enabled, met or not, no CLUSTER ADDSLOTS yet). No route can be
+// read: every lookup is an outage (a 503, never a 404), and its error
+// must say why: it named one node, another on each lookup, "knows no
+// slot (removed from the cluster, or not yet joined)", as if that node
+// alone were wrong. Once the slots are assigned the store serves, with
+// no restart.
+func TestClusterWithoutSlots(t *testing.T) {
+	testenv.ParallelRedis(t)
+	for _, tc := range []struct {
+		name string
+		meet bool
+	}{{"nodes apart", false}, {"nodes met", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			var nodes []*testenv.Redis
+			var addrs []string
+			for range 3 {
+				n := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+				nodes, addrs = append(nodes, n), append(addrs, n.Addr())
+			}
+			if tc.meet {
+				for _, n := range nodes[1:] {
+					if err := nodes[0].Client().ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(n.Port())).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				testenv.WaitFor(t, 10*time.Second, "the nodes to know each other", func() bool {
+					info, err := nodes[2].Client().ClusterInfo(ctx).Result()
+					return err == nil && strings.Contains(info, "cluster_known_nodes:3")
+				})
+			}
+			s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: addrs}})
+			for i := range 10 {
+				_, err := s.Lookup(ctx, "sbx")
+				var fe *routing.FieldError
+				if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
+					t.Fatalf("lookup %d with no slot assigned: %v, want an outage", i, err)
+				}
+				for _, want := range append([]string{"no node gave a slot map", "CLUSTER ADDSLOTS"}, addrs...) {
+					if !strings.Contains(err.Error(), want) {
+						t.Fatalf("lookup %d: error %q does not say %q", i, err, want)
+					}
+				}
+			}
+
+			if err := nodes[0].Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 10*time.Second, "lookups once the slots are assigned", func() bool {
+				_, err := s.Lookup(ctx, "sbx")
+				return errors.Is(err, routing.ErrNotFound)
+			})
+		})
+	}
+}
+
 // startTwoNodeCluster starts a Redis Cluster of two masters, a with the
 // slots below 8192 and b with the others, and returns them with ids
 // (box<n>) whose new and legacy keys live on different nodes.

@@ -111,12 +111,13 @@ func TestClusterSkipsEmptySlotMap(t *testing.T) {
 // alone were wrong. Once the slots are assigned the store serves, with
 // no restart.
 func TestClusterWithoutSlots(t *testing.T) {
-	testenv.ParallelRedis(t)
+	t.Parallel() // each case takes its own slot (see TestClusterFollowsFailover)
 	for _, tc := range []struct {
 		name string
 		meet bool
 	}{{"nodes apart", false}, {"nodes met", true}} {
 		t.Run(tc.name, func(t *testing.T) {
+			testenv.ParallelRedis(t)
 			ctx := context.Background()
 			var nodes []*testenv.Redis
 			var addrs []string
@@ -169,7 +170,7 @@ func TestClusterWithoutSlots(t *testing.T) {
 // store's commands must go without it, whether the user may run it or
 // not.
 func TestClusterLookupNeedsNoCommandInfo(t *testing.T) {
-	testenv.ParallelRedis(t)
+	t.Parallel() // each case takes its own slot (see TestClusterFollowsFailover)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
@@ -179,6 +180,7 @@ func TestClusterLookupNeedsNoCommandInfo(t *testing.T) {
 		{"with +command", append(readmeACLRules(t), "+command")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			testenv.ParallelRedis(t)
 			r := startOneNodeCluster(t)
 			acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, tc.rules...)
 			if err := r.Client().Do(ctx, acl...).Err(); err != nil {
@@ -349,12 +351,13 @@ func TestClusterLegacyKeyOnHungNode(t *testing.T) {
 // at random for COMMAND's table before it, under a lock, the hung one
 // among them, and the refusal left the table to be asked for again.
 func TestClusterPublishWithHungMaster(t *testing.T) {
-	testenv.ParallelRedis(t)
+	t.Parallel() // each case takes its own slot (see TestClusterFollowsFailover)
 	for _, tc := range []struct {
 		name string
 		acl  bool
 	}{{"default user", false}, {"README's ACL user", true}} {
 		t.Run(tc.name, func(t *testing.T) {
+			testenv.ParallelRedis(t)
 			ctx := context.Background()
 			a, b, _ := startTwoNodeCluster(t)
 			const budget = time.Second

@@ -16,7 +16,7 @@ import (
 // client. Anyone else gets the reason as a code; the detail is in the
 // log.
 func TestReadyzDetailNeedsAdminCredential(t *testing.T) {
-	const detail = "route store has never been reachable: dial tcp 10.9.8.7:6379: NOPERM User proxy has no permissions"
+	const detail = "no route read from the store has succeeded yet: dial tcp 10.9.8.7:6379: NOPERM User proxy has no permissions"
 	ready := func() error { return errors.New(detail) }
 	for _, tc := range []struct {
 		name       string

@@ -507,7 +507,7 @@ func TestRedisReadyz(t *testing.T) {
 	p := startRedisProxy(t, r.Addr())
 
 	got := p.adminGet(t, "/readyz")
-	if got.status != 503 || !strings.Contains(got.body, "never been reachable") {
+	if got.status != 503 || !strings.Contains(got.body, "no route read from the store has succeeded yet") {
 		t.Fatalf("readyz with Redis never reachable: %d %s", got.status, got.body)
 	}
 	if got := p.get(t, "any"); got.status != 503 || got.header.Get("Retry-After") != "1" {

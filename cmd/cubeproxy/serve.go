@@ -417,14 +417,17 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 }
 
 // ready is /readyz's check: the route store has answered at least once.
+// Its words hold for a store that refuses as for one that is down: "never
+// been reachable" sent an operator whose Redis answered NOPERM, or a
+// Cluster without slots, to look at the network.
 func (a *app) ready() error {
 	if a.reached.Load() {
 		return nil
 	}
 	if why := a.unready.Load(); why != nil {
-		return errors.New("route store has never been reachable: " + *why)
+		return errors.New("no route read from the store has succeeded yet: " + *why)
 	}
-	return errors.New("route store has never been reachable")
+	return errors.New("no route read from the store has succeeded yet")
 }
 
 // certificatesReady is /readyz's check of the HTTPS listener: acme

@@ -554,9 +554,10 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 }
 
 // drainLogHarness is a harness with the given drain timeout and a JSON
-// access log into buf. al is returned so that a test can close it when
-// Shutdown returns: what is not logged by then never is.
-func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLogBuf, al *accesslog.Logger) {
+// access log into buf (mods change the rest). al is returned so that a
+// test can close it when Shutdown returns: what is not logged by then
+// never is.
+func drainLogHarness(t *testing.T, drain time.Duration, mods ...func(*harnessOpts)) (h *harness, buf *obsLogBuf, al *accesslog.Logger) {
 	t.Helper()
 	buf = new(obsLogBuf)
 	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
@@ -564,7 +565,7 @@ func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLog
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = al.Close() })
-	return newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }), buf, al
+	return newHarness(t, append([]func(*harnessOpts){func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }}, mods...)...), buf, al
 }
 
 // wantDrainCut shuts h down while c waits on request reqID and checks

@@ -738,15 +738,22 @@ func heldStreams(t *testing.T, h *harness, name string, n int) ([]*bufio.Reader,
 func holdStreamSocket(h *harness) (letGo func()) {
 	r := &h.proxy.streams
 	r.mu.Lock()
-	raw, err := r.head.conn.Conn.(syscall.Conn).SyscallConn() // rawConn is Unix's
+	c := r.head.conn.Conn
 	r.mu.Unlock()
+	return holdSocket(h.t, c)
+}
+
+// holdSocket takes a reference to c's socket and returns what lets it go
+// (at the test's end too): a close of the socket waits for it meanwhile.
+func holdSocket(t *testing.T, c net.Conn) (letGo func()) {
+	raw, err := c.(syscall.Conn).SyscallConn() // rawConn is Unix's
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	held, release := make(chan struct{}), make(chan struct{})
 	go func() { _ = raw.Control(func(uintptr) { close(held); <-release }) }()
 	<-held
 	letGo = sync.OnceFunc(func() { close(release) })
-	h.t.Cleanup(letGo)
+	t.Cleanup(letGo)
 	return letGo
 }

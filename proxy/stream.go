@@ -667,22 +667,43 @@ func (s *bodyStream) interrupt() {
 // abort is interrupt at the drain deadline, with the client's side closed
 // too: fasthttp (or a detached stream) may be blocked writing to a client
 // that stopped reading, which only client.write_timeout would end, long
-// after the process exited under the stream. The socket under TLS is
-// closed, not the TLS connection, whose close_notify could block on that
-// same full buffer (under the registry lock). The owner's own close and
-// count of the connection follow as usual. An HTTP/1.0 client's body ends
-// with its connection, so that connection is reset (see resetOnClose).
-func (s *bodyStream) abort() {
-	s.interrupt()
+// after the process exited under the stream. It runs under the registry
+// lock, so the stream cannot be released meanwhile, and returns what to
+// shut once the lock is released (abortAll): a close of a socket with
+// unsent data is the kernel's work, not to be done under a lock every
+// stream takes to end. The sandbox connection is marked interrupted here
+// (never pooled, so it is still the stream's or closed when it is shut).
+// The socket under TLS is closed, not the TLS connection, whose
+// close_notify could block on that same full buffer. The owner's own
+// close and count of the connection follow as usual. An HTTP/1.0 client's
+// body ends with its connection, so that connection is reset (see
+// resetOnClose).
+func (s *bodyStream) abort() streamCut {
+	s.conn.interrupted.Store(true)
 	c := s.client
-	if s.unframed {
-		c = resetOnClose(c)
-	} else if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok && !s.unframed {
 		c = tc.NetConn()
 	}
-	if c != nil {
-		_ = c.Close()
+	return streamCut{upstream: s.conn.Conn, client: c, reset: s.unframed}
+}
+
+// streamCut is what abort leaves to shut after the registry lock.
+type streamCut struct {
+	upstream, client net.Conn // client may be nil (abandon)
+	reset            bool     // close client with a reset (resetOnClose)
+}
+
+// shut wakes the stream's sandbox connection and closes its client's. A
+// stream that ended meanwhile closed both already: the closes are no-ops.
+func (c streamCut) shut() {
+	shut(c.upstream)
+	if c.client == nil {
+		return
 	}
+	if c.reset {
+		c.client = resetOnClose(c.client)
+	}
+	_ = c.client.Close()
 }
 
 // registry tracks what is open so that shutdown can end it: body streams and
@@ -818,17 +839,27 @@ func (r *registry) keepForDeadline(s *bodyStream) {
 	r.mu.Unlock()
 }
 
-// abortAll cuts whatever is still open at the drain deadline.
+// abortAll cuts whatever is still open at the drain deadline. What is
+// open is marked under the lock and its sockets closed after it (see
+// abort).
 func (r *registry) abortAll() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.aborted = true
+	cuts := make([]streamCut, 0, r.streams.Load())
 	for s := r.head; s != nil; s = s.next {
-		s.abort()
+		cuts = append(cuts, s.abort())
 	}
+	tunnels := make([]*tunnel, 0, len(r.tunnels))
 	for t := range r.tunnels {
 		t.drainCut.Store(true)
-		t.close()
+		tunnels = append(tunnels, t)
+	}
+	r.mu.Unlock()
+	for _, c := range cuts {
+		c.shut()
+	}
+	for _, t := range tunnels {
+		t.close() // a tunnel is never reused: one that ended meanwhile closes again, a no-op
 	}
 }
 

@@ -696,10 +696,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// end, and the requests cut to be answered and logged (fasthttp's own
 	// wait for its connections stopped at the deadline).
 	unwind := time.Now().Add(2 * time.Second)
+	cutWrites := time.Now().Add(drainWriteGrace)
 	for time.Now().Before(unwind) {
 		streams, tunnels := s.p.streams.open()
 		if streams == 0 && tunnels == 0 && s.p.served.Load() == 0 {
 			break
+		}
+		if ctx.Err() != nil && !time.Now().Before(cutWrites) {
+			// An answer fasthttp still writes to a client that takes
+			// none of it (a small one, read whole: the registry does not
+			// list it), or began to write since the deadline, is cut
+			// too, as nginx's worker_shutdown_timeout closes every
+			// connection: it held the exit to the end of the unwind. Not
+			// at the deadline itself: the 504s of what the deadline cut
+			// are written after it. Again each round: fasthttp sets a
+			// new write deadline for each answer.
+			s.p.conns.cutWrites()
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -904,6 +916,24 @@ func (cs *connSet) cutReads() {
 	defer cs.mu.Unlock()
 	for c := range cs.m {
 		_ = c.SetReadDeadline(now)
+	}
+}
+
+// drainWriteGrace is how long after the drain deadline an answer may
+// still be written to a client that takes none of it (conns.cutWrites):
+// the 504s of the requests the deadline cut go out within it.
+const drainWriteGrace = 500 * time.Millisecond
+
+// cutWrites ends every write to a client connection fasthttp serves: an
+// answer the client does not take, past the drain deadline and its grace
+// (drainWriteGrace), fails at once. A write deadline that passed is not
+// moved on by progress (clientConn.progressed).
+func (cs *connSet) cutWrites() {
+	now := time.Now()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for c := range cs.m {
+		_ = c.SetWriteDeadline(now)
 	}
 }
 

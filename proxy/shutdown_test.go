@@ -554,9 +554,10 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 }
 
 // drainLogHarness is a harness with the given drain timeout and a JSON
-// access log into buf. al is returned so that a test can close it when
-// Shutdown returns: what is not logged by then never is.
-func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLogBuf, al *accesslog.Logger) {
+// access log into buf (mods change the rest). al is returned so that a
+// test can close it when Shutdown returns: what is not logged by then
+// never is.
+func drainLogHarness(t *testing.T, drain time.Duration, mods ...func(*harnessOpts)) (h *harness, buf *obsLogBuf, al *accesslog.Logger) {
 	t.Helper()
 	buf = new(obsLogBuf)
 	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: buf}, nil)
@@ -564,7 +565,7 @@ func drainLogHarness(t *testing.T, drain time.Duration) (h *harness, buf *obsLog
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = al.Close() })
-	return newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }), buf, al
+	return newHarness(t, append([]func(*harnessOpts){func(o *harnessOpts) { o.srv.DrainTimeout = drain; o.cfg.AccessLog = al }}, mods...)...), buf, al
 }
 
 // wantDrainCut shuts h down while c waits on request reqID and checks
@@ -992,5 +993,63 @@ func drainGoesOn(t *testing.T, done <-chan error, msg string) {
 	case err := <-done:
 		t.Fatalf("%s (Shutdown returned %v)", msg, err)
 	default:
+	}
+}
+
+// A small answer (read whole, so not a stream the registry lists) that
+// fasthttp writes to a client taking none of it is cut once the drain
+// deadline and its grace have passed, as nginx's worker_shutdown_timeout
+// closes every connection, also one whose write began after the deadline:
+// the client pipelined more answers than the socket buffers hold and
+// reads nothing. Earlier builds left the write alone: Shutdown waited out
+// its whole unwind, 2 s past the deadline, and the process exited under
+// it.
+func TestDrainCutsSmallAnswerToStalledClient(t *testing.T) {
+	t.Parallel()
+	const drain = 300 * time.Millisecond
+	h, _, _ := drainLogHarness(t, drain)
+	body := strings.Repeat("x", 60<<10) // under wholeBody: read whole
+	var answered atomic.Int64
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		answered.Add(1)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		io.WriteString(w, body)
+	}))
+	host := h.route("smallstall", port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	// 12 MB of answers, more than both sockets' buffers: the proxy's
+	// writes stall, whether they began before the deadline or after.
+	var reqs strings.Builder
+	for i := range 200 {
+		fmt.Fprintf(&reqs, "GET /%d HTTP/1.1\r\nHost: %s\r\n\r\n", i, host)
+	}
+	if _, err := io.WriteString(c, reqs.String()); err != nil {
+		t.Fatal(err)
+	}
+	// The proxy forwards the next request once it has written the answer
+	// before (the sandbox answers at once): a count that stands still is a
+	// write that waits. Began to drain before that, fasthttp would finish
+	// the answer in hand and close the connection, nothing stalled.
+	last, since := int64(0), time.Now()
+	testenv.WaitFor(t, 10*time.Second, "the proxy's write to stall", func() bool {
+		if n := answered.Load(); n != last {
+			last, since = n, time.Now()
+		}
+		return last > 0 && time.Since(since) > 200*time.Millisecond
+	})
+	if n := answered.Load(); n == 200 {
+		t.Fatal("every answer went out: the socket buffers held them all")
+	}
+	start := time.Now()
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+	drainEnds(t, shutdownDone, drain+10*time.Second, "Shutdown did not return")
+	if d := time.Since(start); d > drain+drainWriteGrace+time.Second {
+		t.Errorf("Shutdown took %v with a %v drain: the stalled answer was not cut", d, drain)
 	}
 }

@@ -687,7 +687,6 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 			return
 		}
 		ended = true
-		p.streams.removeTunnel(tn)
 		tx.bytesIn, tx.bytesOut = in.n.Load()+earlyN, out.n.Load()+pending
 		if headErr != nil {
 			// Only what the failed write took of pending went out.
@@ -726,6 +725,11 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 			tx.errCode = CodeClientWriteTimeout
 		}
 		release(status, cause)
+		// Listed until its line is logged (release): the drain's wait
+		// ends once nothing is, and the access log is closed then. A
+		// drain or a kill that finds it ended meanwhile closes it again,
+		// a no-op.
+		p.streams.removeTunnel(tn)
 	}
 	defer func() {
 		tn.close()

@@ -44,7 +44,7 @@ func TestInteropLab(t *testing.T) {
 	// exits, so that thread stays locked to this goroutine until the end.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = groupAttr()
 	cmd.Cancel = func() error {
 		pgid := cmd.Process.Pid
 		err := syscall.Kill(-pgid, syscall.SIGTERM)

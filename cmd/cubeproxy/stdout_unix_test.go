@@ -5,7 +5,6 @@ package main
 import (
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +22,7 @@ import (
 // reads, the lines arrive, and after serve the pipe is blocking again, as
 // it was handed over.
 func TestStalledStdoutParksLogWriters(t *testing.T) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	// NewFile on a blocking descriptor: not polled, as os.Stdout is.
-	rd, wr := os.NewFile(uintptr(p[0]), "stdout-r"), os.NewFile(uintptr(p[1]), "stdout-w")
-	defer rd.Close()
-	defer wr.Close()
+	rd, wr := testenv.BlockingPipe(t) // not polled, as os.Stdout is
 	raw, err := wr.SyscallConn()
 	if err != nil {
 		t.Fatal(err)

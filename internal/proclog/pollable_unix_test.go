@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,16 +28,6 @@ func blockingFile(t *testing.T, fd int, name string) *os.File {
 	f := os.NewFile(uintptr(fd), name)
 	t.Cleanup(func() { f.Close() })
 	return f
-}
-
-// blockingPipe returns both ends of a new pipe, the write end blocking.
-func blockingPipe(t *testing.T) (r, w *os.File) {
-	t.Helper()
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	return blockingFile(t, p[0], "pipe-r"), blockingFile(t, p[1], "pipe-w")
 }
 
 func nonblocking(t *testing.T, f *os.File) bool {
@@ -96,9 +87,16 @@ func TestPollableStdoutPipeOrSocket(t *testing.T) {
 		name string
 		make func(t *testing.T) *os.File // the writing end, blocking
 	}{
-		{"pipe", func(t *testing.T) *os.File { _, w := blockingPipe(t); return w }},
+		{"pipe", func(t *testing.T) *os.File { _, w := testenv.BlockingPipe(t); return w }},
 		{"socket", func(t *testing.T) *os.File {
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			// Close-on-exec under ForkLock: macOS has no SOCK_CLOEXEC.
+			syscall.ForkLock.RLock()
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+			if err == nil {
+				unix.CloseOnExec(fds[0])
+				unix.CloseOnExec(fds[1])
+			}
+			syscall.ForkLock.RUnlock()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,7 +166,7 @@ func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer polled.Close()
-	_, shared := blockingPipe(t)
+	_, shared := testenv.BlockingPipe(t)
 	sharedStderr, err := unix.Dup(int(shared.Fd())) // as 2>&1 makes fd 2
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +206,7 @@ func TestPollableLeavesOtherOutputsAlone(t *testing.T) {
 // would hang for as long as the stall lasts (before Pollable it waited
 // for stdout 2 s, the process log's budget, then exited).
 func TestPollableCloseOutDoesNotWaitForAWriteInTheKernel(t *testing.T) {
-	r, out := blockingPipe(t)
+	r, out := testenv.BlockingPipe(t)
 	w, closeOut := Pollable(out)
 	pf, ok := w.(*os.File)
 	if !ok || pf == out {

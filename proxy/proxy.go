@@ -1664,6 +1664,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		if n > 0 {
 			return 0, errBodyTooLarge
 		}
+		if err != nil && b.size < 0 && framingStalled(err) {
+			err = errChunkStalled
+		}
 		if err == nil {
 			b.held, b.empty = time.Time{}, true // as below
 		}
@@ -1674,6 +1677,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		p = p[:b.left]
 	}
 	n, err := b.r.Read(p)
+	if err != nil && b.size < 0 && framingStalled(err) {
+		err = errChunkStalled
+	}
 	if n == 0 && err == nil && len(p) > 0 {
 		// The hold's end (readHold.ranOut), which ended it.
 		b.held, b.empty = time.Time{}, true
@@ -1810,6 +1816,27 @@ func droppedTrailerName(name []byte) bool {
 	}
 	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
 		underscoreAlias(name, "x-forwarded-host") || credentialAlias(name)
+}
+
+// errChunkStalled is a chunked body's read that reached the read deadline
+// (client.body_timeout) inside the chunk framing: a timeout, as a stall
+// anywhere else in the body is (the 408 request_body_timeout).
+var errChunkStalled = fmt.Errorf("%w: client stalled within a chunk's framing", os.ErrDeadlineExceeded)
+
+// framingStalled reports whether err, from fasthttp's reader of a chunked
+// body, is a read of the chunk framing that reached the connection's read
+// deadline, which fasthttp does not hand over as a timeout: it wraps it in
+// an ErrBrokenChunk, without unwrapping, in the CRLF after a chunk's data
+// and in a size line after its digits (an extension, the line's end), and
+// returns its own ErrTimeout, no net.Error, at the trailer's start. Such a
+// stall was answered as a malformed body, a 400 bad_request_body, where
+// one in a chunk's data or digits was the 408 (nginx: 408 for all).
+func framingStalled(err error) bool {
+	if err == fasthttp.ErrTimeout {
+		return true
+	}
+	var bc fasthttp.ErrBrokenChunk
+	return errors.As(err, &bc) && strings.HasSuffix(bc.Error(), ": "+os.ErrDeadlineExceeded.Error())
 }
 
 // closedMidBody reports whether err, from reading a request body, means

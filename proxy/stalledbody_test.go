@@ -68,3 +68,60 @@ func TestStalledBodyCodes(t *testing.T) {
 		})
 	}
 }
+
+// A chunked body whose client stalls is the 408 request_body_timeout
+// wherever in the body it stops, framing included, as nginx answers a
+// client_body_timeout: fasthttp hands a timeout in the CRLF after a chunk's
+// data, in a size line after its digits, or at the trailer's start over as
+// a broken chunk or its own timeout error, which the proxy took for a
+// malformed body (400 bad_request_body). Each case holds the sandbox's
+// connection until the proxy cuts it, so the answer comes only after
+// client.body_timeout, and the connection closes after it.
+func TestStalledChunkedBodyCodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = 30 * time.Second
+		o.srv.ClientBodyTimeout = 300 * time.Millisecond
+	})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "read %d bytes, %v", n, err)
+	}))
+	host := h.route("stalledchunks", port)
+	big := strings.Repeat("x", 64<<10)
+	for _, tc := range []struct {
+		name string
+		sent string // the body sent before the stall
+	}{
+		{"in a chunk's data", "a\r\nhello"},
+		{"in a size line's digits", "5\r\nhello\r\n1"},
+		{"before a chunk's CRLF", "5\r\nhello"},
+		{"between a chunk's CR and LF", "5\r\nhello\r"},
+		{"before a 64 KiB chunk's CRLF", "10000\r\n" + big},
+		{"in a size line's extension", "5\r\nhello\r\n5;name=v"},
+		{"after a size line's digits and blank", "5\r\nhello\r\n5 "},
+		{"between a size line's CR and LF", "5\r\nhello\r\n5\r"},
+		{"between two chunks", "5\r\nhello\r\n"},
+		{"at the trailer's start", "5\r\nhello\r\n0\r\n"},
+		{"in a trailer field", "5\r\nhello\r\n0\r\nX-Sum: 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			start := time.Now()
+			_ = c.SetDeadline(start.Add(5 * time.Second))
+			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%s", host, tc.sent)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer within 5 s (client.body_timeout is 300 ms): %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if took := time.Since(start); took < 300*time.Millisecond {
+				t.Errorf("answered after %v, before client.body_timeout", took)
+			}
+			checkProxyError(t, resp, string(b), 408, CodeBodyTimeout)
+			if !resp.Close {
+				t.Error("the connection stays open after a body it did not read")
+			}
+		})
+	}
+}

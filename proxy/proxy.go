@@ -1832,7 +1832,7 @@ var errChunkStalled = fmt.Errorf("%w: client stalled within a chunk's framing", 
 // stall was answered as a malformed body, a 400 bad_request_body, where
 // one in a chunk's data or digits was the 408 (nginx: 408 for all).
 func framingStalled(err error) bool {
-	if err == fasthttp.ErrTimeout {
+	if errors.Is(err, fasthttp.ErrTimeout) {
 		return true
 	}
 	var bc fasthttp.ErrBrokenChunk

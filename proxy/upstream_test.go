@@ -1936,7 +1936,8 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 // the client got back. The sandbox, a raw socket, never gets the body's
 // end (its connection is closed before the last chunk), nor a trailer; the
 // answer carries the head's id. A body that comes with the head and one
-// that streams, with and without a Forwarded in the head.
+// that streams, with and without a Forwarded in the head; one that
+// announces both and sends neither passes.
 func TestRequestTrailerRefusesProxyHeaders(t *testing.T) {
 	h := newHarness(t)
 	trailers := make(chan []string, 8)
@@ -1986,6 +1987,19 @@ func TestRequestTrailerRefusesProxyHeaders(t *testing.T) {
 			}
 		}
 	}
+	// Announced in the head (Trailer, which the proxy removes) but not
+	// sent: the body passes.
+	t.Run("announced, not sent", func(t *testing.T) {
+		raw := "PUT / HTTP/1.1\r\nHost: " + host + "\r\nTrailer: Forwarded, X-Cube-Request-Id\r\nForwarded: for=1.2.3.4\r\n" +
+			"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Checksum: c0ffee\r\n\r\n"
+		resp, body := rawRequest(t, h.addr, raw)
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("answer %d %q, want 200 \"ok\"", resp.StatusCode, body)
+		}
+		if got := <-trailers; !slices.Equal(got, []string{"X-Checksum: c0ffee"}) {
+			t.Errorf("the sandbox got the trailer %q, want X-Checksum alone", got)
+		}
+	})
 }
 
 // serveTrailerLines answers each request on c (a chunked body) with "ok",

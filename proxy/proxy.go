@@ -1670,8 +1670,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		if err == nil {
 			b.held, b.empty = time.Time{}, true // as below
 		}
-		b.ended(err)
-		return 0, err
+		return 0, b.ended(err)
 	}
 	if int64(len(p)) > b.left {
 		p = p[:b.left]
@@ -1686,8 +1685,7 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	}
 	b.left -= int64(n)
 	b.n += int64(n)
-	b.ended(err)
-	return n, err
+	return n, b.ended(err)
 }
 
 // holdBulk keeps the connection's hold in step with the copy (readHold):
@@ -1754,8 +1752,12 @@ func (b *clientBody) heldOut() {
 
 // ended records what err, from a read of the body, says of its end: read
 // to its end (eof), or left by a client that closed its connection (gone).
-// A malformed body is neither.
-func (b *clientBody) ended(err error) {
+// A malformed body is neither. It returns the error the read is to
+// return: err, or, for a chunked body whose trailer names a header the
+// proxy sets (stripTrailerFields), that refusal, which the client is
+// answered as for a malformed body and which leaves the sandbox's copy of
+// the body unended.
+func (b *clientBody) ended(err error) error {
 	switch {
 	case err == nil:
 	case err == io.EOF && b.size >= 0 && b.n < b.size:
@@ -1763,13 +1765,16 @@ func (b *clientBody) ended(err error) {
 		// a plain io.EOF (and then replaces it with a message of its own).
 		b.gone = true
 	case err == io.EOF:
-		b.eof = true
 		if b.size < 0 {
-			stripTrailerFields(&b.ctx.Request.Header)
+			if terr := stripTrailerFields(&b.ctx.Request.Header); terr != nil {
+				return terr
+			}
 		}
+		b.eof = true
 	default:
 		b.gone = closedMidBody(err)
 	}
+	return err
 }
 
 // stripTrailerFields removes from the trailer of a chunked body, read
@@ -1777,8 +1782,21 @@ func (b *clientBody) ended(err error) {
 // it, the fields the head loses: the proxy's token fields, so that the
 // sandbox never sees the proxy's credential there either (fasthttp refuses
 // only the standard credentials, Authorization and Cookie, in a trailer),
-// and every name droppedTrailerName picks.
-func stripTrailerFields(h *fasthttp.RequestHeader) {
+// and every name droppedTrailerName picks. A trailer that names a header
+// the proxy sets in the head, Forwarded or X-Cube-Request-Id, is refused
+// (the error says which), as fasthttp refuses X-Forwarded-* and X-Real-IP
+// there: PHP's built-in server (php -S) joins such a field onto the head's
+// ($_SERVER["HTTP_FORWARDED"] "for=127.0.0.1, for=6.6.6.6", the request id
+// "<id>, forged"), so that an app trusting the last Forwarded element
+// took the client's. Removing only the trailer's copy is not to be had:
+// fasthttp deletes a name from head and trailer at once, and the head's
+// request id is still read after the body (the answer's id, the log).
+func stripTrailerFields(h *fasthttp.RequestHeader) error {
+	for _, name := range h.PeekTrailerKeys() {
+		if bytes.EqualFold(name, []byte("Forwarded")) || bytes.EqualFold(name, []byte(HeaderRequestID)) {
+			return fmt.Errorf("request trailer field %q: the proxy sets it in the head", name)
+		}
+	}
 	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
@@ -1793,6 +1811,7 @@ func stripTrailerFields(h *fasthttp.RequestHeader) {
 	for _, name := range doomed {
 		h.DelBytes(name)
 	}
+	return nil
 }
 
 // droppedTrailerName reports whether a request trailer field must not
@@ -1807,6 +1826,10 @@ func stripTrailerFields(h *fasthttp.RequestHeader) {
 // sandbox's code a client's admin token (measured with PHP 8.2).
 // X-Forwarded-Host's is dropped whatever the route: fasthttp refuses the
 // real name in a trailer, so only a spelling meant to pass for it comes.
+// So is X-Cube-Request-Id's, which the head keeps: there it can replace
+// only the client's own id (an id the proxy makes is added after it),
+// while a trailer's replaced, in php -S, the id the proxy made or checked
+// with any value.
 func droppedTrailerName(name []byte) bool {
 	if bytes.IndexByte(name, ' ') >= 0 {
 		return true
@@ -1815,7 +1838,8 @@ func droppedTrailerName(name []byte) bool {
 		return false
 	}
 	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
-		underscoreAlias(name, "x-forwarded-host") || credentialAlias(name)
+		underscoreAlias(name, "x-forwarded-host") || underscoreAlias(name, "x-cube-request-id") ||
+		credentialAlias(name)
 }
 
 // errChunkStalled is a chunked body's read that reached the read deadline

@@ -1883,6 +1883,8 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 		"X_Forwarded_For: 6.6.6.6",
 		"X_Forwarded_Host: evil.example",
 		"X Cube Admin Token: admin-secret",
+		"X_Cube_Request_Id: forged",
+		"x.cube.request.id: forged",
 	}
 	kept := []string{"X_App_Sum: 1", "X.App.Id: 2", "X-Checksum: c0ffee"}
 	for _, tc := range []struct {
@@ -1912,7 +1914,7 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 				name, _, _ := strings.Cut(l, ":")
 				switch norm.Replace(strings.ToLower(name)) {
 				case "x-cube-admin-token", "e2b-traffic-access-token", "cube-traffic-access-token",
-					"x-real-ip", "x-forwarded-for", "x-forwarded-host":
+					"x-real-ip", "x-forwarded-for", "x-forwarded-host", "x-cube-request-id":
 					t.Errorf("trailer field %q reached the sandbox", l)
 				}
 			}
@@ -1923,6 +1925,81 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A chunked body whose trailer names a header the proxy sets in the head,
+// Forwarded or X-Cube-Request-Id, is refused as malformed (400
+// bad_request_body), as fasthttp refuses X-Forwarded-* and X-Real-IP
+// there: PHP's built-in server joins a trailer field onto the head's, so
+// relayed, the client's "for=6.6.6.6" was the last Forwarded element, the
+// one an app trusts, and the request id the sandbox logged was not the one
+// the client got back. The sandbox, a raw socket, never gets the body's
+// end (its connection is closed before the last chunk), nor a trailer; the
+// answer carries the head's id. A body that comes with the head and one
+// that streams, with and without a Forwarded in the head; one that
+// announces both and sends neither passes.
+func TestRequestTrailerRefusesProxyHeaders(t *testing.T) {
+	h := newHarness(t)
+	trailers := make(chan []string, 8)
+	closed := make(chan struct{}, 8)
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				serveTrailerLines(c, trailers)
+				closed <- struct{}{}
+			}()
+		}
+	}()
+	host := h.route("trailrefuse", uint16(ln.Addr().(*net.TCPAddr).Port))
+	for _, field := range []string{"Forwarded: for=6.6.6.6", "forwarded: for=6.6.6.6", "X-Cube-Request-Id: forged", "x-cube-request-id: forged"} {
+		for _, size := range []int{7, 256 << 10} {
+			for _, head := range []string{"", "Forwarded: for=1.2.3.4\r\n"} {
+				t.Run(fmt.Sprintf("%s, %d bytes, head %q", field, size, head), func(t *testing.T) {
+					var raw strings.Builder
+					fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\n%s%s: client-id\r\nTransfer-Encoding: chunked\r\n\r\n", host, head, HeaderRequestID)
+					fmt.Fprintf(&raw, "%x\r\n%s\r\n0\r\nX-Checksum: c0ffee\r\n%s\r\n\r\n", size, strings.Repeat("x", size), field)
+					resp, body := rawRequest(t, h.addr, raw.String())
+					if resp.StatusCode != 400 || !strings.Contains(body, `"code":"`+CodeBadBody+`"`) {
+						t.Errorf("answer %d %q, want 400 %s", resp.StatusCode, body, CodeBadBody)
+					}
+					if id := resp.Header.Get(HeaderRequestID); id != "client-id" {
+						t.Errorf("answer's request id %q, want the head's %q", id, "client-id")
+					}
+					// Sent before it returns: after the close, a trailer
+					// the sandbox got is there to be seen.
+					select {
+					case got := <-trailers:
+						t.Errorf("the sandbox got the body's end and its trailer %q", got)
+					case <-closed:
+						select {
+						case got := <-trailers:
+							t.Errorf("the sandbox got the body's end and its trailer %q", got)
+						default:
+						}
+					}
+				})
+			}
+		}
+	}
+	// Announced in the head (Trailer, which the proxy removes) but not
+	// sent: the body passes.
+	t.Run("announced, not sent", func(t *testing.T) {
+		raw := "PUT / HTTP/1.1\r\nHost: " + host + "\r\nTrailer: Forwarded, X-Cube-Request-Id\r\nForwarded: for=1.2.3.4\r\n" +
+			"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Checksum: c0ffee\r\n\r\n"
+		resp, body := rawRequest(t, h.addr, raw)
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("answer %d %q, want 200 \"ok\"", resp.StatusCode, body)
+		}
+		if got := <-trailers; !slices.Equal(got, []string{"X-Checksum: c0ffee"}) {
+			t.Errorf("the sandbox got the trailer %q, want X-Checksum alone", got)
+		}
+	})
 }
 
 // serveTrailerLines answers each request on c (a chunked body) with "ok",

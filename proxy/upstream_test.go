@@ -1858,17 +1858,7 @@ func TestRequestTrailersLoseTheTrafficToken(t *testing.T) {
 func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 	h := newHarness(t)
 	trailers := make(chan []string, 1)
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go serveTrailerLines(c, trailers)
-		}
-	}()
+	ln := testenv.ServeTCP(t, func(c net.Conn) { serveTrailerLines(c, trailers) })
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	token := strings.Repeat("cd", 32)
 	public := h.route("aliaspub", port)
@@ -1942,20 +1932,10 @@ func TestRequestTrailerRefusesProxyHeaders(t *testing.T) {
 	h := newHarness(t)
 	trailers := make(chan []string, 8)
 	closed := make(chan struct{}, 8)
-	ln := listen(t, "127.0.0.1:0")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				serveTrailerLines(c, trailers)
-				closed <- struct{}{}
-			}()
-		}
-	}()
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		serveTrailerLines(c, trailers)
+		closed <- struct{}{}
+	})
 	host := h.route("trailrefuse", uint16(ln.Addr().(*net.TCPAddr).Port))
 	for _, field := range []string{"Forwarded: for=6.6.6.6", "forwarded: for=6.6.6.6", "X-Cube-Request-Id: forged", "x-cube-request-id: forged"} {
 		for _, size := range []int{7, 256 << 10} {

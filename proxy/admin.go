@@ -204,6 +204,9 @@ func adminAllow(path string) string {
 	return ""
 }
 
+// maxAdminBody is the largest admin request body.
+const maxAdminBody = 1 << 20
+
 // maxTokenlessAdminBody is the largest body read from a caller that
 // presents no valid admin token when one is configured: none of the
 // endpoints it may call (health, readiness, a loopback scrape) reads a
@@ -218,6 +221,40 @@ const maxTokenlessAdminBody = 8 << 10
 // only, and its local callers are trusted with the full body limit).
 func (a *Admin) tokenPresented(h *fasthttp.RequestHeader) bool {
 	return a.cfg.Token == "" || auth.AdminAuthorized([]byte(a.cfg.Token), h.Peek(auth.HeaderAdminToken))
+}
+
+// expect judges the head of an "Expect: 100-continue" request before the
+// client is asked for its body, as nginx and the traffic listener (Proxy.
+// Expect) do: a declared body over the limit is answered 413 and a caller
+// without the credential its 403 (or whatever the handler answers it
+// without a body), with the lingering close of the other refusals; else
+// 100, and the request runs as usual once its body has come. Answering
+// 100 to every head had the client send a body only to have it refused.
+func (a *Admin) expect(ctx *fasthttp.RequestCtx) int {
+	h := &ctx.Request.Header
+	if frameless(h) {
+		return fasthttp.StatusContinue
+	}
+	limit := maxAdminBody
+	if !a.tokenPresented(h) {
+		limit = maxTokenlessAdminBody
+	}
+	switch {
+	case h.ContentLength() > limit:
+		writeError(ctx, refusedByParser(fasthttp.ErrBodyTooLarge), nil)
+	case !a.authorized(ctx):
+		a.Handler(ctx)
+	default:
+		return fasthttp.StatusContinue
+	}
+	// fasthttp closes the connection after any answer but 100: a client
+	// that sent its body without waiting would get a reset, not this.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		ctx.Response.Header.SetConnectionClose()
+		a.p.answerLingering(c, c, &ctx.Response)
+	})
+	return ctx.Response.StatusCode()
 }
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {

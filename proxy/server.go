@@ -420,6 +420,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			}
 			return fasthttp.RequestConfig{}
 		},
+		ExpectHandler: admin.expect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			renewWriteDeadline(ctx, adminWriteTimeout)
 			clientError(ctx, err) // JSON, like every admin answer
@@ -444,7 +445,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          adminWriteTimeout,
 		IdleTimeout:           90 * time.Second,
-		MaxRequestBodySize:    1 << 20,
+		MaxRequestBodySize:    maxAdminBody,
 		CloseOnShutdown:       true,
 		Logger:                log,
 		SecureErrorLogMessage: true,

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -187,5 +188,33 @@ func TestAdminJudgesExpectHeads(t *testing.T) {
 	got, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !strings.Contains(string(got), `"state":"paused"`) {
 		t.Errorf("admitted request: %d %s, want 200 paused", resp.StatusCode, got)
+	}
+}
+
+// A body that is no JSON object is answered with what came instead, in
+// words: "EOF" for an empty or cut body, and "got <nil>" for null (sent
+// as "got \u003cnil\u003e"), told a caller nothing.
+func TestAdminBodyErrorsSayWhatCame(t *testing.T) {
+	const tok = "admin-secret"
+	h := newHarness(t, func(o *harnessOpts) { o.token = tok })
+	for _, tc := range []struct{ body, want string }{
+		{``, "invalid JSON body: empty body, want a JSON object"},
+		{`  `, "invalid JSON body: empty body, want a JSON object"},
+		{`{`, "invalid JSON body: unexpected end of the body"},
+		{`{"sandbox_id":"a"`, "invalid JSON body: unexpected end of the body"},
+		{`{"sandbox_id":"a",`, "invalid JSON body: unexpected end of the body"},
+		{`null`, "invalid JSON body: want a JSON object, got null"},
+		{`[]`, "invalid JSON body: want a JSON object, got an array"},
+		{`5`, "invalid JSON body: want a JSON object, got a number"},
+		{`"a"`, "invalid JSON body: want a JSON object, got a string"},
+		{`true`, "invalid JSON body: want a JSON object, got a boolean"},
+	} {
+		req := "POST /admin/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Admin-Token: " + tok + "\r\n" +
+			fmt.Sprintf("Content-Length: %d\r\n\r\n", len(tc.body)) + tc.body
+		resp, body := rawRequest(t, h.admin, req)
+		var out struct{ Error string }
+		if err := json.Unmarshal([]byte(body), &out); err != nil || resp.StatusCode != 400 || out.Error != tc.want {
+			t.Errorf("body %q: %d %s, want 400 %q", tc.body, resp.StatusCode, body, tc.want)
+		}
 	}
 }

@@ -204,6 +204,9 @@ func adminAllow(path string) string {
 	return ""
 }
 
+// maxAdminBody is the largest admin request body.
+const maxAdminBody = 1 << 20
+
 // maxTokenlessAdminBody is the largest body read from a caller that
 // presents no valid admin token when one is configured: none of the
 // endpoints it may call (health, readiness, a loopback scrape) reads a
@@ -218,6 +221,40 @@ const maxTokenlessAdminBody = 8 << 10
 // only, and its local callers are trusted with the full body limit).
 func (a *Admin) tokenPresented(h *fasthttp.RequestHeader) bool {
 	return a.cfg.Token == "" || auth.AdminAuthorized([]byte(a.cfg.Token), h.Peek(auth.HeaderAdminToken))
+}
+
+// expect judges the head of an "Expect: 100-continue" request before the
+// client is asked for its body, as nginx and the traffic listener (Proxy.
+// Expect) do: a declared body over the limit is answered 413 and a caller
+// without the credential its 403 (or whatever the handler answers it
+// without a body), with the lingering close of the other refusals; else
+// 100, and the request runs as usual once its body has come. Answering
+// 100 to every head had the client send a body only to have it refused.
+func (a *Admin) expect(ctx *fasthttp.RequestCtx) int {
+	h := &ctx.Request.Header
+	if frameless(h) {
+		return fasthttp.StatusContinue
+	}
+	limit := maxAdminBody
+	if !a.tokenPresented(h) {
+		limit = maxTokenlessAdminBody
+	}
+	switch {
+	case h.ContentLength() > limit:
+		writeError(ctx, refusedByParser(fasthttp.ErrBodyTooLarge), nil)
+	case !a.authorized(ctx):
+		a.Handler(ctx)
+	default:
+		return fasthttp.StatusContinue
+	}
+	// fasthttp closes the connection after any answer but 100: a client
+	// that sent its body without waiting would get a reset, not this.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		ctx.Response.Header.SetConnectionClose()
+		a.p.answerLingering(c, c, &ctx.Response)
+	})
+	return ctx.Response.StatusCode()
 }
 
 func (a *Admin) authorized(ctx *fasthttp.RequestCtx) bool {
@@ -599,21 +636,23 @@ func readSandboxBody(ctx *fasthttp.RequestCtx, withState bool) (sandboxBody, boo
 func decodeObject(body []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	if tok, err := dec.Token(); err != nil {
+	if tok, err := dec.Token(); err == io.EOF {
+		return nil, errors.New("empty body, want a JSON object")
+	} else if err != nil {
 		return nil, err
 	} else if tok != json.Delim('{') {
-		return nil, fmt.Errorf("want a JSON object, got %v", tok)
+		return nil, fmt.Errorf("want a JSON object, got %s", jsonKind(tok))
 	}
 	out := make(map[string]any)
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, err
+			return nil, cutShort(err)
 		}
 		name, _ := tok.(string) // the decoder yields only strings as names
 		var v any
 		if err := dec.Decode(&v); err != nil {
-			return nil, err
+			return nil, cutShort(err)
 		}
 		if _, dup := out[name]; dup {
 			return nil, fmt.Errorf("field %q given twice", name)
@@ -621,12 +660,37 @@ func decodeObject(body []byte) (map[string]any, error) {
 		out[name] = v
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, err
+		return nil, cutShort(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("trailing data after the object")
 	}
 	return out, nil
+}
+
+// cutShort says a body that ends inside its object so: the decoder
+// reports it as a bare "EOF" or "unexpected EOF".
+func cutShort(err error) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return errors.New("unexpected end of the body")
+	}
+	return err
+}
+
+// jsonKind names the kind of a JSON token other than an object's start,
+// for a 400 ("got <nil>" said nothing of a null).
+func jsonKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		return "an array"
+	case json.Number, float64:
+		return "a number"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	}
+	return "null"
 }
 
 func (a *Admin) cacheDelete(ctx *fasthttp.RequestCtx) {
@@ -771,6 +835,9 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		SandboxID, TTL string
 		Port           int64
 	}
+	// badPort is a port given as a number that is no whole int64 (80.5,
+	// 1e2), as sent.
+	var badPort string
 	// Unknown fields are refused: a lifetime spelled another way
 	// ("ttl_seconds") would otherwise silently issue a 10-minute token.
 	// So are a member given twice and one spelled in another case
@@ -790,7 +857,12 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		case "port":
 			var n json.Number
 			if n, ok = v.(json.Number); ok {
-				b.Port, err = n.Int64()
+				if p, perr := n.Int64(); perr == nil {
+					b.Port = p
+				} else {
+					// Said as the bad port it is, below.
+					b.Port, badPort = -1, n.String()
+				}
 			}
 		default:
 			err = fmt.Errorf("unknown field %q", name)
@@ -821,6 +893,8 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 		msg = "port (1-65535) is required"
 	case !routing.ValidID(b.SandboxID):
 		msg = fmt.Sprintf("sandbox_id %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", b.SandboxID)
+	case badPort != "":
+		msg = fmt.Sprintf("port %s is not a port (1-65535)", badPort)
 	case b.Port < 1 || b.Port > 65535:
 		msg = fmt.Sprintf("port %d is not a port (1-65535)", b.Port)
 	}

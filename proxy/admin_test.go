@@ -739,6 +739,11 @@ func TestAdminTokensRefuseUnknownFields(t *testing.T) {
 		{`{"sandbox_id":"Box!","port":8080}`, 400, `sandbox_id "Box!" is not a sandbox id`},
 		{`{"sandbox_id":"box","port":0}`, 400, "port 0 is not a port (1-65535)"},
 		{`{"sandbox_id":"box","port":65536}`, 400, "port 65536 is not a port (1-65535)"},
+		// A number that is no whole one is a bad port too, said so
+		// rather than as Go's strconv error.
+		{`{"sandbox_id":"box","port":80.5}`, 400, "port 80.5 is not a port (1-65535)"},
+		{`{"sandbox_id":"box","port":1e2}`, 400, "port 1e2 is not a port (1-65535)"},
+		{`{"sandbox_id":"box","port":99999999999999999999}`, 400, "port 99999999999999999999 is not a port (1-65535)"},
 	} {
 		resp, err := http.Post("http://"+ln.Addr().String()+"/admin/tokens", "application/json", strings.NewReader(tc.body))
 		if err != nil {

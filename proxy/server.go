@@ -420,6 +420,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			}
 			return fasthttp.RequestConfig{}
 		},
+		ExpectHandler: admin.expect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			renewWriteDeadline(ctx, adminWriteTimeout)
 			clientError(ctx, err) // JSON, like every admin answer
@@ -432,7 +433,11 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 			// of lines before it, which the pooled context would keep.
 			shedHead(ctx)
 		},
-		NoDefaultServerHeader: true,
+		// Every body is JSON whatever its Content-Type: pre-parsed as a
+		// form, a JSON body sent as multipart/form-data got the parser's
+		// 400, and a form was parsed before the token was judged.
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
 		// As large as a traffic head: fasthttp's default 4 KiB
 		// refused a control plane's tracing baggage, or an operator's
 		// curl through an SSO proxy, with 431.
@@ -440,7 +445,7 @@ func adminServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.S
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          adminWriteTimeout,
 		IdleTimeout:           90 * time.Second,
-		MaxRequestBodySize:    1 << 20,
+		MaxRequestBodySize:    maxAdminBody,
 		CloseOnShutdown:       true,
 		Logger:                log,
 		SecureErrorLogMessage: true,

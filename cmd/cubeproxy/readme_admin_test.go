@@ -84,15 +84,37 @@ func TestREADMEAdminAnswersMatch(t *testing.T) {
 	if status, got := adminAnswerKeys(t, "POST", admin+"/admin/state", strings.Repeat("x", 1<<20+1)); status != 413 || !slices.Equal(got, []string{"code", "error"}) {
 		t.Errorf("admin body over 1 MiB: %d with keys %v, want 413 with code and error", status, got)
 	}
+	// The prose's other shapes: the 413 to an Expect head over the limit,
+	// in place of the 100; the 403 of a loopback caller that is a web
+	// page (Origin) when no token is configured; and the 503 of a change
+	// whose invalidation could not be published (Redis refusing).
+	for _, e := range []struct {
+		name, base, path, body string
+		hdr                    []string
+		status                 int
+		keys                   []string
+	}{
+		{"Expect head over 1 MiB", admin, "/admin/state", strings.Repeat("x", 1<<20+1), []string{"Expect", "100-continue"}, 413, []string{"code", "error"}},
+		{"web page on loopback", admin, "/admin/state", `{"sandbox_id":"box","state":"running"}`, []string{"Origin", "http://evil.test"}, 403, []string{"error"}},
+		{"invalidation not published", unreadyAdmin, "/admin/backend_cache/delete", `{"sandbox_id":"box"}`, nil, 503, []string{"code", "error"}},
+	} {
+		if status, got := adminAnswerKeys(t, "POST", e.base+e.path, e.body, e.hdr...); status != e.status || !slices.Equal(got, e.keys) {
+			t.Errorf("%s: %d with keys %v, want %d with %v", e.name, status, got, e.status, e.keys)
+		}
+	}
 }
 
-// adminAnswerKeys calls the admin API and returns the status and the
-// answer's top-level JSON keys, sorted.
-func adminAnswerKeys(t *testing.T, method, url, body string) (int, []string) {
+// adminAnswerKeys calls the admin API, with the header lines hdr (name,
+// value, ...), and returns the status and the answer's top-level JSON
+// keys, sorted.
+func adminAnswerKeys(t *testing.T, method, url, body string, hdr ...string) (int, []string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	// A connection each: a 413 lingers only on a connection's first request.
 	req.Close = true

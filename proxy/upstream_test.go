@@ -2191,9 +2191,16 @@ func TestUpstreamStrayAnswerBeforeUnretryableRequest(t *testing.T) {
 // client.body_timeout bounds each wait for the client's next bytes, not
 // the whole upload: a client that sends its body at once, while the proxy
 // is held back by a slow sandbox for longer than the timeout, is served.
+//
+// Each wait for the client's next bytes takes 2.5 ms at most under -race,
+// but the client's writer is a goroutine of the test binary, and a full
+// -race run of the package on two loaded cores can leave one unscheduled
+// for hundreds of milliseconds: at 300 ms the proxy timed out now and
+// then on a client that was not slow, so the timeout, and the sandbox's
+// wait with it, is longer.
 func TestBodyTimeoutCountsOnlyTheClient(t *testing.T) {
 	t.Parallel()
-	const timeout = 300 * time.Millisecond
+	const timeout = time.Second
 	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientBodyTimeout = timeout })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(3 * timeout) // a sandbox slow to start reading

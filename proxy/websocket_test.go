@@ -519,12 +519,23 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 // start of each piece the sandbox sent (up to 64 KiB), as nginx's
 // send_timeout. Only one that takes nothing for the timeout is cut
 // (TestTunnelClientThatStopsReadingIsCut).
+//
+// The client reads 1 KiB every timeout/10, so a piece takes 6.4 timeouts
+// to drain. The proxy sees the client's progress only when its socket
+// has room for a few KiB more: every 300-500 ms at this rate, leaving
+// 500 ms for a stall of the client's goroutine or the proxy's. With a
+// 300 ms timeout and 32 KB/s it saw progress every 90-256 ms, 44 ms to
+// spare, and a full -race run of the package on a loaded 2-core machine
+// cut the tunnel now and then.
 func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 	t.Parallel()
-	const size = 160 << 10
+	const (
+		size    = 160 << 10
+		timeout = time.Second
+	)
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = time.Hour
-		o.srv.ClientWriteTimeout = 300 * time.Millisecond
+		o.srv.ClientWriteTimeout = timeout
 	})
 	ln := listen(t, "127.0.0.1:0")
 	go func() {
@@ -540,7 +551,7 @@ func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 	front := listenSmallSendBuffer(t, 4<<10) // 8 KiB: the kernel doubles it
 	go h.server.Serve(front)
 	c := dialSmallWindow(t, front.Addr().String())
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
 	br := bufio.NewReaderSize(c, 1024)
@@ -549,8 +560,8 @@ func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 		t.Fatalf("upgrade: %v %v", resp, err)
 	}
 	io.WriteString(c, "g") // the sandbox's go-ahead
-	// About 32 KB/s: 1 KiB every 32 ms, a 64 KiB piece in 2 s.
-	tick := time.NewTicker(32 * time.Millisecond)
+	// 10 KiB/s: 1 KiB every 100 ms, a 64 KiB piece in 6.4 s.
+	tick := time.NewTicker(timeout / 10)
 	defer tick.Stop()
 	buf := make([]byte, 1<<10)
 	got, start := 0, time.Now()

@@ -127,13 +127,29 @@ func TestTLSPoolDropsClosedConnections(t *testing.T) {
 			r := testenv.StartRedis(t, append([]string{"--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile,
 				"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}, tc.args...)...)
 			hset(t, r, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1")
-			s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: caFile, PoolSize: 12})
+			// The budget is generous, and every lookup that fills the pool
+			// must succeed: one that gives up (its TLS handshake slow
+			// under -race on a loaded machine) leaves its dial running in
+			// go-redis, which hands the connection to a later lookup
+			// without checking it, and counts the dial's failure (killed
+			// with the server). A connection dialed to the old server, or
+			// PoolSize failed dials, which make go-redis answer every
+			// dial with the last error ("connection reset by peer")
+			// until a probe (one a second) succeeds, failed lookup 0.
+			s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: caFile, PoolSize: 12, CommandTimeout: 30 * time.Second})
 			// Fill the pool: concurrent lookups each hold a connection.
 			var wg sync.WaitGroup
 			for range 48 {
-				wg.Go(func() { _, _ = s.Lookup(context.Background(), "sbx") })
+				wg.Go(func() {
+					if _, err := s.Lookup(context.Background(), "sbx"); err != nil {
+						t.Errorf("lookup filling the pool: %v", err)
+					}
+				})
 			}
 			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
 			if n := s.Client().PoolStats().IdleConns; n < 4 {
 				t.Fatalf("%d idle connections in the pool, want several", n)
 			}

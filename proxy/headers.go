@@ -532,8 +532,10 @@ func appendUint(dst []byte, v uint64) []byte {
 
 // dropForwardingAliases removes the client's header lines whose names read
 // as a header the proxy vouches for or strips once '_' is taken for '-'
-// (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set, and
-// the proxy's credential headers: X_Cube_Admin_Token,
+// (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set,
+// X_Cube_Request_Id, whose value the sandbox would file over the id the
+// client, the access log and the sandbox's answer carry, and the proxy's
+// credential headers: X_Cube_Admin_Token,
 // E2b_Traffic_Access_Token, Cube_Traffic_Access_Token; '.' is taken for
 // '-' as well: X.Real.IP, X.Cube.Admin.Token). CGI, WSGI and PHP servers file
 // both spellings under one variable (HTTP_X_REAL_IP) and join or overwrite
@@ -549,7 +551,8 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 			continue
 		}
 		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
-			(masked && underscoreAlias(name, "x-forwarded-host")) || credentialAlias(name) {
+			(masked && underscoreAlias(name, "x-forwarded-host")) || underscoreAlias(name, "x-cube-request-id") ||
+			credentialAlias(name) {
 			h.DelBytes(name)
 		}
 	}

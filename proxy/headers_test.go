@@ -446,7 +446,9 @@ func TestForwardingLinesKeepTheirOrder(t *testing.T) {
 // them, so a client's line spelled with '_' would forge the address the
 // proxy vouches for; PHP's built-in server (php -S) files X.Real.IP there
 // too. nginx drops such names by default; so must the proxy, for the
-// headers it sets, and leave every other name alone.
+// headers it sets (X_Cube_Request_Id too: the sandbox's logs would name
+// another id than the answer and the access log), and leave every other
+// name alone.
 func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	h := newHarness(t)
 	port := backend(t, "127.0.0.1", echoHeaders())
@@ -455,7 +457,7 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 		"X-Forwarded-For: 1.1.1.1", "X_Forwarded_For: 6.6.6.6", "x-forwarded_for: 6.6.6.6",
 		"X-Real-IP: 6.6.6.6", "X_REAL_IP: 6.6.6.6", "x_real-ip: 6.6.6.6",
 		"X.Real.IP: 6.6.6.6", "X.Forwarded-For: 6.6.6.6", "X.Forwarded.Host: evil.example",
-		"X_Forwarded_Host: evil.example",
+		"X_Forwarded_Host: evil.example", "X-Cube-Request-Id: client-id", "X_Cube_Request_Id: forged", "x.cube.request_id: forged",
 		"X_App_Header: kept", "X.App.Header: kept", "Cookie: _ga=GA1.2; a_b=c", "X-Forwarded_Proto: https")
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
@@ -466,7 +468,7 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	}
 	for k, v := range e.Headers {
 		switch strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(k)) {
-		case "x-real-ip", "x-forwarded-for", "x-forwarded-host":
+		case "x-real-ip", "x-forwarded-for", "x-forwarded-host", "x-cube-request-id":
 			if strings.ContainsAny(k, "_.") {
 				t.Errorf("%s: %q reached the sandbox", k, v)
 			}
@@ -476,6 +478,7 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 		"X-Real-Ip":         "127.0.0.1",
 		"X-Forwarded-For":   "1.1.1.1, 127.0.0.1",
 		"X-Forwarded-Host":  "80-alias.cube.test",
+		"X-Cube-Request-Id": "client-id",
 		"X_app_header":      "kept",
 		"X.app.header":      "kept",
 		"Cookie":            "_ga=GA1.2; a_b=c",

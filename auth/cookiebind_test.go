@@ -76,7 +76,7 @@ func TestCookieBinding(t *testing.T) {
 }
 
 func TestVerifyCookieAllocs(t *testing.T) {
-	if raceEnabled() {
+	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items at random; allocations are checked by the run without -race")
 	}
 	const traffic = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/url"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -215,7 +214,7 @@ func TestSignInput(t *testing.T) {
 }
 
 func TestVerifyAllocs(t *testing.T) {
-	if raceEnabled() {
+	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items at random; allocations are checked by the run without -race")
 	}
 	s := mustSigner(t, key2, key1)
@@ -298,18 +297,6 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("verified %q but signing its claims gives %q", token, again)
 		}
 	})
-}
-
-// raceEnabled reports whether the test binary was built with -race.
-func raceEnabled() bool {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "-race" {
-				return s.Value == "true"
-			}
-		}
-	}
-	return false
 }
 
 func TestMaxTokenLen(t *testing.T) {

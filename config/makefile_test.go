@@ -160,7 +160,7 @@ func TestMakefileRunsEveryRaceSkippedTest(t *testing.T) {
 	}
 	type run struct {
 		pattern *regexp.Regexp
-		pkg     string // "./..." or a package directory
+		pkgs    []string // "./..." or package directories
 	}
 	var runs []run
 	for line := range strings.SplitSeq(string(raw), "\n") {
@@ -174,10 +174,10 @@ func TestMakefileRunsEveryRaceSkippedTest(t *testing.T) {
 				r.pattern = regexp.MustCompile(strings.Trim(fields[i+1], `'"`))
 			}
 			if strings.HasPrefix(f, "./") {
-				r.pkg = f
+				r.pkgs = append(r.pkgs, f)
 			}
 		}
-		if r.pattern != nil && r.pkg != "" {
+		if r.pattern != nil && len(r.pkgs) > 0 {
 			runs = append(runs, r)
 		}
 	}
@@ -191,8 +191,10 @@ func TestMakefileRunsEveryRaceSkippedTest(t *testing.T) {
 	for _, s := range skipped {
 		ran := false
 		for _, r := range runs {
-			inPkg := r.pkg == "./..." || filepath.Clean(filepath.Join("..", r.pkg)) == s.dir
-			ran = ran || inPkg && r.pattern.MatchString(s.name)
+			for _, pkg := range r.pkgs {
+				inPkg := pkg == "./..." || filepath.Clean(filepath.Join("..", pkg)) == s.dir
+				ran = ran || inPkg && r.pattern.MatchString(s.name)
+			}
 		}
 		if !ran {
 			t.Errorf("%s.%s skips under -race and no run of make test without -race matches it: name it so that one does, or add it to the Makefile", s.dir, s.name)

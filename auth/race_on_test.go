@@ -1,0 +1,5 @@
+//go:build race
+
+package auth
+
+const raceEnabled = true

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -8,14 +9,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
 	"github.com/coder/websocket"
 )
 
@@ -309,45 +312,230 @@ type browser interface {
 	navigate(ctx context.Context, url string) error
 }
 
-// chromium is a headless Chromium driven over the DevTools protocol.
-type chromium struct{ ctx context.Context }
+// chromium is a headless Chromium driven over the Chrome DevTools
+// Protocol, a JSON exchange on a WebSocket as firefox's WebDriver BiDi is.
+// The test needs three commands of it (open a tab, attach to it, navigate),
+// so this is all of the client: chromedp and its generated cdproto cost
+// about a minute of compiling on a cold build cache, in go vet and again
+// in go test -race.
+type chromium struct {
+	ws      *browserConn
+	session string // the tab's, on the browser's connection (flatten mode)
+}
 
 // newChromium starts a headless Chromium that resolves every *.cube.test
 // and *.platform.test name to loopback and accepts the tests' certificates.
 // A missing Chromium fails the test: make test installs it.
 func newChromium(t *testing.T) browser {
 	t.Helper()
-	if _, err := exec.LookPath("chromium"); err != nil {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
 		t.Fatalf("chromium not found (make test installs it with apt): %v", err)
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath("chromium"),
-		chromedp.NoSandbox, // root in CI
-		chromedp.Flag("ignore-certificate-errors", true),
-		chromedp.Flag("host-resolver-rules", "MAP *.cube.test 127.0.0.1, MAP *.platform.test 127.0.0.1"),
+	cmd := exec.Command(bin,
+		// chromedp's defaults (after Puppeteer's), which the test ran with
+		// before: headless, and nothing in the background that reaches out
+		// or slows a page down.
+		"--headless", "--hide-scrollbars", "--mute-audio",
+		"--no-first-run", "--no-default-browser-check",
+		"--disable-background-networking", "--disable-component-update",
+		"--enable-features=NetworkService,NetworkServiceInProcess",
+		"--disable-background-timer-throttling", "--disable-backgrounding-occluded-windows",
+		"--disable-breakpad", "--disable-client-side-phishing-detection",
+		"--disable-default-apps", "--disable-dev-shm-usage", "--disable-extensions",
+		"--disable-features=Translate,BlinkGenPropertyTrees", "--disable-hang-monitor",
+		"--disable-ipc-flooding-protection", "--disable-popup-blocking",
+		"--disable-prompt-on-repost", "--disable-renderer-backgrounding", "--disable-sync",
+		"--force-color-profile=srgb", "--metrics-recording-only",
+		"--safebrowsing-disable-auto-update", "--enable-automation",
+		"--password-store=basic", "--use-mock-keychain",
+		"--no-sandbox", // root in CI
+		"--ignore-certificate-errors",
+		"--host-resolver-rules=MAP *.cube.test 127.0.0.1, MAP *.platform.test 127.0.0.1",
+		"--user-data-dir="+t.TempDir(),
+		"--remote-debugging-port=0",
+		"about:blank",
 	)
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancel)
-	ctx, cancelCtx := chromedp.NewContext(actx)
-	t.Cleanup(cancelCtx)
-	// The first action's context owns the browser, so the start is bounded
-	// by a timer rather than by a context of its own.
-	stuck := time.AfterFunc(time.Minute, cancelCtx)
-	if err := chromedp.Do(ctx); err != nil { // starts the browser
-		t.Fatalf("start chromium: %v", err)
+	// Its temporary files too (shared memory, with --disable-dev-shm-usage,
+	// and the singleton socket's directory, which a killed Chromium leaves)
+	// go where the test removes them.
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	addr := startBrowser(t, cmd, "DevTools listening on ")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := &chromium{ws: dialBrowser(ctx, t, addr)}
+	raw, err := c.call(ctx, "Target.createTarget", map[string]any{"url": "about:blank"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	stuck.Stop()
-	return chromium{ctx}
+	var target struct {
+		TargetID string `json:"targetId"`
+	}
+	if err := json.Unmarshal(raw, &target); err != nil || target.TargetID == "" {
+		t.Fatalf("chromium's new target %s: %v", raw, err)
+	}
+	raw, err = c.call(ctx, "Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attached struct {
+		SessionID string `json:"sessionId"`
+	}
+	if err := json.Unmarshal(raw, &attached); err != nil || attached.SessionID == "" {
+		t.Fatalf("chromium's session %s: %v", raw, err)
+	}
+	c.session = attached.SessionID
+	return c
 }
 
-// navigate bounds the navigation by ctx's deadline; chromedp needs a
-// context derived from its own browser context for that.
-func (c chromium) navigate(ctx context.Context, url string) error {
-	nctx, cancel := context.WithCancel(c.ctx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, cancel)
-	defer stop()
-	return chromedp.Do(nctx, chromedp.Navigate(url))
+// call sends one command, to the tab once attached to it, and returns its
+// result.
+func (c *chromium) call(ctx context.Context, method string, params map[string]any) (json.RawMessage, error) {
+	raw, err := c.ws.exchange(ctx, c.session, method, params)
+	if err != nil {
+		return nil, fmt.Errorf("chromium %s: %w", method, err)
+	}
+	var answer struct {
+		Error *struct {
+			Code    int
+			Message string
+		}
+		Result json.RawMessage
+	}
+	if err := json.Unmarshal(raw, &answer); err != nil {
+		return nil, fmt.Errorf("chromium %s: answer %s: %w", method, raw, err)
+	}
+	if answer.Error != nil {
+		return nil, fmt.Errorf("chromium %s: %s (%s)", method, answer.Error.Message, raw)
+	}
+	return answer.Result, nil
+}
+
+// navigate returns once the page's document has come (or failed); the
+// page reports by itself when it has run.
+func (c *chromium) navigate(ctx context.Context, url string) error {
+	raw, err := c.call(ctx, "Page.navigate", map[string]any{"url": url})
+	if err != nil {
+		return err
+	}
+	var nav struct {
+		ErrorText string `json:"errorText"`
+	}
+	if err := json.Unmarshal(raw, &nav); err != nil {
+		return fmt.Errorf("chromium Page.navigate: answer %s: %w", raw, err)
+	}
+	if nav.ErrorText != "" {
+		return fmt.Errorf("chromium Page.navigate: %s", nav.ErrorText)
+	}
+	return nil
+}
+
+// startBrowser starts cmd, a browser told to listen for automation on a
+// port of its choosing, and returns the address it prints on stderr after
+// prefix. The browser is killed with its process group when the test
+// ends: Chromium's children (zygotes, network service, renderers) outlive
+// a killed main process and write into its user data directory, which
+// then fails t.TempDir's removal.
+func startBrowser(t *testing.T, cmd *exec.Cmd, prefix string) string {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+
+	found := make(chan string, 1)
+	go func() {
+		var log []string
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			if addr, ok := strings.CutPrefix(line, prefix); ok {
+				found <- strings.TrimSpace(addr)
+				for sc.Scan() { // keep the pipe drained
+				}
+				return
+			}
+			log = append(log, line)
+		}
+		found <- strings.Join(log, "\n") // exited without listening
+	}()
+	select {
+	case addr := <-found:
+		if !strings.HasPrefix(addr, "ws://") {
+			t.Fatalf("%s exited without printing %q; its stderr:\n%s", name, prefix, addr)
+		}
+		return addr
+	case <-time.After(time.Minute):
+		t.Fatalf("%s did not print %q within a minute", name, prefix)
+		return ""
+	}
+}
+
+// browserConn is the exchange both browsers' protocols make on their
+// WebSocket: a command is a JSON object with an id, and its answer is the
+// message with the same id.
+type browserConn struct {
+	conn *websocket.Conn
+	id   int
+}
+
+// dialBrowser connects to a browser's automation WebSocket; the connection
+// is closed when the test ends. The default read limit (32 KiB) is left:
+// the largest message the test gets is Firefox's session.new answer, about
+// 500 bytes.
+func dialBrowser(ctx context.Context, t *testing.T, url string) *browserConn {
+	t.Helper()
+	conn, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("connect to the browser at %s: %v", url, err)
+	}
+	t.Cleanup(func() { conn.CloseNow() })
+	return &browserConn{conn: conn}
+}
+
+// exchange sends one command and returns the message that answers it.
+// Messages without its id are events (CDP sends some unasked, such as
+// Target.attachedToTarget), and are skipped. session is the DevTools
+// protocol's target session, empty for the browser itself and in WebDriver
+// BiDi. ctx bounds the exchange; when it ends the connection is closed.
+func (c *browserConn) exchange(ctx context.Context, session, method string, params map[string]any) ([]byte, error) {
+	c.id++
+	msg, err := json.Marshal(struct {
+		ID        int            `json:"id"`
+		SessionID string         `json:"sessionId,omitempty"`
+		Method    string         `json:"method"`
+		Params    map[string]any `json:"params"`
+	}{c.id, session, method, params})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.conn.Write(ctx, websocket.MessageText, msg); err != nil {
+		return nil, err
+	}
+	for {
+		_, raw, err := c.conn.Read(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var answer struct {
+			ID int `json:"id"`
+		}
+		if err := json.Unmarshal(raw, &answer); err != nil {
+			return nil, fmt.Errorf("message %s: %w", raw, err)
+		}
+		if answer.ID == c.id {
+			return raw, nil
+		}
+	}
 }
 
 // open navigates the browser to url and returns the report its page posts.

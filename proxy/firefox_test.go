@@ -1,28 +1,24 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/coder/websocket"
 )
 
 // firefox is a headless Firefox driven over WebDriver BiDi, the protocol
-// Firefox speaks to automation (it dropped the DevTools protocol chromedp
-// needs). The test needs two commands of it, so a JSON exchange on a
-// WebSocket is all of the client: no driver binary, no Node.
+// Firefox speaks to automation (it dropped the DevTools protocol Chromium
+// is driven over). The test needs three commands of it, so a JSON exchange
+// on a WebSocket (browserConn) is all of the client: no driver binary, no
+// Node.
 type firefox struct {
-	conn    *websocket.Conn
+	ws      *browserConn
 	context string // the browsing context (tab) pages open in
-	id      int
 }
 
 // firefoxPrefs resolve every name to loopback (Firefox has no per-domain
@@ -50,50 +46,10 @@ func newFirefox(t *testing.T) *firefox {
 	}
 	cmd := exec.Command(bin, "--headless", "--no-remote", "--profile", profile, "--remote-debugging-port", "0", "about:blank")
 	cmd.Env = append(os.Environ(), "MOZ_CRASHREPORTER_DISABLE=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start firefox: %v", err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	// Port 0 lets Firefox pick; it prints the address it listens on.
-	found := make(chan string, 1)
-	go func() {
-		var log []string
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			if addr, ok := strings.CutPrefix(line, "WebDriver BiDi listening on "); ok {
-				found <- addr
-				for sc.Scan() { // keep the pipe drained
-				}
-				return
-			}
-			log = append(log, line)
-		}
-		found <- strings.Join(log, "\n") // exited without listening
-	}()
-	var addr string
-	select {
-	case addr = <-found:
-		if !strings.HasPrefix(addr, "ws://") {
-			t.Fatalf("firefox exited without starting WebDriver BiDi; its stderr:\n%s", addr)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("firefox did not start WebDriver BiDi within a minute")
-	}
+	addr := startBrowser(t, cmd, "WebDriver BiDi listening on ")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, _, err := websocket.Dial(ctx, addr+"/session", nil)
-	if err != nil {
-		t.Fatalf("connect to firefox at %s: %v", addr, err)
-	}
-	conn.SetReadLimit(-1)
-	t.Cleanup(func() { conn.CloseNow() })
-	f := &firefox{conn: conn}
+	f := &firefox{ws: dialBrowser(ctx, t, addr+"/session")}
 	if _, err := f.call(ctx, "session.new", map[string]any{
 		"capabilities": map[string]any{"alwaysMatch": map[string]any{"acceptInsecureCerts": true}},
 	}); err != nil {
@@ -113,24 +69,13 @@ func newFirefox(t *testing.T) *firefox {
 	return f
 }
 
-// call sends one command and returns its result. The session subscribes
-// to no events, so every message is an answer; one of another id would
-// be a bug of this client's.
+// call sends one command and returns its result.
 func (f *firefox) call(ctx context.Context, method string, params map[string]any) (json.RawMessage, error) {
-	f.id++
-	msg, err := json.Marshal(map[string]any{"id": f.id, "method": method, "params": params})
-	if err != nil {
-		return nil, err
-	}
-	if err := f.conn.Write(ctx, websocket.MessageText, msg); err != nil {
-		return nil, fmt.Errorf("firefox %s: %w", method, err)
-	}
-	_, raw, err := f.conn.Read(ctx)
+	raw, err := f.ws.exchange(ctx, "", method, params)
 	if err != nil {
 		return nil, fmt.Errorf("firefox %s: %w", method, err)
 	}
 	var answer struct {
-		ID      int
 		Type    string
 		Error   string
 		Message string
@@ -139,7 +84,7 @@ func (f *firefox) call(ctx context.Context, method string, params map[string]any
 	if err := json.Unmarshal(raw, &answer); err != nil {
 		return nil, fmt.Errorf("firefox %s: answer %s: %w", method, raw, err)
 	}
-	if answer.Type != "success" || answer.ID != f.id {
+	if answer.Type != "success" {
 		return nil, fmt.Errorf("firefox %s: %s: %s (%s)", method, answer.Error, answer.Message, raw)
 	}
 	return answer.Result, nil

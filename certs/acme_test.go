@@ -116,7 +116,17 @@ func startManager(t *testing.T, cfg certs.Config) *certs.Manager {
 	return m
 }
 
+// Most ACME tests run in parallel, each with its own pebble, DNS server
+// and storage. certmagic keeps some state per process, keyed by name: the
+// waits that make concurrent handshakes for a name share one obtain or
+// load, and the renewal jobs of the cache's maintenance. So each test
+// uses on-demand names no other test uses, and only
+// TestACMEManagedRenewalKeepsOpenConnections renews through the
+// maintenance; obtaining *.cube.test and cube.test at start (ManageSync)
+// keys nothing process-wide. A test that sets certmagic's package
+// variables stays serial.
 func TestACMEWildcardThroughDNS01(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
 	storage := t.TempDir()
@@ -211,6 +221,7 @@ func TestACMEWildcardThroughDNS01(t *testing.T) {
 }
 
 func TestACMEOnDemand(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
 	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true, "50005-ok2.cube.test": true}}
@@ -272,6 +283,7 @@ func TestACMEOnDemand(t *testing.T) {
 // the synchronous renewal could not reach the CA. With nothing stored,
 // sync still refuses to start without a certificate.
 func TestACMESyncStartDuringCAOutage(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 30 * time.Minute})
 	storage := t.TempDir()
@@ -355,7 +367,7 @@ func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{TLSPort: ln.Addr().(*net.TCPAddr).Port})
-	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	allow := &allowList{ok: map[string]bool{"50005-alpn.cube.test": true}}
 	cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.ACME.DNS = certs.DNSConfig{}
 	cfg.ACME.SkipWildcard = true
@@ -365,11 +377,11 @@ func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 	m := startManager(t, cfg)
 	srv := serveTLSOn(t, m, ln)
 
-	leaf, err := fetch(t, srv.addr, sniConfig(pebble.IssuerRootPool(t), "50005-ok.cube.test"), "50005-ok.cube.test")
+	leaf, err := fetch(t, srv.addr, sniConfig(pebble.IssuerRootPool(t), "50005-alpn.cube.test"), "50005-alpn.cube.test")
 	if err != nil {
 		t.Fatalf("on-demand certificate through TLS-ALPN-01: %v", err)
 	}
-	if !slices.Equal(leaf.DNSNames, []string{"50005-ok.cube.test"}) {
+	if !slices.Equal(leaf.DNSNames, []string{"50005-alpn.cube.test"}) {
 		t.Fatalf("certificate names %v", leaf.DNSNames)
 	}
 	if n := touched.Load(); n != 0 {
@@ -385,9 +397,10 @@ func TestACMEOnDemandTLSALPNOnTheHTTPSListener(t *testing.T) {
 // budget, and handshakes for the name kept placing orders the moment the
 // last one gave up, starving the names that work.
 func TestACMEOnDemandFailedOrderBacksOff(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
-	allow := &allowList{ok: map[string]bool{"50005-bad.nozone.test": true, "50005-ok.cube.test": true}}
+	allow := &allowList{ok: map[string]bool{"50005-bad.nozone.test": true, "50005-good.cube.test": true}}
 	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.ACME.OnDemandRate = 2
 	cfg.Allow = allow.allow
@@ -404,7 +417,7 @@ func TestACMEOnDemandFailedOrderBacksOff(t *testing.T) {
 		{"failing name: one order, handshake fails at once", "50005-bad.nozone.test", false, 1},
 		{"failing name again: refused without an order", "50005-bad.nozone.test", false, 0},
 		{"and again", "50005-bad.nozone.test", false, 0},
-		{"a working name still has budget", "50005-ok.cube.test", true, 1},
+		{"a working name still has budget", "50005-good.cube.test", true, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -435,7 +448,7 @@ func TestACMEOnDemandFailedOrderBacksOff(t *testing.T) {
 // drain_timeout. The CA here accepts connections and never answers.
 func TestACMECloseEndsPendingOrder(t *testing.T) {
 	ca := testenv.StartSilentServer(t)
-	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	allow := &allowList{ok: map[string]bool{"50005-pending.cube.test": true}}
 	m, err := certs.New(context.Background(), certs.Config{
 		Source: certs.SourceACME,
 		Domain: "cube.test",
@@ -459,7 +472,7 @@ func TestACMECloseEndsPendingOrder(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		d := tls.Dialer{Config: &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true}}
+		d := tls.Dialer{Config: &tls.Config{ServerName: "50005-pending.cube.test", InsecureSkipVerify: true}}
 		c, err := d.DialContext(ctx, "tcp", srv.addr)
 		if err == nil {
 			_ = c.Close()
@@ -572,6 +585,7 @@ func TestACMECloseReleasesStorageLock(t *testing.T) {
 // returned, and a hung fetch in maintenance stopped every later renewal
 // and then Close, which waits for that goroutine.
 func TestACMEHungOCSPResponder(t *testing.T) {
+	t.Parallel()
 	ocsp := testenv.StartSilentServer(t)
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{OCSPResponderURL: "http://" + ocsp.Addr + "/"})
@@ -633,15 +647,16 @@ func TestACMEHungOCSPResponder(t *testing.T) {
 // once and back the name off, as a failed new order does; with the CA up,
 // the handshake gets the renewed certificate.
 func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 6 * time.Second})
-	allow := &allowList{ok: map[string]bool{"50005-ok.cube.test": true}}
+	allow := &allowList{ok: map[string]bool{"50005-expiring.cube.test": true}}
 	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.Allow = allow.allow
 	m := startManager(t, cfg)
 	srv := serveTLS(t, m)
 	// Expired certificates fail verification: the serial tells them apart.
-	cfgTLS := &tls.Config{ServerName: "50005-ok.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	cfgTLS := &tls.Config{ServerName: "50005-expiring.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
 	handshake := func() (*tls.Conn, time.Duration, error) {
 		start := time.Now()
 		c, err := dial(srv.addr, cfgTLS)
@@ -773,6 +788,7 @@ func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
 // whether obtained or loaded from storage, and keeps the others; a name
 // that comes back loads its certificate from storage without an order.
 func TestACMEOnDemandSweepDropsDeletedSandboxes(t *testing.T) {
+	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebble(t, dnsSrv.Addr)
 	var sandboxes sync.Map
@@ -839,6 +855,7 @@ func TestACMEOnDemandSweepDropsDeletedSandboxes(t *testing.T) {
 // expired more than the grace period ago (14 days in production, 0 here)
 // and keeps the valid ones.
 func TestACMEOnDemandStorageCleaning(t *testing.T) {
+	t.Parallel()
 	const validity = 4 * time.Second
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: validity})

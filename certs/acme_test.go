@@ -649,7 +649,10 @@ func TestACMEHungOCSPResponder(t *testing.T) {
 func TestACMEOnDemandExpiredRenewalDuringCAOutage(t *testing.T) {
 	t.Parallel()
 	dnsSrv := testenv.StartDNS(t, "cube.test")
-	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 6 * time.Second})
+	// The test waits out two certificates, so they are short: NotAfter 2 s
+	// after issue (6 s took 12 s of waiting). The checks tell them apart
+	// by serial, expired or not.
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 3 * time.Second})
 	allow := &allowList{ok: map[string]bool{"50005-expiring.cube.test": true}}
 	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
 	cfg.Allow = allow.allow

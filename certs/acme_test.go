@@ -743,7 +743,9 @@ func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	var renewed *x509.Certificate
-	testenv.Eventually(t, 4*time.Second, func() error {
+	// Generous: the renewal runs in certmagic's job queue, on a machine
+	// the parallel tests load.
+	testenv.Eventually(t, 15*time.Second, func() error {
 		leaf, err := fetch(t, srv.addr, sniConfig(roots, host), host)
 		if err != nil {
 			return err
@@ -761,15 +763,20 @@ func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
 	}
 
 	pebble.Stop()
-	if err := certs.RenewNow(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, func() error {
+	// certmagic queues one renewal job per name: a pass right after the
+	// renewal above may find its job not quite returned and skip the
+	// name. Pass again until the failure is logged.
+	passes := 0
+	testenv.Eventually(t, 15*time.Second, func() error {
+		passes++
+		if err := certs.RenewNow(ctx, m); err != nil {
+			return err
+		}
 		logs.mu.Lock()
 		defer logs.mu.Unlock()
 		for _, r := range logs.records {
 			if r.Level >= slog.LevelError {
-				t.Logf("logged: %s", r.Message)
+				t.Logf("logged after %d maintenance passes: %s", passes, r.Message)
 				return nil
 			}
 		}

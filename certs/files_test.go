@@ -184,6 +184,7 @@ func TestFilesWarnOutsideValidity(t *testing.T) {
 // before, a file was checked only when it was loaded, so a proxy up for
 // months never said why every client started refusing it.
 func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
+	t.Parallel()
 	ca := testenv.NewCA(t, "test CA")
 	dir := t.TempDir()
 	pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}

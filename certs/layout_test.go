@@ -11,5 +11,6 @@ import (
 // the edge or the binary (nothing would stop it: proxy does not import
 // certs, so the reverse import is no cycle the compiler refuses).
 func TestImportsPointOneWay(t *testing.T) {
+	t.Parallel() // waits on `go list`
 	testenv.ImportsAvoid(t, "proxy", "cmd")
 }

@@ -3,10 +3,12 @@ package testenv
 import (
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,12 +48,35 @@ type PebbleOptions struct {
 	OCSPResponderURL string
 }
 
+// pebbleEnv holds pebble's environment knobs for fast, deterministic runs:
+// no validation sleeps, no rejected nonces, no authorization reuse. Pebble
+// reads them only when StartPebbleWith builds its validator and front end.
+var pebbleEnv = [][2]string{
+	{"PEBBLE_VA_NOSLEEP", "1"},
+	{"PEBBLE_WFE_NONCEREJECT", "0"},
+	{"PEBBLE_AUTHZREUSE", "0"},
+}
+
+// SetPebbleEnv sets pebble's environment knobs for the whole test binary.
+// A package whose tests start pebble in parallel calls it from TestMain,
+// before any test runs: StartPebble then leaves the environment alone
+// (t.Setenv panics in a parallel test, and would change it under the
+// other tests).
+func SetPebbleEnv() error {
+	for _, kv := range pebbleEnv {
+		if err := os.Setenv(kv[0], kv[1]); err != nil {
+			return fmt.Errorf("set %s: %w", kv[0], err)
+		}
+	}
+	return nil
+}
+
 // StartPebble starts pebble with its DNS-01 validator asking resolverAddr
-// (over TCP), and stops it when the test ends. It sets pebble's environment
-// knobs for fast, deterministic runs (no validation sleeps, no rejected
-// nonces, no authorization reuse) with t.Setenv, so the calling test cannot be
-// parallel. Only DNS-01 can succeed: HTTP-01 and TLS-ALPN-01 would need fixed
-// ports (StartPebbleWith's TLSPort names the one TLS-ALPN-01 dials).
+// (over TCP), and stops it when the test ends. Unless SetPebbleEnv already
+// set pebble's environment knobs, it sets them with t.Setenv, so the
+// calling test cannot be parallel. Only DNS-01 can succeed: HTTP-01 and
+// TLS-ALPN-01 would need fixed ports (StartPebbleWith's TLSPort names the
+// one TLS-ALPN-01 dials).
 func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 	t.Helper()
 	return StartPebbleWith(t, resolverAddr, PebbleOptions{})
@@ -60,9 +85,11 @@ func StartPebble(t testing.TB, resolverAddr string) *Pebble {
 // StartPebbleWith is StartPebble with opts.
 func StartPebbleWith(t testing.TB, resolverAddr string, opts PebbleOptions) *Pebble {
 	t.Helper()
-	t.Setenv("PEBBLE_VA_NOSLEEP", "1")
-	t.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
-	t.Setenv("PEBBLE_AUTHZREUSE", "0")
+	for _, kv := range pebbleEnv {
+		if os.Getenv(kv[0]) != kv[1] {
+			t.Setenv(kv[0], kv[1])
+		}
+	}
 
 	logger := log.New(io.Discard, "", 0)
 	store := db.NewMemoryStore()

@@ -677,6 +677,9 @@ func TestRedisCreatedAfter404(t *testing.T) {
 // a proxy runs and are removed when it stops — the real binary on SIGTERM,
 // and serve() on cancel.
 func TestRedisRegistry(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	ctx := context.Background()
 	hash, zset := redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet
@@ -818,6 +821,9 @@ func TestRedisExampleConfigServes(t *testing.T) {
 // Through the Sentinel example config: routes resolve, and keep resolving
 // (old and new) after the master fails over to the replica.
 func TestRedisSentinelExampleFailover(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	const master = "cube-routes" // the example's master_name
 	ctx := context.Background()
 	primary := testenv.StartRedis(t)
@@ -937,6 +943,9 @@ func TestRedisHungAtShutdown(t *testing.T) {
 // share (a Sentinel deployment riding out failovers), a hung Redis left
 // the access log none.
 func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	f := startFreezer(t, r.Addr())
 	p := startRedisProxy(t, f.addr(), "--registry-enabled", "--redis-command-timeout", "5s",
@@ -957,6 +966,9 @@ func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
 // that answers after more than a second, rather than the cache giving up
 // at its default second with a 503.
 func TestRedisLongCommandTimeoutIsTheLookupBudget(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	p := startRedisProxy(t, r.Addr(), "--redis-command-timeout", "5s")
 	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"patient", cpFields("127.0.0.1", "192.168.0.2", redisBackend(t, "patient"))...)

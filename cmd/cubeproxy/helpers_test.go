@@ -41,6 +41,13 @@ func runServe(t *testing.T, args []string, getenv func(string) string) *running 
 // runServe); stderr still goes to the log buffer.
 func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout io.Writer) *running {
 	t.Helper()
+	return runServeWith(t, args, getenv, stdout, nil)
+}
+
+// runServeWith is runServeTo with tune, when not nil, run on the app in
+// serve's own listening callback: before serving, without a race.
+func runServeWith(t *testing.T, args []string, getenv func(string) string, stdout io.Writer, tune func(*app)) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{logs: &syncBuffer{}}
 	if stdout == nil {
@@ -48,7 +55,14 @@ func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout 
 	}
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, args, getenv, stdout, r.logs, func(a *app) { ready <- a }) }()
+	go func() {
+		done <- serve(ctx, args, getenv, stdout, r.logs, func(a *app) {
+			if tune != nil {
+				tune(a)
+			}
+			ready <- a
+		})
+	}()
 	select {
 	case r.a = <-ready:
 	case err := <-done:
@@ -80,6 +94,11 @@ func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout 
 	})
 	return r
 }
+
+// shortFlush gives close a 500 ms budget for the access log and
+// telemetry instead of 5 s (runServeWith): a test of a sink that stays
+// stalled waits out the whole budget, which is not what it checks.
+func shortFlush(a *app) { a.flushBudget = 500 * time.Millisecond }
 
 // listeningAddrs parses the "cubeproxy listening" line of a process log
 // (JSON) and returns the traffic and admin addresses it names; ok is false

@@ -273,6 +273,8 @@ type leakCase struct {
 	traffic func(t *testing.T, a *app)
 	// after checks what the mode leaves once serve returned, and its log.
 	after func(t *testing.T, logs string)
+	// tune, when set, adjusts the app before it serves (runServeWith).
+	tune func(*app)
 }
 
 // get sends GET / with host through the proxy's plain HTTP listener and
@@ -585,6 +587,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 					}
 					testenv.WaitFor(t, 5*time.Second, "a reopen waiting on the stalled sink", a.reopening.Load)
 				},
+				tune: shortFlush,
 				after: func(t *testing.T, logs string) {
 					// The stop came first: no reopen failed.
 					if strings.Contains(logs, `"msg":"reopen access log"`) {
@@ -777,7 +780,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			tc := cases[name](t, env)
 			before := goroutineIDs()
 			args := append([]string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test", "--drain-timeout", "1s"}, tc.args...)
-			r := runServe(t, args, noEnv)
+			r := runServeWith(t, args, noEnv, nil, tc.tune)
 			addrs := []string{r.a.httpLn.Addr().String(), r.a.adminLn.Addr().String()}
 			if r.a.httpsLn != nil {
 				addrs = append(addrs, r.a.httpsLn.Addr().String())

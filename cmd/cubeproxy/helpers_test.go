@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -168,23 +169,42 @@ var built struct {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// A run of the whole package (no -run, no -list) starts the build at
+	// once, beside the serial tests: the first test to need the binary
+	// waited for all of it (5-15 s of a link), and did so in the serial
+	// phase, as one of the serial tests needs it. A run of a few tests
+	// builds only if one of them asks.
+	prebuilt := make(chan struct{})
+	if flag.Lookup("test.run").Value.String() == "" && flag.Lookup("test.list").Value.String() == "" {
+		go func() {
+			defer close(prebuilt)
+			built.once.Do(buildShared)
+		}()
+	} else {
+		close(prebuilt)
+	}
 	code := m.Run()
+	<-prebuilt // the build may still write into built.dir
 	if built.dir != "" {
 		_ = os.RemoveAll(built.dir)
 	}
 	os.Exit(code)
 }
 
+// buildShared builds cubeproxy into a new directory (built), once per test binary.
+func buildShared() {
+	if built.dir, built.err = os.MkdirTemp("", "cubeproxy-test-bin-"); built.err != nil {
+		return
+	}
+	built.bin = filepath.Join(built.dir, "cubeproxy")
+	built.out, built.err = exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput()
+}
+
 // buildBinary returns cubeproxy built for a test that runs it as a process.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "cubeproxy-test-bin-"); built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "cubeproxy")
-		built.out, built.err = exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput()
-	})
+	built.once.Do(buildShared)
 	if built.err != nil {
 		t.Fatalf("build: %v\n%s", built.err, built.out)
 	}

@@ -327,8 +327,8 @@ func TestSIGHUPWithStalledAccessLogStillStops(t *testing.T) {
 	// first write blocks.
 	fifo, _ := testenv.StalledFIFO(t, t.TempDir(), "access.fifo")
 
-	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
-		"--access-log-path", fifo, "--drain-timeout", "1s"}, noEnv)
+	r := runServeWith(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
+		"--access-log-path", fifo, "--drain-timeout", "1s"}, noEnv, nil, shortFlush)
 	// Two requests: the second is answered only after the first's handler
 	// returned, so the first line is queued and the writer is stuck on it.
 	client := &http.Client{Timeout: 5 * time.Second}

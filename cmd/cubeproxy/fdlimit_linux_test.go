@@ -28,6 +28,9 @@ import (
 // exited. A client already connected meanwhile gets a 503 that names the
 // proxy, not a 502 blaming the sandbox for the proxy's failed dial.
 func TestBinarySurvivesFDExhaustion(t *testing.T) {
+	// Parallel: the limits it lowers are the child's (prlimit), not this
+	// process's; it waits on that child and its own sockets.
+	t.Parallel()
 	bin := buildBinary(t)
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -158,6 +161,9 @@ func TestBinarySurvivesFDExhaustion(t *testing.T) {
 // ones and is served. It got 503 proxy_out_of_resources while the idle
 // connections, a mere cache of a connect, kept their descriptors.
 func TestBinaryShedsIdleSandboxConnsAtFDLimit(t *testing.T) {
+	// Parallel: the limits it lowers are the child's (prlimit), not this
+	// process's; it waits on that child and its own sockets.
+	t.Parallel()
 	bin := buildBinary(t)
 	var routes strings.Builder
 	routes.WriteString("routes:\n")
@@ -214,6 +220,9 @@ func TestBinaryShedsIdleSandboxConnsAtFDLimit(t *testing.T) {
 // up by itself, within its 1 s back-off, and the proxy serves new clients
 // with no restart.
 func TestBinaryRecoversWhenFDLimitRaised(t *testing.T) {
+	// Parallel: the limits it lowers are the child's (prlimit), not this
+	// process's; it waits on that child and its own sockets.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
@@ -328,6 +337,9 @@ func cpuTicks(t *testing.T, pid int) int64 {
 // liveness probe then restarted the pod, cutting every open stream of a
 // proxy that was serving them and would have recovered by itself.
 func TestBinaryAdminAnswersAtFDLimit(t *testing.T) {
+	// Parallel: the limits it lowers are the child's (prlimit), not this
+	// process's; it waits on that child and its own sockets.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -41,6 +42,13 @@ func runServe(t *testing.T, args []string, getenv func(string) string) *running 
 // runServe); stderr still goes to the log buffer.
 func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout io.Writer) *running {
 	t.Helper()
+	return runServeWith(t, args, getenv, stdout, nil)
+}
+
+// runServeWith is runServeTo with tune, when not nil, run on the app in
+// serve's own listening callback: before serving, without a race.
+func runServeWith(t *testing.T, args []string, getenv func(string) string, stdout io.Writer, tune func(*app)) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{logs: &syncBuffer{}}
 	if stdout == nil {
@@ -48,7 +56,14 @@ func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout 
 	}
 	ready := make(chan *app, 1)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, args, getenv, stdout, r.logs, func(a *app) { ready <- a }) }()
+	go func() {
+		done <- serve(ctx, args, getenv, stdout, r.logs, func(a *app) {
+			if tune != nil {
+				tune(a)
+			}
+			ready <- a
+		})
+	}()
 	select {
 	case r.a = <-ready:
 	case err := <-done:
@@ -80,6 +95,11 @@ func runServeTo(t *testing.T, args []string, getenv func(string) string, stdout 
 	})
 	return r
 }
+
+// shortFlush gives close a 500 ms budget for the access log and
+// telemetry instead of 5 s (runServeWith): a test of a sink that stays
+// stalled waits out the whole budget, which is not what it checks.
+func shortFlush(a *app) { a.flushBudget = 500 * time.Millisecond }
 
 // listeningAddrs parses the "cubeproxy listening" line of a process log
 // (JSON) and returns the traffic and admin addresses it names; ok is false
@@ -149,23 +169,42 @@ var built struct {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// A run of the whole package (no -run, no -list) starts the build at
+	// once, beside the serial tests: the first test to need the binary
+	// waited for all of it (5-15 s of a link), and did so in the serial
+	// phase, as one of the serial tests needs it. A run of a few tests
+	// builds only if one of them asks.
+	prebuilt := make(chan struct{})
+	if flag.Lookup("test.run").Value.String() == "" && flag.Lookup("test.list").Value.String() == "" {
+		go func() {
+			defer close(prebuilt)
+			built.once.Do(buildShared)
+		}()
+	} else {
+		close(prebuilt)
+	}
 	code := m.Run()
+	<-prebuilt // the build may still write into built.dir
 	if built.dir != "" {
 		_ = os.RemoveAll(built.dir)
 	}
 	os.Exit(code)
 }
 
+// buildShared builds cubeproxy into a new directory (built), once per test binary.
+func buildShared() {
+	if built.dir, built.err = os.MkdirTemp("", "cubeproxy-test-bin-"); built.err != nil {
+		return
+	}
+	built.bin = filepath.Join(built.dir, "cubeproxy")
+	built.out, built.err = exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput()
+}
+
 // buildBinary returns cubeproxy built for a test that runs it as a process.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "cubeproxy-test-bin-"); built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "cubeproxy")
-		built.out, built.err = exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput()
-	})
+	built.once.Do(buildShared)
 	if built.err != nil {
 		t.Fatalf("build: %v\n%s", built.err, built.out)
 	}

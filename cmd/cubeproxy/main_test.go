@@ -243,6 +243,9 @@ func TestFailedStartLeavesNoServerGoroutines(t *testing.T) {
 // The real binary: SIGTERM with an SSE stream open ends the stream cleanly
 // and the process exits 0 within the drain time.
 func TestBinarySIGTERM(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -344,6 +347,9 @@ func scrapeMetric(adminAddr, name string) float64 {
 // and the proxy keeps serving. Go's default for a broken pipe on stdout is
 // to die of SIGPIPE, which would cut every open stream.
 func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	os.WriteFile(routes, []byte("routes: {}\n"), 0o600)
@@ -490,6 +496,9 @@ func TestShippedConfigAndRoutes(t *testing.T) {
 // access-log lines that the cut still gives. It is logged; before, it was
 // swallowed and the drain ran its course.
 func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	// A sandbox that takes the request and never answers.
 	sandbox := testenv.StartSilentServer(t)

@@ -18,6 +18,9 @@ import (
 // failed. The real binary runs as nobody (as the test's own user when
 // that is not root already).
 func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
+	// Parallel: its children bind nothing (the bind is refused), and it
+	// waits on them.
+	t.Parallel()
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +68,9 @@ func TestCheckRefusesPrivilegedPortAsServe(t *testing.T) {
 // failed on it without saying what the port needs. Run in a network
 // namespace of its own (the sysctl is per namespace), as root.
 func TestCheckRefusesPortBelowRaisedUnprivilegedStart(t *testing.T) {
+	// Parallel: its children bind nothing (the bind is refused, in a
+	// network namespace of their own), and it waits on them.
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a network namespace with its own net.ipv4.ip_unprivileged_port_start")
 	}
@@ -120,7 +126,7 @@ func runBounded(t *testing.T, cmd *exec.Cmd, what string) (int, string) {
 	return cmd.ProcessState.ExitCode(), stderr.String()
 }
 
-// binaryForNobody returns a copy of the shared test binary in a directory
+// binaryForNobody returns the shared test binary, linked into a directory
 // nobody (uid 65534) can reach: the shared one's directory is the owner's
 // alone, and a build of its own was another link of the whole program, up
 // to a minute of the package's share of go test's timeout on a loaded
@@ -134,11 +140,14 @@ func binaryForNobody(t *testing.T) string {
 		}
 	}
 	bin := filepath.Join(dir, "cubeproxy")
-	exe, err := os.ReadFile(buildBinary(t))
-	if err != nil {
+	// A hard link, not a copy: a copy this process writes can be inherited,
+	// still open for writing, by a child another parallel test forks at
+	// that moment, and its exec then fails with ETXTBSY. Both are under
+	// os.TempDir, on one file system.
+	if err := os.Link(buildBinary(t), bin); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+	if err := os.Chmod(bin, 0o755); err != nil { // whatever the build's umask
 		t.Fatal(err)
 	}
 	return bin

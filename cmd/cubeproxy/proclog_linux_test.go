@@ -266,6 +266,9 @@ func TestBinaryProcessLogNeverBlocks(t *testing.T) {
 // queued when serve returns (the final "stopped", a startup warning before
 // the error that ends the start) are written before it exits.
 func TestBinaryProcessLogKeepsEveryLine(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -368,6 +371,9 @@ func fdFlags(t *testing.T, pid, fd int) int64 {
 // once it was read again). With stderr apart, stdout is made non-blocking
 // (proclog.Pollable) and the dump waits for the reader as before.
 func TestBinaryCrashReportWaitsForAStdoutSharedWithStderr(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	routes := boxRoutes(t, t.TempDir(), 1)
 	cmd, out, exited := startWithFIFO(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",

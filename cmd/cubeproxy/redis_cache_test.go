@@ -15,6 +15,9 @@ import (
 // default), more than the default 2 s has passed for the 404 too, which
 // the configured hour still holds.
 func TestRedisCacheSettingsApplied(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	p := startRedisProxy(t, r.Addr(), "--cache-ttl-min", "3s", "--cache-ttl-max", "3s", "--cache-negative-ttl", "1h")
 	p.subscribed(t) // the subscription expires the cache: take entries after it

@@ -21,6 +21,9 @@ import (
 // state entry per such sandbox, and a sandbox created again under the id
 // answered 503 "paused".
 func TestRedisRemovedPausedSandboxForgottenOnPublish(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	// The janitor's first round, a quarter of this after the start (30 s),
 	// would forget the entry too (recheckInvalidated): only the PUBLISH

@@ -21,6 +21,9 @@ import (
 // each expiring the whole cache (..._subscriptions_total: a rise is a
 // resync after messages may have been lost), and the ids applied.
 func TestRedisSubscriptionInMetrics(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	// Every right but the invalidation channel: Redis 7's default for a

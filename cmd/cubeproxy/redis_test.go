@@ -206,6 +206,9 @@ func waitSubscribers(t *testing.T, r *testenv.Redis, n int64) {
 // both) route traffic; broken route data answers a clear 404/502 without
 // leaking the data, and the proxy keeps serving other sandboxes.
 func TestRedisControlPlaneRoutes(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	// node_ip is an address no route dials for remote sandboxes; a route on
 	// "this node" dials SandboxIP:<container port> instead.
@@ -399,6 +402,9 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 // Invalidating through instance A's admin API makes instance B (same
 // Redis) read the route again on its next request.
 func TestRedisInvalidationAcrossInstances(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--instance-id", "inv-a")
 	b := startRedisProxy(t, r.Addr(), "--instance-id", "inv-b")
@@ -443,6 +449,9 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 // store the call is accepted (the fields are Redis's, not stored here),
 // every instance reads the new route, and a meta/delete 410 is lifted.
 func TestRedisMetaUpsert(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--instance-id", "up-a")
 	b := startRedisProxy(t, r.Addr(), "--instance-id", "up-b")
@@ -534,6 +543,9 @@ func TestRedisReadyz(t *testing.T) {
 // gets no traffic whose errors would show it. Once Redis lets it read,
 // it becomes ready without a restart.
 func TestRedisRefusedAtStartIsExplained(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	for _, tc := range []struct {
 		name   string
 		setup  func(t *testing.T, r *testenv.Redis) // before the proxy starts
@@ -601,6 +613,9 @@ func TestRedisRefusedAtStartIsExplained(t *testing.T) {
 // empty: looking at the new key would show nothing), once per store read,
 // not once per request answered from the negative cache.
 func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	p := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
 	p.subscribed(t)
@@ -630,6 +645,9 @@ func TestRedisInvalidRouteLogNamesKey(t *testing.T) {
 // instance), every instance serves it at once rather than 404 until the
 // negative entry expires.
 func TestRedisCreatedAfter404(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	a := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
 	b := startRedisProxy(t, r.Addr(), "--cache-negative-ttl", "1m")
@@ -677,6 +695,9 @@ func TestRedisCreatedAfter404(t *testing.T) {
 // a proxy runs and are removed when it stops — the real binary on SIGTERM,
 // and serve() on cancel.
 func TestRedisRegistry(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	ctx := context.Background()
 	hash, zset := redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet
@@ -779,6 +800,9 @@ func TestRedisRegistry(t *testing.T) {
 // access log path overridden): password-protected Redis, secrets from the
 // environment, registry on, cube access log in a file.
 func TestRedisExampleConfigServes(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	const password, adminToken = "redis-pw-for-test", "admin-token-for-test"
 	// As shipped, without CUBEPROXY_ADMIN_TOKEN, it refuses to open its
 	// non-loopback admin API.
@@ -818,6 +842,9 @@ func TestRedisExampleConfigServes(t *testing.T) {
 // Through the Sentinel example config: routes resolve, and keep resolving
 // (old and new) after the master fails over to the replica.
 func TestRedisSentinelExampleFailover(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	const master = "cube-routes" // the example's master_name
 	ctx := context.Background()
 	primary := testenv.StartRedis(t)
@@ -937,6 +964,9 @@ func TestRedisHungAtShutdown(t *testing.T) {
 // share (a Sentinel deployment riding out failovers), a hung Redis left
 // the access log none.
 func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	f := startFreezer(t, r.Addr())
 	p := startRedisProxy(t, f.addr(), "--registry-enabled", "--redis-command-timeout", "5s",
@@ -957,6 +987,9 @@ func TestRedisHungAtShutdownLongCommandTimeout(t *testing.T) {
 // that answers after more than a second, rather than the cache giving up
 // at its default second with a 503.
 func TestRedisLongCommandTimeoutIsTheLookupBudget(t *testing.T) {
+	// Parallel: its redis-servers are its own, it waits on them and on
+	// timers, and it asserts no latency a busy machine could exceed.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	p := startRedisProxy(t, r.Addr(), "--redis-command-timeout", "5s")
 	hsetRoute(t, r, redisstore.DefaultKeyPrefix+"patient", cpFields("127.0.0.1", "192.168.0.2", redisBackend(t, "patient"))...)

@@ -22,6 +22,9 @@ import (
 // once, at start, which pattern it may not read. A user that may not read
 // the new keys is still an outage, whose log line names the pattern.
 func TestRedisACLWithoutLegacyPattern(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	ctx := context.Background()
 	r := testenv.StartRedis(t)
 	for user, keys := range map[string]string{"newonly": "~cube:v1:*", "legacyonly": "~bypass_host_proxy:*"} {
@@ -75,6 +78,9 @@ func TestRedisACLWithoutLegacyPattern(t *testing.T) {
 // registry entry and removes it at a clean stop, and Redis refuses none
 // of its commands. Without +select on database 1 every lookup fails.
 func TestRedisACLFromREADME(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	raw, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,9 @@ import (
 // read whole (95 MiB and 2.3 s for a million fields), past the lookup
 // budget, a 503 that every request for it repeated.
 func TestRedisOversizedRouteIsInvalid(t *testing.T) {
+	// Parallel: its redis-servers and proxies are its own, and it asserts
+	// no latency; what it reads of the log is its own proxies' lines.
+	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t)
 	key := redisstore.DefaultKeyPrefix + "bloated"
 	hsetRoute(t, r, key, cpFields("127.0.0.1", "127.0.0.1", redisBackend(t, "bloated"))...)

@@ -94,6 +94,9 @@ func series(fams map[string]*dto.MetricFamily) map[string]float64 {
 // sandboxes, then 1,000 more, add no series), no counter goes down across
 // a SIGHUP, and the gauges are back at 0 once the clients are gone.
 func TestScrapeValidBoundedAndMonotonic(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) {
 		code, _ := strconv.Atoi(r.URL.Query().Get("status"))

@@ -82,7 +82,15 @@ type app struct {
 	rechecks atomic.Int64
 	// checking is the check goroutine SIGHUP started, if any.
 	checking sync.WaitGroup
+
+	// flushBudget is the time close gives the access log and telemetry
+	// to flush (0: defaultFlushBudget). Only tests set it, in the
+	// listening callback: one of a stalled sink need not wait 5 s for it.
+	flushBudget time.Duration
 }
+
+// defaultFlushBudget is the access log and telemetry's time at close.
+const defaultFlushBudget = 5 * time.Second
 
 // listening is told when the listeners are open (demo and tests use it to
 // learn ports chosen with :0).
@@ -1037,7 +1045,11 @@ func (a *app) close() {
 	}
 	// The access log and telemetry's budget starts after the cleanup, or
 	// a command timeout as long as it would leave them nothing.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	budget := a.flushBudget
+	if budget == 0 {
+		budget = defaultFlushBudget
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if a.sub != nil {
 		_ = a.sub.Close()

@@ -273,6 +273,8 @@ type leakCase struct {
 	traffic func(t *testing.T, a *app)
 	// after checks what the mode leaves once serve returned, and its log.
 	after func(t *testing.T, logs string)
+	// tune, when set, adjusts the app before it serves (runServeWith).
+	tune func(*app)
 }
 
 // get sends GET / with host through the proxy's plain HTTP listener and
@@ -457,7 +459,10 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			env.peerPorts = append(env.peerPorts, f.ln.Addr().(*net.TCPAddr).Port)
 			f.freeze()
 			return leakCase{
-				args: []string{"--store", "redis", "--redis-addr", f.addr(), "--redis-command-timeout", "2s", "--registry-enabled"},
+				// The default command timeout (1 s): the start, the request
+				// and the stop each wait out one, 2 s each with the 2 s this
+				// case had; nothing here needs Redis to answer in time.
+				args: []string{"--store", "redis", "--redis-addr", f.addr(), "--redis-command-timeout", "1s", "--registry-enabled"},
 				traffic: func(t *testing.T, a *app) {
 					// The readiness probe, the subscriber and a request's
 					// lookup all wait on the Redis that hangs.
@@ -585,6 +590,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 					}
 					testenv.WaitFor(t, 5*time.Second, "a reopen waiting on the stalled sink", a.reopening.Load)
 				},
+				tune: shortFlush,
 				after: func(t *testing.T, logs string) {
 					// The stop came first: no reopen failed.
 					if strings.Contains(logs, `"msg":"reopen access log"`) {
@@ -777,7 +783,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 			tc := cases[name](t, env)
 			before := goroutineIDs()
 			args := append([]string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test", "--drain-timeout", "1s"}, tc.args...)
-			r := runServe(t, args, noEnv)
+			r := runServeWith(t, args, noEnv, nil, tc.tune)
 			addrs := []string{r.a.httpLn.Addr().String(), r.a.adminLn.Addr().String()}
 			if r.a.httpsLn != nil {
 				addrs = append(addrs, r.a.httpsLn.Addr().String())

@@ -56,6 +56,9 @@ func countSpans(req *coltracepb.ExportTraceServiceRequest) int64 {
 // counted in cubeproxy_spans_dropped_total.
 // Run on the binary: net/http reads the proxy variables once per process.
 func TestTraceExportThroughProxy(t *testing.T) {
+	// Parallel: it waits on a child process of its own (signals go to the
+	// child), on ports picked by the kernel.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)

@@ -17,22 +17,23 @@ import (
 // shutdown, the last spans of the process, suppressed, and nothing said
 // that they were gone.
 func TestShutdownSaysSpansWereLost(t *testing.T) {
+	// Parallel: the settings go to the child's environment, not this
+	// process's, and it waits on that child.
+	t.Parallel()
 	bin := buildBinary(t)
 	port := sandboxServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	routes := boxRoutes(t, t.TempDir(), port)
 	collector := testenv.RefusingAddr(t)
-	for k, v := range map[string]string{
-		"OTEL_TRACES_EXPORTER":        "otlp",
-		"OTEL_TRACES_SAMPLER":         "always_on",
-		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + collector,
+	env := []string{
+		"OTEL_TRACES_EXPORTER=otlp",
+		"OTEL_TRACES_SAMPLER=always_on",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + collector,
 		// A request to the sandbox (a server and a client span) fills a
 		// batch, exported at once; a 404 (one span) waits for shutdown.
-		"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2",
-		"OTEL_BSP_SCHEDULE_DELAY":        "600000",
-	} {
-		t.Setenv(k, v) // the binary inherits the environment
+		"OTEL_BSP_MAX_EXPORT_BATCH_SIZE=2",
+		"OTEL_BSP_SCHEDULE_DELAY=600000",
 	}
-	cmd, logs, exited := startBinary(t, bin, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+	cmd, logs, exited := startBinaryEnv(t, bin, env, "serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--routes", routes, "--access-log-format", "off")
 	traffic, _ := waitListening(t, logs, exited)
 	get := func(host string, want int) {

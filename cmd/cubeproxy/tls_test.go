@@ -1110,6 +1110,10 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 // own shutdown never saw it. A handshake that completes within the grace
 // is still served.
 func TestTLSDrainClosesStalledHandshakes(t *testing.T) {
+	// Parallel: it waits on fasthttp's 5 s grace for a silent connection;
+	// its bound (8 s) leaves a busy machine 3 s. No signals, no
+	// process-wide state.
+	t.Parallel()
 	ca := testenv.NewCA(t, "cubeproxy test CA")
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")

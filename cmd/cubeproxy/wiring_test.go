@@ -23,6 +23,9 @@ import (
 // the proxy package's own tests set these fields directly and would not
 // notice.
 func TestServeWiresTrafficSettings(t *testing.T) {
+	// Parallel: it waits on the proxy's timeouts, each far above a loaded
+	// run's round trip; no signals, no process-wide state.
+	t.Parallel()
 	held := make(chan struct{}, 1)
 	release := make(chan struct{})
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -283,9 +283,9 @@ func (s *bodyStream) armHeartbeat() {
 		return
 	}
 	if s.atBoundary {
-		s.conn.setHeartbeat(time.Now().Add(s.heartbeat))
+		s.conn.setHeartbeat(s.heartbeat)
 	} else {
-		s.conn.setHeartbeat(time.Time{})
+		s.conn.setHeartbeat(0)
 	}
 }
 
@@ -352,8 +352,9 @@ func (s *bodyStream) SupportsBodyWriteTo() bool { return s.fixed }
 // mid-body (a slow generator, a stuck app) counted ≈ 132 KiB against
 // GOMEMLIMIT until upstream.idle_timeout, twice one waiting for its head.
 // The hold's deadline is the heartbeat's, which a fixed-length body never
-// arms otherwise (armHeartbeat); it moves once a second at most, so bulk
-// pays a pool round trip a second.
+// arms otherwise (armHeartbeat); it moves an eighth of bulkHold at a time
+// (setHeartbeat's slack), so bulk pays eight timer updates a second, and a
+// read that waited seven eighths of bulkHold gives the buffer back.
 func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 	small := uploadBufPool.Get().(*[]byte)
 	defer uploadBufPool.Put(small)
@@ -361,13 +362,13 @@ func (s *bodyStream) WriteTo(_ io.Writer) (int64, error) {
 	defer func() {
 		if g.big != nil {
 			g.shrink()
-			s.conn.setHeartbeat(time.Time{})
+			s.conn.setHeartbeat(0)
 		}
 	}()
 	var total int64
 	for {
 		if g.big != nil {
-			s.conn.setHeartbeat(time.Now().Add(bulkHold))
+			s.conn.setHeartbeat(bulkHold)
 		}
 		buf := g.next()
 		n, err := s.Read(buf)

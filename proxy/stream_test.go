@@ -1099,6 +1099,59 @@ func TestHeartbeatUnderOneSecond(t *testing.T) {
 	}
 }
 
+// A heartbeat comes an interval after the last event, an eighth of it
+// early at most: the deadline is not moved for every event, and with a
+// fixed second of slack a 1 s interval's heartbeat could follow an event
+// at once (the interop lab's py.http10-sse got one in a 0.1 s stream).
+func TestHeartbeatCountsFromTheLastEvent(t *testing.T) {
+	const interval = time.Second
+	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = interval })
+			next, release := make(chan struct{}), make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f := sseHeaders(w)
+				fmt.Fprint(w, "data: a\n\n")
+				f.Flush()
+				<-next
+				fmt.Fprint(w, "data: b\n\n")
+				f.Flush()
+				<-release
+			}))
+			defer close(release)
+			host := h.route("hblast", port)
+			resp := h.do(h.req(method, host, "/", strings.NewReader("")))
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if ev, err := readEvent(br); err != nil || ev != "data: a\n" {
+				t.Fatalf("first event %q: %v", ev, err)
+			}
+			// The second event three quarters of an interval after the
+			// first: the deadline armed after the first is a quarter of an
+			// interval after it.
+			time.Sleep(interval * 3 / 4)
+			close(next)
+			for {
+				ev, err := readEvent(br)
+				if err != nil {
+					t.Fatalf("second event: %v", err)
+				}
+				if ev == "data: b\n" {
+					break
+				}
+				// A heartbeat before it only if the test's sleep ran late.
+			}
+			after := time.Now()
+			if ev, err := readEvent(br); err != nil || ev != ": keep-alive\n" {
+				t.Fatalf("heartbeat: %q, %v", ev, err)
+			}
+			if d := time.Since(after); d < interval/2 {
+				t.Errorf("heartbeat %v after the last event, at a %v interval", d, interval)
+			}
+		})
+	}
+}
+
 // Heartbeats are the proxy's own bytes, not the sandbox's: a stream whose
 // sandbox says nothing for the idle timeout is closed even though the
 // client kept getting heartbeats (a hung or paused sandbox must not hold

@@ -1675,6 +1675,7 @@ type upstreamConn struct {
 	starved        bool // a Read found noWait set
 	headerDeadline time.Time
 	heartbeat      time.Time // zero = no heartbeat pending
+	heartbeatSlack time.Duration
 	idleDeadline   time.Time // body wait's idle deadline; zero = none since the backend last sent a byte
 	readDeadline   time.Time // last deadline set on the socket
 	writeDeadline  time.Time
@@ -1940,9 +1941,10 @@ func (c *upstreamConn) armRead() (heartbeat bool) {
 			deadline, sl = c.idleDeadline, slack(c.idleTimeout)
 		}
 		if !c.heartbeat.IsZero() && (deadline.IsZero() || c.heartbeat.Before(deadline)) {
-			// A second early at most; heartbeatFired keeps an expired one
-			// from being kept.
-			deadline, sl, heartbeat = c.heartbeat, time.Second, true
+			// An eighth of the interval early at most, a second at most:
+			// a fixed second let a 1 s interval's heartbeat follow an event
+			// at once. heartbeatFired keeps an expired one from being kept.
+			deadline, sl, heartbeat = c.heartbeat, c.heartbeatSlack, true
 		}
 		if c.client != nil && c.hupKey == 0 && (deadline.IsZero() || c.checkAt.Before(deadline)) {
 			deadline, sl, heartbeat, c.checking = c.checkAt, slack(clientCheck), false, true
@@ -1982,8 +1984,15 @@ func (c *upstreamConn) heartbeatFired() {
 	c.readDeadline = time.Time{}
 }
 
-// setHeartbeat arms (or with a zero time, disarms) the heartbeat deadline.
-func (c *upstreamConn) setHeartbeat(t time.Time) { c.heartbeat = t }
+// setHeartbeat arms the heartbeat deadline d from now, or with d zero
+// disarms it.
+func (c *upstreamConn) setHeartbeat(d time.Duration) {
+	if d == 0 {
+		c.heartbeat = time.Time{}
+		return
+	}
+	c.heartbeat, c.heartbeatSlack = time.Now().Add(d), slack(d)
+}
 
 func isConnReset(err error) bool {
 	var oe *net.OpError

@@ -115,8 +115,9 @@ tls_only=(fetch.get-large fetch.post-large fetch.stream-chunks fetch.abort fetch
 # scenario reads (each /stats key carries the client's mode and process id).
 # The proxy's requests still come one scenario at a time, in the order they
 # always did: with plain and TLS through the proxy side by side,
-# py.http10-sse once got a heartbeat in a 0.1 s stream (a heartbeat may fire
-# up to a second early, proxy/upstream.go armRead, and 1 s is the interval here).
+# py.http10-sse once got a heartbeat in a 0.1 s stream (a heartbeat could
+# then fire up to a second early, and 1 s is the interval here; now an eighth
+# of it at most, proxy's TestHeartbeatCountsFromTheLastEvent).
 clients() { # mode
 	cd "$work"
 	node clients.mjs "$1" "${only[@]}"

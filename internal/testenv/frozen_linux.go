@@ -15,7 +15,7 @@ import (
 // full backlog differently.
 func FrozenListener(t testing.TB) uint16 {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	fd, err := inetSocket()
 	if err != nil {
 		t.Fatal(err)
 	}

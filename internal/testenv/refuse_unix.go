@@ -16,7 +16,7 @@ import (
 // and a dial meant to be refused would then connect.
 func RefusingPort(t testing.TB) int {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	fd, err := inetSocket()
 	if err != nil {
 		t.Fatalf("refusing port: socket: %v", err)
 	}
@@ -35,4 +35,18 @@ func RefusingPort(t testing.TB) int {
 // RefusingAddr is 127.0.0.1:RefusingPort(t).
 func RefusingAddr(t testing.TB) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(RefusingPort(t)))
+}
+
+// inetSocket is a TCP socket made close-on-exec under syscall.ForkLock, as
+// the os and net packages make theirs: a child process another test starts
+// meanwhile (a cubeproxy binary) must not inherit it, and hold its port
+// after the test closed its own copy.
+func inetSocket() (int, error) {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	return fd, err
 }

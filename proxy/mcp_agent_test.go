@@ -581,7 +581,10 @@ func TestMCPLegacySSETransport(t *testing.T) {
 	if err != nil {
 		t.Fatalf("connect over HTTP+SSE: %v", err)
 	}
-	const n = 3 << 20
+	// 1 MiB, sixteen of the proxy's 64 KiB pieces on the GET stream that
+	// carries every answer. It was 3 MiB, at 2-3 s a MiB under -race in
+	// the go-sdk's JSON on both ends (TestMCPLargeToolResults moves 4 MiB).
+	const n = 1 << 20
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": n}})
 	if err != nil {
 		t.Fatalf("tools/call over HTTP+SSE: %v", err)

@@ -309,6 +309,20 @@ func TestMCPSessionsAcrossSandboxes(t *testing.T) {
 // Large tool arguments (the request body of the call, streamed to the
 // gateway) and a large result on the same session, in both answer modes.
 // The go-sdk gateway refuses bodies over 4 MiB unless told otherwise.
+//
+// The sizes are what the property needs, no more: under -race each MiB
+// costs 2-3 s of JSON encoding and copying in the go-sdk (the proxy's part
+// is a small share), and 6 MiB arguments with a 5 MiB result took 40 s.
+// The arguments are just past 4 MiB, the go-sdk gateway's default limit
+// and the proxy's max_held_body, so the raised limit is seen to pass
+// through the proxy; the result, 1 MiB, spans sixteen of the proxy's
+// 64 KiB pieces, enough to show the session still carries a large answer
+// after them (TestMCPLargeToolResults covers 4 MiB results alone).
+const (
+	largeArgumentBytes = 4<<20 + 64<<10
+	resultAfterArgs    = 1 << 20
+)
+
 func TestMCPLargeArguments(t *testing.T) {
 	for _, jsonResp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
@@ -323,7 +337,7 @@ func TestMCPLargeArguments(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), bulkMCPTimeout)
 			defer cancel()
 			cs := agentConnect(t, ctx, h, host, nil, nil)
-			for _, n := range []int{6 << 20} {
+			for _, n := range []int{largeArgumentBytes} {
 				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "check", Arguments: map[string]any{"s": bigText(n)}})
 				if err != nil {
 					t.Fatalf("%d-byte argument: %v", n, err)
@@ -332,9 +346,9 @@ func TestMCPLargeArguments(t *testing.T) {
 					t.Fatalf("%d-byte argument arrived as %s", n, got)
 				}
 			}
-			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 5 << 20}})
-			if err != nil || res.Content[0].(*mcp.TextContent).Text != bigText(5<<20) {
-				t.Fatalf("5 MiB result after large arguments: %v", err)
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": resultAfterArgs}})
+			if err != nil || res.Content[0].(*mcp.TextContent).Text != bigText(resultAfterArgs) {
+				t.Fatalf("%d-byte result after large arguments: %v", resultAfterArgs, err)
 			}
 		})
 	}
@@ -440,6 +454,7 @@ func TestMCPCallStreamResumedAfterSandboxCut(t *testing.T) {
 // stateless protocol's subscriptions/listen POST) ended at the gateway when
 // the agent closes its session.
 func TestMCPOverTLS(t *testing.T) {
+	const tlsResultBytes = 1 << 20
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = time.Hour })
 	tlsAddr, roots := serveTLS(t, h)
 	toolDone := make(chan error, 1)
@@ -478,9 +493,12 @@ func TestMCPOverTLS(t *testing.T) {
 			if err != nil {
 				t.Fatalf("connect over TLS: %v", err)
 			}
-			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 5 << 20}})
-			if err != nil || res.Content[0].(*mcp.TextContent).Text != bigText(5<<20) {
-				t.Fatalf("5 MiB result over TLS: %v", err)
+			// 1 MiB: sixteen of the proxy's 64 KiB pieces, 64 TLS
+			// records. It was 5 MiB, at 2-3 s a MiB under -race, nearly
+			// all in the go-sdk's JSON on both ends.
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": tlsResultBytes}})
+			if err != nil || res.Content[0].(*mcp.TextContent).Text != bigText(tlsResultBytes) {
+				t.Fatalf("%d-byte result over TLS: %v", tlsResultBytes, err)
 			}
 			if stateless {
 				cancelCall(t, ctx, cs, &mcp.CallToolParams{Name: "hang"}, started, toolDone, 5*time.Second)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,9 +33,13 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 	// reads 3 KiB every 32 ms against a 300 ms timeout, which the other
 	// parallel tests' start-up (TLS, harnesses, under -race) stalled past
 	// in a clean-clone run.
-	const size = 160 << 10 // three pieces, the first two whole 64 KiB reads
-	body := strings.Repeat("x", size)
+	const fullSize = 160 << 10 // three pieces, the first two whole 64 KiB reads
+	body := strings.Repeat("x", fullSize)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		size := fullSize
+		if n, err := strconv.Atoi(r.URL.Query().Get("n")); err == nil {
+			size = n
+		}
 		switch r.URL.Path {
 		case "/sized":
 			w.Header().Set("Content-Length", fmt.Sprint(size))
@@ -56,6 +61,7 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		tls        bool
 		pause      time.Duration // the client stops reading this long after 8 KiB
 		read       int           // bytes read per 32 ms tick; 0: 3 KiB (about 96 KB/s)
+		size       int           // the answer's bytes; 0: fullSize
 		cut        bool
 	}{
 		{name: "sized", path: "/sized"},
@@ -68,9 +74,13 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		// each takes 0.5 s, longer than the timeout. (A smaller send
 		// buffer: the kernel wakes a waiting write once a third of it is
 		// free, which at 32 KB/s through 32 KiB came up to 0.3 s apart.)
-		{name: "event stream", path: "/events?whole", read: 1 << 10},
+		// 64 KiB, four such pieces, is enough: past the ~12 KiB the two
+		// sockets buffer, each piece after the first waits 0.5 s on the
+		// client, so a timeout bounding a piece whole cuts the second;
+		// 160 KiB at 32 KB/s took 5 s a case.
+		{name: "event stream", path: "/events?whole", read: 1 << 10, size: 64 << 10},
 		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: 1500 * time.Millisecond, cut: true},
-		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10},
+		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10, size: 64 << 10},
 		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: 1500 * time.Millisecond, cut: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,7 +106,16 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 			if tc.http10 {
 				proto = "HTTP/1.0"
 			}
-			fmt.Fprintf(c, "GET %s %s\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", tc.path, proto, host, id)
+			size := cmp.Or(tc.size, fullSize)
+			path := tc.path
+			if tc.size > 0 {
+				sep := "?"
+				if strings.Contains(path, "?") {
+					sep = "&"
+				}
+				path += fmt.Sprintf("%sn=%d", sep, tc.size)
+			}
+			fmt.Fprintf(c, "GET %s %s\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", path, proto, host, id)
 			resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
 			if err != nil {
 				t.Fatal(err)

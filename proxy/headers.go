@@ -550,12 +550,22 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 		if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
 			continue
 		}
-		if underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
-			(masked && underscoreAlias(name, "x-forwarded-host")) || underscoreAlias(name, "x-cube-request-id") ||
-			credentialAlias(name) {
+		if droppedAlias(name, masked) {
 			h.DelBytes(name)
 		}
 	}
+}
+
+// droppedAlias reports whether name, which holds '_' or '.', reads as one
+// of the headers the proxy sets or strips once those are taken for '-':
+// X-Real-IP, X-Forwarded-For, X-Cube-Request-Id, the proxy's credentials,
+// and X-Forwarded-Host with forwardedHost set. The head
+// (dropForwardingAliases) and a chunked body's trailer
+// (droppedTrailerName) lose the same names.
+func droppedAlias(name []byte, forwardedHost bool) bool {
+	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
+		(forwardedHost && underscoreAlias(name, "x-forwarded-host")) || underscoreAlias(name, "x-cube-request-id") ||
+		credentialAlias(name)
 }
 
 // credentialAlias reports whether name is one of proxyTokenHeaders with

@@ -1837,9 +1837,7 @@ func droppedTrailerName(name []byte) bool {
 	if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
 		return false
 	}
-	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
-		underscoreAlias(name, "x-forwarded-host") || underscoreAlias(name, "x-cube-request-id") ||
-		credentialAlias(name)
+	return droppedAlias(name, true)
 }
 
 // errChunkStalled is a chunked body's read that reached the read deadline

@@ -105,6 +105,38 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 	}
 }
 
+// connectionOptions appends to dst the options of the Connection lines of
+// raw, fasthttp's copy of a request head as received, which keeps them
+// after removeHopRequest deleted the lines and what they named. A folded
+// line's continuation lines are read as its own (fasthttp joins them with
+// a space): a name split by the fold reads as two, where the head's
+// deletion found none. The options are slices of raw.
+func connectionOptions(dst [][]byte, raw []byte) [][]byte {
+	in := false // in a Connection line, continuation lines included
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+			if !in {
+				continue
+			}
+		} else {
+			var name []byte
+			var ok bool
+			name, line, ok = bytes.Cut(line, []byte{':'})
+			if in = ok && bytes.EqualFold(name, []byte("Connection")); !in {
+				continue
+			}
+		}
+		forEachToken(line, func(opt []byte) { dst = append(dst, opt) })
+	}
+	return dst
+}
+
 // connectionProof reports whether a Connection option names a field the
 // request the proxy sends cannot do without, which no option removes: Host
 // routes the request and is the sandbox's (and a masked route's

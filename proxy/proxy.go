@@ -1791,6 +1791,7 @@ func (b *clientBody) ended(err error) error {
 // took the client's. Removing only the trailer's copy is not to be had:
 // fasthttp deletes a name from head and trailer at once, and the head's
 // request id is still read after the body (the answer's id, the log).
+// The names dropped here are ones the head no longer has, or never had.
 func stripTrailerFields(h *fasthttp.RequestHeader) error {
 	for _, name := range h.PeekTrailerKeys() {
 		if bytes.EqualFold(name, []byte("Forwarded")) || bytes.EqualFold(name, []byte(HeaderRequestID)) {
@@ -1800,10 +1801,15 @@ func stripTrailerFields(h *fasthttp.RequestHeader) error {
 	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
+	// What the head's Connection lines named, read once: serve refused a
+	// head naming more than maxConnectionOptions, so a trailer of many
+	// fields costs a few comparisons each, not a walk over the head.
+	var opts [maxConnectionOptions][]byte
+	options := connectionOptions(opts[:0], h.RawHeaders())
 	var found [4][]byte
 	doomed := found[:0]
 	for _, name := range h.PeekTrailerKeys() {
-		if droppedTrailerName(name) {
+		if droppedTrailerName(name, options) {
 			// A copy: deleting reuses the header's buffers.
 			doomed = append(doomed, bytes.Clone(name))
 		}
@@ -1818,26 +1824,41 @@ func stripTrailerFields(h *fasthttp.RequestHeader) error {
 // reach the sandbox: a name with a space, or the '_' or '.' spelling of a
 // header the proxy strips or vouches for (the proxy's credentials,
 // X-Real-IP, X-Forwarded-For, X-Forwarded-Host), which the head loses too
-// (dropInvalidNames, dropForwardingAliases). PHP's built-in server
-// (php -S) reads a chunked body's trailer fields as request headers, each
-// filed as the head's are ($_SERVER["HTTP_X_REAL_IP"] for X_Real_IP,
-// X.Real.IP or "X Real IP") and overwriting the head's: relayed, a trailer
-// forged the client address over the proxy's X-Real-IP and handed the
-// sandbox's code a client's admin token (measured with PHP 8.2).
+// (dropInvalidNames, dropForwardingAliases); a hop-by-hop header
+// (hopHeaders: fasthttp refuses all but Upgrade there), or one of the
+// head's Connection options, which removeHopRequest took from the head as
+// hop-by-hop by declaration. PHP's built-in server (php -S) reads a
+// chunked body's trailer fields as request headers, each filed as the
+// head's are ($_SERVER["HTTP_X_REAL_IP"] for X_Real_IP, X.Real.IP or
+// "X Real IP") and overwriting the head's: relayed, a trailer forged the
+// client address over the proxy's X-Real-IP and handed the sandbox's code
+// a client's admin token (measured with PHP 8.2), and gave back a field
+// the head's Connection named, or an Upgrade the proxy removed from a
+// request that does not switch protocols.
 // X-Forwarded-Host's is dropped whatever the route: fasthttp refuses the
 // real name in a trailer, so only a spelling meant to pass for it comes.
 // So is X-Cube-Request-Id's, which the head keeps: there it can replace
 // only the client's own id (an id the proxy makes is added after it),
 // while a trailer's replaced, in php -S, the id the proxy made or checked
 // with any value.
-func droppedTrailerName(name []byte) bool {
+func droppedTrailerName(name []byte, connOptions [][]byte) bool {
 	if bytes.IndexByte(name, ' ') >= 0 {
 		return true
 	}
-	if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
-		return false
+	if (bytes.IndexByte(name, '_') >= 0 || bytes.IndexByte(name, '.') >= 0) && droppedAlias(name, true) {
+		return true
 	}
-	return droppedAlias(name, true)
+	for _, hop := range hopHeaders {
+		if bytes.EqualFold(name, []byte(hop)) {
+			return true
+		}
+	}
+	for _, opt := range connOptions {
+		if bytes.EqualFold(name, opt) {
+			return true
+		}
+	}
+	return false
 }
 
 // errChunkStalled is a chunked body's read that reached the read deadline

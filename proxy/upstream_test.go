@@ -1848,13 +1848,16 @@ func TestRequestTrailersLoseTheTrafficToken(t *testing.T) {
 
 // A chunked body's trailer loses what the head loses: the '_', '.' and
 // space spellings of the proxy's credentials and of the client-address
-// headers it vouches for. PHP's built-in server (php -S) reads trailer
-// fields as request headers, filed as the head's are and overwriting
-// them: X_Real_IP there forged $_SERVER["HTTP_X_REAL_IP"] over the
-// proxy's X-Real-IP, and X_Cube_Admin_Token handed its code a client's
-// admin token. The sandbox is a raw socket that reports the trailer lines
-// as sent; a body that comes with the head and one that streams, on a
-// public and a restricted route; other names with '_' or '.' pass.
+// headers it vouches for, Upgrade (hop-by-hop, the one such field fasthttp
+// lets into a trailer), and the fields the head's Connection lines name
+// (on two lines, one of them folded). PHP's built-in server (php -S) reads
+// trailer fields as request headers, filed as the head's are and
+// overwriting them: X_Real_IP there forged $_SERVER["HTTP_X_REAL_IP"]
+// over the proxy's X-Real-IP, and X_Cube_Admin_Token handed its code a
+// client's admin token. The sandbox is a raw socket that reports the
+// trailer lines as sent; a body that comes with the head and one that
+// streams, on a public and a restricted route; other names with '_' or
+// '.' pass.
 func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 	h := newHarness(t)
 	trailers := make(chan []string, 1)
@@ -1875,6 +1878,12 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 		"X Cube Admin Token: admin-secret",
 		"X_Cube_Request_Id: forged",
 		"x.cube.request.id: forged",
+		"Upgrade: websocket",
+		"upgrade: h2c",
+		"X-Hop: 1",
+		"x-HOP: 2",
+		"X-Second: 1",
+		"X-Folded: 1",
 	}
 	kept := []string{"X_App_Sum: 1", "X.App.Id: 2", "X-Checksum: c0ffee"}
 	for _, tc := range []struct {
@@ -1888,7 +1897,8 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var raw strings.Builder
-			fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\n%s: %s\r\nTransfer-Encoding: chunked\r\n\r\n", tc.host, auth.HeaderE2BTrafficToken, token)
+			fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\n%s: %s\r\nTransfer-Encoding: chunked\r\n", tc.host, auth.HeaderE2BTrafficToken, token)
+			raw.WriteString("Connection: keep-alive, X-Hop\r\nconnection: x-second,\r\n X-Folded\r\n\r\n")
 			fmt.Fprintf(&raw, "%x\r\n%s\r\n0\r\n", tc.size, strings.Repeat("x", tc.size))
 			for _, l := range append(slices.Clone(dropped), kept...) {
 				raw.WriteString(l + "\r\n")
@@ -1904,7 +1914,8 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 				name, _, _ := strings.Cut(l, ":")
 				switch norm.Replace(strings.ToLower(name)) {
 				case "x-cube-admin-token", "e2b-traffic-access-token", "cube-traffic-access-token",
-					"x-real-ip", "x-forwarded-for", "x-forwarded-host", "x-cube-request-id":
+					"x-real-ip", "x-forwarded-for", "x-forwarded-host", "x-cube-request-id",
+					"upgrade", "x-hop", "x-second", "x-folded":
 					t.Errorf("trailer field %q reached the sandbox", l)
 				}
 			}

@@ -107,6 +107,10 @@ type Proxy struct {
 
 	tel     *telemetry.Telemetry // nil: no tracing
 	metrics *telemetry.Metrics   // nil-safe
+	// traceFields are the trace-context headers (traceparent, tracestate)
+	// the proxy sets in every request's head with tracing on, the
+	// propagator's own list; nil with tracing off, when they pass as sent.
+	traceFields []string
 
 	staleLogged    atomic.Int64 // unix nanos of the last stale-route log line
 	storeErrLogged atomic.Int64 // unix nanos of the last store-unavailable log line
@@ -145,6 +149,9 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 	}
 	if p.tel != nil {
 		p.metrics = p.tel.Metrics
+		if p.tel.TracingEnabled() {
+			p.traceFields = p.tel.Propagator().Fields()
+		}
 		p.metrics.SetPoolStats(func() (int64, int64) {
 			pools, idle := p.pools.gauges()
 			return int64(pools), int64(idle)
@@ -1107,7 +1114,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	}
 	if cl := h.ContentLength(); (cl > 0 || cl == -1) && req.IsBodyStream() {
 		b := clientBodyPool.Get().(*clientBody)
-		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: int64(cl), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout}
+		*b = clientBody{ctx: ctx, r: ctx.RequestBodyStream(), size: int64(cl), left: p.cfg.MaxRequestBodySize, timeout: p.clientBodyTimeout, traceFields: p.traceFields}
 		b.hold, _ = ctx.Conn().(readHolder)
 		req.SetBodyStream(b, cl)
 	}
@@ -1631,6 +1638,9 @@ type clientBody struct {
 	// (nextChunk), which a hold that runs out then gives back (heldOut).
 	grow    growingBuf
 	framing bool
+	// traceFields are the proxy's (Proxy.traceFields), which a chunked
+	// body's trailer may not name (stripTrailerFields).
+	traceFields []string
 }
 
 var clientBodyPool = sync.Pool{New: func() any { return new(clientBody) }}
@@ -1766,7 +1776,7 @@ func (b *clientBody) ended(err error) error {
 		b.gone = true
 	case err == io.EOF:
 		if b.size < 0 {
-			if terr := stripTrailerFields(&b.ctx.Request.Header); terr != nil {
+			if terr := stripTrailerFields(&b.ctx.Request.Header, b.traceFields); terr != nil {
 				return terr
 			}
 		}
@@ -1783,18 +1793,25 @@ func (b *clientBody) ended(err error) error {
 // sandbox never sees the proxy's credential there either (fasthttp refuses
 // only the standard credentials, Authorization and Cookie, in a trailer),
 // and every name droppedTrailerName picks. A trailer that names a header
-// the proxy sets in the head, Forwarded or X-Cube-Request-Id, is refused
-// (the error says which), as fasthttp refuses X-Forwarded-* and X-Real-IP
-// there: PHP's built-in server (php -S) joins such a field onto the head's
+// the proxy sets in the head, Forwarded, X-Cube-Request-Id, or, with
+// tracing on, one of traceFields, is refused (the error says which), as
+// fasthttp refuses X-Forwarded-* and X-Real-IP there: PHP's built-in
+// server (php -S) joins such a field onto the head's
 // ($_SERVER["HTTP_FORWARDED"] "for=127.0.0.1, for=6.6.6.6", the request id
-// "<id>, forged"), so that an app trusting the last Forwarded element
-// took the client's. Removing only the trailer's copy is not to be had:
-// fasthttp deletes a name from head and trailer at once, and the head's
-// request id is still read after the body (the answer's id, the log).
-// The names dropped here are ones the head no longer has, or never had.
-func stripTrailerFields(h *fasthttp.RequestHeader) error {
+// "<id>, forged", a traceparent of two, which no tracer takes, so that
+// the sandbox's spans left the proxy's trace), so that an app trusting
+// the last Forwarded element took the client's. Removing only the
+// trailer's copy is not to be had: fasthttp deletes a name from head and
+// trailer at once, and the head's request id is still read after the
+// body (the answer's id, the log). The names dropped here are ones the
+// head no longer has, or never had.
+func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 	for _, name := range h.PeekTrailerKeys() {
-		if bytes.EqualFold(name, []byte("Forwarded")) || bytes.EqualFold(name, []byte(HeaderRequestID)) {
+		refused := bytes.EqualFold(name, []byte("Forwarded")) || bytes.EqualFold(name, []byte(HeaderRequestID))
+		for _, f := range traceFields {
+			refused = refused || bytes.EqualFold(name, []byte(f))
+		}
+		if refused {
 			return fmt.Errorf("request trailer field %q: the proxy sets it in the head", name)
 		}
 	}

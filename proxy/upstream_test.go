@@ -26,6 +26,7 @@ import (
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
@@ -1929,26 +1930,44 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 }
 
 // A chunked body whose trailer names a header the proxy sets in the head,
-// Forwarded or X-Cube-Request-Id, is refused as malformed (400
-// bad_request_body), as fasthttp refuses X-Forwarded-* and X-Real-IP
-// there: PHP's built-in server joins a trailer field onto the head's, so
-// relayed, the client's "for=6.6.6.6" was the last Forwarded element, the
-// one an app trusts, and the request id the sandbox logged was not the one
-// the client got back. The sandbox, a raw socket, never gets the body's
-// end (its connection is closed before the last chunk), nor a trailer; the
-// answer carries the head's id. A body that comes with the head and one
-// that streams, with and without a Forwarded in the head; one that
-// announces both and sends neither passes.
+// Forwarded, X-Cube-Request-Id, or, with tracing on, traceparent or
+// tracestate, is refused as malformed (400 bad_request_body), as fasthttp
+// refuses X-Forwarded-* and X-Real-IP there: PHP's built-in server joins a
+// trailer field onto the head's, so relayed, the client's "for=6.6.6.6"
+// was the last Forwarded element, the one an app trusts, the request id
+// the sandbox logged was not the one the client got back, and the
+// sandbox's traceparent was two, which no tracer takes. The sandbox, a raw
+// socket, never gets the body's end (its connection is closed before the
+// last chunk), nor a trailer; the answer carries the head's id. A body
+// that comes with the head and one that streams, with and without a
+// Forwarded in the head; one that announces both and sends neither passes.
 func TestRequestTrailerRefusesProxyHeaders(t *testing.T) {
 	h := newHarness(t)
+	traced := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = obsTelemetry(t, tracetest.NewInMemoryExporter()) })
 	trailers := make(chan []string, 8)
 	closed := make(chan struct{}, 8)
 	ln := testenv.ServeTCP(t, func(c net.Conn) {
 		serveTrailerLines(c, trailers)
 		closed <- struct{}{}
 	})
-	host := h.route("trailrefuse", uint16(ln.Addr().(*net.TCPAddr).Port))
-	for _, field := range []string{"Forwarded: for=6.6.6.6", "forwarded: for=6.6.6.6", "X-Cube-Request-Id: forged", "x-cube-request-id: forged"} {
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	host := h.route("trailrefuse", port)
+	tracedHost := traced.route("trailrefuse", port)
+	for _, tc := range []struct {
+		field  string
+		traced bool // sent to a proxy with tracing on
+	}{
+		{"Forwarded: for=6.6.6.6", false},
+		{"forwarded: for=6.6.6.6", false},
+		{"X-Cube-Request-Id: forged", false},
+		{"x-cube-request-id: forged", false},
+		{"Traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", true},
+		{"tracestate: forged=1", true},
+	} {
+		field, h, host := tc.field, h, host
+		if tc.traced {
+			h, host = traced, tracedHost
+		}
 		for _, size := range []int{7, 256 << 10} {
 			for _, head := range []string{"", "Forwarded: for=1.2.3.4\r\n"} {
 				t.Run(fmt.Sprintf("%s, %d bytes, head %q", field, size, head), func(t *testing.T) {

@@ -1857,7 +1857,10 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 // So is X-Cube-Request-Id's, which the head keeps: there it can replace
 // only the client's own id (an id the proxy makes is added after it),
 // while a trailer's replaced, in php -S, the id the proxy made or checked
-// with any value.
+// with any value. The routing headers (X-Cube-Sandbox-Id/-Port,
+// E2b-Sandbox-Id/-Port) pass: the head passes them as sent, and their '_'
+// spellings, which php -S files over them, so a trailer's copy (joined
+// onto the head's there) tells the sandbox nothing the head could not.
 func droppedTrailerName(name []byte, connOptions [][]byte) bool {
 	if bytes.IndexByte(name, ' ') >= 0 {
 		return true

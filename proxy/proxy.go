@@ -1798,9 +1798,9 @@ func (b *clientBody) ended(err error) error {
 // fasthttp refuses X-Forwarded-* and X-Real-IP there: PHP's built-in
 // server (php -S) joins such a field onto the head's
 // ($_SERVER["HTTP_FORWARDED"] "for=127.0.0.1, for=6.6.6.6", the request id
-// "<id>, forged", a traceparent of two, which no tracer takes, so that
-// the sandbox's spans left the proxy's trace), so that an app trusting
-// the last Forwarded element took the client's. Removing only the
+// "<id>, forged", a traceparent of two, which no tracer takes: the
+// sandbox's spans left the proxy's trace), so that an app trusting the
+// last Forwarded element took the client's. Removing only the
 // trailer's copy is not to be had: fasthttp deletes a name from head and
 // trailer at once, and the head's request id is still read after the
 // body (the answer's id, the log). The names dropped here are ones the

@@ -72,10 +72,10 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		// free (above, 32 KiB), more than the rest of any piece, so
 		// progress has nothing to renew. Such a case passed with the
 		// renewal switched off. With a smaller buffer a piece can wait
-		// twice, but on this client's tiny window a reader slow enough
-		// for a piece to outlast the timeout (8 KB/s) is paced by TCP's
-		// persist timer: no wake-up for over 300 ms, cut with the
-		// renewal or without it.
+		// twice, but a reader slow enough for a piece to outlast the
+		// timeout (8 KB/s, through 8 KiB or the kernel's smallest) left
+		// its write without a wake-up for over 300 ms on this client's
+		// tiny window: cut with the renewal or without it.
 		{name: "sized over TLS", path: "/sized", tls: true},
 		{name: "a pause longer than the timeout cuts", path: "/sized", pause: 1500 * time.Millisecond, cut: true},
 		// Detached streams write to the connection themselves, not

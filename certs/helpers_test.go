@@ -205,6 +205,29 @@ func (r *logRecorder) firstAt(msg string) time.Time {
 	return time.Time{}
 }
 
+// has reports whether a record at level with message msg was logged
+// whose attributes include want (compared as printed).
+func (r *logRecorder) has(level slog.Level, msg string, want map[string]string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.records {
+		if rec.Level != level || rec.Message != msg {
+			continue
+		}
+		found := 0
+		rec.Attrs(func(a slog.Attr) bool {
+			if v, ok := want[a.Key]; ok && a.Value.String() == v {
+				found++
+			}
+			return true
+		})
+		if found == len(want) {
+			return true
+		}
+	}
+	return false
+}
+
 // warnings returns the messages logged at warning level or above.
 func (r *logRecorder) warnings() []string {
 	r.mu.Lock()

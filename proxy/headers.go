@@ -114,12 +114,8 @@ func removeHopRequest(h *fasthttp.RequestHeader, keepUpgrade bool) {
 func connectionOptions(dst [][]byte, raw []byte) [][]byte {
 	in := false // in a Connection line, continuation lines included
 	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte{'\n'})
 		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
 			if !in {
 				continue
@@ -455,12 +451,8 @@ var headNamesByLen = func() [][]headName {
 func headerLines(raw []byte) iter.Seq2[[]byte, []byte] {
 	return func(yield func([]byte, []byte) bool) {
 		for len(raw) > 0 {
-			line := raw
-			if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-				line, raw = raw[:i], raw[i+1:]
-			} else {
-				raw = nil
-			}
+			var line []byte
+			line, raw, _ = bytes.Cut(raw, []byte{'\n'})
 			i := bytes.IndexByte(line, ':')
 			if i <= 0 || line[0] == ' ' || line[0] == '\t' {
 				continue

@@ -82,6 +82,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			err = usageError{errors.New("version takes no arguments")}
 		}
 	case "help", "-h", "--help":
+		if args[0] == "help" && (len(args) == 2 && args[1] == "token" || len(args) == 3 && args[1] == "token" && args[2] == "sign") {
+			// token's one subcommand: its flags, which "token -h" (a
+			// command missing its subcommand) does not list.
+			return run(ctx, []string{"token", "sign", "-h"}, getenv, stdout, stderr)
+		}
 		if len(args) > 2 && args[0] == "help" {
 			err = usageError{errors.New("help takes one command: cubeproxy help COMMAND")}
 			break

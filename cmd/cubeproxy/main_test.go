@@ -65,6 +65,7 @@ func TestUsageExitCodes(t *testing.T) {
 		// Commands without flags take no arguments either.
 		{[]string{"version", "--short"}, 2, "version takes no arguments"},
 		{[]string{"help", "serve", "extra"}, 2, "help takes one command"},
+		{[]string{"help", "token", "verify"}, 2, "help takes one command"},
 		// Read, and refused for what it says: a configuration error, 1.
 		{[]string{"check", "--routes=", "--access-log-format=csv"}, 1, `access_log.format "csv"`},
 		{[]string{"check", "--routes=", "--upstream-connect-timeout=-1s"}, 1, "is negative"},
@@ -94,7 +95,9 @@ func TestSubcommandHelp(t *testing.T) {
 		// As go help build: the command's own usage, not the list again.
 		{[]string{"help", "serve"}, "Usage of cubeproxy serve:"},
 		{[]string{"help", "check"}, "Usage of cubeproxy check:"},
-		{[]string{"help", "token"}, "usage: cubeproxy token sign"},
+		// token has one subcommand: its flags, not token -h's one line.
+		{[]string{"help", "token"}, "Usage of cubeproxy token sign:"},
+		{[]string{"help", "token", "sign"}, "Usage of cubeproxy token sign:"},
 		{[]string{"version", "-h"}, "usage: cubeproxy version"},
 	} {
 		var out, errb bytes.Buffer

@@ -57,6 +57,9 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 	fmt.Fprintf(stderr, "cubeproxy check: configuration ok; %s\n", strings.Join(summary, "; "))
 	// serve would log these as warnings; a failed check has run() note them.
 	noteUnknownEnv(stderr, os.Environ())
+	if v := pushedMetricsExporter(getenv); v != "" {
+		fmt.Fprintf(stderr, "cubeproxy: note: %s (OTEL_METRICS_EXPORTER=%s; serve logs this as a warning and starts)\n", metricsExporterWarning, v)
+	}
 	return nil
 }
 

@@ -411,7 +411,7 @@ func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 }
 
 // A metrics exporter the proxy does not push to is named at startup, not
-// silently ignored.
+// silently ignored, and by check, which notes what serve would warn of.
 func TestUnsupportedMetricsExporterWarns(t *testing.T) {
 	for _, tc := range []struct {
 		value string
@@ -428,6 +428,13 @@ func TestUnsupportedMetricsExporterWarns(t *testing.T) {
 			r.stop()
 			if got := strings.Contains(r.logs.String(), "OTEL_METRICS_EXPORTER is not supported"); got != tc.warn {
 				t.Fatalf("warning logged: %v, want %v\n%s", got, tc.warn, r.logs)
+			}
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), []string{"check", "--routes="}, env, &out, &errb); code != 0 {
+				t.Fatalf("check: exit %d\n%s", code, errb.String())
+			}
+			if got := strings.Contains(errb.String(), "cubeproxy: note: OTEL_METRICS_EXPORTER is not supported"); got != tc.warn {
+				t.Fatalf("check noted it: %v, want %v\n%s", got, tc.warn, errb.String())
 			}
 		})
 	}

@@ -127,13 +127,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	a.tel.Metrics.SetProcessLogDropped(logOut.Dropped)
 	logOut.ReportLossTo(a.log)
 	warnUnknownEnv(a.log, os.Environ())
-	// Set cluster-wide with the other OTEL_* variables, it would otherwise
-	// look like a push that never arrives.
-	if v := strings.ToLower(strings.TrimSpace(getenv("OTEL_METRICS_EXPORTER"))); v != "" && v != "none" && v != "prometheus" {
-		a.log.Warn("OTEL_METRICS_EXPORTER is not supported: metrics are only served for scraping at /metrics on the admin listener",
-			"OTEL_METRICS_EXPORTER", v)
+	if v := pushedMetricsExporter(getenv); v != "" {
+		a.log.Warn(metricsExporterWarning, "OTEL_METRICS_EXPORTER", v)
 	}
 	return a.run(ctx, ready)
+}
+
+// metricsExporterWarning is said, by serve and check, of an
+// OTEL_METRICS_EXPORTER that asks for a push (pushedMetricsExporter).
+const metricsExporterWarning = "OTEL_METRICS_EXPORTER is not supported: metrics are only served for scraping at /metrics on the admin listener"
+
+// pushedMetricsExporter returns OTEL_METRICS_EXPORTER when it names an
+// exporter the proxy does not run (otlp, console), or "". Set
+// cluster-wide with the other OTEL_* variables, it would otherwise look
+// like a push that never arrives.
+func pushedMetricsExporter(getenv func(string) string) string {
+	if v := strings.ToLower(strings.TrimSpace(getenv("OTEL_METRICS_EXPORTER"))); v != "" && v != "none" && v != "prometheus" {
+		return v
+	}
+	return ""
 }
 
 // processLogFlushWait is how long serve waits at exit for a stalled

@@ -73,13 +73,21 @@ type Config struct {
 	// lost since it was last told a total, if any. And it is told when
 	// the file's close(2) fails, at Close or of the file a Reopen
 	// replaced (a network or FUSE file system reporting a failed
-	// write-back there): lines written to that file may be lost.
+	// write-back there): lines written to that file may be lost. And
+	// once per truncation of the file under the logger (logrotate's
+	// copytruncate), which loses the lines written between its copy and
+	// its truncate.
 	Log *slog.Logger
 	// OnCloseFailure, when set, is called once per failed close(2) of the
 	// log file (those Log is told of), from the writer goroutine: a
 	// counter for an operator who alerts on metrics, as onDrop is for
 	// dropped lines. It must not block.
 	OnCloseFailure func()
+	// OnTruncate, when set, is called once per truncation of the log file
+	// seen (those Log is told of), from the file watcher: copytruncate
+	// loses lines no one can count, so the truncations are counted. It
+	// must not block.
+	OnTruncate func()
 }
 
 // Logger is an asynchronous access log. Its methods are safe for concurrent use.
@@ -138,13 +146,18 @@ type Logger struct {
 	// loss watcher to say (the writer must not wait for the process log).
 	closeMu       sync.Mutex
 	closeFailures []closeFailure
-	// onCloseFailure is Config.OnCloseFailure.
+	// onCloseFailure is Config.OnCloseFailure, onTruncate Config.OnTruncate.
 	onCloseFailure func()
+	onTruncate     func()
 
 	// Owned by the writer goroutine after New; closeErr is read by Close
 	// after the goroutine has exited.
 	out  sink
 	file *os.File // nil unless path != ""; swapped under fileMu (Abandon reads it)
+	// written counts the bytes written to file (out.written), for the
+	// file watcher to tell a truncation from a file others append to too;
+	// nil unless file is a regular file. Swapped with file under fileMu.
+	written *fileBytes
 	// fileMu orders Reopen's swap of file with Abandon.
 	fileMu sync.Mutex
 	// heldBy names what holds a write to the sink open now that does not
@@ -195,7 +208,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		held:       make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 	}
-	l.onCloseFailure = cfg.OnCloseFailure
+	l.onCloseFailure, l.onTruncate = cfg.OnCloseFailure, cfg.OnTruncate
 	switch cfg.Format {
 	case "", FormatJSON:
 		l.stamps = newStamps(jsonTime)
@@ -231,6 +244,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 	}
 	l.maxWrite = maxWrite(l.file)
 	l.out = newSink(out, l.file)
+	l.written = l.out.written
 	l.heldBy = heldCause(out)
 	l.bw = bufio.NewWriterSize(&l.out, writeBufferSize)
 	go l.run()
@@ -823,14 +837,13 @@ func (l *Logger) sayUnsaid(dest string, said uint64) {
 }
 
 // watchFile looks at the file the log writes to every checkEvery
-// (checkFile), and tells Config.Log once when the file has been found
-// moved movedChecks times in a row. It runs on its own: the file's system
-// may hang a stat (a network file system), and the loss watcher must
-// still say that lines are lost then.
+// (lookAtFile). It runs on its own: the file's system may hang a stat (a
+// network file system), and the loss watcher must still say that lines
+// are lost then.
 func (l *Logger) watchFile() {
 	t := time.NewTicker(l.checkEvery)
 	defer t.Stop()
-	moved := 0 // consecutive checks that found the file moved
+	var w fileWatch
 	for {
 		select {
 		case <-t.C:
@@ -839,16 +852,49 @@ func (l *Logger) watchFile() {
 		case <-l.held:
 			return
 		}
-		if !l.checkFile() {
-			moved = 0
-			continue
-		}
-		if moved++; moved == movedChecks && l.log != nil {
-			l.log.Warn("access log file was moved or replaced; lines go to the old file until it is reopened (SIGHUP or SIGUSR1)",
-				"path", l.path)
-		}
+		l.lookAtFile(&w)
 	}
 }
+
+// fileWatch is what the file watcher keeps from one look to the next.
+type fileWatch struct {
+	moved int // consecutive looks that found the file moved
+	// At the last look at the file whose bytes written counts: its size,
+	// and the most bytes the writer could have added to it by then
+	// (fileBytes.begun). Zero for a file not looked at yet: it held at
+	// least nothing when it was opened, when its counts began.
+	written *fileBytes
+	size    int64
+	begun   int64
+}
+
+// lookAtFile is one look of the file watcher (checkFile): it tells
+// Config.Log once when the file has been found moved movedChecks times in
+// a row, and once per truncation found, which it counts (OnTruncate).
+func (l *Logger) lookAtFile(w *fileWatch) {
+	moved, cut := l.checkFile(w)
+	if cut != nil {
+		if l.onTruncate != nil {
+			l.onTruncate()
+		}
+		if l.log != nil {
+			l.log.Warn("access log file was truncated (logrotate's copytruncate?); lines written between a copy and the truncate may be lost: rotate with create and a postrotate SIGHUP or SIGUSR1 instead",
+				"path", l.path, "size", cut.size, "expected_min_size", cut.least)
+		}
+	}
+	if !moved {
+		w.moved = 0
+		return
+	}
+	if w.moved++; w.moved == movedChecks && l.log != nil {
+		l.log.Warn("access log file was moved or replaced; lines go to the old file until it is reopened (SIGHUP or SIGUSR1)",
+			"path", l.path)
+	}
+}
+
+// truncation is a file found shorter (size) than it must be unless it
+// was truncated (least).
+type truncation struct{ size, least int64 }
 
 // checkFile looks at the file the log writes to, if it owns one. It sets
 // unlinked while that regular file is deleted: lines written to it are lost (the
@@ -856,18 +902,25 @@ func (l *Logger) watchFile() {
 // filling an unlinked inode, uncounted and unsaid, until a reopen. It
 // reports whether Path names another file now, or none: moved (logrotate
 // without a postrotate signal) or replaced, so lines go where no reader of
-// Path looks. The file is stat'ed outside fileMu, which Abandon takes: a
-// hung file system must not keep shutdown from giving the file up.
-func (l *Logger) checkFile() (moved bool) {
+// Path looks; and whether the file was truncated since the last look (cut;
+// nil if not), by the size of the one fstat the other checks need too.
+// The file is stat'ed outside fileMu, which Abandon takes: a hung file
+// system must not keep shutdown from giving the file up.
+func (l *Logger) checkFile(w *fileWatch) (moved bool, cut *truncation) {
 	if l.path == "" {
-		return false
+		return false, nil
 	}
 	l.fileMu.Lock()
-	f := l.file
+	f, written := l.file, l.written
 	l.fileMu.Unlock()
+	var done int64
+	if written != nil {
+		// Read before the stat: the file holds these bytes by then.
+		done = written.done.Load()
+	}
 	fi, err := f.Stat()
 	if err != nil {
-		return false // closed by Abandon
+		return false, nil // closed by Abandon
 	}
 	// A FIFO's pipe outlives its name: a reader that has it open still
 	// reads what is written.
@@ -878,10 +931,47 @@ func (l *Logger) checkFile() (moved bool) {
 	}
 	l.fileMu.Unlock()
 	if gone {
-		return false // a loss, said as one
+		return false, nil // a loss, said as one
+	}
+	if written != nil {
+		cut = w.sized(written, fi.Size(), done)
 	}
 	at, err := os.Stat(l.path)
-	return errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(fi, at)
+	return errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(fi, at), cut
+}
+
+// sized takes the size of the file whose bytes written counts, seen by a
+// stat after done was read from it, and returns the truncation it proves
+// since the last look, if any. Another writer of the file (a second
+// instance, the old process of a takeover) only adds to it, so unless the
+// file was truncated it holds at least what it held at the last look plus
+// what this process surely wrote since: the bytes written by the time of
+// this look (done) less the most it could have written by the last
+// (begun). That also finds a truncation the file grew back past its old
+// size from before the look. A file not looked at yet (opened anew by a
+// reopen: logrotate's create) starts from nothing.
+func (w *fileWatch) sized(written *fileBytes, size, done int64) *truncation {
+	if w.written != written {
+		w.written, w.size, w.begun = written, 0, 0
+	}
+	// Read after the stat: no more could have reached the file by then.
+	begun := written.begun.Load()
+	least := w.size + max(0, done-w.begun)
+	w.size, w.begun = size, begun
+	if size < least {
+		return &truncation{size: size, least: least}
+	}
+	return nil
+}
+
+// fileBytes counts the bytes the logger wrote to a regular file of its
+// own, as bounds for the file watcher: done is at most what the file
+// holds of them at any moment (added after a write, taken off before a
+// cut), begun at least (added before a write, the part not written and a
+// cut taken off after). Counted per write(2), not per line.
+type fileBytes struct {
+	begun atomic.Int64
+	done  atomic.Int64
 }
 
 // sink is the destination of the bufio.Writer. It remembers whether what
@@ -891,6 +981,8 @@ func (l *Logger) checkFile() (moved bool) {
 type sink struct {
 	w    io.Writer
 	file *os.File // w, when it is a regular file the logger owns; else nil
+	// written counts the bytes written to file; nil with it.
+	written *fileBytes
 	// writeOnce writes to file in one write(2) (newFileWriter).
 	writeOnce func([]byte) (int, error)
 	midLine   bool
@@ -905,6 +997,7 @@ func newSink(w io.Writer, f *os.File) sink {
 	s := sink{w: w, file: regularFile(f)}
 	if s.file != nil {
 		s.writeOnce = newFileWriter(s.file)
+		s.written = new(fileBytes)
 	}
 	return s
 }
@@ -945,7 +1038,11 @@ func (s *sink) Write(p []byte) (int, error) {
 func (s *sink) writeFile(p []byte) (int, error) {
 	start := 0
 	for {
+		ask := int64(len(p) - start)
+		s.written.begun.Add(ask)
 		n, err := s.writeOnce(p[start:])
+		s.written.done.Add(int64(n))
+		s.written.begun.Add(int64(n) - ask)
 		if err != nil {
 			return start, err
 		}
@@ -996,9 +1093,14 @@ func (s *sink) cutPartLine(part int) (ok, midLine bool) {
 	if fi.Size() != end {
 		return false, false
 	}
+	// done must never count more than the file holds (fileBytes): taken
+	// off before the cut, given back if it fails.
+	s.written.done.Add(-int64(part))
 	if s.file.Truncate(end-int64(part)) != nil {
+		s.written.done.Add(int64(part))
 		return false, true
 	}
+	s.written.begun.Add(-int64(part))
 	return true, false
 }
 
@@ -1024,6 +1126,7 @@ func (l *Logger) reopenFile() error {
 	l.fileMu.Lock()
 	old := l.file
 	l.file, l.out, l.maxWrite = f, newSink(f, f), maxWrite(f)
+	l.written = l.out.written
 	l.heldBy = heldCause(f)
 	l.unlinked.Store(false)
 	l.fileMu.Unlock()

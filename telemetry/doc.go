@@ -37,6 +37,7 @@
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
 //	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)
 //	cubeproxy.accesslog.close_errors    cubeproxy_accesslog_close_errors_total (close(2) of the file failed: lines may be lost)
+//	cubeproxy.accesslog.truncations     cubeproxy_accesslog_truncations_total (the file was truncated under the proxy, copytruncate: lines may be lost)
 //	cubeproxy.process_log.dropped       cubeproxy_process_log_dropped_total (after SetProcessLogDropped; 0 before)
 //	cubeproxy.spans.dropped             cubeproxy_spans_dropped_total       (sampled spans the full export queue had no room for, or whose export failed)
 //

@@ -56,6 +56,7 @@ type Metrics struct {
 	logDrops      atomic.Int64
 	logReopenErrs atomic.Int64
 	logCloseErrs  atomic.Int64
+	logTruncs     atomic.Int64
 	procLogDrops  atomic.Pointer[func() uint64]
 	spanDrops     atomic.Int64
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
@@ -81,7 +82,7 @@ type observed struct {
 	logDrops, logReopenErrs, procLogDrops, spanDrops metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds, reclaims metric.Int64ObservableCounter
 	limitWaits, invSubscriptions, invMessages        metric.Int64ObservableCounter
-	logCloseErrs                                     metric.Int64ObservableCounter
+	logCloseErrs, logTruncs                          metric.Int64ObservableCounter
 	invSubscribed                                    metric.Int64ObservableUpDownCounter
 	conns, streams, websockets, pools, idle          metric.Int64ObservableUpDownCounter
 	heldBodies                                       metric.Int64ObservableUpDownCounter
@@ -119,6 +120,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.logDrops = b.counter("cubeproxy.accesslog.dropped", "{line}", "Access log lines dropped because the sink stalled or failed.")
 	o.logReopenErrs = b.counter("cubeproxy.accesslog.reopen_errors", "{error}", "Access log reopens (SIGHUP) that failed: the lines still go to the file open before.")
 	o.logCloseErrs = b.counter("cubeproxy.accesslog.close_errors", "{error}", "Access log file closes that failed, of the file a reopen replaced or at exit: the file system (NFS, CIFS, FUSE) reported a failed write-back, so lines written to that file may be lost.")
+	o.logTruncs = b.counter("cubeproxy.accesslog.truncations", "{truncation}", "Truncations of the access log file under the proxy (logrotate's copytruncate), each of which may have lost the lines written between the copy and the truncate: their number cannot be known. Rotate with create and a postrotate SIGHUP or SIGUSR1 instead.")
 	o.procLogDrops = b.counter("cubeproxy.process_log.dropped", "{line}", "Process log lines dropped because its output (stdout) stalled or failed.")
 	o.spanDrops = b.counter("cubeproxy.spans.dropped", "{span}", "Sampled spans dropped unexported: the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full, the trace collector taking them slower than they came, or their export failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error).")
@@ -138,7 +140,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
+		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.logTruncs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
 		o.invSubscribed, o.invSubscriptions, o.invMessages)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
@@ -256,6 +258,7 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	ob.ObserveInt64(o.logDrops, m.logDrops.Load())
 	ob.ObserveInt64(o.logReopenErrs, m.logReopenErrs.Load())
 	ob.ObserveInt64(o.logCloseErrs, m.logCloseErrs.Load())
+	ob.ObserveInt64(o.logTruncs, m.logTruncs.Load())
 	var procLogDrops uint64
 	if fn := m.procLogDrops.Load(); fn != nil {
 		procLogDrops = (*fn)()
@@ -558,6 +561,16 @@ func (m *Metrics) AccessLogCloseFailed() {
 		return
 	}
 	m.logCloseErrs.Add(1)
+}
+
+// AccessLogTruncated counts one truncation of the access log file under
+// the proxy (logrotate's copytruncate), which may have lost lines no one
+// can count. It fits accesslog.Config.OnTruncate.
+func (m *Metrics) AccessLogTruncated() {
+	if m == nil {
+		return
+	}
+	m.logTruncs.Add(1)
 }
 
 // SetProcessLogDropped installs the function read at every scrape for

@@ -53,6 +53,8 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.AccessLogDropped()
 	m.AccessLogReopenFailed()
 	m.AccessLogCloseFailed()
+	m.AccessLogTruncated()
+	m.AccessLogTruncated()
 	m.ConnRefused()
 	m.ConnsReclaimed(3)
 	m.StreamLimitWait(WaitSlot)
@@ -113,6 +115,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_accesslog_dropped_total", nil, 1},
 		{"cubeproxy_accesslog_reopen_errors_total", nil, 1},
 		{"cubeproxy_accesslog_close_errors_total", nil, 1},
+		{"cubeproxy_accesslog_truncations_total", nil, 2},
 		{"cubeproxy_connections_refused_total", nil, 1},
 		{"cubeproxy_connections_reclaimed_total", nil, 3},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},
@@ -227,6 +230,7 @@ func TestPoolStatsGauges(t *testing.T) {
 func TestNilMetricsIsNoop(t *testing.T) {
 	var m *Metrics
 	recordAll(m) // must not panic
+	m.AccessLogTruncated()
 	m.SetPoolStats(func() (int64, int64) { return 0, 0 })
 	m.SetHeldBodyBytes(func() int64 { return 0 })
 }

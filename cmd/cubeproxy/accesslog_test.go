@@ -516,6 +516,47 @@ func TestAccessLogReopenFailureIsCounted(t *testing.T) {
 	r.stop()
 }
 
+// logrotate's copytruncate under serve: the truncation is told in the
+// process log, with what to rotate with instead, and counted in
+// cubeproxy_accesslog_truncations_total, where before both were silent
+// and the lines it lost unsaid.
+func TestAccessLogTruncationIsSaidAndCounted(t *testing.T) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "access.log")
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", boxRoutes(t, dir, port),
+		"--access-log-format", "cube", "--access-log-path", logPath, "--drain-timeout", "1s"}, noEnv)
+	admin := r.a.adminLn.Addr().String()
+	const truncations = "cubeproxy_accesslog_truncations_total"
+	if n := scrapeMetric(admin, truncations); n != 0 {
+		t.Fatalf("%s = %v before any truncation, want 0", truncations, n)
+	}
+	req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+	req.Host = fmt.Sprintf("%d-box.cube.test", port)
+	req.Header.Set("X-Cube-Request-Id", "before")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	testenv.WaitFor(t, 5*time.Second, "the line written", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return bytes.Contains(b, []byte("before"))
+	})
+	if err := os.Truncate(logPath, 0); err != nil { // copytruncate, after its copy
+		t.Fatal(err)
+	}
+	const said = `"msg":"access log file was truncated`
+	testenv.WaitFor(t, 5*time.Second, "the truncation told and counted", func() bool {
+		return strings.Contains(r.logs.String(), said) && scrapeMetric(admin, truncations) == 1
+	})
+	r.stop()
+	if n := strings.Count(r.logs.String(), said); n != 1 {
+		t.Errorf("truncation told %d times, want once", n)
+	}
+}
+
 // SIGHUP with the access log on stdout reopens nothing, and says so:
 // "access log reopened" was logged there too, for a rotation that could
 // not have taken effect.

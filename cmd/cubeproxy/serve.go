@@ -375,7 +375,7 @@ func (a *app) openAccessLog(stdout io.Writer) error {
 		return err
 	}
 	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines, Log: a.log,
-		OnCloseFailure: a.tel.Metrics.AccessLogCloseFailed}
+		OnCloseFailure: a.tel.Metrics.AccessLogCloseFailed, OnTruncate: a.tel.Metrics.AccessLogTruncated}
 	if acfg.Path == "" || acfg.Path == "-" {
 		acfg.Output = stdout
 	}

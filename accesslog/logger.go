@@ -947,9 +947,10 @@ func (l *Logger) checkFile(w *fileWatch) (moved bool, cut *truncation) {
 // file was truncated it holds at least what it held at the last look plus
 // what this process surely wrote since: the bytes written by the time of
 // this look (done) less the most it could have written by the last
-// (begun). That also finds a truncation the file grew back past its old
-// size from before the look. A file not looked at yet (opened anew by a
-// reopen: logrotate's create) starts from nothing.
+// (begun). So a file truncated and then written back past its old size
+// before the look (a small file under a busy proxy) is still found. A
+// file not looked at yet (opened anew by a reopen: logrotate's create)
+// starts from nothing.
 func (w *fileWatch) sized(written *fileBytes, size, done int64) *truncation {
 	if w.written != written {
 		w.written, w.size, w.begun = written, 0, 0

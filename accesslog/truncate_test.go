@@ -2,6 +2,7 @@ package accesslog
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -198,4 +199,50 @@ func TestTruncationIsSaid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The file watcher looks while the writer writes and another process
+// appends: its bounds on the bytes written (read before and after its
+// fstat) must never make a growing file look truncated, whatever write is
+// in flight during the look.
+func TestNoTruncationWhileWriting(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	wl := newWatchedLog(t, path)
+	other, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	const lines = 3000
+	done := make(chan error, 1)
+	go func() {
+		for i := range lines {
+			wl.l.Log(&Entry{Time: testTime, RequestID: "r"})
+			if i%10 == 0 {
+				if _, err := other.WriteString("other instance's line\n"); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+		done <- nil
+	}()
+	looks := 0
+	for running := true; running; looks++ {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		default:
+		}
+		wl.look()
+	}
+	wl.log(t, "last")
+	wl.look()
+	wl.said(t, fmt.Sprintf("after %d looks while writing", looks), 0)
+	truncate(t, path)
+	wl.look()
+	wl.said(t, "after the truncation", 1)
 }

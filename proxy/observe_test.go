@@ -1104,6 +1104,7 @@ func TestStalledHeadLogged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c net.Conn
+			dialed := time.Now()
 			switch {
 			case tc.tls && tc.handshake:
 				tlc := tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: "50005-stall.cube.test"})
@@ -1121,9 +1122,14 @@ func TestStalledHeadLogged(t *testing.T) {
 			br := bufio.NewReader(c)
 			if strings.HasSuffix(tc.name, "second request") {
 				keptRequest(t, c, br, "GET / HTTP/1.1\r\nHost: 50005-none.cube.test\r\n\r\n")
+				dialed = time.Now() // a later head's timeout runs from its first byte
 			}
 			before := len(buf.String())
 			io.WriteString(c, tc.sent)
+			// A first head shares the timeout with the TLS handshake, from
+			// the accept: what a slow handshake (a loaded machine) took is
+			// not the head's to wait.
+			headLeft := 300*time.Millisecond - time.Since(dialed)
 			if tc.tls && !tc.handshake {
 				// No TLS to read an answer in: the proxy closes.
 				_, _ = io.Copy(io.Discard, c)
@@ -1158,7 +1164,7 @@ func TestStalledHeadLogged(t *testing.T) {
 			case tc.logged && (lines[0]["method"] != "" || lines[0]["request_uri"] != "" || lines[0]["protocol"] != ""):
 				// fasthttp dropped the head: not its defaults (GET / HTTP/1.1).
 				t.Fatalf("logged %v %v %v, want no method, target or version", lines[0]["method"], lines[0]["request_uri"], lines[0]["protocol"])
-			case tc.logged && lines[0]["request_time"].(float64) < 0.15:
+			case tc.logged && lines[0]["request_time"].(float64) < min(0.15, headLeft.Seconds()/2):
 				// From the request's first byte, on every listener: most of
 				// the timeout it waited out is in it, where timing from the
 				// refusal logs 0. Not all of it: fasthttp's deadline runs

@@ -568,7 +568,7 @@ func TestShutdownWaitsForInvalidateRereads(t *testing.T) {
 		buf = buf[:runtime.Stack(buf, true)]
 		var found []string
 		for g := range strings.SplitSeq(string(buf), "\n\n") {
-			if strings.Contains(g, "forgetIfGone") || strings.Contains(g, "created by github.com/cube-sandbox/cubeproxy/proxy.(*Proxy).Invalidate") {
+			if strings.Contains(g, "rereadRoute") || strings.Contains(g, "created by github.com/cube-sandbox/cubeproxy/proxy.(*Proxy).Invalidate") {
 				found = append(found, g)
 			}
 		}

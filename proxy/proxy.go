@@ -101,6 +101,9 @@ type Proxy struct {
 	// afterPool, for tests, runs once that lookup found the sandbox not
 	// killed, before a connection is taken from the pool.
 	afterPool func()
+	// beforeRejudge, for tests, runs as rejudge begins to judge a
+	// sandbox's open exchanges; nil in production.
+	beforeRejudge func(id string)
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

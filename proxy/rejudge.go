@@ -165,6 +165,9 @@ func (t tokenHeader) Peek(key string) []byte {
 // pools' map lock is held only to list id's pools, each pool's lock while
 // its lists are walked; nothing waits on I/O under either.
 func (p *Proxy) rejudge(id string, now *routing.Route) int {
+	if p.beforeRejudge != nil {
+		p.beforeRejudge(id)
+	}
 	ps := &p.pools
 	ps.mu.RLock()
 	keys := ps.byID[id]

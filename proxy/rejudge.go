@@ -216,9 +216,10 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 // its TTL is over it reads the store, as a request would, once per sandbox
 // per TTL. An exchange judged against the route the cache holds costs a
 // pointer comparison. The pools are walked in chunks, as the sweep walks
-// them; the reads run one after the other, outside every lock. A sandbox
-// whose route the store cannot read now keeps what it has open (the next
-// round asks again).
+// them; the reads run one after the other, outside every lock. A store
+// that cannot answer ends the round (what is open stays; the next round
+// asks again), so that a hung store costs a round one lookup timeout, not
+// one per sandbox.
 func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 	ps := &p.pools
 	pace := newPacer(stop)
@@ -254,6 +255,7 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 	}
 	ps.mu.RUnlock()
 	flush()
+	var fe *routing.FieldError
 	for _, id := range ids {
 		pace.step()
 		if ctx.Err() != nil {
@@ -261,10 +263,21 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 		}
 		r, res, err := p.cache.Get(ctx, []byte(id))
 		switch {
+		case res == routing.CacheStale:
+			// The store is failing (the cache serves the old route):
+			// the rest of the round would wait for it up to a lookup
+			// timeout each. What is open stays; the next round asks.
+			return
 		case err == nil:
 			p.rejudge(id, r)
-		case res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound):
-			p.rejudge(id, nil)
+		case errors.Is(err, routing.ErrNotFound):
+			if res == routing.CacheMiss { // the negative cache's may predate a route written since
+				p.rejudge(id, nil)
+			}
+		case errors.As(err, &fe):
+			// Invalid route data: requests get a 404, what is open stays.
+		default:
+			return // the store could not answer, as above
 		}
 	}
 }

@@ -307,7 +307,9 @@ func TestRouteChangeRejudgesOpenStreams(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, logs := logHarness(t, "json")
+			tel := obsTelemetry(t, nil)
+			h, logs := logHarness(t, "json", func(o *harnessOpts) { o.cfg.Telemetry = tel })
+			metrics := obsMetricsAdmin(t, h, tel)
 			b := newRJBackend(t)
 			putRJ(t, h, "rj", tc.before(b.port))
 			streams := make([]*rjStream, len(tc.clients))
@@ -336,9 +338,19 @@ func TestRouteChangeRejudgesOpenStreams(t *testing.T) {
 					}
 				}
 			}
+			total := 0
 			for code, n := range cuts {
 				testenv.WaitFor(t, 10*time.Second, "access log lines with error_code "+code, func() bool {
 					return strings.Count(logs.String(), `"error_code":"`+code+`"`) >= n
+				})
+				total += n
+			}
+			// Counted among the streams ended, with a reason of their own.
+			for _, kind := range []string{"sse", "websocket"} {
+				want := float64(total / 2)
+				testenv.WaitFor(t, 10*time.Second, kind+" ends counted as route_changed", func() bool {
+					v, _ := metricValue(scrapeMetrics(t, metrics), "cubeproxy_streams_ended_total", map[string]string{"route_kind": kind, "reason": "route_changed"})
+					return v == want
 				})
 			}
 			if tc.after != nil {

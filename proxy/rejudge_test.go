@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -476,5 +478,47 @@ func TestRouteChangeInRedisRejudgesOpenStreams(t *testing.T) {
 				t.Errorf("WebSocket: echo after the failed re-read: %v", err)
 			}
 		})
+	}
+}
+
+// judge, case by case: how each way of passing fares against each kind of
+// change, as authorize would judge the opening request now.
+func TestJudgeRouteChange(t *testing.T) {
+	p := &Proxy{cfg: Config{ExemptPorts: []uint16{9000}}}
+	route := func(public bool, token string, createdAt int64, hostPort uint16) *routing.Route {
+		return &routing.Route{ID: "j", HostIP: netip.MustParseAddr("10.0.0.2"), CreatedAt: createdAt, Public: public,
+			TrafficToken: token, Ports: map[uint16]uint16{8080: hostPort, 9000: hostPort + 1}}
+	}
+	private := route(false, rjTokenA, 1, 30000)
+	public := route(true, rjTokenA, 1, 30000)
+	for _, tc := range []struct {
+		name string
+		old  *routing.Route
+		port uint16
+		via  authVia
+		now  *routing.Route
+		want cutCause
+	}{
+		{"same route", private, 8080, viaToken, private, cutNone},
+		{"equal copy", private, 8080, viaToken, route(false, rjTokenA, 1, 30000), cutNone},
+		{"unjudged", private, 8080, viaUnjudged, nil, cutNone},
+		{"deleted", private, 8080, viaToken, nil, cutMoved},
+		{"recreated", private, 8080, viaToken, route(false, rjTokenA, 2, 30000), cutMoved},
+		{"port mapped elsewhere", private, 8080, viaToken, route(false, rjTokenA, 1, 30002), cutMoved},
+		{"port unmapped", private, 8080, viaToken, &routing.Route{ID: "j", HostIP: private.HostIP, CreatedAt: 1, TrafficToken: rjTokenA}, cutMoved},
+		{"token rotated", private, 8080, viaToken, route(false, rjTokenB, 1, 30000), cutRevoked},
+		{"token rotated, cookie", private, 8080, viaCookie, route(false, rjTokenB, 1, 30000), cutRevoked},
+		{"token rotated, link", private, 8080, viaLink, route(false, rjTokenB, 1, 30000), cutNone},
+		{"token dropped, link", private, 8080, viaLink, route(false, "", 1, 30000), cutRevoked},
+		{"made public", private, 8080, viaToken, route(true, rjTokenB, 1, 30000), cutNone},
+		{"made private, anonymous", public, 8080, viaAnonymous, private, cutRevoked},
+		{"made private, token", public, 8080, viaToken, private, cutNone},
+		{"made private with a new token, token", public, 8080, viaToken, route(false, rjTokenB, 1, 30000), cutRevoked},
+		{"made private, exempt port", public, 9000, viaAnonymous, private, cutNone},
+		{"made private without a token, exempt port", public, 9000, viaAnonymous, route(false, "", 1, 30000), cutRevoked},
+	} {
+		if got := p.judge(grant{route: tc.old, port: tc.port, via: tc.via}, tc.now); got != tc.want {
+			t.Errorf("%s: judged %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

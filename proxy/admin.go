@@ -551,6 +551,10 @@ func (a *Admin) routeWritten(ctx *fasthttp.RequestCtx, id string) {
 // the control plane retries (the local drop stands).
 func (a *Admin) invalidate(id string) (int, error) {
 	n := a.p.cache.Invalidate(id)
+	// What the sandbox has open here is judged against the new route (or
+	// its absence) at once: with the memory store no invalidation comes
+	// back to this instance.
+	a.p.routeWritten(id)
 	if a.cfg.Publish != nil {
 		if err := a.cfg.Publish(id); err != nil {
 			a.p.cfg.Logger.Warn("publish cache invalidation", "sandbox_id", id, "err", err)

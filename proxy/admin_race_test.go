@@ -235,7 +235,7 @@ func TestAdminRedisModeUpsertDuringKillIsNotUndone(t *testing.T) {
 }
 
 // An invalidation of a paused sandbox reads its route again and forgets
-// the pause when the store has none (forgetIfGone). A sandbox created
+// the pause when the store has none (rereadRoute). A sandbox created
 // again and paused while that read's answer is on its way keeps the
 // pause: it is newer than what the read found. Timed from after the
 // read, the pause was forgotten, and the paused VM served as running.
@@ -257,7 +257,7 @@ func TestInvalidationReadThatFoundNoRouteKeepsALaterPause(t *testing.T) {
 	}
 	gate.Store(true)
 	settled := make(chan bool, 1)
-	go func() { settled <- h.proxy.forgetIfGone(context.Background(), "again") }()
+	go func() { settled <- h.proxy.rereadRoute(context.Background(), "again") }()
 	select {
 	case <-reached:
 	case <-time.After(10 * time.Second):

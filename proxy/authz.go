@@ -20,8 +20,10 @@ import (
 // are never read here.
 func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, t *routing.Target) (handled bool) {
 	h := &ctx.Request.Header
-	err := auth.CheckTraffic(r.Public, r.TrafficToken, p.exemptPort(t.Port), h)
+	exempt := p.exemptPort(t.Port)
+	err := auth.CheckTraffic(r.Public, r.TrafficToken, exempt, h)
 	if err == nil {
+		x.via = passedVia(r, exempt, h)
 		return false
 	}
 	rej := rejection(err, rejTrafficInvalid)
@@ -49,6 +51,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 			if verr == nil {
 				if !navigation(h) {
 					// prepareRequest removes the parameter.
+					x.via = viaLink
 					return false
 				}
 				// A cookie the browser already holds that outlives the
@@ -73,6 +76,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 			// The cookie is ambient: a sibling sandbox's page can make
 			// the browser send it (see auth.CookieRequestAllowed).
 			if auth.CookieRequestAllowed(h, h.Host()) {
+				x.via = viaCookie
 				return false
 			}
 			rej = rejForeignOrigin
@@ -83,6 +87,25 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	p.metrics.AuthRejected(rej.Code)
 	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
 	return true
+}
+
+// passedVia is how a request auth.CheckTraffic let through passed, the
+// evidence a route change judges its exchange by (rejudge). On a public
+// route a request that carries the route's token passed on it too: made
+// private with the same token, the route still lets it through, while
+// one that carried none is cut. Only a public route that has a token pays
+// for the look (two header peeks and a compare, no allocation).
+func passedVia(r *routing.Route, exempt bool, h *fasthttp.RequestHeader) authVia {
+	switch {
+	case r.Public && r.TrafficToken != "":
+		if auth.CheckTraffic(false, r.TrafficToken, false, h) == nil {
+			return viaToken
+		}
+		return viaAnonymous
+	case r.Public || exempt:
+		return viaAnonymous
+	}
+	return viaToken
 }
 
 // Refusals authorize makes itself, shared as auth's are: a new one per

@@ -62,6 +62,12 @@ const (
 	// CodeProxyLoop: the route names one of the proxy's own listeners, so
 	// the request would come back to the proxy (a route data error).
 	CodeProxyLoop = "proxy_loop"
+	// CodeCredentialRevoked: a change of the sandbox's route (a rotated
+	// traffic token, a route made private) cut an exchange its old
+	// credential had let through (rejudge); CodeRouteChanged: one the
+	// route no longer sends to the same backend (moved, or deleted).
+	CodeCredentialRevoked = "credential_revoked"
+	CodeRouteChanged      = "route_changed"
 )
 
 // proxyError is a failure the proxy answers itself, before or instead of a

@@ -39,6 +39,7 @@ type exchange struct {
 	backendIP netip.Addr
 	cache     telemetry.CacheResult
 	kind      telemetry.RouteKind
+	via       authVia // how authorize let the request through
 	errCode   string
 
 	upStatus int
@@ -312,6 +313,8 @@ func streamEnd(code string, err error) telemetry.StreamEnd {
 		return telemetry.StreamDrain
 	case CodeSandboxKilled:
 		return telemetry.StreamKilled
+	case CodeCredentialRevoked, CodeRouteChanged:
+		return telemetry.StreamRouteChanged
 	}
 	return telemetry.StreamError
 }

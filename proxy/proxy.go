@@ -101,6 +101,9 @@ type Proxy struct {
 	// afterPool, for tests, runs once that lookup found the sandbox not
 	// killed, before a connection is taken from the pool.
 	afterPool func()
+	// beforeRejudge, for tests, runs as rejudge begins to judge a
+	// sandbox's open exchanges; nil in production.
+	beforeRejudge func(id string)
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -754,7 +757,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, err := p.roundTrip(x, u, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
+	c, err := p.roundTrip(x, u, grant{route: r, port: t.Port, via: x.via}, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	x.answeredEarly = err == nil && c.answered.Load()
 	// Sent (a POST is never sent again): a body overLimit holds is not
 	// kept for as long as the answer streams.
@@ -791,6 +794,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 
 // errKilled is the answer to a request for a killed sandbox.
 var errKilled = proxyError{status: 410, code: CodeSandboxKilled, msg: "sandbox was killed"}
+
+// errRevoked and errMoved answer a request a route change cut while it
+// waited for its answer (rejudge): its credential no longer passes, or the
+// route no longer sends its port to the backend it was sent to.
+var (
+	errRevoked = proxyError{status: 403, code: CodeCredentialRevoked, msg: "the credential this request came with was revoked by a change of the sandbox's route"}
+	errMoved   = proxyError{status: 502, code: CodeRouteChanged, msg: "the sandbox's route changed while the request waited for its answer"}
+)
 
 // pool returns the pool of r's connections to addr, or nil when the
 // sandbox was killed since serve found it running (sb, which the request
@@ -1320,6 +1331,17 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// what every later request to the sandbox is told.
 		x.fail(ctx, errKilled, id)
 		ctx.SetConnectionClose() // an upload may be left half sent
+	case errors.Is(err, errCredentialRevoked):
+		// A route change revoked what it was let through on while it
+		// waited for its answer (rejudge): what the same request gets
+		// now.
+		x.fail(ctx, errRevoked, id)
+		ctx.SetConnectionClose() // an upload may be left half sent
+	case errors.Is(err, errRouteChanged):
+		// The route now sends the port elsewhere, or is gone: the old
+		// backend's answer is not the sandbox's any more.
+		x.fail(ctx, errMoved, id)
+		ctx.SetConnectionClose()
 	case errors.Is(err, errProxyLoop):
 		// Route data pointing at the proxy: retrying cannot help, and the
 		// operator must fix the route. Once a second, as the store outage.

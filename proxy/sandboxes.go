@@ -2,14 +2,11 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // Sandbox states set through POST /admin/state (and "killed" by
@@ -480,61 +477,44 @@ func killedOrBusy(w uint64, _ *sandboxState) bool {
 // (recheckInvalidated), by then from the cache when the sandbox had a
 // request meanwhile, so that an invalidation does not make every instance
 // read the route at once. A kill's tombstone stays, and is not read for.
+//
+// A sandbox with exchanges open on this instance (a request waiting for its
+// answer, a stream, a WebSocket) is read again at once too, the same way,
+// and what it has open judged against the route read (rejudge): a rotated
+// token or a route made private must not leave an hour-long stream opened
+// with the old credential relaying.
 func (p *Proxy) Invalidate(id string) int {
 	n := p.cache.Invalidate(id)
 	if sb := p.sandboxes.peek(id); sb != nil {
-		switch sb.state() {
+		w := sb.word.Load()
+		switch stateOf(w) {
 		case statePausing, statePaused:
-			if !sb.askReread() {
-				break
-			}
-			p.bg.run(func(ctx context.Context) {
-				for {
-					if !p.forgetIfGone(ctx, id) {
-						// The store could not say (down, slow): the
-						// janitor asks again, as for a running one.
-						sb.unsure.Store(true)
-					}
-					if ctx.Err() != nil {
-						sb.rereads.Store(0)
-						return
-					}
-					if !sb.rereadDone() {
-						return
-					}
-				}
-			})
+			p.routeChanged(id, sb)
 		case stateRunning:
 			sb.unsure.Store(true)
+			if countOf(w) > 0 {
+				p.routeChanged(id, sb)
+			}
 		}
 	}
 	return n
 }
 
+// routeWritten is Admin.invalidate's: the route of id was changed through
+// this instance's admin API. What the sandbox has open here is judged
+// against the new route at once, as Invalidate does; the rest of what
+// Invalidate does the admin call does itself.
+func (p *Proxy) routeWritten(id string) {
+	if sb := p.sandboxes.peek(id); sb != nil {
+		if w := sb.word.Load(); stateOf(w) != stateGone && countOf(w) > 0 {
+			p.routeChanged(id, sb)
+		}
+	}
+}
+
 // ExpireAll makes every cached route due for a re-read
 // (redisstore.Invalidator); sandbox states stay.
 func (p *Proxy) ExpireAll() int { return p.cache.ExpireAll() }
-
-// forgetIfGone forgets id when the store says it has no route for it. It
-// reports whether the answer settles the question: not when the store
-// could not answer (or ctx ended the wait), nor from the negative cache,
-// whose answer may predate a route written since. The cache bounds the
-// read (LookupTimeout) and shares it with requests for id.
-func (p *Proxy) forgetIfGone(ctx context.Context, id string) bool {
-	since := time.Now().UnixNano()
-	_, res, err := p.cache.Get(ctx, []byte(id))
-	var fe *routing.FieldError
-	switch {
-	case err == nil:
-		return true
-	case res != routing.CacheMiss:
-		return false
-	case errors.Is(err, routing.ErrNotFound):
-		p.sandboxes.forget(id, since)
-		return true
-	}
-	return errors.As(err, &fe) // the route is there, if invalid
-}
 
 // recheckInvalidated forgets the running sandboxes whose route was
 // invalidated (Invalidate), and the pauses sweep found old, whose route
@@ -557,7 +537,7 @@ func (p *Proxy) recheckInvalidated(ctx context.Context) {
 		}
 		// Cleared before the read: an invalidation during it marks the
 		// sandbox again, for the next round.
-		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.forgetIfGone(ctx, id) {
+		if sb := p.sandboxes.peek(id); sb != nil && sb.unsure.CompareAndSwap(true, false) && !p.rereadRoute(ctx, id) {
 			sb.unsure.Store(true)
 		}
 	}

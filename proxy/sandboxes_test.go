@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,6 +166,13 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 		t.Fatalf("PUT: %d %s", st, body)
 	}
 	before := sandboxCount(h.proxy)
+	// The delete would cut the request (rejudge: its route is gone) at
+	// some point after forget: held until it is answered, so that forget
+	// always finds it in flight.
+	judge := make(chan struct{})
+	judged := sync.OnceFunc(func() { close(judge) })
+	t.Cleanup(judged) // before Shutdown's wait for the re-read
+	h.proxy.beforeRejudge = func(string) { <-judge }
 	answered := make(chan int, 1)
 	go func() {
 		resp, err := h.client.Do(h.req("GET", itoa(port)+"-"+id+".cube.test", "/", nil))
@@ -188,6 +196,7 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 	if st := <-answered; st != 200 {
 		t.Fatalf("request in flight: %d, want 200", st)
 	}
+	judged()
 	testenv.WaitFor(t, 5*time.Second, "the request done", func() bool {
 		return h.proxy.sandboxes.peek(id).inFlight() == 0
 	})
@@ -568,7 +577,7 @@ func TestShutdownWaitsForInvalidateRereads(t *testing.T) {
 		buf = buf[:runtime.Stack(buf, true)]
 		var found []string
 		for g := range strings.SplitSeq(string(buf), "\n\n") {
-			if strings.Contains(g, "forgetIfGone") || strings.Contains(g, "created by github.com/cube-sandbox/cubeproxy/proxy.(*Proxy).Invalidate") {
+			if strings.Contains(g, "rereadRoute") || strings.Contains(g, "created by github.com/cube-sandbox/cubeproxy/proxy.(*Proxy).Invalidate") {
 				found = append(found, g)
 			}
 		}

@@ -119,6 +119,8 @@ type Server struct {
 	wg       sync.WaitGroup
 	// rechecking: a round of Proxy.recheckInvalidated is running.
 	rechecking atomic.Bool
+	// rejudging: a round of Proxy.rejudgeOpen is running.
+	rejudging atomic.Bool
 	// handshakes are the TLS handshakes of ServeTLS's connections under
 	// way, which the drain ends after their grace.
 	handshakes handshakes
@@ -778,6 +780,16 @@ func (s *Server) janitor() {
 			return
 		case now := <-t.C:
 			s.p.pools.sweep(now, s.p.cfg.UpstreamIdleConnTimeout, 2*s.p.cfg.UpstreamIdleConnTimeout, spread, s.stop)
+			// Route changes no invalidation announced: what is open is
+			// judged against the route the cache holds now (read again
+			// once its TTL is over). In the background, as the recheck
+			// below: its store reads must not hold the sweeps.
+			if s.rejudging.CompareAndSwap(false, true) {
+				s.p.bg.run(func(ctx context.Context) {
+					defer s.rejudging.Store(false)
+					s.p.rejudgeOpen(ctx, s.stop)
+				})
+			}
 			// A walk over every sandbox seen in the last day: at the
 			// short ticks of a short idle_conn_timeout it cost 3 % of the
 			// CPU of a cold-start burst, for hour-long thresholds.

@@ -348,10 +348,10 @@ func TestStreamLimitWaitLooksRouteUpAgain(t *testing.T) {
 			t.Fatalf("delete the route: %d %s", st, body)
 		}
 		// The stream's slot keeps the entry (forget spares one in use):
-		// the wait ends when the stream does.
-		w.releaseOnce()
-		if _, err := io.Copy(io.Discard, a); err != nil {
-			t.Fatalf("the SSE stream's end: %v", err)
+		// the wait ends when the stream does, which the delete cut
+		// (rejudge: its route is gone).
+		if _, err := io.Copy(io.Discard, a); err == nil {
+			t.Fatal("the SSE stream ended cleanly: want it cut by its route's delete")
 		}
 		b := <-answer
 		if b.err != nil || b.status != http.StatusNotFound {
@@ -369,9 +369,10 @@ func TestStreamLimitWaitLooksRouteUpAgain(t *testing.T) {
 		if st, body := w.h.adminDo("PUT", "/admin/routes/waitbox", `{"HostIP":"127.0.0.1","CreatedAt":"1","8080":"`+itoa(moved)+`"}`, ""); st != 200 {
 			t.Fatalf("move the route: %d %s", st, body)
 		}
-		w.releaseOnce()
-		if _, err := io.Copy(io.Discard, a); err != nil {
-			t.Fatalf("the SSE stream's end: %v", err)
+		// The move cut the stream, which went to the old address
+		// (rejudge): its slot is the one the wait gets.
+		if _, err := io.Copy(io.Discard, a); err == nil {
+			t.Fatal("the SSE stream ended cleanly: want it cut by its route's move")
 		}
 		b := <-answer
 		if b.err != nil || b.status != 200 || b.body != "moved: GET" {

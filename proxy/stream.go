@@ -241,6 +241,8 @@ func (s *bodyStream) cut(err error) {
 	switch {
 	case s.conn.killed.Load():
 		s.x.errCode = CodeSandboxKilled // POST /admin/meta/delete cut it
+	case s.conn.changed.Load() != cutNone:
+		s.x.errCode = changedCode(s.conn.changed.Load()) // a route change cut it (rejudge)
 	case s.conn.interrupted.Load():
 		s.x.errCode = CodeDrainTimeout // the proxy cut it, not the sandbox
 	case isTimeout(err):
@@ -265,6 +267,8 @@ func (s *bodyStream) clientEnded(err error) {
 		s.x.errCode = CodeClientClosed
 	case s.conn.killed.Load():
 		s.x.errCode = CodeSandboxKilled // the kill closed the client's side too
+	case s.conn.changed.Load() != cutNone:
+		s.x.errCode = changedCode(s.conn.changed.Load())
 	case s.conn.interrupted.Load():
 		s.x.errCode = CodeDrainTimeout // abort closed the client's side
 	case isTimeout(err):

@@ -192,6 +192,8 @@ func TestStreamEndFromErrorCode(t *testing.T) {
 		{CodeUpstreamTimeout, timeout, telemetry.StreamTimeout},
 		{CodeDrainTimeout, nil, telemetry.StreamDrain},
 		{CodeSandboxKilled, nil, telemetry.StreamKilled},
+		{CodeCredentialRevoked, errCredentialRevoked, telemetry.StreamRouteChanged},
+		{CodeRouteChanged, errRouteChanged, telemetry.StreamRouteChanged},
 		{CodeProxyLoop, nil, telemetry.StreamError},
 	} {
 		if got := streamEnd(tc.code, tc.err); got != tc.want {

@@ -560,10 +560,14 @@ func (ps *pools) kill(id string, killedAt int64) {
 var errSandboxKilled = errors.New("sandbox killed: its connection was closed")
 
 // cutErr is the failure of an exchange whose connection the proxy closed
-// under it (interrupted): a kill's, or else the drain deadline's.
+// under it (interrupted): a kill's, a route change's (rejudge), or else the
+// drain deadline's.
 func (c *upstreamConn) cutErr() error {
 	if c.killed.Load() {
 		return errSandboxKilled
+	}
+	if why := c.changed.Load(); why != cutNone {
+		return changedErr(why)
 	}
 	return errDrainCut
 }
@@ -626,7 +630,7 @@ var errNoFreeConns = errors.New("no free upstream connections")
 // Python's http.server answering HEAD with a body) would otherwise be read
 // as this request's answer, and its own answer as the next one's, for as
 // long as the connection is reused (one non-blocking syscall, ≈ 0.3 µs).
-func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, err error) {
+func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reused bool, err error) {
 	for !fresh {
 		u.mu.Lock()
 		n := len(u.idle)
@@ -637,6 +641,7 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 		c = u.idle[n-1]
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
+		c.grant = g
 		ok := u.checkOut(c, &p.pools) // under the lock taken anyway
 		u.mu.Unlock()
 		if !ok {
@@ -650,7 +655,7 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 		// before closing): they must not be read as the next answer.
 		u.dropBusy(c)
 	}
-	c, err = u.dialNew(p)
+	c, err = u.dialNew(p, g)
 	return c, false, err
 }
 
@@ -658,7 +663,7 @@ func (u *upstream) acquire(p *Proxy, fresh bool) (c *upstreamConn, reused bool, 
 // At the limit, the oldest idle connection gives up its slot: a WebSocket
 // tunnel (which never takes an idle connection) would otherwise be
 // refused while keep-alive connections nobody uses hold every slot.
-func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
+func (u *upstream) dialNew(p *Proxy, g grant) (*upstreamConn, error) {
 	for int(u.conns.Add(1)) > p.cfg.MaxConnsPerUpstream { // int: a huge max_conns must not wrap
 		u.conns.Add(-1)
 		u.mu.Lock()
@@ -679,6 +684,7 @@ func (u *upstream) dialNew(p *Proxy) (*upstreamConn, error) {
 	}
 	c.pool = u
 	u.mu.Lock()
+	c.grant = g
 	ok := u.checkOut(c, &p.pools)
 	u.mu.Unlock()
 	if !ok {
@@ -693,6 +699,7 @@ func (u *upstream) put(c *upstreamConn) {
 	c.idleSince = time.Now().UnixNano()
 	u.mu.Lock()
 	u.checkIn(c)
+	c.grant = grant{} // an idle connection keeps no route alive
 	if u.dead.Load() {
 		u.mu.Unlock()
 		u.drop(c)
@@ -730,10 +737,13 @@ func (u *upstream) setUpload(c *upstreamConn, b *clientBody) {
 
 // handOff takes a checked-out connection off the busy list, still counted
 // in the pool: a WebSocket tunnel's, which the registry cuts from now on.
-func (u *upstream) handOff(c *upstreamConn) {
+// It returns what the exchange was let through on, as rejudge last left
+// it (read under the lock rejudge writes it under).
+func (u *upstream) handOff(c *upstreamConn) grant {
 	u.mu.Lock()
+	defer u.mu.Unlock()
 	u.checkIn(c)
-	u.mu.Unlock()
+	return c.grant
 }
 
 // roundTrip sends req on a pooled connection and reads the response
@@ -747,7 +757,9 @@ func (u *upstream) handOff(c *upstreamConn) {
 // sent a single byte of an answer, the method is idempotent and there is no
 // body (an empty one counts as none). acquire already drops idle
 // connections the backend closed; this covers a close racing the request.
-func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
+// g is what the request was let through on: a route change judges the
+// exchange by it (rejudge).
+func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout time.Duration, client net.Conn) (*upstreamConn, error) {
 	// Content-Length: 0 is no body, though fasthttp gives it a (empty)
 	// stream: every client sends it on a PUT without one (Go's, Python's
 	// requests, Node's fetch), and some on a GET or DELETE.
@@ -764,7 +776,7 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, req *fasthttp.Request, resp 
 		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
 	watchAnswer := p.hangups != nil && slowBody
 	for attempt := 0; ; attempt++ {
-		c, reused, err := u.acquire(p, attempt > 0)
+		c, reused, err := u.acquire(p, attempt > 0, g)
 		if first := connectRetry(c, err); first != nil {
 			p.retried(x, &req.Header, connectErrCode(first.err), first.err, first.at)
 		}
@@ -1617,6 +1629,12 @@ type upstreamConn struct {
 	// left (bodyStream.hangUp, upstreamConn.hangUp).
 	interrupted atomic.Bool
 	killed      atomic.Bool
+	// changed: a route change cut the exchange (rejudge): cutMoved or
+	// cutRevoked, with interrupted set too.
+	changed atomic.Uint32
+	// grant is what the exchange on c was let through on (under pool.mu:
+	// set at checkout, read and refreshed by rejudge).
+	grant grant
 
 	// While a large request body is sent (roundTrip): the watch for the
 	// sandbox's answer (hangups.watchReadable), and whether one came that

@@ -43,6 +43,11 @@ type tunnel struct {
 	// tunnel is closed because pools.kill killed that pool.
 	pool   *upstream
 	killed atomic.Bool
+	// changed: a route change cut the tunnel (rejudge): cutMoved or
+	// cutRevoked. grant is what its upgrade was let through on (under the
+	// pool's mu once listed there).
+	changed atomic.Uint32
+	grant   grant
 	// poolPrev, poolNext link the pool's list of tunnels (upstream.tunnels,
 	// under the pool's mu).
 	poolPrev, poolNext *tunnel
@@ -83,7 +88,7 @@ func (t *tunnel) close() {
 		_ = t.backend.SetDeadline(past)
 	}
 	t.mu.Unlock()
-	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && (t.killed.Load() || t.drainCut.Load()) {
+	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && (t.killed.Load() || t.drainCut.Load() || t.changed.Load() != cutNone) {
 		// A cut owes a TLS client no close_notify, nor waits for one: a
 		// kill or the drain would wait it out per tunnel. Closing the
 		// socket first makes that write fail at once, the one a close
@@ -402,7 +407,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		return
 	}
 	p.startUpstream(ctx, x, addr)
-	uc, err := u.dialNew(p)
+	uc, err := u.dialNew(p, grant{route: r, port: t.Port, via: x.via})
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}
@@ -517,8 +522,8 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	p.releaseReader(uc.br)
 	uc.br = nil
 	// The registry cuts the tunnel from now on; its release gives the
-	// pool's slot back.
-	u.handOff(uc)
+	// pool's slot back. What it was let through on goes with it.
+	g := u.handOff(uc)
 	// From here on both directions run at once, so the tunnel uses the raw
 	// connection with its own idle deadlines, not upstreamConn's
 	// request/response bookkeeping.
@@ -575,7 +580,13 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		if early == nil {
 			client = hc // no deadlines on this connection: read as fasthttp does
 		}
-		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout, pool: u}
+		tn := &tunnel{client: client, backend: raw, idle: p.cfg.IdleStreamTimeout, writeTimeout: p.clientWriteTimeout, pool: u, grant: g}
+		if why := uc.changed.Load(); why != cutNone {
+			// A route change cut its connection before the hand-off:
+			// logged as that cut, not as the sandbox's reset.
+			tn.changed.Store(why)
+			tn.close()
+		}
 		tn.start()
 		p.streams.addTunnel(tn)
 		// The request is recycled once this handler returns, so its
@@ -602,7 +613,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// client that took none of the 101 within client.write_timeout is
 		// still there (client_write_timeout, as a stream's stalled write
 		// keeps its status).
-		cut := err != nil && (tn.drainCut.Load() || tn.killed.Load())
+		cut := err != nil && (tn.drainCut.Load() || tn.killed.Load() || tn.changed.Load() != cutNone)
 		gone := err != nil && !isTimeout(err) && !cut
 		hs := headSent{err: err, gone: gone, sent: max(int64(n-headLen), 0)}
 		if cut && n < headLen {
@@ -651,6 +662,9 @@ type headSent struct {
 func cutStatus(tn *tunnel) int {
 	if tn.killed.Load() {
 		return fasthttp.StatusGone
+	}
+	if why := tn.changed.Load(); why != cutNone {
+		return changedStatus(why) // as upstreamError answers a request a route change cut
 	}
 	return fasthttp.StatusGatewayTimeout
 }
@@ -707,12 +721,18 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 			// nothing sent.
 			status = hs.cut
 			tx.bytesOut = 0
-			tx.errCode = CodeDrainTimeout
-			if hs.cut == fasthttp.StatusGone {
+			switch {
+			case hs.cut == fasthttp.StatusGone:
 				tx.errCode = CodeSandboxKilled
+			case tn.changed.Load() != cutNone:
+				tx.errCode = changedCode(tn.changed.Load())
+			default:
+				tx.errCode = CodeDrainTimeout
 			}
 		case tn.killed.Load():
 			tx.errCode = CodeSandboxKilled
+		case tn.changed.Load() != cutNone:
+			tx.errCode = changedCode(tn.changed.Load())
 		case tn.drainCut.Load():
 			tx.errCode = CodeDrainTimeout
 		case reset:

@@ -136,17 +136,18 @@ type StreamEnd uint8
 
 // Stream end reasons. Out-of-range values are recorded as StreamError.
 const (
-	StreamComplete StreamEnd = iota // the body ended or the tunnel closed as either side chose
-	StreamClient                    // the client hung up before the body's end
-	StreamSandbox                   // the sandbox reset its side or broke its framing
-	StreamTimeout                   // the idle timeout, or a client that did not take a write in time
-	StreamDrain                     // the drain: its deadline cut it, or it ended a GET event stream at its start
-	StreamKilled                    // the sandbox was killed (admin meta/delete)
-	StreamError                     // anything else
+	StreamComplete     StreamEnd = iota // the body ended or the tunnel closed as either side chose
+	StreamClient                        // the client hung up before the body's end
+	StreamSandbox                       // the sandbox reset its side or broke its framing
+	StreamTimeout                       // the idle timeout, or a client that did not take a write in time
+	StreamDrain                         // the drain: its deadline cut it, or it ended a GET event stream at its start
+	StreamKilled                        // the sandbox was killed (admin meta/delete)
+	StreamError                         // anything else
+	StreamRouteChanged                  // a change of the sandbox's route revoked its credential or moved its backend
 	numStreamEnds
 )
 
-var streamEndNames = [numStreamEnds]string{"complete", "client", "sandbox", "timeout", "drain", "killed", "error"}
+var streamEndNames = [numStreamEnds]string{"complete", "client", "sandbox", "timeout", "drain", "killed", "error", "route_changed"}
 
 // String returns the label value of e.
 func (e StreamEnd) String() string { return streamEndNames[e.index()] }

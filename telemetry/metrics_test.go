@@ -165,7 +165,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
 			"signed_cookie_foreign_origin",
 			"admin", "other",
-			"complete", "client", "sandbox", "timeout", "drain", "killed", "error"),
+			"complete", "client", "sandbox", "timeout", "drain", "killed", "error", "route_changed"),
 	}
 	n := 0
 	for _, s := range scrape(t, tel) {

@@ -72,3 +72,11 @@ func PresentedTrafficToken(h HeaderPeeker) []byte {
 func trafficTokenEqual(stored string, presented []byte) bool {
 	return subtle.ConstantTimeCompare([]byte(stored), presented) == 1
 }
+
+// SameTrafficToken reports whether two routes' stored traffic tokens are
+// the same (both empty included), compared in constant time as a
+// presented one is: a route change keeps what the old token opened only
+// when the token did not change.
+func SameTrafficToken(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}

@@ -168,3 +168,21 @@ func TestCheckTrafficAllocs(t *testing.T) {
 		})
 	}
 }
+
+func TestSameTrafficToken(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"", "", true},
+		{"tok", "tok", true},
+		{"tok", "", false},
+		{"", "tok", false},
+		{"tok", "toK", false},
+		{"tok", "tok2", false},
+	} {
+		if got := SameTrafficToken(tc.a, tc.b); got != tc.want {
+			t.Errorf("SameTrafficToken(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

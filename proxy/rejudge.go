@@ -142,7 +142,7 @@ func (p *Proxy) sameBackend(old, now *routing.Route, port uint16) bool {
 // then an exchange's evidence may point at now instead (the next look
 // compares pointers, and old can be collected).
 func (p *Proxy) sameJudgement(old, now *routing.Route, port uint16) bool {
-	return old.Public == now.Public && old.TrafficToken == now.TrafficToken && p.sameBackend(old, now, port)
+	return old.Public == now.Public && auth.SameTrafficToken(old.TrafficToken, now.TrafficToken) && p.sameBackend(old, now, port)
 }
 
 // tokenHeader is a request head that carries one traffic token (none when

@@ -240,21 +240,13 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 		}
 		chunk = chunk[:0]
 	}
-	ps.mu.RLock()
-	for k, u := range ps.m {
+	ps.walk(pace, func(k poolKey, u *upstream) bool {
 		if u.conns.Load() == 0 {
-			continue
+			return false
 		}
 		chunk = append(chunk, poolKeyed{k, u})
-		if len(chunk) == sweepChunk {
-			ps.mu.RUnlock()
-			flush()
-			pace.pause()
-			ps.mu.RLock()
-		}
-	}
-	ps.mu.RUnlock()
-	flush()
+		return len(chunk) == sweepChunk
+	}, flush)
 	var fe *routing.FieldError
 	for _, id := range ids {
 		pace.step()

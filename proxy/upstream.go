@@ -219,25 +219,13 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, 
 		}
 		chunk = chunk[:0]
 	}
-	ps.mu.RLock()
-	for k, u := range ps.m {
+	ps.walk(pace, func(k poolKey, u *upstream) bool {
 		chunk = append(chunk, u)
 		if u.lastUsed.Load() < poolCutoff {
 			unused = append(unused, candidate{k, u})
 		}
-		if len(chunk) == sweepChunk {
-			// The walk goes on after the pause: a map may be changed
-			// between two steps of a range over it (the spec says what
-			// the loop then sees), and the lock orders those changes
-			// with the loop's reads.
-			ps.mu.RUnlock()
-			takeIdle()
-			pace.pause()
-			ps.mu.RLock()
-		}
-	}
-	ps.mu.RUnlock()
-	takeIdle()
+		return len(chunk) == sweepChunk
+	}, takeIdle)
 
 	pace.spreadOver(len(stale), spread)
 	for i, c := range stale {
@@ -586,6 +574,28 @@ func (u *upstream) checkIn(c *upstreamConn) {
 		c.busyNext.busyPrev = c.busyPrev
 	}
 	c.busyPrev, c.busyNext = nil, nil
+}
+
+// walk calls visit for every pool, under the map's read lock, and flush
+// without it whenever visit says its chunk is full and once at the end,
+// pausing (pace) before the walk goes on: with one pool per sandbox there
+// may be tens of thousands, and one stretch under the lock held the often
+// only P (and the write lock new pools wait for) for milliseconds. The
+// walk goes on after the pause: a map may be changed between two steps of
+// a range over it (the spec says what the loop then sees), and the lock
+// orders those changes with the loop's reads.
+func (ps *pools) walk(pace *pacer, visit func(poolKey, *upstream) (full bool), flush func()) {
+	ps.mu.RLock()
+	for k, u := range ps.m {
+		if visit(k, u) {
+			ps.mu.RUnlock()
+			flush()
+			pace.pause()
+			ps.mu.RLock()
+		}
+	}
+	ps.mu.RUnlock()
+	flush()
 }
 
 // sweepPause is the shortest sleep between closes. It must outlast a

@@ -40,6 +40,7 @@ type exchange struct {
 	cache     telemetry.CacheResult
 	kind      telemetry.RouteKind
 	via       authVia // how authorize let the request through
+	changes   uint64  // routing.Cache.Changes when the route was read (judgeLate)
 	errCode   string
 
 	upStatus int

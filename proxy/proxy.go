@@ -434,7 +434,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
-	// lookup itself (LookupTimeout).
+	// lookup itself (LookupTimeout). The count of announced route changes
+	// first: a change announced after it is judgeLate's to find.
+	x.changes = p.cache.Changes()
 	route, res, err := p.cache.Get(context.Background(), id)
 	if !again {
 		x.cache = cacheResult(res)

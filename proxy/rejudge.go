@@ -208,6 +208,39 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 	return n
 }
 
+// judgeLate judges the exchange x, let through on g, when a route change
+// was announced (routing.Cache.Changes moved) between the read of its route
+// and the checkout of its sandbox connection: that change's rejudge may
+// have walked the pools before the exchange was listed there, and would
+// not see it. The count is read after the checkout, which rejudge's walk
+// is ordered with (the pool's lock), and the cache raises it before the
+// re-read that rejudge waits for: either the walk found the exchange, or
+// this finds the change. On a request without one (nearly all) it is an
+// atomic load; with one, the route comes from the cache (read again by
+// the change's re-read, or read here).
+func (p *Proxy) judgeLate(x *exchange, g grant) cutCause {
+	if p.cache.Changes() == x.changes {
+		return cutNone
+	}
+	return p.judgeNow(g)
+}
+
+// judgeNow judges an exchange let through on g against its route as the
+// cache has it now (judgeLate).
+func (p *Proxy) judgeNow(g grant) cutCause {
+	if g.route == nil {
+		return cutNone
+	}
+	r, res, err := p.cache.Get(context.Background(), []byte(g.route.ID))
+	switch {
+	case err == nil:
+		return p.judge(g, r)
+	case res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound):
+		return p.judge(g, nil)
+	}
+	return cutNone // the store cannot say: as rejudge, nothing is cut
+}
+
 // rejudgeOpen judges again the open exchanges of every sandbox that has
 // some on this instance against the route the cache holds for it now, for
 // route changes no invalidation announced (the control plane wrote Redis

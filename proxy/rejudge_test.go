@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -520,5 +521,69 @@ func TestJudgeRouteChange(t *testing.T) {
 		if got := p.judge(grant{route: tc.old, port: tc.port, via: tc.via}, tc.now); got != tc.want {
 			t.Errorf("%s: judged %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A request whose route was read just before a change was announced, and
+// that takes its sandbox connection only after the change was judged (the
+// walk found it on no pool's list), is judged when it gets the connection
+// (judgeLate): a plain request and a WebSocket's upgrade with the rotated
+// token get the 403 credential_revoked. One across a change that judges
+// the same (a port added) goes through.
+func TestRouteChangeBeforeCheckoutIsJudged(t *testing.T) {
+	const host = "8080-rl.cube.test"
+	for _, tc := range []struct {
+		name   string
+		token  string // what the request carries
+		change func(bp uint16) map[string]string
+		want   int
+	}{
+		{"token rotated", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenB, "") }, 403},
+		{"port added", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenA, "", "9090") }, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			b := newRJBackend(t)
+			putRJ(t, h, "rl", rjFields(b.port, "1", rjTokenA, ""))
+			change := tc.change(b.port)
+			// The change once the request has read its route and looked
+			// its pool up, before it takes a connection; judged (its
+			// re-read done) before the request goes on.
+			var changed atomic.Bool
+			h.proxy.afterPool = func() {
+				if changed.CompareAndSwap(false, true) {
+					putRJ(t, h, "rl", change)
+					rereadsDone(t, h, "rl")
+				}
+			}
+			req := h.req("GET", host, "/", nil)
+			req.Header.Set(auth.HeaderE2BTrafficToken, tc.token)
+			resp := h.do(req)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !changed.Load() {
+				t.Fatal("the request did not look its pool up: the case tests nothing")
+			}
+			if resp.StatusCode != tc.want || tc.want == 403 && !strings.Contains(string(body), CodeCredentialRevoked) {
+				t.Fatalf("request across the change: %d %s, want %d", resp.StatusCode, body, tc.want)
+			}
+			if tc.want != 403 {
+				return
+			}
+			// The WebSocket's upgrade, the same way.
+			putRJ(t, h, "rl", rjFields(b.port, "1", rjTokenA, ""))
+			rereadsDone(t, h, "rl")
+			changed.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ws, wresp, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host, HTTPHeader: rjCreds{token: rjTokenA}.header()})
+			if err == nil {
+				ws.CloseNow()
+				t.Fatal("WebSocket across the change: upgraded, want 403")
+			}
+			if wresp == nil || wresp.StatusCode != 403 {
+				t.Fatalf("WebSocket across the change: %v, want 403 %s", err, CodeCredentialRevoked)
+			}
+		})
 	}
 }

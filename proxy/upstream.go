@@ -793,6 +793,12 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		if err != nil {
 			return nil, err
 		}
+		if attempt == 0 {
+			if why := p.judgeLate(x, g); why != cutNone {
+				u.dropBusy(c)
+				return nil, changedErr(why)
+			}
+		}
 		c.nread = 0
 		c.headerTimeout = headerTimeout
 		c.client = client

@@ -411,6 +411,12 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}
+	if err == nil {
+		if why := p.judgeLate(x, uc.grant); why != cutNone {
+			uc.release(p, false)
+			err = changedErr(why)
+		}
+	}
 	if err != nil {
 		sb.leave()
 		p.upstreamError(ctx, x, err, id, addr)

@@ -108,6 +108,8 @@ type Cache struct {
 	// stored in an older one is treated as expired. It is read without mu
 	// on a hit.
 	gen atomic.Uint64
+	// changes counts Invalidate and ExpireAll calls (Changes).
+	changes atomic.Uint64
 
 	// timers are the misses' wait timers, reused: a new one was ≈ 260 B
 	// of garbage per miss, and every request of a cold-start burst misses.
@@ -349,6 +351,7 @@ func (c *Cache) ttl() time.Duration {
 func (c *Cache) Invalidate(id string) int {
 	shard := maphash.String(c.seed, id) % epochShards
 	c.mu.Lock()
+	c.changes.Add(1)
 	c.epochs[shard]++
 	n := 0
 	if c.pos.Remove(id) {
@@ -374,12 +377,19 @@ func (c *Cache) Invalidate(id string) int {
 func (c *Cache) ExpireAll() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.changes.Add(1)
 	for i := range c.epochs {
 		c.epochs[i]++
 	}
 	c.gen.Add(1)
 	return c.pos.Len() + c.neg.Len()
 }
+
+// Changes returns a count that Invalidate and ExpireAll raise (before they
+// drop or expire anything): a caller that read a route, and reads the
+// same count after acting on it, knows no change was announced meanwhile.
+// One atomic load, for a check on every request.
+func (c *Cache) Changes() uint64 { return c.changes.Load() }
 
 // Len returns the number of positive entries, expired ones included.
 func (c *Cache) Len() int { return c.pos.Len() }

@@ -704,3 +704,24 @@ func BenchmarkCacheHit(b *testing.B) {
 		})
 	})
 }
+
+// Changes moves with every announced change, and only then: a request
+// that reads it around its own work knows whether one came meanwhile.
+func TestCacheChangesCountsAnnouncements(t *testing.T) {
+	c := newTestCache(t, NewMemoryStore(), nil)
+	n := c.Changes()
+	if _, _, err := c.Get(context.Background(), []byte("x")); err == nil {
+		t.Fatal("lookup of an unknown id: no error")
+	}
+	if got := c.Changes(); got != n {
+		t.Fatalf("a lookup moved Changes %d → %d", n, got)
+	}
+	c.Invalidate("x")
+	if got := c.Changes(); got != n+1 {
+		t.Fatalf("after Invalidate: %d, want %d", got, n+1)
+	}
+	c.ExpireAll()
+	if got := c.Changes(); got != n+2 {
+		t.Fatalf("after ExpireAll: %d, want %d", got, n+2)
+	}
+}

@@ -760,10 +760,13 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 		deleted, werr = a.cfg.Routes.Remove(b.SandboxID)
 		a.storeChanged(b.SandboxID)
 	}
-	n, err := a.invalidate(b.SandboxID)
 	// Remember the sandbox as killed for a while: its clients get 410,
-	// not a misleading 404. What it still has open ends.
+	// not a misleading 404. What it still has open ends. Before the
+	// invalidation, which makes what is open be judged against the route
+	// (gone): a kill's cuts are the kill's (410 sandbox_killed), not a
+	// route change's.
 	a.p.kill(b.SandboxID)
+	n, err := a.invalidate(b.SandboxID)
 	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {
 		// The route would come back at the next restart.

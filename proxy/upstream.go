@@ -794,7 +794,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 			return nil, err
 		}
 		if attempt == 0 {
-			if why := p.judgeLate(x, g); why != cutNone {
+			// A kill's cut is the kill's (410), though its invalidation
+			// moves the count too: killed is read after the count.
+			if why := p.judgeLate(x, g); why != cutNone && !c.killed.Load() {
 				u.dropBusy(c)
 				return nil, changedErr(why)
 			}

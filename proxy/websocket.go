@@ -412,7 +412,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}
 	if err == nil {
-		if why := p.judgeLate(x, uc.grant); why != cutNone {
+		if why := p.judgeLate(x, uc.grant); why != cutNone && !uc.killed.Load() { // a kill's cut is the kill's
 			uc.release(p, false)
 			err = changedErr(why)
 		}

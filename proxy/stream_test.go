@@ -23,6 +23,21 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
+// readUntilEvent reads events (heartbeats among them) until want, and
+// fails the test if the stream ends first.
+func readUntilEvent(t *testing.T, br *bufio.Reader, want, what string) {
+	t.Helper()
+	for {
+		ev, err := readEvent(br)
+		if err != nil {
+			t.Fatalf("stream ended before %s: %v", what, err)
+		}
+		if ev == want {
+			return
+		}
+	}
+}
+
 // readEvent reads one SSE event (lines up to a blank line), skipping
 // comment-only blocks when skipComments is set.
 func readEvent(br *bufio.Reader) (string, error) {
@@ -1094,15 +1109,7 @@ func TestHeartbeatUnderOneSecond(t *testing.T) {
 				t.Errorf("5 heartbeats in %v at a 100 ms interval", d)
 			}
 			close(release)
-			for {
-				ev, err := readEvent(br)
-				if err != nil {
-					t.Fatalf("stream ended without the last event: %v", err)
-				}
-				if ev == "data: end\n" {
-					break
-				}
-			}
+			readUntilEvent(t, br, "data: end\n", "the last event")
 		})
 	}
 }
@@ -1139,16 +1146,8 @@ func TestHeartbeatCountsFromTheLastEvent(t *testing.T) {
 			// interval after it.
 			time.Sleep(interval * 3 / 4)
 			close(next)
-			for {
-				ev, err := readEvent(br)
-				if err != nil {
-					t.Fatalf("second event: %v", err)
-				}
-				if ev == "data: b\n" {
-					break
-				}
-				// A heartbeat before it only if the test's sleep ran late.
-			}
+			// A heartbeat before it only if the test's sleep ran late.
+			readUntilEvent(t, br, "data: b\n", "the second event")
 			after := time.Now()
 			if ev, err := readEvent(br); err != nil || ev != ": keep-alive\n" {
 				t.Fatalf("heartbeat: %q, %v", ev, err)

@@ -180,24 +180,18 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 	for _, u := range us {
 		u.mu.Lock()
 		for c := u.busy; c != nil; c = c.busyNext {
-			switch why := p.judge(c.grant, now); {
-			case why != cutNone:
+			if why := p.judgeAgain(&c.grant, now); why != cutNone {
 				c.changed.Store(why)
 				c.interrupted.Store(true) // never pooled: closed under its exchange
 				_ = c.Conn.Close()
 				n++
-			case c.grant.route != now && now != nil && p.sameJudgement(c.grant.route, now, c.grant.port):
-				c.grant.route = now
 			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
-			switch why := p.judge(t.grant, now); {
-			case why != cutNone:
+			if why := p.judgeAgain(&t.grant, now); why != cutNone {
 				t.changed.Store(why)
 				t.close()
 				n++
-			case t.grant.route != now && now != nil && p.sameJudgement(t.grant.route, now, t.grant.port):
-				t.grant.route = now
 			}
 		}
 		u.mu.Unlock()
@@ -206,6 +200,18 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 		p.cfg.Logger.Info("route change cut open exchanges", "sandbox_id", id, "exchanges", n)
 	}
 	return n
+}
+
+// judgeAgain judges an open exchange's evidence g against now (judge); one
+// it keeps is pointed at now when now judges as its old route does, so
+// that the next look is a pointer comparison and the old route can be
+// collected. The pool's lock, which guards g, must be held.
+func (p *Proxy) judgeAgain(g *grant, now *routing.Route) cutCause {
+	why := p.judge(*g, now)
+	if why == cutNone && g.route != nil && now != nil && g.route != now && p.sameJudgement(g.route, now, g.port) {
+		g.route = now
+	}
+	return why
 }
 
 // judgeLate judges the exchange x, let through on g, when a route change

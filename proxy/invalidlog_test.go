@@ -43,6 +43,7 @@ func TestInvalidRouteLoggedOncePerRead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer cache.Close()
 		var logs testenv.LogBuffer
 		p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, store, cache)
 		if err != nil {

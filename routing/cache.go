@@ -11,7 +11,6 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"golang.org/x/sync/singleflight"
 )
 
 // CacheResult says how the cache answered, for metrics and logs.
@@ -96,13 +95,21 @@ type Cache struct {
 	clock func() int64
 	pos   *lru.Cache[string, entry]
 	neg   *lru.Cache[string, negEntry]
-	group singleflight.Group
 
-	// mu orders cache writes after a store call against Invalidate; it is
-	// never held across I/O and never taken on a hit.
-	mu     sync.Mutex
-	seed   maphash.Seed
-	epochs [epochShards]uint64
+	// mu orders cache writes after a store call against Invalidate, and
+	// guards flights; it is never held across I/O and never taken on a hit.
+	mu      sync.Mutex
+	seed    maphash.Seed
+	epochs  [epochShards]uint64
+	flights map[string]*flight // store calls in progress, by id
+
+	// work hands a flight to a kept goroutine waiting for one (flight.go);
+	// loaders counts those goroutines, and closed (Close) ends them.
+	work       chan *flight
+	loaders    atomic.Int32
+	loaderIdle time.Duration
+	closed     chan struct{}
+	closeOnce  sync.Once
 
 	// gen is the generation: ExpireAll bumps it (under mu), and an entry
 	// stored in an older one is treated as expired. It is read without mu
@@ -195,7 +202,8 @@ func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
 		start := time.Now()
 		clock = func() int64 { return int64(time.Since(start)) }
 	}
-	return &Cache{store: store, cfg: cfg, clock: clock, pos: pos, neg: neg, seed: maphash.MakeSeed()}, nil
+	return &Cache{store: store, cfg: cfg, clock: clock, pos: pos, neg: neg, seed: maphash.MakeSeed(),
+		flights: make(map[string]*flight), work: make(chan *flight), loaderIdle: loaderIdle, closed: make(chan struct{})}, nil
 }
 
 // Get returns the route for id. id may alias a caller buffer: it is copied
@@ -225,7 +233,7 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 }
 
 func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, CacheResult, error) {
-	ch := c.group.DoChan(id, func() (any, error) { return c.load(id) })
+	f := c.join(id)
 	timer, _ := c.timers.Get().(*time.Timer)
 	if timer == nil {
 		timer = time.NewTimer(c.cfg.LookupTimeout)
@@ -246,19 +254,19 @@ func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, Cach
 		}
 	}()
 	select {
-	case res := <-ch:
-		if res.Err == nil {
-			return res.Val.(*Route), CacheMiss, nil
+	case <-f.done:
+		if f.err == nil {
+			return f.route, CacheMiss, nil
 		}
-		if stale != nil && transient(res.Err) {
+		if stale != nil && transient(f.err) {
 			return stale, CacheStale, nil
 		}
-		return nil, CacheMiss, res.Err
+		return nil, CacheMiss, f.err
 	case <-timer.C:
 		fired = true
 		// The store ignored its deadline. Let the next caller start a fresh
 		// lookup instead of joining this stuck one.
-		c.group.Forget(id)
+		c.land(f)
 		if stale != nil {
 			return stale, CacheStale, nil
 		}
@@ -268,14 +276,13 @@ func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, Cach
 	}
 }
 
-// load is the singleflight body: one bounded store call whose outcome is
+// load is a flight's body: one bounded store call whose outcome is
 // cached unless id was invalidated meanwhile.
-func (c *Cache) load(id string) (v any, err error) {
+func (c *Cache) load(id string) (route *Route, err error) {
 	defer func() {
-		// A panic under DoChan would be re-raised in a fresh goroutine and
-		// crash the process.
+		// A panic on a flight's goroutine would crash the process.
 		if p := recover(); p != nil {
-			v, err = nil, fmt.Errorf("lookup %s: store panicked: %v", id, p)
+			route, err = nil, fmt.Errorf("lookup %s: store panicked: %v", id, p)
 		}
 	}()
 	// A caller that missed just before the previous flight for id stored
@@ -296,7 +303,7 @@ func (c *Cache) load(id string) (v any, err error) {
 	// A background context: one caller giving up must not fail the others.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LookupTimeout)
 	defer cancel()
-	route, err := c.store.Lookup(ctx, id)
+	route, err = c.store.Lookup(ctx, id)
 	if err == nil && route == nil {
 		err = fmt.Errorf("lookup %s: store returned no route and no error", id)
 	}
@@ -360,8 +367,8 @@ func (c *Cache) Invalidate(id string) int {
 	if c.neg.Remove(id) {
 		n++
 	}
+	delete(c.flights, id)
 	c.mu.Unlock()
-	c.group.Forget(id)
 	return n
 }
 

@@ -1069,6 +1069,9 @@ func (a *app) close() {
 	if a.stopBackground != nil {
 		a.stopBackground()
 	}
+	if a.cache != nil {
+		a.cache.Close()
+	}
 	if a.redis != nil {
 		_ = a.redis.Close()
 	}

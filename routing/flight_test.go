@@ -1,0 +1,150 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// goroutineID is the id in the first line of the caller's stack trace.
+func goroutineID() int {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	id, _ := strconv.Atoi(string(b[:bytes.IndexByte(b, ' ')]))
+	return id
+}
+
+// Misses one after another make their store calls on one kept goroutine,
+// whose stack has grown to the store's depth: a new goroutine per miss
+// grew a small stack by copying it, ≈ 5 % of the proxy's CPU in a
+// cold-start burst.
+func TestCacheStoreCallsReuseAGoroutine(t *testing.T) {
+	ids := map[int]bool{}
+	s := newCountingStore(func(_ context.Context, id string) (*Route, error) {
+		ids[goroutineID()] = true // one call at a time: no race
+		return routeFor(id), nil
+	})
+	c := newTestCache(t, s, nil)
+	for i := range 20 {
+		expect(t, c, s, fmt.Sprint("box", i), CacheMiss, nil, int64(i+1))
+	}
+	if len(ids) != 1 {
+		t.Fatalf("20 misses in turn made their store calls on %d goroutines, want 1", len(ids))
+	}
+}
+
+// Store calls beyond the kept goroutines (a store that hangs while ids
+// keep missing) get goroutines of their own: a miss never waits for a
+// kept one to come free, and no more than maxLoaders are kept.
+func TestCacheStoreCallsBeyondKeptGoroutinesRunAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := newCountingStore(func(_ context.Context, id string) (*Route, error) {
+			if id != "fast" {
+				<-release
+			}
+			return routeFor(id), nil
+		})
+		c := newTestCache(t, s, nil)
+		const hung = maxLoaders + 8
+		done := make(chan error, hung)
+		for i := range hung {
+			go func() {
+				_, _, err := get(t, c, fmt.Sprint("hung", i))
+				done <- err
+			}()
+		}
+		synctest.Wait()
+		if n := c.loaders.Load(); n != maxLoaders {
+			t.Fatalf("%d kept goroutines with %d calls hanging, want %d", n, hung, maxLoaders)
+		}
+		start := time.Now()
+		if _, res, err := get(t, c, "fast"); res != CacheMiss || err != nil {
+			t.Fatalf("a miss behind %d hanging calls: %v %v, want an answer", hung, res, err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("a miss behind %d hanging calls took %v (bubble time), want none", hung, d)
+		}
+		close(release)
+		for range hung {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Close()
+	})
+}
+
+// A kept goroutine ends once it has waited loaderIdle for a call, or at
+// Close; a miss after Close is still answered.
+func TestCacheKeptGoroutinesEnd(t *testing.T) {
+	for _, end := range []string{"idle", "close"} {
+		t.Run(end, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newCountingStore(answerRoute)
+				c := newTestCache(t, s, nil)
+				expect(t, c, s, "box", CacheMiss, nil, 1)
+				synctest.Wait()
+				if n := c.loaders.Load(); n != 1 {
+					t.Fatalf("%d kept goroutines after a miss, want 1", n)
+				}
+				if end == "idle" {
+					time.Sleep(loaderIdle - time.Millisecond)
+					synctest.Wait()
+					if n := c.loaders.Load(); n != 1 {
+						t.Fatalf("%d kept goroutines before loaderIdle, want 1", n)
+					}
+					time.Sleep(time.Millisecond)
+				} else {
+					c.Close()
+				}
+				synctest.Wait()
+				if n := c.loaders.Load(); n != 0 {
+					t.Fatalf("%d kept goroutines after %s, want 0", n, end)
+				}
+				expect(t, c, s, "other", CacheMiss, nil, 2)
+				c.Close()
+			})
+		})
+	}
+}
+
+// deepStore answers after using about 16 KiB of stack, as a go-redis
+// pipeline call does.
+type deepStore struct{}
+
+//go:noinline
+func deepen(n int) byte {
+	var pad [512]byte
+	pad[n%len(pad)] = byte(n)
+	if n == 0 {
+		return pad[0]
+	}
+	return deepen(n-1) + pad[n%len(pad)]
+}
+
+func (deepStore) Lookup(_ context.Context, id string) (*Route, error) {
+	deepen(32)
+	return routeFor(id), nil
+}
+
+// BenchmarkCacheMissDeepStore is a miss against a store that needs a deep
+// stack: what a kept goroutine saves over a new one per miss.
+func BenchmarkCacheMissDeepStore(b *testing.B) {
+	c := newTestCache(b, deepStore{}, nil)
+	ctx := context.Background()
+	key := []byte("box")
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Invalidate("box")
+		if _, res, err := c.Get(ctx, key); res != CacheMiss || err != nil {
+			b.Fatal(res, err)
+		}
+	}
+}

@@ -866,20 +866,32 @@ type fileWatch struct {
 	written *fileBytes
 	size    int64
 	begun   int64
+	// The truncations found since the last warning of one (cutSaid), and
+	// the latest: a truncation every look (a loop, a misconfigured cron)
+	// is told once per lossLogEvery, as lost lines are, not every look.
+	cutsUnsaid int
+	lastCut    truncation
+	cutSaid    time.Time
 }
 
 // lookAtFile is one look of the file watcher (checkFile): it tells
 // Config.Log once when the file has been found moved movedChecks times in
-// a row, and once per truncation found, which it counts (OnTruncate).
+// a row, and of the truncations found (each counted: OnTruncate) at most
+// once per lossLogEvery.
 func (l *Logger) lookAtFile(w *fileWatch) {
 	moved, cut := l.checkFile(w)
 	if cut != nil {
 		if l.onTruncate != nil {
 			l.onTruncate()
 		}
-		if l.log != nil {
+		w.cutsUnsaid++
+		w.lastCut = *cut
+	}
+	if w.cutsUnsaid > 0 && l.log != nil {
+		if now := time.Now(); now.Sub(w.cutSaid) >= lossLogEvery {
 			l.log.Warn("access log file was truncated (logrotate's copytruncate?); lines written between a copy and the truncate may be lost: rotate with create and a postrotate SIGHUP or SIGUSR1 instead",
-				"path", l.path, "size", cut.size, "expected_min_size", cut.least)
+				"path", l.path, "size", w.lastCut.size, "expected_min_size", w.lastCut.least, "truncations", w.cutsUnsaid)
+			w.cutSaid, w.cutsUnsaid = now, 0
 		}
 	}
 	if !moved {

@@ -58,14 +58,21 @@ func (wl *watchedLog) log(t *testing.T, id string) {
 
 // said checks that the truncation was told want times in all, and
 // counted as often.
-func (wl *watchedLog) said(t *testing.T, when string, want int) {
+func (wl *watchedLog) said(t *testing.T, when string, want int) []map[string]any {
+	t.Helper()
+	return wl.saidCounted(t, when, want, want)
+}
+
+// saidCounted checks that truncations were told told times in all and
+// counted counted times; it returns the warnings' records.
+func (wl *watchedLog) saidCounted(t *testing.T, when string, told, counted int) []map[string]any {
 	t.Helper()
 	got := wl.plog.records(t, truncMsg)
-	if len(got) != want {
-		t.Fatalf("%s: truncation told %d times, want %d: %v", when, len(got), want, got)
+	if len(got) != told {
+		t.Fatalf("%s: truncation told %d times, want %d: %v", when, len(got), told, got)
 	}
-	if n := wl.cuts.Load(); n != int64(want) {
-		t.Fatalf("%s: truncation counted %d times, want %d", when, n, want)
+	if n := wl.cuts.Load(); n != int64(counted) {
+		t.Fatalf("%s: truncation counted %d times, want %d", when, n, counted)
 	}
 	for _, r := range got {
 		m, _ := r["msg"].(string)
@@ -74,7 +81,12 @@ func (wl *watchedLog) said(t *testing.T, when string, want int) {
 			t.Errorf("%s: truncation told as %v, want a WARN naming the path, copytruncate, create and the signals", when, r)
 		}
 	}
+	return got
 }
+
+// later moves the watcher's last warning of a truncation back by the
+// time it waits before the next one.
+func (wl *watchedLog) later() { wl.w.cutSaid = wl.w.cutSaid.Add(-lossLogEvery) }
 
 func truncate(t *testing.T, path string) {
 	t.Helper()
@@ -118,7 +130,33 @@ func TestTruncationIsSaid(t *testing.T) {
 			wl.look()
 			truncate(t, wl.path)
 			wl.look()
-			wl.said(t, "after the second truncation", 2)
+			wl.saidCounted(t, "after the second truncation, within 10 s of the first's warning", 1, 2)
+			wl.later()
+			wl.look()
+			if r := wl.said(t, "10 s after the first warning", 2); r[1]["truncations"] != 1.0 {
+				t.Fatalf("second warning %v, want truncations 1", r[1])
+			}
+		}},
+		{"truncated every look", func(t *testing.T, wl *watchedLog) {
+			// Something truncating the file in a loop: its warnings come
+			// once per 10 s, each with the count since the last.
+			for i := range 5 {
+				wl.log(t, fmt.Sprint("line", i))
+				wl.look()
+				truncate(t, wl.path)
+				wl.look()
+			}
+			wl.saidCounted(t, "after five truncations", 1, 5)
+			wl.look()
+			wl.later()
+			wl.look()
+			r := wl.saidCounted(t, "10 s later", 2, 5)
+			if r[0]["truncations"] != 1.0 || r[1]["truncations"] != 4.0 {
+				t.Fatalf("warnings %v, want truncations 1 then 4", r)
+			}
+			wl.later()
+			wl.look()
+			wl.saidCounted(t, "with none since", 2, 5)
 		}},
 		{"grown past its old size before the look", func(t *testing.T, wl *watchedLog) {
 			// A small file copytruncated under a busy proxy: a look at its

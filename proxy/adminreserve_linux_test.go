@@ -69,14 +69,12 @@ func TestAdminReserveSpentOnlyOnAConnection(t *testing.T) {
 // a connection: parked in accept (the poller) or polling in waitConn.
 func acceptWaiting(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testenv.WaitFor(t, 10*time.Second, "Accept to wait for a connection", func() bool {
 		for _, g := range testenv.Stacks() {
 			if strings.Contains(g, "(*retryListener).Accept") && (strings.Contains(g, "[IO wait") || strings.Contains(g, "proxy.waitConn")) {
-				return
+				return true
 			}
 		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("Accept never waited for a connection\n%s", strings.Join(testenv.Stacks(), "\n\n"))
+		return false
+	})
 }

@@ -71,9 +71,8 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	delay := 5 * time.Millisecond
 	for {
 		c, err := l.Listener.Accept()
-		if err != nil && l.reserve != nil && resourceExhausted(err) && l.reserve.release() {
-			// Our own descriptor for this connection: accept again at once.
-			c, err = l.Listener.Accept()
+		if err != nil && l.reserve != nil && resourceExhausted(err) {
+			c, err = l.acceptReserved()
 		}
 		if err == nil {
 			if l.failed > 0 {
@@ -121,6 +120,29 @@ func (l *retryListener) Accept() (net.Conn, error) {
 		}
 		delay = min(2*delay, time.Second)
 	}
+}
+
+// acceptReserved accepts a connection on the reserve after an accept
+// failed for want of descriptors. Linux's accept4 takes a descriptor
+// before it looks for a connection, so at the limit it fails when none
+// waits too: the first Accept, and the next one after each connection. A
+// reserved descriptor spent then was free for anything else (a client's
+// accept, a sandbox or Redis dial) until an admin connection came, and
+// the reserve stayed short when something took it: a route lookup at the
+// limit got Redis's answer instead of 503 proxy_out_of_resources
+// (TestAdminReserveSpentOnlyOnAConnection). So it waits for a connection
+// first, and spends a descriptor only on one.
+func (l *retryListener) acceptReserved() (net.Conn, error) {
+	if err := waitConn(l.Listener, l.closed); err != nil {
+		// Closed while waiting.
+		return nil, err
+	}
+	c, err := l.Listener.Accept()
+	if err != nil && resourceExhausted(err) && l.reserve.release() {
+		// Our own descriptor for this connection: accept again at once.
+		c, err = l.Listener.Accept()
+	}
+	return c, err
 }
 
 // withReserve makes l hold reserveFDs descriptors of its own (opens of

@@ -159,7 +159,7 @@ func TestCacheHitAndMiss(t *testing.T) {
 	}
 }
 
-// 100 concurrent Gets for one unknown id make one store call (singleflight).
+// 100 concurrent Gets for one unknown id make one store call (one flight per id).
 func TestCacheSingleflight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})

@@ -43,7 +43,9 @@ func TestRedisStallBoundsColdLookups(t *testing.T) {
 	}
 	// Still paused: no lookup may be left waiting on Redis.
 	testenv.WaitFor(t, 5*time.Second, "every route lookup to end", func() bool {
-		return goroutinesIn("routing.(*Cache).load") == 0
+		// "load(": the route cache's idle store-call goroutines
+		// wait in its loader.
+		return goroutinesIn("routing.(*Cache).load(") == 0
 	})
 	// The process log is written behind the caller (proclog): wait for
 	// the outage's first line before judging how many there are.

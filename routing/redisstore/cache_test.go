@@ -55,7 +55,7 @@ func getAll(c *routing.Cache, n int, ids []string, want error) error {
 }
 
 // TestCacheOneHGETALLPerMiss: 1000 concurrent requests for one uncached id
-// reach Redis once (singleflight in the cache; the store pipelines the
+// reach Redis once (one flight per id in the cache; the store pipelines the
 // HGETALL of the new key and of the legacy one).
 func TestCacheOneHGETALLPerMiss(t *testing.T) {
 	testenv.ParallelRedis(t)

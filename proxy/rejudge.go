@@ -237,11 +237,17 @@ func (p *Proxy) judgeNow(g grant) cutCause {
 	if g.route == nil {
 		return cutNone
 	}
-	r, res, err := p.cache.Get(context.Background(), []byte(g.route.ID))
+	r, _, err := p.cache.Get(context.Background(), []byte(g.route.ID))
 	switch {
 	case err == nil:
 		return p.judge(g, r)
-	case res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound):
+	case errors.Is(err, routing.ErrNotFound):
+		// From the negative cache too: the route this exchange read was
+		// cached by a store read that dropped the id's negative entry, so
+		// one there now is a "no route" read since, most often the
+		// change's own re-read, whose walk ran while this exchange had no
+		// connection listed yet (its dial). A new request gets its 404
+		// from it; this one went on to the deleted sandbox's backend.
 		return p.judge(g, nil)
 	}
 	return cutNone // the store cannot say: as rejudge, nothing is cut

@@ -104,6 +104,10 @@ type Proxy struct {
 	// beforeRejudge, for tests, runs as rejudge begins to judge a
 	// sandbox's open exchanges; nil in production.
 	beforeRejudge func(id string)
+	// afterHandOff, for tests, runs in splice between the hand-off of a
+	// WebSocket's sandbox connection and its tunnel's listing, where no
+	// list of its pool holds the exchange; nil in production.
+	afterHandOff func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

@@ -108,6 +108,11 @@ type Proxy struct {
 	// WebSocket's sandbox connection and its tunnel's listing, where no
 	// list of its pool holds the exchange; nil in production.
 	afterHandOff func()
+	// beforeRetry, for tests, runs in roundTrip between the release of
+	// a kept-alive connection the sandbox had closed and the checkout of
+	// the retry's, where no list of the pool holds the exchange; nil in
+	// production.
+	beforeRetry func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -46,4 +49,54 @@ func TestRouteChangeDuringTunnelHandOffIsJudged(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the access log line with error_code "+CodeCredentialRevoked, func() bool {
 		return strings.Contains(logs.String(), `"error_code":"`+CodeCredentialRevoked+`"`)
 	})
+}
+
+// A request re-sent on a new connection because the kept-alive one it
+// took had been closed by the sandbox (roundTrip's retry) is judged again
+// as it takes the new one: a change whose walk ran in between, while no
+// list of the pool held the request, would otherwise let the old token's
+// request through on the retry.
+func TestRouteChangeBeforeRetryIsJudged(t *testing.T) {
+	const host = "8080-rr.cube.test"
+	h := newHarness(t)
+	var dropped atomic.Bool
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/drop" && dropped.CompareAndSwap(false, true) {
+			// Closed before any answer: the proxy re-sends the GET.
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	putRJ(t, h, "rr", rjFields(port, "1", rjTokenA, ""))
+	get := func(path string) (int, string) {
+		t.Helper()
+		req := h.req("GET", host, path, nil)
+		req.Header.Set(auth.HeaderE2BTrafficToken, rjTokenA)
+		resp := h.do(req)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+	// A connection to keep alive for the next request.
+	if st, body := get("/"); st != 200 {
+		t.Fatalf("first request: %d %s", st, body)
+	}
+	var changed atomic.Bool
+	h.proxy.beforeRetry = func() {
+		if changed.CompareAndSwap(false, true) {
+			putRJ(t, h, "rr", rjFields(port, "1", rjTokenB, ""))
+			rereadsDone(t, h, "rr")
+		}
+	}
+	st, body := get("/drop")
+	if !changed.Load() {
+		t.Fatalf("the request was not re-sent (%d %s): the case tests nothing", st, body)
+	}
+	if st != 403 || !strings.Contains(body, CodeCredentialRevoked) {
+		t.Fatalf("request re-sent across the change: %d %s, want 403 %s", st, body, CodeCredentialRevoked)
+	}
 }

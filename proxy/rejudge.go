@@ -184,6 +184,13 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 				c.changed.Store(why)
 				c.interrupted.Store(true) // never pooled: closed under its exchange
 				_ = c.Conn.Close()
+				if c.upload != nil {
+					// Its upload may be waiting for its client, not
+					// writing here: woken as at the drain deadline
+					// (pools.abort), it is answered now, not after
+					// client.body_timeout.
+					_ = c.upload.ctx.SetReadDeadline(time.Now())
+				}
 				n++
 			}
 		}

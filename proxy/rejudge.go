@@ -315,9 +315,11 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 		case err == nil:
 			p.rejudge(id, r)
 		case errors.Is(err, routing.ErrNotFound):
-			if res == routing.CacheMiss { // the negative cache's may predate a route written since
-				p.rejudge(id, nil)
-			}
+			// From the negative cache too (judgeNow): a "no route" read
+			// since the open exchanges read theirs. Requests for the
+			// sandbox renew it every negative TTL, and a janitor that
+			// waited for a miss could wait as long as they came.
+			p.rejudge(id, nil)
 		case errors.As(err, &fe):
 			// Invalid route data: requests get a 404, what is open stays.
 		default:
@@ -338,8 +340,9 @@ type poolKeyed struct {
 // the store no longer has makes this instance forget what it knew of the
 // sandbox (its pause). It reports whether the answer settles the question:
 // not when the store could not answer (or ctx ended the wait), nor from
-// the negative cache, whose answer may predate a route written since: the
-// caller leaves the sandbox for the janitor to ask again.
+// the negative cache, whose answer may predate a route written since and
+// its pause (what is open is cut on it all the same): the caller leaves
+// the sandbox for the janitor to ask again.
 func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	since := time.Now().UnixNano()
 	r, res, err := p.cache.Get(ctx, []byte(id))
@@ -348,6 +351,12 @@ func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	case err == nil:
 		p.rejudge(id, r)
 		return true
+	case errors.Is(err, routing.ErrNotFound) && res != routing.CacheMiss:
+		// What is open is cut on the negative cache's answer too, a "no
+		// route" read since it read its route (judgeNow); the pause only
+		// on the store's own, which the janitor asks for.
+		p.rejudge(id, nil)
+		return false
 	case res != routing.CacheMiss:
 		return false
 	case errors.Is(err, routing.ErrNotFound):

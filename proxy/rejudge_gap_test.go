@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/auth"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // A WebSocket whose upgrade was judged, and whose route changes after its
@@ -151,4 +153,102 @@ func TestRouteChangeCutsAStalledUpload(t *testing.T) {
 	if resp.StatusCode != 403 || !strings.Contains(string(body), CodeCredentialRevoked) {
 		t.Fatalf("stalled upload across the change: %d %s, want 403 %s", resp.StatusCode, body, CodeCredentialRevoked)
 	}
+}
+
+// A route deleted without an announcement, whose "no route" the
+// negative cache holds when the janitor looks (requests for the sandbox
+// keep asking, each a 404), is as gone as the store's own answer: what
+// the sandbox has open is cut (route_changed). The janitor took a
+// negative hit for no answer, and a sandbox that kept getting requests
+// kept its streams for as long as one came within each negative TTL of
+// the last store read.
+func TestRouteDeletedUnannouncedRejudgedFromTheNegativeCache(t *testing.T) {
+	const host = "8080-rn.cube.test"
+	// The cache's clock stands still but where the test moves it: the
+	// negative entry stays fresh for every look of the janitor.
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cache.Now = func() time.Time { return time.Unix(0, now.Load()) }
+		o.cfg.UpstreamIdleConnTimeout = time.Second // a janitor tick each 250 ms
+	})
+	b := newRJBackend(t)
+	putRJ(t, h, "rn", rjFields(b.port, "1", rjTokenA, ""))
+	s := openRJStream(t, h, host, "stream, token A", rjCreds{token: rjTokenA})
+	if _, err := h.store.Remove("rn"); err != nil { // nothing announced
+		t.Fatal(err)
+	}
+	now.Add(int64(routing.DefaultTTLMax + time.Second)) // the cached route's TTL over
+	req := h.req("GET", host, "/", nil)
+	req.Header.Set(auth.HeaderE2BTrafficToken, rjTokenA)
+	resp := h.do(req)
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Fatalf("request after the delete: %d, want 404", resp.StatusCode)
+	}
+	s.cut(t)
+}
+
+// gateStore is a route store whose next lookup of armed's id, once armed,
+// waits for open and then fails as an unreachable store does.
+type gateStore struct {
+	routing.Store
+	armed   atomic.Pointer[string]
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g *gateStore) Lookup(ctx context.Context, id string) (*routing.Route, error) {
+	if a := g.armed.Load(); a != nil && *a == id && g.armed.CompareAndSwap(a, nil) {
+		close(g.entered)
+		<-g.open
+		return nil, errors.New("store unreachable")
+	}
+	return g.Store.Lookup(ctx, id)
+}
+
+// The re-read an announced delete asks for may find the "no route" a
+// request cached meanwhile (the re-read before it failed, and one more
+// was asked for): what the sandbox has open is cut on it, as on the
+// store's own answer, not left for the janitor.
+func TestRouteDeletedAnnouncedRejudgedFromTheNegativeCache(t *testing.T) {
+	const id, host = "ra", "8080-ra.cube.test"
+	ms := routing.NewMemoryStore()
+	gs := &gateStore{Store: ms, entered: make(chan struct{}), open: make(chan struct{})}
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = gs
+		o.noAdminRoutes = true
+		// The janitor's look (rejudgeOpen) comes each 30 s, after the
+		// waits below: what they see cut is the re-read's doing.
+		o.cfg.UpstreamIdleConnTimeout = 2 * time.Minute
+	})
+	b := newRJBackend(t)
+	r, err := routing.ParseRouteStrict(id, rjFields(b.port, "1", rjTokenA, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ms.Put(r); err != nil {
+		t.Fatal(err)
+	}
+	s := openRJStream(t, h, host, "stream, token A", rjCreds{token: rjTokenA})
+	if _, err := ms.Remove(id); err != nil {
+		t.Fatal(err)
+	}
+	// The first re-read waits in the store, and will fail.
+	armed := id
+	gs.armed.Store(&armed)
+	h.proxy.Invalidate(id)
+	<-gs.entered
+	// A second invalidation asks for one more re-read, and a request
+	// caches the store's "no route" before it.
+	h.proxy.Invalidate(id)
+	req := h.req("GET", host, "/", nil)
+	req.Header.Set(auth.HeaderE2BTrafficToken, rjTokenA)
+	resp := h.do(req)
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Fatalf("request after the delete: %d, want 404", resp.StatusCode)
+	}
+	close(gs.open)
+	s.cut(t)
 }

@@ -533,6 +533,12 @@ func (ps *pools) kill(id string, killedAt int64) {
 			c.killed.Store(true)
 			c.interrupted.Store(true)
 			_ = c.Conn.Close()
+			if c.upload != nil {
+				// Waiting for a client that stalled mid-upload, it is
+				// woken as at the drain deadline (abort): answered now,
+				// not after client.body_timeout.
+				_ = c.upload.ctx.SetReadDeadline(time.Now())
+			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
 			t.killed.Store(true)

@@ -104,6 +104,15 @@ type Proxy struct {
 	// beforeRejudge, for tests, runs as rejudge begins to judge a
 	// sandbox's open exchanges; nil in production.
 	beforeRejudge func(id string)
+	// afterHandOff, for tests, runs in splice between the hand-off of a
+	// WebSocket's sandbox connection and its tunnel's listing, where no
+	// list of its pool holds the exchange; nil in production.
+	afterHandOff func()
+	// beforeRetry, for tests, runs in roundTrip between the release of
+	// a kept-alive connection the sandbox had closed and the checkout of
+	// the retry's, where no list of the pool holds the exchange; nil in
+	// production.
+	beforeRetry func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

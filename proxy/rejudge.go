@@ -184,6 +184,13 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 				c.changed.Store(why)
 				c.interrupted.Store(true) // never pooled: closed under its exchange
 				_ = c.Conn.Close()
+				if c.upload != nil {
+					// Its upload may be waiting for its client, not
+					// writing here: woken as at the drain deadline
+					// (pools.abort), it is answered now, not after
+					// client.body_timeout.
+					_ = c.upload.ctx.SetReadDeadline(time.Now())
+				}
 				n++
 			}
 		}
@@ -237,11 +244,17 @@ func (p *Proxy) judgeNow(g grant) cutCause {
 	if g.route == nil {
 		return cutNone
 	}
-	r, res, err := p.cache.Get(context.Background(), []byte(g.route.ID))
+	r, _, err := p.cache.Get(context.Background(), []byte(g.route.ID))
 	switch {
 	case err == nil:
 		return p.judge(g, r)
-	case res == routing.CacheMiss && errors.Is(err, routing.ErrNotFound):
+	case errors.Is(err, routing.ErrNotFound):
+		// From the negative cache too: the route this exchange read was
+		// cached by a store read that dropped the id's negative entry, so
+		// one there now is a "no route" read since, most often the
+		// change's own re-read, whose walk ran while this exchange had no
+		// connection listed yet (its dial). A new request gets its 404
+		// from it; this one went on to the deleted sandbox's backend.
 		return p.judge(g, nil)
 	}
 	return cutNone // the store cannot say: as rejudge, nothing is cut
@@ -302,9 +315,11 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 		case err == nil:
 			p.rejudge(id, r)
 		case errors.Is(err, routing.ErrNotFound):
-			if res == routing.CacheMiss { // the negative cache's may predate a route written since
-				p.rejudge(id, nil)
-			}
+			// From the negative cache too (judgeNow): a "no route" read
+			// since the open exchanges read theirs. Requests for the
+			// sandbox renew it every negative TTL, and a janitor that
+			// waited for a miss could wait as long as they came.
+			p.rejudge(id, nil)
 		case errors.As(err, &fe):
 			// Invalid route data: requests get a 404, what is open stays.
 		default:
@@ -325,8 +340,9 @@ type poolKeyed struct {
 // the store no longer has makes this instance forget what it knew of the
 // sandbox (its pause). It reports whether the answer settles the question:
 // not when the store could not answer (or ctx ended the wait), nor from
-// the negative cache, whose answer may predate a route written since: the
-// caller leaves the sandbox for the janitor to ask again.
+// the negative cache, whose answer may predate a route written since and
+// its pause (what is open is cut on it all the same): the caller leaves
+// the sandbox for the janitor to ask again.
 func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	since := time.Now().UnixNano()
 	r, res, err := p.cache.Get(ctx, []byte(id))
@@ -335,6 +351,12 @@ func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	case err == nil:
 		p.rejudge(id, r)
 		return true
+	case errors.Is(err, routing.ErrNotFound) && res != routing.CacheMiss:
+		// What is open is cut on the negative cache's answer too, a "no
+		// route" read since it read its route (judgeNow); the pause only
+		// on the store's own, which the janitor asks for.
+		p.rejudge(id, nil)
+		return false
 	case res != routing.CacheMiss:
 		return false
 	case errors.Is(err, routing.ErrNotFound):

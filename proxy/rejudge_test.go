@@ -534,12 +534,17 @@ func TestRouteChangeBeforeCheckoutIsJudged(t *testing.T) {
 	const host = "8080-rl.cube.test"
 	for _, tc := range []struct {
 		name   string
-		token  string // what the request carries
-		change func(bp uint16) map[string]string
+		token  string                            // what the request carries
+		change func(bp uint16) map[string]string // nil: the route deleted
 		want   int
+		code   string // the error code of a refusal
 	}{
-		{"token rotated", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenB, "") }, 403},
-		{"port added", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenA, "", "9090") }, 200},
+		{"token rotated", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenB, "") }, 403, CodeCredentialRevoked},
+		{"port added", rjTokenA, func(bp uint16) map[string]string { return rjFields(bp, "1", rjTokenA, "", "9090") }, 200, ""},
+		// The change's re-read leaves "no route" in the negative cache,
+		// where the request's own judgement finds it: as definitive as
+		// the store's answer it caches (a new request gets its 404).
+		{"route deleted", rjTokenA, func(uint16) map[string]string { return nil }, 502, CodeRouteChanged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -552,7 +557,13 @@ func TestRouteChangeBeforeCheckoutIsJudged(t *testing.T) {
 			var changed atomic.Bool
 			h.proxy.afterPool = func() {
 				if changed.CompareAndSwap(false, true) {
-					putRJ(t, h, "rl", change)
+					if change == nil {
+						if st, out := h.adminDo("DELETE", "/admin/routes/rl", "", ""); st != 200 {
+							t.Errorf("DELETE route: %d %s", st, out)
+						}
+					} else {
+						putRJ(t, h, "rl", change)
+					}
 					rereadsDone(t, h, "rl")
 				}
 			}
@@ -564,8 +575,8 @@ func TestRouteChangeBeforeCheckoutIsJudged(t *testing.T) {
 			if !changed.Load() {
 				t.Fatal("the request did not look its pool up: the case tests nothing")
 			}
-			if resp.StatusCode != tc.want || tc.want == 403 && !strings.Contains(string(body), CodeCredentialRevoked) {
-				t.Fatalf("request across the change: %d %s, want %d", resp.StatusCode, body, tc.want)
+			if resp.StatusCode != tc.want || !strings.Contains(string(body), tc.code) {
+				t.Fatalf("request across the change: %d %s, want %d %s", resp.StatusCode, body, tc.want, tc.code)
 			}
 			if tc.want != 403 {
 				return

@@ -533,6 +533,12 @@ func (ps *pools) kill(id string, killedAt int64) {
 			c.killed.Store(true)
 			c.interrupted.Store(true)
 			_ = c.Conn.Close()
+			if c.upload != nil {
+				// Waiting for a client that stalled mid-upload, it is
+				// woken as at the drain deadline (abort): answered now,
+				// not after client.body_timeout.
+				_ = c.upload.ctx.SetReadDeadline(time.Now())
+			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
 			t.killed.Store(true)
@@ -793,13 +799,14 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		if err != nil {
 			return nil, err
 		}
-		if attempt == 0 {
-			// A kill's cut is the kill's (410), though its invalidation
-			// moves the count too: killed is read after the count.
-			if why := p.judgeLate(x, g); why != cutNone && !c.killed.Load() {
-				u.dropBusy(c)
-				return nil, changedErr(why)
-			}
+		// On the retry's connection too: between the release of the
+		// first and this checkout no list of the pool held the request,
+		// and a change's walk then did not see it. A kill's cut is the
+		// kill's (410), though its invalidation moves the count too:
+		// killed is read after the count.
+		if why := p.judgeLate(x, g); why != cutNone && !c.killed.Load() {
+			u.dropBusy(c)
+			return nil, changedErr(why)
 		}
 		c.nread = 0
 		c.headerTimeout = headerTimeout
@@ -902,6 +909,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()
 			p.retried(x, &req.Header, CodeUpstreamReset, err, time.Time{})
+			if p.beforeRetry != nil {
+				p.beforeRetry()
+			}
 			continue
 		}
 		return nil, err

@@ -530,6 +530,9 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	// The registry cuts the tunnel from now on; its release gives the
 	// pool's slot back. What it was let through on goes with it.
 	g := u.handOff(uc)
+	if p.afterHandOff != nil {
+		p.afterHandOff()
+	}
 	// From here on both directions run at once, so the tunnel uses the raw
 	// connection with its own idle deadlines, not upstreamConn's
 	// request/response bookkeeping.
@@ -595,6 +598,15 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		}
 		tn.start()
 		p.streams.addTunnel(tn)
+		// Between the hand-off and the listing just made, no list of
+		// the pool held the exchange: a change's walk in between did not
+		// see it. Judged here as a request is at its checkout
+		// (judgeLate): a change announced since its route was read is
+		// judged now; one announced later finds it listed.
+		if why := p.judgeLate(&tx, g); why != cutNone && !tn.killed.Load() { // a kill's cut is the kill's
+			tn.changed.CompareAndSwap(cutNone, why)
+			tn.close()
+		}
 		// The request is recycled once this handler returns, so its
 		// response head (with every header the handler set) is written
 		// here. fasthttp cleared the connection's deadlines: a client

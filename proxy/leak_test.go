@@ -154,7 +154,9 @@ func leakResponse(t *testing.T, br *bufio.Reader, method string, status int) *ht
 		t.Fatal(err)
 	}
 	if resp.StatusCode != status {
-		t.Fatalf("status %d, want %d", resp.StatusCode, status)
+		// The body names the code: which cut came first.
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		t.Fatalf("status %d %s, want %d", resp.StatusCode, body, status)
 	}
 	return resp
 }

@@ -182,15 +182,7 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 		for c := u.busy; c != nil; c = c.busyNext {
 			if why := p.judgeAgain(&c.grant, now); why != cutNone {
 				c.changed.Store(why)
-				c.interrupted.Store(true) // never pooled: closed under its exchange
-				_ = c.Conn.Close()
-				if c.upload != nil {
-					// Its upload may be waiting for its client, not
-					// writing here: woken as at the drain deadline
-					// (pools.abort), it is answered now, not after
-					// client.body_timeout.
-					_ = c.upload.ctx.SetReadDeadline(time.Now())
-				}
+				c.cutUnder()
 				n++
 			}
 		}

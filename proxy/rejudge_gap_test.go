@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -102,56 +100,6 @@ func TestRouteChangeBeforeRetryIsJudged(t *testing.T) {
 	}
 	if st != 403 || !strings.Contains(body, CodeCredentialRevoked) {
 		t.Fatalf("request re-sent across the change: %d %s, want 403 %s", st, body, CodeCredentialRevoked)
-	}
-}
-
-// A request whose upload a route change cut, while its client sends no
-// more of the body, is answered at once (403 credential_revoked), as at
-// the drain deadline: the proxy's read of the client's body is woken, not
-// left waiting client.body_timeout (60 s) with the request's slot held,
-// for a body the closed sandbox connection can no longer take.
-func TestRouteChangeCutsAStalledUpload(t *testing.T) {
-	const host = "8080-ru.cube.test"
-	h := newHarness(t)
-	arrived := make(chan struct{}, 1)
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var buf [32 << 10]byte
-		for {
-			if _, err := r.Body.Read(buf[:]); err != nil {
-				return
-			}
-			select {
-			case arrived <- struct{}{}:
-			default:
-			}
-		}
-	}))
-	putRJ(t, h, "ru", rjFields(port, "1", rjTokenA, ""))
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	head := "POST /upload HTTP/1.1\r\nHost: " + host + "\r\n" + auth.HeaderE2BTrafficToken + ": " + rjTokenA + "\r\nContent-Length: 10000000\r\n\r\n"
-	if _, err := c.Write(append([]byte(head), make([]byte, 256<<10)...)); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-arrived:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upload did not reach the sandbox")
-	}
-	// The client sends no more.
-	putRJ(t, h, "ru", rjFields(port, "1", rjTokenB, ""))
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer within 10 s of the change: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 403 || !strings.Contains(string(body), CodeCredentialRevoked) {
-		t.Fatalf("stalled upload across the change: %d %s, want 403 %s", resp.StatusCode, body, CodeCredentialRevoked)
 	}
 }
 

@@ -457,14 +457,7 @@ func (ps *pools) abort() {
 	for _, u := range ps.m {
 		u.mu.Lock()
 		for c := u.busy; c != nil; c = c.busyNext {
-			c.interrupted.Store(true)
-			_ = c.Conn.Close()
-			if c.upload != nil {
-				// Blocked reading the client, not writing here: a client
-				// that stalled mid-upload would keep it until
-				// client.body_timeout.
-				_ = c.upload.ctx.SetReadDeadline(time.Now())
-			}
+			c.cutUnder()
 		}
 		u.mu.Unlock()
 	}
@@ -531,14 +524,7 @@ func (ps *pools) kill(id string, killedAt int64) {
 		u.mu.Lock()
 		for c := u.busy; c != nil; c = c.busyNext {
 			c.killed.Store(true)
-			c.interrupted.Store(true)
-			_ = c.Conn.Close()
-			if c.upload != nil {
-				// Waiting for a client that stalled mid-upload, it is
-				// woken as at the drain deadline (abort): answered now,
-				// not after client.body_timeout.
-				_ = c.upload.ctx.SetReadDeadline(time.Now())
-			}
+			c.cutUnder()
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
 			t.killed.Store(true)
@@ -739,8 +725,22 @@ func (u *upstream) dropBusy(c *upstreamConn) {
 	u.drop(c)
 }
 
+// cutUnder closes c under its exchange, which the caller has marked as
+// a kill's or a route change's cut (or neither: the drain deadline's). It
+// is never pooled, and an exchange blocked reading its client's body, not
+// writing here, is woken: a client that stalled mid-upload would keep it,
+// and the sandbox's slot, until client.body_timeout. u.mu must be held
+// (c.upload).
+func (c *upstreamConn) cutUnder() {
+	c.interrupted.Store(true)
+	_ = c.Conn.Close()
+	if c.upload != nil {
+		_ = c.upload.ctx.SetReadDeadline(time.Now())
+	}
+}
+
 // setUpload records (or with nil, forgets) the client body that c is
-// sending, for abort to wake the read of a stalled client.
+// sending, for cutUnder to wake the read of a stalled client.
 func (u *upstream) setUpload(c *upstreamConn, b *clientBody) {
 	if b != nil {
 		b.cut = &c.interrupted

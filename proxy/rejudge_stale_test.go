@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // A re-read's answer is the route as the store had it when the re-read
@@ -148,5 +152,93 @@ func wait(t *testing.T, ch <-chan struct{}, what string) {
 	case <-ch:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("waiting for %s: 10 s", what)
+	}
+}
+
+// A kill through the admin API (meta/delete, the memory store) removed the
+// route before it killed: a look at the route in between (the janitor's,
+// once the cached route's TTL was over) found it gone and cut what the
+// sandbox had open 502 route_changed, before the kill came to mark it
+// 410 sandbox_killed. The kill comes first now: what it has open is the
+// kill's.
+func TestKillsOwnRouteRemovalIsNoRouteChange(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		head string
+	}{
+		{"WebSocket before its 101", "GET /ws HTTP/1.1\r\nHost: %s\r\n" + leakUpgrade + "\r\n"},
+		{"request waiting for its answer", "GET / HTTP/1.1\r\nHost: %s\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const id = "killrm"
+			arrived := make(chan net.Conn, 1)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				c, _, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				arrived <- c
+			}))
+			// The cache's clock moves where the test moves it.
+			var now atomic.Int64
+			now.Store(time.Now().UnixNano())
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cache.Now = func() time.Time { return time.Unix(0, now.Load()) }
+				// The janitor's own look comes each 30 s: the one below
+				// is the test's.
+				o.cfg.UpstreamIdleConnTimeout = 2 * time.Minute
+			})
+			host := h.route(id, port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, strings.Replace(tc.head, "%s", host, 1)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-arrived:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request did not reach the sandbox")
+			}
+			answered := make(chan string, 1)
+			go func() {
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "GET"})
+				if err != nil {
+					answered <- err.Error()
+					return
+				}
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+				answered <- fmt.Sprint(resp.StatusCode, " ", string(b))
+			}()
+			now.Add(int64(routing.DefaultTTLMax + time.Second)) // the cached route's TTL over
+			// A janitor round between the kill's two steps, the answer
+			// given before the second.
+			var fired atomic.Bool
+			h.adm.afterStoreChange = func(string) {
+				if fired.CompareAndSwap(false, true) {
+					h.proxy.rejudgeOpen(context.Background(), make(chan struct{}))
+					select {
+					case a := <-answered:
+						answered <- a // for the test's check below
+					case <-time.After(300 * time.Millisecond):
+						// Not cut by the round: answered once killed.
+					}
+				}
+			}
+			if st, body := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"`+id+`"}`, ""); st != 200 {
+				t.Fatalf("kill: %d %s", st, body)
+			}
+			if !fired.Load() {
+				t.Fatal("the kill made no store change: the case tests nothing")
+			}
+			got := <-answered
+			if !strings.HasPrefix(got, "410 ") || !strings.Contains(got, CodeSandboxKilled) {
+				t.Fatalf("answer across the kill: %s, want 410 %s", got, CodeSandboxKilled)
+			}
+		})
 	}
 }

@@ -60,8 +60,8 @@ type Admin struct {
 	// locks orders the changes of one sandbox (see sandboxLocks).
 	locks sandboxLocks
 	// afterStoreChange, for tests, runs between a change's route store
-	// step and its sandbox state step, with the sandbox's lock held; nil
-	// in production.
+	// step and its sandbox state step (meta/delete: its kill, then the
+	// store step), with the sandbox's lock held; nil in production.
 	afterStoreChange func(id string)
 }
 
@@ -754,18 +754,20 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	defer a.locks.lock(b.SandboxID)()
+	// Remember the sandbox as killed for a while: its clients get 410,
+	// not a misleading 404. What it still has open ends. Before the
+	// route goes, and before the invalidation, which makes what is open
+	// be judged against the route (gone): a kill's cuts are the kill's
+	// (410 sandbox_killed), not a route change's. Removed first, the
+	// route was found gone by a look in between (the janitor's, a
+	// re-read), which cut what was open 502 route_changed.
+	a.p.kill(b.SandboxID)
 	var werr error
 	deleted := false
 	if a.cfg.Routes != nil {
-		deleted, werr = a.cfg.Routes.Remove(b.SandboxID)
 		a.storeChanged(b.SandboxID)
+		deleted, werr = a.cfg.Routes.Remove(b.SandboxID)
 	}
-	// Remember the sandbox as killed for a while: its clients get 410,
-	// not a misleading 404. What it still has open ends. Before the
-	// invalidation, which makes what is open be judged against the route
-	// (gone): a kill's cuts are the kill's (410 sandbox_killed), not a
-	// route change's.
-	a.p.kill(b.SandboxID)
 	n, err := a.invalidate(b.SandboxID)
 	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {

@@ -768,7 +768,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	p.startUpstream(ctx, x, addr)
 	resp := &ctx.Response
 	body, _ := req.BodyStream().(*clientBody)
-	c, err := p.roundTrip(x, u, grant{route: r, port: t.Port, via: x.via}, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
+	c, err := p.roundTrip(x, u, grant{route: r, port: t.Port, via: x.via, changes: x.changes}, req, resp, p.headerTimeout(&req.Header), ctx.Conn())
 	x.answeredEarly = err == nil && c.answered.Load()
 	// Sent (a POST is never sent again): a body overLimit holds is not
 	// kept for as long as the answer streams.

@@ -16,9 +16,9 @@ import (
 // request would be judged now, with the credential that request presented,
 // and what the route no longer lets through to the same place is cut. The
 // evidence is kept on the sandbox connection checked out for the exchange
-// (upstreamConn.grant, then the tunnel's): the route it was judged against
-// and how it passed, a pointer and two small words, set under the pool's
-// lock the checkout takes anyway.
+// (upstreamConn.grant, then the tunnel's): the route it was judged against,
+// how it passed and when it read that route, a pointer and three small
+// words, set under the pool's lock the checkout takes anyway.
 
 // authVia is how a request passed authorize.
 type authVia uint8
@@ -43,11 +43,14 @@ const (
 )
 
 // grant is the evidence an exchange was let through on: the route it was
-// judged against, the sandbox port it asked for, and how it passed.
+// judged against, the sandbox port it asked for, how it passed, and the
+// count of announced route changes (routing.Cache.Changes) when it read
+// that route, which orders its read with a re-read's (rejudge).
 type grant struct {
-	route *routing.Route
-	port  uint16
-	via   authVia
+	route   *routing.Route
+	port    uint16
+	via     authVia
+	changes uint64
 }
 
 // cutCause is why a route change cut an exchange (upstreamConn.changed,
@@ -164,7 +167,18 @@ func (t tokenHeader) Peek(key string) []byte {
 // route_changed or credential_revoked. It returns how many it cut. The
 // pools' map lock is held only to list id's pools, each pool's lock while
 // its lists are walked; nothing waits on I/O under either.
-func (p *Proxy) rejudge(id string, now *routing.Route) int {
+//
+// asOf is the count of announced route changes (routing.Cache.Changes)
+// read before now was: an exchange that read its route at a higher count
+// read it after now, and is not judged against it. now may be older than
+// that route: a re-read that read "no route" (a kill's, or a delete's)
+// judged, on a loaded machine, only after the route had been stored again
+// and an exchange let through on it, and cut that exchange 502
+// route_changed for a deletion that came before it. What a change
+// announced after its read asks for judges it: the re-read that change
+// starts (askReread), or its own look at its checkout (judgeLate); one
+// announced by nobody, the janitor's next round.
+func (p *Proxy) rejudge(id string, now *routing.Route, asOf uint64) int {
 	if p.beforeRejudge != nil {
 		p.beforeRejudge(id)
 	}
@@ -180,14 +194,14 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 	for _, u := range us {
 		u.mu.Lock()
 		for c := u.busy; c != nil; c = c.busyNext {
-			if why := p.judgeAgain(&c.grant, now); why != cutNone {
+			if why := p.judgeAgain(&c.grant, now, asOf); why != cutNone {
 				c.changed.Store(why)
 				c.cutUnder()
 				n++
 			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
-			if why := p.judgeAgain(&t.grant, now); why != cutNone {
+			if why := p.judgeAgain(&t.grant, now, asOf); why != cutNone {
 				t.changed.Store(why)
 				t.close()
 				n++
@@ -201,11 +215,16 @@ func (p *Proxy) rejudge(id string, now *routing.Route) int {
 	return n
 }
 
-// judgeAgain judges an open exchange's evidence g against now (judge); one
-// it keeps is pointed at now when now judges as its old route does, so
-// that the next look is a pointer comparison and the old route can be
-// collected. The pool's lock, which guards g, must be held.
-func (p *Proxy) judgeAgain(g *grant, now *routing.Route) cutCause {
+// judgeAgain judges an open exchange's evidence g against now, read at
+// the change count asOf (judge); one that read its route after now is
+// left alone (rejudge). One it keeps is pointed at now when now judges as
+// its old route does, so that the next look is a pointer comparison and
+// the old route can be collected. The pool's lock, which guards g, must
+// be held.
+func (p *Proxy) judgeAgain(g *grant, now *routing.Route, asOf uint64) cutCause {
+	if g.changes > asOf {
+		return cutNone
+	}
 	why := p.judge(*g, now)
 	if why == cutNone && g.route != nil && now != nil && g.route != now && p.sameJudgement(g.route, now, g.port) {
 		g.route = now
@@ -297,6 +316,7 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
+		asOf := p.cache.Changes()
 		r, res, err := p.cache.Get(ctx, []byte(id))
 		switch {
 		case res == routing.CacheStale:
@@ -305,13 +325,13 @@ func (p *Proxy) rejudgeOpen(ctx context.Context, stop <-chan struct{}) {
 			// timeout each. What is open stays; the next round asks.
 			return
 		case err == nil:
-			p.rejudge(id, r)
+			p.rejudge(id, r, asOf)
 		case errors.Is(err, routing.ErrNotFound):
 			// From the negative cache too (judgeNow): a "no route" read
 			// since the open exchanges read theirs. Requests for the
 			// sandbox renew it every negative TTL, and a janitor that
 			// waited for a miss could wait as long as they came.
-			p.rejudge(id, nil)
+			p.rejudge(id, nil, asOf)
 		case errors.As(err, &fe):
 			// Invalid route data: requests get a 404, what is open stays.
 		default:
@@ -337,23 +357,24 @@ type poolKeyed struct {
 // the sandbox for the janitor to ask again.
 func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	since := time.Now().UnixNano()
+	asOf := p.cache.Changes()
 	r, res, err := p.cache.Get(ctx, []byte(id))
 	var fe *routing.FieldError
 	switch {
 	case err == nil:
-		p.rejudge(id, r)
+		p.rejudge(id, r, asOf)
 		return true
 	case errors.Is(err, routing.ErrNotFound) && res != routing.CacheMiss:
 		// What is open is cut on the negative cache's answer too, a "no
 		// route" read since it read its route (judgeNow); the pause only
 		// on the store's own, which the janitor asks for.
-		p.rejudge(id, nil)
+		p.rejudge(id, nil, asOf)
 		return false
 	case res != routing.CacheMiss:
 		return false
 	case errors.Is(err, routing.ErrNotFound):
 		p.sandboxes.forget(id, since)
-		p.rejudge(id, nil)
+		p.rejudge(id, nil, asOf)
 		return true
 	}
 	// The route is there, if invalid: requests get 404 route_invalid, but

@@ -407,7 +407,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		return
 	}
 	p.startUpstream(ctx, x, addr)
-	uc, err := u.dialNew(p, grant{route: r, port: t.Port, via: x.via})
+	uc, err := u.dialNew(p, grant{route: r, port: t.Port, via: x.via, changes: x.changes})
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}

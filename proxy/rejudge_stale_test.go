@@ -38,15 +38,7 @@ func TestStaleRereadSparesAnExchangeLetThroughAfterIt(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const id = "stale"
-			arrived := make(chan net.Conn, 4)
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				c, _, err := w.(http.Hijacker).Hijack()
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { c.Close() })
-				arrived <- c
-			}))
+			port, arrived := silentBackend(t)
 			h := newHarness(t, func(o *harnessOpts) {
 				// The janitor's look (rejudgeOpen) comes each 30 s: every
 				// judgement below is the re-reads'.
@@ -171,15 +163,7 @@ func TestKillsOwnRouteRemovalIsNoRouteChange(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const id = "killrm"
-			arrived := make(chan net.Conn, 1)
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				c, _, err := w.(http.Hijacker).Hijack()
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { c.Close() })
-				arrived <- c
-			}))
+			port, arrived := silentBackend(t)
 			// The cache's clock moves where the test moves it.
 			var now atomic.Int64
 			now.Store(time.Now().UnixNano())
@@ -241,4 +225,19 @@ func TestKillsOwnRouteRemovalIsNoRouteChange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// silentBackend is a sandbox that answers nothing: it hands each request's
+// connection, its head read, to the test through arrived.
+func silentBackend(t *testing.T) (uint16, chan net.Conn) {
+	arrived := make(chan net.Conn, 4)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		arrived <- c
+	}))
+	return port, arrived
 }

@@ -195,7 +195,7 @@ func TestTargetsShowCubeProxyFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			samples := append(append([]*Sample{}, tc.cube...), tuned...)
 			var b strings.Builder
-			writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples))
+			writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples), nil)
 			md := b.String()
 			if !strings.Contains(md, tc.target) {
 				t.Errorf("targets lack %q\n%s", tc.target, md)
@@ -224,7 +224,7 @@ func TestRateTargetsShowWhoRanOutOfCPU(t *testing.T) {
 	}
 	samples := []*Sample{mk(subjCube, 45383, 93, 100), mk(subjTuned, 43503, 77, 99.6)}
 	var b strings.Builder
-	writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples))
+	writeReport(&b, reportFlags{mode: "test", haveCube: true}, samples, groupSamples(samples), nil)
 	md := b.String()
 	for _, want := range []string{
 		"| ws | round trips/s ≥ 1.0× nginx-tuned | 1.04× (45383 vs 43503; subject CPU 93 vs 77 %, harness 100 vs 100 %) | met |",

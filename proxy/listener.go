@@ -69,6 +69,7 @@ func newRetryListener(ln net.Listener, log *slog.Logger, m *telemetry.Metrics) *
 // socket that stays readable.
 func (l *retryListener) Accept() (net.Conn, error) {
 	delay := 5 * time.Millisecond
+	waited := false
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil && l.reserve != nil && resourceExhausted(err) {
@@ -97,6 +98,20 @@ func (l *retryListener) Accept() (net.Conn, error) {
 		}
 		if !resourceExhausted(err) {
 			return nil, err
+		}
+		if !waited && l.reserve == nil {
+			// Linux's accept4 takes a descriptor before it looks for a
+			// connection, so at the limit it fails with no client there
+			// too. Wait for one before counting a failure: otherwise
+			// the counter and the log reported a client a second that
+			// never came, and the backoff they grew made the first real
+			// one wait up to a second after descriptors had freed up.
+			// (Elsewhere waitConn returns at once: one more try.)
+			if err := waitConn(l.Listener, l.closed); err != nil {
+				return nil, err
+			}
+			waited = true
+			continue
 		}
 		l.metrics.AcceptError()
 		now := time.Now()

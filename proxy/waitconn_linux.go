@@ -16,8 +16,8 @@ const waitConnPoll = 100 // ms
 // without accepting it, and net.ErrClosed once closed is closed first; at
 // once for a listener without a socket of its own. Go's poller cannot
 // wait on a listener but through accept (its raw Read refuses one), so
-// this blocks a thread in poll: only the admin listener waits here, and
-// only while the process is out of descriptors.
+// this blocks a thread in poll, one per listener, and only while the
+// process is out of descriptors and no client is connecting.
 func waitConn(ln net.Listener, closed <-chan struct{}) error {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {

@@ -848,6 +848,11 @@ func (l *Logger) watchFile() {
 		select {
 		case <-t.C:
 		case <-l.done:
+			// The truncations the 10 s limit kept quiet are told at the
+			// close, as lost lines are (sayUnsaid): an exiting process's
+			// went unsaid, their count with it. Close waits for this;
+			// Abandon (held) does not, and nothing may log after it.
+			l.sayCuts(&w)
 			return
 		case <-l.held:
 			return
@@ -887,12 +892,8 @@ func (l *Logger) lookAtFile(w *fileWatch) {
 		w.cutsUnsaid++
 		w.lastCut = *cut
 	}
-	if w.cutsUnsaid > 0 && l.log != nil {
-		if now := time.Now(); now.Sub(w.cutSaid) >= lossLogEvery {
-			l.log.Warn("access log file was truncated (logrotate's copytruncate?); lines written between a copy and the truncate may be lost: rotate with create and a postrotate SIGHUP or SIGUSR1 instead",
-				"path", l.path, "size", w.lastCut.size, "expected_min_size", w.lastCut.least, "truncations", w.cutsUnsaid)
-			w.cutSaid, w.cutsUnsaid = now, 0
-		}
+	if w.cutsUnsaid > 0 && time.Since(w.cutSaid) >= lossLogEvery {
+		l.sayCuts(w)
 	}
 	if !moved {
 		w.moved = 0
@@ -902,6 +903,16 @@ func (l *Logger) lookAtFile(w *fileWatch) {
 		l.log.Warn("access log file was moved or replaced; lines go to the old file until it is reopened (SIGHUP or SIGUSR1)",
 			"path", l.path)
 	}
+}
+
+// sayCuts warns of the truncations found since the last warning, if any.
+func (l *Logger) sayCuts(w *fileWatch) {
+	if w.cutsUnsaid == 0 || l.log == nil {
+		return
+	}
+	l.log.Warn("access log file was truncated (logrotate's copytruncate?); lines written between a copy and the truncate may be lost: rotate with create and a postrotate SIGHUP or SIGUSR1 instead",
+		"path", l.path, "size", w.lastCut.size, "expected_min_size", w.lastCut.least, "truncations", w.cutsUnsaid)
+	w.cutSaid, w.cutsUnsaid = time.Now(), 0
 }
 
 // truncation is a file found shorter (size) than it must be unless it

@@ -30,9 +30,16 @@ type watchedLog struct {
 
 func newWatchedLog(t *testing.T, path string) *watchedLog {
 	t.Helper()
+	return newWatchedLogEvery(t, path, time.Hour)
+}
+
+// newWatchedLogEvery is newWatchedLog whose own file watcher looks every
+// checkEvery.
+func newWatchedLogEvery(t *testing.T, path string, checkEvery time.Duration) *watchedLog {
+	t.Helper()
 	wl := &watchedLog{plog: new(lockedBuffer), path: path}
 	l, err := newLogger(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(wl.plog, nil)),
-		OnTruncate: func() { wl.cuts.Add(1) }}, nil, time.Hour)
+		OnTruncate: func() { wl.cuts.Add(1) }}, nil, checkEvery)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +243,28 @@ func TestTruncationIsSaid(t *testing.T) {
 				t.Errorf("dropped %d, want 0: the lines lost to a truncation cannot be known", d)
 			}
 		})
+	}
+}
+
+// A truncation found within 10 s of the last warning, and so not told
+// yet, is told as the logger closes, as lines lost are (sayUnsaid): a
+// process that exits (SIGTERM, the old process of a takeover) took its
+// warning, and the count with it, along.
+func TestTruncationToldAtClose(t *testing.T) {
+	wl := newWatchedLogEvery(t, filepath.Join(t.TempDir(), "access.log"), time.Millisecond)
+	for i, id := range []string{"a", "b"} {
+		wl.log(t, id)
+		truncate(t, wl.path)
+		testenv.WaitFor(t, 5*time.Second, fmt.Sprint("truncation ", i+1, " found"), func() bool {
+			return wl.cuts.Load() == int64(i+1)
+		})
+	}
+	wl.saidCounted(t, "before the close, within 10 s of the first warning", 1, 2)
+	if err := wl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := wl.said(t, "after the close", 2); r[1]["truncations"] != 1.0 {
+		t.Fatalf("warning at the close %v, want truncations 1", r[1])
 	}
 }
 

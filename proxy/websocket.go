@@ -407,12 +407,15 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		return
 	}
 	p.startUpstream(ctx, x, addr)
-	uc, err := u.dialNew(p, grant{route: r, port: t.Port, via: x.via, changes: x.changes})
+	// Judged by its own copy: once listed, uc.grant is the pool lock's
+	// (a route change's walk may point it at a route that judges alike).
+	g := grant{route: r, port: t.Port, via: x.via, changes: x.changes}
+	uc, err := u.dialNew(p, g)
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}
 	if err == nil {
-		if why := p.judgeLate(x, uc.grant); why != cutNone && !uc.killed.Load() { // a kill's cut is the kill's
+		if why := p.judgeLate(x, g); why != cutNone && !uc.killed.Load() { // a kill's cut is the kill's
 			uc.release(p, false)
 			err = changedErr(why)
 		}

@@ -854,7 +854,11 @@ func FuzzPrepareRequest(f *testing.F) {
 		// them all; a field that lost or gained lines is the proxy's.
 		if ordered {
 			for name, vals := range sentLines {
-				if gv := got.PeekAll(name); len(gv) == len(vals) && !slices.EqualFunc(gv, vals, func(a []byte, b string) bool { return string(a) == b }) {
+				// Whitespace at a value's ends is no part of it (RFC 9110
+				// §5.5): fasthttp keeps the space an empty obs-fold line
+				// leaves at the end of the client's value ("0:0\n \r\n"
+				// reads "0 "), and drops it from the line sent on.
+				if gv := got.PeekAll(name); len(gv) == len(vals) && !slices.EqualFunc(gv, vals, func(a []byte, b string) bool { return string(a) == strings.Trim(b, " \t") }) {
 					t.Errorf("%s lines %q reached the sandbox as %q\n%q", name, vals, gv, sent.String())
 				}
 			}

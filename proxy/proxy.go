@@ -113,6 +113,10 @@ type Proxy struct {
 	// the retry's, where no list of the pool holds the exchange; nil in
 	// production.
 	beforeRetry func()
+	// beforeCutEnd, for tests, runs as a request or a WebSocket tunnel the
+	// proxy cut (its sandbox connection closed under it) begins to end,
+	// while its pool still lists it; nil in production.
+	beforeCutEnd func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

@@ -294,6 +294,57 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 	logScratchPool.Put(s)
 }
 
+// writtenAnswer is the end of an exchange answered during the drain,
+// whose answer fasthttp writes once the handler has returned: it is
+// finished (logged, counted, its span ended) when that write is over,
+// as fasthttp closes the request's io.Closer user values then, before
+// it recycles the request, on a failed write too. An answer whose write
+// the drain deadline cut (conns.cutWrites) is logged with error_code
+// drain_timeout, as a stream the deadline cuts, not as sent: its client
+// got part of it, or none. Only during the drain: the line is a copy
+// (captureEntry), and the drain is the one cut of such a write the
+// proxy makes itself; outside it the line is logged first (handle).
+type writtenAnswer struct {
+	p      *Proxy
+	x      exchange // a copy: the handler's is gone with its stack
+	status int
+	entry  *accesslog.Entry // nil: the access log is off
+	conn   net.Conn
+}
+
+// writtenAnswerKey keys the request's writtenAnswer among its user values.
+type writtenAnswerKey struct{}
+
+// finishWritten hands the end of exchange x, answered in ctx, to a
+// writtenAnswer.
+func (p *Proxy) finishWritten(ctx *fasthttp.RequestCtx, x *exchange) {
+	w := &writtenAnswer{p: p, x: *x, status: ctx.Response.StatusCode(), conn: ctx.Conn()}
+	w.entry = p.captureEntry(ctx, &w.x, w.status)
+	ctx.SetUserValue(writtenAnswerKey{}, w)
+}
+
+// Close finishes the exchange once fasthttp's write of its answer is
+// over.
+func (w *writtenAnswer) Close() error {
+	if w.p.conns.writesCut.Load() && writeFailed(w.conn) {
+		w.x.errCode = CodeDrainTimeout
+	}
+	w.p.finish(nil, &w.x, w.status, nil, w.entry)
+	return nil
+}
+
+// writeFailed reports whether a write to c, a traffic listener's client
+// connection, has failed.
+func writeFailed(c net.Conn) bool {
+	switch c := c.(type) {
+	case *clientConn:
+		return c.writeFailed.Load()
+	case *tlsConn:
+		return c.writeFailed.Load()
+	}
+	return false
+}
+
 // streamEnd is why a stream or tunnel ended, from the error code its
 // exchange ended with (the one its log line and span carry) and err, what
 // it ended on.

@@ -113,6 +113,10 @@ type Proxy struct {
 	// the retry's, where no list of the pool holds the exchange; nil in
 	// production.
 	beforeRetry func()
+	// beforeCutEnd, for tests, runs as a request or a WebSocket tunnel the
+	// proxy cut (its sandbox connection closed under it) begins to end,
+	// while its pool still lists it; nil in production.
+	beforeCutEnd func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig
@@ -317,6 +321,12 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	setResponseID(&ctx.Response.Header, reqID)
 	p.headersReady(ctx, x)
 	if !x.owned {
+		if p.draining != nil && p.draining.Load() && !ctx.Hijacked() && !x.expecting {
+			// The drain deadline may cut the write (conns.cutWrites):
+			// finished once it is over (writtenAnswer).
+			p.finishWritten(ctx, x)
+			return
+		}
 		// Logged (and counted, and the span ended) before fasthttp writes
 		// the answer, once the handler returns: a write the client cuts
 		// (a reset, client.write_timeout) is logged as the answer sent,

@@ -164,7 +164,11 @@ func (t tokenHeader) Peek(key string) []byte {
 // route as the store has it now (nil: gone), and cuts those now no longer
 // lets through to the same place: their sandbox connection is closed under
 // them, as a kill closes it (pools.kill), and they end logged with
-// route_changed or credential_revoked. It returns how many it cut. The
+// route_changed or credential_revoked. It returns how many it cut. An
+// exchange already cut and not yet unlisted is left to its first cut
+// (earlier builds cut it again, counted it twice, and a later change's
+// cause replaced the first's: a rotation's 403 credential_revoked became
+// a delete's 502 route_changed). The
 // pools' map lock is held only to list id's pools, each pool's lock while
 // its lists are walked; nothing waits on I/O under either.
 //
@@ -194,6 +198,13 @@ func (p *Proxy) rejudge(id string, now *routing.Route, asOf uint64) int {
 	for _, u := range us {
 		u.mu.Lock()
 		for c := u.busy; c != nil; c = c.busyNext {
+			// One cut already (by an earlier change, a kill, the drain
+			// deadline) or whose client left stays listed until its
+			// goroutine ends it: the first cut says why it ended, and
+			// it is counted once.
+			if c.interrupted.Load() {
+				continue
+			}
 			if why := p.judgeAgain(&c.grant, now, asOf); why != cutNone {
 				c.changed.Store(why)
 				c.cutUnder()
@@ -201,8 +212,11 @@ func (p *Proxy) rejudge(id string, now *routing.Route, asOf uint64) int {
 			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
-			if why := p.judgeAgain(&t.grant, now, asOf); why != cutNone {
-				t.changed.Store(why)
+			if t.isCut() {
+				continue // as above
+			}
+			// A compare-and-swap: splice sets changed outside this lock.
+			if why := p.judgeAgain(&t.grant, now, asOf); why != cutNone && t.changed.CompareAndSwap(cutNone, why) {
 				t.close()
 				n++
 			}

@@ -880,6 +880,10 @@ func (p *Proxy) connHijacked(c net.Conn) {
 type connSet struct {
 	mu sync.Mutex
 	m  map[net.Conn]time.Time
+	// writesCut is set once the drain deadline's grace is over and writes
+	// to clients are cut (cutWrites): an answer whose write fails from then
+	// on was cut by the drain (writtenAnswer).
+	writesCut atomic.Bool
 }
 
 func (cs *connSet) add(c net.Conn) {
@@ -946,6 +950,7 @@ const drainWriteGrace = 500 * time.Millisecond
 // (drainWriteGrace), fails at once. A write deadline that passed is not
 // moved on by progress (clientConn.progressed).
 func (cs *connSet) cutWrites() {
+	cs.writesCut.Store(true)
 	now := time.Now()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

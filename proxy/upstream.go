@@ -68,7 +68,7 @@ func (u *upstream) addTunnel(t *tunnel) {
 		u.tunnels.poolPrev = t
 	}
 	u.tunnels = t
-	if u.killed.Load() {
+	if u.killed.Load() && !t.isCut() {
 		t.killed.Store(true)
 		t.close()
 	}
@@ -496,7 +496,8 @@ func (u *upstream) checkOut(c *upstreamConn, ps *pools) bool {
 // (unix nanos, the kill's time): its pools leave the map, their idle
 // connections close, and each connection checked out of them (a request
 // waiting for its answer's head, a stream, a WebSocket's before its 101)
-// is closed under its exchange, which fails with errSandboxKilled. A
+// is closed under its exchange, which fails with errSandboxKilled (one a
+// route change or the drain deadline cut first keeps that cut's cause). A
 // killed VM's connections often neither close nor reset (its address
 // stops answering), so they would otherwise be held until their idle
 // timeout. A sandbox recreated under the id after the kill (a later
@@ -522,13 +523,19 @@ func (ps *pools) kill(id string, killedAt int64) {
 	ps.mu.Unlock()
 	for _, u := range doomed {
 		u.mu.Lock()
+		// One cut already (a route change, the drain deadline) or whose
+		// client left keeps its first cut's cause (rejudge).
 		for c := u.busy; c != nil; c = c.busyNext {
-			c.killed.Store(true)
-			c.cutUnder()
+			if !c.interrupted.Load() {
+				c.killed.Store(true)
+				c.cutUnder()
+			}
 		}
 		for t := u.tunnels; t != nil; t = t.poolNext {
-			t.killed.Store(true)
-			t.close()
+			if !t.isCut() {
+				t.killed.Store(true)
+				t.close()
+			}
 		}
 		u.mu.Unlock()
 		u.closeIdle(math.MaxInt64)
@@ -899,6 +906,9 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
 		cut := c.interrupted.Load()
+		if cut && p.beforeCutEnd != nil {
+			p.beforeCutEnd()
+		}
 		c.release(p, false)
 		if gone {
 			return nil, errClientLeft // not retried: nobody is waiting for it

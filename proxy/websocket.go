@@ -88,7 +88,7 @@ func (t *tunnel) close() {
 		_ = t.backend.SetDeadline(past)
 	}
 	t.mu.Unlock()
-	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && (t.killed.Load() || t.drainCut.Load() || t.changed.Load() != cutNone) {
+	if nc, ok := t.client.(interface{ NetConn() net.Conn }); ok && t.isCut() {
 		// A cut owes a TLS client no close_notify, nor waits for one: a
 		// kill or the drain would wait it out per tunnel. Closing the
 		// socket first makes that write fail at once, the one a close
@@ -100,6 +100,12 @@ func (t *tunnel) close() {
 	}
 	_ = t.client.Close()
 	_ = t.backend.Close()
+}
+
+// isCut reports whether the proxy cut the tunnel: a kill, a route change
+// or the drain deadline.
+func (t *tunnel) isCut() bool {
+	return t.killed.Load() || t.drainCut.Load() || t.changed.Load() != cutNone
 }
 
 // read reads from c, unless the tunnel was closed. The idle timeout ends
@@ -606,7 +612,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// see it. Judged here as a request is at its checkout
 		// (judgeLate): a change announced since its route was read is
 		// judged now; one announced later finds it listed.
-		if why := p.judgeLate(&tx, g); why != cutNone && !tn.killed.Load() { // a kill's cut is the kill's
+		if why := p.judgeLate(&tx, g); why != cutNone && !tn.isCut() { // a kill's or the drain's cut is theirs
 			tn.changed.CompareAndSwap(cutNone, why)
 			tn.close()
 		}
@@ -634,7 +640,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		// client that took none of the 101 within client.write_timeout is
 		// still there (client_write_timeout, as a stream's stalled write
 		// keeps its status).
-		cut := err != nil && (tn.drainCut.Load() || tn.killed.Load() || tn.changed.Load() != cutNone)
+		cut := err != nil && tn.isCut()
 		gone := err != nil && !isTimeout(err) && !cut
 		hs := headSent{err: err, gone: gone, sent: max(int64(n-headLen), 0)}
 		if cut && n < headLen {
@@ -722,6 +728,9 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 			return
 		}
 		ended = true
+		if p.beforeCutEnd != nil && tn.isCut() {
+			p.beforeCutEnd()
+		}
 		tx.bytesIn, tx.bytesOut = in.n.Load()+earlyN, out.n.Load()+pending
 		if headErr != nil {
 			// Only what the failed write took of pending went out.

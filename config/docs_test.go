@@ -231,7 +231,10 @@ func TestREADMESectionPointersResolve(t *testing.T) {
 	var leads []string
 	for _, re := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^#+ (.+)$`),
-		regexp.MustCompile(`\*\*([^*]+)\*\*`),
+		// One line's bold, which may hold a single asterisk (`X-Accel-*`):
+		// [^*]+ paired such a lead's closing ** with the next lead's
+		// opening one, and every lead after it went unseen.
+		regexp.MustCompile(`\*\*([^\n]+?)\*\*`),
 		regexp.MustCompile(`(?m)^\s*- \*?([A-Z][^*(:]*)`),
 	} {
 		for _, m := range re.FindAllStringSubmatch(text, -1) {

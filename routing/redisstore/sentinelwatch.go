@@ -58,9 +58,12 @@ type sentinelMasters struct {
 }
 
 // newSentinelMasters returns clients of cfg's sentinels, built as the
-// failover client's are (TLS, password, capped reads).
+// failover client's are (TLS, password, capped reads). Their TLS files
+// are read on their own, and what reading them logs is the failover
+// client's to say: logged by both, each line came twice.
 func newSentinelMasters(cfg Config) (*sentinelMasters, error) {
 	cfg = cfg.WithDefaults()
+	cfg.Logger = nil
 	tc, err := tlsConfig(cfg)
 	if err != nil {
 		return nil, err

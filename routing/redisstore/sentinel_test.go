@@ -111,10 +111,11 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 
 // TestInvalidationFollowsCleanFailover: a failover from a master that stays
 // up (SENTINEL FAILOVER, a maintenance switch) leaves the subscription on
-// the old master until the sentinel turns it into a replica, which kills
-// its pub/sub clients. The subscription then moves to the new master and
-// expires the cache, since invalidations published meanwhile were lost;
-// later ones arrive.
+// the old master until the subscriber's check finds the sentinels name
+// another (TestInvalidationLeavesMasterTheSentinelsLeft) or the sentinel
+// turns it into a replica, which kills its pub/sub clients. The
+// subscription then moves to the new master and expires the cache, since
+// invalidations published meanwhile were lost; later ones arrive.
 func TestInvalidationFollowsCleanFailover(t *testing.T) {
 	testenv.ParallelRedis(t)
 	const name = "cubemaster"

@@ -465,7 +465,11 @@ func newSentinelDialer(addrs []string, t timeouts, tc clientTLS, shed func() int
 
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	if !d.sentinels[addr] {
-		return d.dialer(ctx, network, addr)
+		c, err := d.dialer(ctx, network, addr)
+		if err == nil {
+			noteDialed(ctx, addr)
+		}
+		return c, err
 	}
 	// The connection and its TLS handshake are an answer too: a hung
 	// sentinel accepts the TCP connection (its kernel does) and never

@@ -478,6 +478,88 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 	}
 }
 
+// TestClusterLegacyKeyMovedWithoutAsking: a route only a legacy key holds,
+// whose slot migrates to another node (nodes added, a rebalance) and which
+// has moved already, is read through an ASK redirect, which a user without
+// +asking (the rules of earlier READMEs) is refused: NOPERM, naming the
+// command. The store took every NOPERM of the legacy read for a legacy key
+// the user may not read, "no legacy key": the sandbox answered 404, cached
+// negatively, its cached route dropped rather than served stale, and the
+// log asked for the key pattern the user had. Only a refused key is "no
+// legacy key"; a refused command is an outage, as on the new key.
+func TestClusterLegacyKeyMovedWithoutAsking(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ctx := context.Background()
+	rules := slices.DeleteFunc(readmeACLRules(t), func(r any) bool { return r == "+asking" })
+	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
+	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
+	do := func(r *testenv.Redis, args ...any) {
+		t.Helper()
+		if err := r.Client().Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
+		}
+	}
+	do(a, "CLUSTER", "ADDSLOTSRANGE", 0, 8191)
+	do(b, "CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
+	do(a, "CLUSTER", "MEET", "127.0.0.1", b.Port())
+	for _, n := range []*testenv.Redis{a, b} {
+		testenv.WaitFor(t, 30*time.Second, "cluster_state:ok on both nodes", func() bool {
+			info, err := n.Client().ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
+		})
+		do(n, append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)...)
+	}
+	bID, err := b.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	aID, err := a.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An id whose legacy key's slot is A's.
+	var id, key string
+	var slot int64
+	for i := 0; ; i++ {
+		id = "legacy-" + strconv.Itoa(i)
+		key = redisstore.DefaultLegacyKeyPrefix + id
+		if slot, err = a.Client().ClusterKeySlot(ctx, key).Result(); err != nil {
+			t.Fatal(err)
+		}
+		if slot < 8192 {
+			break
+		}
+	}
+	hset(t, a, key, "HostIP", "10.0.0.1")
+
+	s := openStoreCfg(t, redisstore.Config{Username: "proxy", Password: "pw",
+		Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}})
+	cache := newCache(t, s, routing.CacheConfig{})
+	if r, _, err := cache.Get(ctx, []byte(id)); err != nil || r.HostIP.String() != "10.0.0.1" {
+		t.Fatalf("legacy route before the migration: %v %v", r, err)
+	}
+
+	// Move the key, and only the key: its slot stays A's, migrating to B.
+	do(b, "CLUSTER", "SETSLOT", slot, "IMPORTING", aID)
+	do(a, "CLUSTER", "SETSLOT", slot, "MIGRATING", bID)
+	do(a, "MIGRATE", "127.0.0.1", b.Port(), key, 0, 5000)
+
+	_, err = s.Lookup(ctx, id)
+	var fe *routing.FieldError
+	if err == nil || errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
+		t.Fatalf("lookup of a legacy key behind an ASK the user may not follow: %v, want an outage", err)
+	}
+	if !strings.Contains(err.Error(), "+asking") {
+		t.Errorf("the error does not name the rule to grant (+asking): %v", err)
+	}
+	// The route's re-read (after a resubscription, say) cannot be made:
+	// the cached route is served, as through any outage.
+	cache.ExpireAll()
+	if r, res, err := cache.Get(ctx, []byte(id)); err != nil || res != routing.CacheStale || r.HostIP.String() != "10.0.0.1" {
+		t.Errorf("cached legacy route during the migration: %v %v %v, want it served stale", r, res, err)
+	}
+}
+
 // startFailoverCluster starts a Redis Cluster of three masters, each
 // owning a third of the slots, and a replica of the first, which owns
 // the invalidation channel's slot (3183). A master that stops answering

@@ -121,6 +121,12 @@ type Subscriber struct {
 	// live says a subscription is confirmed on the current connection
 	// and no error came since: the scrape's gauge (Subscribed).
 	live atomic.Bool
+	// With Sentinel: where the subscription's connection went (base
+	// carries it to the dial), and the sentinels that say whether that
+	// is still the master (see sentinelwatch.go); nil otherwise.
+	base      context.Context
+	dialed    dialedAddr
+	sentinels *sentinelMasters
 }
 
 // pingIdle is how many command timeouts a subscription may stay quiet
@@ -149,6 +155,17 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		ready:   make(chan struct{}),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		base:    context.Background(),
+	}
+	if _, cluster := s.client.(*redis.ClusterClient); !cluster && s.cfg.Sentinel.MasterName != "" {
+		m, err := newSentinelMasters(s.cfg)
+		if err != nil {
+			sub.logger.Warn("redis invalidation: cannot ask the sentinels for the master; the subscription moves only when its server stops answering", "err", err.Error())
+		} else {
+			sub.sentinels = m
+			sub.base = context.WithValue(sub.base, dialedKey{}, &sub.dialed)
+			ctx = context.WithValue(ctx, dialedKey{}, &sub.dialed)
+		}
 	}
 	ps, node := sub.open(ctx, 0)
 	go sub.run(ctx, ps, node)
@@ -262,13 +279,14 @@ func clusterNodes(ctx context.Context, cc *redis.ClusterClient, wait time.Durati
 // stopped answering, until Close.
 func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node func() *redis.Client) {
 	defer close(sub.done)
+	defer sub.sentinels.close()
 	for n := 1; ; n++ {
 		in := make(chan any)
 		quit := make(chan struct{})
 		received := make(chan struct{})
 		go func() {
 			defer close(received)
-			receive(ps, in, quit)
+			receive(sub.base, ps, in, quit)
 		}()
 		stopped, subscribed, refused, left := sub.watch(ps, node, in)
 		close(quit)
@@ -296,10 +314,11 @@ func (sub *Subscriber) run(ctx context.Context, ps *redis.PubSub, node func() *r
 const receiveBackoff = 100 * time.Millisecond
 
 // receive passes every reply and error of ps to out until ps is closed or
-// quit is closed.
-func receive(ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
+// quit is closed. ctx has no deadline: it carries what the dial of a new
+// connection records (Subscriber.base).
+func receive(ctx context.Context, ps *redis.PubSub, out chan<- any, quit <-chan struct{}) {
 	for {
-		msg, err := ps.Receive(context.Background())
+		msg, err := ps.Receive(ctx)
 		if errors.Is(err, redis.ErrClosed) {
 			return
 		}
@@ -361,8 +380,8 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 	timer := time.NewTimer(sub.idle)
 	defer timer.Stop()
 	var node *redis.Client      // the Cluster node of the confirmed subscription
-	var member <-chan time.Time // node's membership checks
-	if locate != nil {
+	var member <-chan time.Time // node's membership checks, or the sentinels'
+	if locate != nil || sub.sentinels != nil {
 		check := time.NewTicker(sub.idle)
 		defer check.Stop()
 		member = check.C
@@ -377,7 +396,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 		case <-sub.stop:
 			return true, subscribed, refused, false
 		case <-member:
-			if node != nil && sub.outOfCluster(node) {
+			if node != nil && sub.outOfCluster(node) || confirmed && sub.sentinels != nil && sub.notMaster() {
 				return false, subscribed, refused, true
 			}
 		case msg := <-in:
@@ -429,7 +448,7 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 			}
 			// The reply arrives through Receive; a failed write means no
 			// reply will come, and the next tick replaces the connection.
-			ctx, cancel := context.WithTimeout(context.Background(), sub.timeout)
+			ctx, cancel := context.WithTimeout(sub.base, sub.timeout)
 			if err := ps.Ping(ctx); err != nil {
 				sub.noteBroken(err) // a new connection for it failed too
 			}
@@ -473,6 +492,25 @@ func (sub *Subscriber) outOfCluster(node *redis.Client) bool {
 		return false
 	}
 	sub.logger.Warn("redis invalidation: the subscribed node is not in the working cluster (cluster_state:fail where other nodes say ok); subscribing on another node", "node", node.Options().Addr)
+	return true
+}
+
+// notMaster reports whether the server the subscription's connection was
+// dialed to is one no sentinel that answers names as the master (see
+// sentinelwatch.go). Sentinels that cannot be asked, or that disagree,
+// leave the subscription where it is.
+func (sub *Subscriber) notMaster() bool {
+	addr := sub.dialed.get()
+	if addr == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sub.idle/pingIdle)
+	defer cancel()
+	named := sub.sentinels.named(ctx)
+	if len(named) == 0 || slices.Contains(named, addr) {
+		return false
+	}
+	sub.logger.Warn("redis invalidation: the subscribed server is not the master the sentinels name; subscribing on the master", "server", addr, "master", named[0])
 	return true
 }
 

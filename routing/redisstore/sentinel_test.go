@@ -111,10 +111,11 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 
 // TestInvalidationFollowsCleanFailover: a failover from a master that stays
 // up (SENTINEL FAILOVER, a maintenance switch) leaves the subscription on
-// the old master until the sentinel turns it into a replica, which kills
-// its pub/sub clients. The subscription then moves to the new master and
-// expires the cache, since invalidations published meanwhile were lost;
-// later ones arrive.
+// the old master until the subscriber's check finds the sentinels name
+// another (TestInvalidationLeavesMasterTheSentinelsLeft) or the sentinel
+// turns it into a replica, which kills its pub/sub clients. The
+// subscription then moves to the new master and expires the cache, since
+// invalidations published meanwhile were lost; later ones arrive.
 func TestInvalidationFollowsCleanFailover(t *testing.T) {
 	testenv.ParallelRedis(t)
 	const name = "cubemaster"
@@ -150,6 +151,67 @@ func TestInvalidationFollowsCleanFailover(t *testing.T) {
 		return sub.Subscriptions() >= 2 && err == nil && n[redisstore.DefaultInvalidateChannel] == 1
 	})
 	expectID(t, rec, "*") // the resubscription expired the cache
+	if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	expectID(t, rec, "after")
+}
+
+// TestInvalidationLeavesMasterTheSentinelsLeft: the sentinels fail over
+// from a master they can no longer reach, or no longer reconfigure (a
+// partition between them that leaves it reachable from the proxies, its
+// sentinel credentials changed), and it keeps running as a master,
+// answering PINGs. go-redis moves the lookups to the new master
+// (+switch-master), where the control plane now publishes, but not the
+// subscription: it stayed on the old master, every invalidation lost,
+// the cache never expired, for as long as that master ran unconverted.
+// Here the old master refuses SLAVEOF, so the sentinel cannot convert
+// it. The subscription must move to the master the sentinels name, and
+// expire the cache.
+func TestInvalidationLeavesMasterTheSentinelsLeft(t *testing.T) {
+	testenv.ParallelRedis(t)
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t, "--rename-command", "SLAVEOF", "slaveof-disabled", "--rename-command", "REPLICAOF", "replicaof-disabled")
+	replica := testenv.StartReplica(t, master)
+	sentinel := testenv.StartSentinel(t, name, master.Addr())
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = sc.Close() })
+	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
+		reps, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+	})
+	s := openStoreCfg(t, redisstore.Config{
+		Sentinel:       redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}},
+		CommandTimeout: 300 * time.Millisecond,
+	})
+	rec := make(recorder, 64)
+	sub := s.Subscribe(ctx, rec, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	expectID(t, rec, "*")
+
+	if err := sc.Failover(ctx, name).Err(); err != nil {
+		t.Fatalf("sentinel failover: %v", err)
+	}
+	waitPromoted(t, ctx, sc, name, replica, 15*time.Second)
+	if role, err := master.Client().Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
+		t.Fatalf("the old master's role: %v %v, want it still a master", role, err)
+	}
+	testenv.WaitFor(t, 15*time.Second, "lookups on the new master", func() bool {
+		port, err := s.Client().ConfigGet(ctx, "port").Result()
+		return err == nil && port["port"] == strconv.Itoa(replica.Port())
+	})
+	// Well past the check's period (3 command timeouts): the subscription
+	// left the old master and expired the cache.
+	testenv.WaitFor(t, 10*time.Second, "subscription on the new master", func() bool {
+		n, err := replica.Client().PubSubNumSub(ctx, redisstore.DefaultInvalidateChannel).Result()
+		return err == nil && n[redisstore.DefaultInvalidateChannel] == 1
+	})
+	expectID(t, rec, "*")
+	if role, err := master.Client().Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
+		t.Fatalf("the old master's role: %v %v, want it still a master (the subscription left it by itself)", role, err)
+	}
 	if err := replica.Client().Publish(ctx, redisstore.DefaultInvalidateChannel, "after").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -435,6 +435,9 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		h.ServerName = name
 		hello = &h
 	}
+	if challengeHello(hello) {
+		return s.challengeCertificate(hello)
+	}
 	if noSNI(hello.ServerName) {
 		if s.defaultName == "" {
 			return nil, errNoCertificate
@@ -463,6 +466,36 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		err = fmt.Errorf("%w: %w", ErrUnknownName, err)
 	}
 	return cert, err
+}
+
+// challengeHello reports whether hello is a TLS-ALPN-01 validation, as
+// certmagic tells one (RFC 8737: a server name and the ALPN protocol
+// acme-tls/1 alone); certmagic answers it from its challenges, before any
+// other lookup.
+func challengeHello(hello *tls.ClientHelloInfo) bool {
+	return hello.ServerName != "" && len(hello.SupportedProtos) == 1 && hello.SupportedProtos[0] == acmeTLS1
+}
+
+// challengeCertificate answers a TLS-ALPN-01 validation only for a name
+// Allow accepts: the CA validates names on-demand ordered, which Allow
+// accepted. certmagic looks any other name up in the storage (a replica
+// sharing it may have placed the order) and logs its absence as an error,
+// so any client that offered acme-tls/1 alone wrote an error line per
+// handshake, for any server name, and an attacker could flood the log.
+func (s *acmeSource) challengeCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.onDemand == nil {
+		// Unreachable through TLSConfig: acme-tls/1 is offered only
+		// without a DNS provider, which needs on-demand.
+		return nil, fmt.Errorf("%w: no TLS-ALPN-01 challenge is ever answered here", ErrUnknownName)
+	}
+	ctx := hello.Context()
+	if ctx == nil {
+		ctx = s.ctx
+	}
+	if err := s.allow(ctx, hello.ServerName); err != nil {
+		return nil, fmt.Errorf("tls-alpn-01 challenge for %s: %w", hello.ServerName, err)
+	}
+	return s.onDemand.GetCertificate(hello)
 }
 
 // abortKey holds, in the context of an on-demand handshake, the function

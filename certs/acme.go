@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/mholt/acmez/v3"
+	"github.com/mholt/acmez/v3/acme"
 	"go.uber.org/zap"
 	"golang.org/x/net/idna"
 
@@ -96,6 +98,11 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	if err != nil {
 		return nil, err
 	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.ctx, s.cancel = bg, cancel
+	if issuer.DNS01Solver != nil {
+		issuer.DNS01Solver = closingSolver{Solver: issuer.DNS01Solver, closed: bg}
+	}
 	s.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: s.configForCert, Logger: zl})
 	base := certmagic.Config{
 		Logger:  zl,
@@ -131,8 +138,6 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		s.onDemand = newCertmagicConfig(s.cache, base, issuer)
 	}
 
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.ctx, s.cancel = bg, cancel
 	if s.onDemand != nil {
 		s.sweeping.Go(func() { s.sweepLoop(bg) })
 	}
@@ -398,6 +403,56 @@ func listenHostPort(addr string) (string, int, error) {
 		return "", 0, nil
 	}
 	return host, port, nil
+}
+
+// closingSolver is the DNS-01 solver with its record's creation and the
+// wait for it to propagate ended when closed ends (Close). certmagic gives
+// an on-demand renewal run in the background (the certificate still
+// served) a context of its own, which Close cannot end: a DNS server or
+// propagation that took its time held the renewal's storage lock past
+// Close, and the lock file was left to a restarted proxy. CleanUp keeps
+// certmagic's context: it removes the record whatever happened.
+type closingSolver struct {
+	acmez.Solver
+	closed context.Context
+}
+
+// errSourceClosed ends the DNS-01 work of an order at Close.
+var errSourceClosed = errors.New("acme: certificate manager closed")
+
+// bound returns ctx ending when closed does too.
+func (c closingSolver) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.closed, func() { cancel(errSourceClosed) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// ended returns err, marked as no failure to retry once closed ended:
+// certmagic retries a failed renewal after a minute, still holding its
+// lock, unless told not to.
+func (c closingSolver) ended(err error) error {
+	if err != nil && c.closed.Err() != nil {
+		return certmagic.ErrNoRetry{Err: fmt.Errorf("%w: %w", errSourceClosed, err)}
+	}
+	return err
+}
+
+// Present creates the challenge's TXT record.
+func (c closingSolver) Present(ctx context.Context, chal acme.Challenge) error {
+	ctx, done := c.bound(ctx)
+	defer done()
+	return c.ended(c.Solver.Present(ctx, chal))
+}
+
+// Wait waits for the record to propagate.
+func (c closingSolver) Wait(ctx context.Context, chal acme.Challenge) error {
+	w, ok := c.Solver.(acmez.Waiter)
+	if !ok {
+		return nil
+	}
+	ctx, done := c.bound(ctx)
+	defer done()
+	return c.ended(w.Wait(ctx, chal))
 }
 
 // newCertmagicConfig builds a Config with its own issuer: the issuer keeps a

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -912,5 +913,79 @@ func TestACMEOnDemandStorageCleaning(t *testing.T) {
 	}
 	if files := stored(valid); len(files) != 3 {
 		t.Errorf("valid certificate: stored %q, want its certificate, key and metadata", files)
+	}
+}
+
+// Close ends an on-demand renewal running in the background (a handshake
+// found the certificate in its renewal window and was served it), as it
+// ends every other order: certmagic gives that renewal a context of its
+// own (5 minutes, not the handshake's), so Close waited out its 5 s for
+// the storage lock, reported it still held, and left the lock file (and
+// the challenge's TXT record) to a restarted proxy. Here the DNS server
+// the renewal must write its TXT record to never answers.
+func TestACMECloseEndsBackgroundOnDemandRenewal(t *testing.T) {
+	t.Parallel()
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	// 30-minute certificates are due for renewal as soon as issued.
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 30 * time.Minute})
+	storage := t.TempDir()
+	// certmagic keys renewals in flight process-wide by name: one of its
+	// own per run (-count=2).
+	name := fmt.Sprintf("50005-bgrenew%x.cube.test", rand.Uint32())
+	allow := &allowList{ok: map[string]bool{name: true}}
+	cfg := onDemandConfig(t, dnsSrv, pebble, storage)
+	cfg.Allow = allow.allow
+	tlsCfg := &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+
+	// A first process obtains the certificate into the storage.
+	first, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dial(serveTLS(t, first).addr, tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second one, whose DNS provider hangs, loads it and renews it in
+	// the background.
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = silent.Close() })
+	cfg.ACME.DNS.Options = maps.Clone(cfg.ACME.DNS.Options)
+	cfg.ACME.DNS.Options["server"] = silent.LocalAddr().String()
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	c, err = dial(serveTLS(t, m).addr, tlsCfg)
+	if err != nil {
+		t.Fatalf("handshake during the background renewal: %v", err)
+	}
+	c.close()
+	lockFiles := func() []string {
+		files, _ := filepath.Glob(filepath.Join(storage, "locks", "*.lock"))
+		return files
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(lockFiles()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal took its lock: the test no longer sees what it checks")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close after %v: %v", time.Since(start), err)
+	}
+	if files := lockFiles(); len(files) != 0 {
+		t.Fatalf("lock files left after Close: %v", files)
 	}
 }

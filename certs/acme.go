@@ -158,21 +158,27 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 }
 
 // manageSync loads or obtains each managed name before New returns. A
-// stored certificate that is still valid but due for renewal is served
-// when the renewal fails (the CA or the DNS provider is down): refusing to
-// start would turn a CA outage into an outage of the proxy at its next
-// restart. The cache's maintenance retries the renewal in the background.
+// stored certificate that is still valid is enough to listen with: it is
+// served at once, and when due for renewal it is renewed by the cache's
+// maintenance (every 10 minutes), as every later renewal is. Renewed here
+// first, a CA that accepted connections and never answered held the start
+// 90 s per name (certmagic's 30 s per request, tried three times), and one
+// that refused them logged a failed renewal and served the stored
+// certificate anyway; a CA outage must never keep a restarted proxy down.
 func (s *acmeSource) manageSync(ctx context.Context) error {
 	for _, name := range s.managedNames {
-		err := s.managed.ManageSync(ctx, []string{name})
-		if err == nil {
-			continue
+		if _, err := s.managed.CacheManagedCertificate(ctx, name); err == nil {
+			if s.cachedValid(name) {
+				continue
+			}
+			// Expired: ManageSync leaves a certificate it finds in
+			// memory to the maintenance, and this one must be renewed
+			// before the proxy listens.
+			s.cache.RemoveManaged([]certmagic.SubjectIssuer{{Subject: name}})
 		}
-		if !s.cachedValid(name) {
+		if err := s.managed.ManageSync(ctx, []string{name}); err != nil {
 			return err
 		}
-		s.log.Warn("acme certificate renewal failed at start; serving the stored certificate and retrying in the background",
-			"name", name, "error", err)
 	}
 	return nil
 }

@@ -114,8 +114,9 @@ type ACMEConfig struct {
 	OnDemandRate int
 	// Sync makes New wait until the managed certificates are loaded or
 	// obtained; otherwise they are obtained in the background. A stored
-	// certificate that is still valid is served even when its renewal
-	// fails at start (CA down); the renewal is retried in the background.
+	// certificate that is still valid is served at once, and renewed in
+	// the background when due: a CA that is down or never answers does
+	// not hold the start.
 	Sync bool
 }
 

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/mholt/acmez/v3"
+	"github.com/mholt/acmez/v3/acme"
 	"go.uber.org/zap"
 	"golang.org/x/net/idna"
 
@@ -96,6 +98,11 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	if err != nil {
 		return nil, err
 	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.ctx, s.cancel = bg, cancel
+	if issuer.DNS01Solver != nil {
+		issuer.DNS01Solver = closingSolver{Solver: issuer.DNS01Solver, closed: bg}
+	}
 	s.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: s.configForCert, Logger: zl})
 	base := certmagic.Config{
 		Logger:  zl,
@@ -131,8 +138,6 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 		s.onDemand = newCertmagicConfig(s.cache, base, issuer)
 	}
 
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.ctx, s.cancel = bg, cancel
 	if s.onDemand != nil {
 		s.sweeping.Go(func() { s.sweepLoop(bg) })
 	}
@@ -153,21 +158,27 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 }
 
 // manageSync loads or obtains each managed name before New returns. A
-// stored certificate that is still valid but due for renewal is served
-// when the renewal fails (the CA or the DNS provider is down): refusing to
-// start would turn a CA outage into an outage of the proxy at its next
-// restart. The cache's maintenance retries the renewal in the background.
+// stored certificate that is still valid is enough to listen with: it is
+// served at once, and when due for renewal it is renewed by the cache's
+// maintenance (every 10 minutes), as every later renewal is. Renewed here
+// first, a CA that accepted connections and never answered held the start
+// 90 s per name (certmagic's 30 s per request, tried three times), and one
+// that refused them logged a failed renewal and served the stored
+// certificate anyway; a CA outage must never keep a restarted proxy down.
 func (s *acmeSource) manageSync(ctx context.Context) error {
 	for _, name := range s.managedNames {
-		err := s.managed.ManageSync(ctx, []string{name})
-		if err == nil {
-			continue
+		if _, err := s.managed.CacheManagedCertificate(ctx, name); err == nil {
+			if s.cachedValid(name) {
+				continue
+			}
+			// Expired: ManageSync leaves a certificate it finds in
+			// memory to the maintenance, and this one must be renewed
+			// before the proxy listens.
+			s.cache.RemoveManaged([]certmagic.SubjectIssuer{{Subject: name}})
 		}
-		if !s.cachedValid(name) {
+		if err := s.managed.ManageSync(ctx, []string{name}); err != nil {
 			return err
 		}
-		s.log.Warn("acme certificate renewal failed at start; serving the stored certificate and retrying in the background",
-			"name", name, "error", err)
 	}
 	return nil
 }
@@ -400,6 +411,56 @@ func listenHostPort(addr string) (string, int, error) {
 	return host, port, nil
 }
 
+// closingSolver is the DNS-01 solver with its record's creation and the
+// wait for it to propagate ended when closed ends (Close). certmagic gives
+// an on-demand renewal run in the background (the certificate still
+// served) a context of its own, which Close cannot end: a DNS server or
+// propagation that took its time held the renewal's storage lock past
+// Close, and the lock file was left to a restarted proxy. CleanUp keeps
+// certmagic's context: it removes the record whatever happened.
+type closingSolver struct {
+	acmez.Solver
+	closed context.Context
+}
+
+// errSourceClosed ends the DNS-01 work of an order at Close.
+var errSourceClosed = errors.New("acme: certificate manager closed")
+
+// bound returns ctx ending when closed does too.
+func (c closingSolver) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.closed, func() { cancel(errSourceClosed) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// ended returns err, marked as no failure to retry once closed ended:
+// certmagic retries a failed renewal after a minute, still holding its
+// lock, unless told not to.
+func (c closingSolver) ended(err error) error {
+	if err != nil && c.closed.Err() != nil {
+		return certmagic.ErrNoRetry{Err: fmt.Errorf("%w: %w", errSourceClosed, err)}
+	}
+	return err
+}
+
+// Present creates the challenge's TXT record.
+func (c closingSolver) Present(ctx context.Context, chal acme.Challenge) error {
+	ctx, done := c.bound(ctx)
+	defer done()
+	return c.ended(c.Solver.Present(ctx, chal))
+}
+
+// Wait waits for the record to propagate.
+func (c closingSolver) Wait(ctx context.Context, chal acme.Challenge) error {
+	w, ok := c.Solver.(acmez.Waiter)
+	if !ok {
+		return nil
+	}
+	ctx, done := c.bound(ctx)
+	defer done()
+	return c.ended(w.Wait(ctx, chal))
+}
+
 // newCertmagicConfig builds a Config with its own issuer: the issuer keeps a
 // pointer to its Config, hence the two steps.
 func newCertmagicConfig(cache *certmagic.Cache, base certmagic.Config, issuer certmagic.ACMEIssuer) *certmagic.Config {
@@ -435,6 +496,9 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		h.ServerName = name
 		hello = &h
 	}
+	if challengeHello(hello) {
+		return s.challengeCertificate(hello)
+	}
 	if noSNI(hello.ServerName) {
 		if s.defaultName == "" {
 			return nil, errNoCertificate
@@ -463,6 +527,36 @@ func (s *acmeSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 		err = fmt.Errorf("%w: %w", ErrUnknownName, err)
 	}
 	return cert, err
+}
+
+// challengeHello reports whether hello is a TLS-ALPN-01 validation, as
+// certmagic tells one (RFC 8737: a server name and the ALPN protocol
+// acme-tls/1 alone); certmagic answers it from its challenges, before any
+// other lookup.
+func challengeHello(hello *tls.ClientHelloInfo) bool {
+	return hello.ServerName != "" && len(hello.SupportedProtos) == 1 && hello.SupportedProtos[0] == acmeTLS1
+}
+
+// challengeCertificate answers a TLS-ALPN-01 validation only for a name
+// Allow accepts: the CA validates names on-demand ordered, which Allow
+// accepted. certmagic looks any other name up in the storage (a replica
+// sharing it may have placed the order) and logs its absence as an error,
+// so any client that offered acme-tls/1 alone wrote an error line per
+// handshake, for any server name, and an attacker could flood the log.
+func (s *acmeSource) challengeCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.onDemand == nil {
+		// Unreachable through TLSConfig: acme-tls/1 is offered only
+		// without a DNS provider, which needs on-demand.
+		return nil, fmt.Errorf("%w: no TLS-ALPN-01 challenge is ever answered here", ErrUnknownName)
+	}
+	ctx := hello.Context()
+	if ctx == nil {
+		ctx = s.ctx
+	}
+	if err := s.allow(ctx, hello.ServerName); err != nil {
+		return nil, fmt.Errorf("tls-alpn-01 challenge for %s: %w", hello.ServerName, err)
+	}
+	return s.onDemand.GetCertificate(hello)
 }
 
 // abortKey holds, in the context of an on-demand handshake, the function

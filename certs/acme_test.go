@@ -6,12 +6,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -337,6 +340,127 @@ func TestACMESyncStartDuringCAOutage(t *testing.T) {
 				if leaf.SerialNumber.Cmp(issued.SerialNumber) != 0 {
 					t.Fatalf("served serial %v, want the stored %v", leaf.SerialNumber, issued.SerialNumber)
 				}
+			}
+		})
+	}
+}
+
+// A CA that accepts connections and never answers (a firewall or load
+// balancer in front of it holding them) must not hold a sync start either
+// while the stored certificates are valid: they are served at once and
+// renewed in the background. The start renewed them first, and certmagic
+// gives each request 30 s, three times: 90 s per certificate, three
+// minutes of a restarted proxy without listeners (measured), long enough
+// for a startup probe to kill it and start over.
+func TestACMESyncStartDuringSilentCA(t *testing.T) {
+	t.Parallel()
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 30 * time.Minute})
+	upstream := strings.TrimSuffix(strings.TrimPrefix(pebble.DirectoryURL, "https://"), "/dir")
+	var silent atomic.Bool
+	relay := testenv.ServeTCP(t, func(c net.Conn) {
+		if silent.Load() {
+			return // held open until the test ends, never answered
+		}
+		up, err := net.Dial("tcp", upstream)
+		if err != nil {
+			_ = c.Close()
+			return
+		}
+		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+		_, _ = io.Copy(c, up)
+		_ = c.Close()
+	})
+	storage := t.TempDir()
+	cfg := acmeConfig(t, dnsSrv, pebble, storage)
+	cfg.ACME.CA = "https://" + relay.Addr().String() + "/dir"
+	cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := pebble.IssuerRootPool(t)
+	issued, err := fetch(t, serveTLS(t, m).addr, sniConfig(roots, "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	silent.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	m, err = certs.New(ctx, cfg)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("restart with a silent CA: %v after %v", err, took)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if took > 5*time.Second {
+		t.Fatalf("restart with valid stored certificates and a silent CA took %v", took)
+	}
+	leaf, err := fetch(t, serveTLS(t, m).addr, sniConfig(roots, "50005-abc.cube.test"), "50005-abc.cube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf.SerialNumber.Cmp(issued.SerialNumber) != 0 {
+		t.Fatalf("served serial %v, want the stored %v", leaf.SerialNumber, issued.SerialNumber)
+	}
+}
+
+// A stored certificate that expired is no reason to start: a sync start
+// renews it before listening, or fails when the CA is down, as with
+// nothing stored.
+func TestACMESyncStartWithExpiredStoredCertificate(t *testing.T) {
+	t.Parallel()
+	for _, caDown := range []bool{false, true} {
+		t.Run(fmt.Sprintf("CA down %v", caDown), func(t *testing.T) {
+			t.Parallel()
+			dnsSrv := testenv.StartDNS(t, "cube.test")
+			// NotAfter 2 s after issue (see TestACMEOnDemandExpiredRenewalDuringCAOutage).
+			pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 3 * time.Second})
+			cfg := acmeConfig(t, dnsSrv, pebble, t.TempDir())
+			cfg.ACME.DNS.PropagationTimeout = -1 // propagation checks are covered above
+			m, err := certs.New(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := dial(serveTLS(t, m).addr, &tls.Config{ServerName: "50005-abc.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := c.leaf()
+			c.close()
+			if err := m.Close(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Until(first.NotAfter) + time.Second)
+			if caDown {
+				pebble.Stop()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			m, err = certs.New(ctx, cfg)
+			if caDown {
+				if err == nil {
+					_ = m.Close()
+					t.Fatal("started with an expired certificate and the CA down")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("restart with an expired stored certificate: %v", err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			c, err = dial(serveTLS(t, m).addr, &tls.Config{ServerName: "50005-abc.cube.test", InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.close()
+			if c.leaf().SerialNumber.Cmp(first.SerialNumber) == 0 {
+				t.Fatal("served the expired certificate, want it renewed at start")
 			}
 		})
 	}
@@ -912,5 +1036,79 @@ func TestACMEOnDemandStorageCleaning(t *testing.T) {
 	}
 	if files := stored(valid); len(files) != 3 {
 		t.Errorf("valid certificate: stored %q, want its certificate, key and metadata", files)
+	}
+}
+
+// Close ends an on-demand renewal running in the background (a handshake
+// found the certificate in its renewal window and was served it), as it
+// ends every other order: certmagic gives that renewal a context of its
+// own (5 minutes, not the handshake's), so Close waited out its 5 s for
+// the storage lock, reported it still held, and left the lock file (and
+// the challenge's TXT record) to a restarted proxy. Here the DNS server
+// the renewal must write its TXT record to never answers.
+func TestACMECloseEndsBackgroundOnDemandRenewal(t *testing.T) {
+	t.Parallel()
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	// 30-minute certificates are due for renewal as soon as issued.
+	pebble := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{Validity: 30 * time.Minute})
+	storage := t.TempDir()
+	// certmagic keys renewals in flight process-wide by name: one of its
+	// own per run (-count=2).
+	name := fmt.Sprintf("50005-bgrenew%x.cube.test", rand.Uint32())
+	allow := &allowList{ok: map[string]bool{name: true}}
+	cfg := onDemandConfig(t, dnsSrv, pebble, storage)
+	cfg.Allow = allow.allow
+	tlsCfg := &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+
+	// A first process obtains the certificate into the storage.
+	first, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dial(serveTLS(t, first).addr, tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second one, whose DNS provider hangs, loads it and renews it in
+	// the background.
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = silent.Close() })
+	cfg.ACME.DNS.Options = maps.Clone(cfg.ACME.DNS.Options)
+	cfg.ACME.DNS.Options["server"] = silent.LocalAddr().String()
+	m, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	c, err = dial(serveTLS(t, m).addr, tlsCfg)
+	if err != nil {
+		t.Fatalf("handshake during the background renewal: %v", err)
+	}
+	c.close()
+	lockFiles := func() []string {
+		files, _ := filepath.Glob(filepath.Join(storage, "locks", "*.lock"))
+		return files
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(lockFiles()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal took its lock: the test no longer sees what it checks")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close after %v: %v", time.Since(start), err)
+	}
+	if files := lockFiles(); len(files) != 0 {
+		t.Fatalf("lock files left after Close: %v", files)
 	}
 }

@@ -17,7 +17,8 @@
 // node IP), get the default certificate: the first file pair, the wildcard
 // for acme, the development certificate for self_signed.
 //
-// ALPN is "http/1.1" only (plus "acme-tls/1" for acme): fasthttp has no
+// ALPN is "http/1.1" only (plus "acme-tls/1" for acme validating by
+// TLS-ALPN-01, on-demand without a DNS provider): fasthttp has no
 // HTTP/2, and advertising "h2" would make clients speak HTTP/2 to an HTTP/1
 // parser.
 package certs
@@ -113,8 +114,9 @@ type ACMEConfig struct {
 	OnDemandRate int
 	// Sync makes New wait until the managed certificates are loaded or
 	// obtained; otherwise they are obtained in the background. A stored
-	// certificate that is still valid is served even when its renewal
-	// fails at start (CA down); the renewal is retried in the background.
+	// certificate that is still valid is served at once, and renewed in
+	// the background when due: a CA that is down or never answers does
+	// not hold the start.
 	Sync bool
 }
 
@@ -189,7 +191,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	case SourceSelfSigned, "":
 		m.src, err = newSelfSigned(cfg.Domain, log)
 	case SourceACME:
-		m.protos = append(m.protos, acmeTLS1)
+		if cfg.ACME.DNS.Provider == "" {
+			// TLS-ALPN-01 is the challenge only without DNS-01 (certmagic
+			// uses its DNS solver alone when it has one). Offered with
+			// DNS-01, it let any client that asks for it alone reach
+			// certmagic's challenge lookup: a storage read and an error
+			// line per handshake, for any server name.
+			m.protos = append(m.protos, acmeTLS1)
+		}
 		m.src, err = newACMESource(ctx, cfg, log)
 	default:
 		err = fmt.Errorf("unknown source %q (want %s, %s or %s)", cfg.Source, SourceFiles, SourceSelfSigned, SourceACME)
@@ -202,7 +211,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 
 // TLSConfig returns a new server tls.Config: TLS 1.2 minimum, AEAD cipher
 // suites with forward secrecy, session tickets on, ALPN exactly "http/1.1"
-// (plus "acme-tls/1" for acme, for TLS-ALPN-01 challenges), never "h2".
+// (plus "acme-tls/1" for acme without a DNS provider, for TLS-ALPN-01
+// challenges), never "h2".
 func (m *Manager) TLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,

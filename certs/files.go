@@ -185,6 +185,9 @@ func (s *fileSource) reload() bool {
 			continue
 		}
 		if bytes.Equal(certPEM, cur.certPEM) && bytes.Equal(keyPEM, cur.keyPEM) {
+			// Back to the pair in use: a failure after this is a new
+			// one, to be logged even if it is the same as the last.
+			cur.failed = [sha256.Size]byte{}
 			continue
 		}
 		cert, err := parsePair(p, certPEM, keyPEM)

@@ -112,6 +112,57 @@ func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 	}
 }
 
+// A reload failure is logged once, not at every tick; but once the files
+// are back to the pair in use, the same failure is a new occurrence and is
+// logged again. Before, a key file removed by mistake, put back and
+// removed again months later (the same error, the same bytes) was never
+// logged the second time: the pair stopped being reloaded in silence.
+func TestFileReloadFailureLoggedAgainAfterRecovery(t *testing.T) {
+	dir := t.TempDir()
+	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	ca := testenv.NewCA(t, "ca")
+	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
+	key, err := os.ReadFile(p.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCert, _ := ca.Issue(t, "cube.test")
+	cert, err := os.ReadFile(p.CertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &countingHandler{}
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+
+	steps := []struct {
+		name  string
+		write func()
+		want  int64 // warnings so far
+	}{
+		{"key removed", func() { _ = os.Remove(p.KeyFile) }, 1},
+		{"still removed", func() {}, 1},
+		{"key put back", func() { writeFile(t, p.KeyFile, key) }, 1},
+		{"key removed again", func() { _ = os.Remove(p.KeyFile) }, 2},
+		{"key put back again", func() { writeFile(t, p.KeyFile, key) }, 2},
+		{"certificate of another key", func() { writeFile(t, p.CertFile, otherCert) }, 3},
+		{"certificate put back", func() { writeFile(t, p.CertFile, cert) }, 3},
+		{"certificate of another key again", func() { writeFile(t, p.CertFile, otherCert) }, 4},
+	}
+	for _, st := range steps {
+		st.write()
+		if s.reload() {
+			t.Fatalf("%s: reload changed the pair", st.name)
+		}
+		if got := rec.warns.Load(); got != st.want {
+			t.Fatalf("%s: %d warnings, want %d", st.name, got, st.want)
+		}
+	}
+}
+
 // A certificate file replaced in place (cp, a deploy hook's cat > file) is
 // read by a reload that can land mid-write. A write cut inside the chain
 // leaves a whole leaf, which matches the key, and a truncated intermediate:

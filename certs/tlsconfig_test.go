@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -283,5 +284,55 @@ func TestALPNRefusalLogged(t *testing.T) {
 		if r.Level != slog.LevelDebug || offered != "[h2]" {
 			t.Fatalf("logged at %v with offered=%q, want DEBUG and [h2]", r.Level, offered)
 		}
+	}
+}
+
+// TestACMEChallengeHandshakeFromStranger checks that a ClientHello shaped
+// as a TLS-ALPN-01 validation (ALPN acme-tls/1 alone) for a name no order
+// is for is refused quietly. Before, any client got an error line per
+// handshake, for any server name (certmagic looked the name up in the
+// storage and logged its absence), even with DNS-01, which never uses
+// TLS-ALPN-01: a log anyone could flood.
+func TestACMEChallengeHandshakeFromStranger(t *testing.T) {
+	tests := []struct {
+		name    string
+		dns     certs.DNSConfig
+		wantErr string // the alert the client reads
+	}{
+		{"dns-01", certs.DNSConfig{Provider: "rfc2136", Options: map[string]string{"server": "127.0.0.1:53"}}, "no application protocol"},
+		{"tls-alpn-01", certs.DNSConfig{}, "unrecognized name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &logRecorder{}
+			m, err := certs.New(context.Background(), certs.Config{
+				Source: certs.SourceACME, Domain: "cube.test", Logger: slog.New(rec),
+				Allow: func(_ context.Context, name string) error {
+					return fmt.Errorf("%w: %s", certs.ErrUnknownName, name)
+				},
+				ACME: certs.ACMEConfig{
+					CA: "https://127.0.0.1:1/dir", Email: "ops@cube.test", StorageDir: t.TempDir(),
+					SkipWildcard: true, OnDemand: true, DNS: tt.dns,
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			srv := serveTLS(t, m)
+			for _, sni := range []string{"evil.example", "50005-nosuch.cube.test"} {
+				c, err := dial(srv.addr, &tls.Config{InsecureSkipVerify: true, ServerName: sni, NextProtos: []string{"acme-tls/1"}})
+				if err == nil {
+					_, err = c.get(sni)
+					c.close()
+				}
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("SNI %s: handshake error %v, want %q", sni, err, tt.wantErr)
+				}
+			}
+			if w := rec.warnings(); len(w) > 0 {
+				t.Fatalf("a stranger's challenge handshakes logged %q", w)
+			}
+		})
 	}
 }

@@ -198,7 +198,7 @@ func (p *Provider) exchange(ctx context.Context, zone string, m *dns.Msg) error 
 			msg = m.Copy()
 			msg.SetTsig(key, alg, 300, time.Now().Unix())
 		}
-		resp, _, err := c.ExchangeContext(ctx, msg, p.Server)
+		resp, err := exchangeOnce(ctx, c, msg, p.Server)
 		// miekg/dns reports a signed NOTAUTH answer as a TSIG error; the
 		// rcode is the better explanation, so it wins.
 		if resp != nil && resp.Rcode != dns.RcodeSuccess {
@@ -214,6 +214,27 @@ func (p *Provider) exchange(ctx context.Context, zone string, m *dns.Msg) error 
 		}
 	}
 	return fmt.Errorf("rfc2136 update of zone %s via %s: %w", zone, p.Server, lastErr)
+}
+
+// exchangeOnce sends m and reads the answer, ending when ctx is
+// cancelled: miekg/dns's ExchangeContext reads only the context's
+// deadline, so a cancelled update (a handshake given up, the proxy
+// closing) waited for a server that never answered up to Timeout, holding
+// its order and the certificate's storage lock.
+func exchangeOnce(ctx context.Context, c *dns.Client, m *dns.Msg, server string) (*dns.Msg, error) {
+	conn, err := c.DialContext(ctx, server)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
+	if err != nil && ctx.Err() != nil {
+		// "use of closed network connection" says less than the cause.
+		err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
+	}
+	return resp, err
 }
 
 // toDNS converts a libdns record into a miekg/dns RR with an absolute name.

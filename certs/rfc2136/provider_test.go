@@ -216,3 +216,35 @@ func lossyRelay(t *testing.T, upstream string) string {
 	}()
 	return pc.LocalAddr().String()
 }
+
+// TestCancelEndsUpdate cancels an UPDATE the server never answers: it must
+// end with the context, as libdns and acmez ask of a provider. miekg/dns
+// reads a context's deadline only, not its cancellation, so a cancelled
+// update (an on-demand handshake given up, the proxy closing) held its
+// order, and the storage lock the order holds, for the whole timeout.
+func TestCancelEndsUpdate(t *testing.T) {
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = udp.Close() })
+	servers := map[string]string{
+		"udp": udp.LocalAddr().String(), // reads nothing, answers nothing
+		"tcp": testenv.StartSilentServer(t).Addr,
+	}
+	for network, addr := range servers {
+		t.Run(network, func(t *testing.T) {
+			p := &rfc2136.Provider{Server: addr, Net: network, Timeout: 20 * time.Second}
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			start := time.Now()
+			_, err := p.AppendRecords(ctx, "cube.test.", []libdns.Record{libdns.TXT{Name: "_acme-challenge", Text: "x"}})
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("cancelled update returned after %v: %v", took, err)
+			}
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled update: %v, want context.Canceled", err)
+			}
+		})
+	}
+}

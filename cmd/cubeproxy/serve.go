@@ -875,17 +875,30 @@ loop:
 	drainCtx, cutShort := a.cutDrainOnSignal()
 	stopSignals := a.signalsDuringDrain(hup)
 	a.log.Info("shutting down: draining", "timeout", a.server.Config().DrainTimeout.String())
+	var certsClosed chan struct{}
 	if a.certs != nil {
-		// Before the drain: a handshake waiting on an on-demand order
+		// With the drain: a handshake waiting on an on-demand order
 		// holds its connection, and the drain waited for it up to
 		// drain_timeout. The listeners close now, so no handshake needs
-		// a certificate the cache does not already hold.
-		if cerr := a.certs.Close(); cerr != nil {
-			a.log.Warn("closing certificates", "err", cerr)
-		}
+		// a certificate the cache does not already hold. Beside the
+		// drain, not before it: Close cancels the orders at once but
+		// then waits (up to 5 s) for certmagic to release its storage
+		// locks, and an order deleting its DNS-01 record does so on a
+		// context of its own, so the listeners stayed open and /readyz
+		// ready for those 5 s after the signal.
+		certsClosed = make(chan struct{})
+		go func() {
+			defer close(certsClosed)
+			if cerr := a.certs.Close(); cerr != nil {
+				a.log.Warn("closing certificates", "err", cerr)
+			}
+		}()
 	}
 	if serr := a.server.Shutdown(drainCtx); serr != nil && err == nil {
 		err = serr
+	}
+	if certsClosed != nil {
+		<-certsClosed
 	}
 	cutShort()
 	// Before close, which waits for the reopens: one begun during that

@@ -753,7 +753,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		// Absolute form: the path and query alone, as the sandbox serves
 		// them, without path normalisation, and the Host header (set
 		// above) rather than the parsed URI's host.
-		uri := req.URI()
+		uri := freshURI(req)
 		uri.DisablePathNormalizing = true
 		// Request.Write turns an absolute-form target's userinfo
 		// ("GET http://user:pw@host/p") into an Authorization header; that
@@ -1256,6 +1256,17 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil
+}
+
+// freshURI returns req's URI parsed anew from its request target. A URI
+// parsed before, whose QueryArgs authorize read for a signed token on a
+// request the cookie let through, is written back from its parsed
+// arguments, re-encoded: "q=a%20b" as "q=a+b", "r=%zz;s=1" as
+// "r=%25zz%3Bs%3D1" (one parameter for a framework that splits at ';',
+// two as sent), "&&" as "&". Setting the target copies it in place.
+func freshURI(req *fasthttp.Request) *fasthttp.URI {
+	req.SetRequestURIBytes(req.Header.RequestURI())
+	return req.URI()
 }
 
 // bodyTooLarge refuses a body whose Content-Length is over

@@ -484,7 +484,7 @@ func (p *Proxy) sendUpgrade(ctx *fasthttp.RequestCtx, uc *upstreamConn) error {
 		// An absolute-form target goes on as the path and query alone, as
 		// forward sends it: a sandbox's server takes the target's host (and
 		// userinfo) over the Host header, which would undo a masked Host.
-		u := ctx.Request.URI()
+		u := freshURI(&ctx.Request)
 		u.DisablePathNormalizing = true
 		ctx.Request.Header.SetRequestURIBytes(u.RequestURI())
 	}

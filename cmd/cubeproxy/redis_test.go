@@ -522,10 +522,18 @@ func TestRedisReadyz(t *testing.T) {
 	if got := p.get(t, "any"); got.status != 503 || got.header.Get("Retry-After") != "1" {
 		t.Fatalf("request with Redis never reachable: %d %s", got.status, got.body)
 	}
+	// The line a takeover waits for comes with /readyz's 200, not with
+	// "cubeproxy listening".
+	if strings.Contains(p.logs.String(), `"cubeproxy ready"`) {
+		t.Fatalf("ready logged with Redis never reachable:\n%s", p.logs.String())
+	}
 
 	r.Restart()
 	testenv.WaitFor(t, 5*time.Second, "readyz 200 after Redis came up", func() bool {
 		return p.adminGet(t, "/readyz").status == 200
+	})
+	testenv.WaitFor(t, 5*time.Second, `"cubeproxy ready" in the log`, func() bool {
+		return strings.Contains(p.logs.String(), `"cubeproxy ready"`)
 	})
 
 	r.Stop()
@@ -534,6 +542,9 @@ func TestRedisReadyz(t *testing.T) {
 	}
 	if got := p.adminGet(t, "/readyz"); got.status != 200 {
 		t.Fatalf("readyz with Redis down after it answered once: %d %s, want 200", got.status, got.body)
+	}
+	if n := strings.Count(p.logs.String(), `"cubeproxy ready"`); n != 1 {
+		t.Fatalf("ready logged %d times, want once:\n%s", n, p.logs.String())
 	}
 }
 

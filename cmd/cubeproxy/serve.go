@@ -450,6 +450,20 @@ func (a *app) ready() error {
 	return errors.New("no route read from the store has succeeded yet")
 }
 
+// readyPoll is how often run looks whether the proxy has become ready
+// (sayReady) until it has.
+const readyPoll = 100 * time.Millisecond
+
+// sayReady logs "cubeproxy ready" and reports true once /readyz's checks
+// pass (ready, certificatesReady).
+func (a *app) sayReady() bool {
+	if a.ready() != nil || a.certificatesReady() != nil {
+		return false
+	}
+	a.log.Info("cubeproxy ready", "instance", a.instance)
+	return true
+}
+
 // certificatesReady is /readyz's check of the HTTPS listener: acme
 // without sync starts before its wildcard is obtained, and a load balancer
 // sending HTTPS there meanwhile got failed handshakes from a ready node.
@@ -853,6 +867,17 @@ func (a *app) run(ctx context.Context, ready listening) error {
 	if ready != nil {
 		ready(a)
 	}
+	// "cubeproxy listening" comes before the route store has answered (or,
+	// with acme, before the wildcard is loaded): a takeover that stopped
+	// the old process at that line, as earlier READMEs said, left a new one
+	// with a wrong Redis password answering every request 503. What
+	// /readyz checks is logged once as "cubeproxy ready".
+	var readyTick <-chan time.Time
+	if !a.sayReady() {
+		t := time.NewTicker(readyPoll)
+		defer t.Stop()
+		readyTick = t.C
+	}
 
 	var err error
 loop:
@@ -860,6 +885,10 @@ loop:
 		select {
 		case <-ctx.Done():
 			break loop
+		case <-readyTick:
+			if a.sayReady() {
+				readyTick = nil
+			}
 		case sig := <-hup:
 			a.onSignal(sig)
 		case err = <-errc:

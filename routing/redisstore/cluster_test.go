@@ -418,33 +418,8 @@ func TestClusterPublishWithHungMaster(t *testing.T) {
 func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 	testenv.ParallelRedis(t)
 	ctx := context.Background()
-	rules := readmeACLRules(t)
-	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
-	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
-	do := func(r *testenv.Redis, args ...any) {
-		t.Helper()
-		if err := r.Client().Do(ctx, args...).Err(); err != nil {
-			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
-		}
-	}
-	do(a, "CLUSTER", "ADDSLOTSRANGE", 0, 8191)
-	do(b, "CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
-	do(a, "CLUSTER", "MEET", "127.0.0.1", b.Port())
-	for _, n := range []*testenv.Redis{a, b} {
-		testenv.WaitFor(t, 30*time.Second, "cluster_state:ok on both nodes", func() bool {
-			info, err := n.Client().ClusterInfo(ctx).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
-		})
-		do(n, append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)...)
-	}
-	aID, err := a.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bID, err := b.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startACLCluster(t, readmeACLRules(t))
+	a, b, do := c.a, c.b, c.do
 
 	tests := []struct {
 		name string
@@ -463,8 +438,8 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 			}
 			hset(t, a, key, "HostIP", "10.0.0.1")
 			// Move the key, and only the key: its slot stays A's, migrating to B.
-			do(b, "CLUSTER", "SETSLOT", slot, "IMPORTING", aID)
-			do(a, "CLUSTER", "SETSLOT", slot, "MIGRATING", bID)
+			do(b, "CLUSTER", "SETSLOT", slot, "IMPORTING", c.aID)
+			do(a, "CLUSTER", "SETSLOT", slot, "MIGRATING", c.bID)
 			do(a, "MIGRATE", "127.0.0.1", b.Port(), key, 0, 5000)
 
 			tc.cfg.Username, tc.cfg.Password = "proxy", "pw"
@@ -490,33 +465,9 @@ func TestClusterReshardWithLeastPrivilegeACLUser(t *testing.T) {
 func TestClusterLegacyKeyMovedWithoutAsking(t *testing.T) {
 	testenv.ParallelRedis(t)
 	ctx := context.Background()
-	rules := slices.DeleteFunc(readmeACLRules(t), func(r any) bool { return r == "+asking" })
-	clusterArgs := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
-	a, b := testenv.StartRedis(t, clusterArgs...), testenv.StartRedis(t, clusterArgs...)
-	do := func(r *testenv.Redis, args ...any) {
-		t.Helper()
-		if err := r.Client().Do(ctx, args...).Err(); err != nil {
-			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
-		}
-	}
-	do(a, "CLUSTER", "ADDSLOTSRANGE", 0, 8191)
-	do(b, "CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
-	do(a, "CLUSTER", "MEET", "127.0.0.1", b.Port())
-	for _, n := range []*testenv.Redis{a, b} {
-		testenv.WaitFor(t, 30*time.Second, "cluster_state:ok on both nodes", func() bool {
-			info, err := n.Client().ClusterInfo(ctx).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2")
-		})
-		do(n, append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)...)
-	}
-	bID, err := b.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	aID, err := a.Client().ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startACLCluster(t, slices.DeleteFunc(readmeACLRules(t), func(r any) bool { return r == "+asking" }))
+	a, b, do := c.a, c.b, c.do
+	var err error
 	// An id whose legacy key's slot is A's.
 	var id, key string
 	var slot int64
@@ -540,8 +491,8 @@ func TestClusterLegacyKeyMovedWithoutAsking(t *testing.T) {
 	}
 
 	// Move the key, and only the key: its slot stays A's, migrating to B.
-	do(b, "CLUSTER", "SETSLOT", slot, "IMPORTING", aID)
-	do(a, "CLUSTER", "SETSLOT", slot, "MIGRATING", bID)
+	do(b, "CLUSTER", "SETSLOT", slot, "IMPORTING", c.aID)
+	do(a, "CLUSTER", "SETSLOT", slot, "MIGRATING", c.bID)
 	do(a, "MIGRATE", "127.0.0.1", b.Port(), key, 0, 5000)
 
 	_, err = s.Lookup(ctx, id)
@@ -558,6 +509,38 @@ func TestClusterLegacyKeyMovedWithoutAsking(t *testing.T) {
 	if r, res, err := cache.Get(ctx, []byte(id)); err != nil || res != routing.CacheStale || r.HostIP.String() != "10.0.0.1" {
 		t.Errorf("cached legacy route during the migration: %v %v %v, want it served stale", r, res, err)
 	}
+}
+
+// aclCluster is startTwoNodeCluster's cluster with the ACL user "proxy"
+// (password "pw") given rules on both nodes.
+type aclCluster struct {
+	a, b     *testenv.Redis
+	aID, bID string
+	do       func(r *testenv.Redis, args ...any) // a command on r that must succeed
+}
+
+func startACLCluster(t *testing.T, rules []any) aclCluster {
+	t.Helper()
+	ctx := context.Background()
+	var c aclCluster
+	c.a, c.b, _ = startTwoNodeCluster(t)
+	c.do = func(r *testenv.Redis, args ...any) {
+		t.Helper()
+		if err := r.Client().Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, r.Addr(), err)
+		}
+	}
+	for _, n := range []*testenv.Redis{c.a, c.b} {
+		c.do(n, append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, rules...)...)
+	}
+	var err error
+	if c.aID, err = c.a.Client().ClusterMyID(ctx).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if c.bID, err = c.b.Client().ClusterMyID(ctx).Result(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // startFailoverCluster starts a Redis Cluster of three masters, each

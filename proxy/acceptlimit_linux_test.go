@@ -27,23 +27,10 @@ func TestTrafficAcceptAtLimitCountsOnlyAWaitingClient(t *testing.T) {
 	rl := newRetryListener(listen(t, "127.0.0.1:0"), slog.New(slog.NewTextHandler(&logs, nil)), nil)
 	t.Cleanup(func() { rl.Close() })
 	port := rl.Addr().(*net.TCPAddr).Port
-	// The client's socket, opened while descriptors are left.
-	client, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(client) })
-
-	type accepted struct {
-		c   net.Conn
-		err error
-	}
-	done := make(chan accepted, 1)
+	client := clientSocket(t)
+	var done <-chan accepted
 	atFDLimit(t, func() {
-		go func() {
-			c, err := rl.Accept()
-			done <- accepted{c, err}
-		}()
+		done = acceptInBackground(rl)
 		// Parked somewhere in Accept: in the poller or waitConn (waiting
 		// for a client), or in its backoff (having counted a failure).
 		testenv.WaitFor(t, 10*time.Second, "Accept to wait", func() bool {

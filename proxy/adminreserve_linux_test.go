@@ -29,24 +29,10 @@ func TestAdminReserveSpentOnlyOnAConnection(t *testing.T) {
 	rl := newRetryListener(listen(t, "127.0.0.1:0"), slog.New(slog.NewTextHandler(io.Discard, nil)), nil).withReserve()
 	t.Cleanup(func() { rl.Close() })
 	port := rl.Addr().(*net.TCPAddr).Port
-	// The client's socket, opened while descriptors are left.
-	client, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(client) })
-
-	type accepted struct {
-		c   net.Conn
-		err error
-	}
-	done := make(chan accepted, 1)
+	client := clientSocket(t)
 	var got accepted
 	atFDLimit(t, func() {
-		go func() {
-			c, err := rl.Accept()
-			done <- accepted{c, err}
-		}()
+		done := acceptInBackground(rl)
 		acceptWaiting(t)
 		if f, err := os.Open(os.DevNull); err == nil {
 			f.Close()
@@ -63,6 +49,34 @@ func TestAdminReserveSpentOnlyOnAConnection(t *testing.T) {
 		t.Fatalf("accept of a waiting connection at the limit: %v", got.err)
 	}
 	got.c.Close()
+}
+
+// accepted is what a retryListener's Accept returned.
+type accepted struct {
+	c   net.Conn
+	err error
+}
+
+// acceptInBackground calls rl.Accept on a goroutine of its own.
+func acceptInBackground(rl *retryListener) <-chan accepted {
+	done := make(chan accepted, 1)
+	go func() {
+		c, err := rl.Accept()
+		done <- accepted{c, err}
+	}()
+	return done
+}
+
+// clientSocket opens a TCP socket for a client to connect at the
+// descriptor limit: opened now, while descriptors are left.
+func clientSocket(t *testing.T) int {
+	t.Helper()
+	client, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(client) })
+	return client
 }
 
 // acceptWaiting returns once a goroutine in retryListener.Accept waits for

@@ -38,13 +38,30 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *timeout <= 0 {
 		return usageError{fmt.Errorf("--timeout %v: give a positive duration", *timeout)}
 	}
+	var addr string
 	cfg, err := loadConfigFile("cubeproxy health", *cfgPath, getenv, stderr)
-	if err != nil {
-		return err
-	}
-	addr, err := probeAddr(cfg.AdminAddr)
-	if err != nil {
-		return cfg.NameOrigins(err)
+	if err == nil {
+		if addr, err = probeAddr(cfg.AdminAddr); err != nil {
+			return cfg.NameOrigins(err)
+		}
+	} else {
+		// A file that no longer loads (edited since the proxy started: a
+		// ConfigMap update) is the next start's problem, not the running
+		// proxy's: failing the probe for it had an orchestrator restart a
+		// healthy proxy into a start that fails. Its admin_addr is asked,
+		// and the error said.
+		var ue *config.UsageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		setting, aerr := config.AdminAddr(*cfgPath, getenv)
+		if aerr != nil {
+			return err
+		}
+		if addr, aerr = probeAddr(setting); aerr != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "cubeproxy health: the configuration no longer loads, asking its admin_addr %s: %v\n", setting, err)
 	}
 	path := "/readyz"
 	if *live {

@@ -185,3 +185,43 @@ func TestHealthProbeAddr(t *testing.T) {
 		}
 	}
 }
+
+// A configuration file edited since the proxy started into one that no
+// longer loads (a ConfigMap update with a typo) does not fail the probe of
+// the running proxy: its admin_addr is asked and the error is said on
+// stderr. The probe failed, and an orchestrator restarted the healthy
+// proxy into a start that failed on that file. A file whose admin_addr
+// cannot be read still fails it.
+func TestHealthOfARunningProxyWhoseFileNoLongerLoads(t *testing.T) {
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv)
+	admin := r.a.adminLn.Addr().String()
+	for _, tc := range []struct {
+		name, file string
+		code       int
+		stdout     string
+		stderr     []string
+	}{
+		{"a bad value elsewhere", "admin_addr: " + admin + "\ndrain_timeout: soon\n", 0, "GET /readyz: 200 OK",
+			[]string{"the configuration no longer loads, asking its admin_addr " + admin, "drain_timeout"}},
+		{"an unknown key", "admin_addr: " + admin + "\nno_such_setting: 1\n", 0, "GET /readyz: 200 OK",
+			[]string{"no longer loads", "no_such_setting"}},
+		{"no YAML", "admin_addr: [" + admin + "\n", 1, "", []string{"config "}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := t.TempDir() + "/cubeproxy.yaml"
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), []string{"health", "--config", path}, noEnv, &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stdout.String(), tc.stdout) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d with %q", code, stdout.String(), stderr.String(), tc.code, tc.stdout)
+			}
+			for _, want := range tc.stderr {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr %q lacks %q", stderr.String(), want)
+				}
+			}
+		})
+	}
+}

@@ -254,6 +254,13 @@ func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err err
 		}
 		p.metrics.StreamEnded(x.kind, why)
 	}
+	if status == errRevoked.status && x.errCode == CodeCredentialRevoked {
+		// A route change refused the request for the credential it came
+		// with, before its answer's head went out (upstreamError, or a
+		// tunnel cut before its 101): an auth rejection like authorize's.
+		// A stream cut after its head was answered, not refused.
+		p.metrics.AuthRejected(telemetry.AuthCredentialRevoked)
+	}
 	p.metrics.Bytes(x.kind, x.bytesIn, x.bytesOut)
 	if x.cspan != nil {
 		if telemetry.ClientEnded(x.errCode) {

@@ -73,8 +73,10 @@ func (s StoreKind) index() int {
 }
 
 // Auth rejection reasons accepted by Metrics.AuthRejected. They equal the
-// auth package's rejection codes (auth.Code*), plus AuthAdmin for a refused
-// admin token; any other string is counted as AuthOther.
+// auth package's rejection codes (auth.Code*), plus AuthCredentialRevoked
+// for a request a route change refused for the credential it came with
+// (the proxy's 403 credential_revoked) and AuthAdmin for a refused admin
+// token; any other string is counted as AuthOther.
 const (
 	AuthTrafficTokenMissing       = "traffic_token_missing"
 	AuthTrafficTokenInvalid       = "traffic_token_invalid"
@@ -84,6 +86,7 @@ const (
 	AuthSignedTokenWrongTarget    = "signed_token_wrong_target"
 	AuthSignedTokenExpired        = "signed_token_expired"
 	AuthSignedCookieForeignOrigin = "signed_cookie_foreign_origin"
+	AuthCredentialRevoked         = "credential_revoked"
 	AuthAdmin                     = "admin"
 	AuthOther                     = "other"
 )
@@ -99,6 +102,7 @@ var authReasons = [...]string{
 	AuthSignedTokenWrongTarget,
 	AuthSignedTokenExpired,
 	AuthSignedCookieForeignOrigin,
+	AuthCredentialRevoked,
 	AuthAdmin,
 	AuthOther,
 }
@@ -123,10 +127,12 @@ func authReasonIndex(reason string) int {
 		return 6
 	case AuthSignedCookieForeignOrigin:
 		return 7
-	case AuthAdmin:
+	case AuthCredentialRevoked:
 		return 8
+	case AuthAdmin:
+		return 9
 	}
-	return 9
+	return 10
 }
 
 // StreamEnd is why a streamed response or a WebSocket tunnel ended, the

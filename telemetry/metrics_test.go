@@ -163,7 +163,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"outcome":      set("slot", "refused", "state"),
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
-			"signed_cookie_foreign_origin",
+			"signed_cookie_foreign_origin", "credential_revoked",
 			"admin", "other",
 			"complete", "client", "sandbox", "timeout", "drain", "killed", "error", "route_changed"),
 	}

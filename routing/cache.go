@@ -376,11 +376,16 @@ func (c *Cache) Invalidate(id string) int {
 // negative one void, returning how many entries there were. It keeps the
 // routes, rather than dropping them: a store that fails the re-read (a
 // Redis still loading its data after a restart) is answered with the old
-// route, as for any expired entry. Lookups in flight are not cached.
+// route, as for any expired entry. Lookups in flight are not cached, and
+// a Get after it asks the store again rather than join one, as after
+// Invalidate: a read begun before may predate a change whose announcement
+// was lost (the Redis subscriber calls it once resubscribed).
 //
 // It touches no entry: it starts a new generation, and an entry of an
 // older one reads as expired. Walking the entries took 50–90 ms at 100k
-// routes with mu held, and every miss meanwhile waited for it.
+// routes with mu held, and every miss meanwhile waited for it. The
+// flights are let go of by a new map, not walked either (land checks
+// which flight the map holds).
 func (c *Cache) ExpireAll() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -389,6 +394,9 @@ func (c *Cache) ExpireAll() int {
 		c.epochs[i]++
 	}
 	c.gen.Add(1)
+	if len(c.flights) > 0 {
+		c.flights = make(map[string]*flight)
+	}
 	return c.pos.Len() + c.neg.Len()
 }
 

@@ -315,36 +315,45 @@ func TestCacheInvalidateDuringLookup(t *testing.T) {
 // A Get that starts after Invalidate asks the store itself rather than
 // joining a lookup that began before: a sandbox deleted through the admin
 // API must not be served, even once, from a read that predates the delete.
+// So with ExpireAll, which the Redis subscriber calls once resubscribed: a
+// read begun before it may predate a change whose announcement was lost.
 func TestCacheGetAfterInvalidateAsksAgain(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	old := routeFor("a")
-	var first atomic.Bool
-	s := newCountingStore(func(context.Context, string) (*Route, error) {
-		if first.CompareAndSwap(false, true) {
-			close(entered)
-			<-release
-			return old, nil
-		}
-		return nil, ErrNotFound
-	})
-	c := newTestCache(t, s, newFakeClock())
-	done := make(chan *Route)
-	go func() {
-		r, _, _ := get(t, c, "a")
-		done <- r
-	}()
-	<-entered
-	c.Invalidate("a")
-	r, _, err := get(t, c, "a")
-	close(release)
-	if !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get after Invalidate = %v, %v; want ErrNotFound from a new store read", r, err)
-	}
-	if r := <-done; r != old {
-		t.Fatalf("in-flight caller got %v", r)
-	}
-	if n := s.calls.Load(); n != 2 {
-		t.Fatalf("%d store calls, want 2", n)
+	for name, invalidate := range map[string]func(*Cache){
+		"Invalidate": func(c *Cache) { c.Invalidate("a") },
+		"ExpireAll":  func(c *Cache) { c.ExpireAll() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			entered, release := make(chan struct{}), make(chan struct{})
+			old := routeFor("a")
+			var first atomic.Bool
+			s := newCountingStore(func(context.Context, string) (*Route, error) {
+				if first.CompareAndSwap(false, true) {
+					close(entered)
+					<-release
+					return old, nil
+				}
+				return nil, ErrNotFound
+			})
+			c := newTestCache(t, s, newFakeClock())
+			done := make(chan *Route)
+			go func() {
+				r, _, _ := get(t, c, "a")
+				done <- r
+			}()
+			<-entered
+			invalidate(c)
+			r, _, err := get(t, c, "a")
+			close(release)
+			if !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Get after %s = %v, %v; want ErrNotFound from a new store read", name, r, err)
+			}
+			if r := <-done; r != old {
+				t.Fatalf("in-flight caller got %v", r)
+			}
+			if n := s.calls.Load(); n != 2 {
+				t.Fatalf("%d store calls, want 2", n)
+			}
+		})
 	}
 }
 

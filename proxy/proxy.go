@@ -224,15 +224,27 @@ func letGoOfHead(ctx *fasthttp.RequestCtx, lines uint16) {
 // a connection that stays open, as before fasthttp had this hook.
 func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 	if frameless(&ctx.Request.Header) {
-		return fasthttp.StatusContinue
+		return sendContinue(ctx, p.clientWriteTimeout)
 	}
 	x := exchange{expecting: true}
 	p.handle(ctx, &x)
 	letGoOfHead(ctx, x.seen.lines)
 	if x.admitted {
-		return fasthttp.StatusContinue
+		return sendContinue(ctx, p.clientWriteTimeout)
 	}
 	return ctx.Response.StatusCode()
+}
+
+// sendContinue readies the connection for the "100 Continue" fasthttp
+// writes once its ExpectHandler returns it, and returns that status.
+// fasthttp writes it under whatever write deadline the connection's
+// previous answer left (client.write_timeout from that answer): on a
+// keep-alive connection idle longer than that, the deadline had passed,
+// the write failed at once, and the client saw its connection close
+// instead of the 100 (curl's upload, or a Go client's POST, failed).
+func sendContinue(ctx *fasthttp.RequestCtx, writeTimeout time.Duration) int {
+	renewWriteDeadline(ctx, writeTimeout)
+	return fasthttp.StatusContinue
 }
 
 // errManyLines refuses a head of more than maxHeaderLines lines.

@@ -280,10 +280,7 @@ func TestCacheInvalidate(t *testing.T) {
 // cache expired) answers its callers but does not cache the (possibly
 // old) route.
 func TestCacheInvalidateDuringLookup(t *testing.T) {
-	for name, invalidate := range map[string]func(*Cache){
-		"Invalidate": func(c *Cache) { c.Invalidate("a") },
-		"ExpireAll":  func(c *Cache) { c.ExpireAll() },
-	} {
+	for name, invalidate := range invalidationsOfA {
 		t.Run(name, func(t *testing.T) {
 			entered, release := make(chan struct{}), make(chan struct{})
 			old := routeFor("a")
@@ -312,16 +309,21 @@ func TestCacheInvalidateDuringLookup(t *testing.T) {
 	}
 }
 
+// invalidationsOfA are the two ways a cached route of id "a" is made
+// void: Invalidate (an admin change, a pub/sub message) and ExpireAll (a
+// Redis resubscription).
+var invalidationsOfA = map[string]func(*Cache){
+	"Invalidate": func(c *Cache) { c.Invalidate("a") },
+	"ExpireAll":  func(c *Cache) { c.ExpireAll() },
+}
+
 // A Get that starts after Invalidate asks the store itself rather than
 // joining a lookup that began before: a sandbox deleted through the admin
 // API must not be served, even once, from a read that predates the delete.
 // So with ExpireAll, which the Redis subscriber calls once resubscribed: a
 // read begun before it may predate a change whose announcement was lost.
 func TestCacheGetAfterInvalidateAsksAgain(t *testing.T) {
-	for name, invalidate := range map[string]func(*Cache){
-		"Invalidate": func(c *Cache) { c.Invalidate("a") },
-		"ExpireAll":  func(c *Cache) { c.ExpireAll() },
-	} {
+	for name, invalidate := range invalidationsOfA {
 		t.Run(name, func(t *testing.T) {
 			entered, release := make(chan struct{}), make(chan struct{})
 			old := routeFor("a")

@@ -127,13 +127,7 @@ func TestRouteDeletedUnannouncedRejudgedFromTheNegativeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	now.Add(int64(routing.DefaultTTLMax + time.Second)) // the cached route's TTL over
-	req := h.req("GET", host, "/", nil)
-	req.Header.Set(auth.HeaderE2BTrafficToken, rjTokenA)
-	resp := h.do(req)
-	resp.Body.Close()
-	if resp.StatusCode != 404 {
-		t.Fatalf("request after the delete: %d, want 404", resp.StatusCode)
-	}
+	expectDeleted(t, h, host)
 	s.cut(t)
 }
 
@@ -190,6 +184,14 @@ func TestRouteDeletedAnnouncedRejudgedFromTheNegativeCache(t *testing.T) {
 	// A second invalidation asks for one more re-read, and a request
 	// caches the store's "no route" before it.
 	h.proxy.Invalidate(id)
+	expectDeleted(t, h, host)
+	close(gs.open)
+	s.cut(t)
+}
+
+// expectDeleted asks host with token A, whose route was deleted: 404.
+func expectDeleted(t *testing.T, h *harness, host string) {
+	t.Helper()
 	req := h.req("GET", host, "/", nil)
 	req.Header.Set(auth.HeaderE2BTrafficToken, rjTokenA)
 	resp := h.do(req)
@@ -197,6 +199,4 @@ func TestRouteDeletedAnnouncedRejudgedFromTheNegativeCache(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Fatalf("request after the delete: %d, want 404", resp.StatusCode)
 	}
-	close(gs.open)
-	s.cut(t)
 }

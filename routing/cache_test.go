@@ -290,11 +290,7 @@ func TestCacheInvalidateDuringLookup(t *testing.T) {
 				return old, nil
 			})
 			c := newTestCache(t, s, newFakeClock())
-			done := make(chan *Route)
-			go func() {
-				r, _, _ := get(t, c, "a")
-				done <- r
-			}()
+			done := getAsync(t, c, "a")
 			<-entered
 			invalidate(c)
 			close(release)
@@ -307,6 +303,17 @@ func TestCacheInvalidateDuringLookup(t *testing.T) {
 			}
 		})
 	}
+}
+
+// getAsync runs get(c, id) on a goroutine of its own and sends the route
+// it got.
+func getAsync(t *testing.T, c *Cache, id string) <-chan *Route {
+	done := make(chan *Route, 1)
+	go func() {
+		r, _, _ := get(t, c, id)
+		done <- r
+	}()
+	return done
 }
 
 // invalidationsOfA are the two ways a cached route of id "a" is made
@@ -337,11 +344,7 @@ func TestCacheGetAfterInvalidateAsksAgain(t *testing.T) {
 				return nil, ErrNotFound
 			})
 			c := newTestCache(t, s, newFakeClock())
-			done := make(chan *Route)
-			go func() {
-				r, _, _ := get(t, c, "a")
-				done <- r
-			}()
+			done := getAsync(t, c, "a")
 			<-entered
 			invalidate(c)
 			r, _, err := get(t, c, "a")

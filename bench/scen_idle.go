@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"sync"
 	"time"
 )
@@ -34,7 +36,7 @@ func runIdle(o *options, args []string) (*Sample, error) {
 	}
 	m := o.newMeter()
 	m.start()
-	conns := make([]*rawConn, *n)
+	conns := make([]*idleStream, *n)
 	errs := make([]error, *n)
 	sem := make(chan struct{}, *par)
 	var wg sync.WaitGroup
@@ -54,9 +56,10 @@ func runIdle(o *options, args []string) (*Sample, error) {
 	time.Sleep(o.dur)
 	rssHeld, err2 := treeRSSKiB(subj)
 	m.stop()
+	notHeld := checkHeld(conns)
 	for _, c := range conns {
 		if c != nil {
-			c.close()
+			c.rc.close()
 		}
 	}
 	if err := errors.Join(err1, err2); err != nil {
@@ -64,14 +67,20 @@ func runIdle(o *options, args []string) (*Sample, error) {
 	}
 
 	s := o.newSample(o.defLabel, fmt.Sprintf("n=%d hold=%s", *n, o.dur), m)
-	var firstErr error
-	for _, e := range errs {
-		if e != nil {
+	var firstErr, firstNotHeld error
+	for i, e := range errs {
+		switch {
+		case e != nil:
 			s.Errors++
 			if firstErr == nil {
 				firstErr = e
 			}
-		} else {
+		case notHeld[i] != nil:
+			s.Errors++
+			if firstNotHeld == nil {
+				firstNotHeld = notHeld[i]
+			}
+		default:
 			s.Ops++
 		}
 	}
@@ -83,14 +92,62 @@ func runIdle(o *options, args []string) (*Sample, error) {
 	if s.Ops > 0 && len(subj) > 0 {
 		s.Metrics["rss_kib_per_stream"] = float64(max(rssOpen, rssHeld)-rssBefore) / float64(s.Ops)
 	}
-	if s.Errors > 0 {
+	if firstErr != nil {
 		s.Failed = fmt.Sprintf("%d of %d streams failed to open: %v", s.Errors, *n, firstErr)
+	} else if firstNotHeld != nil {
+		// The RSS figure is of the streams held: one the subject ended
+		// during the hold (an idle timeout, a cap that evicts) would
+		// have its share divided over streams no longer there.
+		s.Failed = fmt.Sprintf("%d of %d streams were not held through the window: %v", s.Errors, *n, firstNotHeld)
 	}
 	return s, nil
 }
 
+// idleStream is one open stream of the idle scenario: its connection and
+// the body being read, to tell at the end whether it is still open.
+type idleStream struct {
+	rc *rawConn
+	bs *bodyStream
+}
+
+// checkHeld reads what each stream received during the hold, all at once
+// up to one deadline, and returns per stream why it is no longer held (nil:
+// still open). Bytes that came (a proxy's heartbeat comments) are read
+// past; the response's end or the connection's is not held.
+func checkHeld(streams []*idleStream) []error {
+	out := make([]error, len(streams))
+	deadline := time.Now().Add(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	for i, st := range streams {
+		if st == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = st.rc.conn.SetReadDeadline(deadline)
+			for {
+				_, err := st.bs.next()
+				switch {
+				case err == nil:
+					continue
+				case errors.Is(err, os.ErrDeadlineExceeded):
+					return // open, and silent until the deadline
+				case errors.Is(err, io.EOF):
+					out[i] = errors.New("the subject ended the stream")
+				default:
+					out[i] = fmt.Errorf("the stream broke: %w", err)
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 // openIdleStream sends the request and returns once the first event arrived.
-func openIdleStream(addr string, req []byte, deadline time.Time) (*rawConn, error) {
+func openIdleStream(addr string, req []byte, deadline time.Time) (*idleStream, error) {
 	rc := newRawConn(addr, 4<<10)
 	rc.deadline = deadline
 	if err := rc.dial(); err != nil {
@@ -117,7 +174,7 @@ func openIdleStream(addr string, req []byte, deadline time.Time) (*rawConn, erro
 			return nil, fmt.Errorf("read first event: %w", err)
 		}
 		if p.feed(b, nil) > 0 {
-			return rc, nil
+			return &idleStream{rc: rc, bs: bs}, nil
 		}
 		if p.bad {
 			rc.close()

@@ -110,13 +110,15 @@ type idleStream struct {
 	bs *bodyStream
 }
 
-// checkHeld reads what each stream received during the hold, all at once
-// up to one deadline, and returns per stream why it is no longer held (nil:
-// still open). Bytes that came (a proxy's heartbeat comments) are read
-// past; the response's end or the connection's is not held.
+// checkHeld reads what each stream received during the hold, all streams
+// at once, and returns per stream why it is no longer held (nil: still
+// open). Bytes that came (a proxy's heartbeat comments) are read past; the
+// response's end or the connection's is not held. Each stream's deadline
+// starts when its read does: one deadline shared by all could pass before
+// the last of 2,000 goroutines runs on a busy core, and a read past its
+// deadline returns without looking at the socket.
 func checkHeld(streams []*idleStream) []error {
 	out := make([]error, len(streams))
-	deadline := time.Now().Add(100 * time.Millisecond)
 	var wg sync.WaitGroup
 	for i, st := range streams {
 		if st == nil {
@@ -125,7 +127,7 @@ func checkHeld(streams []*idleStream) []error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = st.rc.conn.SetReadDeadline(deadline)
+			_ = st.rc.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 			for {
 				_, err := st.bs.next()
 				switch {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"os"
@@ -17,14 +18,30 @@ import (
 // and logged that as a failed accept, one a second with nobody there, and
 // grew its backoff on it, so the first client after a quiet spell waited
 // up to a second more. It now waits for a client and counts, logs and
-// backs off only for one that cannot be accepted.
+// backs off only for one that cannot be accepted. So does the HTTPS
+// listener, whose socket is under the TLS listener's (ServeTLS): the
+// first build that waited found no socket there and counted as before.
 func TestTrafficAcceptAtLimitCountsOnlyAWaitingClient(t *testing.T) {
-	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
-		runFDChild(t)
-		return
+	for _, tc := range []struct {
+		name string
+		wrap func(net.Listener) net.Listener
+	}{
+		{"plain", func(ln net.Listener) net.Listener { return ln }},
+		{"TLS", func(ln net.Listener) net.Listener { return &tlsListener{Listener: ln, cfg: &tls.Config{}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+				runFDChild(t)
+				return
+			}
+			acceptAtLimitCountsOnlyAWaitingClient(t, tc.wrap(listen(t, "127.0.0.1:0")))
+		})
 	}
+}
+
+func acceptAtLimitCountsOnlyAWaitingClient(t *testing.T, ln net.Listener) {
 	var logs testenv.LogBuffer
-	rl := newRetryListener(listen(t, "127.0.0.1:0"), slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	rl := newRetryListener(ln, slog.New(slog.NewTextHandler(&logs, nil)), nil)
 	t.Cleanup(func() { rl.Close() })
 	port := rl.Addr().(*net.TCPAddr).Port
 	client := clientSocket(t)

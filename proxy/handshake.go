@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -31,6 +33,17 @@ type tlsListener struct {
 	// sendTimeout is client.write_timeout, which the socket beneath the
 	// TLS layer renews on progress (clientConn).
 	sendTimeout time.Duration
+}
+
+// SyscallConn is the listening socket's beneath the TLS layer: at the
+// descriptor limit the retry listener waits on it for a client (waitConn),
+// and without it counted, logged and backed off with nobody connecting.
+func (l *tlsListener) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := l.Listener.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 // Accept wraps the next connection in a server-side TLS connection.

@@ -322,7 +322,11 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		// client that expected 100 may have stopped waiting for it.
 		p.lingerBody(ctx)
 	}
-	if p.draining != nil && p.draining.Load() && !ctx.Hijacked() {
+	// Read once: the close below and the logging after the write must
+	// agree, or a drain that begins between two reads would log after the
+	// write an answer whose connection it did not mark to close.
+	draining := p.draining != nil && p.draining.Load()
+	if draining && !ctx.Hijacked() {
 		// fasthttp closes a connection whose request ends during its
 		// Shutdown, but only until the drain deadline: then it stops
 		// waiting and serves the connections still busy as keep-alive
@@ -333,7 +337,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	setResponseID(&ctx.Response.Header, reqID)
 	p.headersReady(ctx, x)
 	if !x.owned {
-		if p.draining != nil && p.draining.Load() && !ctx.Hijacked() && !x.expecting {
+		if draining && !ctx.Hijacked() && !x.expecting {
 			// The drain deadline may cut the write (conns.cutWrites):
 			// finished once it is over (writtenAnswer).
 			p.finishWritten(ctx, x)

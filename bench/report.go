@@ -495,7 +495,7 @@ func writeTargets(b *strings.Builder, labels []*labelData, micro []microResult) 
 	} {
 		measured, ok, have := microTarget(micro, m.family, m.maxNs)
 		if !have {
-			measured = "micro-benchmarks not run (`--only`)"
+			measured = "no micro-benchmark output (`--only` runs none; a failed build or run gives none either)"
 			if len(micro) > 0 {
 				measured = "no `" + m.family + "` in the micro-benchmarks"
 			}

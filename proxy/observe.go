@@ -420,7 +420,10 @@ type fwdHeaders struct {
 
 var fwdHeadersPool = sync.Pool{New: func() any { return new(fwdHeaders) }}
 
-var forwardingHeaders = [3]string{"X-Real-IP", "X-Forwarded-For", "X-Forwarded-Proto"}
+var forwardingHeaders = [3]string{0: "X-Real-IP", fwdFor: "X-Forwarded-For", 2: "X-Forwarded-Proto"}
+
+// fwdFor is X-Forwarded-For's slot in fwdHeaders.
+const fwdFor = 1
 
 // Slots of fwdHeaders after the forwarding headers: the Host header and
 // the request target.
@@ -430,10 +433,36 @@ const (
 	fwdSlots
 )
 
+// appendJoinedLines appends the non-empty lines joined with ", ", as
+// appendForwardedFor joins the client's X-Forwarded-For lines.
+func appendJoinedLines(dst []byte, lines [][]byte) []byte {
+	sep := false
+	for _, v := range lines {
+		if len(v) == 0 {
+			continue
+		}
+		if sep {
+			dst = append(dst, ", "...)
+		}
+		dst = append(dst, v...)
+		sep = true
+	}
+	return dst
+}
+
 func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	f.b = f.b[:0]
 	for i, name := range forwardingHeaders {
-		f.b = append(f.b, h.Peek(name)...)
+		if i == fwdFor {
+			// Every line, joined as the sandbox gets them (appendForwardedFor;
+			// nginx's $http_x_forwarded_for joins them too): a balancer that adds
+			// its own line (HAProxy's option forwardfor) puts the address it
+			// saw after the client's, and the first line alone is the
+			// client's claim.
+			f.b = appendJoinedLines(f.b, h.PeekAll(name))
+		} else {
+			f.b = append(f.b, h.Peek(name)...)
+		}
 		f.end[i] = len(f.b)
 	}
 	f.b = append(f.b, logHost(h)...)

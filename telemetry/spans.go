@@ -238,10 +238,21 @@ func serverAttrs(h *fasthttp.RequestHeader, m *methodNames, tls bool, client net
 	if client.IsValid() {
 		clientAddr = client.AppendTo(addr[:0])
 	}
+	at := userinfoEnd(path)
+	grow := min(len(path), MaxPathAttr) + min(len(host), MaxHeaderAttr) + min(len(ua), MaxHeaderAttr) + len(clientAddr)
+	if at > 0 {
+		grow += len(redactedUserinfo)
+	}
 	var b strings.Builder
-	b.Grow(min(len(path), MaxPathAttr) + min(len(host), MaxHeaderAttr) + min(len(ua), MaxHeaderAttr) + len(clientAddr))
+	b.Grow(grow)
 	text := attrText{b: &b}
-	pathEnd := text.add(path, MaxPathAttr)
+	var pathEnd int
+	if at > 0 {
+		b.WriteString(redactedUserinfo)
+		pathEnd = text.add(path[at:], MaxPathAttr-len(redactedUserinfo))
+	} else {
+		pathEnd = text.add(path, MaxPathAttr)
+	}
 	hostEnd := text.add(host, MaxHeaderAttr)
 	uaEnd := text.add(ua, MaxHeaderAttr)
 	clientEnd := text.add(clientAddr, math.MaxInt)
@@ -394,6 +405,30 @@ func targetPath(uri []byte) []byte {
 		return rest[j:]
 	}
 	return []byte("/")
+}
+
+// redactedUserinfo stands for the userinfo of a path's authority in
+// url.path, as the access log writes it.
+const redactedUserinfo = "//REDACTED"
+
+// userinfoEnd returns the index of the '@' that ends the userinfo of path,
+// a target's path, when it begins with an authority that has one
+// ("//user:pw@host/p", up to the authority's last '@'), else 0. Such an
+// origin-form target goes to the sandbox as sent, but fasthttp reads it as
+// a network-path reference whose userinfo is a password, and the access
+// log redacts it: so does url.path.
+func userinfoEnd(path []byte) int {
+	if len(path) < 2 || path[0] != '/' || path[1] != '/' {
+		return 0
+	}
+	auth := path[2:]
+	if i := bytes.IndexByte(auth, '/'); i >= 0 {
+		auth = auth[:i]
+	}
+	if at := bytes.LastIndexByte(auth, '@'); at > 0 {
+		return 2 + at
+	}
+	return 0
 }
 
 // StartClientSpan starts the span for the upstream exchange with addr as a

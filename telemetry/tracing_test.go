@@ -520,7 +520,9 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 }
 
 // url.path is the path the client asked for, never its query (where a
-// signed token may travel), whatever the form of the request target; an
+// signed token may travel), whatever the form of the request target, nor
+// the userinfo of a target whose path begins with an authority ("//user:pw@
+// host/p", which fasthttp reads as one and the access log redacts); an
 // https listener's spans say so in url.scheme; client.address names the
 // connection's peer.
 func TestServerSpanURL(t *testing.T) {
@@ -536,6 +538,11 @@ func TestServerSpanURL(t *testing.T) {
 		{"http://8080-sb.cube.test/x/y?z=1", "/x/y", false},
 		{"https://8080-sb.cube.test", "/", true},
 		{"*", "*", false},
+		{"//user:secret@8080-sb.cube.test/x?y=1", "//REDACTED@8080-sb.cube.test/x", false},
+		{"//secret@8080-sb.cube.test", "//REDACTED@8080-sb.cube.test", false},
+		{"//a@b@8080-sb.cube.test/x@y", "//REDACTED@8080-sb.cube.test/x@y", false},
+		{"//8080-sb.cube.test/x@y", "//8080-sb.cube.test/x@y", false},
+		{"/x//user:pw@h/y", "/x//user:pw@h/y", false}, // a path, no authority
 	}
 	for _, tc := range tests {
 		t.Run(tc.target, func(t *testing.T) {

@@ -351,3 +351,96 @@ func TestMCPQuietStandaloneStreamIdleCut(t *testing.T) {
 		return
 	}
 }
+
+// A sandbox paused for longer than upstream.idle_timeout while an agent's
+// session is open: a paused VM is silent by nature, and its open streams
+// are left for it to resume (README, What an MCP agent sees). The
+// session's GET stream stays open through the pause, the proxy's
+// heartbeats going on, and so does the answer stream of a call in flight
+// (its progress out, its result to come); once the sandbox runs again the
+// call completes, the same session works and its stream delivers. Cut at
+// idle_timeout, the go-sdk reconnected the GET stream, got the paused
+// sandbox's 503, and failed the session: nothing worked after the resume
+// ("standalone SSE stream: Service Unavailable"), and the call's cut
+// answer, with no event store to resume it from, was lost.
+func TestMCPPauseOutlastsIdleTimeout(t *testing.T) {
+	const idle = time.Second
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.HeartbeatInterval = 50 * time.Millisecond
+		o.cfg.IdleStreamTimeout = idle
+	})
+	srv := newAgentServer()
+	release := addFinishTool(srv)
+	var mu sync.Mutex
+	gets := 0
+	getEnded := make(chan struct{}, 4)
+	host := agentGateway(t, h, "longpause", srv, nil, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodGet {
+				next.ServeHTTP(w, r)
+				return
+			}
+			mu.Lock()
+			gets++
+			mu.Unlock()
+			next.ServeHTTP(w, r)
+			getEnded <- struct{}{}
+		})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	beats := make(chan struct{}, 1)
+	changed := make(chan struct{}, 4)
+	progressed := make(chan struct{}, 1)
+	cs := agentConnect(t, ctx, h, host, &mcp.ClientOptions{
+		ToolListChangedHandler:      func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progressed <- struct{}{} },
+	}, &mcp.StreamableClientTransport{MaxRetries: 3,
+		HTTPClient: &http.Client{Transport: getBeats{base: hostTransport{host: host, base: h.client.Transport}, beats: beats}}})
+	done := callFinish(ctx, cs)
+	waitProgress(t, ctx, progressed, done) // the call's answer stream is open at the agent
+	testenv.WaitFor(t, 10*time.Second, "the standalone GET and the call's stream are open", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 2
+	})
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"longpause","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	// Heartbeats come at least 7/8 of their interval apart: 60 of them
+	// span more than twice the idle timeout.
+	for n := 0; n < 60; {
+		select {
+		case <-beats:
+			n++
+		case <-getEnded:
+			t.Fatalf("the paused sandbox's GET stream was cut after %d heartbeats (upstream.idle_timeout %v)", n, idle)
+		case err := <-done:
+			t.Fatalf("the call in flight ended during the pause, after %d heartbeats: %v", n, err)
+		case <-ctx.Done():
+			t.Fatalf("%d heartbeats on the paused sandbox's GET stream", n)
+		}
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"longpause","state":"running"}`, ""); st != 200 {
+		t.Fatalf("resume: %d %s", st, body)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("the call in flight through the pause: %v", err)
+	}
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err != nil {
+		t.Fatalf("the session after a pause longer than upstream.idle_timeout: %v", err)
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "after-long-pause"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("tools/list_changed after the resume never reached the agent")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gets != 1 {
+		t.Fatalf("%d GETs reached the gateway, want the one stream, kept through the pause", gets)
+	}
+}

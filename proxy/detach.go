@@ -212,6 +212,8 @@ func (s *bodyStream) copyEvents() error {
 				}
 				s.beatSent()
 				continue
+			case s.pausedIdle(err):
+				continue
 			case err != nil && s.drainEndsCleanly():
 				s.x.drained = true
 				s.countOut()

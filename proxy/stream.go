@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,6 +179,9 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.x.bytesOut += int64(n)
 		return n, nil
 	}
+	if n == 0 && s.pausedIdle(err) {
+		return 0, nil // fasthttp reads again: a new wait
+	}
 	if err != nil && err != io.EOF && s.drainEndsCleanly() {
 		// Drain interrupted the upstream read: end the stream cleanly so an
 		// SSE client reconnects (with Last-Event-ID) to another instance.
@@ -198,6 +202,28 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 // stream ends as cut, and the client resumes from the event before.
 func (s *bodyStream) drainEndsCleanly() bool {
 	return s.stopping.Load() && (!s.sse || s.atBoundary)
+}
+
+// pausedIdle reports whether err is upstream.idle_timeout expiring while
+// the stream's sandbox is pausing or paused, and if so re-arms it for the
+// next wait. A paused VM is silent by nature, and its open streams are
+// left for it to resume with (README, What an MCP agent sees): cut at
+// idle_timeout, a session's GET stream was reconnected by the go-sdk into
+// the pause's 503, which failed the session. Only a failed read pays the
+// look at the state.
+func (s *bodyStream) pausedIdle(err error) bool {
+	// errors.Is, not isTimeout: its errors.As target escapes, an
+	// allocation at the end of every stream that ends with an empty read.
+	if err == nil || err == io.EOF || !errors.Is(err, os.ErrDeadlineExceeded) || s.stopping.Load() || s.conn.interrupted.Load() {
+		return false
+	}
+	if st := s.sb.state(); st != statePausing && st != statePaused {
+		return false
+	}
+	// The socket's deadline has expired: forgotten, so that the next one
+	// is set whatever it is (as heartbeatFired does).
+	s.conn.idleDeadline, s.conn.readDeadline = time.Time{}, time.Time{}
+	return true
 }
 
 // dropBOM drops a BOM that opens the sandbox's stream, the first n bytes

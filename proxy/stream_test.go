@@ -1161,8 +1161,10 @@ func TestHeartbeatCountsFromTheLastEvent(t *testing.T) {
 
 // Heartbeats are the proxy's own bytes, not the sandbox's: a stream whose
 // sandbox says nothing for the idle timeout is closed even though the
-// client kept getting heartbeats (a hung or paused sandbox must not hold
-// the stream, and the client's reconnect, for ever).
+// client kept getting heartbeats (a hung sandbox, or one paused without
+// the proxy being told, must not hold the stream, and the client's
+// reconnect, for ever; one paused through /admin/state keeps it,
+// TestMCPPauseOutlastsIdleTimeout).
 func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 	t.Parallel()
 	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams

@@ -499,6 +499,17 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		return false
 	}
 	defer a.locks.lock(id)()
+	// The body is the whole route, and AllowPublicTraffic left out is
+	// public: a control plane that sends only the fields it changes (as it
+	// would HSET them in Redis) turned a restricted sandbox public, its
+	// token dropped. Refused unless said, or for a sandbox created again
+	// under the id (a later CreatedAt), whose route is a new one.
+	if _, said := fields[routing.FieldAllowPublicTraffic]; !said {
+		if old, ok := a.cfg.Routes.Get(id); ok && !old.Public && r.CreatedAt <= old.CreatedAt {
+			adminError(ctx, 400, "route field AllowPublicTraffic: left out, which is public, but the stored route of sandbox "+id+` is restricted; a body is the whole route: send "AllowPublicTraffic":"true" to make it public, or "false" with its TrafficAccessToken`)
+			return false
+		}
+	}
 	// A failed file write still leaves the new route live in memory, so
 	// the cached old one is dropped either way.
 	err = a.cfg.Routes.Put(r)

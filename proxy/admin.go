@@ -377,6 +377,9 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 	limit := 0
 	if q.Has("limit") {
 		n, err := strconv.Atoi(string(q.Peek("limit")))
+		if errors.Is(err, strconv.ErrRange) && n > 0 {
+			err = nil // too large for an int, still a positive number: n is the largest int
+		}
 		if err != nil || n < 1 {
 			adminError(ctx, 400, "limit must be a positive number of routes")
 			return
@@ -819,6 +822,11 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 	}
 	if q.Has("since") {
 		n, err := strconv.ParseInt(string(q.Peek("since")), 10, 64)
+		if errors.Is(err, strconv.ErrRange) && n > 0 {
+			// A whole number past int64 is the far future (n is the
+			// largest int64), not a 400 saying it is no milliseconds.
+			err = nil
+		}
 		if err != nil || n < 0 {
 			adminError(ctx, 400, "since must be unix milliseconds")
 			return

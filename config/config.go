@@ -1083,8 +1083,8 @@ func (c *Config) checkHostNames() error {
 }
 
 // checkNodeIP refuses a node_ip that is no address, one with an IPv6
-// zone, or the unspecified address (0.0.0.0, ::, "every address" to a
-// listener): node_ip is compared with each route's HostIP, which may carry
+// zone, or the unspecified address (0.0.0.0, ::, ::ffff:0.0.0.0, "every
+// address" to a listener): node_ip is compared with each route's HostIP, which may carry
 // no zone and is never unspecified, so it would never match, and every
 // route on this node would be dialed through its host port instead of its
 // SandboxIP, with no word.
@@ -1096,7 +1096,8 @@ func (c *Config) checkNodeIP() error {
 	if err != nil {
 		return fmt.Errorf("node_ip %q: %w", c.NodeIP, err)
 	}
-	if addr.IsUnspecified() {
+	// Unmapped as the proxy reads it: ::ffff:0.0.0.0 is 0.0.0.0.
+	if addr.Unmap().IsUnspecified() {
 		return fmt.Errorf("node_ip %q: the unspecified address is no route's HostIP, so no route on this node would be dialed through its SandboxIP; set the address the routes name as HostIP (this node's own)", c.NodeIP)
 	}
 	if zone := addr.Zone(); zone != "" {

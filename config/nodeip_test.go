@@ -25,6 +25,9 @@ func TestNodeIP(t *testing.T) {
 		// names it as HostIP, so none was dialed directly, silently.
 		{"unspecified IPv4", "0.0.0.0", `node_ip "0.0.0.0": the unspecified address is no route's HostIP`},
 		{"unspecified IPv6", "::", `node_ip "::": the unspecified address is no route's HostIP`},
+		// The proxy reads an IPv4-mapped node_ip as the IPv4 address it
+		// maps (README), so this one is 0.0.0.0 too.
+		{"unspecified IPv4-mapped", "::ffff:0.0.0.0", `node_ip "::ffff:0.0.0.0": the unspecified address is no route's HostIP`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			loadWants(t, "node_ip: '"+tc.ip+"'\n", tc.want)

@@ -377,6 +377,9 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 	limit := 0
 	if q.Has("limit") {
 		n, err := strconv.Atoi(string(q.Peek("limit")))
+		if errors.Is(err, strconv.ErrRange) && n > 0 {
+			err = nil // too large for an int, still a positive number: n is the largest int
+		}
 		if err != nil || n < 1 {
 			adminError(ctx, 400, "limit must be a positive number of routes")
 			return
@@ -499,6 +502,17 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 		return false
 	}
 	defer a.locks.lock(id)()
+	// The body is the whole route, and AllowPublicTraffic left out is
+	// public: a control plane that sends only the fields it changes (as it
+	// would HSET them in Redis) turned a restricted sandbox public, its
+	// token dropped. Refused unless said, or for a sandbox created again
+	// under the id (a later CreatedAt), whose route is a new one.
+	if _, said := fields[routing.FieldAllowPublicTraffic]; !said {
+		if old, ok := a.cfg.Routes.Get(id); ok && !old.Public && r.CreatedAt <= old.CreatedAt {
+			adminError(ctx, 400, "route field AllowPublicTraffic: left out, which is public, but the stored route of sandbox "+id+` is restricted; a body is the whole route: send "AllowPublicTraffic":"true" to make it public, or "false" with its TrafficAccessToken`)
+			return false
+		}
+	}
 	// A failed file write still leaves the new route live in memory, so
 	// the cached old one is dropped either way.
 	err = a.cfg.Routes.Put(r)
@@ -808,6 +822,11 @@ func (a *Admin) lastActive(ctx *fasthttp.RequestCtx) {
 	}
 	if q.Has("since") {
 		n, err := strconv.ParseInt(string(q.Peek("since")), 10, 64)
+		if errors.Is(err, strconv.ErrRange) && n > 0 {
+			// A whole number past int64 is the far future (n is the
+			// largest int64), not a 400 saying it is no milliseconds.
+			err = nil
+		}
 		if err != nil || n < 0 {
 			adminError(ctx, 400, "since must be unix milliseconds")
 			return

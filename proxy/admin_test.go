@@ -963,7 +963,8 @@ func TestAdminRoutesPaged(t *testing.T) {
 		h.put(id, map[string]string{"HostIP": "127.0.0.1", "8080": "8080"})
 	}
 	page := func(out map[string]any) (got []string) {
-		for id := range out["routes"].(map[string]any) {
+		routes, _ := out["routes"].(map[string]any) // nil in an error's answer
+		for id := range routes {
 			got = append(got, id)
 		}
 		slices.Sort(got)
@@ -982,6 +983,8 @@ func TestAdminRoutesPaged(t *testing.T) {
 		{"?after=pg-c", ids[3:], nil},
 		{"?after=pg-bb&limit=1", ids[2:3], "pg-c"}, // an id no route has
 		{"?after=pg-e", nil, nil},
+		// A positive number too large for an int is still one: every route.
+		{"?limit=99999999999999999999", ids, nil},
 	} {
 		st, out := h.adminJSON("GET", "/admin/routes"+tc.query, "")
 		if got := page(out); st != 200 || !slices.Equal(got, tc.want) || out["count"] != float64(len(tc.want)) || out["next"] != tc.next {
@@ -1076,6 +1079,12 @@ func TestLastActiveRefusesAnEmptySince(t *testing.T) {
 	}
 	if st, out := h.adminJSON("GET", "/admin/last_active", ""); st != 200 || out["since"] != float64(0) {
 		t.Errorf("GET /admin/last_active without since: %d %v, want 200 since 0", st, out)
+	}
+	// A whole number ≥ 0 is taken, however large (README): one past int64
+	// is the far future, no sandbox active since, not a 400 saying it is
+	// no unix milliseconds.
+	if st, out := h.adminJSON("GET", "/admin/last_active?since=99999999999999999999", ""); st != 200 || out["count"] != float64(0) {
+		t.Errorf("GET /admin/last_active?since=99999999999999999999: %d %v, want 200 with no entries", st, out)
 	}
 }
 

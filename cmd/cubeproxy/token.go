@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
@@ -29,7 +30,18 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("cubeproxy token sign", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	sandbox := fs.String("sandbox", "", "sandbox id")
-	port := fs.Int("port", 0, "container port")
+	// Decimal, as the traffic parser reads a Host's port (03000 is 3000):
+	// flag.Int read a leading 0 as octal and 0x as hex, and signed 03000
+	// for port 1536.
+	var port int64
+	fs.Func("port", "container port: a decimal `number`, 1-65535", func(s string) error {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errors.New("want a port number in decimal digits")
+		}
+		port = n
+		return nil
+	})
 	ttl := fs.String("ttl", "10m", "lifetime (1s to 24h)")
 	cfgPath := fs.String("config", "", "config file with auth.signing_keys (or CUBEPROXY_AUTH_SIGNING_KEYS)")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -67,15 +79,15 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	switch {
 	case !routing.ValidID(*sandbox):
 		return fmt.Errorf("--sandbox %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", *sandbox)
-	case *port < 1 || *port > 65535:
-		return fmt.Errorf("--port %d is not a port (1-65535)", *port)
+	case port < 1 || port > 65535:
+		return fmt.Errorf("--port %d is not a port (1-65535)", port)
 	}
 	d, err := proxy.ParseTokenTTL(*ttl)
 	if err != nil {
 		return err
 	}
 	exp := proxy.TokenExpiry(time.Now(), d)
-	tok, err := signer.Sign(*sandbox, uint16(*port), exp)
+	tok, err := signer.Sign(*sandbox, uint16(port), exp)
 	if err != nil {
 		return err
 	}
@@ -86,6 +98,6 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		domain = domainOfHosts(cfg.Domains[0])
 	}
 	// The token stays on stdout only, so stderr can go to a terminal or a log.
-	fmt.Fprintf(stderr, "expires %s; open https://%d-%s.%s/?%s=<token>\n", exp.UTC().Format(time.RFC3339), *port, *sandbox, domain, auth.QueryParamName)
+	fmt.Fprintf(stderr, "expires %s; open https://%d-%s.%s/?%s=<token>\n", exp.UTC().Format(time.RFC3339), port, *sandbox, domain, auth.QueryParamName)
 	return nil
 }

@@ -110,6 +110,18 @@ func TestTokenSign(t *testing.T) {
 		}
 	}
 
+	// A port with leading zeros is the decimal number, as the traffic
+	// parser reads a Host's (03000-box is port 3000): flag.Int read it as
+	// octal, and signed 03000 for port 1536, the URL printed for it
+	// reaching another port.
+	code, out, errOut = tokenSign(env, "--sandbox", "box", "--port", "03000")
+	if code != 0 || !strings.Contains(errOut, "open https://3000-box.") {
+		t.Fatalf("--port 03000: exit %d, stderr %q, want the token for port 3000", code, errOut)
+	}
+	if _, err := signer(k1).Verify(strings.TrimSpace(out), "box", 3000, time.Now()); err != nil {
+		t.Errorf("--port 03000: the token does not verify for port 3000: %v", err)
+	}
+
 	// Default TTL 10m; keys from the config file.
 	cfgFile := filepath.Join(t.TempDir(), "cubeproxy.yaml")
 	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("auth:\n  signing_keys: [%q]\n", k2+k1)), 0o600); err != nil {
@@ -163,6 +175,11 @@ func TestTokenSignErrors(t *testing.T) {
 		if strings.Contains(errOut, short) {
 			t.Errorf("%s: the error repeats the key", tc.name)
 		}
+	}
+	// Decimal only, as a flag the command cannot read (the flag package's
+	// usage comes first): flag.Int read 0x50 as port 80.
+	if code, out, errOut := tokenSign(good, "--sandbox", "box", "--port", "0x50"); code != 2 || out != "" || !strings.Contains(errOut, `invalid value "0x50" for flag -port`) {
+		t.Errorf("--port 0x50: exit %d, stdout %q, stderr %q; want exit 2 refusing the value", code, out, errOut)
 	}
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"token"}, noEnv, &out, &errb); code != 2 || !strings.Contains(errb.String(), "usage: cubeproxy token sign") {

@@ -1871,6 +1871,8 @@ func (b *clientBody) ended(err error) error {
 // trailer at once, and the head's request id is still read after the
 // body (the answer's id, the log). The names dropped here are ones the
 // head no longer has, or never had.
+// More than maxInvalidNames fields to drop refuse the trailer, as the
+// head refuses as many names with a space.
 func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 	for _, name := range h.PeekTrailerKeys() {
 		refused := bytes.EqualFold(name, []byte("Forwarded")) || bytes.EqualFold(name, []byte(HeaderRequestID))
@@ -1893,6 +1895,12 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 	doomed := found[:0]
 	for _, name := range h.PeekTrailerKeys() {
 		if droppedTrailerName(name, options) {
+			if len(doomed) == maxInvalidNames {
+				// Each delete walks the whole header, as in the head
+				// (dropInvalidNames), which refuses as many: 3,000 such
+				// names in a 30 KB trailer cost ≈ 10 ms of CPU.
+				return fmt.Errorf("request trailer holds more than %d fields the proxy drops", maxInvalidNames)
+			}
 			// A copy: deleting reuses the header's buffers.
 			doomed = append(doomed, bytes.Clone(name))
 		}

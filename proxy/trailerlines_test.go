@@ -7,6 +7,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // chunkedWithTrailer is a chunked POST of "abc" to host whose trailer is
@@ -47,5 +51,57 @@ func TestTrailerNamesWithSpaceBounded(t *testing.T) {
 	for _, n := range []int{maxInvalidNames + 1, 2000} {
 		resp, body := rawRequest(t, h.addr, chunkedWithTrailer(host, names(n)))
 		checkProxyError(t, resp, body, 400, CodeBadBody)
+	}
+}
+
+// A chunked body's trailer is parsed into the request's header, as its
+// head is, and fasthttp keeps the parsed lines (≈ 100 bytes each) with the
+// connection: 200 connections
+// idle after a chunked upload whose trailer held 6,000 "a:b" lines (30 KB,
+// under client.max_header_size, which bounds a trailer as it bounds a
+// head, in bytes) held ≈ 530 KiB each against GOMEMLIMIT, where the head
+// refuses more than maxHeaderLines lines and lets go of more than
+// keptHeadLines (headDrop). A request that carried a trailer now lets go
+// of its header once answered, as one of many head lines does.
+func TestManyTrailerLinesHoldNoMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 200 connections")
+	}
+	if raceDetectorOn {
+		t.Skip("counts memory; make test runs this without -race")
+	}
+	const conns = 200
+	h, host, kib, allowed := headLinesMemoryCase(t)
+	rl := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rl, "8443")
+	lines := strings.Repeat("a:b\r\n", 6000)
+	for _, tc := range []struct {
+		name    string
+		addr    string
+		host    string
+		trailer string
+	}{
+		{"6,000 lines", h.addr, host, lines},
+		// Every line deleted (stripTrailerFields): the trailer is empty
+		// when answered, its storage kept all the same.
+		{"1,000 lines the proxy deletes", h.addr, host, strings.Repeat(auth.HeaderCubeTrafficToken+":b\r\n", 1000)},
+		{"6,000 lines, redirect listener", rl.Addr().String(), host, lines},
+		{"6,000 lines, admin listener", h.admin, "127.0.0.1", lines},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.WaitFor(t, 10*time.Second, "earlier connections closed", func() bool { return h.proxy.held.len() == 0 })
+			before := limitCounted()
+			answeredConns(t, tc.addr, chunkedWithTrailer(tc.host, tc.trailer), conns, func(resp *http.Response) {
+				if resp.Close {
+					t.Fatalf("got %d with the connection closed, want it kept", resp.StatusCode)
+				}
+			})
+			per := (int64(limitCounted()) - int64(before)) / conns
+			t.Logf("%d bytes counted per connection", per)
+			if per > allowed {
+				t.Errorf("a connection holds %.0f KiB against GOMEMLIMIT after a trailer of %d bytes, over the README's %d KiB for the heads the proxy takes",
+					float64(per)/1024, len(tc.trailer), kib)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -622,5 +624,40 @@ func TestACMECovers(t *testing.T) {
 		if got := ACMECovers(tc.cfg, tc.host); got != tc.want {
 			t.Errorf("%s: ACMECovers(%q) = %v, want %v", tc.name, tc.host, got, tc.want)
 		}
+	}
+}
+
+// TestPerHandshakeLineThrottled checks that certmagic's per-handshake
+// "tls-alpn challenge" line is logged once per handshakeLogEvery, the next
+// one counting those held back, while other lines all pass.
+func TestPerHandshakeLineThrottled(t *testing.T) {
+	var b strings.Builder
+	core := newZapLogger(slog.New(slog.NewTextHandler(&b, nil))).Core()
+	t0 := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	write := func(msg string, at time.Duration) {
+		if err := core.Write(zapcore.Entry{Level: zapcore.ErrorLevel, Message: msg, Time: t0.Add(at)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 6 {
+		write("tls-alpn challenge", time.Duration(i)*time.Second)
+		write("could not get certificate from issuer", time.Duration(i)*time.Second)
+	}
+	write("tls-alpn challenge", handshakeLogEvery+time.Second)
+	var got []string
+	others := 0
+	for line := range strings.Lines(b.String()) {
+		if !strings.Contains(line, `msg="tls-alpn challenge"`) {
+			others++
+			continue
+		}
+		got = append(got, strings.TrimSpace(line))
+	}
+	want := []string{
+		`time=2026-12-05T00:00:00.000Z level=ERROR msg="tls-alpn challenge"`,
+		`time=2026-12-05T00:00:11.000Z level=ERROR msg="tls-alpn challenge" suppressed=5`,
+	}
+	if !slices.Equal(got, want) || others != 6 {
+		t.Fatalf("lines:\n%s\nwant the challenge lines %q and all 6 others", b.String(), want)
 	}
 }

@@ -336,3 +336,38 @@ func TestACMEChallengeHandshakeFromStranger(t *testing.T) {
 		})
 	}
 }
+
+// TestACMEChallengeHandshakesForARealNameLogOnce checks that TLS-ALPN-01
+// handshakes for a name on-demand accepts (a real sandbox's), while no
+// order for it runs, log certmagic's "tls-alpn challenge" error once, not
+// once each: any client can send them, and each wrote an ERROR line.
+func TestACMEChallengeHandshakesForARealNameLogOnce(t *testing.T) {
+	rec := &logRecorder{}
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceACME, Domain: "cube.test", Logger: slog.New(rec),
+		Allow: func(context.Context, string) error { return nil },
+		ACME: certs.ACMEConfig{
+			CA: "https://127.0.0.1:1/dir", Email: "ops@cube.test", StorageDir: t.TempDir(),
+			SkipWildcard: true, OnDemand: true,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+	const sni = "50005-real.cube.test"
+	for range 20 {
+		c, err := dial(srv.addr, &tls.Config{InsecureSkipVerify: true, ServerName: sni, NextProtos: []string{"acme-tls/1"}})
+		if err == nil {
+			_, err = c.get(sni)
+			c.close()
+		}
+		if err == nil {
+			t.Fatal("a challenge handshake with no order running was answered")
+		}
+	}
+	if w := rec.warnings(); len(w) != 1 || w[0] != "tls-alpn challenge" {
+		t.Fatalf("20 challenge handshakes logged %q, want one tls-alpn challenge line", w)
+	}
+}

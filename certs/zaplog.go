@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -14,12 +16,13 @@ import (
 // into our slog.Logger, so issuance and renewal messages land in the same log
 // stream with the same level filtering.
 func newZapLogger(log *slog.Logger) *zap.Logger {
-	return zap.New(&slogCore{h: log.Handler()})
+	return zap.New(&slogCore{h: log.Handler(), th: &handshakeThrottle{}})
 }
 
 // slogCore is a zapcore.Core backed by a slog.Handler.
 type slogCore struct {
-	h slog.Handler
+	h  slog.Handler
+	th *handshakeThrottle // shared by the cores With derives
 }
 
 func (c *slogCore) Enabled(l zapcore.Level) bool {
@@ -27,7 +30,7 @@ func (c *slogCore) Enabled(l zapcore.Level) bool {
 }
 
 func (c *slogCore) With(fields []zapcore.Field) zapcore.Core {
-	return &slogCore{h: c.h.WithAttrs(attrs(fields))}
+	return &slogCore{h: c.h.WithAttrs(attrs(fields)), th: c.th}
 }
 
 func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -38,12 +41,55 @@ func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 }
 
 func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	suppressed := 0
+	if perHandshake(e.Message) {
+		var ok bool
+		if suppressed, ok = c.th.admit(e.Time); !ok {
+			return nil
+		}
+	}
 	r := slog.NewRecord(e.Time, slogLevel(e.Level), e.Message, 0)
 	if e.LoggerName != "" {
 		r.AddAttrs(slog.String("logger", e.LoggerName))
 	}
 	r.AddAttrs(attrs(fields)...)
+	if suppressed > 0 {
+		r.AddAttrs(slog.Int("suppressed", suppressed))
+	}
 	return c.h.Handle(context.Background(), r)
+}
+
+// perHandshake reports whether msg is a certmagic line any client can have
+// written once per TLS handshake: "tls-alpn challenge", its error for a
+// ClientHello shaped as a TLS-ALPN-01 validation (acme-tls/1 alone) of a
+// name on-demand accepts while no order for it runs. A real sandbox's name
+// is no secret, so that was an ERROR line per handshake for anyone to send.
+func perHandshake(msg string) bool { return msg == "tls-alpn challenge" }
+
+// handshakeLogEvery is how often a per-handshake certmagic line is logged.
+const handshakeLogEvery = 10 * time.Second
+
+// handshakeThrottle lets one per-handshake line through per
+// handshakeLogEvery (a CA's real validations succeed and log none) and
+// counts those held back, which the next line carries as "suppressed".
+type handshakeThrottle struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// admit reports whether a line at now is logged, and how many were held
+// back before it.
+func (t *handshakeThrottle) admit(now time.Time) (suppressed int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.last.IsZero() && now.Sub(t.last) < handshakeLogEvery {
+		t.suppressed++
+		return 0, false
+	}
+	suppressed = t.suppressed
+	t.last, t.suppressed = now, 0
+	return suppressed, true
 }
 
 func (c *slogCore) Sync() error { return nil }

@@ -1241,14 +1241,14 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		order.release()
 	}
 	var buf [256]byte
-	setForwarding(h, keyRealIP, seen.realIP, ip.AppendTo(buf[:0]))
-	setForwarding(h, keyForwardedFor, seen.forwardedFor, forwardedFor)
+	setForwarding(h, keyRealIP, ip.AppendTo(buf[:0]))
+	setForwarding(h, keyForwardedFor, forwardedFor)
 	if seen.forwarded > 0 {
 		// Only where the client sent one (as nginx, the proxy adds none):
 		// a framework that reads it before X-Forwarded-For takes the
 		// rightmost element no trusted proxy added, which is then the
 		// proxy's, not a client's forgery.
-		setForwarding(h, keyForwarded, seen.forwarded, forwarded)
+		setForwarding(h, keyForwarded, forwarded)
 	}
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
@@ -1264,7 +1264,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if masked {
-		setForwarding(h, keyForwardedHost, seen.forwardedHost, h.Host())
+		setForwarding(h, keyForwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil

@@ -951,16 +951,27 @@ type lineHeader interface {
 }
 
 // restore puts each remembered field's lines back in their first order,
-// unless the deletes took the field away.
+// unless the deletes took the field away. Every such field is taken out
+// before any is put back: a delete fills its holes with the head's last
+// lines, which, once a field is back, are that field's (with two repeated
+// fields, the first put back was reordered by the second's delete).
 func (o *lineOrder) restore(h lineHeader) {
+	var back uint8 // the fields taken out, by index (len(o.names) is 8)
+	for i := range o.n {
+		name := b2s(o.bytes(o.names[i]))
+		if len(h.PeekAll(name)) == int(o.count[i]) { // else deleted
+			h.Del(name)
+			back |= 1 << i
+		}
+	}
 	v := 0
 	for i := range o.n {
-		name, vals := b2s(o.bytes(o.names[i])), o.vals[v:v+int(o.count[i])]
+		vals := o.vals[v : v+int(o.count[i])]
 		v += int(o.count[i])
-		if len(h.PeekAll(name)) != len(vals) {
-			continue // deleted
+		if back&(1<<i) == 0 {
+			continue
 		}
-		h.Del(name)
+		name := b2s(o.bytes(o.names[i]))
 		for _, sp := range vals {
 			h.AddBytesV(name, o.bytes(sp))
 		}

@@ -1233,8 +1233,9 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 			return
 		}
 		defer conn.Close()
+		// Two repeated fields: putting one back must not move the other's.
 		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: %d\r\nWWW-Authenticate: Basic\r\n"+
-			"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\n\r\n%s", len(body), body)
+			"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nX-Other: 2\r\nWWW-Authenticate: Digest\r\n\r\n%s", len(body), body)
 		bw.Flush()
 	}))
 	host := h.route("lineorder", port)
@@ -1254,12 +1255,18 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// The client's own id: no generated line after the last Accept.
 			resp, e := echoRawExchange(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": lineorder-id", tc.before,
-				"Accept: a", "X-Other: 1", "Accept: b", "Accept: c")
+				"Accept: a", "X-Other: 1", "Accept: b", "X-Other: 2", "Accept: c")
 			if got := e.get("Accept"); got != "a|b|c" {
 				t.Errorf("Accept lines reached the sandbox as %q, want a|b|c", got)
 			}
+			if got := e.get("X-Other"); got != "1|2" {
+				t.Errorf("X-Other lines reached the sandbox as %q, want 1|2", got)
+			}
 			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
 				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
+			}
+			if got := strings.Join(resp.Header["X-Other"], "|"); got != "1|2" {
+				t.Errorf("X-Other lines reached the client as %q, want 1|2", got)
 			}
 			if got := resp.Header.Get("Keep-Alive"); got != "" {
 				t.Errorf("Keep-Alive %q reached the client", got)

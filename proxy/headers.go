@@ -233,6 +233,23 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	return nil
 }
 
+// delResponseField removes every line of name from an answer's head, the
+// lines of the other fields kept in their order: fasthttp deletes a line by
+// moving the head's last line into its place, which reordered a repeated
+// field (a chunked answer's Transfer-Encoding, removed for an HTTP/1.0
+// client, swapped its WWW-Authenticate challenges). Only a head that has
+// the field pays for the order.
+func delResponseField(h *fasthttp.ResponseHeader, name string) {
+	if len(h.Peek(name)) == 0 {
+		return
+	}
+	order := lineOrders.Get().(*lineOrder)
+	order.rememberResponse(h)
+	h.Del(name)
+	order.restore(h)
+	order.release()
+}
+
 // errInvalidHeaderName is an answer with a header name no field name can
 // be (removeHopResponse).
 var errInvalidHeaderName = errors.New("response header name holds a space or a tab")

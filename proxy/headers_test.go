@@ -1275,6 +1275,40 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 	}
 }
 
+// An HTTP/1.0 client gets a chunked answer without its Transfer-Encoding
+// line (no coding means anything to it), and the lines of a repeated field
+// in the sandbox's order: removing that line moved the head's last line
+// into its place, after the order of the lines was restored.
+func TestAnswerLinesKeepTheirOrderForHTTP10(t *testing.T) {
+	h := newHarness(t)
+	// As Node writes a chunked answer: Keep-Alive (hop-by-hop) ahead of
+	// the challenges, Transfer-Encoding after them.
+	port := rawBackend(t, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nWWW-Authenticate: Basic\r\nX-Other: 1\r\n"+
+		"WWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+	host := h.route("order10", port)
+	for _, method := range []string{"GET", "HEAD"} {
+		t.Run(method, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "%s / HTTP/1.0\r\nHost: %s\r\n\r\n", method, host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
+				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
+			}
+			if te := resp.Header.Get("Transfer-Encoding"); te != "" || len(resp.TransferEncoding) > 0 {
+				t.Errorf("Transfer-Encoding %q%q reached an HTTP/1.0 client", te, resp.TransferEncoding)
+			}
+			if want := map[string]string{"GET": "ok", "HEAD": ""}[method]; string(body) != want {
+				t.Errorf("body %q, want %q", body, want)
+			}
+		})
+	}
+}
+
 // TestSandboxRequestIDLineKeepsOrder: the proxy puts its request id over a
 // sandbox's own X-Cube-Request-Id line. Deleting that line would move the
 // head's last line into its place (fasthttp's swap delete) and reorder a

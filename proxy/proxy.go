@@ -893,7 +893,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	if !req.Header.IsHTTP11() {
 		// No transfer coding means anything to an HTTP/1.0 client (a HEAD
 		// answer would still list the backend's).
-		resp.Header.Del("Transfer-Encoding")
+		delResponseField(&resp.Header, fasthttp.HeaderTransferEncoding)
 	}
 	// The client gets HTTP/1.1 framing whatever the backend spoke (an
 	// HTTP/1.0 status line with a chunked body would be read as data).

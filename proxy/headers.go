@@ -960,6 +960,18 @@ func (o *lineOrder) rememberResponse(h *fasthttp.ResponseHeader) {
 	}
 }
 
+// rememberTrailer remembers the repeated fields of a request body's
+// trailer. restore puts them back there: fasthttp adds a field the
+// trailer announced or carried to the trailer. A name the head has too
+// counts its lines there, and is not put back.
+func (o *lineOrder) rememberTrailer(h *fasthttp.RequestHeader) {
+	for _, name := range h.PeekTrailerKeys() {
+		if !special(name) {
+			o.remember(name, h.PeekAllTrailer(b2s(name)))
+		}
+	}
+}
+
 // lineHeader is what restore needs of a request's or a response's header.
 type lineHeader interface {
 	PeekAll(key string) [][]byte

@@ -1881,6 +1881,15 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 			return fmt.Errorf("request trailer field %q: the proxy sets it in the head", name)
 		}
 	}
+	// fasthttp deletes a trailer line by moving the trailer's last line
+	// into its place: a field sent there on several lines is put back in
+	// its order after the deletes. Most bodies have no trailer.
+	var order *lineOrder
+	if len(h.PeekTrailerKeys()) > 0 {
+		order = lineOrders.Get().(*lineOrder)
+		order.rememberTrailer(h)
+		defer order.release()
+	}
 	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
@@ -1899,6 +1908,9 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 	}
 	for _, name := range doomed {
 		h.DelBytes(name)
+	}
+	if order != nil {
+		order.restore(h)
 	}
 	return nil
 }

@@ -233,6 +233,23 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	return nil
 }
 
+// delResponseField removes every line of name from an answer's head, the
+// lines of the other fields kept in their order: fasthttp deletes a line by
+// moving the head's last line into its place, which reordered a repeated
+// field (a chunked answer's Transfer-Encoding, removed for an HTTP/1.0
+// client, swapped its WWW-Authenticate challenges). Only a head that has
+// the field pays for the order.
+func delResponseField(h *fasthttp.ResponseHeader, name string) {
+	if len(h.Peek(name)) == 0 {
+		return
+	}
+	order := lineOrders.Get().(*lineOrder)
+	order.rememberResponse(h)
+	h.Del(name)
+	order.restore(h)
+	order.release()
+}
+
 // errInvalidHeaderName is an answer with a header name no field name can
 // be (removeHopResponse).
 var errInvalidHeaderName = errors.New("response header name holds a space or a tab")
@@ -342,16 +359,17 @@ func openQuote(v []byte) bool {
 }
 
 // setForwarding sets a header the proxy vouches for (X-Real-IP,
-// X-Forwarded-For, X-Forwarded-Host, its element of Forwarded), given how many lines of it the client
-// sent. SetBytesV replaces only the first line of a name, so a client's
-// further copies would reach the sandbox beside the proxy's, where a
-// framework reading the last line, or the rightmost address of the joined
-// lines, takes the forged one. key is in fasthttp's canonical form (one of
-// the keyX names): SetCanonical does not normalize it again.
-func setForwarding(h *fasthttp.RequestHeader, key []byte, lines uint8, v []byte) {
-	if lines > 1 {
-		h.DelBytes(key)
-	}
+// X-Forwarded-For, X-Forwarded-Host, its element of Forwarded) as its only
+// line: a client's further copies would reach the sandbox beside the
+// proxy's, where a framework reading the last line, or the rightmost
+// address of the joined lines, takes the forged one. A set replaces the
+// first line and drops the others in place, leaving every other line
+// where it was; deleting them first (as earlier builds did for a name sent
+// twice) moved the head's last lines into their places, after the deletes
+// whose line order prepareRequest restores, and reordered a repeated field
+// (RFC 9110 §5.3). key is in fasthttp's canonical form (one of the keyX
+// names): SetCanonical does not normalize it again.
+func setForwarding(h *fasthttp.RequestHeader, key, v []byte) {
 	h.SetCanonical(key, v)
 }
 
@@ -391,13 +409,14 @@ type headSeen struct {
 	transferEncoding bool
 	expect           bool // an Expect line: maybe the 100-continue fasthttp answered
 
-	// Lines of each (saturating at 2: only "more than one" matters).
-	realIP, forwardedFor, forwardedHost, forwarded, requestID uint8
+	// Lines of each (saturating at 2: only "any" and "more than one"
+	// matter).
+	forwardedFor, forwarded, requestID uint8
 }
 
 // seeAll is the answer when the head was not parsed from the wire (no raw
 // copy to scan): look everything up.
-var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceNames: 1, expect: true, realIP: 2, forwardedFor: 2, forwardedHost: 2, forwarded: 2, requestID: 2}
+var seeAll = headSeen{hop: true, credentials: true, underscore: true, spaceNames: 1, expect: true, forwardedFor: 2, forwarded: 2, requestID: 2}
 
 // headName is a name scanHead looks for, and what seeing it means.
 type headName struct {
@@ -409,9 +428,7 @@ const (
 	seenHop = iota
 	seenCredentials
 	seenForwardedProto
-	seenRealIP
 	seenForwardedFor
-	seenForwardedHost
 	seenForwarded
 	seenTransferEncoding
 	seenExpect
@@ -424,15 +441,15 @@ var headNames = [...]headName{
 	{"Trailer", seenHop}, {"Upgrade", seenHop},
 	{"Cookie", seenCredentials}, {auth.HeaderE2BTrafficToken, seenCredentials}, {auth.HeaderCubeTrafficToken, seenCredentials},
 	{auth.HeaderAdminToken, seenCredentials},
-	{"X-Forwarded-Proto", seenForwardedProto}, {"X-Real-IP", seenRealIP},
-	{"X-Forwarded-For", seenForwardedFor}, {"X-Forwarded-Host", seenForwardedHost}, {"Forwarded", seenForwarded},
+	{"X-Forwarded-Proto", seenForwardedProto},
+	{"X-Forwarded-For", seenForwardedFor}, {"Forwarded", seenForwarded},
 	{"Transfer-Encoding", seenTransferEncoding}, {"Expect", seenExpect},
 	{"X-Cube-Request-Id", seenRequestID},
 }
 
 // headNamesByLen is headNames indexed by name length: a header line is
 // compared only with the names as long as its own (none for most lines, at
-// most two), not with all twenty. Built once, never written.
+// most two), not with all eighteen. Built once, never written.
 var headNamesByLen = func() [][]headName {
 	var byLen [][]headName
 	for _, n := range headNames {
@@ -503,12 +520,8 @@ func scanHead(h *fasthttp.RequestHeader) headSeen {
 				s.credentials = true
 			case seenForwardedProto:
 				s.forwardedProto = true
-			case seenRealIP:
-				s.realIP = min(s.realIP+1, 2)
 			case seenForwardedFor:
 				s.forwardedFor = min(s.forwardedFor+1, 2)
-			case seenForwardedHost:
-				s.forwardedHost = min(s.forwardedHost+1, 2)
 			case seenForwarded:
 				s.forwarded = min(s.forwarded+1, 2)
 			case seenTransferEncoding:
@@ -947,6 +960,18 @@ func (o *lineOrder) rememberResponse(h *fasthttp.ResponseHeader) {
 	}
 }
 
+// rememberTrailer remembers the repeated fields of a request body's
+// trailer. restore puts them back there: fasthttp adds a field the
+// trailer announced or carried to the trailer. A name the head has too
+// counts its lines there, and is not put back.
+func (o *lineOrder) rememberTrailer(h *fasthttp.RequestHeader) {
+	for _, name := range h.PeekTrailerKeys() {
+		if !special(name) {
+			o.remember(name, h.PeekAllTrailer(b2s(name)))
+		}
+	}
+}
+
 // lineHeader is what restore needs of a request's or a response's header.
 type lineHeader interface {
 	PeekAll(key string) [][]byte
@@ -955,16 +980,27 @@ type lineHeader interface {
 }
 
 // restore puts each remembered field's lines back in their first order,
-// unless the deletes took the field away.
+// unless the deletes took the field away. Every such field is taken out
+// before any is put back: a delete fills its holes with the head's last
+// lines, which, once a field is back, are that field's (with two repeated
+// fields, the first put back was reordered by the second's delete).
 func (o *lineOrder) restore(h lineHeader) {
+	var back uint8 // the fields taken out, by index (len(o.names) is 8)
+	for i := range o.n {
+		name := b2s(o.bytes(o.names[i]))
+		if len(h.PeekAll(name)) == int(o.count[i]) { // else deleted
+			h.Del(name)
+			back |= 1 << i
+		}
+	}
 	v := 0
 	for i := range o.n {
-		name, vals := b2s(o.bytes(o.names[i])), o.vals[v:v+int(o.count[i])]
+		vals := o.vals[v : v+int(o.count[i])]
 		v += int(o.count[i])
-		if len(h.PeekAll(name)) != len(vals) {
-			continue // deleted
+		if back&(1<<i) == 0 {
+			continue
 		}
-		h.Del(name)
+		name := b2s(o.bytes(o.names[i]))
 		for _, sp := range vals {
 			h.AddBytesV(name, o.bytes(sp))
 		}

@@ -397,15 +397,9 @@ func TestForwardingHeadersRepeatedByClient(t *testing.T) {
 				"X-Forwarded-For":  "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1",
 				"X-Forwarded-Host": tc.xfh,
 			} {
-				got := e.get(k)
-				if k == "X-Forwarded-Host" {
-					// The client's own (unmasked route): passed, in any
-					// order (dropping the repeated X-Real-IP moves lines).
-					v := strings.Split(got, "|")
-					slices.Sort(v)
-					got = strings.Join(v, "|")
-				}
-				if got != want {
+				// An unmasked route passes the client's own
+				// X-Forwarded-Host lines, in their order.
+				if got := e.get(k); got != want {
 					t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)
 				}
 			}
@@ -541,8 +535,8 @@ func TestScanHead(t *testing.T) {
 		{"upgrade", "Host: a\r\nUpgrade: websocket\r\n", headSeen{hop: true}},
 		{"cookie", "Host: a\r\ncookie: cube_proxy_auth=t\r\n", headSeen{credentials: true}},
 		{"token header", "Host: a\r\nCUBE-TRAFFIC-ACCESS-TOKEN: t\r\n", headSeen{credentials: true}},
-		{"forwarding, repeated", "Host: a\r\nx-real-ip: 1\r\nX-Real-IP: 2\r\nX-Real-IP: 3\r\nx-forwarded-for: 1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: h\r\n",
-			headSeen{forwardedProto: true, realIP: 2, forwardedFor: 1, forwardedHost: 1}},
+		{"forwarding, repeated", "Host: a\r\nx-real-ip: 1\r\nX-Real-IP: 2\r\nx-forwarded-for: 1\r\nX-Forwarded-For: 2\r\nX-Forwarded-For: 3\r\nX-Forwarded-Proto: https\r\nforwarded: for=h\r\n",
+			headSeen{forwardedProto: true, forwardedFor: 2, forwarded: 1}},
 		{"folded value", "Host: a\r\nX-Forwarded-For: 1.1.1.1,\r\n 2.2.2.2\r\n", headSeen{forwardedFor: 1}},
 		{"underscore", "Host: a\r\nX_Real_IP: 6.6.6.6\r\n", headSeen{underscore: true}},
 		{"dot", "Host: a\r\nX.Cube.Admin.Token: a\r\n", headSeen{underscore: true}},
@@ -1239,8 +1233,9 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 			return
 		}
 		defer conn.Close()
+		// Two repeated fields: putting one back must not move the other's.
 		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: %d\r\nWWW-Authenticate: Basic\r\n"+
-			"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\n\r\n%s", len(body), body)
+			"X-Other: 1\r\nWWW-Authenticate: Bearer\r\nX-Other: 2\r\nWWW-Authenticate: Digest\r\n\r\n%s", len(body), body)
 		bw.Flush()
 	}))
 	host := h.route("lineorder", port)
@@ -1252,19 +1247,63 @@ func TestRepeatedFieldLinesKeepTheirOrder(t *testing.T) {
 		{"TE", "TE: trailers"},
 		{"traffic token", "e2b-traffic-access-token: x"},
 		{"underscore alias", "X_Real_IP: 6.6.6.6"},
+		// Headers the proxy sets, sent twice: the client's lines go.
+		{"X-Real-IP twice", "X-Real-IP: 6.6.6.6\r\nX-Real-IP: 7.7.7.7"},
+		{"X-Forwarded-For twice", "X-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2"},
+		{"Forwarded twice", "Forwarded: for=1.1.1.1\r\nForwarded: for=2.2.2.2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The client's own id: no generated line after the last Accept.
 			resp, e := echoRawExchange(t, h.addr, "GET / HTTP/1.1", "Host: "+host, HeaderRequestID+": lineorder-id", tc.before,
-				"Accept: a", "X-Other: 1", "Accept: b", "Accept: c")
+				"Accept: a", "X-Other: 1", "Accept: b", "X-Other: 2", "Accept: c")
 			if got := e.get("Accept"); got != "a|b|c" {
 				t.Errorf("Accept lines reached the sandbox as %q, want a|b|c", got)
+			}
+			if got := e.get("X-Other"); got != "1|2" {
+				t.Errorf("X-Other lines reached the sandbox as %q, want 1|2", got)
 			}
 			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
 				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
 			}
+			if got := strings.Join(resp.Header["X-Other"], "|"); got != "1|2" {
+				t.Errorf("X-Other lines reached the client as %q, want 1|2", got)
+			}
 			if got := resp.Header.Get("Keep-Alive"); got != "" {
 				t.Errorf("Keep-Alive %q reached the client", got)
+			}
+		})
+	}
+}
+
+// An HTTP/1.0 client gets a chunked answer without its Transfer-Encoding
+// line (no coding means anything to it), and the lines of a repeated field
+// in the sandbox's order: removing that line moved the head's last line
+// into its place, after the order of the lines was restored.
+func TestAnswerLinesKeepTheirOrderForHTTP10(t *testing.T) {
+	h := newHarness(t)
+	// As Node writes a chunked answer: Keep-Alive (hop-by-hop) ahead of
+	// the challenges, Transfer-Encoding after them.
+	port := rawBackend(t, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nWWW-Authenticate: Basic\r\nX-Other: 1\r\n"+
+		"WWW-Authenticate: Bearer\r\nWWW-Authenticate: Digest\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+	host := h.route("order10", port)
+	for _, method := range []string{"GET", "HEAD"} {
+		t.Run(method, func(t *testing.T) {
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "%s / HTTP/1.0\r\nHost: %s\r\n\r\n", method, host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if got := strings.Join(resp.Header["Www-Authenticate"], "|"); got != "Basic|Bearer|Digest" {
+				t.Errorf("WWW-Authenticate lines reached the client as %q, want Basic|Bearer|Digest", got)
+			}
+			if te := resp.Header.Get("Transfer-Encoding"); te != "" || len(resp.TransferEncoding) > 0 {
+				t.Errorf("Transfer-Encoding %q%q reached an HTTP/1.0 client", te, resp.TransferEncoding)
+			}
+			if want := map[string]string{"GET": "ok", "HEAD": ""}[method]; string(body) != want {
+				t.Errorf("body %q, want %q", body, want)
 			}
 		})
 	}

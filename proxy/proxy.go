@@ -902,7 +902,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	if !req.Header.IsHTTP11() {
 		// No transfer coding means anything to an HTTP/1.0 client (a HEAD
 		// answer would still list the backend's).
-		resp.Header.Del("Transfer-Encoding")
+		delResponseField(&resp.Header, fasthttp.HeaderTransferEncoding)
 	}
 	// The client gets HTTP/1.1 framing whatever the backend spoke (an
 	// HTTP/1.0 status line with a chunked body would be read as data).
@@ -1250,14 +1250,14 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		order.release()
 	}
 	var buf [256]byte
-	setForwarding(h, keyRealIP, seen.realIP, ip.AppendTo(buf[:0]))
-	setForwarding(h, keyForwardedFor, seen.forwardedFor, forwardedFor)
+	setForwarding(h, keyRealIP, ip.AppendTo(buf[:0]))
+	setForwarding(h, keyForwardedFor, forwardedFor)
 	if seen.forwarded > 0 {
 		// Only where the client sent one (as nginx, the proxy adds none):
 		// a framework that reads it before X-Forwarded-For takes the
 		// rightmost element no trusted proxy added, which is then the
 		// proxy's, not a client's forgery.
-		setForwarding(h, keyForwarded, seen.forwarded, forwarded)
+		setForwarding(h, keyForwarded, forwarded)
 	}
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
@@ -1273,7 +1273,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if masked {
-		setForwarding(h, keyForwardedHost, seen.forwardedHost, h.Host())
+		setForwarding(h, keyForwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil
@@ -1892,6 +1892,15 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 			return fmt.Errorf("request trailer field %q: the proxy sets it in the head", name)
 		}
 	}
+	// fasthttp deletes a trailer line by moving the trailer's last line
+	// into its place: a field sent there on several lines is put back in
+	// its order after the deletes. Most bodies have no trailer.
+	var order *lineOrder
+	if len(h.PeekTrailerKeys()) > 0 {
+		order = lineOrders.Get().(*lineOrder)
+		order.rememberTrailer(h)
+		defer order.release()
+	}
 	for _, name := range proxyTokenHeaders {
 		h.Del(name)
 	}
@@ -1916,6 +1925,9 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 	}
 	for _, name := range doomed {
 		h.DelBytes(name)
+	}
+	if order != nil {
+		order.restore(h)
 	}
 	return nil
 }

@@ -398,7 +398,11 @@ func checkWholeBody(t *testing.T, raw []byte, status int, body []byte) {
 	if !ok || req.ContentLength <= 0 || len(req.TransferEncoding) > 0 {
 		return
 	}
-	if bytes.Contains(body, []byte(`"code":"bad_request_body"`)) || bytes.Contains(body, []byte(`"code":"client_closed_request"`)) {
+	// A 499 for the head is no word on the body: a head net/http reads
+	// whole, fasthttp may still wait for (one whose blank line is a bare
+	// LF), until the client closes.
+	left := bytes.Contains(body, []byte(`"code":"client_closed_request"`)) && !bytes.Contains(body, []byte("its request head"))
+	if bytes.Contains(body, []byte(`"code":"bad_request_body"`)) || left {
 		t.Fatalf("%d %s to a whole Content-Length body\nto %q", status, body, raw)
 	}
 }

@@ -1929,6 +1929,38 @@ func TestRequestTrailersLoseHeaderAliases(t *testing.T) {
 	}
 }
 
+// A trailer field sent on several lines keeps their order (RFC 9110 §5.3)
+// when the proxy drops a field beside them: fasthttp deletes a trailer
+// line by moving the trailer's last line into its place. A body that
+// comes with the head and one that streams.
+func TestRequestTrailerLinesKeepTheirOrder(t *testing.T) {
+	h := newHarness(t)
+	trailers := make(chan []string, 1)
+	ln := testenv.ServeTCP(t, func(c net.Conn) { serveTrailerLines(c, trailers) })
+	host := h.route("trailorder", uint16(ln.Addr().(*net.TCPAddr).Port))
+	for _, size := range []int{7, 256 << 10} {
+		t.Run(strconv.Itoa(size), func(t *testing.T) {
+			var raw strings.Builder
+			fmt.Fprintf(&raw, "PUT / HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n", host)
+			fmt.Fprintf(&raw, "%x\r\n%s\r\n0\r\n", size, strings.Repeat("x", size))
+			raw.WriteString("X-Sum: a\r\nX_Real_IP: 6.6.6.6\r\nX-Sum: b\r\nE2b-Traffic-Access-Token: t\r\nX-Sum: c\r\nX-Other: 1\r\n\r\n")
+			resp, body := rawRequest(t, h.addr, raw.String())
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("answer %d %q, want 200 \"ok\"", resp.StatusCode, body)
+			}
+			var sums []string
+			for _, l := range <-trailers {
+				if v, ok := strings.CutPrefix(l, "X-Sum: "); ok {
+					sums = append(sums, v)
+				}
+			}
+			if got := strings.Join(sums, "|"); got != "a|b|c" {
+				t.Errorf("X-Sum trailer lines reached the sandbox as %q, want a|b|c", got)
+			}
+		})
+	}
+}
+
 // A chunked body whose trailer names a header the proxy sets in the head,
 // Forwarded, X-Cube-Request-Id, or, with tracing on, traceparent or
 // tracestate, is refused as malformed (400 bad_request_body), as fasthttp

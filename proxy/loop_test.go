@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 )
@@ -83,5 +84,26 @@ func TestRouteToOwnListenerIsALoop(t *testing.T) {
 				t.Errorf("%d sandbox connections left open, want 0", conns)
 			}
 		})
+	}
+}
+
+// TestClaimedListenerIsALoopBeforeItServes checks that a listener claimed
+// (Server.Claim, as serve does before any listener serves) is the proxy's
+// own before its Serve starts: each Serve records its listener in its own
+// goroutine, so a request on the first one serving could be sent to the
+// admin listener's port, whose loopback rule would take the proxy for a
+// local client.
+func TestClaimedListenerIsALoopBeforeItServes(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.ResponseHeaderTimeout = 2 * time.Second })
+	ln := listen(t, "127.0.0.1:0")
+	t.Cleanup(func() { ln.Close() })
+	h.server.Claim(nil, ln)
+	_, p, _ := net.SplitHostPort(ln.Addr().String())
+	port, _ := strconv.Atoi(p)
+	resp := h.do(h.req("GET", h.route("notyet", uint16(port)), "/", nil))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 508 || !strings.Contains(string(b), CodeProxyLoop) {
+		t.Fatalf("got %d %q, want 508 %s", resp.StatusCode, b, CodeProxyLoop)
 	}
 }

@@ -489,6 +489,20 @@ func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
 	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout, sendTimeout: s.cfg.ClientWriteTimeout})
 }
 
+// Claim records lns (nil ones skipped) as the proxy's own listeners before
+// any serves: each Serve records its own as it starts, but in a goroutine
+// of its own, so a request on the first listener serving could still be
+// sent to another's port, the admin API's among them, which answers a
+// loopback client without a token. A route naming one is then refused
+// (508 proxy_loop) from the first request on.
+func (s *Server) Claim(lns ...net.Listener) {
+	for _, ln := range lns {
+		if ln != nil {
+			s.p.addListener(ln.Addr())
+		}
+	}
+}
+
 // retrying wraps ln so that running out of descriptors pauses accepting
 // instead of ending Serve (see retryListener), and records its address as
 // the proxy's own, which no route may send requests to (dialedSelf).

@@ -1551,20 +1551,25 @@ func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 // listeners: the route names the proxy itself.
 var errProxyLoop = errors.New("the route's address is one of the proxy's own listeners")
 
-// addListener records addr as one of this process's listeners.
+// addListener records addr as one of this process's listeners, once
+// (Server.Claim and Serve both record it).
 func (p *Proxy) addListener(addr net.Addr) {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok {
 		return
 	}
+	ap := ta.AddrPort()
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	p.listenersMu.Lock()
 	defer p.listenersMu.Unlock()
 	var own []netip.AddrPort
 	if cur := p.listeners.Load(); cur != nil {
+		if slices.Contains(*cur, ap) {
+			return
+		}
 		own = append(own, *cur...)
 	}
-	ap := ta.AddrPort()
-	own = append(own, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	own = append(own, ap)
 	p.listeners.Store(&own)
 }
 

@@ -843,6 +843,8 @@ func (a *app) run(ctx context.Context, ready listening) error {
 	hup := a.signals
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
+	// Every listener is the proxy's own before any serves (Server.Claim).
+	a.server.Claim(a.httpLn, a.httpsLn, a.adminLn)
 	if a.httpLn != nil {
 		ln := a.httpLn
 		if a.cfg.TLS.RedirectHTTP && a.httpsLn != nil {

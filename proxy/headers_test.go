@@ -944,6 +944,10 @@ func TestRemoveHopEmptyAndRepeatedLines(t *testing.T) {
 		{"empty connection first", "Connection:\r\nConnection: X-Hop\r\nX-Hop: 1\r\n", []string{"Connection", "X-Hop"}},
 		{"empty te and keep-alive", "TE:\r\nKeep-Alive:\r\nProxy-Connection:\r\n", []string{"Te", "Keep-Alive", "Proxy-Connection"}},
 		{"second connection line", "Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\n", []string{"Connection", "X-Secret"}},
+		// The lines of a repeated field, looked up to keep their order,
+		// took the place of the Connection lines being read, and the
+		// option they named stayed.
+		{"connection option beside a repeated field", "Connection: X-Secret\r\nX-Secret: 1\r\nLink: <a>\r\nLink: <b>\r\n", []string{"Connection", "X-Secret"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var req fasthttp.RequestHeader

@@ -204,13 +204,17 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	if !keepUpgrade && !hop {
 		return nil
 	}
+	order := lineOrders.Get().(*lineOrder)
+	defer order.release()
+	order.rememberResponse(h)
+	// After the remembering: PeekAll's lines live in one buffer of the
+	// header's, which each PeekAll refills, and the repeated fields'
+	// lines looked up there took the Connection lines' place (the option
+	// they named stayed).
 	conns := h.PeekAll("Connection")
 	if tooManyConnectionOptions(conns) {
 		return errTooManyConnectionOptions
 	}
-	order := lineOrders.Get().(*lineOrder)
-	defer order.release()
-	order.rememberResponse(h)
 	keepField := keepUpgrade || h.StatusCode() == fasthttp.StatusUpgradeRequired
 	// Every Connection line, and every hop-by-hop header whatever its
 	// first line holds, as for requests.

@@ -944,6 +944,10 @@ func TestRemoveHopEmptyAndRepeatedLines(t *testing.T) {
 		{"empty connection first", "Connection:\r\nConnection: X-Hop\r\nX-Hop: 1\r\n", []string{"Connection", "X-Hop"}},
 		{"empty te and keep-alive", "TE:\r\nKeep-Alive:\r\nProxy-Connection:\r\n", []string{"Te", "Keep-Alive", "Proxy-Connection"}},
 		{"second connection line", "Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\n", []string{"Connection", "X-Secret"}},
+		// The lines of a repeated field, looked up to keep their order,
+		// took the place of the Connection lines being read, and the
+		// option they named stayed.
+		{"connection option beside a repeated field", "Connection: X-Secret\r\nX-Secret: 1\r\nLink: <a>\r\nLink: <b>\r\n", []string{"Connection", "X-Secret"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var req fasthttp.RequestHeader
@@ -1306,6 +1310,29 @@ func TestAnswerLinesKeepTheirOrderForHTTP10(t *testing.T) {
 				t.Errorf("body %q, want %q", body, want)
 			}
 		})
+	}
+}
+
+// A field a sandbox's answer names in Connection is hop-by-hop and never
+// reaches the client, also when the answer repeats another field (whose
+// lines are looked up to keep their order): that look-up took the place of
+// the Connection lines being read, and the named field passed.
+func TestAnswerConnectionOptionBesideRepeatedField(t *testing.T) {
+	h := newHarness(t)
+	port := rawBackend(t, "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: hop\r\nLink: <a>\r\nLink: <b>\r\nContent-Length: 2\r\n\r\nok")
+	host := h.route("connrepeat", port)
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if v, ok := resp.Header["X-Secret"]; ok {
+		t.Errorf("X-Secret %q, named in the sandbox's Connection, reached the client", v)
+	}
+	if got := strings.Join(resp.Header["Link"], "|"); got != "<a>|<b>" {
+		t.Errorf("Link lines reached the client as %q, want <a>|<b>", got)
 	}
 }
 

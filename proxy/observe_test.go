@@ -1814,3 +1814,31 @@ func TestAccessLogHostOfAbsoluteFormWithoutHost(t *testing.T) {
 		}
 	}
 }
+
+// With tracing on, the proxy's traceparent takes the place of the
+// client's, and the sandbox gets every other line in the client's order:
+// deleting the client's traceparent moved the head's last line into its
+// place (fasthttp's delete), and a field sent on several lines arrived
+// reordered. The proxy's own lines (forwarding, request id) usually end
+// the head; not when the client sent them all (a proxy in front, a client
+// that sets its own id), which the proxy then keeps or replaces where they
+// are.
+func TestTracedRequestKeepsRepeatedFieldOrder(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = obsTelemetry(t, exp) })
+	got := make(chan []string, 1)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- append(r.Header.Values("Accept"), r.Header.Values("Traceparent")...)
+	}))
+	host := h.route("tracedorder", port)
+	resp, _ := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+
+		"X-Real-IP: 192.0.2.1\r\nX-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Cube-Request-Id: req-1\r\n"+
+		"Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nAccept: a\r\nX-Other: 1\r\nAccept: b\r\nAccept: c\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	lines := <-got
+	if len(lines) != 4 || strings.Join(lines[:3], "|") != "a|b|c" || !strings.HasPrefix(lines[3], "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
+		t.Errorf("the sandbox got Accept and traceparent lines %q, want a, b, c and the proxy's traceparent in the client's trace", lines)
+	}
+}

@@ -43,9 +43,11 @@ func (c HeaderCarrier) Get(key string) string {
 	return string(b)
 }
 
-// Set replaces every value of key with value.
+// Set replaces every value of key with value: fasthttp's Set replaces the
+// first line and drops the others in place, where a delete first moved
+// the head's last line into the first's place and reordered a repeated
+// field.
 func (c HeaderCarrier) Set(key, value string) {
-	c.H.Del(key) // Set alone replaces only the first
 	c.H.Set(key, value)
 }
 

@@ -487,11 +487,19 @@ func (t *Telemetry) startClientSpan(ctx context.Context, upstream *fasthttp.Requ
 	// Every copy goes: a second traceparent from the client would reach
 	// the sandbox next to the proxy's, and a tracestate the span did not
 	// inherit (its traceparent was invalid) would describe another trace.
-	// Baggage is not touched (see New).
-	for _, k := range t.fields {
-		upstream.Del(k)
-	}
+	// Baggage is not touched (see New). Inject's Set replaces the first
+	// line and drops the others where they are; only a field it leaves
+	// unset is deleted, which moves the head's last line into its place
+	// (fasthttp's delete): deleting both first reordered a field sent on
+	// several lines (Accept) whenever a client sent a traceparent.
 	t.propagator.Inject(ctx, HeaderCarrier{H: upstream})
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		upstream.Del("traceparent")
+	}
+	if sc.TraceState().Len() == 0 {
+		upstream.Del("tracestate")
+	}
 	return span
 }
 

@@ -40,7 +40,6 @@ type Telemetry struct {
 	mp         *sdkmetric.MeterProvider
 	handler    http.Handler
 	propagator propagation.TextMapPropagator
-	fields     []string // the trace-context headers the proxy owns
 }
 
 // New builds tracing (off unless configured, see Config) and metrics with a
@@ -56,7 +55,6 @@ func New(ctx context.Context, cfg Config) (*Telemetry, error) {
 	// keys collapsed, values re-encoded, lines merged and the members it
 	// refused dropped, only while tracing was on.
 	t := &Telemetry{propagator: propagation.TraceContext{}}
-	t.fields = t.propagator.Fields()
 
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {

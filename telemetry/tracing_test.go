@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -516,6 +517,41 @@ func TestInjectReplacesEveryClientCopy(t *testing.T) {
 		if got := string(h.Peek("baggage")); got != bag {
 			t.Errorf("baggage %.40q (%d bytes) became %.40q (%d bytes)", bag, len(bag), got, len(got))
 		}
+	}
+}
+
+// The proxy's trace context takes the place of the client's lines, and
+// every other line stays where it was: deleting the client's traceparent
+// moved the head's last line into its place (fasthttp's swap delete), and
+// a field sent on several lines reached the sandbox reordered (RFC 9110
+// 5.3) whenever a client sent a trace context with tracing on.
+func TestInjectKeepsOtherLinesInOrder(t *testing.T) {
+	tel := newTestTelemetry(t, Config{SpanExporter: tracetest.NewInMemoryExporter()})
+	valid := "00-" + clientTraceID + "-" + clientSpanID + "-01"
+	for _, tc := range []struct{ name, trace string }{
+		{"traceparent", "Traceparent: " + valid + "\r\n"},
+		{"traceparent and tracestate", "Traceparent: " + valid + "\r\nTracestate: a=1\r\n"},
+		{"two traceparents", "Traceparent: " + valid + "\r\nTraceparent: " + valid + "\r\n"},
+		// Not a tracestate the span does not inherit (its traceparent
+		// invalid): deleted, it still moves the head's last line.
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h fasthttp.RequestHeader
+			raw := "GET / HTTP/1.1\r\nHost: a\r\n" + tc.trace + "Accept: a\r\nX-Other: 1\r\nAccept: b\r\nAccept: c\r\n\r\n"
+			if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+				t.Fatal(err)
+			}
+			ctx, server := tel.StartServerSpan(&h, false, netip.Addr{})
+			client := tel.StartClientSpan(ctx, &h, netip.MustParseAddrPort("10.0.0.2:80"))
+			EndClientSpan(client, 200, "", nil)
+			EndServerSpan(server, &SpanResult{Status: 200})
+			if got := fmt.Sprintf("%q", h.PeekAll("Accept")); got != `["a" "b" "c"]` {
+				t.Errorf("Accept lines sent upstream %s, want a, b, c: %q", got, h.Header())
+			}
+			if got := h.PeekAll("traceparent"); len(got) != 1 || !strings.Contains(string(got[0]), client.SpanContext().SpanID().String()) {
+				t.Errorf("traceparent sent upstream %q, want only the proxy's", got)
+			}
+		})
 	}
 }
 

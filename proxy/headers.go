@@ -204,13 +204,16 @@ func removeHopResponse(h *fasthttp.ResponseHeader, keepUpgrade bool) error {
 	if !keepUpgrade && !hop {
 		return nil
 	}
+	order := lineOrders.Get().(*lineOrder)
+	defer order.release()
+	// Before Connection is peeked: PeekAll's lines are one slice per head,
+	// which remembering a repeated field's lines refills (its values were
+	// then taken for the names to delete, and what Connection named stayed).
+	order.rememberResponse(h)
 	conns := h.PeekAll("Connection")
 	if tooManyConnectionOptions(conns) {
 		return errTooManyConnectionOptions
 	}
-	order := lineOrders.Get().(*lineOrder)
-	defer order.release()
-	order.rememberResponse(h)
 	keepField := keepUpgrade || h.StatusCode() == fasthttp.StatusUpgradeRequired
 	// Every Connection line, and every hop-by-hop header whatever its
 	// first line holds, as for requests.

@@ -23,7 +23,10 @@ import (
 type tunnel struct {
 	client, backend net.Conn
 	idle            time.Duration
-	lastRead        atomic.Int64 // unix nanos of the last byte read either way
+	// lastRead is the unix nanos of the last byte read either way, or of
+	// a write's progress or end: a piece the other end takes slowly
+	// (longer than idle) is traffic too, not silence (see read).
+	lastRead atomic.Int64
 
 	writeTimeout  time.Duration // client.write_timeout, per write to the client
 	writeDeadline time.Time     // last set on client; the backend-to-client copy's own
@@ -143,6 +146,14 @@ func (t *tunnel) read(r *tunnelReader, b []byte) (int, error) {
 			t.mu.Unlock()
 			return 0, errBulkHeld
 		}
+		if t.writing.Load() && t.writeTimeout > 0 {
+			// The other copy is still handing the sandbox's bytes to a
+			// client that takes them slowly, within client.write_timeout:
+			// a busy tunnel (its end counts as traffic, writeClient).
+			_ = c.SetReadDeadline(time.Now().Add(t.idle))
+			t.mu.Unlock()
+			continue
+		}
 		last := t.lastRead.Load()
 		if time.Now().UnixNano()-last >= int64(t.idle) {
 			t.idled.Store(true)
@@ -204,6 +215,9 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 	}
 	t.writing.Store(true)
 	n, err := t.client.Write(b)
+	// Before writing ends: read's idle check, finding no write in
+	// flight, then finds this one's end.
+	t.lastRead.Store(time.Now().UnixNano())
 	t.writing.Store(false)
 	if err != nil {
 		t.clientErr = err
@@ -233,6 +247,7 @@ func (t *tunnel) writeClient(b []byte) (int, error) {
 func (t *tunnel) writeBackend(b []byte) (int, error) {
 	n := 0
 	progress := time.Now()
+	waited := false
 	for {
 		if err := t.moveWriteDeadline(t.backend, clientCheck, &t.sendDeadline); err != nil {
 			return n, err
@@ -240,8 +255,14 @@ func (t *tunnel) writeBackend(b []byte) (int, error) {
 		m, err := t.backend.Write(b[n:])
 		n += m
 		if err == nil || !isTimeout(err) {
+			if waited {
+				// The end of a write the sandbox took slowly is traffic,
+				// as its progress was (below).
+				t.lastRead.Store(time.Now().UnixNano())
+			}
 			return n, err
 		}
+		waited = true
 		t.mu.Lock()
 		cut := t.closed // close's past deadline, not the sandbox's stall
 		t.mu.Unlock()
@@ -251,6 +272,9 @@ func (t *tunnel) writeBackend(b []byte) (int, error) {
 		now := time.Now()
 		if m > 0 {
 			progress = now
+			// Traffic: the other copy's idle check must not take a
+			// sandbox that reads slowly for a silent tunnel.
+			t.lastRead.Store(now.UnixNano())
 		}
 		t.sendDeadline = time.Time{} // expired: the next one is set whatever it is
 		switch {

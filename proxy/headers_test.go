@@ -1313,29 +1313,6 @@ func TestAnswerLinesKeepTheirOrderForHTTP10(t *testing.T) {
 	}
 }
 
-// A field a sandbox's answer names in Connection is hop-by-hop and never
-// reaches the client, also when the answer repeats another field (whose
-// lines are looked up to keep their order): that look-up took the place of
-// the Connection lines being read, and the named field passed.
-func TestAnswerConnectionOptionBesideRepeatedField(t *testing.T) {
-	h := newHarness(t)
-	port := rawBackend(t, "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: hop\r\nLink: <a>\r\nLink: <b>\r\nContent-Length: 2\r\n\r\nok")
-	host := h.route("connrepeat", port)
-	c := dialRaw(t, h.addr)
-	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if v, ok := resp.Header["X-Secret"]; ok {
-		t.Errorf("X-Secret %q, named in the sandbox's Connection, reached the client", v)
-	}
-	if got := strings.Join(resp.Header["Link"], "|"); got != "<a>|<b>" {
-		t.Errorf("Link lines reached the client as %q, want <a>|<b>", got)
-	}
-}
-
 // TestSandboxRequestIDLineKeepsOrder: the proxy puts its request id over a
 // sandbox's own X-Cube-Request-Id line. Deleting that line would move the
 // head's last line into its place (fasthttp's swap delete) and reorder a

@@ -149,17 +149,8 @@ func TestHeadLinesBounded(t *testing.T) {
 // ≈ 36 KiB once let go of. The clients keep their connections; the proxy
 // may close them.
 func TestManyHeadLinesHoldNoMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("opens 200 connections")
-	}
-	if raceDetectorOn {
-		// The memory the binary counts, not the race detector's; and
-		// its thousands of head lines a connection, parsed for 200
-		// connections, took up to a minute under the detector.
-		t.Skip("counts memory; make test runs this without -race")
-	}
 	const conns = 200
-	h, host, kib, allowed := headLinesMemoryCase(t)
+	h, host, kib, allowed := headLinesMemoryCase(t, 200)
 	rl := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(rl, "8443")
 	for _, tc := range []struct {
@@ -210,10 +201,20 @@ func TestManyHeadLinesHoldNoMemory(t *testing.T) {
 }
 
 // headLinesMemoryCase is the set-up of the tests that count what a
-// connection holds after heads of many lines: a proxy, the host of a
-// sandbox that answers "ok", and the README's figure (mostLinesHold).
-func headLinesMemoryCase(t *testing.T) (h *harness, host string, kib int, allowed int64) {
+// connection holds after heads of many lines, which open opens
+// connections: a proxy, the host of a sandbox that answers "ok", and the
+// README's figure (mostLinesHold).
+func headLinesMemoryCase(t *testing.T, opens int) (h *harness, host string, kib int, allowed int64) {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("opens %d connections", opens)
+	}
+	if raceDetectorOn {
+		// The memory the binary counts, not the race detector's; and
+		// its thousands of head lines a connection, parsed for 200
+		// connections, took up to a minute under the detector.
+		t.Skip("counts memory; make test runs this without -race")
+	}
 	kib, allowed = mostLinesHold(t)
 	h = newHarness(t)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
@@ -246,17 +247,8 @@ func mostLinesHold(t *testing.T) (kib int, allowed int64) {
 // malformed one (fasthttp's 400, after parsing the 6,000) had been refused
 // just before.
 func TestRefusedHeadsPassNoMemoryOn(t *testing.T) {
-	if testing.Short() {
-		t.Skip("opens 400 connections")
-	}
-	if raceDetectorOn {
-		// The memory the binary counts, not the race detector's; and
-		// its thousands of head lines a connection, parsed for 200
-		// connections, took up to a minute under the detector.
-		t.Skip("counts memory; make test runs this without -race")
-	}
 	const conns = 200
-	h, host, kib, allowed := headLinesMemoryCase(t)
+	h, host, kib, allowed := headLinesMemoryCase(t, 400)
 	for _, tc := range []struct {
 		name   string
 		raw    string

@@ -66,14 +66,8 @@ func TestTrailerNamesWithSpaceBounded(t *testing.T) {
 // keptHeadLines (headDrop). A request that carried a trailer now lets go
 // of its header once answered, as one of many head lines does.
 func TestManyTrailerLinesHoldNoMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("opens 200 connections")
-	}
-	if raceDetectorOn {
-		t.Skip("counts memory; make test runs this without -race")
-	}
 	const conns = 200
-	h, host, kib, allowed := headLinesMemoryCase(t)
+	h, host, kib, allowed := headLinesMemoryCase(t, conns)
 	rl := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(rl, "8443")
 	lines := strings.Repeat("a:b\r\n", 6000)

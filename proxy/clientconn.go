@@ -49,6 +49,9 @@ func (c *clientConn) Close() error {
 
 // Read reads from the socket; a read the hold ended is empty (readHold).
 func (c *clientConn) Read(b []byte) (int, error) {
+	if err := c.hold.beforeRead(); err != nil {
+		return 0, err
+	}
 	n, err := c.TCPConn.Read(b)
 	if err != nil && n == 0 && c.hold.ranOut(c.TCPConn, err) {
 		return 0, nil
@@ -64,6 +67,9 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 
 // holdReads starts or ends a hold on the connection's reads (readHold).
 func (c *clientConn) holdReads(until time.Time, l holdLender) { c.hold.holdReads(c.TCPConn, until, l) }
+
+// setReadHook sets (or with nil, removes) the hook run before each read.
+func (c *clientConn) setReadHook(f readHook) { c.hold.hook = f }
 
 // ReadFrom copies r to the connection through its Write. The embedded
 // *net.TCPConn's (splice, sendfile, or a plain copy to the socket) would
@@ -107,6 +113,15 @@ func ownsClose(c net.Conn) {
 // (readHold): the traffic listeners' clientConn and tlsConn.
 type readHolder interface {
 	holdReads(until time.Time, l holdLender)
+	setReadHook(f readHook)
+}
+
+// readHook is run before each read of a client connection while a chunked
+// upload is copied (uploadWriter.beforeRead): the pieces of the body the
+// copy holds go to the sandbox before a read that may wait for the client.
+// An error it returns is the read's, which then reads nothing.
+type readHook interface {
+	beforeRead() error
 }
 
 // holdLender is the copy a hold is for: told when the hold runs out in a
@@ -138,6 +153,17 @@ type readHold struct {
 	set    time.Time  // the read deadline last set (zero: none)
 	until  time.Time  // the hold's end (zero: no hold)
 	lender holdLender // whom the hold is for (nil: no hold)
+	// hook is run before each read (readHook); set and used on the
+	// reading goroutine only, so mu does not guard it.
+	hook readHook
+}
+
+// beforeRead runs the hook, if one is set.
+func (h *readHold) beforeRead() error {
+	if h.hook == nil {
+		return nil
+	}
+	return h.hook.beforeRead()
 }
 
 // armed is the read deadline in force; h.mu must be held.

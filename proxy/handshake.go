@@ -100,6 +100,9 @@ type tlsConn struct {
 // Read reads application data, noting the first bytes; a read the hold
 // ended is empty (readHold).
 func (c *tlsConn) Read(b []byte) (int, error) {
+	if err := c.hold.beforeRead(); err != nil {
+		return 0, err
+	}
 	n, err := c.Conn.Read(b)
 	if n > 0 && !c.gotData.Load() {
 		c.gotData.Store(true)
@@ -131,6 +134,9 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 
 // holdReads starts or ends a hold on the connection's reads (readHold).
 func (c *tlsConn) holdReads(until time.Time, l holdLender) { c.hold.holdReads(c.Conn, until, l) }
+
+// setReadHook sets (or with nil, removes) the hook run before each read.
+func (c *tlsConn) setReadHook(f readHook) { c.hold.hook = f }
 
 // SetDeadline sets both deadlines, the read one as SetReadDeadline does.
 func (c *tlsConn) SetDeadline(t time.Time) error {

@@ -736,25 +736,7 @@ func TestUploadPiecesArriveAtOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
-			progress := make(chan int, 64)
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				got, buf := 0, make([]byte, 64<<10)
-				for {
-					n, err := r.Body.Read(buf)
-					got += n
-					if n > 0 {
-						select {
-						case progress <- got:
-						case <-r.Context().Done():
-							return
-						}
-					}
-					if err != nil {
-						fmt.Fprintf(w, "%d %v", got, err)
-						return
-					}
-				}
-			}))
+			port, progress := progressBackend(t, 64<<10)
 			host := h.route("uppieces", port)
 			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, tc.framing)
@@ -782,6 +764,34 @@ func TestUploadPiecesArriveAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// progressBackend is a sandbox that reads a request's body with reads of
+// up to bufSize bytes, sends the count read so far after each, and answers
+// "<count> <error>" when the body ends: an upload test sends its next piece
+// only once the sandbox has every byte sent, so that a piece the proxy
+// holds back deadlocks the exchange instead of passing unnoticed.
+func progressBackend(t *testing.T, bufSize int) (uint16, <-chan int) {
+	progress := make(chan int, 64)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, buf := 0, make([]byte, bufSize)
+		for {
+			n, err := r.Body.Read(buf)
+			got += n
+			if n > 0 {
+				select {
+				case progress <- got:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			if err != nil {
+				fmt.Fprintf(w, "%d %v", got, err)
+				return
+			}
+		}
+	}))
+	return port, progress
 }
 
 // A chunked upload's head reaches the sandbox before the client's first

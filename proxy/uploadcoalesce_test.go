@@ -115,25 +115,7 @@ func TestChunkedUploadTrickleNotHeld(t *testing.T) {
 	for _, overTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", overTLS), func(t *testing.T) {
 			h := newHarness(t)
-			progress := make(chan int, 16)
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				got, buf := 0, make([]byte, 4096)
-				for {
-					n, err := r.Body.Read(buf)
-					got += n
-					if n > 0 {
-						select {
-						case progress <- got:
-						case <-r.Context().Done():
-							return
-						}
-					}
-					if err != nil {
-						fmt.Fprintf(w, "%d %v", got, err)
-						return
-					}
-				}
-			}))
+			port, progress := progressBackend(t, 4096)
 			host := h.route("trickle", port)
 			c := dialProxy(t, h, host, overTLS)
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n", host)

@@ -139,14 +139,7 @@ func TestNamesWithSpaceBounded(t *testing.T) {
 		echoHeaders().ServeHTTP(w, r)
 	}))
 	host := h.route("spacenames", port)
-	names := func(n int) string {
-		var b strings.Builder
-		for i := range n {
-			fmt.Fprintf(&b, "X Bad %d: v\r\n", i)
-		}
-		return b.String()
-	}
-	resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+names(maxInvalidNames)+"X-Kept: 1\r\n\r\n")
+	resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+namesWithSpace(maxInvalidNames)+"X-Kept: 1\r\n\r\n")
 	var e echoed
 	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &e) != nil {
 		t.Fatalf("%d names with a space: %d %s, want 200", maxInvalidNames, resp.StatusCode, body)
@@ -156,12 +149,22 @@ func TestNamesWithSpaceBounded(t *testing.T) {
 	}
 	before := hits.Load()
 	for _, n := range []int{maxInvalidNames + 1, 2000} {
-		resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+names(n)+"\r\n")
+		resp, body := rawRequest(t, h.addr, "GET / HTTP/1.1\r\nHost: "+host+"\r\n"+namesWithSpace(n)+"\r\n")
 		checkProxyError(t, resp, body, 400, CodeBadRequest)
 	}
 	if n := hits.Load() - before; n != 0 {
 		t.Errorf("refused requests reached the sandbox %d times", n)
 	}
+}
+
+// namesWithSpace is n header lines whose names hold a space ("X Bad 0: v"),
+// each a distinct name: the lines the proxy drops, up to maxInvalidNames.
+func namesWithSpace(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "X Bad %d: v\r\n", i)
+	}
+	return b.String()
 }
 
 // A response head that trickles in must cost about what its bytes cost to

@@ -352,12 +352,7 @@ func TestMCPResumeStandaloneStreamAfterSandboxCut(t *testing.T) {
 		s, _ := h.proxy.streams.open()
 		return getConn != nil && s == 1
 	})
-	addTool := func(name string) {
-		mcp.AddTool(srv, &mcp.Tool{Name: name}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			return &mcp.CallToolResult{}, nil, nil
-		})
-	}
-	addTool("one")
+	addNoopTool(srv, "one")
 	select {
 	case <-changed:
 	case <-ctx.Done():
@@ -374,7 +369,7 @@ func TestMCPResumeStandaloneStreamAfterSandboxCut(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the client never resumed its GET stream")
 	}
-	addTool("two")
+	addNoopTool(srv, "two")
 	select {
 	case <-changed:
 	case <-ctx.Done():
@@ -664,5 +659,13 @@ func TestMCPStatelessListenAndCancel(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the listen stream released at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0 && sb.inFlight() == 0
+	})
+}
+
+// addNoopTool adds a tool that does nothing to srv: adding one makes the
+// server send notifications/tools/list_changed on its sessions' streams.
+func addNoopTool(srv *mcp.Server, name string) {
+	mcp.AddTool(srv, &mcp.Tool{Name: name}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
 	})
 }

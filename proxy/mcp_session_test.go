@@ -150,12 +150,7 @@ func TestMCPPausedSessionKeepsItsStream(t *testing.T) {
 	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"pausedsess","state":"paused"}`, ""); st != 200 {
 		t.Fatalf("pause: %d %s", st, body)
 	}
-	addTool := func(name string) {
-		mcp.AddTool(srv, &mcp.Tool{Name: name}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			return &mcp.CallToolResult{}, nil, nil
-		})
-	}
-	addTool("while-paused")
+	addNoopTool(srv, "while-paused")
 	select {
 	case <-changed:
 	case <-ctx.Done():
@@ -202,7 +197,7 @@ func TestMCPPausedSessionKeepsItsStream(t *testing.T) {
 	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}}); err != nil {
 		t.Fatalf("a call once running again: %v", err)
 	}
-	addTool("after-resume")
+	addNoopTool(srv, "after-resume")
 	select {
 	case <-changed:
 	case <-ctx.Done():

@@ -36,14 +36,7 @@ func TestTrailerNamesWithSpaceBounded(t *testing.T) {
 		io.WriteString(w, "ok")
 	}))
 	host := h.route("trailerspace", port)
-	names := func(n int) string {
-		var b strings.Builder
-		for i := range n {
-			fmt.Fprintf(&b, "X Bad %d: v\r\n", i)
-		}
-		return b.String()
-	}
-	resp, body := rawRequest(t, h.addr, chunkedWithTrailer(host, names(maxInvalidNames)+"X-Kept: 1\r\n"))
+	resp, body := rawRequest(t, h.addr, chunkedWithTrailer(host, namesWithSpace(maxInvalidNames)+"X-Kept: 1\r\n"))
 	if resp.StatusCode != 200 || body != "ok" {
 		t.Fatalf("%d names with a space: %d %s, want 200", maxInvalidNames, resp.StatusCode, body)
 	}
@@ -51,7 +44,7 @@ func TestTrailerNamesWithSpaceBounded(t *testing.T) {
 		t.Errorf("%d names with a space: the sandbox got %s, want the body and X-Kept alone in the trailer", maxInvalidNames, s)
 	}
 	for _, n := range []int{maxInvalidNames + 1, 2000} {
-		resp, body := rawRequest(t, h.addr, chunkedWithTrailer(host, names(n)))
+		resp, body := rawRequest(t, h.addr, chunkedWithTrailer(host, namesWithSpace(n)))
 		checkProxyError(t, resp, body, 400, CodeBadBody)
 	}
 }

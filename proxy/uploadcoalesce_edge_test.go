@@ -35,9 +35,12 @@ func smallChunks(body string, big int) string {
 // pipelined with a GET behind it, each reach the sandbox byte for byte in
 // order, and the connection serves a GET after them: no read of a later
 // request runs a hook left from an upload (WriteTo removes it on its way
-// out), and the pooled buffer the pieces wait in is handed back once (the
-// race detector sees a buffer used after it went back). Over TLS too.
+// out), and the pooled buffer the pieces wait in is handed back once. A
+// few connections do it at once, so that pooled bodies and buffers change
+// hands between them: the race detector sees one used after it went back.
+// Over TLS too.
 func TestChunkedUploadCoalesceKeepAliveThenGet(t *testing.T) {
+	const conns = 3
 	for _, overTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", overTLS), func(t *testing.T) {
 			h := newHarness(t)
@@ -46,58 +49,75 @@ func TestChunkedUploadCoalesceKeepAliveThenGet(t *testing.T) {
 				fmt.Fprintf(w, "%s %d %x %v", r.Method, len(b), sha256.Sum256(b), err)
 			}))
 			host := h.route("coalka", port)
-			c := dialProxy(t, h, host, overTLS)
-			br := bufio.NewReader(c)
-			answer := func(what string, want string) {
-				t.Helper()
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatalf("%s: %v", what, err)
-				}
-				got, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 || string(got) != want || resp.Close {
-					t.Fatalf("%s: %d %q (close %v), want 200 %q", what, resp.StatusCode, got, resp.Close, want)
+			errs := make(chan error, conns)
+			for range conns {
+				c := dialProxy(t, h, host, overTLS)
+				go func() { errs <- keepAliveUploads(c, host) }()
+			}
+			for range conns {
+				if err := <-errs; err != nil {
+					t.Error(err)
 				}
 			}
-			const uploads = 24
-			for i := 0; i < uploads; i++ {
-				body := strings.Repeat(fmt.Sprintf("%d:abcdefghijklmnopqrstuvwxyz|", i), 40+i*7)
-				big := 0
-				if i%3 == 1 {
-					big = 5000 + i
-				}
-				expect := i%4 == 2
-				last := i == uploads-1
-				head := fmt.Sprintf("POST /up/%d HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n", i, host)
-				if expect {
-					head += "Expect: 100-continue\r\n"
-				}
-				head += "\r\n"
-				raw := smallChunks(body, big) + "0\r\n\r\n"
-				if last {
-					raw += fmt.Sprintf("GET /after HTTP/1.1\r\nHost: %s\r\n\r\n", host)
-				}
-				if expect {
-					if _, err := io.WriteString(c, head); err != nil {
-						t.Fatal(err)
-					}
-					resp, err := http.ReadResponse(br, nil)
-					if err != nil || resp.StatusCode != 100 {
-						t.Fatalf("upload %d: want 100 Continue, got %v %v", i, resp, err)
-					}
-					head = ""
-				}
-				if _, err := io.WriteString(c, head+raw); err != nil {
-					t.Fatal(err)
-				}
-				answer(fmt.Sprintf("upload %d", i), fmt.Sprintf("POST %d %x <nil>", len(body), sha256.Sum256([]byte(body))))
-			}
-			answer("pipelined GET", fmt.Sprintf("GET 0 %x <nil>", sha256.Sum256(nil)))
-			fmt.Fprintf(c, "GET /last HTTP/1.1\r\nHost: %s\r\n\r\n", host)
-			answer("GET after the uploads", fmt.Sprintf("GET 0 %x <nil>", sha256.Sum256(nil)))
 		})
 	}
+}
+
+// keepAliveUploads makes TestChunkedUploadCoalesceKeepAliveThenGet's
+// requests on c.
+func keepAliveUploads(c net.Conn, host string) error {
+	br := bufio.NewReader(c)
+	answer := func(what string, want string) error {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %v", what, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(got) != want || resp.Close {
+			return fmt.Errorf("%s: %d %q (close %v), want 200 %q", what, resp.StatusCode, got, resp.Close, want)
+		}
+		return nil
+	}
+	const uploads = 24
+	for i := range uploads {
+		body := strings.Repeat(fmt.Sprintf("%d:abcdefghijklmnopqrstuvwxyz|", i), 40+i*7)
+		big := 0
+		if i%3 == 1 {
+			big = 5000 + i
+		}
+		expect := i%4 == 2
+		head := fmt.Sprintf("POST /up/%d HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n", i, host)
+		if expect {
+			head += "Expect: 100-continue\r\n"
+		}
+		head += "\r\n"
+		raw := smallChunks(body, big) + "0\r\n\r\n"
+		if i == uploads-1 {
+			raw += fmt.Sprintf("GET /after HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		}
+		if expect {
+			if _, err := io.WriteString(c, head); err != nil {
+				return err
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 100 {
+				return fmt.Errorf("upload %d: want 100 Continue, got %v %v", i, resp, err)
+			}
+			head = ""
+		}
+		if _, err := io.WriteString(c, head+raw); err != nil {
+			return err
+		}
+		if err := answer(fmt.Sprintf("upload %d", i), fmt.Sprintf("POST %d %x <nil>", len(body), sha256.Sum256([]byte(body)))); err != nil {
+			return err
+		}
+	}
+	if err := answer("pipelined GET", fmt.Sprintf("GET 0 %x <nil>", sha256.Sum256(nil))); err != nil {
+		return err
+	}
+	fmt.Fprintf(c, "GET /last HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	return answer("GET after the uploads", fmt.Sprintf("GET 0 %x <nil>", sha256.Sum256(nil)))
 }
 
 // A chunked body of small chunks that goes past client.max_body_size is

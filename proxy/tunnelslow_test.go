@@ -158,3 +158,66 @@ func listenSmallSegments(t *testing.T) net.Listener {
 	t.Cleanup(func() { ln.Close() })
 	return ln
 }
+
+// A client that stops reading a tunnel, and sends nothing, while the
+// sandbox keeps pushing, is cut at client.write_timeout even when that is
+// longer than upstream.idle_timeout: the write in flight keeps the other
+// copy's read from taking the tunnel for idle (tunnel.read), and must not
+// keep it for ever once the write fails. Over TLS too, whose write to a
+// client goes through the TLS layer.
+func TestTunnelClientThatStopsReadingIsCutPastIdle(t *testing.T) {
+	t.Parallel()
+	const (
+		idle         = 300 * time.Millisecond
+		writeTimeout = 1500 * time.Millisecond
+	)
+	for _, overTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", overTLS), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(o *harnessOpts) {
+				o.cfg.IdleStreamTimeout = idle
+				o.srv.ClientWriteTimeout = writeTimeout
+			})
+			ln := listen(t, "127.0.0.1:0")
+			closed := make(chan time.Time, 1)
+			go func() {
+				c, br, ok := acceptUpgrade(ln)
+				if !ok {
+					return
+				}
+				defer c.Close()
+				go func() {
+					chunk := bytes.Repeat([]byte("x"), 64<<10)
+					for {
+						if _, err := c.Write(chunk); err != nil {
+							return
+						}
+					}
+				}()
+				io.Copy(io.Discard, br) // until the proxy closes its side
+				closed <- time.Now()
+			}()
+			host := h.route("wsstopped", uint16(ln.Addr().(*net.TCPAddr).Port))
+			var c net.Conn
+			if overTLS {
+				c = dialProxy(t, h, host, true)
+			} else {
+				c = dialSmallWindow(t, h.addr)
+			}
+			start := time.Now()
+			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host)
+			resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
+			if err != nil || resp.StatusCode != 101 {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			io.WriteString(c, "g") // go ahead; from now on the client reads and sends nothing
+			select {
+			case at := <-closed:
+				t.Logf("tunnel closed %v after the upgrade", at.Sub(start).Round(time.Millisecond))
+			case <-time.After(10 * writeTimeout):
+				t.Fatal("a tunnel whose client stopped reading is still open after 10 write timeouts")
+			}
+		})
+	}
+}

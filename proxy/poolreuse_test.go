@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+)
+
+// What a reset does to a pooled sandbox connection, where
+// TestUpstreamStaleConnRetry covers a close (FIN): a sandbox that crashes,
+// or whose server aborts a connection (SO_LINGER 0, nginx's
+// reset_timedout_connection), resets it. Reset while idle, the connection
+// is not used for the next request, whatever its method. Reset once it
+// has read the request, with no byte of an answer, the request is re-sent
+// on a new connection only when it is idempotent and has no body, as by
+// nginx since 1.9.13 (proxy_next_upstream error); otherwise the client
+// gets a 502 upstream_reset and the access log says so, with no retry.
+func TestUpstreamResetPooledConn(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, body string
+		// idle: reset while idle, before the request; else reset once
+		// the request was read.
+		idle    bool
+		retried bool
+		// chunked: the body goes chunked (streamed to the sandbox).
+		chunked bool
+	}{
+		{"reset while idle/GET", "GET", "", true, false, false},
+		{"reset while idle/POST", "POST", "payload", true, false, false},
+		{"reset after reading/GET", "GET", "", false, true, false},
+		{"reset after reading/HEAD", "HEAD", "", false, true, false},
+		{"reset after reading/OPTIONS", "OPTIONS", "", false, true, false},
+		{"reset after reading/POST", "POST", "payload", false, false, false},
+		{"reset after reading/POST without a body", "POST", "", false, false, false},
+		{"reset after reading/PATCH without a body", "PATCH", "", false, false, false},
+		{"reset after reading/PUT with a body", "PUT", "payload", false, false, false},
+		{"reset after reading/GET with a chunked body", "GET", "payload", false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := logHarness(t, accesslog.FormatJSON)
+			answered := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, n int) bool {
+				if n == 1 && !tc.idle {
+					_ = c.(*net.TCPConn).SetLinger(0) // read, then reset unanswered
+					return false
+				}
+				head := "HTTP/1.1 200 OK\r\nContent-Length: " + fmt.Sprint(len(req.Method)) + "\r\n\r\n"
+				if req.Method == "HEAD" {
+					rawWrite(c, head)
+				} else {
+					rawWrite(c, head+req.Method)
+				}
+				if n > 0 || !tc.idle {
+					return true
+				}
+				// Reset only once the proxy pooled the connection (its
+				// client has the answer).
+				select {
+				case <-answered:
+				case <-t.Context().Done():
+				}
+				_ = c.(*net.TCPConn).SetLinger(0)
+				return false
+			})
+			host := h.route("reset", b.port)
+			c := dialRaw(t, h.addr)
+			br := bufio.NewReader(c)
+			if st, body := pooledExchange(t, c, br, "GET", "/first", host, "reset-first", "", false); st != 200 || body != "GET" {
+				t.Fatalf("first request: %d %q", st, body)
+			}
+			close(answered)
+			if tc.idle {
+				if err := b.waitEnded(t); err != nil {
+					t.Fatalf("backend connection ended with %v, want its own reset", err)
+				}
+			}
+			if n := poolConns(h); n != 1 {
+				t.Fatalf("%d pooled connections before the second request, want 1", n)
+			}
+			id := "reset-" + strings.NewReplacer(" ", "-", "/", "-").Replace(tc.name)
+			st, body := pooledExchange(t, c, br, tc.method, "/second", host, id, tc.body, tc.chunked)
+			seen, accepted := b.count(tc.method+" /second"), b.accepted.Load()
+			e := logs.waitJSON(t, id)
+			want := tc.method
+			if tc.method == "HEAD" {
+				want = ""
+			}
+			switch {
+			case tc.idle:
+				// The reset was in the socket before the request: the peek
+				// before reuse drops the connection, and the request goes
+				// once, on a new one, without counting as a retry.
+				if st != 200 || body != want || seen != 1 || accepted != 2 {
+					t.Fatalf("%s after an idle reset: %d %q, backend saw it %d times on %d connections; want 200 %q, once, on a second connection",
+						tc.method, st, body, seen, accepted, want)
+				}
+				if e["upstream_retries"] != 0.0 {
+					t.Errorf("access log upstream_retries %v, want 0: the request went out once", e["upstream_retries"])
+				}
+			case tc.retried:
+				if st != 200 || body != want || seen != 2 || accepted != 2 {
+					t.Fatalf("%s: %d %q, backend saw it %d times on %d connections; want 200 %q re-sent once on a new connection",
+						tc.method, st, body, seen, accepted, want)
+				}
+				if e["status"] != 200.0 || e["upstream_retries"] != 1.0 || e["upstream_retry_code"] != CodeUpstreamReset {
+					t.Errorf("access log: status %v upstream_retries %v upstream_retry_code %v, want 200, 1, %q",
+						e["status"], e["upstream_retries"], e["upstream_retry_code"], CodeUpstreamReset)
+				}
+			default:
+				if st != 502 || !strings.Contains(body, `"code":"`+CodeUpstreamReset+`"`) {
+					t.Fatalf("%s: %d %q, want 502 with code %q", tc.method, st, body, CodeUpstreamReset)
+				}
+				if seen != 1 || accepted != 1 {
+					t.Fatalf("%s was re-sent: backend saw it %d times on %d connections, want once on 1", tc.method, seen, accepted)
+				}
+				if e["status"] != 502.0 || e["error_code"] != CodeUpstreamReset || e["upstream_retries"] != 0.0 {
+					t.Errorf("access log: status %v error_code %v upstream_retries %v, want 502, %q, 0",
+						e["status"], e["error_code"], e["upstream_retries"], CodeUpstreamReset)
+				}
+			}
+			// The reset connection is gone; one that answered is pooled.
+			if tc.idle || tc.retried {
+				waitPoolConns(t, h, 1)
+			} else {
+				waitPoolConns(t, h, 0)
+			}
+		})
+	}
+}
+
+// pooledExchange sends one request on c (a keep-alive connection to the
+// proxy) and reads its answer: status and body. chunked sends body in
+// two chunks, so that the proxy streams it.
+func pooledExchange(t *testing.T, c net.Conn, br *bufio.Reader, method, path, host, id, body string, chunked bool) (int, string) {
+	t.Helper()
+	head := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\n", method, path, host, id)
+	switch {
+	case chunked:
+		half := len(body) / 2
+		head += fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", half, body[:half], len(body)-half, body[half:])
+	case body != "":
+		head += fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body)
+	default:
+		head += "\r\n"
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}

@@ -278,3 +278,86 @@ func setState(t *testing.T, h *harness, state string) {
 		t.Fatalf("state %s: %d %s", state, st, body)
 	}
 }
+
+// At upstream.max_conns under load, with every connection busy, the
+// requests over the limit are refused at once with 503 upstream_busy (none
+// waits for a slot, so none can wait forever), the busy ones complete, and
+// every slot is free again afterwards: the pool then serves as many
+// requests as come, on at most max_conns connections.
+func TestUpstreamMaxConnsUnderLoad(t *testing.T) {
+	const limit, clients = 2, 8
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxConnsPerUpstream = limit })
+	arrived := make(chan struct{}, clients)
+	release := make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path == "/held" {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-t.Context().Done():
+				return false
+			}
+		}
+		return rawWrite(c, okResponse("done"))
+	})
+	host := h.route("maxload", b.port)
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	results := make(chan result, clients)
+	for range clients {
+		pc := h.dialProxy(t)
+		go func() {
+			resp, body, err := pc.send("GET", host, "/held", "")
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			results <- result{status: resp.StatusCode, body: string(body)}
+		}()
+	}
+	// The refusals come while both slots are still held: nobody waits.
+	for range clients - limit {
+		r := <-results
+		if r.err != nil || r.status != 503 || !strings.Contains(r.body, `"code":"`+CodeUpstreamBusy+`"`) {
+			t.Fatalf("over the limit: %d %q %v, want 503 %s", r.status, r.body, r.err, CodeUpstreamBusy)
+		}
+	}
+	for range limit {
+		<-arrived
+	}
+	close(release)
+	for range limit {
+		if r := <-results; r.err != nil || r.status != 200 || r.body != "done" {
+			t.Fatalf("held request: %d %q %v, want 200 done", r.status, r.body, r.err)
+		}
+	}
+	if n := b.count("GET /held"); n != limit {
+		t.Fatalf("backend got %d requests, want %d: a refused one was sent", n, limit)
+	}
+	waitPoolConns(t, h, limit)
+	// Every slot is back: limit clients at once are all served, on the
+	// pooled connections.
+	done := make(chan result, limit)
+	for range limit {
+		pc := h.dialProxy(t)
+		go func() {
+			resp, body, err := pc.send("GET", host, "/again", "")
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			done <- result{status: resp.StatusCode, body: string(body)}
+		}()
+	}
+	for range limit {
+		if r := <-done; r.err != nil || r.status != 200 {
+			t.Fatalf("after the load: %d %q %v, want 200", r.status, r.body, r.err)
+		}
+	}
+	if n := b.accepted.Load(); n > limit {
+		t.Fatalf("backend accepted %d connections with max_conns %d", n, limit)
+	}
+}

@@ -553,6 +553,41 @@ var leakEnds = []leakCase{
 		io.Copy(io.Discard, leakResponse(t, br, "GET", 502).Body)
 		c.Close()
 	}},
+	{"sandbox closes a pooled connection under a GET (re-sent)", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		e.next(t).answer("first")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t) // on the pooled connection
+		sc.Close()
+		e.next(t).answer("again") // on a new one
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		c.Close()
+	}},
+	{"sandbox resets a pooled connection under a POST (502)", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		e.next(t).answer("first")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		leakSend(t, c, e.head("POST", "/", "Content-Length: 2\r\n")+"hi")
+		sc, _ := e.next(t).raw(t)
+		reset(sc)
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 502).Body)
+		c.Close()
+	}},
+	{"sandbox resets a pooled connection while idle", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		reset(sc)
+		leakSend(t, c, e.head("GET", "/", ""))
+		e.next(t).answer("again")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		c.Close()
+	}},
 	{"sandbox closes mid fixed-length body", func(t *testing.T, e *leakEnv) {
 		c, br := e.dial(t)
 		leakSend(t, c, e.head("GET", "/", ""))

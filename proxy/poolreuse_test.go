@@ -361,3 +361,63 @@ func TestUpstreamMaxConnsUnderLoad(t *testing.T) {
 		t.Fatalf("backend accepted %d connections with max_conns %d", n, limit)
 	}
 }
+
+// A client that leaves in the middle of a streamed answer leaves the
+// sandbox connection in the middle of that answer's framing: it is
+// closed, not pooled, even when the sandbox then sends the rest and waits
+// for the next request on it (the leak table cannot tell: its check closes
+// idle connections before it counts). Pooled, the rest would be read as
+// the next client's answer.
+func TestUpstreamClientLeftMidBodyNotPooled(t *testing.T) {
+	rest := countingBody(4 * wholeBody)
+	for _, tc := range []struct{ name, head, first, rest string }{
+		{"Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: " + fmt.Sprint(wholeBody+len(rest)) + "\r\n\r\n",
+			countingBody(wholeBody), rest},
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+			chunkedPieces(countingBody(wholeBody), 4096), chunkedBody(rest, 4096)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			left := make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path != "/big" {
+					return rawWrite(c, okResponse(strings.TrimPrefix(req.URL.Path, "/")))
+				}
+				if !rawWrite(c, tc.head+tc.first) {
+					return false
+				}
+				select {
+				case <-left:
+				case <-t.Context().Done():
+					return false
+				}
+				// The rest, and on to the next request: a keep-alive
+				// server does not know its client's client left.
+				rawWrite(c, tc.rest)
+				return true
+			})
+			host := h.route("midbody", b.port)
+			c := dialRaw(t, h.addr)
+			fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(resp.Body, make([]byte, 1024)); err != nil {
+				t.Fatal(err)
+			}
+			reset(c.(*net.TCPConn))
+			close(left)
+			if err := b.waitEnded(t); err == nil {
+				t.Fatal("the sandbox closed its connection itself, want the proxy to close it")
+			}
+			waitPoolConns(t, h, 0)
+			for _, want := range []string{"next", "after"} {
+				if resp, body := h.dialProxy(t).do("GET", host, "/"+want, ""); resp.StatusCode != 200 || body != want {
+					t.Fatalf("GET /%s: %d, %d bytes %.40q; want 200 %q", want, resp.StatusCode, len(body), body, want)
+				}
+			}
+			b.wantAccepted(t, 2, "(the connection left mid-answer was reused)")
+		})
+	}
+}

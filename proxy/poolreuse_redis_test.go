@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// A route the control plane moves in Redis (the hash rewritten, the id
+// published) sends the next request to the new address, on a connection
+// of its own: the idle one to the old address is not used for it, as
+// when the admin API moves it (TestPooledConnsAcrossRouteChanges).
+func TestPooledConnMovedInRedis(t *testing.T) {
+	const id, host = "poolredis", "8080-poolredis.cube.test"
+	r, store := redisStore(t)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.noAdminRoutes = true
+	})
+	subscribe(t, store, h)
+	answer := func(name string) *scriptBackend {
+		return newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+			return rawWrite(c, okResponse(name))
+		})
+	}
+	old, moved := answer("old"), answer("moved")
+	write := func(port uint16) {
+		t.Helper()
+		if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", "127.0.0.1",
+			"SandboxIP", "127.0.0.1", "CreatedAt", "1", "8080", itoa(port)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(old.port)
+	pc := h.dialProxy(t)
+	if resp, body := pc.do("GET", host, "/", ""); resp.StatusCode != 200 || body != "old" {
+		t.Fatalf("first request: %d %q", resp.StatusCode, body)
+	}
+	waitPoolConns(t, h, 1)
+	write(moved.port)
+	if err := store.Publish(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	// The invalidation comes through the subscription: until it does,
+	// the old route is served, on its pooled connection.
+	testenv.WaitFor(t, 10*time.Second, "a request to reach the moved route", func() bool {
+		resp, body := pc.do("GET", host, "/", "")
+		if resp.StatusCode != 200 || body != "old" && body != "moved" {
+			t.Fatalf("during the move: %d %q", resp.StatusCode, body)
+		}
+		return body == "moved"
+	})
+	old.wantAccepted(t, 1, "(one connection, reused until the move)")
+	moved.wantAccepted(t, 1, "(a new connection for the new address)")
+	if n := poolConns(h); n != 2 {
+		t.Fatalf("%d pooled connections, want 2 (the old one left to the janitor)", n)
+	}
+}

@@ -223,6 +223,11 @@ func FuzzProxyRaw(f *testing.F) {
 			}
 			return b.String()
 		}() + "X-Rep: 2\r\nX-Drop: d\r\n\r\n",
+		// Small chunks that together pass the 4 KiB the waiting pieces
+		// hold, and a trailer of more repeated names than the line order
+		// keeps (8).
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("bb8\r\n"+strings.Repeat("x", 3000)+"\r\n", 3) + "0\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" + strings.Repeat("X-A: 1\r\nX-B: 2\r\nX-C: 3\r\nX-D: 4\r\nX-E: 5\r\nX-F: 6\r\nX-G: 7\r\nX-H: 8\r\nX-I: 9\r\n", 2) + "\r\n",
 		// A Content-Length body past the request writer's 4 KiB, and an
 		// event stream refused by its weight.
 		"PUT /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("0123456789", 500),

@@ -208,6 +208,26 @@ func FuzzProxyRaw(f *testing.F) {
 		// a Content-Length body and a chunked one.
 		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nConnection: Host, Content-Length, X-Cube-Request-Id\r\nX-Cube-Request-Id: rid\r\nContent-Length: 5\r\n\r\nhello",
 		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nConnection: host\r\nConnection: content-length, keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+		// Chunked uploads in many small chunks, which wait and reach the
+		// sandbox together (uploadWriter's coalescing): 1-byte chunks
+		// with extensions then a trailer, small chunks around one past
+		// the 4 KiB piece buffer, and a trailer of more names than the
+		// line order keeps (32), a name on lines far apart, and a field
+		// the head's Connection option names.
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("1;x=y\r\nz\r\n", 40) + "0\r\nX-Sum: 40\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("3\r\nabc\r\n", 20) + "1194\r\n" + strings.Repeat("0123456789", 450) + "\r\n" + strings.Repeat("2\r\nde\r\n", 20) + "0\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nConnection: X-Drop\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("2\r\nab\r\n", 8) + "0\r\nX-Rep: 1\r\n" + func() string {
+			var b strings.Builder
+			for i := range 34 {
+				fmt.Fprintf(&b, "X-T%d: %d\r\n", i, i)
+			}
+			return b.String()
+		}() + "X-Rep: 2\r\nX-Drop: d\r\n\r\n",
+		// Small chunks that together pass the 4 KiB the waiting pieces
+		// hold, and a trailer of more repeated names than the line order
+		// keeps (8).
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("bb8\r\n"+strings.Repeat("x", 3000)+"\r\n", 3) + "0\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" + strings.Repeat("X-A: 1\r\nX-B: 2\r\nX-C: 3\r\nX-D: 4\r\nX-E: 5\r\nX-F: 6\r\nX-G: 7\r\nX-H: 8\r\nX-I: 9\r\n", 2) + "\r\n",
 		// A Content-Length body past the request writer's 4 KiB, and an
 		// event stream refused by its weight.
 		"PUT /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("0123456789", 500),

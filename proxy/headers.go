@@ -308,14 +308,29 @@ func nextToken(v []byte) (tok, rest []byte) {
 // joined with ", " (empty lines skipped), as nginx's
 // $proxy_add_x_forwarded_for does.
 func appendForwardedFor(dst []byte, prior [][]byte, ip netip.Addr) []byte {
-	dst = dst[:0]
-	for _, v := range prior {
+	dst = appendJoinedLines(dst[:0], prior)
+	if len(dst) > 0 {
+		dst = append(dst, ", "...)
+	}
+	return ip.AppendTo(dst)
+}
+
+// appendJoinedLines appends the non-empty lines joined with ", ": the
+// client's X-Forwarded-For lines as the sandbox gets them
+// (appendForwardedFor) and the access log writes them (fwdHeaders).
+func appendJoinedLines(dst []byte, lines [][]byte) []byte {
+	sep := false
+	for _, v := range lines {
 		if len(v) == 0 {
 			continue
 		}
-		dst = append(append(dst, v...), ", "...)
+		if sep {
+			dst = append(dst, ", "...)
+		}
+		dst = append(dst, v...)
+		sep = true
 	}
-	return ip.AppendTo(dst)
+	return dst
 }
 
 // appendForwarded appends the proxy's element for the client at ip
@@ -360,21 +375,6 @@ func openQuote(v []byte) bool {
 		}
 	}
 	return in
-}
-
-// setForwarding sets a header the proxy vouches for (X-Real-IP,
-// X-Forwarded-For, X-Forwarded-Host, its element of Forwarded) as its only
-// line: a client's further copies would reach the sandbox beside the
-// proxy's, where a framework reading the last line, or the rightmost
-// address of the joined lines, takes the forged one. A set replaces the
-// first line and drops the others in place, leaving every other line
-// where it was; deleting them first (as earlier builds did for a name sent
-// twice) moved the head's last lines into their places, after the deletes
-// whose line order prepareRequest restores, and reordered a repeated field
-// (RFC 9110 §5.3). key is in fasthttp's canonical form (one of the keyX
-// names): SetCanonical does not normalize it again.
-func setForwarding(h *fasthttp.RequestHeader, key, v []byte) {
-	h.SetCanonical(key, v)
 }
 
 // The headers prepareRequest sets on every request, in the form fasthttp

@@ -433,23 +433,6 @@ const (
 	fwdSlots
 )
 
-// appendJoinedLines appends the non-empty lines joined with ", ", as
-// appendForwardedFor joins the client's X-Forwarded-For lines.
-func appendJoinedLines(dst []byte, lines [][]byte) []byte {
-	sep := false
-	for _, v := range lines {
-		if len(v) == 0 {
-			continue
-		}
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = append(dst, v...)
-		sep = true
-	}
-	return dst
-}
-
 func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	f.b = f.b[:0]
 	for i, name := range forwardingHeaders {

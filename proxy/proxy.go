@@ -1249,15 +1249,26 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		order.restore(h)
 		order.release()
 	}
+	// The headers the proxy vouches for (X-Real-IP, X-Forwarded-For, its
+	// element of Forwarded, X-Forwarded-Host) are set as their only line:
+	// a client's further copies would reach the sandbox beside the
+	// proxy's, where a framework reading the last line, or the rightmost
+	// address of the joined lines, takes the forged one. A set replaces
+	// the first line and drops the others in place, leaving every other
+	// line where it was; deleting them first (as earlier builds did for a
+	// name sent twice) moved the head's last lines into their places,
+	// after the restore above, and reordered a repeated field (RFC 9110
+	// §5.3). The keys are in fasthttp's canonical form (the keyX names):
+	// SetCanonical does not normalize them again.
 	var buf [256]byte
-	setForwarding(h, keyRealIP, ip.AppendTo(buf[:0]))
-	setForwarding(h, keyForwardedFor, forwardedFor)
+	h.SetCanonical(keyRealIP, ip.AppendTo(buf[:0]))
+	h.SetCanonical(keyForwardedFor, forwardedFor)
 	if seen.forwarded > 0 {
 		// Only where the client sent one (as nginx, the proxy adds none):
 		// a framework that reads it before X-Forwarded-For takes the
 		// rightmost element no trusted proxy added, which is then the
 		// proxy's, not a client's forgery.
-		setForwarding(h, keyForwarded, forwarded)
+		h.SetCanonical(keyForwarded, forwarded)
 	}
 	// An empty line counts as absent, so the scan's word is checked.
 	if !seen.forwardedProto || len(h.Peek("X-Forwarded-Proto")) == 0 {
@@ -1273,7 +1284,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	// (port 49983) always sees the real host.
 	req.UseHostHeader = true
 	if masked {
-		setForwarding(h, keyForwardedHost, h.Host())
+		h.SetCanonical(keyForwardedHost, h.Host())
 		h.SetHostBytes(maskedHost(buf[:0], r.MaskRequestHost, t.Port))
 	}
 	return nil

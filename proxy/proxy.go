@@ -2123,10 +2123,10 @@ func (b *clientBody) WriteTo(w io.Writer) (int64, error) {
 // the connection and leaves nothing to flush: large uploads pay nothing.
 type uploadWriter clientBody
 
-// Write sends p on. A chunked body's small pieces wait (coalesce) while fasthttp's reader
-// still holds the client's bytes: it hands the copy one chunk a read, and
-// a body sent as 1-byte chunks cost a chunk, a flush and a write syscall
-// to the sandbox each (256 KiB in 1-byte chunks: 0.89 s of CPU, against
+// Write sends p on. A chunked body's small pieces wait (coalesce) while
+// fasthttp's reader still holds the client's bytes: it hands the copy one
+// chunk a read, and a body sent as 1-byte chunks cost a chunk, a flush and
+// a write syscall to the sandbox each (256 KiB in 1-byte chunks: 0.89 s of CPU, against
 // 5 ms in one chunk). They go out together before the next read of the
 // client's connection (beforeRead), the read that may wait for the
 // client: a trickle reaches the sandbox piece by piece, as before.

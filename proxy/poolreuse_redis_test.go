@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -12,10 +13,11 @@ import (
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
-// A route the control plane moves in Redis (the hash rewritten, the id
-// published) sends the next request to the new address, on a connection
-// of its own: the idle one to the old address is not used for it, as
-// when the admin API moves it (TestPooledConnsAcrossRouteChanges).
+// A route the control plane moves to another node in Redis (the hash
+// rewritten, the id published) sends the next request to the new address,
+// on a connection of its own; the idle one to the old address is not used
+// for it, and is closed then, as when the admin API moves it
+// (TestPooledConnsAcrossRouteChanges).
 func TestPooledConnMovedInRedis(t *testing.T) {
 	const id, host = "poolredis", "8080-poolredis.cube.test"
 	r, store := redisStore(t)
@@ -24,26 +26,26 @@ func TestPooledConnMovedInRedis(t *testing.T) {
 		o.noAdminRoutes = true
 	})
 	subscribe(t, store, h)
-	answer := func(name string) *scriptBackend {
-		return newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+	answer := func(ip, name string) *scriptBackend {
+		return newScriptBackendAt(t, ip, func(c net.Conn, _ *http.Request, _ int) bool {
 			return rawWrite(c, okResponse(name))
 		})
 	}
-	old, moved := answer("old"), answer("moved")
-	write := func(port uint16) {
+	old, moved := answer("127.0.0.1", "old"), answer("127.0.0.2", "moved")
+	write := func(b *scriptBackend) {
 		t.Helper()
-		if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", "127.0.0.1",
-			"SandboxIP", "127.0.0.1", "CreatedAt", "1", "8080", itoa(port)).Err(); err != nil {
+		if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", b.ip,
+			"SandboxIP", b.ip, "CreatedAt", "1", "8080", itoa(b.port)).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write(old.port)
+	write(old)
 	pc := h.dialProxy(t)
 	if resp, body := pc.do("GET", host, "/", ""); resp.StatusCode != 200 || body != "old" {
 		t.Fatalf("first request: %d %q", resp.StatusCode, body)
 	}
 	waitPoolConns(t, h, 1)
-	write(moved.port)
+	write(moved)
 	if err := store.Publish(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +70,10 @@ func TestPooledConnMovedInRedis(t *testing.T) {
 	})
 	old.wantAccepted(t, 1, "(one connection, reused until the move)")
 	moved.wantAccepted(t, 1, "(a new connection for the new address)")
-	// The old one is left to the janitor, unless a cut closed it.
-	if n := poolConns(h); cut && n != 1 || !cut && n != 2 {
-		t.Fatalf("%d pooled connections (a request cut: %v), want 2, or 1 after a cut", n, cut)
+	// The old one is closed, by a cut or by the first request to the new
+	// node.
+	if err := old.waitEnded(t); err != io.EOF {
+		t.Fatalf("the old address's connection ended with %v (a request cut: %v), want EOF: the proxy closes it", err, cut)
 	}
+	waitPoolConns(t, h, 1)
 }

@@ -146,10 +146,18 @@ func (ps *pools) get(key poolKey, now int64) *upstream {
 	}
 }
 
+// create makes the pool of key. The sandbox's pools of another CreatedAt
+// or at another address lose their idle connections at once: a new one
+// of those means its route moved to another node or names a sandbox
+// created again, and the old ones' connections, never used again, held a
+// descriptor each until upstream.idle_conn_timeout (to a VM that may
+// never close them). Another port at the same address is the same
+// sandbox's (a route maps each container port to a host port), and keeps
+// its own.
 func (ps *pools) create(key poolKey) *upstream {
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
 	if u := ps.m[key]; u != nil {
+		ps.mu.Unlock()
 		return u
 	}
 	u := &upstream{addr: key.addr.String()}
@@ -157,7 +165,17 @@ func (ps *pools) create(key poolKey) *upstream {
 	if ps.byID == nil {
 		ps.byID = make(map[string][]poolKey)
 	}
+	var stale []*upstream
+	for _, k := range ps.byID[key.id] {
+		if k.createdAt != key.createdAt || k.addr.Addr() != key.addr.Addr() {
+			stale = append(stale, ps.m[k])
+		}
+	}
 	ps.byID[key.id] = append(ps.byID[key.id], key)
+	ps.mu.Unlock()
+	for _, old := range stale {
+		old.closeIdle(math.MaxInt64)
+	}
 	return u
 }
 

@@ -42,6 +42,7 @@ func (b *scriptBackend) wantAccepted(t *testing.T, want int32, note string) {
 }
 
 type scriptBackend struct {
+	ip       string
 	port     uint16
 	accepted atomic.Int32
 	// ended gets one value per connection as it ends: nil when the script
@@ -59,13 +60,23 @@ type scriptFunc func(c net.Conn, req *http.Request, n int) bool
 
 func newScriptBackend(t *testing.T, answer scriptFunc) *scriptBackend {
 	t.Helper()
-	b := &scriptBackend{ended: make(chan error, 64)}
+	return newScriptBackendAt(t, "127.0.0.1", answer)
+}
+
+// newScriptBackendAt is newScriptBackend listening on ip (another loopback
+// address stands for another node).
+func newScriptBackendAt(t *testing.T, ip string, answer scriptFunc) *scriptBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("script backend: %v", err)
+	}
+	b := &scriptBackend{ip: ip, port: uint16(ln.Addr().(*net.TCPAddr).Port), ended: make(chan error, 64)}
 	// No script goroutine outlives the test (and touches its state).
-	ln := testenv.ServeTCP(t, func(c net.Conn) {
+	testenv.Serve(t, ln, func(c net.Conn) {
 		b.accepted.Add(1)
 		b.serve(c, answer)
 	})
-	b.port = uint16(ln.Addr().(*net.TCPAddr).Port)
 	return b
 }
 

@@ -464,7 +464,10 @@ func (l *soakLoad) sseSilentCut(_ context.Context, a *actorStats, i int) {
 	a.ok.Add(1)
 }
 
-// upload sends a 256 KiB body, whole (200) or reset half-way, in turn.
+// upload sends a 256 KiB body, in turn whole (200), reset half-way, and
+// the same two chunked in 64-byte chunks: the proxy sends the small chunks
+// it has read together (its client read hook), a hook that each upload
+// must take away however it ends.
 func (l *soakLoad) upload(_ context.Context, a *actorStats, i int) {
 	const size = 256 << 10
 	rc := newRawConn(l.addr, 4<<10)
@@ -474,17 +477,24 @@ func (l *soakLoad) upload(_ context.Context, a *actorStats, i int) {
 		return
 	}
 	head := "POST /small HTTP/1.1\r\nHost: " + l.host(l.fast, soakSandbox) +
-		"\r\nContent-Type: application/octet-stream\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n"
+		"\r\nContent-Type: application/octet-stream\r\n"
 	body := soakUploadBody[:size]
-	if i%2 == 1 {
-		body = body[:size/2]
+	if i%4 >= 2 {
+		head += "Transfer-Encoding: chunked\r\n\r\n"
+		body = soakChunkedBody
+	} else {
+		head += "Content-Length: " + strconv.Itoa(size) + "\r\n\r\n"
+	}
+	reset := i%2 == 1
+	if reset {
+		body = body[:len(body)/2]
 	}
 	if _, err := rc.conn.Write(append([]byte(head), body...)); err != nil {
 		resetClose(rc.conn)
 		a.fail(err)
 		return
 	}
-	if i%2 == 1 {
+	if reset {
 		resetClose(rc.conn)
 		a.ok.Add(1)
 		return
@@ -502,6 +512,17 @@ func (l *soakLoad) upload(_ context.Context, a *actorStats, i int) {
 }
 
 var soakUploadBody = bytes.Repeat([]byte("upload-"), 256<<10/7+1)
+
+// soakChunkedBody is soakUploadBody's first 256 KiB in 64-byte chunks.
+var soakChunkedBody = func() []byte {
+	var b []byte
+	for p := soakUploadBody[:256<<10]; len(p) > 0; p = p[64:] {
+		b = append(b, "40\r\n"...)
+		b = append(b, p[:64]...)
+		b = append(b, "\r\n"...)
+	}
+	return append(b, "0\r\n\r\n"...)
+}()
 
 // upgrade is handshake on an already dialled connection.
 func (w *wsConn) upgrade(path, host string) error {

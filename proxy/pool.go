@@ -138,14 +138,13 @@ func (ps *pools) get(key poolKey, now int64) *upstream {
 	}
 }
 
-// create makes the pool of key. The sandbox's pools of another CreatedAt
-// or at another address lose their idle connections at once: a new one
-// of those means its route moved to another node or names a sandbox
-// created again, and the old ones' connections, never used again, held a
-// descriptor each until upstream.idle_conn_timeout (to a VM that may
-// never close them). Another port at the same address is the same
-// sandbox's (a route maps each container port to a host port), and keeps
-// its own.
+// create makes the pool of key. A new pool at another IP than the
+// sandbox's other pools, or of another CreatedAt, means its route moved it
+// to another node or names a sandbox created again: the others' idle
+// connections are never used again, and each held a descriptor until
+// upstream.idle_conn_timeout (to a VM that may never close it), so they
+// are closed now. A pool at another port of the same IP keeps its own: it
+// may be another container port of the same sandbox.
 func (ps *pools) create(key poolKey) *upstream {
 	ps.mu.Lock()
 	if u := ps.m[key]; u != nil {

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -85,5 +88,57 @@ func BenchmarkPoolsKill(b *testing.B) {
 	for b.Loop() {
 		ps.get(victim, now)
 		ps.kill("victim", 1)
+	}
+}
+
+// A new pool at another IP than its sandbox's other pools, or of another
+// CreatedAt, closes their idle connections (the route moved the sandbox
+// to another node, or names one created again); one at another port of
+// the same IP, an existing pool looked up again, or another sandbox's new
+// pool closes none.
+func TestPoolCreateClosesSupersededIdle(t *testing.T) {
+	at := func(ip string, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
+	}
+	a1, a2 := poolKey{"a", 1, at("10.0.0.1", 1)}, poolKey{"a", 1, at("10.0.0.1", 2)} // two ports of a
+	b := poolKey{"b", 1, at("10.0.0.2", 1)}                                          // another sandbox, on a's new node
+	for _, tc := range []struct {
+		name   string
+		next   poolKey
+		closed []poolKey
+	}{
+		{"another port at the same IP", poolKey{"a", 1, at("10.0.0.1", 3)}, nil},
+		{"moved to another node", poolKey{"a", 1, at("10.0.0.2", 1)}, []poolKey{a1, a2}},
+		{"created again at the same address", poolKey{"a", 2, at("10.0.0.1", 1)}, []poolKey{a1, a2}},
+		{"an existing pool", a1, nil},
+		{"another sandbox's first pool", poolKey{"c", 1, at("10.0.0.1", 1)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ps := &pools{m: make(map[poolKey]*upstream)}
+			now := time.Now().UnixNano()
+			closes := make(map[poolKey]*atomic.Int64)
+			for _, k := range []poolKey{a1, a2, b} {
+				u := ps.get(k, now)
+				closes[k] = new(atomic.Int64)
+				for range 2 {
+					mine, theirs := net.Pipe()
+					t.Cleanup(func() { _ = theirs.Close() })
+					u.idle = append(u.idle, &upstreamConn{Conn: closeCounter{mine, closes[k]}, pool: u})
+					u.conns.Add(1)
+				}
+			}
+			ps.get(tc.next, now)
+			checkIndex(t, ps)
+			for _, k := range []poolKey{a1, a2, b} {
+				want := 0
+				if slices.Contains(tc.closed, k) {
+					want = 2
+				}
+				u := ps.m[k]
+				if n := closes[k].Load(); n != int64(want) || len(u.idle) != 2-want || u.conns.Load() != int32(2-want) {
+					t.Errorf("pool %s@%d %s: %d idle connections closed, %d idle, %d open; want %d closed", k.id, k.createdAt, k.addr, n, len(u.idle), u.conns.Load(), want)
+				}
+			}
+		})
 	}
 }

@@ -145,18 +145,8 @@ func TestTunnelSlowOneWayOutlivesIdleTimeout(t *testing.T) {
 // once, where its write is to wait as it does on a real network.
 func listenSmallSegments(t *testing.T) net.Listener {
 	t.Helper()
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048)
-			_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536)
-		})
-	}}
-	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
+	return listenWithSockopts(t, sockopt{syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048},
+		sockopt{syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536})
 }
 
 // A client that stops reading a tunnel, and sends nothing, while the

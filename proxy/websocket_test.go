@@ -948,9 +948,21 @@ func listenSmallWindow(t *testing.T) net.Listener {
 // (SO_RCVBUF, SO_SNDBUF) set to size, which accepted connections inherit.
 func listenWithBuffer(t *testing.T, opt, size int) net.Listener {
 	t.Helper()
+	return listenWithSockopts(t, sockopt{syscall.SOL_SOCKET, opt, size})
+}
+
+// sockopt is one integer socket option: level, name and value.
+type sockopt struct{ level, opt, value int }
+
+// listenWithSockopts listens on loopback with opts set on the listening
+// socket, which accepted connections inherit.
+func listenWithSockopts(t *testing.T, opts ...sockopt) net.Listener {
+	t.Helper()
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt, size)
+			for _, o := range opts {
+				_ = syscall.SetsockoptInt(int(fd), o.level, o.opt, o.value)
+			}
 		})
 	}}
 	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")

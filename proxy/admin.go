@@ -457,6 +457,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		deleted, err := a.cfg.Routes.Remove(id)
 		a.storeChanged(id)
 		_, perr := a.invalidate(id)
+		a.p.closeUnrouted(id, nil)
 		if deleted {
 			// The sandbox is gone: what this instance knew of it goes too.
 			// A paused one was otherwise remembered for ever (the sweep
@@ -518,6 +519,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 	err = a.cfg.Routes.Put(r)
 	a.storeChanged(id)
 	_, perr := a.invalidate(id)
+	a.p.closeUnrouted(id, r)
 	a.liftKill(id)
 	a.audit(ctx, "route stored", id)
 	if err != nil {

@@ -77,3 +77,73 @@ func TestPooledConnMovedInRedis(t *testing.T) {
 	}
 	waitPoolConns(t, h, 1)
 }
+
+// A route the control plane deletes from Redis (the hash removed, the id
+// published) while a request waits for its answer: the invalidation makes
+// the proxy read the route again, which cuts the waiting request (502
+// route_changed) and closes the sandbox's idle connection at once; earlier
+// builds left it open until upstream.idle_conn_timeout.
+func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
+	const id, host = "poolgone", "8080-poolgone.cube.test"
+	r, store := redisStore(t)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.noAdminRoutes = true
+	})
+	subscribe(t, store, h)
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+		if req.URL.Path == "/held" {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-t.Context().Done():
+			}
+			return false // ends with nil: told apart from the idle one's EOF
+		}
+		return rawWrite(c, okResponse("ok"))
+	})
+	defer close(release)
+	if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", b.ip,
+		"SandboxIP", b.ip, "CreatedAt", "1", "8080", itoa(b.port)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		resp *http.Response
+		body string
+		err  error
+	}
+	held, pc := make(chan answer, 1), h.dialProxy(t)
+	go func() {
+		resp, body, err := pc.send("GET", host, "/held", "")
+		held <- answer{resp, string(body), err}
+	}()
+	<-arrived
+	// The held request has the first connection: this one gets a second,
+	// idle once answered.
+	if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("second request: %d %q", resp.StatusCode, body)
+	}
+	waitPoolConns(t, h, 2)
+	if err := r.Client().Del(context.Background(), redisstore.DefaultKeyPrefix+id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Publish(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-held:
+		if a.err != nil {
+			t.Fatalf("held request: %v, want 502 %s", a.err, CodeRouteChanged)
+		}
+		checkProxyError(t, a.resp, a.body, 502, CodeRouteChanged)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request was not cut within 10s of the route's deletion")
+	}
+	// The held connection's script is still waiting for release: the first
+	// end is the idle connection's.
+	if err := b.waitEnded(t); err != io.EOF {
+		t.Fatalf("the idle connection ended with %v, want EOF: the proxy closes it", err)
+	}
+	waitPoolConns(t, h, 0)
+}

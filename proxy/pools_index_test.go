@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // checkIndex fails unless byID lists exactly m's keys, by sandbox id.
@@ -138,6 +140,45 @@ func TestPoolCreateClosesSupersededIdle(t *testing.T) {
 				if n := closes[k].Load(); n != int64(want) || len(u.idle) != 2-want || u.conns.Load() != int32(2-want) {
 					t.Errorf("pool %s@%d %s: %d idle connections closed, %d idle, %d open; want %d closed", k.id, k.createdAt, k.addr, n, len(u.idle), u.conns.Load(), want)
 				}
+			}
+		})
+	}
+}
+
+// routesTo names a pool exactly when the route would dial its address
+// for one of its ports: on another node its host port there, on this node
+// (NodeIP) the sandbox's own address and the container port, and only for
+// the incarnation the pool was made for.
+func TestRoutesTo(t *testing.T) {
+	at := func(ip string, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
+	}
+	route := &routing.Route{ID: "a", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("192.168.0.5"),
+		CreatedAt: 1, Ports: map[uint16]uint16{8080: 30001, 50005: 30002}}
+	for _, tc := range []struct {
+		name   string
+		nodeIP string // "" = none
+		r      *routing.Route
+		k      poolKey
+		want   bool
+	}{
+		{"a mapped host port", "", route, poolKey{"a", 1, at("10.0.0.1", 30002)}, true},
+		{"a host port no longer mapped", "", route, poolKey{"a", 1, at("10.0.0.1", 30003)}, false},
+		{"another node", "", route, poolKey{"a", 1, at("10.0.0.2", 30001)}, false},
+		{"another incarnation", "", route, poolKey{"a", 2, at("10.0.0.1", 30001)}, false},
+		{"no route", "", nil, poolKey{"a", 1, at("10.0.0.1", 30001)}, false},
+		{"the sandbox's own address, on another node", "", route, poolKey{"a", 1, at("192.168.0.5", 8080)}, false},
+		{"on this node: the sandbox's own address", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.5", 8080)}, true},
+		{"on this node: a port it does not map", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.5", 8081)}, false},
+		{"on this node: the host port", "10.0.0.1", route, poolKey{"a", 1, at("10.0.0.1", 30001)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Proxy{}
+			if tc.nodeIP != "" {
+				p.cfg.NodeIP = netip.MustParseAddr(tc.nodeIP)
+			}
+			if got := p.routesTo(tc.r, tc.k); got != tc.want {
+				t.Fatalf("routesTo(%s@%d) = %v, want %v", tc.k.addr, tc.k.createdAt, got, tc.want)
 			}
 		})
 	}

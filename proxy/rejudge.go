@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
@@ -164,7 +165,8 @@ func (t tokenHeader) Peek(key string) []byte {
 // route as the store has it now (nil: gone), and cuts those now no longer
 // lets through to the same place: their sandbox connection is closed under
 // them, as a kill closes it (pools.kill), and they end logged with
-// route_changed or credential_revoked. It returns how many it cut. An
+// route_changed or credential_revoked. It returns how many it cut. The
+// idle connections now no longer routes to are closed (closeUnrouted). An
 // exchange already cut and not yet unlisted is left to its first cut
 // (earlier builds cut it again, counted it twice, and a later change's
 // cause replaced the first's: a rotation's 403 credential_revoked became
@@ -226,7 +228,53 @@ func (p *Proxy) rejudge(id string, now *routing.Route, asOf uint64) int {
 	if n > 0 {
 		p.cfg.Logger.Info("route change cut open exchanges", "sandbox_id", id, "exchanges", n)
 	}
+	// Only when no change was announced since now was read: now may then
+	// be older than the route a newer pool was made for, and that change's
+	// own re-read (or the janitor's next round) closes what it no longer
+	// routes to.
+	if p.cache.Changes() == asOf {
+		p.closeUnrouted(id, now)
+	}
 	return n
+}
+
+// closeUnrouted closes the idle connections of sandbox id's pools that
+// now, its route (nil: gone), sends no port to: it moved to another node,
+// names another incarnation (CreatedAt), or no longer maps the host port.
+// They would never be used again, and each held a descriptor until
+// upstream.idle_conn_timeout (30 s by default), to a VM that may be gone.
+// pools.create does the same for the changes that make a new pool; this
+// is for those that make none: a route deleted, a port unmapped, a move
+// back to an address whose pool is still there. Busy connections are
+// rejudge's; one that returns to a pool closed here is kept, as before,
+// until the janitor's idle timeout.
+func (p *Proxy) closeUnrouted(id string, now *routing.Route) {
+	ps := &p.pools
+	var unrouted []*upstream
+	ps.mu.RLock()
+	for _, k := range ps.byID[id] {
+		if !p.routesTo(now, k) {
+			unrouted = append(unrouted, ps.m[k])
+		}
+	}
+	ps.mu.RUnlock()
+	for _, u := range unrouted {
+		u.closeIdle(math.MaxInt64)
+	}
+}
+
+// routesTo reports whether route r (nil: none) sends some port of its
+// sandbox to the pool of k.
+func (p *Proxy) routesTo(r *routing.Route, k poolKey) bool {
+	if r == nil || r.CreatedAt != k.createdAt {
+		return false
+	}
+	for port := range r.Ports {
+		if addr, err := p.backend(r, port); err == nil && addr == k.addr {
+			return true
+		}
+	}
+	return false
 }
 
 // judgeAgain judges an open exchange's evidence g against now, read at

@@ -20,32 +20,20 @@ import (
 // (TestPooledConnsAcrossRouteChanges).
 func TestPooledConnMovedInRedis(t *testing.T) {
 	const id, host = "poolredis", "8080-poolredis.cube.test"
-	r, store := redisStore(t)
-	h := newHarness(t, func(o *harnessOpts) {
-		o.store = store
-		o.noAdminRoutes = true
-	})
-	subscribe(t, store, h)
+	r, store, h := subscribedRedisHarness(t)
 	answer := func(ip, name string) *scriptBackend {
 		return newScriptBackendAt(t, ip, func(c net.Conn, _ *http.Request, _ int) bool {
 			return rawWrite(c, okResponse(name))
 		})
 	}
 	old, moved := answer("127.0.0.1", "old"), answer("127.0.0.2", "moved")
-	write := func(b *scriptBackend) {
-		t.Helper()
-		if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", b.ip,
-			"SandboxIP", b.ip, "CreatedAt", "1", "8080", itoa(b.port)).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(old)
+	hsetRoute(t, r, id, old)
 	pc := h.dialProxy(t)
 	if resp, body := pc.do("GET", host, "/", ""); resp.StatusCode != 200 || body != "old" {
 		t.Fatalf("first request: %d %q", resp.StatusCode, body)
 	}
 	waitPoolConns(t, h, 1)
-	write(moved)
+	hsetRoute(t, r, id, moved)
 	if err := store.Publish(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -85,12 +73,7 @@ func TestPooledConnMovedInRedis(t *testing.T) {
 // builds left it open until upstream.idle_conn_timeout.
 func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
 	const id, host = "poolgone", "8080-poolgone.cube.test"
-	r, store := redisStore(t)
-	h := newHarness(t, func(o *harnessOpts) {
-		o.store = store
-		o.noAdminRoutes = true
-	})
-	subscribe(t, store, h)
+	r, store, h := subscribedRedisHarness(t)
 	arrived, release := make(chan struct{}, 1), make(chan struct{})
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
 		if req.URL.Path == "/held" {
@@ -104,10 +87,7 @@ func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
 		return rawWrite(c, okResponse("ok"))
 	})
 	defer close(release)
-	if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", b.ip,
-		"SandboxIP", b.ip, "CreatedAt", "1", "8080", itoa(b.port)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	hsetRoute(t, r, id, b)
 	type answer struct {
 		resp *http.Response
 		body string
@@ -146,4 +126,27 @@ func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
 		t.Fatalf("the idle connection ended with %v, want EOF: the proxy closes it", err)
 	}
 	waitPoolConns(t, h, 0)
+}
+
+// subscribedRedisHarness is a harness on a Redis store of its own,
+// subscribed to the store's invalidations, with no admin route API.
+func subscribedRedisHarness(t *testing.T) (*testenv.Redis, *redisstore.Store, *harness) {
+	t.Helper()
+	r, store := redisStore(t)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.noAdminRoutes = true
+	})
+	subscribe(t, store, h)
+	return r, store, h
+}
+
+// hsetRoute writes sandbox id's route to Redis as the control plane does,
+// created at 1, with its container port 8080 at b's address.
+func hsetRoute(t *testing.T, r *testenv.Redis, id string, b *scriptBackend) {
+	t.Helper()
+	if err := r.Client().HSet(context.Background(), redisstore.DefaultKeyPrefix+id, "HostIP", b.ip,
+		"SandboxIP", b.ip, "CreatedAt", "1", "8080", itoa(b.port)).Err(); err != nil {
+		t.Fatal(err)
+	}
 }

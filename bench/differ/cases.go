@@ -16,10 +16,18 @@ type caseEnv struct {
 // the X-Lab-Case line that ties the sandbox's records to the run), how many
 // answers to read, and the differences expected with their reasons.
 type tcase struct {
-	name   string
-	raw    string
-	nresp  int  // answers to read; 0 means 1
-	v10    bool // an HTTP/1.0 exchange: Connection: keep-alive in answers counts
+	name  string
+	raw   string
+	nresp int  // answers to read; 0 means 1
+	v10   bool // an HTTP/1.0 exchange: Connection: keep-alive in answers counts
+	// alone runs the case with no other case of its subject at once: its
+	// answer leaves a pooled sandbox connection that turns readable 50 ms
+	// later (a 408, strayWhenIdle). Another case's request sent on it just
+	// as that 408 went out got the 408 for its answer, from either proxy
+	// (nginx did, once, in CI), which is the race every upstream keep-alive
+	// has, not what the case is about. Alone, the 408 is there long before
+	// the next case reuses the connection, and is seen and dropped.
+	alone  bool
 	expect []exp
 }
 
@@ -432,8 +440,8 @@ func corpus(env caseEnv) []tcase {
 		{name: "stray.head-body-pause-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: body-keep"), "") + pauseMarker + get("/after"), nresp: 2},
 		{name: "stray.204-body-then-get", raw: ans("body-keep") + get("/after"), nresp: 2},
 		{name: "stray.304-body-then-get", raw: ans("304body-keep") + get("/after"), nresp: 2},
-		{name: "stray.408-on-idle", raw: ans("stray-later") + pauseMarker + get("/after"), nresp: 2},
-		{name: "stray.408-on-idle-post", raw: ans("stray-later") + pauseMarker + rq("POST /after HTTP/1.1", hs(H, "Content-Length: 5"), "hello"), nresp: 2},
+		{name: "stray.408-on-idle", raw: ans("stray-later") + pauseMarker + get("/after"), nresp: 2, alone: true},
+		{name: "stray.408-on-idle-post", raw: ans("stray-later") + pauseMarker + rq("POST /after HTTP/1.1", hs(H, "Content-Length: 5"), "hello"), nresp: 2, alone: true},
 		{name: "stray.large-cl-long-then-get", raw: ans("large-cl-long-keep") + get("/after"), nresp: 2},
 		{name: "stray.large-chunked-extra-then-get", raw: ans("large-chunked-extra-keep") + get("/after"), nresp: 2},
 		{name: "stray.head-chunk-end-then-get", raw: rq("HEAD / HTTP/1.1", hs(H, "X-Lab-Answer: bodiless-chunk-end-keep"), "") + get("/after"), nresp: 2},

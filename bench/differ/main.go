@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -112,20 +113,22 @@ func lab(only, bin string, verbose, keep bool) int {
 	// subjects one after the other, took 35 s of the test's 45. A case's
 	// nginx run does not wait for CubeProxy's build; its CubeProxy run
 	// waits for CubeProxy to answer.
+	// A case marked alone holds its subject's lock for writing (tcase.alone).
 	type outcome struct{ n, p result }
 	outs := make([]chan outcome, len(cases))
 	nginxSem, cubeSem := make(chan struct{}, 32), make(chan struct{}, 32)
+	var nginxMu, cubeMu sync.RWMutex
 	for i, c := range cases {
 		outs[i] = make(chan outcome, 1)
 		nginxSem <- struct{}{}
 		go func() {
-			n := exchange(c, nginxAddr, sb, "nginx")
+			n := exchangeLocked(&nginxMu, c, nginxAddr, sb, "nginx")
 			<-nginxSem
 			<-cubeReady
 			var p result
 			if cube.err == nil {
 				cubeSem <- struct{}{}
-				p = exchange(c, cube.addr, sb, "cube")
+				p = exchangeLocked(&cubeMu, c, cube.addr, sb, "cube")
 				<-cubeSem
 			}
 			outs[i] <- outcome{n, p}
@@ -399,6 +402,19 @@ func (r result) brief() string {
 		Seen   []seenReq  `json:"sandbox"`
 	}{r.client, r.seen})
 	return string(b)
+}
+
+// exchangeLocked is exchange under mu: for reading, beside the subject's
+// other cases, or for writing when c must run alone.
+func exchangeLocked(mu *sync.RWMutex, c tcase, addr string, sb *sandbox, subject string) result {
+	if c.alone {
+		mu.Lock()
+		defer mu.Unlock()
+	} else {
+		mu.RLock()
+		defer mu.RUnlock()
+	}
+	return exchange(c, addr, sb, subject)
 }
 
 // exchange runs case c against the proxy at addr and collects what the

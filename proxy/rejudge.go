@@ -246,8 +246,8 @@ func (p *Proxy) rejudge(id string, now *routing.Route, asOf uint64) int {
 // pools.create does the same for the changes that make a new pool; this
 // is for those that make none: a route deleted, a port unmapped, a move
 // back to an address whose pool is still there. Busy connections are
-// rejudge's; one that returns to a pool closed here is kept, as before,
-// until the janitor's idle timeout.
+// rejudge's; one it leaves open that is released to such a pool idles
+// there until the janitor's idle timeout, as before.
 func (p *Proxy) closeUnrouted(id string, now *routing.Route) {
 	ps := &p.pools
 	var unrouted []*upstream

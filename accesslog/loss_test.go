@@ -241,7 +241,16 @@ func TestMovedFileIsSaid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "access.log")
-			l, plog := cubeLogTo(t, path)
+			// Between the rename and the reopen the file is moved, and two
+			// looks there say so: at testCheckEvery a stall of 50 ms (the
+			// test's goroutine, or the writer's that serves Reopen, on
+			// loaded cores) was enough. At lossCheckEvery it takes one of
+			// 0.5 s, as a process's own looks take logrotate's signal.
+			every := testCheckEvery
+			if tt.reopen {
+				every = lossCheckEvery
+			}
+			l, plog := cubeLogEvery(t, path, every)
 			if err := os.Rename(path, path+".1"); err != nil {
 				t.Fatal(err)
 			}
@@ -251,7 +260,7 @@ func TestMovedFileIsSaid(t *testing.T) {
 				}
 				// Nothing to wait for but time: the watcher has looked
 				// movedChecks+1 times by then, and found the file in place.
-				time.Sleep((movedChecks + 1) * testCheckEvery)
+				time.Sleep((movedChecks + 1) * every)
 			} else {
 				testenv.WaitFor(t, 5*time.Second, "the move in the process log", func() bool {
 					return len(plog.records(t, "access log file was moved or replaced")) > 0
@@ -275,8 +284,14 @@ func TestMovedFileIsSaid(t *testing.T) {
 // lines go to the buffer it returns; t's cleanup closes it.
 func cubeLogTo(t *testing.T, path string) (*Logger, *lockedBuffer) {
 	t.Helper()
+	return cubeLogEvery(t, path, testCheckEvery)
+}
+
+// cubeLogEvery is cubeLogTo with the watchers looking every checkEvery.
+func cubeLogEvery(t *testing.T, path string, checkEvery time.Duration) (*Logger, *lockedBuffer) {
+	t.Helper()
 	plog := new(lockedBuffer)
-	l, err := newLogger(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(plog, nil))}, nil, testCheckEvery)
+	l, err := newLogger(Config{Format: FormatCube, Path: path, Log: slog.New(slog.NewJSONHandler(plog, nil))}, nil, checkEvery)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1066,8 +1066,12 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 // but neither logged nor counted, as by nginx.
 func TestStalledHeadLogged(t *testing.T) {
 	t.Parallel()
+	// A TLS case's handshake, and a first request after it, share the read
+	// timeout from the accept: a handshake took 296 ms of 300 on loaded
+	// cores, and a longer one is cut (TestTLSHandshakeAndFirstHeadShareTheReadTimeout).
+	const readTimeout = time.Second
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
-		o.srv.ClientReadTimeout = 300 * time.Millisecond
+		o.srv.ClientReadTimeout = readTimeout
 		o.srv.ClientBodyTimeout = 300 * time.Millisecond
 	})
 	tlsAddr, roots := serveTLS(t, h)
@@ -1129,7 +1133,11 @@ func TestStalledHeadLogged(t *testing.T) {
 			// A first head shares the timeout with the TLS handshake, from
 			// the accept: what a slow handshake (a loaded machine) took is
 			// not the head's to wait.
-			headLeft := 300*time.Millisecond - time.Since(dialed)
+			headLeft := readTimeout - time.Since(dialed)
+			waited := headLeft.Seconds() / 2
+			if strings.HasPrefix(tc.sent, "POST") {
+				waited = min(waited, 0.15) // the body's 300 ms
+			}
 			if tc.tls && !tc.handshake {
 				// No TLS to read an answer in: the proxy closes.
 				_, _ = io.Copy(io.Discard, c)
@@ -1164,13 +1172,13 @@ func TestStalledHeadLogged(t *testing.T) {
 			case tc.logged && (lines[0]["method"] != "" || lines[0]["request_uri"] != "" || lines[0]["protocol"] != ""):
 				// fasthttp dropped the head: not its defaults (GET / HTTP/1.1).
 				t.Fatalf("logged %v %v %v, want no method, target or version", lines[0]["method"], lines[0]["request_uri"], lines[0]["protocol"])
-			case tc.logged && lines[0]["request_time"].(float64) < min(0.15, headLeft.Seconds()/2):
+			case tc.logged && lines[0]["request_time"].(float64) < waited:
 				// From the request's first byte, on every listener: most of
 				// the timeout it waited out is in it, where timing from the
 				// refusal logs 0. Not all of it: fasthttp's deadline runs
 				// from when it began to wait, and on a loaded machine the
 				// proxy may see the client's first byte some ms after that.
-				t.Fatalf("logged request_time %v, want most of the 300ms timeout", lines[0]["request_time"])
+				t.Fatalf("logged request_time %v, want at least %.3f, most of the timeout", lines[0]["request_time"], waited)
 			case !tc.logged && len(lines) != 0:
 				t.Fatalf("408 lines %v, want none", lines)
 			}

@@ -22,11 +22,18 @@ import (
 func TestStalledLaterHeadAnswered(t *testing.T) {
 	t.Parallel()
 	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
-		o.srv.ClientReadTimeout = 300 * time.Millisecond
-		o.srv.ClientBodyTimeout = 300 * time.Millisecond
-		// Shorter than the read timeout: the previous answer's write
-		// deadline has passed when the head's read times out.
-		o.srv.ClientWriteTimeout = 100 * time.Millisecond
+		// The TLS case's handshake must end within the write timeout of
+		// its start (fasthttp's getNextProto sets that deadline), and it
+		// and the first request within the read timeout of the accept
+		// (TestTLSHandshakeAndFirstHeadShareTheReadTimeout). At 100 and
+		// 300 ms, a handshake slower than 100 ms (one took 296 ms on
+		// loaded cores) was cut: EOF. 0.6 s left was found enough there.
+		o.srv.ClientReadTimeout = time.Second
+		o.srv.ClientBodyTimeout = time.Second
+		// Shorter than the read and body timeouts: the previous answer's
+		// write deadline has passed when the head's or body's read times
+		// out.
+		o.srv.ClientWriteTimeout = 600 * time.Millisecond
 	})
 	tlsAddr, roots := serveTLS(t, h)
 	rln := listen(t, "127.0.0.1:0")

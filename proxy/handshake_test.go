@@ -157,3 +157,41 @@ func stackInUse() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.StackInuse
 }
+
+// fasthttp sets client.write_timeout as the write deadline of a TLS
+// connection before its handshake, from the handshake's start: a client
+// that sends its ClientHello later than that gets no server flight, however
+// long client.read_timeout is (README: client.write_timeout). One that sends
+// it sooner is served.
+func TestTLSHandshakeBoundedByWriteTimeout(t *testing.T) {
+	t.Parallel()
+	const writeTimeout = 300 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = 10 * time.Second
+		o.srv.ClientWriteTimeout = writeTimeout
+	})
+	host := h.route("tlswrite", backend(t, "127.0.0.1", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	addr, roots := serveTLS(t, h)
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // from the connect to the ClientHello
+		ok    bool
+	}{
+		{"ClientHello at once", 0, true},
+		// Five write timeouts: the deadline is set when the proxy begins
+		// to serve the connection, which a loaded machine may delay a
+		// little after the connect, never by a second.
+		{"ClientHello after five write timeouts", 5 * writeTimeout, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := dialRaw(t, addr)
+			time.Sleep(tc.after)
+			c := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: host})
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			err := c.Handshake()
+			if tc.ok != (err == nil) {
+				t.Fatalf("handshake: %v, want it to succeed: %v (client.read_timeout is 10 s)", err, tc.ok)
+			}
+		})
+	}
+}

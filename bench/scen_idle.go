@@ -116,7 +116,8 @@ type idleStream struct {
 // response's end or the connection's is not held. Each stream's deadline
 // starts when its read does: one deadline shared by all could pass before
 // the last of 2,000 goroutines runs on a busy core, and a read past its
-// deadline returns without looking at the socket.
+// deadline returns without looking at the socket; a read begun only after
+// its own deadline (the goroutine stalled in between) is tried again.
 func checkHeld(streams []*idleStream) []error {
 	out := make([]error, len(streams))
 	var wg sync.WaitGroup
@@ -127,11 +128,19 @@ func checkHeld(streams []*idleStream) []error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = st.rc.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			deadline := time.Now().Add(50 * time.Millisecond)
+			_ = st.rc.conn.SetReadDeadline(deadline)
 			for {
+				looked := time.Now()
 				_, err := st.bs.next()
 				switch {
 				case err == nil:
+					continue
+				case errors.Is(err, os.ErrDeadlineExceeded) && !looked.Before(deadline):
+					// The goroutine ran only after its deadline (a busy
+					// core): the read returned without looking. Again.
+					deadline = time.Now().Add(50 * time.Millisecond)
+					_ = st.rc.conn.SetReadDeadline(deadline)
 					continue
 				case errors.Is(err, os.ErrDeadlineExceeded):
 					return // open, and silent until the deadline

@@ -48,18 +48,35 @@ const waitMarker = "{wait100}"
 // on a connection that has been idle.
 const pauseMarker = "{pause}"
 
-// writeRaw writes s, pausing at each pauseMarker.
+// longPauseMarker holds the rest back for 1 s, for a case whose sandbox
+// must have written to the idle connection before the next request goes
+// out (strayWhenIdle, 50 ms after its answer): at 200 ms from the client's
+// write, a first answer that took 150 ms on loaded cores left the next
+// request racing the sandbox's stray 408.
+const longPauseMarker = "{pause1s}"
+
+// writeRaw writes s, pausing at each pauseMarker and longPauseMarker.
 func writeRaw(conn net.Conn, s string) error {
-	parts := strings.Split(s, pauseMarker)
-	for i, p := range parts {
-		if i > 0 {
-			time.Sleep(200 * time.Millisecond)
+	for {
+		at, marker, pause := -1, "", time.Duration(0)
+		for _, p := range []struct {
+			marker string
+			d      time.Duration
+		}{{pauseMarker, 200 * time.Millisecond}, {longPauseMarker, time.Second}} {
+			if i := strings.Index(s, p.marker); i >= 0 && (at < 0 || i < at) {
+				at, marker, pause = i, p.marker, p.d
+			}
 		}
-		if _, err := io.WriteString(conn, p); err != nil {
+		if at < 0 {
+			_, err := io.WriteString(conn, s)
 			return err
 		}
+		if _, err := io.WriteString(conn, s[:at]); err != nil {
+			return err
+		}
+		time.Sleep(pause)
+		s = s[at+len(marker):]
 	}
-	return nil
 }
 
 // runClient sends c's bytes on a new connection and reads c.nresp answers.

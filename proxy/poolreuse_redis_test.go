@@ -77,11 +77,7 @@ func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
 	arrived, release := make(chan struct{}, 1), make(chan struct{})
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
 		if req.URL.Path == "/held" {
-			arrived <- struct{}{}
-			select {
-			case <-release:
-			case <-t.Context().Done():
-			}
+			holdOn(t, arrived, release)
 			return false // ends with nil: told apart from the idle one's EOF
 		}
 		return rawWrite(c, okResponse("ok"))

@@ -316,13 +316,8 @@ func TestUpstreamMaxConnsUnderLoad(t *testing.T) {
 	arrived := make(chan struct{}, clients)
 	release := make(chan struct{})
 	b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
-		if req.URL.Path == "/held" {
-			arrived <- struct{}{}
-			select {
-			case <-release:
-			case <-t.Context().Done():
-				return false
-			}
+		if req.URL.Path == "/held" && !holdOn(t, arrived, release) {
+			return false
 		}
 		return rawWrite(c, okResponse("done"))
 	})
@@ -445,5 +440,17 @@ func TestUpstreamClientLeftMidBodyNotPooled(t *testing.T) {
 			}
 			b.wantAccepted(t, 2, "(the connection left mid-answer was reused)")
 		})
+	}
+}
+
+// holdOn is a script's held request: it tells arrived, then waits for
+// release, reporting false when the test ended first.
+func holdOn(t *testing.T, arrived chan<- struct{}, release <-chan struct{}) bool {
+	arrived <- struct{}{}
+	select {
+	case <-release:
+		return true
+	case <-t.Context().Done():
+		return false
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -265,4 +267,54 @@ func TestREADMESectionPointersResolve(t *testing.T) {
 	if pointers < 10 {
 		t.Fatalf("README has %d section pointers: is the pattern still right?", pointers)
 	}
+}
+
+// TestREADMEContentsMatchesHeadings: the README's Contents list names every
+// `##` and `###` heading, in order, each linked by the anchor GitHub makes
+// for it, so a section added, renamed or moved shows here rather than as a
+// dead link in a 3,000-line file.
+func TestREADMEContentsMatchesHeadings(t *testing.T) {
+	readme := readREADME(t)
+	_, rest, ok := strings.Cut(readme, "\n**Contents**\n\n")
+	if !ok {
+		t.Fatal("README has no **Contents** list")
+	}
+	listed, _, _ := strings.Cut(rest, "\n\n")
+	var want []string
+	fence := false
+	for _, ln := range strings.Split(readme, "\n") {
+		if strings.HasPrefix(ln, "```") {
+			fence = !fence
+			continue
+		}
+		if fence {
+			continue
+		}
+		indent, title, ok := "", "", false
+		if title, ok = strings.CutPrefix(ln, "## "); !ok {
+			if title, ok = strings.CutPrefix(ln, "### "); !ok {
+				continue
+			}
+			indent = "  "
+		}
+		want = append(want, indent+"- ["+title+"](#"+headingAnchor(title)+")")
+	}
+	if got := strings.Split(listed, "\n"); !slices.Equal(got, want) {
+		t.Errorf("README's Contents list is not its headings; want:\n%s", strings.Join(want, "\n"))
+	}
+}
+
+// headingAnchor is GitHub's anchor for a heading: lower case, every
+// character but letters, digits, '_', '-' and spaces dropped, spaces '-'.
+func headingAnchor(title string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(title) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '_' || r == '-' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -281,23 +281,9 @@ func TestREADMEContentsMatchesHeadings(t *testing.T) {
 	}
 	listed, _, _ := strings.Cut(rest, "\n\n")
 	var want []string
-	fence := false
-	for _, ln := range strings.Split(readme, "\n") {
-		if strings.HasPrefix(ln, "```") {
-			fence = !fence
-			continue
-		}
-		if fence {
-			continue
-		}
-		indent, title, ok := "", "", false
-		if title, ok = strings.CutPrefix(ln, "## "); !ok {
-			if title, ok = strings.CutPrefix(ln, "### "); !ok {
-				continue
-			}
-			indent = "  "
-		}
-		want = append(want, indent+"- ["+title+"](#"+headingAnchor(title)+")")
+	for _, m := range regexp.MustCompile(`(?m)^(##|###) (.+)$`).FindAllStringSubmatch(readme, -1) {
+		indent := strings.Repeat("  ", len(m[1])-2)
+		want = append(want, indent+"- ["+m[2]+"](#"+headingAnchor(m[2])+")")
 	}
 	if got := strings.Split(listed, "\n"); !slices.Equal(got, want) {
 		t.Errorf("README's Contents list is not its headings; want:\n%s", strings.Join(want, "\n"))

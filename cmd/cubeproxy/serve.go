@@ -122,7 +122,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return cfg.NameOrigins(err)
 	}
 	a.loadConfig = func() (*config.Config, error) {
-		return config.LoadCommand("cubeproxy serve", shownDefaults(), args, getenv, io.Discard)
+		cfg, err := config.LoadCommand("cubeproxy serve", shownDefaults(), args, getenv, io.Discard)
+		if err != nil {
+			return nil, err
+		}
+		if err := startRefusal(cfg); err != nil {
+			return nil, cfg.NameOrigins(err)
+		}
+		return cfg, nil
 	}
 	a.tel.Metrics.SetProcessLogDropped(logOut.Dropped)
 	logOut.ReportLossTo(a.log)
@@ -210,6 +217,30 @@ func parseSettings(cfg *config.Config, logOut io.Writer) (ps parsed, err error) 
 		}
 	}
 	return ps, nil
+}
+
+// startRefusal is what a start would refuse in cfg beyond config's own
+// checks, short of reading the files it names or opening anything: the
+// verdict of SIGHUP's look at the file. Without it, a file edited into one
+// whose start fails (log_level: verbose, a non-loopback admin_addr
+// without a token) was reported as changed, to be applied by a restart.
+func startRefusal(cfg *config.Config) error {
+	if _, err := parseSettings(cfg, io.Discard); err != nil {
+		return err
+	}
+	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {
+		return err
+	}
+	switch cfg.Store {
+	case "memory", "":
+	case "redis":
+		if err := redisConfig(cfg).WithDefaults().Validate(); err != nil {
+			return fmt.Errorf("open Redis: %w", err) // as openStore says it
+		}
+	default:
+		return fmt.Errorf("store %q: want memory or redis", cfg.Store)
+	}
+	return checkListeners(cfg)
 }
 
 func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {

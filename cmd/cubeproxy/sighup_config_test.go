@@ -87,6 +87,21 @@ func TestSIGHUPSaysTheConfigIsNotReloaded(t *testing.T) {
 		t.Errorf("SIGHUP after an edit logged %+v, want one warning naming drain_timeout and upstream.max_conns (max_request_body is the flag's)", got)
 	}
 
+	// Values the file's own checks pass and serve's start refuses: a
+	// restart would fail, so "restart to apply it" would mislead.
+	for _, c := range []struct{ body, err string }{
+		{"log_level: verbose\n", "log_level"},
+		{"store: redi\n", "store"},
+		{"auth:\n  exempt_ports: [0]\n", "auth.exempt_ports"},
+		{"tls:\n  redirect_port: 8443\n", "tls.redirect_port"},
+		{"store: redis\nredis:\n  addr: 127.0.0.1:6379\n  url: redis://127.0.0.1:6379\n", "redis.addr and redis.url"},
+	} {
+		write(c.body)
+		if got := hup(); len(got) != 1 || !strings.Contains(got[0].Msg, "no longer loads") || !strings.Contains(got[0].Err, c.err) {
+			t.Errorf("SIGHUP with %q logged %+v, want one warning that the file no longer loads, naming %s", c.body, got, c.err)
+		}
+	}
+
 	write("drain_timeou: 3s\n")
 	if got := hup(); len(got) != 1 || !strings.Contains(got[0].Msg, "no longer loads") || !strings.Contains(got[0].Err, "unknown key drain_timeou") {
 		t.Errorf("SIGHUP with an unknown key logged %+v, want one warning that the file no longer loads, with the key", got)

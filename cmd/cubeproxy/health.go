@@ -38,6 +38,7 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *timeout <= 0 {
 		return usageError{fmt.Errorf("--timeout %v: give a positive duration", *timeout)}
 	}
+	getenv = configFlagFirst(fs, getenv)
 	var addr string
 	cfg, err := loadConfigFile("cubeproxy health", *cfgPath, getenv, stderr)
 	if err == nil {
@@ -109,6 +110,23 @@ func loadConfigFile(command, path string, getenv func(string) string, stderr io.
 		args = []string{"--config", path}
 	}
 	return config.LoadCommand(command, shownDefaults(), args, getenv, stderr)
+}
+
+// configFlagFirst is getenv for a command whose flags fs hold --config:
+// given, empty included, the flag stands in for CUBEPROXY_CONFIG, as
+// serve's does (--config= reads no file, not even the image's).
+func configFlagFirst(fs *flag.FlagSet, getenv func(string) string) func(string) string {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "config" })
+	if !given {
+		return getenv
+	}
+	return func(k string) string {
+		if k == config.EnvPrefix+"CONFIG" {
+			return ""
+		}
+		return getenv(k)
+	}
 }
 
 // probeAddr is where a local client reaches the admin listener at addr:

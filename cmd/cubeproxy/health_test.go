@@ -225,3 +225,37 @@ func TestHealthOfARunningProxyWhoseFileNoLongerLoads(t *testing.T) {
 		})
 	}
 }
+
+// --config= reads no file, not even the one CUBEPROXY_CONFIG names (the
+// image sets it), in health and token sign as in serve: a container run
+// on the environment alone, whose probe mirrors serve's arguments, had
+// health fail on a file serve never read, and an orchestrator restart
+// the healthy proxy.
+func TestEmptyConfigFlagReadsNoFileInEveryCommand(t *testing.T) {
+	missing := t.TempDir() + "/missing.yaml"
+	key := strings.Repeat("k", 32)
+	var admin string
+	env := func(k string) string {
+		switch k {
+		case "CUBEPROXY_CONFIG":
+			return missing
+		case "CUBEPROXY_ADMIN_ADDR":
+			return admin
+		case "CUBEPROXY_AUTH_SIGNING_KEYS":
+			return key
+		}
+		return ""
+	}
+	admin = "127.0.0.1:0"
+	r := runServe(t, []string{"--config=", "--http-addr", "127.0.0.1:0", "--routes="}, env)
+	admin = r.a.adminLn.Addr().String()
+	for _, args := range [][]string{
+		{"health", "--config="},
+		{"token", "sign", "--sandbox", "a", "--port", "1", "--config="},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, env, &stdout, &stderr); code != 0 {
+			t.Errorf("%q: exit %d, stderr %q; want 0, the file CUBEPROXY_CONFIG names unread", args, code, stderr.String())
+		}
+	}
+}

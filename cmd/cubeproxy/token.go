@@ -64,7 +64,7 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	case !given["port"]:
 		return usageError{errors.New("--port (1-65535) is required")}
 	}
-	cfg, err := loadConfigFile("cubeproxy token sign", *cfgPath, getenv, stderr)
+	cfg, err := loadConfigFile("cubeproxy token sign", *cfgPath, configFlagFirst(fs, getenv), stderr)
 	if err != nil {
 		return err
 	}

@@ -146,6 +146,11 @@ func probeAddr(addr string) (string, error) {
 	case "", "0.0.0.0", "::":
 		host = "127.0.0.1"
 	}
+	if n, err := net.LookupPort("tcp", port); err == nil {
+		// A service name (:http), which serve listens on and a URL
+		// refuses ("invalid port"): the probe failed for good.
+		port = strconv.Itoa(n)
+	}
 	return net.JoinHostPort(host, port), nil
 }
 

@@ -176,6 +176,9 @@ func TestHealthProbeAddr(t *testing.T) {
 		{"127.0.0.1:8082", "127.0.0.1:8082", ""},
 		{"10.0.0.5:8082", "10.0.0.5:8082", ""},
 		{"[fd00::2]:8082", "[fd00::2]:8082", ""},
+		// A service name, which serve listens on: a URL takes numbers only.
+		{"127.0.0.1:http", "127.0.0.1:80", ""},
+		{":https", "127.0.0.1:443", ""},
 		{"", "", "admin_addr is empty"},
 		{"8082", "", "missing port"},
 	} {

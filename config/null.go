@@ -14,7 +14,7 @@ import (
 // meant it empty: `http_addr:` to turn plain HTTP off kept a plain-HTTP
 // listener on :8081, without a word. Where the default is empty, or
 // emptyIsDefault lists the key, both readings agree and the key is left
-// alone.
+// alone. A list's entry with no value is refused too (nullEntry).
 func checkNulls(data []byte) error {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
@@ -67,8 +67,33 @@ func walkNulls(n *yaml.Node, prefix string, defaults map[string]string, depth in
 			}
 			continue
 		}
+		if err := nullEntry(val, path); err != nil {
+			return err
+		}
 		if err := walkNulls(val, path+".", defaults, depth+1); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// nullEntry refuses an entry with no value (`- ` alone, `[~]`) in the
+// list seq, the value of the key at path, which the decoder drops: a
+// template's `- {{ .Values.domain }}` that rendered nothing left a
+// domains list that let every domain through, without a word.
+func nullEntry(seq *yaml.Node, path string) error {
+	if seq.Kind == yaml.AliasNode && seq.Alias != nil {
+		seq = seq.Alias
+	}
+	if seq.Kind != yaml.SequenceNode {
+		return nil
+	}
+	for _, e := range seq.Content {
+		if e.Kind == yaml.AliasNode && e.Alias != nil {
+			e = e.Alias
+		}
+		if e.Kind == yaml.ScalarNode && e.ShortTag() == "!!null" {
+			return fmt.Errorf("line %d: an entry of %s has no value (a template that rendered nothing?), which would be dropped from the list; write the entry, or remove it", e.Line, path)
 		}
 	}
 	return nil

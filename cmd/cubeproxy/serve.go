@@ -221,9 +221,10 @@ func parseSettings(cfg *config.Config, logOut io.Writer) (ps parsed, err error) 
 
 // startRefusal is what a start would refuse in cfg beyond config's own
 // checks, short of reading the files it names or opening anything: the
-// verdict of SIGHUP's look at the file. Without it, a file edited into one
-// whose start fails (log_level: verbose, a non-loopback admin_addr
-// without a token) was reported as changed, to be applied by a restart.
+// verdict of SIGHUP's look at the file, and what FuzzStartupSettings runs
+// over and over. Without it, a file edited into one whose start fails
+// (log_level: verbose, a non-loopback admin_addr without a token) was
+// reported as changed, to be applied by a restart.
 func startRefusal(cfg *config.Config) error {
 	if _, err := parseSettings(cfg, io.Discard); err != nil {
 		return err
@@ -239,6 +240,9 @@ func startRefusal(cfg *config.Config) error {
 		}
 	default:
 		return fmt.Errorf("store %q: want memory or redis", cfg.Store)
+	}
+	if _, err := routing.NewCache(routing.NewMemoryStore(), cacheConfig(cfg, routing.DefaultLookupTimeout)); err != nil {
+		return err
 	}
 	return checkListeners(cfg)
 }

@@ -13,7 +13,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cube-sandbox/cubeproxy/config"
-	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // fuzzAdminToken is the admin token the fuzzed starts get from the
@@ -94,32 +93,6 @@ func fileSecrets(data []byte) []string {
 	return out
 }
 
-// settleSettings runs what serve and check run on the settings before
-// they read a file, resolve a name or open a socket: the part of
-// checkSettings a fuzzer may run over and over without touching the
-// machine.
-func settleSettings(cfg *config.Config) error {
-	if _, err := parseSettings(cfg, io.Discard); err != nil {
-		return err
-	}
-	if err := checkAccessLogFormat(cfg.AccessLog.Format); err != nil {
-		return err
-	}
-	switch cfg.Store {
-	case "memory", "":
-	case "redis":
-		if err := redisConfig(cfg).Validate(); err != nil {
-			return err
-		}
-	default:
-		return errors.New("store: unknown") // checkSettings' own words do not matter here
-	}
-	if _, err := routing.NewCache(routing.NewMemoryStore(), cacheConfig(cfg, 0)); err != nil {
-		return err
-	}
-	return checkListeners(cfg)
-}
-
 // yamlPaths lists every key of the configuration, sections included
 // (cache, cache.size, ...).
 func yamlPaths(t reflect.Type, prefix string, out *[]string) {
@@ -195,7 +168,7 @@ func FuzzStartupSettings(f *testing.F) {
 		}
 		cfg, err := config.LoadCommand("cubeproxy check", shownDefaults(), []string{"--config", path}, getenv, io.Discard)
 		if err == nil {
-			err = cfg.NameOrigins(settleSettings(cfg))
+			err = cfg.NameOrigins(startRefusal(cfg))
 		}
 		if errors.Is(err, flag.ErrHelp) {
 			t.Fatal("no flag was given, yet -h's error")
@@ -251,7 +224,7 @@ func FuzzStartupSettings(f *testing.F) {
 		if err != nil {
 			t.Fatalf("the printed configuration does not load: %v\n%s", err, out)
 		}
-		if err := settleSettings(cfg2); err != nil {
+		if err := startRefusal(cfg2); err != nil {
 			t.Fatalf("the printed configuration is refused: %v\n%s", err, out)
 		}
 		if out2, _ := redact(effective(cfg2, getenv)).YAML(); string(out2) != string(out) {

@@ -38,7 +38,7 @@ type loadedPair struct {
 	certPEM, keyPEM []byte
 	cert            *tls.Certificate
 	failed          [sha256.Size]byte // content hash of the last bad version, to log it once
-	warned          bool              // outside its validity was logged for this version
+	warned          bool              // its expiry was logged for this version
 }
 
 // certIndex is an immutable lookup table, swapped atomically on reload.
@@ -203,16 +203,17 @@ func (s *fileSource) reload() bool {
 }
 
 // warnValidity warns when a loaded certificate is expired or not yet
-// valid at now, and reports whether it did. It is still served, like nginx
-// does: refusing it would take HTTPS down for every client over a renewal
-// that went wrong, and a client that skips verification still works.
+// valid at now, and reports whether it warned of its expiry (one not yet
+// valid is still to be warned about when it expires: warnExpired). It is
+// still served, like nginx does: refusing it would take HTTPS down for
+// every client over a renewal that went wrong, and a client that skips
+// verification still works.
 func warnValidity(log *slog.Logger, p FilePair, leaf *x509.Certificate, now time.Time) bool {
 	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
 		log.Warn("tls certificate is outside its validity period; clients will refuse it",
 			"cert_file", p.CertFile, "names", leaf.DNSNames, "not_before", leaf.NotBefore, "not_after", leaf.NotAfter)
-		return true
 	}
-	return false
+	return now.After(leaf.NotAfter)
 }
 
 // warnExpired warns, once per version, about a certificate that expired

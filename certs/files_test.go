@@ -223,6 +223,48 @@ func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
 	}
 }
 
+// A certificate loaded before its NotBefore (written by a CA whose clock
+// runs ahead of the node's, or staged early) is warned about at load; its
+// expiry must still be warned about when it comes. The warning at load
+// counted as the expiry's, and the lapse went unlogged.
+func TestFilesWarnAtExpiryOfCertificateLoadedEarly(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewCA(t, "test CA")
+	dir := t.TempDir()
+	pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}
+	now := time.Now()
+	certPEM, keyPEM := ca.IssueValid(t, now.Add(2*time.Second), now.Add(3*time.Second), "*.cube.test")
+	if err := os.WriteFile(pair.KeyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pair.CertFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := &logRecorder{}
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceFiles, Files: []certs.FilePair{pair},
+		ReloadInterval: 10 * time.Millisecond, Logger: slog.New(rec),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	leaf, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const warning = "tls certificate is outside its validity period; clients will refuse it"
+	if at := rec.firstAt(warning); at.IsZero() || !at.Before(leaf.Leaf.NotBefore) {
+		t.Fatalf("warned at %v, want a warning at load, before %s", at, leaf.Leaf.NotBefore)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if rec.count(warning) < 2 {
+			return errString("no warning after the certificate expired")
+		}
+		return nil
+	})
+}
+
 // Several pairs may cover one name: an ECDSA and an RSA certificate for
 // the same names (as nginx serves both), or a renewed certificate listed
 // next to one that expired. The first listed always won: clients without

@@ -205,6 +205,19 @@ func (r *logRecorder) firstAt(msg string) time.Time {
 	return time.Time{}
 }
 
+// count returns how many times msg was logged.
+func (r *logRecorder) count(msg string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rec := range r.records {
+		if rec.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
 // has reports whether a record at level with message msg was logged
 // whose attributes include want (compared as printed).
 func (r *logRecorder) has(level slog.Level, msg string, want map[string]string) bool {

@@ -131,6 +131,8 @@ type entry struct {
 	expires int64
 	gen     uint64
 	stale   bool
+	// checked is when the store was last asked for this route (Refresh).
+	checked int64
 }
 
 // fresh reports whether e may be served without asking the store.
@@ -233,7 +235,44 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 }
 
 func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, CacheResult, error) {
-	f := c.join(id)
+	return c.wait(ctx, c.join(id, false), id, stale)
+}
+
+// Refresh asks the store again for id's route when r, the route Get gave
+// for it, cannot serve a request: a port r does not map. The control plane
+// writes a port exposed after a sandbox's creation into the store without
+// telling the proxies, and the platform's proxy reads the store again for
+// such a request; a cached route made it a 404 for up to the TTL. The
+// store is asked at most once per NegativeTTL for id, so that requests for
+// a port that is not exposed cannot hammer it, and not at all when r has
+// been replaced since (the replacement is the answer). A store that fails
+// leaves r cached, as Get's answer (CacheStale).
+func (c *Cache) Refresh(ctx context.Context, id []byte, r *Route) (*Route, CacheResult, error) {
+	key := string(id)
+	now := c.clock()
+	gen := c.gen.Load()
+	c.mu.Lock()
+	e, ok := c.pos.Peek(key)
+	switch {
+	case !ok || !e.fresh(now, gen) || e.stale:
+		c.mu.Unlock()
+		return c.Get(ctx, id) // expired, dropped or failing since: as any request
+	case e.route != r:
+		c.mu.Unlock()
+		return e.route, CacheHit, nil
+	case now-e.checked < int64(c.cfg.NegativeTTL):
+		c.mu.Unlock()
+		return r, CacheHit, nil
+	}
+	e.checked = now
+	c.pos.Add(key, e)
+	c.mu.Unlock()
+	return c.wait(ctx, c.join(key, true), key, r)
+}
+
+// wait waits for f, the flight for id, within LookupTimeout; stale is the
+// route to serve if the store fails (or ignores its deadline).
+func (c *Cache) wait(ctx context.Context, f *flight, id string, stale *Route) (*Route, CacheResult, error) {
 	timer, _ := c.timers.Get().(*time.Timer)
 	if timer == nil {
 		timer = time.NewTimer(c.cfg.LookupTimeout)
@@ -277,8 +316,9 @@ func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, Cach
 }
 
 // load is a flight's body: one bounded store call whose outcome is
-// cached unless id was invalidated meanwhile.
-func (c *Cache) load(id string) (route *Route, err error) {
+// cached unless id was invalidated meanwhile. force (Refresh) asks the
+// store even when a fresh answer is cached.
+func (c *Cache) load(id string, force bool) (route *Route, err error) {
 	defer func() {
 		// A panic on a flight's goroutine would crash the process.
 		if p := recover(); p != nil {
@@ -289,10 +329,10 @@ func (c *Cache) load(id string) (route *Route, err error) {
 	// its answer starts a new flight: answer it from the cache rather than
 	// asking the store twice.
 	gen := c.gen.Load()
-	if e, ok := c.pos.Peek(id); ok && e.fresh(c.clock(), gen) && !e.stale {
+	if e, ok := c.pos.Peek(id); ok && e.fresh(c.clock(), gen) && !e.stale && !force {
 		return e.route, nil
 	}
-	if n, ok := c.neg.Peek(id); ok && n.fresh(c.clock(), gen) {
+	if n, ok := c.neg.Peek(id); ok && n.fresh(c.clock(), gen) && !force {
 		return nil, n.err
 	}
 	shard := maphash.String(c.seed, id) % epochShards
@@ -322,7 +362,7 @@ func (c *Cache) load(id string) (route *Route, err error) {
 	switch {
 	case err == nil:
 		c.neg.Remove(id)
-		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl()), gen: gen})
+		c.pos.Add(id, entry{route: route, expires: now + int64(c.ttl()), gen: gen, checked: now})
 		return route, nil
 	case transient(err):
 		// Serve the old route for a while without asking the failing

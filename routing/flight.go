@@ -15,6 +15,7 @@ import "time"
 // flight is one store call for an id, which every miss for it waits on.
 type flight struct {
 	id    string
+	force bool          // asks the store even when the route is cached (Refresh)
 	done  chan struct{} // closed once route and err are set
 	route *Route
 	err   error
@@ -31,15 +32,18 @@ const (
 	loaderIdle = 10 * time.Second
 )
 
-// join returns the flight for id, starting one when none is in progress.
-func (c *Cache) join(id string) *flight {
+// join returns the flight for id, starting one when none is in progress
+// (force: one that asks the store even when the route is cached). One in
+// progress is joined whatever its force: it began after the entry it is
+// for stopped being fresh, or for a Refresh, so it asks the store too.
+func (c *Cache) join(id string, force bool) *flight {
 	c.mu.Lock()
 	f := c.flights[id]
 	if f != nil {
 		c.mu.Unlock()
 		return f
 	}
-	f = &flight{id: id, done: make(chan struct{})}
+	f = &flight{id: id, force: force, done: make(chan struct{})}
 	c.flights[id] = f
 	c.mu.Unlock()
 	select {
@@ -76,7 +80,7 @@ func (c *Cache) loader(f *flight) {
 
 // fly makes f's store call and hands its answer to every miss waiting.
 func (c *Cache) fly(f *flight) {
-	f.route, f.err = c.load(f.id)
+	f.route, f.err = c.load(f.id, f.force)
 	c.land(f)
 	close(f.done)
 }

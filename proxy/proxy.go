@@ -469,13 +469,23 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// is the request's start; a pass after a wait or a held read stamps
 	// its own.
 	readAt := x.start
+	// unmapped: the cached route, found without the request's port; the
+	// lookup that follows reads the store again (Cache.Refresh).
+	var unmapped *routing.Route
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
 	// lookup itself (LookupTimeout). The count of announced route changes
 	// first: a change announced after it is judgeLate's to find.
 	x.changes = p.cache.Changes()
-	route, res, err := p.cache.Get(context.Background(), id)
+	var route *routing.Route
+	var res routing.CacheResult
+	var err error
+	if unmapped != nil {
+		route, res, err = p.cache.Refresh(context.Background(), id, unmapped)
+	} else {
+		route, res, err = p.cache.Get(context.Background(), id)
+	}
 	if !again {
 		x.cache = cacheResult(res)
 	}
@@ -534,6 +544,12 @@ lookup:
 		var perr *proxyError
 		addr, perr = p.backend(route, t.Port)
 		x.backendIP = addr.Addr() // x.upstream waits for the dial (startUpstream)
+		if perr != nil && perr.code == CodePortNotMapped && res == routing.CacheHit && unmapped == nil {
+			// A port exposed after the sandbox's creation: the control
+			// plane writes it to the store and tells no proxy.
+			unmapped, again, readAt = route, true, time.Now()
+			goto lookup
+		}
 		if perr != nil {
 			x.fail(ctx, *perr, id)
 			return

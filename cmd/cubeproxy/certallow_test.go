@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
@@ -71,5 +72,36 @@ func TestAllowCertificateTellsUnknownNamesFromStoreFailures(t *testing.T) {
 				t.Fatalf("allowCertificate(%s) = %v: wraps ErrUnknownName %v, want %v", tt.host, err, got, tt.unknown)
 			}
 		})
+	}
+}
+
+// A port exposed after its sandbox's route was cached (written to the
+// store without an announcement, as the control plane does) gets its
+// certificate once the route is read again, as a request to it does:
+// refused until the entry's TTL, the handshake failed for minutes.
+func TestAllowCertificateForPortExposedLater(t *testing.T) {
+	mem := routing.NewMemoryStore()
+	route := func(ports map[uint16]uint16) {
+		if err := mem.Put(&routing.Route{ID: "abc", HostIP: netip.MustParseAddr("127.0.0.1"), Public: true, Ports: ports}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	route(map[uint16]uint16{50005: 50005})
+	now := time.Now()
+	c, err := routing.NewCache(mem, routing.CacheConfig{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := &config.Config{}
+	cfg.TLS.Domain = "cube.test"
+	a := &app{cfg: cfg, cache: c}
+	if err := a.allowCertificate(context.Background(), "3000-abc.cube.test"); !errors.Is(err, certs.ErrUnknownName) {
+		t.Fatalf("before the port is exposed: %v, want ErrUnknownName", err)
+	}
+	route(map[uint16]uint16{50005: 50005, 3000: 3000})
+	now = now.Add(routing.DefaultNegativeTTL)
+	if err := a.allowCertificate(context.Background(), "3000-abc.cube.test"); err != nil {
+		t.Fatalf("after: %v, want the certificate allowed", err)
 	}
 }

@@ -714,7 +714,11 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 		// (retried for minutes) and hold the client's handshake.
 		return fmt.Errorf("%w: %s is not a DNS label: no certificate can name it", certs.ErrUnknownName, label)
 	}
-	r, _, err := a.cache.Get(ctx, t.ID())
+	r, res, err := a.cache.Get(ctx, t.ID())
+	if err == nil && res == routing.CacheHit && !exposes(r, t.Port) {
+		// A port exposed since the route was cached, as for a request.
+		r, _, err = a.cache.Refresh(ctx, t.ID(), r)
+	}
 	var fe *routing.FieldError
 	if errors.Is(err, routing.ErrNotFound) || errors.As(err, &fe) {
 		return fmt.Errorf("%w: %w", certs.ErrUnknownName, err)
@@ -722,10 +726,16 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := r.HostPort(t.Port); !ok {
+	if !exposes(r, t.Port) {
 		return fmt.Errorf("%w: port %d not exposed", certs.ErrUnknownName, t.Port)
 	}
 	return nil
+}
+
+// exposes reports whether r maps the container port.
+func exposes(r *routing.Route, port uint16) bool {
+	_, ok := r.HostPort(port)
+	return ok
 }
 
 // adminURL is where other hosts reach the admin API: a wildcard listen

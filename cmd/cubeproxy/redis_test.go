@@ -758,17 +758,17 @@ func TestRedisRegistry(t *testing.T) {
 			stop := tc.start(t, id)
 
 			var inst struct {
-				ProxyID   string    `json:"proxy_id"`
-				AdminURL  string    `json:"admin_url"`
-				NodeIP    string    `json:"node_ip"`
-				StartedAt time.Time `json:"started_at"`
-				Version   string    `json:"version"`
+				ProxyID   string `json:"proxy_id"`
+				AdminURL  string `json:"admin_url"`
+				NodeIP    string `json:"node_ip"`
+				StartedAt int64  `json:"started_at"` // unix ms, as the lifecycle manager reads it
+				Version   string `json:"version"`
 			}
 			testenv.WaitFor(t, 15*time.Second, "the registry entry", func() bool {
 				v, err := r.Client().HGet(ctx, hash, id).Result()
 				return err == nil && json.Unmarshal([]byte(v), &inst) == nil
 			})
-			if inst.ProxyID != id || inst.NodeIP != "127.0.0.9" || inst.Version == "" || time.Since(inst.StartedAt) > time.Minute {
+			if inst.ProxyID != id || inst.NodeIP != "127.0.0.9" || inst.Version == "" || time.Since(time.UnixMilli(inst.StartedAt)) > time.Minute {
 				t.Errorf("registry entry %+v", inst)
 			}
 			// admin_url is where this instance's admin API really listens:

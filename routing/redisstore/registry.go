@@ -17,8 +17,23 @@ type Instance struct {
 	ProxyID   string    `json:"proxy_id"`
 	AdminURL  string    `json:"admin_url"`
 	NodeIP    string    `json:"node_ip"`
-	StartedAt time.Time `json:"started_at"` // RFC 3339 in JSON
+	StartedAt time.Time `json:"started_at"` // unix milliseconds in JSON (MarshalJSON)
 	Version   string    `json:"version"`
+}
+
+// MarshalJSON writes the entry as the platform's proxy does, started_at in
+// unix milliseconds: the platform's lifecycle manager decodes it into an
+// int64 and skips an entry that does not decode, so with an RFC 3339
+// string it never found this proxy (no state pushes, no last_active polls).
+func (i Instance) MarshalJSON() ([]byte, error) {
+	type entry struct {
+		ProxyID   string `json:"proxy_id"`
+		AdminURL  string `json:"admin_url"`
+		NodeIP    string `json:"node_ip"`
+		StartedAt int64  `json:"started_at"`
+		Version   string `json:"version"`
+	}
+	return json.Marshal(entry{i.ProxyID, i.AdminURL, i.NodeIP, i.StartedAt.UnixMilli(), i.Version})
 }
 
 // Registry keeps this instance's entry in the registry hash and its

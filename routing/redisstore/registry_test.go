@@ -43,11 +43,22 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("registry value %q: %v", raw, err)
 	}
 	want := map[string]any{"proxy_id": "proxy-1", "admin_url": "http://127.0.0.1:9901", "node_ip": "10.0.0.1",
-		"started_at": "2026-01-02T03:04:05Z", "version": "v1.2.3"}
+		"started_at": float64(started.UnixMilli()), "version": "v1.2.3"}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("registry %s = %v, want %v (value %s)", k, got[k], v, raw)
 		}
+	}
+	// As the platform's lifecycle manager reads it (its discovery
+	// Endpoint): started_at in unix ms, as the platform's proxy writes it.
+	// An entry that does not decode is skipped, and the proxy never found.
+	var ep struct {
+		ProxyID   string `json:"proxy_id"`
+		AdminURL  string `json:"admin_url"`
+		StartedAt int64  `json:"started_at"`
+	}
+	if err := json.Unmarshal([]byte(raw), &ep); err != nil || ep.StartedAt != started.UnixMilli() {
+		t.Errorf("registry value %s as the lifecycle manager decodes it: %+v, %v", raw, ep, err)
 	}
 	score := c.ZScore(ctx, redisstore.DefaultRegistryZSet, "proxy-1").Val()
 	if now := float64(time.Now().UnixMilli()); score < now-5000 || score > now+1000 {

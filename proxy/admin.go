@@ -48,6 +48,10 @@ type AdminConfig struct {
 	CertificatesReady func() error
 	// Signer issues signed browser tokens (POST /admin/tokens); nil = off.
 	Signer *auth.Signer
+	// Heartbeat, when set, returns the unix ms of the registry's last
+	// heartbeat written (0: none yet), which GET /admin/healthz reports as
+	// heartbeat_last_pushed_ms, as the platform's proxy does.
+	Heartbeat func() int64
 }
 
 // Admin is the admin API. It never shares a listener with sandbox traffic.
@@ -302,7 +306,7 @@ func localHost(host []byte) bool {
 
 func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {
 	streams, tunnels := a.p.streams.open()
-	writeJSON(ctx, 200, map[string]any{
+	answer := map[string]any{
 		"ok":          true,
 		"status":      "ok",
 		"instance_id": a.p.cfg.InstanceID,
@@ -310,7 +314,15 @@ func (a *Admin) healthz(ctx *fasthttp.RequestCtx) {
 		"draining":    a.draining.Load(),
 		"streams":     streams,
 		"websockets":  tunnels,
-	})
+	}
+	// Absent, as on the platform's proxy, while no heartbeat was written
+	// (the registry off, or Redis not reached yet).
+	if a.cfg.Heartbeat != nil {
+		if ms := a.cfg.Heartbeat(); ms > 0 {
+			answer["heartbeat_last_pushed_ms"] = ms
+		}
+	}
+	writeJSON(ctx, 200, answer)
 }
 
 // The reasons GET /readyz gives for a 503.

@@ -794,6 +794,21 @@ func TestRedisRegistry(t *testing.T) {
 				s, err := r.Client().ZScore(ctx, zset, id).Result()
 				return err == nil && s > first
 			})
+			// /admin/healthz names the last heartbeat written, as the
+			// platform's proxy does: its docs and its SDK end-to-end
+			// preflight read heartbeat_last_pushed_ms there.
+			resp, err := http.Get(inst.AdminURL + "/admin/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var health struct {
+				HeartbeatMs int64 `json:"heartbeat_last_pushed_ms"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&health)
+			resp.Body.Close()
+			if d := time.Since(time.UnixMilli(health.HeartbeatMs)); err != nil || health.HeartbeatMs < int64(first) || d > time.Minute {
+				t.Errorf("healthz heartbeat_last_pushed_ms %d (%v), want the last heartbeat's score (>= %.0f)", health.HeartbeatMs, err, first)
+			}
 
 			stop()
 

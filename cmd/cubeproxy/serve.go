@@ -381,6 +381,8 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		adminCfg.Publish = a.publish
 	}
 	adminCfg.CertificatesReady = a.certificatesReady
+	// a.registry is set below, before run serves the admin listener.
+	adminCfg.Heartbeat = func() int64 { return a.registry.LastBeat() }
 	a.server = proxy.NewServer(serverConfig(cfg), a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
 	if err := a.listen(ctx); err != nil {

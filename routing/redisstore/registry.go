@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,6 +56,9 @@ type Registry struct {
 	cancel context.CancelFunc
 
 	stopOnce sync.Once
+
+	// lastBeat is the score (unix ms) of the last heartbeat written.
+	lastBeat atomic.Int64
 
 	// Failed heartbeats are logged at the first, then at most once every
 	// warnEvery with their count, and once more when one succeeds again:
@@ -167,15 +171,27 @@ func (r *Registry) beat() error {
 	ctx, cancel := context.WithTimeout(r.ctx, r.budget)
 	defer cancel()
 	// A plain pipeline, not MULTI: in a Cluster the two keys live on different slots.
+	now := time.Now().UnixMilli()
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, r.cfg.Hash, r.id, r.value)
-		p.ZAdd(ctx, r.cfg.ZSet, redis.Z{Score: float64(time.Now().UnixMilli()), Member: r.id})
+		p.ZAdd(ctx, r.cfg.ZSet, redis.Z{Score: float64(now), Member: r.id})
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("redis registry hset %s / zadd %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.aclHint(err))
 	}
+	r.lastBeat.Store(now)
 	return nil
+}
+
+// LastBeat returns the score (unix ms) of the last heartbeat written, or 0
+// when none was (or r is nil: the registry is off), for /admin/healthz's
+// heartbeat_last_pushed_ms.
+func (r *Registry) LastBeat() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.lastBeat.Load()
 }
 
 // aclHint names the rule a NOPERM of the registry's writes asks the

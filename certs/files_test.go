@@ -109,6 +109,10 @@ type errString string
 
 func (e errString) Error() string { return string(e) }
 
+// validityWarning is what the files source logs for a certificate outside
+// its validity period.
+const validityWarning = "tls certificate is outside its validity period; clients will refuse it"
+
 // A certificate file outside its validity still loads (refusing it would
 // take HTTPS down over a renewal that went wrong), but the operator is
 // warned at start and at reload: before, only an info line gave not_after.
@@ -125,7 +129,6 @@ func TestFilesWarnOutsideValidity(t *testing.T) {
 		{"expired", [2]time.Time{now.Add(-48 * time.Hour), now.Add(-time.Hour)}, true},
 		{"not yet valid", [2]time.Time{now.Add(time.Hour), now.Add(48 * time.Hour)}, true},
 	}
-	const warning = "tls certificate is outside its validity period; clients will refuse it"
 	for _, tt := range tests {
 		for _, atReload := range []bool{false, true} {
 			if atReload && !tt.wantWarning {
@@ -162,14 +165,14 @@ func TestFilesWarnOutsideValidity(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = m.Close() })
 				if !atReload {
-					if got := slices.Contains(rec.warnings(), warning); got != tt.wantWarning {
+					if got := slices.Contains(rec.warnings(), validityWarning); got != tt.wantWarning {
 						t.Fatalf("warned %v, want %v (warnings %q)", got, tt.wantWarning, rec.warnings())
 					}
 					return
 				}
 				write(tt.validity)
 				testenv.Eventually(t, 5*time.Second, func() error {
-					if !slices.Contains(rec.warnings(), warning) {
+					if !slices.Contains(rec.warnings(), validityWarning) {
 						return errString("no warning after the reload")
 					}
 					return nil
@@ -185,15 +188,38 @@ func TestFilesWarnOutsideValidity(t *testing.T) {
 // months never said why every client started refusing it.
 func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
 	t.Parallel()
+	now := time.Now()
+	leaf, rec := servedFrom(t, now.Add(-time.Hour), now.Add(2*time.Second))
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !slices.Contains(rec.warnings(), validityWarning) {
+			return errString("no warning after the certificate expired")
+		}
+		return nil
+	})
+	// Judged by the warning's own time, not by when the test looks: a
+	// stalled test could otherwise look only after the expiry.
+	if at := rec.firstAt(validityWarning); at.Before(leaf.NotAfter) {
+		t.Fatalf("warned at %s, while the certificate was valid until %s", at, leaf.NotAfter)
+	}
+}
+
+// servedFrom starts the files source on a pair for *.cube.test valid from
+// notBefore to notAfter, logging to the recorder it returns with the
+// pair's leaf.
+func servedFrom(t *testing.T, notBefore, notAfter time.Time) (*x509.Certificate, *logRecorder) {
+	t.Helper()
 	ca := testenv.NewCA(t, "test CA")
 	dir := t.TempDir()
 	pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}
-	now := time.Now()
-	certPEM, keyPEM := ca.IssueValid(t, now.Add(-time.Hour), now.Add(2*time.Second), "*.cube.test")
+	certPEM, keyPEM := ca.IssueValid(t, notBefore, notAfter, "*.cube.test")
 	if err := os.WriteFile(pair.KeyFile, keyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(pair.CertFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &logRecorder{}
@@ -205,22 +231,7 @@ func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	const warning = "tls certificate is outside its validity period; clients will refuse it"
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if !slices.Contains(rec.warnings(), warning) {
-			return errString("no warning after the certificate expired")
-		}
-		return nil
-	})
-	// Judged by the warning's own time, not by when the test looks: a
-	// stalled test could otherwise look only after the expiry.
-	pair0, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if at := rec.firstAt(warning); at.Before(pair0.Leaf.NotAfter) {
-		t.Fatalf("warned at %s, while the certificate was valid until %s", at, pair0.Leaf.NotAfter)
-	}
+	return leaf.Leaf, rec
 }
 
 // A certificate loaded before its NotBefore (written by a CA whose clock
@@ -229,38 +240,15 @@ func TestFilesWarnWhenServedCertificateExpires(t *testing.T) {
 // counted as the expiry's, and the lapse went unlogged.
 func TestFilesWarnAtExpiryOfCertificateLoadedEarly(t *testing.T) {
 	t.Parallel()
-	ca := testenv.NewCA(t, "test CA")
-	dir := t.TempDir()
-	pair := certs.FilePair{CertFile: filepath.Join(dir, "c.pem"), KeyFile: filepath.Join(dir, "k.pem")}
 	now := time.Now()
 	// x509 keeps whole seconds, and the load must come before NotBefore
 	// on a loaded machine too: 5 s ahead.
-	certPEM, keyPEM := ca.IssueValid(t, now.Add(5*time.Second), now.Add(6*time.Second), "*.cube.test")
-	if err := os.WriteFile(pair.KeyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(pair.CertFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rec := &logRecorder{}
-	m, err := certs.New(context.Background(), certs.Config{
-		Source: certs.SourceFiles, Files: []certs.FilePair{pair},
-		ReloadInterval: 10 * time.Millisecond, Logger: slog.New(rec),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	leaf, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const warning = "tls certificate is outside its validity period; clients will refuse it"
-	if at := rec.firstAt(warning); at.IsZero() || !at.Before(leaf.Leaf.NotBefore) {
-		t.Fatalf("warned at %v, want a warning at load, before %s", at, leaf.Leaf.NotBefore)
+	leaf, rec := servedFrom(t, now.Add(5*time.Second), now.Add(6*time.Second))
+	if at := rec.firstAt(validityWarning); at.IsZero() || !at.Before(leaf.NotBefore) {
+		t.Fatalf("warned at %v, want a warning at load, before %s", at, leaf.NotBefore)
 	}
 	testenv.Eventually(t, 15*time.Second, func() error {
-		if rec.count(warning) < 2 {
+		if rec.count(validityWarning) < 2 {
 			return errString("no warning after the certificate expired")
 		}
 		return nil

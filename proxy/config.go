@@ -99,6 +99,16 @@ type Config struct {
 	// Negative: no share, a sandbox may hold all of HeldBodyBudget.
 	HeldBodyPerSandbox int64
 
+	// ResumeAddr is the lifecycle manager's host:port (the platform's
+	// sidecar). A request to a paused sandbox asks it to resume the
+	// sandbox and is served once it did (see resumer). Empty: off, the
+	// request gets 503 sandbox_pausing and the control plane resumes.
+	ResumeAddr string
+	// ResumeTimeout bounds the wait for the lifecycle manager's answer to
+	// a resume, after its 2 s connect (default 30 s, the platform's
+	// proxy_read_timeout for it); 503 resume_failed after.
+	ResumeTimeout time.Duration
+
 	// Signer verifies signed browser tokens (?cube_token= and the cookie it
 	// is traded for); nil disables them.
 	Signer *auth.Signer
@@ -199,6 +209,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.UpstreamReadBufferSize == 0 {
 		c.UpstreamReadBufferSize = 16 << 10
+	}
+	if c.ResumeTimeout == 0 {
+		c.ResumeTimeout = 30 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -12,14 +12,18 @@ import (
 // Error codes in the JSON body of proxy errors. They are stable API:
 // clients and dashboards branch on them.
 const (
-	CodeBadRequest       = "bad_request"
-	CodeBadVersion       = "http_version_not_supported"
-	CodeBadMethod        = "method_not_allowed"
-	CodeNotFound         = "sandbox_not_found"
-	CodePortNotMapped    = "port_not_mapped"
-	CodeRouteInvalid     = "route_invalid"
-	CodeSandboxKilled    = "sandbox_killed"
-	CodeSandboxPausing   = "sandbox_pausing"
+	CodeBadRequest     = "bad_request"
+	CodeBadVersion     = "http_version_not_supported"
+	CodeBadMethod      = "method_not_allowed"
+	CodeNotFound       = "sandbox_not_found"
+	CodePortNotMapped  = "port_not_mapped"
+	CodeRouteInvalid   = "route_invalid"
+	CodeSandboxKilled  = "sandbox_killed"
+	CodeSandboxPausing = "sandbox_pausing"
+	// CodeResumeFailed: the sandbox is paused and the lifecycle manager
+	// (lifecycle.sidecar_addr) did not resume it: refused, an error
+	// status, or no answer in time.
+	CodeResumeFailed     = "resume_failed"
 	CodeStoreUnavailable = "store_unavailable"
 	CodeTooManyStreams   = "too_many_streams"
 	CodeBodyTooLarge     = "request_body_too_large"

@@ -133,6 +133,8 @@ type Proxy struct {
 	loopLogged        atomic.Int64 // unix nanos of the last "route names the proxy" line
 	tokenlessLogged   atomic.Int64 // unix nanos of the last "restricted route has no traffic token" line
 
+	resumer *resumer // nil: paused sandboxes are not resumed (Config.ResumeAddr)
+
 	// listeners are the addresses this process listens on (Server adds
 	// each): a sandbox connection that reaches one is the proxy dialing
 	// itself (see dialedSelf). Written at startup, read on each new dial.
@@ -171,6 +173,9 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 			return int64(pools), int64(idle)
 		})
 		p.metrics.SetHeldBodyBytes(p.heldBodies.used.Load)
+	}
+	if cfg.ResumeAddr != "" {
+		p.resumer = newResumer(cfg.ResumeAddr, cfg.ResumeTimeout)
 	}
 	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}
 	p.pools.dialCtx, p.pools.cancelDials = context.WithCancel(context.Background())
@@ -515,6 +520,9 @@ lookup:
 
 	sb := p.sandboxes.get(id)
 	var addr netip.AddrPort
+	// resumed: this request had the sandbox resumed once already; paused
+	// again since, it is answered, not resumed again.
+	resumed := false
 	for {
 		switch st := sb.state(); st {
 		case statePausing, statePaused:
@@ -523,7 +531,18 @@ lookup:
 			if p.sandboxes.outlive(sb, st, route.CreatedAt) {
 				continue
 			}
+			if st == statePaused && p.resumer != nil && !resumed {
+				// After authorize: an unauthorized request wakes no VM.
+				resumed = true
+				if !p.resume(ctx, sb, route.ID) {
+					x.fail(ctx, errResumeFailed, id)
+					return
+				}
+				continue // running now, or changed since: look again
+			}
 			if st == statePausing {
+				// Not resumed: the lifecycle manager is pausing it, and
+				// a resume would race that.
 				x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is pausing", retryAfter: 1}, id)
 			} else {
 				x.fail(ctx, proxyError{status: 503, code: CodeSandboxPausing, msg: "sandbox is paused; resume it and retry", retryAfter: 1}, id)
@@ -662,6 +681,30 @@ func (p *Proxy) logStale(id string) {
 		return
 	}
 	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", "sandbox_id", id)
+}
+
+// resume has the lifecycle manager resume paused sandbox e (id) and
+// reports whether it did. The call that succeeds marks e running, as the
+// platform's proxy does, until the lifecycle manager's /admin/state says
+// so itself: a burst of requests that came during the pause makes one
+// call, not one each. A state set meanwhile (a kill, another pause)
+// stands: it is the control plane's later word.
+func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) bool {
+	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
+	err := p.resumer.resume(id, reqID, func(err error) {
+		if err == nil {
+			// The time before the swap, as sandboxes.setState.
+			e.changedAt.Store(time.Now().UnixNano())
+			e.casState(statePaused, stateRunning)
+		}
+	})
+	if err != nil {
+		if everySecond(&e.resumeLogged) {
+			p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", "sandbox_id", id, "request_id", reqID, "error", err)
+		}
+		return false
+	}
+	return true
 }
 
 // everySecond reports whether a line last logged at *last (unix nanos) may

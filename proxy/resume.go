@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// resumeConnectTimeout bounds the connect to the lifecycle manager, as the
+// platform's proxy_connect_timeout for /_sidecar_resume.
+const resumeConnectTimeout = 2 * time.Second
+
+// errResumeFailed answers a request for a paused sandbox that the
+// lifecycle manager did not resume. Retry-After 5, as the platform's.
+var errResumeFailed = proxyError{status: 503, code: CodeResumeFailed, msg: "sandbox is paused and could not be resumed; retry", retryAfter: 5}
+
+// resumer asks the lifecycle manager (the platform's sidecar) to resume a
+// paused sandbox: POST /internal/resume?sandbox_id=&request_id=, empty
+// body. Concurrent requests for one sandbox share one call. It uses
+// net/http: a resume is rare and slow (a VM restore), off the hot path.
+type resumer struct {
+	base    string // "http://<addr>/internal/resume"
+	timeout time.Duration
+	client  *http.Client
+
+	mu    sync.Mutex
+	calls map[string]*resumeCall // in flight, by sandbox id
+
+	// beforeWait, for tests, runs when a request joins a call in flight;
+	// nil in production.
+	beforeWait func()
+}
+
+// resumeCall is one call in flight; err is set before done is closed.
+type resumeCall struct {
+	done chan struct{}
+	err  error
+}
+
+func newResumer(addr string, timeout time.Duration) *resumer {
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: resumeConnectTimeout}).DialContext,
+		ResponseHeaderTimeout: timeout,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+	}
+	return &resumer{
+		base:    "http://" + addr + "/internal/resume",
+		timeout: timeout,
+		client:  &http.Client{Transport: tr},
+		calls:   map[string]*resumeCall{},
+	}
+}
+
+// resume asks for id to be resumed, or waits for the call already asking,
+// and returns its outcome. done runs once, by the caller that made the
+// call, with its outcome, before any waiter returns: there the sandbox is
+// marked running, so that a request arriving after the call finds it so
+// rather than making another. No lock is held across the call.
+func (r *resumer) resume(id, requestID string, done func(error)) error {
+	r.mu.Lock()
+	if c, ok := r.calls[id]; ok {
+		r.mu.Unlock()
+		if r.beforeWait != nil {
+			r.beforeWait()
+		}
+		<-c.done
+		return c.err
+	}
+	c := &resumeCall{done: make(chan struct{})}
+	r.calls[id] = c
+	r.mu.Unlock()
+
+	c.err = r.call(id, requestID)
+	done(c.err)
+	r.mu.Lock()
+	delete(r.calls, id)
+	r.mu.Unlock()
+	close(c.done)
+	return c.err
+}
+
+// call makes one resume call; nil only on a 200.
+func (r *resumer) call(id, requestID string) error {
+	// The connect and the answer's wait: the platform's connect and read
+	// timeouts, here one deadline over both.
+	ctx, cancel := context.WithTimeout(context.Background(), resumeConnectTimeout+r.timeout)
+	defer cancel()
+	q := url.Values{"sandbox_id": {id}}
+	if requestID != "" {
+		q.Set("request_id", requestID)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"?"+q.Encode(), http.NoBody)
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read a little, so that the connection can be kept.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("lifecycle manager answered %d", resp.StatusCode)
+	}
+	return nil
+}

@@ -72,6 +72,7 @@ type Config struct {
 	Telemetry Telemetry                 `yaml:"telemetry"`
 	Redis     redisstore.Config         `yaml:"redis"`
 	Registry  redisstore.RegistryConfig `yaml:"registry"`
+	Lifecycle Lifecycle                 `yaml:"lifecycle"`
 	TLS       TLS                       `yaml:"tls"`
 
 	// origins names, by YAML path, the variable or flag each setting set
@@ -113,6 +114,13 @@ type AccessLog struct {
 type Telemetry struct {
 	TraceSampleRatio float64 `yaml:"trace_sample_ratio" usage:"fraction of requests traced when OTEL_TRACES_EXPORTER=otlp (unset: 1 with OTEL_TRACES_SAMPLER=always_on, else OTEL_TRACES_SAMPLER_ARG if set, else the default)"`
 	MetricsLoopback  bool    `yaml:"metrics_loopback_open" usage:"serve /metrics without the admin token to local scrapers (loopback, no Origin, Host an IP, localhost or a *.localhost name)"`
+}
+
+// Lifecycle configures the resume of paused sandboxes on traffic, through
+// the platform's lifecycle manager (proxy.Config's ResumeAddr, ResumeTimeout).
+type Lifecycle struct {
+	SidecarAddr   string        `yaml:"sidecar_addr" usage:"host:port of the lifecycle manager: a request to a paused sandbox asks it to resume the sandbox (POST /internal/resume) and is then served; empty = off (503 sandbox_pausing)"`
+	ResumeTimeout time.Duration `yaml:"resume_timeout" usage:"longest wait for the lifecycle manager's answer to a resume, after its 2s connect (503 resume_failed after)"`
 }
 
 // TLS configures the HTTPS listener's certificates.
@@ -539,6 +547,7 @@ func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.checkNumbers, c.checkStore, c.checkRedis, c.checkTLS, c.checkSecrets,
 		c.checkListeners, c.checkBuffers, c.checkHostNames, c.checkNodeIP, c.checkInstanceID, c.checkBlanks,
+		c.checkLifecycle,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -689,6 +698,25 @@ func (c *Config) checkRedisAddrs() error {
 				return fmt.Errorf("redis.url: host %q: %w", u.Host, err)
 			}
 		}
+	}
+	return nil
+}
+
+// checkLifecycle refuses a lifecycle manager address the proxy could
+// never dial: every paused sandbox would answer 503 resume_failed, with
+// nothing at startup to say why.
+func (c *Config) checkLifecycle() error {
+	a := c.Lifecycle.SidecarAddr
+	if a == "" {
+		return nil
+	}
+	if strings.Contains(a, "/") {
+		// The platform's CUBE_SIDECAR_NGX_ADDR is host:port too; the
+		// scheme is http and the path /internal/resume.
+		return fmt.Errorf("lifecycle.sidecar_addr %q: want host:port, without scheme or path, for example 127.0.0.1:8083", a)
+	}
+	if err := checkDialAddr(a); err != nil {
+		return fmt.Errorf("lifecycle.sidecar_addr %q: %w; want host:port, for example 127.0.0.1:8083", a, err)
 	}
 	return nil
 }

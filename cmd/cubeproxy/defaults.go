@@ -34,6 +34,8 @@ func proxyConfig(cfg *config.Config) proxy.Config {
 		MaxHeldBody:             cfg.MaxHeldBody,
 		HeldBodyBudget:          cfg.HeldBodyBudget,
 		HeldBodyPerSandbox:      cfg.HeldBodyPerSandbox,
+		ResumeAddr:              cfg.Lifecycle.SidecarAddr,
+		ResumeTimeout:           cfg.Lifecycle.ResumeTimeout,
 	}
 }
 
@@ -101,6 +103,7 @@ func effective(cfg *config.Config, getenv func(string) string) *config.Config {
 	e.MaxHeldBody = p.MaxHeldBody
 	e.HeldBodyBudget = p.HeldBodyBudget
 	e.HeldBodyPerSandbox = p.HeldBodyPerSandbox
+	e.Lifecycle.ResumeTimeout = p.ResumeTimeout
 
 	s := serverConfig(cfg).WithDefaults()
 	e.Client.ReadTimeout = s.ClientReadTimeout

@@ -109,6 +109,7 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 		{"max-held-body", "memory", func(a *app) any { return a.proxy.Config().MaxHeldBody }},
 		{"held-body-budget", "memory", func(a *app) any { return a.proxy.Config().HeldBodyBudget }},
 		{"held-body-per-sandbox", "memory", func(a *app) any { return a.proxy.Config().HeldBodyPerSandbox }},
+		{"lifecycle-resume-timeout", "memory", func(a *app) any { return a.proxy.Config().ResumeTimeout }},
 		{"client-read-timeout", "memory", func(a *app) any { return a.server.Config().ClientReadTimeout }},
 		{"client-body-timeout", "memory", func(a *app) any { return a.server.Config().ClientBodyTimeout }},
 		{"client-write-timeout", "memory", func(a *app) any { return a.server.Config().ClientWriteTimeout }},
@@ -310,5 +311,25 @@ func TestStreamLimitWaitReachesTheProxy(t *testing.T) {
 		if got := a.proxy.Config().StreamLimitWait; got != tc.want {
 			t.Errorf("%s: the proxy waits %v, want %v", tc.flag, got, tc.want)
 		}
+	}
+}
+
+// lifecycle.sidecar_addr and resume_timeout reach the running proxy as
+// set; unset, nothing is dialed (no resumer).
+func TestLifecycleSettingsReachTheProxy(t *testing.T) {
+	env := func(k string) string {
+		if k == "CUBEPROXY_LIFECYCLE_SIDECAR_ADDR" {
+			return "127.0.0.1:8083"
+		}
+		return ""
+	}
+	a := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=",
+		"--lifecycle-resume-timeout=4s"}, env).a
+	if c := a.proxy.Config(); c.ResumeAddr != "127.0.0.1:8083" || c.ResumeTimeout != 4*time.Second {
+		t.Errorf("the proxy resumes through %q within %v, want 127.0.0.1:8083 within 4s", c.ResumeAddr, c.ResumeTimeout)
+	}
+	a = runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv).a
+	if c := a.proxy.Config(); c.ResumeAddr != "" || c.ResumeTimeout != 30*time.Second {
+		t.Errorf("by default the proxy resumes through %q within %v, want off and 30s", c.ResumeAddr, c.ResumeTimeout)
 	}
 }

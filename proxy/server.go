@@ -480,6 +480,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.p.bg.stop()
 	s.wg.Wait()
 	s.p.pools.closeIdle()
+	if s.p.resumer != nil {
+		// Its kept connection to the lifecycle manager, as the pools'.
+		s.p.resumer.client.CloseIdleConnections()
+	}
 	// fasthttp's wait ends with ctx's error at the drain deadline, or when
 	// the caller cut the drain short: the plan, not a failure.
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {

@@ -687,8 +687,9 @@ func (p *Proxy) logStale(id string) {
 // reports whether it did. The call that succeeds marks e running, as the
 // platform's proxy does, until the lifecycle manager's /admin/state says
 // so itself: a burst of requests that came during the pause makes one
-// call, not one each. A state set meanwhile (a kill, another pause)
-// stands: it is the control plane's later word.
+// call, not one each. A kill or a pausing set during the call stands:
+// it is the control plane's later word (a paused set again during it is
+// taken as the one the call ended).
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) bool {
 	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
 	err := p.resumer.resume(id, reqID, func(err error) {

@@ -29,6 +29,7 @@
 //	cubeproxy.upstream.pools            cubeproxy_upstream_pools            (after SetPoolStats)
 //	cubeproxy.upstream.idle_connections cubeproxy_upstream_idle_connections (after SetPoolStats)
 //	cubeproxy.stream_limit.waits        cubeproxy_stream_limit_waits_total{outcome="slot"|"refused"|"state"} (waits for a slot at max_streams_per_sandbox)
+//	cubeproxy.sandbox.resumes           cubeproxy_sandbox_resumes_total{outcome="resumed"|"failed"} (calls to the lifecycle manager's resume, one per paused sandbox at a time)
 //	cubeproxy.held_body                 cubeproxy_held_body_bytes           (held_body_budget taken; after SetHeldBodyBytes, 0 before)
 //	cubeproxy.route_invalidation.subscribed     cubeproxy_route_invalidation_subscribed           (Redis store, after SetInvalidationStats: 1 subscribed, 0 not)
 //	cubeproxy.route_invalidation.subscriptions  cubeproxy_route_invalidation_subscriptions_total  (confirmed; each expires the whole cache)

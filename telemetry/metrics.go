@@ -65,6 +65,9 @@ type Metrics struct {
 	// limitWaits counts the waits for a slot at max_streams_per_sandbox,
 	// by outcome (WaitOutcome).
 	limitWaits [numWaitOutcomes]atomic.Int64
+	// resumes counts the calls to the lifecycle manager's resume, by
+	// outcome (ResumeOutcome).
+	resumes [numResumeOutcomes]atomic.Int64
 
 	reqDuration    [numStatusClasses][numRouteKinds]prometheus.Histogram
 	respDuration   [numStatusClasses][numRouteKinds]prometheus.Histogram
@@ -82,7 +85,7 @@ type observed struct {
 	logDrops, logReopenErrs, procLogDrops, spanDrops metric.Int64ObservableCounter
 	acceptErrors, connsRefused, streamEnds, reclaims metric.Int64ObservableCounter
 	limitWaits, invSubscriptions, invMessages        metric.Int64ObservableCounter
-	logCloseErrs, logTruncs                          metric.Int64ObservableCounter
+	logCloseErrs, logTruncs, resumes                 metric.Int64ObservableCounter
 	invSubscribed                                    metric.Int64ObservableUpDownCounter
 	conns, streams, websockets, pools, idle          metric.Int64ObservableUpDownCounter
 	heldBodies                                       metric.Int64ObservableUpDownCounter
@@ -93,6 +96,7 @@ type observed struct {
 	reason                                           [len(authReasons)]metric.ObserveOption
 	kindEnd                                          [numRouteKinds][numStreamEnds]metric.ObserveOption
 	waitOutcome                                      [numWaitOutcomes]metric.ObserveOption
+	resumeOutcome                                    [numResumeOutcomes]metric.ObserveOption
 }
 
 // newMetrics makes the counters and gauges on meter and registers the
@@ -125,6 +129,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.spanDrops = b.counter("cubeproxy.spans.dropped", "{span}", "Sampled spans dropped unexported: the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full, the trace collector taking them slower than they came, or their export failed.")
 	o.streamEnds = b.counter("cubeproxy.streams.ended", "{stream}", "Streamed responses and WebSocket tunnels ended, by route kind and reason (complete, client, sandbox, timeout, drain, killed, error, route_changed).")
 	o.limitWaits = b.counter("cubeproxy.stream_limit.waits", "{wait}", "Requests over max_streams_per_sandbox that waited up to stream_limit_wait for a slot to free, by outcome: slot (one came free and the request was judged again; one that then lost it to another waits on and counts again), refused (none did, or the drain began: the 429; or the client closed its connection: the 499) or state (the sandbox was paused, killed or forgotten meanwhile).")
+	o.resumes = b.counter("cubeproxy.sandbox.resumes", "{call}", "Calls to the lifecycle manager to resume a paused sandbox (lifecycle.sidecar_addr), by outcome: resumed (it answered 200; the requests waiting are served) or failed (another status, no answer in time, or no connection: they get 503 resume_failed). Requests that arrive during a call wait for it and make none.")
 	o.invSubscribed = b.gauge("cubeproxy.route_invalidation.subscribed", "{subscription}", "1 while the Redis invalidation subscription stands, 0 while it is down or refused: invalidations published by other instances are then not applied here, and changed routes are served from the cache for up to their TTL.")
 	o.invSubscriptions = b.counter("cubeproxy.route_invalidation.subscriptions", "{subscription}", "Redis invalidation subscriptions confirmed: 1 at start, one more per resubscription, each of which expires every cached route (messages published meanwhile were lost).")
 	o.invMessages = b.counter("cubeproxy.route_invalidation.messages", "{message}", "Sandbox ids received on the Redis invalidation channel and dropped from the cache.")
@@ -140,7 +145,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	m.prebuild()
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
-		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.logTruncs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
+		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.logTruncs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.resumes, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
 		o.invSubscribed, o.invSubscriptions, o.invMessages)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
@@ -210,11 +215,18 @@ func (m *Metrics) prebuild() {
 	for i, outcome := range waitOutcomes {
 		m.obs.waitOutcome[i] = set(attribute.String("outcome", outcome))
 	}
+	for i, outcome := range resumeOutcomes {
+		m.obs.resumeOutcome[i] = set(attribute.String("outcome", outcome))
+	}
 }
 
 // waitOutcomes are the outcome label values of
 // cubeproxy_stream_limit_waits_total, indexed by WaitOutcome.
 var waitOutcomes = [numWaitOutcomes]string{"slot", "refused", "state"}
+
+// resumeOutcomes are the outcome label values of
+// cubeproxy_sandbox_resumes_total, indexed by ResumeOutcome.
+var resumeOutcomes = [numResumeOutcomes]string{"resumed", "failed"}
 
 // observe reports every counter and gauge at scrape time. All label
 // combinations are reported, zeros included, so rate() works from the first
@@ -248,6 +260,9 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 	}
 	for i := range waitOutcomes {
 		ob.ObserveInt64(o.limitWaits, m.limitWaits[i].Load(), o.waitOutcome[i])
+	}
+	for i := range resumeOutcomes {
+		ob.ObserveInt64(o.resumes, m.resumes[i].Load(), o.resumeOutcome[i])
 	}
 	ob.ObserveInt64(o.connectErrors, m.connectErrors.Load())
 	ob.ObserveInt64(o.resourceErrs, m.resourceErrs.Load())
@@ -481,6 +496,33 @@ func (m *Metrics) StreamLimitWait(o WaitOutcome) {
 		return
 	}
 	m.limitWaits[o].Add(1)
+}
+
+// ResumeOutcome is how a call to the lifecycle manager to resume a paused
+// sandbox ended (Metrics.SandboxResume).
+type ResumeOutcome uint8
+
+// The outcomes of a resume call, the outcome label of
+// cubeproxy_sandbox_resumes_total.
+const (
+	// ResumeResumed: the lifecycle manager answered 200; the sandbox is
+	// taken as running and the requests that waited are served.
+	ResumeResumed ResumeOutcome = iota
+	// ResumeFailed: any other status, no answer within
+	// lifecycle.resume_timeout, or no connection; the requests that
+	// waited get 503 resume_failed.
+	ResumeFailed
+	numResumeOutcomes
+)
+
+// SandboxResume counts one call to the lifecycle manager to resume a
+// paused sandbox, by how it ended; the requests that joined it are not
+// counted. Out-of-range values are ignored.
+func (m *Metrics) SandboxResume(o ResumeOutcome) {
+	if m == nil || o >= numResumeOutcomes {
+		return
+	}
+	m.resumes[o].Add(1)
 }
 
 // AcceptError counts a failed accept of a client connection that the

@@ -63,6 +63,9 @@ func TestMetricsCountExactly(t *testing.T) {
 	m.StreamLimitWait(WaitState)
 	m.StreamLimitWait(WaitState)
 	m.StreamLimitWait(WaitState)
+	m.SandboxResume(ResumeResumed)
+	m.SandboxResume(ResumeFailed)
+	m.SandboxResume(ResumeFailed)
 	m.ConnOpened()
 	m.ConnOpened()
 	m.ConnClosed()
@@ -121,6 +124,8 @@ func TestMetricsCountExactly(t *testing.T) {
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "slot"}, 2},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "refused"}, 1},
 		{"cubeproxy_stream_limit_waits_total", L{"outcome": "state"}, 3},
+		{"cubeproxy_sandbox_resumes_total", L{"outcome": "resumed"}, 1},
+		{"cubeproxy_sandbox_resumes_total", L{"outcome": "failed"}, 2},
 	}
 	for _, w := range want {
 		k := seriesKey(w.name, w.labels)
@@ -150,6 +155,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 	m.StreamEnded(RouteError, StreamTimeout)
 	m.CacheLookup(CacheResult(99))
 	m.StreamLimitWait(WaitOutcome(9))
+	m.SandboxResume(ResumeOutcome(9))
 	m.StoreLookup(StoreKind(9), time.Millisecond, true)
 	m.AuthRejected("8080-sb-secret-id.example.com")
 	m.AuthRejected("signed_token_made_up")
@@ -160,7 +166,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		"route_kind":   set("http", "sse", "websocket", "error"),
 		"result":       set("hit", "miss", "negative_hit", "stale"),
 		"store":        set("memory", "redis"),
-		"outcome":      set("slot", "refused", "state"),
+		"outcome":      set("slot", "refused", "state", "resumed", "failed"),
 		"reason": set("traffic_token_missing", "traffic_token_invalid", "traffic_token_not_configured",
 			"signed_token_malformed", "signed_token_invalid", "signed_token_wrong_target", "signed_token_expired",
 			"signed_cookie_foreign_origin", "credential_revoked",
@@ -231,6 +237,7 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	var m *Metrics
 	recordAll(m) // must not panic
 	m.AccessLogTruncated()
+	m.SandboxResume(ResumeFailed)
 	m.SetPoolStats(func() (int64, int64) { return 0, 0 })
 	m.SetHeldBodyBytes(func() int64 { return 0 })
 }

@@ -689,15 +689,19 @@ func (p *Proxy) logStale(id string) {
 // so itself: a burst of requests that came during the pause makes one
 // call, not one each. A kill or a pausing set during the call stands:
 // it is the control plane's later word (a paused set again during it is
-// taken as the one the call ended).
+// taken as the one the call ended). The call, not each request that
+// waited for it, counts in cubeproxy_sandbox_resumes_total.
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) bool {
 	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
 	err := p.resumer.resume(id, reqID, func(err error) {
-		if err == nil {
-			// The time before the swap, as sandboxes.setState.
-			e.changedAt.Store(time.Now().UnixNano())
-			e.casState(statePaused, stateRunning)
+		if err != nil {
+			p.metrics.SandboxResume(telemetry.ResumeFailed)
+			return
 		}
+		p.metrics.SandboxResume(telemetry.ResumeResumed)
+		// The time before the swap, as sandboxes.setState.
+		e.changedAt.Store(time.Now().UnixNano())
+		e.casState(statePaused, stateRunning)
 	})
 	if err != nil {
 		if everySecond(&e.resumeLogged) {

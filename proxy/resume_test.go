@@ -50,17 +50,42 @@ func (f *fakeSidecar) seen() []resumeCallSeen {
 func ok200() int { return 200 }
 
 // resumeHarness is a proxy whose lifecycle.sidecar_addr is sc, with a
-// backend answering 200 "up" behind the route of id.
-func resumeHarness(t *testing.T, sc *fakeSidecar, timeout time.Duration) (*harness, string) {
+// backend answering 200 "up" behind the route of id; more adjust its
+// options further.
+func resumeHarness(t *testing.T, sc *fakeSidecar, timeout time.Duration, more ...func(*harnessOpts)) (*harness, string) {
 	t.Helper()
 	h := newHarness(t, func(o *harnessOpts) {
 		if sc != nil {
 			o.cfg.ResumeAddr = sc.addr
 		}
 		o.cfg.ResumeTimeout = timeout
+		for _, f := range more {
+			f(o)
+		}
 	})
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "up") }))
 	return h, h.route("sleepy", port)
+}
+
+// resumeMetrics is resumeHarness with metrics, served on the admin
+// address it returns as well.
+func resumeMetrics(t *testing.T, sc *fakeSidecar, timeout time.Duration) (h *harness, host, admin string) {
+	t.Helper()
+	tel := obsTelemetry(t, nil)
+	h, host = resumeHarness(t, sc, timeout, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	return h, host, obsMetricsAdmin(t, h, tel)
+}
+
+// checkResumes checks what cubeproxy_sandbox_resumes_total moved by since
+// before: resumed and failed calls.
+func checkResumes(t *testing.T, admin string, before []promSample, resumed, failed float64) {
+	t.Helper()
+	for _, b := range checkDeltas(before, scrapeMetrics(t, admin), []metricDelta{
+		{"cubeproxy_sandbox_resumes_total", map[string]string{"outcome": "resumed"}, resumed},
+		{"cubeproxy_sandbox_resumes_total", map[string]string{"outcome": "failed"}, failed},
+	}) {
+		t.Error(b)
+	}
 }
 
 func (h *harness) setSandboxState(id, st string) {
@@ -83,11 +108,12 @@ func errorCode(t *testing.T, body string) string {
 // A request to a paused sandbox has the lifecycle manager resume it (POST
 // /internal/resume, the sandbox's id and the request's id, no body) and
 // is then served; the sandbox is running from there, so the next request
-// makes no call.
+// makes no call. The call counts as resumed.
 func TestResumePausedSandboxIsServed(t *testing.T) {
 	sc := newFakeSidecar(t, ok200)
-	h, host := resumeHarness(t, sc, 0)
+	h, host, admin := resumeMetrics(t, sc, 0)
 	h.setSandboxState("sleepy", "paused")
+	before := scrapeMetrics(t, admin)
 
 	r := h.req("POST", host, "/run", nil)
 	r.Header.Set("X-Cube-Request-Id", "rid-42")
@@ -107,18 +133,20 @@ func TestResumePausedSandboxIsServed(t *testing.T) {
 	if n := len(sc.seen()); n != 1 {
 		t.Errorf("%d resume calls after a second request, want 1: the resumed sandbox is running", n)
 	}
+	checkResumes(t, admin, before, 1, 0)
 }
 
 // Requests that arrive together for one paused sandbox make one resume
-// call and all wait for it.
+// call and all wait for it; the metric counts that one call.
 func TestResumeConcurrentRequestsMakeOneCall(t *testing.T) {
 	const n = 8
 	release := make(chan struct{})
 	sc := newFakeSidecar(t, func() int { <-release; return 200 })
-	h, host := resumeHarness(t, sc, 0)
+	h, host, admin := resumeMetrics(t, sc, 0)
 	var joined atomic.Int32
 	h.proxy.resumer.beforeWait = func() { joined.Add(1) }
 	h.setSandboxState("sleepy", "paused")
+	before := scrapeMetrics(t, admin)
 
 	codes := make(chan int, n)
 	for range n {
@@ -149,12 +177,13 @@ func TestResumeConcurrentRequestsMakeOneCall(t *testing.T) {
 	if got := len(sc.seen()); got != 1 {
 		t.Errorf("%d resume calls for %d concurrent requests, want 1", got, n)
 	}
+	checkResumes(t, admin, before, 1, 0)
 }
 
 // A resume that fails (an error status, no answer in time, no lifecycle
 // manager listening) is a 503 resume_failed with Retry-After 5, within
 // the configured timeout, and the sandbox stays paused: the next request
-// asks again.
+// asks again. Each call counts as failed.
 func TestResumeFailedIs503(t *testing.T) {
 	hang := make(chan struct{})
 	t.Cleanup(func() { close(hang) })
@@ -172,8 +201,9 @@ func TestResumeFailedIs503(t *testing.T) {
 			if !tc.closed {
 				sc = newFakeSidecar(t, tc.answer)
 			}
-			h, host := resumeHarness(t, sc, 300*time.Millisecond)
+			h, host, admin := resumeMetrics(t, sc, 300*time.Millisecond)
 			h.setSandboxState("sleepy", "paused")
+			before := scrapeMetrics(t, admin)
 			for i := range 2 {
 				start := time.Now()
 				st, body, hdr := h.get(host, "/")
@@ -189,6 +219,7 @@ func TestResumeFailedIs503(t *testing.T) {
 					t.Errorf("%d resume calls for 2 requests, want 2: a failed resume leaves the sandbox paused", n)
 				}
 			}
+			checkResumes(t, admin, before, 0, 2)
 		})
 	}
 }

@@ -268,49 +268,71 @@ func TestRefusedHeadsPassNoMemoryOn(t *testing.T) {
 			if tc.admin {
 				addr, next = h.admin, "GET /admin/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 			}
-			before := limitCounted()
-			// All sent before any is answered: each takes a context of
-			// its own, and all go back to the pool together.
-			refused := make([]net.Conn, 0, conns)
-			for range conns {
-				c, err := net.Dial("tcp", addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				refused = append(refused, c)
-				if _, err := io.WriteString(c, tc.raw); err != nil {
-					t.Fatal(err)
-				}
+			// The count moves with the collector's timing by tens of KiB
+			// (17-62 KiB in twelve runs of one case, once 72): one over
+			// the bound is measured again. The leak this guards against
+			// is ≈ 550 KiB a connection, over it every time.
+			per := refusedThenHeld(t, h.proxy, addr, tc.raw, next, tc.status, conns)
+			if per > allowed {
+				t.Logf("%d bytes counted per connection, over %d: measuring again", per, allowed)
+				per = refusedThenHeld(t, h.proxy, addr, tc.raw, next, tc.status, conns)
 			}
-			for _, c := range refused {
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
-				c.Close()
-				if resp.StatusCode != tc.status {
-					t.Fatalf("got %d, want %d", resp.StatusCode, tc.status)
-				}
-			}
-			testenv.WaitFor(t, 10*time.Second, "refused connections closed", func() bool { return h.proxy.clientConns.Load() == 0 && h.proxy.held.len() == 0 })
-			held := make([]net.Conn, 0, conns)
-			defer func() {
-				for _, c := range held {
-					c.Close()
-				}
-			}()
-			for range conns {
-				c := dialRaw(t, addr)
-				held = append(held, c)
-				keptRequest(t, c, bufio.NewReader(c), next)
-			}
-			per := (int64(limitCounted()) - int64(before)) / conns
-			t.Logf("%d bytes counted per connection", per)
 			if per > allowed {
 				t.Errorf("a connection idle after one small request holds %.0f KiB against GOMEMLIMIT, over the README's %d KiB for the heads the proxy takes",
 					float64(per)/1024, kib)
 			}
 		})
 	}
+}
+
+// refusedThenHeld sends raw on conns connections to addr, all before any
+// answer, wants status for each and closes them; then it opens conns more,
+// each idle after one request next, and returns the memory counted
+// against GOMEMLIMIT per connection held, which it closes before it
+// returns.
+func refusedThenHeld(t *testing.T, p *Proxy, addr, raw, next string, status, conns int) int64 {
+	t.Helper()
+	// A measure before this one closed its connections: gone first, or
+	// what they free would be taken off this count.
+	testenv.WaitFor(t, 10*time.Second, "earlier connections closed", func() bool { return p.clientConns.Load() == 0 })
+	before := limitCounted()
+	// All sent before any is answered: each takes a context of
+	// its own, and all go back to the pool together.
+	refused := make([]net.Conn, 0, conns)
+	for range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused = append(refused, c)
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range refused {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		c.Close()
+		if resp.StatusCode != status {
+			t.Fatalf("got %d, want %d", resp.StatusCode, status)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "refused connections closed", func() bool { return p.clientConns.Load() == 0 && p.held.len() == 0 })
+	held := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range conns {
+		c := dialRaw(t, addr)
+		held = append(held, c)
+		keptRequest(t, c, bufio.NewReader(c), next)
+	}
+	per := (int64(limitCounted()) - int64(before)) / int64(conns)
+	t.Logf("%d bytes counted per connection", per)
+	return per
 }

@@ -28,6 +28,7 @@ const (
 	CodeInvalidSandboxID     = "invalid_sandbox_id"
 	CodeMissingTargetHeaders = "missing_target_headers"
 	CodeDomainNotAllowed     = "domain_not_allowed"
+	CodeInvalidPath          = "invalid_sandbox_path"
 )
 
 // Override header names; *fasthttp.RequestHeader.Peek normalises case itself.
@@ -44,8 +45,11 @@ type Target struct {
 	Port uint16
 	// Shared is true when the target came from override headers on a shared host.
 	Shared bool
-	idLen  int
-	idBuf  [MaxIDLen]byte
+	// PathPrefix is the length of the "/sandbox/<id>/<port>" prefix of
+	// the request target when the target came from the path; 0 otherwise.
+	PathPrefix int
+	idLen      int
+	idBuf      [MaxIDLen]byte
 }
 
 // ID returns the lower-case sandbox id; it aliases t and is valid until t changes.
@@ -111,7 +115,7 @@ func normalizeName(s string) string {
 // Parse fills t from host and, on shared hosts, from h.
 // It returns a *TargetError for bad input and allocates nothing on success.
 func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
-	t.Port, t.Shared, t.idLen = 0, false, 0
+	t.reset()
 	name, isIP, err := splitHost(host)
 	if err != nil {
 		return err
@@ -130,7 +134,23 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // port, or the request is refused: otherwise a request a front proxy checked
 // as one sandbox's would reach another. Other targets are not looked at, so
 // the origin form ("/p") costs one byte compare.
+//
+// A target in origin form under PathRoot ("/sandbox/<id>/<port>/rest") on
+// a host that names no sandbox port (an IP, a shared host, any other name)
+// is routed by its path, as the platform's proxy routes it: see parsePath.
+// A sandbox host name keeps its own routing for every path, so that an app
+// that serves pages under /sandbox/ is still reached by its own name.
 func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
+	if bytes.HasPrefix(target, []byte(PathRoot)) {
+		byPath, err := p.routesByPath(host)
+		if err != nil {
+			t.reset()
+			return err
+		}
+		if byPath {
+			return parsePath(t, target)
+		}
+	}
 	if err := p.Parse(t, host, h); err != nil {
 		return err
 	}
@@ -140,10 +160,78 @@ func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) er
 	}
 	var other Target
 	if err := p.Parse(&other, authority, h); err != nil || other.Port != t.Port || !bytes.Equal(other.ID(), t.ID()) {
-		t.Port, t.Shared, t.idLen = 0, false, 0
+		t.reset()
 		return targetErr(CodeInvalidHost, "request target names another host than Host", authority)
 	}
 	return nil
+}
+
+// PathRoot begins a request target routed by its path:
+// "/sandbox/<id>/<port>" followed by the sandbox's own path.
+const PathRoot = "/sandbox/"
+
+// routesByPath reports whether a request to host with a target under
+// PathRoot is routed by its path: host is well formed and names no sandbox
+// port. A malformed host is refused as for any other target.
+func (p *Parser) routesByPath(host []byte) (bool, error) {
+	name, isIP, err := splitHost(host)
+	if err != nil {
+		return false, err
+	}
+	if isIP || p.isShared(name) {
+		return true, nil
+	}
+	var named Target
+	return p.readSandboxHost(&named, name).code != "", nil
+}
+
+// parsePath reads the target "/sandbox/<id>/<port>[/rest][?query]". Only
+// the canonical spelling is taken, a lower-case id and a port without
+// leading zeros, so that the prefix the proxy writes back into the
+// sandbox's Location and cookie paths (AppendPathPrefix) is the one the
+// client sent. The platform's proxy took other spellings and then found
+// no route for them.
+func parsePath(t *Target, target []byte) error {
+	t.reset()
+	rest := target[len(PathRoot):]
+	id, rest, ok := bytes.Cut(rest, []byte{'/'})
+	if !ok {
+		return targetErr(CodeInvalidPath, "path must begin /sandbox/<sandbox id>/<port>", target)
+	}
+	if err := t.setID(id).err(); err != nil {
+		return err
+	}
+	if !bytes.Equal(id, t.ID()) {
+		t.reset()
+		return targetErr(CodeInvalidSandboxID, "sandbox id in the path must be lower case", id)
+	}
+	end := bytes.IndexByte(rest, '/')
+	if q := bytes.IndexByte(rest, '?'); q >= 0 && (end < 0 || q < end) {
+		end = q
+	}
+	if end < 0 {
+		end = len(rest)
+	}
+	port, ok := parsePort(rest[:end])
+	if !ok || rest[0] == '0' {
+		t.reset()
+		return targetErr(CodeInvalidPort, "port in the path must be a number from 1 to 65535 without leading zeros", rest[:end])
+	}
+	t.Port = port
+	t.PathPrefix = len(PathRoot) + len(id) + 1 + end
+	return nil
+}
+
+// AppendPathPrefix appends "/sandbox/<id>/<port>" for t: for a target
+// parsed from the path, the prefix the client sent.
+func AppendPathPrefix(dst []byte, t *Target) []byte {
+	dst = append(append(dst, PathRoot...), t.ID()...)
+	return strconv.AppendUint(append(dst, '/'), uint64(t.Port), 10)
+}
+
+// reset empties t.
+func (t *Target) reset() {
+	t.Port, t.Shared, t.PathPrefix, t.idLen = 0, false, 0, 0
 }
 
 // TargetAuthority returns the host (and port) of an absolute-form request
@@ -256,30 +344,51 @@ func (p *Parser) domainAllowed(domain []byte) bool {
 
 // parseSandboxHost reads <port>-<id>[.<domain>] from a host name without port.
 func (p *Parser) parseSandboxHost(t *Target, name []byte) error {
+	return p.readSandboxHost(t, name).err()
+}
+
+// readSandboxHost is parseSandboxHost without building the error, which
+// routesByPath asks of every path-routed request's host.
+func (p *Parser) readSandboxHost(t *Target, name []byte) fault {
 	label, domain, hasDomain := name, []byte(nil), false
 	if dot := bytes.IndexByte(name, '.'); dot >= 0 {
 		label, domain, hasDomain = name[:dot], name[dot+1:], true
 	}
 	if len(p.domains) > 0 {
 		if !hasDomain || !p.domainAllowed(domain) {
-			return targetErr(CodeDomainNotAllowed, "domain not served here", name)
+			return fault{CodeDomainNotAllowed, "domain not served here", name}
 		}
 	} else if hasDomain && !validDomain(domain) {
-		return targetErr(CodeInvalidHost, "invalid host name", name)
+		return fault{CodeInvalidHost, "invalid host name", name}
 	}
 	dash := bytes.IndexByte(label, '-')
 	if dash < 0 {
-		return targetErr(CodeInvalidHost, "host must start with <port>-<sandbox id>", name)
+		return fault{CodeInvalidHost, "host must start with <port>-<sandbox id>", name}
 	}
 	port, ok := parsePort(label[:dash])
 	if !ok {
-		return targetErr(CodeInvalidPort, "port must be a number from 1 to 65535", label[:dash])
+		return fault{CodeInvalidPort, "port must be a number from 1 to 65535", label[:dash]}
 	}
-	if err := t.setID(label[dash+1:]); err != nil {
-		return err
+	if f := t.setID(label[dash+1:]); f.code != "" {
+		return f
 	}
 	t.Port = port
-	return nil
+	return fault{}
+}
+
+// fault is why input is refused, before it is made a *TargetError; the
+// zero fault is none.
+type fault struct {
+	code, reason string
+	input        []byte
+}
+
+// err is f as a *TargetError, or nil for none.
+func (f fault) err() error {
+	if f.code == "" {
+		return nil
+	}
+	return targetErr(f.code, f.reason, f.input)
 }
 
 // parseHeaders selects the target from the override headers of a shared host.
@@ -302,7 +411,7 @@ func parseHeaders(t *Target, h HeaderPeeker) error {
 	if !ok {
 		return targetErr(CodeInvalidPort, "sandbox port header must be a number from 1 to 65535", port)
 	}
-	if err := t.setID(id); err != nil {
+	if err := t.setID(id).err(); err != nil {
 		return err
 	}
 	t.Port, t.Shared = p, true
@@ -358,22 +467,22 @@ func parsePort(b []byte) (uint16, bool) {
 }
 
 // setID validates src as a sandbox id and stores it lower-cased in t.
-func (t *Target) setID(src []byte) error {
+func (t *Target) setID(src []byte) fault {
 	if len(src) == 0 {
-		return targetErr(CodeInvalidSandboxID, "sandbox id is empty", nil)
+		return fault{CodeInvalidSandboxID, "sandbox id is empty", nil}
 	}
 	if len(src) > MaxIDLen {
-		return targetErr(CodeInvalidSandboxID, "sandbox id longer than 128 characters", src)
+		return fault{CodeInvalidSandboxID, "sandbox id longer than 128 characters", src}
 	}
 	for i, c := range src {
 		c = lower(c)
 		if !idChar(c, i == 0) {
-			return targetErr(CodeInvalidSandboxID, "sandbox id must match [a-z0-9][a-z0-9_-]*", src)
+			return fault{CodeInvalidSandboxID, "sandbox id must match [a-z0-9][a-z0-9_-]*", src}
 		}
 		t.idBuf[i] = c
 	}
 	t.idLen = len(src)
-	return nil
+	return fault{}
 }
 
 // ValidID reports whether id is a canonical (lower-case) sandbox id.

@@ -332,7 +332,7 @@ func TestParseNoAllocs(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("Parse(%q): %v allocs, want 0", host, allocs)
 		}
-		for _, target := range [][]byte{[]byte("/p?q"), append(append([]byte("http://u@"), host...), "/p"...)} {
+		for _, target := range [][]byte{[]byte("/p?q"), append(append([]byte("http://u@"), host...), "/p"...), []byte("/sandbox/abc/8080/p?q")} {
 			allocs := testing.AllocsPerRun(100, func() {
 				if err := p.ParseRequest(&tgt, host, target, h); err != nil {
 					t.Fatal(err)
@@ -389,6 +389,9 @@ func FuzzParse(f *testing.F) {
 	f.Add("8080-a.example.com", "", "", "http://8080-a.example.com?@8080-b.example.com/p")
 	f.Add("127.0.0.1", "a", "8080", "http://8080-a.example.com#x")
 	f.Add("8080-a.example.com", "", "", "http://u:p@[::1]:80/p")
+	f.Add("127.0.0.1", "a", "8080", "/sandbox/abc/8080/p?q")
+	f.Add("proxy.example.com", "", "", "sandbox/abc/08080?q")
+	f.Add("8080-a.example.com", "", "", "/sandbox/abc/8080")
 	parsers := testParsers()
 	plain, domains := parsers["plain"], parsers["domains"]
 	models := map[string]modelParser{
@@ -469,9 +472,17 @@ func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host
 	// Origin form, and Host itself spelled as an absolute-form target:
 	// the same answer as Parse.
 	for _, tg := range []string{"/", "/" + target, "http://u:p@" + host + "/p?q", "HTTPS://" + host} {
+		if strings.HasPrefix(tg, PathRoot) {
+			checkPathRequest(t, name, p, host, tg, h)
+			continue
+		}
 		if err := p.ParseRequest(&tgt, []byte(host), []byte(tg), h); !same(err) {
 			t.Fatalf("%s: ParseRequest(%q, %q) = %d %q, %v; Parse: %d %q, %v", name, host, tg, tgt.Port, tgt.ID(), err, byHost.Port, byHost.ID(), hostErr)
 		}
+	}
+	if strings.HasPrefix(target, PathRoot) {
+		checkPathRequest(t, name, p, host, target, h)
+		return
 	}
 	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
 	if hostErr != nil {

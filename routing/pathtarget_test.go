@@ -1,0 +1,136 @@
+package routing
+
+import (
+	"errors"
+	"regexp"
+	"strconv"
+	"testing"
+)
+
+// A target under /sandbox/ on a host that names no sandbox port is routed
+// by its path, as the platform's proxy routes it; a sandbox host keeps its
+// own routing for every path, and a malformed host is refused as before.
+func TestParseRequestPath(t *testing.T) {
+	parsers := testParsers()
+	cube := headers("X-Cube-Sandbox-Id", "other", "X-Cube-Sandbox-Port", "9000")
+	none := headers()
+	for _, tc := range []struct {
+		parser, host, target string
+		h                    HeaderPeeker
+		port                 uint16
+		id                   string
+		prefix               int    // PathPrefix; 0 = routed by host
+		code                 string // "" = success
+	}{
+		{"plain", "127.0.0.1", "/sandbox/abc/8080/p?q", none, 8080, "abc", 17, ""},
+		{"plain", "127.0.0.1:8081", "/sandbox/abc/8080", none, 8080, "abc", 17, ""},
+		{"plain", "[::1]:8081", "/sandbox/abc/8080?q=/x", none, 8080, "abc", 17, ""},
+		{"plain", "localhost", "/sandbox/a_b-1/1/", none, 1, "a_b-1", 16, ""},
+		{"plain", "proxy.example.com", "/sandbox/abc/65535/x", none, 65535, "abc", 18, ""},
+		// Headers on a shared host lose to the path, as on the platform.
+		{"plain", "127.0.0.1", "/sandbox/abc/8080/", cube, 8080, "abc", 17, ""},
+		// A host that names no sandbox port: any name, a domain not allowed.
+		{"plain", "node.internal", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
+		{"domains", "8080-x.evil.test", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
+		// A sandbox host: routed by the host, whatever the path.
+		{"plain", "3000-own.x.test", "/sandbox/abc/8080/", none, 3000, "own", 0, ""},
+		{"domains", "3000-own.sandbox.example.com", "/sandbox/abc/8080/", none, 3000, "own", 0, ""},
+		// Headers on a shared host, a path that is not under /sandbox/.
+		{"plain", "127.0.0.1", "/sandboxes/abc/8080/", cube, 9000, "other", 0, ""},
+		{"plain", "127.0.0.1", "/Sandbox/abc/8080/", cube, 9000, "other", 0, ""},
+		// Absolute form is routed by its host, as before.
+		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/abc/8080/", cube, 9000, "other", 0, ""},
+		// Malformed.
+		{"plain", "127.0.0.1", "/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
+		{"plain", "127.0.0.1", "/sandbox/", none, 0, "", 0, CodeInvalidPath},
+		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox/ABC/8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox/%61bc/8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox/-abc/8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox/abc/", none, 0, "", 0, CodeInvalidPort},
+		{"plain", "127.0.0.1", "/sandbox/abc/08080/", none, 0, "", 0, CodeInvalidPort},
+		{"plain", "127.0.0.1", "/sandbox/abc/0/", none, 0, "", 0, CodeInvalidPort},
+		{"plain", "127.0.0.1", "/sandbox/abc/65536/", none, 0, "", 0, CodeInvalidPort},
+		{"plain", "127.0.0.1", "/sandbox/abc/8080x", none, 0, "", 0, CodeInvalidPort},
+		{"plain", "127.0.0.1", "/sandbox/abc/8080#f", none, 0, "", 0, CodeInvalidPort},
+		// A malformed Host is refused as for any target.
+		{"plain", "127.0.0.1:x", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
+		{"plain", "", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
+	} {
+		var tgt Target
+		tgt.Shared, tgt.PathPrefix = true, 99 // a reused target
+		err := parsers[tc.parser].ParseRequest(&tgt, []byte(tc.host), []byte(tc.target), tc.h)
+		if tc.code != "" {
+			var te *TargetError
+			if !errors.As(err, &te) || te.Code != tc.code {
+				t.Errorf("%s: ParseRequest(%q, %q) = %v, want %s", tc.parser, tc.host, tc.target, err, tc.code)
+				continue
+			}
+			if tgt.Port != 0 || len(tgt.ID()) != 0 || tgt.Shared || tgt.PathPrefix != 0 {
+				t.Errorf("failed ParseRequest(%q, %q) left target %+v", tc.host, tc.target, tgt)
+			}
+			continue
+		}
+		if err != nil || tgt.Port != tc.port || string(tgt.ID()) != tc.id || tgt.PathPrefix != tc.prefix {
+			t.Errorf("%s: ParseRequest(%q, %q) = %d %q prefix %d, %v; want %d %q prefix %d",
+				tc.parser, tc.host, tc.target, tgt.Port, tgt.ID(), tgt.PathPrefix, err, tc.port, tc.id, tc.prefix)
+			continue
+		}
+		if tc.prefix > 0 {
+			if tgt.Shared {
+				t.Errorf("ParseRequest(%q, %q): a path target marked Shared", tc.host, tc.target)
+			}
+			if got := string(AppendPathPrefix(nil, &tgt)); got != tc.target[:tc.prefix] {
+				t.Errorf("ParseRequest(%q, %q): AppendPathPrefix %q, want %q", tc.host, tc.target, got, tc.target[:tc.prefix])
+			}
+		}
+	}
+}
+
+// pathModel is the README's rule for a path target: a canonical id and a
+// port 1-65535 without leading zeros, then the end, a '/' or a '?'.
+var pathModel = regexp.MustCompile(`^/sandbox/([a-z0-9][a-z0-9_-]{0,127})/([1-9][0-9]{0,4})(?:[/?]|$)`)
+
+// checkPathRequest holds ParseRequest for a target under PathRoot to the
+// rules: a sandbox host routes by itself (as Parse), a malformed host is
+// refused with Parse's error, any other host routes by pathModel.
+func checkPathRequest(t *testing.T, name string, p *Parser, host, target string, h HeaderPeeker) {
+	t.Helper()
+	var tgt, byHost, named Target
+	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
+	hostErr := p.Parse(&byHost, []byte(host), h)
+	if _, _, splitErr := splitHost([]byte(host)); splitErr != nil {
+		var te, hte *TargetError
+		if !errors.As(err, &te) || !errors.As(hostErr, &hte) || te.Code != hte.Code {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %v; the host is malformed: %v", name, host, target, err, hostErr)
+		}
+		return
+	}
+	if p.Parse(&named, []byte(host), nil) == nil && !named.Shared {
+		if (err == nil) != (hostErr == nil) || tgt.Port != byHost.Port || string(tgt.ID()) != string(byHost.ID()) || tgt.PathPrefix != 0 {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %d %q %d, %v; a sandbox host routes by itself: %d %q, %v",
+				name, host, target, tgt.Port, tgt.ID(), tgt.PathPrefix, err, byHost.Port, byHost.ID(), hostErr)
+		}
+		return
+	}
+	m := pathModel.FindStringSubmatch(target)
+	ok := m != nil
+	if ok {
+		n, _ := strconv.Atoi(m[2])
+		ok = n <= 65535
+	}
+	if ok != (err == nil) {
+		t.Fatalf("%s: ParseRequest(%q, %q) = %v; the path rule says %v", name, host, target, err, ok)
+	}
+	if !ok {
+		var te *TargetError
+		if !errors.As(err, &te) || te.Code == "" {
+			t.Fatalf("%s: error %v is not a TargetError with a code", name, err)
+		}
+		return
+	}
+	if string(tgt.ID()) != m[1] || strconv.Itoa(int(tgt.Port)) != m[2] || tgt.Shared ||
+		string(AppendPathPrefix(nil, &tgt)) != target[:tgt.PathPrefix] || tgt.PathPrefix != len("/sandbox/")+len(m[1])+1+len(m[2]) {
+		t.Fatalf("%s: ParseRequest(%q, %q) = %d %q prefix %d shared %v", name, host, target, tgt.Port, tgt.ID(), tgt.PathPrefix, tgt.Shared)
+	}
+}

@@ -49,7 +49,11 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		if len(tok) > 0 {
 			exp, verr := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now())
 			if verr == nil {
-				if !navigation(h) {
+				// On a request routed by its path, every sandbox behind
+				// the host is one origin: a cookie would be sent to, and
+				// usable from, any of their pages. The link lets its own
+				// request through, and no cookie is traded for it.
+				if !navigation(h) || t.PathPrefix > 0 {
 					// prepareRequest removes the parameter.
 					x.via = viaLink
 					return false
@@ -71,17 +75,20 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		// A refused parameter still leaves the cookie: a browser that holds
 		// a valid one (from a newer link) and opens an old link would
 		// otherwise be locked out of a URL it may open without the
-		// parameter. The parameter's error is the one reported.
-		if _, ok, verr := p.signedCookie(h, r, t.Port); ok {
-			// The cookie is ambient: a sibling sandbox's page can make
-			// the browser send it (see auth.CookieRequestAllowed).
-			if auth.CookieRequestAllowed(h, h.Host()) {
-				x.via = viaCookie
-				return false
+		// parameter. The parameter's error is the one reported. A path
+		// route trades no cookie (above), so none is read there.
+		if t.PathPrefix == 0 {
+			if _, ok, verr := p.signedCookie(h, r, t.Port); ok {
+				// The cookie is ambient: a sibling sandbox's page can
+				// make the browser send it (see auth.CookieRequestAllowed).
+				if auth.CookieRequestAllowed(h, h.Host()) {
+					x.via = viaCookie
+					return false
+				}
+				rej = rejForeignOrigin
+			} else if verr != nil && len(tok) == 0 {
+				rej = rejection(verr, rej)
 			}
-			rej = rejForeignOrigin
-		} else if verr != nil && len(tok) == 0 {
-			rej = rejection(verr, rej)
 		}
 	}
 	p.metrics.AuthRejected(rej.Code)

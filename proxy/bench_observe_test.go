@@ -27,6 +27,7 @@ type benchInstr struct {
 	body      int    // the backend's answer body size; 0: a short greeting
 	tcp       bool   // clients connect over loopback TCP, as to a traffic listener (clientConn), not in memory
 	maxConns  int    // client.max_conns: connections waiting for a request are tracked (Proxy.waiting)
+	byPath    bool   // requests name the sandbox in the path (/sandbox/<id>/<port>/), not in Host
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -91,6 +92,9 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 		client, req, resp = inmemoryProxy(tb, cfg, store)
 	}
 	uri := "http://" + port + "-bench.cube.test/path?q=1"
+	if in.byPath {
+		uri = "http://proxy/sandbox/bench/" + port + "/path?q=1"
+	}
 	return func() {
 		req.Reset()
 		req.SetRequestURI(uri)
@@ -164,6 +168,10 @@ func BenchmarkRequestPlainTCPMaxConns(b *testing.B) {
 	benchRequests(b, benchInstr{tcp: true, maxConns: 1000})
 }
 
+// BenchmarkRequestByPath is BenchmarkRequestPlain routed by the path
+// (/sandbox/<id>/<port>/path) instead of the host.
+func BenchmarkRequestByPath(b *testing.B) { benchRequests(b, benchInstr{byPath: true}) }
+
 // BenchmarkRequestInstrumentedTracingOff adds metrics (tracing off, the
 // default) and a JSON access log to io.Discard.
 func BenchmarkRequestInstrumentedTracingOff(b *testing.B) {
@@ -204,6 +212,7 @@ func TestInstrumentationAddsNoAllocs(t *testing.T) {
 		in   benchInstr
 	}{
 		{"client over TCP (clientConn)", benchInstr{tcp: true}},
+		{"routed by path", benchInstr{byPath: true}},
 		{"client over TCP, client.max_conns set", benchInstr{tcp: true, maxConns: 1000}},
 		{"metrics", benchInstr{telemetry: true}},
 		{"metrics+json log", benchInstr{telemetry: true, logFormat: accesslog.FormatJSON}},

@@ -690,26 +690,25 @@ func lower(c byte) byte {
 // such a cookie once the domain is on the Public Suffix List; the proxy
 // does not wait for that entry. Such a cookie loses its Domain attributes,
 // so it is host-only: the sandbox's own app keeps it, on its own host.
-// Nothing is copied unless a cookie has a Domain to remove.
-func scopeSetCookies(h *fasthttp.ResponseHeader, host []byte) {
+// With a prefix (a request routed by its path), a cookie's Path that
+// begins with '/' is put under it, as nginx's proxy_cookie_path
+// "/ <prefix>/" does: "Path=/" becomes "Path=<prefix>/". Nothing is copied
+// unless a cookie has a Domain to remove or a Path to prefix.
+func scopeSetCookies(h *fasthttp.ResponseHeader, host, prefix []byte) {
 	host = hostWithoutPort(host)
-	foreign := false
+	change := false
 	for _, v := range h.Cookies() {
-		if foreign = foreignCookieDomain(v, host); foreign {
+		if change = foreignCookieDomain(v, host) || prefix != nil && rootCookiePath(v); change {
 			break
 		}
 	}
-	if !foreign {
+	if !change {
 		return
 	}
 	// Rare: rebuilt in order, each cookie on its own Set-Cookie line.
 	var kept [][]byte
 	for _, v := range h.Cookies() {
-		if foreignCookieDomain(v, host) {
-			kept = append(kept, appendWithoutDomain(nil, v))
-		} else {
-			kept = append(kept, bytes.Clone(v))
-		}
+		kept = append(kept, appendScopedCookie(nil, v, foreignCookieDomain(v, host), prefix))
 	}
 	h.DelAllCookies()
 	for _, v := range kept {
@@ -752,18 +751,38 @@ func foreignCookieDomain(v, host []byte) bool {
 	return false
 }
 
-// appendWithoutDomain appends the Set-Cookie value v to dst with every
-// Domain attribute removed; the other bytes are kept as sent.
-func appendWithoutDomain(dst, v []byte) []byte {
+// rootCookiePath reports whether a Set-Cookie value has a Path attribute
+// that begins with '/'.
+func rootCookiePath(v []byte) bool {
+	for name, val := range cookieAttrs(v) {
+		if bytes.EqualFold(name, []byte("path")) && len(val) > 0 && val[0] == '/' {
+			return true
+		}
+	}
+	return false
+}
+
+// appendScopedCookie appends the Set-Cookie value v to dst, without its
+// Domain attributes when dropDomain, and with prefix before every Path
+// value that begins with '/'; the other bytes are kept as sent.
+func appendScopedCookie(dst, v []byte, dropDomain bool, prefix []byte) []byte {
 	first, rest, more := bytes.Cut(v, []byte{';'})
 	dst = append(dst, first...)
 	for more {
 		var attr []byte
 		attr, rest, more = bytes.Cut(rest, []byte{';'})
-		name, _, _ := bytes.Cut(attr, []byte{'='})
-		if !bytes.EqualFold(bytes.Trim(name, " \t"), []byte("domain")) {
-			dst = append(append(dst, ';'), attr...)
+		name, val, _ := bytes.Cut(attr, []byte{'='})
+		name = bytes.Trim(name, " \t")
+		switch {
+		case dropDomain && bytes.EqualFold(name, []byte("domain")):
+			continue
+		case prefix != nil && bytes.EqualFold(name, []byte("path")):
+			if at := len(attr) - len(bytes.TrimLeft(val, " \t")); at < len(attr) && attr[at] == '/' {
+				dst = append(append(append(append(dst, ';'), attr[:at]...), prefix...), attr[at:]...)
+				continue
+			}
 		}
+		dst = append(append(dst, ';'), attr...)
 	}
 	return dst
 }

@@ -127,16 +127,22 @@ func FuzzScopeSetCookies(f *testing.F) {
 		{"a=\"q;Domain=x\"; HttpOnly", "h"},
 		{"a=1; Domain=8080-BOX.cube.test.", "8080-box.cube.test"},
 	} {
-		f.Add(s[0], s[1])
+		f.Add(s[0], s[1], false)
+		f.Add(s[0], s[1], true)
 	}
-	f.Fuzz(func(t *testing.T, setCookies, host string) {
+	f.Add("a=1; path= /x ;Path=/; Path=rel; Domain=cube.test", "8080-box.cube.test", true)
+	f.Fuzz(func(t *testing.T, setCookies, host string, routedByPath bool) {
 		var h fasthttp.ResponseHeader
 		raw := "HTTP/1.1 200 OK\r\nSet-Cookie: " + setCookies + "\r\nContent-Length: 0\r\n\r\n"
 		if h.Read(bufioReader(raw)) != nil {
 			return
 		}
 		before := cookieLines(&h)
-		scopeSetCookies(&h, []byte(host))
+		var prefix []byte
+		if routedByPath {
+			prefix = []byte("/sandbox/box/8080")
+		}
+		scopeSetCookies(&h, []byte(host), prefix)
 		after := cookieLines(&h)
 		if len(before) != len(after) {
 			t.Fatalf("%d cookies became %d: %q -> %q", len(before), len(after), before, after)
@@ -151,10 +157,18 @@ func FuzzScopeSetCookies(f *testing.F) {
 			if err == nil && c.Domain != "" && strings.ToLower(c.Domain) != want {
 				t.Fatalf("Set-Cookie %q (from %q) keeps Domain %q for host %q", line, before[i], c.Domain, host)
 			}
-			// Only Domain goes: every other attribute stays as the
-			// sandbox set it, and a line without one is not touched.
-			if !strings.Contains(strings.ToLower(before[i]), "domain") && line != before[i] {
+			// Only Domain goes, and a Path under the prefix: every other
+			// attribute stays as the sandbox set it, and a line without
+			// either is not touched.
+			lowered := strings.ToLower(before[i])
+			if !strings.Contains(lowered, "domain") && (prefix == nil || !strings.Contains(lowered, "path")) && line != before[i] {
 				t.Fatalf("Set-Cookie %q, without a Domain, became %q", before[i], line)
+			}
+			if err == nil && prefix != nil && strings.HasPrefix(b.Path, "/") {
+				if c.Path != string(prefix)+b.Path {
+					t.Fatalf("Set-Cookie %q became %q: Path %q, want %q", before[i], line, c.Path, string(prefix)+b.Path)
+				}
+				c.Path = b.Path
 			}
 			if err == nil {
 				// net/http leaves a Domain it finds invalid unparsed.

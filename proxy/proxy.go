@@ -462,6 +462,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		}
 		return
 	}
+	if t.PathPrefix > 0 && climbsAboveRoot(h.RequestURI()[t.PathPrefix:]) {
+		// "/sandbox/x/80/../y": the sandbox gets "/../y" (refusedTarget
+		// judged it with the prefix). nginx resolves the dots before it
+		// routes, and finds no sandbox in "/sandbox/x/y".
+		x.fail(ctx, errAboveRoot, nil)
+		return
+	}
 	id := t.ID()
 	x.port = t.Port
 
@@ -892,7 +899,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if c.manyLines {
 		ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
 	}
-	scopeSetCookies(&resp.Header, clientHost(&req.Header, masksHost(r, t.Port)))
+	scopeResponse(&resp.Header, &req.Header, r, t)
 	p.respond(ctx, x, c, t, addr, sb)
 }
 
@@ -1339,6 +1346,10 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		} else {
 			h.SetCanonical(keyForwardedProto, protoHTTP)
 		}
+	}
+
+	if t.PathPrefix > 0 {
+		stripPathPrefix(h, t)
 	}
 
 	// The backend sees the Host the client sent (fasthttp would otherwise

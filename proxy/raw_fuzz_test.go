@@ -232,6 +232,13 @@ func FuzzProxyRaw(f *testing.F) {
 		// event stream refused by its weight.
 		"PUT /up HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("0123456789", 500),
 		"GET /sse HTTP/1.1\r\nHost: " + host + "\r\nAccept: text/event-stream;q=0, application/json\r\n\r\n",
+		// Routed by the path, on the node's address and on a sandbox
+		// host (which routes by itself).
+		"GET /sandbox/box/" + bp + "/sse?q HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n",
+		"GET /sandbox/priv/" + bp + " HTTP/1.1\r\nHost: localhost\r\nX-Cube-Sandbox-Id: box\r\nX-Cube-Sandbox-Port: " + bp + "\r\n\r\n",
+		"GET /sandbox/box/" + bp + "/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n\x81\x00",
+		"GET /sandbox/priv/" + bp + "/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST /sandbox/box/" + bp + "/../up HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello",
 	} {
 		f.Add([]byte(s))
 	}
@@ -241,6 +248,7 @@ func FuzzProxyRaw(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add([]byte("GET //evil.example/p?a=1&cube_token=" + tok + " HTTP/1.1\r\nHost: 8080-priv.cube.test\r\n\r\n"))
+	f.Add([]byte("GET /sandbox/priv/8080/p?cube_token=" + tok + " HTTP/1.1\r\nHost: 127.0.0.1\r\nSec-Fetch-Mode: navigate\r\n\r\n"))
 
 	addr, p := fuzzProxy(f, map[string]map[string]string{
 		"box":  {"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", bp: bport},
@@ -386,7 +394,7 @@ func checkRouted(t *testing.T, raw []byte, resp *http.Response, parser *routing.
 		return
 	}
 	var tgt routing.Target
-	err := parser.Parse(&tgt, []byte(req.Host), stdHeader(req.Header))
+	err := parser.ParseRequest(&tgt, []byte(req.Host), []byte(req.RequestURI), stdHeader(req.Header))
 	if got := resp.Header.Get("X-Echo-Sandbox"); err != nil || string(tgt.ID()) != got || tgt.Port != 8080 {
 		t.Fatalf("sandbox %s answered a request for %d %q (%v), Host %q as net/http reads it\nto %q", got, tgt.Port, tgt.ID(), err, req.Host, raw)
 	}

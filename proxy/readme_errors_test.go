@@ -75,7 +75,7 @@ func producedErrors(t *testing.T) map[statusCode]bool {
 		}
 	}
 	targetCodes := []string{routing.CodeInvalidHost, routing.CodeInvalidPort, routing.CodeInvalidSandboxID,
-		routing.CodeMissingTargetHeaders, routing.CodeDomainNotAllowed}
+		routing.CodeMissingTargetHeaders, routing.CodeDomainNotAllowed, routing.CodeInvalidPath}
 	authCodes := []string{auth.CodeTrafficTokenMissing, auth.CodeTrafficTokenInvalid, auth.CodeTrafficTokenNotConfigured,
 		auth.CodeSignedTokenMalformed, auth.CodeSignedTokenInvalid, auth.CodeSignedTokenWrongTarget,
 		auth.CodeSignedTokenExpired, auth.CodeSignedCookieForeignOrigin}

@@ -1,0 +1,78 @@
+package proxy
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
+)
+
+// Path routing ("/sandbox/<id>/<port>/rest" on a host that names no
+// sandbox, routing.Parser.ParseRequest) follows the platform's proxy: the
+// sandbox gets "/rest" and X-Forwarded-Prefix, and the paths its answer
+// names on the proxy's side (a root-relative Location or Refresh URL, a
+// cookie's Path) are put back under the prefix, as nginx's proxy_redirect
+// and proxy_cookie_path do there. An app that knows nothing of the prefix
+// then keeps the client under it.
+
+// maxPathPrefix is the longest "/sandbox/<id>/<port>" prefix.
+const maxPathPrefix = len(routing.PathRoot) + routing.MaxIDLen + len("/65535")
+
+// headerForwardedPrefix tells the sandbox the path it is served under.
+const headerForwardedPrefix = "X-Forwarded-Prefix"
+
+// stripPathPrefix makes the request target of a request routed by its
+// path the sandbox's own path: the target without its prefix. The prefix
+// goes in X-Forwarded-Prefix (any the client sent is replaced, as nginx's
+// proxy_set_header does), where frameworks look for it to build links.
+func stripPathPrefix(h *fasthttp.RequestHeader, t *routing.Target) {
+	// fasthttp serves an empty target, or one that begins with '?', as
+	// under "/" (RequestURI): "/sandbox/x/80" and "/sandbox/x/80?q" reach
+	// the sandbox as "/" and "/?q". The copy is within the header's own
+	// buffer, to its start.
+	h.SetRequestURIBytes(h.RequestURI()[t.PathPrefix:])
+	var buf [maxPathPrefix]byte
+	h.SetBytesV(headerForwardedPrefix, routing.AppendPathPrefix(buf[:0], t))
+}
+
+// scopeResponse keeps what the sandbox's answer names on the client's side:
+// its cookies on the host the client addressed (scopeSetCookies) and, on a
+// request routed by its path, its root-relative URLs under the prefix.
+func scopeResponse(resp *fasthttp.ResponseHeader, req *fasthttp.RequestHeader, r *routing.Route, t *routing.Target) {
+	var buf [maxPathPrefix]byte
+	var prefix []byte
+	if t.PathPrefix > 0 {
+		prefix = routing.AppendPathPrefix(buf[:0], t)
+		prefixRedirects(resp, prefix)
+	}
+	scopeSetCookies(resp, clientHost(req, masksHost(r, t.Port)), prefix)
+}
+
+// prefixRedirects puts a root-relative Location ("/login", and so
+// "//host/x", which becomes a path under the prefix too) and the URL of a
+// Refresh ("5; url=/next") under prefix, as nginx's proxy_redirect
+// "~^/(.*)$ <prefix>/$1" does. Absolute URLs and relative references
+// ("next", "../x") are left: they name another site, or resolve under the
+// prefix already.
+func prefixRedirects(h *fasthttp.ResponseHeader, prefix []byte) {
+	if loc := h.Peek(fasthttp.HeaderLocation); len(loc) > 0 && loc[0] == '/' {
+		h.SetBytesV(fasthttp.HeaderLocation, append(bytes.Clone(prefix), loc...))
+	}
+	if v := h.Peek("Refresh"); len(v) > 0 {
+		if at := indexURL(v) + len("url="); at >= len("url=") && at < len(v) && v[at] == '/' {
+			h.SetBytesV("Refresh", append(append(append(make([]byte, 0, len(v)+len(prefix)), v[:at]...), prefix...), v[at:]...))
+		}
+	}
+}
+
+// indexURL is the index in a Refresh value of its "url=" (in any case),
+// or -1.
+func indexURL(v []byte) int {
+	for i := 0; i+len("url=") <= len(v); i++ {
+		if bytes.EqualFold(v[i:i+len("url=")], []byte("url=")) {
+			return i
+		}
+	}
+	return -1
+}

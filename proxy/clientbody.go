@@ -324,7 +324,7 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 // droppedTrailerName reports whether a request trailer field must not
 // reach the sandbox: a name with a space, or the '_' or '.' spelling of a
 // header the proxy strips or vouches for (the proxy's credentials,
-// X-Real-IP, X-Forwarded-For, X-Forwarded-Host), which the head loses too
+// X-Real-IP, X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Prefix), which the head loses too
 // (dropInvalidNames, dropForwardingAliases); a hop-by-hop header
 // (hopHeaders: fasthttp refuses all but Upgrade there), or one of the
 // head's Connection options, which removeHopRequest took from the head as
@@ -336,8 +336,9 @@ func stripTrailerFields(h *fasthttp.RequestHeader, traceFields []string) error {
 // a client's admin token (measured with PHP 8.2), and gave back a field
 // the head's Connection named, or an Upgrade the proxy removed from a
 // request that does not switch protocols.
-// X-Forwarded-Host's is dropped whatever the route: fasthttp refuses the
-// real name in a trailer, so only a spelling meant to pass for it comes.
+// X-Forwarded-Host's and X-Forwarded-Prefix's are dropped whatever the
+// route: fasthttp refuses the real names in a trailer, so only a spelling
+// meant to pass for one comes.
 // So is X-Cube-Request-Id's, which the head keeps: there it can replace
 // only the client's own id (an id the proxy makes is added after it),
 // while a trailer's replaced, in php -S, the id the proxy made or checked
@@ -349,7 +350,7 @@ func droppedTrailerName(name []byte, connOptions [][]byte) bool {
 	if bytes.IndexByte(name, ' ') >= 0 {
 		return true
 	}
-	if (bytes.IndexByte(name, '_') >= 0 || bytes.IndexByte(name, '.') >= 0) && droppedAlias(name, true) {
+	if (bytes.IndexByte(name, '_') >= 0 || bytes.IndexByte(name, '.') >= 0) && droppedAlias(name, true, true) {
 		return true
 	}
 	for _, hop := range hopHeaders {

@@ -574,6 +574,7 @@ func appendUint(dst []byte, v uint64) []byte {
 // dropForwardingAliases removes the client's header lines whose names read
 // as a header the proxy vouches for or strips once '_' is taken for '-'
 // (X_Real_IP, X-Forwarded_For, X_Forwarded_Host when masked is set,
+// X_Forwarded_Prefix when prefixed is set (a request routed by its path),
 // X_Cube_Request_Id, whose value the sandbox would file over the id the
 // client, the access log and the sandbox's answer carry, and the proxy's
 // credential headers: X_Cube_Admin_Token,
@@ -586,12 +587,12 @@ func appendUint(dst []byte, v uint64) []byte {
 // names with '_' by default (underscores_in_headers off), and with '.'
 // (ignore_invalid_headers on). prepareRequest calls it only when scanHead
 // saw a name with '_' or '.'.
-func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
+func dropForwardingAliases(h *fasthttp.RequestHeader, masked, prefixed bool) {
 	for name := range headerLines(h.RawHeaders()) {
 		if bytes.IndexByte(name, '_') < 0 && bytes.IndexByte(name, '.') < 0 {
 			continue
 		}
-		if droppedAlias(name, masked) {
+		if droppedAlias(name, masked, prefixed) {
 			h.DelBytes(name)
 		}
 	}
@@ -600,13 +601,13 @@ func dropForwardingAliases(h *fasthttp.RequestHeader, masked bool) {
 // droppedAlias reports whether name, which holds '_' or '.', reads as one
 // of the headers the proxy sets or strips once those are taken for '-':
 // X-Real-IP, X-Forwarded-For, X-Cube-Request-Id, the proxy's credentials,
-// and X-Forwarded-Host with forwardedHost set. The head
-// (dropForwardingAliases) and a chunked body's trailer
-// (droppedTrailerName) lose the same names.
-func droppedAlias(name []byte, forwardedHost bool) bool {
+// X-Forwarded-Host with forwardedHost set, and X-Forwarded-Prefix with
+// forwardedPrefix set. The head (dropForwardingAliases) and a chunked
+// body's trailer (droppedTrailerName) lose the same names.
+func droppedAlias(name []byte, forwardedHost, forwardedPrefix bool) bool {
 	return underscoreAlias(name, "x-real-ip") || underscoreAlias(name, "x-forwarded-for") ||
 		(forwardedHost && underscoreAlias(name, "x-forwarded-host")) || underscoreAlias(name, "x-cube-request-id") ||
-		credentialAlias(name)
+		(forwardedPrefix && underscoreAlias(name, "x-forwarded-prefix")) || credentialAlias(name)
 }
 
 // credentialAlias reports whether name is one of proxyTokenHeaders with

@@ -264,3 +264,42 @@ func TestPathRoutingStreams(t *testing.T) {
 		t.Error("no request reached the gateway")
 	}
 }
+
+// On a path route the proxy vouches for X-Forwarded-Prefix, so the
+// client's spellings of it with '_' or '.' go, as X_Forwarded_Host goes on
+// a masked route: CGI, WSGI and PHP servers file X_Forwarded_Prefix under
+// HTTP_X_FORWARDED_PREFIX beside (or over) the proxy's line, where
+// Werkzeug's ProxyFix and its kin read the prefix they build links with.
+// On host routing the client's X-Forwarded-Prefix is its own, and so are
+// its other spellings.
+func TestPathRoutingPrefixAliases(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	host := h.route("prefixalias", port)
+	prefix := "/sandbox/prefixalias/" + itoa(port)
+	forged := []string{"X_Forwarded_Prefix: /evil", "x.forwarded.prefix: /evil", "X-Forwarded_PREFIX: /evil"}
+	for _, tc := range []struct {
+		name, host, target string
+		want               []string // the aliases that reach the sandbox
+	}{
+		{"by path", h.addr, prefix + "/p", nil},
+		{"by host", host, "/p", []string{"X_forwarded_prefix", "X.forwarded.prefix", "X-Forwarded_prefix"}},
+	} {
+		e := echoRawRequest(t, h.addr, append([]string{"GET " + tc.target + " HTTP/1.1", "Host: " + tc.host, "X_App_Prefix: kept"}, forged...)...)
+		var got []string
+		for k := range e.Headers {
+			if strings.ContainsAny(k, "_.") && strings.EqualFold(strings.NewReplacer("_", "-", ".", "-").Replace(k), "X-Forwarded-Prefix") {
+				got = append(got, k)
+			}
+		}
+		slices.Sort(got)
+		want := slices.Clone(tc.want)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: aliases of X-Forwarded-Prefix that reached the sandbox %q, want %q", tc.name, got, want)
+		}
+		if e.get("X_App_Prefix") != "kept" {
+			t.Errorf("%s: X_App_Prefix reached the sandbox as %q, want kept", tc.name, e.get("X_App_Prefix"))
+		}
+	}
+}

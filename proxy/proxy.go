@@ -1309,7 +1309,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 
 	masked := masksHost(r, t.Port)
 	if seen.underscore {
-		dropForwardingAliases(h, masked)
+		dropForwardingAliases(h, masked, t.PathPrefix > 0)
 	}
 	if seen.spaceNames > 0 {
 		dropInvalidNames(h)

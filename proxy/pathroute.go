@@ -56,14 +56,71 @@ func scopeResponse(resp *fasthttp.ResponseHeader, req *fasthttp.RequestHeader, r
 // ("next", "../x") are left: they name another site, or resolve under the
 // prefix already.
 func prefixRedirects(h *fasthttp.ResponseHeader, prefix []byte) {
-	if loc := h.Peek(fasthttp.HeaderLocation); len(loc) > 0 && loc[0] == '/' {
-		h.SetBytesV(fasthttp.HeaderLocation, append(bytes.Clone(prefix), loc...))
-	}
-	if v := h.Peek("Refresh"); len(v) > 0 {
-		if at := indexURL(v) + len("url="); at >= len("url=") && at < len(v) && v[at] == '/' {
-			h.SetBytesV("Refresh", append(append(append(make([]byte, 0, len(v)+len(prefix)), v[:at]...), prefix...), v[at:]...))
+	prefixLines(h, fasthttp.HeaderLocation, prefix, locationURL)
+	prefixLines(h, "Refresh", prefix, refreshURL)
+}
+
+// prefixLines puts prefix before the URL of each line of the response
+// field name whose URL (at url) is root-relative. A field sent on several
+// lines (nginx passes a Location's first alone) keeps them all, in order,
+// as host routing relays them: judging the first line alone let a
+// root-relative one after an absolute one out of the prefix, and setting
+// the first dropped the others.
+func prefixLines(h *fasthttp.ResponseHeader, name string, prefix []byte, url func([]byte) int) {
+	lines := h.PeekAll(name)
+	rooted := 0
+	for _, v := range lines {
+		if rootedAt(v, url) >= 0 {
+			rooted++
 		}
 	}
+	switch {
+	case rooted == 0:
+		return
+	case len(lines) == 1:
+		h.SetBytesV(name, appendPrefixed(nil, lines[0], prefix, url))
+		return
+	}
+	// Rare. Copied first: the lines alias the header's buffers, which the
+	// set and adds below reuse.
+	var all [][]byte
+	for _, v := range lines {
+		all = append(all, appendPrefixed(nil, v, prefix, url))
+	}
+	h.SetBytesV(name, all[0]) // in the first line's place, the others dropped
+	for _, v := range all[1:] {
+		h.AddBytesV(name, v)
+	}
+}
+
+// rootedAt is where in v its URL (at url) begins, when that URL is
+// root-relative; else -1.
+func rootedAt(v []byte, url func([]byte) int) int {
+	if at := url(v); at >= 0 && at < len(v) && v[at] == '/' {
+		return at
+	}
+	return -1
+}
+
+// appendPrefixed appends v to dst with prefix before its URL when that is
+// root-relative.
+func appendPrefixed(dst, v, prefix []byte, url func([]byte) int) []byte {
+	if at := rootedAt(v, url); at >= 0 {
+		return append(append(append(dst, v[:at]...), prefix...), v[at:]...)
+	}
+	return append(dst, v...)
+}
+
+// locationURL is where a Location value's URL begins.
+func locationURL([]byte) int { return 0 }
+
+// refreshURL is where a Refresh value's URL begins, after its "url=", or
+// -1 without one.
+func refreshURL(v []byte) int {
+	if i := indexURL(v); i >= 0 {
+		return i + len("url=")
+	}
+	return -1
 }
 
 // indexURL is the index in a Refresh value of its "url=" (in any case),

@@ -35,7 +35,7 @@ func pathSandbox(t *testing.T) uint16 {
 			w.Header()["Set-Cookie"] = []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Domain=evil.test; Path=/x", "r=5; Path=rel"}
 			w.WriteHeader(http.StatusFound)
 		case "/to":
-			w.Header().Set("Location", r.URL.Query().Get("l"))
+			w.Header()["Location"] = r.URL.Query()["l"] // every one, each on its own line
 			w.WriteHeader(http.StatusSeeOther)
 		default:
 			json.NewEncoder(w).Encode(pathSeen{Target: r.RequestURI, Host: r.Host, Prefix: r.Header.Values("X-Forwarded-Prefix")})
@@ -140,6 +140,23 @@ func TestPathRouting(t *testing.T) {
 		resp, _ := get(h.addr, prefix+"/to?l="+strings.ReplaceAll(loc, "/", "%2F"))
 		if got := resp.Header.Get("Location"); got != want {
 			t.Errorf("Location %q came back as %q, want %q", loc, got, want)
+		}
+	}
+	// A Location sent on several lines comes back on as many, each
+	// root-relative one under the prefix, whichever line it is on: the
+	// first line alone was looked at, and a root-relative line after an
+	// absolute one left the prefix; after a root-relative one it was lost.
+	for _, tc := range []struct{ sent, want []string }{
+		{[]string{"https://example.com/", "/b"}, []string{"https://example.com/", prefix + "/b"}},
+		{[]string{"/a", "/b", "c"}, []string{prefix + "/a", prefix + "/b", "c"}},
+	} {
+		q := ""
+		for _, l := range tc.sent {
+			q += "&l=" + strings.ReplaceAll(l, "/", "%2F")
+		}
+		resp, _ := get(h.addr, prefix+"/to?"+q[1:])
+		if got := resp.Header.Values("Location"); !slices.Equal(got, tc.want) {
+			t.Errorf("Location lines %q came back as %q, want %q", tc.sent, got, tc.want)
 		}
 	}
 

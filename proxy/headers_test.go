@@ -581,7 +581,7 @@ func TestScanHead(t *testing.T) {
 // client's copy (stored normalized) is the line replaced rather than a
 // second one beside it.
 func TestForwardingKeysCanonical(t *testing.T) {
-	for _, key := range [][]byte{keyRealIP, keyForwardedFor, keyForwardedProto, keyForwardedHost, keyForwarded} {
+	for _, key := range [][]byte{keyRealIP, keyForwardedFor, keyForwardedProto, keyForwardedHost, keyForwarded, keyRetcode} {
 		var h fasthttp.RequestHeader
 		h.Set(strings.ToLower(string(key)), "v")
 		var names []string

@@ -343,6 +343,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		ctx.SetConnectionClose()
 	}
 	setResponseID(&ctx.Response.Header, reqID)
+	setRetcode(&ctx.Response.Header, x.upStatus != 0)
 	p.headersReady(ctx, x)
 	if !x.owned {
 		if draining && !ctx.Hijacked() && !x.expecting {

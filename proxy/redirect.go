@@ -177,6 +177,7 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	// before it is logged.
 	id := s.p.requestID(&ctx.Request.Header, nil)
 	ctx.Response.Header.SetBytesV(HeaderRequestID, id)
+	setRetcode(&ctx.Response.Header, false)
 	x.noteRequestID(id)
 	s.p.headersReady(ctx, &x)
 	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)

@@ -767,6 +767,7 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 		writeError(ctx, e, nil)
 		ctx.SetConnectionClose()
 		ctx.Response.Header.SetBytesV(HeaderRequestID, p.requestID(&ctx.Request.Header, buf[:0]))
+		setRetcode(&ctx.Response.Header, false)
 		return
 	}
 	x := exchange{noHead: true} // before begin: its span claims no head
@@ -777,6 +778,7 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	x.fail(ctx, e, nil)
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
+	setRetcode(&ctx.Response.Header, false)
 	p.headersReady(ctx, &x)
 	p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	p.lingerRefused(ctx, err)

@@ -693,13 +693,14 @@ func lower(c byte) byte {
 // so it is host-only: the sandbox's own app keeps it, on its own host.
 // With a prefix (a request routed by its path), a cookie's Path that
 // begins with '/' is put under it, as nginx's proxy_cookie_path
-// "/ <prefix>/" does: "Path=/" becomes "Path=<prefix>/". Nothing is copied
+// "/ <prefix>/" does: "Path=/" becomes "Path=<prefix>/"; one under it
+// already stays (pathroute.go). Nothing is copied
 // unless a cookie has a Domain to remove or a Path to prefix.
 func scopeSetCookies(h *fasthttp.ResponseHeader, host, prefix []byte) {
 	host = hostWithoutPort(host)
 	change := false
 	for _, v := range h.Cookies() {
-		if change = foreignCookieDomain(v, host) || prefix != nil && rootCookiePath(v); change {
+		if change = foreignCookieDomain(v, host) || prefix != nil && rootCookiePath(v, prefix); change {
 			break
 		}
 	}
@@ -753,10 +754,10 @@ func foreignCookieDomain(v, host []byte) bool {
 }
 
 // rootCookiePath reports whether a Set-Cookie value has a Path attribute
-// that begins with '/'.
-func rootCookiePath(v []byte) bool {
+// that begins with '/' and is not under prefix already.
+func rootCookiePath(v, prefix []byte) bool {
 	for name, val := range cookieAttrs(v) {
-		if bytes.EqualFold(name, []byte("path")) && len(val) > 0 && val[0] == '/' {
+		if bytes.EqualFold(name, []byte("path")) && len(val) > 0 && val[0] == '/' && !underPrefix(val, prefix) {
 			return true
 		}
 	}
@@ -765,7 +766,8 @@ func rootCookiePath(v []byte) bool {
 
 // appendScopedCookie appends the Set-Cookie value v to dst, without its
 // Domain attributes when dropDomain, and with prefix before every Path
-// value that begins with '/'; the other bytes are kept as sent.
+// value that begins with '/' and is not under it already; the other bytes
+// are kept as sent.
 func appendScopedCookie(dst, v []byte, dropDomain bool, prefix []byte) []byte {
 	first, rest, more := bytes.Cut(v, []byte{';'})
 	dst = append(dst, first...)
@@ -778,7 +780,7 @@ func appendScopedCookie(dst, v []byte, dropDomain bool, prefix []byte) []byte {
 		case dropDomain && bytes.EqualFold(name, []byte("domain")):
 			continue
 		case prefix != nil && bytes.EqualFold(name, []byte("path")):
-			if at := len(attr) - len(bytes.TrimLeft(val, " \t")); at < len(attr) && attr[at] == '/' {
+			if at := len(attr) - len(bytes.TrimLeft(val, " \t")); at < len(attr) && attr[at] == '/' && !underPrefix(bytes.TrimRight(attr[at:], " \t"), prefix) {
 				dst = append(append(append(append(dst, ';'), attr[:at]...), prefix...), attr[at:]...)
 				continue
 			}

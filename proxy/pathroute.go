@@ -14,7 +14,19 @@ import (
 // names on the proxy's side (a root-relative Location or Refresh URL, a
 // cookie's Path) are put back under the prefix, as nginx's proxy_redirect
 // and proxy_cookie_path do there. An app that knows nothing of the prefix
-// then keeps the client under it.
+// then keeps the client under it. A path already under the prefix (an app
+// that builds its links from X-Forwarded-Prefix, a "next" parameter the
+// browser's own URL filled) is left as it is, where nginx prefixed it
+// again.
+
+// underPrefix reports whether the path or URL p needs no prefix: it is
+// the prefix itself, or goes on under it ("/", "?" or "#" after it).
+func underPrefix(p, prefix []byte) bool {
+	if !bytes.HasPrefix(p, prefix) {
+		return false
+	}
+	return len(p) == len(prefix) || bytes.IndexByte([]byte("/?#"), p[len(prefix)]) >= 0
+}
 
 // maxPathPrefix is the longest "/sandbox/<id>/<port>" prefix.
 const maxPathPrefix = len(routing.PathRoot) + routing.MaxIDLen + len("/65535")
@@ -70,7 +82,7 @@ func prefixLines(h *fasthttp.ResponseHeader, name string, prefix []byte, url fun
 	lines := h.PeekAll(name)
 	rooted := 0
 	for _, v := range lines {
-		if rootedAt(v, url) >= 0 {
+		if rootedAt(v, prefix, url) >= 0 {
 			rooted++
 		}
 	}
@@ -94,9 +106,9 @@ func prefixLines(h *fasthttp.ResponseHeader, name string, prefix []byte, url fun
 }
 
 // rootedAt is where in v its URL (at url) begins, when that URL is
-// root-relative; else -1.
-func rootedAt(v []byte, url func([]byte) int) int {
-	if at := url(v); at >= 0 && at < len(v) && v[at] == '/' {
+// root-relative and not under prefix already; else -1.
+func rootedAt(v, prefix []byte, url func([]byte) int) int {
+	if at := url(v); at >= 0 && at < len(v) && v[at] == '/' && !underPrefix(v[at:], prefix) {
 		return at
 	}
 	return -1
@@ -105,7 +117,7 @@ func rootedAt(v []byte, url func([]byte) int) int {
 // appendPrefixed appends v to dst with prefix before its URL when that is
 // root-relative.
 func appendPrefixed(dst, v, prefix []byte, url func([]byte) int) []byte {
-	if at := rootedAt(v, url); at >= 0 {
+	if at := rootedAt(v, prefix, url); at >= 0 {
 		return append(append(append(dst, v[:at]...), prefix...), v[at:]...)
 	}
 	return append(dst, v...)

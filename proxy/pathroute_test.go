@@ -32,7 +32,8 @@ func pathSandbox(t *testing.T) uint16 {
 		case "/redirect":
 			w.Header().Set("Location", "/login?next=/a")
 			w.Header().Set("Refresh", "0; URL=/next")
-			w.Header()["Set-Cookie"] = []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Domain=evil.test; Path=/x", "r=5; Path=rel"}
+			w.Header()["Set-Cookie"] = []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Domain=evil.test; Path=/x", "r=5; Path=rel",
+				"p=6; Path=" + r.Header.Get("X-Forwarded-Prefix") + "/in"}
 			w.WriteHeader(http.StatusFound)
 		case "/to":
 			w.Header()["Location"] = r.URL.Query()["l"] // every one, each on its own line
@@ -119,7 +120,7 @@ func TestPathRouting(t *testing.T) {
 	if got, want := resp.Header.Get("Refresh"), "0; URL="+prefix+"/next"; got != want {
 		t.Errorf("by path: Refresh %q, want %q", got, want)
 	}
-	wantCookies := []string{"s=1; Path=" + prefix + "/", "t=2; path= " + prefix + "/app ; HttpOnly", "u=3", "d=4; Path=" + prefix + "/x", "r=5; Path=rel"}
+	wantCookies := []string{"s=1; Path=" + prefix + "/", "t=2; path= " + prefix + "/app ; HttpOnly", "u=3", "d=4; Path=" + prefix + "/x", "r=5; Path=rel", "p=6; Path=" + prefix + "/in"}
 	if got := resp.Header.Values("Set-Cookie"); !slices.Equal(got, wantCookies) {
 		t.Errorf("by path: Set-Cookie %q, want %q", got, wantCookies)
 	}
@@ -127,7 +128,7 @@ func TestPathRouting(t *testing.T) {
 	if got := resp.Header.Get("Location"); got != "/login?next=/a" {
 		t.Errorf("by host: Location %q, want it as the sandbox sent it", got)
 	}
-	if got, want := resp.Header.Values("Set-Cookie"), []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Path=/x", "r=5; Path=rel"}; !slices.Equal(got, want) {
+	if got, want := resp.Header.Values("Set-Cookie"), []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Path=/x", "r=5; Path=rel", "p=6; Path=/in"}; !slices.Equal(got, want) {
 		t.Errorf("by host: Set-Cookie %q, want %q (only the foreign Domain goes)", got, want)
 	}
 	for loc, want := range map[string]string{
@@ -136,6 +137,13 @@ func TestPathRouting(t *testing.T) {
 		"https://example.com/": "https://example.com/",
 		"next":                 "next",
 		"../up":                "../up",
+		// Under the prefix already (an app that reads X-Forwarded-Prefix):
+		// not prefixed again, as nginx does.
+		prefix + "/login":   prefix + "/login",
+		prefix:              prefix,
+		prefix + "?a=1":     prefix + "?a=1",
+		prefix + "0/x":      prefix + prefix + "0/x",
+		"/sandbox/other/80": prefix + "/sandbox/other/80",
 	} {
 		resp, _ := get(h.addr, prefix+"/to?l="+strings.ReplaceAll(loc, "/", "%2F"))
 		if got := resp.Header.Get("Location"); got != want {

@@ -5,10 +5,12 @@ package main
 // binary, real HTTP backends on loopback.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1029,5 +1031,31 @@ func TestRedisLongCommandTimeoutIsTheLookupBudget(t *testing.T) {
 	}
 	if got.took < time.Second {
 		t.Fatalf("answered in %v: Redis was not paused for this lookup", got.took)
+	}
+}
+
+// The registry's announcement of a loopback admin API is warned of: a
+// lifecycle manager on another host cannot reach it there.
+func TestWarnLoopbackAdmin(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		warn bool
+	}{
+		{"127.0.0.1:8082", true},
+		{"127.0.0.5:8082", true},
+		{"[::1]:8082", true},
+		{"0.0.0.0:8082", false},
+		{"[::]:8082", false},
+		{"10.0.0.5:8082", false},
+	} {
+		addr, err := net.ResolveTCPAddr("tcp", tc.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		warnLoopbackAdmin(slog.New(slog.NewTextHandler(&buf, nil)), addr)
+		if got := strings.Contains(buf.String(), "level=WARN") && strings.Contains(buf.String(), "loopback"); got != tc.warn {
+			t.Errorf("admin on %s: warned %v, want %v: %q", tc.addr, got, tc.warn, buf.String())
+		}
 	}
 }

@@ -400,8 +400,21 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		if err != nil {
 			return nil, fmt.Errorf("registry: %w", err)
 		}
+		warnLoopbackAdmin(log, a.adminLn.Addr())
 	}
 	return a, nil
+}
+
+// warnLoopbackAdmin warns when the registry announces an admin API that
+// listens on loopback only (the default admin_addr, 127.0.0.1:8082): a
+// lifecycle manager on another host that finds this proxy in the registry
+// reaches its own host's loopback there, and its pushes fail or land on
+// another proxy.
+func warnLoopbackAdmin(log *slog.Logger, addr net.Addr) {
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		log.Warn("the registry announces an admin API on a loopback address: only a lifecycle manager on this host reaches it; for one elsewhere listen on the node's address (admin_addr) with an admin_token",
+			"admin_url", "http://"+addr.String())
+	}
 }
 
 // openAccessLog opens the access log, unless its format is off; a path

@@ -35,6 +35,10 @@ type exchange struct {
 
 	sandboxID string
 	port      uint16
+	// pathPrefix is the length of the "/sandbox/<id>/<port>" prefix of a
+	// request routed by its path (routing.Target.PathPrefix): the log's
+	// uri is the path without it, the one the sandbox got.
+	pathPrefix int
 	upstream  netip.AddrPort
 	backendIP netip.Addr
 	cache     telemetry.CacheResult
@@ -547,6 +551,14 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 			e.URI, e.Args = path, args
 		} else {
 			e.URI = e.RequestURI
+		}
+		if x.pathPrefix > 0 && x.fwd != nil && x.pathPrefix <= len(e.URI) {
+			// nginx's $uri after the platform's path rewrite: the
+			// sandbox's own path, "/" for none. (The target captured
+			// at begin is the client's, with the prefix.)
+			if e.URI = e.URI[x.pathPrefix:]; e.URI == "" {
+				e.URI = "/"
+			}
 		}
 		e.Protocol = b2s(h.Protocol())
 	}

@@ -471,7 +471,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	id := t.ID()
-	x.port = t.Port
+	x.port, x.pathPrefix = t.Port, t.PathPrefix
 
 	// again: the route is being looked up again, after a wait for a slot
 	// or a held body's read (see below); the lookup that counts is the

@@ -39,13 +39,13 @@ type exchange struct {
 	// request routed by its path (routing.Target.PathPrefix): the log's
 	// uri is the path without it, the one the sandbox got.
 	pathPrefix int
-	upstream  netip.AddrPort
-	backendIP netip.Addr
-	cache     telemetry.CacheResult
-	kind      telemetry.RouteKind
-	via       authVia // how authorize let the request through
-	changes   uint64  // routing.Cache.Changes when the route was read (judgeLate)
-	errCode   string
+	upstream   netip.AddrPort
+	backendIP  netip.Addr
+	cache      telemetry.CacheResult
+	kind       telemetry.RouteKind
+	via        authVia // how authorize let the request through
+	changes    uint64  // routing.Cache.Changes when the route was read (judgeLate)
+	errCode    string
 
 	upStatus int
 	upTime   time.Duration // request start to upstream response headers

@@ -147,8 +147,8 @@ func TestPoolCreateClosesSupersededIdle(t *testing.T) {
 
 // routesTo names a pool exactly when the route would dial its address
 // for one of its ports: on another node its host port there, on this node
-// (NodeIP) the sandbox's own address and the container port, and only for
-// the incarnation the pool was made for.
+// (NodeIP) the sandbox's own address and any container port, mapped or
+// not, and only for the incarnation the pool was made for.
 func TestRoutesTo(t *testing.T) {
 	at := func(ip string, port uint16) netip.AddrPort {
 		return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
@@ -169,7 +169,8 @@ func TestRoutesTo(t *testing.T) {
 		{"no route", "", nil, poolKey{"a", 1, at("10.0.0.1", 30001)}, false},
 		{"the sandbox's own address, on another node", "", route, poolKey{"a", 1, at("192.168.0.5", 8080)}, false},
 		{"on this node: the sandbox's own address", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.5", 8080)}, true},
-		{"on this node: a port it does not map", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.5", 8081)}, false},
+		{"on this node: a port it does not map", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.5", 8081)}, true},
+		{"on this node: another address", "10.0.0.1", route, poolKey{"a", 1, at("192.168.0.6", 8080)}, false},
 		{"on this node: the host port", "10.0.0.1", route, poolKey{"a", 1, at("10.0.0.1", 30001)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -803,19 +803,21 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	}
 }
 
-// backend chooses the address to dial: the sandbox itself when it runs on
-// this node, else the node that runs it through the mapped host port. Only
-// addresses a route names are ever dialed.
+// backend chooses the address to dial: the sandbox itself, at the
+// container port, when it runs on this node (mapped or not, as on the
+// platform's proxy: see routing.Route.OnNode), else the node that runs it
+// through the mapped host port. Only addresses a route names are ever
+// dialed.
 func (p *Proxy) backend(r *routing.Route, port uint16) (netip.AddrPort, *proxyError) {
-	hostPort, ok := r.HostPort(port)
-	if !ok {
-		return netip.AddrPort{}, &proxyError{status: 404, code: CodePortNotMapped, msg: fmt.Sprintf("port %d is not exposed by this sandbox", port)}
-	}
-	if p.cfg.NodeIP.IsValid() && r.HostIP == p.cfg.NodeIP {
+	if r.OnNode(p.cfg.NodeIP) {
 		if !r.SandboxIP.IsValid() {
 			return netip.AddrPort{}, &proxyError{status: 404, code: CodeRouteInvalid, msg: "route has no SandboxIP for a sandbox on this node"}
 		}
 		return netip.AddrPortFrom(r.SandboxIP, port), nil
+	}
+	hostPort, ok := r.HostPort(port)
+	if !ok {
+		return netip.AddrPort{}, &proxyError{status: 404, code: CodePortNotMapped, msg: fmt.Sprintf("port %d is not exposed by this sandbox", port)}
 	}
 	return netip.AddrPortFrom(r.HostIP, hostPort), nil
 }

@@ -269,6 +269,10 @@ func (p *Proxy) routesTo(r *routing.Route, k poolKey) bool {
 	if r == nil || r.CreatedAt != k.createdAt {
 		return false
 	}
+	if r.OnNode(p.cfg.NodeIP) {
+		// Any container port, mapped or not (backend).
+		return r.SandboxIP.IsValid() && k.addr.Addr() == r.SandboxIP
+	}
 	for port := range r.Ports {
 		if addr, err := p.backend(r, port); err == nil && addr == k.addr {
 			return true

@@ -104,6 +104,14 @@ func (r *Route) Fields() map[string]string {
 	return m
 }
 
+// OnNode reports whether r's sandbox runs on node (its HostIP; node
+// invalid: unknown, never). There the sandbox is dialed at SandboxIP and
+// the container port itself, any port, mapped or not, as the platform's
+// proxy does: the port fields are the host ports of the other nodes'
+// way in, and the control plane writes only the exposed ones
+// (exposed_port_list), or none.
+func (r *Route) OnNode(node netip.Addr) bool { return node.IsValid() && r.HostIP == node }
+
 // HostPort returns the node's host port mapped to a container port.
 func (r *Route) HostPort(containerPort uint16) (uint16, bool) {
 	p, ok := r.Ports[containerPort]

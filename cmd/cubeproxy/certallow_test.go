@@ -105,3 +105,44 @@ func TestAllowCertificateForPortExposedLater(t *testing.T) {
 		t.Fatalf("after: %v, want the certificate allowed", err)
 	}
 }
+
+// On the node that runs the sandbox (node_ip) any container port is
+// served, at the sandbox's own address, mapped or not (as on the
+// platform's proxy), so its name gets a certificate as well; a route
+// there without a SandboxIP serves none, and on another node only the
+// mapped ports are served.
+func TestAllowCertificateOnThisNode(t *testing.T) {
+	mem := routing.NewMemoryStore()
+	for _, r := range []*routing.Route{
+		{ID: "here", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("192.168.0.2"), Public: true, Ports: map[uint16]uint16{80: 20080}},
+		{ID: "nosandboxip", HostIP: netip.MustParseAddr("10.0.0.1"), Public: true, Ports: map[uint16]uint16{80: 20080}},
+		{ID: "there", HostIP: netip.MustParseAddr("10.0.0.9"), SandboxIP: netip.MustParseAddr("192.168.0.2"), Public: true, Ports: map[uint16]uint16{80: 20080}},
+	} {
+		if err := mem.Put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := routing.NewCache(mem, routing.CacheConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := &config.Config{NodeIP: "10.0.0.1"}
+	cfg.TLS.Domain = "cube.test"
+	a := &app{cfg: cfg, cache: c}
+	for _, tt := range []struct {
+		host    string
+		allowed bool
+	}{
+		{"3000-here.cube.test", true},
+		{"80-here.cube.test", true},
+		{"3000-nosandboxip.cube.test", false},
+		{"3000-there.cube.test", false},
+		{"80-there.cube.test", true},
+	} {
+		err := a.allowCertificate(context.Background(), tt.host)
+		if (err == nil) != tt.allowed || err != nil && !errors.Is(err, certs.ErrUnknownName) {
+			t.Errorf("allowCertificate(%s) = %v, want allowed %v", tt.host, err, tt.allowed)
+		}
+	}
+}

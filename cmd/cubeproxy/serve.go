@@ -729,8 +729,11 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 		// (retried for minutes) and hold the client's handshake.
 		return fmt.Errorf("%w: %s is not a DNS label: no certificate can name it", certs.ErrUnknownName, label)
 	}
+	// As proxy's Config.NodeIP (config checks it is an address).
+	node, _ := netip.ParseAddr(a.cfg.NodeIP)
+	node = node.Unmap()
 	r, res, err := a.cache.Get(ctx, t.ID())
-	if err == nil && res == routing.CacheHit && !exposes(r, t.Port) {
+	if err == nil && res == routing.CacheHit && !exposes(r, t.Port, node) {
 		// A port exposed since the route was cached, as for a request.
 		r, _, err = a.cache.Refresh(ctx, t.ID(), r)
 	}
@@ -741,14 +744,19 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !exposes(r, t.Port) {
+	if !exposes(r, t.Port, node) {
 		return fmt.Errorf("%w: port %d not exposed", certs.ErrUnknownName, t.Port)
 	}
 	return nil
 }
 
-// exposes reports whether r maps the container port.
-func exposes(r *routing.Route, port uint16) bool {
+// exposes reports whether a request for the container port reaches r's
+// sandbox, as the proxy chooses its backend: on node (this node) every
+// port at SandboxIP, elsewhere the ports r maps.
+func exposes(r *routing.Route, port uint16, node netip.Addr) bool {
+	if r.OnNode(node) {
+		return r.SandboxIP.IsValid()
+	}
 	_, ok := r.HostPort(port)
 	return ok
 }

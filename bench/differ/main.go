@@ -511,7 +511,8 @@ func sandboxHeaders(s seenReq) []string {
 
 // clientHeaders is a sandbox's answer as the client got it, with whether it
 // is dated but not the date, without nginx's own Server, X-Cube-Request-Id
-// (CubeProxy's, by design),
+// and X-Cube-Retcode (CubeProxy's, as the platform's proxy adds them; the
+// lab's nginx is plain nginx),
 // the framing fields (compared as framing) and an HTTP/1.1 answer's
 // "Connection: keep-alive", which nginx adds and which says what HTTP/1.1
 // implies (whether the connection stayed open is compared by itself).
@@ -520,7 +521,7 @@ func clientHeaders(r resp, v10 bool) []string {
 	for _, h := range r.Headers {
 		n := strings.ToLower(h.Name)
 		switch n {
-		case "x-cube-request-id", "content-length", "transfer-encoding":
+		case "x-cube-request-id", "x-cube-retcode", "content-length", "transfer-encoding":
 			continue
 		case "date":
 			out = append(out, hdr{n, "(a date)"})

@@ -52,7 +52,7 @@ const stats = async (k) => (await fetch(`${base}/stats?key=${k}`, { headers: tok
 const until = async (f, ms = 3000) => { const end = Date.now() + ms; for (;;) { const v = await f(); if (v || Date.now() > end) return v; await sleep(25); } };
 
 // Response headers that are the proxy's own or per-connection go to info.
-const perConn = new Set(['date', 'connection', 'keep-alive', 'x-cube-request-id', 'x-lab-extra']);
+const perConn = new Set(['date', 'connection', 'keep-alive', 'x-cube-request-id', 'x-cube-retcode', 'x-lab-extra']);
 function heads(h) {
   const cmp = {}, info = {};
   for (const [n, v] of h) if (n !== 'x-lab-extra') (perConn.has(n) ? info : cmp)[n] = v;

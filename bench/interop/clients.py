@@ -40,7 +40,7 @@ def _lab_getaddrinfo(h, *a, **kw):
 socket.getaddrinfo = _lab_getaddrinfo
 base = f"https://{host}" if TLS else f"http://127.0.0.1:{port}"
 tok = {"cube-traffic-access-token": os.environ["TRAFFIC_TOKEN"]} if mode == "proxy" else {}
-PER_CONN = {"date", "connection", "keep-alive", "x-cube-request-id", "x-lab-extra"}
+PER_CONN = {"date", "connection", "keep-alive", "x-cube-request-id", "x-cube-retcode", "x-lab-extra"}
 HOP = {"connection", "keep-alive", "te", "upgrade", "proxy-connection", "transfer-encoding"}
 
 

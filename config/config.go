@@ -676,12 +676,14 @@ func (c *Config) checkRedisAddrs() error {
 		}
 	}
 	for _, list := range []struct {
-		key   string
-		addrs []string
-	}{{"redis.sentinel.addrs", c.Redis.Sentinel.Addrs}, {"redis.cluster.addrs", c.Redis.Cluster.Addrs}} {
+		key, example string
+		addrs        []string
+	}{{"redis.sentinel.addrs", "10.0.0.5:26379", c.Redis.Sentinel.Addrs}, {"redis.cluster.addrs", "10.0.0.5:6379", c.Redis.Cluster.Addrs}} {
 		for _, a := range list.addrs {
 			if err := checkDialAddr(a); err != nil {
-				return fmt.Errorf("an entry of %s %q: %w; want host:port, for example 127.0.0.1:6379", list.key, a, err)
+				// A sentinel listens on 26379: the data port in the
+				// example sent operators to the wrong one.
+				return fmt.Errorf("an entry of %s %q: %w; want host:port, for example %s", list.key, a, err, list.example)
 			}
 		}
 	}

@@ -19,8 +19,8 @@ func TestRedisAddressesAreDialable(t *testing.T) {
 		{"addr port zero", redis + "  addr: redis.internal:0\n", `redis.addr "redis.internal:0": port 0 cannot be dialed`},
 		{"addr empty port", redis + "  addr: 'redis.internal:'\n", `redis.addr "redis.internal:": port 0 cannot be dialed`},
 		{"addr port no number", redis + "  addr: redis.internal:sixthree\n", `redis.addr "redis.internal:sixthree": port "sixthree" is no number and no known service`},
-		{"sentinel addr", redis + "  sentinel:\n    master_name: m\n    addrs: [10.0.0.1:26379, 10.0.0.2]\n", `an entry of redis.sentinel.addrs "10.0.0.2": address 10.0.0.2: missing port in address`},
-		{"cluster addr", redis + "  cluster:\n    addrs: ['10.0.0.1:70000']\n", `an entry of redis.cluster.addrs "10.0.0.1:70000": port 70000 is above 65535`},
+		{"sentinel addr", redis + "  sentinel:\n    master_name: m\n    addrs: [10.0.0.1:26379, 10.0.0.2]\n", `an entry of redis.sentinel.addrs "10.0.0.2": address 10.0.0.2: missing port in address; want host:port, for example 10.0.0.5:26379`},
+		{"cluster addr", redis + "  cluster:\n    addrs: ['10.0.0.1:70000']\n", `an entry of redis.cluster.addrs "10.0.0.1:70000": port 70000 is above 65535; want host:port, for example 10.0.0.5:6379`},
 		{"url port above 65535", redis + "  url: redis://proxy:hunter2@redis.internal:99999/0\n", `redis.url: host "redis.internal:99999": port 99999 is above 65535`},
 		{"url port zero", redis + "  url: rediss://redis.internal:0\n", `redis.url: host "redis.internal:0": port 0 cannot be dialed`},
 		// A raw '/', '?' or '#' in the password ends the authority: the

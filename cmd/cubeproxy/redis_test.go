@@ -1059,3 +1059,24 @@ func TestWarnLoopbackAdmin(t *testing.T) {
 		}
 	}
 }
+
+// A registry.interval the platform's lifecycle manager would expire
+// between beats is warned of; the default and shorter ones are not.
+func TestWarnSlowHeartbeat(t *testing.T) {
+	for _, tc := range []struct {
+		interval time.Duration
+		warn     bool
+	}{
+		{0, false}, // unset: the 5 s default
+		{5 * time.Second, false},
+		{14 * time.Second, false},
+		{15 * time.Second, true},
+		{time.Minute, true},
+	} {
+		var buf bytes.Buffer
+		warnSlowHeartbeat(slog.New(slog.NewTextHandler(&buf, nil)), tc.interval)
+		if got := strings.Contains(buf.String(), "level=WARN"); got != tc.warn {
+			t.Errorf("registry.interval %v: warned %v, want %v: %q", tc.interval, got, tc.warn, buf.String())
+		}
+	}
+}

@@ -401,8 +401,24 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 			return nil, fmt.Errorf("registry: %w", err)
 		}
 		warnLoopbackAdmin(log, a.adminLn.Addr())
+		warnSlowHeartbeat(log, cfg.Registry.Interval)
 	}
 	return a, nil
+}
+
+// managerExpiry is how long the platform's lifecycle manager waits for a
+// proxy's next heartbeat before it takes the proxy for gone.
+const managerExpiry = 15 * time.Second
+
+// warnSlowHeartbeat warns of a registry.interval at or over the lifecycle
+// manager's expiry: the manager would drop the proxy between beats and,
+// at each beat, take it for a new one and replay its whole registry to
+// it (every sandbox's metadata), for as long as it runs.
+func warnSlowHeartbeat(log *slog.Logger, interval time.Duration) {
+	if interval >= managerExpiry {
+		log.Warn("registry.interval is at or over the platform lifecycle manager's heartbeat expiry: it will drop this proxy between beats and replay its registry to it at each one; keep it under 15s",
+			"interval", interval.String(), "expiry", managerExpiry.String())
+	}
 }
 
 // warnLoopbackAdmin warns when the registry announces an admin API that

@@ -39,6 +39,11 @@ type exchange struct {
 	// request routed by its path (routing.Target.PathPrefix): the log's
 	// uri is the path without it, the one the sandbox got.
 	pathPrefix int
+	// envd and envdMethod are the platform proxy's metric labels of an
+	// envd call (telemetry.ClassifyEnvd), counted in flight since serve
+	// routed it; EnvdNone for any other request.
+	envd       telemetry.EnvdRoute
+	envdMethod telemetry.EnvdMethod
 	upstream   netip.AddrPort
 	backendIP  netip.Addr
 	cache      telemetry.CacheResult
@@ -243,6 +248,9 @@ func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
 // entry was captured when the handler returned.
 func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err error, entry *accesslog.Entry) {
 	total := time.Since(x.start)
+	if x.envd != telemetry.EnvdNone {
+		p.metrics.EnvdDone(x.envd, x.envdMethod, status, x.headTime+total)
+	}
 	switch {
 	case x.sized:
 		p.metrics.DownloadDone(status, x.kind, total)
@@ -666,4 +674,16 @@ func (s *instrumentedStore) Lookup(ctx context.Context, id string) (*routing.Rou
 	failed := err != nil && !errors.Is(err, routing.ErrNotFound) && !errors.As(err, &fe)
 	s.m.StoreLookup(s.kind, time.Since(start), failed)
 	return r, err
+}
+
+// countEnvd counts in flight, under the platform proxy's metrics, an envd
+// call (its process calls and /files) whose target, without a path route's
+// prefix, is target: what finish ends. The platform's proxy tells them
+// from $uri, the path alone; an absolute-form target is not looked at.
+func (p *Proxy) countEnvd(x *exchange, target, method []byte) {
+	path, _, _ := bytes.Cut(target, []byte{'?'})
+	if r := telemetry.ClassifyEnvd(path); r != telemetry.EnvdNone {
+		x.envd, x.envdMethod = r, telemetry.EnvdMethodOf(method)
+		p.metrics.EnvdStarted(r)
+	}
 }

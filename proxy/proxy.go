@@ -472,6 +472,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	id := t.ID()
 	x.port, x.pathPrefix = t.Port, t.PathPrefix
+	if p.metrics != nil && !x.expecting {
+		p.countEnvd(x, h.RequestURI()[t.PathPrefix:], h.Method())
+	}
 
 	// again: the route is being looked up again, after a wait for a slot
 	// or a held body's read (see below); the lookup that counts is the

@@ -74,6 +74,8 @@ type Metrics struct {
 	streamDuration [numRouteKinds]prometheus.Histogram // streamKinds only
 	storeDuration  [numStoreKinds]prometheus.Histogram
 
+	envd envdMetrics // the platform proxy's own families (envd.go)
+
 	obs observed
 }
 
@@ -138,6 +140,9 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	o.websockets = b.gauge("cubeproxy.websockets.open", "{websocket}", "Open WebSocket tunnels.")
 	o.pools = b.gauge("cubeproxy.upstream.pools", "{pool}", "Upstream connection pools (one per sandbox incarnation and port).")
 	o.idle = b.gauge("cubeproxy.upstream.idle_connections", "{connection}", "Idle upstream connections across all pools.")
+	m.envd.instruments(&b, func(kvs ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(kvs...))
+	})
 	o.heldBodies = b.gauge("cubeproxy.held_body", "By", "Bytes taken of the held-body budget (held_body_budget): request bodies over 8 KiB read whole into memory at max_streams_per_sandbox to be judged, counted at their declared size from before their read until they are sent or refused.")
 	if b.err != nil {
 		return nil, b.err
@@ -146,7 +151,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
 		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.logTruncs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.resumes, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
-		o.invSubscribed, o.invSubscriptions, o.invMessages)
+		o.invSubscribed, o.invSubscriptions, o.invMessages, m.envd.requestsObs, m.envd.inflightObs)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -182,6 +187,7 @@ func (m *Metrics) histograms() *histograms {
 	for s := range int(numStoreKinds) {
 		m.storeDuration[s] = h.add(storeDurationMetric, storeDurationMetricHelp, storeBuckets, prometheus.Labels{"store": storeKindNames[s]})
 	}
+	m.envd.histograms(h)
 	return h
 }
 
@@ -232,6 +238,7 @@ var resumeOutcomes = [numResumeOutcomes]string{"resumed", "failed"}
 // combinations are reported, zeros included, so rate() works from the first
 // scrape and a series never appears out of nowhere.
 func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
+	m.envd.observe(ob)
 	o := &m.obs
 	for c := range numStatusClasses {
 		for k := range int(numRouteKinds) {

@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// The platform proxy's own families count the sandbox's envd calls as it
+// does: a /process.Process/ stream is in flight while it streams (proved
+// with the sandbox holding it open until the client has its first chunk),
+// then counted by method and result; /files too, by host or by path; a
+// DELETE is in flight but never counted; other paths not at all.
+func TestEnvdMetricsThroughTheProxy(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+	admin := obsMetricsAdmin(t, h, tel)
+	release := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/process.Process/Start":
+			w.Header().Set("Content-Type", "application/connect+json")
+			io.WriteString(w, "first\n")
+			w.(http.Flusher).Flush()
+			<-release
+			io.WriteString(w, "exit\n")
+		case "/files":
+			if r.Method == "GET" {
+				w.WriteHeader(404)
+			}
+		}
+	}))
+	host := h.route("envdbox", port)
+	exec := map[string]string{"route": "sandbox_exec"}
+	files := map[string]string{"route": "sandbox_files"}
+	before := scrapeMetrics(t, admin)
+
+	resp := h.do(h.req("POST", host, "/process.Process/Start", strings.NewReader("{}")))
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Fatalf("first chunk: %q %v", line, err)
+	}
+	for _, b := range checkDeltas(before, scrapeMetrics(t, admin), []metricDelta{
+		{"cube_proxy_inflight_requests", exec, 1},
+		{"cube_proxy_request_total", exec, 0},
+	}) {
+		t.Errorf("while the stream is open: %s", b)
+	}
+	close(release)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	if st, _, _ := h.get(h.addr, "/sandbox/envdbox/"+itoa(port)+"/files?path=/x"); st != 404 {
+		t.Fatalf("GET /files by path: %d", st)
+	}
+	resp = h.do(h.req("DELETE", host, "/files", nil))
+	resp.Body.Close()
+	if st, _, _ := h.get(host, "/other"); st != 200 {
+		t.Fatalf("GET /other: %d", st)
+	}
+
+	waitMetrics(t, admin, before, []metricDelta{
+		{"cube_proxy_inflight_requests", exec, 0},
+		{"cube_proxy_inflight_requests", files, 0},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_exec", "method": "POST", "result": "success"}, 1},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "GET", "result": "fail"}, 1},
+		{"cube_proxy_request_total", files, 1}, // the DELETE is not counted
+		{"cube_proxy_request_total", nil, 2},   // nor /other
+		{"cube_proxy_request_duration_seconds_count", map[string]string{"route": "sandbox_exec", "method": "POST", "result": "success"}, 1},
+	})
+}
+
+// waitMetrics waits until every delta since before holds: a stream's end
+// is counted when the proxy sees it end, just after its client did.
+func waitMetrics(t *testing.T, admin string, before []promSample, want []metricDelta) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if bad := checkDeltas(before, scrapeMetrics(t, admin), want); len(bad) > 0 {
+			return errors.New(strings.Join(bad, "; "))
+		}
+		return nil
+	})
+}

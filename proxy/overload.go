@@ -60,7 +60,7 @@ const refuseDrainReads = 16
 // clients behind it. No goroutine is started for it. So:
 //
 //   - Plain HTTP gets the proxy's JSON 503 proxy_overloaded with
-//     Retry-After and Connection: close, in one non-blocking write before
+//     Retry-After, X-Cube-Retcode 310503 and Connection: close, in one non-blocking write before
 //     its request is read (a fresh socket's send buffer always takes it);
 //     the request is not parsed, so it is JSON even for a browser.
 //   - HTTPS is closed without a TLS answer: answering needs a handshake,
@@ -123,6 +123,10 @@ func overloadAnswer() []byte {
 	body := appendErrorJSON(nil, e, nil)
 	b := []byte("Content-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: ")
 	b = strconv.AppendInt(b, int64(e.retryAfter), 10)
+	// The platform's code for an answer of the proxy's own, as on every
+	// other traffic answer (setRetcode): this one is written by hand.
+	b = append(b, "\r\n"+HeaderRetcode+": 310"...)
+	b = strconv.AppendInt(b, int64(e.status), 10)
 	b = append(b, "\r\nConnection: close\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(len(body)), 10)
 	b = append(b, "\r\n\r\n"...)

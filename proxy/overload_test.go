@@ -95,7 +95,9 @@ func checkOverloaded(t *testing.T, br *bufio.Reader, resp *http.Response, body s
 	if resp.StatusCode != 503 || json.Unmarshal([]byte(body), &e) != nil || e.Code != CodeOverloaded || e.Error == "" {
 		t.Fatalf("connection over client.max_conns: %d %q, want 503 with JSON code %s", resp.StatusCode, body, CodeOverloaded)
 	}
-	for k, want := range map[string]string{"Retry-After": "1", "Content-Type": "application/json", "Cache-Control": "no-store"} {
+	// X-Cube-Retcode as on every other answer of the proxy's own: a
+	// runbook tells it from a sandbox's 503 by that code.
+	for k, want := range map[string]string{"Retry-After": "1", "Content-Type": "application/json", "Cache-Control": "no-store", HeaderRetcode: "310503"} {
 		if got := resp.Header.Get(k); got != want {
 			t.Errorf("refusal %s: %q, want %q", k, got, want)
 		}
@@ -136,6 +138,10 @@ func TestMaxConnsRefusesOverTheLimit(t *testing.T) {
 	sse, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+web+"\r\nAccept: text/event-stream\r\n\r\n")
 	if resp.StatusCode != 200 {
 		t.Fatalf("SSE GET: %d", resp.StatusCode)
+	}
+	// Its head is written by the hijack (a detached stream), after the handler.
+	if got := resp.Header.Values(HeaderRetcode); len(got) != 1 || got[0] != "310200" {
+		t.Errorf("detached SSE stream's %s %q, want 310200", HeaderRetcode, got)
 	}
 	tunnel := dialWS(t, h, ws)
 	defer tunnel.CloseNow()

@@ -49,6 +49,7 @@ func TestRetcodeOnEveryAnswer(t *testing.T) {
 		{"sandbox unreachable", h.addr, "GET / HTTP/1.1\r\nHost: " + deadHost + "\r\n\r\n", 502, "330502"},
 		{"unknown sandbox", h.addr, "GET / HTTP/1.1\r\nHost: 80-nosuch.cube.test\r\n\r\n", 404, "310404"},
 		{"bad host", h.addr, "GET / HTTP/1.1\r\nHost: nodash.cube.test\r\n\r\n", 400, "310400"},
+		{"Expect refusal", h.addr, "POST / HTTP/1.1\r\nHost: 8080-retlocked.cube.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", 403, "310403"},
 		{"no token", h.addr, "GET / HTTP/1.1\r\nHost: 8080-retlocked.cube.test\r\n\r\n", 403, "310403"},
 		{"refused by fasthttp", h.addr, "GET / HTTP/1.1\r\nHost: " + host + "\r\nX-Big: " + string(make([]byte, 5000)) + "\r\n\r\n", 431, "310431"},
 		{"redirect listener", rln.Addr().String(), "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n", 308, "310308"},

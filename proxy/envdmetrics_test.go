@@ -87,3 +87,57 @@ func waitMetrics(t *testing.T, admin string, before []promSample, want []metricD
 		return nil
 	})
 }
+
+// An envd call counted in flight is brought down once whatever way it
+// ends: one that waits for a stream slot and is judged again (goto lookup)
+// and then served, one whose client leaves while it waits (499), and an
+// "Expect: 100-continue" head, judged alone first, whose request is then
+// served (counted once, for the request, not for the head).
+func TestEnvdInflightAfterSlotWaitsAndExpect(t *testing.T) {
+	w := newSlotWaitBox(t, time.Minute)
+	exec := map[string]string{"route": "sandbox_exec"}
+	files := map[string]string{"route": "sandbox_files"}
+	before := scrapeMetrics(t, w.admin)
+	a := w.openSSE(t)
+
+	gone := dialRaw(t, w.h.addr)
+	io.WriteString(gone, "GET /files?path=/x HTTP/1.1\r\nHost: "+slotWaitHost+"\r\n\r\n")
+	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
+	gone.Close()
+	testenv.WaitFor(t, 10*time.Second, "the wait to end with its client gone", func() bool { return w.h.proxy.limitWaiting.Load() == 0 })
+
+	answer := w.send(w.h.req("GET", slotWaitHost, "/files", nil))
+	w.waiting(t, answer)
+	w.releaseOnce()
+	if _, err := io.Copy(io.Discard, a); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-answer; b.err != nil || b.status != 200 {
+		t.Fatalf("GET /files after its wait: %d %v", b.status, b.err)
+	}
+
+	c := dialRaw(t, w.h.addr)
+	io.WriteString(c, "POST /process.Process/Start HTTP/1.1\r\nHost: "+slotWaitHost+"\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("Expect head: %q %v", line, err)
+	}
+	if line, err := br.ReadString('\n'); err != nil || line != "\r\n" {
+		t.Fatalf("after the 100: %q %v", line, err)
+	}
+	io.WriteString(c, "{}")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the request after its 100: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	c.Close()
+
+	waitMetrics(t, w.admin, before, []metricDelta{
+		{"cube_proxy_inflight_requests", files, 0},
+		{"cube_proxy_inflight_requests", exec, 0},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "GET", "result": "success"}, 1},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "GET", "result": "fail"}, 1}, // the 499
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_exec", "method": "POST", "result": "success"}, 1},
+	})
+}

@@ -28,6 +28,7 @@ type benchInstr struct {
 	tcp       bool   // clients connect over loopback TCP, as to a traffic listener (clientConn), not in memory
 	maxConns  int    // client.max_conns: connections waiting for a request are tracked (Proxy.waiting)
 	byPath    bool   // requests name the sandbox in the path (/sandbox/<id>/<port>/), not in Host
+	envd      bool   // requests are envd calls (/files), which the cube_proxy_* families count
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -91,9 +92,13 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	} else {
 		client, req, resp = inmemoryProxy(tb, cfg, store)
 	}
-	uri := "http://" + port + "-bench.cube.test/path?q=1"
+	path := "/path?q=1"
+	if in.envd {
+		path = "/files?path=/x"
+	}
+	uri := "http://" + port + "-bench.cube.test" + path
 	if in.byPath {
-		uri = "http://proxy/sandbox/bench/" + port + "/path?q=1"
+		uri = "http://proxy/sandbox/bench/" + port + path
 	}
 	return func() {
 		req.Reset()
@@ -215,6 +220,7 @@ func TestInstrumentationAddsNoAllocs(t *testing.T) {
 		{"routed by path", benchInstr{byPath: true}},
 		{"client over TCP, client.max_conns set", benchInstr{tcp: true, maxConns: 1000}},
 		{"metrics", benchInstr{telemetry: true}},
+		{"metrics, an envd call by path", benchInstr{telemetry: true, envd: true, byPath: true}},
 		{"metrics+json log", benchInstr{telemetry: true, logFormat: accesslog.FormatJSON}},
 		{"metrics+cube log", benchInstr{telemetry: true, logFormat: accesslog.FormatCube}},
 	}

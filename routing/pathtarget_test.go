@@ -56,6 +56,9 @@ func TestParseRequestPath(t *testing.T) {
 		// A malformed Host is refused as for any target.
 		{"plain", "127.0.0.1:x", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
 		{"plain", "", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
+		{"plain", "\"0000000000", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
+		{"plain", "a..b", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
+		{"plain", "node/x", "/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
 	} {
 		var tgt Target
 		tgt.Shared, tgt.PathPrefix = true, 99 // a reused target
@@ -87,6 +90,10 @@ func TestParseRequestPath(t *testing.T) {
 	}
 }
 
+// hostRegexp is a host name as routing takes one: dot-separated labels of
+// letters, digits, '-' and '_'.
+var hostRegexp = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
 // pathModel is the README's rule for a path target: a canonical id and a
 // port 1-65535 without leading zeros, then the end, a '/' or a '?'.
 var pathModel = regexp.MustCompile(`^/sandbox/([a-z0-9][a-z0-9_-]{0,127})/([1-9][0-9]{0,4})(?:[/?]|$)`)
@@ -99,10 +106,18 @@ func checkPathRequest(t *testing.T, name string, p *Parser, host, target string,
 	var tgt, byHost, named Target
 	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
 	hostErr := p.Parse(&byHost, []byte(host), h)
-	if _, _, splitErr := splitHost([]byte(host)); splitErr != nil {
+	hostName, isIP, splitErr := splitHost([]byte(host))
+	if splitErr != nil {
 		var te, hte *TargetError
 		if !errors.As(err, &te) || !errors.As(hostErr, &hte) || te.Code != hte.Code {
 			t.Fatalf("%s: ParseRequest(%q, %q) = %v; the host is malformed: %v", name, host, target, err, hostErr)
+		}
+		return
+	}
+	if !isIP && !p.isShared(hostName) && !hostRegexp.MatchString(string(hostName)) {
+		var te *TargetError
+		if !errors.As(err, &te) || te.Code != CodeInvalidHost {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %v; the host is no host name: want %s", name, host, target, err, CodeInvalidHost)
 		}
 		return
 	}

@@ -172,7 +172,10 @@ const PathRoot = "/sandbox/"
 
 // routesByPath reports whether a request to host with a target under
 // PathRoot is routed by its path: host is well formed and names no sandbox
-// port. A malformed host is refused as for any other target.
+// port. A malformed host is refused as for any other target: one that is
+// no host name at all ("\"x", "a..b") would reach the sandbox as its Host,
+// which its server refuses (Go's net/http answers 400 itself) or takes for
+// whatever it makes of it; a sandbox host name never had such bytes.
 func (p *Parser) routesByPath(host []byte) (bool, error) {
 	name, isIP, err := splitHost(host)
 	if err != nil {
@@ -180,6 +183,9 @@ func (p *Parser) routesByPath(host []byte) (bool, error) {
 	}
 	if isIP || p.isShared(name) {
 		return true, nil
+	}
+	if !validDomain(name) {
+		return false, targetErr(CodeInvalidHost, "invalid host name", name)
 	}
 	var named Target
 	return p.readSandboxHost(&named, name).code != "", nil

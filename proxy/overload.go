@@ -125,8 +125,7 @@ func overloadAnswer() []byte {
 	b = strconv.AppendInt(b, int64(e.retryAfter), 10)
 	// The platform's code for an answer of the proxy's own, as on every
 	// other traffic answer (setRetcode): this one is written by hand.
-	b = append(b, "\r\n"+HeaderRetcode+": 310"...)
-	b = strconv.AppendInt(b, int64(e.status), 10)
+	b = appendRetcode(append(b, "\r\n"+HeaderRetcode+": "...), e.status, false)
 	b = append(b, "\r\nConnection: close\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(len(body)), 10)
 	b = append(b, "\r\n\r\n"...)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/valyala/fasthttp"
 
@@ -80,21 +81,11 @@ func prefixRedirects(h *fasthttp.ResponseHeader, prefix []byte) {
 // the first dropped the others.
 func prefixLines(h *fasthttp.ResponseHeader, name string, prefix []byte, url func([]byte) int) {
 	lines := h.PeekAll(name)
-	rooted := 0
-	for _, v := range lines {
-		if rootedAt(v, prefix, url) >= 0 {
-			rooted++
-		}
-	}
-	switch {
-	case rooted == 0:
-		return
-	case len(lines) == 1:
-		h.SetBytesV(name, appendPrefixed(nil, lines[0], prefix, url))
+	if !slices.ContainsFunc(lines, func(v []byte) bool { return rootedAt(v, prefix, url) >= 0 }) {
 		return
 	}
-	// Rare. Copied first: the lines alias the header's buffers, which the
-	// set and adds below reuse.
+	// A redirect's: copied first, as the lines alias the header's
+	// buffers, which the set and adds below reuse.
 	var all [][]byte
 	for _, v := range lines {
 		all = append(all, appendPrefixed(nil, v, prefix, url))

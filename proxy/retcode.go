@@ -18,11 +18,17 @@ var keyRetcode = []byte(HeaderRetcode)
 // (a backend its fault list marks) has no counterpart: nothing here keeps
 // such a list.
 func setRetcode(h *fasthttp.ResponseHeader, asked bool) {
-	status := h.StatusCode()
 	var buf [24]byte
-	b := append(buf[:0], "310"...)
+	h.SetCanonical(keyRetcode, appendRetcode(buf[:0], h.StatusCode(), asked))
+}
+
+// appendRetcode appends the X-Cube-Retcode value of an answer of status
+// (setRetcode).
+func appendRetcode(dst []byte, status int, asked bool) []byte {
 	if asked && status != fasthttp.StatusOK {
-		b = append(buf[:0], "330"...)
+		dst = append(dst, "330"...)
+	} else {
+		dst = append(dst, "310"...)
 	}
-	h.SetCanonical(keyRetcode, appendUint(b, uint64(status)))
+	return appendUint(dst, uint64(status))
 }

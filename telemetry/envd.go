@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"bytes"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +34,7 @@ var envdRouteNames = [numEnvdRoutes]string{"", "sandbox_exec", "sandbox_files"}
 // path, as the platform's proxy tells it from its $uri.
 func ClassifyEnvd(path []byte) EnvdRoute {
 	switch {
-	case len(path) >= len(envdExecPrefix) && string(path[:len(envdExecPrefix)]) == envdExecPrefix:
+	case bytes.HasPrefix(path, []byte(envdExecPrefix)):
 		return EnvdExec
 	case string(path) == "/files":
 		return EnvdFiles

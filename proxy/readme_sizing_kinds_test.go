@@ -285,6 +285,16 @@ func measureSizingKind(t *testing.T, setup sizingSetup, k sizingKind) {
 		time.Sleep(250 * time.Millisecond)
 		prev, per = per, (int64(limitCounted())-int64(before))/sizingKindConns
 	}
+	// Over the allowance after that, a quiet kind is given one more such
+	// window: the same code counted 26-29 KiB for an HTTPS WebSocket from
+	// a silent sandbox in most runs and 35-45 KiB in about one in eight,
+	// before this landing's changes and after (38.4 against 38 failed a
+	// clean-clone CI). A connection that keeps what it should give back
+	// stays over it through both.
+	for end := time.Now().Add(10 * bulkHold); k.quiet && per > allowed<<10 && time.Now().Before(end); {
+		time.Sleep(250 * time.Millisecond)
+		per = (int64(limitCounted()) - int64(before)) / sizingKindConns
+	}
 	t.Logf("%s, %s: %.1f KiB counted against GOMEMLIMIT per connection; the README allows %d KiB", scheme, k.name, float64(per)/1024, allowed)
 	if per > allowed<<10 {
 		t.Errorf("%s, %s: a connection counts %.1f KiB against GOMEMLIMIT, over the %d KiB per connection README's sizing allows",

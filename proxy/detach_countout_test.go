@@ -37,8 +37,8 @@ func TestStreamCountsOutBeforeItsEnd(t *testing.T) {
 		want         string
 		end          string // what the write carrying the end ends with
 	}{
-		{"detached GET event stream", "GET", sse, "data: one\n\n", "0\r\n\r\n"},
-		{"POST event stream", "POST", sse, "data: one\n\n", "0\r\n\r\n"},
+		{"detached GET event stream", "GET", sse, "data: one\n\n", lastChunkEnd},
+		{"POST event stream", "POST", sse, "data: one\n\n", lastChunkEnd},
 		{"Content-Length download", "GET", func(w http.ResponseWriter) {
 			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
 			io.WriteString(w, big)
@@ -48,7 +48,7 @@ func TestStreamCountsOutBeforeItsEnd(t *testing.T) {
 			io.WriteString(w, "part one,")
 			w.(http.Flusher).Flush()
 			io.WriteString(w, "part two")
-		}, "part one,part two", "0\r\n\r\n"},
+		}, "part one,part two", lastChunkEnd},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,6 +80,12 @@ func TestStreamCountsOutBeforeItsEnd(t *testing.T) {
 	}
 }
 
+// lastChunkEnd stands for a chunked answer's end: the last chunk, alone or
+// after a chunk's CRLF. Its bare bytes are not enough: a header block
+// written on its own ends with them too when its last line's value ends
+// in 0 ("X-Cube-Retcode: 310200\r\n\r\n").
+const lastChunkEnd = "\r\n0\r\n\r\n"
+
 // endWatchListener's connections call onEnd before a write that ends with
 // end, the last bytes of an answer.
 type endWatchListener struct {
@@ -104,7 +110,8 @@ type endWatchConn struct {
 }
 
 func (c *endWatchConn) Write(p []byte) (int, error) {
-	if bytes.HasSuffix(p, c.l.end) {
+	end := c.l.end
+	if bytes.HasSuffix(p, end) || string(end) == lastChunkEnd && string(p) == lastChunkEnd[2:] {
 		c.l.onEnd()
 	}
 	return c.TCPConn.Write(p)

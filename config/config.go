@@ -36,7 +36,9 @@ type Config struct {
 	HTTPSAddr  string `yaml:"https_addr" usage:"sandbox traffic listener (TLS); empty = off"`
 	AdminAddr  string `yaml:"admin_addr" usage:"admin API listener (never shared with traffic)"`
 	AdminToken string `yaml:"admin_token" usage:"X-Cube-Admin-Token for the admin API; empty = loopback only"`
-	ReusePort  bool   `yaml:"reuse_port" usage:"open the listeners with SO_REUSEPORT, so that a new process can take over the ports before the old one drains (Linux)"`
+	// The platform proxy's metrics listener (CUBE_PROXY_METRICS_LISTEN).
+	MetricsAddr string `yaml:"metrics_addr" usage:"listener serving GET /metrics alone, without the admin token, for a scraper kept off the admin API (the platform proxy's CUBE_PROXY_METRICS_LISTEN); empty = off"`
+	ReusePort   bool   `yaml:"reuse_port" usage:"open the listeners with SO_REUSEPORT, so that a new process can take over the ports before the old one drains (Linux)"`
 
 	NodeIP      string   `yaml:"node_ip" usage:"this node's IP: routes whose HostIP equals it dial SandboxIP directly"`
 	InstanceID  string   `yaml:"instance_id" usage:"name of this proxy instance (default: hostname)"`
@@ -949,6 +951,7 @@ func (c *Config) checkListeners() error {
 	}
 	listeners := []struct{ key, addr, example string }{
 		{"http_addr", c.HTTPAddr, ":8081"}, {"https_addr", c.HTTPSAddr, ":8080"}, {"admin_addr", c.AdminAddr, "127.0.0.1:8082"},
+		{"metrics_addr", c.MetricsAddr, "127.0.0.1:18082"},
 	}
 	for _, l := range listeners {
 		if l.addr == "" {

@@ -177,6 +177,8 @@ func TestLoadErrors(t *testing.T) {
 		{"port-less http address", []string{"--http-addr=abc"}, nil, `http_addr "abc": address abc: missing port in address`},
 		{"https port out of range", nil, map[string]string{"CUBEPROXY_HTTPS_ADDR": ":99999"}, `https_addr ":99999": port 99999 is above 65535`},
 		{"admin port out of range with a token", []string{"--admin-addr=0.0.0.0:70000", "--admin-token=t0ken"}, nil, `admin_addr "0.0.0.0:70000": port 70000 is above 65535`},
+		{"port-less metrics address", nil, map[string]string{"CUBEPROXY_METRICS_ADDR": "127.0.0.1"}, `metrics_addr "127.0.0.1": address 127.0.0.1: missing port in address; want host:port, for example 127.0.0.1:18082`},
+		{"metrics address on the admin port", []string{"--metrics-addr=:8082"}, nil, `admin_addr "127.0.0.1:8082" and metrics_addr ":8082" are the same address`},
 		{"unknown service as port", []string{"--config", writeFile(t, "http_addr: 127.0.0.1:no-such-service\n")}, nil, `http_addr "127.0.0.1:no-such-service": port "no-such-service" is no number`},
 		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes, too small for real headers (0 means the 32 KiB default)"},
 		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes, too small for real headers (0 means the 16 KiB default)"},

@@ -130,6 +130,10 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	// which localClient judges.
 	settleHost(&ctx.Request.Header)
 	path := string(ctx.Path())
+	if onMetricsListener(ctx) {
+		a.serveMetricsOnly(ctx, path)
+		return
+	}
 	if path == "/readyz" || path == "/admin/healthz" {
 		// Health answers without a token: load balancers probe it.
 		if !ctx.IsGet() && !ctx.IsHead() {

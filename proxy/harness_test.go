@@ -58,6 +58,8 @@ type harnessOpts struct {
 	noAdminRoutes bool
 	// ready is the admin API's readiness check (GET /readyz); nil = ready.
 	ready func() error
+	// metrics is the admin API's /metrics; nil = none.
+	metrics http.Handler
 }
 
 // countingStore counts lookups of a real store.
@@ -104,7 +106,7 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish, Ready: o.ready}
+	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish, Ready: o.ready, Metrics: o.metrics}
 	if o.noAdminRoutes {
 		ac.Routes = nil
 	}

@@ -866,9 +866,24 @@ const (
 // balancer stops sending, and /admin/healthz stays 200 with
 // "draining":true, so the liveness probe does not restart a pod that is
 // finishing its requests. Both on the admin listener, which stays open
-// until the drain ends (without reuse_port).
+// until the drain ends (without reuse_port), as does the metrics listener
+// (metrics_addr), whose scrape must see the drain through.
 func TestDrainProbes(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 30 * time.Second })
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.DrainTimeout = 30 * time.Second
+		o.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "scrape\n") })
+	})
+	mln := listen(t, "127.0.0.1:0")
+	go h.server.ServeMetrics(mln)
+	scrape := func() (int, string, error) {
+		resp, err := h.client.Get("http://" + mln.Addr().String() + "/metrics")
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
@@ -899,12 +914,19 @@ func TestDrainProbes(t *testing.T) {
 	if st, out := h.adminJSON("GET", "/admin/healthz", ""); st != 200 || out["ok"] != true || out["draining"] != true {
 		t.Fatalf("healthz during the drain: %d %v, want 200 with draining true", st, out)
 	}
+	if st, body, err := scrape(); st != 200 || body != "scrape\n" {
+		t.Fatalf("scrape on the metrics listener during the drain: %d %q %v", st, body, err)
+	}
 	unblock()
 	if code := <-held; code != 200 {
 		t.Fatalf("the request the drain waited for: %d, want 200", code)
 	}
 	if err := <-shutdownDone; err != nil {
 		t.Fatalf("shutdown: %v", err)
+	}
+	h.client.CloseIdleConnections()
+	if _, err := net.DialTimeout("tcp", mln.Addr().String(), time.Second); err == nil {
+		t.Fatal("the metrics listener still accepts after the drain")
 	}
 }
 

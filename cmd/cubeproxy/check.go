@@ -219,6 +219,7 @@ func secretOption(key string) bool {
 func checkListenHosts(cfg *config.Config) error {
 	for _, l := range []struct{ key, addr string }{
 		{"http_addr", cfg.HTTPAddr}, {"https_addr", cfg.HTTPSAddr}, {"admin_addr", cfg.AdminAddr},
+		{"metrics_addr", cfg.MetricsAddr},
 	} {
 		host, _, err := net.SplitHostPort(l.addr)
 		if err != nil {

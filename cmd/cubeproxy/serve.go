@@ -56,6 +56,7 @@ type app struct {
 	shedder atomic.Pointer[proxy.Proxy]
 
 	httpLn, httpsLn, adminLn net.Listener
+	metricsLn                net.Listener // nil: metrics_addr is off
 
 	stopBackground context.CancelFunc
 
@@ -574,6 +575,11 @@ func (a *app) listen(ctx context.Context) (err error) {
 	if a.adminLn, err = listenTCP(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
 		return listenError("admin_addr", cfg.AdminAddr, err)
 	}
+	if cfg.MetricsAddr != "" {
+		if a.metricsLn, err = listenTCP(ctx, cfg.MetricsAddr, cfg.ReusePort); err != nil {
+			return listenError("metrics_addr", cfg.MetricsAddr, err)
+		}
+	}
 	return nil
 }
 
@@ -928,7 +934,7 @@ func (a *app) run(ctx context.Context, ready listening) error {
 	defer signal.Stop(hup)
 	errc := make(chan error, 4)
 	// Every listener is the proxy's own before any serves (Server.Claim).
-	a.server.Claim(a.httpLn, a.httpsLn, a.adminLn)
+	a.server.Claim(a.httpLn, a.httpsLn, a.adminLn, a.metricsLn)
 	if a.httpLn != nil {
 		ln := a.httpLn
 		if a.cfg.TLS.RedirectHTTP && a.httpsLn != nil {
@@ -947,8 +953,11 @@ func (a *app) run(ctx context.Context, ready listening) error {
 		go func() { errc <- a.server.ServeTLS(a.httpsLn, a.certs.TLSConfig()) }()
 	}
 	go func() { errc <- a.server.ServeAdmin(a.adminLn) }()
+	if a.metricsLn != nil {
+		go func() { errc <- a.server.ServeMetrics(a.metricsLn) }()
+	}
 	a.log.Info("cubeproxy listening",
-		"http", addrOf(a.httpLn), "https", addrOf(a.httpsLn), "admin", addrOf(a.adminLn),
+		"http", addrOf(a.httpLn), "https", addrOf(a.httpsLn), "admin", addrOf(a.adminLn), "metrics", addrOf(a.metricsLn),
 		"store", a.cfg.Store, "instance", a.instance, "version", version)
 	if ready != nil {
 		ready(a)
@@ -1240,7 +1249,7 @@ func (a *app) close() {
 			a.log.Warn("telemetry not flushed at shutdown; spans may be lost", "component", "telemetry", "err", err)
 		}
 	}
-	for _, ln := range []net.Listener{a.httpLn, a.httpsLn, a.adminLn} {
+	for _, ln := range []net.Listener{a.httpLn, a.httpsLn, a.adminLn, a.metricsLn} {
 		if ln != nil {
 			ln.Close()
 		}

@@ -96,6 +96,29 @@ func TestPathRouting(t *testing.T) {
 		}
 	}
 
+	// Runs of slashes within the prefix count as one, as nginx merges
+	// them (a client that joined a base URL ending in '/' and a path):
+	// the sandbox gets its path as sent, the prefix spelled once, and its
+	// Location comes back under that spelling. Sent raw: Go's client
+	// sends a "//" target in absolute form.
+	for _, tc := range []struct{ target, want string }{
+		{"/" + prefix + "/a", "/a"},
+		{"//sandbox//pathbox//" + itoa(port) + "//a?q", "//a?q"},
+		{"/" + prefix + "/redirect", ""},
+	} {
+		resp, body := h.dialProxy(t).do("GET", h.addr, tc.target, "")
+		if tc.want == "" {
+			if got, want := resp.Header.Get("Location"), prefix+"/login?next=/a"; resp.StatusCode != 302 || got != want {
+				t.Errorf("GET %s: %d Location %q, want 302 %q", tc.target, resp.StatusCode, got, want)
+			}
+			continue
+		}
+		var seen pathSeen
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &seen) != nil || seen.Target != tc.want || !slices.Equal(seen.Prefix, []string{prefix}) {
+			t.Errorf("GET %s: %d %s; want the sandbox to see %q with X-Forwarded-Prefix %s", tc.target, resp.StatusCode, body, tc.want, prefix)
+		}
+	}
+
 	// Any host that names no sandbox port routes by the path; a sandbox's
 	// own host does not, and its client's X-Forwarded-Prefix is its own.
 	for _, tc := range []struct {

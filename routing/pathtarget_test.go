@@ -27,6 +27,11 @@ func TestParseRequestPath(t *testing.T) {
 		{"plain", "[::1]:8081", "/sandbox/abc/8080?q=/x", none, 8080, "abc", 17, ""},
 		{"plain", "localhost", "/sandbox/a_b-1/1/", none, 1, "a_b-1", 16, ""},
 		{"plain", "proxy.example.com", "/sandbox/abc/65535/x", none, 65535, "abc", 18, ""},
+		// Runs of slashes within the prefix count as one, as nginx merges
+		// them; the sandbox's own path is left as sent.
+		{"plain", "127.0.0.1", "//sandbox/abc/8080/p", none, 8080, "abc", 18, ""},
+		{"plain", "127.0.0.1", "///sandbox//abc//8080//p?q", none, 8080, "abc", 21, ""},
+		{"plain", "127.0.0.1", "/sandbox/abc///8080", none, 8080, "abc", 19, ""},
 		// Headers on a shared host lose to the path, as on the platform.
 		{"plain", "127.0.0.1", "/sandbox/abc/8080/", cube, 8080, "abc", 17, ""},
 		// A host that names no sandbox port: any name, a domain not allowed.
@@ -43,7 +48,8 @@ func TestParseRequestPath(t *testing.T) {
 		// Malformed.
 		{"plain", "127.0.0.1", "/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/", none, 0, "", 0, CodeInvalidPath},
-		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidPort}, // "/sandbox/8080/" merged
+		{"plain", "127.0.0.1", "//sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/ABC/8080/", none, 0, "", 0, CodeInvalidSandboxID},
 		{"plain", "127.0.0.1", "/sandbox/%61bc/8080/", none, 0, "", 0, CodeInvalidSandboxID},
 		{"plain", "127.0.0.1", "/sandbox/-abc/8080/", none, 0, "", 0, CodeInvalidSandboxID},
@@ -83,8 +89,8 @@ func TestParseRequestPath(t *testing.T) {
 			if tgt.Shared {
 				t.Errorf("ParseRequest(%q, %q): a path target marked Shared", tc.host, tc.target)
 			}
-			if got := string(AppendPathPrefix(nil, &tgt)); got != tc.target[:tc.prefix] {
-				t.Errorf("ParseRequest(%q, %q): AppendPathPrefix %q, want %q", tc.host, tc.target, got, tc.target[:tc.prefix])
+			if got, want := string(AppendPathPrefix(nil, &tgt)), "/sandbox/"+tc.id+"/"+strconv.Itoa(int(tc.port)); got != want {
+				t.Errorf("ParseRequest(%q, %q): AppendPathPrefix %q, want %q", tc.host, tc.target, got, want)
 			}
 		}
 	}
@@ -95,8 +101,13 @@ func TestParseRequestPath(t *testing.T) {
 var hostRegexp = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // pathModel is the README's rule for a path target: a canonical id and a
-// port 1-65535 without leading zeros, then the end, a '/' or a '?'.
-var pathModel = regexp.MustCompile(`^/sandbox/([a-z0-9][a-z0-9_-]{0,127})/([1-9][0-9]{0,4})(?:[/?]|$)`)
+// port 1-65535 without leading zeros, then the end, a '/' or a '?'; runs
+// of slashes within the prefix count as one. pathRootModel is where it
+// applies: a target beginning with /sandbox/ so read.
+var (
+	pathModel     = regexp.MustCompile(`^/+sandbox/+([a-z0-9][a-z0-9_-]{0,127})/+([1-9][0-9]{0,4})(?:[/?]|$)`)
+	pathRootModel = regexp.MustCompile(`^/+sandbox/`)
+)
 
 // checkPathRequest holds ParseRequest for a target under PathRoot to the
 // rules: a sandbox host routes by itself (as Parse), a malformed host is
@@ -130,9 +141,11 @@ func checkPathRequest(t *testing.T, name string, p *Parser, host, target string,
 	}
 	m := pathModel.FindStringSubmatch(target)
 	ok := m != nil
+	prefix := 0
 	if ok {
 		n, _ := strconv.Atoi(m[2])
 		ok = n <= 65535
+		prefix = pathModel.FindStringSubmatchIndex(target)[5] // the port's end
 	}
 	if ok != (err == nil) {
 		t.Fatalf("%s: ParseRequest(%q, %q) = %v; the path rule says %v", name, host, target, err, ok)
@@ -145,7 +158,7 @@ func checkPathRequest(t *testing.T, name string, p *Parser, host, target string,
 		return
 	}
 	if string(tgt.ID()) != m[1] || strconv.Itoa(int(tgt.Port)) != m[2] || tgt.Shared ||
-		string(AppendPathPrefix(nil, &tgt)) != target[:tgt.PathPrefix] || tgt.PathPrefix != len("/sandbox/")+len(m[1])+1+len(m[2]) {
+		string(AppendPathPrefix(nil, &tgt)) != "/sandbox/"+m[1]+"/"+m[2] || tgt.PathPrefix != prefix {
 		t.Fatalf("%s: ParseRequest(%q, %q) = %d %q prefix %d shared %v", name, host, target, tgt.Port, tgt.ID(), tgt.PathPrefix, tgt.Shared)
 	}
 }

@@ -138,17 +138,20 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // A target in origin form under PathRoot ("/sandbox/<id>/<port>/rest") on
 // a host that names no sandbox port (an IP, a shared host, any other name)
 // is routed by its path, as the platform's proxy routes it: see parsePath.
+// Runs of slashes within the prefix count as one ("//sandbox/x/80/", from
+// a client that joined a base URL ending in '/' and a path), as nginx's
+// merge_slashes has them there.
 // A sandbox host name keeps its own routing for every path, so that an app
 // that serves pages under /sandbox/ is still reached by its own name.
 func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
-	if bytes.HasPrefix(target, []byte(PathRoot)) {
+	if under, ok := underPathRoot(target); ok {
 		byPath, err := p.routesByPath(host)
 		if err != nil {
 			t.reset()
 			return err
 		}
 		if byPath {
-			return parsePath(t, target)
+			return parsePath(t, target, under)
 		}
 	}
 	if err := p.Parse(t, host, h); err != nil {
@@ -191,19 +194,38 @@ func (p *Parser) routesByPath(host []byte) (bool, error) {
 	return p.readSandboxHost(&named, name).code != "", nil
 }
 
-// parsePath reads the target "/sandbox/<id>/<port>[/rest][?query]". Only
-// the canonical spelling is taken, a lower-case id and a port without
+// underPathRoot reports whether target begins with PathRoot, runs of
+// slashes counted as one, and returns what follows it.
+func underPathRoot(target []byte) ([]byte, bool) {
+	rest := skipSlashes(target)
+	if len(rest) == len(target) || !bytes.HasPrefix(rest, []byte(PathRoot[1:])) {
+		return nil, false
+	}
+	return skipSlashes(rest[len(PathRoot)-1:]), true
+}
+
+// skipSlashes returns b after its leading slashes.
+func skipSlashes(b []byte) []byte {
+	for len(b) > 0 && b[0] == '/' {
+		b = b[1:]
+	}
+	return b
+}
+
+// parsePath reads the target "/sandbox/<id>/<port>[/rest][?query]", of
+// which under is what follows "/sandbox/". Only the canonical spelling of
+// the id and the port is taken, a lower-case id and a port without
 // leading zeros, so that the prefix the proxy writes back into the
-// sandbox's Location and cookie paths (AppendPathPrefix) is the one the
-// client sent. The platform's proxy took other spellings and then found
-// no route for them.
-func parsePath(t *Target, target []byte) error {
+// sandbox's Location and cookie paths (AppendPathPrefix) names the
+// sandbox as the client did. The platform's proxy took other spellings
+// and then found no route for them.
+func parsePath(t *Target, target, under []byte) error {
 	t.reset()
-	rest := target[len(PathRoot):]
-	id, rest, ok := bytes.Cut(rest, []byte{'/'})
+	id, rest, ok := bytes.Cut(under, []byte{'/'})
 	if !ok {
 		return targetErr(CodeInvalidPath, "path must begin /sandbox/<sandbox id>/<port>", target)
 	}
+	rest = skipSlashes(rest)
 	if err := t.setID(id).err(); err != nil {
 		return err
 	}
@@ -224,7 +246,7 @@ func parsePath(t *Target, target []byte) error {
 		return targetErr(CodeInvalidPort, "port in the path must be a number from 1 to 65535 without leading zeros", rest[:end])
 	}
 	t.Port = port
-	t.PathPrefix = len(PathRoot) + len(id) + 1 + end
+	t.PathPrefix = len(target) - len(rest) + end
 	return nil
 }
 

@@ -472,7 +472,7 @@ func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host
 	// Origin form, and Host itself spelled as an absolute-form target:
 	// the same answer as Parse.
 	for _, tg := range []string{"/", "/" + target, "http://u:p@" + host + "/p?q", "HTTPS://" + host} {
-		if strings.HasPrefix(tg, PathRoot) {
+		if pathRootModel.MatchString(tg) {
 			checkPathRequest(t, name, p, host, tg, h)
 			continue
 		}
@@ -480,7 +480,7 @@ func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host
 			t.Fatalf("%s: ParseRequest(%q, %q) = %d %q, %v; Parse: %d %q, %v", name, host, tg, tgt.Port, tgt.ID(), err, byHost.Port, byHost.ID(), hostErr)
 		}
 	}
-	if strings.HasPrefix(target, PathRoot) {
+	if pathRootModel.MatchString(target) {
 		checkPathRequest(t, name, p, host, target, h)
 		return
 	}

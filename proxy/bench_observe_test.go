@@ -29,6 +29,7 @@ type benchInstr struct {
 	maxConns  int    // client.max_conns: connections waiting for a request are tracked (Proxy.waiting)
 	byPath    bool   // requests name the sandbox in the path (/sandbox/<id>/<port>/), not in Host
 	envd      bool   // requests are envd calls (/files), which the cube_proxy_* families count
+	post      bool   // requests are POSTs with a small JSON body, as an MCP client's
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -103,6 +104,11 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	return func() {
 		req.Reset()
 		req.SetRequestURI(uri)
+		if in.post {
+			req.Header.SetMethod("POST")
+			req.Header.SetContentType("application/json")
+			req.SetBodyRaw(benchPostBody)
+		}
 		// A browser's: what a traced request records of it is measured.
 		req.Header.Set("User-Agent", benchUserAgent)
 		if err := client.Do(req, resp); err != nil {
@@ -172,6 +178,15 @@ func BenchmarkRequestPlainTCP(b *testing.B) { benchRequests(b, benchInstr{tcp: t
 func BenchmarkRequestPlainTCPMaxConns(b *testing.B) {
 	benchRequests(b, benchInstr{tcp: true, maxConns: 1000})
 }
+
+// BenchmarkRequestPost is BenchmarkRequestPlain with a POST of a small
+// JSON body, as an MCP client's tools/call: the body is streamed to the
+// sandbox. Its one allocation is fasthttp's, which drains the streamed
+// body after the handler through io.CopyN (an io.LimitedReader).
+func BenchmarkRequestPost(b *testing.B) { benchRequests(b, benchInstr{post: true}) }
+
+// benchPostBody is BenchmarkRequestPost's body.
+var benchPostBody = []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run","arguments":{"cmd":"ls -la /workspace"}}}`)
 
 // BenchmarkRequestByPath is BenchmarkRequestPlain routed by the path
 // (/sandbox/<id>/<port>/path) instead of the host.

@@ -101,7 +101,15 @@ func CheckAdminAddr(addr, token string) error {
 }
 
 // Handler serves the admin API.
-func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
+func (a *Admin) Handler(ctx *fasthttp.RequestCtx) { a.serve(ctx, false) }
+
+// metricsHandler serves the metrics listener (metrics_addr): the scrape
+// alone (serveMetricsOnly), after the admin API's checks of the head.
+func (a *Admin) metricsHandler(ctx *fasthttp.RequestCtx) { a.serve(ctx, true) }
+
+// serve answers a request of the admin listener, or of the metrics
+// listener when metricsOnly.
+func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 	// The traffic listener's refusals of a version fasthttp accepts but
 	// cannot have been sent, and of a coding it frames otherwise than a
 	// front proxy may ("Transfer-Encoding: identity" beside a length): the
@@ -130,7 +138,7 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	// which localClient judges.
 	settleHost(&ctx.Request.Header)
 	path := string(ctx.Path())
-	if onMetricsListener(ctx) {
+	if metricsOnly {
 		a.serveMetricsOnly(ctx, path)
 		return
 	}
@@ -239,19 +247,40 @@ func (a *Admin) tokenPresented(h *fasthttp.RequestHeader) bool {
 // 100, and the request runs as usual once its body has come. Answering
 // 100 to every head had the client send a body only to have it refused.
 func (a *Admin) expect(ctx *fasthttp.RequestCtx) int {
+	limit := maxAdminBody
+	if !a.tokenPresented(&ctx.Request.Header) {
+		limit = maxTokenlessAdminBody
+	}
+	return a.judgeExpect(ctx, limit, a.authorized, a.Handler)
+}
+
+// metricsExpect is expect for the metrics listener: the scrape alone is
+// asked for its body (of at most the tokenless limit); anything else is
+// answered from its head as its request would be, whatever token it
+// carries or whoever sends it.
+func (a *Admin) metricsExpect(ctx *fasthttp.RequestCtx) int {
+	return a.judgeExpect(ctx, maxTokenlessAdminBody, a.servesScrape, a.metricsHandler)
+}
+
+// servesScrape reports whether the metrics listener answers ctx with the
+// scrape.
+func (a *Admin) servesScrape(ctx *fasthttp.RequestCtx) bool {
+	return a.metrics != nil && string(ctx.Path()) == "/metrics" && (ctx.IsGet() || ctx.IsHead())
+}
+
+// judgeExpect answers an Expect head: 100 when its declared body is within
+// limit and admitted lets it through; else the 413, or what handler
+// answers it without a body, with a lingering close.
+func (a *Admin) judgeExpect(ctx *fasthttp.RequestCtx, limit int, admitted func(*fasthttp.RequestCtx) bool, handler fasthttp.RequestHandler) int {
 	h := &ctx.Request.Header
 	if frameless(h) {
 		return fasthttp.StatusContinue
 	}
-	limit := maxAdminBody
-	if !a.tokenPresented(h) {
-		limit = maxTokenlessAdminBody
-	}
 	switch {
 	case h.ContentLength() > limit:
 		writeError(ctx, refusedByParser(fasthttp.ErrBodyTooLarge), nil)
-	case !a.authorized(ctx):
-		a.Handler(ctx)
+	case !admitted(ctx):
+		handler(ctx)
 	default:
 		return fasthttp.StatusContinue
 	}

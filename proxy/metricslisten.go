@@ -11,38 +11,36 @@ import (
 // ServeMetrics serves GET /metrics alone, without the admin token, on ln
 // (metrics_addr): the platform proxy's metrics listener
 // (CUBE_PROXY_METRICS_LISTEN), for a scraper that holds no token and must
-// not reach the admin API. The admin API's server serves it, so it
+// not reach the admin API. It is served as the admin listener is: it
 // answers through the drain, has its own reserve of descriptors for a
 // process out of them, and closes with the admin listener.
 func (s *Server) ServeMetrics(ln net.Listener) error {
-	if s.adminSrv == nil {
+	if s.metricsSrv == nil {
 		return errors.New("no admin API configured")
 	}
-	if err := s.adminSrv.Serve(metricsListener{s.retrying(ln).withReserve()}); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.metricsSrv.Serve(s.retrying(ln).withReserve()); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve metrics %s: %w", ln.Addr(), err)
 	}
 	return nil
 }
 
-// metricsListener marks its connections as the metrics listener's, which
-// the admin API's handler serves with serveMetricsOnly.
-type metricsListener struct{ net.Listener }
-
-func (l metricsListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return metricsConn{c}, nil
-}
-
-// metricsConn is a connection of the metrics listener.
-type metricsConn struct{ net.Conn }
-
-// onMetricsListener reports whether ctx came on the metrics listener.
-func onMetricsListener(ctx *fasthttp.RequestCtx) bool {
-	_, ok := ctx.Conn().(metricsConn)
-	return ok
+// metricsServer is the fasthttp server of the metrics listener: the admin
+// server's settings, with its own handler and Expect judgement, and the
+// body limit of a caller without the admin token for every request. A
+// server of its own because that limit cannot be chosen per connection
+// (HeaderReceived sees the head alone): on the admin API's, a head there
+// got the admin limit with the token or when none is configured, 1 MiB
+// allocated for a declared body from any host on the scrapers' network,
+// where nothing takes a body. Its own connections, unwrapped, also keep
+// the TCP connection's CloseWrite, which the lingering close of a refusal
+// needs.
+func metricsServer(cfg ServerConfig, admin *Admin, log fasthttpLogger) *fasthttp.Server {
+	srv := adminServer(cfg, admin, log)
+	srv.Handler = admin.metricsHandler
+	srv.ExpectHandler = admin.metricsExpect
+	srv.HeaderReceived = nil
+	srv.MaxRequestBodySize = maxTokenlessAdminBody
+	return srv
 }
 
 // serveMetricsOnly answers a request on the metrics listener: the scrape,

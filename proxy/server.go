@@ -96,7 +96,10 @@ type Server struct {
 
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
-	redirect *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
+	// metricsSrv serves the metrics listener (ServeMetrics); nil with
+	// adminSrv.
+	metricsSrv *fasthttp.Server
+	redirect   *fasthttp.Server // plain HTTP answered with a redirect to HTTPS (opt-in)
 	// redirectPort is the HTTPS port the redirects name ("" for 443).
 	redirectPort string
 	// redirectConns are the redirect listener's connections, each with the
@@ -144,6 +147,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	s.redirect = s.redirectServer(log)
 	if admin != nil {
 		s.adminSrv = adminServer(cfg, admin, log)
+		s.metricsSrv = metricsServer(cfg, admin, log)
 		admin.draining = &s.draining
 	}
 	s.wg.Add(1)
@@ -386,7 +390,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		defer acancel() // an admin request still open at the end is cut
 		go func() {
 			defer close(adminClosed)
-			_ = s.adminSrv.ShutdownWithContext(actx)
+			s.shutdownAdmin(actx)
 		}()
 	}
 
@@ -465,7 +469,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	} else if s.adminSrv != nil {
 		actx, acancel := context.WithTimeout(context.Background(), time.Second)
-		_ = s.adminSrv.ShutdownWithContext(actx)
+		s.shutdownAdmin(actx)
 		acancel()
 	}
 	// What fasthttp's shutdown and the registry leave (heldConns): a
@@ -490,6 +494,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = nil
 	}
 	return err
+}
+
+// shutdownAdmin shuts the admin and metrics listeners' servers down at
+// once, within ctx: the metrics listener closes with the admin listener.
+func (s *Server) shutdownAdmin(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.metricsSrv.ShutdownWithContext(ctx)
+	}()
+	_ = s.adminSrv.ShutdownWithContext(ctx)
+	<-done
 }
 
 // janitor drops idle upstream pools and forgotten sandbox entries.

@@ -96,14 +96,14 @@ func TestPathRouting(t *testing.T) {
 		}
 	}
 
-	// Runs of slashes within the prefix count as one, as nginx merges
-	// them (a client that joined a base URL ending in '/' and a path):
-	// the sandbox gets its path as sent, the prefix spelled once, and its
-	// Location comes back under that spelling. Sent raw: Go's client
-	// sends a "//" target in absolute form.
+	// Leading slashes count as one, as nginx merges them (a client that
+	// joined a base URL ending in '/' and a path): the sandbox gets its
+	// path as sent, the prefix spelled once, and its Location comes back
+	// under that spelling. Sent raw: Go's client sends a "//" target in
+	// absolute form.
 	for _, tc := range []struct{ target, want string }{
 		{"/" + prefix + "/a", "/a"},
-		{"//sandbox//pathbox//" + itoa(port) + "//a?q", "//a?q"},
+		{"///" + prefix[1:] + "//a?q", "//a?q"},
 		{"/" + prefix + "/redirect", ""},
 	} {
 		resp, body := h.dialProxy(t).do("GET", h.addr, tc.target, "")
@@ -200,6 +200,7 @@ func TestPathRouting(t *testing.T) {
 		{"/sandbox/pathbox", 400, "invalid_sandbox_path"},
 		{"/sandbox/PATHBOX/" + itoa(port) + "/", 400, "invalid_sandbox_id"},
 		{"/sandbox/pathbox/0" + itoa(port) + "/", 400, "invalid_port"},
+		{"/sandbox//" + itoa(port) + "/", 400, "invalid_sandbox_id"}, // a template's missing id
 		{"/sandbox/nobox/" + itoa(port) + "/", 404, "sandbox_not_found"},
 		{"/sandbox/pathbox/1/", 404, "port_not_mapped"},
 		// Within the prefix's root, as every target within "/".

@@ -239,7 +239,7 @@ func FuzzProxyRaw(f *testing.F) {
 		"GET /sandbox/box/" + bp + "/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n\x81\x00",
 		"GET /sandbox/priv/" + bp + "/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 		"POST /sandbox/box/" + bp + "/../up HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello",
-		"GET //sandbox//box/" + bp + "//p HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET //sandbox/box/" + bp + "//p HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

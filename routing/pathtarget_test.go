@@ -27,11 +27,10 @@ func TestParseRequestPath(t *testing.T) {
 		{"plain", "[::1]:8081", "/sandbox/abc/8080?q=/x", none, 8080, "abc", 17, ""},
 		{"plain", "localhost", "/sandbox/a_b-1/1/", none, 1, "a_b-1", 16, ""},
 		{"plain", "proxy.example.com", "/sandbox/abc/65535/x", none, 65535, "abc", 18, ""},
-		// Runs of slashes within the prefix count as one, as nginx merges
-		// them; the sandbox's own path is left as sent.
+		// Leading slashes count as one, as nginx merges them; the
+		// sandbox's own path is left as sent.
 		{"plain", "127.0.0.1", "//sandbox/abc/8080/p", none, 8080, "abc", 18, ""},
-		{"plain", "127.0.0.1", "///sandbox//abc//8080//p?q", none, 8080, "abc", 21, ""},
-		{"plain", "127.0.0.1", "/sandbox/abc///8080", none, 8080, "abc", 19, ""},
+		{"plain", "127.0.0.1", "///sandbox/abc/8080//p?q", none, 8080, "abc", 19, ""},
 		// Headers on a shared host lose to the path, as on the platform.
 		{"plain", "127.0.0.1", "/sandbox/abc/8080/", cube, 8080, "abc", 17, ""},
 		// A host that names no sandbox port: any name, a domain not allowed.
@@ -48,7 +47,10 @@ func TestParseRequestPath(t *testing.T) {
 		// Malformed.
 		{"plain", "127.0.0.1", "/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/", none, 0, "", 0, CodeInvalidPath},
-		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidPort}, // "/sandbox/8080/" merged
+		// An empty segment within the prefix: a template's missing id.
+		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "//sandbox//8080/x", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "/sandbox/abc//8080/", none, 0, "", 0, CodeInvalidPort},
 		{"plain", "127.0.0.1", "//sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/ABC/8080/", none, 0, "", 0, CodeInvalidSandboxID},
 		{"plain", "127.0.0.1", "/sandbox/%61bc/8080/", none, 0, "", 0, CodeInvalidSandboxID},
@@ -101,11 +103,11 @@ func TestParseRequestPath(t *testing.T) {
 var hostRegexp = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // pathModel is the README's rule for a path target: a canonical id and a
-// port 1-65535 without leading zeros, then the end, a '/' or a '?'; runs
-// of slashes within the prefix count as one. pathRootModel is where it
-// applies: a target beginning with /sandbox/ so read.
+// port 1-65535 without leading zeros, then the end, a '/' or a '?';
+// leading slashes count as one. pathRootModel is where it applies: a
+// target beginning with /sandbox/ so read.
 var (
-	pathModel     = regexp.MustCompile(`^/+sandbox/+([a-z0-9][a-z0-9_-]{0,127})/+([1-9][0-9]{0,4})(?:[/?]|$)`)
+	pathModel     = regexp.MustCompile(`^/+sandbox/([a-z0-9][a-z0-9_-]{0,127})/([1-9][0-9]{0,4})(?:[/?]|$)`)
 	pathRootModel = regexp.MustCompile(`^/+sandbox/`)
 )
 

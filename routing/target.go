@@ -138,9 +138,11 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // A target in origin form under PathRoot ("/sandbox/<id>/<port>/rest") on
 // a host that names no sandbox port (an IP, a shared host, any other name)
 // is routed by its path, as the platform's proxy routes it: see parsePath.
-// Runs of slashes within the prefix count as one ("//sandbox/x/80/", from
-// a client that joined a base URL ending in '/' and a path), as nginx's
-// merge_slashes has them there.
+// Slashes before "sandbox" count as one ("//sandbox/x/80/", from a client
+// that joined a base URL ending in '/' and a path), as nginx's
+// merge_slashes has them. Within the prefix an empty segment is refused:
+// "/sandbox//80/" is a template's missing id far more often than a
+// spelling, and its error names the id (nginx merges those too).
 // A sandbox host name keeps its own routing for every path, so that an app
 // that serves pages under /sandbox/ is still reached by its own name.
 func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
@@ -194,22 +196,17 @@ func (p *Parser) routesByPath(host []byte) (bool, error) {
 	return p.readSandboxHost(&named, name).code != "", nil
 }
 
-// underPathRoot reports whether target begins with PathRoot, runs of
+// underPathRoot reports whether target begins with PathRoot, its leading
 // slashes counted as one, and returns what follows it.
 func underPathRoot(target []byte) ([]byte, bool) {
-	rest := skipSlashes(target)
+	rest := target
+	for len(rest) > 0 && rest[0] == '/' {
+		rest = rest[1:]
+	}
 	if len(rest) == len(target) || !bytes.HasPrefix(rest, []byte(PathRoot[1:])) {
 		return nil, false
 	}
-	return skipSlashes(rest[len(PathRoot)-1:]), true
-}
-
-// skipSlashes returns b after its leading slashes.
-func skipSlashes(b []byte) []byte {
-	for len(b) > 0 && b[0] == '/' {
-		b = b[1:]
-	}
-	return b
+	return rest[len(PathRoot)-1:], true
 }
 
 // parsePath reads the target "/sandbox/<id>/<port>[/rest][?query]", of
@@ -225,7 +222,6 @@ func parsePath(t *Target, target, under []byte) error {
 	if !ok {
 		return targetErr(CodeInvalidPath, "path must begin /sandbox/<sandbox id>/<port>", target)
 	}
-	rest = skipSlashes(rest)
 	if err := t.setID(id).err(); err != nil {
 		return err
 	}

@@ -359,23 +359,29 @@ func TestAdminTakesHeadsUpToTheHeaderLimit(t *testing.T) {
 	}
 }
 
-// The admin listener's refusals of a head or body over its limits reach a
-// client still sending, as the traffic listener's do: 8 MiB is more than
-// the socket buffers hold, so the write completes only if the proxy reads
-// on after its answer. With fasthttp's plain close the client's write
-// failed on the reset before it could read the 413 or 431.
+// The admin and metrics listeners' refusals of a head or body over their
+// limits reach a client still sending, as the traffic listener's do: 8 MiB
+// is more than the socket buffers hold, so the write completes only if the
+// proxy reads on after its answer. With fasthttp's plain close the
+// client's write failed on the reset before it could read the 413 or 431;
+// on the metrics listener, whose connections were once wrapped in a type
+// that hid the TCP connection's CloseWrite, the lingering close was
+// skipped the same way.
 func TestAdminRefusalsLinger(t *testing.T) {
-	h := newHarness(t)
+	h, metrics := metricsHarness(t, "")
+	big := strings.Repeat("b", 8<<20)
 	for _, tc := range []struct {
-		name, req string
-		status    int
-		code      string
+		name, addr, req string
+		status          int
+		code            string
 	}{
-		{"body over 1 MiB", "POST /admin/state HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 8388608\r\n\r\n" + strings.Repeat("b", 8<<20), 413, CodeBodyTooLarge},
-		{"head over the limit", "GET /admin/routes HTTP/1.1\r\nHost: 127.0.0.1\r\nBaggage: k=" + strings.Repeat("v", 8<<20) + "\r\n\r\n", 431, "request_header_too_large"},
+		{"admin/body over 1 MiB", h.admin, "POST /admin/state HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 8388608\r\n\r\n" + big, 413, CodeBodyTooLarge},
+		{"admin/head over the limit", h.admin, "GET /admin/routes HTTP/1.1\r\nHost: 127.0.0.1\r\nBaggage: k=" + big + "\r\n\r\n", 431, "request_header_too_large"},
+		{"metrics/body over the limit", metrics, "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 8388608\r\n\r\n" + big, 413, CodeBodyTooLarge},
+		{"metrics/head over the limit", metrics, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nBaggage: k=" + big + "\r\n\r\n", 431, "request_header_too_large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := dialRaw(t, h.admin)
+			c := dialRaw(t, tc.addr)
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 			if _, err := io.WriteString(c, tc.req); err != nil {
 				t.Fatalf("write: %v (the answer was not lingered)", err)

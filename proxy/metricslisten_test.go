@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -15,18 +14,46 @@ import (
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
-// metricsHarness is a harness whose Server also serves the metrics
-// listener (metrics_addr); it returns the harness and that listener's
-// address.
-func metricsHarness(t *testing.T, token string) (*harness, string) {
+// metricsHarness is a harness, with token and mod applied, whose Server
+// also serves the metrics listener (metrics_addr), the scrape answering
+// "scrape\n"; it returns the harness and that listener's address.
+func metricsHarness(t *testing.T, token string, mod ...func(*harnessOpts)) (*harness, string) {
 	t.Helper()
-	h := newHarness(t, func(o *harnessOpts) {
+	h := newHarness(t, append(mod, func(o *harnessOpts) {
 		o.token = token
 		o.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "scrape\n") })
-	})
+	})...)
 	mln := listen(t, "127.0.0.1:0")
 	go h.server.ServeMetrics(mln)
 	return h, mln.Addr().String()
+}
+
+// holdDrain sends a request to a sandbox that holds its answer until
+// release is called, and returns once the sandbox has it: a drain begun
+// then waits for it. held gets the request's status (0: it failed).
+func holdDrain(t *testing.T, h *harness, id string) (release func(), held <-chan int) {
+	t.Helper()
+	arrived, hold := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	host := h.route(id, backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-hold
+		io.WriteString(w, "done")
+	})))
+	status := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(h.req("GET", host, "/", nil))
+		if err != nil {
+			status <- 0
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	<-arrived
+	return release, status
 }
 
 // Nothing on the metrics listener takes a body, and it is meant for a
@@ -51,39 +78,6 @@ func TestMetricsListenerHoldsNoBodies(t *testing.T) {
 				t.Errorf("token %q configured, %q sent, 1 MiB declared: %d %s, want 413", token, sent, resp.StatusCode, body)
 			}
 		}
-	}
-}
-
-// A refusal on the metrics listener reaches a client still sending, as
-// on the admin listener (TestAdminRefusalsLinger): its connections were
-// wrapped in a type that hid the TCP connection's CloseWrite, so the
-// lingering close was skipped and fasthttp's plain close reset the
-// client before it read its 413 or 431.
-func TestMetricsListenerRefusalsLinger(t *testing.T) {
-	_, metrics := metricsHarness(t, "admin-secret")
-	big := strings.Repeat("b", 8<<20)
-	for _, tc := range []struct {
-		name, req string
-		status    int
-		code      string
-	}{
-		{"body over the limit", "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 8388608\r\n\r\n" + big, 413, CodeBodyTooLarge},
-		{"head over the limit", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nBaggage: k=" + big + "\r\n\r\n", 431, "request_header_too_large"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := dialRaw(t, metrics)
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			if _, err := io.WriteString(c, tc.req); err != nil {
-				t.Fatalf("write: %v (the answer was not lingered)", err)
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			checkProxyError(t, resp, string(b), tc.status, tc.code)
-		})
 	}
 }
 
@@ -123,37 +117,14 @@ func TestMetricsListenerJudgesExpectHeads(t *testing.T) {
 // the drain, as what answers its port from then on is the next process;
 // the metrics listener closes with it, while a request is still drained.
 func TestSharedPortsDrainClosesTheMetricsListener(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) {
+	h, metrics := metricsHarness(t, "", func(o *harnessOpts) {
 		o.srv.DrainTimeout = 30 * time.Second
 		o.srv.SharedPorts = true
-		o.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "scrape\n") })
 	})
-	mln := listen(t, "127.0.0.1:0")
-	go h.server.ServeMetrics(mln)
-	metrics := mln.Addr().String()
 	if resp, body := rawRequest(t, metrics, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); resp.StatusCode != 200 || body != "scrape\n" {
 		t.Fatalf("scrape: %d %q", resp.StatusCode, body)
 	}
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	host := h.route("sharedrain", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		<-release
-		io.WriteString(w, "done")
-	})))
-	held := make(chan int, 1)
-	go func() {
-		resp, err := h.client.Do(h.req("GET", host, "/", nil))
-		if err != nil {
-			held <- 0
-			return
-		}
-		resp.Body.Close()
-		held <- resp.StatusCode
-	}()
-	<-arrived
+	unblock, held := holdDrain(t, h, "sharedrain")
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
 	for _, l := range []struct{ name, addr string }{{"admin", h.admin}, {"metrics", metrics}} {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -869,14 +868,9 @@ const (
 // until the drain ends (without reuse_port), as does the metrics listener
 // (metrics_addr), whose scrape must see the drain through.
 func TestDrainProbes(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) {
-		o.srv.DrainTimeout = 30 * time.Second
-		o.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "scrape\n") })
-	})
-	mln := listen(t, "127.0.0.1:0")
-	go h.server.ServeMetrics(mln)
+	h, metrics := metricsHarness(t, "", func(o *harnessOpts) { o.srv.DrainTimeout = 30 * time.Second })
 	scrape := func() (int, string, error) {
-		resp, err := h.client.Get("http://" + mln.Addr().String() + "/metrics")
+		resp, err := h.client.Get("http://" + metrics + "/metrics")
 		if err != nil {
 			return 0, "", err
 		}
@@ -884,26 +878,7 @@ func TestDrainProbes(t *testing.T) {
 		b, err := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b), err
 	}
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	host := h.route("drainprobe", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		<-release
-		io.WriteString(w, "done")
-	})))
-	held := make(chan int, 1)
-	go func() {
-		resp, err := h.client.Do(h.req("GET", host, "/", nil))
-		if err != nil {
-			held <- 0
-			return
-		}
-		resp.Body.Close()
-		held <- resp.StatusCode
-	}()
-	<-arrived
+	unblock, held := holdDrain(t, h, "drainprobe")
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
 
@@ -925,7 +900,7 @@ func TestDrainProbes(t *testing.T) {
 		t.Fatalf("shutdown: %v", err)
 	}
 	h.client.CloseIdleConnections()
-	if _, err := net.DialTimeout("tcp", mln.Addr().String(), time.Second); err == nil {
+	if _, err := net.DialTimeout("tcp", metrics, time.Second); err == nil {
 		t.Fatal("the metrics listener still accepts after the drain")
 	}
 }

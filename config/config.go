@@ -599,6 +599,14 @@ func (c *Config) checkNumbers() error {
 			}
 		}
 	}
+	if err := checkAdminURL(c.Registry.AdminURL); err != nil {
+		return fmt.Errorf("registry.admin_url %q: %w", c.Registry.AdminURL, err)
+	}
+	if c.Registry.AdminURL != "" && !c.Registry.Enabled {
+		// Only the registry entry carries it: an operator who set it
+		// expects the lifecycle manager to find this proxy there.
+		return errors.New("registry.admin_url is set but registry.enabled is off: nothing announces it; set registry.enabled: true (CUBEPROXY_REGISTRY_ENABLED=true), or remove registry.admin_url")
+	}
 	if r := c.Telemetry.TraceSampleRatio; !(r >= 0 && r <= 1) {
 		return fmt.Errorf("telemetry.trace_sample_ratio: %v is not a fraction between 0 and 1", r)
 	}
@@ -609,6 +617,32 @@ func (c *Config) checkNumbers() error {
 	if mn, mx := c.Cache.TTLMin, c.Cache.TTLMax; mn == 0 && mx > 0 && mx < routing.DefaultTTLMin {
 		// The cache would refuse the pair, naming a minimum nobody set.
 		return fmt.Errorf("cache.ttl_max (%s) is below cache.ttl_min's default (%s): set cache.ttl_min too", mx, routing.DefaultTTLMin)
+	}
+	return nil
+}
+
+// checkAdminURL refuses an admin URL the lifecycle manager could not
+// call: it appends the admin paths to it ("/admin/state"), so it must be
+// an http or https URL with a host, and nothing after its path.
+func checkAdminURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	// Before the parse: "10.0.0.7:8082" parses to Go's "first path
+	// segment in URL cannot contain colon".
+	if l := strings.ToLower(s); !strings.HasPrefix(l, "http://") && !strings.HasPrefix(l, "https://") {
+		return errors.New("want an http:// or https:// URL, for example http://10.0.0.7:8082")
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return err
+	case u.Host == "" || u.Hostname() == "":
+		return errors.New("the URL names no host")
+	case u.User != nil:
+		return errors.New("the URL carries credentials: the lifecycle manager sends admin_token as X-Cube-Admin-Token")
+	case u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(s, "?") || strings.HasSuffix(s, "#"):
+		return errors.New("the lifecycle manager appends its paths to the URL: it may not end in a query or a fragment")
 	}
 	return nil
 }

@@ -179,6 +179,12 @@ func TestLoadErrors(t *testing.T) {
 		{"admin port out of range with a token", []string{"--admin-addr=0.0.0.0:70000", "--admin-token=t0ken"}, nil, `admin_addr "0.0.0.0:70000": port 70000 is above 65535`},
 		{"port-less metrics address", nil, map[string]string{"CUBEPROXY_METRICS_ADDR": "127.0.0.1"}, `metrics_addr "127.0.0.1": address 127.0.0.1: missing port in address; want host:port, for example 127.0.0.1:18082`},
 		{"metrics address on the admin port", []string{"--metrics-addr=:8082"}, nil, `admin_addr "127.0.0.1:8082" and metrics_addr ":8082" are the same address`},
+		// The lifecycle manager appends its paths to the announced URL.
+		{"registry admin URL without a scheme", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=10.0.0.7:8082"}, nil, `registry.admin_url "10.0.0.7:8082": want an http:// or https:// URL`},
+		{"registry admin URL with a query", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://10.0.0.7:8082/?x=1"}, nil, "may not end in a query or a fragment"},
+		{"registry admin URL with credentials", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://u:p@10.0.0.7:8082"}, nil, "the URL carries credentials"},
+		{"registry admin URL without a host", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http:///admin"}, nil, "the URL names no host"},
+		{"registry admin URL with the registry off", []string{"--store=redis", "--redis-addr=r:6379", "--registry-admin-url=http://10.0.0.7:18082"}, nil, "registry.admin_url is set but registry.enabled is off"},
 		{"unknown service as port", []string{"--config", writeFile(t, "http_addr: 127.0.0.1:no-such-service\n")}, nil, `http_addr "127.0.0.1:no-such-service": port "no-such-service" is no number`},
 		{"tiny client header limit", []string{"--client-max-header-size=10"}, nil, "client.max_header_size: 10 is below 1024 bytes, too small for real headers (0 means the 32 KiB default)"},
 		{"tiny upstream header limit", []string{"--upstream-max-header-size=512"}, nil, "upstream.max_header_size: 512 is below 1024 bytes, too small for real headers (0 means the 16 KiB default)"},

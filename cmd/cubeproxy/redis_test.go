@@ -1080,3 +1080,60 @@ func TestWarnSlowHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+// registry.admin_url (the platform proxy's CUBE_PROXY_ADMIN_URL) is what
+// the entry announces, for a lifecycle manager that reaches the admin API
+// through a port mapping or a name. The warning of a loopback admin API
+// is for an announcement of one: earlier builds warned every Redis-store
+// proxy on the default loopback admin_addr, its registry off.
+func TestRedisRegistryAdminURL(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	const given = "http://cubeproxy-7.nodes.internal:18082"
+	flags := []string{"--store", "redis", "--redis-addr", r.Addr(), "--registry-interval", "200ms",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--access-log-format", "off"}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		entry string // the announced admin_url: "" none, "listener" the admin listener's
+		warns bool
+	}{
+		{"registry off", nil, "", false},
+		{"registry on, the listener's address", []string{"--registry-enabled"}, "listener", true},
+		{"registry on, a URL given", []string{"--registry-enabled", "--registry-admin-url", given}, given, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "regurl-" + strings.ReplaceAll(tc.name, " ", "")
+			id = strings.NewReplacer(",", "", "'", "").Replace(id)
+			p := startServe(t, append(append([]string{"--instance-id", id}, flags...), tc.args...), noEnv, "cube.test")
+			// The process log is written in order, after the fact: the
+			// warning comes before this line or not at all.
+			testenv.WaitFor(t, 10*time.Second, "the listening line", func() bool {
+				return strings.Contains(p.logs.String(), `"msg":"cubeproxy listening"`)
+			})
+			if warned := strings.Contains(p.logs.String(), "announces an admin API on a loopback address"); warned != tc.warns {
+				t.Errorf("loopback warning logged: %v, want %v\n%s", warned, tc.warns, p.logs)
+			}
+			if tc.entry == "" {
+				if p.a.registry != nil {
+					t.Fatal("registry off, yet one was started")
+				}
+				return
+			}
+			want := tc.entry
+			if want == "listener" {
+				want = "http://" + p.admin
+			}
+			var inst struct {
+				AdminURL string `json:"admin_url"`
+			}
+			testenv.WaitFor(t, 15*time.Second, "the registry entry", func() bool {
+				v, err := r.Client().HGet(context.Background(), redisstore.DefaultRegistryHash, id).Result()
+				return err == nil && json.Unmarshal([]byte(v), &inst) == nil
+			})
+			if inst.AdminURL != want {
+				t.Errorf("announced admin_url %q, want %q", inst.AdminURL, want)
+			}
+		})
+	}
+}

@@ -392,16 +392,24 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	if cfg.ReusePort {
 		warnTakeover(log)
 	}
-	if a.redis != nil {
-		// After listen: the entry names the admin listener's address.
+	if a.redis != nil && cfg.Registry.Enabled {
+		// After listen: the entry names the admin listener's address,
+		// unless the operator named the URL it is reached at. Its
+		// warnings only with the registry on: earlier builds warned every
+		// Redis-store proxy on the default loopback admin_addr of an
+		// announcement it never made.
+		announced := cfg.Registry.AdminURL
+		if announced == "" {
+			announced = adminURL(a.adminLn.Addr(), cfg.NodeIP)
+			warnLoopbackAdmin(log, a.adminLn.Addr())
+		}
 		a.registry, err = a.redis.StartRegistry(redisstore.Instance{
-			ProxyID: a.instance, AdminURL: adminURL(a.adminLn.Addr(), cfg.NodeIP),
+			ProxyID: a.instance, AdminURL: announced,
 			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: version,
 		}, log)
 		if err != nil {
 			return nil, fmt.Errorf("registry: %w", err)
 		}
-		warnLoopbackAdmin(log, a.adminLn.Addr())
 		warnSlowHeartbeat(log, cfg.Registry.Interval)
 	}
 	return a, nil

@@ -102,6 +102,8 @@ type RegistryConfig struct {
 	Interval time.Duration `yaml:"interval" usage:"how often the registry entry is written"`
 	Hash     string        `yaml:"hash" usage:"registry hash key"`
 	ZSet     string        `yaml:"zset" usage:"heartbeat sorted-set key"`
+	// AdminURL is the platform proxy's CUBE_PROXY_ADMIN_URL.
+	AdminURL string `yaml:"admin_url" usage:"the admin API's URL the entry announces, for a lifecycle manager that reaches it otherwise than at the admin listener's address (a port mapping, a name); empty = that address, node_ip in place of a wildcard host"`
 }
 
 // WithDefaults returns c with every empty field set to its default.

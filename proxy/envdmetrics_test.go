@@ -100,11 +100,7 @@ func TestEnvdInflightAfterSlotWaitsAndExpect(t *testing.T) {
 	before := scrapeMetrics(t, w.admin)
 	a := w.openSSE(t)
 
-	gone := dialRaw(t, w.h.addr)
-	io.WriteString(gone, "GET /files?path=/x HTTP/1.1\r\nHost: "+slotWaitHost+"\r\n\r\n")
-	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
-	gone.Close()
-	testenv.WaitFor(t, 10*time.Second, "the wait to end with its client gone", func() bool { return w.h.proxy.limitWaiting.Load() == 0 })
+	w.abandonWait(t, "/files?path=/x")
 
 	answer := w.send(w.h.req("GET", slotWaitHost, "/files", nil))
 	w.waiting(t, answer)

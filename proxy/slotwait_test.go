@@ -152,6 +152,18 @@ func (w *slotWaitBox) waiting(t *testing.T, answer <-chan slotAnswer) {
 	}
 }
 
+// abandonWait sends "GET target" on a connection of its own, waits until
+// the request waits for a slot, and closes the connection: the wait ends
+// with its client gone.
+func (w *slotWaitBox) abandonWait(t *testing.T, target string) {
+	t.Helper()
+	c := dialRaw(t, w.h.addr)
+	io.WriteString(c, "GET "+target+" HTTP/1.1\r\nHost: "+slotWaitHost+"\r\n\r\n")
+	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
+	c.Close()
+	testenv.WaitFor(t, 10*time.Second, "the wait to end with its client gone", func() bool { return w.h.proxy.limitWaiting.Load() == 0 })
+}
+
 // waits checks cubeproxy_stream_limit_waits_total by outcome: slot and
 // refused as given, and state (the sandbox paused, killed or forgotten
 // during the wait) state[0], or 0.
@@ -389,11 +401,7 @@ func TestStreamLimitWaitLooksRouteUpAgain(t *testing.T) {
 func TestStreamLimitWaitClientGone(t *testing.T) {
 	w := newSlotWaitBox(t, time.Minute)
 	a := w.openSSE(t)
-	c := dialRaw(t, w.h.addr)
-	io.WriteString(c, "GET /next HTTP/1.1\r\nHost: "+slotWaitHost+"\r\n\r\n")
-	testenv.WaitFor(t, 10*time.Second, "the request to wait for a slot", func() bool { return w.h.proxy.limitWaiting.Load() == 1 })
-	c.Close()
-	testenv.WaitFor(t, 10*time.Second, "the wait to end with its client gone", func() bool { return w.h.proxy.limitWaiting.Load() == 0 })
+	w.abandonWait(t, "/next")
 	w.waits(t, 0, 1)
 	if n := w.sb.inFlight(); n != 1 {
 		t.Fatalf("%d requests in flight, want the SSE stream's 1", n)

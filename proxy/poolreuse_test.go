@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -452,5 +454,81 @@ func holdOn(t *testing.T, arrived chan<- struct{}, release <-chan struct{}) bool
 		return true
 	case <-t.Context().Done():
 		return false
+	}
+}
+
+// A sandbox rolled back to a snapshot has lost every connection opened
+// after it, and the proxy's pool does not know: the guest sends nothing on
+// them until a request comes, which its kernel resets. The first request
+// to learn it costs a 502 (a POST) or a retry (a GET); the pool's other idle
+// connections, idle at least as long, are closed then rather than each
+// costing another request the same.
+func TestRolledBackSandboxCostsOneRequestPerPool(t *testing.T) {
+	const pooled = 3
+	for _, tc := range []struct {
+		method, body string
+		first        int // the status of the request that finds the pool stale
+		sent         int // how many times the backend reads that request
+	}{
+		{"POST", `{"jsonrpc":"2.0"}`, 502, 1}, // not re-sent: it has a body
+		{"GET", "", 200, 2},                   // re-sent once, on a new connection
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			h := newHarness(t)
+			arrived := make(chan struct{}, pooled)
+			all := make(chan struct{})
+			var old sync.Map // connections opened before the rollback
+			b := newScriptBackend(t, func(c net.Conn, req *http.Request, _ int) bool {
+				if req.URL.Path == "/held" {
+					// Held until all are in, so the proxy opens pooled
+					// connections.
+					old.Store(c, true)
+					arrived <- struct{}{}
+					select {
+					case <-all:
+					case <-t.Context().Done():
+					}
+					return rawWrite(c, okResponse("held"))
+				}
+				if _, ok := old.Load(c); ok {
+					_ = c.(*net.TCPConn).SetLinger(0) // the rolled-back kernel's reset
+					return false
+				}
+				return rawWrite(c, okResponse(req.Method))
+			})
+			host := h.route("rollback", b.port)
+			var wg sync.WaitGroup
+			for range pooled {
+				pc := h.dialProxy(t)
+				wg.Go(func() { _, _, _ = pc.send("GET", host, "/held", "") })
+			}
+			for range pooled {
+				<-arrived
+			}
+			close(all)
+			wg.Wait()
+			waitPoolConns(t, h, pooled)
+
+			var got []int
+			for i := range pooled {
+				resp, _ := h.dialProxy(t).do(tc.method, host, fmt.Sprintf("/after/%d", i), tc.body)
+				got = append(got, resp.StatusCode)
+			}
+			if want := []int{tc.first, 200, 200}; !slices.Equal(got, want) {
+				t.Fatalf("%s after the rollback, one per request: statuses %v, want %v (one request pays for the pool)", tc.method, got, want)
+			}
+			if n := b.count(tc.method + " /after/0"); n != tc.sent {
+				t.Errorf("the backend read the first %s %d times, want %d", tc.method, n, tc.sent)
+			}
+			for i := 1; i < pooled; i++ {
+				if n := b.count(fmt.Sprintf("%s /after/%d", tc.method, i)); n != 1 {
+					t.Errorf("the backend read %s /after/%d %d times, want once", tc.method, i, n)
+				}
+			}
+			// The pooled connections plus the one opened after the rollback,
+			// which served every later request.
+			b.wantAccepted(t, pooled+1, "")
+			waitPoolConns(t, h, 1)
+		})
 	}
 }

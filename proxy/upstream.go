@@ -156,6 +156,7 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 			return c, nil
 		}
 		stale := reused && c.nread == 0 && isStaleConn(err)
+		staleSince := c.idleSince
 		cut := c.interrupted.Load()
 		if cut && p.beforeCutEnd != nil {
 			p.beforeCutEnd()
@@ -166,6 +167,18 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		}
 		if cut {
 			return nil, c.cutErr() // not retried: the proxy is going away, or the sandbox is gone
+		}
+		if stale {
+			// The sandbox dropped a connection it had kept alive, and the
+			// peek before reuse could not tell: it was rolled back to a
+			// snapshot (its kernel resets what comes on a connection
+			// opened after it), its server restarted, or its idle timeout
+			// closed it as the request went out. The pool's connections
+			// idle at least as long (it reuses the newest first) are as
+			// dead, and each would cost a request a 502 (a POST) or a
+			// retry: after a rollback one request per pool pays, not one
+			// per pooled connection.
+			u.closeIdle(staleSince + 1)
 		}
 		if stale && attempt == 0 && retryable {
 			p.metrics.UpstreamRetry()

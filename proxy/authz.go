@@ -49,11 +49,11 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		if len(tok) > 0 {
 			exp, verr := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now())
 			if verr == nil {
-				// On a request routed by its path, every sandbox behind
-				// the host is one origin: a cookie would be sent to, and
-				// usable from, any of their pages. The link lets its own
-				// request through, and no cookie is traded for it.
-				if !navigation(h) || t.PathPrefix > 0 {
+				// On a shared host, every sandbox behind it is one
+				// origin: a cookie would be sent to, and usable from, any
+				// of their pages. The link lets its own request through,
+				// and no cookie is traded for it.
+				if !navigation(h) || sharedOrigin(t) {
 					// prepareRequest removes the parameter.
 					x.via = viaLink
 					return false
@@ -75,9 +75,9 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 		// A refused parameter still leaves the cookie: a browser that holds
 		// a valid one (from a newer link) and opens an old link would
 		// otherwise be locked out of a URL it may open without the
-		// parameter. The parameter's error is the one reported. A path
-		// route trades no cookie (above), so none is read there.
-		if t.PathPrefix == 0 {
+		// parameter. The parameter's error is the one reported. A shared
+		// origin trades no cookie (above), so none is read there.
+		if !sharedOrigin(t) {
 			if _, ok, verr := p.signedCookie(h, r, t.Port); ok {
 				// The cookie is ambient: a sibling sandbox's page can
 				// make the browser send it (see auth.CookieRequestAllowed).
@@ -94,6 +94,17 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	p.metrics.AuthRejected(rej.Code)
 	x.fail(ctx, proxyError{status: 403, code: rej.Code, msg: rej.Reason}, t.ID())
 	return true
+}
+
+// sharedOrigin reports whether the request's host serves every sandbox
+// behind it from one origin, where the proxy neither sets nor reads its
+// cookie: a request routed by its path, or by the X-Cube-Sandbox-Id
+// headers on a shared host (an IP, localhost, a shared_hosts name). Both
+// are the hosts path routing serves any sandbox's pages on, so a cookie
+// stored there for one sandbox went along on a same-origin fetch another
+// sandbox's page makes with the headers, and let it read the answer.
+func sharedOrigin(t *routing.Target) bool {
+	return t.PathPrefix > 0 || t.Shared
 }
 
 // passedVia is how a request auth.CheckTraffic let through passed, the

@@ -144,7 +144,7 @@ func FuzzBackendRaw(f *testing.F) {
 				t.Fatalf("%d without %s\nfor backend answer %q", resp.StatusCode, HeaderRequestID, answer)
 			}
 			for _, ck := range resp.Cookies() {
-				if ck.Domain != "" && !strings.EqualFold(ck.Domain, "8080-box.cube.test") {
+				if ck.Domain != "" {
 					t.Fatalf("Set-Cookie with Domain=%s reached the client\nfor backend answer %q", ck.Domain, answer)
 				}
 			}

@@ -680,27 +680,30 @@ func lower(c byte) byte {
 	return c
 }
 
-// scopeSetCookies keeps every cookie a sandbox sets on host, the one the
-// client addressed (clientHost). All sandbox hosts share one parent
-// domain, so a cookie with Domain=<that domain> (or any Domain but the
-// host itself) would go to every other sandbox's host too: a sandbox could
-// plant cookies in its siblings' apps (a session of the attacker's, a CSRF
-// token it chose) and fill their Cookie headers past
-// client.max_header_size, so that every sandbox answers the visitor's
-// browser 431 until the cookies expire (a cookie bomb). Browsers refuse
-// such a cookie once the domain is on the Public Suffix List; the proxy
-// does not wait for that entry. Such a cookie loses its Domain attributes,
-// so it is host-only: the sandbox's own app keeps it, on its own host.
+// scopeSetCookies keeps every cookie a sandbox sets on the host the
+// client addressed, and on that host alone. All sandbox hosts share one
+// parent domain, so a cookie with Domain=<that domain> would go to every
+// other sandbox's host too: a sandbox could plant cookies in its siblings'
+// apps (a session of the attacker's, a CSRF token it chose) and fill their
+// Cookie headers past client.max_header_size, so that every sandbox
+// answers the visitor's browser 431 until the cookies expire (a cookie
+// bomb). Browsers refuse such a cookie once the domain is on the Public
+// Suffix List; the proxy does not wait for that entry. A Domain naming
+// the host itself widens the cookie too, to every name under it: those
+// ("x.8080-box.<domain>", which wildcard DNS resolves) name no sandbox and
+// serve any sandbox's pages by their path, so another sandbox's server got
+// the cookie there. Every cookie with a Domain therefore loses its Domain
+// attributes and is host-only: the sandbox's own app keeps it, on its own
+// host, as a browser keeps it for that host either way.
 // With a prefix (a request routed by its path), a cookie's Path that
 // begins with '/' is put under it, as nginx's proxy_cookie_path
 // "/ <prefix>/" does: "Path=/" becomes "Path=<prefix>/"; one under it
 // already stays (pathroute.go). Nothing is copied
 // unless a cookie has a Domain to remove or a Path to prefix.
-func scopeSetCookies(h *fasthttp.ResponseHeader, host, prefix []byte) {
-	host = hostWithoutPort(host)
+func scopeSetCookies(h *fasthttp.ResponseHeader, prefix []byte) {
 	change := false
 	for _, v := range h.Cookies() {
-		if change = foreignCookieDomain(v, host) || prefix != nil && rootCookiePath(v, prefix); change {
+		if change = hasCookieDomain(v) || prefix != nil && rootCookiePath(v, prefix); change {
 			break
 		}
 	}
@@ -710,7 +713,7 @@ func scopeSetCookies(h *fasthttp.ResponseHeader, host, prefix []byte) {
 	// Rare: rebuilt in order, each cookie on its own Set-Cookie line.
 	var kept [][]byte
 	for _, v := range h.Cookies() {
-		kept = append(kept, appendScopedCookie(nil, v, foreignCookieDomain(v, host), prefix))
+		kept = append(kept, appendScopedCookie(nil, v, hasCookieDomain(v), prefix))
 	}
 	h.DelAllCookies()
 	for _, v := range kept {
@@ -735,18 +738,11 @@ func cookieAttrs(v []byte) iter.Seq2[[]byte, []byte] {
 	}
 }
 
-// foreignCookieDomain reports whether a Set-Cookie value has a Domain
-// attribute naming something other than host: a browser would take an
-// empty one for none, and drops one leading dot.
-func foreignCookieDomain(v, host []byte) bool {
+// hasCookieDomain reports whether a Set-Cookie value has a non-empty
+// Domain attribute (a browser takes an empty one for none).
+func hasCookieDomain(v []byte) bool {
 	for name, val := range cookieAttrs(v) {
-		if !bytes.EqualFold(name, []byte("domain")) || len(val) == 0 {
-			continue
-		}
-		if val[0] == '.' {
-			val = val[1:]
-		}
-		if !bytes.EqualFold(val, host) {
+		if bytes.EqualFold(name, []byte("domain")) && len(val) > 0 {
 			return true
 		}
 	}
@@ -788,24 +784,6 @@ func appendScopedCookie(dst, v []byte, dropDomain bool, prefix []byte) []byte {
 		dst = append(append(dst, ';'), attr...)
 	}
 	return dst
-}
-
-// hostWithoutPort drops the ":port" of a Host header value; a bracketed
-// IPv6 literal keeps its brackets (no Domain matches an IP host anyway).
-func hostWithoutPort(host []byte) []byte {
-	if i := bytes.LastIndexByte(host, ':'); i >= 0 && bytes.IndexByte(host[i:], ']') < 0 {
-		return host[:i]
-	}
-	return host
-}
-
-// clientHost returns the Host the client sent, once prepareRequest has run:
-// a masked route's is in X-Forwarded-Host (set by the proxy, one line).
-func clientHost(h *fasthttp.RequestHeader, masked bool) []byte {
-	if masked {
-		return h.Peek("X-Forwarded-Host")
-	}
-	return h.Host()
 }
 
 // masksHost reports whether requests to port of route r go to the sandbox

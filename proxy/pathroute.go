@@ -52,14 +52,14 @@ func stripPathPrefix(h *fasthttp.RequestHeader, t *routing.Target) {
 // scopeResponse keeps what the sandbox's answer names on the client's side:
 // its cookies on the host the client addressed (scopeSetCookies) and, on a
 // request routed by its path, its root-relative URLs under the prefix.
-func scopeResponse(resp *fasthttp.ResponseHeader, req *fasthttp.RequestHeader, r *routing.Route, t *routing.Target) {
+func scopeResponse(resp *fasthttp.ResponseHeader, t *routing.Target) {
 	var buf [maxPathPrefix]byte
 	var prefix []byte
 	if t.PathPrefix > 0 {
 		prefix = routing.AppendPathPrefix(buf[:0], t)
 		prefixRedirects(resp, prefix)
 	}
-	scopeSetCookies(resp, clientHost(req, masksHost(r, t.Port)), prefix)
+	scopeSetCookies(resp, prefix)
 }
 
 // prefixRedirects puts a root-relative Location ("/login", and so

@@ -905,7 +905,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 	if c.manyLines {
 		ctx.SetUserValue(headDropKey{}, (*headDrop)(ctx))
 	}
-	scopeResponse(&resp.Header, &req.Header, r, t)
+	scopeResponse(&resp.Header, t)
 	p.respond(ctx, x, c, t, addr, sb)
 }
 

@@ -463,7 +463,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	}
 	resp := &ctx.Response
 	// A 101 may set cookies too, and a declined upgrade is any answer.
-	scopeResponse(&resp.Header, &ctx.Request.Header, r, t)
+	scopeResponse(&resp.Header, t)
 	if resp.StatusCode() != fasthttp.StatusSwitchingProtocols {
 		// Declined (a 401, a 404, a page): relayed like any answer,
 		// streamed if need be, and the connection is not reused.

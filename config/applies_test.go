@@ -42,6 +42,10 @@ func TestSettingsThatWouldNotActAreRefused(t *testing.T) {
 		// DNS settings with no provider to use them.
 		{"dns resolvers without a provider", https + "tls:\n  source: acme\n  acme:\n    skip_wildcard: true\n    on_demand: true\n    dns:\n      resolvers: [1.1.1.1]\n",
 			"tls.acme.dns.resolvers is set but tls.acme.dns.provider is empty"},
+		// The files source with no file to read: the start failed naming
+		// no setting.
+		{"files source without a pair", https + "tls:\n  source: files\n",
+			"tls.source is files but no certificate file is named: set tls.cert_file and tls.key_file (CUBEPROXY_TLS_CERT_FILE, CUBEPROXY_TLS_KEY_FILE), or list pairs under tls.files"},
 		// Listeners.
 		{"certificate files without https_addr", "tls:\n  cert_file: c.pem\n  key_file: k.pem\n",
 			"tls certificate files are named but https_addr is empty"},

@@ -844,6 +844,11 @@ func (c *Config) checkTLS() error {
 			return err
 		}
 	}
+	if c.TLS.Source == "files" && c.TLS.CertFile == "" && c.TLS.KeyFile == "" && len(c.TLS.Files) == 0 {
+		// The start failed on "tls certificates: files source needs at
+		// least one cert/key pair", naming no setting to write it in.
+		return errors.New("tls.source is files but no certificate file is named: set tls.cert_file and tls.key_file (CUBEPROXY_TLS_CERT_FILE, CUBEPROXY_TLS_KEY_FILE), or list pairs under tls.files")
+	}
 	if err := c.checkTLSApplies(); err != nil {
 		return err
 	}

@@ -28,6 +28,10 @@ type clientConn struct {
 	// wait is its place among the connections waiting for a request
 	// (Proxy.waiting).
 	wait waitNode
+	// tls is the TLS connection above it on the HTTPS listener (nil on a
+	// plain one), whose handshake a wait for its certificate moves on
+	// (certificateWaitExcluded).
+	tls *tlsConn
 }
 
 // newClientConn wraps tcp; p is nil under TLS (see clientConn), and a

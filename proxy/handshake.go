@@ -52,15 +52,50 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cc *clientConn
 	if tcp, ok := c.(*net.TCPConn); ok {
-		c = newClientConn(tcp, nil, l.sendTimeout)
+		cc = newClientConn(tcp, nil, l.sendTimeout)
+		c = cc
 	}
 	now := time.Now()
 	tc := &tlsConn{Conn: tls.Server(c, l.cfg), accepted: now, handshakes: l.handshakes}
+	if cc != nil {
+		cc.tls = tc
+	}
 	if l.headTimeout > 0 {
 		tc.headBy = now.Add(l.headTimeout)
 	}
 	return tc, nil
+}
+
+// certificateWaitMin is the shortest wait for a certificate that moves a
+// handshake's deadlines on (certificateWaitExcluded): one in memory takes
+// microseconds, an on-demand order seconds.
+const certificateWaitMin = 100 * time.Millisecond
+
+// certificateWaitExcluded returns cfg with the time its GetCertificate
+// waits (an on-demand ACME order, run inside the handshake) left out of
+// the connection's client.read_timeout and write_timeout: the wait is the
+// proxy's, not the client's. Counted, the deadlines set at the accept
+// passed while the order ran, and the client that waited for it was
+// closed once the certificate was there. cfg is cloned once, at Serve.
+func (l *tlsListener) certificateWaitExcluded(cfg *tls.Config) *tls.Config {
+	if cfg == nil || cfg.GetCertificate == nil {
+		return cfg
+	}
+	cfg = cfg.Clone()
+	get := cfg.GetCertificate
+	cfg.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		start := time.Now()
+		cert, err := get(hello)
+		if waited := time.Since(start); waited >= certificateWaitMin {
+			if cc, ok := hello.Conn.(*clientConn); ok && cc.tls != nil {
+				cc.tls.waitedForCertificate(waited, l.sendTimeout)
+			}
+		}
+		return cert, err
+	}
+	return cfg
 }
 
 // tlsConn is a server-side TLS connection whose handshake is registered
@@ -130,6 +165,22 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 		t = c.headBy
 	}
 	return c.hold.setReadDeadline(c.Conn, t)
+}
+
+// waitedForCertificate moves the handshake's deadlines on by waited, the
+// time its certificate took (certificateWaitExcluded): the read deadline
+// and headBy, which the first request's head keeps, and the write
+// deadline to sendTimeout from now, as fasthttp set it when the handshake
+// began. It runs inside the handshake, which the connection's goroutine
+// waits for (handshakeApart) before it reads headBy.
+func (c *tlsConn) waitedForCertificate(waited, sendTimeout time.Duration) {
+	if !c.headBy.IsZero() {
+		c.headBy = c.headBy.Add(waited)
+		_ = c.NetConn().SetReadDeadline(c.headBy)
+	}
+	if sendTimeout > 0 {
+		_ = c.NetConn().SetWriteDeadline(time.Now().Add(sendTimeout))
+	}
 }
 
 // holdReads starts or ends a hold on the connection's reads (readHold).

@@ -195,3 +195,52 @@ func TestTLSHandshakeBoundedByWriteTimeout(t *testing.T) {
 		})
 	}
 }
+
+// The proxy's own wait for a certificate (an on-demand ACME order, run
+// inside the handshake: seconds, more with DNS-01 propagation) is not the
+// client's slowness, so client.read_timeout and write_timeout do not count
+// it. They did: the deadlines set at the accept passed while the order
+// ran, and the client that waited for it got the connection closed (EOF)
+// once the certificate was there: every new sandbox name's first
+// handshake failed when its order took longer than the timeouts (60 s by
+// default; a hardened 10 s read timeout against a DNS-01 order of 15 s).
+// After the wait the client still has its timeouts: one that then sends
+// nothing is closed as before.
+func TestTLSCertificateWaitNotCountedAgainstTheClient(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	const wait = 2 * timeout // the order
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = timeout
+		o.srv.ClientWriteTimeout = timeout
+	})
+	host := h.route("certwait", backend(t, "127.0.0.1", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	ca := testenv.NewCA(t, "proxy test CA")
+	cert := ca.Certificate(t, "*.cube.test")
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeTLS(ln, &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		time.Sleep(wait)
+		return &cert, nil
+	}})
+	handshake := func(t *testing.T) (*tls.Conn, time.Time) {
+		raw := dialRaw(t, ln.Addr().String())
+		start := time.Now()
+		c := tls.Client(raw, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
+		if err := c.Handshake(); err != nil {
+			t.Fatalf("handshake that waited %v for its certificate: %v", wait, err)
+		}
+		return c, start
+	}
+
+	t.Run("handshake and first request", func(t *testing.T) {
+		c, _ := handshake(t)
+		keptRequest(t, c, bufio.NewReader(c), "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+	})
+	t.Run("a silent client is still cut", func(t *testing.T) {
+		c, start := handshake(t)
+		_, _ = io.Copy(io.Discard, c)
+		if took := time.Since(start); took > wait+timeout*3 {
+			t.Fatalf("connection ended %v after the connect, want about %v (the wait, then the read timeout)", took.Round(time.Millisecond), wait+timeout)
+		}
+	})
+}

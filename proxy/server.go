@@ -291,9 +291,13 @@ func (s *Server) Serve(ln net.Listener) error {
 // listener. Unlike Serve over tls.NewListener, the drain closes
 // connections whose handshake has not completed handshakeGrace after
 // their accept (a client that sent no ClientHello, or part of one), as
-// fasthttp closes a plain connection that sent nothing.
+// fasthttp closes a plain connection that sent nothing; and the time
+// cfg.GetCertificate waits (an on-demand order) is not counted against
+// the client's timeouts.
 func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.Serve(&tlsListener{Listener: ln, cfg: cfg, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout, sendTimeout: s.cfg.ClientWriteTimeout})
+	l := &tlsListener{Listener: ln, handshakes: &s.handshakes, headTimeout: s.cfg.ClientReadTimeout, sendTimeout: s.cfg.ClientWriteTimeout}
+	l.cfg = l.certificateWaitExcluded(cfg)
+	return s.Serve(l)
 }
 
 // Claim records lns (nil ones skipped) as the proxy's own listeners before

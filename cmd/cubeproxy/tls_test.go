@@ -782,6 +782,31 @@ func TestTLSACMEOnDemand(t *testing.T) {
 	}
 }
 
+// An on-demand order that takes longer than client.read_timeout and
+// write_timeout (here DNS-01 with a propagation delay of 2 s against 1 s
+// timeouts) still gives the client that waited for it its certificate:
+// the wait is the proxy's. The timeouts, set at the accept, ran out during
+// the order, and that client's handshake ended in EOF once the
+// certificate was in memory; only a second connection got it.
+func TestTLSACMEOnDemandOrderLongerThanTheClientTimeouts(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	section := acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n")
+	section = strings.Replace(section, "      propagation_timeout: -1s\n", "      propagation_timeout: -1s\n      propagation_delay: 2s\n", 1)
+	y := tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, section) + "client:\n  read_timeout: 1s\n  write_timeout: 1s\n"
+	p := startTLSProxy(t, y)
+
+	start := time.Now()
+	c, err := dialTLSProxy(p.https, trustSNI(pb.IssuerRootPool(t), "50005-abc.cube.test"))
+	if err != nil {
+		t.Fatalf("handshake after an order of %v: %v (orders: %d)", time.Since(start).Round(time.Millisecond), err, pb.Orders())
+	}
+	defer c.close()
+	if status, body, err := c.get("50005-abc.cube.test", "/slow-order"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=abc ") {
+		t.Fatalf("first request: %d %q %v", status, body, err)
+	}
+}
+
 // refusalLines counts the log lines that refuse a certificate for sni.
 func refusalLines(logs, sni string) int {
 	n := 0

@@ -687,6 +687,30 @@ func (a *app) warnUncoveredDomains(covers func(host string) bool) {
 				"domain", d, "source", tlsSource(a.cfg.TLS))
 		}
 	}
+	a.warnUncoveredSharedHosts(covers)
+}
+
+// warnUncoveredSharedHosts warns, as warnUncoveredDomains does, about each
+// entry of shared_hosts no certificate names: over HTTPS it got the
+// default certificate of another name (files) or a failed handshake
+// (acme), unsaid. On-demand issuance never serves one (it names sandbox
+// hosts only), so under acme only the managed names count.
+func (a *app) warnUncoveredSharedHosts(covers func(host string) bool) {
+	if tlsSource(a.cfg.TLS) == certs.SourceACME {
+		c := a.certsConfig()
+		c.ACME.OnDemand = false
+		covers = func(host string) bool { return certs.ACMECovers(c, host) }
+	}
+	for _, h := range a.cfg.SharedHosts {
+		h = strings.ToLower(strings.Trim(h, ". "))
+		if _, err := netip.ParseAddr(strings.Trim(h, "[]")); h == "" || err == nil {
+			continue // an IP literal: clients send no SNI and get the default certificate
+		}
+		if !covers(h) {
+			a.log.Warn("tls: no certificate names a shared host; HTTPS clients will refuse it (add a certificate that names it; acme manages only <tls.domain> and the names one label below it)",
+				"host", h, "source", tlsSource(a.cfg.TLS))
+		}
+	}
 }
 
 // certsConfig maps the tls: section; on-demand issuance asks the route

@@ -1071,21 +1071,35 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 `, "http://"+silentCA.Addr+"/dir", t.TempDir(), extra)
 	}
 	const warning = "no certificate names the sandbox hosts of a domain"
+	const sharedWarning = "no certificate names a shared host"
 	tests := []struct {
 		name     string
 		domains  string
 		tls      string
 		wantWarn string // the domain named; "" for no warning
+		shared   string // shared_hosts; "" for none
+		// wantShared is the shared host named by a warning of its own;
+		// "" for none.
+		wantShared string
 	}{
-		{"files: a domain without a pair", `["cube.test", "eu.cube.test"]`, "tls:\n  files:\n" + top, "eu.cube.test"},
-		{"files: every domain covered", `["cube.test", "*.eu.cube.test"]`, "tls:\n  files:\n" + top + eu, ""},
-		{"acme: a domain below tls.domain", `["cube.test", "eu.cube.test"]`, acme(""), "eu.cube.test"},
-		{"acme: on-demand serves it", `["cube.test", "eu.cube.test"]`, acme("    on_demand: true\n"), ""},
-		{"acme: domains empty (any domain)", `[]`, acme(""), ""},
+		{"files: a domain without a pair", `["cube.test", "eu.cube.test"]`, "tls:\n  files:\n" + top, "eu.cube.test", "", ""},
+		{"files: every domain covered", `["cube.test", "*.eu.cube.test"]`, "tls:\n  files:\n" + top + eu, "", "", ""},
+		{"acme: a domain below tls.domain", `["cube.test", "eu.cube.test"]`, acme(""), "eu.cube.test", "", ""},
+		{"acme: on-demand serves it", `["cube.test", "eu.cube.test"]`, acme("    on_demand: true\n"), "", "", ""},
+		{"acme: domains empty (any domain)", `[]`, acme(""), "", "", ""},
+		// A shared host is one name: a certificate must name it, and
+		// on-demand, which names sandbox hosts only, never does.
+		{"files: shared hosts", `["cube.test"]`, "tls:\n  files:\n" + top, "", `["gw.cube.test", "gw.example.org", "10.0.0.1"]`, "gw.example.org"},
+		{"acme: shared hosts", `["cube.test"]`, acme(""), "", `["gw.cube.test", "GW.Example.Org."]`, "gw.example.org"},
+		{"acme on-demand: shared hosts", `["cube.test"]`, acme("    on_demand: true\n"), "", `["cube.test", "gw.example.org"]`, "gw.example.org"},
+		{"acme: shared hosts covered", `["cube.test"]`, acme(""), "", `["cube.test", "api.cube.test"]`, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			y := strings.Replace(tlsConfigYAML(t, nil, tt.tls), `domains: ["cube.test"]`, "domains: "+tt.domains, 1)
+			if tt.shared != "" {
+				y = strings.Replace(y, "domains: ", "shared_hosts: "+tt.shared+"\ndomains: ", 1)
+			}
 			path := filepath.Join(t.TempDir(), "cubeproxy.yaml")
 			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 				t.Fatal(err)
@@ -1103,6 +1117,18 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 					t.Fatalf("%s warned: %s", what, got)
 				case tt.wantWarn != "" && (len(got) != 1 || !strings.Contains(got[0], `"domain":"`+tt.wantWarn+`"`)):
 					t.Fatalf("%s: warnings %q, want one naming %s\n%s", what, got, tt.wantWarn, logs)
+				}
+				var shared []string
+				for line := range strings.Lines(logs) {
+					if strings.Contains(line, sharedWarning) {
+						shared = append(shared, line)
+					}
+				}
+				switch {
+				case tt.wantShared == "" && len(shared) > 0:
+					t.Fatalf("%s warned: %s", what, shared)
+				case tt.wantShared != "" && (len(shared) != 1 || !strings.Contains(shared[0], `"host":"`+tt.wantShared+`"`)):
+					t.Fatalf("%s: shared-host warnings %q, want one naming %s\n%s", what, shared, tt.wantShared, logs)
 				}
 			}
 			// check, run before a restart, says it too, and passes: a

@@ -807,6 +807,49 @@ func TestTLSACMEOnDemandOrderLongerThanTheClientTimeouts(t *testing.T) {
 	}
 }
 
+// On-demand without a DNS provider validates by TLS-ALPN-01, which the CA
+// sends to the HTTPS listener itself: through the proxy's own TLS
+// listener (its handshake goroutine, the certificate-wait accounting, the
+// client.max_conns bookkeeping, fasthttp serving a connection that
+// negotiated acme-tls/1), not only certmagic's tls.Config, the challenge
+// is answered and the sandbox's name gets its certificate.
+func TestTLSACMEOnDemandTLSALPN01ThroughTheProxy(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	// pebble's validator dials a fixed port, the proxy's https_addr.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	pb := testenv.StartPebbleWith(t, dnsSrv.Addr, testenv.PebbleOptions{TLSPort: port})
+	y := tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, fmt.Sprintf(`tls:
+  source: acme
+  domain: cube.test
+  acme:
+    ca: %q
+    email: ops@cube.test
+    trusted_roots_file: %q
+    storage_dir: %q
+    skip_wildcard: true
+    on_demand: true
+`, pb.DirectoryURL, pebbleRootsFile(t, pb), t.TempDir()))
+	y = strings.Replace(y, `https_addr: "127.0.0.1:0"`, fmt.Sprintf(`https_addr: "127.0.0.1:%d"`, port), 1)
+	p := startTLSProxy(t, y+"client:\n  max_conns: 100\n")
+
+	c, err := dialTLSProxy(p.https, trustSNI(pb.IssuerRootPool(t), "50005-abc.cube.test"))
+	if err != nil {
+		t.Fatalf("on-demand certificate through TLS-ALPN-01 on the proxy's listener: %v", err)
+	}
+	defer c.close()
+	if names := c.leaf().DNSNames; len(names) != 1 || names[0] != "50005-abc.cube.test" {
+		t.Fatalf("certificate names %v", names)
+	}
+	if status, body, err := c.get("50005-abc.cube.test", "/alpn"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=abc ") {
+		t.Fatalf("request: %d %q %v", status, body, err)
+	}
+}
+
 // refusalLines counts the log lines that refuse a certificate for sni.
 func refusalLines(logs, sni string) int {
 	n := 0

@@ -346,3 +346,67 @@ func TestUpgradeRequiredKeepsUpgrade(t *testing.T) {
 		})
 	}
 }
+
+// A tunnel whose sandbox ended it during a drain lingers on its client's
+// side as at any other time (the sandbox's last bytes, then a FIN, and
+// what the client still sends read and dropped until it closes), and the
+// drain waits for that as for a refusal's lingering close, until its
+// deadline. It did not: the tunnel had left the registry, so the drain
+// found nothing open and ended at once, and its end closed the socket
+// over the client's next bytes (its reply to the sandbox's close frame),
+// a reset, which loses what of the sandbox's tail the kernel had not
+// delivered yet.
+func TestDrainWaitsForATunnelsLinger(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
+	accepted := make(chan net.Conn, 1)
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			c.Close()
+			return
+		}
+		io.WriteString(c, ws101)
+		accepted <- c
+	})
+	host := h.route("wsdrainlinger", uint16(ln.Addr().(*net.TCPAddr).Port))
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", host)
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	var sc net.Conn
+	select {
+	case sc = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sandbox never got the upgrade")
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- h.server.Shutdown(context.Background()) }()
+	h.waitListenerClosed(5 * time.Second)
+	io.WriteString(sc, "bye")
+	sc.Close()
+	if b, err := io.ReadAll(br); string(b) != "bye" || err != nil {
+		t.Fatalf("client got %q, %v; want the sandbox's last bytes, then EOF", b, err)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("the drain ended (%v) while the client's side still lingered", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	// The client's reply to the close is read and dropped: the socket is
+	// not closed over it (which would answer the next write with a reset).
+	for i := 0; i < 2; i++ {
+		if _, err := io.WriteString(c, "reply"); err != nil {
+			t.Fatalf("client's write %d after the sandbox's end: %v", i+1, err)
+		}
+	}
+	c.Close()
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not end once the client closed")
+	}
+}

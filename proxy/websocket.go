@@ -844,9 +844,16 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 	close(outDone)
 	if err == nil && p.held.add(conn) {
 		// The sandbox ended its side. Held while the client's side
-		// lingers: it has left the registry (end), and Shutdown's end
-		// cuts the wait short.
+		// lingers, and counted lingering from before it leaves the
+		// registry (end): the drain waits for it as for a refusal's
+		// lingering close, until its deadline, after which Shutdown's end
+		// cuts the wait short. Uncounted, a drain that found nothing else
+		// open ended at once, and closed the socket over the client's
+		// next bytes (its reply to the sandbox's close frame): the reset
+		// the linger is there to avoid.
+		p.lingering.Add(1)
 		tn.linger(conn, done, end)
+		p.lingering.Add(-1)
 		p.held.remove(conn)
 	}
 	tn.close()

@@ -115,6 +115,10 @@ type Proxy struct {
 	// proxy cut (its sandbox connection closed under it) begins to end,
 	// while its pool still lists it; nil in production.
 	beforeCutEnd func()
+	// beforeTunnelListed, for tests, runs in a WebSocket's hijack handler
+	// before its tunnel is listed in the registry, after fasthttp counted
+	// the connection out; nil in production.
+	beforeTunnelListed func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

@@ -754,6 +754,28 @@ type registry struct {
 	// later ends at once as well. aborted is set by abortAll: whatever registers
 	// later is cut at once too.
 	draining, aborted bool
+	// coming counts the tunnels whose 101 is to go out (reserveTunnel)
+	// and that are not listed yet: fasthttp counts their connection out
+	// as the handler returns, and the hijack handler lists the tunnel
+	// only after, so a drain that looked in between found nothing open,
+	// ended, and left the tunnel running unwaited for and unlogged.
+	coming int
+}
+
+// reserveTunnel counts open a tunnel about to be listed (addTunnel) or
+// dropped (unreserveTunnel), from its handler on.
+func (r *registry) reserveTunnel() {
+	r.mu.Lock()
+	r.coming++
+	r.mu.Unlock()
+}
+
+// unreserveTunnel counts out a reserved tunnel that will not be listed:
+// fasthttp skipped its hijack handler.
+func (r *registry) unreserveTunnel() {
+	r.mu.Lock()
+	r.coming--
+	r.mu.Unlock()
 }
 
 // add lists s and counts it open.
@@ -796,8 +818,10 @@ func (r *registry) remove(s *bodyStream) {
 // is logged.
 func (r *registry) ended() { r.streams.Add(-1) }
 
+// addTunnel lists t, which reserveTunnel counted open.
 func (r *registry) addTunnel(t *tunnel) {
 	r.mu.Lock()
+	r.coming--
 	if r.tunnels == nil {
 		r.tunnels = make(map[*tunnel]struct{})
 	}
@@ -894,9 +918,10 @@ func (r *registry) abortAll() {
 	}
 }
 
-// open reports the number of open body streams and tunnels.
+// open reports the number of open body streams and tunnels, those about
+// to be listed included.
 func (r *registry) open() (streams, tunnels int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return int(r.streams.Load()), len(r.tunnels)
+	return int(r.streams.Load()), len(r.tunnels) + r.coming
 }

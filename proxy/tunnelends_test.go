@@ -410,3 +410,71 @@ func TestDrainWaitsForATunnelsLinger(t *testing.T) {
 		t.Fatal("the drain did not end once the client closed")
 	}
 }
+
+// A WebSocket whose 101 comes during the drain counts open from its
+// handler on: fasthttp counts the connection out as the handler returns,
+// before the hijack handler lists the tunnel, and a drain that found
+// nothing open in between ended, its Shutdown returned, and the tunnel
+// then ran on unwaited for, to be cut by the process's exit unlogged.
+func TestDrainWaitsForATunnelAboutToOpen(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
+	hooked, proceed := make(chan struct{}), make(chan struct{})
+	h.proxy.beforeTunnelListed = func() {
+		close(hooked)
+		<-proceed
+	}
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	ln := testenv.ServeTCP(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(c, ws101)
+		b := make([]byte, 64)
+		n, _ := br.Read(b)
+		io.WriteString(c, "echo:"+string(b[:n]))
+		io.Copy(io.Discard, br)
+	})
+	host := h.route("wsdrainopen", uint16(ln.Addr().(*net.TCPAddr).Port))
+	c := dialRaw(t, h.addr)
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", host)
+	<-arrived
+	shut := make(chan error, 1)
+	go func() { shut <- h.server.Shutdown(context.Background()) }()
+	h.waitListenerClosed(5 * time.Second)
+	close(release)
+	select {
+	case <-hooked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the tunnel's hijack handler never ran")
+	}
+	// fasthttp's own wait looks every 100 ms.
+	select {
+	case err := <-shut:
+		close(proceed)
+		t.Fatalf("the drain ended (%v) with a tunnel about to open", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(proceed)
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "hi")
+	b := make([]byte, 7)
+	if _, err := io.ReadFull(br, b); err != nil || string(b) != "echo:hi" {
+		t.Fatalf("echo during the drain: %q %v", b, err)
+	}
+	c.Close()
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not end once the tunnel closed")
+	}
+}

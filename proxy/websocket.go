@@ -596,6 +596,7 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 		p.finish(nil, &tx, status, err, entry)
 	}
 	abandon := func() {
+		p.streams.unreserveTunnel()
 		_ = raw.Close()
 		// The client left before its 101 could go out (fasthttp closed
 		// the connection instead of handing it over): the client's
@@ -611,7 +612,9 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 	conn := ctx.Conn()
 	// The 101 is written by the hijack handler, not by fasthttp: when the
 	// client is gone before it, fasthttp would skip the handler (p.hijack
-	// then runs abandon).
+	// then runs abandon). Counted open from now (the drain waits for it):
+	// fasthttp counts the connection out before that handler lists it.
+	p.streams.reserveTunnel()
 	p.hijack(ctx, func(hc net.Conn) {
 		// The tunnel reads the connection itself, not hc: hc reads
 		// through fasthttp's reader (client.max_header_size, 32 KiB),
@@ -630,6 +633,9 @@ func (p *Proxy) splice(ctx *fasthttp.RequestCtx, x *exchange, u *upstream, uc *u
 			tn.close()
 		}
 		tn.start()
+		if p.beforeTunnelListed != nil {
+			p.beforeTunnelListed()
+		}
 		p.streams.addTunnel(tn)
 		// Between the hand-off and the listing just made, no list of
 		// the pool held the exchange: a change's walk in between did not

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
 // A cookie a sandbox sets stays on the host the client addressed. Every
@@ -155,4 +157,39 @@ func TestSandboxCookieNeverReachesAPathRouteUnderItsHost(t *testing.T) {
 		!strings.Contains(body, "session=victims") || !strings.Contains(body, "dotted=victims") {
 		t.Errorf("sandbox A's own host: %d, cookies %.60q; want its cookies back", resp.StatusCode, body)
 	}
+}
+
+// With the sandbox domain configured, a name under a sandbox's host routes
+// no path: a page of another sandbox served there would be same-site with
+// that host, and its script could set cookies for it (document.cookie with
+// its Domain), which a Public Suffix List entry for the domain stops
+// everywhere else. It gets the refusal host routing gives such a name, and
+// no sandbox is dialed; the shared hosts and other names still route by path.
+func TestNoPathRouteUnderASandboxHost(t *testing.T) {
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Parser = routing.ParserConfig{Domains: []string{"cube.test"}} })
+	b := startAuthBackend(t)
+	hostA := h.route("owner", b.port)
+	h.route("guest", b.port)
+	path := "/sandbox/guest/" + itoa(b.port) + "/p"
+	for _, tc := range []struct {
+		host   string
+		status int
+		code   string
+	}{
+		{"x." + hostA, 400, "domain_not_allowed"},
+		{"a.b." + strings.ToUpper(hostA) + ".:8081", 400, "domain_not_allowed"},
+		{"127.0.0.1", 200, ""},
+		{"x.cube.test", 200, ""},
+	} {
+		resp, body := rawRequest(t, h.addr, "GET "+path+" HTTP/1.1\r\nHost: "+tc.host+"\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != tc.status || tc.code != "" && !strings.Contains(body, `"code":"`+tc.code+`"`) {
+			t.Errorf("Host %s, %s: %d %.80q, want %d %s", tc.host, path, resp.StatusCode, body, tc.status, tc.code)
+		}
+		if tc.status == 200 {
+			if got := b.next(t); got.line != "GET /p HTTP/1.1" {
+				t.Errorf("Host %s: the sandbox got %q, want GET /p", tc.host, got.line)
+			}
+		}
+	}
+	b.assertNoMore(t, "names under a sandbox host")
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -36,6 +37,15 @@ func TestParseRequestPath(t *testing.T) {
 		// A host that names no sandbox port: any name, a domain not allowed.
 		{"plain", "node.internal", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
 		{"domains", "8080-x.evil.test", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
+		{"domains", "x.sandbox.example.com", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
+		// A name under a sandbox host serves no path: any sandbox's page
+		// there would be same-site with that host. Refused as on host
+		// routing, with domains configured; without, any name may be a
+		// shared host's.
+		{"domains", "x.8080-own.sandbox.example.com", "/sandbox/abc/8080/", none, 0, "", 0, CodeDomainNotAllowed},
+		{"domains", "A.b.8080-OWN.Sandbox.Example.com.:8081", "/sandbox/abc/8080/", none, 0, "", 0, CodeDomainNotAllowed},
+		{"domains", "x.8080-own.e2b.dev", "//sandbox/abc/8080/", none, 0, "", 0, CodeDomainNotAllowed},
+		{"plain", "x.8080-own.x.test", "/sandbox/abc/8080/", none, 8080, "abc", 17, ""},
 		// A sandbox host: routed by the host, whatever the path.
 		{"plain", "3000-own.x.test", "/sandbox/abc/8080/", none, 3000, "own", 0, ""},
 		{"domains", "3000-own.sandbox.example.com", "/sandbox/abc/8080/", none, 3000, "own", 0, ""},
@@ -140,6 +150,22 @@ func checkPathRequest(t *testing.T, name string, p *Parser, host, target string,
 				name, host, target, tgt.Port, tgt.ID(), tgt.PathPrefix, err, byHost.Port, byHost.ID(), hostErr)
 		}
 		return
+	}
+	// A name under a sandbox host of a configured domain (some label of it
+	// followed by one Parse takes for a sandbox's) routes no path: it is
+	// refused with Parse's error.
+	if name == "domains" {
+		for rest := string(hostName); strings.Contains(rest, "."); {
+			_, rest, _ = strings.Cut(rest, ".")
+			var under Target
+			if p.Parse(&under, []byte(rest), nil) == nil && !under.Shared {
+				var te, hte *TargetError
+				if !errors.As(err, &te) || !errors.As(hostErr, &hte) || te.Code != hte.Code {
+					t.Fatalf("%s: ParseRequest(%q, %q) = %v; the host is under sandbox host %q: want Parse's %v", name, host, target, err, rest, hostErr)
+				}
+				return
+			}
+		}
 	}
 	m := pathModel.FindStringSubmatch(target)
 	ok := m != nil

@@ -193,7 +193,35 @@ func (p *Parser) routesByPath(host []byte) (bool, error) {
 		return false, targetErr(CodeInvalidHost, "invalid host name", name)
 	}
 	var named Target
-	return p.readSandboxHost(&named, name).code != "", nil
+	if p.readSandboxHost(&named, name).code == "" {
+		return false, nil
+	}
+	// A name under a sandbox's host ("x.8080-a.<domain>", which wildcard DNS
+	// resolves) names no sandbox, and serves no path either: there, any
+	// sandbox's page would be same-site with that sandbox's host, and its
+	// script could set cookies for it (document.cookie with its Domain),
+	// which a Public Suffix List entry for the domain stops everywhere
+	// else. It is refused as on host routing (domain_not_allowed).
+	return !p.underSandboxHost(name), nil
+}
+
+// underSandboxHost reports whether name is below a sandbox's host name
+// under one of the configured domains: some label of it is followed by
+// <port>-<id>.<domain>. With no domains configured every name may be a
+// sandbox's, and a shared host named "proxy.1-east.example" must keep
+// routing by path, so nothing counts.
+func (p *Parser) underSandboxHost(name []byte) bool {
+	if len(p.domains) == 0 {
+		return false
+	}
+	var named Target
+	for dot := bytes.IndexByte(name, '.'); dot >= 0; dot = bytes.IndexByte(name, '.') {
+		name = name[dot+1:]
+		if p.readSandboxHost(&named, name).code == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // underPathRoot reports whether target begins with PathRoot, its leading

@@ -392,6 +392,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("127.0.0.1", "a", "8080", "/sandbox/abc/8080/p?q")
 	f.Add("proxy.example.com", "", "", "sandbox/abc/08080?q")
 	f.Add("8080-a.example.com", "", "", "/sandbox/abc/8080")
+	f.Add("x.8080-a.sandbox.example.com", "", "", "/sandbox/abc/8080/") // under a sandbox host
 	parsers := testParsers()
 	plain, domains := parsers["plain"], parsers["domains"]
 	models := map[string]modelParser{

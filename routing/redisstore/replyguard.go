@@ -1,11 +1,13 @@
 package redisstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // Limits of one reply from Redis. A route hash is a few hundred bytes and
@@ -60,6 +62,9 @@ func (e *ReplyTooLargeError) Is(target error) bool { return target == ErrReplyTo
 type guardedConn struct {
 	net.Conn
 	scan respScanner
+	// spoke says the server has sent a byte: its first may be a refusal
+	// of the connection (refusal). Atomic, as respScanner.replies.
+	spoke atomic.Bool
 }
 
 // guardedSysConn is a guardedConn over a connection that shows go-redis
@@ -92,6 +97,12 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 		return 0, c.scan.err
 	}
 	n, err := c.Conn.Read(p)
+	if n > 0 && !c.spoke.Load() {
+		c.spoke.Store(true)
+		if r := refusal(p[:n]); r != nil {
+			return 0, r
+		}
+	}
 	if ok := c.scan.feed(p[:n]); ok < n {
 		c.scan.err.Reply = int(c.scan.replies.Load())
 		if ok == 0 {
@@ -106,7 +117,49 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 // ReplyTooLargeError.Reply).
 func (c *guardedConn) Write(p []byte) (int, error) {
 	c.scan.replies.Store(0)
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if err != nil && !c.spoke.Load() {
+		// Redis may have refused the connection and closed it before
+		// the client's first command arrived: the reason is still
+		// there to read.
+		var buf [1024]byte
+		_ = c.Conn.SetReadDeadline(time.Now().Add(refusalWait))
+		k, _ := c.Conn.Read(buf[:])
+		if r := refusal(buf[:k]); r != nil {
+			return n, r
+		}
+	}
+	return n, err
+}
+
+// refusalWait bounds the read of a refusal after a failed write: one
+// already received is read at once.
+const refusalWait = 10 * time.Millisecond
+
+// refusedConnError is a connection Redis refused, with its reason. It
+// wraps nothing: go-redis replaces an error met while connecting with
+// the one it wraps, and the reason was lost again. go-redis closes the
+// connection and does not retry the command: refused again at once, it
+// would spend the budget on dials.
+type refusedConnError struct{ reason string }
+
+func (e *refusedConnError) Error() string { return "Redis refused the connection: " + e.reason }
+
+// refusal returns the error of b, the first bytes a server sent, when they
+// are the reply Redis sends, before it closes the connection, to a client
+// it will not serve: at its maxclients, or in protected mode to a client
+// from another host. It comes before any reply to the client's commands,
+// and go-redis took it for the reply to its first one, HELLO, whose
+// refusal it ignores (a server older than Redis 6), or met the closed
+// connection first: the log and /readyz said "write: broken pipe", "EOF"
+// or "connection reset by peer", not why
+// (TestLookupRefusedConnectionNamesRedisReason).
+func refusal(b []byte) error {
+	line, _, _ := bytes.Cut(b, []byte("\r\n"))
+	if !bytes.HasPrefix(line, []byte("-DENIED ")) && !bytes.HasPrefix(line, []byte("-ERR max number of clients reached")) {
+		return nil
+	}
+	return &refusedConnError{reason: string(line[1:])}
 }
 
 // respScanner follows a stream of RESP2 replies (the clients speak

@@ -390,3 +390,70 @@ func TestLookupUnderCallersDeadlineMakesNoContext(t *testing.T) {
 		t.Fatalf("a lookup under a fresh deadline allocates %.0f times, the deadline alone %.0f and a lookup under none %.0f: want fewer than the sum", under, deadline, none)
 	}
 }
+
+// TestLookupRefusedConnectionNamesRedisReason: a Redis that refuses a
+// connection says why and closes it: at its maxclients ("ERR max number
+// of clients reached"), or in protected mode to a client from another
+// host ("DENIED Redis is running in protected mode ..."). The refusal is
+// the reply to the connection's first command, the cosmetic CLIENT
+// SETNAME, whose refusals the client otherwise ignores: taken for one,
+// the lookup went on to the closed connection, and the log and /readyz
+// said "write: broken pipe" instead of Redis's reason.
+func TestLookupRefusedConnectionNamesRedisReason(t *testing.T) {
+	testenv.ParallelRedis(t)
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T) (addr string)
+		want  string
+	}{
+		{"maxclients", func(t *testing.T) string {
+			r := testenv.StartRedis(t)
+			// r's own client holds the one connection allowed.
+			if err := r.Client().ConfigSet(context.Background(), "maxclients", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			return r.Addr()
+		}, "ERR max number of clients reached"},
+		{"maxclients through a relay", func(t *testing.T) string {
+			// The refusal comes after the client's first command is
+			// sent, as over a network: the reply to HELLO.
+			r := testenv.StartRedis(t)
+			if err := r.Client().ConfigSet(context.Background(), "maxclients", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			addr, _ := dropProxy(t, r.Addr(), 0)
+			return addr
+		}, "ERR max number of clients reached"},
+		{"protected mode", func(t *testing.T) string {
+			ip := nonLoopbackIPv4(t)
+			r := testenv.StartRedis(t, "--bind", "127.0.0.1 "+ip, "--protected-mode", "yes")
+			return net.JoinHostPort(ip, strconv.Itoa(r.Port()))
+		}, "DENIED Redis is running in protected mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Addr: tc.start(t)})
+			_, err := s.Lookup(context.Background(), "x")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("lookup refused by Redis: %v, want Redis's reason %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// nonLoopbackIPv4 returns an IPv4 address of this host other than a
+// loopback one, for a Redis in protected mode to refuse; it skips the
+// test on a host with none.
+func nonLoopbackIPv4(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skipf("interface addresses: %v", err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+			return n.IP.String()
+		}
+	}
+	t.Skip("no non-loopback IPv4 address on this host")
+	return ""
+}

@@ -92,7 +92,9 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c.OnNewNode(func(node *redis.Client) { node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds}) })
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
-		return redis.NewFailoverClient(failoverOptions(cfg, t, tc)), nil
+		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc))
+		c.AddHook(unknownMaster{name: cfg.Sentinel.MasterName})
+		return c, nil
 	}
 	opt, err := standaloneOptions(cfg, t, tc)
 	if err != nil {
@@ -290,6 +292,46 @@ func (h emptySlotMap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // ProcessPipelineHook leaves pipelines as they are: go-redis reads the
 // slot map with a command of its own.
 func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// unknownMaster names redis.sentinel.master_name in the error of a dial
+// for which the sentinels that answered monitor no master of that name
+// (SENTINEL GET-MASTER-ADDR-BY-NAME answers nil: a typo, a name another
+// deployment uses). go-redis said "all sentinels specified in
+// configuration are unreachable: redis: nil", in the log and /readyz,
+// which sent the operator to the network (TestSentinelUnknownMasterName).
+// What the other sentinels met, if any failed otherwise, is kept.
+type unknownMaster struct{ name string }
+
+// DialHook rewrites the error of a dial that found no master.
+func (h unknownMaster) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err == nil || !errors.Is(err, redis.Nil) {
+			return c, err
+		}
+		msg := fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
+		var others []string
+		if joined, ok := errors.Unwrap(err).(interface{ Unwrap() []error }); ok {
+			for _, e := range joined.Unwrap() {
+				if !errors.Is(e, redis.Nil) {
+					others = append(others, e.Error())
+				}
+			}
+		}
+		if len(others) > 0 {
+			msg += "; other sentinels: " + strings.Join(others, "; ")
+		}
+		return c, errors.New(msg)
+	}
+}
+
+// ProcessHook leaves commands as they are.
+func (unknownMaster) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+// ProcessPipelineHook leaves pipelines as they are.
+func (unknownMaster) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 

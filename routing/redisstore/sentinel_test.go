@@ -331,3 +331,41 @@ func TestHungSentinelIsReplaced(t *testing.T) {
 		})
 	}
 }
+
+// TestSentinelUnknownMasterName: sentinels that answer but monitor no
+// master of redis.sentinel.master_name (a typo, a name another
+// deployment uses) answer nil, and go-redis said "all sentinels specified
+// in configuration are unreachable: redis: nil", in the log and in
+// /readyz's detail, which sent the operator to the network. The error
+// names the setting and the name instead, and still says what the
+// sentinels that did not answer met.
+func TestSentinelUnknownMasterName(t *testing.T) {
+	testenv.ParallelRedis(t)
+	master := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, "cubemaster", master.Addr())
+	refusing := testenv.RefusingAddr(t)
+	for _, tc := range []struct {
+		name  string
+		addrs []string
+		want  []string
+	}{
+		{"one sentinel", []string{sentinel.Addr()}, nil},
+		{"and one down", []string{refusing, sentinel.Addr()}, []string{refusing, "connection refused"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "cubemastr", Addrs: tc.addrs}})
+			_, err := s.Lookup(context.Background(), "x")
+			if err == nil {
+				t.Fatal("lookup through sentinels that know no such master succeeded")
+			}
+			for _, want := range append([]string{`"cubemastr"`, "redis.sentinel.master_name"}, tc.want...) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("lookup error %q does not say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "redis: nil") || strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable") {
+				t.Errorf("lookup error %q says the sentinels are unreachable", err)
+			}
+		})
+	}
+}

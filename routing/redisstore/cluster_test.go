@@ -1014,3 +1014,34 @@ func subscribed(t *testing.T, s *redisstore.Store) recorder {
 	waitReady(t, sub)
 	return rec
 }
+
+// TestClusterNodeAsStandaloneAddr: redis.addr set to one node of a
+// Cluster (redis.cluster.addrs was meant) reads the routes that node
+// holds and answers MOVED for the others, a 503 whose log line and
+// /readyz detail said only "MOVED 15495 127.0.0.1:7001": some sandboxes
+// worked and others did not, with nothing naming the setting. The error
+// names it.
+func TestClusterNodeAsStandaloneAddr(t *testing.T) {
+	testenv.ParallelRedis(t)
+	a, _, _ := startTwoNodeCluster(t)
+	s := openStoreCfg(t, redisstore.Config{Addr: a.Addr()})
+	for _, legacy := range []bool{false, true} {
+		// An id whose new key (or, read when that is empty, legacy key)
+		// lives on the other node.
+		id := ""
+		for i := 0; id == "" && i < 1000; i++ {
+			c := "moved" + strconv.Itoa(i)
+			onA := onNodeA(t, a, redisstore.DefaultKeyPrefix+c)
+			if legacy {
+				onA = !onA || onNodeA(t, a, redisstore.DefaultLegacyKeyPrefix+c)
+			}
+			if !onA {
+				id = c
+			}
+		}
+		_, err := s.Lookup(context.Background(), id)
+		if err == nil || !strings.Contains(err.Error(), "MOVED") || !strings.Contains(err.Error(), "redis.cluster.addrs") {
+			t.Errorf("lookup of %s (legacy key on the other node: %v) through one node of a Cluster: %v, want MOVED and redis.cluster.addrs named", id, legacy, err)
+		}
+	}
+}

@@ -94,6 +94,13 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 		fields, key, err = s.hgetallEither(ctx, key, s.cfg.LegacyKeyPrefix+id)
 	}
 	if err != nil {
+		if !s.cluster && redis.HasErrorPrefix(err, "MOVED") {
+			// A node of a Cluster, read as one server: it answers the
+			// keys it holds and MOVED for the others, so some
+			// sandboxes work and others are a 503, and the bare MOVED
+			// named no setting (TestClusterNodeAsStandaloneAddr).
+			return nil, fmt.Errorf("%w (this Redis is a Cluster node: list the cluster's nodes in redis.cluster.addrs)", err)
+		}
 		return nil, err
 	}
 	if len(fields) == 0 {

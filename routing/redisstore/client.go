@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -93,7 +94,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
 		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc))
-		c.AddHook(unknownMaster{name: cfg.Sentinel.MasterName})
+		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName})
 		return c, nil
 	}
 	opt, err := standaloneOptions(cfg, t, tc)
@@ -295,43 +296,73 @@ func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return next
 }
 
-// unknownMaster names redis.sentinel.master_name in the error of a dial
-// for which the sentinels that answered monitor no master of that name
+// sentinelErrors rewrites the error go-redis gives a dial when no
+// sentinel named the master: "redis: all sentinels specified in
+// configuration are unreachable: " and each sentinel's error, joined in
+// the order their questions failed, one per line.
+//
+// The order changed from one lookup to the next (5 texts in 30 lookups of
+// three refused sentinels), and the readiness watch, which logs each new
+// reason at error level, logged one about every second instead of once
+// (TestSentinelsDownErrorIsStable): the errors are sorted, on one line.
+//
+// Sentinels that answer but monitor no master of redis.sentinel.master_name
 // (SENTINEL GET-MASTER-ADDR-BY-NAME answers nil: a typo, a name another
-// deployment uses). go-redis said "all sentinels specified in
-// configuration are unreachable: redis: nil", in the log and /readyz,
-// which sent the operator to the network (TestSentinelUnknownMasterName).
-// What the other sentinels met, if any failed otherwise, is kept.
-type unknownMaster struct{ name string }
+// deployment uses) were "unreachable: redis: nil", which sent the operator
+// to the network (TestSentinelUnknownMasterName): the error names the
+// setting and the name, and what the other sentinels met, if any failed
+// otherwise.
+type sentinelErrors struct{ name string }
 
-// DialHook rewrites the error of a dial that found no master.
-func (h unknownMaster) DialHook(next redis.DialHook) redis.DialHook {
+// sentinelsError is such an error: its text, and the sentinels' errors
+// it wraps (go-redis retries a dial error found among them).
+type sentinelsError struct {
+	msg  string
+	errs []error
+}
+
+func (e *sentinelsError) Error() string   { return e.msg }
+func (e *sentinelsError) Unwrap() []error { return e.errs }
+
+// DialHook rewrites the error of a dial for which no sentinel named the
+// master.
+func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
-		if err == nil || !errors.Is(err, redis.Nil) {
+		if err == nil {
 			return c, err
 		}
-		msg := fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
-		var others []string
-		if joined, ok := errors.Unwrap(err).(interface{ Unwrap() []error }); ok {
-			for _, e := range joined.Unwrap() {
-				if !errors.Is(e, redis.Nil) {
-					others = append(others, e.Error())
-				}
+		joined, ok := errors.Unwrap(err).(interface{ Unwrap() []error })
+		if !ok {
+			return c, err // not the sentinels' answer
+		}
+		errs := joined.Unwrap()
+		var texts []string
+		unknown := false
+		for _, e := range errs {
+			if errors.Is(e, redis.Nil) {
+				unknown = true
+			} else {
+				texts = append(texts, e.Error())
 			}
 		}
-		if len(others) > 0 {
-			msg += "; other sentinels: " + strings.Join(others, "; ")
+		slices.Sort(texts)
+		msg := "redis: all sentinels specified in configuration are unreachable: " + strings.Join(texts, "; ")
+		if unknown {
+			msg = fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
+			if len(texts) > 0 {
+				msg += "; other sentinels: " + strings.Join(texts, "; ")
+			}
 		}
-		return c, errors.New(msg)
+		return c, &sentinelsError{msg: msg, errs: errs}
 	}
 }
 
 // ProcessHook leaves commands as they are.
-func (unknownMaster) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
 // ProcessPipelineHook leaves pipelines as they are.
-func (unknownMaster) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 

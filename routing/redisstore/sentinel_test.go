@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -367,5 +368,43 @@ func TestSentinelUnknownMasterName(t *testing.T) {
 				t.Errorf("lookup error %q says the sentinels are unreachable", err)
 			}
 		})
+	}
+}
+
+// TestSentinelsDownErrorIsStable: with every sentinel unreachable, go-redis
+// joins their errors in the order their dials failed, one per line, so
+// that the same outage read differently from one lookup to the next (5
+// texts in 30 lookups of three refused sentinels), and the readiness
+// watch, which logs each new reason at error level, logged one about
+// every second instead of once. The text is the same every time, on one
+// line, and still tells a dial error (retried) by errors.As.
+func TestSentinelsDownErrorIsStable(t *testing.T) {
+	testenv.ParallelRedis(t)
+	addrs := []string{testenv.RefusingAddr(t), testenv.RefusingAddr(t), testenv.RefusingAddr(t)}
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: addrs}})
+	seen := map[string]bool{}
+	for range 30 {
+		_, err := s.Lookup(context.Background(), "x")
+		if err == nil {
+			t.Fatal("lookup with every sentinel down succeeded")
+		}
+		var op *net.OpError
+		if !errors.As(err, &op) {
+			t.Errorf("lookup error %q wraps no *net.OpError", err)
+		}
+		seen[err.Error()] = true
+	}
+	if len(seen) != 1 {
+		t.Errorf("30 lookups with the same sentinels down gave %d error texts, want 1: %v", len(seen), seen)
+	}
+	for msg := range seen {
+		for _, a := range addrs {
+			if !strings.Contains(msg, a) {
+				t.Errorf("error %q does not name sentinel %s", msg, a)
+			}
+		}
+		if strings.Contains(msg, "\n") {
+			t.Errorf("error %q spans lines", msg)
+		}
 	}
 }

@@ -621,6 +621,33 @@ func TestRedisRefusedAtStartIsExplained(t *testing.T) {
 	}
 }
 
+// A reason the readiness watch has logged is not logged again for naming
+// another address: with every seed of a Cluster down, go-redis reads the
+// slot map from a seed picked at random and reports its error, so the same
+// outage named another seed on most probes, and an error line came about
+// every second (7 in 10 s with three seeds) instead of once.
+func TestRedisUnreadyReasonLoggedOnceAcrossAddresses(t *testing.T) {
+	var seeds []string
+	for range 6 {
+		seeds = append(seeds, testenv.RefusingAddr(t))
+	}
+	p := startServe(t, []string{"--store", "redis", "--redis-cluster-addrs", strings.Join(seeds, ","),
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test",
+		"--access-log-format", "off", "--drain-timeout", "1s"}, noEnv, "cube.test")
+	const line = `"msg":"route store not usable`
+	testenv.WaitFor(t, 5*time.Second, "the reason in the log", func() bool {
+		return strings.Contains(p.logs.String(), line)
+	})
+	// The watch asks once a second: four more probes.
+	time.Sleep(4500 * time.Millisecond)
+	if n := strings.Count(p.logs.String(), line); n != 1 {
+		t.Errorf("the same outage logged %d times in 4.5 s, want once:\n%s", n, p.logs)
+	}
+	if got := p.adminGet(t, "/readyz"); got.status != 503 || !strings.Contains(got.body, "connection refused") {
+		t.Errorf("readyz: %d %s, want 503 with the reason", got.status, got.body)
+	}
+}
+
 // Broken route data is logged so an operator can fix it: the line names
 // the Redis key that holds it (the legacy key here, while the new key is
 // empty: looking at the new key would show nothing), once per store read,

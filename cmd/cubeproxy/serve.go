@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -859,8 +860,8 @@ func (a *app) watchReachable(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if why := err.Error(); why != last {
-			last = why
+		if why := err.Error(); sameReason(why) != last {
+			last = sameReason(why)
 			a.unready.Store(&why)
 			a.log.Error("route store not usable; /readyz stays 503 until it answers", "err", err)
 		}
@@ -871,6 +872,16 @@ func (a *app) watchReachable(ctx context.Context) {
 		}
 	}
 }
+
+// hostPort matches an address with a port, as errors name the server.
+var hostPort = regexp.MustCompile(`[^\s,;()]+:\d+\b`)
+
+// sameReason is why with every address blanked out: the reasons of one
+// outage that differ only in the server they name. With every seed of a
+// Cluster down, go-redis reports the error of a seed it picks at random,
+// and watchReachable logged the same outage about once a second
+// (TestRedisUnreadyReasonLoggedOnceAcrossAddresses).
+func sameReason(why string) string { return hostPort.ReplaceAllString(why, "ADDR") }
 
 // readinessProbeID is the sandbox id watchReachable looks up; any answer,
 // "not found" included, proves routes can be read.

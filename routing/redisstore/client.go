@@ -299,12 +299,16 @@ func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // sentinelErrors rewrites the error go-redis gives a dial when no
 // sentinel named the master: "redis: all sentinels specified in
 // configuration are unreachable: " and each sentinel's error, joined in
-// the order their questions failed, one per line.
+// the order their questions failed, one per line, whatever each met.
 //
 // The order changed from one lookup to the next (5 texts in 30 lookups of
 // three refused sentinels), and the readiness watch, which logs each new
 // reason at error level, logged one about every second instead of once
 // (TestSentinelsDownErrorIsStable): the errors are sorted, on one line.
+//
+// A data node listed as a sentinel answers "ERR unknown command
+// 'sentinel'", which was "unreachable" too: the error says it is no
+// sentinel (TestSentinelAddrsNotSentinels).
 //
 // Sentinels that answer but monitor no master of redis.sentinel.master_name
 // (SENTINEL GET-MASTER-ADDR-BY-NAME answers nil: a typo, a name another
@@ -340,14 +344,18 @@ func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 		var texts []string
 		unknown := false
 		for _, e := range errs {
-			if errors.Is(e, redis.Nil) {
+			switch {
+			case errors.Is(e, redis.Nil):
 				unknown = true
-			} else {
+			case strings.Contains(e.Error(), "unknown command 'sentinel'"):
+				texts = append(texts, "a server in redis.sentinel.addrs is not a sentinel (it answered SENTINEL with unknown command: a data node's port, where a sentinel's, 26379 by default, was meant?)")
+			default:
 				texts = append(texts, e.Error())
 			}
 		}
 		slices.Sort(texts)
-		msg := "redis: all sentinels specified in configuration are unreachable: " + strings.Join(texts, "; ")
+		texts = slices.Compact(texts)
+		msg := "redis sentinel: no sentinel named the master: " + strings.Join(texts, "; ")
 		if unknown {
 			msg = fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
 			if len(texts) > 0 {

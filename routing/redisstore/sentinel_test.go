@@ -408,3 +408,21 @@ func TestSentinelsDownErrorIsStable(t *testing.T) {
 		}
 	}
 }
+
+// TestSentinelAddrsNotSentinels: redis.sentinel.addrs naming a data node
+// (its port, 6379, where a sentinel's, 26379, was meant) got the answer
+// "ERR unknown command 'sentinel'", reported as "all sentinels specified
+// in configuration are unreachable: ERR unknown command ...". The error
+// says the server is no sentinel and which setting lists it.
+func TestSentinelAddrsNotSentinels(t *testing.T) {
+	testenv.ParallelRedis(t)
+	data := testenv.StartRedis(t)
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{data.Addr()}}})
+	_, err := s.Lookup(context.Background(), "x")
+	if err == nil || !strings.Contains(err.Error(), "not a sentinel") || !strings.Contains(err.Error(), "redis.sentinel.addrs") {
+		t.Fatalf("lookup through a data node listed as a sentinel: %v, want it named no sentinel, with redis.sentinel.addrs", err)
+	}
+	if strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("lookup error %q says the sentinels are unreachable", err)
+	}
+}

@@ -47,6 +47,11 @@ func TestServerSpanNamesRequestID(t *testing.T) {
 		{"proxy's 404", h.addr, "GET / HTTP/1.1\r\nHost: 80-reqidspanmissing.cube.test\r\n", 404},
 		{"event stream", h.addr, "GET /sse HTTP/1.1\r\nHost: " + sse + "\r\nX-Cube-Request-Id: client-sse\r\n", 200},
 		{"WebSocket", h.addr, "GET /ws HTTP/1.1\r\nHost: " + ws + "\r\nX-Cube-Request-Id: client-ws\r\n" + upgrade, 101},
+		// An upload refused from its "Expect: 100-continue" head (curl
+		// sends one with a body over 1 MiB), whose span is opened only
+		// once the refusal is decided.
+		{"Expect refused", h.addr, "POST / HTTP/1.1\r\nHost: " + web + "\r\nX-Cube-Request-Id: client-expect\r\nContent-Length: 9999999999\r\nExpect: 100-continue\r\n", 413},
+		{"Expect refused, unknown sandbox", h.addr, "POST / HTTP/1.1\r\nHost: 80-reqidspanmissing.cube.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n", 404},
 		{"parser's 431", h.addr, "GET / HTTP/1.1\r\nHost: " + web + "\r\nX-Big: " + strings.Repeat("b", 70<<10) + "\r\n", 431},
 		{"redirect listener", rln.Addr().String(), "GET /r HTTP/1.1\r\nHost: " + web + "\r\n", 308},
 	}

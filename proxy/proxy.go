@@ -319,6 +319,9 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 			// Opened only now that the head is refused, but from its
 			// start: the span covers the lookup that decided it.
 			x.spanCtx, x.span = p.tel.StartServerSpanAt(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx), x.start)
+			// noteRequestID found no span to name it for: the one the
+			// refusal carries leads to this trace as any other's does.
+			x.noteRequestID(reqID)
 		}
 	}
 	if !ctx.Hijacked() && (x.expecting || x.answeredEarly && !x.bodyEnded || !x.owned && !ctx.Response.ConnectionClose() && bodyLeft(ctx, x)) {

@@ -73,6 +73,8 @@ type leakEnv struct {
 	host  string
 	steps chan *leakStep
 	conns []net.Conn // the test's ends, closed by check
+	// incarnation counts the route changes recreate made (ledger_test.go).
+	incarnation int
 }
 
 func newLeakEnv(t *testing.T, mod func(*harnessOpts)) *leakEnv {

@@ -1,0 +1,515 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/telemetry"
+)
+
+// The ledger tests drive the leak tests' exchanges (every way one can
+// end) through a proxy with its access log, metrics and tracing all on,
+// and check that the three tell the same story: each exchange is one log
+// line, one request counted under the status class and route kind the
+// line shows, one time to its end in the response or stream histogram,
+// the bytes the lines show in the byte counters, and one server span with
+// the line's status and error code.
+
+// ledgerEnv is a leakEnv whose access log and spans the test reads.
+type ledgerEnv struct {
+	*leakEnv
+	log *obsLogBuf
+	exp *tracetest.InMemoryExporter
+}
+
+func newLedgerEnv(t *testing.T, mod func(*harnessOpts)) *ledgerEnv {
+	t.Helper()
+	l := &ledgerEnv{log: new(obsLogBuf), exp: tracetest.NewInMemoryExporter()}
+	al, err := accesslog.New(accesslog.Config{Format: accesslog.FormatJSON, Output: l.log}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = al.Close() })
+	tel := obsTelemetry(t, l.exp)
+	l.leakEnv = newLeakEnv(t, func(o *harnessOpts) {
+		o.cfg.AccessLog = al
+		o.cfg.Telemetry = tel
+		if mod != nil {
+			mod(o)
+		}
+	})
+	// newLeakEnv made a telemetry of its own before mod replaced it: the
+	// gauges it reads must be the proxy's.
+	l.tel = tel
+	return l
+}
+
+// ledgerLine is what the test reads of an access log line.
+type ledgerLine struct {
+	Status    int    `json:"status"`
+	Sent      int64  `json:"body_bytes_sent"`
+	In        int64  `json:"bytes_in"`
+	Kind      string `json:"route_kind"`
+	Code      string `json:"error_code"`
+	RequestID string `json:"x_cube_request_id"`
+	Method    string `json:"method"`
+	URI       string `json:"request_uri"`
+}
+
+func (l ledgerLine) String() string {
+	return fmt.Sprintf("%s %s -> %d %s %s sent=%d in=%d id=%s", l.Method, l.URI, l.Status, l.Kind, l.Code, l.Sent, l.In, l.RequestID)
+}
+
+func statusClass(status int) string {
+	if status < 100 || status > 599 {
+		return "other"
+	}
+	return strconv.Itoa(status/100) + "xx"
+}
+
+// ledgerScrape is the metrics the test compares with the lines, keyed by
+// their labels.
+type ledgerScrape map[string]float64
+
+func (e *ledgerEnv) scrape(t *testing.T) ledgerScrape {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	samples, err := testenv.ParsePromText(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ledgerScrape{}
+	for _, p := range samples {
+		switch p.Name {
+		case "cubeproxy_requests_total", "cubeproxy_request_duration_seconds_count", "cubeproxy_response_duration_seconds_count":
+			s[p.Name+" "+p.Labels["status_class"]+" "+p.Labels["route_kind"]] += p.Value
+		case "cubeproxy_stream_duration_seconds_count", "cubeproxy_sent_bytes_total", "cubeproxy_received_bytes_total":
+			s[p.Name+" "+p.Labels["route_kind"]] += p.Value
+		case "cubeproxy_streams_ended_total":
+			s[p.Name+" "+p.Labels["route_kind"]+" "+p.Labels["reason"]] += p.Value
+		}
+	}
+	return s
+}
+
+// lines returns the access log's lines.
+func (e *ledgerEnv) lines(t *testing.T) []ledgerLine {
+	t.Helper()
+	var out []ledgerLine
+	for _, ln := range strings.Split(e.log.String(), "\n") {
+		if ln == "" {
+			continue
+		}
+		var l ledgerLine
+		if err := json.Unmarshal([]byte(ln), &l); err != nil {
+			t.Fatalf("access log line %q: %v", ln, err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// serverSpans returns the server spans exported.
+func (e *ledgerEnv) serverSpans() []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range e.exp.GetSpans() {
+		if s.SpanKind == trace.SpanKindServer {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// expected is the scrape's change that lines account for.
+func expected(lines []ledgerLine) ledgerScrape {
+	s := ledgerScrape{}
+	for _, l := range lines {
+		c := statusClass(l.Status)
+		s["cubeproxy_requests_total "+c+" "+l.Kind]++
+		s["cubeproxy_request_duration_seconds_count "+c+" "+l.Kind]++
+		s["cubeproxy_sent_bytes_total "+l.Kind] += float64(l.Sent)
+		s["cubeproxy_received_bytes_total "+l.Kind] += float64(l.In)
+	}
+	return s
+}
+
+// diff is the scrape's change from before to after.
+func diff(before, after ledgerScrape) ledgerScrape {
+	d := ledgerScrape{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+func (s ledgerScrape) String() string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n  %s = %v", k, s[k])
+	}
+	return b.String()
+}
+
+// account checks the lines logged, the metrics changed and the server spans
+// ended since the last call against each other.
+func (e *ledgerEnv) account(t *testing.T, before ledgerScrape, lines0, spans0 int) {
+	t.Helper()
+	var lines []ledgerLine
+	var spans []tracetest.SpanStub
+	var problems []string
+	var got ledgerScrape
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		problems = problems[:0]
+		lines = e.lines(t)[lines0:]
+		spans = e.serverSpans()[spans0:]
+		got = diff(before, e.scrape(t))
+		want := expected(lines)
+		for k, v := range want {
+			if !strings.HasPrefix(k, "cubeproxy_requests_total") && !strings.HasPrefix(k, "cubeproxy_request_duration") &&
+				!strings.HasPrefix(k, "cubeproxy_sent") && !strings.HasPrefix(k, "cubeproxy_received") {
+				continue
+			}
+			if got[k] != v {
+				problems = append(problems, fmt.Sprintf("%s: lines say %v, metrics %v", k, v, got[k]))
+			}
+		}
+		for k, v := range got {
+			if _, ok := want[k]; !ok && (strings.HasPrefix(k, "cubeproxy_requests_total") || strings.HasPrefix(k, "cubeproxy_request_duration") ||
+				strings.HasPrefix(k, "cubeproxy_sent") || strings.HasPrefix(k, "cubeproxy_received")) {
+				problems = append(problems, fmt.Sprintf("%s: metrics %v, no line", k, v))
+			}
+		}
+		// Every exchange's end is timed once: to its last byte, or as a
+		// stream's lifetime.
+		var ends float64
+		for k, v := range got {
+			if strings.HasPrefix(k, "cubeproxy_response_duration_seconds_count") || strings.HasPrefix(k, "cubeproxy_stream_duration_seconds_count") {
+				ends += v
+			}
+		}
+		if int(ends) != len(lines) {
+			problems = append(problems, fmt.Sprintf("%v ends timed, %d lines", ends, len(lines)))
+		}
+		if len(spans) != len(lines) {
+			problems = append(problems, fmt.Sprintf("%d server spans, %d lines", len(spans), len(lines)))
+		} else {
+			problems = append(problems, matchSpans(lines, spans)...)
+		}
+		if len(problems) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(problems) > 0 {
+		var ls []string
+		for _, l := range lines {
+			ls = append(ls, "\n  "+l.String())
+		}
+		t.Errorf("%s\nlines:%s\nmetrics changed:%s", strings.Join(problems, "\n"), strings.Join(ls, ""), got)
+	}
+}
+
+// matchSpans pairs each line with the server span of its request id and
+// checks that they agree.
+func matchSpans(lines []ledgerLine, spans []tracetest.SpanStub) []string {
+	var problems []string
+	byID := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		for _, a := range s.Attributes {
+			if a.Key == telemetry.AttrRequestID {
+				byID[a.Value.AsString()] = s
+			}
+		}
+	}
+	for _, l := range lines {
+		s, ok := byID[l.RequestID]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("no server span for line %v", l))
+			continue
+		}
+		attr := map[string]string{}
+		for _, a := range s.Attributes {
+			attr[string(a.Key)] = a.Value.String()
+		}
+		if attr["http.response.status_code"] != strconv.Itoa(l.Status) {
+			problems = append(problems, fmt.Sprintf("line %v: span status %s", l, attr["http.response.status_code"]))
+		}
+		if attr["cube.error.code"] != l.Code {
+			problems = append(problems, fmt.Sprintf("line %v: span cube.error.code %q", l, attr["cube.error.code"]))
+		}
+		if attr["http.response.body.size"] != strconv.FormatInt(l.Sent, 10) {
+			problems = append(problems, fmt.Sprintf("line %v: span body size %s", l, attr["http.response.body.size"]))
+		}
+		if attr["cube.route.kind"] != "" && attr["cube.route.kind"] != l.Kind {
+			problems = append(problems, fmt.Sprintf("line %v: span route kind %s", l, attr["cube.route.kind"]))
+		}
+		// A 404 or a client that left is no server error; a 5xx, or a
+		// forwarded answer the proxy or the sandbox cut, is.
+		wantErr := l.Status >= 500 || (l.Code != "" && !telemetry.ClientEnded(l.Code) && l.Kind != "error")
+		if (s.Status.Code == codes.Error) != wantErr {
+			problems = append(problems, fmt.Sprintf("line %v: span status %v", l, s.Status.Code))
+		}
+	}
+	return problems
+}
+
+func runLedgerCases(t *testing.T, e *ledgerEnv, cases []leakCase, reps int) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := e.scrape(t)
+			lines0, spans0 := len(e.lines(t)), len(e.serverSpans())
+			for range reps {
+				c.run(t, e.leakEnv)
+			}
+			// At rest: every exchange of the case has ended.
+			e.noStep(t)
+			for _, c := range e.conns {
+				c.Close()
+			}
+			e.conns = nil
+			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+			e.account(t, before, lines0, spans0)
+		})
+	}
+}
+
+// Every way an exchange can end is one line, one count and one span that
+// agree.
+func TestLedgerEveryWayAnExchangeEnds(t *testing.T) {
+	e := newLedgerEnv(t, nil)
+	runLedgerCases(t, e, leakEnds, 2)
+}
+
+// So is every timeout.
+func TestLedgerTimeouts(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) {
+		o.cfg.IdleStreamTimeout = 300 * time.Millisecond
+		o.cfg.HeartbeatInterval = 100 * time.Millisecond
+		o.cfg.ResponseHeaderTimeout = time.Second
+		o.srv.ClientIdleTimeout = 200 * time.Millisecond
+		o.srv.ClientReadTimeout = 200 * time.Millisecond
+		o.srv.ClientBodyTimeout = 200 * time.Millisecond
+		o.srv.ClientWriteTimeout = 200 * time.Millisecond
+	})
+	runLedgerCases(t, e, leakTimeouts, 1)
+}
+
+// ledgerMore are endings the leak tables leave out: answers without a
+// body, interim heads, Expect, refusals from the head, methods of any name.
+var ledgerMore = []leakCase{
+	{"HEAD of a large download", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("HEAD", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", 3*wholeBody))
+		leakResponse(t, br, "HEAD", 200)
+		c.Close()
+	}},
+	{"304 with a large Content-Length", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", "If-None-Match: \"x\"\r\n"))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, fmt.Sprintf("HTTP/1.1 304 Not Modified\r\nContent-Length: %d\r\nETag: \"x\"\r\n\r\n", 3*wholeBody))
+		leakResponse(t, br, "GET", 304)
+		c.Close()
+	}},
+	{"204", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("DELETE", "/", ""))
+		s := e.next(t)
+		s.w.WriteHeader(204)
+		s.end()
+		leakResponse(t, br, "DELETE", 204)
+		c.Close()
+	}},
+	{"103 then 200", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		c.Close()
+	}},
+	{"sandbox answers 100 then 413 to an upload", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Content-Length: 5\r\n")+"hello")
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413 Too Large\r\nContent-Length: 3\r\n\r\nbig")
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 413).Body)
+		c.Close()
+	}},
+	{"Expect admitted", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Content-Length: 5\r\nExpect: 100-continue\r\n"))
+		leakResponse(t, br, "POST", 100)
+		leakSend(t, c, "hello")
+		e.next(t).answer("ok")
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 200).Body)
+		c.Close()
+	}},
+	{"Expect refused, body too large", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Content-Length: 4096\r\nExpect: 100-continue\r\n"))
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 413).Body)
+		c.Close()
+	}},
+	{"Expect refused, unknown sandbox", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, "POST / HTTP/1.1\r\nHost: 80-sbxledgermissing.cube.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 404).Body)
+		c.Close()
+	}},
+	{"method FOO", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("FOO", "/", ""))
+		e.next(t).answer("foo")
+		io.Copy(io.Discard, leakResponse(t, br, "FOO", 200).Body)
+		c.Close()
+	}},
+	{"head too large", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", "X-Big: "+strings.Repeat("b", 64<<10)+"\r\n"))
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 431).Body)
+		c.Close()
+	}},
+	{"malformed request line", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, "GET\r\nHost: "+e.host+"\r\n\r\n")
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 400).Body)
+		c.Close()
+	}},
+	{"HTTP/1.0 close-delimited answer", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, "GET / HTTP/1.0\r\nHost: "+e.host+"\r\n\r\n")
+		sc, _ := e.next(t).raw(t)
+		io.WriteString(sc, "HTTP/1.0 200 OK\r\n\r\nuntil close")
+		sc.Close()
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+		c.Close()
+	}},
+}
+
+// And so is each of those.
+func TestLedgerMore(t *testing.T) {
+	e := newLedgerEnv(t, nil)
+	runLedgerCases(t, e, ledgerMore, 1)
+}
+
+// recreate stores the scripted sandbox's route again under another
+// CreatedAt through the admin API: a new incarnation, whose change cuts
+// what the old one had open (route_changed). Each call flips it.
+func (e *leakEnv) recreate(t *testing.T) {
+	t.Helper()
+	port, _, _ := strings.Cut(e.host, "-")
+	e.incarnation++
+	body := fmt.Sprintf(`{"HostIP":"127.0.0.1","SandboxIP":"127.0.0.1","CreatedAt":"%d","%s":"%s"}`, 100+e.incarnation, port, port)
+	if st, out := e.h.adminDo("PUT", "/admin/routes/sbxleak", body, ""); st != 200 {
+		t.Fatalf("store the route again: %d %s", st, out)
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
+
+// ledgerRouteChanges are exchanges a change of the sandbox's route cuts.
+var ledgerRouteChanges = []leakCase{
+	{"SSE GET cut by a route change", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		e.recreate(t)
+		io.Copy(io.Discard, resp.Body)
+		s.end()
+	}},
+	{"SSE POST cut by a route change", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "POST")
+		e.recreate(t)
+		io.Copy(io.Discard, resp.Body)
+		s.end()
+	}},
+	{"WebSocket cut by a route change", func(t *testing.T, e *leakEnv) {
+		c, br, sc, sbr := e.tunnel(t)
+		leakEcho(t, c, br, sc, sbr)
+		e.recreate(t)
+		readEOF(t, c)
+		readEOF(t, sc)
+	}},
+	{"request waiting for its head cut by a route change", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		e.recreate(t)
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 502).Body)
+		s.end()
+		c.Close()
+	}},
+}
+
+// So is every cut a route change makes.
+func TestLedgerRouteChanges(t *testing.T) {
+	e := newLedgerEnv(t, nil)
+	runLedgerCases(t, e, ledgerRouteChanges, 1)
+}
+
+// And every exchange a drain ends, one of each kind open at once.
+func TestLedgerDrain(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) { o.srv.DrainTimeout = 300 * time.Millisecond })
+	before := e.scrape(t)
+	var steps []*leakStep
+	open := func(head string, status int) *leakStep {
+		c, br := e.dial(t)
+		leakSend(t, c, head)
+		s := e.next(t)
+		steps = append(steps, s)
+		if status == 0 {
+			return s // waits for its head
+		}
+		if strings.Contains(head, "/sse") {
+			sseHeaders(s.w)
+		}
+		s.write("first\n\n")
+		resp := leakResponse(t, br, "GET", status)
+		readUntil(t, resp.Body, "first")
+		return s
+	}
+	open(e.head("GET", "/sse", ""), 200)
+	open(e.head("POST", "/sse", "Content-Length: 2\r\n")+"{}", 200)
+	open(e.head("GET", "/download", ""), 200)
+	open(e.head("GET", "/", ""), 0)
+	c, br, sc, sbr := e.tunnel(t)
+	leakEcho(t, c, br, sc, sbr)
+	if err := e.h.server.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range steps {
+		s.end()
+	}
+	for _, c := range e.conns {
+		c.Close()
+	}
+	e.conns = nil
+	testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+	e.account(t, before, 0, 0)
+}

@@ -137,3 +137,48 @@ func TestEnvdInflightAfterSlotWaitsAndExpect(t *testing.T) {
 		{"cube_proxy_request_total", map[string]string{"route": "sandbox_exec", "method": "POST", "result": "success"}, 1},
 	})
 }
+
+// An envd upload refused from its "Expect: 100-continue" head (curl sends
+// one with a body over 1 MiB: a file upload to /files) is counted as the
+// same request refused without it is, a fail of its route and method: the
+// platform proxy counts every request it answers, and earlier builds
+// counted these nowhere, so a dashboard of failed uploads missed them.
+func TestEnvdCountsExpectRefusals(t *testing.T) {
+	tel := obsTelemetry(t, nil)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.cfg.MaxRequestBodySize = 1 << 10
+	})
+	admin := obsMetricsAdmin(t, h, tel)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	public := h.route("envdexpect", port)
+	h.put("envdexpectpriv", map[string]string{
+		"HostIP": "127.0.0.1", "CreatedAt": "1", itoa(port): itoa(port),
+		"AllowPublicTraffic": "false", "TrafficAccessToken": strings.Repeat("ab", 32),
+	})
+	private := itoa(port) + "-envdexpectpriv.cube.test"
+	before := scrapeMetrics(t, admin)
+	for _, tc := range []struct {
+		name, host, path, length string
+		status                   int
+	}{
+		{"no token", private, "/files?path=/x", "5", 403},
+		{"too large", public, "/files", "4096", 413},
+		{"unknown sandbox", "49999-envdexpectmissing.cube.test", "/process.Process/Start", "2", 404},
+	} {
+		c := dialRaw(t, h.addr)
+		io.WriteString(c, "POST "+tc.path+" HTTP/1.1\r\nHost: "+tc.host+"\r\nContent-Length: "+tc.length+"\r\nExpect: 100-continue\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != tc.status {
+			t.Fatalf("%s: %v %v, want %d", tc.name, resp, err, tc.status)
+		}
+		c.Close()
+	}
+	waitMetrics(t, admin, before, []metricDelta{
+		{"cube_proxy_inflight_requests", map[string]string{"route": "sandbox_files"}, 0},
+		{"cube_proxy_inflight_requests", map[string]string{"route": "sandbox_exec"}, 0},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "POST", "result": "fail"}, 2},
+		{"cube_proxy_request_total", map[string]string{"route": "sandbox_exec", "method": "POST", "result": "fail"}, 1},
+		{"cube_proxy_request_duration_seconds_count", map[string]string{"route": "sandbox_files", "method": "POST", "result": "fail"}, 2},
+	})
+}

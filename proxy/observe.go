@@ -679,11 +679,15 @@ func (s *instrumentedStore) Lookup(ctx context.Context, id string) (*routing.Rou
 // countEnvd counts in flight, under the platform proxy's metrics, an envd
 // call (its process calls and /files) whose target, without a path route's
 // prefix, is target: what finish ends. The platform's proxy tells them
-// from $uri, the path alone; an absolute-form target is not looked at.
+// from $uri, the path alone; an absolute-form target is not looked at. An
+// Expect head is only classified: admitted, it runs again as the request,
+// which counts; refused, handle counts it before finish ends it.
 func (p *Proxy) countEnvd(x *exchange, target, method []byte) {
 	path, _, _ := bytes.Cut(target, []byte{'?'})
 	if r := telemetry.ClassifyEnvd(path); r != telemetry.EnvdNone {
 		x.envd, x.envdMethod = r, telemetry.EnvdMethodOf(method)
-		p.metrics.EnvdStarted(r)
+		if !x.expecting {
+			p.metrics.EnvdStarted(r)
+		}
 	}
 }

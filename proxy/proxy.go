@@ -313,8 +313,10 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	if x.expecting {
 		// Counted only for a refusal: an admitted head's lookup is
-		// counted when the request runs.
+		// counted when the request runs, and so is its envd call
+		// (countEnvd), which finish then ends as a refused one.
 		p.metrics.CacheLookup(x.cache)
+		p.metrics.EnvdStarted(x.envd)
 		if p.tel != nil && p.tel.TracingEnabled() {
 			// Opened only now that the head is refused, but from its
 			// start: the span covers the lookup that decided it.
@@ -479,7 +481,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	id := t.ID()
 	x.port, x.pathPrefix = t.Port, t.PathPrefix
-	if p.metrics != nil && !x.expecting {
+	if p.metrics != nil {
 		p.countEnvd(x, h.RequestURI()[t.PathPrefix:], h.Method())
 	}
 

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -512,4 +514,53 @@ func TestLedgerDrain(t *testing.T) {
 	e.conns = nil
 	testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
 	e.account(t, before, 0, 0)
+}
+
+// The redirect listener's answers and refusals are exchanges too.
+func TestLedgerRedirectListener(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = 300 * time.Millisecond
+		o.srv.ClientBodyTimeout = 300 * time.Millisecond
+	})
+	ln := listen(t, "127.0.0.1:0")
+	go e.h.server.ServeRedirect(ln, "8443")
+	const host = "Host: 50005-box.cube.test\r\n"
+	for _, tc := range []struct {
+		name, send string
+		status     int // 0: no answer is read (the client leaves)
+		cut        bool
+	}{
+		{"redirect", "GET /a?b HTTP/1.1\r\n" + host + "\r\n", 308, false},
+		{"HEAD", "HEAD /a HTTP/1.1\r\n" + host + "\r\n", 308, false},
+		{"no Host", "GET /a HTTP/1.0\r\n\r\n", 400, false},
+		{"body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 5\r\n\r\nhello", 308, false},
+		{"large upload", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("u", 64<<10), 308, false},
+		{"Expect", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\nExpect: 100-continue\r\n\r\n", 308, false},
+		{"method FOO", "FOO /a HTTP/1.1\r\n" + host + "\r\n", 308, false},
+		{"head too large", "GET /a HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("b", 64<<10) + "\r\n\r\n", 431, false},
+		{"stalled body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 408, false},
+		{"body cut", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 0, true},
+		{"head cut", "GET /a HTTP/1.1\r\n" + host + "X-Half", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.scrape(t)
+			lines0, spans0 := len(e.lines(t)), len(e.serverSpans())
+			c := dialRaw(t, ln.Addr().String())
+			leakSend(t, c, tc.send)
+			if tc.cut {
+				reset(c.(*net.TCPConn))
+			} else {
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				method := strings.Fields(tc.send)[0]
+				resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+				if err != nil || resp.StatusCode != tc.status {
+					t.Fatalf("%v %v, want %d", resp, err, tc.status)
+				}
+				io.Copy(io.Discard, resp.Body)
+				c.Close()
+			}
+			testenv.WaitFor(t, 5*time.Second, "a line", func() bool { return len(e.lines(t)) > lines0 })
+			e.account(t, before, lines0, spans0)
+		})
+	}
 }

@@ -564,3 +564,62 @@ func TestLedgerRedirectListener(t *testing.T) {
 		})
 	}
 }
+
+// ledgerEarly are exchanges whose sandbox answered before the upload was
+// all sent, and streams a kill cuts.
+var ledgerEarly = []leakCase{
+	{"sandbox refuses mid-upload, client closes", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Transfer-Encoding: chunked\r\n")+"5\r\nhello\r\n")
+		// Raw: net/http reads the rest of the body before it writes a head.
+		sc, sbr := e.next(t).raw(t)
+		readUntil(t, sbr, "hello")
+		io.WriteString(sc, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 8\r\n\r\nno token")
+		io.Copy(io.Discard, leakResponse(t, br, "POST", 401).Body)
+		c.Close()
+		readEOF(t, sc)
+	}},
+	{"sandbox refuses mid-upload, client resets", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("POST", "/", "Transfer-Encoding: chunked\r\n")+"5\r\nhello\r\n")
+		sc, sbr := e.next(t).raw(t)
+		readUntil(t, sbr, "hello")
+		io.WriteString(sc, "HTTP/1.1 413 Too Large\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ntoo much\r\n")
+		readUntil(t, leakResponse(t, br, "POST", 413).Body, "too much")
+		reset(c)
+		readEOF(t, sc)
+	}},
+	{"SSE GET, sandbox killed", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		e.kill(t)
+		io.Copy(io.Discard, resp.Body)
+		s.end()
+	}},
+	{"chunked download, sandbox killed", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		s.write("piece one\n")
+		resp := leakResponse(t, br, "GET", 200)
+		readUntil(t, resp.Body, "piece one")
+		e.kill(t)
+		io.Copy(io.Discard, resp.Body)
+		s.end()
+	}},
+	{"request waiting for its head, sandbox killed", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		leakSend(t, c, e.head("GET", "/", ""))
+		s := e.next(t)
+		e.kill(t)
+		io.Copy(io.Discard, leakResponse(t, br, "GET", 410).Body)
+		s.end()
+		c.Close()
+	}},
+}
+
+// And so is each of those.
+func TestLedgerEarlyAnswersAndKills(t *testing.T) {
+	e := newLedgerEnv(t, nil)
+	runLedgerCases(t, e, ledgerEarly, 1)
+}

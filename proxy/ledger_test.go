@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -622,4 +623,109 @@ var ledgerEarly = []leakCase{
 func TestLedgerEarlyAnswersAndKills(t *testing.T) {
 	e := newLedgerEnv(t, nil)
 	runLedgerCases(t, e, ledgerEarly, 1)
+}
+
+// Over TLS, every end of an exchange is told apart as over plain TCP: a
+// client that leaves with a close_notify, with a bare close or with a
+// reset; a head left halfway; a tunnel closed.
+func TestLedgerOverTLS(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) {
+		o.srv.ClientReadTimeout = 300 * time.Millisecond
+	})
+	addr, roots := serveTLS(t, e.h)
+	dial := func(t *testing.T) (*tls.Conn, *net.TCPConn, *bufio.Reader) {
+		raw := dialRaw(t, addr).(*net.TCPConn)
+		c := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: e.host})
+		if err := c.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		return c, raw, bufio.NewReader(c)
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"plain", func(t *testing.T) {
+			c, _, br := dial(t)
+			leakSend(t, c, e.head("GET", "/", ""))
+			e.next(t).answer("hello")
+			io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
+			c.Close()
+		}},
+		{"SSE, client closes with close_notify", func(t *testing.T) {
+			c, _, br := dial(t)
+			s, _ := e.sseOpen(t, c, br, "GET")
+			c.Close()
+			e.openStreamsGone(t)
+			s.end()
+		}},
+		{"SSE POST, client closes bare", func(t *testing.T) {
+			c, raw, br := dial(t)
+			s, _ := e.sseOpen(t, c, br, "POST")
+			raw.Close()
+			e.openStreamsGone(t)
+			s.end()
+		}},
+		{"download, client resets", func(t *testing.T) {
+			c, raw, br := dial(t)
+			leakSend(t, c, e.head("GET", "/", ""))
+			s := e.next(t)
+			s.w.Header().Set("Content-Length", fmt.Sprint(3*wholeBody))
+			s.write(strings.Repeat("d", wholeBody))
+			resp := leakResponse(t, br, "GET", 200)
+			io.ReadFull(resp.Body, make([]byte, 1024))
+			reset(raw)
+			s.write(strings.Repeat("d", 2*wholeBody))
+			s.end()
+		}},
+		{"client closes while the sandbox thinks", func(t *testing.T) {
+			c, _, _ := dial(t)
+			leakSend(t, c, e.head("GET", "/", ""))
+			s := e.next(t)
+			c.Close()
+			s.write("late")
+			s.end()
+		}},
+		{"WebSocket, client closes", func(t *testing.T) {
+			c, _, br := dial(t)
+			leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
+			sc, sbr := e.next(t).raw(t)
+			io.WriteString(sc, ws101)
+			leakResponse(t, br, "GET", 101)
+			leakEcho(t, c, br, sc, sbr)
+			c.Close()
+			readEOF(t, sc)
+		}},
+		{"head left halfway", func(t *testing.T) {
+			c, raw, _ := dial(t)
+			leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
+			reset(raw)
+		}},
+		{"head stalled", func(t *testing.T) {
+			c, _, br := dial(t)
+			leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
+			io.Copy(io.Discard, leakResponse(t, br, "GET", 408).Body)
+			c.Close()
+		}},
+		{"head too large", func(t *testing.T) {
+			c, _, br := dial(t)
+			leakSend(t, c, e.head("GET", "/", "X-Big: "+strings.Repeat("b", 64<<10)+"\r\n"))
+			io.Copy(io.Discard, leakResponse(t, br, "GET", 431).Body)
+			c.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.scrape(t)
+			lines0, spans0 := len(e.lines(t)), len(e.serverSpans())
+			tc.run(t)
+			e.noStep(t)
+			for _, c := range e.conns {
+				c.Close()
+			}
+			e.conns = nil
+			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+			testenv.WaitFor(t, 5*time.Second, "a line", func() bool { return len(e.lines(t)) > lines0 })
+			e.account(t, before, lines0, spans0)
+		})
+	}
 }

@@ -729,3 +729,48 @@ func TestLedgerOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// ledgerStreamLimit are exchanges over max_streams_per_sandbox (1 here):
+// refused after their wait, served once a slot frees, or left by their
+// client while they wait.
+var ledgerStreamLimit = []leakCase{
+	{"refused after the wait", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		c2, br2 := e.dial(t)
+		leakSend(t, c2, e.head("GET", "/", ""))
+		io.Copy(io.Discard, leakResponse(t, br2, "GET", 429).Body)
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+	}},
+	{"served once the slot frees", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		c2, br2 := e.dial(t)
+		leakSend(t, c2, e.head("GET", "/", ""))
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+		e.next(t).answer("late")
+		io.Copy(io.Discard, leakResponse(t, br2, "GET", 200).Body)
+	}},
+	{"client leaves while it waits", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		c2, _ := e.dial(t)
+		leakSend(t, c2, e.head("GET", "/", ""))
+		testenv.WaitFor(t, 5*time.Second, "the wait", func() bool { return e.h.proxy.limitWaiting.Load() == 1 })
+		c2.Close()
+		testenv.WaitFor(t, 5*time.Second, "the wait's end", func() bool { return e.h.proxy.limitWaiting.Load() == 0 })
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+	}},
+}
+
+// So is every exchange the stream limit holds back.
+func TestLedgerStreamLimit(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.StreamLimitWait = 300 * time.Millisecond
+	})
+	runLedgerCases(t, e, ledgerStreamLimit, 1)
+}

@@ -774,3 +774,62 @@ func TestLedgerStreamLimit(t *testing.T) {
 	})
 	runLedgerCases(t, e, ledgerStreamLimit, 1)
 }
+
+// jsonrpcBody is a JSON-RPC message of n bytes or so: a response (the
+// stream limit lets it through) or a request (it refuses it).
+func jsonrpcBody(n int, request bool) string {
+	pad := strings.Repeat("p", n)
+	if request {
+		return `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"pad":"` + pad + `"}}`
+	}
+	return `{"jsonrpc":"2.0","id":7,"result":{"pad":"` + pad + `"}}`
+}
+
+// ledgerHeldBodies are bodies read whole at the stream limit to be judged.
+var ledgerHeldBodies = []leakCase{
+	{"held response, admitted", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		body := jsonrpcBody(20<<10, false)
+		c2, br2 := e.dial(t)
+		leakSend(t, c2, e.head("POST", "/mcp", fmt.Sprintf("Content-Length: %d\r\nContent-Type: application/json\r\n", len(body)))+body)
+		s2 := e.next(t)
+		io.Copy(io.Discard, s2.r.Body)
+		s2.w.WriteHeader(202)
+		s2.end()
+		io.Copy(io.Discard, leakResponse(t, br2, "POST", 202).Body)
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+	}},
+	{"held request, refused", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		body := jsonrpcBody(20<<10, true)
+		c2, br2 := e.dial(t)
+		leakSend(t, c2, e.head("POST", "/mcp", fmt.Sprintf("Content-Length: %d\r\nContent-Type: application/json\r\n", len(body)))+body)
+		io.Copy(io.Discard, leakResponse(t, br2, "POST", 429).Body)
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+	}},
+	{"held body left halfway", func(t *testing.T, e *leakEnv) {
+		c, br := e.dial(t)
+		s, resp := e.sseOpen(t, c, br, "GET")
+		body := jsonrpcBody(20<<10, false)
+		c2, _ := e.dial(t)
+		leakSend(t, c2, e.head("POST", "/mcp", fmt.Sprintf("Content-Length: %d\r\nContent-Type: application/json\r\n", len(body)))+body[:12<<10])
+		testenv.WaitFor(t, 5*time.Second, "the read", func() bool { return e.h.proxy.heldBodies.used.Load() > 0 })
+		reset(c2)
+		testenv.WaitFor(t, 5*time.Second, "the read's end", func() bool { return e.h.proxy.heldBodies.used.Load() == 0 })
+		s.end()
+		io.Copy(io.Discard, resp.Body)
+	}},
+}
+
+// So is every body held at the stream limit.
+func TestLedgerHeldBodies(t *testing.T) {
+	e := newLedgerEnv(t, func(o *harnessOpts) {
+		o.cfg.MaxStreamsPerSandbox = 1
+		o.cfg.MaxRequestBodySize = 1 << 20
+	})
+	runLedgerCases(t, e, ledgerHeldBodies, 1)
+}

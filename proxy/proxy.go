@@ -554,7 +554,12 @@ lookup:
 			if st == statePaused && p.resumer != nil && !resumed {
 				// After authorize: an unauthorized request wakes no VM.
 				resumed = true
-				if !p.resume(ctx, sb, route.ID) {
+				if err := p.resume(ctx, sb, route.ID); errors.Is(err, errDrainCut) {
+					// As a request the deadline cut waiting on its sandbox.
+					x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox was not resumed before the drain deadline"}, id)
+					ctx.SetConnectionClose()
+					return
+				} else if err != nil {
 					x.fail(ctx, errResumeFailed, id)
 					return
 				}
@@ -703,17 +708,20 @@ func (p *Proxy) logStale(id string) {
 	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", "sandbox_id", id)
 }
 
-// resume has the lifecycle manager resume paused sandbox e (id) and
-// reports whether it did. The call that succeeds marks e running, as the
+// resume has the lifecycle manager resume paused sandbox e (id), and
+// returns nil when it did (errDrainCut: the drain deadline cut the call). The call that succeeds marks e running, as the
 // platform's proxy does, until the lifecycle manager's /admin/state says
 // so itself: a burst of requests that came during the pause makes one
 // call, not one each. A kill or a pausing set during the call stands:
 // it is the control plane's later word (a paused set again during it is
 // taken as the one the call ended). The call, not each request that
 // waited for it, counts in cubeproxy_sandbox_resumes_total.
-func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) bool {
+func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) error {
 	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
 	err := p.resumer.resume(id, reqID, func(err error) {
+		if errors.Is(err, errDrainCut) {
+			return // the proxy's cut, not a failed resume
+		}
 		if err != nil {
 			p.metrics.SandboxResume(telemetry.ResumeFailed)
 			return
@@ -723,13 +731,10 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) boo
 		e.changedAt.Store(time.Now().UnixNano())
 		e.casState(statePaused, stateRunning)
 	})
-	if err != nil {
-		if everySecond(&e.resumeLogged) {
-			p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", "sandbox_id", id, "request_id", reqID, "error", err)
-		}
-		return false
+	if err != nil && !errors.Is(err, errDrainCut) && everySecond(&e.resumeLogged) {
+		p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", "sandbox_id", id, "request_id", reqID, "error", err)
 	}
-	return true
+	return err
 }
 
 // everySecond reports whether a line last logged at *last (unix nanos) may

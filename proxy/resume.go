@@ -31,6 +31,14 @@ type resumer struct {
 	mu    sync.Mutex
 	calls map[string]*resumeCall // in flight, by sandbox id
 
+	// stop ends every call in flight, and fails every later one at once,
+	// once abort cancels it at the drain deadline: a call runs to its own
+	// timeout (2 s and resume_timeout), past the drain's end, and the
+	// process exited under the requests waiting on it, unanswered and
+	// unlogged.
+	stop  context.Context
+	abort context.CancelFunc
+
 	// beforeWait, for tests, runs when a request joins a call in flight;
 	// nil in production.
 	beforeWait func()
@@ -49,12 +57,14 @@ func newResumer(addr string, timeout time.Duration) *resumer {
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &resumer{
+	r := &resumer{
 		base:    "http://" + addr + "/internal/resume",
 		timeout: timeout,
 		client:  &http.Client{Transport: tr},
 		calls:   map[string]*resumeCall{},
 	}
+	r.stop, r.abort = context.WithCancel(context.Background())
+	return r
 }
 
 // resume asks for id to be resumed, or waits for the call already asking,
@@ -85,11 +95,21 @@ func (r *resumer) resume(id, requestID string, done func(error)) error {
 	return c.err
 }
 
-// call makes one resume call; nil only on a 200.
+// call makes one resume call; nil only on a 200, errDrainCut when the
+// drain deadline ended it (abort).
 func (r *resumer) call(id, requestID string) error {
+	err := r.ask(id, requestID)
+	if err != nil && r.stop.Err() != nil {
+		return errDrainCut // the lifecycle manager is not to blame
+	}
+	return err
+}
+
+// ask is call's request.
+func (r *resumer) ask(id, requestID string) error {
 	// The connect and the answer's wait: the platform's connect and read
 	// timeouts, here one deadline over both.
-	ctx, cancel := context.WithTimeout(context.Background(), resumeConnectTimeout+r.timeout)
+	ctx, cancel := context.WithTimeout(r.stop, resumeConnectTimeout+r.timeout)
 	defer cancel()
 	q := url.Values{"sandbox_id": {id}}
 	if requestID != "" {

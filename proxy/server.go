@@ -420,6 +420,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			}
 			s.p.streams.abortAll()
 			s.p.pools.abort()
+			if s.p.resumer != nil {
+				s.p.resumer.abort() // requests waiting on a resume call
+			}
 			// After pools.abort, which clientError asks whether the
 			// deadline has come.
 			s.p.conns.cutReads()

@@ -29,20 +29,30 @@ const (
 // its 413 until it had sent 16 MiB or timed out; and fasthttp skips a
 // hijack handler on a connection marked for closing, so the answer is
 // written here.
+//
+// It counts lingering from the handler on, as goLingerClose does before
+// its goroutine: fasthttp counts the connection out as the handler
+// returns, before the hijack handler runs, and a drain that found nothing
+// open in between ended and closed the connection over the client's
+// unread body (TestDrainWaitsForARefusalAboutToLinger). When fasthttp
+// skips the hijack handler, Proxy.hijack's abandon counts it out.
 func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 	raw := ctx.Conn()
-	ownsClose(raw)
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(c net.Conn) {
+	p.lingering.Add(1)
+	p.hijack(ctx, func(c net.Conn) {
+		defer p.lingering.Add(-1)
 		defer func() {
 			_ = raw.Close()
 			p.clientConnClosed()
 		}()
+		if p.beforeRefusalLingers != nil {
+			p.beforeRefusalLingers()
+		}
 		// The request is recycled only after this returns: its response
 		// (with every header the handler set) is still here.
 		ctx.Response.Header.SetConnectionClose()
-		p.answerLingering(raw, c, &ctx.Response)
-	})
+		p.answerCounted(raw, c, &ctx.Response)
+	}, func() { p.lingering.Add(-1) })
 }
 
 // answerLingering writes resp to the client connection raw, ends raw's
@@ -55,6 +65,12 @@ func (p *Proxy) lingerBody(ctx *fasthttp.RequestCtx) {
 func (p *Proxy) answerLingering(raw, r net.Conn, resp *fasthttp.Response) {
 	p.lingering.Add(1)
 	defer p.lingering.Add(-1)
+	p.answerCounted(raw, r, resp)
+}
+
+// answerCounted is answerLingering for a caller that counts it in
+// lingering itself.
+func (p *Proxy) answerCounted(raw, r net.Conn, resp *fasthttp.Response) {
 	if p.clientWriteTimeout > 0 {
 		_ = raw.SetWriteDeadline(time.Now().Add(p.clientWriteTimeout))
 	}

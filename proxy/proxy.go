@@ -119,6 +119,10 @@ type Proxy struct {
 	// before its tunnel is listed in the registry, after fasthttp counted
 	// the connection out; nil in production.
 	beforeTunnelListed func()
+	// beforeRefusalLingers, for tests, runs in lingerBody's hijack
+	// handler before its answer goes out, after fasthttp counted the
+	// connection out; nil in production.
+	beforeRefusalLingers func()
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

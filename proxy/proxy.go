@@ -119,9 +119,9 @@ type Proxy struct {
 	// before its tunnel is listed in the registry, after fasthttp counted
 	// the connection out; nil in production.
 	beforeTunnelListed func()
-	// beforeRefusalLingers, for tests, runs in lingerBody's hijack
-	// handler before its answer goes out, after fasthttp counted the
-	// connection out; nil in production.
+	// beforeRefusalLingers, for tests, runs in lingerBody's and
+	// redirectExpect's hijack handlers before the answer goes out, after
+	// fasthttp counted the connection out; nil in production.
 	beforeRefusalLingers func()
 
 	clientWriteTimeout time.Duration // from ServerConfig

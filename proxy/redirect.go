@@ -101,6 +101,9 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 					s.redirectConns.remove(c)
 				}
 				p.connClosed(c)
+				if abandon, ok := p.hijacks.LoadAndDelete(c); ok {
+					abandon.(func())() // redirectExpect's hijack, skipped
+				}
 			case fasthttp.StateHijacked:
 				p.held.remove(c)
 				if logged {
@@ -195,15 +198,21 @@ func (s *Server) redirectExpect(ctx *fasthttp.RequestCtx) int {
 	}
 	s.answerRedirect(ctx, true)
 	raw := ctx.Conn()
-	ownsClose(raw)
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(c net.Conn) {
+	// Counted lingering from here, as lingerBody counts a refusal's:
+	// fasthttp counts the connection out before the hijack handler runs.
+	// When it skips that handler, ConnState's StateClosed abandons it.
+	s.p.lingering.Add(1)
+	s.p.hijack(ctx, func(c net.Conn) {
+		defer s.p.lingering.Add(-1)
 		// A hijacked connection is no StateClosed for this server's
 		// ConnState: its place under client.max_conns is given back here.
 		defer s.p.clientConnClosed()
+		if s.p.beforeRefusalLingers != nil {
+			s.p.beforeRefusalLingers()
+		}
 		ctx.Response.Header.SetConnectionClose()
-		s.p.answerLingering(raw, c, &ctx.Response)
-	})
+		s.p.answerCounted(raw, c, &ctx.Response)
+	}, func() { s.p.lingering.Add(-1) })
 	return ctx.Response.StatusCode()
 }
 

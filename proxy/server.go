@@ -466,6 +466,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-redirected:
 	case <-time.After(time.Second):
 	}
+	// A lingering close the redirect listener began during the drain (an
+	// upload's 308, its body read and dropped) gets the rest of the drain,
+	// as the traffic listeners' do: the loop above, finding nothing open
+	// on those, may have ended before it began, and closeAll below then
+	// reset the connection over the rest of the upload.
+	for s.p.lingering.Load() > 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	// The admin API answers through the drain (/readyz says 503, healthz
 	// says draining), so it closes last; with shared ports it closed at
 	// the start, and its last requests get the same second.

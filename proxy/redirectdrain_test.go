@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,5 +78,36 @@ func TestDrainWaitsForARedirectsLinger(t *testing.T) {
 			c.Close()
 			drainEnds(t, shut, 10*time.Second, "the drain did not end after the lingering client closed")
 		})
+	}
+}
+
+// A redirect's lingering close still open at the drain deadline is cut
+// then, and the process log says so, as for the traffic listeners'.
+func TestDrainDeadlineCutsARedirectsLinger(t *testing.T) {
+	const drain = 500 * time.Millisecond
+	logs := new(obsLogBuf)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.srv.DrainTimeout = drain
+		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	ln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(ln, "8443")
+	c := dialRaw(t, ln.Addr().String())
+	start := time.Now()
+	shut := make(chan error, 1)
+	go func() { shut <- h.server.Shutdown(context.Background()) }()
+	h.waitListenerClosed(5 * time.Second)
+	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: 50005-box.cube.test\r\nContent-Length: 1000000\r\nExpect: 100-continue\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 308 {
+		t.Fatalf("%v %v, want 308", resp, err)
+	}
+	// The client sends nothing more and stays: the linger waits for it.
+	drainEnds(t, shut, drain+5*time.Second, "Shutdown did not return")
+	if d := time.Since(start); d < drain-50*time.Millisecond {
+		t.Errorf("Shutdown returned %v after the drain began, before its %v deadline", d, drain)
+	}
+	if out := logs.String(); !strings.Contains(out, "drain deadline reached") || !strings.Contains(out, `"lingering":1`) {
+		t.Errorf("no warning naming the lingering close the deadline cut:\n%s", out)
 	}
 }

@@ -471,10 +471,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// as the traffic listeners' do: the loop above, finding nothing open
 	// on those, may have ended before it began, and closeAll below then
 	// reset the connection over the rest of the upload.
-	for s.p.lingering.Load() > 0 && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
+	if s.p.lingering.Load() > 0 && ctx.Err() == nil {
+		for s.p.lingering.Load() > 0 && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if n := s.p.lingering.Load(); n > 0 {
+			// As the loop above says it: closeAll cuts these.
+			s.p.cfg.Logger.Warn("drain deadline reached: cutting what is still open", "lingering", n)
 		}
 	}
 	// The admin API answers through the drain (/readyz says 503, healthz

@@ -26,6 +26,10 @@ func TestDrainWaitsForARefusalAboutToLinger(t *testing.T) {
 		close(hooked)
 		<-proceed
 	}
+	// Serving: a Shutdown before Serve has begun closes nothing.
+	if code, _, _ := h.get("8080-nobox.cube.test", "/"); code != 404 {
+		t.Fatalf("traffic listener: %d", code)
+	}
 	// Connected before the drain, its request sent after the listener
 	// closed (fasthttp serves a new connection's first request for 5 s).
 	c := dialRaw(t, h.addr)

@@ -37,6 +37,7 @@ func TestDrainWaitsForARedirectsLinger(t *testing.T) {
 			}
 			ln := listen(t, "127.0.0.1:0")
 			go h.server.ServeRedirect(ln, "8443")
+			bothServing(t, h, ln.Addr().String())
 			// Connected before the drain, its request sent after the
 			// listeners closed.
 			c := dialRaw(t, ln.Addr().String())
@@ -92,6 +93,7 @@ func TestDrainDeadlineCutsARedirectsLinger(t *testing.T) {
 	})
 	ln := listen(t, "127.0.0.1:0")
 	go h.server.ServeRedirect(ln, "8443")
+	bothServing(t, h, ln.Addr().String())
 	c := dialRaw(t, ln.Addr().String())
 	start := time.Now()
 	shut := make(chan error, 1)
@@ -109,5 +111,24 @@ func TestDrainDeadlineCutsARedirectsLinger(t *testing.T) {
 	}
 	if out := logs.String(); !strings.Contains(out, "drain deadline reached") || !strings.Contains(out, `"lingering":1`) {
 		t.Errorf("no warning naming the lingering close the deadline cut:\n%s", out)
+	}
+}
+
+// bothServing waits until h's traffic listener and the redirect listener
+// at addr answer: a Shutdown before a server's Serve has begun finds no
+// listener of its to close, and that server then serves on.
+func bothServing(t *testing.T, h *harness, addr string) {
+	t.Helper()
+	if code, _, _ := h.get("8080-nobox.cube.test", "/"); code != 404 {
+		t.Fatalf("traffic listener: %d", code)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 308 {
+		t.Fatalf("redirect listener: %d", resp.StatusCode)
 	}
 }

@@ -99,7 +99,8 @@ type pools struct {
 	// out after it is closed at once.
 	aborted atomic.Bool
 	// dialCtx is cancelled by abort: a connect under way (a frozen
-	// sandbox's takes two connect timeouts) ends then too.
+	// sandbox's takes two connect timeouts) ends then too, and so does a
+	// request's wait for its route lookup.
 	dialCtx     context.Context
 	cancelDials context.CancelFunc
 

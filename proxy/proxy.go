@@ -504,16 +504,18 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
-	// lookup itself (LookupTimeout). The count of announced route changes
+	// lookup itself (LookupTimeout); the drain deadline ends the wait
+	// (dialCtx, cancelled by pools.abort), which a command_timeout longer
+	// than the unwind outlived. The count of announced route changes
 	// first: a change announced after it is judgeLate's to find.
 	x.changes = p.cache.Changes()
 	var route *routing.Route
 	var res routing.CacheResult
 	var err error
 	if unmapped != nil {
-		route, res, err = p.cache.Refresh(context.Background(), id, unmapped)
+		route, res, err = p.cache.Refresh(p.pools.dialCtx, id, unmapped)
 	} else {
-		route, res, err = p.cache.Get(context.Background(), id)
+		route, res, err = p.cache.Get(p.pools.dialCtx, id)
 	}
 	if !again {
 		x.cache = cacheResult(res)
@@ -757,6 +759,11 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 	x.sandboxID = string(id)
 	var fe *routing.FieldError
 	switch {
+	case errors.Is(err, context.Canceled) && p.pools.aborted.Load():
+		// The drain deadline ended the wait (dialCtx): as a request it
+		// cut waiting on its sandbox, not the store's failure.
+		x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the route was not found before the drain deadline"}, id)
+		ctx.SetConnectionClose()
 	case errors.Is(err, routing.ErrNotFound):
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil {
 			if sb.state() == stateKilled {

@@ -99,6 +99,11 @@ func FuzzLoadFile(f *testing.F) {
 		if out2, _ := yaml.Marshal(again); string(out) != string(out2) {
 			t.Fatalf("loaded as\n%s\nwritten back and loaded again as\n%s", out, out2)
 		}
+		if cfg.TLS.Source == "files" && cfg.TLS.CertFile == "" && len(cfg.TLS.Files) > 0 {
+			// tls.files, a list of pairs, has no variable: the
+			// environment alone names no certificate, which is refused.
+			return
+		}
 		vars := map[string]string{}
 		for _, s := range collect(reflect.ValueOf(cfg).Elem()) {
 			if v, ok := envValue(&s); ok {

@@ -103,7 +103,7 @@ const (
 	whyNoLine      = "bytes no request line can begin with (NUL), without a line end: nginx answers 400 at once, CubeProxy waits for the line and answers 408 after client.read_timeout, as fasthttp parses only whole lines (README: Decisions, Left to fasthttp's parser)"
 	whyRespTE      = "an HTTP/1.1 answer with a transfer coding other than chunked is a 502 upstream_bad_response; nginx 1.22 drops the coding's name and relays the coded bytes, undecodable by the client but for identity, which RFC 7230 removed (README: Forwarding behaviour)"
 	whyRespBadCL   = "an answer whose Content-Length is not digits (+5, -1, a list 5, 5) or past 2^63 is a 502 upstream_bad_response, as RFC 9112 6.3 has a proxy answer it; nginx 1.22 relays it (README: Decisions, Where nginx refuses a request and the proxy does not)"
-	whyCookieDom   = "a Set-Cookie Domain other than the client's host (another site, a parent domain every sandbox shares) is removed, so the cookie stays with the host that set it; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
+	whyCookieDom   = "a Set-Cookie Domain is removed, so the cookie stays with the host that set it: another site's or the parent domain every sandbox shares would reach other sandboxes, and the host's own every name under it, where other sandboxes' pages may be served by their path; nginx relays it (README: Forwarding behaviour, Headers; Proxy auth)"
 	whyRespHTTP09  = "an answer whose status line is not HTTP/1.x (http/1.1 in lower case) is a 502 upstream_bad_response; nginx 1.22 takes it for HTTP/0.9 and relays its bytes, head included, as the answer (README: Decisions, Where nginx refuses a request and the proxy does not)"
 )
 
@@ -501,10 +501,10 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.cl-negative", raw: ans("cl-negative"), expect: []exp{{"client[0].status", whyRespBadCL}, {"client[0].from", whyRespBadCL}}},
 		{name: "ans.chunk-overflow", raw: ans("chunk-overflow"), expect: []exp{{"client.err", whyRespChunkBad}, {"client.responses", whyRespChunkBad}, {"client.conn", whyRespChunkBad}}},
 		{name: "ans.chunk-upper-hex", raw: ans("chunk-upper-hex")},
-		{name: "ans.cookie-own-domain", raw: ans("cookie-own-domain")},
-		{name: "ans.cookie-own-domain-host-port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":8080", "X-Lab-Answer: cookie-own-domain"), "")},
-		{name: "ans.cookie-own-domain-host-upper", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host), "X-Lab-Answer: cookie-own-domain"), "")},
-		{name: "ans.cookie-own-domain-host-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+".", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom + "; a Host with a trailing dot names another host, so the Domain without it goes (a browser would refuse the cookie with it, not domain-matching \"<host>.\")"}}},
+		{name: "ans.cookie-own-domain", raw: ans("cookie-own-domain"), expect: []exp{{"client[0].headers", whyCookieDom}}},
+		{name: "ans.cookie-own-domain-host-port", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+":8080", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom}}},
+		{name: "ans.cookie-own-domain-host-upper", raw: rq("GET / HTTP/1.1", hs("Host: "+strings.ToUpper(env.host), "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom}}},
+		{name: "ans.cookie-own-domain-host-dot", raw: rq("GET / HTTP/1.1", hs("Host: "+env.host+".", "X-Lab-Answer: cookie-own-domain"), ""), expect: []exp{{"client[0].headers", whyCookieDom}}},
 		{name: "ans.x-accel-redirect", raw: ans("x-accel-redirect"), expect: []exp{{"client[0].", whyAccel}, {"client.conn", whyAccel}, {"sandbox.requests", whyAccel}}},
 		{name: "ans.header-15k", raw: ans("header-15k")},
 		{name: "ans.cookies-15k", raw: ans("cookies-15k")},

@@ -22,6 +22,7 @@ const expected = {
   'py.expect-reject': [['cmp.', 'as curl.expect-reject']],
   'py.trickle-length': [['cmp.firstPieceReachedSandbox', 'fasthttp reads the first 8 KiB of a Content-Length body (all of a smaller one) before the proxy sees the request (README: Decisions); a chunked body streams at once (py.trickle-chunked)']],
   'tls/py.cut-close-notify-only': [['cmp.sandboxSawClose', 'a close_notify with the TCP connection left open is a TLS 1.3 half-close (RFC 8446 6.1: the client may still read); the proxy, like nginx, watches the socket (FIN, reset) and reads no TLS record of a client whose answer it is streaming, so the stream ends when the client closes TCP or the sandbox ends it; node closes at the alert']],
+  'fetch.cookies': [['cmp.headers.set-cookie.2', 'a Set-Cookie loses its Domain, its own host\'s too, so the cookie is host-only: that Domain would take in every name under the host, where other sandboxes\' pages may be served by their path (README: Proxy auth, Cookies a sandbox sets)']],
   'eventsource.sandbox-down': [['cmp.errors', 'a sandbox that refuses connections is a 502 through the proxy, on which EventSource stops, where a refused connection directly makes it retry (any reverse proxy answers so)']],
 };
 

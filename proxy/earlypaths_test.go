@@ -197,6 +197,16 @@ func TestDrainWaitsForLingeringUpload(t *testing.T) {
 			t.Fatalf("the rest of the body during the drain, at %d of %d bytes: %v (the lingering close was cut: a client that reads after sending never sees its answer)", sent, size, err)
 		}
 	}
+	lingeredUntilClientCloses(t, c, shutdownDone)
+}
+
+// lingeredUntilClientCloses reads the 404 a drain's lingering close sent a
+// client that has sent its whole refused body, and checks that the drain
+// (shut gets Shutdown's result) waits for that client and ends once it
+// closes.
+func lingeredUntilClientCloses(t *testing.T, c net.Conn, shut <-chan error) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatalf("the answer after the body: %v", err)
@@ -205,9 +215,9 @@ func TestDrainWaitsForLingeringUpload(t *testing.T) {
 	if resp.StatusCode != 404 || !strings.Contains(string(body), "sandbox_not_found") {
 		t.Fatalf("answer %d %s, want 404 sandbox_not_found", resp.StatusCode, body)
 	}
-	drainGoesOn(t, shutdownDone, "the drain ended before the lingering client closed")
+	drainGoesOn(t, shut, "the drain ended before the lingering client closed")
 	c.Close()
-	drainEnds(t, shutdownDone, 10*time.Second, "the drain did not end after the lingering client closed")
+	drainEnds(t, shut, 10*time.Second, "the drain did not end after the lingering client closed")
 }
 
 // Pipelined: a plain request and an Expect upload in one write; and on

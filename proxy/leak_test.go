@@ -921,21 +921,24 @@ func TestLeakEveryWayAnExchangeEnds(t *testing.T) {
 // So does every timeout.
 func TestLeakTimeouts(t *testing.T) {
 	// Not t.Parallel: it looks at every goroutine of the process.
-	e := newLeakEnv(t, func(o *harnessOpts) {
-		o.cfg.IdleStreamTimeout = 300 * time.Millisecond
-		o.cfg.HeartbeatInterval = 100 * time.Millisecond
-		// Every case but one answers through the test's goroutine: the
-		// sandbox's handler hands the request over (next) and the test
-		// writes the head. At 200 ms (175 with slack), a stall there on
-		// loaded cores got the 504 instead of the 200 or 101. Only "sandbox
-		// gives no head in time" waits it out.
-		o.cfg.ResponseHeaderTimeout = time.Second
-		o.srv.ClientIdleTimeout = 200 * time.Millisecond
-		o.srv.ClientReadTimeout = 200 * time.Millisecond
-		o.srv.ClientBodyTimeout = 200 * time.Millisecond
-		o.srv.ClientWriteTimeout = 200 * time.Millisecond
-	})
+	e := newLeakEnv(t, leakTimeoutOpts)
 	runLeakCases(t, e, leakTimeouts, 2)
+}
+
+// leakTimeoutOpts are the short timeouts leakTimeouts' cases wait out.
+func leakTimeoutOpts(o *harnessOpts) {
+	o.cfg.IdleStreamTimeout = 300 * time.Millisecond
+	o.cfg.HeartbeatInterval = 100 * time.Millisecond
+	// Every case but one answers through the test's goroutine: the
+	// sandbox's handler hands the request over (next) and the test
+	// writes the head. At 200 ms (175 with slack), a stall there on
+	// loaded cores got the 504 instead of the 200 or 101. Only "sandbox
+	// gives no head in time" waits it out.
+	o.cfg.ResponseHeaderTimeout = time.Second
+	o.srv.ClientIdleTimeout = 200 * time.Millisecond
+	o.srv.ClientReadTimeout = 200 * time.Millisecond
+	o.srv.ClientBodyTimeout = 200 * time.Millisecond
+	o.srv.ClientWriteTimeout = 200 * time.Millisecond
 }
 
 // A drain with one of everything open leaves nothing behind: no goroutine

@@ -309,15 +309,7 @@ func TestLedgerEveryWayAnExchangeEnds(t *testing.T) {
 
 // So is every timeout.
 func TestLedgerTimeouts(t *testing.T) {
-	e := newLedgerEnv(t, func(o *harnessOpts) {
-		o.cfg.IdleStreamTimeout = 300 * time.Millisecond
-		o.cfg.HeartbeatInterval = 100 * time.Millisecond
-		o.cfg.ResponseHeaderTimeout = time.Second
-		o.srv.ClientIdleTimeout = 200 * time.Millisecond
-		o.srv.ClientReadTimeout = 200 * time.Millisecond
-		o.srv.ClientBodyTimeout = 200 * time.Millisecond
-		o.srv.ClientWriteTimeout = 200 * time.Millisecond
-	})
+	e := newLedgerEnv(t, leakTimeoutOpts)
 	runLedgerCases(t, e, leakTimeouts, 1)
 }
 

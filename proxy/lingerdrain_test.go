@@ -1,12 +1,8 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -62,17 +58,6 @@ func TestDrainWaitsForARefusalAboutToLinger(t *testing.T) {
 			t.Fatalf("the body during the drain, at %d of %d bytes: %v", sent, size, err)
 		}
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("the answer after the body: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 404 || !strings.Contains(string(body), "sandbox_not_found") {
-		t.Fatalf("answer %d %s, want 404 sandbox_not_found", resp.StatusCode, body)
-	}
-	drainGoesOn(t, shut, "the drain ended before the lingering client closed")
-	c.Close()
-	drainEnds(t, shut, 10*time.Second, "the drain did not end after the lingering client closed")
+	lingeredUntilClientCloses(t, c, shut)
 	h.waitClientConnsClosed(t)
 }

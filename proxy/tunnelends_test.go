@@ -34,15 +34,8 @@ func TestTunnelHoldsItsSandboxSlotUntilItEnds(t *testing.T) {
 		o.cfg.MaxStreamsPerSandbox = 1
 		o.cfg.IdleStreamTimeout = idle
 	})
-	accepted := make(chan net.Conn, 1)
-	ln := testenv.ServeTCP(t, func(c net.Conn) {
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-			c.Close()
-			return
-		}
-		io.WriteString(c, ws101)
-		accepted <- c
-	})
+	ln := listen(t, "127.0.0.1:0")
+	accepted := serveWS101(t, ln)
 	host := h.route("wscap", uint16(ln.Addr().(*net.TCPAddr).Port))
 	upgrade := func(t *testing.T) (*net.TCPConn, *bufio.Reader, *http.Response) {
 		t.Helper()
@@ -150,15 +143,7 @@ func TestDrainCutsTunnelsInEveryState(t *testing.T) {
 		o.srv.ClientWriteTimeout = time.Hour
 	})
 	ln := listenSmallWindow(t)
-	accepted := make(chan net.Conn, 4)
-	testenv.Serve(t, ln, func(c net.Conn) {
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-			c.Close()
-			return
-		}
-		io.WriteString(c, ws101)
-		accepted <- c
-	})
+	accepted := serveWS101(t, ln)
 	host := h.route("wsdrain", uint16(ln.Addr().(*net.TCPAddr).Port))
 	open := func(id string, small bool) (net.Conn, *bufio.Reader, net.Conn) {
 		t.Helper()
@@ -358,15 +343,8 @@ func TestUpgradeRequiredKeepsUpgrade(t *testing.T) {
 // delivered yet.
 func TestDrainWaitsForATunnelsLinger(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 10 * time.Second })
-	accepted := make(chan net.Conn, 1)
-	ln := testenv.ServeTCP(t, func(c net.Conn) {
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-			c.Close()
-			return
-		}
-		io.WriteString(c, ws101)
-		accepted <- c
-	})
+	ln := listen(t, "127.0.0.1:0")
+	accepted := serveWS101(t, ln)
 	host := h.route("wsdrainlinger", uint16(ln.Addr().(*net.TCPAddr).Port))
 	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", host)
@@ -477,4 +455,20 @@ func TestDrainWaitsForATunnelAboutToOpen(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the drain did not end once the tunnel closed")
 	}
+}
+
+// serveWS101 serves on ln a sandbox that answers every upgrade it reads
+// with a 101 and hands the connection, now a tunnel's, to the test on the
+// channel it returns.
+func serveWS101(t *testing.T, ln net.Listener) <-chan net.Conn {
+	accepted := make(chan net.Conn, 4)
+	testenv.Serve(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			c.Close()
+			return
+		}
+		io.WriteString(c, ws101)
+		accepted <- c
+	})
+	return accepted
 }

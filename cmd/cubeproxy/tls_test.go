@@ -1149,30 +1149,8 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 			}
 			checkWarned := func(what, logs string) {
 				t.Helper()
-				var got []string
-				for line := range strings.Lines(logs) {
-					if strings.Contains(line, warning) {
-						got = append(got, line)
-					}
-				}
-				switch {
-				case tt.wantWarn == "" && len(got) > 0:
-					t.Fatalf("%s warned: %s", what, got)
-				case tt.wantWarn != "" && (len(got) != 1 || !strings.Contains(got[0], `"domain":"`+tt.wantWarn+`"`)):
-					t.Fatalf("%s: warnings %q, want one naming %s\n%s", what, got, tt.wantWarn, logs)
-				}
-				var shared []string
-				for line := range strings.Lines(logs) {
-					if strings.Contains(line, sharedWarning) {
-						shared = append(shared, line)
-					}
-				}
-				switch {
-				case tt.wantShared == "" && len(shared) > 0:
-					t.Fatalf("%s warned: %s", what, shared)
-				case tt.wantShared != "" && (len(shared) != 1 || !strings.Contains(shared[0], `"host":"`+tt.wantShared+`"`)):
-					t.Fatalf("%s: shared-host warnings %q, want one naming %s\n%s", what, shared, tt.wantShared, logs)
-				}
+				warnedOnceAbout(t, what, logs, warning, "domain", tt.wantWarn)
+				warnedOnceAbout(t, what, logs, sharedWarning, "host", tt.wantShared)
 			}
 			// check, run before a restart, says it too, and passes: a
 			// warning, as at start.
@@ -1314,4 +1292,22 @@ func clientHello(t *testing.T, serverName string) []byte {
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// warnedOnceAbout checks that logs (JSON lines) hold warning once, with
+// its field key naming want, or, want empty, not at all.
+func warnedOnceAbout(t *testing.T, what, logs, warning, key, want string) {
+	t.Helper()
+	var got []string
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, warning) {
+			got = append(got, line)
+		}
+	}
+	switch {
+	case want == "" && len(got) > 0:
+		t.Fatalf("%s warned: %s", what, got)
+	case want != "" && (len(got) != 1 || !strings.Contains(got[0], `"`+key+`":"`+want+`"`)):
+		t.Fatalf("%s: warnings %q, want one naming %s\n%s", what, got, want, logs)
+	}
 }

@@ -5,8 +5,13 @@ import (
 	"time"
 )
 
-// timeLocal is nginx's $time_local layout: 30/Nov/2026:04:47:48 +0000.
-const timeLocal = "02/Jan/2006:15:04:05 -0700"
+// accessTime is the layout of the platform's $access_time, which its
+// log_phase.lua sets (os.date("%Y-%m-%dT%H:%M:%S") and the millisecond
+// of ngx.var.msec): local time without a zone, 2026-11-30T04:47:48.123.
+// That Lua writes the millisecond without leading zeros (".5" for 5 ms),
+// which a reader of decimal fractions takes for half a second; here it
+// has its three digits, read right either way.
+const accessTime = "2006-01-02T15:04:05.000"
 
 // cubeSep separates the 22 fields of the cube format.
 const cubeSep = "||"

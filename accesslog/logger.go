@@ -214,7 +214,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 		l.stamps = newStamps(jsonTime)
 	case FormatCube:
 		l.cube = true
-		l.stamps = newStamps(timeLocal)
+		l.stamps = newStamps(accessTime)
 	default:
 		return nil, fmt.Errorf("access log format %q: want %q or %q", cfg.Format, FormatJSON, FormatCube)
 	}

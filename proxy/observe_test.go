@@ -703,7 +703,7 @@ func checkCubeLine(t *testing.T, got []string, want [22]string, start, end time.
 		g := got[i]
 		switch w {
 		case anyTime:
-			ts, err := time.Parse("02/Jan/2006:15:04:05 -0700", g)
+			ts, err := time.ParseInLocation("2006-01-02T15:04:05.000", g, time.Local)
 			if err != nil || ts.Before(start.Truncate(time.Second)) || ts.After(end) {
 				t.Errorf("%s = %q, want a time in [%v, %v]", cubeFields[i], g, start, end)
 			}

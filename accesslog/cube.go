@@ -2,6 +2,7 @@ package accesslog
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -26,7 +27,7 @@ const hexDigits = "0123456789ABCDEF"
 // x_cube_instance_id, backend_ip.
 func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	b = ts.append(b, e.Time, now)
-	b = cubeRedacted(b, e.Host, appendRedactedHost)
+	b = cubeHost(b, e.Host)
 	b = cubeField(b, e.XRealIP)
 	b = cubeField(b, e.XForwardedFor)
 	b = cubeField(b, e.ServerAddr)
@@ -74,6 +75,45 @@ func cubeRedacted(b []byte, s string, redact func(dst []byte, s string, esc appe
 		return append(b, '-')
 	}
 	return redact(b, s, appendCubeEscaped)
+}
+
+// cubeHost appends the separator and host as nginx's $host holds it (its
+// ngx_http_validate_host): lowercased, without the port and without one
+// trailing dot, an IPv6 literal with its brackets; "-" when nothing is
+// left. A userinfo is REDACTED as in every format.
+func cubeHost(b []byte, host string) []byte {
+	b = append(b, cubeSep...)
+	if at := strings.LastIndexByte(host, '@'); at > 0 {
+		b = append(b, redacted+"@"...)
+		host = host[at+1:]
+	}
+	end := len(host)
+	if len(host) > 0 && host[0] == '[' {
+		if i := strings.IndexByte(host, ']'); i > 0 {
+			end = i + 1
+		}
+	} else if i := strings.IndexByte(host, ':'); i >= 0 {
+		end = i
+	}
+	if end > 0 && host[end-1] == '.' {
+		end--
+	}
+	if end == 0 {
+		if len(b) > 0 && b[len(b)-1] == '@' { // REDACTED@, just written
+			return b
+		}
+		return append(b, '-')
+	}
+	host = host[:end]
+	start := 0 // host[start:i] is pending, needing neither escape nor lowercasing
+	for i := 0; i < len(host); i++ {
+		if c := host[i]; c >= 'A' && c <= 'Z' {
+			b = appendCubeEscaped(b, host[start:i])
+			b = append(b, c+'a'-'A')
+			start = i + 1
+		}
+	}
+	return appendCubeEscaped(b, host[start:])
 }
 
 // cubeInt appends the separator and n, or "-" when n <= 0.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -42,8 +43,44 @@ func TestHostUserinfoRedactedInAccessLog(t *testing.T) {
 				if strings.Contains(line, secret) {
 					t.Errorf("%s listener, Host %q: the line leaks the userinfo: %s", tc.listener, tc.host, line)
 				}
-				if host != tc.want {
-					t.Errorf("%s listener, Host %q: logged host %q, want %q", tc.listener, tc.host, host, tc.want)
+				want := tc.want
+				if format == "cube" {
+					want = strings.TrimSuffix(want, ":8081") // nginx's $host has no port
+				}
+				if host != want {
+					t.Errorf("%s listener, Host %q: logged host %q, want %q", tc.listener, tc.host, host, want)
+				}
+			}
+		})
+	}
+}
+
+// The cube format's host is nginx's $host, which the platform's pipelines
+// group by: the Host's name lowercased, without its port or a trailing
+// dot (nginx 1.22.1 logs "Foo.EXAMPLE.com:8080" as "foo.example.com"). A
+// client of a path route or of a proxy on a port of its own sends the
+// port; earlier builds logged the Host as sent. The JSON line keeps it so.
+func TestCubeHostIsNginxHost(t *testing.T) {
+	for _, format := range []string{"json", "cube"} {
+		t.Run(format, func(t *testing.T) {
+			h, logs := logHarness(t, format)
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			host := h.route("hostcase", port)
+			for _, sent := range []string{host + ":8081", strings.ToUpper(host), strings.ToUpper(host) + ".:443"} {
+				resp, _ := rawRequest(t, h.addr, "GET /p HTTP/1.1\r\nHost: "+sent+"\r\n\r\n")
+				if resp.StatusCode != 200 {
+					t.Fatalf("Host %q: status %d", sent, resp.StatusCode)
+				}
+				id := resp.Header.Get(HeaderRequestID)
+				want, got := host, ""
+				if format == "json" {
+					want = sent
+					got, _ = logs.waitJSON(t, id)["host"].(string)
+				} else {
+					got = logs.wait(t, id)[1]
+				}
+				if got != want {
+					t.Errorf("Host %q: logged %q, want %q", sent, got, want)
 				}
 			}
 		})

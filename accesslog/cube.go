@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // accessTime is the layout of the platform's $access_time, which its
@@ -36,7 +37,7 @@ func appendCube(b []byte, e *Entry, now time.Time, ts *stamps) []byte {
 	b = cubeRedacted(b, e.RequestURI, appendRedactedURI)
 	b = cubeRedacted(b, e.Args, appendRedactedQuery)
 	b = cubeField(b, e.Protocol)
-	b = cubeRedacted(b, e.URI, appendRedactedURI)
+	b = cubeURI(b, e.URI)
 	b = cubeInt(b, int64(e.Status))
 	b = append(b, cubeSep...)
 	b = strconv.AppendInt(b, max(e.BodyBytesSent, 0), 10)
@@ -114,6 +115,33 @@ func cubeHost(b []byte, host string) []byte {
 		}
 	}
 	return appendCubeEscaped(b, host[start:])
+}
+
+// cubeURI appends the separator and path as nginx's $uri holds it
+// (appendNginxURI), redacted and escaped, or as sent when nginx would
+// refuse it or its "//" starts an authority with a userinfo to redact.
+// The path is resolved at b's end and escaped after itself, then moved
+// into place: no allocation beyond b's.
+func cubeURI(b []byte, path string) []byte {
+	if !nginxURIChanges(path) {
+		return cubeRedacted(b, path, appendRedactedURI)
+	}
+	if strings.HasPrefix(path, "//") {
+		if _, rest := appendRedactedAuthority(nil, path, appendCubeEscaped); len(rest) != len(path) {
+			return cubeRedacted(b, path, appendRedactedURI)
+		}
+	}
+	b = append(b, cubeSep...)
+	n := len(b)
+	b, ok := appendNginxURI(b, path)
+	if !ok {
+		return appendRedactedURI(b, path, appendCubeEscaped)
+	}
+	m := len(b)
+	// The string aliases b[n:m], which appending past m does not change
+	// (nor a growth of b, which copies it).
+	b = appendRedactedURI(b, unsafe.String(&b[n], m-n), appendCubeEscaped)
+	return append(b[:n], b[m:]...)
 }
 
 // cubeInt appends the separator and n, or "-" when n <= 0.

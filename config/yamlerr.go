@@ -41,13 +41,15 @@ func explainTypeError(err error, data []byte) error {
 	}
 	var entries []yamlEntry
 	collectEntries(doc.Content[0], nil, &entries, 0)
+	var uses []typedUse
+	collectTyped(doc.Content[0], nil, reflect.TypeOf(Config{}), false, nil, map[typedKey]bool{}, &uses, 0)
 	secret := secretValueLines(doc.Content[0])
 	var lines []string
 	for _, msg := range te.Errors {
 		// A value other keys take through an alias is reported once for
 		// each, at the anchor's line: one mistake, named once (with the
 		// keys that take it, see explainLine).
-		if line := hideSecretKey(msg, secret, explainLine(msg, entries)); !slices.Contains(lines, line) {
+		if line := hideSecretKey(msg, secret, explainLine(msg, entries, uses)); !slices.Contains(lines, line) {
 			lines = append(lines, line)
 		}
 	}
@@ -109,7 +111,7 @@ func flatSetting(path []string) []string {
 }
 
 // explainLine rewrites one line of a type error, or returns it as is.
-func explainLine(msg string, entries []yamlEntry) string {
+func explainLine(msg string, entries []yamlEntry, uses []typedUse) string {
 	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
 		for _, e := range entries {
@@ -177,8 +179,124 @@ func explainLine(msg string, entries []yamlEntry) string {
 			}
 			return out
 		}
+		if out := explainThroughAlias(line, tag, value, into, uses); out != "" {
+			return out
+		}
 	}
 	return msg
+}
+
+// explainThroughAlias names the settings that take the value at line
+// (tag, value) and decode it into the type named into, when no key
+// written at that line does: the value reaches them only through an
+// alias (its anchor under a key of another kind, or under no setting),
+// or it is a map's value (tls.acme.dns.options). "" when none does.
+func explainThroughAlias(line int, tag, value, into string, uses []typedUse) string {
+	var direct string
+	var users []string
+	var t reflect.Type
+	secret := false
+	for _, u := range uses {
+		if u.val.Line != line || u.val.ShortTag() != tag || !valueMatches(u.val, value) || u.t.String() != into || len(u.path) == 0 {
+			continue
+		}
+		t = u.t
+		secret = secret || isSecretPath(u.path)
+		name := strings.Join(u.path, ".")
+		if u.item {
+			name = "an entry of " + name
+		}
+		if u.alias == nil {
+			direct = name
+			continue
+		}
+		if user := fmt.Sprintf("%s at line %d", name, u.alias.Line); !slices.Contains(users, user) {
+			users = append(users, user)
+		}
+	}
+	if t == nil {
+		return ""
+	}
+	got := describeValue(tag, value)
+	if secret && value != "" {
+		got = describeHidden(tag)
+	}
+	out := fmt.Sprintf("line %d: want %s, got %s", line, describeType(t), got)
+	if direct != "" {
+		out = fmt.Sprintf("line %d: %s: want %s, got %s", line, direct, describeType(t), got)
+	}
+	if len(users) > 0 {
+		out += " (taken through an alias by " + strings.Join(users, ", ") + ")"
+	}
+	return out
+}
+
+// typedUse is a value as the decoder meets it: the setting (or list
+// entry, or map value) that decodes it, into which type, and the alias
+// it was reached through.
+type typedUse struct {
+	path  []string
+	item  bool         // an entry of the list at path
+	t     reflect.Type // what the value decodes into
+	val   *yaml.Node   // the value, aliases resolved
+	alias *yaml.Node   // the first alias followed to reach it; nil when written in place
+}
+
+// typedKey is a value decoded into a type: each is walked once, so that
+// aliases of aliases (a "billion laughs" file) cost no more than the
+// file's size.
+type typedKey struct {
+	n *yaml.Node
+	t reflect.Type
+}
+
+// collectTyped lists, in uses, the values under n as the decoder decodes
+// them into t, following aliases and merge keys; keys that name no
+// setting are skipped (the decoder reports them on their own).
+func collectTyped(n *yaml.Node, path []string, t reflect.Type, item bool, alias *yaml.Node, seen map[typedKey]bool, uses *[]typedUse, depth int) {
+	if depth > 64 || n == nil {
+		return
+	}
+	if n.Kind == yaml.AliasNode {
+		if alias == nil {
+			alias = n
+		}
+		collectTyped(n.Alias, path, t, item, alias, seen, uses, depth+1)
+		return
+	}
+	*uses = append(*uses, typedUse{path: path, item: item, t: t, val: n, alias: alias})
+	if seen[typedKey{n, t}] {
+		return
+	}
+	seen[typedKey{n, t}] = true
+	switch {
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key, val := n.Content[i], n.Content[i+1]
+			if key.ShortTag() == "!!merge" {
+				collectTyped(val, path, t, item, alias, seen, uses, depth+1)
+				continue
+			}
+			if f, ok := fieldByYAML(t, key.Value); ok {
+				collectTyped(val, append(path[:len(path):len(path)], key.Value), f.Type, false, alias, seen, uses, depth+1)
+			}
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			collectTyped(n.Content[i+1], append(path[:len(path):len(path)], n.Content[i].Value), t.Elem(), false, alias, seen, uses, depth+1)
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for _, e := range n.Content {
+			collectTyped(e, path, t.Elem(), true, alias, seen, uses, depth+1)
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Struct:
+		// A merge key's list of sections.
+		for _, e := range n.Content {
+			if e.Kind == yaml.MappingNode || e.Kind == yaml.AliasNode {
+				collectTyped(e, path, t, item, alias, seen, uses, depth+1)
+			}
+		}
+	}
 }
 
 // aliasUsers names, with their lines, the keys that take val through an

@@ -422,7 +422,7 @@ func strayArgument(fs *flag.FlagSet, args []string) error {
 	name := strings.TrimLeft(args[i], "-")
 	if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") {
 		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
-			if _, berr := parseBool(fs.Arg(0)); berr == nil {
+			if _, berr := ParseBool(fs.Arg(0)); berr == nil {
 				return fmt.Errorf("%w: --%s is a boolean flag and takes its value after \"=\" (--%s=%s)", err, name, name, fs.Arg(0))
 			}
 		}
@@ -1323,14 +1323,15 @@ func isEnvReference(s string) bool {
 	return true
 }
 
-// parseBool reads a boolean from the environment or a flag. It takes the
+// ParseBool reads a boolean from the environment or a flag (serve's, and
+// the other commands', health's --live). It takes the
 // words the YAML file takes for a boolean setting (the decoder keeps YAML
 // 1.1's yes/no/on/off for a bool field, and y/n), so that
 // persist_routes: on in the file, as an nginx operator writes it, is also
 // CUBEPROXY_PERSIST_ROUTES=on and --persist-routes=on, where it was an
 // error; and Go's own spellings (1/0, t/f), which the environment always
 // took.
-func parseBool(raw string) (bool, error) {
+func ParseBool(raw string) (bool, error) {
 	switch strings.ToLower(raw) {
 	case "yes", "y", "on":
 		return true, nil
@@ -1412,7 +1413,7 @@ func (s *setting) set(raw string) error {
 	case v.Kind() == reflect.String:
 		v.SetString(raw)
 	case v.Kind() == reflect.Bool:
-		b, err := parseBool(raw)
+		b, err := ParseBool(raw)
 		if err != nil {
 			return err
 		}

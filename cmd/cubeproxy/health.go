@@ -25,8 +25,23 @@ import (
 func health(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cubeproxy health", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	live := fs.Bool("live", false, "ask /admin/healthz (alive, answers through the drain) instead of /readyz (ready for traffic)")
-	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
+	// Parsed as serve's flags are: Go's own bool and duration flags took
+	// no --live=on and said only "parse error" for --timeout 5.
+	live, timeout := new(bool), new(time.Duration)
+	*timeout = 3 * time.Second
+	fs.BoolFunc("live", "ask /admin/healthz (alive, answers through the drain) instead of /readyz (ready for traffic)", func(s string) (err error) {
+		*live, err = config.ParseBool(s)
+		return err
+	})
+	fs.Func("timeout", "how long to wait for the answer, a `duration` with its unit", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return errors.New("want a duration with its unit (3s, 500ms)")
+		}
+		*timeout = d
+		return nil
+	})
+	fs.Lookup("timeout").DefValue = timeout.String()
 	cfgPath := fs.String("config", "", "the proxy's config file (or CUBEPROXY_CONFIG); its admin_addr is asked")
 	if err := fs.Parse(args); err != nil {
 		return &config.UsageError{Err: config.WithFlagHint(fs, err)}

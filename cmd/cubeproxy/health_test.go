@@ -262,3 +262,46 @@ func TestEmptyConfigFlagReadsNoFileInEveryCommand(t *testing.T) {
 		}
 	}
 }
+
+// health's own flags take values as serve's do and say what they want
+// when refused: Go's "parse error" left `--timeout 5` to guess that the
+// unit was missing, and --live=on, a boolean as serve's flags take it,
+// was refused.
+func TestHealthFlagValues(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := closed.Addr().String()
+	closed.Close()
+	env := func(k string) string {
+		if k == "CUBEPROXY_ADMIN_ADDR" {
+			return gone
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--timeout", "5"}, 2, `invalid value "5" for flag -timeout: want a duration with its unit (3s, 500ms)`},
+		{[]string{"--live=maybe"}, 2, `invalid boolean "maybe": want true or false`},
+		{[]string{"--live=on", "--timeout", "2s"}, 1, "/admin/healthz"},
+		{[]string{"--live=off", "--timeout", "2s"}, 1, "/readyz"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), append([]string{"health"}, tc.args...), env, &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) || strings.Contains(stderr.String(), "parse error") {
+				t.Fatalf("exit %d, stderr %q; want exit %d with %q", code, stderr.String(), tc.code, tc.want)
+			}
+		})
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"health", "-h"}, env, &stdout, &stderr); code != 0 ||
+		!strings.Contains(stderr.String(), "-timeout duration") || !strings.Contains(stderr.String(), "(default 3s)") ||
+		!strings.Contains(stderr.String(), "\n  -live\n") {
+		t.Errorf("health -h: exit %d\n%s", code, stderr.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -99,6 +100,15 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	resp, err := client.Do(req)
 	if err != nil {
+		// net/http's error names the URL again (Get "http://…": …), and
+		// the timeout as "context deadline exceeded".
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		if ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("no answer within %v", *timeout)
+		}
 		return fmt.Errorf("health: GET http://%s%s: %w", addr, path, err)
 	}
 	defer resp.Body.Close()

@@ -305,3 +305,50 @@ func TestHealthFlagValues(t *testing.T) {
 		t.Errorf("health -h: exit %d\n%s", code, stderr.String())
 	}
 }
+
+// A probe that got no answer says so in one line that names the URL once,
+// and a timeout as the time waited: net/http's error repeated the URL
+// (`GET http://…/readyz: Get "http://…/readyz": dial tcp …`) and named a
+// timeout "context deadline exceeded".
+func TestHealthNoAnswerSaidOnce(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := closed.Addr().String()
+	closed.Close()
+	// A listener that accepts and never answers.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	for _, tc := range []struct {
+		addr string
+		args []string
+		want string
+	}{
+		{gone, nil, "cubeproxy: health: GET http://" + gone + "/readyz: dial tcp " + gone + ": connect: connection refused\n"},
+		{silent.Addr().String(), []string{"--timeout", "200ms"}, "cubeproxy: health: GET http://" + silent.Addr().String() + "/readyz: no answer within 200ms\n"},
+	} {
+		env := func(k string) string {
+			if k == "CUBEPROXY_ADMIN_ADDR" {
+				return tc.addr
+			}
+			return ""
+		}
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), append([]string{"health"}, tc.args...), env, &stdout, &stderr); code != 1 || stderr.String() != tc.want {
+			t.Errorf("exit %d, stderr %q; want exit 1 with %q", code, stderr.String(), tc.want)
+		}
+	}
+}

@@ -11,10 +11,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -1405,6 +1407,9 @@ func (s *setting) set(raw string) error {
 	case v.Type() == durationType:
 		d, err := time.ParseDuration(raw)
 		if err != nil {
+			if p := rangeProblem(v.Type(), raw); p != "" {
+				return fmt.Errorf("%q %s", raw, p)
+			}
 			// Worded as the file's error is: Go's "invalid duration" alone
 			// left "--drain-timeout 30" to guess that the unit was missing.
 			return fmt.Errorf("invalid duration %q: want a duration with its unit (30s, 5m, 2h)", raw)
@@ -1421,6 +1426,9 @@ func (s *setting) set(raw string) error {
 	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
+			if p := rangeProblem(v.Type(), raw); p != "" {
+				return fmt.Errorf("%q %s", raw, p)
+			}
 			// Worded as the file's error is: the bare "invalid integer"
 			// left 1e5 or 64k to guess what would do.
 			return fmt.Errorf("invalid integer %q: want a whole number in decimal digits (268435456, not 256MiB or 1e5)", raw)
@@ -1448,6 +1456,9 @@ func (s *setting) set(raw string) error {
 			}
 			n, err := strconv.Atoi(p)
 			if err != nil {
+				if rp := rangeProblem(v.Type().Elem(), p); rp != "" {
+					return fmt.Errorf("%q %s", p, rp)
+				}
 				return fmt.Errorf("invalid integer %q: want whole numbers, comma-separated (80,443)", p)
 			}
 			parts = append(parts, n)
@@ -1457,4 +1468,31 @@ func (s *setting) set(raw string) error {
 		return fmt.Errorf("unsupported setting type %s", v.Type())
 	}
 	return nil
+}
+
+// durationSyntaxRE matches what time.ParseDuration reads, whatever the
+// size: a duration it refuses that matches is too large to hold.
+var durationSyntaxRE = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
+
+// rangeProblem says why raw, written as a value of type t takes but
+// refused, was refused when it is only too large for Go to hold (a
+// duration beyond ≈292 years, a number beyond 64 bits); "" otherwise.
+// The errors for a malformed value ("want a duration with its unit")
+// were wrong about these.
+func rangeProblem(t reflect.Type, raw string) string {
+	switch {
+	case t == durationType:
+		if !durationSyntaxRE.MatchString(raw) {
+			return ""
+		}
+		if strings.HasPrefix(raw, "-") {
+			return "is out of range (a duration holds at most " + time.Duration(math.MaxInt64).Truncate(time.Hour).String() + " either way)"
+		}
+		return fmt.Sprintf("is above %s, the longest duration the proxy takes", MaxDuration)
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
+		if _, err := strconv.ParseInt(raw, 10, t.Bits()); errors.Is(err, strconv.ErrRange) {
+			return fmt.Sprintf("is out of range: at most %d", int64(1)<<(t.Bits()-1)-1)
+		}
+	}
+	return ""
 }

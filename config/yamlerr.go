@@ -169,6 +169,9 @@ func explainLine(msg string, entries []yamlEntry, uses []typedUse) string {
 				got = describeHidden(tag)
 			}
 			out := fmt.Sprintf("line %d: %s: want %s, got %s", line, name, describeType(t), got)
+			if p := rangeProblem(t, e.val.Value); p != "" && e.val.Kind == yaml.ScalarNode && !isSecretPath(e.path) {
+				out = fmt.Sprintf("line %d: %s: `%s` %s", line, name, e.val.Value, p)
+			}
 			if users := aliasUsers(e.val, into, entries); len(users) > 0 {
 				out += " (taken through an alias by " + strings.Join(users, ", ") + ")"
 			}

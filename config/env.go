@@ -97,3 +97,36 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// FileOnlySetting is the setting that the CUBEPROXY_* variable name
+// spells (or a part of which it spells: CUBEPROXY_TLS_FILES_0_CERT_FILE)
+// when that setting exists only in the YAML file, a list of sections or a
+// map with no variable or flag; "" otherwise. An operator who sets one
+// is told where the setting goes rather than only that it is none.
+func FileOnlySetting(name string) string {
+	var found string
+	var walk func(t reflect.Type, path []string)
+	walk = func(t reflect.Type, path []string) {
+		for i := 0; i < t.NumField() && found == ""; i++ {
+			f := t.Field(i)
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if key == "" || key == "-" {
+				continue
+			}
+			p := append(path[:len(path):len(path)], key)
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, p)
+				continue
+			}
+			if supported(reflect.New(f.Type).Elem()) {
+				continue
+			}
+			env := EnvPrefix + strings.ToUpper(strings.Join(p, "_"))
+			if name == env || strings.HasPrefix(name, env+"_") {
+				found = strings.Join(p, ".")
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), nil)
+	return found
+}

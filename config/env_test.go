@@ -36,3 +36,23 @@ func TestUnknownEnv(t *testing.T) {
 		})
 	}
 }
+
+// A variable spelling a setting that exists only in the YAML file (a list
+// of sections, a map) is named as such: "not a setting" alone left an
+// operator who set CUBEPROXY_TLS_FILES to guess why the file's key works
+// and the variable does not.
+func TestFileOnlySetting(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"CUBEPROXY_TLS_FILES", "tls.files"},
+		{"CUBEPROXY_TLS_FILES_0_CERT_FILE", "tls.files"},
+		{"CUBEPROXY_TLS_ACME_DNS_OPTIONS", "tls.acme.dns.options"},
+		{"CUBEPROXY_TLS_ACME_DNS_OPTIONS_SERVER", "tls.acme.dns.options"},
+		{"CUBEPROXY_TLS_FILESYSTEM", ""},
+		{"CUBEPROXY_ROUTE", ""},
+		{"CUBEPROXY_TLS_CERT_FILE", ""}, // a setting: no note at all
+	} {
+		if got := FileOnlySetting(tc.name); got != tc.want {
+			t.Errorf("FileOnlySetting(%s) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -138,7 +138,9 @@ func isUsage(err error) bool {
 // serve's warning about it is logged only once the proxy is running.
 func noteUnknownEnv(w io.Writer, environ []string) {
 	for _, v := range config.UnknownEnv(environ) {
-		if v.Nearest != "" {
+		if key := config.FileOnlySetting(v.Name); key != "" {
+			fmt.Fprintf(w, "cubeproxy: note: %s is not a setting and was ignored: %s is set only in the config file\n", v.Name, key)
+		} else if v.Nearest != "" {
 			fmt.Fprintf(w, "cubeproxy: note: %s is not a setting and was ignored; did you mean %s?\n", v.Name, v.Nearest)
 		} else {
 			fmt.Fprintf(w, "cubeproxy: note: %s is not a setting and was ignored\n", v.Name)

@@ -563,3 +563,21 @@ func TestBinarySecondSigtermCutsDrainShort(t *testing.T) {
 		t.Errorf("no access-log line for the cut request\n%s", out)
 	}
 }
+
+// A variable that spells a setting the file alone takes (tls.files, a
+// list of sections) says where that setting goes, in serve's warning and
+// in check's note: "not a setting" alone left the operator to guess why
+// the file's key works and the variable does not.
+func TestFileOnlySettingVarNamed(t *testing.T) {
+	t.Setenv("CUBEPROXY_TLS_FILES", "/etc/cubeproxy/cert.pem")
+	r := runServe(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}, noEnv)
+	r.stop()
+	if logs := r.logs.String(); !strings.Contains(logs, `"msg":"unknown CUBEPROXY_ variable ignored","name":"CUBEPROXY_TLS_FILES","file_only":"tls.files"`) {
+		t.Errorf("no warning naming tls.files as the file's:\n%s", logs)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"check", "--config=", "--routes="}, os.Getenv, &out, &errb); code != 0 ||
+		!strings.Contains(errb.String(), "cubeproxy: note: CUBEPROXY_TLS_FILES is not a setting and was ignored: tls.files is set only in the config file\n") {
+		t.Errorf("check: exit %d, stderr:\n%s", code, errb.String())
+	}
+}

@@ -168,7 +168,9 @@ const processLogFlushWait = 2 * time.Second
 // service links, which config.UnknownEnv leaves out).
 func warnUnknownEnv(log *slog.Logger, environ []string) {
 	for _, v := range config.UnknownEnv(environ) {
-		if v.Nearest != "" {
+		if key := config.FileOnlySetting(v.Name); key != "" {
+			log.Warn("unknown CUBEPROXY_ variable ignored", "name", v.Name, "file_only", key)
+		} else if v.Nearest != "" {
 			log.Warn("unknown CUBEPROXY_ variable ignored", "name", v.Name, "did_you_mean", v.Nearest)
 		} else {
 			log.Warn("unknown CUBEPROXY_ variable ignored", "name", v.Name)

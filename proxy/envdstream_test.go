@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// connectEnvelope frames msg as a Connect-protocol stream message: a flags
+// byte (0x02 marks the end-of-stream message) and a big-endian length.
+func connectEnvelope(flags byte, msg []byte) []byte {
+	b := make([]byte, 5, 5+len(msg))
+	b[0] = flags
+	binary.BigEndian.PutUint32(b[1:], uint32(len(msg)))
+	return append(b, msg...)
+}
+
+// readEnvelope reads one Connect-protocol stream message from r.
+func readEnvelope(r io.Reader) (flags byte, msg []byte, err error) {
+	var head [5]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return 0, nil, err
+	}
+	msg = make([]byte, binary.BigEndian.Uint32(head[1:]))
+	_, err = io.ReadFull(r, msg)
+	return head[0], msg, err
+}
+
+// envd's server streams (process.Process/Start and Connect,
+// filesystem.Filesystem/WatchDir: the platform's nginx turns buffering off
+// for exactly these) are Connect-protocol streams: a POST answered 200
+// with application/connect+json and a body of enveloped messages, the
+// last one the end-of-stream message. Each message must reach the client
+// while envd still holds the stream open (a command's first output line
+// before it exits, a watch's first event), whether the client sent its
+// request with a length (the Python SDK) or chunked (connect-go over
+// HTTP/1.1), by host or by path, and a message split across writes or
+// larger than a read (a command's 200 KiB of stdout) must come whole.
+// envd sends its next message only once the client has the previous one.
+func TestEnvdConnectStreamsFlushEachMessage(t *testing.T) {
+	h := newHarness(t)
+	big := bytes.Repeat([]byte("x"), 200<<10)
+	ack := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, err := io.ReadAll(r.Body)
+		if err != nil || r.Header.Get("Content-Type") != "application/connect+json" {
+			http.Error(w, fmt.Sprint(err), 400)
+			return
+		}
+		_, in, err := readEnvelope(bytes.NewReader(req))
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.WriteHeader(200)
+		f := w.(http.Flusher)
+		msgs := [][]byte{
+			[]byte(`{"event":{"start":{"pid":7},"echo":` + string(in) + `}}`),
+			[]byte(`{"event":{"data":{"stdout":"aGVsbG8K"}}}`),
+			[]byte(`{"event":{"data":{"stdout":"` + string(big) + `"}}}`),
+		}
+		for i, m := range msgs {
+			env := connectEnvelope(0, m)
+			if i == 1 {
+				// The prefix alone first, as a writer that frames
+				// before it encodes may send it.
+				w.Write(env[:5])
+				f.Flush()
+				env = env[5:]
+			}
+			w.Write(env)
+			f.Flush()
+			select {
+			case <-ack:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Write(connectEnvelope(2, []byte(`{}`)))
+	}))
+	host := h.route("envdstream", port)
+	paths := []string{"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"}
+	for _, chunked := range []bool{false, true} {
+		for _, byPath := range []bool{false, true} {
+			for _, path := range paths {
+				name := fmt.Sprintf("%s chunked=%v byPath=%v", path, chunked, byPath)
+				t.Run(name, func(t *testing.T) {
+					in := []byte(`{"process":{"cmd":"echo"}}`)
+					var body io.Reader = bytes.NewReader(connectEnvelope(0, in))
+					if chunked {
+						body = io.MultiReader(body) // no length: sent chunked
+					}
+					r := h.req("POST", host, path, body)
+					if byPath {
+						r = h.req("POST", h.addr, "/sandbox/envdstream/"+itoa(port)+path, body)
+					}
+					r.Header.Set("Content-Type", "application/connect+json")
+					r.Header.Set("Connect-Protocol-Version", "1")
+					resp := h.do(r)
+					defer resp.Body.Close()
+					if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/connect+json" {
+						b, _ := io.ReadAll(resp.Body)
+						t.Fatalf("%d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+					}
+					for i := 0; i < 3; i++ {
+						flags, msg, err := readEnvelope(resp.Body)
+						if err != nil || flags != 0 {
+							t.Fatalf("message %d: flags %d, %v", i, flags, err)
+						}
+						switch i {
+						case 0:
+							if !bytes.Contains(msg, in) {
+								t.Fatalf("first message %q lacks the request %q", msg, in)
+							}
+						case 2:
+							if len(msg) != len(big)+len(`{"event":{"data":{"stdout":""}}}`) {
+								t.Fatalf("large message: %d bytes", len(msg))
+							}
+						}
+						select {
+						case ack <- struct{}{}:
+						case <-time.After(10 * time.Second):
+							t.Fatal("envd never waited for the acknowledgement")
+						}
+					}
+					flags, msg, err := readEnvelope(resp.Body)
+					if err != nil || flags != 2 || string(msg) != "{}" {
+						t.Fatalf("end-of-stream message: flags %d %q %v", flags, msg, err)
+					}
+					if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
+						t.Fatalf("after the end-of-stream message: %q %v", rest, err)
+					}
+				})
+			}
+		}
+	}
+}

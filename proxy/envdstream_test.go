@@ -140,3 +140,63 @@ func TestEnvdConnectStreamsFlushEachMessage(t *testing.T) {
 		}
 	}
 }
+
+// A command's output stream (process.Process/Start) open while its
+// sandbox is paused for longer than upstream.idle_timeout: a paused VM is
+// silent by nature, and its open streams are left for it to resume, these
+// too, though they get no heartbeats to mark the time (not an event
+// stream). Once the sandbox runs again, the command's next message comes
+// on the same stream.
+func TestEnvdStreamOutlastsPause(t *testing.T) {
+	t.Parallel()
+	const idle = 200 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	ack := make(chan struct{})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(connectEnvelope(0, []byte(`{"event":{"start":{"pid":7}}}`)))
+		w.(http.Flusher).Flush()
+		select {
+		case <-ack:
+		case <-r.Context().Done():
+			return
+		}
+		w.Write(connectEnvelope(0, []byte(`{"event":{"end":{"exitCode":0}}}`)))
+		w.Write(connectEnvelope(2, []byte(`{}`)))
+	}))
+	host := h.route("envdpause", port)
+	r := h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
+	r.Header.Set("Content-Type", "application/connect+json")
+	resp := h.do(r)
+	defer resp.Body.Close()
+	if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
+		t.Fatalf("start message %q: %v", msg, err)
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"envdpause","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	type read struct {
+		msg []byte
+		err error
+	}
+	next := make(chan read, 1)
+	go func() {
+		_, msg, err := readEnvelope(resp.Body)
+		next <- read{msg, err}
+	}()
+	select {
+	case got := <-next:
+		t.Fatalf("the paused sandbox's stream ended: %q %v", got.msg, got.err)
+	case <-time.After(4 * idle): // four idle timeouts: the stream must still be open
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"envdpause","state":"running"}`, ""); st != 200 {
+		t.Fatalf("resume: %d %s", st, body)
+	}
+	ack <- struct{}{}
+	if got := <-next; got.err != nil || !bytes.Contains(got.msg, []byte("exitCode")) {
+		t.Fatalf("after the resume: %q %v", got.msg, got.err)
+	}
+	if flags, msg, err := readEnvelope(resp.Body); err != nil || flags != 2 {
+		t.Fatalf("end-of-stream message: %d %q %v", flags, msg, err)
+	}
+}

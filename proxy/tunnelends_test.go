@@ -379,14 +379,7 @@ func TestDrainWaitsForATunnelsLinger(t *testing.T) {
 		}
 	}
 	c.Close()
-	select {
-	case err := <-shut:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the drain did not end once the client closed")
-	}
+	drainEnds(t, shut, 5*time.Second, "the drain did not end once the client closed")
 }
 
 // A WebSocket whose 101 comes during the drain counts open from its
@@ -447,14 +440,7 @@ func TestDrainWaitsForATunnelAboutToOpen(t *testing.T) {
 		t.Fatalf("echo during the drain: %q %v", b, err)
 	}
 	c.Close()
-	select {
-	case err := <-shut:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the drain did not end once the tunnel closed")
-	}
+	drainEnds(t, shut, 5*time.Second, "the drain did not end once the tunnel closed")
 }
 
 // serveWS101 serves on ln a sandbox that answers every upgrade it reads

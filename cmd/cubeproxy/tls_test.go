@@ -1099,7 +1099,26 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
 	}
 	top, eu := pair("top", "cube.test", "*.cube.test"), pair("eu", "*.eu.cube.test")
 	silentCA := testenv.StartSilentServer(t)
+	// Not t.TempDir: the ACME source's lock for an order the silent CA
+	// never answers is released by certmagic after serve has returned,
+	// and t.TempDir's removal then met it ("directory not empty").
+	storage, err := os.MkdirTemp("", "cubeproxy-acme-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 50 {
+			if os.RemoveAll(storage) == nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
 	acme := func(extra string) string {
+		own, err := os.MkdirTemp(storage, "storage-") // one per case, as before
+		if err != nil {
+			t.Fatal(err)
+		}
 		return fmt.Sprintf(`tls:
   source: acme
   domain: cube.test
@@ -1111,7 +1130,7 @@ func TestTLSWarnsDomainWithoutCertificate(t *testing.T) {
       provider: rfc2136
       options:
         server: "127.0.0.1:53"
-`, "http://"+silentCA.Addr+"/dir", t.TempDir(), extra)
+`, "http://"+silentCA.Addr+"/dir", own, extra)
 	}
 	const warning = "no certificate names the sandbox hosts of a domain"
 	const sharedWarning = "no certificate names a shared host"

@@ -584,17 +584,7 @@ func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
 		<-release
 		io.WriteString(w, `{"result":"done"}`)
 	})))
-	done := make(chan int, 1)
-	go func() {
-		resp, err := h.client.Do(h.req("POST", host, "/mcp", strings.NewReader("{}")))
-		if err != nil {
-			done <- 0
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
+	done := h.goStatus(h.req("POST", host, "/mcp", strings.NewReader("{}")))
 	<-arrived
 	// The request started at or before mark; it ends after it.
 	mark := time.Now().UnixMilli()

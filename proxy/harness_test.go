@@ -317,3 +317,22 @@ func testSigner(t testing.TB) *auth.Signer {
 	}
 	return signer
 }
+
+// goStatus sends req on the harness's client from a goroutine of its own
+// and gives its answer's status (0 when it failed) on the channel it
+// returns, once the body is read: for a test that holds the request at
+// the sandbox while it acts.
+func (h *harness) goStatus(req *http.Request) <-chan int {
+	status := make(chan int, 1)
+	go func() {
+		resp, err := h.client.Do(req)
+		if err != nil {
+			status <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	return status
+}

@@ -42,16 +42,7 @@ func holdDrain(t *testing.T, h *harness, id string) (release func(), held <-chan
 		<-hold
 		io.WriteString(w, "done")
 	})))
-	status := make(chan int, 1)
-	go func() {
-		resp, err := h.client.Do(h.req("GET", host, "/", nil))
-		if err != nil {
-			status <- 0
-			return
-		}
-		resp.Body.Close()
-		status <- resp.StatusCode
-	}()
+	status := h.goStatus(h.req("GET", host, "/", nil))
 	<-arrived
 	return release, status
 }

@@ -57,16 +57,7 @@ func TestStaleRereadSparesAnExchangeLetThroughAfterIt(t *testing.T) {
 					<-letGo
 				}
 			}
-			first := make(chan int, 1)
-			go func() {
-				resp, err := h.client.Do(h.req("GET", host, "/", nil))
-				if err != nil {
-					first <- 0
-					return
-				}
-				resp.Body.Close()
-				first <- resp.StatusCode
-			}()
+			first := h.goStatus(h.req("GET", host, "/", nil))
 			wait(t, holding, "the first request at its pool lookup")
 
 			// The re-read waits once it has read "no route", before it

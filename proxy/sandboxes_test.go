@@ -174,17 +174,7 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 	judged := sync.OnceFunc(func() { close(judge) })
 	t.Cleanup(judged) // before Shutdown's wait for the re-read
 	h.proxy.beforeRejudge = func(string) { <-judge }
-	answered := make(chan int, 1)
-	go func() {
-		resp, err := h.client.Do(h.req("GET", itoa(port)+"-"+id+".cube.test", "/", nil))
-		if err != nil {
-			answered <- 0
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		answered <- resp.StatusCode
-	}()
+	answered := h.goStatus(h.req("GET", itoa(port)+"-"+id+".cube.test", "/", nil))
 	// At the sandbox, not only admitted: a delete before its checkout
 	// cuts it there (judgeLate, 502 route_changed), which a loaded
 	// machine let happen.

@@ -149,7 +149,10 @@ func TestEnvdConnectStreamsFlushEachMessage(t *testing.T) {
 // on the same stream.
 func TestEnvdStreamOutlastsPause(t *testing.T) {
 	t.Parallel()
-	const idle = 200 * time.Millisecond
+	// Long enough for the resume's admin call, the acknowledgement and
+	// envd's answer to fit in the whole timeout the resume gives, on a
+	// loaded machine (TestStreamIdleCountsFromResume asserts that whole).
+	const idle = 500 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
 	ack := make(chan struct{})
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -192,11 +195,85 @@ func TestEnvdStreamOutlastsPause(t *testing.T) {
 	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"envdpause","state":"running"}`, ""); st != 200 {
 		t.Fatalf("resume: %d %s", st, body)
 	}
-	ack <- struct{}{}
-	if got := <-next; got.err != nil || !bytes.Contains(got.msg, []byte("exitCode")) {
-		t.Fatalf("after the resume: %q %v", got.msg, got.err)
+	select {
+	case ack <- struct{}{}:
+	case got := <-next:
+		t.Fatalf("the stream ended after the resume, before envd spoke: %q %v", got.msg, got.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("envd never waited for the acknowledgement")
+	}
+	select {
+	case got := <-next:
+		if got.err != nil || !bytes.Contains(got.msg, []byte("exitCode")) {
+			t.Fatalf("after the resume: %q %v", got.msg, got.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message after the resume")
 	}
 	if flags, msg, err := readEnvelope(resp.Body); err != nil || flags != 2 {
 		t.Fatalf("end-of-stream message: %d %q %v", flags, msg, err)
+	}
+}
+
+// A sandbox resumed gets a whole upstream.idle_timeout from the resume to
+// speak on the streams the pause left open, however the timeout's
+// expiries during the pause fell. Re-armed only at those expiries, a
+// stream was cut anywhere from at once to one timeout after the resume:
+// a command's output that came a moment after the resume found it gone
+// (TestEnvdStreamOutlastsPause failed so on a loaded machine). Four
+// streams, opened an eighth of the timeout apart, so that the expiries of
+// at most one of them can fall a whole timeout after the resume.
+func TestStreamIdleCountsFromResume(t *testing.T) {
+	t.Parallel()
+	const idle = 800 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(connectEnvelope(0, []byte(`{"event":{"start":{"pid":7}}}`)))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // silent from then on
+	}))
+	host := h.route("resumeidle", port)
+	ended := make(chan time.Time, 4)
+	for i := 0; i < 4; i++ {
+		if i > 0 {
+			time.Sleep(idle / 8) // this stream's expiries an eighth later
+		}
+		r := h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
+		r.Header.Set("Content-Type", "application/connect+json")
+		resp := h.do(r)
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("stream %d: %d", i, resp.StatusCode)
+		}
+		if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
+			t.Fatalf("stream %d: start message %.100q: %v", i, msg, err)
+		}
+		go func() {
+			io.Copy(io.Discard, resp.Body)
+			ended <- time.Now()
+		}()
+	}
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"resumeidle","state":"paused"}`, ""); st != 200 {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	select {
+	case <-ended:
+		t.Fatal("a paused sandbox's stream was cut")
+	case <-time.After(2 * idle):
+	}
+	resumed := time.Now()
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"resumeidle","state":"running"}`, ""); st != 200 {
+		t.Fatalf("resume: %d %s", st, body)
+	}
+	for i := 0; i < 4; i++ {
+		select {
+		case at := <-ended:
+			if took := at.Sub(resumed); took < idle*7/8 {
+				t.Fatalf("a stream was cut %v after the resume, want a whole upstream.idle_timeout (%v)", took, idle)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a silent stream outlived upstream.idle_timeout after the resume")
+		}
 	}
 }

@@ -211,18 +211,33 @@ func (s *bodyStream) drainEndsCleanly() bool {
 // idle_timeout, a session's GET stream was reconnected by the go-sdk into
 // the pause's 503, which failed the session. Only a failed read pays the
 // look at the state.
+//
+// A sandbox resumed during the wait gets a whole idle timeout from the
+// resume (its state's change) to speak: re-armed only from the expiries
+// during the pause, the wait ended anywhere from at once to one timeout
+// after the resume, and a command's output that came a moment after it
+// found its stream cut.
 func (s *bodyStream) pausedIdle(err error) bool {
 	// errors.Is, not isTimeout: its errors.As target escapes, an
 	// allocation at the end of every stream that ends with an empty read.
 	if err == nil || err == io.EOF || !errors.Is(err, os.ErrDeadlineExceeded) || s.stopping.Load() || s.conn.interrupted.Load() {
 		return false
 	}
-	if st := s.sb.state(); st != statePausing && st != statePaused {
+	switch s.sb.state() {
+	case statePausing, statePaused:
+		s.conn.idleDeadline = time.Time{} // counted afresh from now
+	case stateRunning:
+		resumed := time.Unix(0, s.sb.changedAt.Load()).Add(s.conn.idleTimeout)
+		if !resumed.After(s.conn.idleDeadline) || !resumed.After(time.Now()) {
+			return false // no change since the wait began: silent that long
+		}
+		s.conn.idleDeadline = resumed
+	default:
 		return false
 	}
 	// The socket's deadline has expired: forgotten, so that the next one
 	// is set whatever it is (as heartbeatFired does).
-	s.conn.idleDeadline, s.conn.readDeadline = time.Time{}, time.Time{}
+	s.conn.readDeadline = time.Time{}
 	return true
 }
 

@@ -431,13 +431,20 @@ func TestRedisInvalidationAcrossInstances(t *testing.T) {
 				t.Fatalf("b is not caching: %d %q", got.status, got.body)
 			}
 			r.ResetStats(t)
+			// b's request waits for the invalidation to be applied: one
+			// in flight as it arrives has its route read again for what
+			// it has open (Proxy.Invalidate), a second lookup.
+			const applied = "cubeproxy_route_invalidation_messages_total{}"
+			before := series(scrapeFamilies(t, b.admin))[applied]
 			if got := a.adminPost(t, tc.path, tc.id, ""); got.status != 200 || !strings.Contains(got.body, `"ok":true`) {
 				t.Fatalf("POST %s on a: %d %s", tc.path, got.status, got.body)
 			}
-			testenv.WaitFor(t, 5*time.Second, "b to route to the new backend", func() bool {
-				got := b.get(t, tc.id)
-				return got.status == 200 && got.body == "two"
+			testenv.WaitFor(t, 5*time.Second, "b to apply a's invalidation", func() bool {
+				return series(scrapeFamilies(t, b.admin))[applied] > before
 			})
+			if got := b.get(t, tc.id); got.status != 200 || got.body != "two" {
+				t.Fatalf("b after the invalidation: %d %q", got.status, got.body)
+			}
 			// One lookup: the new and the legacy key, in one pipeline.
 			if n := r.CommandCount(t, "hgetall"); n != 2 {
 				t.Errorf("b re-read the route with %d HGETALLs, want 2 (one lookup)", n)

@@ -194,6 +194,28 @@ func (s *acmeSource) cachedValid(name string) bool {
 	return false
 }
 
+// earliestExpiry is the soonest, over the managed names, of the latest
+// NotAfter among the name's certificates in memory (the renewed one, once
+// there); zero while a name has none.
+func (s *acmeSource) earliestExpiry() time.Time {
+	var earliest time.Time
+	for _, name := range s.managedNames {
+		var latest time.Time
+		for _, c := range s.cache.AllMatchingCertificates(name) {
+			if c.Leaf != nil && c.Leaf.NotAfter.After(latest) {
+				latest = c.Leaf.NotAfter
+			}
+		}
+		if latest.IsZero() {
+			return time.Time{}
+		}
+		if earliest.IsZero() || latest.Before(earliest) {
+			earliest = latest
+		}
+	}
+	return earliest
+}
+
 // CheckACME reports what would keep New from starting the acme source
 // cfg describes, short of talking to the CA or the DNS provider: a missing
 // domain, email or storage directory, an unreadable trusted-roots file, a

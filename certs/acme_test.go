@@ -655,6 +655,9 @@ func TestACMEReadyWithoutWildcard(t *testing.T) {
 	if err := m.Ready(); err != nil {
 		t.Fatalf("Ready = %v; want nil (no wildcard to wait for)", err)
 	}
+	if at := m.EarliestExpiry(); !at.IsZero() {
+		t.Fatalf("EarliestExpiry = %v with no managed certificate; want none", at)
+	}
 }
 
 // Close returns after certmagic let go of its storage lock: an obtain in
@@ -870,6 +873,20 @@ func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
 		open = append(open, c)
 	}
 	first := open[0].leaf()
+	apex, err := fetch(t, srv.addr, sniConfig(roots, domain), domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The alert's date: the managed certificate that expires first.
+	earliest := func(a, b *x509.Certificate) time.Time {
+		if a.NotAfter.Before(b.NotAfter) {
+			return a.NotAfter
+		}
+		return b.NotAfter
+	}
+	if got, want := m.EarliestExpiry(), earliest(first, apex); !got.Equal(want) {
+		t.Fatalf("EarliestExpiry %v, want %v (wildcard %v, apex %v)", got, want, first.NotAfter, apex.NotAfter)
+	}
 
 	if err := certs.RenewNow(ctx, m); err != nil {
 		t.Fatal(err)
@@ -893,6 +910,17 @@ func TestACMEManagedRenewalKeepsOpenConnections(t *testing.T) {
 			t.Fatalf("connection %d opened before the renewal: %v", i, err)
 		}
 	}
+	// Moved by the renewal (of the apex too, renewed in the same pass).
+	testenv.Eventually(t, 15*time.Second, func() error {
+		apex, err := fetch(t, srv.addr, sniConfig(roots, domain), domain)
+		if err != nil {
+			return err
+		}
+		if got, want := m.EarliestExpiry(), earliest(renewed, apex); !got.Equal(want) {
+			return fmt.Errorf("EarliestExpiry after the renewal %v, want %v", got, want)
+		}
+		return nil
+	})
 
 	pebble.Stop()
 	// certmagic queues one renewal job per name: a pass right after the

@@ -142,6 +142,8 @@ type DNSConfig struct {
 // source is one way of producing certificates.
 type source interface {
 	getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
+	// earliestExpiry is EarliestExpiry's answer for the source.
+	earliestExpiry() time.Time
 	close() error
 }
 
@@ -278,6 +280,16 @@ func (m *Manager) Ready() error {
 	}
 	return nil
 }
+
+// EarliestExpiry returns the NotAfter of the certificate that expires
+// first among those the configuration names: every file pair as served
+// now (a renewal that failed to load keeps the old one, and so its date),
+// the development certificate, or for acme the managed wildcard and apex
+// as held in memory. Zero when there is none yet (acme before its first
+// certificate, or with the wildcard skipped): on-demand certificates are
+// one per sandbox name and renewed as they are used, so not counted. It is
+// what an alert on a renewal that stopped working watches.
+func (m *Manager) EarliestExpiry() time.Time { return m.src.earliestExpiry() }
 
 // Covers reports whether host gets a certificate that names it: a file
 // pair's name or wildcard; for acme, the managed wildcard or apex, or any

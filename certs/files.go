@@ -47,6 +47,7 @@ type certIndex struct {
 	exact    map[string][]*tls.Certificate // "api.cube.app"
 	wildcard map[string][]*tls.Certificate // "*.cube.app" stored under "cube.app"
 	def      *tls.Certificate
+	earliest time.Time // the soonest NotAfter of the pairs
 }
 
 func newFileSource(pairs []FilePair, interval time.Duration, log *slog.Logger) (*fileSource, error) {
@@ -100,6 +101,8 @@ func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	// default rather than a failed handshake.
 	return idx.def, nil
 }
+
+func (s *fileSource) earliestExpiry() time.Time { return s.index.Load().earliest }
 
 // covers reports whether a pair names host (lower case), exactly or by
 // its wildcard; other names get the default pair.
@@ -246,6 +249,9 @@ func (s *fileSource) buildIndex() *certIndex {
 	}
 	// In the order listed: pick prefers earlier pairs among equals.
 	for _, lp := range s.loaded {
+		if na := lp.cert.Leaf.NotAfter; idx.earliest.IsZero() || na.Before(idx.earliest) {
+			idx.earliest = na
+		}
 		for _, n := range lp.cert.Leaf.DNSNames {
 			n = strings.ToLower(n)
 			m, key := idx.exact, n

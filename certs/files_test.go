@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -323,4 +324,64 @@ func TestFilesChooseAmongPairsForOneName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// EarliestExpiry follows the pairs as served: the soonest NotAfter among
+// them, moved by a renewal once it loads, and not by a renewal that fails
+// to load (the old pair is still what clients get: the date an alert must
+// see).
+func TestFilesEarliestExpiry(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewCA(t, "test CA")
+	dir := t.TempDir()
+	now := time.Now().Truncate(time.Second)
+	write := func(p certs.FilePair, notAfter time.Time, name string) {
+		t.Helper()
+		certPEM, keyPEM := ca.IssueValid(t, now.Add(-time.Hour), notAfter, name)
+		if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	soon := certs.FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
+	later := certs.FilePair{CertFile: filepath.Join(dir, "b.crt"), KeyFile: filepath.Join(dir, "b.key")}
+	write(soon, now.Add(48*time.Hour), "*.cube.test")
+	write(later, now.Add(90*24*time.Hour), "api.other.test")
+	rec := &logRecorder{}
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceFiles, Files: []certs.FilePair{later, soon}, ReloadInterval: 10 * time.Millisecond,
+		Logger: slog.New(rec),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if got, want := m.EarliestExpiry(), now.Add(48*time.Hour); !got.Equal(want) {
+		t.Fatalf("earliest expiry %v, want the second pair's %v", got, want)
+	}
+
+	// A renewal whose key is not written yet fails to load: unchanged.
+	certPEM, _ := ca.IssueValid(t, now.Add(-time.Hour), now.Add(60*24*time.Hour), "*.cube.test")
+	if err := os.WriteFile(soon.CertFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if rec.count("tls certificate reload failed; keeping the previous one") == 0 {
+			return errString("the half-written renewal was not read")
+		}
+		return nil
+	})
+	if got, want := m.EarliestExpiry(), now.Add(48*time.Hour); !got.Equal(want) {
+		t.Fatalf("after a renewal that did not load: %v, want the pair still served, %v", got, want)
+	}
+	// Whole: the first pair is now the one that expires first.
+	write(soon, now.Add(120*24*time.Hour), "*.cube.test")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if got, want := m.EarliestExpiry(), now.Add(90*24*time.Hour); !got.Equal(want) {
+			return fmt.Errorf("after the renewal: %v, want %v", got, want)
+		}
+		return nil
+	})
 }

@@ -38,6 +38,8 @@ func (s *selfSigned) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, err
 	return s.cert, nil
 }
 
+func (s *selfSigned) earliestExpiry() time.Time { return s.cert.Leaf.NotAfter }
+
 func (s *selfSigned) close() error { return nil }
 
 // selfSignedCert creates an ECDSA P-256 certificate valid for a year.

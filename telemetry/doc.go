@@ -34,6 +34,7 @@
 //	cubeproxy.route_invalidation.subscribed     cubeproxy_route_invalidation_subscribed           (Redis store, after SetInvalidationStats: 1 subscribed, 0 not)
 //	cubeproxy.route_invalidation.subscriptions  cubeproxy_route_invalidation_subscriptions_total  (confirmed; each expires the whole cache)
 //	cubeproxy.route_invalidation.messages       cubeproxy_route_invalidation_messages_total       (ids applied)
+//	cubeproxy.tls.certificate.expiry_timestamp  cubeproxy_tls_certificate_expiry_timestamp_seconds (after SetCertExpiry: the soonest NotAfter of the configured certificates)
 //	cubeproxy.auth.rejections           cubeproxy_auth_rejections_total{reason}
 //	cubeproxy.accesslog.dropped         cubeproxy_accesslog_dropped_total
 //	cubeproxy.accesslog.reopen_errors   cubeproxy_accesslog_reopen_errors_total (SIGHUP's reopen of the file failed)

@@ -62,6 +62,7 @@ type Metrics struct {
 	poolStats     atomic.Pointer[func() (pools, idle int64)]
 	heldBodies    atomic.Pointer[func() int64]
 	invalidation  atomic.Pointer[func() InvalidationStats]
+	certExpiry    atomic.Pointer[func() time.Time]
 	// limitWaits counts the waits for a slot at max_streams_per_sandbox,
 	// by outcome (WaitOutcome).
 	limitWaits [numWaitOutcomes]atomic.Int64
@@ -90,7 +91,7 @@ type observed struct {
 	logCloseErrs, logTruncs, resumes                 metric.Int64ObservableCounter
 	invSubscribed                                    metric.Int64ObservableUpDownCounter
 	conns, streams, websockets, pools, idle          metric.Int64ObservableUpDownCounter
-	heldBodies                                       metric.Int64ObservableUpDownCounter
+	heldBodies, certExpiry                           metric.Int64ObservableUpDownCounter
 	classKind                                        [numStatusClasses][numRouteKinds]metric.ObserveOption
 	kind                                             [numRouteKinds]metric.ObserveOption
 	result                                           [numCacheResults]metric.ObserveOption
@@ -144,6 +145,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 		return metric.WithAttributeSet(attribute.NewSet(kvs...))
 	})
 	o.heldBodies = b.gauge("cubeproxy.held_body", "By", "Bytes taken of the held-body budget (held_body_budget): request bodies over 8 KiB read whole into memory at max_streams_per_sandbox to be judged, counted at their declared size from before their read until they are sent or refused.")
+	o.certExpiry = b.gauge("cubeproxy.tls.certificate.expiry_timestamp", "s", "When the certificate that expires first among those the configuration names (tls.source files: every pair as served now; acme: the managed wildcard and apex, once obtained; not on-demand ones) expires, in seconds since the epoch. Alert when it comes within two weeks: a renewal stopped working.")
 	if b.err != nil {
 		return nil, b.err
 	}
@@ -151,7 +153,7 @@ func newMetrics(meter metric.Meter, reg prometheus.Registerer) (*Metrics, error)
 	_, err := meter.RegisterCallback(m.observe,
 		o.requests, o.bytesIn, o.bytesOut, o.cache, o.storeErrors, o.connectErrors, o.resourceErrs, o.retries, o.auth,
 		o.acceptErrors, o.connsRefused, o.reclaims, o.logDrops, o.logReopenErrs, o.logCloseErrs, o.logTruncs, o.procLogDrops, o.spanDrops, o.streamEnds, o.limitWaits, o.resumes, o.conns, o.streams, o.websockets, o.pools, o.idle, o.heldBodies,
-		o.invSubscribed, o.invSubscriptions, o.invMessages, m.envd.requestsObs, m.envd.inflightObs)
+		o.invSubscribed, o.invSubscriptions, o.invMessages, o.certExpiry, m.envd.requestsObs, m.envd.inflightObs)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics callback: %w", err)
 	}
@@ -308,6 +310,11 @@ func (m *Metrics) observe(_ context.Context, ob metric.Observer) error {
 		ob.ObserveInt64(o.invSubscribed, up)
 		ob.ObserveInt64(o.invSubscriptions, st.Subscriptions)
 		ob.ObserveInt64(o.invMessages, st.Messages)
+	}
+	if fn := m.certExpiry.Load(); fn != nil {
+		if at := (*fn)(); !at.IsZero() {
+			ob.ObserveInt64(o.certExpiry, at.Unix())
+		}
 	}
 	return nil
 }
@@ -674,6 +681,17 @@ func (m *Metrics) SetInvalidationStats(fn func() InvalidationStats) {
 		return
 	}
 	m.invalidation.Store(&fn)
+}
+
+// SetCertExpiry installs the function read at every scrape for
+// cubeproxy_tls_certificate_expiry_timestamp_seconds (absent until set,
+// and while fn returns zero: no HTTPS listener, or no certificate yet).
+// fn runs on the scrape goroutine and must not block.
+func (m *Metrics) SetCertExpiry(fn func() time.Time) {
+	if m == nil || fn == nil {
+		return
+	}
+	m.certExpiry.Store(&fn)
 }
 
 // builder creates instruments and keeps the first error, so newMetrics

@@ -290,6 +290,30 @@ func TestAuthReasonsMapToThemselves(t *testing.T) {
 	}
 }
 
+// The certificate expiry is a date, in seconds, while there is one: the
+// acme source has none until its certificates are in memory, and a zero
+// (1970) would fire every expiry alert.
+func TestCertExpiryGauge(t *testing.T) {
+	const name = "cubeproxy_tls_certificate_expiry_timestamp_seconds"
+	for _, tc := range []struct {
+		name    string
+		at      time.Time
+		present bool
+	}{
+		{"a date", time.Unix(1_800_000_000, 0), true},
+		{"none yet", time.Time{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tel := newTestTelemetry(t, Config{})
+			tel.Metrics.SetCertExpiry(func() time.Time { return tc.at })
+			v, ok := values(scrape(t, tel))[seriesKey(name, L{})]
+			if ok != tc.present || (ok && v != float64(tc.at.Unix())) {
+				t.Fatalf("%s = %v (present %v), want %v (present %v)", name, v, ok, tc.at.Unix(), tc.present)
+			}
+		})
+	}
+}
+
 // TestDocListsEveryMetric keeps the list in doc.go (which the README
 // points operators to) in step with what a scrape exposes: every
 // cubeproxy_ family once every method has recorded, and nothing more.
@@ -307,6 +331,7 @@ func TestDocListsEveryMetric(t *testing.T) {
 	tel.Metrics.AcceptError()
 	tel.Metrics.SetPoolStats(func() (int64, int64) { return 1, 1 })
 	tel.Metrics.SetInvalidationStats(func() InvalidationStats { return InvalidationStats{Subscribed: true, Subscriptions: 1} })
+	tel.Metrics.SetCertExpiry(func() time.Time { return time.Unix(2e9, 0) })
 	scraped := map[string]bool{}
 	for _, s := range scrape(t, tel) {
 		if !strings.HasPrefix(s.name, "cubeproxy_") {

@@ -574,6 +574,7 @@ func (a *app) listen(ctx context.Context) (err error) {
 			return err // certs names itself ("tls certificates: ...")
 		}
 		a.warnUncoveredDomains(a.certs.Covers)
+		a.tel.Metrics.SetCertExpiry(a.certs.EarliestExpiry)
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return listenError("https_addr", cfg.HTTPSAddr, err)
 		}

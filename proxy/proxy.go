@@ -777,12 +777,20 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 			// /admin/routes forgets it: a paused entry is never swept, a
 			// running one only a day after its last request, and a
 			// sandbox created again under the id is a new one.
-			// This lookup's own result and time, not the request's
-			// first: after a held read or a wait for a slot the first
-			// may have been a hit, and a pause set since the request
-			// began predates this read.
+			// This lookup's own result, not the request's first: after
+			// a held read or a wait for a slot the first may have been
+			// a hit. And the start of the store read that answered it
+			// (ReadStart), not this lookup's: a lookup that joined a
+			// read in flight got an answer begun before it, and a pause
+			// set meanwhile, on a route stored since and not yet
+			// announced, was forgotten and the paused sandbox served
+			// as running. readAt only for a store that says no time.
 			if res == routing.CacheMiss {
-				p.sandboxes.forget(x.sandboxID, readAt.UnixNano())
+				since := readAt.UnixNano()
+				if start, ok := routing.ReadStart(err); ok {
+					since = start
+				}
+				p.sandboxes.forget(x.sandboxID, since)
 			}
 		}
 		x.fail(ctx, proxyError{status: 404, code: CodeNotFound, msg: "sandbox not found"}, id)

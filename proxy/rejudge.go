@@ -439,6 +439,10 @@ func (p *Proxy) rereadRoute(ctx context.Context, id string) bool {
 	case res != routing.CacheMiss:
 		return false
 	case errors.Is(err, routing.ErrNotFound):
+		// The read may be one a request began earlier, joined here.
+		if start, ok := routing.ReadStart(err); ok {
+			since = start
+		}
 		p.sandboxes.forget(id, since)
 		p.rejudge(id, nil, asOf)
 		return true

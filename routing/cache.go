@@ -212,7 +212,8 @@ func NewCache(store Store, cfg CacheConfig) (*Cache, error) {
 // before it is stored. A hit allocates nothing.
 //
 // Errors: ErrNotFound or a *FieldError (both possibly from the negative
-// cache), ErrLookupTimeout, the caller's ctx error, or the store's error.
+// cache, and wrapped with when their read began: ReadStart),
+// ErrLookupTimeout, the caller's ctx error, or the store's error.
 func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error) {
 	// The alias is used only for lookups; stored keys are real strings.
 	key := bytesString(id)
@@ -343,9 +344,15 @@ func (c *Cache) load(id string, force bool) (route *Route, err error) {
 	// A background context: one caller giving up must not fail the others.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LookupTimeout)
 	defer cancel()
+	// The wall clock, not c.clock: callers compare it with times of their
+	// own (ReadStart).
+	start := time.Now().UnixNano()
 	route, err = c.store.Lookup(ctx, id)
 	if err == nil && route == nil {
 		err = fmt.Errorf("lookup %s: store returned no route and no error", id)
+	}
+	if err != nil && !transient(err) {
+		err = &readError{err: err, start: start}
 	}
 
 	now := c.clock()
@@ -378,6 +385,35 @@ func (c *Cache) load(id string, force bool) (route *Route, err error) {
 		c.neg.Add(id, negEntry{err: err, expires: now + int64(c.cfg.NegativeTTL), gen: gen})
 		return nil, err
 	}
+}
+
+// readError is a store's answer about the route itself (ErrNotFound, a
+// *FieldError) with when the read that gave it began. Every caller of a
+// shared read (those that joined it, those the negative cache answers
+// after it) gets the one error, and the read began before most of them.
+type readError struct {
+	err   error
+	start int64 // unix nanoseconds, wall clock
+}
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+// ReadStart returns when (unix nanoseconds, wall clock) the store read
+// that gave err began, for an ErrNotFound or *FieldError the cache
+// returned; ok is false for other errors. A caller that acts on "no route"
+// against state it changed at known times (a pause set since) must not
+// take the answer for one read when the caller asked: concurrent misses
+// share a read begun earlier, and the negative cache repeats one for
+// NegativeTTL. It does not allocate.
+func ReadStart(err error) (start int64, ok bool) {
+	for err != nil {
+		if re, isRead := err.(*readError); isRead {
+			return re.start, true
+		}
+		err = errors.Unwrap(err)
+	}
+	return 0, false
 }
 
 // transient reports whether err says nothing about the route itself, so it

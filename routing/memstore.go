@@ -53,6 +53,14 @@ type MemoryStore struct {
 	// fileLimit, when set (tests), replaces namedfile.MaxRoutes as the
 	// largest file a write may produce.
 	fileLimit int
+
+	// file is the routes file this store was loaded from or last wrote,
+	// and seen what it was then (nil: there was none), under mu; see
+	// FileChanged. overwrote, when set, is told of a write that replaced
+	// a file changed since (see OnOverwrite).
+	file      string
+	seen      os.FileInfo
+	overwrote func(path string)
 }
 
 // maxFile is the largest routes file the store writes: the largest
@@ -100,7 +108,7 @@ func loadFile(path string, afterRead func(attempt int)) (*MemoryStore, error) {
 			if err != nil {
 				return nil, fmt.Errorf("load routes %s: %w", path, err)
 			}
-			return &MemoryStore{routes: routes}, nil
+			return &MemoryStore{routes: routes, file: path, seen: after}, nil
 		}
 		if attempt == loadAttempts {
 			return nil, fmt.Errorf("load routes %s: the file changed while it was read, %d times in a row: is something still writing it? Replace it whole (write another file, then mv it over this one) so that no start reads part of it", path, attempt)
@@ -117,8 +125,52 @@ const loadAttempts = 5
 // (temporary file + rename). An empty path turns persistence off.
 func (s *MemoryStore) SetPersistPath(path string) {
 	s.mu.Lock()
+	if path != "" && path != s.file {
+		// Not the file loaded: what is there now is the file as known.
+		s.file = path
+		s.seen, _ = os.Stat(path)
+	}
 	s.path = path
 	s.mu.Unlock()
+}
+
+// OnOverwrite sets f to be told, with the file's path, when a write
+// replaces a routes file that changed since the store loaded or last
+// wrote it: a hand edit, or another process persisting to the same file,
+// whose routes the write discards (nil: no one is told).
+func (s *MemoryStore) OnOverwrite(f func(path string)) {
+	s.mu.Lock()
+	s.overwrote = f
+	s.mu.Unlock()
+}
+
+// FileChanged reports whether the routes file the store was loaded from
+// (or persists to) is no longer the file it loaded or last wrote: its
+// inode, size or modification time differ, or it appeared or went. The
+// store never reads it again, so such a change is not served, and with
+// persistence it is overwritten by the next write. It returns the file's
+// path too ("" and false for a store of no file).
+func (s *MemoryStore) FileChanged() (path string, changed bool) {
+	s.mu.RLock()
+	path, seen := s.file, s.seen
+	s.mu.RUnlock()
+	if path == "" {
+		return "", false
+	}
+	now, err := os.Stat(path)
+	if err != nil {
+		now = nil
+	}
+	return path, !sameFileState(seen, now)
+}
+
+// sameFileState reports whether a and b (nil: no file) are one file,
+// unchanged: the same inode, size and modification time.
+func sameFileState(a, b os.FileInfo) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
 }
 
 // Lookup returns the route for id or ErrNotFound.
@@ -406,13 +458,25 @@ func (s *MemoryStore) persist(seq uint64) error {
 		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: the table (%d routes) would take %d bytes, above the %d bytes a routes file may have (the start reads no more); the file keeps the previous table", snap.path, len(snap.routes), len(data), limit)
 	}
-	if err := writeFileAtomic(snap.path, data); err != nil {
+	s.mu.RLock()
+	seen, overwrote := s.seen, s.overwrote
+	s.mu.RUnlock()
+	before, err := os.Stat(snap.path)
+	if err != nil {
+		before = nil
+	}
+	wrote, err := writeFileAtomic(snap.path, data)
+	if err != nil {
 		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
+	}
+	if overwrote != nil && !sameFileState(seen, before) {
+		overwrote(snap.path)
 	}
 	s.written = snap.seq
 	s.failed.Store(false)
 	s.mu.Lock()
+	s.seen = wrote
 	for id, seq := range s.unwritten {
 		if seq <= snap.seq {
 			delete(s.unwritten, id)
@@ -472,8 +536,9 @@ func kernelPath(path string) string {
 // owner, group, and owner and group bits but loses the others' (a
 // checked-out routes.yaml is 0644: every user of the host could read the
 // tokens the admin API writes into it); where its group cannot be kept,
-// the group bits go too.
-func writeFileAtomic(path string, data []byte) error {
+// the group bits go too. It returns the new file's state, as os.Stat of
+// path gives it once renamed, for FileChanged.
+func writeFileAtomic(path string, data []byte) (os.FileInfo, error) {
 	path = followLink(path)
 	mode := os.FileMode(0o600)
 	old, err := os.Stat(path)
@@ -485,7 +550,7 @@ func writeFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, tempPattern(path))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tmp := f.Name()
 	if old != nil && !keepOwner(f, old) {
@@ -498,6 +563,11 @@ func writeFileAtomic(path string, data []byte) error {
 	if err == nil {
 		err = f.Sync()
 	}
+	var wrote os.FileInfo
+	if err == nil {
+		// A rename keeps the inode, size and modification time.
+		wrote, err = f.Stat()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -506,14 +576,14 @@ func writeFileAtomic(path string, data []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return err
+		return nil, err
 	}
 	// Make the rename itself durable; failure here leaves a valid file.
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()
 		d.Close()
 	}
-	return nil
+	return wrote, nil
 }
 
 // decodeRoutes parses routes.yaml: a mapping "routes" of sandbox id to a

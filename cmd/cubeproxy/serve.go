@@ -493,6 +493,10 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		}
 		if cfg.PersistRoutes {
 			a.removeStaleTemps()
+			a.routes.OnOverwrite(func(path string) {
+				a.log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
+					"routes", path)
+			})
 		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
@@ -1177,13 +1181,16 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 // <(...)) is read once, at start: it is not read again.
 func (a *app) recheckConfig() {
 	path := a.cfg.File()
-	if a.loadConfig == nil || path == "" || a.rechecks.Add(1) > 1 {
+	if a.loadConfig == nil || path == "" && a.routes == nil || a.rechecks.Add(1) > 1 {
 		return
 	}
 	a.checking.Go(func() {
 		for {
 			n := a.rechecks.Load()
-			a.checkConfig(path)
+			if path != "" {
+				a.checkConfig(path)
+			}
+			a.checkRoutes()
 			if a.rechecks.CompareAndSwap(n, 0) {
 				return
 			}
@@ -1206,6 +1213,28 @@ func (a *app) checkConfig(path string) {
 		a.log.Warn("SIGHUP: the configuration file changed since start; SIGHUP reloads nothing (it reopens the access log): restart, or start a reuse_port successor, to apply it",
 			"config", path, "changed", keys)
 	}
+}
+
+// checkRoutes is SIGHUP's look at the routes file (store: memory), as
+// checkConfig's at the configuration file: the store reads it once, at
+// start, so an operator who edited it and sent nginx's reload signal took
+// silence for a reload, and with persist_routes the next admin change
+// wrote the running table over the edit. It compares the file's inode,
+// size and time with what the store loaded or last wrote; it reads
+// nothing (a table at the limit takes seconds and a gigabyte to parse).
+func (a *app) checkRoutes() {
+	if a.routes == nil {
+		return
+	}
+	path, changed := a.routes.FileChanged()
+	if !changed {
+		return
+	}
+	msg := "SIGHUP: the routes file changed since this process loaded it; SIGHUP reloads nothing, so its routes are not served until a restart: change routes through the admin API"
+	if a.cfg.PersistRoutes {
+		msg = "SIGHUP: the routes file changed since this process loaded or last wrote it; SIGHUP reloads nothing, so its routes are not served, and the next admin route change writes the running table over it: change routes through the admin API"
+	}
+	a.log.Warn(msg, "routes", path)
 }
 
 // reopenAccessLog reopens the access log file (SIGHUP, after logrotate).

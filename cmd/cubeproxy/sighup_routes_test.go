@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// The memory store reads its routes file once, at start. An operator who
+// edits it and sends SIGHUP (nginx's reload) was told nothing, and with
+// persist_routes the next admin change wrote the running table over the
+// edit, as it writes it over another process's changes to the same file,
+// without a word either. SIGHUP now says the file changed and is not
+// served, and a write that replaces a changed file says what it did; the
+// file as the proxy wrote it draws neither.
+func TestRoutesFileChangesAreNotSilent(t *testing.T) {
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routes, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := runServe(t, []string{"--config=", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--routes", routes, "--persist-routes"}, noEnv)
+	admin := r.a.adminLn.Addr().String()
+
+	sighupWarnings := func() int { return strings.Count(r.logs.String(), `"msg":"SIGHUP: the routes file changed`) }
+	overwrites := func() int {
+		return strings.Count(r.logs.String(), `"msg":"routes file changed since this process loaded or last wrote it`)
+	}
+	marks := 0
+	// flushed returns once what was logged before it is in the logs: the
+	// process log is written behind the caller.
+	flushed := func() {
+		t.Helper()
+		marks++
+		marker := fmt.Sprintf("routes-checked-%d", marks)
+		r.a.log.Info(marker)
+		testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
+	}
+	hup := func() {
+		t.Helper()
+		said := strings.Count(r.logs.String(), "nothing to reopen")
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		// onSignal starts the check before it logs that line.
+		testenv.WaitFor(t, 5*time.Second, "the SIGHUP handled", func() bool {
+			return strings.Count(r.logs.String(), "nothing to reopen") > said
+		})
+		testenv.WaitFor(t, 5*time.Second, "the check done", func() bool { return r.a.rechecks.Load() == 0 })
+		flushed()
+	}
+	put := func(id string) {
+		t.Helper()
+		req, err := http.NewRequest("PUT", "http://"+admin+"/admin/routes/"+id, strings.NewReader(`{"HostIP":"10.0.0.2"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("PUT %s: %d", id, resp.StatusCode)
+		}
+		flushed()
+	}
+
+	hup()
+	put("b")
+	if n, m := sighupWarnings(), overwrites(); n != 0 || m != 0 {
+		t.Fatalf("with the file as loaded and as written by the proxy: %d SIGHUP warnings, %d overwrite warnings; want none", n, m)
+	}
+
+	if err := os.WriteFile(routes, []byte("routes:\n  hand:\n    HostIP: \"10.0.0.9\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hup()
+	if n := sighupWarnings(); n != 1 {
+		t.Errorf("SIGHUP after a hand edit of the routes file: %d warnings, want 1", n)
+	}
+	put("c")
+	if n := overwrites(); n != 1 {
+		t.Errorf("an admin change written over the hand edit: %d warnings, want 1", n)
+	}
+	hup()
+	if n, m := sighupWarnings(), overwrites(); n != 1 || m != 1 {
+		t.Errorf("SIGHUP with the file as the proxy wrote it: now %d SIGHUP and %d overwrite warnings, want still 1 and 1", n, m)
+	}
+	r.stop()
+}

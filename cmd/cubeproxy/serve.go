@@ -493,10 +493,7 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		}
 		if cfg.PersistRoutes {
 			a.removeStaleTemps()
-			a.routes.OnOverwrite(func(path string) {
-				a.log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
-					"routes", path)
-			})
+			a.routes.OnOverwrite(overwriteWarning(a.log, time.Now))
 		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
@@ -936,6 +933,29 @@ func openRoutes(cfg *config.Config, log *slog.Logger) (*routing.MemoryStore, err
 		routes.SetPersistPath(cfg.Routes)
 	}
 	return routes, nil
+}
+
+// overwriteWarnEvery spaces the warnings of routes file overwrites: two
+// processes persisting to one file overwrite each other at every write,
+// up to hundreds a second for a small table.
+const overwriteWarnEvery = 10 * time.Second
+
+// overwriteWarning returns the memory store's OnOverwrite: a warning that
+// a write replaced a routes file changed since this process loaded or
+// last wrote it, at most one per overwriteWarnEvery, with the count of
+// overwrites since the previous one. The store calls it from one write
+// at a time.
+func overwriteWarning(log *slog.Logger, now func() time.Time) func(path string) {
+	var last time.Time
+	unsaid := 0
+	return func(path string) {
+		unsaid++
+		if t := now(); last.IsZero() || t.Sub(last) >= overwriteWarnEvery {
+			log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
+				"routes", path, "overwrites", unsaid)
+			last, unsaid = t, 0
+		}
+	}
 }
 
 // staleTempAge is how old a routes file's temporary file must be for the

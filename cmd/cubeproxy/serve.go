@@ -1198,7 +1198,9 @@ func (a *app) cutDrainOnSignal() (context.Context, func()) {
 // "access log reopened" for a reload that never happened, and found out
 // at the next restart, by then with settings unseen since the edit (or a
 // file that no longer loads, failing that start). A pipe (--config
-// <(...)) is read once, at start: it is not read again.
+// <(...)) is read once, at start: it is not read again. The memory
+// store's routes file is looked at too (checkRoutes), with or without a
+// configuration file.
 func (a *app) recheckConfig() {
 	path := a.cfg.File()
 	if a.loadConfig == nil || path == "" && a.routes == nil || a.rechecks.Add(1) > 1 {

@@ -514,6 +514,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			a.audit(ctx, "route deleted", id)
 		}
 		if err != nil {
+			a.notWritten(ctx, id, err)
 			adminError(ctx, 500, deletedNotWritten(deleted, err))
 			return
 		}
@@ -568,6 +569,7 @@ func (a *Admin) putRoute(ctx *fasthttp.RequestCtx, id string, fields map[string]
 	a.liftKill(id)
 	a.audit(ctx, "route stored", id)
 	if err != nil {
+		a.notWritten(ctx, id, err)
 		adminError(ctx, 500, "route stored in memory, but "+err.Error())
 		return false
 	}
@@ -648,6 +650,17 @@ func notPublished(ctx *fasthttp.RequestCtx, err error) {
 func (a *Admin) audit(ctx *fasthttp.RequestCtx, change, id string, args ...any) {
 	args = append([]any{"sandbox_id", id, "remote_addr", remoteIP(ctx).String()}, args...)
 	a.p.cfg.Logger.Info("admin: "+change, args...)
+}
+
+// notWritten logs, at error level, a change whose routes file write
+// failed (persist_routes: a full disk, a read-only file system): it is
+// live in memory only, and a restart undoes it (a deleted route comes
+// back). The caller gets the 500, but the log had only the audit line
+// saying the change was made, so a caller that did not retry or report
+// it left no trace of the failure for the operator.
+func (a *Admin) notWritten(ctx *fasthttp.RequestCtx, id string, err error) {
+	a.p.cfg.Logger.Error("admin: routes file not written: the change is live in memory only, and a restart undoes it",
+		"sandbox_id", id, "remote_addr", remoteIP(ctx).String(), "err", err)
 }
 
 type sandboxBody struct {
@@ -833,6 +846,7 @@ func (a *Admin) metaDelete(ctx *fasthttp.RequestCtx) {
 	a.audit(ctx, "sandbox killed", b.SandboxID)
 	if werr != nil {
 		// The route would come back at the next restart.
+		a.notWritten(ctx, b.SandboxID, werr)
 		adminError(ctx, 500, deletedNotWritten(deleted, werr))
 		return
 	}

@@ -653,10 +653,17 @@ var errHTTP10TransferEncodings = errors.New("response has more than one Transfer
 // bytes, where nginx decodes them, as curl, Python and Node do when they
 // talk to the sandbox directly: Python's http.server answers HTTP/1.0
 // unless told otherwise, and a handler that chunks its own output sends
-// just this. RFC 9112 6.1 asks that such a message's connection be closed
-// after it (an HTTP/1.0 hop may have kept part of it). Another coding is
-// left to fasthttp, which frames the body by the connection's close, as
-// nginx 1.22 does. A bodiless status frames nothing either way.
+// just this. Another coding is left to fasthttp, which frames the body by
+// its Content-Length or else by the connection's close, as nginx 1.22
+// does. Either way the connection is closed after the answer: RFC 9112
+// 6.1 has a recipient of an HTTP/1.0 message with Transfer-Encoding treat
+// its framing as faulty, even beside a Content-Length, and close (an
+// answer "Connection: keep-alive", gzip and sized, whose sandbox framed it
+// otherwise, left the rest of its body to be read as the next request's
+// answer; nginx closes after every HTTP/1.0 answer). A folded line's value
+// is not read: fasthttp rewrites the head's bytes in place when it joins
+// a fold, so the line counts as another coding. A bodiless status frames
+// nothing either way.
 func frameHTTP10Chunked(h *fasthttp.ResponseHeader, head []byte) error {
 	if sc := h.StatusCode(); sc < 200 || sc == fasthttp.StatusNoContent || sc == fasthttp.StatusNotModified {
 		return nil
@@ -687,9 +694,11 @@ func frameHTTP10Chunked(h *fasthttp.ResponseHeader, head []byte) error {
 	if lines > 1 {
 		return errHTTP10TransferEncodings
 	}
+	if lines == 1 {
+		h.SetConnectionClose()
+	}
 	if chunked {
 		h.SetContentLength(-1)
-		h.SetConnectionClose()
 	}
 	return nil
 }

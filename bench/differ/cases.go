@@ -454,6 +454,7 @@ func corpus(env caseEnv) []tcase {
 		{name: "ans.close-no-connection-field-then-get", raw: ans("close-noconn") + get("/after"), nresp: 2},
 		{name: "ans.http10-sized-then-get", raw: ans("http10-sized") + get("/after"), nresp: 2},
 		{name: "ans.http10-keepalive-then-get", raw: ans("http10-keepalive") + get("/after"), nresp: 2},
+		{name: "ans.http10-coded-keepalive-then-get", raw: ans("http10-coded-keepalive") + get("/after"), nresp: 2},
 		{name: "ans.status-199", raw: ans("status-199"), expect: []exp{{"client.err", whyInterim}, {"client.responses", whyInterim}, {"client.conn", whyInterim}}},
 		{name: "ans.status-999", raw: ans("status-999")},
 		{name: "ans.location-relative", raw: ans("location-relative")},

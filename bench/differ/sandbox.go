@@ -205,7 +205,7 @@ func (s *sandbox) serve(c net.Conn) {
 		if !s.answer(c, method, answer) {
 			return
 		}
-		closing = answer == "sized-close-open" || answer == "http10-sized"
+		closing = answer == "sized-close-open" || answer == "http10-sized" || answer == "http10-coded-keepalive"
 		if answer == "stray-later" {
 			strayWhenIdle(c, br)
 		}
@@ -446,6 +446,8 @@ func (s *sandbox) answer(c net.Conn, method, variant string) bool {
 		return false
 	case "http10-sized": // HTTP/1.0, sized, no keep-alive, and the connection kept anyway
 		return w("HTTP/1.0 200 OK\r\nX-Lab: sandbox\r\nContent-Length: 2\r\n\r\nok")
+	case "http10-coded-keepalive": // HTTP/1.0, a coding beside a Content-Length (faulty framing), keep-alive claimed, and the connection kept
+		return w("HTTP/1.0 200 OK\r\nX-Lab: sandbox\r\nConnection: keep-alive\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\nok")
 	case "large-cl-long-keep": // a streamed sized body, then a stray answer, connection kept
 		return w(fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n%sHTTP/1.1 200 OK\r\nX-Lab: sandbox\r\nX-Stray: 1\r\nContent-Length: 5\r\n\r\nstray", 100000, strings.Repeat("x", 100000)))
 	case "large-chunked-extra-keep":

@@ -212,6 +212,36 @@ func TestHTTP10AnswerChunkedIsDecoded(t *testing.T) {
 	}
 }
 
+// An HTTP/1.0 204 or 304 that says "Transfer-Encoding" frames no body, but
+// its framing is as suspect as a 200's (RFC 9112 6.1): the sandbox's
+// connection is closed after it, keep-alive claimed or not, rather than
+// kept for a next request on which a last chunk the sandbox sent late would
+// be read as the answer.
+func TestHTTP10BodilessAnswerWithTransferEncodingCloses(t *testing.T) {
+	h := newHarness(t)
+	for _, status := range []string{"204 No Content", "304 Not Modified"} {
+		t.Run(status, func(t *testing.T) {
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				rawWrite(c, "HTTP/1.0 "+status+"\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n")
+				return true
+			})
+			host := h.route("h10bodiless"+status[:3], b.port)
+			pc := h.dialProxy(t)
+			if resp, body := pc.do("GET", host, "/", ""); resp.Status != status || body != "" {
+				t.Fatalf("got %s %q, want %s and no body", resp.Status, body, status)
+			}
+			if err := b.waitEnded(t); err != io.EOF {
+				t.Errorf("sandbox connection ended with %v, want closed by the proxy (EOF)", err)
+			}
+			// The client's connection is its own: kept for the next one.
+			if resp, _ := pc.do("GET", host, "/next", ""); resp.Status != status {
+				t.Fatalf("next request on the client's connection: %s", resp.Status)
+			}
+			b.wantAccepted(t, 2, "(a new sandbox connection for the next request)")
+		})
+	}
+}
+
 // An HTTP/1.0 event stream with chunked coding streams like any other:
 // each event reaches the client, decoded, while the sandbox still holds
 // the stream open (it sends the next only once the client has the first).

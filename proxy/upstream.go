@@ -662,10 +662,12 @@ var errHTTP10TransferEncodings = errors.New("response has more than one Transfer
 // otherwise, left the rest of its body to be read as the next request's
 // answer; nginx closes after every HTTP/1.0 answer). A folded line's value
 // is not read: fasthttp rewrites the head's bytes in place when it joins
-// a fold, so the line counts as another coding. A bodiless status frames
-// nothing either way.
+// a fold, so the line counts as another coding. A 204 or a 304 frames no
+// body, but its connection is closed all the same (a sandbox that chunked
+// it may send the last chunk after it).
 func frameHTTP10Chunked(h *fasthttp.ResponseHeader, head []byte) error {
-	if sc := h.StatusCode(); sc < 200 || sc == fasthttp.StatusNoContent || sc == fasthttp.StatusNotModified {
+	sc := h.StatusCode()
+	if sc < 200 {
 		return nil
 	}
 	const name = "transfer-encoding"
@@ -691,11 +693,14 @@ func frameHTTP10Chunked(h *fasthttp.ResponseHeader, head []byte) error {
 		}
 		chunked = bytes.EqualFold(bytes.Trim(v, " \t\r"), []byte("chunked"))
 	}
+	if lines > 0 {
+		h.SetConnectionClose()
+	}
+	if sc == fasthttp.StatusNoContent || sc == fasthttp.StatusNotModified {
+		return nil
+	}
 	if lines > 1 {
 		return errHTTP10TransferEncodings
-	}
-	if lines == 1 {
-		h.SetConnectionClose()
 	}
 	if chunked {
 		h.SetContentLength(-1)

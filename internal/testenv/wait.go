@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -32,4 +33,47 @@ func Eventually(t testing.TB, d time.Duration, cond func() error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Recv waits up to d for a value on ch (or its close) and returns it,
+// failing the test when none comes: a bare receive whose sender is gone
+// (a proxy that misbehaves never lets the backend see the request) would
+// otherwise hold the whole package until go test's -timeout.
+func Recv[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+	var zero T
+	return zero
+}
+
+// Send waits up to d for ch to take v, failing the test when its
+// receiver never does: it may have returned already.
+func Send[T any](t testing.TB, ch chan<- T, v T, d time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case ch <- v:
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// WaitGroup waits up to d for wg, failing the test when its goroutines
+// have not all ended by then.
+func WaitGroup(t testing.TB, wg *sync.WaitGroup, d time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	Recv(t, done, d, what)
 }

@@ -38,6 +38,6 @@ func TestAbortClosesStreamsAfterTheRegistryLock(t *testing.T) {
 	default:
 	}
 	letGo()
-	<-aborted
+	testenv.Recv(t, aborted, 10*time.Second, "abortAll's return once the socket was let go")
 	testenv.WaitFor(t, 5*time.Second, "the cut stream to end", func() bool { s, _ := r.open(); return s == 0 })
 }

@@ -71,7 +71,7 @@ func acceptAtLimitCountsOnlyAWaitingClient(t *testing.T, ln net.Listener) {
 		})
 	})
 	// Descriptors free: the client is accepted at the next retry.
-	got := <-done
+	got := testenv.Recv(t, done, 10*time.Second, "the waiting client accepted once descriptors freed up")
 	if got.err != nil {
 		t.Fatalf("accept once descriptors freed up: %v", got.err)
 	}

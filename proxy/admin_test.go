@@ -585,7 +585,7 @@ func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
 		io.WriteString(w, `{"result":"done"}`)
 	})))
 	done := h.goStatus(h.req("POST", host, "/mcp", strings.NewReader("{}")))
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the slow request at the sandbox")
 	// The request started at or before mark; it ends after it.
 	mark := time.Now().UnixMilli()
 	for time.Now().UnixMilli() <= mark {
@@ -809,7 +809,7 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 		}
 		slow <- resp
 	}()
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the slow request at the sandbox")
 
 	if st, out := h.adminJSON("POST", "/admin/meta/delete", `{"sandbox_id":"doomed"}`); st != 200 {
 		t.Fatalf("meta/delete: %d %v", st, out)

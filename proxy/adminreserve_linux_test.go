@@ -43,7 +43,7 @@ func TestAdminReserveSpentOnlyOnAConnection(t *testing.T) {
 		if err := syscall.Connect(client, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 			t.Fatal(err)
 		}
-		got = <-done
+		got = testenv.Recv(t, done, 10*time.Second, "the admin connection accepted on the reserve")
 	})
 	if got.err != nil {
 		t.Fatalf("accept of a waiting connection at the limit: %v", got.err)

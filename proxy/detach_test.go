@@ -225,7 +225,7 @@ func TestHTTP10ClientGetsUnframedStream(t *testing.T) {
 				if err != nil || line != fmt.Sprintf("line %d\n", i) {
 					t.Fatalf("%s %s: piece %d = %q, %v", method, ct, i, line, err)
 				}
-				ack <- struct{}{}
+				testenv.Send(t, ack, struct{}{}, 10*time.Second, fmt.Sprintf("the sandbox to take piece %d's ack", i))
 			}
 			if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
 				t.Fatalf("%s %s: after the body: %q, %v; want the connection closed", method, ct, rest, err)
@@ -327,7 +327,7 @@ func TestPipelinedStreamWhoseClientResetsIsReleased(t *testing.T) {
 				t.Fatal(err)
 			}
 			fmt.Fprintf(c, "GET /small HTTP/1.1\r\nHost: %s\r\n\r\nGET /stream HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, host, tc.extra)
-			<-arrived // the proxy holds /small's answer and waits for the stream's head
+			testenv.Recv(t, arrived, 10*time.Second, "the stream's request at the sandbox") // the proxy holds /small's answer and waits for the stream's head
 			_ = c.(*net.TCPConn).SetLinger(0)
 			clientPort := c.LocalAddr().(*net.TCPAddr).Port
 			c.Close()
@@ -598,20 +598,20 @@ func TestDetachedStreamHoldsNoBufferOnFramingAlone(t *testing.T) {
 					t.Fatalf("first: %q, %v; want %q", got, err, tc.body)
 				}
 				<-written
-				step <- struct{}{} // the framing alone
-				<-written          // on loopback, in the proxy's receive queue
+				testenv.Send(t, step, struct{}{}, 10*time.Second, "the sandbox to send the framing")
+				testenv.Recv(t, written, 10*time.Second, "the framing written") // on loopback, in the proxy's receive queue
 				p := <-ports
 				testenv.WaitFor(t, 3*time.Second, "the framing read and no reader held", func() bool {
 					open, unread := tcpSocket(t, p[0], p[1])
 					return open && unread == 0 && h.proxy.readersOut.Load() == 0
 				})
-				step <- struct{}{} // the rest
-				<-written
+				testenv.Send(t, step, struct{}{}, 10*time.Second, "the sandbox to send the rest")
+				testenv.Recv(t, written, 10*time.Second, "the rest written")
 				rest, err := io.ReadAll(resp.Body)
 				if want := strings.TrimPrefix("helloworld", tc.body); err != nil || string(rest) != want {
 					t.Fatalf("rest: %q, %v; want %q and the end", rest, err, want)
 				}
-				step <- struct{}{}
+				testenv.Send(t, step, struct{}{}, 10*time.Second, "the sandbox's last step")
 			})
 		}
 	}

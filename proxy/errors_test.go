@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/valyala/fasthttp"
 )
@@ -97,7 +98,7 @@ func TestErrorStatuses(t *testing.T) {
 					resp.Body.Close()
 				}
 			}()
-			<-opened
+			testenv.Recv(t, opened, 10*time.Second, "the stream holding the slot at the sandbox")
 			return h.req("GET", host, "/", nil)
 		}, want{429, CodeTooManyStreams, "1", "busy"}},
 		{"backend refused", nil, func(t *testing.T, h *harness) *http.Request {

@@ -245,7 +245,7 @@ func TestExpectContinueObserved(t *testing.T) {
 				tc.id, reqID, traceID)
 			released := sent
 			if tc.hold {
-				<-hold.entered
+				testenv.Recv(t, hold.entered, 10*time.Second, "the route lookup")
 				// The lookup is under way; what the span says started
 				// before this.
 				released = time.Now()
@@ -464,7 +464,7 @@ func TestExpectContinueRefusedBeforeTheBodyMore(t *testing.T) {
 					resp.Body.Close()
 					held <- resp.StatusCode
 				}()
-				<-entered
+				testenv.Recv(t, entered, 10*time.Second, "the held request at the sandbox")
 			}
 			method, framing := "PUT", "cube-traffic-access-token: "+token+"\r\nContent-Length: 4096\r\n"
 			if tc.status == 302 {
@@ -546,7 +546,7 @@ func TestExpectContinueDuringDrain(t *testing.T) {
 			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "PUT /up HTTP/1.1\r\nHost: 8080-%s.cube.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", tc.id)
 			if tc.when == "judged" {
-				<-hold.entered
+				testenv.Recv(t, hold.entered, 10*time.Second, "the route lookup")
 				drain()
 				close(hold.release)
 			}

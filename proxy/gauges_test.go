@@ -91,7 +91,7 @@ func TestMetricsIdleConnsExcludeUploads(t *testing.T) {
 	// comes and the rest of it is still to come when the sandbox acknowledges.
 	const size = 64 << 10
 	c := rawProxyConn(t, h, fmt.Sprintf("POST /up HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", host, size, strings.Repeat("a", 2*fasthttpPreRead)))
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the upload's first bytes at the sandbox")
 	if got := poolConns(h); got != 1 {
 		t.Fatalf("%d upstream connections with one upload under way, want 1", got)
 	}
@@ -249,7 +249,7 @@ func TestMetricsGaugesReturnToZero(t *testing.T) {
 		reset(c)
 	}
 	c5 := rawProxyConn(t, h, "GET /hold HTTP/1.1\r\nHost: "+web+"\r\n\r\n")
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the held request at the sandbox")
 	reset(c5)
 	close(held)
 

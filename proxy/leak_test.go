@@ -874,7 +874,7 @@ var leakTimeouts = []leakCase{
 		if isTimeout(err) {
 			t.Fatal("the tunnel to a sandbox that stopped reading was never cut")
 		}
-		<-pinged
+		testenv.Recv(t, pinged, 10*time.Second, "the sandbox's side of the cut tunnel closed")
 		c.Close()
 	}},
 	{"idle keep-alive client", func(t *testing.T, e *leakEnv) {

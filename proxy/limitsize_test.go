@@ -45,7 +45,7 @@ func TestStreamLimitAnswersOversizedBody413(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	<-entered
+	testenv.Recv(t, entered, 10*time.Second, "the held request at the sandbox")
 
 	notification := `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"` + strings.Repeat("x", maxBody) + `"}}`
 	for _, tc := range []struct {

@@ -71,7 +71,7 @@ func cancelCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, params
 		_, err := cs.CallTool(callCtx, params)
 		callErr <- err
 	}()
-	<-started
+	testenv.Recv(t, started, 10*time.Second, "the tool's start")
 	callCancel()
 	if err := <-callErr; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled call returned %v", err)

@@ -59,7 +59,7 @@ func TestMCPLongSilentToolCall(t *testing.T) {
 				}
 				done <- err
 			}()
-			<-started
+			testenv.Recv(t, started, 10*time.Second, "the build tool's start")
 			// The call outlives the header timeout several times over.
 			select {
 			case err := <-done:
@@ -849,9 +849,7 @@ func TestMCPCallInFlightFinishesDuringDrain(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("tool call in flight during the drain: %v", err)
 	}
-	if err := <-shutdownDone; err != nil {
-		t.Fatalf("Shutdown: %v", err)
-	}
+	drainEnds(t, shutdownDone, 15*time.Second, "the drain outlived its deadline (5 s) after the tool call ended")
 }
 
 // The older HTTP+SSE transport (still shipped by the TypeScript and Go SDKs)
@@ -890,9 +888,7 @@ func TestMCPLegacySSECallFinishesDuringDrain(t *testing.T) {
 	}
 	// The drain ends when the agent leaves, not at its deadline.
 	_ = cs.Close()
-	if err := <-shutdownDone; err != nil {
-		t.Fatalf("Shutdown: %v", err)
-	}
+	drainEnds(t, shutdownDone, 20*time.Second, "the drain outlived its deadline (10 s) after the agent left")
 }
 
 // addFinishTool adds the tool "finish" to srv: it reports progress once,
@@ -1000,7 +996,14 @@ func TestAcceptsEventStreamAnyCaseAnyLine(t *testing.T) {
 				t.Fatalf("answered %d before the sandbox did: the header timeout applied", resp.StatusCode)
 			case <-time.After(5 * headerTimeout):
 			}
-			release <- struct{}{}
+			select {
+			case release <- struct{}{}:
+			case resp := <-done:
+				resp.Body.Close()
+				t.Fatalf("answered %d with the sandbox's handler gone, before its release", resp.StatusCode)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sandbox's handler gave up before its release: the proxy dropped the request")
+			}
 			resp := <-done
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()

@@ -84,7 +84,7 @@ func heldBodyProxy(t *testing.T, mod func(*harnessOpts), ids ...string) (*harnes
 					resp.Body.Close()
 				}
 			}()
-			<-entered
+			testenv.Recv(t, entered, 10*time.Second, "a held request at the sandbox")
 		}
 		if n := h.proxy.sandboxes.get([]byte(id)).inFlight(); n != int64(limit) {
 			t.Fatalf("%s: %d requests in flight with the held ones, want %d", id, n, limit)
@@ -320,7 +320,7 @@ func TestMCPSamplingAnswerAtStreamLimit(t *testing.T) {
 	}
 	holdCancel()
 	<-holdErr
-	if err := <-ended; err == nil {
+	if err := testenv.Recv(t, ended, 10*time.Second, "the hold tool's end after its call's cancellation"); err == nil {
 		t.Fatal("the hold tool ended without its cancellation")
 	}
 	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })
@@ -345,9 +345,7 @@ func TestDrainCutsHeldBody(t *testing.T) {
 	if !strings.Contains(b, CodeDrainTimeout) || !resp.Close {
 		t.Fatalf("a body stalled at the drain deadline: %s (close %v), want %s and the connection closed", b, resp.Close, CodeDrainTimeout)
 	}
-	if err := <-shutdownDone; err != nil {
-		t.Fatalf("Shutdown: %v", err)
-	}
+	drainEnds(t, shutdownDone, drain+10*time.Second, "the drain outlived its deadline after cutting the held body")
 	wantLogged(t, logs, "held-drain", http.StatusGatewayTimeout, CodeDrainTimeout, 10<<10)
 	if n := heldBytes(h.proxy); n != 0 {
 		t.Fatalf("%d bytes of the budget still taken", n)

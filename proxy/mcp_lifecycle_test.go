@@ -116,7 +116,7 @@ func TestMCPPauseMidSession(t *testing.T) {
 		_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "wait"})
 		inFlight <- err
 	}()
-	<-started
+	testenv.Recv(t, started, 10*time.Second, "the wait tool's start")
 	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"pausebox","state":"paused"}`, ""); st != 200 {
 		t.Fatalf("pause: %d %s", st, body)
 	}
@@ -196,7 +196,7 @@ func TestMCPKillMidCall(t *testing.T) {
 				_, err := cs.CallTool(ctx, p)
 				done <- err
 			}()
-			<-started
+			testenv.Recv(t, started, 10*time.Second, "the wait tool's start")
 			if tc.progress {
 				waitProgress(t, ctx, progressed, done) // the answer's head is at the agent
 			}

@@ -254,7 +254,7 @@ func TestMCPElicitationAnswerAtStreamLimit(t *testing.T) {
 	}
 	holdCancel()
 	<-holdErr
-	if err := <-ended; !errors.Is(err, context.Canceled) {
+	if err := testenv.Recv(t, ended, 10*time.Second, "the hold tool's end after its call's cancellation"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the hold tool ended with %v", err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the calls' slots freed", func() bool { return sb.inFlight() == 0 })

@@ -43,7 +43,13 @@ func holdDrain(t *testing.T, h *harness, id string) (release func(), held <-chan
 		io.WriteString(w, "done")
 	})))
 	status := h.goStatus(h.req("GET", host, "/", nil))
-	<-arrived
+	select {
+	case <-arrived:
+	case st := <-status:
+		t.Fatalf("the request the drain is to wait for was answered %d before it reached the sandbox", st)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request the drain is to wait for never reached the sandbox")
+	}
 	return release, status
 }
 
@@ -136,7 +142,5 @@ func TestSharedPortsDrainClosesTheMetricsListener(t *testing.T) {
 	if code := <-held; code != 200 {
 		t.Fatalf("the request the drain waited for: %d, want 200", code)
 	}
-	if err := <-shutdownDone; err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
+	drainEnds(t, shutdownDone, 40*time.Second, "the drain outlived its deadline (30 s) after the request it waited for")
 }

@@ -94,7 +94,7 @@ func TestClientLeftMidBodyIsLoggedAsTheClients(t *testing.T) {
 	host := h.route("sbxclientleftearly", b.port)
 	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: client-left-early\r\n\r\n", host)
-	<-waiting
+	testenv.Recv(t, waiting, 10*time.Second, "the request at the sandbox")
 	c.Close()
 	if e := logs.waitJSON(t, "client-left-early"); e["status"] != float64(499) || e["error_code"] != CodeClientClosed {
 		t.Errorf("client gone before the head logged %v %q, want 499 %q", e["status"], e["error_code"], CodeClientClosed)

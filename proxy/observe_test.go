@@ -852,7 +852,7 @@ func TestAccessLogStreamsLogWhenTheyEnd(t *testing.T) {
 			t.Fatalf("echo %q, %v", got, err)
 		}
 		ws.Close(websocket.StatusNormalClosure, "")
-		<-wsEnded
+		testenv.Recv(t, wsEnded, 10*time.Second, "the tunnel's end at the backend")
 		var f []string
 		testenv.WaitFor(t, 5*time.Second, "WebSocket access log line", func() bool {
 			for _, ln := range strings.Split(buf.String(), "\n") {

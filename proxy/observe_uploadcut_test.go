@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
@@ -61,7 +63,7 @@ func TestUploadLeftMidBodyIsLoggedAs499(t *testing.T) {
 			reqID := "upload-cut-" + id
 			c := dialRaw(t, h.addr)
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\n%s\r\n\r\n%s", host, reqID, tc.framing, tc.body)
-			<-started
+			testenv.Recv(t, started, 10*time.Second, "the upload at the sandbox")
 			switch tc.end {
 			case reset:
 				_ = c.(*net.TCPConn).SetLinger(0)

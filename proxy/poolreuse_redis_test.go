@@ -94,7 +94,7 @@ func TestIdleConnClosedWhenRouteGoneFromRedis(t *testing.T) {
 		resp, body, err := pc.send("GET", host, "/held", "")
 		held <- answer{resp, string(body), err}
 	}()
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the held request at the sandbox")
 	// The held request has the first connection: this one gets a second,
 	// idle once answered.
 	if resp, body := h.dialProxy(t).do("GET", host, "/", ""); resp.StatusCode != 200 || body != "ok" {

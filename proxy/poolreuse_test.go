@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // What a reset does to a pooled sandbox connection, where
@@ -349,7 +350,7 @@ func TestUpstreamMaxConnsUnderLoad(t *testing.T) {
 		}
 	}
 	for range limit {
-		<-arrived
+		testenv.Recv(t, arrived, 10*time.Second, "a held request at the sandbox")
 	}
 	close(release)
 	for range limit {
@@ -503,7 +504,7 @@ func TestRolledBackSandboxCostsOneRequestPerPool(t *testing.T) {
 				wg.Go(func() { _, _, _ = pc.send("GET", host, "/held", "") })
 			}
 			for range pooled {
-				<-arrived
+				testenv.Recv(t, arrived, 10*time.Second, "a held request at the sandbox")
 			}
 			close(all)
 			wg.Wait()

@@ -180,7 +180,7 @@ func TestRouteDeletedAnnouncedRejudgedFromTheNegativeCache(t *testing.T) {
 	armed := id
 	gs.armed.Store(&armed)
 	h.proxy.Invalidate(id)
-	<-gs.entered
+	testenv.Recv(t, gs.entered, 10*time.Second, "the invalidation's re-read in the store")
 	// A second invalidation asks for one more re-read, and a request
 	// caches the store's "no route" before it.
 	h.proxy.Invalidate(id)

@@ -355,7 +355,7 @@ func TestRedisInvalidationFloodOfPausedSandboxReadsOnce(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "the flood applied", func() bool { return sub.Applied() >= applied+flood })
 	close(gs.gate)
-	h.proxy.bg.wg.Wait()
+	testenv.WaitGroup(t, &h.proxy.bg.wg, 10*time.Second, "the re-reads of the flood to end")
 	if n := gs.n.Load(); n > 2 {
 		t.Fatalf("%d route reads for a burst of %d invalidations of one paused sandbox, want at most 2", n, flood)
 	}
@@ -379,7 +379,7 @@ func TestRedisInvalidationDuringRereadReadsAgain(t *testing.T) {
 	if err := store.Publish(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	<-gs.entered // read: the route is there
+	testenv.Recv(t, gs.entered, 10*time.Second, "the invalidation's re-read in the store") // read: the route is there
 	applied := sub.Applied()
 	if err := r.Client().Del(ctx, redisstore.DefaultKeyPrefix+id).Err(); err != nil {
 		t.Fatal(err)
@@ -389,7 +389,7 @@ func TestRedisInvalidationDuringRereadReadsAgain(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "the second invalidation applied", func() bool { return sub.Applied() > applied })
 	close(gs.gate)
-	h.proxy.bg.wg.Wait()
+	testenv.WaitGroup(t, &h.proxy.bg.wg, 10*time.Second, "the invalidations' re-reads to end")
 	if n := sandboxCount(h.proxy); n != before-1 {
 		t.Fatalf("%d sandbox entries, want %d: the pause of a sandbox deleted from Redis was kept", n, before-1)
 	}

@@ -178,7 +178,7 @@ func TestDeletedRouteInFlightLosesItsPause(t *testing.T) {
 	// At the sandbox, not only admitted: a delete before its checkout
 	// cuts it there (judgeLate, 502 route_changed), which a loaded
 	// machine let happen.
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the held request at the sandbox")
 	if sb := h.proxy.sandboxes.peek(id); sb == nil || sb.inFlight() != 1 {
 		t.Fatal("the request at the sandbox is not counted in flight")
 	}

@@ -150,17 +150,10 @@ func TestDrainCompletesLookupInFlight(t *testing.T) {
 		code, body, _ := h.get(itoa(port)+"-slowlookup.cube.test", "/")
 		done <- answer{code, body}
 	}()
-	<-st.entered
+	testenv.Recv(t, st.entered, 10*time.Second, "the request's route lookup")
 	go h.server.Shutdown(context.Background())
 	// The drain has started once the listener refuses connections.
-	for {
-		c, err := net.Dial("tcp", h.addr)
-		if err != nil {
-			break
-		}
-		c.Close()
-		time.Sleep(5 * time.Millisecond)
-	}
+	h.waitListenerClosed(10 * time.Second)
 	time.Sleep(50 * time.Millisecond) // let fasthttp cancel the request's context
 	close(st.release)
 	if a := <-done; a.code != 200 || a.body != "ok" {
@@ -227,7 +220,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 				}
 				done <- result{ev, err}
 			}()
-			<-entered
+			testenv.Recv(t, entered, 10*time.Second, "the request at the sandbox")
 			start := time.Now()
 			shutdownDone := make(chan error, 1)
 			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
@@ -235,7 +228,13 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			close(release)
 			want := "id: 1\ndata: hello\n|"
 			if method == "POST" {
-				<-first
+				select {
+				case <-first:
+				case r := <-done:
+					t.Fatalf("the POST's stream ended before its first event: %q %v", r.events, r.err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("the POST's first event never came")
+				}
 				close(more)
 				want += "id: 2\ndata: answer\n\n"
 			}
@@ -250,9 +249,7 @@ func TestDrainEndsSSEStartedDuringDrain(t *testing.T) {
 			case <-time.After(drain + 2*time.Second):
 				t.Fatal("SSE stream still open after the drain")
 			}
-			if err := <-shutdownDone; err != nil {
-				t.Fatalf("Shutdown: %v", err)
-			}
+			drainEnds(t, shutdownDone, drain+10*time.Second, "the drain outlived its deadline")
 			select {
 			case <-ended:
 			case <-time.After(10 * time.Second):
@@ -896,9 +893,7 @@ func TestDrainProbes(t *testing.T) {
 	if code := <-held; code != 200 {
 		t.Fatalf("the request the drain waited for: %d, want 200", code)
 	}
-	if err := <-shutdownDone; err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
+	drainEnds(t, shutdownDone, 40*time.Second, "the drain outlived its deadline (30 s) after the request it waited for")
 	h.client.CloseIdleConnections()
 	if _, err := net.DialTimeout("tcp", metrics, time.Second); err == nil {
 		t.Fatal("the metrics listener still accepts after the drain")

@@ -268,9 +268,7 @@ func TestStreamLimitWaitEndsAtDrain(t *testing.T) {
 	wantRefused(t, <-answer)
 	w.waits(t, 0, 1)
 	w.releaseOnce()
-	if err := <-shutdown; err != nil {
-		t.Fatalf("Shutdown: %v", err)
-	}
+	drainEnds(t, shutdown, 40*time.Second, "the drain outlived its deadline (30 s) after the SSE stream's release")
 }
 
 // A POST body over 8 KiB read whole at the limit and found to be a call
@@ -495,7 +493,7 @@ func (w *slotWaitBox) loseSlot(t *testing.T, pause func(waiting time.Time)) (b, 
 	if _, err := io.Copy(io.Discard, a); err != nil {
 		t.Fatalf("the SSE stream's end: %v", err)
 	}
-	<-cIn
+	testenv.Recv(t, cIn, 10*time.Second, "B's second judgement (the afterSlotWait hook) once A's slot was free")
 	return b, <-cAnswer
 }
 

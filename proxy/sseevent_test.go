@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // A heartbeat is written only between events, whichever way the stream
@@ -90,7 +92,7 @@ func TestHeartbeatNeverSplitsALargeEvent(t *testing.T) {
 					break
 				}
 			}
-			ack <- struct{}{}
+			testenv.Send(t, ack, struct{}{}, 10*time.Second, "the sandbox to take the ack of the heartbeat")
 			for {
 				line, err := br.ReadString('\n')
 				if err != nil {
@@ -113,7 +115,7 @@ func TestHeartbeatNeverSplitsALargeEvent(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			ack <- struct{}{}
+			testenv.Send(t, ack, struct{}{}, 10*time.Second, "the sandbox to take the ack of the big event")
 			rest, err := br.ReadString('b')
 			if err != nil {
 				t.Fatal(err)
@@ -127,7 +129,7 @@ func TestHeartbeatNeverSplitsALargeEvent(t *testing.T) {
 				}
 				t.Fatalf("event 2 differs at byte %d: %q", i, got[i:min(len(got), i+40)])
 			}
-			ack <- struct{}{}
+			testenv.Send(t, ack, struct{}{}, 10*time.Second, "the sandbox to take the last ack")
 		})
 	}
 }

@@ -106,7 +106,13 @@ func TestSSEEventArrivesWhileBackendHoldsStream(t *testing.T) {
 		if want := fmt.Sprintf("id: %d\ndata: event %d\n", i, i); ev != want {
 			t.Fatalf("event %d = %q, want %q", i, ev, want)
 		}
-		ack <- i
+		select {
+		case ack <- i:
+		case err := <-backendErr:
+			t.Fatalf("the backend stopped before event %d's ack: %v", i, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the backend never took event %d's ack", i)
+		}
 	}
 	if err := <-backendErr; err != nil {
 		t.Fatal(err)
@@ -259,7 +265,7 @@ func TestHeadNotHeldForChunkFraming(t *testing.T) {
 				t.Fatalf("head: %v", err)
 			}
 			close(ack)
-			if err := <-sandboxErr; err != nil {
+			if err := testenv.Recv(t, sandboxErr, 10*time.Second, "the sandbox's rest of the answer (did the proxy connect to it?)"); err != nil {
 				t.Fatal(err)
 			}
 			got, err := io.ReadAll(resp.Body)
@@ -1025,7 +1031,13 @@ func TestFixedLengthBodyPiecesArriveAtOnce(t *testing.T) {
 		if c, err := br.ReadByte(); err != nil || c != byte('0'+i) {
 			t.Fatalf("piece %d: marker %q, %v", i, c, err)
 		}
-		ack <- struct{}{}
+		select {
+		case ack <- struct{}{}:
+		case err := <-backendErr:
+			t.Fatalf("the backend stopped before piece %d's ack: %v", i, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the backend never took piece %d's ack", i)
+		}
 		if _, err := io.CopyN(io.Discard, br, piece); err != nil {
 			t.Fatalf("piece %d: %v", i, err)
 		}
@@ -1269,7 +1281,7 @@ func TestClientGoneBeforeHeadClosesUpstream(t *testing.T) {
 				t.Fatal(err)
 			}
 			io.WriteString(c, tc.head+"Host: "+host+"\r\nX-Cube-Request-Id: gone-before-head\r\n\r\n{}")
-			<-got
+			testenv.Recv(t, got, 10*time.Second, "the request's body at the sandbox")
 			if runtime.GOOS == "linux" {
 				// Past clientCheck the client is in the hang-up watch, which
 				// tells of its departure at once rather than at a later look.

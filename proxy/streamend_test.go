@@ -284,7 +284,7 @@ func TestClientGoneBeforeHijackedHeadIsTheClients(t *testing.T) {
 					ahead = "GET /small HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
 				}
 				fmt.Fprintf(c, "%sGET /s HTTP/1.1\r\nHost: %s\r\n%sX-Cube-Request-Id: %s\r\n\r\n", ahead, host, tc.headers, reqID)
-				<-arrived // the request waits on the sandbox
+				testenv.Recv(t, arrived, 10*time.Second, "the stream's request at the sandbox") // the request waits on the sandbox
 				_ = c.(*net.TCPConn).SetLinger(0)
 				clientPort := c.LocalAddr().(*net.TCPAddr).Port
 				proxyPort := c.RemoteAddr().(*net.TCPAddr).Port

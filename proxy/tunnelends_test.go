@@ -412,7 +412,7 @@ func TestDrainWaitsForATunnelAboutToOpen(t *testing.T) {
 	host := h.route("wsdrainopen", uint16(ln.Addr().(*net.TCPAddr).Port))
 	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", host)
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the upgrade at the sandbox")
 	shut := make(chan error, 1)
 	go func() { shut <- h.server.Shutdown(context.Background()) }()
 	h.waitListenerClosed(5 * time.Second)

@@ -470,8 +470,8 @@ func TestUpstreamRetryAfterSeveralStaleConns(t *testing.T) {
 			_, _, _ = pc.send("GET", host, "/held", "")
 		}()
 	}
-	<-arrived
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the first held request at the backend")
+	testenv.Recv(t, arrived, 10*time.Second, "the second held request at the backend")
 	close(both)
 	wg.Wait()
 	for range 2 {
@@ -606,7 +606,7 @@ func TestUpstreamBodyReadAsRequestAnswersNoOtherClient(t *testing.T) {
 		t.Fatalf("POST /upload: %d %q", resp.StatusCode, body)
 	}
 	close(answered)
-	<-sent
+	testenv.Recv(t, sent, 10*time.Second, "the upload's body read as GET /smuggled at the sandbox")
 	for _, want := range []string{"victim1", "victim2"} {
 		if resp, body := h.dialProxy(t).do("GET", host, "/"+want, ""); resp.StatusCode != 200 || body != want {
 			t.Fatalf("GET /%s from another client: %d %q, want 200 %q", want, resp.StatusCode, body, want)
@@ -875,7 +875,7 @@ func TestUpstreamMaxConns(t *testing.T) {
 		}
 		first <- result{status: resp.StatusCode, body: string(body)}
 	}()
-	<-held
+	testenv.Recv(t, held, 10*time.Second, "the held request at the backend")
 
 	resp, body := h.dialProxy(t).do("GET", host, "/second", "")
 	checkProxyError(t, resp, body, 503, CodeUpstreamBusy)
@@ -1074,7 +1074,7 @@ func TestUpstreamSweepLetsNetworkWaitersRun(t *testing.T) {
 		}
 		waits = append(waits, int(after-before))
 	}
-	<-done
+	testenv.Recv(t, done, 10*time.Second, "the sweep's end")
 	if left := n - closes.Load(); left != 0 || u.conns.Load() != 0 {
 		t.Fatalf("the sweep left %d connections open, %d counted", left, u.conns.Load())
 	}
@@ -1227,7 +1227,7 @@ func TestUpstreamSweepFreesSlotsAtOnce(t *testing.T) {
 		}
 	}
 	close(stop)
-	<-done
+	testenv.Recv(t, done, 10*time.Second, "the sweep's end once stopped")
 }
 
 // Sweeps that release the map lock and pause every sweepChunk pools while
@@ -2153,7 +2153,7 @@ func TestChunkedUploadKeepsLargeChunks(t *testing.T) {
 	c := dialRaw(t, h.addr)
 	fmt.Fprintf(c, "PUT / HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n",
 		host, size, strings.Repeat("c", size))
-	got := <-sizes
+	got := testenv.Recv(t, sizes, 10*time.Second, "the whole chunked body at the sandbox")
 	total, largest := 0, 0
 	for _, n := range got {
 		total += n

@@ -301,7 +301,7 @@ func TestTunnelCountsAgainstMaxConns(t *testing.T) {
 		t.Fatalf("plain request with the tunnel open: %d %s", code, body)
 	}
 	first.Close(websocket.StatusNormalClosure, "")
-	<-ended
+	testenv.Recv(t, ended, 10*time.Second, "the tunnel's end at the backend")
 	// The slot comes back when the tunnel ends (the proxy's side unwinds
 	// just after the backend's).
 	testenv.WaitFor(t, 5*time.Second, "the tunnel's slot to be released", func() bool {
@@ -388,7 +388,7 @@ func TestRefusedUpgradeRelayedLikeAnyAnswer(t *testing.T) {
 	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first" || resp.StatusCode != 401 {
 		t.Fatalf("slow refusal: %d %q %v", resp.StatusCode, first, err)
 	}
-	ack <- struct{}{}
+	testenv.Send(t, ack, struct{}{}, 10*time.Second, "the sandbox to take the ack of the refusal's first half")
 	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "second" {
 		t.Fatalf("slow refusal, rest: %q %v", rest, err)
 	}
@@ -652,7 +652,7 @@ func TestTunnelSandboxThatStopsReadingIsCut(t *testing.T) {
 	if n := <-pings; n == 0 {
 		t.Error("the sandbox's pings did not reach the client before the cut")
 	}
-	if err := <-sandboxEnd; err != nil {
+	if err := testenv.Recv(t, sandboxEnd, 10*time.Second, "the sandbox's connection closed by the cut"); err != nil {
 		t.Fatalf("the sandbox's connection was not closed: %v", err)
 	}
 	e := logs.waitJSON(t, "wsdeaf")
@@ -923,7 +923,7 @@ func TestTunnelSandboxSilentAfterClientEnd(t *testing.T) {
 	}
 	io.WriteString(c, "g bye")
 	c.Close()
-	if err := <-gotEnd; err != nil {
+	if err := testenv.Recv(t, gotEnd, 10*time.Second, "the client's end at the sandbox"); err != nil {
 		t.Fatalf("sandbox: %v", err)
 	}
 	start := time.Now()
@@ -1392,7 +1392,7 @@ func TestWebSocketSwitchedDuringDrainOpens(t *testing.T) {
 		c, _, err := websocket.Dial(ctx, "ws://"+h.addr+"/ws", &websocket.DialOptions{Host: host})
 		res <- dialed{c, err}
 	}()
-	<-arrived
+	testenv.Recv(t, arrived, 10*time.Second, "the upgrade at the sandbox")
 	shut := make(chan error, 1)
 	go func() { shut <- h.server.Shutdown(context.Background()) }()
 	h.waitListenerClosed(5 * time.Second)
@@ -1409,9 +1409,7 @@ func TestWebSocketSwitchedDuringDrainOpens(t *testing.T) {
 		t.Fatalf("echo during the drain: %q %v", msg, err)
 	}
 	d.c.Close(websocket.StatusNormalClosure, "")
-	if err := <-shut; err != nil {
-		t.Fatal(err)
-	}
+	drainEnds(t, shut, 20*time.Second, "the drain outlived its deadline (10 s) after the tunnel closed")
 }
 
 // A WebSocket whose sandbox reset its connection (a crashed terminal

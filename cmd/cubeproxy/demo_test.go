@@ -102,7 +102,7 @@ func TestDemoPrintsListenerAddresses(t *testing.T) {
 			testenv.WaitFor(t, 10*time.Second, "the demo's instructions", func() bool { return strings.Contains(out.String(), "curl -s http") })
 			defer func() {
 				cancel()
-				if code := <-done; code != 0 {
+				if code := testenv.Recv(t, done, 10*time.Second, "the demo's exit once cancelled"); code != 0 {
 					t.Errorf("demo exit %d", code)
 				}
 			}()

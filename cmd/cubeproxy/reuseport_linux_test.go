@@ -171,7 +171,7 @@ func TestReusePortReadinessDuringDrain(t *testing.T) {
 		}
 		answered <- err
 	}()
-	<-held
+	testenv.Recv(t, held, 10*time.Second, "the held request at the sandbox")
 	runServe(t, args(httpAddr, adminAddr, "new"), noEnv)
 	go old.stop()
 	testenv.WaitFor(t, 10*time.Second, "the drain to begin", func() bool {
@@ -200,7 +200,7 @@ func TestReusePortReadinessDuringDrain(t *testing.T) {
 	default:
 	}
 	releaseAll()
-	if err := <-answered; err != nil {
+	if err := testenv.Recv(t, answered, 10*time.Second, "the held request's answer once released"); err != nil {
 		t.Errorf("the request held through the drain: %v", err)
 	}
 }

@@ -554,7 +554,13 @@ func TestTLSWebSocketAndSSE(t *testing.T) {
 			if want := fmt.Sprintf("id: %d\ndata: event %d\n", i, i); ev.String() != want {
 				t.Fatalf("event %d = %q, want %q", i, ev.String(), want)
 			}
-			ack <- i
+			select {
+			case ack <- i:
+			case err := <-sseDone:
+				t.Fatalf("the backend stopped before event %d's ack: %v", i, err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the backend never took event %d's ack", i)
+			}
 		}
 		if err := <-sseDone; err != nil {
 			t.Fatal(err)
@@ -1005,7 +1011,7 @@ func TestTLSACMEReadyzWaitsForTheWildcard(t *testing.T) {
 		section := acmeTLSSection(t, pb, dnsSrv, "")
 		section = strings.Replace(section, pb.DirectoryURL, "http://"+silent.Addr+"/dir", 1)
 		p := startTLSProxy(t, tlsConfigYAML(t, map[string]int{"abc": tlsWhoami(t, "abc")}, section))
-		<-silent.Reached // the order is under way, and cannot succeed
+		testenv.Recv(t, silent.Reached, 30*time.Second, "the ACME order at the CA that never answers") // the order is under way, and cannot succeed
 		status, got := readyz(p)
 		if status != 503 || got["reason"] != "certificate_pending" {
 			t.Fatalf("/readyz %d %v, want 503 certificate_pending", status, got)

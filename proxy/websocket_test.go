@@ -1444,6 +1444,7 @@ func TestTunnelResetBySandboxIsMarked(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+h.route("tunnel"+tc.name, b.port)+"\r\nConnection: Upgrade\r\n"+
 				"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"+
 				"X-Cube-Request-Id: "+id+"\r\n\r\n")
@@ -1458,7 +1459,9 @@ func TestTunnelResetBySandboxIsMarked(t *testing.T) {
 			if err != nil || string(first[:]) != "xx" {
 				t.Fatalf("client got %q, %v after the 101, want %q", first, err, "xx")
 			}
-			_, _ = io.ReadAll(br) // until the proxy closes the client's side
+			if _, err := io.ReadAll(br); isTimeout(err) { // until the proxy closes the client's side
+				t.Fatal("the proxy kept the client's side of the tunnel open after the sandbox's end")
+			}
 			e := logs.waitJSON(t, id)
 			if e["status"] != float64(101) || e["error_code"] != tc.want {
 				t.Errorf("logged status %v error_code %q, want 101 %q", e["status"], e["error_code"], tc.want)

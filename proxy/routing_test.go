@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -62,7 +63,9 @@ func TestBackendChoiceSameNodeVsCrossNode(t *testing.T) {
 }
 
 func TestUnknownSandboxNegativeCache(t *testing.T) {
-	h := newHarness(t)
+	// Longer than the burst can take however slow the machine: past the
+	// 2 s default, a request stalled that long reads the store again.
+	h := newHarness(t, func(o *harnessOpts) { o.cache.NegativeTTL = time.Minute })
 	var wg sync.WaitGroup
 	statuses := make(chan int, 100)
 	for i := 0; i < 100; i++ {

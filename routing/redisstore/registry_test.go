@@ -131,7 +131,7 @@ func TestRegistryStopCancelsHungHeartbeat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-hung.Reached // the first heartbeat is in flight
+	testenv.Recv(t, hung.Reached, 10*time.Second, "the registry's first heartbeat at the silent Redis") // the first heartbeat is in flight
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()

@@ -221,6 +221,7 @@ func TestMalformedRequestGetsJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.Close()
 	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: 80-x.cube.test\r\nContent-Length: nope\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -107,6 +107,7 @@ func TestLongStreamOutlivesClientCheck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", tc.proto, host)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -159,6 +160,7 @@ func TestClientCheckWithoutWatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 			if tc.body {

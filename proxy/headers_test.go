@@ -637,6 +637,7 @@ func TestHTTP10ClientConnectionCloseNotForwarded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", host)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {

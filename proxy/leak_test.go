@@ -131,6 +131,7 @@ func (e *leakEnv) dial(t *testing.T) (*net.TCPConn, *bufio.Reader) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	e.conns = append(e.conns, c)
 	return c.(*net.TCPConn), bufio.NewReader(c)
 }

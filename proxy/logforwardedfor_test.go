@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/accesslog"
 )
@@ -45,6 +46,7 @@ func TestAccessLogJoinsForwardedForLines(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 				if _, err := c.Write([]byte(head.String())); err != nil {
 					t.Fatal(err)
 				}

@@ -109,6 +109,7 @@ func dialMCP(t *testing.T, addr, host string, cs *mcp.ClientSession) *rawMCP {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	t.Cleanup(func() { c.Close() })
 	return &rawMCP{t: t, conn: c, br: bufio.NewReader(c), host: host, cs: cs}
 }

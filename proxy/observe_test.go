@@ -970,6 +970,7 @@ func TestAccessLogBytesIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.Close()
 	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: 50005-nosuchbox.cube.test\r\nX-Cube-Request-Id: bytes-claim\r\nContent-Length: 1000000000000\r\n\r\n%s", strings.Repeat("x", 16<<10))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -1021,6 +1022,7 @@ func TestRefusedByParserCountedAndLogged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			io.WriteString(c, tc.req)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			c.Close()
@@ -1247,6 +1249,7 @@ func TestTracingFailedConnectClientSpan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nTraceparent: 00-%s-00f067aa0ba902b7-01\r\n%s\r\n", h.route("down"+tc.name, port), traceID, tc.upgrade)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -1286,6 +1289,7 @@ func TestTracingStaleConnRetryCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.Close()
 	br := bufio.NewReader(c)
 	for i, want := range []string{"0", "1"} {
@@ -1433,6 +1437,7 @@ func TestAccessLogTunnelKeepsRequestID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.Close()
 	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Cube-Request-Id: req-ws-rid\r\n\r\n",
@@ -1466,6 +1471,7 @@ func TestRedirectListenerLogsRequests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprint(c, tc.req)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -1504,6 +1510,7 @@ func TestRedirectListenerLogsBodyBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: 50005-box.cube.test\r\nX-Cube-Request-Id: %s\r\n%s\r\n\r\n%s", tc.id, tc.framing, tc.body)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -524,6 +524,7 @@ func TestDrainCutsStreamToStalledClient(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nX-Cube-Request-Id: stalled\r\nContent-Length: 0\r\n\r\n", tc.path, host)
 			if tc.pipelined {

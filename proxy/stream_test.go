@@ -419,6 +419,7 @@ func TestSilentStreamEndsWhenClientHalfCloses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "%s / HTTP/1.1\r\nHost: %s\r\nContent-Length: 2\r\n\r\n{}", method, host)
 			br := bufio.NewReader(c)
@@ -470,6 +471,7 @@ func TestSilentStreamEndsAtClientHangUp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			br := bufio.NewReader(c)
 			stream := func(path string) {
@@ -543,6 +545,7 @@ func TestSilentNonSSEStreamEndsAtClientHangUp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			defer c.Close()
 			fmt.Fprintf(c, "GET / %s\r\nHost: %s\r\n\r\n", tc.proto, host)
 			br := bufio.NewReader(c)
@@ -595,6 +598,7 @@ func TestSilentStreamSurvivesClientBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.Close()
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -700,6 +700,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
+						_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 						t.Cleanup(func() { c.Close() })
 						if _, err := io.WriteString(c, head); err != nil {
 							t.Fatal(err)
@@ -779,6 +780,7 @@ func TestServeLeavesNothingBehind(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
+						_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 						t.Cleanup(func() { c.Close() })
 						fmt.Fprintf(c, "GET /events HTTP/1.1\r\nHost: %d-box.cube.test\r\nAccept: text/event-stream\r\n\r\n", p)
 						// The stream's first bytes have come through: it is open.

@@ -135,6 +135,39 @@ func (g *answerHeldStore) Lookup(ctx context.Context, id string) (*routing.Route
 	return r, err
 }
 
+// heldRead is a harness whose store, once armed, holds the answer of its
+// next read of one id, after reading the store, until release is closed;
+// reached closes when it holds. port is a sandbox answering "ok", for the
+// route a test stores meanwhile.
+type heldRead struct {
+	h                *harness
+	port             uint16
+	armed            atomic.Bool
+	reached, release chan struct{}
+}
+
+// newHeldRead starts a heldRead on id, armed.
+func newHeldRead(t *testing.T, id string) *heldRead {
+	hr := &heldRead{reached: make(chan struct{}), release: make(chan struct{})}
+	hr.armed.Store(true)
+	hr.port = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	gs := &answerHeldStore{after: func(got string) {
+		if got == id && hr.armed.CompareAndSwap(true, false) {
+			close(hr.reached)
+			<-hr.release
+		}
+	}}
+	hr.h = newHarness(t, func(o *harnessOpts) { o.store = gs })
+	gs.inner.Store(hr.h.store)
+	return hr
+}
+
+// holding waits for the armed read to hold its answer.
+func (hr *heldRead) holding(t *testing.T, what string) {
+	t.Helper()
+	testenv.Recv(t, hr.reached, 10*time.Second, what)
+}
+
 // A request that found no route forgets the sandbox's state (a route
 // deleted in the store is a sandbox gone). A request that read "no route"
 // just before the route was stored and the sandbox paused (a client
@@ -142,17 +175,8 @@ func (g *answerHeldStore) Lookup(ctx context.Context, id string) (*routing.Route
 // ends: it is newer than what the request read, and the sandbox was
 // served as running, to a paused VM.
 func TestRequestThatFoundNoRouteKeepsALaterPause(t *testing.T) {
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	reached, release := make(chan struct{}), make(chan struct{})
-	var gated atomic.Bool
-	gs := &answerHeldStore{after: func(id string) {
-		if id == "late" && gated.CompareAndSwap(false, true) {
-			close(reached)
-			<-release
-		}
-	}}
-	h := newHarness(t, func(o *harnessOpts) { o.store = gs })
-	gs.inner.Store(h.store)
+	hr := newHeldRead(t, "late")
+	h := hr.h
 
 	first := make(chan int, 1)
 	go func() {
@@ -165,15 +189,11 @@ func TestRequestThatFoundNoRouteKeepsALaterPause(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the request did not read the store")
-	}
+	hr.holding(t, "the request to read the store")
 	// The sandbox is created and paused while the request's answer is on
 	// its way.
-	createPaused(t, h, "late", port)
-	close(release)
+	createPaused(t, h, "late", hr.port)
+	close(hr.release)
 	if st := <-first; st != 404 {
 		t.Fatalf("the request that read no route: %d, want 404", st)
 	}
@@ -240,31 +260,19 @@ func TestAdminRedisModeUpsertDuringKillIsNotUndone(t *testing.T) {
 // pause: it is newer than what the read found. Timed from after the
 // read, the pause was forgotten, and the paused VM served as running.
 func TestInvalidationReadThatFoundNoRouteKeepsALaterPause(t *testing.T) {
-	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	reached, release := make(chan struct{}), make(chan struct{})
-	var gate atomic.Bool
-	gs := &answerHeldStore{after: func(id string) {
-		if id == "again" && gate.CompareAndSwap(true, false) {
-			close(reached)
-			<-release
-		}
-	}}
-	h := newHarness(t, func(o *harnessOpts) { o.store = gs })
-	gs.inner.Store(h.store)
+	hr := newHeldRead(t, "again")
+	hr.armed.Store(false)
+	h := hr.h
 	// Paused, then removed from the store (no route left).
 	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"again","state":"paused"}`, ""); st != 200 {
 		t.Fatalf("state: %d %s", st, body)
 	}
-	gate.Store(true)
+	hr.armed.Store(true)
 	settled := make(chan bool, 1)
 	go func() { settled <- h.proxy.rereadRoute(context.Background(), "again") }()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the read did not reach the store")
-	}
-	createPaused(t, h, "again", port)
-	close(release)
+	hr.holding(t, "the read to reach the store")
+	createPaused(t, h, "again", hr.port)
+	close(hr.release)
 	if !<-settled {
 		t.Fatal("the store's \"not found\" did not settle the question")
 	}

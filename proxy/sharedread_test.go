@@ -2,10 +2,7 @@ package proxy
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,17 +47,8 @@ func TestJoiningAnEarlierReadKeepsALaterPause(t *testing.T) {
 		}, "proxy.(*Proxy).rereadRoute"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-			reached, release := make(chan struct{}), make(chan struct{})
-			var gated atomic.Bool
-			gs := &answerHeldStore{after: func(id string) {
-				if id == "joined" && gated.CompareAndSwap(false, true) {
-					close(reached)
-					<-release
-				}
-			}}
-			h := newHarness(t, func(o *harnessOpts) { o.store = gs })
-			gs.inner.Store(h.store)
+			hr := newHeldRead(t, "joined")
+			h := hr.h
 			// Known here, and announced changed: the janitor asks about it.
 			h.proxy.sandboxes.get([]byte("joined"))
 			h.proxy.Invalidate("joined")
@@ -68,14 +56,10 @@ func TestJoiningAnEarlierReadKeepsALaterPause(t *testing.T) {
 			// A read of the sandbox's route begins (a request's, the
 			// janitor's): no route yet.
 			go h.cache.Get(context.Background(), []byte("joined"))
-			select {
-			case <-reached:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first read did not reach the store")
-			}
+			hr.holding(t, "the first read to reach the store")
 			// The control plane stores the route, unannounced, and
 			// pauses the sandbox.
-			h.putUnannounced(t, "joined", port)
+			h.putUnannounced(t, "joined", hr.port)
 			if st, err := h.call(adminCall{"POST", "/admin/state", `{"sandbox_id":"joined","state":"paused"}`}); err != nil || st != 200 {
 				t.Fatalf("pause: %d %v", st, err)
 			}
@@ -89,8 +73,8 @@ func TestJoiningAnEarlierReadKeepsALaterPause(t *testing.T) {
 				}
 				return false
 			})
-			close(release)
-			<-done
+			close(hr.release)
+			testenv.Recv(t, done, 10*time.Second, "the joined read to end")
 			// Past the negative entry that read left (its 2 s).
 			h.cache.Invalidate("joined")
 			if code, body, _ := h.get("80-joined.cube.test", "/"); code != 503 {

@@ -36,7 +36,7 @@ const (
 	quietFigure    = `a download whose sandbox went\s+silent mid-body ≈ (\d+) KiB\s+\(HTTPS ≈ \d+–(\d+)\)`
 	chunkedFigure  = `a chunked or\s+read-to-close\s+download\s+from\s+a\s+silent\s+sandbox\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	detachedFigure = `a\s+detached\s+stream\s+from\s+a\s+silent\s+sandbox\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
-	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+\d+–(\d+)\)`
+	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–\d+ KiB,\s+up\s+to\s+(\d+)\s+in\s+about\s+one\s+run\s+in\s+ten\s+\(HTTPS\s+≈\s+\d+–(\d+)\)`
 	uploadFigure   = `a\s+Content-Length\s+upload\s+whose\s+client\s+went\s+silent\s+mid-body\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	chunkedUpload  = `a\s+chunked\s+upload\s+whose\s+client\s+stopped\s+between\s+two\s+chunks\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	chunkCRLF      = `whose\s+client\s+stops\s+between\s+a\s+chunk's\s+data\s+and\s+the\s+CRLF\s+after\s+it[^≈]*≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)`

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -245,7 +246,7 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 			p.metrics.StreamLimitWait(telemetry.WaitSlot)
 			return true, false
 		}
-		if clientClosed(ctx.Conn()) {
+		if clientLeft(ctx.Conn()) {
 			gone = true
 			break
 		}
@@ -257,6 +258,19 @@ func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxSt
 	}
 	p.metrics.StreamLimitWait(telemetry.WaitRefused)
 	return false, gone
+}
+
+// clientLeft reports whether the client of c, a connection whose request
+// waits, has closed it (clientClosed). Over TLS a FIN counts even behind
+// unread bytes (clientHungUp, nginx's EPOLLRDHUP test): a TLS client
+// sends close_notify before its FIN, which the peek reads as data, and a
+// request whose HTTPS client had left went on waiting, then reached the
+// sandbox once a slot freed, and held that slot.
+func clientLeft(c net.Conn) bool {
+	if _, ok := c.(serverTLSConn); ok {
+		return clientHungUp(c)
+	}
+	return clientClosed(c)
 }
 
 // The polling of waitForSlot: its first sleep, doubled each time up to

@@ -208,7 +208,8 @@ func (p *Proxy) readHeldBody(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxS
 // would otherwise still go to the sandbox once a slot came free, as late
 // as stream_limit_wait after it was sent (a tool call the agent gave up
 // on, run minutes later with a long wait). A client with bytes still
-// unread (a body refused unread, a pipelined request) reads as there.
+// unread (a body refused unread, a pipelined request) reads as there,
+// unless, over TLS, a FIN came behind them (clientLeft).
 func (p *Proxy) waitForSlot(ctx *fasthttp.RequestCtx, x *exchange, sb *sandboxState, limit int, refusal *proxyError) (again, gone bool) {
 	wait := p.cfg.StreamLimitWait
 	if wait <= 0 || x.held > 0 ||

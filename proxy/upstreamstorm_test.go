@@ -19,6 +19,7 @@ import (
 // WebSockets) the pool holds only idle connections, and the limit still
 // admits exactly max_conns streams at once.
 func TestUpstreamMaxConnsGivenBackEveryWay(t *testing.T) {
+	t.Parallel()
 	const maxConns = 2
 	const timeout = 300 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) {

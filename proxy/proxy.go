@@ -565,11 +565,14 @@ lookup:
 					x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox was not resumed before the drain deadline"}, id)
 					ctx.SetConnectionClose()
 					return
-				} else if err != nil {
+				} else if err != nil && !errors.Is(err, errResumeKilled) && sb.state() == statePaused {
 					x.fail(ctx, errResumeFailed, id)
 					return
 				}
-				continue // running now, or changed since: look again
+				// Running now, or changed since (killed, set running or
+				// pausing by the control plane during the call, which may
+				// then have failed): look again, the later word stands.
+				continue
 			}
 			if st == statePausing {
 				// Not resumed: the lifecycle manager is pausing it, and
@@ -725,7 +728,7 @@ func (p *Proxy) logStale(id string) {
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) error {
 	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
 	err := p.resumer.resume(id, reqID, func(err error) {
-		if errors.Is(err, errDrainCut) {
+		if errors.Is(err, errDrainCut) || errors.Is(err, errResumeKilled) {
 			return // the proxy's cut, not a failed resume
 		}
 		if err != nil {
@@ -737,7 +740,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) err
 		e.changedAt.Store(time.Now().UnixNano())
 		e.casState(statePaused, stateRunning)
 	})
-	if err != nil && !errors.Is(err, errDrainCut) && everySecond(&e.resumeLogged) {
+	if err != nil && !errors.Is(err, errDrainCut) && !errors.Is(err, errResumeKilled) && everySecond(&e.resumeLogged) {
 		p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", "sandbox_id", id, "request_id", reqID, "error", err)
 	}
 	return err

@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,10 +46,19 @@ type resumer struct {
 	beforeWait func()
 }
 
+// errResumeKilled is a resume call a kill of its sandbox cut
+// (resumer.kill): the lifecycle manager is not to blame, and the requests
+// that waited on it get the kill's 410.
+var errResumeKilled = errors.New("sandbox killed during its resume call")
+
 // resumeCall is one call in flight; err is set before done is closed.
+// cancel ends the call (resumer.kill); killed says a kill did.
 type resumeCall struct {
-	done chan struct{}
-	err  error
+	done   chan struct{}
+	err    error
+	ctx    context.Context
+	cancel context.CancelFunc
+	killed atomic.Bool
 }
 
 func newResumer(addr string, timeout time.Duration) *resumer {
@@ -83,10 +94,12 @@ func (r *resumer) resume(id, requestID string, done func(error)) error {
 		return c.err
 	}
 	c := &resumeCall{done: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(r.stop)
 	r.calls[id] = c
 	r.mu.Unlock()
 
-	c.err = r.call(id, requestID)
+	c.err = r.call(c, id, requestID)
+	c.cancel()
 	done(c.err)
 	r.mu.Lock()
 	delete(r.calls, id)
@@ -95,21 +108,40 @@ func (r *resumer) resume(id, requestID string, done func(error)) error {
 	return c.err
 }
 
+// kill ends id's call in flight, if any: the sandbox was killed
+// (Proxy.kill), and the requests waiting on the call are to get the
+// kill's 410 at once, not wait up to lifecycle.resume_timeout for the
+// lifecycle manager to fail to resume a sandbox that no longer exists.
+func (r *resumer) kill(id string) {
+	r.mu.Lock()
+	c := r.calls[id]
+	r.mu.Unlock()
+	if c != nil {
+		c.killed.Store(true)
+		c.cancel()
+	}
+}
+
 // call makes one resume call; nil only on a 200, errDrainCut when the
-// drain deadline ended it (abort).
-func (r *resumer) call(id, requestID string) error {
-	err := r.ask(id, requestID)
-	if err != nil && r.stop.Err() != nil {
+// drain deadline ended it (abort), errResumeKilled when a kill did.
+func (r *resumer) call(c *resumeCall, id, requestID string) error {
+	err := r.ask(c.ctx, id, requestID)
+	switch {
+	case err == nil:
+		return nil
+	case r.stop.Err() != nil:
 		return errDrainCut // the lifecycle manager is not to blame
+	case c.killed.Load():
+		return errResumeKilled // nor here
 	}
 	return err
 }
 
 // ask is call's request.
-func (r *resumer) ask(id, requestID string) error {
+func (r *resumer) ask(parent context.Context, id, requestID string) error {
 	// The connect and the answer's wait: the platform's connect and read
 	// timeouts, here one deadline over both.
-	ctx, cancel := context.WithTimeout(r.stop, resumeConnectTimeout+r.timeout)
+	ctx, cancel := context.WithTimeout(parent, resumeConnectTimeout+r.timeout)
 	defer cancel()
 	q := url.Values{"sandbox_id": {id}}
 	if requestID != "" {

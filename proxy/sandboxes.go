@@ -351,11 +351,16 @@ func (s *sandboxes) retire(id string, e *sandboxState, keep func(w uint64, e *sa
 
 // kill marks sandbox id killed, so that new requests get 410, and ends
 // what the sandbox (as created before the kill) still has open on this
-// instance: streams, WebSockets, requests waiting for their answer. The
-// VM is gone, and its connections may never close on their own.
+// instance: streams, WebSockets, requests waiting for their answer or for
+// the sandbox's resume call. The VM is gone, and its connections may never
+// close on their own.
 func (p *Proxy) kill(id string) {
 	killedAt := p.sandboxes.setState(id, stateKilled)
 	p.pools.kill(id, killedAt)
+	if p.resumer != nil {
+		// After the state: the requests the cut call lets go find the kill.
+		p.resumer.kill(id)
+	}
 }
 
 // done counts one of the sandbox's requests finished at unix millis ms.

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The control plane's word that comes during a resume call stands over
+// the call's failure, for the requests waiting on it:
+//
+//   - a kill (meta/delete) ends them at once with the kill's 410, as it
+//     ends every other request of the sandbox on its way to it. They
+//     waited for the lifecycle manager's answer (up to
+//     lifecycle.resume_timeout), and its failure, likely for a sandbox
+//     killed meanwhile, was a 503 resume_failed, which a client retries
+//     (the go-sdk keeps its session) instead of learning of the kill. The
+//     cut call counts neither as resumed nor as failed.
+//   - running (the control plane resumed the sandbox itself) has them
+//     served when the call then fails, not answered 503.
+func TestStateDuringResumeCallStands(t *testing.T) {
+	const n = 3
+	const resumeTimeout = 4 * time.Second
+	for _, tc := range []struct {
+		name   string
+		change func(h *harness)
+		status int
+		code   string
+		failed float64 // resume calls counted failed
+	}{
+		{"killed", func(h *harness) {
+			if code, body := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"sleepy"}`, ""); code != 200 {
+				t.Fatalf("meta/delete: %d %s", code, body)
+			}
+		}, 410, CodeSandboxKilled, 0},
+		{"running", func(h *harness) { h.setSandboxState("sleepy", "running") }, 200, "", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			called := make(chan struct{}, 1)
+			sc := newFakeSidecar(t, func() int {
+				called <- struct{}{}
+				select {
+				case <-release:
+				case <-time.After(2 * resumeTimeout):
+				}
+				return 500
+			})
+			h, host, admin := resumeMetrics(t, sc, resumeTimeout)
+			var joined atomic.Int32
+			h.proxy.resumer.beforeWait = func() { joined.Add(1) }
+			h.setSandboxState("sleepy", "paused")
+			before := scrapeMetrics(t, admin)
+
+			type answer struct {
+				status int
+				body   string
+			}
+			answers := make(chan answer, n)
+			for range n {
+				go func() {
+					resp, err := h.client.Do(h.req("GET", host, "/", nil))
+					if err != nil {
+						answers <- answer{}
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					answers <- answer{resp.StatusCode, string(b)}
+				}()
+			}
+			select {
+			case <-called:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no resume call")
+			}
+			for deadline := time.Now().Add(5 * time.Second); joined.Load() < n-1; {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d requests joined the resume call, want %d", joined.Load(), n-1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			tc.change(h)
+			changed := time.Now()
+			if tc.code == "" {
+				close(release) // the call fails now
+			}
+			for range n {
+				a := <-answers
+				if a.status != tc.status || tc.code != "" && errorCode(t, a.body) != tc.code {
+					t.Errorf("a request waiting on the resume call: %d %s, want %d %s", a.status, a.body, tc.status, tc.code)
+				}
+			}
+			if took := time.Since(changed); took > resumeTimeout/2 {
+				t.Errorf("answered %v after the change: the requests waited for the resume call", took)
+			}
+			checkResumes(t, admin, before, 0, tc.failed)
+		})
+	}
+}

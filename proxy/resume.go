@@ -71,8 +71,13 @@ func newResumer(addr string, timeout time.Duration) *resumer {
 	r := &resumer{
 		base:    "http://" + addr + "/internal/resume",
 		timeout: timeout,
-		client:  &http.Client{Transport: tr},
-		calls:   map[string]*resumeCall{},
+		// A redirect is an answer other than 200, a failure, as nginx,
+		// which follows none, took it: followed, a 302 to a page that
+		// answers 200 counted a sandbox still paused as resumed.
+		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
+		calls: map[string]*resumeCall{},
 	}
 	r.stop, r.abort = context.WithCancel(context.Background())
 	return r

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"io"
+	"net/http"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +98,40 @@ func TestStateDuringResumeCallStands(t *testing.T) {
 				t.Errorf("answered %v after the change: the requests waited for the resume call", took)
 			}
 			checkResumes(t, admin, before, 0, tc.failed)
+		})
+	}
+}
+
+// A redirect from the lifecycle manager is not followed: it is an answer
+// other than 200, a failed resume (503 resume_failed), as with the
+// platform's proxy. Followed (net/http's default), a 302 to a page that
+// answers 200, or a trailing-slash redirect of a mux, counted the sandbox
+// resumed and sent the request to a sandbox still paused.
+func TestResumeRedirectIsAFailure(t *testing.T) {
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			var resumes, followed atomic.Int32
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/internal/resume" {
+					resumes.Add(1)
+					http.Redirect(w, r, "/elsewhere", code)
+					return
+				}
+				followed.Add(1)
+				w.WriteHeader(200)
+			}))
+			sc := &fakeSidecar{addr: "127.0.0.1:" + itoa(port)}
+			h, host, admin := resumeMetrics(t, sc, time.Second)
+			h.setSandboxState("sleepy", "paused")
+			before := scrapeMetrics(t, admin)
+			st, body, _ := h.get(host, "/")
+			if st != 503 || errorCode(t, body) != CodeResumeFailed {
+				t.Errorf("resume answered %d: %d %s, want 503 resume_failed", code, st, body)
+			}
+			if resumes.Load() != 1 || followed.Load() != 0 {
+				t.Errorf("%d resume calls, %d redirects followed; want 1 and 0", resumes.Load(), followed.Load())
+			}
+			checkResumes(t, admin, before, 0, 1)
 		})
 	}
 }

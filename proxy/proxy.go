@@ -565,6 +565,15 @@ lookup:
 					x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox was not resumed before the drain deadline"}, id)
 					ctx.SetConnectionClose()
 					return
+				} else if clientClosed(ctx.Conn()) {
+					// Gone during the call (up to resume_timeout): the
+					// request is not sent on to the sandbox, where a
+					// command nobody waits for (and the client may send
+					// again) would run all the same. Logged as nginx's
+					// 499, as a client gone during a wait for a slot.
+					x.fail(ctx, proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection while the request waited for its sandbox's resume"}, id)
+					ctx.SetConnectionClose()
+					return
 				} else if err != nil && !errors.Is(err, errResumeKilled) && sb.state() == statePaused {
 					x.fail(ctx, errResumeFailed, id)
 					return

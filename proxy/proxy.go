@@ -501,6 +501,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	// unmapped: the cached route, found without the request's port; the
 	// lookup that follows reads the store again (Cache.Refresh).
 	var unmapped *routing.Route
+	// resumed: this request had the sandbox resumed once already; paused
+	// again since, it is answered, not resumed again.
+	resumed := false
 lookup:
 	// Not ctx: fasthttp cancels every RequestCtx when a drain starts, and a
 	// request already in flight is to be answered. The cache bounds the
@@ -546,9 +549,6 @@ lookup:
 
 	sb := p.sandboxes.get(id)
 	var addr netip.AddrPort
-	// resumed: this request had the sandbox resumed once already; paused
-	// again since, it is answered, not resumed again.
-	resumed := false
 	for {
 		switch st := sb.state(); st {
 		case statePausing, statePaused:
@@ -580,8 +580,15 @@ lookup:
 				}
 				// Running now, or changed since (killed, set running or
 				// pausing by the control plane during the call, which may
-				// then have failed): look again, the later word stands.
-				continue
+				// then have failed): looked up again from the route, the
+				// later word standing. A sandbox restored from its
+				// snapshot may be on another node or address, stored
+				// before the lifecycle manager answered (up to
+				// resume_timeout later): the address read before the call
+				// failed 502 route_changed, or, not announced, may already
+				// be another sandbox's.
+				again, readAt = true, time.Now()
+				goto lookup
 			}
 			if st == statePausing {
 				// Not resumed: the lifecycle manager is pausing it, and

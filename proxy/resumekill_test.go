@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -188,3 +189,49 @@ func TestResumeWaitClientGoneIsNotForwarded(t *testing.T) {
 		t.Errorf("after the resume: %d %q with %d calls, want 200 ran and 1", st, body, len(sc.seen()))
 	}
 }
+
+// A request that waited on its sandbox's resume goes where the route says
+// once the sandbox is resumed, not to the address it read before the
+// call: a sandbox restored from its snapshot may come back on another node
+// or with another address, which the lifecycle manager stores (and
+// announces) before it answers, and the old address may by then be
+// another sandbox's. As after a wait for a slot or a held body's read, the
+// route is looked up again after the wait (up to
+// lifecycle.resume_timeout).
+func TestResumedSandboxIsServedAtItsNewAddress(t *testing.T) {
+	var h *harness
+	var moved atomic.Bool
+	var newPort uint16
+	sc := newFakeSidecar(t, func() int {
+		// The lifecycle manager restores the sandbox elsewhere and
+		// stores its new route before it answers.
+		h.put("sleepy", map[string]string{
+			"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1",
+			itoa(oldPortForMove): itoa(newPort),
+		})
+		moved.Store(true)
+		return 200
+	})
+	h = newHarness(t, func(o *harnessOpts) {
+		o.cfg.ResumeAddr = sc.addr
+		o.cfg.NodeIP = netip.MustParseAddr("127.0.0.2") // dial HostIP:<mapped port>
+	})
+	newPort = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
+	oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
+	h.put("sleepy", map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1",
+		itoa(oldPortForMove): itoa(oldPort),
+	})
+	host := itoa(oldPortForMove) + "-sleepy.cube.test"
+	h.setSandboxState("sleepy", "paused")
+	st, body, _ := h.get(host, "/")
+	if !moved.Load() {
+		t.Fatal("no resume call")
+	}
+	if st != 200 || body != "new" {
+		t.Errorf("after a resume that moved the sandbox: %d %q, want 200 from its new address", st, body)
+	}
+}
+
+// oldPortForMove is the container port of TestResumedSandboxIsServedAtItsNewAddress.
+const oldPortForMove = 8080

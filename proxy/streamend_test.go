@@ -89,6 +89,7 @@ func TestStreamEndReasonCounted(t *testing.T) {
 		{name: "sse complete", kind: "sse", reason: "complete", head: sseHead,
 			act: finish},
 		{name: "sse sandbox reset", kind: "sse", reason: "sandbox", head: sseHead, act: resetSandbox},
+		{name: "sse killed", kind: "sse", reason: "killed", head: sseHead, act: kill},
 		{name: "sse client hangs up", kind: "sse", reason: "client", head: sseHead,
 			act: hangUp},
 		// A GET's event stream ends cleanly at the drain's start, and its

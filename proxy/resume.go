@@ -17,6 +17,10 @@ import (
 // platform's proxy_connect_timeout for /_sidecar_resume.
 const resumeConnectTimeout = 2 * time.Second
 
+// resumeBodyWait bounds the read of the lifecycle manager's answer's body,
+// which only keeps the connection: the status is the outcome.
+const resumeBodyWait = 100 * time.Millisecond
+
 // errResumeFailed answers a request for a paused sandbox that the
 // lifecycle manager did not resume. Retry-After 5, as the platform's.
 var errResumeFailed = proxyError{status: 503, code: CodeResumeFailed, msg: "sandbox is paused and could not be resumed; retry", retryAfter: 5}
@@ -160,8 +164,13 @@ func (r *resumer) ask(parent context.Context, id, requestID string) error {
 	if err != nil {
 		return err
 	}
-	// Read a little, so that the connection can be kept.
+	// The status is the outcome. The body is read (a little) only so that
+	// the connection can be kept, and for a moment at most: one the
+	// lifecycle manager left unfinished held every request waiting on the
+	// call until the call's whole timeout. Cut, the connection is dropped.
+	t := time.AfterFunc(resumeBodyWait, cancel)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	t.Stop()
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("lifecycle manager answered %d", resp.StatusCode)

@@ -235,3 +235,37 @@ func TestResumedSandboxIsServedAtItsNewAddress(t *testing.T) {
 
 // oldPortForMove is the container port of TestResumedSandboxIsServedAtItsNewAddress.
 const oldPortForMove = 8080
+
+// The lifecycle manager's status is the resume's outcome: a body it then
+// leaves unfinished does not hold the requests waiting on the call. They
+// waited for the body until the call's whole timeout (2 s and
+// lifecycle.resume_timeout), and were then served (or refused) anyway.
+func TestResumeOutcomeIsTheStatus(t *testing.T) {
+	const resumeTimeout = 4 * time.Second
+	for _, tc := range []struct {
+		status int
+		want   int
+	}{{200, 200}, {500, 503}} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			hang := make(chan struct{})
+			t.Cleanup(func() { close(hang) })
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "100")
+				w.WriteHeader(tc.status)
+				io.WriteString(w, `{"ok":`)
+				w.(http.Flusher).Flush()
+				<-hang
+			}))
+			h, host := resumeHarness(t, &fakeSidecar{addr: "127.0.0.1:" + itoa(port)}, resumeTimeout)
+			h.setSandboxState("sleepy", "paused")
+			start := time.Now()
+			st, body, _ := h.get(host, "/")
+			if took := time.Since(start); took > resumeTimeout/2 {
+				t.Errorf("answered %v after the request: the resume waited for the lifecycle manager's body", took)
+			}
+			if st != tc.want {
+				t.Errorf("lifecycle manager answered %d: %d %s, want %d", tc.status, st, body, tc.want)
+			}
+		})
+	}
+}

@@ -565,7 +565,7 @@ lookup:
 					x.fail(ctx, proxyError{status: 504, code: CodeDrainTimeout, msg: "proxy shutting down: the sandbox was not resumed before the drain deadline"}, id)
 					ctx.SetConnectionClose()
 					return
-				} else if clientClosed(ctx.Conn()) {
+				} else if clientLeft(ctx.Conn()) {
 					// Gone during the call (up to resume_timeout): the
 					// request is not sent on to the sandbox, where a
 					// command nobody waits for (and the client may send

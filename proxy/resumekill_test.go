@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -149,44 +151,50 @@ func TestResumeRedirectIsAFailure(t *testing.T) {
 // client left during a wait for a slot. The resume itself goes on: it is
 // the sandbox's, and counts.
 func TestResumeWaitClientGoneIsNotForwarded(t *testing.T) {
-	release := make(chan struct{})
-	called := make(chan struct{}, 1)
-	sc := newFakeSidecar(t, func() int {
-		called <- struct{}{}
-		<-release
-		return 200
-	})
-	var reached atomic.Int32
-	h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
-		o.cfg.ResumeAddr = sc.addr
-		o.cfg.ResumeTimeout = time.Minute
-	})
-	host := h.route("sleepy", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		io.WriteString(w, "ran")
-	})))
-	h.setSandboxState("sleepy", "paused")
-	c := dialRaw(t, h.addr)
-	io.WriteString(c, "POST /run HTTP/1.1\r\nHost: "+host+"\r\nX-Cube-Request-Id: gone-during-resume\r\nContent-Length: 5\r\n\r\nrm -r")
-	select {
-	case <-called:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no resume call")
-	}
-	c.Close()
-	close(release)
-	testenv.WaitFor(t, 10*time.Second, "the request's access-log line", func() bool {
-		return strings.Contains(buf.String(), `"x_cube_request_id":"gone-during-resume"`)
-	})
-	if n := reached.Load(); n != 0 {
-		t.Errorf("the sandbox got %d requests whose client had left during the resume, want 0", n)
-	}
-	if line := buf.String(); !strings.Contains(line, `"status":499`) || !strings.Contains(line, CodeClientClosed) {
-		t.Errorf("access log %s, want status 499 %s", line, CodeClientClosed)
-	}
-	// The sandbox was resumed: the next request is served without a call.
-	if st, body, _ := h.get(host, "/"); st != 200 || body != "ran" || len(sc.seen()) != 1 {
-		t.Errorf("after the resume: %d %q with %d calls, want 200 ran and 1", st, body, len(sc.seen()))
+	// Over TLS the client's close_notify comes before its FIN, and a peek
+	// at the socket reads it as data (clientLeft).
+	for _, useTLS := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[useTLS], func(t *testing.T) {
+			release := make(chan struct{})
+			called := make(chan struct{}, 1)
+			sc := newFakeSidecar(t, func() int {
+				called <- struct{}{}
+				<-release
+				return 200
+			})
+			var reached atomic.Int32
+			h, buf := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) {
+				o.cfg.ResumeAddr = sc.addr
+				o.cfg.ResumeTimeout = time.Minute
+			})
+			host := h.route("sleepy", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				reached.Add(1)
+				io.WriteString(w, "ran")
+			})))
+			h.setSandboxState("sleepy", "paused")
+			var c net.Conn = dialRaw(t, h.addr)
+			if useTLS {
+				addr, roots := serveTLS(t, h)
+				c = tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
+			}
+			io.WriteString(c, "POST /run HTTP/1.1\r\nHost: "+host+"\r\nX-Cube-Request-Id: gone-during-resume\r\nContent-Length: 5\r\n\r\nrm -r")
+			testenv.Recv(t, called, 5*time.Second, "the resume call")
+			c.Close()
+			close(release)
+			testenv.WaitFor(t, 10*time.Second, "the request's access-log line", func() bool {
+				return strings.Contains(buf.String(), `"x_cube_request_id":"gone-during-resume"`)
+			})
+			if n := reached.Load(); n != 0 {
+				t.Errorf("the sandbox got %d requests whose client had left during the resume, want 0", n)
+			}
+			if line := buf.String(); !strings.Contains(line, `"status":499`) || !strings.Contains(line, CodeClientClosed) {
+				t.Errorf("access log %s, want status 499 %s", line, CodeClientClosed)
+			}
+			// The sandbox was resumed: the next request is served without a call.
+			if st, body, _ := h.get(host, "/"); st != 200 || body != "ran" || len(sc.seen()) != 1 {
+				t.Errorf("after the resume: %d %q with %d calls, want 200 ran and 1", st, body, len(sc.seen()))
+			}
+		})
 	}
 }
 

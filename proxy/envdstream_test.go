@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 // connectEnvelope frames msg as a Connect-protocol stream message: a flags
@@ -275,5 +277,45 @@ func TestStreamIdleCountsFromResume(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a silent stream outlived upstream.idle_timeout after the resume")
 		}
+	}
+}
+
+// The same state sent again is no change of it: a control plane that
+// re-sends running for a running sandbox (a periodic sync) must not give
+// its silent streams a fresh upstream.idle_timeout each time, which kept
+// them open for ever (pausedIdle reads the time of the last change as a
+// resume's).
+func TestResentRunningIsNoResume(t *testing.T) {
+	t.Parallel()
+	const idle = 2 * time.Second
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(connectEnvelope(0, []byte(`{"event":{"start":{"pid":7}}}`)))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // silent from then on
+	}))
+	host := h.route("resent", port)
+	r := h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
+	r.Header.Set("Content-Type", "application/connect+json")
+	resp := h.do(r)
+	defer resp.Body.Close()
+	if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
+		t.Fatalf("start message %.100q: %v", msg, err)
+	}
+	silent := time.Now()
+	ended := make(chan time.Time, 1)
+	go func() {
+		io.Copy(io.Discard, resp.Body)
+		ended <- time.Now()
+	}()
+	time.Sleep(idle / 2)
+	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"resent","state":"running"}`, ""); st != 200 {
+		t.Fatalf("running again: %d %s", st, body)
+	}
+	// Cut at idle after the last byte; a fresh timeout from the re-sent
+	// state would cut it half a timeout later.
+	if took := testenv.Recv(t, ended, 10*time.Second, "the silent stream's end").Sub(silent); took > idle*5/4 {
+		t.Fatalf("the silent stream was cut %v after its last byte, want upstream.idle_timeout (%v): the re-sent state counted as a resume", took, idle)
 	}
 }

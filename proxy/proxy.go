@@ -752,8 +752,10 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) err
 			return
 		}
 		p.metrics.SandboxResume(telemetry.ResumeResumed)
-		// The time before the swap, as sandboxes.setState.
-		e.changedAt.Store(time.Now().UnixNano())
+		// The times before the swap, as sandboxes.setState.
+		now := time.Now().UnixNano()
+		e.changedAt.Store(now)
+		e.resumedAt.Store(now)
 		e.casState(statePaused, stateRunning)
 	})
 	if err != nil && !errors.Is(err, errDrainCut) && !errors.Is(err, errResumeKilled) && everySecond(&e.resumeLogged) {

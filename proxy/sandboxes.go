@@ -50,8 +50,14 @@ type sandboxState struct {
 	// instance's file descriptors allow. An unmatched leave would make
 	// the count -1 (as the separate counter it replaces did) without
 	// bumping the generation; the next enter carries into it.
-	word       atomic.Uint64
-	changedAt  atomic.Int64 // unix nanos of the last state change
+	word      atomic.Uint64
+	changedAt atomic.Int64 // unix nanos of the last state change
+	// resumedAt: unix nanos of the last change from pausing or paused to
+	// running, from which the sandbox's open streams count their idle
+	// timeout afresh (bodyStream.pausedIdle). Not changedAt: running sent
+	// again for a running sandbox (a control plane's periodic sync) is a
+	// change of its time, and gave every silent stream a fresh timeout.
+	resumedAt  atomic.Int64
 	lastActive atomic.Int64 // unix millis
 	// unsure: the sandbox's route was invalidated while it was running,
 	// or its pause is older than the sweep's idle time; the janitor asks
@@ -254,6 +260,13 @@ func (s *sandboxes) setState(id string, st uint32) int64 {
 		// sandbox's own traffic.
 		now := time.Now().UnixNano()
 		e.changedAt.Store(now)
+		if st == stateRunning {
+			if cur := e.state(); cur == statePausing || cur == statePaused {
+				// Before the swap, as changedAt; a swap that then fails
+				// leaves a time at most one idle timeout of a stream's.
+				e.resumedAt.Store(now)
+			}
+		}
 		if e.setState(st) {
 			return now
 		}

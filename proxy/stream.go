@@ -213,7 +213,7 @@ func (s *bodyStream) drainEndsCleanly() bool {
 // look at the state.
 //
 // A sandbox resumed during the wait gets a whole idle timeout from the
-// resume (its state's change) to speak: re-armed only from the expiries
+// resume (sandboxState.resumedAt) to speak: re-armed only from the expiries
 // during the pause, the wait ended anywhere from at once to one timeout
 // after the resume, and a command's output that came a moment after it
 // found its stream cut.
@@ -227,9 +227,9 @@ func (s *bodyStream) pausedIdle(err error) bool {
 	case statePausing, statePaused:
 		s.conn.idleDeadline = time.Time{} // counted afresh from now
 	case stateRunning:
-		resumed := time.Unix(0, s.sb.changedAt.Load()).Add(s.conn.idleTimeout)
+		resumed := time.Unix(0, s.sb.resumedAt.Load()).Add(s.conn.idleTimeout)
 		if !resumed.After(s.conn.idleDeadline) || !resumed.After(time.Now()) {
-			return false // no change since the wait began: silent that long
+			return false // no resume since the wait began: silent that long
 		}
 		s.conn.idleDeadline = resumed
 	default:

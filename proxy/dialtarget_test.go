@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // dialRecorder is a set of listeners, each on one loopback address, that
@@ -122,8 +123,8 @@ func TestNoRequestDialsOutsideItsRoute(t *testing.T) {
 	ws := "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
 	for _, tc := range []struct {
 		name   string
-		target string // "" = "/"
-		host   string // the Host line(s)' value(s), "\n" between lines
+		target string // "" = "/"; "1.0 " before it: an HTTP/1.0 request
+		host   string // the Host line(s)' value(s), "\n" between lines; "" = none
 		extra  string // further header lines, each ending "\r\n"
 		status int
 		code   string // "" = not checked
@@ -157,6 +158,12 @@ func TestNoRequestDialsOutsideItsRoute(t *testing.T) {
 		{"absolute form, unmapped port", "http://" + U + "-a.cube.test/", C + "-a.cube.test", "", 400, "invalid_host", ""},
 		{"two Host lines", "", C + "-a.cube.test\n" + C + "-b.cube.test", "", 400, "", ""},
 		{"two Host lines, unmapped second", "", C + "-a.cube.test\n" + U + "-a.cube.test", "", 400, "", ""},
+		{"userinfo in Host", "", "x@" + C + "-b.cube.test", "", 400, "", ""},
+		{"folded Host line", "", C + "-a.cube.test\r\n " + U + "-a.cube.test", "", 400, "", ""},
+		{"HTTP/1.0 without Host, unmapped port", "1.0 http://" + U + "-a.cube.test/", "", "", 404, CodePortNotMapped, ""},
+		{"HTTP/1.0 without Host, an address", "1.0 http://" + at(nodeB, hp) + "/", "", "", 400, "missing_target_headers", ""},
+		{"HTTP/1.0 without Host, userinfo", "1.0 http://" + C + "-a.cube.test@" + at(nodeB, hp) + "/", "", "", 400, "", ""},
+		{"HTTP/1.0 without Host", "1.0 http://" + C + "-a.cube.test/", "", "", 200, "", a},
 		{"path under a sandbox host", "/sandbox/b/" + C + "/", C + "-a.cube.test", "", 200, "", a},
 		{"shared: headers", "", node, "X-Cube-Sandbox-Id: a\r\nX-Cube-Sandbox-Port: " + C + "\r\n", 200, "", a},
 		{"shared: unmapped port", "", node, "X-Cube-Sandbox-Id: a\r\nX-Cube-Sandbox-Port: " + U + "\r\n", 404, CodePortNotMapped, ""},
@@ -166,6 +173,7 @@ func TestNoRequestDialsOutsideItsRoute(t *testing.T) {
 		{"shared: second port line", "", node, "X-Cube-Sandbox-Id: a\r\nX-Cube-Sandbox-Port: " + C + "\r\nX-Cube-Sandbox-Port: " + U + "\r\n", 400, "invalid_port", ""},
 		{"shared: id names an address", "", node, "X-Cube-Sandbox-Id: 127.0.0.3\r\nX-Cube-Sandbox-Port: " + C + "\r\n", 400, "invalid_sandbox_id", ""},
 		{"shared: id with a path", "", node, "X-Cube-Sandbox-Id: a/../b\r\nX-Cube-Sandbox-Port: " + C + "\r\n", 400, "invalid_sandbox_id", ""},
+		{"shared: underscore spellings", "", node, "X_Cube_Sandbox_Id: a\r\nX_Cube_Sandbox_Port: " + C + "\r\n", 400, "missing_target_headers", ""},
 		{"shared: restricted sandbox", "", "[::1]", "X-Cube-Sandbox-Id: b\r\nX-Cube-Sandbox-Port: " + C + "\r\n", 403, "", ""},
 		{"shared: E2B restricted", "", "localhost", "E2b-Sandbox-Id: b\r\nE2b-Sandbox-Port: " + C + "\r\n", 403, "", ""},
 		{"shared: IPv4-mapped Host", "", "[::ffff:127.0.0.3]:" + H, "X-Cube-Sandbox-Id: a\r\nX-Cube-Sandbox-Port: " + U + "\r\n", 404, CodePortNotMapped, ""},
@@ -206,9 +214,15 @@ func TestNoRequestDialsOutsideItsRoute(t *testing.T) {
 			if target == "" {
 				target = "/"
 			}
-			head := "GET " + target + " HTTP/1.1\r\n"
-			for _, hl := range strings.Split(tc.host, "\n") {
-				head += "Host: " + hl + "\r\n"
+			proto := "HTTP/1.1"
+			if t10, ok := strings.CutPrefix(target, "1.0 "); ok {
+				target, proto = t10, "HTTP/1.0"
+			}
+			head := "GET " + target + " " + proto + "\r\n"
+			if tc.host != "" {
+				for _, hl := range strings.Split(tc.host, "\n") {
+					head += "Host: " + hl + "\r\n"
+				}
 			}
 			head += tc.extra + "\r\n"
 			pc := h.dialProxy(t)
@@ -228,5 +242,36 @@ func TestNoRequestDialsOutsideItsRoute(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The client's request id is the one thing of its own a resume call to the
+// lifecycle manager carries: it is a query value, escaped, and can add no
+// parameter (another sandbox_id), path or fragment to the call.
+func TestResumeCallTakesNoURLFromTheClient(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls = append(calls, r.URL.Path+" "+strings.Join(r.URL.Query()["sandbox_id"], ",")+" "+r.URL.Query().Get("request_id"))
+		mu.Unlock()
+	}))
+	h, host := resumeHarness(t, &fakeSidecar{addr: "127.0.0.1:" + itoa(port)}, 5*time.Second)
+	const id = "r1&sandbox_id=other/../../x?y#z"
+	for range 2 {
+		h.setSandboxState("sleepy", "paused")
+		req := h.req("GET", host, "/", nil)
+		req.Header.Set(HeaderRequestID, id)
+		resp := h.do(req)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d, want 200 after the resume", resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := "/internal/resume sleepy " + id
+	if len(calls) != 2 || calls[0] != want || calls[1] != want {
+		t.Fatalf("lifecycle manager saw %q, want twice %q", calls, want)
 	}
 }

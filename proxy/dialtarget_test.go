@@ -275,3 +275,33 @@ func TestResumeCallTakesNoURLFromTheClient(t *testing.T) {
 		t.Fatalf("lifecycle manager saw %q, want twice %q", calls, want)
 	}
 }
+
+// The machine's own non-loopback IPv4 address, as a route's HostIP, reaches
+// a wildcard listener of the proxy (":8081", the default): the connection
+// comes from that same address, and is refused as a loop (508) before a
+// byte is sent, as through 127.0.0.1 (TestRouteToOwnListenerIsALoop) and
+// the IPv6 addresses (TestIPv6RouteToOwnListener).
+func TestRouteToOwnWildcardListenerThroughNodeIPv4(t *testing.T) {
+	var ip string
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && hasLocalAddr(n.IP.String()) {
+			ip = n.IP.String()
+			break
+		}
+	}
+	if ip == "" {
+		t.Skip("this machine has no non-loopback IPv4 address")
+	}
+	for _, listen := range []string{"0.0.0.0", "[::]"} {
+		t.Run(listen, func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.listen = listen })
+			for _, port := range []string{portOf(t, h.addr), portOf(t, h.admin)} {
+				h.put("me", map[string]string{"HostIP": ip, "CreatedAt": "1", "80": port})
+				if status, body, _ := h.get("80-me.cube.test", "/"); status != 508 || !strings.Contains(body, CodeProxyLoop) {
+					t.Errorf("HostIP %s, the proxy's own port %s: %d %s, want 508 %s", ip, port, status, body, CodeProxyLoop)
+				}
+			}
+		})
+	}
+}

@@ -23,14 +23,15 @@ import (
 // that read it answers, and the other side gets that answer: the tunnel is
 // still open both ways.
 //
-// 1 KiB every 50 ms: a 64 KiB piece takes three idle timeouts to go
-// through, the first half of the whole about five.
+// 1 KiB every 100 ms: a 64 KiB piece takes three idle timeouts to go
+// through, the first half of the whole about five. A 2 s timeout, not 1:
+// a loaded machine's stall of a second ended the tunnel in one full run.
 func TestTunnelSlowOneWayOutlivesIdleTimeout(t *testing.T) {
 	t.Parallel()
 	const (
-		idle  = time.Second
+		idle  = 2 * time.Second
 		size  = 192 << 10
-		every = 50 * time.Millisecond
+		every = 100 * time.Millisecond
 	)
 	// slowRead reads size bytes from r, the first half 1 KiB every tick,
 	// then the rest at once: the proxy's last piece is then still waiting

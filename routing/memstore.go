@@ -77,6 +77,14 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{routes: make(map[string]*Route)}
 }
 
+// NewMemoryStoreOfMissingFile returns an empty store for routes file path,
+// which LoadFile found missing: FileChanged reports the file once it
+// appears (a start without the file served an empty table, and an
+// operator who wrote it and sent SIGHUP was told nothing).
+func NewMemoryStoreOfMissingFile(path string) *MemoryStore {
+	return &MemoryStore{routes: make(map[string]*Route), file: path}
+}
+
 // LoadFile reads a routes.yaml file into a new store. The store does not
 // write back until SetPersistPath is called. A missing file is an error
 // matching fs.ErrNotExist. A file that changed while it was read and

@@ -987,7 +987,7 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 	ms, err := routing.LoadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		log.Warn("routes file not found; starting with an empty routing table", "path", path)
-		return routing.NewMemoryStore(), nil
+		return routing.NewMemoryStoreOfMissingFile(path), nil
 	}
 	if err != nil {
 		return nil, err

@@ -129,3 +129,46 @@ func TestOverwriteWarningIsSpaced(t *testing.T) {
 		t.Errorf("warnings counted %v overwrites, want [1 3 2]", counts)
 	}
 }
+
+// A start whose routes file is missing serves an empty table ("routes file
+// not found"). An operator who then writes the file and sends SIGHUP
+// expects it served: the check says it is not, with persist_routes or
+// without (the store of a missing file knew no file at all, and SIGHUP
+// said nothing).
+func TestRoutesFileWrittenAfterAStartWithoutItIsNotSilent(t *testing.T) {
+	for _, persist := range []bool{false, true} {
+		t.Run(fmt.Sprintf("persist=%v", persist), func(t *testing.T) {
+			routes := filepath.Join(t.TempDir(), "routes.yaml")
+			args := []string{"--config=", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes}
+			if persist {
+				args = append(args, "--persist-routes")
+			}
+			r := runServe(t, args, noEnv)
+			hup := func() int {
+				t.Helper()
+				said := strings.Count(r.logs.String(), "nothing to reopen")
+				if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+					t.Fatal(err)
+				}
+				testenv.WaitFor(t, 5*time.Second, "the SIGHUP handled", func() bool {
+					return strings.Count(r.logs.String(), "nothing to reopen") > said
+				})
+				testenv.WaitFor(t, 5*time.Second, "the check done", func() bool { return r.a.rechecks.Load() == 0 })
+				marker := fmt.Sprintf("routes-checked-%d", said)
+				r.a.log.Info(marker)
+				testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
+				return strings.Count(r.logs.String(), `"msg":"SIGHUP: the routes file changed`)
+			}
+			if n := hup(); n != 0 {
+				t.Fatalf("SIGHUP with the routes file still missing: %d warnings, want none", n)
+			}
+			if err := os.WriteFile(routes, []byte("routes:\n  hand:\n    HostIP: \"10.0.0.9\"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if n := hup(); n != 1 {
+				t.Errorf("SIGHUP after the missing routes file was written: %d warnings, want 1", n)
+			}
+			r.stop()
+		})
+	}
+}

@@ -225,13 +225,30 @@ func TestEnvdStreamOutlastsPause(t *testing.T) {
 // (TestEnvdStreamOutlastsPause failed so on a loaded machine). Four
 // streams, opened an eighth of the timeout apart, so that the expiries of
 // at most one of them can fall a whole timeout after the resume.
+//
+// Both ways a stream waits: an envd stream read through fasthttp
+// (bodyStream.Read), and a GET event stream detached from it (copyEvents).
 func TestStreamIdleCountsFromResume(t *testing.T) {
 	t.Parallel()
+	for _, detached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("detached=%v", detached), func(t *testing.T) {
+			t.Parallel()
+			streamIdleCountsFromResume(t, detached)
+		})
+	}
+}
+
+func streamIdleCountsFromResume(t *testing.T, detached bool) {
 	const idle = 800 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/connect+json")
-		w.Write(connectEnvelope(0, []byte(`{"event":{"start":{"pid":7}}}`)))
+		if detached {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: start\n\n")
+		} else {
+			w.Header().Set("Content-Type", "application/connect+json")
+			w.Write(connectEnvelope(0, []byte(`{"event":{"start":{"pid":7}}}`)))
+		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done() // silent from then on
 	}))
@@ -241,14 +258,25 @@ func TestStreamIdleCountsFromResume(t *testing.T) {
 		if i > 0 {
 			time.Sleep(idle / 8) // this stream's expiries an eighth later
 		}
-		r := h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
-		r.Header.Set("Content-Type", "application/connect+json")
+		var r *http.Request
+		if detached {
+			r = h.req("GET", host, "/events", nil)
+			r.Header.Set("Accept", "text/event-stream")
+		} else {
+			r = h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
+			r.Header.Set("Content-Type", "application/connect+json")
+		}
 		resp := h.do(r)
 		defer resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Fatalf("stream %d: %d", i, resp.StatusCode)
 		}
-		if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
+		if detached {
+			line := make([]byte, len("data: start"))
+			if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "data: start" {
+				t.Fatalf("stream %d: start event %q: %v", i, line, err)
+			}
+		} else if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
 			t.Fatalf("stream %d: start message %.100q: %v", i, msg, err)
 		}
 		go func() {

@@ -89,3 +89,19 @@ func TestPersistTellsOfAChangedFileItOverwrites(t *testing.T) {
 		t.Fatal("the file removed is not seen as a change")
 	}
 }
+
+// The store of a routes file LoadFile found missing knows the file: one
+// written since is a change (SIGHUP's check tells of it), none yet is not.
+func TestMissingFileStoreSeesTheFileAppear(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	s := NewMemoryStoreOfMissingFile(path)
+	if p, ch := s.FileChanged(); p != path || ch {
+		t.Fatalf("with the file still missing: FileChanged %q %v, want %q false", p, ch, path)
+	}
+	if err := os.WriteFile(path, []byte("routes: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p, ch := s.FileChanged(); p != path || !ch {
+		t.Fatalf("with the file written since: FileChanged %q %v, want %q true", p, ch, path)
+	}
+}

@@ -89,6 +89,17 @@ func TestLimitStormGivesEverythingBack(t *testing.T) {
 	tlsAddr, roots := serveTLS(t, h)
 	const ends = 3 * timeout  // how long a client waits for a timeout to pass
 	const late = 10 * timeout // a timeout's end, with room for a loaded machine
+	// openSSE sends head, an event stream's request, and returns its
+	// connection once the stream is open.
+	openSSE := func(t *testing.T, head string) net.Conn {
+		t.Helper()
+		c, _, resp, _ := rawAsk(t, h.addr, head)
+		if resp.StatusCode != 200 {
+			t.Fatalf("SSE: %d", resp.StatusCode)
+		}
+		return c
+	}
+	sseHead := "GET /sse HTTP/1.1\r\nHost: " + a + "\r\nAccept: text/event-stream\r\n\r\n"
 
 	steps := []struct {
 		name string
@@ -150,33 +161,21 @@ func TestLimitStormGivesEverythingBack(t *testing.T) {
 			endsWithin(t, c, late)
 		}},
 		{"event stream reset", func(t *testing.T) {
-			c, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			c := openSSE(t, sseHead)
 			reset(c.(*net.TCPConn))
 		}},
 		{"event stream asked with Connection: close", func(t *testing.T) {
-			c, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nConnection: close\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			c := openSSE(t, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nConnection: close\r\nAccept: text/event-stream\r\n\r\n")
 			c.Close()
 		}},
 		{"event stream over HTTP/1.0", func(t *testing.T) {
-			c, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.0\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			c := openSSE(t, "GET /sse HTTP/1.0\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
 			c.Close()
 		}},
 		{"client leaves while waiting for a stream slot", func(t *testing.T) {
-			holder, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			holder := openSSE(t, sseHead)
 			waiter := dialRaw(t, h.addr)
-			_, _ = io.WriteString(waiter, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
+			_, _ = io.WriteString(waiter, sseHead)
 			time.Sleep(100 * time.Millisecond)
 			reset(waiter.(*net.TCPConn))
 			holder.Close()
@@ -247,41 +246,32 @@ func TestLimitStormGivesEverythingBack(t *testing.T) {
 		}},
 		{"TLS event stream closed", func(t *testing.T) {
 			c := tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: a})
-			_, _ = io.WriteString(c, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
+			_, _ = io.WriteString(c, sseHead)
 			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 200 {
 				t.Fatalf("SSE over TLS: %v %v", resp, err)
 			}
 			c.Close()
 		}},
 		{"TLS client leaves while waiting for a stream slot", func(t *testing.T) {
-			holder, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			holder := openSSE(t, sseHead)
 			c := tls.Client(dialRaw(t, tlsAddr), &tls.Config{RootCAs: roots, ServerName: a})
-			_, _ = io.WriteString(c, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
+			_, _ = io.WriteString(c, sseHead)
 			testenv.WaitFor(t, 5*time.Second, "the wait", func() bool { return h.proxy.limitWaiting.Load() == 1 })
 			c.Close()
 			testenv.WaitFor(t, 5*time.Second, "the wait's end", func() bool { return h.proxy.limitWaiting.Load() == 0 })
 			holder.Close()
 		}},
 		{"held body judged a request at the limit", func(t *testing.T) {
-			holder, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			holder := openSSE(t, sseHead)
 			body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":"` + strings.Repeat("p", 20000) + `"}}`
-			_, _, resp, _ = rawAsk(t, h.addr, "POST /mcp HTTP/1.1\r\nHost: "+a+"\r\nContent-Type: application/json\r\nContent-Length: "+itoa(uint16(len(body)))+"\r\n\r\n"+body)
+			_, _, resp, _ := rawAsk(t, h.addr, "POST /mcp HTTP/1.1\r\nHost: "+a+"\r\nContent-Type: application/json\r\nContent-Length: "+itoa(uint16(len(body)))+"\r\n\r\n"+body)
 			if resp.StatusCode != 429 {
 				t.Fatalf("a request's body at the limit: %d, want 429", resp.StatusCode)
 			}
 			holder.Close()
 		}},
 		{"held body cut by its client", func(t *testing.T) {
-			holder, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			holder := openSSE(t, sseHead)
 			c := dialRaw(t, h.addr)
 			_, _ = io.WriteString(c, "POST /mcp HTTP/1.1\r\nHost: "+a+"\r\nContent-Type: application/json\r\nContent-Length: 40000\r\n\r\n"+strings.Repeat(" ", 20000))
 			testenv.WaitFor(t, 5*time.Second, "the body held", func() bool { return heldBytes(h.proxy) == 40000 })
@@ -289,10 +279,7 @@ func TestLimitStormGivesEverythingBack(t *testing.T) {
 			holder.Close()
 		}},
 		{"Expect head at the limit, client leaves", func(t *testing.T) {
-			holder, _, resp, _ := rawAsk(t, h.addr, "GET /sse HTTP/1.1\r\nHost: "+a+"\r\nAccept: text/event-stream\r\n\r\n")
-			if resp.StatusCode != 200 {
-				t.Fatalf("SSE: %d", resp.StatusCode)
-			}
+			holder := openSSE(t, sseHead)
 			c := dialRaw(t, h.addr)
 			_, _ = io.WriteString(c, "POST /mcp HTTP/1.1\r\nHost: "+a+"\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 40000\r\n\r\n")
 			line, err := bufio.NewReader(c).ReadString('\n')

@@ -37,29 +37,8 @@ func TestRoutesFileChangesAreNotSilent(t *testing.T) {
 	overwrites := func() int {
 		return strings.Count(r.logs.String(), `"msg":"routes file changed since this process loaded or last wrote it`)
 	}
-	marks := 0
-	// flushed returns once what was logged before it is in the logs: the
-	// process log is written behind the caller.
-	flushed := func() {
-		t.Helper()
-		marks++
-		marker := fmt.Sprintf("routes-checked-%d", marks)
-		r.a.log.Info(marker)
-		testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
-	}
-	hup := func() {
-		t.Helper()
-		said := strings.Count(r.logs.String(), "nothing to reopen")
-		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
-		// onSignal starts the check before it logs that line.
-		testenv.WaitFor(t, 5*time.Second, "the SIGHUP handled", func() bool {
-			return strings.Count(r.logs.String(), "nothing to reopen") > said
-		})
-		testenv.WaitFor(t, 5*time.Second, "the check done", func() bool { return r.a.rechecks.Load() == 0 })
-		flushed()
-	}
+	flushed := func() { t.Helper(); flushProcessLog(t, r) }
+	hup := func() { t.Helper(); hupRoutesCheck(t, r) }
 	put := func(id string) {
 		t.Helper()
 		req, err := http.NewRequest("PUT", "http://"+admin+"/admin/routes/"+id, strings.NewReader(`{"HostIP":"10.0.0.2"}`))
@@ -146,17 +125,7 @@ func TestRoutesFileWrittenAfterAStartWithoutItIsNotSilent(t *testing.T) {
 			r := runServe(t, args, noEnv)
 			hup := func() int {
 				t.Helper()
-				said := strings.Count(r.logs.String(), "nothing to reopen")
-				if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-					t.Fatal(err)
-				}
-				testenv.WaitFor(t, 5*time.Second, "the SIGHUP handled", func() bool {
-					return strings.Count(r.logs.String(), "nothing to reopen") > said
-				})
-				testenv.WaitFor(t, 5*time.Second, "the check done", func() bool { return r.a.rechecks.Load() == 0 })
-				marker := fmt.Sprintf("routes-checked-%d", said)
-				r.a.log.Info(marker)
-				testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
+				hupRoutesCheck(t, r)
 				return strings.Count(r.logs.String(), `"msg":"SIGHUP: the routes file changed`)
 			}
 			if n := hup(); n != 0 {
@@ -171,4 +140,30 @@ func TestRoutesFileWrittenAfterAStartWithoutItIsNotSilent(t *testing.T) {
 			r.stop()
 		})
 	}
+}
+
+// hupRoutesCheck sends this process SIGHUP and returns once serve r has
+// handled it, its look at the routes file has ended and the process log
+// holds what it wrote.
+func hupRoutesCheck(t *testing.T, r *running) {
+	t.Helper()
+	said := strings.Count(r.logs.String(), "nothing to reopen")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// onSignal starts the check before it logs that line.
+	testenv.WaitFor(t, 5*time.Second, "the SIGHUP handled", func() bool {
+		return strings.Count(r.logs.String(), "nothing to reopen") > said
+	})
+	testenv.WaitFor(t, 5*time.Second, "the check done", func() bool { return r.a.rechecks.Load() == 0 })
+	flushProcessLog(t, r)
+}
+
+// flushProcessLog returns once what r logged before it is in r's logs:
+// the process log is written behind the caller.
+func flushProcessLog(t *testing.T, r *running) {
+	t.Helper()
+	marker := fmt.Sprintf("log-flushed-%d", time.Now().UnixNano())
+	r.a.log.Info(marker)
+	testenv.WaitFor(t, 5*time.Second, "the process log flushed", func() bool { return strings.Contains(r.logs.String(), marker) })
 }

@@ -840,6 +840,11 @@ func TestKillEndsTheSandboxsOpenExchanges(t *testing.T) {
 			if resp.StatusCode != 410 || !strings.Contains(string(b), `"sandbox_killed"`) {
 				t.Errorf("request waiting for the killed sandbox's answer: %d %s, want 410 sandbox_killed", resp.StatusCode, b)
 			}
+			// The proxy's own answer, though the sandbox had been asked:
+			// 330 is for the sandbox's answer or its exchange's failure.
+			if got := resp.Header.Get(HeaderRetcode); got != "310410" {
+				t.Errorf("request waiting for the killed sandbox's answer: %s %q, want 310410", HeaderRetcode, got)
+			}
 		case <-limit:
 			t.Fatalf("%d of the killed sandbox's exchanges (SSE stream, WebSocket both ways, waiting request) still open", pending)
 		}

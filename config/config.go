@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
@@ -1235,6 +1236,17 @@ func (c *Config) checkBlanks() error {
 			if strings.TrimSpace(v.val) != v.val {
 				return fmt.Errorf("tls.files[%d].%s %q has blanks around it, which would be taken as part of it; write the value alone", i, v.key, v.val)
 			}
+		}
+	}
+	// The DNS provider's options, a map collect does not list: a server
+	// " 127.0.0.1:53" or a key_name with a trailing blank passed, to fail
+	// every issuance at the first order, after the proxy listened.
+	// key_secret is base64, whose decoding skips line ends (a secret
+	// file's last newline worked), and the provider refuses any other
+	// blank in it as no base64.
+	for _, k := range slices.Sorted(maps.Keys(c.TLS.ACME.DNS.Options)) {
+		if v := c.TLS.ACME.DNS.Options[k]; k != "key_secret" && strings.TrimSpace(v) != v {
+			return fmt.Errorf("tls.acme.dns.options.%s has blanks around it (not shown: the options may hold a secret), which would be taken as part of it; write the value alone", k)
 		}
 	}
 	return nil

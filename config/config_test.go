@@ -154,6 +154,14 @@ func TestLoadErrors(t *testing.T) {
 		{"access log path with a newline", nil, map[string]string{"CUBEPROXY_ACCESS_LOG_PATH": "/var/log/access.log\n"}, `access_log.path "/var/log/access.log\n" has blanks around it`},
 		{"redis key prefix with a leading blank", []string{"--store=redis", "--redis-addr=r:6379", "--redis-key-prefix= cube:"}, nil, `redis.key_prefix " cube:" has blanks around it`},
 		{"tls file list entry with a trailing blank", []string{"--config", writeFile(t, "https_addr: ':8443'\ntls:\n  files:\n    - cert_file: 'a.pem '\n      key_file: a-key.pem\n")}, nil, `tls.files[0].cert_file "a.pem " has blanks around it`},
+		// The options map is read as written: a server with a blank was
+		// dialed, and a key name with one sent, only at the first order,
+		// after the proxy listened, and every issuance failed. Not quoted:
+		// the options may hold a secret.
+		{"dns server option with a leading blank", []string{"--config", writeFile(t, acmeDNSOptions("server: ' 127.0.0.1:53'"))}, nil,
+			"tls.acme.dns.options.server has blanks around it (not shown: the options may hold a secret)"},
+		{"dns key name option with a trailing blank", []string{"--config", writeFile(t, acmeDNSOptions("server: 127.0.0.1:53\n        key_name: 'tsig.cube.test. '"))}, nil,
+			"tls.acme.dns.options.key_name has blanks around it"},
 		{"redis command timeout beyond a year", nil, map[string]string{"CUBEPROXY_REDIS_COMMAND_TIMEOUT": "1000000h"}, "redis.command_timeout: 1000000h0m0s is above 8760h0m0s"},
 		{"sample ratio above 1", []string{"--telemetry-trace-sample-ratio=2"}, nil, "telemetry.trace_sample_ratio: 2 is not a fraction"},
 		{"sample ratio NaN", []string{"--telemetry-trace-sample-ratio=NaN"}, nil, "telemetry.trace_sample_ratio: NaN is not a fraction"},
@@ -420,4 +428,17 @@ func TestEmptyConfigFlagReadsNoFile(t *testing.T) {
 	if _, err := Load(nil, env(vars), io.Discard); err == nil || !strings.Contains(err.Error(), "CUBEPROXY_CONFIG: read config") {
 		t.Fatalf("Load without --config = %v; want CUBEPROXY_CONFIG's file read", err)
 	}
+}
+
+// acmeDNSOptions is a configuration with an ACME source, its rfc2136
+// provider given options (lines indented under options:).
+func acmeDNSOptions(options string) string {
+	return "https_addr: ':8443'\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    dns:\n      provider: rfc2136\n      options:\n        " + options + "\n"
+}
+
+// A key_secret keeps its line end, as a secret file's content has it:
+// base64 decoding skips it, so the key worked, and refusing it would stop
+// a proxy that issues certificates.
+func TestDNSKeySecretWithLineEndLoads(t *testing.T) {
+	loadWants(t, acmeDNSOptions("server: 127.0.0.1:53\n        key_name: tsig.cube.test.\n        key_secret: \"c2VjcmV0c2VjcmV0\\n\""), "")
 }

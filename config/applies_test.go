@@ -68,6 +68,24 @@ func TestSettingsThatWouldNotActAreRefused(t *testing.T) {
 		{"sentinel with master_name", "store: redis\nredis:\n  sentinel:\n    master_name: m\n    addrs: [10.0.0.1:26379]\n    password: s\n", ""},
 		{"persist_routes with redis", "store: redis\nredis:\n  addr: 10.0.0.2:6379\npersist_routes: true\n",
 			"persist_routes is on but store is redis: only the memory store writes its routes file"},
+		// What redis.url says wins over the fields, except a db 0 it
+		// names, which redis.db overrode: a field that says otherwise
+		// was read by neither, or the URL's part was not.
+		{"redis db with a url naming another db", "store: redis\nredis:\n  url: redis://10.0.0.2:6379/2\n  db: 3\n",
+			"redis.db (3) and the db redis.url names (2) differ"},
+		{"redis db with a url naming db 0", "store: redis\nredis:\n  url: redis://10.0.0.2:6379/0\n  db: 3\n",
+			"redis.db (3) and the db redis.url names (0) differ"},
+		{"redis db with a unix url naming another db", "store: redis\nredis:\n  url: unix:///run/redis.sock?db=2\n  db: 3\n",
+			"redis.db (3) and the db redis.url names (2) differ"},
+		{"redis db with a url naming none", "store: redis\nredis:\n  url: redis://10.0.0.2:6379\n  db: 3\n", ""},
+		{"redis db the url names too", "store: redis\nredis:\n  url: redis://10.0.0.2:6379/3\n  db: 3\n", ""},
+		{"redis password with a url carrying another", "store: redis\nredis:\n  url: redis://:p1@10.0.0.2:6379\n  password: p2\n",
+			"redis.password is set and redis.url carries another password"},
+		{"redis password with a url carrying none", "store: redis\nredis:\n  url: redis://10.0.0.2:6379\n  password: p2\n", ""},
+		{"redis password the url carries too", "store: redis\nredis:\n  url: redis://:p1@10.0.0.2:6379\n  password: p1\n", ""},
+		{"redis username with a url naming another", "store: redis\nredis:\n  url: redis://u1:p@10.0.0.2:6379\n  username: u2\n",
+			"redis.username is set and redis.url names another user"},
+		{"redis username with a url naming none", "store: redis\nredis:\n  url: redis://:p@10.0.0.2:6379\n  username: u2\n", ""},
 		// store: '' is the memory store, as the binary reads it.
 		{"persist_routes with store empty", "store: ''\npersist_routes: true\n", ""},
 	} {

@@ -24,6 +24,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cube-sandbox/cubeproxy/internal/namedfile"
@@ -695,6 +696,9 @@ func (c *Config) checkRedis() error {
 	if err := c.checkRedisAddrs(); err != nil {
 		return err
 	}
+	if err := c.checkRedisURLFields(); err != nil {
+		return err
+	}
 	if sen := c.Redis.Sentinel; sen.MasterName == "" {
 		// Without the master name the client is not a Sentinel one: it
 		// would connect to redis.addr (or url) and never ask them.
@@ -739,6 +743,35 @@ func (c *Config) checkRedisAddrs() error {
 				return fmt.Errorf("redis.url: host %q: %w", u.Host, err)
 			}
 		}
+	}
+	return nil
+}
+
+// checkRedisURLFields refuses a redis.db, username or password that
+// redis.url says otherwise: the client takes the URL's user, password and
+// db and fills from the fields only what the URL leaves out, so the field
+// was never read (or, for a db 0 the URL names, the URL's was not), with
+// no word. Secrets are not shown.
+func (c *Config) checkRedisURLFields() error {
+	if c.Redis.URL == "" {
+		return nil
+	}
+	opt, err := redis.ParseURL(c.Redis.URL)
+	u, uerr := url.Parse(c.Redis.URL)
+	if err != nil || uerr != nil {
+		return nil // refused where the client is built, its userinfo masked
+	}
+	// A db is named by the path (redis://h/2), or by ?db= (unix://, and
+	// redis:// too, where it wins over the path).
+	dbs := u.Query()["db"]
+	namesDB := len(dbs) > 0 && dbs[len(dbs)-1] != "" || !strings.EqualFold(u.Scheme, "unix") && strings.Trim(u.Path, "/") != ""
+	switch r := c.Redis; {
+	case namesDB && r.DB != 0 && r.DB != opt.DB:
+		return fmt.Errorf("redis.db (%d) and the db redis.url names (%d) differ: only one is used; remove redis.db, or the db from redis.url", r.DB, opt.DB)
+	case r.Username != "" && opt.Username != "" && r.Username != opt.Username:
+		return errors.New("redis.username is set and redis.url names another user: only the URL's is sent; remove redis.username, or the user from redis.url (not shown: the URL's userinfo may be a secret)")
+	case r.Password != "" && opt.Password != "" && r.Password != opt.Password:
+		return errors.New("redis.password is set and redis.url carries another password: only the URL's is sent; remove redis.password, or the password from redis.url (not shown: secrets)")
 	}
 	return nil
 }

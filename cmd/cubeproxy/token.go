@@ -42,7 +42,19 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 		port = n
 		return nil
 	})
-	ttl := fs.String("ttl", "10m", "lifetime (1s to 24h)")
+	// Read as a duration here, so that one with no unit or no number is a
+	// command line the program cannot read (exit 2), as serve's and
+	// health's duration flags are; the range is judged below (exit 1).
+	ttl := new(string)
+	*ttl = "10m"
+	fs.Func("ttl", "lifetime, a `duration` from 1s to 24h", func(s string) error {
+		if _, err := time.ParseDuration(s); err != nil && s != "" { // "": the default, as ever
+			return errors.New("want a duration with its unit (10m, 1h)")
+		}
+		*ttl = s
+		return nil
+	})
+	fs.Lookup("ttl").DefValue = *ttl
 	cfgPath := fs.String("config", "", "config file with auth.signing_keys (or CUBEPROXY_AUTH_SIGNING_KEYS)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return &config.UsageError{Err: config.WithFlagHint(fs, err)}

@@ -406,6 +406,13 @@ func checkBlankEnv(s *setting, v string) error {
 		}
 		what = "has no entries"
 	}
+	// Only strings and lists have an empty value a flag takes: a number,
+	// duration or boolean flag refuses --name=, so advising it sent the
+	// operator from one refusal to another.
+	if k := s.v.Kind(); k != reflect.String && k != reflect.Slice {
+		return fmt.Errorf("%s: %q %s: an empty variable counts as unset, and %s takes no empty value; unset %s for the file's value or the default, or give it a value",
+			s.envName(), v, what, strings.Join(s.path, "."), s.envName())
+	}
 	return fmt.Errorf("%s: %q %s: an empty variable counts as unset; to empty %s, use --%s= or the file",
 		s.envName(), v, what, strings.Join(s.path, "."), s.flagName())
 }

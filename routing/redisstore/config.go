@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -214,10 +216,58 @@ func CheckURL(raw string) error {
 	if strings.EqualFold(scheme, "unix") {
 		at = strings.LastIndex(rest, "@/")
 	}
-	if at < 0 || !strings.ContainsAny(rest[:at], "/?#") {
+	if at >= 0 && strings.ContainsAny(rest[:at], "/?#") {
+		return fmt.Errorf("redis.url %s: its user name or password holds a raw '/', '?' or '#', which would end the host there and make the rest the db or an option: URL-encode them (%%2F, %%3F, %%23)", redactURL(raw))
+	}
+	return checkURLOptions(raw, rest[at+1:])
+}
+
+// overriddenURLOptions are the go-redis URL options the proxy sets itself
+// on every connection, whatever the URL says, with what to do instead.
+// go-redis takes them, and the proxy then replaced them without a word:
+// `?pool_size=100` left the pool at go-redis's default, `?dial_timeout=5s`
+// at a third of redis.command_timeout, `?skip_verify=true` verified all
+// the same (TestURLOptionsTheProxySets).
+var overriddenURLOptions = map[string]string{
+	"pool_size":          "set redis.pool_size instead",
+	"dial_timeout":       "the proxy derives it from redis.command_timeout (one lookup's budget, retries included): set that instead",
+	"read_timeout":       "the proxy derives it from redis.command_timeout (one lookup's budget, retries included): set that instead",
+	"write_timeout":      "the proxy derives it from redis.command_timeout (one lookup's budget, retries included): set that instead",
+	"pool_timeout":       "the proxy derives it from redis.command_timeout (one lookup's budget, retries included): set that instead",
+	"max_retries":        "the proxy derives its retries from redis.command_timeout (one lookup's budget, retries included): remove it",
+	"min_retry_backoff":  "the proxy derives its retries from redis.command_timeout (one lookup's budget, retries included): remove it",
+	"max_retry_backoff":  "the proxy derives its retries from redis.command_timeout (one lookup's budget, retries included): remove it",
+	"skip_verify":        "set redis.insecure_skip_verify instead",
+	"protocol":           "the proxy speaks RESP2 to Redis: remove it",
+	"client_name":        "the proxy names its connections " + clientName + ": remove it",
+	"pipeline_pool_size": "the proxy runs pipelines on the main pool: remove it",
+}
+
+// checkURLOptions refuses a query option of raw, the part after its
+// userinfo being tail, that the proxy would override (overriddenURLOptions),
+// naming the option and not its value. A query that does not parse is left
+// to go-redis, whose refusal is masked (redactURL).
+func checkURLOptions(raw, tail string) error {
+	_, query, ok := strings.Cut(tail, "?")
+	if !ok {
 		return nil
 	}
-	return fmt.Errorf("redis.url %s: its user name or password holds a raw '/', '?' or '#', which would end the host there and make the rest the db or an option: URL-encode them (%%2F, %%3F, %%23)", redactURL(raw))
+	query, _, _ = strings.Cut(query, "#")
+	opts, err := url.ParseQuery(query)
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(opts))
+	for name := range opts {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if instead, ok := overriddenURLOptions[name]; ok {
+			return fmt.Errorf("redis.url %s: option %s is not applied, the proxy sets it on every connection: %s", redactURL(raw), name, instead)
+		}
+	}
+	return nil
 }
 
 // MaxPoolSize bounds redis.pool_size: a hundred times Redis's default

@@ -335,3 +335,59 @@ func readmeACLRules(t *testing.T) []any {
 	}
 	return rules
 }
+
+// TestURLOptionsTheProxySets: a redis.url query option the proxy sets
+// itself on every connection (the pool's size, the timeouts and retries it
+// derives from redis.command_timeout, TLS verification, the protocol, the
+// connection's name) was taken by go-redis and then replaced without a
+// word: `?pool_size=100` served on go-redis's default pool. Such an option
+// is refused, by its name and the setting to use, its value not shown;
+// the options the proxy leaves to go-redis still work.
+func TestURLOptionsTheProxySets(t *testing.T) {
+	testenv.ParallelRedis(t)
+	for _, tc := range []struct {
+		query, instead string
+	}{
+		{"pool_size=100", "redis.pool_size"},
+		{"dial_timeout=5s", "redis.command_timeout"},
+		{"read_timeout=5s", "redis.command_timeout"},
+		{"write_timeout=5s", "redis.command_timeout"},
+		{"pool_timeout=5s", "redis.command_timeout"},
+		{"max_retries=5", "redis.command_timeout"},
+		{"min_retry_backoff=1ms", "redis.command_timeout"},
+		{"max_retry_backoff=1s", "redis.command_timeout"},
+		{"skip_verify=true", "redis.insecure_skip_verify"},
+		{"protocol=3", "RESP2"},
+		{"client_name=edge", "cubeproxy"},
+		{"pipeline_pool_size=4", "main pool"},
+		{"db=2&pool_size=100", "redis.pool_size"},
+	} {
+		for _, raw := range []string{
+			"redis://u:hunter2@127.0.0.1:6379/1?" + tc.query,
+			"rediss://u:hunter2@redis.internal:6380?" + tc.query,
+			"unix://u:hunter2@/run/redis/redis@main.sock?" + tc.query,
+		} {
+			name, _, _ := strings.Cut(strings.TrimPrefix(tc.query, "db=2&"), "=")
+			err := redisstore.Config{URL: raw}.Validate()
+			if err == nil || !strings.Contains(err.Error(), "option "+name+" is not applied") || !strings.Contains(err.Error(), tc.instead) {
+				t.Errorf("%s: Validate = %v, want option %s refused, naming %s", raw, err, name, tc.instead)
+				continue
+			}
+			if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "="+strings.SplitN(tc.query, "=", 2)[1]) && !strings.HasPrefix(tc.query, "db=") {
+				t.Errorf("%s: error %q quotes the password or the option's value", raw, msg)
+			}
+			if _, err := redisstore.NewClient(redisstore.Config{URL: raw}); err == nil {
+				t.Errorf("%s: NewClient took it", raw)
+			}
+		}
+	}
+	// What the proxy leaves to go-redis is go-redis's, as before.
+	c, err := redisstore.NewClient(redisstore.Config{URL: "redis://127.0.0.1:6379?db=3&min_idle_conns=2&conn_max_idle_time=1m&pool_fifo=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if opt := c.(*redis.Client).Options(); opt.DB != 3 || opt.MinIdleConns != 2 || opt.ConnMaxIdleTime != time.Minute || !opt.PoolFIFO {
+		t.Fatalf("options left to go-redis: db %d min_idle_conns %d conn_max_idle_time %s pool_fifo %v", opt.DB, opt.MinIdleConns, opt.ConnMaxIdleTime, opt.PoolFIFO)
+	}
+}

@@ -1068,6 +1068,33 @@ func TestRedisLongCommandTimeoutIsTheLookupBudget(t *testing.T) {
 	}
 }
 
+// redis.command_timeout is an admin call's PUBLISH budget too: serve gave
+// the publish a second of its own, so with a longer command timeout a Redis
+// that answered after more than a second served lookups while every admin
+// change answered 503 invalidation_not_published, and a Cluster publish,
+// which tries the next master after a third of the command timeout, never
+// got to its second try.
+func TestRedisLongCommandTimeoutIsThePublishBudget(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	p := startRedisProxy(t, r.Addr(), "--redis-command-timeout", "5s")
+	r.ResetStats(t)
+	// Every command of every client waits 2 s from now.
+	if err := r.Client().Do(context.Background(), "CLIENT", "PAUSE", "2000", "ALL").Err(); err != nil {
+		t.Fatalf("client pause: %v", err)
+	}
+	got := p.adminPost(t, "/admin/backend_cache/delete", "patient", "")
+	if got.status != 200 {
+		t.Fatalf("backend_cache/delete within a 5s command timeout, Redis paused 2s: %d %s after %v", got.status, got.body, got.took)
+	}
+	if got.took < time.Second {
+		t.Fatalf("answered in %v: Redis was not paused for this publish", got.took)
+	}
+	if n := r.CommandCount(t, "publish"); n != 1 {
+		t.Fatalf("%d PUBLISHes, want 1", n)
+	}
+}
+
 // The registry's announcement of a loopback admin API is warned of: a
 // lifecycle manager on another host cannot reach it there.
 func TestWarnLoopbackAdmin(t *testing.T) {

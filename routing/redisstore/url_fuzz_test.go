@@ -95,6 +95,12 @@ func FuzzRedisURL(f *testing.F) {
 		// are the refusal's own words ("word").
 		msg := strings.ReplaceAll(err.Error(), "xxxxx", "\x00")
 		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail + " not a valid URL (check that the password is URL-encoded)"
+		// The refusal of an option the proxy sets names the option and
+		// what to set instead (checkURLOptions): its own words.
+		others += " option is not applied, the proxy sets it on every connection: "
+		for _, instead := range overriddenURLOptions {
+			others += instead + " "
+		}
 		if p := leakedPiece(msg, pw, others); p != "" {
 			t.Fatalf("the refusal of %q holds %q of its password: %s", raw, p, msg)
 		}

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -486,8 +488,8 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			return
 		}
 		fields := make(map[string]string, len(raw))
-		for k, v := range raw {
-			s, ok := v.(string)
+		for _, k := range memberNames(raw) {
+			s, ok := raw[k].(string)
 			if !ok {
 				adminError(ctx, 400, "field "+k+" must be a string")
 				return
@@ -746,6 +748,15 @@ func decodeObject(body []byte) (map[string]any, error) {
 	return out, nil
 }
 
+// memberNames returns the names of a decoded body's members in order, so
+// that a body with more than one bad member is refused naming the same
+// one every time, as routing.ParseRoute names the smallest bad field: in
+// Go's map order, which is random, one body got "field HostIP must be a
+// string" and, sent again, "field 3000 must be a string".
+func memberNames(raw map[string]any) []string {
+	return slices.Sorted(maps.Keys(raw))
+}
+
 // cutShort says a body that ends inside its object so: the decoder
 // reports it as a bare "EOF" or "unexpected EOF".
 func cutShort(err error) error {
@@ -801,11 +812,11 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	fields := make(map[string]string, len(raw))
-	for k, v := range raw {
+	for _, k := range memberNames(raw) {
 		if k == "sandbox_id" {
 			continue
 		}
-		switch v := v.(type) {
+		switch v := raw[k].(type) {
 		case string:
 			fields[k] = v
 		case json.Number:
@@ -813,7 +824,7 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 		case bool:
 			fields[k] = strconv.FormatBool(v)
 		default:
-			adminError(ctx, 400, "field "+k+" must be a string")
+			adminError(ctx, 400, "field "+k+" must be a string, number or boolean")
 			return
 		}
 	}
@@ -933,10 +944,11 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 	// (decodeObject, as for the other admin bodies): struct decoding took
 	// the last copy, and "TTL" for "ttl".
 	raw, err := decodeObject(ctx.PostBody())
-	for name, v := range raw {
+	for _, name := range memberNames(raw) {
 		if err != nil {
 			break
 		}
+		v := raw[name]
 		var ok bool
 		switch name {
 		case "sandbox_id":

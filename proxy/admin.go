@@ -272,11 +272,16 @@ func (a *Admin) servesScrape(ctx *fasthttp.RequestCtx) bool {
 
 // judgeExpect answers an Expect head: 100 when its declared body is within
 // limit and admitted lets it through; else the 413, or what handler
-// answers it without a body, with a lingering close.
+// answers it without a body, with a lingering close. The 100 goes out
+// under a renewed write deadline (sendContinue), as on the traffic
+// listener: fasthttp writes it under the one the connection's previous
+// answer left, and on a keep-alive connection idle longer than the write
+// timeout (30 s, where its idle timeout is 90 s) the write failed and the
+// connection closed unanswered.
 func (a *Admin) judgeExpect(ctx *fasthttp.RequestCtx, limit int, admitted func(*fasthttp.RequestCtx) bool, handler fasthttp.RequestHandler) int {
 	h := &ctx.Request.Header
 	if frameless(h) {
-		return fasthttp.StatusContinue
+		return sendContinue(ctx, adminWriteTimeout)
 	}
 	switch {
 	case h.ContentLength() > limit:
@@ -284,7 +289,7 @@ func (a *Admin) judgeExpect(ctx *fasthttp.RequestCtx, limit int, admitted func(*
 	case !admitted(ctx):
 		handler(ctx)
 	default:
-		return fasthttp.StatusContinue
+		return sendContinue(ctx, adminWriteTimeout)
 	}
 	// fasthttp closes the connection after any answer but 100: a client
 	// that sent its body without waiting would get a reset, not this.

@@ -280,6 +280,10 @@ func (a *Admin) servesScrape(ctx *fasthttp.RequestCtx) bool {
 // connection closed unanswered.
 func (a *Admin) judgeExpect(ctx *fasthttp.RequestCtx, limit int, admitted func(*fasthttp.RequestCtx) bool, handler fasthttp.RequestHandler) int {
 	h := &ctx.Request.Header
+	// The Host line, as serve judges the request: an absolute-form
+	// target's host, which fasthttp copies over it, had a local tool's
+	// head run without its body, and a browser page's head get the 100.
+	settleHost(h)
 	if frameless(h) {
 		return sendContinue(ctx, adminWriteTimeout)
 	}

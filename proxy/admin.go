@@ -478,6 +478,15 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		adminError(ctx, 404, "routes are managed by the control plane in Redis; the route API needs store: memory")
 		return
 	}
+	switch method {
+	case "GET", "PUT", "DELETE":
+	default:
+		// Before the id is judged: a 400 for the id sent a caller using
+		// the wrong method to fix an id that was never the problem.
+		ctx.Response.Header.Set("Allow", "GET, HEAD, PUT, DELETE")
+		adminError(ctx, 405, "method not allowed: /admin/routes/"+id+" takes GET, HEAD, PUT, DELETE")
+		return
+	}
 	if !routing.ValidID(id) {
 		adminError(ctx, 400, "invalid sandbox id")
 		return
@@ -534,9 +543,6 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 			return
 		}
 		writeJSON(ctx, 200, map[string]any{"ok": true, "deleted": deleted})
-	default:
-		ctx.Response.Header.Set("Allow", "GET, HEAD, PUT, DELETE")
-		adminError(ctx, 405, "method not allowed: /admin/routes/"+id+" takes GET, HEAD, PUT, DELETE")
 	}
 }
 

@@ -147,6 +147,11 @@ func TestAdminWrongMethod(t *testing.T) {
 		{"POST", "/admin/routes", 405, "GET, HEAD"},
 		{"DELETE", "/admin/last_active", 405, "GET, HEAD"},
 		{"POST", "/admin/routes/x", 405, "GET, HEAD, PUT, DELETE"},
+		// The method is wrong whatever the id: a 400 for the id sent the
+		// caller to fix what was never the problem.
+		{"POST", "/admin/routes/Not_An_Id", 405, "GET, HEAD, PUT, DELETE"},
+		{"PATCH", "/admin/routes/", 405, "GET, HEAD, PUT, DELETE"},
+		{"GET", "/admin/routes/Not_An_Id", 400, ""},
 		{"DELETE", "/admin/healthz", 405, "GET, HEAD"},
 		// Load balancers probe with HEAD as often as with GET.
 		{"HEAD", "/admin/healthz", 200, ""},

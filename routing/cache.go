@@ -84,6 +84,8 @@ const epochShards = 64
 // ExpireAll moves the cache to a new generation; when one has
 // expired and the refresh fails with a transient store error, the old route
 // is served (CacheStale) and the store is not asked again for NegativeTTL.
+// After that the store is asked again in the background while the old
+// route is still served, until the store answers or ExpireAll.
 // ErrNotFound and *FieldError answers are cached for NegativeTTL in a
 // separate, smaller LRU so a flood of unknown ids cannot evict real routes.
 // Other store errors are never cached.
@@ -226,6 +228,17 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 				return e.route, CacheStale, nil
 			}
 			return e.route, CacheHit, nil
+		}
+		if e.stale && e.gen == gen {
+			// The store failed this route's last re-read. Ask it again,
+			// but answer with the old route at once: a store that hangs
+			// (a partition, a stopped Redis) made every request for the
+			// sandbox wait out LookupTimeout once per NegativeTTL, a
+			// second of every three. A store back by now stores the fresh
+			// route for the next request. After ExpireAll (a resubscribe:
+			// invalidations may have been lost) the re-read is waited for.
+			c.join(string(id), false)
+			return e.route, CacheStale, nil
 		}
 		stale = e.route
 	}

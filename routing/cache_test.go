@@ -91,11 +91,33 @@ func get(t testing.TB, c *Cache, id string) (*Route, CacheResult, error) {
 	return c.Get(context.Background(), []byte(id))
 }
 
+// settle waits until c has no store call in progress, so that a test
+// counts the calls a Get started without waiting for them.
+func settle(t testing.TB, c *Cache) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.mu.Lock()
+		n := len(c.flights)
+		c.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d store calls still in progress after 5s", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func expect(t testing.TB, c *Cache, s *countingStore, id string, wantRes CacheResult, wantErr error, wantCalls int64) *Route {
 	t.Helper()
 	r, res, err := get(t, c, id)
 	if res != wantRes || !errors.Is(err, wantErr) {
 		t.Fatalf("Get(%s) = %v, %v, %v; want %v, %v", id, r, res, err, wantRes, wantErr)
+	}
+	if res == CacheStale {
+		settle(t, c) // a stale answer may leave its re-read running
 	}
 	if wantErr == nil && (r == nil || r.ID != id) {
 		t.Fatalf("Get(%s) returned route %+v", id, r)
@@ -375,12 +397,16 @@ func TestCacheStaleIfError(t *testing.T) {
 	// While the store is failing, the stale route is served without asking it.
 	clock.Advance(testCacheConfig.NegativeTTL - 1)
 	expect(t, c, s, "a", CacheStale, nil, 2)
-	// Then the store is tried again; once it recovers the new route is used.
+	// Then the store is tried again, the stale route served without
+	// waiting for it; once it recovers the new route is used.
 	clock.Advance(1)
 	expect(t, c, s, "a", CacheStale, nil, 3)
 	clock.Advance(testCacheConfig.NegativeTTL)
 	s.set(answerRoute)
-	if r := expect(t, c, s, "a", CacheMiss, nil, 4); r == first {
+	if r := expect(t, c, s, "a", CacheStale, nil, 4); r != first {
+		t.Fatal("stale answer is not the cached route")
+	}
+	if r := expect(t, c, s, "a", CacheHit, nil, 4); r == first {
 		t.Fatal("refreshed route is the old one")
 	}
 	// A definite "not found" is never answered with the stale route.
@@ -390,6 +416,67 @@ func TestCacheStaleIfError(t *testing.T) {
 	if c.Len() != 0 {
 		t.Fatal("route kept after the store said it is gone")
 	}
+}
+
+// A route whose re-read failed is served at once while the store is asked
+// again: a store that hangs (a partition, a stopped Redis) made every
+// request for the sandbox wait out LookupTimeout once per NegativeTTL, a
+// second of every three for as long as it hung. The first failure is
+// waited for (the store may only be slow), and so is the re-read after
+// ExpireAll (invalidations may have been lost).
+func TestCacheStaleRouteDoesNotWaitForAHungStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hang atomic.Bool
+		s := newCountingStore(func(ctx context.Context, id string) (*Route, error) {
+			if hang.Load() {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return routeFor(id), nil
+		})
+		cfg := testCacheConfig
+		c, err := NewCache(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		first := expect(t, c, s, "a", CacheMiss, nil, 1)
+		hang.Store(true)
+		time.Sleep(cfg.TTLMax + 1)
+
+		// get asks for a's route and wants the first one, as stale, after
+		// waiting exactly wait; n is the store calls made by then.
+		get := func(step string, wait time.Duration, n int64) {
+			t.Helper()
+			start := time.Now()
+			r, res, err := c.Get(context.Background(), []byte("a"))
+			if waited := time.Since(start); r != first || res != CacheStale || err != nil || waited != wait {
+				t.Fatalf("%s: %v %v %v after %v, want the first route, stale, after %v", step, r, res, err, waited, wait)
+			}
+			synctest.Wait()
+			if got := s.calls.Load(); got != n {
+				t.Fatalf("%s: %d store calls, want %d", step, got, n)
+			}
+		}
+		get("first failure", cfg.LookupTimeout, 2)
+		get("within NegativeTTL of it", 0, 2)
+		for i := range int64(3) {
+			// Each re-read hangs for its budget, then leaves the store
+			// alone for NegativeTTL.
+			time.Sleep(cfg.LookupTimeout + cfg.NegativeTTL)
+			get(fmt.Sprintf("re-read %d", i+1), 0, 3+i)
+		}
+		c.ExpireAll()
+		time.Sleep(cfg.LookupTimeout) // the last re-read has given up
+		get("after ExpireAll", cfg.LookupTimeout, 6)
+
+		hang.Store(false)
+		time.Sleep(cfg.NegativeTTL)
+		get("the store back", 0, 7)
+		if r := expect(t, c, s, "a", CacheHit, nil, 7); r == first {
+			t.Fatal("the store's answer was not cached")
+		}
+	})
 }
 
 // A lookup that fails after the caller gave up on it (LookupTimeout) does
@@ -449,7 +536,8 @@ func TestCacheExpireAll(t *testing.T) {
 	}
 	clock.Advance(testCacheConfig.NegativeTTL)
 	s.set(answerRoute)
-	if r := expect(t, c, s, "a", CacheMiss, nil, 5); r == first {
+	expect(t, c, s, "a", CacheStale, nil, 5) // re-read in the background
+	if r := expect(t, c, s, "a", CacheHit, nil, 5); r == first {
 		t.Fatal("store back after ExpireAll: the old route")
 	}
 }

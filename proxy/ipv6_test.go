@@ -421,4 +421,20 @@ func TestForwardedGetsTheProxysElement(t *testing.T) {
 			}
 		})
 	}
+	// A head of no lines at all (HTTP/1.0 in absolute form, routed by its
+	// target) has no raw copy either, as a head built in code has none:
+	// the proxy's element went out alone, as if the client had sent one.
+	t.Run("HTTP/1.0 head without lines", func(t *testing.T) {
+		resp, body := rawRequest(t, "127.0.0.1:"+proxyPort, "GET http://80-fwd.cube.test/ HTTP/1.0\r\n\r\n")
+		var e echoed
+		if err := json.Unmarshal([]byte(body), &e); resp.StatusCode != 200 || err != nil {
+			t.Fatalf("%d %q: %v", resp.StatusCode, body, err)
+		}
+		if got := e.get("Forwarded"); got != "" {
+			t.Errorf("Forwarded reached the sandbox as %q, want none", got)
+		}
+		if got := e.get("X-Forwarded-For"); got != "127.0.0.1" {
+			t.Errorf("X-Forwarded-For reached the sandbox as %q, want 127.0.0.1", got)
+		}
+	})
 }

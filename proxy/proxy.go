@@ -1324,9 +1324,15 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		prior = h.PeekAll("X-Forwarded-For")
 	}
 	forwardedFor := appendForwardedFor(forBuf[:0], prior, ip)
+	// Forwarded goes out (nil: not) only where the client sent a line of
+	// it. The scan's count is not enough: a head with no lines at all (an
+	// HTTP/1.0 request in absolute form) has no raw copy to scan, which
+	// the scan takes for a head built in code and answers seeAll.
 	var forwarded []byte
 	if seen.forwarded > 0 {
-		forwarded = appendForwarded(fwdBuf[:0], h.PeekAll("Forwarded"), ip)
+		if prior := h.PeekAll("Forwarded"); len(prior) > 0 {
+			forwarded = appendForwarded(fwdBuf[:0], prior, ip)
+		}
 	}
 	// The deletes below would reorder a repeated field's lines.
 	deletes := seen.hop || upgrade || h.ConnectionClose() || seen.credentials || seen.expect ||
@@ -1346,7 +1352,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		if seen.hop && seen.forwardedFor > 0 && len(h.PeekAll("X-Forwarded-For")) == 0 {
 			forwardedFor = appendForwardedFor(forBuf[:0], nil, ip)
 		}
-		if seen.hop && seen.forwarded > 0 && len(h.PeekAll("Forwarded")) == 0 {
+		if seen.hop && forwarded != nil && len(h.PeekAll("Forwarded")) == 0 {
 			forwarded = appendForwarded(fwdBuf[:0], nil, ip)
 		}
 	}
@@ -1392,7 +1398,7 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 	var buf [256]byte
 	h.SetCanonical(keyRealIP, ip.AppendTo(buf[:0]))
 	h.SetCanonical(keyForwardedFor, forwardedFor)
-	if seen.forwarded > 0 {
+	if forwarded != nil {
 		// Only where the client sent one (as nginx, the proxy adds none):
 		// a framework that reads it before X-Forwarded-For takes the
 		// rightmost element no trusted proxy added, which is then the

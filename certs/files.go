@@ -279,6 +279,14 @@ func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
 }
 
 func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	// Before the rest: with a PEM line misplaced, the blocks around it
+	// are skipped, and what is left reads as cut or mismatched.
+	if line, why := misplacedPEMLine(certPEM); line > 0 {
+		return nil, fmt.Errorf("load %s: line %d: %s", p.CertFile, line, why)
+	}
+	if line, why := misplacedPEMLine(keyPEM); line > 0 {
+		return nil, fmt.Errorf("load %s + %s: line %d of %s: %s", p.CertFile, p.KeyFile, line, p.KeyFile, why)
+	}
 	if incompletePEM(certPEM) {
 		// X509KeyPair stops at the first block it cannot decode: a chain
 		// cut mid-write would load as its leaf alone, which clients that
@@ -344,6 +352,45 @@ func encryptedKey(keyPEM []byte) bool {
 			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED")
 		}
 	}
+}
+
+// misplacedPEMLine finds the first PEM BEGIN or END line that does not
+// stand alone at the start of its line, which no PEM reader takes (Go's
+// skips the block, nginx refuses the file with "no start line" or "bad
+// end line"): after a byte-order mark (a file saved as UTF-8 with BOM),
+// indented (pasted from YAML or a document), or two on one line (files
+// concatenated when the first lacked its last newline). It returns the
+// line's number (from 1) and what is wrong with it, or 0.
+func misplacedPEMLine(b []byte) (int, string) {
+	n := 0
+	for line := range bytes.Lines(b) {
+		n++
+		i := pemMarker(line)
+		if i < 0 {
+			continue
+		}
+		switch {
+		case i == 0 && pemMarker(line[1:]) < 0:
+			continue // where it belongs
+		case bytes.HasPrefix(line, []byte("\uFEFF")):
+			return n, "the file starts with a byte-order mark (saved as UTF-8 with BOM); save it without one"
+		case i > 0 && len(bytes.TrimLeft(line[:i], " \t")) == 0:
+			return n, "a PEM BEGIN or END line is indented; it must start at the beginning of its line"
+		default:
+			return n, "a PEM BEGIN or END line shares its line with other text (files concatenated without a newline between them?); put it on a line of its own"
+		}
+	}
+	return 0, ""
+}
+
+// pemMarker is the index in line of the first "-----BEGIN" or "-----END",
+// or -1.
+func pemMarker(line []byte) int {
+	i := bytes.Index(line, []byte("-----BEGIN"))
+	if j := bytes.Index(line, []byte("-----END")); j >= 0 && (i < 0 || j < i) {
+		i = j
+	}
+	return i
 }
 
 // incompletePEM reports whether b ends inside a PEM block: one that begins

@@ -1,6 +1,7 @@
 package certs
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/pem"
@@ -582,6 +583,16 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 		{"PKCS#8 encrypted key", leaf, pem.EncodeToMemory(&pem.Block{Type: "ENCRYPTED PRIVATE KEY", Bytes: []byte("opaque")}), "is encrypted", "failed to parse"},
 		{"legacy encrypted key", leaf, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY",
 			Headers: map[string]string{"Proc-Type": "4,ENCRYPTED", "DEK-Info": "AES-256-CBC,6EE31CBEBB7E78BA9ECD1C78FC713EB7"}, Bytes: []byte("opaque")}), "is encrypted", "failed to parse"},
+		// PEM lines that do not stand alone at the start of their line,
+		// which no PEM reader takes (nginx: "bad end line", "no start
+		// line"): they read as "truncated, or still being written", or,
+		// with the leaf's BEGIN line hidden, as a key of another
+		// certificate, and sent the operator after a cut file or the key.
+		{"files concatenated without a newline", cat(bytes.TrimSuffix(leaf, []byte("\n")), inter), key, "line " + strconv.Itoa(bytes.Count(leaf, []byte("\n"))) + ":", "truncated"},
+		{"byte-order mark before the chain", cat([]byte("\uFEFF"), leaf, inter), key, "line 1:", "does not match"},
+		{"byte-order mark before the leaf alone", cat([]byte("\uFEFF"), leaf), key, "line 1:", "truncated"},
+		{"indented chain", indent(cat(leaf, inter)), key, "line 1:", "truncated"},
+		{"indented key", leaf, indent(key), "line 1 of", "PEM data"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -598,6 +609,16 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 			}
 		})
 	}
+}
+
+// indent indents every line of b by two spaces, as a PEM pasted from
+// YAML or a document is.
+func indent(b []byte) []byte {
+	var out []byte
+	for line := range bytes.Lines(b) {
+		out = append(append(out, "  "...), line...)
+	}
+	return out
 }
 
 // ACMECovers, which check uses without a Manager, answers as the managed

@@ -17,10 +17,10 @@
 // node IP), get the default certificate: the first file pair, the wildcard
 // for acme, the development certificate for self_signed.
 //
-// ALPN is "http/1.1" only (plus "acme-tls/1" for acme validating by
-// TLS-ALPN-01, on-demand without a DNS provider): fasthttp has no
-// HTTP/2, and advertising "h2" would make clients speak HTTP/2 to an HTTP/1
-// parser.
+// ALPN is "http/1.1" and "http/1.0" (plus "acme-tls/1" for acme
+// validating by TLS-ALPN-01, on-demand without a DNS provider): fasthttp
+// has no HTTP/2, and advertising "h2" would make clients speak HTTP/2 to an
+// HTTP/1 parser.
 package certs
 
 import (
@@ -185,7 +185,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	log = log.With("component", "certs")
 
-	m := &Manager{protos: []string{"http/1.1"}, log: log}
+	// http/1.0 as nginx offers it: curl --http1.0 offers it alone, and
+	// without it that client failed the handshake (no_application_protocol)
+	// for requests the proxy serves. After http/1.1, which crypto/tls
+	// then prefers (it picks in the server's order).
+	m := &Manager{protos: []string{"http/1.1", "http/1.0"}, log: log}
 	var err error
 	switch cfg.Source {
 	case SourceFiles:
@@ -213,8 +217,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 
 // TLSConfig returns a new server tls.Config: TLS 1.2 minimum, AEAD cipher
 // suites with forward secrecy, session tickets on, ALPN exactly "http/1.1"
-// (plus "acme-tls/1" for acme without a DNS provider, for TLS-ALPN-01
-// challenges), never "h2".
+// and "http/1.0" (plus "acme-tls/1" for acme without a DNS provider, for
+// TLS-ALPN-01 challenges), never "h2".
 func (m *Manager) TLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,

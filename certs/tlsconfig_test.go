@@ -22,8 +22,8 @@ func TestTLSConfigProtocols(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	if got := m.TLSConfig().NextProtos; !slices.Equal(got, []string{"http/1.1"}) {
-		t.Fatalf("NextProtos = %q, want exactly http/1.1", got)
+	if got := m.TLSConfig().NextProtos; !slices.Equal(got, []string{"http/1.1", "http/1.0"}) {
+		t.Fatalf("NextProtos = %q, want exactly http/1.1 and http/1.0", got)
 	}
 	srv := serveTLS(t, m)
 
@@ -37,6 +37,10 @@ func TestTLSConfigProtocols(t *testing.T) {
 		{"browser offers h2 and http/1.1", []string{"h2", "http/1.1"}, 0, "http/1.1", false},
 		{"no ALPN", nil, 0, "", false},
 		{"h2 only is refused", []string{"h2"}, 0, "", true},
+		// curl --http1.0 offers http/1.0 alone; nginx accepts it, and
+		// the handshake failed here with no_application_protocol.
+		{"http/1.0 only", []string{"http/1.0"}, 0, "http/1.0", false},
+		{"http/1.1 preferred to http/1.0", []string{"http/1.0", "http/1.1"}, 0, "http/1.1", false},
 		{"TLS 1.2 accepted", []string{"http/1.1"}, tls.VersionTLS12, "http/1.1", false},
 		{"TLS 1.1 refused", []string{"http/1.1"}, tls.VersionTLS11, "", true},
 	}

@@ -120,7 +120,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	for _, f := range []string{"quick", "out", "keep", "only"} { // bench/compare.sh's own flags
 		flags[f] = true
 	}
-	for _, f := range []string{"resolve", "http2", "http2-prior-knowledge", "compressed", "path-as-is", "cacert"} { // curl's, in bench/README's interop lab and README's No HTTP/2
+	for _, f := range []string{"resolve", "http2", "http2-prior-knowledge", "compressed", "path-as-is", "cacert", "http1"} { // curl's, in bench/README's interop lab, README's No HTTP/2 and TLS (--http1.0)
 		flags[f] = true
 	}
 

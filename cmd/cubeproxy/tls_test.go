@@ -313,6 +313,30 @@ func TestTLSSelfSignedDefault(t *testing.T) {
 		t.Fatalf("an h2-only client: %v, want the no_application_protocol alert", err)
 	}
 
+	// curl --http1.0 offers ALPN http/1.0 alone; nginx accepts it, and
+	// its handshake failed here with no_application_protocol.
+	h10, err := dialTLSProxy(p.https, &tls.Config{InsecureSkipVerify: true, ServerName: "50005-abc.cube.test", NextProtos: []string{"http/1.0"}})
+	if err != nil {
+		t.Fatalf("a client offering http/1.0 alone: %v", err)
+	}
+	defer h10.close()
+	if got := h10.c.ConnectionState().NegotiatedProtocol; got != "http/1.0" {
+		t.Fatalf("a client offering http/1.0 alone negotiated %q", got)
+	}
+	_ = h10.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(h10.c, "GET /v10 HTTP/1.0\r\nHost: 50005-abc.cube.test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp10, err := http.ReadResponse(h10.br, nil)
+	if err != nil {
+		t.Fatalf("HTTP/1.0 over ALPN http/1.0: %v", err)
+	}
+	body10, _ := io.ReadAll(resp10.Body)
+	resp10.Body.Close()
+	if want := "sandbox=abc host=50005-abc.cube.test proto=https uri=/v10"; resp10.StatusCode != 200 || string(body10) != want {
+		t.Fatalf("HTTP/1.0 over ALPN http/1.0: %d %q, want %q", resp10.StatusCode, body10, want)
+	}
+
 	// Without redirect_http the plain listener keeps proxying.
 	req, _ := http.NewRequest("GET", "http://"+p.http+"/plain", nil)
 	req.Host = "50005-abc.cube.test"

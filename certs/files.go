@@ -279,15 +279,10 @@ func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
 }
 
 func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
-	// Before the rest: with a PEM line misplaced, the blocks around it
-	// are skipped, and what is left reads as cut or mismatched.
-	if line, why := misplacedPEMLine(certPEM); line > 0 {
-		return nil, fmt.Errorf("load %s: line %d: %s", p.CertFile, line, why)
-	}
-	if line, why := misplacedPEMLine(keyPEM); line > 0 {
-		return nil, fmt.Errorf("load %s + %s: line %d of %s: %s", p.CertFile, p.KeyFile, line, p.KeyFile, why)
-	}
 	if incompletePEM(certPEM) {
+		if err := misplacedPEM(p, certPEM, keyPEM); err != nil {
+			return nil, err
+		}
 		// X509KeyPair stops at the first block it cannot decode: a chain
 		// cut mid-write would load as its leaf alone, which clients that
 		// need the intermediate cannot verify.
@@ -295,6 +290,9 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
+		if err := misplacedPEM(p, certPEM, keyPEM); err != nil {
+			return nil, err
+		}
 		if i, n := keyCertificate(certPEM, keyPEM); i > 0 {
 			// X509KeyPair takes the first certificate for the server's and
 			// calls the key a mismatch, which sends the operator after the
@@ -352,6 +350,22 @@ func encryptedKey(keyPEM []byte) bool {
 			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED")
 		}
 	}
+}
+
+// misplacedPEM names a misplaced PEM line (misplacedPEMLine) of a pair
+// that failed to load, or returns nil. Asked only then: the block of such a
+// line is skipped, and what is left reads as cut or mismatched, which sent
+// the operator after the wrong cause; a pair that loads without the block
+// (a BOM before the EC PARAMETERS block openssl writes ahead of a key)
+// still loads.
+func misplacedPEM(p FilePair, certPEM, keyPEM []byte) error {
+	if line, why := misplacedPEMLine(certPEM); line > 0 {
+		return fmt.Errorf("load %s: line %d: %s", p.CertFile, line, why)
+	}
+	if line, why := misplacedPEMLine(keyPEM); line > 0 {
+		return fmt.Errorf("load %s + %s: line %d of %s: %s", p.CertFile, p.KeyFile, line, p.KeyFile, why)
+	}
+	return nil
 }
 
 // misplacedPEMLine finds the first PEM BEGIN or END line that does not

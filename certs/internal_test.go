@@ -611,6 +611,24 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 	}
 }
 
+// A misplaced PEM line is named only when the pair fails to load: a key
+// file that opens with a byte-order mark before the EC PARAMETERS block
+// openssl ecparam writes ahead of the key loaded before, and still does.
+func TestMisplacedPEMLineInABlockNotNeeded(t *testing.T) {
+	ca := testenv.NewCA(t, "ca")
+	leaf, key := ca.Issue(t, "cube.test")
+	params := "\uFEFF-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n"
+	dir := t.TempDir()
+	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	writeFile(t, p.CertFile, leaf)
+	writeFile(t, p.KeyFile, append([]byte(params), key...))
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("the pair no longer loads: %v", err)
+	}
+	_ = s.close()
+}
+
 // indent indents every line of b by two spaces, as a PEM pasted from
 // YAML or a document is.
 func indent(b []byte) []byte {

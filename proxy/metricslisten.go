@@ -18,6 +18,9 @@ func (s *Server) ServeMetrics(ln net.Listener) error {
 	if s.metricsSrv == nil {
 		return errors.New("no admin API configured")
 	}
+	if !s.admit(ln, true) {
+		return nil
+	}
 	if err := s.metricsSrv.Serve(s.retrying(ln).withReserve()); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve metrics %s: %w", ln.Addr(), err)
 	}

@@ -223,6 +223,9 @@ func (s *Server) ServeRedirect(ln net.Listener, httpsPort string) error {
 	if httpsPort == "443" {
 		httpsPort = ""
 	}
+	if !s.admit(ln, false) {
+		return nil
+	}
 	s.redirectPort = httpsPort
 	s.redirect.Handler = func(ctx *fasthttp.RequestCtx) { s.answerRedirect(ctx, false) }
 	if err := s.redirect.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {

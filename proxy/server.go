@@ -121,6 +121,60 @@ type Server struct {
 	// handshakes are the TLS handshakes of ServeTLS's connections under
 	// way, which the drain ends after their grace.
 	handshakes handshakes
+	// served are the listeners the Serve methods were given, by kind,
+	// and which kinds the drain has closed (see admit).
+	served servedListeners
+}
+
+// servedListeners are a Server's listeners of one kind: traffic (the HTTP,
+// HTTPS and redirect listeners) or admin (the admin and metrics ones),
+// each closed at its own point of the drain.
+type servedListeners struct {
+	mu      sync.Mutex
+	traffic []net.Listener
+	admin   []net.Listener
+	// trafficClosed, adminClosed: the drain has closed that kind.
+	trafficClosed, adminClosed bool
+}
+
+// admit records ln, a listener of the admin kind or not, as served, or
+// closes it and reports false when the drain has already closed its kind.
+// fasthttp's shutdown closes only the listeners its Serve has recorded, and
+// the program starts each Serve in a goroutine of its own, then drains as
+// soon as a signal has come: after a SIGTERM as the proxy started, the drain
+// often ran first, and a listener served later was never closed, accepting
+// and serving clients through the drain until the process exited over them.
+func (s *Server) admit(ln net.Listener, admin bool) bool {
+	s.served.mu.Lock()
+	defer s.served.mu.Unlock()
+	if admin && s.served.adminClosed || !admin && s.served.trafficClosed {
+		_ = ln.Close()
+		return false
+	}
+	if admin {
+		s.served.admin = append(s.served.admin, ln)
+	} else {
+		s.served.traffic = append(s.served.traffic, ln)
+	}
+	return true
+}
+
+// closeServed closes the served listeners of a kind, and any of that kind
+// served from now on (admit), also those whose Serve has begun but whose
+// fasthttp server has not recorded them yet. fasthttp's own close of them
+// then fails with net.ErrClosed, which Shutdown ignores.
+func (s *Server) closeServed(admin bool) {
+	s.served.mu.Lock()
+	lns := s.served.traffic
+	if admin {
+		lns, s.served.adminClosed = s.served.admin, true
+	} else {
+		s.served.trafficClosed = true
+	}
+	s.served.mu.Unlock()
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
 }
 
 // NewServer returns a server for p and admin (admin may be nil).
@@ -281,6 +335,9 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 
 // Serve serves sandbox traffic on ln (see ServeTLS for HTTPS).
 func (s *Server) Serve(ln net.Listener) error {
+	if !s.admit(ln, false) {
+		return nil
+	}
 	if err := s.traffic.Serve(s.limited(ln)); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
 	}
@@ -342,6 +399,9 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	if s.adminSrv == nil {
 		return errors.New("no admin API configured")
 	}
+	if !s.admit(ln, true) {
+		return nil
+	}
 	if err := s.adminSrv.Serve(s.retrying(ln).withReserve()); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
@@ -372,6 +432,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 	done := make(chan error, 1)
 	go func() { done <- s.traffic.ShutdownWithContext(ctx) }()
+	// The redirect listener's too (see its server's shutdown below).
+	s.closeServed(false)
 	// fasthttp's wait does not see a connection in its TLS handshake.
 	handshaking := make(chan struct{})
 	defer close(handshaking)
@@ -514,7 +576,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	// fasthttp's wait ends with ctx's error at the drain deadline, or when
 	// the caller cut the drain short: the plan, not a failure.
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	// Nor is the close of a listener closeServed closed first.
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	return err
@@ -523,6 +586,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // shutdownAdmin shuts the admin and metrics listeners' servers down at
 // once, within ctx: the metrics listener closes with the admin listener.
 func (s *Server) shutdownAdmin(ctx context.Context) {
+	s.closeServed(true)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

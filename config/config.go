@@ -7,6 +7,7 @@ package config
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -243,6 +244,13 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // certs...), which config, low in the import graph, does not import: the
 // binary asks them and passes the result. nil shows Default's values.
 func LoadCommand(command string, shown *Config, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
+	return LoadCommandContext(context.Background(), command, shown, args, getenv, out)
+}
+
+// LoadCommandContext is LoadCommand for a command a signal may stop
+// (ctx's end) while its config file, a pipe, still waits for its writer:
+// the error then wraps ctx's (namedfile.ReadOnceContext).
+func LoadCommandContext(ctx context.Context, command string, shown *Config, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
 	cfg := Default()
 	settings := collect(reflect.ValueOf(cfg).Elem())
 	if shown == nil {
@@ -307,7 +315,7 @@ func LoadCommand(command string, shown *Config, args []string, getenv func(strin
 	// Flags were applied to cfg during parsing; start over in order.
 	*cfg = *Default()
 	if path != "" {
-		if err := decodeFile(cfg, path); err != nil {
+		if err := decodeFile(ctx, cfg, path); err != nil {
 			if fromEnv {
 				// The image (or a unit file) sets it: an operator who gave
 				// no --config is told where the path came from.
@@ -508,8 +516,8 @@ func WithFlagHint(fs *flag.FlagSet, err error) error {
 // setting is an error, not a setting silently left at its default, and so
 // are a second document, which would be ignored, and a key with no value
 // whose default is not empty (checkNulls).
-func decodeFile(cfg *Config, path string) error {
-	data, err := namedfile.ReadOnce(path, namedfile.MaxSmall)
+func decodeFile(ctx context.Context, cfg *Config, path string) error {
+	data, err := namedfile.ReadOnceContext(ctx, path, namedfile.MaxSmall)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}

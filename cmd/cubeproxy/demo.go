@@ -30,7 +30,10 @@ const (
 // gateway on one port and an SSE ticker on another, registers their route
 // and prints curl commands that go through the proxy.
 func demo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := config.LoadCommand("cubeproxy demo", shownDefaults(), args, getenv, stderr)
+	cfg, err := config.LoadCommandContext(ctx, "cubeproxy demo", shownDefaults(), args, getenv, stderr)
+	if stoppedLoading(ctx, "cubeproxy demo", err, stderr) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

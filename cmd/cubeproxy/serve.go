@@ -100,7 +100,10 @@ type listening func(a *app)
 
 // serve loads the configuration, runs the proxy until ctx ends, then drains.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready listening) error {
-	cfg, err := config.LoadCommand("cubeproxy serve", shownDefaults(), args, getenv, stderr)
+	cfg, err := config.LoadCommandContext(ctx, "cubeproxy serve", shownDefaults(), args, getenv, stderr)
+	if stoppedLoading(ctx, "cubeproxy serve", err, stderr) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -277,6 +280,21 @@ func newLogger(cfg *config.Config, w io.Writer) (*slog.Logger, error) {
 // errStoppedStarting is build's error when a signal (ctx's end) cut the
 // start short: serve and demo then return nil, as after a drain.
 var errStoppedStarting = errors.New("stopped by a signal before serving")
+
+// stoppedLoading reports whether err, from loading a serving command's
+// configuration, is a signal's (ctx's end) cutting short the wait for a
+// config file that is a pipe, and says so on stderr: a stop before serving,
+// exit 0, as one during the rest of the start. Without it the read took
+// no notice of the signal, and main's signal handling had taken SIGTERM's
+// and SIGINT's default action away: the process waited on, deaf to both,
+// until a SIGKILL.
+func stoppedLoading(ctx context.Context, command string, err error, stderr io.Writer) bool {
+	if err == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+		return false
+	}
+	fmt.Fprintf(stderr, "%s: signal during startup: stopped before serving (interrupted: %v)\n", command, err)
+	return true
+}
 
 // build wires everything and opens the listeners, so that a bad setting
 // or address fails at startup with a clear error. On error, whatever was

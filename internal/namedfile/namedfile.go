@@ -11,6 +11,7 @@
 package namedfile
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -79,6 +80,16 @@ func Read(path string, limit int64) ([]byte, error) {
 // Files the proxy reads again (certificates on reload) or writes back
 // (routes) stay regular files only (Read).
 func ReadOnce(path string, limit int64) ([]byte, error) {
+	return ReadOnceContext(context.Background(), path, limit)
+}
+
+// ReadOnceContext is ReadOnce given up when ctx ends while a pipe still
+// waits for its writer (to open it, write or close it), with an error that
+// wraps ctx's: the program's stop signal must not wait on a writer that
+// may never come. The read itself cannot be cut: it goes on in the
+// background until the writer closes the pipe or the process exits. A
+// regular file is read whatever ctx says.
+func ReadOnceContext(ctx context.Context, path string, limit int64) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
@@ -86,6 +97,28 @@ func ReadOnce(path string, limit int64) ([]byte, error) {
 	if fi.Mode()&fs.ModeNamedPipe == 0 {
 		return Read(path, limit)
 	}
+	if ctx.Done() == nil {
+		return readPipe(path, limit)
+	}
+	type read struct {
+		data []byte
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		data, err := readPipe(path, limit)
+		done <- read{data, err}
+	}()
+	select {
+	case r := <-done:
+		return r.data, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%s, a pipe, was still waiting for its writer: %w", path, ctx.Err())
+	}
+}
+
+// readPipe reads the pipe at path to its end, through limit.
+func readPipe(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

@@ -36,7 +36,7 @@ const (
 	quietFigure    = `a download whose sandbox went\s+silent mid-body ≈ (\d+) KiB\s+\(HTTPS ≈ \d+–(\d+)\)`
 	chunkedFigure  = `a chunked or\s+read-to-close\s+download\s+from\s+a\s+silent\s+sandbox\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	detachedFigure = `a\s+detached\s+stream\s+from\s+a\s+silent\s+sandbox\s+≈\s+\d+–(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
-	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–\d+ KiB,\s+up\s+to\s+(\d+)\s+in\s+about\s+one\s+run\s+in\s+ten\s+\(HTTPS\s+≈\s+\d+–(\d+)\)`
+	tunnelFigure   = `a\s+WebSocket\s+silent\s+after\s+a\s+burst\s+≈\s+\d+–\d+ KiB,\s+up\s+to\s+(\d+)\s+in\s+about\s+one\s+run\s+in\s+ten\s+\(HTTPS\s+≈\s+\d+–\d+,\s+up\s+to\s+(\d+)\s+in\s+about\s+one\s+run\s+in\s+eight\)`
 	uploadFigure   = `a\s+Content-Length\s+upload\s+whose\s+client\s+went\s+silent\s+mid-body\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	chunkedUpload  = `a\s+chunked\s+upload\s+whose\s+client\s+stopped\s+between\s+two\s+chunks\s+≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)\)`
 	chunkCRLF      = `whose\s+client\s+stops\s+between\s+a\s+chunk's\s+data\s+and\s+the\s+CRLF\s+after\s+it[^≈]*≈\s+(\d+) KiB\s+\(HTTPS\s+≈\s+(\d+)`
@@ -288,9 +288,9 @@ func measureSizingKind(t *testing.T, setup sizingSetup, k sizingKind) {
 	// Over the allowance after that, a quiet kind is given one more such
 	// window: the same code counted 26-29 KiB for an HTTPS WebSocket from
 	// a silent sandbox in most runs and 35-45 KiB in about one in eight,
-	// before this landing's changes and after (38.4 against 38 failed a
-	// clean-clone CI). A connection that keeps what it should give back
-	// stays over it through both.
+	// which the window did not bring down (38.4 and 38.5 against 38 failed
+	// clean-clone CIs); README now gives that outlier, as it gives plain
+	// HTTP's. A tunnel that kept its 64 KiB buffer stays over either.
 	for end := time.Now().Add(10 * bulkHold); k.quiet && per > allowed<<10 && time.Now().Before(end); {
 		time.Sleep(250 * time.Millisecond)
 		per = (int64(limitCounted()) - int64(before)) / sizingKindConns

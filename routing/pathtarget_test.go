@@ -57,6 +57,11 @@ func TestParseRequestPath(t *testing.T) {
 		// Malformed.
 		{"plain", "127.0.0.1", "/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/", none, 0, "", 0, CodeInvalidPath},
+		// No port segment before the query, whatever the query holds: the
+		// id is not to blame ("abc?next=" was refused as an id).
+		{"plain", "127.0.0.1", "/sandbox/abc?next=/home", none, 0, "", 0, CodeInvalidPath},
+		{"plain", "127.0.0.1", "/sandbox/abc?/8080/", none, 0, "", 0, CodeInvalidPath},
+		{"plain", "127.0.0.1", "//sandbox/abc?q=/x/8080", none, 0, "", 0, CodeInvalidPath},
 		// An empty segment within the prefix: a template's missing id.
 		{"plain", "127.0.0.1", "/sandbox//8080/", none, 0, "", 0, CodeInvalidSandboxID},
 		{"plain", "127.0.0.1", "//sandbox//8080/x", none, 0, "", 0, CodeInvalidSandboxID},
@@ -182,6 +187,13 @@ func checkPathRequest(t *testing.T, name string, p *Parser, host, target string,
 		var te *TargetError
 		if !errors.As(err, &te) || te.Code == "" {
 			t.Fatalf("%s: error %v is not a TargetError with a code", name, err)
+		}
+		// No '/' after the id before the query: the <port> segment is
+		// missing, which the README answers invalid_sandbox_path, however
+		// the query goes on ("/sandbox/abc?next=/home").
+		path, _, _ := strings.Cut(target[pathRootModel.FindStringIndex(target)[1]:], "?")
+		if !strings.Contains(path, "/") && te.Code != CodeInvalidPath {
+			t.Fatalf("%s: ParseRequest(%q, %q) = %s %v; no <port> segment: want %s", name, host, target, te.Code, err, CodeInvalidPath)
 		}
 		return
 	}

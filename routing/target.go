@@ -246,10 +246,14 @@ func underPathRoot(target []byte) ([]byte, bool) {
 // and then found no route for them.
 func parsePath(t *Target, target, under []byte) error {
 	t.reset()
-	id, rest, ok := bytes.Cut(under, []byte{'/'})
-	if !ok {
+	// The id ends at the first '/' of the path, not of the query: a '/'
+	// only after '?' ("/sandbox/abc?next=/home") leaves the port segment
+	// missing, which blaming the id ("abc?next=") hid.
+	idEnd := bytes.IndexAny(under, "/?")
+	if idEnd < 0 || under[idEnd] != '/' {
 		return targetErr(CodeInvalidPath, "path must begin /sandbox/<sandbox id>/<port>", target)
 	}
+	id, rest := under[:idEnd], under[idEnd+1:]
 	if err := t.setID(id).err(); err != nil {
 		return err
 	}

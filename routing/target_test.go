@@ -390,6 +390,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("127.0.0.1", "a", "8080", "http://8080-a.example.com#x")
 	f.Add("8080-a.example.com", "", "", "http://u:p@[::1]:80/p")
 	f.Add("127.0.0.1", "a", "8080", "/sandbox/abc/8080/p?q")
+	f.Add("127.0.0.1", "", "", "/sandbox/abc?next=/home") // no port segment
 	f.Add("proxy.example.com", "", "", "sandbox/abc/08080?q")
 	f.Add("8080-a.example.com", "", "", "/sandbox/abc/8080")
 	f.Add("x.8080-a.sandbox.example.com", "", "", "/sandbox/abc/8080/") // under a sandbox host

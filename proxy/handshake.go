@@ -168,18 +168,37 @@ func (c *tlsConn) SetReadDeadline(t time.Time) error {
 }
 
 // waitedForCertificate moves the handshake's deadlines on by waited, the
-// time its certificate took (certificateWaitExcluded): the read deadline
-// and headBy, which the first request's head keeps, and the write
-// deadline to sendTimeout from now, as fasthttp set it when the handshake
-// began. It runs inside the handshake, which the connection's goroutine
-// waits for (handshakeApart) before it reads headBy.
+// time its certificate took (certificateWaitExcluded): headBy, which the
+// first request's head keeps, and the read and write deadlines with it
+// (writesByHead), or without headBy the write deadline to sendTimeout from
+// now, as fasthttp set it when the handshake began. It runs inside the
+// handshake, which the connection's goroutine waits for (handshakeApart)
+// before it reads headBy.
 func (c *tlsConn) waitedForCertificate(waited, sendTimeout time.Duration) {
 	if !c.headBy.IsZero() {
 		c.headBy = c.headBy.Add(waited)
 		_ = c.NetConn().SetReadDeadline(c.headBy)
+		_ = c.NetConn().SetWriteDeadline(c.headBy) // as writesByHead
+		return
 	}
 	if sendTimeout > 0 {
 		_ = c.NetConn().SetWriteDeadline(time.Now().Add(sendTimeout))
+	}
+}
+
+// writesByHead gives the handshake's writes the first head's deadline,
+// headBy, as nginx's one client_header_timeout timer bounds the whole
+// handshake, its writes too. fasthttp sets client.write_timeout from now
+// as the write deadline just before it calls Handshake, when nothing has
+// been read yet: a client whose ClientHello came later than that got no
+// server flight (an EOF in its handshake), whatever client.read_timeout
+// allowed, so a write_timeout lowered to cut slow readers sooner (10 s)
+// failed handshakes nginx completes. The handshake's reads end by headBy,
+// so its writes hold nothing past it. fasthttp sets client.write_timeout
+// again before it writes each answer.
+func (c *tlsConn) writesByHead() {
+	if !c.headBy.IsZero() {
+		_ = c.NetConn().SetWriteDeadline(c.headBy)
 	}
 }
 
@@ -218,6 +237,7 @@ func (c *tlsConn) Close() error {
 func (c *tlsConn) Handshake() error {
 	c.handshakes.add(c)
 	defer c.handshakes.remove(c)
+	c.writesByHead()
 	if c.p == nil || c.p.waiting == nil {
 		return c.handshakeApart()
 	}

@@ -158,12 +158,18 @@ func stackInUse() uint64 {
 	return m.StackInuse
 }
 
-// fasthttp sets client.write_timeout as the write deadline of a TLS
-// connection before its handshake, from the handshake's start: a client
-// that sends its ClientHello later than that gets no server flight, however
-// long client.read_timeout is (README: client.write_timeout). One that sends
-// it sooner is served.
-func TestTLSHandshakeBoundedByWriteTimeout(t *testing.T) {
+// client.read_timeout alone bounds a TLS handshake, from the accept, as
+// nginx's client_header_timeout does (send_timeout plays no part there).
+// fasthttp sets client.write_timeout as the write deadline before the
+// handshake, while nothing has been read: a client that sent its
+// ClientHello later than that got no server flight, an EOF in its
+// handshake, whatever client.read_timeout allowed, so a write timeout
+// lowered to cut slow readers sooner failed handshakes nginx completes
+// (measured on the binary with write 2 s and read 10 s: a ClientHello 3 s
+// after the connect failed). A ClientHello at once is served as before,
+// and one after the read timeout is still cut
+// (TestTLSHandshakeAndFirstHeadShareTheReadTimeout).
+func TestTLSHandshakeNotBoundedByWriteTimeout(t *testing.T) {
 	t.Parallel()
 	const writeTimeout = 300 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) {
@@ -175,23 +181,24 @@ func TestTLSHandshakeBoundedByWriteTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		after time.Duration // from the connect to the ClientHello
-		ok    bool
 	}{
-		{"ClientHello at once", 0, true},
-		// Five write timeouts: the deadline is set when the proxy begins
-		// to serve the connection, which a loaded machine may delay a
-		// little after the connect, never by a second.
-		{"ClientHello after five write timeouts", 5 * writeTimeout, false},
+		{"ClientHello at once", 0},
+		// Five write timeouts: past the write deadline fasthttp set when
+		// it began to serve the connection, even on a loaded machine
+		// that began it late; well within the read timeout.
+		{"ClientHello after five write timeouts", 5 * writeTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			raw := dialRaw(t, addr)
 			time.Sleep(tc.after)
 			c := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: host})
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			err := c.Handshake()
-			if tc.ok != (err == nil) {
-				t.Fatalf("handshake: %v, want it to succeed: %v (client.read_timeout is 10 s)", err, tc.ok)
+			if err := c.Handshake(); err != nil {
+				t.Fatalf("handshake %v after the connect: %v, want it served (client.read_timeout is 10 s)", tc.after, err)
 			}
+			// The first answer still goes out: fasthttp sets the write
+			// timeout again before it writes one.
+			keptRequest(t, c, bufio.NewReader(c), "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
 		})
 	}
 }

@@ -246,9 +246,31 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 	p.handle(ctx, &x)
 	letGoOfHead(ctx, x.seen.lines)
 	if x.admitted {
+		p.bodyFromContinue(ctx)
 		return sendContinue(ctx, p.clientWriteTimeout)
 	}
 	return ctx.Response.StatusCode()
+}
+
+// bodyFromContinue gives the body of a head Expect admitted
+// client.body_timeout from now, as its 100 goes out. fasthttp armed it as
+// the head arrived, for the body's first 8 KiB, and the head's judgement
+// may have waited on the proxy's side since (a paused sandbox's resume, up
+// to lifecycle.resume_timeout; a slot, up to stream_limit_wait), which the
+// client, waiting for the 100 before it sends a byte, cannot make up: a
+// resume longer than the body timeout got a 408 for a body sent at once
+// after the 100. nginx sends the 100 as it starts to read the body, and
+// client_body_timeout runs from there. The drain's cut of reads
+// (conns.cutReads, after pools.abort) wins, checked after the renewal.
+func (p *Proxy) bodyFromContinue(ctx *fasthttp.RequestCtx) {
+	if p.clientBodyTimeout <= 0 {
+		return
+	}
+	c := ctx.Conn()
+	_ = c.SetReadDeadline(time.Now().Add(p.clientBodyTimeout))
+	if p.pools.aborted.Load() {
+		_ = c.SetReadDeadline(time.Now())
+	}
 }
 
 // sendContinue readies the connection for the "100 Continue" fasthttp

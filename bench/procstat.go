@@ -102,27 +102,44 @@ func procTree(pid int) []int {
 // process trees a meter watches.
 type ticksByPID map[int]uint64
 
-// treeTicks reads utime+stime of every process in the trees rooted at
-// roots. Processes that exited meanwhile are left out; missing lists the
-// roots that could not be read at all (no such process).
-func treeTicks(roots []int) (t ticksByPID, missing []int) {
-	t = ticksByPID{}
+// treePIDs returns the processes of the trees rooted at roots, each once.
+// It reads a /proc file per thread of every process: milliseconds for a
+// subject with many threads on a busy core.
+func treePIDs(roots []int) []int {
+	var out []int
 	for _, r := range roots {
 		for _, p := range procTree(r) {
-			if _, ok := t[p]; ok {
-				continue
+			if !slices.Contains(out, p) {
+				out = append(out, p)
 			}
-			v, err := procTicks(p)
-			if err != nil {
-				if p == r {
-					missing = append(missing, r)
-				}
-				continue
-			}
+		}
+	}
+	return out
+}
+
+// readTicks reads utime+stime of pids, one /proc/<pid>/stat each.
+// Processes that exited meanwhile are left out.
+func readTicks(pids []int) ticksByPID {
+	t := ticksByPID{}
+	for _, p := range pids {
+		if v, err := procTicks(p); err == nil {
 			t[p] = v
 		}
 	}
-	return t, missing
+	return t
+}
+
+// addStarted adds to t the processes of the trees rooted at roots that
+// are not in known: they started after known was found.
+func (t ticksByPID) addStarted(roots, known []int) {
+	for _, p := range treePIDs(roots) {
+		if slices.Contains(known, p) {
+			continue
+		}
+		if v, err := procTicks(p); err == nil {
+			t[p] = v
+		}
+	}
 }
 
 // since returns the CPU time the processes of t took after base, process

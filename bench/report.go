@@ -401,14 +401,22 @@ func cubeFailures(l *labelData) (allFailed bool, note string) {
 
 // cpuNote gives the subject and harness CPU shares behind a rate ratio of
 // CubeProxy against peer: a peer below 100 % of its core while the harness
-// is at 100 % was held back by the load generator, not by itself.
+// is at 100 % was held back by the load generator, not by itself. Direct
+// has no subject, and an absolute target (peer "") no peer: CubeProxy's
+// shares are given all the same, as a proxy at 8 % of its core behind a
+// harness at 100 % is not what bounds the rate.
 func cpuNote(l *labelData, peer string) string {
 	sc, sp := l.cell(subjCube, "subject_cpu_pct"), l.cell(peer, "subject_cpu_pct")
 	hc, hp := l.cell(subjCube, "harness_cpu_pct"), l.cell(peer, "harness_cpu_pct")
-	if !sc.ok() || !sp.ok() || !hc.ok() || !hp.ok() {
+	switch {
+	case !sc.ok() || !hc.ok():
 		return ""
+	case sp.ok() && hp.ok():
+		return fmt.Sprintf("; subject CPU %.0f vs %.0f %%, harness %.0f vs %.0f %%", sc.med, sp.med, hc.med, hp.med)
+	case hp.ok():
+		return fmt.Sprintf("; subject CPU %.0f %%, harness %.0f vs %.0f %%", sc.med, hc.med, hp.med)
 	}
-	return fmt.Sprintf("; subject CPU %.0f vs %.0f %%, harness %.0f vs %.0f %%", sc.med, sp.med, hc.med, hp.med)
+	return fmt.Sprintf("; subject CPU %.0f %%, harness %.0f %%", sc.med, hc.med)
 }
 
 func writeTargets(b *strings.Builder, labels []*labelData, micro []microResult) {
@@ -442,7 +450,7 @@ func writeTargets(b *strings.Builder, labels []*labelData, micro []microResult) 
 	if l := findLabel(labels, "bytes"); l != nil {
 		c, d, t := l.cell(subjCube, "mib_per_s"), l.cell(subjDirect, "mib_per_s"), l.cell(subjTuned, "mib_per_s")
 		r, have := ratio(c, d)
-		add(l, "bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s)", ratioText(r, 0.9, true), c.med, d.med), r >= 0.9, have)
+		add(l, "bytes", "MB/s ≥ 0.9× direct", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s%s)", ratioText(r, 0.9, true), c.med, d.med, cpuNote(l, subjDirect)), r >= 0.9, have)
 		r, have = ratio(c, t)
 		add(l, "bytes", "MB/s ≥ 2× nginx-tuned", fmt.Sprintf("%s× (%.0f vs %.0f MiB/s%s)", ratioText(r, 2, true), c.med, t.med, cpuNote(l, subjTuned)), r >= 2, have)
 	}
@@ -477,11 +485,15 @@ func writeTargets(b *strings.Builder, labels []*labelData, micro []microResult) 
 	if l := findLabel(labels, "mcp"); l != nil {
 		c, d := l.cell(subjCube, "calls_per_s"), l.cell(subjDirect, "calls_per_s")
 		r, have := ratio(c, d)
-		add(l, "mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%s× (%.0f vs %.0f)", ratioText(r, 0.95, true), c.med, d.med), r >= 0.95, have)
+		add(l, "mcp", "calls/s ≥ 0.95× direct", fmt.Sprintf("%s× (%.0f vs %.0f%s)", ratioText(r, 0.95, true), c.med, d.med, cpuNote(l, subjDirect)), r >= 0.95, have)
 	}
 	if l := findLabel(labels, "cold"); l != nil {
 		c, p := l.cell(subjCube, "lookups_per_s"), l.cell(subjCube, "p99_us")
-		add(l, "cold", "≥ 10,000 cold lookups/s", fmt.Sprintf("%.0f/s", c.med), c.med >= 10000, c.ok())
+		rate := fmt.Sprintf("%.0f/s", c.med)
+		if note := cpuNote(l, ""); note != "" {
+			rate += " (" + strings.TrimPrefix(note, "; ") + ")"
+		}
+		add(l, "cold", "≥ 10,000 cold lookups/s", rate, c.med >= 10000, c.ok())
 		add(l, "cold", "cold lookup p99 ≤ 2 ms", fmt.Sprintf("%.0f µs", p.med), p.med <= 2000, p.ok())
 	}
 	// The micro-benchmarks run after the load (compare.sh), at

@@ -236,3 +236,37 @@ func TestRateTargetsShowWhoRanOutOfCPU(t *testing.T) {
 		}
 	}
 }
+
+// Against direct (and for cold's absolute rate) the target lines named no
+// CPU shares: "mcp 0.85× (1792 vs 2117) missed" read as a slow proxy,
+// while CubeProxy used 8 % of its core and the load generator and go-sdk
+// backend 100 % of theirs. Every rate target carries the shares.
+func TestRateTargetsAgainstDirectShowWhoRanOutOfCPU(t *testing.T) {
+	mk := func(label, subject, key string, rate, subj, harness float64) *Sample {
+		m := map[string]float64{key: rate, "harness_cpu_pct": harness}
+		if subject != subjDirect {
+			m["subject_cpu_pct"] = subj
+		}
+		return &Sample{Label: label, Scenario: label, Subject: subject, Rep: 1, Ops: 1000, Metrics: m}
+	}
+	for _, tc := range []struct {
+		name    string
+		samples []*Sample
+		want    string
+	}{
+		{"mcp", []*Sample{mk("mcp", subjCube, "calls_per_s", 1792, 8.75, 100), mk("mcp", subjDirect, "calls_per_s", 2117, 0, 100)},
+			"| mcp | calls/s ≥ 0.95× direct | 0.85× (1792 vs 2117; subject CPU 9 %, harness 100 vs 100 %) | **missed** |"},
+		{"bytes", []*Sample{mk("bytes", subjCube, "mib_per_s", 1949, 78, 99.5), mk("bytes", subjDirect, "mib_per_s", 3066, 0, 101)},
+			"| bytes | MB/s ≥ 0.9× direct | 0.64× (1949 vs 3066 MiB/s; subject CPU 78 %, harness 100 vs 101 %) | **missed** |"},
+		{"cold", []*Sample{mk("cold", subjCube, "lookups_per_s", 13429, 89, 83)},
+			"| cold | ≥ 10,000 cold lookups/s | 13429/s (subject CPU 89 %, harness 83 %) | met |"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			writeReport(&b, reportFlags{mode: "test", haveCube: true}, tc.samples, groupSamples(tc.samples), nil)
+			if md := b.String(); !strings.Contains(md, tc.want) {
+				t.Errorf("report lacks %q\n%s", tc.want, md)
+			}
+		})
+	}
+}

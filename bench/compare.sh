@@ -74,12 +74,13 @@ for p in $BACKEND_FAST $BACKEND_STD $CUBE_PORT $CUBE_ADMIN $CUBE_REDIS_PORT $CUB
 done
 
 # BUDGET bounds reruns: the projected end of the last sample. After it come
-# the micro-benchmarks and the report (quick ≈ 5 s, full ≈ 30 s), and the
+# the micro-benchmarks and the report (quick ≈ 3 s, full ≈ 30 s), and the
 # projection, at the average pace, leaves out that idle samples, run last,
-# take 2-3 times as long as the others (quick: 14 s more in all). Quick's
-# 165 let a noisy run end past its 3 minutes.
+# take 2-3 times as long as the others (quick, beside the compiler: 24-39 s
+# for the nine, projected 12-14 s). Quick's 165 let a noisy run end past
+# its 3 minutes; 140 ends by ~170 s.
 if [ "$MODE" = quick ]; then
-	REPS=3 DUR=700ms WARM=200ms IDLE_N=500 IDLE_HOLD=500ms COLD_R=3000 BUDGET=150 MAX_ATTEMPTS=2
+	REPS=3 DUR=700ms WARM=200ms IDLE_N=500 IDLE_HOLD=500ms COLD_R=3000 BUDGET=140 MAX_ATTEMPTS=2
 	MICRO_TIME=100ms MICRO_COLD=300x
 	: "${OUT:=/tmp/cube-bench-quick.md}" # outside the work dir, which is removed
 else

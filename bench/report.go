@@ -330,7 +330,8 @@ func writeNoise(b *strings.Builder, samples []*Sample) {
 	fmt.Fprintf(b, "## Noise\n\n")
 	fmt.Fprintf(b, "%d samples, %d of them reruns; %d failed. CPU used by processes outside the benchmark during a sample "+
 		"(from /proc/stat minus the harness's own processes, %% of all CPUs): median %.1f %%, max %.1f %%. "+
-		"%d kept repetitions (idle excluded) ran above 5 %% because the time budget allowed no further rerun; "+
+		"%d kept repetitions (idle excluded) ran above 5 %% in every attempt made: reruns stop at the attempt limit "+
+		"(2 in quick mode, 3 in full) or when the time budget has no room for one; "+
 		"the machine is shared.\n\n",
 		len(samples), reruns, failed, median(others), others[len(others)-1], noisyKept)
 }

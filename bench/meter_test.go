@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -270,7 +271,8 @@ func TestMain(m *testing.M) {
 		}
 		wg.Wait()
 		fmt.Println("ready")
-		time.Sleep(time.Hour)
+		// Until the test closes stdin or dies: a helper must not outlive it.
+		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -284,6 +286,9 @@ func idleThreads(t *testing.T, n int) int {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", idleThreadsEnv, n))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cmd.StdinPipe(); err != nil { // held open until cmd is reaped
 		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {

@@ -765,7 +765,8 @@ func (p *Proxy) logStale(id string) {
 // waited for it, counts in cubeproxy_sandbox_resumes_total.
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) error {
 	reqID := string(ctx.Request.Header.Peek(HeaderRequestID))
-	err := p.resumer.resume(id, reqID, func(err error) {
+	paused := func() bool { return e.state() == statePaused }
+	err := p.resumer.resume(id, reqID, paused, func(err error) {
 		if errors.Is(err, errDrainCut) || errors.Is(err, errResumeKilled) {
 			return // the proxy's cut, not a failed resume
 		}

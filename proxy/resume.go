@@ -48,6 +48,9 @@ type resumer struct {
 	// beforeWait, for tests, runs when a request joins a call in flight;
 	// nil in production.
 	beforeWait func()
+	// beforeResume, for tests, runs as a request comes to resume, between
+	// its look at the sandbox's state and the lock; nil in production.
+	beforeResume func()
 }
 
 // errResumeKilled is a resume call a kill of its sandbox cut
@@ -92,7 +95,16 @@ func newResumer(addr string, timeout time.Duration) *resumer {
 // call, with its outcome, before any waiter returns: there the sandbox is
 // marked running, so that a request arriving after the call finds it so
 // rather than making another. No lock is held across the call.
-func (r *resumer) resume(id, requestID string, done func(error)) error {
+//
+// paused, asked under the lock when no call is in flight, says whether
+// the sandbox still needs one; when not, resume returns nil at once. A
+// request that saw the sandbox paused just before a call ended, and
+// comes here once done has marked it running and the call has left the
+// map, otherwise made a second call for the same wave of requests.
+func (r *resumer) resume(id, requestID string, paused func() bool, done func(error)) error {
+	if r.beforeResume != nil {
+		r.beforeResume()
+	}
 	r.mu.Lock()
 	if c, ok := r.calls[id]; ok {
 		r.mu.Unlock()
@@ -101,6 +113,10 @@ func (r *resumer) resume(id, requestID string, done func(error)) error {
 		}
 		<-c.done
 		return c.err
+	}
+	if !paused() {
+		r.mu.Unlock()
+		return nil // resumed (or changed) since the caller looked
 	}
 	c := &resumeCall{done: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(r.stop)

@@ -581,29 +581,66 @@ func TestAdminWithoutTokenRefusesBrowserPages(t *testing.T) {
 // sandbox's activity by its end, as a stream does: an idle reaper polling
 // last_active just after it must not find the sandbox idle since the
 // request began, and pause it under the agent that just got its answer.
+// So too when it ends without an answer: the sandbox cut it (502), or the
+// agent gave up on a long call (499). Earlier builds dated those by their
+// start, and a reaper saw a sandbox that had worked for minutes idle for
+// as long, the moment the call ended.
 func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
-	h := newHarness(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	host := h.route("slowcall", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		<-release
-		io.WriteString(w, `{"result":"done"}`)
-	})))
-	done := h.goStatus(h.req("POST", host, "/mcp", strings.NewReader("{}")))
-	testenv.Recv(t, arrived, 10*time.Second, "the slow request at the sandbox")
-	// The request started at or before mark; it ends after it.
-	mark := time.Now().UnixMilli()
-	for time.Now().UnixMilli() <= mark {
-		runtime.Gosched()
-	}
-	close(release)
-	if st := <-done; st != 200 {
-		t.Fatalf("slow request: %d", st)
-	}
-	st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
-	entries, _ := out["entries"].(map[string]any)
-	if ts, ok := entries["slowcall"].(float64); st != 200 || !ok || int64(ts) <= mark {
-		t.Fatalf("last_active after a request that ended after %d: %d %v; want the sandbox dated by the request's end", mark, st, out)
+	for _, tc := range []struct {
+		name   string
+		status int // the client's; 0: it left
+		end    func(w http.ResponseWriter, r *http.Request, leave context.CancelFunc)
+	}{
+		{"answered", 200, func(w http.ResponseWriter, _ *http.Request, _ context.CancelFunc) {
+			io.WriteString(w, `{"result":"done"}`)
+		}},
+		{"cut by the sandbox", 502, func(w http.ResponseWriter, _ *http.Request, _ context.CancelFunc) {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				c.Close()
+			}
+		}},
+		{"client left", 0, func(_ http.ResponseWriter, r *http.Request, leave context.CancelFunc) {
+			leave()
+			<-r.Context().Done() // the proxy closed the sandbox connection
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			arrived, release := make(chan struct{}), make(chan struct{})
+			reqCtx, leave := context.WithCancel(context.Background())
+			defer leave()
+			host := h.route("slowcall", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				close(arrived)
+				<-release
+				tc.end(w, r, leave)
+			})))
+			done := h.goStatus(h.req("POST", host, "/mcp", strings.NewReader("{}")).WithContext(reqCtx))
+			testenv.Recv(t, arrived, 10*time.Second, "the slow request at the sandbox")
+			// The request started at or before mark; it ends after it.
+			mark := time.Now().UnixMilli()
+			for time.Now().UnixMilli() <= mark {
+				runtime.Gosched()
+			}
+			close(release)
+			if st := testenv.Recv(t, done, 10*time.Second, "the client's end"); st != tc.status {
+				t.Fatalf("slow request: %d, want %d", st, tc.status)
+			}
+			// Done on the proxy's side too (the client may know first):
+			// while in flight the sandbox is active now whatever its date.
+			sb := h.proxy.sandboxes.peek("slowcall")
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if n := sb.inFlight(); n != 0 {
+					return fmt.Errorf("%d requests in flight", n)
+				}
+				return nil
+			})
+			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
+			entries, _ := out["entries"].(map[string]any)
+			if ts, ok := entries["slowcall"].(float64); st != 200 || !ok || int64(ts) <= mark {
+				t.Fatalf("last_active after a request that ended after %d: %d %v; want the sandbox dated by the request's end", mark, st, out)
+			}
+		})
 	}
 }
 

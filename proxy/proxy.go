@@ -972,7 +972,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		err = errUnaskedSwitch
 	}
 	if err != nil {
-		sb.leave()
+		// Dated by its end, as an answer is (respond): the sandbox may
+		// have worked on it for minutes before it cut it, or before the
+		// client gave up, and an idle reaper polling last_active must not
+		// find it idle since the request began.
+		sb.done(time.Now().UnixMilli())
 		if errors.Is(err, errBodyTooLarge) || malformedBody(err) {
 			p.lingerBody(ctx)
 		}

@@ -457,7 +457,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	}
 	if err := p.sendUpgrade(ctx, uc); err != nil {
 		uc.release(p, false)
-		sb.leave()
+		sb.done(time.Now().UnixMilli()) // by its end, as forward's
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}

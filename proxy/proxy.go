@@ -581,6 +581,21 @@ lookup:
 			}
 			if st == statePaused && p.resumer != nil && !resumed {
 				// After authorize: an unauthorized request wakes no VM.
+				// Nor does one refused whatever the state: a port the
+				// route does not expose goes on to its 404 (or its
+				// route's re-read) below, which dials nothing, and a
+				// declared body over the limit gets its 413 here (nginx
+				// refuses it before any access phase could resume).
+				if _, perr := p.backend(route, t.Port); perr != nil {
+					break
+				}
+				if perr := p.bodyTooLarge(h); perr != nil {
+					if !x.expecting {
+						p.lingerBody(ctx) // as forward's 413: the body is unread
+					}
+					x.fail(ctx, *perr, id)
+					return
+				}
 				resumed = true
 				if err := p.resume(ctx, sb, route.ID); errors.Is(err, errDrainCut) {
 					// As a request the deadline cut waiting on its sandbox.

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"io"
+	"net"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,4 +85,57 @@ func TestResumeNoSecondCallAfterTheWave(t *testing.T) {
 		t.Errorf("%d resume calls for one wave of requests, want 1: the sandbox was running when the second came", n)
 	}
 	checkResumes(t, admin, before, 1, 0)
+}
+
+// A request the proxy refuses whatever the sandbox's state wakes no paused
+// sandbox: a port the route does not expose (404 port_not_mapped, as when
+// running) and a declared body over max_request_body (413, also to an
+// Expect: 100-continue head) get their answer without a resume call.
+// Earlier builds had the lifecycle manager restore the VM first, and a
+// scanner trying ports of a paused sandbox's name woke it with each
+// refusal the reaper had paused it since. A request it can serve then
+// resumes it as ever.
+func TestResumeNotForARequestRefusedAnyway(t *testing.T) {
+	sc := newFakeSidecar(t, ok200)
+	h, host := resumeHarness(t, sc, 0, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 64 })
+	h.setSandboxState("sleepy", "paused")
+	mapped, _, _ := strings.Cut(host, "-")
+	for _, tc := range []struct {
+		name   string
+		raw    string
+		status int
+		code   string
+	}{
+		{"port not mapped", "GET / HTTP/1.1\r\nHost: 9-sleepy.cube.test\r\n\r\n", 404, CodePortNotMapped},
+		{"body too large", "POST / HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 100\r\n\r\n" + strings.Repeat("x", 100), 413, CodeBodyTooLarge},
+		{"Expect, body too large", "POST / HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n", 413, CodeBodyTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.setSandboxState("sleepy", "paused")
+			c, err := net.DialTimeout("tcp", h.addr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, tc.raw); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("%q: %v", tc.raw, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || errorCode(t, string(b)) != tc.code {
+				t.Errorf("paused sandbox: %d %s, want %d %s", resp.StatusCode, b, tc.status, tc.code)
+			}
+			if n := len(sc.seen()); n != 0 {
+				t.Errorf("%d resume calls for a request refused %d, want 0", n, tc.status)
+			}
+		})
+	}
+	if st, body, _ := h.get(host, "/"); st != 200 || len(sc.seen()) != 1 {
+		t.Fatalf("a request for port %s of the paused sandbox: %d %s with %d resume calls, want 200 and 1", mapped, st, body, len(sc.seen()))
+	}
 }

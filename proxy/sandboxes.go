@@ -386,8 +386,8 @@ func (e *sandboxState) done(ms int64) {
 
 // appendLastActive appends the JSON members "<id>":<ms>, comma-separated,
 // of the sandboxes active at or after since (unix millis) to dst, and
-// returns dst with their count. A sandbox with a request or stream still
-// open is active now (unix millis): an SSE or WebSocket session may last
+// returns dst with their count; a killed sandbox is not listed. A sandbox
+// with a request or stream still open is active now (unix millis): an SSE or WebSocket session may last
 // hours after the request that opened it, and an idle reaper must not
 // pause the sandbox under it.
 //
@@ -411,7 +411,9 @@ func (s *sandboxes) appendLastActive(dst []byte, since, now int64) ([]byte, int)
 		// could be read while a request was in flight (its start) and the
 		// count once it was done.
 		w := e.word.Load()
-		if stateOf(w) == stateGone {
+		if st := stateOf(w); st == stateGone || st == stateKilled {
+			// A kill's tombstone keeps the 410, not the activity: the
+			// sandbox is gone, as one whose route was deleted (forget).
 			return true
 		}
 		ts := now

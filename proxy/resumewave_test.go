@@ -139,3 +139,68 @@ func TestResumeNotForARequestRefusedAnyway(t *testing.T) {
 		t.Fatalf("a request for port %s of the paused sandbox: %d %s with %d resume calls, want 200 and 1", mapped, st, body, len(sc.seen()))
 	}
 }
+
+// A state the control plane sets between a request's look at the paused
+// sandbox and its resume call stands, and no call is made: a kill is the
+// 410 (earlier builds asked the lifecycle manager to restore the killed
+// sandbox, the kill having found no call to cut, and answered only once
+// it had failed), pausing the 503, running the sandbox served.
+func TestResumeNotAfterAStateChangeAtTheResumer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(h *harness)
+		status int
+		code   string
+	}{
+		{"killed", func(h *harness) {
+			if code, body := h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"sleepy"}`, ""); code != 200 {
+				t.Fatalf("meta/delete: %d %s", code, body)
+			}
+		}, 410, CodeSandboxKilled},
+		{"pausing", func(h *harness) { h.setSandboxState("sleepy", "pausing") }, 503, CodeSandboxPausing},
+		{"running", func(h *harness) { h.setSandboxState("sleepy", "running") }, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := newFakeSidecar(t, ok200)
+			h, host := resumeHarness(t, sc, 0)
+			held, letGo := make(chan struct{}, 1), make(chan struct{})
+			t.Cleanup(func() {
+				select {
+				case <-letGo:
+				default:
+					close(letGo)
+				}
+			})
+			h.proxy.resumer.beforeResume = func() {
+				held <- struct{}{}
+				<-letGo
+			}
+			h.setSandboxState("sleepy", "paused")
+			type answer struct {
+				status int
+				body   string
+			}
+			answers := make(chan answer, 1)
+			go func() {
+				resp, err := h.client.Do(h.req("GET", host, "/", nil))
+				if err != nil {
+					answers <- answer{0, err.Error()}
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				answers <- answer{resp.StatusCode, string(b)}
+			}()
+			testenv.Recv(t, held, 10*time.Second, "the request at the resumer")
+			tc.change(h)
+			close(letGo)
+			a := testenv.Recv(t, answers, 10*time.Second, "the answer")
+			if a.status != tc.status || tc.code != "" && errorCode(t, a.body) != tc.code {
+				t.Errorf("state %s set as the request came to resume: %d %s, want %d %s", tc.name, a.status, a.body, tc.status, tc.code)
+			}
+			if n := len(sc.seen()); n != 0 {
+				t.Errorf("%d resume calls after the state was set %s, want 0", n, tc.name)
+			}
+		})
+	}
+}

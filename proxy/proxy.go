@@ -790,6 +790,12 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) err
 			return
 		}
 		p.metrics.SandboxResume(telemetry.ResumeResumed)
+		// Restored from its snapshot, the sandbox may be at another
+		// address, which the lifecycle manager stored before its 200 and
+		// whose announcement may come after it, or not at all: the
+		// requests that waited read the route from the store again (the
+		// cached one kept should the store fail).
+		p.cache.Expire(id)
 		// The times before the swap, as sandboxes.setState.
 		now := time.Now().UnixNano()
 		e.changedAt.Store(now)

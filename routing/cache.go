@@ -461,6 +461,26 @@ func (c *Cache) Invalidate(id string) int {
 	return n
 }
 
+// Expire makes id's cached route due for a re-read, and drops a negative
+// entry: the next Get asks the store, a lookup in flight is not cached, and
+// a store that fails the re-read is answered with the old route, as for an
+// entry past its TTL. For a route likely changed though nothing announced
+// it (a sandbox resumed from its snapshot, maybe elsewhere): unlike
+// Invalidate it keeps that fallback, and raises no Changes.
+func (c *Cache) Expire(id string) {
+	shard := maphash.String(c.seed, id) % epochShards
+	now := c.clock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epochs[shard]++
+	if e, ok := c.pos.Peek(id); ok && e.expires > now {
+		e.expires = now
+		c.pos.Add(id, e)
+	}
+	c.neg.Remove(id)
+	delete(c.flights, id)
+}
+
 // ExpireAll makes every positive entry due for a re-read and every
 // negative one void, returning how many entries there were. It keeps the
 // routes, rather than dropping them: a store that fails the re-read (a

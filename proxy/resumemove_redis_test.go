@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// With Redis, a sandbox the lifecycle manager restores at another address
+// is served there once the call answers 200, though this instance still
+// caches the route it read before the pause: the lifecycle manager writes
+// the new route and then answers, and the announcement (PUBLISH) reaches
+// this instance on another connection, maybe after that 200, or not at
+// all. The route is read from the store again after a resume (the cached
+// one kept should the store fail). Earlier builds served the cached route
+// after the call, sending the request to the address the sandbox had
+// before its pause, which may be another sandbox's by then.
+func TestRedisResumedSandboxIsServedAtItsNewAddress(t *testing.T) {
+	r, store := redisStore(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	key := redisstore.DefaultKeyPrefix + "sleepy"
+	var newPort uint16
+	sc := newFakeSidecar(t, func() int {
+		// Restored elsewhere; the route written, not yet announced here.
+		if err := rdb.HSet(ctx, key, itoa(oldPortForMove), itoa(newPort)).Err(); err != nil {
+			t.Errorf("HSET the restored route: %v", err)
+			return 500
+		}
+		return 200
+	})
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.cfg.ResumeAddr = sc.addr
+		o.cfg.NodeIP = netip.MustParseAddr("127.0.0.2") // dial HostIP:<mapped port>
+	})
+	newPort = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
+	oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
+	if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1",
+		itoa(oldPortForMove), itoa(oldPort)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	host := itoa(oldPortForMove) + "-sleepy.cube.test"
+	if st, body, _ := h.get(host, "/"); st != 200 || body != "old" {
+		t.Fatalf("before the pause: %d %q", st, body)
+	}
+	h.setSandboxState("sleepy", "paused")
+	st, body, _ := h.get(host, "/")
+	if n := len(sc.seen()); n != 1 {
+		t.Fatalf("%d resume calls, want 1", n)
+	}
+	if st != 200 || body != "new" {
+		t.Errorf("after a resume that moved the sandbox: %d %q, want 200 from its new address", st, body)
+	}
+	// The next request is served from the route read after the resume.
+	if st, body, _ := h.get(host, "/"); st != 200 || body != "new" {
+		t.Errorf("the request after: %d %q, want 200 from the new address", st, body)
+	}
+}

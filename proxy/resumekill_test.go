@@ -62,22 +62,9 @@ func TestStateDuringResumeCallStands(t *testing.T) {
 			h.setSandboxState("sleepy", "paused")
 			before := scrapeMetrics(t, admin)
 
-			type answer struct {
-				status int
-				body   string
-			}
 			answers := make(chan answer, n)
 			for range n {
-				go func() {
-					resp, err := h.client.Do(h.req("GET", host, "/", nil))
-					if err != nil {
-						answers <- answer{}
-						return
-					}
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					answers <- answer{resp.StatusCode, string(b)}
-				}()
+				h.getAsync(host, answers)
 			}
 			select {
 			case <-called:

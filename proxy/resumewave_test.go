@@ -53,22 +53,9 @@ func TestResumeNoSecondCallAfterTheWave(t *testing.T) {
 	h.setSandboxState("sleepy", "paused")
 	before := scrapeMetrics(t, admin)
 
-	type answer struct {
-		status int
-		body   string
-	}
 	answers := make(chan answer, 2)
 	for range 2 {
-		go func() {
-			resp, err := h.client.Do(h.req("GET", host, "/", nil))
-			if err != nil {
-				answers <- answer{0, err.Error()}
-				return
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			answers <- answer{resp.StatusCode, string(b)}
-		}()
+		h.getAsync(host, answers)
 	}
 	testenv.Recv(t, called, 10*time.Second, "the first request's resume call")
 	testenv.Recv(t, held, 10*time.Second, "the second request at the resumer")
@@ -176,21 +163,8 @@ func TestResumeNotAfterAStateChangeAtTheResumer(t *testing.T) {
 				<-letGo
 			}
 			h.setSandboxState("sleepy", "paused")
-			type answer struct {
-				status int
-				body   string
-			}
 			answers := make(chan answer, 1)
-			go func() {
-				resp, err := h.client.Do(h.req("GET", host, "/", nil))
-				if err != nil {
-					answers <- answer{0, err.Error()}
-					return
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				answers <- answer{resp.StatusCode, string(b)}
-			}()
+			h.getAsync(host, answers)
 			testenv.Recv(t, held, 10*time.Second, "the request at the resumer")
 			tc.change(h)
 			close(letGo)
@@ -203,4 +177,26 @@ func TestResumeNotAfterAStateChangeAtTheResumer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// answer is a request's status and body (status 0 and the error's text for
+// a request that got no answer).
+type answer struct {
+	status int
+	body   string
+}
+
+// getAsync sends GET / for host from a goroutine, for a test that holds
+// the request inside the proxy, and delivers its answer on answers.
+func (h *harness) getAsync(host string, answers chan<- answer) {
+	go func() {
+		resp, err := h.client.Do(h.req("GET", host, "/", nil))
+		if err != nil {
+			answers <- answer{0, err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answers <- answer{resp.StatusCode, string(b)}
+	}()
 }

@@ -473,8 +473,12 @@ func (c *Cache) Expire(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.epochs[shard]++
-	if e, ok := c.pos.Peek(id); ok && e.expires > now {
-		e.expires = now
+	// A stale route (its last re-read failed) loses the mark too: Get
+	// serves a marked one at once and re-reads it in the background, and
+	// the Get after Expire is to wait for the store's answer.
+	if e, ok := c.pos.Peek(id); ok && (e.expires > now || e.stale) {
+		e.expires = min(e.expires, now)
+		e.stale = false
 		c.pos.Add(id, e)
 	}
 	c.neg.Remove(id)

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"testing"
+	"time"
 )
 
 // Expire makes one route due for a re-read: the next Get asks the store
@@ -41,4 +42,39 @@ func TestCacheExpireRereadsOneRoute(t *testing.T) {
 	s.set(answerRoute)
 	c.Expire("n")
 	expect(t, c, s, "n", CacheMiss, nil, 6)
+}
+
+// A route whose last re-read failed (marked stale) is re-read by the Get
+// after Expire, and that Get waits for the answer, as for any expired
+// route: a stale route is otherwise served at once while the store is
+// asked in the background, and the requests that waited on a resume went
+// to the sandbox's old address although the store, back by then, had its
+// new one. Both while the stale route is within its NegativeTTL and after.
+func TestCacheExpireRereadsAStaleRoute(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // since the failed re-read
+	}{
+		{"within negative ttl", 0},
+		{"past negative ttl", 2 * testCacheConfig.NegativeTTL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock()
+			s := newCountingStore(answerRoute)
+			c := newTestCache(t, s, clock)
+			old := expect(t, c, s, "a", CacheMiss, nil, 1)
+			clock.Advance(testCacheConfig.TTLMax)
+			s.set(answerDown)
+			expect(t, c, s, "a", CacheStale, nil, 2) // marked stale
+			clock.Advance(tc.after)
+
+			s.set(answerRoute) // the store is back, with the moved route
+			c.Expire("a")
+			calls := s.calls.Load()
+			if r := expect(t, c, s, "a", CacheMiss, nil, calls+1); r == old {
+				t.Fatal("the Get after Expire answered the old route")
+			}
+			expect(t, c, s, "a", CacheHit, nil, calls+1)
+		})
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -41,7 +42,18 @@ func newMeter(subject, own []int) *meter {
 	return &meter{subject: subject, own: append(append([]int{}, own...), os.Getpid())}
 }
 
-func (m *meter) all() []int { return append(append([]int{}, m.subject...), m.own...) }
+// trees returns the processes of the subject's trees and of all trees,
+// walking each tree once: the subject's are part of all.
+func (m *meter) trees() (subj, all []int) {
+	subj = treePIDs(m.subject)
+	all = slices.Clone(subj)
+	for _, p := range treePIDs(m.own) {
+		if !slices.Contains(all, p) {
+			all = append(all, p)
+		}
+	}
+	return subj, all
+}
 
 // start and stop read in mirror order, the cheap /proc/stat next to the
 // clock and the subject's CPU time next to it. The process trees are found
@@ -52,7 +64,7 @@ func (m *meter) all() []int { return append(append([]int{}, m.subject...), m.own
 // counted it (harness CPU above 100 % of its core, other CPU down to
 // -10 % in 0.7 s windows, hiding foreign load from the rerun rule).
 func (m *meter) start() {
-	m.subjPIDs, m.allPIDs = treePIDs(m.subject), treePIDs(m.all())
+	m.subjPIDs, m.allPIDs = m.trees()
 	m.own0 = readTicks(m.allPIDs)
 	m.subj0 = readTicks(m.subjPIDs)
 	m.cpu0, _ = readCPUTotals()
@@ -75,8 +87,9 @@ func (m *meter) stop() {
 	own1 := readTicks(m.allPIDs)
 	// A process started in the window (a worker the subject forked)
 	// counts whole.
-	subj1.addStarted(m.subject, m.subjPIDs)
-	own1.addStarted(m.all(), m.allPIDs)
+	subjNow, allNow := m.trees()
+	subj1.addStarted(subjNow, m.subjPIDs)
+	own1.addStarted(allNow, m.allPIDs)
 	subj, gone := subj1.since(m.subj0)
 	if len(gone) > 0 && m.err == nil {
 		m.err = fmt.Errorf("subject process %v exited during the window: its CPU time is lost", gone)

@@ -129,10 +129,10 @@ func readTicks(pids []int) ticksByPID {
 	return t
 }
 
-// addStarted adds to t the processes of the trees rooted at roots that
-// are not in known: they started after known was found.
-func (t ticksByPID) addStarted(roots, known []int) {
-	for _, p := range treePIDs(roots) {
+// addStarted adds to t the processes of now that are not in known: they
+// started after known was found.
+func (t ticksByPID) addStarted(now, known []int) {
+	for _, p := range now {
 		if slices.Contains(known, p) {
 			continue
 		}

@@ -590,10 +590,7 @@ lookup:
 					break
 				}
 				if perr := p.bodyTooLarge(h); perr != nil {
-					if !x.expecting {
-						p.lingerBody(ctx) // as forward's 413: the body is unread
-					}
-					x.fail(ctx, *perr, id)
+					p.refuseEarly(ctx, x, *perr, id)
 					return
 				}
 				resumed = true
@@ -676,10 +673,7 @@ lookup:
 			// (a session's GET) every retry was a 429 again.
 			if perr := p.bodyTooLarge(h); perr != nil {
 				sb.leave()
-				if !x.expecting {
-					p.lingerBody(ctx) // as forward's 413: the body is unread
-				}
-				x.fail(ctx, *perr, id)
+				p.refuseEarly(ctx, x, *perr, id)
 				return
 			}
 			if refusal := p.overLimit(ctx, x, sb, n, lim); refusal != nil {
@@ -1486,6 +1480,17 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 func freshURI(req *fasthttp.Request) *fasthttp.URI {
 	req.SetRequestURIBytes(req.Header.RequestURI())
 	return req.URI()
+}
+
+// refuseEarly answers perr (bodyTooLarge's 413) before what would cost
+// more than the refusal: a paused sandbox's resume, a wait for a slot. The
+// body is unread, so it lingers as forward's 413 does; an Expect head's
+// client has sent none.
+func (p *Proxy) refuseEarly(ctx *fasthttp.RequestCtx, x *exchange, perr proxyError, id []byte) {
+	if !x.expecting {
+		p.lingerBody(ctx)
+	}
+	x.fail(ctx, perr, id)
 }
 
 // bodyTooLarge refuses a body whose Content-Length is over

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -1138,5 +1139,95 @@ func TestACMECloseEndsBackgroundOnDemandRenewal(t *testing.T) {
 	}
 	if files := lockFiles(); len(files) != 0 {
 		t.Fatalf("lock files left after Close: %v", files)
+	}
+}
+
+// An on-demand certificate in memory whose renewal information (ARI) is
+// due for a refresh (certmagic asks the CA every Retry-After, 6 hours at
+// Let's Encrypt) is refreshed from the handshakes that serve it: each one
+// starts a refresh in the background unless one runs. With the CA down,
+// the first handshake after a failed refresh started another (about 8 s
+// of retries, nine connections to the CA and some fourteen warning and
+// error lines each): a busy sandbox host kept a CA in an outage busy and
+// flooded the log. Refreshes of a certificate are spaced out; the
+// handshakes go on being served.
+func TestACMEOnDemandARIRefreshDuringCAOutage(t *testing.T) {
+	t.Parallel()
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	storage := t.TempDir()
+	// certmagic keys work in flight process-wide by name (-count=2).
+	name := fmt.Sprintf("50005-ari%x.cube.test", rand.Uint32())
+	cfg := onDemandConfig(t, dnsSrv, pebble, storage)
+	cfg.Allow = (&allowList{ok: map[string]bool{name: true}}).allow
+	tlsCfg := &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+
+	first, err := certs.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dial(serveTLS(t, first).addr, tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The stored renewal information is due for a refresh, as it is
+	// every 6 hours.
+	metas, _ := filepath.Glob(filepath.Join(storage, "certificates", "*", name, name+".json"))
+	if len(metas) != 1 {
+		t.Fatalf("stored metadata: %q", metas)
+	}
+	meta, err := os.ReadFile(metas[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		SANs       []string       `json:"sans"`
+		IssuerData map[string]any `json:"issuer_data"`
+	}
+	if err := json.Unmarshal(meta, &res); err != nil {
+		t.Fatal(err)
+	}
+	ari, ok := res.IssuerData["renewal_info"].(map[string]any)
+	if !ok {
+		t.Fatalf("no renewal information stored: %s", meta)
+	}
+	ari["_retryAfter"] = time.Now().Add(-time.Minute).Format(time.RFC3339)
+	if meta, err = json.Marshal(res); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(metas[0], meta, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	pebble.Stop()
+	logs := &logRecorder{}
+	cfg.Logger = slog.New(logs)
+	m := startManager(t, cfg)
+	srv := serveTLS(t, m)
+	// Each handshake's refresh ends in one of these lines: it failed, or
+	// it found the refresh taken (by another, or spaced out). Each
+	// handshake waits for the refresh of the one before it to end.
+	const failed, taken = "updating ARI", "attempted to obtain ARI lock but it was already taken"
+	const handshakes = 3
+	for i := range handshakes {
+		c, err := dial(srv.addr, tlsCfg)
+		if err != nil {
+			t.Fatalf("handshake %d with the CA down: %v", i, err)
+		}
+		c.close()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := logs.count(failed) + logs.count(taken); n <= i {
+				return fmt.Errorf("the refresh of handshake %d did not end", i)
+			}
+			return nil
+		})
+	}
+	if n := logs.count(failed); n != 1 {
+		t.Fatalf("%d handshakes asked the CA that is down for renewal information, want 1", n)
 	}
 }

@@ -29,7 +29,24 @@ type lockGate struct {
 	held   int
 	closed bool
 	idle   chan struct{} // closed once closed and held is 0; nil until waited on
+	// tried holds when each TryLock name was last granted (see TryLock),
+	// and pruned when names past their spacing were last forgotten.
+	tried  map[string]time.Time
+	pruned time.Time
 }
+
+// tryLockSpacing is how long a name granted by TryLock is refused after,
+// held or not. certmagic takes TryLock only to refresh a certificate's
+// renewal information (ARI) from the CA, which it then asks again only
+// after the CA's Retry-After (6 hours at Let's Encrypt) — when the CA
+// answered. An on-demand certificate's refresh is started by each
+// handshake that serves it, and one that failed (the CA down) left the
+// next handshake to try again: a busy sandbox host sent the CA in an
+// outage a request, and the log two error lines, every few seconds, per
+// certificate. Refreshes of a certificate are spaced by this, under the
+// 10 minutes between maintenance passes (which refresh the managed ones),
+// so those are never refused.
+const tryLockSpacing = 5 * time.Minute
 
 func (g *lockGate) enter() error {
 	g.mu.Lock()
@@ -68,6 +85,9 @@ func (g *lockGate) Lock(ctx context.Context, name string) error {
 // TryLock keeps the storage's TryLock, which certmagic prefers for its
 // ARI locks when the storage has one (FileStorage does).
 func (g *lockGate) TryLock(ctx context.Context, name string) (bool, error) {
+	if !g.spaced(name, time.Now()) {
+		return false, nil // as taken: certmagic skips the refresh quietly
+	}
 	if err := g.enter(); err != nil {
 		return false, err
 	}
@@ -84,6 +104,31 @@ func (g *lockGate) TryLock(ctx context.Context, name string) (bool, error) {
 		g.leave()
 	}
 	return got, err
+}
+
+// spaced reports whether name was last granted by TryLock at least
+// tryLockSpacing before now, and if so notes now as its grant.
+func (g *lockGate) spaced(name string, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if last, ok := g.tried[name]; ok && now.Sub(last) < tryLockSpacing {
+		return false
+	}
+	if g.tried == nil {
+		g.tried = make(map[string]time.Time)
+	}
+	if now.Sub(g.pruned) >= tryLockSpacing {
+		// Names are per certificate: forget those past their spacing,
+		// so the map holds about the certificates refreshed lately.
+		for n, last := range g.tried {
+			if now.Sub(last) >= tryLockSpacing {
+				delete(g.tried, n)
+			}
+		}
+		g.pruned = now
+	}
+	g.tried[name] = now
+	return true
 }
 
 // Unlock releases the storage lock.

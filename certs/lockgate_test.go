@@ -77,3 +77,32 @@ func TestLockGateClose(t *testing.T) {
 		})
 	}
 }
+
+// TryLock names (certmagic's ARI refreshes) are granted at most once per
+// tryLockSpacing each, whatever became of the lock: a refresh that failed
+// is not tried again by the next handshake.
+func TestLockGateSpacesTryLocks(t *testing.T) {
+	g := &lockGate{}
+	t0 := time.Now()
+	steps := []struct {
+		name string
+		at   time.Duration
+		want bool
+	}{
+		{"a", 0, true},
+		{"a", time.Second, false},
+		{"b", time.Second, true},
+		{"a", tryLockSpacing - time.Second, false},
+		{"a", tryLockSpacing, true},
+		{"b", tryLockSpacing, false},
+		{"b", tryLockSpacing + time.Second, true},
+	}
+	for i, st := range steps {
+		if got := g.spaced(st.name, t0.Add(st.at)); got != st.want {
+			t.Fatalf("step %d: %s at %v granted %v, want %v", i, st.name, st.at, got, st.want)
+		}
+	}
+	if n := len(g.tried); n > 2 {
+		t.Fatalf("%d names remembered, want at most 2", n)
+	}
+}

@@ -683,7 +683,35 @@ func (s *acmeSource) decide(ctx context.Context, name string) error {
 		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
 		return err
 	}
+	if s.limiter.full() && !s.stored(ctx, name) {
+		// Over the budget, a name with nothing stored to load would
+		// only be refused at the order (onEvent): certmagic got there
+		// through a storage check (a 10 KB file written, synced and
+		// deleted), a lock file and five info lines, for every
+		// handshake a client retried.
+		err := s.refuseOverBudget(name)
+		s.log.Debug("on-demand certificate refused", "name", name, "error", err)
+		return err
+	}
 	return nil
+}
+
+// stored reports whether the storage holds a certificate for name that
+// the on-demand Config would load (an error reading it counts as one:
+// certmagic then decides, and the budget still guards the order).
+func (s *acmeSource) stored(ctx context.Context, name string) bool {
+	key := certmagic.StorageKeys.SiteCert(s.onDemand.Issuers[0].IssuerKey(), name)
+	return s.locks.Exists(ctx, key)
+}
+
+// refuseOverBudget returns the refusal of an on-demand issuance for name
+// over the budget, and logs the refusals at most once a window.
+func (s *acmeSource) refuseOverBudget(name string) error {
+	if n, ok := s.limiter.report(); ok {
+		s.log.Warn("on-demand certificate issuance rate limit reached; refusing new certificates (logged at most once a minute)",
+			"name", name, "per_minute", s.limiter.max, "refused", n)
+	}
+	return fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)
 }
 
 // onEvent rate-limits new on-demand issuances and backs off names whose
@@ -730,12 +758,8 @@ func (s *acmeSource) onEvent(ctx context.Context, event string, data map[string]
 		return certmagic.ErrNoRetry{Err: err}
 	}
 	if !s.limiter.allow() {
-		if n, ok := s.limiter.report(); ok {
-			s.log.Warn("on-demand certificate issuance rate limit reached; refusing new certificates (logged at most once a minute)",
-				"name", name, "per_minute", s.limiter.max, "refused", n)
-		}
 		// ErrNoRetry: certmagic would otherwise retry the refused issuance.
-		return certmagic.ErrNoRetry{Err: fmt.Errorf("on-demand issuance for %s: %w", name, errRateLimited)}
+		return certmagic.ErrNoRetry{Err: s.refuseOverBudget(name)}
 	}
 	return nil
 }

@@ -1231,3 +1231,77 @@ func TestACMEOnDemandARIRefreshDuringCAOutage(t *testing.T) {
 		t.Fatalf("%d handshakes asked the CA that is down for renewal information, want 1", n)
 	}
 }
+
+// A handshake over the on-demand budget for a name Allow accepts fails at
+// once, and the refusals are logged as one warning a minute (README). It
+// went as far as certmagic's order before the budget refused it: a storage
+// check (a 10 KB file written, synced and deleted) and a lock file in
+// storage_dir, and five info lines (obtaining twice, acquiring the lock,
+// lock acquired, releasing it), for every handshake a client retried. A name
+// whose certificate is stored still loads it over the budget.
+func TestACMEOnDemandOverBudgetRefusedBeforeTheOrder(t *testing.T) {
+	t.Parallel()
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pebble := testenv.StartPebble(t, dnsSrv.Addr)
+	// certmagic keys work in flight process-wide by name (-count=2).
+	id := rand.Uint32()
+	first, over := fmt.Sprintf("50005-first%x.cube.test", id), fmt.Sprintf("50005-over%x.cube.test", id)
+	var sandboxes sync.Map
+	sandboxes.Store(first, true)
+	sandboxes.Store(over, true)
+	cfg := onDemandConfig(t, dnsSrv, pebble, t.TempDir())
+	cfg.ACME.OnDemandRate = 1
+	cfg.Allow = func(_ context.Context, name string) error {
+		if _, ok := sandboxes.Load(name); !ok {
+			return fmt.Errorf("%w: no sandbox for %s", certs.ErrUnknownName, name)
+		}
+		return nil
+	}
+	logs := &logRecorder{}
+	cfg.Logger = slog.New(logs)
+	m := startManager(t, cfg)
+	srv := serveTLS(t, m)
+	insecure := func(name string) *tls.Config {
+		return &tls.Config{ServerName: name, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+	}
+	c, err := dial(srv.addr, insecure(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+
+	logs.reset()
+	const handshakes = 5
+	for i := range handshakes {
+		if c, err := dial(srv.addr, insecure(over)); err == nil {
+			c.close()
+			t.Fatalf("handshake %d over the budget succeeded", i)
+		}
+	}
+	var lines []string
+	for _, rec := range logs.all() {
+		if rec.Level >= slog.LevelInfo {
+			lines = append(lines, rec.Level.String()+" "+rec.Message)
+		}
+	}
+	want := []string{"WARN on-demand certificate issuance rate limit reached; refusing new certificates (logged at most once a minute)"}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("%d handshakes over the budget logged %q, want %q", handshakes, lines, want)
+	}
+
+	// first's certificate leaves memory (its sandbox gone at a sweep) and
+	// comes back from storage, still over the budget.
+	sandboxes.Delete(first)
+	if got := certs.SweepNow(t.Context(), m); got != 1 {
+		t.Fatalf("sweep dropped %d names, want 1", got)
+	}
+	sandboxes.Store(first, true)
+	orders := pebble.Orders()
+	if c, err = dial(srv.addr, insecure(first)); err != nil {
+		t.Fatalf("stored certificate over the budget: %v", err)
+	}
+	c.close()
+	if got := pebble.Orders(); got != orders {
+		t.Fatalf("%d new orders: the stored certificate must be loaded", got-orders)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -192,6 +193,20 @@ func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
 func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 
 func (r *logRecorder) WithGroup(string) slog.Handler { return r }
+
+// reset forgets what was logged so far.
+func (r *logRecorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = nil
+}
+
+// all returns what was logged so far.
+func (r *logRecorder) all() []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.records)
+}
 
 // firstAt returns when msg was first logged (zero if never).
 func (r *logRecorder) firstAt(msg string) time.Time {

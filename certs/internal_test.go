@@ -298,6 +298,10 @@ func TestWindowLimiter(t *testing.T) {
 	}
 	for i, st := range steps {
 		now = now.Add(st.advance)
+		// full foretells allow without spending the budget.
+		if full := l.full(); full != !st.want {
+			t.Fatalf("step %d: full = %v, want %v", i, full, !st.want)
+		}
 		if got := l.allow(); got != st.want {
 			t.Fatalf("step %d: allow = %v, want %v", i, got, st.want)
 		}

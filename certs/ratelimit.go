@@ -50,6 +50,15 @@ func (l *windowLimiter) allow() bool {
 	return true
 }
 
+// full reports whether allow would refuse an event now, without
+// recording one.
+func (l *windowLimiter) full() bool {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.events) >= l.max && now.Sub(l.events[l.next]) < l.window
+}
+
 // report counts a refusal and, at most once a window, returns the
 // refusals since the last report (this one included) to be logged: every
 // handshake over the budget is refused, and one warning each would let a

@@ -419,12 +419,14 @@ type logScratch struct {
 
 var logScratchPool = sync.Pool{New: func() any { return new(logScratch) }}
 
-// fwdHeaders holds X-Real-IP, X-Forwarded-For, X-Forwarded-Proto, Host
-// and the request target as the client sent them. prepareRequest rewrites
-// them for the sandbox (a route's MaskRequestHost replaces Host; the
-// signed token's parameter is removed from the target, an absolute-form
-// target becomes its path and query); the access log shows them as
-// received (nginx's $http_x_real_ip..., $host, $request_uri). Pooled.
+// fwdHeaders holds X-Real-IP, X-Forwarded-For, X-Forwarded-Proto, Host,
+// the request target, User-Agent and X-Cube-Instance-Id as the client sent
+// them. prepareRequest rewrites them for the sandbox (a route's
+// MaskRequestHost replaces Host; the signed token's parameter is removed
+// from the target, an absolute-form target becomes its path and query;
+// any of them the client's Connection names is removed); the access log
+// shows them as received (nginx's $http_x_real_ip..., $host,
+// $request_uri, $http_user_agent). Pooled.
 type fwdHeaders struct {
 	b   []byte
 	end [fwdSlots]int // value i is b[end[i-1]:end[i]]
@@ -437,11 +439,13 @@ var forwardingHeaders = [3]string{0: "X-Real-IP", fwdFor: "X-Forwarded-For", 2: 
 // fwdFor is X-Forwarded-For's slot in fwdHeaders.
 const fwdFor = 1
 
-// Slots of fwdHeaders after the forwarding headers: the Host header and
-// the request target.
+// Slots of fwdHeaders after the forwarding headers: the Host header, the
+// request target, User-Agent and X-Cube-Instance-Id.
 const (
 	fwdHost = len(forwardingHeaders) + iota
 	fwdTarget
+	fwdUserAgent
+	fwdInstanceID
 	fwdSlots
 )
 
@@ -464,7 +468,15 @@ func (f *fwdHeaders) capture(h *fasthttp.RequestHeader) {
 	f.end[fwdHost] = len(f.b)
 	f.b = appendLogTarget(f.b, h.RequestURI())
 	f.end[fwdTarget] = len(f.b)
+	f.b = append(f.b, h.UserAgent()...)
+	f.end[fwdUserAgent] = len(f.b)
+	f.b = append(f.b, h.Peek(headerInstanceID)...)
+	f.end[fwdInstanceID] = len(f.b)
 }
+
+// headerInstanceID is the request header the access log's
+// x_cube_instance_id shows.
+const headerInstanceID = "X-Cube-Instance-Id"
 
 // logHost returns the host a request's access log line shows (nginx's
 // $host): its Host line, or, for a request in absolute form whose Host is
@@ -545,8 +557,10 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 	if f := x.fwd; f != nil {
 		e.XRealIP, e.XForwardedFor, e.XForwardedProto = f.get(0), f.get(1), f.get(2)
 		e.Host = f.get(fwdHost)
+		e.UserAgent, e.InstanceID = f.get(fwdUserAgent), f.get(fwdInstanceID)
 	} else {
 		e.Host = b2s(logHost(h))
+		e.UserAgent, e.InstanceID = b2s(h.UserAgent()), b2s(h.Peek(headerInstanceID))
 	}
 	if !x.noHead {
 		e.Method = b2s(h.Method())
@@ -586,9 +600,7 @@ func (p *Proxy) fillEntry(rc *fasthttp.RequestCtx, x *exchange, status int, tota
 		e.UpstreamResponseTime = x.upstreamTime(total)
 		e.UpstreamRetries, e.UpstreamRetryCode = x.retries, x.retryCode
 	}
-	e.UserAgent = b2s(h.UserAgent())
 	e.RequestID = b2s(rc.Response.Header.Peek(HeaderRequestID)) // set before any entry is filled
-	e.InstanceID = b2s(h.Peek("X-Cube-Instance-Id"))
 	e.BackendIP = addr(x.backendIP)
 	e.SandboxID = x.sandboxID
 	e.Port = int(x.port)

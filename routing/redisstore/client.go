@@ -278,16 +278,37 @@ type emptySlotMap struct {
 // DialHook leaves dials as they are.
 func (h emptySlotMap) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-// ProcessHook turns an empty CLUSTER SLOTS answer into an error.
+// ProcessHook turns an empty CLUSTER SLOTS answer into an error, and
+// names the setting in the refusal of a server that is no Cluster node.
 func (h emptySlotMap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if slots, ok := cmd.(*redis.ClusterSlotsCmd); ok && err == nil && len(slots.Val()) == 0 {
+		slots, ok := cmd.(*redis.ClusterSlotsCmd)
+		if !ok {
+			return err
+		}
+		switch {
+		case err == nil && len(slots.Val()) == 0:
 			err = fmt.Errorf("redis cluster: no node gave a slot map (%s knows no slot): a cluster not yet created (no CLUSTER ADDSLOTS, or redis-cli --cluster create not run), or nodes removed from the cluster or not yet joined; redis.cluster.addrs: %s", h.addr, h.seeds)
+			slots.SetErr(err)
+		case notClusterNode(err):
+			err = fmt.Errorf("redis cluster: %s in redis.cluster.addrs is not a Cluster node (%w): name a standalone Redis with redis.addr, a master behind sentinels with redis.sentinel.master_name and redis.sentinel.addrs", h.addr, err)
 			slots.SetErr(err)
 		}
 		return err
 	}
+}
+
+// notClusterNode reports a refusal of CLUSTER SLOTS by a server that is
+// no Cluster node: a standalone Redis ("cluster support disabled") or a
+// sentinel (no CLUSTER command). The bare refusal named no setting, and
+// a sentinel's ("ERR unknown command 'cluster', with args beginning
+// with: 'slots'") read as if the proxy had sent a wrong command
+// (TestServerOfAnotherKindIsNamed). go-redis asks the other seeds first,
+// and returns it only when none gave a map.
+func notClusterNode(err error) bool {
+	return redis.HasErrorPrefix(err, "This instance has cluster support disabled") ||
+		redis.HasErrorPrefix(err, "unknown command 'cluster'")
 }
 
 // ProcessPipelineHook leaves pipelines as they are: go-redis reads the

@@ -101,6 +101,13 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 			// named no setting (TestClusterNodeAsStandaloneAddr).
 			return nil, fmt.Errorf("%w (this Redis is a Cluster node: list the cluster's nodes in redis.cluster.addrs)", err)
 		}
+		if !s.cluster && s.cfg.Sentinel.MasterName == "" && redis.HasErrorPrefix(err, "unknown command 'hgetall'") {
+			// A sentinel in redis.addr (its port, 26379, or the
+			// sentinels of a Sentinel deployment named as one server)
+			// answers so, and the bare refusal named no setting
+			// (TestServerOfAnotherKindIsNamed).
+			return nil, fmt.Errorf("%w (a Redis Sentinel answers so: for a master behind sentinels set redis.sentinel.master_name and list the sentinels in redis.sentinel.addrs)", err)
+		}
 		return nil, err
 	}
 	if len(fields) == 0 {

@@ -331,6 +331,11 @@ func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // 'sentinel'", which was "unreachable" too: the error says it is no
 // sentinel (TestSentinelAddrsNotSentinels).
 //
+// A sentinel's NOAUTH or WRONGPASS named neither of the two passwords a
+// Sentinel configuration holds, and redis.sentinel.password does not fall
+// back to redis.password as the platform's proxy's did: the error names
+// the setting (TestSentinelPasswordRefusalNamesTheSetting).
+//
 // Sentinels that answer but monitor no master of redis.sentinel.master_name
 // (SENTINEL GET-MASTER-ADDR-BY-NAME answers nil: a typo, a name another
 // deployment uses) were "unreachable: redis: nil", which sent the operator
@@ -370,6 +375,10 @@ func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 				unknown = true
 			case strings.Contains(e.Error(), "unknown command 'sentinel'"):
 				texts = append(texts, "a server in redis.sentinel.addrs is not a sentinel (it answered SENTINEL with unknown command: a data node's port, where a sentinel's, 26379 by default, was meant?)")
+			case redis.HasErrorPrefix(e, "NOAUTH"):
+				texts = append(texts, e.Error()+" (a sentinel asks for a password: set redis.sentinel.password, the sentinels' own; redis.password is the data nodes' and is not sent to them)")
+			case redis.HasErrorPrefix(e, "WRONGPASS"):
+				texts = append(texts, e.Error()+" (a sentinel refuses redis.sentinel.password)")
 			default:
 				texts = append(texts, e.Error())
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -424,5 +425,57 @@ func TestSentinelAddrsNotSentinels(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "unreachable") {
 		t.Errorf("lookup error %q says the sentinels are unreachable", err)
+	}
+}
+
+// TestSentinelPasswordRefusalNamesTheSetting: sentinels that ask for a
+// password the proxy does not send (redis.sentinel.password unset: it
+// does not fall back to redis.password, as the platform's proxy's did)
+// or refuse the one it sends answered "redis sentinel: no sentinel named
+// the master: NOAUTH Authentication required.", in the log and /readyz's
+// detail, with two passwords in the configuration and nothing saying
+// which one. The error names redis.sentinel.password; a password the
+// master refuses is still Redis's bare answer, the data nodes'.
+func TestSentinelPasswordRefusalNamesTheSetting(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ctx := context.Background()
+	const name = "cubemaster"
+	master := testenv.StartRedis(t, "--requirepass", "datapw")
+	sentinel := testenv.StartSentinel(t, name, master.Addr())
+	if err := sentinel.Client().Do(ctx, "SENTINEL", "SET", name, "auth-pass", "datapw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The sentinel's own password, set last: the client above is not
+	// authenticated, and is not used again.
+	if err := sentinel.Client().Do(ctx, "ACL", "SETUSER", "default", "resetpass", ">sentinelpw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, password string
+		want           []string
+	}{
+		{"unset", "", []string{"NOAUTH", "redis.sentinel.password", "redis.password"}},
+		{"wrong", "datapw", []string{"WRONGPASS", "redis.sentinel.password"}},
+		{"right", "sentinelpw", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Password: "datapw",
+				Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}, Password: tc.password}})
+			_, err := s.Lookup(ctx, "x")
+			if tc.want == nil {
+				if !errors.Is(err, routing.ErrNotFound) {
+					t.Fatalf("lookup with the sentinels' password: %v, want not found", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("lookup through sentinels that refuse the proxy succeeded")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("lookup error %q does not say %q", err, want)
+				}
+			}
+		})
 	}
 }

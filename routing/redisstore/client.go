@@ -95,6 +95,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	case cfg.Sentinel.MasterName != "":
 		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc))
 		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName})
+		c.AddHook(masterConns{})
 		return c, nil
 	}
 	opt, err := standaloneOptions(cfg, t, tc)
@@ -396,6 +397,32 @@ func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 	}
 }
 
+// masterConns gives the failover client's connections to the master
+// their whole read budget back: sentinelDialer cannot tell the master's
+// address from a sentinel's it was not given, and caps the reads of both;
+// only the failover client's own dials, the master's, pass through its
+// hooks, those of the sentinel clients go-redis makes do not.
+type masterConns struct{}
+
+// DialHook unwraps the master's connection from its read cap.
+func (masterConns) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if capped, ok := c.(*shortReads); ok && err == nil {
+			return capped.Conn, nil
+		}
+		return c, err
+	}
+}
+
+// ProcessHook leaves commands as they are.
+func (masterConns) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+// ProcessPipelineHook leaves pipelines as they are.
+func (masterConns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // ProcessHook leaves commands as they are.
 func (sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
@@ -544,8 +571,10 @@ func (c checkedTLS) SyscallConn() (syscall.RawConn, error) {
 }
 
 // sentinelDialer dials the data nodes and the sentinels of a Sentinel
-// client with newDialer, and gives each connection to a
-// configured sentinel a read deadline of at most sentinelRead.
+// client with newDialer, and gives each connection to a sentinel a read
+// deadline of at most sentinelRead: to a configured one, its dial too;
+// to any other address, a sentinel go-redis discovered or the master,
+// its reads until masterConns takes the cap off the master's.
 //
 // go-redis asks its chosen sentinel for the master's address inside every
 // dial of a data connection, within that dial's budget (t.dial), and drops
@@ -577,10 +606,16 @@ func newSentinelDialer(addrs []string, t timeouts, tc clientTLS, shed func() int
 func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	if !d.sentinels[addr] {
 		c, err := d.dialer(ctx, network, addr)
-		if err == nil {
-			noteDialed(ctx, addr)
+		if err != nil {
+			return c, err
 		}
-		return c, err
+		noteDialed(ctx, addr)
+		// A sentinel go-redis learned from the listed ones (SENTINEL
+		// SENTINELS) is dialed here too, by its announced IP: one
+		// listed by host name is learned again so. Left the whole
+		// command timeout for its answers, one that hung was never
+		// dropped (TestHungDiscoveredSentinelIsReplaced).
+		return &shortReads{Conn: c, max: d.sentinelRead}, nil
 	}
 	// The connection and its TLS handshake are an answer too: a hung
 	// sentinel accepts the TCP connection (its kernel does) and never

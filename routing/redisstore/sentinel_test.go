@@ -479,3 +479,110 @@ func TestSentinelPasswordRefusalNamesTheSetting(t *testing.T) {
 		})
 	}
 }
+
+// TestHungDiscoveredSentinelIsReplaced: go-redis asks every sentinel it
+// knows when the one it uses fails, those the listed ones named
+// (SENTINEL SENTINELS) too, and it may keep one of those. Such a
+// sentinel's answers were left the dial's whole budget, so when it hung
+// the question failed with the dial's own deadline and go-redis, which
+// drops a sentinel only for an error that comes before that, kept it:
+// every new connection, so every lookup not answered by a pooled one,
+// failed for as long as it hung. That happened with every sentinel listed
+// too, when listed by host name: go-redis learns each again by IP, and
+// kept the IP form in 1 of 3 runs (20 of 20 lookups failed). Here one
+// sentinel is listed and the other only discovered: once the discovered
+// one is in use and hangs, lookups must work again within a lookup or two.
+func TestHungDiscoveredSentinelIsReplaced(t *testing.T) {
+	testenv.ParallelRedis(t)
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t)
+	listed := testenv.StartSentinel(t, name, master.Addr())
+	discovered := testenv.StartSentinel(t, name, master.Addr())
+	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	testenv.WaitFor(t, 15*time.Second, "the sentinels to know each other", func() bool {
+		others, err := listed.Client().Do(ctx, "SENTINEL", "SENTINELS", name).Slice()
+		return err == nil && len(others) == 1
+	})
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{listed.Addr()}}})
+	if _, err := s.Lookup(ctx, "sbx"); err != nil {
+		t.Fatalf("lookup before: %v", err)
+	}
+	// A new connection for each lookup: each asks a sentinel.
+	dropConns := func() {
+		t.Helper()
+		if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holds := func(sn *testenv.Redis) bool {
+		clients, err := sn.Client().ClientList(ctx).Result()
+		return err == nil && strings.Contains(clients, "name=cubeproxy") && strings.Contains(clients, "cmd=subscribe")
+	}
+	// The listed sentinel hangs: go-redis turns to the one it discovered
+	// through it, and keeps it.
+	listed.Pause()
+	testenv.WaitFor(t, 10*time.Second, "the store on the discovered sentinel", func() bool {
+		dropConns()
+		_, err := s.Lookup(ctx, "sbx")
+		return err == nil && holds(discovered)
+	})
+	listed.Resume()
+	discovered.Pause()
+	t.Cleanup(discovered.Resume)
+
+	var failed []error
+	for range 20 {
+		dropConns()
+		start := time.Now()
+		_, err := s.Lookup(ctx, "sbx")
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Fatalf("lookup took %v, want about the 1s budget", took)
+		}
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) > 2 {
+		t.Fatalf("%d of 20 lookups failed after the discovered sentinel in use hung, with the master and the listed sentinel healthy, want a lookup or two: %v", len(failed), failed)
+	}
+}
+
+// TestSentinelMasterKeepsReadBudget: the reads of a connection to the
+// master get the whole command timeout, as they always did, though the
+// dialer caps those of every sentinel's, discovered ones' too, at a
+// sixth of it (TestHungDiscoveredSentinelIsReplaced): a master that
+// answers in half a second (CLIENT PAUSE here; a fork, a slow script in
+// production) still answers the lookup.
+func TestSentinelMasterKeepsReadBudget(t *testing.T) {
+	testenv.ParallelRedis(t)
+	const name = "cubemaster"
+	ctx := context.Background()
+	master := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, name, master.Addr())
+	hset(t, master, redisstore.DefaultKeyPrefix+"sbx", "HostIP", "10.0.0.1", "50005", "30001")
+	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}})
+	for _, fresh := range []bool{false, true} {
+		if _, err := s.Lookup(ctx, "sbx"); err != nil {
+			t.Fatalf("lookup before: %v", err)
+		}
+		if fresh {
+			// The pooled connections go: the lookup dials.
+			if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := master.Client().Do(ctx, "CLIENT", "PAUSE", 500, "ALL").Err(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := s.Lookup(ctx, "sbx")
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("lookup (new connection: %v) of a master that answers after %v: %v, want its route", fresh, took, err)
+		}
+		if took < 300*time.Millisecond {
+			t.Fatalf("lookup answered in %v: the master was not paused", took)
+		}
+	}
+}

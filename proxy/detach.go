@@ -80,7 +80,7 @@ func (s *bodyStream) headWritten(err error) {
 			s.x.bytesOut = 0
 		}
 	}
-	s.p.metrics.RequestDone(s.status, s.x.kind, time.Since(s.x.start))
+	s.p.metrics.RequestDone(s.status, s.x.kind, time.Since(s.x.start)+s.x.judged)
 }
 
 // hijacked runs on fasthttp's hijack goroutine after the handler returned

@@ -61,9 +61,18 @@ type exchange struct {
 	// headTime is the request's first byte to start: what the client
 	// took to send its head, and the body fasthttp reads before the
 	// handler (access log on only). The log's request_time includes it,
-	// as nginx's $request_time does; metrics and spans start at start.
+	// as nginx's $request_time does; metrics and spans start at start,
+	// less judged.
 	headTime time.Duration
-	bytesIn  int64 // body bytes read from the client: never what its Content-Length claims
+	// judged is how long before start the request's "Expect:
+	// 100-continue" head began to be judged (its run's start, headStart),
+	// when Expect admitted it: 0 for any other request. The head and the
+	// body's run are one request, and the head's judgement (a paused
+	// sandbox's resume, a wait for a slot) is part of its time, so its
+	// span and latency metrics begin there, as its log line's
+	// request_time does (headTime covers it).
+	judged  time.Duration
+	bytesIn int64 // body bytes read from the client: never what its Content-Length claims
 	// bodyEnded: the client's body was read to its end (forward, or
 	// overLimit).
 	bodyEnded bool
@@ -155,10 +164,18 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange, conns *connSet) {
 	// A head judged before its body (Expect) has no body read yet, and no
 	// span: admitted, it runs again as the request, which has its own.
 	if !x.expecting {
+		cl := ctx.Request.Header.ContentLength()
+		if cl != 0 && cl != -2 {
+			// Only a head that frames a body is judged by Expect (frameless),
+			// so other requests skip the user value lookup.
+			if head, ok := ctx.UserValue(headStart{}).(time.Time); ok {
+				x.judged = max(x.start.Sub(head), 0)
+			}
+		}
 		p.startSpan(ctx, x)
 		// What fasthttp read of the body before the handler ran; forward
 		// replaces it with the count of what it read and sent on.
-		if cl := ctx.Request.Header.ContentLength(); cl > 0 {
+		if cl > 0 {
 			x.bytesIn = int64(min(cl, fasthttpPreRead))
 		}
 	}
@@ -182,6 +199,10 @@ func (p *Proxy) startSpan(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	if x.noHead {
 		x.spanCtx, x.span = p.tel.StartHeadlessServerSpan(ctx.IsTLS(), remoteIP(ctx))
+		return
+	}
+	if x.judged > 0 {
+		x.spanCtx, x.span = p.tel.StartServerSpanAt(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx), x.start.Add(-x.judged))
 		return
 	}
 	x.spanCtx, x.span = p.tel.StartServerSpan(&ctx.Request.Header, ctx.IsTLS(), remoteIP(ctx))
@@ -237,7 +258,7 @@ func (p *Proxy) retried(x *exchange, h *fasthttp.RequestHeader, code string, err
 // status its client got.
 func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
 	if !x.headLater {
-		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start))
+		p.metrics.RequestDone(ctx.Response.StatusCode(), x.kind, time.Since(x.start)+x.judged)
 	}
 	if x.stream {
 		p.metrics.StreamOpened(x.kind)
@@ -248,16 +269,19 @@ func (p *Proxy) headersReady(ctx *fasthttp.RequestCtx, x *exchange) {
 // entry was captured when the handler returned.
 func (p *Proxy) finish(rc *fasthttp.RequestCtx, x *exchange, status int, err error, entry *accesslog.Entry) {
 	total := time.Since(x.start)
+	// The metrics' time runs from the request's head (judged); the log's
+	// request_time has it in headTime already.
+	timed := total + x.judged
 	if x.envd != telemetry.EnvdNone {
-		p.metrics.EnvdDone(x.envd, x.envdMethod, status, x.headTime+total)
+		p.metrics.EnvdDone(x.envd, x.envdMethod, status, max(x.headTime, x.judged)+total)
 	}
 	switch {
 	case x.sized:
-		p.metrics.DownloadDone(status, x.kind, total)
+		p.metrics.DownloadDone(status, x.kind, timed)
 	case x.stream:
-		p.metrics.StreamClosed(x.kind, total)
+		p.metrics.StreamClosed(x.kind, timed)
 	default:
-		p.metrics.ResponseDone(status, x.kind, total)
+		p.metrics.ResponseDone(status, x.kind, timed)
 	}
 	if x.owned {
 		why := streamEnd(x.errCode, err)

@@ -334,6 +334,8 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 			// pays for the boxed time.
 			ctx.SetUserValue(headWaitEnd{}, x.limitUntil)
 		}
+		// The request's time runs from here (exchange.judged).
+		ctx.SetUserValue(headStart{}, x.start)
 		x.releaseFwd()
 		return
 	}
@@ -402,6 +404,12 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 // 100-continue" head was admitted, the cache result of the head's lookup
 // (a telemetry.CacheResult). fasthttp resets user values with the request.
 type headLookup struct{}
+
+// headStart keys, in the RequestCtx of a request whose "Expect:
+// 100-continue" head was admitted, when the head's run began (a
+// time.Time, its exchange.start): the body's run is timed from there
+// (exchange.judged).
+type headStart struct{}
 
 // headWaitEnd keys, in the RequestCtx of a request whose "Expect:
 // 100-continue" head waited for a slot over max_streams_per_sandbox and

@@ -742,6 +742,11 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 	// not pass for one that ended cleanly, as a cut HTTP stream. It is
 	// known once the sandbox-to-client copy ends, before end can run.
 	reset := false
+	// upErr is what ended the sandbox-to-client copy on the sandbox's
+	// side (nil: the sandbox ended its side, or the client's side failed
+	// first): the reset, the idle timeout, the close a kill or the drain
+	// made.
+	var upErr error
 	// cause is the timeout on the client's side that ended the tunnel (the
 	// 101, or a later write, not taken within client.write_timeout),
 	// logged as a stream's (bodyStream.clientEnded).
@@ -804,7 +809,7 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 		case cause != nil:
 			tx.errCode = CodeClientWriteTimeout
 		}
-		release(status, cause)
+		release(status, tunnelEndErr(tx.errCode, cause, upErr))
 		// Listed until its line is logged (release): the drain's wait
 		// ends once nothing is, and the access log is closed then. A
 		// drain or a kill that finds it ended meanwhile closes it again,
@@ -834,6 +839,9 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 	out.r = &tunnelReader{t: tn, c: tn.backend}
 	err := copyTunnel(clientWriter{tn}, &out)
 	reset = tn.clientErr == nil && errors.Is(err, syscall.ECONNRESET)
+	if tn.clientErr == nil {
+		upErr = err
+	}
 	if tn.clientErr != nil {
 		// The client is gone, or stopped reading and is cut: the
 		// sandbox's output is read and dropped until it ends its side
@@ -864,6 +872,26 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 	}
 	tn.close()
 	<-done
+}
+
+// tunnelEndErr is the error a tunnel that ended with code (its log line's
+// error_code) finishes with: cause, a client that took no write in time;
+// for a cut of the sandbox's side or the proxy's (a reset, the idle
+// timeout, a kill, the drain, a route change) what ended its copy from
+// the sandbox, upErr, or, when that side was not what failed, the code
+// itself; nil for a tunnel either side closed, or its client left. Its
+// upstream span is an error then, as a stream's cut the same way is
+// (finish): the tunnel's ended with no error whatever cut it.
+func tunnelEndErr(code string, cause, upErr error) error {
+	switch {
+	case cause != nil:
+		return cause
+	case code == "" || telemetry.ClientEnded(code):
+		return nil
+	case upErr != nil:
+		return upErr
+	}
+	return errors.New("tunnel cut: " + code)
 }
 
 // takeBuffered returns what hc, a hijacked connection reading conn through

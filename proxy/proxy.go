@@ -123,6 +123,10 @@ type Proxy struct {
 	// redirectExpect's hijack handlers before the answer goes out, after
 	// fasthttp counted the connection out; nil in production.
 	beforeRefusalLingers func()
+	// afterLeftLook, for tests, runs in bodyStream.clientEnded after its
+	// look at whether the hangups watch found the client gone, before
+	// the others; nil in production.
+	afterLeftLook func(s *bodyStream)
 
 	clientWriteTimeout time.Duration // from ServerConfig
 	clientBodyTimeout  time.Duration // from ServerConfig

@@ -303,15 +303,25 @@ func (s *bodyStream) cut(err error) {
 // the log, and says that the client ended it, not the sandbox, or that it
 // stopped reading (a write it did not take within client.write_timeout).
 func (s *bodyStream) clientEnded(err error) {
+	left := s.clientLeft.Load() || errors.Is(err, errClientLeft)
+	if s.p.afterLeftLook != nil {
+		s.p.afterLeftLook(s)
+	}
 	switch {
-	case s.clientLeft.Load() || errors.Is(err, errClientLeft):
+	case left:
 		s.x.errCode = CodeClientClosed
 	case s.conn.killed.Load():
 		s.x.errCode = CodeSandboxKilled // the kill closed the client's side too
 	case s.conn.changed.Load() != cutNone:
 		s.x.errCode = changedCode(s.conn.changed.Load())
 	case s.conn.interrupted.Load():
-		s.x.errCode = CodeDrainTimeout // abort closed the client's side
+		// The drain's cut: abort closed the client's side. Or the hangups
+		// watch's hang-up, reported since the look above: its hangUp
+		// interrupts the connection too, after it marks the client gone.
+		s.x.errCode = CodeDrainTimeout
+		if s.clientLeft.Load() {
+			s.x.errCode = CodeClientClosed
+		}
 	case isTimeout(err):
 		s.x.errCode = CodeClientWriteTimeout
 	default:

@@ -881,7 +881,8 @@ func (p *Proxy) runTunnel(tn *tunnel, conn net.Conn, early []byte, pending int64
 // the sandbox, upErr, or, when that side was not what failed, the code
 // itself; nil for a tunnel either side closed, or its client left. Its
 // upstream span is an error then, as a stream's cut the same way is
-// (finish): the tunnel's ended with no error whatever cut it.
+// (finish); a tunnel that ended with no error whatever cut it had an
+// upstream span that never was.
 func tunnelEndErr(code string, cause, upErr error) error {
 	switch {
 	case cause != nil:

@@ -18,6 +18,7 @@ import (
 // rest of the body, a reset; a client that reads only once its body is
 // sent (Python's requests) got a broken pipe instead of the redirect.
 func TestDrainWaitsForARedirectsLinger(t *testing.T) {
+	t.Parallel() // each case waits 1.5 s on its own paced upload
 	for _, tc := range []struct {
 		name, expect string
 		late         bool // the hijack handler waits: the drain must count it from the handler
@@ -27,6 +28,7 @@ func TestDrainWaitsForARedirectsLinger(t *testing.T) {
 		{"Expect head, hijack handler late", "Expect: 100-continue\r\n", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = 20 * time.Second })
 			hooked, proceed := make(chan struct{}), make(chan struct{})
 			if tc.late {

@@ -298,6 +298,7 @@ func (s getBeats) RoundTrip(r *http.Request) (*http.Response, error) {
 // MaxRetries+1-th fails the session, calls and all (README, What an MCP
 // agent sees). Pinned so that the README's numbers stay true.
 func TestMCPQuietStandaloneStreamIdleCut(t *testing.T) {
+	t.Parallel() // it waits out three idle timeouts
 	const maxRetries = 2
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.HeartbeatInterval = 50 * time.Millisecond

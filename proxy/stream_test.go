@@ -1148,6 +1148,7 @@ func TestHeartbeatCountsFromTheLastEvent(t *testing.T) {
 	const interval = time.Second
 	for _, method := range []string{"GET", "POST"} { // detached and fasthttp-written streams
 		t.Run(method, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = interval })
 			next, release := make(chan struct{}), make(chan struct{})
 			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

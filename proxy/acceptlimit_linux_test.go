@@ -22,6 +22,9 @@ import (
 // listener, whose socket is under the TLS listener's (ServeTLS): the
 // first build that waited found no socket there and counted as before.
 func TestTrafficAcceptAtLimitCountsOnlyAWaitingClient(t *testing.T) {
+	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		t.Parallel() // the parent only waits for its child processes
+	}
 	for _, tc := range []struct {
 		name string
 		wrap func(net.Listener) net.Listener
@@ -31,6 +34,7 @@ func TestTrafficAcceptAtLimitCountsOnlyAWaitingClient(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+				t.Parallel() // the parent only waits for its child process
 				runFDChild(t)
 				return
 			}

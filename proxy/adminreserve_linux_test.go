@@ -23,6 +23,7 @@ import (
 // spent on a connection that waits, and only on one.
 func TestAdminReserveSpentOnlyOnAConnection(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		t.Parallel() // the parent only waits for its child process
 		runFDChild(t)
 		return
 	}

@@ -24,6 +24,7 @@ import (
 // in a child process of its own.
 func TestDialShortageCountedApart(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		t.Parallel() // the parent only waits for its child process
 		runFDChild(t)
 		return
 	}

@@ -26,6 +26,7 @@ import (
 // in a child process of its own.
 func TestStoreDialShortageIsTheProxys(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		testenv.ParallelRedis(t) // the parent only waits for its redis-server and child process
 		runFDChild(t, "CUBE_TEST_REDIS="+testenv.StartRedis(t).Addr())
 		return
 	}
@@ -82,6 +83,7 @@ func (s *splitStore) Lookup(ctx context.Context, id string) (*routing.Route, err
 // of them held a descriptor each.
 func TestStoreDialShedsIdleSandboxConns(t *testing.T) {
 	if os.Getenv("CUBE_TEST_FD_CHILD") != "1" {
+		testenv.ParallelRedis(t) // the parent only waits for its redis-server and child process
 		runFDChild(t, "CUBE_TEST_REDIS="+testenv.StartRedis(t).Addr())
 		return
 	}

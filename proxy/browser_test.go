@@ -572,7 +572,10 @@ func TestBrowserAuth(t *testing.T) {
 		{"chromium", newChromium},
 		{"firefox", func(t *testing.T) browser { return newFirefox(t) }},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testBrowserAuth(t, tc.start) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testBrowserAuth(t, tc.start)
+		})
 	}
 }
 

@@ -143,6 +143,7 @@ func bigText(n int) string {
 func TestMCPLargeToolResults(t *testing.T) {
 	for _, jsonResp := range []bool{true, false} {
 		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t)
 			var ct sync.Map
 			host := agentGateway(t, h, "bigbox", newAgentServer(), &mcp.StreamableHTTPOptions{JSONResponse: jsonResp},

@@ -326,6 +326,7 @@ const (
 func TestMCPLargeArguments(t *testing.T) {
 	for _, jsonResp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", jsonResp), func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t)
 			srv := newAgentServer()
 			mcp.AddTool(srv, &mcp.Tool{Name: "check"}, func(_ context.Context, _ *mcp.CallToolRequest, in struct {

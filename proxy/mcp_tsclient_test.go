@@ -440,6 +440,7 @@ func TestMCPTypeScriptSDKClient(t *testing.T) {
 		{name: "json_response_max_streams=2", limit: 2, json: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			limit := tc.limit
 			h := newHarness(t, func(o *harnessOpts) {
 				o.cfg.MaxStreamsPerSandbox = limit
@@ -595,6 +596,7 @@ func TestMCPTypeScriptSDKLegacySSE(t *testing.T) {
 		{name: "signed_url_max_streams=2", signed: true, limit: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, func(o *harnessOpts) {
 				o.cfg.Signer = signer
 				o.cfg.HeartbeatInterval = tc.heartbeat

@@ -77,7 +77,7 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		// its write without a wake-up for over 300 ms on this client's
 		// tiny window: cut with the renewal or without it.
 		{name: "sized over TLS", path: "/sized", tls: true},
-		{name: "a pause longer than the timeout cuts", path: "/sized", pause: 1500 * time.Millisecond, cut: true},
+		{name: "a pause longer than the timeout cuts", path: "/sized", pause: time.Second, cut: true},
 		// Detached streams write to the connection themselves, not
 		// through fasthttp: an event stream, and any body for HTTP/1.0.
 		// Their pieces are the sandbox's reads (16 KiB here): at 32 KB/s
@@ -89,9 +89,9 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		// client, so a timeout bounding a piece whole cuts the second;
 		// 160 KiB at 32 KB/s took 5 s a case.
 		{name: "event stream", path: "/events?whole", read: 1 << 10, size: 64 << 10},
-		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: 1500 * time.Millisecond, cut: true},
+		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: time.Second, cut: true},
 		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10, size: 64 << 10},
-		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: 1500 * time.Millisecond, cut: true},
+		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: time.Second, cut: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })

@@ -36,6 +36,7 @@ func TestDrainCutSmallAnswerLogged(t *testing.T) {
 		{"client reads it", false, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			const drain = 300 * time.Millisecond
 			h, logs, _ := drainLogHarness(t, drain)
 			body := strings.Repeat("x", 60<<10) // under wholeBody: read whole

@@ -296,11 +296,7 @@ func TestHungSentinelIsReplaced(t *testing.T) {
 			// The sentinel the store chose holds its +switch-master subscription.
 			var chosen *testenv.Redis
 			for _, sn := range sentinels {
-				clients, err := sn.Client().ClientList(ctx).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.Contains(clients, "name=cubeproxy") && strings.Contains(clients, "cmd=subscribe") {
+				if holdsSubscription(ctx, sn) {
 					chosen = sn
 				}
 			}
@@ -313,21 +309,7 @@ func TestHungSentinelIsReplaced(t *testing.T) {
 			// Before each lookup the pooled connections go (a master
 			// restart, an idle timeout, a reset): each lookup dials, and
 			// each dial asks a sentinel.
-			var failed []error
-			for range 20 {
-				if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
-					t.Fatal(err)
-				}
-				start := time.Now()
-				_, err := s.Lookup(ctx, "sbx")
-				if took := time.Since(start); took > 1500*time.Millisecond {
-					t.Fatalf("lookup took %v, want about the 1s budget", took)
-				}
-				if err != nil {
-					failed = append(failed, err)
-				}
-			}
-			if len(failed) > 2 {
+			if failed := dialedLookups(t, ctx, s, master, 20); len(failed) > 2 {
 				t.Fatalf("%d of 20 lookups failed after a sentinel hung, with the master and another sentinel healthy, want a lookup or two: %v", len(failed), failed)
 			}
 		})
@@ -508,42 +490,19 @@ func TestHungDiscoveredSentinelIsReplaced(t *testing.T) {
 	if _, err := s.Lookup(ctx, "sbx"); err != nil {
 		t.Fatalf("lookup before: %v", err)
 	}
-	// A new connection for each lookup: each asks a sentinel.
-	dropConns := func() {
-		t.Helper()
-		if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	holds := func(sn *testenv.Redis) bool {
-		clients, err := sn.Client().ClientList(ctx).Result()
-		return err == nil && strings.Contains(clients, "name=cubeproxy") && strings.Contains(clients, "cmd=subscribe")
-	}
 	// The listed sentinel hangs: go-redis turns to the one it discovered
 	// through it, and keeps it.
 	listed.Pause()
 	testenv.WaitFor(t, 10*time.Second, "the store on the discovered sentinel", func() bool {
-		dropConns()
+		dropConns(t, ctx, master)
 		_, err := s.Lookup(ctx, "sbx")
-		return err == nil && holds(discovered)
+		return err == nil && holdsSubscription(ctx, discovered)
 	})
 	listed.Resume()
 	discovered.Pause()
 	t.Cleanup(discovered.Resume)
 
-	var failed []error
-	for range 20 {
-		dropConns()
-		start := time.Now()
-		_, err := s.Lookup(ctx, "sbx")
-		if took := time.Since(start); took > 1500*time.Millisecond {
-			t.Fatalf("lookup took %v, want about the 1s budget", took)
-		}
-		if err != nil {
-			failed = append(failed, err)
-		}
-	}
-	if len(failed) > 2 {
+	if failed := dialedLookups(t, ctx, s, master, 20); len(failed) > 2 {
 		t.Fatalf("%d of 20 lookups failed after the discovered sentinel in use hung, with the master and the listed sentinel healthy, want a lookup or two: %v", len(failed), failed)
 	}
 }
@@ -585,4 +544,41 @@ func TestSentinelMasterKeepsReadBudget(t *testing.T) {
 			t.Fatalf("lookup answered in %v: the master was not paused", took)
 		}
 	}
+}
+
+// dropConns closes the master's client connections but the caller's
+// (a master restart, an idle timeout, a reset do): the store's next
+// lookup dials, and its dial asks a sentinel for the master.
+func dropConns(t *testing.T, ctx context.Context, master *testenv.Redis) {
+	t.Helper()
+	if err := master.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdsSubscription reports whether the sentinel sn holds the store's
+// +switch-master subscription: the sentinel go-redis chose.
+func holdsSubscription(ctx context.Context, sn *testenv.Redis) bool {
+	clients, err := sn.Client().ClientList(ctx).Result()
+	return err == nil && strings.Contains(clients, "name=cubeproxy") && strings.Contains(clients, "cmd=subscribe")
+}
+
+// dialedLookups makes n lookups of "sbx", each on a new connection
+// (dropConns), fails the test if one takes over 1.5 s (the 1 s budget
+// and some slack), and returns the lookups' errors.
+func dialedLookups(t *testing.T, ctx context.Context, s *redisstore.Store, master *testenv.Redis, n int) []error {
+	t.Helper()
+	var failed []error
+	for range n {
+		dropConns(t, ctx, master)
+		start := time.Now()
+		_, err := s.Lookup(ctx, "sbx")
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Fatalf("lookup took %v, want about the 1s budget", took)
+		}
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	return failed
 }

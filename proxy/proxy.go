@@ -1438,6 +1438,11 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 		order.restore(h)
 		order.release()
 	}
+	if p.cfg.Signer != nil {
+		// After the restore, which would put a repeated Referer's lines
+		// back as they were sent.
+		stripRefererToken(h)
+	}
 	// The headers the proxy vouches for (X-Real-IP, X-Forwarded-For, its
 	// element of Forwarded, X-Forwarded-Host) are set as their only line:
 	// a client's further copies would reach the sandbox beside the
@@ -1532,6 +1537,45 @@ func stripSignedToken(req *fasthttp.Request) {
 	// The request's setter, not the header's: it also drops a URI parsed
 	// earlier, which Write would otherwise send instead.
 	req.SetRequestURIBytes(dst)
+}
+
+// stripRefererToken removes the signed-token query parameter from every
+// Referer line. A link let through without the 302 (on a host routed by
+// its path, a form POST, an event stream) leaves the token in the page's
+// URL, and the browser sends that URL as the Referer of the page's next
+// requests: in full on the shared origin, where every sandbox's pages are
+// served, so another tenant's server got a credential to the linked
+// sandbox. Every other byte of the Referer is kept; a request whose
+// Referer has no token (nearly all) costs a scan of it and no copy.
+func stripRefererToken(h *fasthttp.RequestHeader) {
+	lines := h.PeekAll(fasthttp.HeaderReferer)
+	found := false
+	for _, l := range lines {
+		if _, query, ok := bytes.Cut(l, []byte{'?'}); ok && auth.HasQueryParam(query, auth.QueryParamName) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return
+	}
+	// Copies: the lines alias the header's buffers, which the writes reuse.
+	kept := make([][]byte, len(lines))
+	for i, l := range lines {
+		path, query, ok := bytes.Cut(l, []byte{'?'})
+		kept[i] = append([]byte(nil), path...)
+		if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); ok && len(clean) > 0 {
+			kept[i] = append(append(kept[i], '?'), clean...)
+		}
+	}
+	if len(kept) == 1 {
+		h.SetBytesV(fasthttp.HeaderReferer, kept[0]) // in its place
+		return
+	}
+	h.Del(fasthttp.HeaderReferer)
+	for _, l := range kept {
+		h.AddBytesV(fasthttp.HeaderReferer, l)
+	}
 }
 
 // envdPort is the sandbox's envd daemon, whose Host is never masked.

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -1006,7 +1007,14 @@ func loadRoutes(path string, log *slog.Logger) (*routing.MemoryStore, error) {
 	}
 	ms, err := routing.LoadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		log.Warn("routes file not found; starting with an empty routing table", "path", path)
+		// A relative path is taken in the working directory, which under
+		// a service manager (systemd's is /) is seldom the one the
+		// operator has in mind: the absolute path says where it looked.
+		abs, aerr := filepath.Abs(path)
+		if aerr != nil {
+			abs = path
+		}
+		log.Warn("routes file not found; starting with an empty routing table", "setting", "routes", "path", path, "abs_path", abs)
 		return routing.NewMemoryStoreOfMissingFile(path), nil
 	}
 	if err != nil {

@@ -408,6 +408,14 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	adminCfg.Heartbeat = func() int64 { return a.registry.LastBeat() }
 	a.server = proxy.NewServer(serverConfig(cfg), a.proxy, proxy.NewAdmin(adminCfg, a.proxy))
 
+	// A SIGTERM or SIGINT while the store loaded (a large routes file
+	// parses for seconds, ignoring ctx) stops the start here: opened, the
+	// listeners took connections and "cubeproxy ready" was logged by a
+	// process about to drain, which a reuse_port takeover took for the
+	// new one. The deferred check above turns this into a stop.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("before opening the listeners: %w", err)
+	}
 	if err := a.listen(ctx); err != nil {
 		return nil, err
 	}

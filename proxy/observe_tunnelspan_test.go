@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -22,16 +21,6 @@ import (
 // as fine.
 func TestTunnelUpstreamSpanOutcome(t *testing.T) {
 	t.Parallel()
-	drain := func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond }
-	idle := func(o *harnessOpts) { o.cfg.IdleStreamTimeout = 300 * time.Millisecond }
-	shutdown := func(_ *testing.T, c streamEndCtl) { go c.h.server.Shutdown(t.Context()) }
-	kill := func(t *testing.T, c streamEndCtl) {
-		if st, body := c.h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"`+c.id+`"}`, ""); st != 200 {
-			t.Errorf("meta/delete: %d %s", st, body)
-		}
-	}
-	nothing := func(*testing.T, streamEndCtl) {}
-	hangUp := func(_ *testing.T, c streamEndCtl) { _ = c.client.Close() }
 	sandboxCloses := func(_ *testing.T, c streamEndCtl) { _ = c.sandbox.Close() }
 	cases := []struct {
 		name    string
@@ -40,11 +29,11 @@ func TestTunnelUpstreamSpanOutcome(t *testing.T) {
 		errType string // the upstream span's error.type; "" for no error
 	}{
 		{name: "sandbox resets", act: resetSandbox, errType: CodeUpstreamReset},
-		{name: "idle timeout", opts: idle, act: nothing, errType: CodeUpstreamTimeout},
-		{name: "killed", act: kill, errType: CodeSandboxKilled},
-		{name: "drain deadline", opts: drain, act: shutdown, errType: CodeDrainTimeout},
+		{name: "idle timeout", opts: shortIdle, act: leaveAlone, errType: CodeUpstreamTimeout},
+		{name: "killed", act: killSandbox, errType: CodeSandboxKilled},
+		{name: "drain deadline", opts: shortDrain, act: drainNow, errType: CodeDrainTimeout},
 		{name: "sandbox closes", act: sandboxCloses},
-		{name: "client closes", act: hangUp},
+		{name: "client closes", act: hangUpClient},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

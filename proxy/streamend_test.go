@@ -42,6 +42,31 @@ type streamEndCtl struct {
 	id      string   // the sandbox id
 }
 
+// The rows' ways to end a stream or a tunnel, shared by the tests of what
+// each end is called (TestStreamEndReasonCounted,
+// TestTunnelUpstreamSpanOutcome): shortDrain and shortIdle are harness
+// options for the rows the drain's deadline or the idle timeout ends.
+func shortDrain(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond }
+
+func shortIdle(o *harnessOpts) { o.cfg.IdleStreamTimeout = 300 * time.Millisecond }
+
+// drainNow starts the proxy's drain, which cuts what is left at its
+// deadline.
+func drainNow(_ *testing.T, c streamEndCtl) { go c.h.server.Shutdown(context.Background()) }
+
+// killSandbox kills the sandbox through the admin API.
+func killSandbox(t *testing.T, c streamEndCtl) {
+	if st, body := c.h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"`+c.id+`"}`, ""); st != 200 {
+		t.Errorf("meta/delete: %d %s", st, body)
+	}
+}
+
+// leaveAlone does nothing: the row's option (the idle timeout) ends it.
+func leaveAlone(*testing.T, streamEndCtl) {}
+
+// hangUpClient closes the client's connection.
+func hangUpClient(_ *testing.T, c streamEndCtl) { _ = c.client.Close() }
+
 // resetSandbox resets the sandbox's side, as a crashed server's.
 func resetSandbox(_ *testing.T, c streamEndCtl) {
 	_ = c.sandbox.(*net.TCPConn).SetLinger(0)
@@ -56,17 +81,7 @@ func resetSandbox(_ *testing.T, c streamEndCtl) {
 // the idle timeout ended.
 func TestStreamEndReasonCounted(t *testing.T) {
 	t.Parallel()
-	drain := func(o *harnessOpts) { o.srv.DrainTimeout = 200 * time.Millisecond }
-	idle := func(o *harnessOpts) { o.cfg.IdleStreamTimeout = 300 * time.Millisecond }
-	shutdown := func(_ *testing.T, c streamEndCtl) { go c.h.server.Shutdown(context.Background()) }
-	kill := func(t *testing.T, c streamEndCtl) {
-		if st, body := c.h.adminDo("POST", "/admin/meta/delete", `{"sandbox_id":"`+c.id+`"}`, ""); st != 200 {
-			t.Errorf("meta/delete: %d %s", st, body)
-		}
-	}
-	nothing := func(*testing.T, streamEndCtl) {}
 	finish := func(_ *testing.T, c streamEndCtl) { rawWrite(c.sandbox, "0\r\n\r\n") }
-	hangUp := func(_ *testing.T, c streamEndCtl) { _ = c.client.Close() }
 	cases := []struct {
 		name   string
 		kind   string // route_kind label
@@ -82,29 +97,29 @@ func TestStreamEndReasonCounted(t *testing.T) {
 		{name: "download sandbox reset", kind: "http", reason: "sandbox", head: downloadHead + strings.Repeat("x", 100<<10),
 			act: resetSandbox},
 		{name: "chunked client hangs up", kind: "http", reason: "client", head: chunkedHead,
-			act: hangUp},
-		{name: "chunked drain deadline", kind: "http", reason: "drain", opts: drain, head: chunkedHead, act: shutdown},
-		{name: "chunked killed", kind: "http", reason: "killed", head: chunkedHead, act: kill},
-		{name: "chunked idle timeout", kind: "http", reason: "timeout", opts: idle, head: chunkedHead, act: nothing},
+			act: hangUpClient},
+		{name: "chunked drain deadline", kind: "http", reason: "drain", opts: shortDrain, head: chunkedHead, act: drainNow},
+		{name: "chunked killed", kind: "http", reason: "killed", head: chunkedHead, act: killSandbox},
+		{name: "chunked idle timeout", kind: "http", reason: "timeout", opts: shortIdle, head: chunkedHead, act: leaveAlone},
 		{name: "sse complete", kind: "sse", reason: "complete", head: sseHead,
 			act: finish},
 		{name: "sse sandbox reset", kind: "sse", reason: "sandbox", head: sseHead, act: resetSandbox},
-		{name: "sse killed", kind: "sse", reason: "killed", head: sseHead, act: kill},
+		{name: "sse killed", kind: "sse", reason: "killed", head: sseHead, act: killSandbox},
 		{name: "sse client hangs up", kind: "sse", reason: "client", head: sseHead,
-			act: hangUp},
+			act: hangUpClient},
 		// A GET's event stream ends cleanly at the drain's start, and its
 		// client reconnects elsewhere: no cut, as its log line says.
-		{name: "sse ended by the drain's start", kind: "sse", reason: "drain", opts: drain, head: sseHead, act: shutdown},
+		{name: "sse ended by the drain's start", kind: "sse", reason: "drain", opts: shortDrain, head: sseHead, act: drainNow},
 		{name: "websocket sandbox closes", kind: "websocket", reason: "complete", head: switchedHead,
 			act: func(_ *testing.T, c streamEndCtl) { _ = c.sandbox.Close() }},
 		// Close frames pass end to end: a client's close is a tunnel's
 		// normal end.
 		{name: "websocket client closes", kind: "websocket", reason: "complete", head: switchedHead,
-			act: hangUp},
+			act: hangUpClient},
 		{name: "websocket sandbox reset", kind: "websocket", reason: "sandbox", head: switchedHead, act: resetSandbox},
-		{name: "websocket drain deadline", kind: "websocket", reason: "drain", opts: drain, head: switchedHead, act: shutdown},
-		{name: "websocket killed", kind: "websocket", reason: "killed", head: switchedHead, act: kill},
-		{name: "websocket idle timeout", kind: "websocket", reason: "timeout", opts: idle, head: switchedHead, act: nothing},
+		{name: "websocket drain deadline", kind: "websocket", reason: "drain", opts: shortDrain, head: switchedHead, act: drainNow},
+		{name: "websocket killed", kind: "websocket", reason: "killed", head: switchedHead, act: killSandbox},
+		{name: "websocket idle timeout", kind: "websocket", reason: "timeout", opts: shortIdle, head: switchedHead, act: leaveAlone},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

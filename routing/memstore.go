@@ -631,6 +631,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		return nil, fmt.Errorf("line %d: top level must be a mapping with the key \"routes\"", root.Line)
 	}
 	seenRoutes := false
+	aliased := maxAliasedFields
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.Value != "routes" {
@@ -658,7 +659,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 			if _, dup := routes[id]; dup {
 				return nil, fmt.Errorf("line %d: sandbox %q given twice", idNode.Line, id)
 			}
-			fields, err := decodeFields(fieldsNode)
+			fields, err := decodeFields(fieldsNode, &aliased)
 			if err != nil {
 				return nil, fmt.Errorf("sandbox %q: %w", id, err)
 			}
@@ -735,25 +736,104 @@ func invalidUTF8Line(data []byte) (int, bool) {
 	return 0, false
 }
 
-func decodeFields(n *yaml.Node) (map[string]string, error) {
-	if n.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("line %d: fields must be a mapping of field name to value", n.Line)
-	}
+// decodeFields reads a route's fields: a mapping of field name to scalar,
+// through YAML's aliases ("HostIP: *node1", a route "b: *a") and merge
+// keys ("<<: *base", "<<: [*a, *b]"), as the config file is read. A
+// mapping's own fields win over merged ones, and an earlier mapping
+// merged over a later one, as YAML's merge key has it. Fields reached
+// through an alias count against *aliased, so that aliases nested level
+// on level (each doubling what the one above stands for) cannot make a
+// small file take unbounded work.
+func decodeFields(n *yaml.Node, aliased *int) (map[string]string, error) {
 	fields := make(map[string]string, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, fmt.Errorf("line %d: field name must be a string", k.Line)
-		}
-		if _, dup := fields[k.Value]; dup {
-			return nil, fmt.Errorf("line %d: field %s given twice", k.Line, echo(k.Value))
-		}
-		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
-			return nil, fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo(k.Value))
-		}
-		fields[k.Value] = v.Value
+	if err := addFields(fields, n, nil, false, aliased); err != nil {
+		return nil, err
 	}
 	return fields, nil
+}
+
+// maxAliasedFields bounds the fields a routes file may reach through
+// aliases: a 100k-route file whose every route merges a base of a few
+// fields stays far below it.
+const maxAliasedFields = 1 << 22
+
+// maxMergeDepth bounds how deep merge keys nest (a base merged into one
+// merged into a route is 2).
+const maxMergeDepth = 32
+
+// addFields adds the fields of mapping n to fields. mergedInto are the
+// mappings n is merged into, the route's own first: nil for the route's
+// own mapping, whose fields may not repeat; a merged mapping's fill only
+// those not set yet. viaAlias is whether n was reached through an alias.
+func addFields(fields map[string]string, n *yaml.Node, mergedInto []*yaml.Node, viaAlias bool, aliased *int) error {
+	line := n.Line // of the alias, where one is used: the line to fix
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n, viaAlias = n.Alias, true
+	}
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: fields must be a mapping of field name to value", line)
+	}
+	// The parser lets an anchored mapping hold an alias of itself
+	// ("&x {<<: *x}"): followed, it recursed until the stack ran out.
+	if slices.Contains(mergedInto, n) {
+		return fmt.Errorf("line %d: a merge key (<<) merges a mapping into itself", line)
+	}
+	if len(mergedInto) >= maxMergeDepth {
+		return fmt.Errorf("line %d: merge keys (<<) nested more than %d deep", line, maxMergeDepth)
+	}
+	own := mergedInto == nil
+	var merges []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if viaAlias {
+			if *aliased--; *aliased < 0 {
+				return fmt.Errorf("line %d: aliases stand for more than %d fields in all; write the routes out", v.Line, maxAliasedFields)
+			}
+		}
+		if k.Kind != yaml.ScalarNode {
+			return fmt.Errorf("line %d: field name must be a string", k.Line)
+		}
+		if k.ShortTag() == "!!merge" {
+			merges = append(merges, v)
+			continue
+		}
+		if _, dup := fields[k.Value]; dup {
+			if own {
+				return fmt.Errorf("line %d: field %s given twice", k.Line, echo(k.Value))
+			}
+			continue // set by a mapping that wins over this one
+		}
+		value := v
+		if value.Kind == yaml.AliasNode && value.Alias != nil {
+			value = value.Alias
+		}
+		if value.Kind != yaml.ScalarNode || value.Tag == "!!null" {
+			return fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo(k.Value))
+		}
+		fields[k.Value] = value.Value
+	}
+	for _, m := range merges {
+		list, line, via := []*yaml.Node{m}, m.Line, viaAlias
+		if m.Kind == yaml.AliasNode && m.Alias != nil {
+			m, via = m.Alias, true
+		}
+		if m.Kind == yaml.SequenceNode {
+			list = m.Content
+		}
+		for _, e := range list {
+			target := e
+			if target.Kind == yaml.AliasNode && target.Alias != nil {
+				target = target.Alias
+			}
+			if target.Kind != yaml.MappingNode {
+				return fmt.Errorf("line %d: a merge key (<<) takes a mapping or a list of mappings, such as <<: *base", line)
+			}
+			if err := addFields(fields, e, append(mergedInto, n), via, aliased); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // fieldOrder is the order fields are written in; ports follow, ascending.

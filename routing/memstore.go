@@ -607,6 +607,9 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		if line, ok := invalidUTF8Line(data); ok && strings.Contains(err.Error(), "UTF-8") {
 			return nil, fmt.Errorf("line %d: not UTF-8 text (%w); save the file as UTF-8", line, err)
 		}
+		if line, b, ok := controlLine(data); ok && strings.Contains(err.Error(), controlProblem) {
+			return nil, fmt.Errorf("line %d: a control character, byte 0x%02x, which YAML does not allow (%w); remove it", line, b, err)
+		}
 		if strings.HasSuffix(err.Error(), keyProblem) {
 			if line, ok := firstFailingLine(data, err.Error(), keyLineBudget); ok {
 				return nil, fmt.Errorf("line %d: %s (indented unlike the keys around it?); the YAML parser named the line where the mapping it was in starts: %w", line, keyProblem, err)
@@ -744,6 +747,31 @@ func invalidUTF8Line(data []byte) (int, bool) {
 // through an alias count against *aliased, so that aliases nested level
 // on level (each doubling what the one above stands for) cannot make a
 // small file take unbounded work.
+// controlProblem is the parser's error for a character YAML does not
+// allow in a file, which names no line.
+const controlProblem = "control characters are not allowed"
+
+// controlLine returns the line of the first character of data that YAML
+// does not allow (a C0 control other than tab, LF and CR, DEL, a C1
+// control other than NEL, U+FFFE or U+FFFF, as the parser's reader
+// checks), and its first byte. A file in UTF-16 is not looked at:
+// its bytes are not its characters.
+func controlLine(data []byte) (line int, b byte, ok bool) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return 0, 0, false
+	}
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		switch {
+		case r == '\t' || r == '\n' || r == '\r' || r == 0x85:
+		case r < 0x20 || r >= 0x7f && r < 0xa0 || r == 0xfffe || r == 0xffff:
+			return 1 + bytes.Count(data[:i], []byte{'\n'}), data[i], true
+		}
+		i += size
+	}
+	return 0, 0, false
+}
+
 func decodeFields(n *yaml.Node, aliased *int) (map[string]string, error) {
 	fields := make(map[string]string, len(n.Content)/2)
 	if err := addFields(fields, n, nil, false, aliased); err != nil {

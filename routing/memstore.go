@@ -610,6 +610,9 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 		if line, b, ok := controlLine(data); ok && strings.Contains(err.Error(), controlProblem) {
 			return nil, fmt.Errorf("line %d: a control character, byte 0x%02x, which YAML does not allow (%w); remove it", line, b, err)
 		}
+		if tabIndents(data, err) {
+			return nil, fmt.Errorf("%w (a tab: YAML indents with spaces only)", err)
+		}
 		if strings.HasSuffix(err.Error(), keyProblem) {
 			if line, ok := firstFailingLine(data, err.Error(), keyLineBudget); ok {
 				return nil, fmt.Errorf("line %d: %s (indented unlike the keys around it?); the YAML parser named the line where the mapping it was in starts: %w", line, keyProblem, err)
@@ -747,6 +750,30 @@ func invalidUTF8Line(data []byte) (int, bool) {
 // through an alias count against *aliased, so that aliases nested level
 // on level (each doubling what the one above stands for) cannot make a
 // small file take unbounded work.
+// tabIndents reports whether err is the parser's "cannot start any
+// token" at a line that a tab indents, which looks like the spaces around
+// it. @ and ` cannot start a token either: a tab elsewhere on their line
+// is not blamed for them.
+func tabIndents(data []byte, err error) bool {
+	var line int
+	if _, scanErr := fmt.Sscanf(err.Error(), "yaml: line %d: found character that cannot start any token", &line); scanErr != nil || line < 1 {
+		return false
+	}
+	l := data
+	for range line - 1 {
+		nl := bytes.IndexByte(l, '\n')
+		if nl < 0 {
+			return false
+		}
+		l = l[nl+1:]
+	}
+	if nl := bytes.IndexByte(l, '\n'); nl >= 0 {
+		l = l[:nl]
+	}
+	indent := l[:len(l)-len(bytes.TrimLeft(l, " \t"))]
+	return bytes.IndexByte(indent, '\t') >= 0 || bytes.IndexByte(l, '\t') >= 0 && !bytes.ContainsAny(l, "@`")
+}
+
 // controlProblem is the parser's error for a character YAML does not
 // allow in a file, which names no line.
 const controlProblem = "control characters are not allowed"

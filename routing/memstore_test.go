@@ -371,6 +371,7 @@ func FuzzDecodeRoutes(f *testing.F) {
 	f.Add([]byte("routes:\n  a: {HostIP: 10.0.0.1}\n  a: {HostIP: 10.0.0.2}\n"))
 	f.Add([]byte("routes: [1, 2]\n"))
 	f.Add([]byte("routes:\n  b:\n    HostIP: &x 10.0.0.1\n    SandboxIP: *x\n"))
+	f.Add([]byte("routes:\n  a: &r {HostIP: 10.0.0.1, \"80\": \"1\"}\n  b: *r\n  c:\n    <<: [*r, {SandboxIP: 10.0.0.2}]\n    \"80\": \"2\"\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		routes, err := decodeRoutes(data)
 		if err != nil {

@@ -444,7 +444,7 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 	}
 	after := string(q.Peek("after"))
 	if q.Has("after") && !routing.ValidID(after) {
-		adminError(ctx, 400, "after must be a sandbox id")
+		adminError(ctx, 400, "after must be a sandbox id: "+routing.IDForm)
 		return
 	}
 	routes, more := a.cfg.Routes.Page(after, limit)
@@ -488,7 +488,7 @@ func (a *Admin) route(ctx *fasthttp.RequestCtx, method, id string) {
 		return
 	}
 	if !routing.ValidID(id) {
-		adminError(ctx, 400, "invalid sandbox id")
+		adminError(ctx, 400, "invalid sandbox id: "+routing.IDForm)
 		return
 	}
 	switch method {
@@ -715,10 +715,22 @@ func readSandboxBody(ctx *fasthttp.RequestCtx, withState bool) (sandboxBody, boo
 		}
 	}
 	if !routing.ValidID(b.SandboxID) {
-		adminError(ctx, 400, "sandbox_id missing or invalid")
+		_, given := raw["sandbox_id"]
+		badSandboxID(ctx, given, b.SandboxID)
 		return b, false
 	}
 	return b, true
+}
+
+// badSandboxID answers the 400 of a body whose sandbox_id is missing
+// (given false) or not a sandbox id, saying what one is: a control plane
+// that sent "MyBox" was told only "missing or invalid".
+func badSandboxID(ctx *fasthttp.RequestCtx, given bool, id string) {
+	if !given {
+		adminError(ctx, 400, "sandbox_id missing")
+		return
+	}
+	adminError(ctx, 400, fmt.Sprintf("sandbox_id %q is not a sandbox id: %s", id, routing.IDForm))
 }
 
 // decodeObject decodes body, one JSON object, into its members, numbers
@@ -817,9 +829,14 @@ func (a *Admin) metaUpsert(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 400, "invalid JSON body: "+err.Error())
 		return
 	}
-	id, _ := raw["sandbox_id"].(string)
+	v, given := raw["sandbox_id"]
+	id, isString := v.(string)
+	if given && !isString {
+		adminError(ctx, 400, "field sandbox_id must be a string")
+		return
+	}
 	if !routing.ValidID(id) {
-		adminError(ctx, 400, "sandbox_id missing or invalid")
+		badSandboxID(ctx, given, id)
 		return
 	}
 	if a.cfg.Routes == nil {
@@ -1008,7 +1025,7 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 	case !hasPort:
 		msg = "port (1-65535) is required"
 	case !routing.ValidID(b.SandboxID):
-		msg = fmt.Sprintf("sandbox_id %q is not a sandbox id: lower-case letters, digits, - and _, at most 128, starting with a letter or digit", b.SandboxID)
+		msg = fmt.Sprintf("sandbox_id %q is not a sandbox id: %s", b.SandboxID, routing.IDForm)
 	case badPort != "":
 		msg = fmt.Sprintf("port %s is not a port (1-65535)", badPort)
 	case b.Port < 1 || b.Port > 65535:

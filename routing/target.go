@@ -11,6 +11,10 @@ import (
 // MaxIDLen is the longest sandbox id accepted ([a-z0-9][a-z0-9_-]{0,127}).
 const MaxIDLen = 128
 
+// IDForm says what a sandbox id is ([a-z0-9][a-z0-9_-]{0,127}), for the
+// messages that refuse one.
+const IDForm = "lower-case letters, digits, - and _, at most 128, starting with a letter or digit"
+
 const (
 	// maxHostLen is the longest DNS name (RFC 1035) once port and trailing dot are gone.
 	maxHostLen = 253

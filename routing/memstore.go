@@ -742,14 +742,6 @@ func invalidUTF8Line(data []byte) (int, bool) {
 	return 0, false
 }
 
-// decodeFields reads a route's fields: a mapping of field name to scalar,
-// through YAML's aliases ("HostIP: *node1", a route "b: *a") and merge
-// keys ("<<: *base", "<<: [*a, *b]"), as the config file is read. A
-// mapping's own fields win over merged ones, and an earlier mapping
-// merged over a later one, as YAML's merge key has it. Fields reached
-// through an alias count against *aliased, so that aliases nested level
-// on level (each doubling what the one above stands for) cannot make a
-// small file take unbounded work.
 // tabIndents reports whether err is the parser's "cannot start any
 // token" at a line that a tab indents, which looks like the spaces around
 // it. @ and ` cannot start a token either: a tab elsewhere on their line
@@ -799,6 +791,14 @@ func controlLine(data []byte) (line int, b byte, ok bool) {
 	return 0, 0, false
 }
 
+// decodeFields reads a route's fields: a mapping of field name to scalar,
+// through YAML's aliases ("HostIP: *node1", a route "b: *a") and merge
+// keys ("<<: *base", "<<: [*a, *b]"), as the config file is read. A
+// mapping's own fields win over merged ones, and an earlier mapping
+// merged over a later one, as YAML's merge key has it. Fields reached
+// through an alias count against *aliased, so that aliases nested level
+// on level (each doubling what the one above stands for) cannot make a
+// small file take unbounded work.
 func decodeFields(n *yaml.Node, aliased *int) (map[string]string, error) {
 	fields := make(map[string]string, len(n.Content)/2)
 	if err := addFields(fields, n, nil, false, aliased); err != nil {

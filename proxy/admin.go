@@ -633,8 +633,8 @@ func (a *Admin) invalidate(id string) (int, error) {
 	n := a.p.cache.Invalidate(id)
 	// What the sandbox has open here is judged against the new route (or
 	// its absence) at once: with the memory store no invalidation comes
-	// back to this instance.
-	a.p.routeWritten(id)
+	// back to this instance, and with Redis only while it is subscribed.
+	a.p.routeWritten(id, a.cfg.Routes == nil)
 	if a.cfg.Publish != nil {
 		if err := a.cfg.Publish(id); err != nil {
 			a.p.cfg.Logger.Warn("publish cache invalidation", "sandbox_id", id, "err", err)

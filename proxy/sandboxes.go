@@ -510,29 +510,49 @@ func killedOrBusy(w uint64, _ *sandboxState) bool {
 func (p *Proxy) Invalidate(id string) int {
 	n := p.cache.Invalidate(id)
 	if sb := p.sandboxes.peek(id); sb != nil {
-		w := sb.word.Load()
-		switch stateOf(w) {
-		case statePausing, statePaused:
-			p.routeChanged(id, sb)
-		case stateRunning:
-			sb.unsure.Store(true)
-			if countOf(w) > 0 {
-				p.routeChanged(id, sb)
-			}
-		}
+		p.applyInvalidation(id, sb)
 	}
 	return n
 }
 
-// routeWritten is Admin.invalidate's: the route of id was changed through
-// this instance's admin API. What the sandbox has open here is judged
-// against the new route at once, as Invalidate does; the rest of what
-// Invalidate does the admin call does itself.
-func (p *Proxy) routeWritten(id string) {
-	if sb := p.sandboxes.peek(id); sb != nil {
-		if w := sb.word.Load(); stateOf(w) != stateGone && countOf(w) > 0 {
+// applyInvalidation is what Invalidate does to sandbox id's entry sb
+// besides dropping the cached route.
+func (p *Proxy) applyInvalidation(id string, sb *sandboxState) {
+	w := sb.word.Load()
+	switch stateOf(w) {
+	case statePausing, statePaused:
+		p.routeChanged(id, sb)
+	case stateRunning:
+		sb.unsure.Store(true)
+		if countOf(w) > 0 {
 			p.routeChanged(id, sb)
 		}
+	}
+}
+
+// routeWritten is Admin.invalidate's: the route of id was changed through
+// this instance's admin API, the cached one dropped. What the sandbox has
+// open here is judged against the new route at once, as Invalidate does.
+// With the memory store (shared false) the rest of what Invalidate does
+// the admin call does itself (a delete forgets the sandbox's state). With
+// Redis (shared) the route changed in the store, as an announced id says,
+// and this instance applies the change as it applies one (Invalidate): it
+// relied on its own PUBLISH coming back to it, which never comes while
+// its subscription is refused or being made again, and then kept the
+// pause (and the last_active line) of a sandbox removed from Redis until
+// the janitor's once-a-day read. A kill's tombstone is not read for.
+func (p *Proxy) routeWritten(id string, shared bool) {
+	sb := p.sandboxes.peek(id)
+	if sb == nil {
+		return
+	}
+	w := sb.word.Load()
+	if shared && stateOf(w) != stateKilled {
+		p.applyInvalidation(id, sb)
+		return
+	}
+	if stateOf(w) != stateGone && countOf(w) > 0 {
+		p.routeChanged(id, sb)
 	}
 }
 

@@ -1078,7 +1078,8 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 	size := int64(resp.Header.ContentLength())
 	if err := removeHopResponse(&resp.Header, false); err != nil {
 		c.release(p, false)
-		sb.leave()
+		// Dated by the answer, as any other (below).
+		sb.done(x.start.Add(x.upTime).UnixMilli())
 		p.upstreamError(ctx, x, err, t.ID(), addr)
 		return
 	}

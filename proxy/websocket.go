@@ -477,13 +477,15 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		// would fail the handshake anyway (RFC 6455 §4.1), after the
 		// tunnel had taken a sandbox connection until the idle timeout.
 		uc.release(p, false)
-		sb.leave()
+		// Dated by this answer, as every failure after the sandbox was
+		// asked: it may have come minutes after the handshake.
+		sb.done(time.Now().UnixMilli())
 		p.upstreamError(ctx, x, errWrongSwitch, id, addr)
 		return
 	}
 	if err := removeHopResponse(&resp.Header, true); err != nil {
 		uc.release(p, false)
-		sb.leave()
+		sb.done(time.Now().UnixMilli())
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}

@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// A request the sandbox worked on for long and then answered with a head
+// the proxy refuses (a 502 upstream_bad_response) dates the sandbox's
+// activity by that answer, as every other failure does
+// (TestLastActiveDatesLongRequestsByTheirEnd): a WebSocket's 101 that
+// came once a kernel was up, minutes after the handshake, but named a
+// protocol the client never offered, or any answer whose head has a field
+// name with a space. Earlier builds dated these by the request's start,
+// so an idle reaper polling last_active just after saw a sandbox that had
+// worked all along idle for as long, and could pause it under the client
+// that was about to retry.
+func TestLastActiveDatesRefusedHeadsByTheirEnd(t *testing.T) {
+	const upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	for _, tc := range []struct {
+		name, fields, answer string
+	}{
+		{"101 to a protocol not offered", upgrade,
+			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"},
+		{"101 with a name holding a space", upgrade,
+			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX Bad: 1\r\n\r\n"},
+		{"answer with a name holding a space", "",
+			"HTTP/1.1 200 OK\r\nX Bad: 1\r\nContent-Length: 2\r\n\r\nok"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			arrived, release := make(chan struct{}), make(chan struct{})
+			b := newScriptBackend(t, func(c net.Conn, _ *http.Request, _ int) bool {
+				close(arrived)
+				<-release
+				rawWrite(c, tc.answer)
+				return false
+			})
+			host := h.route("badhead", b.port)
+			c := dialRaw(t, h.addr)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
+			done := make(chan int, 1)
+			go func() {
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					done <- 0 // reported by the status check below
+					return
+				}
+				done <- resp.StatusCode
+			}()
+			testenv.Recv(t, arrived, 10*time.Second, "the request at the sandbox")
+			// The request started at or before mark; its answer comes after.
+			mark := time.Now().UnixMilli()
+			for time.Now().UnixMilli() <= mark {
+				runtime.Gosched()
+			}
+			close(release)
+			if st := testenv.Recv(t, done, 10*time.Second, "the client's answer"); st != http.StatusBadGateway {
+				t.Fatalf("answer: %d, want 502", st)
+			}
+			sb := h.proxy.sandboxes.peek("badhead")
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if n := sb.inFlight(); n != 0 {
+					return fmt.Errorf("%d requests in flight", n)
+				}
+				return nil
+			})
+			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
+			entries, _ := out["entries"].(map[string]any)
+			if ts, ok := entries["badhead"].(float64); st != 200 || !ok || int64(ts) <= mark {
+				t.Fatalf("last_active after a request refused after %d: %d %v; want the sandbox dated by the answer", mark, st, out)
+			}
+		})
+	}
+}

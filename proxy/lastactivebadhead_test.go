@@ -82,3 +82,54 @@ func TestLastActiveDatesRefusedHeadsByTheirEnd(t *testing.T) {
 		})
 	}
 }
+
+// So is a connect that timed out, a WebSocket handshake's as a plain
+// request's: a frozen sandbox (a VM snapshotting) holds each of the two
+// connects for upstream.connect_timeout, and the 504 dates the activity.
+// The handshake's was dated by its start.
+func TestLastActiveDatesConnectTimeoutsByTheirEnd(t *testing.T) {
+	for _, tc := range []struct{ name, fields string }{
+		{"WebSocket", "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"},
+		{"plain", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
+			host := h.route("frozenact", testenv.FrozenListener(t))
+			c := dialRaw(t, h.addr)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
+			done := make(chan int, 1)
+			go func() {
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					done <- 0 // reported by the status check below
+					return
+				}
+				done <- resp.StatusCode
+			}()
+			// The pool counts the connection before the connect, which a
+			// frozen sandbox never completes.
+			testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
+			mark := time.Now().UnixMilli()
+			for time.Now().UnixMilli() <= mark {
+				runtime.Gosched()
+			}
+			if st := testenv.Recv(t, done, 10*time.Second, "the client's answer"); st != http.StatusGatewayTimeout {
+				t.Fatalf("answer: %d, want 504", st)
+			}
+			sb := h.proxy.sandboxes.peek("frozenact")
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if n := sb.inFlight(); n != 0 {
+					return fmt.Errorf("%d requests in flight", n)
+				}
+				return nil
+			})
+			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
+			entries, _ := out["entries"].(map[string]any)
+			if ts, ok := entries["frozenact"].(float64); st != 200 || !ok || int64(ts) <= mark {
+				t.Fatalf("last_active after a connect that timed out after %d: %d %v; want the sandbox dated by the 504", mark, st, out)
+			}
+		})
+	}
+}

@@ -451,7 +451,9 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 		}
 	}
 	if err != nil {
-		sb.leave()
+		// By its end, as forward's: a frozen sandbox holds each of the
+		// two connects for upstream.connect_timeout.
+		sb.done(time.Now().UnixMilli())
 		p.upstreamError(ctx, x, err, id, addr)
 		return
 	}

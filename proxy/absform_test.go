@@ -168,6 +168,8 @@ func TestRedirectListenerAbsoluteFormHTTP10(t *testing.T) {
 		{"no Host, userinfo", "GET http://u:pw@50005-box.cube.test/p HTTP/1.0\r\n", 400, ""},
 		{"HTTP/1.1 without Host", "GET http://50005-box.cube.test/p HTTP/1.1\r\n", 400, ""},
 		{"empty Host line", "GET http://50005-box.cube.test/p HTTP/1.0\r\nHost:\r\n", 400, ""},
+		// One line, its fold a space (RFC 9112 5.2): no host.
+		{"folded Host line", "GET http://50005-box.cube.test/p HTTP/1.0\r\nHost: 50005-box.cube.test\r\n evil.example\r\n", 400, ""},
 		{"a port alone", "GET http://:80/p HTTP/1.0\r\n", 400, ""},
 		{"origin form", "GET /p HTTP/1.0\r\n", 400, ""},
 	} {
@@ -184,5 +186,48 @@ func TestRedirectListenerAbsoluteFormHTTP10(t *testing.T) {
 				checkProxyError(t, resp, body, 400, code)
 			}
 		})
+	}
+}
+
+// A Host line folded onto the next (obs-fold) is one line, its fold a
+// space (RFC 9112 5.2), whatever form the target has. fasthttp joins it so
+// for an origin-form request, but an absolute-form target's authority
+// overwrites Host there, and the proxy reads the client's line back from
+// the head as received: earlier builds read its first physical line alone,
+// so "Host: <sandbox>" folded onto " other.example" routed (and reached the
+// sandbox as) "<sandbox>", where the same line on an origin-form request
+// is a 400, and "Host:" folded onto " <sandbox>" was a 400 where the
+// origin form is routed by it. A front proxy that keeps the fold, or joins
+// it, sees another Host than the one the sandbox got.
+func TestAbsoluteFormFoldedHost(t *testing.T) {
+	h := newHarness(t)
+	b := startAuthBackend(t)
+	host := h.route("absfold", b.port)
+	for _, tc := range []struct {
+		name, head string
+		status     int
+		code       string // the refusal's
+	}{
+		{"continued past the sandbox's name", "GET http://" + host + "/x HTTP/1.1\r\nHost: " + host + "\r\n other.example\r\n", 400, routing.CodeInvalidHost},
+		{"continued, HTTP/1.0", "GET http://" + host + "/x HTTP/1.0\r\nHost: " + host + "\r\n\tother.example\r\n", 400, routing.CodeInvalidHost},
+		{"empty first line, the name continued", "GET http://" + host + "/x HTTP/1.1\r\nHost:\r\n " + host + "\r\n", 200, ""},
+		{"empty first line, another name continued", "GET http://" + host + "/x HTTP/1.1\r\nHost:\r\n 8080-absother.cube.test\r\n", 400, routing.CodeInvalidHost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := rawRequest(t, h.addr, tc.head+"Connection: close\r\n\r\n")
+			if tc.status != 200 {
+				checkProxyError(t, resp, body, tc.status, tc.code)
+				return
+			}
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("%d %q, want 200 from the sandbox", resp.StatusCode, body)
+			}
+			if got := b.next(t); len(got.values("Host")) != 1 || got.values("Host")[0] != host {
+				t.Errorf("sandbox got Host %q, want %q", got.values("Host"), host)
+			}
+		})
+	}
+	if n := len(b.heads); n != 0 {
+		t.Errorf("the sandbox got %d requests that were refused", n)
 	}
 }

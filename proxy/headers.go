@@ -832,11 +832,30 @@ func settleHost(h *fasthttp.RequestHeader) {
 // rawHost returns the value of the Host line of a raw head (fasthttp's
 // copy as received), trimmed as fasthttp trims it, and whether there is
 // one: fasthttp reads an empty line as no Host, and refuses a second.
+// Continuation lines (obs-fold) are part of it, each fold a space, as
+// fasthttp joins them for an origin-form request (RFC 9112 5.2): read
+// alone, the first line of "Host: <sandbox>" folded onto " x" routed the
+// request by the sandbox's name, which the whole line is not.
 func rawHost(raw []byte) ([]byte, bool) {
-	for name, value := range headerLines(raw) {
-		if strings.EqualFold(b2s(name), "host") {
-			return bytes.Trim(value, " \t\r"), true
+	for len(raw) > 0 {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte{'\n'})
+		name, value, ok := bytes.Cut(line, []byte{':'})
+		if !ok || len(name) == 0 || name[0] == ' ' || name[0] == '\t' || !strings.EqualFold(b2s(name), "host") {
+			continue
 		}
+		value = bytes.Trim(value, " \t\r")
+		if len(raw) == 0 || raw[0] != ' ' && raw[0] != '\t' {
+			return value, true
+		}
+		// Folded: rare, and only an absolute-form target gets here, so
+		// the copy costs no ordinary request anything.
+		joined := bytes.Clone(value)
+		for len(raw) > 0 && (raw[0] == ' ' || raw[0] == '\t') {
+			line, raw, _ = bytes.Cut(raw, []byte{'\n'})
+			joined = append(append(joined, ' '), bytes.Trim(line, " \t\r")...)
+		}
+		return bytes.TrimLeft(joined, " \t"), true
 	}
 	return nil, false
 }

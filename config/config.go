@@ -312,6 +312,9 @@ func LoadCommandContext(ctx context.Context, command string, shown *Config, args
 		// flags alone, over the image's CUBEPROXY_CONFIG.
 		path, fromEnv = getenv(EnvPrefix+"CONFIG"), true
 	}
+	if err := checkConfigPath(path, fromEnv); err != nil {
+		return nil, err
+	}
 	// Flags were applied to cfg during parsing; start over in order.
 	*cfg = *Default()
 	if path != "" {
@@ -395,6 +398,28 @@ func (c *Config) foldCase() {
 			c.TLS.ACME.DNS.Options["net"] = w
 		}
 	}
+}
+
+// checkConfigPath refuses a config file path (from --config, or
+// CUBEPROXY_CONFIG when fromEnv) that is blank or has blanks around it,
+// as checkBlanks and checkBlankEnv refuse any other path setting so
+// written: a template's trailing space or a manifest's line end failed on
+// "stat cubeproxy.yaml : no such file or directory", whose blank no
+// terminal shows, for a file the operator could see was there.
+func checkConfigPath(path string, fromEnv bool) error {
+	if path == "" || strings.TrimSpace(path) == path {
+		return nil
+	}
+	if fromEnv {
+		if strings.TrimSpace(path) == "" {
+			return fmt.Errorf("%sCONFIG: %q is blank: an empty variable counts as unset; unset %sCONFIG to read no file, or name the file", EnvPrefix, path, EnvPrefix)
+		}
+		return fmt.Errorf("%sCONFIG: %q has blanks around it, which would be taken as part of the path; write the path alone", EnvPrefix, path)
+	}
+	if strings.TrimSpace(path) == "" {
+		return fmt.Errorf("--config %q is blank: name the file, or give --config= to read none", path)
+	}
+	return fmt.Errorf("--config %q has blanks around it, which would be taken as part of the path; write the path alone", path)
 }
 
 // checkBlankEnv refuses a variable of only blanks, or a list of only

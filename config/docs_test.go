@@ -97,7 +97,7 @@ func TestDocsNameRealSettings(t *testing.T) {
 	}
 	// Names the docs use that are not serve's settings on purpose.
 	for _, v := range []string{
-		"CUBEPROXY_ROUTE", "CUBEPROXY_PORT_", "CUBEPROXY_SERVICE_HOST", // the README's examples of unknown variables
+		"CUBEPROXY_ROUTE", "CUBEPROXY_PORT_", "CUBEPROXY_SERVICE_HOST", "CUBEPROXY_REDIS_MASTER_SERVICE_HOST", // the README's examples of unknown variables
 		"CUBEPROXY_TLS_FILES", // and of one spelling a setting only the file takes
 	} {
 		vars[v] = true

@@ -1,8 +1,11 @@
 package config
 
 import (
+	"net"
+	"net/netip"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -19,7 +22,8 @@ type UnknownVar struct {
 //
 // Kubernetes' service links are left out: a Service named cubeproxy puts
 // CUBEPROXY_SERVICE_HOST, CUBEPROXY_PORT_8081_TCP and the like into every
-// pod of its namespace.
+// pod of its namespace, and one named cubeproxy-redis-master
+// CUBEPROXY_REDIS_MASTER_SERVICE_HOST and so on (serviceLink).
 func UnknownEnv(environ []string) []UnknownVar {
 	known := map[string]bool{EnvPrefix + "CONFIG": true}
 	var names []string // in declaration order, for a stable nearest pick
@@ -29,8 +33,8 @@ func UnknownEnv(environ []string) []UnknownVar {
 	}
 	var out []UnknownVar
 	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, EnvPrefix) || known[name] || serviceLink(name) {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || known[name] || serviceLink(name, value) {
 			continue
 		}
 		out = append(out, UnknownVar{Name: name, Nearest: nearest(name, names)})
@@ -39,19 +43,79 @@ func UnknownEnv(environ []string) []UnknownVar {
 	return out
 }
 
-// serviceLink reports whether name has the shape of a variable Kubernetes
-// sets for a Service named cubeproxy.
-func serviceLink(name string) bool {
-	rest := strings.TrimPrefix(name, EnvPrefix)
-	switch {
-	case rest == "SERVICE_HOST", rest == "SERVICE_PORT", strings.HasPrefix(rest, "SERVICE_PORT_"), rest == "PORT":
-		return true
-	case strings.HasPrefix(rest, "PORT_"):
-		// PORT_<number>_<protocol>[_PROTO|_PORT|_ADDR]
-		port, _, _ := strings.Cut(strings.TrimPrefix(rest, "PORT_"), "_")
-		return port != "" && strings.Trim(port, "0123456789") == ""
+// serviceLink reports whether name=value is a variable Kubernetes sets
+// for a Service named cubeproxy or cubeproxy-<anything> (a Helm release
+// named cubeproxy puts its Redis subchart's cubeproxy-redis-master there):
+// its name ends in one of the link suffixes and its value has that
+// suffix's shape, an address, a port number or a proto://address:port
+// URL. The value is looked at so that a misspelled setting of a link's
+// shape (CUBEPROXY_REDIS_PORT=6379) is still warned about.
+func serviceLink(name, value string) bool {
+	rest := "_" + strings.TrimPrefix(name, EnvPrefix) // "_" ends the empty name of Service cubeproxy
+	for i := range len(rest) {
+		if rest[i] == '_' && linkSuffix(rest[i+1:], value) {
+			return true
+		}
 	}
 	return false
+}
+
+// linkSuffix reports whether s is the part of a service link's name after
+// the Service's (SERVICE_HOST, PORT_8081_TCP_ADDR…) and value its value.
+func linkSuffix(s, value string) bool {
+	switch {
+	case s == "SERVICE_HOST":
+		return isIP(value)
+	case s == "SERVICE_PORT", strings.HasPrefix(s, "SERVICE_PORT_"):
+		return isPortNumber(value)
+	case s == "PORT":
+		return isLinkURL(value)
+	}
+	rest, ok := strings.CutPrefix(s, "PORT_") // PORT_<number>_<PROTO>[_PROTO|_PORT|_ADDR]
+	if !ok {
+		return false
+	}
+	parts := strings.Split(rest, "_")
+	if len(parts) < 2 || len(parts) > 3 || !isPortNumber(parts[0]) {
+		return false
+	}
+	switch parts[1] {
+	case "TCP", "UDP", "SCTP":
+	default:
+		return false
+	}
+	if len(parts) == 2 {
+		return isLinkURL(value)
+	}
+	switch parts[2] {
+	case "PROTO":
+		return value == strings.ToLower(parts[1])
+	case "PORT":
+		return value == parts[0]
+	case "ADDR":
+		return isIP(value)
+	}
+	return false
+}
+
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
+}
+
+func isPortNumber(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 16)
+	return err == nil && n > 0
+}
+
+// isLinkURL reports whether s is a service link's proto://address:port.
+func isLinkURL(s string) bool {
+	proto, addr, ok := strings.Cut(s, "://")
+	if !ok || proto != "tcp" && proto != "udp" && proto != "sctp" {
+		return false
+	}
+	host, port, err := net.SplitHostPort(addr)
+	return err == nil && isIP(host) && isPortNumber(port)
 }
 
 // nearest picks the known variable name most likely meant: the only one

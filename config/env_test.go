@@ -27,6 +27,28 @@ func TestUnknownEnv(t *testing.T) {
 			"CUBEPROXY_PORT=tcp://10.96.0.7:8081", "CUBEPROXY_PORT_8081_TCP=tcp://10.96.0.7:8081",
 			"CUBEPROXY_PORT_8081_TCP_PROTO=tcp", "CUBEPROXY_PORT_8081_TCP_PORT=8081", "CUBEPROXY_PORT_8081_TCP_ADDR=10.96.0.7",
 		}, nil},
+		// Services named cubeproxy-…: a Helm release "cubeproxy" with
+		// a Redis subchart (cubeproxy-redis-master), a Service for the
+		// admin API or the metrics listener. Their variables were
+		// warned about at every start, and listed under every failed
+		// one as if misspelled settings.
+		{"kubernetes service links of cubeproxy-… Services", []string{
+			"CUBEPROXY_REDIS_MASTER_SERVICE_HOST=10.96.0.9", "CUBEPROXY_REDIS_MASTER_SERVICE_PORT=6379",
+			"CUBEPROXY_REDIS_MASTER_SERVICE_PORT_TCP_REDIS=6379", "CUBEPROXY_REDIS_MASTER_PORT=tcp://10.96.0.9:6379",
+			"CUBEPROXY_REDIS_MASTER_PORT_6379_TCP=tcp://10.96.0.9:6379", "CUBEPROXY_REDIS_MASTER_PORT_6379_TCP_PROTO=tcp",
+			"CUBEPROXY_REDIS_MASTER_PORT_6379_TCP_PORT=6379", "CUBEPROXY_REDIS_MASTER_PORT_6379_TCP_ADDR=10.96.0.9",
+			"CUBEPROXY_ADMIN_SERVICE_HOST=fd00::9", "CUBEPROXY_ADMIN_PORT=tcp://[fd00::9]:8082",
+			"CUBEPROXY_ADMIN_PORT_8082_TCP_ADDR=fd00::9", "CUBEPROXY_METRICS_PORT_18082_UDP=udp://10.96.0.8:18082",
+		}, nil},
+		// The shape of a link's name is not enough: its value must be a
+		// link's too, or a misspelled setting could hide behind it.
+		{"link names with other values", []string{
+			"CUBEPROXY_REDIS_PORT=6379", "CUBEPROXY_ADMIN_SERVICE_HOST=admin.internal",
+			"CUBEPROXY_TLS_REDIRECT_PORT_443_TCP_PORT=x", "CUBEPROXY_REDIRECT_PORT=443",
+		}, []UnknownVar{
+			{"CUBEPROXY_ADMIN_SERVICE_HOST", ""}, {"CUBEPROXY_REDIRECT_PORT", "CUBEPROXY_TLS_REDIRECT_PORT"},
+			{"CUBEPROXY_REDIS_PORT", ""}, {"CUBEPROXY_TLS_REDIRECT_PORT_443_TCP_PORT", ""},
+		}},
 		{"sorted", []string{"CUBEPROXY_ZZZ=1", "CUBEPROXY_DRAIN_TIMOUT=5s"}, []UnknownVar{{"CUBEPROXY_DRAIN_TIMOUT", "CUBEPROXY_DRAIN_TIMEOUT"}, {"CUBEPROXY_ZZZ", ""}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

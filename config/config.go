@@ -586,6 +586,14 @@ var negativeMeansOff = map[string]bool{
 	"tls.acme.dns.propagation_timeout": true,
 }
 
+// negativeHint says, for a setting whose negative value is refused but
+// is how an operator may mean "none", which setting turns it off instead
+// (the proxy's own check of the pair, which says so, runs only after this
+// one).
+var negativeHint = map[string]string{
+	"held_body_budget": "to hold no body, set max_held_body to -1",
+}
+
 // Validate refuses values a proxy would start with and then fail every
 // request on (a negative connect timeout reads as "refused", a negative
 // body limit as 413), naming the setting.
@@ -624,6 +632,9 @@ func (c *Config) checkNumbers() error {
 				shown := strconv.FormatInt(n, 10)
 				if s.v.Type() == durationType {
 					shown = time.Duration(n).String()
+				}
+				if hint := negativeHint[name]; hint != "" {
+					return fmt.Errorf("%s: %s is negative; %s", name, shown, hint)
 				}
 				return fmt.Errorf("%s: %s is negative", name, shown)
 			}

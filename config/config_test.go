@@ -133,8 +133,9 @@ func TestLoadErrors(t *testing.T) {
 		{"negative connect timeout", []string{"--upstream-connect-timeout=-1s"}, nil, "upstream.connect_timeout: -1s is negative"},
 		{"negative max conns", nil, map[string]string{"CUBEPROXY_UPSTREAM_MAX_CONNS": "-1"}, "upstream.max_conns: -1 is negative"},
 		{"negative body limit in yaml", []string{"--config", writeFile(t, "max_request_body: -1\n")}, nil, "max_request_body: -1 is negative"},
-		// Only max_held_body and held_body_per_sandbox have an "off".
-		{"negative held body budget", []string{"--held-body-budget=-1"}, nil, "held_body_budget: -1 is negative"},
+		// Only max_held_body and held_body_per_sandbox have an "off", and
+		// the refusal says so: -1 is how an operator writes "none".
+		{"negative held body budget", []string{"--held-body-budget=-1"}, nil, "held_body_budget: -1 is negative; to hold no body, set max_held_body to -1"},
 		{"negative client timeout", []string{"--client-read-timeout=-5s"}, nil, "client.read_timeout: -5s is negative"},
 		{"negative redis pool", []string{"--redis-pool-size=-2"}, nil, "redis.pool_size: -2 is negative"},
 		// now+ttl would wrap: the cache would store every route expired.

@@ -145,7 +145,15 @@ func (c Config) WithDefaults() Config {
 // applied first, so that a value set beside one left unset is judged
 // against the default in effect.
 func (c Config) CheckHeldBodies() error {
+	written := c.MaxHeldBody
 	c.setDefaults()
+	// The body bound as the operator wrote it: one above max_request_body
+	// is taken as that, and a refusal quoting only the figure it was
+	// taken as named a number found in no file.
+	heldBody := fmt.Sprintf("%d bytes", c.MaxHeldBody)
+	if written > c.MaxHeldBody {
+		heldBody = fmt.Sprintf("%d bytes, taken as max_request_body's %d", written, c.MaxHeldBody)
+	}
 	if c.HeldBodyBudget < 0 {
 		return fmt.Errorf("held_body_budget: %d is negative; to hold no body, set max_held_body to -1", c.HeldBodyBudget)
 	}
@@ -153,10 +161,10 @@ func (c Config) CheckHeldBodies() error {
 		return nil // off: nothing is held
 	}
 	if c.MaxHeldBody > c.HeldBodyBudget {
-		return fmt.Errorf("max_held_body (%d bytes) is above held_body_budget (%d bytes): a body that large could never be held; lower max_held_body or raise held_body_budget", c.MaxHeldBody, c.HeldBodyBudget)
+		return fmt.Errorf("max_held_body (%s) is above held_body_budget (%d bytes): a body that large could never be held; lower max_held_body or raise held_body_budget", heldBody, c.HeldBodyBudget)
 	}
 	if c.HeldBodyPerSandbox > 0 && c.HeldBodyPerSandbox < c.MaxHeldBody {
-		return fmt.Errorf("held_body_per_sandbox (%d bytes) is below max_held_body (%d bytes): a body that large would never fit one sandbox's share; raise it, lower max_held_body, or leave it unset (a quarter of held_body_budget, at least max_held_body)", c.HeldBodyPerSandbox, c.MaxHeldBody)
+		return fmt.Errorf("held_body_per_sandbox (%d bytes) is below max_held_body (%s): a body that large would never fit one sandbox's share; raise it, lower max_held_body, or leave it unset (a quarter of held_body_budget, at least max_held_body)", c.HeldBodyPerSandbox, heldBody)
 	}
 	return nil
 }

@@ -631,6 +631,13 @@ func TestCheckHeldBodies(t *testing.T) {
 		{"negative budget", Config{HeldBodyBudget: -1}, "held_body_budget: -1 is negative"},
 		{"body above the default budget", Config{MaxHeldBody: 65<<20 + 1}, "max_held_body (68157441 bytes) is above held_body_budget (67108864 bytes)"},
 		{"share below a body", Config{HeldBodyPerSandbox: 1 << 20}, "held_body_per_sandbox (1048576 bytes) is below max_held_body (4194304 bytes)"},
+		// A max_held_body above max_request_body is taken as the latter:
+		// the refusal names the value written, which the operator looks
+		// for, and the one it was taken as.
+		{"clamped body above the budget", Config{MaxHeldBody: 999999999999},
+			"max_held_body (999999999999 bytes, taken as max_request_body's 268435456) is above held_body_budget (67108864 bytes)"},
+		{"share below a clamped body", Config{MaxRequestBodySize: 8 << 20, MaxHeldBody: 999999999999, HeldBodyPerSandbox: 1 << 20},
+			"held_body_per_sandbox (1048576 bytes) is below max_held_body (999999999999 bytes, taken as max_request_body's 8388608)"},
 	} {
 		err := tc.c.CheckHeldBodies()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {

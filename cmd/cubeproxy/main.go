@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/cube-sandbox/cubeproxy/config"
@@ -98,7 +99,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		fmt.Fprint(stdout, usage)
 	default:
-		fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], usage)
+		why := ""
+		if strings.HasPrefix(args[0], "-") {
+			// A flag before the command (cubeproxy --config f serve, as
+			// nginx -c f): the usage below lists commands, not why.
+			why = ": the command comes first and its flags after it (cubeproxy serve --config FILE)"
+		}
+		fmt.Fprintf(stderr, "unknown command %q%s\n\n%s", args[0], why, usage)
 		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {

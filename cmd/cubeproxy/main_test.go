@@ -48,6 +48,10 @@ func TestUsageExitCodes(t *testing.T) {
 	}{
 		{nil, 2, "Usage:"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		// serve's flags written before it, as nginx -c takes its file:
+		// say where they go rather than take the flag for a command.
+		{[]string{"--config", "c.yaml", "serve"}, 2, `unknown command "--config": the command comes first and its flags after it (cubeproxy serve --config FILE)`},
+		{[]string{"-config=c.yaml", "check"}, 2, "the command comes first"},
 		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"check", "--http_addr=:1"}, 2, "did you mean --http-addr?"},
 		{[]string{"check", "--cache-size=abc"}, 2, `invalid value "abc" for flag -cache-size`},

@@ -135,6 +135,10 @@ func explainLine(msg string, entries []yamlEntry, uses []typedUse) string {
 				out += fmt.Sprintf(" (did you mean %s?)", flat[0])
 			} else if near := nearestField(parent, m[2]); near != "" {
 				out += fmt.Sprintf(" (did you mean %s?)", strings.Join(append(e.path[:len(e.path)-1:len(e.path)-1], near), "."))
+			} else if other := settingsNamed(m[2]); len(other) > 0 {
+				// Written under the wrong section (client: and upstream:
+				// both have timeouts), or at the top.
+				out += fmt.Sprintf(" (did you mean %s?)", strings.Join(other, " or "))
 			}
 			return out
 		}
@@ -337,6 +341,18 @@ func valueMatches(n *yaml.Node, quoted string) bool {
 		return strings.HasPrefix(n.Value, p)
 	}
 	return n.Value == quoted
+}
+
+// settingsNamed lists, in declaration order, the paths of the settings
+// whose own key (the last part of the path) is key, in any case.
+func settingsNamed(key string) []string {
+	var out []string
+	for _, st := range collect(reflect.ValueOf(Default()).Elem()) {
+		if strings.EqualFold(st.path[len(st.path)-1], key) {
+			out = append(out, strings.Join(st.path, "."))
+		}
+	}
+	return out
 }
 
 // configType is the Go type the key at path decodes into, nil when no

@@ -75,7 +75,7 @@ func redisConfig(cfg *config.Config) redisstore.Config {
 func telemetryConfig(cfg *config.Config, getenv func(string) string) telemetry.Config {
 	return telemetry.Config{
 		TraceSampleRatio: cfg.Telemetry.TraceSampleRatio, Env: getenv,
-		ServiceName: "cubeproxy", ServiceVersion: version,
+		ServiceName: "cubeproxy", ServiceVersion: appVersion(),
 	}
 }
 

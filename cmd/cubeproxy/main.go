@@ -14,14 +14,55 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
 	"github.com/cube-sandbox/cubeproxy/config"
 )
 
-// version is set at build time (-ldflags "-X main.version=...").
+// version is set at build time (-ldflags "-X main.version=..."), as the
+// Dockerfile does; appVersion is what the binary reports.
 var version = "dev"
+
+// appVersion is the version the binary reports (version, the "cubeproxy
+// listening" line, the registry entry, telemetry's service.version):
+// version when set at build time, else what the toolchain recorded.
+func appVersion() string {
+	info, _ := debug.ReadBuildInfo()
+	return buildVersion(version, info)
+}
+
+// buildVersion is set when it was given at build time, and otherwise
+// (make build, go build, go install, all of which reported "dev") the
+// module version go install recorded, or "dev-" and the source's commit,
+// "-modified" when the checkout had changes: builds told apart in the
+// logs and the registry. "dev" when info records neither.
+func buildVersion(set string, info *debug.BuildInfo) string {
+	if set != "dev" || info == nil {
+		return set
+	}
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev == "" {
+		return set
+	}
+	v := set + "-" + rev[:min(len(rev), 12)]
+	if modified == "true" {
+		v += "-modified"
+	}
+	return v
+}
 
 func main() {
 	// SIGHUP reopens the access log (once serving, and queued from the
@@ -76,7 +117,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// script's "version --short" was answered as if it were understood.
 		switch {
 		case len(args) == 1:
-			fmt.Fprintln(stdout, "cubeproxy", version)
+			fmt.Fprintln(stdout, "cubeproxy", appVersion())
 		case len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help"):
 			fmt.Fprintln(stderr, "usage: cubeproxy version")
 		default:

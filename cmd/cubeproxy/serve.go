@@ -435,7 +435,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		}
 		a.registry, err = a.redis.StartRegistry(redisstore.Instance{
 			ProxyID: a.instance, AdminURL: announced,
-			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: version,
+			NodeIP: cfg.NodeIP, StartedAt: time.Now(), Version: appVersion(),
 		}, log)
 		if err != nil {
 			return nil, fmt.Errorf("registry: %w", err)
@@ -1064,7 +1064,7 @@ func (a *app) run(ctx context.Context, ready listening) error {
 	}
 	a.log.Info("cubeproxy listening",
 		"http", addrOf(a.httpLn), "https", addrOf(a.httpsLn), "admin", addrOf(a.adminLn), "metrics", addrOf(a.metricsLn),
-		"store", a.cfg.Store, "instance", a.instance, "version", version)
+		"store", a.cfg.Store, "instance", a.instance, "version", appVersion())
 	if ready != nil {
 		ready(a)
 	}

@@ -145,6 +145,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			// A flag before the command (cubeproxy --config f serve, as
 			// nginx -c f): the usage below lists commands, not why.
 			why = ": the command comes first and its flags after it (cubeproxy serve --config FILE)"
+		} else if c := commandLike(args[0]); c != "" {
+			why = fmt.Sprintf(" (did you mean %s?)", c)
 		}
 		fmt.Fprintf(stderr, "unknown command %q%s\n\n%s", args[0], why, usage)
 		return 2
@@ -161,6 +163,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 1
 	}
 	return 0
+}
+
+// commandLike returns the command that word cuts short or runs past
+// ("serv", "server", "healthz"), or "": the usage that follows lists the
+// commands, but not which one a script's typo meant.
+func commandLike(word string) string {
+	w := strings.ToLower(word)
+	if len(w) < 3 {
+		return ""
+	}
+	// No two commands share their first three letters.
+	for _, c := range [...]string{"serve", "check", "demo", "token", "health", "version", "help"} {
+		if strings.HasPrefix(c, w) || strings.HasPrefix(w, c) {
+			return c
+		}
+	}
+	return ""
 }
 
 // usageError is a command line that does not say what to run: a

@@ -48,6 +48,11 @@ func TestUsageExitCodes(t *testing.T) {
 	}{
 		{nil, 2, "Usage:"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		// A command cut short or run past is named, as a flag's typo is.
+		{[]string{"serv"}, 2, `unknown command "serv" (did you mean serve?)`},
+		{[]string{"Server", "--config", "c.yaml"}, 2, `unknown command "Server" (did you mean serve?)`},
+		{[]string{"healthz"}, 2, `(did you mean health?)`},
+		{[]string{"bog"}, 2, "unknown command \"bog\"\n"}, // like no command: none named
 		// serve's flags written before it, as nginx -c takes its file:
 		// say where they go rather than take the flag for a command.
 		{[]string{"--config", "c.yaml", "serve"}, 2, `unknown command "--config": the command comes first and its flags after it (cubeproxy serve --config FILE)`},

@@ -631,3 +631,85 @@ func TestAccessLogRotatedDuringStartIsReopened(t *testing.T) {
 		return bytes.Contains(b, []byte("||after-start||"))
 	})
 }
+
+// A signal that comes while a reopen is under way but has already opened
+// the path (a SIGHUP storm, or a second logrotate configuration's
+// postrotate just after the first's) must still reopen once more:
+// logrotate renamed the file after that open, so the open file is the
+// renamed one. Earlier builds joined such a signal to the reopen in
+// flight ("it will reopen the file when it runs"), but that reopen had
+// run, and every later line went to the renamed file, which logrotate
+// deletes `rotate` rotations later. The test holds the first reopen right
+// after its open (reopened), renames the file and signals then.
+func TestAccessLogSignalDuringReopenReopensAgain(t *testing.T) {
+	port := sandboxServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	dir := t.TempDir()
+	routes := boxRoutes(t, dir, port)
+	logPath := filepath.Join(dir, "access.log")
+	rotated := logPath + ".1"
+
+	inWindow := make(chan struct{})
+	proceed := make(chan struct{})
+	first := true
+	r := runServeWith(t, []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes", routes,
+		"--access-log-format", "cube", "--access-log-path", logPath}, noEnv, nil, func(a *app) {
+		a.reopened = func() {
+			if !first {
+				return
+			}
+			first = false
+			inWindow <- struct{}{}
+			select {
+			case <-proceed:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	})
+	client := &http.Client{Timeout: 5 * time.Second}
+	get := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+r.a.httpLn.Addr().String()+"/", nil)
+		req.Host = fmt.Sprintf("%d-box.cube.test", port)
+		req.Header.Set("X-Cube-Request-Id", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %s: %d", id, resp.StatusCode)
+		}
+	}
+	has := func(path, id string) bool {
+		b, _ := os.ReadFile(path)
+		return bytes.Contains(b, []byte("||"+id+"||"))
+	}
+
+	get("before")
+	testenv.WaitFor(t, 5*time.Second, "first line in the access log", func() bool { return has(logPath, "before") })
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	// The first reopen has opened access.log and not yet returned: now
+	// logrotate renames it and signals.
+	testenv.Recv(t, inWindow, 10*time.Second, "the first reopen done with its open")
+	if err := os.Rename(logPath, rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the second signal seen during the first reopen", func() bool {
+		return strings.Contains(r.logs.String(), "last reopen is still waiting")
+	})
+	close(proceed)
+	testenv.WaitFor(t, 5*time.Second, "a second reopen", func() bool {
+		return strings.Count(r.logs.String(), `"msg":"access log reopened"`) == 2
+	})
+	get("after")
+	testenv.WaitFor(t, 5*time.Second, "the line after the rotation in the new file", func() bool { return has(logPath, "after") })
+	if ids := cubeLines(t, rotated); len(ids) != 1 || ids[0] != "before" {
+		t.Errorf("rotated file holds %q, want only before", ids)
+	}
+}

@@ -67,9 +67,17 @@ type app struct {
 	signals chan os.Signal
 
 	// reopening is set while a SIGHUP's reopen waits for the access log's
-	// writer: a later SIGHUP joins it (the reopen opens the path when it
-	// runs) instead of leaving one more goroutine behind a stalled sink.
-	reopening atomic.Bool
+	// writer: a later SIGHUP joins it instead of leaving one more
+	// goroutine behind a stalled sink, setting reopenAgain, so that the
+	// goroutine reopens once more when its reopen is done. That reopen
+	// may have opened the path before logrotate's rename (a SIGHUP storm,
+	// a second logrotate configuration's postrotate): without the second
+	// one, lines went on to the renamed file.
+	reopening   atomic.Bool
+	reopenAgain atomic.Bool
+	// reopened, when set, is called after each successful reopen of the
+	// access log (tests: it holds a reopen past its open).
+	reopened func()
 	// reopens is the reopen goroutine SIGHUP started, if any: close waits
 	// for it once the access log's writer has ended.
 	reopens sync.WaitGroup
@@ -1166,7 +1174,8 @@ func (a *app) onSignal(sig os.Signal) {
 		return
 	}
 	if !a.reopening.CompareAndSwap(false, true) {
-		a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); it will reopen the file when it runs")
+		a.reopenAgain.Store(true)
+		a.log.Warn(name + ": the access log's last reopen is still waiting for its writer (a stalled sink?); the file will be reopened again once it is done")
 		return
 	}
 	// Reopen waits for the writer, which a stalled sink holds
@@ -1295,19 +1304,45 @@ func (a *app) checkRoutes() {
 	a.log.Warn(msg, "routes", path)
 }
 
-// reopenAccessLog reopens the access log file (SIGHUP, after logrotate).
+// reopenAccessLog reopens the access log file (SIGHUP, after logrotate),
+// and again while a signal came during the last reopen (reopenAgain).
 func (a *app) reopenAccessLog() {
-	defer a.reopening.Store(false)
+	for {
+		a.reopenAgain.Store(false)
+		if !a.reopenOnce() {
+			a.reopening.Store(false)
+			return
+		}
+		if a.reopenAgain.Load() {
+			continue
+		}
+		a.reopening.Store(false)
+		// A signal between the look above and the store joined this
+		// goroutine as it ended: take it up, unless a new signal's
+		// goroutine already did.
+		if !a.reopenAgain.Load() || !a.reopening.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// reopenOnce reopens the access log file once, and reports false when the
+// log is closed (the stop came first: nothing failed, nothing to reopen).
+func (a *app) reopenOnce() bool {
 	err := a.access.Reopen()
 	if errors.Is(err, accesslog.ErrClosed) {
-		return // the stop came first: nothing failed
+		return false
 	}
 	if err != nil {
 		a.tel.Metrics.AccessLogReopenFailed()
 		a.log.Error("reopen access log", "err", err)
-		return
+		return true
+	}
+	if a.reopened != nil {
+		a.reopened()
 	}
 	a.log.Info("access log reopened")
+	return true
 }
 
 // close stops everything build started, in dependency order.

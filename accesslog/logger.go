@@ -57,7 +57,7 @@ const (
 // Config configures New.
 type Config struct {
 	Format      string // FormatJSON (default) or FormatCube
-	Path        string // file to append to; "" or "-" is stdout
+	Path        string // file to append to; "", "-" or a name of stdout (NamesStdout) is stdout
 	BufferLines int    // queued lines before Log drops; DefaultBufferLines when 0
 	// Output, when set, receives the lines instead of Path (tests, embedding);
 	// Reopen is then a no-op and Close does not close it.
@@ -233,7 +233,7 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 	switch {
 	case cfg.Output != nil:
 		out = cfg.Output
-	case cfg.Path == "" || cfg.Path == "-":
+	case NamesStdout(cfg.Path):
 		out = os.Stdout
 	default:
 		f, err := openLog(cfg.Path)
@@ -265,13 +265,13 @@ func newLogger(cfg Config, onDrop func(), checkEvery time.Duration) (*Logger, er
 	return l, nil
 }
 
-// CheckPath reports whether New could open path ("" or "-" is stdout),
+// CheckPath reports whether New could open path (stdout: NamesStdout),
 // without writing to it or leaving a file behind: an existing file is
 // opened to append and closed; for a missing one, its directory must take
 // a new file (a temporary one, removed at once). cubeproxy check runs it,
 // so that a path serve would fail to open does not pass.
 func CheckPath(path string) error {
-	if path == "" || path == "-" {
+	if NamesStdout(path) {
 		return nil
 	}
 	if _, err := os.Stat(path); err == nil {

@@ -481,7 +481,7 @@ func warnLoopbackAdmin(log *slog.Logger, addr net.Addr) {
 }
 
 // openAccessLog opens the access log, unless its format is off; a path
-// of "" or "-" is stdout.
+// of "" or "-", or a name of stdout (/dev/stdout), is stdout.
 func (a *app) openAccessLog(stdout io.Writer) error {
 	cfg := a.cfg.AccessLog
 	if err := checkAccessLogFormat(cfg.Format); err != nil || cfg.Format == "off" {
@@ -489,7 +489,7 @@ func (a *app) openAccessLog(stdout io.Writer) error {
 	}
 	acfg := accesslog.Config{Format: cfg.Format, Path: cfg.Path, BufferLines: cfg.BufferLines, Log: a.log,
 		OnCloseFailure: a.tel.Metrics.AccessLogCloseFailed, OnTruncate: a.tel.Metrics.AccessLogTruncated}
-	if acfg.Path == "" || acfg.Path == "-" {
+	if accesslog.NamesStdout(acfg.Path) {
 		acfg.Output = stdout
 	}
 	var err error
@@ -1167,7 +1167,7 @@ func (a *app) onSignal(sig os.Signal) {
 	if a.access == nil {
 		return
 	}
-	if p := a.cfg.AccessLog.Path; p == "" || p == "-" {
+	if accesslog.NamesStdout(a.cfg.AccessLog.Path) {
 		// No file to reopen: "access log reopened" said a rotation took
 		// effect where nothing was done.
 		a.log.Info(name + ": the access log writes to stdout: nothing to reopen")

@@ -251,7 +251,7 @@ var requestKinds = []struct {
 }{
 	{"plain", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n\r\n", 200, 0},
 	{"traffic token header", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\ne2b-traffic-access-token: " + kindsTraffic + "\r\n\r\n", 200, 0},
-	{"signed link query, fetch", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nSec-Fetch-Mode: cors\r\n\r\n", 200, 2},
+	{"signed link query, fetch", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nSec-Fetch-Mode: cors\r\n\r\n", 200, 0},
 	{"signed cookie", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nCookie: a=b; cube_proxy_auth=%[3]s\r\n\r\n", 200, 0},
 	{"signed link query, navigation (302)", kindsProxyConfig{}, "GET /p?cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\n\r\n", 302, -1},
 	{"by path", kindsProxyConfig{}, "GET /sandbox/pub/%[1]d/p HTTP/1.1\r\nHost: proxy\r\n\r\n", 200, 0},

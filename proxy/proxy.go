@@ -1531,14 +1531,25 @@ func stripSignedToken(req *fasthttp.Request) {
 	if !ok || !auth.HasQueryParam(query, auth.QueryParamName) {
 		return
 	}
-	dst := append(make([]byte, 0, len(uri)), path...)
-	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
-		dst = append(append(dst, '?'), clean...)
+	// A pooled buffer: SetRequestURIBytes copies it, and a link let through
+	// (a fetch, an event stream) carries its token on every request.
+	bp := uriBufPool.Get().(*[]byte)
+	dst := append((*bp)[:0], path...)
+	dst = append(dst, '?')
+	if clean, _ := auth.AppendStripQueryParam(dst, query, auth.QueryParamName); len(clean) > len(dst) {
+		dst = clean
+	} else {
+		dst = dst[:len(path)]
 	}
 	// The request's setter, not the header's: it also drops a URI parsed
 	// earlier, which Write would otherwise send instead.
 	req.SetRequestURIBytes(dst)
+	*bp = dst
+	uriBufPool.Put(bp)
 }
+
+// uriBufPool holds the buffers stripSignedToken builds a request target in.
+var uriBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // stripRefererToken removes the signed-token query parameter from every
 // Referer line. A link let through without the 302 (on a host routed by

@@ -260,11 +260,11 @@ var requestKinds = []struct {
 	{"chunked answer", kindsProxyConfig{}, "GET /chunked HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n\r\n", 200, 0},
 	{"sse answer", kindsProxyConfig{}, "GET /sse HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\nAccept: text/event-stream\r\n\r\n", 200, -1},
 	{"many headers", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n" + manyHeaders + "\r\n", 200, 0},
-	{"unknown sandbox", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-nosuch.cube.test\r\n\r\n", 404, 2},
+	{"unknown sandbox", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-nosuch.cube.test\r\n\r\n", 404, 1},
 	{"json log", kindsProxyConfig{logFormat: accesslog.FormatJSON}, "GET /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n" + manyHeaders + "\r\n", 200, 0},
 	{"cube log", kindsProxyConfig{logFormat: accesslog.FormatCube}, "GET /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n" + manyHeaders + "\r\n", 200, 0},
 	{"metrics, sse", kindsProxyConfig{telemetry: true, logFormat: accesslog.FormatJSON}, "GET /sse HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\nAccept: text/event-stream\r\n\r\n", 200, -1},
-	{"metrics, unknown sandbox", kindsProxyConfig{telemetry: true, logFormat: accesslog.FormatJSON}, "GET /p HTTP/1.1\r\nHost: %[1]d-nosuch.cube.test\r\n\r\n", 404, 2},
+	{"metrics, unknown sandbox", kindsProxyConfig{telemetry: true, logFormat: accesslog.FormatJSON}, "GET /p HTTP/1.1\r\nHost: %[1]d-nosuch.cube.test\r\n\r\n", 404, 1},
 	{"tracing on", kindsProxyConfig{tracing: true}, "GET /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n\r\n", 200, -1},
 }
 

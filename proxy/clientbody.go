@@ -380,6 +380,11 @@ var errChunkStalled = fmt.Errorf("%w: client stalled within a chunk's framing", 
 // stall was answered as a malformed body, a 400 bad_request_body, where
 // one in a chunk's data or digits was the 408 (nginx: 408 for all).
 func framingStalled(err error) bool {
+	// The end of every chunked body: errors.As's target escapes, an
+	// allocation a chunked upload paid for nothing.
+	if err == io.EOF {
+		return false
+	}
 	if errors.Is(err, fasthttp.ErrTimeout) {
 		return true
 	}

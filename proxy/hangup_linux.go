@@ -40,6 +40,13 @@ type hangups struct {
 	// nothing falls back on ADD.
 	inSet []uint64
 	ctls  int // epoll_ctl calls made, for the tests
+
+	// ev and cerr are ctlFn's argument and result (under mu), and ctlFn
+	// is h.ctl made once: a closure per add cost three allocations (it,
+	// and the event and error it shares) on every watch.
+	ev    syscall.EpollEvent
+	cerr  error
+	ctlFn func(fd uintptr)
 }
 
 func newHangups() (*hangups, error) {
@@ -51,29 +58,31 @@ func newHangups() (*hangups, error) {
 		_ = syscall.Close(fd)
 		return nil, os.NewSyscallError("setnonblock", err)
 	}
-	return &hangups{f: os.NewFile(uintptr(fd), "hangups"), epfd: fd, watched: make(map[uint64]hangUpper)}, nil
+	h := &hangups{f: os.NewFile(uintptr(fd), "hangups"), epfd: fd, watched: make(map[uint64]hangUpper)}
+	h.ctlFn = h.ctl
+	return h, nil
 }
 
 // watch registers client, whose hang-up is told to t, and returns the key
 // to unwatch it with; 0 when it cannot be watched (a connection without a
 // descriptor), and the caller falls back on looking at the socket.
 func (h *hangups) watch(client net.Conn, t hangUpper) uint64 {
-	return h.add(client, t, syscall.EPOLLRDHUP)
-}
-
-// watchReadable registers c, whose first bytes (or close, or reset) are
-// told to t: a sandbox that answers while its request body is still being
-// sent. 0 when it cannot be watched.
-func (h *hangups) watchReadable(c net.Conn, t hangUpper) uint64 {
-	return h.add(c, t, syscall.EPOLLIN|syscall.EPOLLRDHUP)
-}
-
-func (h *hangups) add(c net.Conn, t hangUpper, events uint32) uint64 {
-	if h == nil || c == nil {
+	if h == nil || client == nil {
 		return 0
 	}
-	raw := rawConn(c)
-	if raw == nil {
+	return h.add(rawConn(client), t, syscall.EPOLLRDHUP)
+}
+
+// watchReadable registers the socket raw, whose first bytes (or close, or
+// reset) are told to t: a sandbox that answers while its request body is
+// still being sent. 0 when it cannot be watched. The caller's RawConn, kept
+// with its connection: a SyscallConn per call is an allocation per request.
+func (h *hangups) watchReadable(raw syscall.RawConn, t hangUpper) uint64 {
+	return h.add(raw, t, syscall.EPOLLIN|syscall.EPOLLRDHUP)
+}
+
+func (h *hangups) add(raw syscall.RawConn, t hangUpper, events uint32) uint64 {
+	if h == nil || raw == nil {
 		return 0
 	}
 	// One-shot: the first event is all a watch needs to hear.
@@ -83,37 +92,40 @@ func (h *hangups) add(c net.Conn, t hangUpper, events uint32) uint64 {
 		return 0
 	}
 	key := h.seq + 1
-	ev := syscall.EpollEvent{Events: events | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
-	var cerr error
-	err := raw.Control(func(fd uintptr) {
-		op := syscall.EPOLL_CTL_ADD
-		if h.added(fd) {
-			op = syscall.EPOLL_CTL_MOD
-		}
-		h.ctls++
-		cerr = syscall.EpollCtl(h.epfd, op, int(fd), &ev)
-		switch {
-		case op == syscall.EPOLL_CTL_MOD && errors.Is(cerr, syscall.ENOENT):
-			op = syscall.EPOLL_CTL_ADD // the descriptor was closed and reused
-		case op == syscall.EPOLL_CTL_ADD && errors.Is(cerr, syscall.EEXIST):
-			op = syscall.EPOLL_CTL_MOD
-		default:
-			op = -1
-		}
-		if op >= 0 {
-			h.ctls++
-			cerr = syscall.EpollCtl(h.epfd, op, int(fd), &ev)
-		}
-		if cerr == nil {
-			h.markAdded(fd)
-		}
-	})
-	if err != nil || cerr != nil {
+	h.ev = syscall.EpollEvent{Events: events | syscall.EPOLLONESHOT, Fd: int32(key), Pad: int32(key >> 32)}
+	h.cerr = nil
+	if err := raw.Control(h.ctlFn); err != nil || h.cerr != nil {
 		return 0
 	}
 	h.seq = key
 	h.watched[key] = t
 	return key
+}
+
+// ctl puts fd in the set with the event h.ev, and leaves the error in
+// h.cerr (under mu; add's raw.Control runs it).
+func (h *hangups) ctl(fd uintptr) {
+	op := syscall.EPOLL_CTL_ADD
+	if h.added(fd) {
+		op = syscall.EPOLL_CTL_MOD
+	}
+	h.ctls++
+	h.cerr = syscall.EpollCtl(h.epfd, op, int(fd), &h.ev)
+	switch {
+	case op == syscall.EPOLL_CTL_MOD && errors.Is(h.cerr, syscall.ENOENT):
+		op = syscall.EPOLL_CTL_ADD // the descriptor was closed and reused
+	case op == syscall.EPOLL_CTL_ADD && errors.Is(h.cerr, syscall.EEXIST):
+		op = syscall.EPOLL_CTL_MOD
+	default:
+		op = -1
+	}
+	if op >= 0 {
+		h.ctls++
+		h.cerr = syscall.EpollCtl(h.epfd, op, int(fd), &h.ev)
+	}
+	if h.cerr == nil {
+		h.markAdded(fd)
+	}
 }
 
 // added reports whether fd's bit is set in inSet (under mu).

@@ -58,7 +58,7 @@ func (c *upstreamConn) initRaw() error {
 	if err != nil {
 		return err
 	}
-	c.raw, c.peekFn, c.checkFn = raw, c.peek, c.checkIdle
+	c.raw, c.peekFn, c.checkFn, c.answerFn = raw, c.peek, c.checkIdle, c.peekAnswer
 	return nil
 }
 
@@ -124,27 +124,33 @@ func (c *upstreamConn) peekByte(fd uintptr) error {
 func (c *upstreamConn) answerWaiting() answerSeen {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
-	b := *bp
-	n, stop := 0, false
-	err := c.raw.Control(func(fd uintptr) {
-		for {
-			m, _, err := syscall.Recvfrom(int(fd), b, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			switch {
-			case err == syscall.EINTR:
-				continue
-			case err == syscall.EAGAIN:
-			case err != nil, m == 0: // reset, or closed
-				stop = true
-			default:
-				n = m
-			}
-			return
-		}
-	})
+	c.answerBuf, c.answerN, c.answerStop = *bp, 0, false
+	err := c.raw.Control(c.answerFn)
+	b, n, stop := c.answerBuf, c.answerN, c.answerStop
+	c.answerBuf = nil // back in the pool
 	if err != nil || stop {
 		return answerRefuses
 	}
 	return readAnswer(b[:n])
+}
+
+// peekAnswer is answerWaiting's callback: it peeks into c.answerBuf and
+// leaves the count in c.answerN, or sets c.answerStop on a closed or
+// reset socket.
+func (c *upstreamConn) peekAnswer(fd uintptr) {
+	for {
+		m, _, err := syscall.Recvfrom(int(fd), c.answerBuf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+		case err != nil, m == 0: // reset, or closed
+			c.answerStop = true
+		default:
+			c.answerN = m
+		}
+		return
+	}
 }
 
 // clientClosed reports whether the client has closed its end of c (a FIN

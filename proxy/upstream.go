@@ -80,7 +80,7 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		}
 		if watchAnswer && (c.raw != nil || c.initRaw() == nil) {
 			c.answer.body = body
-			c.answerKey = p.hangups.watchReadable(c.Conn, &c.answer)
+			c.answerKey = p.hangups.watchReadable(c.raw, &c.answer)
 		}
 		c.slowBody = slowBody
 		serr := c.send(req, body)
@@ -1002,6 +1002,14 @@ type upstreamConn struct {
 	// For idleOK (reuse of a keep-alive connection).
 	checkFn  func(fd uintptr)
 	idleGood bool
+
+	// For answerWaiting: its callback, the buffer it peeks into and what
+	// it saw. Fields, not a closure's variables, which cost allocations
+	// each time a sandbox answered while its request body was being sent.
+	answerFn   func(fd uintptr)
+	answerBuf  []byte
+	answerN    int
+	answerStop bool
 
 	// manyLines: the answer's head (or an interim one before it) had more
 	// than keptHeadLines lines; see headDrop.

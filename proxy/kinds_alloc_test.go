@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"strconv"
@@ -285,8 +286,20 @@ func TestRequestKindsAllocs(t *testing.T) {
 			}
 			// AllocsPerRun runs on one P: Gosched lets the access log's
 			// writer goroutine keep up and give its lines back to the pool,
-			// as it does with a P of its own.
-			n := testing.AllocsPerRun(2000, func() { do(); runtime.Gosched() })
+			// as it does with a P of its own. It counts the whole process's
+			// allocations, and goroutines an earlier test of the package
+			// left (a trace exporter retrying) add theirs to a fast kind's
+			// 2000 requests: counts are taken until one is within the
+			// ceiling, ten at most, since an allocation on the request's
+			// path is in every one of them.
+			n := math.Inf(1)
+			for range 10 {
+				runtime.GC()
+				n = min(n, testing.AllocsPerRun(2000, func() { do(); runtime.Gosched() }))
+				if k.max < 0 || n <= k.max {
+					break
+				}
+			}
 			t.Logf("%s: %v allocs/request", k.name, n)
 			if k.max >= 0 && n > k.max {
 				t.Errorf("%s: %v allocs per request, want at most %v", k.name, n, k.max)

@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -154,4 +155,54 @@ func BenchmarkCacheMissDeepStore(b *testing.B) {
 			b.Fatal(res, err)
 		}
 	}
+}
+
+// A flight that lands after a caller gave up on it (the store ignored
+// LookupTimeout) ends only itself: the flight started since for the id
+// stays the one later misses join. Had it removed that one, every miss
+// while a slow store call is abandoned and another in progress would
+// start one more store call, the stampede the shared call exists to stop.
+func TestCacheAbandonedFlightLandsAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first, second := make(chan struct{}), make(chan struct{})
+		s := newCountingStore(nil)
+		s.set(func(context.Context, string) (*Route, error) {
+			if s.calls.Load() == 1 {
+				<-first // ignores its deadline
+				return nil, errStoreDown
+			}
+			<-second
+			return routeFor("a"), nil
+		})
+		cfg := testCacheConfig
+		cfg.LookupTimeout = 100 * time.Millisecond
+		c, err := NewCache(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, _, err := get(t, c, "a"); !errors.Is(err, ErrLookupTimeout) {
+			t.Fatalf("Get on a hung store = %v, want ErrLookupTimeout", err)
+		}
+		results := make(chan error, 2)
+		getA := func() {
+			_, _, err := get(t, c, "a")
+			results <- err
+		}
+		go getA() // starts the second flight
+		synctest.Wait()
+		close(first) // the abandoned flight lands now
+		synctest.Wait()
+		go getA() // must join the second flight
+		synctest.Wait()
+		close(second)
+		for range 2 {
+			if err := <-results; err != nil {
+				t.Fatalf("Get = %v, want the route", err)
+			}
+		}
+		if n := s.calls.Load(); n != 2 {
+			t.Fatalf("%d store calls, want 2: a miss during the second flight started its own", n)
+		}
+	})
 }

@@ -114,6 +114,10 @@ func parseCases() []parseCase {
 		{name: "129-char id", host: "1-" + id129 + ".example.com", code: CodeInvalidSandboxID},
 		{name: "200-char label", host: "1-" + strings.Repeat("a", 198), code: CodeInvalidSandboxID},
 		{name: "300-char label", host: "1-" + strings.Repeat("a", 298) + ".example.com", code: CodeInvalidHost},
+		// RFC 1035's 253 bytes, the trailing root dot not counted.
+		{name: "253-byte host", host: "1-abc." + strings.Repeat("a", 243) + ".com", port: 1, id: "abc"},
+		{name: "253-byte host and root dot", host: "1-abc." + strings.Repeat("a", 243) + ".com.", port: 1, id: "abc"},
+		{name: "254-byte host", host: "1-abc." + strings.Repeat("a", 244) + ".com", code: CodeInvalidHost},
 		{name: "empty domain label", host: "50005-abc..example.com", code: CodeInvalidHost},
 		{name: "space in domain", host: "50005-abc.exa mple.com", code: CodeInvalidHost},
 		{name: "bad host port", host: "50005-abc.example.com:https", code: CodeInvalidHost},

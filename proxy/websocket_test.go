@@ -989,6 +989,10 @@ func TestTunnelSwitchMustBeAsAsked(t *testing.T) {
 		{"empty Upgrade", "websocket", "Upgrade: \r\n", 502},
 		{"another protocol", "websocket", "Upgrade: h2c\r\n", 502},
 		{"one offered, one not", "websocket", "Upgrade: websocket, h2c\r\n", 502},
+		// h2c is refused on its own (switchable): every protocol named
+		// must have been offered.
+		{"one offered, another not", "websocket", "Upgrade: websocket, foo/1\r\n", 502},
+		{"one not offered, then one", "websocket", "Upgrade: foo/1, websocket\r\n", 502},
 		{"the offered one", "websocket", "Upgrade: websocket\r\n", 101},
 		{"in another case", "websocket", "Upgrade: WebSocket\r\n", 101},
 		{"one of several offered", "foo/2, websocket", "Upgrade: websocket\r\n", 101},

@@ -618,29 +618,45 @@ func TestLastActiveDatesLongRequestsByTheirEnd(t *testing.T) {
 			done := h.goStatus(h.req("POST", host, "/mcp", strings.NewReader("{}")).WithContext(reqCtx))
 			testenv.Recv(t, arrived, 10*time.Second, "the slow request at the sandbox")
 			// The request started at or before mark; it ends after it.
-			mark := time.Now().UnixMilli()
-			for time.Now().UnixMilli() <= mark {
-				runtime.Gosched()
-			}
+			mark := passedMilli()
 			close(release)
 			if st := testenv.Recv(t, done, 10*time.Second, "the client's end"); st != tc.status {
 				t.Fatalf("slow request: %d, want %d", st, tc.status)
 			}
-			// Done on the proxy's side too (the client may know first):
-			// while in flight the sandbox is active now whatever its date.
-			sb := h.proxy.sandboxes.peek("slowcall")
-			testenv.Eventually(t, 10*time.Second, func() error {
-				if n := sb.inFlight(); n != 0 {
-					return fmt.Errorf("%d requests in flight", n)
-				}
-				return nil
-			})
-			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
-			entries, _ := out["entries"].(map[string]any)
-			if ts, ok := entries["slowcall"].(float64); st != 200 || !ok || int64(ts) <= mark {
-				t.Fatalf("last_active after a request that ended after %d: %d %v; want the sandbox dated by the request's end", mark, st, out)
-			}
+			h.wantActiveAfter(t, "slowcall", mark, "a request that ended")
 		})
+	}
+}
+
+// passedMilli returns the unix millisecond it was called in, once that
+// millisecond has passed: what starts before the call and ends after it
+// is dated after the mark.
+func passedMilli() int64 {
+	mark := time.Now().UnixMilli()
+	for time.Now().UnixMilli() <= mark {
+		runtime.Gosched()
+	}
+	return mark
+}
+
+// wantActiveAfter fails t unless sandbox id, once its requests have ended
+// on the proxy's side too (the client may know first, and while one is in
+// flight the sandbox is active now whatever its date), is listed by
+// last_active as active after mark: dated by the end of what, not its
+// start.
+func (h *harness) wantActiveAfter(t *testing.T, id string, mark int64, what string) {
+	t.Helper()
+	sb := h.proxy.sandboxes.peek(id)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := sb.inFlight(); n != 0 {
+			return fmt.Errorf("%d requests in flight", n)
+		}
+		return nil
+	})
+	st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
+	entries, _ := out["entries"].(map[string]any)
+	if ts, ok := entries[id].(float64); st != 200 || !ok || int64(ts) <= mark {
+		t.Fatalf("last_active after %s after %d: %d %v; want the sandbox dated by its end", what, mark, st, out)
 	}
 }
 

@@ -2,11 +2,9 @@ package proxy
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"testing"
 	"time"
 
@@ -59,26 +57,12 @@ func TestLastActiveDatesRefusedHeadsByTheirEnd(t *testing.T) {
 			}()
 			testenv.Recv(t, arrived, 10*time.Second, "the request at the sandbox")
 			// The request started at or before mark; its answer comes after.
-			mark := time.Now().UnixMilli()
-			for time.Now().UnixMilli() <= mark {
-				runtime.Gosched()
-			}
+			mark := passedMilli()
 			close(release)
 			if st := testenv.Recv(t, done, 10*time.Second, "the client's answer"); st != http.StatusBadGateway {
 				t.Fatalf("answer: %d, want 502", st)
 			}
-			sb := h.proxy.sandboxes.peek("badhead")
-			testenv.Eventually(t, 10*time.Second, func() error {
-				if n := sb.inFlight(); n != 0 {
-					return fmt.Errorf("%d requests in flight", n)
-				}
-				return nil
-			})
-			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
-			entries, _ := out["entries"].(map[string]any)
-			if ts, ok := entries["badhead"].(float64); st != 200 || !ok || int64(ts) <= mark {
-				t.Fatalf("last_active after a request refused after %d: %d %v; want the sandbox dated by the answer", mark, st, out)
-			}
+			h.wantActiveAfter(t, "badhead", mark, "a request refused")
 		})
 	}
 }
@@ -111,25 +95,11 @@ func TestLastActiveDatesConnectTimeoutsByTheirEnd(t *testing.T) {
 			// The pool counts the connection before the connect, which a
 			// frozen sandbox never completes.
 			testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
-			mark := time.Now().UnixMilli()
-			for time.Now().UnixMilli() <= mark {
-				runtime.Gosched()
-			}
+			mark := passedMilli()
 			if st := testenv.Recv(t, done, 10*time.Second, "the client's answer"); st != http.StatusGatewayTimeout {
 				t.Fatalf("answer: %d, want 504", st)
 			}
-			sb := h.proxy.sandboxes.peek("frozenact")
-			testenv.Eventually(t, 10*time.Second, func() error {
-				if n := sb.inFlight(); n != 0 {
-					return fmt.Errorf("%d requests in flight", n)
-				}
-				return nil
-			})
-			st, out := h.adminJSON("GET", fmt.Sprintf("/admin/last_active?since=%d", mark+1), "")
-			entries, _ := out["entries"].(map[string]any)
-			if ts, ok := entries["frozenact"].(float64); st != 200 || !ok || int64(ts) <= mark {
-				t.Fatalf("last_active after a connect that timed out after %d: %d %v; want the sandbox dated by the 504", mark, st, out)
-			}
+			h.wantActiveAfter(t, "frozenact", mark, "a connect that timed out")
 		})
 	}
 }

@@ -185,6 +185,14 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 	if err != nil && err != io.EOF && s.drainEndsCleanly() {
 		// Drain interrupted the upstream read: end the stream cleanly so an
 		// SSE client reconnects (with Last-Event-ID) to another instance.
+		// Where streams cannot detach (readable_other.go) this is the
+		// drain's only path: fasthttp then writes the last chunk. On unix
+		// a GET's event stream is detached, and the drain's wake-up ends
+		// it in copyEvents; it comes here when a read fails on bytes
+		// already buffered (the sandbox's framing broke) after the drain
+		// marked it, or when it has a Content-Length over wholeBody, which
+		// cannot end cleanly short of its length anyway (fasthttp's
+		// fixed-size writer fails it: the client sees it cut).
 		s.x.drained = true
 		return n, io.EOF
 	}

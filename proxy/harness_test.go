@@ -336,3 +336,21 @@ func (h *harness) goStatus(req *http.Request) <-chan int {
 	}()
 	return status
 }
+
+// goRawStatus is goStatus for a head written as is on a connection of its
+// own (an upgrade's, say, which the client would not send as written).
+func (h *harness) goRawStatus(t *testing.T, head string) <-chan int {
+	c := dialRaw(t, h.addr)
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c, head)
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			status <- 0
+			return
+		}
+		status <- resp.StatusCode
+	}()
+	return status
+}

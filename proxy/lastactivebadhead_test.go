@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bufio"
-	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -43,18 +41,7 @@ func TestLastActiveDatesRefusedHeadsByTheirEnd(t *testing.T) {
 				return false
 			})
 			host := h.route("badhead", b.port)
-			c := dialRaw(t, h.addr)
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
-			done := make(chan int, 1)
-			go func() {
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					done <- 0 // reported by the status check below
-					return
-				}
-				done <- resp.StatusCode
-			}()
+			done := h.goRawStatus(t, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
 			testenv.Recv(t, arrived, 10*time.Second, "the request at the sandbox")
 			// The request started at or before mark; its answer comes after.
 			mark := passedMilli()
@@ -80,18 +67,7 @@ func TestLastActiveDatesConnectTimeoutsByTheirEnd(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
 			host := h.route("frozenact", testenv.FrozenListener(t))
-			c := dialRaw(t, h.addr)
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
-			done := make(chan int, 1)
-			go func() {
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					done <- 0 // reported by the status check below
-					return
-				}
-				done <- resp.StatusCode
-			}()
+			done := h.goRawStatus(t, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\n"+tc.fields+"\r\n")
 			// The pool counts the connection before the connect, which a
 			// frozen sandbox never completes.
 			testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })

@@ -46,7 +46,10 @@ type loadedPair struct {
 type certIndex struct {
 	exact    map[string][]*tls.Certificate // "api.cube.app"
 	wildcard map[string][]*tls.Certificate // "*.cube.app" stored under "cube.app"
-	def      *tls.Certificate
+	// defs is the default: the first pair, then every later one that
+	// names all it names (its RSA or ECDSA twin, its renewal), among
+	// which pick chooses as for a name they cover.
+	defs     []*tls.Certificate
 	earliest time.Time // the soonest NotAfter of the pairs
 }
 
@@ -86,7 +89,7 @@ func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	idx := s.index.Load()
 	name := hello.ServerName
 	if noSNI(name) {
-		return idx.def, nil
+		return pickDefault(hello, idx.defs), nil
 	}
 	name = strings.ToLower(strings.TrimSuffix(name, "."))
 	exact := idx.exact[name]
@@ -99,7 +102,20 @@ func (s *fileSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 	}
 	// Like crypto/tls with static certificates: an unknown name gets the
 	// default rather than a failed handshake.
-	return idx.def, nil
+	return pickDefault(hello, idx.defs), nil
+}
+
+// pickDefault is pick among the default pairs for a hello whose server
+// name none of them may name (an IP literal, a name no pair covers):
+// SupportsCertificate refuses a certificate that does not name it, which
+// would leave the client's key types and schemes unweighed.
+func pickDefault(hello *tls.ClientHelloInfo, defs []*tls.Certificate) *tls.Certificate {
+	if len(defs) == 1 || hello.ServerName == "" {
+		return pick(hello, defs)
+	}
+	h := *hello
+	h.ServerName = ""
+	return pick(&h, defs)
 }
 
 func (s *fileSource) earliestExpiry() time.Time { return s.index.Load().earliest }
@@ -245,7 +261,7 @@ func (s *fileSource) buildIndex() *certIndex {
 	idx := &certIndex{
 		exact:    make(map[string][]*tls.Certificate),
 		wildcard: make(map[string][]*tls.Certificate),
-		def:      s.loaded[0].cert,
+		defs:     defaultPairs(s.loaded),
 	}
 	// In the order listed: pick prefers earlier pairs among equals.
 	for _, lp := range s.loaded {
@@ -264,6 +280,44 @@ func (s *fileSource) buildIndex() *certIndex {
 		}
 	}
 	return idx
+}
+
+// defaultPairs returns the first pair's certificate, then those of the
+// later pairs that name every DNS name and IP address it names: the
+// first one alone was the default, so a client without SNI (dialing the
+// node's IP) or naming no pair got it even where it could not use it (an
+// ECDSA pair listed before its RSA twin, for a client without ECDSA) or
+// it had expired (listed before its renewal), as a client naming the
+// same names did not. A first pair that names nothing is the default
+// alone.
+func defaultPairs(loaded []loadedPair) []*tls.Certificate {
+	first := loaded[0].cert.Leaf
+	defs := []*tls.Certificate{loaded[0].cert}
+	if len(first.DNSNames) == 0 && len(first.IPAddresses) == 0 {
+		return defs
+	}
+	for _, lp := range loaded[1:] {
+		if namesAll(lp.cert.Leaf, first) && !slices.Contains(defs, lp.cert) {
+			defs = append(defs, lp.cert)
+		}
+	}
+	return defs
+}
+
+// namesAll reports whether c names every DNS name (in any case) and IP
+// address that of names.
+func namesAll(c, of *x509.Certificate) bool {
+	for _, n := range of.DNSNames {
+		if !slices.ContainsFunc(c.DNSNames, func(m string) bool { return strings.EqualFold(m, n) }) {
+			return false
+		}
+	}
+	for _, ip := range of.IPAddresses {
+		if !slices.ContainsFunc(c.IPAddresses, ip.Equal) {
+			return false
+		}
+	}
+	return true
 }
 
 func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {

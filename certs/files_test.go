@@ -385,3 +385,78 @@ func TestFilesEarliestExpiry(t *testing.T) {
 		return nil
 	})
 }
+
+// A client that sends no SNI (it dials the node's IP) or a name no pair
+// covers gets the default certificate, the first pair's, and so must get
+// the same choice among the pairs for the first pair's names as a client
+// that names them: nginx chooses by the client among the certificates of
+// its default server too. The first listed always won: behind an ECDSA
+// pair with an RSA one for the same names, a client without ECDSA failed
+// the handshake, and an expired pair listed before its renewal was served.
+func TestFilesDefaultChoosesAmongPairsForTheFirstsNames(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, "test CA")
+	write := func(name string, certPEM, keyPEM []byte) certs.FilePair {
+		p := certs.FilePair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
+		if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	now := time.Now()
+	expiredPEM, expiredKey := ca.IssueValid(t, now.Add(-48*time.Hour), now.Add(-time.Hour), "cube.test", "*.cube.test")
+	ecdsaPEM, ecdsaKey := ca.Issue(t, "cube.test", "*.cube.test")
+	rsaPEM, rsaKey := ca.IssueRSA(t, "*.cube.test", "cube.test", "api.cube.test")
+	otherPEM, otherKey := ca.IssueRSA(t, "api.other.test")
+	m, err := certs.New(context.Background(), certs.Config{
+		Source: certs.SourceFiles,
+		Files: []certs.FilePair{
+			write("expired", expiredPEM, expiredKey),
+			write("ecdsa", ecdsaPEM, ecdsaKey),
+			write("rsa", rsaPEM, rsaKey),
+			write("other", otherPEM, otherKey),
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	srv := serveTLS(t, m)
+
+	rsaOnly := func(c *tls.Config) {
+		c.MaxVersion = tls.VersionTLS12
+		c.CipherSuites = []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
+	}
+	tests := []struct {
+		name    string
+		cfg     *tls.Config
+		edit    func(*tls.Config)
+		wantKey x509.PublicKeyAlgorithm
+	}{
+		{"no SNI: the valid pair, not the expired one listed first", noSNIConfig(ca.Pool(), "50005-abc.cube.test"), nil, x509.ECDSA},
+		{"no SNI, a client without ECDSA: the RSA pair", noSNIConfig(ca.Pool(), "50005-abc.cube.test"), rsaOnly, x509.RSA},
+		{"a name no pair covers, a client without ECDSA: the RSA pair", noSNIConfig(ca.Pool(), "50005-abc.cube.test"), func(c *tls.Config) {
+			rsaOnly(c)
+			c.ServerName = "unknown.example"
+		}, x509.RSA},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.edit != nil {
+				tt.edit(tt.cfg)
+			}
+			leaf, err := fetch(t, srv.addr, tt.cfg, "50005-abc.cube.test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if leaf.PublicKeyAlgorithm != tt.wantKey || !slices.Contains(leaf.DNSNames, "*.cube.test") {
+				t.Fatalf("served %v certificate for %v, want %v for *.cube.test", leaf.PublicKeyAlgorithm, leaf.DNSNames, tt.wantKey)
+			}
+		})
+	}
+}

@@ -32,6 +32,9 @@ type fileSource struct {
 	interval time.Duration
 	stop     chan struct{}
 	done     chan struct{}
+	// betweenReads, when set (tests), runs between the reads of a
+	// pair's certificate and key at a reload.
+	betweenReads func()
 }
 
 type loadedPair struct {
@@ -69,7 +72,7 @@ func newFileSource(pairs []FilePair, interval time.Duration, log *slog.Logger) (
 		done:     make(chan struct{}),
 	}
 	for i, p := range s.pairs {
-		certPEM, keyPEM, err := readPair(p)
+		certPEM, keyPEM, err := readPair(p, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -196,29 +199,54 @@ func (s *fileSource) watch() {
 // reload re-reads every pair and reports whether any certificate changed.
 func (s *fileSource) reload() bool {
 	changed := false
-	for i, p := range s.pairs {
-		cur := &s.loaded[i]
-		certPEM, keyPEM, err := readPair(p)
-		if err != nil {
-			s.logFailure(cur, nil, nil, err)
-			continue
+	for i := range s.pairs {
+		if s.reloadPair(i) {
+			changed = true
 		}
-		if bytes.Equal(certPEM, cur.certPEM) && bytes.Equal(keyPEM, cur.keyPEM) {
+	}
+	return changed
+}
+
+// reloadPair re-reads pair i and reports whether its certificate changed.
+// A pair that fails to load is read again at once when its files changed
+// under that reading: a Kubernetes secret volume swaps both files at once
+// (a new "..data" symlink renamed over the old), and a reading of the
+// certificate before the swap and the key after it, which is no pair on
+// disk, was warned about as a failed reload and kept the old certificate
+// one more interval, at random among rotations. A pair torn on disk (the
+// key not written yet) reads the same twice and keeps the previous one.
+func (s *fileSource) reloadPair(i int) bool {
+	p, cur := s.pairs[i], &s.loaded[i]
+	var certPEM, keyPEM []byte
+	var cert *tls.Certificate
+	var err error
+	for try := range 2 {
+		c, k, rerr := readPair(p, s.betweenReads)
+		if rerr != nil {
+			s.logFailure(cur, nil, nil, rerr)
+			return false
+		}
+		if try > 0 && bytes.Equal(c, certPEM) && bytes.Equal(k, keyPEM) {
+			break // unchanged since the failed reading
+		}
+		if bytes.Equal(c, cur.certPEM) && bytes.Equal(k, cur.keyPEM) {
 			// Back to the pair in use: a failure after this is a new
 			// one, to be logged even if it is the same as the last.
 			cur.failed = [sha256.Size]byte{}
-			continue
+			return false
 		}
-		cert, err := parsePair(p, certPEM, keyPEM)
-		if err != nil {
-			s.logFailure(cur, certPEM, keyPEM, err)
-			continue
+		certPEM, keyPEM = c, k
+		if cert, err = parsePair(p, certPEM, keyPEM); err == nil {
+			break
 		}
-		s.log.Info("tls certificate reloaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
-		*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert, warned: warnValidity(s.log, p, cert.Leaf, time.Now())}
-		changed = true
 	}
-	return changed
+	if err != nil {
+		s.logFailure(cur, certPEM, keyPEM, err)
+		return false
+	}
+	s.log.Info("tls certificate reloaded", "cert_file", p.CertFile, "names", cert.Leaf.DNSNames, "not_after", cert.Leaf.NotAfter)
+	*cur = loadedPair{certPEM: certPEM, keyPEM: keyPEM, cert: cert, warned: warnValidity(s.log, p, cert.Leaf, time.Now())}
+	return true
 }
 
 // warnValidity warns when a loaded certificate is expired or not yet
@@ -320,10 +348,15 @@ func namesAll(c, of *x509.Certificate) bool {
 	return true
 }
 
-func readPair(p FilePair) (certPEM, keyPEM []byte, err error) {
+// readPair reads a pair's certificate, then its key; between, when not
+// nil, runs between the two reads.
+func readPair(p FilePair, between func()) (certPEM, keyPEM []byte, err error) {
 	certPEM, err = namedfile.Read(p.CertFile, namedfile.MaxSmall)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read certificate: %w", err)
+	}
+	if between != nil {
+		between()
 	}
 	keyPEM, err = namedfile.Read(p.KeyFile, namedfile.MaxSmall)
 	if err != nil {

@@ -115,6 +115,78 @@ func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 	}
 }
 
+// A Kubernetes secret volume replaces a pair at once, by renaming a new
+// "..data" symlink over the old (cert_file and key_file are links through
+// it), and a reload that read the certificate before the swap and the key
+// after it took the new key for another certificate's: it warned "reload
+// failed" and served the old pair one more reload_interval, at random
+// among rotations. A pair that fails to load is read again at once when
+// the files changed under the first reading; a pair that stays torn (the
+// key not written yet) still keeps the previous one.
+func TestFileReloadReadsAgainAPairSwappedBetweenItsReads(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	link := func(target, name string) {
+		t.Helper()
+		tmp := filepath.Join(dir, name+".tmp")
+		if err := os.Symlink(target, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ca := testenv.NewCA(t, "ca")
+	version := func(name string, names ...string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		ca.WritePair(t, filepath.Join(dir, name, "tls.crt"), filepath.Join(dir, name, "tls.key"), names...)
+	}
+	version("..2026_01", "cube.test")
+	link("..2026_01", "..data")
+	link("..data/tls.crt", "tls.crt")
+	link("..data/tls.key", "tls.key")
+	p := FilePair{filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")}
+	rec := &countingHandler{}
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+
+	version("..2026_02", "cube.test", "*.cube.test")
+	swaps := 0
+	s.betweenReads = func() {
+		if swaps == 0 { // the secret's update lands between the two reads
+			link("..2026_02", "..data")
+		}
+		swaps++
+	}
+	if !s.reload() {
+		t.Fatal("a pair swapped between its reads was not reloaded")
+	}
+	if got := s.loaded[0].cert.Leaf.DNSNames; len(got) != 2 {
+		t.Fatalf("serving %v, want the new pair", got)
+	}
+	if n := rec.warns.Load(); n > 0 {
+		t.Fatalf("%d warnings for a swap that left the pair whole", n)
+	}
+
+	// A pair torn on disk, not by the reading, still keeps the previous.
+	kept := s.loaded[0].cert
+	s.betweenReads = nil
+	otherCert, _ := ca.Issue(t, "cube.test")
+	writeFile(t, filepath.Join(dir, "..2026_02", "tls.crt"), otherCert)
+	if s.reload() || s.loaded[0].cert != kept {
+		t.Fatal("a certificate without its key was loaded")
+	}
+	if n := rec.warns.Load(); n != 1 {
+		t.Fatalf("%d warnings, want the reload failure's", n)
+	}
+}
+
 // A reload failure is logged once, not at every tick; but once the files
 // are back to the pair in use, the same failure is a new occurrence and is
 // logged again. Before, a key file removed by mistake, put back and

@@ -14,8 +14,10 @@
 // WebSockets) keep the session they negotiated and are never dropped.
 //
 // Clients that send no SNI, or an IP literal as SNI (clients that dial the
-// node IP), get the default certificate: the first file pair, the wildcard
-// for acme, the development certificate for self_signed.
+// node IP), get the default certificate: the first file pair (or a later
+// one that names all it names, when the client can use only that one or
+// the first is outside its validity), the wildcard for acme, the
+// development certificate for self_signed.
 //
 // ALPN is "http/1.1" and "http/1.0" (plus "acme-tls/1" for acme
 // validating by TLS-ALPN-01, on-demand without a DNS provider): fasthttp
@@ -59,7 +61,8 @@ type Config struct {
 	// Domain is the base domain ("cube.app"): self_signed covers it and its
 	// wildcard; acme manages *.<Domain> and <Domain>.
 	Domain string
-	// Files are the PEM pairs of the files source; the first is the default.
+	// Files are the PEM pairs of the files source; the first, with the
+	// later ones that name all it names, is the default.
 	Files []FilePair
 	// ReloadInterval is how often the files are re-read (default 10 s).
 	ReloadInterval time.Duration

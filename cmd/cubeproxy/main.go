@@ -112,18 +112,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = token(args[1:], getenv, stdout, stderr)
 	case "health":
 		err = health(ctx, args[1:], getenv, stdout, stderr)
-	case "version", "--version", "-v":
-		// An argument is a mistake exited 2, as in every other command: a
+	case "version", "-version", "--version", "-v":
+		// Each spelling Go's flag package gives a flag, as the
+		// subcommands' flags take them ("cubeproxy -version" was an
+		// unknown command told to come first). An argument is a mistake exited 2, as in every other command: a
 		// script's "version --short" was answered as if it were understood.
 		switch {
 		case len(args) == 1:
 			fmt.Fprintln(stdout, "cubeproxy", appVersion())
-		case len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help"):
+		case len(args) == 2 && isHelpFlag(args[1]):
 			fmt.Fprintln(stderr, "usage: cubeproxy version")
 		default:
 			err = usageError{errors.New("version takes no arguments")}
 		}
-	case "help", "-h", "--help":
+	case "help", "-h", "-help", "--h", "--help":
 		if args[0] == "help" && (len(args) == 2 && args[1] == "token" || len(args) == 3 && args[1] == "token" && args[2] == "sign") {
 			// token's one subcommand: its flags, which "token -h" (a
 			// command missing its subcommand) does not list.
@@ -163,6 +165,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 1
 	}
 	return 0
+}
+
+// isHelpFlag reports whether arg asks for help as Go's flag package
+// reads it (-h, -help, with one dash or two).
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--h", "--help":
+		return true
+	}
+	return false
 }
 
 // commandLike returns the command that word cuts short or runs past

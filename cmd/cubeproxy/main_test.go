@@ -36,6 +36,36 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 }
 
+// The top level takes help and version in each spelling Go's flag package
+// gives a flag (one dash or two), as every subcommand's flags do:
+// `cubeproxy -help` and `cubeproxy -version` exited 2, told that the
+// command comes first and its flags after it.
+func TestTopLevelHelpAndVersionSpellings(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want string // the start of stdout
+	}{
+		{"-h", "cubeproxy - edge proxy"},
+		{"-help", "cubeproxy - edge proxy"},
+		{"--h", "cubeproxy - edge proxy"},
+		{"--help", "cubeproxy - edge proxy"},
+		{"-v", "cubeproxy "},
+		{"-version", "cubeproxy "},
+		{"--version", "cubeproxy "},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), []string{tc.arg}, noEnv, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), tc.want) {
+			t.Errorf("cubeproxy %s: exit %d, stdout %.40q, stderr %.120q; want 0 and %q", tc.arg, code, out.String(), errb.String(), tc.want)
+		}
+	}
+	for _, arg := range []string{"-h", "-help", "--h", "--help"} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), []string{"version", arg}, noEnv, &out, &errb); code != 0 || !strings.HasPrefix(errb.String(), "usage: cubeproxy version") {
+			t.Errorf("cubeproxy version %s: exit %d, stderr %.80q; want 0 and its usage", arg, code, errb.String())
+		}
+	}
+}
+
 // A command line the program cannot read exits 2, whichever part of it is
 // wrong: the subcommand (as it always did) or a flag (which exited 1, as a
 // configuration serve refused does). Go's flag.ExitOnError exits 2 alike;

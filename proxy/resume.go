@@ -168,11 +168,14 @@ func (r *resumer) ask(parent context.Context, id, requestID string) error {
 	// timeouts, here one deadline over both.
 	ctx, cancel := context.WithTimeout(parent, resumeConnectTimeout+r.timeout)
 	defer cancel()
-	q := url.Values{"sandbox_id": {id}}
+	// sandbox_id first, as the platform's proxy writes the query and the
+	// README shows it (url.Values.Encode sorts the keys, request_id
+	// first), so the lifecycle manager's logs read the same behind both.
+	q := "?sandbox_id=" + url.QueryEscape(id)
 	if requestID != "" {
-		q.Set("request_id", requestID)
+		q += "&request_id=" + url.QueryEscape(requestID)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"?"+q.Encode(), http.NoBody)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+q, http.NoBody)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 type resumeCallSeen struct {
 	method, path, sandboxID, requestID, contentLength string
 	body                                              int
+	rawQuery                                          string // as sent: the README shows its order
 }
 
 // fakeSidecar is a real HTTP server standing in for the lifecycle
@@ -33,7 +34,7 @@ func newFakeSidecar(t *testing.T, answer func() int) *fakeSidecar {
 		b, _ := io.ReadAll(r.Body)
 		q := r.URL.Query()
 		f.mu.Lock()
-		f.calls = append(f.calls, resumeCallSeen{r.Method, r.URL.Path, q.Get("sandbox_id"), q.Get("request_id"), r.Header.Get("Content-Length"), len(b)})
+		f.calls = append(f.calls, resumeCallSeen{r.Method, r.URL.Path, q.Get("sandbox_id"), q.Get("request_id"), r.Header.Get("Content-Length"), len(b), r.URL.RawQuery})
 		f.mu.Unlock()
 		w.WriteHeader(f.answer())
 	}))
@@ -123,7 +124,9 @@ func TestResumePausedSandboxIsServed(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != "up" {
 		t.Fatalf("paused sandbox with resume on: %d %q, want 200 from the backend", resp.StatusCode, b)
 	}
-	want := resumeCallSeen{"POST", "/internal/resume", "sleepy", "rid-42", "0", 0}
+	// The query in the order the README and the platform's proxy write
+	// it, sandbox_id first: the lifecycle manager's own logs show it so.
+	want := resumeCallSeen{"POST", "/internal/resume", "sleepy", "rid-42", "0", 0, "sandbox_id=sleepy&request_id=rid-42"}
 	if got := sc.seen(); len(got) != 1 || got[0] != want {
 		t.Fatalf("lifecycle manager saw %+v, want one call %+v", got, want)
 	}

@@ -59,9 +59,14 @@ func TestTopLevelHelpAndVersionSpellings(t *testing.T) {
 		}
 	}
 	for _, arg := range []string{"-h", "-help", "--h", "--help"} {
-		var out, errb bytes.Buffer
-		if code := run(context.Background(), []string{"version", arg}, noEnv, &out, &errb); code != 0 || !strings.HasPrefix(errb.String(), "usage: cubeproxy version") {
-			t.Errorf("cubeproxy version %s: exit %d, stderr %.80q; want 0 and its usage", arg, code, errb.String())
+		for _, cmd := range []struct{ name, want string }{
+			{"version", "usage: cubeproxy version"},
+			{"token", "usage: cubeproxy token sign"},
+		} {
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), []string{cmd.name, arg}, noEnv, &out, &errb); code != 0 || !strings.HasPrefix(errb.String(), cmd.want) {
+				t.Errorf("cubeproxy %s %s: exit %d, stderr %.80q; want 0 and its usage", cmd.name, arg, code, errb.String())
+			}
 		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 // (https://<port>-<id>.<domain>/?cube_token=<token>).
 func token(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	const usage = "usage: cubeproxy token sign --sandbox ID --port P [--ttl 10m] [--config FILE]"
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+	if len(args) > 0 && isHelpFlag(args[0]) {
 		// Asked for, not a mistake: usage and exit 0, as sign -h does.
 		fmt.Fprintln(stderr, usage)
 		return flag.ErrHelp

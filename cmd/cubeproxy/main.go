@@ -115,8 +115,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "version", "-version", "--version", "-v":
 		// Each spelling Go's flag package gives a flag, as the
 		// subcommands' flags take them ("cubeproxy -version" was an
-		// unknown command told to come first). An argument is a mistake exited 2, as in every other command: a
-		// script's "version --short" was answered as if it were understood.
+		// unknown command told to come first). An argument is a mistake
+		// exited 2, as in every other command: a script's
+		// "version --short" was answered as if it were understood.
 		switch {
 		case len(args) == 1:
 			fmt.Fprintln(stdout, "cubeproxy", appVersion())

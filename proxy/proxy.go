@@ -331,6 +331,10 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 	if x.admitted {
 		// The head's lookup is the request's: the one after its body
 		// finds what this one cached, and would count a miss as a hit.
+		// Counted here, not when the body has come: a client that
+		// leaves after the 100 never gets the request to run, and its
+		// lookup, which went to the store, was counted nowhere.
+		p.metrics.CacheLookup(x.cache)
 		ctx.SetUserValue(headLookup{}, x.cache)
 		if !x.limitUntil.IsZero() {
 			// The head waited for a slot: the body's run has what is
@@ -344,9 +348,10 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	if x.expecting {
-		// Counted only for a refusal: an admitted head's lookup is
-		// counted when the request runs, and so is its envd call
-		// (countEnvd), which finish then ends as a refused one.
+		// A refused head's lookup, as an admitted one's above. Its envd
+		// call is counted only for a refusal: an admitted head's is
+		// counted when the request runs (countEnvd); finish ends this
+		// one as a refused request.
 		p.metrics.CacheLookup(x.cache)
 		p.metrics.EnvdStarted(x.envd)
 		if p.tel != nil && p.tel.TracingEnabled() {
@@ -560,12 +565,16 @@ lookup:
 	if !x.expecting && !again {
 		// Only a head that carried an Expect line can have been admitted
 		// by Expect: other requests skip the user value lookup.
+		byHead := false
 		if x.seen.expect {
-			if r, ok := ctx.UserValue(headLookup{}).(telemetry.CacheResult); ok {
-				x.cache = r // admitted by Expect: its head's lookup
+			var r telemetry.CacheResult
+			if r, byHead = ctx.UserValue(headLookup{}).(telemetry.CacheResult); byHead {
+				x.cache = r // admitted by Expect: its head's lookup, counted then (handle)
 			}
 		}
-		p.metrics.CacheLookup(x.cache)
+		if !byHead {
+			p.metrics.CacheLookup(x.cache)
+		}
 	}
 	if err != nil {
 		p.routeError(ctx, x, err, id, res, readAt)

@@ -299,11 +299,6 @@ func headEnd(b []byte) int {
 	return end
 }
 
-// refusesBody reports whether b, the first bytes a sandbox sent while its
-// request body was being sent, begin the head of a final answer with a
-// status of 300 or more (readAnswer).
-func refusesBody(b []byte) bool { return readAnswer(b) == answerRefuses }
-
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // clientBodyError is a failure to read the client's request body while

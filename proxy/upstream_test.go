@@ -2164,7 +2164,9 @@ func TestChunkedUploadKeepsLargeChunks(t *testing.T) {
 	}
 }
 
-func TestRefusesBody(t *testing.T) {
+// TestReadAnswerRefuses: which first bytes from a sandbox, sent while the
+// request body was being sent, stop the send (answerRefuses).
+func TestReadAnswerRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		first string
 		want  bool
@@ -2188,8 +2190,8 @@ func TestRefusesBody(t *testing.T) {
 		{"garbage garbage\r\n", false},
 		{"", false},
 	} {
-		if got := refusesBody([]byte(tc.first)); got != tc.want {
-			t.Errorf("refusesBody(%q) = %v, want %v", tc.first, got, tc.want)
+		if got := readAnswer([]byte(tc.first)) == answerRefuses; got != tc.want {
+			t.Errorf("readAnswer(%q) == answerRefuses is %v, want %v", tc.first, got, tc.want)
 		}
 	}
 }

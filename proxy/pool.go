@@ -346,18 +346,6 @@ func (p *pacer) stop() {
 	}
 }
 
-// stats reports the number of pools, their open connections, and the
-// requests waiting for response headers on them.
-func (ps *pools) stats() (pools, conns, pending int) {
-	ps.mu.RLock()
-	defer ps.mu.RUnlock()
-	for _, u := range ps.m {
-		conns += int(u.conns.Load())
-		pending += int(u.pending.Load())
-	}
-	return len(ps.m), conns, pending
-}
-
 // gauges reports the number of pools and of the connections idle in them,
 // for the metrics. The idle lists are counted, not open connections less
 // the busy ones: a connection is busy from the moment a request takes it

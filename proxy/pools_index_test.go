@@ -184,3 +184,16 @@ func TestRoutesTo(t *testing.T) {
 		})
 	}
 }
+
+// stats reports the number of pools, their open connections, and the
+// requests waiting for response headers on them. Only the tests read
+// these (the metrics take gauges), so it lives here, out of the binary.
+func (ps *pools) stats() (pools, conns, pending int) {
+	ps.mu.RLock()
+	defer ps.mu.RUnlock()
+	for _, u := range ps.m {
+		conns += int(u.conns.Load())
+		pending += int(u.pending.Load())
+	}
+	return len(ps.m), conns, pending
+}

@@ -97,13 +97,6 @@ func serve(t testing.TB, ln net.Listener, handle func(c net.Conn)) *tcpServer {
 	return s
 }
 
-// held is how many connections s would close at the test's end.
-func (s *tcpServer) held() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.conns)
-}
-
 // isClosed reports whether c was closed on this side: its descriptor then
 // refuses any use. A connection that cannot say is taken as open.
 func isClosed(c net.Conn) bool {

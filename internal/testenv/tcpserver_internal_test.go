@@ -48,3 +48,10 @@ func TestServeLetsClosedConnectionsGo(t *testing.T) {
 		})
 	}
 }
+
+// held is how many connections s would close at the test's end.
+func (s *tcpServer) held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}

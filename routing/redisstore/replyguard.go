@@ -46,6 +46,7 @@ type ReplyTooLargeError struct {
 	Reason string
 }
 
+// Error names the reply in its batch and why it was refused.
 func (e *ReplyTooLargeError) Error() string {
 	return fmt.Sprintf("%v (reply %d of the batch): %s", ErrReplyTooLarge, e.Reply, e.Reason)
 }

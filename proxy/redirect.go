@@ -47,7 +47,12 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 			// whose cookies outgrow the head limit must show up here too.
 			p.requestFailed(ctx, err, &s.redirectConns)
 		},
-		NoDefaultServerHeader: true,
+		// The body is only discarded, as the other listeners take one
+		// whatever its Content-Type: pre-parsed as a form, a
+		// multipart/form-data body that was not one was answered with an
+		// error in place of the redirect.
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
 		// The heads HTTPS takes: cookies for the domain come along.
 		ReadBufferSize: cfg.MaxRequestHeaderSize,
 		// The body is not needed, and fasthttp allocates a declared

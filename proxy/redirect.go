@@ -37,7 +37,11 @@ func (s *Server) redirectServer(log fasthttpLogger) *fasthttp.Server {
 				// Only this listener's buffer is too small for the body:
 				// HTTPS streams it, so the client is sent there like any
 				// other, not told its upload is too large. The body is
-				// left unread, hence the close.
+				// left unread, hence the close. Under a write deadline of
+				// its own, as requestFailed's answers: fasthttp writes it
+				// under the one the previous answer left, passed for a
+				// client back after client.write_timeout.
+				renewWriteDeadline(ctx, p.clientWriteTimeout)
 				s.answerRedirect(ctx, true)
 				ctx.SetConnectionClose()
 				p.lingerRefused(ctx, err)

@@ -398,11 +398,24 @@ func FuzzParse(f *testing.F) {
 	f.Add("proxy.example.com", "", "", "sandbox/abc/08080?q")
 	f.Add("8080-a.example.com", "", "", "/sandbox/abc/8080")
 	f.Add("x.8080-a.sandbox.example.com", "", "", "/sandbox/abc/8080/") // under a sandbox host
+	// Nested domains, one a suffix of the other: the id never takes a
+	// label of the longer domain, and a name under a sandbox host of
+	// either routes no path.
+	f.Add("3000-abc.eu.cube.app", "", "", "/")
+	f.Add("3000-eu.cube.app", "", "", "/")
+	f.Add("3000-a.b.cube.app", "", "", "/")
+	f.Add("x.3000-abc.eu.cube.app", "", "", "/sandbox/abc/3000/")
+	f.Add("eu.cube.app:443", "", "", "//sandbox/abc-1_x/3000?q")
+	f.Add("3000-abc.cube.app:80", "", "", "http://3000-abc.eu.cube.app/")
+	f.Add("[::1]:8081", "", "", "/sandbox/8080/08080/")
+	f.Add("0003000-8080.cube.app.", "", "", "/Sandbox/abc/3000/")
 	parsers := testParsers()
 	plain, domains := parsers["plain"], parsers["domains"]
+	nested := NewParser(ParserConfig{Domains: []string{"cube.app", "EU.cube.app."}})
 	models := map[string]modelParser{
 		"plain":   {shared: []string{"localhost", "proxy.example.com"}},
 		"domains": {domains: []string{"sandbox.example.com", "e2b.dev"}, shared: []string{"localhost"}},
+		"nested":  {domains: []string{"cube.app", "eu.cube.app"}, shared: []string{"localhost"}},
 	}
 	f.Fuzz(func(t *testing.T, host, id, port, target string) {
 		h := headers("X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", port)
@@ -418,6 +431,8 @@ func FuzzParse(f *testing.F) {
 				{plain, port + "-" + id, nil, false},
 				{domains, port + "-" + id + ".sandbox.example.com", nil, false},
 				{domains, port + "-" + id + ".E2B.dev.:443", nil, false},
+				{nested, port + "-" + id + ".cube.app", nil, false},
+				{nested, port + "-" + id + ".eu.cube.app:80", nil, false},
 				{plain, "127.0.0.1:8081", h, true},
 				{plain, "proxy.example.com", headers("E2b-Sandbox-Id", id, "E2b-Sandbox-Port", port), true},
 			} {
@@ -427,7 +442,7 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 		}
-		for name, p := range map[string]*Parser{"plain": plain, "domains": domains} {
+		for name, p := range map[string]*Parser{"plain": plain, "domains": domains, "nested": nested} {
 			in := []byte(host)
 			var tgt Target
 			err := p.Parse(&tgt, in, h)
@@ -452,8 +467,11 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%s: Parse(%q) gave port %d id %q", name, host, tgt.Port, tgt.ID())
 			}
 			canon := strconv.Itoa(int(tgt.Port)) + "-" + string(tgt.ID())
-			if name == "domains" {
+			switch name {
+			case "domains":
 				canon += ".sandbox.example.com"
+			case "nested":
+				canon += ".eu.cube.app"
 			}
 			var again Target
 			if err := p.Parse(&again, []byte(canon), nil); err != nil {

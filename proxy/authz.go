@@ -23,7 +23,7 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	exempt := p.exemptPort(t.Port)
 	err := auth.CheckTraffic(r.Public, r.TrafficToken, exempt, h)
 	if err == nil {
-		x.via = passedVia(r, exempt, h)
+		x.via = p.passedVia(ctx, r, t, exempt)
 		return false
 	}
 	rej := rejection(err, rejTrafficInvalid)
@@ -109,21 +109,61 @@ func sharedOrigin(t *routing.Target) bool {
 
 // passedVia is how a request auth.CheckTraffic let through passed, the
 // evidence a route change judges its exchange by (rejudge). On a public
-// route a request that carries the route's token passed on it too: made
-// private with the same token, the route still lets it through, while
-// one that carried none is cut. Only a public route that has a token pays
-// for the look (two header peeks and a compare, no allocation).
-func passedVia(r *routing.Route, exempt bool, h *fasthttp.RequestHeader) authVia {
+// route that has a token, a request is judged by what it carried, as
+// authorize would judge it on the route made private: the token header,
+// else a signed link in its URL or the cookie one was traded for
+// (signedVia). Made private with the same token, the route still lets
+// such a request through, while one that carried nothing is cut. Only a
+// public route that has a token pays for the look: two header peeks and a
+// compare, and a scan of the target and of the Cookie lines when the
+// header did not pass; no allocation.
+func (p *Proxy) passedVia(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, exempt bool) authVia {
+	h := &ctx.Request.Header
 	switch {
 	case r.Public && r.TrafficToken != "":
 		if auth.CheckTraffic(false, r.TrafficToken, false, h) == nil {
 			return viaToken
+		}
+		if !exempt && p.cfg.Signer != nil {
+			return p.signedVia(ctx, r, t)
 		}
 		return viaAnonymous
 	case r.Public || exempt:
 		return viaAnonymous
 	}
 	return viaToken
+}
+
+// signedVia is how a request on public route r would pass authorize with
+// r made private, by a signed credential: its link (viaLink; a navigation
+// would get the 302 instead, which trades the link for the cookie), else
+// the cookie where authorize reads one (viaCookie), else nothing
+// (viaAnonymous). Without it a stream opened with a signed URL (an MCP
+// client's, a preview page's EventSource) was cut when the sandbox was
+// made private, and its reconnect, with the same URL, passed at once.
+func (p *Proxy) signedVia(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target) authVia {
+	h := &ctx.Request.Header
+	// The raw scan first: parsing the query is for a request that has the
+	// parameter.
+	if _, query, ok := bytes.Cut(h.RequestURI(), []byte{'?'}); ok && auth.HasQueryParam(query, auth.QueryParamName) {
+		if tok := ctx.QueryArgs().Peek(auth.QueryParamName); len(tok) > 0 {
+			if _, err := p.cfg.Signer.VerifyBytes(tok, r.ID, t.Port, time.Now()); err == nil {
+				return viaLink
+			}
+		}
+	}
+	if sharedOrigin(t) {
+		return viaAnonymous // no cookie is read there
+	}
+	for _, l := range h.PeekAll("Cookie") {
+		if bytes.Contains(l, []byte(auth.CookieName)) {
+			if _, ok, _ := p.signedCookie(h, r, t.Port); ok && auth.CookieRequestAllowed(h, h.Host()) {
+				return viaCookie
+			}
+			break
+		}
+	}
+	return viaAnonymous
 }
 
 // Refusals authorize makes itself, shared as auth's are: a new one per

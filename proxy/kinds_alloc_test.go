@@ -142,10 +142,11 @@ func newKindsProxy(tb testing.TB, kc kindsProxyConfig) (do func(raw string, code
 	port := cannedBackend(tb)
 	ps := strconv.Itoa(int(port))
 	ms := routing.NewMemoryStore()
-	for _, f := range []struct{ id, public string }{{"pub", "true"}, {"box", "false"}} {
+	// pubtok: public, its token kept (passedVia looks for a credential).
+	for _, f := range []struct{ id, public, token string }{{"pub", "true", ""}, {"box", "false", kindsTraffic}, {"pubtok", "true", kindsTraffic}} {
 		fields := map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", ps: ps, "AllowPublicTraffic": f.public}
-		if f.public == "false" {
-			fields["TrafficAccessToken"] = kindsTraffic
+		if f.token != "" {
+			fields["TrafficAccessToken"] = f.token
 		}
 		r, err := routing.ParseRouteStrict(f.id, fields)
 		if err != nil {
@@ -257,6 +258,10 @@ var requestKinds = []struct {
 	{"signed link query, fetch", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nSec-Fetch-Mode: cors\r\n\r\n", 200, 0},
 	{"signed cookie", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nCookie: a=b; cube_proxy_auth=%[3]s\r\n\r\n", 200, 0},
 	{"signed link query, navigation (302)", kindsProxyConfig{}, "GET /p?cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\n\r\n", 302, -1},
+	// A public route that keeps its token reads a link or cookie for the
+	// route made private (passedVia): here another sandbox's, refused.
+	{"public route with token, signed link", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-pubtok.cube.test\r\n\r\n", 200, 0},
+	{"public route with token, signed cookie", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-pubtok.cube.test\r\nCookie: a=b; cube_proxy_auth=%[3]s\r\n\r\n", 200, 0},
 	{"by path", kindsProxyConfig{}, "GET /sandbox/pub/%[1]d/p HTTP/1.1\r\nHost: proxy\r\n\r\n", 200, 0},
 	{"post content-length", kindsProxyConfig{}, "POST /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"jsonrpc\":1}", 200, 1},
 	{"post chunked", kindsProxyConfig{}, "POST /p HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nd\r\n{\"jsonrpc\":1}\r\n0\r\n\r\n", 200, 2},

@@ -109,26 +109,25 @@ func sharedOrigin(t *routing.Target) bool {
 
 // passedVia is how a request auth.CheckTraffic let through passed, the
 // evidence a route change judges its exchange by (rejudge). On a public
-// route that has a token, a request is judged by what it carried, as
-// authorize would judge it on the route made private: the token header,
-// else a signed link in its URL or the cookie one was traded for
-// (signedVia). Made private with the same token, the route still lets
-// such a request through, while one that carried nothing is cut. Only a
-// public route that has a token pays for the look: two header peeks and a
-// compare, and a scan of the target and of the Cookie lines when the
-// header did not pass; no allocation.
+// route a request is judged by what it carried, as authorize would judge
+// it on the route made private: the route's token in its header, else a
+// signed link in its URL or the cookie one was traded for (signedVia).
+// Made private (with the same token, for the header and the cookie), the
+// route still lets such a request through, while one that carried nothing
+// is cut. The look costs two header peeks and a compare where the route
+// has a token, and a scan of the target (and of the Cookie lines, where it
+// has a token) with signing keys; no allocation.
 func (p *Proxy) passedVia(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing.Target, exempt bool) authVia {
-	h := &ctx.Request.Header
 	switch {
-	case r.Public && r.TrafficToken != "":
-		if auth.CheckTraffic(false, r.TrafficToken, false, h) == nil {
+	case r.Public:
+		if r.TrafficToken != "" && auth.CheckTraffic(false, r.TrafficToken, false, &ctx.Request.Header) == nil {
 			return viaToken
 		}
 		if !exempt && p.cfg.Signer != nil {
 			return p.signedVia(ctx, r, t)
 		}
 		return viaAnonymous
-	case r.Public || exempt:
+	case exempt:
 		return viaAnonymous
 	}
 	return viaToken
@@ -152,8 +151,10 @@ func (p *Proxy) signedVia(ctx *fasthttp.RequestCtx, r *routing.Route, t *routing
 			}
 		}
 	}
-	if sharedOrigin(t) {
-		return viaAnonymous // no cookie is read there
+	if sharedOrigin(t) || r.TrafficToken == "" {
+		// No cookie is read on a shared origin, and none is bound to a
+		// route without a token.
+		return viaAnonymous
 	}
 	for _, l := range h.PeekAll("Cookie") {
 		if bytes.Contains(l, []byte(auth.CookieName)) {

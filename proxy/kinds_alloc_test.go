@@ -258,8 +258,10 @@ var requestKinds = []struct {
 	{"signed link query, fetch", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nSec-Fetch-Mode: cors\r\n\r\n", 200, 0},
 	{"signed cookie", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\nCookie: a=b; cube_proxy_auth=%[3]s\r\n\r\n", 200, 0},
 	{"signed link query, navigation (302)", kindsProxyConfig{}, "GET /p?cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-box.cube.test\r\n\r\n", 302, -1},
-	// A public route that keeps its token reads a link or cookie for the
-	// route made private (passedVia): here another sandbox's, refused.
+	// A public route reads a link (and, where it keeps its token, a
+	// cookie) for the route made private (passedVia): here another
+	// sandbox's, refused.
+	{"public route, signed link", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-pub.cube.test\r\n\r\n", 200, 0},
 	{"public route with token, signed link", kindsProxyConfig{}, "GET /p?a=1&cube_token=%[2]s HTTP/1.1\r\nHost: %[1]d-pubtok.cube.test\r\n\r\n", 200, 0},
 	{"public route with token, signed cookie", kindsProxyConfig{}, "GET /p HTTP/1.1\r\nHost: %[1]d-pubtok.cube.test\r\nCookie: a=b; cube_proxy_auth=%[3]s\r\n\r\n", 200, 0},
 	{"by path", kindsProxyConfig{}, "GET /sandbox/pub/%[1]d/p HTTP/1.1\r\nHost: proxy\r\n\r\n", 200, 0},

@@ -170,6 +170,9 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, x *exchange, conns *connSet) {
 			// so other requests skip the user value lookup.
 			if head, ok := ctx.UserValue(headStart{}).(time.Time); ok {
 				x.judged = max(x.start.Sub(head), 0)
+				// The body came: the connection's copy of the head
+				// (admittedHead) is not needed.
+				conns.dropHead(ctx.Conn())
 			}
 		}
 		p.startSpan(ctx, x)

@@ -250,6 +250,7 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) int {
 	p.handle(ctx, &x)
 	letGoOfHead(ctx, x.seen.lines)
 	if x.admitted {
+		p.keepAdmittedHead(ctx, &x)
 		p.bodyFromContinue(ctx)
 		return sendContinue(ctx, p.clientWriteTimeout)
 	}
@@ -426,6 +427,63 @@ type headStart struct{}
 // exchange.limitUntil): the head and its body are one request, whose
 // waits together take stream_limit_wait at most.
 type headWaitEnd struct{}
+
+// admittedHead is the head of an "Expect: 100-continue" upload that
+// Expect admitted, held by its connection (connSet.keepHead) while
+// fasthttp reads the start of its body (up to fasthttpPreRead) before the
+// handler. fasthttp resets the request, head and user values, when that
+// read fails (a client that leaves after the 100, a stalled body, the
+// drain's cut) and then calls the error handler: without this copy its
+// 499, 408 or 504 was logged, counted and traced as a head fasthttp never
+// had (no host, method, target or sandbox, a new request id, no parent
+// span, timed from the error handler), and an envd upload's was not
+// counted in the platform's families. Pooled: an upload pays one copy of
+// its head, other requests nothing.
+type admittedHead struct {
+	h          fasthttp.RequestHeader
+	start      time.Time // the head's exchange.start
+	sandboxID  string
+	port       uint16
+	pathPrefix int
+	cache      telemetry.CacheResult
+	envd       telemetry.EnvdRoute
+	envdMethod telemetry.EnvdMethod
+}
+
+var admittedHeads = sync.Pool{New: func() any { return new(admittedHead) }}
+
+// keepAdmittedHead has ctx's connection hold the head Expect admitted, x
+// its exchange, until the body's run begins.
+func (p *Proxy) keepAdmittedHead(ctx *fasthttp.RequestCtx, x *exchange) {
+	ah := admittedHeads.Get().(*admittedHead)
+	ctx.Request.Header.CopyTo(&ah.h)
+	ah.start, ah.sandboxID, ah.port, ah.pathPrefix = x.start, x.sandboxID, x.port, x.pathPrefix
+	ah.cache, ah.envd, ah.envdMethod = x.cache, x.envd, x.envdMethod
+	p.conns.keepHead(ctx.Conn(), ah)
+}
+
+// restore gives ctx, whose request fasthttp reset, the head back, with the
+// head's start (headStart) for begin, and x what the head's run found.
+func (ah *admittedHead) restore(ctx *fasthttp.RequestCtx, x *exchange) {
+	ah.h.CopyTo(&ctx.Request.Header)
+	ctx.SetUserValue(headStart{}, ah.start)
+	x.sandboxID, x.port, x.pathPrefix = ah.sandboxID, ah.port, ah.pathPrefix
+	x.cache, x.envd, x.envdMethod = ah.cache, ah.envd, ah.envdMethod
+}
+
+// release returns ah to its pool; nil is none. A head of more lines or
+// bytes than a connection keeps (letGoOfHead) is let go of instead.
+func (ah *admittedHead) release() {
+	if ah == nil {
+		return
+	}
+	large := len(ah.h.RawHeaders()) > keptHeadBytes
+	ah.h.Reset()
+	ah.start, ah.sandboxID = time.Time{}, ""
+	if !large {
+		admittedHeads.Put(ah)
+	}
+}
 
 // frameless reports whether a request head frames no body: Content-Length
 // 0, or neither Content-Length nor Transfer-Encoding (fasthttp's -2).

@@ -714,6 +714,10 @@ func (p *Proxy) connHijacked(c net.Conn) {
 type connSet struct {
 	mu sync.Mutex
 	m  map[net.Conn]time.Time
+	// heads holds the head of each connection's "Expect: 100-continue"
+	// upload admitted and waiting for its body (admittedHead): only
+	// uploads that sent Expect touch it.
+	heads map[net.Conn]*admittedHead
 	// writesCut is set once the drain deadline's grace is over and writes
 	// to clients are cut (cutWrites): an answer whose write fails from then
 	// on was cut by the drain (writtenAnswer).
@@ -752,7 +756,49 @@ func (cs *connSet) began(c net.Conn) time.Time {
 func (cs *connSet) remove(c net.Conn) {
 	cs.mu.Lock()
 	delete(cs.m, c)
+	ah := cs.heads[c]
+	if ah != nil {
+		delete(cs.heads, c)
+	}
 	cs.mu.Unlock()
+	ah.release()
+}
+
+// keepHead holds ah, the head of an upload Expect admitted on c, until
+// its body's run takes it (dropHead) or fasthttp's error handler does
+// (takeHead), or c closes (remove). A connection removed already keeps
+// nothing.
+func (cs *connSet) keepHead(c net.Conn, ah *admittedHead) {
+	cs.mu.Lock()
+	_, open := cs.m[c]
+	if open {
+		if cs.heads == nil {
+			cs.heads = make(map[net.Conn]*admittedHead)
+		}
+		cs.heads[c] = ah
+	}
+	cs.mu.Unlock()
+	if !open {
+		ah.release()
+	}
+}
+
+// takeHead returns, and no longer holds, the admitted head c holds (nil:
+// none).
+func (cs *connSet) takeHead(c net.Conn) *admittedHead {
+	cs.mu.Lock()
+	ah := cs.heads[c]
+	if ah != nil {
+		delete(cs.heads, c)
+	}
+	cs.mu.Unlock()
+	return ah
+}
+
+// dropHead lets go of the admitted head c holds: its body came, and the
+// request runs with its own head.
+func (cs *connSet) dropHead(c net.Conn) {
+	cs.takeHead(c).release()
 }
 
 // cutReads ends, at the drain deadline, every read a client connection is
@@ -863,7 +909,11 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 	defer shedHead(ctx)
 	renewWriteDeadline(ctx, p.clientWriteTimeout)
 	var buf [maxRequestIDLen]byte
-	e, request := p.failure(ctx, err, conns)
+	// The head of an upload Expect admitted, whose body's start fasthttp
+	// failed to read (admittedHead): the failure is that request's.
+	ah := conns.takeHead(ctx.Conn())
+	defer ah.release()
+	e, request := p.failure(ctx, err, conns, ah != nil)
 	if !request {
 		// No request to count or log (fasthttp reports a first read
 		// that failed before any byte as a malformed request); the
@@ -874,12 +924,28 @@ func (p *Proxy) requestFailed(ctx *fasthttp.RequestCtx, err error, conns *connSe
 		setRetcode(&ctx.Response.Header, false)
 		return
 	}
-	x := exchange{noHead: true} // before begin: its span claims no head
+	x := exchange{noHead: ah == nil} // before begin: a dropped head's span claims none
+	var sandboxID []byte
+	if ah != nil {
+		// Logged, counted and traced as the request the head began,
+		// timed from it (begin reads headStart), as its run after the
+		// body would have been.
+		ah.restore(ctx, &x)
+		sandboxID = []byte(x.sandboxID)
+	}
 	p.begin(ctx, &x, conns)
 	x.early = true
+	if ah != nil {
+		// How much of the body fasthttp read is not told: not what the
+		// head declared.
+		x.bytesIn = 0
+		// Counted in flight only now: the head's run left it to the
+		// body's (countEnvd), which finish ends.
+		p.metrics.EnvdStarted(x.envd)
+	}
 	reqID := p.requestID(&ctx.Request.Header, buf[:0])
 	x.noteRequestID(reqID)
-	x.fail(ctx, e, nil)
+	x.fail(ctx, e, sandboxID)
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetBytesV(HeaderRequestID, reqID)
 	setRetcode(&ctx.Response.Header, false)
@@ -901,8 +967,10 @@ func renewWriteDeadline(ctx *fasthttp.RequestCtx, d time.Duration) {
 
 // failure is the answer to err, which fasthttp's error handler got on a
 // connection of conns, and whether it ended a request (logged and
-// counted) rather than a connection that carried none.
-func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (proxyError, bool) {
+// counted) rather than a connection that carried none; admitted: the
+// connection held the head of an upload Expect admitted (admittedHead),
+// whose body's read failed, a request whatever the connection's record.
+func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet, admitted bool) (proxyError, bool) {
 	if plainHTTPOnTLS(err) != nil {
 		return refusedPlainHTTP, true
 	}
@@ -916,7 +984,7 @@ func (p *Proxy) failure(ctx *fasthttp.RequestCtx, err error, conns *connSet) (pr
 		return proxyError{status: 499, code: CodeClientClosed, msg: "client closed the connection before the end of its request head"}, true
 	}
 	stalled, left := isTimeout(err), leftMidBody(err)
-	if !(stalled || left) || !requestBegun(ctx, conns) {
+	if !(stalled || left) || !(admitted || requestBegun(ctx, conns)) {
 		return p.refused(err), false
 	}
 	if left {

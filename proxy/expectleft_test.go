@@ -16,8 +16,9 @@ import (
 
 // An upload sent with "Expect: 100-continue" whose client leaves after
 // the 100, partway through the first 8 KiB of its body (curl interrupted
-// halfway through an upload), is logged, counted and traced with what its
-// head said, as the same upload cut without Expect is: its host, method,
+// halfway through an upload), or whose body stalls there, is logged,
+// counted and traced with what its head said, as the same upload cut
+// later is: its host, method,
 // target, sandbox, the client's X-Cube-Request-Id, its traceparent, and
 // its time from the head. fasthttp reads that part of the body after the
 // proxy admitted the head, and drops the head (user values and all) when
@@ -36,87 +37,117 @@ func TestExpectUploadLeftKeepsItsHead(t *testing.T) {
 func testExpectUploadLeftKeepsItsHead(t *testing.T, logged bool) {
 	exp := tracetest.NewInMemoryExporter()
 	tel := obsTelemetry(t, exp)
+	// Long beside hold: a client that closes after hold is not taken
+	// for a stalled one on a loaded machine.
+	const bodyTimeout = 2 * time.Second
+	mod := func(o *harnessOpts) {
+		o.cfg.Telemetry = tel
+		o.srv.ClientBodyTimeout = bodyTimeout
+	}
 	var h *harness
 	var logs *obsLogBuf
 	if logged {
-		h, logs = logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+		h, logs = logHarness(t, accesslog.FormatJSON, mod)
 	} else {
-		h = newHarness(t, func(o *harnessOpts) { o.cfg.Telemetry = tel })
+		h = newHarness(t, mod)
 	}
 	admin := obsMetricsAdmin(t, h, tel)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Errorf("the sandbox got %s %s: its client never sent the body", r.Method, r.URL)
 	}))
 	const (
-		id      = "sbxexpectleft"
-		reqID   = "rid-expect-left"
 		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 		parent  = "00f067aa0ba902b7"
 		// How long the client uploads before it gives up: the request's
 		// time from its head covers at least this.
 		hold = 200 * time.Millisecond
 	)
-	host := h.route(id, port)
-	before := scrapeMetrics(t, admin)
+	for _, tc := range []struct {
+		name   string
+		stall  bool // the client stops sending and waits: client.body_timeout ends the read
+		status int
+		code   string
+	}{
+		{name: "client leaves", status: 499, code: CodeClientClosed},
+		{name: "body stalls", stall: true, status: 408, code: "request_timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "sbxexpect" + itoa(uint16(tc.status))
+			reqID := "rid-expect-" + itoa(uint16(tc.status))
+			host := h.route(id, port)
+			before := scrapeMetrics(t, admin)
 
-	c := dialRaw(t, h.addr)
-	br := bufio.NewReader(c)
-	sent := time.Now()
-	fmt.Fprintf(c, "POST /files?path=/up HTTP/1.1\r\nHost: %s\r\nContent-Length: 4096\r\nX-Cube-Request-Id: %s\r\n"+
-		"traceparent: 00-%s-%s-01\r\nExpect: 100-continue\r\n\r\n", host, reqID, traceID, parent)
-	if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
-		t.Fatalf("head answered %d %q, want 100", resp.StatusCode, b)
-	}
-	continued := time.Now()
-	io.WriteString(c, "half of the body")
-	time.Sleep(hold) // the upload's time, not a synchronization
-	c.Close()
-
-	want := []metricDelta{
-		{"cubeproxy_requests_total", map[string]string{"status_class": "4xx", "route_kind": "error"}, 1},
-		{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "POST", "result": "fail"}, 1},
-		{"cube_proxy_inflight_requests", map[string]string{"route": "sandbox_files"}, 0},
-	}
-	if logged {
-		e := logs.waitJSONLine(t, `"status":499`) // the only 499
-		for field, v := range map[string]any{
-			"status": float64(499), "error_code": CodeClientClosed, "host": host, "method": "POST",
-			"request_uri": "/files?path=/up", "uri": "/files", "protocol": "HTTP/1.1", "sandbox_id": id, "port": float64(port), "x_cube_request_id": reqID,
-		} {
-			if e[field] != v {
-				t.Errorf("access log %s = %v, want %v", field, e[field], v)
+			c := dialRaw(t, h.addr)
+			br := bufio.NewReader(c)
+			sent := time.Now()
+			fmt.Fprintf(c, "POST /files?path=/up HTTP/1.1\r\nHost: %s\r\nContent-Length: 4096\r\nX-Cube-Request-Id: %s\r\n"+
+				"traceparent: 00-%s-%s-01\r\nExpect: 100-continue\r\n\r\n", host, reqID, traceID, parent)
+			if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
+				t.Fatalf("head answered %d %q, want 100", resp.StatusCode, b)
 			}
-		}
-		if rt, _ := e["request_time"].(float64); rt < hold.Seconds() {
-			t.Errorf("access log request_time = %v, want at least the %v from the head to the client's close", e["request_time"], hold)
-		}
-	}
-	if logged {
-		// Counted before it was logged.
-		for _, bad := range checkDeltas(before, scrapeMetrics(t, admin), want) {
-			t.Error(bad)
-		}
-	} else {
-		waitMetrics(t, admin, before, want)
-	}
-	after := scrapeMetrics(t, admin)
-	for _, name := range []string{"cubeproxy_request_duration_seconds_sum", "cube_proxy_request_duration_seconds_sum"} {
-		b, _ := metricValue(before, name, nil)
-		a, _ := metricValue(after, name, nil)
-		if a-b < hold.Seconds() {
-			t.Errorf("%s moved by %.6fs, want at least the %v from the head to the client's close: timed from its head", name, a-b, hold)
-		}
-	}
+			continued := time.Now()
+			io.WriteString(c, "half of the body")
+			least := hold
+			if tc.stall {
+				least = bodyTimeout
+				_ = c.SetReadDeadline(time.Now().Add(bodyTimeout + 30*time.Second))
+				resp, _ := readExpectAnswer(t, br)
+				if resp.StatusCode != tc.status || resp.Header.Get(HeaderRequestID) != reqID {
+					t.Errorf("stalled body answered %d under request id %q, want %d under the client's %q",
+						resp.StatusCode, resp.Header.Get(HeaderRequestID), tc.status, reqID)
+				}
+			} else {
+				time.Sleep(hold) // the upload's time, not a synchronization
+			}
+			c.Close()
 
-	server := expectLeftSpan(t, exp, id)
-	if got := server.SpanContext.TraceID().String(); got != traceID {
-		t.Errorf("server span trace %s, want the client's %s", got, traceID)
-	}
-	if got := server.Parent.SpanID().String(); got != parent {
-		t.Errorf("server span parent %s, want the client's %s", got, parent)
-	}
-	if server.StartTime.Before(sent) || server.StartTime.After(continued) {
-		t.Errorf("server span starts %v after the head was sent, want before the 100 (%v)", server.StartTime.Sub(sent), continued.Sub(sent))
+			want := []metricDelta{
+				{"cubeproxy_requests_total", map[string]string{"status_class": "4xx", "route_kind": "error"}, 1},
+				{"cube_proxy_request_total", map[string]string{"route": "sandbox_files", "method": "POST", "result": "fail"}, 1},
+				{"cube_proxy_inflight_requests", map[string]string{"route": "sandbox_files"}, 0},
+			}
+			if logged {
+				e := logs.waitJSONLine(t, fmt.Sprintf(`"status":%d`, tc.status)) // the only one
+				for field, v := range map[string]any{
+					"status": float64(tc.status), "error_code": tc.code, "host": host, "method": "POST",
+					"request_uri": "/files?path=/up", "uri": "/files", "protocol": "HTTP/1.1", "sandbox_id": id,
+					"port": float64(port), "x_cube_request_id": reqID,
+				} {
+					if e[field] != v {
+						t.Errorf("access log %s = %v, want %v", field, e[field], v)
+					}
+				}
+				if rt, _ := e["request_time"].(float64); rt < least.Seconds() {
+					t.Errorf("access log request_time = %v, want at least the %v from the head to the end", e["request_time"], least)
+				}
+				// Counted before it was logged.
+				for _, bad := range checkDeltas(before, scrapeMetrics(t, admin), want) {
+					t.Error(bad)
+				}
+			} else {
+				waitMetrics(t, admin, before, want)
+			}
+			after := scrapeMetrics(t, admin)
+			for _, name := range []string{"cubeproxy_request_duration_seconds_sum", "cube_proxy_request_duration_seconds_sum"} {
+				b, _ := metricValue(before, name, nil)
+				a, _ := metricValue(after, name, nil)
+				if a-b < least.Seconds() {
+					t.Errorf("%s moved by %.6fs, want at least the %v from the head to the end: timed from its head", name, a-b, least)
+				}
+			}
+
+			server := expectLeftSpan(t, exp, id)
+			if got := server.SpanContext.TraceID().String(); got != traceID {
+				t.Errorf("server span trace %s, want the client's %s", got, traceID)
+			}
+			if got := server.Parent.SpanID().String(); got != parent {
+				t.Errorf("server span parent %s, want the client's %s", got, parent)
+			}
+			if server.StartTime.Before(sent) || server.StartTime.After(continued) {
+				t.Errorf("server span starts %v after the head was sent, want before the 100 (%v)",
+					server.StartTime.Sub(sent), continued.Sub(sent))
+			}
+		})
 	}
 }
 

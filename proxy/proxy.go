@@ -471,8 +471,8 @@ func (ah *admittedHead) restore(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.cache, x.envd, x.envdMethod = ah.cache, ah.envd, ah.envdMethod
 }
 
-// release returns ah to its pool; nil is none. A head of more lines or
-// bytes than a connection keeps (letGoOfHead) is let go of instead.
+// release returns ah to its pool; nil is none. A head of more bytes than
+// a connection keeps (keptHeadBytes, letGoOfHead) is let go of instead.
 func (ah *admittedHead) release() {
 	if ah == nil {
 		return

@@ -1274,6 +1274,7 @@ func (p *Proxy) respond(ctx *fasthttp.RequestCtx, x *exchange, c *upstreamConn, 
 		// no place for a plain-text comment: one would break the client's
 		// decoder. The hangups watch (Linux) still finds a client that left.
 		s.heartbeat = 0
+		s.coded = true
 	}
 	s.atBoundary = true
 	s.started = time.Now()

@@ -54,6 +54,7 @@ type bodyStream struct {
 	eof     bool // the body was read to its end
 
 	sse        bool
+	coded      bool // a Content-Encoding: the bytes are not the events' text
 	resumable  bool // an event stream a GET asked for: drain ends it at once (registry.endSSE); once registered, written under the registry lock
 	probing    bool // resumable, and its first line not seen yet (probeFirstEvent)
 	probeN     uint8
@@ -162,6 +163,16 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		if s.probing {
 			s.probeFirstEvent(b[:n])
 		}
+	}
+	if err == io.EOF && s.mode == bodyUntilClose && s.sse && !s.coded && !s.atBoundary {
+		// A body that ends with the connection has only the close for its
+		// end, which a sandbox that dies sends as well: inside an event it
+		// is a cut, and ended cleanly (the last chunk) the client would
+		// take the event's first lines for the whole event (the go-sdk
+		// dispatches them and fails the session on their cut JSON, where
+		// a cut stream has it resume with Last-Event-ID).
+		s.eof = false
+		err = io.ErrUnexpectedEOF
 	}
 	if err != nil && s.clientLeft.Load() {
 		return n, errClientLeft

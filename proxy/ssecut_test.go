@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// A gateway whose event stream has no framing of its own (an HTTP/1.0
+// server, or one that answers "Connection: close" without chunked: the
+// body ends with the connection) and whose process dies in the middle of
+// an event. Its close is all the proxy sees, and passed on as the
+// stream's clean end (the last chunk), it had the client take the cut
+// event's first lines for a whole event: the go-sdk dispatches what it
+// holds at a clean end, so a cut notification failed the whole session
+// ("failed to decode event"), where a cut stream makes it resume with
+// Last-Event-ID. A stream cut inside an event must reach the client as
+// cut, as the proxy's own drain ends one (drainEndsCleanly); one that ends
+// between events, or a compressed one (its own trailer tells a cut), stays
+// clean. The first event arrives while the gateway still holds the stream
+// (it waits for the client's acknowledgement before it sends the rest).
+func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
+	const first = "id: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, "id: 2\ndata: x\n")
+	zw.Flush() // the first line can be inflated from what came so far
+	flushed := gz.Len()
+	zw.Close()
+	for _, tc := range []struct {
+		name, method, encoding, tail string
+		cut                          bool
+		http10                       bool // the client's request is HTTP/1.0: its body ends with the connection
+	}{
+		{"GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"met", true, false},
+		{"GET after a field", "GET", "", "id: 2\ndata: x\n", true, false},
+		{"GET after a CR", "GET", "", "id: 2\r\ndata: x\r", true, false},
+		{"POST mid-data", "POST", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"res", true, false},
+		{"GET between events", "GET", "", "id: 2\ndata: x\n\n", false, false},
+		{"GET after the first event", "GET", "", "", false, false},
+		{"POST between events", "POST", "", "data: x\r\n\r\n", false, false},
+		{"GET gzip", "GET", "gzip", "", false, false},
+		{"HTTP/1.0 GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\"", true, true},
+		{"HTTP/1.0 GET between events", "GET", "", "id: 2\ndata: x\n\n", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ln := listen(t, "127.0.0.1:0")
+			defer ln.Close()
+			ack := make(chan struct{})
+			gatewayDone := make(chan error, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					gatewayDone <- err
+					return
+				}
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						gatewayDone <- err
+						return
+					}
+					if line == "\r\n" {
+						break
+					}
+				}
+				head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+				body, tail := first, tc.tail
+				if tc.encoding != "" {
+					head += "Content-Encoding: " + tc.encoding + "\r\n"
+					// Flushed data first, then the member's end: the
+					// inflated text ends inside an event, but the
+					// compressed stream is whole.
+					body, tail = gz.String()[:flushed], gz.String()[flushed:]
+				}
+				if _, err := io.WriteString(c, head+"\r\n"+body); err != nil {
+					gatewayDone <- err
+					return
+				}
+				select {
+				case <-ack:
+				case <-time.After(10 * time.Second):
+					gatewayDone <- errors.New("no acknowledgement of the first event: the proxy held it back")
+					return
+				}
+				_, err = io.WriteString(c, tail)
+				gatewayDone <- err
+			}()
+			host := h.route("ssecut", uint16(ln.Addr().(*net.TCPAddr).Port))
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			var reqBody io.Reader
+			if tc.method == "POST" {
+				reqBody = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`)
+			}
+			var resp *http.Response
+			if tc.http10 {
+				c := dialRaw(t, h.addr)
+				io.WriteString(c, "GET /mcp HTTP/1.0\r\nHost: "+host+"\r\n\r\n")
+				var err error
+				if resp, err = http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+					t.Fatalf("head: %v", err)
+				}
+			} else {
+				resp = h.do(h.req(tc.method, host, "/mcp", reqBody).WithContext(ctx))
+			}
+			defer resp.Body.Close()
+			var body io.Reader = resp.Body
+			if tc.encoding != "" {
+				zr, err := gzip.NewReader(body)
+				if err != nil {
+					t.Fatalf("gzip header: %v", err)
+				}
+				body = zr
+			}
+			br := bufio.NewReader(body)
+			if tc.encoding == "" {
+				if ev, err := readEvent(br); err != nil || ev+"\n" != first {
+					t.Fatalf("first event %q, %v", ev, err)
+				}
+			} else if line, err := br.ReadString('\n'); err != nil || line != "id: 2\n" {
+				t.Fatalf("first line %q, %v", line, err)
+			}
+			testenv.Send(t, ack, struct{}{}, 10*time.Second, "the acknowledgement of the first event")
+			if err := testenv.Recv(t, gatewayDone, 10*time.Second, "the gateway's end"); err != nil {
+				t.Fatalf("gateway: %v", err)
+			}
+			rest, err := io.ReadAll(br)
+			switch {
+			case tc.cut && err == nil:
+				t.Fatalf("a stream cut inside an event ended cleanly behind %q: the client takes the cut event for whole", rest)
+			case !tc.cut && err != nil:
+				t.Fatalf("a stream that ended between events ended as cut: %v (after %q)", err, rest)
+			}
+		})
+	}
+}

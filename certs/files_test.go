@@ -266,14 +266,7 @@ func TestFilesChooseAmongPairsForOneName(t *testing.T) {
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "test CA")
 	write := func(name string, certPEM, keyPEM []byte) certs.FilePair {
-		p := certs.FilePair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
-		if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return writePair(t, dir, name, certPEM, keyPEM)
 	}
 	now := time.Now()
 	ecdsaPEM, ecdsaKey := ca.Issue(t, "cube.test", "*.cube.test")
@@ -294,10 +287,6 @@ func TestFilesChooseAmongPairsForOneName(t *testing.T) {
 	t.Cleanup(func() { _ = m.Close() })
 	srv := serveTLS(t, m)
 
-	rsaOnly := func(c *tls.Config) {
-		c.MaxVersion = tls.VersionTLS12
-		c.CipherSuites = []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
-	}
 	tests := []struct {
 		name    string
 		sni     string
@@ -398,14 +387,7 @@ func TestFilesDefaultChoosesAmongPairsForTheFirstsNames(t *testing.T) {
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "test CA")
 	write := func(name string, certPEM, keyPEM []byte) certs.FilePair {
-		p := certs.FilePair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
-		if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return writePair(t, dir, name, certPEM, keyPEM)
 	}
 	now := time.Now()
 	expiredPEM, expiredKey := ca.IssueValid(t, now.Add(-48*time.Hour), now.Add(-time.Hour), "cube.test", "*.cube.test")
@@ -428,10 +410,6 @@ func TestFilesDefaultChoosesAmongPairsForTheFirstsNames(t *testing.T) {
 	t.Cleanup(func() { _ = m.Close() })
 	srv := serveTLS(t, m)
 
-	rsaOnly := func(c *tls.Config) {
-		c.MaxVersion = tls.VersionTLS12
-		c.CipherSuites = []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
-	}
 	tests := []struct {
 		name    string
 		cfg     *tls.Config
@@ -459,4 +437,24 @@ func TestFilesDefaultChoosesAmongPairsForTheFirstsNames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writePair writes a PEM pair into dir as name.crt and name.key.
+func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) certs.FilePair {
+	t.Helper()
+	p := certs.FilePair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
+	if err := os.WriteFile(p.CertFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p.KeyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// rsaOnly makes a client that cannot use ECDSA: TLS 1.2 with an RSA suite
+// alone (TLS 1.3 would negotiate by signature schemes, not suites).
+func rsaOnly(c *tls.Config) {
+	c.MaxVersion = tls.VersionTLS12
+	c.CipherSuites = []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
 }

@@ -186,3 +186,85 @@ func TestRegistryRefusedNamesTheRule(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistryTopologies: the entry is written, rewritten after a
+// FLUSHALL (or a failover) at the next beat, and removed at Stop, on each
+// topology the store supports. In a Cluster the hash and the sorted set
+// live on different slots (the beat is a plain pipeline, not MULTI); with
+// Sentinel the beats follow a failover to the new master.
+func TestRegistryTopologies(t *testing.T) {
+	testenv.ParallelRedis(t)
+	const name = "cubemaster"
+	cfg := redisstore.RegistryConfig{Enabled: true, Interval: 100 * time.Millisecond}
+	for _, tc := range []struct {
+		name string
+		// open returns the store and the server the registry writes to
+		// after disrupt, which wipes or moves the entry.
+		open func(t *testing.T) (s *redisstore.Store, disrupt func(t *testing.T) *testenv.Redis)
+	}{
+		{"standalone FLUSHALL", func(t *testing.T) (*redisstore.Store, func(*testing.T) *testenv.Redis) {
+			r := testenv.StartRedis(t)
+			return openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Registry: cfg}), func(t *testing.T) *testenv.Redis {
+				if err := r.Client().FlushAll(context.Background()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+		}},
+		{"cluster FLUSHALL", func(t *testing.T) (*redisstore.Store, func(*testing.T) *testenv.Redis) {
+			r := startOneNodeCluster(t)
+			return openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{r.Addr()}}, Registry: cfg}), func(t *testing.T) *testenv.Redis {
+				if err := r.Client().FlushAll(context.Background()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+		}},
+		{"sentinel failover", func(t *testing.T) (*redisstore.Store, func(*testing.T) *testenv.Redis) {
+			ctx := context.Background()
+			_, replica, sentinel, sc := startSentinelSet(t, name)
+			s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}, Registry: cfg})
+			return s, func(t *testing.T) *testenv.Redis {
+				testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
+					reps, err := sc.Replicas(ctx, name).Result()
+					return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+				})
+				if err := sc.Failover(ctx, name).Err(); err != nil {
+					t.Fatalf("sentinel failover: %v", err)
+				}
+				waitPromoted(t, ctx, sc, name, replica, 15*time.Second)
+				// The promoted replica holds the replicated entry: drop it,
+				// so that only a beat on the new master writes it back.
+				replica.Client().HDel(ctx, redisstore.DefaultRegistryHash, "p")
+				replica.Client().ZRem(ctx, redisstore.DefaultRegistryZSet, "p")
+				return replica
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, disrupt := tc.open(t)
+			reg, err := s.StartRegistry(redisstore.Instance{ProxyID: "p", AdminURL: "http://10.0.0.1:8082"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = reg.Stop(ctx) })
+			present := func(c *redis.Client) func() bool {
+				return func() bool {
+					return c.HExists(ctx, redisstore.DefaultRegistryHash, "p").Val() &&
+						c.ZScore(ctx, redisstore.DefaultRegistryZSet, "p").Err() == nil
+				}
+			}
+			testenv.WaitFor(t, 10*time.Second, "the first heartbeat", func() bool { return reg.LastBeat() != 0 })
+			r := disrupt(t)
+			c := r.Client()
+			testenv.WaitFor(t, 15*time.Second, "the entry written again", present(c))
+			if err := reg.Stop(ctx); err != nil {
+				t.Fatalf("stop: %v", err)
+			}
+			if n := c.Exists(ctx, redisstore.DefaultRegistryHash, redisstore.DefaultRegistryZSet).Val(); n != 0 {
+				t.Fatalf("%d registry keys left after Stop", n)
+			}
+		})
+	}
+}

@@ -268,3 +268,33 @@ func TestRegistryTopologies(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistrySameID: two processes with one instance_id (the hostname
+// default, in a reuse_port takeover) share one entry; when one stops it
+// removes that entry, and the other's next beat writes it again, as README
+// says (Instance registry, reuse_port): it is missing at most an interval.
+func TestRegistrySameID(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	c := r.Client()
+	start := func(admin string) *redisstore.Registry {
+		reg, err := redisstore.StartRegistry(openStore(t, r).Client(), redisstore.RegistryConfig{Enabled: true, Interval: 100 * time.Millisecond},
+			time.Second, redisstore.Instance{ProxyID: "host-1", AdminURL: admin}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = reg.Stop(ctx) })
+		testenv.WaitFor(t, 10*time.Second, admin+"'s first heartbeat", func() bool { return reg.LastBeat() != 0 })
+		return reg
+	}
+	old := start("http://10.0.0.1:8082")
+	start("http://10.0.0.2:8082")
+	if err := old.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the remaining process's entry", func() bool {
+		v, err := c.HGet(ctx, redisstore.DefaultRegistryHash, "host-1").Result()
+		return err == nil && strings.Contains(v, "10.0.0.2") && c.ZScore(ctx, redisstore.DefaultRegistryZSet, "host-1").Err() == nil
+	})
+}

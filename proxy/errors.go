@@ -72,6 +72,7 @@ const (
 	// route no longer sends to the same backend (moved, or deleted).
 	CodeCredentialRevoked = "credential_revoked"
 	CodeRouteChanged      = "route_changed"
+	CodeACMEChallenge     = "acme_challenge_refused"
 )
 
 // proxyError is a failure the proxy answers itself, before or instead of a

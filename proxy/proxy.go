@@ -581,6 +581,12 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 		return
 	}
 	id := t.ID()
+	if acmeChallengeFor(h, &t) {
+		// Before the lookup: the refusal holds whatever the route, and a
+		// paused sandbox is not woken for it.
+		x.fail(ctx, errACMEChallenge, id)
+		return
+	}
 	x.port, x.pathPrefix = t.Port, t.PathPrefix
 	if p.metrics != nil {
 		p.countEnvd(x, h.RequestURI()[t.PathPrefix:], h.Method())

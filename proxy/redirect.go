@@ -169,6 +169,11 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "empty host"}, nil)
 	} else if !redirectableHost(host) {
 		x.fail(ctx, proxyError{status: 400, code: routing.CodeInvalidHost, msg: "invalid host"}, nil)
+	} else if id := s.p.redirectedChallenge(&ctx.Request.Header); id != nil {
+		// Refused here, not redirected: a CA follows the 308 to HTTPS,
+		// where the refusal would come after this answer told it where
+		// to go (errACMEChallenge).
+		x.fail(ctx, errACMEChallenge, id)
 	} else {
 		// Set as is, not through ctx.Redirect: that resolves the target
 		// through fasthttp's URI, which normalises the path (a%2Fb
@@ -194,6 +199,19 @@ func (s *Server) answerRedirect(ctx *fasthttp.RequestCtx, early bool) {
 	s.p.headersReady(ctx, &x)
 	s.p.finish(ctx, &x, ctx.Response.StatusCode(), nil, nil)
 	letGoOfHead(ctx, lines) // nothing after this reads the head
+}
+
+// redirectedChallenge is the sandbox id named by the host of an HTTP-01
+// challenge request on the redirect listener (acmeChallengeFor), or nil.
+func (p *Proxy) redirectedChallenge(h *fasthttp.RequestHeader) []byte {
+	var t routing.Target
+	if !acmeChallengeFor(h, &t) {
+		return nil // the path, first: t is not parsed yet
+	}
+	if p.parser.ParseRequest(&t, h.Host(), h.RequestURI(), h) != nil || !acmeChallengeFor(h, &t) {
+		return nil // the HTTPS listener refuses the request, or routes it by path
+	}
+	return t.ID()
 }
 
 // redirectExpect answers the head of an "Expect: 100-continue" upload on

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/valyala/fasthttp"
 )
 
@@ -145,4 +146,33 @@ func climbsAboveRoot(uri []byte) bool {
 // escapedSlash reports whether uri holds "%2F" (or "%2f") at i.
 func escapedSlash(uri []byte, i int) bool {
 	return uri[i] == '%' && i+2 < len(uri) && uri[i+1] == '2' && uri[i+2]|0x20 == 'f'
+}
+
+// acmeChallengePrefix begins the path a CA asks for in an HTTP-01
+// challenge (RFC 8555 8.3), always at the root of the host.
+const acmeChallengePrefix = "/.well-known/acme-challenge/"
+
+// errACMEChallenge refuses an HTTP-01 challenge request for a sandbox's
+// host name. Answered by the sandbox, it let any sandbox owner have a
+// publicly trusted certificate issued for the platform's
+// "<port>-<id>.<domain>" names (a CA follows the redirect listener's 308
+// and does not check the certificate there), each spending the domain's
+// CA rate limit (Let's Encrypt: 50 a week) that the proxy's own
+// on-demand issuance needs. The proxy itself never uses HTTP-01
+// (certs: TLS-ALPN-01 or DNS-01). 403, not 404: the path is refused by
+// policy, not unknown, and a 404 would read as the sandbox_not_found or
+// port_not_mapped of a route problem.
+var errACMEChallenge = proxyError{status: 403, code: CodeACMEChallenge, msg: "ACME HTTP-01 challenges for sandbox host names are not forwarded"}
+
+// acmeChallengeFor reports whether h is a GET or HEAD of an HTTP-01
+// challenge path on a host that names the sandbox of t (not one routed by
+// its path or by a shared host's headers, which no CA sends). The prefix
+// is compared first: one comparison on the hot path, no allocation. An
+// absolute-form target is not looked at: a CA sends the origin form.
+func acmeChallengeFor(h *fasthttp.RequestHeader, t *routing.Target) bool {
+	uri := h.RequestURI()
+	if len(uri) < len(acmeChallengePrefix) || string(uri[:len(acmeChallengePrefix)]) != acmeChallengePrefix {
+		return false
+	}
+	return (h.IsGet() || h.IsHead()) && t.PathPrefix == 0 && !t.Shared
 }

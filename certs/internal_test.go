@@ -98,6 +98,9 @@ func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 		{"rewritten with the same bytes", func() { copyFile(t, p.CertFile, p.CertFile) }, false},
 		{"garbage certificate", func() { writeFile(t, p.CertFile, []byte("garbage")) }, false},
 		{"certificate without its key yet", func() { writeFile(t, p.CertFile, otherCert) }, false},
+		// Both truncated by a writer about to fill them: read twice, the
+		// same empty bytes both times, which are no pair.
+		{"both files empty", func() { writeFile(t, p.CertFile, nil); writeFile(t, p.KeyFile, nil) }, false},
 		{"key removed", func() { _ = os.Remove(p.KeyFile) }, false},
 		{"matching pair written", func() { ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test", "*.cube.test") }, true},
 	}

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -27,7 +28,8 @@ import (
 // Last-Event-ID. A stream cut inside an event must reach the client as
 // cut, as the proxy's own drain ends one (drainEndsCleanly); one that ends
 // between events, or a compressed one (its own trailer tells a cut), stays
-// clean. The first event arrives while the gateway still holds the stream
+// clean, as does one whose gateway frames it (chunked) and ends it inside
+// an event: its framing tells its end. The first event arrives while the gateway still holds the stream
 // (it waits for the client's acknowledgement before it sends the rest).
 func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 	const first = "id: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n"
@@ -40,19 +42,21 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 	for _, tc := range []struct {
 		name, method, encoding, tail string
 		cut                          bool
-		http10                       bool // the client's request is HTTP/1.0: its body ends with the connection
+		http10                       bool   // the client's request is HTTP/1.0: its body ends with the connection
+		framing                      string // the gateway's: "chunked"; none: the close
 	}{
-		{"GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"met", true, false},
-		{"GET after a field", "GET", "", "id: 2\ndata: x\n", true, false},
-		{"GET after a CR", "GET", "", "id: 2\r\ndata: x\r", true, false},
-		{"POST mid-data", "POST", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"res", true, false},
-		{"GET between events", "GET", "", "id: 2\ndata: x\n\n", false, false},
-		{"GET after the first event", "GET", "", "", false, false},
-		{"POST between events", "POST", "", "data: x\r\n\r\n", false, false},
-		{"GET gzip", "GET", "gzip", "", false, false},
-		{"POST gzip", "POST", "gzip", "", false, false},
-		{"HTTP/1.0 GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\"", true, true},
-		{"HTTP/1.0 GET between events", "GET", "", "id: 2\ndata: x\n\n", false, true},
+		{"GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"met", true, false, ""},
+		{"GET after a field", "GET", "", "id: 2\ndata: x\n", true, false, ""},
+		{"GET after a CR", "GET", "", "id: 2\r\ndata: x\r", true, false, ""},
+		{"POST mid-data", "POST", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"res", true, false, ""},
+		{"GET between events", "GET", "", "id: 2\ndata: x\n\n", false, false, ""},
+		{"GET after the first event", "GET", "", "", false, false, ""},
+		{"POST between events", "POST", "", "data: x\r\n\r\n", false, false, ""},
+		{"GET gzip", "GET", "gzip", "", false, false, ""},
+		{"POST gzip", "POST", "gzip", "", false, false, ""},
+		{"HTTP/1.0 GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\"", true, true, ""},
+		{"HTTP/1.0 GET between events", "GET", "", "id: 2\ndata: x\n\n", false, true, ""},
+		{"chunked, ended inside an event", "GET", "", "id: 2\ndata: x\n", false, false, "chunked"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -85,6 +89,12 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 					// inflated text ends inside an event, but the
 					// compressed stream is whole.
 					body, tail = gz.String()[:flushed], gz.String()[flushed:]
+				}
+				switch tc.framing {
+				case "chunked":
+					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
+					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)
+					tail = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(tail), tail)
 				}
 				if _, err := io.WriteString(c, head+"\r\n"+body); err != nil {
 					gatewayDone <- err

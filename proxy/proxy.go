@@ -471,13 +471,14 @@ func (ah *admittedHead) restore(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.cache, x.envd, x.envdMethod = ah.cache, ah.envd, ah.envdMethod
 }
 
-// release returns ah to its pool; nil is none. A head of more bytes than
-// a connection keeps (keptHeadBytes, letGoOfHead) is let go of instead.
+// release returns ah to its pool; nil is none. A head of more lines or
+// bytes than a connection keeps (keptHeadLines, keptHeadBytes,
+// letGoOfHead) is let go of instead: its line slots outlive Reset.
 func (ah *admittedHead) release() {
 	if ah == nil {
 		return
 	}
-	large := len(ah.h.RawHeaders()) > keptHeadBytes
+	large := ah.h.Len() > keptHeadLines || len(ah.h.RawHeaders()) > keptHeadBytes
 	ah.h.Reset()
 	ah.start, ah.sandboxID = time.Time{}, ""
 	if !large {

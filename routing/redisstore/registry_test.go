@@ -225,10 +225,7 @@ func TestRegistryTopologies(t *testing.T) {
 			_, replica, sentinel, sc := startSentinelSet(t, name)
 			s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}, Registry: cfg})
 			return s, func(t *testing.T) *testenv.Redis {
-				testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
-					reps, err := sc.Replicas(ctx, name).Result()
-					return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
-				})
+				waitReplicaSeen(t, ctx, sc, name)
 				if err := sc.Failover(ctx, name).Err(); err != nil {
 					t.Fatalf("sentinel failover: %v", err)
 				}

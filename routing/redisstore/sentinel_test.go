@@ -34,10 +34,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 
 	// SENTINEL FAILOVER needs a replica the sentinel has already discovered.
-	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
-		reps, err := sc.Replicas(ctx, name).Result()
-		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
-	})
+	waitReplicaSeen(t, ctx, sc, name)
 	if err := sc.Failover(ctx, name).Err(); err != nil {
 		t.Fatalf("sentinel failover: %v", err)
 	}
@@ -75,10 +72,7 @@ func TestInvalidationFollowsFailoverFromHungMaster(t *testing.T) {
 	const name = "cubemaster"
 	ctx := context.Background()
 	master, replica, sentinel, sc := startSentinelSet(t, name)
-	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
-		reps, err := sc.Replicas(ctx, name).Result()
-		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
-	})
+	waitReplicaSeen(t, ctx, sc, name)
 
 	s := openStoreCfg(t, redisstore.Config{
 		Sentinel:       redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}},
@@ -133,10 +127,7 @@ func TestInvalidationFollowsCleanFailover(t *testing.T) {
 	if err := sentinel.Client().Do(ctx, "SENTINEL", "DEBUG", "info-period", 200, "publish-period", 250).Err(); err != nil {
 		t.Fatalf("sentinel debug: %v", err)
 	}
-	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
-		reps, err := sc.Replicas(ctx, name).Result()
-		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
-	})
+	waitReplicaSeen(t, ctx, sc, name)
 	s := openStoreCfg(t, redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}}})
 	rec := make(recorder, 64)
 	sub := s.Subscribe(ctx, rec, nil)
@@ -179,10 +170,7 @@ func TestInvalidationLeavesMasterTheSentinelsLeft(t *testing.T) {
 	sentinel := testenv.StartSentinel(t, name, master.Addr())
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { _ = sc.Close() })
-	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
-		reps, err := sc.Replicas(ctx, name).Result()
-		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
-	})
+	waitReplicaSeen(t, ctx, sc, name)
 	s := openStoreCfg(t, redisstore.Config{
 		Sentinel:       redisstore.SentinelConfig{MasterName: name, Addrs: []string{sentinel.Addr()}},
 		CommandTimeout: 300 * time.Millisecond,
@@ -231,6 +219,16 @@ func startSentinelSet(t *testing.T, name string) (master, replica, sentinel *tes
 	sc = redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { _ = sc.Close() })
 	return master, replica, sentinel, sc
+}
+
+// waitReplicaSeen waits until the sentinel lists the replica of name as
+// linked to its master: SENTINEL FAILOVER needs one it has discovered.
+func waitReplicaSeen(t *testing.T, ctx context.Context, sc *redis.SentinelClient, name string) {
+	t.Helper()
+	testenv.WaitFor(t, 15*time.Second, "sentinel to see the replica", func() bool {
+		reps, err := sc.Replicas(ctx, name).Result()
+		return err == nil && len(reps) == 1 && reps[0]["flags"] == "slave" && reps[0]["master-link-status"] == "ok"
+	})
 }
 
 // address and replica itself reports the master role.

@@ -528,7 +528,7 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		}
 		if cfg.PersistRoutes {
 			a.removeStaleTemps()
-			a.routes.OnOverwrite(overwriteWarning(a.log, time.Now))
+			a.routes.OnOverwrite(overwriteWarning(a.log, time.Now, func(d time.Duration, f func()) { time.AfterFunc(d, f) }))
 		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
@@ -980,18 +980,43 @@ const overwriteWarnEvery = 10 * time.Second
 // overwriteWarning returns the memory store's OnOverwrite: a warning that
 // a write replaced a routes file changed since this process loaded or
 // last wrote it, at most one per overwriteWarnEvery, with the count of
-// overwrites since the previous one. The store calls it from one write
-// at a time.
-func overwriteWarning(log *slog.Logger, now func() time.Time) func(path string) {
+// overwrites since the previous one. Overwrites held back by that spacing
+// are said by afterFunc (time.AfterFunc) once it is up, not only with the
+// next overwrite: the last hand edit written over within 10 s of a
+// warning was otherwise never said to be gone.
+func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(time.Duration, func())) func(path string) {
+	// The store calls from one write at a time, but the timer's call
+	// comes from its own goroutine.
+	var mu sync.Mutex
 	var last time.Time
 	unsaid := 0
+	armed := false
+	say := func(path string, t time.Time) {
+		log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
+			"routes", path, "overwrites", unsaid)
+		last, unsaid = t, 0
+	}
 	return func(path string) {
+		mu.Lock()
+		defer mu.Unlock()
 		unsaid++
-		if t := now(); last.IsZero() || t.Sub(last) >= overwriteWarnEvery {
-			log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
-				"routes", path, "overwrites", unsaid)
-			last, unsaid = t, 0
+		t := now()
+		if last.IsZero() || t.Sub(last) >= overwriteWarnEvery {
+			say(path, t)
+			return
 		}
+		if armed {
+			return
+		}
+		armed = true
+		afterFunc(last.Add(overwriteWarnEvery).Sub(t), func() {
+			mu.Lock()
+			defer mu.Unlock()
+			armed = false
+			if unsaid > 0 {
+				say(path, now())
+			}
+		})
 	}
 }
 

@@ -88,7 +88,7 @@ func TestOverwriteWarningIsSpaced(t *testing.T) {
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	clock := time.Unix(1000, 0)
-	warn := overwriteWarning(log, func() time.Time { return clock })
+	warn := overwriteWarning(log, func() time.Time { return clock }, func(time.Duration, func()) {})
 	for _, step := range []time.Duration{0, time.Second, time.Second, 8 * time.Second, time.Second, 20 * time.Second} {
 		clock = clock.Add(step)
 		warn("/r.yaml")
@@ -106,6 +106,78 @@ func TestOverwriteWarningIsSpaced(t *testing.T) {
 	// At 0 s, 10 s and 31 s: the first alone, then the 3 and the 2 since.
 	if !slices.Equal(counts, []int{1, 3, 2}) {
 		t.Errorf("warnings counted %v overwrites, want [1 3 2]", counts)
+	}
+}
+
+// The spacing must not lose an overwrite: one held back because a warning
+// was said less than 10 s before was said only with the next overwrite,
+// so an operator whose second hand edit (5 s after the first one's
+// warning) was written over, and who edited nothing after it, was never
+// told it was gone. The held-back count is said once the 10 s are up.
+func TestOverwriteWarningHeldBackIsSaidLater(t *testing.T) {
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	clock := time.Unix(1000, 0)
+	var (
+		delays []time.Duration
+		fire   []func()
+	)
+	after := func(d time.Duration, f func()) {
+		delays = append(delays, d)
+		fire = append(fire, f)
+	}
+	warn := overwriteWarning(log, func() time.Time { return clock }, after)
+	counts := func() []int {
+		var out []int
+		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var l struct {
+				Routes     string `json:"routes"`
+				Overwrites int    `json:"overwrites"`
+			}
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatal(err)
+			}
+			if l.Routes != "/r.yaml" {
+				t.Errorf("warning names routes %q, want /r.yaml", l.Routes)
+			}
+			out = append(out, l.Overwrites)
+		}
+		return out
+	}
+
+	warn("/r.yaml") // the first hand edit written over: said at once
+	clock = clock.Add(5 * time.Second)
+	warn("/r.yaml") // the second, 5 s later: held back
+	warn("/r.yaml") // and a third, before the 10 s are up
+	if got := counts(); !slices.Equal(got, []int{1}) {
+		t.Fatalf("after three overwrites within 10 s: warnings counting %v, want [1]", got)
+	}
+	if len(fire) != 1 {
+		t.Fatalf("%d timers armed for the held-back overwrites, want 1", len(fire))
+	}
+	if delays[0] != 5*time.Second {
+		t.Errorf("held-back overwrites due in %v, want 5s (10 s after the last warning)", delays[0])
+	}
+	clock = clock.Add(5 * time.Second)
+	fire[0]()
+	if got := counts(); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("10 s after the first warning: warnings counting %v, want [1 2]", got)
+	}
+	// Said by the timer: the next overwrite is held back again, from then.
+	clock = clock.Add(time.Second)
+	warn("/r.yaml")
+	if len(fire) != 2 || delays[1] != 9*time.Second {
+		t.Fatalf("an overwrite 1 s after the timer's warning: timers %v, want a second one due in 9s", delays)
+	}
+	// A warning said directly before the timer fires leaves it nothing.
+	clock = clock.Add(9 * time.Second)
+	warn("/r.yaml")
+	fire[1]()
+	if got := counts(); !slices.Equal(got, []int{1, 2, 2}) {
+		t.Errorf("warnings counting %v, want [1 2 2]", got)
 	}
 }
 

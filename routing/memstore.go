@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -55,11 +56,13 @@ type MemoryStore struct {
 	fileLimit int
 
 	// file is the routes file this store was loaded from or last wrote,
-	// and seen what it was then (nil: there was none), under mu; see
-	// FileChanged. overwrote, when set, is told of a write that replaced
-	// a file changed since (see OnOverwrite).
+	// seen what it was then (nil: there was none) and sum the SHA-256 of
+	// its bytes (nil: not known), under mu; see FileChanged. overwrote,
+	// when set, is told of a write that replaced a file changed since
+	// (see OnOverwrite).
 	file      string
 	seen      os.FileInfo
+	sum       *[sha256.Size]byte
 	overwrote func(path string)
 }
 
@@ -116,7 +119,8 @@ func loadFile(path string, afterRead func(attempt int)) (*MemoryStore, error) {
 			if err != nil {
 				return nil, fmt.Errorf("load routes %s: %w", path, err)
 			}
-			return &MemoryStore{routes: routes, file: path, seen: after}, nil
+			sum := sha256.Sum256(data)
+			return &MemoryStore{routes: routes, file: path, seen: after, sum: &sum}, nil
 		}
 		if attempt == loadAttempts {
 			return nil, fmt.Errorf("load routes %s: the file changed while it was read, %d times in a row: is something still writing it? Replace it whole (write another file, then mv it over this one) so that no start reads part of it", path, attempt)
@@ -137,6 +141,7 @@ func (s *MemoryStore) SetPersistPath(path string) {
 		// Not the file loaded: what is there now is the file as known.
 		s.file = path
 		s.seen, _ = os.Stat(path)
+		s.sum = nil
 	}
 	s.path = path
 	s.mu.Unlock()
@@ -153,23 +158,57 @@ func (s *MemoryStore) OnOverwrite(f func(path string)) {
 }
 
 // FileChanged reports whether the routes file the store was loaded from
-// (or persists to) is no longer the file it loaded or last wrote: its
-// inode, size or modification time differ, or it appeared or went. The
-// store never reads it again, so such a change is not served, and with
-// persistence it is overwritten by the next write. It returns the file's
-// path too ("" and false for a store of no file).
+// (or persists to) is no longer the file it loaded or last wrote: it
+// appeared or went, or its inode, size or modification time differ and
+// so do its bytes. The store never reads it again, so such a change is
+// not served, and with persistence it is overwritten by the next write.
+// It returns the file's path too ("" and false for a store of no file).
 func (s *MemoryStore) FileChanged() (path string, changed bool) {
 	s.mu.RLock()
-	path, seen := s.file, s.seen
+	path = s.file
 	s.mu.RUnlock()
 	if path == "" {
 		return "", false
 	}
+	return path, s.fileChanged(path)
+}
+
+// fileChanged reports whether the file at path is no longer the one the
+// store loaded or last wrote (FileChanged). Only a file whose state
+// differs is read: the same bytes in it (touched, or copied anew: a
+// Kubernetes ConfigMap volume swaps every key's file for a new one when
+// any key changes) are no change, and its state is taken as the store's,
+// so that the next look is a stat again. Reading it costs what the
+// store's own write of it costs, and comes only after something else
+// touched the file.
+func (s *MemoryStore) fileChanged(path string) bool {
+	s.mu.RLock()
+	seen, sum := s.seen, s.sum
+	s.mu.RUnlock()
 	now, err := os.Stat(path)
 	if err != nil {
 		now = nil
 	}
-	return path, !sameFileState(seen, now)
+	if sameFileState(seen, now) {
+		return false
+	}
+	if seen == nil || now == nil || sum == nil {
+		return true
+	}
+	data, err := namedfile.Read(path, int64(s.maxFile()))
+	if err != nil || sha256.Sum256(data) != *sum {
+		return true
+	}
+	// Replaced again while read: judged at the next look.
+	if after, err := os.Stat(path); err != nil || !sameFileState(now, after) {
+		return true
+	}
+	s.mu.Lock()
+	if s.seen == seen {
+		s.seen = now
+	}
+	s.mu.Unlock()
+	return false
 }
 
 // sameFileState reports whether a and b (nil: no file) are one file,
@@ -467,24 +506,23 @@ func (s *MemoryStore) persist(seq uint64) error {
 		return fmt.Errorf("persist routes %s: the table (%d routes) would take %d bytes, above the %d bytes a routes file may have (the start reads no more); the file keeps the previous table", snap.path, len(snap.routes), len(data), limit)
 	}
 	s.mu.RLock()
-	seen, overwrote := s.seen, s.overwrote
+	overwrote := s.overwrote
 	s.mu.RUnlock()
-	before, err := os.Stat(snap.path)
-	if err != nil {
-		before = nil
-	}
+	// Looked at before the write replaces it.
+	replaced := overwrote != nil && s.fileChanged(snap.path)
 	wrote, err := writeFileAtomic(snap.path, data)
 	if err != nil {
 		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
 	}
-	if overwrote != nil && !sameFileState(seen, before) {
+	if replaced {
 		overwrote(snap.path)
 	}
 	s.written = snap.seq
 	s.failed.Store(false)
+	sum := sha256.Sum256(data)
 	s.mu.Lock()
-	s.seen = wrote
+	s.seen, s.sum = wrote, &sum
 	for id, seq := range s.unwritten {
 		if seq <= snap.seq {
 			delete(s.unwritten, id)

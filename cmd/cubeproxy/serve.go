@@ -1312,8 +1312,9 @@ func (a *app) checkConfig(path string) {
 // start, so an operator who edited it and sent nginx's reload signal took
 // silence for a reload, and with persist_routes the next admin change
 // wrote the running table over the edit. It compares the file's inode,
-// size and time with what the store loaded or last wrote; it reads
-// nothing (a table at the limit takes seconds and a gigabyte to parse).
+// size and time with what the store loaded or last wrote, and its bytes
+// only when those differ; it parses nothing (a table at the limit takes
+// seconds and a gigabyte to parse).
 func (a *app) checkRoutes() {
 	if a.routes == nil {
 		return

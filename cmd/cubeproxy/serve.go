@@ -41,18 +41,21 @@ type app struct {
 	log      *slog.Logger
 	instance string
 
-	tel      *telemetry.Telemetry
-	access   *accesslog.Logger
-	routes   *routing.MemoryStore // nil with the Redis store
-	redis    *redisstore.Store    // nil with the memory store
-	sub      *redisstore.Subscriber
-	registry *redisstore.Registry
-	reached  atomic.Bool            // the store answered at least once (readiness)
-	unready  atomic.Pointer[string] // why the store has not answered yet (nil: no failed attempt)
-	cache    *routing.Cache
-	certs    *certs.Manager
-	proxy    *proxy.Proxy
-	server   *proxy.Server
+	tel    *telemetry.Telemetry
+	access *accesslog.Logger
+	routes *routing.MemoryStore // nil with the Redis store
+	// flushOverwrites says the routes file overwrites a warning's
+	// spacing held back (persist_routes; nil otherwise).
+	flushOverwrites func()
+	redis           *redisstore.Store // nil with the memory store
+	sub             *redisstore.Subscriber
+	registry        *redisstore.Registry
+	reached         atomic.Bool            // the store answered at least once (readiness)
+	unready         atomic.Pointer[string] // why the store has not answered yet (nil: no failed attempt)
+	cache           *routing.Cache
+	certs           *certs.Manager
+	proxy           *proxy.Proxy
+	server          *proxy.Server
 	// shedder is proxy once built: the Redis store, opened before it,
 	// dials (the readiness watch's lookups) from other goroutines.
 	shedder atomic.Pointer[proxy.Proxy]
@@ -528,7 +531,9 @@ func (a *app) openStore(bg context.Context) (_ routing.Store, lookupTimeout time
 		}
 		if cfg.PersistRoutes {
 			a.removeStaleTemps()
-			a.routes.OnOverwrite(overwriteWarning(a.log, time.Now, func(d time.Duration, f func()) { time.AfterFunc(d, f) }))
+			warn, flush := overwriteWarning(a.log, time.Now, func(d time.Duration, f func()) { time.AfterFunc(d, f) })
+			a.routes.OnOverwrite(warn)
+			a.flushOverwrites = flush
 		}
 		a.reached.Store(true)
 		return proxy.InstrumentStore(a.routes, a.tel.Metrics, telemetry.StoreMemory), 0, nil
@@ -983,23 +988,33 @@ const overwriteWarnEvery = 10 * time.Second
 // overwrites since the previous one. Overwrites held back by that spacing
 // are said by afterFunc (time.AfterFunc) once it is up, not only with the
 // next overwrite: the last hand edit written over within 10 s of a
-// warning was otherwise never said to be gone.
-func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(time.Duration, func())) func(path string) {
+// warning was otherwise never said to be gone. flush says the ones held
+// back at once: at the stop, which the timer does not outlive.
+func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(time.Duration, func())) (warn func(path string), flush func()) {
 	// The store calls from one write at a time, but the timer's call
 	// comes from its own goroutine.
 	var mu sync.Mutex
 	var last time.Time
 	unsaid := 0
 	armed := false
+	var path string // of the unsaid ones
 	say := func(path string, t time.Time) {
 		log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
 			"routes", path, "overwrites", unsaid)
 		last, unsaid = t, 0
 	}
-	return func(path string) {
+	sayHeld := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if unsaid > 0 {
+			say(path, now())
+		}
+	}
+	warn = func(p string) {
 		mu.Lock()
 		defer mu.Unlock()
 		unsaid++
+		path = p
 		t := now()
 		if last.IsZero() || t.Sub(last) >= overwriteWarnEvery {
 			say(path, t)
@@ -1011,13 +1026,12 @@ func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(tim
 		armed = true
 		afterFunc(last.Add(overwriteWarnEvery).Sub(t), func() {
 			mu.Lock()
-			defer mu.Unlock()
 			armed = false
-			if unsaid > 0 {
-				say(path, now())
-			}
+			mu.Unlock()
+			sayHeld()
 		})
 	}
+	return warn, sayHeld
 }
 
 // staleTempAge is how old a routes file's temporary file must be for the
@@ -1167,6 +1181,10 @@ loop:
 	// Before close, which waits for the reopens: one begun during that
 	// wait would race it, and open a file close never flushes.
 	stopSignals()
+	if a.flushOverwrites != nil {
+		// The admin listener is closed: no write comes after this.
+		a.flushOverwrites()
+	}
 	a.close()
 	a.log.Info("stopped")
 	return err

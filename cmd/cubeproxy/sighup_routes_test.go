@@ -88,7 +88,7 @@ func TestOverwriteWarningIsSpaced(t *testing.T) {
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	clock := time.Unix(1000, 0)
-	warn := overwriteWarning(log, func() time.Time { return clock }, func(time.Duration, func()) {})
+	warn, _ := overwriteWarning(log, func() time.Time { return clock }, func(time.Duration, func()) {})
 	for _, step := range []time.Duration{0, time.Second, time.Second, 8 * time.Second, time.Second, 20 * time.Second} {
 		clock = clock.Add(step)
 		warn("/r.yaml")
@@ -126,7 +126,7 @@ func TestOverwriteWarningHeldBackIsSaidLater(t *testing.T) {
 		delays = append(delays, d)
 		fire = append(fire, f)
 	}
-	warn := overwriteWarning(log, func() time.Time { return clock }, after)
+	warn, _ := overwriteWarning(log, func() time.Time { return clock }, after)
 	counts := func() []int {
 		var out []int
 		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
@@ -178,6 +178,35 @@ func TestOverwriteWarningHeldBackIsSaidLater(t *testing.T) {
 	fire[1]()
 	if got := counts(); !slices.Equal(got, []int{1, 2, 2}) {
 		t.Errorf("warnings counting %v, want [1 2 2]", got)
+	}
+}
+
+// A stop within 10 s of an overwrite warning must not take the
+// overwrites held back since with it (the timer that would say them dies
+// with the process): the stop says them.
+func TestOverwriteWarningHeldBackIsSaidAtStop(t *testing.T) {
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	clock := time.Unix(1000, 0)
+	var fire []func()
+	warn, flush := overwriteWarning(log, func() time.Time { return clock }, func(_ time.Duration, f func()) { fire = append(fire, f) })
+	lines := func() int { return strings.Count(buf.String(), `"overwrites":`) }
+	flush()
+	if n := lines(); n != 0 {
+		t.Fatalf("a stop with no overwrite: %d warnings, want none", n)
+	}
+	warn("/r.yaml")
+	clock = clock.Add(time.Second)
+	warn("/r.yaml")
+	flush()
+	if n := lines(); n != 2 || !strings.Contains(buf.String(), `"overwrites":1}`) {
+		t.Fatalf("a stop 1 s after a warning, one overwrite held back: %d warnings, want 2: %s", n, buf.String())
+	}
+	for _, f := range fire {
+		f()
+	}
+	if n := lines(); n != 2 {
+		t.Errorf("the timer after the stop said them: %d warnings, want still 2", n)
 	}
 }
 

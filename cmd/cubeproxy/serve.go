@@ -41,24 +41,24 @@ type app struct {
 	log      *slog.Logger
 	instance string
 
-	tel    *telemetry.Telemetry
-	access *accesslog.Logger
-	routes *routing.MemoryStore // nil with the Redis store
-	// flushOverwrites says the routes file overwrites a warning's
-	// spacing held back (persist_routes; nil otherwise).
-	flushOverwrites func()
-	redis           *redisstore.Store // nil with the memory store
-	sub             *redisstore.Subscriber
-	registry        *redisstore.Registry
-	reached         atomic.Bool            // the store answered at least once (readiness)
-	unready         atomic.Pointer[string] // why the store has not answered yet (nil: no failed attempt)
-	cache           *routing.Cache
-	certs           *certs.Manager
-	proxy           *proxy.Proxy
-	server          *proxy.Server
+	tel      *telemetry.Telemetry
+	access   *accesslog.Logger
+	routes   *routing.MemoryStore // nil with the Redis store
+	redis    *redisstore.Store    // nil with the memory store
+	sub      *redisstore.Subscriber
+	registry *redisstore.Registry
+	reached  atomic.Bool            // the store answered at least once (readiness)
+	unready  atomic.Pointer[string] // why the store has not answered yet (nil: no failed attempt)
+	cache    *routing.Cache
+	certs    *certs.Manager
+	proxy    *proxy.Proxy
+	server   *proxy.Server
 	// shedder is proxy once built: the Redis store, opened before it,
 	// dials (the readiness watch's lookups) from other goroutines.
 	shedder atomic.Pointer[proxy.Proxy]
+	// flushOverwrites says the routes file overwrites a warning's
+	// spacing held back (persist_routes; nil otherwise).
+	flushOverwrites func()
 
 	httpLn, httpsLn, adminLn net.Listener
 	metricsLn                net.Listener // nil: metrics_addr is off
@@ -998,7 +998,7 @@ func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(tim
 	unsaid := 0
 	armed := false
 	var path string // of the unsaid ones
-	say := func(path string, t time.Time) {
+	say := func(t time.Time) {
 		log.Warn("routes file changed since this process loaded or last wrote it (edited by hand, or another process persisting to it?): an admin change wrote the running table over it, and what was changed there is gone",
 			"routes", path, "overwrites", unsaid)
 		last, unsaid = t, 0
@@ -1007,7 +1007,7 @@ func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(tim
 		mu.Lock()
 		defer mu.Unlock()
 		if unsaid > 0 {
-			say(path, now())
+			say(now())
 		}
 	}
 	warn = func(p string) {
@@ -1017,7 +1017,7 @@ func overwriteWarning(log *slog.Logger, now func() time.Time, afterFunc func(tim
 		path = p
 		t := now()
 		if last.IsZero() || t.Sub(last) >= overwriteWarnEvery {
-			say(path, t)
+			say(t)
 			return
 		}
 		if armed {

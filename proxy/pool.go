@@ -638,11 +638,25 @@ var errNoFreeConns = errors.New("no free upstream connections")
 // as this request's answer, and its own answer as the next one's, for as
 // long as the connection is reused (one non-blocking syscall, ≈ 0.3 µs).
 func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reused bool, err error) {
+	var expired int64
+	if !fresh {
+		expired = time.Now().UnixNano() - int64(p.cfg.UpstreamIdleConnTimeout)
+	}
 	for !fresh {
 		u.mu.Lock()
 		n := len(u.idle)
 		if n == 0 {
 			u.mu.Unlock()
+			break
+		}
+		if u.idle[n-1].idleSince < expired {
+			// Idle past upstream.idle_conn_timeout, and so are the others
+			// (the newest is last): the janitor, which runs only every
+			// quarter of it, has yet to close them. Reused, they met the
+			// sandbox server's own keep-alive timeout the operator set the
+			// timeout under, and a POST sent into its close got a 502.
+			u.mu.Unlock()
+			u.closeIdle(expired)
 			break
 		}
 		c = u.idle[n-1]

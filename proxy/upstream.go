@@ -761,7 +761,13 @@ func (e *dialError) Unwrap() error { return e.err }
 // dial connects to a backend with the connect timeout and retries once when
 // the connect itself fails.
 func (p *Proxy) dial(addr string) (*upstreamConn, error) {
-	var d net.Dialer
+	// No TCP keep-alive probes (Go's default sends them after 15 s idle):
+	// a paused sandbox's VM acknowledges none, and the kernel aborted its
+	// connections about 150 s into the pause, streams the proxy keeps
+	// across a pause included. nginx sets none on upstream connections
+	// either (proxy_socket_keepalive off); a dead sandbox is found by the
+	// proxy's own timeouts, or a kill.
+	d := net.Dialer{KeepAlive: -1}
 	c, err := d.DialContext(p.pools.connectCtx(), "tcp", addr)
 	if err != nil && resourceExhausted(err) && !p.pools.aborted.Load() && p.pools.shedIdle(shedOnShortage) > 0 {
 		c, err = d.DialContext(p.pools.connectCtx(), "tcp", addr)

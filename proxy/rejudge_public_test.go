@@ -74,3 +74,40 @@ func TestPublicMadePrivateKeepsSignedCredentials(t *testing.T) {
 		})
 	}
 }
+
+// A cookie on a public route counts, when the route is made private, only
+// where authorize would read it: a stream opened with it from another
+// sandbox's or site's page (an Origin, or a cross-origin subresource's
+// Referer: auth.CookieRequestAllowed), or on a shared host (the
+// X-Cube-Sandbox-Id headers on an IP literal, where no cookie is read:
+// sharedOrigin), carried nothing the private route takes, and is cut as an
+// anonymous one; the same cookie from the sandbox's own page is kept.
+func TestPublicMadePrivateCutsCookieItWouldRefuse(t *testing.T) {
+	signer, sign := authSigner(t, strings.Repeat("k", 32))
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.Signer = signer })
+	b := newRJBackend(t)
+	const id, host = "rjx", "8080-rjx.cube.test"
+	putRJ(t, h, id, rjFields(b.port, "1", "", rjTokenA)) // public, keeping its token
+	cookie := auth.CookieName + "=" + signer.CookieValue([]byte(sign(id, 8080, time.Hour)), rjTokenA)
+
+	own := dialRJ(t, h, host, "WebSocket from its own page", rjCreds{cookie: cookie, hdr: []string{"Origin", "http://" + host}})
+	// An event stream: the test backend's WebSocket refuses a foreign
+	// Origin itself.
+	sibling := openRJStream(t, h, host, "fetch from another sandbox's page",
+		rjCreds{cookie: cookie, hdr: []string{"Origin", "http://3000-evil.cube.test"}})
+	// A subresource (<script src>) sends no Origin; its Referer names the
+	// page.
+	subresource := openRJStream(t, h, host, "subresource from another sandbox's page", rjCreds{cookie: cookie,
+		hdr: []string{"Sec-Fetch-Site", "same-site", "Sec-Fetch-Mode", "no-cors", "Referer", "http://3000-evil.cube.test/page"}})
+	shared := dialRJ(t, h, h.addr, "WebSocket on a shared host",
+		rjCreds{cookie: cookie, hdr: []string{"X-Cube-Sandbox-Id", id, "X-Cube-Sandbox-Port", "8080"}})
+
+	putRJ(t, h, id, rjFields(b.port, "1", rjTokenA, "")) // made private, same token
+	sibling.cut(t)
+	wsCut(t, shared, "WebSocket on a shared host")
+	subresource.cut(t)
+	rereadsDone(t, h, id)
+	if err := wsEcho(t, own); err != nil {
+		t.Errorf("WebSocket from its own page: echo after the route was made private: %v", err)
+	}
+}

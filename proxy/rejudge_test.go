@@ -100,6 +100,7 @@ type rjStream struct {
 // header, a Cookie header or a query (a signed link), or nothing.
 type rjCreds struct {
 	token, cookie, query string
+	hdr                  []string // more header lines, name then value
 }
 
 func (c rjCreds) header() http.Header {
@@ -109,6 +110,9 @@ func (c rjCreds) header() http.Header {
 	}
 	if c.cookie != "" {
 		h.Set("Cookie", c.cookie)
+	}
+	for i := 0; i+1 < len(c.hdr); i += 2 {
+		h.Set(c.hdr[i], c.hdr[i+1])
 	}
 	return h
 }

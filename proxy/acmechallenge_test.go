@@ -106,3 +106,45 @@ func TestACMEChallengeRefused(t *testing.T) {
 		t.Errorf("the sandbox saw:\n%s\nwant:\n%s", strings.Join(seen, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// Only a host that names a sandbox has its challenge path refused: on a
+// shared host (an IP literal) a sandbox is routed by the X-Cube-Sandbox-Id
+// headers, which no CA sends, so a request with them is the sandbox's as
+// any other (acmeChallengeFor's !Shared); and the redirect listener
+// redirects a challenge for a host it cannot route, such as the bare
+// domain, as any request (redirectedChallenge's parse), rather than
+// refusing it for a sandbox without an id.
+func TestACMEChallengeOnlyForSandboxHosts(t *testing.T) {
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "from the sandbox")
+	}))
+	h := newHarness(t)
+	h.route("acmeshared", port)
+	rln := listen(t, "127.0.0.1:0")
+	go h.server.ServeRedirect(rln, "8443")
+	const path = "/.well-known/acme-challenge/tok3n"
+	shared := "Host: 127.0.0.1\r\nX-Cube-Sandbox-Id: acmeshared\r\nX-Cube-Sandbox-Port: " + itoa(port) + "\r\n"
+	for _, tc := range []struct {
+		name, addr, head string
+		want             int
+	}{
+		{"shared host", h.addr, shared, 200},
+		{"shared host, redirect listener", rln.Addr().String(), shared, 308},
+		{"bare domain, redirect listener", rln.Addr().String(), "Host: cube.test\r\n", 308},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, tc.addr)
+			defer c.Close()
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\n%s\r\n", path, tc.head)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("%d %s, want %d", resp.StatusCode, body, tc.want)
+			}
+		})
+	}
+}

@@ -65,23 +65,32 @@ func testExpectUploadLeftKeepsItsHead(t *testing.T, logged bool) {
 	for _, tc := range []struct {
 		name   string
 		stall  bool // the client stops sending and waits: client.body_timeout ends the read
+		byPath bool // routed by its path on a shared host: the log's uri is the sandbox's own path
 		status int
 		code   string
 	}{
 		{name: "client leaves", status: 499, code: CodeClientClosed},
 		{name: "body stalls", stall: true, status: 408, code: "request_timeout"},
+		{name: "client leaves, routed by path", byPath: true, status: 499, code: CodeClientClosed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "sbxexpect" + itoa(uint16(tc.status))
 			reqID := "rid-expect-" + itoa(uint16(tc.status))
+			target := "/files?path=/up"
+			if tc.byPath {
+				id, reqID = id+"bypath", reqID+"-bypath"
+			}
 			host := h.route(id, port)
+			if tc.byPath {
+				host, target = "127.0.0.1", "/sandbox/"+id+"/"+itoa(port)+target
+			}
 			before := scrapeMetrics(t, admin)
 
 			c := dialRaw(t, h.addr)
 			br := bufio.NewReader(c)
 			sent := time.Now()
-			fmt.Fprintf(c, "POST /files?path=/up HTTP/1.1\r\nHost: %s\r\nContent-Length: 4096\r\nX-Cube-Request-Id: %s\r\n"+
-				"traceparent: 00-%s-%s-01\r\nExpect: 100-continue\r\n\r\n", host, reqID, traceID, parent)
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 4096\r\nX-Cube-Request-Id: %s\r\n"+
+				"traceparent: 00-%s-%s-01\r\nExpect: 100-continue\r\n\r\n", target, host, reqID, traceID, parent)
 			if resp, b := readExpectAnswer(t, br); resp.StatusCode != http.StatusContinue {
 				t.Fatalf("head answered %d %q, want 100", resp.StatusCode, b)
 			}
@@ -110,12 +119,12 @@ func testExpectUploadLeftKeepsItsHead(t *testing.T, logged bool) {
 				{"cubeproxy_received_bytes_total", map[string]string{"route_kind": "error"}, 0},
 			}
 			if logged {
-				e := logs.waitJSONLine(t, fmt.Sprintf(`"status":%d`, tc.status)) // the only one
+				e := logs.waitJSONLine(t, fmt.Sprintf(`"x_cube_request_id":%q`, reqID)) // the only one
 				for field, v := range map[string]any{
 					"status": float64(tc.status), "error_code": tc.code, "host": host, "method": "POST",
-					"request_uri": "/files?path=/up", "uri": "/files", "protocol": "HTTP/1.1", "sandbox_id": id,
+					"request_uri": target, "uri": "/files", "protocol": "HTTP/1.1", "sandbox_id": id,
 					"port": float64(port), "x_cube_request_id": reqID,
-					"bytes_in": float64(0),
+					"bytes_in": float64(0), "cache_result": "miss", // the head's lookup, which asked the store
 				} {
 					if e[field] != v {
 						t.Errorf("access log %s = %v, want %v", field, e[field], v)

@@ -118,6 +118,44 @@ func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 	}
 }
 
+// A pair whose files are written one by one, the certificate first, and
+// read between the two writes (the new certificate, the old key), is read
+// again, and the second reading, whose key has changed since, is parsed:
+// the reload does not stop at the first reading's mismatch because the
+// certificate is the same in both.
+func TestFileReloadReadsAgainAKeyWrittenAfterItsCertificate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, "ca")
+	p := FilePair{filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")}
+	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
+	rec := &countingHandler{}
+	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+
+	newCert, newKey := ca.Issue(t, "cube.test", "*.cube.test")
+	writeFile(t, p.CertFile, newCert)
+	reads := 0
+	s.betweenReads = func() {
+		if reads == 1 { // the second reading: the first read the old key
+			writeFile(t, p.KeyFile, newKey)
+		}
+		reads++
+	}
+	if !s.reload() {
+		t.Fatal("a pair whose key was written after the first reading was not reloaded")
+	}
+	if got := s.loaded[0].cert.Leaf.DNSNames; len(got) != 2 {
+		t.Fatalf("serving %v, want the new pair", got)
+	}
+	if n := rec.warns.Load(); n > 0 {
+		t.Fatalf("%d warnings for a pair that was whole at its second reading", n)
+	}
+}
+
 // A Kubernetes secret volume replaces a pair at once, by renaming a new
 // "..data" symlink over the old (cert_file and key_file are links through
 // it), and a reload that read the certificate before the swap and the key

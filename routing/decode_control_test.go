@@ -20,6 +20,9 @@ func TestDecodeRoutesNamesTheLineOfAControlCharacter(t *testing.T) {
 		{"DEL in a comment", "# routes\n# \x7f\nroutes: {}\n", "line 2"},
 		{"NUL in the first line", "\x00routes: {}\n", "line 1"},
 		{"C1 control", "routes: {}\n\n# \u0090\n", "line 3"},
+		{"noncharacter U+FFFE", "routes: {}\n# \ufffe\n", "line 2"},
+		{"noncharacter U+FFFF", "routes: {}\n# \uffff\n", "line 2"},
+		{"BEL after a NEL", "# \u0085\nroutes: {}\n# \x07\n", "line 3"}, // NEL is no control character
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeRoutes([]byte(tc.data))

@@ -17,6 +17,7 @@ func TestDecodeRoutesSaysATabIndents(t *testing.T) {
 	}{
 		{"tab before a field", "routes:\n  a:\n\tHostIP: 1.2.3.4\n", true},
 		{"tab after spaces", "routes:\n  a:\n    HostIP: 1.2.3.4\n  \t  SandboxIP: 1.2.3.5\n", true},
+		{"tab before a nested item", "routes:\n  a:\n    - \t- b\n", true},
 		{"at sign", "routes:\n  a:\n    HostIP: @1.2.3.4\t\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ func TestDecodeRoutesSaysATabIndents(t *testing.T) {
 		{"tab after spaces", "routes:\n  a:\n    HostIP: 1.2.3.4\n  \t  SandboxIP: 1.2.3.5\n", true},
 		{"tab before a nested item", "routes:\n  a:\n    - \t- b\n", true},
 		{"at sign", "routes:\n  a:\n    HostIP: @1.2.3.4\t\n", false},
+		{"percent sign", "routes:\n  a:\n    HostIP:\t%1.2.3.4\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeRoutes([]byte(tc.data))

@@ -782,8 +782,8 @@ func invalidUTF8Line(data []byte) (int, bool) {
 
 // tabIndents reports whether err is the parser's "cannot start any
 // token" at a line that a tab indents, which looks like the spaces around
-// it. @ and ` cannot start a token either: a tab elsewhere on their line
-// is not blamed for them.
+// it. @, ` and % (a directive's, only at a line's start) cannot start a
+// token either: a tab elsewhere on their line is not blamed for them.
 func tabIndents(data []byte, err error) bool {
 	var line int
 	if _, scanErr := fmt.Sscanf(err.Error(), "yaml: line %d: found character that cannot start any token", &line); scanErr != nil || line < 1 {
@@ -801,7 +801,7 @@ func tabIndents(data []byte, err error) bool {
 		l = l[:nl]
 	}
 	indent := l[:len(l)-len(bytes.TrimLeft(l, " \t"))]
-	return bytes.IndexByte(indent, '\t') >= 0 || bytes.IndexByte(l, '\t') >= 0 && !bytes.ContainsAny(l, "@`")
+	return bytes.IndexByte(indent, '\t') >= 0 || bytes.IndexByte(l, '\t') >= 0 && !bytes.ContainsAny(l, "@`%")
 }
 
 // controlProblem is the parser's error for a character YAML does not

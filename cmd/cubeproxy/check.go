@@ -267,5 +267,5 @@ func checkPortAllowed(key, addr string, ta *net.TCPAddr) error {
 		return nil // in use, or anything else: found by serve's bind
 	}
 	// Worded as serve's failed bind, hint included.
-	return listenError(key, addr, &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", syscall.EACCES)})
+	return listenError(key, addr, false, &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", syscall.EACCES)})
 }

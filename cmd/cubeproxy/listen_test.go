@@ -71,7 +71,7 @@ func TestListenErrorHintsOnlyForPrivilegedPorts(t *testing.T) {
 			t.Fatal(err)
 		}
 		bindErr := &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", syscall.EACCES)}
-		msg := listenError("http_addr", tc.addr, bindErr).Error()
+		msg := listenError("http_addr", tc.addr, false, bindErr).Error()
 		if strings.Contains(msg, hint) != tc.hint {
 			t.Errorf("listenError(%q, EACCES) = %q; want the privileged-port hint: %v", tc.addr, msg, tc.hint)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -16,17 +17,24 @@ import (
 )
 
 // Ports are shared only when both processes ask for it: a proxy started
-// by mistake next to a running one still fails on the port in use.
+// by mistake next to a running one still fails on the port in use. The
+// refusal says which side lacks reuse_port: it said "another process
+// listens there: stop it", and an operator whose takeover failed so was
+// told to stop the proxy serving the node, refusing every connection.
 func TestReusePortNeedsBothSides(t *testing.T) {
 	routes := boxRoutes(t, t.TempDir(), 9)
+	const choose = "; or choose another address with --http-addr or CUBEPROXY_HTTP_ADDR)"
 	for _, tc := range []struct {
 		name          string
 		first, second bool
 		shared        bool
+		hint          string // the refusal's advice after "address already in use"
 	}{
-		{"both", true, true, true},
-		{"only the first", true, false, false},
-		{"only the second", false, true, false},
+		{"both", true, true, true, ""},
+		{"only the first", true, false, false,
+			" (a process started with reuse_port listens there: set reuse_port here too (--reuse-port, CUBEPROXY_REUSE_PORT) to start beside it" + choose},
+		{"only the second", false, true, false,
+			" (the process there listens without reuse_port, or is another user's: a port is shared only by processes of one user that all set it" + choose},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			first := runServe(t, reuseArgs(tc.first, "127.0.0.1:0", "127.0.0.1:0", routes, "first"), noEnv)
@@ -38,8 +46,8 @@ func TestReusePortNeedsBothSides(t *testing.T) {
 			if started != tc.shared {
 				t.Fatalf("second proxy started: %v, want %v (serve: %v)", started, tc.shared, err)
 			}
-			if !tc.shared && (err == nil || !strings.Contains(err.Error(), "address already in use")) {
-				t.Fatalf("serve = %v, want the port in use", err)
+			if !tc.shared && (err == nil || !strings.Contains(err.Error(), "address already in use"+tc.hint)) {
+				t.Fatalf("serve = %v\nwant the port in use, then%s", err, tc.hint)
 			}
 		})
 	}
@@ -256,6 +264,31 @@ func TestTakeoverWarning(t *testing.T) {
 		logged := strings.Contains(r.logs.String(), "tcp_migrate_req")
 		if wantLogged := reuse && want != ""; logged != wantLogged {
 			t.Errorf("reuse_port %v: warning logged %v, want %v (sysctl warning %q)\n%s", reuse, logged, wantLogged, want, r.logs)
+		}
+	}
+}
+
+// portShared tells a port held with SO_REUSEPORT from one held without,
+// on a loopback address of each family and on the wildcard (one IPv6
+// socket that takes IPv4 too, as Go listens on ":port").
+func TestPortSharedTellsAReusePortHolder(t *testing.T) {
+	for _, tc := range []struct{ name, listen, host string }{
+		{"ipv4", "127.0.0.1:0", "127.0.0.1"},
+		{"ipv6", "[::1]:0", "::1"},
+		{"wildcard", ":0", ""},
+	} {
+		for _, reuse := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s reuse %v", tc.name, reuse), func(t *testing.T) {
+				ln, err := listenTCP(context.Background(), tc.listen, reuse)
+				if err != nil {
+					t.Skipf("listen %s: %v", tc.listen, err)
+				}
+				defer ln.Close()
+				_, port, _ := net.SplitHostPort(ln.Addr().String())
+				if got := portShared(net.JoinHostPort(tc.host, port)); got != reuse {
+					t.Errorf("portShared(%s) = %v, want %v", ln.Addr(), got, reuse)
+				}
+			})
 		}
 	}
 }

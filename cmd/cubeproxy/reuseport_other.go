@@ -18,3 +18,6 @@ func reusePort(_, _ string, _ syscall.RawConn) error {
 
 // warnTakeover is never called: checkListeners refuses reuse_port here.
 func warnTakeover(*slog.Logger) {}
+
+// portShared: no port is shared here (see reuseport_linux.go).
+func portShared(string) bool { return false }

@@ -619,20 +619,20 @@ func (a *app) listen(ctx context.Context) (err error) {
 		a.warnUncoveredDomains(a.certs.Covers)
 		a.tel.Metrics.SetCertExpiry(a.certs.EarliestExpiry)
 		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
-			return listenError("https_addr", cfg.HTTPSAddr, err)
+			return listenError("https_addr", cfg.HTTPSAddr, cfg.ReusePort, err)
 		}
 	}
 	if cfg.HTTPAddr != "" {
 		if a.httpLn, err = listenTCP(ctx, cfg.HTTPAddr, cfg.ReusePort); err != nil {
-			return listenError("http_addr", cfg.HTTPAddr, err)
+			return listenError("http_addr", cfg.HTTPAddr, cfg.ReusePort, err)
 		}
 	}
 	if a.adminLn, err = listenTCP(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
-		return listenError("admin_addr", cfg.AdminAddr, err)
+		return listenError("admin_addr", cfg.AdminAddr, cfg.ReusePort, err)
 	}
 	if cfg.MetricsAddr != "" {
 		if a.metricsLn, err = listenTCP(ctx, cfg.MetricsAddr, cfg.ReusePort); err != nil {
-			return listenError("metrics_addr", cfg.MetricsAddr, err)
+			return listenError("metrics_addr", cfg.MetricsAddr, cfg.ReusePort, err)
 		}
 	}
 	return nil
@@ -643,7 +643,10 @@ func (a *app) listen(ctx context.Context) (err error) {
 // a privileged one, what it needs):
 // "http listener: listen tcp :8081: bind: address already in use" left
 // a newcomer whose demo met another server on 8081 to find the flag.
-func listenError(key, addr string, err error) error {
+// reuse is whether the listener was opened with reuse_port: a port in use
+// then, or one a reuse_port proxy holds, is a takeover that failed, and
+// "stop it" would have the operator stop the proxy serving the node.
+func listenError(key, addr string, reuse bool, err error) error {
 	err = fmt.Errorf("%s %q: %w", key, addr, err)
 	if start := unprivilegedPortStart(unprivilegedPortFile); errors.Is(err, syscall.EACCES) && privilegedPort(addr, start) {
 		return fmt.Errorf("%w (a port below %d needs root or the CAP_NET_BIND_SERVICE capability; or choose a port from %d up)", err, start, start)
@@ -651,6 +654,12 @@ func listenError(key, addr string, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
 		// The three keys are top-level: their flag and variable are the key respelled.
 		flagName, env := "--"+strings.ReplaceAll(key, "_", "-"), config.EnvPrefix+strings.ToUpper(key)
+		switch {
+		case reuse:
+			return fmt.Errorf("%w (the process there listens without reuse_port, or is another user's: a port is shared only by processes of one user that all set it; or choose another address with %s or %s)", err, flagName, env)
+		case portShared(addr):
+			return fmt.Errorf("%w (a process started with reuse_port listens there: set reuse_port here too (--reuse-port, %sREUSE_PORT) to start beside it; or choose another address with %s or %s)", err, config.EnvPrefix, flagName, env)
+		}
 		return fmt.Errorf("%w (another process listens there: stop it, or choose another address with %s or %s)", err, flagName, env)
 	}
 	return err

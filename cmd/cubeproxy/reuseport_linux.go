@@ -58,13 +58,53 @@ func takeoverWarning(content []byte, err error) string {
 
 // portShared reports whether addr's port, found in use by a listener
 // opened without SO_REUSEPORT, could be bound with it: the process there
-// set it (a proxy started with reuse_port), so this one lacks it. It
-// binds a socket and never listens on it: a listening one would join the
-// port's group and could take a client's connection, reset at its close.
+// set it (a proxy started with reuse_port), so this one lacks it.
 func portShared(addr string) bool {
-	ta, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
+	fd, err := bindShared(addr)
+	if err != nil || fd < 0 {
 		return false
+	}
+	unix.Close(fd)
+	return true
+}
+
+// reservePorts binds a socket with SO_REUSEPORT to each of addrs (setting
+// name and address), as the listener will be, and returns what closes
+// them, or the first failure as listenError words it. Bound, never
+// listening: a listening socket joins its port's group, and the kernel
+// hands it connections at once; one of a start that then failed on a later
+// address (a metrics_addr in use) closed over them, resetting clients the
+// running proxy would have served.
+func reservePorts(addrs [][2]string) (release func(), err error) {
+	var fds []int
+	release = func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	for _, ka := range addrs {
+		fd, err := bindShared(ka[1])
+		if err != nil {
+			release()
+			return nil, listenError(ka[0], ka[1], true, err)
+		}
+		if fd >= 0 {
+			fds = append(fds, fd)
+		}
+	}
+	return release, nil
+}
+
+// bindShared binds a TCP socket with SO_REUSEPORT (and SO_REUSEADDR, as Go
+// sets on a listener) to addr without listening on it, and returns its
+// descriptor; -1 and no error when no such socket could be made for it (a
+// name that does not resolve, a zone, no IPv6): the listener's own open
+// then says what is wrong. The bind's error reads as a listener's
+// ("listen tcp <addr>: bind: …").
+func bindShared(addr string) (int, error) {
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil || ta.Zone != "" {
+		return -1, nil
 	}
 	// Go listens on a wildcard address (none, 0.0.0.0 or ::) with one
 	// IPv6 socket that takes IPv4 too, so the probe binds that.
@@ -74,19 +114,23 @@ func portShared(addr string) bool {
 		copy(sa4.Addr[:], ip4)
 		family, sa = unix.AF_INET, sa4
 	} else if ta.IP != nil && !ta.IP.IsUnspecified() {
-		sa6 := sa.(*unix.SockaddrInet6)
-		copy(sa6.Addr[:], ta.IP.To16())
+		copy(sa.(*unix.SockaddrInet6).Addr[:], ta.IP.To16())
 	}
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
 	if err != nil {
-		return false
+		return -1, nil
 	}
-	defer unix.Close(fd)
 	if family == unix.AF_INET6 {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) != nil {
-		return false
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) != nil ||
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) != nil {
+		unix.Close(fd)
+		return -1, nil
 	}
-	return unix.Bind(fd, sa) == nil
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, &net.OpError{Op: "listen", Net: "tcp", Addr: ta, Err: os.NewSyscallError("bind", err)}
+	}
+	return fd, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/config"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -290,5 +292,44 @@ func TestPortSharedTellsAReusePortHolder(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A reuse_port start that cannot bind one of its addresses fails before it
+// listens on any: a listener opened on a port the running proxy shares
+// takes connections at once, and the failed start closed it over them
+// (drilled: ten starts with a metrics_addr in use, next to a proxy under
+// load, reset 19 of its clients' connections).
+func TestReusePortStartFailsBeforeListening(t *testing.T) {
+	running, err := listenTCP(context.Background(), "127.0.0.1:0", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	_, held := holdAddr(t)
+	for _, tc := range []struct{ name, admin, metrics, key string }{
+		{"admin_addr in use", held, "", "admin_addr"},
+		{"metrics_addr in use", "127.0.0.1:0", held, "metrics_addr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.ReusePort, cfg.HTTPAddr, cfg.AdminAddr, cfg.MetricsAddr = true, running.Addr().String(), tc.admin, tc.metrics
+			var opened []string
+			a := &app{cfg: cfg, log: slog.New(slog.DiscardHandler), listenFn: func(ctx context.Context, addr string, reuse bool) (net.Listener, error) {
+				ln, err := listenTCP(ctx, addr, reuse)
+				if err == nil {
+					opened = append(opened, addr)
+					ln.Close()
+				}
+				return ln, err
+			}}
+			err := a.listen(context.Background())
+			if err == nil || !strings.HasPrefix(err.Error(), tc.key+` "`+held+`"`) || !strings.Contains(err.Error(), "address already in use") {
+				t.Fatalf("listen = %v; want %s %q in use", err, tc.key, held)
+			}
+			if len(opened) > 0 {
+				t.Fatalf("listened on %v before failing on %s", opened, tc.key)
+			}
+		})
 	}
 }

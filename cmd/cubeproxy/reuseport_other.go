@@ -21,3 +21,6 @@ func warnTakeover(*slog.Logger) {}
 
 // portShared: no port is shared here (see reuseport_linux.go).
 func portShared(string) bool { return false }
+
+// reservePorts is never called: checkListeners refuses reuse_port here.
+func reservePorts([][2]string) (func(), error) { return func() {}, nil }

@@ -62,6 +62,9 @@ type app struct {
 
 	httpLn, httpsLn, adminLn net.Listener
 	metricsLn                net.Listener // nil: metrics_addr is off
+	// listenFn opens each listener: listenTCP, or a test's wrapper that
+	// sees which were opened (nil: listenTCP).
+	listenFn func(ctx context.Context, addr string, reuse bool) (net.Listener, error)
 
 	stopBackground context.CancelFunc
 
@@ -618,20 +621,44 @@ func (a *app) listen(ctx context.Context) (err error) {
 		}
 		a.warnUncoveredDomains(a.certs.Covers)
 		a.tel.Metrics.SetCertExpiry(a.certs.EarliestExpiry)
-		if a.httpsLn, err = listenTCP(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
+	}
+	if cfg.ReusePort {
+		// Every address is bound first, none listened on: a listener on
+		// a port the running proxy shares takes connections at once, and
+		// a start that failed on a later address closed it over them.
+		var addrs [][2]string
+		for _, ka := range [][2]string{{"https_addr", cfg.HTTPSAddr}, {"http_addr", cfg.HTTPAddr},
+			{"admin_addr", cfg.AdminAddr}, {"metrics_addr", cfg.MetricsAddr}} {
+			if ka[1] != "" {
+				addrs = append(addrs, ka)
+			}
+		}
+		release, err := reservePorts(addrs)
+		if err != nil {
+			return err
+		}
+		// Held until every listener is open: they share the ports.
+		defer release()
+	}
+	open := a.listenFn
+	if open == nil {
+		open = listenTCP
+	}
+	if cfg.HTTPSAddr != "" {
+		if a.httpsLn, err = open(ctx, cfg.HTTPSAddr, cfg.ReusePort); err != nil {
 			return listenError("https_addr", cfg.HTTPSAddr, cfg.ReusePort, err)
 		}
 	}
 	if cfg.HTTPAddr != "" {
-		if a.httpLn, err = listenTCP(ctx, cfg.HTTPAddr, cfg.ReusePort); err != nil {
+		if a.httpLn, err = open(ctx, cfg.HTTPAddr, cfg.ReusePort); err != nil {
 			return listenError("http_addr", cfg.HTTPAddr, cfg.ReusePort, err)
 		}
 	}
-	if a.adminLn, err = listenTCP(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
+	if a.adminLn, err = open(ctx, cfg.AdminAddr, cfg.ReusePort); err != nil {
 		return listenError("admin_addr", cfg.AdminAddr, cfg.ReusePort, err)
 	}
 	if cfg.MetricsAddr != "" {
-		if a.metricsLn, err = listenTCP(ctx, cfg.MetricsAddr, cfg.ReusePort); err != nil {
+		if a.metricsLn, err = open(ctx, cfg.MetricsAddr, cfg.ReusePort); err != nil {
 			return listenError("metrics_addr", cfg.MetricsAddr, cfg.ReusePort, err)
 		}
 	}

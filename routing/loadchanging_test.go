@@ -54,3 +54,38 @@ func TestLoadFileRereadsAFileChangedWhileRead(t *testing.T) {
 		t.Fatalf("LoadFile of a file that never stops changing: %v; want it refused", err)
 	}
 }
+
+// A file replaced whole while it is read (renamed over, as persist_routes
+// writes it) did not change under the reader: what was opened is one
+// whole table, and it is loaded, the file then known as changed since.
+// It was read again, and refused after five replacements: a reuse_port
+// successor starting beside a proxy whose admin API was busy (a write
+// every few milliseconds, persisted) could not start, "the file changed
+// while it was read, 5 times in a row".
+func TestLoadFileTakesAFileReplacedWholeWhileRead(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	replace := func(attempt int) {
+		tmp := filepath.Join(dir, ".routes.yaml.tmp")
+		table := fmt.Sprintf("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n  r%d:\n    HostIP: \"10.0.0.2\"\n", attempt)
+		if err := os.WriteFile(tmp, []byte(table), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := loadFile(path, replace)
+	if err != nil {
+		t.Fatalf("LoadFile of a file replaced whole during each read: %v; want the table first opened", err)
+	}
+	if routes := s.List(); len(routes) != 1 {
+		t.Fatalf("loaded %d routes, want the 1 of the file as opened", len(routes))
+	}
+	if _, changed := s.FileChanged(); !changed {
+		t.Fatal("FileChanged = false after the file was replaced during the load; want true")
+	}
+}

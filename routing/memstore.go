@@ -90,32 +90,29 @@ func NewMemoryStoreOfMissingFile(path string) *MemoryStore {
 
 // LoadFile reads a routes.yaml file into a new store. The store does not
 // write back until SetPersistPath is called. A missing file is an error
-// matching fs.ErrNotExist. A file that changed while it was read and
-// parsed (its size, time or inode) is read again, up to loadAttempts
+// matching fs.ErrNotExist. A file that changed while it was read (the
+// opened file's size, time or inode) is read again, up to loadAttempts
 // times, then refused: a file cut at a route's end is YAML, and a start
 // that read one a writer was not done with (a cp over it, a script
 // writing route by route) served the routes written so far as the whole
-// table, every other sandbox 404 until the next restart.
+// table, every other sandbox 404 until the next restart. A file renamed
+// over the path meanwhile (persist_routes' own write, a reuse_port
+// predecessor's) does not count: what was opened is whole, and the store
+// then knows the file as changed since (FileChanged).
 func LoadFile(path string) (*MemoryStore, error) {
 	return loadFile(path, nil)
 }
 
 // loadFile is LoadFile with afterRead (tests; nil otherwise) run after
-// each read and parse, before it looks whether the file changed meanwhile.
+// each read, before it looks whether the file changed meanwhile.
 func loadFile(path string, afterRead func(attempt int)) (*MemoryStore, error) {
 	for attempt := 1; ; attempt++ {
-		before, beforeErr := os.Stat(path)
-		data, err := namedfile.Read(path, namedfile.MaxRoutes)
+		data, before, after, err := readRoutesFile(path, attempt, afterRead)
 		if err != nil {
 			return nil, fmt.Errorf("load routes: %w", err)
 		}
-		routes, err := decodeRoutes(data)
-		if afterRead != nil {
-			afterRead(attempt)
-		}
-		after, afterErr := os.Stat(path)
-		if beforeErr == nil && afterErr == nil && os.SameFile(before, after) &&
-			before.Size() == after.Size() && before.ModTime().Equal(after.ModTime()) {
+		if sameFileState(before, after) {
+			routes, err := decodeRoutes(data)
 			if err != nil {
 				return nil, fmt.Errorf("load routes %s: %w", path, err)
 			}
@@ -126,6 +123,27 @@ func loadFile(path string, afterRead func(attempt int)) (*MemoryStore, error) {
 			return nil, fmt.Errorf("load routes %s: the file changed while it was read, %d times in a row: is something still writing it? Replace it whole (write another file, then mv it over this one) so that no start reads part of it", path, attempt)
 		}
 	}
+}
+
+// readRoutesFile reads the routes file at path, and returns with it the
+// opened file's state before and after the read (afterRead, when set, is
+// run in between).
+func readRoutesFile(path string, attempt int, afterRead func(attempt int)) (data []byte, before, after os.FileInfo, err error) {
+	f, before, err := namedfile.Open(path, namedfile.MaxRoutes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer f.Close()
+	if data, err = namedfile.ReadFrom(f, path, namedfile.MaxRoutes); err != nil {
+		return nil, nil, nil, err
+	}
+	if afterRead != nil {
+		afterRead(attempt)
+	}
+	if after, err = f.Stat(); err != nil {
+		return nil, nil, nil, err
+	}
+	return data, before, after, nil
 }
 
 // loadAttempts is how many times LoadFile reads a file that changes while

@@ -36,29 +36,49 @@ const (
 // fs.ErrNotExist. The file is read through a bound, so one that grows
 // between the size check and the read is still refused.
 func Read(path string, limit int64) ([]byte, error) {
+	f, _, err := Open(path, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadFrom(f, path, limit)
+}
+
+// Open opens path as Read does, judging what it opened (a regular file of
+// at most limit bytes), and returns it with its state then. A reader that
+// must know whether the file changed while it read compares that with the
+// opened file's state after (f.Stat): a rename over path meanwhile, an
+// atomic replacement, leaves what was opened whole and unchanged.
+func Open(path string, limit int64) (*os.File, fs.FileInfo, error) {
 	// Stat before open: open(2) of a FIFO with no writer blocks, and
 	// opening a device may have effects of its own.
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := check(path, fi, limit); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The name may have changed between the stat and the open: open
 	// without blocking (noBlock; a no-op for a regular file's reads) and
 	// judge what was opened.
 	f, err := os.OpenFile(path, os.O_RDONLY|noBlock, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer f.Close()
 	if fi, err = f.Stat(); err != nil {
-		return nil, err
+		f.Close()
+		return nil, nil, err
 	}
 	if err := check(path, fi, limit); err != nil {
-		return nil, err
+		f.Close()
+		return nil, nil, err
 	}
+	return f, fi, nil
+}
+
+// ReadFrom reads f, opened from path by Open, to its end through limit.
+func ReadFrom(f *os.File, path string, limit int64) ([]byte, error) {
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, err

@@ -61,8 +61,12 @@ type Admin struct {
 	cfg      AdminConfig
 	p        *Proxy
 	draining *atomic.Bool
-	metrics  fasthttp.RequestHandler
-	started  time.Time
+	// sharedPorts: the server's listeners share their ports with another
+	// process (reuse_port), which serves the admin API once this one
+	// drains (see handedOver).
+	sharedPorts bool
+	metrics     fasthttp.RequestHandler
+	started     time.Time
 	// locks orders the changes of one sandbox (see sandboxLocks).
 	locks sandboxLocks
 	// afterStoreChange, for tests, runs between a change's route store
@@ -175,6 +179,16 @@ func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 	if method == "HEAD" {
 		method = "GET" // fasthttp leaves the body out
 	}
+	if method != "GET" && a.handedOver() && changesState(path) {
+		// The next process never sees this one's table or sandbox
+		// states: a change made here would be answered 200 and lost.
+		// Closed, so that the client's retry opens a connection, which
+		// the next process takes.
+		ctx.SetConnectionClose()
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeJSON(ctx, 503, map[string]string{"error": "this instance is draining and its successor (reuse_port) serves the admin API: send the change again", "code": CodeDraining})
+		return
+	}
 	switch {
 	case path == "/metrics" && a.metrics != nil && method == "GET":
 		a.metrics(ctx)
@@ -208,6 +222,26 @@ func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 		}
 		adminError(ctx, 404, "no such admin endpoint: "+string(ctx.Method())+" "+path)
 	}
+}
+
+// CodeDraining is the code of an admin change refused by an instance
+// whose successor (reuse_port) serves the admin API: sent again, it
+// reaches the successor.
+const CodeDraining = "draining"
+
+// handedOver reports whether the admin API is now the next process's: the
+// listeners share their ports (reuse_port) and this one is draining.
+func (a *Admin) handedOver() bool { return a.sharedPorts && a.draining.Load() }
+
+// changesState reports whether a request to path other than a GET changes
+// the route table or a sandbox's state (POST /admin/tokens signs a token,
+// which any instance may).
+func changesState(path string) bool {
+	switch path {
+	case "/admin/backend_cache/delete", "/admin/meta/upsert", "/admin/meta/delete", "/admin/state":
+		return true
+	}
+	return strings.HasPrefix(path, "/admin/routes/")
 }
 
 // adminAllow returns the methods a fixed admin path answers, for the Allow

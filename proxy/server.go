@@ -203,6 +203,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 		s.adminSrv = adminServer(cfg, admin, log)
 		s.metricsSrv = metricsServer(cfg, admin, log)
 		admin.draining = &s.draining
+		admin.sharedPorts = cfg.SharedPorts
 	}
 	s.wg.Add(1)
 	go s.janitor()

@@ -38,18 +38,28 @@ func TestSharedPortsDrainRefusesAdminChanges(t *testing.T) {
 		{"POST", "/admin/state", `{"sandbox_id":"kept","state":"paused"}`, 503},
 		{"GET", "/admin/routes/kept", "x", 200},
 	}
-	// Each request is sent but for its body's last byte before the drain
-	// begins, and that byte after: the handler runs during the drain.
+	// Each request's head is sent, and its 100 read, before the drain
+	// begins, and its body after: the handler runs during the drain. The
+	// 100 says the server holds the request; a head it had yet to read
+	// (a loaded machine) was on a connection the drain closes as idle.
 	conns := make([]net.Conn, len(rows))
+	readers := make([]*bufio.Reader, len(rows))
 	for i, r := range rows {
 		c, err := net.DialTimeout("tcp", h.admin, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		raw := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s", r.method, r.path, len(r.body), r.body)
-		write(t, c, raw[:len(raw)-1])
-		conns[i] = c
+		write(t, c, fmt.Sprintf("%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", r.method, r.path, len(r.body)))
+		br := bufio.NewReader(c)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+			t.Fatalf("%s %s: %q %v, want a 100 before the drain", r.method, r.path, line, err)
+		}
+		if blank, err := br.ReadString('\n'); err != nil || blank != "\r\n" {
+			t.Fatalf("%s %s: %q %v after the 100, want its blank line", r.method, r.path, blank, err)
+		}
+		conns[i], readers[i] = c, br
 	}
 	unblock, held := holdDrain(t, h, "handover")
 	shutdownDone := make(chan error, 1)
@@ -57,9 +67,9 @@ func TestSharedPortsDrainRefusesAdminChanges(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the drain began", h.server.draining.Load)
 	for i, r := range rows {
 		c := conns[i]
-		write(t, c, r.body[len(r.body)-1:])
+		write(t, c, r.body)
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		resp, err := http.ReadResponse(readers[i], nil)
 		if err != nil {
 			t.Fatalf("%s %s during the drain: %v", r.method, r.path, err)
 		}

@@ -1,6 +1,7 @@
 package accesslog
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -45,18 +46,24 @@ func TestCubeURIIsNginxURI(t *testing.T) {
 	}
 }
 
-// nginxURI never panics, and what it resolves has no empty, "." or ".."
-// segment left, whatever the escapes decoded to.
+// FuzzNginxURI holds appendNginxURI to nginxURIRef, the rule its doc
+// comment states written out plainly (decode every escape, then resolve the
+// segments on a stack): the same $uri, or the same refusal. A resolver that
+// drops a segment, keeps a "..", or decodes an escape twice is caught, not
+// only one that leaves a dot segment behind.
 func FuzzNginxURI(f *testing.F) {
-	for _, s := range []string{"/", "//", "/a/../b", "/%2E%2E", "/a%2F..%2F", "/a/.", "/%", "/%0", "*", ""} {
+	for _, s := range []string{"/", "//", "/a/../b", "/%2E%2E", "/a%2F..%2F", "/a/.", "/%", "/%0", "*", "",
+		"/a/b/../..", "/a/b/../../..", "/.%2e/x", "/a%252e%252e/..", "/a/...", "/a/..b/", "/a//b//", "/%2F%2F",
+		"/a%2Fb%2F%2E%2E%2F%2E%2E%2Fc", "/a/%00/..", "/a\x00/..", "/\xff%ff/./", "/%4g", "/a%2"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		u, ok := nginxURI(s)
+		want, wantOK := nginxURIRef(s)
+		if ok != wantOK || u != want {
+			t.Fatalf("%q: resolved to %q (ok %v), the rule gives %q (ok %v)", s, u, ok, want, wantOK)
+		}
 		if !ok {
-			if u != s {
-				t.Errorf("%q refused, but %q returned", s, u)
-			}
 			return
 		}
 		if u == "" || u[0] != '/' {
@@ -70,7 +77,53 @@ func FuzzNginxURI(f *testing.F) {
 		if last := u[strings.LastIndexByte(u, '/')+1:]; last == "." || last == ".." {
 			t.Errorf("%q resolved to %q, which ends in %q", s, u, last)
 		}
+		// A path nginxURIChanges passes over is logged as sent: it must be
+		// one that resolves to itself.
+		if !nginxURIChanges(s) && u != s {
+			t.Errorf("%q resolves to %q, but nginxURIChanges says it cannot change", s, u)
+		}
 	})
+}
+
+// nginxURIRef is nginx's $uri of path as appendNginxURI's doc comment
+// states it, written plainly: refused without a leading '/', with a bad
+// escape or "%00"; else every escape decoded (net/url, which takes no '+'
+// for a blank in a path), the segments resolved on a stack ("" and "."
+// dropped, ".." popping one, refused at the root), and a trailing '/' kept
+// where the last segment was "", "." or "..".
+func nginxURIRef(path string) (string, bool) {
+	if path == "" || path[0] != '/' {
+		return path, false
+	}
+	dec, err := url.PathUnescape(path)
+	// Every '%' of a path PathUnescape takes starts an escape, so a
+	// "%00" in it is an escaped NUL.
+	if err != nil || strings.Contains(path, "%00") {
+		return path, false
+	}
+	var stack []string
+	segs := strings.Split(dec[1:], "/")
+	trailing := false
+	for _, seg := range segs {
+		trailing = false
+		switch seg {
+		case "", ".":
+			trailing = true
+		case "..":
+			if len(stack) == 0 {
+				return path, false
+			}
+			stack = stack[:len(stack)-1]
+			trailing = true
+		default:
+			stack = append(stack, seg)
+		}
+	}
+	u := "/" + strings.Join(stack, "/")
+	if trailing && len(stack) > 0 {
+		u += "/"
+	}
+	return u, true
 }
 
 // nginxURI is appendNginxURI's result on its own, s when refused.

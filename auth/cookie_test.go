@@ -175,8 +175,18 @@ func assertQueryAgreesWithFasthttp(t *testing.T, in, out string, found bool) {
 	}
 }
 
+// FuzzAppendStripQueryParam checks the stripper against fasthttp's
+// QueryArgs (what the proxy reads the token from): found says whether
+// fasthttp reads the parameter, fasthttp reads none in what is left, and,
+// as the doc comment promises, the other parameters keep their bytes and
+// order: the output is the input's '&'-separated pieces, but each one that
+// fasthttp on its own reads as the parameter, joined by '&' again. (The
+// comparison of fasthttp's re-encoded Args alone would let a stripper
+// re-escape or drop an empty piece.)
 func FuzzAppendStripQueryParam(f *testing.F) {
-	for _, s := range []string{"a=1&cube_token=x", "cube%5Ftoken=1&b", "%%&&==", "cube_token"} {
+	for _, s := range []string{"a=1&cube_token=x", "cube%5Ftoken=1&b", "%%&&==", "cube_token",
+		"cube_token=a&cube_token=b", "a=%41&cube_token=x&b=c+d", "&cube_token=x&", "cube+token=x&cube_token",
+		"CUBE_TOKEN=x&cube_token%3Dx", "a;cube_token=x&b", "cube_token=x=y&=&a", "%63ube_token&x=%ZZ"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -184,6 +194,21 @@ func FuzzAppendStripQueryParam(f *testing.F) {
 		assertQueryAgreesWithFasthttp(t, in, string(out), found)
 		if HasQueryParam([]byte(in), QueryParamName) != found {
 			t.Fatalf("HasQueryParam(%q) = %v, AppendStripQueryParam found %v", in, !found, found)
+		}
+		var kept []string
+		for _, piece := range strings.Split(in, "&") {
+			var a fasthttp.Args
+			a.Parse(piece)
+			if !a.Has(QueryParamName) {
+				kept = append(kept, piece)
+			}
+		}
+		if want := strings.Join(kept, "&"); string(out) != want {
+			t.Fatalf("%q stripped to %q, want the other pieces as sent: %q", in, out, want)
+		}
+		// Appending keeps what dst held.
+		if out2, _ := AppendStripQueryParam([]byte("dst?"), []byte(in), QueryParamName); string(out2) != "dst?"+string(out) {
+			t.Fatalf("appended to %q: %q, want %q", "dst?", out2, "dst?"+string(out))
 		}
 	})
 }

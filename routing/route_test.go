@@ -237,16 +237,25 @@ func TestParseRouteErrorDeterministicOnTies(t *testing.T) {
 // FuzzParseRoute feeds arbitrary hash fields to the route parser: it must
 // answer every input with a route or a *FieldError, never panic, and a
 // route it accepts must survive Fields and a second parse unchanged (the
-// memory store, routes.yaml and the admin API all go through that).
+// memory store, routes.yaml and the admin API all go through that). And
+// ParseRouteStrict is ParseRoute with exactly the two refusals more that
+// its doc comment names: it accepts what ParseRoute accepts, as the same
+// route, unless a field is neither known nor a port, or the route is
+// restricted without a traffic token; it accepts nothing ParseRoute
+// refuses. (FuzzRedisHash holds the lenient parser's route to the hash.)
 func FuzzParseRoute(f *testing.F) {
 	f.Add("sb1", FieldHostIP, "10.0.0.7", "50005", "31000", FieldCreatedAt, "1764460000000000000")
 	f.Add("sb2", FieldHostIP, "::ffff:10.0.0.7", FieldAllowPublicTraffic, "false", FieldTrafficAccessToken, testToken)
 	f.Add("sb3", FieldSandboxIP, "fe80::1%eth0", "080", "8080", "80", "8080")
 	f.Add("sb4", FieldHostIP, "1.2.3.4", FieldMaskRequestHost, "${PORT}-box.internal:8080", "0", "1")
 	f.Add("Bad/Id", FieldHostIP, "0.0.0.0", FieldCreatedAt, "-1", "99999", "-1")
+	f.Add("sb5", FieldHostIP, "10.0.0.7", FieldAllowPublicTraffic, "false", "Extra", "x")
+	f.Add("sb6", FieldHostIP, "10.0.0.7", "hostip", "10.0.0.8", "", "")
+	f.Add("sb7", FieldHostIP, "10.0.0.7", FieldTrafficAccessToken, "", FieldAllowPublicTraffic, "false")
 	f.Fuzz(func(t *testing.T, id, k1, v1, k2, v2, k3, v3 string) {
 		fields := map[string]string{k1: v1, k2: v2, k3: v3}
-		for _, strict := range []bool{false, true} {
+		var routes [2]*Route
+		for i, strict := range []bool{false, true} {
 			r, err := parseRoute(id, fields, strict)
 			if err != nil {
 				var fe *FieldError
@@ -255,6 +264,7 @@ func FuzzParseRoute(f *testing.F) {
 				}
 				continue
 			}
+			routes[i] = r
 			if !r.HostIP.IsValid() || r.ID != id {
 				t.Fatalf("accepted route without HostIP or with another id: %+v", r)
 			}
@@ -265,6 +275,31 @@ func FuzzParseRoute(f *testing.F) {
 			if !reflect.DeepEqual(r, again) {
 				t.Fatalf("route %+v from %q came back as %+v", r, fields, again)
 			}
+		}
+		lenient, strict := routes[0], routes[1]
+		if lenient == nil {
+			if strict != nil {
+				t.Fatalf("%q: ParseRoute refuses it, ParseRouteStrict takes %+v", fields, strict)
+			}
+			return
+		}
+		unknown := false
+		for k := range fields {
+			switch k {
+			case FieldHostIP, FieldSandboxIP, FieldCreatedAt, FieldAllowPublicTraffic, FieldTrafficAccessToken, FieldMaskRequestHost:
+			default:
+				unknown = unknown || k == "" || strings.Trim(k, "0123456789") != ""
+			}
+		}
+		wantRefused := unknown || !lenient.Public && lenient.TrafficToken == ""
+		switch {
+		case wantRefused && strict != nil:
+			t.Fatalf("%q: ParseRouteStrict takes %+v (unknown field %v, restricted without a token %v)", fields, strict, unknown, !lenient.Public && lenient.TrafficToken == "")
+		case !wantRefused && strict == nil:
+			_, err := ParseRouteStrict(id, fields)
+			t.Fatalf("%q: ParseRoute takes it, ParseRouteStrict refuses: %v", fields, err)
+		case strict != nil && !reflect.DeepEqual(lenient, strict):
+			t.Fatalf("%q: ParseRoute reads %+v, ParseRouteStrict %+v", fields, lenient, strict)
 		}
 	})
 }

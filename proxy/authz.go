@@ -238,12 +238,7 @@ func (p *Proxy) signedCookie(h *fasthttp.RequestHeader, r *routing.Route, port u
 // sends the browser back to the same URL without the token, so it does not
 // linger in history, logs or Referer headers.
 func (p *Proxy) redirectWithCookie(ctx *fasthttp.RequestCtx, value string, exp time.Time) {
-	uri := ctx.Request.Header.RequestURI()
-	path, query, _ := bytes.Cut(uri, []byte{'?'})
-	loc := appendLocalPath(nil, path)
-	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
-		loc = append(append(loc, '?'), clean...)
-	}
+	loc := appendCookieLocation(nil, ctx.Request.Header.RequestURI())
 	ctx.Response.Reset()
 	if value != "" {
 		ctx.Response.Header.Set("Set-Cookie", auth.SetCookieHeader(value, exp, time.Now(), cookieKind(ctx)))
@@ -283,6 +278,18 @@ func cookieKind(ctx *fasthttp.RequestCtx) auth.CookieKind {
 func forwardedHTTPS(h *fasthttp.RequestHeader) bool {
 	first, _, _ := bytes.Cut(h.Peek("X-Forwarded-Proto"), []byte{','})
 	return bytes.EqualFold(bytes.TrimSpace(first), []byte("https"))
+}
+
+// appendCookieLocation appends the Location of the 302 that trades a signed
+// token for a cookie: the raw request target uri's path, as appendLocalPath
+// makes it, and its query without the token (none left, no '?').
+func appendCookieLocation(dst, uri []byte) []byte {
+	path, query, _ := bytes.Cut(uri, []byte{'?'})
+	dst = appendLocalPath(dst, path)
+	if clean, _ := auth.AppendStripQueryParam(nil, query, auth.QueryParamName); len(clean) > 0 {
+		dst = append(append(dst, '?'), clean...)
+	}
+	return dst
 }
 
 // appendLocalPath appends the path of a raw request target as a reference

@@ -3,12 +3,15 @@ package proxy
 import (
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cube-sandbox/cubeproxy/auth"
 )
 
 // browserLocation is what a browser makes of a Location value before it
@@ -22,23 +25,42 @@ func browserLocation(loc string) string {
 }
 
 // FuzzAppendLocalPath checks the Location of the 302 that trades a signed
-// token for a cookie, for any request target: a browser reads it as a path
-// on the same host (one leading '/', never "//" that names another host),
-// and the query keeps no cube_token.
+// token for a cookie (appendCookieLocation), for any request target: a
+// browser reads it as a path on the same host (one leading '/', never "//"
+// that names another host), and so does net/url resolving it against the
+// page; the query keeps no cube_token as fasthttp (the proxy's reader of
+// it) reads the query, and the other parameters as sent.
 func FuzzAppendLocalPath(f *testing.F) {
 	for _, s := range []string{"/a/b?x=1&cube_token=t", "//evil.example/x", `/\evil.example`, "http://h//evil/x?y",
-		"/\t/evil", "*", "host:80", `http:\\evil\x`, "/%2F%2Fevil", "?cube_token=a"} {
+		"/\t/evil", "*", "host:80", `http:\\evil\x`, "/%2F%2Fevil", "?cube_token=a", "/p?cube%5Ftoken=t",
+		"/p?cube_token=a&cube_token=b", "/p?CUBE_TOKEN=t&a=1", "/p?a=1&cube_token=t&b=2#f", "http://h?cube_token=t",
+		"/ /evil", "/\r\n//evil", "/p??cube_token=t", "/p?&cube_token"} {
 		f.Add(s)
 	}
+	base, err := url.Parse("https://8080-box.cube.test/start?cube_token=t")
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, uri string) {
-		path, query, _ := strings.Cut(uri, "?")
-		loc := appendLocalPath(nil, []byte(path))
-		if len(query) > 0 {
-			loc = append(append(loc, '?'), query...)
-		}
-		b := browserLocation(string(loc))
+		loc := string(appendCookieLocation(nil, []byte(uri)))
+		b := browserLocation(loc)
 		if !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") {
 			t.Fatalf("target %q: Location %q (to a browser %q) is not a path on this host", uri, loc, b)
+		}
+		if ref, err := url.Parse(b); err == nil {
+			if got := base.ResolveReference(ref); got.Host != base.Host || got.User != nil {
+				t.Fatalf("target %q: Location %q resolves to %q (net/url)", uri, loc, got)
+			}
+		}
+		path, query, _ := strings.Cut(uri, "?")
+		_, lquery, hasQuery := strings.Cut(loc, "?")
+		var args fasthttp.Args
+		args.Parse(lquery)
+		if args.Has(auth.QueryParamName) || auth.HasQueryParam([]byte(lquery), auth.QueryParamName) {
+			t.Fatalf("target %q: Location %q keeps %s", uri, loc, auth.QueryParamName)
+		}
+		if want, _ := auth.AppendStripQueryParam(nil, []byte(query), auth.QueryParamName); lquery != string(want) || hasQuery != (len(want) > 0) {
+			t.Fatalf("target %q: Location %q, want the query %q", uri, loc, want)
 		}
 		// And a path that needs no repair (one '/' and then no '/', '\\'
 		// or character a browser skips) comes back as sent: the browser

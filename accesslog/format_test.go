@@ -283,7 +283,8 @@ func FuzzJSONEscape(f *testing.F) {
 // FuzzCubeFields checks that no value can add a field or a line break,
 // and that every value reads back from its field unchanged.
 func FuzzCubeFields(f *testing.F) {
-	for _, s := range []string{"", "||", "|", "a\nb", "x||y||z", "\r\n", "é", "-"} {
+	for _, s := range []string{"", "||", "|", "a\nb", "x||y||z", "\r\n", "é", "-", "/a/../b%7C%7C", "/%2e%2E/x",
+		"/a%3Fcube_token=t/..", "//u:p@h/a/..", "//h/a/./b", "/a?cube_token=t&b=1", "/%7C%0A/./"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -303,6 +304,19 @@ func FuzzCubeFields(f *testing.F) {
 		fields := strings.Split(line, cubeSep)
 		if u, ok := nginxURI(s); (!ok || u == s) && fields[10] != fields[7] {
 			t.Errorf("uri %q and request_uri %q of the same %q differ", fields[10], fields[7], s)
+		}
+		// The uri field reads back as nginx's $uri of the path (the path
+		// as sent where nginx refuses it, or where its "//" starts an
+		// authority whose userinfo is redacted), with spans redacted and
+		// nothing else changed.
+		if s != "" && s != "-" {
+			got, resolved := unescapeCube(fields[10]), s
+			if u, ok := nginxURI(s); ok {
+				resolved = u
+			}
+			if !keptFrom(resolved, got) && !(strings.HasPrefix(s, "//") && keptFrom(s, got)) {
+				t.Errorf("uri of %q reads back as %q, want %q with spans redacted", s, got, resolved)
+			}
 		}
 		for _, i := range []int{1, 3, 15, 18, 19, 20, 21} {
 			want := s

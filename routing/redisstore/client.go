@@ -470,17 +470,18 @@ func failoverOptions(cfg Config, t timeouts, tc clientTLS) *redis.FailoverOption
 // sandbox connections held the descriptors a lookup's connection needed,
 // and the lookup failed (TestStoreDialShedsIdleSandboxConns).
 func newDialer(t timeouts, tc clientTLS, shed func() int) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	dial := redis.NewDialer(&redis.Options{DialTimeout: t.dial})
-	if tc.conf != nil {
-		tcp := dial
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialTLS(ctx, tcp, network, addr, tc, t.dial)
+	tcp := redis.NewDialer(&redis.Options{DialTimeout: t.dial})
+	dial := func(ctx context.Context, network, addr string) (net.Conn, certAsk, error) {
+		if tc.conf == nil {
+			c, err := tcp(ctx, network, addr)
+			return c, certNotAsked, err
 		}
+		return dialTLS(ctx, tcp, network, addr, tc, t.dial)
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
+		c, ask, err := dial(ctx, network, addr)
 		if err != nil && shed != nil && descriptorShortage(err) && shed() > 0 {
-			c, err = dial(ctx, network, addr)
+			c, ask, err = dial(ctx, network, addr)
 		}
 		if err != nil {
 			return c, handshakeError(err, addr)
@@ -490,9 +491,19 @@ func newDialer(t timeouts, tc clientTLS, shed func() int) func(ctx context.Conte
 				c = checkedTLS{tc}
 			}
 		}
-		return guard(c), nil
+		return guard(c, ask), nil
 	}
 }
+
+// certAsk says whether the server asked for a client certificate in the
+// TLS handshake, and whether the proxy had one to send.
+type certAsk uint8
+
+const (
+	certNotAsked certAsk = iota
+	certAskedNoneSet
+	certAskedSent
+)
 
 // dialTLS is what go-redis's own dialer runs for TLS (tls.DialWithDialer:
 // the TCP dial by tcp, then the handshake, both within timeout), but
@@ -503,12 +514,16 @@ func newDialer(t timeouts, tc clientTLS, shed func() int) func(ctx context.Conte
 // whole budget, which it held for the master's dial too.
 //
 // Each handshake verifies with the roots of tc.roots as they are then.
-func dialTLS(ctx context.Context, tcp func(context.Context, string, string) (net.Conn, error), network, addr string, tc clientTLS, timeout time.Duration) (net.Conn, error) {
+// It reports whether the server asked for a client certificate: with
+// TLS 1.3 the server checks it only after the client's handshake has
+// ended, and its refusal arrives as an alert or a reset on the first
+// command (see certRefusedError).
+func dialTLS(ctx context.Context, tcp func(context.Context, string, string) (net.Conn, error), network, addr string, tc clientTLS, timeout time.Duration) (net.Conn, certAsk, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	raw, err := tcp(ctx, network, addr)
 	if err != nil {
-		return nil, err
+		return nil, certNotAsked, err
 	}
 	conf := tc.conf.Clone()
 	if conf.ServerName == "" {
@@ -522,12 +537,22 @@ func dialTLS(ctx context.Context, tcp func(context.Context, string, string) (net
 	if tc.roots != nil {
 		conf.RootCAs = tc.roots.get()
 	}
+	ask := certNotAsked
+	get := conf.GetClientCertificate
+	conf.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if get == nil {
+			ask = certAskedNoneSet
+			return &tls.Certificate{}, nil // sends none, as with no callback
+		}
+		ask = certAskedSent
+		return get(cri)
+	}
 	c := tls.Client(raw, conf)
 	if err := c.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
-		return nil, err
+		return nil, certNotAsked, err
 	}
-	return c, nil
+	return c, ask, nil
 }
 
 // handshakeError names addr in the error of a TLS handshake: a failed

@@ -66,6 +66,9 @@ type guardedConn struct {
 	// spoke says the server has sent a byte: its first may be a refusal
 	// of the connection (refusal). Atomic, as respScanner.replies.
 	spoke atomic.Bool
+	// ask says whether the TLS handshake asked for a client certificate:
+	// the connection's end before the server spoke is then its refusal.
+	ask certAsk
 }
 
 // guardedSysConn is a guardedConn over a connection that shows go-redis
@@ -82,9 +85,9 @@ type guardedSysConn struct {
 func (c guardedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // guard wraps c in a guardedConn, keeping its socket visible when it
-// shows one.
-func guard(c net.Conn) net.Conn {
-	g := &guardedConn{Conn: c}
+// shows one; ask is what its TLS handshake said of a client certificate.
+func guard(c net.Conn, ask certAsk) net.Conn {
+	g := &guardedConn{Conn: c, ask: ask}
 	if sc, ok := c.(syscall.Conn); ok {
 		return guardedSysConn{g, sc}
 	}
@@ -103,6 +106,9 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 		if r := refusal(p[:n]); r != nil {
 			return 0, r
 		}
+	}
+	if n == 0 && err != nil && !c.spoke.Load() {
+		return 0, c.certRefused(err)
 	}
 	if ok := c.scan.feed(p[:n]); ok < n {
 		c.scan.err.Reply = int(c.scan.replies.Load())
@@ -129,8 +135,45 @@ func (c *guardedConn) Write(p []byte) (int, error) {
 		if r := refusal(buf[:k]); r != nil {
 			return n, r
 		}
+		return n, c.certRefused(err)
 	}
 	return n, err
+}
+
+// certRefused returns err, the end of a connection before the server's
+// first byte, or a certRefusedError when the TLS handshake asked for a
+// client certificate: with TLS 1.3 the server checks the certificate
+// after the client's handshake has ended, and its refusal reached the
+// client as "remote error: tls: certificate required" or "... unknown
+// certificate authority" on the first command, or, when the server had
+// already closed, as "write: connection reset by peer" with nothing to
+// say why. Which one was a race, so the log and /readyz alternated
+// between them, and the reset, naming a new local port each time, was a
+// new reason at every try (TestTLSClientCertificateRefusalNamed).
+func (c *guardedConn) certRefused(err error) error {
+	var ne net.Error
+	if c.ask == certNotAsked || (errors.As(err, &ne) && ne.Timeout()) {
+		return err
+	}
+	return &certRefusedError{addr: c.RemoteAddr().String(), sent: c.ask == certAskedSent}
+}
+
+// certRefusedError is a TLS connection Redis closed before its first
+// reply after it asked for a client certificate. Like refusedConnError it
+// wraps nothing, and it quotes neither the alert nor the reset, whichever
+// came first, so that each refusal reads the same.
+type certRefusedError struct {
+	addr string
+	sent bool
+}
+
+func (e *certRefusedError) Error() string {
+	if e.sent {
+		return "Redis at " + e.addr + " asked for a client certificate and closed the connection: it refused redis.cert_file's " +
+			"(not signed by a CA of its tls-ca-cert-file, expired, or not for client authentication)"
+	}
+	return "Redis at " + e.addr + " asked for a client certificate and closed the connection: none is set " +
+		"(redis.cert_file and key_file; or tls-auth-clients no/optional on the server)"
 }
 
 // refusalWait bounds the read of a refusal after a failed write: one

@@ -414,3 +414,51 @@ func TestTLSCABundleRenewed(t *testing.T) {
 		t.Errorf("the new bundle was not logged: %s", logs.String())
 	}
 }
+
+// TestTLSClientCertificateRefusalNamed: a Redis that asks for a client
+// certificate and refuses the proxy's (none set, another CA's, expired)
+// is named as such, the same words at every try. With TLS 1.3 the server
+// checks the certificate after the client's handshake has ended, and the
+// lookup failed with the alert ("remote error: tls: certificate
+// required") or, when the server had already closed, "write tcp
+// 127.0.0.1:<port>->...: write: connection reset by peer", nothing said
+// of a certificate: which one was a race, and /readyz's reason and the
+// log alternated between them, the reset a new reason at every try.
+func TestTLSClientCertificateRefusalNamed(t *testing.T) {
+	f := newMTLSFiles(t)
+	now := time.Now()
+	expiredCert, expiredKey := f.client(t, f.authority, "expired", now.Add(-48*time.Hour), now.Add(-24*time.Hour))
+	otherCert, otherKey := f.client(t, testenv.NewCA(t, "another CA"), "other", now.Add(-time.Hour), now.Add(time.Hour))
+	r := testenv.StartRedis(t, f.serverArgs()...)
+
+	tests := []struct {
+		name      string
+		cert, key string
+		want      string
+	}{
+		{"no client certificate", "", "", "none is set (redis.cert_file"},
+		{"client certificate of another CA", otherCert, otherKey, "refused redis.cert_file's"},
+		{"expired client certificate", expiredCert, expiredKey, "refused redis.cert_file's"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Addr: r.OtherAddr(), TLS: true, CAFile: f.ca, CertFile: tc.cert, KeyFile: tc.key})
+			first := ""
+			for i := range 8 {
+				_, err := s.Lookup(context.Background(), "sbx")
+				if err == nil {
+					t.Fatal("lookup succeeded")
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, tc.want) || !strings.Contains(msg, r.OtherAddr()) {
+					t.Fatalf("lookup %d: err %q, want it to name %q and the server", i, msg, tc.want)
+				}
+				if first == "" {
+					first = msg
+				} else if msg != first {
+					t.Fatalf("lookup %d: err %q differs from the first %q", i, msg, first)
+				}
+			}
+		})
+	}
+}

@@ -655,6 +655,42 @@ func TestRedisUnreadyReasonLoggedOnceAcrossAddresses(t *testing.T) {
 	}
 }
 
+// A Redis whose server certificate has expired keeps the proxy unready,
+// and the reason is logged once, not at every probe: Go's error names the
+// time of the check ("current time 2026-12-07T06:53:31Z is after ..."),
+// and the readiness watch took each probe's, a second later, for a new
+// reason, one error line a second for as long as the certificate stayed.
+func TestRedisUnreadyReasonLoggedOnceAcrossTimes(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ca := testenv.NewCA(t, "redis CA")
+	dir := t.TempDir()
+	certPEM, keyPEM := ca.IssueValid(t, time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), "127.0.0.1")
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for name, b := range map[string][]byte{caFile: ca.CertPEM(), certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(name, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := testenv.StartRedis(t, "--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no")
+	p := startServe(t, []string{"--store", "redis", "--redis-addr", r.OtherAddr(), "--redis-tls", "--redis-ca-file", caFile,
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test",
+		"--access-log-format", "off", "--drain-timeout", "1s"}, noEnv, "cube.test")
+	const line = `"msg":"route store not usable`
+	testenv.WaitFor(t, 5*time.Second, "the reason in the log", func() bool {
+		return strings.Contains(p.logs.String(), line)
+	})
+	// The watch asks once a second: three more probes, each in a new
+	// second.
+	time.Sleep(3500 * time.Millisecond)
+	if n := strings.Count(p.logs.String(), line); n != 1 {
+		t.Errorf("the same expired certificate logged %d times in 3.5 s, want once:\n%s", n, p.logs)
+	}
+	if got := p.adminGet(t, "/readyz"); got.status != 503 || !strings.Contains(got.body, "certificate has expired") {
+		t.Errorf("readyz: %d %s, want 503 with the reason", got.status, got.body)
+	}
+}
+
 // Broken route data is logged so an operator can fix it: the line names
 // the Redis key that holds it (the legacy key here, while the new key is
 // empty: looking at the new key would show nothing), once per store read,

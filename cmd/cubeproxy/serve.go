@@ -958,12 +958,20 @@ func (a *app) watchReachable(ctx context.Context) {
 // hostPort matches an address with a port, as errors name the server.
 var hostPort = regexp.MustCompile(`[^\s,;()]+:\d+\b`)
 
-// sameReason is why with every address blanked out: the reasons of one
-// outage that differ only in the server they name. With every seed of a
-// Cluster down, go-redis reports the error of a seed it picks at random,
-// and watchReachable logged the same outage about once a second
-// (TestRedisUnreadyReasonLoggedOnceAcrossAddresses).
-func sameReason(why string) string { return hostPort.ReplaceAllString(why, "ADDR") }
+// timestamp matches an RFC 3339 time, as Go's x509 errors name the time of
+// the check ("current time 2026-12-07T06:53:31Z is after ...").
+var timestamp = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?`)
+
+// sameReason is why with every address and time blanked out: the reasons
+// of one outage that differ only in the server they name or when they were
+// met. With every seed of a Cluster down, go-redis reports the error of a
+// seed it picks at random, and watchReachable logged the same outage about
+// once a second (TestRedisUnreadyReasonLoggedOnceAcrossAddresses), as it
+// did a Redis whose certificate had expired, each probe's error naming
+// its own second (TestRedisUnreadyReasonLoggedOnceAcrossTimes).
+func sameReason(why string) string {
+	return hostPort.ReplaceAllString(timestamp.ReplaceAllString(why, "TIME"), "ADDR")
+}
 
 // readinessProbeID is the sandbox id watchReachable looks up; any answer,
 // "not found" included, proves routes can be read.

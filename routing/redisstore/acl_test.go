@@ -151,3 +151,54 @@ func TestLookupNamesTheRefusedCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestACLUserWithoutPassword: redis.username with no password logs in as
+// that user, with an empty password, as a nopass ACL user (one a TLS
+// client certificate stands in for) allows. go-redis sends no AUTH at all
+// without a password, so every connection ran as the default user: with
+// a default user that may do everything the proxy ran with its rights and
+// not the ACL user's, and a user with a password, given none, was never
+// refused.
+func TestACLUserWithoutPassword(t *testing.T) {
+	ctx := context.Background()
+	for name, d := range aclDeployments(t, "~*", "&*", "+@all") {
+		if name == "sentinel" {
+			// go-redis runs OnConnect on the sentinels' connections too,
+			// and the sentinels have no such user (see onConnect).
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			if err := d.r.Client().Do(ctx, "ACL", "SETUSER", "np", "on", "nopass", "~*", "&*", "+@all").Err(); err != nil {
+				t.Fatalf("ACL SETUSER np: %v", err)
+			}
+			cfg := d.cfg
+			cfg.Username, cfg.Password = "np", ""
+			if _, err := openStoreCfg(t, cfg).Lookup(ctx, "sbx"); !errors.Is(err, routing.ErrNotFound) {
+				t.Fatalf("lookup as a nopass user: %v, want not found", err)
+			}
+			list, err := d.r.Client().ClientList(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns := 0
+			for _, l := range strings.Split(list, "\n") {
+				if !strings.Contains(l, "name=cubeproxy ") {
+					continue
+				}
+				conns++
+				if !strings.Contains(l, " user=np ") {
+					t.Fatalf("a store connection runs as another user: %s", l)
+				}
+			}
+			if conns == 0 {
+				t.Fatalf("no connection of the store's:\n%s", list)
+			}
+
+			cfg.Username = "proxy" // has the password "pw"
+			_, err = openStoreCfg(t, cfg).Lookup(ctx, "sbx")
+			if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+				t.Fatalf("lookup as a user with a password, given none: %v, want WRONGPASS", err)
+			}
+		})
+	}
+}

@@ -40,6 +40,25 @@ func setClientName(ctx context.Context, cn *redis.Conn) error {
 	return err
 }
 
+// onConnect is setClientName, after an AUTH as username with an empty
+// password when a user is named without one: go-redis sends no AUTH (nor
+// HELLO's) without a password, so every connection ran as the default
+// user, with its rights rather than the ACL user's, and a nopass ACL user
+// (one a TLS client certificate stands in for) could not be used
+// (TestACLUserWithoutPassword). A user with a password, given none, is now
+// refused WRONGPASS. The name is not quoted: it may be the password.
+func onConnect(username, password string) func(context.Context, *redis.Conn) error {
+	if username == "" || password != "" {
+		return setClientName
+	}
+	return func(ctx context.Context, cn *redis.Conn) error {
+		if err := cn.AuthACL(ctx, username, "").Err(); err != nil {
+			return fmt.Errorf("failed to authenticate as redis.username with no password: %w", err)
+		}
+		return setClientName(ctx, cn)
+	}
+}
+
 // noPipelinePool makes pipelines (Lookup's two HGETALLs) run on the main
 // pool, like every other command. go-redis otherwise keeps a second pool
 // for them (up to 10 connections with 128 KiB read and write buffers
@@ -117,7 +136,7 @@ func clusterOptions(cfg Config, t timeouts, tc clientTLS) *redis.ClusterOptions 
 		Dialer:                   newDialer(t, tc, cfg.OnShortage),
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
-		OnConnect:                setClientName,
+		OnConnect:                onConnect(cfg.Username, cfg.Password),
 		Protocol:                 2,
 		MaxRetries:               noNodeRetries,
 		MinRetryBackoff:          t.minBackoff,
@@ -436,13 +455,15 @@ func (sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // for failover clients itself.
 func failoverOptions(cfg Config, t timeouts, tc clientTLS) *redis.FailoverOptions {
 	return &redis.FailoverOptions{
-		MasterName:            cfg.Sentinel.MasterName,
-		SentinelAddrs:         cfg.Sentinel.Addrs,
-		SentinelPassword:      cfg.Sentinel.Password,
-		Dialer:                newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage).dial,
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-		DB:                    cfg.DB,
+		MasterName:       cfg.Sentinel.MasterName,
+		SentinelAddrs:    cfg.Sentinel.Addrs,
+		SentinelPassword: cfg.Sentinel.Password,
+		Dialer:           newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage).dial,
+		Username:         cfg.Username,
+		Password:         cfg.Password,
+		DB:               cfg.DB,
+		// Not onConnect: go-redis runs it on the sentinels' connections
+		// too, and an ACL user on the sentinels is not supported.
 		OnConnect:             setClientName,
 		Protocol:              2,
 		MaxRetries:            maxRetries,
@@ -720,7 +741,7 @@ func standaloneOptions(cfg Config, t timeouts, tc clientTLS) (*redis.Options, er
 			// password, go-redis as the user: a URL that works with
 			// redis-cli failed here with a bare "NOAUTH Authentication
 			// required". The name is not quoted: it may be the password.
-			cfg.Logger.Warn("redis.url names a user and no password (redis.password is empty too): the name is sent as the ACL user, with no password; redis-cli -u reads a lone name as the password instead. For a password alone write redis://:PASSWORD@host")
+			cfg.Logger.Warn("redis.url names a user and no password (redis.password is empty too): the name is sent as the ACL user, with an empty password (a nopass user's); redis-cli -u reads a lone name as the password instead. For a password alone write redis://:PASSWORD@host")
 		}
 		if tlsConf != nil {
 			if opt.TLSConfig != nil {
@@ -731,7 +752,7 @@ func standaloneOptions(cfg Config, t timeouts, tc clientTLS) (*redis.Options, er
 	}
 	opt.ClientName = "" // a client_name in the URL would be refused as setClientName says
 	opt.Dialer = newDialer(t, clientTLS{conf: opt.TLSConfig, roots: tc.roots}, cfg.OnShortage)
-	opt.OnConnect = setClientName
+	opt.OnConnect = onConnect(opt.Username, opt.Password)
 	opt.Protocol = 2
 	opt.MaxRetries = maxRetries
 	opt.MinRetryBackoff = t.minBackoff

@@ -132,10 +132,11 @@ func TestAuthAndDB(t *testing.T) {
 }
 
 // TestURLWithALoneName: redis-cli -u reads redis://NAME@host as the
-// password NAME, go-redis as the ACL user NAME with no password. A URL
-// that worked with redis-cli failed every lookup with "NOAUTH
-// Authentication required" and nothing pointed at the URL's form; the
-// store now says so once when it opens, without quoting the name.
+// password NAME, the store as the ACL user NAME with an empty password. A
+// URL that worked with redis-cli failed every lookup with "NOAUTH
+// Authentication required" (now WRONGPASS, see onConnect) and nothing
+// pointed at the URL's form; the store now says so once when it opens,
+// without quoting the name.
 func TestURLWithALoneName(t *testing.T) {
 	testenv.ParallelRedis(t)
 	r := testenv.StartRedis(t, "--requirepass", "s3cret-lone")
@@ -152,8 +153,11 @@ func TestURLWithALoneName(t *testing.T) {
 			var logs testenv.LogBuffer
 			tc.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 			_, err := openStoreCfg(t, tc.cfg).Lookup(context.Background(), "sbx")
-			if refused := err != nil && strings.Contains(err.Error(), "NOAUTH"); refused != tc.warn {
-				t.Fatalf("lookup err = %v, want NOAUTH %v", err, tc.warn)
+			if refused := err != nil && strings.Contains(err.Error(), "WRONGPASS"); refused != tc.warn {
+				t.Fatalf("lookup err = %v, want WRONGPASS %v", err, tc.warn)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("the error quotes the URL's name: %v", err)
 			}
 			if warned := strings.Contains(logs.String(), "redis.url names a user and no password"); warned != tc.warn {
 				t.Fatalf("warned %v, want %v: %s", warned, tc.warn, logs.String())

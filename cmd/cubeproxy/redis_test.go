@@ -638,19 +638,28 @@ func TestRedisUnreadyReasonLoggedOnceAcrossAddresses(t *testing.T) {
 	for range 6 {
 		seeds = append(seeds, testenv.RefusingAddr(t))
 	}
-	p := startServe(t, []string{"--store", "redis", "--redis-cluster-addrs", strings.Join(seeds, ","),
-		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test",
-		"--access-log-format", "off", "--drain-timeout", "1s"}, noEnv, "cube.test")
+	// The watch asks once a second: four more probes.
+	unreadyReasonLoggedOnce(t, []string{"--redis-cluster-addrs", strings.Join(seeds, ",")}, 4500*time.Millisecond, "connection refused")
+}
+
+// unreadyReasonLoggedOnce starts serve on a Redis store with the store
+// flags given, whose Redis cannot be used, and checks that the reason is
+// logged once in the time the probes take (the watch asks once a second),
+// and that readyz answers 503 with it (want is part of the reason).
+func unreadyReasonLoggedOnce(t *testing.T, store []string, probes time.Duration, want string) {
+	t.Helper()
+	args := append([]string{"--store", "redis"}, store...)
+	p := startServe(t, append(args, "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test",
+		"--access-log-format", "off", "--drain-timeout", "1s"), noEnv, "cube.test")
 	const line = `"msg":"route store not usable`
 	testenv.WaitFor(t, 5*time.Second, "the reason in the log", func() bool {
 		return strings.Contains(p.logs.String(), line)
 	})
-	// The watch asks once a second: four more probes.
-	time.Sleep(4500 * time.Millisecond)
+	time.Sleep(probes)
 	if n := strings.Count(p.logs.String(), line); n != 1 {
-		t.Errorf("the same outage logged %d times in 4.5 s, want once:\n%s", n, p.logs)
+		t.Errorf("the same reason logged %d times in %v, want once:\n%s", n, probes, p.logs)
 	}
-	if got := p.adminGet(t, "/readyz"); got.status != 503 || !strings.Contains(got.body, "connection refused") {
+	if got := p.adminGet(t, "/readyz"); got.status != 503 || !strings.Contains(got.body, want) {
 		t.Errorf("readyz: %d %s, want 503 with the reason", got.status, got.body)
 	}
 }
@@ -673,22 +682,9 @@ func TestRedisUnreadyReasonLoggedOnceAcrossTimes(t *testing.T) {
 	}
 	r := testenv.StartRedis(t, "--tls-port", testenv.AnotherPort, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
 		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no")
-	p := startServe(t, []string{"--store", "redis", "--redis-addr", r.OtherAddr(), "--redis-tls", "--redis-ca-file", caFile,
-		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--domains", "cube.test",
-		"--access-log-format", "off", "--drain-timeout", "1s"}, noEnv, "cube.test")
-	const line = `"msg":"route store not usable`
-	testenv.WaitFor(t, 5*time.Second, "the reason in the log", func() bool {
-		return strings.Contains(p.logs.String(), line)
-	})
-	// The watch asks once a second: three more probes, each in a new
-	// second.
-	time.Sleep(3500 * time.Millisecond)
-	if n := strings.Count(p.logs.String(), line); n != 1 {
-		t.Errorf("the same expired certificate logged %d times in 3.5 s, want once:\n%s", n, p.logs)
-	}
-	if got := p.adminGet(t, "/readyz"); got.status != 503 || !strings.Contains(got.body, "certificate has expired") {
-		t.Errorf("readyz: %d %s, want 503 with the reason", got.status, got.body)
-	}
+	// Three more probes, each in a new second.
+	unreadyReasonLoggedOnce(t, []string{"--redis-addr", r.OtherAddr(), "--redis-tls", "--redis-ca-file", caFile},
+		3500*time.Millisecond, "certificate has expired")
 }
 
 // Broken route data is logged so an operator can fix it: the line names

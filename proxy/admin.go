@@ -482,16 +482,53 @@ func (a *Admin) listRoutes(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	routes, more := a.cfg.Routes.Page(after, limit)
-	answer := map[string]any{}
+	ctx.Response.Header.SetContentType("application/json")
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	ctx.SetStatusCode(200)
+	ctx.Response.SetBodyRaw(appendRoutes(nil, routes, more))
+}
+
+// appendRoutes appends listRoutes' answer, the JSON encoding/json makes
+// of {"count","next","routes":{id:fields}} (keys sorted, one line),
+// written directly: through a map of every route and encoding/json, one
+// listing of 100k routes (12 MB) took ≈ 150 MB of the proxy's memory, and
+// a few at once carried a proxy of 80 MB to 670 MB. routes are sorted by
+// id.
+func appendRoutes(b []byte, routes []*routing.Route, more bool) []byte {
+	b = slices.Grow(b, 64+160*len(routes)) // ≈ 120 bytes a route with two ports
+	b = append(b, `{"count":`...)
+	b = strconv.AppendInt(b, int64(len(routes)), 10)
 	if more {
-		answer["next"] = routes[len(routes)-1].ID
+		b = append(b, `,"next":`...)
+		b = appendJSONString(b, routes[len(routes)-1].ID)
 	}
-	out := make(map[string]map[string]string, len(routes))
-	for _, r := range routes {
-		out[r.ID] = r.Fields()
+	b = append(b, `,"routes":{`...)
+	var keys []string
+	for i, r := range routes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, r.ID)
+		b = append(b, `:{`...)
+		// Fields is the one mapping of a route to its fields; its keys
+		// in encoding/json's order (ports are sorted as strings too).
+		fields := r.Fields()
+		keys = keys[:0]
+		for k := range fields {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for j, k := range keys {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, k)
+			b = append(b, ':')
+			b = appendJSONString(b, fields[k])
+		}
+		b = append(b, '}')
 	}
-	answer["routes"], answer["count"] = out, len(out)
-	writeJSON(ctx, 200, answer)
+	return append(b, "}}\n"...)
 }
 
 // givenTwice names the first of names that q holds more than once, in the

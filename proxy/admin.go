@@ -981,6 +981,22 @@ func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
 		adminError(ctx, 400, "state must be running, pausing or paused")
 		return
 	}
+	if st == stateRunning {
+		if e := a.p.sandboxes.peek(b.SandboxID); e != nil {
+			if cur := e.state(); cur == statePausing || cur == statePaused {
+				// A resume: restored from its snapshot, the sandbox may be
+				// at another address, which the control plane wrote before
+				// this call and may announce after it, or not at all. The
+				// route is read from the store again (the cached one kept
+				// should the store fail), as after a lifecycle manager's
+				// resume; the route cached before the pause kept sending
+				// requests to the old address for its 500-700 s TTL.
+				// Before the state: a request in between is still answered
+				// 503, and its lookup reads the new route.
+				a.p.cache.Expire(b.SandboxID)
+			}
+		}
+	}
 	a.p.sandboxes.setState(b.SandboxID, st)
 	a.audit(ctx, "sandbox state set", b.SandboxID, "state", b.State)
 	writeJSON(ctx, 200, map[string]any{"ok": true, "sandbox_id": b.SandboxID, "state": b.State})

@@ -61,3 +61,49 @@ func TestRedisResumedSandboxIsServedAtItsNewAddress(t *testing.T) {
 		t.Errorf("the request after: %d %q, want 200 from the new address", st, body)
 	}
 }
+
+// Without a lifecycle manager to call (lifecycle.sidecar_addr empty), the
+// control plane resumes a paused sandbox itself and says so with
+// /admin/state running. Restored from its snapshot, it may be at another
+// address, which the control plane wrote to Redis; its announcement may
+// reach this instance after the state, or not at all (the sidecar path
+// above reads the route again for that reason). Earlier builds served the
+// route cached before the pause, for up to its 500-700 s TTL: every
+// request after the resume went to the sandbox's old address, which may
+// be another sandbox's by then.
+func TestRedisSandboxSetRunningIsServedAtItsNewAddress(t *testing.T) {
+	for _, from := range []string{"paused", "pausing"} {
+		t.Run(from, func(t *testing.T) {
+			r, store := redisStore(t)
+			rdb := r.Client()
+			ctx := context.Background()
+			key := redisstore.DefaultKeyPrefix + "sleepy"
+			h := newHarness(t, func(o *harnessOpts) {
+				o.store = store
+				o.cfg.NodeIP = netip.MustParseAddr("127.0.0.2") // dial HostIP:<mapped port>
+			})
+			newPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
+			oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
+			if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1",
+				itoa(oldPortForMove), itoa(oldPort)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			host := itoa(oldPortForMove) + "-sleepy.cube.test"
+			if st, body, _ := h.get(host, "/"); st != 200 || body != "old" {
+				t.Fatalf("before the pause: %d %q", st, body)
+			}
+			h.setSandboxState("sleepy", from)
+			if st, body, _ := h.get(host, "/"); st != 503 || errorCode(t, body) != CodeSandboxPausing {
+				t.Fatalf("while %s: %d %q, want 503 %s", from, st, body, CodeSandboxPausing)
+			}
+			// Restored elsewhere; the route written, not announced.
+			if err := rdb.HSet(ctx, key, itoa(oldPortForMove), itoa(newPort)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			h.setSandboxState("sleepy", "running")
+			if st, body, _ := h.get(host, "/"); st != 200 || body != "new" {
+				t.Errorf("after running: %d %q, want 200 from the new address", st, body)
+			}
+		})
+	}
+}

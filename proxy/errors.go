@@ -105,6 +105,21 @@ func writeError(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
 	resp.SetBody(appendErrorJSON(buf[:0], e, sandboxID))
 }
 
+// exposeToPages lets a page of any origin read a proxy error answering its
+// fetch(): without Access-Control-Allow-Origin the browser hides the
+// answer, and the page's fetch fails as if the network were down, so a
+// browser-based agent (the platform's UI, whose preflights the proxy
+// answers itself) could not tell a wrong token from a paused sandbox, nor
+// read the Retry-After of a 429 or 503. "*" admits no credentialed call (a
+// fetch with the browser's cookies), so another sandbox's page, same-site,
+// cannot learn from a refusal's code whether the browser holds this
+// sandbox's cookie; what any other call reads, curl reads too. The
+// sandbox's own answers keep the CORS headers it gives them.
+func exposeToPages(h *fasthttp.ResponseHeader) {
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", "Retry-After, "+HeaderRequestID+", "+HeaderRetcode)
+}
+
 func appendErrorJSON(dst []byte, e proxyError, sandboxID []byte) []byte {
 	dst = append(dst, `{"error":`...)
 	dst = appendJSONString(dst, e.msg)

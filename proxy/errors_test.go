@@ -392,3 +392,81 @@ func TestStoreOutageLogIsRateLimited(t *testing.T) {
 		t.Errorf("%d requests during a store outage (%v) logged %d error lines, want 1 to %d", n, elapsed, lines, most)
 	}
 }
+
+// A browser page on another origin (the platform's UI, a browser-based
+// agent) calls a sandbox with fetch(): the proxy answers its preflight
+// itself (README, CORS preflights), and then its refusal of the call must
+// be readable too. Without Access-Control-Allow-Origin on the proxy's own
+// answer the browser hides it: fetch rejects with "Failed to fetch", the
+// same as a network outage, so the page could not tell a wrong token from
+// a paused sandbox, nor read the Retry-After of a 429 or 503. The
+// sandbox's own answers keep their own CORS headers, untouched.
+func TestCrossOriginFetchReadsProxyErrors(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	token := strings.Repeat("ab", 32)
+	sandbox := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound) // the app's own 404, no CORS headers of its own
+	}))
+	putAuthRoute(h, "locked", token, sandbox, 8080)
+	h.put("pz", map[string]string{"HostIP": "127.0.0.1", "80": "8080"})
+	if s, b := h.adminDo("POST", "/admin/state", `{"sandbox_id":"pz","state":"pausing"}`, ""); s != 200 {
+		t.Fatalf("state: %d %s", s, b)
+	}
+	refused := h.route("refused", freePort(t))
+	app := h.route("app", sandbox)
+
+	const origin = "https://app.example"
+	for _, tc := range []struct {
+		name       string
+		host       string
+		origin     string
+		status     int
+		retryAfter string
+		corsWanted bool
+	}{
+		{"token missing", "8080-locked.cube.test", origin, 403, "", true},
+		{"unknown sandbox", "80-ghost.cube.test", origin, 404, "", true},
+		{"sandbox pausing", "80-pz.cube.test", origin, 503, "1", true},
+		{"sandbox refused", refused, origin, 502, "", true},
+		{"no Origin: no CORS headers", "80-ghost.cube.test", "", 404, "", false},
+		{"the sandbox's own answer", app, origin, 404, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := h.req("POST", tc.host, "/mcp", strings.NewReader("{}"))
+			req.Header.Set("Content-Type", "application/json")
+			if tc.origin != "" {
+				req.Header.Set("Origin", tc.origin)
+				req.Header.Set("Sec-Fetch-Mode", "cors")
+			}
+			resp := h.do(req)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Retry-After") != tc.retryAfter {
+				t.Fatalf("%d Retry-After %q, want %d %q", resp.StatusCode, resp.Header.Get("Retry-After"), tc.status, tc.retryAfter)
+			}
+			acao := resp.Header.Get("Access-Control-Allow-Origin")
+			if !tc.corsWanted {
+				if acao != "" {
+					t.Fatalf("Access-Control-Allow-Origin %q, want none", acao)
+				}
+				return
+			}
+			if acao != "*" {
+				t.Errorf("Access-Control-Allow-Origin %q, want *: the page cannot read the refusal", acao)
+			}
+			// "*" is for calls without credentials; one with the browser's
+			// cookies stays unreadable, so a page of another sandbox learns
+			// nothing of the browser's cookie for this one from the code.
+			if v := resp.Header.Get("Access-Control-Allow-Credentials"); v != "" {
+				t.Errorf("Access-Control-Allow-Credentials %q, want none", v)
+			}
+			exposed := resp.Header.Get("Access-Control-Expose-Headers")
+			for _, name := range []string{"Retry-After", HeaderRequestID} {
+				if !strings.Contains(exposed, name) {
+					t.Errorf("Access-Control-Expose-Headers %q does not expose %s", exposed, name)
+				}
+			}
+		})
+	}
+}

@@ -142,6 +142,9 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte
 	x.errCode = e.code
 	x.kind = telemetry.RouteError
 	writeError(ctx, e, sandboxID)
+	if len(ctx.Request.Header.Peek("Origin")) > 0 {
+		exposeToPages(&ctx.Response.Header)
+	}
 	switch {
 	case e.status == statusClientClosed:
 		x.bytesOut = 0

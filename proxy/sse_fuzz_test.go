@@ -59,11 +59,12 @@ func sseEvents(stream []byte) []sseEvent {
 
 // FuzzSSEHeartbeat checks where the proxy may write its heartbeat comment
 // into an event stream: after any prefix the backend sent in any reads,
-// when trackBoundary says the stream is at an event boundary, writing the
+// when betweenEvents says the stream is between events, writing the
 // heartbeat there changes no event a client receives, whatever comes next.
 func FuzzSSEHeartbeat(f *testing.F) {
 	for _, s := range []string{"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "data: a\r\rdata: b\r\r",
-		"data: a\n\r\ndata: b\n", "event: e\ndata: a\n\n\r\ndata: c\n\n", "id: 1\ndata: x\n\n\r\r\n\ndata:y\n\n"} {
+		"data: a\n\r\ndata: b\n", "event: e\ndata: a\n\n\r\ndata: c\n\n", "id: 1\ndata: x\n\n\r\r\n\ndata:y\n\n",
+		": ping\ndata: a\n\n: c\r\ndata: b\n: d\n\n", ":\r:x\r\ndata: a\r\r"} {
 		f.Add([]byte(s), uint8(3))
 	}
 	f.Fuzz(func(t *testing.T, stream []byte, step uint8) {
@@ -78,7 +79,7 @@ func FuzzSSEHeartbeat(f *testing.F) {
 		s.atBoundary = true
 		piece := int(step%16) + 1
 		for at := 0; at <= len(stream); {
-			if s.atBoundary {
+			if s.betweenEvents() {
 				with := slices.Concat(stream[:at], heartbeatLine, stream[at:])
 				if got := sseEvents(with); !slices.Equal(got, want) {
 					t.Fatalf("heartbeat after %q of %q: events %q, without it %q", stream[:at], stream, got, want)
@@ -150,6 +151,76 @@ func TestTrackBoundaryMatchesByteWalk(t *testing.T) {
 	}
 }
 
+// eventWalk is betweenEvents' reference: a walk over every byte that
+// knows where each line starts.
+type eventWalk struct {
+	lineEnds int  // line ends in a row at the end
+	cr       bool // the last byte was a CR
+	midLine  bool // the last byte is a line's
+	fields   bool // a line that is not a comment began since the last blank line
+	started  bool // a byte was fed
+}
+
+func (w eventWalk) feed(b []byte) eventWalk {
+	for _, c := range b {
+		w.started = true
+		switch {
+		case c == '\n' && w.cr:
+			w.cr = false // CRLF: one line end, counted at the CR
+			continue
+		case c == '\n' || c == '\r':
+			w.lineEnds, w.cr, w.midLine = w.lineEnds+1, c == '\r', false
+			if w.lineEnds >= 2 {
+				w.fields = false
+			}
+			continue
+		}
+		if !w.midLine && c != ':' {
+			w.fields = true
+		}
+		w.lineEnds, w.cr, w.midLine = 0, false, true
+	}
+	return w
+}
+
+// between is what betweenEvents must say: no byte yet, a blank line, or
+// a whole line with no field line since the last blank one.
+func (w eventWalk) between() bool {
+	return !w.started || w.lineEnds >= 2 || w.lineEnds == 1 && !w.fields
+}
+
+// betweenEvents reads back only as far as it must; after every piece of
+// every split of streams of the bytes that matter (line ends, a comment's
+// colon and one other), it must say what a walk over every byte says.
+func TestBetweenEventsMatchesByteWalk(t *testing.T) {
+	alphabet := []byte("\r\n:a")
+	rng := uint32(7)
+	next := func(n int) int { // xorshift: the same streams every run
+		rng ^= rng << 13
+		rng ^= rng >> 17
+		rng ^= rng << 5
+		return int(rng % uint32(n))
+	}
+	for range 50000 {
+		stream := make([]byte, next(14))
+		for i := range stream {
+			stream[i] = alphabet[next(len(alphabet))]
+		}
+		var s bodyStream
+		s.atBoundary = true
+		var w eventWalk
+		for at := 0; at < len(stream); {
+			end := at + 1 + next(len(stream)-at)
+			s.trackBoundary(stream[at:end])
+			w = w.feed(stream[at:end])
+			if got, want := s.betweenEvents(), w.between(); got != want {
+				t.Fatalf("after %q of %q (split at %d): betweenEvents %v; a byte walk says %v", stream[:end], stream, at, got, want)
+			}
+			at = end
+		}
+	}
+}
+
 // TestTrackBoundaryFindsEachLineEnd: every line end the SSE standard takes
 // (LF, CRLF, a lone CR, mixed) closes an event, so a stream that uses any
 // of them gets its heartbeat once an event is complete, and none inside
@@ -193,6 +264,10 @@ func BenchmarkTrackBoundary(b *testing.B) {
 	}{
 		{"256B", event},
 		{"64KiB", bytes.Repeat(event, 256)},
+		// A read that ends inside an event, which betweenEvents reads back
+		// into: a burst cut mid-event, and a piece of one long data line.
+		{"64KiB-mid-event", bytes.Repeat(event, 256)[:64<<10-100]},
+		{"64KiB-one-line", bytes.Repeat([]byte("x"), 64<<10)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var s bodyStream

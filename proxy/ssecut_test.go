@@ -29,7 +29,10 @@ import (
 // cut, as the proxy's own drain ends one (drainEndsCleanly); one that ends
 // between events, or a compressed one (its own trailer tells a cut), stays
 // clean, as does one whose gateway frames it (chunked) and ends it inside
-// an event: its framing tells its end. The first event arrives while the gateway still holds the stream
+// an event: its framing tells its end. Comment lines hold nothing of an
+// event: a stream that ends on one (": ping\n", no blank line) ended
+// cleanly, where earlier builds took it for a cut (the client saw an error
+// and the log upstream_reset). The first event arrives while the gateway still holds the stream
 // (it waits for the client's acknowledgement before it sends the rest).
 func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 	const first = "id: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n"
@@ -43,7 +46,7 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 		name, method, encoding, tail string
 		cut                          bool
 		http10                       bool   // the client's request is HTTP/1.0: its body ends with the connection
-		framing                      string // the gateway's: "chunked"; none: the close
+		framing                      string // the gateway's: "chunked", "chunked, no last chunk"; none: the close
 	}{
 		{"GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"met", true, false, ""},
 		{"GET after a field", "GET", "", "id: 2\ndata: x\n", true, false, ""},
@@ -57,6 +60,26 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 		{"HTTP/1.0 GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\"", true, true, ""},
 		{"HTTP/1.0 GET between events", "GET", "", "id: 2\ndata: x\n\n", false, true, ""},
 		{"chunked, ended inside an event", "GET", "", "id: 2\ndata: x\n", false, false, "chunked"},
+		// A comment line holds nothing of an event: a stream that ends
+		// after one, its blank line not sent, has no event half received
+		// (a gateway's ": ping\n" keep-alive, then its close).
+		{"GET after a comment line", "GET", "", ": ping\n", false, false, ""},
+		{"POST after a comment line", "POST", "", ": ping\r\n", false, false, ""},
+		{"GET after comment lines, CR", "GET", "", ": ping\r: pong\r", false, false, ""},
+		{"GET after an event and a comment", "GET", "", "id: 2\ndata: x\n\n: ping\n", false, false, ""},
+		{"GET after a comment and its blank line", "GET", "", ": ping\r\n\r\n", false, false, ""},
+		{"HTTP/1.0 GET after a comment line", "GET", "", ": ping\n", false, true, ""},
+		// But one behind an event's field, or a comment cut mid-line, is.
+		{"GET after a field and a comment", "GET", "", "data: x\n: ping\n", true, false, ""},
+		{"GET after a comment and a field", "GET", "", ": ping\ndata: x\n", true, false, ""},
+		{"GET mid-comment", "GET", "", ": pi", true, false, ""},
+		// A retry line is a field like any other: the blank line ends it.
+		{"GET after a retry line", "GET", "", "retry: 1000\n", true, false, ""},
+		{"GET after a retry event", "GET", "", "retry: 1000\n\n", false, false, ""},
+		// A chunked stream the gateway closes without its last chunk is cut,
+		// between events too: its framing, not the events, tells its end.
+		{"chunked, closed without its last chunk", "GET", "", "id: 2\ndata: x\n\n", true, false, "chunked, no last chunk"},
+		{"chunked POST, closed without its last chunk", "POST", "", ": ping\n\n", true, false, "chunked, no last chunk"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -95,6 +118,10 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
 					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)
 					tail = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(tail), tail)
+				case "chunked, no last chunk":
+					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
+					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)
+					tail = fmt.Sprintf("%x\r\n%s\r\n", len(tail), tail)
 				}
 				if _, err := io.WriteString(c, head+"\r\n"+body); err != nil {
 					gatewayDone <- err
@@ -155,6 +182,57 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 			case !tc.cut && err != nil:
 				t.Fatalf("a stream that ended between events ended as cut: %v (after %q)", err, rest)
 			}
+		})
+	}
+}
+
+// The drain ends a GET's event stream cleanly only between events (the
+// client reconnects elsewhere), and as cut inside one (drainEndsCleanly).
+// A stream whose last bytes are a comment line (": ping\n", no blank line)
+// has no event half sent: it ends cleanly, where earlier builds cut it, so
+// the client saw an error and the log drain_timeout.
+func TestDrainEndsStreamAfterCommentLineCleanly(t *testing.T) {
+	for _, tc := range []struct {
+		sent string
+		cut  bool
+	}{
+		{"data: a\n\n: ping\n", false},
+		{": ping\r\n", false},
+		{"data: a\n\n", false},
+		{"data: a\n\ndata: b\n", true},
+		{"data: a\n\n: ping\ndata: b\n", true},
+	} {
+		t.Run(fmt.Sprintf("%q", tc.sent), func(t *testing.T) {
+			const drain = 3 * time.Second
+			h := newHarness(t, func(o *harnessOpts) { o.srv.DrainTimeout = drain })
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f := sseHeaders(w)
+				io.WriteString(w, tc.sent)
+				f.Flush()
+				<-r.Context().Done()
+			}))
+			host := h.route("draincomment", port)
+			resp := h.do(h.req("GET", host, "/", nil))
+			defer resp.Body.Close()
+			got := make([]byte, len(tc.sent))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != tc.sent {
+				t.Fatalf("before the drain: %q, %v", got, err)
+			}
+			shutdownDone := make(chan error, 1)
+			go func() { shutdownDone <- h.server.Shutdown(context.Background()) }()
+			ended := make(chan error, 1)
+			go func() {
+				_, err := io.ReadAll(resp.Body)
+				ended <- err
+			}()
+			err := testenv.Recv(t, ended, drain+5*time.Second, "the stream's end at the drain")
+			switch {
+			case tc.cut && err == nil:
+				t.Fatalf("the drain ended a stream inside an event cleanly")
+			case !tc.cut && err != nil:
+				t.Fatalf("the drain cut a stream between events: %v", err)
+			}
+			drainEnds(t, shutdownDone, drain+10*time.Second, "the drain outlived its deadline")
 		})
 	}
 }

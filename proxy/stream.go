@@ -65,6 +65,9 @@ type bodyStream struct {
 	// 2), and cr says the last was a CR, which an LF may complete.
 	lineEnds uint8
 	cr       bool
+	// fields: a line that is not a comment began since the last blank line
+	// sent: an event is half received until the next one (betweenEvents).
+	fields bool
 	// beatFirst: a heartbeat went out before the sandbox's first byte, and
 	// dataSeen: that byte came (see Read, on a leading BOM).
 	beatFirst, dataSeen bool
@@ -164,13 +167,14 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 			s.probeFirstEvent(b[:n])
 		}
 	}
-	if err == io.EOF && s.mode == bodyUntilClose && s.sse && !s.coded && !s.atBoundary {
+	if err == io.EOF && s.mode == bodyUntilClose && s.sse && !s.coded && !s.betweenEvents() {
 		// A body that ends with the connection has only the close for its
 		// end, which a sandbox that dies sends as well: inside an event it
 		// is a cut, and ended cleanly (the last chunk) the client would
 		// take the event's first lines for the whole event (the go-sdk
 		// dispatches them and fails the session on their cut JSON, where
-		// a cut stream has it resume with Last-Event-ID).
+		// a cut stream has it resume with Last-Event-ID). After a comment
+		// line (": ping\n") no event is half received: a clean end.
 		s.eof = false
 		err = io.ErrUnexpectedEOF
 	}
@@ -220,7 +224,7 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 // after it, losing it, or fails the session on its cut data), so such a
 // stream ends as cut, and the client resumes from the event before.
 func (s *bodyStream) drainEndsCleanly() bool {
-	return s.stopping.Load() && (!s.sse || s.atBoundary)
+	return s.stopping.Load() && (!s.sse || s.betweenEvents())
 }
 
 // pausedIdle reports whether err is upstream.idle_timeout expiring while
@@ -348,15 +352,15 @@ func (s *bodyStream) clientEnded(err error) {
 	}
 }
 
-// armHeartbeat arms the heartbeat for the next upstream wait, but only at
-// an event boundary: a comment line inside an event would corrupt it.
+// armHeartbeat arms the heartbeat for the next upstream wait, but only
+// between events: a comment line inside an event would corrupt it.
 func (s *bodyStream) armHeartbeat() {
 	if !s.sse || s.heartbeat <= 0 || s.fixed {
 		// A Content-Length body has no room for a comment: it would push
 		// the body's last bytes out of the count.
 		return
 	}
-	if s.atBoundary {
+	if s.betweenEvents() {
 		s.conn.setHeartbeat(s.heartbeat)
 	} else {
 		s.conn.setHeartbeat(0)
@@ -575,25 +579,113 @@ func (g *growingBuf) shrink() {
 // come. It is counted as a line end all the same: a comment written after
 // it ends that line for the client, and the LF that follows is then one
 // more blank line, which dispatches nothing.
+//
+// It also keeps fields, for betweenEvents, which only a piece that does not
+// end with a blank line has to look further back for.
 func (s *bodyStream) trackBoundary(b []byte) {
 	i := len(b)
 	for i > 0 && (b[i-1] == '\n' || b[i-1] == '\r') {
 		i--
 	}
+	lineEnds, cr := s.lineEnds, s.cr
 	if i > 0 {
-		s.lineEnds, s.cr = 0, false // the run follows a field's bytes
+		lineEnds, cr = 0, false // the run follows a field's bytes
 	}
 	for _, c := range b[i:] {
 		switch {
 		case c == '\r':
-			s.lineEnds, s.cr = min(s.lineEnds+1, 2), true
-		case s.cr: // the LF of a CRLF already counted
-			s.cr = false
+			lineEnds, cr = min(lineEnds+1, 2), true
+		case cr: // the LF of a CRLF already counted
+			cr = false
 		default:
-			s.lineEnds = min(s.lineEnds+1, 2)
+			lineEnds = min(lineEnds+1, 2)
 		}
 	}
-	s.atBoundary = s.lineEnds == 2
+	switch {
+	case lineEnds == 2:
+		s.fields = false
+	case i > 0:
+		s.fields = s.fieldsAfter(b[:i]) // reads the state before b
+	}
+	s.lineEnds, s.cr = lineEnds, cr
+	s.atBoundary = lineEnds == 2
+}
+
+// betweenEvents reports whether the bytes sent so far leave no event half
+// received: they end with a blank line (or none were sent), or with a
+// whole line, every line since the last blank one a comment. A client
+// drops nothing at a clean end there, and misses nothing of a stream cut
+// there; a sandbox's own keep-alive comment (": ping\n", no blank line)
+// followed by its close is an end, not a cut.
+func (s *bodyStream) betweenEvents() bool {
+	return s.atBoundary || s.lineEnds > 0 && !s.fields
+}
+
+// fieldsAfter reports what fields is once b is sent, b ending inside a line
+// (what trackBoundary found before its run of line ends), with the state
+// of the bytes before b still in s. It reads b backwards line by line,
+// only as far as the first line that is not a comment or the last blank
+// line, so a piece that ends an event and begins the next costs that
+// event's bytes; one inside a long line finds no line end at all, which
+// IndexByte tells without a walk over each byte.
+func (s *bodyStream) fieldsAfter(b []byte) bool {
+	continues := s.lineEnds == 0 && !s.atBoundary // b's first line began before b
+	if bytes.IndexByte(b, '\n') < 0 && bytes.IndexByte(b, '\r') < 0 {
+		if continues {
+			return s.fields // judged when it began
+		}
+		return b[0] != ':' || !s.atBoundary && s.fields
+	}
+	end := len(b)
+	for {
+		j := end // the start of the line that ends at end
+		for j > 0 && b[j-1] != '\n' && b[j-1] != '\r' {
+			j--
+		}
+		if j == 0 {
+			if continues {
+				return s.fields
+			}
+			return b[0] != ':' || !s.atBoundary && s.fields
+		}
+		if b[j] != ':' {
+			return true
+		}
+		k := j // the start of the run of line ends before that line
+		for k > 0 && (b[k-1] == '\n' || b[k-1] == '\r') {
+			k--
+		}
+		n := lineEndsIn(b[k:j])
+		if k == 0 && !continues {
+			// The run goes on from the one the bytes before b ended with.
+			if s.atBoundary {
+				return false
+			}
+			n += int(s.lineEnds)
+			if s.cr && b[0] == '\n' {
+				n-- // that CR's LF
+			}
+		}
+		if n >= 2 {
+			return false // a blank line, then comments only
+		}
+		if k == 0 {
+			return s.fields
+		}
+		end = k
+	}
+}
+
+// lineEndsIn counts the line ends in run, a run of CRs and LFs: a CRLF is
+// one.
+func lineEndsIn(run []byte) int {
+	n := 0
+	for i, c := range run {
+		if c == '\r' || i == 0 || run[i-1] != '\r' {
+			n++
+		}
+	}
+	return n
 }
 
 // probeFirstEvent collects the first bytes of a GET's event stream until

@@ -207,6 +207,71 @@ func TestSSEHeartbeatAtEventBoundary(t *testing.T) {
 	}
 }
 
+// A stream whose sandbox sent a comment line (": connected\n", no blank
+// line) and then fell silent is between events: it gets heartbeats, where
+// earlier builds waited for a blank line that never came and sent none, so
+// a middlebox's idle timeout ended it. GET streams (detached) and POST ones
+// (fasthttp's loop) arm the heartbeat in different places; both are
+// checked, and neither gets one after a field line.
+func TestSSEHeartbeatAfterCommentLine(t *testing.T) {
+	for _, tc := range []struct {
+		method, first string
+		beat          bool
+	}{
+		{"GET", ": connected\n", true},
+		{"POST", ": connected\r\n", true},
+		{"GET", "data: a\n\n: connected\r", true},
+		{"GET", ": connected\ndata: a\n", false},
+	} {
+		t.Run(fmt.Sprintf("%s %q", tc.method, tc.first), func(t *testing.T) {
+			h := newHarness(t, func(o *harnessOpts) { o.cfg.HeartbeatInterval = 100 * time.Millisecond })
+			done := make(chan struct{})
+			port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f := sseHeaders(w)
+				io.WriteString(w, tc.first)
+				f.Flush()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+				}
+				io.WriteString(w, "\ndata: end\n\n")
+			}))
+			host := h.route("hbcomment", port)
+			resp := h.do(h.req(tc.method, host, "/", strings.NewReader("{}")))
+			defer resp.Body.Close()
+			c := make(chan string, 1)
+			go func() {
+				var got strings.Builder
+				br := bufio.NewReader(resp.Body)
+				for !strings.Contains(got.String(), ": keep-alive\n") && !strings.Contains(got.String(), "data: end\n") {
+					line, err := br.ReadString('\n')
+					got.WriteString(line)
+					if err != nil {
+						break
+					}
+				}
+				c <- got.String()
+			}()
+			if !tc.beat {
+				// 5 heartbeat intervals with the half event held: none may
+				// come, then the sandbox ends the event.
+				time.Sleep(500 * time.Millisecond)
+				close(done)
+				got := testenv.Recv(t, c, 15*time.Second, "the stream's bytes")
+				if strings.Contains(got, "keep-alive") {
+					t.Fatalf("a heartbeat inside an event: %q", got)
+				}
+				return
+			}
+			got := testenv.Recv(t, c, 15*time.Second, "a heartbeat (the sandbox holds the stream 10 s)")
+			close(done)
+			if !strings.HasSuffix(got, ": keep-alive\n") || strings.Contains(got, "data: end") {
+				t.Fatalf("no heartbeat after the comment line before the sandbox spoke again: %q", got)
+			}
+		})
+	}
+}
+
 // A head that comes with only the size line of its first chunk goes out
 // at once: the sandbox writes the chunk's data only once the client has
 // acknowledged the head, so a head held back for that data deadlocks the

@@ -80,6 +80,7 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 		// between events too: its framing, not the events, tells its end.
 		{"chunked, closed without its last chunk", "GET", "", "id: 2\ndata: x\n\n", true, false, "chunked, no last chunk"},
 		{"chunked POST, closed without its last chunk", "POST", "", ": ping\n\n", true, false, "chunked, no last chunk"},
+		{"HTTP/1.0 GET, chunked, closed without its last chunk", "GET", "", "data: x\n\n", true, true, "chunked, no last chunk"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)

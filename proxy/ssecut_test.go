@@ -46,7 +46,7 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 		name, method, encoding, tail string
 		cut                          bool
 		http10                       bool   // the client's request is HTTP/1.0: its body ends with the connection
-		framing                      string // the gateway's: "chunked", "chunked, no last chunk"; none: the close
+		framing                      string // the gateway's: "chunked", "chunked, no last chunk", "chunked, last chunk's line only"; none: the close
 	}{
 		{"GET mid-data", "GET", "", "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"met", true, false, ""},
 		{"GET after a field", "GET", "", "id: 2\ndata: x\n", true, false, ""},
@@ -81,6 +81,9 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 		{"chunked, closed without its last chunk", "GET", "", "id: 2\ndata: x\n\n", true, false, "chunked, no last chunk"},
 		{"chunked POST, closed without its last chunk", "POST", "", ": ping\n\n", true, false, "chunked, no last chunk"},
 		{"HTTP/1.0 GET, chunked, closed without its last chunk", "GET", "", "data: x\n\n", true, true, "chunked, no last chunk"},
+		// Its last chunk's line without the blank line that ends the body:
+		// cut too, as nginx takes it (the upstream closed prematurely).
+		{"chunked, closed inside its last chunk", "GET", "", "data: x\n\n", true, false, "chunked, last chunk's line only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -119,6 +122,10 @@ func TestCloseDelimitedEventStreamCutMidEvent(t *testing.T) {
 					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
 					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)
 					tail = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(tail), tail)
+				case "chunked, last chunk's line only":
+					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
+					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)
+					tail = fmt.Sprintf("%x\r\n%s\r\n0\r\n", len(tail), tail)
 				case "chunked, no last chunk":
 					head = strings.Replace(head, "Connection: close", "Transfer-Encoding: chunked", 1)
 					body = fmt.Sprintf("%x\r\n%s\r\n", len(body), body)

@@ -211,7 +211,10 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // front). The gateway's notification after the spell reaches the agent on
 // the stream it opened first, which the gateway saw only once.
 func TestMCPStandaloneStreamOutlastsClientTimeouts(t *testing.T) {
-	const short = 150 * time.Millisecond
+	// Short, but not so short that a loaded machine's pause between the
+	// connect's requests meets client.idle_timeout (the go-sdk's POSTs are
+	// not retried on a keep-alive connection closed under them).
+	const short = 300 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.HeartbeatInterval = time.Hour
 		o.cfg.ResponseHeaderTimeout = short

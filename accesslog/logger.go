@@ -865,12 +865,12 @@ func (l *Logger) watchFile() {
 type fileWatch struct {
 	moved int // consecutive looks that found the file moved
 	// At the last look at the file whose bytes written counts: its size,
-	// and the most bytes the writer could have added to it by then
-	// (fileBytes.begun). Zero for a file not looked at yet: it held at
+	// and the most of this process's bytes it held then (high, from
+	// fileBytes.around). Zero for a file not looked at yet: it held at
 	// least nothing when it was opened, when its counts began.
 	written *fileBytes
 	size    int64
-	begun   int64
+	high    int64
 	// The truncations found since the last warning of one (cutSaid), and
 	// the latest: a truncation every look (a loop, a misconfigured cron)
 	// is told once per lossLogEvery, as lost lines are, not every look.
@@ -936,12 +936,14 @@ func (l *Logger) checkFile(w *fileWatch) (moved bool, cut *truncation) {
 	l.fileMu.Lock()
 	f, written := l.file, l.written
 	l.fileMu.Unlock()
-	var done int64
+	var fi fs.FileInfo
+	var low, high int64
+	var err error
 	if written != nil {
-		// Read before the stat: the file holds these bytes by then.
-		done = written.done.Load()
+		fi, low, high, err = written.around(f.Stat)
+	} else {
+		fi, err = f.Stat()
 	}
-	fi, err := f.Stat()
 	if err != nil {
 		return false, nil // closed by Abandon
 	}
@@ -957,31 +959,28 @@ func (l *Logger) checkFile(w *fileWatch) (moved bool, cut *truncation) {
 		return false, nil // a loss, said as one
 	}
 	if written != nil {
-		cut = w.sized(written, fi.Size(), done)
+		cut = w.sized(written, fi.Size(), low, high)
 	}
 	at, err := os.Stat(l.path)
 	return errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(fi, at), cut
 }
 
-// sized takes the size of the file whose bytes written counts, seen by a
-// stat after done was read from it, and returns the truncation it proves
-// since the last look, if any. Another writer of the file (a second
-// instance, the old process of a takeover) only adds to it, so unless the
-// file was truncated it holds at least what it held at the last look plus
-// what this process surely wrote since: the bytes written by the time of
-// this look (done) less the most it could have written by the last
-// (begun). So a file truncated and then written back past its old size
-// before the look (a small file under a busy proxy) is still found. A
-// file not looked at yet (opened anew by a reopen: logrotate's create)
-// starts from nothing.
-func (w *fileWatch) sized(written *fileBytes, size, done int64) *truncation {
+// sized takes the size of the file whose bytes written counts, and the
+// bounds around's look at it gave: at least low and at most high of the
+// bytes in it then were this process's. It returns the truncation that
+// size proves since the last look, if any. Another writer of the file (a
+// second instance, the old process of a takeover) only adds to it, so
+// unless the file was truncated it grew by at least what this process's
+// bytes in it grew: low now less high at the last look. So a file
+// truncated and then written back past its old size before the look (a
+// small file under a busy proxy) is still found. A file not looked at yet
+// (opened anew by a reopen: logrotate's create) starts from nothing.
+func (w *fileWatch) sized(written *fileBytes, size, low, high int64) *truncation {
 	if w.written != written {
-		w.written, w.size, w.begun = written, 0, 0
+		w.written, w.size, w.high = written, 0, 0
 	}
-	// Read after the stat: no more could have reached the file by then.
-	begun := written.begun.Load()
-	least := w.size + max(0, done-w.begun)
-	w.size, w.begun = size, begun
+	least := w.size + max(0, low-w.high)
+	w.size, w.high = size, high
 	if size < least {
 		return &truncation{size: size, least: least}
 	}
@@ -989,13 +988,49 @@ func (w *fileWatch) sized(written *fileBytes, size, done int64) *truncation {
 }
 
 // fileBytes counts the bytes the logger wrote to a regular file of its
-// own, as bounds for the file watcher: done is at most what the file
-// holds of them at any moment (added after a write, taken off before a
-// cut), begun at least (added before a write, the part not written and a
-// cut taken off after). Counted per write(2), not per line.
+// own, and those it cut off it again (a part line a full disk took), as
+// bounds for the file watcher (around). Each is counted twice, on either
+// side of its syscall: begun before a write (less the part not written
+// after it) and done after; cutBegun before a cut (less a cut that failed)
+// and cutDone after. The file then holds
+// at least done-cutBegun and at most begun-cutDone of them at any moment.
+// Counted per write(2), not per line.
 type fileBytes struct {
-	begun atomic.Int64
-	done  atomic.Int64
+	begun, done       atomic.Int64
+	cutBegun, cutDone atomic.Int64
+}
+
+// start counts a write(2) of ask bytes about to be made.
+func (b *fileBytes) start(ask int64) { b.begun.Add(ask) }
+
+// finish counts the write(2) of ask bytes start counted, which wrote n.
+func (b *fileBytes) finish(ask, n int64) {
+	b.done.Add(n)
+	b.begun.Add(n - ask)
+}
+
+// cutting counts part bytes about to be cut off the file's end.
+func (b *fileBytes) cutting(part int64) { b.cutBegun.Add(part) }
+
+// cutFailed takes back a cutting whose truncate failed.
+func (b *fileBytes) cutFailed(part int64) { b.cutBegun.Add(-part) }
+
+// cut counts the cut of part bytes cutting counted, done.
+func (b *fileBytes) cut(part int64) { b.cutDone.Add(part) }
+
+// around stats the file with stat and returns, beside what it found, the
+// least (low) and the most (high) of this process's bytes the file held
+// when it was stat'ed, as the writer may write or cut meanwhile. Each
+// bound reads what may only have grown by the stat before it, and what
+// may have grown since after it: with one count of the bytes written less
+// those cut, read once, a cut between that read and the stat (or between
+// the stat and that read) made the logger's own cut of a part line look
+// like a truncation by someone else.
+func (b *fileBytes) around(stat func() (fs.FileInfo, error)) (fi fs.FileInfo, low, high int64, err error) {
+	cutDone, done := b.cutDone.Load(), b.done.Load()
+	fi, err = stat()
+	begun, cutBegun := b.begun.Load(), b.cutBegun.Load()
+	return fi, done - cutBegun, begun - cutDone, err
 }
 
 // sink is the destination of the bufio.Writer. It remembers whether what
@@ -1063,10 +1098,9 @@ func (s *sink) writeFile(p []byte) (int, error) {
 	start := 0
 	for {
 		ask := int64(len(p) - start)
-		s.written.begun.Add(ask)
+		s.written.start(ask)
 		n, err := s.writeOnce(p[start:])
-		s.written.done.Add(int64(n))
-		s.written.begun.Add(int64(n) - ask)
+		s.written.finish(ask, int64(n))
 		if err != nil {
 			return start, err
 		}
@@ -1117,14 +1151,12 @@ func (s *sink) cutPartLine(part int) (ok, midLine bool) {
 	if fi.Size() != end {
 		return false, false
 	}
-	// done must never count more than the file holds (fileBytes): taken
-	// off before the cut, given back if it fails.
-	s.written.done.Add(-int64(part))
+	s.written.cutting(int64(part))
 	if s.file.Truncate(end-int64(part)) != nil {
-		s.written.done.Add(int64(part))
+		s.written.cutFailed(int64(part))
 		return false, true
 	}
-	s.written.begun.Add(-int64(part))
+	s.written.cut(int64(part))
 	return true, false
 }
 

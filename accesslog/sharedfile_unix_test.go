@@ -3,6 +3,7 @@
 package accesslog
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,7 +86,7 @@ func TestShortWriteToSharedFile(t *testing.T) {
 				return write(b[:min(len(b), room)])
 			}
 			var watch fileWatch
-			watch.sized(s.written, 0, 0) // the file as opened: empty
+			watch.sized(s.written, 0, 0, 0) // the file as opened: empty
 			n, err := s.Write(p)
 			if (err != nil) != tt.failed || n != tt.wantN || s.kept != tt.kept && tt.failed {
 				t.Errorf("Write = %d, %v (kept %d), want %d, failed %v (kept %d)", n, err, s.kept, tt.wantN, tt.failed, tt.kept)
@@ -100,7 +101,8 @@ func TestShortWriteToSharedFile(t *testing.T) {
 			if string(b) != tt.want {
 				t.Errorf("file holds\n%q\nwant\n%q", b, tt.want)
 			}
-			if cut := watch.sized(s.written, int64(len(b)), s.written.done.Load()); (cut != nil) != tt.truncated {
+			_, low, high, _ := s.written.around(func() (fs.FileInfo, error) { return nil, nil })
+			if cut := watch.sized(s.written, int64(len(b)), low, high); (cut != nil) != tt.truncated {
 				t.Errorf("file watcher found truncation %+v (written: begun %d, done %d), want truncated %v",
 					cut, s.written.begun.Load(), s.written.done.Load(), tt.truncated)
 			}

@@ -9,13 +9,6 @@ const (
 	HeaderCubeTrafficToken = "cube-traffic-access-token"
 )
 
-// TrafficTokenHeaders returns every header name that carries the proxy's
-// credential; the proxy deletes all of them (on every route, public or not)
-// before forwarding. An array, so callers cannot change a shared list.
-func TrafficTokenHeaders() [2]string {
-	return [2]string{HeaderE2BTrafficToken, HeaderCubeTrafficToken}
-}
-
 // HeaderPeeker reads one request header by name, case-insensitively;
 // *fasthttp.RequestHeader satisfies it (as long as header-name normalizing is
 // not disabled on the server).

@@ -127,23 +127,6 @@ func assertRejection(t *testing.T, err error, wantCode string, secrets ...string
 	}
 }
 
-func TestTrafficTokenHeaders(t *testing.T) {
-	h := wireHeader(t, "E2B-Traffic-Access-Token: a", "e2b-traffic-access-token: b", "CUBE-traffic-access-token: c",
-		"Authorization: Bearer x", "X-Access-Token: y")
-	for _, name := range TrafficTokenHeaders() {
-		h.Del(name)
-	}
-	if got := PresentedTrafficToken(h); got != nil {
-		t.Fatalf("token header survived stripping: %q", got)
-	}
-	if string(h.Peek("Authorization")) != "Bearer x" || string(h.Peek("X-Access-Token")) != "y" {
-		t.Fatal("stripping removed a header that belongs to the sandbox")
-	}
-	if TrafficTokenHeaders() != [2]string{"e2b-traffic-access-token", "cube-traffic-access-token"} {
-		t.Fatalf("unexpected header names %v", TrafficTokenHeaders())
-	}
-}
-
 func TestCheckTrafficAllocs(t *testing.T) {
 	tests := []struct {
 		name   string

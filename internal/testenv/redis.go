@@ -88,7 +88,7 @@ type Redis struct {
 // AnotherPort stands, in the extra args of StartRedis and StartSentinel,
 // for a second port (e.g. "--tls-port", testenv.AnotherPort): it is picked
 // afresh at each start attempt with the main one, as a port picked by the
-// test could be taken before the server binds it; OtherPort returns it.
+// test could be taken before the server binds it; OtherAddr gives it.
 const AnotherPort = "{another-port}"
 
 // withOtherPort returns args with AnotherPort replaced by a free port.
@@ -217,10 +217,8 @@ func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // Port is the server's TCP port.
 func (r *Redis) Port() int { return r.port }
 
-// OtherPort is the port that stood for AnotherPort in the start args (0 if none).
-func (r *Redis) OtherPort() int { return r.other }
-
-// OtherAddr is 127.0.0.1:OtherPort.
+// OtherAddr is 127.0.0.1 and the port that stood for AnotherPort in the
+// start args.
 func (r *Redis) OtherAddr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.other)) }
 
 // Client returns a go-redis client for this server (created once, closed

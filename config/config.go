@@ -217,14 +217,6 @@ func Default() *Config {
 // EnvPrefix prefixes every environment variable.
 const EnvPrefix = "CUBEPROXY_"
 
-// Load builds the configuration: defaults, then the file named by
-// --config (or CUBEPROXY_CONFIG), then the environment, then flags.
-// It returns flag.ErrHelp when -h was given (usage already written to out).
-// Its -h shows Default's values only; the binary uses LoadCommand.
-func Load(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
-	return LoadCommand("cubeproxy serve", nil, args, getenv, out)
-}
-
 // UsageError is a command line the flags cannot read: an unknown flag, a
 // value of the wrong type, an argument after the flags. A command exits 2
 // for it, as the flag package's ExitOnError does, so a wrapper script can
@@ -237,8 +229,10 @@ func (e *UsageError) Error() string { return e.Err.Error() }
 // Unwrap gives the error, flag.ErrHelp for -h.
 func (e *UsageError) Unwrap() error { return e.Err }
 
-// LoadCommand is Load for a subcommand that takes serve's flags; command
-// titles the -h usage. shown is what -h names as each flag's default: the
+// LoadCommand builds the configuration of a command that takes serve's
+// flags: defaults, then the file named by --config (or CUBEPROXY_CONFIG),
+// then the environment, then flags. It returns flag.ErrHelp when -h was
+// given (usage already written to out); command titles the -h usage. shown is what -h names as each flag's default: the
 // value in effect when the setting is left unset. Most of those are
 // applied to zero values by the packages that use them (proxy, routing,
 // certs...), which config, low in the import graph, does not import: the

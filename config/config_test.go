@@ -12,6 +12,12 @@ import (
 	"time"
 )
 
+// Load is LoadCommand for serve, with -h showing Default's values: the
+// tests' shorthand.
+func Load(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
+	return LoadCommand("cubeproxy serve", nil, args, getenv, out)
+}
+
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "cubeproxy.yaml")

@@ -16,9 +16,10 @@ type UnknownVar struct {
 }
 
 // UnknownEnv lists the CUBEPROXY_* variables in environ (os.Environ's
-// NAME=value entries) that Load does not read, sorted by name. Load only
-// asks for the names it knows, so a misspelled one (CUBEPROXY_ROUTE for
-// CUBEPROXY_ROUTES) would otherwise be ignored without a word.
+// NAME=value entries) that LoadCommand does not read, sorted by name.
+// LoadCommand only asks for the names it knows, so a misspelled one
+// (CUBEPROXY_ROUTE for CUBEPROXY_ROUTES) would otherwise be ignored
+// without a word.
 //
 // Kubernetes' service links are left out: a Service named cubeproxy puts
 // CUBEPROXY_SERVICE_HOST, CUBEPROXY_PORT_8081_TCP and the like into every

@@ -277,7 +277,7 @@ func TestCheckJudgesTelemetryAsServe(t *testing.T) {
 				t.Setenv(k, tc.env[k]) // serve's telemetry reads the process environment
 			}
 			args := []string{"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes="}
-			cfg, err := config.Load(args, os.Getenv, io.Discard)
+			cfg, err := config.LoadCommand("cubeproxy serve", nil, args, os.Getenv, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}

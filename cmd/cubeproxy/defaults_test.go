@@ -152,7 +152,7 @@ func TestShownDefaultsAreTheRunningProxys(t *testing.T) {
 // one key it sets on purpose: unset picks files when files are given, and
 // the file spells out the source it then gets.
 func TestShippedConfigIsTheDefaults(t *testing.T) {
-	cfg, err := config.Load([]string{"--config", "../../configs/cubeproxy.yaml"}, noEnv, io.Discard)
+	cfg, err := config.LoadCommand("cubeproxy serve", nil, []string{"--config", "../../configs/cubeproxy.yaml"}, noEnv, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

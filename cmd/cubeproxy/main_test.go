@@ -508,7 +508,7 @@ func TestFailedStartNamesUnknownEnv(t *testing.T) {
 		// build refuses: the token was set under another name.
 		{"serve, admin token", [2]string{"CUBEPROXY_ADMIN_TOKN", "s3cret-token"},
 			[]string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--routes="}, "CUBEPROXY_ADMIN_TOKEN", "CUBEPROXY_ADMIN_TOKN"},
-		// config.Load refuses: store stayed memory.
+		// config.LoadCommand refuses: store stayed memory.
 		{"serve, store", [2]string{"CUBEPROXY_STOR", "redis"},
 			[]string{"serve", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--redis-addr", "127.0.0.1:1"}, "CUBEPROXY_STORE", "CUBEPROXY_STOR"},
 		{"token sign, keys", [2]string{"CUBEPROXY_AUTH_SIGNING_KEY", strings.Repeat("k", 32)},

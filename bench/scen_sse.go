@@ -54,7 +54,7 @@ func (s *sseStream) isAborted() bool {
 	return s.aborted
 }
 
-// sseRun opens one stream and reads it until it ends or is aborted.
+// run opens one stream and reads it until it ends or is aborted.
 // latency selects per-event timestamp parsing; otherwise only newlines and
 // bytes are counted, which keeps the client cheap at high event rates.
 func (s *sseStream) run(addr string, req []byte, deadline time.Time, latency bool, phase *atomic.Int32) {

@@ -38,8 +38,8 @@ func readUntilEvent(t *testing.T, br *bufio.Reader, want, what string) {
 	}
 }
 
-// readEvent reads one SSE event (lines up to a blank line), skipping
-// comment-only blocks when skipComments is set.
+// readEvent reads one SSE event: its lines up to a blank line, comment
+// lines included (it skips nothing).
 func readEvent(br *bufio.Reader) (string, error) {
 	var b strings.Builder
 	for {

@@ -462,7 +462,7 @@ func (ps *pools) abort() {
 }
 
 // errInterrupted is a read of a sandbox connection the proxy shut under
-// its exchange (upstreamConn.wake): what a read of the closed connection
+// its exchange (wake): what a read of the closed connection
 // would have failed with, not the sandbox's end of input.
 var errInterrupted = fmt.Errorf("sandbox connection shut by the proxy: %w", net.ErrClosed)
 

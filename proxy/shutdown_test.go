@@ -320,7 +320,7 @@ func TestDrainStreamStartedAfterDeadlineIsCut(t *testing.T) {
 	// Each framing of a download whose sandbox stays silent after its
 	// first bytes: the one read to the sandbox's close must not pass the
 	// proxy's cut for that close (the cut shuts the sandbox's socket, which
-	// reads as an end of input: upstreamConn.wake).
+	// reads as an end of input: wake).
 	for _, framing := range []struct{ name, reply string }{
 		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\npart\r\n"},
 		{"content-length", "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\npart"}, // over 64 KiB: streamed

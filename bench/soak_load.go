@@ -201,8 +201,8 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// want lists the accepted statuses; a negative one is accepted but counted
-// as an expected refusal rather than ok.
+// classify counts status in a: ok when want lists it, an expected refusal
+// when want lists its negative, else a failure.
 func classify(a *actorStats, status int, want []int) {
 	for _, w := range want {
 		switch {

@@ -277,7 +277,6 @@ func keptRequest(t *testing.T, c net.Conn, br *bufio.Reader, raw string) {
 	}
 }
 
-// serveTLS serves h's proxy on a TLS listener with a certificate for
 // dialProxy dials h as a client of host: in plain HTTP, or over TLS on a
 // TLS listener of its own (serveTLS) when overTLS.
 func dialProxy(t *testing.T, h *harness, host string, overTLS bool) net.Conn {
@@ -289,6 +288,7 @@ func dialProxy(t *testing.T, h *harness, host string, overTLS bool) net.Conn {
 	return tls.Client(dialRaw(t, addr), &tls.Config{RootCAs: roots, ServerName: host})
 }
 
+// serveTLS serves h's proxy on a TLS listener with a certificate for
 // *.cube.test from a test CA, and returns its address and the CA's roots.
 func serveTLS(t *testing.T, h *harness) (addr string, roots *x509.CertPool) {
 	t.Helper()

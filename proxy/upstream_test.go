@@ -29,9 +29,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
-// test controls the response framing to the byte and can count the
-// connections the proxy opened.
 // wantAccepted fails the test unless the backend accepted exactly want
 // connections; note says what the count proves.
 func (b *scriptBackend) wantAccepted(t *testing.T, want int32, note string) {
@@ -41,6 +38,9 @@ func (b *scriptBackend) wantAccepted(t *testing.T, want int32, note string) {
 	}
 }
 
+// scriptBackend is a raw-TCP backend whose script writes exact bytes, so a
+// test controls the response framing to the byte and can count the
+// connections the proxy opened.
 type scriptBackend struct {
 	ip       string
 	port     uint16

@@ -253,8 +253,6 @@ func sigtermAndWait(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.S
 	}
 }
 
-// boxRoutes writes a routes file in dir with one sandbox, "box", whose
-// port is served on 127.0.0.1:port, and returns its path.
 // sandboxServer serves h on a loopback port, as a sandbox's server, until
 // the test ends (after the proxies it started stop), and returns the port.
 func sandboxServer(t *testing.T, h http.HandlerFunc) int {
@@ -269,6 +267,8 @@ func sandboxServer(t *testing.T, h http.HandlerFunc) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// boxRoutes writes a routes file in dir with one sandbox, "box", whose
+// port is served on 127.0.0.1:port, and returns its path.
 func boxRoutes(t *testing.T, dir string, port int) string {
 	t.Helper()
 	routes := filepath.Join(dir, "routes.yaml")

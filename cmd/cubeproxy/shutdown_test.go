@@ -297,7 +297,7 @@ type leakCase struct {
 	tune func(*app)
 }
 
-// get sends GET / with host through the proxy's plain HTTP listener and
+// leakGet sends GET / with host through the proxy's plain HTTP listener and
 // wants want as the body.
 func leakGet(t *testing.T, a *app, host, want string) {
 	t.Helper()
@@ -315,7 +315,7 @@ func leakGet(t *testing.T, a *app, host, want string) {
 	}
 }
 
-// adminDo sends method path with body to the proxy's admin API and wants a 200.
+// leakAdmin sends method path with body to the proxy's admin API and wants a 200.
 func leakAdmin(t *testing.T, a *app, method, path, body string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, "http://"+a.adminLn.Addr().String()+path, strings.NewReader(body))

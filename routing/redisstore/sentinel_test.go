@@ -208,7 +208,6 @@ func TestInvalidationLeavesMasterTheSentinelsLeft(t *testing.T) {
 	expectID(t, rec, "after")
 }
 
-// waitPromoted waits until the sentinel names replica as master name's
 // startSentinelSet starts a master, its replica and a Sentinel watching
 // them as name, and a client of that Sentinel (closed at the test's end).
 func startSentinelSet(t *testing.T, name string) (master, replica, sentinel *testenv.Redis, sc *redis.SentinelClient) {
@@ -231,6 +230,7 @@ func waitReplicaSeen(t *testing.T, ctx context.Context, sc *redis.SentinelClient
 	})
 }
 
+// waitPromoted waits until the sentinel names replica as master name's
 // address and replica itself reports the master role.
 func waitPromoted(t *testing.T, ctx context.Context, sc *redis.SentinelClient, name string, replica *testenv.Redis, timeout time.Duration) {
 	t.Helper()

@@ -54,7 +54,9 @@ func NewStore(client redis.UniversalClient, cfg Config) *Store {
 	return &Store{client: client, cfg: cfg.WithDefaults(), cluster: cluster}
 }
 
-// Client returns the underlying client (for the registry and health checks).
+// Client returns the underlying go-redis client (a *redis.ClusterClient in
+// Cluster mode). The proxy does not call it: the registry and the
+// subscriber take the store's client themselves; tests inspect it.
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
 // Config returns the store's configuration with defaults applied.

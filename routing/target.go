@@ -87,7 +87,6 @@ type ParserConfig struct {
 
 // Parser turns a Host header (and, on shared hosts, override headers) into a Target.
 type Parser struct {
-	cfg     ParserConfig
 	domains []string // lower-case, no leading or trailing dot
 	shared  []string // lower-case, no trailing dot; includes "localhost"
 }
@@ -96,7 +95,7 @@ type Parser struct {
 // case-insensitively; a trailing dot (and, for domains, a leading "." or
 // "*.") is ignored; empty entries are skipped.
 func NewParser(cfg ParserConfig) *Parser {
-	p := &Parser{cfg: cfg, shared: []string{"localhost"}}
+	p := &Parser{shared: []string{"localhost"}}
 	for _, d := range cfg.Domains {
 		d = strings.TrimPrefix(normalizeName(d), "*.")
 		d = strings.TrimPrefix(d, ".")

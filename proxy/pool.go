@@ -86,7 +86,6 @@ func (u *upstream) removeTunnel(t *tunnel) {
 // pools holds the upstream pools; idle ones are dropped by sweep.
 type pools struct {
 	cfg *Config
-	p   *Proxy
 
 	mu sync.RWMutex
 	m  map[poolKey]*upstream

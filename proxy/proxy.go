@@ -189,7 +189,7 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 	if cfg.ResumeAddr != "" {
 		p.resumer = newResumer(cfg.ResumeAddr, cfg.ResumeTimeout)
 	}
-	p.pools = pools{cfg: &p.cfg, p: p, m: make(map[poolKey]*upstream)}
+	p.pools = pools{cfg: &p.cfg, m: make(map[poolKey]*upstream)}
 	p.pools.dialCtx, p.pools.cancelDials = context.WithCancel(context.Background())
 	var rnd [4]byte
 	if _, err := rand.Read(rnd[:]); err != nil {

@@ -90,9 +90,8 @@ func (c *ServerConfig) setDefaults() {
 // Server runs the proxy's sandbox-traffic listeners (HTTP, HTTPS) and the
 // admin listener, and drains them on shutdown.
 type Server struct {
-	cfg   ServerConfig
-	p     *Proxy
-	admin *Admin
+	cfg ServerConfig
+	p   *Proxy
 
 	traffic  *fasthttp.Server
 	adminSrv *fasthttp.Server
@@ -185,7 +184,7 @@ func NewServer(cfg ServerConfig, p *Proxy, admin *Admin) *Server {
 	// server whether it drains.
 	p.clientWriteTimeout = cfg.ClientWriteTimeout
 	p.clientBodyTimeout = cfg.ClientBodyTimeout
-	s := &Server{cfg: cfg, p: p, admin: admin, stop: make(chan struct{})}
+	s := &Server{cfg: cfg, p: p, stop: make(chan struct{})}
 	p.draining = &s.draining
 	if cfg.MaxClientConns > 0 {
 		// Off (nil) without the limit: no lock per state change.

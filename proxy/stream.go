@@ -79,7 +79,6 @@ type bodyStream struct {
 	// whether it opens an MCP HTTP+SSE session (opensLegacySession).
 	probe [len(utf8BOM) + len("event: endpoint\r")]byte
 
-	n       int64 // bytes forwarded
 	started time.Time
 	sb      *sandboxState
 	// countedOut: the request no longer counts against its sandbox
@@ -158,7 +157,6 @@ func (s *bodyStream) Read(b []byte) (int, error) {
 		s.clientDeadline = setDeadline(s.client, false, s.clientDeadline, time.Now().Add(s.writeTimeout), slack(s.writeTimeout))
 	}
 	if n > 0 {
-		s.n += int64(n)
 		s.x.bytesOut += int64(n)
 		if s.sse {
 			s.trackBoundary(b[:n])

@@ -120,7 +120,7 @@ func keepAliveUploads(c net.Conn, host string) error {
 	return answer("GET after the uploads", fmt.Sprintf("GET 0 %x <nil>", sha256.Sum256(nil)))
 }
 
-// A chunked body of small chunks that goes past client.max_body_size is
+// A chunked body of small chunks that goes past max_request_body is
 // refused with the 413 request_body_too_large, as one sent in one chunk
 // is, though the pieces read before the cap were still waiting for the
 // next read of the client (uploadWriter); the sandbox never gets more than

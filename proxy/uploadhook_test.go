@@ -100,7 +100,7 @@ func TestChunkedUploadHookEveryExit(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		steps   []hookStep
-		limit   int64 // client.max_body_size (0: none)
+		limit   int64 // max_request_body (0: none)
 		accepts int   // bytes the sandbox takes before failing (-1: all)
 		wantErr error
 		want    string // what the sandbox got

@@ -572,8 +572,8 @@ func TestStreamLimitHeldBodyRouteRemovedFromStore(t *testing.T) {
 	if st, b := h.adminDo("POST", "/admin/state", `{"sandbox_id":"gonebox","state":"paused"}`, ""); st != http.StatusOK {
 		t.Fatalf("pause: %d %s", st, b)
 	}
-	if !h.store.Delete("gonebox") {
-		t.Fatal("the route was not in the store")
+	if ok, err := h.store.Remove("gonebox"); !ok || err != nil {
+		t.Fatalf("the route was not in the store: %v", err)
 	}
 	h.cache.Invalidate("gonebox")
 	io.WriteString(c, body[10<<10:])

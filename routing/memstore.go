@@ -151,7 +151,7 @@ func readRoutesFile(path string, attempt int, afterRead func(attempt int)) (data
 // that is still writing, after this many reads and parses, is not done.
 const loadAttempts = 5
 
-// SetPersistPath makes every later Put and Delete rewrite path atomically
+// SetPersistPath makes every later Put and Remove rewrite path atomically
 // (temporary file + rename). An empty path turns persistence off.
 func (s *MemoryStore) SetPersistPath(path string) {
 	s.mu.Lock()
@@ -354,21 +354,14 @@ func (s *MemoryStore) Put(r *Route) error {
 	return s.persist(seq)
 }
 
-// Delete removes the route for id and reports whether it existed. A failed
-// file write is not reported; use Remove to see it.
-func (s *MemoryStore) Delete(id string) bool {
-	ok, _ := s.Remove(id)
-	return ok
-}
-
-// Remove is Delete that also returns the error of the file write. An id
-// with no route may still wait for a write: the call may follow a delete
-// of the same id whose write is under way (a client that gave up waiting
-// and retried), and its success must mean the file no longer has the
-// route either; after a failed write it retries it, whichever id it
-// names (the route is gone from memory, not from the file). Otherwise it
-// changes nothing and returns at once, without writing or waiting for
-// another change's write.
+// Remove removes the route for id and reports whether it existed, and the
+// error of the file write when the store persists. An id with no route may
+// still wait for a write: the call may follow a delete of the same id whose
+// write is under way (a client that gave up waiting and retried), and its
+// success must mean the file no longer has the route either; after a failed
+// write it retries it, whichever id it names (the route is gone from memory,
+// not from the file). Otherwise it changes nothing and returns at once,
+// without writing or waiting for another change's write.
 func (s *MemoryStore) Remove(id string) (bool, error) {
 	s.mu.Lock()
 	_, ok := s.routes[id]

@@ -156,11 +156,11 @@ func TestMemoryStorePersist(t *testing.T) {
 	if err := s.Put(added); err != nil {
 		t.Fatal(err)
 	}
-	if !s.Delete("demo") {
-		t.Fatal("Delete(demo) = false")
+	if ok, err := s.Remove("demo"); !ok || err != nil {
+		t.Fatalf("Remove(demo) = %v, %v", ok, err)
 	}
-	if s.Delete("demo") {
-		t.Fatal("second Delete(demo) = true")
+	if ok, err := s.Remove("demo"); ok || err != nil {
+		t.Fatalf("second Remove(demo) = %v, %v", ok, err)
 	}
 	reloaded, err := LoadFile(path)
 	if err != nil {
@@ -189,7 +189,7 @@ func TestMemoryStorePersist(t *testing.T) {
 	}
 	// Deleting everything writes a file that loads as empty.
 	for _, r := range s.List() {
-		s.Delete(r.ID)
+		s.Remove(r.ID)
 	}
 	if empty, err := LoadFile(path); err != nil || len(empty.List()) != 0 {
 		t.Fatalf("empty table reload: %v, %v", empty, err)
@@ -329,7 +329,7 @@ func TestMemoryStoreConcurrent(t *testing.T) {
 					return
 				}
 				if i%5 == 0 {
-					s.Delete(id)
+					s.Remove(id)
 				}
 			}
 		}()

@@ -221,6 +221,49 @@ func TestBetweenEventsMatchesByteWalk(t *testing.T) {
 	}
 }
 
+// Lines longer than lineScan, cut anywhere by the reads: lineStart passes
+// over a window without a line end by IndexByte and walks back only
+// through the one that holds it, whose edges the short streams above never
+// reach.
+func TestBetweenEventsMatchesByteWalkOnLongLines(t *testing.T) {
+	rng := uint32(99)
+	next := func(n int) int { // xorshift: the same streams every run
+		rng ^= rng << 13
+		rng ^= rng >> 17
+		rng ^= rng << 5
+		return int(rng % uint32(n))
+	}
+	for range 3000 {
+		var stream []byte
+		for range 1 + next(8) {
+			switch next(4) {
+			case 0:
+				stream = append(stream, bytes.Repeat([]byte("a"), next(3*lineScan))...)
+			case 1:
+				stream = append(stream, ':')
+			case 2:
+				stream = append(stream, '\n')
+			default:
+				stream = append(stream, '\r')
+			}
+		}
+		for range 5 {
+			var s bodyStream
+			s.atBoundary = true
+			var w eventWalk
+			for at := 0; at < len(stream); {
+				end := at + 1 + next(len(stream)-at)
+				s.trackBoundary(stream[at:end])
+				w = w.feed(stream[at:end])
+				if got, want := s.betweenEvents(), w.between(); got != want {
+					t.Fatalf("after %q of %q (split at %d): betweenEvents %v; a byte walk says %v", stream[:end], stream, at, got, want)
+				}
+				at = end
+			}
+		}
+	}
+}
+
 // TestTrackBoundaryFindsEachLineEnd: every line end the SSE standard takes
 // (LF, CRLF, a lone CR, mixed) closes an event, so a stream that uses any
 // of them gets its heartbeat once an event is complete, and none inside
@@ -268,6 +311,10 @@ func BenchmarkTrackBoundary(b *testing.B) {
 		// into: a burst cut mid-event, and a piece of one long data line.
 		{"64KiB-mid-event", bytes.Repeat(event, 256)[:64<<10-100]},
 		{"64KiB-one-line", bytes.Repeat([]byte("x"), 64<<10)},
+		// A read that ends one event and begins a long one: the line it
+		// ends inside has a line end before it, so betweenEvents walks
+		// back over it byte by byte, not by IndexByte.
+		{"64KiB-event-start", slices.Concat([]byte("\n\ndata: "), bytes.Repeat([]byte("x"), 64<<10-8))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var s bodyStream

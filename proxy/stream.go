@@ -636,10 +636,7 @@ func (s *bodyStream) fieldsAfter(b []byte) bool {
 	}
 	end := len(b)
 	for {
-		j := end // the start of the line that ends at end
-		for j > 0 && b[j-1] != '\n' && b[j-1] != '\r' {
-			j--
-		}
+		j := lineStart(b, end)
 		if j == 0 {
 			if continues {
 				return s.fields
@@ -672,6 +669,31 @@ func (s *bodyStream) fieldsAfter(b []byte) bool {
 		}
 		end = k
 	}
+}
+
+// lineScan is how far back lineStart looks for a line end at a time: a
+// window with none is passed over by IndexByte.
+const lineScan = 512
+
+// lineStart returns where the line that ends at end in b begins: after the
+// last CR or LF before end, or 0. It walks back byte by byte only through
+// the window that holds that line end: a read that ends one event and
+// begins a long one (a tool's result as one data line) was walked back to
+// its start a byte at a time, ≈ 40 µs a 64 KiB read, 30 times what IndexByte
+// takes over a read with no line end at all.
+func lineStart(b []byte, end int) int {
+	for end > 0 {
+		from := max(end-lineScan, 0)
+		if w := b[from:end]; bytes.IndexByte(w, '\n') >= 0 || bytes.IndexByte(w, '\r') >= 0 {
+			for j := end; j > from; j-- {
+				if b[j-1] == '\n' || b[j-1] == '\r' {
+					return j
+				}
+			}
+		}
+		end = from
+	}
+	return 0
 }
 
 // lineEndsIn counts the line ends in run, a run of CRs and LFs: a CRLF is

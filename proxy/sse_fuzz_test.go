@@ -123,13 +123,7 @@ func (w boundaryWalk) feed(b []byte) boundaryWalk {
 // one other), it must say what a walk over every byte says.
 func TestTrackBoundaryMatchesByteWalk(t *testing.T) {
 	alphabet := []byte("\r\na")
-	rng := uint32(1)
-	next := func(n int) int { // xorshift: the same streams every run
-		rng ^= rng << 13
-		rng ^= rng >> 17
-		rng ^= rng << 5
-		return int(rng % uint32(n))
-	}
+	next := xorshift(1)
 	for range 20000 {
 		stream := make([]byte, next(12))
 		for i := range stream {
@@ -148,6 +142,37 @@ func TestTrackBoundaryMatchesByteWalk(t *testing.T) {
 			}
 			at = end
 		}
+	}
+}
+
+// xorshift returns a generator of numbers in [0, n) that gives the same
+// sequence for seed every run, so a failing split can be replayed.
+func xorshift(seed uint32) func(n int) int {
+	rng := seed
+	return func(n int) int {
+		rng ^= rng << 13
+		rng ^= rng >> 17
+		rng ^= rng << 5
+		return int(rng % uint32(n))
+	}
+}
+
+// checkBetweenEvents feeds stream to trackBoundary in pieces cut where next
+// says and, after each piece, wants betweenEvents to say what eventWalk's
+// walk over every byte says.
+func checkBetweenEvents(t *testing.T, stream []byte, next func(int) int) {
+	t.Helper()
+	var s bodyStream
+	s.atBoundary = true
+	var w eventWalk
+	for at := 0; at < len(stream); {
+		end := at + 1 + next(len(stream)-at)
+		s.trackBoundary(stream[at:end])
+		w = w.feed(stream[at:end])
+		if got, want := s.betweenEvents(), w.between(); got != want {
+			t.Fatalf("after %q of %q (split at %d): betweenEvents %v; a byte walk says %v", stream[:end], stream, at, got, want)
+		}
+		at = end
 	}
 }
 
@@ -194,30 +219,13 @@ func (w eventWalk) between() bool {
 // colon and one other), it must say what a walk over every byte says.
 func TestBetweenEventsMatchesByteWalk(t *testing.T) {
 	alphabet := []byte("\r\n:a")
-	rng := uint32(7)
-	next := func(n int) int { // xorshift: the same streams every run
-		rng ^= rng << 13
-		rng ^= rng >> 17
-		rng ^= rng << 5
-		return int(rng % uint32(n))
-	}
+	next := xorshift(7)
 	for range 50000 {
 		stream := make([]byte, next(14))
 		for i := range stream {
 			stream[i] = alphabet[next(len(alphabet))]
 		}
-		var s bodyStream
-		s.atBoundary = true
-		var w eventWalk
-		for at := 0; at < len(stream); {
-			end := at + 1 + next(len(stream)-at)
-			s.trackBoundary(stream[at:end])
-			w = w.feed(stream[at:end])
-			if got, want := s.betweenEvents(), w.between(); got != want {
-				t.Fatalf("after %q of %q (split at %d): betweenEvents %v; a byte walk says %v", stream[:end], stream, at, got, want)
-			}
-			at = end
-		}
+		checkBetweenEvents(t, stream, next)
 	}
 }
 
@@ -226,13 +234,7 @@ func TestBetweenEventsMatchesByteWalk(t *testing.T) {
 // through the one that holds it, whose edges the short streams above never
 // reach.
 func TestBetweenEventsMatchesByteWalkOnLongLines(t *testing.T) {
-	rng := uint32(99)
-	next := func(n int) int { // xorshift: the same streams every run
-		rng ^= rng << 13
-		rng ^= rng >> 17
-		rng ^= rng << 5
-		return int(rng % uint32(n))
-	}
+	next := xorshift(99)
 	for range 3000 {
 		var stream []byte
 		for range 1 + next(8) {
@@ -248,18 +250,7 @@ func TestBetweenEventsMatchesByteWalkOnLongLines(t *testing.T) {
 			}
 		}
 		for range 5 {
-			var s bodyStream
-			s.atBoundary = true
-			var w eventWalk
-			for at := 0; at < len(stream); {
-				end := at + 1 + next(len(stream)-at)
-				s.trackBoundary(stream[at:end])
-				w = w.feed(stream[at:end])
-				if got, want := s.betweenEvents(), w.between(); got != want {
-					t.Fatalf("after %q of %q (split at %d): betweenEvents %v; a byte walk says %v", stream[:end], stream, at, got, want)
-				}
-				at = end
-			}
+			checkBetweenEvents(t, stream, next)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -130,14 +129,7 @@ func TestMCPGoSDKResumesCallAfterClientCut(t *testing.T) {
 	}, &mcp.StreamableClientTransport{HTTPClient: &http.Client{Transport: rt}, DisableStandaloneSSE: true, MaxRetries: 3})
 	sid, version := cs.ID(), cs.InitializeResult().ProtocolVersion
 
-	done := make(chan error, 1)
-	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "steps", Meta: mcp.Meta{"progressToken": "s"}})
-		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "steps done") {
-			err = fmt.Errorf("result %+v", res.Content)
-		}
-		done <- err
-	}()
+	done := callTool(ctx, cs, "steps", "steps done")
 	var got []string
 	select {
 	case m := <-progress:

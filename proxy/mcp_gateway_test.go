@@ -925,10 +925,16 @@ func waitProgress(t *testing.T, ctx context.Context, progressed <-chan struct{},
 // callFinish calls "finish" (with a progress token) in the background and
 // delivers nil once it answered "finished", else what went wrong.
 func callFinish(ctx context.Context, cs *mcp.ClientSession) <-chan error {
+	return callTool(ctx, cs, "finish", "finished")
+}
+
+// callTool calls the tool name (with a progress token) in the background
+// and delivers nil once it answered the text want, else what went wrong.
+func callTool(ctx context.Context, cs *mcp.ClientSession, name, want string) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "finish", Meta: mcp.Meta{"progressToken": "d"}})
-		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != "finished") {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Meta: mcp.Meta{"progressToken": name}})
+		if err == nil && (res.IsError || res.Content[0].(*mcp.TextContent).Text != want) {
 			err = fmt.Errorf("result %+v", res.Content)
 		}
 		done <- err

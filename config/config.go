@@ -232,11 +232,12 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // LoadCommand builds the configuration of a command that takes serve's
 // flags: defaults, then the file named by --config (or CUBEPROXY_CONFIG),
 // then the environment, then flags. It returns flag.ErrHelp when -h was
-// given (usage already written to out); command titles the -h usage. shown is what -h names as each flag's default: the
-// value in effect when the setting is left unset. Most of those are
-// applied to zero values by the packages that use them (proxy, routing,
-// certs...), which config, low in the import graph, does not import: the
-// binary asks them and passes the result. nil shows Default's values.
+// given (usage already written to out); command titles the -h usage.
+// shown is what -h names as each flag's default: the value in effect when
+// the setting is left unset. Most of those are applied to zero values by
+// the packages that use them (proxy, routing, certs...), which config, low
+// in the import graph, does not import: the binary asks them and passes
+// the result. nil shows Default's values.
 func LoadCommand(command string, shown *Config, args []string, getenv func(string) string, out io.Writer) (*Config, error) {
 	return LoadCommandContext(context.Background(), command, shown, args, getenv, out)
 }

@@ -992,9 +992,9 @@ func (w *fileWatch) sized(written *fileBytes, size, low, high int64) *truncation
 // bounds for the file watcher (around). Each is counted twice, on either
 // side of its syscall: begun before a write (less the part not written
 // after it) and done after; cutBegun before a cut (less a cut that failed)
-// and cutDone after. The file then holds
-// at least done-cutBegun and at most begun-cutDone of them at any moment.
-// Counted per write(2), not per line.
+// and cutDone after. The file then holds at least done-cutBegun and at
+// most begun-cutDone of them at any moment. Counted per write(2), not per
+// line.
 type fileBytes struct {
 	begun, done       atomic.Int64
 	cutBegun, cutDone atomic.Int64

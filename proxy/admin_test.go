@@ -1237,3 +1237,26 @@ func TestAdminTokenLifetimeBounds(t *testing.T) {
 		}
 	}
 }
+
+// A /admin/state with a state that is none of the three quotes what it
+// got, escaped and cut as route errors quote client input: the 400 said
+// only what is allowed, and a control plane that sent "resumed" or
+// "Paused" had to find in its own logs what it sent.
+func TestAdminStateQuotesTheRejectedValue(t *testing.T) {
+	h := newHarness(t)
+	long := strings.Repeat("p", 100)
+	for _, tc := range []struct{ name, state, want string }{
+		{"unknown word", `"resumed"`, `state must be running, pausing or paused, not "resumed"`},
+		{"other case", `"Paused"`, `state must be running, pausing or paused, not "Paused"`},
+		{"empty", `""`, `state must be running, pausing or paused, not ""`},
+		{"escaped", `"run\"ning\n"`, `state must be running, pausing or paused, not "run\"ning\n"`},
+		{"long", `"` + long + `"`, `state must be running, pausing or paused, not "` + long[:64] + `"...`},
+		// Cut before a character the limit would split, not inside it.
+		{"long, cut at a character", `"` + long[:63] + `é"`, `state must be running, pausing or paused, not "` + long[:63] + `"...`},
+	} {
+		st, out := h.adminJSON("POST", "/admin/state", `{"sandbox_id":"qstate","state":`+tc.state+`}`)
+		if msg, _ := out["error"].(string); st != 400 || msg != tc.want {
+			t.Errorf("%s: %d %q, want 400 %q", tc.name, st, msg, tc.want)
+		}
+	}
+}

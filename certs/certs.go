@@ -88,7 +88,28 @@ type Config struct {
 type FilePair struct {
 	CertFile string
 	KeyFile  string
+	// Setting is the pair's name in the configuration, "tls" for
+	// tls.cert_file and tls.key_file or "tls.files[2]" for a listed
+	// pair: its errors name the setting that names the file, as an
+	// operator looks for it in the config (the path alone did not say
+	// which of the pairs, nor where it was set). Empty names them
+	// cert_file and key_file.
+	Setting string
 }
+
+// certKey and keyKey are the settings that name the pair's files.
+func (p FilePair) certKey() string { return p.key("cert_file") }
+func (p FilePair) keyKey() string  { return p.key("key_file") }
+
+func (p FilePair) key(leaf string) string {
+	if p.Setting == "" {
+		return leaf
+	}
+	return p.Setting + "." + leaf
+}
+
+// pairKeys names both settings, for an error about the pair.
+func (p FilePair) pairKeys() string { return p.certKey() + " + " + p.keyKey() }
 
 // ACMEConfig configures certmagic for the acme source.
 type ACMEConfig struct {

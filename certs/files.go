@@ -353,14 +353,14 @@ func namesAll(c, of *x509.Certificate) bool {
 func readPair(p FilePair, between func()) (certPEM, keyPEM []byte, err error) {
 	certPEM, err = namedfile.Read(p.CertFile, namedfile.MaxSmall)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read certificate: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", p.certKey(), err)
 	}
 	if between != nil {
 		between()
 	}
 	keyPEM, err = namedfile.Read(p.KeyFile, namedfile.MaxSmall)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read key: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", p.keyKey(), err)
 	}
 	return certPEM, keyPEM, nil
 }
@@ -373,7 +373,7 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 		// X509KeyPair stops at the first block it cannot decode: a chain
 		// cut mid-write would load as its leaf alone, which clients that
 		// need the intermediate cannot verify.
-		return nil, fmt.Errorf("load %s: it ends inside a PEM block (truncated, or still being written)", p.CertFile)
+		return nil, fmt.Errorf("%s: load %s: it ends inside a PEM block (truncated, or still being written)", p.certKey(), p.CertFile)
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
@@ -384,19 +384,19 @@ func parsePair(p FilePair, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 			// X509KeyPair takes the first certificate for the server's and
 			// calls the key a mismatch, which sends the operator after the
 			// key file; nginx refuses this order too.
-			return nil, fmt.Errorf("load %s: the key in %s belongs to certificate %d of %d in %s, not the first: list the server's certificate first, then its intermediates",
-				p.CertFile, p.KeyFile, i+1, n, p.CertFile)
+			return nil, fmt.Errorf("%s: load %s: the key in %s belongs to certificate %d of %d in %s, not the first: list the server's certificate first, then its intermediates",
+				p.pairKeys(), p.CertFile, p.KeyFile, i+1, n, p.CertFile)
 		}
 		if encryptedKey(keyPEM) {
 			// crypto/tls only says "failed to parse private key".
-			return nil, fmt.Errorf("load %s + %s: the key is encrypted (passphrase-protected), which the proxy cannot read: write it unencrypted (openssl pkey -in %s -out NEW) and keep that file readable by the proxy alone",
-				p.CertFile, p.KeyFile, p.KeyFile)
+			return nil, fmt.Errorf("%s: load %s + %s: the key is encrypted (passphrase-protected), which the proxy cannot read: write it unencrypted (openssl pkey -in %s -out NEW) and keep that file readable by the proxy alone",
+				p.keyKey(), p.CertFile, p.KeyFile, p.KeyFile)
 		}
-		return nil, fmt.Errorf("load %s + %s: %w", p.CertFile, p.KeyFile, err)
+		return nil, fmt.Errorf("%s: load %s + %s: %w", p.pairKeys(), p.CertFile, p.KeyFile, err)
 	}
 	if cert.Leaf == nil { // GODEBUG=x509keypairleaf=0
 		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("parse %s: %w", p.CertFile, err)
+			return nil, fmt.Errorf("%s: parse %s: %w", p.certKey(), p.CertFile, err)
 		}
 	}
 	return &cert, nil
@@ -447,10 +447,10 @@ func encryptedKey(keyPEM []byte) bool {
 // still loads.
 func misplacedPEM(p FilePair, certPEM, keyPEM []byte) error {
 	if line, why := misplacedPEMLine(certPEM); line > 0 {
-		return fmt.Errorf("load %s: line %d: %s", p.CertFile, line, why)
+		return fmt.Errorf("%s: load %s: line %d: %s", p.certKey(), p.CertFile, line, why)
 	}
 	if line, why := misplacedPEMLine(keyPEM); line > 0 {
-		return fmt.Errorf("load %s + %s: line %d of %s: %s", p.CertFile, p.KeyFile, line, p.KeyFile, why)
+		return fmt.Errorf("%s: load %s + %s: line %d of %s: %s", p.keyKey(), p.CertFile, p.KeyFile, line, p.KeyFile, why)
 	}
 	return nil
 }

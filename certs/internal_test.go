@@ -28,10 +28,10 @@ func TestFileSelectionBySNI(t *testing.T) {
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "ca")
 	pairs := []FilePair{
-		{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")},
-		{filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key")},
-		{filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key")},
-		{filepath.Join(dir, "d.crt"), filepath.Join(dir, "d.key")},
+		{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")},
+		{CertFile: filepath.Join(dir, "b.crt"), KeyFile: filepath.Join(dir, "b.key")},
+		{CertFile: filepath.Join(dir, "c.crt"), KeyFile: filepath.Join(dir, "c.key")},
+		{CertFile: filepath.Join(dir, "d.crt"), KeyFile: filepath.Join(dir, "d.key")},
 	}
 	ca.WritePair(t, pairs[0].CertFile, pairs[0].KeyFile, "cube.test", "*.cube.test")
 	ca.WritePair(t, pairs[1].CertFile, pairs[1].KeyFile, "api.other.test", "*.cube.test")
@@ -78,7 +78,7 @@ func TestFileSelectionBySNI(t *testing.T) {
 
 func TestFileReloadKeepsPreviousOnError(t *testing.T) {
 	dir := t.TempDir()
-	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 	ca := testenv.NewCA(t, "ca")
 	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
 	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
@@ -127,7 +127,7 @@ func TestFileReloadReadsAgainAKeyWrittenAfterItsCertificate(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "ca")
-	p := FilePair{filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
 	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
 	rec := &countingHandler{}
 	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
@@ -189,7 +189,7 @@ func TestFileReloadReadsAgainAPairSwappedBetweenItsReads(t *testing.T) {
 	link("..2026_01", "..data")
 	link("..data/tls.crt", "tls.crt")
 	link("..data/tls.key", "tls.key")
-	p := FilePair{filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
 	rec := &countingHandler{}
 	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(rec))
 	if err != nil {
@@ -235,7 +235,7 @@ func TestFileReloadReadsAgainAPairSwappedBetweenItsReads(t *testing.T) {
 // logged the second time: the pair stopped being reloaded in silence.
 func TestFileReloadFailureLoggedAgainAfterRecovery(t *testing.T) {
 	dir := t.TempDir()
-	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 	ca := testenv.NewCA(t, "ca")
 	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
 	key, err := os.ReadFile(p.KeyFile)
@@ -286,7 +286,7 @@ func TestFileReloadFailureLoggedAgainAfterRecovery(t *testing.T) {
 // next tick. It is refused like any other incomplete pair.
 func TestFileReloadRefusesTruncatedChain(t *testing.T) {
 	dir := t.TempDir()
-	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 	ca := testenv.NewCA(t, "ca")
 	ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
 	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
@@ -315,7 +315,7 @@ func TestFileReloadRefusesTruncatedChain(t *testing.T) {
 // An expired certificate is warned about once, not at every tick.
 func TestFileExpiryWarnedOnce(t *testing.T) {
 	dir := t.TempDir()
-	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 	ca := testenv.NewCA(t, "ca")
 	leaf := ca.WritePair(t, p.CertFile, p.KeyFile, "cube.test")
 	rec := &countingHandler{}
@@ -714,7 +714,7 @@ func TestFilePairErrorNamesTheCause(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+			p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 			writeFile(t, p.CertFile, tt.cert)
 			writeFile(t, p.KeyFile, tt.key)
 			_, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))
@@ -736,7 +736,7 @@ func TestMisplacedPEMLineInABlockNotNeeded(t *testing.T) {
 	leaf, key := ca.Issue(t, "cube.test")
 	params := "\uFEFF-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n"
 	dir := t.TempDir()
-	p := FilePair{filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")}
+	p := FilePair{CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key")}
 	writeFile(t, p.CertFile, leaf)
 	writeFile(t, p.KeyFile, append([]byte(params), key...))
 	s, err := newFileSource([]FilePair{p}, time.Hour, slog.New(slog.DiscardHandler))

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/cube-sandbox/cubeproxy/certs"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
 func TestTLSConfigProtocols(t *testing.T) {
@@ -129,6 +130,17 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	files := func(pairs ...certs.FilePair) certs.Config {
 		return certs.Config{Source: certs.SourceFiles, Files: pairs}
 	}
+	// A good pair listed first, and another pair's certificate: a bad
+	// pair's error names its settings, tls.files[1] here.
+	ca, pairs := testenv.NewCA(t, "ca"), t.TempDir() // dir is checked for what CheckACME leaves
+	good := certs.FilePair{CertFile: filepath.Join(pairs, "good.crt"), KeyFile: filepath.Join(pairs, "good.key"), Setting: "tls"}
+	ca.WritePair(t, good.CertFile, good.KeyFile, "cube.test")
+	other := filepath.Join(pairs, "other.crt")
+	ca.WritePair(t, other, filepath.Join(pairs, "other.key"), "other.test")
+	missing := filepath.Join(pairs, "none.pem")
+	second := func(cert, key string) certs.Config {
+		return files(good, certs.FilePair{CertFile: cert, KeyFile: key, Setting: "tls.files[1]"})
+	}
 	tests := []struct {
 		name    string
 		cfg     certs.Config
@@ -136,8 +148,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}{
 		{"unknown source", certs.Config{Source: "magic"}, "unknown source"},
 		{"files without pairs", files(), "at least one"},
-		{"missing file", files(certs.FilePair{CertFile: filepath.Join(dir, "x.crt"), KeyFile: filepath.Join(dir, "x.key")}), "read certificate"},
+		{"missing file", files(certs.FilePair{CertFile: filepath.Join(dir, "x.crt"), KeyFile: filepath.Join(dir, "x.key")}), "cert_file: stat " + filepath.Join(dir, "x.crt")},
 		{"bad PEM", files(certs.FilePair{CertFile: notPEM, KeyFile: notPEM}), "load"},
+		// The path alone named neither the setting nor which pair.
+		{"missing certificate file", second(missing, good.KeyFile), "tls certificates: tls.files[1].cert_file: stat " + missing + ": no such file"},
+		{"missing key file", second(good.CertFile, missing), "tls certificates: tls.files[1].key_file: stat " + missing + ": no such file"},
+		{"top-level pair", files(certs.FilePair{CertFile: missing, KeyFile: good.KeyFile, Setting: "tls"}), "tls certificates: tls.cert_file: stat " + missing},
+		{"certificate not PEM", second(notPEM, good.KeyFile), "tls certificates: tls.files[1].cert_file + tls.files[1].key_file: load " + notPEM + " + " + good.KeyFile + ": "},
+		{"key of another certificate", second(other, good.KeyFile), "tls certificates: tls.files[1].cert_file + tls.files[1].key_file: load " + other + " + " + good.KeyFile + ": tls: private key does not match public key"},
 		{"acme without domain", acme(func(c *certs.Config) { c.Domain = "" }), "tls.domain is empty"},
 		{"acme wildcard without DNS", acme(func(c *certs.Config) { c.ACME.DNS.Provider = "" }), "DNS-01"},
 		{"acme nothing to manage", acme(func(c *certs.Config) { c.ACME.SkipWildcard = true }), "tls.acme.skip_wildcard is on but tls.acme.on_demand is off"},

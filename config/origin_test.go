@@ -65,7 +65,7 @@ func TestNameOrigins(t *testing.T) {
 	if want := "open access log /var/log/cube/access.log: permission denied (access_log.path is set by --access-log-path)"; got.Error() != want {
 		t.Fatalf("NameOrigins = %v\nwant %s", got, want)
 	}
-	plain := errors.New("tls certificates: read certificate: no such file")
+	plain := errors.New("tls certificates: tls.cert_file: stat /x.pem: no such file or directory")
 	if got := cfg.NameOrigins(plain); got != plain {
 		t.Fatalf("NameOrigins = %v, want the error as it was", got)
 	}

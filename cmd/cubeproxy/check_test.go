@@ -132,6 +132,10 @@ func TestCheckBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	badRoutes := writeTemp(t, dir, "bad-routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    AllowPublicTraffic: \"maybe\"\n")
 	foreign := notOnThisMachine(t)
+	ca := testenv.NewCA(t, "ca")
+	good, goodKey, otherKey := filepath.Join(dir, "good.pem"), filepath.Join(dir, "good.key"), filepath.Join(dir, "other.key")
+	ca.WritePair(t, good, goodKey, "cube.test")
+	ca.WritePair(t, filepath.Join(dir, "other.pem"), otherKey, "other.test")
 	for _, tc := range []struct {
 		name string
 		yaml string
@@ -141,7 +145,15 @@ func TestCheckBadConfig(t *testing.T) {
 		{"unknown key", "http_adr: :8081\n", nil, "http_adr"},
 		{"bad duration flag", "", []string{"--upstream-connect-timeout", "3"}, "invalid duration"},
 		{"invalid route", "routes: " + badRoutes + "\n", nil, "AllowPublicTraffic"},
-		{"missing certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, "cubeproxy: tls certificates: read certificate: stat " + dir + "/none.pem: no such file"},
+		{"missing certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  cert_file: " + dir + "/none.pem\n  key_file: " + dir + "/none.key\n", nil, "cubeproxy: tls certificates: tls.cert_file: stat " + dir + "/none.pem: no such file"},
+		// A listed pair's error names its setting: the path alone did not
+		// say which entry of tls.files, nor that it was one.
+		{"listed pair, missing key", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  files:\n    - {cert_file: " + good + ", key_file: " + goodKey + "}\n    - {cert_file: " + good + ", key_file: " + dir + "/none.key}\n", nil,
+			"cubeproxy: tls certificates: tls.files[1].key_file: stat " + dir + "/none.key: no such file"},
+		{"listed pair, certificate not PEM", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  files:\n    - {cert_file: " + badRoutes + ", key_file: " + goodKey + "}\n", nil,
+			"cubeproxy: tls certificates: tls.files[0].cert_file + tls.files[0].key_file: load " + badRoutes + " + " + goodKey + ": tls: failed to find any PEM data in certificate input"},
+		{"listed pair, key of another certificate", "https_addr: 127.0.0.1:0\ntls:\n  source: files\n  files:\n    - {cert_file: " + good + ", key_file: " + goodKey + "}\n    - {cert_file: " + good + ", key_file: " + otherKey + "}\n", nil,
+			"cubeproxy: tls certificates: tls.files[1].cert_file + tls.files[1].key_file: load " + good + " + " + otherKey + ": tls: private key does not match public key"},
 		{"short signing key", "auth:\n  signing_keys: [short]\n", nil, "auth.signing_keys"},
 		{"acme without email", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    storage_dir: " + dir + "\n    dns:\n      provider: rfc2136\n      options: {server: 127.0.0.1:53}\n", nil, "email"},
 		{"redis ca_file missing", "store: redis\nredis:\n  addr: 127.0.0.1:1\n  tls: true\n  ca_file: " + dir + "/none-ca.pem\n", nil, "none-ca.pem"},

@@ -96,7 +96,7 @@ func TestCheckAgreesWithServeOnShippedConfigs(t *testing.T) {
 		{"cubeproxy.sentinel.yaml", "cubeproxy.sentinel.yaml", local,
 			with(admin, "CUBEPROXY_REDIS_SENTINEL_ADDRS", sentinel.Addr()), "", ""},
 		{"cubeproxy.tls.yaml without its certificate files", "cubeproxy.tls.yaml", append(local, "--https-addr", "127.0.0.1:0"), nil, "",
-			"tls certificates: read certificate: stat certs/cube.test.pem: no such file or directory"},
+			"tls certificates: tls.files[0].cert_file: stat certs/cube.test.pem: no such file or directory"},
 		{"cubeproxy.tls.yaml", "cubeproxy.tls.yaml", append(local, "--https-addr", "127.0.0.1:0"), nil, dir, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

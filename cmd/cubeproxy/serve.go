@@ -814,10 +814,10 @@ func (a *app) certsConfig() certs.Config {
 		ListenAddr: a.cfg.HTTPSAddr, // TLS-ALPN-01 is answered there
 	}
 	if t.CertFile != "" || t.KeyFile != "" {
-		c.Files = append(c.Files, certs.FilePair{CertFile: t.CertFile, KeyFile: t.KeyFile})
+		c.Files = append(c.Files, certs.FilePair{CertFile: t.CertFile, KeyFile: t.KeyFile, Setting: "tls"})
 	}
-	for _, f := range t.Files {
-		c.Files = append(c.Files, certs.FilePair{CertFile: f.CertFile, KeyFile: f.KeyFile})
+	for i, f := range t.Files {
+		c.Files = append(c.Files, certs.FilePair{CertFile: f.CertFile, KeyFile: f.KeyFile, Setting: fmt.Sprintf("tls.files[%d]", i)})
 	}
 	c.Source = tlsSource(t)
 	return c

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -805,25 +804,6 @@ func badSandboxID(ctx *fasthttp.RequestCtx, given bool, id string) {
 	adminError(ctx, 400, fmt.Sprintf("sandbox_id %q is not a sandbox id: %s", id, routing.IDForm))
 }
 
-// maxEcho is how much of a client's value an admin 400 quotes, as
-// routing's errors quote route fields.
-const maxEcho = 64
-
-// echoInput quotes at most maxEcho bytes of a client's value for a 400:
-// the answer says what was refused, escaped, and not all of a value of
-// megabytes. It cuts at a character boundary, so the quote holds no
-// half of one.
-func echoInput(s string) string {
-	if len(s) <= maxEcho {
-		return strconv.Quote(s)
-	}
-	n := maxEcho
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return strconv.Quote(s[:n]) + "..."
-}
-
 // decodeObject decodes body, one JSON object, into its members, numbers
 // as json.Number (through float64 a nanosecond CreatedAt would lose its
 // last digits). A member given twice is refused, however its name is
@@ -998,7 +978,7 @@ func (a *Admin) setState(ctx *fasthttp.RequestCtx) {
 	}
 	st, ok := parseState(b.State)
 	if !ok {
-		adminError(ctx, 400, "state must be running, pausing or paused, not "+echoInput(b.State))
+		adminError(ctx, 400, "state must be running, pausing or paused, not "+routing.Echo(b.State))
 		return
 	}
 	if st == stateRunning {

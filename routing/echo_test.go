@@ -24,7 +24,7 @@ func TestEchoCutsBeforeCopying(t *testing.T) {
 		}},
 		{"host port", func() { _, _ = ParseRouteStrict("box", map[string]string{"HostIP": "10.0.0.1", "8080": huge}) }},
 		{"container port", func() { _, _ = ParseRouteStrict("box", map[string]string{"HostIP": "10.0.0.1", digits: "1"}) }},
-		{"echo", func() { _ = echo(huge) }},
+		{"Echo", func() { _ = Echo(huge) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var before, after runtime.MemStats
@@ -36,10 +36,15 @@ func TestEchoCutsBeforeCopying(t *testing.T) {
 			}
 		})
 	}
-	if got := echo("a\"b"); got != `"a\"b"` {
+	if got := Echo("a\"b"); got != `"a\"b"` {
 		t.Errorf("echo quotes %q", got)
 	}
-	if got := echo(strings.Repeat("y", maxEcho+1)); got != `"`+strings.Repeat("y", maxEcho)+`"...` {
+	if got := Echo(strings.Repeat("y", maxEcho+1)); got != `"`+strings.Repeat("y", maxEcho)+`"...` {
 		t.Errorf("echo cuts to %q", got)
+	}
+	// A cut inside a character keeps none of it: a quote of half of one
+	// would show an escape the client never sent.
+	if got := Echo(strings.Repeat("y", maxEcho-1) + "é"); got != `"`+strings.Repeat("y", maxEcho-1)+`"...` {
+		t.Errorf("echo cuts inside a character: %q", got)
 	}
 }

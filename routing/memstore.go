@@ -690,7 +690,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.Value != "routes" {
-			return nil, fmt.Errorf("line %d: unknown top-level key %s (only \"routes\" is allowed)", k.Line, echo(k.Value))
+			return nil, fmt.Errorf("line %d: unknown top-level key %s (only \"routes\" is allowed)", k.Line, Echo(k.Value))
 		}
 		if seenRoutes {
 			return nil, fmt.Errorf("line %d: key \"routes\" given twice", k.Line)
@@ -709,7 +709,7 @@ func decodeRoutes(data []byte) (map[string]*Route, error) {
 			}
 			id := idNode.Value
 			if !ValidID(id) {
-				return nil, fmt.Errorf("line %d: sandbox id %s must match [a-z0-9][a-z0-9_-]{0,127}", idNode.Line, echo(id))
+				return nil, fmt.Errorf("line %d: sandbox id %s must match [a-z0-9][a-z0-9_-]{0,127}", idNode.Line, Echo(id))
 			}
 			if _, dup := routes[id]; dup {
 				return nil, fmt.Errorf("line %d: sandbox %q given twice", idNode.Line, id)
@@ -903,7 +903,7 @@ func addFields(fields map[string]string, n *yaml.Node, mergedInto []*yaml.Node, 
 		}
 		if _, dup := fields[k.Value]; dup {
 			if own {
-				return fmt.Errorf("line %d: field %s given twice", k.Line, echo(k.Value))
+				return fmt.Errorf("line %d: field %s given twice", k.Line, Echo(k.Value))
 			}
 			continue // set by a mapping that wins over this one
 		}
@@ -912,7 +912,7 @@ func addFields(fields map[string]string, n *yaml.Node, mergedInto []*yaml.Node, 
 			value = value.Alias
 		}
 		if value.Kind != yaml.ScalarNode || value.Tag == "!!null" {
-			return fmt.Errorf("line %d: field %s: value must be a string", v.Line, echo(k.Value))
+			return fmt.Errorf("line %d: field %s: value must be a string", v.Line, Echo(k.Value))
 		}
 		fields[k.Value] = value.Value
 	}

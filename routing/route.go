@@ -127,7 +127,7 @@ const maxMaskHostLen = 261
 // parseRoute is ParseRoute, and with strict ParseRouteStrict.
 func parseRoute(id string, fields map[string]string, strict bool) (*Route, error) {
 	if !ValidID(id) {
-		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + echo(id)}
+		return nil, &FieldError{Field: FieldSandboxID, Reason: "must match [a-z0-9][a-z0-9_-]{0,127}, got " + Echo(id)}
 	}
 	r := &Route{ID: id, Public: true, Ports: make(map[uint16]uint16)}
 	// Map order is random; report the error of the smallest field name so the
@@ -171,7 +171,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 				n, err = strconv.ParseInt(v, 10, 64)
 			}
 			if err != nil || v[0] < '0' || v[0] > '9' || n < 0 {
-				fail(k, "must be a non-negative decimal integer (unix nanoseconds), got "+echo(v))
+				fail(k, "must be a non-negative decimal integer (unix nanoseconds), got "+Echo(v))
 				break
 			}
 			r.CreatedAt = n
@@ -183,7 +183,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			case "false":
 				r.Public = false
 			default:
-				fail(k, `must be "true" or "false", got `+echo(v))
+				fail(k, `must be "true" or "false", got `+Echo(v))
 			}
 		case FieldTrafficAccessToken:
 			if v == "" {
@@ -217,7 +217,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			}
 			host, ok := parsePort([]byte(v))
 			if !ok {
-				fail(fieldName(k), "host port must be 1..65535, got "+echo(v))
+				fail(fieldName(k), "host port must be 1..65535, got "+Echo(v))
 				break
 			}
 			if _, dup := r.Ports[container]; dup {
@@ -262,7 +262,7 @@ func parseIP(s string) (netip.Addr, string) {
 	addr, err := netip.ParseAddr(s)
 	switch {
 	case err != nil:
-		return netip.Addr{}, "not an IP address: " + echo(s)
+		return netip.Addr{}, "not an IP address: " + Echo(s)
 	case addr.Zone() != "":
 		return netip.Addr{}, "IPv6 zones are not allowed"
 	}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -651,17 +652,22 @@ func bytesString(b []byte) string {
 // targetErr builds a TargetError whose reason quotes at most maxEcho bytes of input.
 func targetErr(code, reason string, input []byte) error {
 	if input != nil {
-		reason += ": " + echo(input)
+		reason += ": " + Echo(input)
 	}
 	return &TargetError{Code: code, Reason: reason}
 }
 
-// echo quotes at most maxEcho bytes of client input for an error message.
-// It takes a string as it is: a caller's []byte(v) copied all of a value
-// of megabytes only for its first maxEcho bytes to be kept.
-func echo[T string | []byte](b T) string {
+// Echo quotes at most 64 bytes of client input for an error message, cut
+// at a character boundary so the quote holds no half of one. It takes a
+// string as it is: a caller's []byte(v) copied all of a value of megabytes
+// only for its first bytes to be kept.
+func Echo[T string | []byte](b T) string {
 	if len(b) > maxEcho {
-		return strconv.Quote(string(b[:maxEcho])) + "..."
+		n := maxEcho
+		for n > 0 && !utf8.RuneStart(b[n]) {
+			n--
+		}
+		return strconv.Quote(string(b[:n])) + "..."
 	}
 	return strconv.Quote(string(b))
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // With Redis, a sandbox the lifecycle manager restores at another address
@@ -38,16 +39,8 @@ func TestRedisResumedSandboxIsServedAtItsNewAddress(t *testing.T) {
 		o.cfg.ResumeAddr = sc.addr
 		o.cfg.NodeIP = netip.MustParseAddr("127.0.0.2") // dial HostIP:<mapped port>
 	})
-	newPort = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
-	oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
-	if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1",
-		itoa(oldPortForMove), itoa(oldPort)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	host := itoa(oldPortForMove) + "-sleepy.cube.test"
-	if st, body, _ := h.get(host, "/"); st != 200 || body != "old" {
-		t.Fatalf("before the pause: %d %q", st, body)
-	}
+	var host string
+	host, newPort = servedAtOldAddress(t, h, rdb, key)
 	h.setSandboxState("sleepy", "paused")
 	st, body, _ := h.get(host, "/")
 	if n := len(sc.seen()); n != 1 {
@@ -82,16 +75,7 @@ func TestRedisSandboxSetRunningIsServedAtItsNewAddress(t *testing.T) {
 				o.store = store
 				o.cfg.NodeIP = netip.MustParseAddr("127.0.0.2") // dial HostIP:<mapped port>
 			})
-			newPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
-			oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
-			if err := rdb.HSet(ctx, key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1",
-				itoa(oldPortForMove), itoa(oldPort)).Err(); err != nil {
-				t.Fatal(err)
-			}
-			host := itoa(oldPortForMove) + "-sleepy.cube.test"
-			if st, body, _ := h.get(host, "/"); st != 200 || body != "old" {
-				t.Fatalf("before the pause: %d %q", st, body)
-			}
+			host, newPort := servedAtOldAddress(t, h, rdb, key)
 			h.setSandboxState("sleepy", from)
 			if st, body, _ := h.get(host, "/"); st != 503 || errorCode(t, body) != CodeSandboxPausing {
 				t.Fatalf("while %s: %d %q, want 503 %s", from, st, body, CodeSandboxPausing)
@@ -106,4 +90,23 @@ func TestRedisSandboxSetRunningIsServedAtItsNewAddress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// servedAtOldAddress starts the sandbox "sleepy"'s backend at its old
+// address (answering "old") and the one it will be restored at ("new"),
+// writes its route at key with the old one, and checks that h serves it
+// from there. It returns the host to request and the new backend's port.
+func servedAtOldAddress(t *testing.T, h *harness, rdb *redis.Client, key string) (host string, newPort uint16) {
+	t.Helper()
+	newPort = backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "new") }))
+	oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "old") }))
+	if err := rdb.HSet(context.Background(), key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1", "CreatedAt", "1",
+		itoa(oldPortForMove), itoa(oldPort)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	host = itoa(oldPortForMove) + "-sleepy.cube.test"
+	if st, body, _ := h.get(host, "/"); st != 200 || body != "old" {
+		t.Fatalf("before the pause: %d %q", st, body)
+	}
+	return host, newPort
 }

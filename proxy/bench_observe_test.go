@@ -137,7 +137,7 @@ func servedProxy(tb testing.TB, cfg Config, srvCfg ServerConfig, store routing.S
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p, err := New(cfg, store, cache)
+	p, err := New(cfg, cache)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 // backend's: hop-by-hop removal, credential stripping, forwarding headers,
 // Host masking.
 func BenchmarkHeaderRewrite(b *testing.B) {
-	p, err := New(Config{}, nil, nil)
+	p, err := New(Config{}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func bareProxy(tb testing.TB) (*Proxy, *routing.MemoryStore) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, store, cache)
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, cache)
 	if err != nil {
 		tb.Fatal(err)
 	}

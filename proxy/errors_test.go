@@ -320,7 +320,7 @@ func TestConnectRefused(t *testing.T) {
 // How a failed exchange is told to the client: the sandbox's fault
 // (closed, reset, gone silent, unparsable) or a timeout of the proxy's.
 func TestUpstreamErrorClassification(t *testing.T) {
-	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, nil, nil)
+	p, err := New(Config{Logger: slog.New(slog.DiscardHandler)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 		// timeout set their own.
 		o.cfg.ConnectTimeout = 30 * time.Second
 	}
-	h.proxy, err = New(o.cfg, h.counts, h.cache)
+	h.proxy, err = New(o.cfg, h.cache)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -720,7 +720,7 @@ func FuzzPrepareRequest(f *testing.F) {
 	} {
 		f.Add(head)
 	}
-	p, err := New(Config{}, nil, nil)
+	p, err := New(Config{}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestInvalidRouteLoggedOncePerRead(t *testing.T) {
 		}
 		defer cache.Close()
 		var logs testenv.LogBuffer
-		p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, store, cache)
+		p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, cache)
 		if err != nil {
 			t.Fatal(err)
 		}

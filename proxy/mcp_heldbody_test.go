@@ -644,7 +644,7 @@ func TestCheckHeldBodies(t *testing.T) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := New(Config{HeldBodyBudget: -1}, nil, nil); err == nil {
+	if _, err := New(Config{HeldBodyBudget: -1}, nil); err == nil {
 		t.Error("New took a negative HeldBodyBudget")
 	}
 }

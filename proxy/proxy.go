@@ -34,7 +34,6 @@ type Proxy struct {
 	cfg     Config
 	parser  *routing.Parser
 	cache   *routing.Cache
-	store   routing.Store
 	pools   pools
 	readers sync.Pool // *bufio.Reader of UpstreamReadBufferSize, one per exchange
 	// readersOut counts readers in use: what idle streams cost in buffers.
@@ -157,8 +156,9 @@ type Proxy struct {
 	reqSeq   atomic.Uint64
 }
 
-// New returns a proxy that resolves routes through cache (in front of store).
-func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) {
+// New returns a proxy that resolves routes through cache, which reads its
+// store on a miss.
+func New(cfg Config, cache *routing.Cache) (*Proxy, error) {
 	if err := cfg.CheckHeldBodies(); err != nil {
 		return nil, err
 	}
@@ -167,7 +167,6 @@ func New(cfg Config, store routing.Store, cache *routing.Cache) (*Proxy, error) 
 		cfg:    cfg,
 		parser: routing.NewParser(cfg.Parser),
 		cache:  cache,
-		store:  store,
 		tel:    cfg.Telemetry,
 	}
 	p.heldBodies.max = cfg.HeldBodyBudget

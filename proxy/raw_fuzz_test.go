@@ -460,7 +460,7 @@ func fuzzProxy(f *testing.F, routes map[string]map[string]string, cfg Config, tl
 	cfg.ConnectTimeout = 500 * time.Millisecond
 	cfg.ResponseHeaderTimeout = 2 * time.Second
 	cfg.IdleStreamTimeout = 2 * time.Second
-	p, err := New(cfg, store, cache)
+	p, err := New(cfg, cache)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func TestServeAfterShutdownBeganClosesItsListener(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := New(Config{Logger: logger}, store, cache)
+			p, err := New(Config{Logger: logger}, cache)
 			if err != nil {
 				t.Fatal(err)
 			}

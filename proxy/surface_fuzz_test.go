@@ -185,7 +185,7 @@ func FuzzRequestID(f *testing.F) {
 	f.Add(strings.Repeat("i", maxRequestIDLen+1), "", "a\tb")
 	f.Add("caf\xc3\xa9", "ok", "")
 	f.Add("\x7f", "", "")
-	p, err := New(Config{}, nil, nil)
+	p, err := New(Config{}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func FuzzUpgradeRequest(f *testing.F) {
 	} {
 		f.Add(s[0], s[1], s[2], s[3])
 	}
-	p, err := New(Config{}, nil, nil)
+	p, err := New(Config{}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func FuzzMaskedHost(f *testing.F) {
 	f.Add("$${PORT}}", uint16(65535), "")
 	f.Add("localhost:${PORT}", uint16(envdPort), "a.example")
 	f.Add("h:${port}", uint16(80), "")
-	p, err := New(Config{}, nil, nil)
+	p, err := New(Config{}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}

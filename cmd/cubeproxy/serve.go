@@ -390,7 +390,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 	pcfg := proxyConfig(cfg)
 	pcfg.NodeIP, pcfg.Signer, pcfg.ExemptPorts = ps.nodeIP, ps.signer, ps.exempt
 	pcfg.Telemetry, pcfg.AccessLog, pcfg.InstanceID, pcfg.Logger = a.tel, a.access, a.instance, log
-	a.proxy, err = proxy.New(pcfg, store, a.cache)
+	a.proxy, err = proxy.New(pcfg, a.cache)
 	if err != nil {
 		return nil, err
 	}

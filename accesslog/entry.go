@@ -22,7 +22,7 @@ type Entry struct {
 	XForwardedFor   string // X-Forwarded-For request header as received
 	ServerAddr      string // local IP the request arrived on ($server_addr)
 	XForwardedProto string // X-Forwarded-Proto request header as received
-	Method          string
+	Method          string // request method as received
 	RequestURI      string // original request URI, with query
 	Args            string // query string without "?"
 	Protocol        string // "HTTP/1.1"
@@ -54,9 +54,9 @@ type Entry struct {
 	// "$upstream_status" lists ("a, a", "502, 200") tell. Every attempt
 	// goes to UpstreamAddr. JSON only.
 	UpstreamRetries   int
-	UpstreamRetryCode string
+	UpstreamRetryCode string // error code of the first failed attempt, "" when none failed
 
-	UserAgent  string
+	UserAgent  string // User-Agent request header as received
 	RequestID  string // X-Cube-Request-Id as echoed to the client
 	InstanceID string // X-Cube-Instance-Id request header
 	BackendIP  string // node or sandbox IP the route resolved to

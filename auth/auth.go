@@ -31,8 +31,8 @@ const (
 // it to 403 with Code in the body. Reason is safe to show and to log: it
 // never contains a token value.
 type Rejection struct {
-	Code   string
-	Reason string
+	Code   string // machine-readable, e.g. "invalid_token"
+	Reason string // one sentence for a person
 }
 
 // Error returns the reason followed by the code.

@@ -86,8 +86,8 @@ type Config struct {
 
 // FilePair is one certificate chain and its private key, both PEM files.
 type FilePair struct {
-	CertFile string
-	KeyFile  string
+	CertFile string // certificate chain, leaf first
+	KeyFile  string // the leaf's private key
 	// Setting is the pair's name in the configuration, "tls" for
 	// tls.cert_file and tls.key_file or "tls.files[2]" for a listed
 	// pair: its errors name the setting that names the file, as an

@@ -45,8 +45,8 @@ const (
 
 // FieldError says which field of a route is invalid and why.
 type FieldError struct {
-	Field  string
-	Reason string
+	Field  string // route field name, e.g. "SandboxIP"
+	Reason string // why its value is refused
 
 	// reported is set by the first FirstReport.
 	reported atomic.Bool

@@ -47,7 +47,7 @@ const (
 // Target is what a request addresses: one container port of one sandbox.
 // It holds the id in a fixed array so parsing allocates nothing.
 type Target struct {
-	Port uint16
+	Port uint16 // container port
 	// Shared is true when the target came from override headers on a shared host.
 	Shared bool
 	// PathPrefix is the length of the "/sandbox/<id>/<port>" prefix of
@@ -70,7 +70,7 @@ type HeaderPeeker interface {
 // TargetError is a request whose target cannot be parsed (400).
 type TargetError struct {
 	Code   string // machine-readable, e.g. "invalid_host", "invalid_port"
-	Reason string
+	Reason string // one sentence for the client, the refused value quoted
 }
 
 // Error is Reason alone: the proxy answers it to the client as is.

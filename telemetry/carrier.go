@@ -8,7 +8,9 @@ import (
 // HeaderCarrier adapts a fasthttp request header to propagation.TextMapCarrier
 // (and ValuesGetter, for propagators that read repeated headers) without
 // copying the header into an http.Header.
-type HeaderCarrier struct{ H *fasthttp.RequestHeader }
+type HeaderCarrier struct {
+	H *fasthttp.RequestHeader // the header read and written
+}
 
 var (
 	_ propagation.TextMapCarrier = HeaderCarrier{}

@@ -506,17 +506,17 @@ func (t *Telemetry) startClientSpan(ctx context.Context, upstream *fasthttp.Requ
 // SpanResult is what the proxy knows about a request when its server span
 // ends (for streams: when the stream ends).
 type SpanResult struct {
-	SandboxID string
-	Port      int // container port
-	Kind      RouteKind
-	Status    int
-	Upstream  string // "ip:port" dialed, "" when none
-	BytesIn   int64
-	BytesOut  int64
-	Retries   int
-	Cache     CacheResult
-	ErrorCode string // proxy error code ("sandbox_not_found", ...), "" on success
-	RequestID string // X-Cube-Request-Id of the answer, "" when none went out
+	SandboxID string      // "" when no route was parsed
+	Port      int         // container port
+	Kind      RouteKind   // how the route was reached
+	Status    int         // status sent to the client
+	Upstream  string      // "ip:port" dialed, "" when none
+	BytesIn   int64       // request body bytes received
+	BytesOut  int64       // response body bytes sent
+	Retries   int         // upstream attempts made again
+	Cache     CacheResult // route cache hit, miss or stale
+	ErrorCode string      // proxy error code ("sandbox_not_found", ...), "" on success
+	RequestID string      // X-Cube-Request-Id of the answer, "" when none went out
 }
 
 // ErrorCodeClientClosed is the proxy's error code for an exchange its

@@ -50,8 +50,8 @@ type Provider struct {
 // ServerError reports an UPDATE the server answered with a non-success rcode
 // (for example NOTAUTH for a bad TSIG signature, REFUSED for a missing grant).
 type ServerError struct {
-	Zone  string
-	Rcode int
+	Zone  string // zone the UPDATE was for
+	Rcode int    // DNS rcode of the answer (dns.RcodeNotAuth, ...)
 }
 
 // Error names the zone and the rcode.

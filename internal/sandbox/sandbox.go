@@ -37,7 +37,7 @@ type CountInput struct {
 
 // CountOutput is the output of the "count" tool.
 type CountOutput struct {
-	Counted int `json:"counted"`
+	Counted int `json:"counted"` // notifications sent
 }
 
 // NewMCPServer returns the demo MCP server: tools "echo" and "count" (the

@@ -10,9 +10,9 @@ import (
 
 // PromSample is one sample line of the Prometheus text exposition.
 type PromSample struct {
-	Name   string
-	Labels map[string]string
-	Value  float64
+	Name   string            // metric name, with its _bucket/_sum/_count suffix
+	Labels map[string]string // label values, unescaped
+	Value  float64           // sample value
 }
 
 // ParsePromText parses every sample line of a Prometheus text exposition

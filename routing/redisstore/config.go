@@ -53,8 +53,8 @@ type Config struct {
 	// InsecureSkipVerify disables server certificate checks (tests only).
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify" usage:"skip Redis certificate checks (tests only)"`
 
-	Sentinel SentinelConfig `yaml:"sentinel"`
-	Cluster  ClusterConfig  `yaml:"cluster"`
+	Sentinel SentinelConfig `yaml:"sentinel"` // set master_name to reach Redis through Sentinel
+	Cluster  ClusterConfig  `yaml:"cluster"`  // set addrs to use a Redis Cluster
 
 	// PoolSize is the connection pool size per node (0: go-redis default, 10 per CPU).
 	PoolSize int `yaml:"pool_size" usage:"connections per node (0: go-redis default)"`

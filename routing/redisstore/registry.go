@@ -15,11 +15,11 @@ import (
 
 // Instance describes one running proxy in the registry.
 type Instance struct {
-	ProxyID   string    `json:"proxy_id"`
-	AdminURL  string    `json:"admin_url"`
-	NodeIP    string    `json:"node_ip"`
+	ProxyID   string    `json:"proxy_id"`   // instance_id of the proxy
+	AdminURL  string    `json:"admin_url"`  // where the lifecycle manager reaches its admin API
+	NodeIP    string    `json:"node_ip"`    // node_ip of the proxy
 	StartedAt time.Time `json:"started_at"` // unix milliseconds in JSON (MarshalJSON)
-	Version   string    `json:"version"`
+	Version   string    `json:"version"`    // the proxy's build version
 }
 
 // MarshalJSON writes the entry as the platform's proxy does, started_at in

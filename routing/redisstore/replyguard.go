@@ -43,7 +43,7 @@ type ReplyTooLargeError struct {
 	// written. It holds for a batch written in one go, as a pipeline of
 	// a few small commands is (go-redis buffers 32 KiB before it writes).
 	Reply  int
-	Reason string
+	Reason string // what was too large, for the log
 }
 
 // Error names the reply in its batch and why it was refused.

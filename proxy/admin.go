@@ -801,7 +801,7 @@ func badSandboxID(ctx *fasthttp.RequestCtx, given bool, id string) {
 		adminError(ctx, 400, "sandbox_id missing")
 		return
 	}
-	adminError(ctx, 400, fmt.Sprintf("sandbox_id %q is not a sandbox id: %s", id, routing.IDForm))
+	adminError(ctx, 400, "sandbox_id "+routing.Echo(id)+" is not a sandbox id: "+routing.IDForm)
 }
 
 // decodeObject decodes body, one JSON object, into its members, numbers
@@ -833,7 +833,7 @@ func decodeObject(body []byte) (map[string]any, error) {
 			return nil, cutShort(err)
 		}
 		if _, dup := out[name]; dup {
-			return nil, fmt.Errorf("field %q given twice", name)
+			return nil, fmt.Errorf("field %s given twice", routing.Echo(name))
 		}
 		out[name] = v
 	}
@@ -1085,11 +1085,11 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 				}
 			}
 		default:
-			err = fmt.Errorf("unknown field %q", name)
+			err = fmt.Errorf("unknown field %s", routing.Echo(name))
 			continue
 		}
 		if !ok {
-			err = fmt.Errorf("field %q has the wrong type", name)
+			err = fmt.Errorf("field %s has the wrong type", routing.Echo(name))
 		}
 	}
 	if err != nil {
@@ -1112,9 +1112,9 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 	case !hasPort:
 		msg = "port (1-65535) is required"
 	case !routing.ValidID(b.SandboxID):
-		msg = fmt.Sprintf("sandbox_id %q is not a sandbox id: %s", b.SandboxID, routing.IDForm)
+		msg = "sandbox_id " + routing.Echo(b.SandboxID) + " is not a sandbox id: " + routing.IDForm
 	case badPort != "":
-		msg = fmt.Sprintf("port %s is not a port (1-65535)", badPort)
+		msg = "port " + echoNumber(badPort) + " is not a port (1-65535)"
 	case b.Port < 1 || b.Port > 65535:
 		msg = fmt.Sprintf("port %d is not a port (1-65535)", b.Port)
 	}
@@ -1133,6 +1133,16 @@ func (a *Admin) signToken(ctx *fasthttp.RequestCtx) {
 	})
 }
 
+// echoNumber is a JSON number as a refusal quotes it: as written (it holds
+// nothing to escape), cut as routing.Echo cuts, so a port of 64 KiB of
+// digits is not answered whole.
+func echoNumber(n string) string {
+	if len(n) > 64 {
+		return n[:64] + "..."
+	}
+	return n
+}
+
 // ParseTokenTTL parses a signed-token lifetime: a Go duration, default
 // 10m, between 1s and 24h (TokenExpiry rounds the expiry up to a whole
 // second).
@@ -1142,7 +1152,7 @@ func ParseTokenTTL(s string) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < time.Second || d > 24*time.Hour {
-		return 0, fmt.Errorf("ttl %q: want a duration between 1s and 24h", s)
+		return 0, fmt.Errorf("ttl %s: want a duration between 1s and 24h", routing.Echo(s))
 	}
 	return d, nil
 }

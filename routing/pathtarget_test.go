@@ -52,8 +52,27 @@ func TestParseRequestPath(t *testing.T) {
 		// Headers on a shared host, a path that is not under /sandbox/.
 		{"plain", "127.0.0.1", "/sandboxes/abc/8080/", cube, 9000, "other", 0, ""},
 		{"plain", "127.0.0.1", "/Sandbox/abc/8080/", cube, 9000, "other", 0, ""},
-		// Absolute form is routed by its host, as before.
-		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/abc/8080/", cube, 9000, "other", 0, ""},
+		// Absolute form, from a client that has the node as its HTTP
+		// proxy: routed by its path as nginx routes it, when its own host
+		// serves paths too; the prefix counts from the target's start.
+		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/abc/8080/", cube, 8080, "abc", 33, ""},
+		{"plain", "127.0.0.1:8081", "https://127.0.0.1:8081/sandbox/abc/8080?q", none, 8080, "abc", 39, ""},
+		{"plain", "10.0.0.1", "http://proxy.example.com//sandbox/abc/8080/p", none, 8080, "abc", 42, ""},
+		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
+		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/ABC/8080/", none, 0, "", 0, CodeInvalidSandboxID},
+		{"plain", "127.0.0.1", "http://127.0.0.1/sandbox/abc/0/", none, 0, "", 0, CodeInvalidPort},
+		// Its host naming a sandbox, or being no host name: routed by
+		// Host, which names another target or none.
+		{"plain", "127.0.0.1", "http://8080-abc.x.test/sandbox/abc/8080/", none, 0, "", 0, CodeMissingTargetHeaders},
+		{"plain", "127.0.0.1", "http://8080-abc.x.test/sandbox/abc/8080/", cube, 0, "", 0, CodeInvalidHost},
+		{"plain", "127.0.0.1", "http://a..b/sandbox/abc/8080/", cube, 0, "", 0, CodeInvalidHost},
+		{"domains", "127.0.0.1", "http://x.8080-own.e2b.dev/sandbox/abc/8080/", cube, 0, "", 0, CodeInvalidHost},
+		// Not its path: the query, another scheme's authority alone.
+		{"plain", "127.0.0.1", "http://127.0.0.1?/sandbox/abc/8080/", cube, 9000, "other", 0, ""},
+		{"plain", "127.0.0.1", "http://127.0.0.1#/sandbox/abc/8080/", cube, 9000, "other", 0, ""},
+		// A sandbox Host routes by itself, its target checked against it.
+		{"plain", "8080-abc.x.test", "http://8080-abc.x.test/sandbox/other/9000/", none, 8080, "abc", 0, ""},
+		{"plain", "8080-abc.x.test", "http://127.0.0.1/sandbox/abc/8080/", none, 0, "", 0, CodeInvalidHost},
 		// Malformed.
 		{"plain", "127.0.0.1", "/sandbox/abc", none, 0, "", 0, CodeInvalidPath},
 		{"plain", "127.0.0.1", "/sandbox/", none, 0, "", 0, CodeInvalidPath},

@@ -139,9 +139,13 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // as one sandbox's would reach another. Other targets are not looked at, so
 // the origin form ("/p") costs one byte compare.
 //
-// A target in origin form under PathRoot ("/sandbox/<id>/<port>/rest") on
-// a host that names no sandbox port (an IP, a shared host, any other name)
-// is routed by its path, as the platform's proxy routes it: see parsePath.
+// A target under PathRoot ("/sandbox/<id>/<port>/rest") on a host that
+// names no sandbox port (an IP, a shared host, any other name) is routed
+// by its path, as the platform's proxy routes it: see parsePath. In
+// absolute form ("http://<node>/sandbox/..."), both Host and the target's
+// own host must be such hosts, else Host routes as for any other target;
+// PathPrefix counts from the target's start, so the prefix cut off leaves
+// the sandbox its origin-form path.
 // Slashes before "sandbox" count as one ("//sandbox/x/80/", from a client
 // that joined a base URL ending in '/' and a path), as nginx's
 // merge_slashes has them. Within the prefix an empty segment is refused:
@@ -150,8 +154,20 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // A sandbox host name keeps its own routing for every path, so that an app
 // that serves pages under /sandbox/ is still reached by its own name.
 func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
-	if under, ok := underPathRoot(target); ok {
+	if under, ok := underPathRoot(targetPath(target)); ok {
 		byPath, err := p.routesByPath(host)
+		if err == nil && byPath && target[0] != '/' {
+			// Absolute form ("GET http://<node>/sandbox/<id>/<port>/p",
+			// from a client that has the node as its HTTP proxy): nginx
+			// routes it by its path too. Its own host must serve paths as
+			// well; one that does not (a sandbox's, a malformed one) is
+			// routed by Host below, which refuses it for naming no sandbox
+			// Host does.
+			authority, _ := TargetAuthority(target)
+			if byAuthority, aerr := p.routesByPath(authority); aerr != nil || !byAuthority {
+				byPath = false
+			}
+		}
 		if err != nil {
 			t.reset()
 			return err
@@ -226,6 +242,26 @@ func (p *Parser) underSandboxHost(name []byte) bool {
 		}
 	}
 	return false
+}
+
+// targetPath is the path and query of a request target: the target
+// itself in origin form, what follows the authority of an absolute-form
+// one ("http://h/p?q" gives "/p?q"; "http://h?q" gives nothing), and
+// nothing for other forms ("*", "host:443"). It is a suffix of target, so
+// offsets from its end are offsets from target's.
+func targetPath(target []byte) []byte {
+	if len(target) > 0 && target[0] == '/' {
+		return target
+	}
+	i := bytes.Index(target, []byte(schemeSep))
+	if i < 0 {
+		return nil
+	}
+	rest := target[i+len(schemeSep):]
+	if end := bytes.IndexAny(rest, "/?#"); end >= 0 && rest[end] == '/' {
+		return rest[end:]
+	}
+	return nil
 }
 
 // underPathRoot reports whether target begins with PathRoot, its leading

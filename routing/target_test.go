@@ -409,6 +409,14 @@ func FuzzParse(f *testing.F) {
 	f.Add("3000-abc.cube.app:80", "", "", "http://3000-abc.eu.cube.app/")
 	f.Add("[::1]:8081", "", "", "/sandbox/8080/08080/")
 	f.Add("0003000-8080.cube.app.", "", "", "/Sandbox/abc/3000/")
+	// Absolute form under the path root: routed by the path when both
+	// Host and the target's host serve paths.
+	f.Add("127.0.0.1:8081", "", "", "http://127.0.0.1:8081/sandbox/abc/3000/p?q")
+	f.Add("127.0.0.1", "a", "8080", "HTTPS://proxy.example.com//sandbox/abc/3000")
+	f.Add("127.0.0.1", "", "", "http://3000-abc.cube.app/sandbox/other/3000/")
+	f.Add("3000-abc.cube.app", "", "", "http://127.0.0.1/sandbox/abc/3000/")
+	f.Add("127.0.0.1", "", "", "http://127.0.0.1?/sandbox/abc/3000/")
+	f.Add("127.0.0.1", "", "", "http://127.0.0.1/sandbox/abc%2F3000/")
 	parsers := testParsers()
 	plain, domains := parsers["plain"], parsers["domains"]
 	nested := NewParser(ParserConfig{Domains: []string{"cube.app", "EU.cube.app."}})
@@ -508,6 +516,19 @@ func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host
 		checkPathRequest(t, name, p, host, target, h)
 		return
 	}
+	if _, rest, ok := strings.Cut(target, "://"); ok && !strings.HasPrefix(target, "/") {
+		// Absolute form (the scheme is not looked at): the authority
+		// ends at the first '/', '?' or '#'; a path under the root
+		// follows it.
+		if end := strings.IndexAny(rest, "/?#"); end >= 0 && pathRootModel.MatchString(rest[end:]) {
+			authority := rest[:end]
+			if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+				authority = authority[at+1:]
+			}
+			checkAbsolutePathRequest(t, name, p, host, authority, target, rest[end:], h)
+			return
+		}
+	}
 	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
 	if hostErr != nil {
 		var te, hte *TargetError
@@ -534,5 +555,38 @@ func checkParseRequest(t *testing.T, name string, p *Parser, m modelParser, host
 	byURL, ok := m.parse(u.Host, id, port)
 	if !ok || byURL.port != int(tgt.Port) || byURL.id != string(tgt.ID()) {
 		t.Fatalf("%s: ParseRequest(%q, %q) accepted %d %q; the target's host %q names %+v, %v", name, host, target, tgt.Port, tgt.ID(), u.Host, byURL, ok)
+	}
+}
+
+// checkAbsolutePathRequest holds ParseRequest for an absolute-form target
+// whose path is under PathRoot to the README: routed by its path as the
+// origin form on both Host and the target's own host, the prefix counted
+// from the target's start; or by a sandbox Host; or refused with a code.
+func checkAbsolutePathRequest(t *testing.T, name string, p *Parser, host, authority, target, path string, h HeaderPeeker) {
+	t.Helper()
+	var tgt, byHost, byAuthority, named Target
+	err := p.ParseRequest(&tgt, []byte(host), []byte(target), h)
+	switch {
+	case err != nil:
+		var te *TargetError
+		if !errors.As(err, &te) || te.Code == "" {
+			t.Fatalf("%s: error %v is not a TargetError with a code", name, err)
+		}
+	case tgt.PathPrefix == 0:
+		if p.Parse(&named, []byte(host), nil) != nil || named.Shared {
+			t.Fatalf("%s: ParseRequest(%q, %q) routed by host %d %q, which names no sandbox", name, host, target, tgt.Port, tgt.ID())
+		}
+	default:
+		herr := p.ParseRequest(&byHost, []byte(host), []byte(path), h)
+		aerr := p.ParseRequest(&byAuthority, []byte(authority), []byte(path), h)
+		for _, o := range []struct {
+			err error
+			t   *Target
+		}{{herr, &byHost}, {aerr, &byAuthority}} {
+			if o.err != nil || o.t.Port != tgt.Port || !bytes.Equal(o.t.ID(), tgt.ID()) || o.t.PathPrefix+len(target)-len(path) != tgt.PathPrefix {
+				t.Fatalf("%s: ParseRequest(%q, %q) = %d %q prefix %d; its path on Host and on its host: %+v %v, %+v %v",
+					name, host, target, tgt.Port, tgt.ID(), tgt.PathPrefix, byHost, herr, byAuthority, aerr)
+			}
+		}
 	}
 }

@@ -72,3 +72,31 @@ func TestAbsoluteFormPathRouting(t *testing.T) {
 	}
 	other.assertUntouched(t, "the other sandbox")
 }
+
+// "OPTIONS http://host" (absolute form, no path, no query) asks about the
+// server as a whole, and the last proxy must send it on as "OPTIONS *"
+// (RFC 9112 3.2.4); the parsed URI's path made it "OPTIONS /", a question
+// about the root resource. Other methods, and a target with a path or a
+// query, keep "/".
+func TestAbsoluteFormOptionsServerWide(t *testing.T) {
+	h := newHarness(t)
+	b := startAuthBackend(t)
+	host := h.route("absopts", b.port)
+	for _, tc := range []struct{ head, line string }{
+		{"OPTIONS http://" + host + " HTTP/1.1", "OPTIONS * HTTP/1.1"},
+		{"OPTIONS http://" + host + ":80 HTTP/1.0", "OPTIONS * HTTP/1.1"},
+		{"OPTIONS http://" + host + "/ HTTP/1.1", "OPTIONS / HTTP/1.1"},
+		{"OPTIONS http://" + host + "?x HTTP/1.1", "OPTIONS /?x HTTP/1.1"},
+		{"OPTIONS * HTTP/1.1", "OPTIONS * HTTP/1.1"},
+		{"GET http://" + host + " HTTP/1.1", "GET / HTTP/1.1"},
+	} {
+		resp, body := rawRequest(t, h.addr, tc.head+"\r\nHost: "+host+"\r\n\r\n")
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("%q: %d %q, want 200 from the sandbox", tc.head, resp.StatusCode, body)
+			continue
+		}
+		if got := b.next(t); got.line != tc.line {
+			t.Errorf("%q: sandbox got %q, want %q", tc.head, got.line, tc.line)
+		}
+	}
+}

@@ -1035,6 +1035,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route,
 		// the target drops the parsed URI; it copies in place.
 		req.SetRequestURIBytes(target)
 	} else {
+		if req.Header.IsOptions() && serverWide(target) {
+			// "OPTIONS http://host" asks about the server, not its root:
+			// the last proxy sends it as "OPTIONS *" (RFC 9112 3.2.4),
+			// where the parsed URI's path made it "OPTIONS /".
+			req.Header.SetRequestURI("*")
+		}
 		// Absolute form: the path and query alone, as the sandbox serves
 		// them, without path normalisation, and the Host header (set
 		// above) rather than the parsed URI's host.
@@ -1584,6 +1590,13 @@ func (p *Proxy) prepareRequest(ctx *fasthttp.RequestCtx, seen headSeen, r *routi
 func freshURI(req *fasthttp.Request) *fasthttp.URI {
 	req.SetRequestURIBytes(req.Header.RequestURI())
 	return req.URI()
+}
+
+// serverWide reports whether the absolute-form target names a server
+// alone: an authority with neither path nor query ("http://host:8080").
+func serverWide(target []byte) bool {
+	_, rest, ok := bytes.Cut(target, []byte("://"))
+	return ok && bytes.IndexAny(rest, "/?") < 0
 }
 
 // refuseEarly answers perr (bodyTooLarge's 413) before what would cost

@@ -240,6 +240,19 @@ func FuzzProxyRaw(f *testing.F) {
 		"GET /sandbox/priv/" + bp + "/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 		"POST /sandbox/box/" + bp + "/../up HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello",
 		"GET //sandbox/box/" + bp + "//p HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET /sandbox/box/" + bp + "/a#frag HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		// Path routing in absolute form: routed by the path when both
+		// hosts name no sandbox; a climb or an escaped slash out of the
+		// prefix, and a target host naming a sandbox, refused.
+		"GET http://127.0.0.1/sandbox/box/" + bp + "/p?q HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET http://127.0.0.1/sandbox/priv/" + bp + "/p HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Cube-Sandbox-Id: box\r\nX-Cube-Sandbox-Port: " + bp + "\r\n\r\n",
+		"GET http://" + bp + "-priv.cube.test/sandbox/box/" + bp + "/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET http://127.0.0.1/sandbox/box/" + bp + "/../../priv/" + bp + "/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET http://127.0.0.1/sandbox/box/" + bp + "%2F..%2F..%2Fpriv/" + bp + "/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+		"GET http://localhost/sandbox/box/" + bp + " HTTP/1.0\r\n\r\n",
+		// Server-wide OPTIONS, in both forms.
+		"OPTIONS http://" + host + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"OPTIONS * HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -29,8 +29,15 @@ import (
 // the access log off the 499 of a connection's first request went
 // uncounted too (no record of its first byte), though its head had come.
 func TestExpectUploadLeftKeepsItsHead(t *testing.T) {
+	// Parallel: it waits on its uploads' hold and client.body_timeout
+	// (7 s of a loaded machine's sequential run, 0.5 s of CPU), and each
+	// half has a harness, telemetry and metrics of its own.
+	t.Parallel()
 	for _, logged := range []bool{true, false} {
-		t.Run(fmt.Sprintf("access log %v", logged), func(t *testing.T) { testExpectUploadLeftKeepsItsHead(t, logged) })
+		t.Run(fmt.Sprintf("access log %v", logged), func(t *testing.T) {
+			t.Parallel()
+			testExpectUploadLeftKeepsItsHead(t, logged)
+		})
 	}
 }
 

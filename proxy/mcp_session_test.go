@@ -360,6 +360,9 @@ func TestMCPQuietStandaloneStreamIdleCut(t *testing.T) {
 // ("standalone SSE stream: Service Unavailable"), and the call's cut
 // answer, with no event store to resume it from, was lost.
 func TestMCPPauseOutlastsIdleTimeout(t *testing.T) {
+	// Parallel: it waits out 100 heartbeats (6 s of a loaded machine's
+	// sequential run, 0.3 s of CPU) on a harness of its own.
+	t.Parallel()
 	// The session's connect, the call and the pause must come within one
 	// idle timeout of the GET stream's opening (it is silent from then
 	// on): 1 s was close to what a loaded 2-core machine takes for them.

@@ -43,9 +43,8 @@ test:
 	# stack test skip under -race (it changes allocation counts, memory and
 	# stacks; config's TestMakefileRunsEveryRaceSkippedTest holds every such
 	# test to a line here): run here. The sizing measures
-	# each kind in a proxy process of its own, four at a time (the figures
-	# are per process, and held the same: at two 117 s, at four 86 s on a
-	# loaded machine): what earlier tests or kinds
+	# each kind in a proxy process of its own, two at a time (the figures
+	# are per process, and held the same): what earlier tests or kinds
 	# leave in the runtime and in fasthttp's pools moved the count either
 	# way (an idle connection after TestLentBodyAllocs's 32 KiB answers
 	# 82 KiB against 49; an idle SSE stream after the other kinds 3 KiB
@@ -54,7 +53,7 @@ test:
 	# it built and linked a test binary for every other package as well,
 	# time a fresh machine's cold build cache pays in full.
 	go test -count=1 -run Alloc ./accesslog ./auth ./proxy ./routing ./telemetry
-	go test -count=1 -parallel 4 -run 'NoMemory|TestREADMESizing' ./proxy
+	go test -count=1 -run 'NoMemory|TestREADMESizing' ./proxy
 	go test -count=1 -run TestTLSHandshakeStackIsNotTheConnections ./proxy
 
 build:

@@ -23,8 +23,12 @@ func TestServeTCPClosesAtTheEnd(t *testing.T) {
 		ln := testenv.ServeTCP(t, func(c net.Conn) {
 			running.Add(1)
 			defer running.Add(-1)
+			// Said once the byte is written: the test ends, and Serve
+			// closes c, as soon as both are said, and a close before the
+			// write left the client nothing to read.
+			_, err := c.Write([]byte("x"))
 			accepted <- struct{}{}
-			if _, err := c.Write([]byte("x")); err != nil {
+			if err != nil {
 				return
 			}
 			if served.Add(1) == 2 {
@@ -39,7 +43,7 @@ func TestServeTCPClosesAtTheEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			clients[i] = c
-			<-accepted
+			testenv.Recv(t, accepted, 10*time.Second, "the handler's write")
 		}
 	})
 	if n := running.Load(); n != 0 {

@@ -1118,9 +1118,12 @@ func TestFixedLengthBodyPiecesArriveAtOnce(t *testing.T) {
 
 // A backend that sends a large body slowly must not use up the client's
 // write timeout: it bounds how long the client takes each piece, counted
-// from when the backend delivered it.
+// from when the backend delivered it. A second, not 300 ms: the proxy's
+// goroutine starved for 300 ms between a piece and its write (the race
+// run on a loaded machine) was cut at the third piece; the body takes
+// 1.6 s, still well past it.
 func TestSlowFixedDownloadOutlivesWriteTimeout(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })
+	h := newHarness(t, func(o *harnessOpts) { o.srv.ClientWriteTimeout = time.Second })
 	const pieces, piece = 8, 16 << 10 // 128 KiB: streamed, not read whole
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", fmt.Sprint(pieces*piece))
@@ -1128,7 +1131,7 @@ func TestSlowFixedDownloadOutlivesWriteTimeout(t *testing.T) {
 		for range pieces {
 			w.Write(bytes.Repeat([]byte{'x'}, piece))
 			w.(http.Flusher).Flush()
-			time.Sleep(100 * time.Millisecond) // 800 ms in all, well past the timeout
+			time.Sleep(200 * time.Millisecond) // 1.6 s in all, well past the timeout
 		}
 	}))
 	host := h.route("slowdl", port)

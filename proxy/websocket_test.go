@@ -520,18 +520,19 @@ func TestTunnelClientThatStopsReadingIsCut(t *testing.T) {
 // send_timeout. Only one that takes nothing for the timeout is cut
 // (TestTunnelClientThatStopsReadingIsCut).
 //
-// The client reads 1 KiB every timeout/10, so a piece takes 6.4 timeouts
-// to drain. The proxy sees the client's progress only when its socket
-// has room for a few KiB more: every 300-500 ms at this rate, leaving
-// 500 ms for a stall of the client's goroutine or the proxy's. With a
-// 300 ms timeout and 32 KB/s it saw progress every 90-256 ms, 44 ms to
-// spare, and a full -race run of the package on a loaded 2-core machine
-// cut the tunnel now and then.
+// The client reads 1 KiB every 100 ms, so a 64 KiB piece takes 6.4 s, 3.2
+// timeouts, to drain. The proxy sees the client's progress only when its
+// socket has room for a few KiB more: every 300-500 ms at this rate,
+// leaving 1.5 s for a stall of the client's goroutine or the proxy's.
+// With a 300 ms timeout and 32 KB/s it saw progress every 90-256 ms, 44 ms
+// to spare, and a full -race run of the package on a loaded 2-core machine
+// cut the tunnel now and then; with a 1 s timeout (500 ms to spare) a run
+// at a load of 15 still did, after 92 of 160 KiB.
 func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 	t.Parallel()
 	const (
 		size    = 160 << 10
-		timeout = time.Second
+		timeout = 2 * time.Second
 	)
 	h := newHarness(t, func(o *harnessOpts) {
 		o.cfg.IdleStreamTimeout = time.Hour
@@ -561,7 +562,7 @@ func TestTunnelSlowSteadyClientIsNotCut(t *testing.T) {
 	}
 	io.WriteString(c, "g") // the sandbox's go-ahead
 	// 10 KiB/s: 1 KiB every 100 ms, a 64 KiB piece in 6.4 s.
-	tick := time.NewTicker(timeout / 10)
+	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	buf := make([]byte, 1<<10)
 	got, start := 0, time.Now()

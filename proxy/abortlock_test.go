@@ -14,7 +14,10 @@ import (
 // new one to start. A reference held on the client's socket makes its
 // close wait; the lock must be free meanwhile, the registry marked
 // aborted. Earlier builds closed under the lock: it stayed taken until the
-// socket was let go.
+// socket was let go. abortAll itself may return meanwhile: the sandbox
+// socket's shut wakes the stream, whose own close of the client can come
+// first and wait for the reference, and abortAll's then finds the socket
+// closing and returns (3 runs in 40 under -race).
 func TestAbortClosesStreamsAfterTheRegistryLock(t *testing.T) {
 	h := newHarness(t)
 	heldStreams(t, h, "abortlock", 1)
@@ -32,11 +35,6 @@ func TestAbortClosesStreamsAfterTheRegistryLock(t *testing.T) {
 		defer r.mu.Unlock()
 		return r.aborted
 	})
-	select {
-	case <-aborted:
-		t.Fatal("abortAll returned while a socket it closes was held")
-	default:
-	}
 	letGo()
 	testenv.Recv(t, aborted, 10*time.Second, "abortAll's return once the socket was let go")
 	testenv.WaitFor(t, 5*time.Second, "the cut stream to end", func() bool { s, _ := r.open(); return s == 0 })

@@ -138,6 +138,9 @@ func TestAppendStripQueryParam(t *testing.T) {
 		{"others kept byte for byte", "z=%41%2b+&cube_token=x&&y=a%zz&q", "z=%41%2b+&&y=a%zz&q", true},
 		{"similar names kept", "cube_token2=x&xcube_token=y&Cube_Token=z&cube+token=w", "cube_token2=x&xcube_token=y&Cube_Token=z&cube+token=w", false},
 		{"bad escape is literal", "cube%5token=x", "cube%5token=x", false},
+		// An escape cut short by the end of a name is literal too (and is
+		// no reason to read past the name).
+		{"escape cut short at the end", "%5=1&cube_token%5=x&cube_token%", "%5=1&cube_token%5=x&cube_token%", false},
 		{"value named like the param", "a=cube_token", "a=cube_token", false},
 		{"empty", "", "", false},
 	}
@@ -269,6 +272,7 @@ func TestCookieRequestAllowed(t *testing.T) {
 		{"Origin decides when present", []string{"Origin: https://8080-evil.cube.test", "Sec-Fetch-Site: same-origin"}, false},
 		{"own Origin", []string{"Origin: https://8080-box.cube.test", "Sec-Fetch-Site: same-origin", "Sec-Fetch-Mode: cors"}, true},
 		{"typed URL", []string{"Sec-Fetch-Site: none", "Sec-Fetch-Mode: navigate"}, true},
+		{"user-initiated, not a navigation", []string{"Sec-Fetch-Site: none", "Sec-Fetch-Mode: no-cors"}, true},
 		{"own page's script", []string{"Sec-Fetch-Site: SAME-ORIGIN", "Sec-Fetch-Mode: no-cors"}, true},
 		{"link from another sandbox", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: navigate", "Referer: https://8080-evil.cube.test/"}, true},
 		{"frame of another site", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: Navigate"}, true},
@@ -284,6 +288,7 @@ func TestCookieRequestAllowed(t *testing.T) {
 		{"same sandbox, another port", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: no-cors", "Referer: https://3000-box.cube.test:8443/app?x#y"}, true},
 		{"same sandbox, origin-only Referer", []string{"Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: cors", "Referer: https://3000-box.cube.test"}, true},
 		{"own host, query right after it", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors", "Referer: http://8080-box.cube.test?a"}, true},
+		{"own host, fragment right after it", []string{"Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors", "Referer: http://8080-box.cube.test#a"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -155,6 +155,7 @@ func TestLoadErrors(t *testing.T) {
 		{"blank instance id", []string{"--config", writeFile(t, "instance_id: ' '\n")}, nil, `instance_id " " is blank`},
 		{"instance id with a newline", []string{"--config", writeFile(t, "instance_id: \"proxy-1\\n\"\n")}, nil, `instance_id "proxy-1\n" has blanks around it or a control character`},
 		{"instance id with a control character", []string{"--instance-id=a\x01b"}, nil, `instance_id "a\x01b" has blanks around it`},
+		{"instance id starting with a control character", []string{"--instance-id=\x1bb"}, nil, `instance_id "\x1bb" has blanks around it`},
 		// Paths and Redis names are taken with their blanks: the routes
 		// file was not found, and the proxy started with an empty table.
 		{"routes path with a trailing blank", []string{"--config", writeFile(t, "routes: 'configs/routes.yaml '\n")}, nil, `routes "configs/routes.yaml " has blanks around it`},

@@ -262,6 +262,11 @@ func FuzzJSONEscape(f *testing.F) {
 		if err := json.Unmarshal(line, &got); err != nil {
 			t.Fatalf("invalid JSON for %q: %v\n%s", s, err, line)
 		}
+		// Valid JSON raw, but a line break to JavaScript and to viewers
+		// that follow Unicode: escaped, as encoding/json escapes them.
+		if strings.ContainsAny(string(line), "\u2028\u2029") {
+			t.Fatalf("%q: line carries U+2028 or U+2029 unescaped: %s", s, line)
+		}
 		ref, _ := json.Marshal(s)
 		var want string
 		if err := json.Unmarshal(ref, &want); err != nil {

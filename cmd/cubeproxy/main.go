@@ -69,10 +69,12 @@ func main() {
 	// access log's opening); before that it must not take its default
 	// action (exit) if logrotate fires during startup.
 	signal.Ignore(syscall.SIGHUP)
-	// Go kills a program whose write to stdout or stderr hits a broken
+	// Go kills a program whose write to descriptor 1 or 2 hits a broken
 	// pipe (a log shipper that died, journald restarting), and with it
-	// every open stream. Ignored, the write fails with EPIPE instead: the
-	// access log counts the line as dropped and the proxy keeps serving.
+	// every open stream. Ignored, the write fails with EPIPE instead. The
+	// logs of serve write through a duplicate of stdout (proclog.Pollable),
+	// which Go raises no SIGPIPE for anyway; this keeps a write to the
+	// descriptors themselves (usage, check's output) from killing it.
 	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

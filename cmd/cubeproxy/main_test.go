@@ -395,7 +395,9 @@ func scrapeMetricWith(client *http.Client, adminAddr, name string) float64 {
 // The real binary, logging to a pipe whose reader goes away (a log shipper
 // that crashed, journald restarting): the access log counts the lost lines
 // and the proxy keeps serving. Go's default for a broken pipe on stdout is
-// to die of SIGPIPE, which would cut every open stream.
+// to die of SIGPIPE, which would cut every open stream; the logs write
+// through a duplicate descriptor (proclog.Pollable), for which Go raises
+// none, so this holds even without main's signal.Ignore.
 func TestBinarySurvivesStdoutReaderGone(t *testing.T) {
 	// Parallel: it waits on a child process of its own (signals go to the
 	// child), on ports picked by the kernel.

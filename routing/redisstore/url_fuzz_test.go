@@ -92,9 +92,11 @@ func FuzzRedisURL(f *testing.F) {
 		}
 		// The mask of a redacted password or option ("xxxxx") is no piece
 		// of the password, whatever the password ("xxxx", "xxx@"), nor
-		// are the refusal's own words ("word").
+		// are the refusal's own words ("word"), nor the URL's tail followed
+		// by the ": " that ends the redacted URL ("000:" of a tail ending in
+		// "000").
 		msg := strings.ReplaceAll(err.Error(), "xxxxx", "\x00")
-		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail + " not a valid URL (check that the password is URL-encoded)"
+		others := raw[:strings.Index(raw, "://")+3] + user + ":@" + tail + ": not a valid URL (check that the password is URL-encoded)"
 		// The refusal of an option the proxy sets names the option and
 		// what to set instead (checkURLOptions): its own words.
 		others += " option is not applied, the proxy sets it on every connection: "

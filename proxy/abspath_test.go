@@ -3,6 +3,8 @@ package proxy
 import (
 	"strings"
 	"testing"
+
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 )
 
 // An absolute-form target under /sandbox/ ("GET http://<node>/sandbox/<id>/
@@ -98,5 +100,35 @@ func TestAbsoluteFormOptionsServerWide(t *testing.T) {
 		if got := b.next(t); got.line != tc.line {
 			t.Errorf("%q: sandbox got %q, want %q", tc.head, got.line, tc.line)
 		}
+	}
+}
+
+// The access log's uri of an absolute-form target routed by its path is
+// the sandbox's own path, as for the origin form (nginx's $uri after the
+// platform's rewrite): the prefix the proxy cut counts from the target's
+// start, but the logged target is its path alone, so cutting that many
+// bytes from it left the prefix in uri, or cut into the sandbox's path.
+func TestAbsoluteFormPathRoutingLogURI(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	b := startAuthBackend(t)
+	h.route("abslog", b.port)
+	prefix := "/sandbox/abslog/" + itoa(b.port)
+	for _, tc := range []struct{ name, target, requestURI, uri string }{
+		{"origin form", prefix + "/p/q?x=1", prefix + "/p/q?x=1", "/p/q"},
+		{"absolute form", "http://127.0.0.1:8081" + prefix + "/p/q?x=1", prefix + "/p/q?x=1", "/p/q"},
+		{"absolute form, prefix alone", "http://127.0.0.1:8081" + prefix, prefix, "/"},
+		{"absolute form, long authority", "http://" + strings.Repeat("a", 40) + ".example" + prefix + "/p", prefix + "/p", "/p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "req-abslog-" + strings.ReplaceAll(strings.ReplaceAll(tc.name, " ", "-"), ",", "")
+			resp, body := rawRequest(t, h.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: 127.0.0.1:8081\r\nX-Cube-Request-Id: "+id+"\r\n\r\n")
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("%d %q, want 200 from the sandbox", resp.StatusCode, body)
+			}
+			b.next(t)
+			if e := buf.waitJSON(t, id); e["request_uri"] != tc.requestURI || e["uri"] != tc.uri {
+				t.Errorf("logged request_uri %q uri %q, want %q %q", e["request_uri"], e["uri"], tc.requestURI, tc.uri)
+			}
+		})
 	}
 }

@@ -36,8 +36,10 @@ type exchange struct {
 	sandboxID string
 	port      uint16
 	// pathPrefix is the length of the "/sandbox/<id>/<port>" prefix of a
-	// request routed by its path (routing.Target.PathPrefix): the log's
-	// uri is the path without it, the one the sandbox got.
+	// request routed by its path (routing.Target.PathPrefix), counted from
+	// the start of the target's path (not of an absolute-form target's
+	// scheme): the log's uri is the path without it, the one the sandbox
+	// got.
 	pathPrefix int
 	// envd and envdMethod are the platform proxy's metric labels of an
 	// envd call (telemetry.ClassifyEnvd), counted in flight since serve

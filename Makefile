@@ -30,9 +30,11 @@ test:
 	# a fresh clone it took 24 s of the proxy package's sequential run,
 	# which now finds node_modules installed, or waits on the lock for the
 	# rest. The test checks the stamp itself and installs if this failed.
+	# Bounded: the test waits on the lock with no deadline, so a hung npm
+	# ci would hold the proxy package's run until go test's -timeout.
 	cd proxy/testdata/tsmcp && flock .npm-ci.lock sh -c 'sum=$$(sha256sum package-lock.json | cut -c1-64); \
 		[ "$$(cat node_modules/.cubeproxy-lock-sha256 2>/dev/null)" = "$$sum" ] || \
-		{ npm ci --no-audit --no-fund && printf %s "$$sum" > node_modules/.cubeproxy-lock-sha256; }' >/dev/null 2>&1 &
+		{ timeout -k 10 240 npm ci --no-audit --no-fund && printf %s "$$sum" > node_modules/.cubeproxy-lock-sha256; }' >/dev/null 2>&1 &
 	go vet ./...
 	# -parallel 16: the tests marked t.Parallel wait on timers, not on the
 	# CPU (see proxy/harness_test.go); the default, GOMAXPROCS, ran them

@@ -318,3 +318,32 @@ func TestNoConflictMarkers(t *testing.T) {
 		t.Fatalf("read %d files of the tree, want the whole tree", files)
 	}
 }
+
+// make test's background npm ci (the TypeScript MCP interop test's
+// install, started early under the test's own file lock) is bounded: the
+// test waits on that lock with no deadline of its own, so an npm ci that
+// hangs (a registry that accepts the connection and never answers) held
+// the test, and with it the proxy package's whole run, until go test's
+// -timeout panic, where the test's own install fails after five minutes
+// with npm's output.
+func TestMakefileBackgroundInstallIsBounded(t *testing.T) {
+	raw, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The recipe's lines joined where a backslash continues them.
+	recipe := strings.ReplaceAll(string(raw), "\\\n", " ")
+	found := false
+	for line := range strings.SplitSeq(recipe, "\n") {
+		if !strings.Contains(line, "npm ci") || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		found = true
+		if !regexp.MustCompile(`\btimeout\s[^;&|]*\bnpm ci\b`).MatchString(line) {
+			t.Errorf("Makefile runs npm ci without a timeout: %s", strings.TrimSpace(line))
+		}
+	}
+	if !found {
+		t.Skip("the Makefile runs no npm ci")
+	}
+}

@@ -576,6 +576,13 @@ func checkAbsolutePathRequest(t *testing.T, name string, p *Parser, host, author
 		if p.Parse(&named, []byte(host), nil) != nil || named.Shared {
 			t.Fatalf("%s: ParseRequest(%q, %q) routed by host %d %q, which names no sandbox", name, host, target, tgt.Port, tgt.ID())
 		}
+		// Routed by Host, the target's own host must name the same
+		// sandbox and port: a request a front proxy judged by the
+		// target's host reaches no other sandbox.
+		if p.Parse(&byAuthority, []byte(authority), h) != nil || byAuthority.Port != tgt.Port || !bytes.Equal(byAuthority.ID(), tgt.ID()) {
+			t.Fatalf("%s: ParseRequest(%q, %q) routed by Host to %d %q; the target's host %q names %d %q",
+				name, host, target, tgt.Port, tgt.ID(), authority, byAuthority.Port, byAuthority.ID())
+		}
 	default:
 		herr := p.ParseRequest(&byHost, []byte(host), []byte(path), h)
 		aerr := p.ParseRequest(&byAuthority, []byte(authority), []byte(path), h)

@@ -30,6 +30,7 @@ type benchInstr struct {
 	byPath    bool   // requests name the sandbox in the path (/sandbox/<id>/<port>/), not in Host
 	envd      bool   // requests are envd calls (/files), which the cube_proxy_* families count
 	post      bool   // requests are POSTs with a small JSON body, as an MCP client's
+	kaHint    bool   // the backend answers with a Keep-Alive timeout hint, as Node's http.Server
 }
 
 // discardExporter is a span exporter that drops what it is given: the
@@ -49,7 +50,12 @@ func newBenchProxy(tb testing.TB, in benchInstr) func() {
 	if in.body > 0 {
 		body = make([]byte, in.body)
 	}
-	backendSrv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBody(body) }}
+	backendSrv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if in.kaHint {
+			ctx.Response.Header.Set(fasthttp.HeaderKeepAlive, "timeout=5")
+		}
+		ctx.SetBody(body)
+	}}
 	go backendSrv.Serve(bln)
 	tb.Cleanup(func() { _ = backendSrv.Shutdown() })
 	port := strconv.Itoa(bln.Addr().(*net.TCPAddr).Port)
@@ -178,6 +184,11 @@ func BenchmarkRequestPlainTCP(b *testing.B) { benchRequests(b, benchInstr{tcp: t
 func BenchmarkRequestPlainTCPMaxConns(b *testing.B) {
 	benchRequests(b, benchInstr{tcp: true, maxConns: 1000})
 }
+
+// BenchmarkRequestKeepAliveHint is BenchmarkRequestPlain with a backend
+// that announces its idle timeout (Keep-Alive: timeout=5), which the proxy
+// reads from every answer (keepAliveReuse).
+func BenchmarkRequestKeepAliveHint(b *testing.B) { benchRequests(b, benchInstr{kaHint: true}) }
 
 // BenchmarkRequestPost is BenchmarkRequestPlain with a POST of a small
 // JSON body, as an MCP client's tools/call: the body is streamed to the

@@ -637,9 +637,10 @@ var errNoFreeConns = errors.New("no free upstream connections")
 // as this request's answer, and its own answer as the next one's, for as
 // long as the connection is reused (one non-blocking syscall, ≈ 0.3 µs).
 func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reused bool, err error) {
-	var expired int64
+	var now, expired int64
 	if !fresh {
-		expired = time.Now().UnixNano() - int64(p.cfg.UpstreamIdleConnTimeout)
+		now = time.Now().UnixNano()
+		expired = now - int64(p.cfg.UpstreamIdleConnTimeout)
 	}
 	for !fresh {
 		u.mu.Lock()
@@ -661,6 +662,14 @@ func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reus
 		c = u.idle[n-1]
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
+		if c.reuseWithin > 0 && now-c.idleSince >= c.reuseWithin {
+			// Idle close to the timeout the sandbox announced (Keep-Alive:
+			// timeout=N, keepAliveReuse): it closes the connection about
+			// now, and a request sent into that close gets a 502.
+			u.mu.Unlock()
+			u.drop(c)
+			continue
+		}
 		c.grant = g
 		ok := u.checkOut(c, &p.pools) // under the lock taken anyway
 		u.mu.Unlock()

@@ -390,7 +390,56 @@ func (c *upstreamConn) readHeader(p *Proxy, resp *fasthttp.Response) error {
 		}
 	}
 	c.inBody = true
+	// Read here, before removeHopResponse drops the field from the answer.
+	c.reuseWithin = int64(keepAliveReuse(h.Peek(fasthttp.HeaderKeepAlive)))
 	return nil
+}
+
+// maxKeepAliveHint bounds the Keep-Alive timeout hint taken, in digits:
+// a longer one (over 11 days) is junk, and upstream.idle_conn_timeout
+// ends the connection long before anyway.
+const maxKeepAliveHint = 6
+
+// keepAliveReuse returns how long a connection whose last answer carried
+// the Keep-Alive field v may stay idle and still be reused, or 0 for no
+// limit of its own (no hint, or one that is not a positive number of
+// seconds). A sandbox server that announces "timeout=N" closes the idle
+// connection after N seconds (Node's http.Server: 5 s), and a request sent
+// in the moment it does was reset: a POST, which is not re-sent, got a
+// 502. The margin before N is undici's (keepAliveTimeoutThreshold, 1 s),
+// or half of N when N is that short. Parameters are matched as RFC 9110
+// 5.6.6 writes them ("timeout=5, max=100"), tolerating spaces, any case
+// and a quoted number; nothing is allocated (the request path runs it).
+func keepAliveReuse(v []byte) time.Duration {
+	for len(v) > 0 {
+		param := v
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			param, v = v[:i], v[i+1:]
+		} else {
+			v = nil
+		}
+		eq := bytes.IndexByte(param, '=')
+		if eq < 0 || !bytes.EqualFold(bytes.Trim(param[:eq], " \t"), []byte("timeout")) {
+			continue
+		}
+		num := bytes.Trim(param[eq+1:], " \t")
+		if len(num) >= 2 && num[0] == '"' && num[len(num)-1] == '"' {
+			num = num[1 : len(num)-1]
+		}
+		if len(num) == 0 || len(num) > maxKeepAliveHint {
+			return 0
+		}
+		secs := 0
+		for _, b := range num {
+			if b < '0' || b > '9' {
+				return 0
+			}
+			secs = secs*10 + int(b-'0')
+		}
+		n := time.Duration(secs) * time.Second
+		return n - min(time.Second, n/2)
+	}
+	return 0
 }
 
 // errNoWait is upstreamConn.Read's answer while readHead has it report
@@ -941,6 +990,10 @@ type upstreamConn struct {
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	idleSince     int64 // unix nanos, while in the idle list
+	// reuseWithin is how long c may sit idle and still be reused (nanos;
+	// 0: up to upstream.idle_conn_timeout), from the Keep-Alive timeout
+	// hint of the sandbox's last answer (keepAliveReuse).
+	reuseWithin int64
 
 	nread int64 // bytes read since the current request was sent
 

@@ -233,13 +233,26 @@ func TestStreamIdleCountsFromResume(t *testing.T) {
 	for _, detached := range []bool{false, true} {
 		t.Run(fmt.Sprintf("detached=%v", detached), func(t *testing.T) {
 			t.Parallel()
-			streamIdleCountsFromResume(t, detached)
+			// A run whose pause came after the first stream could expire
+			// proves nothing (see streamIdleCountsFromResume): another,
+			// on a fresh proxy, up to three in all.
+			for range 3 {
+				if streamIdleCountsFromResume(t, detached) {
+					return
+				}
+			}
+			t.Fatal("in three runs the four streams were not open and paused within upstream.idle_timeout of the first")
 		})
 	}
 }
 
-func streamIdleCountsFromResume(t *testing.T, detached bool) {
-	const idle = 800 * time.Millisecond
+// streamIdleCountsFromResume reports false, having checked nothing, when
+// the pause took effect too late: it must come within upstream.idle_timeout
+// of the first stream's request, before which no stream can expire, or a
+// stream cut before the pause is right. Opening the streams and the pause
+// took over 0.8 s on a loaded machine.
+func streamIdleCountsFromResume(t *testing.T, detached bool) bool {
+	const idle = 1600 * time.Millisecond
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if detached {
@@ -254,6 +267,7 @@ func streamIdleCountsFromResume(t *testing.T, detached bool) {
 	}))
 	host := h.route("resumeidle", port)
 	ended := make(chan time.Time, 4)
+	var first time.Time // before the first stream's request: none expires before first+idle
 	for i := 0; i < 4; i++ {
 		if i > 0 {
 			time.Sleep(idle / 8) // this stream's expiries an eighth later
@@ -265,6 +279,9 @@ func streamIdleCountsFromResume(t *testing.T, detached bool) {
 		} else {
 			r = h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
 			r.Header.Set("Content-Type", "application/connect+json")
+		}
+		if i == 0 {
+			first = time.Now()
 		}
 		resp := h.do(r)
 		defer resp.Body.Close()
@@ -287,6 +304,9 @@ func streamIdleCountsFromResume(t *testing.T, detached bool) {
 	if st, body := h.adminDo("POST", "/admin/state", `{"sandbox_id":"resumeidle","state":"paused"}`, ""); st != 200 {
 		t.Fatalf("pause: %d %s", st, body)
 	}
+	if time.Since(first) >= idle {
+		return false
+	}
 	select {
 	case <-ended:
 		t.Fatal("a paused sandbox's stream was cut")
@@ -306,6 +326,7 @@ func streamIdleCountsFromResume(t *testing.T, detached bool) {
 			t.Fatal("a silent stream outlived upstream.idle_timeout after the resume")
 		}
 	}
+	return true
 }
 
 // The same state sent again is no change of it: a control plane that

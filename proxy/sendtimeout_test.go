@@ -29,10 +29,21 @@ import (
 // into the first piece; nginx 1.22 (send_timeout 2s, listen sndbuf=48k)
 // served a 30 KB/s reader, whose 64 KiB pieces take 2.2 s each, to the end.
 func TestWriteTimeoutRenewedByProgress(t *testing.T) {
-	// Not t.Parallel, though it waits 21 s on a slow reader: its client
-	// reads 3 KiB every 32 ms against a 300 ms timeout, which the other
-	// parallel tests' start-up (TLS, harnesses, under -race) stalled past
-	// in a clean-clone run.
+	// Not t.Parallel, though it waits on slow readers: the other parallel
+	// tests' start-up (TLS, harnesses, under -race) stalled a reader past
+	// a 300 ms timeout in a clean-clone run. Its cases run in parallel
+	// with each other, mostly asleep.
+	//
+	// The timeout is a second, and the readers' pace derives from it: a
+	// tick is a tenth of it, and a reader takes a piece (64 KiB through
+	// fasthttp, 16 KiB detached) in about two timeouts, so a timeout
+	// bounding a piece whole still cuts it. With 300 ms, a reader starved
+	// for half a second (load 11-18 on 2 cores) was cut, rightly; a
+	// reader that took nothing for a whole timeout (measured: the longest
+	// gap between its reads) proves nothing either way, and its case is
+	// run again, up to three times.
+	const timeout = time.Second
+	const tickEvery = timeout / 10
 	const fullSize = 160 << 10 // three pieces, the first two whole 64 KiB reads
 	body := strings.Repeat("x", fullSize)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -55,15 +66,7 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 			w.(http.Flusher).Flush()
 		}
 	}))
-	for _, tc := range []struct {
-		name, path string
-		http10     bool // an HTTP/1.0 request: the stream is detached, its body unframed
-		tls        bool
-		pause      time.Duration // the client stops reading this long after 8 KiB
-		read       int           // bytes read per 32 ms tick; 0: 3 KiB (about 96 KB/s)
-		size       int           // the answer's bytes; 0: fullSize
-		cut        bool
-	}{
+	for _, tc := range []writeTimeoutCase{
 		{name: "sized", path: "/sized"},
 		// No chunked case: fasthttp writes a chunked body in 4 KiB
 		// pieces (its copy buffer), each given its own deadline when
@@ -77,90 +80,121 @@ func TestWriteTimeoutRenewedByProgress(t *testing.T) {
 		// its write without a wake-up for over 300 ms on this client's
 		// tiny window: cut with the renewal or without it.
 		{name: "sized over TLS", path: "/sized", tls: true},
-		{name: "a pause longer than the timeout cuts", path: "/sized", pause: time.Second, cut: true},
+		{name: "a pause longer than the timeout cuts", path: "/sized", pause: 2 * timeout, cut: true},
 		// Detached streams write to the connection themselves, not
 		// through fasthttp: an event stream, and any body for HTTP/1.0.
-		// Their pieces are the sandbox's reads (16 KiB here): at 32 KB/s
-		// each takes 0.5 s, longer than the timeout. (A smaller send
+		// Their pieces are the sandbox's reads (16 KiB here): at 10 KB/s
+		// each takes 1.6 s, longer than the timeout. (A smaller send
 		// buffer: the kernel wakes a waiting write once a third of it is
-		// free, which at 32 KB/s through 32 KiB came up to 0.3 s apart.)
-		// 64 KiB, four such pieces, is enough: past the ~12 KiB the two
-		// sockets buffer, each piece after the first waits 0.5 s on the
-		// client, so a timeout bounding a piece whole cuts the second;
-		// 160 KiB at 32 KB/s took 5 s a case.
-		{name: "event stream", path: "/events?whole", read: 1 << 10, size: 64 << 10},
-		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: time.Second, cut: true},
-		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10, size: 64 << 10},
-		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: time.Second, cut: true},
+		// free, which through 32 KiB came up to a third of the timeout
+		// apart.) 40 KiB, under three such pieces, is enough: past the
+		// ~12 KiB the two sockets buffer, each piece after the first
+		// waits 1.6 s on the client, so a timeout bounding a piece whole
+		// cuts the second.
+		{name: "event stream", path: "/events?whole", read: 1 << 10, size: 40 << 10},
+		{name: "event stream paused longer than the timeout cuts", path: "/events?whole", pause: 2 * timeout, cut: true},
+		{name: "HTTP/1.0 unframed", path: "/chunked?whole", http10: true, read: 1 << 10, size: 40 << 10},
+		{name: "HTTP/1.0 unframed paused longer than the timeout cuts", path: "/chunked?whole", http10: true, pause: 2 * timeout, cut: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.ClientWriteTimeout = 300 * time.Millisecond })
-			host := h.route("slowreader", port)
-			sndbuf := 16 << 10 // 32 KiB: the kernel doubles it
-			if tc.read > 0 {
-				sndbuf = 4 << 10
-			}
-			ln := listenSmallSendBuffer(t, sndbuf)
-			var c net.Conn = dialSmallWindow(t, ln.Addr().String())
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			if tc.tls {
-				ca := testenv.NewCA(t, "send timeout CA")
-				cert := ca.Certificate(t, "*.cube.test")
-				go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
-				c = tls.Client(c, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
-			} else {
-				go h.server.Serve(ln)
-			}
-			id := "slow-" + strings.ReplaceAll(tc.name, " ", "-")
-			proto := "HTTP/1.1"
-			if tc.http10 {
-				proto = "HTTP/1.0"
-			}
-			size := cmp.Or(tc.size, fullSize)
-			path := tc.path
-			if tc.size > 0 {
-				sep := "?"
-				if strings.Contains(path, "?") {
-					sep = "&"
+			t.Parallel()
+			for range 3 {
+				if !tc.run(t, port, cmp.Or(tc.size, fullSize), timeout, tickEvery) {
+					return
 				}
-				path += fmt.Sprintf("%sn=%d", sep, tc.size)
 			}
-			fmt.Fprintf(c, "GET %s %s\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", path, proto, host, id)
-			resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// About 96 KB/s: 3 KiB every 32 ms (or tc.read).
-			tick := time.NewTicker(32 * time.Millisecond)
-			defer tick.Stop()
-			buf := make([]byte, cmp.Or(tc.read, 3<<10))
-			got, start := 0, time.Now()
-			paused := false
-			for {
-				if tc.pause > 0 && !paused && got >= 8<<10 {
-					paused = true
-					time.Sleep(tc.pause)
-				}
-				n, err := io.ReadFull(resp.Body, buf)
-				got += n
-				if err != nil {
-					break
-				}
-				<-tick.C
-			}
-			e := logs.waitJSON(t, id)
-			if tc.cut {
-				if got >= size || e["error_code"] != CodeClientWriteTimeout {
-					t.Errorf("a client that paused %v got %d of %d bytes, logged %q; want it cut (%s)", tc.pause, got, size, e["error_code"], CodeClientWriteTimeout)
-				}
-				return
-			}
-			if got != size || e["error_code"] != "" {
-				t.Errorf("a client reading steadily got %d of %d bytes in %v, logged %q after %v s; want all of it",
-					got, size, time.Since(start).Round(time.Millisecond), e["error_code"], e["request_time"])
-			}
+			t.Fatalf("in three runs the reader was starved for the whole timeout (%v)", timeout)
 		})
 	}
+}
+
+// writeTimeoutCase is a case of TestWriteTimeoutRenewedByProgress.
+type writeTimeoutCase struct {
+	name, path string
+	http10     bool // an HTTP/1.0 request: the stream is detached, its body unframed
+	tls        bool
+	pause      time.Duration // the client stops reading this long after 8 KiB
+	read       int           // bytes read per tick; 0: 3 KiB (30 KB/s)
+	size       int           // the answer's bytes; 0: the test's fullSize
+	cut        bool
+}
+
+// run runs the case once, for an answer of size bytes, and reports whether
+// its steady reader was starved (took nothing for the whole timeout): a
+// cut was then right, and nothing was checked.
+func (tc writeTimeoutCase) run(t *testing.T, port uint16, size int, timeout, tickEvery time.Duration) (starved bool) {
+	t.Helper()
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.srv.ClientWriteTimeout = timeout })
+	host := h.route("slowreader", port)
+	sndbuf := 16 << 10 // 32 KiB: the kernel doubles it
+	if tc.read > 0 {
+		sndbuf = 4 << 10
+	}
+	ln := listenSmallSendBuffer(t, sndbuf)
+	var c net.Conn = dialSmallWindow(t, ln.Addr().String())
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	if tc.tls {
+		ca := testenv.NewCA(t, "send timeout CA")
+		cert := ca.Certificate(t, "*.cube.test")
+		go h.server.ServeTLS(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
+		c = tls.Client(c, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
+	} else {
+		go h.server.Serve(ln)
+	}
+	id := "slow-" + strings.ReplaceAll(tc.name, " ", "-")
+	proto := "HTTP/1.1"
+	if tc.http10 {
+		proto = "HTTP/1.0"
+	}
+	path := tc.path
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
+	path += fmt.Sprintf("%sn=%d", sep, size)
+	fmt.Fprintf(c, "GET %s %s\r\nHost: %s\r\nX-Cube-Request-Id: %s\r\nConnection: close\r\n\r\n", path, proto, host, id)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 1024), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3 KiB (or tc.read) a tick.
+	tick := time.NewTicker(tickEvery)
+	defer tick.Stop()
+	buf := make([]byte, cmp.Or(tc.read, 3<<10))
+	got, start := 0, time.Now()
+	paused := false
+	var gap time.Duration // the longest between reads, the pause aside
+	last := start
+	for {
+		if tc.pause > 0 && !paused && got >= 8<<10 {
+			paused = true
+			time.Sleep(tc.pause)
+			last = time.Now()
+		}
+		n, err := io.ReadFull(resp.Body, buf)
+		got += n
+		gap, last = max(gap, time.Since(last)), time.Now()
+		if err != nil {
+			break
+		}
+		<-tick.C
+	}
+	e := logs.waitJSON(t, id)
+	if tc.cut {
+		if got >= size || e["error_code"] != CodeClientWriteTimeout {
+			t.Errorf("a client that paused %v got %d of %d bytes, logged %q; want it cut (%s)", tc.pause, got, size, e["error_code"], CodeClientWriteTimeout)
+		}
+		return false
+	}
+	if got != size || e["error_code"] != "" {
+		if gap >= timeout {
+			t.Logf("the reader took nothing for %v, the whole timeout: run again", gap.Round(time.Millisecond))
+			return true
+		}
+		t.Errorf("a client reading steadily got %d of %d bytes in %v (at most %v between reads), logged %q after %v s; want all of it",
+			got, size, time.Since(start).Round(time.Millisecond), gap.Round(time.Millisecond), e["error_code"], e["request_time"])
+	}
+	return false
 }
 
 // listenSmallSendBuffer listens on loopback with an SO_SNDBUF of size,
@@ -306,15 +340,20 @@ func TestClientConnKeepsTCPConnErrors(t *testing.T) {
 // to a slow but steady client was cut at the first deadline.
 func TestClientConnCopyRenewsAsWritesDo(t *testing.T) {
 	t.Parallel() // waits on a slow reader
-	// A second, not the 200 ms the other cases take: a reader starved
-	// for 200 ms, then 500 ms, on a loaded machine (the race run beside
-	// other work) is not the defect this case looks for, and failed it.
-	const timeout = time.Second
+	// Three seconds, not the 200 ms the other cases take: a reader
+	// starved for 200 ms, then 500 ms, then over a second (load 11-18 on
+	// 2 cores, under -race) is not the defect this case looks for, and
+	// failed it. The reader takes at most 3 KiB a 30 ms tick, 100 KB/s,
+	// so the copy lasts at least 5.2 s, past the first deadline however
+	// fast the machine; a tick missed under load only slows it.
+	const timeout = 3 * time.Second
 	c, peer := clientConnPair(t, timeout)
 	const size = 512 << 10
 	got := make(chan int, 1)
 	go func() {
-		buf := make([]byte, 64<<10)
+		tick := time.NewTicker(30 * time.Millisecond)
+		defer tick.Stop()
+		buf := make([]byte, 3<<10)
 		n := 0
 		for n < size {
 			m, err := peer.Read(buf)
@@ -322,7 +361,7 @@ func TestClientConnCopyRenewsAsWritesDo(t *testing.T) {
 			if err != nil {
 				break
 			}
-			time.Sleep(10 * time.Millisecond) // a reader's pace, 100-300 KB/s through the small window
+			<-tick.C
 		}
 		got <- n
 	}()

@@ -591,10 +591,8 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, x *exchange) {
 	if uri := h.RequestURI(); t.PathPrefix > 0 && uri[0] != '/' {
 		// Absolute form ("http://<node>/sandbox/<id>/<port>/p"): the log's
 		// target is its path alone (appendLogTarget), and the prefix counts
-		// from the target's start. Routed by its path, its authority ends
-		// at the first '/'.
-		_, rest, _ := bytes.Cut(uri, []byte("://"))
-		x.pathPrefix -= len(uri) - len(rest) + bytes.IndexByte(rest, '/')
+		// from the target's start.
+		x.pathPrefix -= len(uri) - len(routing.TargetPath(uri))
 	}
 	if p.metrics != nil {
 		p.countEnvd(x, h.RequestURI()[t.PathPrefix:], h.Method())

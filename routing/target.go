@@ -154,7 +154,7 @@ func (p *Parser) Parse(t *Target, host []byte, h HeaderPeeker) error {
 // A sandbox host name keeps its own routing for every path, so that an app
 // that serves pages under /sandbox/ is still reached by its own name.
 func (p *Parser) ParseRequest(t *Target, host, target []byte, h HeaderPeeker) error {
-	if under, ok := underPathRoot(targetPath(target)); ok {
+	if under, ok := underPathRoot(TargetPath(target)); ok {
 		byPath, err := p.routesByPath(host)
 		if err == nil && byPath && target[0] != '/' {
 			// Absolute form ("GET http://<node>/sandbox/<id>/<port>/p",
@@ -244,12 +244,12 @@ func (p *Parser) underSandboxHost(name []byte) bool {
 	return false
 }
 
-// targetPath is the path and query of a request target: the target
+// TargetPath is the path and query of a request target: the target
 // itself in origin form, what follows the authority of an absolute-form
 // one ("http://h/p?q" gives "/p?q"; "http://h?q" gives nothing), and
 // nothing for other forms ("*", "host:443"). It is a suffix of target, so
 // offsets from its end are offsets from target's.
-func targetPath(target []byte) []byte {
+func TargetPath(target []byte) []byte {
 	if len(target) > 0 && target[0] == '/' {
 		return target
 	}

@@ -412,12 +412,8 @@ const maxKeepAliveHint = 6
 // and a quoted number; nothing is allocated (the request path runs it).
 func keepAliveReuse(v []byte) time.Duration {
 	for len(v) > 0 {
-		param := v
-		if i := bytes.IndexByte(v, ','); i >= 0 {
-			param, v = v[:i], v[i+1:]
-		} else {
-			v = nil
-		}
+		var param []byte
+		param, v = nextToken(v)
 		eq := bytes.IndexByte(param, '=')
 		if eq < 0 || !bytes.EqualFold(bytes.Trim(param[:eq], " \t"), []byte("timeout")) {
 			continue

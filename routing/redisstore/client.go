@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -112,8 +114,9 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c.OnNewNode(func(node *redis.Client) { node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds}) })
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
-		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc))
-		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName})
+		d := newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage)
+		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc, d))
+		c.AddHook(&sentinelErrors{name: cfg.Sentinel.MasterName, dialer: d})
 		c.AddHook(masterConns{})
 		return c, nil
 	}
@@ -362,7 +365,25 @@ func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // to the network (TestSentinelUnknownMasterName): the error names the
 // setting and the name, and what the other sentinels met, if any failed
 // otherwise.
-type sentinelErrors struct{ name string }
+//
+// Each sentinel is named with the last transport error it gave
+// (sentinelDialer.failed), in the order redis.sentinel.addrs lists them:
+// go-redis's errors for a sentinel that accepted and never answered, or
+// whose dial outlasted the dial's budget, were a bare "i/o timeout" or
+// "context deadline exceeded", naming no sentinel. And go-redis dials in
+// the background: a command whose budget ran out first failed with a bare
+// "context deadline exceeded" (under load, or with a sentinel whose SYNs
+// are dropped, every lookup). Such a command's error is the sentinels'
+// error of a dial that failed while it ran, which still wraps the
+// deadline (TestSentinelsDownErrorNamesFrozen); an older one may no
+// longer be true.
+type sentinelErrors struct {
+	name   string
+	dialer *sentinelDialer
+	// last is the last dial for which no sentinel named the master;
+	// nil once a dial got past the sentinels.
+	last atomic.Pointer[sentinelsFailure]
+}
 
 // sentinelsError is such an error: its text, and the sentinels' errors
 // it wraps (go-redis retries a dial error found among them).
@@ -376,44 +397,102 @@ func (e *sentinelsError) Unwrap() []error { return e.errs }
 
 // DialHook rewrites the error of a dial for which no sentinel named the
 // master.
-func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
+func (h *sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
 		if err == nil {
+			h.last.Store(nil)
 			return c, err
 		}
 		joined, ok := errors.Unwrap(err).(interface{ Unwrap() []error })
 		if !ok {
+			if !isContextError(err) {
+				h.last.Store(nil) // a sentinel named the master
+			}
 			return c, err // not the sentinels' answer
 		}
-		errs := joined.Unwrap()
-		var texts []string
-		unknown := false
-		for _, e := range errs {
-			switch {
-			case errors.Is(e, redis.Nil):
-				unknown = true
-			case strings.Contains(e.Error(), "unknown command 'sentinel'"):
-				texts = append(texts, "a server in redis.sentinel.addrs is not a sentinel (it answered SENTINEL with unknown command: a data node's port, where a sentinel's, 26379 by default, was meant?)")
-			case redis.HasErrorPrefix(e, "NOAUTH"):
-				texts = append(texts, e.Error()+" (a sentinel asks for a password: set redis.sentinel.password, the sentinels' own; redis.password is the data nodes' and is not sent to them)")
-			case redis.HasErrorPrefix(e, "WRONGPASS"):
-				texts = append(texts, e.Error()+" (a sentinel refuses redis.sentinel.password)")
-			default:
-				texts = append(texts, e.Error())
-			}
-		}
-		slices.Sort(texts)
-		texts = slices.Compact(texts)
-		msg := "redis sentinel: no sentinel named the master: " + strings.Join(texts, "; ")
-		if unknown {
-			msg = fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
-			if len(texts) > 0 {
-				msg += "; other sentinels: " + strings.Join(texts, "; ")
-			}
-		}
-		return c, &sentinelsError{msg: msg, errs: errs}
+		e := h.rewrite(joined.Unwrap())
+		h.last.Store(&sentinelsFailure{err: e, at: time.Now()})
+		return c, e
 	}
+}
+
+// rewrite is the error of a dial for which no sentinel named the master,
+// errs the sentinels' errors go-redis joined.
+func (h *sentinelErrors) rewrite(errs []error) *sentinelsError {
+	var texts, transient []string
+	unknown := false
+	for _, e := range errs {
+		var sd *sentinelDialError
+		switch {
+		case errors.As(e, &sd) || isContextError(e) || isTimeout(e):
+			// A configured sentinel's dial error, or one go-redis met
+			// on a connection to it (which sentinel it cannot say):
+			// failed names each with its own.
+			transient = append(transient, e.Error())
+		case errors.Is(e, redis.Nil):
+			unknown = true
+		case strings.Contains(e.Error(), "unknown command 'sentinel'"):
+			texts = append(texts, "a server in redis.sentinel.addrs is not a sentinel (it answered SENTINEL with unknown command: a data node's port, where a sentinel's, 26379 by default, was meant?)")
+		case redis.HasErrorPrefix(e, "NOAUTH"):
+			texts = append(texts, e.Error()+" (a sentinel asks for a password: set redis.sentinel.password, the sentinels' own; redis.password is the data nodes' and is not sent to them)")
+		case redis.HasErrorPrefix(e, "WRONGPASS"):
+			texts = append(texts, e.Error()+" (a sentinel refuses redis.sentinel.password)")
+		default:
+			texts = append(texts, e.Error())
+		}
+	}
+	named := h.dialer.failures()
+	if len(named) == 0 && len(texts) == 0 && !unknown {
+		texts = transient // before any sentinel's error was recorded
+	}
+	slices.Sort(texts)
+	texts = append(named, slices.Compact(texts)...)
+	msg := "redis sentinel: no sentinel named the master: " + strings.Join(texts, "; ")
+	if unknown {
+		msg = fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)
+		if len(texts) > 0 {
+			msg += "; other sentinels: " + strings.Join(texts, "; ")
+		}
+	}
+	return &sentinelsError{msg: msg, errs: errs}
+}
+
+// sentinelsFailure is a dial's error for which no sentinel named the
+// master, and when it was met.
+type sentinelsFailure struct {
+	err *sentinelsError
+	at  time.Time
+}
+
+// explain returns err, a command's begun at start, or when it is the end
+// of the command's budget and the last dial since start found no sentinel
+// naming the master, the sentinels' error, which wraps err too.
+func (h *sentinelErrors) explain(err error, start time.Time) error {
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var already *sentinelsError
+	if errors.As(err, &already) {
+		return err
+	}
+	last := h.last.Load()
+	if last == nil || last.at.Before(start) {
+		return err
+	}
+	return &sentinelsError{msg: last.err.msg, errs: append([]error{err}, last.err.errs...)}
+}
+
+// isContextError reports a context's end (go-redis's own test, which
+// it does not export).
+func isContextError(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// isTimeout reports a timed-out read or dial.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // masterConns gives the failover client's connections to the master
@@ -442,23 +521,44 @@ func (masterConns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-// ProcessHook leaves commands as they are.
-func (sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+// ProcessHook explains a command that ran out of budget while no
+// sentinel named the master.
+func (h *sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := h.explain(next(ctx, cmd), start)
+		if err != nil {
+			cmd.SetErr(h.explain(cmd.Err(), start))
+		}
+		return err
+	}
+}
 
-// ProcessPipelineHook leaves pipelines as they are.
-func (sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+// ProcessPipelineHook explains each command of a pipeline as ProcessHook.
+func (h *sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := h.explain(next(ctx, cmds), start)
+		if err != nil {
+			for _, cmd := range cmds {
+				if cmd.Err() != nil {
+					cmd.SetErr(h.explain(cmd.Err(), start))
+				}
+			}
+		}
+		return err
+	}
 }
 
 // failoverOptions is a Sentinel client's. It has no
 // MaintNotificationsConfig: go-redis turns maintenance notifications off
 // for failover clients itself.
-func failoverOptions(cfg Config, t timeouts, tc clientTLS) *redis.FailoverOptions {
+func failoverOptions(cfg Config, t timeouts, tc clientTLS, d *sentinelDialer) *redis.FailoverOptions {
 	return &redis.FailoverOptions{
 		MasterName:       cfg.Sentinel.MasterName,
 		SentinelAddrs:    cfg.Sentinel.Addrs,
 		SentinelPassword: cfg.Sentinel.Password,
-		Dialer:           newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage).dial,
+		Dialer:           d.dial,
 		Username:         cfg.Username,
 		Password:         cfg.Password,
 		DB:               cfg.DB,
@@ -631,14 +731,64 @@ func (c checkedTLS) SyscallConn() (syscall.RawConn, error) {
 // as long as that one sentinel hung, with the master and the other
 // sentinels healthy (TestHungSentinelIsReplaced). Commands to data nodes
 // keep the whole command timeout.
+//
+// It keeps each configured sentinel's last transport error (failed), for
+// sentinelErrors to name it with.
 type sentinelDialer struct {
+	addrs        []string // redis.sentinel.addrs
 	sentinels    map[string]bool
 	dialer       func(ctx context.Context, network, addr string) (net.Conn, error)
 	sentinelRead time.Duration
+
+	mu     sync.Mutex
+	failed map[string]error // by configured sentinel; none since its last answer
+}
+
+// sentinelDialError is a configured sentinel's dial error.
+type sentinelDialError struct{ err error }
+
+func (e *sentinelDialError) Error() string { return "sentinel: " + e.err.Error() }
+func (e *sentinelDialError) Unwrap() error { return e.err }
+
+// fail records err as addr's last error; nil (an answer) clears it.
+// A dial given up because another sentinel answered is no failure.
+func (d *sentinelDialer) fail(addr string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		delete(d.failed, addr)
+		return
+	}
+	d.failed[addr] = err
+}
+
+// failures is the error of each configured sentinel that failed since it
+// last answered, in configuration order, as "sentinel: " and the error
+// when that names the sentinel (a dial's, a handshake's), else
+// "sentinel ADDR: " and the error.
+func (d *sentinelDialer) failures() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, a := range d.addrs {
+		if err, ok := d.failed[a]; ok {
+			if msg := err.Error(); strings.Contains(msg, a) {
+				out = append(out, "sentinel: "+msg)
+			} else {
+				out = append(out, "sentinel "+a+": "+msg)
+			}
+		}
+	}
+	return out
 }
 
 func newSentinelDialer(addrs []string, t timeouts, tc clientTLS, shed func() int) *sentinelDialer {
 	d := &sentinelDialer{
+		addrs:        addrs,
+		failed:       make(map[string]error, len(addrs)),
 		sentinels:    make(map[string]bool, len(addrs)),
 		dialer:       newDialer(t, tc, shed),
 		sentinelRead: t.sentinelRead,
@@ -672,9 +822,10 @@ func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Co
 	c, err := d.dialer(ctx, network, addr)
 	if err != nil {
 		// go-redis says a sentinel failed only when all configured ones did.
-		return c, fmt.Errorf("sentinel: %w", err)
+		d.fail(addr, err)
+		return c, &sentinelDialError{err}
 	}
-	return &shortReads{Conn: c, max: d.sentinelRead}, nil
+	return &shortReads{Conn: c, max: d.sentinelRead, seen: func(err error) { d.fail(addr, err) }}, nil
 }
 
 // shortReads caps every read deadline set on a connection at max from
@@ -682,9 +833,35 @@ func (d *sentinelDialer) dial(ctx context.Context, network, addr string) (net.Co
 // It hides the socket (syscall.Conn), so go-redis skips its check of an
 // idle pooled connection before reuse, as it does for a TLS one: a dead
 // sentinel connection then fails its command, which go-redis retries.
+//
+// seen, when set, is told of each read's outcome: nil for bytes read,
+// else the error, with no address in it (a local port differs on each
+// connection, and the text must not).
 type shortReads struct {
 	net.Conn
-	max time.Duration
+	max  time.Duration
+	seen func(error)
+}
+
+// Read reads, and tells seen what it met.
+func (c *shortReads) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	switch {
+	case c.seen == nil || errors.Is(err, net.ErrClosed): // closed here
+	case n > 0:
+		c.seen(nil)
+	case isTimeout(err):
+		c.seen(errors.New("connected, no answer in time"))
+	case err != nil:
+		var op *net.OpError
+		if errors.As(err, &op) {
+			err = fmt.Errorf("connected, then %w", op.Err)
+		} else {
+			err = fmt.Errorf("connected, then %w", err)
+		}
+		c.seen(err)
+	}
+	return n, err
 }
 
 // SetReadDeadline sets t, or now+max when that is earlier.

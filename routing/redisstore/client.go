@@ -116,7 +116,8 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	case cfg.Sentinel.MasterName != "":
 		d := newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage)
 		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc, d))
-		c.AddHook(&sentinelErrors{name: cfg.Sentinel.MasterName, dialer: d})
+		c.AddHook(&lastDial{}) // first, the outermost: it sees sentinelErrors' error
+		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName, dialer: d})
 		c.AddHook(masterConns{})
 		return c, nil
 	}
@@ -124,7 +125,9 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewClient(opt), nil
+	c := redis.NewClient(opt)
+	c.AddHook(&lastDial{})
+	return c, nil
 }
 
 // The three option builders below differ in how they find the server;
@@ -370,19 +373,11 @@ func (h emptySlotMap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // (sentinelDialer.failed), in the order redis.sentinel.addrs lists them:
 // go-redis's errors for a sentinel that accepted and never answered, or
 // whose dial outlasted the dial's budget, were a bare "i/o timeout" or
-// "context deadline exceeded", naming no sentinel. And go-redis dials in
-// the background: a command whose budget ran out first failed with a bare
-// "context deadline exceeded" (under load, or with a sentinel whose SYNs
-// are dropped, every lookup). Such a command's error is the sentinels'
-// error of a dial that failed while it ran, which still wraps the
-// deadline (TestSentinelsDownErrorNamesFrozen); an older one may no
-// longer be true.
+// "context deadline exceeded", naming no sentinel. A command whose
+// budget ran out before its dial failed gets this error (lastDial).
 type sentinelErrors struct {
 	name   string
 	dialer *sentinelDialer
-	// last is the last dial for which no sentinel named the master;
-	// nil once a dial got past the sentinels.
-	last atomic.Pointer[sentinelsFailure]
 }
 
 // sentinelsError is such an error: its text, and the sentinels' errors
@@ -397,29 +392,23 @@ func (e *sentinelsError) Unwrap() []error { return e.errs }
 
 // DialHook rewrites the error of a dial for which no sentinel named the
 // master.
-func (h *sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
+func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
 		if err == nil {
-			h.last.Store(nil)
 			return c, err
 		}
 		joined, ok := errors.Unwrap(err).(interface{ Unwrap() []error })
 		if !ok {
-			if !isContextError(err) {
-				h.last.Store(nil) // a sentinel named the master
-			}
 			return c, err // not the sentinels' answer
 		}
-		e := h.rewrite(joined.Unwrap())
-		h.last.Store(&sentinelsFailure{err: e, at: time.Now()})
-		return c, e
+		return c, h.rewrite(joined.Unwrap())
 	}
 }
 
 // rewrite is the error of a dial for which no sentinel named the master,
 // errs the sentinels' errors go-redis joined.
-func (h *sentinelErrors) rewrite(errs []error) *sentinelsError {
+func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 	var texts, transient []string
 	unknown := false
 	for _, e := range errs {
@@ -458,29 +447,98 @@ func (h *sentinelErrors) rewrite(errs []error) *sentinelsError {
 	return &sentinelsError{msg: msg, errs: errs}
 }
 
-// sentinelsFailure is a dial's error for which no sentinel named the
-// master, and when it was met.
-type sentinelsFailure struct {
-	err *sentinelsError
+// lastDial makes a command that ran out of budget while a dial it waited
+// for had failed fail with the dial's error, which names the server, and
+// wraps the command's too. go-redis dials in the background, and a
+// command whose budget ended first failed with a bare "context deadline
+// exceeded": with a Redis whose SYNs are dropped (a frozen host, a
+// firewall, a wrong IP in a filtered network) every lookup did, as did a
+// lookup through sentinels none of which answered, under load or with
+// one whose SYNs are dropped, and /readyz and the log named no server
+// (TestFrozenRedisErrorNamesServer, TestSentinelsDownErrorNamesFrozen).
+// Only a dial that failed while the command ran counts: an older one may
+// no longer be true.
+type lastDial struct {
+	last atomic.Pointer[dialFailure] // nil once a dial succeeded
+}
+
+// dialFailure is a dial's error and when it was met.
+type dialFailure struct {
+	err error
 	at  time.Time
 }
 
-// explain returns err, a command's begun at start, or when it is the end
-// of the command's budget and the last dial since start found no sentinel
-// naming the master, the sentinels' error, which wraps err too.
-func (h *sentinelErrors) explain(err error, start time.Time) error {
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
-		return err
+// dialTimedOut is a command's error at the end of its budget, err, told
+// by the error of the dial it waited for, dial.
+type dialTimedOut struct{ err, dial error }
+
+func (e *dialTimedOut) Error() string   { return e.dial.Error() }
+func (e *dialTimedOut) Unwrap() []error { return []error{e.err, e.dial} }
+
+// DialHook records each dial's failure, or success. A dial's own
+// context's end names no server, and is not recorded.
+func (h *lastDial) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		switch {
+		case err == nil:
+			h.last.Store(nil)
+		case namesServer(err):
+			h.last.Store(&dialFailure{err: err, at: time.Now()})
+		}
+		return c, err
 	}
-	var already *sentinelsError
-	if errors.As(err, &already) {
+}
+
+// namesServer reports an error that says which server failed: any but a
+// context's bare end.
+func namesServer(err error) bool {
+	var op *net.OpError
+	var se *sentinelsError
+	return !isContextError(err) || errors.As(err, &op) || errors.As(err, &se)
+}
+
+// explain returns err, a command's begun at start, or when it is the
+// bare end of the command's budget and a dial failed since start, a
+// *dialTimedOut.
+func (h *lastDial) explain(err error, start time.Time) error {
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || namesServer(err) {
 		return err
 	}
 	last := h.last.Load()
 	if last == nil || last.at.Before(start) {
 		return err
 	}
-	return &sentinelsError{msg: last.err.msg, errs: append([]error{err}, last.err.errs...)}
+	return &dialTimedOut{err: err, dial: last.err}
+}
+
+// ProcessHook explains a command that ran out of budget waiting for a
+// dial that failed.
+func (h *lastDial) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := h.explain(next(ctx, cmd), start)
+		if err != nil {
+			cmd.SetErr(h.explain(cmd.Err(), start))
+		}
+		return err
+	}
+}
+
+// ProcessPipelineHook explains each command of a pipeline as ProcessHook.
+func (h *lastDial) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := h.explain(next(ctx, cmds), start)
+		if err != nil {
+			for _, cmd := range cmds {
+				if cmd.Err() != nil {
+					cmd.SetErr(h.explain(cmd.Err(), start))
+				}
+			}
+		}
+		return err
+	}
 }
 
 // isContextError reports a context's end (go-redis's own test, which
@@ -521,33 +579,12 @@ func (masterConns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-// ProcessHook explains a command that ran out of budget while no
-// sentinel named the master.
-func (h *sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		start := time.Now()
-		err := h.explain(next(ctx, cmd), start)
-		if err != nil {
-			cmd.SetErr(h.explain(cmd.Err(), start))
-		}
-		return err
-	}
-}
+// ProcessHook leaves commands as they are.
+func (sentinelErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
-// ProcessPipelineHook explains each command of a pipeline as ProcessHook.
-func (h *sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		start := time.Now()
-		err := h.explain(next(ctx, cmds), start)
-		if err != nil {
-			for _, cmd := range cmds {
-				if cmd.Err() != nil {
-					cmd.SetErr(h.explain(cmd.Err(), start))
-				}
-			}
-		}
-		return err
-	}
+// ProcessPipelineHook leaves pipelines as they are.
+func (sentinelErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // failoverOptions is a Sentinel client's. It has no

@@ -1,0 +1,53 @@
+package redisstore_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// TestFrozenRedisErrorNamesServer: a Redis whose SYNs are dropped (a
+// frozen host, a firewall that drops, a wrong IP in a filtered network)
+// outlasts each dial's budget, and go-redis, which dials in the
+// background, failed every lookup with a bare "redis hgetall KEY: context
+// deadline exceeded": /readyz and the log named no server, whether
+// redis.addr named it or the sentinels did. The lookup's error is the
+// dial's, which names the server, within the lookup's budget. Linux only,
+// as testenv.FrozenListener.
+func TestFrozenRedisErrorNamesServer(t *testing.T) {
+	testenv.ParallelRedis(t)
+	frozen := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(testenv.FrozenListener(t))))
+	for _, tc := range []struct {
+		name string
+		cfg  func(t *testing.T) redisstore.Config
+	}{
+		{"addr", func(t *testing.T) redisstore.Config { return redisstore.Config{Addr: frozen} }},
+		{"sentinel master", func(t *testing.T) redisstore.Config {
+			sentinel := testenv.StartSentinel(t, "cubemaster", frozen)
+			return redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{sentinel.Addr()}}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, tc.cfg(t))
+			for range 3 {
+				start := time.Now()
+				_, err := s.Lookup(context.Background(), "x")
+				if err == nil {
+					t.Fatal("lookup on a frozen Redis succeeded")
+				}
+				if d, budget := time.Since(start), s.Config().CommandTimeout; d > budget+budget/2 {
+					t.Errorf("lookup took %v, past its budget of %v", d, budget)
+				}
+				if !strings.Contains(err.Error(), frozen) {
+					t.Errorf("lookup error %q does not name the server %s", err, frozen)
+				}
+			}
+		})
+	}
+}

@@ -111,12 +111,15 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c.AddHook(slotMapReload{c})
 		c.AddHook(keyStep{})
 		seeds := strings.Join(cfg.Cluster.Addrs, ",")
-		c.OnNewNode(func(node *redis.Client) { node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds}) })
+		c.OnNewNode(func(node *redis.Client) {
+			node.AddHook(newLastDial(node.Options().Addr))
+			node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds})
+		})
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
 		d := newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage)
 		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc, d))
-		c.AddHook(&lastDial{}) // first, the outermost: it sees sentinelErrors' error
+		c.AddHook(newLastDial("")) // first, the outermost: it sees sentinelErrors' error
 		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName, dialer: d})
 		c.AddHook(masterConns{})
 		return c, nil
@@ -126,7 +129,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	c := redis.NewClient(opt)
-	c.AddHook(&lastDial{})
+	c.AddHook(newLastDial(opt.Addr))
 	return c, nil
 }
 
@@ -458,9 +461,39 @@ func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 // (TestFrozenRedisErrorNamesServer, TestSentinelsDownErrorNamesFrozen).
 // Only a dial that failed while the command ran counts: an older one may
 // no longer be true.
+//
+// A command that ran out of budget with no dial failed meanwhile waited
+// for the server's answer, and its bare "context deadline exceeded" or
+// "i/o timeout" (a Redis that accepts and never answers: a stopped
+// process, whose kernel still completes the handshake) is named with
+// the server's address: a standalone client's or a Cluster node's, or
+// for a failover client the master's last connected (noAnswer,
+// TestHungRedisErrorNamesServer).
 type lastDial struct {
-	last atomic.Pointer[dialFailure] // nil once a dial succeeded
+	last   atomic.Pointer[dialFailure] // nil once a dial succeeded
+	server atomic.Pointer[string]      // the server commands go to ("": not known)
+	fixed  bool                        // server is the configured one, not the last dialed
 }
+
+// newLastDial returns a lastDial for a client of server, "" for one that
+// learns it by dialing (a failover client).
+func newLastDial(server string) *lastDial {
+	h := &lastDial{fixed: server != ""}
+	h.server.Store(&server)
+	return h
+}
+
+// noAnswer is a command's error at the end of its budget, with no answer
+// from server.
+type noAnswer struct {
+	err    error
+	server string
+}
+
+func (e *noAnswer) Error() string {
+	return "no answer from " + e.server + " in time: " + e.err.Error()
+}
+func (e *noAnswer) Unwrap() error { return e.err }
 
 // dialFailure is a dial's error and when it was met.
 type dialFailure struct {
@@ -483,33 +516,48 @@ func (h *lastDial) DialHook(next redis.DialHook) redis.DialHook {
 		switch {
 		case err == nil:
 			h.last.Store(nil)
-		case namesServer(err):
+			if !h.fixed {
+				server := c.RemoteAddr().String()
+				h.server.Store(&server)
+			}
+		default:
+			// A bare context end too: it is no answer from the server.
 			h.last.Store(&dialFailure{err: err, at: time.Now()})
 		}
 		return c, err
 	}
 }
 
-// namesServer reports an error that says which server failed: any but a
-// context's bare end.
-func namesServer(err error) bool {
+// bareTimeout reports the end of a command's budget, or a read's, in an
+// error that names no server.
+func bareTimeout(err error) bool {
+	if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+		return false
+	}
 	var op *net.OpError
 	var se *sentinelsError
-	return !isContextError(err) || errors.As(err, &op) || errors.As(err, &se)
+	var dt *dialTimedOut
+	var na *noAnswer
+	return !errors.As(err, &op) && !errors.As(err, &se) && !errors.As(err, &dt) && !errors.As(err, &na)
 }
 
-// explain returns err, a command's begun at start, or when it is the
-// bare end of the command's budget and a dial failed since start, a
-// *dialTimedOut.
+// explain returns err, a command's begun at start, or when it is a bare
+// timeout: a *dialTimedOut when a dial failed since start, else a
+// *noAnswer when the server is known.
 func (h *lastDial) explain(err error, start time.Time) error {
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) || namesServer(err) {
+	if err == nil || !bareTimeout(err) {
 		return err
 	}
-	last := h.last.Load()
-	if last == nil || last.at.Before(start) {
-		return err
+	if last := h.last.Load(); last != nil && !last.at.Before(start) {
+		if bareTimeout(last.err) {
+			return err // which server did not answer the dial is not known
+		}
+		return &dialTimedOut{err: err, dial: last.err}
 	}
-	return &dialTimedOut{err: err, dial: last.err}
+	if server := *h.server.Load(); server != "" {
+		return &noAnswer{err: err, server: server}
+	}
+	return err
 }
 
 // ProcessHook explains a command that ran out of budget waiting for a

@@ -1,0 +1,59 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+)
+
+// TestHungRedisErrorNamesServer: a Redis that accepts connections and
+// never answers (a stopped or stalled process, whose kernel still
+// completes the handshake; a load balancer whose backend is gone) failed
+// each lookup with a bare "redis hgetall KEY: context deadline exceeded"
+// (standalone, the master the sentinels named) or "i/o timeout" (a
+// Cluster's only seed): /readyz and the log named no server. The error
+// names it, still tells the deadline by errors.Is, and comes within the
+// lookup's budget.
+func TestHungRedisErrorNamesServer(t *testing.T) {
+	testenv.ParallelRedis(t)
+	hung := testenv.StartSilentServer(t).Addr
+	for _, tc := range []struct {
+		name string
+		cfg  func(t *testing.T) redisstore.Config
+	}{
+		{"addr", func(t *testing.T) redisstore.Config { return redisstore.Config{Addr: hung} }},
+		{"sentinel master", func(t *testing.T) redisstore.Config {
+			sentinel := testenv.StartSentinel(t, "cubemaster", hung)
+			return redisstore.Config{Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{sentinel.Addr()}}}
+		}},
+		{"cluster seed", func(t *testing.T) redisstore.Config {
+			return redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{hung}}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, tc.cfg(t))
+			for range 2 {
+				start := time.Now()
+				_, err := s.Lookup(context.Background(), "x")
+				if err == nil {
+					t.Fatal("lookup on a hung Redis succeeded")
+				}
+				if d, budget := time.Since(start), s.Config().CommandTimeout; d > budget+budget/2 {
+					t.Errorf("lookup took %v, past its budget of %v", d, budget)
+				}
+				if !strings.Contains(err.Error(), hung) {
+					t.Errorf("lookup error %q does not name the server %s", err, hung)
+				}
+				var timeout interface{ Timeout() bool }
+				if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &timeout) && timeout.Timeout()) {
+					t.Errorf("lookup error %q is no timeout", err)
+				}
+			}
+		})
+	}
+}

@@ -112,14 +112,15 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c.AddHook(keyStep{})
 		seeds := strings.Join(cfg.Cluster.Addrs, ",")
 		c.OnNewNode(func(node *redis.Client) {
-			node.AddHook(newLastDial(node.Options().Addr))
+			node.AddHook(newLastDial(node.Options().Addr, false, cfg.CommandTimeout))
 			node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds})
 		})
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
 		d := newSentinelDialer(cfg.Sentinel.Addrs, t, tc, cfg.OnShortage)
 		c := redis.NewFailoverClient(failoverOptions(cfg, t, tc, d))
-		c.AddHook(newLastDial("")) // first, the outermost: it sees sentinelErrors' error
+		// First, the outermost: it sees sentinelErrors' error.
+		c.AddHook(newLastDial("sentinels "+strings.Join(cfg.Sentinel.Addrs, ", "), true, cfg.CommandTimeout))
 		c.AddHook(sentinelErrors{name: cfg.Sentinel.MasterName, dialer: d})
 		c.AddHook(masterConns{})
 		return c, nil
@@ -129,7 +130,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	c := redis.NewClient(opt)
-	c.AddHook(newLastDial(opt.Addr))
+	c.AddHook(newLastDial(opt.Addr, false, cfg.CommandTimeout))
 	return c, nil
 }
 
@@ -412,7 +413,7 @@ func (h sentinelErrors) DialHook(next redis.DialHook) redis.DialHook {
 // rewrite is the error of a dial for which no sentinel named the master,
 // errs the sentinels' errors go-redis joined.
 func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
-	var texts, transient []string
+	var texts, bare []string
 	unknown := false
 	for _, e := range errs {
 		var sd *sentinelDialError
@@ -421,7 +422,9 @@ func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 			// A configured sentinel's dial error, or one go-redis met
 			// on a connection to it (which sentinel it cannot say):
 			// failed names each with its own.
-			transient = append(transient, e.Error())
+			if bareTimeout(e) {
+				bare = append(bare, e.Error())
+			}
 		case errors.Is(e, redis.Nil):
 			unknown = true
 		case strings.Contains(e.Error(), "unknown command 'sentinel'"):
@@ -434,10 +437,8 @@ func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 			texts = append(texts, e.Error())
 		}
 	}
-	named := h.dialer.failures()
-	if len(named) == 0 && len(texts) == 0 && !unknown {
-		texts = transient // before any sentinel's error was recorded
-	}
+	slices.Sort(bare)
+	named := h.dialer.failures(len(texts) == 0 && !unknown, slices.Compact(bare))
 	slices.Sort(texts)
 	texts = append(named, slices.Compact(texts)...)
 	msg := "redis sentinel: no sentinel named the master: " + strings.Join(texts, "; ")
@@ -472,13 +473,21 @@ func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 type lastDial struct {
 	last   atomic.Pointer[dialFailure] // nil once a dial succeeded
 	server atomic.Pointer[string]      // the server commands go to ("": not known)
-	fixed  bool                        // server is the configured one, not the last dialed
+	fixed  bool                        // server stays; else the last connection's replaces it
+	recent time.Duration               // how long before a command a failed dial still counts
 }
 
-// newLastDial returns a lastDial for a client of server, "" for one that
-// learns it by dialing (a failover client).
-func newLastDial(server string) *lastDial {
-	h := &lastDial{fixed: server != ""}
+// newLastDial returns a lastDial for a client of server, or for a
+// failover client (learns) the sentinels it asks for the master
+// ("sentinels ADDR, ADDR"): until a dial connects, a command that ran out
+// of budget with no dial ended yet (under load) waited for them; once
+// one has, the master's address is learned from it. Its commands have budget
+// (redis.command_timeout). A dial that failed up to a second more than
+// budget before a command began counts too: a command whose budget ended
+// before the dial it waited for ended (under load) failed bare, while the
+// dials before failed as it would (TestSentinelsDownErrorUnderLoad).
+func newLastDial(server string, learns bool, budget time.Duration) *lastDial {
+	h := &lastDial{fixed: !learns, recent: budget + time.Second}
 	h.server.Store(&server)
 	return h
 }
@@ -548,7 +557,7 @@ func (h *lastDial) explain(err error, start time.Time) error {
 	if err == nil || !bareTimeout(err) {
 		return err
 	}
-	if last := h.last.Load(); last != nil && !last.at.Before(start) {
+	if last := h.last.Load(); last != nil && !last.at.Before(start.Add(-h.recent)) {
 		if bareTimeout(last.err) {
 			return err // which server did not answer the dial is not known
 		}
@@ -853,18 +862,24 @@ func (d *sentinelDialer) fail(addr string, err error) {
 // failures is the error of each configured sentinel that failed since it
 // last answered, in configuration order, as "sentinel: " and the error
 // when that names the sentinel (a dial's, a handshake's), else
-// "sentinel ADDR: " and the error.
-func (d *sentinelDialer) failures() []string {
+// "sentinel ADDR: " and the error. When none answered (noAnswers), one
+// with no error recorded is given the timeouts go-redis met that name no
+// sentinel (bare): a lookup whose budget ran out before a sentinel's
+// dial ended, under load, named none of them
+// (TestSentinelsDownErrorUnderLoad).
+func (d *sentinelDialer) failures(noAnswers bool, bare []string) []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []string
 	for _, a := range d.addrs {
-		if err, ok := d.failed[a]; ok {
-			if msg := err.Error(); strings.Contains(msg, a) {
-				out = append(out, "sentinel: "+msg)
-			} else {
-				out = append(out, "sentinel "+a+": "+msg)
-			}
+		err, ok := d.failed[a]
+		switch {
+		case ok && strings.Contains(err.Error(), a):
+			out = append(out, "sentinel: "+err.Error())
+		case ok:
+			out = append(out, "sentinel "+a+": "+err.Error())
+		case noAnswers && len(bare) > 0:
+			out = append(out, "sentinel "+a+": "+strings.Join(bare, ", "))
 		}
 	}
 	return out

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -392,6 +394,39 @@ func TestSentinelsDownErrorIsStable(t *testing.T) {
 			testenv.ParallelRedis(t)
 			checkSentinelsDownError(t, tc.addrs(t), tc.timeout, tc.lookups)
 		})
+	}
+}
+
+// TestSentinelsDownErrorUnderLoad: on a loaded machine (here: busy
+// goroutines, four per core, and a 15 ms budget) go-redis's dials in the
+// background ended after the lookups that waited for them, which failed
+// with a bare "context deadline exceeded", or with the sentinels' error
+// holding only that, naming no sentinel. Every error names each sentinel;
+// the text may change once their dials end, and no lookup's time is
+// asserted, the machine being held busy.
+//
+// Not parallel: the busy goroutines would slow the package's other tests.
+func TestSentinelsDownErrorUnderLoad(t *testing.T) {
+	addrs := []string{testenv.RefusingAddr(t), testenv.RefusingAddr(t), testenv.RefusingAddr(t)}
+	var stop atomic.Bool
+	defer stop.Store(true)
+	for range 4 * runtime.GOMAXPROCS(0) {
+		go func() {
+			for !stop.Load() {
+			}
+		}()
+	}
+	s := openStoreCfg(t, redisstore.Config{CommandTimeout: 15 * time.Millisecond, Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: addrs}})
+	for range 20 {
+		_, err := s.Lookup(context.Background(), "x")
+		if err == nil {
+			t.Fatal("lookup with every sentinel down succeeded")
+		}
+		for _, a := range addrs {
+			if !strings.Contains(err.Error(), a) {
+				t.Errorf("error %q does not name sentinel %s", err, a)
+			}
+		}
 	}
 }
 

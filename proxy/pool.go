@@ -186,8 +186,8 @@ func (ps *pools) removeLocked(key poolKey) {
 	}
 }
 
-// sweep closes keep-alive connections idle for longer than connIdle and
-// drops pools that have no connection and were unused for poolIdle. With
+// sweep closes keep-alive connections idle for longer than connIdle, or
+// past their sandbox's Keep-Alive hint (takeExpired), and drops pools that have no connection and were unused for poolIdle. With
 // one pool per sandbox there may be thousands: the map lock is held only
 // to list and to delete, never across the closes.
 //
@@ -204,6 +204,7 @@ func (ps *pools) removeLocked(key poolKey) {
 // lock, pause the same way every sweepChunk pools.
 func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, stop <-chan struct{}) {
 	connCutoff := now.Add(-connIdle).UnixNano()
+	nowNanos := now.UnixNano()
 	poolCutoff := now.Add(-poolIdle).UnixNano()
 	pace := newPacer(stop)
 	defer pace.stop()
@@ -220,7 +221,7 @@ func (ps *pools) sweep(now time.Time, connIdle, poolIdle, spread time.Duration, 
 	takeIdle := func() {
 		for i, u := range chunk {
 			n := len(stale)
-			stale = u.takeIdle(connCutoff, stale)
+			stale = u.takeExpired(connCutoff, nowNanos, stale)
 			// Out of the pool now: until closed they must not hold slots
 			// of upstream.max_conns that requests would get 503 for.
 			u.conns.Add(-int32(len(stale) - n))
@@ -611,18 +612,31 @@ func (u *upstream) closeIdle(cutoff int64) {
 // takeIdle moves the idle connections last used before cutoff (unix
 // nanos) from the idle list to the end of stale, for the caller to drop.
 func (u *upstream) takeIdle(cutoff int64, stale []*upstreamConn) []*upstreamConn {
+	return u.takeExpired(cutoff, 0, stale)
+}
+
+// takeExpired is takeIdle, and also takes the connections that have been
+// idle by now (unix nanos; 0: none) as long as their sandbox's Keep-Alive
+// hint allows reuse (reuseWithin): never reused again, and closed by the
+// sandbox about then, each otherwise held a descriptor in CLOSE_WAIT
+// until cutoff. Those are anywhere in the list (hints differ), so it is
+// filtered in place: no allocation, and the order (newest last) kept.
+func (u *upstream) takeExpired(cutoff, now int64, stale []*upstreamConn) []*upstreamConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	n := 0
-	for n < len(u.idle) && u.idle[n].idleSince < cutoff {
-		n++
+	keep := u.idle[:0]
+	for _, c := range u.idle {
+		if c.idleSince < cutoff || (now > 0 && c.reuseWithin > 0 && now-c.idleSince >= c.reuseWithin) {
+			stale = append(stale, c)
+		} else {
+			keep = append(keep, c)
+		}
 	}
-	if n == 0 {
+	if len(keep) == len(u.idle) {
 		return stale
 	}
-	stale = append(stale, u.idle[:n]...)
-	u.idle = append(u.idle[:0], u.idle[n:]...)
-	clear(u.idle[len(u.idle):cap(u.idle)])
+	clear(u.idle[len(keep):])
+	u.idle = keep
 	return stale
 }
 

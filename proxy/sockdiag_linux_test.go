@@ -29,6 +29,21 @@ func tcpSocketOpen(t *testing.T, local, remote int) bool {
 // that its owner has not read yet.
 func tcpSocket(t *testing.T, local, remote int) (open bool, unread int) {
 	t.Helper()
+	state, unread := tcpSocketState(t, local, remote)
+	return state != 0, unread
+}
+
+// tcpState* are the kernel's TCP states (include/net/tcp_states.h) that
+// tcpSocketState reports.
+const (
+	tcpStateEstablished = 1
+	tcpStateCloseWait   = 8
+)
+
+// tcpSocketState is tcpSocket with the socket's TCP state (as ss shows
+// it; 0: no such socket).
+func tcpSocketState(t *testing.T, local, remote int) (state uint8, unread int) {
+	t.Helper()
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
 		t.Fatal(os.NewSyscallError("socket", err))
@@ -68,22 +83,22 @@ func tcpSocket(t *testing.T, local, remote int) (open bool, unread int) {
 		// connection left the lookup falls back on the listener of the
 		// local port, whose peer port is 0.
 		if len(m.Data) < 60 || int(binary.BigEndian.Uint16(m.Data[6:])) != remote {
-			return false, 0
+			return 0, 0
 		}
-		return true, int(binary.NativeEndian.Uint32(m.Data[56:]))
+		return m.Data[1], int(binary.NativeEndian.Uint32(m.Data[56:]))
 	case unix.NLMSG_ERROR:
 		if len(m.Data) < 4 {
 			t.Fatal("short sock_diag error")
 		}
 		errno := -int32(binary.NativeEndian.Uint32(m.Data))
 		if syscall.Errno(errno) == syscall.ENOENT {
-			return false, 0
+			return 0, 0
 		}
 		t.Fatalf("sock_diag: %v", syscall.Errno(errno))
 	default:
 		t.Fatalf("sock_diag answered message type %d", m.Header.Type)
 	}
-	return false, 0
+	return 0, 0
 }
 
 // tcpSocketOpen sees a connection's socket while it is open and stops

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -108,5 +109,58 @@ func TestKeepAliveReuse(t *testing.T) {
 		if got := keepAliveReuse([]byte(tc.v)); got != tc.want {
 			t.Errorf("keepAliveReuse(%q) = %v, want %v", tc.v, got, tc.want)
 		}
+	}
+}
+
+// takeExpired takes, besides the connections idle past the cutoff, those
+// idle past their own Keep-Alive hint wherever they are in the idle list,
+// keeps the others in order (newest last, which acquire relies on), and
+// allocates nothing.
+func TestTakeExpiredHintedConns(t *testing.T) {
+	const s = int64(time.Second)
+	now := 100 * s
+	names := map[*upstreamConn]string{}
+	conn := func(name string, idleFor, reuseWithin int64) *upstreamConn {
+		c := &upstreamConn{idleSince: now - idleFor, reuseWithin: reuseWithin}
+		names[c] = name
+		return c
+	}
+	list := func(cs []*upstreamConn) string {
+		var l []string
+		for _, c := range cs {
+			l = append(l, names[c])
+		}
+		return strings.Join(l, " ")
+	}
+	for _, tc := range []struct {
+		name        string
+		idle        []*upstreamConn // oldest first
+		cutoff, now int64
+		taken, kept string
+	}{
+		{"none taken", []*upstreamConn{conn("a", 3*s, 4*s), conn("b", 1*s, 0)}, now - 30*s, now, "", "a b"},
+		{"past the hint, between others", []*upstreamConn{conn("a", 20*s, 0), conn("b", 5*s, 4*s), conn("c", 2*s, 0)}, now - 30*s, now, "b", "a c"},
+		{"past the cutoff and past hints", []*upstreamConn{conn("a", 40*s, 0), conn("b", 10*s, 29*s), conn("c", 5*s, 4*s), conn("d", 4*s, 4*s), conn("e", 0, 4*s)}, now - 30*s, now, "a c d", "b e"},
+		{"hints not looked at without now", []*upstreamConn{conn("a", 40*s, 0), conn("b", 5*s, 4*s)}, now - 30*s, 0, "a", "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &upstream{idle: tc.idle}
+			stale := u.takeExpired(tc.cutoff, tc.now, nil)
+			if got := list(stale); got != tc.taken {
+				t.Errorf("taken %q, want %q", got, tc.taken)
+			}
+			if got := list(u.idle); got != tc.kept {
+				t.Errorf("kept %q, want %q", got, tc.kept)
+			}
+		})
+	}
+	all := []*upstreamConn{conn("a", 5*s, 4*s), conn("b", 1*s, 4*s), conn("c", 0, 0)}
+	u := &upstream{idle: make([]*upstreamConn, 0, len(all))}
+	stale := make([]*upstreamConn, 0, len(all))
+	if n := testing.AllocsPerRun(100, func() {
+		u.idle = append(u.idle[:0], all...)
+		stale = u.takeExpired(now-30*s, now, stale[:0])
+	}); n != 0 {
+		t.Errorf("%v allocations per look at a pool, want 0", n)
 	}
 }

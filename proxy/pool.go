@@ -187,9 +187,10 @@ func (ps *pools) removeLocked(key poolKey) {
 }
 
 // sweep closes keep-alive connections idle for longer than connIdle, or
-// past their sandbox's Keep-Alive hint (takeExpired), and drops pools that have no connection and were unused for poolIdle. With
-// one pool per sandbox there may be thousands: the map lock is held only
-// to list and to delete, never across the closes.
+// past their sandbox's Keep-Alive hint (takeExpired), and drops pools
+// that have no connection and were unused for poolIdle. With one pool per
+// sandbox there may be thousands: the map lock is held only to list and
+// to delete, never across the closes.
 //
 // The closes are spread over spread (or until stop is closed), as nginx's
 // per-connection timers spread them: a cold-start burst of sandboxes
@@ -615,28 +616,32 @@ func (u *upstream) takeIdle(cutoff int64, stale []*upstreamConn) []*upstreamConn
 	return u.takeExpired(cutoff, 0, stale)
 }
 
-// takeExpired is takeIdle, and also takes the connections that have been
-// idle by now (unix nanos; 0: none) as long as their sandbox's Keep-Alive
-// hint allows reuse (reuseWithin): never reused again, and closed by the
-// sandbox about then, each otherwise held a descriptor in CLOSE_WAIT
-// until cutoff. Those are anywhere in the list (hints differ), so it is
-// filtered in place: no allocation, and the order (newest last) kept.
+// takeExpired is takeIdle, and also takes the connections idle, by now
+// (unix nanos; 0: none of these), at least as long as their sandbox's
+// Keep-Alive hint lets them be reused (reuseWithin): never reused again
+// and closed by the sandbox about then, each otherwise held a descriptor
+// in CLOSE_WAIT until cutoff. Those are anywhere in the list (hints
+// differ), so it is filtered in place: no allocation, the order (newest
+// last) kept, and nothing written when nothing is taken.
 func (u *upstream) takeExpired(cutoff, now int64, stale []*upstreamConn) []*upstreamConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	keep := u.idle[:0]
-	for _, c := range u.idle {
+	kept := 0
+	for i, c := range u.idle {
 		if c.idleSince < cutoff || (now > 0 && c.reuseWithin > 0 && now-c.idleSince >= c.reuseWithin) {
 			stale = append(stale, c)
-		} else {
-			keep = append(keep, c)
+			continue
 		}
+		if kept != i {
+			u.idle[kept] = c
+		}
+		kept++
 	}
-	if len(keep) == len(u.idle) {
+	if kept == len(u.idle) {
 		return stale
 	}
-	clear(u.idle[len(keep):])
-	u.idle = keep
+	clear(u.idle[kept:])
+	u.idle = u.idle[:kept]
 	return stale
 }
 

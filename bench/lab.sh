@@ -13,6 +13,15 @@ fi
 pids=()
 lab_cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	# Gone before the script ends: its lock (interop's flock) goes with it,
+	# and the run waiting for it checks first that the lab's ports are
+	# free, which a proxy still shutting down was not ("port 18281 is
+	# taken"). One still there after 10 s is killed outright.
+	local until=$((SECONDS + 10))
+	for p in "${pids[@]}"; do
+		while kill -0 "$p" 2>/dev/null && ((SECONDS < until)); do sleep 0.05; done
+		kill -9 "$p" 2>/dev/null || true
+	done
 	if ((keep)); then echo "work dir: $work"; else rm -rf "$work"; fi
 }
 

@@ -65,6 +65,11 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 	h := newHarness(t, func(o *harnessOpts) { o.cfg.MaxRequestBodySize = 64 })
 	s, port := newTargetsSandbox(t)
 	host := h.route("box", port)
+	h.put("priv", map[string]string{
+		"HostIP": "127.0.0.1", "SandboxIP": "127.0.0.1", "CreatedAt": "1", "AllowPublicTraffic": "false",
+		"TrafficAccessToken": strings.Repeat("a", 64), itoa(port): itoa(port),
+	})
+	restricted := itoa(port) + "-priv.cube.test"
 	smug := "GET /smug HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
 	smugLen := itoa(uint16(len(smug)))
 	last := "GET /last HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n"
@@ -95,6 +100,19 @@ func TestSandboxSeesTheRequestsTheProxyFramed(t *testing.T) {
 		{"413 then a pipelined request", post("Content-Length: 100\r\n", smug+strings.Repeat("x", 100-len(smug))+last), nil},
 		{"413 for a chunked body", post("Transfer-Encoding: chunked\r\n", chunk(strings.Repeat("x", 60))+chunk(smug)+"0\r\n\r\n"+last), []string{"POST /first"}},
 		{"refused, its body dropped", "POST / HTTP/1.1\r\nHost: 80-nobox.cube.test\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /last"}},
+		{"two different Content-Lengths", post("Content-Length: 1\r\nContent-Length: "+smugLen+"\r\n", "x"+smug+last), nil},
+		{"chunked, identity on one line", post("Transfer-Encoding: chunked, identity\r\n", chunk(smug)+"0\r\n\r\n"+last), nil},
+		{"xchunked with a Content-Length", post("Transfer-Encoding: xchunked\r\nContent-Length: "+smugLen+"\r\n", smug+last), nil},
+		{"chunked in HTTP/1.0", "POST /first HTTP/1.0\r\nHost: " + host + "\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(smug) + "0\r\n\r\n" + last, nil},
+		{"chunk size with 0x", post("Transfer-Encoding: chunked\r\n", "0x4\r\nabcd\r\n0\r\n\r\n"+smug), []string{"POST /first"}},
+		{"chunk size past 64 bits", post("Transfer-Encoding: chunked\r\n", "10000000000000004\r\nabcd\r\n0\r\n\r\n"+smug), []string{"POST /first"}},
+		{"quoted chunk extension holding a CRLF", post("Transfer-Encoding: chunked\r\n", "4;a=\"x\r\n0\r\n\r\n"+smug+"\"\r\nabcd\r\n0\r\n\r\n"), []string{"POST /first"}},
+		// A refusal that reads the body (403 of a restricted sandbox)
+		// goes on with the next request; one that would have to decode
+		// a chunked body, or answered an Expect, closes.
+		{"403, its body dropped", "POST / HTTP/1.1\r\nHost: " + restricted + "\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, []string{"GET /last"}},
+		{"403, its chunked body dropped", "POST / HTTP/1.1\r\nHost: " + restricted + "\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(smug) + "0\r\n\r\n" + last, nil},
+		{"404 to Expect, body sent anyway", "POST / HTTP/1.1\r\nHost: 80-nobox.cube.test\r\nExpect: 100-continue\r\nContent-Length: " + smugLen + "\r\n\r\n" + smug + last, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialRaw(t, h.addr)

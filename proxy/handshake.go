@@ -78,7 +78,8 @@ const certificateWaitMin = 100 * time.Millisecond
 // the connection's client.read_timeout and write_timeout: the wait is the
 // proxy's, not the client's. Counted, the deadlines set at the accept
 // passed while the order ran, and the client that waited for it was
-// closed once the certificate was there. cfg is cloned once, at Serve.
+// closed once the certificate was there. Its errors come back marked as
+// certificateRefused. cfg is cloned once, at Serve.
 func (l *tlsListener) certificateWaitExcluded(cfg *tls.Config) *tls.Config {
 	if cfg == nil || cfg.GetCertificate == nil {
 		return cfg
@@ -88,6 +89,9 @@ func (l *tlsListener) certificateWaitExcluded(cfg *tls.Config) *tls.Config {
 	cfg.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		start := time.Now()
 		cert, err := get(hello)
+		if err != nil {
+			err = certificateRefused{err}
+		}
 		if waited := time.Since(start); waited >= certificateWaitMin {
 			if cc, ok := hello.Conn.(*clientConn); ok && cc.tls != nil {
 				cc.tls.waitedForCertificate(waited, l.sendTimeout)
@@ -97,6 +101,18 @@ func (l *tlsListener) certificateWaitExcluded(cfg *tls.Config) *tls.Config {
 	}
 	return cfg
 }
+
+// certificateRefused is the error of a handshake whose certificate the
+// listener's GetCertificate refused (the acme source's: an on-demand order
+// failed or over its budget, the route store or the certificate storage
+// failing, the wildcard not obtained yet). crypto/tls hands that error on
+// as it stands, without the "tls: " of its own, so that connectionError
+// took it for a malformed request: each such handshake, which carried no
+// request, was logged and counted as a 400 bad_request.
+type certificateRefused struct{ err error }
+
+func (e certificateRefused) Error() string { return e.err.Error() }
+func (e certificateRefused) Unwrap() error { return e.err }
 
 // tlsConn is a server-side TLS connection whose handshake is registered
 // in handshakes while it runs. fasthttp takes it for TLS (it asserts an

@@ -1079,15 +1079,17 @@ func plainHTTPOnTLS(err error) net.Conn {
 
 // connectionError reports an error of the connection rather than of a
 // request: a probe that connected and reset, a TLS handshake the client
-// gave up on, a preconnected socket that timed out before sending. nginx
-// logs nothing for these, and neither does the proxy. A request that
+// gave up on or the proxy refused (certificateRefused), a preconnected
+// socket that timed out before sending. nginx logs nothing for these, and
+// neither does the proxy. A request that
 // stalled halfway through its headers is among the timeouts (headStalled
 // tells it apart), one whose client left there among the closes and
 // resets (leftMidHead), and so are a body's (requestBegun).
 func connectionError(err error) bool {
 	var op *net.OpError
 	var rh tls.RecordHeaderError
-	return isTimeout(err) || errors.As(err, &op) || errors.As(err, &rh) ||
+	var cr certificateRefused
+	return isTimeout(err) || errors.As(err, &op) || errors.As(err, &rh) || errors.As(err, &cr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
 		strings.HasPrefix(err.Error(), "tls: ")
 }

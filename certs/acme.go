@@ -130,7 +130,7 @@ func newACMESource(ctx context.Context, cfg Config, log *slog.Logger) (*acmeSour
 	if a.StorageDir != "" {
 		storage = &certmagic.FileStorage{Path: a.StorageDir}
 	}
-	s.locks = &lockGate{Storage: storage}
+	s.locks = &lockGate{Storage: storage, log: log}
 	base.Storage = s.locks
 	s.managed = newCertmagicConfig(s.cache, base, issuer)
 	if a.OnDemand {

@@ -3,6 +3,7 @@ package certs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -24,6 +25,10 @@ var errStorageClosed = errors.New("certificate manager closed")
 // storage directory after Close raced certmagic re-creating it.
 type lockGate struct {
 	certmagic.Storage
+	// log receives a warning when a write fails (see Store); nil logs none.
+	log *slog.Logger
+	// storeFailures spaces those warnings out.
+	storeFailures handshakeThrottle
 
 	mu     sync.Mutex
 	held   int
@@ -159,4 +164,22 @@ func (g *lockGate) close(limit time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// Store stores value at key, and warns when the write fails, at most once
+// every handshakeLogEvery (with the count held back). certmagic checks
+// that the storage takes a write before each on-demand order and hands a
+// failure to the waiting handshake alone: a storage_dir that stopped
+// taking writes after the start (a volume gone read-only or full) failed
+// every new sandbox name's handshake with no line above debug level,
+// while /readyz said ready.
+func (g *lockGate) Store(ctx context.Context, key string, value []byte) error {
+	err := g.Storage.Store(ctx, key, value)
+	if err != nil && g.log != nil {
+		if suppressed, ok := g.storeFailures.admit(time.Now()); ok {
+			g.log.Warn("certificate storage write failed; certificates cannot be obtained or renewed until tls.acme.storage_dir takes writes (logged at most once every 10 s)",
+				"key", key, "error", err, "suppressed", suppressed)
+		}
+	}
+	return err
 }

@@ -166,6 +166,9 @@ func TestCheckBadConfig(t *testing.T) {
 		// its host port: HostIP never carries the zone.
 		{"node_ip with an IPv6 zone", "node_ip: 'fe80::1%eth0'\n", nil, `node_ip "fe80::1%eth0": an IPv6 zone`},
 		{"access log format", "access_log:\n  format: xml\n", nil, "access_log.format"},
+		// serve's start refuses a store it does not have: check must not
+		// print the configuration as ok.
+		{"unknown store", "store: mongo\n", nil, `store "mongo": want memory or redis`},
 		// Held bodies that could never be held: a body larger than the
 		// budget, or than one sandbox's share of it.
 		{"held body above the budget", "max_held_body: 8388608\nheld_body_budget: 4194304\n", nil, "max_held_body (8388608 bytes) is above held_body_budget (4194304 bytes)"},
@@ -213,6 +216,7 @@ func TestCheckRedactsSecrets(t *testing.T) {
 		tsigSecret = "dHNpZy1zZWNyZXQtdmFsdWU="
 	)
 	dir := t.TempDir()
+	tsigFile := writeTemp(t, dir, "tsig.key", tsigSecret+"\n")
 	routes := writeTemp(t, dir, "routes.yaml", "routes:\n  box:\n    HostIP: \"127.0.0.1\"\n    AllowPublicTraffic: \"false\"\n    TrafficAccessToken: \""+restrictedToken+"\"\n    \"3000\": \"3000\"\n")
 	for _, tc := range []struct {
 		name    string
@@ -225,6 +229,12 @@ func TestCheckRedactsSecrets(t *testing.T) {
 			"\n    dns:\n      provider: rfc2136\n      options: {server: \"127.0.0.1:53\", key_name: tsig.cube.test., key_secret: \"" + tsigSecret + "\"}\n",
 			[]string{adminToken, signingKey, tsigSecret, restrictedToken},
 			[]string{"admin_token: REDACTED", "- REDACTED", "key_secret: REDACTED", "key_name: tsig.cube.test.", "1 routes in"}},
+		// A secret's file is no secret: its path is what an operator
+		// checks (is it the mounted one?), and the secret stays in it.
+		{"dns secret from a file", "https_addr: 127.0.0.1:0\ntls:\n  source: acme\n  domain: cube.test\n  acme:\n    email: ops@cube.test\n    storage_dir: " + dir +
+			"\n    dns:\n      provider: rfc2136\n      options: {server: \"127.0.0.1:53\", key_name: tsig.cube.test., key_secret_file: \"" + tsigFile + "\"}\n",
+			[]string{tsigSecret},
+			[]string{"key_secret_file: " + tsigFile}},
 		// A redis.password next to the URL's would never be sent, and is
 		// refused: the sentinel row shows redis.password redacted.
 		{"redis store", "store: redis\nredis:\n  url: redis://proxy:" + urlPass + "@" + redisAddr + "/2\n",
@@ -390,5 +400,34 @@ func TestCheckNotesOTelWarnings(t *testing.T) {
 	}
 	if want := `cubeproxy: note: telemetry: invalid URL escape "%zz" (serve logs this as a warning and starts)`; !strings.Contains(stderr, want) {
 		t.Errorf("check's stderr has no %q:\n%s", want, stderr)
+	}
+}
+
+// A check that passes still names a misspelled CUBEPROXY_* variable, as
+// serve's start warns of it: a check run before a restart is where an
+// operator learns that the setting meant was never read.
+func TestCheckNamesUnknownEnv(t *testing.T) {
+	t.Setenv("CUBEPROXY_ROUTE", "/etc/cubeproxy/routes.yaml")
+	code, _, stderr := runCheck(t, noEnv, "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=")
+	const note = "cubeproxy: note: CUBEPROXY_ROUTE is not a setting and was ignored; did you mean CUBEPROXY_ROUTES?"
+	if code != 0 || !strings.Contains(stderr, note) {
+		t.Errorf("exit %d, stderr:\n%s\nwant 0 and %q", code, stderr, note)
+	}
+}
+
+// Without instance_id, check prints the name serve takes instead, the
+// hostname, which the registry and telemetry carry: an empty
+// instance_id said nothing of what this node would be called.
+func TestCheckPrintsTheInstanceIDInEffect(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		t.Skipf("no hostname: %v", err)
+	}
+	code, stdout, stderr := runCheck(t, noEnv, "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--routes=")
+	var eff struct {
+		InstanceID string `yaml:"instance_id"`
+	}
+	if code != 0 || yaml.Unmarshal([]byte(stdout), &eff) != nil || eff.InstanceID != host {
+		t.Errorf("exit %d, instance_id %q, want %q\n%s\n%s", code, eff.InstanceID, host, stdout, stderr)
 	}
 }

@@ -28,6 +28,9 @@ func TestHealthAsksTheAdminListener(t *testing.T) {
 	redirect := listenRedirect(t, "http://"+admin+"/readyz")
 	// Something else that answers with terminal escape sequences.
 	escapes := listenAnswer(t, 200, "\x1b]0;owned\a{\"ready\":true}\x1b[2J\xff")
+	// Something else that answers a success other than 200: the probe
+	// succeeds on a 200 alone (usage: "exit 0 on 200"), as /readyz sends.
+	noContent := listenAnswer(t, 204, "")
 	// A port no one listens on.
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -47,6 +50,7 @@ func TestHealthAsksTheAdminListener(t *testing.T) {
 		{"ready", admin, nil, 0, "GET /readyz: 200 OK"},
 		{"live", admin, []string{"--live"}, 0, "GET /admin/healthz: 200 OK"},
 		{"not ready", notReady, nil, 1, "GET /readyz: 503 Service Unavailable"},
+		{"other success", noContent, nil, 1, "GET /readyz: 204 No Content"},
 		{"redirected", redirect, nil, 1, "GET /readyz: 302 Found (to http://" + admin + "/readyz, not followed)"},
 		{"control characters", escapes, nil, 0, `GET /readyz: 200 OK \x1b]0;owned\a{"ready":true}\x1b[2J\xff` + "\n"},
 		{"no listener", gone, []string{"--timeout", "2s"}, 1, "connection refused"},
@@ -203,12 +207,17 @@ func TestHealthOfARunningProxyWhoseFileNoLongerLoads(t *testing.T) {
 		code       int
 		stdout     string
 		stderr     []string
+		unsaid     []string // not in stderr
 	}{
 		{"a bad value elsewhere", "admin_addr: " + admin + "\ndrain_timeout: soon\n", 0, "GET /readyz: 200 OK",
-			[]string{"the configuration no longer loads, asking its admin_addr " + admin, "drain_timeout"}},
+			[]string{"the configuration no longer loads, asking its admin_addr " + admin, "drain_timeout"}, nil},
 		{"an unknown key", "admin_addr: " + admin + "\nno_such_setting: 1\n", 0, "GET /readyz: 200 OK",
-			[]string{"no longer loads", "no_such_setting"}},
-		{"no YAML", "admin_addr: [" + admin + "\n", 1, "", []string{"config "}},
+			[]string{"no longer loads", "no_such_setting"}, nil},
+		{"no YAML", "admin_addr: [" + admin + "\n", 1, "", []string{"config "}, nil},
+		// An admin_addr no client can reach is not asked: the file's own
+		// error is said, not a probe of "http:///readyz".
+		{"an admin_addr without a port", "admin_addr: localhost\nno_such_setting: 1\n", 1, "",
+			[]string{"no_such_setting"}, []string{"asking its admin_addr", "GET http"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := t.TempDir() + "/cubeproxy.yaml"
@@ -223,6 +232,11 @@ func TestHealthOfARunningProxyWhoseFileNoLongerLoads(t *testing.T) {
 			for _, want := range tc.stderr {
 				if !strings.Contains(stderr.String(), want) {
 					t.Errorf("stderr %q lacks %q", stderr.String(), want)
+				}
+			}
+			for _, not := range tc.unsaid {
+				if strings.Contains(stderr.String(), not) {
+					t.Errorf("stderr %q says %q", stderr.String(), not)
 				}
 			}
 		})

@@ -74,6 +74,9 @@ func TestAdminAPI(t *testing.T) {
 		{"last_active: bad since", "GET", "/admin/last_active?since=yesterday", "", 400, nil},
 		{"routes: bad id", "GET", "/admin/routes/Bad.Id", "", 400, nil},
 		{"routes: unknown", "GET", "/admin/routes/nosuch", "", 404, nil},
+		// A retried delete, or one of a sandbox never routed here, is no
+		// error; "deleted" tells the control plane whether there was a route.
+		{"routes: delete unknown", "DELETE", "/admin/routes/nosuch", "", 200, map[string]any{"ok": true, "deleted": false}},
 		{"routes: bad body", "PUT", "/admin/routes/x", `{"HostIP":1}`, 400, nil},
 		{"routes: a field twice", "PUT", "/admin/routes/x", `{"HostIP":"127.0.0.1","AllowPublicTraffic":"false","AllowPublicTraffic":"true"}`, 400, nil},
 		{"upsert: a field twice", "POST", "/admin/meta/upsert", `{"sandbox_id":"x","HostIP":"127.0.0.1","HostIP":"127.0.0.2"}`, 400, nil},
@@ -143,6 +146,9 @@ func TestAdminWrongMethod(t *testing.T) {
 		{"GET", "/admin/meta/delete", 405, "POST"},
 		{"PUT", "/admin/backend_cache/delete", 405, "POST"},
 		{"GET", "/admin/state", 405, "POST"},
+		// A change sent with another method than the one documented is
+		// refused as such, not applied: PUT is no synonym of POST here.
+		{"PUT", "/admin/state", 405, "POST"},
 		{"GET", "/admin/tokens", 405, "POST"},
 		{"POST", "/admin/routes", 405, "GET, HEAD"},
 		{"DELETE", "/admin/last_active", 405, "GET, HEAD"},

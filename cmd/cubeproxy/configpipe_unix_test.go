@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,4 +70,48 @@ func TestSignalWhileReadingConfigPipeStopsTheStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBinarySurvivesSIGHUPDuringStart: logrotate's SIGHUP may come while
+// the binary still starts (here: waiting for its configuration from a
+// named pipe, as a template renderer feeds it), before serve watches
+// SIGHUP to reopen the access log. Go's default for a SIGHUP nobody
+// watches is to exit, which would leave the node without its proxy after
+// a log rotation; main ignores it until serve watches it, and the start
+// goes on.
+func TestBinarySurvivesSIGHUPDuringStart(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	fifo := testenv.Mkfifo(t, dir, "cubeproxy.yaml")
+	routes := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routes, []byte("routes: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs, exited := startBinary(t, bin, "serve", "--config", fifo, "--routes", routes,
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--drain-timeout", "1s")
+
+	// The open for writing succeeds only once the binary has the pipe
+	// open for reading: past main's start, before serve's.
+	var w *os.File
+	testenv.WaitFor(t, 30*time.Second, "the binary to open the config pipe", func() bool {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return false
+		}
+		w = f
+		return true
+	})
+	defer w.Close()
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// Killed by the signal, the binary is gone before it reads: the write
+	// fails (EPIPE) or the wait below sees the exit.
+	if _, err := w.WriteString("log_level: info\n"); err != nil {
+		t.Fatalf("writing the configuration after SIGHUP: %v (the binary died of it?)\n%s", err, logs)
+	}
+	w.Close()
+	waitListening(t, logs, exited)
+	sigtermAndWait(t, cmd, exited, logs)
 }

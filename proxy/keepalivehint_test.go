@@ -49,9 +49,12 @@ func TestUpstreamKeepAliveHintNotReusedPastTimeout(t *testing.T) {
 					head += "Keep-Alive: " + tc.hint + "\r\n"
 				}
 				body := req.Method + " " + req.URL.Path
-				ok := rawWrite(c, fmt.Sprintf("%sContent-Length: %d\r\n\r\n%s", head, len(body), body))
+				// Stored before the answer goes out: stored after it, the
+				// test could read 0 once the client had the answer (under
+				// -race and load: no idle wait at all, the connection
+				// reused within its hint and the test failed).
 				answered.Store(time.Now().UnixNano())
-				return ok
+				return rawWrite(c, fmt.Sprintf("%sContent-Length: %d\r\n\r\n%s", head, len(body), body))
 			})
 			host := h.route("kahint", b.port)
 			pc := h.dialProxy(t)

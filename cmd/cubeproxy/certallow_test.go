@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -108,15 +109,32 @@ func TestAllowCertificateForPortExposedLater(t *testing.T) {
 
 // On the node that runs the sandbox (node_ip) any container port is
 // served, at the sandbox's own address, mapped or not (as on the
-// platform's proxy), so its name gets a certificate as well; a route
-// there without a SandboxIP serves none, and on another node only the
-// mapped ports are served.
+// platform's proxy), so its name gets a certificate as well: a mapped
+// port's as off the node, an unmapped one's only while something accepts
+// connections there (else every port of a known id would place an order).
+// A route there without a SandboxIP serves none, and on another node only
+// the mapped ports are served. SandboxIP is loopback: real listeners and
+// a real refused connect.
 func TestAllowCertificateOnThisNode(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	listening := ln.Addr().(*net.TCPAddr).Port
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := gone.Addr().(*net.TCPAddr).Port
+	gone.Close()
+
 	mem := routing.NewMemoryStore()
 	for _, r := range []*routing.Route{
-		{ID: "here", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("192.168.0.2"), Public: true, Ports: map[uint16]uint16{80: 20080}},
-		{ID: "nosandboxip", HostIP: netip.MustParseAddr("10.0.0.1"), Public: true, Ports: map[uint16]uint16{80: 20080}},
-		{ID: "there", HostIP: netip.MustParseAddr("10.0.0.9"), SandboxIP: netip.MustParseAddr("192.168.0.2"), Public: true, Ports: map[uint16]uint16{80: 20080}},
+		// Port 1 is mapped; nothing listens at 127.0.0.1:1.
+		{ID: "here", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("127.0.0.1"), Public: true, Ports: map[uint16]uint16{1: 20080}},
+		{ID: "nosandboxip", HostIP: netip.MustParseAddr("10.0.0.1"), Public: true, Ports: map[uint16]uint16{1: 20080}},
+		{ID: "there", HostIP: netip.MustParseAddr("10.0.0.9"), SandboxIP: netip.MustParseAddr("127.0.0.1"), Public: true, Ports: map[uint16]uint16{1: 20080}},
 	} {
 		if err := mem.Put(r); err != nil {
 			t.Fatal(err)
@@ -134,11 +152,12 @@ func TestAllowCertificateOnThisNode(t *testing.T) {
 		host    string
 		allowed bool
 	}{
-		{"3000-here.cube.test", true},
-		{"80-here.cube.test", true},
-		{"3000-nosandboxip.cube.test", false},
-		{"3000-there.cube.test", false},
-		{"80-there.cube.test", true},
+		{fmt.Sprintf("%d-here.cube.test", listening), true},
+		{fmt.Sprintf("%d-here.cube.test", closed), false},
+		{"1-here.cube.test", true},
+		{fmt.Sprintf("%d-nosandboxip.cube.test", listening), false},
+		{fmt.Sprintf("%d-there.cube.test", listening), false},
+		{"1-there.cube.test", true},
 	} {
 		err := a.allowCertificate(context.Background(), tt.host)
 		if (err == nil) != tt.allowed || err != nil && !errors.Is(err, certs.ErrUnknownName) {

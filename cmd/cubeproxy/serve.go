@@ -839,10 +839,17 @@ func tlsSource(t config.TLS) string {
 // client choose what the proxy orders: any name pointed at the node (with
 // an empty domains list), or 050005-… spellings of one port, each a new
 // certificate that spends the CA's rate limits and the on-demand budget.
+// On the node that runs the sandbox every port at SandboxIP is exposed
+// (as for a request), so there a port the route does not map is allowed
+// only while it accepts a connection (probeSandboxPort): else one known
+// sandbox id would let anyone order 1-<id>, 2-<id>, … The sweep of
+// certs asks this too, so such a name whose port closed is dropped from
+// memory (it stays in storage and is loaded again when allowed).
 //
-// A name that is no sandbox's port wraps certs.ErrUnknownName (the client
-// gets the unrecognized_name alert); a route store that cannot answer does
-// not (internal_error: the name may well be right).
+// A name that is no sandbox's port, or no listening one, wraps
+// certs.ErrUnknownName (the client gets the unrecognized_name alert, and
+// certs takes no budget: it does after Allow); a route store that cannot
+// answer does not (internal_error: the name may well be right).
 func (a *app) allowCertificate(ctx context.Context, name string) error {
 	domains := certDomains(a.cfg)
 	if len(domains) == 0 {
@@ -884,6 +891,36 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 	if !exposes(r, t.Port, node) {
 		return fmt.Errorf("%w: port %d not exposed", certs.ErrUnknownName, t.Port)
 	}
+	if _, mapped := r.HostPort(t.Port); !mapped {
+		// Exposed only by the on-node rule (every port at SandboxIP): every
+		// port of a known id would pass, and 1-<id>, 2-<id>, … would each
+		// spend the budget and the CA's quota for the domain. Refused
+		// here, before certs takes from the budget.
+		return a.probeSandboxPort(ctx, netip.AddrPortFrom(r.SandboxIP, t.Port))
+	}
+	return nil
+}
+
+// maxCertProbeTimeout bounds allowCertificate's connect to an unmapped
+// port: it runs inside the client's handshake.
+const maxCertProbeTimeout = time.Second
+
+// probeSandboxPort allows the certificate of an on-node sandbox's unmapped
+// port only while something accepts connections there: one connect,
+// closed at once. Refused or timed out, the name wraps
+// certs.ErrUnknownName; it gets its certificate at a later handshake, once
+// the sandbox listens.
+func (a *app) probeSandboxPort(ctx context.Context, addr netip.AddrPort) error {
+	timeout := maxCertProbeTimeout
+	if ct := a.cfg.Upstream.ConnectTimeout; ct > 0 && ct < timeout {
+		timeout = ct
+	}
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.DialContext(ctx, "tcp", addr.String())
+	if err != nil {
+		return fmt.Errorf("%w: nothing accepts connections at %s: %w", certs.ErrUnknownName, addr, err)
+	}
+	_ = c.Close()
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1358,5 +1359,86 @@ func warnedOnceAbout(t *testing.T, what, logs, warning, key, want string) {
 		t.Fatalf("%s warned: %s", what, got)
 	case want != "" && (len(got) != 1 || !strings.Contains(got[0], `"`+key+`":"`+want+`"`)):
 		t.Fatalf("%s: warnings %q, want one naming %s\n%s", what, got, want, logs)
+	}
+}
+
+// On the node that runs a sandbox (node_ip) every container port is
+// served at SandboxIP, mapped or not, so the name of a port the route does
+// not map is allowed only while something listens there: anyone who knows
+// one sandbox id could otherwise have 1-<id>, 2-<id>, … each ordered,
+// spending the on-demand budget real sandboxes need and the CA's quota
+// for the domain. A port no one listens on is refused with
+// unrecognized_name and places no order; a listening one, and a mapped
+// one, get their certificate.
+func TestTLSACMEOnDemandOnNodeUnmappedPortNeedsListener(t *testing.T) {
+	dnsSrv := testenv.StartDNS(t, "cube.test")
+	pb := testenv.StartPebble(t, dnsSrv.Addr)
+	listening := tlsWhoami(t, "local")
+	closedPort := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	closed1, closed2 := closedPort(), closedPort()
+	mapped := tlsWhoami(t, "local")
+
+	routes := filepath.Join(t.TempDir(), "routes.yaml")
+	body := fmt.Sprintf("routes:\n  local:\n    HostIP: \"127.0.0.9\"\n    SandboxIP: \"127.0.0.1\"\n    \"%d\": \"1\"\n", mapped)
+	if err := os.WriteFile(routes, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A budget of two: the refused names must leave both to the ports
+	// that serve.
+	y := tlsConfigYAML(t, nil, acmeTLSSection(t, pb, dnsSrv, "    skip_wildcard: true\n    on_demand: true\n    on_demand_rate: 2\n"))
+	y = regexp.MustCompile(`(?m)^routes: .*$`).ReplaceAllString(y, fmt.Sprintf("routes: %q\nnode_ip: \"127.0.0.9\"", routes))
+	p := startTLSProxy(t, y)
+	roots := pb.IssuerRootPool(t)
+
+	tests := []struct {
+		name   string
+		port   int
+		wantOK bool
+	}{
+		{"unmapped port nothing listens on refused", closed1, false},
+		{"another such port refused", closed2, false},
+		{"unmapped port with a listener", listening, true},
+		{"mapped port", mapped, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sni := fmt.Sprintf("%d-local.cube.test", tt.port)
+			before := pb.Orders()
+			c, err := dialTLSProxy(p.https, trustSNI(roots, sni))
+			orders := pb.Orders() - before
+			if !tt.wantOK {
+				if err == nil {
+					c.close()
+					t.Fatalf("%s got a certificate for %v", sni, c.leaf().DNSNames)
+				}
+				if !strings.Contains(err.Error(), "remote error: tls: unrecognized name") {
+					t.Fatalf("handshake failed with %v, want the unrecognized_name alert", err)
+				}
+				if orders != 0 {
+					t.Fatalf("pebble saw %d orders for a port nothing listens on", orders)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			defer c.close()
+			if orders != 1 {
+				t.Fatalf("pebble saw %d new orders, want 1", orders)
+			}
+			if names := c.leaf().DNSNames; len(names) != 1 || names[0] != sni {
+				t.Fatalf("certificate names %v, want exactly [%s]", names, sni)
+			}
+			if status, body, err := c.get(sni, "/od"); err != nil || status != 200 || !strings.HasPrefix(body, "sandbox=local ") {
+				t.Fatalf("request: %d %q %v", status, body, err)
+			}
+		})
 	}
 }

@@ -21,6 +21,27 @@ const port = Number(process.env.PORT || 20100);
 const stats = new Map(); // key -> [records]
 const note = (k, v) => { if (!k) return; if (!stats.has(k)) stats.set(k, []); stats.get(k).push(v); };
 const sleep = (ms) => new Promise(r => setTimeout(r, ms));
+// Acknowledgements: a streaming endpoint given a key writes a piece, then
+// waits for the client's GET /ack?key=K&n=N (sent directly or through the
+// proxy, as the stream) before it writes more or ends. /ack answers
+// {"held":true} when the sandbox was still waiting for it, so the piece
+// reached the client while the stream was held open: proof of streaming that
+// no machine load can fake or break, where a time bound could (a 150 ms bound
+// on chunk lags failed 3 runs in 13 at load 10–14). A proxy that buffers gets
+// the piece to the client only after ACK_WAIT_MS, when the sandbox gives up
+// waiting and ends the stream: {"held":false}, a clear "not prompt" and no hang.
+const ACK_WAIT_MS = 10000;
+const ackWaiters = new Map(); // `${key}/${n}` -> resolve
+function waitAck(key, n, res) {
+  return new Promise((resolve) => {
+    const id = `${key}/${n}`;
+    const done = (v) => { clearTimeout(t); ackWaiters.delete(id); res.off('close', gone); resolve(v); };
+    const gone = () => done(false);
+    const t = setTimeout(() => done(false), ACK_WAIT_MS);
+    ackWaiters.set(id, done);
+    res.on('close', gone);
+  });
+}
 const sha = (b) => crypto.createHash('sha256').update(b).digest('hex').slice(0, 16);
 // Deterministic bytes: the same body every time for a size, cut from the
 // longest made so far (making 24 MiB held this one event loop, that every
@@ -93,6 +114,7 @@ async function sse(req, res, u) {
     res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'gzip' });
     const z = zlib.createGzip(); z.pipe(res);
     z.write('id: 1\ndata: zipped\n\n'); z.flush(zlib.constants.Z_SYNC_FLUSH);
+    if (key) { await waitAck(key, 0, res); if (!res.destroyed) z.end('data: late\n\n'); return; }
     const t = setTimeout(() => { z.end('data: late\n\n'); }, 3000);
     res.on('close', () => clearTimeout(t));
     return;
@@ -102,6 +124,8 @@ async function sse(req, res, u) {
     // see it at once, not when the stream ends.
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.write('id: 1\ndata: first\n\n');
+    // With a key, held until the client acknowledges the event (or gives up).
+    if (key) { await waitAck(key, 0, res); if (!res.destroyed) { res.write('data: late\n\n'); res.end(); } return; }
     const t = setTimeout(() => { res.write('data: late\n\n'); res.end(); }, 3000);
     res.on('close', () => clearTimeout(t));
     return;
@@ -144,9 +168,11 @@ async function handle(req, res) {
         try { for await (const c of req) { n += c.length; note(key, { n }); } } catch { note(key, { aborted: true }); return; }
         res.end(`got ${n}`); return;
       }
-      case '/slowhead': { // no answer for 5 s: a client giving up first must be seen
+      case '/slowhead': { // no answer for 10 s: a client giving up first must be seen
+        // (a close is noted only before the answer, so a proxy that waits
+        // for the answer before it lets go is never seen to close)
         const t0 = Date.now();
-        const t = setTimeout(() => res.end('late'), 5000);
+        const t = setTimeout(() => res.end('late'), 10000);
         res.on('close', () => { clearTimeout(t); if (!res.writableEnded) note(key, { closedAfterMs: Date.now() - t0 }); });
         return;
       }
@@ -159,10 +185,22 @@ async function handle(req, res) {
         res.end(req.method === 'HEAD' ? undefined : b); return;
       }
       case '/chunked': {
-        const n = Number(u.searchParams.get('n') || 5), ms = Number(u.searchParams.get('ms') || 50);
+        // ack=K: chunk i+1 (and the end) only once chunk i is acknowledged;
+        // once a wait times out the rest is written at once.
+        const n = Number(u.searchParams.get('n') || 5), ms = Number(u.searchParams.get('ms') || 50), ack = u.searchParams.get('ack');
         res.writeHead(200, { 'content-type': 'text/plain', 'x-app': 'chunked' });
-        for (let i = 0; i < n; i++) { res.write(`chunk ${i} ${Date.now()}\n`); await sleep(ms); }
+        let held = !!ack;
+        for (let i = 0; i < n; i++) {
+          if (res.destroyed) return;
+          res.write(`chunk ${i} ${Date.now()}\n`);
+          if (held) held = await waitAck(ack, i, res); else if (!ack) await sleep(ms);
+        }
         res.end(); return;
+      }
+      case '/ack': {
+        const done = ackWaiters.get(`${key}/${u.searchParams.get('n') || 0}`);
+        if (done) done(true);
+        res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-store' }); res.end(JSON.stringify({ held: !!done })); return;
       }
       case '/trailers': {
         res.writeHead(200, { 'content-type': 'text/plain', trailer: 'x-checksum' });
@@ -208,9 +246,13 @@ async function handle(req, res) {
         res.writeHead(200, { 'content-type': 'text/plain', ...(u.searchParams.get('fixed') ? { 'content-length': 1 << 20 } : {}) });
         res.write('first\n');
         if (u.searchParams.get('fixed')) res.write('x'.repeat(100000));
+        // Then silence: a proxy that learns of a gone client only when it
+        // next writes to it never closes this stream, so a close seen at
+        // all (the client polls for it for some seconds) was noticed on the
+        // client's socket, however loaded the machine. (A '.' every 2 s
+        // here made that a race against a 1.5 s bound.)
         const t0 = Date.now();
-        const iv = setInterval(() => res.write('.'), 2000);
-        res.on('close', () => { clearInterval(iv); note(key, { closedAfterMs: Date.now() - t0 }); });
+        res.on('close', () => { note(key, { closedAfterMs: Date.now() - t0 }); });
         return;
       }
       case '/sse': return await sse(req, res, u);

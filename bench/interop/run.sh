@@ -7,6 +7,13 @@
 #   bench/interop/run.sh            # < 3 min; exits 1 when a scenario differs unexpectedly
 #   bench/interop/run.sh --keep     # keep the work dir (logs, results.jsonl)
 #   bench/interop/run.sh ws. py.    # only scenarios whose names start so (plain and TLS)
+#   INTEROP_SUBJECT=buffering bench/interop/run.sh fetch.stream-chunks ...
+#   INTEROP_SUBJECT=deaf bench/interop/run.sh fetch.abort ...
+#                                   # the proxy-mode clients go through faulty.mjs in
+#                                   # front of CubeProxy (buffering: answers held whole,
+#                                   # `retry:` dropped; both: a client leaving is not
+#                                   # passed on): the checks that guard against that
+#                                   # must say DIFFERS (bench/README.md, Other clients)
 #
 # Then a subset over HTTPS (tls_only below, and the TLS-only scenarios of
 # tls_clients.mjs and tls_clients.py): CubeProxy's https_addr with a certificate for
@@ -31,7 +38,9 @@ flock 9
 
 # A leftover sandbox or proxy on one of the lab's ports would answer in place
 # of this run's (with another run's certificate, over TLS).
-for p in 20100 20102 18280 18281 18283; do
+subject=${INTEROP_SUBJECT:-cubeproxy}
+case "$subject" in cubeproxy | buffering | deaf) ;; *) echo "INTEROP_SUBJECT: cubeproxy, buffering or deaf, not $subject" >&2; exit 2 ;; esac
+for p in 20100 20102 18280 18281 18283 $([[ $subject != cubeproxy ]] && echo 18290 18293); do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is taken: stop what listens there first" >&2; exit 1; fi
 done
 
@@ -96,9 +105,17 @@ wait_ready http://127.0.0.1:18281/readyz
 wait_ready http://127.0.0.1:20100/stats
 
 wait_ready https://127.0.0.1:20102/stats
+if [[ $subject != cubeproxy ]]; then
+	(cd "$work" && FAULT=$subject UPSTREAM_PORT=18280 PORT=18290 TLS_PORT=18293 TLS_CERT=leaf.pem TLS_KEY=leaf-key.pem exec node faulty.mjs >faulty.log 2>&1) 9>&- &
+	pids+=($!)
+	wait_ready http://127.0.0.1:18290/
+	wait_ready https://127.0.0.1:18293/
+fi
 
 export TRAFFIC_TOKEN=$token TRAFFIC_TOKEN_OTHER=$token_other PROXY_PORT=18280 BACKEND_PORT=20100
-export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=20102 LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
+export PROXY_TLS_PORT=18283 BACKEND_TLS_PORT=20102
+[[ $subject != cubeproxy ]] && export PROXY_PORT=18290 PROXY_TLS_PORT=18293
+export LAB_CA=$work/ca.pem NODE_EXTRA_CA_CERTS=$work/ca.pem
 # The TLS subset: streaming, WebSocket, large bodies, aborts, keep-alive and
 # pipelining, then the TLS-only scenarios (alpn., sni., resume., cut.).
 tls_only=(fetch.get-large fetch.post-large fetch.stream-chunks fetch.abort fetch.keepalive fetch.sse-held fetch.refused-upload

@@ -706,7 +706,7 @@ func newDialer(t timeouts, tc clientTLS, shed func() int) func(ctx context.Conte
 				c = checkedTLS{tc}
 			}
 		}
-		return guard(c, ask), nil
+		return guard(c, ask, tc.conf == nil), nil
 	}
 }
 

@@ -69,6 +69,9 @@ type guardedConn struct {
 	// ask says whether the TLS handshake asked for a client certificate:
 	// the connection's end before the server spoke is then its refusal.
 	ask certAsk
+	// plain says the connection is not TLS: a reset before the server
+	// spoke is then most likely a TLS-only port's (plainRefused).
+	plain bool
 }
 
 // guardedSysConn is a guardedConn over a connection that shows go-redis
@@ -85,9 +88,10 @@ type guardedSysConn struct {
 func (c guardedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // guard wraps c in a guardedConn, keeping its socket visible when it
-// shows one; ask is what its TLS handshake said of a client certificate.
-func guard(c net.Conn, ask certAsk) net.Conn {
-	g := &guardedConn{Conn: c, ask: ask}
+// shows one; ask is what its TLS handshake said of a client certificate,
+// and plain says there was none (no TLS).
+func guard(c net.Conn, ask certAsk, plain bool) net.Conn {
+	g := &guardedConn{Conn: c, ask: ask, plain: plain}
 	if sc, ok := c.(syscall.Conn); ok {
 		return guardedSysConn{g, sc}
 	}
@@ -106,8 +110,14 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 		if r := refusal(p[:n]); r != nil {
 			return 0, r
 		}
+		if r := notRESP(p[:n], c.RemoteAddr().String()); r != nil {
+			return 0, r
+		}
 	}
 	if n == 0 && err != nil && !c.spoke.Load() {
+		if c.plain {
+			return 0, plainRefused(err, c.RemoteAddr().String())
+		}
 		return 0, c.certRefused(err)
 	}
 	if ok := c.scan.feed(p[:n]); ok < n {
@@ -204,6 +214,68 @@ func refusal(b []byte) error {
 		return nil
 	}
 	return &refusedConnError{reason: string(line[1:])}
+}
+
+// notRESP returns the error of b, the first bytes the server at addr
+// sent, when they cannot begin a RESP reply: the server is something
+// other than Redis (an HTTP service's "HTTP/1.1 400 Bad Request"), and
+// go-redis's own error quoted the bytes without the server
+// (TestLookupNamesWrongKindOfServer). Like refusedConnError it wraps
+// nothing: the same dial would meet the same server.
+func notRESP(b []byte, addr string) error {
+	switch b[0] {
+	case '+', '-', ':', '$', '*', // RESP2
+		'_', ',', '#', '!', '=', '(', '%', '~', '>', '|': // RESP3
+		return nil
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if len(line) > 64 {
+		line = line[:64]
+	}
+	return &notRedisError{addr: addr, first: string(line)}
+}
+
+// notRedisError is a server that answered, but not as Redis does.
+type notRedisError struct{ addr, first string }
+
+func (e *notRedisError) Error() string {
+	return fmt.Sprintf("%s answered, but not as Redis does (its first line %q): is it another service's port?", e.addr, e.first)
+}
+
+// plainRefused returns err, the end of a plain-text connection before
+// the server's first byte, named with the server at addr and, for a
+// reset, with the likeliest cause: a TLS-only port (redis-server's
+// tls-port with port 0, a managed Redis with encryption in transit)
+// resets a client that speaks plain text, and the log and /readyz said
+// "read: connection reset by peer" alone (TestLookupNamesWrongKindOfServer).
+// A timeout (a hung server) and a clean close are left as they are: the
+// first has its own naming (noAnswer), and go-redis retries the second.
+func plainRefused(err error, addr string) error {
+	if !errors.Is(err, syscall.ECONNRESET) {
+		return err
+	}
+	// Without the local address, which is new at every try: the
+	// readiness watch logs a reason again only when it changes.
+	var op *net.OpError
+	if errors.As(err, &op) {
+		err = op.Err
+	}
+	return &plainResetError{addr: addr, err: err}
+}
+
+// plainResetError is a plain-text connection reset before the server
+// spoke. Like refusedConnError it wraps nothing (go-redis replaces an
+// error met while connecting with the one it wraps), and quotes the
+// reset instead; go-redis retried a reset neither way.
+type plainResetError struct {
+	addr string
+	err  error
+}
+
+func (e *plainResetError) Error() string {
+	return e.addr + " reset the connection before answering (" + e.err.Error() +
+		"): a TLS port? set redis.tls, or use a rediss:// URL"
 }
 
 // respScanner follows a stream of RESP2 replies (the clients speak

@@ -206,7 +206,11 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 		default:
 			if !allDigits([]byte(k)) || k == "" {
 				if strict {
-					fail(fieldName(k), "unknown field")
+					reason := "unknown field"
+					if known := meantField(k); known != "" {
+						reason += " (did you mean " + known + "?)"
+					}
+					fail(fieldName(k), reason)
 				}
 				break
 			}
@@ -227,16 +231,50 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 			r.Ports[container] = host
 		}
 	}
-	if fields[FieldHostIP] == "" { // absent or empty
+	// A required field missing because it was misspelled is reported
+	// as the misspelling (above), not as missing: "HostIP" sorts before
+	// "HostIp", and the file was refused naming only the field its
+	// author saw written (TestMisspelledFieldIsNamed).
+	if fields[FieldHostIP] == "" && !(strict && misspelt(fields, FieldHostIP)) { // absent or empty
 		fail(FieldHostIP, "required")
 	}
-	if strict && !r.Public && r.TrafficToken == "" {
+	if strict && !r.Public && r.TrafficToken == "" && !misspelt(fields, FieldTrafficAccessToken) {
 		fail(FieldTrafficAccessToken, "required when AllowPublicTraffic is \"false\"")
 	}
 	if first != nil {
 		return nil, first
 	}
 	return r, nil
+}
+
+// knownFields are the route's named fields (the port fields aside).
+var knownFields = [...]string{FieldHostIP, FieldSandboxIP, FieldCreatedAt, FieldAllowPublicTraffic,
+	FieldTrafficAccessToken, FieldMaskRequestHost}
+
+// meantField returns the known field that k, an unknown one, spells in
+// another case or with '_' or '-' between words (HostIp, host_ip), or "".
+func meantField(k string) string {
+	if len(k) > 2*len(FieldTrafficAccessToken) {
+		return "" // no known field, however it is spelled
+	}
+	squeezed := strings.NewReplacer("_", "", "-", "").Replace(k)
+	for _, f := range knownFields {
+		if strings.EqualFold(squeezed, f) {
+			return f
+		}
+	}
+	return ""
+}
+
+// misspelt reports whether fields hold field under another spelling
+// (meantField) and not under its own.
+func misspelt(fields map[string]string, field string) bool {
+	for k := range fields {
+		if k != field && meantField(k) == field {
+			return true
+		}
+	}
+	return false
 }
 
 // fieldName names a field of the input in a FieldError: the name is

@@ -46,17 +46,8 @@ func TestSignalWhileReadingConfigPipeStopsTheStart(t *testing.T) {
 			go func() { done <- c.run(ctx, []string{"--config", fifo}, noEnv, &stdout, &stderr) }()
 
 			// A writer that connects and then says nothing, as a
-			// template renderer still running: its open succeeds only
-			// once the command has the pipe open for reading.
-			var w *os.File
-			testenv.WaitFor(t, 10*time.Second, "the command to open the config pipe", func() bool {
-				f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-				if err != nil {
-					return false
-				}
-				w = f
-				return true
-			})
+			// template renderer still running.
+			w := openPipeWriter(t, fifo, 10*time.Second)
 			// Closing it ends a read still waiting, so that no goroutine
 			// outlives the test.
 			defer w.Close()
@@ -91,17 +82,8 @@ func TestBinarySurvivesSIGHUPDuringStart(t *testing.T) {
 	cmd, logs, exited := startBinary(t, bin, "serve", "--config", fifo, "--routes", routes,
 		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--drain-timeout", "1s")
 
-	// The open for writing succeeds only once the binary has the pipe
-	// open for reading: past main's start, before serve's.
-	var w *os.File
-	testenv.WaitFor(t, 30*time.Second, "the binary to open the config pipe", func() bool {
-		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-		if err != nil {
-			return false
-		}
-		w = f
-		return true
-	})
+	// Once open, the binary is past main's start, before serve's.
+	w := openPipeWriter(t, fifo, 30*time.Second)
 	defer w.Close()
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -114,4 +96,21 @@ func TestBinarySurvivesSIGHUPDuringStart(t *testing.T) {
 	w.Close()
 	waitListening(t, logs, exited)
 	sigtermAndWait(t, cmd, exited, logs)
+}
+
+// openPipeWriter opens the named pipe fifo for writing, waiting up to d
+// for the command under test to open it for reading: a non-blocking open
+// for writing fails until it has.
+func openPipeWriter(t *testing.T, fifo string, d time.Duration) *os.File {
+	t.Helper()
+	var w *os.File
+	testenv.WaitFor(t, d, "the command to open the config pipe", func() bool {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return false
+		}
+		w = f
+		return true
+	})
+	return w
 }

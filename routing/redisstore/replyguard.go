@@ -267,11 +267,22 @@ func plainRefused(err error, addr string) error {
 // plainResetError is a plain-text connection reset before the server
 // spoke. Like refusedConnError it wraps nothing (go-redis replaces an
 // error met while connecting with the one it wraps), and quotes the
-// reset instead; go-redis retried a reset neither way.
+// reset instead. It is a net.Error that is no timeout, as the reset it
+// stands for was: go-redis retries such an error, and a reset of a
+// fresh connection is often a transient one (a Redis restarting, a load
+// balancer in front of it), which a lookup must not fail on
+// (TestLookupRetriesResetBeforeReply); a TLS-only port resets every
+// try, and its lookup fails with this error after the retries.
 type plainResetError struct {
 	addr string
 	err  error
 }
+
+// Timeout reports false: a reset is no timeout (net.Error).
+func (e *plainResetError) Timeout() bool { return false }
+
+// Temporary reports true: a reset may not recur (net.Error).
+func (e *plainResetError) Temporary() bool { return true }
 
 func (e *plainResetError) Error() string {
 	return e.addr + " reset the connection before answering (" + e.err.Error() +

@@ -515,6 +515,19 @@ func (p *Proxy) Invalidate(id string) int {
 	return n
 }
 
+// Paused reports whether the control plane marked sandbox id pausing or
+// paused on this instance (POST /admin/state): it accepts no connection
+// then, on any port, though a request for it is answered (503
+// sandbox_pausing) or resumes it (lifecycle.sidecar_addr).
+func (p *Proxy) Paused(id string) bool {
+	sb := p.sandboxes.peek(id)
+	if sb == nil {
+		return false
+	}
+	st := sb.state()
+	return st == statePausing || st == statePaused
+}
+
 // applyInvalidation is what Invalidate does to sandbox id's entry sb
 // besides dropping the cached route.
 func (p *Proxy) applyInvalidation(id string, sb *sandboxState) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"testing"
@@ -11,8 +12,10 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/proxy"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
+	"github.com/valyala/fasthttp"
 )
 
 // allowCertificate's refusals decide the handshake's alert: a name that is
@@ -162,6 +165,65 @@ func TestAllowCertificateOnThisNode(t *testing.T) {
 		err := a.allowCertificate(context.Background(), tt.host)
 		if (err == nil) != tt.allowed || err != nil && !errors.Is(err, certs.ErrUnknownName) {
 			t.Errorf("allowCertificate(%s) = %v, want allowed %v", tt.host, err, tt.allowed)
+		}
+	}
+}
+
+// A paused (or pausing) sandbox on this node accepts no connection on any
+// port, yet it is the very sandbox a request resumes
+// (lifecycle.sidecar_addr) or answers 503 sandbox_pausing with
+// Retry-After: the certificate of its unmapped port, refused for a port
+// that accepts nothing, failed the handshake (unrecognized_name) before
+// any request, after a restart or once the hourly sweep had dropped it,
+// so HTTPS traffic never resumed it. Its name is allowed while the pause
+// lasts, and refused again once it runs with nothing listening.
+func TestAllowCertificatePausedOnThisNode(t *testing.T) {
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := gone.Addr().(*net.TCPAddr).Port
+	gone.Close()
+	mem := routing.NewMemoryStore()
+	if err := mem.Put(&routing.Route{ID: "sleepy", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("127.0.0.1"), Public: true}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := routing.NewCache(mem, routing.CacheConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	p, err := proxy.New(proxy.Config{NodeIP: netip.MustParseAddr("10.0.0.1"), Logger: slog.New(slog.DiscardHandler)}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := proxy.NewAdmin(proxy.AdminConfig{Token: "tok"}, p)
+	setState := func(state string) {
+		t.Helper()
+		var req fasthttp.Request
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetRequestURI("/admin/state")
+		req.Header.Set("X-Cube-Admin-Token", "tok")
+		req.SetBodyString(`{"sandbox_id":"sleepy","state":"` + state + `"}`)
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, nil)
+		admin.Handler(&ctx)
+		if ctx.Response.StatusCode() != fasthttp.StatusOK {
+			t.Fatalf("POST /admin/state %s: %d %s", state, ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+	cfg := &config.Config{NodeIP: "10.0.0.1"}
+	cfg.TLS.Domain = "cube.test"
+	a := &app{cfg: cfg, cache: c, proxy: p}
+	host := fmt.Sprintf("%d-sleepy.cube.test", closed)
+	for _, tt := range []struct {
+		state   string
+		allowed bool
+	}{{"paused", true}, {"pausing", true}, {"running", false}} {
+		setState(tt.state)
+		err := a.allowCertificate(context.Background(), host)
+		if (err == nil) != tt.allowed || err != nil && !errors.Is(err, certs.ErrUnknownName) {
+			t.Errorf("%s: allowCertificate(%s) = %v, want allowed %v", tt.state, host, err, tt.allowed)
 		}
 	}
 }

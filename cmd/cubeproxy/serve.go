@@ -895,7 +895,13 @@ func (a *app) allowCertificate(ctx context.Context, name string) error {
 		// Exposed only by the on-node rule (every port at SandboxIP): every
 		// port of a known id would pass, and 1-<id>, 2-<id>, … would each
 		// spend the budget and the CA's quota for the domain. Refused
-		// here, before certs takes from the budget.
+		// here, before certs takes from the budget. A paused sandbox
+		// accepts nothing, but its name must still reach a request, which
+		// resumes it or is told to retry (TestAllowCertificatePausedOnThisNode):
+		// allowed while the pause lasts, unprobed.
+		if a.proxy != nil && a.proxy.Paused(string(t.ID())) {
+			return nil
+		}
 		return a.probeSandboxPort(ctx, netip.AddrPortFrom(r.SandboxIP, t.Port))
 	}
 	return nil

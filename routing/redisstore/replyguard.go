@@ -271,7 +271,7 @@ func plainRefused(err error, addr string) error {
 // stands for was: go-redis retries such an error, and a reset of a
 // fresh connection is often a transient one (a Redis restarting, a load
 // balancer in front of it), which a lookup must not fail on
-// (TestLookupRetriesResetBeforeReply); a TLS-only port resets every
+// (TestLookupRetriesTransportErrors, "2 reset"); a TLS-only port resets every
 // try, and its lookup fails with this error after the retries.
 type plainResetError struct {
 	addr string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cube-sandbox/cubeproxy/certs"
 	"github.com/cube-sandbox/cubeproxy/config"
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/proxy"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -125,12 +126,7 @@ func TestAllowCertificateOnThisNode(t *testing.T) {
 	}
 	t.Cleanup(func() { ln.Close() })
 	listening := ln.Addr().(*net.TCPAddr).Port
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := gone.Addr().(*net.TCPAddr).Port
-	gone.Close()
+	closed := testenv.RefusingPort(t) // bound, not listening, until the test ends
 
 	mem := routing.NewMemoryStore()
 	for _, r := range []*routing.Route{
@@ -178,12 +174,7 @@ func TestAllowCertificateOnThisNode(t *testing.T) {
 // so HTTPS traffic never resumed it. Its name is allowed while the pause
 // lasts, and refused again once it runs with nothing listening.
 func TestAllowCertificatePausedOnThisNode(t *testing.T) {
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := gone.Addr().(*net.TCPAddr).Port
-	gone.Close()
+	closed := testenv.RefusingPort(t) // bound, not listening, until the test ends
 	mem := routing.NewMemoryStore()
 	if err := mem.Put(&routing.Route{ID: "sleepy", HostIP: netip.MustParseAddr("10.0.0.1"), SandboxIP: netip.MustParseAddr("127.0.0.1"), Public: true}); err != nil {
 		t.Fatal(err)

@@ -1374,15 +1374,9 @@ func TestTLSACMEOnDemandOnNodeUnmappedPortNeedsListener(t *testing.T) {
 	dnsSrv := testenv.StartDNS(t, "cube.test")
 	pb := testenv.StartPebble(t, dnsSrv.Addr)
 	listening := tlsWhoami(t, "local")
-	closedPort := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
-	closed1, closed2 := closedPort(), closedPort()
+	// Held for the test, bound and not listening: a port closed after
+	// listening could be taken by another test's listener meanwhile.
+	closed1, closed2 := testenv.RefusingPort(t), testenv.RefusingPort(t)
 	mapped := tlsWhoami(t, "local")
 
 	routes := filepath.Join(t.TempDir(), "routes.yaml")

@@ -20,7 +20,7 @@ import (
 // as testenv.FrozenListener.
 func TestFrozenRedisErrorNamesServer(t *testing.T) {
 	testenv.ParallelRedis(t)
-	frozen := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(testenv.FrozenListener(t))))
+	frozen := frozenAddr(t)
 	for _, tc := range []struct {
 		name string
 		cfg  func(t *testing.T) redisstore.Config
@@ -41,4 +41,20 @@ func TestFrozenRedisErrorNamesServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSentinelsDownErrorNamesFrozen: a sentinel whose SYNs are dropped (a
+// frozen host, a full backlog) outlasts the dial's budget, and go-redis,
+// which dials in the background, failed every lookup with a bare
+// "redis hgetall KEY: context deadline exceeded" before the sentinels'
+// error was known: /readyz and the log named no sentinel.
+func TestSentinelsDownErrorNamesFrozen(t *testing.T) {
+	testenv.ParallelRedis(t)
+	checkSentinelsDownError(t, []string{testenv.RefusingAddr(t), frozenAddr(t), testenv.StartSilentServer(t).Addr}, 0, 4)
+}
+
+// frozenAddr is the address of a testenv.FrozenListener: a port whose
+// SYNs go unanswered.
+func frozenAddr(t *testing.T) string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(int(testenv.FrozenListener(t))))
 }

@@ -110,6 +110,7 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c := redis.NewClusterClient(clusterOptions(cfg, t, tc))
 		c.AddHook(slotMapReload{c})
 		c.AddHook(keyStep{})
+		c.AddHook(frozenMaster{c})
 		seeds := strings.Join(cfg.Cluster.Addrs, ",")
 		c.OnNewNode(func(node *redis.Client) {
 			node.AddHook(newLastDial(node.Options().Addr, false, cfg.CommandTimeout))
@@ -275,6 +276,69 @@ func (keyStep) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // key step there.
 func (keyStep) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// frozenMaster names, in the bare timeout of a command on a key, the
+// master the slot map gives that key. A master that froze after the
+// start (a stopped process, a frozen host: its kernel still takes the
+// connection) times the command out on that node, whose lastDial names
+// it; but the Cluster client retries the timeout, and the retry's backoff
+// ends on the command's deadline, whose bare "context deadline exceeded"
+// was every lookup's error: /readyz and the log named no node, where the
+// standalone and Sentinel clients name theirs
+// (TestClusterFrozenNodeErrorNamesNode).
+type frozenMaster struct{ c *redis.ClusterClient }
+
+// DialHook leaves dials as they are.
+func (frozenMaster) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook names the key's master in a command's bare timeout.
+func (h frozenMaster) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && bareTimeout(err) {
+			err = h.explain(ctx, cmd, err)
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// ProcessPipelineHook leaves pipelines as they are: a Cluster store reads
+// its keys apart (hgetallEitherApart).
+func (frozenMaster) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// explain returns err, cmd's bare timeout, as a *noAnswer from the
+// master of cmd's key, when cmd is one of the store's keyed commands and
+// the slot map is known (it is read from memory, whatever ctx says).
+func (h frozenMaster) explain(ctx context.Context, cmd redis.Cmder, err error) error {
+	switch cmd.Name() {
+	case "hgetall", "hset", "zadd", "hdel", "zrem":
+	default:
+		return err // no key (PUBLISH's is a channel), or not the store's
+	}
+	args := cmd.Args()
+	if len(args) < 2 {
+		return err
+	}
+	return masterNoAnswer(ctx, h.c, args[1], err)
+}
+
+// masterNoAnswer returns err, a bare timeout of a read of key, as a
+// *noAnswer from the master the slot map of c gives key, or err as it is
+// when no map is known.
+func masterNoAnswer(ctx context.Context, c *redis.ClusterClient, key any, err error) error {
+	k, ok := key.(string)
+	if !ok {
+		return err
+	}
+	node, merr := c.MasterForKey(ctx, k)
+	if merr != nil {
+		return err
+	}
+	return &noAnswer{err: err, server: node.Options().Addr}
 }
 
 // emptySlotMap makes a Cluster node's empty answer to CLUSTER SLOTS an

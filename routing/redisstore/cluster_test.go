@@ -1045,3 +1045,53 @@ func TestClusterNodeAsStandaloneAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterFrozenNodeErrorNamesNode: a master that freezes after the
+// proxy started (SIGSTOP here; a frozen host, a stalled process: its
+// kernel still takes the connection) failed each lookup of a key it holds
+// with a bare "redis hgetall KEY: context deadline exceeded", where the
+// standalone and Sentinel clients name the server
+// (TestHungRedisErrorNamesServer): the Cluster client retries the node's
+// timeout and ends on its own deadline, naming no node. The error names
+// the node that holds the key, the new key's or, when the new key is
+// empty on a healthy master, the legacy key's, and still tells the
+// deadline by errors.Is.
+func TestClusterFrozenNodeErrorNamesNode(t *testing.T) {
+	testenv.ParallelRedis(t)
+	a, b, split := startTwoNodeCluster(t)
+	var newOnB, legacyOnB string
+	for _, id := range split {
+		if onNodeA(t, a, redisstore.DefaultKeyPrefix+id) {
+			legacyOnB = id
+		} else {
+			newOnB = id
+		}
+	}
+	s := openStoreCfg(t, redisstore.Config{Cluster: redisstore.ClusterConfig{Addrs: []string{a.Addr()}}})
+	for _, id := range []string{newOnB, legacyOnB} { // both nodes' connections pooled
+		if _, err := s.Lookup(context.Background(), id); !errors.Is(err, routing.ErrNotFound) {
+			t.Fatalf("lookup %s before the freeze: %v, want not found", id, err)
+		}
+	}
+	b.Pause()
+	t.Cleanup(b.Resume)
+	// go-redis names a loopback node ":port" (see emptySlotMap).
+	node := ":" + strconv.Itoa(b.Port())
+	for _, tc := range []struct{ name, id string }{{"new key", newOnB}, {"legacy key", legacyOnB}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 2 {
+				start := time.Now()
+				_, err := s.Lookup(context.Background(), tc.id)
+				if d := time.Since(start); d > 2*s.Config().CommandTimeout {
+					t.Errorf("lookup took %v, past twice its budget", d)
+				}
+				if err == nil || !strings.Contains(err.Error(), "no answer from") || !strings.Contains(err.Error(), node) {
+					t.Errorf("lookup %s with its node frozen: %v, want it to name the node %s", tc.id, err, node)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("lookup error %q is no deadline", err)
+				}
+			}
+		})
+	}
+}

@@ -197,7 +197,12 @@ func (s *Store) hgetallEitherApart(ctx context.Context, key, legacy string) (map
 	case old := <-oldc:
 		return s.legacyResult(legacy, old)
 	case <-ctx.Done():
-		return nil, legacy, fmt.Errorf("redis hgetall %s: %w", legacy, ctx.Err())
+		// Named as the read would have been (frozenMaster).
+		err := ctx.Err()
+		if cc, ok := s.client.(*redis.ClusterClient); ok && bareTimeout(err) {
+			err = masterNoAnswer(ctx, cc, legacy, err)
+		}
+		return nil, legacy, fmt.Errorf("redis hgetall %s: %w", legacy, err)
 	}
 }
 

@@ -505,6 +505,19 @@ func (h sentinelErrors) rewrite(errs []error) *sentinelsError {
 	named := h.dialer.failures(len(texts) == 0 && !unknown, slices.Compact(bare))
 	slices.Sort(texts)
 	texts = append(named, slices.Compact(texts)...)
+	if len(texts) == 0 && !unknown {
+		// Every ask was given up (context.Canceled: the dial's context
+		// ended first), which names no sentinel and is recorded for
+		// none: the error ended at "master: " and said nothing
+		// (TestSentinelsAskCanceledErrorSaysSo).
+		for _, e := range errs {
+			texts = append(texts, e.Error())
+		}
+		slices.Sort(texts)
+		if texts = slices.Compact(texts); len(texts) > 0 {
+			texts[len(texts)-1] += " (given up before any sentinel answered)"
+		}
+	}
 	msg := "redis sentinel: no sentinel named the master: " + strings.Join(texts, "; ")
 	if unknown {
 		msg = fmt.Sprintf("redis sentinel: no sentinel knows a master named %q (redis.sentinel.master_name)", h.name)

@@ -1,10 +1,13 @@
 package redisstore_test
 
 import (
+	"context"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
@@ -57,4 +60,28 @@ func TestSentinelsDownErrorNamesFrozen(t *testing.T) {
 // SYNs go unanswered.
 func frozenAddr(t *testing.T) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(int(testenv.FrozenListener(t))))
+}
+
+// TestSentinelsAskCanceledErrorSaysSo: a dial made with a caller's
+// context (a subscription's) that ends while every sentinel's connection
+// is still being made (their SYNs dropped) left go-redis only
+// context.Canceled from each, which names no sentinel and is recorded for
+// none, and the error read "redis sentinel: no sentinel named the
+// master: ", ending there. It says the ask was given up.
+func TestSentinelsAskCanceledErrorSaysSo(t *testing.T) {
+	testenv.ParallelRedis(t)
+	// A budget the cancel comes well within: each sentinel's dial has a
+	// sixth of it.
+	s := openStoreCfg(t, redisstore.Config{CommandTimeout: time.Minute, Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{frozenAddr(t), frozenAddr(t)}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer time.AfterFunc(50*time.Millisecond, cancel).Stop()
+	ps := s.Client().Subscribe(ctx, "ch")
+	t.Cleanup(func() { _ = ps.Close() })
+	_, err := ps.Receive(ctx)
+	if err == nil || strings.HasSuffix(err.Error(), ": ") || !strings.Contains(err.Error(), context.Canceled.Error()) {
+		t.Fatalf("subscribe through frozen sentinels, canceled: %q, want it to say %q", err, context.Canceled)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("error %q is no context.Canceled", err)
+	}
 }

@@ -116,7 +116,7 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 	}
 	if n == 0 && err != nil && !c.spoke.Load() {
 		if c.plain {
-			return 0, plainRefused(err, c.RemoteAddr().String())
+			return 0, plainRefused(err, c.RemoteAddr())
 		}
 		return 0, c.certRefused(err)
 	}
@@ -251,7 +251,10 @@ func (e *notRedisError) Error() string {
 // "read: connection reset by peer" alone (TestLookupNamesWrongKindOfServer).
 // A timeout (a hung server) and a clean close are left as they are: the
 // first has its own naming (noAnswer), and go-redis retries the second.
-func plainRefused(err error, addr string) error {
+// A unix:// socket has no TLS port, and its reset (a server that closed
+// with the command unread: it exited, or is restarting) gets no such
+// hint (TestUnixSocketResetNamesNoTLSPort).
+func plainRefused(err error, addr net.Addr) error {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		return err
 	}
@@ -261,7 +264,7 @@ func plainRefused(err error, addr string) error {
 	if errors.As(err, &op) {
 		err = op.Err
 	}
-	return &plainResetError{addr: addr, err: err}
+	return &plainResetError{addr: addr.String(), err: err, unix: addr.Network() == "unix"}
 }
 
 // plainResetError is a plain-text connection reset before the server
@@ -276,6 +279,7 @@ func plainRefused(err error, addr string) error {
 type plainResetError struct {
 	addr string
 	err  error
+	unix bool // a unix:// socket's: no TLS port
 }
 
 // Timeout reports false: a reset is no timeout (net.Error).
@@ -285,8 +289,11 @@ func (e *plainResetError) Timeout() bool { return false }
 func (e *plainResetError) Temporary() bool { return true }
 
 func (e *plainResetError) Error() string {
-	return e.addr + " reset the connection before answering (" + e.err.Error() +
-		"): a TLS port? set redis.tls, or use a rediss:// URL"
+	msg := e.addr + " reset the connection before answering (" + e.err.Error() + ")"
+	if e.unix {
+		return msg
+	}
+	return msg + ": a TLS port? set redis.tls, or use a rediss:// URL"
 }
 
 // respScanner follows a stream of RESP2 replies (the clients speak

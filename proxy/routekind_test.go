@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bufio"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -59,5 +62,42 @@ func TestProxysOwnAnswersAreRouteKindError(t *testing.T) {
 				t.Errorf("logged %v with route_kind %v; want %d, %s", entry["status"], entry["route_kind"], tc.status, tc.kind)
 			}
 		})
+	}
+}
+
+// A WebSocket upgrade the sandbox declines (any answer but 101) opens no
+// tunnel: its answer is the sandbox's like any other, logged with
+// route_kind http, as README's WebSockets says (websocket is the tunnel's).
+func TestDeclinedUpgradeIsRouteKindHTTP(t *testing.T) {
+	h, buf := logHarness(t, accesslog.FormatJSON)
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "no upgrade asked", http.StatusBadRequest)
+			return
+		}
+		http.Error(w, "no websocket here", http.StatusForbidden)
+	}))
+	host := h.route("declinebox", port)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	const id = "kind-declined-upgrade"
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Cube-Request-Id: %s\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", host, id)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	// A 400 would say the Upgrade was dropped as any hop-by-hop header:
+	// the request went as no upgrade.
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("declined upgrade: %d, want the sandbox's 403", resp.StatusCode)
+	}
+	if entry := buf.waitJSON(t, id); entry["status"] != float64(403) || entry["route_kind"] != "http" {
+		t.Errorf("logged %v with route_kind %v; want 403, http", entry["status"], entry["route_kind"])
 	}
 }

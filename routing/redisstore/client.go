@@ -312,7 +312,8 @@ func (frozenMaster) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // explain returns err, cmd's bare timeout, as a *noAnswer from the
 // master of cmd's key, when cmd is one of the store's keyed commands and
-// the slot map is known (it is read from memory, whatever ctx says).
+// the slot map is known: it is read from memory (with none yet, go-redis
+// would read one within ctx, which has ended, and fails at once).
 func (h frozenMaster) explain(ctx context.Context, cmd redis.Cmder, err error) error {
 	switch cmd.Name() {
 	case "hgetall", "hset", "zadd", "hdel", "zrem":

@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+)
+
+// addRelayTool adds "relay": it reports progress 1, waits for the agent to
+// acknowledge it (acks), then for release, then reports progress 2, waits
+// for that acknowledgement too and answers "relayed". It never sleeps: each
+// progress is proven to have reached the agent while the call is open.
+func addRelayTool(srv *mcp.Server, acks <-chan float64, release <-chan struct{}) {
+	mcp.AddTool(srv, &mcp.Tool{Name: "relay"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		for i := 1; i <= 2; i++ {
+			if i == 2 {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				}
+			}
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: float64(i), Total: 3}); err != nil {
+				return nil, nil, err
+			}
+			select {
+			case <-acks:
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "relayed"}}}, nil, nil
+	})
+}
+
+// The sandbox is scheduled to another address while a go-sdk agent has its
+// standalone GET stream and a tool call reporting progress open (a VM
+// restored elsewhere from its snapshot: the same gateway, its sessions and
+// event store, behind a new address; here one gateway served on two
+// listeners). The route change cuts both streams at the old address, the
+// agent resumes both there with Last-Event-ID, and gets every progress and
+// notification once: the call's second progress and result, the list
+// change announced after the move. A request sent right after the move goes
+// to the new address. Without the cut, the streams stay on an address the
+// sandbox has left, silent until upstream.idle_timeout.
+func TestMCPRouteMovedMidSession(t *testing.T) {
+	h := newHarness(t)
+	srv := newAgentServer()
+	acks := make(chan float64, 4)
+	release := make(chan struct{})
+	addRelayTool(srv, acks, release)
+	gw := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil), DisableLocalhostProtection: true})
+	var mu sync.Mutex
+	var resumedAtNew []string // Last-Event-IDs of the GETs the new address got
+	var openAtOld, reqsAtNew atomic.Int64
+	oldPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		openAtOld.Add(1)
+		defer openAtOld.Add(-1)
+		gw.ServeHTTP(w, r)
+	}))
+	newPort := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqsAtNew.Add(1)
+		if id := r.Header.Get("Last-Event-ID"); r.Method == "GET" && id != "" {
+			mu.Lock()
+			resumedAtNew = append(resumedAtNew, id)
+			mu.Unlock()
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	put := func(port uint16) {
+		b, _ := json.Marshal(map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(port)})
+		if st, out := h.adminDo("PUT", "/admin/routes/movebox", string(b), ""); st != 200 {
+			t.Fatalf("PUT route: %d %s", st, out)
+		}
+	}
+	put(oldPort)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var progress [3]atomic.Int64
+	changed := make(chan struct{}, 4)
+	cs := agentConnect(t, ctx, h, "50005-movebox.cube.test", &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if p := int(req.Params.Progress); p == 1 || p == 2 {
+				progress[p].Add(1)
+			}
+			acks <- req.Params.Progress
+		},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+	}, &mcp.StreamableClientTransport{MaxRetries: 3})
+	listChangedArrives(t, ctx, h, srv, changed, "standalone GET stream")
+	done := callTool(ctx, cs, "relay", "relayed")
+	testenv.WaitFor(t, 5*time.Second, "the call's first progress, acknowledged", func() bool {
+		return progress[1].Load() == 1 && len(acks) == 0
+	})
+
+	put(newPort)
+	if _, err := cs.ListTools(ctx, nil); err != nil {
+		t.Fatalf("a request right after the move: %v", err)
+	}
+	if reqsAtNew.Load() == 0 {
+		t.Fatal("a request right after the move did not reach the new address")
+	}
+	testenv.WaitFor(t, 5*time.Second, "the old address's streams ended", func() bool { return openAtOld.Load() == 0 })
+	close(release)
+	addNoopTool(srv, "after-move")
+	if err := testenv.Recv(t, done, 5*time.Second, "the call's result"); err != nil {
+		t.Fatalf("call across the move: %v", err)
+	}
+	testenv.Recv(t, changed, 5*time.Second, "the list change announced after the move")
+	mu.Lock()
+	resumed := len(resumedAtNew)
+	mu.Unlock()
+	if resumed != 2 {
+		t.Errorf("resumed %d streams at the new address with Last-Event-ID (%v), want 2: the GET stream and the call", resumed, resumedAtNew)
+	}
+	if progress[1].Load() != 1 || progress[2].Load() != 1 {
+		t.Errorf("progress 1 arrived %d times, 2 %d times; want once each", progress[1].Load(), progress[2].Load())
+	}
+	select {
+	case <-changed:
+		t.Error("a list change arrived twice")
+	default:
+	}
+}
+
+// reusePort listens with SO_REUSEPORT, so that a sandbox's gateway started
+// again binds its port before the old one closes: a port closed and bound
+// again could be taken by another socket of the machine in between.
+var reusePort = net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); err != nil {
+		return err
+	}
+	return serr
+}}
+
+// The sandbox's gateway process restarts in place (same route, same port,
+// its sessions gone) while a go-sdk agent has its standalone GET stream
+// open and the proxy holds idle connections to the old process. The stream
+// ends at once; the agent's next call gets the new gateway's 404 for the
+// old session (ErrSessionMissing), not a 502 from a pooled connection the
+// old process closed; a new session works at once.
+func TestMCPGatewayRestartsInPlace(t *testing.T) {
+	h := newHarness(t)
+	serve := func(ln net.Listener) *http.Server {
+		srv := newAgentServer()
+		bs := &http.Server{Handler: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+			&mcp.StreamableHTTPOptions{DisableLocalhostProtection: true})}
+		go bs.Serve(ln)
+		return bs
+	}
+	ln, err := reusePort.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := serve(ln)
+	t.Cleanup(func() { old.Close() })
+	h.put("inplace", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(uint16(ln.Addr().(*net.TCPAddr).Port))})
+	host := "50005-inplace.cube.test"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs := agentConnect(t, ctx, h, host, nil, &mcp.StreamableClientTransport{MaxRetries: 1})
+	call := func(cs *mcp.ClientSession) error {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}})
+		return err
+	}
+	for range 3 { // connections for the pool
+		if err := call(cs); err != nil {
+			t.Fatalf("call before the restart: %v", err)
+		}
+	}
+	testenv.WaitFor(t, 5*time.Second, "the standalone GET stream is open", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 1
+	})
+
+	ln2, err := reusePort.Listen(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Close() // its listener and every connection, the GET stream's too
+	nb := serve(ln2)
+	t.Cleanup(func() { nb.Close() })
+	testenv.WaitFor(t, 5*time.Second, "the standalone GET stream ended at the proxy", func() bool {
+		s, _ := h.proxy.streams.open()
+		return s == 0
+	})
+	if err := call(cs); !errors.Is(err, mcp.ErrSessionMissing) {
+		t.Fatalf("call on the old session after the restart: %v, want ErrSessionMissing", err)
+	}
+	cs2 := agentConnect(t, ctx, h, host, nil, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
+	if err := call(cs2); err != nil {
+		t.Fatalf("call on a new session after the restart: %v", err)
+	}
+}

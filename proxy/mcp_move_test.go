@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -147,12 +148,38 @@ var reusePort = net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) e
 	return serr
 }}
 
+// holdPort binds a socket to addr's port without listening (SO_REUSEPORT,
+// as reusePort's listeners): connections to the port are refused, as while
+// a gateway restarts, yet no other socket of the machine can take the port
+// before the new gateway binds it. It returns the release.
+func holdPort(t *testing.T, addr *net.TCPAddr) func() {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("hold port: socket: %v", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		unix.Close(fd)
+		t.Fatalf("hold port: SO_REUSEPORT: %v", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: addr.Port}); err != nil {
+		unix.Close(fd)
+		t.Fatalf("hold port %d: bind: %v", addr.Port, err)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { unix.Close(fd) }) }
+	t.Cleanup(release)
+	return release
+}
+
 // The sandbox's gateway process restarts in place (same route, same port,
 // its sessions gone) while a go-sdk agent has its standalone GET stream
 // open and the proxy holds idle connections to the old process. The stream
-// ends at once; the agent's next call gets the new gateway's 404 for the
-// old session (ErrSessionMissing), not a 502 from a pooled connection the
-// old process closed; a new session works at once.
+// ends at once; while the port is closed a request gets the proxy's 502 at
+// once (transient to the go-sdk); the agent's first call once the new
+// gateway listens reaches it, no failure kept from the closed port, and
+// gets its 404 for the old session (ErrSessionMissing), not a 502 from a
+// pooled connection the old process closed; a new session works at once.
 func TestMCPGatewayRestartsInPlace(t *testing.T) {
 	h := newHarness(t)
 	serve := func(ln net.Listener) *http.Server {
@@ -187,17 +214,30 @@ func TestMCPGatewayRestartsInPlace(t *testing.T) {
 		return s == 1
 	})
 
-	ln2, err := reusePort.Listen(context.Background(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := holdPort(t, ln.Addr().(*net.TCPAddr))
 	old.Close() // its listener and every connection, the GET stream's too
-	nb := serve(ln2)
-	t.Cleanup(func() { nb.Close() })
 	testenv.WaitFor(t, 5*time.Second, "the standalone GET stream ended at the proxy", func() bool {
 		s, _ := h.proxy.streams.open()
 		return s == 0
 	})
+	r := h.req("POST", host, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":9,"method":"tools/list"}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	r.Header.Set("Mcp-Session-Id", cs.ID())
+	resp := h.do(r)
+	var refusal struct{ Code string }
+	err = json.NewDecoder(resp.Body).Decode(&refusal)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || err != nil || refusal.Code != CodeUpstreamConnect {
+		t.Fatalf("request while the port is closed: %d, code %q (%v), want 502 %s", resp.StatusCode, refusal.Code, err, CodeUpstreamConnect)
+	}
+	ln2, err := reusePort.Listen(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	nb := serve(ln2)
+	t.Cleanup(func() { nb.Close() })
 	if err := call(cs); !errors.Is(err, mcp.ErrSessionMissing) {
 		t.Fatalf("call on the old session after the restart: %v, want ErrSessionMissing", err)
 	}

@@ -246,3 +246,92 @@ func TestMCPGatewayRestartsInPlace(t *testing.T) {
 		t.Fatalf("call on a new session after the restart: %v", err)
 	}
 }
+
+// rollbackListener hands out connections that a rollback (rolledBack)
+// kills: each connection open at that moment resets at the next request
+// it reads, as a sandbox restored from its snapshot resets what comes on a
+// connection opened after the snapshot. Later connections work.
+type rollbackListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []*rollbackConn
+}
+
+func (l *rollbackListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	rc := &rollbackConn{TCPConn: c.(*net.TCPConn)}
+	l.mu.Lock()
+	l.conns = append(l.conns, rc)
+	l.mu.Unlock()
+	return rc, nil
+}
+
+// rolledBack dooms every connection accepted so far.
+func (l *rollbackListener) rolledBack() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		c.doomed.Store(true)
+	}
+}
+
+type rollbackConn struct {
+	*net.TCPConn
+	doomed atomic.Bool
+}
+
+func (c *rollbackConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
+	if n > 0 && c.doomed.Load() {
+		_ = c.SetLinger(0)
+		_ = c.TCPConn.Close() // a reset, the request unread
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+// A sandbox restored from its snapshot resets the proxy's idle connections
+// opened after the snapshot, and the proxy does not re-send a POST (the
+// sandbox might have read it): the agent's first call after the restore
+// fails with the proxy's 502 upstream_reset, "Bad Gateway" to the go-sdk,
+// which takes it as transient and re-sends nothing; the same session's next
+// call works. A status the go-sdk does not take as transient (a 4xx; it
+// takes 429, 500, 502, 503 and 504 so) would end every session of the
+// sandbox at its restore; a POST re-sent would run a call the sandbox may
+// have read twice.
+func TestMCPCallAfterSnapshotRestore(t *testing.T) {
+	h := newHarness(t)
+	srv := newAgentServer()
+	ln := &rollbackListener{Listener: listen(t, "127.0.0.1:0")}
+	bs := &http.Server{Handler: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{DisableLocalhostProtection: true})}
+	go bs.Serve(ln)
+	t.Cleanup(func() { bs.Close() })
+	h.put("restored", map[string]string{"HostIP": "127.0.0.1", "CreatedAt": "1", "50005": itoa(uint16(ln.Addr().(*net.TCPAddr).Port))})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs := agentConnect(t, ctx, h, "50005-restored.cube.test", nil, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
+	call := func() error {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"n": 3}})
+		return err
+	}
+	if err := call(); err != nil {
+		t.Fatalf("call before the restore: %v", err)
+	}
+	// The call's connection is back in the pool (it goes back a moment
+	// after the agent has the result), for the next call to take.
+	testenv.WaitFor(t, 5*time.Second, "an idle sandbox connection", func() bool {
+		_, idle := h.proxy.pools.gauges()
+		return idle > 0
+	})
+	ln.rolledBack()
+	if err := call(); err == nil || !strings.HasSuffix(err.Error(), "Bad Gateway") {
+		t.Fatalf("first call after the restore: %v, want Bad Gateway", err)
+	}
+	if err := call(); err != nil {
+		t.Fatalf("the same session's next call: %v", err)
+	}
+}

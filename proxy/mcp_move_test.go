@@ -51,11 +51,11 @@ func addRelayTool(srv *mcp.Server, acks <-chan float64, release <-chan struct{})
 // restored elsewhere from its snapshot: the same gateway, its sessions and
 // event store, behind a new address; here one gateway served on two
 // listeners). The route change cuts both streams at the old address, the
-// agent resumes both there with Last-Event-ID, and gets every progress and
-// notification once: the call's second progress and result, the list
-// change announced after the move. A request sent right after the move goes
-// to the new address. Without the cut, the streams stay on an address the
-// sandbox has left, silent until upstream.idle_timeout.
+// agent resumes both at the new one with Last-Event-ID, and gets every
+// progress and notification once: the call's second progress and result,
+// the list change announced after the move. A request sent right after the
+// move goes to the new address. Without the cut, the streams stay on an
+// address the sandbox has left, silent until upstream.idle_timeout.
 func TestMCPRouteMovedMidSession(t *testing.T) {
 	h := newHarness(t)
 	srv := newAgentServer()

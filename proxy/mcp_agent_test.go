@@ -10,12 +10,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"golang.org/x/sys/unix"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
@@ -511,14 +509,7 @@ func TestMCPSandboxRestartMidSession(t *testing.T) {
 	// Both sandboxes' listeners share the port (SO_REUSEPORT), and the
 	// new one binds before the old one closes: a port closed and bound
 	// again could be taken by another socket of the machine in between.
-	reuse := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	ln, err := reuse.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	ln, err := reusePort.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +529,7 @@ func TestMCPSandboxRestartMidSession(t *testing.T) {
 	// Recreate: the new sandbox listens on the same port, the old one
 	// goes away (its idle connections close). No request is made while
 	// both listen.
-	ln2, err := reuse.Listen(context.Background(), "tcp", addr)
+	ln2, err := reusePort.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,9 @@ func testParsers() map[string]*Parser {
 		"domains": NewParser(ParserConfig{Domains: []string{"Sandbox.Example.com.", "*.e2b.dev"}}),
 		// devdomains: an allow-list that keeps *.localhost for local development.
 		"devdomains": NewParser(ParserConfig{Domains: []string{"sandbox.example.com", "localhost"}}),
+		// onedomain: the usual deployment, one domain, here in the
+		// leading-dot spelling of a cookie domain.
+		"onedomain": NewParser(ParserConfig{Domains: []string{".sandbox.example.com"}}),
 	}
 }
 
@@ -155,6 +158,12 @@ func parseCases() []parseCase {
 		// empty or lists localhost; localhost itself stays shared.
 		{name: "dev localhost with allow-list", parser: "domains", host: "8080-web.localhost:3000", code: CodeDomainNotAllowed},
 		{name: "dev localhost listed", parser: "devdomains", host: "8080-Web.LOCALHOST.:3000", port: 8080, id: "web"},
+		{name: "one domain, leading dot", parser: "onedomain", host: "3000-abc.sandbox.example.com", port: 3000, id: "abc"},
+		{name: "one domain, another refused", parser: "onedomain", host: "3000-abc.evil.com", code: CodeDomainNotAllowed},
+		{name: "one domain, a bare label refused", parser: "onedomain", host: "3000-abc", code: CodeDomainNotAllowed},
+		// Two colons are only an IPv6 literal, which names no sandbox: any
+		// other such host is malformed, not a shared host.
+		{name: "two colons, not ipv6", host: "abc:1:2", hdr: cube("abc", "1"), code: CodeInvalidHost},
 		{name: "allow-list listing localhost keeps it shared", parser: "devdomains", host: "localhost", hdr: cube("abc", "1"), port: 1, id: "abc", shared: true},
 	}
 }

@@ -833,3 +833,24 @@ func TestCacheChangesCountsAnnouncements(t *testing.T) {
 		t.Fatalf("after ExpireAll: %d, want %d", got, n+2)
 	}
 }
+
+// A Store that answers neither a route nor an error (a bug in one written
+// for the interface) is an outage, never a nil route: the proxy uses the
+// route Get returns without error, and a nil one cached would fail every
+// request for the sandbox until its TTL.
+func TestCacheStoreAnsweringNothingIsAnError(t *testing.T) {
+	s := newCountingStore(func(context.Context, string) (*Route, error) { return nil, nil })
+	c := newTestCache(t, s, nil)
+	for i := range 2 {
+		r, _, err := get(t, c, "a")
+		if err == nil || r != nil {
+			t.Fatalf("Get %d: %v, %v; want an error and no route", i, r, err)
+		}
+		if !strings.Contains(err.Error(), "no route and no error") {
+			t.Fatalf("Get %d: error %q does not say what the store did", i, err)
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d store calls, want 2: the failure must not be cached", n)
+	}
+}

@@ -51,6 +51,13 @@ func TestCacheRefresh(t *testing.T) {
 			{advance: 2 * time.Second, answer: answerDown, wantRes: CacheStale, wantCalls: 2},
 			{advance: time.Second, wantRes: CacheHit, wantCalls: 2},
 		}},
+		// The store failed the route's re-read, and the route is served
+		// stale: requests for a port it lacks must not ask the failing
+		// store again (nor wait on it) before NegativeTTL has passed.
+		{"a route whose re-read failed is not read again within NegativeTTL", []step{
+			{advance: 701 * time.Second, answer: answerDown, wantRes: CacheStale, wantCalls: 2},
+			{advance: time.Second, wantRes: CacheStale, wantCalls: 2},
+		}},
 		{"a sandbox gone is not found", []step{
 			{advance: 2 * time.Second, answer: answerNotFound, wantRes: CacheMiss, wantErr: ErrNotFound, wantCalls: 2},
 		}},

@@ -69,6 +69,18 @@ func TestParseRouteMinimal(t *testing.T) {
 	}
 }
 
+// AllowPublicTraffic "true", as the control plane writes it for a public
+// sandbox, is a public route, as its absence is: read as restricted, every
+// request without a traffic token was refused.
+func TestParseRouteExplicitlyPublic(t *testing.T) {
+	for _, parse := range []func(string, map[string]string) (*Route, error){ParseRoute, ParseRouteStrict} {
+		r, err := parse("a", map[string]string{FieldHostIP: "10.0.0.1", FieldAllowPublicTraffic: "true"})
+		if err != nil || !r.Public {
+			t.Fatalf("AllowPublicTraffic true: %+v, %v; want a public route", r, err)
+		}
+	}
+}
+
 // An IPv4-mapped address (what a dual-stack socket reports for an IPv4
 // peer, and so what a control plane may store) is the IPv4 address: it
 // must equal node_ip for the same-node choice, as Go dials it as IPv4.
@@ -91,6 +103,8 @@ func TestRouteRoundTrip(t *testing.T) {
 			CreatedAt: 1764460000000000000, Public: false, TrafficToken: testToken, MaskRequestHost: "${PORT}.example:1",
 			Ports: map[uint16]uint16{8080: 31000}},
 		{ID: "pub-with-token", HostIP: netip.MustParseAddr("10.1.2.3"), Public: true, TrafficToken: testToken, Ports: map[uint16]uint16{}},
+		// The longest MaskRequestHost taken, as its refusal says (261 bytes).
+		{ID: "long-mask", HostIP: netip.MustParseAddr("10.1.2.3"), Public: true, MaskRequestHost: strings.Repeat("a", 261), Ports: map[uint16]uint16{}},
 	}
 	for _, want := range routes {
 		for name, parse := range map[string]func(string, map[string]string) (*Route, error){"lenient": ParseRoute, "strict": ParseRouteStrict} {
@@ -160,6 +174,7 @@ func TestParseRouteErrors(t *testing.T) {
 		{name: "mask with newline", fields: base(FieldMaskRequestHost, "host\r\nX-Evil: 1"), field: FieldMaskRequestHost},
 		{name: "mask non-ascii", fields: base(FieldMaskRequestHost, "hôst"), field: FieldMaskRequestHost},
 		{name: "mask too long", fields: base(FieldMaskRequestHost, strings.Repeat("a", 300)), field: FieldMaskRequestHost},
+		{name: "mask one byte too long", fields: base(FieldMaskRequestHost, strings.Repeat("a", 262)), field: FieldMaskRequestHost},
 		{name: "container port zero", fields: base("0", "1"), field: "0"},
 		{name: "container port too big", fields: base("65536", "1"), field: "65536"},
 		{name: "host port zero", fields: base("8080", "0"), field: "8080"},

@@ -91,6 +91,9 @@ func TestLoadFileErrors(t *testing.T) {
 		{"routes is a list", "routes:\n  - a\n", []string{"mapping"}},
 		{"bad sandbox id", "routes:\n  Bad.Id:\n    HostIP: 1.2.3.4\n", []string{`"Bad.Id"`}},
 		{"duplicate id", "routes:\n  a: {HostIP: 1.2.3.4}\n  a: {HostIP: 1.2.3.5}\n", []string{`"a"`, "twice"}},
+		// Other YAML readers keep only the last "routes": a second one is
+		// refused, not read as more of the first.
+		{"routes twice", "routes:\n  a: {HostIP: 1.2.3.4}\nroutes:\n  b: {HostIP: 1.2.3.5}\n", []string{`"routes"`, "twice", "line 3"}},
 		{"fields not a mapping", "routes:\n  a: 1.2.3.4\n", []string{`"a"`, "mapping"}},
 		{"list value", "routes:\n  a:\n    HostIP: [1.2.3.4]\n", []string{`"a"`, "HostIP", "string"}},
 		{"null value", "routes:\n  a:\n    HostIP: 1.2.3.4\n    SandboxIP:\n", []string{`"a"`, "SandboxIP", "string"}},

@@ -477,3 +477,35 @@ func nonLoopbackIPv4(t *testing.T) string {
 	t.Skip("no non-loopback IPv4 address on this host")
 	return ""
 }
+
+// Close hangs up every connection of the store's pool: a proxy that stops
+// (or a test) leaves Redis no client behind, which counts against its
+// maxclients and the ACL user's connection budget.
+func TestCloseHangsUpItsConnections(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	clients := func() int {
+		t.Helper()
+		list, err := r.Client().ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(list, "\n")
+	}
+	before := clients() // the test's own client
+	s, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, "sb"); !errors.Is(err, routing.ErrNotFound) {
+		t.Fatalf("lookup: %v", err)
+	}
+	if n := clients(); n <= before {
+		t.Fatalf("%d clients after a lookup, want more than %d", n, before)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the store's connections closed", func() bool { return clients() == before })
+}

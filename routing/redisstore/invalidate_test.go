@@ -573,3 +573,82 @@ func TestBadIDFloodLogsOnce(t *testing.T) {
 		t.Fatalf("applied %d messages, want 1", n)
 	}
 }
+
+// Subscribed feeds cubeproxy_route_invalidation_subscribed, which operators
+// alert on: 1 once a subscription is confirmed, 0 as soon as its connection
+// fails (invalidations published meanwhile are lost), not only once the
+// quiet connection's PING gives up on it, and 1 again once a subscription
+// is confirmed anew.
+func TestSubscribedFollowsTheConnection(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	// A long command timeout: the PING that would replace the lost
+	// connection comes 30 s after it; the gauge must not wait for it.
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), CommandTimeout: 5 * time.Second})
+	c := newCache(t, s, routing.CacheConfig{})
+	sub := s.Subscribe(context.Background(), c, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	if !sub.Subscribed() {
+		t.Fatal("Subscribed is false with the subscription confirmed")
+	}
+	r.Stop()
+	testenv.WaitFor(t, 5*time.Second, "Subscribed false with Redis gone", func() bool { return !sub.Subscribed() })
+	r.Restart()
+	testenv.WaitFor(t, 10*time.Second, "Subscribed again once resubscribed", func() bool {
+		return sub.Subscriptions() >= 2 && sub.Subscribed()
+	})
+}
+
+// A subscription whose server stops answering (a hung host, a partition)
+// is replaced, and that is said at warn level, where operators look: every
+// cached route is read again after it, and invalidations sent meanwhile
+// were lost.
+func TestHungSubscriptionIsReplacedAtWarnLevel(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), CommandTimeout: 100 * time.Millisecond})
+	var logs testenv.LogBuffer
+	c := newCache(t, s, routing.CacheConfig{})
+	sub := s.Subscribe(context.Background(), c, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	r.Pause()
+	t.Cleanup(r.Resume)
+	testenv.WaitFor(t, 10*time.Second, "a warning that the silent connection is replaced", func() bool {
+		return strings.Contains(logs.String(), `"level":"WARN","msg":"redis invalidation: no reply to PING; replacing the connection"`)
+	})
+}
+
+// A refused subscription is asked for again every pingIdle command
+// timeouts, and the refusal is logged at error level once, not at each
+// retry: an ACL user without the channel would otherwise fill the log
+// with the same line three times every second.
+func TestRefusedSubscriptionIsLoggedOnce(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	if err := r.Client().Do(ctx, "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), Username: "reader", Password: "pw", CommandTimeout: 100 * time.Millisecond})
+	var logs testenv.LogBuffer
+	sub := s.Subscribe(ctx, make(recorder, 16), slog.New(slog.NewJSONHandler(&logs, nil)))
+	t.Cleanup(func() { _ = sub.Close() })
+	testenv.WaitFor(t, 10*time.Second, "three refused subscriptions", func() bool {
+		entries, err := r.Client().ACLLog(ctx, 10).Result()
+		if err != nil {
+			return false
+		}
+		var n int64
+		for _, e := range entries {
+			if e.Username == "reader" && e.Reason == "channel" {
+				n += e.Count
+			}
+		}
+		return n >= 3
+	})
+	if n := strings.Count(logs.String(), `"msg":"redis invalidation: subscription refused`); n != 1 {
+		t.Fatalf("the refusal logged %d times over three retries, want once:\n%s", n, logs.String())
+	}
+}

@@ -652,3 +652,33 @@ func TestRefusedSubscriptionIsLoggedOnce(t *testing.T) {
 		t.Fatalf("the refusal logged %d times over three retries, want once:\n%s", n, logs.String())
 	}
 }
+
+// A subscription that is merely quiet (no sandbox changed) is PINGed and
+// kept: replaced instead, every instance would expire its whole cache and
+// warn of a reconnect every two pingIdle command timeouts.
+func TestQuietSubscriptionIsPingedNotReplaced(t *testing.T) {
+	testenv.ParallelRedis(t)
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	s := openStoreCfg(t, redisstore.Config{Addr: r.Addr(), CommandTimeout: 100 * time.Millisecond})
+	c := newCache(t, s, routing.CacheConfig{})
+	sub := s.Subscribe(ctx, c, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	waitReady(t, sub)
+	pinged := func() bool {
+		list, err := r.Client().ClientList(ctx).Result()
+		if err != nil {
+			return false
+		}
+		for line := range strings.SplitSeq(list, "\n") {
+			if strings.Contains(line, " sub=1 ") && strings.Contains(line, " cmd=ping ") {
+				return true
+			}
+		}
+		return false
+	}
+	testenv.WaitFor(t, 10*time.Second, "a PING on the quiet subscription", pinged)
+	if n := sub.Subscriptions(); n != 1 {
+		t.Fatalf("%d subscriptions by the first PING, want 1: the quiet one was replaced", n)
+	}
+}

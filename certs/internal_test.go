@@ -54,6 +54,10 @@ func TestFileSelectionBySNI(t *testing.T) {
 		{"50005-abc.cube.test", 0}, // both 0 and 1 cover it: the first listed wins
 		{"50005-ABC.Cube.Test", 0},
 		{"cube.test.", 0},
+		// A trailing dot (sent by some clients, openssl s_client among
+		// them) names the same host: not the default pair.
+		{"api.other.test.", 1},
+		{"x.b.cube.test.", 2},
 		{"api.other.test", 1},
 		{"x.b.cube.test", 2},
 		// A pair naming the host exactly wins over the wildcards listed

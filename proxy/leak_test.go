@@ -927,18 +927,34 @@ func TestLeakTimeouts(t *testing.T) {
 }
 
 // leakTimeoutOpts are the short timeouts leakTimeouts' cases wait out.
+//
+// Each runs under every case, not only the one that waits it out, so each
+// must outlast the test's own steps on loaded cores (a full -race run on
+// 2 busy cores stalls a goroutine for hundreds of milliseconds), or a case
+// meets a timeout it does not test:
+//   - every case answers through the test's goroutine: the sandbox's
+//     handler hands the request over (next) and the test writes the head.
+//     At 200 ms (175 with slack), a stall there got the 504 instead of
+//     the 200 or 101. Only "sandbox gives no head in time" waits it out.
+//   - every tunnel case echoes (leakEcho) before its end, each step on
+//     the test's goroutine: at 300 ms, a stall between the 101 and the
+//     ping, or between the ping and the pong, idled the tunnel first
+//     ("EOF before pong").
+//   - every case dials, then writes its head: client.read_timeout counts
+//     from the accept, and at 200 ms a stall in between timed the head
+//     out before it was sent.
+//
+// Every case still waits out the one it tests: the reads that wait for
+// its end (readEOF, the 408 and 504 answers) give up after 5 s.
 func leakTimeoutOpts(o *harnessOpts) {
-	o.cfg.IdleStreamTimeout = 300 * time.Millisecond
+	o.cfg.IdleStreamTimeout = time.Second
 	o.cfg.HeartbeatInterval = 100 * time.Millisecond
-	// Every case but one answers through the test's goroutine: the
-	// sandbox's handler hands the request over (next) and the test
-	// writes the head. At 200 ms (175 with slack), a stall there on
-	// loaded cores got the 504 instead of the 200 or 101. Only "sandbox
-	// gives no head in time" waits it out.
 	o.cfg.ResponseHeaderTimeout = time.Second
-	o.srv.ClientIdleTimeout = 200 * time.Millisecond
-	o.srv.ClientReadTimeout = 200 * time.Millisecond
-	o.srv.ClientBodyTimeout = 200 * time.Millisecond
+	o.srv.ClientIdleTimeout = time.Second
+	o.srv.ClientReadTimeout = time.Second
+	o.srv.ClientBodyTimeout = time.Second
+	// Only a client that stops reading meets it: every other case reads
+	// what the proxy writes, which fits the socket buffers.
 	o.srv.ClientWriteTimeout = 200 * time.Millisecond
 }
 

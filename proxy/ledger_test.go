@@ -510,32 +510,46 @@ func TestLedgerDrain(t *testing.T) {
 }
 
 // The redirect listener's answers and refusals are exchanges too.
+//
+// Only "stalled body" waits out a timeout, so only it runs under a short
+// one: the redirect listener's client.read_timeout counts from the accept
+// and bounds the whole first request, body included, and at 300 ms for
+// every case a stall of the test's goroutine between its dial and its
+// write (a loaded -race run) answered "body" a 408 in place of its 308.
 func TestLedgerRedirectListener(t *testing.T) {
-	e := newLedgerEnv(t, func(o *harnessOpts) {
-		o.srv.ClientReadTimeout = 300 * time.Millisecond
-		o.srv.ClientBodyTimeout = 300 * time.Millisecond
-	})
-	ln := listen(t, "127.0.0.1:0")
-	go e.h.server.ServeRedirect(ln, "8443")
+	serve := func(e *ledgerEnv) net.Listener {
+		ln := listen(t, "127.0.0.1:0")
+		go e.h.server.ServeRedirect(ln, "8443")
+		return ln
+	}
+	e := newLedgerEnv(t, nil)
+	ln := serve(e)
+	short := newLedgerEnv(t, func(o *harnessOpts) { o.srv.ClientReadTimeout = 300 * time.Millisecond })
+	shortLn := serve(short)
 	const host = "Host: 50005-box.cube.test\r\n"
 	for _, tc := range []struct {
 		name, send string
 		status     int // 0: no answer is read (the client leaves)
 		cut        bool
+		timesOut   bool // waits out client.read_timeout: sent to short
 	}{
-		{"redirect", "GET /a?b HTTP/1.1\r\n" + host + "\r\n", 308, false},
-		{"HEAD", "HEAD /a HTTP/1.1\r\n" + host + "\r\n", 308, false},
-		{"no Host", "GET /a HTTP/1.0\r\n\r\n", 400, false},
-		{"body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 5\r\n\r\nhello", 308, false},
-		{"large upload", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("u", 64<<10), 308, false},
-		{"Expect", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\nExpect: 100-continue\r\n\r\n", 308, false},
-		{"method FOO", "FOO /a HTTP/1.1\r\n" + host + "\r\n", 308, false},
-		{"head too large", "GET /a HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("b", 64<<10) + "\r\n\r\n", 431, false},
-		{"stalled body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 408, false},
-		{"body cut", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 0, true},
-		{"head cut", "GET /a HTTP/1.1\r\n" + host + "X-Half", 0, true},
+		{"redirect", "GET /a?b HTTP/1.1\r\n" + host + "\r\n", 308, false, false},
+		{"HEAD", "HEAD /a HTTP/1.1\r\n" + host + "\r\n", 308, false, false},
+		{"no Host", "GET /a HTTP/1.0\r\n\r\n", 400, false, false},
+		{"body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 5\r\n\r\nhello", 308, false, false},
+		{"large upload", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\n\r\n" + strings.Repeat("u", 64<<10), 308, false, false},
+		{"Expect", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 1048576\r\nExpect: 100-continue\r\n\r\n", 308, false, false},
+		{"method FOO", "FOO /a HTTP/1.1\r\n" + host + "\r\n", 308, false, false},
+		{"head too large", "GET /a HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("b", 64<<10) + "\r\n\r\n", 431, false, false},
+		{"stalled body", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 408, false, true},
+		{"body cut", "POST /up HTTP/1.1\r\n" + host + "Content-Length: 10\r\n\r\nhal", 0, true, false},
+		{"head cut", "GET /a HTTP/1.1\r\n" + host + "X-Half", 0, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e, ln := e, ln
+			if tc.timesOut {
+				e, ln = short, shortLn
+			}
 			before := e.scrape(t)
 			lines0, spans0 := len(e.lines(t)), len(e.serverSpans())
 			c := dialRaw(t, ln.Addr().String())
@@ -620,11 +634,20 @@ func TestLedgerEarlyAnswersAndKills(t *testing.T) {
 // Over TLS, every end of an exchange is told apart as over plain TCP: a
 // client that leaves with a close_notify, with a bare close or with a
 // reset; a head left halfway; a tunnel closed.
+//
+// Only "head stalled" waits out client.read_timeout, so only it runs under
+// a short one (on short): the timeout counts from the accept and bounds
+// the handshake and the first head together, and at 300 ms for every case
+// a loaded -race run's stall in either timed out a case that tests
+// something else. e, addr and roots are the env of the case running.
 func TestLedgerOverTLS(t *testing.T) {
-	e := newLedgerEnv(t, func(o *harnessOpts) {
+	long := newLedgerEnv(t, nil)
+	longAddr, longRoots := serveTLS(t, long.h)
+	short := newLedgerEnv(t, func(o *harnessOpts) {
 		o.srv.ClientReadTimeout = 300 * time.Millisecond
 	})
-	addr, roots := serveTLS(t, e.h)
+	shortAddr, shortRoots := serveTLS(t, short.h)
+	e, addr, roots := long, longAddr, longRoots
 	dial := func(t *testing.T) (*tls.Conn, *net.TCPConn, *bufio.Reader) {
 		raw := dialRaw(t, addr).(*net.TCPConn)
 		c := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: e.host})
@@ -634,8 +657,9 @@ func TestLedgerOverTLS(t *testing.T) {
 		return c, raw, bufio.NewReader(c)
 	}
 	for _, tc := range []struct {
-		name string
-		run  func(t *testing.T)
+		name     string
+		run      func(t *testing.T)
+		timesOut bool // waits out client.read_timeout: runs on short
 	}{
 		{"plain", func(t *testing.T) {
 			c, _, br := dial(t)
@@ -643,21 +667,21 @@ func TestLedgerOverTLS(t *testing.T) {
 			e.next(t).answer("hello")
 			io.Copy(io.Discard, leakResponse(t, br, "GET", 200).Body)
 			c.Close()
-		}},
+		}, false},
 		{"SSE, client closes with close_notify", func(t *testing.T) {
 			c, _, br := dial(t)
 			s, _ := e.sseOpen(t, c, br, "GET")
 			c.Close()
 			e.openStreamsGone(t)
 			s.end()
-		}},
+		}, false},
 		{"SSE POST, client closes bare", func(t *testing.T) {
 			c, raw, br := dial(t)
 			s, _ := e.sseOpen(t, c, br, "POST")
 			raw.Close()
 			e.openStreamsGone(t)
 			s.end()
-		}},
+		}, false},
 		{"download, client resets", func(t *testing.T) {
 			c, raw, br := dial(t)
 			leakSend(t, c, e.head("GET", "/", ""))
@@ -669,7 +693,7 @@ func TestLedgerOverTLS(t *testing.T) {
 			reset(raw)
 			s.write(strings.Repeat("d", 2*wholeBody))
 			s.end()
-		}},
+		}, false},
 		{"client closes while the sandbox thinks", func(t *testing.T) {
 			c, _, _ := dial(t)
 			leakSend(t, c, e.head("GET", "/", ""))
@@ -677,7 +701,7 @@ func TestLedgerOverTLS(t *testing.T) {
 			c.Close()
 			s.write("late")
 			s.end()
-		}},
+		}, false},
 		{"WebSocket, client closes", func(t *testing.T) {
 			c, _, br := dial(t)
 			leakSend(t, c, e.head("GET", "/ws", leakUpgrade))
@@ -687,26 +711,30 @@ func TestLedgerOverTLS(t *testing.T) {
 			leakEcho(t, c, br, sc, sbr)
 			c.Close()
 			readEOF(t, sc)
-		}},
+		}, false},
 		{"head left halfway", func(t *testing.T) {
 			c, raw, _ := dial(t)
 			leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
 			reset(raw)
-		}},
+		}, false},
 		{"head stalled", func(t *testing.T) {
 			c, _, br := dial(t)
 			leakSend(t, c, "GET / HTTP/1.1\r\nHost: "+e.host+"\r\nX-Half")
 			io.Copy(io.Discard, leakResponse(t, br, "GET", 408).Body)
 			c.Close()
-		}},
+		}, true},
 		{"head too large", func(t *testing.T) {
 			c, _, br := dial(t)
 			leakSend(t, c, e.head("GET", "/", "X-Big: "+strings.Repeat("b", 64<<10)+"\r\n"))
 			io.Copy(io.Discard, leakResponse(t, br, "GET", 431).Body)
 			c.Close()
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e, addr, roots = long, longAddr, longRoots
+			if tc.timesOut {
+				e, addr, roots = short, shortAddr, shortRoots
+			}
 			before := e.scrape(t)
 			lines0, spans0 := len(e.lines(t)), len(e.serverSpans())
 			tc.run(t)

@@ -935,7 +935,9 @@ func TestLeakTimeouts(t *testing.T) {
 //   - every case answers through the test's goroutine: the sandbox's
 //     handler hands the request over (next) and the test writes the head.
 //     At 200 ms (175 with slack), a stall there got the 504 instead of
-//     the 200 or 101. Only "sandbox gives no head in time" waits it out.
+//     the 200 or 101, and at 1 s still did under a loaded -race run
+//     (goroutines of the sandbox's server, of the test, the hijack).
+//     Only "sandbox gives no head in time" waits it out.
 //   - every tunnel case echoes (leakEcho) before its end, each step on
 //     the test's goroutine: at 300 ms, a stall between the 101 and the
 //     ping, or between the ping and the pong, idled the tunnel first
@@ -949,7 +951,7 @@ func TestLeakTimeouts(t *testing.T) {
 func leakTimeoutOpts(o *harnessOpts) {
 	o.cfg.IdleStreamTimeout = time.Second
 	o.cfg.HeartbeatInterval = 100 * time.Millisecond
-	o.cfg.ResponseHeaderTimeout = time.Second
+	o.cfg.ResponseHeaderTimeout = 2 * time.Second
 	o.srv.ClientIdleTimeout = time.Second
 	o.srv.ClientReadTimeout = time.Second
 	o.srv.ClientBodyTimeout = time.Second

@@ -295,6 +295,18 @@ func (e *leakEnv) leakState(t *testing.T) string {
 	return strings.Join(out, "; ")
 }
 
+// waitEnded waits up to 5 s for every exchange to end, and fails with
+// what is still open: a bare timeout under load says nothing to go on.
+func (e *leakEnv) waitEnded(t *testing.T) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if state := e.leakState(t); state != "" {
+			return fmt.Errorf("not released: %s", state)
+		}
+		return nil
+	})
+}
+
 // check waits until everything is back at rest, then closes the idle
 // sandbox connections and waits for the descriptor and goroutine counts
 // to come back to base.
@@ -307,18 +319,11 @@ func (e *leakEnv) check(t *testing.T, base leakBaseline) {
 		c.Close()
 	}
 	e.conns = nil
-	var state string
-	deadline := time.Now().Add(5 * time.Second)
-	for state = e.leakState(t); state != ""; state = e.leakState(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not released: %s", state)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	e.waitEnded(t)
 	e.h.proxy.pools.closeIdle()
 	var fds, gs int
 	var stacks []string
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		fds = testenv.OpenFDs(t)
 		gs, stacks = liveGoroutines()
@@ -1018,9 +1023,7 @@ func TestLeakDrain(t *testing.T) {
 				c.Close()
 			}
 			sc.Close()
-			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool {
-				return e.leakState(t) == ""
-			})
+			e.waitEnded(t)
 			if n := countFDs(t, "anon_inode:[eventpoll]"); n != epolls {
 				t.Errorf("%d epoll sets open after Shutdown, %d before the server", n, epolls)
 			}

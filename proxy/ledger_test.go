@@ -294,7 +294,7 @@ func runLedgerCases(t *testing.T, e *ledgerEnv, cases []leakCase, reps int) {
 				c.Close()
 			}
 			e.conns = nil
-			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+			e.waitEnded(t)
 			e.account(t, before, lines0, spans0)
 		})
 	}
@@ -505,7 +505,7 @@ func TestLedgerDrain(t *testing.T) {
 		c.Close()
 	}
 	e.conns = nil
-	testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+	e.waitEnded(t)
 	e.account(t, before, 0, 0)
 }
 
@@ -743,7 +743,7 @@ func TestLedgerOverTLS(t *testing.T) {
 				c.Close()
 			}
 			e.conns = nil
-			testenv.WaitFor(t, 5*time.Second, "every exchange to end", func() bool { return e.leakState(t) == "" })
+			e.waitEnded(t)
 			testenv.WaitFor(t, 5*time.Second, "a line", func() bool { return len(e.lines(t)) > lines0 })
 			e.account(t, before, lines0, spans0)
 		})

@@ -53,7 +53,7 @@ func TestDialAllocatesNoContextOfItsOwn(t *testing.T) {
 			c.Close()
 		})
 		px := allocsPerRun(200, func() {
-			c, err := p.dial(addr)
+			c, err := p.dial(addr, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-sandbox/cubeproxy/accesslog"
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 )
 
@@ -101,5 +102,71 @@ func TestMetricsIdleConnsExcludeConnects(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the connects to start", func() bool { return poolConns(h) == n })
 	if v := gaugeValue(t, admin, "cubeproxy_upstream_idle_connections"); v != 0 {
 		t.Errorf("upstream_idle_connections = %v with %d connects under way and nothing else open, want 0", v, n)
+	}
+}
+
+// A client that leaves while its sandbox's connect is under way (a VM
+// paused or being snapshotted: no SYN-ACK) ends its request there, 499,
+// as nginx ends one on EPOLLRDHUP. The connect was retried after it left,
+// and a sandbox that thawed meanwhile (its kernel answering the next SYN
+// retransmission) was sent the request of a client long gone: a POST, a
+// tool call the agent that gave up has retried already, ran twice.
+func TestFrozenConnectClientLeaves(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		head    string
+		connect time.Duration
+		thaw    bool
+	}{
+		// The SYN retransmitted 1 s in gets through within the connect.
+		{"sandbox thaws", "POST /call HTTP/1.1\r\nContent-Length: 2\r\n", 3 * time.Second, true},
+		{"sandbox thaws, WebSocket", "GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", 3 * time.Second, true},
+		// Without the retry the request ends at one connect timeout.
+		{"sandbox stays frozen", "POST /call HTTP/1.1\r\nContent-Length: 2\r\n", 500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.ConnectTimeout = tc.connect })
+			port, thaw := testenv.ThawableFrozenListener(t)
+			host := h.route("frozenleft", port)
+			c, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := ""
+			if strings.HasPrefix(tc.head, "POST") {
+				body = "{}"
+			}
+			fmt.Fprintf(c, "%sHost: %s\r\nX-Cube-Request-Id: frozen-left\r\n\r\n%s", tc.head, host, body)
+			// The pool counts the connection before the connect.
+			testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
+			c.Close()
+			left := make(chan string, 4)
+			if tc.thaw {
+				srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.URL.Path != "/after" {
+						left <- r.Method + " " + r.URL.Path
+					}
+					io.WriteString(w, "ok")
+				})}
+				go srv.Serve(thaw())
+				t.Cleanup(func() { srv.Close() })
+			}
+			e := logs.waitJSON(t, "frozen-left")
+			if e["status"] != 499.0 || e["upstream_retries"] != 0.0 {
+				t.Errorf("access log status %v upstream_retries %v, want 499 and no connect retried after the client left", e["status"], e["upstream_retries"])
+			}
+			if !tc.thaw {
+				return
+			}
+			// The sandbox works at once, and the left request never came.
+			if st, body, _ := h.get(host, "/after"); st != 200 || body != "ok" {
+				t.Errorf("the thawed sandbox: %d %q, want 200 ok", st, body)
+			}
+			select {
+			case p := <-left:
+				t.Errorf("the sandbox was sent %s, whose client had left during the connect", p)
+			case <-time.After(100 * time.Millisecond):
+			}
+		})
 	}
 }

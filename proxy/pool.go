@@ -655,7 +655,9 @@ var errNoFreeConns = errors.New("no free upstream connections")
 // Python's http.server answering HEAD with a body) would otherwise be read
 // as this request's answer, and its own answer as the next one's, for as
 // long as the connection is reused (one non-blocking syscall, ≈ 0.3 µs).
-func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reused bool, err error) {
+//
+// client is the request's connection, for dial (nil: none).
+func (u *upstream) acquire(p *Proxy, fresh bool, g grant, client net.Conn) (c *upstreamConn, reused bool, err error) {
 	var now, expired int64
 	if !fresh {
 		now = time.Now().UnixNano()
@@ -703,7 +705,7 @@ func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reus
 		// before closing): they must not be read as the next answer.
 		u.dropBusy(c)
 	}
-	c, err = u.dialNew(p, g)
+	c, err = u.dialNew(p, g, client)
 	return c, false, err
 }
 
@@ -711,7 +713,8 @@ func (u *upstream) acquire(p *Proxy, fresh bool, g grant) (c *upstreamConn, reus
 // At the limit, the oldest idle connection gives up its slot: a WebSocket
 // tunnel (which never takes an idle connection) would otherwise be
 // refused while keep-alive connections nobody uses hold every slot.
-func (u *upstream) dialNew(p *Proxy, g grant) (*upstreamConn, error) {
+// client is the request's connection, for dial (nil: none).
+func (u *upstream) dialNew(p *Proxy, g grant, client net.Conn) (*upstreamConn, error) {
 	for int(u.conns.Add(1)) > p.cfg.MaxConnsPerUpstream { // int: a huge max_conns must not wrap
 		u.conns.Add(-1)
 		u.mu.Lock()
@@ -725,7 +728,7 @@ func (u *upstream) dialNew(p *Proxy, g grant) (*upstreamConn, error) {
 		u.mu.Unlock()
 		u.drop(c)
 	}
-	c, err := p.dial(u.addr)
+	c, err := p.dial(u.addr, client)
 	if err != nil {
 		u.conns.Add(-1)
 		return nil, err

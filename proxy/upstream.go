@@ -50,7 +50,7 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 		(req.Header.ContentLength() < 0 || req.Header.ContentLength() > fasthttpPreRead)
 	watchAnswer := p.hangups != nil && slowBody
 	for attempt := 0; ; attempt++ {
-		c, reused, err := u.acquire(p, attempt > 0, g)
+		c, reused, err := u.acquire(p, attempt > 0, g, client)
 		if first := connectRetry(c, err); first != nil {
 			p.retried(x, &req.Header, connectErrCode(first.err), first.err, first.at)
 		}
@@ -804,8 +804,13 @@ func (e *dialError) Error() string { return fmt.Sprintf("connect %s: %v", e.addr
 func (e *dialError) Unwrap() error { return e.err }
 
 // dial connects to a backend with the connect timeout and retries once when
-// the connect itself fails.
-func (p *Proxy) dial(addr string) (*upstreamConn, error) {
+// the connect itself fails. client is the connection of the request it is
+// for (nil: none): a client that left during a slow connect (a frozen
+// sandbox, which answers no SYN) ends it as errClientLeft, as nginx ends
+// one on EPOLLRDHUP, rather than have its request sent, a POST too, to a
+// sandbox that thawed meanwhile, up to two connect timeouts after the
+// client gave up (an agent that gave up has retried the call already).
+func (p *Proxy) dial(addr string, client net.Conn) (*upstreamConn, error) {
 	// No TCP keep-alive probes (Go's default sends them after 15 s idle):
 	// a paused sandbox's VM acknowledges none, and the kernel aborted its
 	// connections about 150 s into the pause, streams the proxy keeps
@@ -813,15 +818,21 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	// either (proxy_socket_keepalive off); a dead sandbox is found by the
 	// proxy's own timeouts, or a kill.
 	d := net.Dialer{KeepAlive: -1}
-	c, err := d.DialContext(p.pools.connectCtx(), "tcp", addr)
+	start := time.Now()
+	c, err := d.DialContext(p.pools.connectCtx(start), "tcp", addr)
 	if err != nil && resourceExhausted(err) && !p.pools.aborted.Load() && p.pools.shedIdle(shedOnShortage) > 0 {
-		c, err = d.DialContext(p.pools.connectCtx(), "tcp", addr)
+		c, err = d.DialContext(p.pools.connectCtx(time.Now()), "tcp", addr)
 	}
 	var first *failedConnect
 	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
+		if client != nil && clientHungUp(client) {
+			p.metrics.UpstreamConnectError() // the connect made did fail
+			return nil, errClientLeft
+		}
 		p.metrics.UpstreamRetry()
-		first = &failedConnect{err: err, at: time.Now()}
-		c, err = d.DialContext(p.pools.connectCtx(), "tcp", addr)
+		now := time.Now()
+		first = &failedConnect{err: err, at: now}
+		c, err = d.DialContext(p.pools.connectCtx(now), "tcp", addr)
 	}
 	if err != nil && p.pools.aborted.Load() {
 		return nil, errDrainCut // the sandbox is not to blame
@@ -841,6 +852,12 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 		_ = c.Close()
 		return nil, errProxyLoop
 	}
+	// Only after a connect as long as the wait for an answer that has the
+	// client watched (clientCheck): a prompt one pays no look.
+	if client != nil && time.Since(start) >= clientCheck && clientHungUp(client) {
+		_ = c.Close()
+		return nil, errClientLeft
+	}
 	// Go sets TCP_NODELAY on every new TCPConn already: a second
 	// setsockopt per new sandbox connection is a measurable cost in cold
 	// starts.
@@ -849,10 +866,10 @@ func (p *Proxy) dial(addr string) (*upstreamConn, error) {
 	return uc, nil
 }
 
-// connectCtx is the context of one connect: dialCtx, bounded by
-// connect_timeout.
-func (ps *pools) connectCtx() context.Context {
-	return &deadlineCtx{Context: ps.dialCtx, deadline: time.Now().Add(ps.cfg.ConnectTimeout)}
+// connectCtx is the context of one connect begun at now: dialCtx, bounded
+// by connect_timeout.
+func (ps *pools) connectCtx(now time.Time) context.Context {
+	return &deadlineCtx{Context: ps.dialCtx, deadline: now.Add(ps.cfg.ConnectTimeout)}
 }
 
 // deadlineCtx is its Context with a deadline that no timer enforces: a

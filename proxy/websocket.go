@@ -440,7 +440,7 @@ func (p *Proxy) tunnel(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Route, 
 	// Judged by its own copy: once listed, uc.grant is the pool lock's
 	// (a route change's walk may point it at a route that judges alike).
 	g := grant{route: r, port: t.Port, via: x.via, changes: x.changes}
-	uc, err := u.dialNew(p, g)
+	uc, err := u.dialNew(p, g, ctx.Conn())
 	if first := connectRetry(uc, err); first != nil {
 		p.retried(x, &ctx.Request.Header, connectErrCode(first.err), first.err, first.at)
 	}

@@ -1808,6 +1808,9 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamConnectTimeout, msg: "sandbox port did not accept the connection in time"}, id)
 	case errors.As(err, &de):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamConnect, msg: "sandbox port refused the connection"}, id)
+	case errors.As(err, new(*sendTimeoutError)):
+		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox stopped reading the request (none of it taken for upstream.idle_timeout)"}, id)
+		ctx.SetConnectionClose() // the rest of the body is not read
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
 	case isSmallBuffer(err):

@@ -135,6 +135,12 @@ func (p *Proxy) roundTrip(x *exchange, u *upstream, g grant, req *fasthttp.Reque
 			// Reading the client's body failed, not writing to the backend:
 			// a malformed chunk, a timeout, a client gone.
 			err = &clientBodyError{err: serr, gone: body != nil && body.gone}
+		case isTimeout(serr):
+			// A write waited upstream.idle_timeout: the sandbox took none
+			// of the request (a VM paused mid-upload, an app that reads no
+			// more), which its client is told, not that it was slow to
+			// answer.
+			err = &sendTimeoutError{err: serr}
 		case !isTimeout(serr) && (!reused || !retryable):
 			// A backend may answer before it has read the whole body (a
 			// 413) and close: its answer is the one to relay, as net/http
@@ -314,6 +320,15 @@ func (e *clientBodyError) Error() string {
 	return "reading the client's request body: " + e.err.Error()
 }
 func (e *clientBodyError) Unwrap() error { return e.err }
+
+// sendTimeoutError is a write of the request to the sandbox that waited
+// upstream.idle_timeout: the sandbox stopped reading it.
+type sendTimeoutError struct{ err error }
+
+func (e *sendTimeoutError) Error() string {
+	return "the sandbox took none of the request for upstream.idle_timeout: " + e.err.Error()
+}
+func (e *sendTimeoutError) Unwrap() error { return e.err }
 
 // isWriteErr reports whether err is a failed write to this connection
 // (and not, say, a TLS client connection writing while it was read).

@@ -1287,7 +1287,13 @@ func TestSilentStreamWithHeartbeatsHitsIdleTimeout(t *testing.T) {
 			for {
 				ev, err := readEvent(br)
 				if err != nil {
-					break // the stream ended
+					// Cut, without its last chunk: ended cleanly, an MCP
+					// client took a call's answer stream for a whole one
+					// and did not resume it.
+					if !errors.Is(err, io.ErrUnexpectedEOF) {
+						t.Errorf("the stream ended with %v, want a cut (unexpected EOF): the sandbox never ended it", err)
+					}
+					break
 				}
 				if ev != ": keep-alive\n" {
 					t.Fatalf("unexpected event %q", ev)

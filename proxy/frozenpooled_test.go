@@ -56,3 +56,27 @@ func TestFrozenPooledConnTimeoutNotReused(t *testing.T) {
 		t.Errorf("the sandbox read the POST %d times, want once", n)
 	}
 }
+
+// A sandbox that freezes between the head of a small answer (read whole
+// before it goes out, up to 64 KiB) and the rest of its body is a 504 at
+// upstream.idle_timeout that says so: it said "sandbox did not answer in
+// time", which the README gives for no response headers, while the log's
+// upstream_status had the sandbox's answer.
+func TestFrozenMidAnswerSaysSo(t *testing.T) {
+	t.Parallel()
+	const idle = 300 * time.Millisecond
+	h := newHarness(t, func(o *harnessOpts) { o.cfg.IdleStreamTimeout = idle })
+	b := newScriptBackend(t, func(c net.Conn, req *http.Request, n int) bool {
+		// The head and 10 of 1000 bytes, then nothing: frozen.
+		return rawWrite(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+	})
+	host := h.route("frozenmid", b.port)
+	start := time.Now()
+	st, body, _ := h.get(host, "/")
+	if st != 504 || !strings.Contains(body, `"code":"`+CodeUpstreamTimeout+`"`) || !strings.Contains(body, "stopped sending its answer") {
+		t.Errorf("%d %s, want 504 %s saying the sandbox stopped sending its answer", st, body, CodeUpstreamTimeout)
+	}
+	if d := time.Since(start); d > idle+2*time.Second {
+		t.Errorf("answered after %v, want about upstream.idle_timeout (%v)", d, idle)
+	}
+}

@@ -1812,7 +1812,13 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox stopped reading the request (none of it taken for upstream.idle_timeout)"}, id)
 		ctx.SetConnectionClose() // the rest of the body is not read
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, os.ErrDeadlineExceeded):
-		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: "sandbox did not answer in time"}, id)
+		msg := "sandbox did not answer in time"
+		if x.upStatus != 0 {
+			// Its head came, the rest of a body read whole did not: not
+			// the missing head the README gives this message for.
+			msg = "sandbox stopped sending its answer (nothing for upstream.idle_timeout)"
+		}
+		x.fail(ctx, proxyError{status: 504, code: CodeUpstreamTimeout, msg: msg}, id)
 	case isSmallBuffer(err):
 		x.fail(ctx, proxyError{status: 502, code: CodeUpstreamBadHeader, msg: "sandbox response headers are larger than upstream.max_header_size"}, id)
 	case errors.Is(err, errUnaskedSwitch):

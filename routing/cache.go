@@ -68,6 +68,15 @@ const (
 	DefaultLookupTimeout = time.Second
 )
 
+// storeAnswerGrace is how long past LookupTimeout a miss waits for a
+// store call that keeps its deadline. The call's deadline is set when its
+// flight is made, and the first waiter's timer starts just after, so
+// without it the timer beat the store's own answer: a stopped Redis was
+// logged as "route store lookup timed out", naming no server, where the
+// store says "no answer from ADDR in time". The timer still ends the wait
+// for a store that ignores its deadline.
+const storeAnswerGrace = 100 * time.Millisecond
+
 // epochShards is how many invalidation counters guard against an in-flight
 // lookup re-inserting an entry that was just invalidated.
 const epochShards = 64
@@ -284,14 +293,16 @@ func (c *Cache) Refresh(ctx context.Context, id []byte, r *Route) (*Route, Cache
 	return c.wait(ctx, c.join(key, true), key, r)
 }
 
-// wait waits for f, the flight for id, within LookupTimeout; stale is the
-// route to serve if the store fails (or ignores its deadline).
+// wait waits for f, the flight for id, within LookupTimeout (and
+// storeAnswerGrace); stale is the route to serve if the store fails (or
+// ignores its deadline).
 func (c *Cache) wait(ctx context.Context, f *flight, id string, stale *Route) (*Route, CacheResult, error) {
+	d := c.cfg.LookupTimeout + storeAnswerGrace
 	timer, _ := c.timers.Get().(*time.Timer)
 	if timer == nil {
-		timer = time.NewTimer(c.cfg.LookupTimeout)
+		timer = time.NewTimer(d)
 	} else {
-		timer.Reset(c.cfg.LookupTimeout)
+		timer.Reset(d)
 	}
 	fired := false
 	defer func() {
@@ -332,7 +343,8 @@ func (c *Cache) wait(ctx context.Context, f *flight, id string, stale *Route) (*
 // load is a flight's body: one bounded store call whose outcome is
 // cached unless id was invalidated meanwhile. force (Refresh) asks the
 // store even when a fresh answer is cached.
-func (c *Cache) load(id string, force bool) (route *Route, err error) {
+// deadline is the flight's (flight.deadline).
+func (c *Cache) load(id string, force bool, deadline time.Time) (route *Route, err error) {
 	defer func() {
 		// A panic on a flight's goroutine would crash the process.
 		if p := recover(); p != nil {
@@ -355,7 +367,9 @@ func (c *Cache) load(id string, force bool) (route *Route, err error) {
 	c.mu.Unlock()
 
 	// A background context: one caller giving up must not fail the others.
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LookupTimeout)
+	// The flight's deadline, not LookupTimeout from now: a call that
+	// waited for a goroutine must still end before its waiters give up.
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	// The wall clock, not c.clock: callers compare it with times of their
 	// own (ReadStart).

@@ -15,10 +15,13 @@ import "time"
 // flight is one store call for an id, which every miss for it waits on.
 type flight struct {
 	id    string
-	force bool          // asks the store even when the route is cached (Refresh)
-	done  chan struct{} // closed once route and err are set
-	route *Route
-	err   error
+	force bool // asks the store even when the route is cached (Refresh)
+	// deadline is the store call's, set when the flight is made, before
+	// its first waiter starts its timer: see storeAnswerGrace.
+	deadline time.Time
+	done     chan struct{} // closed once route and err are set
+	route    *Route
+	err      error
 }
 
 const (
@@ -43,7 +46,7 @@ func (c *Cache) join(id string, force bool) *flight {
 		c.mu.Unlock()
 		return f
 	}
-	f = &flight{id: id, force: force, done: make(chan struct{})}
+	f = &flight{id: id, force: force, done: make(chan struct{}), deadline: time.Now().Add(c.cfg.LookupTimeout)}
 	c.flights[id] = f
 	c.mu.Unlock()
 	select {
@@ -80,7 +83,7 @@ func (c *Cache) loader(f *flight) {
 
 // fly makes f's store call and hands its answer to every miss waiting.
 func (c *Cache) fly(f *flight) {
-	f.route, f.err = c.load(f.id, f.force)
+	f.route, f.err = c.load(f.id, f.force, f.deadline)
 	c.land(f)
 	close(f.done)
 }

@@ -3,11 +3,13 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
+	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
@@ -66,4 +68,33 @@ func failingLookup(t *testing.T, s *redisstore.Store) error {
 		t.Errorf("lookup took %v, past its budget of %v", d, budget)
 	}
 	return err
+}
+
+// TestHungRedisErrorNamesServerThroughCache: the proxy looks routes up
+// through the route cache, whose own wait for a lookup (LookupTimeout) is
+// the store's command_timeout, as serve wires them. Its timer starts
+// before the store's deadline (the call runs on another goroutine), so a
+// stopped Redis (SIGSTOP) was logged as "lookup ID: route store lookup
+// timed out", naming no server, where the README promises "no answer
+// from ADDR in time". The cache gives a store that keeps its deadline the
+// time to say so.
+func TestHungRedisErrorNamesServerThroughCache(t *testing.T) {
+	testenv.ParallelRedis(t)
+	hung := testenv.StartSilentServer(t).Addr
+	s := openStoreCfg(t, redisstore.Config{Addr: hung, CommandTimeout: 300 * time.Millisecond})
+	c := newCache(t, s, routing.CacheConfig{LookupTimeout: s.Config().CommandTimeout})
+	for i := range 5 {
+		id := fmt.Sprintf("hung%d", i)
+		start := time.Now()
+		_, _, err := c.Get(context.Background(), []byte(id))
+		if err == nil {
+			t.Fatalf("get %s succeeded", id)
+		}
+		if !strings.Contains(err.Error(), hung) {
+			t.Errorf("get %s: error %q does not name the server %s", id, err, hung)
+		}
+		if d := time.Since(start); d > 2*s.Config().CommandTimeout {
+			t.Errorf("get %s took %v, past twice its budget", id, d)
+		}
+	}
 }

@@ -28,10 +28,11 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	}
 	rej := rejection(err, rejTrafficInvalid)
 	notConfigured := rej.Code == auth.CodeTrafficTokenNotConfigured
-	// Once a second, as the store outage: every request to the route is
-	// refused, and anyone can send them; the access log and the auth
-	// rejection metric count each one.
-	if notConfigured && everySecond(&p.tokenlessLogged) {
+	// Once per store read of the route, as invalid route data: every
+	// request to it is refused, and anyone can send them; the access log
+	// and the auth rejection metric count each one. Not once a second
+	// across routes: a flooded route then hid every other broken one.
+	if notConfigured && r.FirstReport() {
 		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
 	}
 	// Not a route with no stored token: every request to it is a 403 (the

@@ -142,7 +142,6 @@ type Proxy struct {
 	// unix nanos of the last "out of resources" line for a failed dial
 	resourceErrLogged atomic.Int64
 	loopLogged        atomic.Int64 // unix nanos of the last "route names the proxy" line
-	tokenlessLogged   atomic.Int64 // unix nanos of the last "restricted route has no traffic token" line
 
 	resumer *resumer // nil: paused sandboxes are not resumed (Config.ResumeAddr)
 

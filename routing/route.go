@@ -31,7 +31,16 @@ type Route struct {
 	MaskRequestHost string
 	// Ports maps a container port to the node's host port.
 	Ports map[uint16]uint16
+
+	// reported is set by the first FirstReport.
+	reported atomic.Bool
 }
+
+// FirstReport reports true to its first caller only, so that a data error
+// found in a route read whole (a restricted route without its token) is
+// logged once per store read of it, for every sandbox that has one: the
+// cache answers every request with this same route until it is read again.
+func (r *Route) FirstReport() bool { return r.reported.CompareAndSwap(false, true) }
 
 // Field names of the Redis hash (and of routes.yaml and the admin API).
 const (

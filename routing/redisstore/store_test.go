@@ -88,12 +88,13 @@ func TestLookup(t *testing.T) {
 			if !tc.checkFull {
 				return
 			}
-			want := routing.Route{
+			want := &routing.Route{
 				ID: "full", HostIP: netip.MustParseAddr("10.0.0.5"), SandboxIP: netip.MustParseAddr("192.168.7.9"),
 				CreatedAt: 1700000000123456789, Public: false, TrafficToken: token, MaskRequestHost: "sbx-${PORT}.internal",
 			}
-			got := *route
-			got.Ports = nil
+			// Field by field: a Route holds an atomic and is not copied.
+			got := &routing.Route{ID: route.ID, HostIP: route.HostIP, SandboxIP: route.SandboxIP, CreatedAt: route.CreatedAt,
+				Public: route.Public, TrafficToken: route.TrafficToken, MaskRequestHost: route.MaskRequestHost}
 			if !reflect.DeepEqual(got, want) || len(route.Ports) != 2 || route.Ports[49983] != 30002 {
 				t.Fatalf("route = %+v, want %+v with ports 50005->30001 49983->30002", route, want)
 			}

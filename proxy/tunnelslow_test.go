@@ -170,13 +170,22 @@ func TestTunnelClientThatStopsReadingIsCutPastIdle(t *testing.T) {
 				o.srv.ClientWriteTimeout = writeTimeout
 			})
 			ln := listen(t, "127.0.0.1:0")
+			// The sandbox pushes from its 101 on, asking the client for no
+			// go-ahead: one that reached it only after the idle timeout
+			// (the test's goroutine stalled on loaded cores) found the
+			// tunnel closed as idle, before what is tested began.
 			closed := make(chan time.Time, 1)
 			go func() {
-				c, br, ok := acceptUpgrade(ln)
-				if !ok {
+				c, err := ln.Accept()
+				if err != nil {
 					return
 				}
 				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, ws101)
 				go func() {
 					chunk := bytes.Repeat([]byte("x"), 64<<10)
 					for {
@@ -202,7 +211,7 @@ func TestTunnelClientThatStopsReadingIsCutPastIdle(t *testing.T) {
 			if err != nil || resp.StatusCode != 101 {
 				t.Fatalf("upgrade: %v %v", resp, err)
 			}
-			io.WriteString(c, "g") // go ahead; from now on the client reads and sends nothing
+			// From now on the client reads and sends nothing.
 			select {
 			case at := <-closed:
 				t.Logf("tunnel closed %v after the upgrade", at.Sub(start).Round(time.Millisecond))

@@ -267,37 +267,58 @@ func streamIdleCountsFromResume(t *testing.T, detached bool) bool {
 	}))
 	host := h.route("resumeidle", port)
 	ended := make(chan time.Time, 4)
-	var first time.Time // before the first stream's request: none expires before first+idle
-	for i := 0; i < 4; i++ {
-		if i > 0 {
-			time.Sleep(idle / 8) // this stream's expiries an eighth later
-		}
-		var r *http.Request
+	// The four open at once, each an eighth of the timeout after the one
+	// before by the clock, not after its answer: opened one after
+	// another, the four requests' latencies added up, and on loaded cores
+	// under -race the pause came too late in every run.
+	reqs := make([]*http.Request, 4)
+	for i := range reqs {
 		if detached {
-			r = h.req("GET", host, "/events", nil)
-			r.Header.Set("Accept", "text/event-stream")
+			reqs[i] = h.req("GET", host, "/events", nil)
+			reqs[i].Header.Set("Accept", "text/event-stream")
 		} else {
-			r = h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
-			r.Header.Set("Content-Type", "application/connect+json")
+			reqs[i] = h.req("POST", host, "/process.Process/Start", bytes.NewReader(connectEnvelope(0, []byte(`{}`))))
+			reqs[i].Header.Set("Content-Type", "application/connect+json")
 		}
-		if i == 0 {
-			first = time.Now()
-		}
-		resp := h.do(r)
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("stream %d: %d", i, resp.StatusCode)
-		}
-		if detached {
-			line := make([]byte, len("data: start"))
-			if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "data: start" {
-				t.Fatalf("stream %d: start event %q: %v", i, line, err)
+	}
+	type open struct {
+		resp *http.Response
+		err  error
+	}
+	opened := make([]chan open, 4)
+	first := time.Now() // before the first stream's request: none expires before first+idle
+	for i, r := range reqs {
+		opened[i] = make(chan open, 1)
+		go func() {
+			time.Sleep(time.Until(first.Add(time.Duration(i) * idle / 8))) // this stream's expiries an eighth later
+			resp, err := h.client.Do(r)
+			if err != nil {
+				opened[i] <- open{err: err}
+				return
 			}
-		} else if _, msg, err := readEnvelope(resp.Body); err != nil || !bytes.Contains(msg, []byte("start")) {
-			t.Fatalf("stream %d: start message %.100q: %v", i, msg, err)
+			if resp.StatusCode != 200 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			} else if detached {
+				line := make([]byte, len("data: start"))
+				if _, err = io.ReadFull(resp.Body, line); err == nil && string(line) != "data: start" {
+					err = fmt.Errorf("start event %q", line)
+				}
+			} else if _, msg, rerr := readEnvelope(resp.Body); rerr != nil || !bytes.Contains(msg, []byte("start")) {
+				err = fmt.Errorf("start message %.100q: %v", msg, rerr)
+			}
+			opened[i] <- open{resp, err}
+		}()
+	}
+	for i := range opened {
+		o := testenv.Recv(t, opened[i], 10*time.Second, fmt.Sprintf("stream %d to open", i))
+		if o.resp != nil {
+			defer o.resp.Body.Close()
+		}
+		if o.err != nil {
+			t.Fatalf("stream %d: %v", i, o.err)
 		}
 		go func() {
-			io.Copy(io.Discard, resp.Body)
+			io.Copy(io.Discard, o.resp.Body)
 			ended <- time.Now()
 		}()
 	}

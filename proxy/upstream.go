@@ -840,7 +840,12 @@ func (p *Proxy) dial(addr string, client net.Conn) (*upstreamConn, error) {
 	}
 	var first *failedConnect
 	if err != nil && !dialShortage(err) && !p.pools.aborted.Load() {
-		if client != nil && clientHungUp(client) {
+		// As after a connect that worked, only once it took clientCheck
+		// (a frozen sandbox's timeout): one refused at once is retried at
+		// once, and a client that half-closed after its request (an
+		// HTTP/1.0 tool, a health check) is still waiting for the answer,
+		// as the answer's wait treats it within clientCheck.
+		if client != nil && time.Since(start) >= clientCheck && clientHungUp(client) {
 			p.metrics.UpstreamConnectError() // the connect made did fail
 			return nil, errClientLeft
 		}

@@ -866,6 +866,12 @@ func (p *Proxy) dial(addr string, client net.Conn) (*upstreamConn, error) {
 		} else {
 			p.metrics.UpstreamConnectError()
 		}
+		// A client that left during the retry is a 499 as one that left
+		// before it: the log must not blame the sandbox for a request
+		// nobody waits for.
+		if first != nil && client != nil && time.Since(first.at) >= clientCheck && clientHungUp(client) {
+			err = errClientLeft
+		}
 		return nil, &dialError{addr: addr, err: err, first: first}
 	}
 	if p.dialedSelf(c) {
@@ -876,6 +882,11 @@ func (p *Proxy) dial(addr string, client net.Conn) (*upstreamConn, error) {
 	// client watched (clientCheck): a prompt one pays no look.
 	if client != nil && time.Since(start) >= clientCheck && clientHungUp(client) {
 		_ = c.Close()
+		if first != nil {
+			// The retry made is in the access log (connectRetry), as in
+			// the metrics.
+			return nil, &dialError{addr: addr, err: errClientLeft, first: first}
+		}
 		return nil, errClientLeft
 	}
 	// Go sets TCP_NODELAY on every new TCPConn already: a second

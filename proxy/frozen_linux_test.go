@@ -111,18 +111,37 @@ func TestMetricsIdleConnsExcludeConnects(t *testing.T) {
 // and a sandbox that thawed meanwhile (its kernel answering the next SYN
 // retransmission) was sent the request of a client long gone: a POST, a
 // tool call the agent that gave up has retried already, ran twice.
+//
+// One that leaves during the retried connect is a 499 too, its retry in
+// the log as in the metrics: the dial looked at the client only before the
+// retry, and one that left during it was logged 504 when the sandbox
+// stayed frozen, and, when it thawed in time, 499 with upstream_retries 0
+// where cubeproxy_upstream_retries_total counted it.
 func TestFrozenConnectClientLeaves(t *testing.T) {
+	const post = "POST /call HTTP/1.1\r\nContent-Length: 2\r\n"
 	for _, tc := range []struct {
 		name    string
 		head    string
 		connect time.Duration
+		// leave is when the client leaves, from the connect's start:
+		// 0 at once, during the first connect.
+		leave   time.Duration
 		thaw    bool
+		retries float64
 	}{
 		// The SYN retransmitted 1 s in gets through within the connect.
-		{"sandbox thaws", "POST /call HTTP/1.1\r\nContent-Length: 2\r\n", 3 * time.Second, true},
-		{"sandbox thaws, WebSocket", "GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", 3 * time.Second, true},
+		{"sandbox thaws", post, 3 * time.Second, 0, true, 0},
+		{"sandbox thaws, WebSocket", "GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", 3 * time.Second, 0, true, 0},
 		// Without the retry the request ends at one connect timeout.
-		{"sandbox stays frozen", "POST /call HTTP/1.1\r\nContent-Length: 2\r\n", 500 * time.Millisecond, false},
+		{"sandbox stays frozen", post, 500 * time.Millisecond, 0, false, 0},
+		// Leaving a third into the retry (which began one connect
+		// timeout after the first): the retry's SYN, dropped, is sent
+		// again 1 s into it, after the thaw.
+		{"sandbox thaws during the retry", post, 1500 * time.Millisecond, 2000 * time.Millisecond, true, 1},
+		// 1 s: the close has a third of a second to spare either way on
+		// a loaded machine (the retry's end must not come before it: a
+		// 504).
+		{"sandbox stays frozen through the retry", post, time.Second, 1333 * time.Millisecond, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.ConnectTimeout = tc.connect })
@@ -139,6 +158,7 @@ func TestFrozenConnectClientLeaves(t *testing.T) {
 			fmt.Fprintf(c, "%sHost: %s\r\nX-Cube-Request-Id: frozen-left\r\n\r\n%s", tc.head, host, body)
 			// The pool counts the connection before the connect.
 			testenv.WaitFor(t, 5*time.Second, "the connect to start", func() bool { return poolConns(h) == 1 })
+			time.Sleep(tc.leave)
 			c.Close()
 			left := make(chan string, 4)
 			if tc.thaw {
@@ -152,8 +172,8 @@ func TestFrozenConnectClientLeaves(t *testing.T) {
 				t.Cleanup(func() { srv.Close() })
 			}
 			e := logs.waitJSON(t, "frozen-left")
-			if e["status"] != 499.0 || e["upstream_retries"] != 0.0 {
-				t.Errorf("access log status %v upstream_retries %v, want 499 and no connect retried after the client left", e["status"], e["upstream_retries"])
+			if e["status"] != 499.0 || e["upstream_retries"] != tc.retries {
+				t.Errorf("access log status %v upstream_retries %v, want 499 and %v retried connects", e["status"], e["upstream_retries"], tc.retries)
 			}
 			if !tc.thaw {
 				return

@@ -2,7 +2,6 @@ package routing
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 )
 
@@ -11,10 +10,7 @@ import (
 // as the file loaded, the inode and the time unchanged: its new size is
 // still a change, which SIGHUP's check must report.
 func TestEditWithinOneTimeTickIsAChange(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := writeFile(t, "routes:\n  a:\n    HostIP: \"10.0.0.1\"\n")
 	s, err := LoadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -51,6 +51,9 @@ type MemoryStore struct {
 	// beforeWrite, when set (tests), runs under persistMu before a
 	// snapshot of change seq is encoded.
 	beforeWrite func(seq uint64)
+	// afterRename, when set (tests), runs under persistMu once a write's
+	// file is renamed over the routes file, before the store records it.
+	afterRename func()
 	// fileLimit, when set (tests), replaces namedfile.MaxRoutes as the
 	// largest file a write may produce.
 	fileLimit int
@@ -64,6 +67,10 @@ type MemoryStore struct {
 	seen      os.FileInfo
 	sum       *[sha256.Size]byte
 	overwrote func(path string)
+	// pending is, under mu, the SHA-256 of the bytes a write in progress
+	// is putting in the file (nil: none): from its rename until the store
+	// records it, the file is the store's own, not a change.
+	pending *[sha256.Size]byte
 }
 
 // maxFile is the largest routes file the store writes: the largest
@@ -199,34 +206,44 @@ func (s *MemoryStore) FileChanged() (path string, changed bool) {
 // so that the next look is a stat again. Reading it costs what the
 // store's own write of it costs, and comes only after something else
 // touched the file.
+//
+// The bytes are compared with what the store knows once they are read,
+// not before, and with a write in progress (pending) too: a look (SIGHUP)
+// during an admin change's write found the store's own file, renamed in
+// place before the store recorded it, and called it changed. A file
+// replaced while it was read is read again, for the same reason.
 func (s *MemoryStore) fileChanged(path string) bool {
-	s.mu.RLock()
-	seen, sum := s.seen, s.sum
-	s.mu.RUnlock()
-	now, err := os.Stat(path)
-	if err != nil {
-		now = nil
+	for range loadAttempts {
+		s.mu.RLock()
+		seen := s.seen
+		s.mu.RUnlock()
+		now, err := os.Stat(path)
+		if err != nil {
+			now = nil
+		}
+		if sameFileState(seen, now) {
+			return false
+		}
+		if now == nil {
+			return true
+		}
+		data, err := namedfile.Read(path, int64(s.maxFile()))
+		if err != nil {
+			return true
+		}
+		if after, err := os.Stat(path); err != nil || !sameFileState(now, after) {
+			continue // replaced while read: read the new one
+		}
+		sum := sha256.Sum256(data)
+		s.mu.Lock()
+		known := s.sum != nil && sum == *s.sum || s.pending != nil && sum == *s.pending
+		if known && s.seen == seen {
+			s.seen = now
+		}
+		s.mu.Unlock()
+		return !known
 	}
-	if sameFileState(seen, now) {
-		return false
-	}
-	if seen == nil || now == nil || sum == nil {
-		return true
-	}
-	data, err := namedfile.Read(path, int64(s.maxFile()))
-	if err != nil || sha256.Sum256(data) != *sum {
-		return true
-	}
-	// Replaced again while read: judged at the next look.
-	if after, err := os.Stat(path); err != nil || !sameFileState(now, after) {
-		return true
-	}
-	s.mu.Lock()
-	if s.seen == seen {
-		s.seen = now
-	}
-	s.mu.Unlock()
-	return false
+	return true
 }
 
 // sameFileState reports whether a and b (nil: no file) are one file,
@@ -521,19 +538,28 @@ func (s *MemoryStore) persist(seq uint64) error {
 	s.mu.RUnlock()
 	// Looked at before the write replaces it.
 	replaced := overwrote != nil && s.fileChanged(snap.path)
+	sum := sha256.Sum256(data)
+	s.mu.Lock()
+	s.pending = &sum
+	s.mu.Unlock()
 	wrote, err := writeFileAtomic(snap.path, data)
 	if err != nil {
+		s.mu.Lock()
+		s.pending = nil
+		s.mu.Unlock()
 		s.failed.Store(true)
 		return fmt.Errorf("persist routes %s: %w", snap.path, err)
+	}
+	if s.afterRename != nil {
+		s.afterRename()
 	}
 	if replaced {
 		overwrote(snap.path)
 	}
 	s.written = snap.seq
 	s.failed.Store(false)
-	sum := sha256.Sum256(data)
 	s.mu.Lock()
-	s.seen, s.sum = wrote, &sum
+	s.seen, s.sum, s.pending = wrote, &sum, nil
 	for id, seq := range s.unwritten {
 		if seq <= snap.seq {
 			delete(s.unwritten, id)

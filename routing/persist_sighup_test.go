@@ -1,0 +1,82 @@
+package routing
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// SIGHUP's look at the routes file (FileChanged) may come while an admin
+// change's write is under way: after its file is renamed over the routes
+// file, before the store records what it wrote (a directory fsync lies
+// between). The file then holds the store's own table, and the look said
+// it changed: the operator was warned that an edit was not served, and
+// that the next admin change would write over it, where nothing but the
+// proxy had touched the file.
+func TestOwnWriteInProgressIsNoChange(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		loaded bool // a start that loaded the file (else it found none)
+	}{
+		{"loaded", true},
+		{"started without the file", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "routes.yaml")
+			var s *MemoryStore
+			if tc.loaded {
+				if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				var err error
+				if s, err = LoadFile(path); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				s = NewMemoryStoreOfMissingFile(path)
+			}
+			s.SetPersistPath(path)
+			overwrites := 0
+			s.OnOverwrite(func(string) { overwrites++ })
+
+			looks := 0
+			s.afterRename = func() {
+				looks++
+				if _, changed := s.FileChanged(); changed {
+					t.Error("FileChanged during the store's own write, its file renamed in place: changed, want unchanged")
+				}
+			}
+			if err := s.Put(mustRoute(t, "b")); err != nil {
+				t.Fatal(err)
+			}
+			if looks != 1 {
+				t.Fatalf("the write ran its after-rename hook %d times, want 1", looks)
+			}
+			if _, changed := s.FileChanged(); changed {
+				t.Error("FileChanged after the write: changed, want unchanged")
+			}
+			if overwrites != 0 {
+				t.Errorf("the write warned of %d overwrites of a file only the store wrote", overwrites)
+			}
+
+			// A real edit is still seen, also during a write: one renamed
+			// over the file after the store's (as another proxy persisting
+			// to it would).
+			s.afterRename = func() {
+				edited := filepath.Join(filepath.Dir(path), "edit")
+				if err := os.WriteFile(edited, []byte("routes:\n  c:\n    HostIP: \"10.0.0.3\"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(edited, path); err != nil {
+					t.Fatal(err)
+				}
+				if _, changed := s.FileChanged(); !changed {
+					t.Error("FileChanged of a file edited during the store's write: unchanged, want changed")
+				}
+			}
+			if err := s.Put(mustRoute(t, "d")); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

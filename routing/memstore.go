@@ -51,9 +51,10 @@ type MemoryStore struct {
 	// beforeWrite, when set (tests), runs under persistMu before a
 	// snapshot of change seq is encoded.
 	beforeWrite func(seq uint64)
-	// afterRename, when set (tests), runs under persistMu once a write's
-	// file is renamed over the routes file, before the store records it.
-	afterRename func()
+	// beforeRename, when set (tests), runs under persistMu once a write's
+	// temporary file is whole, before it is renamed over the routes file;
+	// afterRename once it is, before the store records it.
+	beforeRename, afterRename func()
 	// fileLimit, when set (tests), replaces namedfile.MaxRoutes as the
 	// largest file a write may produce.
 	fileLimit int
@@ -536,13 +537,22 @@ func (s *MemoryStore) persist(seq uint64) error {
 	s.mu.RLock()
 	overwrote := s.overwrote
 	s.mu.RUnlock()
-	// Looked at before the write replaces it.
-	replaced := overwrote != nil && s.fileChanged(snap.path)
 	sum := sha256.Sum256(data)
-	s.mu.Lock()
-	s.pending = &sum
-	s.mu.Unlock()
-	wrote, err := writeFileAtomic(snap.path, data)
+	replaced := false
+	wrote, err := writeFileAtomic(snap.path, data, func() {
+		if s.beforeRename != nil {
+			s.beforeRename()
+		}
+		// Looked at once this write's file is whole, just before the
+		// rename replaces the routes file: looked at before it was written
+		// and synced (seconds at 100k routes), a file renamed in meanwhile
+		// (another process persisting to it, a hand edit) was replaced in
+		// silence.
+		replaced = overwrote != nil && s.fileChanged(snap.path)
+		s.mu.Lock()
+		s.pending = &sum
+		s.mu.Unlock()
+	})
 	if err != nil {
 		s.mu.Lock()
 		s.pending = nil
@@ -620,8 +630,9 @@ func kernelPath(path string) string {
 // checked-out routes.yaml is 0644: every user of the host could read the
 // tokens the admin API writes into it); where its group cannot be kept,
 // the group bits go too. It returns the new file's state, as os.Stat of
-// path gives it once renamed, for FileChanged.
-func writeFileAtomic(path string, data []byte) (os.FileInfo, error) {
+// path gives it once renamed, for FileChanged. beforeRename, when not nil,
+// runs once the temporary file is whole, just before the rename.
+func writeFileAtomic(path string, data []byte, beforeRename func()) (os.FileInfo, error) {
 	path = followLink(path)
 	mode := os.FileMode(0o600)
 	old, err := os.Stat(path)
@@ -653,6 +664,9 @@ func writeFileAtomic(path string, data []byte) (os.FileInfo, error) {
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && beforeRename != nil {
+		beforeRename()
 	}
 	if err == nil {
 		err = os.Rename(tmp, path)

@@ -55,6 +55,9 @@ type MemoryStore struct {
 	// temporary file is whole, before it is renamed over the routes file;
 	// afterRename once it is, before the store records it.
 	beforeRename, afterRename func()
+	// lookStarted, when set (tests), runs in fileChanged once it has
+	// taken the state the store knows, before it looks at the file.
+	lookStarted func()
 	// fileLimit, when set (tests), replaces namedfile.MaxRoutes as the
 	// largest file a write may produce.
 	fileLimit int
@@ -216,8 +219,11 @@ func (s *MemoryStore) FileChanged() (path string, changed bool) {
 func (s *MemoryStore) fileChanged(path string) bool {
 	for range loadAttempts {
 		s.mu.RLock()
-		seen := s.seen
+		seen, started := s.seen, s.lookStarted
 		s.mu.RUnlock()
+		if started != nil {
+			started()
+		}
 		now, err := os.Stat(path)
 		if err != nil {
 			now = nil

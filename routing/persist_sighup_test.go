@@ -130,3 +130,37 @@ func TestPersistTellsOfAFileChangedDuringItsWrite(t *testing.T) {
 		t.Errorf("the next write told of %d overwrites in all, want 1", len(told))
 	}
 }
+
+// A look (SIGHUP) that took the store's state just before a whole write
+// ran, and read the file after it, found the store's new table: compared
+// with what the store knew when the look began, it was called a change.
+func TestLookAcrossAWholeWriteIsNoChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPersistPath(path)
+	s.OnOverwrite(func(string) { t.Error("the store's write told of an overwrite of its own file") })
+	written := false
+	s.mu.Lock()
+	s.lookStarted = func() {
+		if written {
+			return // the write's own look, or the look's second round
+		}
+		written = true
+		if err := s.Put(mustRoute(t, "b")); err != nil {
+			t.Error(err)
+		}
+	}
+	s.mu.Unlock()
+	if _, changed := s.FileChanged(); changed {
+		t.Error("FileChanged across the store's own whole write: changed, want unchanged")
+	}
+	if !written {
+		t.Fatal("the write did not run during the look")
+	}
+}

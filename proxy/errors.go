@@ -84,6 +84,9 @@ type proxyError struct {
 	retryAfter int // seconds; 0 = no Retry-After header
 }
 
+// clientClosedPhrase is the reason phrase of a 499, nginx's name for it.
+var clientClosedPhrase = []byte("Client Closed Request")
+
 // writeError renders e as JSON ({"error","code","sandbox_id"}) or, for a
 // browser navigating, as a short HTML page. Errors are never cached.
 func writeError(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
@@ -91,6 +94,11 @@ func writeError(ctx *fasthttp.RequestCtx, e proxyError, sandboxID []byte) {
 	// A failed upstream exchange may have left headers behind.
 	resp.Reset()
 	resp.SetStatusCode(e.status)
+	if e.status == statusClientClosed {
+		// fasthttp has no phrase for nginx's 499 and would write "Unknown
+		// Status Code"; a client that only half-closed reads this line.
+		resp.Header.SetStatusMessage(clientClosedPhrase)
+	}
 	resp.Header.Set("Cache-Control", "no-store")
 	if e.retryAfter > 0 {
 		resp.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))

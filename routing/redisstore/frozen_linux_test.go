@@ -3,7 +3,10 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,20 +71,61 @@ func frozenAddr(t *testing.T) string {
 // context.Canceled from each, which names no sentinel and is recorded for
 // none, and the error read "redis sentinel: no sentinel named the
 // master: ", ending there. It says the ask was given up.
+//
+// The cancel comes once the kernel shows a connect to each sentinel under
+// way (SYN-SENT), not after a fixed delay: a delay that ran out before the
+// asks began (a slow machine) tested asks given up before any connect was
+// made, not connects cut short. The subscription's own dial is the one
+// canceled and its error the one read (Subscribe on the PubSub), and it
+// must be the sentinels' error.
 func TestSentinelsAskCanceledErrorSaysSo(t *testing.T) {
 	testenv.ParallelRedis(t)
 	// A budget the cancel comes well within: each sentinel's dial has a
 	// sixth of it.
-	s := openStoreCfg(t, redisstore.Config{CommandTimeout: time.Minute, Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{frozenAddr(t), frozenAddr(t)}}})
+	a, b := frozenAddr(t), frozenAddr(t)
+	s := openStoreCfg(t, redisstore.Config{CommandTimeout: time.Minute, Sentinel: redisstore.SentinelConfig{MasterName: "cubemaster", Addrs: []string{a, b}}})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer time.AfterFunc(50*time.Millisecond, cancel).Stop()
-	ps := s.Client().Subscribe(ctx, "ch")
+	defer cancel()
+	ps := s.Client().Subscribe(ctx) // no channel: nothing dialed yet
 	t.Cleanup(func() { _ = ps.Close() })
-	_, err := ps.Receive(ctx)
-	if err == nil || strings.HasSuffix(err.Error(), ": ") || !strings.Contains(err.Error(), context.Canceled.Error()) {
-		t.Fatalf("subscribe through frozen sentinels, canceled: %q, want it to say %q", err, context.Canceled)
+	subscribed := make(chan error, 1)
+	go func() { subscribed <- ps.Subscribe(ctx, "ch") }()
+	testenv.WaitFor(t, 30*time.Second, "a connect to each sentinel under way", func() bool {
+		return synSent(t, a) && synSent(t, b)
+	})
+	cancel()
+	err := testenv.Recv(t, subscribed, 30*time.Second, "the subscription's dial to end once canceled")
+	const want = "redis sentinel: no sentinel named the master: "
+	if err == nil || !strings.HasPrefix(err.Error(), want) || err.Error() == want || !strings.Contains(err.Error(), context.Canceled.Error()) {
+		t.Fatalf("subscribe through frozen sentinels, canceled: %q, want %q and why, saying %q", err, want, context.Canceled)
 	}
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("error %q is no context.Canceled", err)
 	}
+}
+
+// synSent reports whether a socket of this host is connecting to addr (an
+// IPv4 address) and waits for its SYN to be answered: /proc/net/tcp's
+// state 02, SYN-SENT.
+func synSent(t *testing.T, addr string) bool {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		t.Fatalf("synSent(%q): an IPv4 address and port, %v", addr, err)
+	}
+	ip := ap.Addr().As4()
+	// The address as the kernel prints it: the 32-bit word in host
+	// (little-endian) order, then the port.
+	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", ip[3], ip[2], ip[1], ip[0], ap.Port())
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[2] == want && f[3] == "02" {
+			return true
+		}
+	}
+	return false
 }

@@ -214,7 +214,15 @@ func TestTunnelClientThatStopsReadingIsCutPastIdle(t *testing.T) {
 			// From now on the client reads and sends nothing.
 			select {
 			case at := <-closed:
-				t.Logf("tunnel closed %v after the upgrade", at.Sub(start).Round(time.Millisecond))
+				took := at.Sub(start)
+				t.Logf("tunnel closed %v after the upgrade", took.Round(time.Millisecond))
+				// Not at once either: every deadline that may end it (the
+				// idle one, the write timeout, both longer) is set after
+				// start, and a timer never fires early, so this bound
+				// holds however loaded the machine.
+				if took < idle {
+					t.Errorf("the tunnel closed %v after the request was sent, before the idle timeout (%v) could have passed: cut at once, not for its stalled client", took, idle)
+				}
 			case <-time.After(10 * writeTimeout):
 				t.Fatal("a tunnel whose client stopped reading is still open after 10 write timeouts")
 			}

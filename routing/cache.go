@@ -113,6 +113,9 @@ type Cache struct {
 	seed    maphash.Seed
 	epochs  [epochShards]uint64
 	flights map[string]*flight // store calls in progress, by id
+	// beforeJoin, when set (tests), runs in a miss after Get looked at
+	// the cache and before it joins or starts a flight.
+	beforeJoin func(id string)
 
 	// work hands a flight to a kept goroutine waiting for one (flight.go);
 	// loaders counts those goroutines, and closed (Close) ends them.
@@ -258,6 +261,9 @@ func (c *Cache) Get(ctx context.Context, id []byte) (*Route, CacheResult, error)
 }
 
 func (c *Cache) miss(ctx context.Context, id string, stale *Route) (*Route, CacheResult, error) {
+	if c.beforeJoin != nil {
+		c.beforeJoin(id)
+	}
 	return c.wait(ctx, c.join(id, false), id, stale)
 }
 

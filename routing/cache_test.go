@@ -856,3 +856,38 @@ func TestCacheStoreAnsweringNothingIsAnError(t *testing.T) {
 		t.Fatalf("%d store calls, want 2: the failure must not be cached", n)
 	}
 }
+
+// A caller that found a route expired, and starts its own flight only
+// after another flight's re-read failed and marked the route stale (it
+// looked just before that flight's end), must ask the store: a stale
+// route is no answer of the store's. Answered from the cache instead, it
+// got the route of a failed read, reported as a fresh read (CacheMiss),
+// and the store, back by then, was not asked.
+func TestCacheFlightAfterAFailedReReadAsksTheStore(t *testing.T) {
+	clock := newFakeClock()
+	s := newCountingStore(answerRoute)
+	c := newTestCache(t, s, clock)
+	first := expect(t, c, s, "a", CacheMiss, nil, 1)
+	clock.Advance(testCacheConfig.TTLMax)
+	var raced atomic.Bool
+	c.beforeJoin = func(id string) {
+		if raced.Swap(true) {
+			return // the other caller's own miss
+		}
+		// Between this caller's look at the cache (the route expired)
+		// and its join: another caller's re-read fails, marks the route
+		// stale and ends; then the store is back.
+		s.set(answerDown)
+		if r, res, err := get(t, c, id); r != first || res != CacheStale || err != nil {
+			t.Errorf("the failed re-read: %v, %v, %v; want the cached route, stale", r, res, err)
+		}
+		s.set(answerRoute)
+	}
+	r, res, err := get(t, c, "a")
+	if err != nil || res != CacheMiss || r == nil || r == first {
+		t.Fatalf("Get after the failed re-read = %v, %v, %v; want the store's new route, a miss (the cached one is %v)", r, res, err, first)
+	}
+	if n := s.calls.Load(); n != 3 {
+		t.Errorf("%d store calls, want 3 (the load, the failed re-read, this one's)", n)
+	}
+}

@@ -79,10 +79,10 @@ type sandboxState struct {
 	// none, 1 one in flight, 2 one in flight and another asked for by an
 	// invalidation that came during it (askReread, rereadDone).
 	rereads atomic.Int32
-	// resumeLogged: unix nanos of the last failed resume's log line, so
-	// that a sandbox the lifecycle manager cannot resume logs once a
-	// second, not once per request.
-	resumeLogged atomic.Int64
+	// resumeLogged limits a failed resume's log line, so that a sandbox
+	// the lifecycle manager cannot resume logs once a second, not once
+	// per request.
+	resumeLogged logLimit
 }
 
 // askReread asks for a re-read of the sandbox's route and reports whether

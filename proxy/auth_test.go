@@ -651,7 +651,7 @@ func testAuthNotConfigured(t *testing.T, lc *authLogCapture) {
 	bad.assertUntouched(t, "restricted route without a token")
 	logged := false
 	for _, line := range strings.Split(lc.String(), "\n") {
-		logged = logged || strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, "no traffic token") && strings.Contains(line, `"sandbox_id":"noconf"`)
+		logged = logged || strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, "no traffic token") && strings.Contains(line, `"sandbox_id":"noconf"`)
 	}
 	if !logged {
 		t.Error("the refused route was not logged as a data error with its sandbox id")

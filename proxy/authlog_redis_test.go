@@ -67,3 +67,50 @@ func TestTokenlessRouteLogIsRateLimited(t *testing.T) {
 		}
 	}
 }
+
+// A restricted route written without its token is a data error as an
+// invalid route is: the same level (warn: one sandbox's data, not the
+// proxy failing), the field and reason, and the Redis key that holds it,
+// which the operator has to fix (a legacy key, say). It was an error line
+// naming only the sandbox.
+func TestTokenlessRouteLogNamesKey(t *testing.T) {
+	r := testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	logs := new(obsLogBuf)
+	h := newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.noAdminRoutes = true
+		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	port := backend(t, "127.0.0.1", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("a request to a restricted route without a token reached the sandbox")
+	}))
+	for _, tc := range []struct{ id, key string }{
+		{"tokenless", redisstore.DefaultKeyPrefix + "tokenless"},
+		{"oldtokenless", redisstore.DefaultLegacyKeyPrefix + "oldtokenless"},
+	} {
+		if err := r.Client().HSet(context.Background(), tc.key, "HostIP", "127.0.0.1", "SandboxIP", "127.0.0.1",
+			"CreatedAt", "1", "AllowPublicTraffic", "false", itoa(port), itoa(port)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if st, body, _ := h.get(itoa(port)+"-"+tc.id+".cube.test", "/"); st != 403 {
+			t.Fatalf("%s: %d %s, want 403", tc.id, st, body)
+		}
+		var line map[string]any
+		for _, l := range logLines(t, logs.String(), "restricted route has no traffic token; refusing it (fix the route data)") {
+			if l["sandbox_id"] == tc.id {
+				line = l
+			}
+		}
+		if line == nil {
+			t.Fatalf("%s: no data error line:\n%s", tc.id, logs.String())
+		}
+		if line["level"] != "WARN" || line["field"] != "TrafficAccessToken" || line["reason"] == nil || line["key"] != tc.key {
+			t.Errorf("%s: logged %v, want level WARN, field TrafficAccessToken, a reason and key %s", tc.id, line, tc.key)
+		}
+	}
+}

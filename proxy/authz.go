@@ -32,8 +32,15 @@ func (p *Proxy) authorize(ctx *fasthttp.RequestCtx, x *exchange, r *routing.Rout
 	// request to it is refused, and anyone can send them; the access log
 	// and the auth rejection metric count each one. Not once a second
 	// across routes: a flooded route then hid every other broken one.
+	// At warn level with the field, the reason and the store's key, as
+	// invalid route data: one sandbox's data to fix, not the proxy
+	// failing.
 	if notConfigured && r.FirstReport() {
-		p.cfg.Logger.Error("restricted route has no traffic token; refusing it (fix the route data)", "sandbox_id", r.ID)
+		args := []any{"sandbox_id", r.ID, "field", routing.FieldTrafficAccessToken, "reason", routing.ReasonTokenRequired}
+		if r.Key != "" {
+			args = append(args, "key", r.Key)
+		}
+		p.cfg.Logger.Warn("restricted route has no traffic token; refusing it (fix the route data)", args...)
 	}
 	// Not a route with no stored token: every request to it is a 403 (the
 	// README promises no exception), and a 204 would tell the browser the

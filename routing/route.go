@@ -31,6 +31,10 @@ type Route struct {
 	MaskRequestHost string
 	// Ports maps a container port to the node's host port.
 	Ports map[uint16]uint16
+	// Key is the store key the route was read from (a legacy one,
+	// perhaps), for log lines about its data, which the operator fixes
+	// there; empty for the memory store.
+	Key string
 
 	// reported is set by the first FirstReport.
 	reported atomic.Bool
@@ -51,6 +55,10 @@ const (
 	FieldTrafficAccessToken = "TrafficAccessToken"
 	FieldMaskRequestHost    = "MaskRequestHost"
 )
+
+// ReasonTokenRequired is why a restricted route without a traffic token
+// is refused.
+const ReasonTokenRequired = "required when AllowPublicTraffic is \"false\""
 
 // FieldError says which field of a route is invalid and why.
 type FieldError struct {
@@ -248,7 +256,7 @@ func parseRoute(id string, fields map[string]string, strict bool) (*Route, error
 		fail(FieldHostIP, "required")
 	}
 	if strict && !r.Public && r.TrafficToken == "" && !misspelt(fields, FieldTrafficAccessToken) {
-		fail(FieldTrafficAccessToken, "required when AllowPublicTraffic is \"false\"")
+		fail(FieldTrafficAccessToken, ReasonTokenRequired)
 	}
 	if first != nil {
 		return nil, first

@@ -119,6 +119,7 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis route %s: %w", key, err)
 	}
+	r.Key = key
 	return r, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 var testTime = time.Date(2026, time.November, 30, 4, 47, 48, 123456789, time.UTC)
@@ -242,11 +243,23 @@ func TestJSONLine(t *testing.T) {
 	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime, newStamps(jsonTime)), &empty); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := empty["upstream_status"]; !ok || v != nil {
-		t.Errorf("upstream_status = %#v (present %v), want null", v, ok)
+	for _, k := range []string{"upstream_status", "upstream_response_time"} {
+		if v, ok := empty[k]; !ok || v != nil {
+			t.Errorf("%s = %#v (present %v), want null", k, v, ok)
+		}
 	}
 	if len(empty) != len(want) {
 		t.Errorf("empty entry has %d keys, want %d", len(empty), len(want))
+	}
+
+	// A refusal: the proxy's error code, and no upstream.
+	var refused map[string]any
+	e := &Entry{Time: testTime, Status: 404, ErrorCode: "sandbox_not_found"}
+	if err := json.Unmarshal(appendJSON(nil, e, testTime, newStamps(jsonTime)), &refused); err != nil {
+		t.Fatal(err)
+	}
+	if refused["error_code"] != "sandbox_not_found" || refused["status"] != 404.0 {
+		t.Errorf("refusal logged as error_code %#v, status %#v", refused["error_code"], refused["status"])
 	}
 }
 
@@ -264,6 +277,11 @@ func FuzzJSONEscape(f *testing.F) {
 		}
 		// Valid JSON raw, but a line break to JavaScript and to viewers
 		// that follow Unicode: escaped, as encoding/json escapes them.
+		// Invalid UTF-8 is written as U+FFFD: a log reader that checks
+		// its input (RFC 8259 §8.1) would refuse the whole line.
+		if !utf8.Valid(line) {
+			t.Fatalf("%q: line is not valid UTF-8: %q", s, line)
+		}
 		if strings.ContainsAny(string(line), "\u2028\u2029") {
 			t.Fatalf("%q: line carries U+2028 or U+2029 unescaped: %s", s, line)
 		}

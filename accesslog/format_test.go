@@ -238,10 +238,14 @@ func TestJSONLine(t *testing.T) {
 		t.Errorf("%d keys, want %d: %s", len(got), len(want), line)
 	}
 
-	// No upstream: its numbers are null, the keys stay.
+	// No upstream: its numbers are null, the keys stay. The line is
+	// dated by its entry (the request's start), not by when it is written.
 	var empty map[string]any
-	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime, newStamps(jsonTime)), &empty); err != nil {
+	if err := json.Unmarshal(appendJSON(nil, &Entry{Time: testTime}, testTime.Add(90*time.Second), newStamps(jsonTime)), &empty); err != nil {
 		t.Fatal(err)
+	}
+	if empty["time"] != want["time"] {
+		t.Errorf("time = %#v, want the entry's %#v", empty["time"], want["time"])
 	}
 	for _, k := range []string{"upstream_status", "upstream_response_time"} {
 		if v, ok := empty[k]; !ok || v != nil {

@@ -161,6 +161,9 @@ func TestRedaction(t *testing.T) {
 		{"/p?cube_token=&x=1", "/p?cube_token=REDACTED&x=1"},
 		{"/p?cube_tokens=keep&xcube_token=keep", "/p?cube_tokens=keep&xcube_token=keep"},
 		{"/p?cube_token", "/p?cube_token"},
+		// A name without a value holds no token: what follows it is kept.
+		{"/p?cube_token&x=1", "/p?cube_token&x=1"},
+		{"/p?cube_token#frag", "/p?cube_token#frag"},
 		{"/cube_token=inpath", "/cube_token=inpath"},
 		{"/p?", "/p?"},
 		{"/p?&&", "/p?&&"},

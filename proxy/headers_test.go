@@ -704,6 +704,7 @@ func FuzzPrepareRequest(f *testing.F) {
 		"Expect: 100-Continue\r\nTransfer-Encoding: chunked\r\nConnection: expect\r\n",
 		"Connection: Host, content-length, X-Cube-Request-Id, X-Hop\r\nX-Hop: 1\r\nContent-Length: 2\r\n",
 		"Connection: X-Real-IP, X-Forwarded-For, forwarded\r\nForwarded: for=6.6.6.6\r\n",
+		"Connection: x-forwarded-for, Forwarded\r\nX-Forwarded-For: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\n",
 		"Expect: 100-continue\r\nExpect: x\r\nContent-Length: 3\r\n",
 		"X-Cube-Request-Id: a\r\nx-cube-request-id: b c\r\nX-Cube-Request-Id: \r\n",
 		"Accept: application/json\r\nAccept: Text/Event-Stream;q=1\r\n",
@@ -828,6 +829,15 @@ func FuzzPrepareRequest(f *testing.F) {
 		}
 		if v := got.Peek("X-Forwarded-For"); !strings.HasSuffix(string(v), "192.0.2.1") {
 			t.Errorf("X-Forwarded-For = %q", v)
+		}
+		// A forwarding field the client's Connection named is gone before
+		// the proxy adds its element (RFC 9110 §7.6.1): the sandbox gets
+		// that element alone, none of the client's claims.
+		if v := got.Peek("X-Forwarded-For"); named["x-forwarded-for"] && string(v) != "192.0.2.1" {
+			t.Errorf("X-Forwarded-For, named in Connection, reached the sandbox as %q\n%q", v, sent.String())
+		}
+		if fw := got.PeekAll("Forwarded"); named["forwarded"] && len(fw) > 0 && string(fw[0]) != "for=192.0.2.1" {
+			t.Errorf("Forwarded, named in Connection, reached the sandbox as %q\n%q", fw, sent.String())
 		}
 		// A client's Forwarded ends with the proxy's element, outside any
 		// quoted string of the client's.

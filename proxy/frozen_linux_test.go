@@ -17,7 +17,7 @@ import (
 // proxy_connect_timeout answers), not "refused": the connect and its one
 // retry take 2 connect timeouts, and other sandboxes are served meanwhile.
 func TestFrozenSandboxConnectTimeout(t *testing.T) {
-	h := newHarness(t, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
+	h, logs := logHarness(t, accesslog.FormatJSON, func(o *harnessOpts) { o.cfg.ConnectTimeout = 300 * time.Millisecond })
 	frozen := h.route("frozen", testenv.FrozenListener(t))
 	good := h.route("good", backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -31,7 +31,9 @@ func TestFrozenSandboxConnectTimeout(t *testing.T) {
 	got := make(chan answer, 1)
 	go func() {
 		start := time.Now()
-		resp, err := h.client.Do(h.req("GET", frozen, "/", nil))
+		req := h.req("GET", frozen, "/", nil)
+		req.Header.Set(HeaderRequestID, "frozen-connect")
+		resp, err := h.client.Do(req)
 		if err != nil {
 			got <- answer{body: err.Error()}
 			return
@@ -52,6 +54,14 @@ func TestFrozenSandboxConnectTimeout(t *testing.T) {
 	}
 	if a.took < 600*time.Millisecond || a.took > 3*time.Second {
 		t.Errorf("answered after %v, want two connect timeouts (600ms)", a.took)
+	}
+	// The log says the first connect, retried, timed out too: a refusal
+	// there would send an operator after a sandbox that is down, not one
+	// that is frozen.
+	e := logs.waitJSON(t, "frozen-connect")
+	if e["upstream_retries"] != 1.0 || e["upstream_retry_code"] != CodeUpstreamConnectTimeout || e["error_code"] != CodeUpstreamConnectTimeout {
+		t.Errorf("access log: upstream_retries %v, upstream_retry_code %v, error_code %v; want 1, %q, %q",
+			e["upstream_retries"], e["upstream_retry_code"], e["error_code"], CodeUpstreamConnectTimeout, CodeUpstreamConnectTimeout)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/auth"
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 	"github.com/cube-sandbox/cubeproxy/routing"
 	"github.com/cube-sandbox/cubeproxy/telemetry"
 )
@@ -137,11 +138,11 @@ type Proxy struct {
 	// propagator's own list; nil with tracing off, when they pass as sent.
 	traceFields []string
 
-	staleLogged    logLimit // the stale-route log line
-	storeErrLogged logLimit // the store-unavailable log line
+	staleLogged    loglimit.Limit // the stale-route log line
+	storeErrLogged loglimit.Limit // the store-unavailable log line
 	// the "out of resources" lines, for a failed dial to a sandbox or Redis
-	resourceErrLogged logLimit
-	loopLogged        logLimit // the "route names the proxy" line
+	resourceErrLogged loglimit.Limit
+	loopLogged        loglimit.Limit // the "route names the proxy" line
 
 	resumer *resumer // nil: paused sandboxes are not resumed (Config.ResumeAddr)
 
@@ -848,11 +849,11 @@ lookup:
 // logStale notes that a route was served past its TTL because the store
 // is failing; at most once a second, so an outage does not flood the log.
 func (p *Proxy) logStale(id string) {
-	n, ok := p.staleLogged.admit()
+	n, ok := p.staleLogged.Admit(time.Now(), repeatLogEvery)
 	if !ok {
 		return
 	}
-	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", withSuppressed(n, "sandbox_id", id)...)
+	p.cfg.Logger.Warn("route store failing; serving cached route past its TTL", loglimit.WithSuppressed(n, "sandbox_id", id)...)
 }
 
 // resume has the lifecycle manager resume paused sandbox e (id), and
@@ -888,42 +889,19 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, e *sandboxState, id string) err
 		e.casState(statePaused, stateRunning)
 	})
 	if err != nil && !errors.Is(err, errDrainCut) && !errors.Is(err, errResumeKilled) {
-		if n, ok := e.resumeLogged.admit(); ok {
-			p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", withSuppressed(n, "sandbox_id", id, "request_id", reqID, "error", err)...)
+		if n, ok := e.resumeLogged.Admit(time.Now(), repeatLogEvery); ok {
+			p.cfg.Logger.Warn("lifecycle manager did not resume the paused sandbox", loglimit.WithSuppressed(n, "sandbox_id", id, "request_id", reqID, "error", err)...)
 		}
 	}
 	return err
 }
 
-// logLimit lets one log line of a kind through per second and counts
-// those held back, which the next line carries as "suppressed", as the
-// go-redis, certmagic and invalidation lines do: without the count a line
-// a second read the same for one failed request a second as for
-// thousands. The zero value is ready.
-type logLimit struct {
-	last atomic.Int64 // unix nanos of the last line
-	held atomic.Int64 // lines held back since
-}
-
-// admit reports whether a line may be logged now (and if so records now),
-// and how many were held back before it.
-func (l *logLimit) admit() (suppressed int64, ok bool) {
-	now := time.Now().UnixNano()
-	last := l.last.Load()
-	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
-		l.held.Add(1)
-		return 0, false
-	}
-	return l.held.Swap(0), true
-}
-
-// withSuppressed returns args with ("suppressed", n) added when n > 0.
-func withSuppressed(n int64, args ...any) []any {
-	if n > 0 {
-		return append(args, "suppressed", n)
-	}
-	return args
-}
+// repeatLogEvery is how often a line that every request can repeat while
+// a failure lasts is logged (the fields of Proxy and sandboxState that end
+// in Logged); the next line carries the count held back, "suppressed".
+// Without the count a line a second read the same for one failed request
+// a second as for thousands.
+const repeatLogEvery = time.Second
 
 // routeError answers a failed route lookup; res is that lookup's cache
 // result and readAt when it began.
@@ -989,12 +967,12 @@ func (p *Proxy) routeError(ctx *fasthttp.RequestCtx, x *exchange, err error, id 
 		// IPv6, fails with it too.
 		short := resourceExhausted(err)
 		if short {
-			if n, ok := p.resourceErrLogged.admit(); ok {
+			if n, ok := p.resourceErrLogged.Admit(time.Now(), repeatLogEvery); ok {
 				p.cfg.Logger.Error("cannot connect to the route store: proxy out of resources (descriptors or memory)",
-					withSuppressed(n, "sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())...)
+					loglimit.WithSuppressed(n, "sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())...)
 			}
-		} else if n, ok := p.storeErrLogged.admit(); ok {
-			p.cfg.Logger.Error("route store unavailable", withSuppressed(n, "sandbox_id", string(id), "err", err)...)
+		} else if n, ok := p.storeErrLogged.Admit(time.Now(), repeatLogEvery); ok {
+			p.cfg.Logger.Error("route store unavailable", loglimit.WithSuppressed(n, "sandbox_id", string(id), "err", err)...)
 		}
 		if sb := p.sandboxes.peek(x.sandboxID); sb != nil && sb.state() == stateKilled {
 			// meta/delete dropped the cached route, so a killed sandbox's
@@ -1799,9 +1777,9 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 	case errors.Is(err, errProxyLoop):
 		// Route data pointing at the proxy: retrying cannot help, and the
 		// operator must fix the route. Once a second, as the store outage.
-		if n, ok := p.loopLogged.admit(); ok {
+		if n, ok := p.loopLogged.Admit(time.Now(), repeatLogEvery); ok {
 			p.cfg.Logger.Warn("route names one of the proxy's own listeners; refusing the request",
-				withSuppressed(n, "sandbox_id", string(id), "addr", addr.String())...)
+				loglimit.WithSuppressed(n, "sandbox_id", string(id), "addr", addr.String())...)
 		}
 		x.fail(ctx, proxyError{status: 508, code: CodeProxyLoop, msg: "the route of this sandbox port points at the proxy itself"}, id)
 	case errors.Is(err, errClientLeft):
@@ -1821,9 +1799,9 @@ func (p *Proxy) upstreamError(ctx *fasthttp.RequestCtx, x *exchange, err error, 
 		// refusing: a 502 "refused" would send the operator to the
 		// sandbox. Once a second, like the store outage: every request
 		// fails while it lasts.
-		if n, ok := p.resourceErrLogged.admit(); ok {
+		if n, ok := p.resourceErrLogged.Admit(time.Now(), repeatLogEvery); ok {
 			p.cfg.Logger.Error("cannot connect to sandboxes: proxy out of resources (descriptors or local ports)",
-				withSuppressed(n, "sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())...)
+				loglimit.WithSuppressed(n, "sandbox_id", string(id), "err", err, "open_files_limit", openFilesLimit())...)
 		}
 		x.fail(ctx, proxyError{status: 503, code: CodeOutOfResources, msg: "proxy is out of resources; retry shortly", retryAfter: 1}, id)
 	case errors.As(err, &de) && isTimeout(de.err):

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 )
 
 // Sandbox states set through POST /admin/state (and "killed" by
@@ -82,7 +84,7 @@ type sandboxState struct {
 	// resumeLogged limits a failed resume's log line, so that a sandbox
 	// the lifecycle manager cannot resume logs once a second, not once
 	// per request.
-	resumeLogged logLimit
+	resumeLogged loglimit.Limit
 }
 
 // askReread asks for a re-read of the sandbox's route and reports whether

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 )
 
 // errStorageClosed refuses a certificate lock asked for after Close.
@@ -28,7 +30,7 @@ type lockGate struct {
 	// log receives a warning when a write fails (see Store); nil logs none.
 	log *slog.Logger
 	// storeFailures spaces those warnings out.
-	storeFailures handshakeThrottle
+	storeFailures loglimit.Limit
 
 	mu     sync.Mutex
 	held   int
@@ -176,7 +178,7 @@ func (g *lockGate) close(limit time.Duration) bool {
 func (g *lockGate) Store(ctx context.Context, key string, value []byte) error {
 	err := g.Storage.Store(ctx, key, value)
 	if err != nil && g.log != nil {
-		if suppressed, ok := g.storeFailures.admit(time.Now()); ok {
+		if suppressed, ok := g.storeFailures.Admit(time.Now(), handshakeLogEvery); ok {
 			g.log.Warn("certificate storage write failed; certificates cannot be obtained or renewed until tls.acme.storage_dir takes writes (logged at most once every 10 s)",
 				"key", key, "error", err, "suppressed", suppressed)
 		}

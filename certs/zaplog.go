@@ -5,24 +5,25 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 )
 
 // newZapLogger gives certmagic (which logs through zap) a logger that writes
 // into our slog.Logger, so issuance and renewal messages land in the same log
 // stream with the same level filtering.
 func newZapLogger(log *slog.Logger) *zap.Logger {
-	return zap.New(&slogCore{h: log.Handler(), th: &handshakeThrottle{}})
+	return zap.New(&slogCore{h: log.Handler(), th: &loglimit.Limit{}})
 }
 
 // slogCore is a zapcore.Core backed by a slog.Handler.
 type slogCore struct {
 	h  slog.Handler
-	th *handshakeThrottle // shared by the cores With derives
+	th *loglimit.Limit // the per-handshake lines' (perHandshake), shared by the cores With derives
 }
 
 func (c *slogCore) Enabled(l zapcore.Level) bool {
@@ -41,10 +42,10 @@ func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 }
 
 func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
-	suppressed := 0
+	var suppressed int64
 	if perHandshake(e.Message) {
 		var ok bool
-		if suppressed, ok = c.th.admit(e.Time); !ok {
+		if suppressed, ok = c.th.Admit(e.Time, handshakeLogEvery); !ok {
 			return nil
 		}
 	}
@@ -54,7 +55,7 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	}
 	r.AddAttrs(attrs(fields)...)
 	if suppressed > 0 {
-		r.AddAttrs(slog.Int("suppressed", suppressed))
+		r.AddAttrs(slog.Int64("suppressed", suppressed))
 	}
 	return c.h.Handle(context.Background(), r)
 }
@@ -66,31 +67,10 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 // is no secret, so that was an ERROR line per handshake for anyone to send.
 func perHandshake(msg string) bool { return msg == "tls-alpn challenge" }
 
-// handshakeLogEvery is how often a per-handshake certmagic line is logged.
+// handshakeLogEvery is how often a per-handshake certmagic line is logged
+// (a CA's real validations succeed and log none); the next line counts
+// those held back, "suppressed".
 const handshakeLogEvery = 10 * time.Second
-
-// handshakeThrottle lets one per-handshake line through per
-// handshakeLogEvery (a CA's real validations succeed and log none) and
-// counts those held back, which the next line carries as "suppressed".
-type handshakeThrottle struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-// admit reports whether a line at now is logged, and how many were held
-// back before it.
-func (t *handshakeThrottle) admit(now time.Time) (suppressed int, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.last.IsZero() && now.Sub(t.last) < handshakeLogEvery {
-		t.suppressed++
-		return 0, false
-	}
-	suppressed = t.suppressed
-	t.last, t.suppressed = now, 0
-	return suppressed, true
-}
 
 func (c *slogCore) Sync() error { return nil }
 

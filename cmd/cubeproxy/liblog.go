@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 )
 
 // libLogEvery is how often one kind of a library's warning is logged.
@@ -22,17 +24,12 @@ type throttledLog struct {
 	l         *slog.Logger
 	component string
 	now       func() time.Time
-	mu        sync.Mutex
-	seen      map[string]*throttleSeen // by kind: a handful
-}
-
-type throttleSeen struct {
-	last       time.Time
-	suppressed int
+	mu        sync.Mutex                 // guards seen, not its Limits
+	seen      map[string]*loglimit.Limit // by kind: a handful
 }
 
 func newThrottledLog(l *slog.Logger, component string, now func() time.Time) *throttledLog {
-	return &throttledLog{l: l, component: component, now: now, seen: map[string]*throttleSeen{}}
+	return &throttledLog{l: l, component: component, now: now, seen: map[string]*loglimit.Limit{}}
 }
 
 // warn logs msg() unless a line of kind was logged within libLogEvery;
@@ -40,24 +37,15 @@ func newThrottledLog(l *slog.Logger, component string, now func() time.Time) *th
 func (t *throttledLog) warn(kind string, msg func() string) {
 	now := t.now()
 	t.mu.Lock()
-	s := t.seen[kind]
-	if s == nil {
-		s = &throttleSeen{}
-		t.seen[kind] = s
+	lim := t.seen[kind]
+	if lim == nil {
+		lim = &loglimit.Limit{}
+		t.seen[kind] = lim
 	}
-	if !s.last.IsZero() && now.Sub(s.last) < libLogEvery {
-		s.suppressed++
-		t.mu.Unlock()
-		return
-	}
-	n := s.suppressed
-	s.last, s.suppressed = now, 0
 	t.mu.Unlock()
-	if n > 0 {
-		t.l.Warn(msg(), "component", t.component, "suppressed", n)
-		return
+	if n, ok := lim.Admit(now, libLogEvery); ok {
+		t.l.Warn(msg(), loglimit.WithSuppressed(n, "component", t.component)...)
 	}
-	t.l.Warn(msg(), "component", t.component)
 }
 
 // redisLogger routes go-redis's process-wide log into slog; a message's

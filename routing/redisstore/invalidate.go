@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cube-sandbox/cubeproxy/internal/loglimit"
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
 
@@ -110,12 +111,12 @@ type Subscriber struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
-	closeErr  error     // of the last PubSub, set before done is closed
-	refusal   string    // the reason last logged by logRefused; run's goroutine only
-	lost      bool      // a node left for its failures was logged since the last subscription; run's goroutine only
-	broken    error     // the last error of a connection or a dial since the last reply; run's goroutine only
-	badLogged time.Time // when logBadID last logged; run's goroutine only
-	badHeld   int64     // bad payloads not logged since; run's goroutine only
+	closeErr  error  // of the last PubSub, set before done is closed
+	refusal   string // the reason last logged by logRefused; run's goroutine only
+	lost      bool   // a node left for its failures was logged since the last subscription; run's goroutine only
+	broken    error  // the last error of a connection or a dial since the last reply; run's goroutine only
+	// badLogged holds back logBadID's repeated lines.
+	badLogged loglimit.Limit
 	subs      atomic.Int64
 	applied   atomic.Int64
 	// live says a subscription is confirmed on the current connection
@@ -625,17 +626,9 @@ const badIDLogEvery = 10 * time.Second
 // and pushed other lines out of the process log, which drops what its
 // output cannot take in time.
 func (sub *Subscriber) logBadID(n int, now time.Time) {
-	if !sub.badLogged.IsZero() && now.Sub(sub.badLogged) < badIDLogEvery {
-		sub.badHeld++
-		return
+	if held, ok := sub.badLogged.Admit(now, badIDLogEvery); ok {
+		sub.logger.Warn("redis invalidation: ignored bad id", loglimit.WithSuppressed(held, "len", n)...)
 	}
-	held := sub.badHeld
-	sub.badLogged, sub.badHeld = now, 0
-	if held > 0 {
-		sub.logger.Warn("redis invalidation: ignored bad id", "len", n, "suppressed", held)
-		return
-	}
-	sub.logger.Warn("redis invalidation: ignored bad id", "len", n)
 }
 
 // Ready is closed once the first SUBSCRIBE is confirmed by Redis.

@@ -27,11 +27,11 @@ type Limit struct {
 	held atomic.Int64 // lines held back since
 }
 
-// Admit reports whether a line at now may be logged: none was let through
-// less than every before now. If it may, held is the count of lines held
-// back since the last one, which the line is to carry (WithSuppressed);
-// if not, the line is counted. Of lines admitted at once from several
-// goroutines one passes, the others are counted.
+// Admit reports whether a line at now may be logged: the last line let
+// through was at least every before now (or there was none). If it may,
+// held is the count of lines held back since the last one, which the line
+// is to carry (WithSuppressed); if not, the line is counted. Of the lines
+// several goroutines ask about at once within one interval, one passes.
 func (l *Limit) Admit(now time.Time, every time.Duration) (held int64, ok bool) {
 	t := int64(now.Sub(origin))
 	last := l.last.Load()

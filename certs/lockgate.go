@@ -180,7 +180,7 @@ func (g *lockGate) Store(ctx context.Context, key string, value []byte) error {
 	if err != nil && g.log != nil {
 		if suppressed, ok := g.storeFailures.Admit(time.Now(), handshakeLogEvery); ok {
 			g.log.Warn("certificate storage write failed; certificates cannot be obtained or renewed until tls.acme.storage_dir takes writes (logged at most once every 10 s)",
-				"key", key, "error", err, "suppressed", suppressed)
+				loglimit.WithSuppressed(suppressed, "key", key, "error", err)...)
 		}
 	}
 	return err

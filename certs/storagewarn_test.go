@@ -39,6 +39,11 @@ func TestStorageWriteFailureWarned(t *testing.T) {
 		!strings.Contains(lines[0], "storage write failed") || !strings.Contains(lines[0], "not a directory") {
 		t.Fatalf("three failed writes logged %q, want one warning naming the key and the error", logs.String())
 	}
+	// The first line held none back: no "suppressed", as on every other
+	// line that counts them (README, Observability).
+	if strings.Contains(lines[0], "suppressed") {
+		t.Errorf("the first warning carries a suppressed count: %s", lines[0])
+	}
 
 	logs.Reset()
 	g.Storage = &certmagic.FileStorage{Path: t.TempDir()}

@@ -1335,7 +1335,9 @@ func testAuthCookieOrigin(t *testing.T, lc *authLogCapture) {
 // testAuthStaleLinkWithCookie: a browser that holds a valid cookie (from a
 // newer link) and opens an old link whose cube_token has expired is let in
 // by the cookie, as it would be on the same URL without the parameter; the
-// parameter's refusal stands only when no cookie verifies.
+// parameter's refusal stands only when no cookie verifies. So does a
+// request whose traffic-token header is right: any one valid credential
+// lets it through (README, *Signed links and cookies for browsers*).
 func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 	key, traffic := authRandomHex(t, 32), authRandomHex(t, 32)
 	s, sign := authSigner(t, key)
@@ -1346,17 +1348,22 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 	putAuthRoute(h, "box", traffic, b.port, 8080)
 
 	for _, tc := range []struct {
-		name, param, cookie, code string // code "" = let through
+		name, param, cookie, header, code string // header: the traffic token's; code "" = let through
 	}{
-		{"expired link, valid cookie", expired, valid, ""},
-		{"garbage link, valid cookie", "not*a*token", valid, ""},
-		{"expired link, expired cookie", expired, expired, auth.CodeSignedTokenExpired},
-		{"expired link, no cookie", expired, "", auth.CodeSignedTokenExpired},
-		{"garbage link, expired cookie: the link's error", "not*a*token", expired, auth.CodeSignedTokenMalformed},
+		{"expired link, valid cookie", expired, valid, "", ""},
+		{"garbage link, valid cookie", "not*a*token", valid, "", ""},
+		{"expired link, right traffic token", expired, "", traffic, ""},
+		{"garbage link, right traffic token", "not*a*token", "", traffic, ""},
+		{"expired link, expired cookie", expired, expired, "", auth.CodeSignedTokenExpired},
+		{"expired link, no cookie", expired, "", "", auth.CodeSignedTokenExpired},
+		{"garbage link, expired cookie: the link's error", "not*a*token", expired, "", auth.CodeSignedTokenMalformed},
 	} {
 		lines := []string{"GET /p?cube_token=" + url.QueryEscape(tc.param) + "&a=1 HTTP/1.1", "Host: 8080-box.cube.test"}
 		if tc.cookie != "" {
 			lines = append(lines, "Cookie: "+auth.CookieName+"="+s.CookieValue([]byte(tc.cookie), traffic))
+		}
+		if tc.header != "" {
+			lines = append(lines, "Cube-Traffic-Access-Token: "+tc.header)
 		}
 		resp, body := authRawRequest(t, h.addr, lines...)
 		if tc.code != "" {
@@ -1368,7 +1375,7 @@ func testAuthStaleLinkWithCookie(t *testing.T, lc *authLogCapture) {
 			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
 			continue
 		}
-		if got := b.next(t); got.line != "GET /p?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.cookie) {
+		if got := b.next(t); got.line != "GET /p?a=1 HTTP/1.1" || strings.Contains(got.raw, tc.cookie+tc.header) {
 			t.Errorf("%s: backend got %q:\n%s", tc.name, got.line, got.raw)
 		}
 	}

@@ -43,6 +43,14 @@
 //	cubeproxy.process_log.dropped       cubeproxy_process_log_dropped_total (after SetProcessLogDropped; 0 before)
 //	cubeproxy.spans.dropped             cubeproxy_spans_dropped_total       (sampled spans the full export queue had no room for, or whose export failed)
 //
+// The platform proxy's own families (its lua/metrics.lua), kept under its
+// names for its dashboards and alerts; they count envd's calls alone
+// (envd.go):
+//
+//	cube_proxy.request                  cube_proxy_request_total{route,method,result}
+//	(Prometheus histogram)              cube_proxy_request_duration_seconds{route,method,result} (its buckets, 1 ms .. 8.192 s)
+//	cube_proxy.inflight_requests        cube_proxy_inflight_requests{route}
+//
 // Every label comes from a small fixed set defined in labels.go; no host,
 // sandbox id or other client-chosen value is ever a label.
 //

@@ -15,10 +15,10 @@ import (
 // Functions that compare secrets, and who must call them. Renaming one of
 // these makes the test fail, which is the point: the list is reviewed.
 var (
-	secretCompareFuncs = []string{"trafficTokenEqual", "AdminAuthorized", "Signer.macValid", "Signer.VerifyCookie"}
+	secretCompareFuncs = []string{"trafficTokenEqual", "SameTrafficToken", "AdminAuthorized", "Signer.macValid", "Signer.VerifyCookie"}
 	secretCallers      = map[string]string{"CheckTraffic": "trafficTokenEqual", "Signer.VerifyBytes": "macValid", "Signer.VerifyCookie": "VerifyBytes"}
 	// Every function that holds a secret in a variable: no plain comparison allowed.
-	secretHandlingFuncs = []string{"trafficTokenEqual", "AdminAuthorized", "Signer.macValid",
+	secretHandlingFuncs = []string{"trafficTokenEqual", "SameTrafficToken", "AdminAuthorized", "Signer.macValid",
 		"CheckTraffic", "PresentedTrafficToken", "Signer.Verify", "Signer.VerifyBytes",
 		"Signer.VerifyCookie", "Signer.CookieValue", "Signer.binding"}
 )
@@ -40,6 +40,7 @@ import s "crypto/subtle"
 const v = 1
 type Signer struct{}
 func trafficTokenEqual(a string, b []byte) bool { return s.ConstantTimeCompare([]byte(a), b) == 1 }
+func SameTrafficToken(a, b string) bool { return s.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 func AdminAuthorized(a, b []byte) bool { return len(a) != 0 && s.ConstantTimeCompare(a, b) == v }
 func (x *Signer) macValid(a, b []byte) bool { return s.ConstantTimeCompare(a, b) == 1 }
 func CheckTraffic(a string, b []byte) error { if !trafficTokenEqual(a, b) { return nil }; return nil }

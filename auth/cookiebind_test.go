@@ -91,3 +91,17 @@ func TestVerifyCookieAllocs(t *testing.T) {
 		t.Fatalf("%v allocations verifying a valid cookie, want 0", allocs)
 	}
 }
+
+// The binding MAC length-prefixes the traffic token, so moving bytes
+// between it and the signed token never yields the same MAC input: without
+// the prefix, traffic "ab" with token "c…" would hash like "a" with "bc…".
+func TestCookieBindingLengthPrefixed(t *testing.T) {
+	s := mustSigner(t, key1)
+	m := s.pool.Get().(*macScratch)
+	defer s.pool.Put(m)
+	a := string(s.binding(m, m.hashes[0], []byte("cdef"), "ab"))
+	b := string(s.binding(m, m.hashes[0], []byte("bcdef"), "a"))
+	if a == b {
+		t.Error("binding(traffic \"ab\", token \"cdef\") equals binding(\"a\", \"bcdef\"): the traffic token is not length-prefixed")
+	}
+}

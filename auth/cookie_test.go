@@ -234,13 +234,16 @@ func TestCookieOriginAllowed(t *testing.T) {
 		{"the host as a subdomain", "https://8080-box.cube.test.evil.example", host, false},
 		{"the parent domain", "https://cube.test", host, false},
 		{"no port prefix", "https://box.cube.test", host, false},
+		{"a dash but no port digits", "https://-box.cube.test", host, false},
 		{"empty id", "https://8080-", host, false},
 		{"another site", "https://evil.example", host, false},
 		{"opaque origin", "null", host, false},
 		{"no scheme", "8080-box.cube.test", host, false},
 		{"no host", "https://", host, false},
+		{"no host on either side", "https://:8080", ":80", false},
 		{"shared host by IP", "http://10.0.0.1:8080", "10.0.0.1", true},
 		{"shared host, another IP", "http://10.0.0.2", "10.0.0.1", false},
+		{"shared host by name, case differs", "https://Proxy.Cube.Test", "proxy.cube.test", true},
 		{"IPv6 shared host", "http://[::1]:8080", "[::1]:80", true},
 	}
 	for _, tt := range tests {

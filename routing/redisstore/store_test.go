@@ -48,9 +48,10 @@ func TestLookup(t *testing.T) {
 		errField  string // expected FieldError.Field
 		notFound  bool
 		checkFull bool
+		legacy    bool // read from the legacy key, which Route.Key names
 	}{
 		{id: "full", host: "10.0.0.5", port: 30001, checkFull: true},
-		{id: "legacy", host: "10.0.0.6", port: 31000},
+		{id: "legacy", host: "10.0.0.6", port: 31000, legacy: true},
 		{id: "both", host: "10.0.0.7", port: 32000},
 		{id: "extra", host: "10.0.0.9", port: 34000},
 		{id: "nohost", errField: "HostIP"},
@@ -84,6 +85,11 @@ func TestLookup(t *testing.T) {
 			}
 			if p, ok := route.HostPort(50005); !ok || p != tc.port {
 				t.Fatalf("host port = %d %v, want %d", p, ok, tc.port)
+			}
+			// The key the route came from goes into the log lines about
+			// its data, so the operator fixes the hash that was read.
+			if want := map[bool]string{false: newKey(tc.id), true: oldKey(tc.id)}[tc.legacy]; route.Key != want {
+				t.Fatalf("route.Key = %q, want %q", route.Key, want)
 			}
 			if !tc.checkFull {
 				return

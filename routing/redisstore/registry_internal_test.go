@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -97,5 +98,26 @@ func TestRegistryHeartbeatFailuresRateLimited(t *testing.T) {
 	}
 	if total := recovered[0].Failed; total < 3 {
 		t.Errorf("recovery line counts %d failed beats, want at least 3", total)
+	}
+}
+
+// A recovery ends the count: the warning of a later outage counts its own
+// failed beats, not those of the outage before (which the recovery line
+// reported already).
+func TestRegistryReportCountsPerOutage(t *testing.T) {
+	var logs testenv.LogBuffer
+	r := &Registry{logger: slog.New(slog.NewJSONHandler(&logs, nil)), warnEvery: time.Minute}
+	t0 := time.Now()
+	down := errors.New("connection refused")
+	for i := range 3 { // one warning, two beats held back
+		r.report(down, t0.Add(time.Duration(i)*time.Second))
+	}
+	r.report(nil, t0.Add(3*time.Second))
+	if n := testenv.CountLines(logs.String(), "heartbeat recovered", `"failed_beats":3`); n != 1 {
+		t.Fatalf("no recovery line counting 3 failed beats:\n%s", logs.String())
+	}
+	r.report(down, t0.Add(4*time.Second))
+	if n := testenv.CountLines(logs.String(), "heartbeat failed", `"failed_beats":1`); n != 2 {
+		t.Fatalf("the second outage's first warning does not count 1 failed beat:\n%s", logs.String())
 	}
 }

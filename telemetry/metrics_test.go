@@ -147,6 +147,10 @@ func TestMetricLabelsBounded(t *testing.T) {
 	m := tel.Metrics
 	m.RequestDone(0, RouteKind(200), time.Millisecond)
 	m.RequestDone(999, RouteKind(4), time.Millisecond)
+	// Just outside 100..599, as a sandbox's status line may be: a class
+	// index of 6 is past the table (a panic), 0 is "other".
+	m.RequestDone(600, RouteError, time.Millisecond)
+	m.RequestDone(99, RouteError, time.Millisecond)
 	m.ResponseDone(-1, RouteKind(9), time.Millisecond)
 	m.Bytes(RouteKind(255), 1, 1)
 	m.StreamOpened(RouteKind(77))
@@ -193,7 +197,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 	}
 	got := values(scrape(t, tel))
 	for k, want := range map[string]float64{
-		seriesKey("cubeproxy_requests_total", L{"status_class": "other", "route_kind": "error"}): 2,
+		seriesKey("cubeproxy_requests_total", L{"status_class": "other", "route_kind": "error"}): 4,
 		seriesKey("cubeproxy_auth_rejections_total", L{"reason": "other"}):                       3,
 		seriesKey("cubeproxy_route_cache_lookups_total", L{"result": "miss"}):                    1,
 		seriesKey("cubeproxy_store_errors_total", L{"store": "memory"}):                          1,

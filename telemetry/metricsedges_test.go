@@ -31,15 +31,22 @@ func TestInvalidationGauges(t *testing.T) {
 	}
 }
 
-// Small values count too, and an SSE stream's lifetime goes to its own
-// series, not to http's: TestMetricsCountExactly moves everything by
-// amounts where an off-by-one or a lost kind would not show.
+// Small values count too, an SSE stream's lifetime goes to its own
+// series, not to http's, a finished download leaves the open streams, and
+// statuses 100 and 599 keep their classes: TestMetricsCountExactly moves
+// everything by amounts where an off-by-one or a lost kind would not show.
 func TestMetricsCountEdges(t *testing.T) {
 	tel := newTestTelemetry(t, Config{})
 	m := tel.Metrics
 	m.Bytes(RouteHTTP, 1, 1)
 	m.StreamOpened(RouteSSE)
 	m.StreamClosed(RouteSSE, 2*time.Second)
+	// A download is an open stream until its last byte, then a response.
+	m.StreamOpened(RouteHTTP)
+	m.DownloadDone(200, RouteHTTP, 3*time.Millisecond)
+	// The class bounds: 100 and 599 are statuses of their classes.
+	m.RequestDone(100, RouteHTTP, time.Millisecond)
+	m.RequestDone(599, RouteHTTP, time.Millisecond)
 	got := values(scrape(t, tel))
 	for _, w := range []struct {
 		name   string
@@ -51,6 +58,10 @@ func TestMetricsCountEdges(t *testing.T) {
 		{"cubeproxy_stream_duration_seconds_count", L{"route_kind": "sse"}, 1},
 		{"cubeproxy_stream_duration_seconds_count", L{"route_kind": "http"}, 0},
 		{"cubeproxy_streams_open", L{"route_kind": "sse"}, 0},
+		{"cubeproxy_streams_open", L{"route_kind": "http"}, 0},
+		{"cubeproxy_response_duration_seconds_count", L{"status_class": "2xx", "route_kind": "http"}, 1},
+		{"cubeproxy_requests_total", L{"status_class": "1xx", "route_kind": "http"}, 1},
+		{"cubeproxy_requests_total", L{"status_class": "5xx", "route_kind": "http"}, 1},
 	} {
 		if v := got[seriesKey(w.name, w.labels)]; v != w.want {
 			t.Errorf("%s%v = %v, want %v", w.name, w.labels, v, w.want)

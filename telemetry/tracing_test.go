@@ -457,6 +457,7 @@ func TestSampleRatioResolution(t *testing.T) {
 		{"env arg zero", Config{SpanExporter: exp}, map[string]string{"OTEL_TRACES_SAMPLER_ARG": "0"}, 0},
 		{"always_on", Config{}, map[string]string{"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 1},
 		{"config wins over always_on", Config{TraceSampleRatio: 0.5}, map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, 0.5},
+		{"parentbased_always_on", Config{}, map[string]string{"OTEL_TRACES_SAMPLER": " ParentBased_Always_On", "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 1},
 		{"traceidratio takes the arg", Config{}, map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 0.2},
 	}
 	for _, tt := range tests {
@@ -466,6 +467,28 @@ func TestSampleRatioResolution(t *testing.T) {
 				t.Errorf("sampleRatio = %v, %v; want %v", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// An export batch is never larger than the queue, as the SDK makes it for
+// the variables it reads itself: the proxy's options win over its
+// reading, so without the clamp here OTEL_BSP_MAX_EXPORT_BATCH_SIZE over
+// the queue size would reach the processor as set.
+func TestBatchSettingsBatchWithinQueue(t *testing.T) {
+	for _, tt := range []struct {
+		env          map[string]string
+		queue, batch int
+	}{
+		{nil, 2048, 512},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1000"}, 100, 100},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "300"}, 300, 300},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "3000"}, 4096, 3000},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"}, 4096, 512},
+	} {
+		s, err := readBatchSettings(envMap(tt.env))
+		if err != nil || s.queue != tt.queue || s.batch != tt.batch {
+			t.Errorf("%v: queue %d batch %d (%v), want queue %d batch %d", tt.env, s.queue, s.batch, err, tt.queue, tt.batch)
+		}
 	}
 }
 

@@ -225,3 +225,98 @@ func TestWriterWriteErrors(t *testing.T) {
 		t.Errorf("report %q, want dropped=3 and the error", f.got[1])
 	}
 }
+
+// gated records its writes, each waiting first for the gate while one is
+// set.
+type gated struct {
+	mu   sync.Mutex
+	gate chan struct{}
+	got  []string
+}
+
+func (g *gated) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.got = append(g.got, string(p))
+	return len(p), nil
+}
+
+// reports returns the loss reports written so far.
+func (g *gated) reports() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var r []string
+	for _, s := range g.got {
+		if strings.Contains(s, "process log lines were lost") {
+			r = append(r, s)
+		}
+	}
+	return r
+}
+
+// Each report counts the records lost since the one before, and names a
+// write error only when one happened since: a later loss to a full queue
+// is no broken pipe, and a running total in "dropped" would have an
+// operator count the first loss again.
+func TestWriterReportsEachLossOnce(t *testing.T) {
+	g := &gated{}
+	w := New(&failOnce{g: g}, 100)
+	t.Cleanup(func() { _ = w.Close(time.Second) })
+	w.ReportLossTo(slog.New(slog.NewTextHandler(w, nil)))
+
+	// First loss: a failed write; the next record goes out, then the report.
+	w.Write([]byte("lost to the error\n"))
+	w.Write([]byte("written\n"))
+	testenv.WaitFor(t, 10*time.Second, "the first loss report", func() bool { return len(g.reports()) == 1 })
+	if r := g.reports()[0]; !strings.Contains(r, "dropped=1 ") || !strings.Contains(r, "broken pipe") {
+		t.Fatalf("first report %q, want dropped=1 and the error", r)
+	}
+
+	// Second loss: the output stalls on a record, and one that would take
+	// the queue past its 100 bytes is dropped; no write fails.
+	gate := make(chan struct{})
+	g.mu.Lock()
+	g.gate = gate
+	g.mu.Unlock()
+	w.Write([]byte(strings.Repeat("b", 60) + "\n"))
+	w.Write([]byte(strings.Repeat("c", 60) + "\n"))
+	if w.Dropped() != 2 {
+		t.Fatalf("dropped %d, want 2: the second record should not have fit", w.Dropped())
+	}
+	g.mu.Lock()
+	g.gate = nil
+	g.mu.Unlock()
+	close(gate)
+	testenv.WaitFor(t, 10*time.Second, "the second loss report", func() bool { return len(g.reports()) == 2 })
+	r := g.reports()[1]
+	if !strings.Contains(r, "dropped=1 ") || !strings.Contains(r, "dropped_total=2") {
+		t.Errorf("second report %q, want dropped=1 dropped_total=2", r)
+	}
+	if strings.Contains(r, "err=") {
+		t.Errorf("second report %q names an error, but no write failed since the first", r)
+	}
+}
+
+// failOnce fails its first write, then writes to g.
+type failOnce struct {
+	mu     sync.Mutex
+	failed bool
+	g      *gated
+}
+
+func (f *failOnce) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	first := !f.failed
+	f.failed = true
+	f.mu.Unlock()
+	if first {
+		return 0, errors.New("write /dev/stdout: broken pipe")
+	}
+	return f.g.Write(p)
+}

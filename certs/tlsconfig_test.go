@@ -26,6 +26,15 @@ func TestTLSConfigProtocols(t *testing.T) {
 	if got := m.TLSConfig().NextProtos; !slices.Equal(got, []string{"http/1.1", "http/1.0"}) {
 		t.Fatalf("NextProtos = %q, want exactly http/1.1 and http/1.0", got)
 	}
+	// TLS 1.2 suites with forward secrecy and AEAD only, as the README
+	// promises: a CBC or RSA key exchange suite added to the list would
+	// pass every handshake below (the clients there prefer better ones).
+	for _, id := range m.TLSConfig().CipherSuites {
+		name := tls.CipherSuiteName(id)
+		if !strings.HasPrefix(name, "TLS_ECDHE_") || !strings.Contains(name, "_GCM_") && !strings.Contains(name, "_CHACHA20_POLY1305") {
+			t.Errorf("cipher suite %s offered, want ECDHE with AEAD only", name)
+		}
+	}
 	srv := serveTLS(t, m)
 
 	tests := []struct {

@@ -425,6 +425,32 @@ func TestWindowLimiter(t *testing.T) {
 	}
 }
 
+// A refusal report carries the refusals since the last report, this one
+// included, then the count starts over: a running total would have the
+// operator count a retrying client's first minute again each minute.
+func TestWindowLimiterReportCountsSinceLast(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newWindowLimiter(1)
+	l.now = func() time.Time { return now }
+	steps := []struct {
+		advance time.Duration
+		refused int
+		ok      bool
+	}{
+		{0, 1, true},
+		{time.Second, 0, false},
+		{time.Second, 0, false},
+		{time.Minute, 3, true}, // the two held back and this one
+		{time.Minute, 1, true},
+	}
+	for i, st := range steps {
+		now = now.Add(st.advance)
+		if refused, ok := l.report(); refused != st.refused || ok != st.ok {
+			t.Fatalf("step %d: report = %d, %v; want %d, %v", i, refused, ok, st.refused, st.ok)
+		}
+	}
+}
+
 // on_demand_rate has no upper bound in the configuration, and an operator
 // who means "no limit" writes a large one: the limiter allocated room for
 // a minute's worth of them at start, and 100000000000 ended the process
@@ -804,6 +830,10 @@ func TestPerHandshakeLineThrottled(t *testing.T) {
 		write("could not get certificate from issuer", time.Duration(i)*time.Second)
 	}
 	write("tls-alpn challenge", handshakeLogEvery+time.Second)
+	// The count starts over: the next line counts only what was held
+	// back since the last one.
+	write("tls-alpn challenge", handshakeLogEvery+2*time.Second)
+	write("tls-alpn challenge", 2*handshakeLogEvery+2*time.Second)
 	var got []string
 	others := 0
 	for line := range strings.Lines(b.String()) {
@@ -816,6 +846,7 @@ func TestPerHandshakeLineThrottled(t *testing.T) {
 	want := []string{
 		`time=2026-12-05T00:00:00.000Z level=ERROR msg="tls-alpn challenge"`,
 		`time=2026-12-05T00:00:11.000Z level=ERROR msg="tls-alpn challenge" suppressed=5`,
+		`time=2026-12-05T00:00:22.000Z level=ERROR msg="tls-alpn challenge" suppressed=1`,
 	}
 	if !slices.Equal(got, want) || others != 6 {
 		t.Fatalf("lines:\n%s\nwant the challenge lines %q and all 6 others", b.String(), want)

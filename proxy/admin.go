@@ -372,7 +372,13 @@ func localClient(ctx *fasthttp.RequestCtx) bool {
 // answer can redirect: an IP literal, localhost or a *.localhost name.
 func localHost(host []byte) bool {
 	name := string(host)
-	if h, _, err := net.SplitHostPort(name); err == nil {
+	if h, port, err := net.SplitHostPort(name); err == nil {
+		// A port that is no number ("10.0.0.0:@") makes the whole Host
+		// no name at all, as net/http and browsers read it; not the
+		// address before the colon.
+		if strings.Trim(port, "0123456789") != "" {
+			return false
+		}
 		name = h
 	}
 	name = strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"), "."))

@@ -69,11 +69,25 @@ bench:
 # new input minimized for at most 10 s (the default 60 s let a short run on
 # a loaded machine spend itself minimizing: 31 executions in 45 s). A
 # crasher lands in the package's testdata/fuzz: keep it as a regression.
+# Go 1.26's fuzz coordinator can end a clean run "context deadline
+# exceeded" as FUZZTIME runs out (go.dev/issue/75804, fixed in Go 1.27):
+# a failure whose only message is that, with no input written, is said
+# and passed over; any other stops the loop.
 FUZZTIME ?= 60s
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+	@set -e; out=$$(mktemp); rc=$$(mktemp); trap 'rm -f $$out $$rc' EXIT; \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
 		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
-			echo "== $$(dirname $$f) $$t"; \
-			go test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s -parallel 1 $$(dirname $$f); \
+			d=$$(dirname $$f); echo "== $$d $$t"; \
+			before=$$(ls $$d/testdata/fuzz/$$t 2>/dev/null | wc -l); \
+			{ if go test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s -parallel 1 $$d; \
+				then echo 0 > $$rc; else echo 1 > $$rc; fi; } 2>&1 | tee $$out; \
+			if [ "$$(cat $$rc)" = 0 ]; then continue; fi; \
+			after=$$(ls $$d/testdata/fuzz/$$t 2>/dev/null | wc -l); \
+			if [ "$$after" = "$$before" ] && [ "$$(grep -c '^    ' $$out)" = 1 ] && grep -qx '    context deadline exceeded' $$out; then \
+				echo "== $$t: ended 'context deadline exceeded' with no input written: Go's fuzz coordinator (go.dev/issue/75804), not a finding"; \
+				continue; \
+			fi; \
+			exit 1; \
 		done; \
 	done

@@ -21,18 +21,7 @@ import (
 // second across all sandboxes, so a second broken route whose requests
 // came in the same seconds as a flooded one's was never named.
 func TestTokenlessRouteLogIsRateLimited(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	logs := new(obsLogBuf)
-	h := newHarness(t, func(o *harnessOpts) {
-		o.store = store
-		o.noAdminRoutes = true
-		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	})
+	h, r, logs := redisLogHarness(t)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		t.Error("a request to a restricted route without a token reached the sandbox")
 	}))
@@ -74,18 +63,7 @@ func TestTokenlessRouteLogIsRateLimited(t *testing.T) {
 // which the operator has to fix (a legacy key, say). It was an error line
 // naming only the sandbox.
 func TestTokenlessRouteLogNamesKey(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	logs := new(obsLogBuf)
-	h := newHarness(t, func(o *harnessOpts) {
-		o.store = store
-		o.noAdminRoutes = true
-		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	})
+	h, r, logs := redisLogHarness(t)
 	port := backend(t, "127.0.0.1", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		t.Error("a request to a restricted route without a token reached the sandbox")
 	}))
@@ -113,4 +91,24 @@ func TestTokenlessRouteLogNamesKey(t *testing.T) {
 			t.Errorf("%s: logged %v, want level WARN, field TrafficAccessToken, a reason and key %s", tc.id, line, tc.key)
 		}
 	}
+}
+
+// redisLogHarness is a harness on a fresh redis-server's store (no admin
+// routes: what the test writes to Redis is what the proxy reads) whose
+// process log, as JSON lines, is logs.
+func redisLogHarness(t *testing.T) (h *harness, r *testenv.Redis, logs *obsLogBuf) {
+	t.Helper()
+	r = testenv.StartRedis(t)
+	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	logs = new(obsLogBuf)
+	h = newHarness(t, func(o *harnessOpts) {
+		o.store = store
+		o.noAdminRoutes = true
+		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	return h, r, logs
 }

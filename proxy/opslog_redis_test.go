@@ -2,13 +2,9 @@ package proxy
 
 import (
 	"encoding/json"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cube-sandbox/cubeproxy/internal/testenv"
-	"github.com/cube-sandbox/cubeproxy/routing/redisstore"
 )
 
 // logLines returns the JSON process-log lines whose msg is msg.
@@ -33,18 +29,7 @@ func logLines(t *testing.T, logs, msg string) []map[string]any {
 // count a line a second looked the same for one failed request a second
 // as for ten thousand.
 func TestStoreOutageLogCountsSuppressed(t *testing.T) {
-	r := testenv.StartRedis(t)
-	store, err := redisstore.Open(redisstore.Config{Addr: r.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	logs := new(obsLogBuf)
-	h := newHarness(t, func(o *harnessOpts) {
-		o.store = store
-		o.noAdminRoutes = true
-		o.cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	})
+	h, r, logs := redisLogHarness(t)
 	r.Stop() // a real refused connection
 	get := func(i int) {
 		t.Helper()

@@ -11,15 +11,7 @@ import (
 // nor kept, and the next admin change writes the table over it (README,
 // Routes). A restart then reads the file as last written.
 func TestPersistOverwritesHandEdit(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := LoadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetPersistPath(path)
+	s, path := persistedStore(t)
 
 	edited := "routes:\n  a:\n    HostIP: \"10.0.0.1\"\n  hand:\n    HostIP: \"10.0.0.9\"\n"
 	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
@@ -41,4 +33,20 @@ func TestPersistOverwritesHandEdit(t *testing.T) {
 			t.Errorf("route %q in the file after the admin change: %v, want %v", id, ok, want)
 		}
 	}
+}
+
+// persistedStore writes a routes file holding route a, loads it and writes
+// admin changes back to it, as serve does with persist_routes.
+func persistedStore(t *testing.T) (*MemoryStore, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPersistPath(path)
+	return s, path
 }

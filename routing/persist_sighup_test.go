@@ -89,15 +89,7 @@ func TestOwnWriteInProgressIsNoChange(t *testing.T) {
 // came before the temporary file was written and synced (seconds at
 // 100k routes), and a change in that time was overwritten in silence.
 func TestPersistTellsOfAFileChangedDuringItsWrite(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := LoadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetPersistPath(path)
+	s, path := persistedStore(t)
 	var told []string
 	s.OnOverwrite(func(p string) { told = append(told, p) })
 
@@ -135,15 +127,7 @@ func TestPersistTellsOfAFileChangedDuringItsWrite(t *testing.T) {
 // ran, and read the file after it, found the store's new table: compared
 // with what the store knew when the look began, it was called a change.
 func TestLookAcrossAWholeWriteIsNoChange(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(path, []byte("routes:\n  a:\n    HostIP: \"10.0.0.1\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s, err := LoadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetPersistPath(path)
+	s, _ := persistedStore(t)
 	s.OnOverwrite(func(string) { t.Error("the store's write told of an overwrite of its own file") })
 	written := false
 	s.mu.Lock()

@@ -1605,7 +1605,7 @@ func freshURI(req *fasthttp.Request) *fasthttp.URI {
 // alone: an authority with neither path nor query ("http://host:8080").
 func serverWide(target []byte) bool {
 	_, rest, ok := bytes.Cut(target, []byte("://"))
-	return ok && bytes.IndexAny(rest, "/?") < 0
+	return ok && !bytes.ContainsAny(rest, "/?")
 }
 
 // refuseEarly answers perr (bodyTooLarge's 413) before what would cost

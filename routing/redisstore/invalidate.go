@@ -41,7 +41,8 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 			}
 			return fmt.Errorf("redis publish %s: %w (the Redis ACL user needs %s)", s.cfg.InvalidateChannel, err, needs)
 		}
-		return fmt.Errorf("redis publish %s: %w", s.cfg.InvalidateChannel, err)
+		// A sentinel in redis.addr takes no PUBLISH but its own.
+		return fmt.Errorf("redis publish %s: %w%s", s.cfg.InvalidateChannel, err, otherKindHint(err, s.cluster, s.cfg.Sentinel.MasterName != ""))
 	}
 	return nil
 }

@@ -57,6 +57,10 @@ type Registry struct {
 
 	stopOnce sync.Once
 
+	// cluster and sentinel say how the client reaches Redis, for the
+	// hint of a server of another kind (otherKindHint).
+	cluster, sentinel bool
+
 	// lastBeat is the score (unix ms) of the last heartbeat written.
 	lastBeat atomic.Int64
 
@@ -81,19 +85,21 @@ func (s *Store) StartRegistry(inst Instance, logger *slog.Logger) (*Registry, er
 	if !s.cfg.Registry.Enabled {
 		return nil, nil
 	}
-	return StartRegistry(s.client, s.cfg.Registry, s.cfg.CommandTimeout, inst, logger)
+	return startRegistry(s.client, s.cfg.Registry, s.cfg.CommandTimeout, inst, logger, heartbeatWarnEvery, s.cfg.Sentinel.MasterName != "")
 }
 
 // StartRegistry writes the entry at once and then every cfg.Interval until
 // Stop, whatever cfg.Enabled says. cmdTimeout bounds each write. Failed writes are logged and retried
-// on the next tick; they never stop the loop.
+// on the next tick; they never stop the loop. client is taken for a
+// Sentinel client's only through Store.StartRegistry.
 func StartRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger) (*Registry, error) {
-	return startRegistry(client, cfg, cmdTimeout, inst, logger, heartbeatWarnEvery)
+	return startRegistry(client, cfg, cmdTimeout, inst, logger, heartbeatWarnEvery, false)
 }
 
 // startRegistry is StartRegistry with the interval between warnings of a
-// failing heartbeat, which tests shorten.
-func startRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger, warnEvery time.Duration) (*Registry, error) {
+// failing heartbeat, which tests shorten, and whether client reaches
+// Redis through sentinels (redis.sentinel.master_name).
+func startRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout time.Duration, inst Instance, logger *slog.Logger, warnEvery time.Duration, sentinel bool) (*Registry, error) {
 	if inst.ProxyID == "" {
 		return nil, errors.New("redis registry: empty proxy_id")
 	}
@@ -107,6 +113,7 @@ func startRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	_, cluster := client.(*redis.ClusterClient)
 	r := &Registry{
 		client: client,
 		cfg:    Config{Registry: cfg}.WithDefaults().Registry,
@@ -116,6 +123,9 @@ func startRegistry(client redis.UniversalClient, cfg RegistryConfig, cmdTimeout 
 		logger: logger.With("proxy_id", inst.ProxyID),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
+
+		cluster:  cluster,
+		sentinel: sentinel,
 
 		warnEvery: warnEvery,
 	}
@@ -178,7 +188,7 @@ func (r *Registry) beat() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("redis registry hset %s / zadd %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.aclHint(err))
+		return fmt.Errorf("redis registry hset %s / zadd %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.hint(err))
 	}
 	r.lastBeat.Store(now)
 	return nil
@@ -194,13 +204,14 @@ func (r *Registry) LastBeat() int64 {
 	return r.lastBeat.Load()
 }
 
-// aclHint names the rule a NOPERM of the registry's writes asks the
-// operator to grant, as a refused read or subscription does: Redis names
-// the command, or "one of the keys", never the rule. It is "" for any
-// other error.
-func (r *Registry) aclHint(err error) string {
+// hint names what the operator changes for an error of the registry's
+// writes, as a refused or misdirected read does: for a NOPERM, the rule
+// to grant (Redis names the command, or "one of the keys", never the
+// rule); for a server of another kind than the settings say, the setting
+// (otherKindHint). It is "" for any other error.
+func (r *Registry) hint(err error) string {
 	if !redis.HasErrorPrefix(err, "NOPERM") {
-		return ""
+		return otherKindHint(err, r.cluster, r.sentinel)
 	}
 	if cmd := refusedCommand(err); cmd != "" {
 		return " (the Redis ACL user needs +" + cmd + ")"
@@ -236,7 +247,7 @@ func (r *Registry) Stop(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("redis registry hdel %s / zrem %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.aclHint(err))
+		return fmt.Errorf("redis registry hdel %s / zrem %s: %w%s", r.cfg.Hash, r.cfg.ZSet, err, r.hint(err))
 	}
 	return nil
 }

@@ -32,7 +32,7 @@ func TestRegistryHeartbeatFailuresRateLimited(t *testing.T) {
 		minGap = warnEvery / 2
 	)
 	reg, err := startRegistry(rs.Client(), RegistryConfig{Enabled: true, Interval: interval}, 200*time.Millisecond,
-		Instance{ProxyID: "proxy-1"}, logger, warnEvery)
+		Instance{ProxyID: "proxy-1"}, logger, warnEvery, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,19 +96,8 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 		fields, key, err = s.hgetallEither(ctx, key, s.cfg.LegacyKeyPrefix+id)
 	}
 	if err != nil {
-		if !s.cluster && redis.HasErrorPrefix(err, "MOVED") {
-			// A node of a Cluster, read as one server: it answers the
-			// keys it holds and MOVED for the others, so some
-			// sandboxes work and others are a 503, and the bare MOVED
-			// named no setting (TestClusterNodeAsStandaloneAddr).
-			return nil, fmt.Errorf("%w (this Redis is a Cluster node: list the cluster's nodes in redis.cluster.addrs)", err)
-		}
-		if !s.cluster && s.cfg.Sentinel.MasterName == "" && redis.HasErrorPrefix(err, "unknown command 'hgetall'") {
-			// A sentinel in redis.addr (its port, 26379, or the
-			// sentinels of a Sentinel deployment named as one server)
-			// answers so, and the bare refusal named no setting
-			// (TestServerOfAnotherKindIsNamed).
-			return nil, fmt.Errorf("%w (a Redis Sentinel answers so: for a master behind sentinels set redis.sentinel.master_name and list the sentinels in redis.sentinel.addrs)", err)
+		if hint := otherKindHint(err, s.cluster, s.cfg.Sentinel.MasterName != ""); hint != "" {
+			return nil, fmt.Errorf("%w%s", err, hint)
 		}
 		return nil, err
 	}
@@ -121,6 +110,38 @@ func (s *Store) Lookup(ctx context.Context, id string) (*routing.Route, error) {
 	}
 	r.Key = key
 	return r, nil
+}
+
+// sentinelFix is what an operator whose redis.addr names a Redis Sentinel
+// changes.
+const sentinelFix = "for a master behind sentinels set redis.sentinel.master_name and list the sentinels in redis.sentinel.addrs"
+
+// otherKindHint is what the error of a command sent to the server
+// redis.addr (or redis.url) names adds when that server is of another kind
+// (" (...)", with its leading space), or "". cluster and sentinel say
+// whether redis.cluster.addrs or redis.sentinel.master_name is set.
+//
+// A node of a Cluster read as one server answers the keys it holds and
+// MOVED for the others: some sandboxes work and others are a 503, some
+// heartbeats are written and others not. A sentinel there (its port,
+// 26379, or the sentinels of a Sentinel deployment named as one server)
+// knows no data command and takes no PUBLISH but its own. Bare, neither
+// error named the setting to change, in the lookup's log line and /readyz
+// (TestClusterNodeAsStandaloneAddr, TestServerOfAnotherKindIsNamed) nor
+// in the registry's warning (TestWritesToServerOfAnotherKindNamed). A
+// Cluster client follows MOVED itself, and a Sentinel client's data
+// server is the master the sentinels name.
+func otherKindHint(err error, cluster, sentinel bool) string {
+	switch {
+	case cluster:
+		return ""
+	case redis.HasErrorPrefix(err, "MOVED"):
+		return " (this Redis is a Cluster node: list the cluster's nodes in redis.cluster.addrs)"
+	case !sentinel && (redis.HasErrorPrefix(err, "unknown command") ||
+		redis.HasErrorPrefix(err, "Only HELLO messages are accepted by Sentinel")):
+		return " (a Redis Sentinel answers so: " + sentinelFix + ")"
+	}
+	return ""
 }
 
 // hgetallEither reads key and then legacy in one pipeline, and returns the

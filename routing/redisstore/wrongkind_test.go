@@ -3,8 +3,10 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-sandbox/cubeproxy/internal/testenv"
 	"github.com/cube-sandbox/cubeproxy/routing"
@@ -49,6 +51,69 @@ func TestServerOfAnotherKindIsNamed(t *testing.T) {
 			for _, want := range tc.want {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("lookup error %q does not say %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestWritesToServerOfAnotherKindNamed: the registry's heartbeat, its
+// removal at stop and the invalidation's PUBLISH, sent to a Cluster node
+// or a sentinel in redis.addr, fail with errors that name the setting to
+// change, as a lookup's does (TestServerOfAnotherKindIsNamed,
+// TestClusterNodeAsStandaloneAddr): the heartbeat's warning said only
+// "MOVED 15489 127.0.0.1:7001" or "ERR unknown command 'hset'", with the
+// lookups' errors, which named the setting, in another line. A Cluster
+// node relays a PUBLISH to the whole cluster: that one works.
+func TestWritesToServerOfAnotherKindNamed(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ctx := context.Background()
+	data := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, "cubemaster", data.Addr())
+	a, b, _ := startTwoNodeCluster(t)
+	// The node that does not hold the registry's hash, the heartbeat's
+	// first write.
+	node := a
+	if onNodeA(t, a, redisstore.DefaultRegistryHash) {
+		node = b
+	}
+	clusterHint := "(this Redis is a Cluster node: list the cluster's nodes in redis.cluster.addrs)"
+	sentinelHint := "(a Redis Sentinel answers so: for a master behind sentinels set redis.sentinel.master_name and list the sentinels in redis.sentinel.addrs)"
+	for _, tc := range []struct {
+		name             string
+		addr             string
+		beat, stop, publ []string // in the heartbeat's warning, Stop's error, Publish's error (nil: none)
+	}{
+		{"cluster node", node.Addr(), []string{"MOVED", clusterHint}, []string{"MOVED", clusterHint}, nil},
+		{"sentinel", sentinel.Addr(), []string{"unknown command 'hset'", sentinelHint},
+			[]string{"unknown command 'hdel'", sentinelHint}, []string{"Only HELLO messages", sentinelHint}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Addr: tc.addr, Registry: redisstore.RegistryConfig{Enabled: true, Interval: time.Hour}})
+			var logs testenv.LogBuffer
+			reg, err := s.StartRegistry(redisstore.Instance{ProxyID: "proxy-kind"}, slog.New(slog.NewJSONHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 10*time.Second, "the heartbeat's warning", func() bool { return strings.Contains(logs.String(), "heartbeat failed") })
+			for _, want := range tc.beat {
+				if !strings.Contains(logs.String(), want) {
+					t.Errorf("heartbeat warning %s\nwant %q", logs.String(), want)
+				}
+			}
+			err = reg.Stop(ctx)
+			for _, want := range tc.stop {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("stop err = %v, want %q", err, want)
+				}
+			}
+			err = s.Publish(ctx, "sbx")
+			if tc.publ == nil && err != nil {
+				t.Errorf("publish: %v", err)
+			}
+			for _, want := range tc.publ {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("publish err = %v, want %q", err, want)
 				}
 			}
 		})

@@ -116,6 +116,11 @@ type Subscriber struct {
 	refusal   string // the reason last logged by logRefused; run's goroutine only
 	lost      bool   // a node left for its failures was logged since the last subscription; run's goroutine only
 	broken    error  // the last error of a connection or a dial since the last reply; run's goroutine only
+	// standalone says redis.addr (or redis.url) names the one server,
+	// which may be a sentinel (onSentinel); sentinel says the current
+	// connection's confirmed subscription is on one, run's goroutine only.
+	standalone bool
+	sentinel   bool
 	// badLogged holds back logBadID's repeated lines.
 	badLogged loglimit.Limit
 	subs      atomic.Int64
@@ -158,6 +163,8 @@ func (s *Store) Subscribe(ctx context.Context, cache Invalidator, logger *slog.L
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		base:    context.Background(),
+
+		standalone: !s.cluster && s.cfg.Sentinel.MasterName == "",
 	}
 	if _, cluster := s.client.(*redis.ClusterClient); !cluster && s.cfg.Sentinel.MasterName != "" {
 		m, err := newSentinelMasters(s.cfg)
@@ -408,7 +415,8 @@ func (sub *Subscriber) watch(ps *redis.PubSub, locate func() *redis.Client, in <
 					confirmed, refused = true, false
 					failures = 0
 					sub.refusal, sub.lost = "", false
-					sub.live.Store(true)
+					sub.sentinel = sub.onSentinel()
+					sub.live.Store(!sub.sentinel)
 					if locate != nil {
 						node = locate()
 					}
@@ -516,6 +524,32 @@ func (sub *Subscriber) notMaster() bool {
 	return true
 }
 
+// onSentinel reports whether the server a standalone client names says it
+// is a Redis Sentinel (HELLO's mode). A sentinel in redis.addr confirms
+// SUBSCRIBE as a data server does, answers its PINGs, and relays nothing
+// published on the data servers: while every lookup failed, naming the
+// setting, the subscription logged "subscribed" and its gauge read 1
+// (TestSentinelAsAddrSubscriptionNamed). HELLO needs no ACL rule on
+// Redis 7, and go-redis sends one on each connection anyway; a server
+// that does not answer it is taken for no sentinel.
+func (sub *Subscriber) onSentinel() bool {
+	if !sub.standalone {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sub.idle/pingIdle)
+	defer cancel()
+	reply, err := sub.client.Do(ctx, "HELLO", "2").Slice()
+	if err != nil {
+		return false
+	}
+	for i := 0; i+1 < len(reply); i += 2 {
+		if reply[i] == "mode" {
+			return reply[i+1] == "sentinel"
+		}
+	}
+	return false
+}
+
 // clusterFails reports whether node answers cluster_state:fail.
 func clusterFails(ctx context.Context, node *redis.Client) bool {
 	info, err := node.ClusterInfo(ctx).Result()
@@ -594,10 +628,16 @@ func (sub *Subscriber) handle(msg any, subscribed *bool) bool {
 		// data takes SUBSCRIBE while it still answers reads with
 		// LOADING, and meanwhile the old routes are served stale.
 		n := sub.cache.ExpireAll()
-		if sub.subs.Add(1) == 1 {
+		first := sub.subs.Add(1) == 1
+		if first {
 			close(sub.ready)
+		}
+		switch {
+		case sub.sentinel:
+			sub.logger.Error("redis invalidation: subscribed on a Redis Sentinel, which relays no invalidation published on the data servers: "+sentinelFix, "routes_expired", n)
+		case first:
 			sub.logger.Info("redis invalidation subscribed", "routes_expired", n)
-		} else {
+		default:
 			sub.logger.Warn("redis invalidation resubscribed after reconnect; every cached route will be read again, since invalidations published meanwhile were lost", "routes_expired", n)
 		}
 	case *redis.Message:
@@ -644,8 +684,9 @@ func (sub *Subscriber) Applied() int64 { return sub.applied.Load() }
 // Subscribed reports whether invalidations are being received now: a
 // SUBSCRIBE was confirmed on the current connection and it has not failed
 // since. False while Redis is unreachable, while it refuses the
-// subscription, and from a connection's failure until its replacement is
-// confirmed (which expires the whole cache).
+// subscription, while it is a Redis Sentinel (onSentinel), and from a
+// connection's failure until its replacement is confirmed (which expires
+// the whole cache).
 func (sub *Subscriber) Subscribed() bool { return sub.live.Load() }
 
 // Close unsubscribes and waits until no more messages are applied.

@@ -119,3 +119,42 @@ func TestWritesToServerOfAnotherKindNamed(t *testing.T) {
 		})
 	}
 }
+
+// TestSentinelAsAddrSubscriptionNamed: a sentinel in redis.addr takes the
+// invalidation's SUBSCRIBE and answers its PINGs, and relays nothing
+// published on the data server. The subscription logged "subscribed" and
+// its gauge read 1 while every lookup failed: it is logged at error level
+// naming the setting, and Subscribed is false. A data server's is not.
+func TestSentinelAsAddrSubscriptionNamed(t *testing.T) {
+	testenv.ParallelRedis(t)
+	data := testenv.StartRedis(t)
+	sentinel := testenv.StartSentinel(t, "cubemaster", data.Addr())
+	for _, tc := range []struct {
+		name     string
+		addr     string
+		sentinel bool
+	}{
+		{"sentinel", sentinel.Addr(), true},
+		{"data server", data.Addr(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStoreCfg(t, redisstore.Config{Addr: tc.addr})
+			var logs testenv.LogBuffer
+			sub := s.Subscribe(context.Background(), make(recorder, 10), slog.New(slog.NewJSONHandler(&logs, nil)))
+			t.Cleanup(func() { _ = sub.Close() })
+			waitReady(t, sub) // Subscribed is set before Ready is closed
+			if sub.Subscribed() == tc.sentinel {
+				t.Errorf("Subscribed() = %v on %s", sub.Subscribed(), tc.name)
+			}
+			// Logged just after Ready is closed, one line or the other.
+			testenv.WaitFor(t, 5*time.Second, "the subscription's line", func() bool {
+				return strings.Contains(logs.String(), "redis invalidation subscribed") || strings.Contains(logs.String(), "subscribed on a Redis Sentinel")
+			})
+			named := strings.Contains(logs.String(), "Redis Sentinel") && strings.Contains(logs.String(), "redis.sentinel.master_name")
+			claimed := strings.Contains(logs.String(), `"msg":"redis invalidation subscribed"`)
+			if named != tc.sentinel || claimed == tc.sentinel {
+				t.Errorf("log on %s:\n%s\nwant the sentinel named: %v", tc.name, logs.String(), tc.sentinel)
+			}
+		})
+	}
+}

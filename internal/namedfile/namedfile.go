@@ -50,6 +50,13 @@ func Read(path string, limit int64) ([]byte, error) {
 // opened file's state after (f.Stat): a rename over path meanwhile, an
 // atomic replacement, leaves what was opened whole and unchanged.
 func Open(path string, limit int64) (*os.File, fs.FileInfo, error) {
+	return open(path, limit, nil)
+}
+
+// open is Open calling between, when not nil, after the stat and before
+// the open: tests change there what path names, as a rename by another
+// process may (TestOpenJudgesWhatItOpened).
+func open(path string, limit int64, between func()) (*os.File, fs.FileInfo, error) {
 	// Stat before open: open(2) of a FIFO with no writer blocks, and
 	// opening a device may have effects of its own.
 	fi, err := os.Stat(path)
@@ -58,6 +65,9 @@ func Open(path string, limit int64) (*os.File, fs.FileInfo, error) {
 	}
 	if err := check(path, fi, limit); err != nil {
 		return nil, nil, err
+	}
+	if between != nil {
+		between()
 	}
 	// The name may have changed between the stat and the open: open
 	// without blocking (noBlock; a no-op for a regular file's reads) and

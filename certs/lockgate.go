@@ -168,8 +168,13 @@ func (g *lockGate) close(limit time.Duration) bool {
 	}
 }
 
+// storageWarnEvery is how often a failing certificate storage write is
+// logged: certmagic retries it on every new name's handshake, so unlimited
+// it would be a line per handshake, as its own per-handshake lines were.
+const storageWarnEvery = 10 * time.Second
+
 // Store stores value at key, and warns when the write fails, at most once
-// every handshakeLogEvery (with the count held back). certmagic checks
+// every storageWarnEvery (with the count held back). certmagic checks
 // that the storage takes a write before each on-demand order and hands a
 // failure to the waiting handshake alone: a storage_dir that stopped
 // taking writes after the start (a volume gone read-only or full) failed
@@ -178,7 +183,7 @@ func (g *lockGate) close(limit time.Duration) bool {
 func (g *lockGate) Store(ctx context.Context, key string, value []byte) error {
 	err := g.Storage.Store(ctx, key, value)
 	if err != nil && g.log != nil {
-		if suppressed, ok := g.storeFailures.Admit(time.Now(), handshakeLogEvery); ok {
+		if suppressed, ok := g.storeFailures.Admit(time.Now(), storageWarnEvery); ok {
 			g.log.Warn("certificate storage write failed; certificates cannot be obtained or renewed until tls.acme.storage_dir takes writes (logged at most once every 10 s)",
 				loglimit.WithSuppressed(suppressed, "key", key, "error", err)...)
 		}

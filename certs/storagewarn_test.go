@@ -19,7 +19,7 @@ import (
 // operator saw "obtaining new certificate" for each new sandbox name and
 // nothing after it (measured on the binary, run as a user that then lost
 // write access), while /readyz said ready. A failed write is a warning,
-// at most once every handshakeLogEvery.
+// at most once every storageWarnEvery.
 func TestStorageWriteFailureWarned(t *testing.T) {
 	// A file where the storage's directory would be: writes fail, for
 	// root too.

@@ -511,25 +511,59 @@ func mayHoldSecret(before []string, arg string) bool {
 }
 
 // WithFlagHint adds to an unknown flag's error (from fs.Parse) the flag
-// of fs most likely meant: the YAML key's spelling (--http_addr for
-// --http-addr), or one within a few typos. The usage the flag package
-// printed lists a hundred; a subcommand's few are still mistyped.
+// of fs most likely meant (Suggest): the YAML key's spelling (--http_addr
+// for --http-addr), one within a few typos, or the one flag it cuts short
+// or ends (--trace-sample-ratio, its section left out). The flags are a
+// hundred, and a subcommand's few are still mistyped.
 func WithFlagHint(fs *flag.FlagSet, err error) error {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
 	if !ok {
 		return err
 	}
-	want := strings.ReplaceAll(strings.ToLower(strings.TrimLeft(name, "-")), "_", "-")
-	best, bestDist := "", max(2, len(want)/4)+1
-	fs.VisitAll(func(f *flag.Flag) {
-		if d := editDistance(want, f.Name); d < bestDist {
-			best, bestDist = f.Name, d
-		}
-	})
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	best := Suggest(name, names)
 	if best == "" {
 		return err
 	}
 	return fmt.Errorf("%w (did you mean --%s?)", err, best)
+}
+
+// Suggest returns the one of names that word (a mistyped command or flag
+// name, dashes before it ignored) most likely meant, or "" when none is
+// close enough to name: a far-fetched hint sends the operator after the
+// wrong thing. Case is ignored and "_" read as "-" (a YAML key's
+// spelling). The nearest name within a few typos is taken first; failing
+// that, the only name word cuts short or runs past ("serv", "healthz"),
+// or, for a word of two parts or more, the only name it ends ("trace-
+// sample-ratio" for telemetry-trace-sample-ratio): a word that fits two
+// names ("max-conns") names neither. Words under three letters get none.
+func Suggest(word string, names []string) string {
+	w := strings.ReplaceAll(strings.ToLower(strings.TrimLeft(word, "-")), "_", "-")
+	if len(w) < 3 {
+		return ""
+	}
+	best, bestDist := "", max(2, len(w)/4)+1
+	for _, n := range names {
+		if d := editDistance(w, n); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	if best != "" {
+		return best
+	}
+	var fits []string
+	for _, n := range names {
+		// A one-word suffix ("port", "addr") would send a --port meant
+		// for http_addr to --tls-redirect-port.
+		if strings.HasPrefix(n, w) || strings.HasPrefix(w, n) || strings.Contains(w, "-") && strings.HasSuffix(n, "-"+w) {
+			fits = append(fits, n)
+		}
+	}
+	if len(fits) != 1 {
+		return ""
+	}
+	return fits[0]
 }
 
 // decodeFile reads the YAML file at path over cfg. A key that names no

@@ -31,3 +31,40 @@ func TestUnknownFlagHint(t *testing.T) {
 		})
 	}
 }
+
+// Suggest names a word's typo, the name it cuts short or runs past (a
+// command's), and the one flag it ends (its section left out), but no
+// name when two fit or the word is a single generic one: --port would
+// have been sent to --tls-redirect-port.
+func TestSuggest(t *testing.T) {
+	commands := []string{"serve", "check", "demo", "token", "health", "version", "help"}
+	flags := []string{"admin-addr", "admin-token", "client-max-conns", "http-addr", "https-addr", "instance-id",
+		"routes", "telemetry-trace-sample-ratio", "tls-redirect-port", "upstream-max-conns"}
+	for _, tc := range []struct {
+		word  string
+		names []string
+		want  string
+	}{
+		{"serv", commands, "serve"},
+		{"Server", commands, "serve"},
+		{"healthz", commands, "health"},
+		{"chek", commands, "check"},
+		{"versio", commands, "version"},
+		{"bog", commands, ""},
+		{"he", commands, ""}, // too short to tell
+		{"--admin-adr", flags, "admin-addr"},
+		{"--admin_addr", flags, "admin-addr"},
+		{"--trace-sample-ratio", flags, "telemetry-trace-sample-ratio"},
+		{"--sample-ratio", flags, "telemetry-trace-sample-ratio"},
+		{"--instance", flags, "instance-id"},
+		{"--routes-file", flags, "routes"},
+		{"--max-conns", flags, ""}, // client's or upstream's
+		{"--admin", flags, ""},     // admin-addr or admin-token
+		{"--port", flags, ""},      // one word: not tls-redirect-port
+		{"--frobnicate", flags, ""},
+	} {
+		if got := Suggest(tc.word, tc.names); got != tc.want {
+			t.Errorf("Suggest(%q) = %q, want %q", tc.word, got, tc.want)
+		}
+	}
+}

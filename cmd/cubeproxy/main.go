@@ -180,21 +180,12 @@ func isHelpFlag(arg string) bool {
 	return false
 }
 
-// commandLike returns the command that word cuts short or runs past
-// ("serv", "server", "healthz"), or "": the usage that follows lists the
-// commands, but not which one a script's typo meant.
+// commandLike returns the command that word mistypes, cuts short or runs
+// past ("serv", "chek", "healthz"), or "": the usage that follows lists
+// the commands, but not which one a script's typo meant. Flags are
+// matched alike (config.Suggest).
 func commandLike(word string) string {
-	w := strings.ToLower(word)
-	if len(w) < 3 {
-		return ""
-	}
-	// No two commands share their first three letters.
-	for _, c := range [...]string{"serve", "check", "demo", "token", "health", "version", "help"} {
-		if strings.HasPrefix(c, w) || strings.HasPrefix(w, c) {
-			return c
-		}
-	}
-	return ""
+	return config.Suggest(word, []string{"serve", "check", "demo", "token", "health", "version", "help"})
 }
 
 // usageError is a command line that does not say what to run: a

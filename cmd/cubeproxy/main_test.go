@@ -87,7 +87,8 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"serv"}, 2, `unknown command "serv" (did you mean serve?)`},
 		{[]string{"Server", "--config", "c.yaml"}, 2, `unknown command "Server" (did you mean serve?)`},
 		{[]string{"healthz"}, 2, `(did you mean health?)`},
-		{[]string{"bog"}, 2, "unknown command \"bog\"\n"}, // like no command: none named
+		{[]string{"chek"}, 2, `unknown command "chek" (did you mean check?)`}, // a typo, as a flag's
+		{[]string{"bog"}, 2, "unknown command \"bog\"\n"},                     // like no command: none named
 		// serve's flags written before it, as nginx -c takes its file:
 		// say where they go rather than take the flag for a command.
 		{[]string{"--config", "c.yaml", "serve"}, 2, `unknown command "--config": the command comes first and its flags after it (cubeproxy serve --config FILE)`},

@@ -221,7 +221,13 @@ const EnvPrefix = "CUBEPROXY_"
 // value of the wrong type, an argument after the flags. A command exits 2
 // for it, as the flag package's ExitOnError does, so a wrapper script can
 // tell its own mistake from a setting the proxy refused (exit 1).
-type UsageError struct{ Err error }
+type UsageError struct {
+	Err error
+	// ListFlags is the command line that lists the flags ("cubeproxy
+	// serve -h") when a flag is the mistake, for the command to say after
+	// the error in place of the list itself; "" otherwise.
+	ListFlags string
+}
 
 // Error returns the flag package's message, or the stray argument's.
 func (e *UsageError) Error() string { return e.Err.Error() }
@@ -254,7 +260,7 @@ func LoadCommandContext(ctx context.Context, command string, shown *Config, args
 	defaults := collect(reflect.ValueOf(shown).Elem()) // same order as settings
 
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(out) // for -h (ParseFlags)
 	configPath := fs.String("config", "", "YAML config file (env "+EnvPrefix+"CONFIG)")
 	kinds := map[string]string{"config": "string"}
 	fs.Usage = func() { printUsage(fs, kinds) }
@@ -291,11 +297,11 @@ func LoadCommandContext(ctx context.Context, command string, shown *Config, args
 		kinds[s.flagName()] = s.kind()
 		fs.Lookup(s.flagName()).DefValue = defaults[i].show()
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, &UsageError{WithFlagHint(fs, err)}
+	if err := ParseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, &UsageError{strayArgument(fs, args)}
+		return nil, &UsageError{Err: strayArgument(fs, args)}
 	}
 
 	path, fromEnv := *configPath, false
@@ -508,6 +514,28 @@ func mayHoldSecret(before []string, arg string) bool {
 		}
 	}
 	return false
+}
+
+// ParseFlags parses a command's flags from args into fs. -h (or -help)
+// writes fs's usage to its output and returns a *UsageError wrapping
+// flag.ErrHelp. Any other mistake (a flag not defined, a value not of its
+// kind, a flag missing its value) is a *UsageError naming the flag most
+// likely meant and how to list the flags, and nothing is written: the
+// flag package wrote its error and then every flag (190 lines for serve),
+// which buried the error the command then reported again under them.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage() // asked for: the list, on the output the command chose
+		return &UsageError{Err: err}
+	}
+	return &UsageError{Err: WithFlagHint(fs, err), ListFlags: fs.Name() + " -h"}
 }
 
 // WithFlagHint adds to an unknown flag's error (from fs.Parse) the flag

@@ -44,8 +44,8 @@ func health(ctx context.Context, args []string, getenv func(string) string, stdo
 	})
 	fs.Lookup("timeout").DefValue = timeout.String()
 	cfgPath := fs.String("config", "", "the proxy's config file (or CUBEPROXY_CONFIG); its admin_addr is asked")
-	if err := fs.Parse(args); err != nil {
-		return &config.UsageError{Err: config.WithFlagHint(fs, err)}
+	if err := config.ParseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		// Parsing stops at the first non-flag: what follows it was not read.

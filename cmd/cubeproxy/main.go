@@ -161,6 +161,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "cubeproxy:", err)
+		// In place of the flag list the flag package printed (a hundred
+		// flags for serve), which buried the error.
+		if ue, ok := errors.AsType[*config.UsageError](err); ok && ue.ListFlags != "" {
+			fmt.Fprintf(stderr, "cubeproxy: run '%s' to list the flags\n", ue.ListFlags)
+		}
 		noteUnknownEnv(stderr, os.Environ())
 		if isUsage(err) {
 			return 2

@@ -56,8 +56,8 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	})
 	fs.Lookup("ttl").DefValue = *ttl
 	cfgPath := fs.String("config", "", "config file with auth.signing_keys (or CUBEPROXY_AUTH_SIGNING_KEYS)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return &config.UsageError{Err: config.WithFlagHint(fs, err)}
+	if err := config.ParseFlags(fs, args[1:]); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		// Parsing stops at the first non-flag: what follows it was not read.

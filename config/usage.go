@@ -91,10 +91,23 @@ func showDuration(d time.Duration) string {
 // with durations as -h shows them (whole seconds as "7206s", not
 // "2h0m6s"), so that cubeproxy check's output reads like the README and
 // the example configs.
-func (c *Config) YAML() ([]byte, error) {
+func (c *Config) YAML() ([]byte, error) { return c.NotedYAML(nil) }
+
+// NotedYAML is YAML with a comment ending the line of each setting notes
+// names by its key ("telemetry.trace_sample_ratio"): cubeproxy check says
+// there that a setting does not apply, and the output still loads back to
+// the same settings. A key that names no setting is an error.
+func (c *Config) NotedYAML(notes map[string]string) ([]byte, error) {
 	var root yaml.Node
 	if err := root.Encode(c); err != nil {
 		return nil, err
+	}
+	for key, note := range notes {
+		n := lookupNode(&root, strings.Split(key, "."))
+		if n == nil || n.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("note on %s: no such setting", key)
+		}
+		n.LineComment = note
 	}
 	for _, s := range collect(reflect.ValueOf(c).Elem()) {
 		if s.v.Type() != durationType {

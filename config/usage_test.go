@@ -196,3 +196,29 @@ func helpTexts(t *testing.T) map[string]string {
 	}
 	return text
 }
+
+// NotedYAML ends a setting's line with its note, which loads back as
+// nothing, and refuses a note on no setting (a key renamed under it).
+func TestNotedYAML(t *testing.T) {
+	c := Default()
+	c.Telemetry.TraceSampleRatio = 0.25
+	out, err := c.NotedYAML(map[string]string{"telemetry.trace_sample_ratio": "not used: traces are off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "\n  trace_sample_ratio: 0.25 # not used: traces are off\n"; !strings.Contains(string(out), want) {
+		t.Errorf("output\n%s\nwant the line %q", out, want)
+	}
+	back, err := Load([]string{"--config", writeFile(t, string(out))}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if back.Telemetry.TraceSampleRatio != 0.25 {
+		t.Errorf("loaded back trace_sample_ratio %v, want 0.25", back.Telemetry.TraceSampleRatio)
+	}
+	for _, key := range []string{"telemetry.sample_ratio", "telemetry"} {
+		if _, err := c.NotedYAML(map[string]string{key: "x"}); err == nil {
+			t.Errorf("note on %s: no error", key)
+		}
+	}
+}

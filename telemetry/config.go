@@ -65,18 +65,11 @@ const (
 func traceExporterKind(env func(string) string) (exporterKind, error) {
 	// Checked first: switched off, the other settings are not looked at,
 	// so that this is how a broken telemetry setup is turned off.
-	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") {
+	if tracesOff(env) != "" {
 		return exporterNone, nil
 	}
 	sampler := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_SAMPLER")))
-	if sampler == "always_off" || sampler == "parentbased_always_off" {
-		return exporterNone, nil
-	}
-	switch v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_EXPORTER"))); v {
-	case "", "none":
-		return exporterNone, nil
-	case "otlp":
-	default:
+	if v := strings.ToLower(strings.TrimSpace(env("OTEL_TRACES_EXPORTER"))); v != "otlp" {
 		return exporterNone, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: only \"otlp\" and \"none\" are supported", v)
 	}
 	switch sampler {
@@ -113,6 +106,26 @@ func traceExporterKind(env func(string) string) (exporterKind, error) {
 		return exporterNone, err
 	}
 	return kind, nil
+}
+
+// tracesOff says which variable turns traces off ("OTEL_SDK_DISABLED=true",
+// "OTEL_TRACES_SAMPLER=always_off", "OTEL_TRACES_EXPORTER unset"), or ""
+// when none does: traces are then on, or refused (traceExporterKind).
+func tracesOff(env func(string) string) string {
+	if v := strings.TrimSpace(env("OTEL_SDK_DISABLED")); strings.EqualFold(v, "true") {
+		return "OTEL_SDK_DISABLED=" + v
+	}
+	switch v := strings.TrimSpace(env("OTEL_TRACES_SAMPLER")); strings.ToLower(v) {
+	case "always_off", "parentbased_always_off":
+		return "OTEL_TRACES_SAMPLER=" + v
+	}
+	switch v := strings.TrimSpace(env("OTEL_TRACES_EXPORTER")); strings.ToLower(v) {
+	case "":
+		return "OTEL_TRACES_EXPORTER unset"
+	case "none":
+		return "OTEL_TRACES_EXPORTER=" + v
+	}
+	return ""
 }
 
 // checkOTLPHeaders refuses an OTEL_EXPORTER_OTLP_[TRACES_]HEADERS the
@@ -470,6 +483,17 @@ func checkOTLPInsecure(env func(string) string, endpoint, scheme string) error {
 // what the environment (Env) and the defaults make of a zero one. The
 // binary shows it (serve -h, cubeproxy check) without building a tracer.
 func (c Config) SampleRatio() (float64, error) { return c.sampleRatio(c.env()) }
+
+// TracesOff says why c traces nothing, naming the variable that turns
+// traces off ("OTEL_TRACES_SAMPLER=always_off"), or "" when it traces (or
+// Check refuses its settings). The sample ratio then applies to nothing,
+// which cubeproxy check says beside it.
+func (c Config) TracesOff() string {
+	if c.SpanExporter != nil {
+		return ""
+	}
+	return tracesOff(c.env())
+}
 
 // sampleRatio resolves the ratio as documented on Config.TraceSampleRatio.
 func (c *Config) sampleRatio(env func(string) string) (float64, error) {

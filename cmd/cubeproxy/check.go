@@ -47,7 +47,7 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	eff := effective(cfg, getenv)
 	eff.InstanceID = instance // the hostname when unset
-	out, err := redact(eff).YAML()
+	out, err := redact(eff).NotedYAML(checkNotes(cfg, getenv))
 	if err != nil {
 		return fmt.Errorf("print configuration: %w", err)
 	}
@@ -61,6 +61,18 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 		fmt.Fprintf(stderr, "cubeproxy: note: %s (OTEL_METRICS_EXPORTER=%s; serve logs this as a warning and starts)\n", metricsExporterWarning, v)
 	}
 	return nil
+}
+
+// checkNotes are the comments check writes beside a setting it prints that
+// does not apply, keyed by the setting: traces off (the default, or
+// OTEL_TRACES_SAMPLER=always_off), telemetry.trace_sample_ratio still read
+// 0.01 as if 1 % of requests were traced.
+func checkNotes(cfg *config.Config, getenv func(string) string) map[string]string {
+	notes := map[string]string{}
+	if why := telemetryConfig(cfg, getenv).TracesOff(); why != "" {
+		notes["telemetry.trace_sample_ratio"] = "not used: traces are off (" + why + ")"
+	}
+	return notes
 }
 
 // checkSettings runs what build runs up to the first side effect that

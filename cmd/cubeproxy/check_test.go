@@ -431,3 +431,40 @@ func TestCheckPrintsTheInstanceIDInEffect(t *testing.T) {
 		t.Errorf("exit %d, instance_id %q, want %q\n%s\n%s", code, eff.InstanceID, host, stdout, stderr)
 	}
 }
+
+// Where traces are off, check says beside telemetry.trace_sample_ratio
+// that it is not used, and which variable turns them off: it printed 0.01
+// under OTEL_TRACES_SAMPLER=always_off as if 1 % of requests were traced.
+// With traces on the line is bare, and the output loads again either way.
+func TestCheckSaysTheSampleRatioIsUnusedWhenTracesAreOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		line string // telemetry.trace_sample_ratio's line
+	}{
+		{"no exporter", nil, "  trace_sample_ratio: 0.01 # not used: traces are off (OTEL_TRACES_EXPORTER unset)"},
+		{"sampler always_off", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_off"},
+			"  trace_sample_ratio: 0.01 # not used: traces are off (OTEL_TRACES_SAMPLER=always_off)"},
+		{"sampler parentbased_always_off", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "parentbased_always_off"},
+			"  trace_sample_ratio: 0.01 # not used: traces are off (OTEL_TRACES_SAMPLER=parentbased_always_off)"},
+		{"SDK disabled", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"},
+			"  trace_sample_ratio: 0.01 # not used: traces are off (OTEL_SDK_DISABLED=true)"},
+		{"traces on", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, "  trace_sample_ratio: 0.01"},
+		{"traces on, argument", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER_ARG": "0.25"}, "  trace_sample_ratio: 0.25"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			getenv := func(k string) string { return tc.env[k] }
+			code, out, stderr := runCheck(t, getenv, "--routes=")
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if !strings.Contains(out, "\n"+tc.line+"\n") {
+				t.Errorf("output %s\nwant the line %q", out, tc.line)
+			}
+			file := writeTemp(t, t.TempDir(), "printed.yaml", out)
+			if code, again, stderr := runCheck(t, getenv, "--config", file); code != 0 || again != out {
+				t.Errorf("printed output: exit %d, %s; output again\n%s\nwant 0 and\n%s", code, stderr, again, out)
+			}
+		})
+	}
+}

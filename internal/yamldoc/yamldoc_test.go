@@ -19,6 +19,7 @@ func TestNextDocument(t *testing.T) {
 		{"a null document after it", "a: 1\n---\n~\n", 0, false},
 		{"a second document", "a: 1\n---\nb: 2\n", 3, false},
 		{"after an empty one", "a: 1\n---\n---\nb: 2\n", 4, false},
+		{"a plain word as the second document", "a: 1\n---\nroutes\n", 3, false},
 		{"a broken second document", "a: 1\n---\nb: [\n", 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

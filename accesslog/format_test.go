@@ -92,6 +92,12 @@ func TestCubeMissingValues(t *testing.T) {
 	if strings.Join(got, "||") != strings.Join(want, "||") {
 		t.Errorf("empty entry:\n got %q\nwant %q", got, want)
 	}
+	// A negative byte count (none the proxy means to give) is logged as
+	// 0, as nginx's $body_bytes_sent never goes below it: a reader that
+	// sums the field is not thrown off.
+	if f := strings.Split(cubeLine(&Entry{Time: testTime, BodyBytesSent: -1}), "||")[12]; f != "0" {
+		t.Errorf("body_bytes_sent -1 logged as %q, want 0", f)
+	}
 	// A zero Time means "now".
 	if line := string(appendCube(nil, &Entry{}, testTime, newStamps(accessTime))); !strings.HasPrefix(line, "2026-11-30T04:47:48.123||") {
 		t.Errorf("zero time not replaced by now: %q", line)
@@ -186,6 +192,8 @@ func TestRedaction(t *testing.T) {
 		{"/p?cube-token=keep&cube__token=keep&cube_token_=keep", "/p?cube-token=keep&cube__token=keep&cube_token_=keep"},
 		{"/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep", "/p?my+cube_token=keep&cube_token+x=keep&cube_tokenx[]=keep"},
 		{"/p?cube[token]=keep&cube_toke=keep", "/p?cube[token]=keep&cube_toke=keep"},
+		// A cut escape at a name's end is no escape: kept, and read safely.
+		{"/p?cube_token%5=keep&%2=keep&%=keep", "/p?cube_token%5=keep&%2=keep&%=keep"},
 	}
 	for _, tt := range tests {
 		got := string(appendRedactedURI(nil, tt.uri, appendCubeEscaped))
@@ -273,7 +281,8 @@ func TestJSONLine(t *testing.T) {
 // FuzzJSONEscape checks that any string survives a JSON line exactly as
 // encoding/json would carry it.
 func FuzzJSONEscape(f *testing.F) {
-	for _, s := range []string{"", "plain", `q"b\`, "ctl\x00\x01\x1f\b\f\n\r\t", "é中文🙂", "bad\xff\xfeutf8", "\u2028\u2029", "<>&", "\xed\xa0\x80"} {
+	for _, s := range []string{"", "plain", `q"b\`, "ctl\x00\x01\x1f\b\f\n\r\t", "é中文🙂", "bad\xff\xfeutf8", "\u2028\u2029", "<>&", "\xed\xa0\x80",
+		"u:p@w@Box.test", "@Box.test", "Mozilla/5.0 (X11; Linux x86_64) ~!#$%&'*+,-./:;<=>?@[]^_`{|}"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -299,6 +308,13 @@ func FuzzJSONEscape(f *testing.F) {
 		}
 		if got["user_agent"] != want {
 			t.Errorf("%q decoded as %q, encoding/json gives %q", s, got["user_agent"], want)
+		}
+		// Printable ASCII other than '"' and '\\' is written as it is,
+		// as encoding/json writes it: a user agent is mostly spaces and
+		// punctuation, each worth six bytes escaped.
+		if !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '"' || r == '\\' }) &&
+			!strings.Contains(string(line), `"user_agent":"`+s+`"`) {
+			t.Errorf("%q not written as it is: %s", s, line)
 		}
 		// The host's userinfo is redacted (appendRedactedHost).
 		if at := strings.LastIndexByte(want, '@'); at > 0 {
@@ -491,6 +507,7 @@ func TestCubeHost(t *testing.T) {
 		{"example.com.:443", "example.com"},
 		{"[::1]:8080", "[::1]"},
 		{"[FE80::1]", "[fe80::1]"},
+		{"AZ.Zz-az.TEST", "az.zz-az.test"}, // both ends of the range
 		{":80", "-"},
 		{"u:pw@Box.cube.test:8081", "REDACTED@box.cube.test"},
 		{"Caf\xc3\xa9.Test", `caf\xC3\xA9.test`}, // the escapes' hex digits stay upper case

@@ -54,3 +54,31 @@ func TestDrainKeepsLinesBeyondTheQueue(t *testing.T) {
 		})
 	}
 }
+
+// StartDrain only raises the byte budget: a drain with fewer connections
+// than the queue has lines keeps the usual budget, or lines that fit
+// before the drain began would be dropped during it.
+func TestStartDrainNeverLowersTheBudget(t *testing.T) {
+	const queue = 4
+	for _, tc := range []struct {
+		conns int
+		want  int64
+	}{
+		{0, queue * queuedBytesPerLine},
+		{1, queue * queuedBytesPerLine},
+		{queue, queue * queuedBytesPerLine},
+		{100, 100 * queuedBytesPerLine},
+	} {
+		l, err := New(Config{Format: FormatCube, BufferLines: queue, Output: &strings.Builder{}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.StartDrain(tc.conns)
+		if got := l.maxQueued.Load(); got != tc.want {
+			t.Errorf("StartDrain(%d): budget %d bytes, want %d", tc.conns, got, tc.want)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

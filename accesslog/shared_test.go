@@ -1,6 +1,7 @@
 package accesslog
 
 import (
+	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strings"
@@ -89,5 +90,64 @@ func TestWritesEndAtLineEnds(t *testing.T) {
 				t.Errorf("%d access log lines and %d process log lines, want %d and some", access, process, burst+1)
 			}
 		})
+	}
+}
+
+// splitWriter holds its first Write until release is closed and keeps
+// each write apart.
+type splitWriter struct {
+	entered, release chan struct{}
+	writes           [][]byte // only read after Close
+}
+
+func (w *splitWriter) Write(p []byte) (int, error) {
+	if len(w.writes) == 0 {
+		close(w.entered)
+		<-w.release
+	}
+	w.writes = append(w.writes, bytes.Clone(p))
+	return len(p), nil
+}
+
+// Two queued lines go out in one write when they fill the write buffer
+// exactly, and in two when they are one byte more: the second line then
+// starts a write of its own, not the buffer's flush of its head.
+func TestWriteBoundaryIsTheBufferSize(t *testing.T) {
+	lineLen := func(k int) int {
+		return len(cubeLine(&Entry{Time: testTime, RequestURI: "/" + strings.Repeat("p", k)})) + 1
+	}
+	base := lineLen(0) // a line of k 'p's is base+k bytes long
+	for _, tc := range []struct {
+		total  int // bytes of the two lines
+		writes int // after the first line's own write
+	}{
+		{writeBufferSize - 1, 1},
+		{writeBufferSize, 1},
+		{writeBufferSize + 1, 2},
+	} {
+		a := writeBufferSize / 2
+		b := tc.total - a
+		w := &splitWriter{entered: make(chan struct{}), release: make(chan struct{})}
+		l, err := New(Config{Format: FormatCube, Output: w}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Log(&Entry{Time: testTime})
+		<-w.entered // the writer is held: both lines queue up, drained together
+		for _, n := range []int{a, b} {
+			l.Log(&Entry{Time: testTime, RequestURI: "/" + strings.Repeat("p", n-base)})
+		}
+		close(w.release)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(w.writes) - 1; got != tc.writes {
+			t.Errorf("lines of %d bytes in all: %d writes, want %d", tc.total, got, tc.writes)
+		}
+		for i, p := range w.writes {
+			if !bytes.HasSuffix(p, []byte("\n")) {
+				t.Errorf("lines of %d bytes in all: write %d (%d bytes) ends mid-line", tc.total, i, len(p))
+			}
+		}
 	}
 }

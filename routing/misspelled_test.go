@@ -24,6 +24,9 @@ func TestMisspelledFieldIsNamed(t *testing.T) {
 			`route field host_ip: unknown field (did you mean HostIP?)`},
 		{"trafficAccessToken", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: \"false\"\n    trafficAccessToken: " + testToken + "\n",
 			`route field trafficAccessToken: unknown field (did you mean TrafficAccessToken?)`},
+		// Longer than the field it means, by its separators.
+		{"traffic_access_token", "routes:\n  a:\n    HostIP: 1.2.3.4\n    AllowPublicTraffic: \"false\"\n    traffic_access_token: " + testToken + "\n",
+			`route field traffic_access_token: unknown field (did you mean TrafficAccessToken?)`},
 		{"sandboxIP", "routes:\n  a:\n    HostIP: 1.2.3.4\n    sandboxIP: 1.2.3.5\n",
 			`route field sandboxIP: unknown field (did you mean SandboxIP?)`},
 		{"a field of no known name", "routes:\n  a:\n    HostIP: 1.2.3.4\n    Foo: x\n",

@@ -175,6 +175,7 @@ func TestParseRouteErrors(t *testing.T) {
 		{name: "mask non-ascii", fields: base(FieldMaskRequestHost, "hôst"), field: FieldMaskRequestHost},
 		{name: "mask too long", fields: base(FieldMaskRequestHost, strings.Repeat("a", 300)), field: FieldMaskRequestHost},
 		{name: "mask one byte too long", fields: base(FieldMaskRequestHost, strings.Repeat("a", 262)), field: FieldMaskRequestHost},
+		{name: "mask with DEL", fields: base(FieldMaskRequestHost, "host\x7f"), field: FieldMaskRequestHost},
 		{name: "container port zero", fields: base("0", "1"), field: "0"},
 		{name: "container port too big", fields: base("65536", "1"), field: "65536"},
 		{name: "host port zero", fields: base("8080", "0"), field: "8080"},
@@ -183,9 +184,13 @@ func TestParseRouteErrors(t *testing.T) {
 		{name: "host port empty", fields: base("8080", ""), field: "8080"},
 		{name: "duplicate after normalising", fields: base("050005", "30000"), field: "50005"},
 		{name: "port key too long is cut in the error", fields: base(strings.Repeat("0", 1000)+"1", "2"), field: strings.Repeat("0", 64) + "..."},
+		{name: "port key of 64 bytes is named whole", fields: base(strings.Repeat("0", 63)+"1", "2"), field: strings.Repeat("0", 63) + "1"},
 		{name: "restricted without token", fields: base(FieldAllowPublicTraffic, "false"), field: FieldTrafficAccessToken, strictOnly: true},
 		{name: "unknown field", fields: base("hostip", "10.0.0.1"), field: "hostip", strictOnly: true},
 		{name: "negative-looking port key", fields: base("-1", "2"), field: "-1", strictOnly: true},
+		// An empty name is no port (the control plane may write one): a
+		// Redis route with it stays served.
+		{name: "empty field name", fields: base("", "2"), field: "", strictOnly: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -164,6 +164,33 @@ func TestNewCacheConfig(t *testing.T) {
 	}
 }
 
+// Each entry's TTL is drawn from the whole of [TTLMin, TTLMax], both ends
+// included, so that routes cached together (a burst after a restart) do
+// not expire together; a draw from part of the range, or one short of
+// TTLMax, spreads them less than the configuration says.
+func TestCacheTTLSpansItsRange(t *testing.T) {
+	for _, tc := range []struct{ min, max time.Duration }{
+		{100, 103},
+		{time.Second, time.Second},
+	} {
+		c, err := NewCache(newCountingStore(answerRoute), CacheConfig{TTLMin: tc.min, TTLMax: tc.max})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[time.Duration]bool{}
+		for range 1000 { // each of 4 values missed by all: (3/4)^1000
+			d := c.ttl()
+			if d < tc.min || d > tc.max {
+				t.Fatalf("ttl %v outside [%v, %v]", d, tc.min, tc.max)
+			}
+			seen[d] = true
+		}
+		if want := int(tc.max-tc.min) + 1; len(seen) != want {
+			t.Errorf("[%v, %v]: %d distinct TTLs drawn, want %d", tc.min, tc.max, len(seen), want)
+		}
+	}
+}
+
 func TestCacheHitAndMiss(t *testing.T) {
 	s := newCountingStore(answerRoute)
 	c := newTestCache(t, s, newFakeClock())

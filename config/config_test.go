@@ -198,6 +198,11 @@ func TestLoadErrors(t *testing.T) {
 		// The lifecycle manager appends its paths to the announced URL.
 		{"registry admin URL without a scheme", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=10.0.0.7:8082"}, nil, `registry.admin_url "10.0.0.7:8082": want an http:// or https:// URL`},
 		{"registry admin URL with a query", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://10.0.0.7:8082/?x=1"}, nil, "may not end in a query or a fragment"},
+		// url.Parse keeps no query for a bare '?' nor a fragment for a bare
+		// '#': "http://h:8082/?" + "/admin/state" is a query, not a path.
+		{"registry admin URL ending in a bare '?'", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://10.0.0.7:8082/?"}, nil, "may not end in a query or a fragment"},
+		{"registry admin URL ending in a bare '#'", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://10.0.0.7:8082#"}, nil, "may not end in a query or a fragment"},
+		{"registry admin URL with a port and no host", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://:8082"}, nil, "the URL names no host"},
 		{"registry admin URL with credentials", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http://u:p@10.0.0.7:8082"}, nil, "the URL carries credentials"},
 		{"registry admin URL without a host", []string{"--store=redis", "--redis-addr=r:6379", "--registry-enabled", "--registry-admin-url=http:///admin"}, nil, "the URL names no host"},
 		{"registry admin URL with the registry off", []string{"--store=redis", "--redis-addr=r:6379", "--registry-admin-url=http://10.0.0.7:18082"}, nil, "registry.admin_url is set but registry.enabled is off"},
@@ -293,6 +298,7 @@ func TestLoadListenersOverlap(t *testing.T) {
 		{":8080", ":8080", "127.0.0.1:8082", `http_addr ":8080" and https_addr ":8080"`},
 		{"", "10.0.0.1:8443", ":8443", `https_addr "10.0.0.1:8443" and admin_addr ":8443"`},
 		{"gw.example:8081", "", "gw.example:8081", `http_addr "gw.example:8081" and admin_addr "gw.example:8081"`},
+		{"GW.example.:8081", "", "gw.example:8081", `http_addr "GW.example.:8081" and admin_addr "gw.example:8081"`},
 
 		{"127.0.0.1:0", ":0", "127.0.0.1:0", ""},
 		{"127.0.0.1:8081", ":8443", "127.0.0.2:8081", ""},

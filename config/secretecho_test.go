@@ -118,7 +118,12 @@ func TestStrayArgumentHidesSecrets(t *testing.T) {
 			t.Errorf("%q: %v; want an unexpected argument not shown", args, err)
 		}
 	}
-	// Any other is quoted, as before.
+	// Any other is quoted, as before: one after a secret's flag that
+	// carried its value (--admin-token=t0ken) and another flag is not
+	// the secret's.
+	if _, err := Load([]string{"--admin-token=t0ken", "--http-addr=:1", "extra"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+		t.Errorf("extra after a secret given whole: %v", err)
+	}
 	if _, err := Load([]string{"--http-addr=:1", "extra"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
 		t.Errorf("extra: %v", err)
 	}

@@ -49,6 +49,16 @@ func TestUnknownEnv(t *testing.T) {
 			{"CUBEPROXY_ADMIN_SERVICE_HOST", ""}, {"CUBEPROXY_REDIRECT_PORT", "CUBEPROXY_TLS_REDIRECT_PORT"},
 			{"CUBEPROXY_REDIS_PORT", ""}, {"CUBEPROXY_TLS_REDIRECT_PORT_443_TCP_PORT", ""},
 		}},
+		// A link has at most PORT_<n>_<PROTO>_<PORT|PROTO|ADDR>, and its
+		// PROTO is the protocol of its name.
+		{"longer than a link, or a PROTO of another protocol", []string{
+			"CUBEPROXY_PORT_8081_TCP_ADDR_X=10.96.0.7", "CUBEPROXY_PORT_8081_TCP_PROTO=udp",
+		}, []UnknownVar{{"CUBEPROXY_PORT_8081_TCP_ADDR_X", ""}, {"CUBEPROXY_PORT_8081_TCP_PROTO", ""}}},
+		// Port 0 is no Service's, and a link's URL is tcp://, udp:// or sctp://.
+		{"port 0, or a URL of another scheme", []string{"CUBEPROXY_SERVICE_PORT=0", "CUBEPROXY_PORT=http://10.96.0.7:8081"},
+			[]UnknownVar{{"CUBEPROXY_PORT", ""}, {"CUBEPROXY_SERVICE_PORT", ""}}},
+		// Two settings end in _PASSWORD: naming either would be a guess.
+		{"suffix of two settings", []string{"CUBEPROXY_PASSWORD=x"}, []UnknownVar{{"CUBEPROXY_PASSWORD", ""}}},
 		{"sorted", []string{"CUBEPROXY_ZZZ=1", "CUBEPROXY_DRAIN_TIMOUT=5s"}, []UnknownVar{{"CUBEPROXY_DRAIN_TIMOUT", "CUBEPROXY_DRAIN_TIMEOUT"}, {"CUBEPROXY_ZZZ", ""}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

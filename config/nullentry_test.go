@@ -17,6 +17,8 @@ func TestNullListEntries(t *testing.T) {
 		{"auth:\n  exempt_ports:\n    - 80\n    -\n", "line 4: an entry of auth.exempt_ports has no value"},
 		{"auth:\n  signing_keys: [~]\n", "line 2: an entry of auth.signing_keys has no value"},
 		{"none: &n\ndomains: [*n]\n", "unknown key none"}, // unknown keys still come first
+		// An entry written as an alias of an empty value is as empty.
+		{"shared_hosts: &e\ndomains: [cube.app, *e]\n", "line 1: an entry of domains has no value"},
 		{"domains: []\nshared_hosts:\n", ""},
 		{"domains: [cube.app, b.test, ]\n", ""},
 	} {

@@ -25,3 +25,16 @@ func TestSecretShapesThatLoad(t *testing.T) {
 		})
 	}
 }
+
+// A secret's YAML tag is refused, for YAML takes it off the value, unless
+// it is !!str, which reads the value as written; and the check follows an
+// alias to the value it names.
+func TestSecretTags(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"!!str", "admin_token: !!str Tok3nValue\n", ""},
+		{"another tag", "admin_token: !Tok3nValue\n", "line 1: admin_token: its value starts with a YAML tag"},
+		{"a tag through an alias", "instance_id: &k !Tok3nValue\nadmin_token: *k\n", "line 1: admin_token: its value starts with a YAML tag"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { loadWants(t, tc.yaml, tc.want) })
+	}
+}

@@ -52,6 +52,9 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
 		{"redis password starting with '*', with a '?', in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret?rest}\n")}, nil,
 			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
+		// Two secrets on the alias's line: the refusal names the first.
+		{"redis password starting with '*', the sentinel's on its line", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret, sentinel: {password: x}}\n")}, nil,
+			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
 		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
 			"Sign1ngKeyS3cretValue0123456789abcdef", "line 3: auth.signing_keys: its value starts with '*'"},
 		{"admin token starting with '!'", []string{"--config", writeFile(t, "admin_token: !Tok3nS3cretValue\n")}, nil,

@@ -52,9 +52,14 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdS3cret", "line 4: redis.password: its value starts with '*'"},
 		{"redis password starting with '*', with a '?', in a flow mapping", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret?rest}\n")}, nil,
 			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
-		// Two secrets on the alias's line: the refusal names the first.
+		// Two secrets on the alias's line (a flow mapping): the refusal
+		// names the one the alias is written for, whichever comes first.
 		{"redis password starting with '*', the sentinel's on its line", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: *Passw0rdS3cret, sentinel: {password: x}}\n")}, nil,
 			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
+		{"sentinel password starting with '*', redis's before it on its line", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: x, sentinel: {password: *Passw0rdS3cret}}\n")}, nil,
+			"Passw0rdS3cret", "line 2: redis.sentinel.password: its value starts with '*'"},
+		{"sentinel password starting with '*', after multi-byte text", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: 'pässwörd', sentinel: {password: *Passw0rdS3cret}}\n")}, nil,
+			"Passw0rdS3cret", "line 2: redis.sentinel.password: its value starts with '*'"},
 		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,
 			"Sign1ngKeyS3cretValue0123456789abcdef", "line 3: auth.signing_keys: its value starts with '*'"},
 		{"admin token starting with '!'", []string{"--config", writeFile(t, "admin_token: !Tok3nS3cretValue\n")}, nil,

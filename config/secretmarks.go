@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -143,13 +144,29 @@ func secretAlias(data []byte, name string) (line int, key string) {
 		if yaml.Unmarshal([]byte(strings.Join(fixed, "\n")), &doc) != nil || len(doc.Content) == 0 {
 			continue
 		}
+		// The secret the alias is written for is the one at its column
+		// (the decoder counts characters, not bytes): a flow mapping may
+		// hold another secret on the line, before it. The first on the
+		// line is kept for a column that does not match, so that the
+		// refusal still hides the value.
+		col := utf8.RuneCountInString(l[:loc[0]]) + 1
+		var first, at string
 		walkSecretScalars(doc.Content[0], func(path []string, n *yaml.Node) {
-			if n.Line == i+1 && line == 0 {
-				line, key = n.Line, strings.Join(path, ".")
+			if n.Line != i+1 {
+				return
+			}
+			if first == "" {
+				first = strings.Join(path, ".")
+			}
+			if at == "" && n.Column == col {
+				at = strings.Join(path, ".")
 			}
 		})
-		if line > 0 {
-			return line, key
+		if at != "" {
+			return i + 1, at
+		}
+		if first != "" {
+			return i + 1, first
 		}
 	}
 	return 0, ""

@@ -58,6 +58,10 @@ func TestRefusalsHideSecrets(t *testing.T) {
 			"Passw0rdS3cret", "line 2: redis.password: its value starts with '*'"},
 		{"sentinel password starting with '*', redis's before it on its line", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: x, sentinel: {password: *Passw0rdS3cret}}\n")}, nil,
 			"Passw0rdS3cret", "line 2: redis.sentinel.password: its value starts with '*'"},
+		// A byte-order mark is no character to the decoder: the column
+		// does not match, and the first secret on the line is named.
+		{"admin token starting with '*' after a byte-order mark", []string{"--config", writeFile(t, "\ufeffadmin_token: *Tok3nS3cretValue\n")}, nil,
+			"Tok3nS3cretValue", "line 1: admin_token: its value starts with '*'"},
 		{"sentinel password starting with '*', after multi-byte text", []string{"--config", writeFile(t, "store: redis\nredis: {addr: 'r:6379', password: 'pässwörd', sentinel: {password: *Passw0rdS3cret}}\n")}, nil,
 			"Passw0rdS3cret", "line 2: redis.sentinel.password: its value starts with '*'"},
 		{"signing key starting with '*'", []string{"--config", writeFile(t, "auth:\n  signing_keys:\n    - *Sign1ngKeyS3cretValue0123456789abcdef\n")}, nil,

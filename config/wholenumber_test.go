@@ -21,6 +21,9 @@ func TestIntegerSettingsTakeWholeNumbers(t *testing.T) {
 		{"leading zero in a list", "auth:\n  exempt_ports: [0443]\n", "line 2: an entry of auth.exempt_ports: `0443` has a leading zero, which YAML reads as octal (291)"},
 		{"leading zero after a sign", "cache:\n  size: +010\n", "line 2: cache.size: `+010` has a leading zero, which YAML reads as octal (8)"},
 		{"a quoted leading zero is a string", "instance_id: '010'\n", ""},
+		// The decoder reads a tagged one as octal too, quoted or not.
+		{"leading zero tagged !!int", "cache:\n  size: !!int 010\n", "line 2: cache.size: `010` has a leading zero, which YAML reads as octal (8)"},
+		{"quoted leading zero tagged !!int", "cache:\n  size: !!int '010'\n", "line 2: cache.size: `010` has a leading zero, which YAML reads as octal (8)"},
 		{"zero and explicit octal", "max_streams_per_sandbox: 0\ncache:\n  size: 0o10\n", ""},
 		{"whole numbers", "max_request_body: 1048576\ncache:\n  size: 0x10\nauth:\n  exempt_ports: [80]\n", ""},
 		{"a float setting takes a float", "telemetry:\n  trace_sample_ratio: 0.5\n", ""},

@@ -568,7 +568,9 @@ func checkWholeNumbers(data []byte) error {
 		if val.Kind == yaml.AliasNode && val.Alias != nil {
 			val = val.Alias
 		}
-		octal := val.ShortTag() == "!!int" && val.Style == 0 && leadingZeroRE.MatchString(val.Value)
+		// Tagged !!int, quoted or not, the decoder reads it as octal
+		// too; untagged, a quoted one is a string.
+		octal := val.ShortTag() == "!!int" && leadingZeroRE.MatchString(val.Value)
 		if val.Kind != yaml.ScalarNode || val.ShortTag() != "!!float" && !octal {
 			continue
 		}

@@ -110,11 +110,12 @@ func NewClient(cfg Config) (redis.UniversalClient, error) {
 		c := redis.NewClusterClient(clusterOptions(cfg, t, tc))
 		c.AddHook(slotMapReload{c})
 		c.AddHook(keyStep{})
-		c.AddHook(frozenMaster{c})
+		reads := &slotMapReads{recent: cfg.CommandTimeout + time.Second}
+		c.AddHook(frozenMaster{c: c, reads: reads})
 		seeds := strings.Join(cfg.Cluster.Addrs, ",")
 		c.OnNewNode(func(node *redis.Client) {
 			node.AddHook(newLastDial(node.Options().Addr, false, cfg.CommandTimeout))
-			node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds})
+			node.AddHook(emptySlotMap{addr: node.Options().Addr, seeds: seeds, reads: reads})
 		})
 		return c, nil
 	case cfg.Sentinel.MasterName != "":
@@ -286,8 +287,21 @@ func (keyStep) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 // ends on the command's deadline, whose bare "context deadline exceeded"
 // was every lookup's error: /readyz and the log named no node, where the
 // standalone and Sentinel clients name theirs
-// (TestClusterFrozenNodeErrorNamesNode).
-type frozenMaster struct{ c *redis.ClusterClient }
+// (TestClusterFrozenNodeErrorNamesNode). go-redis v9.24 no longer retries
+// a read that timed out on the command's deadline, whose error ("context
+// deadline exceeded: read tcp LOCAL->NODE: i/o timeout") names the node
+// only after the proxy's own address: it is named too, so that the error
+// begins as before.
+//
+// A command that ran out of budget before any slot map was read (a seed
+// that accepts the connection and never answers) is named with the node
+// whose slot map read got no answer (slotMapReads): go-redis v9.24 returns
+// its context's bare end when the read of the map ended on it, and its
+// read's own error otherwise (TestHungRedisErrorNamesServer).
+type frozenMaster struct {
+	c     *redis.ClusterClient
+	reads *slotMapReads
+}
 
 // DialHook leaves dials as they are.
 func (frozenMaster) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -295,13 +309,25 @@ func (frozenMaster) DialHook(next redis.DialHook) redis.DialHook { return next }
 // ProcessHook names the key's master in a command's bare timeout.
 func (h frozenMaster) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
 		err := next(ctx, cmd)
-		if err != nil && bareTimeout(err) {
-			err = h.explain(ctx, cmd, err)
+		if err != nil && (bareTimeout(err) || unnamedReadTimeout(err)) {
+			err = h.explain(ctx, cmd, err, start)
 			cmd.SetErr(err)
 		}
 		return err
 	}
+}
+
+// unnamedReadTimeout reports a read that timed out, its error not yet
+// named by a hook: the read's own error names the node only after the
+// proxy's local address, where a Cluster's bare timeout was named
+// "no answer from NODE in time".
+func unnamedReadTimeout(err error) bool {
+	var op *net.OpError
+	var na *noAnswer
+	var dt *dialTimedOut
+	return errors.As(err, &op) && op.Op == "read" && op.Timeout() && !errors.As(err, &na) && !errors.As(err, &dt)
 }
 
 // ProcessPipelineHook leaves pipelines as they are: a Cluster store reads
@@ -310,11 +336,20 @@ func (frozenMaster) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
-// explain returns err, cmd's bare timeout, as a *noAnswer from the
-// master of cmd's key, when cmd is one of the store's keyed commands and
-// the slot map is known: it is read from memory (with none yet, go-redis
-// would read one within ctx, which has ended, and fails at once).
-func (h frozenMaster) explain(ctx context.Context, cmd redis.Cmder, err error) error {
+// explain returns err, the timeout of cmd begun at start, as a *noAnswer
+// from the master of cmd's key, when cmd is one of the store's keyed
+// commands and the slot map is known: it is read from memory. With no slot
+// map read yet (go-redis would read one within ctx, which may not have
+// ended when a read's own timeout came first), it is a *noAnswer from the
+// node whose read of the map got none, when one did since start or is
+// still waiting.
+func (h frozenMaster) explain(ctx context.Context, cmd redis.Cmder, err error, start time.Time) error {
+	if !h.reads.known.Load() {
+		if server := h.reads.unanswered(start); server != "" {
+			return &noAnswer{err: err, server: server}
+		}
+		return err
+	}
 	switch cmd.Name() {
 	case "hgetall", "hset", "zadd", "hdel", "zrem":
 	default:
@@ -342,9 +377,10 @@ func masterNoAnswer(ctx context.Context, c *redis.ClusterClient, key any, err er
 	return &noAnswer{err: err, server: node.Options().Addr}
 }
 
-// emptySlotMap makes a Cluster node's empty answer to CLUSTER SLOTS an
-// error, so that go-redis, which reads the slot map from a node it picks at
-// random and tries the next one only after an error, asks another node.
+// emptySlotMap makes a Cluster node's empty answer to CLUSTER SHARDS or
+// CLUSTER SLOTS an error, so that go-redis, which reads the slot map from
+// a node it picks at random and tries the next one only after an error,
+// asks another node.
 // An empty map is the answer of a node that knows no slot: one removed from
 // the cluster and reset (redis-cli's del-node), which keeps running and
 // which go-redis keeps among the nodes it asks for a minute or more (a seed
@@ -366,42 +402,120 @@ func masterNoAnswer(ctx context.Context, c *redis.ClusterClient, key any, err er
 // named one node, another on each lookup, as if that node alone were
 // wrong (TestClusterWithoutSlots).
 //
-// go-redis v9.24 reads the map with CLUSTER SHARDS first, which this hook
-// does not see: on it, these errors, the node a timeout names and the ACL
-// rule README asks for (+cluster|slots) all change, and five tests here
-// fail. Moving to it means this hook and README's rules follow.
+// go-redis (v9.24 on) reads the map with CLUSTER SHARDS first and with
+// CLUSTER SLOTS when that fails without a transport error (Redis 6, an
+// ACL user without +cluster|shards, a reply it cannot use), and returns
+// the first command's error: both get the same treatment here, a map
+// without a slot range (a node without slots answers one shard, itself,
+// with none) being empty. go-redis's own error for that ("CLUSTER SHARDS
+// returned no slot ranges") named neither the node nor the setting.
+//
+// It also notes each read's start and a read that got no answer, which
+// frozenMaster names when go-redis gives a bare timeout (slotMapReads).
 type emptySlotMap struct {
 	addr  string // the node's
 	seeds string // redis.cluster.addrs, comma-separated
+	reads *slotMapReads
 }
 
 // DialHook leaves dials as they are.
 func (h emptySlotMap) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-// ProcessHook turns an empty CLUSTER SLOTS answer into an error, and
-// names the setting in the refusal of a server that is no Cluster node.
+// ProcessHook turns an empty CLUSTER SHARDS or CLUSTER SLOTS answer into
+// an error, and names the setting in the refusal of a server that is no
+// Cluster node.
 func (h emptySlotMap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		slots, ok := cmd.(*redis.ClusterSlotsCmd)
-		if !ok {
-			return err
+		var empty func() bool
+		switch c := cmd.(type) {
+		case *redis.ClusterSlotsCmd:
+			empty = func() bool { return len(c.Val()) == 0 }
+		case *redis.ClusterShardsCmd:
+			empty = func() bool {
+				for _, shard := range c.Val() {
+					if len(shard.Slots) > 0 {
+						return false
+					}
+				}
+				return true
+			}
+		default:
+			return next(ctx, cmd)
 		}
+		read := h.reads.begin(h.addr)
+		err := next(ctx, cmd)
 		switch {
-		case err == nil && len(slots.Val()) == 0:
+		case err == nil && empty():
 			err = fmt.Errorf("redis cluster: no node gave a slot map (%s knows no slot): a cluster not yet created (no CLUSTER ADDSLOTS, or redis-cli --cluster create not run), or nodes removed from the cluster or not yet joined; redis.cluster.addrs: %s", h.addr, h.seeds)
-			slots.SetErr(err)
+			cmd.SetErr(err)
 		case notClusterNode(err):
 			err = fmt.Errorf("redis cluster: %s in redis.cluster.addrs is not a Cluster node (%w): name a standalone Redis with redis.addr, a master behind sentinels with redis.sentinel.master_name and redis.sentinel.addrs", h.addr, err)
-			slots.SetErr(err)
+			cmd.SetErr(err)
 		}
+		h.reads.end(read, err)
 		return err
 	}
 }
 
-// notClusterNode reports a refusal of CLUSTER SLOTS by a server that is
-// no Cluster node: a standalone Redis ("cluster support disabled") or a
-// sentinel (no CLUSTER command). The bare refusal named no setting, and
+// slotMapReads is what a Cluster client's reads of the slot map met, for
+// frozenMaster to name the node a command that ran out of budget waited
+// for before any map was known. The read may be another command's:
+// go-redis (v9.24 on) has concurrent commands, and its background
+// reload, wait for one read of the map, each until its own deadline.
+type slotMapReads struct {
+	recent  time.Duration               // how long before a command a read's failure still counts
+	known   atomic.Bool                 // a read gave a map
+	pending atomic.Pointer[slotMapRead] // the read under way, if any
+	failed  atomic.Pointer[slotMapRead] // the last read that got no answer
+}
+
+// slotMapRead is one read of the slot map: the node asked, and when it
+// began (pending) or failed.
+type slotMapRead struct {
+	server string
+	at     time.Time
+}
+
+// begin notes a read of server's slot map under way.
+func (r *slotMapReads) begin(server string) *slotMapRead {
+	read := &slotMapRead{server: server, at: time.Now()}
+	r.pending.Store(read)
+	return read
+}
+
+// end notes the end of read with err: a map given, or no answer (a
+// timeout; a refusal, a reset or a refused dial names itself).
+func (r *slotMapReads) end(read *slotMapRead, err error) {
+	r.pending.CompareAndSwap(read, nil)
+	switch {
+	case err == nil:
+		r.known.Store(true)
+	case isTimeout(err) || errors.Is(err, context.DeadlineExceeded):
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return // named by the dial's error (lastDial)
+		}
+		r.failed.Store(&slotMapRead{server: read.server, at: time.Now()})
+	}
+}
+
+// unanswered is the node whose read of the slot map got no answer, for a
+// command begun at start: the read under way (it outlived the command), or
+// the last that failed since shortly before start. It is "" when there is
+// none.
+func (r *slotMapReads) unanswered(start time.Time) string {
+	if read := r.pending.Load(); read != nil {
+		return read.server
+	}
+	if read := r.failed.Load(); read != nil && !read.at.Before(start.Add(-r.recent)) {
+		return read.server
+	}
+	return ""
+}
+
+// notClusterNode reports a refusal of CLUSTER SHARDS or SLOTS by a server
+// that is no Cluster node: a standalone Redis ("cluster support disabled")
+// or a sentinel (no CLUSTER command). The bare refusal named no setting, and
 // a sentinel's ("ERR unknown command 'cluster', with args beginning
 // with: 'slots'") read as if the proxy had sent a wrong command
 // (TestServerOfAnotherKindIsNamed). go-redis asks the other seeds first,

@@ -210,6 +210,60 @@ func TestClusterLookupNeedsNoCommandInfo(t *testing.T) {
 	}
 }
 
+// TestClusterSlotMapACLRules: go-redis (v9.24 on) reads the slot map
+// with CLUSTER SHARDS, and with CLUSTER SLOTS when that fails. A user
+// granted either one serves, +cluster|slots alone (earlier READMEs' rule)
+// included; README's rules (both) get no slot map read refused, which
+// +cluster|slots alone gets at each read (an ACL LOG entry); a user with
+// neither is told to grant README's two.
+func TestClusterSlotMapACLRules(t *testing.T) {
+	testenv.ParallelRedis(t)
+	ctx := context.Background()
+	without := func(rule string) []any {
+		return slices.DeleteFunc(readmeACLRules(t), func(r any) bool { return r == rule })
+	}
+	for _, tc := range []struct {
+		name    string
+		rules   []any
+		refused string // the slot map read refused at each read ("": none)
+		fails   bool
+	}{
+		{"README's rules", readmeACLRules(t), "", false},
+		{"without +cluster|shards", without("+cluster|shards"), "cluster|shards", false},
+		{"without +cluster|slots", without("+cluster|slots"), "", false},
+		{"without either", slices.DeleteFunc(without("+cluster|slots"), func(r any) bool { return r == "+cluster|shards" }), "cluster|shards", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startOneNodeCluster(t)
+			acl := append([]any{"ACL", "SETUSER", "proxy", "on", ">pw", "resetkeys", "resetchannels", "-@all"}, tc.rules...)
+			if err := r.Client().Do(ctx, acl...).Err(); err != nil {
+				t.Fatalf("ACL SETUSER: %v", err)
+			}
+			s := openStoreCfg(t, redisstore.Config{Username: "proxy", Password: "pw", Cluster: redisstore.ClusterConfig{Addrs: []string{r.Addr()}}})
+			_, err := s.Lookup(ctx, "unknown")
+			switch {
+			case tc.fails && (err == nil || !strings.Contains(err.Error(), "needs +cluster|slots +cluster|shards)")):
+				t.Fatalf("lookup: %v, want NOPERM naming README's two rules", err)
+			case !tc.fails && !errors.Is(err, routing.ErrNotFound):
+				t.Fatalf("lookup: %v, want not found", err)
+			}
+			log, err := r.Client().ACLLog(ctx, 128).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var refused []string
+			for _, e := range log {
+				if strings.HasPrefix(e.Object, "cluster|") {
+					refused = append(refused, e.Object)
+				}
+			}
+			if tc.refused == "" && len(refused) > 0 || tc.refused != "" && !slices.Contains(refused, tc.refused) {
+				t.Errorf("slot map reads refused: %v, want %q", refused, tc.refused)
+			}
+		})
+	}
+}
+
 // startTwoNodeCluster starts a Redis Cluster of two masters, a with the
 // slots below 8192 and b with the others, and returns them with ids
 // (box<n>) whose new and legacy keys live on different nodes.

@@ -227,7 +227,9 @@ func CheckURL(raw string) error {
 // go-redis takes them, and the proxy then replaced them without a word:
 // `?pool_size=100` left the pool at go-redis's default, `?dial_timeout=5s`
 // at a third of redis.command_timeout, `?skip_verify=true` verified all
-// the same (TestURLOptionsTheProxySets).
+// the same (TestURLOptionsTheProxySets). go-redis v9.24 takes six more
+// that v9.23 refused ("unexpected option"), and a URL that named one no
+// longer failed to start: dialer_retries down to pipeline_min_idle_conns.
 var overriddenURLOptions = map[string]string{
 	"pool_size":          "set redis.pool_size instead",
 	"dial_timeout":       "the proxy derives it from redis.command_timeout (one lookup's budget, retries included): set that instead",
@@ -241,6 +243,13 @@ var overriddenURLOptions = map[string]string{
 	"protocol":           "the proxy speaks RESP2 to Redis: remove it",
 	"client_name":        "the proxy names its connections " + clientName + ": remove it",
 	"pipeline_pool_size": "the proxy runs pipelines on the main pool: remove it",
+
+	"dialer_retries":          "the proxy dials once per attempt and derives its retries from redis.command_timeout (one lookup's budget, retries included): remove it",
+	"dialer_retry_timeout":    "the proxy dials once per attempt and derives its retries from redis.command_timeout (one lookup's budget, retries included): remove it",
+	"context_timeout_enabled": "the proxy bounds each command by redis.command_timeout: set that instead",
+	"disable_identity":        "the proxy sends no CLIENT SETINFO: remove it",
+	"identity_suffix":         "the proxy sends no CLIENT SETINFO: remove it",
+	"pipeline_min_idle_conns": "the proxy runs pipelines on the main pool: remove it",
 }
 
 // checkURLOptions refuses a query option of raw, the part after its

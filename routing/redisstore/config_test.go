@@ -364,6 +364,13 @@ func TestURLOptionsTheProxySets(t *testing.T) {
 		{"protocol=3", "RESP2"},
 		{"client_name=edge", "cubeproxy"},
 		{"pipeline_pool_size=4", "main pool"},
+		// go-redis v9.24 takes these, v9.23 refused them.
+		{"dialer_retries=5", "redis.command_timeout"},
+		{"dialer_retry_timeout=1s", "redis.command_timeout"},
+		{"context_timeout_enabled=false", "redis.command_timeout"},
+		{"disable_identity=false", "CLIENT SETINFO"},
+		{"identity_suffix=edge", "CLIENT SETINFO"},
+		{"pipeline_min_idle_conns=2", "main pool"},
 		{"db=2&pool_size=100", "redis.pool_size"},
 	} {
 		for _, raw := range []string{

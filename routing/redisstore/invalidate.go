@@ -37,7 +37,7 @@ func (s *Store) Publish(ctx context.Context, id string) error {
 			// or "one of the channels", never the rule to grant.
 			needs := "+publish &" + s.cfg.InvalidateChannel
 			if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "publish") {
-				needs = "+" + cmd
+				needs = commandRule(cmd)
 			}
 			return fmt.Errorf("redis publish %s: %w (the Redis ACL user needs %s)", s.cfg.InvalidateChannel, err, needs)
 		}
@@ -604,7 +604,7 @@ func (sub *Subscriber) logRefused(err error) {
 	if redis.HasErrorPrefix(err, "NOPERM") {
 		needs := "+subscribe &" + sub.channel
 		if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "subscribe") {
-			needs = "+" + cmd
+			needs = commandRule(cmd)
 		}
 		attrs = append(attrs, "needs", needs)
 	}

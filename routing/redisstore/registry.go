@@ -214,7 +214,7 @@ func (r *Registry) hint(err error) string {
 		return otherKindHint(err, r.cluster, r.sentinel)
 	}
 	if cmd := refusedCommand(err); cmd != "" {
-		return " (the Redis ACL user needs +" + cmd + ")"
+		return " (the Redis ACL user needs " + commandRule(cmd) + ")"
 	}
 	return " (the Redis ACL user needs ~" + r.cfg.Hash + " ~" + r.cfg.ZSet + ")"
 }

@@ -270,9 +270,26 @@ func (s *Store) routeKeyResult(key string, cmd *redis.MapStringStringCmd) (map[s
 // fix what was not broken. A refused key names no command.
 func (s *Store) aclRule(err error) string {
 	if cmd := refusedCommand(err); cmd != "" && !strings.EqualFold(cmd, "hgetall") {
-		return "+" + cmd
+		return commandRule(cmd)
 	}
 	return "+hgetall ~" + s.cfg.KeyPrefix + "*"
+}
+
+// slotMapRule is the rule a refused read of the Cluster slot map asks
+// for, as README does: go-redis (v9.24 on) asks CLUSTER SHARDS first and
+// CLUSTER SLOTS when that fails, and a user with neither is refused the
+// first; either one is enough, but "+cluster|shards" alone left out the
+// one Redis 6 has and the proxy asked for until v9.24, and
+// "+cluster|slots" alone has the first refused at each read of the map,
+// an ACL LOG entry (TestLookupNamesTheRefusedCommand).
+const slotMapRule = "+cluster|slots +cluster|shards"
+
+// commandRule is the rule that grants cmd, a command Redis refused.
+func commandRule(cmd string) string {
+	if strings.EqualFold(cmd, "cluster|shards") || strings.EqualFold(cmd, "cluster|slots") {
+		return slotMapRule
+	}
+	return "+" + cmd
 }
 
 // refusedCommand is the command a NOPERM error says the user may not run

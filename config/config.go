@@ -535,15 +535,15 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 		fs.Usage() // asked for: the list, on the output the command chose
 		return &UsageError{Err: err}
 	}
-	return &UsageError{Err: WithFlagHint(fs, err), ListFlags: fs.Name() + " -h"}
+	return &UsageError{Err: withFlagHint(fs, err), ListFlags: fs.Name() + " -h"}
 }
 
-// WithFlagHint adds to an unknown flag's error (from fs.Parse) the flag
+// withFlagHint adds to an unknown flag's error (from fs.Parse) the flag
 // of fs most likely meant (Suggest): the YAML key's spelling (--http_addr
 // for --http-addr), one within a few typos, or the one flag it cuts short
 // or ends (--trace-sample-ratio, its section left out). The flags are a
 // hundred, and a subcommand's few are still mistyped.
-func WithFlagHint(fs *flag.FlagSet, err error) error {
+func withFlagHint(fs *flag.FlagSet, err error) error {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
 	if !ok {
 		return err

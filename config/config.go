@@ -541,7 +541,8 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 // withFlagHint adds to an unknown flag's error (from fs.Parse) the flag
 // of fs most likely meant (Suggest): the YAML key's spelling (--http_addr
 // for --http-addr), one within a few typos, or the one flag it cuts short
-// or ends (--trace-sample-ratio, its section left out). The flags are a
+// or ends (--trace-sample-ratio, its section left out), or the two it
+// fits (--max-conns: the client's or the upstream's). The flags are a
 // hundred, and a subcommand's few are still mistyped.
 func withFlagHint(fs *flag.FlagSet, err error) error {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
@@ -550,26 +551,28 @@ func withFlagHint(fs *flag.FlagSet, err error) error {
 	}
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	best := Suggest(name, names)
-	if best == "" {
+	fits := Suggest(name, names)
+	if len(fits) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w (did you mean --%s?)", err, best)
+	return fmt.Errorf("%w (did you mean --%s?)", err, strings.Join(fits, " or --"))
 }
 
-// Suggest returns the one of names that word (a mistyped command or flag
-// name, dashes before it ignored) most likely meant, or "" when none is
-// close enough to name: a far-fetched hint sends the operator after the
-// wrong thing. Case is ignored and "_" read as "-" (a YAML key's
-// spelling). The nearest name within a few typos is taken first; failing
-// that, the only name word cuts short or runs past ("serv", "healthz"),
-// or, for a word of two parts or more, the only name it ends ("trace-
-// sample-ratio" for telemetry-trace-sample-ratio): a word that fits two
-// names ("max-conns") names neither. Words under three letters get none.
-func Suggest(word string, names []string) string {
+// Suggest returns the names (one, or two) that word (a mistyped command
+// or flag name, dashes before it ignored) most likely meant, or none when
+// none is close enough to name: a far-fetched hint sends the operator
+// after the wrong thing. Case is ignored and "_" read as "-" (a YAML
+// key's spelling). The nearest name within a few typos is taken first;
+// failing that, the names word cuts short or runs past ("serv",
+// "healthz"), or, for a word of two parts or more, the names it ends
+// ("trace-sample-ratio" for telemetry-trace-sample-ratio), when they are
+// one or two: "max-conns" names client-max-conns and upstream-max-conns,
+// both a likely meaning, but a word that fits three or more ("admin")
+// says too little to name any. Words under three letters get none.
+func Suggest(word string, names []string) []string {
 	w := strings.ReplaceAll(strings.ToLower(strings.TrimLeft(word, "-")), "_", "-")
 	if len(w) < 3 {
-		return ""
+		return nil
 	}
 	best, bestDist := "", max(2, len(w)/4)+1
 	for _, n := range names {
@@ -578,7 +581,7 @@ func Suggest(word string, names []string) string {
 		}
 	}
 	if best != "" {
-		return best
+		return []string{best}
 	}
 	var fits []string
 	for _, n := range names {
@@ -588,10 +591,10 @@ func Suggest(word string, names []string) string {
 			fits = append(fits, n)
 		}
 	}
-	if len(fits) != 1 {
-		return ""
+	if len(fits) > 2 {
+		return nil
 	}
-	return fits[0]
+	return fits
 }
 
 // decodeFile reads the YAML file at path over cfg. A key that names no

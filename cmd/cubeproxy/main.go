@@ -185,12 +185,12 @@ func isHelpFlag(arg string) bool {
 	return false
 }
 
-// commandLike returns the command that word mistypes, cuts short or runs
-// past ("serv", "chek", "healthz"), or "": the usage that follows lists
+// commandLike returns the command (or two: "a or b") that word mistypes,
+// cuts short or runs past ("serv", "chek", "healthz"), or "": the usage that follows lists
 // the commands, but not which one a script's typo meant. Flags are
 // matched alike (config.Suggest).
 func commandLike(word string) string {
-	return config.Suggest(word, []string{"serve", "check", "demo", "token", "health", "version", "help"})
+	return strings.Join(config.Suggest(word, []string{"serve", "check", "demo", "token", "health", "version", "help"}), " or ")
 }
 
 // usageError is a command line that does not say what to run: a

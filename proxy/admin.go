@@ -54,6 +54,9 @@ type AdminConfig struct {
 	// heartbeat written (0: none yet), which GET /admin/healthz reports as
 	// heartbeat_last_pushed_ms, as the platform's proxy does.
 	Heartbeat func() int64
+	// Pprof serves Go's runtime profiles at /debug/pprof/ (admin_pprof),
+	// behind the same credential as the rest of the admin API.
+	Pprof bool
 }
 
 // Admin is the admin API. It never shares a listener with sandbox traffic.
@@ -208,6 +211,8 @@ func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 		a.lastActive(ctx)
 	case path == "/admin/tokens" && method == "POST":
 		a.signToken(ctx)
+	case pprofPath(path):
+		a.pprof(ctx, method, path)
 	default:
 		allow := adminAllow(path)
 		if path == "/metrics" && a.metrics != nil {

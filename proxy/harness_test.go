@@ -60,6 +60,8 @@ type harnessOpts struct {
 	ready func() error
 	// metrics is the admin API's /metrics; nil = none.
 	metrics http.Handler
+	// pprof serves the runtime profiles on the admin listener (admin_pprof).
+	pprof bool
 }
 
 // countingStore counts lookups of a real store.
@@ -106,7 +108,7 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish, Ready: o.ready, Metrics: o.metrics}
+	ac := AdminConfig{Token: o.token, Routes: h.store, Publish: o.publish, Ready: o.ready, Metrics: o.metrics, Pprof: o.pprof}
 	if o.noAdminRoutes {
 		ac.Routes = nil
 	}

@@ -41,6 +41,9 @@ type Config struct {
 	HTTPSAddr  string `yaml:"https_addr" usage:"sandbox traffic listener (TLS); empty = off"`
 	AdminAddr  string `yaml:"admin_addr" usage:"admin API listener (never shared with traffic)"`
 	AdminToken string `yaml:"admin_token" usage:"X-Cube-Admin-Token for the admin API; empty = loopback only"`
+	// Runtime profiling (net/http/pprof's endpoints) on the admin listener,
+	// behind the admin API's credential: off, /debug/pprof/ is a 404.
+	AdminPprof bool `yaml:"admin_pprof" usage:"serve Go's runtime profiles (CPU, heap, goroutines, trace) at /debug/pprof/ on the admin listener, behind the admin token (loopback only without one)"`
 	// The platform proxy's metrics listener (CUBE_PROXY_METRICS_LISTEN).
 	MetricsAddr string `yaml:"metrics_addr" usage:"listener serving GET /metrics alone, without the admin token, for a scraper kept off the admin API (the platform proxy's CUBE_PROXY_METRICS_LISTEN); empty = off"`
 	ReusePort   bool   `yaml:"reuse_port" usage:"open the listeners with SO_REUSEPORT, so that a new process can take over the ports before the old one drains (Linux)"`

@@ -413,6 +413,7 @@ func build(ctx context.Context, cfg *config.Config, logOut, stdout io.Writer) (_
 		MetricsLoopback: cfg.Telemetry.MetricsLoopback,
 		Signer:          ps.signer,
 		Ready:           a.ready,
+		Pprof:           cfg.AdminPprof,
 	}
 	if a.redis != nil {
 		adminCfg.Publish = a.publish

@@ -25,8 +25,8 @@ import (
 const maxProfileSeconds = 60
 
 // maxTraceSeconds is the longest execution trace: the adaptor holds the
-// whole answer in memory until it is written, and a trace of a busy proxy
-// grows by megabytes a second.
+// whole answer in memory until it is written, and a trace records every
+// scheduling event of a busy proxy.
 const maxTraceSeconds = 10
 
 // pprofPath reports whether path is one of the profiling endpoints'

@@ -158,14 +158,14 @@ func inOwnProcess(t *testing.T) bool {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v", "-test.timeout=300s")
 	cmd.Env = append(os.Environ(), ownProcessEnv+"="+t.Name())
 	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s in a process of its own: %v\n%s", t.Name(), err, out)
+	}
 	for line := range strings.Lines(string(out)) {
 		// A figure is a line the test logged: its file and line first.
 		if l := strings.TrimSpace(line); strings.Contains(l, "KiB") && strings.Contains(strings.Fields(l)[0], ".go:") {
 			t.Log(l)
 		}
-	}
-	if err != nil {
-		t.Fatalf("%s in a process of its own: %v\n%s", t.Name(), err, out)
 	}
 	return false
 }

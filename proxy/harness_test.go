@@ -146,12 +146,25 @@ func listen(t testing.TB, addr string) net.Listener {
 }
 
 // backend starts a net/http server on ip:0 and returns its port.
+//
+// Its requests' contexts end with the test: Close closes the connections,
+// but net/http cancels a request's context on its connection's close only
+// once the handler has read the request's body to its end, so a handler
+// that waited on r.Context() with the body unread waited for the rest of
+// the process: TestHalfClosedClientReadsNamed499's,
+// TestLastActiveDatesLongRequestsByTheirEnd's and
+// TestKillEndsTheSandboxsOpenExchanges's were still there when the memory
+// tests counted.
 func backend(t testing.TB, ip string, h http.Handler) uint16 {
 	t.Helper()
 	ln := listen(t, ip+":0")
-	srv := &http.Server{Handler: h}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := &http.Server{Handler: h, BaseContext: func(net.Listener) context.Context { return ctx }}
 	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() {
+		cancel()
+		srv.Close()
+	})
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
 

@@ -92,6 +92,9 @@ func newHarness(t *testing.T, mod ...func(*harnessOpts)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its loaders end at once, not loaderIdle after the test, so that they
+	// are not among what a later test counts (goroutines, memory).
+	t.Cleanup(h.cache.Close)
 	if o.cfg.Logger == nil {
 		o.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -484,6 +484,26 @@ func TestForwardingHeaderUnderscoreAliases(t *testing.T) {
 	}
 }
 
+// On a route that does not mask Host the proxy sets no X-Forwarded-Host:
+// the client's own passes as sent, and so do its spellings with '_' or
+// '.', which forge nothing the proxy vouches for there.
+func TestForwardedHostAliasKeptUnmasked(t *testing.T) {
+	h := newHarness(t)
+	port := backend(t, "127.0.0.1", echoHeaders())
+	h.put("plainhost", map[string]string{"HostIP": "127.0.0.1", "80": itoa(port)})
+	e := echoRawRequest(t, h.addr, "GET / HTTP/1.1", "Host: 80-plainhost.cube.test",
+		"X-Forwarded-Host: front.example", "X_Forwarded_Host: app.example", "X_Real_IP: 6.6.6.6")
+	for k, want := range map[string]string{
+		"X-Forwarded-Host": "front.example",
+		"X_forwarded_host": "app.example",
+		"X_real_ip":        "",
+	} {
+		if got := e.get(k); got != want {
+			t.Errorf("%s reached the sandbox as %q, want %q", k, got, want)
+		}
+	}
+}
+
 // The proxy's credential headers spelled with '_' (X_Cube_Admin_Token)
 // are the real ones to a CGI, WSGI or PHP server (HTTP_X_CUBE_ADMIN_TOKEN),
 // so a client's token would reach the sandbox's code under that spelling;

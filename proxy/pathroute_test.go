@@ -33,7 +33,10 @@ func pathSandbox(t *testing.T) uint16 {
 			w.Header().Set("Location", "/login?next=/a")
 			w.Header().Set("Refresh", "0; URL=/next")
 			w.Header()["Set-Cookie"] = []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Domain=evil.test; Path=/x", "r=5; Path=rel",
-				"p=6; Path=" + r.Header.Get("X-Forwarded-Prefix") + "/in"}
+				"p=6; Path=" + r.Header.Get("X-Forwarded-Prefix") + "/in",
+				// The prefix itself, with blanks before the ';': under it
+				// already, however the value is trimmed.
+				"q=7; Path=" + r.Header.Get("X-Forwarded-Prefix") + " \t; Secure"}
 			w.WriteHeader(http.StatusFound)
 		case "/to":
 			w.Header()["Location"] = r.URL.Query()["l"] // every one, each on its own line
@@ -143,7 +146,7 @@ func TestPathRouting(t *testing.T) {
 	if got, want := resp.Header.Get("Refresh"), "0; URL="+prefix+"/next"; got != want {
 		t.Errorf("by path: Refresh %q, want %q", got, want)
 	}
-	wantCookies := []string{"s=1; Path=" + prefix + "/", "t=2; path= " + prefix + "/app ; HttpOnly", "u=3", "d=4; Path=" + prefix + "/x", "r=5; Path=rel", "p=6; Path=" + prefix + "/in"}
+	wantCookies := []string{"s=1; Path=" + prefix + "/", "t=2; path= " + prefix + "/app ; HttpOnly", "u=3", "d=4; Path=" + prefix + "/x", "r=5; Path=rel", "p=6; Path=" + prefix + "/in", "q=7; Path=" + prefix + " \t; Secure"}
 	if got := resp.Header.Values("Set-Cookie"); !slices.Equal(got, wantCookies) {
 		t.Errorf("by path: Set-Cookie %q, want %q", got, wantCookies)
 	}
@@ -151,7 +154,7 @@ func TestPathRouting(t *testing.T) {
 	if got := resp.Header.Get("Location"); got != "/login?next=/a" {
 		t.Errorf("by host: Location %q, want it as the sandbox sent it", got)
 	}
-	if got, want := resp.Header.Values("Set-Cookie"), []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Path=/x", "r=5; Path=rel", "p=6; Path=/in"}; !slices.Equal(got, want) {
+	if got, want := resp.Header.Values("Set-Cookie"), []string{"s=1; Path=/", "t=2; path= /app ; HttpOnly", "u=3", "d=4; Path=/x", "r=5; Path=rel", "p=6; Path=/in", "q=7; Path= \t; Secure"}; !slices.Equal(got, want) {
 		t.Errorf("by host: Set-Cookie %q, want %q (only the foreign Domain goes)", got, want)
 	}
 	for loc, want := range map[string]string{
@@ -165,10 +168,11 @@ func TestPathRouting(t *testing.T) {
 		prefix + "/login":   prefix + "/login",
 		prefix:              prefix,
 		prefix + "?a=1":     prefix + "?a=1",
+		prefix + "#top":     prefix + "#top",
 		prefix + "0/x":      prefix + prefix + "0/x",
 		"/sandbox/other/80": prefix + "/sandbox/other/80",
 	} {
-		resp, _ := get(h.addr, prefix+"/to?l="+strings.ReplaceAll(loc, "/", "%2F"))
+		resp, _ := get(h.addr, prefix+"/to?l="+strings.NewReplacer("/", "%2F", "#", "%23").Replace(loc))
 		if got := resp.Header.Get("Location"); got != want {
 			t.Errorf("Location %q came back as %q, want %q", loc, got, want)
 		}

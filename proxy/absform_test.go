@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/cube-sandbox/cubeproxy/routing"
 )
@@ -230,5 +233,26 @@ func TestAbsoluteFormFoldedHost(t *testing.T) {
 	}
 	if n := len(b.heads); n != 0 {
 		t.Errorf("the sandbox got %d requests that were refused", n)
+	}
+}
+
+// Only an HTTP/1.0 request's absolute-form target stands in for a missing
+// Host line (fasthttp refuses an HTTP/1.1 one without it): any other
+// version is refused (505) with the empty Host it came with, which the
+// access log shows, not the target's host.
+func TestSettleHostTakesTheTargetForHTTP10Only(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"GET http://8080-x.cube.test/p HTTP/1.0", "8080-x.cube.test"},
+		{"GET http://8080-x.cube.test/p HTTP/1.2", ""},
+		{"GET http://8080-x.cube.test/p HTTP/2.0", ""},
+	} {
+		var h fasthttp.RequestHeader
+		if err := h.Read(bufio.NewReader(strings.NewReader(tc.line + "\r\n\r\n"))); err != nil {
+			t.Fatalf("%s: %v", tc.line, err)
+		}
+		settleHost(&h)
+		if got := string(h.Host()); got != tc.want {
+			t.Errorf("%s: Host %q, want %q", tc.line, got, tc.want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -129,5 +130,30 @@ func TestTrailerOfManyNamesCostsLinearly(t *testing.T) {
 	small, large := cost(500), cost(8000)
 	if large > 64*small {
 		t.Fatalf("a trailer of 8,000 names took %v, of 500 %v: %.0f times, want linear (≈ 16)", large, small, float64(large)/float64(small))
+	}
+}
+
+// A trailer field the head has too keeps the head's line: its lines are
+// counted over both, so the trailer's are not put back in order, and the
+// head's line is left where it was, not deleted with them.
+func TestTrailerFieldAlsoInTheHeadKeepsTheHeadsLine(t *testing.T) {
+	raw := "POST / HTTP/1.1\r\nHost: a\r\nX-A: head\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" +
+		"X-A: t1\r\nX_Real_IP: 1\r\nX-A: t2\r\nX-B: 1\r\n\r\n"
+	var req fasthttp.Request
+	if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatal(err)
+	}
+	if err := stripTrailerFields(&req.Header, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, v := range req.Header.PeekAll("X-A") {
+		got = append(got, string(v))
+	}
+	if !slices.Contains(got, "head") || len(got) != 3 {
+		t.Errorf("X-A lines after the trailer's strip: %q, want the head's and the trailer's two", got)
+	}
+	if v := req.Header.PeekAll("X_Real_IP"); len(v) != 0 {
+		t.Errorf("X_Real_IP kept: %q", v)
 	}
 }

@@ -462,11 +462,40 @@ func TestCrossOriginFetchReadsProxyErrors(t *testing.T) {
 				t.Errorf("Access-Control-Allow-Credentials %q, want none", v)
 			}
 			exposed := resp.Header.Get("Access-Control-Expose-Headers")
-			for _, name := range []string{"Retry-After", HeaderRequestID} {
+			for _, name := range []string{"Retry-After", HeaderRequestID, HeaderRetcode} {
 				if !strings.Contains(exposed, name) {
 					t.Errorf("Access-Control-Expose-Headers %q does not expose %s", exposed, name)
 				}
 			}
 		})
+	}
+}
+
+// In an error's JSON body '<', '>', '&' and control bytes are escaped as
+// \u00XX, as encoding/json does, so a page may embed it; a byte that is no
+// UTF-8 becomes \ufffd; everything else (a space, DEL, a literal U+FFFD,
+// any other character) is written as it is. The HTML
+// page escapes the message: a name a client chose must not become markup.
+func TestErrorBodyEscaping(t *testing.T) {
+	for _, tc := range []struct{ msg, want string }{
+		{"a b", `"a b"`},
+		{"<script>&", `"\u003cscript\u003e\u0026"`},
+		{"q\"\\\n\x7f", `"q\"\\\u000a` + "\x7f" + `"`},
+		{"\xff", `"\ufffd"`},
+		{"\ufffd é", "\"\ufffd é\""},
+	} {
+		got := string(appendErrorJSON(nil, proxyError{msg: tc.msg, code: "c"}, nil))
+		want := `{"error":` + tc.want + `,"code":"c"}` + "\n"
+		if got != want {
+			t.Errorf("%q: %s, want %s", tc.msg, got, want)
+		}
+		var v struct{ Error string }
+		if err := json.Unmarshal([]byte(got), &v); err != nil || v.Error != strings.ToValidUTF8(tc.msg, "\ufffd") {
+			t.Errorf("%q: %s decodes as %q (%v)", tc.msg, got, v.Error, err)
+		}
+	}
+	page := errorPage(proxyError{status: 400, code: "c", msg: `bad <img src=x onerror=alert(1)> "host"`}, []byte("<b>id"))
+	if strings.Contains(page, "<img") || strings.Contains(page, "<b>") {
+		t.Errorf("the error page holds the client's markup:\n%s", page)
 	}
 }

@@ -1858,3 +1858,30 @@ func TestAdminTokenNeverReachesTheSandbox(t *testing.T) {
 		})
 	}
 }
+
+// The cookie a signed link is traded for over plain HTTP is Secure when a
+// TLS terminator in front says the client came over HTTPS: the first
+// X-Forwarded-Proto element, blanks around it and case aside.
+func TestCookieKindTrustsTheFirstForwardedProto(t *testing.T) {
+	for _, tc := range []struct {
+		proto string
+		want  auth.CookieKind
+	}{
+		{"", auth.CookieLax},
+		{"http", auth.CookieLax},
+		{"https", auth.CookieLaxSecure},
+		{"HTTPS", auth.CookieLaxSecure},
+		{"https , http", auth.CookieLaxSecure},
+		{"https\t,http", auth.CookieLaxSecure},
+		{"http, https", auth.CookieLax},
+		{"httpsx", auth.CookieLax},
+	} {
+		var ctx fasthttp.RequestCtx
+		if tc.proto != "" {
+			ctx.Request.Header.Set("X-Forwarded-Proto", tc.proto)
+		}
+		if got := cookieKind(&ctx); got != tc.want {
+			t.Errorf("X-Forwarded-Proto %q: cookie kind %v, want %v", tc.proto, got, tc.want)
+		}
+	}
+}

@@ -91,6 +91,9 @@ func TestClimbsAboveRoot(t *testing.T) {
 		"/a%2f..": false, "/a%2f..%2f..": true, "/a?/../..": false, "/a#/../..": false,
 		"http://h/..": true, "http://h": false, "http://h/a/..": false, "/%2": false, "/%": false,
 		"/..%2": false, "/a/...": false,
+		// Three dots or more name a segment like any other: ".." climbs
+		// out of it, not above the root.
+		"/.../..": false, "/%2e.%2E/..": false, "/..../../..": true,
 		// The authority ends at the first "/", "?" or "#": a query right
 		// after it is no path (nginx serves this one).
 		"http://h?x/../..": false, "http://h:1?/..": false, "http://h#/..": false, "http://u@h:1/a/../..": true,

@@ -321,11 +321,17 @@ func TestMCPCallAfterSnapshotRestore(t *testing.T) {
 	if err := call(); err != nil {
 		t.Fatalf("call before the restore: %v", err)
 	}
-	// The call's connection is back in the pool (it goes back a moment
-	// after the agent has the result), for the next call to take.
-	testenv.WaitFor(t, 5*time.Second, "an idle sandbox connection", func() bool {
+	// Every connection the session opened is back in the pool (each goes
+	// back a moment after the agent has its answer), for the next call to
+	// take the newest and its reset to drop the others. There may be two:
+	// a request that went out while an earlier one's connection was still
+	// ending its answer opened another. One still busy at the rollback
+	// would come back after the reset, doomed but not dropped (a restored
+	// sandbox's busy connection fails too; rollbackConn lets it finish),
+	// and fail the call after.
+	testenv.WaitFor(t, 5*time.Second, "only idle sandbox connections", func() bool {
 		_, idle := h.proxy.pools.gauges()
-		return idle > 0
+		return idle > 0 && idle == poolConns(h)
 	})
 	ln.rolledBack()
 	if err := call(); err == nil || !strings.HasSuffix(err.Error(), "Bad Gateway") {

@@ -154,8 +154,7 @@ func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 	if path == "/readyz" || path == "/admin/healthz" {
 		// Health answers without a token: load balancers probe it.
 		if !ctx.IsGet() && !ctx.IsHead() {
-			ctx.Response.Header.Set("Allow", "GET, HEAD")
-			adminError(ctx, 405, "method not allowed: "+path+" takes GET, HEAD")
+			methodNotAllowed(ctx, path, "GET, HEAD")
 			return
 		}
 		if path == "/readyz" {
@@ -221,8 +220,7 @@ func (a *Admin) serve(ctx *fasthttp.RequestCtx, metricsOnly bool) {
 		if allow != "" {
 			// The endpoint exists: a 404 would tell a caller using the
 			// wrong method that this proxy lacks it.
-			ctx.Response.Header.Set("Allow", allow)
-			adminError(ctx, 405, "method not allowed: "+path+" takes "+allow)
+			methodNotAllowed(ctx, path, allow)
 			return
 		}
 		adminError(ctx, 404, "no such admin endpoint: "+string(ctx.Method())+" "+path)
@@ -247,6 +245,14 @@ func changesState(path string) bool {
 		return true
 	}
 	return strings.HasPrefix(path, "/admin/routes/")
+}
+
+// methodNotAllowed answers a request to an admin endpoint that exists
+// with a method it does not take: 405 with the methods it does, which a
+// 404 would hide.
+func methodNotAllowed(ctx *fasthttp.RequestCtx, path, allow string) {
+	ctx.Response.Header.Set("Allow", allow)
+	adminError(ctx, 405, "method not allowed: "+path+" takes "+allow)
 }
 
 // adminAllow returns the methods a fixed admin path answers, for the Allow

@@ -47,13 +47,12 @@ func (a *Admin) pprof(ctx *fasthttp.RequestCtx, method, path string) {
 	// GET alone (HEAD is one), so that `seconds` is read from the query:
 	// net/http/pprof reads a POST's form body ahead of it, past the cap.
 	// go tool pprof posts to symbol, which takes no seconds.
-	allow := "GET, HEAD"
-	if path == "/debug/pprof/symbol" {
-		allow = "GET, HEAD, POST"
+	if path == "/debug/pprof/symbol" && method != "GET" && method != "POST" {
+		methodNotAllowed(ctx, path, "GET, HEAD, POST")
+		return
 	}
-	if method != "GET" && (method != "POST" || path != "/debug/pprof/symbol") {
-		ctx.Response.Header.Set("Allow", allow)
-		adminError(ctx, 405, "method not allowed: "+path+" takes "+allow)
+	if path != "/debug/pprof/symbol" && method != "GET" {
+		methodNotAllowed(ctx, path, "GET, HEAD")
 		return
 	}
 	if path == "/debug/pprof/cmdline" {
